@@ -1,0 +1,68 @@
+# pith — build, test and demo. `make` builds build/pith (CPU backend always, CUDA when nvcc exists);
+# `make test` runs the CPU suite; `make test-gpu` the GPU suite (on a machine with a GPU);
+# `make demo` runs the embedded default training run end to end.
+CC      ?= gcc
+NVCC    ?= /usr/local/cuda/bin/nvcc
+BUILD   := build
+CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -fopenmp -D_GNU_SOURCE -Isrc $(EXTRA_CFLAGS)
+LDFLAGS := -fopenmp $(EXTRA_LDFLAGS)
+LDLIBS  := -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzstd -lpthread -lm
+NVFLAGS := -O2 -g -std=c++17 -Isrc -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
+
+HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
+ifeq ($(CPU_ONLY),1)
+  HAVE_NVCC :=
+endif
+LIB_SRC  := $(filter-out src/app/main.c,$(wildcard src/*/*.c src/ops/cpu/*.c))
+CU_SRC   := $(wildcard src/ops/cuda/*.cu)
+TEST_SRC := $(wildcard tests/*.c)
+GPU_TEST_SRC := $(wildcard tests/gpu/*.c)
+ifeq ($(HAVE_NVCC),1)
+  CFLAGS += -DPITH_CUDA
+  CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
+  LDLIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lstdc++
+endif
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
+DEPS_OK  := $(BUILD)/.deps-ok
+
+.PHONY: all test test-gpu demo clean format
+all: $(BUILD)/pith
+
+# scripts/deps.sh installs the Debian packages (and tokenizer data) the build needs; it is idempotent.
+$(DEPS_OK): scripts/deps.sh
+	@bash scripts/deps.sh
+	@mkdir -p $(BUILD) && touch $@
+
+$(BUILD)/%.o: %.c | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.o: %.cu | $(DEPS_OK)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -DPITH_CUDA -MMD -MP -c $< -o $@
+
+$(BUILD)/pith: $(BUILD)/src/app/main.o $(LIB_OBJ)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/test_pith: $(TEST_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(filter-out $(BUILD)/tests/main.o,$(TEST_SRC:%.c=$(BUILD)/%.o)) $(LIB_OBJ)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+test: $(BUILD)/pith $(BUILD)/test_pith
+	@$(BUILD)/test_pith
+
+test-gpu: $(BUILD)/pith $(BUILD)/test_gpu
+	@PITH_TEST_GPU=1 $(BUILD)/test_gpu
+
+demo: $(BUILD)/pith
+	@bash scripts/demo.sh
+
+clean:
+	rm -rf $(BUILD)
+
+format:
+	clang-format -i $(wildcard src/*/*.[ch] src/ops/*/*.[ch] src/ops/*/*.cu src/ops/*/*.cuh tests/*.[ch])
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

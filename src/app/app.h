@@ -1,0 +1,4 @@
+// app.h — the subcommands of build/pith. Each returns the process exit status.
+#pragma once
+int cmd_train(int argc, char **argv);
+int cmd_synth(int argc, char **argv);

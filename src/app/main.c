@@ -1,0 +1,29 @@
+// main.c — `pith <command> [args]`: the one binary of pith.
+#include "app/app.h"
+#include "base/base.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"synth", cmd_synth, "write a synthetic token file (for tests and quick runs)"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: pith <command> [args]   (pith <command> --help for a command's options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "pith: error: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

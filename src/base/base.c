@@ -1,0 +1,272 @@
+// base.c — errors, allocation, tensors, arenas, counter-based random numbers, file helpers.
+#include "base/base.h"
+
+#include <errno.h>
+#include <math.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#ifdef PITH_CUDA
+void *cuda_alloc_or_die(size_t bytes, const char *what); // ops/cuda/cuda_common.cu
+void cuda_free(void *p);
+#endif
+
+void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("pith: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stdout);
+    exit(1);
+}
+
+void warn(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("pith: warning: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) die("out of host memory allocating %zu bytes", n);
+    return p;
+}
+
+void *xcalloc(size_t count, size_t size) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) die("out of host memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
+
+void *xrealloc(void *p, size_t n) {
+    p = realloc(p, n ? n : 1);
+    if (!p) die("out of host memory reallocating %zu bytes", n);
+    return p;
+}
+
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(xmalloc(n), s, n);
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+size_t peak_rss_bytes(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (size_t)ru.ru_maxrss * 1024;
+}
+
+// ---- tensors ----
+
+size_t dtype_size(DType dt) {
+    switch (dt) {
+    case DT_F64: case DT_I64: case DT_U64: return 8;
+    case DT_F32: case DT_I32: case DT_U32: return 4;
+    case DT_BF16: case DT_F16: case DT_U16: return 2;
+    case DT_U8: return 1;
+    }
+    return 0;
+}
+
+const char *dtype_name(DType dt) {
+    static const char *names[] = {"F32", "BF16", "F16", "F64", "I32", "I64", "U8", "U16", "U32", "U64"};
+    return names[dt];
+}
+
+int64_t tensor_numel(Tensor t) {
+    int64_t n = 1;
+    for (int i = 0; i < t.nd; i++) n *= t.n[i];
+    return n;
+}
+
+size_t tensor_bytes(Tensor t) { return (size_t)tensor_numel(t) * dtype_size(t.dt); }
+
+Tensor tensor_make(void *p, DType dt, Device dev, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
+    Tensor t = {p, dt, dev, nd, {n0, n1, n2, n3}};
+    for (int i = nd; i < 4; i++) t.n[i] = 1;
+    return t;
+}
+
+Tensor tf32_1(float *p, int64_t n0) { return tensor_make(p, DT_F32, DEV_CPU, 1, n0, 1, 1, 1); }
+Tensor tf32_2(float *p, int64_t n0, int64_t n1) { return tensor_make(p, DT_F32, DEV_CPU, 2, n0, n1, 1, 1); }
+
+Tensor tensor_rows(Tensor t, int64_t r0, int64_t nr) {
+    CHECK(r0 >= 0 && r0 + nr <= t.n[0]);
+    size_t row = tensor_bytes(t) / (size_t)(t.n[0] ? t.n[0] : 1);
+    Tensor v = t;
+    v.p = t.p ? (char *)t.p + r0 * row : NULL;
+    v.n[0] = nr;
+    return v;
+}
+
+Tensor tensor_reshape2(Tensor t, int64_t n0, int64_t n1) {
+    CHECK(n0 * n1 == tensor_numel(t));
+    return tensor_make(t.p, t.dt, t.dev, 2, n0, n1, 1, 1);
+}
+
+// ---- arenas ----
+
+Arena arena_counting(const char *name, Device dev) { return (Arena){NULL, 0, 0, 0, dev, name}; }
+
+Arena arena_create(const char *name, Device dev, size_t cap) {
+    Arena a = {NULL, 0, cap, 0, dev, name};
+    if (dev == DEV_CPU) {
+        if (cap && posix_memalign((void **)&a.base, ARENA_ALIGN, cap)) die("out of host memory: arena %s needs %zu bytes", name, cap);
+    } else {
+#ifdef PITH_CUDA
+        a.base = cap ? cuda_alloc_or_die(cap, name) : NULL;
+#else
+        die("arena %s: this build of pith has no CUDA backend", name);
+#endif
+    }
+    if (!a.base) a.base = (char *)(uintptr_t)ARENA_ALIGN; // cap 0: a valid, never-dereferenced base
+    return a;
+}
+
+void arena_destroy(Arena *a) {
+    if (a->cap) {
+        if (a->dev == DEV_CPU) free(a->base);
+#ifdef PITH_CUDA
+        else cuda_free(a->base);
+#endif
+    }
+    *a = (Arena){0};
+}
+
+void *arena_alloc(Arena *a, size_t bytes) {
+    size_t off = (a->used + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    a->used = off + bytes;
+    if (a->used > a->peak) a->peak = a->used;
+    if (!a->base) return NULL; // counting arena
+    if (a->used > a->cap) die("arena %s overflow: %zu bytes needed, %zu planned (a plan bug or a capacity bound exceeded)", a->name, a->used, a->cap);
+    return a->base + off;
+}
+
+Tensor arena_tensor(Arena *a, DType dt, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
+    Tensor t = tensor_make(NULL, dt, a->dev, nd, n0, n1, n2, n3);
+    t.p = arena_alloc(a, tensor_bytes(t));
+    return t;
+}
+
+// ---- random numbers ----
+
+uint64_t rng_mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+uint64_t rng_hash_str(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
+    return h;
+}
+
+uint64_t rng_u64(uint64_t seed, uint64_t stream, uint64_t i) {
+    return rng_mix(rng_mix(rng_mix(seed) ^ stream) ^ i);
+}
+
+double rng_uniform(uint64_t seed, uint64_t stream, uint64_t i) {
+    return (rng_u64(seed, stream, i) >> 11) * 0x1.0p-53;
+}
+
+double rng_normal(uint64_t seed, uint64_t stream, uint64_t i) {
+    // Box–Muller on two independent uniforms derived from (i, 0) and (i, 1).
+    double u1 = ((rng_u64(seed, stream, 2 * i) >> 11) + 1) * 0x1.0p-53; // (0, 1]
+    double u2 = rng_uniform(seed, stream, 2 * i + 1);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+Rng rng_seeded(uint64_t seed, uint64_t stream) {
+    Rng r;
+    for (int i = 0; i < 4; i++) r.s[i] = rng_u64(seed, stream, (uint64_t)i);
+    return r;
+}
+
+uint64_t rng_next(Rng *r) {
+    uint64_t *s = r->s, out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t, s[3] = rotl(s[3], 45);
+    return out;
+}
+
+uint64_t rng_below(Rng *r, uint64_t n) {
+    // Lemire's multiply-shift with rejection: unbiased.
+    for (;;) {
+        __uint128_t m = (__uint128_t)rng_next(r) * n;
+        uint64_t lo = (uint64_t)m;
+        if (lo >= n || lo >= (uint64_t)(-n) % n) return (uint64_t)(m >> 64);
+    }
+}
+
+// ---- files ----
+
+char *file_read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap);
+    for (;;) {
+        if (n + 1 >= cap) buf = xrealloc(buf, cap *= 2);
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        if (!got) break;
+        n += got;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+bool path_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+void path_join(char *out, size_t cap, const char *dir, const char *name) {
+    if (name[0] == '/' || !dir[0]) snprintf(out, cap, "%s", name);
+    else snprintf(out, cap, "%s/%s", dir, name);
+}
+
+void path_dirname(char *out, size_t cap, const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, cap, ".");
+    else if (slash == path) snprintf(out, cap, "/");
+    else snprintf(out, cap, "%.*s", (int)(slash - path), path);
+}
+
+void mkdir_p(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) && errno != EEXIST) die("%s: cannot create directory: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) && errno != EEXIST) die("%s: cannot create directory: %s", buf, strerror(errno));
+}

@@ -1,0 +1,99 @@
+// base.h — the bottom layer: errors, allocation, tensors, arenas, random numbers, time.
+// Everything above includes this file. No other pith header is included here.
+#pragma once
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+// ---- errors ---------------------------------------------------------------------------------------
+// die(): a user error (bad config, data, file, command line). One line on stderr, exit status 1.
+// CHECK(): an internal invariant; a failure is a bug in pith and names file:line.
+_Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define CHECK(cond)                                                                                   \
+    do {                                                                                              \
+        if (!(cond)) {                                                                                \
+            fprintf(stderr, "pith: internal error at %s:%d: %s\n", __FILE__, __LINE__, #cond);      \
+            abort();                                                                                  \
+        }                                                                                             \
+    } while (0)
+
+void *xmalloc(size_t n);
+void *xcalloc(size_t count, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+double now_seconds(void); // monotonic clock
+size_t peak_rss_bytes(void);
+
+// ---- tensors --------------------------------------------------------------------------------------
+// Row-major, contiguous, no strides, no ownership: a Tensor is a typed view of memory someone else owns.
+typedef enum { DT_F32, DT_BF16, DT_F16, DT_F64, DT_I32, DT_I64, DT_U8, DT_U16, DT_U32, DT_U64 } DType;
+typedef enum { DEV_CPU, DEV_CUDA } Device;
+typedef struct {
+    void *p;
+    DType dt;
+    Device dev;
+    int nd;
+    int64_t n[4];
+} Tensor;
+
+size_t dtype_size(DType dt);
+const char *dtype_name(DType dt);
+int64_t tensor_numel(Tensor t);
+size_t tensor_bytes(Tensor t);
+// tensor_make(p, dt, dev, nd, n0, n1, n2, n3): unused trailing dims are ignored.
+Tensor tensor_make(void *p, DType dt, Device dev, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
+// Shorthands for CPU fp32 views, the common case in the reference backend and in tests.
+Tensor tf32_1(float *p, int64_t n0);
+Tensor tf32_2(float *p, int64_t n0, int64_t n1);
+// A view of rows [r0, r0+nr) of a tensor whose first dimension is rows.
+Tensor tensor_rows(Tensor t, int64_t r0, int64_t nr);
+// The same memory seen with another shape of equal element count.
+Tensor tensor_reshape2(Tensor t, int64_t n0, int64_t n1);
+
+// ---- arenas ---------------------------------------------------------------------------------------
+// A bump allocator over one block allocated once. With base == NULL the arena only counts: the same
+// allocation sequence run on a counting arena gives the exact size the real one needs (the memory plan).
+typedef struct {
+    char *base;
+    size_t used, cap, peak;
+    Device dev;
+    const char *name;
+} Arena;
+
+#define ARENA_ALIGN 256
+Arena arena_counting(const char *name, Device dev);
+Arena arena_create(const char *name, Device dev, size_t cap); // allocates (host or device memory)
+void arena_destroy(Arena *a);
+void *arena_alloc(Arena *a, size_t bytes);
+Tensor arena_tensor(Arena *a, DType dt, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
+static inline size_t arena_mark(const Arena *a) { return a->used; }
+static inline void arena_reset(Arena *a, size_t mark) { a->used = mark; }
+
+// ---- random numbers -------------------------------------------------------------------------------
+// Counter-based: value i of stream s under seed k is a pure function of (k, s, i), so a tensor's
+// initial values do not depend on how it is sharded or in which order tensors are visited.
+uint64_t rng_mix(uint64_t x);                                   // splitmix64 finaliser
+uint64_t rng_hash_str(const char *s);                           // FNV-1a, for per-tensor streams
+uint64_t rng_u64(uint64_t seed, uint64_t stream, uint64_t i);   // uniform 64 bits
+double rng_uniform(uint64_t seed, uint64_t stream, uint64_t i); // in [0, 1)
+double rng_normal(uint64_t seed, uint64_t stream, uint64_t i);  // N(0, 1), Box–Muller
+// A sequential generator (xoshiro256**) for permutations and synthetic data.
+typedef struct {
+    uint64_t s[4];
+} Rng;
+Rng rng_seeded(uint64_t seed, uint64_t stream);
+uint64_t rng_next(Rng *r);
+uint64_t rng_below(Rng *r, uint64_t n); // uniform in [0, n)
+
+// ---- small file helpers ---------------------------------------------------------------------------
+char *file_read_all(const char *path, size_t *len); // NULL if it cannot be read (errno set)
+bool path_is_dir(const char *path);
+bool path_exists(const char *path);
+void path_join(char *out, size_t cap, const char *dir, const char *name);
+void path_dirname(char *out, size_t cap, const char *path);
+void mkdir_p(const char *path); // dies naming the path on failure

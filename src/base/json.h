@@ -1,0 +1,25 @@
+// json.h — strict reading of JSON objects on top of jansson, with errors that name file and key.
+#pragma once
+#include <jansson.h>
+
+#include "base/base.h"
+
+// A JSON object together with where it came from, for error messages: "<file>: <path>.<key>: ...".
+typedef struct {
+    json_t *obj;
+    const char *file;
+    char path[128]; // dotted path of this object inside the file ("" at the top)
+} JObj;
+
+json_t *json_load_or_die(const char *file);   // parse a file; dies with file:line:column on bad JSON
+JObj jobj_root(json_t *root, const char *file); // dies unless root is an object
+JObj jobj_child(JObj o, const char *key);       // a nested object; obj == NULL when the key is absent
+
+bool jhas(JObj o, const char *key); // present and not null
+int64_t jint(JObj o, const char *key, bool required, int64_t def);
+double jnum(JObj o, const char *key, bool required, double def);
+bool jbool(JObj o, const char *key, bool required, bool def);
+const char *jstr(JObj o, const char *key, bool required, const char *def);
+// Dies naming the first key of o that is not in the NULL-terminated list `known`.
+void jcheck_known(JObj o, const char *const *known);
+_Noreturn void jdie(JObj o, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

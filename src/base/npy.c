@@ -1,0 +1,85 @@
+// npy.c — reading and writing 1-D .npy records (format version 1.0/2.0/3.0, little-endian only).
+// Layout: "\x93NUMPY", major, minor, header length (uint16 for v1, uint32 for v2/3), an ASCII dict
+// {'descr': '<u4', 'fortran_order': False, 'shape': (N,), } padded with spaces to a multiple of 64 and
+// ending in '\n', then the raw data.
+#include "base/npy.h"
+
+#include <ctype.h>
+
+static const struct { const char *descr; DType dt; } npy_types[] = {
+    {"<u4", DT_U32}, {"<u2", DT_U16}, {"|u1", DT_U8}, {"<u8", DT_U64}, {"<i4", DT_I32},
+    {"<i8", DT_I64}, {"<f4", DT_F32}, {"<f8", DT_F64}, {"<f2", DT_F16},
+};
+
+static bool fail(char *err, size_t cap, const char *msg) {
+    snprintf(err, cap, "%s", msg);
+    return false;
+}
+
+// Finds the value text after 'key': inside the header dict.
+static const char *dict_value(const char *hdr, const char *key) {
+    char pat[32];
+    snprintf(pat, sizeof pat, "'%s':", key);
+    const char *p = strstr(hdr, pat);
+    if (!p) return NULL;
+    p += strlen(pat);
+    while (*p == ' ') p++;
+    return p;
+}
+
+bool npy_parse(const uint8_t *buf, size_t len, NpyRecord *rec, char *err, size_t cap) {
+    if (len < 10) return fail(err, cap, "truncated .npy record (shorter than its preamble)");
+    if (memcmp(buf, "\x93NUMPY", 6) != 0) return fail(err, cap, "not a .npy record (bad magic)");
+    int major = buf[6];
+    size_t hlen, pre;
+    if (major == 1) hlen = buf[8] | (size_t)buf[9] << 8, pre = 10;
+    else if (major == 2 || major == 3) {
+        if (len < 12) return fail(err, cap, "truncated .npy record preamble");
+        hlen = buf[8] | (size_t)buf[9] << 8 | (size_t)buf[10] << 16 | (size_t)buf[11] << 24, pre = 12;
+    } else return fail(err, cap, "unsupported .npy format version");
+    if (hlen > 1 << 20 || pre + hlen > len) return fail(err, cap, "truncated .npy header");
+    char hdr[4096];
+    if (hlen >= sizeof hdr) return fail(err, cap, ".npy header too long");
+    memcpy(hdr, buf + pre, hlen);
+    hdr[hlen] = 0;
+    const char *d = dict_value(hdr, "descr"), *fo = dict_value(hdr, "fortran_order"), *sh = dict_value(hdr, "shape");
+    if (!d || !fo || !sh) return fail(err, cap, ".npy header lacks descr, fortran_order or shape");
+    bool found = false;
+    for (size_t i = 0; i < sizeof npy_types / sizeof *npy_types; i++) {
+        size_t dl = strlen(npy_types[i].descr);
+        if (d[0] == '\'' && strncmp(d + 1, npy_types[i].descr, dl) == 0 && d[1 + dl] == '\'') rec->dt = npy_types[i].dt, found = true;
+    }
+    if (!found) return fail(err, cap, "unsupported .npy dtype (expected a little-endian integer or float)");
+    if (strncmp(fo, "False", 5) != 0) return fail(err, cap, ".npy fortran_order must be False");
+    if (*sh != '(') return fail(err, cap, "malformed .npy shape");
+    char *end;
+    long long n = strtoll(sh + 1, &end, 10);
+    while (*end == ' ') end++;
+    if (end == sh + 1 || n < 0 || *end != ',') return fail(err, cap, "expected a 1-D .npy array");
+    end++;
+    while (*end == ' ') end++;
+    if (*end != ')') return fail(err, cap, "expected a 1-D .npy array");
+    size_t bytes = (size_t)n * dtype_size(rec->dt);
+    if (pre + hlen + bytes > len) return fail(err, cap, "truncated .npy data (file shorter than its header says)");
+    rec->n = n;
+    rec->data = buf + pre + hlen;
+    rec->record_len = pre + hlen + bytes;
+    return true;
+}
+
+void npy_write_header(FILE *f, DType dt, int64_t n) {
+    const char *descr = NULL;
+    for (size_t i = 0; i < sizeof npy_types / sizeof *npy_types; i++)
+        if (npy_types[i].dt == dt) descr = npy_types[i].descr;
+    CHECK(descr);
+    char dict[256];
+    int len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%lld,), }", descr, (long long)n);
+    int total = (10 + len + 1 + 63) / 64 * 64; // preamble + dict + '\n', padded to 64
+    int pad = total - 10 - len - 1;
+    unsigned hlen = (unsigned)(len + pad + 1);
+    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
+    fputc(hlen & 0xff, f), fputc(hlen >> 8, f);
+    fwrite(dict, 1, len, f);
+    for (int i = 0; i < pad; i++) fputc(' ', f);
+    fputc('\n', f);
+}

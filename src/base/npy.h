@@ -1,0 +1,16 @@
+// npy.h — NumPy .npy records: the token-file format of PithTrain (spec §6.10).
+// A .bin token file is two back-to-back records: tokens (1-D uint8/16/32/64) and document ends (1-D uint64).
+#pragma once
+#include "base/base.h"
+
+typedef struct {
+    DType dt;          // element type from 'descr' (little-endian unsigned/signed ints and floats)
+    int64_t n;         // number of elements (1-D arrays only)
+    const void *data;  // points into the caller's buffer
+    size_t record_len; // header + data bytes: the next record starts here
+} NpyRecord;
+
+// Parses one 1-D record at buf[0..len). On failure returns false and writes a reason into err.
+bool npy_parse(const uint8_t *buf, size_t len, NpyRecord *rec, char *err, size_t errcap);
+// Writes the header of a 1-D little-endian array of n elements of dt (version 1.0, 64-byte aligned).
+void npy_write_header(FILE *f, DType dt, int64_t n);

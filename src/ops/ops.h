@@ -1,0 +1,80 @@
+// ops.h — the operator layer: every op the models and the trainer use, declared once, device-agnostic.
+// Each op dispatches on its tensors' device to cpu_<op> (fp32 reference, ops/cpu/) or cuda_<op> (ops/cuda/).
+// Conventions: row-major tensors; a linear weight is (out, in) like torch.nn.Linear; T = tokens of a
+// micro-batch (B·S), H = hidden, E = experts, k = experts per token. "accumulate" means dst += result.
+// Weight and bias gradients always accumulate (gradient accumulation over micro-batches) in fp32.
+#pragma once
+#include "base/base.h"
+
+// ---- dense GEMMs (linear layers) ----
+// y: (M, N) = x: (M, K) · w: (N, K)ᵀ [+ b: (N)]; b.p == NULL means no bias.
+void op_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
+// dx: (M, K) (+)= dy: (M, N) · w: (N, K)
+void op_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
+// dw: (N, K) += dy: (M, N)ᵀ · x: (M, K); db: (N) += Σ_rows dy (db.p == NULL: no bias)
+void op_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
+
+// ---- grouped GEMMs (experts): rows offs[e]..offs[e+1] of x belong to expert e; offs on the host ----
+// y: (R, N), x: (R, K), w: (E, N, K); empty experts are allowed.
+void op_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs);
+void op_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);  // dx = dy·w_e
+void op_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs); // dw_e += dy_eᵀ·x_e
+
+// ---- normalisation, position embedding, activation ----
+// RMSNorm over the last dim D of x: (R, D); y = x · rstd · w, rstd: (R) fp32 = 1/sqrt(mean(x²) + eps).
+void op_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
+// dx (+)= ∂/∂x; dw: (D) fp32 += ∂/∂w.
+void op_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
+// Rotate-half RoPE on x: (T, heads, d) in place: x ← x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁].
+// cos, sin: (P, d/2) fp32 tables; pos: (T) int32 position of each token. backward applies the transpose.
+void op_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward);
+// SwiGLU: gu: (M, 2I) = [gate | up]; act: (M, I) = silu(gate) · up.
+void op_swiglu_forward(Tensor act, Tensor gu);
+void op_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu);
+
+// ---- attention: causal GQA, q: (B·S, nh, d), k, v: (B·S, nkv, d), o: (B·S, nh, d), lse: (B, nh, S) fp32 ----
+void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale);
+void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
+                           Tensor lse, int B, float scale);
+
+// ---- mixture of experts ----
+// Router: probs: (T, E) fp32 = softmax(logits: (T, E)); idx: (T, k) int32 = top-k experts (ties → lower
+// index), w: (T, k) fp32 = their probs, divided by their sum when renorm. force_balance replaces the
+// choice by idx[t, j] = (t + j·(E/k)) mod E (benchmark routing) and gathers w from those experts.
+void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance);
+// dlogits: (T, E) = ∂/∂logits of (Σ dw·w + Σ_t,e lb_grad[e]·probs[t, e]); lb_grad: (E) fp32 or p == NULL.
+void op_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm);
+// Micro-batch load-balancing loss (Switch form, spec §5.4) and its gradient w.r.t. probs:
+// f_e = count_e/(T·k), P_e = mean_t probs[t,e], loss = coef·E·Σ f_e P_e; lb_grad[e] = grad_scale·coef·E·f_e/T.
+// Adds the loss into loss_sum: (1) fp64.
+void op_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale);
+// Stable sort of the T·k (token, slot) pairs by expert: perm: (T·k) int32 lists slot ids t·k+j in expert
+// order; offs: (E+1) host array of group boundaries. Reads idx to the host on the GPU (the one sync).
+void op_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E);
+// y[i] = x[rows[i] / div] (gather, y: (R, H)); backward: dx[rows[i] / div] += dy[i].
+void op_gather_rows(Tensor y, Tensor x, Tensor rows, int div);
+void op_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div);
+// y[rows[i]] = x[i] (a permutation scatter); its backward is op_gather_rows(dx, dy, rows, 1).
+void op_scatter_rows(Tensor y, Tensor x, Tensor rows);
+// out: (T, H) = resid + Σ_j w[t, j] · y[t·k + j]   (y: (T·k, H) in slot order)
+void op_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w);
+// dy[t·k+j] = w[t,j]·dout[t]; dw[t,j] = ⟨dout[t], y[t·k+j]⟩
+void op_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w);
+
+// ---- embedding and loss ----
+void op_embedding_forward(Tensor h, Tensor table, Tensor tokens);  // h: (T, H) = table: (V, H)[tokens: (T) int32]
+void op_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens); // dtable[tokens[t]] += dh[t]
+// Cross-entropy on a chunk of logits: (R, V), labels: (R) int32 (−100 = ignore). Adds Σ CE into loss_sum:
+// (1) fp64 and overwrites logits with grad_scale·∂(Σ CE)/∂logits (softmax − onehot).
+void op_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale);
+
+// ---- elementwise and optimizer ----
+void op_zero(Tensor x);
+void op_add(Tensor y, Tensor x);                   // y += x
+void op_scale(Tensor x, float s);                  // x *= s
+void op_copy(Tensor dst, Tensor src);              // same shape; converts dtype and crosses devices
+double op_sum_squares(Tensor x);                   // Σ x² (fp32 tensor), returned on the host
+// torch.optim.AdamW on flat fp32 tensors: p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²;
+// p −= lr/(1−b1^t) · m / (sqrt(v/(1−b2^t)) + eps).
+void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t);
+double op_read_scalar(Tensor x);                   // x: (1) fp32 or fp64, to the host

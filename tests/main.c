@@ -1,0 +1,92 @@
+// main.c — the test runner. `build/test_pith [substring]` runs every test whose name contains substring.
+#include <stdarg.h>
+#include <sys/wait.h>
+
+#include "test.h"
+
+typedef struct {
+    const char *name;
+    TestFn fn;
+} TestCase;
+static TestCase tests[1024];
+static int ntests;
+static jmp_buf fail_jump;
+static char fail_msg[2048];
+
+void test_register(const char *name, TestFn fn) {
+    CHECK(ntests < 1024);
+    tests[ntests++] = (TestCase){name, fn};
+}
+
+void test_fail(const char *file, int line, const char *fmt, ...) {
+    int n = snprintf(fail_msg, sizeof fail_msg, "%s:%d: ", file, line);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fail_msg + n, sizeof fail_msg - n, fmt, ap);
+    va_end(ap);
+    longjmp(fail_jump, 1);
+}
+
+double rel_err_f32(const float *a, const float *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), den += (double)b[i] * b[i];
+    double r = sqrt(num) / (sqrt(den) + 1e-30);
+    return isnan(r) ? INFINITY : r;
+}
+
+double rel_err_f64(const double *a, const double *b, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+    double r = sqrt(num) / (sqrt(den) + 1e-300);
+    return isnan(r) ? INFINITY : r;
+}
+
+static uint64_t fill_stream = 1;
+void fill_normal(float *x, int64_t n, float scale) {
+    uint64_t s = fill_stream++;
+    for (int64_t i = 0; i < n; i++) x[i] = scale * (float)rng_normal(20261129, s, (uint64_t)i);
+}
+
+int run_cmd(char *out, size_t cap, const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    FILE *p = popen(cmd, "r");
+    CHECK(p);
+    size_t n = 0;
+    int c;
+    while ((c = fgetc(p)) != EOF)
+        if (n + 1 < cap) out[n++] = (char)c;
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static char tmpdir[256];
+const char *test_tmpdir(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/pith-test-XXXXXX");
+    CHECK(mkdtemp(tmpdir));
+    return tmpdir;
+}
+
+int main(int argc, char **argv) {
+    int passed = 0, failed = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    for (int i = 0; i < ntests; i++) {
+        if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
+        double t0 = now_seconds();
+        if (setjmp(fail_jump) == 0) {
+            tests[i].fn();
+            printf("PASS %-48s %7.2fs\n", tests[i].name, now_seconds() - t0);
+            passed++;
+        } else {
+            printf("FAIL %-48s %s\n", tests[i].name, fail_msg);
+            failed++;
+        }
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,43 @@
+// test.h — pith's test runner: TEST(name) { ... } registers a test; an ASSERT that fails ends the test.
+// The runner (tests/main.c) prints one line per test and closes with "N passed, N failed".
+#pragma once
+#include <math.h>
+#include <setjmp.h>
+
+#include "base/base.h"
+
+typedef void (*TestFn)(void);
+void test_register(const char *name, TestFn fn);
+_Noreturn void test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#define TEST(name)                                                                                    \
+    static void test_##name(void);                                                                    \
+    __attribute__((constructor)) static void register_##name(void) { test_register(#name, test_##name); } \
+    static void test_##name(void)
+
+#define ASSERT(cond)                                                                                  \
+    do {                                                                                              \
+        if (!(cond)) test_fail(__FILE__, __LINE__, "%s", #cond);                                      \
+    } while (0)
+#define ASSERT_MSG(cond, ...)                                                                         \
+    do {                                                                                              \
+        if (!(cond)) test_fail(__FILE__, __LINE__, __VA_ARGS__);                                      \
+    } while (0)
+// |a-b| <= tol, and never NaN.
+#define ASSERT_NEAR(a, b, tol)                                                                        \
+    do {                                                                                              \
+        double a_ = (a), b_ = (b);                                                                    \
+        if (!(fabs(a_ - b_) <= (tol))) test_fail(__FILE__, __LINE__, "%s = %.9g vs %s = %.9g (tol %g)", #a, a_, #b, b_, (double)(tol)); \
+    } while (0)
+
+// ‖a−b‖/‖b‖ over n floats (NaN gives +inf).
+double rel_err_f32(const float *a, const float *b, int64_t n);
+double rel_err_f64(const double *a, const double *b, int64_t n);
+// Fills x with N(0, scale²) values from a fresh stream (tests use a new stream per call).
+void fill_normal(float *x, int64_t n, float scale);
+// Runs a shell command, captures stdout+stderr into out (NUL-terminated), returns its exit status.
+int run_cmd(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+// A fresh empty directory under /tmp for this test.
+const char *test_tmpdir(void);
+
+#define PITH_BIN "build/pith"
