@@ -7,6 +7,7 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"train", cmd_train, "train a model from a JSON config"},
     {"synth", cmd_synth, "write a synthetic token file (for tests and quick runs)"},
 };
 

@@ -1,0 +1,80 @@
+// train.c — `pith train CONFIG.json [--set key=value ...]`: the training loop with its log.
+// One line per step on stdout, one JSON object per step in <run_dir>/metrics.jsonl.
+#include <errno.h>
+
+#include "app/app.h"
+#include "train/trainer.h"
+
+static void train_usage(FILE *f) {
+    fprintf(f, "usage: pith train CONFIG.json [--set key=value ...]\n"
+               "  Trains the model described by CONFIG.json (keys: see README.md, \"Training config\").\n"
+               "  --set key=value   override a config key; nested keys with dots (optimizer.lr=3e-4);\n"
+               "                    the value is JSON if it parses as JSON, else a string\n");
+}
+
+static void fmt_thousands(char *out, size_t cap, double v) {
+    char raw[64];
+    snprintf(raw, sizeof raw, "%.0f", v);
+    int n = (int)strlen(raw), o = 0;
+    for (int i = 0; i < n && o + 2 < (int)cap; i++) {
+        out[o++] = raw[i];
+        if (raw[i] != '-' && (n - i - 1) % 3 == 0 && i < n - 1) out[o++] = ',';
+    }
+    out[o] = 0;
+}
+
+int cmd_train(int argc, char **argv) {
+    const char *file = NULL;
+    char **sets = xmalloc(argc * sizeof *sets);
+    int nsets = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return train_usage(stdout), 0;
+        if (!strcmp(argv[i], "--set")) {
+            if (i + 1 >= argc) die("train: --set needs key=value");
+            sets[nsets++] = argv[++i];
+        } else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
+        else if (argv[i][0] == '-') die("train: unknown option '%s' (see pith train --help)", argv[i]);
+        else if (file) die("train: more than one config file given ('%s' and '%s')", file, argv[i]);
+        else file = argv[i];
+    }
+    if (!file) {
+        train_usage(stderr);
+        return 2;
+    }
+    TrainConfig cfg;
+    config_load(&cfg, file, sets, nsets);
+    free(sets);
+    Run r;
+    run_setup(&r, &cfg, true);
+    const ModelConfig *mc = &r.model.cfg;
+    int64_t nparam = r.model.params.numel[GROUP_DENSE] + r.model.params.numel[GROUP_EXPERT];
+    printf("model: %s, %d layers (%d MoE), hidden %d, %d experts top-%d, vocab %d: %.3f M parameters\n", mc->model_type, mc->layers,
+           r.moe_layers, mc->hidden, mc->experts, mc->topk, mc->vocab, nparam / 1e6);
+    printf("data: %d token files, %lld samples of %d tokens per epoch\n", r.data.nfiles, (long long)r.data.total, cfg.sequence_length);
+    printf("plan (cpu): parameters+gradients+optimizer %.1f MB, activations %.1f MB, workspace %.1f MB\n", r.param_bytes / 1e6,
+           r.plan.act_bytes / 1e6, r.plan.ws_bytes / 1e6);
+    mkdir_p(cfg.run_dir);
+    char mpath[PATH_MAX_LEN + 32];
+    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
+    FILE *metrics = fopen(mpath, "w");
+    if (!metrics) die("%s: cannot write: %s", mpath, strerror(errno));
+    while (r.step < cfg.max_steps) {
+        StepStats st = run_step(&r);
+        char tps[32];
+        fmt_thousands(tps, sizeof tps, st.tokens / st.seconds);
+        double peak = peak_rss_bytes() / 1e9;
+        printf("step %08d/%08d | loss %.4f", r.step, cfg.max_steps, st.loss);
+        if (cfg.moe_load_balance_coef > 0) printf(" | lb %.6f", st.lb);
+        printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB\n", st.lr, st.grad_norm, tps, st.seconds, peak);
+        fprintf(metrics,
+                "{\"step\": %d, \"loss\": %.9g, \"lb_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
+                "\"step_time_s\": %.6g, \"peak_mem_gb\": %.4g}\n",
+                r.step, st.loss, st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, peak);
+        fflush(metrics);
+    }
+    fclose(metrics);
+    printf("done: %d steps, metrics in %s\n", r.step, mpath);
+    run_free(&r);
+    json_decref(cfg.json);
+    return 0;
+}

@@ -1,0 +1,123 @@
+// model.c — what all model families share: the parameter table, initialisation, HF config loading and
+// the family lookup (the one table from HF model_type to family).
+#include "model/model.h"
+
+#include <math.h>
+
+static const ModelFamily *const families[] = {&qwen3_moe_family};
+
+const ModelFamily *model_family_find(const char *model_type) {
+    for (size_t i = 0; i < sizeof families / sizeof *families; i++)
+        if (!strcmp(families[i]->model_type, model_type)) return families[i];
+    return NULL;
+}
+
+const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
+    char file[4096];
+    if (path_is_dir(path)) path_join(file, sizeof file, path, "config.json");
+    else snprintf(file, sizeof file, "%s", path);
+    json_t *root = json_load_or_die(file);
+    JObj o = jobj_root(root, file);
+    memset(c, 0, sizeof *c);
+    const char *mt = jstr(o, "model_type", true, NULL);
+    const ModelFamily *fam = model_family_find(mt);
+    if (!fam) jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe)", mt);
+    snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+    fam->config_parse(c, o);
+    json_decref(root);
+    return fam;
+}
+
+void params_add(ParamTable *t, const char *name, int group, int init, int nd, int64_t n0, int64_t n1, int64_t n2) {
+    if (t->n == t->cap) t->p = xrealloc(t->p, (t->cap = t->cap ? 2 * t->cap : 256) * sizeof *t->p);
+    ParamInfo *p = &t->p[t->n++];
+    memset(p, 0, sizeof *p);
+    CHECK(strlen(name) < sizeof p->name);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->group = group, p->init = init, p->nd = nd;
+    p->shape[0] = n0, p->shape[1] = n1, p->shape[2] = n2, p->shape[3] = 1;
+    for (int i = nd; i < 4; i++) p->shape[i] = 1;
+    p->off = t->numel[group];
+    t->numel[group] += params_numel(p);
+}
+
+int64_t params_numel(const ParamInfo *p) {
+    int64_t n = 1;
+    for (int i = 0; i < p->nd; i++) n *= p->shape[i];
+    return n;
+}
+
+const ParamInfo *params_find(const ParamTable *t, const char *name) {
+    for (int i = 0; i < t->n; i++)
+        if (!strcmp(t->p[i].name, name)) return &t->p[i];
+    return NULL;
+}
+
+void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, double init_std, int layers) {
+    for (int i = 0; i < t->n; i++) {
+        const ParamInfo *p = &t->p[i];
+        if (p->group != group) continue;
+        float *x = flat + p->off;
+        int64_t n = params_numel(p);
+        uint64_t stream = rng_hash_str(p->name);
+        double std = p->init == INIT_NORMAL_OUT ? init_std / sqrt(2.0 * layers) : init_std;
+#pragma omp parallel for
+        for (int64_t j = 0; j < n; j++)
+            x[j] = p->init == INIT_ONES ? 1.0f : p->init == INIT_ZEROS ? 0.0f : (float)(std * rng_normal(seed, stream, (uint64_t)j));
+    }
+}
+
+void model_rope_tables(Tensor cos_t, Tensor sin_t, int S, int d, double theta) {
+    float *c = cos_t.p, *s = sin_t.p;
+    for (int p = 0; p < S; p++)
+        for (int i = 0; i < d / 2; i++) {
+            // fp32 angles, as HF computes them (its rotary embedding runs in fp32 even for fp64 models)
+            float inv = 1.0f / powf((float)theta, (float)(2 * i) / (float)d), a = (float)p * inv;
+            c[p * (d / 2) + i] = cosf(a);
+            s[p * (d / 2) + i] = sinf(a);
+        }
+}
+
+static Tensor alloc_tensor(Device dev, DType dt, int64_t n) {
+    Tensor t = tensor_make(NULL, dt, dev, 1, n, 1, 1, 1);
+    Arena a = arena_create("parameters", dev, tensor_bytes(t)); // one block, owned by the model
+    t.p = a.base;
+    return t;
+}
+
+static void free_tensor(Tensor t) {
+    Arena a = {t.p, 0, tensor_bytes(t), 0, t.dev, ""};
+    if (a.cap) arena_destroy(&a);
+}
+
+void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
+    memset(m, 0, sizeof *m);
+    m->fam = fam, m->cfg = *cfg, m->dev = dev, m->cdt = cdt;
+    fam->params_build(&m->params, cfg);
+    for (int g = 0; g < NGROUPS; g++) {
+        m->w[g] = alloc_tensor(dev, cdt, m->params.numel[g]);
+        m->g[g] = alloc_tensor(dev, DT_F32, m->params.numel[g]);
+    }
+    int half = cfg->head_dim / 2;
+    float *c = xmalloc((size_t)max_seq * half * sizeof(float)), *s = xmalloc((size_t)max_seq * half * sizeof(float));
+    Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1), hs = tensor_make(s, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1);
+    model_rope_tables(hc, hs, max_seq, cfg->head_dim, cfg->rope_theta);
+    m->rope_cos = alloc_tensor(dev, DT_F32, (int64_t)max_seq * half), m->rope_sin = alloc_tensor(dev, DT_F32, (int64_t)max_seq * half);
+    m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq, m->rope_cos.n[1] = m->rope_sin.n[1] = half;
+    op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
+    free(c), free(s);
+    m->loss_sum = alloc_tensor(dev, DT_F64, 1), m->lb_sum = alloc_tensor(dev, DT_F64, 1);
+    op_zero(m->loss_sum), op_zero(m->lb_sum);
+    fam->bind(m);
+}
+
+void model_free(Model *m) {
+    for (int g = 0; g < NGROUPS; g++) free_tensor(m->w[g]), free_tensor(m->g[g]);
+    free_tensor(m->rope_cos), free_tensor(m->rope_sin), free_tensor(m->loss_sum), free_tensor(m->lb_sum);
+    free(m->params.p), free(m->views);
+    memset(m, 0, sizeof *m);
+}
+
+void model_zero_grads(Model *m) {
+    for (int g = 0; g < NGROUPS; g++) op_zero(m->g[g]);
+}

@@ -1,0 +1,117 @@
+// model.h — the model protocol: architecture config, parameter table, and the 5-stage layer protocol
+// (DESIGN §6). A model family (qwen3_moe.c, …) fills a ModelFamily table; the engine (pipe/, dist/)
+// calls prolog → per layer stage 1..5 → epilog forward, and the mirror image backward.
+#pragma once
+#include "base/json.h"
+#include "ops/ops.h"
+
+#define MAX_LAYERS 256
+
+typedef struct {
+    char model_type[32];
+    int hidden, layers, heads, kv_heads, head_dim, vocab;
+    int experts, topk, moe_inter, dense_inter;
+    double eps, rope_theta;
+    bool norm_topk, attn_bias, tie_embed;
+    bool is_moe[MAX_LAYERS]; // false: the layer has a dense MLP (mlp_only_layers, decoder_sparse_step)
+} ModelConfig;
+
+// ---- parameters: each tensor lives at a fixed offset of one flat buffer per group ----
+enum { GROUP_DENSE, GROUP_EXPERT, NGROUPS }; // non-expert parameters; expert parameters
+enum { INIT_NORMAL, INIT_NORMAL_OUT, INIT_ONES, INIT_ZEROS }; // INIT_NORMAL_OUT: std/√(2·layers) (o_proj, down_proj)
+
+typedef struct {
+    char name[96]; // canonical name: the HF hub name without the "model." prefix, one key per expert
+    int group, init, nd;
+    int64_t off, shape[4];
+} ParamInfo;
+
+typedef struct {
+    ParamInfo *p;
+    int n, cap;
+    int64_t numel[NGROUPS];
+} ParamTable;
+
+void params_add(ParamTable *t, const char *name, int group, int init, int nd, int64_t n0, int64_t n1, int64_t n2);
+const ParamInfo *params_find(const ParamTable *t, const char *name); // NULL if absent
+int64_t params_numel(const ParamInfo *p);
+// Fills the group's flat buffer (fp32, host) with the initial values of every parameter in it (spec §6.2):
+// counter-based draws keyed by (seed, canonical name), so they do not depend on layout.
+void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, double init_std, int layers);
+
+// ---- one micro-batch in flight ----
+typedef struct {
+    int B, S, T;           // T = B·S tokens
+    Tensor tokens, labels; // (T) int32 on the model's device
+    Tensor pos;            // (T) int32 positions
+} MicroBatch;
+
+// What the engine moves between stages 1 → 2 → 3 → 4 → 5 of one layer (forward and backward).
+typedef struct {
+    bool dense;      // a dense-MLP layer: stages 2 and 4 pass (T, H) through
+    Tensor xd, dxd;  // (T, H) tokens to dispatch, and their gradient
+    Tensor idx, w;   // (T, k) experts (int32) and routing weights (fp32) of each token
+    Tensor dw;       // (T, k) gradient of the routing weights
+    Tensor perm;     // (T·k) int32 slot ids t·k + j in expert order
+    int64_t *offs;   // (E + 1) host: rows offs[e]..offs[e+1] of xe belong to expert e
+    Tensor xe, dxe;  // (R, H) expert-ordered rows (dense: = xd)
+    Tensor ye, dye;  // (R, H) expert outputs in the same order
+    Tensor y, dy;    // (T·k, H) expert outputs back in slot order (dense: (T, H))
+} StageIO;
+
+typedef struct Model Model;
+
+// The per-family function table of the layer protocol. Records are family-defined structs; the engine
+// only stores their pointers. *_alloc functions take all memory from an arena, so running them on a
+// counting arena gives the exact activation plan.
+typedef struct {
+    const char *model_type;
+    size_t rec_size, epilog_size; // bytes of one layer record and of the epilog record
+    void (*config_parse)(ModelConfig *c, JObj hf);
+    void (*params_build)(ParamTable *t, const ModelConfig *c);
+    void (*bind)(Model *m);                                           // make weight/grad views
+    void (*layer_alloc)(Model *m, int layer, void *rec, Arena *a, int B, int S, StageIO *io); // forward record
+    void (*layer_grad_alloc)(Model *m, int layer, void *rec, Arena *ws, int B, int S, StageIO *io);
+    void (*prolog_forward)(Model *m, MicroBatch *mb, Tensor h);
+    void (*prolog_backward)(Model *m, MicroBatch *mb, Tensor dh);
+    void (*stage1_forward)(Model *m, int layer, void *rec, MicroBatch *mb, Tensor x, StageIO *io);
+    void (*stage3_forward)(Model *m, int layer, void *rec, StageIO *io);
+    void (*stage5_forward)(Model *m, int layer, void *rec, StageIO *io, Tensor out);
+    void (*stage5_backward)(Model *m, int layer, void *rec, StageIO *io, Tensor dout);
+    void (*stage3_backward_input)(Model *m, int layer, void *rec, StageIO *io);
+    void (*stage3_backward_weight)(Model *m, int layer, void *rec, StageIO *io);
+    void (*stage1_backward)(Model *m, int layer, void *rec, MicroBatch *mb, StageIO *io, Tensor dout_resid, Tensor dx);
+    void (*epilog_alloc)(Model *m, void *rec, Arena *a, int T);
+    // Adds Σ CE over the micro-batch into m->loss_sum; with grad, also ∂/∂(final hidden) into dh.
+    void (*epilog_forward)(Model *m, void *rec, MicroBatch *mb, Tensor h, bool grad);
+    void (*epilog_backward)(Model *m, void *rec, Tensor dh);
+} ModelFamily;
+
+struct Model {
+    const ModelFamily *fam;
+    ModelConfig cfg;
+    ParamTable params;
+    Device dev;
+    DType cdt;            // compute dtype of weights and activations (fp32 on the CPU)
+    Tensor w[NGROUPS];    // flat compute copies of the parameters
+    Tensor g[NGROUPS];    // flat fp32 gradient accumulators
+    Tensor rope_cos, rope_sin; // (S, d/2) fp32
+    Tensor loss_sum, lb_sum;   // (1) fp64: Σ CE and Σ load-balancing loss of the step so far
+    double lb_coef;            // load-balancing loss coefficient (0: off)
+    bool force_balance;        // benchmark routing (spec §5.4)
+    void *views;               // the family's weight and gradient views
+};
+
+const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported
+// Reads an HF config.json (or a folder holding one) into c; dies naming the file and field.
+const ModelFamily *model_config_load(ModelConfig *c, const char *path);
+// Rope tables for positions 0..S-1 (rotate-half, inv_freq_i = theta^(-2i/d)), fp32 on the CPU.
+void model_rope_tables(Tensor cos, Tensor sin, int S, int d, double theta);
+
+extern const ModelFamily qwen3_moe_family;
+
+// Builds the parameter table and allocates fp32-or-compute-dtype weights, fp32 gradients, rope tables
+// for positions < max_seq, and the loss accumulators on dev. Weights are left uninitialised.
+void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq);
+void model_free(Model *m);
+void model_zero_grads(Model *m);

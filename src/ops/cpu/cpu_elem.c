@@ -1,0 +1,91 @@
+// cpu_elem.c — embedding, cross-entropy, elementwise helpers and AdamW on the CPU.
+#include <math.h>
+
+#include "ops/cpu/cpu_ops.h"
+
+void cpu_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
+    int64_t T = t_rows(h), H = t_cols(h), V = t_rows(table);
+#pragma omp parallel for
+    for (int64_t t = 0; t < T; t++) {
+        int32_t id = I32(tokens)[t];
+        CHECK(id >= 0 && id < V);
+        memcpy(F(h) + t * H, F(table) + (int64_t)id * H, H * sizeof(float));
+    }
+}
+
+void cpu_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
+    int64_t T = t_rows(dh), H = t_cols(dh);
+    for (int64_t t = 0; t < T; t++) {
+        float *d = F(dtable) + (int64_t)I32(tokens)[t] * H;
+        for (int64_t c = 0; c < H; c++) d[c] += F(dh)[t * H + c];
+    }
+}
+
+// CE_r = lse(logits_r) − logits_r[label]; ∂CE_r/∂logits_r = softmax(logits_r) − onehot(label).
+void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
+    CPU_F32(logits);
+    int64_t R = t_rows(logits), V = t_cols(logits);
+    double total = 0;
+#pragma omp parallel for reduction(+ : total)
+    for (int64_t r = 0; r < R; r++) {
+        float *l = F(logits) + r * V;
+        int32_t y = I32(labels)[r];
+        if (y == -100) {
+            for (int64_t c = 0; c < V; c++) l[c] = 0;
+            continue;
+        }
+        CHECK(y >= 0 && y < V);
+        float m = -INFINITY;
+        for (int64_t c = 0; c < V; c++) m = fmaxf(m, l[c]);
+        double sum = 0;
+        for (int64_t c = 0; c < V; c++) sum += exp((double)l[c] - m);
+        double lse = m + log(sum);
+        total += lse - l[y];
+        for (int64_t c = 0; c < V; c++) l[c] = (float)(grad_scale * exp((double)l[c] - lse));
+        l[y] -= grad_scale;
+    }
+    ((double *)loss_sum.p)[0] += total;
+}
+
+void cpu_zero(Tensor x) { memset(x.p, 0, tensor_bytes(x)); }
+
+void cpu_add(Tensor y, Tensor x) {
+    int64_t n = tensor_numel(y);
+    CHECK(tensor_numel(x) == n);
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) F(y)[i] += F(x)[i];
+}
+
+void cpu_scale(Tensor x, float s) {
+    int64_t n = tensor_numel(x);
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) F(x)[i] *= s;
+}
+
+void cpu_copy(Tensor dst, Tensor src) {
+    CHECK(tensor_numel(dst) == tensor_numel(src) && dst.dt == src.dt);
+    memmove(dst.p, src.p, tensor_bytes(src));
+}
+
+double cpu_sum_squares(Tensor x) {
+    int64_t n = tensor_numel(x);
+    double s = 0;
+#pragma omp parallel for reduction(+ : s)
+    for (int64_t i = 0; i < n; i++) s += (double)F(x)[i] * F(x)[i];
+    return s;
+}
+
+// torch.optim.AdamW (single-tensor path): p *= 1 − lr·wd; m.lerp_(g, 1 − b1); v = b2·v + (1 − b2)·g²;
+// p −= (lr / (1 − b1^t)) · m / (sqrt(v) / sqrt(1 − b2^t) + eps).
+void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
+    int64_t n = tensor_numel(p);
+    float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i++) {
+        float gi = F(g)[i];
+        F(p)[i] *= decay;
+        F(m)[i] += (1.0f - b1) * (gi - F(m)[i]);
+        F(v)[i] = b2 * F(v)[i] + (1.0f - b2) * gi * gi;
+        F(p)[i] -= step * F(m)[i] / (sqrtf(F(v)[i]) / bc2 + eps);
+    }
+}

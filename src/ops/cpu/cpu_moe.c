@@ -1,0 +1,136 @@
+// cpu_moe.c — router, load-balancing loss, token permutation and combine on the CPU.
+// Router: probs = softmax(logits) over E in fp32; top-k (ties → lower expert); w = probs of the chosen
+// experts, renormalised to sum 1 when asked. Backward through the renormalisation w_j = p_j / Σp:
+// ∂p_j = (∂w_j − Σ_l ∂w_l·w_l) / Σp; then through the softmax: ∂logit_e = p_e·(∂p_e − Σ_f p_f·∂p_f).
+#include <math.h>
+
+#include "ops/cpu/cpu_ops.h"
+
+void cpu_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance) {
+    CPU_F32(logits);
+    int64_t T = t_rows(logits), E = t_cols(logits);
+    CHECK(k >= 1 && k <= E && t_cols(idx) == k);
+#pragma omp parallel for
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = F(logits) + t * E;
+        float *p = F(probs) + t * E, m = -INFINITY;
+        for (int64_t e = 0; e < E; e++) m = fmaxf(m, l[e]);
+        double sum = 0;
+        for (int64_t e = 0; e < E; e++) sum += exp((double)l[e] - m);
+        for (int64_t e = 0; e < E; e++) p[e] = (float)(exp((double)l[e] - m) / sum);
+        int32_t *ix = I32(idx) + t * k;
+        for (int j = 0; j < k; j++) {
+            if (force_balance) {
+                ix[j] = (int32_t)((t + j * (E / k)) % E);
+                continue;
+            }
+            int32_t best = -1;
+            for (int32_t e = 0; e < E; e++) {
+                bool taken = false;
+                for (int l2 = 0; l2 < j; l2++) taken |= ix[l2] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            ix[j] = best;
+        }
+        double s = 0;
+        for (int j = 0; j < k; j++) s += p[ix[j]];
+        for (int j = 0; j < k; j++) F(w)[t * k + j] = renorm ? (float)(p[ix[j]] / s) : p[ix[j]];
+    }
+}
+
+void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm) {
+    int64_t T = t_rows(probs), E = t_cols(probs), k = t_cols(idx);
+#pragma omp parallel
+    {
+        double *dp = xmalloc(E * sizeof(double));
+#pragma omp for
+        for (int64_t t = 0; t < T; t++) {
+            const float *p = F(probs) + t * E, *wt = F(w) + t * k, *g = F(dw) + t * k;
+            const int32_t *ix = I32(idx) + t * k;
+            for (int64_t e = 0; e < E; e++) dp[e] = lb_grad.p ? F(lb_grad)[e] : 0.0;
+            double s = 0, gw = 0;
+            for (int j = 0; j < k; j++) s += p[ix[j]], gw += (double)g[j] * wt[j];
+            for (int j = 0; j < k; j++) dp[ix[j]] += renorm ? (g[j] - gw) / s : g[j];
+            double dot = 0;
+            for (int64_t e = 0; e < E; e++) dot += p[e] * dp[e];
+            for (int64_t e = 0; e < E; e++) F(dlogits)[t * E + e] = (float)(p[e] * (dp[e] - dot));
+        }
+        free(dp);
+    }
+}
+
+void cpu_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale) {
+    int64_t T = t_rows(probs), E = t_cols(probs), k = t_cols(idx);
+    double *cnt = xcalloc(E, sizeof(double)), *pm = xcalloc(E, sizeof(double));
+    for (int64_t i = 0; i < T * k; i++) cnt[I32(idx)[i]] += 1;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < E; e++) pm[e] += F(probs)[t * E + e];
+    double loss = 0;
+    for (int64_t e = 0; e < E; e++) {
+        double f = T ? cnt[e] / (double)(T * k) : 0;
+        loss += coef * E * f * (T ? pm[e] / T : 0);
+        F(lb_grad)[e] = T ? (float)(grad_scale * coef * E * f / T) : 0;
+    }
+    ((double *)loss_sum.p)[0] += loss;
+    free(cnt), free(pm);
+}
+
+void cpu_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) {
+    int64_t n = tensor_numel(idx);
+    for (int e = 0; e <= E; e++) offs[e] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        CHECK(I32(idx)[i] >= 0 && I32(idx)[i] < E);
+        offs[I32(idx)[i] + 1]++;
+    }
+    for (int e = 0; e < E; e++) offs[e + 1] += offs[e];
+    int64_t *fill = xmalloc((E + 1) * sizeof(int64_t));
+    memcpy(fill, offs, (E + 1) * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) I32(perm)[fill[I32(idx)[i]]++] = (int32_t)i;
+    free(fill);
+}
+
+void cpu_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
+    int64_t R = t_rows(y), H = t_cols(y);
+    CHECK(t_cols(x) == H && tensor_numel(rows) == R);
+#pragma omp parallel for
+    for (int64_t i = 0; i < R; i++) memcpy(F(y) + i * H, F(x) + (int64_t)(I32(rows)[i] / div) * H, H * sizeof(float));
+}
+
+void cpu_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) {
+    int64_t R = t_rows(dy), H = t_cols(dy);
+    for (int64_t i = 0; i < R; i++) { // serial: several rows may land on one token
+        float *d = F(dx) + (int64_t)(I32(rows)[i] / div) * H;
+        for (int64_t c = 0; c < H; c++) d[c] += F(dy)[i * H + c];
+    }
+}
+
+void cpu_scatter_rows(Tensor y, Tensor x, Tensor rows) {
+    int64_t R = t_rows(x), H = t_cols(x);
+#pragma omp parallel for
+    for (int64_t i = 0; i < R; i++) memcpy(F(y) + (int64_t)I32(rows)[i] * H, F(x) + i * H, H * sizeof(float));
+}
+
+void cpu_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
+    int64_t T = t_rows(out), H = t_cols(out), k = t_cols(w);
+    CHECK(t_rows(y) == T * k);
+#pragma omp parallel for
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t c = 0; c < H; c++) {
+            float s = F(resid)[t * H + c];
+            for (int64_t j = 0; j < k; j++) s += F(w)[t * k + j] * F(y)[(t * k + j) * H + c];
+            F(out)[t * H + c] = s;
+        }
+}
+
+void cpu_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w) {
+    int64_t T = t_rows(dout), H = t_cols(dout), k = t_cols(w);
+#pragma omp parallel for
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            const float *g = F(dout) + t * H, *yj = F(y) + (t * k + j) * H;
+            float *dyj = F(dy) + (t * k + j) * H, wj = F(w)[t * k + j];
+            double s = 0;
+            for (int64_t c = 0; c < H; c++) dyj[c] = wj * g[c], s += (double)g[c] * yj[c];
+            F(dw)[t * k + j] = (float)s;
+        }
+}

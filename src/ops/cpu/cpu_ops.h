@@ -1,0 +1,44 @@
+// cpu_ops.h — the CPU (fp32, OpenMP + OpenBLAS) implementation of every op in ops.h: the reference backend.
+// Signatures equal ops.h with the cpu_ prefix; the comments there hold.
+#pragma once
+#include "base/base.h"
+
+void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
+void cpu_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
+void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
+void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs);
+void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
+void cpu_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);
+void cpu_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
+void cpu_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
+void cpu_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward);
+void cpu_swiglu_forward(Tensor act, Tensor gu);
+void cpu_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu);
+void cpu_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale);
+void cpu_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
+                            Tensor lse, int B, float scale);
+void cpu_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance);
+void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm);
+void cpu_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale);
+void cpu_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E);
+void cpu_gather_rows(Tensor y, Tensor x, Tensor rows, int div);
+void cpu_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div);
+void cpu_scatter_rows(Tensor y, Tensor x, Tensor rows);
+void cpu_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w);
+void cpu_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w);
+void cpu_embedding_forward(Tensor h, Tensor table, Tensor tokens);
+void cpu_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens);
+void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale);
+void cpu_zero(Tensor x);
+void cpu_add(Tensor y, Tensor x);
+void cpu_scale(Tensor x, float s);
+void cpu_copy(Tensor dst, Tensor src);
+double cpu_sum_squares(Tensor x);
+void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t);
+
+// Rows and columns of a tensor seen as a matrix (first dim × the rest).
+static inline int64_t t_rows(Tensor t) { return t.n[0]; }
+static inline int64_t t_cols(Tensor t) { return t.n[0] ? tensor_numel(t) / t.n[0] : 0; }
+static inline float *F(Tensor t) { return (float *)t.p; }
+static inline int32_t *I32(Tensor t) { return (int32_t *)t.p; }
+#define CPU_F32(t) CHECK((t).dev == DEV_CPU && (t).dt == DT_F32)

@@ -1,0 +1,72 @@
+// ops.c — dispatch of each op in ops.h to its CPU or CUDA implementation, by the device of its tensors.
+#include "ops/ops.h"
+
+#include "ops/cpu/cpu_ops.h"
+
+#define DISPATCH(dev, call)                                                                           \
+    do {                                                                                              \
+        if ((dev) == DEV_CUDA) die("this op has no CUDA implementation in this build");              \
+        cpu_##call;                                                                                   \
+    } while (0)
+
+void op_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) { DISPATCH(x.dev, linear_forward(y, x, w, b)); }
+void op_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool acc) { DISPATCH(dy.dev, linear_backward_input(dx, dy, w, acc)); }
+void op_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) { DISPATCH(dy.dev, linear_backward_weight(dw, db, dy, x)); }
+void op_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) { DISPATCH(x.dev, grouped_linear_forward(y, x, w, offs)); }
+void op_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
+    DISPATCH(dy.dev, grouped_linear_backward_input(dx, dy, w, offs));
+}
+void op_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
+    DISPATCH(dy.dev, grouped_linear_backward_weight(dw, dy, x, offs));
+}
+void op_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) { DISPATCH(x.dev, rmsnorm_forward(y, rstd, x, w, eps)); }
+void op_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc) {
+    DISPATCH(x.dev, rmsnorm_backward(dx, dw, dy, x, w, rstd, acc));
+}
+void op_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward) { DISPATCH(x.dev, rope(x, cos, sin, pos, backward)); }
+void op_swiglu_forward(Tensor act, Tensor gu) { DISPATCH(gu.dev, swiglu_forward(act, gu)); }
+void op_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) { DISPATCH(gu.dev, swiglu_backward(dgu, dact, gu)); }
+void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale) {
+    DISPATCH(q.dev, attention_forward(o, lse, q, k, v, B, scale));
+}
+void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse,
+                           int B, float scale) {
+    DISPATCH(q.dev, attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, scale));
+}
+void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance) {
+    DISPATCH(logits.dev, router_forward(probs, idx, w, logits, k, renorm, force_balance));
+}
+void op_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm) {
+    DISPATCH(probs.dev, router_backward(dlogits, dw, lb_grad, probs, idx, w, renorm));
+}
+void op_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale) {
+    DISPATCH(probs.dev, moe_lb_loss(loss_sum, lb_grad, probs, idx, coef, grad_scale));
+}
+void op_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) { DISPATCH(idx.dev, moe_sort(perm, offs, idx, E)); }
+void op_gather_rows(Tensor y, Tensor x, Tensor rows, int div) { DISPATCH(x.dev, gather_rows(y, x, rows, div)); }
+void op_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) { DISPATCH(dy.dev, gather_rows_backward(dx, dy, rows, div)); }
+void op_scatter_rows(Tensor y, Tensor x, Tensor rows) { DISPATCH(x.dev, scatter_rows(y, x, rows)); }
+void op_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) { DISPATCH(y.dev, moe_combine_forward(out, resid, y, w)); }
+void op_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w) {
+    DISPATCH(y.dev, moe_combine_backward(dy, dw, dout, y, w));
+}
+void op_embedding_forward(Tensor h, Tensor table, Tensor tokens) { DISPATCH(h.dev, embedding_forward(h, table, tokens)); }
+void op_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) { DISPATCH(dh.dev, embedding_backward(dtable, dh, tokens)); }
+void op_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
+    DISPATCH(logits.dev, cross_entropy(logits, labels, loss_sum, grad_scale));
+}
+void op_zero(Tensor x) { DISPATCH(x.dev, zero(x)); }
+void op_add(Tensor y, Tensor x) { DISPATCH(y.dev, add(y, x)); }
+void op_scale(Tensor x, float s) { DISPATCH(x.dev, scale(x, s)); }
+void op_copy(Tensor dst, Tensor src) { DISPATCH(dst.dev == DEV_CUDA ? DEV_CUDA : src.dev, copy(dst, src)); }
+double op_sum_squares(Tensor x) {
+    if (x.dev == DEV_CUDA) die("this op has no CUDA implementation in this build");
+    return cpu_sum_squares(x);
+}
+void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
+    DISPATCH(p.dev, adamw(p, g, m, v, lr, b1, b2, eps, wd, t));
+}
+double op_read_scalar(Tensor x) {
+    if (x.dev == DEV_CUDA) die("this op has no CUDA implementation in this build");
+    return x.dt == DT_F64 ? ((double *)x.p)[0] : ((float *)x.p)[0];
+}

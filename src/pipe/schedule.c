@@ -1,0 +1,121 @@
+// schedule.c — one pipeline stage holding every layer: forward prolog → (stage 1, 2, 3, 4, 5) per layer
+// → epilog, then backward epilog → (5, 4, 3 input, 3 weight, 2, 1) per layer in reverse → prolog.
+// All memory comes from two arenas sized by engine_plan, so the step itself never allocates.
+#include "pipe/schedule.h"
+
+#include "dist/ep.h"
+
+static void *rec_of(Engine *e, int l) { return e->recs + (size_t)l * e->m->fam->rec_size; }
+
+// The allocation sequence of the activation arena; run on a counting arena it is the plan.
+static void alloc_activations(Engine *e, Arena *a) {
+    Model *m = e->m;
+    int T = e->B * e->S;
+    e->mb = (MicroBatch){e->B, e->S, T, arena_tensor(a, DT_I32, 1, T, 0, 0, 0), arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
+                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0)};
+    e->h[0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+    for (int l = 0; l < m->cfg.layers; l++) {
+        m->fam->layer_alloc(m, l, rec_of(e, l), a, e->B, e->S, &e->io[l]);
+        e->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+    }
+    m->fam->epilog_alloc(m, e->epilog, a, T);
+}
+
+static void alloc_grad_buffers(Engine *e, Arena *ws) {
+    int T = e->B * e->S;
+    for (int i = 0; i < 2; i++) e->dh[i] = arena_tensor(ws, e->m->cdt, 2, T, e->m->cfg.hidden, 0, 0);
+}
+
+static void engine_structs(Engine *e, Model *m, int B, int S) {
+    memset(e, 0, sizeof *e);
+    e->m = m, e->B = B, e->S = S;
+    e->recs = xcalloc(m->cfg.layers, m->fam->rec_size);
+    e->epilog = xcalloc(1, m->fam->epilog_size);
+    e->io = xcalloc(m->cfg.layers, sizeof(StageIO));
+    e->h = xcalloc(m->cfg.layers + 1, sizeof(Tensor));
+    for (int l = 0; l < m->cfg.layers; l++) e->io[l].offs = xcalloc(m->cfg.experts + 1, sizeof(int64_t));
+}
+
+EnginePlan engine_plan(Model *m, int B, int S) {
+    Engine e;
+    engine_structs(&e, m, B, S);
+    Arena act = arena_counting("activations", m->dev), ws = arena_counting("workspace", m->dev);
+    alloc_activations(&e, &act);
+    alloc_grad_buffers(&e, &ws);
+    size_t base = ws.used, most = 0;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        ws.used = base;
+        m->fam->layer_grad_alloc(m, l, rec_of(&e, l), &ws, B, S, &e.io[l]);
+        if (ws.used - base > most) most = ws.used - base;
+    }
+    EnginePlan p = {act.peak, base + most + ARENA_ALIGN};
+    engine_free(&e);
+    return p;
+}
+
+void engine_init(Engine *e, Model *m, int B, int S) {
+    EnginePlan p = engine_plan(m, B, S);
+    engine_structs(e, m, B, S);
+    e->act = arena_create("activations", m->dev, p.act_bytes);
+    e->ws = arena_create("workspace", m->dev, p.ws_bytes);
+    alloc_activations(e, &e->act);
+    alloc_grad_buffers(e, &e->ws);
+    // Positions restart in every sequence of the micro-batch.
+    int T = B * S;
+    int32_t *pos = xmalloc(T * sizeof(int32_t));
+    for (int t = 0; t < T; t++) pos[t] = t % S;
+    op_copy(e->mb.pos, tensor_make(pos, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+    free(pos);
+}
+
+void engine_free(Engine *e) {
+    for (int l = 0; e->io && l < e->m->cfg.layers; l++) free(e->io[l].offs);
+    free(e->recs), free(e->epilog), free(e->io), free(e->h);
+    if (e->act.cap) arena_destroy(&e->act);
+    if (e->ws.cap) arena_destroy(&e->ws);
+    memset(e, 0, sizeof *e);
+}
+
+void engine_load(Engine *e, const int32_t *tokens, const int32_t *labels) {
+    int T = e->mb.T;
+    op_copy(e->mb.tokens, tensor_make((void *)tokens, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+    op_copy(e->mb.labels, tensor_make((void *)labels, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+}
+
+void engine_forward(Engine *e, bool grad) {
+    Model *m = e->m;
+    const ModelFamily *f = m->fam;
+    f->prolog_forward(m, &e->mb, e->h[0]);
+    for (int l = 0; l < m->cfg.layers; l++) {
+        void *r = rec_of(e, l);
+        StageIO *io = &e->io[l];
+        f->stage1_forward(m, l, r, &e->mb, e->h[l], io);
+        ep_dispatch_forward(m, io);
+        f->stage3_forward(m, l, r, io);
+        ep_combine_forward(m, io);
+        f->stage5_forward(m, l, r, io, e->h[l + 1]);
+    }
+    f->epilog_forward(m, e->epilog, &e->mb, e->h[m->cfg.layers], grad);
+}
+
+void engine_backward(Engine *e) {
+    Model *m = e->m;
+    const ModelFamily *f = m->fam;
+    int cur = 0;
+    f->epilog_backward(m, e->epilog, e->dh[cur]);
+    for (int l = m->cfg.layers - 1; l >= 0; l--) {
+        void *r = rec_of(e, l);
+        StageIO *io = &e->io[l];
+        size_t mark = arena_mark(&e->ws);
+        f->layer_grad_alloc(m, l, r, &e->ws, e->B, e->S, io);
+        f->stage5_backward(m, l, r, io, e->dh[cur]);
+        ep_combine_backward(m, io);
+        f->stage3_backward_input(m, l, r, io);
+        f->stage3_backward_weight(m, l, r, io);
+        ep_dispatch_backward(m, io);
+        f->stage1_backward(m, l, r, &e->mb, io, e->dh[cur], e->dh[1 - cur]);
+        arena_reset(&e->ws, mark);
+        cur = 1 - cur;
+    }
+    f->prolog_backward(m, &e->mb, e->dh[cur]);
+}
