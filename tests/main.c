@@ -72,14 +72,19 @@ const char *test_tmpdir(void) {
     return tmpdir;
 }
 
+static bool run_one(int i) {
+    if (setjmp(fail_jump)) return false;
+    tests[i].fn();
+    return true;
+}
+
 int main(int argc, char **argv) {
     int passed = 0, failed = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 0; i < ntests; i++) {
         if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
         double t0 = now_seconds();
-        if (setjmp(fail_jump) == 0) {
-            tests[i].fn();
+        if (run_one(i)) {
             printf("PASS %-48s %7.2fs\n", tests[i].name, now_seconds() - t0);
             passed++;
         } else {

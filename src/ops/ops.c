@@ -9,6 +9,13 @@
         cpu_##call;                                                                                   \
     } while (0)
 
+#ifdef PITH_CUDA
+int cuda_device_count(void); // ops/cuda/cuda_common.cu
+bool ops_cuda_available(void) { return cuda_device_count() > 0; }
+#else
+bool ops_cuda_available(void) { return false; }
+#endif
+
 void op_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) { DISPATCH(x.dev, linear_forward(y, x, w, b)); }
 void op_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool acc) { DISPATCH(dy.dev, linear_backward_input(dx, dy, w, acc)); }
 void op_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) { DISPATCH(dy.dev, linear_backward_weight(dw, db, dy, x)); }

@@ -6,6 +6,9 @@
 #pragma once
 #include "base/base.h"
 
+// True when this build has the CUDA backend and a GPU is present.
+bool ops_cuda_available(void);
+
 // ---- dense GEMMs (linear layers) ----
 // y: (M, N) = x: (M, K) · w: (N, K)ᵀ [+ b: (N)]; b.p == NULL means no bias.
 void op_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);

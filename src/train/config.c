@@ -147,7 +147,7 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     else {
         // runs/<config folder>-<config name>, e.g. runs/tiny-train for examples/tiny/train.json
         const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file, *parent = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
-        snprintf(c->run_dir, sizeof c->run_dir, "runs/%s-%.*s", parent, (int)strcspn(base, "."), base);
+        snprintf(c->run_dir, sizeof c->run_dir, "runs/%.200s-%.*s", parent, (int)(strcspn(base, ".") % 200), base);
     }
     c->json = root;
 }

@@ -7,6 +7,17 @@
 
 static Tensor host_f32(int64_t n) { return tensor_make(xcalloc(n ? n : 1, sizeof(float)), DT_F32, DEV_CPU, 1, n, 1, 1, 1); }
 
+static Tensor device_f32(int64_t n) {
+    Arena a = arena_create("optimizer state", DEV_CUDA, (size_t)n * sizeof(float)); // owned by the run
+    return tensor_make(a.base, DT_F32, DEV_CUDA, 1, n, 1, 1, 1);
+}
+
+static void tensor_free(Tensor t) {
+    Arena a = {t.p, 0, tensor_bytes(t), 0, t.dev, ""};
+    if (t.dev == DEV_CPU) free(t.p);
+    else if (a.cap) arena_destroy(&a);
+}
+
 void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     memset(r, 0, sizeof *r);
     r->cfg = *cfg;
@@ -14,22 +25,39 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     if (c->parallel.pp * c->parallel.cp * c->parallel.ep != 1)
         die("%s: parallel: pipeline/context/expert parallel sizes above 1 need multi-rank training, which this build does not have yet",
             c->file);
-    if (!strcmp(c->device, "cuda")) die("%s: device: \"cuda\" training is not available in this build yet", c->file);
+    Device dev = DEV_CPU;
+    if (!strcmp(c->device, "cuda") || (!strcmp(c->device, "auto") && ops_cuda_available())) {
+        if (!ops_cuda_available()) die("%s: device: \"cuda\" asked for, but %s", c->file, "this machine has no usable GPU or this build has no CUDA backend");
+        dev = DEV_CUDA;
+    }
+    DType cdt = dev == DEV_CUDA && !strcmp(c->compute_dtype, "bf16") ? DT_BF16 : DT_F32;
     if (c->save_location[0] || c->save_interval) die("%s: save_location/save_interval: checkpoints are not available in this build yet", c->file);
     if (c->init_from[0]) die("%s: init_from: loading weights is not available in this build yet", c->file);
     ModelConfig mc;
     const ModelFamily *fam = model_config_load(&mc, c->model);
     Model *m = &r->model;
-    model_create(m, fam, &mc, DEV_CPU, DT_F32, c->sequence_length);
+    model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     m->lb_coef = c->moe_load_balance_coef;
     m->force_balance = c->benchmark;
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
     for (int g = 0; g < NGROUPS; g++) {
         int64_t n = m->params.numel[g];
-        r->master[g] = m->w[g]; // the CPU computes in fp32: the compute copy is the master
-        params_init(&m->params, g, r->master[g].p, c->seed, c->init_std, mc.layers);
-        r->adam_m[g] = host_f32(n), r->adam_v[g] = host_f32(n);
-        r->param_bytes += 4 * (size_t)n * 4; // weights, gradients, two moments
+        // Initial values are drawn on the host; on the GPU they go to the fp32 master and its compute copy.
+        Tensor init = host_f32(n);
+        params_init(&m->params, g, init.p, c->seed, c->init_std, mc.layers);
+        if (dev == DEV_CPU) {
+            r->master[g] = m->w[g]; // the CPU computes in fp32: the compute copy is the master
+            op_copy(r->master[g], init);
+            r->adam_m[g] = host_f32(n), r->adam_v[g] = host_f32(n);
+        } else {
+            r->master[g] = device_f32(n), r->adam_m[g] = device_f32(n), r->adam_v[g] = device_f32(n);
+            op_copy(r->master[g], init);
+            op_copy(m->w[g], r->master[g]);
+            op_zero(r->adam_m[g]), op_zero(r->adam_v[g]);
+            r->param_bytes += (size_t)n * (4 + dtype_size(cdt)); // separate master + compute copy
+        }
+        free(init.p);
+        r->param_bytes += 3 * (size_t)n * 4; // gradients and two moments
     }
     r->plan = engine_plan(m, c->micro_batch_size, c->sequence_length);
     engine_init(&r->eng, m, c->micro_batch_size, c->sequence_length);
@@ -40,7 +68,10 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
 
 void run_free(Run *r) {
     engine_free(&r->eng);
-    for (int g = 0; g < NGROUPS; g++) free(r->adam_m[g].p), free(r->adam_v[g].p);
+    for (int g = 0; g < NGROUPS; g++) {
+        tensor_free(r->adam_m[g]), tensor_free(r->adam_v[g]);
+        if (r->master[g].p != r->model.w[g].p) tensor_free(r->master[g]);
+    }
     model_free(&r->model);
     if (r->data.files) dataset_close(&r->data);
     free(r->tokens), free(r->labels);
@@ -87,6 +118,8 @@ StepStats run_step(Run *r) {
     for (int g = 0; g < NGROUPS; g++)
         op_adamw(r->master[g], m->g[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.beta1,
                  (float)c->optimizer.beta2, (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
+    for (int g = 0; g < NGROUPS; g++)
+        if (r->master[g].p != m->w[g].p) op_copy(m->w[g], r->master[g]); // refresh the compute copy (bf16 on the GPU)
     st.loss = op_read_scalar(m->loss_sum) / targets;
     st.lb = r->moe_layers && m->lb_coef > 0 ? op_read_scalar(m->lb_sum) / (m->lb_coef * r->moe_layers * nmb) : 0;
     st.tokens = (double)c->global_batch_size * S;

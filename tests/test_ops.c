@@ -1,0 +1,443 @@
+// test_ops.c — every CPU op: forward against a plain fp64 reference, backward against central finite
+// differences of that reference (h = 1e-6 in fp64, so the reference gradient is exact to ~1e-9).
+#include "ops/ops.h"
+#include "test.h"
+
+// A reference op: out = f(in[0..nin)). Finite differences give ∂(Σ G·out)/∂in[j].
+typedef void (*RefFn)(double **in, double *out, const void *ctx);
+
+static void fd_grad(RefFn f, double **in, int j, int64_t nin_j, const double *G, int64_t nout, double *grad, const void *ctx) {
+    double *out = xmalloc(nout * sizeof(double));
+    for (int64_t i = 0; i < nin_j; i++) {
+        double x0 = in[j][i], h = 1e-6, lp = 0, lm = 0;
+        in[j][i] = x0 + h, f(in, out, ctx);
+        for (int64_t o = 0; o < nout; o++) lp += G[o] * out[o];
+        in[j][i] = x0 - h, f(in, out, ctx);
+        for (int64_t o = 0; o < nout; o++) lm += G[o] * out[o];
+        in[j][i] = x0;
+        grad[i] = (lp - lm) / (2 * h);
+    }
+    free(out);
+}
+
+static float *rnd(int64_t n, float scale) {
+    float *x = xmalloc(n * sizeof(float));
+    fill_normal(x, n, scale);
+    return x;
+}
+static double *to_f64(const float *x, int64_t n) {
+    double *d = xmalloc(n * sizeof(double));
+    for (int64_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+static double rel_err_mixed(const float *a, const double *b, int64_t n) {
+    double *ad = to_f64(a, n), r = rel_err_f64(ad, b, n);
+    free(ad);
+    return r;
+}
+static float *poisoned(int64_t n) {
+    float *x = xmalloc(n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = NAN;
+    return x;
+}
+
+// ---- linear ----
+typedef struct { int64_t M, K, N; } LinCtx;
+static void ref_linear(double **in, double *out, const void *c) {
+    const LinCtx *p = c;
+    for (int64_t i = 0; i < p->M; i++)
+        for (int64_t j = 0; j < p->N; j++) {
+            double s = in[2][j];
+            for (int64_t k = 0; k < p->K; k++) s += in[0][i * p->K + k] * in[1][j * p->K + k];
+            out[i * p->N + j] = s;
+        }
+}
+
+TEST(op_linear) {
+    LinCtx c = {7, 5, 6};
+    float *x = rnd(c.M * c.K, 1), *w = rnd(c.N * c.K, 1), *b = rnd(c.N, 1), *y = poisoned(c.M * c.N), *G = rnd(c.M * c.N, 1);
+    double *in[3] = {to_f64(x, c.M * c.K), to_f64(w, c.N * c.K), to_f64(b, c.N)}, *yr = xmalloc(c.M * c.N * sizeof(double));
+    ref_linear(in, yr, &c);
+    op_linear_forward(tf32_2(y, c.M, c.N), tf32_2(x, c.M, c.K), tf32_2(w, c.N, c.K), tf32_1(b, c.N));
+    ASSERT(rel_err_mixed(y, yr, c.M * c.N) < 1e-6);
+    double *Gd = to_f64(G, c.M * c.N), *gx = xmalloc(c.M * c.K * 8), *gw = xmalloc(c.N * c.K * 8), *gb = xmalloc(c.N * 8);
+    fd_grad(ref_linear, in, 0, c.M * c.K, Gd, c.M * c.N, gx, &c);
+    fd_grad(ref_linear, in, 1, c.N * c.K, Gd, c.M * c.N, gw, &c);
+    fd_grad(ref_linear, in, 2, c.N, Gd, c.M * c.N, gb, &c);
+    float *dx = poisoned(c.M * c.K), *dw = xcalloc(c.N * c.K, 4), *db = xcalloc(c.N, 4);
+    op_linear_backward_input(tf32_2(dx, c.M, c.K), tf32_2(G, c.M, c.N), tf32_2(w, c.N, c.K), false);
+    op_linear_backward_weight(tf32_2(dw, c.N, c.K), tf32_1(db, c.N), tf32_2(G, c.M, c.N), tf32_2(x, c.M, c.K));
+    ASSERT(rel_err_mixed(dx, gx, c.M * c.K) < 1e-6);
+    ASSERT(rel_err_mixed(dw, gw, c.N * c.K) < 1e-6);
+    ASSERT(rel_err_mixed(db, gb, c.N) < 1e-6);
+    // accumulate: a second backward adds the same again
+    op_linear_backward_input(tf32_2(dx, c.M, c.K), tf32_2(G, c.M, c.N), tf32_2(w, c.N, c.K), true);
+    for (int64_t i = 0; i < c.M * c.K; i++) gx[i] *= 2;
+    ASSERT(rel_err_mixed(dx, gx, c.M * c.K) < 1e-6);
+}
+
+// ---- grouped linear: 4 experts, one of them empty ----
+static const int64_t goffs[5] = {0, 3, 3, 7, 9};
+static void ref_grouped(double **in, double *out, const void *c) {
+    const LinCtx *p = c; // K in, N out per expert
+    for (int e = 0; e < 4; e++)
+        for (int64_t i = goffs[e]; i < goffs[e + 1]; i++)
+            for (int64_t j = 0; j < p->N; j++) {
+                double s = 0;
+                for (int64_t k = 0; k < p->K; k++) s += in[0][i * p->K + k] * in[1][(e * p->N + j) * p->K + k];
+                out[i * p->N + j] = s;
+            }
+}
+
+TEST(op_grouped_linear) {
+    LinCtx c = {9, 5, 3};
+    int64_t nx = c.M * c.K, nw = 4 * c.N * c.K, ny = c.M * c.N;
+    float *x = rnd(nx, 1), *w = rnd(nw, 1), *y = poisoned(ny), *G = rnd(ny, 1);
+    double *in[2] = {to_f64(x, nx), to_f64(w, nw)}, *yr = xmalloc(ny * 8), *Gd = to_f64(G, ny), *gx = xmalloc(nx * 8), *gw = xmalloc(nw * 8);
+    Tensor W = tensor_make(w, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1);
+    ref_grouped(in, yr, &c);
+    op_grouped_linear_forward(tf32_2(y, c.M, c.N), tf32_2(x, c.M, c.K), W, goffs);
+    ASSERT(rel_err_mixed(y, yr, ny) < 1e-6);
+    fd_grad(ref_grouped, in, 0, nx, Gd, ny, gx, &c);
+    fd_grad(ref_grouped, in, 1, nw, Gd, ny, gw, &c);
+    float *dx = poisoned(nx), *dw = xcalloc(nw, 4);
+    op_grouped_linear_backward_input(tf32_2(dx, c.M, c.K), tf32_2(G, c.M, c.N), W, goffs);
+    op_grouped_linear_backward_weight(tensor_make(dw, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1), tf32_2(G, c.M, c.N), tf32_2(x, c.M, c.K), goffs);
+    ASSERT(rel_err_mixed(dx, gx, nx) < 1e-6);
+    ASSERT(rel_err_mixed(dw, gw, nw) < 1e-6);
+    for (int64_t i = c.N * c.K; i < 2 * c.N * c.K; i++) ASSERT(dw[i] == 0); // the empty expert
+}
+
+// ---- rmsnorm ----
+typedef struct { int64_t R, D; double eps; } NormCtx;
+static void ref_rmsnorm(double **in, double *out, const void *c) {
+    const NormCtx *p = c;
+    for (int64_t i = 0; i < p->R; i++) {
+        double ss = 0;
+        for (int64_t j = 0; j < p->D; j++) ss += in[0][i * p->D + j] * in[0][i * p->D + j];
+        double r = 1 / sqrt(ss / p->D + p->eps);
+        for (int64_t j = 0; j < p->D; j++) out[i * p->D + j] = in[0][i * p->D + j] * r * in[1][j];
+    }
+}
+
+TEST(op_rmsnorm) {
+    NormCtx c = {6, 16, 1e-6};
+    int64_t n = c.R * c.D;
+    float *x = rnd(n, 2), *w = rnd(c.D, 1), *y = poisoned(n), *rstd = poisoned(c.R), *G = rnd(n, 1);
+    double *in[2] = {to_f64(x, n), to_f64(w, c.D)}, *yr = xmalloc(n * 8), *Gd = to_f64(G, n), *gx = xmalloc(n * 8), *gw = xmalloc(c.D * 8);
+    ref_rmsnorm(in, yr, &c);
+    op_rmsnorm_forward(tf32_2(y, c.R, c.D), tf32_1(rstd, c.R), tf32_2(x, c.R, c.D), tf32_1(w, c.D), (float)c.eps);
+    ASSERT(rel_err_mixed(y, yr, n) < 1e-6);
+    fd_grad(ref_rmsnorm, in, 0, n, Gd, n, gx, &c);
+    fd_grad(ref_rmsnorm, in, 1, c.D, Gd, n, gw, &c);
+    float *dx = poisoned(n), *dw = xcalloc(c.D, 4);
+    op_rmsnorm_backward(tf32_2(dx, c.R, c.D), tf32_1(dw, c.D), tf32_2(G, c.R, c.D), tf32_2(x, c.R, c.D), tf32_1(w, c.D), tf32_1(rstd, c.R), false);
+    ASSERT(rel_err_mixed(dx, gx, n) < 1e-5);
+    ASSERT(rel_err_mixed(dw, gw, c.D) < 1e-5);
+}
+
+// ---- rope ----
+typedef struct { int64_t T, nh, d; float *cs, *sn; int32_t *pos; } RopeCtx;
+static void ref_rope(double **in, double *out, const void *c) {
+    const RopeCtx *p = c;
+    int64_t h2 = p->d / 2;
+    for (int64_t t = 0; t < p->T; t++)
+        for (int64_t h = 0; h < p->nh; h++)
+            for (int64_t i = 0; i < h2; i++) {
+                const double *x = in[0] + (t * p->nh + h) * p->d;
+                double cs = p->cs[p->pos[t] * h2 + i], sn = p->sn[p->pos[t] * h2 + i];
+                out[(t * p->nh + h) * p->d + i] = x[i] * cs - x[i + h2] * sn;
+                out[(t * p->nh + h) * p->d + i + h2] = x[i + h2] * cs + x[i] * sn;
+            }
+}
+
+TEST(op_rope) {
+    RopeCtx c = {5, 3, 8, NULL, NULL, NULL};
+    int S = 16;
+    c.cs = xmalloc(S * 4 * 4), c.sn = xmalloc(S * 4 * 4);
+    extern void model_rope_tables(Tensor, Tensor, int, int, double); // model/model.c
+    model_rope_tables(tf32_2(c.cs, S, 4), tf32_2(c.sn, S, 4), S, 8, 10000.0);
+    int32_t pos[5] = {0, 3, 7, 15, 1};
+    c.pos = pos;
+    int64_t n = c.T * c.nh * c.d;
+    float *x = rnd(n, 1), *G = rnd(n, 1);
+    double *in[1] = {to_f64(x, n)}, *yr = xmalloc(n * 8), *Gd = to_f64(G, n), *gx = xmalloc(n * 8);
+    ref_rope(in, yr, &c);
+    Tensor X = tensor_make(x, DT_F32, DEV_CPU, 3, c.T, c.nh, c.d, 1), P = tensor_make(pos, DT_I32, DEV_CPU, 1, 5, 1, 1, 1);
+    op_rope(X, tf32_2(c.cs, S, 4), tf32_2(c.sn, S, 4), P, false);
+    ASSERT(rel_err_mixed(x, yr, n) < 1e-6);
+    fd_grad(ref_rope, in, 0, n, Gd, n, gx, &c);
+    Tensor Gt = tensor_make(G, DT_F32, DEV_CPU, 3, c.T, c.nh, c.d, 1);
+    op_rope(Gt, tf32_2(c.cs, S, 4), tf32_2(c.sn, S, 4), P, true);
+    ASSERT(rel_err_mixed(G, gx, n) < 1e-6);
+}
+
+// ---- swiglu ----
+typedef struct { int64_t M, I; } SwiCtx;
+static void ref_swiglu(double **in, double *out, const void *c) {
+    const SwiCtx *p = c;
+    for (int64_t r = 0; r < p->M; r++)
+        for (int64_t i = 0; i < p->I; i++) {
+            double g = in[0][r * 2 * p->I + i], u = in[0][r * 2 * p->I + p->I + i];
+            out[r * p->I + i] = g / (1 + exp(-g)) * u;
+        }
+}
+
+TEST(op_swiglu) {
+    SwiCtx c = {5, 7};
+    int64_t n = c.M * 2 * c.I, m = c.M * c.I;
+    float *gu = rnd(n, 2), *act = poisoned(m), *G = rnd(m, 1), *dgu = poisoned(n);
+    double *in[1] = {to_f64(gu, n)}, *yr = xmalloc(m * 8), *Gd = to_f64(G, m), *g = xmalloc(n * 8);
+    ref_swiglu(in, yr, &c);
+    op_swiglu_forward(tf32_2(act, c.M, c.I), tf32_2(gu, c.M, 2 * c.I));
+    ASSERT(rel_err_mixed(act, yr, m) < 1e-6);
+    fd_grad(ref_swiglu, in, 0, n, Gd, m, g, &c);
+    op_swiglu_backward(tf32_2(dgu, c.M, 2 * c.I), tf32_2(G, c.M, c.I), tf32_2(gu, c.M, 2 * c.I));
+    ASSERT(rel_err_mixed(dgu, g, n) < 1e-6);
+}
+
+// ---- attention: B = 2, S = 5, 4 query heads over 2 kv heads, d = 4 ----
+typedef struct { int64_t B, S, nh, nkv, d; double scale; } AttCtx;
+static void ref_attention(double **in, double *out, const void *c) {
+    const AttCtx *p = c;
+    int64_t grp = p->nh / p->nkv;
+    double s[64];
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < p->nh; h++)
+            for (int64_t i = 0; i < p->S; i++) {
+                double m = -INFINITY, sum = 0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double dot = 0;
+                    for (int64_t x = 0; x < p->d; x++)
+                        dot += in[0][((b * p->S + i) * p->nh + h) * p->d + x] * in[1][((b * p->S + j) * p->nkv + h / grp) * p->d + x];
+                    s[j] = p->scale * dot, m = fmax(m, s[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) sum += s[j] = exp(s[j] - m);
+                for (int64_t x = 0; x < p->d; x++) {
+                    double o = 0;
+                    for (int64_t j = 0; j <= i; j++) o += s[j] / sum * in[2][((b * p->S + j) * p->nkv + h / grp) * p->d + x];
+                    out[((b * p->S + i) * p->nh + h) * p->d + x] = o;
+                }
+            }
+}
+
+TEST(op_attention) {
+    AttCtx c = {2, 5, 4, 2, 4, 0.5};
+    int64_t T = c.B * c.S, nq = T * c.nh * c.d, nk = T * c.nkv * c.d;
+    float *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nk, 1), *o = poisoned(nq), *lse = poisoned(c.B * c.nh * c.S), *G = rnd(nq, 1);
+    double *in[3] = {to_f64(q, nq), to_f64(k, nk), to_f64(v, nk)}, *yr = xmalloc(nq * 8), *Gd = to_f64(G, nq);
+    double *gq = xmalloc(nq * 8), *gk = xmalloc(nk * 8), *gv = xmalloc(nk * 8);
+    ref_attention(in, yr, &c);
+    Tensor Q = tensor_make(q, DT_F32, DEV_CPU, 3, T, c.nh, c.d, 1), K = tensor_make(k, DT_F32, DEV_CPU, 3, T, c.nkv, c.d, 1),
+           V = tensor_make(v, DT_F32, DEV_CPU, 3, T, c.nkv, c.d, 1), O = tensor_make(o, DT_F32, DEV_CPU, 3, T, c.nh, c.d, 1),
+           L = tensor_make(lse, DT_F32, DEV_CPU, 3, c.B, c.nh, c.S, 1);
+    op_attention_forward(O, L, Q, K, V, (int)c.B, (float)c.scale);
+    ASSERT(rel_err_mixed(o, yr, nq) < 1e-6);
+    fd_grad(ref_attention, in, 0, nq, Gd, nq, gq, &c);
+    fd_grad(ref_attention, in, 1, nk, Gd, nq, gk, &c);
+    fd_grad(ref_attention, in, 2, nk, Gd, nq, gv, &c);
+    float *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk);
+    op_attention_backward(tensor_make(dq, DT_F32, DEV_CPU, 3, T, c.nh, c.d, 1), tensor_make(dk, DT_F32, DEV_CPU, 3, T, c.nkv, c.d, 1),
+                          tensor_make(dv, DT_F32, DEV_CPU, 3, T, c.nkv, c.d, 1), tensor_make(G, DT_F32, DEV_CPU, 3, T, c.nh, c.d, 1), Q, K,
+                          V, O, L, (int)c.B, (float)c.scale);
+    ASSERT(rel_err_mixed(dq, gq, nq) < 1e-5);
+    ASSERT(rel_err_mixed(dk, gk, nk) < 1e-5);
+    ASSERT(rel_err_mixed(dv, gv, nk) < 1e-5);
+}
+
+// ---- router: softmax, top-k (fixed by the forward), renormalisation, load-balancing gradient ----
+typedef struct { int64_t T, E, k; const int32_t *idx; bool renorm; const float *lbg; } RouterCtx;
+// out = [w (T·k) | probs (T·E)] so one G covers both the weights path and the lb path (G on probs = lb_grad).
+static void ref_router(double **in, double *out, const void *c) {
+    const RouterCtx *p = c;
+    for (int64_t t = 0; t < p->T; t++) {
+        double m = -INFINITY, sum = 0, pr[16], s = 0;
+        for (int64_t e = 0; e < p->E; e++) m = fmax(m, in[0][t * p->E + e]);
+        for (int64_t e = 0; e < p->E; e++) sum += pr[e] = exp(in[0][t * p->E + e] - m);
+        for (int64_t e = 0; e < p->E; e++) pr[e] /= sum, out[p->T * p->k + t * p->E + e] = pr[e];
+        for (int64_t j = 0; j < p->k; j++) s += pr[p->idx[t * p->k + j]];
+        for (int64_t j = 0; j < p->k; j++) out[t * p->k + j] = pr[p->idx[t * p->k + j]] / (p->renorm ? s : 1);
+    }
+}
+
+static void check_router(bool renorm) {
+    int64_t T = 6, E = 5, k = 2;
+    float *logits = rnd(T * E, 1), *probs = poisoned(T * E), *w = poisoned(T * k), *dw = rnd(T * k, 1), *lbg = rnd(E, 1);
+    int32_t idx[12];
+    op_router_forward(tf32_2(probs, T, E), tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), tf32_2(w, T, k), tf32_2(logits, T, E),
+                      (int)k, renorm, false);
+    for (int64_t t = 0; t < T; t++) { // idx are the top-k of probs, best first
+        for (int64_t e = 0; e < E; e++)
+            if (e != idx[t * k] && e != idx[t * k + 1]) ASSERT(probs[t * E + e] <= probs[t * E + idx[t * k + 1]]);
+        ASSERT(probs[t * E + idx[t * k]] >= probs[t * E + idx[t * k + 1]]);
+    }
+    RouterCtx c = {T, E, k, idx, renorm, lbg};
+    int64_t nout = T * k + T * E;
+    double *in[1] = {to_f64(logits, T * E)}, *out = xmalloc(nout * 8), *G = xmalloc(nout * 8), *g = xmalloc(T * E * 8);
+    ref_router(in, out, &c);
+    ASSERT(rel_err_mixed(w, out, T * k) < 1e-6);
+    ASSERT(rel_err_mixed(probs, out + T * k, T * E) < 1e-6);
+    for (int64_t i = 0; i < T * k; i++) G[i] = dw[i];
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t e = 0; e < E; e++) G[T * k + t * E + e] = lbg[e];
+    fd_grad(ref_router, in, 0, T * E, G, nout, g, &c);
+    float *dl = poisoned(T * E);
+    op_router_backward(tf32_2(dl, T, E), tf32_2(dw, T, k), tf32_1(lbg, E), tf32_2(probs, T, E), tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1),
+                       tf32_2(w, T, k), renorm);
+    ASSERT(rel_err_mixed(dl, g, T * E) < 1e-5);
+}
+TEST(op_router_renorm) { check_router(true); }
+TEST(op_router_plain) { check_router(false); }
+
+TEST(op_router_force_balance) {
+    int64_t T = 8, E = 8, k = 2;
+    float *logits = rnd(T * E, 1), probs[64], w[16];
+    int32_t idx[16];
+    op_router_forward(tf32_2(probs, T, E), tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), tf32_2(w, T, k), tf32_2(logits, T, E), 2, true, true);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < k; j++) {
+            ASSERT(idx[t * k + j] == (t + j * (E / k)) % E);
+            double s = probs[t * E + idx[t * k]] + probs[t * E + idx[t * k + 1]];
+            ASSERT_NEAR(w[t * k + j], probs[t * E + idx[t * k + j]] / s, 1e-6);
+        }
+}
+
+TEST(op_moe_lb_loss) {
+    int64_t T = 4, E = 4, k = 2;
+    float probs[16], lbg[4];
+    int32_t idx[8] = {0, 1, 0, 2, 0, 1, 3, 0};
+    for (int i = 0; i < 16; i++) probs[i] = 0.05f * (i % 5 + 1);
+    double loss = 0;
+    op_moe_lb_loss(tensor_make(&loss, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), tf32_1(lbg, E), tf32_2(probs, T, E),
+                   tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), 0.5f, 3.0f);
+    double cnt[4] = {4, 2, 1, 1}, want = 0;
+    for (int e = 0; e < E; e++) {
+        double pm = 0;
+        for (int t = 0; t < T; t++) pm += probs[t * E + e];
+        want += 0.5 * E * cnt[e] / (T * k) * pm / T;
+        ASSERT_NEAR(lbg[e], 3.0 * 0.5 * E * cnt[e] / (T * k) / T, 1e-6);
+    }
+    ASSERT_NEAR(loss, want, 1e-7);
+}
+
+TEST(op_moe_sort_gather_scatter) {
+    int64_t T = 5, k = 2, E = 4, H = 3;
+    int32_t idx[10] = {3, 1, 1, 0, 3, 2, 1, 3, 0, 1}, perm[10];
+    int64_t offs[5];
+    op_moe_sort(tensor_make(perm, DT_I32, DEV_CPU, 1, T * k, 1, 1, 1), offs, tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), (int)E);
+    int64_t want_offs[5] = {0, 2, 6, 7, 10};
+    int32_t want_perm[10] = {3, 8, 1, 2, 6, 9, 5, 0, 4, 7}; // stable: slots in increasing order within an expert
+    for (int i = 0; i < 5; i++) ASSERT(offs[i] == want_offs[i]);
+    for (int i = 0; i < 10; i++) ASSERT(perm[i] == want_perm[i]);
+    float *x = rnd(T * H, 1), xe[30], y[30], back[30], dx[15] = {0};
+    Tensor P = tensor_make(perm, DT_I32, DEV_CPU, 1, T * k, 1, 1, 1);
+    op_gather_rows(tf32_2(xe, T * k, H), tf32_2(x, T, H), P, (int)k);
+    for (int i = 0; i < 10; i++)
+        for (int c = 0; c < H; c++) ASSERT(xe[i * H + c] == x[perm[i] / k * H + c]);
+    op_scatter_rows(tf32_2(y, T * k, H), tf32_2(xe, T * k, H), P); // slot order: row t·k+j = token t
+    for (int i = 0; i < 10; i++)
+        for (int c = 0; c < H; c++) ASSERT(y[i * H + c] == x[i / k * H + c]);
+    op_gather_rows(tf32_2(back, T * k, H), tf32_2(y, T * k, H), P, 1);
+    for (int i = 0; i < 30; i++) ASSERT(back[i] == xe[i]);
+    op_gather_rows_backward(tf32_2(dx, T, H), tf32_2(xe, T * k, H), P, (int)k); // each token receives k copies
+    for (int i = 0; i < 15; i++) ASSERT_NEAR(dx[i], 2 * x[i], 1e-6);
+}
+
+typedef struct { int64_t T, k, H; } CombCtx;
+static void ref_combine(double **in, double *out, const void *c) { // in: resid, y, w
+    const CombCtx *p = c;
+    for (int64_t t = 0; t < p->T; t++)
+        for (int64_t h = 0; h < p->H; h++) {
+            double s = in[0][t * p->H + h];
+            for (int64_t j = 0; j < p->k; j++) s += in[2][t * p->k + j] * in[1][(t * p->k + j) * p->H + h];
+            out[t * p->H + h] = s;
+        }
+}
+
+TEST(op_moe_combine) {
+    CombCtx c = {4, 3, 5};
+    int64_t nr = c.T * c.H, ny = c.T * c.k * c.H, nw = c.T * c.k;
+    float *r = rnd(nr, 1), *y = rnd(ny, 1), *w = rnd(nw, 1), *out = poisoned(nr), *G = rnd(nr, 1);
+    double *in[3] = {to_f64(r, nr), to_f64(y, ny), to_f64(w, nw)}, *yr = xmalloc(nr * 8), *Gd = to_f64(G, nr), *gy = xmalloc(ny * 8), *gw = xmalloc(nw * 8);
+    ref_combine(in, yr, &c);
+    op_moe_combine_forward(tf32_2(out, c.T, c.H), tf32_2(r, c.T, c.H), tf32_2(y, c.T * c.k, c.H), tf32_2(w, c.T, c.k));
+    ASSERT(rel_err_mixed(out, yr, nr) < 1e-6);
+    fd_grad(ref_combine, in, 1, ny, Gd, nr, gy, &c);
+    fd_grad(ref_combine, in, 2, nw, Gd, nr, gw, &c);
+    float *dy = poisoned(ny), *dw = poisoned(nw);
+    op_moe_combine_backward(tf32_2(dy, c.T * c.k, c.H), tf32_2(dw, c.T, c.k), tf32_2(G, c.T, c.H), tf32_2(y, c.T * c.k, c.H), tf32_2(w, c.T, c.k));
+    ASSERT(rel_err_mixed(dy, gy, ny) < 1e-6);
+    ASSERT(rel_err_mixed(dw, gw, nw) < 1e-6);
+}
+
+typedef struct { int64_t R, V; const int32_t *lab; } CeCtx;
+static void ref_ce(double **in, double *out, const void *c) {
+    const CeCtx *p = c;
+    out[0] = 0;
+    for (int64_t r = 0; r < p->R; r++) {
+        if (p->lab[r] == -100) continue;
+        double m = -INFINITY, s = 0;
+        for (int64_t v = 0; v < p->V; v++) m = fmax(m, in[0][r * p->V + v]);
+        for (int64_t v = 0; v < p->V; v++) s += exp(in[0][r * p->V + v] - m);
+        out[0] += m + log(s) - in[0][r * p->V + p->lab[r]];
+    }
+}
+
+TEST(op_cross_entropy) {
+    int32_t lab[4] = {3, -100, 0, 6};
+    CeCtx c = {4, 7, lab};
+    int64_t n = c.R * c.V;
+    float *l = rnd(n, 3);
+    double *in[1] = {to_f64(l, n)}, want, G = 0.25, *g = xmalloc(n * 8), loss = 1.5;
+    ref_ce(in, &want, &c);
+    fd_grad(ref_ce, in, 0, n, &G, 1, g, &c);
+    op_cross_entropy(tf32_2(l, c.R, c.V), tensor_make(lab, DT_I32, DEV_CPU, 1, 4, 1, 1, 1), tensor_make(&loss, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), 0.25f);
+    ASSERT_NEAR(loss, 1.5 + want, 1e-5);
+    ASSERT(rel_err_mixed(l, g, n) < 1e-5);
+    for (int v = 0; v < 7; v++) ASSERT(l[7 + v] == 0); // ignored row
+}
+
+TEST(op_embedding) {
+    int64_t V = 6, H = 4, T = 5;
+    float *tab = rnd(V * H, 1), h[20], dt[24] = {0};
+    int32_t tok[5] = {2, 0, 2, 5, 1};
+    Tensor Tk = tensor_make(tok, DT_I32, DEV_CPU, 1, T, 1, 1, 1);
+    op_embedding_forward(tf32_2(h, T, H), tf32_2(tab, V, H), Tk);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < H; c++) ASSERT(h[t * H + c] == tab[tok[t] * H + c]);
+    op_embedding_backward(tf32_2(dt, V, H), tf32_2(h, T, H), Tk);
+    for (int c = 0; c < H; c++) {
+        ASSERT_NEAR(dt[2 * H + c], 2 * tab[2 * H + c], 1e-6);
+        ASSERT(dt[3 * H + c] == 0);
+    }
+}
+
+// AdamW against torch.optim.AdamW's formulas in fp64, over three steps.
+TEST(op_adamw) {
+    int64_t n = 50;
+    float *p = rnd(n, 1), *m = xcalloc(n, 4), *v = xcalloc(n, 4);
+    double *pd = to_f64(p, n), *md = xcalloc(n, 8), *vd = xcalloc(n, 8);
+    double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    for (int t = 1; t <= 3; t++) {
+        float *g = rnd(n, 1);
+        op_adamw(tf32_1(p, n), tf32_1(g, n), tf32_1(m, n), tf32_1(v, n), (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t);
+        for (int64_t i = 0; i < n; i++) {
+            pd[i] *= 1 - lr * wd;
+            md[i] = b1 * md[i] + (1 - b1) * g[i];
+            vd[i] = b2 * vd[i] + (1 - b2) * (double)g[i] * g[i];
+            pd[i] -= lr / (1 - pow(b1, t)) * md[i] / (sqrt(vd[i]) / sqrt(1 - pow(b2, t)) + eps);
+        }
+        free(g);
+    }
+    ASSERT(rel_err_mixed(p, pd, n) < 1e-6);
+    ASSERT(rel_err_mixed(m, md, n) < 1e-6);
+    ASSERT(rel_err_mixed(v, vd, n) < 1e-6);
+}
+
+TEST(op_sum_squares_scale_add) {
+    float x[5] = {1, -2, 3, 0.5f, 0}, y[5] = {1, 1, 1, 1, 1};
+    ASSERT_NEAR(op_sum_squares(tf32_1(x, 5)), 14.25, 1e-9);
+    op_scale(tf32_1(x, 5), 2);
+    op_add(tf32_1(y, 5), tf32_1(x, 5));
+    ASSERT(y[1] == -3 && y[3] == 2);
+}
