@@ -199,7 +199,7 @@ TEST(errors_token_files) {
     // tokens beyond the model's vocabulary
     ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/data/a.bin --vocab 1000 --tokens 1000", PITH_BIN, d) == 0);
     // (found when the sample is read, after setup has printed its summary: the error is the last line)
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json 2>&1 >/dev/null", PITH_BIN, d) == 1);
+    ASSERT(run_cmd(out, sizeof out, "{ %s train %s/train.json 2>&1 >/dev/null; }", PITH_BIN, d) == 1);
     ASSERT_MSG(strstr(out, "pith: error: ") == out && strstr(out, "is outside the model's vocabulary of 64"), "%s", out);
     // too short for one sample
     ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/data/a.bin --vocab 64 --tokens 10", PITH_BIN, d) == 0);
