@@ -57,7 +57,8 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
     c->head_dim = (int)jint(o, "head_dim", false, c->heads ? c->hidden / c->heads : 0);
     c->vocab = (int)jint(o, "vocab_size", true, 0);
     c->eps = jnum(o, "rms_norm_eps", false, 1e-6);
-    c->experts = (int)jint(o, "num_experts", true, 0);
+    // transformers v5 writes num_local_experts; v4 and the hub configs num_experts
+    c->experts = (int)(jhas(o, "num_experts") ? jint(o, "num_experts", true, 0) : jint(o, "num_local_experts", true, 0));
     c->topk = (int)jint(o, "num_experts_per_tok", true, 0);
     c->moe_inter = (int)jint(o, "moe_intermediate_size", true, 0);
     c->dense_inter = (int)jint(o, "intermediate_size", false, 0);
