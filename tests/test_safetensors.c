@@ -451,3 +451,99 @@ TEST(safetensors_half_f16) {
         ASSERT_MSG(f32_to_f16(x) == want, "%a -> 0x%04x, expected 0x%04x", x, f32_to_f16(x), want);
     }
 }
+
+// ---- files written by HF (tests/data/safetensors/make_fixtures.py, run on the device machine) ----
+#define FX "tests/data/safetensors/"
+
+static uint64_t fnv64(const void *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t *)p)[i]) * 0x100000001b3ULL;
+    return h;
+}
+
+static bool same_hash(const void *p, size_t n, const char *hex) {
+    char buf[17];
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)fnv64(p, n));
+    return hex && !strcmp(buf, hex);
+}
+
+// Re-writing every tensor of an HF file raw, with its metadata, must give HF's file byte for byte.
+static void expect_rewrite_identical(const char *path) {
+    StFile f;
+    st_open_or_die(&f, path);
+    StWriter w;
+    st_writer_init(&w);
+    const char *k;
+    json_t *v;
+    json_object_foreach(f.metadata, k, v) st_writer_meta(&w, k, json_string_value(v));
+    for (int i = 0; i < f.n; i++) st_writer_add_raw(&w, f.t[i].name, f.t[i].dt, f.t[i].nd, f.t[i].shape, f.t[i].data);
+    st_writer_write(&w, tpath("rewrite.safetensors"));
+    size_t n;
+    char *b = file_read_all(tpath("rewrite.safetensors"), &n);
+    bool same = n == f.size && !memcmp(b, f.map, n);
+    free(b);
+    st_writer_free(&w);
+    st_close(&f);
+    ASSERT_MSG(same, "%s: rewritten file differs", path);
+}
+
+TEST(safetensors_hf_fixtures) {
+    fresh_dir();
+    json_t *man = json_load_or_die(FX "manifest.json");
+    StFile f;
+    StSet s;
+    st_open_or_die(&f, FX "hf_single.safetensors");
+    st_set_open_or_die(&s, FX "m");
+    ASSERT(!strcmp(st_meta(&f, "format"), "pt") && !strcmp(st_meta(&f, "k"), "v"));
+    int nsingle = 0, nm = 0;
+    const char *key;
+    json_t *e;
+    json_object_foreach(man, key, e) {
+        const char *name = strchr(key, ':') + 1;
+        const StTensor *t;
+        if (!strncmp(key, "hf_single.safetensors:", 22)) {
+            t = st_find(&f, name), nsingle++;
+        } else if (!strncmp(key, "m/", 2)) {
+            t = st_set_find(&s, name), nm++;
+            size_t fl = t ? strlen(t->file) : 0, sl = (size_t)(name - 1 - (key + 2));
+            ASSERT_MSG(t && fl > sl && !strncmp(t->file + fl - sl, key + 2, sl), "%s: in %s", key, t ? t->file : "?");
+        } else {
+            continue;
+        }
+        ASSERT_MSG(t, "%s missing", key);
+        ASSERT(!strcmp(st_dtype_name(t->dt), json_string_value(json_object_get(e, "dtype"))));
+        json_t *shape = json_object_get(e, "shape");
+        ASSERT((size_t)t->nd == json_array_size(shape));
+        for (int i = 0; i < t->nd; i++) ASSERT(t->shape[i] == json_integer_value(json_array_get(shape, (size_t)i)));
+        ASSERT_MSG(same_hash(t->data, t->bytes, json_string_value(json_object_get(e, "raw"))), "%s: raw bytes differ", key);
+        if (json_object_get(e, "f32")) {
+            float *x = xmalloc((size_t)t->numel * sizeof(float));
+            st_read_f32(t, x);
+            bool ok = same_hash(x, (size_t)t->numel * sizeof(float), json_string_value(json_object_get(e, "f32")));
+            free(x);
+            ASSERT_MSG(ok, "%s: fp32 conversion differs from torch's", key);
+        }
+    }
+    ASSERT(nsingle == f.n && nsingle == 18 && nm == s.n && nm > 40 && s.nfiles == 3);
+    expect_rewrite_identical(FX "hf_single.safetensors");
+    expect_rewrite_identical(FX "rounding.safetensors");
+    for (int i = 0; i < s.nfiles; i++) expect_rewrite_identical(s.files[i].path);
+    st_set_close(&s);
+    st_close(&f);
+    json_decref(man);
+
+    // torch's fp32 -> bf16 / fp16 roundings of 8192 patterns (ties, fp16 range edges, subnormals) equal ours.
+    st_open_or_die(&f, FX "rounding.safetensors");
+    const StTensor *r = st_find(&f, "r"), *rb = st_find(&f, "r_bf16"), *rh = st_find(&f, "r_f16");
+    ASSERT(r && rb && rh && r->numel == 8192 && rb->numel == 8192 && rh->numel == 8192);
+    for (int64_t i = 0; i < r->numel; i++) {
+        float x;
+        uint16_t b, h;
+        memcpy(&x, (const char *)r->data + 4 * i, 4);
+        memcpy(&b, (const char *)rb->data + 2 * i, 2);
+        memcpy(&h, (const char *)rh->data + 2 * i, 2);
+        ASSERT_MSG(f32_to_bf16(x) == b && f32_to_f16(x) == h, "0x%08x: bf16 0x%04x (torch 0x%04x), f16 0x%04x (torch 0x%04x)", f32_bits(x),
+                   f32_to_bf16(x), b, f32_to_f16(x), h);
+    }
+    st_close(&f);
+}

@@ -13,17 +13,19 @@
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian; so must the host be");
 
+// rank: the order of HF's Dtype enum (increasing alignment). Writers put larger ranks first, as HF does.
 static const struct {
     const char *name;
     size_t size;
-    int dt; // DType, or -1
+    int dt;   // DType, or -1
+    int rank;
 } st_types[ST_NDTYPE] = {
-    [ST_F64] = {"F64", 8, DT_F64},  [ST_F32] = {"F32", 4, DT_F32},   [ST_F16] = {"F16", 2, DT_F16},
-    [ST_BF16] = {"BF16", 2, DT_BF16}, [ST_I64] = {"I64", 8, DT_I64}, [ST_I32] = {"I32", 4, DT_I32},
-    [ST_I16] = {"I16", 2, -1},      [ST_I8] = {"I8", 1, -1},         [ST_U64] = {"U64", 8, DT_U64},
-    [ST_U32] = {"U32", 4, DT_U32},  [ST_U16] = {"U16", 2, DT_U16},   [ST_U8] = {"U8", 1, DT_U8},
-    [ST_BOOL] = {"BOOL", 1, -1},    [ST_F8_E4M3] = {"F8_E4M3", 1, -1}, [ST_F8_E5M2] = {"F8_E5M2", 1, -1},
-    [ST_F8_E8M0] = {"F8_E8M0", 1, -1},
+    [ST_F64] = {"F64", 8, DT_F64, 13},      [ST_F32] = {"F32", 4, DT_F32, 12},         [ST_F16] = {"F16", 2, DT_F16, 8},
+    [ST_BF16] = {"BF16", 2, DT_BF16, 9},    [ST_I64] = {"I64", 8, DT_I64, 14},         [ST_I32] = {"I32", 4, DT_I32, 10},
+    [ST_I16] = {"I16", 2, -1, 6},           [ST_I8] = {"I8", 1, -1, 2},                [ST_U64] = {"U64", 8, DT_U64, 15},
+    [ST_U32] = {"U32", 4, DT_U32, 11},      [ST_U16] = {"U16", 2, DT_U16, 7},          [ST_U8] = {"U8", 1, DT_U8, 1},
+    [ST_BOOL] = {"BOOL", 1, -1, 0},         [ST_F8_E4M3] = {"F8_E4M3", 1, -1, 4},      [ST_F8_E5M2] = {"F8_E5M2", 1, -1, 3},
+    [ST_F8_E8M0] = {"F8_E8M0", 1, -1, 5},
 };
 
 const char *st_dtype_name(StDType dt) { return st_types[dt].name; }
@@ -438,23 +440,32 @@ static int64_t entry_numel(const StEntry *e) {
 
 static size_t entry_bytes(const StEntry *e) { return (size_t)entry_numel(e) * st_types[e->dt].size; }
 
-static int cmp_entry_ptr(const void *a, const void *b) {
+static int cmp_name_ptr(const void *a, const void *b) {
     return strcmp((*(const StEntry *const *)a)->name, (*(const StEntry *const *)b)->name);
+}
+
+// HF's order: dtype (largest alignment first, so every tensor is naturally aligned), then name.
+static int cmp_entry_ptr(const void *a, const void *b) {
+    const StEntry *x = *(const StEntry *const *)a, *y = *(const StEntry *const *)b;
+    if (x->dt != y->dt) return st_types[y->dt].rank - st_types[x->dt].rank;
+    return strcmp(x->name, y->name);
 }
 
 static void xfwrite(const void *p, size_t n, FILE *out, const char *what) {
     if (n && fwrite(p, 1, n, out) != n) die("%s: write failed: %s", what, strerror(errno));
 }
 
-// Writes the n entries es[] (reordered by name) as one safetensors image; returns the bytes written.
+// Writes the n entries es[] (reordered as HF does) as one safetensors image; returns the bytes written.
 static size_t st_write_entries(const StWriter *w, const StEntry **es, int n, FILE *out, const char *what) {
+    qsort(es, (size_t)n, sizeof *es, cmp_name_ptr);
+    for (int i = 1; i < n; i++)
+        if (!strcmp(es[i]->name, es[i - 1]->name)) die("%s: tensor '%s' added twice", what, es[i]->name);
     qsort(es, (size_t)n, sizeof *es, cmp_entry_ptr);
     json_t *h = json_object();
     if (w->metadata && json_object_size(w->metadata)) json_object_set(h, "__metadata__", w->metadata);
     json_int_t off = 0;
     for (int i = 0; i < n; i++) {
         const StEntry *e = es[i];
-        if (i && !strcmp(e->name, es[i - 1]->name)) die("%s: tensor '%s' added twice", what, e->name);
         json_t *shape = json_array();
         for (int d = 0; d < e->nd; d++) json_array_append_new(shape, json_integer(e->shape[d]));
         json_int_t end = off + (json_int_t)entry_bytes(e);

@@ -72,9 +72,11 @@ const StTensor *st_set_find(const StSet *s, const char *name);
 void st_set_close(StSet *s);
 
 // ---- writing ----
-// Collects (name, dtype, shape, pointer) entries; the pointers must stay valid until the write. Files are
-// written with header entries and data sorted by name, the header padded with spaces to a multiple of 8 bytes,
-// to "<path>.tmp", fsynced and renamed into place. I/O errors die naming the path.
+// Collects (name, dtype, shape, pointer) entries; the pointers must stay valid until the write. Files are laid
+// out as HF's safetensors writes them (byte for byte the same file as save_file): header entries and data in one
+// order, by dtype (widest alignment first, so every tensor is naturally aligned) then by name; the header padded
+// with spaces to a multiple of 8 bytes. Written to "<path>.tmp", fsynced and renamed into place. I/O errors and a
+// name added twice die naming the path.
 typedef struct {
     char *name;
     StDType dt; // dtype in the file
