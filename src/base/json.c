@@ -48,7 +48,10 @@ int64_t jint(JObj o, const char *key, bool required, int64_t def) {
     json_t *v = jget(o, key, required);
     if (!v) return def;
     if (json_is_integer(v)) return json_integer_value(v);
-    if (json_is_real(v) && json_real_value(v) == (double)(int64_t)json_real_value(v)) return (int64_t)json_real_value(v);
+    if (json_is_real(v)) { // an integral real in int64 range (casting one outside the range is undefined)
+        double d = json_real_value(v);
+        if (d >= -0x1p63 && d < 0x1p63 && d == (double)(int64_t)d) return (int64_t)d;
+    }
     jdie(o, key, "expected an integer");
 }
 
