@@ -48,12 +48,12 @@ void fill_normal(float *x, int64_t n, float scale) {
 }
 
 int run_cmd(char *out, size_t cap, const char *fmt, ...) {
-    char cmd[8192];
+    char body[8192], cmd[8300];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    vsnprintf(body, sizeof body, fmt, ap);
     va_end(ap);
-    strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+    snprintf(cmd, sizeof cmd, "{ %s\n} 2>&1", body); // the shell's own messages ("Killed") are captured too
     FILE *p = popen(cmd, "r");
     CHECK(p);
     size_t n = 0;

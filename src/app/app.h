@@ -2,3 +2,5 @@
 #pragma once
 int cmd_train(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_eval(int argc, char **argv);

@@ -8,6 +8,8 @@ static const struct {
     const char *help;
 } commands[] = {
     {"train", cmd_train, "train a model from a JSON config"},
+    {"eval", cmd_eval, "mean token cross-entropy of a model on the first samples of a dataset"},
+    {"convert", cmd_convert, "Hugging Face folders <-> pith checkpoints (hf2pith, pith2hf)"},
     {"synth", cmd_synth, "write a synthetic token file (for tests and quick runs)"},
 };
 

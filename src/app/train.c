@@ -3,11 +3,14 @@
 #include <errno.h>
 
 #include "app/app.h"
+#include "train/ckpt.h"
 #include "train/trainer.h"
 
 static void train_usage(FILE *f) {
-    fprintf(f, "usage: pith train CONFIG.json [--set key=value ...]\n"
+    fprintf(f, "usage: pith train CONFIG.json [--set key=value ...] [--steps N]\n"
                "  Trains the model described by CONFIG.json (keys: see README.md, \"Training config\").\n"
+               "  With save_location set, it resumes from the newest complete checkpoint there.\n"
+               "  --steps N         take at most N steps in this invocation, then checkpoint and exit\n"
                "  --set key=value   override a config key; nested keys with dots (optimizer.lr=3e-4);\n"
                "                    the value is JSON if it parses as JSON, else a string\n");
 }
@@ -26,13 +29,17 @@ static void fmt_thousands(char *out, size_t cap, double v) {
 int cmd_train(int argc, char **argv) {
     const char *file = NULL;
     char **sets = xmalloc(argc * sizeof *sets);
-    int nsets = 0;
+    int nsets = 0, max_now = -1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return train_usage(stdout), 0;
         if (!strcmp(argv[i], "--set")) {
             if (i + 1 >= argc) die("train: --set needs key=value");
             sets[nsets++] = argv[++i];
         } else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
+        else if (!strcmp(argv[i], "--steps")) {
+            char *end;
+            if (i + 1 >= argc || (max_now = (int)strtol(argv[++i], &end, 10)) <= 0 || *end) die("train: --steps needs a positive integer");
+        }
         else if (argv[i][0] == '-') die("train: unknown option '%s' (see pith train --help)", argv[i]);
         else if (file) die("train: more than one config file given ('%s' and '%s')", file, argv[i]);
         else file = argv[i];
@@ -56,9 +63,21 @@ int cmd_train(int argc, char **argv) {
     mkdir_p(cfg.run_dir);
     char mpath[PATH_MAX_LEN + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
-    FILE *metrics = fopen(mpath, "w");
+    // A resumed run keeps the metrics of the steps it does not redo and drops those it will redo.
+    size_t len = 0;
+    char *old = r.step > 0 ? file_read_all(mpath, &len) : NULL, *keep_end = old;
+    for (char *line = old; line && *line;) {
+        char *nl = strchr(line, '\n');
+        int step = 0;
+        if (!nl || sscanf(line, "{\"step\": %d", &step) != 1 || step > r.step) break;
+        keep_end = line = nl + 1;
+    }
+    file_write_atomic(mpath, old ? old : "", old ? (size_t)(keep_end - old) : 0);
+    free(old);
+    FILE *metrics = fopen(mpath, "a");
     if (!metrics) die("%s: cannot write: %s", mpath, strerror(errno));
-    while (r.step < cfg.max_steps) {
+    int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps;
+    while (r.step < stop) {
         StepStats st = run_step(&r);
         char tps[32];
         fmt_thousands(tps, sizeof tps, st.tokens / st.seconds);
@@ -71,9 +90,10 @@ int cmd_train(int argc, char **argv) {
                 "\"step_time_s\": %.6g, \"peak_mem_gb\": %.4g}\n",
                 r.step, st.loss, st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, peak);
         fflush(metrics);
+        if (run_save_due(&r) || (r.step == stop && cfg.save_location[0])) ckpt_save(&r);
     }
     fclose(metrics);
-    printf("done: %d steps, metrics in %s\n", r.step, mpath);
+    printf("%s: %d of %d steps, metrics in %s\n", r.step == cfg.max_steps ? "done" : "stopped", r.step, cfg.max_steps, mpath);
     run_free(&r);
     json_decref(cfg.json);
     return 0;

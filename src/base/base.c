@@ -5,7 +5,10 @@
 #include <math.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifdef PITH_CUDA
 void *cuda_alloc_or_die(size_t bytes, const char *what); // ops/cuda/cuda_common.cu
@@ -269,4 +272,38 @@ void mkdir_p(const char *path) {
         *p = '/';
     }
     if (mkdir(buf, 0755) && errno != EEXIST) die("%s: cannot create directory: %s", buf, strerror(errno));
+}
+
+void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) fsync(fd), close(fd);
+}
+
+void file_write_atomic(const char *path, const void *data, size_t n) {
+    char tmp[4200], dir[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) die("%s: cannot write: %s", tmp, strerror(errno));
+    if (fwrite(data, 1, n, f) != n || fflush(f) || fsync(fileno(f)) || fclose(f)) die("%s: write failed: %s", tmp, strerror(errno));
+    if (rename(tmp, path)) die("%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+    path_dirname(dir, sizeof dir, path);
+    fsync_dir(dir);
+}
+
+void remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st)) return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (!d) die("%s: cannot open directory: %s", path, strerror(errno));
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+            char child[4096];
+            path_join(child, sizeof child, path, de->d_name);
+            remove_tree(child);
+        }
+        closedir(d);
+        if (rmdir(path)) die("%s: cannot remove: %s", path, strerror(errno));
+    } else if (unlink(path)) die("%s: cannot remove: %s", path, strerror(errno));
 }

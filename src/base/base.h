@@ -97,3 +97,10 @@ bool path_exists(const char *path);
 void path_join(char *out, size_t cap, const char *dir, const char *name);
 void path_dirname(char *out, size_t cap, const char *path);
 void mkdir_p(const char *path); // dies naming the path on failure
+// Writes data to "<path>.tmp", fsyncs it and renames it over path: readers see the old file or the new
+// one, never half of one. Dies naming the path on failure.
+void file_write_atomic(const char *path, const void *data, size_t n);
+void fsync_dir(const char *dir); // makes a rename inside dir durable (best effort)
+void remove_tree(const char *path); // rm -r; dies naming the path on failure
+
+#define PITH_VERSION "0.1.0"

@@ -26,7 +26,7 @@ JObj jobj_root(json_t *root, const char *file) {
 
 JObj jobj_child(JObj o, const char *key) {
     JObj c = {NULL, o.file, ""};
-    snprintf(c.path, sizeof c.path, "%s%s%s", o.path, o.path[0] ? "." : "", key);
+    snprintf(c.path, sizeof c.path, "%.60s%s%.60s", o.path, o.path[0] ? "." : "", key);
     json_t *v = json_object_get(o.obj, key);
     if (v && !json_is_null(v)) {
         if (!json_is_object(v)) jdie(o, key, "expected an object");

@@ -113,8 +113,8 @@ static uint64_t token_at(const TokenFile *f, int64_t i) {
 
 void dataset_sample(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels) {
     int64_t epoch = index / d->total, p;
-    if (epoch != d->epoch) dataset_permute(d, epoch);
-    p = d->perm[index % d->total];
+    if (!d->ordered && epoch != d->epoch) dataset_permute(d, epoch);
+    p = d->ordered ? index % d->total : d->perm[index % d->total];
     int lo = 0, hi = d->nfiles - 1; // the file holding sample p: first[lo] <= p < first[lo + 1]
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;

@@ -21,6 +21,7 @@ typedef struct {
     int64_t total;   // samples in one epoch
     int S, vocab;
     uint64_t seed;
+    bool ordered;    // no permutation: sample i is the i-th of the concatenation (evaluation)
     int64_t epoch;   // epoch of the current permutation
     int64_t *perm;   // (total) permutation of this epoch
 } Dataset;

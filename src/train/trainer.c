@@ -3,6 +3,8 @@
 // AdamW on the fp32 masters → refresh the compute copy.
 #include "train/trainer.h"
 
+#include "train/ckpt.h"
+
 #include <math.h>
 
 static Tensor host_f32(int64_t n) { return tensor_make(xcalloc(n ? n : 1, sizeof(float)), DT_F32, DEV_CPU, 1, n, 1, 1, 1); }
@@ -31,8 +33,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
         dev = DEV_CUDA;
     }
     DType cdt = dev == DEV_CUDA && !strcmp(c->compute_dtype, "bf16") ? DT_BF16 : DT_F32;
-    if (c->save_location[0] || c->save_interval) die("%s: save_location/save_interval: checkpoints are not available in this build yet", c->file);
-    if (c->init_from[0]) die("%s: init_from: loading weights is not available in this build yet", c->file);
+    if (c->save_interval && !c->save_location[0]) die("%s: save_interval: needs save_location", c->file);
     ModelConfig mc;
     const ModelFamily *fam = model_config_load(&mc, c->model);
     Model *m = &r->model;
@@ -64,6 +65,15 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
     if (open_data) dataset_open(&r->data, c->dataset, c->sequence_length, mc.vocab, c->seed);
+    // Automatic resume from the newest complete checkpoint; else the initial weights of init_from.
+    char latest[4200];
+    if (c->save_location[0] && ckpt_find_latest(c->save_location, latest, sizeof latest)) ckpt_resume(r, latest);
+    else if (c->init_from[0]) ckpt_init_from(r, c->init_from);
+}
+
+bool run_save_due(const Run *r) {
+    const TrainConfig *c = &r->cfg;
+    return c->save_location[0] && ((c->save_interval && r->step % c->save_interval == 0) || r->step == c->max_steps);
 }
 
 void run_free(Run *r) {

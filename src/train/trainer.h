@@ -34,3 +34,5 @@ StepStats run_step(Run *r);
 // Forward and backward of one micro-batch already loaded into r->eng, leaving ∂(Σ CE + T·Σ lb)/∂θ in the
 // gradient buffers (accumulated) and the sums in model.loss_sum / model.lb_sum. Used by run_step and tests.
 void run_microbatch(Run *r);
+// True when the step just taken should be checkpointed (every save_interval steps and the last one).
+bool run_save_due(const Run *r);

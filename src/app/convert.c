@@ -1,0 +1,182 @@
+// convert.c — `pith convert hf2pith|pith2hf`: Hugging Face folders ⇄ pith checkpoints (spec §6.9).
+// Qwen3-MoE's HF names are the canonical names with a "model." prefix (lm_head.* has none) and one key
+// per expert, so conversion renames and, for pith2hf, optionally changes the dtype. Tensors keep their
+// bytes otherwise: hf2pith then pith2hf reproduces the original files' tensors bit for bit.
+#include <errno.h>
+#include <getopt.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "app/app.h"
+#include "base/safetensors.h"
+#include "model/model.h"
+
+static void convert_usage(FILE *f) {
+    fprintf(f, "usage: pith convert hf2pith HF_DIR CKPT_DIR\n"
+               "       pith convert pith2hf CKPT_DIR HF_DIR [--dtype bf16|fp32] [--max-shard-size SIZE]\n"
+               "  hf2pith: an HF folder (config.json + model.safetensors or shards with an index) becomes a model-only\n"
+               "           pith checkpoint; name it <save_location>/step-00000000 to start `pith train` from it.\n"
+               "  pith2hf: a pith checkpoint becomes an HF folder (sharded when larger than SIZE, e.g. 5GB, 500MB;\n"
+               "           default 5GB); --dtype converts (default: keep the stored dtype).\n");
+}
+
+static size_t parse_size(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    size_t mul = 1;
+    if (!strcasecmp(end, "KB")) mul = 1000;
+    else if (!strcasecmp(end, "MB")) mul = 1000 * 1000;
+    else if (!strcasecmp(end, "GB")) mul = 1000 * 1000 * 1000;
+    else if (!strcasecmp(end, "KiB")) mul = 1024;
+    else if (!strcasecmp(end, "MiB")) mul = 1024 * 1024;
+    else if (!strcasecmp(end, "GiB")) mul = 1024 * 1024 * 1024;
+    else if (*end) die("convert: --max-shard-size: cannot read '%s' (examples: 5GB, 500MB, 1048576)", s);
+    if (!(v > 0)) die("convert: --max-shard-size: must be positive (got '%s')", s);
+    return (size_t)(v * mul);
+}
+
+// A fresh temporary folder beside dst; dies if dst already exists (nothing is overwritten).
+static void begin_output(const char *dst, char *tmp, size_t cap) {
+    if (path_exists(dst)) die("%s: already exists (remove it or choose another output folder)", dst);
+    snprintf(tmp, cap, "%s.tmp-%d", dst, (int)getpid());
+    remove_tree(tmp);
+    mkdir_p(tmp);
+}
+
+static void finish_output(const char *tmp, const char *dst) {
+    char parent[4096];
+    fsync_dir(tmp);
+    if (rename(tmp, dst)) die("%s: cannot rename to %s: %s", tmp, dst, strerror(errno));
+    path_dirname(parent, sizeof parent, dst);
+    fsync_dir(parent);
+}
+
+// Copies src_dir/config.json to dst_dir/config.json; with dtype, sets its "dtype"/"torch_dtype" keys.
+static void copy_config(const char *src_dir, const char *dst_dir, const char *dtype) {
+    char src[4200], dst[4200];
+    snprintf(src, sizeof src, "%s/config.json", src_dir);
+    snprintf(dst, sizeof dst, "%s/config.json", dst_dir);
+    json_t *root = json_load_or_die(src);
+    if (dtype) {
+        if (json_object_get(root, "torch_dtype")) json_object_set_new(root, "torch_dtype", json_string(dtype));
+        json_object_set_new(root, "dtype", json_string(dtype));
+    }
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    file_write_atomic(dst, text, strlen(text));
+    free(text), json_decref(root);
+}
+
+// Opens the model folder: its config (the family and parameter table) and its tensors, each of which
+// must be a parameter of the model with the right shape.
+static void open_model(const char *dir, ModelConfig *mc, ParamTable *t, StSet *s) {
+    const ModelFamily *fam = model_config_load(mc, dir);
+    memset(t, 0, sizeof *t);
+    fam->params_build(t, mc);
+    st_set_open_or_die(s, dir);
+    for (int i = 0; i < s->n; i++) {
+        const char *name = strncmp(s->t[i]->name, "model.", 6) ? s->t[i]->name : s->t[i]->name + 6;
+        const ParamInfo *p = params_find(t, name);
+        if (!p) die("%s: tensor '%s' is not a parameter of this %s model", s->t[i]->file, s->t[i]->name, mc->model_type);
+        st_check_shape(s->t[i], p->nd, p->shape);
+    }
+    if (s->n != t->n) {
+        for (int i = 0; i < t->n; i++) {
+            char hf[160];
+            snprintf(hf, sizeof hf, "model.%s", t->p[i].name);
+            if (!st_set_find(s, t->p[i].name) && !st_set_find(s, hf)) die("%s: tensor '%s' is missing", dir, hf);
+        }
+    }
+}
+
+static const StTensor *find_param(const StSet *s, const char *name) {
+    char hf[160];
+    snprintf(hf, sizeof hf, "model.%s", name);
+    const StTensor *x = st_set_find(s, name);
+    return x ? x : st_set_find(s, hf);
+}
+
+static int hf2pith(const char *src, const char *dst) {
+    ModelConfig mc;
+    ParamTable t;
+    StSet s;
+    open_model(src, &mc, &t, &s);
+    char tmp[4200], path[4300];
+    begin_output(dst, tmp, sizeof tmp);
+    StWriter w;
+    st_writer_init(&w);
+    st_writer_meta(&w, "format", "pith");
+    for (int i = 0; i < t.n; i++) {
+        const StTensor *x = find_param(&s, t.p[i].name);
+        st_writer_add_raw(&w, t.p[i].name, x->dt, x->nd, x->shape, x->data);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    st_writer_write(&w, path);
+    copy_config(src, tmp, NULL);
+    finish_output(tmp, dst);
+    printf("hf2pith: %d tensors of %s -> %s (model-only checkpoint)\n", t.n, src, dst);
+    st_writer_free(&w), st_set_close(&s), free(t.p);
+    return 0;
+}
+
+static int pith2hf(const char *src, const char *dst, const char *dtype, size_t shard) {
+    ModelConfig mc;
+    ParamTable t;
+    StSet s;
+    open_model(src, &mc, &t, &s);
+    char tmp[4200];
+    begin_output(dst, tmp, sizeof tmp);
+    StWriter w;
+    st_writer_init(&w);
+    st_writer_meta(&w, "format", "pt");
+    float **bufs = xcalloc(t.n, sizeof *bufs);
+    for (int i = 0; i < t.n; i++) {
+        const StTensor *x = find_param(&s, t.p[i].name);
+        char hf[160];
+        snprintf(hf, sizeof hf, "%s%s", strncmp(t.p[i].name, "lm_head.", 8) ? "model." : "", t.p[i].name);
+        if (!dtype) {
+            st_writer_add_raw(&w, hf, x->dt, x->nd, x->shape, x->data);
+            continue;
+        }
+        bufs[i] = xmalloc((x->numel ? x->numel : 1) * sizeof(float));
+        st_read_f32(x, bufs[i]);
+        st_writer_add_f32(&w, hf, !strcmp(dtype, "bf16") ? ST_BF16 : ST_F32, x->nd, x->shape, bufs[i]);
+    }
+    int nshards = st_writer_write_sharded(&w, tmp, shard);
+    copy_config(src, tmp, dtype ? (!strcmp(dtype, "bf16") ? "bfloat16" : "float32") : NULL);
+    finish_output(tmp, dst);
+    printf("pith2hf: %d tensors of %s -> %s in %d file%s\n", t.n, src, dst, nshards, nshards == 1 ? "" : "s");
+    for (int i = 0; i < t.n; i++) free(bufs[i]);
+    free(bufs), st_writer_free(&w), st_set_close(&s), free(t.p);
+    return 0;
+}
+
+int cmd_convert(int argc, char **argv) {
+    static struct option opts[] = {{"dtype", 1, 0, 'd'}, {"max-shard-size", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0}};
+    const char *dtype = NULL;
+    size_t shard = (size_t)5 * 1000 * 1000 * 1000;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'd':
+            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) die("convert: --dtype must be bf16 or fp32 (got '%s')", optarg);
+            dtype = optarg;
+            break;
+        case 's': shard = parse_size(optarg); break;
+        case 'h': convert_usage(stdout); return 0;
+        default: convert_usage(stderr); return 2;
+        }
+    }
+    if (argc - optind != 3) {
+        convert_usage(stderr);
+        return 2;
+    }
+    const char *op = argv[optind], *src = argv[optind + 1], *dst = argv[optind + 2];
+    if (!path_is_dir(src)) die("%s: not a folder", src);
+    if (!strcmp(op, "hf2pith")) {
+        if (dtype) die("convert: --dtype applies to pith2hf only");
+        return hf2pith(src, dst);
+    }
+    if (!strcmp(op, "pith2hf")) return pith2hf(src, dst, dtype, shard);
+    die("convert: unknown operation '%s' (hf2pith or pith2hf)", op);
+}

@@ -1,0 +1,22 @@
+// ckpt.h — checkpoints (DESIGN §9, spec §6.7–6.9): `<save_location>/step-%08d/` holding
+//   model.safetensors      fp32 master weights under canonical names (HF names without "model.")
+//   optimizer.safetensors  AdamW moments "exp_avg.<name>", "exp_avg_sq.<name>" (absent: model-only)
+//   config.json            the HF model config
+//   run.json               step, samples consumed, seed, the training config used, pith version
+// written under a temporary name, fsynced, then renamed: a folder named step-N is always complete.
+// Everything is layout-independent, so a checkpoint loads under any parallel layout and device.
+#pragma once
+#include "train/trainer.h"
+
+// Reads model weights from a pith checkpoint folder or an HF folder (model.safetensors, or shards with
+// model.safetensors.index.json) into host fp32 buffers laid out by t. Every parameter must be present
+// with its shape; a tensor the model does not have is an error.
+void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir);
+// The newest complete checkpoint under save_location (false if none); removes stale temporaries.
+bool ckpt_find_latest(const char *save_location, char *out, size_t cap);
+// Writes the run's checkpoint for its current step; prunes to keep_last when set.
+void ckpt_save(Run *r);
+// Loads weights, optimizer state (when present) and step from a checkpoint folder into a set-up run.
+void ckpt_resume(Run *r, const char *dir);
+// Loads only weights (init_from: a checkpoint or HF folder); the optimizer starts fresh at step 0.
+void ckpt_init_from(Run *r, const char *dir);

@@ -1,0 +1,225 @@
+// test_ckpt.c — checkpoints, resume, crash safety, HF conversion and HF parity (tests/hf fixtures made
+// by transformers in fp64: tests/hf/make_fixtures.py).
+#include <jansson.h>
+
+#include "base/safetensors.h"
+#include "test.h"
+
+#define FIX "tests/hf/qwen3_moe"
+
+static double expected_num(const char *path_in_json, int step) {
+    json_t *root = json_load_file(FIX "/expected.json", 0, NULL);
+    CHECK(root);
+    json_t *v = step < 0 ? json_object_get(root, path_in_json)
+                         : json_object_get(json_array_get(json_object_get(json_object_get(root, "train"), "steps"), step), path_in_json);
+    CHECK(v);
+    double x = json_number_value(v);
+    json_decref(root);
+    return x;
+}
+
+// Reads key `key` of the metrics line of `step` from a metrics.jsonl.
+static double metric(const char *file, int step, const char *key) {
+    char out[1 << 16];
+    ASSERT(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s", step, file) == 0);
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    char *p = strstr(out, pat);
+    ASSERT_MSG(p, "no %s in %s", key, out);
+    return strtod(p + strlen(pat), NULL);
+}
+
+TEST(hf_parity_qwen3_moe_eval) {
+    char out[4096];
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model " FIX " --data " FIX "/tokens.bin --seq 16 --batch 4", PITH_BIN) == 0);
+    char *p = strstr(out, "loss ");
+    ASSERT(p);
+    double got = strtod(p + 5, NULL), want = expected_num("loss", -1);
+    printf("     eval loss %.10f vs transformers %.10f (rel %.2e)\n", got, want, fabs(got - want) / want);
+    ASSERT(fabs(got - want) / want < 1e-5);
+}
+
+TEST(hf_parity_qwen3_moe_train) {
+    const char *d = test_tmpdir();
+    char out[16384], m[512];
+    ASSERT(run_cmd(out, sizeof out, "%s train " FIX "/train.json --set run_dir=%s", PITH_BIN, d) == 0);
+    snprintf(m, sizeof m, "%s/metrics.jsonl", d);
+    double worst = 0;
+    for (int s = 0; s < 5; s++) {
+        double l = metric(m, s + 1, "loss"), g = metric(m, s + 1, "grad_norm");
+        double el = expected_num("loss", s), eg = expected_num("grad_norm", s);
+        double e = fmax(fabs(l - el) / el, fabs(g - eg) / eg);
+        worst = fmax(worst, e);
+        ASSERT_MSG(e < 1e-4, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", s + 1, l, el, g, eg);
+    }
+    printf("     5 AdamW steps: worst relative difference %.2e\n", worst);
+}
+
+// Every tensor of a against b: same names, dtypes, shapes and bytes.
+static void assert_same_tensors(const char *a, const char *b) {
+    StSet x, y;
+    st_set_open_or_die(&x, a);
+    st_set_open_or_die(&y, b);
+    ASSERT(x.n == y.n);
+    for (int i = 0; i < x.n; i++) {
+        const StTensor *t = st_set_find(&y, x.t[i]->name);
+        ASSERT_MSG(t, "%s missing in %s", x.t[i]->name, b);
+        ASSERT(t->dt == x.t[i]->dt && t->bytes == x.t[i]->bytes && t->nd == x.t[i]->nd);
+        ASSERT_MSG(!memcmp(t->data, x.t[i]->data, t->bytes), "%s differs", x.t[i]->name);
+    }
+    st_set_close(&x), st_set_close(&y);
+}
+
+TEST(convert_round_trip_bit_exact) {
+    const char *d = test_tmpdir();
+    char out[8192];
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith " FIX " %s/ck", PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/hf", PITH_BIN, d, d) == 0);
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/hf", d);
+    assert_same_tensors(FIX, a);
+    // bf16 export in several shards with an index; it loads back and evaluates close to fp32
+    ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/hf16 --dtype bf16 --max-shard-size 40KB", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, " files"), "%s", out);
+    snprintf(b, sizeof b, "%s/hf16/model.safetensors.index.json", d);
+    ASSERT(path_exists(b));
+    ASSERT(run_cmd(out, sizeof out, "grep -c bfloat16 %s/hf16/config.json", d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s/hf16 --data " FIX "/tokens.bin --seq 16 --batch 4", PITH_BIN, d) == 0);
+    double got = strtod(strstr(out, "loss ") + 5, NULL), want = expected_num("loss", -1);
+    ASSERT(fabs(got - want) / want < 1e-2);
+    // refusing to overwrite, and bad arguments
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith " FIX " %s/ck", PITH_BIN, d) == 1 && strstr(out, "already exists"));
+    ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/x --dtype fp8", PITH_BIN, d, d) == 1 && strstr(out, "--dtype must be bf16 or fp32"));
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith /nonexistent %s/y", PITH_BIN, d) == 1 && strstr(out, "/nonexistent: not a folder"));
+}
+
+// A model folder derived from the fixture with one change to its tensors.
+static const char *doctored(const char *what) {
+    const char *d = test_tmpdir();
+    static char dir[512];
+    snprintf(dir, sizeof dir, "%s/m", d);
+    mkdir_p(dir);
+    char out[1024];
+    ASSERT(run_cmd(out, sizeof out, "cp " FIX "/config.json %s/", dir) == 0);
+    StFile f;
+    st_open_or_die(&f, FIX "/model.safetensors");
+    StWriter w;
+    st_writer_init(&w);
+    static float extra[4];
+    for (int i = 0; i < f.n; i++) {
+        const StTensor *t = &f.t[i];
+        if (!strcmp(what, "missing") && strstr(t->name, "layers.2.self_attn.k_norm")) continue;
+        int64_t shape[8];
+        memcpy(shape, t->shape, sizeof shape);
+        if (!strcmp(what, "shape") && strstr(t->name, "model.norm.weight")) shape[0] = 16; // 32 → 16 (bytes halve)
+        st_writer_add_raw(&w, t->name, t->dt, t->nd, shape, t->data);
+    }
+    if (!strcmp(what, "extra")) st_writer_add_f32(&w, "model.layers.0.mlp.shared_expert.weight", ST_F32, 1, (int64_t[]){4}, extra);
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_writer_write(&w, path);
+    st_writer_free(&w), st_close(&f);
+    return dir;
+}
+
+TEST(checkpoint_corrupt_inputs) {
+    char out[8192];
+    const char *dir = doctored("missing");
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", PITH_BIN, dir) == 1);
+    ASSERT_MSG(strstr(out, "tensor 'layers.2.self_attn.k_norm.weight' is missing"), "%s", out);
+    dir = doctored("extra");
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", PITH_BIN, dir) == 1);
+    ASSERT_MSG(strstr(out, "tensor 'model.layers.0.mlp.shared_expert.weight' is not a parameter of this model"), "%s", out);
+    dir = doctored("shape");
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", PITH_BIN, dir) == 1);
+    ASSERT_MSG(strstr(out, "model.norm.weight") && strstr(out, "shape [16], expected [32]"), "%s", out);
+    // a truncated file, an index naming a missing shard
+    ASSERT(run_cmd(out, sizeof out, "truncate -s 1000 %s/model.safetensors && %s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1",
+                   dir, PITH_BIN, dir) == 1);
+    ASSERT_MSG(strstr(out, "model.safetensors") && strstr(out, "pith: error:"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "rm %s/model.safetensors && echo '{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\"}}' > %s/model.safetensors.index.json"
+                   " && %s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", dir, dir, PITH_BIN, dir) == 1);
+    ASSERT_MSG(strstr(out, "model-00001-of-00002.safetensors"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model " FIX " --data " FIX "/tokens.bin --seq 16 --batch 5", PITH_BIN) == 1);
+    ASSERT_MSG(strstr(out, "more samples than the data holds"), "%s", out);
+}
+
+static const char *tiny_model =
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+    " \"moe_intermediate_size\": 16, \"norm_topk_prob\": true}";
+
+static const char *make_run(void) {
+    static char d[256];
+    snprintf(d, sizeof d, "%s", test_tmpdir());
+    char out[4096];
+    ASSERT(run_cmd(out, sizeof out, "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 3000", tiny_model, d, PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, \"micro_batch_size\": 2,"
+                   " \"global_batch_size\": 4, \"max_steps\": 6, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01},"
+                   " \"moe_load_balance_coef\": 0.01, \"scheduler\": {\"type\": \"wsd\", \"warmup_ratio\": 0.2, \"decay_ratio\": 0.5}}' > %s/train.json",
+                   d) == 0);
+    return d;
+}
+
+static void metrics_without_timing(char *out, size_t cap, const char *dir) {
+    ASSERT(run_cmd(out, cap, "sed 's/, \"tokens_per_s.*//' %s/metrics.jsonl", dir) == 0);
+}
+
+TEST(resume_bit_exact) {
+    const char *d = make_run();
+    char out[16384], a[8192], b[8192];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/full", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --steps 3", PITH_BIN, d, d) == 0);
+    ASSERT(strstr(out, "stopped: 3 of 6 steps"));
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "resume: step 3 from"), "%s", out);
+    char full[300], ck[300];
+    snprintf(full, sizeof full, "%s/full", d), snprintf(ck, sizeof ck, "%s/ck", d);
+    metrics_without_timing(a, sizeof a, full), metrics_without_timing(b, sizeof b, ck);
+    ASSERT_MSG(!strcmp(a, b), "uninterrupted:\n%s\nresumed:\n%s", a, b);
+    // keep_last prunes older checkpoints
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/k2 --set save_interval=1 --set keep_last=2 && ls %s/k2", PITH_BIN, d,
+                   d, d) == 0);
+    ASSERT_MSG(strstr(out, "step-00000005\nstep-00000006") && !strstr(out, "step-00000004\n"), "%s", out);
+}
+
+TEST(crash_safety_kill_9) {
+    const char *d = make_run();
+    char out[1 << 16], ref[8192], got[8192];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/ref --set max_steps=8", PITH_BIN, d, d) == 0);
+    char refdir[300];
+    snprintf(refdir, sizeof refdir, "%s/ref", d);
+    metrics_without_timing(ref, sizeof ref, refdir);
+    double t0 = now_seconds();
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/time --set save_interval=1 --set max_steps=8", PITH_BIN, d, d) == 0);
+    double run_s = now_seconds() - t0;
+    int killed_mid = 0;
+    for (int trial = 0; trial < 20; trial++) {
+        // kill -9 at an instant spread over the whole run (startup, steps and saves)
+        double at = run_s * (trial + 0.5) / 20.0;
+        char ck[300];
+        snprintf(ck, sizeof ck, "%s/t%d", d, trial);
+        ASSERT(run_cmd(out, sizeof out,
+                       "%s train %s/train.json --set save_location=%s --set save_interval=1 --set max_steps=8 >/dev/null & p=$!; sleep %.3f; kill -9 $p 2>/dev/null && echo killed; wait $p; true",
+                       PITH_BIN, d, ck, at) == 0);
+        killed_mid += strstr(out, "killed") != NULL;
+        ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s --set save_interval=1 --set max_steps=8", PITH_BIN, d, ck) == 0);
+        ASSERT_MSG(strstr(out, "done: 8 of 8 steps"), "trial %d: %s", trial, out);
+        metrics_without_timing(got, sizeof got, ck);
+        ASSERT_MSG(!strcmp(ref, got), "trial %d (killed at %.3f s):\n%s\nvs uninterrupted:\n%s", trial, at, got, ref);
+    }
+    printf("     20 trials, %d killed mid-run (run takes %.2f s)\n", killed_mid, run_s);
+    ASSERT(killed_mid >= 10);
+}
+
+TEST(train_from_hf2pith_checkpoint) {
+    // hf2pith output named step-00000000 under save_location: `pith train` starts from those weights.
+    const char *d = test_tmpdir();
+    char out[16384], m[512];
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith " FIX " %s/ck/step-00000000", PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train " FIX "/train.json --set init_from= --set save_location=%s/ck --set max_steps=1", PITH_BIN, d) == 0);
+    ASSERT_MSG(strstr(out, "model only, optimizer starts fresh"), "%s", out);
+    snprintf(m, sizeof m, "%s/ck/metrics.jsonl", d);
+    ASSERT(fabs(metric(m, 1, "loss") - expected_num("loss", 0)) / expected_num("loss", 0) < 1e-5);
+}
