@@ -366,6 +366,7 @@ TEST(safetensors_index_errors) {
     StSet s;
     char err[1024];
     ASSERT(!st_set_open(&s, dir, err, sizeof err) && strstr(err, "tensor 'a' in shard 'model-00002-of-00002.safetensors' is mapped to another shard"));
+    ASSERT(!st_set_open(&s, tpath("ck/none.index.json"), err, sizeof err) && strstr(err, "ck/none.index.json: no such file"));
     // A corrupt shard is reported by its own path.
     write_file(tpath("ck/model-00002-of-00002.safetensors"), "xx", 2);
     ASSERT(!st_set_open(&s, dir, err, sizeof err) && strstr(err, "model-00002-of-00002.safetensors: file is 2 bytes"));

@@ -297,19 +297,19 @@ static bool ends_with(const char *s, const char *suffix) {
 
 bool st_set_open(StSet *s, const char *path, char *err, size_t cap) {
     memset(s, 0, sizeof *s);
-    char index[4096], dir[4096], file[4096];
+    char index[4096] = "", dir[4096] = "", file[4096] = "";
     if (path_is_dir(path)) {
         path_join(index, sizeof index, path, "model.safetensors.index.json");
         snprintf(dir, sizeof dir, "%s", path);
-        if (!path_exists(index)) path_join(file, sizeof file, path, "model.safetensors");
+        if (!path_exists(index)) index[0] = 0, path_join(file, sizeof file, path, "model.safetensors");
     } else if (ends_with(path, ".json")) {
         snprintf(index, sizeof index, "%s", path);
         path_dirname(dir, sizeof dir, path);
+        if (!path_exists(index)) return fail(err, cap, "%s: no such file", index);
     } else {
         snprintf(file, sizeof file, "%s", path);
-        index[0] = 0;
     }
-    if (!index[0] || !path_exists(index)) {
+    if (!index[0]) {
         s->files = xcalloc(1, sizeof(StFile));
         if (!st_open(&s->files[0], file, err, cap)) {
             st_set_close(s);
