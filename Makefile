@@ -66,3 +66,4 @@ format:
 	clang-format -i $(wildcard src/*/*.[ch] src/ops/*/*.[ch] src/ops/*/*.cu src/ops/*/*.cuh tests/*.[ch])
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+include tests/fuzz/fuzz.mk
