@@ -25,7 +25,7 @@ endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all test test-gpu demo clean format
+.PHONY: all test test-asan test-gpu demo clean format
 all: $(BUILD)/pith
 
 # scripts/deps.sh installs the Debian packages (and tokenizer data) the build needs; it is idempotent.
@@ -52,6 +52,13 @@ $(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(filter-out $(BUILD)/tests/
 
 test: $(BUILD)/pith $(BUILD)/test_pith
 	@$(BUILD)/test_pith
+	@$(MAKE) --no-print-directory fuzz
+
+# The CPU suite built with AddressSanitizer and UndefinedBehaviorSanitizer (in build-asan/).
+test-asan:
+	@$(MAKE) --no-print-directory BUILD=build-asan CPU_ONLY=1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	    EXTRA_LDFLAGS="-fsanitize=address,undefined" build-asan/pith build-asan/test_pith
+	@ASAN_OPTIONS=detect_leaks=0 PITH_BIN=build-asan/pith build-asan/test_pith
 
 test-gpu: $(BUILD)/pith $(BUILD)/test_gpu
 	@PITH_TEST_GPU=1 $(BUILD)/test_gpu
@@ -60,7 +67,7 @@ demo: $(BUILD)/pith
 	@bash scripts/demo.sh
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan
 
 format:
 	clang-format -i $(wildcard src/*/*.[ch] src/ops/*/*.[ch] src/ops/*/*.cu src/ops/*/*.cuh tests/*.[ch])

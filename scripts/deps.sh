@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deps.sh — installs the Debian packages pith builds and tests with. Idempotent: installs only what is missing.
 set -euo pipefail
-pkgs=(gcc make libopenblas-dev libjansson-dev libpcre2-dev libutf8proc-dev libzstd-dev openmpi-bin libopenmpi-dev)
+pkgs=(gcc make clang libclang-rt-14-dev libopenblas-dev libjansson-dev libpcre2-dev libutf8proc-dev libzstd-dev openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

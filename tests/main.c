@@ -65,6 +65,11 @@ int run_cmd(char *out, size_t cap, const char *fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+const char *pith_bin(void) {
+    const char *b = getenv("PITH_BIN");
+    return b && b[0] ? b : "build/pith";
+}
+
 static char tmpdir[256];
 const char *test_tmpdir(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/pith-test-XXXXXX");

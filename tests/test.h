@@ -40,4 +40,6 @@ int run_cmd(char *out, size_t cap, const char *fmt, ...) __attribute__((format(p
 // A fresh empty directory under /tmp for this test.
 const char *test_tmpdir(void);
 
-#define PITH_BIN "build/pith"
+// The pith binary the tests run: build/pith, or $PITH_BIN (the sanitizer build sets it).
+const char *pith_bin(void);
+#define PITH_BIN pith_bin()

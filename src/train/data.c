@@ -49,9 +49,10 @@ static void token_file_open(TokenFile *f, const char *path, int S) {
     if (!npy_parse((const uint8_t *)f->map + tok.record_len, f->size - tok.record_len, &ends, err, sizeof err))
         die("%s: document-end record: %s", path, err);
     if (ends.dt != DT_U64) die("%s: document-end record: dtype %s, expected uint64", path, dtype_name(ends.dt));
-    if (ends.n && ((const uint64_t *)ends.data)[ends.n - 1] != (uint64_t)tok.n)
-        die("%s: document-end record: last end is %llu but the file has %lld tokens", path,
-            (unsigned long long)((const uint64_t *)ends.data)[ends.n - 1], (long long)tok.n);
+    uint64_t last = 0; // the record follows the tokens, so it need not be 8-byte aligned
+    if (ends.n) memcpy(&last, (const uint64_t *)ends.data + ends.n - 1, sizeof last);
+    if (ends.n && last != (uint64_t)tok.n)
+        die("%s: document-end record: last end is %llu but the file has %lld tokens", path, (unsigned long long)last, (long long)tok.n);
     f->tokens = tok.data, f->dt = tok.dt, f->ntok = tok.n;
     f->nsamples = tok.n > 0 ? (tok.n - 1) / S : 0;
 }
