@@ -7,7 +7,7 @@ BUILD   := build
 CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -fopenmp -D_GNU_SOURCE -Isrc $(EXTRA_CFLAGS)
 LDFLAGS := -fopenmp $(EXTRA_LDFLAGS)
 LDLIBS  := -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzstd -lpthread -lm
-NVFLAGS := -O2 -g -std=c++17 -Isrc -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
+NVFLAGS := -O2 -g -lineinfo -std=c++17 -Isrc -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
 
 HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
 ifeq ($(CPU_ONLY),1)
@@ -47,7 +47,8 @@ $(BUILD)/pith: $(BUILD)/src/app/main.o $(LIB_OBJ)
 $(BUILD)/test_pith: $(TEST_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(filter-out $(BUILD)/tests/main.o,$(TEST_SRC:%.c=$(BUILD)/%.o)) $(LIB_OBJ)
+# The GPU suite: tests/gpu/*.c with the runner of tests/main.c (the CPU tests stay in test_pith).
+$(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 test: $(BUILD)/pith $(BUILD)/test_pith
