@@ -25,7 +25,7 @@ endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all test test-gpu demo clean format
+.PHONY: all test test-gpu bench-gpu demo clean format
 all: $(BUILD)/pith
 
 # scripts/deps.sh installs the Debian packages (and tokenizer data) the build needs; it is idempotent.
@@ -56,6 +56,13 @@ test: $(BUILD)/pith $(BUILD)/test_pith
 
 test-gpu: $(BUILD)/pith $(BUILD)/test_gpu
 	@PITH_TEST_GPU=1 $(BUILD)/test_gpu
+
+# Kernel timings at Qwen3-30B-A3B sizes (GPU machine only).
+$(BUILD)/bench_gpu_ops: $(BUILD)/bench/bench_gpu_ops.o $(LIB_OBJ)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+bench-gpu: $(BUILD)/bench_gpu_ops
+	@$(BUILD)/bench_gpu_ops
 
 demo: $(BUILD)/pith
 	@bash scripts/demo.sh
