@@ -7,7 +7,7 @@ BUILD   := build
 CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -fopenmp -D_GNU_SOURCE -Isrc $(EXTRA_CFLAGS)
 LDFLAGS := -fopenmp $(EXTRA_LDFLAGS)
 LDLIBS  := -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzstd -lpthread -lm
-NVFLAGS := -O2 -g -std=c++17 -Isrc -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
+NVFLAGS := -O2 -g -lineinfo -std=c++17 -Isrc -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
 
 HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
 ifeq ($(CPU_ONLY),1)
@@ -25,7 +25,7 @@ endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all test test-asan test-gpu demo clean format
+.PHONY: all test test-asan test-gpu bench-gpu demo clean format
 all: $(BUILD)/pith
 
 # scripts/deps.sh installs the Debian packages (and tokenizer data) the build needs; it is idempotent.
@@ -47,7 +47,8 @@ $(BUILD)/pith: $(BUILD)/src/app/main.o $(LIB_OBJ)
 $(BUILD)/test_pith: $(TEST_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(filter-out $(BUILD)/tests/main.o,$(TEST_SRC:%.c=$(BUILD)/%.o)) $(LIB_OBJ)
+# The GPU suite: tests/gpu/*.c with the runner of tests/main.c (the CPU tests stay in test_pith).
+$(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 test: $(BUILD)/pith $(BUILD)/test_pith
@@ -62,6 +63,13 @@ test-asan:
 
 test-gpu: $(BUILD)/pith $(BUILD)/test_gpu
 	@PITH_TEST_GPU=1 $(BUILD)/test_gpu
+
+# Kernel timings at Qwen3-30B-A3B sizes (GPU machine only).
+$(BUILD)/bench_gpu_ops: $(BUILD)/bench/bench_gpu_ops.o $(LIB_OBJ)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+bench-gpu: $(BUILD)/bench_gpu_ops
+	@$(BUILD)/bench_gpu_ops
 
 demo: $(BUILD)/pith
 	@bash scripts/demo.sh

@@ -58,8 +58,12 @@ int cmd_train(int argc, char **argv) {
     printf("model: %s, %d layers (%d MoE), hidden %d, %d experts top-%d, vocab %d: %.3f M parameters\n", mc->model_type, mc->layers,
            r.moe_layers, mc->hidden, mc->experts, mc->topk, mc->vocab, nparam / 1e6);
     printf("data: %d token files, %lld samples of %d tokens per epoch\n", r.data.nfiles, (long long)r.data.total, cfg.sequence_length);
-    printf("plan (cpu): parameters+gradients+optimizer %.1f MB, activations %.1f MB, workspace %.1f MB\n", r.param_bytes / 1e6,
+    bool gpu = r.model.dev == DEV_CUDA;
+    size_t pool = gpu ? ops_cuda_pool_bytes() : 0, plan_total = r.param_bytes + r.plan.act_bytes + r.plan.ws_bytes + pool;
+    printf("plan (%s): parameters+gradients+optimizer %.1f MB, activations %.1f MB, workspace %.1f MB", gpu ? "cuda" : "cpu", r.param_bytes / 1e6,
            r.plan.act_bytes / 1e6, r.plan.ws_bytes / 1e6);
+    if (gpu) printf(", cuda pools %.1f MB", pool / 1e6);
+    printf(", total %.1f MB\n", plan_total / 1e6);
     mkdir_p(cfg.run_dir);
     char mpath[PATH_MAX_LEN + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
@@ -84,7 +88,9 @@ int cmd_train(int argc, char **argv) {
         double peak = peak_rss_bytes() / 1e9;
         printf("step %08d/%08d | loss %.4f", r.step, cfg.max_steps, st.loss);
         if (cfg.moe_load_balance_coef > 0) printf(" | lb %.6f", st.lb);
-        printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB\n", st.lr, st.grad_norm, tps, st.seconds, peak);
+        printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm, tps, st.seconds, peak);
+        if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
+        printf("\n");
         fprintf(metrics,
                 "{\"step\": %d, \"loss\": %.9g, \"lb_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
                 "\"step_time_s\": %.6g, \"peak_mem_gb\": %.4g}\n",

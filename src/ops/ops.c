@@ -3,17 +3,31 @@
 
 #include "ops/cpu/cpu_ops.h"
 
+#ifdef PITH_CUDA
+#include "ops/cuda/cuda_ops.h"
 #define DISPATCH(dev, call)                                                                           \
     do {                                                                                              \
-        if ((dev) == DEV_CUDA) die("this op has no CUDA implementation in this build");              \
+        if ((dev) == DEV_CUDA) cuda_##call;                                                           \
+        else cpu_##call;                                                                              \
+    } while (0)
+#define DISPATCH_RETURN(dev, call) return (dev) == DEV_CUDA ? cuda_##call : cpu_##call
+bool ops_cuda_available(void) { return cuda_device_count() > 0; }
+size_t ops_cuda_pool_bytes(void) { return cuda_pool_bytes(); }
+size_t ops_cuda_peak_bytes(void) { return cuda_mem_peak_bytes(); }
+#else
+#define DISPATCH(dev, call)                                                                           \
+    do {                                                                                              \
+        if ((dev) == DEV_CUDA) die("a GPU tensor reached the op layer, but this build has no CUDA backend"); \
         cpu_##call;                                                                                   \
     } while (0)
-
-#ifdef PITH_CUDA
-int cuda_device_count(void); // ops/cuda/cuda_common.cu
-bool ops_cuda_available(void) { return cuda_device_count() > 0; }
-#else
+#define DISPATCH_RETURN(dev, call)                                                                    \
+    do {                                                                                              \
+        if ((dev) == DEV_CUDA) die("a GPU tensor reached the op layer, but this build has no CUDA backend"); \
+        return cpu_##call;                                                                            \
+    } while (0)
 bool ops_cuda_available(void) { return false; }
+size_t ops_cuda_pool_bytes(void) { return 0; }
+size_t ops_cuda_peak_bytes(void) { return 0; }
 #endif
 
 void op_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) { DISPATCH(x.dev, linear_forward(y, x, w, b)); }
@@ -66,14 +80,8 @@ void op_zero(Tensor x) { DISPATCH(x.dev, zero(x)); }
 void op_add(Tensor y, Tensor x) { DISPATCH(y.dev, add(y, x)); }
 void op_scale(Tensor x, float s) { DISPATCH(x.dev, scale(x, s)); }
 void op_copy(Tensor dst, Tensor src) { DISPATCH(dst.dev == DEV_CUDA ? DEV_CUDA : src.dev, copy(dst, src)); }
-double op_sum_squares(Tensor x) {
-    if (x.dev == DEV_CUDA) die("this op has no CUDA implementation in this build");
-    return cpu_sum_squares(x);
-}
+double op_sum_squares(Tensor x) { DISPATCH_RETURN(x.dev, sum_squares(x)); }
 void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
     DISPATCH(p.dev, adamw(p, g, m, v, lr, b1, b2, eps, wd, t));
 }
-double op_read_scalar(Tensor x) {
-    if (x.dev == DEV_CUDA) die("this op has no CUDA implementation in this build");
-    return x.dt == DT_F64 ? ((double *)x.p)[0] : ((float *)x.p)[0];
-}
+double op_read_scalar(Tensor x) { DISPATCH_RETURN(x.dev, read_scalar(x)); }

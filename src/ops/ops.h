@@ -8,6 +8,11 @@
 
 // True when this build has the CUDA backend and a GPU is present.
 bool ops_cuda_available(void);
+// GPU memory (0 without CUDA): bytes the CUDA backend holds itself (cuBLASLt workspace and its fixed pools,
+// allocated once), and the largest device memory this process has had in use (cudaMemGetInfo, sampled
+// at every allocation and every call of this function).
+size_t ops_cuda_pool_bytes(void);
+size_t ops_cuda_peak_bytes(void);
 
 // ---- dense GEMMs (linear layers) ----
 // y: (M, N) = x: (M, K) · w: (N, K)ᵀ [+ b: (N)]; b.p == NULL means no bias.

@@ -89,3 +89,5 @@ void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float
         F(p)[i] -= step * F(m)[i] / (sqrtf(F(v)[i]) / bc2 + eps);
     }
 }
+
+double cpu_read_scalar(Tensor x) { return x.dt == DT_F64 ? ((double *)x.p)[0] : ((float *)x.p)[0]; }

@@ -1,5 +1,42 @@
-// cuda_common.cu — device discovery and device memory for the CUDA backend.
+// cuda_common.cu — device discovery, device memory, the process-wide CUDA context (streams, cuBLASLt,
+// the fixed pools) and the measured memory in use. The context is created once, on first use; its pools
+// are the only device memory the backend holds besides the arenas (cuda_pool_bytes), so ops never
+// allocate.
 #include "ops/cuda/cuda_common.cuh"
+
+static CudaCtx ctx;
+static bool ctx_ready;
+static size_t mem_base, mem_peak; // device memory in use before pith's first allocation; largest seen since
+
+static size_t mem_in_use(void) {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return total_b - free_b;
+}
+
+static void mem_sample(void) {
+    size_t u = mem_in_use();
+    u = u > mem_base ? u - mem_base : 0;
+    if (u > mem_peak) mem_peak = u;
+}
+
+CudaCtx *cuda_ctx(void) {
+    if (ctx_ready) return &ctx;
+    ctx_ready = true;
+    CUDA_CHECK(cudaSetDevice(0));
+    CUDA_CHECK(cudaFree(0)); // creates the primary context
+    CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.compute, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.comm, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasLtCreate(&ctx.lt));
+    CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sm_count, cudaDevAttrMultiProcessorCount, 0));
+    mem_base = mem_in_use();
+    CUDA_CHECK(cudaMalloc(&ctx.lt_ws, CUDA_LT_WS_BYTES));
+    CUDA_CHECK(cudaMalloc(&ctx.convert, CUDA_CONVERT_BYTES));
+    CUDA_CHECK(cudaMalloc(&ctx.small, CUDA_SMALL_BYTES));
+    CUDA_CHECK(cudaMallocHost(&ctx.host_small, CUDA_SMALL_BYTES));
+    mem_sample();
+    return &ctx;
+}
 
 extern "C" {
 
@@ -14,6 +51,7 @@ int cuda_device_count(void) {
 }
 
 void *cuda_alloc_or_die(size_t bytes, const char *what) {
+    cuda_ctx();
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
@@ -23,9 +61,38 @@ void *cuda_alloc_or_die(size_t bytes, const char *what) {
                 bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
         exit(1);
     }
+    mem_sample();
     return p;
 }
 
 void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
+
+void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
+
+size_t cuda_pool_bytes(void) { return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES; }
+
+size_t cuda_mem_used_bytes(void) {
+    cuda_ctx();
+    size_t u = mem_in_use();
+    return u > mem_base ? u - mem_base : 0;
+}
+
+size_t cuda_mem_peak_bytes(void) {
+    cuda_ctx();
+    mem_sample();
+    return mem_peak;
+}
+
+void *cuda_compute_stream(void) { return cuda_ctx()->compute; }
+void *cuda_comm_stream(void) { return cuda_ctx()->comm; }
+
+void *cuda_event_create(void) {
+    cudaEvent_t ev;
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    return ev;
+}
+void cuda_event_destroy(void *ev) { CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev)); }
+void cuda_event_record(void *ev, void *stream) { CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream)); }
+void cuda_stream_wait_event(void *stream, void *ev) { CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0)); }
 
 } // extern "C"

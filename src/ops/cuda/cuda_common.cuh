@@ -1,8 +1,26 @@
-// cuda_common.cuh — error checking and shared helpers for the CUDA backend.
+// cuda_common.cuh — what every CUDA source of the op layer shares: error checks with file:line, the
+// process-wide CUDA context (compute and comm streams, cuBLASLt handle and workspace, fixed scratch
+// pools), bf16/fp32 load-store helpers and the dtype switch that instantiates a kernel per dtype.
 #pragma once
+#include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+// base.h is C11: from C++ its functions have C linkage and its _Noreturn is spelled [[noreturn]].
+#define _Noreturn [[noreturn]]
+extern "C" {
+#include "base/base.h"
+#include "ops/cuda/cuda_ops.h"
+}
+#undef _Noreturn
 
 #define CUDA_CHECK(call)                                                                              \
     do {                                                                                              \
@@ -13,3 +31,100 @@
             exit(1);                                                                                  \
         }                                                                                             \
     } while (0)
+
+#define CUBLAS_CHECK(call)                                                                            \
+    do {                                                                                              \
+        cublasStatus_t st_ = (call);                                                                  \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                           \
+            fprintf(stderr, "pith: cuBLAS error at %s:%d: %s (%s)\n", __FILE__, __LINE__,           \
+                    cublasLtGetStatusString(st_), #call);                                             \
+            exit(1);                                                                                  \
+        }                                                                                             \
+    } while (0)
+
+// After every kernel launch: a bad configuration shows here, an asynchronous fault at the next sync.
+#define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+// ---- the process-wide context ----
+typedef struct {
+    cudaStream_t compute, comm; // all ops run on compute; comm is for collectives overlapped with it
+    cublasLtHandle_t lt;
+    void *lt_ws;                // cuBLASLt workspace, CUDA_LT_WS_BYTES
+    void *convert;              // CUDA_CONVERT_BYTES: bf16 copies of fp32 GEMM operands (chunked)
+    void *small;                // CUDA_SMALL_BYTES: reduction partials and results
+    void *host_small;           // CUDA_SMALL_BYTES pinned host memory for read-backs
+    int sm_count;
+} CudaCtx;
+
+#define CUDA_LT_WS_BYTES ((size_t)32 << 20)
+#define CUDA_CONVERT_BYTES ((size_t)32 << 20)
+#define CUDA_SMALL_BYTES ((size_t)1 << 20)
+
+CudaCtx *cuda_ctx(void); // creates everything on first use
+static inline cudaStream_t cuda_stream(void) { return cuda_ctx()->compute; }
+
+// ---- element access: every kernel computes in fp32 whatever the storage dtype ----
+typedef __nv_bfloat16 bf16;
+__device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ld(const bf16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(bf16 *p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
+
+// Runs BODY with T the C type of dtype dt (fp32 or bf16); any other dtype is a caller bug.
+#define DT_SWITCH(dt, T, what, ...)                                                                   \
+    do {                                                                                              \
+        if ((dt) == DT_F32) {                                                                         \
+            typedef float T;                                                                          \
+            __VA_ARGS__;                                                                              \
+        } else if ((dt) == DT_BF16) {                                                                 \
+            typedef bf16 T;                                                                           \
+            __VA_ARGS__;                                                                              \
+        } else {                                                                                      \
+            die("%s: dtype %s is not supported on the GPU (fp32 or bf16)", what, dtype_name(dt));     \
+        }                                                                                             \
+    } while (0)
+
+#define ON_GPU(t, what)                                                                               \
+    do {                                                                                              \
+        if ((t).dev != DEV_CUDA) die("%s: tensor " #t " is not on the GPU", what);                    \
+    } while (0)
+#define IS_F32(t, what)                                                                               \
+    do {                                                                                              \
+        if ((t).dt != DT_F32) die("%s: " #t " must be fp32 (got %s)", what, dtype_name((t).dt));       \
+    } while (0)
+
+static inline int64_t t_rows(Tensor t) { return t.n[0]; }
+static inline int64_t t_cols(Tensor t) { return t.n[0] ? tensor_numel(t) / t.n[0] : 0; }
+static inline unsigned grid_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b < 1 ? 1 : b > 65535 * 32 ? 65535 * 32 : b);
+}
+
+// Sum over the 32 lanes of a warp (every lane gets the sum).
+template <typename V> __device__ __forceinline__ V warp_sum(V v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Sum over a block of blockDim.x (a multiple of 32, ≤ 1024) threads; the result is valid in every thread.
+template <typename V> __device__ V block_sum(V v, V *shared32) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); // shared32 may still be read from a previous call
+    if (lane == 0) shared32[warp] = v;
+    __syncthreads();
+    V s = lane < nw ? shared32[lane] : (V)0;
+    return warp_sum(s);
+}
+__device__ __forceinline__ float block_max(float v, float *shared32) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) shared32[warp] = v;
+    __syncthreads();
+    float s = lane < nw ? shared32[lane] : -INFINITY;
+    return warp_max(s);
+}

@@ -1,0 +1,224 @@
+// cuda_elem.cu — embedding, cross-entropy, elementwise helpers, copies across devices and dtypes, the
+// squared-norm reduction and AdamW. Math as in ops/cpu/cpu_elem.c:
+//   CE_r = lse(logits_r) − logits_r[label]; ∂CE_r/∂logits_r = softmax(logits_r) − onehot(label).
+//   AdamW (torch.optim.AdamW, single-tensor): p *= 1 − lr·wd; m += (1 − b1)(g − m); v = b2·v + (1 − b2)·g²;
+//   p −= lr/(1 − b1^t) · m / (sqrt(v)/sqrt(1 − b2^t) + eps).
+// Shapes: embedding table (V, H), tokens (T) int32, h (T, H); CE logits (R, V) fp32 in place, labels (R)
+// int32, loss_sum (1) fp64; AdamW p, g, m, v flat fp32.
+#include "ops/cuda/cuda_common.cuh"
+
+#define ELEM_THREADS 256
+#define GRID_STRIDE(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+template <typename TH, typename TT> __global__ void embedding_forward_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t H) {
+    GRID_STRIDE(e, T_ * H) {
+        int64_t t = e / H, c = e % H;
+        st(h, e, ld(table, (int64_t)tokens[t] * H + c));
+    }
+}
+
+template <typename T> __global__ void embedding_backward_kernel(float *dtable, const T *dh, const int32_t *tokens, int64_t T_, int64_t H) {
+    GRID_STRIDE(e, T_ * H) {
+        int64_t t = e / H, c = e % H;
+        atomicAdd(dtable + (int64_t)tokens[t] * H + c, ld(dh, e)); // tokens repeat: rows collide
+    }
+}
+
+// One block per row: max, Σ exp (fp64 across threads), lse; then the gradient overwrites the row.
+__global__ void cross_entropy_forward_kernel(float *logits, const int32_t *labels, double *loss_sum, int64_t V, float grad_scale) {
+    __shared__ float sf[32];
+    __shared__ double sd[32];
+    float *l = logits + blockIdx.x * V;
+    int32_t y = labels[blockIdx.x];
+    if (y == -100) {
+        for (int64_t c = threadIdx.x; c < V; c += blockDim.x) l[c] = 0;
+        return;
+    }
+    float m = -INFINITY;
+    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, l[c]);
+    m = block_max(m, sf);
+    float part = 0;
+    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) part += expf(l[c] - m);
+    double sum = block_sum((double)part, sd);
+    double lse = m + log(sum);
+    float ly = l[y];
+    __syncthreads(); // every thread has read l[y] before it is overwritten
+    if (threadIdx.x == 0) atomicAdd(loss_sum, lse - ly);
+    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
+        float p = expf((float)((double)l[c] - lse));
+        l[c] = c == y ? grad_scale * p - grad_scale : grad_scale * p;
+    }
+}
+
+template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *x, int64_t n) {
+    GRID_STRIDE(i, n) st(y, i, ld(y, i) + ld(x, i));
+}
+template <typename T> __global__ void scale_kernel(T *x, float s, int64_t n) {
+    GRID_STRIDE(i, n) st(x, i, ld(x, i) * s);
+}
+template <typename TD, typename TS> __global__ void copy_convert_kernel(TD *dst, const TS *src, int64_t n) {
+    GRID_STRIDE(i, n) st(dst, i, ld(src, i));
+}
+
+template <typename T> __global__ void sum_squares_kernel(double *out, const T *x, int64_t n) {
+    __shared__ double sd[32];
+    double s = 0;
+    GRID_STRIDE(i, n) {
+        double v = ld(x, i);
+        s += v * v;
+    }
+    s = block_sum(s, sd);
+    if (threadIdx.x == 0) atomicAdd(out, s);
+}
+
+__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, float b1, float b2, float eps, float step, float bc2,
+                             float decay) {
+    GRID_STRIDE(i, n) {
+        float gi = g[i], pi = p[i] * decay, mi = m[i] + (1.0f - b1) * (gi - m[i]), vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi, v[i] = vi;
+        p[i] = pi - step * mi / (sqrtf(vi) / bc2 + eps);
+    }
+}
+
+// ---- host-side dtype conversion (for copies that cross devices and dtypes) ----
+static uint16_t host_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); // NaN stays a quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1);                                          // round to nearest even
+    return (uint16_t)(u >> 16);
+}
+static float host_bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static void host_convert(void *dst, DType ddt, const void *src, DType sdt, int64_t n) {
+    if (ddt == DT_BF16 && sdt == DT_F32)
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = host_f32_to_bf16(((const float *)src)[i]);
+    else if (ddt == DT_F32 && sdt == DT_BF16)
+        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = host_bf16_to_f32(((const uint16_t *)src)[i]);
+    else die("copy: no conversion from %s to %s", dtype_name(sdt), dtype_name(ddt));
+}
+
+extern "C" {
+
+void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
+    int64_t T_ = t_rows(h), H = t_cols(h);
+    CHECK(t_cols(table) == H && tensor_numel(tokens) == T_);
+    if (T_ * H == 0) return;
+    DT_SWITCH(h.dt, TH, "embedding_forward", DT_SWITCH(table.dt, TT, "embedding_forward",
+        embedding_forward_kernel<TH, TT><<<grid_for(T_ * H, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+            (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H)));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
+    int64_t T_ = t_rows(dh), H = t_cols(dh);
+    IS_F32(dtable, "embedding_backward");
+    if (T_ * H == 0) return;
+    DT_SWITCH(dh.dt, T, "embedding_backward",
+              embedding_backward_kernel<T><<<grid_for(T_ * H, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                  (float *)dtable.p, (const T *)dh.p, (const int32_t *)tokens.p, T_, H));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
+    int64_t R = t_rows(logits), V = t_cols(logits);
+    IS_F32(logits, "cross_entropy");
+    CHECK(loss_sum.dt == DT_F64 && tensor_numel(labels) == R);
+    if (R == 0) return;
+    cross_entropy_forward_kernel<<<(unsigned)R, 512, 0, cuda_stream()>>>((float *)logits.p, (const int32_t *)labels.p, (double *)loss_sum.p, V,
+                                                                         grad_scale);
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_zero(Tensor x) {
+    if (tensor_bytes(x)) CUDA_CHECK(cudaMemsetAsync(x.p, 0, tensor_bytes(x), cuda_stream()));
+}
+
+void cuda_add(Tensor y, Tensor x) {
+    int64_t n = tensor_numel(y);
+    CHECK(tensor_numel(x) == n);
+    if (!n) return;
+    DT_SWITCH(y.dt, TY, "add", DT_SWITCH(x.dt, TX, "add",
+        add_kernel<TY, TX><<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, n)));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_scale(Tensor x, float s) {
+    int64_t n = tensor_numel(x);
+    if (!n) return;
+    DT_SWITCH(x.dt, T, "scale", scale_kernel<T><<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((T *)x.p, s, n));
+    CUDA_LAUNCH_CHECK();
+}
+
+// Same shape; any direction between host and device. Dtype conversion fp32 ↔ bf16 on the device for
+// device → device copies, on the host otherwise. Copies that touch host memory wait for the stream, so the
+// host buffer may be reused or freed when this returns.
+void cuda_copy(Tensor dst, Tensor src) {
+    int64_t n = tensor_numel(src);
+    CHECK(tensor_numel(dst) == n);
+    if (!n) return;
+    cudaStream_t s = cuda_stream();
+    bool dd = dst.dev == DEV_CUDA && src.dev == DEV_CUDA;
+    if (dst.dt == src.dt) {
+        cudaMemcpyKind kind = dd ? cudaMemcpyDeviceToDevice : dst.dev == DEV_CUDA ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+        CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, tensor_bytes(src), kind, s));
+        if (!dd) CUDA_CHECK(cudaStreamSynchronize(s));
+        return;
+    }
+    if (dd) {
+        DT_SWITCH(dst.dt, TD, "copy", DT_SWITCH(src.dt, TS, "copy",
+            copy_convert_kernel<TD, TS><<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, s>>>((TD *)dst.p, (const TS *)src.p, n)));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
+    void *tmp = xmalloc((size_t)n * dtype_size(dst.dev == DEV_CUDA ? dst.dt : src.dt));
+    if (dst.dev == DEV_CUDA) { // host src → convert on the host → device dst
+        host_convert(tmp, dst.dt, src.p, src.dt, n);
+        CUDA_CHECK(cudaMemcpyAsync(dst.p, tmp, tensor_bytes(dst), cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+    } else { // device src → host → convert into host dst
+        CUDA_CHECK(cudaMemcpyAsync(tmp, src.p, tensor_bytes(src), cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        host_convert(dst.p, dst.dt, tmp, src.dt, n);
+    }
+    free(tmp);
+}
+
+double cuda_sum_squares(Tensor x) {
+    int64_t n = tensor_numel(x);
+    if (!n) return 0;
+    CudaCtx *c = cuda_ctx();
+    CUDA_CHECK(cudaMemsetAsync(c->small, 0, sizeof(double), c->compute));
+    unsigned grid = (unsigned)(c->sm_count * 4);
+    if ((int64_t)grid * ELEM_THREADS > n) grid = grid_for(n, ELEM_THREADS);
+    DT_SWITCH(x.dt, T, "sum_squares", sum_squares_kernel<T><<<grid, ELEM_THREADS, 0, c->compute>>>((double *)c->small, (const T *)x.p, n));
+    CUDA_LAUNCH_CHECK();
+    CUDA_CHECK(cudaMemcpyAsync(c->host_small, c->small, sizeof(double), cudaMemcpyDeviceToHost, c->compute));
+    CUDA_CHECK(cudaStreamSynchronize(c->compute));
+    return *(double *)c->host_small;
+}
+
+void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
+    int64_t n = tensor_numel(p);
+    IS_F32(p, "adamw"); IS_F32(g, "adamw"); IS_F32(m, "adamw"); IS_F32(v, "adamw");
+    CHECK(tensor_numel(g) == n && tensor_numel(m) == n && tensor_numel(v) == n);
+    if (!n) return;
+    float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
+    adamw_kernel<<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (float *)m.p, (float *)v.p, n, b1,
+                                                                               b2, eps, step, bc2, decay);
+    CUDA_LAUNCH_CHECK();
+}
+
+double cuda_read_scalar(Tensor x) {
+    CudaCtx *c = cuda_ctx();
+    CHECK(x.dt == DT_F64 || x.dt == DT_F32);
+    CUDA_CHECK(cudaMemcpyAsync(c->host_small, x.p, dtype_size(x.dt), cudaMemcpyDeviceToHost, c->compute));
+    CUDA_CHECK(cudaStreamSynchronize(c->compute));
+    return x.dt == DT_F64 ? *(double *)c->host_small : *(float *)c->host_small;
+}
+
+} // extern "C"

@@ -1,0 +1,251 @@
+// cuda_gemm.cu — dense and grouped (per-expert) GEMMs through cuBLASLt, plus the bias kernels.
+// A linear weight is (N, K) = (out, in); y: (M, N) = x: (M, K) · wᵀ. cuBLASLt is column-major, and a
+// row-major (r, c) matrix is the column-major (c, r) matrix with leading dimension c, so each row-major
+// product C = A·B is issued as the column-major Cᵀ = Bᵀ·Aᵀ (cuBLASLt docs, "cublasLtMatmul"):
+//   forward          y(M,N)  = x·wᵀ   → col-major (N×M) = op_T(w: K×N) · op_N(x: K×M)
+//   backward input   dx(M,K) = dy·w   → col-major (K×M) = op_N(w: K×N) · op_N(dy: N×M)
+//   backward weight  dw(N,K) += dyᵀ·x → col-major (K×N) = op_N(x: K×M) · op_T(dy: N×M), beta = 1
+// Precision: CUBLAS_COMPUTE_32F always (fp32 accumulation; fp32 operands are NOT run as TF32, so fp32
+// parity runs match the CPU). A and B must share a dtype: when one operand is fp32 and the other bf16
+// (the fp32 LM-head / router logits gradients against bf16 weights and activations), the fp32 operand is
+// rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
+// tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
+// Grouped GEMMs loop over the non-empty experts with one cuBLASLt call each (perf: a grouped kernel).
+#include "ops/cuda/cuda_common.cuh"
+
+static cudaDataType_t lt_type(DType dt) {
+    if (dt == DT_F32) return CUDA_R_32F;
+    if (dt == DT_BF16) return CUDA_R_16BF;
+    die("gemm: dtype %s is not supported on the GPU (fp32 or bf16)", dtype_name(dt));
+}
+
+static uint32_t align_of(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    uint32_t al = 256;
+    while (al > 1 && (a & (al - 1))) al >>= 1;
+    return al;
+}
+
+// The heuristic's choice for one problem description, cached (the query costs tens of microseconds).
+typedef struct {
+    int64_t m, n, k, lda, ldb, ldd;
+    int ta, tb, adt, ddt, beta0;
+    uint32_t al[3];
+} GemmKey;
+typedef struct {
+    GemmKey key;
+    cublasLtMatmulAlgo_t algo;
+    bool used;
+} GemmCacheEntry;
+static GemmCacheEntry gemm_cache[256];
+
+// Column-major D(m×n) = op(A)(m×k) · op(B)(k×n) + beta·D; A stored (k×m if ta else m×k) with lda, B stored
+// (n×k if tb else k×n) with ldb; A and B of dtype abt, D of dtype dt.
+static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb,
+                      DType abt, float beta, void *D, int64_t ldd, DType dt) {
+    if (m == 0 || n == 0) return;
+    CudaCtx *c = cuda_ctx();
+    if (k == 0) { // the product is empty: D = beta·D (only beta 0 or 1 occur)
+        if (beta == 0) CUDA_CHECK(cudaMemset2DAsync(D, ldd * dtype_size(dt), 0, m * dtype_size(dt), n, c->compute));
+        return;
+    }
+    if (abt == DT_F32 && dt != DT_F32) die("gemm: fp32 operands need an fp32 output (got %s)", dtype_name(dt));
+    cudaDataType_t at = lt_type(abt), dtt = lt_type(dt);
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, at, ta ? k : m, ta ? m : k, lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, at, tb ? n : k, tb ? k : n, ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dtt, m, n, ldd));
+    GemmKey key;
+    memset(&key, 0, sizeof key);
+    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd, key.ta = ta, key.tb = tb;
+    key.adt = (int)abt, key.ddt = (int)dt, key.beta0 = beta == 0;
+    key.al[0] = align_of(A), key.al[1] = align_of(B), key.al[2] = align_of(D);
+    uint64_t h = 0;
+    const unsigned char *kb = (const unsigned char *)&key;
+    for (size_t i = 0; i < sizeof key; i++) h = (h ^ kb[i]) * 0x100000001b3ULL;
+    GemmCacheEntry *ce = &gemm_cache[h % 256];
+    if (!ce->used || memcmp(&ce->key, &key, sizeof key)) {
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t ws = CUDA_LT_WS_BYTES;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.al[0], sizeof(uint32_t)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.al[1], sizeof(uint32_t)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.al[2], sizeof(uint32_t)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.al[2], sizeof(uint32_t)));
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, ld, ld, pref, 1, &res, &found));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+        if (found < 1)
+            die("gemm: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s operands, %s output)", (long long)m, (long long)n,
+                (long long)k, dtype_name(abt), dtype_name(dt));
+        ce->key = key, ce->algo = res.algo, ce->used = true;
+    }
+    float alpha = 1.0f;
+    CUBLAS_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ce->algo, c->lt_ws, CUDA_LT_WS_BYTES, c->compute));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+}
+
+// ---- row-major products on raw pointers (all dense) ----
+static void mm_forward(int64_t M, int64_t N, int64_t K, const void *x, const void *w, DType abt, void *y, DType ydt) {
+    lt_matmul(true, false, N, M, K, w, K, x, K, abt, 0.0f, y, N, ydt);
+}
+static void mm_backward_input(int64_t M, int64_t N, int64_t K, const void *dy, const void *w, DType abt, void *dx, DType dxdt, bool acc) {
+    lt_matmul(false, false, K, M, N, w, K, dy, N, abt, acc ? 1.0f : 0.0f, dx, K, dxdt);
+}
+static void mm_backward_weight(int64_t M, int64_t N, int64_t K, const void *dy, const void *x, DType abt, void *dw, DType dwdt) {
+    lt_matmul(false, true, K, N, M, x, K, dy, N, abt, 1.0f, dw, K, dwdt);
+}
+
+// ---- fp32 → bf16 operand rounding through the conversion pool ----
+__global__ void gemm_round_bf16_kernel(bf16 *dst, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(src[i]);
+}
+
+// Rows of an fp32 (., cols) matrix that fit the pool as bf16.
+static int64_t convert_chunk_rows(int64_t cols, const char *what) {
+    int64_t r = (int64_t)(CUDA_CONVERT_BYTES / 2) / (cols ? cols : 1);
+    if (r < 1) die("%s: a row of %lld fp32 values does not fit the %zu-byte conversion pool", what, (long long)cols, CUDA_CONVERT_BYTES);
+    return r;
+}
+static const void *round_rows(const float *src, int64_t rows, int64_t cols) {
+    CudaCtx *c = cuda_ctx();
+    int64_t n = rows * cols;
+    gemm_round_bf16_kernel<<<grid_for(n, 256), 256, 0, c->compute>>>((bf16 *)c->convert, src, n);
+    CUDA_LAUNCH_CHECK();
+    return c->convert;
+}
+
+// ---- bias ----
+template <typename TY, typename TB> __global__ void linear_bias_forward_kernel(TY *y, const TB *b, int64_t M, int64_t N) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < M * N; i += (int64_t)gridDim.x * blockDim.x)
+        st(y, i, ld(y, i) + ld(b, i % N));
+}
+
+// db: (N) fp32 += Σ_rows dy: (M, N). Block (32 columns × 8 row lanes); blocks along y split the rows.
+template <typename T> __global__ void linear_bias_backward_kernel(float *db, const T *dy, int64_t M, int64_t N) {
+    __shared__ float part[8][33];
+    int64_t j = blockIdx.x * 32 + threadIdx.x;
+    float s = 0;
+    if (j < N)
+        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < M; i += (int64_t)gridDim.y * 8) s += ld(dy, i * N + j);
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < N) {
+        for (int r = 1; r < 8; r++) s += part[r][threadIdx.x];
+        atomicAdd(db + j, s);
+    }
+}
+
+extern "C" {
+
+void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
+    int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w);
+    CHECK(t_cols(w) == K && t_rows(y) == M && t_cols(y) == N);
+    if (x.dt == w.dt) {
+        mm_forward(M, N, K, x.p, w.p, w.dt, y.p, y.dt);
+    } else {
+        if (x.dt != DT_F32 || w.dt != DT_BF16) die("linear_forward: x %s with w %s is not supported", dtype_name(x.dt), dtype_name(w.dt));
+        int64_t C = convert_chunk_rows(K, "linear_forward");
+        for (int64_t r0 = 0; r0 < M; r0 += C) {
+            int64_t n = M - r0 < C ? M - r0 : C;
+            mm_forward(n, N, K, round_rows((const float *)x.p + r0 * K, n, K), w.p, DT_BF16, (char *)y.p + r0 * N * dtype_size(y.dt), y.dt);
+        }
+    }
+    if (b.p && M > 0) {
+        CHECK(tensor_numel(b) == N);
+        DT_SWITCH(y.dt, TY, "linear_forward", DT_SWITCH(b.dt, TB, "linear_forward",
+            linear_bias_forward_kernel<TY, TB><<<grid_for(M * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, M, N)));
+        CUDA_LAUNCH_CHECK();
+    }
+}
+
+void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
+    int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(w);
+    CHECK(t_rows(w) == N && t_rows(dx) == M && t_cols(dx) == K);
+    if (dy.dt == w.dt) {
+        mm_backward_input(M, N, K, dy.p, w.p, w.dt, dx.p, dx.dt, accumulate);
+        return;
+    }
+    if (dy.dt != DT_F32 || w.dt != DT_BF16) die("linear_backward_input: dy %s with w %s is not supported", dtype_name(dy.dt), dtype_name(w.dt));
+    int64_t C = convert_chunk_rows(N, "linear_backward_input");
+    for (int64_t r0 = 0; r0 < M; r0 += C) {
+        int64_t n = M - r0 < C ? M - r0 : C;
+        mm_backward_input(n, N, K, round_rows((const float *)dy.p + r0 * N, n, N), w.p, DT_BF16, (char *)dx.p + r0 * K * dtype_size(dx.dt),
+                          dx.dt, accumulate);
+    }
+}
+
+void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
+    int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(x);
+    CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K);
+    IS_F32(dw, "linear_backward_weight");
+    if (dy.dt == x.dt) {
+        mm_backward_weight(M, N, K, dy.p, x.p, x.dt, dw.p, DT_F32);
+    } else { // round the fp32 one of dy, x to bf16, a chunk of rows (the reduction dim) at a time
+        bool conv_dy = dy.dt == DT_F32;
+        int64_t C = convert_chunk_rows(conv_dy ? N : K, "linear_backward_weight");
+        for (int64_t r0 = 0; r0 < M; r0 += C) {
+            int64_t n = M - r0 < C ? M - r0 : C;
+            const void *dyp = conv_dy ? round_rows((const float *)dy.p + r0 * N, n, N) : (const char *)dy.p + r0 * N * 2;
+            const void *xp = conv_dy ? (const char *)x.p + r0 * K * 2 : round_rows((const float *)x.p + r0 * K, n, K);
+            mm_backward_weight(n, N, K, dyp, xp, DT_BF16, dw.p, DT_F32);
+        }
+    }
+    if (db.p && M > 0) {
+        IS_F32(db, "linear_backward_weight");
+        CHECK(tensor_numel(db) == N);
+        int64_t gy = (M + 255) / 256;
+        dim3 grid((unsigned)((N + 31) / 32), (unsigned)(gy > 64 ? 64 : gy));
+        DT_SWITCH(dy.dt, T, "linear_backward_weight",
+                  linear_bias_backward_kernel<T><<<grid, dim3(32, 8), 0, cuda_stream()>>>((float *)db.p, (const T *)dy.p, M, N));
+        CUDA_LAUNCH_CHECK();
+    }
+}
+
+// Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)); one dense GEMM per expert.
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) {
+    int64_t E = w.n[0], N = w.n[1], K = w.n[2];
+    CHECK(t_cols(x) == K && t_cols(y) == N && offs[E] <= t_rows(x));
+    if (x.dt != w.dt) die("grouped_linear_forward: x %s and w %s must share a dtype", dtype_name(x.dt), dtype_name(w.dt));
+    size_t xs = dtype_size(x.dt), ys = dtype_size(y.dt);
+    for (int64_t e = 0; e < E; e++)
+        if (offs[e + 1] > offs[e])
+            mm_forward(offs[e + 1] - offs[e], N, K, (const char *)x.p + offs[e] * K * xs, (const char *)w.p + e * N * K * xs, w.dt,
+                       (char *)y.p + offs[e] * N * ys, y.dt);
+}
+
+void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
+    int64_t E = w.n[0], N = w.n[1], K = w.n[2];
+    CHECK(t_cols(dx) == K && t_cols(dy) == N);
+    if (dy.dt != w.dt) die("grouped_linear_backward_input: dy %s and w %s must share a dtype", dtype_name(dy.dt), dtype_name(w.dt));
+    size_t ys = dtype_size(dy.dt), xs = dtype_size(dx.dt);
+    for (int64_t e = 0; e < E; e++)
+        if (offs[e + 1] > offs[e])
+            mm_backward_input(offs[e + 1] - offs[e], N, K, (const char *)dy.p + offs[e] * N * ys, (const char *)w.p + e * N * K * ys, w.dt,
+                              (char *)dx.p + offs[e] * K * xs, dx.dt, false);
+}
+
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
+    int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
+    CHECK(t_cols(x) == K && t_cols(dy) == N);
+    IS_F32(dw, "grouped_linear_backward_weight");
+    if (dy.dt != x.dt) die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
+    size_t s = dtype_size(x.dt);
+    for (int64_t e = 0; e < E; e++)
+        if (offs[e + 1] > offs[e])
+            mm_backward_weight(offs[e + 1] - offs[e], N, K, (const char *)dy.p + offs[e] * N * s, (const char *)x.p + offs[e] * K * s, x.dt,
+                               (float *)dw.p + e * N * K, DT_F32);
+}
+
+} // extern "C"

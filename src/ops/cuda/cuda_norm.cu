@@ -1,0 +1,163 @@
+// cuda_norm.cu — RMSNorm, rotate-half RoPE and SwiGLU: memory-bound kernels, fp32 arithmetic on fp32 or
+// bf16 storage. Math as in ops/cpu/cpu_norm.c:
+//   RMSNorm  y = x·r·w, r = (mean(x²) + eps)^(-1/2); ∂x = r·w·dy − x·r³/D·Σ(dy·w·x); ∂w = Σ_rows dy·x·r.
+//   RoPE     pair (x[i], x[i+d/2]) rotates by θ = pos·inv_freq[i]; backward rotates by −θ.
+//   SwiGLU   act = silu(g)·u; ∂g = da·u·σ(g)·(1 + g·(1 − σ(g))), ∂u = da·silu(g).
+// Shapes: x, y, dy, dx: (R, D); w: (D); rstd: (R) fp32; RoPE x: (T, heads, d), cos/sin (P, d/2) fp32,
+// pos (T) int32; SwiGLU gu: (M, 2I) = [gate | up], act: (M, I).
+#include "ops/cuda/cuda_common.cuh"
+
+#define NORM_WARPS 8 // rows per block: one warp per row
+
+template <typename T, typename TW>
+__global__ void rmsnorm_forward_kernel(T *y, float *rstd, const T *x, const TW *w, int64_t R, int64_t D, float eps) {
+    int64_t row = blockIdx.x * (int64_t)NORM_WARPS + threadIdx.y;
+    if (row >= R) return;
+    const T *xr = x + row * D;
+    float ss = 0;
+    for (int64_t j = threadIdx.x; j < D; j += 32) {
+        float v = ld(xr, j);
+        ss += v * v;
+    }
+    ss = warp_sum(ss);
+    float r = rsqrtf(ss / (float)D + eps);
+    if (threadIdx.x == 0) rstd[row] = r;
+    for (int64_t j = threadIdx.x; j < D; j += 32) st(y, row * D + j, ld(xr, j) * r * ld(w, j));
+}
+
+template <typename T, typename TW>
+__global__ void rmsnorm_backward_kernel(T *dx, const T *dy, const T *x, const TW *w, const float *rstd, int64_t R, int64_t D, bool acc) {
+    int64_t row = blockIdx.x * (int64_t)NORM_WARPS + threadIdx.y;
+    if (row >= R) return;
+    const T *xr = x + row * D, *gr = dy + row * D;
+    float dot = 0;
+    for (int64_t j = threadIdx.x; j < D; j += 32) dot += ld(gr, j) * ld(w, j) * ld(xr, j);
+    dot = warp_sum(dot);
+    float r = rstd[row], c = dot * r * r * r / (float)D;
+    for (int64_t j = threadIdx.x; j < D; j += 32) {
+        float g = r * ld(w, j) * ld(gr, j) - ld(xr, j) * c;
+        st(dx, row * D + j, acc ? ld(dx, row * D + j) + g : g);
+    }
+}
+
+// dw: (D) fp32 += Σ_rows dy·x·rstd. Block (32 columns × 8 row lanes); blocks along y split the rows.
+template <typename T> __global__ void rmsnorm_backward_dw_kernel(float *dw, const T *dy, const T *x, const float *rstd, int64_t R, int64_t D) {
+    __shared__ float part[8][33];
+    int64_t j = blockIdx.x * 32 + threadIdx.x;
+    float s = 0;
+    if (j < D)
+        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < R; i += (int64_t)gridDim.y * 8) s += ld(dy, i * D + j) * ld(x, i * D + j) * rstd[i];
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < D) {
+        for (int r = 1; r < 8; r++) s += part[r][threadIdx.x];
+        atomicAdd(dw + j, s);
+    }
+}
+
+template <typename T>
+__global__ void rope_kernel(T *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t T_, int64_t nh, int64_t half, float sgn) {
+    int64_t n = T_ * nh * half;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = e % half, th = e / half, t = th / nh;
+        int64_t p = (int64_t)pos[t] * half + i;
+        float c = cos_t[p], s = sin_t[p];
+        T *v = x + th * 2 * half;
+        float a = ld(v, i), b = ld(v, i + half);
+        st(v, i, a * c - sgn * b * s);
+        st(v, i + half, b * c + sgn * a * s);
+    }
+}
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+template <typename T> __global__ void swiglu_forward_kernel(T *act, const T *gu, int64_t M, int64_t I) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < M * I; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = e / I, i = e % I;
+        float g = ld(gu, r * 2 * I + i), u = ld(gu, r * 2 * I + I + i);
+        st(act, e, g * sigmoid_f(g) * u);
+    }
+}
+
+template <typename T> __global__ void swiglu_backward_kernel(T *dgu, const T *dact, const T *gu, int64_t M, int64_t I) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < M * I; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = e / I, i = e % I;
+        float g = ld(gu, r * 2 * I + i), u = ld(gu, r * 2 * I + I + i), da = ld(dact, e), sg = sigmoid_f(g);
+        st(dgu, r * 2 * I + i, da * u * sg * (1.0f + g * (1.0f - sg)));
+        st(dgu, r * 2 * I + I + i, da * g * sg);
+    }
+}
+
+static void same_dt(Tensor a, Tensor b, const char *what) {
+    if (a.dt != b.dt) die("%s: tensors of dtypes %s and %s must share one", what, dtype_name(a.dt), dtype_name(b.dt));
+}
+
+extern "C" {
+
+void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
+    int64_t R = t_rows(x), D = t_cols(x);
+    CHECK(tensor_numel(w) == D && tensor_numel(rstd) == R && tensor_numel(y) == R * D);
+    same_dt(y, x, "rmsnorm_forward");
+    IS_F32(rstd, "rmsnorm_forward");
+    if (R == 0) return;
+    dim3 blk(32, NORM_WARPS);
+    unsigned grid = (unsigned)((R + NORM_WARPS - 1) / NORM_WARPS);
+    DT_SWITCH(x.dt, T, "rmsnorm_forward", DT_SWITCH(w.dt, TW, "rmsnorm_forward",
+        rmsnorm_forward_kernel<T, TW><<<grid, blk, 0, cuda_stream()>>>((T *)y.p, (float *)rstd.p, (const T *)x.p, (const TW *)w.p, R, D, eps)));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate) {
+    int64_t R = t_rows(x), D = t_cols(x);
+    same_dt(dx, x, "rmsnorm_backward");
+    same_dt(dy, x, "rmsnorm_backward");
+    IS_F32(dw, "rmsnorm_backward");
+    if (R == 0) return;
+    dim3 blk(32, NORM_WARPS);
+    unsigned grid = (unsigned)((R + NORM_WARPS - 1) / NORM_WARPS);
+    int64_t gy = (R + 255) / 256;
+    dim3 gdw((unsigned)((D + 31) / 32), (unsigned)(gy > 128 ? 128 : gy));
+    DT_SWITCH(x.dt, T, "rmsnorm_backward", DT_SWITCH(w.dt, TW, "rmsnorm_backward",
+        rmsnorm_backward_kernel<T, TW><<<grid, blk, 0, cuda_stream()>>>((T *)dx.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
+                                                                           (const float *)rstd.p, R, D, accumulate)));
+    CUDA_LAUNCH_CHECK();
+    DT_SWITCH(x.dt, T, "rmsnorm_backward",
+              rmsnorm_backward_dw_kernel<T><<<gdw, dim3(32, 8), 0, cuda_stream()>>>((float *)dw.p, (const T *)dy.p, (const T *)x.p,
+                                                                                   (const float *)rstd.p, R, D));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_rope(Tensor x, Tensor cos_t, Tensor sin_t, Tensor pos, bool backward) {
+    int64_t T_ = x.n[0], nh = x.n[1], d = x.n[2], half = d / 2;
+    CHECK(cos_t.n[1] == half && tensor_numel(pos) == T_);
+    IS_F32(cos_t, "rope");
+    IS_F32(sin_t, "rope");
+    int64_t n = T_ * nh * half;
+    if (n == 0) return;
+    DT_SWITCH(x.dt, T, "rope",
+              rope_kernel<T><<<grid_for(n, 256), 256, 0, cuda_stream()>>>((T *)x.p, (const float *)cos_t.p, (const float *)sin_t.p,
+                                                                        (const int32_t *)pos.p, T_, nh, half, backward ? -1.0f : 1.0f));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_swiglu_forward(Tensor act, Tensor gu) {
+    int64_t M = t_rows(gu), I = t_cols(gu) / 2;
+    CHECK(t_cols(act) == I && t_rows(act) == M);
+    same_dt(act, gu, "swiglu_forward");
+    if (M * I == 0) return;
+    DT_SWITCH(gu.dt, T, "swiglu_forward",
+              swiglu_forward_kernel<T><<<grid_for(M * I, 256), 256, 0, cuda_stream()>>>((T *)act.p, (const T *)gu.p, M, I));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) {
+    int64_t M = t_rows(gu), I = t_cols(gu) / 2;
+    same_dt(dgu, gu, "swiglu_backward");
+    same_dt(dact, gu, "swiglu_backward");
+    if (M * I == 0) return;
+    DT_SWITCH(gu.dt, T, "swiglu_backward",
+              swiglu_backward_kernel<T><<<grid_for(M * I, 256), 256, 0, cuda_stream()>>>((T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M, I));
+    CUDA_LAUNCH_CHECK();
+}
+
+} // extern "C"

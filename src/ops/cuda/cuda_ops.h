@@ -1,0 +1,58 @@
+// cuda_ops.h — the CUDA implementation of every op in ops.h (same signatures, cuda_ prefix; the comments
+// in ops.h hold) plus the few CUDA runtime services the layers above need. Plain C: included by ops.c,
+// base.c and the tests, and (with C linkage) by every .cu file of this folder.
+// Dtypes: activations and weights fp32 or bf16 (each tensor's own dt), arithmetic in fp32; gradient
+// accumulators, router probabilities/weights, lse and rstd fp32; loss sums fp64; indices int32.
+#pragma once
+#include "base/base.h"
+
+// ---- runtime ----
+int cuda_device_count(void);                       // 0 without a driver or a device
+void *cuda_alloc_or_die(size_t bytes, const char *what);
+void cuda_free(void *p);
+void cuda_sync(void);                              // waits for the compute stream
+size_t cuda_pool_bytes(void);                      // device memory the backend itself holds (workspace, pools)
+size_t cuda_mem_used_bytes(void);                  // device memory in use by this process since its CUDA start
+size_t cuda_mem_peak_bytes(void);                  // the largest cuda_mem_used_bytes seen (sampled at each alloc and call)
+// Streams and events for overlapping communication with compute (used by the multi-GPU engine).
+void *cuda_compute_stream(void);                   // cudaStream_t
+void *cuda_comm_stream(void);                      // cudaStream_t
+void *cuda_event_create(void);                     // cudaEvent_t (timing disabled)
+void cuda_event_destroy(void *ev);
+void cuda_event_record(void *ev, void *stream);
+void cuda_stream_wait_event(void *stream, void *ev);
+
+// ---- ops (see ops.h) ----
+void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
+void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
+void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs);
+void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);
+void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
+void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
+void cuda_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward);
+void cuda_swiglu_forward(Tensor act, Tensor gu);
+void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu);
+void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale);
+void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
+                             Tensor lse, int B, float scale);
+void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance);
+void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm);
+void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale);
+void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E);
+void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div);
+void cuda_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div);
+void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows);
+void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w);
+void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w);
+void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens);
+void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens);
+void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale);
+void cuda_zero(Tensor x);
+void cuda_add(Tensor y, Tensor x);
+void cuda_scale(Tensor x, float s);
+void cuda_copy(Tensor dst, Tensor src);
+double cuda_sum_squares(Tensor x);
+void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t);
+double cuda_read_scalar(Tensor x);

@@ -1,0 +1,360 @@
+// test_gpu_ops.c — every CUDA op against the CPU op on fresh random inputs, forward and backward, in
+// fp32 mode (tolerance 1e-5; 1e-4 for GEMMs, whose summation order differs) and bf16 mode (1e-2; the CPU
+// reference runs on the same bf16-rounded inputs). Outputs are NaN before the op on both sides;
+// accumulating outputs start from equal random values; NaN never passes.
+#include "gpu_test.h"
+
+static const Tensor NONE = {0};
+#define MODES for (int mode_ = 0; mode_ < 2; mode_++)
+#define MODE_DT (mode_ ? DT_BF16 : DT_F32)
+#define TOL (mode_ ? 1e-2 : 1e-5)
+#define GEMM_TOL (mode_ ? 1e-2 : 1e-4)
+
+// ---- GEMMs ----
+static void check_linear(DType dt, double tol, int64_t M, int64_t K, int64_t N) {
+    Pair x = pair_rand(dt, 1, 2, M, K, 0, 0), w = pair_rand(dt, 0.5f, 2, N, K, 0, 0), b = pair_rand(dt, 1, 1, N, 0, 0, 0);
+    Pair y = pair_nan(dt, 2, M, N, 0, 0);
+    op_linear_forward(y.c, x.c, w.c, b.c), op_linear_forward(y.d, x.d, w.d, b.d);
+    EXPECT_CLOSE(y, tol);
+    Pair dy = pair_rand(dt, 1, 2, M, N, 0, 0), dx = pair_nan(dt, 2, M, K, 0, 0);
+    op_linear_backward_input(dx.c, dy.c, w.c, false), op_linear_backward_input(dx.d, dy.d, w.d, false);
+    EXPECT_CLOSE(dx, tol);
+    op_linear_backward_input(dx.c, dy.c, w.c, true), op_linear_backward_input(dx.d, dy.d, w.d, true);
+    EXPECT_CLOSE(dx, tol);
+    Pair dw = pair_rand(DT_F32, 1, 2, N, K, 0, 0), db = pair_rand(DT_F32, 1, 1, N, 0, 0, 0);
+    op_linear_backward_weight(dw.c, db.c, dy.c, x.c), op_linear_backward_weight(dw.d, db.d, dy.d, x.d);
+    EXPECT_CLOSE(dw, tol);
+    EXPECT_CLOSE(db, tol);
+    // no bias: y = x·wᵀ, dw accumulates again
+    op_linear_forward(y.c, x.c, w.c, NONE), op_linear_forward(y.d, x.d, w.d, NONE);
+    EXPECT_CLOSE(y, tol);
+    op_linear_backward_weight(dw.c, NONE, dy.c, x.c), op_linear_backward_weight(dw.d, NONE, dy.d, x.d);
+    EXPECT_CLOSE(dw, tol);
+    if (dt != DT_BF16) return;
+    // mixed: fp32 logits from bf16 operands; fp32 logits gradients against bf16 weights and activations
+    Pair y32 = pair_nan(DT_F32, 2, M, N, 0, 0), dy32 = pair_rand(DT_F32, 1, 2, M, N, 0, 0);
+    op_linear_forward(y32.c, x.c, w.c, NONE), op_linear_forward(y32.d, x.d, w.d, NONE);
+    EXPECT_CLOSE(y32, tol);
+    op_linear_backward_input(dx.c, dy32.c, w.c, true), op_linear_backward_input(dx.d, dy32.d, w.d, true);
+    EXPECT_CLOSE(dx, tol);
+    op_linear_backward_weight(dw.c, NONE, dy32.c, x.c), op_linear_backward_weight(dw.d, NONE, dy32.d, x.d);
+    EXPECT_CLOSE(dw, tol);
+}
+
+TEST(gpu_op_linear) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        check_linear(MODE_DT, GEMM_TOL, 37, 70, 53);
+        check_linear(MODE_DT, GEMM_TOL, 256, 512, 384);
+        check_linear(MODE_DT, GEMM_TOL, 1, 16, 8);
+    }
+    gpu_report();
+}
+
+TEST(gpu_op_grouped_linear) {
+    gpu_begin();
+    const int64_t offs[6] = {0, 7, 7, 20, 21, 40}; // 5 experts, one empty, one with a single row
+    int64_t R = 40, K = 24, N = 36;
+    MODES {
+        gpu_mode(MODE_DT);
+        DType dt = MODE_DT;
+        Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, 5, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
+        op_grouped_linear_forward(y.c, x.c, w.c, offs), op_grouped_linear_forward(y.d, x.d, w.d, offs);
+        EXPECT_CLOSE(y, GEMM_TOL);
+        Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, 5, N, K, 0);
+        op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
+        EXPECT_CLOSE(dx, GEMM_TOL);
+        op_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs), op_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+        EXPECT_CLOSE(dw, GEMM_TOL);
+    }
+    gpu_report();
+}
+
+// ---- norm, RoPE, SwiGLU ----
+static void check_rmsnorm(DType dt, double tol, int64_t R, int64_t D) {
+    Pair x = pair_rand(dt, 1.5f, 2, R, D, 0, 0), w = pair_rand(dt, 1, 1, D, 0, 0, 0), y = pair_nan(dt, 2, R, D, 0, 0);
+    Pair rstd = pair_nan(DT_F32, 1, R, 0, 0, 0);
+    op_rmsnorm_forward(y.c, rstd.c, x.c, w.c, 1e-6f), op_rmsnorm_forward(y.d, rstd.d, x.d, w.d, 1e-6f);
+    EXPECT_CLOSE(y, tol);
+    EXPECT_CLOSE(rstd, tol);
+    Pair dy = pair_rand(dt, 1, 2, R, D, 0, 0), dx = pair_nan(dt, 2, R, D, 0, 0), dw = pair_rand(DT_F32, 1, 1, D, 0, 0, 0);
+    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, false), op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, false);
+    EXPECT_CLOSE(dx, tol);
+    EXPECT_CLOSE(dw, tol);
+    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, true), op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, true);
+    EXPECT_CLOSE(dx, tol);
+    EXPECT_CLOSE(dw, tol);
+}
+
+TEST(gpu_op_rmsnorm) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        check_rmsnorm(MODE_DT, TOL, 37, 64);
+        check_rmsnorm(MODE_DT, TOL, 600, 16);   // the per-head q/k norm shape
+        check_rmsnorm(MODE_DT, TOL, 5, 3000);   // a wide hidden
+    }
+    gpu_report();
+}
+
+TEST(gpu_op_rope) {
+    gpu_begin();
+    int64_t T = 20, nh = 3, d = 16, P = 32;
+    float *cs = xmalloc(P * d / 2 * sizeof(float)), *sn = xmalloc(P * d / 2 * sizeof(float));
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t i = 0; i < d / 2; i++) {
+            float a = (float)p * powf(10000.0f, -(float)(2 * i) / (float)d);
+            cs[p * d / 2 + i] = cosf(a), sn[p * d / 2 + i] = sinf(a);
+        }
+    int32_t pos[20];
+    for (int t = 0; t < T; t++) pos[t] = (int32_t)((t * 7 + 3) % P);
+    MODES {
+        gpu_mode(MODE_DT);
+        Pair c = pair_from(DT_F32, cs, 2, P, d / 2, 0, 0), s = pair_from(DT_F32, sn, 2, P, d / 2, 0, 0), ps = pair_i32(pos, T);
+        Pair x = pair_rand(MODE_DT, 1, 3, T, nh, d, 0);
+        op_rope(x.c, c.c, s.c, ps.c, false), op_rope(x.d, c.d, s.d, ps.d, false);
+        EXPECT_CLOSE(x, TOL);
+        op_rope(x.c, c.c, s.c, ps.c, true), op_rope(x.d, c.d, s.d, ps.d, true);
+        EXPECT_CLOSE(x, TOL);
+    }
+    free(cs), free(sn);
+    gpu_report();
+}
+
+TEST(gpu_op_swiglu) {
+    gpu_begin();
+    int64_t M = 33, I = 40;
+    MODES {
+        gpu_mode(MODE_DT);
+        Pair gu = pair_rand(MODE_DT, 2, 2, M, 2 * I, 0, 0), act = pair_nan(MODE_DT, 2, M, I, 0, 0);
+        op_swiglu_forward(act.c, gu.c), op_swiglu_forward(act.d, gu.d);
+        EXPECT_CLOSE(act, TOL);
+        Pair da = pair_rand(MODE_DT, 1, 2, M, I, 0, 0), dgu = pair_nan(MODE_DT, 2, M, 2 * I, 0, 0);
+        op_swiglu_backward(dgu.c, da.c, gu.c), op_swiglu_backward(dgu.d, da.d, gu.d);
+        EXPECT_CLOSE(dgu, TOL);
+    }
+    gpu_report();
+}
+
+// ---- attention ----
+static void check_attention(DType dt, double tol, int B, int S, int nh, int nkv, int d) {
+    int64_t T = (int64_t)B * S;
+    float scale = 1.0f / sqrtf((float)d);
+    Pair q = pair_rand(dt, 1, 3, T, nh, d, 0), k = pair_rand(dt, 1, 3, T, nkv, d, 0), v = pair_rand(dt, 1, 3, T, nkv, d, 0);
+    Pair o = pair_nan(dt, 3, T, nh, d, 0), lse = pair_nan(DT_F32, 3, B, nh, S, 0);
+    op_attention_forward(o.c, lse.c, q.c, k.c, v.c, B, scale), op_attention_forward(o.d, lse.d, q.d, k.d, v.d, B, scale);
+    EXPECT_CLOSE(o, tol);
+    EXPECT_CLOSE(lse, tol);
+    // the backward reads o and lse: give both sides the CPU's (rounded to dt), so only the backward differs
+    Pair oc = pair_from(dt, o.c.p, 3, T, nh, d, 0), lc = pair_from(DT_F32, lse.c.p, 3, B, nh, S, 0);
+    Pair dout = pair_rand(dt, 1, 3, T, nh, d, 0);
+    Pair dq = pair_nan(dt, 3, T, nh, d, 0), dk = pair_nan(dt, 3, T, nkv, d, 0), dv = pair_nan(dt, 3, T, nkv, d, 0);
+    op_attention_backward(dq.c, dk.c, dv.c, dout.c, q.c, k.c, v.c, oc.c, lc.c, B, scale);
+    op_attention_backward(dq.d, dk.d, dv.d, dout.d, q.d, k.d, v.d, oc.d, lc.d, B, scale);
+    EXPECT_CLOSE(dq, tol);
+    EXPECT_CLOSE(dk, tol);
+    EXPECT_CLOSE(dv, tol);
+}
+
+TEST(gpu_op_attention) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        check_attention(MODE_DT, TOL, 2, 77, 4, 2, 8);
+        check_attention(MODE_DT, TOL, 2, 40, 4, 4, 16);
+        check_attention(MODE_DT, TOL, 1, 150, 4, 1, 32);
+        check_attention(MODE_DT, TOL, 2, 77, 4, 2, 64);
+        check_attention(MODE_DT, TOL, 1, 200, 2, 1, 128);
+    }
+    gpu_report();
+}
+
+// ---- mixture of experts ----
+static void check_router(bool renorm, bool force) {
+    int64_t T = 50, E = 8;
+    int k = 3;
+    Pair logits = pair_rand(DT_F32, 2, 2, T, E, 0, 0), probs = pair_nan(DT_F32, 2, T, E, 0, 0), w = pair_nan(DT_F32, 2, T, k, 0, 0);
+    int32_t junk[150];
+    for (int i = 0; i < 150; i++) junk[i] = -7;
+    Pair idx = pair_i32(junk, T * k);
+    idx.c = tensor_reshape2(idx.c, T, k), idx.d = tensor_reshape2(idx.d, T, k);
+    op_router_forward(probs.c, idx.c, w.c, logits.c, k, renorm, force), op_router_forward(probs.d, idx.d, w.d, logits.d, k, renorm, force);
+    EXPECT_CLOSE(probs, 1e-5);
+    EXPECT_CLOSE(w, 1e-5);
+    int32_t *gi = gpu_down_i32(idx.d);
+    for (int64_t i = 0; i < T * k; i++) ASSERT_MSG(gi[i] == ((int32_t *)idx.c.p)[i], "idx[%lld]: gpu %d cpu %d", (long long)i, gi[i], ((int32_t *)idx.c.p)[i]);
+    free(gi);
+    Pair dw = pair_rand(DT_F32, 1, 2, T, k, 0, 0), lbg = pair_rand(DT_F32, 0.1f, 1, E, 0, 0, 0), dl = pair_nan(DT_F32, 2, T, E, 0, 0);
+    op_router_backward(dl.c, dw.c, lbg.c, probs.c, idx.c, w.c, renorm), op_router_backward(dl.d, dw.d, lbg.d, probs.d, idx.d, w.d, renorm);
+    EXPECT_CLOSE(dl, 1e-5);
+    op_router_backward(dl.c, dw.c, NONE, probs.c, idx.c, w.c, renorm), op_router_backward(dl.d, dw.d, NONE, probs.d, idx.d, w.d, renorm);
+    EXPECT_CLOSE(dl, 1e-5);
+}
+
+TEST(gpu_op_router) {
+    gpu_begin();
+    check_router(true, false);
+    check_router(false, false);
+    check_router(true, true);
+    gpu_report();
+}
+
+TEST(gpu_op_moe_lb_loss) {
+    gpu_begin();
+    int64_t T = 64, E = 8, k = 2;
+    Pair logits = pair_rand(DT_F32, 2, 2, T, E, 0, 0), probs = pair_nan(DT_F32, 2, T, E, 0, 0), w = pair_nan(DT_F32, 2, T, k, 0, 0);
+    int32_t z[128] = {0};
+    Pair idx = pair_i32(z, T * k);
+    idx.c = tensor_reshape2(idx.c, T, k), idx.d = tensor_reshape2(idx.d, T, k);
+    op_router_forward(probs.c, idx.c, w.c, logits.c, (int)k, true, false), op_router_forward(probs.d, idx.d, w.d, logits.d, (int)k, true, false);
+    double l0 = 0.25;
+    Tensor lc = tensor_make(&l0, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), ld = gpu_tensor(DT_F64, 1, 1, 0, 0, 0);
+    op_copy(ld, lc);
+    Pair lbg = pair_nan(DT_F32, 1, E, 0, 0, 0);
+    op_moe_lb_loss(lc, lbg.c, probs.c, idx.c, 0.01f, 64.0f), op_moe_lb_loss(ld, lbg.d, probs.d, idx.d, 0.01f, 64.0f);
+    EXPECT_CLOSE(lbg, 1e-5);
+    double lg = op_read_scalar(ld), err = fabs(lg - l0) / fabs(l0);
+    record_err(err, "loss_sum");
+    ASSERT_MSG(err <= 1e-9, "loss_sum: gpu %.12g cpu %.12g", lg, l0);
+    gpu_report();
+}
+
+TEST(gpu_op_moe_sort_gather_scatter) {
+    gpu_begin();
+    int64_t T = 37, E = 6, k = 2, H = 24;
+    int32_t idx[74];
+    for (int64_t i = 0; i < T * k; i++) idx[i] = (int32_t)(rng_u64(11, 3, i) % (E - 1)); // expert E-1 stays empty
+    MODES {
+        gpu_mode(MODE_DT);
+        Pair ix = pair_i32(idx, T * k);
+        ix.c = tensor_reshape2(ix.c, T, k), ix.d = tensor_reshape2(ix.d, T, k);
+        int32_t junk[74];
+        for (int i = 0; i < 74; i++) junk[i] = -1;
+        Pair perm = pair_i32(junk, T * k);
+        int64_t oc[7], og[7];
+        op_moe_sort(perm.c, oc, ix.c, (int)E), op_moe_sort(perm.d, og, ix.d, (int)E);
+        for (int e = 0; e <= E; e++) ASSERT_MSG(oc[e] == og[e], "offs[%d]: gpu %lld cpu %lld", e, (long long)og[e], (long long)oc[e]);
+        int32_t *gp = gpu_down_i32(perm.d);
+        for (int64_t i = 0; i < T * k; i++) ASSERT_MSG(gp[i] == ((int32_t *)perm.c.p)[i], "perm[%lld] differs", (long long)i);
+        free(gp);
+        Pair x = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), xe = pair_nan(MODE_DT, 2, T * k, H, 0, 0), y = pair_nan(MODE_DT, 2, T * k, H, 0, 0);
+        op_gather_rows(xe.c, x.c, perm.c, (int)k), op_gather_rows(xe.d, x.d, perm.d, (int)k);
+        EXPECT_CLOSE(xe, 0);
+        op_scatter_rows(y.c, xe.c, perm.c), op_scatter_rows(y.d, xe.d, perm.d);
+        EXPECT_CLOSE(y, 0);
+        Pair back = pair_nan(MODE_DT, 2, T * k, H, 0, 0);
+        op_gather_rows(back.c, y.c, perm.c, 1), op_gather_rows(back.d, y.d, perm.d, 1);
+        EXPECT_CLOSE(back, 0);
+        Pair dx = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dxe = pair_rand(MODE_DT, 1, 2, T * k, H, 0, 0);
+        op_gather_rows_backward(dx.c, dxe.c, perm.c, (int)k), op_gather_rows_backward(dx.d, dxe.d, perm.d, (int)k);
+        EXPECT_CLOSE(dx, TOL);
+    }
+    gpu_report();
+}
+
+TEST(gpu_op_moe_combine) {
+    gpu_begin();
+    int64_t T = 29, k = 3, H = 40;
+    MODES {
+        gpu_mode(MODE_DT);
+        Pair r = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), y = pair_rand(MODE_DT, 1, 2, T * k, H, 0, 0), w = pair_rand(DT_F32, 1, 2, T, k, 0, 0);
+        Pair out = pair_nan(MODE_DT, 2, T, H, 0, 0);
+        op_moe_combine_forward(out.c, r.c, y.c, w.c), op_moe_combine_forward(out.d, r.d, y.d, w.d);
+        EXPECT_CLOSE(out, TOL);
+        Pair dout = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dy = pair_nan(MODE_DT, 2, T * k, H, 0, 0), dw = pair_nan(DT_F32, 2, T, k, 0, 0);
+        op_moe_combine_backward(dy.c, dw.c, dout.c, y.c, w.c), op_moe_combine_backward(dy.d, dw.d, dout.d, y.d, w.d);
+        EXPECT_CLOSE(dy, TOL);
+        EXPECT_CLOSE(dw, TOL);
+    }
+    gpu_report();
+}
+
+// ---- embedding, loss ----
+TEST(gpu_op_embedding) {
+    gpu_begin();
+    int64_t V = 50, H = 24, T = 70;
+    int32_t tok[70];
+    for (int t = 0; t < T; t++) tok[t] = (int32_t)(rng_u64(3, 4, t) % V); // repeats: rows collide in the backward
+    MODES {
+        gpu_mode(MODE_DT);
+        Pair tab = pair_rand(MODE_DT, 1, 2, V, H, 0, 0), h = pair_nan(MODE_DT, 2, T, H, 0, 0), tk = pair_i32(tok, T);
+        op_embedding_forward(h.c, tab.c, tk.c), op_embedding_forward(h.d, tab.d, tk.d);
+        EXPECT_CLOSE(h, 0);
+        Pair dh = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dt = pair_rand(DT_F32, 1, 2, V, H, 0, 0);
+        op_embedding_backward(dt.c, dh.c, tk.c), op_embedding_backward(dt.d, dh.d, tk.d);
+        EXPECT_CLOSE(dt, 1e-5);
+    }
+    gpu_report();
+}
+
+TEST(gpu_op_cross_entropy) {
+    gpu_begin();
+    int64_t R = 13, V = 3001;
+    int32_t lab[13];
+    for (int r = 0; r < R; r++) lab[r] = r % 5 == 2 ? -100 : (int32_t)(rng_u64(8, 1, r) % V);
+    Pair l = pair_rand(DT_F32, 3, 2, R, V, 0, 0), lb = pair_i32(lab, R);
+    double s0 = 1.25;
+    Tensor sc = tensor_make(&s0, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), sd = gpu_tensor(DT_F64, 1, 1, 0, 0, 0);
+    op_copy(sd, sc);
+    op_cross_entropy(l.c, lb.c, sc, 0.37f), op_cross_entropy(l.d, lb.d, sd, 0.37f);
+    EXPECT_CLOSE(l, 1e-5);
+    double sg = op_read_scalar(sd), err = fabs(sg - s0) / fabs(s0);
+    record_err(err, "loss_sum");
+    ASSERT_MSG(err <= 1e-6, "loss_sum: gpu %.12g cpu %.12g", sg, s0);
+    gpu_report();
+}
+
+// ---- elementwise, copies, optimizer ----
+TEST(gpu_op_elementwise) {
+    gpu_begin();
+    int64_t n = 10007;
+    MODES {
+        gpu_mode(MODE_DT);
+        Pair y = pair_rand(MODE_DT, 1, 1, n, 0, 0, 0), x = pair_rand(MODE_DT, 1, 1, n, 0, 0, 0);
+        op_add(y.c, x.c), op_add(y.d, x.d);
+        EXPECT_CLOSE(y, TOL);
+        op_scale(y.c, 0.3f), op_scale(y.d, 0.3f);
+        EXPECT_CLOSE(y, TOL);
+        Pair g = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
+        op_add(y.c, g.c), op_add(y.d, g.d); // fp32 into the mode's dtype
+        EXPECT_CLOSE(y, TOL);
+        double sc = op_sum_squares(x.c), sg = op_sum_squares(x.d);
+        record_err(fabs(sg - sc) / sc, "sum_squares");
+        ASSERT_MSG(fabs(sg - sc) / sc <= 1e-12, "sum_squares: gpu %.15g cpu %.15g", sg, sc);
+        op_zero(y.c), op_zero(y.d);
+        float *yz = gpu_down(y.d);
+        for (int64_t i = 0; i < n; i++) ASSERT(yz[i] == 0);
+        free(yz);
+    }
+    // copies: device fp32 → device bf16 → device fp32, and host ↔ device both ways
+    Pair a = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
+    Tensor b16 = gpu_tensor(DT_BF16, 1, n, 0, 0, 0), b32 = gpu_tensor(DT_F32, 1, n, 0, 0, 0);
+    op_copy(b16, a.d);
+    op_copy(b32, b16);
+    float *back = gpu_down(b32), *ref = xmalloc(n * sizeof(float));
+    memcpy(ref, a.c.p, n * sizeof(float));
+    round_bf16(ref, n);
+    for (int64_t i = 0; i < n; i++) ASSERT_MSG(back[i] == ref[i], "bf16 round trip at %lld: %g vs %g", (long long)i, back[i], ref[i]);
+    op_copy(b32, a.d);
+    float *same = gpu_down(b32);
+    ASSERT(!memcmp(same, a.c.p, n * sizeof(float)));
+    free(back), free(ref), free(same);
+    // AdamW, three steps
+    gpu_mode(DT_F32);
+    Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0), v = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0);
+    for (int64_t i = 0; i < n; i++) ((float *)v.c.p)[i] = fabsf(((float *)v.c.p)[i]);
+    op_copy(v.d, v.c);
+    for (int t = 1; t <= 3; t++) {
+        Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
+        op_adamw(p.c, gr.c, m.c, v.c, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t), op_adamw(p.d, gr.d, m.d, v.d, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    }
+    EXPECT_CLOSE(p, 1e-5);
+    EXPECT_CLOSE(m, 1e-5);
+    EXPECT_CLOSE(v, 1e-5);
+    float f = 3.5f;
+    Tensor fd = gpu_tensor(DT_F32, 1, 1, 0, 0, 0);
+    op_copy(fd, tensor_make(&f, DT_F32, DEV_CPU, 1, 1, 1, 1, 1));
+    ASSERT(op_read_scalar(fd) == 3.5);
+    gpu_report();
+}
