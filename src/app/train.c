@@ -93,8 +93,9 @@ int cmd_train(int argc, char **argv) {
         printf("\n");
         fprintf(metrics,
                 "{\"step\": %d, \"loss\": %.9g, \"lb_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
-                "\"step_time_s\": %.6g, \"peak_mem_gb\": %.4g}\n",
-                r.step, st.loss, st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, peak);
+                "\"step_time_s\": %.6g, \"fwdbwd_s\": %.6g, \"peak_mem_gb\": %.4g, \"gpu_peak_gb\": %.4g}\n",
+                r.step, st.loss, st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
+                gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0);
         fflush(metrics);
         if (run_save_due(&r) || (r.step == stop && cfg.save_location[0])) ckpt_save(&r);
     }

@@ -14,6 +14,9 @@
 bool ops_cuda_available(void) { return cuda_device_count() > 0; }
 size_t ops_cuda_pool_bytes(void) { return cuda_pool_bytes(); }
 size_t ops_cuda_peak_bytes(void) { return cuda_mem_peak_bytes(); }
+void ops_sync(void) {
+    if (ops_cuda_available()) cuda_sync();
+}
 #else
 #define DISPATCH(dev, call)                                                                           \
     do {                                                                                              \
@@ -28,6 +31,7 @@ size_t ops_cuda_peak_bytes(void) { return cuda_mem_peak_bytes(); }
 bool ops_cuda_available(void) { return false; }
 size_t ops_cuda_pool_bytes(void) { return 0; }
 size_t ops_cuda_peak_bytes(void) { return 0; }
+void ops_sync(void) {}
 #endif
 
 void op_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) { DISPATCH(x.dev, linear_forward(y, x, w, b)); }

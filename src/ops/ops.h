@@ -13,6 +13,7 @@ bool ops_cuda_available(void);
 // at every allocation and every call of this function).
 size_t ops_cuda_pool_bytes(void);
 size_t ops_cuda_peak_bytes(void);
+void ops_sync(void); // waits for queued GPU work (for timing); nothing on the CPU
 
 // ---- dense GEMMs (linear layers) ----
 // y: (M, N) = x: (M, K) · w: (N, K)ᵀ [+ b: (N)]; b.p == NULL means no bias.

@@ -111,6 +111,8 @@ StepStats run_step(Run *r) {
     }
     if (targets < 1) targets = 1;
     StepStats st = {0};
+    ops_sync();
+    st.fwdbwd_seconds = now_seconds() - t0;
     double ss = 0;
     for (int g = 0; g < NGROUPS; g++) {
         op_scale(m->g[g], (float)(1.0 / targets));
@@ -130,6 +132,7 @@ StepStats run_step(Run *r) {
                  (float)c->optimizer.beta2, (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
     for (int g = 0; g < NGROUPS; g++)
         if (r->master[g].p != m->w[g].p) op_copy(m->w[g], r->master[g]); // refresh the compute copy (bf16 on the GPU)
+    ops_sync();
     st.loss = op_read_scalar(m->loss_sum) / targets;
     st.lb = r->moe_layers && m->lb_coef > 0 ? op_read_scalar(m->lb_sum) / (m->lb_coef * r->moe_layers * nmb) : 0;
     st.tokens = (double)c->global_batch_size * S;

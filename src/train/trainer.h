@@ -24,6 +24,7 @@ typedef struct {
     double lr;        // learning rate used by this step's update
     double grad_norm; // global norm of the gradient before clipping
     double tokens, seconds;
+    double fwdbwd_seconds;  // forward + backward of all micro-batches (the rest is the optimizer step)
 } StepStats;
 
 // Builds everything from the config: model (random init from the seed), plan, arenas, data, optimizer.
