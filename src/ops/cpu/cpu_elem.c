@@ -22,6 +22,7 @@ void cpu_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
 }
 
 // CE_r = lse(logits_r) − logits_r[label]; ∂CE_r/∂logits_r = softmax(logits_r) − onehot(label).
+// One pass of expf per logit: the exponentials are stored in place, then scaled by 1/Σ.
 void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
     CPU_F32(logits);
     int64_t R = t_rows(logits), V = t_cols(logits);
@@ -35,13 +36,13 @@ void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad
             continue;
         }
         CHECK(y >= 0 && y < V);
-        float m = -INFINITY;
+        float m = -INFINITY, ly = l[y];
         for (int64_t c = 0; c < V; c++) m = fmaxf(m, l[c]);
         double sum = 0;
-        for (int64_t c = 0; c < V; c++) sum += exp((double)l[c] - m);
-        double lse = m + log(sum);
-        total += lse - l[y];
-        for (int64_t c = 0; c < V; c++) l[c] = (float)(grad_scale * exp((double)l[c] - lse));
+        for (int64_t c = 0; c < V; c++) sum += l[c] = expf(l[c] - m);
+        total += m + log(sum) - ly;
+        float scale = (float)(grad_scale / sum);
+        for (int64_t c = 0; c < V; c++) l[c] *= scale;
         l[y] -= grad_scale;
     }
     ((double *)loss_sum.p)[0] += total;
