@@ -32,21 +32,21 @@ static const char *make_run(int ntokens) {
     return d;
 }
 
-static Run setup_run(const char *dir, char **sets, int nsets) {
+// (The Run is set up in place: the engine and the mesh point into it, so it must not be copied.)
+static void setup_run(Run *r, const char *dir, char **sets, int nsets) {
     char path[512];
     snprintf(path, sizeof path, "%s/train.json", dir);
     TrainConfig c;
     config_load(&c, path, sets, nsets);
-    Run r;
-    run_setup(&r, &c, true);
-    return r;
+    run_setup(r, &c, true);
 }
 
 TEST(train_overfits_tiny_batch) {
     // 65 tokens = 4 samples of 16: every step sees the same global batch of 4.
     const char *d = make_run(65);
     char *sets[] = {"max_steps=100"};
-    Run r = setup_run(d, sets, 1);
+    static Run r;
+    setup_run(&r, d, sets, 1);
     double first = 0, last = 0;
     for (int s = 0; s < 100; s++) {
         StepStats st = run_step(&r);

@@ -19,6 +19,7 @@ const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     json_t *root = json_load_or_die(file);
     JObj o = jobj_root(root, file);
     memset(c, 0, sizeof *c);
+    c->ep_size = 1, c->pad[GROUP_DENSE] = c->pad[GROUP_EXPERT] = 1;
     const char *mt = jstr(o, "model_type", true, NULL);
     const ModelFamily *fam = model_family_find(mt);
     if (!fam) jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe)", mt);
@@ -85,30 +86,54 @@ static Tensor alloc_tensor(Device dev, DType dt, int64_t n) {
     return t;
 }
 
+static Tensor shape_tensor(Device dev, DType dt, int64_t n) { return tensor_make(NULL, dt, dev, 1, n, 1, 1, 1); }
+
 static void free_tensor(Tensor t) {
     Arena a = {t.p, 0, tensor_bytes(t), 0, t.dev, ""};
-    if (a.cap) arena_destroy(&a);
+    if (a.cap && t.p) arena_destroy(&a);
+}
+
+// The flat buffers, rope tables and loss accumulators; with alloc false only their shapes (NULL data).
+static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq, bool alloc) {
+    memset(m, 0, sizeof *m);
+    m->fam = fam, m->cfg = *cfg, m->dev = dev, m->cdt = cdt;
+    CHECK(cfg->ep_size >= 1 && cfg->experts % cfg->ep_size == 0 && cfg->ep_rank >= 0 && cfg->ep_rank < cfg->ep_size);
+    fam->params_build(&m->params, cfg);
+    Tensor (*make)(Device, DType, int64_t) = alloc ? alloc_tensor : shape_tensor;
+    for (int g = 0; g < NGROUPS; g++) {
+        int64_t pad = cfg->pad[g] > 1 ? cfg->pad[g] : 1, n = (m->params.numel[g] + pad - 1) / pad * pad;
+        m->w[g] = make(dev, cdt, n);
+        m->g[g] = make(dev, DT_F32, n);
+        if (alloc && n > m->params.numel[g]) op_zero(m->w[g]), op_zero(m->g[g]); // the padding stays zero
+    }
+    int half = cfg->head_dim / 2;
+    m->rope_cos = make(dev, DT_F32, (int64_t)max_seq * half), m->rope_sin = make(dev, DT_F32, (int64_t)max_seq * half);
+    m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq, m->rope_cos.n[1] = m->rope_sin.n[1] = half;
+    m->loss_sum = make(dev, DT_F64, 1), m->lb_sum = make(dev, DT_F64, 1);
+    if (alloc) {
+        float *c = xmalloc((size_t)max_seq * half * sizeof(float)), *s = xmalloc((size_t)max_seq * half * sizeof(float));
+        Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1), hs = tensor_make(s, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1);
+        model_rope_tables(hc, hs, max_seq, cfg->head_dim, cfg->rope_theta);
+        op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
+        free(c), free(s);
+        op_zero(m->loss_sum), op_zero(m->lb_sum);
+    }
+    fam->bind(m);
 }
 
 void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
-    memset(m, 0, sizeof *m);
-    m->fam = fam, m->cfg = *cfg, m->dev = dev, m->cdt = cdt;
-    fam->params_build(&m->params, cfg);
-    for (int g = 0; g < NGROUPS; g++) {
-        m->w[g] = alloc_tensor(dev, cdt, m->params.numel[g]);
-        m->g[g] = alloc_tensor(dev, DT_F32, m->params.numel[g]);
-    }
-    int half = cfg->head_dim / 2;
-    float *c = xmalloc((size_t)max_seq * half * sizeof(float)), *s = xmalloc((size_t)max_seq * half * sizeof(float));
-    Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1), hs = tensor_make(s, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1);
-    model_rope_tables(hc, hs, max_seq, cfg->head_dim, cfg->rope_theta);
-    m->rope_cos = alloc_tensor(dev, DT_F32, (int64_t)max_seq * half), m->rope_sin = alloc_tensor(dev, DT_F32, (int64_t)max_seq * half);
-    m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq, m->rope_cos.n[1] = m->rope_sin.n[1] = half;
-    op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
-    free(c), free(s);
-    m->loss_sum = alloc_tensor(dev, DT_F64, 1), m->lb_sum = alloc_tensor(dev, DT_F64, 1);
-    op_zero(m->loss_sum), op_zero(m->lb_sum);
-    fam->bind(m);
+    model_build(m, fam, cfg, dev, cdt, max_seq, true);
+}
+
+void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
+    model_build(m, fam, cfg, dev, cdt, max_seq, false);
+}
+
+void model_params_all(const Model *m, ParamTable *t) {
+    ModelConfig c = m->cfg;
+    c.ep_rank = 0, c.ep_size = 1;
+    memset(t, 0, sizeof *t);
+    m->fam->params_build(t, &c);
 }
 
 void model_free(Model *m) {
