@@ -98,7 +98,7 @@ TEST(dist_equivalence_layouts) {
         {"ep2", 2, "--set parallel.expert_parallel_size=2"},
         {"dp2", 2, ""},
         {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2"},
-        {"ep4", 4, "--set parallel.expert_parallel_size=4"},
+        {"ep4-capacity2.5", 4, "--set parallel.expert_parallel_size=4 --set parallel.ep_capacity_factor=2.5"},
         {"hsdp-dp2-ep2", 4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
     };
     for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
@@ -201,4 +201,33 @@ TEST(dist_config_errors) {
         ASSERT_MSG(rc != 0 && strstr(out, cases[i].needle), "expected '%s' in: %s", cases[i].needle, out);
         if (cases[i].np == 1) ASSERT_MSG(strstr(out, "pith: error: ") == out && strchr(out, '\n') == out + strlen(out) - 1, "not one line: %s", out);
     }
+}
+
+// The plan `pith estimate` prints without allocating is the one `pith train` allocates on each rank.
+TEST(dist_estimate_matches_training) {
+    const char *d = make_run();
+    char out[1 << 15], est[4096];
+    static const struct {
+        int np;
+        const char *sets;
+    } layouts[] = {{1, ""}, {4, "--set parallel.expert_parallel_size=2"}, {4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"}};
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
+        ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus %d --device cpu %s", PITH_BIN, d, layouts[i].np, layouts[i].sets) == 0);
+        ASSERT(run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json --set max_steps=1 --set run_dir=%s/r%zu %s", layouts[i].np, PITH_BIN, d, d, i,
+                       layouts[i].sets) == 0);
+        char *e = strstr(est, "(") ? strstr(est, " bytes)") : NULL, *t = strstr(out, " bytes)\n");
+        ASSERT_MSG(e && t, "%s\n%s", est, out);
+        while (e[-1] != '(') e--;
+        while (t[-1] != '(') t--;
+        ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "estimate %lld vs train %lld bytes:\n%s\n%s", strtoll(e, NULL, 10), strtoll(t, NULL, 10), est, out);
+    }
+    // Qwen3-30B-A3B: not on 8 GPUs of 80 GB; on 64 with ep 16 and a capacity factor
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8", PITH_BIN) == 0);
+    ASSERT_MSG(strstr(out, "pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "does not fit in 80 GB"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 64 --set parallel.expert_parallel_size=16 --set parallel.ep_capacity_factor=1.25",
+                   PITH_BIN) == 0);
+    ASSERT_MSG(strstr(out, "8 of 128 experts") && strstr(out, "\nfits in 80 GB"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 12", PITH_BIN) == 1);
+    ASSERT_MSG(strstr(out, "parallel.expert_parallel_size: 12 ranks are not divisible"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json", PITH_BIN) == 2 && strstr(out, "usage: pith estimate"));
 }

@@ -74,7 +74,7 @@ void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
     if (c->size == 1) return local_copy(out, in);
     check_buffers(c, "reduce-scatter", in, out);
     MPI_Request req;
-    MPI_CHECK(MPI_Ireduce_scatter_block(in.p, out.p, (int)tensor_numel(out), mpi_type(in.dt), MPI_SUM, c->mpi, &req));
+    MPI_CHECK(MPI_Ireduce_scatter_block(in.p == out.p ? MPI_IN_PLACE : in.p, out.p, (int)tensor_numel(out), mpi_type(in.dt), MPI_SUM, c->mpi, &req));
     comm_wait(c, &req, "reduce-scatter");
 }
 

@@ -23,7 +23,8 @@ typedef enum { COMM_SUM, COMM_MAX } CommOp;
 Comm comm_self(const char *name);
 // x (in place): element-wise reduction over the group. F32, F64, I32, I64.
 void comm_allreduce(const Comm *c, Tensor x, CommOp op);
-// out: (n) = Σ over ranks of block `rank` of in: (size·n).
+// out: (n) = Σ over ranks of block `rank` of in: (size·n). In place when out.p == in.p: the sum then
+// lands in the first n elements of in.
 void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in);
 // out: (size·n) = the in: (n) of every rank, in rank order.
 void comm_allgather(const Comm *c, Tensor out, Tensor in);

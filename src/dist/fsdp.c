@@ -36,7 +36,7 @@ void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Tensor master[NGR
     for (int g = 0; g < NGROUPS; g++) {
         bool whole = one_shard(f, g);
         master[g] = whole && m->dev == DEV_CPU && m->cdt == DT_F32 ? m->w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
-        grad[g] = whole ? m->g[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
+        grad[g] = whole ? m->g[g] : tensor_rows(m->g[g], 0, f->len[g]); // reduce-scatter in place: the sum lands in front
         mom1[g] = arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
         mom2[g] = arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
     }
@@ -49,6 +49,7 @@ void fsdp_gather(const Fsdp *f, int g, Tensor full, Tensor shard) {
 }
 
 void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {
+    CHECK(shard.p == full.p); // in place (fsdp_alloc_state): no separate buffer for the reduced shard
     comm_reduce_scatter(f->shard[g], shard, full);
     if (f->replica[g]) comm_allreduce(f->replica[g], shard, COMM_SUM);
 }

@@ -20,13 +20,15 @@ typedef struct {
 // Shards of group g under the layout (the padding multiple for ModelConfig.pad).
 int fsdp_shards(const Dist *d, int g);
 void fsdp_setup(Fsdp *f, const Dist *d, const Model *m);
-// Allocates this rank's fp32 masters, reduced gradients and AdamW moments from a (counting) arena. When a
-// group has one shard, the master is model.w itself on the CPU (fp32 compute) and the gradient model.g.
+// Allocates this rank's fp32 masters and AdamW moments from a (counting) arena and points the reduced
+// gradient shard at the front of model.g (the reduce-scatter runs in place). With one shard the master is
+// model.w itself on the CPU (fp32 compute).
 void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS],
                       Tensor mom2[NGROUPS]);
 // full: (numel) compute copy ← all-gather of the master shards: (len) (converted to full's dtype).
 void fsdp_gather(const Fsdp *f, int g, Tensor full, Tensor shard);
-// shard: (len) ← Σ over every rank of its full: (numel) fp32 gradient accumulators, this rank's range.
+// shard: (len) ← Σ over every rank of its full: (numel) fp32 gradient accumulators, this rank's range;
+// in place: shard is the front of full (whose contents are then spent until the next zeroing).
 void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full);
 // shard ← this rank's range of a whole host fp32 buffer (numel) (initial values, checkpoints).
 void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full);

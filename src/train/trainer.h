@@ -9,7 +9,7 @@
 typedef struct {
     size_t weights; // compute copy of this rank's parameter groups (model.w), padded to the shard count
     size_t grads;   // fp32 gradient accumulators (model.g)
-    size_t shards;  // fp32 master shards and reduced gradient shards (when not model.w / model.g themselves)
+    size_t shards;  // fp32 master shards (when not model.w itself; gradients are reduced in place in model.g)
     size_t optim;   // AdamW moments (shards)
     size_t other;   // rope tables, loss accumulators
     EnginePlan eng; // activation records, backward workspace, communication buffers
@@ -25,7 +25,7 @@ typedef struct {
     Dataset data;
     Arena state;            // the shards below (counted first: MemoryPlan.shards + optim)
     Tensor master[NGROUPS]; // this rank's fp32 master shards (model.w itself with one shard on the CPU)
-    Tensor grad[NGROUPS];   // this rank's shards of the step's gradient (model.g itself with one shard)
+    Tensor grad[NGROUPS];   // this rank's shards of the step's gradient (the front of model.g, or all of it)
     Tensor adam_m[NGROUPS], adam_v[NGROUPS];
     int step;               // optimizer steps taken
     int32_t *tokens, *labels; // host staging for one micro-batch
