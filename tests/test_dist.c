@@ -123,6 +123,32 @@ TEST(dist_equivalence_layouts) {
     }
 }
 
+// Global-batch load balancing counts experts over the micro-batches of the global batch in their global
+// order, so it too is layout-independent; with one micro-batch it is the micro-batch form.
+TEST(dist_equivalence_global_batch_lb) {
+    const char *d = make_run();
+    char out[1 << 16], a[300], b[300];
+    const char *gb = "--set moe_load_balance_type=global-batch --set max_steps=10";
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, gb, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train %s/train.json %s --set parallel.expert_parallel_size=2 --set run_dir=%s/ep2dp2 --dump-grads %s/ep2dp2/g",
+                   PITH_BIN, d, gb, d, d) == 0);
+    snprintf(a, sizeof a, "%s/ep2dp2", d), snprintf(b, sizeof b, "%s/one", d);
+    for (int s = 1; s <= 10; s++) {
+        double l = metric(a, s, "loss"), r = metric(b, s, "loss"), lb = metric(a, s, "lb_loss"), rlb = metric(b, s, "lb_loss");
+        ASSERT_MSG(fabs(l - r) <= 1e-5 * r && fabs(lb - rlb) <= 1e-5 * rlb, "step %d: loss %.9g lb %.9g vs one process %.9g %.9g", s, l, lb, r, rlb);
+    }
+    char ga[320], gb2[320];
+    snprintf(ga, sizeof ga, "%s/g", a), snprintf(gb2, sizeof gb2, "%s/g", b);
+    const char *wn;
+    double gd = grad_diff(ga, gb2, &wn);
+    ASSERT_MSG(gd <= 1e-5, "gradient of %s differs by %.3g", wn, gd);
+    // one micro-batch per step: the same run as the micro-batch form
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set global_batch_size=2 --set max_steps=5 --set run_dir=%s/m1 && "
+                                    "%s train %s/train.json --set global_batch_size=2 --set max_steps=5 --set run_dir=%s/g1 %s && "
+                                    "cd %s && sed 's/, .tokens_per_s.*//' m1/metrics.jsonl > m1.txt && sed 's/, .tokens_per_s.*//' g1/metrics.jsonl > g1.txt && cmp m1.txt g1.txt",
+                   PITH_BIN, d, d, PITH_BIN, d, d, "--set moe_load_balance_type=global-batch", d) == 0);
+}
+
 // A checkpoint written at ep2×dp2 resumes at ep4, at dp2 (ep1, hsdp) and on one process with the losses
 // of the uninterrupted run.
 TEST(dist_reshard_resume) {

@@ -83,7 +83,9 @@ void comm_allgather(const Comm *c, Tensor out, Tensor in) {
     if (c->size == 1) return local_copy(out, in);
     check_buffers(c, "all-gather", out, in);
     MPI_Request req;
-    MPI_CHECK(MPI_Iallgather(in.p, (int)tensor_numel(in), mpi_type(in.dt), out.p, (int)tensor_numel(in), mpi_type(in.dt), c->mpi, &req));
+    bool in_place = (char *)in.p == (char *)out.p + (size_t)c->rank * tensor_bytes(in);
+    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.p, (int)tensor_numel(in), mpi_type(in.dt), out.p, (int)tensor_numel(in), mpi_type(in.dt),
+                             c->mpi, &req));
     comm_wait(c, &req, "all-gather");
 }
 

@@ -26,7 +26,7 @@ void comm_allreduce(const Comm *c, Tensor x, CommOp op);
 // out: (n) = Σ over ranks of block `rank` of in: (size·n). In place when out.p == in.p: the sum then
 // lands in the first n elements of in.
 void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in);
-// out: (size·n) = the in: (n) of every rank, in rank order.
+// out: (size·n) = the in: (n) of every rank, in rank order. In place when in is this rank's block of out.
 void comm_allgather(const Comm *c, Tensor out, Tensor in);
 // Block p of in (size equal blocks) goes to rank p; block p of out comes from rank p.
 void comm_alltoall(const Comm *c, Tensor out, Tensor in);

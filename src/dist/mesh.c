@@ -69,6 +69,7 @@ static void mesh_build(Dist *d, int world, int rank, int pp, int cp, int ep, boo
     d->dp_cp = group("dp×cp", D * cp, p * ep + e, q * cp + c, split, timeout_s);
     d->dp_cp_ep = group("dp×cp×ep", D * cp * ep, p, (q * cp + c) * ep + e, split, timeout_s);
     d->cp_ep = group("cp×ep", cp * ep, p * D + q, c * ep + e, split, timeout_s);
+    d->dp_ep = group("dp×ep", D * ep, p * cp + c, q * ep + e, split, timeout_s);
 }
 
 void dist_mesh_init(Dist *d, int pp, int cp, int ep, bool hsdp, double timeout_s, const char *file) {
@@ -81,7 +82,7 @@ void dist_mesh_describe(Dist *d, int world, int rank, int pp, int cp, int ep, bo
 }
 
 void dist_mesh_free(Dist *d) {
-    Comm *all[] = {&d->pp_g, &d->dp_g, &d->cp_g, &d->ep_g, &d->dp_cp, &d->dp_cp_ep, &d->cp_ep};
+    Comm *all[] = {&d->pp_g, &d->dp_g, &d->cp_g, &d->ep_g, &d->dp_cp, &d->dp_cp_ep, &d->cp_ep, &d->dp_ep};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         if (all[i]->mpi != MPI_COMM_NULL && launched) MPI_CHECK(MPI_Comm_free(&all[i]->mpi));
     memset(d, 0, sizeof *d);

@@ -14,6 +14,7 @@ typedef struct {
     Comm dp_cp;    // dp×cp: FSDP group of expert parameters
     Comm dp_cp_ep; // dp×cp×ep (one pipeline stage): FSDP group of the others, loss and token counts
     Comm cp_ep;    // cp×ep: hsdp's shard group of non-expert parameters
+    Comm dp_ep;    // dp×ep: the data replicas (global-batch load balancing)
 } Dist;
 
 // Initialises MPI when a launcher started this process (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMI_RANK or

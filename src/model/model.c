@@ -4,6 +4,8 @@
 
 #include <math.h>
 
+#include "dist/comm.h"
+
 static const ModelFamily *const families[] = {&qwen3_moe_family};
 
 const ModelFamily *model_family_find(const char *model_type) {
@@ -136,7 +138,54 @@ void model_params_all(const Model *m, ParamTable *t) {
     m->fam->params_build(t, &c);
 }
 
+void model_lb_setup(Model *m, bool global, const Comm *replicas, int T) {
+    LoadBalance *b = &m->lb;
+    int E = m->cfg.experts, k = m->cfg.topk, L = m->cfg.layers;
+    b->global = global, b->group = replicas, b->T = T, b->E = E, b->k = k, b->layers = L;
+    if (!global) return;
+    b->counts = xcalloc((size_t)L * E + L + (size_t)replicas->size * E, sizeof(double));
+    b->tokens = b->counts + (size_t)L * E, b->cnt = b->tokens + L;
+    b->probs = xmalloc(((size_t)T * E + E) * sizeof(float)), b->grad = b->probs + (size_t)T * E;
+    b->idx = xmalloc((size_t)T * k * sizeof(int32_t));
+}
+
+void model_lb_step_begin(Model *m) {
+    if (m->lb.global) memset(m->lb.counts, 0, ((size_t)m->lb.layers * m->lb.E + m->lb.layers) * sizeof(double));
+}
+
+void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale) {
+    float coef = (float)m->lb_coef;
+    if (!m->lb.global) return op_moe_lb_loss(m->lb_sum, lb_grad, probs, idx, coef, grad_scale);
+    LoadBalance *b = &m->lb;
+    int64_t T = probs.n[0], E = probs.n[1], k = idx.n[1];
+    CHECK(T <= b->T && E == b->E && k == b->k && l < b->layers);
+    op_copy(tensor_make(b->probs, DT_F32, DEV_CPU, 2, T, E, 1, 1), probs);
+    op_copy(tensor_make(b->idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), idx);
+    // This micro-batch's counts, then every replica's (this round: blocks acc·D .. acc·D + D − 1).
+    int D = b->group->size, q = b->group->rank;
+    double *mine = b->cnt + (size_t)q * E, *acc = b->counts + l * E, loss = 0;
+    for (int64_t e = 0; e < E; e++) mine[e] = 0;
+    for (int64_t i = 0; i < T * k; i++) mine[b->idx[i]] += 1;
+    Tensor all = tensor_make(b->cnt, DT_F64, DEV_CPU, 1, (int64_t)D * E, 1, 1, 1);
+    comm_allgather(b->group, all, tensor_make(mine, DT_F64, DEV_CPU, 1, E, 1, 1, 1));
+    double tokens = b->tokens[l] + (double)(T * k) * (q + 1); // blocks before this one, and this one
+    for (int64_t e = 0; e < E; e++) {
+        double seen = acc[e], pm = 0;
+        for (int r = 0; r <= q; r++) seen += b->cnt[(size_t)r * E + e];
+        for (int r = 0; r < D; r++) acc[e] += b->cnt[(size_t)r * E + e];
+        double f = seen / tokens;
+        for (int64_t t = 0; t < T; t++) pm += b->probs[t * E + e];
+        loss += coef * E * f * (T ? pm / T : 0);
+        b->grad[e] = T ? (float)(grad_scale * coef * E * f / T) : 0;
+    }
+    b->tokens[l] += (double)(T * k) * D;
+    op_copy(lb_grad, tensor_make(b->grad, DT_F32, DEV_CPU, 1, E, 1, 1, 1));
+    double sum = op_read_scalar(m->lb_sum) + loss;
+    op_copy(m->lb_sum, tensor_make(&sum, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
+}
+
 void model_free(Model *m) {
+    free(m->lb.counts), free(m->lb.probs), free(m->lb.idx);
     for (int g = 0; g < NGROUPS; g++) free_tensor(m->w[g]), free_tensor(m->g[g]);
     free_tensor(m->rope_cos), free_tensor(m->rope_sin), free_tensor(m->loss_sum), free_tensor(m->lb_sum);
     free(m->params.p), free(m->views);

@@ -71,6 +71,21 @@ typedef struct {
 
 typedef struct Model Model;
 
+// Load balancing (spec §5.4). "micro-batch": per rank and micro-batch (op_moe_lb_loss). "global-batch":
+// f = expert counts of every micro-batch of the step's global batch up to and including this one, in the
+// global order of micro-batches (block acc·D + q of replica q, D replicas = dp×ep), so every layout gives
+// the same loss; the gradient flows through this micro-batch's probs. (PithTrain counts all D blocks of
+// the current round, which makes the value depend on D.)
+typedef struct {
+    bool global;
+    const struct Comm *group;  // the data replicas, rank = replica index q = dp·EP + ep
+    int T, E, k, layers;       // capacity of the host scratch
+    double *counts, *tokens;   // (layers, E), (layers): the step's earlier rounds
+    double *cnt;               // (D, E) this round's counts of every replica
+    float *probs, *grad;       // (T, E), (E) host scratch
+    int32_t *idx;              // (T, k)
+} LoadBalance;
+
 // The per-family function table of the layer protocol. Records are family-defined structs; the engine
 // only stores their pointers. *_alloc functions take all memory from an arena, so running them on a
 // counting arena gives the exact activation plan.
@@ -108,6 +123,7 @@ struct Model {
     Tensor rope_cos, rope_sin; // (S, d/2) fp32
     Tensor loss_sum, lb_sum;   // (1) fp64: Σ CE and Σ load-balancing loss of the step so far
     double lb_coef;            // load-balancing loss coefficient (0: off)
+    LoadBalance lb;            // its form (model_lb_setup; zeroed: micro-batch)
     bool force_balance;        // benchmark routing (spec §5.4)
     const struct Comm *ep;     // expert-parallel group (dist/comm.h); NULL: every expert is on this rank
     double ep_capacity;        // parallel.ep_capacity_factor: rows stage 3 can receive = factor·T·k (0: worst case)
@@ -130,4 +146,10 @@ void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, De
 // The parameter table of the whole model (every expert), whatever this rank holds.
 void model_params_all(const Model *m, ParamTable *t);
 void model_free(Model *m);
+// The global-batch form for micro-batches of at most T tokens, counts all-reduced over `replicas`.
+void model_lb_setup(Model *m, bool global, const struct Comm *replicas, int T);
+void model_lb_step_begin(Model *m); // a new step: the global-batch counts start from zero
+// Stage 1's load-balancing term of layer l: adds coef·E·Σ f_e·P_e into m->lb_sum and writes
+// lb_grad: (E) = grad_scale·coef·E·f/T, the gradient w.r.t. each token's probs (probs: (T, E), idx: (T, k)).
+void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale);
 void model_zero_grads(Model *m);

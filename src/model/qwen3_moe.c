@@ -294,7 +294,7 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     op_router_forward(r->probs, io->idx, io->w, r->logits, c->topk, c->norm_topk, m->force_balance);
     // The load-balancing term enters the objective as lb·T per micro-batch (spec §2.0), so its gradient
     // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
-    if (m->lb_coef > 0) op_moe_lb_loss(m->lb_sum, r->lb_grad, r->probs, io->idx, (float)m->lb_coef, (float)T);
+    if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T);
 }
 
 // ---- stage 3: experts (grouped GEMMs) or the dense MLP on the received rows ----

@@ -27,7 +27,7 @@ typedef struct {
     } scheduler;
     double clip_grad_norm; // max global grad norm (0: no clipping)
     double moe_load_balance_coef;
-    char moe_load_balance_type[16]; // "micro-batch" (others arrive with multi-rank training)
+    char moe_load_balance_type[16]; // "micro-batch" | "global-batch" (spec §5.4)
     int save_interval, keep_last;
     struct {
         int pp, cp, ep;            // pipeline, context, expert parallel sizes; dp = ranks / (pp·cp·ep)

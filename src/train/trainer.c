@@ -86,6 +86,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     Model *m = &r->model;
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     model_layout(m, c, d);
+    model_lb_setup(m, !strcmp(c->moe_load_balance_type, "global-batch"), &d->dp_ep, c->micro_batch_size * c->sequence_length);
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
     Fsdp *f = &r->fsdp;
     fsdp_setup(f, d, m);
@@ -145,6 +146,7 @@ StepStats run_step(Run *r) {
     int nmb = c->global_batch_size / (mbs * D);
     model_zero_grads(m);
     op_zero(m->loss_sum), op_zero(m->lb_sum);
+    model_lb_step_begin(m);
     int64_t targets = 0;
     for (int acc = 0; acc < nmb; acc++) {
         for (int b = 0; b < mbs; b++) {
