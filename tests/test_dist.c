@@ -2,7 +2,7 @@
 // collectives and dispatch/combine (build/test_dist under mpirun), layout equivalence of the loss and of
 // every gradient tensor against one process, resharding checkpoints, failing and hanging ranks, invalid
 // layouts, and the memory plan of `pith estimate` against the one training allocates.
-#include <sys/stat.h>
+#include <jansson.h>
 
 #include "base/safetensors.h"
 #include "test.h"
@@ -147,6 +147,23 @@ TEST(dist_equivalence_global_batch_lb) {
                                     "%s train %s/train.json --set global_batch_size=2 --set max_steps=5 --set run_dir=%s/g1 %s && "
                                     "cd %s && sed 's/, .tokens_per_s.*//' m1/metrics.jsonl > m1.txt && sed 's/, .tokens_per_s.*//' g1/metrics.jsonl > g1.txt && cmp m1.txt g1.txt",
                    PITH_BIN, d, d, PITH_BIN, d, d, "--set moe_load_balance_type=global-batch", d) == 0);
+}
+
+// The HF parity run (tests/hf/qwen3_moe, weights from transformers via init_from) on 4 ranks with ep 4
+// gives transformers' losses and grad norms like one process does.
+TEST(dist_hf_parity_ep4) {
+    const char *d = test_tmpdir();
+    char out[1 << 15];
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train tests/hf/qwen3_moe/train.json --set micro_batch_size=1 --set parallel.expert_parallel_size=4 --set run_dir=%s",
+                   PITH_BIN, d) == 0);
+    json_t *root = json_load_file("tests/hf/qwen3_moe/expected.json", 0, NULL), *steps = json_object_get(json_object_get(root, "train"), "steps");
+    ASSERT(root && json_array_size(steps) == 5);
+    for (int s = 0; s < 5; s++) {
+        double el = json_number_value(json_object_get(json_array_get(steps, s), "loss")), eg = json_number_value(json_object_get(json_array_get(steps, s), "grad_norm"));
+        double l = metric(d, s + 1, "loss"), g = metric(d, s + 1, "grad_norm");
+        ASSERT_MSG(fabs(l - el) <= 1e-4 * el && fabs(g - eg) <= 1e-4 * eg, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", s + 1, l, el, g, eg);
+    }
+    json_decref(root);
 }
 
 // A checkpoint written at ep2×dp2 resumes at ep4, at dp2 (ep1, hsdp) and on one process with the losses

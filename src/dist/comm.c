@@ -109,7 +109,10 @@ void comm_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor i
     CHECK(nin <= in.n[0] && nout <= out.n[0]);
     if (c->size == 1) return local_copy(tensor_rows(out, 0, nout), tensor_rows(in, 0, nin));
     check_buffers(c, "all-to-all", out, in);
-    int *cnt = xmalloc(4 * c->size * sizeof(int)), *sd = cnt + c->size, *rc = sd + c->size, *rd = rc + c->size;
+    // Counts and displacements: a buffer grown once and kept (calls come from the main thread only).
+    static int *buf, cap;
+    if (cap < 4 * c->size) buf = xrealloc(buf, (size_t)(cap = 4 * c->size) * sizeof(int));
+    int *cnt = buf, *sd = cnt + c->size, *rc = sd + c->size, *rd = rc + c->size;
     int64_t so = 0, ro = 0;
     for (int p = 0; p < c->size; p++) {
         CHECK(so + in_rows[p] <= INT_MAX && ro + out_rows[p] <= INT_MAX);
@@ -124,7 +127,6 @@ void comm_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor i
     MPI_CHECK(MPI_Ialltoallv(in.p, cnt, sd, rt, out.p, rc, rd, rt, c->mpi, &req));
     comm_wait(c, &req, "all-to-all");
     MPI_CHECK(MPI_Type_free(&rt));
-    free(cnt);
 }
 
 void comm_send(const Comm *c, Tensor x, int peer) {

@@ -146,7 +146,7 @@ void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, De
 // The parameter table of the whole model (every expert), whatever this rank holds.
 void model_params_all(const Model *m, ParamTable *t);
 void model_free(Model *m);
-// The global-batch form for micro-batches of at most T tokens, counts all-reduced over `replicas`.
+// Chooses the form; global-batch (micro-batches of at most T tokens) all-gathers counts over `replicas`.
 void model_lb_setup(Model *m, bool global, const struct Comm *replicas, int T);
 void model_lb_step_begin(Model *m); // a new step: the global-batch counts start from zero
 // Stage 1's load-balancing term of layer l: adds coef·E·Σ f_e·P_e into m->lb_sum and writes

@@ -1,6 +1,7 @@
 // schedule.c — one pipeline stage holding every layer: forward prolog → (stage 1, 2, 3, 4, 5) per layer
 // → epilog, then backward epilog → (5, 4, 3 input, 3 weight, 2, 1) per layer in reverse → prolog.
-// All memory comes from two arenas sized by engine_plan, so the step itself never allocates.
+// All memory comes from arenas sized by engine_plan (activations, workspace, communication), so the
+// step itself never allocates.
 #include "pipe/schedule.h"
 
 static void *rec_of(Engine *e, int l) { return e->recs + (size_t)l * e->m->fam->rec_size; }

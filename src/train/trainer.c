@@ -110,9 +110,16 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
     if (open_data) dataset_open(&r->data, c->dataset, c->sequence_length, mc.vocab, c->seed);
-    // Automatic resume from the newest complete checkpoint; else the initial weights of init_from.
+    // Automatic resume from the newest complete checkpoint; else the initial weights of init_from. Rank 0
+    // looks first: it removes the temporary folder of a save that did not finish.
     char latest[4200];
-    if (c->save_location[0] && ckpt_find_latest(c->save_location, latest, sizeof latest)) ckpt_resume(r, latest);
+    bool found = false;
+    if (c->save_location[0]) {
+        if (d->world.rank == 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+        comm_barrier(&d->world);
+        if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+    }
+    if (found) ckpt_resume(r, latest);
     else if (c->init_from[0]) ckpt_init_from(r, c->init_from);
 }
 
