@@ -7,6 +7,9 @@ BUILD   := build
 CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -fopenmp -D_GNU_SOURCE -Isrc $(EXTRA_CFLAGS)
 LDFLAGS := -fopenmp $(EXTRA_LDFLAGS)
 LDLIBS  := -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzstd -lpthread -lm
+# Open MPI's flags, asked from mpicc when a recipe runs (after deps.sh has installed it).
+MPI_CFLAGS = $(shell mpicc --showme:compile)
+MPI_LIBS   = $(shell mpicc --showme:link)
 NVFLAGS := -O2 -g -lineinfo -std=c++17 -Isrc -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
 
 HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
@@ -17,6 +20,7 @@ LIB_SRC  := $(filter-out src/app/main.c,$(wildcard src/*/*.c src/ops/cpu/*.c))
 CU_SRC   := $(wildcard src/ops/cuda/*.cu)
 TEST_SRC := $(wildcard tests/*.c)
 GPU_TEST_SRC := $(wildcard tests/gpu/*.c)
+DIST_TEST_SRC := $(wildcard tests/dist/*.c)
 ifeq ($(HAVE_NVCC),1)
   CFLAGS += -DPITH_CUDA
   CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
@@ -35,23 +39,27 @@ $(DEPS_OK): scripts/deps.sh
 
 $(BUILD)/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS) $(MPI_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/%.o: %.cu | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -DPITH_CUDA -MMD -MP -c $< -o $@
 
 $(BUILD)/pith: $(BUILD)/src/app/main.o $(LIB_OBJ)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
 $(BUILD)/test_pith: $(TEST_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
+
+# The multi-rank worker: tests/dist/*.c, run under mpirun by the suite (tests/test_dist.c).
+$(BUILD)/test_dist: $(DIST_TEST_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
 # The GPU suite: tests/gpu/*.c with the runner of tests/main.c (the CPU tests stay in test_pith).
 $(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o $(LIB_OBJ)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
-test: $(BUILD)/pith $(BUILD)/test_pith
+test: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_dist
 	@$(BUILD)/test_pith
 	@$(MAKE) --no-print-directory fuzz
 
@@ -78,7 +86,7 @@ clean:
 	rm -rf $(BUILD) build-asan
 
 format:
-	clang-format -i $(wildcard src/*/*.[ch] src/ops/*/*.[ch] src/ops/*/*.cu src/ops/*/*.cuh tests/*.[ch])
+	clang-format -i $(wildcard src/*/*.[ch] src/ops/*/*.[ch] src/ops/*/*.cu src/ops/*/*.cuh tests/*.[ch] tests/dist/*.[ch])
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 include tests/fuzz/fuzz.mk

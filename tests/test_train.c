@@ -45,7 +45,7 @@ TEST(train_overfits_tiny_batch) {
     // 65 tokens = 4 samples of 16: every step sees the same global batch of 4.
     const char *d = make_run(65);
     char *sets[] = {"max_steps=100"};
-    Run r;
+    static Run r;
     setup_run(&r, d, sets, 1);
     double first = 0, last = 0;
     for (int s = 0; s < 100; s++) {

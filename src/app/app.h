@@ -4,3 +4,4 @@ int cmd_train(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_estimate(int argc, char **argv);

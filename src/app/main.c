@@ -9,6 +9,7 @@ static const struct {
 } commands[] = {
     {"train", cmd_train, "train a model from a JSON config"},
     {"eval", cmd_eval, "mean token cross-entropy of a model on the first samples of a dataset"},
+    {"estimate", cmd_estimate, "per-rank memory plan of a training config on N GPUs, without allocating"},
     {"convert", cmd_convert, "Hugging Face folders <-> pith checkpoints (hf2pith, pith2hf)"},
     {"synth", cmd_synth, "write a synthetic token file (for tests and quick runs)"},
 };

@@ -7,10 +7,13 @@
 #include "train/trainer.h"
 
 static void train_usage(FILE *f) {
-    fprintf(f, "usage: pith train CONFIG.json [--set key=value ...] [--steps N]\n"
+    fprintf(f, "usage: pith train CONFIG.json [--set key=value ...] [--steps N] [--dump-grads DIR]\n"
                "  Trains the model described by CONFIG.json (keys: see README.md, \"Training config\").\n"
                "  With save_location set, it resumes from the newest complete checkpoint there.\n"
+               "  Several ranks: start it with mpirun/srun (scripts/launch.sh picks the line); rank 0 logs.\n"
                "  --steps N         take at most N steps in this invocation, then checkpoint and exit\n"
+               "  --dump-grads DIR  write the first step's gradient (reduced, before clipping) to DIR as\n"
+               "                    whole tensors under canonical names (layout-equivalence checks)\n"
                "  --set key=value   override a config key; nested keys with dots (optimizer.lr=3e-4);\n"
                "                    the value is JSON if it parses as JSON, else a string\n");
 }
@@ -26,8 +29,29 @@ static void fmt_thousands(char *out, size_t cap, double v) {
     out[o] = 0;
 }
 
+// <run_dir>/metrics.jsonl for appending. A resumed run keeps the metrics of the steps it does not redo
+// and drops those it will redo.
+static FILE *open_metrics(const char *run_dir, const char *mpath, int step) {
+    mkdir_p(run_dir);
+    size_t len = 0;
+    char *old = step > 0 ? file_read_all(mpath, &len) : NULL, *keep_end = old;
+    for (char *line = old; line && *line;) {
+        char *nl = strchr(line, '\n');
+        int s = 0;
+        if (!nl || sscanf(line, "{\"step\": %d", &s) != 1 || s > step) break;
+        keep_end = line = nl + 1;
+    }
+    file_write_atomic(mpath, old ? old : "", old ? (size_t)(keep_end - old) : 0);
+    free(old);
+    FILE *metrics = fopen(mpath, "a");
+    if (!metrics) die("%s: cannot write: %s", mpath, strerror(errno));
+    return metrics;
+}
+
 int cmd_train(int argc, char **argv) {
-    const char *file = NULL;
+    dist_launch(); // MPI_Init when mpirun/srun started this process
+    if (dist_world_rank() != 0 && !freopen("/dev/null", "w", stdout)) die("cannot silence stdout of rank %d", dist_world_rank());
+    const char *file = NULL, *dump = NULL;
     char **sets = xmalloc(argc * sizeof *sets);
     int nsets = 0, max_now = -1;
     for (int i = 1; i < argc; i++) {
@@ -39,6 +63,10 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps")) {
             char *end;
             if (i + 1 >= argc || (max_now = (int)strtol(argv[++i], &end, 10)) <= 0 || *end) die("train: --steps needs a positive integer");
+        }
+        else if (!strcmp(argv[i], "--dump-grads")) {
+            if (i + 1 >= argc) die("train: --dump-grads needs a folder");
+            dump = argv[++i];
         }
         else if (argv[i][0] == '-') die("train: unknown option '%s' (see pith train --help)", argv[i]);
         else if (file) die("train: more than one config file given ('%s' and '%s')", file, argv[i]);
@@ -53,33 +81,30 @@ int cmd_train(int argc, char **argv) {
     free(sets);
     Run r;
     run_setup(&r, &cfg, true);
+    if (dump) snprintf(r.dump_grads, sizeof r.dump_grads, "%s", dump);
+    const Dist *d = &r.dist;
     const ModelConfig *mc = &r.model.cfg;
-    int64_t nparam = r.model.params.numel[GROUP_DENSE] + r.model.params.numel[GROUP_EXPERT];
+    ParamTable all;
+    model_params_all(&r.model, &all);
+    int64_t nparam = all.numel[GROUP_DENSE] + all.numel[GROUP_EXPERT];
+    free(all.p);
     printf("model: %s, %d layers (%d MoE), hidden %d, %d experts top-%d, vocab %d: %.3f M parameters\n", mc->model_type, mc->layers,
            r.moe_layers, mc->hidden, mc->experts, mc->topk, mc->vocab, nparam / 1e6);
     printf("data: %d token files, %lld samples of %d tokens per epoch\n", r.data.nfiles, (long long)r.data.total, cfg.sequence_length);
+    if (d->world.size > 1)
+        printf("mesh: %d ranks = pp %d × dp %d × cp %d × ep %d (%s), %d experts per ep rank\n", d->world.size, d->pp, d->dp, d->cp, d->ep,
+               d->hsdp ? "hsdp" : "fsdp", mc->experts / d->ep);
+    const MemoryPlan *p = &r.plan;
+    printf("plan (%s, per rank): weights %.1f MB, gradients %.1f MB, shards %.1f MB, optimizer %.1f MB, activations %.1f MB, "
+           "workspace %.1f MB, communication %.1f MB, other %.1f MB: total %.1f MB (%zu bytes)\n",
+           r.model.dev == DEV_CUDA ? "cuda" : "cpu", p->weights / 1e6, p->grads / 1e6, p->shards / 1e6, p->optim / 1e6, p->eng.act_bytes / 1e6,
+           p->eng.ws_bytes / 1e6, p->eng.comm_bytes / 1e6, p->other / 1e6, memory_plan_total(p) / 1e6, memory_plan_total(p));
     bool gpu = r.model.dev == DEV_CUDA;
-    size_t pool = gpu ? ops_cuda_pool_bytes() : 0, plan_total = r.param_bytes + r.plan.act_bytes + r.plan.ws_bytes + pool;
-    printf("plan (%s): parameters+gradients+optimizer %.1f MB, activations %.1f MB, workspace %.1f MB", gpu ? "cuda" : "cpu", r.param_bytes / 1e6,
-           r.plan.act_bytes / 1e6, r.plan.ws_bytes / 1e6);
-    if (gpu) printf(", cuda pools %.1f MB", pool / 1e6);
-    printf(", total %.1f MB\n", plan_total / 1e6);
-    mkdir_p(cfg.run_dir);
+    if (gpu) printf("plan (cuda): plus %.1f MB of cuBLASLt workspace and conversion pools\n", ops_cuda_pool_bytes() / 1e6);
+    double plan_total = memory_plan_total(p) + (gpu ? ops_cuda_pool_bytes() : 0);
     char mpath[PATH_MAX_LEN + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
-    // A resumed run keeps the metrics of the steps it does not redo and drops those it will redo.
-    size_t len = 0;
-    char *old = r.step > 0 ? file_read_all(mpath, &len) : NULL, *keep_end = old;
-    for (char *line = old; line && *line;) {
-        char *nl = strchr(line, '\n');
-        int step = 0;
-        if (!nl || sscanf(line, "{\"step\": %d", &step) != 1 || step > r.step) break;
-        keep_end = line = nl + 1;
-    }
-    file_write_atomic(mpath, old ? old : "", old ? (size_t)(keep_end - old) : 0);
-    free(old);
-    FILE *metrics = fopen(mpath, "a");
-    if (!metrics) die("%s: cannot write: %s", mpath, strerror(errno));
+    FILE *metrics = d->world.rank == 0 ? open_metrics(cfg.run_dir, mpath, r.step) : NULL; // rank 0 logs
     int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps;
     while (r.step < stop) {
         StepStats st = run_step(&r);
@@ -91,17 +116,20 @@ int cmd_train(int argc, char **argv) {
         printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm, tps, st.seconds, peak);
         if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
         printf("\n");
-        fprintf(metrics,
-                "{\"step\": %d, \"loss\": %.9g, \"lb_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
-                "\"step_time_s\": %.6g, \"fwdbwd_s\": %.6g, \"peak_mem_gb\": %.4g, \"gpu_peak_gb\": %.4g}\n",
-                r.step, st.loss, st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
-                gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0);
-        fflush(metrics);
+        if (metrics) {
+            fprintf(metrics,
+                    "{\"step\": %d, \"loss\": %.9g, \"lb_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
+                    "\"step_time_s\": %.6g, \"fwdbwd_s\": %.6g, \"peak_mem_gb\": %.4g, \"gpu_peak_gb\": %.4g}\n",
+                    r.step, st.loss, st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
+                    gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0);
+            fflush(metrics);
+        }
         if (run_save_due(&r) || (r.step == stop && cfg.save_location[0])) ckpt_save(&r);
     }
-    fclose(metrics);
+    if (metrics) fclose(metrics);
     printf("%s: %d of %d steps, metrics in %s\n", r.step == cfg.max_steps ? "done" : "stopped", r.step, cfg.max_steps, mpath);
     run_free(&r);
     json_decref(cfg.json);
+    dist_finalize();
     return 0;
 }

@@ -15,14 +15,20 @@ void *cuda_alloc_or_die(size_t bytes, const char *what); // ops/cuda/cuda_common
 void cuda_free(void *p);
 #endif
 
+int die_rank = -1;
+void (*die_hook)(int status);
+
 void die(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("pith: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    char msg[2048];
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     fflush(stdout);
+    if (die_rank >= 0) fprintf(stderr, "pith: error: rank %d: %s\n", die_rank, msg);
+    else fprintf(stderr, "pith: error: %s\n", msg);
+    fflush(stderr);
+    if (die_hook) die_hook(1);
     exit(1);
 }
 

@@ -1,13 +1,73 @@
-// ep.c — dispatch and combine on one expert-parallel rank: a stable sort of the T·k (token, slot) pairs
-// by expert, a gather of the token rows into expert order (stage 2), and the inverse scatter of the
-// expert outputs back to slot order (stage 4). Backward: combine⁻¹ is a gather, dispatch⁻¹ a scatter-add
-// (a token sent to k experts receives the sum of its k row gradients).
+// ep.c — dispatch and combine (see ep.h).
+// One rank: a stable sort of the T·k (token, slot) pairs by expert, a gather of the token rows into
+// expert order (stage 2), and the inverse scatter of the expert outputs back to slot order (stage 4).
+// Several ranks (P = ep size, rank g holds experts [g·E_l, (g+1)·E_l)), spec §3.2–3.3 done on the host:
+//   sender    slots sorted by global expert = by (destination rank, local expert, token); each token's row
+//             is sent once per destination (deduplicated, token order) and each slot carries the index of
+//             its token's row among those sent to its destination (`expand`);
+//   counts    a small all-to-all of (E_l + 1) counts per peer: slots per local expert, token rows;
+//   receiver  rows in "received-slot order" (by source, then local expert, then the sender's order) are
+//             regrouped into expert order (by local expert, then source): xe[i] = received row xrow[i].
+//   combine   the inverse: expert outputs back to received-slot order, all-to-all back (every slot, not
+//             deduplicated), scattered into slot order t·k + j on the token's rank; weighting is stage 5's.
+// Backward: combine⁻¹ is a dispatch of the output gradients in slot order; dispatch⁻¹ sums each received
+// token row's slot gradients, returns the sums, and adds them into the token rows (a token sent to several
+// ranks receives the sum over them). Orders are deterministic (no atomics), so results are reproducible.
 #include "dist/ep.h"
 
-int64_t ep_rows_capacity(const Model *m, int64_t T) { return T * m->cfg.topk; }
+#include <math.h>
+
+#include "dist/comm.h"
+
+static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+int64_t ep_rows_capacity(const Model *m, int64_t T) {
+    int64_t k = m->cfg.topk, P = m->cfg.ep_size, worst = P * T * min64(k, model_experts_local(&m->cfg));
+    if (P > 1 && m->ep_capacity > 0) return min64(worst, (int64_t)ceil(m->ep_capacity * (double)(T * k)));
+    return worst; // a token brings at most min(k, E_l) slots to one rank, and every rank sends T tokens
+}
+
+static int64_t tok_capacity(const Model *m, int64_t T) { return min64(m->cfg.ep_size * T, ep_rows_capacity(m, T)); }
+
+EpRoute *ep_route_create(Model *m, EpBuffers *buf) {
+    if (m->cfg.ep_size == 1) return NULL;
+    CHECK(m->ep && m->ep->size == m->cfg.ep_size && m->ep->rank == m->cfg.ep_rank);
+    EpRoute *r = xcalloc(1, sizeof *r);
+    int64_t P = m->cfg.ep_size;
+    r->buf = buf;
+    r->send_tok = xcalloc(4 * P, sizeof(int64_t));
+    r->recv_tok = r->send_tok + P, r->send_slot = r->recv_tok + P, r->recv_slot = r->send_slot + P;
+    return r;
+}
+
+void ep_route_free(EpRoute *r) {
+    if (r) free(r->send_tok), free(r);
+}
+
+void ep_buffers_alloc(Model *m, EpBuffers *b, Arena *comm, int64_t T) {
+    memset(b, 0, sizeof *b);
+    if (m->cfg.ep_size == 1) return;
+    int64_t k = m->cfg.topk, P = m->cfg.ep_size, E = m->cfg.experts, El = model_experts_local(&m->cfg), cap = ep_rows_capacity(m, T);
+    int64_t rows = max64(T * k, cap);
+    b->T = T, b->cap = cap;
+    b->sbuf = arena_tensor(comm, m->cdt, 2, rows, m->cfg.hidden, 0, 0);
+    b->rbuf = arena_tensor(comm, m->cdt, 2, rows, m->cfg.hidden, 0, 0);
+    b->idx = xmalloc(T * k * sizeof(int32_t)), b->perm = xmalloc(T * k * sizeof(int32_t)), b->expand = xmalloc(T * k * sizeof(int32_t));
+    b->dpos = xmalloc(T * P * sizeof(int32_t)), b->send_idx = xmalloc(T * min64(k, P) * sizeof(int32_t));
+    b->expand_r = xmalloc(cap * sizeof(int32_t) + 1), b->perm_r = xmalloc(cap * sizeof(int32_t) + 1), b->xrow = xmalloc(cap * sizeof(int32_t) + 1);
+    b->goffs = xmalloc((E + 1) * sizeof(int64_t)), b->cur = xmalloc((E + P + 1) * sizeof(int64_t));
+    b->meta_s = xmalloc(P * (El + 1) * sizeof(int64_t)), b->meta_r = xmalloc(P * (El + 1) * sizeof(int64_t));
+}
+
+void ep_buffers_free(EpBuffers *b) {
+    free(b->idx), free(b->perm), free(b->expand), free(b->dpos), free(b->send_idx), free(b->expand_r), free(b->perm_r), free(b->xrow);
+    free(b->goffs), free(b->cur), free(b->meta_s), free(b->meta_r);
+    memset(b, 0, sizeof *b);
+}
 
 void ep_alloc(Model *m, StageIO *io, Arena *a, int64_t T) {
-    int64_t H = m->cfg.hidden, k = m->cfg.topk;
+    int64_t H = m->cfg.hidden, k = m->cfg.topk, P = m->cfg.ep_size;
     if (io->dense) {
         io->xe = io->xd;
         io->ye = arena_tensor(a, m->cdt, 2, T, H, 0, 0);
@@ -19,6 +79,11 @@ void ep_alloc(Model *m, StageIO *io, Arena *a, int64_t T) {
     io->xe = arena_tensor(a, m->cdt, 2, R, H, 0, 0);
     io->ye = arena_tensor(a, m->cdt, 2, R, H, 0, 0);
     io->y = arena_tensor(a, m->cdt, 2, T * k, H, 0, 0);
+    if (io->route) {
+        io->route->send_idx = arena_tensor(a, DT_I32, 1, T * min64(k, P), 0, 0, 0);
+        io->route->perm_r = arena_tensor(a, DT_I32, 1, R, 0, 0, 0);
+        io->route->xrow = arena_tensor(a, DT_I32, 1, R, 0, 0, 0);
+    }
 }
 
 void ep_grad_alloc(Model *m, StageIO *io, Arena *ws, int64_t T) {
@@ -37,22 +102,138 @@ void ep_grad_alloc(Model *m, StageIO *io, Arena *ws, int64_t T) {
     io->dxd = arena_tensor(ws, m->cdt, 2, T, H, 0, 0);
 }
 
+static Tensor host_i32(int32_t *p, int64_t n) { return tensor_make(p, DT_I32, DEV_CPU, 1, n, 1, 1, 1); }
+static Tensor host_i64(int64_t *p, int64_t n) { return tensor_make(p, DT_I64, DEV_CPU, 1, n, 1, 1, 1); }
+static int64_t sum(const int64_t *x, int n) {
+    int64_t s = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    return s;
+}
+
+// Row moves that may be empty on a rank (the ops want at least one row).
+static void gather(Tensor y, Tensor x, Tensor rows) {
+    if (y.n[0]) op_gather_rows(y, x, rows, 1);
+}
+static void scatter(Tensor y, Tensor x, Tensor rows) {
+    if (x.n[0]) op_scatter_rows(y, x, rows);
+}
+static void scatter_add(Tensor dx, Tensor dy, Tensor rows) {
+    if (dy.n[0]) op_gather_rows_backward(dx, dy, rows, 1);
+}
+
+// Builds the route from idx (host work: the one host sync of the layer) and moves the token rows.
+static void dispatch_ranks(Model *m, StageIO *io) {
+    EpRoute *r = io->route;
+    EpBuffers *b = r->buf;
+    const Comm *c = m->ep;
+    int P = c->size;
+    int64_t T = io->idx.n[0], k = m->cfg.topk, E = m->cfg.experts, El = model_experts_local(&m->cfg), n = T * k;
+    CHECK(T == b->T);
+    op_copy(host_i32(b->idx, n), io->idx);
+    // Stable counting sort of the slots by global expert: perm lists slot ids, goffs bounds each expert.
+    for (int64_t e = 0; e <= E; e++) b->goffs[e] = 0;
+    for (int64_t s = 0; s < n; s++) b->goffs[b->idx[s] + 1]++;
+    for (int64_t e = 0; e < E; e++) b->goffs[e + 1] += b->goffs[e];
+    for (int64_t e = 0; e < E; e++) b->cur[e] = b->goffs[e];
+    for (int64_t s = 0; s < n; s++) b->perm[b->cur[b->idx[s]]++] = (int32_t)s;
+    // Deduplication: token t goes to rank g once when any of its experts lives there (first visit counts).
+    for (int g = 0; g < P; g++) r->send_tok[g] = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) // rows for rank g start at cur[P + g]; cur[g] is the next free one
+            for (int g = 0, o = 0; g < P; o += (int)r->send_tok[g], g++) b->cur[g] = b->cur[P + g] = o;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < k; j++) {
+                int g = b->idx[t * k + j] / (int)El;
+                bool first = true;
+                for (int64_t i = 0; i < j; i++) first &= b->idx[t * k + i] / (int)El != g;
+                if (!first) continue;
+                if (pass == 0) r->send_tok[g]++;
+                else b->dpos[t * P + g] = (int32_t)(b->cur[g] - b->cur[P + g]), b->send_idx[b->cur[g]++] = (int32_t)t;
+            }
+    }
+    // Each slot (in sorted order) carries its token's row index among the rows sent to its rank.
+    for (int64_t p = 0; p < n; p++) {
+        int32_t s = b->perm[p];
+        b->expand[p] = b->dpos[(s / k) * P + b->idx[s] / El];
+    }
+    for (int g = 0; g < P; g++) {
+        for (int64_t e = 0; e < El; e++) b->meta_s[g * (El + 1) + e] = b->goffs[g * El + e + 1] - b->goffs[g * El + e];
+        b->meta_s[g * (El + 1) + El] = r->send_tok[g];
+        r->send_slot[g] = b->goffs[(g + 1) * El] - b->goffs[g * El];
+    }
+    comm_alltoall(c, host_i64(b->meta_r, P * (El + 1)), host_i64(b->meta_s, P * (El + 1)));
+    for (int s = 0; s < P; s++) r->recv_slot[s] = sum(b->meta_r + s * (El + 1), (int)El), r->recv_tok[s] = b->meta_r[s * (El + 1) + El];
+    int64_t R = sum(r->recv_slot, P), ntok = sum(r->recv_tok, P), nsend = sum(r->send_tok, P);
+    if (R > b->cap || ntok > tok_capacity(m, T))
+        die("expert parallelism: ep rank %d received %lld (token, expert) rows, above the capacity of %lld (parallel.ep_capacity_factor = %g "
+            "× tokens × top-k); raise the factor, or leave it unset for the worst-case bound",
+            c->rank, (long long)R, (long long)b->cap, m->ep_capacity);
+    comm_alltoallv(c, host_i32(b->expand_r, R), r->recv_slot, host_i32(b->expand, n), r->send_slot);
+    // Expert order: by local expert, then source rank, then the source's order.
+    int64_t *qcur = b->cur, *tbase = b->cur + P; // per source: next received-slot position; first token row
+    for (int s = 0, q = 0, t0 = 0; s < P; q += (int)r->recv_slot[s], t0 += (int)r->recv_tok[s], s++) qcur[s] = q, tbase[s] = t0;
+    int64_t i = 0;
+    io->offs[0] = 0;
+    for (int64_t e = 0; e < El; e++) {
+        for (int s = 0; s < P; s++)
+            for (int64_t cnt = b->meta_r[s * (El + 1) + e]; cnt > 0; cnt--, i++) {
+                int64_t q = qcur[s]++;
+                b->perm_r[i] = (int32_t)q;
+                b->xrow[i] = (int32_t)(tbase[s] + b->expand_r[q]);
+            }
+        io->offs[e + 1] = i;
+    }
+    CHECK(i == R);
+    op_copy(io->perm, host_i32(b->perm, n));
+    op_copy(tensor_rows(r->send_idx, 0, nsend), host_i32(b->send_idx, nsend));
+    op_copy(tensor_rows(r->perm_r, 0, R), host_i32(b->perm_r, R));
+    op_copy(tensor_rows(r->xrow, 0, R), host_i32(b->xrow, R));
+    // The payload: every token row once per destination, regrouped into expert order on arrival.
+    gather(tensor_rows(b->sbuf, 0, nsend), io->xd, tensor_rows(r->send_idx, 0, nsend));
+    comm_alltoallv(c, b->rbuf, r->recv_tok, b->sbuf, r->send_tok);
+    gather(tensor_rows(io->xe, 0, R), b->rbuf, tensor_rows(r->xrow, 0, R));
+}
+
 void ep_dispatch_forward(Model *m, StageIO *io) {
     if (io->dense) return;
+    if (io->route) return dispatch_ranks(m, io);
     op_moe_sort(io->perm, io->offs, io->idx, m->cfg.experts);
     op_gather_rows(io->xe, io->xd, io->perm, m->cfg.topk);
 }
 
 void ep_combine_forward(Model *m, StageIO *io) {
-    if (!io->dense) op_scatter_rows(io->y, io->ye, io->perm);
+    if (io->dense) return;
+    EpRoute *r = io->route;
+    if (!r) return op_scatter_rows(io->y, io->ye, io->perm);
+    EpBuffers *b = r->buf;
+    int64_t R = sum(r->recv_slot, m->ep->size), n = io->perm.n[0];
+    scatter(tensor_rows(b->sbuf, 0, R), tensor_rows(io->ye, 0, R), tensor_rows(r->perm_r, 0, R));
+    comm_alltoallv(m->ep, b->rbuf, r->send_slot, b->sbuf, r->recv_slot);
+    scatter(io->y, tensor_rows(b->rbuf, 0, n), io->perm);
 }
 
 void ep_combine_backward(Model *m, StageIO *io) {
-    if (!io->dense) op_gather_rows(io->dye, io->dy, io->perm, 1);
+    if (io->dense) return;
+    EpRoute *r = io->route;
+    if (!r) return op_gather_rows(io->dye, io->dy, io->perm, 1);
+    EpBuffers *b = r->buf;
+    int64_t R = sum(r->recv_slot, m->ep->size), n = io->perm.n[0];
+    gather(tensor_rows(b->sbuf, 0, n), io->dy, io->perm);
+    comm_alltoallv(m->ep, b->rbuf, r->recv_slot, b->sbuf, r->send_slot);
+    gather(tensor_rows(io->dye, 0, R), b->rbuf, tensor_rows(r->perm_r, 0, R));
 }
 
 void ep_dispatch_backward(Model *m, StageIO *io) {
     if (io->dense) return;
     op_zero(io->dxd);
-    op_gather_rows_backward(io->dxd, io->dxe, io->perm, m->cfg.topk);
+    EpRoute *r = io->route;
+    if (!r) return op_gather_rows_backward(io->dxd, io->dxe, io->perm, m->cfg.topk);
+    EpBuffers *b = r->buf;
+    int P = m->ep->size;
+    int64_t R = sum(r->recv_slot, P), ntok = sum(r->recv_tok, P), nsend = sum(r->send_tok, P);
+    Tensor sums = tensor_rows(b->sbuf, 0, ntok); // per received token row: Σ of its slots' gradients
+    op_zero(sums);
+    scatter_add(sums, tensor_rows(io->dxe, 0, R), tensor_rows(r->xrow, 0, R));
+    comm_alltoallv(m->ep, b->rbuf, r->send_tok, b->sbuf, r->recv_tok);
+    scatter_add(io->dxd, tensor_rows(b->rbuf, 0, nsend), tensor_rows(r->send_idx, 0, nsend));
 }

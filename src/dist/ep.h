@@ -1,10 +1,34 @@
 // ep.h — stages 2 (dispatch) and 4 (combine) of the layer protocol: moving each token's rows to the
 // experts that route them and the expert outputs back. With one expert-parallel rank these are local
-// permutations; across ranks the same interface carries the all-to-all (spec §3.2).
+// permutations; across the ep group (model.ep) the same interface carries the all-to-alls of spec §3.2:
+// a token goes once to every rank holding any of its experts, every (token, expert) output comes back.
 #pragma once
 #include "model/model.h"
 
+// Shared by every layer of an engine (layers run one at a time): the rows in transit and host scratch for
+// building the routes. sbuf, rbuf: (max(T·k, capacity), H) in the communication arena.
+typedef struct EpBuffers {
+    int64_t T, cap; // tokens per micro-batch, rows stage 3 can receive
+    Tensor sbuf, rbuf;
+    int32_t *idx, *perm, *dpos, *expand, *expand_r, *perm_r, *xrow, *send_idx; // host scratch
+    int64_t *goffs, *meta_s, *meta_r, *cur;
+} EpBuffers;
+
+// One layer's route, kept from dispatch to the backward of dispatch. P = ep ranks, E_l = E/P.
+typedef struct EpRoute {
+    EpBuffers *buf;
+    int64_t *send_tok, *recv_tok;   // (P) deduplicated token rows sent to / received from each rank
+    int64_t *send_slot, *recv_slot; // (P) (token, expert) slots sent to / received from each rank
+    Tensor send_idx; // (T·min(k, P)) int32: the token of each row sent, grouped by destination rank
+    Tensor perm_r;   // (capacity) int32: expert-ordered row i ↔ position perm_r[i] in received-slot order
+    Tensor xrow;     // (capacity) int32: expert-ordered row i is received token row xrow[i]
+} EpRoute;
+
 int64_t ep_rows_capacity(const Model *m, int64_t T); // rows stage 3 can receive
+EpRoute *ep_route_create(Model *m, EpBuffers *buf);   // NULL with one ep rank
+void ep_route_free(EpRoute *r);
+void ep_buffers_alloc(Model *m, EpBuffers *b, Arena *comm, int64_t T); // nothing with one ep rank
+void ep_buffers_free(EpBuffers *b);
 void ep_alloc(Model *m, StageIO *io, Arena *a, int64_t T);
 void ep_grad_alloc(Model *m, StageIO *io, Arena *ws, int64_t T);
 void ep_dispatch_forward(Model *m, StageIO *io);  // xd, idx → perm, offs, xe

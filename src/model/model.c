@@ -4,6 +4,8 @@
 
 #include <math.h>
 
+#include "dist/comm.h"
+
 static const ModelFamily *const families[] = {&qwen3_moe_family};
 
 const ModelFamily *model_family_find(const char *model_type) {
@@ -19,6 +21,7 @@ const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     json_t *root = json_load_or_die(file);
     JObj o = jobj_root(root, file);
     memset(c, 0, sizeof *c);
+    c->ep_size = 1, c->pad[GROUP_DENSE] = c->pad[GROUP_EXPERT] = 1;
     const char *mt = jstr(o, "model_type", true, NULL);
     const ModelFamily *fam = model_family_find(mt);
     if (!fam) jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe)", mt);
@@ -85,33 +88,104 @@ static Tensor alloc_tensor(Device dev, DType dt, int64_t n) {
     return t;
 }
 
+static Tensor shape_tensor(Device dev, DType dt, int64_t n) { return tensor_make(NULL, dt, dev, 1, n, 1, 1, 1); }
+
 static void free_tensor(Tensor t) {
     Arena a = {t.p, 0, tensor_bytes(t), 0, t.dev, ""};
-    if (a.cap) arena_destroy(&a);
+    if (a.cap && t.p) arena_destroy(&a);
 }
 
-void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
+// The flat buffers, rope tables and loss accumulators; with alloc false only their shapes (NULL data).
+static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq, bool alloc) {
     memset(m, 0, sizeof *m);
     m->fam = fam, m->cfg = *cfg, m->dev = dev, m->cdt = cdt;
+    CHECK(cfg->ep_size >= 1 && cfg->experts % cfg->ep_size == 0 && cfg->ep_rank >= 0 && cfg->ep_rank < cfg->ep_size);
     fam->params_build(&m->params, cfg);
+    Tensor (*make)(Device, DType, int64_t) = alloc ? alloc_tensor : shape_tensor;
     for (int g = 0; g < NGROUPS; g++) {
-        m->w[g] = alloc_tensor(dev, cdt, m->params.numel[g]);
-        m->g[g] = alloc_tensor(dev, DT_F32, m->params.numel[g]);
+        int64_t pad = cfg->pad[g] > 1 ? cfg->pad[g] : 1, n = (m->params.numel[g] + pad - 1) / pad * pad;
+        m->w[g] = make(dev, cdt, n);
+        m->g[g] = make(dev, DT_F32, n);
+        if (alloc && n > m->params.numel[g]) op_zero(m->w[g]), op_zero(m->g[g]); // the padding stays zero
     }
     int half = cfg->head_dim / 2;
-    float *c = xmalloc((size_t)max_seq * half * sizeof(float)), *s = xmalloc((size_t)max_seq * half * sizeof(float));
-    Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1), hs = tensor_make(s, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1);
-    model_rope_tables(hc, hs, max_seq, cfg->head_dim, cfg->rope_theta);
-    m->rope_cos = alloc_tensor(dev, DT_F32, (int64_t)max_seq * half), m->rope_sin = alloc_tensor(dev, DT_F32, (int64_t)max_seq * half);
+    m->rope_cos = make(dev, DT_F32, (int64_t)max_seq * half), m->rope_sin = make(dev, DT_F32, (int64_t)max_seq * half);
     m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq, m->rope_cos.n[1] = m->rope_sin.n[1] = half;
-    op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
-    free(c), free(s);
-    m->loss_sum = alloc_tensor(dev, DT_F64, 1), m->lb_sum = alloc_tensor(dev, DT_F64, 1);
-    op_zero(m->loss_sum), op_zero(m->lb_sum);
+    m->loss_sum = make(dev, DT_F64, 1), m->lb_sum = make(dev, DT_F64, 1);
+    if (alloc) {
+        float *c = xmalloc((size_t)max_seq * half * sizeof(float)), *s = xmalloc((size_t)max_seq * half * sizeof(float));
+        Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1), hs = tensor_make(s, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1);
+        model_rope_tables(hc, hs, max_seq, cfg->head_dim, cfg->rope_theta);
+        op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
+        free(c), free(s);
+        op_zero(m->loss_sum), op_zero(m->lb_sum);
+    }
     fam->bind(m);
 }
 
+void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
+    model_build(m, fam, cfg, dev, cdt, max_seq, true);
+}
+
+void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
+    model_build(m, fam, cfg, dev, cdt, max_seq, false);
+}
+
+void model_params_all(const Model *m, ParamTable *t) {
+    ModelConfig c = m->cfg;
+    c.ep_rank = 0, c.ep_size = 1;
+    memset(t, 0, sizeof *t);
+    m->fam->params_build(t, &c);
+}
+
+void model_lb_setup(Model *m, bool global, const Comm *replicas, int T) {
+    LoadBalance *b = &m->lb;
+    int E = m->cfg.experts, k = m->cfg.topk, L = m->cfg.layers;
+    b->global = global, b->group = replicas, b->T = T, b->E = E, b->k = k, b->layers = L;
+    if (!global) return;
+    b->counts = xcalloc((size_t)L * E + L + (size_t)replicas->size * E, sizeof(double));
+    b->tokens = b->counts + (size_t)L * E, b->cnt = b->tokens + L;
+    b->probs = xmalloc(((size_t)T * E + E) * sizeof(float)), b->grad = b->probs + (size_t)T * E;
+    b->idx = xmalloc((size_t)T * k * sizeof(int32_t));
+}
+
+void model_lb_step_begin(Model *m) {
+    if (m->lb.global) memset(m->lb.counts, 0, ((size_t)m->lb.layers * m->lb.E + m->lb.layers) * sizeof(double));
+}
+
+void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale) {
+    float coef = (float)m->lb_coef;
+    if (!m->lb.global) return op_moe_lb_loss(m->lb_sum, lb_grad, probs, idx, coef, grad_scale);
+    LoadBalance *b = &m->lb;
+    int64_t T = probs.n[0], E = probs.n[1], k = idx.n[1];
+    CHECK(T <= b->T && E == b->E && k == b->k && l < b->layers);
+    op_copy(tensor_make(b->probs, DT_F32, DEV_CPU, 2, T, E, 1, 1), probs);
+    op_copy(tensor_make(b->idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), idx);
+    // This micro-batch's counts, then every replica's (this round: blocks acc·D .. acc·D + D − 1).
+    int D = b->group->size, q = b->group->rank;
+    double *mine = b->cnt + (size_t)q * E, *acc = b->counts + l * E, loss = 0;
+    for (int64_t e = 0; e < E; e++) mine[e] = 0;
+    for (int64_t i = 0; i < T * k; i++) mine[b->idx[i]] += 1;
+    Tensor all = tensor_make(b->cnt, DT_F64, DEV_CPU, 1, (int64_t)D * E, 1, 1, 1);
+    comm_allgather(b->group, all, tensor_make(mine, DT_F64, DEV_CPU, 1, E, 1, 1, 1));
+    double tokens = b->tokens[l] + (double)(T * k) * (q + 1); // blocks before this one, and this one
+    for (int64_t e = 0; e < E; e++) {
+        double seen = acc[e], pm = 0;
+        for (int r = 0; r <= q; r++) seen += b->cnt[(size_t)r * E + e];
+        for (int r = 0; r < D; r++) acc[e] += b->cnt[(size_t)r * E + e];
+        double f = seen / tokens;
+        for (int64_t t = 0; t < T; t++) pm += b->probs[t * E + e];
+        loss += coef * E * f * (T ? pm / T : 0);
+        b->grad[e] = T ? (float)(grad_scale * coef * E * f / T) : 0;
+    }
+    b->tokens[l] += (double)(T * k) * D;
+    op_copy(lb_grad, tensor_make(b->grad, DT_F32, DEV_CPU, 1, E, 1, 1, 1));
+    double sum = op_read_scalar(m->lb_sum) + loss;
+    op_copy(m->lb_sum, tensor_make(&sum, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
+}
+
 void model_free(Model *m) {
+    free(m->lb.counts), free(m->lb.probs), free(m->lb.idx);
     for (int g = 0; g < NGROUPS; g++) free_tensor(m->w[g]), free_tensor(m->g[g]);
     free_tensor(m->rope_cos), free_tensor(m->rope_sin), free_tensor(m->loss_sum), free_tensor(m->lb_sum);
     free(m->params.p), free(m->views);

@@ -7,6 +7,8 @@
 
 #define MAX_LAYERS 256
 
+enum { GROUP_DENSE, GROUP_EXPERT, NGROUPS }; // parameter groups: non-expert parameters; expert parameters
+
 typedef struct {
     char model_type[32];
     int hidden, layers, heads, kv_heads, head_dim, vocab;
@@ -14,10 +16,17 @@ typedef struct {
     double eps, rope_theta;
     bool norm_topk, attn_bias, tie_embed;
     bool is_moe[MAX_LAYERS]; // false: the layer has a dense MLP (mlp_only_layers, decoder_sparse_step)
+    // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
+    // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
+    // elements (the FSDP shard count).
+    int ep_rank, ep_size;
+    int pad[NGROUPS];
 } ModelConfig;
 
+static inline int model_experts_local(const ModelConfig *c) { return c->experts / c->ep_size; }
+static inline int model_expert_first(const ModelConfig *c) { return c->ep_rank * model_experts_local(c); }
+
 // ---- parameters: each tensor lives at a fixed offset of one flat buffer per group ----
-enum { GROUP_DENSE, GROUP_EXPERT, NGROUPS }; // non-expert parameters; expert parameters
 enum { INIT_NORMAL, INIT_NORMAL_OUT, INIT_ONES, INIT_ZEROS }; // INIT_NORMAL_OUT: std/√(2·layers) (o_proj, down_proj)
 
 typedef struct {
@@ -29,7 +38,7 @@ typedef struct {
 typedef struct {
     ParamInfo *p;
     int n, cap;
-    int64_t numel[NGROUPS];
+    int64_t numel[NGROUPS]; // elements of each group (before padding)
 } ParamTable;
 
 void params_add(ParamTable *t, const char *name, int group, int init, int nd, int64_t n0, int64_t n1, int64_t n2);
@@ -53,13 +62,29 @@ typedef struct {
     Tensor idx, w;   // (T, k) experts (int32) and routing weights (fp32) of each token
     Tensor dw;       // (T, k) gradient of the routing weights
     Tensor perm;     // (T·k) int32 slot ids t·k + j in expert order
-    int64_t *offs;   // (E + 1) host: rows offs[e]..offs[e+1] of xe belong to expert e
+    int64_t *offs;   // (E_local + 1) host: rows offs[e]..offs[e+1] of xe belong to local expert e
+    struct EpRoute *route; // expert parallelism: where this layer's rows went (dist/ep.h); NULL on one rank
     Tensor xe, dxe;  // (R, H) expert-ordered rows (dense: = xd)
     Tensor ye, dye;  // (R, H) expert outputs in the same order
     Tensor y, dy;    // (T·k, H) expert outputs back in slot order (dense: (T, H))
 } StageIO;
 
 typedef struct Model Model;
+
+// Load balancing (spec §5.4). "micro-batch": per rank and micro-batch (op_moe_lb_loss). "global-batch":
+// f = expert counts of every micro-batch of the step's global batch up to and including this one, in the
+// global order of micro-batches (block acc·D + q of replica q, D replicas = dp×ep), so every layout gives
+// the same loss; the gradient flows through this micro-batch's probs. (PithTrain counts all D blocks of
+// the current round, which makes the value depend on D.)
+typedef struct {
+    bool global;
+    const struct Comm *group;  // the data replicas, rank = replica index q = dp·EP + ep
+    int T, E, k, layers;       // capacity of the host scratch
+    double *counts, *tokens;   // (layers, E), (layers): the step's earlier rounds
+    double *cnt;               // (D, E) this round's counts of every replica
+    float *probs, *grad;       // (T, E), (E) host scratch
+    int32_t *idx;              // (T, k)
+} LoadBalance;
 
 // The per-family function table of the layer protocol. Records are family-defined structs; the engine
 // only stores their pointers. *_alloc functions take all memory from an arena, so running them on a
@@ -93,12 +118,15 @@ struct Model {
     ParamTable params;
     Device dev;
     DType cdt;            // compute dtype of weights and activations (fp32 on the CPU)
-    Tensor w[NGROUPS];    // flat compute copies of the parameters
-    Tensor g[NGROUPS];    // flat fp32 gradient accumulators
+    Tensor w[NGROUPS];    // flat compute copies of the parameters (padded: cfg.pad)
+    Tensor g[NGROUPS];    // flat fp32 gradient accumulators (padded: cfg.pad)
     Tensor rope_cos, rope_sin; // (S, d/2) fp32
     Tensor loss_sum, lb_sum;   // (1) fp64: Σ CE and Σ load-balancing loss of the step so far
     double lb_coef;            // load-balancing loss coefficient (0: off)
+    LoadBalance lb;            // its form (model_lb_setup; zeroed: micro-batch)
     bool force_balance;        // benchmark routing (spec §5.4)
+    const struct Comm *ep;     // expert-parallel group (dist/comm.h); NULL: every expert is on this rank
+    double ep_capacity;        // parallel.ep_capacity_factor: rows stage 3 can receive = factor·T·k (0: worst case)
     void *views;               // the family's weight and gradient views
 };
 
@@ -113,5 +141,15 @@ extern const ModelFamily qwen3_moe_family;
 // Builds the parameter table and allocates fp32-or-compute-dtype weights, fp32 gradients, rope tables
 // for positions < max_seq, and the loss accumulators on dev. Weights are left uninitialised.
 void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq);
+// Everything model_create does but allocate: tensors have their shapes and NULL data (memory plans).
+void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq);
+// The parameter table of the whole model (every expert), whatever this rank holds.
+void model_params_all(const Model *m, ParamTable *t);
 void model_free(Model *m);
+// Chooses the form; global-batch (micro-batches of at most T tokens) all-gathers counts over `replicas`.
+void model_lb_setup(Model *m, bool global, const struct Comm *replicas, int T);
+void model_lb_step_begin(Model *m); // a new step: the global-batch counts start from zero
+// Stage 1's load-balancing term of layer l: adds coef·E·Σ f_e·P_e into m->lb_sum and writes
+// lb_grad: (E) = grad_scale·coef·E·f/T, the gradient w.r.t. each token's probs (probs: (T, E), idx: (T, k)).
+void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale);
 void model_zero_grads(Model *m);

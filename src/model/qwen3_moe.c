@@ -102,6 +102,7 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
 
 static void qwen3_params_build(ParamTable *t, const ModelConfig *c) {
     int64_t H = c->hidden, d = c->head_dim, nh = c->heads, nkv = c->kv_heads, E = c->experts, I = c->moe_inter;
+    int e0 = model_expert_first(c), e1 = e0 + model_experts_local(c); // the experts this rank holds
     char n[96];
     params_add(t, "embed_tokens.weight", GROUP_DENSE, INIT_NORMAL, 2, c->vocab, H, 0);
     for (int l = 0; l < c->layers; l++) {
@@ -122,14 +123,15 @@ static void qwen3_params_build(ParamTable *t, const ModelConfig *c) {
         P("post_attention_layernorm.weight", INIT_ONES, 1, H, 0);
         if (c->is_moe[l]) {
             P("mlp.gate.weight", INIT_NORMAL, 2, E, H);
-            // Expert e's gate_proj and up_proj are adjacent, so the layer's gate_up is one (E, 2I, H) tensor.
-            for (int e = 0; e < E; e++) {
+            // Expert e's gate_proj and up_proj are adjacent, so the layer's gate_up is one (E, 2I, H) tensor
+            // (E_local under expert parallelism; names keep the global expert index).
+            for (int e = e0; e < e1; e++) {
                 snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.gate_proj.weight", l, e);
                 params_add(t, n, GROUP_EXPERT, INIT_NORMAL, 2, I, H, 0);
                 snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.up_proj.weight", l, e);
                 params_add(t, n, GROUP_EXPERT, INIT_NORMAL, 2, I, H, 0);
             }
-            for (int e = 0; e < E; e++) {
+            for (int e = e0; e < e1; e++) {
                 snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.weight", l, e);
                 params_add(t, n, GROUP_EXPERT, INIT_NORMAL_OUT, 2, H, I, 0);
             }
@@ -149,7 +151,7 @@ static Tensor view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0,
     const ParamInfo *p = params_find(&m->params, name);
     if (!p) return NONE;
     Tensor f = flat[p->group];
-    Tensor t = tensor_make((char *)f.p + p->off * dtype_size(f.dt), f.dt, f.dev, nd, n0, n1, n2, 1);
+    Tensor t = tensor_make(f.p ? (char *)f.p + p->off * dtype_size(f.dt) : NULL, f.dt, f.dev, nd, n0, n1, n2, 1); // NULL: a plan
     CHECK(p->off + tensor_numel(t) <= tensor_numel(f));
     return t;
 }
@@ -157,7 +159,8 @@ static Tensor view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0,
 static void bind_weights(Model *m, Tensor *flat, Qwen3Weights *w) {
     const ModelConfig *c = &m->cfg;
     int64_t H = c->hidden, d = c->head_dim, nh = c->heads, nkv = c->kv_heads, E = c->experts, I = c->moe_inter;
-    char n[96];
+    int64_t El = model_experts_local(c);
+    char n[96], first[64];
     w->embed = view(m, flat, "embed_tokens.weight", 2, c->vocab, H, 0);
     w->norm = view(m, flat, "norm.weight", 1, H, 0, 0);
     w->lm_head = c->tie_embed ? w->embed : view(m, flat, "lm_head.weight", 2, c->vocab, H, 0);
@@ -178,8 +181,10 @@ static void bind_weights(Model *m, Tensor *flat, Qwen3Weights *w) {
         L->ln2 = V("post_attention_layernorm.weight", 1, H, 0, 0);
         if (c->is_moe[l]) {
             L->router = V("mlp.gate.weight", 2, E, H, 0);
-            L->gate_up = V("mlp.experts.0.gate_proj.weight", 3, E, 2 * I, H);
-            L->down = V("mlp.experts.0.down_proj.weight", 3, E, H, I);
+            snprintf(first, sizeof first, "mlp.experts.%d.gate_proj.weight", model_expert_first(c));
+            L->gate_up = V(first, 3, El, 2 * I, H);
+            snprintf(first, sizeof first, "mlp.experts.%d.down_proj.weight", model_expert_first(c));
+            L->down = V(first, 3, El, H, I);
         } else {
             L->gate_up = V("mlp.gate_proj.weight", 2, 2 * (int64_t)c->dense_inter, H, 0);
             L->down = V("mlp.down_proj.weight", 2, H, c->dense_inter, 0);
@@ -289,7 +294,7 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     op_router_forward(r->probs, io->idx, io->w, r->logits, c->topk, c->norm_topk, m->force_balance);
     // The load-balancing term enters the objective as lb·T per micro-batch (spec §2.0), so its gradient
     // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
-    if (m->lb_coef > 0) op_moe_lb_loss(m->lb_sum, r->lb_grad, r->probs, io->idx, (float)m->lb_coef, (float)T);
+    if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T);
 }
 
 // ---- stage 3: experts (grouped GEMMs) or the dense MLP on the received rows ----
@@ -303,7 +308,7 @@ static void qwen3_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
         op_linear_forward(io->ye, r->act, W->down, NONE);
         return;
     }
-    int64_t R = io->offs[m->cfg.experts]; // rows received
+    int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
     op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up, io->offs);
     op_swiglu_forward(act, gu);
@@ -319,7 +324,7 @@ static void qwen3_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) 
         op_linear_backward_input(io->dxe, r->dgu, W->gate_up, false);
         return;
     }
-    int64_t R = io->offs[m->cfg.experts];
+    int64_t R = io->offs[model_experts_local(&m->cfg)];
     Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R);
     op_grouped_linear_backward_input(dact, tensor_rows(io->dye, 0, R), W->down, io->offs);
     op_swiglu_backward(dgu, dact, tensor_rows(r->gu, 0, R));
@@ -335,7 +340,7 @@ static void qwen3_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io)
         op_linear_backward_weight(G->gate_up, NONE, r->dgu, io->xe);
         return;
     }
-    int64_t R = io->offs[m->cfg.experts];
+    int64_t R = io->offs[model_experts_local(&m->cfg)];
     op_grouped_linear_backward_weight(G->down, tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R), io->offs);
     op_grouped_linear_backward_weight(G->gate_up, tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R), io->offs);
 }

@@ -1,9 +1,8 @@
 // schedule.c — one pipeline stage holding every layer: forward prolog → (stage 1, 2, 3, 4, 5) per layer
 // → epilog, then backward epilog → (5, 4, 3 input, 3 weight, 2, 1) per layer in reverse → prolog.
-// All memory comes from two arenas sized by engine_plan, so the step itself never allocates.
+// All memory comes from arenas sized by engine_plan (activations, workspace, communication), so the
+// step itself never allocates.
 #include "pipe/schedule.h"
-
-#include "dist/ep.h"
 
 static void *rec_of(Engine *e, int l) { return e->recs + (size_t)l * e->m->fam->rec_size; }
 
@@ -33,13 +32,17 @@ static void engine_structs(Engine *e, Model *m, int B, int S) {
     e->epilog = xcalloc(1, m->fam->epilog_size);
     e->io = xcalloc(m->cfg.layers, sizeof(StageIO));
     e->h = xcalloc(m->cfg.layers + 1, sizeof(Tensor));
-    for (int l = 0; l < m->cfg.layers; l++) e->io[l].offs = xcalloc(m->cfg.experts + 1, sizeof(int64_t));
+    for (int l = 0; l < m->cfg.layers; l++) {
+        e->io[l].offs = xcalloc(m->cfg.experts + 1, sizeof(int64_t));
+        e->io[l].route = ep_route_create(m, &e->epb);
+    }
 }
 
 EnginePlan engine_plan(Model *m, int B, int S) {
     Engine e;
     engine_structs(&e, m, B, S);
-    Arena act = arena_counting("activations", m->dev), ws = arena_counting("workspace", m->dev);
+    Arena act = arena_counting("activations", m->dev), ws = arena_counting("workspace", m->dev), comm = arena_counting("communication", m->dev);
+    ep_buffers_alloc(m, &e.epb, &comm, (int64_t)B * S);
     alloc_activations(&e, &act);
     alloc_grad_buffers(&e, &ws);
     size_t base = ws.used, most = 0;
@@ -48,7 +51,7 @@ EnginePlan engine_plan(Model *m, int B, int S) {
         m->fam->layer_grad_alloc(m, l, rec_of(&e, l), &ws, B, S, &e.io[l]);
         if (ws.used - base > most) most = ws.used - base;
     }
-    EnginePlan p = {act.peak, base + most + ARENA_ALIGN};
+    EnginePlan p = {act.peak, base + most + ARENA_ALIGN, comm.peak};
     engine_free(&e);
     return p;
 }
@@ -58,6 +61,8 @@ void engine_init(Engine *e, Model *m, int B, int S) {
     engine_structs(e, m, B, S);
     e->act = arena_create("activations", m->dev, p.act_bytes);
     e->ws = arena_create("workspace", m->dev, p.ws_bytes);
+    e->comm = arena_create("communication", m->dev, p.comm_bytes);
+    ep_buffers_alloc(m, &e->epb, &e->comm, (int64_t)B * S);
     alloc_activations(e, &e->act);
     alloc_grad_buffers(e, &e->ws);
     // Positions restart in every sequence of the micro-batch.
@@ -69,10 +74,12 @@ void engine_init(Engine *e, Model *m, int B, int S) {
 }
 
 void engine_free(Engine *e) {
-    for (int l = 0; e->io && l < e->m->cfg.layers; l++) free(e->io[l].offs);
+    for (int l = 0; e->io && l < e->m->cfg.layers; l++) free(e->io[l].offs), ep_route_free(e->io[l].route);
+    ep_buffers_free(&e->epb);
     free(e->recs), free(e->epilog), free(e->io), free(e->h);
     if (e->act.cap) arena_destroy(&e->act);
     if (e->ws.cap) arena_destroy(&e->ws);
+    if (e->comm.cap) arena_destroy(&e->comm);
     memset(e, 0, sizeof *e);
 }
 

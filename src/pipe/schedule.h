@@ -1,17 +1,20 @@
 // schedule.h — running micro-batches through a model's layers: the forward and backward passes of one
 // pipeline stage holding all layers (pp = 1), stage by stage in the order of the 5-stage protocol.
 #pragma once
+#include "dist/ep.h"
 #include "model/model.h"
 
 typedef struct {
     size_t act_bytes; // activation records of one micro-batch (inputs, saved tensors, stage buffers)
     size_t ws_bytes;  // backward workspace (two gradient buffers + the largest layer's temporaries)
+    size_t comm_bytes; // rows in transit between ranks (expert parallelism), shared by all layers
 } EnginePlan;
 
 typedef struct {
     Model *m;
     int B, S;
-    Arena act, ws;
+    Arena act, ws, comm;
+    EpBuffers epb;   // the expert-parallel transfer buffers (comm arena)
     char *recs;      // L records of m->fam->rec_size bytes
     void *epilog;    // the epilog record
     StageIO *io;     // L

@@ -10,26 +10,151 @@
 // Canonical name of a tensor in a pith or HF file: HF prefixes all but lm_head with "model.".
 static const char *canonical(const char *name) { return strncmp(name, "model.", 6) ? name : name + 6; }
 
-void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir) {
-    StSet s;
-    st_set_open_or_die(&s, dir);
-    for (int i = 0; i < s.n; i++) { // every tensor in the files must be one of the model's
-        const char *name = canonical(s.t[i]->name);
-        if (!params_find(t, name)) die("%s: tensor '%s' is not a parameter of this model", s.t[i]->file, s.t[i]->name);
+static int cmp_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+// Dies unless every tensor of s is <a prefix><a parameter of the whole model `all`> (and, with hf, HF's
+// "model." in front of that).
+static void check_known(const StSet *s, const ParamTable *all, int nprefix, const char *const *prefix, bool hf) {
+    const char **names = xmalloc(all->n * sizeof *names + 1);
+    for (int i = 0; i < all->n; i++) names[i] = all->p[i].name;
+    qsort(names, all->n, sizeof *names, cmp_name);
+    for (int i = 0; i < s->n; i++) {
+        bool known = false;
+        for (int k = 0; k < nprefix && !known; k++) {
+            size_t n = strlen(prefix[k]);
+            const char *rest = s->t[i]->name + n;
+            if (strncmp(s->t[i]->name, prefix[k], n)) continue;
+            if (hf) rest = canonical(rest);
+            known = bsearch(&rest, names, all->n, sizeof *names, cmp_name) != NULL;
+        }
+        if (!known) die("%s: tensor '%s' is not a parameter of this model", s->t[i]->file, s->t[i]->name);
     }
-    char hfname[160];
+    free(names);
+}
+
+// Reads <prefix><name> (with hf also "model.<name>") of every parameter of t from s into flat: host fp32
+// buffers of the groups, each tensor at its offset.
+static void read_params(const StSet *s, const char *where, const ParamTable *t, const char *prefix, bool hf, float *flat[NGROUPS]) {
+    char name[200];
     for (int i = 0; i < t->n; i++) {
         const ParamInfo *p = &t->p[i];
-        const StTensor *x = st_set_find(&s, p->name);
-        if (!x) {
-            snprintf(hfname, sizeof hfname, "model.%s", p->name);
-            x = st_set_find(&s, hfname);
+        snprintf(name, sizeof name, "%s%s", prefix, p->name);
+        const StTensor *x = st_set_find(s, name);
+        if (!x && hf) {
+            snprintf(name, sizeof name, "model.%s", p->name);
+            x = st_set_find(s, name);
         }
-        if (!x) die("%s: tensor '%s' is missing", dir, p->name);
+        if (!x) die("%s: tensor '%s%s' is missing", where, prefix, p->name);
         st_check_shape(x, p->nd, p->shape);
         st_read_f32(x, flat[p->group] + p->off);
     }
+}
+
+void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir) {
+    StSet s;
+    st_set_open_or_die(&s, dir);
+    check_known(&s, t, 1, (const char *[]){""}, true);
+    read_params(&s, dir, t, "", true, flat);
     st_set_close(&s);
+}
+
+// This rank's shards (one per group) of the tensors <prefix><name> of its parameters in s.
+static void load_shards(Run *r, const StSet *s, const char *where, const char *prefix, bool hf, Tensor *shard) {
+    float *full[NGROUPS];
+    for (int g = 0; g < NGROUPS; g++) full[g] = xcalloc(r->fsdp.numel[g] + 1, sizeof(float));
+    read_params(s, where, &r->model.params, prefix, hf, full);
+    for (int g = 0; g < NGROUPS; g++) {
+        fsdp_take_shard(&r->fsdp, g, shard[g], full[g]);
+        free(full[g]);
+    }
+}
+
+// ---- writing whole tensors from shards ----
+
+typedef struct {
+    const char *prefix; // "" for weights, "exp_avg." …
+    Tensor *shard;      // (NGROUPS) this rank's shards
+} Part;
+
+// The rank writing tensor i of the parameter table of ep rank e: round-robin over the ranks holding it
+// (every rank for non-expert tensors; the ranks of ep coordinate e for e's experts; pp = 1).
+static int owner_of(const Dist *d, int group, int i, int e) {
+    if (group == GROUP_DENSE) return i % d->world.size;
+    return i % (d->world.size / d->ep) * d->ep + e;
+}
+
+static void file_of(char *out, size_t cap, const char *base, int rank, int world) {
+    if (world == 1) snprintf(out, cap, "%s.safetensors", base);
+    else snprintf(out, cap, "%s-%05d-of-%05d.safetensors", base, rank + 1, world);
+}
+
+// <base>.safetensors.index.json in HF's form: every tensor of the whole model → the file of its owner.
+static void write_index(const Run *r, const char *dir, const char *base, int nparts, const Part *parts) {
+    const Dist *d = &r->dist;
+    json_t *map = json_object();
+    int64_t total = 0;
+    char name[200], file[80], path[4400];
+    for (int e = 0; e < d->ep; e++) { // ep rank e's table: the dense tensors and e's experts
+        ModelConfig c = r->model.cfg;
+        c.ep_rank = e;
+        ParamTable t = {0};
+        r->model.fam->params_build(&t, &c);
+        for (int k = 0; k < nparts; k++)
+            for (int i = 0; i < t.n; i++) {
+                if (e > 0 && t.p[i].group == GROUP_DENSE) continue;
+                snprintf(name, sizeof name, "%s%s", parts[k].prefix, t.p[i].name);
+                file_of(file, sizeof file, base, owner_of(d, t.p[i].group, i, e), d->world.size);
+                json_object_set_new(map, name, json_string(file));
+                total += params_numel(&t.p[i]) * 4;
+            }
+        free(t.p);
+    }
+    json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", map);
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+    snprintf(path, sizeof path, "%s/%s.safetensors.index.json", dir, base);
+    file_write_atomic(path, text, strlen(text));
+    free(text), json_decref(root);
+}
+
+// Gathers the parts' shards into whole host buffers and writes the tensors this rank owns into
+// dir/<base>[-<rank+1>-of-<ranks>].safetensors; rank 0 writes the index. Collective over the world.
+static void write_parts(Run *r, const char *dir, const char *base, int nparts, const Part *parts, const char *format) {
+    const Dist *d = &r->dist;
+    const ParamTable *t = &r->model.params;
+    float *full[4][NGROUPS];
+    CHECK(nparts <= 4);
+    for (int k = 0; k < nparts; k++)
+        for (int g = 0; g < NGROUPS; g++) {
+            full[k][g] = xmalloc(r->fsdp.numel[g] * sizeof(float) + 1);
+            fsdp_gather_host(&r->fsdp, g, full[k][g], parts[k].shard[g]);
+        }
+    StWriter w;
+    st_writer_init(&w);
+    if (format) st_writer_meta(&w, "format", format);
+    char name[200], file[80], path[4400];
+    for (int k = 0; k < nparts; k++)
+        for (int i = 0; i < t->n; i++) {
+            const ParamInfo *p = &t->p[i];
+            if (owner_of(d, p->group, i, d->ep_g.rank) != d->world.rank) continue;
+            snprintf(name, sizeof name, "%s%s", parts[k].prefix, p->name);
+            st_writer_add_f32(&w, name, ST_F32, p->nd, p->shape, full[k][p->group] + p->off);
+        }
+    if (w.n) {
+        file_of(file, sizeof file, base, d->world.rank, d->world.size);
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        st_writer_write(&w, path);
+    }
+    st_writer_free(&w);
+    for (int k = 0; k < nparts; k++)
+        for (int g = 0; g < NGROUPS; g++) free(full[k][g]);
+    if (d->world.size > 1 && d->world.rank == 0) write_index(r, dir, base, nparts, parts);
+    comm_barrier(&d->world);
+}
+
+void ckpt_write_grads(Run *r, const char *dir) {
+    if (r->dist.world.rank == 0) mkdir_p(dir);
+    comm_barrier(&r->dist.world);
+    write_parts(r, dir, "model", 1, (Part[]){{"", r->grad}}, "pith-gradient");
 }
 
 static bool parse_step_dir(const char *name, int *step) {
@@ -55,24 +180,6 @@ bool ckpt_find_latest(const char *loc, char *out, size_t cap) {
     return true;
 }
 
-// Host fp32 copies of the masters (the masters themselves on the CPU).
-static void host_copies(Run *r, Tensor *src, float *out[NGROUPS], bool *owned) {
-    for (int g = 0; g < NGROUPS; g++) {
-        owned[g] = src[g].dev != DEV_CPU;
-        out[g] = owned[g] ? xmalloc(tensor_bytes(src[g]) + 1) : src[g].p;
-        if (owned[g]) op_copy(tensor_make(out[g], DT_F32, DEV_CPU, 1, tensor_numel(src[g]), 1, 1, 1), src[g]);
-    }
-}
-
-static void add_tensors(StWriter *w, const ParamTable *t, float *flat[NGROUPS], const char *prefix) {
-    char name[200];
-    for (int i = 0; i < t->n; i++) {
-        const ParamInfo *p = &t->p[i];
-        snprintf(name, sizeof name, "%s%s", prefix, p->name);
-        st_writer_add_f32(w, name, ST_F32, p->nd, p->shape, flat[p->group] + p->off);
-    }
-}
-
 static void prune(const char *loc, int keep_last) {
     DIR *d = opendir(loc);
     if (!d) return;
@@ -94,85 +201,68 @@ static void prune(const char *loc, int keep_last) {
 
 void ckpt_save(Run *r) {
     const TrainConfig *c = &r->cfg;
+    bool lead = r->dist.world.rank == 0;
     double t0 = now_seconds();
     char tmp[4200], final[4200], path[4400];
-    mkdir_p(c->save_location);
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08d", c->save_location, r->step);
     snprintf(final, sizeof final, "%s/step-%08d", c->save_location, r->step);
-    remove_tree(tmp);
-    mkdir_p(tmp);
-    float *w[NGROUPS], *m[NGROUPS], *v[NGROUPS];
-    bool ow[NGROUPS], om[NGROUPS], ov[NGROUPS];
-    host_copies(r, r->master, w, ow), host_copies(r, r->adam_m, m, om), host_copies(r, r->adam_v, v, ov);
-    StWriter sw;
-    st_writer_init(&sw);
-    st_writer_meta(&sw, "format", "pith");
-    add_tensors(&sw, &r->model.params, w, "");
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    st_writer_write(&sw, path);
-    st_writer_free(&sw);
-    st_writer_init(&sw);
-    add_tensors(&sw, &r->model.params, m, "exp_avg.");
-    add_tensors(&sw, &r->model.params, v, "exp_avg_sq.");
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp);
-    st_writer_write(&sw, path);
-    st_writer_free(&sw);
-    for (int g = 0; g < NGROUPS; g++) {
-        if (ow[g]) free(w[g]);
-        if (om[g]) free(m[g]);
-        if (ov[g]) free(v[g]);
+    if (lead) {
+        mkdir_p(c->save_location);
+        remove_tree(tmp);
+        mkdir_p(tmp);
     }
-    // config.json: the model's own file, copied byte for byte
-    char mcfg[4200];
-    if (path_is_dir(c->model)) snprintf(mcfg, sizeof mcfg, "%s/config.json", c->model);
-    else snprintf(mcfg, sizeof mcfg, "%s", c->model);
-    size_t n;
-    char *text = file_read_all(mcfg, &n);
-    if (!text) die("%s: cannot read: %s", mcfg, strerror(errno));
-    snprintf(path, sizeof path, "%s/config.json", tmp);
-    file_write_atomic(path, text, n);
-    free(text);
-    json_t *run = json_pack("{s:s, s:s, s:i, s:I, s:I, s:O}", "format", "pith-checkpoint-1", "pith_version", PITH_VERSION, "step",
-                            r->step, "samples_consumed", (json_int_t)r->step * c->global_batch_size, "seed", (json_int_t)c->seed,
-                            "train_config", c->json);
-    text = json_dumps(run, JSON_INDENT(1) | JSON_SORT_KEYS);
-    snprintf(path, sizeof path, "%s/run.json", tmp);
-    file_write_atomic(path, text, strlen(text));
-    free(text), json_decref(run);
-    fsync_dir(tmp);
-    if (path_exists(final)) remove_tree(final); // a re-run that saves the same step again
-    if (rename(tmp, final)) die("%s: cannot rename to %s: %s", tmp, final, strerror(errno));
-    fsync_dir(c->save_location);
-    if (c->keep_last) prune(c->save_location, c->keep_last);
+    comm_barrier(&r->dist.world);
+    write_parts(r, tmp, "model", 1, (Part[]){{"", r->master}}, "pith");
+    write_parts(r, tmp, "optimizer", 2, (Part[]){{"exp_avg.", r->adam_m}, {"exp_avg_sq.", r->adam_v}}, NULL);
+    if (lead) {
+        // config.json: the model's own file, copied byte for byte
+        char mcfg[4200];
+        if (path_is_dir(c->model)) snprintf(mcfg, sizeof mcfg, "%s/config.json", c->model);
+        else snprintf(mcfg, sizeof mcfg, "%s", c->model);
+        size_t n;
+        char *text = file_read_all(mcfg, &n);
+        if (!text) die("%s: cannot read: %s", mcfg, strerror(errno));
+        snprintf(path, sizeof path, "%s/config.json", tmp);
+        file_write_atomic(path, text, n);
+        free(text);
+        json_t *run = json_pack("{s:s, s:s, s:i, s:I, s:I, s:O}", "format", "pith-checkpoint-1", "pith_version", PITH_VERSION, "step",
+                                r->step, "samples_consumed", (json_int_t)r->step * c->global_batch_size, "seed", (json_int_t)c->seed,
+                                "train_config", c->json);
+        text = json_dumps(run, JSON_INDENT(1) | JSON_SORT_KEYS);
+        snprintf(path, sizeof path, "%s/run.json", tmp);
+        file_write_atomic(path, text, strlen(text));
+        free(text), json_decref(run);
+        fsync_dir(tmp);
+        if (path_exists(final)) remove_tree(final); // a re-run that saves the same step again
+        if (rename(tmp, final)) die("%s: cannot rename to %s: %s", tmp, final, strerror(errno));
+        fsync_dir(c->save_location);
+        if (c->keep_last) prune(c->save_location, c->keep_last);
+    }
+    comm_barrier(&r->dist.world);
     printf("checkpoint: step %d saved to %s (%.2f s)\n", r->step, final, now_seconds() - t0);
 }
 
-// Host staging for loading into the run's masters: fp32 buffers per group, then copied to the device.
-static void load_into(Run *r, Tensor *dst, const char *dir) {
-    float *buf[NGROUPS];
-    for (int g = 0; g < NGROUPS; g++) buf[g] = xmalloc(tensor_bytes(dst[g]) + 1);
-    ckpt_load_model(&r->model.params, buf, dir);
-    for (int g = 0; g < NGROUPS; g++) {
-        op_copy(dst[g], tensor_make(buf[g], DT_F32, DEV_CPU, 1, tensor_numel(dst[g]), 1, 1, 1));
-        free(buf[g]);
-    }
-}
-
-static void refresh_compute_copy(Run *r) {
-    for (int g = 0; g < NGROUPS; g++)
-        if (r->master[g].p != r->model.w[g].p) op_copy(r->model.w[g], r->master[g]);
+// Weights from a checkpoint or HF folder into this rank's master shards and the compute copies.
+static void load_model(Run *r, const char *dir) {
+    StSet s;
+    st_set_open_or_die(&s, dir);
+    ParamTable all;
+    model_params_all(&r->model, &all);
+    check_known(&s, &all, 1, (const char *[]){""}, true);
+    free(all.p);
+    load_shards(r, &s, dir, "", true, r->master);
+    st_set_close(&s);
+    for (int g = 0; g < NGROUPS; g++) fsdp_gather(&r->fsdp, g, r->model.w[g], r->master[g]);
 }
 
 void ckpt_init_from(Run *r, const char *dir) {
     if (!path_is_dir(dir)) die("%s: init_from: not a folder", dir);
-    load_into(r, r->master, dir);
-    refresh_compute_copy(r);
+    load_model(r, dir);
     printf("init: weights loaded from %s\n", dir);
 }
 
 void ckpt_resume(Run *r, const char *dir) {
-    load_into(r, r->master, dir);
-    refresh_compute_copy(r);
+    load_model(r, dir);
     char path[4200];
     snprintf(path, sizeof path, "%s/run.json", dir);
     if (!path_exists(path)) { // model-only (e.g. from `pith convert hf2pith`): fresh optimizer at step 0
@@ -184,29 +274,17 @@ void ckpt_resume(Run *r, const char *dir) {
     r->step = (int)jint(o, "step", true, 0);
     if (r->step < 0 || r->step > r->cfg.max_steps) jdie(o, "step", "%d is outside [0, max_steps = %d]", r->step, r->cfg.max_steps);
     json_decref(root);
-    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
-    StFile f;
-    st_open_or_die(&f, path);
-    for (int k = 0; k < 2; k++) {
-        Tensor *dst = k ? r->adam_v : r->adam_m;
-        const char *prefix = k ? "exp_avg_sq." : "exp_avg.";
-        float *buf[NGROUPS];
-        for (int g = 0; g < NGROUPS; g++) buf[g] = xmalloc(tensor_bytes(dst[g]) + 1);
-        char name[200];
-        for (int i = 0; i < r->model.params.n; i++) {
-            const ParamInfo *p = &r->model.params.p[i];
-            snprintf(name, sizeof name, "%s%s", prefix, p->name);
-            const StTensor *x = st_find(&f, name);
-            if (!x) die("%s: tensor '%s' is missing", path, name);
-            st_check_shape(x, p->nd, p->shape);
-            st_read_f32(x, buf[p->group] + p->off);
-        }
-        for (int g = 0; g < NGROUPS; g++) {
-            op_copy(dst[g], tensor_make(buf[g], DT_F32, DEV_CPU, 1, tensor_numel(dst[g]), 1, 1, 1));
-            free(buf[g]);
-        }
-    }
-    if (f.n != 2 * r->model.params.n) die("%s: holds %d tensors, expected %d", path, f.n, 2 * r->model.params.n);
-    st_close(&f);
+    snprintf(path, sizeof path, "%s/optimizer.safetensors.index.json", dir);
+    if (!path_exists(path)) snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    StSet s;
+    st_set_open_or_die(&s, path);
+    ParamTable all;
+    model_params_all(&r->model, &all);
+    const char *prefix[] = {"exp_avg.", "exp_avg_sq."};
+    check_known(&s, &all, 2, prefix, false);
+    free(all.p);
+    load_shards(r, &s, path, prefix[0], false, r->adam_m);
+    load_shards(r, &s, path, prefix[1], false, r->adam_v);
+    st_set_close(&s);
     printf("resume: step %d from %s\n", r->step, dir);
 }

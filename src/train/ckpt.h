@@ -4,7 +4,10 @@
 //   config.json            the HF model config
 //   run.json               step, samples consumed, seed, the training config used, pith version
 // written under a temporary name, fsynced, then renamed: a folder named step-N is always complete.
-// Everything is layout-independent, so a checkpoint loads under any parallel layout and device.
+// With several ranks each tensor is written whole by one owner rank (round-robin over the ranks holding
+// it) into model-<rank+1>-of-<ranks>.safetensors (optimizer-…), with HF's model.safetensors.index.json
+// (optimizer.safetensors.index.json) naming each tensor's file. Everything is layout-independent, so a
+// checkpoint loads under any parallel layout (pp/dp/ep/fsdp/hsdp, any rank count) and device.
 #pragma once
 #include "train/trainer.h"
 
@@ -20,3 +23,6 @@ void ckpt_save(Run *r);
 void ckpt_resume(Run *r, const char *dir);
 // Loads only weights (init_from: a checkpoint or HF folder); the optimizer starts fresh at step 0.
 void ckpt_init_from(Run *r, const char *dir);
+// Writes this step's reduced gradient (the run's gradient shards, before clipping) as whole tensors
+// under canonical names into dir, laid out like a checkpoint's model tensors (pith train --dump-grads).
+void ckpt_write_grads(Run *r, const char *dir);

@@ -11,7 +11,7 @@ static const char *const top_keys[] = {"model", "dataset", "run_dir", "save_loca
 static const char *const optimizer_keys[] = {"type", "lr", "betas", "eps", "weight_decay", NULL};
 static const char *const scheduler_keys[] = {"type", "warmup_ratio", "decay_ratio", "start_lr", "final_lr", "decay_shape", NULL};
 static const char *const parallel_keys[] = {"pipeline_parallel_size", "context_parallel_size", "expert_parallel_size",
-                                            "sharding_strategy", "timeout_s", NULL};
+                                            "sharding_strategy", "timeout_s", "ep_capacity_factor", NULL};
 static const char *const path_keys[] = {"model", "dataset", "run_dir", "save_location", "init_from", NULL};
 
 // Applies one "a.b.c=value" override; value is JSON when it parses as JSON, else a string.
@@ -82,8 +82,8 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     c->moe_load_balance_coef = jnum(o, "moe_load_balance_coef", false, 0.0);
     if (!(c->moe_load_balance_coef >= 0)) jdie(o, "moe_load_balance_coef", "must be non-negative");
     copy_str(c->moe_load_balance_type, sizeof c->moe_load_balance_type, o, "moe_load_balance_type", "micro-batch");
-    if (strcmp(c->moe_load_balance_type, "micro-batch"))
-        jdie(o, "moe_load_balance_type", "'%s' is not supported yet (supported: micro-batch)", c->moe_load_balance_type);
+    if (strcmp(c->moe_load_balance_type, "micro-batch") && strcmp(c->moe_load_balance_type, "global-batch"))
+        jdie(o, "moe_load_balance_type", "'%s' is not supported (supported: micro-batch, global-batch)", c->moe_load_balance_type);
     c->save_interval = jhas(o, "save_interval") ? positive(o, "save_interval", true, 0) : 0;
     c->keep_last = jhas(o, "keep_last") ? positive(o, "keep_last", true, 0) : 0;
     copy_str(c->device, sizeof c->device, o, "device", "auto");
@@ -137,6 +137,10 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     copy_str(c->parallel.sharding, sizeof c->parallel.sharding, par, "sharding_strategy", "fsdp");
     if (strcmp(c->parallel.sharding, "fsdp") && strcmp(c->parallel.sharding, "hsdp"))
         jdie(par, "sharding_strategy", "must be \"fsdp\" or \"hsdp\"");
+    c->parallel.timeout_s = jnum(par, "timeout_s", false, 900.0);
+    if (!(c->parallel.timeout_s > 0)) jdie(par, "timeout_s", "must be positive (seconds)");
+    c->parallel.ep_capacity_factor = jnum(par, "ep_capacity_factor", false, 0.0);
+    if (!(c->parallel.ep_capacity_factor >= 0)) jdie(par, "ep_capacity_factor", "must be non-negative (0: the worst-case bound)");
 
     if (c->global_batch_size % c->micro_batch_size)
         jdie(o, "global_batch_size", "must be a multiple of micro_batch_size (got %d and %d)", c->global_batch_size, c->micro_batch_size);

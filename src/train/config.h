@@ -27,11 +27,13 @@ typedef struct {
     } scheduler;
     double clip_grad_norm; // max global grad norm (0: no clipping)
     double moe_load_balance_coef;
-    char moe_load_balance_type[16]; // "micro-batch" (others arrive with multi-rank training)
+    char moe_load_balance_type[16]; // "micro-batch" | "global-batch" (spec §5.4)
     int save_interval, keep_last;
     struct {
-        int pp, cp, ep;
-        char sharding[8]; // "fsdp" | "hsdp"
+        int pp, cp, ep;            // pipeline, context, expert parallel sizes; dp = ranks / (pp·cp·ep)
+        char sharding[8];          // "fsdp" | "hsdp"
+        double timeout_s;          // a collective not complete after this long ends the job (default 900)
+        double ep_capacity_factor; // rows an ep rank's experts can receive = factor·T·k (0: the worst case)
     } parallel;
     char device[8];        // "auto" | "cpu" | "cuda"
     char compute_dtype[8]; // "bf16" | "fp32" (GPU only; the CPU computes in fp32)

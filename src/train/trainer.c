@@ -1,73 +1,125 @@
-// trainer.c — setup and the training step: zero grads → micro-batches (forward, backward) → scale by
-// 1/(target tokens) so the gradient is exactly that of the mean token loss → global norm → clip →
-// AdamW on the fp32 masters → refresh the compute copy.
+// trainer.c — setup and the training step: gather compute copies → zero grads → this rank's micro-batches
+// (forward, backward) → reduce-scatter the gradients into shards → scale by 1/(global target tokens) so
+// the gradient is exactly that of the global mean token loss under every layout → global norm → clip →
+// AdamW on the fp32 master shards.
 #include "train/trainer.h"
 
 #include "train/ckpt.h"
 
 #include <math.h>
 
-static Tensor host_f32(int64_t n) { return tensor_make(xcalloc(n ? n : 1, sizeof(float)), DT_F32, DEV_CPU, 1, n, 1, 1, 1); }
-
-static Tensor device_f32(int64_t n) {
-    Arena a = arena_create("optimizer state", DEV_CUDA, (size_t)n * sizeof(float)); // owned by the run
-    return tensor_make(a.base, DT_F32, DEV_CUDA, 1, n, 1, 1, 1);
+size_t memory_plan_total(const MemoryPlan *p) {
+    return p->weights + p->grads + p->shards + p->optim + p->other + p->eng.act_bytes + p->eng.ws_bytes + p->eng.comm_bytes;
 }
 
-static void tensor_free(Tensor t) {
-    Arena a = {t.p, 0, tensor_bytes(t), 0, t.dev, ""};
-    if (t.dev == DEV_CPU) free(t.p);
-    else if (a.cap) arena_destroy(&a);
+static Device pick_device(const TrainConfig *c) {
+    if (!strcmp(c->device, "cuda") || (!strcmp(c->device, "auto") && ops_cuda_available())) {
+        if (!ops_cuda_available()) die("%s: device: \"cuda\" asked for, but %s", c->file, "this machine has no usable GPU or this build has no CUDA backend");
+        return DEV_CUDA;
+    }
+    return DEV_CPU;
+}
+
+// The model config with this rank's layout: its experts and the padding FSDP needs.
+static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, ModelConfig *mc) {
+    if (c->global_batch_size % (c->micro_batch_size * d->dp * d->ep))
+        die("%s: global_batch_size: must be a multiple of micro_batch_size × dp × ep = %d × %d × %d = %d (got %d)", c->file,
+            c->micro_batch_size, d->dp, d->ep, c->micro_batch_size * d->dp * d->ep, c->global_batch_size);
+    const ModelFamily *fam = model_config_load(mc, c->model);
+    if (mc->experts % d->ep)
+        die("%s: parallel.expert_parallel_size: %d does not divide the model's %d experts", c->file, d->ep, mc->experts);
+    mc->ep_rank = d->ep_g.rank, mc->ep_size = d->ep;
+    for (int g = 0; g < NGROUPS; g++) mc->pad[g] = fsdp_shards(d, g);
+    return fam;
+}
+
+static void model_layout(Model *m, const TrainConfig *c, const Dist *d) {
+    m->lb_coef = c->moe_load_balance_coef;
+    m->force_balance = c->benchmark;
+    m->ep = &d->ep_g;
+    m->ep_capacity = c->parallel.ep_capacity_factor;
+}
+
+// Bytes of everything but the engine, from the model's tensors and the counted shard arena.
+static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2, size_t state_bytes) {
+    MemoryPlan p = {0};
+    for (int g = 0; g < NGROUPS; g++) {
+        p.weights += tensor_bytes(m->w[g]), p.grads += tensor_bytes(m->g[g]);
+        p.optim += (tensor_bytes(mom1[g]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        p.optim += (tensor_bytes(mom2[g]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    }
+    p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
+    p.other = tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + tensor_bytes(m->loss_sum) + tensor_bytes(m->lb_sum);
+    return p;
+}
+
+MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
+    ModelConfig mc;
+    const ModelFamily *fam = layout_config(c, d, &mc);
+    Model m;
+    model_describe(&m, fam, &mc, dev, dev == DEV_CUDA && !strcmp(c->compute_dtype, "bf16") ? DT_BF16 : DT_F32, c->sequence_length);
+    model_layout(&m, c, d);
+    Fsdp f;
+    fsdp_setup(&f, d, &m);
+    Arena count = arena_counting("parameter shards and optimizer state", dev);
+    Tensor master[NGROUPS], grad[NGROUPS], mom1[NGROUPS], mom2[NGROUPS];
+    fsdp_alloc_state(&f, &m, &count, master, grad, mom1, mom2);
+    MemoryPlan p = plan_of(&m, mom1, mom2, count.peak);
+    p.eng = engine_plan(&m, c->micro_batch_size, c->sequence_length);
+    model_free(&m);
+    return p;
 }
 
 void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     memset(r, 0, sizeof *r);
     r->cfg = *cfg;
     const TrainConfig *c = &r->cfg;
-    if (c->parallel.pp * c->parallel.cp * c->parallel.ep != 1)
-        die("%s: parallel: pipeline/context/expert parallel sizes above 1 need multi-rank training, which this build does not have yet",
-            c->file);
-    Device dev = DEV_CPU;
-    if (!strcmp(c->device, "cuda") || (!strcmp(c->device, "auto") && ops_cuda_available())) {
-        if (!ops_cuda_available()) die("%s: device: \"cuda\" asked for, but %s", c->file, "this machine has no usable GPU or this build has no CUDA backend");
-        dev = DEV_CUDA;
-    }
+    Dist *d = &r->dist;
+    dist_mesh_init(d, c->parallel.pp, c->parallel.cp, c->parallel.ep, !strcmp(c->parallel.sharding, "hsdp"), c->parallel.timeout_s, c->file);
+    Device dev = pick_device(c);
+    if (dev == DEV_CUDA && d->world.size > 1)
+        die("%s: device: multi-rank training on the GPU needs the NCCL transport, which this build does not have yet (use \"cpu\")", c->file);
     DType cdt = dev == DEV_CUDA && !strcmp(c->compute_dtype, "bf16") ? DT_BF16 : DT_F32;
     if (c->save_interval && !c->save_location[0]) die("%s: save_interval: needs save_location", c->file);
     ModelConfig mc;
-    const ModelFamily *fam = model_config_load(&mc, c->model);
+    const ModelFamily *fam = layout_config(c, d, &mc);
     Model *m = &r->model;
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
-    m->lb_coef = c->moe_load_balance_coef;
-    m->force_balance = c->benchmark;
+    model_layout(m, c, d);
+    model_lb_setup(m, !strcmp(c->moe_load_balance_type, "global-batch"), &d->dp_ep, c->micro_batch_size * c->sequence_length);
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
+    Fsdp *f = &r->fsdp;
+    fsdp_setup(f, d, m);
+    Arena count = arena_counting("parameter shards and optimizer state", dev);
+    fsdp_alloc_state(f, m, &count, r->master, r->grad, r->adam_m, r->adam_v);
+    r->state = arena_create("parameter shards and optimizer state", dev, count.peak);
+    fsdp_alloc_state(f, m, &r->state, r->master, r->grad, r->adam_m, r->adam_v);
     for (int g = 0; g < NGROUPS; g++) {
-        int64_t n = m->params.numel[g];
-        // Initial values are drawn on the host; on the GPU they go to the fp32 master and its compute copy.
-        Tensor init = host_f32(n);
-        params_init(&m->params, g, init.p, c->seed, c->init_std, mc.layers);
-        if (dev == DEV_CPU) {
-            r->master[g] = m->w[g]; // the CPU computes in fp32: the compute copy is the master
-            op_copy(r->master[g], init);
-            r->adam_m[g] = host_f32(n), r->adam_v[g] = host_f32(n);
-        } else {
-            r->master[g] = device_f32(n), r->adam_m[g] = device_f32(n), r->adam_v[g] = device_f32(n);
-            op_copy(r->master[g], init);
-            op_copy(m->w[g], r->master[g]);
-            op_zero(r->adam_m[g]), op_zero(r->adam_v[g]);
-            r->param_bytes += (size_t)n * (4 + dtype_size(cdt)); // separate master + compute copy
-        }
-        free(init.p);
-        r->param_bytes += 3 * (size_t)n * 4; // gradients and two moments
+        // Initial values are drawn on the host for the whole group (they do not depend on the layout);
+        // this rank keeps its shard.
+        float *init = xcalloc(f->numel[g] + 1, sizeof(float));
+        params_init(&m->params, g, init, c->seed, c->init_std, mc.layers);
+        fsdp_take_shard(f, g, r->master[g], init);
+        free(init);
+        op_zero(r->adam_m[g]), op_zero(r->adam_v[g]);
+        fsdp_gather(f, g, m->w[g], r->master[g]);
     }
-    r->plan = engine_plan(m, c->micro_batch_size, c->sequence_length);
+    r->plan = plan_of(m, r->adam_m, r->adam_v, count.peak);
+    r->plan.eng = engine_plan(m, c->micro_batch_size, c->sequence_length);
     engine_init(&r->eng, m, c->micro_batch_size, c->sequence_length);
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
     if (open_data) dataset_open(&r->data, c->dataset, c->sequence_length, mc.vocab, c->seed);
-    // Automatic resume from the newest complete checkpoint; else the initial weights of init_from.
+    // Automatic resume from the newest complete checkpoint; else the initial weights of init_from. Rank 0
+    // looks first: it removes the temporary folder of a save that did not finish.
     char latest[4200];
-    if (c->save_location[0] && ckpt_find_latest(c->save_location, latest, sizeof latest)) ckpt_resume(r, latest);
+    bool found = false;
+    if (c->save_location[0]) {
+        if (d->world.rank == 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+        comm_barrier(&d->world);
+        if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+    }
+    if (found) ckpt_resume(r, latest);
     else if (c->init_from[0]) ckpt_init_from(r, c->init_from);
 }
 
@@ -78,13 +130,11 @@ bool run_save_due(const Run *r) {
 
 void run_free(Run *r) {
     engine_free(&r->eng);
-    for (int g = 0; g < NGROUPS; g++) {
-        tensor_free(r->adam_m[g]), tensor_free(r->adam_v[g]);
-        if (r->master[g].p != r->model.w[g].p) tensor_free(r->master[g]);
-    }
+    if (r->state.cap) arena_destroy(&r->state);
     model_free(&r->model);
     if (r->data.files) dataset_close(&r->data);
     free(r->tokens), free(r->labels);
+    dist_mesh_free(&r->dist);
 }
 
 void run_microbatch(Run *r) {
@@ -94,47 +144,59 @@ void run_microbatch(Run *r) {
 
 StepStats run_step(Run *r) {
     const TrainConfig *c = &r->cfg;
+    const Dist *d = &r->dist;
     Model *m = &r->model;
     double t0 = now_seconds();
-    int mbs = c->micro_batch_size, S = c->sequence_length, nmb = c->global_batch_size / mbs;
+    // Data replicas are the (dp, ep) pairs (spec §6.11): replica q reads rows
+    // s·GBS + q·mbs + acc·mbs·D + off of the global batch, D = dp·ep replicas, acc < GBS/(mbs·D).
+    int mbs = c->micro_batch_size, S = c->sequence_length, D = d->dp * d->ep, q = d->dp_g.rank * d->ep + d->ep_g.rank;
+    int nmb = c->global_batch_size / (mbs * D);
     model_zero_grads(m);
     op_zero(m->loss_sum), op_zero(m->lb_sum);
+    model_lb_step_begin(m);
     int64_t targets = 0;
-    for (int k = 0; k < nmb; k++) {
+    for (int acc = 0; acc < nmb; acc++) {
         for (int b = 0; b < mbs; b++) {
-            int64_t index = (int64_t)r->step * c->global_batch_size + (int64_t)k * mbs + b; // spec §6.11 with one replica
+            int64_t index = (int64_t)r->step * c->global_batch_size + (int64_t)q * mbs + (int64_t)acc * mbs * D + b;
             dataset_sample(&r->data, index, r->tokens + b * S, r->labels + b * S);
         }
         for (int t = 0; t < mbs * S; t++) targets += r->labels[t] != -100;
         engine_load(&r->eng, r->tokens, r->labels);
         run_microbatch(r);
     }
-    if (targets < 1) targets = 1;
-    StepStats st = {0};
     ops_sync();
-    st.fwdbwd_seconds = now_seconds() - t0;
-    double ss = 0;
+    double fwdbwd_seconds = now_seconds() - t0;
+    // Sums over the global batch: every rank of the stage holds different tokens.
+    double sums[3] = {op_read_scalar(m->loss_sum), op_read_scalar(m->lb_sum), (double)targets};
+    comm_allreduce(&d->dp_cp_ep, tensor_make(sums, DT_F64, DEV_CPU, 1, 3, 1, 1, 1), COMM_SUM);
+    double N = sums[2] < 1 ? 1 : sums[2];
+    StepStats st = {0};
+    st.fwdbwd_seconds = fwdbwd_seconds;
     for (int g = 0; g < NGROUPS; g++) {
-        op_scale(m->g[g], (float)(1.0 / targets));
-        ss += op_sum_squares(m->g[g]);
+        fsdp_reduce_scatter(&r->fsdp, g, r->grad[g], m->g[g]);
+        op_scale(r->grad[g], (float)(1.0 / N));
     }
-    st.grad_norm = sqrt(ss);
+    if (r->dump_grads[0]) {
+        ckpt_write_grads(r, r->dump_grads);
+        r->dump_grads[0] = 0;
+    }
+    st.grad_norm = sqrt(fsdp_sum_squares(&r->fsdp, r->grad));
     // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
     if (c->clip_grad_norm > 0) {
         double coef = c->clip_grad_norm / (st.grad_norm + 1e-6);
         if (coef < 1)
-            for (int g = 0; g < NGROUPS; g++) op_scale(m->g[g], (float)coef);
+            for (int g = 0; g < NGROUPS; g++) op_scale(r->grad[g], (float)coef);
     }
     st.lr = c->optimizer.lr * config_lr_factor(c, r->step);
     r->step++;
     for (int g = 0; g < NGROUPS; g++)
-        op_adamw(r->master[g], m->g[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.beta1,
+        op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.beta1,
                  (float)c->optimizer.beta2, (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
-    for (int g = 0; g < NGROUPS; g++)
-        if (r->master[g].p != m->w[g].p) op_copy(m->w[g], r->master[g]); // refresh the compute copy (bf16 on the GPU)
+    // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
+    for (int g = 0; g < NGROUPS; g++) fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
+    st.loss = sums[0] / N;
+    st.lb = r->moe_layers && m->lb_coef > 0 ? sums[1] / (m->lb_coef * r->moe_layers * nmb * D) : 0;
     ops_sync();
-    st.loss = op_read_scalar(m->loss_sum) / targets;
-    st.lb = r->moe_layers && m->lb_coef > 0 ? op_read_scalar(m->lb_sum) / (m->lb_coef * r->moe_layers * nmb) : 0;
     st.tokens = (double)c->global_batch_size * S;
     st.seconds = now_seconds() - t0;
     return st;

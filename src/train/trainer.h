@@ -1,21 +1,37 @@
-// trainer.h — one training run: model, optimizer state, data and the step (DESIGN §7).
+// trainer.h — one training run: mesh, model, sharded optimizer state, data and the step (DESIGN §7).
 #pragma once
+#include "dist/fsdp.h"
 #include "pipe/schedule.h"
 #include "train/config.h"
 #include "train/data.h"
 
+// What one rank allocates, in bytes: the same allocation sequence gives `pith estimate` and the run.
+typedef struct {
+    size_t weights; // compute copy of this rank's parameter groups (model.w), padded to the shard count
+    size_t grads;   // fp32 gradient accumulators (model.g)
+    size_t shards;  // fp32 master shards (when not model.w itself; gradients are reduced in place in model.g)
+    size_t optim;   // AdamW moments (shards)
+    size_t other;   // rope tables, loss accumulators
+    EnginePlan eng; // activation records, backward workspace, communication buffers
+} MemoryPlan;
+size_t memory_plan_total(const MemoryPlan *p);
+
 typedef struct {
     TrainConfig cfg;
+    Dist dist;
+    Fsdp fsdp;
     Model model;
     Engine eng;
     Dataset data;
-    Tensor master[NGROUPS]; // fp32 master weights (alias model.w when the compute copy is fp32 too)
+    Arena state;            // the shards below (counted first: MemoryPlan.shards + optim)
+    Tensor master[NGROUPS]; // this rank's fp32 master shards (model.w itself with one shard on the CPU)
+    Tensor grad[NGROUPS];   // this rank's shards of the step's gradient (the front of model.g, or all of it)
     Tensor adam_m[NGROUPS], adam_v[NGROUPS];
     int step;               // optimizer steps taken
     int32_t *tokens, *labels; // host staging for one micro-batch
-    EnginePlan plan;
-    size_t param_bytes;     // master + compute copy + gradients + optimizer state
+    MemoryPlan plan;
     int moe_layers;
+    char dump_grads[PATH_MAX_LEN]; // when set, the next step writes its gradient there (pith train --dump-grads)
 } Run;
 
 typedef struct {
@@ -27,10 +43,14 @@ typedef struct {
     double fwdbwd_seconds;  // forward + backward of all micro-batches (the rest is the optimizer step)
 } StepStats;
 
-// Builds everything from the config: model (random init from the seed), plan, arenas, data, optimizer.
+// Builds everything from the config: mesh (the launched world), model (random init from the seed), plan,
+// arenas, data, optimizer. Every rank of the world calls it.
 void run_setup(Run *r, const TrainConfig *cfg, bool open_data);
 void run_free(Run *r);
-// One optimizer step over global_batch_size samples (gradient accumulation over micro-batches).
+// The memory plan of one rank of a layout, without allocating anything (pith estimate).
+MemoryPlan run_memory_plan(const TrainConfig *cfg, const Dist *d, Device dev);
+// One optimizer step over global_batch_size samples: this rank's micro-batches, then the gradient
+// reduce-scatter, the global norm, clipping and AdamW on the shards.
 StepStats run_step(Run *r);
 // Forward and backward of one micro-batch already loaded into r->eng, leaving ∂(Σ CE + T·Σ lb)/∂θ in the
 // gradient buffers (accumulated) and the sums in model.loss_sum / model.lb_sum. Used by run_step and tests.

@@ -1,0 +1,162 @@
+// comm.c — the MPI half of comm.h: each collective is started non-blocking (MPI-3 MPI_I*) and polled
+// with MPI_Test until it completes or the group's deadline passes. Polling sleeps briefly between tests
+// so ranks oversubscribed on few cores (tests, laptops) leave the CPU to the ranks doing work.
+#include "dist/comm.h"
+
+#include <limits.h>
+#include <time.h>
+
+void mpi_check(int rc, const char *call, const char *file, int line) {
+    if (rc == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    die("MPI call failed at %s:%d: %s: %s", file, line, call, msg);
+}
+
+Comm comm_self(const char *name) {
+    Comm c = {.rank = 0, .size = 1, .dev = DEV_CPU, .mpi = MPI_COMM_NULL, .timeout_s = 0};
+    snprintf(c.name, sizeof c.name, "%s", name);
+    return c;
+}
+
+static MPI_Datatype mpi_type(DType dt) {
+    switch (dt) {
+    case DT_F32: return MPI_FLOAT;
+    case DT_F64: return MPI_DOUBLE;
+    case DT_I32: return MPI_INT32_T;
+    case DT_I64: return MPI_INT64_T;
+    case DT_U64: return MPI_UINT64_T;
+    case DT_U32: return MPI_UINT32_T;
+    case DT_BF16: case DT_F16: case DT_U16: return MPI_UINT16_T; // moved, never reduced
+    case DT_U8: return MPI_UINT8_T;
+    }
+    return MPI_DATATYPE_NULL;
+}
+
+// The checks every call makes: host buffers (the NCCL half is not built yet) and counts MPI can take.
+static void check_buffers(const Comm *c, const char *what, Tensor a, Tensor b) {
+    if (c->dev != DEV_CPU || a.dev != DEV_CPU || (b.p && b.dev != DEV_CPU))
+        die("%s on the %s group: device buffers need the NCCL transport, which this build does not have yet", what, c->name);
+    if (tensor_numel(a) > INT_MAX || (b.p && tensor_numel(b) > INT_MAX))
+        die("%s on the %s group: %lld elements is above MPI's int count limit", what, c->name, (long long)tensor_numel(a));
+}
+
+// Waits for req, dying when the group's deadline passes first.
+static void comm_wait(const Comm *c, MPI_Request *req, const char *what) {
+    double t0 = now_seconds();
+    for (long spins = 0;; spins++) {
+        int done = 0;
+        MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+        if (done) return;
+        if (c->timeout_s > 0 && now_seconds() - t0 > c->timeout_s)
+            die("%s on the %s group (%d ranks) did not complete within parallel.timeout_s = %g s: another rank failed or stopped", what,
+                c->name, c->size, c->timeout_s);
+        if (spins > 64) nanosleep(&(struct timespec){0, spins > 4096 ? 200000 : 20000}, NULL);
+    }
+}
+
+static void local_copy(Tensor out, Tensor in) {
+    CHECK(tensor_bytes(out) >= tensor_bytes(in));
+    if (out.p != in.p && tensor_bytes(in)) memcpy(out.p, in.p, tensor_bytes(in));
+}
+
+void comm_allreduce(const Comm *c, Tensor x, CommOp op) {
+    if (c->size == 1) return;
+    check_buffers(c, "all-reduce", x, (Tensor){0});
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x.p, (int)tensor_numel(x), mpi_type(x.dt), op == COMM_SUM ? MPI_SUM : MPI_MAX, c->mpi, &req));
+    comm_wait(c, &req, "all-reduce");
+}
+
+void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
+    CHECK(tensor_numel(in) == c->size * tensor_numel(out) && in.dt == out.dt);
+    if (c->size == 1) return local_copy(out, in);
+    check_buffers(c, "reduce-scatter", in, out);
+    MPI_Request req;
+    MPI_CHECK(MPI_Ireduce_scatter_block(in.p == out.p ? MPI_IN_PLACE : in.p, out.p, (int)tensor_numel(out), mpi_type(in.dt), MPI_SUM, c->mpi, &req));
+    comm_wait(c, &req, "reduce-scatter");
+}
+
+void comm_allgather(const Comm *c, Tensor out, Tensor in) {
+    CHECK(tensor_numel(out) == c->size * tensor_numel(in) && in.dt == out.dt);
+    if (c->size == 1) return local_copy(out, in);
+    check_buffers(c, "all-gather", out, in);
+    MPI_Request req;
+    bool in_place = (char *)in.p == (char *)out.p + (size_t)c->rank * tensor_bytes(in);
+    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.p, (int)tensor_numel(in), mpi_type(in.dt), out.p, (int)tensor_numel(in), mpi_type(in.dt),
+                             c->mpi, &req));
+    comm_wait(c, &req, "all-gather");
+}
+
+void comm_alltoall(const Comm *c, Tensor out, Tensor in) {
+    CHECK(tensor_numel(out) == tensor_numel(in) && tensor_numel(in) % c->size == 0 && in.dt == out.dt);
+    if (c->size == 1) return local_copy(out, in);
+    check_buffers(c, "all-to-all", out, in);
+    int n = (int)(tensor_numel(in) / c->size);
+    MPI_Request req;
+    MPI_CHECK(MPI_Ialltoall(in.p, n, mpi_type(in.dt), out.p, n, mpi_type(in.dt), c->mpi, &req));
+    comm_wait(c, &req, "all-to-all");
+}
+
+void comm_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {
+    CHECK(in.dt == out.dt);
+    int64_t row = 1, nin = 0, nout = 0;
+    for (int i = 1; i < in.nd; i++) row *= in.n[i];
+    CHECK(out.nd == in.nd);
+    for (int i = 1; i < in.nd; i++) CHECK(out.n[i] == in.n[i]);
+    for (int p = 0; p < c->size; p++) nin += in_rows[p], nout += out_rows[p];
+    CHECK(nin <= in.n[0] && nout <= out.n[0]);
+    if (c->size == 1) return local_copy(tensor_rows(out, 0, nout), tensor_rows(in, 0, nin));
+    check_buffers(c, "all-to-all", out, in);
+    // Counts and displacements: a buffer grown once and kept (calls come from the main thread only).
+    static int *buf, cap;
+    if (cap < 4 * c->size) buf = xrealloc(buf, (size_t)(cap = 4 * c->size) * sizeof(int));
+    int *cnt = buf, *sd = cnt + c->size, *rc = sd + c->size, *rd = rc + c->size;
+    int64_t so = 0, ro = 0;
+    for (int p = 0; p < c->size; p++) {
+        CHECK(so + in_rows[p] <= INT_MAX && ro + out_rows[p] <= INT_MAX);
+        cnt[p] = (int)in_rows[p], sd[p] = (int)so, rc[p] = (int)out_rows[p], rd[p] = (int)ro;
+        so += in_rows[p], ro += out_rows[p];
+    }
+    // One row is one element of a contiguous datatype, so counts and displacements are in rows.
+    MPI_Datatype rt;
+    MPI_CHECK(MPI_Type_contiguous((int)row, mpi_type(in.dt), &rt));
+    MPI_CHECK(MPI_Type_commit(&rt));
+    MPI_Request req;
+    MPI_CHECK(MPI_Ialltoallv(in.p, cnt, sd, rt, out.p, rc, rd, rt, c->mpi, &req));
+    comm_wait(c, &req, "all-to-all");
+    MPI_CHECK(MPI_Type_free(&rt));
+}
+
+void comm_send(const Comm *c, Tensor x, int peer) {
+    CHECK(peer >= 0 && peer < c->size && peer != c->rank);
+    check_buffers(c, "send", x, (Tensor){0});
+    MPI_Request req;
+    MPI_CHECK(MPI_Isend(x.p, (int)tensor_numel(x), mpi_type(x.dt), peer, 0, c->mpi, &req));
+    comm_wait(c, &req, "send");
+}
+
+void comm_recv(const Comm *c, Tensor x, int peer) {
+    CHECK(peer >= 0 && peer < c->size && peer != c->rank);
+    check_buffers(c, "recv", x, (Tensor){0});
+    MPI_Request req;
+    MPI_CHECK(MPI_Irecv(x.p, (int)tensor_numel(x), mpi_type(x.dt), peer, 0, c->mpi, &req));
+    comm_wait(c, &req, "recv");
+}
+
+void comm_broadcast(const Comm *c, Tensor x, int root) {
+    CHECK(root >= 0 && root < c->size);
+    if (c->size == 1) return;
+    check_buffers(c, "broadcast", x, (Tensor){0});
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibcast(x.p, (int)tensor_numel(x), mpi_type(x.dt), root, c->mpi, &req));
+    comm_wait(c, &req, "broadcast");
+}
+
+void comm_barrier(const Comm *c) {
+    if (c->size == 1) return;
+    MPI_Request req;
+    MPI_CHECK(MPI_Ibarrier(c->mpi, &req));
+    comm_wait(c, &req, "barrier");
+}

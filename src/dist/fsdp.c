@@ -1,0 +1,80 @@
+// fsdp.c — sharding the flat parameter groups (see fsdp.h). Gradient semantics: every rank's model.g
+// holds ∂(its micro-batches' summed objective)/∂θ for the parameters it computes with; the reduce-scatter
+// sums them over the shard group and hsdp's all-reduce over the replicas, so each shard ends up with the
+// gradient of the sum over the whole global batch (the trainer then divides by the global token count).
+// Non-expert parameters: summed over dp×cp×ep (every rank of the stage). Expert parameters: summed over
+// dp×cp — the ep ranks hold different experts, and each expert's gradient already covers the tokens every
+// ep rank dispatched to it. Nothing is averaged, so no layout scales any gradient (PithTrain's experts are
+// ep× too large there).
+#include "dist/fsdp.h"
+
+int fsdp_shards(const Dist *d, int g) {
+    if (g == GROUP_EXPERT) return d->hsdp ? d->cp : d->dp * d->cp;
+    return d->hsdp ? d->cp * d->ep : d->dp * d->cp * d->ep;
+}
+
+void fsdp_setup(Fsdp *f, const Dist *d, const Model *m) {
+    memset(f, 0, sizeof *f);
+    for (int g = 0; g < NGROUPS; g++) {
+        f->shard[g] = g == GROUP_EXPERT ? (d->hsdp ? &d->cp_g : &d->dp_cp) : (d->hsdp ? &d->cp_ep : &d->dp_cp_ep);
+        f->replica[g] = d->hsdp ? &d->dp_g : NULL;
+        int n = f->shard[g]->size;
+        CHECK(n == fsdp_shards(d, g));
+        f->numel[g] = tensor_numel(m->w[g]);
+        CHECK(f->numel[g] % n == 0); // the model pads its groups to the shard count
+        f->len[g] = f->numel[g] / n;
+        f->off[g] = f->shard[g]->rank * f->len[g];
+    }
+    f->world = &d->world;
+    f->counts_in_norm = !d->hsdp || d->dp_g.rank == 0;
+}
+
+static bool one_shard(const Fsdp *f, int g) { return f->shard[g]->size == 1; }
+
+void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS],
+                      Tensor mom2[NGROUPS]) {
+    for (int g = 0; g < NGROUPS; g++) {
+        bool whole = one_shard(f, g);
+        master[g] = whole && m->dev == DEV_CPU && m->cdt == DT_F32 ? m->w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
+        grad[g] = whole ? m->g[g] : tensor_rows(m->g[g], 0, f->len[g]); // reduce-scatter in place: the sum lands in front
+        mom1[g] = arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
+        mom2[g] = arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
+    }
+}
+
+void fsdp_gather(const Fsdp *f, int g, Tensor full, Tensor shard) {
+    if (full.p == shard.p) return;
+    if (one_shard(f, g)) op_copy(full, shard); // converts to the compute dtype, crosses to the device
+    else comm_allgather(f->shard[g], full, shard);
+}
+
+void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {
+    CHECK(shard.p == full.p); // in place (fsdp_alloc_state): no separate buffer for the reduced shard
+    comm_reduce_scatter(f->shard[g], shard, full);
+    if (f->replica[g]) comm_allreduce(f->replica[g], shard, COMM_SUM);
+}
+
+void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full) {
+    op_copy(shard, tensor_make((void *)(full + f->off[g]), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1));
+}
+
+void fsdp_gather_host(const Fsdp *f, int g, float *full, Tensor shard) {
+    Tensor host = tensor_make(full, DT_F32, DEV_CPU, 1, f->numel[g], 1, 1, 1);
+    if (one_shard(f, g)) op_copy(host, shard);
+    else if (shard.dev == DEV_CPU) comm_allgather(f->shard[g], host, shard);
+    else { // a device shard goes through the host
+        Tensor mine = tensor_make(xmalloc(f->len[g] * sizeof(float) + 1), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1);
+        op_copy(mine, shard);
+        comm_allgather(f->shard[g], host, mine);
+        free(mine.p);
+    }
+}
+
+double fsdp_sum_squares(const Fsdp *f, const Tensor shard[NGROUPS]) {
+    double ss = 0;
+    if (f->counts_in_norm)
+        for (int g = 0; g < NGROUPS; g++) ss += op_sum_squares(shard[g]);
+    Tensor t = tensor_make(&ss, DT_F64, DEV_CPU, 1, 1, 1, 1, 1);
+    comm_allreduce(f->world, t, COMM_SUM);
+    return ss;
+}

@@ -1,0 +1,38 @@
+// fsdp.h — fully sharded data parallelism over the flat parameter groups (spec §5.2, DESIGN §8). The
+// expert group is sharded over dp×cp, the other group over dp×cp×ep; with hsdp both are replicated over
+// dp and sharded over the rest (cp, cp×ep). A group's flat buffer of n elements (padded to a multiple of
+// the shard count: ModelConfig.pad) is cut into equal contiguous shards; shard i belongs to the rank of
+// index i in the shard group. fp32 masters, AdamW moments and reduced gradients exist only as shards;
+// the compute copy (model.w) and the fp32 gradient accumulators (model.g) are whole, for one step.
+#pragma once
+#include "dist/mesh.h"
+#include "model/model.h"
+
+typedef struct {
+    int64_t numel[NGROUPS];              // padded elements of each group's flat buffer on this rank
+    int64_t len[NGROUPS], off[NGROUPS];  // this rank's shard: elements [off, off + len)
+    const Comm *shard[NGROUPS];          // the group's shard group
+    const Comm *replica[NGROUPS];        // hsdp: the dp group holding identical shards (else size 1)
+    const Comm *world;                   // for the global grad norm
+    bool counts_in_norm;                 // this rank's shards enter the norm (hsdp: dp rank 0 only)
+} Fsdp;
+
+// Shards of group g under the layout (the padding multiple for ModelConfig.pad).
+int fsdp_shards(const Dist *d, int g);
+void fsdp_setup(Fsdp *f, const Dist *d, const Model *m);
+// Allocates this rank's fp32 masters and AdamW moments from a (counting) arena and points the reduced
+// gradient shard at the front of model.g (the reduce-scatter runs in place). With one shard the master is
+// model.w itself on the CPU (fp32 compute).
+void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS],
+                      Tensor mom2[NGROUPS]);
+// full: (numel) compute copy ← all-gather of the master shards: (len) (converted to full's dtype).
+void fsdp_gather(const Fsdp *f, int g, Tensor full, Tensor shard);
+// shard: (len) ← Σ over every rank of its full: (numel) fp32 gradient accumulators, this rank's range;
+// in place: shard is the front of full (whose contents are then spent until the next zeroing).
+void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full);
+// shard ← this rank's range of a whole host fp32 buffer (numel) (initial values, checkpoints).
+void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full);
+// full: host fp32 (numel) ← every shard of the group (checkpoints).
+void fsdp_gather_host(const Fsdp *f, int g, float *full, Tensor shard);
+// Σ x² over every element of the whole (unsharded) groups, each counted once: shards: (len) fp32.
+double fsdp_sum_squares(const Fsdp *f, const Tensor shard[NGROUPS]);

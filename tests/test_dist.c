@@ -1,0 +1,276 @@
+// test_dist.c — multi-rank training with CPU ranks under mpirun (oversubscribed on small machines):
+// collectives and dispatch/combine (build/test_dist under mpirun), layout equivalence of the loss and of
+// every gradient tensor against one process, resharding checkpoints, failing and hanging ranks, invalid
+// layouts, and the memory plan of `pith estimate` against the one training allocates.
+#include <jansson.h>
+
+#include "base/safetensors.h"
+#include "test.h"
+
+#define MPIRUN                                                                                        \
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " \
+    "mpirun --oversubscribe --bind-to none -np"
+
+// 3 layers (the middle one dense), 8 experts top-3, load balancing on: every EP path is exercised.
+static const char *model_json =
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
+    " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}";
+
+static const char *make_run(void) {
+    static char d[256];
+    snprintf(d, sizeof d, "%s", test_tmpdir());
+    char out[4096];
+    ASSERT(run_cmd(out, sizeof out, "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 20000", model_json, d, PITH_BIN,
+                   d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, \"micro_batch_size\": 2,"
+                   " \"global_batch_size\": 8, \"max_steps\": 20, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01},"
+                   " \"moe_load_balance_coef\": 0.01, \"parallel\": {\"timeout_s\": 60}}' > %s/train.json",
+                   d) == 0);
+    return d;
+}
+
+// Step `step`'s value of `key` in a metrics.jsonl.
+static double metric(const char *dir, int step, const char *key) {
+    char out[1 << 16], pat[64];
+    ASSERT(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s/metrics.jsonl", step, dir) == 0);
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    char *p = strstr(out, pat);
+    ASSERT_MSG(p, "no %s in %s", key, out);
+    return strtod(p + strlen(pat), NULL);
+}
+
+// Worst per-tensor ‖a−b‖/‖b‖ over two gradient dumps (every tensor present in both).
+static double grad_diff(const char *a, const char *b, const char **worst_name) {
+    StSet x, y;
+    st_set_open_or_die(&x, a);
+    st_set_open_or_die(&y, b);
+    ASSERT_MSG(x.n == y.n, "%s holds %d tensors, %s %d", a, x.n, b, y.n);
+    double worst = 0;
+    static char name[200];
+    for (int i = 0; i < x.n; i++) {
+        const StTensor *t = st_set_find(&y, x.t[i]->name);
+        ASSERT_MSG(t && t->numel == x.t[i]->numel, "%s missing or reshaped in %s", x.t[i]->name, b);
+        float *u = xmalloc(t->numel * sizeof(float) + 1), *v = xmalloc(t->numel * sizeof(float) + 1);
+        st_read_f32(x.t[i], u), st_read_f32(t, v);
+        double e = rel_err_f32(u, v, t->numel);
+        if (e > worst) worst = e, snprintf(name, sizeof name, "%s", t->name);
+        free(u), free(v);
+    }
+    st_set_close(&x), st_set_close(&y);
+    *worst_name = name;
+    return worst;
+}
+
+TEST(dist_comm_collectives) {
+    char out[8192];
+    for (int np = 1; np <= 4; np++) {
+        int rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_dist comm", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok comm"), "%d ranks: %s", np, out);
+    }
+}
+
+TEST(dist_ep_dispatch_combine) {
+    char out[16384];
+    for (int np = 1; np <= 4; np++) { // E = 2·ranks: random, empty rank, all to one expert, top-k = E
+        int rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_dist ep", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok ep"), "%d ranks: %s", np, out);
+    }
+    // a capacity bound too small for the routing stops loudly (never drops tokens)
+    int rc = run_cmd(out, sizeof out, MPIRUN " 3 build/test_dist capacity");
+    ASSERT_MSG(rc != 0 && strstr(out, "pith: error: rank 0: expert parallelism: ep rank 0 received 48 (token, expert) rows, above the capacity of 24"),
+               "%s", out);
+}
+
+// One run per layout, 20 steps, the first step's gradient dumped: every layout must give the one-process
+// losses (≤ 1e-6 relative at step 1, ≤ 1e-5 over 20 steps) and gradients (≤ 1e-5 per tensor).
+TEST(dist_equivalence_layouts) {
+    const char *d = make_run();
+    char out[1 << 16], ref[300], dir[300];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, d, d) == 0);
+    snprintf(ref, sizeof ref, "%s/one", d);
+    static const struct {
+        const char *name;
+        int np;
+        const char *sets;
+    } layouts[] = {
+        {"ep2", 2, "--set parallel.expert_parallel_size=2"},
+        {"dp2", 2, ""},
+        {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2"},
+        {"ep4-capacity2.5", 4, "--set parallel.expert_parallel_size=4 --set parallel.ep_capacity_factor=2.5"},
+        {"hsdp-dp2-ep2", 4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
+    };
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", d, layouts[i].name);
+        int rc = run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json %s --set run_dir=%s --dump-grads %s/g 2>&1", PITH_BIN,
+                         layouts[i].np, d, layouts[i].sets, dir, dir);
+        ASSERT_MSG(rc == 0, "%s: %s", layouts[i].name, out);
+        double l1 = metric(dir, 1, "loss"), r1 = metric(ref, 1, "loss"), worst = fabs(l1 - r1) / r1;
+        ASSERT_MSG(worst <= 1e-6, "%s: step 1 loss %.9g vs one process %.9g", layouts[i].name, l1, r1);
+        for (int s = 2; s <= 20; s++) {
+            double l = metric(dir, s, "loss"), r = metric(ref, s, "loss"), g = metric(dir, s, "grad_norm"), rg = metric(ref, s, "grad_norm");
+            worst = fmax(worst, fabs(l - r) / r);
+            ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs one process %.9g", layouts[i].name, s, l, r);
+            ASSERT_MSG(fabs(g - rg) <= 1e-4 * rg, "%s: step %d grad norm %.9g vs one process %.9g", layouts[i].name, s, g, rg);
+        }
+        char ga[320], gb[320];
+        snprintf(ga, sizeof ga, "%s/g", dir), snprintf(gb, sizeof gb, "%s/g", ref);
+        const char *wn;
+        double gd = grad_diff(ga, gb, &wn);
+        printf("     %-14s loss (20 steps) %.1e, gradient %.1e (%s)\n", layouts[i].name, worst, gd, wn);
+        ASSERT_MSG(gd <= 1e-5, "%s: gradient of %s differs by %.3g", layouts[i].name, wn, gd);
+    }
+}
+
+// Global-batch load balancing counts experts over the micro-batches of the global batch in their global
+// order, so it too is layout-independent; with one micro-batch it is the micro-batch form.
+TEST(dist_equivalence_global_batch_lb) {
+    const char *d = make_run();
+    char out[1 << 16], a[300], b[300];
+    const char *gb = "--set moe_load_balance_type=global-batch --set max_steps=10";
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, gb, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train %s/train.json %s --set parallel.expert_parallel_size=2 --set run_dir=%s/ep2dp2 --dump-grads %s/ep2dp2/g",
+                   PITH_BIN, d, gb, d, d) == 0);
+    snprintf(a, sizeof a, "%s/ep2dp2", d), snprintf(b, sizeof b, "%s/one", d);
+    for (int s = 1; s <= 10; s++) {
+        double l = metric(a, s, "loss"), r = metric(b, s, "loss"), lb = metric(a, s, "lb_loss"), rlb = metric(b, s, "lb_loss");
+        ASSERT_MSG(fabs(l - r) <= 1e-5 * r && fabs(lb - rlb) <= 1e-5 * rlb, "step %d: loss %.9g lb %.9g vs one process %.9g %.9g", s, l, lb, r, rlb);
+    }
+    char ga[320], gb2[320];
+    snprintf(ga, sizeof ga, "%s/g", a), snprintf(gb2, sizeof gb2, "%s/g", b);
+    const char *wn;
+    double gd = grad_diff(ga, gb2, &wn);
+    ASSERT_MSG(gd <= 1e-5, "gradient of %s differs by %.3g", wn, gd);
+    // one micro-batch per step: the same run as the micro-batch form
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set global_batch_size=2 --set max_steps=5 --set run_dir=%s/m1 && "
+                                    "%s train %s/train.json --set global_batch_size=2 --set max_steps=5 --set run_dir=%s/g1 %s && "
+                                    "cd %s && sed 's/, .tokens_per_s.*//' m1/metrics.jsonl > m1.txt && sed 's/, .tokens_per_s.*//' g1/metrics.jsonl > g1.txt && cmp m1.txt g1.txt",
+                   PITH_BIN, d, d, PITH_BIN, d, d, "--set moe_load_balance_type=global-batch", d) == 0);
+}
+
+// The HF parity run (tests/hf/qwen3_moe, weights from transformers via init_from) on 4 ranks with ep 4
+// gives transformers' losses and grad norms like one process does.
+TEST(dist_hf_parity_ep4) {
+    const char *d = test_tmpdir();
+    char out[1 << 15];
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train tests/hf/qwen3_moe/train.json --set micro_batch_size=1 --set parallel.expert_parallel_size=4 --set run_dir=%s",
+                   PITH_BIN, d) == 0);
+    json_t *root = json_load_file("tests/hf/qwen3_moe/expected.json", 0, NULL), *steps = json_object_get(json_object_get(root, "train"), "steps");
+    ASSERT(root && json_array_size(steps) == 5);
+    for (int s = 0; s < 5; s++) {
+        double el = json_number_value(json_object_get(json_array_get(steps, s), "loss")), eg = json_number_value(json_object_get(json_array_get(steps, s), "grad_norm"));
+        double l = metric(d, s + 1, "loss"), g = metric(d, s + 1, "grad_norm");
+        ASSERT_MSG(fabs(l - el) <= 1e-4 * el && fabs(g - eg) <= 1e-4 * eg, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", s + 1, l, el, g, eg);
+    }
+    json_decref(root);
+}
+
+// A checkpoint written at ep2×dp2 resumes at ep4, at dp2 (ep1, hsdp) and on one process with the losses
+// of the uninterrupted run.
+TEST(dist_reshard_resume) {
+    const char *d = make_run();
+    char out[1 << 16], full[300], dir[300];
+    snprintf(full, sizeof full, "%s/full", d);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set run_dir=%s", PITH_BIN,
+                   d, full) == 0);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set save_location=%s/ck --steps 3",
+                   PITH_BIN, d, d) == 0);
+    ASSERT_MSG(run_cmd(out, sizeof out, "ls %s/ck/step-00000003", d) == 0 && strstr(out, "model.safetensors.index.json") &&
+                   strstr(out, "model-00004-of-00004.safetensors") && strstr(out, "optimizer.safetensors.index.json"),
+               "%s", out);
+    static const struct {
+        const char *name, *launch;
+    } targets[] = {{"ep4", MPIRUN " 4 %s train %s/train.json --set parallel.expert_parallel_size=4"},
+                   {"dp2-hsdp", MPIRUN " 2 %s train %s/train.json --set parallel.sharding_strategy=hsdp"},
+                   {"one", "%s train %s/train.json"}};
+    for (size_t i = 0; i < sizeof targets / sizeof *targets; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", d, targets[i].name);
+        char fmt[512];
+        snprintf(fmt, sizeof fmt, "cp -r %%s/ck %%s && %s --set max_steps=6 --set save_location=%%s", targets[i].launch);
+        ASSERT(run_cmd(out, sizeof out, fmt, d, dir, PITH_BIN, d, dir) == 0);
+        ASSERT_MSG(strstr(out, "resume: step 3 from"), "%s: %s", targets[i].name, out);
+        for (int s = 4; s <= 6; s++) {
+            double l = metric(dir, s, "loss"), r = metric(full, s, "loss");
+            ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs uninterrupted %.9g", targets[i].name, s, l, r);
+        }
+    }
+    // the one-process checkpoint (step 6, written by rank 0 alone) is a single file again
+    ASSERT(run_cmd(out, sizeof out, "ls %s/one/step-00000006", d) == 0 && strstr(out, "model.safetensors\n") && !strstr(out, "index"));
+}
+
+TEST(dist_failing_and_hanging_ranks) {
+    const char *d = make_run();
+    char out[1 << 16];
+    // rank 1 killed mid-run: the job ends at once and mpirun names the rank
+    double t0 = now_seconds();
+    int rc = run_cmd(out, sizeof out,
+                     MPIRUN " 2 %s train %s/train.json --set max_steps=1000000 --set parallel.expert_parallel_size=2 --set run_dir=%s/k >/dev/null 2>%s/k.err &"
+                            " p=$!; sleep 2; kill -9 $(pgrep -P $p | tail -1); wait $p; echo status $?; cat %s/k.err",
+                     PITH_BIN, d, d, d, d);
+    double took = now_seconds() - t0;
+    ASSERT_MSG(rc == 0 && !strstr(out, "status 0") && strstr(out, "rank 1") && took < 30, "%.1f s: %s", took, out);
+    // a rank that stops taking part: the others give up at parallel.timeout_s with a message naming the group
+    t0 = now_seconds();
+    rc = run_cmd(out, sizeof out, MPIRUN " 3 build/test_dist hang");
+    took = now_seconds() - t0;
+    ASSERT_MSG(rc != 0 && took < 20 && strstr(out, "pith: error: rank 0: barrier on the world group (3 ranks) did not complete within parallel.timeout_s = 3 s"),
+               "%.1f s: %s", took, out);
+    // a rank that dies with an error stops every rank, and the message names it
+    rc = run_cmd(out, sizeof out, MPIRUN " 2 %s train %s/train.json --set parallel.expert_parallel_size=2 --set run_dir=%s/e --set dataset=/nonexistent", PITH_BIN, d, d);
+    ASSERT_MSG(rc != 0 && strstr(out, "pith: error: rank ") && strstr(out, "/nonexistent: dataset not found"), "%s", out);
+}
+
+TEST(dist_config_errors) {
+    const char *d = make_run();
+    char out[1 << 14];
+    struct {
+        int np;
+        const char *sets, *needle;
+    } cases[] = {
+        {1, "--set parallel.expert_parallel_size=2", "train.json: parallel.expert_parallel_size: 1 ranks are not divisible by"},
+        {3, "--set parallel.expert_parallel_size=2", "train.json: parallel.expert_parallel_size: 3 ranks are not divisible by"},
+        {3, "--set parallel.expert_parallel_size=3 --set global_batch_size=12", "train.json: parallel.expert_parallel_size: 3 does not divide the model's 8 experts"},
+        {2, "--set parallel.expert_parallel_size=2 --set global_batch_size=2", "train.json: global_batch_size: must be a multiple of micro_batch_size × dp × ep = 2 × 1 × 2 = 4"},
+        {1, "--set parallel.pipeline_parallel_size=2", "train.json: parallel.pipeline_parallel_size: pipeline parallelism (DualPipeV) is not supported yet"},
+        {1, "--set parallel.context_parallel_size=2", "train.json: parallel.context_parallel_size: context parallelism (ring attention) is not supported yet"},
+        {1, "--set parallel.sharding_strategy=zero3", "train.json: parallel.sharding_strategy: must be \"fsdp\" or \"hsdp\""},
+        {1, "--set parallel.timeout_s=0", "train.json: parallel.timeout_s: must be positive"},
+        {1, "--set parallel.ep_capacity_factor=-1", "train.json: parallel.ep_capacity_factor: must be non-negative"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int rc = cases[i].np == 1 ? run_cmd(out, sizeof out, "%s train %s/train.json %s", PITH_BIN, d, cases[i].sets)
+                                  : run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json %s", cases[i].np, PITH_BIN, d, cases[i].sets);
+        ASSERT_MSG(rc != 0 && strstr(out, cases[i].needle), "expected '%s' in: %s", cases[i].needle, out);
+        if (cases[i].np == 1) ASSERT_MSG(strstr(out, "pith: error: ") == out && strchr(out, '\n') == out + strlen(out) - 1, "not one line: %s", out);
+    }
+}
+
+// The plan `pith estimate` prints without allocating is the one `pith train` allocates on each rank.
+TEST(dist_estimate_matches_training) {
+    const char *d = make_run();
+    char out[1 << 15], est[4096];
+    static const struct {
+        int np;
+        const char *sets;
+    } layouts[] = {{1, ""}, {4, "--set parallel.expert_parallel_size=2"}, {4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"}};
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
+        ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus %d --device cpu %s", PITH_BIN, d, layouts[i].np, layouts[i].sets) == 0);
+        ASSERT(run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json --set max_steps=1 --set run_dir=%s/r%zu %s", layouts[i].np, PITH_BIN, d, d, i,
+                       layouts[i].sets) == 0);
+        char *e = strstr(est, "(") ? strstr(est, " bytes)") : NULL, *t = strstr(out, " bytes)\n");
+        ASSERT_MSG(e && t, "%s\n%s", est, out);
+        while (e[-1] != '(') e--;
+        while (t[-1] != '(') t--;
+        ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "estimate %lld vs train %lld bytes:\n%s\n%s", strtoll(e, NULL, 10), strtoll(t, NULL, 10), est, out);
+    }
+    // Qwen3-30B-A3B: not on 8 GPUs of 80 GB; on 64 with ep 16 and a capacity factor
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8", PITH_BIN) == 0);
+    ASSERT_MSG(strstr(out, "pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "does not fit in 80 GB"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 64 --set parallel.expert_parallel_size=16 --set parallel.ep_capacity_factor=1.25",
+                   PITH_BIN) == 0);
+    ASSERT_MSG(strstr(out, "8 of 128 experts") && strstr(out, "\nfits in 80 GB"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 12", PITH_BIN) == 1);
+    ASSERT_MSG(strstr(out, "parallel.expert_parallel_size: 12 ranks are not divisible"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json", PITH_BIN) == 2 && strstr(out, "usage: pith estimate"));
+}
