@@ -1,6 +1,7 @@
 # pith — build, test and demo. `make` builds build/pith (CPU backend always, CUDA when nvcc exists);
 # `make test` runs the CPU suite; `make test-gpu` the GPU suite (on a machine with a GPU);
-# `make demo` runs the embedded default training run end to end.
+# `make demo` runs the embedded default training run end to end. A CUDA build that finds NCCL
+# (nccl.h beside nvcc) links it for multi-rank GPU training; `make test-gpu2` runs the two-GPU suite.
 CC      ?= gcc
 NVCC    ?= /usr/local/cuda/bin/nvcc
 BUILD   := build
@@ -13,7 +14,14 @@ MPI_LIBS   = $(shell mpicc --showme:link)
 NVFLAGS := -O2 -g -lineinfo -std=c++17 -Isrc -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -Xcompiler -fPIC
 
 HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
+CUDA_DIR  := $(patsubst %/bin/nvcc,%,$(NVCC))
+HAVE_NCCL := $(shell test -e $(CUDA_DIR)/include/nccl.h && echo 1)
 ifeq ($(CPU_ONLY),1)
+  HAVE_NVCC :=
+endif
+# FAKE_CUDA=1 (with BUILD=build-fake: `make fake-build`): no GPU code at all; "device" tensors are
+# host memory run by the CPU ops and NCCL is MPI underneath, so the NCCL transport runs on CPU machines.
+ifeq ($(FAKE_CUDA),1)
   HAVE_NVCC :=
 endif
 LIB_SRC  := $(filter-out src/app/main.c,$(wildcard src/*/*.c src/ops/cpu/*.c))
@@ -25,11 +33,19 @@ ifeq ($(HAVE_NVCC),1)
   CFLAGS += -DPITH_CUDA
   CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
   LDLIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lstdc++
+  ifeq ($(HAVE_NCCL),1)
+    CFLAGS += -DPITH_NCCL -I$(CUDA_DIR)/include
+    LDLIBS += -lnccl
+  endif
+endif
+ifeq ($(FAKE_CUDA),1)
+  CFLAGS += -DPITH_CUDA -DPITH_NCCL -DPITH_FAKE_CUDA -Itests/fake/include
+  CU_OBJ := $(BUILD)/tests/fake/fake_cuda.o
 endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all test test-asan test-gpu bench-gpu demo clean format
+.PHONY: all test test-asan test-gpu test-gpu2 fake-build bench-gpu demo clean format
 all: $(BUILD)/pith
 
 # scripts/deps.sh installs the Debian packages (and tokenizer data) the build needs; it is idempotent.
@@ -59,7 +75,7 @@ $(BUILD)/test_dist: $(DIST_TEST_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ)
 $(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
-test: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_dist
+test: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_dist fake-build
 	@$(BUILD)/test_pith
 	@$(MAKE) --no-print-directory fuzz
 
@@ -69,12 +85,23 @@ test-asan:
 	    EXTRA_LDFLAGS="-fsanitize=address,undefined" build-asan/pith build-asan/test_pith
 	@ASAN_OPTIONS=detect_leaks=0 PITH_BIN=build-asan/pith build-asan/test_pith
 
-test-gpu: $(BUILD)/pith $(BUILD)/test_gpu
+test-gpu: $(BUILD)/pith $(BUILD)/test_gpu $(BUILD)/test_dist
 	@PITH_TEST_GPU=1 $(BUILD)/test_gpu
+
+# The two-GPU suite (tests/gpu/test_gpu_dist.c: NCCL collectives, EP, timeouts and layout equivalence under
+# mpirun -np 2); part of test-gpu too, where it says "skipped" with fewer than two GPUs.
+test-gpu2: $(BUILD)/pith $(BUILD)/test_gpu $(BUILD)/test_dist
+	@PITH_TEST_GPU=1 $(BUILD)/test_gpu gpu2_
+
+# The NCCL transport on a machine without a GPU: pith and test_dist built with FAKE_CUDA=1 into
+# build-fake/ (tests/fake/fake_cuda.c: device memory is host memory, NCCL is MPI, stream order is checked);
+# tests/test_dist.c runs them.
+fake-build:
+	@$(MAKE) --no-print-directory BUILD=build-fake FAKE_CUDA=1 build-fake/pith build-fake/test_dist
 
 # Kernel timings at Qwen3-30B-A3B sizes (GPU machine only).
 $(BUILD)/bench_gpu_ops: $(BUILD)/bench/bench_gpu_ops.o $(LIB_OBJ)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
 bench-gpu: $(BUILD)/bench_gpu_ops
 	@$(BUILD)/bench_gpu_ops
@@ -83,7 +110,7 @@ demo: $(BUILD)/pith
 	@bash scripts/demo.sh
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-fake
 
 format:
 	clang-format -i $(wildcard src/*/*.[ch] src/ops/*/*.[ch] src/ops/*/*.cu src/ops/*/*.cuh tests/*.[ch] tests/dist/*.[ch])

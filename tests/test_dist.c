@@ -1,7 +1,9 @@
 // test_dist.c — multi-rank training with CPU ranks under mpirun (oversubscribed on small machines):
 // collectives and dispatch/combine (build/test_dist under mpirun), layout equivalence of the loss and of
 // every gradient tensor against one process, resharding checkpoints, failing and hanging ranks, invalid
-// layouts, and the memory plan of `pith estimate` against the one training allocates.
+// layouts, and the memory plan of `pith estimate` against the one training allocates. The NCCL transport
+// runs here too, on fake GPUs (build-fake/: host memory, NCCL over MPI, stream order checked; see
+// tests/fake/fake_cuda.c): the same collectives, dispatch/combine, timeout and layout equivalence.
 #include <jansson.h>
 
 #include "base/safetensors.h"
@@ -273,4 +275,67 @@ TEST(dist_estimate_matches_training) {
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 12", PITH_BIN) == 1);
     ASSERT_MSG(strstr(out, "parallel.expert_parallel_size: 12 ranks are not divisible"), "%s", out);
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json", PITH_BIN) == 2 && strstr(out, "usage: pith estimate"));
+}
+
+// The NCCL half on fake GPUs (`make fake-build`): every device path of comm/fsdp/ep/trainer with fp32
+// "device" tensors, NCCL calls with NCCL's contracts checked, stream order checked.
+TEST(dist_nccl_transport_fake) {
+    char out[1 << 16];
+    ASSERT_MSG(run_cmd(out, sizeof out, "test -x build-fake/pith && test -x build-fake/test_dist") == 0, "build-fake/ is missing: make fake-build");
+    for (int np = 1; np <= 4; np++) {
+        int rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_dist comm-gpu", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok comm-gpu"), "%d ranks: %s", np, out);
+        rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_dist ep-gpu", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok ep-gpu"), "%d ranks: %s", np, out);
+    }
+    double t0 = now_seconds();
+    int rc = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_dist hang-gpu");
+    ASSERT_MSG(rc != 0 && now_seconds() - t0 < 20 && strstr(out, "pith: error: rank 0: all-reduce on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),
+               "%s", out);
+}
+
+TEST(dist_nccl_equivalence_fake) {
+    const char *d = make_run();
+    char out[1 << 16], ref[300], dir[300];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, d, d) == 0);
+    snprintf(ref, sizeof ref, "%s/one", d);
+    static const struct {
+        const char *name;
+        int np;
+        const char *sets;
+    } layouts[] = {
+        {"ep2", 2, "--set parallel.expert_parallel_size=2"},
+        {"dp2", 2, ""},
+        {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2"},
+        {"ep4-capacity2.5", 4, "--set parallel.expert_parallel_size=4 --set parallel.ep_capacity_factor=2.5"},
+        {"hsdp-dp2-ep2", 4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
+    };
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", d, layouts[i].name);
+        int rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/pith train %s/train.json --set device=cuda --set compute_dtype=fp32 --set max_steps=10 %s --set run_dir=%s --dump-grads %s/g",
+                         layouts[i].np, d, layouts[i].sets, dir, dir);
+        ASSERT_MSG(rc == 0 && strstr(out, "plan (cuda"), "%s: %s", layouts[i].name, out);
+        double worst = 0;
+        for (int s = 1; s <= 10; s++) {
+            double l = metric(dir, s, "loss"), r = metric(ref, s, "loss");
+            worst = fmax(worst, fabs(l - r) / r);
+            ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs one process %.9g", layouts[i].name, s, l, r);
+        }
+        char ga[320], gb[320];
+        snprintf(ga, sizeof ga, "%s/g", dir), snprintf(gb, sizeof gb, "%s/g", ref);
+        const char *wn;
+        double gd = grad_diff(ga, gb, &wn);
+        printf("     %-14s loss (10 steps) %.1e, gradient %.1e (%s)\n", layouts[i].name, worst, gd, wn);
+        ASSERT_MSG(gd <= 1e-5, "%s: gradient of %s differs by %.3g", layouts[i].name, wn, gd);
+    }
+    // a checkpoint of device shards (ep2 × dp2) resumes on CPU ranks (ep4) with the uninterrupted losses
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 build-fake/pith train %s/train.json --set device=cuda --set compute_dtype=fp32 --set max_steps=6 "
+                                    "--set parallel.expert_parallel_size=2 --set save_location=%s/ck --steps 3", d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=4 --set save_location=%s/ck --set run_dir=%s/ck4",
+                   PITH_BIN, d, d, d) == 0 && strstr(out, "resume: step 3 from"));
+    snprintf(dir, sizeof dir, "%s/ck4", d);
+    for (int s = 4; s <= 6; s++) {
+        double l = metric(dir, s, "loss"), r = metric(ref, s, "loss");
+        ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "resumed: step %d loss %.9g vs one process %.9g", s, l, r);
+    }
 }

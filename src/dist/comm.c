@@ -1,10 +1,14 @@
-// comm.c — the MPI half of comm.h: each collective is started non-blocking (MPI-3 MPI_I*) and polled
-// with MPI_Test until it completes or the group's deadline passes. Polling sleeps briefly between tests
-// so ranks oversubscribed on few cores (tests, laptops) leave the CPU to the ranks doing work.
+// comm.c — comm.h: host buffers over MPI, device buffers over NCCL (dist/nccl_comm.c). Each MPI call is
+// started non-blocking (MPI-3 MPI_I*) and polled with MPI_Test until it completes or the group's deadline
+// passes. Polling sleeps briefly between tests so ranks oversubscribed on few cores (tests, laptops) leave
+// the CPU to the ranks doing work. Device calls return once queued; their deadline is the watchdog's.
 #include "dist/comm.h"
 
 #include <limits.h>
 #include <time.h>
+
+#include "dist/nccl_comm.h"
+#include "ops/ops.h"
 
 void mpi_check(int rc, const char *call, const char *file, int line) {
     if (rc == MPI_SUCCESS) return;
@@ -34,12 +38,23 @@ static MPI_Datatype mpi_type(DType dt) {
     return MPI_DATATYPE_NULL;
 }
 
-// The checks every call makes: host buffers (the NCCL half is not built yet) and counts MPI can take.
-static void check_buffers(const Comm *c, const char *what, Tensor a, Tensor b) {
-    if (c->dev != DEV_CPU || a.dev != DEV_CPU || (b.p && b.dev != DEV_CPU))
-        die("%s on the %s group: device buffers need the NCCL transport, which this build does not have yet", what, c->name);
-    if (tensor_numel(a) > INT_MAX || (b.p && tensor_numel(b) > INT_MAX))
-        die("%s on the %s group: %lld elements is above MPI's int count limit", what, c->name, (long long)tensor_numel(a));
+// Where a call's buffers live: false for host buffers (MPI; checks the counts fit MPI's int), true for
+// device buffers (NCCL; dies when this build or this group has no NCCL).
+static bool on_device(const Comm *c, const char *what, Tensor a, Tensor b) {
+    bool da = a.dev == DEV_CUDA, db = b.p && b.dev == DEV_CUDA;
+    if (b.p && da != db) die("%s on the %s group: one buffer on the host and one on the GPU", what, c->name);
+    if (!da) {
+        if (tensor_numel(a) > INT_MAX || (b.p && tensor_numel(b) > INT_MAX))
+            die("%s on the %s group: %lld elements is above MPI's int count limit", what, c->name, (long long)tensor_numel(a));
+        return false;
+    }
+#ifdef PITH_NCCL
+    if (c->size > 1 && !c->nccl) die("%s on the %s group: device buffers, but the group has no NCCL communicator (dist_mesh_gpu)", what, c->name);
+    return true;
+#else
+    die("%s on the %s group: device buffers need the NCCL transport, which this build does not have (a CUDA build that finds nccl.h)", what,
+        c->name);
+#endif
 }
 
 // Waits for req, dying when the group's deadline passes first.
@@ -56,14 +71,27 @@ static void comm_wait(const Comm *c, MPI_Request *req, const char *what) {
     }
 }
 
+// A group of one: in's bytes to the front of out (a device copy on the compute stream for GPU buffers).
 static void local_copy(Tensor out, Tensor in) {
     CHECK(tensor_bytes(out) >= tensor_bytes(in));
-    if (out.p != in.p && tensor_bytes(in)) memcpy(out.p, in.p, tensor_bytes(in));
+    if (out.p == in.p || !tensor_bytes(in)) return;
+    if (out.dev == DEV_CPU && in.dev == DEV_CPU) memcpy(out.p, in.p, tensor_bytes(in));
+    else op_copy(tensor_make(out.p, in.dt, out.dev, 1, tensor_numel(in), 1, 1, 1), tensor_make(in.p, in.dt, in.dev, 1, tensor_numel(in), 1, 1, 1));
 }
+
+#ifdef PITH_NCCL
+#define DEVICE_CALL(call)                                                                             \
+    do {                                                                                              \
+        call;                                                                                         \
+        return;                                                                                       \
+    } while (0)
+#else
+#define DEVICE_CALL(call) CHECK(!"unreachable: on_device dies without NCCL")
+#endif
 
 void comm_allreduce(const Comm *c, Tensor x, CommOp op) {
     if (c->size == 1) return;
-    check_buffers(c, "all-reduce", x, (Tensor){0});
+    if (on_device(c, "all-reduce", x, (Tensor){0})) DEVICE_CALL(nccl_allreduce(c, x, op));
     MPI_Request req;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x.p, (int)tensor_numel(x), mpi_type(x.dt), op == COMM_SUM ? MPI_SUM : MPI_MAX, c->mpi, &req));
     comm_wait(c, &req, "all-reduce");
@@ -72,7 +100,7 @@ void comm_allreduce(const Comm *c, Tensor x, CommOp op) {
 void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
     CHECK(tensor_numel(in) == c->size * tensor_numel(out) && in.dt == out.dt);
     if (c->size == 1) return local_copy(out, in);
-    check_buffers(c, "reduce-scatter", in, out);
+    if (on_device(c, "reduce-scatter", in, out)) DEVICE_CALL(nccl_reduce_scatter(c, out, in));
     MPI_Request req;
     MPI_CHECK(MPI_Ireduce_scatter_block(in.p == out.p ? MPI_IN_PLACE : in.p, out.p, (int)tensor_numel(out), mpi_type(in.dt), MPI_SUM, c->mpi, &req));
     comm_wait(c, &req, "reduce-scatter");
@@ -81,7 +109,7 @@ void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
 void comm_allgather(const Comm *c, Tensor out, Tensor in) {
     CHECK(tensor_numel(out) == c->size * tensor_numel(in) && in.dt == out.dt);
     if (c->size == 1) return local_copy(out, in);
-    check_buffers(c, "all-gather", out, in);
+    if (on_device(c, "all-gather", out, in)) DEVICE_CALL(nccl_allgather(c, out, in));
     MPI_Request req;
     bool in_place = (char *)in.p == (char *)out.p + (size_t)c->rank * tensor_bytes(in);
     MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.p, (int)tensor_numel(in), mpi_type(in.dt), out.p, (int)tensor_numel(in), mpi_type(in.dt),
@@ -92,7 +120,7 @@ void comm_allgather(const Comm *c, Tensor out, Tensor in) {
 void comm_alltoall(const Comm *c, Tensor out, Tensor in) {
     CHECK(tensor_numel(out) == tensor_numel(in) && tensor_numel(in) % c->size == 0 && in.dt == out.dt);
     if (c->size == 1) return local_copy(out, in);
-    check_buffers(c, "all-to-all", out, in);
+    if (on_device(c, "all-to-all", out, in)) DEVICE_CALL(nccl_alltoall(c, out, in));
     int n = (int)(tensor_numel(in) / c->size);
     MPI_Request req;
     MPI_CHECK(MPI_Ialltoall(in.p, n, mpi_type(in.dt), out.p, n, mpi_type(in.dt), c->mpi, &req));
@@ -108,7 +136,7 @@ void comm_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor i
     for (int p = 0; p < c->size; p++) nin += in_rows[p], nout += out_rows[p];
     CHECK(nin <= in.n[0] && nout <= out.n[0]);
     if (c->size == 1) return local_copy(tensor_rows(out, 0, nout), tensor_rows(in, 0, nin));
-    check_buffers(c, "all-to-all", out, in);
+    if (on_device(c, "all-to-all", out, in)) DEVICE_CALL(nccl_alltoallv(c, out, out_rows, in, in_rows));
     // Counts and displacements: a buffer grown once and kept (calls come from the main thread only).
     static int *buf, cap;
     if (cap < 4 * c->size) buf = xrealloc(buf, (size_t)(cap = 4 * c->size) * sizeof(int));
@@ -131,7 +159,7 @@ void comm_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor i
 
 void comm_send(const Comm *c, Tensor x, int peer) {
     CHECK(peer >= 0 && peer < c->size && peer != c->rank);
-    check_buffers(c, "send", x, (Tensor){0});
+    if (on_device(c, "send", x, (Tensor){0})) DEVICE_CALL(nccl_send(c, x, peer));
     MPI_Request req;
     MPI_CHECK(MPI_Isend(x.p, (int)tensor_numel(x), mpi_type(x.dt), peer, 0, c->mpi, &req));
     comm_wait(c, &req, "send");
@@ -139,7 +167,7 @@ void comm_send(const Comm *c, Tensor x, int peer) {
 
 void comm_recv(const Comm *c, Tensor x, int peer) {
     CHECK(peer >= 0 && peer < c->size && peer != c->rank);
-    check_buffers(c, "recv", x, (Tensor){0});
+    if (on_device(c, "recv", x, (Tensor){0})) DEVICE_CALL(nccl_recv(c, x, peer));
     MPI_Request req;
     MPI_CHECK(MPI_Irecv(x.p, (int)tensor_numel(x), mpi_type(x.dt), peer, 0, c->mpi, &req));
     comm_wait(c, &req, "recv");
@@ -148,7 +176,7 @@ void comm_recv(const Comm *c, Tensor x, int peer) {
 void comm_broadcast(const Comm *c, Tensor x, int root) {
     CHECK(root >= 0 && root < c->size);
     if (c->size == 1) return;
-    check_buffers(c, "broadcast", x, (Tensor){0});
+    if (on_device(c, "broadcast", x, (Tensor){0})) DEVICE_CALL(nccl_broadcast(c, x, root));
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(x.p, (int)tensor_numel(x), mpi_type(x.dt), root, c->mpi, &req));
     comm_wait(c, &req, "broadcast");

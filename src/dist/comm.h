@@ -1,9 +1,11 @@
 // comm.h — collective and point-to-point communication inside one group of ranks (a `Comm`): all-reduce,
 // reduce-scatter, all-gather, all-to-all (equal blocks or per-peer row counts), send/recv, broadcast,
-// barrier. Buffers are Tensors; a Comm carries host buffers over MPI (DEV_CPU) — device buffers over NCCL
-// (DEV_CUDA) are the GPU half's step and stop with an error here. Every call is non-blocking underneath and
-// polled against the group's deadline (parallel.timeout_s), so a rank that died or hangs ends the job
-// with a message instead of a silent hang. A group of one rank needs no MPI: every call is a local copy.
+// barrier. Buffers are Tensors: host buffers travel over MPI, device buffers (DEV_CUDA) over NCCL once
+// dist_mesh_gpu has given the group a communicator (dist/nccl_comm.c: issued on the comm stream, ordered
+// against the compute stream by events, no host sync). Every call is non-blocking underneath and watched
+// against the group's deadline (parallel.timeout_s): MPI calls are polled with MPI_Test, NCCL calls by a
+// watchdog thread (event completion, ncclCommGetAsyncError), so a rank that died or hangs ends the job
+// with a message instead of a silent hang. A group of one rank needs neither: every call is a local copy.
 #pragma once
 #include <mpi.h>
 
@@ -12,16 +14,19 @@
 typedef struct Comm {
     char name[16];    // "ep", "dp×cp", … for messages
     int rank, size;   // this rank's index in the group, ranks in the group
-    Device dev;       // where the buffers live: DEV_CPU → MPI (DEV_CUDA → NCCL, later)
+    Device dev;       // DEV_CUDA once the group has an NCCL communicator (device buffers), else DEV_CPU
     MPI_Comm mpi;     // MPI_COMM_NULL when size == 1
     double timeout_s; // a call not complete after this long is fatal
+    void *nccl;       // ncclComm_t (dist_mesh_gpu), shared by the groups of one rank set; NULL: host buffers only
+    bool nccl_owner;  // this Comm created nccl (and destroys it)
 } Comm;
 
 typedef enum { COMM_SUM, COMM_MAX } CommOp;
 
 // A group of one rank (no MPI).
 Comm comm_self(const char *name);
-// x (in place): element-wise reduction over the group. F32, F64, I32, I64.
+// Host tensors go over MPI, device tensors over NCCL (both buffers of a call on the same side).
+// x (in place): element-wise reduction over the group. F32, F64, I32, I64 (and BF16 on the GPU).
 void comm_allreduce(const Comm *c, Tensor x, CommOp op);
 // out: (n) = Σ over ranks of block `rank` of in: (size·n). In place when out.p == in.p: the sum then
 // lands in the first n elements of in.

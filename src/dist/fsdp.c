@@ -42,10 +42,14 @@ void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Tensor master[NGR
     }
 }
 
+// The shard is converted into this rank's block of the compute copy (fp32 → bf16 on the GPU), then the
+// compute copy is all-gathered in place. Converting before gathering moves half the bytes of gathering
+// fp32 and needs no whole-size fp32 staging buffer; rounding is per element, so the bits are the same.
 void fsdp_gather(const Fsdp *f, int g, Tensor full, Tensor shard) {
     if (full.p == shard.p) return;
-    if (one_shard(f, g)) op_copy(full, shard); // converts to the compute dtype, crosses to the device
-    else comm_allgather(f->shard[g], full, shard);
+    Tensor mine = tensor_rows(full, f->off[g], f->len[g]);
+    op_copy(mine, shard); // converts to the compute dtype, crosses to the device
+    if (!one_shard(f, g)) comm_allgather(f->shard[g], full, mine);
 }
 
 void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {

@@ -1,9 +1,12 @@
-// mesh.c — launching (MPI_Init only under a launcher), aborting every rank on an error, and the mesh
-// groups as MPI communicators split from MPI_COMM_WORLD (see mesh.h for the rank order).
+// mesh.c — launching (MPI_Init only under a launcher), aborting every rank on an error, the mesh groups
+// as MPI communicators split from MPI_COMM_WORLD (see mesh.h for the rank order), and on the GPU one
+// device per rank and an NCCL communicator per group.
 #include "dist/mesh.h"
 
+#include "dist/nccl_comm.h"
+
 static bool launched;
-static int world_size = 1, world_rank = 0, local_rank = 0;
+static int world_size = 1, world_rank = 0, local_rank = 0, local_size = 1;
 
 static void abort_all(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
 
@@ -18,7 +21,15 @@ void dist_launch(void) {
     MPI_Comm node;
     MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node));
     MPI_CHECK(MPI_Comm_rank(node, &local_rank));
+    MPI_CHECK(MPI_Comm_size(node, &local_size));
     MPI_CHECK(MPI_Comm_free(&node));
+    // The launcher's own count where it gives one (it is what decides GPU placement elsewhere too).
+    const char *env[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"};
+    for (size_t i = 0; i < sizeof env / sizeof *env; i++)
+        if (getenv(env[i]) && *getenv(env[i])) {
+            local_rank = atoi(getenv(env[i]));
+            break;
+        }
     if (world_size > 1) die_rank = world_rank, die_hook = abort_all;
 }
 
@@ -81,9 +92,39 @@ void dist_mesh_describe(Dist *d, int world, int rank, int pp, int cp, int ep, bo
     mesh_build(d, world, rank, pp, cp, ep, hsdp, file, false, 0);
 }
 
+void dist_mesh_gpu(Dist *d) {
+    if (d->world.size == 1) return;
+#ifdef PITH_NCCL
+    nccl_bind_device(local_rank, local_size);
+    // Groups with the same ranks in the same order share one communicator (at ep = world size, world, ep,
+    // dp×cp×ep, cp×ep and dp×ep are one set). Every rank makes the same choices in the same order: the
+    // groups of one kind partition the world alike, so NCCL's collective set-ups pair up.
+    Comm *all[] = {&d->world, &d->pp_g, &d->dp_g, &d->cp_g, &d->ep_g, &d->dp_cp, &d->dp_cp_ep, &d->cp_ep, &d->dp_ep};
+    int n = (int)(sizeof all / sizeof *all);
+    for (int i = 0; i < n; i++) {
+        if (all[i]->size == 1) continue;
+        for (int j = 0; j < i && !all[i]->nccl; j++) {
+            int same = MPI_UNEQUAL;
+            if (all[j]->nccl) MPI_CHECK(MPI_Comm_compare(all[i]->mpi, all[j]->mpi, &same));
+            if (same == MPI_IDENT || same == MPI_CONGRUENT) all[i]->nccl = all[j]->nccl, all[i]->dev = DEV_CUDA;
+        }
+        if (!all[i]->nccl) nccl_comm_create(all[i]);
+    }
+#else
+    die("multi-rank training on the GPU needs NCCL, which this build does not have (a CUDA build that finds nccl.h); use device \"cpu\"");
+#endif
+}
+
 void dist_mesh_free(Dist *d) {
-    Comm *all[] = {&d->pp_g, &d->dp_g, &d->cp_g, &d->ep_g, &d->dp_cp, &d->dp_cp_ep, &d->cp_ep, &d->dp_ep};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+    Comm *all[] = {&d->world, &d->pp_g, &d->dp_g, &d->cp_g, &d->ep_g, &d->dp_cp, &d->dp_cp_ep, &d->cp_ep, &d->dp_ep};
+    int n = (int)(sizeof all / sizeof *all);
+#ifdef PITH_NCCL
+    bool gpu = false;
+    for (int i = 0; i < n; i++) gpu |= all[i]->nccl != NULL;
+    if (gpu) nccl_shutdown(); // the watchdog first: it reads the communicators
+    for (int i = 0; i < n; i++) nccl_comm_destroy(all[i]);
+#endif
+    for (int i = 1; i < n; i++) // world's is MPI_COMM_WORLD
         if (all[i]->mpi != MPI_COMM_NULL && launched) MPI_CHECK(MPI_Comm_free(&all[i]->mpi));
     memset(d, 0, sizeof *d);
 }

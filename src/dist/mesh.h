@@ -30,5 +30,9 @@ void dist_finalize(void);  // MPI_Finalize when launched
 void dist_mesh_init(Dist *d, int pp, int cp, int ep, bool hsdp, double timeout_s, const char *file);
 // Sizes and coordinates of `rank` in a world of `world` ranks, without communicators (pith estimate).
 void dist_mesh_describe(Dist *d, int world, int rank, int pp, int cp, int ep, bool hsdp, const char *file);
-void dist_mesh_free(Dist *d);
+// One GPU per rank (device = local rank, chosen before anything else touches the GPU) and an NCCL
+// communicator for every group of several ranks, bootstrapped over MPI; from then on the groups carry
+// device buffers too. Nothing with one rank; dies in a build without NCCL. Collective over the world.
+void dist_mesh_gpu(Dist *d);
+void dist_mesh_free(Dist *d); // destroys the NCCL communicators (after the watchdog) and the MPI ones
 int dist_rank_of(const Dist *d, int pp, int dp, int cp, int ep); // global rank of mesh coordinates

@@ -77,8 +77,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     Dist *d = &r->dist;
     dist_mesh_init(d, c->parallel.pp, c->parallel.cp, c->parallel.ep, !strcmp(c->parallel.sharding, "hsdp"), c->parallel.timeout_s, c->file);
     Device dev = pick_device(c);
-    if (dev == DEV_CUDA && d->world.size > 1)
-        die("%s: device: multi-rank training on the GPU needs the NCCL transport, which this build does not have yet (use \"cpu\")", c->file);
+    if (dev == DEV_CUDA) dist_mesh_gpu(d); // one GPU per rank and NCCL communicators, before anything touches the GPU
     DType cdt = dev == DEV_CUDA && !strcmp(c->compute_dtype, "bf16") ? DT_BF16 : DT_F32;
     if (c->save_interval && !c->save_location[0]) die("%s: save_interval: needs save_location", c->file);
     ModelConfig mc;

@@ -1,10 +1,13 @@
-// worker.c — build/test_dist SUITE: the multi-rank checks, run under `mpirun -np N` by tests/test_dist.c.
+// worker.c — build/test_dist SUITE: the multi-rank checks, run under `mpirun -np N` by tests/test_dist.c
+// (and tests/gpu/test_gpu_dist.c for the -gpu suites).
 //   comm       every collective of dist/comm.h against values each rank can compute alone
 //   ep         dispatch/combine (forward and backward) against a plain reference that every rank computes
 //              from every rank's (deterministic) routing: counts, deduplication, expert order, empty ranks,
 //              all tokens to one expert, top-k = number of experts
 //   capacity   an ep_capacity_factor too small for the routing: must stop with the capacity message
 //   hang       rank 1 stops taking part: the others must stop at parallel.timeout_s with a message
+//   comm-gpu, ep-gpu, hang-gpu   the same on device buffers over NCCL (one GPU per rank, dist_mesh_gpu);
+//              comm-gpu adds bf16 (all-gather, all-to-all-v, and all-reduce on a real GPU)
 // A failed check dies (every rank stops, the message names the rank); success prints "ok SUITE" on rank 0.
 #include <math.h>
 #include <unistd.h>
@@ -32,67 +35,134 @@ static Tensor host(DType dt, int64_t n0, int64_t n1) {
 #define I64(t) ((int64_t *)(t).p)
 #define F64(t) ((double *)(t).p)
 
+// Device suites: every buffer a collective sees is a device copy of a host tensor (the checks read the
+// host side). On the CPU suites up() returns the host tensor itself and down() does nothing.
+static Device dev = DEV_CPU;
+static Arena devmem;
+static Tensor up(Tensor h) {
+    if (dev == DEV_CPU) return h;
+    Tensor d = arena_tensor(&devmem, h.dt, h.nd, h.n[0], h.n[1], h.n[2], h.n[3]);
+    op_copy(d, h);
+    return d;
+}
+static void down(Tensor h, Tensor d) {
+    if (d.p != h.p) op_copy(h, d);
+}
+static uint16_t bf16_bits(float x) { // truncated: exact for the small integers used here
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)(u >> 16);
+}
+static float bf16_value(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
 // ---- comm ----
 
 static void suite_comm(const Dist *d) {
     const Comm *w = &d->world;
     int P = w->size, me = w->rank;
-    Tensor x = host(DT_F64, 3, 1);
+    Tensor x = host(DT_F64, 3, 1), xd;
     F64(x)[0] = me, F64(x)[1] = 1, F64(x)[2] = -me;
-    comm_allreduce(w, x, COMM_SUM);
+    comm_allreduce(w, xd = up(x), COMM_SUM);
+    down(x, xd);
     EXPECT(F64(x)[0] == P * (P - 1) / 2.0 && F64(x)[1] == P && F64(x)[2] == -P * (P - 1) / 2.0, "sum\n");
-    Tensor m = host(DT_I64, 2, 1);
+    Tensor m = host(DT_I64, 2, 1), md;
     I64(m)[0] = me, I64(m)[1] = 7 - me;
-    comm_allreduce(w, m, COMM_MAX);
+    comm_allreduce(w, md = up(m), COMM_MAX);
+    down(m, md);
     EXPECT(I64(m)[0] == P - 1 && I64(m)[1] == 7, "max\n");
     // reduce-scatter: rank r's input block b holds r + 10·b + i; the sum over r of block me
     int n = 5;
-    Tensor in = host(DT_F32, P * n, 1), out = host(DT_F32, n, 1);
+    Tensor in = host(DT_F32, P * n, 1), out = host(DT_F32, n, 1), ind, outd;
     for (int b = 0; b < P; b++)
         for (int i = 0; i < n; i++) F(in)[b * n + i] = (float)(me + 10 * b + i);
-    comm_reduce_scatter(w, out, in);
+    comm_reduce_scatter(w, outd = up(out), ind = up(in));
+    down(out, outd);
     for (int i = 0; i < n; i++) EXPECT(F(out)[i] == (float)(P * (P - 1) / 2 + P * (10 * me + i)), "reduce-scatter %d\n", i);
+    // in place (FSDP's gradients): the sum lands in the first n elements of the input
+    comm_reduce_scatter(w, tensor_rows(ind, 0, n), ind);
+    down(in, ind);
+    for (int i = 0; i < n; i++) EXPECT(F(in)[i] == (float)(P * (P - 1) / 2 + P * (10 * me + i)), "in-place reduce-scatter %d\n", i);
     // all-gather: block b = rank b's values
     for (int i = 0; i < n; i++) F(out)[i] = (float)(100 * me + i);
-    comm_allgather(w, in, out);
+    comm_allgather(w, ind = up(in), up(out));
+    down(in, ind);
     for (int b = 0; b < P; b++)
         for (int i = 0; i < n; i++) EXPECT(F(in)[b * n + i] == (float)(100 * b + i), "all-gather\n");
+    // in place (FSDP's compute copies): this rank's block of the output is the input
+    for (int b = 0; b < P; b++)
+        for (int i = 0; i < n; i++) F(in)[b * n + i] = b == me ? (float)(7 * me + i) : NAN;
+    ind = up(in);
+    comm_allgather(w, ind, tensor_rows(ind, (int64_t)me * n, n));
+    down(in, ind);
+    for (int b = 0; b < P; b++)
+        for (int i = 0; i < n; i++) EXPECT(F(in)[b * n + i] == (float)(7 * b + i), "in-place all-gather\n");
     // all-to-all with equal blocks: block p of rank r = 1000·r + p
-    Tensor a = host(DT_I32, P, 1), b2 = host(DT_I32, P, 1);
+    Tensor a = host(DT_I32, P, 1), b2 = host(DT_I32, P, 1), b2d;
     for (int p = 0; p < P; p++) I32(a)[p] = 1000 * me + p;
-    comm_alltoall(w, b2, a);
+    comm_alltoall(w, b2d = up(b2), up(a));
+    down(b2, b2d);
     for (int p = 0; p < P; p++) EXPECT(I32(b2)[p] == 1000 * p + me, "all-to-all\n");
     // all-to-all with per-peer row counts: rank r sends (r + p) % 3 rows of width 2 to p (some zero)
     int64_t *sr = xcalloc(2 * P, sizeof(int64_t)), *rr = sr + P, ns = 0, nr = 0;
     for (int p = 0; p < P; p++) sr[p] = (me + p) % 3, rr[p] = (p + me) % 3, ns += sr[p], nr += rr[p];
-    Tensor s = host(DT_F32, ns + 1, 2), r = host(DT_F32, nr + 1, 2);
+    Tensor s = host(DT_F32, ns + 1, 2), r = host(DT_F32, nr + 1, 2), rd;
     for (int p = 0, o = 0; p < P; p++)
         for (int k = 0; k < sr[p]; k++, o++) F(s)[2 * o] = (float)(me * 100 + p), F(s)[2 * o + 1] = (float)k;
-    comm_alltoallv(w, r, rr, s, sr);
+    comm_alltoallv(w, rd = up(r), rr, up(s), sr);
+    down(r, rd);
     for (int p = 0, o = 0; p < P; p++)
         for (int k = 0; k < rr[p]; k++, o++) EXPECT(F(r)[2 * o] == (float)(p * 100 + me) && F(r)[2 * o + 1] == (float)k, "all-to-all-v\n");
     // a ring of send/recv (even ranks send first), broadcast from the last rank, barrier
-    Tensor v = host(DT_I64, 1, 1);
+    Tensor v = host(DT_I64, 1, 1), vd = up(v);
     if (P > 1) {
         for (int turn = 0; turn < 2; turn++) {
-            if ((me % 2) == turn) I64(v)[0] = me, comm_send(w, v, (me + 1) % P);
+            if ((me % 2) == turn) I64(v)[0] = me, comm_send(w, vd = up(v), (me + 1) % P);
             else {
-                comm_recv(w, v, (me + P - 1) % P);
+                comm_recv(w, vd, (me + P - 1) % P);
+                down(v, vd);
                 EXPECT(I64(v)[0] == (me + P - 1) % P, "ring\n");
             }
         }
     }
     I64(v)[0] = me == P - 1 ? 4242 : 0;
-    comm_broadcast(w, v, P - 1);
+    comm_broadcast(w, vd = up(v), P - 1);
+    down(v, vd);
     EXPECT(I64(v)[0] == 4242, "broadcast\n");
     comm_barrier(w);
+    if (dev == DEV_CUDA) { // bf16 rows (EP payloads and FSDP compute copies travel as bf16)
+        Tensor hb = host(DT_BF16, P * 3, 4), mine = host(DT_BF16, 3, 4), hbd;
+        for (int i = 0; i < 12; i++) ((uint16_t *)mine.p)[i] = bf16_bits((float)(16 * me + i));
+        comm_allgather(w, hbd = up(hb), up(mine));
+        down(hb, hbd);
+        for (int i = 0; i < P * 12; i++) EXPECT(bf16_value(((uint16_t *)hb.p)[i]) == (float)(16 * (i / 12) + i % 12), "bf16 all-gather\n");
+        Tensor rb = host(DT_BF16, nr + 1, 2), sb = host(DT_BF16, ns + 1, 2), rbd;
+        for (int i = 0; i < 2 * ns; i++) ((uint16_t *)sb.p)[i] = bf16_bits(F(s)[i]);
+        comm_alltoallv(w, rbd = up(rb), rr, up(sb), sr);
+        down(rb, rbd);
+        for (int i = 0; i < 2 * nr; i++) EXPECT(((uint16_t *)rb.p)[i] == bf16_bits(F(r)[i]), "bf16 all-to-all-v\n");
+#ifndef PITH_FAKE_CUDA // the fake has no bf16 arithmetic
+        for (int i = 0; i < 12; i++) ((uint16_t *)mine.p)[i] = bf16_bits((float)(me + i));
+        Tensor sd = up(mine);
+        comm_allreduce(w, sd, COMM_SUM);
+        down(mine, sd);
+        for (int i = 0; i < 12; i++) EXPECT(bf16_value(((uint16_t *)mine.p)[i]) == (float)(P * (P - 1) / 2 + P * i), "bf16 all-reduce\n");
+#endif
+    }
     // the mesh groups: sizes and coordinates agree with the rank formula
     EXPECT(dist_rank_of(d, d->pp_g.rank, d->dp_g.rank, d->cp_g.rank, d->ep_g.rank) == me, "rank order\n");
-    Tensor e = host(DT_I64, 1, 1);
+    Tensor e = host(DT_I64, 1, 1), ed;
     I64(e)[0] = me;
-    comm_allreduce(&d->ep_g, e, COMM_SUM); // ep groups are neighbouring ranks
+    comm_allreduce(&d->ep_g, ed = up(e), COMM_SUM); // ep groups are neighbouring ranks
+    down(e, ed);
     int first = me - d->ep_g.rank;
     EXPECT(I64(e)[0] == (int64_t)d->ep * first + d->ep * (d->ep - 1) / 2, "ep group members\n");
+    if (dev == DEV_CUDA) // groups of the same ranks share one communicator
+        EXPECT(d->ep_g.size == 1 || d->ep_g.size != P || d->ep_g.nccl == d->world.nccl, "ep and world share NCCL\n");
 }
 
 // ---- ep: dispatch and combine ----
@@ -118,17 +188,27 @@ static float xval(int s, int t, int col) { return col == 0 ? (float)s : col == 1
 static float dyval(int s, int slot, int col) { return (float)rng_normal(4, s * 7919 + slot, col); }
 static float dxeval(int s, int t, int e, int col) { return (float)rng_normal(5, (s * 7919 + t) * 131 + e, col); }
 
+// A host tensor shaped like t (zeroed), and one holding t's values.
+static Tensor host_like(Tensor t) {
+    return tensor_make(xcalloc(tensor_numel(t) + 1, dtype_size(t.dt)), t.dt, DEV_CPU, t.nd, t.n[0], t.n[1], t.n[2], t.n[3]);
+}
+static Tensor pull(Tensor t) {
+    Tensor h = host_like(t);
+    op_copy(h, t);
+    return h;
+}
+
 static void run_ep_case(const Dist *d, const EpCase *c, double capacity) {
     int P = d->ep, me = d->ep_g.rank, T = c->T, k = c->k, E = c->E, El = E / P, H = 6;
     Model m;
     memset(&m, 0, sizeof m);
     m.cfg.hidden = H, m.cfg.topk = k, m.cfg.experts = E, m.cfg.ep_size = P, m.cfg.ep_rank = me;
-    m.cdt = DT_F32, m.dev = DEV_CPU, m.ep = &d->ep_g, m.ep_capacity = capacity;
+    m.cdt = DT_F32, m.dev = dev, m.ep = &d->ep_g, m.ep_capacity = capacity;
     EpBuffers b;
-    Arena cnt = arena_counting("communication", DEV_CPU);
+    Arena cnt = arena_counting("communication", dev);
     ep_buffers_alloc(&m, &b, &cnt, T);
     ep_buffers_free(&b);
-    Arena comm = arena_create("communication", DEV_CPU, cnt.peak), act = arena_create("act", DEV_CPU, 1 << 24), ws = arena_create("ws", DEV_CPU, 1 << 24);
+    Arena comm = arena_create("communication", dev, cnt.peak), act = arena_create("act", dev, 1 << 24), ws = arena_create("ws", dev, 1 << 24);
     ep_buffers_alloc(&m, &b, &comm, T);
     StageIO io = {0};
     io.offs = xcalloc(E + 1, sizeof(int64_t));
@@ -140,11 +220,15 @@ static void run_ep_case(const Dist *d, const EpCase *c, double capacity) {
     int32_t *ids = xmalloc((size_t)P * T * k * sizeof(int32_t)); // every rank's routing
     for (int s = 0; s < P; s++)
         for (int t = 0; t < T; t++) route(c, P, s, t, ids + ((size_t)s * T + t) * k);
+    // The checks read host copies (x…) of the stage's tensors (io.…), which live on `dev`.
+    Tensor xd = host_like(io.xd), idx = host_like(io.idx);
     for (int t = 0; t < T; t++) {
-        for (int col = 0; col < H; col++) F(io.xd)[t * H + col] = xval(me, t, col);
-        for (int j = 0; j < k; j++) I32(io.idx)[t * k + j] = ids[((size_t)me * T + t) * k + j];
+        for (int col = 0; col < H; col++) F(xd)[t * H + col] = xval(me, t, col);
+        for (int j = 0; j < k; j++) I32(idx)[t * k + j] = ids[((size_t)me * T + t) * k + j];
     }
+    op_copy(io.xd, xd), op_copy(io.idx, idx);
     ep_dispatch_forward(&m, &io);
+    Tensor xe = pull(io.xe), send_idx = io.route ? pull(io.route->send_idx) : (Tensor){0};
     // counts: deduplicated tokens to each rank, slots to each rank
     EpRoute *r = io.route;
     int64_t sent = 0;
@@ -162,7 +246,7 @@ static void run_ep_case(const Dist *d, const EpCase *c, double capacity) {
     }
     EXPECT(sent <= (int64_t)T * (k < P ? k : P), "%s: more rows sent than T·min(k, P)\n", c->name);
     for (int g = 0, o = 0; g < P && r; o += (int)r->send_tok[g], g++) // each token at most once per rank, in token order
-        for (int i = 1; i < r->send_tok[g]; i++) EXPECT(I32(r->send_idx)[o + i] > I32(r->send_idx)[o + i - 1], "%s: dedup order\n", c->name);
+        for (int i = 1; i < r->send_tok[g]; i++) EXPECT(I32(send_idx)[o + i] > I32(send_idx)[o + i - 1], "%s: dedup order\n", c->name);
     // expert order: local expert, then source rank, then the source's token order
     int64_t i = 0;
     for (int e = 0; e < El; e++) {
@@ -171,51 +255,62 @@ static void run_ep_case(const Dist *d, const EpCase *c, double capacity) {
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < k; j++)
                     if (ids[((size_t)s * T + t) * k + j] == me * El + e) {
-                        for (int col = 0; col < H; col++) EXPECT(F(io.xe)[i * H + col] == xval(s, t, col), "%s: xe row %lld\n", c->name, (long long)i);
+                        for (int col = 0; col < H; col++) EXPECT(F(xe)[i * H + col] == xval(s, t, col), "%s: xe row %lld\n", c->name, (long long)i);
                         i++;
                     }
     }
     EXPECT(io.offs[El] == i, "%s: rows received\n", c->name);
     // combine: expert e's output is x·(e+1) + e, so slot (t, j) must come back as x_t·(idx+1) + idx
+    Tensor ye = host_like(io.ye);
     for (int64_t q = 0; q < i; q++) {
         int e = 0;
         while (io.offs[e + 1] <= q) e++;
         int ge = me * El + e;
-        for (int col = 0; col < H; col++) F(io.ye)[q * H + col] = F(io.xe)[q * H + col] * (float)(ge + 1) + (float)ge;
+        for (int col = 0; col < H; col++) F(ye)[q * H + col] = F(xe)[q * H + col] * (float)(ge + 1) + (float)ge;
     }
+    op_copy(io.ye, ye);
     ep_combine_forward(&m, &io);
+    Tensor y = pull(io.y);
     for (int t = 0; t < T; t++)
         for (int j = 0; j < k; j++) {
-            int ge = I32(io.idx)[t * k + j];
+            int ge = I32(idx)[t * k + j];
             for (int col = 0; col < H; col++)
-                EXPECT(F(io.y)[(t * k + j) * H + col] == xval(me, t, col) * (float)(ge + 1) + (float)ge, "%s: combine slot %d.%d\n", c->name, t, j);
+                EXPECT(F(y)[(t * k + j) * H + col] == xval(me, t, col) * (float)(ge + 1) + (float)ge, "%s: combine slot %d.%d\n", c->name, t, j);
         }
     // combine backward: the gradient of slot (s, t, j) arrives at its expert row
+    Tensor dy = host_like(io.dy);
     for (int sl = 0; sl < T * k; sl++)
-        for (int col = 0; col < H; col++) F(io.dy)[sl * H + col] = dyval(me, sl, col);
+        for (int col = 0; col < H; col++) F(dy)[sl * H + col] = dyval(me, sl, col);
+    op_copy(io.dy, dy);
     ep_combine_backward(&m, &io);
+    Tensor dye = pull(io.dye);
     for (int64_t q = 0; q < i; q++) {
         int e = 0;
         while (io.offs[e + 1] <= q) e++;
-        int s = (int)F(io.xe)[q * H], t = (int)F(io.xe)[q * H + 1], j = 0;
+        int s = (int)F(xe)[q * H], t = (int)F(xe)[q * H + 1], j = 0;
         while (ids[((size_t)s * T + t) * k + j] != me * El + e) j++;
-        for (int col = 0; col < H; col++) EXPECT(F(io.dye)[q * H + col] == dyval(s, t * k + j, col), "%s: combine backward row %lld\n", c->name, (long long)q);
+        for (int col = 0; col < H; col++) EXPECT(F(dye)[q * H + col] == dyval(s, t * k + j, col), "%s: combine backward row %lld\n", c->name, (long long)q);
     }
     // dispatch backward: token t receives the sum of its slots' row gradients from every rank
+    Tensor dxe = host_like(io.dxe);
     for (int64_t q = 0; q < i; q++) {
         int e = 0;
         while (io.offs[e + 1] <= q) e++;
-        int s = (int)F(io.xe)[q * H], t = (int)F(io.xe)[q * H + 1];
-        for (int col = 0; col < H; col++) F(io.dxe)[q * H + col] = dxeval(s, t, me * El + e, col);
+        int s = (int)F(xe)[q * H], t = (int)F(xe)[q * H + 1];
+        for (int col = 0; col < H; col++) F(dxe)[q * H + col] = dxeval(s, t, me * El + e, col);
     }
+    op_copy(io.dxe, dxe);
     ep_dispatch_backward(&m, &io);
+    Tensor dxd = pull(io.dxd);
     for (int t = 0; t < T; t++)
         for (int col = 0; col < H; col++) {
             double want = 0;
-            for (int j = 0; j < k; j++) want += dxeval(me, t, I32(io.idx)[t * k + j], col);
-            EXPECT(fabs(F(io.dxd)[t * H + col] - want) <= 1e-5 * (1 + fabs(want)), "%s: dispatch backward token %d: %g vs %g\n", c->name, t,
-                   F(io.dxd)[t * H + col], want);
+            for (int j = 0; j < k; j++) want += dxeval(me, t, I32(idx)[t * k + j], col);
+            EXPECT(fabs(F(dxd)[t * H + col] - want) <= 1e-5 * (1 + fabs(want)), "%s: dispatch backward token %d: %g vs %g\n", c->name, t,
+                   F(dxd)[t * H + col], want);
         }
+    Tensor hs[] = {xd, idx, xe, send_idx, ye, y, dy, dye, dxe, dxd};
+    for (size_t h = 0; h < sizeof hs / sizeof *hs; h++) free(hs[h].p);
     ep_route_free(io.route), ep_buffers_free(&b), free(io.offs), free(ids);
     arena_destroy(&comm), arena_destroy(&act), arena_destroy(&ws);
 }
@@ -238,21 +333,37 @@ static void suite_ep(const Dist *d) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 2) die("usage: test_dist comm|ep|capacity|hang");
+    if (argc < 2) die("usage: test_dist comm|ep|capacity|hang[-gpu]");
+    char suite[32];
+    snprintf(suite, sizeof suite, "%s", argv[1]);
+    size_t len = strlen(suite);
+    bool gpu = len > 4 && !strcmp(suite + len - 4, "-gpu");
+    if (gpu) suite[len - 4] = 0;
     dist_launch();
     int P = dist_world_size();
     Dist d;
-    dist_mesh_init(&d, 1, 1, strcmp(argv[1], "comm") ? P : (P % 2 ? 1 : 2), false, !strcmp(argv[1], "hang") ? 3 : 60, "test_dist");
-    if (!strcmp(argv[1], "comm")) suite_comm(&d);
-    else if (!strcmp(argv[1], "ep")) suite_ep(&d);
-    else if (!strcmp(argv[1], "capacity")) {
+    dist_mesh_init(&d, 1, 1, strcmp(suite, "comm") ? P : (P % 2 ? 1 : 2), false, !strcmp(suite, "hang") ? 3 : 60, "test_dist");
+    if (gpu) {
+        if (!ops_cuda_available()) die("test_dist %s: no GPU", argv[1]);
+        dist_mesh_gpu(&d);
+        dev = DEV_CUDA;
+        devmem = arena_create("test_dist", DEV_CUDA, (size_t)64 << 20);
+    }
+    if (!strcmp(suite, "comm")) suite_comm(&d);
+    else if (!strcmp(suite, "ep")) suite_ep(&d);
+    else if (!strcmp(suite, "capacity")) {
         EpCase c = {"capacity", 16, 1, 2 * P, 2}; // everything to expert 0: rank 0 receives P·T rows
         run_ep_case(&d, &c, 1.5);                // room for 1.5·T·k rows only
-    } else if (!strcmp(argv[1], "hang")) {
+    } else if (!strcmp(suite, "hang")) {
         if (d.world.rank == 1) sleep(30); // stops taking part
-        comm_barrier(&d.world);
+        if (gpu) {                        // the device call returns at once; the read waits for it
+            Tensor x = host(DT_F32, 4, 1), xd = up(x);
+            comm_allreduce(&d.world, xd, COMM_SUM);
+            down(x, xd);
+        } else comm_barrier(&d.world);
     } else die("test_dist: unknown suite '%s'", argv[1]);
     if (d.world.rank == 0) printf("ok %s: %d ranks, %d checks on rank 0\n", argv[1], P, nchecks);
+    if (gpu) arena_destroy(&devmem);
     dist_mesh_free(&d);
     dist_finalize();
     return 0;

@@ -23,12 +23,13 @@ static void mem_sample(void) {
 CudaCtx *cuda_ctx(void) {
     if (ctx_ready) return &ctx;
     ctx_ready = true;
-    CUDA_CHECK(cudaSetDevice(0));
+    int dev = 0; // the device this thread is bound to: 0, or the rank's GPU (dist/nccl_comm.c binds it first)
+    CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaFree(0)); // creates the primary context
     CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.compute, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.comm, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasLtCreate(&ctx.lt));
-    CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sm_count, cudaDevAttrMultiProcessorCount, 0));
+    CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sm_count, cudaDevAttrMultiProcessorCount, dev));
     mem_base = mem_in_use();
     CUDA_CHECK(cudaMalloc(&ctx.lt_ws, CUDA_LT_WS_BYTES));
     CUDA_CHECK(cudaMalloc(&ctx.convert, CUDA_CONVERT_BYTES));

@@ -1,0 +1,352 @@
+// nccl_comm.c — the NCCL half of comm.h (see nccl_comm.h): device binding, communicators bootstrapped
+// over MPI, collectives on the comm stream ordered by events against the compute stream, and the
+// watchdog thread that turns a hang or an asynchronous NCCL error into a message and an exit.
+// Counts are elements of the tensor's dtype (size_t: no int limit); zero-size transfers are skipped on
+// both sides of a pair (their counts agree), so empty ranks cost no NCCL call.
+#include "dist/nccl_comm.h"
+
+#ifdef PITH_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ops/cuda/cuda_ops.h"
+
+#define CUDA_OK(call) cuda_ok((call), #call, __FILE__, __LINE__)
+#define NCCL_OK(c, call) nccl_ok((call), (c), #call, __FILE__, __LINE__)
+
+static void cuda_ok(cudaError_t e, const char *call, const char *file, int line) {
+    if (e != cudaSuccess) die("CUDA call failed at %s:%d: %s: %s", file, line, call, cudaGetErrorString(e));
+}
+
+static void nccl_ok(ncclResult_t r, const Comm *c, const char *call, const char *file, int line) {
+    if (r == ncclSuccess) return;
+    const char *last = ncclGetLastError(c && c->nccl ? (ncclComm_t)c->nccl : NULL);
+    die("NCCL call failed at %s:%d on the %s group: %s: %s%s%s", file, line, c ? c->name : "-", call, ncclGetErrorString(r),
+        last && *last ? ": " : "", last ? last : "");
+}
+
+// ---- the watchdog ----
+
+enum { RING = 1024, MAX_COMMS = 16 };
+
+typedef struct {
+    cudaEvent_t ev;   // recorded on the comm stream right after the call
+    double issued;    // when the host issued the call
+    const char *what; // "all-to-all", …
+    char group[16];
+    int size;
+    double timeout_s;
+} Watch;
+
+static struct {
+    int device;                  // the GPU this process is bound to (-1: none yet)
+    bool started;
+    cudaEvent_t ready;           // compute → comm: a call waits for the compute stream's work so far
+    pthread_mutex_t mu;          // guards what follows (the host thread issues, the watchdog retires)
+    Watch ring[RING];            // issued calls not yet seen complete, oldest at head (one stream: FIFO)
+    int head, count;
+    double last_done;            // when the watchdog last saw a call complete
+    Watch call;                  // the NCCL host call in progress: it can block while NCCL connects
+    bool in_call;
+    ncclComm_t comms[MAX_COMMS]; // every live communicator (asynchronous errors, aborts)
+    char names[MAX_COMMS][16];
+    int ncomms;
+    pthread_t thread;
+    atomic_bool stop;
+} W = {.device = -1, .mu = PTHREAD_MUTEX_INITIALIZER};
+
+static cudaStream_t compute_stream(void) { return (cudaStream_t)cuda_compute_stream(); }
+static cudaStream_t comm_stream(void) { return (cudaStream_t)cuda_comm_stream(); }
+
+static Watch watch_of(const Comm *c, const char *what) {
+    Watch w = {.issued = now_seconds(), .what = what, .size = c->size, .timeout_s = c->timeout_s};
+    snprintf(w.group, sizeof w.group, "%s", c->name);
+    return w;
+}
+
+// Called by the watchdog only, outside the lock: says what failed, aborts every communicator (which
+// releases kernels and host calls stuck in NCCL), and exits; the launcher then ends the other ranks.
+static _Noreturn void watch_fatal(const char *msg, int n, ncclComm_t *comms) {
+    fflush(stdout);
+    fprintf(stderr, "pith: error: rank %d: %s\n", die_rank >= 0 ? die_rank : 0, msg);
+    fflush(stderr);
+    alarm(30); // should an abort itself hang, SIGALRM ends the process
+    for (int i = 0; i < n; i++) ncclCommAbort(comms[i]);
+    _exit(1);
+}
+
+static void *watch_main(void *arg) {
+    (void)arg;
+    char msg[1024];
+    ncclComm_t comms[MAX_COMMS];
+    char names[MAX_COMMS][16];
+    cudaError_t e = cudaSetDevice(W.device);
+    if (e != cudaSuccess) {
+        snprintf(msg, sizeof msg, "NCCL watchdog: cudaSetDevice(%d) failed: %s", W.device, cudaGetErrorString(e));
+        watch_fatal(msg, 0, comms);
+    }
+    while (!atomic_load(&W.stop)) {
+        msg[0] = 0;
+        pthread_mutex_lock(&W.mu);
+        double now = now_seconds();
+        while (W.count > 0) {
+            Watch *w = &W.ring[W.head];
+            cudaError_t q = cudaEventQuery(w->ev);
+            if (q == cudaSuccess) {
+                W.head = (W.head + 1) % RING, W.count--, W.last_done = now;
+                continue;
+            }
+            // A call queued behind others starts its clock when the one before it completes.
+            double start = w->issued > W.last_done ? w->issued : W.last_done;
+            if (q != cudaErrorNotReady)
+                snprintf(msg, sizeof msg, "%s on the %s group (%d ranks) failed on the GPU: %s", w->what, w->group, w->size, cudaGetErrorString(q));
+            else if (w->timeout_s > 0 && now - start > w->timeout_s)
+                snprintf(msg, sizeof msg, "%s on the %s group (%d ranks) did not complete within parallel.timeout_s = %g s: another rank failed or stopped (NCCL)",
+                         w->what, w->group, w->size, w->timeout_s);
+            break;
+        }
+        if (!msg[0] && W.in_call && W.call.timeout_s > 0 && now - W.call.issued > W.call.timeout_s)
+            snprintf(msg, sizeof msg, "%s on the %s group (%d ranks) did not return within parallel.timeout_s = %g s: another rank failed or stopped (NCCL)",
+                     W.call.what, W.call.group, W.call.size, W.call.timeout_s);
+        int n = W.ncomms, pending = W.count;
+        memcpy(comms, W.comms, sizeof comms), memcpy(names, W.names, sizeof names);
+        pthread_mutex_unlock(&W.mu);
+        for (int i = 0; i < n && !msg[0]; i++) {
+            ncclResult_t r = ncclSuccess, q = ncclCommGetAsyncError(comms[i], &r);
+            if (q != ncclSuccess || (r != ncclSuccess && r != ncclInProgress))
+                snprintf(msg, sizeof msg, "NCCL reported an error on the %s group: %s", names[i], ncclGetErrorString(q != ncclSuccess ? q : r));
+        }
+        if (msg[0]) watch_fatal(msg, n, comms);
+        nanosleep(&(struct timespec){0, pending ? 1000000 : 20000000}, NULL);
+    }
+    return NULL;
+}
+
+static void watch_start(void) {
+    if (W.started) return;
+    CHECK(W.device >= 0); // nccl_bind_device first
+    CUDA_OK(cudaEventCreateWithFlags(&W.ready, cudaEventDisableTiming));
+    for (int i = 0; i < RING; i++) CUDA_OK(cudaEventCreateWithFlags(&W.ring[i].ev, cudaEventDisableTiming));
+    W.head = W.count = 0, W.last_done = 0, W.in_call = false;
+    atomic_store(&W.stop, false);
+    int rc = pthread_create(&W.thread, NULL, watch_main, NULL);
+    if (rc) die("NCCL watchdog: pthread_create failed at %s:%d: %s", __FILE__, __LINE__, strerror(rc));
+    W.started = true;
+}
+
+void nccl_shutdown(void) {
+    if (!W.started) return;
+    atomic_store(&W.stop, true);
+    int rc = pthread_join(W.thread, NULL);
+    if (rc) die("NCCL watchdog: pthread_join failed at %s:%d: %s", __FILE__, __LINE__, strerror(rc));
+    CUDA_OK(cudaStreamSynchronize(comm_stream()));
+    CUDA_OK(cudaEventDestroy(W.ready));
+    for (int i = 0; i < RING; i++) CUDA_OK(cudaEventDestroy(W.ring[i].ev));
+    W.started = false;
+}
+
+// Starts a call: the comm stream waits for the compute stream's work so far, and the host call itself is
+// watched (NCCL connects to a peer lazily, inside the first call that needs it, and that can block).
+static cudaStream_t call_begin(const Comm *c, const char *what) {
+    CHECK(W.started && c->nccl && c->size > 1);
+    cudaStream_t s = comm_stream();
+    CUDA_OK(cudaEventRecord(W.ready, compute_stream()));
+    CUDA_OK(cudaStreamWaitEvent(s, W.ready, 0));
+    pthread_mutex_lock(&W.mu);
+    W.call = watch_of(c, what), W.in_call = true;
+    pthread_mutex_unlock(&W.mu);
+    return s;
+}
+
+// Ends it: an event on the comm stream that the compute stream's later work waits for and the watchdog
+// follows to completion.
+static void call_end(const Comm *c, const char *what, cudaStream_t s) {
+    pthread_mutex_lock(&W.mu);
+    W.in_call = false;
+    while (W.count == RING) { // the GPU is 1024 calls behind: wait for the watchdog to retire one
+        pthread_mutex_unlock(&W.mu);
+        nanosleep(&(struct timespec){0, 100000}, NULL);
+        pthread_mutex_lock(&W.mu);
+    }
+    Watch *w = &W.ring[(W.head + W.count) % RING];
+    cudaEvent_t ev = w->ev;
+    *w = watch_of(c, what), w->ev = ev;
+    cudaError_t e = cudaEventRecord(ev, s);
+    if (e == cudaSuccess) W.count++;
+    pthread_mutex_unlock(&W.mu);
+    CUDA_OK(e);
+    CUDA_OK(cudaStreamWaitEvent(compute_stream(), ev, 0));
+}
+
+// ---- set-up ----
+
+void nccl_bind_device(int local_rank, int local_size) {
+    int n = 0;
+    CUDA_OK(cudaGetDeviceCount(&n));
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    int dev = n == 1 ? 0 : local_rank; // one visible GPU: the launcher gave each rank its own
+    if (n < 1) die("multi-rank GPU training: no GPU is visible to this rank");
+    if (dev >= n) die("multi-rank GPU training: local rank %d, but this node has %d GPU(s): start one rank per GPU", local_rank, n);
+    if (n == 1 && local_size > 1 && !(vis && *vis))
+        die("multi-rank GPU training: %d ranks on this node share its one GPU: start one rank per GPU", local_size);
+    CUDA_OK(cudaSetDevice(dev));
+    W.device = dev;
+}
+
+void nccl_comm_create(Comm *c) {
+    CHECK(c->size > 1 && c->mpi != MPI_COMM_NULL && !c->nccl);
+    watch_start();
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (c->rank == 0) NCCL_OK(c, ncclGetUniqueId(&id));
+    comm_broadcast(c, tensor_make(&id, DT_U8, DEV_CPU, 1, (int64_t)sizeof id, 1, 1, 1), 0); // MPI, polled against the deadline
+    pthread_mutex_lock(&W.mu);
+    W.call = watch_of(c, "NCCL set-up"), W.in_call = true;
+    pthread_mutex_unlock(&W.mu);
+    ncclComm_t nc;
+    NCCL_OK(c, ncclCommInitRank(&nc, c->size, id, c->rank));
+    pthread_mutex_lock(&W.mu);
+    W.in_call = false;
+    CHECK(W.ncomms < MAX_COMMS);
+    W.comms[W.ncomms] = nc;
+    snprintf(W.names[W.ncomms++], sizeof W.names[0], "%s", c->name);
+    pthread_mutex_unlock(&W.mu);
+    c->nccl = nc, c->nccl_owner = true, c->dev = DEV_CUDA;
+}
+
+void nccl_comm_destroy(Comm *c) {
+    if (c->nccl && c->nccl_owner) {
+        CHECK(!W.started); // nccl_shutdown first: the watchdog reads every communicator
+        CUDA_OK(cudaStreamSynchronize(comm_stream()));
+        ncclComm_t nc = c->nccl;
+        for (int i = 0; i < W.ncomms; i++)
+            if (W.comms[i] == nc) {
+                W.comms[i] = W.comms[--W.ncomms];
+                memcpy(W.names[i], W.names[W.ncomms], sizeof W.names[0]);
+                break;
+            }
+        NCCL_OK(c, ncclCommDestroy(nc));
+    }
+    c->nccl = NULL, c->nccl_owner = false, c->dev = DEV_CPU;
+}
+
+// ---- collectives ----
+
+static ncclComm_t nc_of(const Comm *c) { return (ncclComm_t)c->nccl; }
+
+static ncclDataType_t nccl_dtype(DType dt) {
+    switch (dt) {
+    case DT_F32: return ncclFloat32;
+    case DT_BF16: return ncclBfloat16;
+    case DT_F16: return ncclFloat16;
+    case DT_F64: return ncclFloat64;
+    case DT_I32: return ncclInt32;
+    case DT_I64: return ncclInt64;
+    case DT_U8: return ncclUint8;
+    case DT_U16: return ncclFloat16; // moved, never reduced
+    case DT_U32: return ncclUint32;
+    case DT_U64: return ncclUint64;
+    }
+    die("NCCL: no datatype for dtype %d", (int)dt);
+}
+
+void nccl_allreduce(const Comm *c, Tensor x, CommOp op) {
+    size_t n = (size_t)tensor_numel(x);
+    CHECK(x.dt != DT_U16 && x.dt != DT_U8);
+    if (!n) return;
+    cudaStream_t s = call_begin(c, "all-reduce");
+    NCCL_OK(c, ncclAllReduce(x.p, x.p, n, nccl_dtype(x.dt), op == COMM_SUM ? ncclSum : ncclMax, nc_of(c), s));
+    call_end(c, "all-reduce", s);
+}
+
+// NCCL's in-place reduce-scatter leaves the sum at block `rank` of the input; comm.h promises it at the
+// front (MPI_IN_PLACE's place), so one copy of the shard moves it there.
+void nccl_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
+    size_t n = (size_t)tensor_numel(out), es = dtype_size(in.dt);
+    CHECK(in.dt != DT_U16 && in.dt != DT_U8);
+    if (!n) return;
+    bool in_place = out.p == in.p;
+    char *mine = (char *)in.p + (size_t)c->rank * n * es;
+    cudaStream_t s = call_begin(c, "reduce-scatter");
+    NCCL_OK(c, ncclReduceScatter(in.p, in_place ? mine : out.p, n, nccl_dtype(in.dt), ncclSum, nc_of(c), s));
+    if (in_place && c->rank) CUDA_OK(cudaMemcpyAsync(in.p, mine, n * es, cudaMemcpyDeviceToDevice, s));
+    call_end(c, "reduce-scatter", s);
+}
+
+// In place when in is block `rank` of out (NCCL's in-place form too).
+void nccl_allgather(const Comm *c, Tensor out, Tensor in) {
+    size_t n = (size_t)tensor_numel(in);
+    if (!n) return;
+    cudaStream_t s = call_begin(c, "all-gather");
+    NCCL_OK(c, ncclAllGather(in.p, out.p, n, nccl_dtype(in.dt), nc_of(c), s));
+    call_end(c, "all-gather", s);
+}
+
+// Rows in rank blocks (comm_alltoallv's contract) as one group of sends and receives; the block a rank
+// keeps is a device copy on the same stream.
+static void exchange(const Comm *c, const char *what, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows, int64_t row) {
+    size_t rb = (size_t)row * dtype_size(in.dt); // bytes per row
+    ncclDataType_t t = nccl_dtype(in.dt);
+    char *o = out.p;
+    const char *i = in.p;
+    CHECK(in_rows[c->rank] == out_rows[c->rank]);
+    CHECK(!tensor_bytes(in) || !tensor_bytes(out) || o + tensor_bytes(out) <= i || i + tensor_bytes(in) <= o); // no aliasing
+    cudaStream_t s = call_begin(c, what);
+    int64_t so = 0, ro = 0;
+    for (int p = 0; p < c->rank; p++) so += in_rows[p], ro += out_rows[p];
+    if (in_rows[c->rank]) CUDA_OK(cudaMemcpyAsync(o + ro * rb, i + so * rb, in_rows[c->rank] * rb, cudaMemcpyDeviceToDevice, s));
+    NCCL_OK(c, ncclGroupStart());
+    so = ro = 0;
+    for (int p = 0; p < c->size; so += in_rows[p], ro += out_rows[p], p++) {
+        if (p == c->rank) continue;
+        if (in_rows[p]) NCCL_OK(c, ncclSend(i + so * rb, (size_t)(in_rows[p] * row), t, p, nc_of(c), s));
+        if (out_rows[p]) NCCL_OK(c, ncclRecv(o + ro * rb, (size_t)(out_rows[p] * row), t, p, nc_of(c), s));
+    }
+    NCCL_OK(c, ncclGroupEnd());
+    call_end(c, what, s);
+}
+
+void nccl_alltoall(const Comm *c, Tensor out, Tensor in) {
+    int64_t n = tensor_numel(in) / c->size;
+    int64_t *rows = xmalloc((size_t)c->size * sizeof(int64_t));
+    for (int p = 0; p < c->size; p++) rows[p] = 1;
+    exchange(c, "all-to-all", out, rows, in, rows, n);
+    free(rows);
+}
+
+void nccl_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {
+    int64_t row = 1;
+    for (int d = 1; d < in.nd; d++) row *= in.n[d];
+    exchange(c, "all-to-all", out, out_rows, in, in_rows, row);
+}
+
+void nccl_send(const Comm *c, Tensor x, int peer) {
+    size_t n = (size_t)tensor_numel(x);
+    if (!n) return;
+    cudaStream_t s = call_begin(c, "send");
+    NCCL_OK(c, ncclSend(x.p, n, nccl_dtype(x.dt), peer, nc_of(c), s));
+    call_end(c, "send", s);
+}
+
+void nccl_recv(const Comm *c, Tensor x, int peer) {
+    size_t n = (size_t)tensor_numel(x);
+    if (!n) return;
+    cudaStream_t s = call_begin(c, "recv");
+    NCCL_OK(c, ncclRecv(x.p, n, nccl_dtype(x.dt), peer, nc_of(c), s));
+    call_end(c, "recv", s);
+}
+
+void nccl_broadcast(const Comm *c, Tensor x, int root) {
+    size_t n = (size_t)tensor_numel(x);
+    if (!n) return;
+    cudaStream_t s = call_begin(c, "broadcast");
+    NCCL_OK(c, ncclBroadcast(x.p, x.p, n, nccl_dtype(x.dt), root, nc_of(c), s));
+    call_end(c, "broadcast", s);
+}
+
+#endif // PITH_NCCL

@@ -1,0 +1,368 @@
+// fake_cuda.c — FAKE_CUDA builds only (tests/fake/fake.mk): the CUDA backend (ops/cuda/cuda_ops.h), the CUDA
+// runtime calls and the NCCL API of dist/nccl_comm.c on a machine without a GPU, so the NCCL transport's
+// code runs in CI. "Device" memory is host memory from cuda_alloc_or_die (its ranges are remembered), ops
+// are the CPU ops (fp32), streams execute at once, NCCL is blocking MPI on a communicator per NCCL one.
+// What a real GPU would punish is checked instead of computed:
+//   - every op and every NCCL buffer is device memory where its tensor says DEV_CUDA (host memory where
+//     it says DEV_CPU), every device copy stays inside device memory;
+//   - stream order: each stream counts its work; an event remembers (stream, count) when recorded and
+//     cudaStreamWaitEvent makes a stream depend on it. A collective on the comm stream must depend on all
+//     compute work issued before it, and any compute work (an op, a read to the host) must depend on
+//     every collective issued before it — what events must guarantee on a GPU, where streams overlap;
+//   - NCCL calls run on the comm stream, in-place forms are NCCL's, no other buffer overlap.
+// A violation prints "fake CUDA: ..." and aborts every rank.
+#include <mpi.h>
+#include <stdarg.h>
+
+#include "cuda_runtime_api.h"
+#include "nccl.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cuda/cuda_ops.h"
+
+static _Noreturn void fake_fail(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "fake CUDA: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    exit(3);
+}
+
+// ---- device memory ----
+static struct {
+    char *p;
+    size_t n;
+} ranges[256];
+static int nranges;
+
+static bool is_device(const void *p, size_t bytes) {
+    for (int i = 0; i < nranges; i++)
+        if ((const char *)p >= ranges[i].p && (const char *)p + bytes <= ranges[i].p + ranges[i].n) return true;
+    return false;
+}
+
+static void check_side(Tensor t, const char *what) {
+    if (!t.p || !tensor_numel(t)) return;
+    bool dev = is_device(t.p, tensor_bytes(t));
+    if (t.dev == DEV_CUDA && !dev) fake_fail("%s: a DEV_CUDA tensor (%p, %zu bytes) is not device memory", what, t.p, tensor_bytes(t));
+    if (t.dev == DEV_CPU && dev) fake_fail("%s: a DEV_CPU tensor points into device memory", what);
+}
+
+// ---- streams and events ----
+struct fake_stream {
+    const char *name;
+    long seq;      // work items issued
+    long seen[2];  // of each stream (compute, comm): work this stream depends on
+};
+struct fake_event {
+    int stream; // -1: never recorded
+    long seq;
+};
+static struct fake_stream streams[2] = {{"compute", 0, {0, 0}}, {"comm", 0, {0, 0}}};
+#define COMPUTE (&streams[0])
+#define COMM (&streams[1])
+static int sid(cudaStream_t s) { return (int)(s - streams); }
+
+// Work on stream s: it must depend on all the other stream's earlier work.
+static void issue(cudaStream_t s, const char *what) {
+    int me = sid(s), other = 1 - me;
+    if (me < 0 || me > 1) fake_fail("%s: not a stream of the backend", what);
+    if (s->seen[other] < streams[other].seq)
+        fake_fail("%s on the %s stream does not wait for the %s stream's earlier work (an event is missing)", what, s->name, streams[other].name);
+    s->seq++;
+    s->seen[me] = s->seq;
+}
+
+static int fake_gpus(void) {
+    const char *e = getenv("PITH_FAKE_GPUS");
+    return e && *e ? atoi(e) : 8;
+}
+static int bound = -1;
+
+cudaError_t cudaGetDeviceCount(int *n) { return *n = fake_gpus(), cudaSuccess; }
+cudaError_t cudaSetDevice(int dev) { return dev >= 0 && dev < fake_gpus() ? (bound = dev, cudaSuccess) : cudaErrorInvalidValue; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags) {
+    *ev = calloc(1, sizeof **ev);
+    (*ev)->stream = -1;
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t ev) { return free(ev), cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
+    ev->stream = sid(s), ev->seq = s->seq;
+    return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t ev) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags) {
+    if (ev->stream < 0) fake_fail("cudaStreamWaitEvent on an event never recorded");
+    if (s->seen[ev->stream] < ev->seq) s->seen[ev->stream] = ev->seq;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return cudaSuccess; }
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+    if (kind != cudaMemcpyDeviceToDevice || !is_device(dst, bytes) || !is_device(src, bytes)) fake_fail("cudaMemcpyAsync: not a device-to-device copy inside device memory");
+    issue(s, "cudaMemcpyAsync");
+    memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "fake CUDA error"; }
+
+// ---- NCCL over MPI ----
+struct fake_nccl_comm {
+    MPI_Comm mpi;
+    int rank, size;
+};
+typedef struct {
+    bool send;
+    void *p;
+    int bytes, peer;
+    ncclComm_t comm;
+} P2p;
+static P2p queued[1024];
+static int nqueued, depth;
+
+static size_t nccl_size(ncclDataType_t t) {
+    switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    default: return 8;
+    }
+}
+static MPI_Datatype mpi_of(ncclDataType_t t) {
+    switch (t) {
+    case ncclInt32: return MPI_INT32_T;
+    case ncclInt64: return MPI_INT64_T;
+    case ncclFloat32: return MPI_FLOAT;
+    case ncclFloat64: return MPI_DOUBLE;
+    default: fake_fail("reduction over NCCL datatype %d is not faked", (int)t);
+    }
+}
+static void nccl_buf(const void *p, size_t bytes, const char *what, cudaStream_t s) {
+    if (bytes && !is_device(p, bytes)) fake_fail("%s: buffer %p (%zu bytes) is not device memory", what, p, bytes);
+    if (s != COMM) fake_fail("%s: not on the comm stream", what);
+}
+static bool overlap(const void *a, size_t na, const void *b, size_t nb) {
+    return na && nb && (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
+}
+#define MPI_OK(call)                                                                                  \
+    do {                                                                                              \
+        if ((call) != MPI_SUCCESS) fake_fail("MPI call failed: %s", #call);                           \
+    } while (0)
+
+static int id_counter;
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+    int r;
+    MPI_OK(MPI_Comm_rank(MPI_COMM_WORLD, &r));
+    memset(id, 0, sizeof *id);
+    int color = r * 1024 + id_counter++; // the creator's world rank and its count: unique in the job
+    memcpy(id->internal, &color, sizeof color);
+    return ncclSuccess;
+}
+// Every rank of the world sets up its groups in the same order (dist_mesh_gpu), so a split of the world
+// by the id's colour pairs them.
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+    if (bound < 0) fake_fail("ncclCommInitRank before cudaSetDevice");
+    int color;
+    memcpy(&color, id.internal, sizeof color);
+    ncclComm_t c = calloc(1, sizeof *c);
+    MPI_OK(MPI_Comm_split(MPI_COMM_WORLD, color, rank, &c->mpi));
+    MPI_OK(MPI_Comm_rank(c->mpi, &c->rank));
+    MPI_OK(MPI_Comm_size(c->mpi, &c->size));
+    if (c->rank != rank || c->size != nranks) fake_fail("ncclCommInitRank: rank %d of %d, expected %d of %d", c->rank, c->size, rank, nranks);
+    *comm = c;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    MPI_OK(MPI_Comm_free(&comm->mpi));
+    free(comm);
+    return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclSuccess; }
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err) { return *err = ncclSuccess, ncclSuccess; }
+const char *ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "fake NCCL error"; }
+const char *ncclGetLastError(ncclComm_t comm) { return ""; }
+
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t dt, ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_size(dt);
+    nccl_buf(send, b, "ncclAllReduce", s), nccl_buf(recv, b, "ncclAllReduce", s);
+    if (send != recv && overlap(send, b, recv, b)) fake_fail("ncclAllReduce: overlapping buffers");
+    issue(s, "ncclAllReduce");
+    MPI_OK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
+    return ncclSuccess;
+}
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t dt, ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
+    size_t b = recvcount * nccl_size(dt);
+    nccl_buf(send, b * comm->size, "ncclReduceScatter", s), nccl_buf(recv, b, "ncclReduceScatter", s);
+    bool in_place = (const char *)recv == (const char *)send + comm->rank * b;
+    if (!in_place && overlap(send, b * comm->size, recv, b)) fake_fail("ncclReduceScatter: overlapping buffers that are not NCCL's in-place form");
+    issue(s, "ncclReduceScatter");
+    void *tmp = malloc(b * comm->size + 1);
+    memcpy(tmp, send, b * comm->size);
+    MPI_OK(MPI_Reduce_scatter_block(tmp, recv, (int)recvcount, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
+    free(tmp);
+    return ncclSuccess;
+}
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t dt, ncclComm_t comm, cudaStream_t s) {
+    size_t b = sendcount * nccl_size(dt);
+    nccl_buf(send, b, "ncclAllGather", s), nccl_buf(recv, b * comm->size, "ncclAllGather", s);
+    bool in_place = (const char *)send == (const char *)recv + comm->rank * b;
+    if (!in_place && overlap(send, b, recv, b * comm->size)) fake_fail("ncclAllGather: overlapping buffers that are not NCCL's in-place form");
+    issue(s, "ncclAllGather");
+    MPI_OK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)b, MPI_BYTE, recv, (int)b, MPI_BYTE, comm->mpi));
+    return ncclSuccess;
+}
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt, int root, ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_size(dt);
+    nccl_buf(send, b, "ncclBroadcast", s), nccl_buf(recv, b, "ncclBroadcast", s);
+    issue(s, "ncclBroadcast");
+    if (comm->rank == root && send != recv) memmove(recv, send, b);
+    MPI_OK(MPI_Bcast(recv, (int)b, MPI_BYTE, root, comm->mpi));
+    return ncclSuccess;
+}
+static void p2p(bool send, void *p, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_size(dt);
+    nccl_buf(p, b, send ? "ncclSend" : "ncclRecv", s);
+    if (peer < 0 || peer >= comm->size || peer == comm->rank) fake_fail("ncclSend/Recv: peer %d of %d (self: a local copy instead)", peer, comm->size);
+    if (!count) fake_fail("ncclSend/Recv of 0 elements (skipped by pith on both sides)");
+    issue(s, send ? "ncclSend" : "ncclRecv");
+    P2p q = {send, p, (int)b, peer, comm};
+    if (depth == 0) {
+        if (send) MPI_OK(MPI_Send(p, q.bytes, MPI_BYTE, peer, 7, comm->mpi));
+        else MPI_OK(MPI_Recv(p, q.bytes, MPI_BYTE, peer, 7, comm->mpi, MPI_STATUS_IGNORE));
+        return;
+    }
+    if (nqueued == 1024) fake_fail("more than 1024 sends and receives in one group");
+    queued[nqueued++] = q;
+}
+ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm, cudaStream_t s) {
+    p2p(true, (void *)send, count, dt, peer, comm, s);
+    return ncclSuccess;
+}
+ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm, cudaStream_t s) {
+    p2p(false, recv, count, dt, peer, comm, s);
+    return ncclSuccess;
+}
+ncclResult_t ncclGroupStart(void) { return depth++, ncclSuccess; }
+ncclResult_t ncclGroupEnd(void) {
+    if (depth == 0) fake_fail("ncclGroupEnd without ncclGroupStart");
+    if (--depth) return ncclSuccess;
+    MPI_Request req[1024];
+    for (int i = 0; i < nqueued; i++) {
+        P2p *q = &queued[i];
+        for (int j = 0; j < i; j++)
+            if (overlap(q->p, q->bytes, queued[j].p, queued[j].bytes) && (!q->send || !queued[j].send)) fake_fail("a group's buffers overlap");
+        if (q->send) MPI_OK(MPI_Isend(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, &req[i]));
+        else MPI_OK(MPI_Irecv(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, &req[i]));
+    }
+    MPI_OK(MPI_Waitall(nqueued, req, MPI_STATUSES_IGNORE));
+    nqueued = 0;
+    return ncclSuccess;
+}
+
+// ---- the CUDA backend: runtime services and ops (CPU ops on device memory, after the order checks) ----
+int cuda_device_count(void) { return fake_gpus(); }
+void *cuda_alloc_or_die(size_t bytes, const char *what) {
+    if (nranges == 256) fake_fail("more than 256 device allocations");
+    char *p = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+    if (!p) die("fake CUDA: out of host memory for %s", what);
+    memset(p, 0xff, bytes); // poison, like uninitialised device memory
+    ranges[nranges].p = p, ranges[nranges++].n = bytes;
+    return p;
+}
+void cuda_free(void *p) {
+    for (int i = 0; i < nranges; i++)
+        if (ranges[i].p == p) {
+            ranges[i] = ranges[--nranges];
+            free(p);
+            return;
+        }
+    fake_fail("cuda_free of memory cuda_alloc_or_die did not give");
+}
+void cuda_sync(void) {}
+size_t cuda_pool_bytes(void) { return 0; }
+size_t cuda_mem_used_bytes(void) { return 0; }
+size_t cuda_mem_peak_bytes(void) { return 0; }
+void *cuda_compute_stream(void) { return COMPUTE; }
+void *cuda_comm_stream(void) { return COMM; }
+void *cuda_event_create(void) {
+    cudaEvent_t ev;
+    cudaEventCreateWithFlags(&ev, 0);
+    return ev;
+}
+void cuda_event_destroy(void *ev) { cudaEventDestroy(ev); }
+void cuda_event_record(void *ev, void *stream) { cudaEventRecord(ev, stream); }
+void cuda_stream_wait_event(void *stream, void *ev) { cudaStreamWaitEvent(stream, ev, 0); }
+
+// An op on the compute stream over these tensors (which the CPU op then sees as host tensors).
+#define OP(name, ...)                                                                                 \
+    do {                                                                                              \
+        Tensor *ts_[] = {__VA_ARGS__};                                                                \
+        for (size_t i_ = 0; i_ < sizeof ts_ / sizeof *ts_; i_++) check_side(*ts_[i_], #name), ts_[i_]->dev = DEV_CPU; \
+        issue(COMPUTE, #name);                                                                        \
+    } while (0)
+
+void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) { OP(linear_forward, &y, &x, &w, &b); cpu_linear_forward(y, x, w, b); }
+void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool acc) { OP(linear_backward_input, &dx, &dy, &w); cpu_linear_backward_input(dx, dy, w, acc); }
+void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) { OP(linear_backward_weight, &dw, &db, &dy, &x); cpu_linear_backward_weight(dw, db, dy, x); }
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) { OP(grouped_linear_forward, &y, &x, &w); cpu_grouped_linear_forward(y, x, w, offs); }
+void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
+    OP(grouped_linear_backward_input, &dx, &dy, &w); cpu_grouped_linear_backward_input(dx, dy, w, offs);
+}
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
+    OP(grouped_linear_backward_weight, &dw, &dy, &x); cpu_grouped_linear_backward_weight(dw, dy, x, offs);
+}
+void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) { OP(rmsnorm_forward, &y, &rstd, &x, &w); cpu_rmsnorm_forward(y, rstd, x, w, eps); }
+void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc) {
+    OP(rmsnorm_backward, &dx, &dw, &dy, &x, &w, &rstd); cpu_rmsnorm_backward(dx, dw, dy, x, w, rstd, acc);
+}
+void cuda_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward) { OP(rope, &x, &cos, &sin, &pos); cpu_rope(x, cos, sin, pos, backward); }
+void cuda_swiglu_forward(Tensor act, Tensor gu) { OP(swiglu_forward, &act, &gu); cpu_swiglu_forward(act, gu); }
+void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) { OP(swiglu_backward, &dgu, &dact, &gu); cpu_swiglu_backward(dgu, dact, gu); }
+void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale) {
+    OP(attention_forward, &o, &lse, &q, &k, &v); cpu_attention_forward(o, lse, q, k, v, B, scale);
+}
+void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, float scale) {
+    OP(attention_backward, &dq, &dk, &dv, &dout, &q, &k, &v, &o, &lse); cpu_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, scale);
+}
+void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool fb) {
+    OP(router_forward, &probs, &idx, &w, &logits); cpu_router_forward(probs, idx, w, logits, k, renorm, fb);
+}
+void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm) {
+    OP(router_backward, &dlogits, &dw, &lb_grad, &probs, &idx, &w); cpu_router_backward(dlogits, dw, lb_grad, probs, idx, w, renorm);
+}
+void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float gs) {
+    OP(moe_lb_loss, &loss_sum, &lb_grad, &probs, &idx); cpu_moe_lb_loss(loss_sum, lb_grad, probs, idx, coef, gs);
+}
+void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) { OP(moe_sort, &perm, &idx); cpu_moe_sort(perm, offs, idx, E); }
+void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) { OP(gather_rows, &y, &x, &rows); cpu_gather_rows(y, x, rows, div); }
+void cuda_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) { OP(gather_rows_backward, &dx, &dy, &rows); cpu_gather_rows_backward(dx, dy, rows, div); }
+void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) { OP(scatter_rows, &y, &x, &rows); cpu_scatter_rows(y, x, rows); }
+void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) { OP(moe_combine_forward, &out, &resid, &y, &w); cpu_moe_combine_forward(out, resid, y, w); }
+void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w) {
+    OP(moe_combine_backward, &dy, &dw, &dout, &y, &w); cpu_moe_combine_backward(dy, dw, dout, y, w);
+}
+void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) { OP(embedding_forward, &h, &table, &tokens); cpu_embedding_forward(h, table, tokens); }
+void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) { OP(embedding_backward, &dtable, &dh, &tokens); cpu_embedding_backward(dtable, dh, tokens); }
+void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float gs) { OP(cross_entropy, &logits, &labels, &loss_sum); cpu_cross_entropy(logits, labels, loss_sum, gs); }
+void cuda_zero(Tensor x) { OP(zero, &x); cpu_zero(x); }
+void cuda_add(Tensor y, Tensor x) { OP(add, &y, &x); cpu_add(y, x); }
+void cuda_scale(Tensor x, float s) { OP(scale, &x); cpu_scale(x, s); }
+void cuda_copy(Tensor dst, Tensor src) {
+    OP(copy, &dst, &src);
+    if (dst.dt != src.dt) fake_fail("copy: dtype conversion is not faked (fp32 compute only)");
+    cpu_copy(dst, src);
+}
+double cuda_sum_squares(Tensor x) {
+    OP(sum_squares, &x);
+    return cpu_sum_squares(x);
+}
+void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
+    OP(adamw, &p, &g, &m, &v); cpu_adamw(p, g, m, v, lr, b1, b2, eps, wd, t);
+}
+double cuda_read_scalar(Tensor x) {
+    OP(read_scalar, &x);
+    return cpu_read_scalar(x);
+}
