@@ -75,7 +75,7 @@ static _Noreturn void watch_fatal(const char *msg, int n, ncclComm_t *comms) {
     fflush(stdout);
     fprintf(stderr, "pith: error: rank %d: %s\n", die_rank >= 0 ? die_rank : 0, msg);
     fflush(stderr);
-    alarm(30); // should an abort itself hang, SIGALRM ends the process
+    alarm(10); // should an abort itself hang, SIGALRM ends the process
     for (int i = 0; i < n; i++) ncclCommAbort(comms[i]);
     _exit(1);
 }
