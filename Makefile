@@ -106,6 +106,10 @@ $(BUILD)/bench_gpu_ops: $(BUILD)/bench/bench_gpu_ops.o $(LIB_OBJ)
 bench-gpu: $(BUILD)/bench_gpu_ops
 	@$(BUILD)/bench_gpu_ops
 
+# EP dispatch + combine over NCCL, one rank per GPU (bench/run_gpu2.sh runs it beside its PyTorch peer).
+$(BUILD)/bench_ep: $(BUILD)/bench/bench_ep.o $(LIB_OBJ)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
+
 demo: $(BUILD)/pith
 	@bash scripts/demo.sh
 

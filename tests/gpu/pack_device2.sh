@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# pack_device2.sh — run on the development machine, from the repository root, before the two-GPU device call:
+# builds build/{pith,test_gpu,test_dist,bench_ep}, and packs into .gpu2/ (ignored through .git/info/exclude)
+# what tests/gpu/run_device2.sh needs on a device that lacks the build's Debian libraries: the binaries
+# (debug info stripped, gzipped) and every shared library they load that is neither glibc's, the CUDA/NCCL
+# ones (the device has its own) nor Open MPI's (the device's mpirun must meet its own libmpi), gzipped.
+# Then: device run with carry [".gpu2"] and command `bash tests/gpu/run_device2.sh`.
+set -euo pipefail
+make -j"$(nproc)" build/pith build/test_gpu build/test_dist build/bench_ep >/dev/null
+rm -rf .gpu2 && mkdir -p .gpu2/bin .gpu2/lib
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.gpu2/' "$exclude" 2>/dev/null || echo '/.gpu2/' >>"$exclude"
+bins=(pith test_gpu test_dist bench_ep)
+for b in "${bins[@]}"; do strip -g -o ".gpu2/bin/$b" "build/$b" && gzip -9 ".gpu2/bin/$b"; done
+# Open MPI's own closure stays behind (libmpi and what it loads).
+mpi=$(ldd "$(ldd build/pith | awk '/libmpi\.so/ {print $3}')" | awk '{print $1}')
+skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libgcc_s\.|libstdc\+\+|libcudart|libcublas|libnccl|libmpi)'
+for b in "${bins[@]}"; do ldd "build/$b"; done | awk '$2 == "=>" {print $1, $3}' | sort -u | while read -r name path; do
+    [[ $name =~ $skip ]] && continue
+    grep -qx "$name" <<<"$mpi" && continue
+    gzip -9 -c "$path" >".gpu2/lib/$name.gz"
+done
+echo "mpi here: $(mpirun --version 2>/dev/null | head -1)" >.gpu2/BUILT
+echo "built: $(git rev-parse --short HEAD) $(date -u +%FT%TZ)" >>.gpu2/BUILT
+ls -la .gpu2/bin .gpu2/lib
+du -sh .gpu2

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# run_device2.sh — one call on a two-GPU machine (nvidia-h200-x2), from the repository root, no build: the
+# two-GPU suite (build/test_gpu gpu2_: NCCL collectives, EP, timeouts, ep2/dp2 equivalence in fp32 and bf16),
+# then bench/run_gpu2.sh (EP dispatch + combine vs torch all_to_all_single; the 8-layer Qwen3-30B-A3B at
+# ep2), logs under $OUT, a summary table last. Options go to run_gpu2.sh (--quick, --baseline).
+# The binaries come from .gpu2/ (tests/gpu/pack_device2.sh on the development machine: stripped, gzipped,
+# with the Debian libraries the device lacks); only libraries the device cannot resolve itself are put on
+# LD_LIBRARY_PATH, Open MPI and CUDA/NCCL are the device's own (NCCL from PyTorch's wheel if
+# /usr/local/cuda has none). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+set -u
+OUT=${OUT:-/tmp/pith-out}
+mkdir -p "$OUT"
+log() { echo "== $*"; }
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none # CMA is often refused inside VMs and containers
+t_start=$(date +%s)
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+nvidia-smi topo -m 2>/dev/null | head -4
+echo "mpirun: $(command -v mpirun) $(mpirun --version 2>/dev/null | head -1)"
+[ -f .gpu2/BUILT ] && cat .gpu2/BUILT
+
+if [ -d .gpu2/bin ]; then
+    log "unpacking the carried binaries into build/"
+    mkdir -p build /tmp/pithlib-all /tmp/pithlib
+    for f in .gpu2/bin/*.gz; do gunzip -c "$f" >"build/$(basename "$f" .gz)" && chmod +x "build/$(basename "$f" .gz)"; done
+    for f in .gpu2/lib/*.gz; do [ -e "$f" ] && gunzip -c "$f" >"/tmp/pithlib-all/$(basename "$f" .gz)"; done
+fi
+for b in pith test_gpu test_dist bench_ep; do [ -x "build/$b" ] || { echo "build/$b is missing: run tests/gpu/pack_device2.sh and carry .gpu2"; exit 1; }; done
+# CUDA and NCCL: /usr/local/cuda's, else the Python wheels' (as run_device.sh does).
+if ldd build/pith | grep -q "lib\(cublasLt\|cudart\|nccl\).* not found"; then
+    for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib; do
+        [ -d "$d" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
+    done
+fi
+# The carried libraries, only those the device does not resolve (its own stay first for everything else).
+for i in 1 2 3 4; do
+    missing=$(for b in pith test_gpu test_dist bench_ep; do ldd "build/$b"; done | awk '/not found/ {print $1}' | sort -u)
+    [ -z "$missing" ] && break
+    for m in $missing; do [ -e "/tmp/pithlib-all/$m" ] && cp "/tmp/pithlib-all/$m" /tmp/pithlib/; done
+    export LD_LIBRARY_PATH=/tmp/pithlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+done
+echo "libraries: $(ls /tmp/pithlib 2>/dev/null | tr '\n' ' ')(carried)"
+ldd build/pith | grep -E "libmpi|libnccl|libcudart|not found"
+if ldd build/pith | grep -q "not found"; then echo "unresolved libraries: stopping"; exit 1; fi
+
+log "two-GPU suite (build/test_gpu gpu2_)"
+t0=$(date +%s)
+PITH_TEST_GPU=1 timeout 240 build/test_gpu gpu2_ 2>&1 | tee "$OUT/test-gpu2.txt"
+rc_test=${PIPESTATUS[0]}
+t1=$(date +%s)
+log "benchmarks (bench/run_gpu2.sh $*)"
+PITH_DEADLINE=$((t_start + 570)) bash bench/run_gpu2.sh "$@" 2>&1 | tee "$OUT/bench-gpu2.txt"
+rc_bench=${PIPESTATUS[0]}
+t2=$(date +%s)
+
+echo
+echo "================ summary ================"
+grep -E "^(PASS|FAIL)|passed|^     " "$OUT/test-gpu2.txt" | cut -c1-220
+echo "test-gpu2 rc=$rc_test ($((t1 - t0)) s) | run_gpu2.sh rc=$rc_bench ($((t2 - t1)) s)"
+sed -n '/^EP dispatch + combine on 2 GPUs/,$p' "$OUT/bench-gpu2.txt"
