@@ -33,6 +33,11 @@ def timed(send, recv, H, dtype):
     return total / a.iters
 
 
+def nccl_version():
+    v = torch.cuda.nccl.version()
+    return ".".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
+
+
 def over_ranks(v, op):
     t = torch.tensor([v], dtype=torch.float64, device="cuda")
     dist.all_reduce(t, op=op)
@@ -52,5 +57,5 @@ for f in files:
         print(json.dumps({"bench": "torch all_to_all_single", "ranks": world, "T": s["T"], "dispatch_mb": round(bd / 1e6, 1),
                           "combine_mb": round(bc / 1e6, 1), "payload_dispatch_ms": round(td * 1e3, 3),
                           "payload_combine_ms": round(tc * 1e3, 3), "payload_gbps": round((bd + bc) / (td + tc) / 1e9, 1),
-                          "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}), flush=True)
+                          "torch": torch.__version__, "nccl": nccl_version()}), flush=True)
 dist.destroy_process_group()
