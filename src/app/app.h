@@ -2,3 +2,4 @@
 #pragma once
 int cmd_train(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);

@@ -8,6 +8,7 @@ static const struct {
     const char *help;
 } commands[] = {
     {"synth", cmd_synth, "write a synthetic token file (for tests and quick runs)"},
+    {"tokenize", cmd_tokenize, "tokenize .jsonl/.jsonl.zst/.txt corpora into token files (HF tokenizer.json)"},
 };
 
 static void usage(FILE *f) {
