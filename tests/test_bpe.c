@@ -126,7 +126,6 @@ TEST(bpe_long_runs) {
             ASSERT_MSG(nd == n + 1 && !memcmp(back, buf, n + 1), "%s: run of '%c' does not round-trip", tok_names[k], fills[f]);
             ASSERT_MSG(dt < 2.0, "%s: 1 MB run of '%c' took %.2f s", tok_names[k], fills[f], dt);
             ASSERT(v.n > 0 && v.n <= n + 1);
-            printf("  %s run of %d: %zu ids in %.3f s\n", tok_names[k], fills[f], v.n, dt);
             free(back), idvec_free(&v);
         }
         bpe_scratch_free(s);
