@@ -87,12 +87,14 @@ static IdVec expected_doc(const char *text, size_t n, uint32_t eos) {
     return v;
 }
 
-static void assert_doc(const Bin *b, int64_t d, const char *text, uint32_t eos) {
-    IdVec v = expected_doc(text, strlen(text), eos);
+static void assert_doc_n(const Bin *b, int64_t d, const char *text, size_t n, uint32_t eos) {
+    IdVec v = expected_doc(text, n, eos);
     uint64_t start = d ? b->ends[d - 1] : 0;
     ASSERT_MSG(d < b->ndocs && b->ends[d] - start == v.n && !memcmp(b->tok + start, v.p, 4 * v.n), "document %lld ('%s') differs", (long long)d, text);
     idvec_free(&v);
 }
+
+static void assert_doc(const Bin *b, int64_t d, const char *text, uint32_t eos) { assert_doc_n(b, d, text, strlen(text), eos); }
 
 TEST(tokenize_npy_format) {
     const char *dir = test_tmpdir();
@@ -286,4 +288,46 @@ TEST(tokenize_help) {
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) ASSERT_MSG(strstr(out, opts[i]), "help lacks %s", opts[i]);
     rc = run_cmd(out, sizeof out, PITH_BIN " tokenize --input x");
     ASSERT(rc == 1 && strstr(out, "--tokenizer is required"));
+}
+
+// pith reads JSON lines with its own strict scanner: valid lines decode exactly, each kind of malformed line is
+// reported by line number.
+TEST(tokenize_json_lines) {
+    const char *dir = test_tmpdir();
+    char in[512], o[512], path[700];
+    snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);
+    static const char *lines[] = {
+        "{\"text\": \"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00\\u0000x\"}",            // 1 every escape
+        "{\"a\": [1, -2.5e+3, 0, 1E-2, true, false, null, {\"b\": {}}, []], \"text\": \"ok\"}", // 2 other values
+        "{\"text\": \"first\", \"text\": \"second\"}",                                         // 3 the last one counts
+        "{\"text\": \"lone \\ud800 surrogate\"}",                                              // 4 → U+FFFD
+        "  {\"te\\u0078t\":\"ws\"}  \r",                                                      // 5 escaped key, blanks
+        "{\"text\": \"x\",}", "{\"text\": 01}", "{\"text\": \"tab\traw\"}", "{\"text\": \"x\"} extra",
+        "[\"text\"]", "{\"text\": \"\\x\"}", "{\"text\": nul}", "{\"text\": 1.}", "{\"other\": \"x\"}",
+        "{\"text\": {\"text\": \"nested\"}}", "{\"text\": \"unterminated}", "{\"text\": \"x\"", "{\"a\": [1 2], \"text\": \"x\"}",
+    };
+    static const char *errs[] = {"malformed JSON", "malformed JSON", "malformed JSON: control character", "malformed JSON: text after",
+                                 "not a JSON object", "malformed JSON: invalid escape", "malformed JSON: unexpected character",
+                                 "malformed JSON: malformed number", "no field \"text\"", "field \"text\" is not a string", "malformed JSON: unterminated",
+                                 "malformed JSON: expected ',' or '}'", "malformed JSON: expected ',' or ']'"};
+    char buf[4096];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) n += sprintf(buf + n, "%s\n", lines[i]);
+    write_bytes(in, "j.jsonl", buf, n);
+    int rc = run_cmd(out, sizeof out, PITH_BIN " tokenize --tokenizer " DSV3 " --input %s/j.jsonl --output %s --on-error skip", in, o);
+    ASSERT_MSG(rc == 0 && strstr(out, "5 documents") && strstr(out, "13 bad lines skipped"), "%s", out);
+    for (int i = 0; i < 13; i++) {
+        char want[256];
+        snprintf(want, sizeof want, "j.jsonl:%d: %s", 6 + i, errs[i]);
+        ASSERT_MSG(strstr(out, want), "no '%s' in: %s", want, out);
+    }
+    snprintf(path, sizeof path, "%s/j.jsonl.bin", o);
+    Bin b = read_bin(path);
+    const char first[] = "a\"b\\c/d\b\f\n\r\t\xC3\xA9\xF0\x9F\x98\x80\0x";
+    assert_doc_n(&b, 0, first, sizeof first - 1, 1);
+    assert_doc(&b, 1, "ok", 1);
+    assert_doc(&b, 2, "second", 1);
+    assert_doc(&b, 3, "lone \xEF\xBF\xBD surrogate", 1);
+    assert_doc(&b, 4, "ws", 1);
+    free(b.file);
 }
