@@ -58,6 +58,7 @@ struct Bpe {
     int32_t *added_of_id; // id → index in added, or -1
     int *aorder[2];
     int abucket[2][257]; // aorder[c][abucket[c][b] .. abucket[c][b+1]) start with byte b
+    int afirst[2];       // the first byte all added tokens of class c share (then memchr finds them), or -1
     int norm[4];         // utf8proc options applied in turn
     int nnorm;
     PreStep steps[8];
@@ -83,7 +84,7 @@ static inline uint64_t hash_bytes(const uint8_t *p, size_t n) {
 }
 
 void idvec_push(IdVec *v, uint32_t id) {
-    if (v->n == v->cap) v->cap = v->cap ? 2 * v->cap : 256, v->p = xrealloc(v->p, v->cap * sizeof *v->p);
+    if (v->n == v->cap) v->cap = 2 * v->cap + 256, v->p = xrealloc(v->p, v->cap * sizeof *v->p);
     v->p[v->n++] = id;
 }
 
@@ -309,6 +310,9 @@ static void load_added(Bpe *t, JObj root) {
                 }
         }
         t->abucket[c][256] = n;
+        t->afirst[c] = -1;
+        for (int b = 0; b < 256; b++)
+            if (t->abucket[c][b + 1] > t->abucket[c][b]) t->afirst[c] = t->afirst[c] == -1 && n == t->abucket[c][b + 1] - t->abucket[c][b] ? b : -2;
     }
 }
 
@@ -520,11 +524,20 @@ const char *bpe_config_token(const Bpe *t, const char *key) {
 
 // ---- per-thread state ---------------------------------------------------------------------------------------------
 
+// Per-thread word cache: open addressing over 32-byte slots. A word of up to 12 bytes with up to 3 ids lives in its
+// slot; a longer one (up to CACHE_MAX_WORD bytes) keeps its bytes and ids in cmem. When full it is emptied.
 #define CACHE_SLOTS (1 << 16)
 #define CACHE_MAX_WORD 64
 typedef struct {
-    uint64_t h; // 0 = empty
-    uint32_t at, klen, nids;
+    uint32_t h; // hash tag, 0 = empty
+    uint8_t klen, nids;
+    union {
+        struct {
+            uint8_t key[12];
+            uint32_t ids[3];
+        } in;        // klen <= 12 && nids <= 3
+        uint32_t at; // otherwise: bytes, then ids at the next multiple of 4, at cmem + at
+    };
 } CacheSlot;
 
 typedef struct {
@@ -550,7 +563,7 @@ struct BpeScratch {
     size_t cused, ccount;
 };
 
-#define CACHE_MEM (8u << 20)
+#define CACHE_MEM (4u << 20)
 
 BpeScratch *bpe_scratch_new(const Bpe *t) {
     BpeScratch *s = xcalloc(1, sizeof *s);
@@ -655,39 +668,49 @@ static size_t bpe_merge(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n)
     return m;
 }
 
+static inline void ids_put(IdVec *v, const uint32_t *ids, size_t k) {
+    if (v->n + k > v->cap) v->cap = 2 * (v->n + k) + 256, v->p = xrealloc(v->p, v->cap * sizeof *v->p);
+    memcpy(v->p + v->n, ids, 4 * k), v->n += k;
+}
+
 static void bpe_word(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n, IdVec *out) {
-    if (n == 1) return idvec_push(out, t->byte_id[w[0]]);
+    if (n == 1) return ids_put(out, &t->byte_id[w[0]], 1);
     if (t->ignore_merges) {
         int64_t id = vocab_find(t, w, n);
-        if (id >= 0) return idvec_push(out, (uint32_t)id);
+        uint32_t id32 = (uint32_t)id;
+        if (id >= 0) return ids_put(out, &id32, 1);
     }
     uint64_t h = 0, slot = 0;
     if (n <= CACHE_MAX_WORD) {
-        h = hash_bytes(w, n) | 1;
-        for (slot = h & (CACHE_SLOTS - 1);; slot = (slot + 1) & (CACHE_SLOTS - 1)) {
+        uint64_t hh = hash_bytes(w, n);
+        h = (uint32_t)(hh >> 32) | 1;
+        for (slot = hh & (CACHE_SLOTS - 1);; slot = (slot + 1) & (CACHE_SLOTS - 1)) {
             CacheSlot *c = &s->cache[slot];
             if (!c->h) break;
-            if (c->h == h && c->klen == n && memcmp(s->cmem + c->at, w, n) == 0) {
-                uint32_t ids[CACHE_MAX_WORD];
-                memcpy(ids, s->cmem + c->at + ((n + 3) & ~(size_t)3), c->nids * 4);
-                for (uint32_t i = 0; i < c->nids; i++) idvec_push(out, ids[i]);
-                return;
-            }
+            if (c->h != h || c->klen != n) continue;
+            if (n <= 12 && c->nids <= 3) {
+                if (!memcmp(c->in.key, w, n)) return ids_put(out, c->in.ids, c->nids);
+            } else if (!memcmp(s->cmem + c->at, w, n)) return ids_put(out, (uint32_t *)(s->cmem + c->at + ((n + 3) & ~(size_t)3)), c->nids);
         }
     }
     size_t m = bpe_merge(t, s, w, n);
-    for (size_t i = 0; i < m; i++) idvec_push(out, s->sym[i]);
+    ids_put(out, s->sym, m);
     if (!h) return;
-    size_t need = ((n + 3) & ~(size_t)3) + 4 * m;
+    bool inl = n <= 12 && m <= 3;
+    size_t need = inl ? 0 : ((n + 3) & ~(size_t)3) + 4 * m;
     if (s->ccount >= CACHE_SLOTS / 2 || s->cused + need > CACHE_MEM) { // full: start over (results do not change)
         memset(s->cache, 0, CACHE_SLOTS * sizeof *s->cache);
         s->cused = s->ccount = 0;
-        for (slot = h & (CACHE_SLOTS - 1); s->cache[slot].h; slot = (slot + 1) & (CACHE_SLOTS - 1)) {}
+        for (slot = hash_bytes(w, n) & (CACHE_SLOTS - 1); s->cache[slot].h; slot = (slot + 1) & (CACHE_SLOTS - 1)) {}
     }
-    s->cache[slot] = (CacheSlot){h, (uint32_t)s->cused, (uint32_t)n, (uint32_t)m};
-    memcpy(s->cmem + s->cused, w, n);
-    memcpy(s->cmem + s->cused + ((n + 3) & ~(size_t)3), s->sym, 4 * m);
-    s->cused += need, s->ccount++;
+    CacheSlot *c = &s->cache[slot];
+    c->h = (uint32_t)h, c->klen = (uint8_t)n, c->nids = (uint8_t)m, s->ccount++;
+    if (inl) memcpy(c->in.key, w, n), memcpy(c->in.ids, s->sym, 4 * m);
+    else {
+        c->at = (uint32_t)s->cused;
+        memcpy(s->cmem + s->cused, w, n), memcpy(s->cmem + s->cused + ((n + 3) & ~(size_t)3), s->sym, 4 * m);
+        s->cused += need;
+    }
 }
 
 // ---- pre-tokenization ---------------------------------------------------------------------------------------------
@@ -784,6 +807,11 @@ static bool find_added(const Bpe *t, int c, const uint8_t *s, size_t n, size_t f
     const int *bk = t->abucket[c];
     if (bk[256] == 0) return false;
     for (size_t i = from; i < n; i++) {
+        if (t->afirst[c] >= 0) { // one first byte for all: jump to it
+            const uint8_t *q = memchr(s + i, t->afirst[c], n - i);
+            if (!q) return false;
+            i = (size_t)(q - s);
+        }
         for (int k = bk[s[i]]; k < bk[s[i] + 1]; k++) {
             const Added *a = &t->added[t->aorder[c][k]];
             if (a->len > n - i || memcmp(s + i, a->content, a->len)) continue;
