@@ -24,9 +24,15 @@ static void write_bytes(const char *dir, const char *name, const void *data, siz
 
 static void write_text(const char *dir, const char *name, const char *text) { write_bytes(dir, name, text, strlen(text)); }
 
+static void need_tokenizers(void) {
+    ASSERT_MSG(path_exists(DSV3 "/tokenizer.json") && path_exists(QWEN3 "/tokenizer.json"),
+               "tokenizer files are missing: run scripts/tokenizers.sh (scripts/deps.sh runs it)");
+    ASSERT_MSG(path_exists(PITH_BIN), PITH_BIN " is missing: make build/pith (make test builds it)");
+}
+
 static Bpe *tok_dsv3(void) {
     static Bpe *t;
-    ASSERT_MSG(path_exists(DSV3 "/tokenizer.json"), DSV3 " is missing: run scripts/tokenizers.sh (scripts/deps.sh runs it)");
+    need_tokenizers();
     if (!t) t = bpe_load(DSV3);
     return t;
 }
@@ -97,6 +103,7 @@ static void assert_doc_n(const Bin *b, int64_t d, const char *text, size_t n, ui
 static void assert_doc(const Bin *b, int64_t d, const char *text, uint32_t eos) { assert_doc_n(b, d, text, strlen(text), eos); }
 
 TEST(tokenize_npy_format) {
+    need_tokenizers();
     const char *dir = test_tmpdir();
     char in[512], o[512];
     snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);
@@ -118,6 +125,7 @@ TEST(tokenize_npy_format) {
 }
 
 TEST(tokenize_txt_zst_and_paths) {
+    need_tokenizers();
     const char *dir = test_tmpdir();
     char in[512], o1[512], o2[512], path[700];
     snprintf(in, sizeof in, "%s/in", dir), snprintf(o1, sizeof o1, "%s/o1", dir), snprintf(o2, sizeof o2, "%s/o2", dir);
@@ -160,6 +168,7 @@ TEST(tokenize_txt_zst_and_paths) {
 
 // Each error: one line naming the file (and line), exit status 1, and no output under a final (or temporary) name.
 TEST(tokenize_errors) {
+    need_tokenizers();
     const char *dir = test_tmpdir();
     char in[512], o[512];
     snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);
@@ -205,6 +214,7 @@ TEST(tokenize_errors) {
 }
 
 TEST(tokenize_on_error_skip) {
+    need_tokenizers();
     const char *dir = test_tmpdir();
     char in[512], o[512], path[700];
     snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);
@@ -232,6 +242,7 @@ TEST(tokenize_on_error_skip) {
 
 // Several files of several chunks each: the same bytes with 1 and 4 workers; a re-run skips complete outputs.
 TEST(tokenize_workers_deterministic_and_resume) {
+    need_tokenizers();
     const char *dir = test_tmpdir();
     char in[512], o1[512], o4[512], path[700];
     snprintf(in, sizeof in, "%s/in", dir), snprintf(o1, sizeof o1, "%s/o1", dir), snprintf(o4, sizeof o4, "%s/o4", dir);
@@ -282,6 +293,7 @@ TEST(tokenize_workers_deterministic_and_resume) {
 }
 
 TEST(tokenize_help) {
+    ASSERT_MSG(path_exists(PITH_BIN), PITH_BIN " is missing: make build/pith (make test builds it)");
     int rc = run_cmd(out, sizeof out, PITH_BIN " tokenize --help");
     ASSERT(rc == 0);
     static const char *opts[] = {"--tokenizer", "--input", "--output", "--workers", "--eos", "--field", "--txt-split", "--on-error", "U+FFFD", ".jsonl.zst"};
@@ -293,6 +305,7 @@ TEST(tokenize_help) {
 // pith reads JSON lines with its own strict scanner: valid lines decode exactly, each kind of malformed line is
 // reported by line number.
 TEST(tokenize_json_lines) {
+    need_tokenizers();
     const char *dir = test_tmpdir();
     char in[512], o[512], path[700];
     snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);

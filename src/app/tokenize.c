@@ -494,16 +494,16 @@ static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
     f->written++;
 }
 
-static void progress(const Totals *t, uint64_t total_in, double t0, bool final) {
+static void progress(const Totals *t, uint64_t total_in, double t0) {
     static double last;
     double now = now_seconds(), dt = now - t0;
-    if (!final && now - last < 0.5) return;
+    if (now - last < 0.5) return;
     last = now;
     double rate = t->text_bytes / 1e6 / (dt > 1e-9 ? dt : 1e-9), in_rate = t->in_bytes / (dt > 1e-9 ? dt : 1e-9);
     double eta = in_rate > 0 && total_in > t->in_bytes ? (total_in - t->in_bytes) / in_rate : 0;
-    fprintf(stderr, "\rtokenize: %llu documents, %llu tokens, %.1f MB/s, %3.0f%%, ETA %d:%02d   %s",
+    fprintf(stderr, "\rtokenize: %llu documents, %llu tokens, %.1f MB/s, %3.0f%%, ETA %d:%02d   ",
             (unsigned long long)t->docs, (unsigned long long)t->tokens, rate, 100.0 * t->in_bytes / (total_in ? total_in : 1),
-            (int)eta / 60, (int)eta % 60, final ? "\n" : "");
+            (int)eta / 60, (int)eta % 60);
 }
 
 // ---- command ------------------------------------------------------------------------------------------------------
@@ -686,7 +686,7 @@ int cmd_tokenize(int argc, char **argv) {
                 to_write++, progressed = true;
             }
         }
-        if (tty) progress(&tot, total_in, t0, false);
+        if (tty) progress(&tot, total_in, t0);
         if (to_write == nfiles) break;
     }
     pthread_mutex_lock(&sh.mu);
@@ -694,7 +694,7 @@ int cmd_tokenize(int argc, char **argv) {
     pthread_cond_broadcast(&sh.work_cv);
     pthread_mutex_unlock(&sh.mu);
     for (long i = 0; i < workers; i++) pthread_join(th[i], NULL);
-    if (tty) progress(&tot, total_in, t0, true);
+    if (tty) fprintf(stderr, "\r%100s\r", ""); // the summary below replaces the progress line
     double dt = now_seconds() - t0;
     printf("tokenize: %d files written, %d skipped (output exists), %d failed; %llu documents, %llu tokens, %.1f MB of text in %.2f s "
            "(%.1f MB/s, %ld workers)",
