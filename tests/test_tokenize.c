@@ -62,7 +62,7 @@ typedef struct {
     uint8_t *file;
     size_t len;
     const uint32_t *tok;
-    const uint64_t *ends;
+    uint64_t *ends; // a copy: the second record is only 4-byte aligned in the file when the token count is odd
     int64_t ntok, ndocs;
 } Bin;
 
@@ -76,7 +76,8 @@ static Bin read_bin(const char *path) {
     size_t at = (size_t)(d1 - b.file) + 4 * b.ntok;
     b.ndocs = check_npy(b.file + at, b.len - at, "<u8", 8, &d2);
     ASSERT_MSG((size_t)(d2 - b.file) + 8 * b.ndocs == b.len, "%s: bytes after the second record", path);
-    b.tok = (const uint32_t *)d1, b.ends = (const uint64_t *)d2;
+    b.tok = (const uint32_t *)d1, b.ends = xmalloc(8 * b.ndocs + 8);
+    memcpy(b.ends, d2, 8 * b.ndocs);
     for (int64_t i = 0; i < b.ndocs; i++) ASSERT(b.ends[i] > (i ? b.ends[i - 1] : 0));
     ASSERT(b.ndocs ? b.ends[b.ndocs - 1] == (uint64_t)b.ntok : b.ntok == 0);
     return b;
@@ -119,7 +120,7 @@ TEST(tokenize_npy_format) {
     assert_doc(&b, 1, "", 1);
     assert_doc(&b, 2, "caf\xC3\xA9 <\xEF\xBD\x9CUser\xEF\xBD\x9C>\n", 1);
     ASSERT(b.ends[1] - b.ends[0] == 2); // the empty text: BOS EOS
-    free(b.file);
+    free(b.file), free(b.ends);
     snprintf(bin, sizeof bin, "%s/a.jsonl.bin.tmp", o);
     ASSERT(!path_exists(bin));
 }
@@ -146,14 +147,14 @@ TEST(tokenize_txt_zst_and_paths) {
     Bin b = read_bin(path);
     ASSERT(b.ndocs == 1);
     assert_doc(&b, 0, txt, eot);
-    free(b.file);
+    free(b.file), free(b.ends);
     snprintf(path, sizeof path, "%s/x/plain.jsonl.bin", o1);
     Bin p = read_bin(path);
     snprintf(path, sizeof path, "%s/x/packed.jsonl.zst.bin", o1);
     Bin q = read_bin(path);
     ASSERT(p.len == q.len && !memcmp(p.file, q.file, p.len) && p.ndocs == 2);
     assert_doc(&p, 1, "two three", eot);
-    free(p.file), free(q.file);
+    free(p.file), free(p.ends), free(q.file), free(q.ends);
     // paragraphs, an id for --eos, and a single file as input
     rc = run_cmd(out, sizeof out, PITH_BIN " tokenize --tokenizer " DSV3 "/tokenizer.json --input %s/sub/deeper/doc.txt --output %s --txt-split paragraph --eos 7", in, o2);
     ASSERT_MSG(rc == 0, "%s", out);
@@ -163,7 +164,7 @@ TEST(tokenize_txt_zst_and_paths) {
     assert_doc(&b, 0, "First paragraph,\nstill first.", 7);
     assert_doc(&b, 1, "Second one.", 7);
     assert_doc(&b, 2, "Third", 7);
-    free(b.file);
+    free(b.file), free(b.ends);
 }
 
 // Each error: one line naming the file (and line), exit status 1, and no output under a final (or temporary) name.
@@ -233,7 +234,7 @@ TEST(tokenize_on_error_skip) {
     ASSERT(b.ndocs == 2);
     assert_doc(&b, 0, "one", 1);
     assert_doc(&b, 1, "x\xEF\xBF\xBD\xEF\xBF\xBDy", 1); // each invalid byte is its own maximal subpart
-    free(b.file);
+    free(b.file), free(b.ends);
     snprintf(path, sizeof path, "%s/b.jsonl.zst.bin", o);
     ASSERT(!path_exists(path));
     snprintf(path, sizeof path, "%s/b.jsonl.zst.bin.tmp", o);
@@ -272,7 +273,7 @@ TEST(tokenize_workers_deterministic_and_resume) {
         Bin a = read_bin(p1), b = read_bin(p4);
         ASSERT_MSG(a.len == b.len && !memcmp(a.file, b.file, a.len), "part%d differs between 1 and 4 workers", f);
         ASSERT(a.ndocs > 100);
-        free(a.file), free(b.file);
+        free(a.file), free(a.ends), free(b.file), free(b.ends);
     }
     // resume: everything exists → nothing is rewritten; remove one output → only that one is written again
     struct stat st0, st1;
@@ -289,7 +290,7 @@ TEST(tokenize_workers_deterministic_and_resume) {
     snprintf(p4, sizeof p4, "%s/part2/data.jsonl.bin", o4);
     Bin a = read_bin(path), b = read_bin(p4);
     ASSERT(a.len == b.len && !memcmp(a.file, b.file, a.len));
-    free(a.file), free(b.file);
+    free(a.file), free(a.ends), free(b.file), free(b.ends);
 }
 
 TEST(tokenize_help) {
@@ -342,5 +343,5 @@ TEST(tokenize_json_lines) {
     assert_doc(&b, 2, "second", 1);
     assert_doc(&b, 3, "lone \xEF\xBF\xBD surrogate", 1);
     assert_doc(&b, 4, "ws", 1);
-    free(b.file);
+    free(b.file), free(b.ends);
 }

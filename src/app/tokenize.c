@@ -555,8 +555,8 @@ int cmd_tokenize(int argc, char **argv) {
         case 'f': field = optarg; break;
         case 's': split = optarg; break;
         case 'r': on_error = optarg; break;
-        case 'h': tokenize_usage(stdout); return 0;
-        default: tokenize_usage(stderr); return 2;
+        case 'h': tokenize_usage(stdout), free(inputs); return 0;
+        default: tokenize_usage(stderr), free(inputs); return 2;
         }
     }
     for (int i = optind; i < argc; i++) inputs[ninputs++] = argv[i]; // the rest of --input PATH PATH ...

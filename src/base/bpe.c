@@ -124,10 +124,12 @@ static size_t utf8_seq(const uint8_t *s, size_t n, size_t *bad) {
 
 char *bpe_utf8_repair(const char *text, size_t n, size_t *out_len) {
     const uint8_t *s = (const uint8_t *)text;
-    size_t i = 0, bad;
-    while (i < n) {
-        if (s[i] < 0x80) i++;
-        else if (utf8_seq(s + i, n - i, &bad)) i += utf8_seq(s + i, n - i, &bad);
+    size_t i = 0, bad, k;
+    while (i < n) { // the common case: valid, mostly ASCII (8 bytes at a time)
+        uint64_t w;
+        if (i + 8 <= n && (memcpy(&w, s + i, 8), !(w & 0x8080808080808080ull))) i += 8;
+        else if (s[i] < 0x80) i++;
+        else if ((k = utf8_seq(s + i, n - i, &bad))) i += k;
         else break;
     }
     if (i == n) return NULL;
@@ -135,7 +137,7 @@ char *bpe_utf8_repair(const char *text, size_t n, size_t *out_len) {
     size_t o = i;
     memcpy(out, s, i);
     while (i < n) {
-        size_t k = utf8_seq(s + i, n - i, &bad);
+        k = utf8_seq(s + i, n - i, &bad);
         if (k) memcpy(out + o, s + i, k), o += k, i += k;
         else memcpy(out + o, "\xEF\xBF\xBD", 3), o += 3, i += bad;
     }
@@ -216,7 +218,9 @@ static void load_vocab_and_merges(Bpe *t, JObj model, json_t *added) {
     size_t i;
     json_array_foreach(added, i, val) {
         json_t *id = json_object_get(val, "id");
-        if (json_is_integer(id) && json_integer_value(id) >= nids) nids = json_integer_value(id) + 1;
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1LL << 32) - 1)
+            die("%s: added_tokens[%zu].id: expected an id in [0, 2^32-1)", t->file, i);
+        if (json_integer_value(id) >= nids) nids = json_integer_value(id) + 1;
     }
     t->nids = nids;
     t->off = xcalloc(nids, sizeof *t->off);
@@ -312,7 +316,7 @@ static void load_added(Bpe *t, JObj root) {
         t->abucket[c][256] = n;
         t->afirst[c] = -1;
         for (int b = 0; b < 256; b++)
-            if (t->abucket[c][b + 1] > t->abucket[c][b]) t->afirst[c] = t->afirst[c] == -1 && n == t->abucket[c][b + 1] - t->abucket[c][b] ? b : -2;
+            if (n > 0 && t->abucket[c][b + 1] - t->abucket[c][b] == n) t->afirst[c] = b;
     }
 }
 
