@@ -27,6 +27,7 @@ typedef struct {
     // writer state
     FILE *f;
     bool skip, failed, read_done;
+    char *error; // why reading failed (reported by the writer, in file order)
     int64_t nchunks, written; // chunks made by the reader (final once read_done) and written so far
     uint64_t ntok, *ends;
     size_t nends, ends_cap;
@@ -615,11 +616,11 @@ int cmd_tokenize(int argc, char **argv) {
     Chunk *pending = NULL, *free_chunks = NULL; // results waiting for their turn to be written; chunks to reuse
     Totals tot = {0};
     int next_file = 0, inflight = 0, max_inflight = 2 * (int)workers + 2, to_write = 0; // to_write: first unfinished file
-    bool tty = isatty(2);
+    bool tty = isatty(2), stop_reading = false; // stop_reading: a file failed and --on-error fail
     double t0 = now_seconds();
     for (;;) {
         // read: cut chunks until enough are in flight
-        while (inflight < max_inflight && (r.file >= 0 || next_file < nfiles)) {
+        while (inflight < max_inflight && (r.file >= 0 || next_file < nfiles) && !stop_reading) {
             if (r.file < 0) {
                 InFile *f = &files[next_file];
                 if (f->skip) {
@@ -630,9 +631,9 @@ int cmd_tokenize(int argc, char **argv) {
                 r.f = fopen(f->path, "rb");
                 if (r.f && f->kind == IN_JSONL_ZST) r.z = ZSTD_createDStream(), ZSTD_initDStream(r.z);
                 if (!r.f) {
-                    if (sh.fail_fast) die("%s: cannot read: %s", f->path, strerror(errno));
-                    warn("%s: cannot read: %s (file skipped)", f->path, strerror(errno));
-                    f->failed = true, tot.failed++;
+                    char msg[4200];
+                    snprintf(msg, sizeof msg, "%s: cannot read: %s", f->path, strerror(errno));
+                    f->failed = true, f->error = xstrdup(msg), stop_reading = sh.fail_fast;
                     reader_close(&r);
                     continue;
                 }
@@ -646,9 +647,9 @@ int cmd_tokenize(int argc, char **argv) {
                 reader_close(&r);
             } else if (!reader_fill(&r, &err)) {
                 InFile *f = &files[r.file];
-                if (sh.fail_fast) die("%s: %s (after line %lld)", f->path, err, (long long)(r.line + count_lines(r.buf, r.len) - 1));
-                warn("%s: %s (file skipped)", f->path, err);
-                f->failed = true, tot.failed++;
+                char msg[4200];
+                snprintf(msg, sizeof msg, "%s: %s (after line %lld)", f->path, err, (long long)(r.line + count_lines(r.buf, r.len) - 1));
+                f->failed = true, f->error = xstrdup(msg), stop_reading = sh.fail_fast;
                 reader_close(&r);
             }
             if (ck) {
@@ -661,7 +662,7 @@ int cmd_tokenize(int argc, char **argv) {
             }
         }
         // collect finished chunks; wait for one when no more can be read now
-        bool can_read = r.file >= 0 || next_file < nfiles;
+        bool can_read = (r.file >= 0 || next_file < nfiles) && !stop_reading;
         pthread_mutex_lock(&sh.mu);
         while (!sh.done && inflight > 0 && (inflight >= max_inflight || !can_read)) pthread_cond_wait(&sh.done_cv, &sh.mu);
         for (Chunk *d = sh.done, *nx; d; d = nx) nx = d->next, d->next = pending, pending = d, inflight--;
@@ -681,6 +682,8 @@ int cmd_tokenize(int argc, char **argv) {
                     break;
                 }
             if (f->read_done && f->written == f->nchunks) {
+                if (f->failed && sh.fail_fast) die("%s", f->error);
+                if (f->failed) warn("%s (file skipped)", f->error), tot.failed++;
                 if (f->failed) tot.docs -= f->nends, tot.tokens -= f->ntok; // counted while its chunks were written
                 if (!f->skip) out_finish(f), tot.written += !f->failed;
                 to_write++, progressed = true;
