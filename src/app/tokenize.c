@@ -37,10 +37,10 @@ typedef struct Chunk {
     int file;
     int64_t seq, line0; // chunk number within its file; line number of its first line (1-based)
     char *data;
-    size_t len, cap, in_bytes; // text bytes; input bytes (compressed for .zst) it came from, for progress
+    size_t len, cap, in_bytes; // bytes of data; input bytes (compressed for .zst) it came from, for progress
     IdVec ids;
     uint64_t *ends; // cumulative document ends within the chunk
-    size_t ndocs, ends_cap, repaired, bad, text_bytes;
+    size_t ndocs, ends_cap, repaired, bad, text_bytes; // repaired: documents with invalid UTF-8; bad: lines skipped
     char *errors; // one message per line; in fail mode the first error stops the chunk
     size_t errors_len;
     struct Chunk *next;
@@ -284,6 +284,15 @@ static void chunk_document(Shared *sh, BpeScratch *s, Chunk *c, const char *text
     c->ends[c->ndocs++] = c->ids.n;
 }
 
+// A .txt document: its invalid UTF-8 is counted here (bpe_encode would replace it anyway).
+static void txt_document(Shared *sh, BpeScratch *s, Chunk *c, const char *text, size_t len) {
+    size_t n;
+    char *fixed = bpe_utf8_repair(text, len, &n);
+    chunk_document(sh, s, c, fixed ? fixed : text, fixed ? n : len);
+    c->repaired += fixed != NULL;
+    free(fixed);
+}
+
 static bool blank(const char *p, size_t n) {
     for (size_t i = 0; i < n; i++)
         if (p[i] != ' ' && p[i] != '\t' && p[i] != '\r') return false;
@@ -298,7 +307,7 @@ typedef struct {
 static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
     BpeScratch *s = ws->s;
     int kind = files[c->file].kind;
-    if (kind == IN_TXT && !sh->paragraphs) return chunk_document(sh, s, c, c->data, c->len);
+    if (kind == IN_TXT && !sh->paragraphs) return txt_document(sh, s, c, c->data, c->len);
     int64_t line = c->line0;
     const char *p = c->data, *end = c->data + c->len, *para = NULL, *para_end = NULL;
     for (; p < end; line++) {
@@ -307,7 +316,7 @@ static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
             if (!blank(p, e - p)) {
                 if (!para) para = p;
                 para_end = e;
-            } else if (para) chunk_document(sh, s, c, para, para_end - para), para = NULL;
+            } else if (para) txt_document(sh, s, c, para, para_end - para), para = NULL;
         } else if (!blank(p, e - p)) {
             size_t n = e - p, fixed_len, col;
             char *fixed = bpe_utf8_repair(p, n, &fixed_len);
@@ -322,7 +331,7 @@ static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
         }
         p = e + 1;
     }
-    if (para) chunk_document(sh, s, c, para, para_end - para);
+    if (para) txt_document(sh, s, c, para, para_end - para);
 }
 
 static void *worker_main(void *arg) {
@@ -336,11 +345,6 @@ static void *worker_main(void *arg) {
         sh->work_head = c->next;
         if (!sh->work_head) sh->work_tail = NULL;
         pthread_mutex_unlock(&sh->mu);
-        if (files[c->file].kind == IN_TXT) { // text files are repaired whole; JSON lines one by one
-            size_t n;
-            char *fixed = bpe_utf8_repair(c->data, c->len, &n);
-            if (fixed) free(c->data), c->data = fixed, c->len = n, c->cap = n + 1, c->repaired++;
-        }
         chunk_process(sh, &ws, c, files[c->file].path);
         pthread_mutex_lock(&sh->mu);
         c->next = sh->done, sh->done = c;
