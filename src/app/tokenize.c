@@ -619,7 +619,9 @@ int cmd_tokenize(int argc, char **argv) {
     Reader r = {.file = -1, .inbuf = xmalloc(ZSTD_DStreamInSize())};
     Chunk *pending = NULL, *free_chunks = NULL; // results waiting for their turn to be written; chunks to reuse
     Totals tot = {0};
-    int next_file = 0, inflight = 0, max_inflight = 2 * (int)workers + 2, to_write = 0; // to_write: first unfinished file
+    // inflight: chunks made and not yet written (bounds memory even when one slow chunk holds up the writer);
+    // to_write: the first file not yet finished
+    int next_file = 0, inflight = 0, max_inflight = 2 * (int)workers + 2, to_write = 0;
     bool tty = isatty(2), stop_reading = false; // stop_reading: a file failed and --on-error fail
     double t0 = now_seconds();
     for (;;) {
@@ -669,7 +671,7 @@ int cmd_tokenize(int argc, char **argv) {
         bool can_read = (r.file >= 0 || next_file < nfiles) && !stop_reading;
         pthread_mutex_lock(&sh.mu);
         while (!sh.done && inflight > 0 && (inflight >= max_inflight || !can_read)) pthread_cond_wait(&sh.done_cv, &sh.mu);
-        for (Chunk *d = sh.done, *nx; d; d = nx) nx = d->next, d->next = pending, pending = d, inflight--;
+        for (Chunk *d = sh.done, *nx; d; d = nx) nx = d->next, d->next = pending, pending = d;
         sh.done = NULL;
         pthread_mutex_unlock(&sh.mu);
         // write, in file order and chunk order
@@ -681,7 +683,7 @@ int cmd_tokenize(int argc, char **argv) {
                     Chunk *ck = *pp;
                     *pp = ck->next;
                     write_chunk(f, ck, &tot, sh.fail_fast);
-                    free(ck->errors), ck->next = free_chunks, free_chunks = ck;
+                    free(ck->errors), ck->next = free_chunks, free_chunks = ck, inflight--;
                     progressed = true;
                     break;
                 }
