@@ -2,6 +2,7 @@
 // scripts/golden_ids.mjs) for Qwen3, GPT-OSS (o200k) and DeepSeek-V3, round trips, both merge paths, long runs of one
 // character, and invalid UTF-8. The tokenizer files come from scripts/tokenizers.sh (run by scripts/deps.sh).
 #include <jansson.h>
+#include <utf8proc.h>
 
 #include "base/bpe.h"
 #include "test.h"
@@ -160,4 +161,34 @@ TEST(bpe_invalid_utf8) {
     bpe_encode(t, s, "x\xEF\xBF\xBDy\xEF\xBF\xBD", 8, false, &b);
     ASSERT(a.n == b.n && a.n > 0 && !memcmp(a.p, b.p, a.n * 4));
     idvec_free(&a), idvec_free(&b), bpe_scratch_free(s);
+}
+
+// The NFC quick check (text that NFC cannot change is not normalized): every code point alone, and random strings
+// of 2-4 code points drawn from ranges where composition happens, against utf8proc's NFC.
+TEST(bpe_nfc_quick_check) {
+    Bpe *t = tok_get(0); // Qwen3: NFC
+    ASSERT(bpe_has_normalizer(t));
+    static const int32_t ranges[][2] = {{0x20, 0x7F}, {0xC0, 0x17F}, {0x300, 0x36F}, {0x1100, 0x11FF}, {0xAC00, 0xAC40},
+                                        {0x3040, 0x30FF}, {0x0900, 0x097F}, {0x0B00, 0x0BFF}, {0x0CBF, 0x0CD6}, {0x0F40, 0x0F80},
+                                        {0x1E00, 0x1EFF}, {0x2100, 0x213F}, {0x1D15E, 0x1D164}, {0x1F600, 0x1F64F}, {0x4E00, 0x4E20}};
+    Rng r = rng_seeded(3, 0);
+    for (int64_t i = 0; i < 0x110000 + 300000; i++) {
+        uint8_t buf[32];
+        size_t n = 0;
+        if (i < 0x110000) {
+            if (i >= 0xD800 && i < 0xE000) continue;
+            n = (size_t)utf8proc_encode_char((int32_t)i, buf);
+        } else
+            for (int k = 0, nk = 2 + (int)rng_below(&r, 3); k < nk; k++) {
+                const int32_t *rg = ranges[rng_below(&r, sizeof ranges / sizeof *ranges)];
+                n += (size_t)utf8proc_encode_char(rg[0] + (int32_t)rng_below(&r, (uint64_t)(rg[1] - rg[0] + 1)), buf + n);
+            }
+        uint8_t *want = NULL;
+        utf8proc_ssize_t wn = utf8proc_map(buf, (utf8proc_ssize_t)n, &want, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        size_t gn;
+        char *got = bpe_normalize(t, (const char *)buf, n, &gn);
+        ASSERT_MSG(wn >= 0 && (size_t)wn == gn && !memcmp(got, want, gn), "NFC differs for text %lld (first code point U+%04X)", (long long)i,
+                   (unsigned)(i < 0x110000 ? i : 0));
+        free(got), free(want);
+    }
 }

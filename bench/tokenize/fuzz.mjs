@@ -27,6 +27,8 @@ const pool = [
   "<|endoftext|>", "<|im_start|>", "<|im_end", "<|return|>", "<\uff5cbegin\u2581of\u2581sentence\uff5c>",
   "<\uff5cUser\uff5c>", "<|EOT|>", "<think>", "The", " the", "hello", "World", "don't", "I'M", "http://x.y/z?q=1",
   "    ", "\n\n", "aaaa", "1234567", "    def", "\t\t", "...", "—", "–", "…",
+  "\u212b", "\u2126", "\u0958", "\u1100", "\u1161", "\u11a8", "\uac00", "\u0cbf", "\u0cd5", "\u0344", "\u0f73",
+  "\u3099", "か", "\u0b47", "\u0b3e", "\u1e9b", "\u0327", "\u00c5", "A\u030a",
 ];
 const texts = [];
 for (let i = 0; i < ndocs; i++) {

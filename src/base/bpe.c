@@ -13,6 +13,7 @@
 #include "base/bpe.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <utf8proc.h>
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -31,6 +32,11 @@ typedef struct {
 } PreStep;
 
 typedef struct {
+    uint64_t key; // UINT64_MAX: empty
+    uint32_t rank, new_id;
+} MergeSlot;
+
+typedef struct {
     char *content;
     uint32_t len, id;
     bool lstrip, rstrip, single_word, normalized;
@@ -47,9 +53,8 @@ struct Bpe {
     uint32_t *vslot; // open addressing: id + 1, 0 = empty
     uint64_t vmask;
     uint32_t byte_id[256];
-    // Merges: key (left << 32 | right) → rank, merged id; key UINT64_MAX = empty slot.
-    uint64_t *mkey;
-    uint32_t *mrank, *mnew;
+    // Merges: key (left << 32 | right) → rank, merged id, in one 16-byte slot (one cache miss per lookup).
+    MergeSlot *merges;
     uint64_t mmask;
     bool ignore_merges;
     // Added tokens; per class (0: normalized=false, 1: normalized=true) sorted by (first byte, length desc).
@@ -159,6 +164,45 @@ static bool is_white_space(int32_t c) { // Unicode White_Space (Rust's char::is_
            c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
+// NFC quick check (after UAX #15): nfc_safe has a bit for each code point that NFC leaves alone whatever surrounds it:
+// assigned, combining class 0, not a mark (every character that can be the second of a canonical composition is a
+// mark or a Hangul jamo), not a jamo, and NFC of the character alone is itself (which rules out singletons and
+// composition exclusions). Text made of such characters only is already in NFC.
+static uint8_t nfc_safe[0x110000 / 8];
+static pthread_once_t nfc_once = PTHREAD_ONCE_INIT;
+
+static void nfc_tables(void) {
+    for (int32_t c = 0; c < 0x110000; c++) {
+        const utf8proc_property_t *p = utf8proc_get_property(c);
+        if (p->category == UTF8PROC_CATEGORY_CN || p->category == UTF8PROC_CATEGORY_CS || p->combining_class ||
+            (p->category >= UTF8PROC_CATEGORY_MN && p->category <= UTF8PROC_CATEGORY_ME) || (c >= 0x1100 && c <= 0x11FF) ||
+            (c >= 0xA960 && c <= 0xA97F) || (c >= 0xD7B0 && c <= 0xD7FF))
+            continue;
+        if (p->decomp_seqindex != UINT16_MAX) { // has a decomposition: safe if NFC gives the character back
+            uint8_t enc[4], *dst = NULL;
+            utf8proc_ssize_t k = utf8proc_encode_char(c, enc), r = utf8proc_map(enc, k, &dst, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            bool same = r == k && !memcmp(dst, enc, k);
+            free(dst);
+            if (!same) continue;
+        }
+        nfc_safe[c >> 3] |= (uint8_t)(1 << (c & 7));
+    }
+}
+
+// True if NFC leaves s[0..n) (valid UTF-8) unchanged by the quick check; false means "maybe not".
+static bool nfc_quick(const uint8_t *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        if (s[i] < 0xCC) { // below U+0300 every character is safe
+            i++;
+            continue;
+        }
+        int32_t cp;
+        i += (size_t)utf8_decode(s + i, &cp);
+        if (!(nfc_safe[cp >> 3] >> (cp & 7) & 1)) return false;
+    }
+    return true;
+}
+
 // ---- vocabulary and merges ----------------------------------------------------------------------------------------
 
 static int64_t vocab_find(const Bpe *t, const uint8_t *s, size_t n) {
@@ -198,8 +242,9 @@ static void vocab_set(Bpe *t, int64_t id, const uint8_t *s, size_t n) {
 static inline bool merge_get(const Bpe *t, uint32_t a, uint32_t b, uint32_t *rank, uint32_t *new_id) {
     uint64_t key = (uint64_t)a << 32 | b;
     for (uint64_t h = mix64(key) & t->mmask;; h = (h + 1) & t->mmask) {
-        if (t->mkey[h] == key) return *rank = t->mrank[h], *new_id = t->mnew[h], true;
-        if (t->mkey[h] == UINT64_MAX) return false;
+        const MergeSlot *m = &t->merges[h];
+        if (m->key == key) return *rank = m->rank, *new_id = m->new_id, true;
+        if (m->key == UINT64_MAX) return false;
     }
 }
 
@@ -250,8 +295,8 @@ static void load_vocab_and_merges(Bpe *t, JObj model, json_t *added) {
     size_t nm = json_array_size(merges);
     cap = 1;
     while (cap < 2 * nm + 2) cap *= 2;
-    t->mkey = xmalloc(cap * sizeof *t->mkey), t->mrank = xmalloc(cap * 4), t->mnew = xmalloc(cap * 4), t->mmask = cap - 1;
-    memset(t->mkey, 0xff, cap * sizeof *t->mkey);
+    t->merges = xmalloc(cap * sizeof *t->merges), t->mmask = cap - 1;
+    for (uint64_t k = 0; k < cap; k++) t->merges[k].key = UINT64_MAX;
     json_array_foreach(merges, i, val) {
         const char *a, *b;
         char pair[2048];
@@ -271,9 +316,9 @@ static void load_vocab_and_merges(Bpe *t, JObj model, json_t *added) {
         int64_t ib = vocab_find(t, buf + na, nb), ic = vocab_find(t, buf, na + nb);
         if (ia < 0 || ib < 0 || ic < 0) jdie(model, "merges", "merge %zu ('%s' '%s') uses a token not in the vocabulary", i, a, b);
         uint64_t k = (uint64_t)ia << 32 | (uint64_t)ib, h = mix64(k) & t->mmask;
-        while (t->mkey[h] != UINT64_MAX && t->mkey[h] != k) h = (h + 1) & t->mmask;
-        if (t->mkey[h] == k) continue; // a repeated merge keeps its first rank
-        t->mkey[h] = k, t->mrank[h] = (uint32_t)i, t->mnew[h] = (uint32_t)ic;
+        while (t->merges[h].key != UINT64_MAX && t->merges[h].key != k) h = (h + 1) & t->mmask;
+        if (t->merges[h].key == k) continue; // a repeated merge keeps its first rank
+        t->merges[h] = (MergeSlot){k, (uint32_t)i, (uint32_t)ic};
     }
     free(buf);
 }
@@ -340,6 +385,7 @@ static void load_normalizer(Bpe *t, json_t *n, JObj root) {
         if (!strcmp(type, forms[k].name)) {
             if (t->nnorm == 4) jdie(root, "normalizer", "too many normalizers");
             t->norm[t->nnorm++] = forms[k].opts;
+            if (k == 0) pthread_once(&nfc_once, nfc_tables);
             return;
         }
     jdie(root, "normalizer", "type '%s' is not supported (supported: NFC, NFD, NFKC, NFKD, Sequence)", type);
@@ -505,7 +551,7 @@ void bpe_free(Bpe *t) {
     for (int i = 0; i < t->nsteps; i++) pcre2_code_free(t->steps[i].re);
     for (int i = 0; i < t->nadded; i++) free(t->added[i].content);
     free(t->added), free(t->added_of_id), free(t->aorder[0]), free(t->aorder[1]);
-    free(t->blob), free(t->off), free(t->len), free(t->vslot), free(t->mkey), free(t->mrank), free(t->mnew);
+    free(t->blob), free(t->off), free(t->len), free(t->vslot), free(t->merges);
     free(t->bos), free(t->eos), free(t);
 }
 
@@ -548,8 +594,11 @@ typedef struct {
     size_t off, len;
 } Span;
 
+// A candidate merge of the symbols at pos and q (whose right neighbour was after, -1 if none) into new_id. Symbol
+// boundaries only ever disappear, so the entry is still current iff pos is alive, next[pos] == q, next[q] == after.
 typedef struct {
-    uint32_t rank, pos;
+    uint32_t rank, pos, new_id;
+    int32_t q, after;
 } HeapItem;
 
 struct BpeScratch {
@@ -625,7 +674,7 @@ static size_t bpe_merge(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n)
         s->word_cap = n + n / 2;
         size_t c = s->word_cap;
         s->sym = xrealloc(s->sym, c * 4), s->rank = xrealloc(s->rank, c * 4), s->nid = xrealloc(s->nid, c * 4);
-        s->prev = xrealloc(s->prev, c * 4), s->next = xrealloc(s->next, c * 4), s->heap = xrealloc(s->heap, c * sizeof(HeapItem));
+        s->prev = xrealloc(s->prev, c * 4), s->next = xrealloc(s->next, c * 4), s->heap = xrealloc(s->heap, 2 * c * sizeof(HeapItem));
     }
     uint32_t *sym = s->sym, *rank = s->rank, *nid = s->nid;
     for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[w[i]];
@@ -648,24 +697,25 @@ static size_t bpe_merge(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n)
         }
         return m;
     }
-    // heap of (rank, left position) over a doubly linked list; stale entries are recognised and dropped on pop
+    // heap of (rank, left position) over a doubly linked list (≤ 2n entries: each merge adds at most one net);
+    // stale entries are recognised and dropped on pop
     int32_t *prev = s->prev, *next = s->next;
     size_t nh = 0;
-    for (size_t i = 0; i < n; i++) {
-        prev[i] = (int32_t)i - 1, next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
-        uint32_t r, id;
-        if (i + 1 < n && merge_get(t, sym[i], sym[i + 1], &r, &id)) heap_push(s->heap, &nh, (HeapItem){r, (uint32_t)i});
-    }
+    for (size_t i = 0; i < n; i++) prev[i] = (int32_t)i - 1, next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    uint32_t r, id;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (merge_get(t, sym[i], sym[i + 1], &r, &id)) heap_push(s->heap, &nh, (HeapItem){r, (uint32_t)i, id, (int32_t)i + 1, next[i + 1]});
     while (nh) {
         HeapItem top = heap_pop(s->heap, &nh);
-        uint32_t p = top.pos, r, id;
-        int32_t q = next[p];
-        if (sym[p] == UINT32_MAX || q < 0 || !merge_get(t, sym[p], sym[q], &r, &id) || r != top.rank) continue;
-        sym[p] = id, sym[q] = UINT32_MAX; // ranks are unique per pair, so a matching rank means this very pair
+        uint32_t p = top.pos;
+        int32_t q = top.q;
+        if (sym[p] == UINT32_MAX || next[p] != q || next[q] != top.after) continue;
+        sym[p] = top.new_id, sym[q] = UINT32_MAX;
         next[p] = next[q];
         if (next[q] >= 0) prev[next[q]] = (int32_t)p;
-        if (prev[p] >= 0 && merge_get(t, sym[prev[p]], sym[p], &r, &id)) heap_push(s->heap, &nh, (HeapItem){r, (uint32_t)prev[p]});
-        if (next[p] >= 0 && merge_get(t, sym[p], sym[next[p]], &r, &id)) heap_push(s->heap, &nh, (HeapItem){r, p});
+        int32_t a = prev[p], b = next[p];
+        if (a >= 0 && merge_get(t, sym[a], sym[p], &r, &id)) heap_push(s->heap, &nh, (HeapItem){r, (uint32_t)a, id, (int32_t)p, b});
+        if (b >= 0 && merge_get(t, sym[p], sym[b], &r, &id)) heap_push(s->heap, &nh, (HeapItem){r, p, id, b, next[b]});
     }
     size_t m = 0;
     for (int32_t i = 0; i >= 0; i = next[i]) sym[m++] = sym[i];
@@ -840,9 +890,10 @@ static bool find_added(const Bpe *t, int c, const uint8_t *s, size_t n, size_t f
 static uint8_t *normalize(const Bpe *t, const uint8_t *s, size_t n, size_t *out_n) {
     uint8_t *cur = NULL;
     for (int k = 0; k < t->nnorm; k++) {
-        bool quick = true; // NFC leaves text below U+0300 alone; the other forms only ASCII
-        uint8_t lim = t->norm[k] == (UTF8PROC_STABLE | UTF8PROC_COMPOSE) ? 0xCC : 0x80;
-        for (size_t i = 0; i < n && quick; i++) quick = s[i] < lim;
+        bool quick = true; // NFC: the quick check; the other forms leave only ASCII alone for sure
+        if (t->norm[k] == (UTF8PROC_STABLE | UTF8PROC_COMPOSE)) quick = nfc_quick(s, n);
+        else
+            for (size_t i = 0; i < n && quick; i++) quick = s[i] < 0x80;
         if (quick) continue;
         uint8_t *dst = NULL;
         utf8proc_ssize_t r = utf8proc_map(s, (utf8proc_ssize_t)n, &dst, t->norm[k]);
