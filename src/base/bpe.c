@@ -618,6 +618,14 @@ struct BpeScratch {
 
 #define CACHE_MEM (4u << 20)
 
+// Makes the per-word arrays hold words of n bytes.
+static void word_reserve(BpeScratch *s, size_t n) {
+    if (n <= s->word_cap) return;
+    size_t c = s->word_cap = n + n / 2;
+    s->sym = xrealloc(s->sym, c * 4), s->rank = xrealloc(s->rank, c * 4), s->nid = xrealloc(s->nid, c * 4);
+    s->prev = xrealloc(s->prev, c * 4), s->next = xrealloc(s->next, c * 4), s->heap = xrealloc(s->heap, 2 * c * sizeof(HeapItem));
+}
+
 BpeScratch *bpe_scratch_new(const Bpe *t) {
     BpeScratch *s = xcalloc(1, sizeof *s);
     s->md = pcre2_match_data_create(1, NULL);
@@ -627,6 +635,7 @@ BpeScratch *bpe_scratch_new(const Bpe *t) {
     pcre2_jit_stack_assign(s->mctx, NULL, s->jit_stack);
     s->cache = xcalloc(CACHE_SLOTS, sizeof *s->cache);
     s->cmem = xmalloc(CACHE_MEM);
+    word_reserve(s, 256);
     return s;
 }
 
@@ -670,12 +679,7 @@ static HeapItem heap_pop(HeapItem *h, size_t *n) {
 
 // Merges the bytes w[0..n) into symbols; writes the resulting ids to s->sym[0..return).
 static size_t bpe_merge(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n) {
-    if (n > s->word_cap) {
-        s->word_cap = n + n / 2;
-        size_t c = s->word_cap;
-        s->sym = xrealloc(s->sym, c * 4), s->rank = xrealloc(s->rank, c * 4), s->nid = xrealloc(s->nid, c * 4);
-        s->prev = xrealloc(s->prev, c * 4), s->next = xrealloc(s->next, c * 4), s->heap = xrealloc(s->heap, 2 * c * sizeof(HeapItem));
-    }
+    word_reserve(s, n);
     uint32_t *sym = s->sym, *rank = s->rank, *nid = s->nid;
     for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[w[i]];
     if (n < bpe_heap_min_len) { // linear scan over the pair ranks, updated around each merge
@@ -729,11 +733,6 @@ static inline void ids_put(IdVec *v, const uint32_t *ids, size_t k) {
 
 static void bpe_word(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n, IdVec *out) {
     if (n == 1) return ids_put(out, &t->byte_id[w[0]], 1);
-    if (t->ignore_merges) {
-        int64_t id = vocab_find(t, w, n);
-        uint32_t id32 = (uint32_t)id;
-        if (id >= 0) return ids_put(out, &id32, 1);
-    }
     uint64_t h = 0, slot = 0;
     if (n <= CACHE_MAX_WORD) {
         uint64_t hh = hash_bytes(w, n);
@@ -747,7 +746,8 @@ static void bpe_word(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n, Id
             } else if (!memcmp(s->cmem + c->at, w, n)) return ids_put(out, (uint32_t *)(s->cmem + c->at + ((n + 3) & ~(size_t)3)), c->nids);
         }
     }
-    size_t m = bpe_merge(t, s, w, n);
+    int64_t id = t->ignore_merges ? vocab_find(t, w, n) : -1; // a word in the vocabulary is one token
+    size_t m = id >= 0 ? (s->sym[0] = (uint32_t)id, 1) : bpe_merge(t, s, w, n);
     ids_put(out, s->sym, m);
     if (!h) return;
     bool inl = n <= 12 && m <= 3;
