@@ -58,14 +58,43 @@ TEST(bpe_golden_qwen3) { ASSERT(golden_check(0) > 30); }
 TEST(bpe_golden_gptoss) { ASSERT(golden_check(1) > 30); }
 TEST(bpe_golden_deepseek_v3) { ASSERT(golden_check(2) > 30); }
 
-// The heap path (every word) and the linear-scan path (every word) give the golden ids.
-TEST(bpe_merge_paths_agree) {
+// The heap path (every word) and the linear-scan path (every word) give the golden ids; so does splitting ASCII
+// text with the Unicode regexes only.
+TEST(bpe_paths_agree) {
     size_t keep = bpe_heap_min_len;
     for (int k = 0; k < 3; k++) {
         bpe_heap_min_len = 2, golden_check(k);
         bpe_heap_min_len = SIZE_MAX, golden_check(k);
     }
     bpe_heap_min_len = keep;
+    bpe_ascii_regex = false;
+    for (int k = 0; k < 3; k++) golden_check(k);
+    bpe_ascii_regex = true;
+}
+
+// The ASCII copies of the split regexes give the same ids as the Unicode ones on random ASCII text.
+TEST(bpe_ascii_regex_agrees) {
+    static const char *frags[] = {"a", "Z", "the", " The", "'s", "'S", "'ll", "'Re", "'", "\"", " ", "  ", "\t", "\n", "\r\n",
+                                  "\r", "\v", "\f", "0", "12", "345", "6789", ".", ",", "!", "?", "-", "_", "/", "\\", "(", ")",
+                                  "[", "{", "<", "|", "#", "@", "$", "%", "&", "*", "+", "=", "~", "`", "^", "\x01", "\x1f",
+                                  "\x7f", "don't", "HELLO", "camelCase", "x1", "    ", ":)", "a-b", "...", "\n\n  "};
+    Rng r = rng_seeded(5, 0);
+    char text[1024];
+    for (int k = 0; k < 3; k++) {
+        Bpe *t = tok_get(k);
+        BpeScratch *s = bpe_scratch_new(t);
+        for (int i = 0; i < 4000; i++) {
+            size_t n = 0;
+            for (int j = 0, nj = 1 + (int)rng_below(&r, 30); j < nj; j++) n += (size_t)sprintf(text + n, "%s", frags[rng_below(&r, sizeof frags / sizeof *frags)]);
+            IdVec a = {0}, b = {0};
+            bpe_ascii_regex = true, bpe_encode(t, s, text, n, false, &a);
+            bpe_ascii_regex = false, bpe_encode(t, s, text, n, false, &b);
+            bpe_ascii_regex = true;
+            ASSERT_MSG(a.n == b.n && !memcmp(a.p, b.p, 4 * a.n), "%s: ASCII and Unicode regexes differ on '%s'", tok_names[k], text);
+            idvec_free(&a), idvec_free(&b);
+        }
+        bpe_scratch_free(s);
+    }
 }
 
 // decode(encode(x)) == x, or normalize(x) for a tokenizer with a normalizer (Qwen3: NFC).

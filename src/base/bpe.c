@@ -21,12 +21,13 @@
 #include "base/json.h"
 
 size_t bpe_heap_min_len = 48;
+bool bpe_ascii_regex = true;
 
 enum { SPLIT_ISOLATED, SPLIT_REMOVED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS };
 
 typedef struct {
-    pcre2_code *re;
-    bool jit;
+    pcre2_code *re, *ascii; // ascii: the same split for text without bytes >= 0x80, or NULL
+    bool jit, ascii_jit;
     int behavior;
     bool invert;
 } PreStep;
@@ -81,10 +82,9 @@ static inline uint64_t mix64(uint64_t x) {
 }
 
 static inline uint64_t hash_bytes(const uint8_t *p, size_t n) {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ n, w;
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ n, w = 0;
     for (; n >= 8; p += 8, n -= 8) memcpy(&w, p, 8), h = (h ^ w) * 0x100000001b3ull, h ^= h >> 29;
-    w = 0;
-    memcpy(&w, p, n);
+    for (w = 0; n > 0; n--) w = w << 8 | p[n - 1];
     return mix64(h ^ w);
 }
 
@@ -192,6 +192,11 @@ static void nfc_tables(void) {
 // True if NFC leaves s[0..n) (valid UTF-8) unchanged by the quick check; false means "maybe not".
 static bool nfc_quick(const uint8_t *s, size_t n) {
     for (size_t i = 0; i < n;) {
+        uint64_t w;
+        if (i + 8 <= n && (memcpy(&w, s + i, 8), !(w & 0x8080808080808080ull))) { // ASCII
+            i += 8;
+            continue;
+        }
         if (s[i] < 0xCC) { // below U+0300 every character is safe
             i++;
             continue;
@@ -391,6 +396,77 @@ static void load_normalizer(Bpe *t, json_t *n, JObj root) {
     jdie(root, "normalizer", "type '%s' is not supported (supported: NFC, NFD, NFKC, NFKD, Sequence)", type);
 }
 
+// The characters below 128 that \p{name} holds (Unicode general categories and White_Space); false for other names.
+static bool ascii_property(const char *name, size_t len, uint8_t mask[16]) {
+    static const struct { const char *name; int lo, hi; } cats[] = {
+        {"L", 1, 5},    {"L&", 1, 3},   {"Lu", 1, 1},   {"Ll", 2, 2},   {"Lt", 3, 3},   {"Lm", 4, 4},   {"Lo", 5, 5},
+        {"M", 6, 8},    {"Mn", 6, 6},   {"Mc", 7, 7},   {"Me", 8, 8},   {"N", 9, 11},   {"Nd", 9, 9},   {"Nl", 10, 10},
+        {"No", 11, 11}, {"P", 12, 18},  {"Pc", 12, 12}, {"Pd", 13, 13}, {"Ps", 14, 14}, {"Pe", 15, 15}, {"Pi", 16, 16},
+        {"Pf", 17, 17}, {"Po", 18, 18}, {"S", 19, 22},  {"Sm", 19, 19}, {"Sc", 20, 20}, {"Sk", 21, 21}, {"So", 22, 22},
+        {"Z", 23, 25},  {"Zs", 23, 23}, {"Zl", 24, 24}, {"Zp", 25, 25}, {"C", 26, 29},  {"Cc", 26, 26}, {"Cf", 27, 27},
+        {"White_Space", -1, -1},
+    };
+    for (size_t k = 0; k < sizeof cats / sizeof *cats; k++) {
+        if (strlen(cats[k].name) != len || memcmp(cats[k].name, name, len)) continue;
+        memset(mask, 0, 16);
+        for (int c = 0; c < 128; c++) {
+            int cat = utf8proc_category(c);
+            if (cats[k].lo < 0 ? is_white_space(c) : cat >= cats[k].lo && cat <= cats[k].hi) mask[c >> 3] |= (uint8_t)(1 << (c & 7));
+        }
+        return true;
+    }
+    return false;
+}
+
+// The pattern for text of ASCII characters only: each \p{X} / \P{X} becomes the ASCII characters it holds (as \xHH
+// ranges, joining the class it is in or forming one), so it compiles without UTF/UCP, runs several times faster and
+// matches ASCII text exactly as the Unicode pattern does. NULL if the pattern uses a property not known here.
+static char *ascii_pattern(const char *p) {
+    size_t n = strlen(p), o = 0;
+    char *q = xmalloc(n * 600 + 16);
+    bool in_class = false;
+    for (size_t i = 0; i < n;) {
+        if (p[i] == '\\' && (p[i + 1] == 'p' || p[i + 1] == 'P')) {
+            bool neg = p[i + 1] == 'P';
+            const char *name = p + i + 2, *end = name + 1;
+            if (*name == '{') name++, end = strchr(name, '}');
+            if (!end) return free(q), NULL;
+            i = (size_t)(end - p) + (*end == '}');
+            if (*name == '^') neg = !neg, name++;
+            uint8_t mask[16];
+            if (!ascii_property(name, (size_t)(end - name), mask)) return free(q), NULL;
+            if (!in_class) q[o++] = '[';
+            bool any = false;
+            for (int c = 0; c < 128;) { // runs of members as ranges
+                bool in = (mask[c >> 3] >> (c & 7) & 1) != neg;
+                int e = c;
+                if (in)
+                    while (e + 1 < 128 && ((mask[(e + 1) >> 3] >> ((e + 1) & 7) & 1) != neg)) e++;
+                if (in) o += (size_t)sprintf(q + o, "\\x%02x-\\x%02x", c, e), any = true;
+                c = e + 1;
+            }
+            if (!any) o += (size_t)sprintf(q + o, "\\x80"); // empty: a byte no ASCII text has
+            if (!in_class) q[o++] = ']';
+            continue;
+        }
+        if (p[i] == '\\' && p[i + 1] == 'Q') return free(q), NULL; // quoting: not worth handling
+        if (p[i] == '\\' && i + 1 < n) q[o++] = p[i++];
+        else if (!in_class && p[i] == '[') {
+            in_class = true, q[o++] = p[i++];
+            if (p[i] == '^') q[o++] = p[i++];
+            if (p[i] == ']') q[o++] = p[i++];
+            continue;
+        } else if (in_class && p[i] == '[' && p[i + 1] == ':') { // a POSIX class [:name:]
+            const char *e = strstr(p + i, ":]");
+            if (!e) return free(q), NULL;
+            while (p + i < e) q[o++] = p[i++];
+        } else if (in_class && p[i] == ']') in_class = false;
+        q[o++] = p[i++];
+    }
+    q[o] = 0;
+    return q;
+}
+
 // Compiles a regex of tokenizer.json. HF compiles it with Oniguruma, whose \s is Unicode White_Space; PCRE2's \s in
 // UCP mode lacks U+0085, so \s and \S become \p{White_Space} and \P{White_Space} (valid inside classes too).
 static void add_regex_step(Bpe *t, JObj root, const char *pat, bool literal, int behavior, bool invert) {
@@ -407,16 +483,21 @@ static void add_regex_step(Bpe *t, JObj root, const char *pat, bool literal, int
         }
         p[o++] = pat[i];
     }
+    p[o] = 0;
     int err;
     PCRE2_SIZE at;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)p, o, PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | (literal ? PCRE2_LITERAL : 0), &err, &at, NULL);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)p, o, PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | PCRE2_NO_START_OPTIMIZE | (literal ? PCRE2_LITERAL : 0), &err, &at, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
         jdie(root, "pre_tokenizer", "regex /%s/ does not compile: %s (at offset %zu)", pat, (char *)msg, (size_t)at);
     }
-    free(p);
-    t->steps[t->nsteps++] = (PreStep){re, pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0, behavior, invert};
+    PreStep *st = &t->steps[t->nsteps++];
+    *st = (PreStep){.re = re, .jit = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0, .behavior = behavior, .invert = invert};
+    char *a = literal ? NULL : ascii_pattern(p);
+    if (a) st->ascii = pcre2_compile((PCRE2_SPTR)a, PCRE2_ZERO_TERMINATED, PCRE2_NO_START_OPTIMIZE, &err, &at, NULL);
+    if (st->ascii) st->ascii_jit = pcre2_jit_compile(st->ascii, PCRE2_JIT_COMPLETE) == 0;
+    free(a), free(p);
 }
 
 static void load_pre_tokenizer(Bpe *t, json_t *p, JObj root, bool *bytelevel) {
@@ -548,7 +629,7 @@ Bpe *bpe_load(const char *path) {
 
 void bpe_free(Bpe *t) {
     if (!t) return;
-    for (int i = 0; i < t->nsteps; i++) pcre2_code_free(t->steps[i].re);
+    for (int i = 0; i < t->nsteps; i++) pcre2_code_free(t->steps[i].re), pcre2_code_free(t->steps[i].ascii);
     for (int i = 0; i < t->nadded; i++) free(t->added[i].content);
     free(t->added), free(t->added_of_id), free(t->aorder[0]), free(t->aorder[1]);
     free(t->blob), free(t->off), free(t->len), free(t->vslot), free(t->merges);
@@ -646,7 +727,7 @@ void bpe_scratch_free(BpeScratch *s) {
     free(s->heap), free(s->cache), free(s->cmem), free(s);
 }
 
-static void span_push(BpeScratch *s, int k, size_t *n, size_t off, size_t len) {
+static inline void span_push(BpeScratch *s, int k, size_t *n, size_t off, size_t len) {
     if (*n == s->span_cap[k]) s->span_cap[k] = s->span_cap[k] ? 2 * s->span_cap[k] : 1024, s->spans[k] = xrealloc(s->spans[k], s->span_cap[k] * sizeof(Span));
     s->spans[k][(*n)++] = (Span){off, len};
 }
@@ -769,6 +850,14 @@ static void bpe_word(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n, Id
 
 // ---- pre-tokenization ---------------------------------------------------------------------------------------------
 
+static bool is_ascii(const uint8_t *s, size_t n) {
+    uint64_t w, acc = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) memcpy(&w, s + i, 8), acc |= w;
+    for (; i < n; i++) acc |= s[i];
+    return !(acc & 0x8080808080808080ull);
+}
+
 // Runs one step over the spans in list `from`, writing the list `1 - from`; returns its length.
 static size_t pre_step(const PreStep *st, BpeScratch *s, const uint8_t *txt, int from, size_t nin) {
     size_t nout = 0;
@@ -776,14 +865,17 @@ static size_t pre_step(const PreStep *st, BpeScratch *s, const uint8_t *txt, int
     for (size_t k = 0; k < nin; k++) {
         Span sp = s->spans[from][k];
         const uint8_t *subj = txt + sp.off;
+        bool ascii = st->ascii && bpe_ascii_regex && is_ascii(subj, sp.len);
         size_t pos = 0, last = 0, first = nout;
         bool prev_match = false, pending = false;
         size_t pend_off = 0;
         for (;;) {
             size_t ms = sp.len, me = sp.len;
             if (pos < sp.len) {
-                int rc = st->jit ? pcre2_jit_match(st->re, subj, sp.len, pos, 0, s->md, s->mctx)
-                                 : pcre2_match(st->re, subj, sp.len, pos, PCRE2_NO_UTF_CHECK, s->md, s->mctx);
+                int rc = ascii && st->ascii_jit ? pcre2_jit_match(st->ascii, subj, sp.len, pos, 0, s->md, s->mctx)
+                         : ascii               ? pcre2_match(st->ascii, subj, sp.len, pos, 0, s->md, s->mctx)
+                         : st->jit             ? pcre2_jit_match(st->re, subj, sp.len, pos, 0, s->md, s->mctx)
+                                               : pcre2_match(st->re, subj, sp.len, pos, PCRE2_NO_UTF_CHECK, s->md, s->mctx);
                 if (rc >= 0) {
                     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
                     ms = ov[0], me = ov[1];

@@ -49,3 +49,6 @@ char *bpe_normalize(const Bpe *t, const char *text, size_t len, size_t *out_len)
 // Words of at least this many bytes are merged with a heap (O(n log n)); shorter ones with a linear scan. A knob for
 // tests, which check that both paths agree.
 extern size_t bpe_heap_min_len;
+// Pieces of ASCII text are split with an ASCII-only copy of each regex (faster, same result); false turns that off
+// (for tests, which check that both give the same ids).
+extern bool bpe_ascii_regex;
