@@ -43,6 +43,7 @@ for t in $TOKS; do
         done
         echo "pith tokenize $t workers=$w: $best MB/s  ($line)"
     done
-    TOKENIZERS_PARALLELISM=false node bench/tokenize/peer_node.mjs "data/tokenizers/$t" "$corpus" hf --reps "$REPS"
+    # the HF run also checks that pith's last output holds exactly HF's ids
+    TOKENIZERS_PARALLELISM=false node bench/tokenize/peer_node.mjs "data/tokenizers/$t" "$corpus" hf --reps "$REPS" --check "$tmp/out/kjv.jsonl.bin"
     node bench/tokenize/peer_node.mjs "data/tokenizers/$t" "$corpus" tjs
 done
