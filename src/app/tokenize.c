@@ -124,7 +124,7 @@ static void buf_put(Buf *b, const char *s, size_t n) {
 }
 
 typedef struct {
-    const char *p, *start, *end;
+    const char *p, *end;
     const char *err;
     int depth;
 } JScan;
@@ -249,7 +249,7 @@ static bool js_value(JScan *s, const char *field, Buf *out, Buf *key, int *state
 
 // The string value of top-level `field` of the JSON object line[0..n) into out; else an error message (with *col).
 static const char *json_line_field(const char *line, size_t n, const char *field, Buf *out, Buf *key, size_t *col) {
-    JScan s = {line, line, line + n, NULL, 0};
+    JScan s = {line, line + n, NULL, 0};
     int state = 0;
     js_ws(&s);
     if (s.p < s.end && *s.p != '{') return *col = 1, "not a JSON object";
@@ -323,7 +323,8 @@ static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
             const char *err = json_line_field(fixed ? fixed : p, fixed ? fixed_len : n, sh->field, &ws->text, &ws->key, &col);
             if (!err) chunk_document(sh, s, c, ws->text.p, ws->text.n), c->repaired += fixed != NULL;
             else if (!strcmp(err, "no field")) chunk_error(c, "%s:%lld: no field \"%s\"", name, (long long)line, sh->field);
-            else if (!strcmp(err, "not a string")) chunk_error(c, "%s:%lld: field \"%s\" is not a string", name, (long long)line, sh->field);
+            else if (!strcmp(err, "not a string"))
+                chunk_error(c, "%s:%lld: field \"%s\" is not a string", name, (long long)line, sh->field);
             else if (col == 1) chunk_error(c, "%s:%lld: %s", name, (long long)line, err);
             else chunk_error(c, "%s:%lld: malformed JSON: %s at column %zu", name, (long long)line, err, col);
             free(fixed);
@@ -585,7 +586,8 @@ int cmd_tokenize(int argc, char **argv) {
     }
     qsort(files, nfiles, sizeof *files, cmp_rel);
     for (int i = 1; i < nfiles; i++)
-        if (!strcmp(files[i].rel, files[i - 1].rel)) die("%s and %s would both be written to %s", files[i - 1].path, files[i].path, files[i].out);
+        if (!strcmp(files[i].rel, files[i - 1].rel))
+            die("%s and %s would both be written to %s", files[i - 1].path, files[i].path, files[i].out);
 
     Bpe *tok = bpe_load(tokpath);
     int64_t eos = -1;
@@ -611,7 +613,8 @@ int cmd_tokenize(int argc, char **argv) {
     if (nskip) fprintf(stderr, "tokenize: %d of %d outputs already exist; skipping them (delete them to redo)\n", nskip, nfiles);
     atexit(remove_partial_outputs);
 
-    Shared sh = {.tok = tok, .field = field, .paragraphs = !strcmp(split, "paragraph"), .fail_fast = !strcmp(on_error, "fail"), .eos = (uint32_t)eos};
+    Shared sh = {.tok = tok, .field = field, .eos = (uint32_t)eos};
+    sh.paragraphs = !strcmp(split, "paragraph"), sh.fail_fast = !strcmp(on_error, "fail");
     pthread_mutex_init(&sh.mu, NULL), pthread_cond_init(&sh.work_cv, NULL), pthread_cond_init(&sh.done_cv, NULL);
     pthread_t *th = xmalloc(workers * sizeof *th);
     for (long i = 0; i < workers; i++) CHECK(pthread_create(&th[i], NULL, worker_main, &sh) == 0);

@@ -486,7 +486,9 @@ static void add_regex_step(Bpe *t, JObj root, const char *pat, bool literal, int
     p[o] = 0;
     int err;
     PCRE2_SIZE at;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)p, o, PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | PCRE2_NO_START_OPTIMIZE | (literal ? PCRE2_LITERAL : 0), &err, &at, NULL);
+    // no start optimisation: matches start where the previous one ended, so searching ahead only costs
+    uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | PCRE2_NO_START_OPTIMIZE | (literal ? PCRE2_LITERAL : 0);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)p, o, opts, &err, &at, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
@@ -524,7 +526,8 @@ static void load_pre_tokenizer(Bpe *t, json_t *p, JObj root, bool *bytelevel) {
             jdie(root, "pre_tokenizer", "ByteLevel with add_prefix_space=true is not supported");
         json_t *ur = json_object_get(p, "use_regex");
         if (!ur || json_is_true(ur)) // GPT-2's pattern
-            add_regex_step(t, root, "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", false, SPLIT_ISOLATED, false);
+            add_regex_step(t, root, "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", false,
+                           SPLIT_ISOLATED, false);
         *bytelevel = true;
     } else jdie(root, "pre_tokenizer", "type '%s' is not supported (supported: Split, ByteLevel, Sequence)", type);
 }
@@ -569,7 +572,8 @@ static void load_template(Bpe *t, json_t *p, JObj root) {
 static char *config_token(JObj cfg, const char *key) {
     json_t *v = json_object_get(cfg.obj, key);
     if (json_is_string(v)) return xstrdup(json_string_value(v));
-    if (json_is_object(v) && json_is_string(json_object_get(v, "content"))) return xstrdup(json_string_value(json_object_get(v, "content")));
+    json_t *content = json_object_get(v, "content");
+    if (json_is_object(v) && json_is_string(content)) return xstrdup(json_string_value(content));
     if (v && !json_is_null(v)) jdie(cfg, key, "expected a token string or {\"content\": ...}");
     return NULL;
 }
@@ -728,7 +732,10 @@ void bpe_scratch_free(BpeScratch *s) {
 }
 
 static inline void span_push(BpeScratch *s, int k, size_t *n, size_t off, size_t len) {
-    if (*n == s->span_cap[k]) s->span_cap[k] = s->span_cap[k] ? 2 * s->span_cap[k] : 1024, s->spans[k] = xrealloc(s->spans[k], s->span_cap[k] * sizeof(Span));
+    if (*n == s->span_cap[k]) {
+        s->span_cap[k] = s->span_cap[k] ? 2 * s->span_cap[k] : 1024;
+        s->spans[k] = xrealloc(s->spans[k], s->span_cap[k] * sizeof(Span));
+    }
     s->spans[k][(*n)++] = (Span){off, len};
 }
 
@@ -885,7 +892,8 @@ static size_t pre_step(const PreStep *st, BpeScratch *s, const uint8_t *txt, int
                         if (pos < sp.len) continue;
                         ms = me = sp.len;
                     }
-                } else if (rc != PCRE2_ERROR_NOMATCH) die("tokenizer: regex matching failed (PCRE2 error %d) on a piece of %zu bytes", rc, sp.len);
+                } else if (rc != PCRE2_ERROR_NOMATCH)
+                    die("tokenizer: regex matching failed (PCRE2 error %d) on a piece of %zu bytes", rc, sp.len);
             }
             // the gap [last, ms) then the match [ms, me); with invert their roles swap
             for (int part = 0; part < 2; part++) {
@@ -945,7 +953,8 @@ static bool is_word_char(const uint8_t *s, size_t n, size_t at, bool before) {
     int32_t cp;
     utf8_decode(s + at, &cp);
     utf8proc_category_t c = utf8proc_category(cp);
-    return cp == '_' || (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) || (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
+    return cp == '_' || (c >= UTF8PROC_CATEGORY_LU && c <= UTF8PROC_CATEGORY_LO) ||
+           (c >= UTF8PROC_CATEGORY_ND && c <= UTF8PROC_CATEGORY_NO);
 }
 
 // Finds the leftmost-longest added token of class c in s[from..n); *ms..*me is the span it takes (with lstrip/rstrip).
