@@ -1,6 +1,6 @@
 // fuzz.mjs — random texts over a tricky character pool, tokenized by pith and by Hugging Face `tokenizers` (Rust,
 // npm Node bindings); any difference in ids is printed. Not part of `make test` (it needs node and data/node).
-// Run: bash scripts/tokenizers.sh --ref && make build/pith && node bench/tokenize/fuzz.mjs [ndocs] [seed]
+// Run: bash scripts/tokenizers.sh --ref && make build/pith && node bench/tokenize/fuzz.mjs [ndocs] [seed] [max pieces per doc]
 import { createRequire } from "module";
 import fs from "fs";
 import os from "os";
@@ -13,6 +13,7 @@ const require = createRequire(path.join(root, "data/node/package.json"));
 const { Tokenizer } = require("tokenizers");
 const ndocs = +(process.argv[2] ?? 3000);
 let seed = +(process.argv[3] ?? 1);
+const maxPieces = +(process.argv[4] ?? 40);
 const rand = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648);
 const pick = (a) => a[Math.floor(rand() * a.length)];
 
@@ -32,7 +33,7 @@ const pool = [
 ];
 const texts = [];
 for (let i = 0; i < ndocs; i++) {
-  const n = 1 + Math.floor(rand() * 40);
+  const n = 1 + Math.floor(rand() * maxPieces);
   let s = "";
   for (let k = 0; k < n; k++) s += pick(pool);
   texts.push(s);
