@@ -767,6 +767,7 @@ static HeapItem heap_pop(HeapItem *h, size_t *n) {
 
 // Merges the bytes w[0..n) into symbols; writes the resulting ids to s->sym[0..return).
 static size_t bpe_merge(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n) {
+    if (n >= INT32_MAX) die("tokenizer: a single pre-tokenized word of %zu bytes is too long (limit 2 GB)", n);
     word_reserve(s, n);
     uint32_t *sym = s->sym, *rank = s->rank, *nid = s->nid;
     for (size_t i = 0; i < n; i++) sym[i] = t->byte_id[w[i]];
