@@ -4,6 +4,7 @@
 # SwiGLU / cross-entropy, fused AdamW and a device copy. Times are CUDA-event medians of single calls
 # after warm-up. One line per op, "PEER|name|ms|rate|unit", with bench_gpu_ops' names where the two
 # measure the same work (bench/report.py pairs them). Usage (GPU machine): python3 bench/peer_kernels.py
+# [--no-compile] (skips the torch.compile'd ops, whose compilation takes a minute).
 import math, sys, torch
 import torch.nn.functional as F
 
@@ -89,6 +90,7 @@ for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBacken
     attempt(f"attention fwd+bwd [{name}]", run_attn)
 
 # ---- memory-bound, torch.compile'd (HF Qwen3's formulas) ----
+NO_COMPILE = "--no-compile" in sys.argv
 eps = 1e-6
 
 
@@ -113,6 +115,8 @@ def fwd_bwd(fn, *args):
 
 
 def compiled(name, fn, args, fwd_bytes, bwd_bytes):
+    if NO_COMPILE:
+        return
     cf = torch.compile(fn)
     tf = bench(lambda: cf(*args))
     out(name, tf, fwd_bytes, "GB/s")
@@ -137,8 +141,9 @@ lg = torch.randn(C, V, device=dev, dtype=torch.float32, requires_grad=True) * 2
 lg = lg.detach().requires_grad_()
 lab = (torch.arange(C, device=dev) * 7919) % V
 ce = torch.compile(lambda l: F.cross_entropy(l, lab, reduction="sum"))
-attempt(f"cross-entropy chunk {C} rows",
-        lambda: out(f"cross-entropy chunk {C} rows", bench(lambda: torch.autograd.grad(ce(lg), lg)), 3.0 * C * V * 4, "GB/s"))
+if not NO_COMPILE:
+  attempt(f"cross-entropy chunk {C} rows",
+          lambda: out(f"cross-entropy chunk {C} rows", bench(lambda: torch.autograd.grad(ce(lg), lg)), 3.0 * C * V * 4, "GB/s"))
 
 # ---- optimizer and copy ----
 n = 30_000_000

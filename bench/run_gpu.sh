@@ -5,15 +5,16 @@
 #      the PyTorch peer (bench/peer_hf_qwen3_moe.py: HF transformers eager and torch.compile) in the same call;
 #   2. kernels: build/bench_gpu_ops and its PyTorch counterparts (bench/peer_kernels.py);
 #   3. the table (bench/report.py), printed last and kept in $OUT/table.md.
-# Options: --no-peers (skip the HF model peers), --no-kernels, --no-e2e, --steps=N (default 8).
+# Options: --no-peers (skip the HF model peers), --no-kernels, --no-e2e, --steps=N (default 8),
+# --no-compile (kernel peers without the torch.compile'd ones).
 # Logs under $OUT (default /tmp/pith-bench): train.txt, peers.txt, bench_ops.txt, peer_kernels.txt, table.md.
 # Binaries: built here when the build libraries exist, else the carried build/ (see tests/gpu/run_device.sh).
 set -u
 OUT=${OUT:-/tmp/pith-bench}
 mkdir -p "$OUT"
-peers=1 kernels=1 e2e=1 steps=8
+peers=1 kernels=1 e2e=1 steps=8 pk=""
 for a in "$@"; do
-    case "$a" in --no-peers) peers=0 ;; --no-kernels) kernels=0 ;; --no-e2e) e2e=0 ;; --steps=*) steps=${a#--steps=} ;; esac
+    case "$a" in --no-peers) peers=0 ;; --no-kernels) kernels=0 ;; --no-e2e) e2e=0 ;; --steps=*) steps=${a#--steps=} ;; --no-compile) pk=--no-compile ;; esac
 done
 if [ -d lib ]; then
     mkdir -p /tmp/pithlib
@@ -43,7 +44,7 @@ if [ $kernels = 1 ]; then
     echo "== kernels"
     timeout 180 build/bench_gpu_ops >"$OUT/bench_ops.txt" 2>&1
     echo "rc=$?" >>"$OUT/bench_ops.txt"
-    timeout 300 python3 bench/peer_kernels.py >"$OUT/peer_kernels.txt" 2>&1
+    timeout 300 python3 bench/peer_kernels.py $pk >"$OUT/peer_kernels.txt" 2>&1
     echo "rc=$?" >>"$OUT/peer_kernels.txt"
 fi
 if [ $peers = 1 ]; then
