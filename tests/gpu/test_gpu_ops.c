@@ -468,6 +468,29 @@ TEST(gpu_op_cross_entropy) {
     gpu_report();
 }
 
+// bf16 logits (the LM head's output on the GPU): in-place bf16 gradients, fp32 statistics; a vector
+// width vocabulary (V % 8 == 0) and a ragged one.
+TEST(gpu_op_cross_entropy_bf16) {
+    gpu_begin();
+    gpu_mode(DT_BF16);
+    int64_t R = 13, Vs[2] = {4096, 3001};
+    for (int i = 0; i < 2; i++) {
+        int64_t V = Vs[i];
+        int32_t lab[13];
+        for (int r = 0; r < R; r++) lab[r] = r % 5 == 2 ? -100 : (int32_t)(rng_u64(8, 2, r) % V);
+        Pair l = pair_rand(DT_BF16, 3, 2, R, V, 0, 0), lb = pair_i32(lab, R);
+        double s0 = 1.25;
+        Tensor sc = tensor_make(&s0, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), sd = gpu_tensor(DT_F64, 1, 1, 0, 0, 0);
+        op_copy(sd, sc);
+        op_cross_entropy(l.c, lb.c, sc, 0.37f), op_cross_entropy(l.d, lb.d, sd, 0.37f);
+        EXPECT_CLOSE(l, 1e-2);
+        double sg = op_read_scalar(sd), err = fabs(sg - s0) / fabs(s0);
+        record_err(err, "loss_sum");
+        ASSERT_MSG(err <= 1e-5, "V %lld loss_sum: gpu %.12g cpu %.12g", (long long)V, sg, s0);
+    }
+    gpu_report();
+}
+
 // ---- elementwise, copies, optimizer ----
 TEST(gpu_op_elementwise) {
     gpu_begin();

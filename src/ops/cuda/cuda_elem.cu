@@ -32,22 +32,27 @@ template <typename T> __global__ void embedding_backward_kernel(float *dtable, c
 #define CE_THREADS 256
 
 // Pass 1: part[r·ns + s] = (max, Σ exp(l − max)) over slice s of row r (an online max per thread).
-template <bool VEC> __global__ void cross_entropy_partial_kernel(float2 *part, const float *logits, const int32_t *labels, int64_t V, int ns) {
+// Logits are fp32 or bf16 (T); the statistics are fp32, the row's lse fp64.
+template <typename T, bool VEC>
+__global__ void cross_entropy_partial_kernel(float2 *part, const T *logits, const int32_t *labels, int64_t V, int ns) {
     __shared__ float sm[CE_THREADS / 32], ss[CE_THREADS / 32];
     int64_t r = blockIdx.x, c0 = (int64_t)blockIdx.y * CE_SLICE, c1 = min(c0 + CE_SLICE, V);
-    const float *l = logits + r * V;
+    const T *l = logits + r * V;
     float m = -INFINITY, sum = 0.0f;
     if (labels[r] != -100) {
         if (VEC) {
-            for (int64_t c = c0 + threadIdx.x * 4; c < c1; c += CE_THREADS * 4) {
-                float4 v = *(const float4 *)(l + c);
-                float mx = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+            for (int64_t c = c0 + threadIdx.x * 8; c < c1; c += CE_THREADS * 8) {
+                float v[8], mx = -INFINITY;
+                ld8(l + c, v);
+#pragma unroll
+                for (int i = 0; i < 8; i++) mx = fmaxf(mx, v[i]);
                 if (mx > m) sum *= expf(m - mx), m = mx;
-                sum += expf(v.x - m) + expf(v.y - m) + expf(v.z - m) + expf(v.w - m);
+#pragma unroll
+                for (int i = 0; i < 8; i++) sum += expf(v[i] - m);
             }
         } else {
             for (int64_t c = c0 + threadIdx.x; c < c1; c += CE_THREADS) {
-                float v = l[c];
+                float v = ld(l, c);
                 if (v > m) sum *= expf(m - v), m = v;
                 sum += expf(v - m);
             }
@@ -67,16 +72,16 @@ template <bool VEC> __global__ void cross_entropy_partial_kernel(float2 *part, c
     }
 }
 
-// Pass 2: lse of row r from its ns partials (fp64), then slice s ← grad_scale·(softmax − onehot); the
-// block holding the label adds lse − l[label] to loss_sum.
-template <bool VEC>
-__global__ void cross_entropy_grad_kernel(float *logits, const float2 *part, const int32_t *labels, double *loss_sum, int64_t V, int ns, float grad_scale) {
+// Pass 2: lse of row r from its ns partials (fp64), then slice s ← grad_scale·(softmax − onehot) in the
+// logits' own dtype; the block holding the label adds lse − l[label] to loss_sum.
+template <typename T, bool VEC>
+__global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const int32_t *labels, double *loss_sum, int64_t V, int ns, float grad_scale) {
     __shared__ double lse_s;
     int64_t r = blockIdx.x, c0 = (int64_t)blockIdx.y * CE_SLICE, c1 = min(c0 + CE_SLICE, V);
-    float *l = logits + r * V;
+    T *l = logits + r * V;
     int32_t y = labels[r];
     if (y == -100) {
-        for (int64_t c = c0 + threadIdx.x; c < c1; c += CE_THREADS) l[c] = 0.0f;
+        for (int64_t c = c0 + threadIdx.x; c < c1; c += CE_THREADS) st(l, c, 0.0f);
         return;
     }
     if (threadIdx.x == 0) {
@@ -85,22 +90,23 @@ __global__ void cross_entropy_grad_kernel(float *logits, const float2 *part, con
         double sum = 0;
         for (int i = 0; i < ns; i++) sum += (double)part[r * ns + i].y * exp((double)part[r * ns + i].x - M);
         lse_s = M + log(sum);
-        if (y >= c0 && y < c1) atomicAdd(loss_sum, lse_s - l[y]); // read before this block overwrites it
+        if (y >= c0 && y < c1) atomicAdd(loss_sum, lse_s - ld(l, y)); // read before this block overwrites it
     }
     __syncthreads();
     float lse = (float)lse_s;
     if (VEC) {
-        for (int64_t c = c0 + threadIdx.x * 4; c < c1; c += CE_THREADS * 4) {
-            float4 v = *(const float4 *)(l + c);
-            v.x = grad_scale * expf(v.x - lse), v.y = grad_scale * expf(v.y - lse);
-            v.z = grad_scale * expf(v.z - lse), v.w = grad_scale * expf(v.w - lse);
-            if (y >= c && y < c + 4) (&v.x)[y - c] -= grad_scale;
-            *(float4 *)(l + c) = v;
+        for (int64_t c = c0 + threadIdx.x * 8; c < c1; c += CE_THREADS * 8) {
+            float v[8];
+            ld8(l + c, v);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = grad_scale * expf(v[i] - lse);
+            if (y >= c && y < c + 8) v[y - c] -= grad_scale;
+            st8(l + c, v);
         }
     } else {
         for (int64_t c = c0 + threadIdx.x; c < c1; c += CE_THREADS) {
-            float p = grad_scale * expf(l[c] - lse);
-            l[c] = c == y ? p - grad_scale : p;
+            float p = grad_scale * expf(ld(l, c) - lse);
+            st(l, c, c == y ? p - grad_scale : p);
         }
     }
 }
@@ -238,24 +244,25 @@ void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
 
 void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
     int64_t R = t_rows(logits), V = t_cols(logits);
-    IS_F32(logits, "cross_entropy");
     CHECK(loss_sum.dt == DT_F64 && tensor_numel(labels) == R);
     if (R == 0 || V == 0) return;
     int ns = (int)((V + CE_SLICE - 1) / CE_SLICE);
     if (R > 65535 || ns > 65535) die("cross_entropy: a chunk of %lld rows of %lld logits is too large (at most 65535 rows)", (long long)R, (long long)V);
     float2 *part = (float2 *)cuda_scratch((size_t)R * ns * sizeof(float2));
     dim3 grid((unsigned)R, (unsigned)ns);
-    if (V % 4 == 0 && (uintptr_t)logits.p % 16 == 0) { // float4 rows
-        cross_entropy_partial_kernel<true><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, (const float *)logits.p, (const int32_t *)labels.p, V, ns);
-        CUDA_LAUNCH_CHECK();
-        cross_entropy_grad_kernel<true><<<grid, CE_THREADS, 0, cuda_stream()>>>((float *)logits.p, part, (const int32_t *)labels.p,
-                                                                                 (double *)loss_sum.p, V, ns, grad_scale);
-    } else {
-        cross_entropy_partial_kernel<false><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, (const float *)logits.p, (const int32_t *)labels.p, V, ns);
-        CUDA_LAUNCH_CHECK();
-        cross_entropy_grad_kernel<false><<<grid, CE_THREADS, 0, cuda_stream()>>>((float *)logits.p, part, (const int32_t *)labels.p,
-                                                                                  (double *)loss_sum.p, V, ns, grad_scale);
-    }
+    const int32_t *lab = (const int32_t *)labels.p;
+    DT_SWITCH(logits.dt, T, "cross_entropy", {
+        T *l = (T *)logits.p;
+        if (vec8_fits(V, l)) {
+            cross_entropy_partial_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
+            CUDA_LAUNCH_CHECK();
+            cross_entropy_grad_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
+        } else {
+            cross_entropy_partial_kernel<T, false><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
+            CUDA_LAUNCH_CHECK();
+            cross_entropy_grad_kernel<T, false><<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
+        }
+    });
     CUDA_LAUNCH_CHECK();
 }
 
