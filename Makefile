@@ -74,7 +74,7 @@ test-gpu: $(BUILD)/pith $(BUILD)/test_gpu
 
 # Kernel timings at Qwen3-30B-A3B sizes (GPU machine only).
 $(BUILD)/bench_gpu_ops: $(BUILD)/bench/bench_gpu_ops.o $(LIB_OBJ)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
 bench-gpu: $(BUILD)/bench_gpu_ops
 	@$(BUILD)/bench_gpu_ops
