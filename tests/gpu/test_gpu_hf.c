@@ -7,16 +7,6 @@
 
 #define FIX "tests/hf/qwen3_moe"
 
-static double expected(const char *key, int step) {
-    json_t *root = json_load_file(FIX "/expected.json", 0, NULL);
-    CHECK(root);
-    json_t *v = step < 0 ? json_object_get(root, key)
-                         : json_object_get(json_array_get(json_object_get(json_object_get(root, "train"), "steps"), step), key);
-    double x = json_number_value(v);
-    json_decref(root);
-    return x;
-}
-
 static double eval_loss(const char *dtype) {
     char out[4096];
     int rc = run_cmd(out, sizeof out, "%s eval --model " FIX " --data " FIX "/tokens.bin --seq 16 --batch 4 --device cuda --dtype %s", PITH_BIN, dtype);
@@ -25,7 +15,7 @@ static double eval_loss(const char *dtype) {
 }
 
 TEST(gpu_hf_parity_eval) {
-    double want = expected("loss", -1), f32 = eval_loss("fp32"), b16 = eval_loss("bf16");
+    double want = hf_expected(FIX, "loss", -1), f32 = eval_loss("fp32"), b16 = eval_loss("bf16");
     printf("     eval loss: fp32 rel %.2e, bf16 rel %.2e\n", fabs(f32 - want) / want, fabs(b16 - want) / want);
     ASSERT(fabs(f32 - want) / want < 1e-5);
     ASSERT(fabs(b16 - want) / want < 1e-2);
@@ -40,7 +30,7 @@ TEST(gpu_hf_parity_train_fp32) {
         char line[4096];
         ASSERT(run_cmd(line, sizeof line, "grep '^{\"step\": %d,' %s/metrics.jsonl", s + 1, d) == 0);
         double l = strtod(strstr(line, "\"loss\": ") + 8, NULL), g = strtod(strstr(line, "\"grad_norm\": ") + 13, NULL);
-        double e = fmax(fabs(l - expected("loss", s)) / expected("loss", s), fabs(g - expected("grad_norm", s)) / expected("grad_norm", s));
+        double e = fmax(fabs(l - hf_expected(FIX, "loss", s)) / hf_expected(FIX, "loss", s), fabs(g - hf_expected(FIX, "grad_norm", s)) / hf_expected(FIX, "grad_norm", s));
         worst = fmax(worst, e);
         ASSERT_MSG(e < 1e-4, "step %d: loss %.9g grad norm %.9g (rel %.2e)", s + 1, l, g, e);
     }
