@@ -1,6 +1,5 @@
 // test_ckpt.c — checkpoints, resume, crash safety, HF conversion and HF parity (tests/hf fixtures made
 // by transformers in fp64: tests/hf/make_fixtures.py).
-#include <jansson.h>
 
 #include "base/safetensors.h"
 #include "test.h"

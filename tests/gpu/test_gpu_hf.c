@@ -1,7 +1,6 @@
 // test_gpu_hf.c — the HF parity fixtures (tests/hf, made by transformers in fp64) on the GPU in fp32
 // mode, with the CPU suite's tolerances: eval loss ≤ 1e-5 relative, 5 AdamW steps' loss and grad norm
 // ≤ 1e-4 relative. In bf16 mode the eval loss must stay within 1e-2.
-#include <jansson.h>
 
 #include "gpu_test.h"
 
