@@ -1,9 +1,12 @@
 // bench_gpu_ops.c — times the CUDA ops at Qwen3-30B-A3B layer sizes (hidden 2048, 32 query / 4 kv heads
 // of 128, 128 experts top-8 of width 768, vocab 151936) on one micro-batch of T = 4096 tokens, bf16.
-// Each op: warm-up, then the mean over reps of host time around the launches with one stream sync at
-// the end (launch overhead included). Prints time, and TFLOP/s or GB/s against the minimum bytes moved.
+// Each op: one warm-up call, then the mean over reps of host time around the launches with one stream
+// sync at the end (launch overhead included). Prints time, and TFLOP/s or GB/s against the minimum
+// bytes moved, and one machine-readable line per op ("BENCH|name|ms|rate|unit") that
+// bench/report.py puts beside the PyTorch peer's numbers (bench/peer_kernels.py, same names).
 // `make bench-gpu` (on the GPU machine).
 #include <math.h>
+#include <stdlib.h>
 
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
@@ -21,6 +24,8 @@ static void fill(Tensor t, float scale, uint64_t stream) {
     free(h);
 }
 
+static double last_ms; // the time of the latest TIME, for sums
+
 #define TIME(name, reps, work, unit, call)                                                            \
     do {                                                                                              \
         call;                                                                                         \
@@ -28,34 +33,112 @@ static void fill(Tensor t, float scale, uint64_t stream) {
         double t0_ = now_seconds();                                                                   \
         for (int r_ = 0; r_ < (reps); r_++) call;                                                     \
         cuda_sync();                                                                                  \
-        double s_ = (now_seconds() - t0_) / (reps);                                                   \
-        printf("%-34s %9.3f ms  %8.1f %s\n", name, s_ * 1e3, (work) / s_ / 1e12 * (unit[0] == 'G' ? 1e3 : 1), unit); \
+        double s_ = (now_seconds() - t0_) / (reps), rate_ = (work) / s_ / 1e12 * (unit[0] == 'G' ? 1e3 : 1); \
+        last_ms = s_ * 1e3;                                                                           \
+        printf("%-44s %9.3f ms  %8.1f %s\n", name, s_ * 1e3, rate_, unit);                           \
+        printf("BENCH|%s|%.4f|%.1f|%s\n", name, s_ * 1e3, rate_, unit);                               \
+        fflush(stdout);                                                                               \
     } while (0)
 
-int main(void) {
+static void report(const char *name, double ms, double work, const char *unit) {
+    double rate = work / (ms / 1e3) / 1e12 * (unit[0] == 'G' ? 1e3 : 1);
+    printf("%-44s %9.3f ms  %8.1f %s\n", name, ms, rate, unit);
+    printf("BENCH|%s|%.4f|%.1f|%s\n", name, ms, rate, unit);
+}
+
+// Expert rows of T·k slots under the router's choice on random N(0, 1) hidden states and N(0, 0.02²)
+// router weights (natural routing as initialised), or balanced (R/E each).
+static void routing_offs(int64_t *offs, int64_t T, int64_t H, int64_t E, int k, bool balanced) {
+    if (balanced) {
+        for (int64_t e = 0; e <= E; e++) offs[e] = e * (T * k / E);
+        return;
+    }
+    Arena save = A;
+    Tensor x = dev(DT_BF16, 2, T, H, 0), wr = dev(DT_BF16, 2, E, H, 0), lg = dev(DT_F32, 2, T, E, 0), pr = dev(DT_F32, 2, T, E, 0);
+    Tensor idx = dev(DT_I32, 2, T, k, 0), w = dev(DT_F32, 2, T, k, 0), perm = dev(DT_I32, 1, T * k, 0, 0);
+    fill(x, 1, 90), fill(wr, 0.02f, 91);
+    op_linear_forward(lg, x, wr, (Tensor){0});
+    op_router_forward(pr, idx, w, lg, k, true, false);
+    op_moe_sort(perm, offs, idx, (int)E);
+    A.used = save.used; // the routing buffers are scratch
+    int64_t mx = 0, mn = T * k;
+    for (int64_t e = 0; e < E; e++) mx = offs[e + 1] - offs[e] > mx ? offs[e + 1] - offs[e] : mx, mn = offs[e + 1] - offs[e] < mn ? offs[e + 1] - offs[e] : mn;
+    printf("(natural routing: rows per expert %lld..%lld, mean %lld)\n", (long long)mn, (long long)mx, (long long)(T * k / E));
+}
+
+int main(int argc, char **argv) {
     if (!ops_cuda_available()) die("bench_gpu_ops: no GPU");
-    A = arena_create("bench", DEV_CUDA, (size_t)6 << 30);
+    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+    A = arena_create("bench", DEV_CUDA, (size_t)12 << 30);
     const int64_t T = 4096, H = 2048, nh = 32, nkv = 4, d = 128, E = 128, k = 8, I = 768, V = 151936;
     const int64_t R = T * k, C = (64 << 20) / (V * 4);
     DType bf = DT_BF16;
     Tensor x = dev(bf, 2, T, H, 0), wq = dev(bf, 2, nh * d, H, 0), q2 = dev(bf, 2, T, nh * d, 0), dw = dev(DT_F32, 2, nh * d, H, 0);
     fill(x, 1, 1), fill(wq, 0.02f, 2), fill(q2, 1, 3);
-    printf("%-34s %9s     %8s\n", "op (T=4096, bf16)", "time", "rate");
+    printf("%-44s %9s     %8s\n", "op (T=4096 tokens, bf16)", "time", "rate");
     double f = 2.0 * T * nh * d * H;
-    TIME("linear fwd q_proj 4096x2048->4096", 20, f, "TFLOP/s", op_linear_forward(q2, x, wq, (Tensor){0}));
-    TIME("linear bwd input", 20, f, "TFLOP/s", op_linear_backward_input(x, q2, wq, false));
-    TIME("linear bwd weight (fp32 acc)", 20, f, "TFLOP/s", op_linear_backward_weight(dw, (Tensor){0}, q2, x));
-    // grouped experts, balanced: R/E rows each
+    TIME("gemm q_proj fwd 4096x2048->4096", 20, f, "TFLOP/s", op_linear_forward(q2, x, wq, (Tensor){0}));
+    TIME("gemm q_proj bwd input", 20, f, "TFLOP/s", op_linear_backward_input(x, q2, wq, false));
+    TIME("gemm q_proj bwd weight (fp32 acc)", 20, f, "TFLOP/s", op_linear_backward_weight(dw, (Tensor){0}, q2, x));
+    // LM head and loss on a chunk of Cr rows: logits fp32, CE in place, dx and dW (fp32 accumulate)
+    {
+        Arena save = A;
+        Tensor wl = dev(bf, 2, V, H, 0), dwl = dev(DT_F32, 2, V, H, 0), hn = dev(bf, 2, 2048, H, 0), dh = dev(bf, 2, 2048, H, 0);
+        Tensor lg = dev(DT_F32, 2, 1766, V, 0), lab = dev(DT_I32, 1, 2048, 0, 0), ls = dev(DT_F64, 1, 1, 0, 0);
+        fill(wl, 0.02f, 20), fill(hn, 1, 21), op_zero(dwl), op_zero(ls);
+        int32_t *hl = xmalloc(2048 * sizeof(int32_t));
+        for (int64_t i = 0; i < 2048; i++) hl[i] = (int32_t)(i * 7919 % V);
+        op_copy(lab, tensor_make(hl, DT_I32, DEV_CPU, 1, 2048, 1, 1, 1));
+        free(hl);
+        int64_t chunks[2] = {C, 1766};
+        for (int c = 0; c < 2; c++) {
+            int64_t n = chunks[c];
+            Tensor l = tensor_rows(lg, 0, n), h = tensor_rows(hn, 0, n), dhc = tensor_rows(dh, 0, n), lb = tensor_rows(lab, 0, n);
+            double fl = 2.0 * n * V * H, tot = 0;
+            char nm[96];
+            snprintf(nm, sizeof nm, "lm_head fwd chunk %lld rows (fp32 logits)", (long long)n);
+            TIME(nm, 10, fl, "TFLOP/s", op_linear_forward(l, h, wl, (Tensor){0}));
+            tot += last_ms;
+            snprintf(nm, sizeof nm, "cross-entropy chunk %lld rows", (long long)n);
+            TIME(nm, 10, 3.0 * n * V * 4, "GB/s", op_cross_entropy(l, lb, ls, 1.0f));
+            tot += last_ms;
+            snprintf(nm, sizeof nm, "lm_head bwd input chunk %lld", (long long)n);
+            TIME(nm, 10, fl, "TFLOP/s", op_linear_backward_input(dhc, l, wl, false));
+            tot += last_ms;
+            snprintf(nm, sizeof nm, "lm_head bwd weight chunk %lld (fp32 dW)", (long long)n);
+            TIME(nm, 5, fl, "TFLOP/s", op_linear_backward_weight(dwl, (Tensor){0}, l, h));
+            tot += last_ms;
+            snprintf(nm, sizeof nm, "lm_head+CE per 8192 tokens, chunk %lld", (long long)n);
+            report(nm, tot * 8192.0 / n, 3.0 * 2 * 8192 * V * H, "TFLOP/s");
+        }
+        A.used = save.used;
+    }
+    // grouped experts: balanced, then natural routing; one grouped call, then the per-expert loop
     int64_t *offs = xmalloc((E + 1) * sizeof(int64_t));
-    for (int64_t e = 0; e <= E; e++) offs[e] = e * (R / E);
     Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0), act = dev(bf, 2, R, I, 0);
-    Tensor dwgu = dev(DT_F32, 3, E, 2 * I, H);
-    fill(xe, 1, 4), fill(wgu, 0.02f, 5), fill(gu, 1, 6), op_zero(dwgu), op_zero(dw);
-    double fg = 2.0 * R * 2 * I * H;
-    TIME("grouped fwd gate_up 128 experts", 10, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, offs));
-    TIME("grouped bwd input", 10, fg, "TFLOP/s", op_grouped_linear_backward_input(xe, gu, wgu, offs));
-    TIME("grouped bwd weight", 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, gu, xe, offs));
-    TIME("swiglu fwd (R=32768, I=768)", 20, (double)R * 3 * I * 2, "GB/s", op_swiglu_forward(act, gu));
+    Tensor wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0);
+    Tensor dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I);
+    fill(xe, 1, 4), fill(wgu, 0.02f, 5), fill(gu, 1, 6), fill(act, 1, 7), fill(wd, 0.02f, 8), op_zero(dwgu), op_zero(dwd), op_zero(dw);
+    double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
+    for (int pass = 0; pass < (quick ? 2 : 3); pass++) {
+        bool bal = pass == 0, loop = pass == 2;
+        routing_offs(offs, T, H, E, (int)k, bal);
+        if (loop) setenv("PITH_GROUPED_GEMM", "0", 1);
+        const char *tag = bal ? "balanced" : loop ? "natural, loop" : "natural";
+        char nm[96];
+        snprintf(nm, sizeof nm, "grouped gate_up fwd (%s)", tag);
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, offs));
+        snprintf(nm, sizeof nm, "grouped gate_up bwd input (%s)", tag);
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_input(xe, gu, wgu, offs));
+        snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (%s)", tag);
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, gu, xe, offs));
+        snprintf(nm, sizeof nm, "grouped down fwd (%s)", tag);
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, offs));
+        snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (%s)", tag);
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, ye, act, offs));
+        unsetenv("PITH_GROUPED_GEMM");
+    }
+    TIME("swiglu fwd (32768 x 768)", 20, (double)R * 3 * I * 2, "GB/s", op_swiglu_forward(act, gu));
     TIME("swiglu bwd", 20, (double)R * 5 * I * 2, "GB/s", op_swiglu_backward(gu, act, gu));
     // attention, causal: 4·S²·d·nh/2 flops forward, 2.5× that backward
     Tensor q = dev(bf, 3, T, nh, d), kk = dev(bf, 3, T, nkv, d), v = dev(bf, 3, T, nkv, d), o = dev(bf, 3, T, nh, d);
@@ -63,8 +146,10 @@ int main(void) {
     fill(q, 1, 7), fill(kk, 1, 8), fill(v, 1, 9), fill(o, 1, 10);
     double fa = 4.0 * T * T * d * nh / 2;
     float sc = 1.0f / sqrtf((float)d);
-    TIME("attention fwd S=4096 d=128 GQA 32/4", 3, fa, "TFLOP/s", op_attention_forward(o, lse, q, kk, v, 1, sc));
-    TIME("attention bwd", 2, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, o, q, kk, v, o, lse, 1, sc));
+    TIME("attention fwd S=4096 d=128 GQA 32/4", 20, fa, "TFLOP/s", op_attention_forward(o, lse, q, kk, v, 1, sc));
+    double ta = last_ms;
+    TIME("attention bwd", 10, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, o, q, kk, v, o, lse, 1, sc));
+    report("attention fwd+bwd", ta + last_ms, 3.5 * fa, "TFLOP/s");
     // memory-bound
     Tensor y = dev(bf, 2, T, H, 0), w = dev(bf, 1, H, 0, 0), rstd = dev(DT_F32, 1, T, 0, 0), dwn = dev(DT_F32, 1, H, 0, 0);
     fill(w, 1, 11);
@@ -73,22 +158,28 @@ int main(void) {
     Tensor qn = tensor_reshape2(q, T * nh, d), qo = tensor_reshape2(dq, T * nh, d), rq = dev(DT_F32, 1, T * nh, 0, 0), wn = dev(bf, 1, d, 0, 0);
     fill(wn, 1, 12);
     TIME("rmsnorm fwd q-norm (131072, 128)", 50, 2.0 * T * nh * d * 2, "GB/s", op_rmsnorm_forward(qo, rq, qn, wn, 1e-6f));
-    Tensor lg = dev(DT_F32, 2, C, V, 0), lab = dev(DT_I32, 1, C, 0, 0), ls = dev(DT_F64, 1, 1, 0, 0);
-    int32_t *hl = xmalloc(C * sizeof(int32_t));
-    for (int64_t i = 0; i < C; i++) hl[i] = (int32_t)(i * 7919 % V);
-    op_copy(lab, tensor_make(hl, DT_I32, DEV_CPU, 1, C, 1, 1, 1));
-    fill(lg, 2, 13);
-    TIME("cross-entropy chunk (110, 151936)", 20, 2.0 * C * V * 4, "GB/s", op_cross_entropy(lg, lab, ls, 1.0f));
+    {
+        int64_t half = d / 2;
+        Tensor cs = dev(DT_F32, 2, T, half, 0), sn = dev(DT_F32, 2, T, half, 0), pos = dev(DT_I32, 1, T, 0, 0);
+        fill(cs, 1, 30), fill(sn, 1, 31);
+        int32_t *hp = xmalloc(T * sizeof(int32_t));
+        for (int64_t i = 0; i < T; i++) hp[i] = (int32_t)i;
+        op_copy(pos, tensor_make(hp, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+        free(hp);
+        TIME("rope q (4096, 32, 128)", 50, 2.0 * T * nh * d * 2, "GB/s", op_rope(q, cs, sn, pos, false));
+    }
     Tensor idx = dev(DT_I32, 2, T, k, 0), perm = dev(DT_I32, 1, R, 0, 0);
     int32_t *hi = xmalloc(R * sizeof(int32_t));
     for (int64_t i = 0; i < R; i++) hi[i] = (int32_t)(rng_u64(1, 2, i) % E);
     op_copy(idx, tensor_make(hi, DT_I32, DEV_CPU, 2, T, k, 1, 1));
     TIME("moe_sort (32768 slots, host sync)", 20, (double)R * 8, "GB/s", op_moe_sort(perm, offs, idx, (int)E));
     TIME("gather_rows dispatch (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_gather_rows(xe, x, perm, (int)k));
-    TIME("gather_rows_backward (atomics)", 20, 2.0 * R * H * 2, "GB/s", op_gather_rows_backward(x, xe, perm, (int)k));
-    Tensor yslot = dev(bf, 2, R, H, 0), wts = dev(DT_F32, 2, T, k, 0);
+    TIME("scatter_rows combine (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_scatter_rows(ye, xe, perm));
+    TIME("gather_rows_backward (inverse map)", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_gather_rows_backward(x, xe, perm, (int)k));
+    Tensor wts = dev(DT_F32, 2, T, k, 0);
     fill(wts, 0.1f, 14);
-    TIME("moe_combine fwd", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_moe_combine_forward(y, x, yslot, wts));
+    TIME("moe_combine fwd", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_moe_combine_forward(y, x, ye, wts));
+    TIME("moe_combine bwd", 20, (double)(2 * R + T) * H * 2, "GB/s", op_moe_combine_backward(xe, wts, y, ye, wts));
     int64_t np = 30000000;
     Tensor p = dev(DT_F32, 1, np, 0, 0), g = dev(DT_F32, 1, np, 0, 0), m = dev(DT_F32, 1, np, 0, 0), vv = dev(DT_F32, 1, np, 0, 0);
     op_zero(m), op_zero(vv), fill(p, 1, 15), fill(g, 1, 16);
@@ -97,6 +188,9 @@ int main(void) {
     TIME("sum_squares 30M (host result)", 20, (double)np * 4, "GB/s", ss += op_sum_squares(g));
     Tensor pb = dev(bf, 1, np, 0, 0);
     TIME("copy fp32 -> bf16 30M", 20, (double)np * 6, "GB/s", op_copy(pb, p));
+    Tensor big0 = dev(DT_F32, 1, 256 << 20, 0, 0), big1 = dev(DT_F32, 1, 256 << 20, 0, 0);
+    op_zero(big0);
+    TIME("copy d2d 1 GiB (bandwidth ceiling)", 10, 2.0 * (1 << 30), "GB/s", op_copy(big1, big0));
     printf("(sum_squares check %.3g)\n", ss);
     arena_destroy(&A);
     return 0;

@@ -2,6 +2,8 @@
 #include <stdarg.h>
 #include <sys/wait.h>
 
+#include <jansson.h>
+
 #include "test.h"
 
 typedef struct {
@@ -68,6 +70,19 @@ int run_cmd(char *out, size_t cap, const char *fmt, ...) {
 const char *pith_bin(void) {
     const char *b = getenv("PITH_BIN");
     return b && b[0] ? b : "build/pith";
+}
+
+double hf_expected(const char *fixture, const char *key, int step) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/expected.json", fixture);
+    json_t *root = json_load_file(path, 0, NULL);
+    CHECK(root);
+    json_t *v = step < 0 ? json_object_get(root, key)
+                         : json_object_get(json_array_get(json_object_get(json_object_get(root, "train"), "steps"), step), key);
+    CHECK(json_is_number(v));
+    double x = json_number_value(v);
+    json_decref(root);
+    return x;
 }
 
 static char tmpdir[256];

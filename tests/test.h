@@ -37,6 +37,9 @@ double rel_err_f64(const double *a, const double *b, int64_t n);
 void fill_normal(float *x, int64_t n, float scale);
 // Runs a shell command, captures stdout+stderr into out (NUL-terminated), returns its exit status.
 int run_cmd(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+// A number from an HF fixture's expected.json (tests/hf/<family>/): key at the top level (step < 0) or
+// of train.steps[step].
+double hf_expected(const char *fixture, const char *key, int step);
 // A fresh empty directory under /tmp for this test.
 const char *test_tmpdir(void);
 

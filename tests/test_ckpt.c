@@ -1,22 +1,10 @@
 // test_ckpt.c — checkpoints, resume, crash safety, HF conversion and HF parity (tests/hf fixtures made
 // by transformers in fp64: tests/hf/make_fixtures.py).
-#include <jansson.h>
 
 #include "base/safetensors.h"
 #include "test.h"
 
 #define FIX "tests/hf/qwen3_moe"
-
-static double expected_num(const char *path_in_json, int step) {
-    json_t *root = json_load_file(FIX "/expected.json", 0, NULL);
-    CHECK(root);
-    json_t *v = step < 0 ? json_object_get(root, path_in_json)
-                         : json_object_get(json_array_get(json_object_get(json_object_get(root, "train"), "steps"), step), path_in_json);
-    CHECK(v);
-    double x = json_number_value(v);
-    json_decref(root);
-    return x;
-}
 
 // Reads key `key` of the metrics line of `step` from a metrics.jsonl.
 static double metric(const char *file, int step, const char *key) {
@@ -34,7 +22,7 @@ TEST(hf_parity_qwen3_moe_eval) {
     ASSERT(run_cmd(out, sizeof out, "%s eval --model " FIX " --data " FIX "/tokens.bin --seq 16 --batch 4", PITH_BIN) == 0);
     char *p = strstr(out, "loss ");
     ASSERT(p);
-    double got = strtod(p + 5, NULL), want = expected_num("loss", -1);
+    double got = strtod(p + 5, NULL), want = hf_expected(FIX, "loss", -1);
     printf("     eval loss %.10f vs transformers %.10f (rel %.2e)\n", got, want, fabs(got - want) / want);
     ASSERT(fabs(got - want) / want < 1e-5);
 }
@@ -47,7 +35,7 @@ TEST(hf_parity_qwen3_moe_train) {
     double worst = 0;
     for (int s = 0; s < 5; s++) {
         double l = metric(m, s + 1, "loss"), g = metric(m, s + 1, "grad_norm");
-        double el = expected_num("loss", s), eg = expected_num("grad_norm", s);
+        double el = hf_expected(FIX, "loss", s), eg = hf_expected(FIX, "grad_norm", s);
         double e = fmax(fabs(l - el) / el, fabs(g - eg) / eg);
         worst = fmax(worst, e);
         ASSERT_MSG(e < 1e-4, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", s + 1, l, el, g, eg);
@@ -85,7 +73,7 @@ TEST(convert_round_trip_bit_exact) {
     ASSERT(path_exists(b));
     ASSERT(run_cmd(out, sizeof out, "grep -c bfloat16 %s/hf16/config.json", d) == 0);
     ASSERT(run_cmd(out, sizeof out, "%s eval --model %s/hf16 --data " FIX "/tokens.bin --seq 16 --batch 4", PITH_BIN, d) == 0);
-    double got = strtod(strstr(out, "loss ") + 5, NULL), want = expected_num("loss", -1);
+    double got = strtod(strstr(out, "loss ") + 5, NULL), want = hf_expected(FIX, "loss", -1);
     ASSERT(fabs(got - want) / want < 1e-2);
     // refusing to overwrite, and bad arguments
     ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith " FIX " %s/ck", PITH_BIN, d) == 1 && strstr(out, "already exists"));
@@ -221,5 +209,5 @@ TEST(train_from_hf2pith_checkpoint) {
     ASSERT(run_cmd(out, sizeof out, "%s train " FIX "/train.json --set init_from= --set save_location=%s/ck --set max_steps=1", PITH_BIN, d) == 0);
     ASSERT_MSG(strstr(out, "model only, optimizer starts fresh"), "%s", out);
     snprintf(m, sizeof m, "%s/ck/metrics.jsonl", d);
-    ASSERT(fabs(metric(m, 1, "loss") - expected_num("loss", 0)) / expected_num("loss", 0) < 1e-5);
+    ASSERT(fabs(metric(m, 1, "loss") - hf_expected(FIX, "loss", 0)) / hf_expected(FIX, "loss", 0) < 1e-5);
 }

@@ -213,3 +213,14 @@ TEST(cli_help_and_usage) {
     ASSERT(run_cmd(out, sizeof out, "%s frobnicate", PITH_BIN) == 2 && strstr(out, "unknown command 'frobnicate'"));
     ASSERT(run_cmd(out, sizeof out, "%s synth --output /nonexistent-dir/x.bin", PITH_BIN) == 1 && strstr(out, "/nonexistent-dir/x.bin.tmp: cannot write"));
 }
+
+TEST(path_normalize_cases) {
+    const char *cases[][2] = {{"a/./b/../c", "a/c"}, {"examples/demo/../../runs/demo", "runs/demo"}, {"../../x", "../../x"},
+                              {"/a/../../b", "/b"}, {"./", "."}, {"a//b/", "a/b"}, {"a/..", "."}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char p[256];
+        snprintf(p, sizeof p, "%s", cases[i][0]);
+        path_normalize(p);
+        ASSERT_MSG(!strcmp(p, cases[i][1]), "%s -> %s, expected %s", cases[i][0], p, cases[i][1]);
+    }
+}

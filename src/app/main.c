@@ -12,6 +12,7 @@ static const struct {
     {"estimate", cmd_estimate, "per-rank memory plan of a training config on N GPUs, without allocating"},
     {"convert", cmd_convert, "Hugging Face folders <-> pith checkpoints (hf2pith, pith2hf)"},
     {"synth", cmd_synth, "write a synthetic token file (for tests and quick runs)"},
+    {"tokenize", cmd_tokenize, "tokenize .jsonl/.jsonl.zst/.txt corpora into token files (HF tokenizer.json)"},
 };
 
 static void usage(FILE *f) {

@@ -268,6 +268,25 @@ void path_dirname(char *out, size_t cap, const char *path) {
     else snprintf(out, cap, "%.*s", (int)(slash - path), path);
 }
 
+void path_normalize(char *path) {
+    bool abs = path[0] == '/';
+    char *parts[512], *save, buf[4096];
+    int n = 0;
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *t = strtok_r(buf, "/", &save); t && n < 512; t = strtok_r(NULL, "/", &save)) {
+        if (!strcmp(t, ".")) continue;
+        if (!strcmp(t, "..") && n > 0 && strcmp(parts[n - 1], "..")) n--;
+        else if (!(strcmp(t, "..") == 0 && abs && n == 0)) parts[n++] = t;
+    }
+    char out[4096];
+    size_t o = 0;
+    if (abs) out[o++] = '/';
+    for (int i = 0; i < n && o < sizeof out - 1; i++) o += snprintf(out + o, sizeof out - o, "%s%s", i ? "/" : "", parts[i]);
+    if (o == 0) out[o++] = '.';
+    out[o < sizeof out ? o : sizeof out - 1] = 0;
+    strcpy(path, out);
+}
+
 void mkdir_p(const char *path) {
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", path);

@@ -100,6 +100,7 @@ bool path_is_dir(const char *path);
 bool path_exists(const char *path);
 void path_join(char *out, size_t cap, const char *dir, const char *name);
 void path_dirname(char *out, size_t cap, const char *path);
+void path_normalize(char *path); // lexically, in place: "a/./b/../c" → "a/c" (leading ".." kept)
 void mkdir_p(const char *path); // dies naming the path on failure
 // Writes data to "<path>.tmp", fsyncs it and renames it over path: readers see the old file or the new
 // one, never half of one. Dies naming the path on failure.

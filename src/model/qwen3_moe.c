@@ -42,7 +42,7 @@ typedef struct {
 
 typedef struct {
     Tensor h, hn, rstd, dhn; // (T, H) final-norm input and output, (T), ∂/∂hn
-    Tensor logits;           // (C, V) fp32 logits of C rows at a time
+    Tensor logits;           // (C, V) logits of C rows at a time, compute dtype
 } Qwen3Epilog;
 
 static const Tensor NONE = {0};
@@ -400,12 +400,14 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
 
 static void qwen3_epilog_alloc(Model *m, void *rp, Arena *a, int T) {
     Qwen3Epilog *r = rp;
-    int64_t C = (64 << 20) / ((int64_t)m->cfg.vocab * 4); // ≤ 64 MB of fp32 logits at a time
+    // Logits in the compute dtype (bf16 on the GPU, like HF's LM head), C rows at a time: ≤ 64 MB on the
+    // CPU (cache-friendly), ≤ 512 MB on the GPU (large enough that the LM-head GEMMs run at full rate).
+    int64_t budget = m->dev == DEV_CUDA ? 512 << 20 : 64 << 20, C = budget / ((int64_t)m->cfg.vocab * dtype_size(m->cdt));
     C = C < 1 ? 1 : C > T ? T : C;
     r->hn = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     r->rstd = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
     r->dhn = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
-    r->logits = arena_tensor(a, DT_F32, 2, C, m->cfg.vocab, 0, 0);
+    r->logits = arena_tensor(a, m->cdt, 2, C, m->cfg.vocab, 0, 0);
 }
 
 static void qwen3_epilog_forward(Model *m, void *rp, MicroBatch *mb, Tensor h, bool grad) {

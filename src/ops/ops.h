@@ -73,8 +73,9 @@ void op_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor
 // ---- embedding and loss ----
 void op_embedding_forward(Tensor h, Tensor table, Tensor tokens);  // h: (T, H) = table: (V, H)[tokens: (T) int32]
 void op_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens); // dtable[tokens[t]] += dh[t]
-// Cross-entropy on a chunk of logits: (R, V), labels: (R) int32 (−100 = ignore). Adds Σ CE into loss_sum:
-// (1) fp64 and overwrites logits with grad_scale·∂(Σ CE)/∂logits (softmax − onehot).
+// Cross-entropy on a chunk of logits: (R, V) fp32 or bf16 (statistics in fp32, lse in fp64), labels: (R)
+// int32 (−100 = ignore). Adds Σ CE into loss_sum: (1) fp64 and overwrites logits with
+// grad_scale·∂(Σ CE)/∂logits (softmax − onehot) in their own dtype.
 void op_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale);
 
 // ---- elementwise and optimizer ----

@@ -57,6 +57,7 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
         json_t *v = json_object_get(root, *k);
         if (v && json_is_string(v) && json_string_value(v)[0]) {
             path_join(buf, sizeof buf, dir, json_string_value(v));
+            path_normalize(buf);
             json_object_set_new(root, *k, json_string(buf));
         }
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run_device.sh — one call on the GPU machine, from the repository root: `make test-gpu`, then
 # compute-sanitizer memcheck and racecheck on a short subset, logs under $OUT, a summary table last.
-# Options: --quick (sanitizers only on the bf16 model test), --bench (also `make bench-gpu`).
+# Options: --quick (sanitizers only on the bf16 model test), --bench (also `make bench-gpu`), --flash
+# (sanitizers only on the tensor-core attention test, small shapes; RACECHECK=0 skips racecheck).
 # Where the machine lacks the Debian build libraries (openblas, jansson, ...), the binaries built on the
 # development machine are used as they are: carry build/ (without *.d) and lib/ (the .so files, large
 # ones gzipped) — make then finds everything up to date and runs the test-gpu recipe.
@@ -33,13 +34,22 @@ timeout 240 make test-gpu 2>&1 | tee "$OUT/test-gpu.txt"
 rc_test=${PIPESTATUS[0]}
 t1=$(date +%s)
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-quick=0 bench=0
-for a in "$@"; do case "$a" in --quick) quick=1 ;; --bench) bench=1 ;; esac; done
+quick=0 bench=0 flash=0
+for a in "$@"; do case "$a" in --quick) quick=1 ;; --bench) bench=1 ;; --flash) flash=1 ;; esac; done
 if [ $bench = 1 ]; then
     log "make bench-gpu"
     timeout 120 make bench-gpu 2>&1 | tee "$OUT/bench.txt"
 fi
-if [ $quick = 1 ]; then
+if [ $flash = 1 ]; then
+    log "memcheck + racecheck (flash attention)"
+    PITH_TEST_SANITIZE=1 timeout 90 "$SAN" --tool memcheck --error-exitcode 9 build/test_gpu gpu_op_attention_flash >"$OUT/memcheck-flash.txt" 2>&1
+    rc_mem=$? rc_mem2=-
+    rc_race=-
+    if [ "${RACECHECK:-1}" = 1 ]; then
+        PITH_TEST_SANITIZE=1 timeout 90 "$SAN" --tool racecheck --error-exitcode 9 build/test_gpu gpu_op_attention_flash >"$OUT/racecheck-flash.txt" 2>&1
+        rc_race=$?
+    fi
+elif [ $quick = 1 ]; then
     log "memcheck (bf16 model)"
     timeout 60 "$SAN" --tool memcheck --error-exitcode 9 build/test_gpu gpu_model_bf16 >"$OUT/memcheck-model-bf16.txt" 2>&1
     rc_mem=$? rc_mem2=- rc_race=-

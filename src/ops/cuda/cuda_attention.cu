@@ -15,8 +15,8 @@
 // streams through shared memory in tiles of ATT_TILE rows, converted to fp32 on load.
 // Visibility is one function (attn_visible) and the tile range one loop bound, which is where sliding
 // windows, sinks and varlen/document masks slot in. Different q·k and v head dims (192/128) need a
-// second D parameter. Perf: this is the correct-first scalar-FMA version; the fast one uses wgmma
-// (sm_90a) for the two products per tile, bf16 tiles in shared memory fed by TMA.
+// second D parameter. These scalar-FMA kernels serve fp32 (parity runs) and the head dims the tensor-core
+// kernels of cuda_flash.cu (bf16, d 64 and 128) do not cover.
 #include "ops/cuda/cuda_common.cuh"
 
 #define ATT_ROWS 64
@@ -247,6 +247,7 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
     if (o.dt != q.dt) die("attention_forward: o must have q's dtype");
     int S = (int)(q.n[0] / B), D = (int)q.n[2];
     if (S == 0) return;
+    if (flash_attention_forward(o, lse, q, k, v, B, S, scale)) return; // tensor cores (bf16, d 64/128)
 #define FWD(d, tpr)                                                                                   \
     if (D == d) {                                                                                     \
         DT_SWITCH(q.dt, T, "attention_forward", attention_forward_launch<T, d, tpr>(o, lse, q, k, v, B, S, scale)); \
@@ -263,6 +264,7 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tenso
         die("attention_backward: dq, dk, dv, dout, o must have q's dtype");
     int S = (int)(q.n[0] / B), D = (int)q.n[2];
     if (S == 0) return;
+    if (flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale)) return;
 #define BWD(d, tpr)                                                                                   \
     if (D == d) {                                                                                     \
         DT_SWITCH(q.dt, T, "attention_backward", attention_backward_launch<T, d, tpr>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale)); \

@@ -7,6 +7,8 @@
 static CudaCtx ctx;
 static bool ctx_ready;
 static size_t mem_base, mem_peak; // device memory in use before pith's first allocation; largest seen since
+static void *scratch;
+static size_t scratch_bytes;
 
 static size_t mem_in_use(void) {
     size_t free_b = 0, total_b = 0;
@@ -37,6 +39,20 @@ CudaCtx *cuda_ctx(void) {
     CUDA_CHECK(cudaMallocHost(&ctx.host_small, CUDA_SMALL_BYTES));
     mem_sample();
     return &ctx;
+}
+
+void *cuda_scratch(size_t bytes) {
+    if (bytes <= scratch_bytes) return scratch;
+    CudaCtx *c = cuda_ctx();
+    CUDA_CHECK(cudaStreamSynchronize(c->compute)); // the old buffer may still be in use
+    CUDA_CHECK(cudaStreamSynchronize(c->comm));
+    if (scratch) CUDA_CHECK(cudaFree(scratch));
+    bytes = (bytes + (1 << 20) - 1) & ~(size_t)((1 << 20) - 1); // whole MiB
+    cudaError_t err = cudaMalloc(&scratch, bytes);
+    if (err != cudaSuccess) die("out of GPU memory: the op scratch needs %.3f GiB", bytes / 1073741824.0);
+    scratch_bytes = bytes;
+    mem_sample();
+    return scratch;
 }
 
 extern "C" {
@@ -70,7 +86,7 @@ void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
 void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
 
-size_t cuda_pool_bytes(void) { return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES; }
+size_t cuda_pool_bytes(void) { return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES + scratch_bytes; }
 
 size_t cuda_mem_used_bytes(void) {
     cuda_ctx();

@@ -62,6 +62,17 @@ typedef struct {
 
 CudaCtx *cuda_ctx(void); // creates everything on first use
 static inline cudaStream_t cuda_stream(void) { return cuda_ctx()->compute; }
+// Device scratch for op temporaries whose size follows the problem (attention's D_i rows, the inverse
+// permutation of gather_rows_backward): one buffer, grown (after a device sync) when a call needs more
+// than any call before, so it settles at the first training step. Contents do not survive the next op.
+void *cuda_scratch(size_t bytes);
+
+// ---- functions shared between the .cu files ----
+// Tensor-core flash attention (cuda_flash.cu); false when the inputs do not fit it (dtype, head dim,
+// alignment), and the caller runs the generic kernels instead.
+bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale);
+bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
+                              float scale);
 
 // ---- element access: every kernel computes in fp32 whatever the storage dtype ----
 typedef __nv_bfloat16 bf16;
@@ -69,6 +80,37 @@ __device__ __forceinline__ float ld(const float *p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float ld(const bf16 *p, int64_t i) { return __bfloat162float(p[i]); }
 __device__ __forceinline__ void st(float *p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(bf16 *p, int64_t i, float v) { p[i] = __float2bfloat16(v); }
+
+// Eight consecutive values as fp32 from 16 bytes of bf16 (or 32 of fp32), and back: the vector width of
+// the memory-bound kernels (p must be 16-byte aligned).
+__device__ __forceinline__ void ld8(const bf16 *p, float (&v)[8]) {
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(h[i]);
+        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+}
+__device__ __forceinline__ void ld8(const float *p, float (&v)[8]) {
+    float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void st8(bf16 *p, const float (&v)[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *(uint4 *)p = u;
+}
+__device__ __forceinline__ void st8(float *p, const float (&v)[8]) {
+    ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+// True when every pointer is 16-byte aligned and rows of `cols` elements split into 8-element vectors.
+static inline bool vec8_fits(int64_t cols, const void *a, const void *b = NULL, const void *c = NULL, const void *d = NULL) {
+    return cols % 8 == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15);
+}
 
 // Runs BODY with T the C type of dtype dt (fp32 or bf16); any other dtype is a caller bug.
 #define DT_SWITCH(dt, T, what, ...)                                                                   \

@@ -5,6 +5,10 @@
 //   p −= lr/(1 − b1^t) · m / (sqrt(v)/sqrt(1 − b2^t) + eps).
 // Shapes: embedding table (V, H), tokens (T) int32, h (T, H); CE logits (R, V) fp32 in place, labels (R)
 // int32, loss_sum (1) fp64; AdamW p, g, m, v flat fp32.
+// Cross-entropy splits each row into slices of CE_SLICE logits so that a chunk of a few rows still fills
+// the GPU: pass 1 gives each slice's (max, Σ exp) in one read (online per thread), pass 2 combines a
+// row's slices into its lse and overwrites the slice with the gradient; logits are read twice, written
+// once. Elementwise kernels move 16-byte vectors where sizes and alignment allow.
 #include "ops/cuda/cuda_common.cuh"
 
 #define ELEM_THREADS 256
@@ -24,29 +28,136 @@ template <typename T> __global__ void embedding_backward_kernel(float *dtable, c
     }
 }
 
-// One block per row: max, Σ exp (fp64 across threads), lse; then the gradient overwrites the row.
-__global__ void cross_entropy_forward_kernel(float *logits, const int32_t *labels, double *loss_sum, int64_t V, float grad_scale) {
-    __shared__ float sf[32];
-    __shared__ double sd[32];
-    float *l = logits + blockIdx.x * V;
-    int32_t y = labels[blockIdx.x];
+#define CE_SLICE 8192 // logits per block in the cross-entropy passes
+#define CE_THREADS 256
+
+// Pass 1: part[r·ns + s] = (max, Σ exp(l − max)) over slice s of row r (an online max per thread).
+// Logits are fp32 or bf16 (T); the statistics are fp32, the row's lse fp64.
+template <typename T, bool VEC>
+__global__ void cross_entropy_partial_kernel(float2 *part, const T *logits, const int32_t *labels, int64_t V, int ns) {
+    __shared__ float sm[CE_THREADS / 32], ss[CE_THREADS / 32];
+    int64_t r = blockIdx.x, c0 = (int64_t)blockIdx.y * CE_SLICE, c1 = min(c0 + CE_SLICE, V);
+    const T *l = logits + r * V;
+    float m = -INFINITY, sum = 0.0f;
+    if (labels[r] != -100) {
+        if (VEC) {
+            for (int64_t c = c0 + threadIdx.x * 8; c < c1; c += CE_THREADS * 8) {
+                float v[8], mx = -INFINITY;
+                ld8(l + c, v);
+#pragma unroll
+                for (int i = 0; i < 8; i++) mx = fmaxf(mx, v[i]);
+                if (mx > m) sum *= expf(m - mx), m = mx;
+#pragma unroll
+                for (int i = 0; i < 8; i++) sum += expf(v[i] - m);
+            }
+        } else {
+            for (int64_t c = c0 + threadIdx.x; c < c1; c += CE_THREADS) {
+                float v = ld(l, c);
+                if (v > m) sum *= expf(m - v), m = v;
+                sum += expf(v - m);
+            }
+        }
+    }
+    float bm = warp_max(m); // combine the warp, then the block
+    sum = warp_sum(m == -INFINITY ? 0.0f : sum * expf(m - bm));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sm[warp] = bm, ss[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float M = -INFINITY, Ssum = 0.0f;
+        for (int w = 0; w < CE_THREADS / 32; w++) M = fmaxf(M, sm[w]);
+        for (int w = 0; w < CE_THREADS / 32; w++)
+            if (sm[w] != -INFINITY) Ssum += ss[w] * expf(sm[w] - M);
+        part[r * ns + blockIdx.y] = make_float2(M, Ssum);
+    }
+}
+
+// Pass 2: lse of row r from its ns partials (fp64), then slice s ← grad_scale·(softmax − onehot) in the
+// logits' own dtype; the block holding the label adds lse − l[label] to loss_sum.
+template <typename T, bool VEC>
+__global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const int32_t *labels, double *loss_sum, int64_t V, int ns, float grad_scale) {
+    __shared__ double lse_s;
+    int64_t r = blockIdx.x, c0 = (int64_t)blockIdx.y * CE_SLICE, c1 = min(c0 + CE_SLICE, V);
+    T *l = logits + r * V;
+    int32_t y = labels[r];
     if (y == -100) {
-        for (int64_t c = threadIdx.x; c < V; c += blockDim.x) l[c] = 0;
+        for (int64_t c = c0 + threadIdx.x; c < c1; c += CE_THREADS) st(l, c, 0.0f);
         return;
     }
-    float m = -INFINITY;
-    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) m = fmaxf(m, l[c]);
-    m = block_max(m, sf);
-    float part = 0;
-    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) part += expf(l[c] - m);
-    double sum = block_sum((double)part, sd);
-    double lse = m + log(sum);
-    float ly = l[y];
-    __syncthreads(); // every thread has read l[y] before it is overwritten
-    if (threadIdx.x == 0) atomicAdd(loss_sum, lse - ly);
-    for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
-        float p = expf((float)((double)l[c] - lse));
-        l[c] = c == y ? grad_scale * p - grad_scale : grad_scale * p;
+    if (threadIdx.x == 0) {
+        float M = -INFINITY;
+        for (int i = 0; i < ns; i++) M = fmaxf(M, part[r * ns + i].x);
+        double sum = 0;
+        for (int i = 0; i < ns; i++) sum += (double)part[r * ns + i].y * exp((double)part[r * ns + i].x - M);
+        lse_s = M + log(sum);
+        if (y >= c0 && y < c1) atomicAdd(loss_sum, lse_s - ld(l, y)); // read before this block overwrites it
+    }
+    __syncthreads();
+    float lse = (float)lse_s;
+    if (VEC) {
+        for (int64_t c = c0 + threadIdx.x * 8; c < c1; c += CE_THREADS * 8) {
+            float v[8];
+            ld8(l + c, v);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = grad_scale * expf(v[i] - lse);
+            if (y >= c && y < c + 8) v[y - c] -= grad_scale;
+            st8(l + c, v);
+        }
+    } else {
+        for (int64_t c = c0 + threadIdx.x; c < c1; c += CE_THREADS) {
+            float p = grad_scale * expf(ld(l, c) - lse);
+            st(l, c, c == y ? p - grad_scale : p);
+        }
+    }
+}
+
+template <typename TD, typename TS> __global__ void copy_convert_vec_kernel(TD *dst, const TS *src, int64_t n8) {
+    GRID_STRIDE(i, n8) {
+        float v[8];
+        ld8(src + i * 8, v);
+        st8(dst + i * 8, v);
+    }
+}
+template <typename TY, typename TX> __global__ void add_vec_kernel(TY *y, const TX *x, int64_t n8) {
+    GRID_STRIDE(i, n8) {
+        float a[8], b[8];
+        ld8(y + i * 8, a);
+        ld8(x + i * 8, b);
+#pragma unroll
+        for (int q = 0; q < 8; q++) a[q] += b[q];
+        st8(y + i * 8, a);
+    }
+}
+template <typename T> __global__ void scale_vec_kernel(T *x, float s, int64_t n8) {
+    GRID_STRIDE(i, n8) {
+        float a[8];
+        ld8(x + i * 8, a);
+#pragma unroll
+        for (int q = 0; q < 8; q++) a[q] *= s;
+        st8(x + i * 8, a);
+    }
+}
+template <typename TH, typename TT> __global__ void embedding_forward_vec_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t C8) {
+    GRID_STRIDE(e, T_ * C8) {
+        int64_t t = e / C8, c = e % C8;
+        float v[8];
+        ld8(table + ((int64_t)tokens[t] * C8 + c) * 8, v);
+        st8(h + e * 8, v);
+    }
+}
+// AdamW on 4 parameters per thread (float4 loads of p, g, m, v).
+__global__ void adamw_vec_kernel(float4 *p, const float4 *g, float4 *m, float4 *v, int64_t n4, float b1, float b2, float eps, float step, float bc2,
+                                 float decay) {
+    GRID_STRIDE(i, n4) {
+        float4 P = p[i], G = g[i], M = m[i], Vv = v[i];
+        float *pp = &P.x, *gg = &G.x, *mm = &M.x, *vv = &Vv.x;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            float gi = gg[q], mi = mm[q] + (1.0f - b1) * (gi - mm[q]), vi = b2 * vv[q] + (1.0f - b2) * gi * gi;
+            mm[q] = mi, vv[q] = vi;
+            pp[q] = pp[q] * decay - step * mi / (sqrtf(vi) / bc2 + eps);
+        }
+        p[i] = P, m[i] = M, v[i] = Vv;
     }
 }
 
@@ -108,6 +219,13 @@ void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
     int64_t T_ = t_rows(h), H = t_cols(h);
     CHECK(t_cols(table) == H && tensor_numel(tokens) == T_);
     if (T_ * H == 0) return;
+    if (vec8_fits(H, h.p, table.p)) {
+        DT_SWITCH(h.dt, TH, "embedding_forward", DT_SWITCH(table.dt, TT, "embedding_forward",
+            embedding_forward_vec_kernel<TH, TT><<<grid_for(T_ * H / 8, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H / 8)));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(h.dt, TH, "embedding_forward", DT_SWITCH(table.dt, TT, "embedding_forward",
         embedding_forward_kernel<TH, TT><<<grid_for(T_ * H, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
             (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H)));
@@ -126,11 +244,25 @@ void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
 
 void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
     int64_t R = t_rows(logits), V = t_cols(logits);
-    IS_F32(logits, "cross_entropy");
     CHECK(loss_sum.dt == DT_F64 && tensor_numel(labels) == R);
-    if (R == 0) return;
-    cross_entropy_forward_kernel<<<(unsigned)R, 512, 0, cuda_stream()>>>((float *)logits.p, (const int32_t *)labels.p, (double *)loss_sum.p, V,
-                                                                         grad_scale);
+    if (R == 0 || V == 0) return;
+    int ns = (int)((V + CE_SLICE - 1) / CE_SLICE);
+    if (R > 65535 || ns > 65535) die("cross_entropy: a chunk of %lld rows of %lld logits is too large (at most 65535 rows)", (long long)R, (long long)V);
+    float2 *part = (float2 *)cuda_scratch((size_t)R * ns * sizeof(float2));
+    dim3 grid((unsigned)R, (unsigned)ns);
+    const int32_t *lab = (const int32_t *)labels.p;
+    DT_SWITCH(logits.dt, T, "cross_entropy", {
+        T *l = (T *)logits.p;
+        if (vec8_fits(V, l)) {
+            cross_entropy_partial_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
+            CUDA_LAUNCH_CHECK();
+            cross_entropy_grad_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
+        } else {
+            cross_entropy_partial_kernel<T, false><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
+            CUDA_LAUNCH_CHECK();
+            cross_entropy_grad_kernel<T, false><<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
+        }
+    });
     CUDA_LAUNCH_CHECK();
 }
 
@@ -142,6 +274,12 @@ void cuda_add(Tensor y, Tensor x) {
     int64_t n = tensor_numel(y);
     CHECK(tensor_numel(x) == n);
     if (!n) return;
+    if (vec8_fits(n, y.p, x.p)) {
+        DT_SWITCH(y.dt, TY, "add", DT_SWITCH(x.dt, TX, "add",
+            add_vec_kernel<TY, TX><<<grid_for(n / 8, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, n / 8)));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(y.dt, TY, "add", DT_SWITCH(x.dt, TX, "add",
         add_kernel<TY, TX><<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, n)));
     CUDA_LAUNCH_CHECK();
@@ -150,6 +288,11 @@ void cuda_add(Tensor y, Tensor x) {
 void cuda_scale(Tensor x, float s) {
     int64_t n = tensor_numel(x);
     if (!n) return;
+    if (vec8_fits(n, x.p)) {
+        DT_SWITCH(x.dt, T, "scale", scale_vec_kernel<T><<<grid_for(n / 8, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((T *)x.p, s, n / 8));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(x.dt, T, "scale", scale_kernel<T><<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((T *)x.p, s, n));
     CUDA_LAUNCH_CHECK();
 }
@@ -167,6 +310,12 @@ void cuda_copy(Tensor dst, Tensor src) {
         cudaMemcpyKind kind = dd ? cudaMemcpyDeviceToDevice : dst.dev == DEV_CUDA ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
         CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, tensor_bytes(src), kind, s));
         if (!dd) CUDA_CHECK(cudaStreamSynchronize(s));
+        return;
+    }
+    if (dd && vec8_fits(n, dst.p, src.p)) {
+        DT_SWITCH(dst.dt, TD, "copy", DT_SWITCH(src.dt, TS, "copy",
+            copy_convert_vec_kernel<TD, TS><<<grid_for(n / 8, ELEM_THREADS), ELEM_THREADS, 0, s>>>((TD *)dst.p, (const TS *)src.p, n / 8)));
+        CUDA_LAUNCH_CHECK();
         return;
     }
     if (dd) {
@@ -208,6 +357,12 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, floa
     CHECK(tensor_numel(g) == n && tensor_numel(m) == n && tensor_numel(v) == n);
     if (!n) return;
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
+    if (n % 4 == 0 && !(((uintptr_t)p.p | (uintptr_t)g.p | (uintptr_t)m.p | (uintptr_t)v.p) & 15)) {
+        adamw_vec_kernel<<<grid_for(n / 4, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((float4 *)p.p, (const float4 *)g.p, (float4 *)m.p,
+                                                                                           (float4 *)v.p, n / 4, b1, b2, eps, step, bc2, decay);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     adamw_kernel<<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (float *)m.p, (float *)v.p, n, b1,
                                                                                b2, eps, step, bc2, decay);
     CUDA_LAUNCH_CHECK();

@@ -10,8 +10,13 @@
 // (the fp32 LM-head / router logits gradients against bf16 weights and activations), the fp32 operand is
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
 // tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
-// Grouped GEMMs loop over the non-empty experts with one cuBLASLt call each (perf: a grouped kernel).
+// Grouped GEMMs: one cublasGemmGroupedBatchedEx call (cuBLAS ≥ 12.5) runs every non-empty expert's
+// product, each expert one group of one problem with the same column-major forms as above. Its
+// pointer arrays travel to the device through a ring of pinned host slots. Where cuBLAS does not
+// support a dtype combination (or PITH_GROUPED_GEMM=0), the experts loop over cuBLASLt calls instead.
 #include "ops/cuda/cuda_common.cuh"
+
+#include <cublas_v2.h>
 
 static cudaDataType_t lt_type(DType dt) {
     if (dt == DT_F32) return CUDA_R_32F;
@@ -111,6 +116,13 @@ __global__ void gemm_round_bf16_kernel(bf16 *dst, const float *src, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         dst[i] = __float2bfloat16(src[i]);
 }
+__global__ void gemm_round_bf16_vec_kernel(bf16 *dst, const float *src, int64_t n8) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+        float v[8];
+        ld8(src + i * 8, v);
+        st8(dst + i * 8, v);
+    }
+}
 
 // Rows of an fp32 (., cols) matrix that fit the pool as bf16.
 static int64_t convert_chunk_rows(int64_t cols, const char *what) {
@@ -121,7 +133,8 @@ static int64_t convert_chunk_rows(int64_t cols, const char *what) {
 static const void *round_rows(const float *src, int64_t rows, int64_t cols) {
     CudaCtx *c = cuda_ctx();
     int64_t n = rows * cols;
-    gemm_round_bf16_kernel<<<grid_for(n, 256), 256, 0, c->compute>>>((bf16 *)c->convert, src, n);
+    if (vec8_fits(n, src)) gemm_round_bf16_vec_kernel<<<grid_for(n / 8, 256), 256, 0, c->compute>>>((bf16 *)c->convert, src, n / 8);
+    else gemm_round_bf16_kernel<<<grid_for(n, 256), 256, 0, c->compute>>>((bf16 *)c->convert, src, n);
     CUDA_LAUNCH_CHECK();
     return c->convert;
 }
@@ -213,12 +226,126 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     }
 }
 
-// Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)); one dense GEMM per expert.
+} // extern "C"
+
+// ---- grouped products ----
+#define GROUPED_SLOTS 8 // pinned pointer-array slots in flight
+static cublasHandle_t blas;
+static void **ptr_dev[GROUPED_SLOTS], **ptr_host[GROUPED_SLOTS];
+static cudaEvent_t ptr_done[GROUPED_SLOTS];
+static int ptr_cap, ptr_next;
+static bool grouped_unsupported[2][2]; // [A/B is bf16][C is bf16]: cuBLAS refused the combination once
+
+typedef struct { // the per-problem arrays of one grouped call (host memory, grown as needed)
+    int cap;
+    cublasOperation_t *ta, *tb;
+    int *m, *n, *k, *lda, *ldb, *ldc, *gsize;
+    float *alpha, *beta;
+} GroupedArgs;
+static GroupedArgs ga;
+
+static void grouped_args_reserve(int G) {
+    if (G <= ga.cap) return;
+    ga.cap = G;
+    ga.ta = (cublasOperation_t *)xrealloc(ga.ta, G * sizeof(cublasOperation_t));
+    ga.tb = (cublasOperation_t *)xrealloc(ga.tb, G * sizeof(cublasOperation_t));
+    int **ints[] = {&ga.m, &ga.n, &ga.k, &ga.lda, &ga.ldb, &ga.ldc, &ga.gsize};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) *ints[i] = (int *)xrealloc(*ints[i], G * sizeof(int));
+    ga.alpha = (float *)xrealloc(ga.alpha, G * sizeof(float)), ga.beta = (float *)xrealloc(ga.beta, G * sizeof(float));
+}
+
+static bool grouped_enabled(void) {
+    const char *e = getenv("PITH_GROUPED_GEMM"); // "0": the per-expert loop (for benchmarks and bisection)
+    return !e || strcmp(e, "0");
+}
+
+// Runs the G problems in ga (ta, tb, m, n, k, lda, ldb, ldc filled; A/B/C pointers given) as one grouped
+// call with alpha 1 and the given beta. False when cuBLAS cannot, and the caller loops instead.
+static bool grouped_run(int G, const void *const *A, const void *const *B, void *const *C, DType abt, float beta, DType cdt) {
+    if (G == 0) return true;
+    int ia = abt == DT_BF16, ic = cdt == DT_BF16;
+    if (!grouped_enabled() || grouped_unsupported[ia][ic] || G > 65536) return false;
+    CudaCtx *c = cuda_ctx();
+    if (!blas) {
+        CUBLAS_CHECK(cublasCreate(&blas));
+        CUBLAS_CHECK(cublasSetStream(blas, c->compute));
+        CUBLAS_CHECK(cublasSetWorkspace(blas, c->lt_ws, CUDA_LT_WS_BYTES)); // stream-ordered with the cuBLASLt calls
+        for (int i = 0; i < GROUPED_SLOTS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&ptr_done[i], cudaEventDisableTiming));
+    }
+    if (3 * G > ptr_cap) { // grow every slot (rare: the expert count of the model)
+        CUDA_CHECK(cudaStreamSynchronize(c->compute));
+        ptr_cap = 3 * G;
+        for (int i = 0; i < GROUPED_SLOTS; i++) {
+            if (ptr_dev[i]) {
+                CUDA_CHECK(cudaFree(ptr_dev[i]));
+                CUDA_CHECK(cudaFreeHost(ptr_host[i]));
+            }
+            CUDA_CHECK(cudaMalloc(&ptr_dev[i], ptr_cap * sizeof(void *)));
+            CUDA_CHECK(cudaMallocHost(&ptr_host[i], ptr_cap * sizeof(void *)));
+        }
+    }
+    int slot = ptr_next;
+    ptr_next = (ptr_next + 1) % GROUPED_SLOTS;
+    CUDA_CHECK(cudaEventSynchronize(ptr_done[slot])); // the slot's previous upload has been read
+    void **h = ptr_host[slot], **d = ptr_dev[slot];
+    for (int i = 0; i < G; i++) h[i] = (void *)A[i], h[G + i] = (void *)B[i], h[2 * G + i] = C[i];
+    CUDA_CHECK(cudaMemcpyAsync(d, h, 3 * G * sizeof(void *), cudaMemcpyHostToDevice, c->compute));
+    CUDA_CHECK(cudaEventRecord(ptr_done[slot], c->compute));
+    for (int i = 0; i < G; i++) ga.alpha[i] = 1.0f, ga.beta[i] = beta, ga.gsize[i] = 1;
+    cublasStatus_t st = cublasGemmGroupedBatchedEx(blas, ga.ta, ga.tb, ga.m, ga.n, ga.k, ga.alpha, (const void *const *)d, lt_type(abt), ga.lda,
+                                                   (const void *const *)(d + G), lt_type(abt), ga.ldb, ga.beta, (void *const *)(d + 2 * G),
+                                                   lt_type(cdt), ga.ldc, G, ga.gsize, CUBLAS_COMPUTE_32F);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE || st == CUBLAS_STATUS_ARCH_MISMATCH) {
+        fprintf(stderr, "pith: note: cublasGemmGroupedBatchedEx refused %s operands with %s output (%s); experts loop over cuBLASLt instead\n",
+                dtype_name(abt), dtype_name(cdt), cublasLtGetStatusString(st));
+        grouped_unsupported[ia][ic] = true;
+        return false;
+    }
+    CUBLAS_CHECK(st);
+    return true;
+}
+
+// The non-empty experts of offs, and their pointer lists.
+typedef struct {
+    int G;
+    const void **A, **B;
+    void **C;
+    int64_t *rows;
+} ExpertList;
+static ExpertList el;
+static void expert_list(const int64_t *offs, int64_t E) {
+    static int cap;
+    if (E > cap) {
+        cap = (int)E;
+        el.A = (const void **)xrealloc(el.A, cap * sizeof(void *)), el.B = (const void **)xrealloc(el.B, cap * sizeof(void *));
+        el.C = (void **)xrealloc(el.C, cap * sizeof(void *)), el.rows = (int64_t *)xrealloc(el.rows, cap * sizeof(int64_t));
+    }
+    grouped_args_reserve((int)E);
+    el.G = 0;
+}
+static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
+
+extern "C" {
+
+// Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)); one grouped call, or one
+// dense GEMM per expert.
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     CHECK(t_cols(x) == K && t_cols(y) == N && offs[E] <= t_rows(x));
     if (x.dt != w.dt) die("grouped_linear_forward: x %s and w %s must share a dtype", dtype_name(x.dt), dtype_name(w.dt));
     size_t xs = dtype_size(x.dt), ys = dtype_size(y.dt);
+    if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) { // (K = 0: the loop writes zeros)
+        expert_list(offs, E);
+        for (int64_t e = 0; e < E; e++) { // col-major y_e (N×M_e) = op_T(w_e: K×N) · op_N(x_e: K×M_e)
+            int64_t M = offs[e + 1] - offs[e];
+            if (!M) continue;
+            int i = el.G++;
+            ga.ta[i] = CUBLAS_OP_T, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)N, ga.n[i] = (int)M, ga.k[i] = (int)K;
+            ga.lda[i] = (int)K, ga.ldb[i] = (int)K, ga.ldc[i] = (int)N;
+            el.A[i] = (const char *)w.p + e * N * K * xs, el.B[i] = (const char *)x.p + offs[e] * K * xs, el.C[i] = (char *)y.p + offs[e] * N * ys;
+        }
+        if (grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, y.dt)) return;
+    }
     for (int64_t e = 0; e < E; e++)
         if (offs[e + 1] > offs[e])
             mm_forward(offs[e + 1] - offs[e], N, K, (const char *)x.p + offs[e] * K * xs, (const char *)w.p + e * N * K * xs, w.dt,
@@ -230,6 +357,18 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const in
     CHECK(t_cols(dx) == K && t_cols(dy) == N);
     if (dy.dt != w.dt) die("grouped_linear_backward_input: dy %s and w %s must share a dtype", dtype_name(dy.dt), dtype_name(w.dt));
     size_t ys = dtype_size(dy.dt), xs = dtype_size(dx.dt);
+    if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) {
+        expert_list(offs, E);
+        for (int64_t e = 0; e < E; e++) { // col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
+            int64_t M = offs[e + 1] - offs[e];
+            if (!M) continue;
+            int i = el.G++;
+            ga.ta[i] = CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)K, ga.n[i] = (int)M, ga.k[i] = (int)N;
+            ga.lda[i] = (int)K, ga.ldb[i] = (int)N, ga.ldc[i] = (int)K;
+            el.A[i] = (const char *)w.p + e * N * K * ys, el.B[i] = (const char *)dy.p + offs[e] * N * ys, el.C[i] = (char *)dx.p + offs[e] * K * xs;
+        }
+        if (grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, dx.dt)) return;
+    }
     for (int64_t e = 0; e < E; e++)
         if (offs[e + 1] > offs[e])
             mm_backward_input(offs[e + 1] - offs[e], N, K, (const char *)dy.p + offs[e] * N * ys, (const char *)w.p + e * N * K * ys, w.dt,
@@ -242,6 +381,18 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const i
     IS_F32(dw, "grouped_linear_backward_weight");
     if (dy.dt != x.dt) die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);
+    if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) {
+        expert_list(offs, E);
+        for (int64_t e = 0; e < E; e++) { // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e)
+            int64_t M = offs[e + 1] - offs[e];
+            if (!M) continue; // nothing to add
+            int i = el.G++;
+            ga.ta[i] = CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_T, ga.m[i] = (int)K, ga.n[i] = (int)N, ga.k[i] = (int)M;
+            ga.lda[i] = (int)K, ga.ldb[i] = (int)N, ga.ldc[i] = (int)K;
+            el.A[i] = (const char *)x.p + offs[e] * K * s, el.B[i] = (const char *)dy.p + offs[e] * N * s, el.C[i] = (float *)dw.p + e * N * K;
+        }
+        if (grouped_run(el.G, el.A, el.B, el.C, x.dt, 1.0f, DT_F32)) return;
+    }
     for (int64_t e = 0; e < E; e++)
         if (offs[e + 1] > offs[e])
             mm_backward_weight(offs[e + 1] - offs[e], N, K, (const char *)dy.p + offs[e] * N * s, (const char *)x.p + offs[e] * K * s, x.dt,

@@ -5,6 +5,9 @@
 //   backward: ∂p_j = (∂w_j − Σ_l ∂w_l·w_l)/Σp (renorm) or ∂w_j, plus lb_grad; ∂logit = p·(∂p − Σ p·∂p).
 // Shapes: logits, probs, dlogits (T, E) fp32; idx (T, k) int32; w, dw (T, k) fp32; lb_grad (E) fp32;
 // rows/perm int32; x, y (R, H) activations; combine y (T·k, H) in slot order.
+// The row movers (gather, scatter, combine) move 16-byte vectors (8 values) per thread when rows allow
+// it. gather_rows_backward inverts the row map once (a scratch of T·div int32) and sums each token's rows
+// in fp32 in one pass — no atomics, one rounding; a map that is not injective takes the atomic path.
 #include "ops/cuda/cuda_common.cuh"
 
 #define MOE_WARPS 8 // tokens per block: one warp per token
@@ -113,6 +116,48 @@ __global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const dou
     if (threadIdx.x == 0) *loss_sum += loss;
 }
 
+// Stable counting sort of the n (token, slot) entries by expert, one block per expert e: pass 1 counts
+// the entries below e (its offset), pass 2 writes e's slot ids in slot order (a block-wide prefix of
+// "is e" per chunk of MOE_SORT_THREADS entries). Block e writes offs[e] (block E-1 also offs[E]); an
+// index outside [0, E) sets bad = index + 1.
+#define MOE_SORT_THREADS 512
+__global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx, int64_t n, int E) {
+    __shared__ int warp_n[MOE_SORT_THREADS / 32];
+    __shared__ int64_t base_s;
+    int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t below = 0;
+    for (int64_t i = threadIdx.x; i < n; i += MOE_SORT_THREADS) {
+        int32_t v = idx[i];
+        below += v < e;
+        if (e == 0 && (v < 0 || v >= E)) atomicCAS((unsigned long long *)(offs + E + 1), 0ull, (unsigned long long)(v + 1));
+    }
+    below = warp_sum(below);
+    __shared__ int64_t part[MOE_SORT_THREADS / 32];
+    if (lane == 0) part[warp] = below;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int64_t b = 0;
+        for (int w = 0; w < MOE_SORT_THREADS / 32; w++) b += part[w];
+        base_s = b;
+        offs[e] = b;
+    }
+    __syncthreads();
+    int64_t pos = base_s;
+    for (int64_t i0 = 0; i0 < n; i0 += MOE_SORT_THREADS) {
+        int64_t i = i0 + threadIdx.x;
+        bool hit = i < n && idx[i] == e;
+        unsigned mask = __ballot_sync(0xffffffffu, hit);
+        if (lane == 0) warp_n[warp] = __popc(mask);
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int w = 0; w < MOE_SORT_THREADS / 32; w++) before += w < warp ? warp_n[w] : 0, total += warp_n[w];
+        if (hit) perm[pos + before + __popc(mask & ((1u << lane) - 1))] = (int32_t)i;
+        pos += total;
+        __syncthreads(); // warp_n is rewritten by the next chunk
+    }
+    if (e == E - 1 && threadIdx.x == 0) offs[E] = pos;
+}
+
 __device__ __forceinline__ void atomic_add(float *p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void atomic_add(bf16 *p, float v) { atomicAdd(p, __float2bfloat16(v)); }
 
@@ -129,6 +174,92 @@ __global__ void gather_rows_backward_kernel(TX *dx, const TY *dy, const int32_t 
         atomic_add(dx + (int64_t)(rows[i] / div) * H + c, ld(dy, e)); // several rows may land on one token
     }
 }
+// Vector forms: one thread per 8 values of a row (C8 = H/8 vectors per row).
+template <typename TY, typename TX> __global__ void gather_rows_vec_kernel(TY *y, const TX *x, const int32_t *rows, int div, int64_t R, int64_t C8) {
+    GRID_STRIDE(e, R * C8) {
+        int64_t i = e / C8, c = e % C8;
+        float v[8];
+        ld8(x + ((int64_t)(rows[i] / div) * C8 + c) * 8, v);
+        st8(y + e * 8, v);
+    }
+}
+template <typename TY, typename TX> __global__ void scatter_rows_vec_kernel(TY *y, const TX *x, const int32_t *rows, int64_t R, int64_t C8) {
+    GRID_STRIDE(e, R * C8) {
+        int64_t i = e / C8, c = e % C8;
+        float v[8];
+        ld8(x + e * 8, v);
+        st8(y + ((int64_t)rows[i] * C8 + c) * 8, v);
+    }
+}
+// inv[rows[i]] = i over the n = T·div slots; flag ← 1 if a row repeats or leaves [0, n).
+__global__ void rows_invert_kernel(int32_t *inv, int32_t *flag, const int32_t *rows, int64_t R, int64_t n) {
+    GRID_STRIDE(i, R) {
+        int32_t r = rows[i];
+        if (r < 0 || r >= n) *flag = 1;
+        else if (atomicExch(inv + r, (int32_t)i) != -1) *flag = 1;
+    }
+}
+// dx[t] += Σ_j dy[inv[t·div + j]] (slots nobody maps to add nothing); skipped when flag is set.
+template <typename TX, typename TY>
+__global__ void gather_rows_backward_sum_kernel(TX *dx, const TY *dy, const int32_t *inv, const int32_t *flag, int div, int64_t T_, int64_t C8) {
+    if (*flag) return;
+    GRID_STRIDE(e, T_ * C8) {
+        int64_t t = e / C8, c = e % C8;
+        float a[8], v[8];
+        ld8(dx + e * 8, a);
+        for (int j = 0; j < div; j++) {
+            int32_t s = inv[t * div + j];
+            if (s < 0) continue;
+            ld8(dy + ((int64_t)s * C8 + c) * 8, v);
+#pragma unroll
+            for (int q = 0; q < 8; q++) a[q] += v[q];
+        }
+        st8(dx + e * 8, a);
+    }
+}
+// The atomic form, run only when flag is set (a row map that is not a partial permutation).
+template <typename TX, typename TY>
+__global__ void gather_rows_backward_flagged_kernel(TX *dx, const TY *dy, const int32_t *rows, const int32_t *flag, int div, int64_t R, int64_t H) {
+    if (!*flag) return;
+    GRID_STRIDE(e, R * H) {
+        int64_t i = e / H, c = e % H;
+        atomic_add(dx + (int64_t)(rows[i] / div) * H + c, ld(dy, e));
+    }
+}
+template <typename T>
+__global__ void moe_combine_forward_vec_kernel(T *out, const T *resid, const T *y, const float *w, int64_t T_, int64_t C8, int k) {
+    GRID_STRIDE(e, T_ * C8) {
+        int64_t t = e / C8, c = e % C8;
+        float s[8], v[8];
+        ld8(resid + e * 8, s);
+        for (int j = 0; j < k; j++) {
+            float wj = w[t * k + j];
+            ld8(y + ((t * k + j) * C8 + c) * 8, v);
+#pragma unroll
+            for (int q = 0; q < 8; q++) s[q] += wj * v[q];
+        }
+        st8(out + e * 8, s);
+    }
+}
+template <typename T>
+__global__ void moe_combine_backward_vec_kernel(T *dy, float *dw, const T *dout, const T *y, const float *w, int64_t T_, int64_t C8, int k) {
+    int64_t slot = blockIdx.x * (int64_t)MOE_WARPS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (slot >= T_ * k) return;
+    int64_t t = slot / k;
+    float wj = w[slot], s = 0;
+    for (int64_t c = lane; c < C8; c += 32) {
+        float g[8], v[8], d[8];
+        ld8(dout + (t * C8 + c) * 8, g);
+        ld8(y + (slot * C8 + c) * 8, v);
+#pragma unroll
+        for (int q = 0; q < 8; q++) d[q] = wj * g[q], s += g[q] * v[q];
+        st8(dy + (slot * C8 + c) * 8, d);
+    }
+    s = warp_sum(s);
+    if (lane == 0) dw[slot] = s;
+}
+
 template <typename TY, typename TX> __global__ void scatter_rows_kernel(TY *y, const TX *x, const int32_t *rows, int64_t R, int64_t H) {
     GRID_STRIDE(e, R * H) {
         int64_t i = e / H, c = e % H;
@@ -210,47 +341,63 @@ void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx,
     CUDA_LAUNCH_CHECK();
 }
 
-// The one host sync of the step: idx comes to the host, the stable counting sort runs there, and perm
-// goes back (its host buffer persists until the next call, whose read-back orders after this copy).
+// The one host sync of the step: the stable counting sort runs on the device (moe_sort_kernel) and only
+// the E+1 offsets come to the host, which needs them for the grouped GEMM shapes.
 void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) {
-    static int32_t *h_idx, *h_perm;
-    static int64_t cap;
-    static int64_t *fill;
-    static int fill_cap;
     int64_t n = tensor_numel(idx);
-    CHECK(idx.dt == DT_I32 && perm.dt == DT_I32 && tensor_numel(perm) >= n);
-    if (n > cap) {
-        free(h_idx), free(h_perm);
-        cap = n;
-        h_idx = (int32_t *)xmalloc(cap * sizeof(int32_t)), h_perm = (int32_t *)xmalloc(cap * sizeof(int32_t));
+    CHECK(idx.dt == DT_I32 && perm.dt == DT_I32 && tensor_numel(perm) >= n && n < 0x7fffffff);
+    CudaCtx *c = cuda_ctx();
+    if ((size_t)(E + 2) * sizeof(int64_t) > CUDA_SMALL_BYTES) die("moe_sort: %d experts exceed the small pool", E);
+    int64_t *d_offs = (int64_t *)c->small; // [0, E]: offsets; [E + 1]: the first bad expert index + 1, or 0
+    CUDA_CHECK(cudaMemsetAsync(d_offs + E + 1, 0, sizeof(int64_t), c->compute));
+    if (n) {
+        moe_sort_kernel<<<(unsigned)E, MOE_SORT_THREADS, 0, c->compute>>>((int32_t *)perm.p, d_offs, (const int32_t *)idx.p, n, E);
+        CUDA_LAUNCH_CHECK();
+    } else {
+        CUDA_CHECK(cudaMemsetAsync(d_offs, 0, (E + 1) * sizeof(int64_t), c->compute));
     }
-    if (E + 1 > fill_cap) free(fill), fill_cap = E + 1, fill = (int64_t *)xmalloc(fill_cap * sizeof(int64_t));
-    cudaStream_t s = cuda_stream();
-    if (n) CUDA_CHECK(cudaMemcpyAsync(h_idx, idx.p, n * sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    for (int e = 0; e <= E; e++) offs[e] = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (h_idx[i] < 0 || h_idx[i] >= E) die("moe_sort: expert index %d out of range [0, %d) (a router bug)", h_idx[i], E);
-        offs[h_idx[i] + 1]++;
-    }
-    for (int e = 0; e < E; e++) offs[e + 1] += offs[e];
-    memcpy(fill, offs, (E + 1) * sizeof(int64_t));
-    for (int64_t i = 0; i < n; i++) h_perm[fill[h_idx[i]]++] = (int32_t)i;
-    if (n) CUDA_CHECK(cudaMemcpyAsync(perm.p, h_perm, n * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaMemcpyAsync(c->host_small, d_offs, (E + 2) * sizeof(int64_t), cudaMemcpyDeviceToHost, c->compute));
+    CUDA_CHECK(cudaStreamSynchronize(c->compute));
+    const int64_t *h = (const int64_t *)c->host_small;
+    if (h[E + 1]) die("moe_sort: expert index %lld out of range [0, %d) (a router bug)", (long long)(h[E + 1] - 1), E);
+    memcpy(offs, h, (E + 1) * sizeof(int64_t));
 }
 
 void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
     int64_t R = t_rows(y), H = t_cols(y);
     CHECK(t_cols(x) == H && tensor_numel(rows) == R);
     if (R * H == 0) return;
+    if (vec8_fits(H, y.p, x.p)) {
+        DT_SWITCH(y.dt, TY, "gather_rows", DT_SWITCH(x.dt, TX, "gather_rows",
+            gather_rows_vec_kernel<TY, TX><<<grid_for(R * H / 8, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p,
+                                                                                               div, R, H / 8)));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(y.dt, TY, "gather_rows", DT_SWITCH(x.dt, TX, "gather_rows",
         gather_rows_kernel<TY, TX><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, div, R, H)));
     CUDA_LAUNCH_CHECK();
 }
 
 void cuda_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) {
-    int64_t R = t_rows(dy), H = t_cols(dy);
+    int64_t R = t_rows(dy), H = t_cols(dy), T_ = t_rows(dx), n = T_ * div;
     if (R * H == 0) return;
+    if (vec8_fits(H, dx.p, dy.p) && n < 0x7fffffff && div >= 1) {
+        CudaCtx *c = cuda_ctx();
+        int32_t *inv = (int32_t *)cuda_scratch((size_t)(n + 1) * sizeof(int32_t)), *flag = inv + n;
+        CUDA_CHECK(cudaMemsetAsync(inv, 0xff, n * sizeof(int32_t), c->compute));
+        CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int32_t), c->compute));
+        rows_invert_kernel<<<grid_for(R, 256), 256, 0, c->compute>>>(inv, flag, (const int32_t *)rows.p, R, n);
+        CUDA_LAUNCH_CHECK();
+        DT_SWITCH(dx.dt, TX, "gather_rows_backward", DT_SWITCH(dy.dt, TY, "gather_rows_backward",
+            gather_rows_backward_sum_kernel<TX, TY><<<grid_for(T_ * H / 8, 256), 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p, inv, flag, div,
+                                                                                                       T_, H / 8);
+            CUDA_LAUNCH_CHECK();
+            gather_rows_backward_flagged_kernel<TX, TY><<<(unsigned)c->sm_count * 4, 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p,
+                                                                                                         (const int32_t *)rows.p, flag, div, R, H)));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(dx.dt, TX, "gather_rows_backward", DT_SWITCH(dy.dt, TY, "gather_rows_backward",
         gather_rows_backward_kernel<TX, TY><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>((TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p,
                                                                                             div, R, H)));
@@ -260,6 +407,13 @@ void cuda_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) {
 void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) {
     int64_t R = t_rows(x), H = t_cols(x);
     if (R * H == 0) return;
+    if (vec8_fits(H, y.p, x.p)) {
+        DT_SWITCH(y.dt, TY, "scatter_rows", DT_SWITCH(x.dt, TX, "scatter_rows",
+            scatter_rows_vec_kernel<TY, TX><<<grid_for(R * H / 8, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p,
+                                                                                                R, H / 8)));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(y.dt, TY, "scatter_rows", DT_SWITCH(x.dt, TX, "scatter_rows",
         scatter_rows_kernel<TY, TX><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, R, H)));
     CUDA_LAUNCH_CHECK();
@@ -271,6 +425,13 @@ void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
     same_dt(out, y, "moe_combine_forward"), same_dt(resid, y, "moe_combine_forward");
     IS_F32(w, "moe_combine_forward");
     if (T_ * H == 0) return;
+    if (vec8_fits(H, out.p, resid.p, y.p)) {
+        DT_SWITCH(y.dt, T, "moe_combine_forward",
+                  moe_combine_forward_vec_kernel<T><<<grid_for(T_ * H / 8, 256), 256, 0, cuda_stream()>>>((T *)out.p, (const T *)resid.p, (const T *)y.p,
+                                                                                                        (const float *)w.p, T_, H / 8, (int)k));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(y.dt, T, "moe_combine_forward",
               moe_combine_forward_kernel<T><<<grid_for(T_ * H, 256), 256, 0, cuda_stream()>>>((T *)out.p, (const T *)resid.p, (const T *)y.p,
                                                                                             (const float *)w.p, T_, H, (int)k));
@@ -282,6 +443,13 @@ void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tens
     same_dt(dy, y, "moe_combine_backward"), same_dt(dout, y, "moe_combine_backward");
     IS_F32(dw, "moe_combine_backward");
     if (T_ * k == 0) return;
+    if (vec8_fits(H, dy.p, dout.p, y.p)) {
+        DT_SWITCH(y.dt, T, "moe_combine_backward",
+                  moe_combine_backward_vec_kernel<T><<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
+                      (T *)dy.p, (float *)dw.p, (const T *)dout.p, (const T *)y.p, (const float *)w.p, T_, H / 8, (int)k));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(y.dt, T, "moe_combine_backward",
               moe_combine_backward_kernel<T><<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
                   (T *)dy.p, (float *)dw.p, (const T *)dout.p, (const T *)y.p, (const float *)w.p, T_, H, (int)k));

@@ -5,9 +5,22 @@
 //   SwiGLU   act = silu(g)·u; ∂g = da·u·σ(g)·(1 + g·(1 − σ(g))), ∂u = da·silu(g).
 // Shapes: x, y, dy, dx: (R, D); w: (D); rstd: (R) fp32; RoPE x: (T, heads, d), cos/sin (P, d/2) fp32,
 // pos (T) int32; SwiGLU gu: (M, 2I) = [gate | up], act: (M, I).
+// Where rows split into 16-byte vectors, each thread moves 8 values at a time: RMSNorm gives a row
+// LPR = min(32, D/8) lanes of one warp (a warp holds 32/LPR rows), RoPE and SwiGLU one thread per
+// 8 consecutive elements.
 #include "ops/cuda/cuda_common.cuh"
 
 #define NORM_WARPS 8 // rows per block: one warp per row
+#define GRID_STRIDE_N(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Lanes per row for the vector RMSNorm: the largest power of two ≤ min(32, D8).
+static int norm_lanes(int64_t D8) {
+    int l = 1;
+    while (l < 32 && 2 * l <= D8) l *= 2;
+    return l;
+}
 
 template <typename T, typename TW>
 __global__ void rmsnorm_forward_kernel(T *y, float *rstd, const T *x, const TW *w, int64_t R, int64_t D, float eps) {
@@ -55,6 +68,85 @@ template <typename T> __global__ void rmsnorm_backward_dw_kernel(float *dw, cons
     }
 }
 
+// Sum over the LPR lanes of a row (LPR a power of two ≤ 32, rows on aligned lane groups).
+__device__ __forceinline__ float group_sum(float v, int lpr) {
+    for (int o = lpr / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Vector forms: 256 threads; lanes groups of lpr per row; D8 = D/8 vectors per row.
+template <typename T, typename TW>
+__global__ void rmsnorm_forward_vec_kernel(T *y, float *rstd, const T *x, const TW *w, int64_t R, int64_t D8, int lpr, float eps) {
+    int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / lpr;
+    int sub = threadIdx.x % lpr;
+    bool ok = row < R; // every lane takes part in the shuffles
+    float ss = 0, v[8];
+    if (ok)
+        for (int64_t c = sub; c < D8; c += lpr) {
+            ld8(x + (row * D8 + c) * 8, v);
+#pragma unroll
+            for (int q = 0; q < 8; q++) ss += v[q] * v[q];
+        }
+    ss = group_sum(ss, lpr);
+    if (!ok) return;
+    float r = rsqrtf(ss / (float)(D8 * 8) + eps), wv[8];
+    if (sub == 0) rstd[row] = r;
+    for (int64_t c = sub; c < D8; c += lpr) {
+        ld8(x + (row * D8 + c) * 8, v);
+        ld8(w + c * 8, wv);
+#pragma unroll
+        for (int q = 0; q < 8; q++) v[q] = v[q] * r * wv[q];
+        st8(y + (row * D8 + c) * 8, v);
+    }
+}
+
+template <typename T, typename TW>
+__global__ void rmsnorm_backward_vec_kernel(T *dx, const T *dy, const T *x, const TW *w, const float *rstd, int64_t R, int64_t D8, int lpr, bool acc) {
+    int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / lpr;
+    int sub = threadIdx.x % lpr;
+    bool ok = row < R;
+    float dot = 0, g[8], xv[8], wv[8], o[8];
+    if (ok)
+        for (int64_t c = sub; c < D8; c += lpr) {
+            ld8(dy + (row * D8 + c) * 8, g);
+            ld8(x + (row * D8 + c) * 8, xv);
+            ld8(w + c * 8, wv);
+#pragma unroll
+            for (int q = 0; q < 8; q++) dot += g[q] * wv[q] * xv[q];
+        }
+    dot = group_sum(dot, lpr);
+    if (!ok) return;
+    float r = rstd[row], cc = dot * r * r * r / (float)(D8 * 8);
+    for (int64_t c = sub; c < D8; c += lpr) {
+        ld8(dy + (row * D8 + c) * 8, g);
+        ld8(x + (row * D8 + c) * 8, xv);
+        ld8(w + c * 8, wv);
+        if (acc) ld8(dx + (row * D8 + c) * 8, o);
+#pragma unroll
+        for (int q = 0; q < 8; q++) o[q] = (acc ? o[q] : 0.0f) + r * wv[q] * g[q] - xv[q] * cc;
+        st8(dx + (row * D8 + c) * 8, o);
+    }
+}
+
+// One thread per 8 pairs: x[i..i+8) and x[half+i..half+i+8) of one (token, head) row; H8 = half/8.
+template <typename T>
+__global__ void rope_vec_kernel(T *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t T_, int64_t nh, int64_t H8, float sgn) {
+    GRID_STRIDE_N(e, T_ * nh * H8) {
+        int64_t i8 = e % H8, th = e / H8, t = th / nh, half = H8 * 8;
+        const float *cp = cos_t + (int64_t)pos[t] * half + i8 * 8, *sp = sin_t + (int64_t)pos[t] * half + i8 * 8;
+        T *v = x + th * 2 * half + i8 * 8;
+        float a[8], b[8], c[8], s[8], oa[8], ob[8];
+        ld8(v, a);
+        ld8(v + half, b);
+        ld8(cp, c);
+        ld8(sp, s);
+#pragma unroll
+        for (int q = 0; q < 8; q++) oa[q] = a[q] * c[q] - sgn * b[q] * s[q], ob[q] = b[q] * c[q] + sgn * a[q] * s[q];
+        st8(v, oa);
+        st8(v + half, ob);
+    }
+}
+
 template <typename T>
 __global__ void rope_kernel(T *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t T_, int64_t nh, int64_t half, float sgn) {
     int64_t n = T_ * nh * half;
@@ -69,7 +161,36 @@ __global__ void rope_kernel(T *x, const float *cos_t, const float *sin_t, const 
     }
 }
 
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// One thread per 8 values of act; I8 = I/8.
+template <typename T> __global__ void swiglu_forward_vec_kernel(T *act, const T *gu, int64_t M, int64_t I8) {
+    GRID_STRIDE_N(e, M * I8) {
+        int64_t r = e / I8, i = e % I8;
+        float g[8], u[8], a[8];
+        ld8(gu + (r * 2 * I8 + i) * 8, g);
+        ld8(gu + (r * 2 * I8 + I8 + i) * 8, u);
+#pragma unroll
+        for (int q = 0; q < 8; q++) a[q] = g[q] * sigmoid_f(g[q]) * u[q];
+        st8(act + e * 8, a);
+    }
+}
+template <typename T> __global__ void swiglu_backward_vec_kernel(T *dgu, const T *dact, const T *gu, int64_t M, int64_t I8) {
+    GRID_STRIDE_N(e, M * I8) {
+        int64_t r = e / I8, i = e % I8;
+        float g[8], u[8], da[8], dg[8], du[8];
+        ld8(gu + (r * 2 * I8 + i) * 8, g);
+        ld8(gu + (r * 2 * I8 + I8 + i) * 8, u);
+        ld8(dact + e * 8, da);
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            float sg = sigmoid_f(g[q]);
+            dg[q] = da[q] * u[q] * sg * (1.0f + g[q] * (1.0f - sg));
+            du[q] = da[q] * g[q] * sg;
+        }
+        st8(dgu + (r * 2 * I8 + i) * 8, dg);
+        st8(dgu + (r * 2 * I8 + I8 + i) * 8, du);
+    }
+}
 
 template <typename T> __global__ void swiglu_forward_kernel(T *act, const T *gu, int64_t M, int64_t I) {
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < M * I; e += (int64_t)gridDim.x * blockDim.x) {
@@ -100,6 +221,15 @@ void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) 
     same_dt(y, x, "rmsnorm_forward");
     IS_F32(rstd, "rmsnorm_forward");
     if (R == 0) return;
+    if (vec8_fits(D, y.p, x.p, w.p)) {
+        int lpr = norm_lanes(D / 8);
+        unsigned grid = (unsigned)((R * lpr + 255) / 256);
+        DT_SWITCH(x.dt, T, "rmsnorm_forward", DT_SWITCH(w.dt, TW, "rmsnorm_forward",
+            rmsnorm_forward_vec_kernel<T, TW><<<grid, 256, 0, cuda_stream()>>>((T *)y.p, (float *)rstd.p, (const T *)x.p, (const TW *)w.p, R, D / 8,
+                                                                               lpr, eps)));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     dim3 blk(32, NORM_WARPS);
     unsigned grid = (unsigned)((R + NORM_WARPS - 1) / NORM_WARPS);
     DT_SWITCH(x.dt, T, "rmsnorm_forward", DT_SWITCH(w.dt, TW, "rmsnorm_forward",
@@ -117,9 +247,16 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     unsigned grid = (unsigned)((R + NORM_WARPS - 1) / NORM_WARPS);
     int64_t gy = (R + 255) / 256;
     dim3 gdw((unsigned)((D + 31) / 32), (unsigned)(gy > 128 ? 128 : gy));
+    if (vec8_fits(D, dx.p, dy.p, x.p, w.p)) {
+        int lpr = norm_lanes(D / 8);
+        DT_SWITCH(x.dt, T, "rmsnorm_backward", DT_SWITCH(w.dt, TW, "rmsnorm_backward",
+            rmsnorm_backward_vec_kernel<T, TW><<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
+                (T *)dx.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p, (const float *)rstd.p, R, D / 8, lpr, accumulate)));
+    } else {
     DT_SWITCH(x.dt, T, "rmsnorm_backward", DT_SWITCH(w.dt, TW, "rmsnorm_backward",
         rmsnorm_backward_kernel<T, TW><<<grid, blk, 0, cuda_stream()>>>((T *)dx.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
                                                                            (const float *)rstd.p, R, D, accumulate)));
+    }
     CUDA_LAUNCH_CHECK();
     DT_SWITCH(x.dt, T, "rmsnorm_backward",
               rmsnorm_backward_dw_kernel<T><<<gdw, dim3(32, 8), 0, cuda_stream()>>>((float *)dw.p, (const T *)dy.p, (const T *)x.p,
@@ -134,6 +271,13 @@ void cuda_rope(Tensor x, Tensor cos_t, Tensor sin_t, Tensor pos, bool backward) 
     IS_F32(sin_t, "rope");
     int64_t n = T_ * nh * half;
     if (n == 0) return;
+    if (vec8_fits(half, x.p, cos_t.p, sin_t.p)) {
+        DT_SWITCH(x.dt, T, "rope",
+                  rope_vec_kernel<T><<<grid_for(n / 8, 256), 256, 0, cuda_stream()>>>((T *)x.p, (const float *)cos_t.p, (const float *)sin_t.p,
+                                                                                    (const int32_t *)pos.p, T_, nh, half / 8, backward ? -1.0f : 1.0f));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(x.dt, T, "rope",
               rope_kernel<T><<<grid_for(n, 256), 256, 0, cuda_stream()>>>((T *)x.p, (const float *)cos_t.p, (const float *)sin_t.p,
                                                                         (const int32_t *)pos.p, T_, nh, half, backward ? -1.0f : 1.0f));
@@ -145,6 +289,12 @@ void cuda_swiglu_forward(Tensor act, Tensor gu) {
     CHECK(t_cols(act) == I && t_rows(act) == M);
     same_dt(act, gu, "swiglu_forward");
     if (M * I == 0) return;
+    if (vec8_fits(I, act.p, gu.p)) {
+        DT_SWITCH(gu.dt, T, "swiglu_forward",
+                  swiglu_forward_vec_kernel<T><<<grid_for(M * I / 8, 256), 256, 0, cuda_stream()>>>((T *)act.p, (const T *)gu.p, M, I / 8));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(gu.dt, T, "swiglu_forward",
               swiglu_forward_kernel<T><<<grid_for(M * I, 256), 256, 0, cuda_stream()>>>((T *)act.p, (const T *)gu.p, M, I));
     CUDA_LAUNCH_CHECK();
@@ -155,6 +305,13 @@ void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) {
     same_dt(dgu, gu, "swiglu_backward");
     same_dt(dact, gu, "swiglu_backward");
     if (M * I == 0) return;
+    if (vec8_fits(I, dgu.p, dact.p, gu.p)) {
+        DT_SWITCH(gu.dt, T, "swiglu_backward",
+                  swiglu_backward_vec_kernel<T><<<grid_for(M * I / 8, 256), 256, 0, cuda_stream()>>>((T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M,
+                                                                                                   I / 8));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(gu.dt, T, "swiglu_backward",
               swiglu_backward_kernel<T><<<grid_for(M * I, 256), 256, 0, cuda_stream()>>>((T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M, I));
     CUDA_LAUNCH_CHECK();

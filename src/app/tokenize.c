@@ -1,0 +1,722 @@
+// tokenize.c — `pith tokenize`: turns text corpora into PithTrain token files (spec §6.10).
+// Each input file (.jsonl, .jsonl.zst/.jsonl.zstd, .txt) becomes <output>/<relative path>.bin: a uint32 .npy record
+// of all documents' ids, each document followed by EOS, then a uint64 .npy record of cumulative document ends.
+// Threads: the main thread reads files (zstd streaming) and cuts them into chunks of whole lines (or paragraphs) of
+// about 1 MB; worker threads parse and tokenize chunks; the main thread writes chunk results in file order, so the
+// output does not depend on the number of workers. A file is written under <name>.tmp and renamed when complete;
+// a re-run skips outputs that exist.
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include "app/app.h"
+#include "base/bpe.h"
+#include "base/npy.h"
+
+#define CHUNK_BYTES (1u << 20)
+enum { IN_JSONL, IN_JSONL_ZST, IN_TXT };
+
+typedef struct {
+    char *path, *rel, *out, *tmp;
+    int kind;
+    uint64_t size;
+    // writer state
+    FILE *f;
+    bool skip, failed, read_done;
+    char *error; // why reading failed (reported by the writer, in file order)
+    int64_t nchunks, written; // chunks made by the reader (final once read_done) and written so far
+    uint64_t ntok, *ends;
+    size_t nends, ends_cap;
+} InFile;
+
+typedef struct Chunk {
+    int file;
+    int64_t seq, line0; // chunk number within its file; line number of its first line (1-based)
+    char *data;
+    size_t len, cap, in_bytes; // bytes of data; input bytes (compressed for .zst) it came from, for progress
+    IdVec ids;
+    uint64_t *ends; // cumulative document ends within the chunk
+    size_t ndocs, ends_cap, repaired, bad, text_bytes; // repaired: documents with invalid UTF-8; bad: lines skipped
+    char *errors; // one message per line; in fail mode the first error stops the chunk
+    size_t errors_len;
+    struct Chunk *next;
+} Chunk;
+
+typedef struct {
+    const Bpe *tok;
+    const char *field;
+    bool paragraphs, fail_fast;
+    uint32_t eos;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    Chunk *work_head, *work_tail, *done;
+    bool stop;
+} Shared;
+
+// ---- inputs -------------------------------------------------------------------------------------------------------
+
+static int input_kind(const char *name) {
+    size_t n = strlen(name);
+    static const struct { const char *ext; int kind; } exts[] = {
+        {".jsonl", IN_JSONL}, {".jsonl.zst", IN_JSONL_ZST}, {".jsonl.zstd", IN_JSONL_ZST}, {".txt", IN_TXT}};
+    for (size_t i = 0; i < sizeof exts / sizeof *exts; i++) {
+        size_t e = strlen(exts[i].ext);
+        if (n > e && !strcmp(name + n - e, exts[i].ext)) return exts[i].kind;
+    }
+    return -1;
+}
+
+static InFile *files;
+static int nfiles, files_cap;
+
+static void add_file(const char *path, const char *rel, const char *outdir) {
+    struct stat st;
+    if (stat(path, &st)) die("%s: %s", path, strerror(errno));
+    if (nfiles == files_cap) files_cap = files_cap ? 2 * files_cap : 64, files = xrealloc(files, files_cap * sizeof *files);
+    InFile *f = &files[nfiles++];
+    *f = (InFile){.path = xstrdup(path), .rel = xstrdup(rel), .kind = input_kind(path), .size = (uint64_t)st.st_size};
+    size_t n = strlen(outdir) + strlen(rel) + 16;
+    f->out = xmalloc(n), f->tmp = xmalloc(n);
+    snprintf(f->out, n, "%s/%s.bin", outdir, rel);
+    snprintf(f->tmp, n, "%s/%s.bin.tmp", outdir, rel);
+}
+
+static void walk_dir(const char *dir, const char *rel, const char *outdir) {
+    DIR *d = opendir(dir);
+    if (!d) die("%s: cannot read directory: %s", dir, strerror(errno));
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue; // hidden files and folders, "." and ".."
+        char path[4096], r[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        snprintf(r, sizeof r, "%s%s%s", rel, *rel ? "/" : "", e->d_name);
+        if (path_is_dir(path)) walk_dir(path, r, outdir);
+        else if (input_kind(e->d_name) >= 0) add_file(path, r, outdir);
+    }
+    closedir(d);
+}
+
+static int cmp_rel(const void *a, const void *b) { return strcmp(((const InFile *)a)->rel, ((const InFile *)b)->rel); }
+
+// Removes the temporary outputs of files still being written (at exit after an error).
+static void remove_partial_outputs(void) {
+    for (int i = 0; i < nfiles; i++)
+        if (files[i].f) fclose(files[i].f), files[i].f = NULL, unlink(files[i].tmp);
+}
+
+// ---- one JSON line -----------------------------------------------------------------------------------------------
+// A strict JSON reader for one line (RFC 8259): it checks the whole value and decodes the string of one top-level
+// field (the last one if repeated). jansson would build a tree of every line at about 90 MB/s, slower than the
+// tokenizer; this runs at memory speed. A lone surrogate escape (\ud800) decodes to U+FFFD.
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} Buf;
+
+static void buf_put(Buf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) b->cap = 2 * (b->n + n + 1), b->p = xrealloc(b->p, b->cap);
+    memcpy(b->p + b->n, s, n), b->n += n;
+}
+
+typedef struct {
+    const char *p, *end;
+    const char *err;
+    int depth;
+} JScan;
+
+static bool js_fail(JScan *s, const char *why) {
+    if (!s->err) s->err = why;
+    return false;
+}
+
+static void js_ws(JScan *s) {
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r')) s->p++;
+}
+
+static int js_hex4(const char *q) {
+    int v = 0;
+    for (int i = 0; i < 4; i++) {
+        int c = q[i], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+// A string at s->p (a '"'); its decoded UTF-8 goes to out unless out is NULL.
+static bool js_string(JScan *s, Buf *out) {
+    if (s->p >= s->end || *s->p != '"') return js_fail(s, "expected a string");
+    s->p++;
+    for (;;) {
+        const char *q = s->p;
+        while (q < s->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) q++;
+        if (out) buf_put(out, s->p, q - s->p);
+        s->p = q;
+        if (q >= s->end) return js_fail(s, "unterminated string");
+        if (*q == '"') return s->p++, true;
+        if ((unsigned char)*q < 0x20) return js_fail(s, "control character in a string");
+        if (q + 1 >= s->end) return js_fail(s, "unterminated string");
+        char c = q[1], u[4];
+        s->p = q + 2;
+        const char *esc = strchr("\"\\/bfnrt", c);
+        if (c && esc) {
+            if (out) buf_put(out, &"\"\\/\b\f\n\r\t"[esc - "\"\\/bfnrt"], 1);
+            continue;
+        }
+        if (c != 'u') return js_fail(s, "invalid escape in a string");
+        int cp = s->end - s->p >= 4 ? js_hex4(s->p) : -1;
+        if (cp < 0) return js_fail(s, "invalid \\u escape");
+        s->p += 4;
+        if (cp >= 0xD800 && cp < 0xDC00 && s->end - s->p >= 6 && s->p[0] == '\\' && s->p[1] == 'u') {
+            int lo = js_hex4(s->p + 2);
+            if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00), s->p += 6;
+        }
+        if (cp >= 0xD800 && cp < 0xE000) cp = 0xFFFD;
+        int k = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+        if (k == 1) u[0] = (char)cp;
+        else {
+            for (int i = k - 1; i > 0; i--) u[i] = (char)(0x80 | (cp & 63)), cp >>= 6;
+            u[0] = (char)((k == 2 ? 0xC0 : k == 3 ? 0xE0 : 0xF0) | cp);
+        }
+        if (out) buf_put(out, u, k);
+    }
+}
+
+// Any value at s->p. With field != NULL (the top-level object), the string value of that key goes to out and *state
+// says what the key held: 0 absent, 1 a string, 2 something else.
+static bool js_value(JScan *s, const char *field, Buf *out, Buf *key, int *state) {
+    js_ws(s);
+    if (s->p >= s->end) return js_fail(s, "unexpected end of line");
+    char c = *s->p;
+    if (c == '"') return js_string(s, NULL);
+    if (c == '{' || c == '[') {
+        if (++s->depth > 512) return js_fail(s, "nested too deeply");
+        char close = c == '{' ? '}' : ']';
+        s->p++, js_ws(s);
+        if (s->p < s->end && *s->p == close) return s->p++, s->depth--, true;
+        for (;;) {
+            bool want = false;
+            if (c == '{') {
+                js_ws(s);
+                if (key) key->n = 0;
+                if (!js_string(s, field ? key : NULL)) return false;
+                want = field && key->n == strlen(field) && !memcmp(key->p, field, key->n);
+                js_ws(s);
+                if (s->p >= s->end || *s->p != ':') return js_fail(s, "expected ':'");
+                s->p++, js_ws(s);
+            }
+            if (want) *state = s->p < s->end && *s->p == '"' ? 1 : 2, out->n = 0;
+            if (!(want && *state == 1 ? js_string(s, out) : js_value(s, NULL, NULL, NULL, NULL))) return false;
+            js_ws(s);
+            if (s->p < s->end && *s->p == ',') {
+                s->p++;
+                continue;
+            }
+            if (s->p < s->end && *s->p == close) return s->p++, s->depth--, true;
+            return js_fail(s, c == '{' ? "expected ',' or '}'" : "expected ',' or ']'");
+        }
+    }
+    static const char *lits[] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++) {
+        size_t k = strlen(lits[i]);
+        if ((size_t)(s->end - s->p) >= k && !memcmp(s->p, lits[i], k)) return s->p += k, true;
+    }
+    const char *q = s->p, *e = s->end; // a number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+#define DIGIT(q) ((q) < e && *(q) >= '0' && *(q) <= '9')
+    if (q < e && *q == '-') q++;
+    if (!DIGIT(q)) return js_fail(s, "unexpected character");
+    if (*q++ != '0')
+        while (DIGIT(q)) q++;
+    if (q < e && *q == '.') {
+        q++;
+        if (!DIGIT(q)) return js_fail(s, "malformed number");
+        while (DIGIT(q)) q++;
+    }
+    if (q < e && (*q == 'e' || *q == 'E')) {
+        if (++q < e && (*q == '+' || *q == '-')) q++;
+        if (!DIGIT(q)) return js_fail(s, "malformed number");
+        while (DIGIT(q)) q++;
+    }
+#undef DIGIT
+    s->p = q;
+    return true;
+}
+
+// The string value of top-level `field` of the JSON object line[0..n) into out; else an error message (with *col).
+static const char *json_line_field(const char *line, size_t n, const char *field, Buf *out, Buf *key, size_t *col) {
+    JScan s = {line, line + n, NULL, 0};
+    int state = 0;
+    js_ws(&s);
+    if (s.p < s.end && *s.p != '{') return *col = 1, "not a JSON object";
+    if (js_value(&s, field, out, key, &state)) {
+        js_ws(&s);
+        if (s.p < s.end) js_fail(&s, "text after the object");
+    }
+    *col = (size_t)(s.p - line) + 1;
+    return s.err ? s.err : state == 0 ? "no field" : state == 2 ? "not a string" : NULL;
+}
+
+static void chunk_error(Chunk *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void chunk_error(Chunk *c, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg - 1, fmt, ap);
+    va_end(ap);
+    n = n < (int)sizeof msg - 1 ? n : (int)sizeof msg - 2;
+    msg[n++] = '\n';
+    c->errors = xrealloc(c->errors, c->errors_len + n + 1);
+    memcpy(c->errors + c->errors_len, msg, n);
+    c->errors_len += n, c->errors[c->errors_len] = 0;
+    c->bad++;
+}
+
+static void chunk_document(Shared *sh, BpeScratch *s, Chunk *c, const char *text, size_t len) {
+    bpe_encode(sh->tok, s, text, len, true, &c->ids);
+    c->text_bytes += len;
+    idvec_push(&c->ids, sh->eos);
+    if (c->ndocs == c->ends_cap) c->ends_cap = c->ends_cap ? 2 * c->ends_cap : 1024, c->ends = xrealloc(c->ends, c->ends_cap * 8);
+    c->ends[c->ndocs++] = c->ids.n;
+}
+
+// A .txt document: its invalid UTF-8 is counted here (bpe_encode would replace it anyway).
+static void txt_document(Shared *sh, BpeScratch *s, Chunk *c, const char *text, size_t len) {
+    size_t n;
+    char *fixed = bpe_utf8_repair(text, len, &n);
+    chunk_document(sh, s, c, fixed ? fixed : text, fixed ? n : len);
+    c->repaired += fixed != NULL;
+    free(fixed);
+}
+
+static bool blank(const char *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != ' ' && p[i] != '\t' && p[i] != '\r') return false;
+    return true;
+}
+
+typedef struct {
+    BpeScratch *s;
+    Buf text, key;
+} Worker;
+
+static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
+    BpeScratch *s = ws->s;
+    int kind = files[c->file].kind;
+    if (kind == IN_TXT && !sh->paragraphs) return txt_document(sh, s, c, c->data, c->len);
+    int64_t line = c->line0;
+    const char *p = c->data, *end = c->data + c->len, *para = NULL, *para_end = NULL;
+    for (; p < end; line++) {
+        const char *nl = memchr(p, '\n', end - p), *e = nl ? nl : end;
+        if (kind == IN_TXT) { // paragraphs: runs of non-blank lines
+            if (!blank(p, e - p)) {
+                if (!para) para = p;
+                para_end = e;
+            } else if (para) txt_document(sh, s, c, para, para_end - para), para = NULL;
+        } else if (!blank(p, e - p)) {
+            size_t n = e - p, fixed_len, col;
+            char *fixed = bpe_utf8_repair(p, n, &fixed_len);
+            const char *err = json_line_field(fixed ? fixed : p, fixed ? fixed_len : n, sh->field, &ws->text, &ws->key, &col);
+            if (!err) chunk_document(sh, s, c, ws->text.p, ws->text.n), c->repaired += fixed != NULL;
+            else if (!strcmp(err, "no field")) chunk_error(c, "%s:%lld: no field \"%s\"", name, (long long)line, sh->field);
+            else if (!strcmp(err, "not a string"))
+                chunk_error(c, "%s:%lld: field \"%s\" is not a string", name, (long long)line, sh->field);
+            else if (col == 1) chunk_error(c, "%s:%lld: %s", name, (long long)line, err);
+            else chunk_error(c, "%s:%lld: malformed JSON: %s at column %zu", name, (long long)line, err, col);
+            free(fixed);
+            if (c->bad && sh->fail_fast) return;
+        }
+        p = e + 1;
+    }
+    if (para) txt_document(sh, s, c, para, para_end - para);
+}
+
+static void *worker_main(void *arg) {
+    Shared *sh = arg;
+    Worker ws = {bpe_scratch_new(sh->tok), {xmalloc(256), 0, 256}, {xmalloc(256), 0, 256}};
+    pthread_mutex_lock(&sh->mu);
+    for (;;) {
+        while (!sh->work_head && !sh->stop) pthread_cond_wait(&sh->work_cv, &sh->mu);
+        if (!sh->work_head) break;
+        Chunk *c = sh->work_head;
+        sh->work_head = c->next;
+        if (!sh->work_head) sh->work_tail = NULL;
+        pthread_mutex_unlock(&sh->mu);
+        chunk_process(sh, &ws, c, files[c->file].path);
+        pthread_mutex_lock(&sh->mu);
+        c->next = sh->done, sh->done = c;
+        pthread_cond_signal(&sh->done_cv);
+    }
+    pthread_mutex_unlock(&sh->mu);
+    bpe_scratch_free(ws.s), free(ws.text.p), free(ws.key.p);
+    return NULL;
+}
+
+// ---- reader: files → chunks ---------------------------------------------------------------------------------------
+
+typedef struct {
+    int file; // index of the open file, -1 when none
+    FILE *f;
+    ZSTD_DStream *z;
+    size_t zlast; // last ZSTD_decompressStream result: 0 at a frame end
+    ZSTD_inBuffer in;
+    char *inbuf, *buf;
+    size_t len, cap, in_used;
+    int64_t seq, line;
+    bool eof;
+} Reader;
+
+// Reads more text into r->buf; false with *err set on a read or decompression error.
+static bool reader_fill(Reader *r, const char **err) {
+    if (r->len + CHUNK_BYTES + 1 > r->cap) r->cap = 2 * (r->len + CHUNK_BYTES + 1), r->buf = xrealloc(r->buf, r->cap);
+    if (!r->z) {
+        size_t n = fread(r->buf + r->len, 1, CHUNK_BYTES, r->f);
+        r->len += n, r->in_used += n;
+        if (n == 0) r->eof = true;
+        if (ferror(r->f)) return *err = strerror(errno), false;
+        return true;
+    }
+    size_t before = r->len;
+    while (r->len == before) {
+        if (r->in.pos == r->in.size) {
+            r->in.size = fread(r->inbuf, 1, ZSTD_DStreamInSize(), r->f), r->in.pos = 0;
+            r->in_used += r->in.size;
+            if (ferror(r->f)) return *err = strerror(errno), false;
+            if (r->in.size == 0) {
+                r->eof = true;
+                if (r->zlast != 0) return *err = "truncated zstd data (the file ends inside a frame)", false;
+                return true;
+            }
+        }
+        ZSTD_outBuffer out = {r->buf, r->len + CHUNK_BYTES, r->len};
+        r->zlast = ZSTD_decompressStream(r->z, &out, &r->in);
+        if (ZSTD_isError(r->zlast)) return *err = ZSTD_getErrorName(r->zlast), false;
+        r->len = out.pos;
+    }
+    return true;
+}
+
+// Bytes of buf[0..len) that end on a document boundary (after the last newline; for paragraphs after the last
+// blank line); 0 if none.
+static size_t cut_point(const char *buf, size_t len, int kind, bool paragraphs) {
+    if (kind == IN_TXT && !paragraphs) return 0;
+    for (const char *nl; len && (nl = memrchr(buf, '\n', len)); len = nl - buf) {
+        if (kind != IN_TXT) return nl - buf + 1;
+        const char *j = nl; // *nl ends a line; is that line blank?
+        while (j > buf && (j[-1] == ' ' || j[-1] == '\t' || j[-1] == '\r')) j--;
+        if (j > buf && j[-1] == '\n') return nl - buf + 1;
+    }
+    return 0;
+}
+
+static int64_t count_lines(const char *p, size_t n) {
+    int64_t k = 0;
+    for (const char *e = p + n; (p = memchr(p, '\n', e - p)); p++) k++;
+    return k;
+}
+
+// Takes the first n bytes of the reader's buffer as a chunk; chunks are reused (with their buffers) from *free_list.
+static Chunk *make_chunk(Reader *r, size_t n, Chunk **free_list) {
+    Chunk *c = *free_list;
+    if (c) *free_list = c->next;
+    else c = xcalloc(1, sizeof *c);
+    Chunk keep = *c;
+    *c = (Chunk){.data = keep.data, .cap = keep.cap, .ids = {keep.ids.p, 0, keep.ids.cap}, .ends = keep.ends, .ends_cap = keep.ends_cap};
+    c->file = r->file, c->seq = r->seq++, c->line0 = r->line, c->len = n, c->in_bytes = r->in_used;
+    if (n + 1 > c->cap) c->cap = n + n / 4 + 1, c->data = xrealloc(c->data, c->cap);
+    memcpy(c->data, r->buf, n), c->data[n] = 0;
+    memmove(r->buf, r->buf + n, r->len - n);
+    r->len -= n, r->in_used = 0;
+    r->line += count_lines(c->data, n);
+    return c;
+}
+
+static void reader_close(Reader *r) {
+    if (r->f) fclose(r->f);
+    if (r->z) ZSTD_freeDStream(r->z);
+    files[r->file].nchunks = r->seq, files[r->file].read_done = true;
+    r->f = NULL, r->z = NULL, r->file = -1, r->len = 0;
+}
+
+// ---- writer -------------------------------------------------------------------------------------------------------
+
+static void out_open(InFile *f) {
+    char dir[4096];
+    path_dirname(dir, sizeof dir, f->out);
+    mkdir_p(dir);
+    f->f = fopen(f->tmp, "wb");
+    if (!f->f) die("%s: cannot write: %s", f->tmp, strerror(errno));
+    setvbuf(f->f, NULL, _IOFBF, 1 << 20);
+    npy_write_header(f->f, DT_U32, 0); // rewritten with the count at the end: the header is 128 bytes for any count
+    CHECK(ftell(f->f) == 128);
+}
+
+// Finishes a file whose chunks are all written: splits record, token count, rename (or removal if it failed).
+static void out_finish(InFile *f) {
+    if (f->failed) {
+        if (f->f) fclose(f->f), f->f = NULL, unlink(f->tmp);
+        return;
+    }
+    if (!f->f) out_open(f);
+    npy_write_header(f->f, DT_U64, (int64_t)f->nends);
+    fwrite(f->ends, 8, f->nends, f->f);
+    fseek(f->f, 0, SEEK_SET);
+    npy_write_header(f->f, DT_U32, (int64_t)f->ntok);
+    CHECK(ftell(f->f) == 128);
+    bool bad = ferror(f->f);
+    if (fclose(f->f) || bad) die("%s: write failed: %s", f->tmp, strerror(errno));
+    f->f = NULL;
+    if (rename(f->tmp, f->out)) die("%s: cannot rename to %s: %s", f->tmp, f->out, strerror(errno));
+    free(f->ends), f->ends = NULL;
+}
+
+typedef struct {
+    uint64_t docs, tokens, text_bytes, in_bytes, bad, repaired;
+    int written, failed;
+} Totals;
+
+static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
+    if (c->errors_len) {
+        if (fail_fast) { // one line: the first error
+            char *nl = strchr(c->errors, '\n');
+            *nl = 0;
+            die("%s (--on-error skip skips bad documents)", c->errors);
+        }
+        for (char *m = c->errors, *nl; (nl = strchr(m, '\n')); m = nl + 1) *nl = 0, warn("%s (skipped)", m);
+    }
+    if (!f->failed) {
+        if (!f->f) out_open(f);
+        fwrite(c->ids.p, 4, c->ids.n, f->f);
+        if (f->nends + c->ndocs > f->ends_cap) f->ends_cap = 2 * (f->nends + c->ndocs), f->ends = xrealloc(f->ends, f->ends_cap * 8);
+        for (size_t i = 0; i < c->ndocs; i++) f->ends[f->nends++] = f->ntok + c->ends[i];
+        f->ntok += c->ids.n;
+        tot->docs += c->ndocs, tot->tokens += c->ids.n, tot->bad += c->bad, tot->repaired += c->repaired;
+    }
+    tot->text_bytes += c->text_bytes, tot->in_bytes += c->in_bytes;
+    f->written++;
+}
+
+static void progress(const Totals *t, uint64_t total_in, double t0) {
+    static double last;
+    double now = now_seconds(), dt = now - t0;
+    if (now - last < 0.5) return;
+    last = now;
+    double rate = t->text_bytes / 1e6 / (dt > 1e-9 ? dt : 1e-9), in_rate = t->in_bytes / (dt > 1e-9 ? dt : 1e-9);
+    double eta = in_rate > 0 && total_in > t->in_bytes ? (total_in - t->in_bytes) / in_rate : 0;
+    fprintf(stderr, "\rtokenize: %llu documents, %llu tokens, %.1f MB/s, %3.0f%%, ETA %d:%02d   ",
+            (unsigned long long)t->docs, (unsigned long long)t->tokens, rate, 100.0 * t->in_bytes / (total_in ? total_in : 1),
+            (int)eta / 60, (int)eta % 60);
+}
+
+// ---- command ------------------------------------------------------------------------------------------------------
+
+static void tokenize_usage(FILE *f) {
+    fprintf(f,
+            "usage: pith tokenize --tokenizer PATH --input PATH [PATH ...] --output DIR [options]\n"
+            "  Tokenizes text into PithTrain token files: each input file becomes DIR/<relative path>.bin holding two\n"
+            "  .npy records: uint32 token ids (each document followed by EOS) and uint64 cumulative document ends.\n"
+            "  --tokenizer PATH   a Hugging Face tokenizer.json, or a folder holding tokenizer.json (and\n"
+            "                     tokenizer_config.json, which names EOS/BOS and whether BOS is prepended)\n"
+            "  --input PATH ...   files or folders (searched recursively; hidden entries skipped) of .jsonl,\n"
+            "                     .jsonl.zst/.jsonl.zstd (one JSON object per line) and .txt files\n"
+            "  --output DIR       where the .bin files go (mirroring paths relative to each input folder)\n"
+            "  --workers N        tokenizer threads (default: all CPUs); the output does not depend on N\n"
+            "  --eos TOKEN        end-of-document token, as a token string or an integer id\n"
+            "                     (default: eos_token of tokenizer_config.json)\n"
+            "  --field NAME       the JSON field that holds a document's text (default: text)\n"
+            "  --txt-split MODE   file: a .txt file is one document (default); paragraph: each run of non-blank\n"
+            "                     lines is a document\n"
+            "  --on-error MODE    fail: stop at the first bad line or file (default); skip: warn, leave the bad\n"
+            "                     line (or, for an unreadable or truncated file, the whole file) out and go on\n"
+            "  Invalid UTF-8 is replaced by U+FFFD. Added tokens (e.g. <|endoftext|>) in the text are encoded as\n"
+            "  such. Outputs are written as NAME.bin.tmp and renamed when complete; outputs that exist are skipped,\n"
+            "  so an interrupted run can be re-run. Progress goes to stderr when it is a terminal.\n");
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    static struct option opts[] = {{"tokenizer", 1, 0, 't'}, {"input", 1, 0, 'i'}, {"output", 1, 0, 'o'},
+                                   {"workers", 1, 0, 'w'},   {"eos", 1, 0, 'e'},   {"field", 1, 0, 'f'},
+                                   {"txt-split", 1, 0, 's'}, {"on-error", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0}};
+    const char *tokpath = NULL, *outdir = NULL, *eos_arg = NULL, *field = "text", *split = "file", *on_error = "fail";
+    const char **inputs = xcalloc(argc + 1, sizeof *inputs);
+    int ninputs = 0, c;
+    long workers = sysconf(_SC_NPROCESSORS_ONLN);
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': tokpath = optarg; break;
+        case 'i': inputs[ninputs++] = optarg; break;
+        case 'o': outdir = optarg; break;
+        case 'w': {
+            char *end;
+            workers = strtol(optarg, &end, 10);
+            if (*end || workers < 1 || workers > 1024) die("tokenize: --workers must be an integer in [1, 1024] (got '%s')", optarg);
+            break;
+        }
+        case 'e': eos_arg = optarg; break;
+        case 'f': field = optarg; break;
+        case 's': split = optarg; break;
+        case 'r': on_error = optarg; break;
+        case 'h': tokenize_usage(stdout), free(inputs); return 0;
+        default: tokenize_usage(stderr), free(inputs); return 2;
+        }
+    }
+    for (int i = optind; i < argc; i++) inputs[ninputs++] = argv[i]; // the rest of --input PATH PATH ...
+    if (!tokpath) die("tokenize: --tokenizer is required (pith tokenize --help)");
+    if (!ninputs) die("tokenize: --input is required (pith tokenize --help)");
+    if (!outdir) die("tokenize: --output is required (pith tokenize --help)");
+    if (strcmp(split, "file") && strcmp(split, "paragraph")) die("tokenize: --txt-split must be file or paragraph (got '%s')", split);
+    if (strcmp(on_error, "fail") && strcmp(on_error, "skip")) die("tokenize: --on-error must be fail or skip (got '%s')", on_error);
+
+    for (int i = 0; i < ninputs; i++) {
+        if (!path_exists(inputs[i])) die("%s: no such file or directory", inputs[i]);
+        if (path_is_dir(inputs[i])) {
+            int before = nfiles;
+            walk_dir(inputs[i], "", outdir);
+            if (nfiles == before) warn("%s: no .jsonl, .jsonl.zst or .txt files in this folder", inputs[i]);
+            continue;
+        }
+        if (input_kind(inputs[i]) < 0) die("%s: unsupported input (expected .jsonl, .jsonl.zst, .jsonl.zstd or .txt)", inputs[i]);
+        const char *base = strrchr(inputs[i], '/');
+        add_file(inputs[i], base ? base + 1 : inputs[i], outdir);
+    }
+    qsort(files, nfiles, sizeof *files, cmp_rel);
+    for (int i = 1; i < nfiles; i++)
+        if (!strcmp(files[i].rel, files[i - 1].rel))
+            die("%s and %s would both be written to %s", files[i - 1].path, files[i].path, files[i].out);
+
+    Bpe *tok = bpe_load(tokpath);
+    int64_t eos = -1;
+    if (eos_arg) {
+        char *end;
+        long long v = strtoll(eos_arg, &end, 10);
+        eos = *eos_arg && !*end ? v : bpe_token_to_id(tok, eos_arg);
+        if (eos < 0 || eos >= bpe_num_ids(tok)) die("tokenize: --eos '%s' is not a token of %s", eos_arg, tokpath);
+    } else {
+        const char *name = bpe_config_token(tok, "eos_token");
+        if (!name) die("tokenize: %s has no eos_token in tokenizer_config.json; pass --eos TOKEN", tokpath);
+        eos = bpe_token_to_id(tok, name);
+        if (eos < 0) die("tokenize: eos_token '%s' of tokenizer_config.json is not in the vocabulary", name);
+    }
+
+    uint64_t total_in = 0;
+    int nskip = 0;
+    for (int i = 0; i < nfiles; i++) {
+        files[i].skip = path_exists(files[i].out);
+        if (files[i].skip) nskip++;
+        else total_in += files[i].size;
+    }
+    if (nskip) fprintf(stderr, "tokenize: %d of %d outputs already exist; skipping them (delete them to redo)\n", nskip, nfiles);
+    atexit(remove_partial_outputs);
+
+    Shared sh = {.tok = tok, .field = field, .eos = (uint32_t)eos};
+    sh.paragraphs = !strcmp(split, "paragraph"), sh.fail_fast = !strcmp(on_error, "fail");
+    pthread_mutex_init(&sh.mu, NULL), pthread_cond_init(&sh.work_cv, NULL), pthread_cond_init(&sh.done_cv, NULL);
+    pthread_t *th = xmalloc(workers * sizeof *th);
+    for (long i = 0; i < workers; i++) CHECK(pthread_create(&th[i], NULL, worker_main, &sh) == 0);
+
+    Reader r = {.file = -1, .inbuf = xmalloc(ZSTD_DStreamInSize())};
+    Chunk *pending = NULL, *free_chunks = NULL; // results waiting for their turn to be written; chunks to reuse
+    Totals tot = {0};
+    // inflight: chunks made and not yet written (bounds memory even when one slow chunk holds up the writer);
+    // to_write: the first file not yet finished
+    int next_file = 0, inflight = 0, max_inflight = 2 * (int)workers + 2, to_write = 0;
+    bool tty = isatty(2), stop_reading = false; // stop_reading: a file failed and --on-error fail
+    double t0 = now_seconds();
+    for (;;) {
+        // read: cut chunks until enough are in flight
+        while (inflight < max_inflight && (r.file >= 0 || next_file < nfiles) && !stop_reading) {
+            if (r.file < 0) {
+                InFile *f = &files[next_file];
+                if (f->skip) {
+                    f->read_done = true, next_file++;
+                    continue;
+                }
+                r.file = next_file++, r.seq = 0, r.line = 1, r.eof = false, r.zlast = 0, r.in = (ZSTD_inBuffer){r.inbuf, 0, 0};
+                r.f = fopen(f->path, "rb");
+                if (r.f && f->kind == IN_JSONL_ZST) r.z = ZSTD_createDStream(), ZSTD_initDStream(r.z);
+                if (!r.f) {
+                    char msg[4200];
+                    snprintf(msg, sizeof msg, "%s: cannot read: %s", f->path, strerror(errno));
+                    f->failed = true, f->error = xstrdup(msg), stop_reading = sh.fail_fast;
+                    reader_close(&r);
+                    continue;
+                }
+            }
+            const char *err = NULL;
+            size_t cut = r.len >= CHUNK_BYTES ? cut_point(r.buf, r.len, files[r.file].kind, sh.paragraphs) : 0;
+            Chunk *ck = NULL;
+            if (cut) ck = make_chunk(&r, cut, &free_chunks);
+            else if (r.eof) {
+                if (r.len) ck = make_chunk(&r, r.len, &free_chunks);
+                reader_close(&r);
+            } else if (!reader_fill(&r, &err)) {
+                InFile *f = &files[r.file];
+                char msg[4200];
+                snprintf(msg, sizeof msg, "%s: %s (after line %lld)", f->path, err, (long long)(r.line + count_lines(r.buf, r.len) - 1));
+                f->failed = true, f->error = xstrdup(msg), stop_reading = sh.fail_fast;
+                reader_close(&r);
+            }
+            if (ck) {
+                pthread_mutex_lock(&sh.mu);
+                if (sh.work_tail) sh.work_tail->next = ck;
+                else sh.work_head = ck;
+                sh.work_tail = ck, inflight++;
+                pthread_cond_signal(&sh.work_cv);
+                pthread_mutex_unlock(&sh.mu);
+            }
+        }
+        // collect finished chunks; wait for one when no more can be read now
+        bool can_read = (r.file >= 0 || next_file < nfiles) && !stop_reading;
+        pthread_mutex_lock(&sh.mu);
+        while (!sh.done && inflight > 0 && (inflight >= max_inflight || !can_read)) pthread_cond_wait(&sh.done_cv, &sh.mu);
+        for (Chunk *d = sh.done, *nx; d; d = nx) nx = d->next, d->next = pending, pending = d;
+        sh.done = NULL;
+        pthread_mutex_unlock(&sh.mu);
+        // write, in file order and chunk order
+        for (bool progressed = true; progressed && to_write < nfiles;) {
+            progressed = false;
+            InFile *f = &files[to_write];
+            for (Chunk **pp = &pending; *pp; pp = &(*pp)->next)
+                if ((*pp)->file == to_write && (*pp)->seq == f->written) {
+                    Chunk *ck = *pp;
+                    *pp = ck->next;
+                    write_chunk(f, ck, &tot, sh.fail_fast);
+                    free(ck->errors), ck->next = free_chunks, free_chunks = ck, inflight--;
+                    progressed = true;
+                    break;
+                }
+            if (f->read_done && f->written == f->nchunks) {
+                if (f->failed && sh.fail_fast) die("%s", f->error);
+                if (f->failed) warn("%s (file skipped)", f->error), tot.failed++;
+                if (f->failed) tot.docs -= f->nends, tot.tokens -= f->ntok; // counted while its chunks were written
+                if (!f->skip) out_finish(f), tot.written += !f->failed;
+                to_write++, progressed = true;
+            }
+        }
+        if (tty) progress(&tot, total_in, t0);
+        if (to_write == nfiles) break;
+    }
+    pthread_mutex_lock(&sh.mu);
+    sh.stop = true;
+    pthread_cond_broadcast(&sh.work_cv);
+    pthread_mutex_unlock(&sh.mu);
+    for (long i = 0; i < workers; i++) pthread_join(th[i], NULL);
+    if (tty) fprintf(stderr, "\r%100s\r", ""); // the summary below replaces the progress line
+    double dt = now_seconds() - t0;
+    printf("tokenize: %d files written, %d skipped (output exists), %d failed; %llu documents, %llu tokens, %.1f MB of text in %.2f s "
+           "(%.1f MB/s, %ld workers)",
+           tot.written, nskip, tot.failed, (unsigned long long)tot.docs, (unsigned long long)tot.tokens, tot.text_bytes / 1e6, dt,
+           tot.text_bytes / 1e6 / (dt > 1e-9 ? dt : 1e-9), workers);
+    if (tot.bad) printf("; %llu bad lines skipped", (unsigned long long)tot.bad);
+    if (tot.repaired) printf("; invalid UTF-8 replaced in %llu documents", (unsigned long long)tot.repaired);
+    printf("\n");
+    for (Chunk *ck; (ck = free_chunks);) free_chunks = ck->next, free(ck->data), idvec_free(&ck->ids), free(ck->ends), free(ck);
+    bpe_free(tok);
+    free(th), free(r.inbuf), free(r.buf), free(inputs);
+    return 0;
+}

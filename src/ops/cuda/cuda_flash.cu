@@ -1,0 +1,512 @@
+// cuda_flash.cu — flash attention on the tensor cores: bf16, head dim 64 or 128, causal grouped-query
+// attention with an LSE output (Dao, "FlashAttention-2", 2023: Algorithm 1 forward, Algorithm 2 backward
+// with a D_i pre-pass). Shapes as in cuda_attention.cu: q, o, dq, dout (B·S, nh, D); k, v, dk, dv
+// (B·S, nkv, D); lse (B, nh, S) fp32; query head h reads kv head h / (nh/nkv).
+//   forward  per block 64 query rows (4 warps × 16 rows), key tiles of 64 in shared memory:
+//            S = Q·Kᵀ, online softmax in registers (base 2: exp2(s·scale·log2e − m)), O += P·V;
+//            o = O/l, lse = m·scale + ln l.
+//   backward kernel 1, per 64 query rows: D_i = dout_i·o_i (written to a scratch for kernel 2), then
+//            over the key tiles P = exp(S·scale − lse), dP = dO·Vᵀ, dS = P∘(dP − D), dQ += dS·K;
+//            dq = scale·dQ. kernel 2, per 64 keys of one kv head: over every query tile at or after
+//            them and every query head of the group, Pᵀ and dPᵀ = V·dOᵀ with keys as rows, dV += Pᵀ·dO,
+//            dK += dSᵀ·Q; dk = scale·dK. Each output has one writer: no atomics, deterministic.
+// Tensor-core layout (PTX ISA, "Matrix fragments for mma.m16n8k16" and "ldmatrix"): mma.sync m16n8k16
+// bf16 → fp32. Lane l, g = l/4, t = l%4: A (16×16) regs {(g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)};
+// B (16×8, k × n) regs {(k 2t.., n g), (k 2t+8.., n g)}; C (16×8) {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
+// ldmatrix.x4 loads four 8×8 b16 matrices, lanes 8i..8i+7 giving the row addresses of matrix i, and
+// lane l receives (row g, cols 2t, 2t+1) of each; .trans gives (rows 2t, 2t+1, col g). So a row-major
+// [m][k] tile feeds A directly, a [n][k] tile (K for Q·Kᵀ) feeds B directly, and a [k][n] tile (V for
+// P·V) feeds B through .trans. An S accumulator (C layout) re-packed to bf16 pairs is the A fragment
+// of the next product (P·V, dS·K), so P and dS never touch shared memory.
+// Shared memory tiles are 64 rows × D bf16 with rows padded to D + 8 elements (16 bytes), so the 8 row
+// addresses of one ldmatrix matrix fall in 8 different bank groups. Tiles arrive by cp.async (16-byte,
+// zero-filled past the sequence end), double-buffered against the tensor-core work.
+#include "ops/cuda/cuda_common.cuh"
+
+#define FA_ROWS 64    // query rows (or keys in the dk/dv kernel) per block
+#define FA_TILE 64    // keys (or queries) per streamed tile
+#define FA_THREADS 128
+#define FA_LOG2E 1.4426950408889634f
+
+// ---- PTX wrappers ----
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// 16 bytes global → shared; with valid false the destination is zero-filled and src is not read.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// d += a·b: a 16×16 (A fragment), b 16×8 (two B registers), d 16×8 fp32.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats as a bf16 pair, the first in the low half (the lower column of an mma operand).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+// ---- fragment addressing inside a padded tile (row stride LD elements) ----
+// A fragment of the 16×16 block at (r0, c0) of a row-major [m][k] tile.
+template <int LD> __device__ __forceinline__ uint32_t frag_a(const bf16 *tile, int r0, int c0, int lane) {
+    return smem_addr(tile + (r0 + (lane & 15)) * LD + c0 + (lane >> 4) * 8);
+}
+// B fragments of two n-tiles (rows n0..n0+15) × k0..k0+15 of an [n][k] tile: regs {b0, b1} of n-tile
+// n0, then of n0+8.
+template <int LD> __device__ __forceinline__ uint32_t frag_b_nk(const bf16 *tile, int n0, int k0, int lane) {
+    return smem_addr(tile + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + k0 + ((lane >> 3) & 1) * 8);
+}
+// B fragments (with ldmatrix .trans) of k0..k0+15 × two n-tiles n0.., n0+8.. of a [k][n] tile.
+template <int LD> __device__ __forceinline__ uint32_t frag_b_kn(const bf16 *tile, int k0, int n0, int lane) {
+    return smem_addr(tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
+}
+
+// Starts the copy of 64 rows × D of one head into a padded tile: g points at the first row, rows are
+// ld elements apart, rows from nvalid on are zero-filled.
+template <int D> __device__ __forceinline__ void tile_load(bf16 *tile, const bf16 *g, int64_t ld, int nvalid) {
+    constexpr int CH = D / 8; // 16-byte chunks per row
+    for (int c = threadIdx.x; c < FA_ROWS * CH; c += FA_THREADS) {
+        int r = c / CH, cc = c % CH;
+        bool ok = r < nvalid;
+        cp_async16(smem_addr(tile + r * (D + 8) + cc * 8), g + (ok ? r * ld + cc * 8 : 0), ok);
+    }
+}
+
+// ---- forward ----
+template <int D>
+__global__ void __launch_bounds__(FA_THREADS, 2)
+    flash_forward_kernel(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int S, int nh, int nkv, float scale) {
+    constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16 *qs = (bf16 *)fa_smem, *ks = qs + TS, *vs = ks + 2 * TS; // Q; K and V in two stages each
+    int b = blockIdx.x / nh, h = blockIdx.x % nh, grp = h / (nh / nkv);
+    int nqt = (S + FA_ROWS - 1) / FA_ROWS, q0 = (nqt - 1 - (int)blockIdx.y) * FA_ROWS; // the longest rows first
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    int64_t qld = (int64_t)nh * D, kld = (int64_t)nkv * D;
+    const bf16 *kg = k + (int64_t)b * S * kld + grp * D, *vg = v + (int64_t)b * S * kld + grp * D;
+    int nkt = (min(S, q0 + FA_ROWS) + FA_TILE - 1) / FA_TILE; // key tiles that any row of the block sees
+    tile_load<D>(qs, q + ((int64_t)b * S + q0) * qld + h * D, qld, S - q0);
+    cp_async_commit();
+    tile_load<D>(ks, kg, kld, S);
+    tile_load<D>(vs, vg, kld, S);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    uint32_t qf[KD][4];
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) ldsm_x4(qf[kk], frag_a<LD>(qs, warp * 16, kk * 16, lane));
+    const float sl2 = scale * FA_LOG2E;
+    float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int j = 0; j < nkt; j++) {
+        int st = j & 1, j0 = j * FA_TILE;
+        if (j + 1 < nkt) {
+            tile_load<D>(ks + (st ^ 1) * TS, kg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
+            tile_load<D>(vs + (st ^ 1) * TS, vg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
+        float s[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldsm_x4(bb, frag_b_nk<LD>(kt, np * 16, kk * 16, lane));
+                mma_bf16(s[2 * np], qf[kk], bb[0], bb[1]);
+                mma_bf16(s[2 * np + 1], qf[kk], bb[2], bb[3]);
+            }
+        if (j == nkt - 1) { // the tile with the diagonal and the sequence end; earlier tiles are all visible
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int key = j0 + nt * 8 + 2 * tq + (e & 1), row = q0 + warp * 16 + gq + (e >> 1) * 8;
+                    if (key > row || key >= S) s[nt][e] = -INFINITY;
+                }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) { // online softmax of rows gq (r = 0) and gq + 8 (r = 1)
+            float mx = m[r];
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            float base = mx == -INFINITY ? 0.0f : mx * sl2, corr = exp2f(m[r] * sl2 - base), sum = 0.0f;
+            m[r] = mx;
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                s[nt][2 * r] = exp2f(s[nt][2 * r] * sl2 - base);
+                s[nt][2 * r + 1] = exp2f(s[nt][2 * r + 1] * sl2 - base);
+                sum += s[nt][2 * r] + s[nt][2 * r + 1];
+            }
+            l[r] = l[r] * corr + sum; // this lane's part of the row sum; the quad adds up at the end
+#pragma unroll
+            for (int i = 0; i < ND; i++) acc[i][2 * r] *= corr, acc[i][2 * r + 1] *= corr;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) { // O += P·V, 16 keys at a time
+            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < ND / 2; dp++) {
+                uint32_t bb[4];
+                ldsm_x4_trans(bb, frag_b_kn<LD>(vt, kk * 16, dp * 16, lane));
+                mma_bf16(acc[2 * dp], pa, bb[0], bb[1]);
+                mma_bf16(acc[2 * dp + 1], pa, bb[2], bb[3]);
+            }
+        }
+        __syncthreads(); // stage st is read by all warps before the next iteration refills it
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        int row = q0 + warp * 16 + gq + r * 8;
+        if (row >= S) continue;
+        float inv = 1.0f / l[r];
+        bf16 *orow = o + ((int64_t)b * S + row) * qld + h * D + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < ND; i++) *(uint32_t *)(orow + i * 8) = pack_bf16(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
+        if (tq == 0) lse[((int64_t)b * nh + h) * S + row] = m[r] * scale + logf(l[r]);
+    }
+}
+
+// ---- backward, kernel 1: D_i and dq ----
+template <int D>
+__global__ void __launch_bounds__(FA_THREADS, 2)
+    flash_backward_dq_kernel(bf16 *dq, float *Dg, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o,
+                             const float *lse, int S, int nh, int nkv, float scale) {
+    constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16 *qs = (bf16 *)fa_smem, *dos = qs + TS, *ks = dos + TS, *vs = ks + 2 * TS;
+    float *Ds = (float *)(vs + 2 * TS);
+    int b = blockIdx.x / nh, h = blockIdx.x % nh, grp = h / (nh / nkv);
+    int nqt = (S + FA_ROWS - 1) / FA_ROWS, q0 = (nqt - 1 - (int)blockIdx.y) * FA_ROWS;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    int64_t qld = (int64_t)nh * D, kld = (int64_t)nkv * D, qoff = ((int64_t)b * S + q0) * qld + h * D;
+    const bf16 *kg = k + (int64_t)b * S * kld + grp * D, *vg = v + (int64_t)b * S * kld + grp * D;
+    int nkt = (min(S, q0 + FA_ROWS) + FA_TILE - 1) / FA_TILE;
+    tile_load<D>(qs, q + qoff, qld, S - q0);
+    tile_load<D>(dos, dout + qoff, qld, S - q0);
+    cp_async_commit();
+    tile_load<D>(ks, kg, kld, S);
+    tile_load<D>(vs, vg, kld, S);
+    cp_async_commit();
+    { // D_i = dout_i·o_i: two threads per row, D/2 elements each, read straight from global memory
+        int r = threadIdx.x >> 1, half = threadIdx.x & 1;
+        float part = 0.0f;
+        if (q0 + r < S) {
+            const uint4 *dp = (const uint4 *)(dout + qoff + r * qld + half * (D / 2)), *op = (const uint4 *)(o + qoff + r * qld + half * (D / 2));
+#pragma unroll
+            for (int c = 0; c < D / 16; c++) {
+                uint4 a = dp[c], bo = op[c];
+                const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *b2 = (const __nv_bfloat162 *)&bo;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 fa = __bfloat1622float2(a2[e]), fb = __bfloat1622float2(b2[e]);
+                    part += fa.x * fb.x + fa.y * fb.y;
+                }
+            }
+        }
+        part += __shfl_xor_sync(0xffffffffu, part, 1);
+        if (half == 0) {
+            Ds[r] = part;
+            if (q0 + r < S) Dg[((int64_t)b * nh + h) * S + q0 + r] = part;
+        }
+    }
+    cp_async_wait<1>();
+    __syncthreads();
+    uint32_t qf[KD][4], df[KD][4];
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+        ldsm_x4(qf[kk], frag_a<LD>(qs, warp * 16, kk * 16, lane));
+        ldsm_x4(df[kk], frag_a<LD>(dos, warp * 16, kk * 16, lane));
+    }
+    const float sl2 = scale * FA_LOG2E;
+    float L2[2], Dr[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = q0 + warp * 16 + gq + r * 8;
+        L2[r] = row < S ? lse[((int64_t)b * nh + h) * S + row] * FA_LOG2E : INFINITY; // rows past S: P = 0
+        Dr[r] = Ds[warp * 16 + gq + r * 8];
+    }
+    float acc[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    for (int j = 0; j < nkt; j++) {
+        int st = j & 1, j0 = j * FA_TILE;
+        if (j + 1 < nkt) {
+            tile_load<D>(ks + (st ^ 1) * TS, kg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
+            tile_load<D>(vs + (st ^ 1) * TS, vg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
+        float s[8][4], dp[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldsm_x4(bb, frag_b_nk<LD>(kt, np * 16, kk * 16, lane));
+                mma_bf16(s[2 * np], qf[kk], bb[0], bb[1]);
+                mma_bf16(s[2 * np + 1], qf[kk], bb[2], bb[3]);
+            }
+        bool edge = j == nkt - 1;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = j0 + nt * 8 + 2 * tq + (e & 1), row = q0 + warp * 16 + gq + (e >> 1) * 8;
+                float p = exp2f(s[nt][e] * sl2 - L2[e >> 1]);
+                s[nt][e] = edge && (key > row || key >= S) ? 0.0f : p;
+            }
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) // dP = dO·Vᵀ
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldsm_x4(bb, frag_b_nk<LD>(vt, np * 16, kk * 16, lane));
+                mma_bf16(dp[2 * np], df[kk], bb[0], bb[1]);
+                mma_bf16(dp[2 * np + 1], df[kk], bb[2], bb[3]);
+            }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - Dr[e >> 1]); // dS
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) { // dQ += dS·K
+            uint32_t pa[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
+                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]), pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+            for (int dd = 0; dd < ND / 2; dd++) {
+                uint32_t bb[4];
+                ldsm_x4_trans(bb, frag_b_kn<LD>(kt, kk * 16, dd * 16, lane));
+                mma_bf16(acc[2 * dd], pa, bb[0], bb[1]);
+                mma_bf16(acc[2 * dd + 1], pa, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int row = q0 + warp * 16 + gq + r * 8;
+        if (row >= S) continue;
+        bf16 *drow = dq + ((int64_t)b * S + row) * qld + h * D + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < ND; i++) *(uint32_t *)(drow + i * 8) = pack_bf16(acc[i][2 * r] * scale, acc[i][2 * r + 1] * scale);
+    }
+}
+
+// ---- backward, kernel 2: dk, dv ----
+// Starts the loads of iteration it (query head and query tile) into stage st: Q, dO, lse and D rows.
+template <int D>
+__device__ __forceinline__ void dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, float *ds, const bf16 *q, const bf16 *dout, const float *lse,
+                                              const float *Dg, int it, int nq, int qt0, int b, int g, int grp, int S, int nh) {
+    int h = g * grp + it / nq, qb = (qt0 + it % nq) * FA_TILE;
+    int64_t qld = (int64_t)nh * D, off = ((int64_t)b * S + qb) * qld + h * D, roff = ((int64_t)b * nh + h) * S + qb;
+    tile_load<D>(qs, q + off, qld, S - qb);
+    tile_load<D>(dos, dout + off, qld, S - qb);
+    int t = threadIdx.x & 63;
+    bool ok = qb + t < S;
+    if (threadIdx.x < 64) cp_async4(smem_addr(ls + t), lse + roff + (ok ? t : 0), ok);
+    else cp_async4(smem_addr(ds + t), Dg + roff + (ok ? t : 0), ok);
+}
+
+template <int D>
+__global__ void __launch_bounds__(FA_THREADS, 2)
+    flash_backward_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
+                               const float *Dg, int S, int nh, int nkv, float scale) {
+    constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16 *ks = (bf16 *)fa_smem, *vs = ks + TS, *qs = vs + TS, *dos = qs + 2 * TS; // K, V; Q and dO in two stages
+    float *ls = (float *)(dos + 2 * TS), *ds = ls + 2 * FA_TILE;                  // lse and D rows, two stages
+    int b = blockIdx.x / nkv, g = blockIdx.x % nkv, grp = nh / nkv;
+    int k0 = blockIdx.y * FA_ROWS; // key tile 0 (the most query tiles) first
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    int64_t kld = (int64_t)nkv * D, koff = ((int64_t)b * S + k0) * kld + g * D;
+    int nqt = (S + FA_TILE - 1) / FA_TILE, qt0 = k0 / FA_TILE, nq = nqt - qt0, total = grp * nq;
+    tile_load<D>(ks, k + koff, kld, S - k0);
+    tile_load<D>(vs, v + koff, kld, S - k0);
+    dkdv_prefetch<D>(qs, dos, ls, ds, q, dout, lse, Dg, 0, nq, qt0, b, g, grp, S, nh);
+    cp_async_commit();
+    const float sl2 = scale * FA_LOG2E;
+    float dka[ND][4], dva[ND][4];
+#pragma unroll
+    for (int i = 0; i < ND; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.0f;
+    for (int it = 0; it < total; it++) {
+        int st = it & 1;
+        if (it + 1 < total)
+            dkdv_prefetch<D>(qs + (st ^ 1) * TS, dos + (st ^ 1) * TS, ls + (st ^ 1) * FA_TILE, ds + (st ^ 1) * FA_TILE, q, dout, lse, Dg, it + 1, nq,
+                             qt0, b, g, grp, S, nh);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const bf16 *qt = qs + st * TS, *dot = dos + st * TS;
+        const float *lt = ls + st * FA_TILE, *dt = ds + st * FA_TILE;
+        int qb = (qt0 + it % nq) * FA_TILE;
+        float s[8][4], dp[8][4]; // Sᵀ and dPᵀ: rows = this warp's 16 keys, columns = the tile's 64 queries
+#pragma unroll
+        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) { // Sᵀ = K·Qᵀ
+            uint32_t ka[4];
+            ldsm_x4(ka, frag_a<LD>(ks, warp * 16, kk * 16, lane));
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldsm_x4(bb, frag_b_nk<LD>(qt, np * 16, kk * 16, lane));
+                mma_bf16(s[2 * np], ka, bb[0], bb[1]);
+                mma_bf16(s[2 * np + 1], ka, bb[2], bb[3]);
+            }
+        }
+        bool edge = qb == k0 || qb + FA_TILE > S; // the diagonal tile, or the one with the sequence end
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int qi = nt * 8 + 2 * tq + (e & 1), key = k0 + warp * 16 + gq + (e >> 1) * 8;
+                float p = exp2f(s[nt][e] * sl2 - lt[qi] * FA_LOG2E);
+                s[nt][e] = edge && (key > qb + qi || qb + qi >= S) ? 0.0f : p;
+            }
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) { // dV += Pᵀ·dO, 16 queries at a time
+            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dd = 0; dd < ND / 2; dd++) {
+                uint32_t bb[4];
+                ldsm_x4_trans(bb, frag_b_kn<LD>(dot, kk * 16, dd * 16, lane));
+                mma_bf16(dva[2 * dd], pa, bb[0], bb[1]);
+                mma_bf16(dva[2 * dd + 1], pa, bb[2], bb[3]);
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) { // dPᵀ = V·dOᵀ
+            uint32_t va[4];
+            ldsm_x4(va, frag_a<LD>(vs, warp * 16, kk * 16, lane));
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                ldsm_x4(bb, frag_b_nk<LD>(dot, np * 16, kk * 16, lane));
+                mma_bf16(dp[2 * np], va, bb[0], bb[1]);
+                mma_bf16(dp[2 * np + 1], va, bb[2], bb[3]);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - dt[nt * 8 + 2 * tq + (e & 1)]); // dSᵀ
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++) { // dK += dSᵀ·Q
+            uint32_t pa[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
+                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]), pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+#pragma unroll
+            for (int dd = 0; dd < ND / 2; dd++) {
+                uint32_t bb[4];
+                ldsm_x4_trans(bb, frag_b_kn<LD>(qt, kk * 16, dd * 16, lane));
+                mma_bf16(dka[2 * dd], pa, bb[0], bb[1]);
+                mma_bf16(dka[2 * dd + 1], pa, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        int key = k0 + warp * 16 + gq + r * 8;
+        if (key >= S) continue;
+        int64_t off = ((int64_t)b * S + key) * kld + g * D + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < ND; i++) {
+            *(uint32_t *)(dk + off + i * 8) = pack_bf16(dka[i][2 * r] * scale, dka[i][2 * r + 1] * scale);
+            *(uint32_t *)(dv + off + i * 8) = pack_bf16(dva[i][2 * r], dva[i][2 * r + 1]);
+        }
+    }
+}
+
+// ---- launchers ----
+template <typename K> static void fa_smem_opt_in(K kernel, size_t bytes) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+static size_t fa_tile_bytes(int D) { return (size_t)FA_ROWS * (D + 8) * sizeof(bf16); }
+
+template <int D> static void flash_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
+    int nh = (int)q.n[1], nkv = (int)k.n[1];
+    size_t smem = 5 * fa_tile_bytes(D);
+    fa_smem_opt_in(flash_forward_kernel<D>, smem);
+    dim3 grid((unsigned)(B * nh), (unsigned)((S + FA_ROWS - 1) / FA_ROWS));
+    flash_forward_kernel<D><<<grid, FA_THREADS, smem, cuda_stream()>>>((bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p,
+                                                                       (const bf16 *)v.p, S, nh, nkv, scale);
+    CUDA_LAUNCH_CHECK();
+}
+
+template <int D>
+static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
+                                  float scale) {
+    int nh = (int)q.n[1], nkv = (int)k.n[1];
+    float *Dg = (float *)cuda_scratch((size_t)B * nh * S * sizeof(float)); // D_i, from kernel 1 to kernel 2
+    size_t smem1 = 6 * fa_tile_bytes(D) + FA_ROWS * sizeof(float), smem2 = 6 * fa_tile_bytes(D) + 4 * FA_TILE * sizeof(float);
+    fa_smem_opt_in(flash_backward_dq_kernel<D>, smem1);
+    fa_smem_opt_in(flash_backward_dkdv_kernel<D>, smem2);
+    unsigned tiles = (unsigned)((S + FA_ROWS - 1) / FA_ROWS);
+    flash_backward_dq_kernel<D><<<dim3((unsigned)(B * nh), tiles), FA_THREADS, smem1, cuda_stream()>>>(
+        (bf16 *)dq.p, Dg, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, (const bf16 *)o.p, (const float *)lse.p, S,
+        nh, nkv, scale);
+    CUDA_LAUNCH_CHECK();
+    flash_backward_dkdv_kernel<D><<<dim3((unsigned)(B * nkv), tiles), FA_THREADS, smem2, cuda_stream()>>>(
+        (bf16 *)dk.p, (bf16 *)dv.p, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, (const float *)lse.p, Dg, S, nh,
+        nkv, scale);
+    CUDA_LAUNCH_CHECK();
+}
+
+// The tensor-core path takes bf16, head dim 64 or 128 and 16-byte aligned tensors; anything else goes
+// to the generic kernels of cuda_attention.cu.
+static bool aligned16(Tensor t) { return (uintptr_t)t.p % 16 == 0; }
+
+bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
+    int D = (int)q.n[2];
+    if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0)) return false;
+    if (!aligned16(o) || !aligned16(q) || !aligned16(k) || !aligned16(v)) return false;
+    if (D == 64) flash_forward_launch<64>(o, lse, q, k, v, B, S, scale);
+    else flash_forward_launch<128>(o, lse, q, k, v, B, S, scale);
+    return true;
+}
+
+bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
+                              float scale) {
+    int D = (int)q.n[2];
+    if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0)) return false;
+    if (!aligned16(dq) || !aligned16(dk) || !aligned16(dv) || !aligned16(dout) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(o))
+        return false;
+    if (D == 64) flash_backward_launch<64>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
+    else flash_backward_launch<128>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
+    return true;
+}
