@@ -85,11 +85,11 @@ test-asan:
 	    EXTRA_LDFLAGS="-fsanitize=address,undefined" build-asan/pith build-asan/test_pith
 	@ASAN_OPTIONS=detect_leaks=0 PITH_BIN=build-asan/pith build-asan/test_pith
 
-test-gpu: $(BUILD)/pith $(BUILD)/test_gpu $(BUILD)/test_dist
+test-gpu: $(BUILD)/pith $(BUILD)/test_gpu
 	@PITH_TEST_GPU=1 $(BUILD)/test_gpu
 
 # The two-GPU suite (tests/gpu/test_gpu_dist.c: NCCL collectives, EP, timeouts and layout equivalence under
-# mpirun -np 2); part of test-gpu too, where it says "skipped" with fewer than two GPUs.
+# mpirun -np 2, with build/test_dist); part of test-gpu too, where it says "skipped" with fewer than two GPUs.
 test-gpu2: $(BUILD)/pith $(BUILD)/test_gpu $(BUILD)/test_dist
 	@PITH_TEST_GPU=1 $(BUILD)/test_gpu gpu2_
 

@@ -35,9 +35,13 @@ static bool two_gpus(void) {
 #else
     int n = 0;
 #endif
-    if (n >= 2) return true;
-    printf("     skipped: %d GPU(s) here, these tests need 2\n", n);
-    return false;
+    if (n < 2) {
+        printf("     skipped: %d GPU(s) here, these tests need 2\n", n);
+        return false;
+    }
+    char out[256];
+    ASSERT_MSG(run_cmd(out, sizeof out, "test -x %s", test_dist_bin()) == 0, "%s is missing: make test-gpu2 builds it", test_dist_bin());
+    return true;
 }
 
 TEST(gpu2_collectives_and_ep) {
