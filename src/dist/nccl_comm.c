@@ -103,8 +103,9 @@ static void *watch_main(void *arg) {
             }
             // A call queued behind others starts its clock when the one before it completes.
             double start = w->issued > W.last_done ? w->issued : W.last_done;
-            if (q != cudaErrorNotReady)
-                snprintf(msg, sizeof msg, "%s on the %s group (%d ranks) failed on the GPU: %s", w->what, w->group, w->size, cudaGetErrorString(q));
+            if (q != cudaErrorNotReady) // a sticky error: any kernel queued before may have caused it
+                snprintf(msg, sizeof msg, "the GPU reported an error while %s on the %s group (%d ranks) was pending: %s", w->what, w->group, w->size,
+                         cudaGetErrorString(q));
             else if (w->timeout_s > 0 && now - start > w->timeout_s)
                 snprintf(msg, sizeof msg, "%s on the %s group (%d ranks) did not complete within parallel.timeout_s = %g s: another rank failed or stopped (NCCL)",
                          w->what, w->group, w->size, w->timeout_s);
@@ -205,8 +206,9 @@ void nccl_comm_create(Comm *c) {
     memset(&id, 0, sizeof id);
     if (c->rank == 0) NCCL_OK(c, ncclGetUniqueId(&id));
     comm_broadcast(c, tensor_make(&id, DT_U8, DEV_CPU, 1, (int64_t)sizeof id, 1, 1, 1), 0); // MPI, polled against the deadline
-    pthread_mutex_lock(&W.mu);
+    pthread_mutex_lock(&W.mu); // set-up is bounded too, but never below 5 minutes (NCCL's topology discovery)
     W.call = watch_of(c, "NCCL set-up"), W.in_call = true;
+    if (W.call.timeout_s > 0 && W.call.timeout_s < 300) W.call.timeout_s = 300;
     pthread_mutex_unlock(&W.mu);
     ncclComm_t nc;
     NCCL_OK(c, ncclCommInitRank(&nc, c->size, id, c->rank));

@@ -11,7 +11,7 @@ set -u
 OUT=${OUT:-/tmp/pith-out}
 mkdir -p "$OUT"
 log() { echo "== $*"; }
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none # CMA is often refused inside VMs and containers
 t_start=$(date +%s)
@@ -32,6 +32,11 @@ if ldd build/pith | grep -q "lib\(cublasLt\|cudart\|nccl\).* not found"; then
     for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib; do
         [ -d "$d" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
     done
+fi
+# Open MPI: the libmpi beside the device's mpirun when the loader does not find one (the carried binaries
+# were linked against Open MPI 4.1; libmpi.so.40 keeps its ABI across 4.x).
+if ldd build/pith | grep -q "libmpi.so.40 => not found"; then
+    export LD_LIBRARY_PATH=$(dirname "$(readlink -f "$(command -v mpirun)")")/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 # The carried libraries, only those the device does not resolve (its own stay first for everything else).
 for i in 1 2 3 4; do
