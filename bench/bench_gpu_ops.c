@@ -161,8 +161,8 @@ int main(int argc, char **argv) {
     double ta = last_ms;
     TIME("attention bwd", 10, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, o, q, kk, v, o, lse, 1, sc));
     report("attention fwd+bwd", ta + last_ms, 3.5 * fa, "TFLOP/s");
-    setenv("PITH_FLASH_BWD", "split", 1); // the two deterministic kernels (before the fused one)
-    TIME("attention bwd (split, deterministic)", 10, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, o, q, kk, v, o, lse, 1, sc));
+    setenv("PITH_FLASH_BWD", "fused", 1); // dq by atomics in the dk/dv kernel (opt-in, slower so far)
+    TIME("attention bwd (fused, dq atomics)", 10, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, o, q, kk, v, o, lse, 1, sc));
     unsetenv("PITH_FLASH_BWD");
     {
         Tensor q2b = dev(bf, 3, 2 * T, nh, d), k2b = dev(bf, 3, 2 * T, nkv, d), v2b = dev(bf, 3, 2 * T, nkv, d), o2b = dev(bf, 3, 2 * T, nh, d);
@@ -170,8 +170,8 @@ int main(int argc, char **argv) {
         fill(q2b, 1, 40), fill(k2b, 1, 41), fill(v2b, 1, 42), fill(o2b, 1, 43);
         TIME("attention fwd B=2 S=4096 (the training call)", 10, 2 * fa, "TFLOP/s", op_attention_forward(o2b, l2b, q2b, k2b, v2b, 2, sc));
         TIME("attention bwd B=2 S=4096", 10, 2 * 2.5 * fa, "TFLOP/s", op_attention_backward(dq2b, dk2b, dv2b, o2b, q2b, k2b, v2b, o2b, l2b, 2, sc));
-        setenv("PITH_FLASH_BWD", "split", 1);
-        TIME("attention bwd B=2 S=4096 (split)", 10, 2 * 2.5 * fa, "TFLOP/s", op_attention_backward(dq2b, dk2b, dv2b, o2b, q2b, k2b, v2b, o2b, l2b, 2, sc));
+        setenv("PITH_FLASH_BWD", "fused", 1);
+        TIME("attention bwd B=2 S=4096 (fused)", 10, 2 * 2.5 * fa, "TFLOP/s", op_attention_backward(dq2b, dk2b, dv2b, o2b, q2b, k2b, v2b, o2b, l2b, 2, sc));
         unsetenv("PITH_FLASH_BWD");
     }
     // memory-bound

@@ -215,15 +215,15 @@ static bool check_flash(int B, int S, int nh, int nkv, int d) {
     return ok;
 }
 
-// Both backward paths: the fused one (dq by atomics, the default) and PITH_FLASH_BWD=split (two kernels).
+// Both backward paths: the two deterministic kernels (the default) and PITH_FLASH_BWD=fused (dq by atomics).
 TEST(gpu_op_attention_flash) {
     gpu_begin();
     gpu_mode(DT_BF16);
     bool ok = true;
     const char *prev = getenv("PITH_FLASH_BWD");
-    for (int split = 0; split < 2; split++) {
-        printf("     backward: %s\n", split ? "split (dq kernel + dk/dv kernel)" : "fused (dq by atomics)");
-        if (split) setenv("PITH_FLASH_BWD", "split", 1);
+    for (int fused = 0; fused < 2; fused++) {
+        printf("     backward: %s\n", fused ? "fused (dq by atomics)" : "dq kernel + dk/dv kernel");
+        if (fused) setenv("PITH_FLASH_BWD", "fused", 1);
         else unsetenv("PITH_FLASH_BWD");
         ok &= check_flash(1, 64, 1, 1, 64);    // one tile
         ok &= check_flash(1, 200, 2, 1, 128);  // a partial last tile

@@ -10,12 +10,15 @@
 //            dq = scale·dQ. kernel 2, per 64 keys of one kv head: over every query tile at or after
 //            them and every query head of the group, Pᵀ and dPᵀ = V·dOᵀ with keys as rows, dV += Pᵀ·dO,
 //            dK += dSᵀ·Q; dk = scale·dK. Each output has one writer: no atomics, deterministic.
-//   backward, fused (the default; FA2 Algorithm 2 as written, 5 products instead of 7): a pre-pass writes
-//            D_i and zeroes an fp32 dQ accumulator (B·S, nh, D); then kernel 2's loop also stores dS (bf16)
-//            in shared memory and adds dS·K of its 64 keys into the accumulator with fp32 atomicAdd; a
-//            post-pass writes dq = bf16(scale·dQ). dk and dv keep one writer each (deterministic); the
-//            order of the atomic adds into dQ varies from run to run, so dq is NOT bitwise reproducible.
-//            PITH_FLASH_BWD=split runs the two deterministic kernels above instead.
+//   backward, fused (PITH_FLASH_BWD=fused; FA2 Algorithm 2 as written, 5 products instead of 7): a
+//            pre-pass writes D_i and zeroes an fp32 dQ accumulator (B·S, nh, D); then kernel 2's loop also
+//            stores dS (bf16) in shared memory and adds dS·K of its 64 keys into the accumulator with fp32
+//            atomicAdd; a post-pass writes dq = bf16(scale·dQ). dk and dv keep one writer each
+//            (deterministic); the order of the atomic adds into dQ varies from run to run, so dq is NOT
+//            bitwise reproducible. Measured on the H200 (S = 4096, d 128, GQA 32/4) it is SLOWER than the
+//            two kernels (3.08 vs 2.25 ms at B = 1, 3.82 vs 3.28 ms at B = 2): with 64-key tiles it issues
+//            one float2 atomic per 32 flops of dS·K, and the L2 atomic rate, not the tensor cores, bounds
+//            it. So the two deterministic kernels stay the default (see bench/cuda_ops.md for next steps).
 // Tensor-core layout (PTX ISA, "Matrix fragments for mma.m16n8k16" and "ldmatrix"): mma.sync m16n8k16
 // bf16 → fp32. Lane l, g = l/4, t = l%4: A (16×16) regs {(g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)};
 // B (16×8, k × n) regs {(k 2t.., n g), (k 2t+8.., n g)}; C (16×8) {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
@@ -496,7 +499,8 @@ __global__ void flash_backward_post_kernel(bf16 *dq, const float *dqa, int64_t n
 // Kernel 2 plus dQ. Per iteration (query head, query tile) besides kernel 2's four products: dSᵀ (this
 // warp's 16 keys × 64 queries, C layout) goes to shared memory transposed as bf16 dS[query][key]; after a
 // block barrier warp w multiplies dS rows w·16.. (all 64 keys) by the K tile, 16 output columns at a
-// time, and adds each 16×16 fp32 block into dqa with float2 atomicAdd (sm_90).
+// time, and adds each 16×16 fp32 block into dqa with float4 atomicAdd (sm_90): of the C fragment's two
+// pairs (row g and g+8, cols 2t, 2t+1) lanes t and t^1 swap one, so each holds four consecutive columns.
 #define FA_DS_LD (FA_TILE + 8) // dS rows padded like the other tiles
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS, 2)
@@ -609,6 +613,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
             int r0 = qb + warp * 16 + gq;
             float *base = dqa + ((int64_t)b * S + r0) * nh * D + (int64_t)h * D + 2 * tq;
             int64_t r8 = (int64_t)8 * nh * D; // row r0 + 8
+            bool odd = tq & 1;
 #pragma unroll
             for (int dd = 0; dd < ND / 2; dd++) {
                 float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
@@ -620,10 +625,12 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
                     mma_bf16(acc[1], af[kk], bb[2], bb[3]);
                 }
 #pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
+                for (int nt = 0; nt < 2; nt++) { // lanes t, t^1 swap halves: even t adds row r0 cols 2t..2t+3, odd t row r0+8
                     int col = dd * 16 + nt * 8;
-                    if (r0 < S) atomicAdd((float2 *)(base + col), make_float2(acc[nt][0], acc[nt][1]));
-                    if (r0 + 8 < S) atomicAdd((float2 *)(base + r8 + col), make_float2(acc[nt][2], acc[nt][3]));
+                    float sx = odd ? acc[nt][0] : acc[nt][2], sy = odd ? acc[nt][1] : acc[nt][3];
+                    float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
+                    if (!odd && r0 < S) atomicAdd((float4 *)(base + col), make_float4(acc[nt][0], acc[nt][1], rx, ry));
+                    if (odd && r0 + 8 < S) atomicAdd((float4 *)(base + r8 + col - 2), make_float4(rx, ry, acc[nt][2], acc[nt][3]));
                 }
             }
         }
@@ -658,10 +665,10 @@ template <int D> static void flash_forward_launch(Tensor o, Tensor lse, Tensor q
     CUDA_LAUNCH_CHECK();
 }
 
-// PITH_FLASH_BWD=split: the two deterministic kernels (dq bitwise reproducible) instead of the fused one.
-static bool flash_bwd_split(void) {
+// PITH_FLASH_BWD=fused: the fused kernel (dq by atomics) instead of the two deterministic kernels.
+static bool flash_bwd_fused(void) {
     const char *e = getenv("PITH_FLASH_BWD");
-    return e && !strcmp(e, "split");
+    return e && !strcmp(e, "fused");
 }
 
 template <int D>
@@ -723,12 +730,12 @@ bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tens
     if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0)) return false;
     if (!aligned16(dq) || !aligned16(dk) || !aligned16(dv) || !aligned16(dout) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(o))
         return false;
-    if (flash_bwd_split()) {
-        if (D == 64) flash_backward_launch<64>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
-        else flash_backward_launch<128>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
-    } else {
+    if (flash_bwd_fused()) {
         if (D == 64) flash_backward_fused_launch<64>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
         else flash_backward_fused_launch<128>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
+    } else {
+        if (D == 64) flash_backward_launch<64>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
+        else flash_backward_launch<128>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
     }
     return true;
 }
