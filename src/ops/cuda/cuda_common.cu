@@ -86,7 +86,7 @@ void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
 void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
 
-size_t cuda_pool_bytes(void) { return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES + scratch_bytes; }
+size_t cuda_pool_bytes(void) { return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES + scratch_bytes + gemm_side_bytes; }
 
 size_t cuda_mem_used_bytes(void) {
     cuda_ctx();

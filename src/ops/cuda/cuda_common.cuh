@@ -66,6 +66,7 @@ static inline cudaStream_t cuda_stream(void) { return cuda_ctx()->compute; }
 // permutation of gather_rows_backward): one buffer, grown (after a device sync) when a call needs more
 // than any call before, so it settles at the first training step. Contents do not survive the next op.
 void *cuda_scratch(size_t bytes);
+extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradient side streams (cuda_gemm.cu)
 
 // ---- functions shared between the .cu files ----
 // Tensor-core flash attention (cuda_flash.cu); false when the inputs do not fit it (dtype, head dim,

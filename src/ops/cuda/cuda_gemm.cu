@@ -46,12 +46,13 @@ static GemmCacheEntry gemm_cache[256];
 
 // Column-major D(m×n) = op(A)(m×k) · op(B)(k×n) + beta·D; A stored (k×m if ta else m×k) with lda, B stored
 // (n×k if tb else k×n) with ldb; A and B of dtype abt, D of dtype dt.
-static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb,
-                      DType abt, float beta, void *D, int64_t ldd, DType dt) {
+// Runs on `stream` with workspace `ws` (CUDA_LT_WS_BYTES); lt_matmul: the compute stream and its workspace.
+static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
+                         const void *B, int64_t ldb, DType abt, float beta, void *D, int64_t ldd, DType dt) {
     if (m == 0 || n == 0) return;
     CudaCtx *c = cuda_ctx();
     if (k == 0) { // the product is empty: D = beta·D (only beta 0 or 1 occur)
-        if (beta == 0) CUDA_CHECK(cudaMemset2DAsync(D, ldd * dtype_size(dt), 0, m * dtype_size(dt), n, c->compute));
+        if (beta == 0) CUDA_CHECK(cudaMemset2DAsync(D, ldd * dtype_size(dt), 0, m * dtype_size(dt), n, stream));
         return;
     }
     if (abt == DT_F32 && dt != DT_F32) die("gemm: fp32 operands need an fp32 output (got %s)", dtype_name(dt));
@@ -93,11 +94,16 @@ static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const v
         ce->key = key, ce->algo = res.algo, ce->used = true;
     }
     float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ce->algo, c->lt_ws, CUDA_LT_WS_BYTES, c->compute));
+    CUBLAS_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ce->algo, ws_mem, CUDA_LT_WS_BYTES, stream));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+}
+static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, DType abt,
+                      float beta, void *D, int64_t ldd, DType dt) {
+    CudaCtx *c = cuda_ctx();
+    lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, k, A, lda, B, ldb, abt, beta, D, ldd, dt);
 }
 
 // ---- row-major products on raw pointers (all dense) ----
@@ -109,6 +115,61 @@ static void mm_backward_input(int64_t M, int64_t N, int64_t K, const void *dy, c
 }
 static void mm_backward_weight(int64_t M, int64_t N, int64_t K, const void *dy, const void *x, DType abt, void *dw, DType dwdt) {
     lt_matmul(false, true, K, N, M, x, K, dy, N, abt, 1.0f, dw, K, dwdt);
+}
+
+// ---- side streams for the per-expert weight gradients ----
+// cuBLAS has no grouped GEMM with bf16 operands and an fp32 output, so the expert weight gradients are one
+// cuBLASLt call per expert. Each is small (e.g. 2048 × 1536 × ~256 tokens: fewer output tiles than SMs)
+// and back to back they leave most of the GPU idle between and inside them; spread over WGRAD_STREAMS
+// streams (the compute stream and side streams forked from it and joined back by events) they overlap.
+// Each side stream has its own cuBLASLt workspace. PITH_WGRAD_STREAMS=1 keeps the serial loop.
+#define WGRAD_STREAMS_MAX 8
+static int wgrad_made = 1; // streams set up so far (stream 0 is the compute stream)
+static cudaStream_t wgrad_stream[WGRAD_STREAMS_MAX];
+static void *wgrad_ws[WGRAD_STREAMS_MAX];
+static cudaEvent_t wgrad_fork, wgrad_join[WGRAD_STREAMS_MAX];
+size_t gemm_side_bytes; // the side workspaces, counted by cuda_pool_bytes
+
+// The stream count for this call (PITH_WGRAD_STREAMS, default 4), setting up any not made yet.
+static int wgrad_streams(void) {
+    const char *e = getenv("PITH_WGRAD_STREAMS");
+    int n = e ? atoi(e) : 4;
+    n = n < 1 ? 1 : n > WGRAD_STREAMS_MAX ? WGRAD_STREAMS_MAX : n;
+    CudaCtx *c = cuda_ctx();
+    wgrad_stream[0] = c->compute, wgrad_ws[0] = c->lt_ws;
+    if (n > 1 && !wgrad_fork) CUDA_CHECK(cudaEventCreateWithFlags(&wgrad_fork, cudaEventDisableTiming));
+    for (; wgrad_made < n; wgrad_made++) {
+        int i = wgrad_made;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&wgrad_stream[i], cudaStreamNonBlocking));
+        CUDA_CHECK(cudaMalloc(&wgrad_ws[i], CUDA_LT_WS_BYTES));
+        CUDA_CHECK(cudaEventCreateWithFlags(&wgrad_join[i], cudaEventDisableTiming));
+        gemm_side_bytes += CUDA_LT_WS_BYTES;
+    }
+    return n;
+}
+
+// dw_e (N, K) fp32 += dy_eᵀ · x_e for every expert with rows, the experts dealt to the streams in turn.
+static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64_t K, const void *dy, const void *x, DType abt, float *dw) {
+    int ns = wgrad_streams();
+    size_t s = dtype_size(abt);
+    CudaCtx *c = cuda_ctx();
+    if (ns > 1) {
+        CUDA_CHECK(cudaEventRecord(wgrad_fork, c->compute));
+        for (int i = 1; i < ns; i++) CUDA_CHECK(cudaStreamWaitEvent(wgrad_stream[i], wgrad_fork, 0));
+    }
+    int next = 0;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t M = offs[e + 1] - offs[e];
+        if (!M) continue;
+        int i = next;
+        next = (next + 1) % ns;
+        lt_matmul_on(wgrad_stream[i], wgrad_ws[i], false, true, K, N, M, (const char *)x + offs[e] * K * s, K, (const char *)dy + offs[e] * N * s,
+                     N, abt, 1.0f, dw + e * N * K, K, DT_F32);
+    }
+    for (int i = 1; i < ns; i++) {
+        CUDA_CHECK(cudaEventRecord(wgrad_join[i], wgrad_stream[i]));
+        CUDA_CHECK(cudaStreamWaitEvent(c->compute, wgrad_join[i], 0));
+    }
 }
 
 // ---- fp32 → bf16 operand rounding through the conversion pool ----
@@ -393,10 +454,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const i
         }
         if (grouped_run(el.G, el.A, el.B, el.C, x.dt, 1.0f, DT_F32)) return;
     }
-    for (int64_t e = 0; e < E; e++)
-        if (offs[e + 1] > offs[e])
-            mm_backward_weight(offs[e + 1] - offs[e], N, K, (const char *)dy.p + offs[e] * N * s, (const char *)x.p + offs[e] * K * s, x.dt,
-                               (float *)dw.p + e * N * K, DT_F32);
+    expert_weight_grads(offs, E, N, K, dy.p, x.p, x.dt, (float *)dw.p);
 }
 
 } // extern "C"
