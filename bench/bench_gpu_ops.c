@@ -161,18 +161,12 @@ int main(int argc, char **argv) {
     double ta = last_ms;
     TIME("attention bwd", 10, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, o, q, kk, v, o, lse, 1, sc));
     report("attention fwd+bwd", ta + last_ms, 3.5 * fa, "TFLOP/s");
-    setenv("PITH_FLASH_BWD", "fused", 1); // dq by atomics in the dk/dv kernel (opt-in, slower so far)
-    TIME("attention bwd (fused, dq atomics)", 10, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, o, q, kk, v, o, lse, 1, sc));
-    unsetenv("PITH_FLASH_BWD");
     {
         Tensor q2b = dev(bf, 3, 2 * T, nh, d), k2b = dev(bf, 3, 2 * T, nkv, d), v2b = dev(bf, 3, 2 * T, nkv, d), o2b = dev(bf, 3, 2 * T, nh, d);
         Tensor l2b = dev(DT_F32, 3, 2, nh, T), dq2b = dev(bf, 3, 2 * T, nh, d), dk2b = dev(bf, 3, 2 * T, nkv, d), dv2b = dev(bf, 3, 2 * T, nkv, d);
         fill(q2b, 1, 40), fill(k2b, 1, 41), fill(v2b, 1, 42), fill(o2b, 1, 43);
         TIME("attention fwd B=2 S=4096 (the training call)", 10, 2 * fa, "TFLOP/s", op_attention_forward(o2b, l2b, q2b, k2b, v2b, 2, sc));
         TIME("attention bwd B=2 S=4096", 10, 2 * 2.5 * fa, "TFLOP/s", op_attention_backward(dq2b, dk2b, dv2b, o2b, q2b, k2b, v2b, o2b, l2b, 2, sc));
-        setenv("PITH_FLASH_BWD", "fused", 1);
-        TIME("attention bwd B=2 S=4096 (fused)", 10, 2 * 2.5 * fa, "TFLOP/s", op_attention_backward(dq2b, dk2b, dv2b, o2b, q2b, k2b, v2b, o2b, l2b, 2, sc));
-        unsetenv("PITH_FLASH_BWD");
     }
     // memory-bound
     Tensor y = dev(bf, 2, T, H, 0), w = dev(bf, 1, H, 0, 0), rstd = dev(DT_F32, 1, T, 0, 0), dwn = dev(DT_F32, 1, H, 0, 0);

@@ -215,27 +215,18 @@ static bool check_flash(int B, int S, int nh, int nkv, int d) {
     return ok;
 }
 
-// Both backward paths: the two deterministic kernels (the default) and PITH_FLASH_BWD=fused (dq by atomics).
 TEST(gpu_op_attention_flash) {
     gpu_begin();
     gpu_mode(DT_BF16);
     bool ok = true;
-    const char *prev = getenv("PITH_FLASH_BWD");
-    for (int fused = 0; fused < 2; fused++) {
-        printf("     backward: %s\n", fused ? "fused (dq by atomics)" : "dq kernel + dk/dv kernel");
-        if (fused) setenv("PITH_FLASH_BWD", "fused", 1);
-        else unsetenv("PITH_FLASH_BWD");
-        ok &= check_flash(1, 64, 1, 1, 64);    // one tile
-        ok &= check_flash(1, 200, 2, 1, 128);  // a partial last tile
-        ok &= check_flash(2, 77, 4, 2, 64);    // two sequences, partial tiles
-        ok &= check_flash(1, 513, 2, 2, 64);   // one row past a tile boundary
-        if (!getenv("PITH_TEST_SANITIZE")) {   // (under compute-sanitizer the small shapes suffice)
-            ok &= check_flash(2, 300, 8, 2, 128);  // GQA groups of 4, several tiles
-            ok &= check_flash(1, 1024, 4, 1, 128); // 16 tiles, a group of 4
-        }
+    ok &= check_flash(1, 64, 1, 1, 64);    // one tile
+    ok &= check_flash(1, 200, 2, 1, 128);  // a partial last tile
+    ok &= check_flash(2, 77, 4, 2, 64);    // two sequences, partial tiles
+    ok &= check_flash(1, 513, 2, 2, 64);   // one row past a tile boundary
+    if (!getenv("PITH_TEST_SANITIZE")) {   // (under compute-sanitizer the small shapes suffice)
+        ok &= check_flash(2, 300, 8, 2, 128);  // GQA groups of 4, several tiles
+        ok &= check_flash(1, 1024, 4, 1, 128); // 16 tiles, a group of 4
     }
-    if (prev) setenv("PITH_FLASH_BWD", prev, 1);
-    else unsetenv("PITH_FLASH_BWD");
     ASSERT_MSG(ok, "flash attention differs from the CPU (errors above)");
     gpu_report();
 }

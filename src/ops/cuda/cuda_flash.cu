@@ -10,15 +10,8 @@
 //            dq = scale·dQ. kernel 2, per 64 keys of one kv head: over every query tile at or after
 //            them and every query head of the group, Pᵀ and dPᵀ = V·dOᵀ with keys as rows, dV += Pᵀ·dO,
 //            dK += dSᵀ·Q; dk = scale·dK. Each output has one writer: no atomics, deterministic.
-//   backward, fused (PITH_FLASH_BWD=fused; FA2 Algorithm 2 as written, 5 products instead of 7): a
-//            pre-pass writes D_i and zeroes an fp32 dQ accumulator (B·S, nh, D); then kernel 2's loop also
-//            stores dS (bf16) in shared memory and adds dS·K of its 64 keys into the accumulator with fp32
-//            atomicAdd; a post-pass writes dq = bf16(scale·dQ). dk and dv keep one writer each
-//            (deterministic); the order of the atomic adds into dQ varies from run to run, so dq is NOT
-//            bitwise reproducible. Measured on the H200 (S = 4096, d 128, GQA 32/4) it is SLOWER than the
-//            two kernels (3.08 vs 2.25 ms at B = 1, 3.82 vs 3.28 ms at B = 2): with 64-key tiles it issues
-//            one float2 atomic per 32 flops of dS·K, and the L2 atomic rate, not the tensor cores, bounds
-//            it. So the two deterministic kernels stay the default (see bench/cuda_ops.md for next steps).
+//   (A fused backward — dq by fp32 atomics inside kernel 2, 5 products instead of 7 — was measured
+//   slower on the H200 with 64-key tiles: 3.8 vs 3.3 ms at B = 2; bench/cuda_ops.md, round 2.)
 // Tensor-core layout (PTX ISA, "Matrix fragments for mma.m16n8k16" and "ldmatrix"): mma.sync m16n8k16
 // bf16 → fp32. Lane l, g = l/4, t = l%4: A (16×16) regs {(g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)};
 // B (16×8, k × n) regs {(k 2t.., n g), (k 2t+8.., n g)}; C (16×8) {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
@@ -461,194 +454,6 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     }
 }
 
-// ---- backward, fused: D_i pre-pass, dk/dv/dQ kernel, dq post-pass ----
-// D_i = dout_i·o_i for every (row, head) into Dg (B, nh, S), and zeroes the row's D floats of the fp32 dQ
-// accumulator dqa (B·S, nh, D). One warp per (token, head): lanes take bf16 pairs D/64 at a time.
-template <int D>
-__global__ void flash_backward_pre_kernel(float *Dg, float *dqa, const bf16 *dout, const bf16 *o, int B, int S, int nh) {
-    int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); // (token, head) = row / nh, row % nh
-    int lane = threadIdx.x & 31;
-    if (row >= (int64_t)B * S * nh) return;
-    const __nv_bfloat162 *d2 = (const __nv_bfloat162 *)(dout + row * D), *o2 = (const __nv_bfloat162 *)(o + row * D);
-    float part = 0.0f;
-#pragma unroll
-    for (int c = lane; c < D / 2; c += 32) {
-        float2 a = __bfloat1622float2(d2[c]), b = __bfloat1622float2(o2[c]);
-        part += a.x * b.x + a.y * b.y;
-        *(float2 *)(dqa + row * D + 2 * c) = make_float2(0.0f, 0.0f);
-    }
-    part = warp_sum(part);
-    if (lane == 0) {
-        int64_t tok = row / nh;
-        int h = (int)(row % nh), b = (int)(tok / S), s = (int)(tok % S);
-        Dg[((int64_t)b * nh + h) * S + s] = part;
-    }
-}
-
-// dq = bf16(scale·dqa), eight elements a thread (n8 = B·S·nh·D / 8).
-__global__ void flash_backward_post_kernel(bf16 *dq, const float *dqa, int64_t n8, float scale) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
-        float v[8];
-        ld8(dqa + i * 8, v);
-#pragma unroll
-        for (int e = 0; e < 8; e++) v[e] *= scale;
-        st8(dq + i * 8, v);
-    }
-}
-
-// Kernel 2 plus dQ. Per iteration (query head, query tile) besides kernel 2's four products: dSᵀ (this
-// warp's 16 keys × 64 queries, C layout) goes to shared memory transposed as bf16 dS[query][key]; after a
-// block barrier warp w multiplies dS rows w·16.. (all 64 keys) by the K tile, 16 output columns at a
-// time, and adds each 16×16 fp32 block into dqa with float4 atomicAdd (sm_90): of the C fragment's two
-// pairs (row g and g+8, cols 2t, 2t+1) lanes t and t^1 swap one, so each holds four consecutive columns.
-#define FA_DS_LD (FA_TILE + 8) // dS rows padded like the other tiles
-template <int D>
-__global__ void __launch_bounds__(FA_THREADS, 2)
-    flash_backward_fused_kernel(bf16 *dk, bf16 *dv, float *dqa, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
-                                const float *Dg, int S, int nh, int nkv, float scale) {
-    constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
-    extern __shared__ __align__(16) unsigned char fa_smem[];
-    bf16 *ks = (bf16 *)fa_smem, *vs = ks + TS, *qs = vs + TS, *dos = qs + 2 * TS; // K, V; Q and dO in two stages
-    float *ls = (float *)(dos + 2 * TS), *ds = ls + 2 * FA_TILE;                  // lse and D rows, two stages
-    bf16 *dss = (bf16 *)(ds + 2 * FA_TILE);                                       // dS[query][key], 64 × FA_DS_LD
-    int b = blockIdx.x / nkv, g = blockIdx.x % nkv, grp = nh / nkv;
-    int k0 = blockIdx.y * FA_ROWS; // key tile 0 (the most query tiles) first
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    int64_t kld = (int64_t)nkv * D, koff = ((int64_t)b * S + k0) * kld + g * D;
-    int nqt = (S + FA_TILE - 1) / FA_TILE, qt0 = k0 / FA_TILE, nq = nqt - qt0, total = grp * nq;
-    tile_load<D>(ks, k + koff, kld, S - k0);
-    tile_load<D>(vs, v + koff, kld, S - k0);
-    dkdv_prefetch<D>(qs, dos, ls, ds, q, dout, lse, Dg, 0, nq, qt0, b, g, grp, S, nh);
-    cp_async_commit();
-    const float sl2 = scale * FA_LOG2E;
-    float dka[ND][4], dva[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.0f;
-    for (int it = 0; it < total; it++) {
-        int st = it & 1;
-        if (it + 1 < total)
-            dkdv_prefetch<D>(qs + (st ^ 1) * TS, dos + (st ^ 1) * TS, ls + (st ^ 1) * FA_TILE, ds + (st ^ 1) * FA_TILE, q, dout, lse, Dg, it + 1, nq,
-                             qt0, b, g, grp, S, nh);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const bf16 *qt = qs + st * TS, *dot = dos + st * TS;
-        const float *lt = ls + st * FA_TILE, *dt = ds + st * FA_TILE;
-        int h = g * grp + it / nq, qb = (qt0 + it % nq) * FA_TILE;
-        float s[8][4], dp[8][4]; // Sᵀ and dPᵀ: rows = this warp's 16 keys, columns = the tile's 64 queries
-#pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++) { // Sᵀ = K·Qᵀ
-            uint32_t ka[4];
-            ldsm_x4(ka, frag_a<LD>(ks, warp * 16, kk * 16, lane));
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(qt, np * 16, kk * 16, lane));
-                mma_bf16(s[2 * np], ka, bb[0], bb[1]);
-                mma_bf16(s[2 * np + 1], ka, bb[2], bb[3]);
-            }
-        }
-        bool edge = qb == k0 || qb + FA_TILE > S; // the diagonal tile, or the one with the sequence end
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int qi = nt * 8 + 2 * tq + (e & 1), key = k0 + warp * 16 + gq + (e >> 1) * 8;
-                float p = exp2f(s[nt][e] * sl2 - lt[qi] * FA_LOG2E);
-                s[nt][e] = edge && (key > qb + qi || qb + qi >= S) ? 0.0f : p;
-            }
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) { // dV += Pᵀ·dO, 16 queries at a time
-            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dd = 0; dd < ND / 2; dd++) {
-                uint32_t bb[4];
-                ldsm_x4_trans(bb, frag_b_kn<LD>(dot, kk * 16, dd * 16, lane));
-                mma_bf16(dva[2 * dd], pa, bb[0], bb[1]);
-                mma_bf16(dva[2 * dd + 1], pa, bb[2], bb[3]);
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++) { // dPᵀ = V·dOᵀ
-            uint32_t va[4];
-            ldsm_x4(va, frag_a<LD>(vs, warp * 16, kk * 16, lane));
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(dot, np * 16, kk * 16, lane));
-                mma_bf16(dp[2 * np], va, bb[0], bb[1]);
-                mma_bf16(dp[2 * np + 1], va, bb[2], bb[3]);
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int qi = nt * 8 + 2 * tq + (e & 1), kl = warp * 16 + gq + (e >> 1) * 8;
-                dp[nt][e] = s[nt][e] * (dp[nt][e] - dt[qi]); // dSᵀ
-                dss[qi * FA_DS_LD + kl] = __float2bfloat16(dp[nt][e]);
-            }
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) { // dK += dSᵀ·Q
-            uint32_t pa[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]), pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
-#pragma unroll
-            for (int dd = 0; dd < ND / 2; dd++) {
-                uint32_t bb[4];
-                ldsm_x4_trans(bb, frag_b_kn<LD>(qt, kk * 16, dd * 16, lane));
-                mma_bf16(dka[2 * dd], pa, bb[0], bb[1]);
-                mma_bf16(dka[2 * dd + 1], pa, bb[2], bb[3]);
-            }
-        }
-        __syncthreads(); // dS complete
-        { // dQ(rows warp·16.., all D) += dS·K over the 64 keys, atomically
-            uint32_t af[4][4];
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) ldsm_x4(af[kk], frag_a<FA_DS_LD>(dss, warp * 16, kk * 16, lane));
-            int r0 = qb + warp * 16 + gq;
-            float *base = dqa + ((int64_t)b * S + r0) * nh * D + (int64_t)h * D + 2 * tq;
-            int64_t r8 = (int64_t)8 * nh * D; // row r0 + 8
-            bool odd = tq & 1;
-#pragma unroll
-            for (int dd = 0; dd < ND / 2; dd++) {
-                float acc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++) {
-                    uint32_t bb[4];
-                    ldsm_x4_trans(bb, frag_b_kn<LD>(ks, kk * 16, dd * 16, lane));
-                    mma_bf16(acc[0], af[kk], bb[0], bb[1]);
-                    mma_bf16(acc[1], af[kk], bb[2], bb[3]);
-                }
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) { // lanes t, t^1 swap halves: even t adds row r0 cols 2t..2t+3, odd t row r0+8
-                    int col = dd * 16 + nt * 8;
-                    float sx = odd ? acc[nt][0] : acc[nt][2], sy = odd ? acc[nt][1] : acc[nt][3];
-                    float rx = __shfl_xor_sync(0xffffffffu, sx, 1), ry = __shfl_xor_sync(0xffffffffu, sy, 1);
-                    if (!odd && r0 < S) atomicAdd((float4 *)(base + col), make_float4(acc[nt][0], acc[nt][1], rx, ry));
-                    if (odd && r0 + 8 < S) atomicAdd((float4 *)(base + r8 + col - 2), make_float4(rx, ry, acc[nt][2], acc[nt][3]));
-                }
-            }
-        }
-        __syncthreads(); // stage st and dS are read before the next iteration refills them
-    }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        int key = k0 + warp * 16 + gq + r * 8;
-        if (key >= S) continue;
-        int64_t off = ((int64_t)b * S + key) * kld + g * D + 2 * tq;
-#pragma unroll
-        for (int i = 0; i < ND; i++) {
-            *(uint32_t *)(dk + off + i * 8) = pack_bf16(dka[i][2 * r] * scale, dka[i][2 * r + 1] * scale);
-            *(uint32_t *)(dv + off + i * 8) = pack_bf16(dva[i][2 * r], dva[i][2 * r + 1]);
-        }
-    }
-}
-
 // ---- launchers ----
 template <typename K> static void fa_smem_opt_in(K kernel, size_t bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
@@ -662,33 +467,6 @@ template <int D> static void flash_forward_launch(Tensor o, Tensor lse, Tensor q
     dim3 grid((unsigned)(B * nh), (unsigned)((S + FA_ROWS - 1) / FA_ROWS));
     flash_forward_kernel<D><<<grid, FA_THREADS, smem, cuda_stream()>>>((bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p,
                                                                        (const bf16 *)v.p, S, nh, nkv, scale);
-    CUDA_LAUNCH_CHECK();
-}
-
-// PITH_FLASH_BWD=fused: the fused kernel (dq by atomics) instead of the two deterministic kernels.
-static bool flash_bwd_fused(void) {
-    const char *e = getenv("PITH_FLASH_BWD");
-    return e && !strcmp(e, "fused");
-}
-
-template <int D>
-static void flash_backward_fused_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B,
-                                        int S, float scale) {
-    int nh = (int)q.n[1], nkv = (int)k.n[1];
-    int64_t rows = (int64_t)B * S * nh;
-    float *dqa = (float *)cuda_scratch((size_t)rows * (D + 1) * sizeof(float)); // dQ accumulator, then D_i
-    float *Dg = dqa + rows * D;
-    flash_backward_pre_kernel<D><<<(unsigned)((rows + 7) / 8), 256, 0, cuda_stream()>>>(Dg, dqa, (const bf16 *)dout.p, (const bf16 *)o.p, B, S, nh);
-    CUDA_LAUNCH_CHECK();
-    size_t smem = 6 * fa_tile_bytes(D) + 4 * FA_TILE * sizeof(float) + (size_t)FA_TILE * FA_DS_LD * sizeof(bf16);
-    fa_smem_opt_in(flash_backward_fused_kernel<D>, smem);
-    unsigned tiles = (unsigned)((S + FA_ROWS - 1) / FA_ROWS);
-    flash_backward_fused_kernel<D><<<dim3((unsigned)(B * nkv), tiles), FA_THREADS, smem, cuda_stream()>>>(
-        (bf16 *)dk.p, (bf16 *)dv.p, dqa, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, (const float *)lse.p, Dg,
-        S, nh, nkv, scale);
-    CUDA_LAUNCH_CHECK();
-    int64_t n8 = rows * D / 8;
-    flash_backward_post_kernel<<<grid_for(n8, 256), 256, 0, cuda_stream()>>>((bf16 *)dq.p, dqa, n8, scale);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -730,12 +508,7 @@ bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tens
     if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0)) return false;
     if (!aligned16(dq) || !aligned16(dk) || !aligned16(dv) || !aligned16(dout) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(o))
         return false;
-    if (flash_bwd_fused()) {
-        if (D == 64) flash_backward_fused_launch<64>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
-        else flash_backward_fused_launch<128>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
-    } else {
-        if (D == 64) flash_backward_launch<64>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
-        else flash_backward_launch<128>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
-    }
+    if (D == 64) flash_backward_launch<64>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
+    else flash_backward_launch<128>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
     return true;
 }
