@@ -21,11 +21,12 @@ typedef struct {
     int targets;
 } Fixture;
 
-static void fixture_make(Fixture *fx, const char *model_json, double lb_coef, int B, int S) {
+static void fixture_make(Fixture *fx, const char *model_json, double lb_coef, LbForm form, int B, int S) {
     ModelConfig mc;
     const ModelFamily *fam = model_config_load(&mc, write_file(test_tmpdir(), "config.json", model_json));
     model_create(&fx->m, fam, &mc, DEV_CPU, DT_F32, S);
     fx->m.lb_coef = lb_coef;
+    model_lb_setup(&fx->m, form, NULL, B * S);
     for (int g = 0; g < NGROUPS; g++) params_init(&fx->m.params, g, fx->m.w[g].p, 7, 0.2, mc.layers);
     // Norm weights away from 1 so their gradients are generic.
     for (int i = 0; i < fx->m.params.n; i++) {
@@ -70,9 +71,9 @@ static double fd_along(Fixture *fx, float *w, const float *v, int64_t n, uint64_
     test_fail(__FILE__, __LINE__, "routing flips under every finite-difference step");
 }
 
-static void gradcheck(const char *model_json, double lb_coef) {
+static void gradcheck(const char *model_json, double lb_coef, LbForm form) {
     Fixture fx;
-    fixture_make(&fx, model_json, lb_coef, 2, 8);
+    fixture_make(&fx, model_json, lb_coef, form, 2, 8);
     Model *m = &fx.m;
     uint64_t route0;
     double J0 = objective(&fx, &route0);
@@ -114,9 +115,11 @@ static const char *config_b =
     " \"moe_intermediate_size\": 6, \"intermediate_size\": 12, \"mlp_only_layers\": [0], \"norm_topk_prob\": false,"
     " \"attention_bias\": true, \"tie_word_embeddings\": true, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5}}";
 
-TEST(model_gradcheck_qwen3_moe) { gradcheck(config_a, 0.0); }
-TEST(model_gradcheck_qwen3_moe_load_balance) { gradcheck(config_a, 0.05); }
-TEST(model_gradcheck_qwen3_moe_bias_dense_tied) { gradcheck(config_b, 0.0); }
+TEST(model_gradcheck_qwen3_moe) { gradcheck(config_a, 0.0, LB_MICRO_BATCH); }
+TEST(model_gradcheck_qwen3_moe_load_balance) { gradcheck(config_a, 0.05, LB_MICRO_BATCH); }
+// The sequence form: each of the micro-batch's 2 sequences balanced on its own (DeepSeek-V2).
+TEST(model_gradcheck_qwen3_moe_load_balance_sequence) { gradcheck(config_a, 0.05, LB_SEQUENCE); }
+TEST(model_gradcheck_qwen3_moe_bias_dense_tied) { gradcheck(config_b, 0.0, LB_MICRO_BATCH); }
 
 TEST(model_config_layers) {
     ModelConfig mc;

@@ -138,11 +138,11 @@ void model_params_all(const Model *m, ParamTable *t) {
     m->fam->params_build(t, &c);
 }
 
-void model_lb_setup(Model *m, bool global, const Comm *replicas, int T) {
+void model_lb_setup(Model *m, LbForm form, const Comm *replicas, int T) {
     LoadBalance *b = &m->lb;
     int E = m->cfg.experts, k = m->cfg.topk, L = m->cfg.layers;
-    b->global = global, b->group = replicas, b->T = T, b->E = E, b->k = k, b->layers = L;
-    if (!global) return;
+    b->form = form, b->global = form == LB_GLOBAL_BATCH, b->group = replicas, b->T = T, b->E = E, b->k = k, b->layers = L;
+    if (!b->global) return;
     b->counts = xcalloc((size_t)L * E + L + (size_t)replicas->size * E, sizeof(double));
     b->tokens = b->counts + (size_t)L * E, b->cnt = b->tokens + L;
     b->probs = xmalloc(((size_t)T * E + E) * sizeof(float)), b->grad = b->probs + (size_t)T * E;
@@ -153,9 +153,30 @@ void model_lb_step_begin(Model *m) {
     if (m->lb.global) memset(m->lb.counts, 0, ((size_t)m->lb.layers * m->lb.E + m->lb.layers) * sizeof(double));
 }
 
-void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale) {
+// Row b of a (B, E) load-balancing gradient.
+static Tensor lb_row(Tensor lb_grad, int b) { return tensor_reshape2(tensor_rows(lb_grad, b, 1), 1, lb_grad.n[1]); }
+
+void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm, int B) {
+    if (!lb_grad.p || m->lb.form != LB_SEQUENCE) {
+        op_router_backward(dlogits, dw, lb_grad.p ? lb_row(lb_grad, 0) : lb_grad, probs, idx, w, renorm);
+        return;
+    }
+    int64_t S = probs.n[0] / B; // the router backward is row-wise: each sequence with its own gradient
+    for (int b = 0; b < B; b++)
+        op_router_backward(tensor_rows(dlogits, b * S, S), tensor_rows(dw, b * S, S), lb_row(lb_grad, b), tensor_rows(probs, b * S, S),
+                           tensor_rows(idx, b * S, S), tensor_rows(w, b * S, S), renorm);
+}
+
+void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B) {
     float coef = (float)m->lb_coef;
-    if (!m->lb.global) return op_moe_lb_loss(m->lb_sum, lb_grad, probs, idx, coef, grad_scale);
+    if (m->lb.form == LB_MICRO_BATCH) return op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, 0), probs, idx, coef, grad_scale);
+    if (m->lb.form == LB_SEQUENCE) { // mean over the sequences of each one's micro-batch form
+        int64_t S = probs.n[0] / B;
+        for (int b = 0; b < B; b++)
+            op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, b), tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S), coef / B, grad_scale);
+        return;
+    }
+    lb_grad = lb_row(lb_grad, 0);
     LoadBalance *b = &m->lb;
     int64_t T = probs.n[0], E = probs.n[1], k = idx.n[1];
     CHECK(T <= b->T && E == b->E && k == b->k && l < b->layers);

@@ -76,8 +76,11 @@ typedef struct Model Model;
 // global order of micro-batches (block acc·D + q of replica q, D replicas = dp×ep), so every layout gives
 // the same loss; the gradient flows through this micro-batch's probs. (PithTrain counts all D blocks of
 // the current round, which makes the value depend on D.)
+// "sequence" (DeepSeek-V2): the micro-batch form on each sequence alone, averaged over the sequences.
+typedef enum { LB_MICRO_BATCH, LB_GLOBAL_BATCH, LB_SEQUENCE } LbForm;
 typedef struct {
-    bool global;
+    LbForm form;
+    bool global; // form == LB_GLOBAL_BATCH
     const struct Comm *group;  // the data replicas, rank = replica index q = dp·EP + ep
     int T, E, k, layers;       // capacity of the host scratch
     double *counts, *tokens;   // (layers, E), (layers): the step's earlier rounds
@@ -147,9 +150,13 @@ void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, De
 void model_params_all(const Model *m, ParamTable *t);
 void model_free(Model *m);
 // Chooses the form; global-batch (micro-batches of at most T tokens) all-gathers counts over `replicas`.
-void model_lb_setup(Model *m, bool global, const struct Comm *replicas, int T);
+void model_lb_setup(Model *m, LbForm form, const struct Comm *replicas, int T);
 void model_lb_step_begin(Model *m); // a new step: the global-batch counts start from zero
-// Stage 1's load-balancing term of layer l: adds coef·E·Σ f_e·P_e into m->lb_sum and writes
-// lb_grad: (E) = grad_scale·coef·E·f/T, the gradient w.r.t. each token's probs (probs: (T, E), idx: (T, k)).
-void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale);
+// Stage 1's load-balancing term of layer l for a micro-batch of B sequences: adds coef·E·Σ f_e·P_e into
+// m->lb_sum and writes lb_grad: (B, E), the gradient w.r.t. each token's probs — row 0 for every token
+// (micro- and global-batch forms) or row b for the tokens of sequence b (sequence form). probs: (T, E),
+// idx: (T, k).
+void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B);
+// op_router_backward with the load-balancing gradient of model_lb_loss (lb_grad.p == NULL: none).
+void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm, int B);
 void model_zero_grads(Model *m);

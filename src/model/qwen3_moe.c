@@ -34,7 +34,7 @@ typedef struct {
     Tensor h1;            // (T, H) residual stream after attention
     Tensor n2, rstd2;     // (T, H) post-attention norm (= the tokens to dispatch), (T)
     Tensor logits, probs; // (T, E) router logits and softmax
-    Tensor lb_grad;       // (E) load-balancing gradient w.r.t. probs
+    Tensor lb_grad;       // (B, E) load-balancing gradient w.r.t. probs (model_lb_loss)
     Tensor gu, act;       // (R, 2I), (R, I) expert (or dense MLP) activations
     // backward workspace
     Tensor dh1, dn2, dn1, dqp, dkp, dq, dk, dv, datt, dlogits, dact, dgu;
@@ -227,7 +227,7 @@ static void qwen3_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S,
     if (c->is_moe[l]) {
         r->logits = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
         r->probs = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
-        r->lb_grad = arena_tensor(a, DT_F32, 1, E, 0, 0, 0);
+        r->lb_grad = arena_tensor(a, DT_F32, 2, B, E, 0, 0);
         io->idx = arena_tensor(a, DT_I32, 2, T, k, 0, 0);
         io->w = arena_tensor(a, DT_F32, 2, T, k, 0, 0);
         R = ep_rows_capacity(m, T), I = c->moe_inter;
@@ -294,7 +294,7 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     op_router_forward(r->probs, io->idx, io->w, r->logits, c->topk, c->norm_topk, m->force_balance);
     // The load-balancing term enters the objective as lb·T per micro-batch (spec §2.0), so its gradient
     // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
-    if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T);
+    if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T, mb->B);
 }
 
 // ---- stage 3: experts (grouped GEMMs) or the dense MLP on the received rows ----
@@ -371,7 +371,7 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     int64_t T = mb->T, d = c->head_dim, nh = c->heads, nkv = c->kv_heads;
     Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
     if (!io->dense) {
-        op_router_backward(r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, c->norm_topk);
+        model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, c->norm_topk, mb->B);
         op_linear_backward_input(dn2, r->dlogits, W->router, true);
         op_linear_backward_weight(G->router, NONE, r->dlogits, r->n2);
     }

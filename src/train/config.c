@@ -83,8 +83,9 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     c->moe_load_balance_coef = jnum(o, "moe_load_balance_coef", false, 0.0);
     if (!(c->moe_load_balance_coef >= 0)) jdie(o, "moe_load_balance_coef", "must be non-negative");
     copy_str(c->moe_load_balance_type, sizeof c->moe_load_balance_type, o, "moe_load_balance_type", "micro-batch");
-    if (strcmp(c->moe_load_balance_type, "micro-batch") && strcmp(c->moe_load_balance_type, "global-batch"))
-        jdie(o, "moe_load_balance_type", "'%s' is not supported (supported: micro-batch, global-batch)", c->moe_load_balance_type);
+    if (strcmp(c->moe_load_balance_type, "micro-batch") && strcmp(c->moe_load_balance_type, "global-batch") &&
+        strcmp(c->moe_load_balance_type, "sequence"))
+        jdie(o, "moe_load_balance_type", "'%s' is not supported (supported: micro-batch, global-batch, sequence)", c->moe_load_balance_type);
     c->save_interval = jhas(o, "save_interval") ? positive(o, "save_interval", true, 0) : 0;
     c->keep_last = jhas(o, "keep_last") ? positive(o, "keep_last", true, 0) : 0;
     copy_str(c->device, sizeof c->device, o, "device", "auto");

@@ -85,7 +85,10 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     Model *m = &r->model;
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     model_layout(m, c, d);
-    model_lb_setup(m, !strcmp(c->moe_load_balance_type, "global-batch"), &d->dp_ep, c->micro_batch_size * c->sequence_length);
+    LbForm form = !strcmp(c->moe_load_balance_type, "global-batch") ? LB_GLOBAL_BATCH
+                  : !strcmp(c->moe_load_balance_type, "sequence")   ? LB_SEQUENCE
+                                                                     : LB_MICRO_BATCH;
+    model_lb_setup(m, form, &d->dp_ep, c->micro_batch_size * c->sequence_length);
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
     Fsdp *f = &r->fsdp;
     fsdp_setup(f, d, m);
