@@ -80,6 +80,25 @@ template <int LD> __device__ __forceinline__ uint32_t frag_b_kn(const bf16 *tile
     return smem_addr(tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
 }
 
+// acc (16 × 8·ND, C layout) += P (16 × 64: eight 16×8 C-layout accumulators, re-packed to bf16 A fragments)
+// · tile (64 × 8·ND, row-major [k][n] in shared memory, read through ldmatrix.trans): O += P·V, dQ += dS·K,
+// dV += Pᵀ·dO, dK += dSᵀ·Q all have this shape, 16 rows of k at a time.
+template <int ND, int LD>
+__device__ __forceinline__ void mma_acc_rows_tile(float (&acc)[ND][4], const float (&p)[8][4], const bf16 *tile, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t pa[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
+                          pack_bf16(p[2 * kk + 1][0], p[2 * kk + 1][1]), pack_bf16(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+        for (int d = 0; d < ND / 2; d++) {
+            uint32_t bb[4];
+            ldsm_x4_trans(bb, frag_b_kn<LD>(tile, kk * 16, d * 16, lane));
+            mma_bf16(acc[2 * d], pa, bb[0], bb[1]);
+            mma_bf16(acc[2 * d + 1], pa, bb[2], bb[3]);
+        }
+    }
+}
+
 // Starts the copy of 64 rows × D of one head into a padded tile: g points at the first row, rows are
 // ld elements apart, rows from nvalid on are zero-filled.
 template <int D> __device__ __forceinline__ void tile_load(bf16 *tile, const bf16 *g, int64_t ld, int nvalid) {
@@ -168,18 +187,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 #pragma unroll
             for (int i = 0; i < ND; i++) acc[i][2 * r] *= corr, acc[i][2 * r + 1] *= corr;
         }
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) { // O += P·V, 16 keys at a time
-            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dp = 0; dp < ND / 2; dp++) {
-                uint32_t bb[4];
-                ldsm_x4_trans(bb, frag_b_kn<LD>(vt, kk * 16, dp * 16, lane));
-                mma_bf16(acc[2 * dp], pa, bb[0], bb[1]);
-                mma_bf16(acc[2 * dp + 1], pa, bb[2], bb[3]);
-            }
-        }
+        mma_acc_rows_tile<ND, LD>(acc, s, vt, lane); // O += P·V, 16 keys at a time
         __syncthreads(); // stage st is read by all warps before the next iteration refills it
     }
 #pragma unroll
@@ -302,18 +310,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - Dr[e >> 1]); // dS
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) { // dQ += dS·K
-            uint32_t pa[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]), pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
-#pragma unroll
-            for (int dd = 0; dd < ND / 2; dd++) {
-                uint32_t bb[4];
-                ldsm_x4_trans(bb, frag_b_kn<LD>(kt, kk * 16, dd * 16, lane));
-                mma_bf16(acc[2 * dd], pa, bb[0], bb[1]);
-                mma_bf16(acc[2 * dd + 1], pa, bb[2], bb[3]);
-            }
-        }
+        mma_acc_rows_tile<ND, LD>(acc, dp, kt, lane); // dQ += dS·K
         __syncthreads();
     }
 #pragma unroll
@@ -399,18 +396,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
                 float p = exp2f(s[nt][e] * sl2 - lt[qi] * FA_LOG2E);
                 s[nt][e] = edge && (key > qb + qi || qb + qi >= S) ? 0.0f : p;
             }
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) { // dV += Pᵀ·dO, 16 queries at a time
-            uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int dd = 0; dd < ND / 2; dd++) {
-                uint32_t bb[4];
-                ldsm_x4_trans(bb, frag_b_kn<LD>(dot, kk * 16, dd * 16, lane));
-                mma_bf16(dva[2 * dd], pa, bb[0], bb[1]);
-                mma_bf16(dva[2 * dd + 1], pa, bb[2], bb[3]);
-            }
-        }
+        mma_acc_rows_tile<ND, LD>(dva, s, dot, lane); // dV += Pᵀ·dO, 16 queries at a time
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) { // dPᵀ = V·dOᵀ
             uint32_t va[4];
@@ -427,18 +413,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - dt[nt * 8 + 2 * tq + (e & 1)]); // dSᵀ
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++) { // dK += dSᵀ·Q
-            uint32_t pa[4] = {pack_bf16(dp[2 * kk][0], dp[2 * kk][1]), pack_bf16(dp[2 * kk][2], dp[2 * kk][3]),
-                              pack_bf16(dp[2 * kk + 1][0], dp[2 * kk + 1][1]), pack_bf16(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
-#pragma unroll
-            for (int dd = 0; dd < ND / 2; dd++) {
-                uint32_t bb[4];
-                ldsm_x4_trans(bb, frag_b_kn<LD>(qt, kk * 16, dd * 16, lane));
-                mma_bf16(dka[2 * dd], pa, bb[0], bb[1]);
-                mma_bf16(dka[2 * dd + 1], pa, bb[2], bb[3]);
-            }
-        }
+        mma_acc_rows_tile<ND, LD>(dka, dp, qt, lane); // dK += dSᵀ·Q
         __syncthreads();
     }
 #pragma unroll
