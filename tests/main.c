@@ -85,11 +85,23 @@ double hf_expected(const char *fixture, const char *key, int step) {
     return x;
 }
 
-static char tmpdir[256];
+// Every folder a test made; removed when it passes, kept (and named) when it fails.
+static char tmpdirs[64][64];
+static int ntmpdirs;
 const char *test_tmpdir(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/pith-test-XXXXXX");
-    CHECK(mkdtemp(tmpdir));
-    return tmpdir;
+    CHECK(ntmpdirs < 64);
+    char *d = tmpdirs[ntmpdirs++];
+    snprintf(d, sizeof tmpdirs[0], "/tmp/pith-test-XXXXXX");
+    CHECK(mkdtemp(d));
+    return d;
+}
+
+static void tmpdirs_done(bool passed) {
+    for (int i = 0; i < ntmpdirs; i++) {
+        if (passed) remove_tree(tmpdirs[i]);
+        else printf("     kept %s\n", tmpdirs[i]);
+    }
+    ntmpdirs = 0;
 }
 
 static bool run_one(int i) {
@@ -104,13 +116,15 @@ int main(int argc, char **argv) {
     for (int i = 0; i < ntests; i++) {
         if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
         double t0 = now_seconds();
-        if (run_one(i)) {
+        bool ok = run_one(i);
+        if (ok) {
             printf("PASS %-48s %7.2fs\n", tests[i].name, now_seconds() - t0);
             passed++;
         } else {
             printf("FAIL %-48s %s\n", tests[i].name, fail_msg);
             failed++;
         }
+        tmpdirs_done(ok);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
