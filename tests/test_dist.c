@@ -85,6 +85,19 @@ TEST(dist_ep_dispatch_combine) {
                "%s", out);
 }
 
+// The layouts every equivalence test runs against one process.
+static const struct {
+    const char *name;
+    int np;
+    const char *sets;
+} layouts[] = {
+    {"ep2", 2, "--set parallel.expert_parallel_size=2"},
+    {"dp2", 2, ""},
+    {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2"},
+    {"ep4-capacity2.5", 4, "--set parallel.expert_parallel_size=4 --set parallel.ep_capacity_factor=2.5"},
+    {"hsdp-dp2-ep2", 4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
+};
+
 // One run per layout, 20 steps, the first step's gradient dumped: every layout must give the one-process
 // losses (≤ 1e-6 relative at step 1, ≤ 1e-5 over 20 steps) and gradients (≤ 1e-5 per tensor).
 TEST(dist_equivalence_layouts) {
@@ -92,17 +105,6 @@ TEST(dist_equivalence_layouts) {
     char out[1 << 16], ref[300], dir[300];
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, d, d) == 0);
     snprintf(ref, sizeof ref, "%s/one", d);
-    static const struct {
-        const char *name;
-        int np;
-        const char *sets;
-    } layouts[] = {
-        {"ep2", 2, "--set parallel.expert_parallel_size=2"},
-        {"dp2", 2, ""},
-        {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2"},
-        {"ep4-capacity2.5", 4, "--set parallel.expert_parallel_size=4 --set parallel.ep_capacity_factor=2.5"},
-        {"hsdp-dp2-ep2", 4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
-    };
     for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
         snprintf(dir, sizeof dir, "%s/%s", d, layouts[i].name);
         int rc = run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json %s --set run_dir=%s --dump-grads %s/g 2>&1", PITH_BIN,
@@ -299,17 +301,6 @@ TEST(dist_nccl_equivalence_fake) {
     char out[1 << 16], ref[300], dir[300];
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, d, d) == 0);
     snprintf(ref, sizeof ref, "%s/one", d);
-    static const struct {
-        const char *name;
-        int np;
-        const char *sets;
-    } layouts[] = {
-        {"ep2", 2, "--set parallel.expert_parallel_size=2"},
-        {"dp2", 2, ""},
-        {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2"},
-        {"ep4-capacity2.5", 4, "--set parallel.expert_parallel_size=4 --set parallel.ep_capacity_factor=2.5"},
-        {"hsdp-dp2-ep2", 4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
-    };
     for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
         snprintf(dir, sizeof dir, "%s/%s", d, layouts[i].name);
         int rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/pith train %s/train.json --set device=cuda --set compute_dtype=fp32 --set max_steps=10 %s --set run_dir=%s --dump-grads %s/g",
