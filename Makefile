@@ -16,6 +16,7 @@ NVFLAGS := -O2 -g -lineinfo -std=c++17 -Isrc -gencode arch=compute_90a,code=sm_9
 HAVE_NVCC := $(shell test -x $(NVCC) && echo 1)
 CUDA_DIR  := $(patsubst %/bin/nvcc,%,$(NVCC))
 HAVE_NCCL := $(shell test -e $(CUDA_DIR)/include/nccl.h && echo 1)
+HAVE_CUDNN := $(shell test -e $(CUDA_DIR)/include/cudnn.h -o -e /usr/include/cudnn.h && echo 1)
 ifeq ($(CPU_ONLY),1)
   HAVE_NVCC :=
 endif
@@ -33,6 +34,11 @@ ifeq ($(HAVE_NVCC),1)
   CFLAGS += -DPITH_CUDA
   CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
   LDLIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lstdc++
+  ifeq ($(HAVE_CUDNN),1)
+    NVFLAGS += -DPITH_CUDNN
+    CFLAGS += -DPITH_CUDNN
+    LDLIBS += -lcudnn
+  endif
   ifeq ($(HAVE_NCCL),1)
     CFLAGS += -DPITH_NCCL -I$(CUDA_DIR)/include
     LDLIBS += -lnccl

@@ -66,10 +66,58 @@ static void routing_offs(int64_t *offs, int64_t T, int64_t H, int64_t E, int k, 
     printf("(natural routing: rows per expert %lld..%lld, mean %lld)\n", (long long)mn, (long long)mx, (long long)(T * k / E));
 }
 
+// The expert GEMMs of one MoE layer at T tokens (natural routing), cuda_grouped.cu's kernels beside the
+// cuBLAS path (PITH_GROUPED_KERNEL=pith / =cublas), both projections: gate_up (E, 2I, H) and down (E, H, I).
+// The weight-gradient rows also give the fp32 dw floor: E·N·K·8 bytes read and written once at the
+// copy rate (bench/cuda_ops.md). Allocates its own tensors and gives them back.
+static void bench_grouped(int64_t T, int64_t H, int64_t E, int k, int64_t I) {
+    Arena save = A;
+    int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
+    DType bf = DT_BF16;
+    Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0), act = dev(bf, 2, R, I, 0);
+    Tensor wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0), dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I);
+    fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), op_zero(dwgu), op_zero(dwd);
+    routing_offs(offs, T, H, E, k, false);
+    double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
+    for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, offs); // clocks up before the first row
+    cuda_sync();
+    const char *impl[3] = {"pith", "cublas", "batched"}; // (batched: cuda_gemm.cu's padded batch)
+    for (int v = 0; v < 3; v++) {
+        setenv("PITH_GROUPED_KERNEL", impl[v], 1);
+        char nm[112];
+        {
+            snprintf(nm, sizeof nm, "grouped gate_up fwd (T=%lld, %s)", (long long)T, impl[v]);
+            TIME(nm, 20, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, offs));
+            snprintf(nm, sizeof nm, "grouped gate_up bwd input (T=%lld, %s)", (long long)T, impl[v]);
+            TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_input(xe, gu, wgu, offs));
+        }
+        snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (T=%lld, %s)", (long long)T, impl[v]);
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, gu, xe, offs));
+        {
+            snprintf(nm, sizeof nm, "grouped down fwd (T=%lld, %s)", (long long)T, impl[v]);
+            TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, offs));
+            snprintf(nm, sizeof nm, "grouped down bwd input (T=%lld, %s)", (long long)T, impl[v]);
+            TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_input(act, ye, wd, offs));
+        }
+        snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (T=%lld, %s)", (long long)T, impl[v]);
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, ye, act, offs));
+    }
+    unsetenv("PITH_GROUPED_KERNEL");
+    printf("(dw floor at 4.0 TB/s: gate_up %.3f ms, down %.3f ms)\n", E * 2 * I * H * 8 / 4.0e9, E * H * I * 8 / 4.0e9);
+    free(offs);
+    A.used = save.used;
+}
+
 int main(int argc, char **argv) {
     if (!ops_cuda_available()) die("bench_gpu_ops: no GPU");
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     A = arena_create("bench", DEV_CUDA, (size_t)12 << 30);
+    if (argc > 1 && !strcmp(argv[1], "--grouped")) { // the expert GEMMs alone, at 4096 and 8192 tokens
+        bench_grouped(4096, 2048, 128, 8, 768);
+        bench_grouped(8192, 2048, 128, 8, 768);
+        arena_destroy(&A);
+        return 0;
+    }
     const int64_t T = 4096, H = 2048, nh = 32, nkv = 4, d = 128, E = 128, k = 8, I = 768, V = 151936;
     const int64_t R = T * k, C = (64 << 20) / (V * 4);
     DType bf = DT_BF16;
@@ -136,7 +184,8 @@ int main(int argc, char **argv) {
         TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, offs));
         snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (%s)", tag);
         TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, ye, act, offs));
-        if (pass == 1) { // the per-expert weight gradients on 1, 2 and 8 streams (the default is 4)
+        if (pass == 1) { // cuBLASLt's per-expert weight gradients on 1, 2 and 8 streams (its default is 4)
+            setenv("PITH_GROUPED_KERNEL", "cublas", 1);
             const char *ns[3] = {"1", "2", "8"};
             for (int i = 0; i < 3; i++) {
                 setenv("PITH_WGRAD_STREAMS", ns[i], 1);
@@ -146,9 +195,12 @@ int main(int argc, char **argv) {
                 TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, ye, act, offs));
             }
             unsetenv("PITH_WGRAD_STREAMS");
+            unsetenv("PITH_GROUPED_KERNEL");
         }
         unsetenv("PITH_GROUPED_GEMM");
     }
+    bench_grouped(T, H, E, (int)k, I); // cuda_grouped.cu beside cuBLAS, at the benchmark's T and at 8192
+    bench_grouped(2 * T, H, E, (int)k, I);
     TIME("swiglu fwd (32768 x 768)", 20, (double)R * 3 * I * 2, "GB/s", op_swiglu_forward(act, gu));
     TIME("swiglu bwd", 20, (double)R * 5 * I * 2, "GB/s", op_swiglu_backward(gu, act, gu));
     // attention, causal: 4·S²·d·nh/2 flops forward, 2.5× that backward
@@ -157,17 +209,25 @@ int main(int argc, char **argv) {
     fill(q, 1, 7), fill(kk, 1, 8), fill(v, 1, 9), fill(o, 1, 10);
     double fa = 4.0 * T * T * d * nh / 2;
     float sc = 1.0f / sqrtf((float)d);
-    TIME("attention fwd S=4096 d=128 GQA 32/4", 20, fa, "TFLOP/s", op_attention_forward(o, lse, q, kk, v, 1, sc));
-    double ta = last_ms;
-    TIME("attention bwd", 10, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, o, q, kk, v, o, lse, 1, sc));
-    report("attention fwd+bwd", ta + last_ms, 3.5 * fa, "TFLOP/s");
-    {
+    // each path: cuDNN's fused kernels (the default where built with cuDNN), then ours (PITH_ATTENTION=own)
+    for (int own = 0; own < 2; own++) {
+        if (own) setenv("PITH_ATTENTION", "own", 1);
+        char nm[128];
+        snprintf(nm, sizeof nm, "attention fwd S=4096 d=128 GQA 32/4 (%s)", own ? "own" : "default");
+        TIME(nm, 20, fa, "TFLOP/s", op_attention_forward(o, lse, q, kk, v, 1, sc));
+        printf("  (ran: %s)\n", cuda_attention_last_path());
+        double ta = last_ms;
+        TIME("attention bwd", 10, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, o, q, kk, v, o, lse, 1, sc));
+        report("attention fwd+bwd", ta + last_ms, 3.5 * fa, "TFLOP/s");
         Tensor q2b = dev(bf, 3, 2 * T, nh, d), k2b = dev(bf, 3, 2 * T, nkv, d), v2b = dev(bf, 3, 2 * T, nkv, d), o2b = dev(bf, 3, 2 * T, nh, d);
         Tensor l2b = dev(DT_F32, 3, 2, nh, T), dq2b = dev(bf, 3, 2 * T, nh, d), dk2b = dev(bf, 3, 2 * T, nkv, d), dv2b = dev(bf, 3, 2 * T, nkv, d);
         fill(q2b, 1, 40), fill(k2b, 1, 41), fill(v2b, 1, 42), fill(o2b, 1, 43);
         TIME("attention fwd B=2 S=4096 (the training call)", 10, 2 * fa, "TFLOP/s", op_attention_forward(o2b, l2b, q2b, k2b, v2b, 2, sc));
+        ta = last_ms;
         TIME("attention bwd B=2 S=4096", 10, 2 * 2.5 * fa, "TFLOP/s", op_attention_backward(dq2b, dk2b, dv2b, o2b, q2b, k2b, v2b, o2b, l2b, 2, sc));
+        report("attention fwd+bwd B=2", ta + last_ms, 2 * 3.5 * fa, "TFLOP/s");
     }
+    unsetenv("PITH_ATTENTION");
     // memory-bound
     Tensor y = dev(bf, 2, T, H, 0), w = dev(bf, 1, H, 0, 0), rstd = dev(DT_F32, 1, T, 0, 0), dwn = dev(DT_F32, 1, H, 0, 0);
     fill(w, 1, 11);

@@ -1,4 +1,6 @@
 // main.c — the test runner. `build/test_pith [substring]` runs every test whose name contains substring.
+#include <execinfo.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <sys/wait.h>
 
@@ -110,9 +112,22 @@ static bool run_one(int i) {
     return true;
 }
 
+// A crash names itself: the signal and the stack (binary+offset frames; addr2line -e <binary> turns an
+// offset into a line), then the default action (core, exit status 128 + signal).
+static void on_crash(int sig) {
+    void *frames[64];
+    int n = backtrace(frames, 64);
+    fprintf(stderr, "test runner: signal %d, stack:\n", sig);
+    backtrace_symbols_fd(frames, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 int main(int argc, char **argv) {
     int passed = 0, failed = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
+    int sigs[4] = {SIGSEGV, SIGBUS, SIGFPE, SIGABRT};
+    for (int i = 0; i < 4; i++) signal(sigs[i], on_crash);
     for (int i = 0; i < ntests; i++) {
         if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
         double t0 = now_seconds();

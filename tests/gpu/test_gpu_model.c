@@ -72,12 +72,20 @@ static void model_compare(const char *config, bool is_path, DType cdt, int B, in
     }
     side_run(&cpu, tok, lab);
     side_run(&gpu, tok, lab);
-    // routing decisions
-    int flips = 0, slots = 0;
+    // routing decisions. In bf16 a near-tie can pick another expert on the GPU than on the CPU; an expert
+    // gaining or losing a token then has a different gradient altogether (its few rows are other rows), so
+    // the experts a flip touched are left out of the gradient comparison (and counted).
+    int flips = 0, slots = 0, skipped = 0;
+    bool *touched = xcalloc((size_t)mc.layers * mc.experts, sizeof(bool));
     for (int l = 0; l < mc.layers; l++) {
         if (!mc.is_moe[l]) continue;
         int32_t *gi = gpu_down_i32(gpu.e.io[l].idx), *ci = cpu.e.io[l].idx.p;
-        for (int64_t i = 0; i < tensor_numel(cpu.e.io[l].idx); i++) flips += gi[i] != ci[i], slots++;
+        for (int64_t i = 0; i < tensor_numel(cpu.e.io[l].idx); i++) {
+            slots++;
+            if (gi[i] == ci[i]) continue;
+            flips++;
+            touched[l * mc.experts + gi[i]] = touched[l * mc.experts + ci[i]] = true;
+        }
         free(gi);
     }
     double lc = op_read_scalar(cpu.m.loss_sum), lg = op_read_scalar(gpu.m.loss_sum);
@@ -91,14 +99,21 @@ static void model_compare(const char *config, bool is_path, DType cdt, int B, in
     for (int g = 0; g < NGROUPS; g++) gg[g] = gpu_down(gpu.m.g[g]);
     for (int i = 0; i < cpu.m.params.n; i++) {
         const ParamInfo *p = &cpu.m.params.p[i];
+        int pl, pe;
+        if (sscanf(p->name, "layers.%d.mlp.experts.%d.", &pl, &pe) == 2 && touched[pl * mc.experts + pe]) {
+            skipped++;
+            continue;
+        }
         const float *a = gg[p->group] + p->off, *b = (const float *)cpu.m.g[p->group].p + p->off;
         int64_t n = params_numel(p);
         double e = cdt == DT_BF16 ? calc_diff(a, b, n) : rel_err_f32(a, b, n);
         if (e >= worst) worst = e, worst_name = p->name;
     }
-    printf("     %s %s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d, worst grad %s %.2e (%s)\n",
-           is_path ? config : "inline", dtype_name(cdt), lg, lc, loss_err, lb_err, flips, slots, cdt == DT_BF16 ? "calc_diff" : "rel err", worst,
-           worst_name);
+    printf("     %s %s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (%d expert tensors left out), worst grad %s %.2e (%s)\n",
+           is_path ? config : "inline", dtype_name(cdt), lg, lc, loss_err, lb_err, flips, slots, skipped, cdt == DT_BF16 ? "calc_diff" : "rel err",
+           worst, worst_name);
+    ASSERT_MSG(flips * 20 <= slots, "routing flips %d of %d slots: more than near-ties explain", flips, slots);
+    free(touched);
     record_err(worst, worst_name);
     ASSERT_MSG(loss_err <= loss_tol, "loss: gpu %.9g cpu %.9g (rel %.3g)", lg, lc, loss_err);
     ASSERT_MSG(lb_err <= loss_tol, "lb loss: gpu %.9g cpu %.9g (rel %.3g)", bg, bc, lb_err);

@@ -3,6 +3,7 @@
 // reference runs on the same bf16-rounded inputs). Outputs are NaN before the op on both sides;
 // accumulating outputs start from equal random values; NaN never passes.
 #include "gpu_test.h"
+#include "ops/cuda/cuda_ops.h"
 
 static const Tensor NONE = {0};
 #define MODES for (int mode_ = 0; mode_ < 2; mode_++)
@@ -215,19 +216,33 @@ static bool check_flash(int B, int S, int nh, int nkv, int d) {
     return ok;
 }
 
+// Both bf16 paths: cuDNN's fused kernels (the default where the build has cuDNN) and ours
+// (PITH_ATTENTION=own); each call must have run the path asked for.
 TEST(gpu_op_attention_flash) {
     gpu_begin();
     gpu_mode(DT_BF16);
-    bool ok = true;
-    ok &= check_flash(1, 64, 1, 1, 64);    // one tile
-    ok &= check_flash(1, 200, 2, 1, 128);  // a partial last tile
-    ok &= check_flash(2, 77, 4, 2, 64);    // two sequences, partial tiles
-    ok &= check_flash(1, 513, 2, 2, 64);   // one row past a tile boundary
-    if (!getenv("PITH_TEST_SANITIZE")) {   // (under compute-sanitizer the small shapes suffice)
-        ok &= check_flash(2, 300, 8, 2, 128);  // GQA groups of 4, several tiles
-        ok &= check_flash(1, 1024, 4, 1, 128); // 16 tiles, a group of 4
+    const char *paths[2] = {"cudnn", "own"};
+    for (int pi = 0; pi < 2; pi++) {
+#ifndef PITH_CUDNN
+        if (pi == 0) continue;
+#endif
+        if (pi == 1) setenv("PITH_ATTENTION", "own", 1);
+        const char *want = pi == 0 ? "cudnn" : "flash";
+        printf("     path %s\n", paths[pi]);
+        bool ok = true;
+        ok &= check_flash(1, 64, 1, 1, 64);    // one tile
+        ASSERT_MSG(!strcmp(cuda_attention_last_path(), want), "attention ran %s, not %s", cuda_attention_last_path(), want);
+        ok &= check_flash(1, 200, 2, 1, 128);  // a partial last tile
+        ok &= check_flash(2, 77, 4, 2, 64);    // two sequences, partial tiles
+        ok &= check_flash(1, 513, 2, 2, 64);   // one row past a tile boundary
+        if (!getenv("PITH_TEST_SANITIZE")) {   // (under compute-sanitizer the small shapes suffice)
+            ok &= check_flash(2, 300, 8, 2, 128);  // GQA groups of 4, several tiles
+            ok &= check_flash(1, 1024, 4, 1, 128); // 16 tiles, a group of 4
+        }
+        ASSERT_MSG(!strcmp(cuda_attention_last_path(), want), "attention ran %s, not %s", cuda_attention_last_path(), want);
+        unsetenv("PITH_ATTENTION");
+        ASSERT_MSG(ok, "%s attention differs from the CPU (errors above)", paths[pi]);
     }
-    ASSERT_MSG(ok, "flash attention differs from the CPU (errors above)");
     gpu_report();
 }
 
@@ -329,17 +344,114 @@ TEST(gpu_op_grouped_linear_many) {
         EXPECT_CLOSE(dx, GEMM_TOL);
         op_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs), op_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
         EXPECT_CLOSE(dw, GEMM_TOL);
-        // the per-expert weight gradients on side streams (default) equal the serial loop bit for bit
+        // the per-expert cuBLASLt weight gradients on side streams (default 4) equal the serial loop bit for bit
         Pair dw1 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0), dw4 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0);
+        setenv("PITH_GROUPED_KERNEL", "cublas", 1); // (bf16 here would otherwise take cuda_grouped.cu's kernel)
         setenv("PITH_WGRAD_STREAMS", "1", 1);
         op_grouped_linear_backward_weight(dw1.d, dy.d, x.d, offs);
         setenv("PITH_WGRAD_STREAMS", "4", 1);
         op_grouped_linear_backward_weight(dw4.d, dy.d, x.d, offs);
         unsetenv("PITH_WGRAD_STREAMS");
+        unsetenv("PITH_GROUPED_KERNEL");
         float *h1 = gpu_down(dw1.d), *h4 = gpu_down(dw4.d);
         ASSERT_MSG(!memcmp(h1, h4, (size_t)E * N * K * sizeof(float)), "weight gradients: 4 streams differ from 1");
         free(h1), free(h4);
     }
+    gpu_report();
+}
+
+// Our grouped kernels (cuda_grouped.cu) against the CPU and against the cuBLAS path (PITH_GROUPED_KERNEL
+// =pith / =cublas), bf16 operands. The error is the worst over 128 × 128 blocks (per expert for the weight
+// gradient) of ‖gpu − ref‖/‖ref‖, so one wrong output tile fails even among hundreds of right ones. The weight
+// gradient accumulates onto random fp32 values in fp32 from exact bf16 products, so it must agree with
+// both to 1e-5 (summation order only); forward and backward input round their outputs to bf16 (5e-3).
+static double block_err(const float *g, const float *ref, int64_t mats, int64_t rows, int64_t cols) {
+    double worst = 0;
+    for (int64_t e = 0; e < mats; e++)
+        for (int64_t r0 = 0; r0 < rows; r0 += 128)
+            for (int64_t c0 = 0; c0 < cols; c0 += 128) {
+                double num = 0, den = 0;
+                for (int64_t r = r0; r < rows && r < r0 + 128; r++)
+                    for (int64_t c = c0; c < cols && c < c0 + 128; c++) {
+                        int64_t i = (e * rows + r) * cols + c;
+                        num += ((double)g[i] - ref[i]) * ((double)g[i] - ref[i]), den += (double)ref[i] * ref[i];
+                    }
+                double err = sqrt(num) / (sqrt(den) + 1e-30);
+                if (isnan(err)) return INFINITY;
+                if (err > worst) worst = err;
+            }
+    return worst;
+}
+
+// One product three ways: the CPU (p.c, already computed), our kernel (p.d) and cuBLAS (cub); prints
+// and records both errors, false when either passes tol.
+static bool grouped_compare(const char *what, Pair p, Tensor cub, int64_t mats, int64_t rows, int64_t cols, double tol) {
+    float *g = gpu_down(p.d), *b = gpu_down(cub);
+    double ec = block_err(g, p.c.p, mats, rows, cols), eb = block_err(g, b, mats, rows, cols);
+    printf("       %-28s vs cpu %.2e  vs cublas %.2e\n", what, ec, eb);
+    record_err(ec, what), record_err(eb, what);
+    free(g), free(b);
+    return ec <= tol && eb <= tol;
+}
+
+static bool check_grouped_own(const char *tag, int64_t E, const int64_t *counts, int64_t N, int64_t K) {
+    int64_t offs[17];
+    CHECK(E <= 16);
+    offs[0] = 0;
+    for (int64_t e = 0; e < E; e++) offs[e + 1] = offs[e] + counts[e];
+    int64_t R = offs[E];
+    printf("     %s: E=%lld N=%lld K=%lld rows=%lld\n", tag, (long long)E, (long long)N, (long long)K, (long long)R);
+    DType dt = DT_BF16;
+    Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), dy = pair_rand(dt, 1, 2, R, N, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0);
+    bool ok = true;
+    // the references: the CPU, and cuBLAS; the weight gradient onto a nonzero dw (its start kept in dw0)
+    Pair dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
+    Tensor dwb = gpu_tensor(DT_F32, 3, E, N, K, 0), dw0 = gpu_tensor(DT_F32, 3, E, N, K, 0);
+    op_copy(dwb, dw.d), op_copy(dw0, dw.d);
+    Pair y = pair_nan(dt, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0);
+    Tensor yb = gpu_tensor(dt, 2, R, N, 0, 0), dxb = gpu_tensor(dt, 2, R, K, 0, 0);
+    op_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs);
+    op_grouped_linear_forward(y.c, x.c, w.c, offs), op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs);
+    setenv("PITH_GROUPED_KERNEL", "cublas", 1);
+    op_grouped_linear_backward_weight(dwb, dy.d, x.d, offs);
+    op_grouped_linear_forward(yb, x.d, w.d, offs), op_grouped_linear_backward_input(dxb, dy.d, w.d, offs);
+    // ours
+    setenv("PITH_GROUPED_KERNEL", "pith", 1);
+    op_copy(dw.d, dw0);
+    op_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+    op_grouped_linear_forward(y.d, x.d, w.d, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
+    unsetenv("PITH_GROUPED_KERNEL");
+    ok &= grouped_compare("dw (fp32 accumulate)", dw, dwb, E, N, K, 1e-5);
+    ok &= grouped_compare("y (forward, bf16)", y, yb, 1, R, N, 5e-3);
+    ok &= grouped_compare("dx (backward input, bf16)", dx, dxb, 1, R, K, 5e-3);
+    // a second run gives the same weight gradient bit for bit (one writer per output: deterministic)
+    Tensor dw2 = dwb; // (reused)
+    op_copy(dw2, dw0), op_copy(dw.d, dw0);
+    setenv("PITH_GROUPED_KERNEL", "pith", 1);
+    op_grouped_linear_backward_weight(dw2, dy.d, x.d, offs);
+    op_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+    unsetenv("PITH_GROUPED_KERNEL");
+    float *h1 = gpu_down(dw2), *h2 = gpu_down(dw.d);
+    bool same = !memcmp(h1, h2, (size_t)E * N * K * sizeof(float));
+    if (!same) printf("       dw: two runs differ\n");
+    free(h1), free(h2);
+    return ok && same;
+}
+
+TEST(gpu_op_grouped_kernels) {
+    gpu_begin();
+    gpu_mode(DT_BF16);
+    bool ok = true;
+    // empty experts (first, middle, last), 1 row, 31/32/33 rows around the 32-row stage, 127/128/129 and
+    // 300 around the 128-row tiles of forward and backward input
+    const int64_t small[10] = {0, 33, 1, 0, 31, 32, 129, 128, 127, 0};
+    ok &= check_grouped_own("small", 10, small, 256, 128);
+    ok &= check_grouped_own("small, wide", 10, small, 128, 384);
+    const int64_t qwen[6] = {0, 37, 300, 129, 1, 64};
+    ok &= check_grouped_own("Qwen3 gate_up", 6, qwen, 1536, 2048);
+    ok &= check_grouped_own("Qwen3 down", 6, qwen, 2048, 768);
+    unsetenv("PITH_GROUPED_KERNEL");
+    ASSERT_MSG(ok, "cuda_grouped.cu differs from the CPU or cuBLAS (errors above)");
     gpu_report();
 }
 
@@ -539,5 +651,42 @@ TEST(gpu_op_elementwise) {
     Tensor fd = gpu_tensor(DT_F32, 1, 1, 0, 0, 0);
     op_copy(fd, tensor_make(&f, DT_F32, DEV_CPU, 1, 1, 1, 1, 1));
     ASSERT(op_read_scalar(fd) == 3.5);
+    gpu_report();
+}
+
+// The padded strided-batch path of the expert products (cuda_gemm.cu), forced with
+// PITH_GROUPED_KERNEL=batched: uneven experts, an empty one, row counts off the 64-row padding, and an
+// accumulating weight gradient; then skewed experts whose largest run beside the grouped call. bf16
+// against the CPU on the same rounded inputs.
+TEST(gpu_op_grouped_paths) {
+    gpu_begin();
+    gpu_mode(DT_BF16);
+    setenv("PITH_GROUPED_KERNEL", "batched", 1);
+    int64_t calls0 = cuda_grouped_calls("batched");
+    const int64_t offs[7] = {0, 37, 37, 100, 101, 180, 250};
+    int64_t E = 6, R = 250, K = 64, N = 96;
+    DType dt = DT_BF16;
+    Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
+    op_grouped_linear_forward(y.c, x.c, w.c, offs), op_grouped_linear_forward(y.d, x.d, w.d, offs);
+    EXPECT_CLOSE(y, 1e-2);
+    Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
+    op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
+    EXPECT_CLOSE(dx, 1e-2);
+    op_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs), op_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+    EXPECT_CLOSE(dw, 1e-4);
+    unsetenv("PITH_GROUPED_KERNEL");
+    ASSERT_MSG(cuda_grouped_calls("batched") == calls0 + 3, "%lld of the 3 products ran as a padded batch",
+               (long long)(cuda_grouped_calls("batched") - calls0));
+    // skewed routing: the two experts of ≥ 1024 rows run as dense products beside the grouped call
+    const int64_t so[6] = {0, 1100, 1130, 1130, 2400, 2410};
+    int64_t E2 = 5, R2 = 2410, big0 = cuda_grouped_calls("big");
+    Pair x2 = pair_rand(dt, 1, 2, R2, K, 0, 0), w2 = pair_rand(dt, 0.5f, 3, E2, N, K, 0), y2 = pair_nan(dt, 2, R2, N, 0, 0);
+    op_grouped_linear_forward(y2.c, x2.c, w2.c, so), op_grouped_linear_forward(y2.d, x2.d, w2.d, so);
+    EXPECT_CLOSE(y2, 1e-2);
+    Pair dy2 = pair_rand(dt, 1, 2, R2, N, 0, 0), dx2 = pair_nan(dt, 2, R2, K, 0, 0);
+    op_grouped_linear_backward_input(dx2.c, dy2.c, w2.c, so), op_grouped_linear_backward_input(dx2.d, dy2.d, w2.d, so);
+    EXPECT_CLOSE(dx2, 1e-2);
+    ASSERT_MSG(cuda_grouped_calls("big") == big0 + 4, "%lld of 4 large-expert products ran beside the grouped call",
+               (long long)(cuda_grouped_calls("big") - big0));
     gpu_report();
 }

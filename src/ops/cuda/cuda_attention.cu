@@ -239,7 +239,11 @@ static void attention_check(Tensor q, Tensor k, Tensor v, int B, const char *wha
     if (q.dt != k.dt || q.dt != v.dt) die("%s: q, k, v must share a dtype", what);
 }
 
+static const char *last_path = "none";
+
 extern "C" {
+
+const char *cuda_attention_last_path(void) { return last_path; }
 
 void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale) {
     attention_check(q, k, v, B, "attention_forward");
@@ -247,7 +251,11 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
     if (o.dt != q.dt) die("attention_forward: o must have q's dtype");
     int S = (int)(q.n[0] / B), D = (int)q.n[2];
     if (S == 0) return;
-    if (flash_attention_forward(o, lse, q, k, v, B, S, scale)) return; // tensor cores (bf16, d 64/128)
+    last_path = "cudnn";
+    if (cudnn_attention_forward(o, lse, q, k, v, B, S, scale)) return; // cuDNN's fused kernel (bf16, d ≤ 128)
+    last_path = "flash";
+    if (flash_attention_forward(o, lse, q, k, v, B, S, scale)) return; // our tensor-core kernel (bf16, d 64/128)
+    last_path = "generic";
 #define FWD(d, tpr)                                                                                   \
     if (D == d) {                                                                                     \
         DT_SWITCH(q.dt, T, "attention_forward", attention_forward_launch<T, d, tpr>(o, lse, q, k, v, B, S, scale)); \
@@ -264,7 +272,11 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tenso
         die("attention_backward: dq, dk, dv, dout, o must have q's dtype");
     int S = (int)(q.n[0] / B), D = (int)q.n[2];
     if (S == 0) return;
+    last_path = "cudnn";
+    if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale)) return;
+    last_path = "flash";
     if (flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale)) return;
+    last_path = "generic";
 #define BWD(d, tpr)                                                                                   \
     if (D == d) {                                                                                     \
         DT_SWITCH(q.dt, T, "attention_backward", attention_backward_launch<T, d, tpr>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale)); \

@@ -10,10 +10,13 @@
 // (the fp32 LM-head / router logits gradients against bf16 weights and activations), the fp32 operand is
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
 // tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
-// Grouped GEMMs: one cublasGemmGroupedBatchedEx call (cuBLAS ≥ 12.5) runs every non-empty expert's
-// product, each expert one group of one problem with the same column-major forms as above. Its
-// pointer arrays travel to the device through a ring of pinned host slots. Where cuBLAS does not
-// support a dtype combination (or PITH_GROUPED_GEMM=0), the experts loop over cuBLASLt calls instead.
+// Grouped (expert) GEMMs have four implementations, chosen per call by the routing's shape (grouped_own,
+// pad_rows_for): near-balanced experts run as one strided-batched cuBLASLt product over padded copies of
+// their rows, or (the weight gradient) our own kernel (cuda_grouped.cu); skewed ones run as one
+// cublasGemmGroupedBatchedEx call (cuBLAS ≥ 12.5) with the largest experts as dense products on side
+// streams beside it. The grouped call's pointer arrays travel to the device through a ring of pinned host
+// slots. Where cuBLAS does not support a dtype combination (bf16 operands with an fp32 output: the weight
+// gradient; or PITH_GROUPED_GEMM=0), the experts loop over cuBLASLt calls, dealt to the side streams.
 #include "ops/cuda/cuda_common.cuh"
 
 #include <cublas_v2.h>
@@ -31,9 +34,15 @@ static uint32_t align_of(const void *p) {
     return al;
 }
 
+// A strided batch of products (lt_matmul_on): D_i = op(A_i)·op(B_i) + beta·D_i for i < count, where
+// X_i = X + i·stride_X elements; ONE is a single product.
+typedef struct { int64_t count, sa, sb, sd; } Batch;
+static const Batch ONE = {1, 0, 0, 0};
+
 // The heuristic's choice for one problem description, cached (the query costs tens of microseconds).
 typedef struct {
     int64_t m, n, k, lda, ldb, ldd;
+    Batch bt;
     int ta, tb, adt, ddt, beta0;
     uint32_t al[3];
 } GemmKey;
@@ -44,11 +53,73 @@ typedef struct {
 } GemmCacheEntry;
 static GemmCacheEntry gemm_cache[256];
 
+// Token counts change from call to call (the experts' rows), so the heuristic is asked once per bucket of
+// n and k — the next 2^j or 1.5·2^j at or above them — and its algorithm serves every size in the bucket
+// (a size it refuses gets its own query; lt_matmul_on).
+static int64_t size_bucket(int64_t v) {
+    int64_t b = 1;
+    while (b < v) {
+        if (b >= 2 && b + b / 2 >= v) return b + b / 2;
+        b *= 2;
+    }
+    return b;
+}
+
+// The three matrix layouts of a product (A, B, D), with the batch attributes when bt has several.
+static void lt_layouts(cudaDataType_t at, cudaDataType_t dtt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                       int64_t ldd, Batch bt, cublasLtMatrixLayout_t lay[3]) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lay[0], at, ta ? k : m, ta ? m : k, lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lay[1], at, tb ? n : k, tb ? k : n, ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lay[2], dtt, m, n, ldd));
+    if (bt.count > 1) {
+        int32_t cnt = (int32_t)bt.count;
+        int64_t str[3] = {bt.sa, bt.sb, bt.sd};
+        for (int i = 0; i < 3; i++) {
+            CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt));
+            CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &str[i], sizeof str[i]));
+        }
+    }
+}
+static void lt_layouts_destroy(cublasLtMatrixLayout_t lay[3]) {
+    for (int i = 0; i < 3; i++) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lay[i]));
+}
+
+// The heuristic's first algorithm for the problem in key (its sizes, leading dims, batch, alignments);
+// false when it has none.
+static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataType_t at, cudaDataType_t dtt, cublasLtMatmulAlgo_t *algo) {
+    CudaCtx *c = cuda_ctx();
+    cublasLtMatrixLayout_t lay[3];
+    lt_layouts(at, dtt, key->ta, key->tb, key->m, key->n, key->k, key->lda, key->ldb, key->ldd, key->bt, lay);
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = CUDA_LT_WS_BYTES;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al[0], sizeof(uint32_t)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al[1], sizeof(uint32_t)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al[2], sizeof(uint32_t)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al[2], sizeof(uint32_t)));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &found);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    lt_layouts_destroy(lay);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1) return false;
+    *algo = res.algo;
+    return true;
+}
+static cublasLtMatmulAlgo_t lt_heuristic_or_die(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataType_t at, cudaDataType_t dtt) {
+    cublasLtMatmulAlgo_t algo;
+    if (!lt_heuristic(op, key, at, dtt, &algo))
+        die("gemm: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s operands, %s output)", (long long)key->m, (long long)key->n,
+            (long long)key->k, dtype_name((DType)key->adt), dtype_name((DType)key->ddt));
+    return algo;
+}
+
 // Column-major D(m×n) = op(A)(m×k) · op(B)(k×n) + beta·D; A stored (k×m if ta else m×k) with lda, B stored
 // (n×k if tb else k×n) with ldb; A and B of dtype abt, D of dtype dt.
 // Runs on `stream` with workspace `ws` (CUDA_LT_WS_BYTES); lt_matmul: the compute stream and its workspace.
 static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
-                         const void *B, int64_t ldb, DType abt, float beta, void *D, int64_t ldd, DType dt) {
+                         const void *B, int64_t ldb, DType abt, float beta, void *D, int64_t ldd, DType dt, Batch bt) {
     if (m == 0 || n == 0) return;
     CudaCtx *c = cuda_ctx();
     if (k == 0) { // the product is empty: D = beta·D (only beta 0 or 1 occur)
@@ -58,52 +129,47 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
     if (abt == DT_F32 && dt != DT_F32) die("gemm: fp32 operands need an fp32 output (got %s)", dtype_name(dt));
     cudaDataType_t at = lt_type(abt), dtt = lt_type(dt);
     cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t la, lb, ld;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, at, ta ? k : m, ta ? m : k, lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, at, tb ? n : k, tb ? k : n, ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, dtt, m, n, ldd));
+    cublasLtMatrixLayout_t lay[3];
+    lt_layouts(at, dtt, ta, tb, m, n, k, lda, ldb, ldd, bt, lay);
+    cublasLtMatrixLayout_t la = lay[0], lb = lay[1], ld = lay[2];
     GemmKey key;
     memset(&key, 0, sizeof key);
     key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd, key.ta = ta, key.tb = tb;
-    key.adt = (int)abt, key.ddt = (int)dt, key.beta0 = beta == 0;
+    if (bt.count == 1) { // bucket n and k where no leading dimension bounds them (ta: lda ≥ k; !tb: ldb ≥ k; tb: ldb ≥ n)
+        int64_t nb = size_bucket(n), kb = size_bucket(k);
+        if (!(tb && nb > ldb)) key.n = nb;
+        if (!(ta && kb > lda) && !(!tb && kb > ldb)) key.k = kb;
+    }
+    key.adt = (int)abt, key.ddt = (int)dt, key.beta0 = beta == 0, key.bt = bt;
     key.al[0] = align_of(A), key.al[1] = align_of(B), key.al[2] = align_of(D);
     uint64_t h = 0;
     const unsigned char *kb = (const unsigned char *)&key;
     for (size_t i = 0; i < sizeof key; i++) h = (h ^ kb[i]) * 0x100000001b3ULL;
     GemmCacheEntry *ce = &gemm_cache[h % 256];
     if (!ce->used || memcmp(&ce->key, &key, sizeof key)) {
-        cublasLtMatmulPreference_t pref;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        uint64_t ws = CUDA_LT_WS_BYTES;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.al[0], sizeof(uint32_t)));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.al[1], sizeof(uint32_t)));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.al[2], sizeof(uint32_t)));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.al[2], sizeof(uint32_t)));
-        cublasLtMatmulHeuristicResult_t res;
-        int found = 0;
-        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, ld, ld, pref, 1, &res, &found));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-        if (found < 1)
-            die("gemm: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s operands, %s output)", (long long)m, (long long)n,
-                (long long)k, dtype_name(abt), dtype_name(dt));
-        ce->key = key, ce->algo = res.algo, ce->used = true;
+        GemmKey exact = key;
+        exact.n = n, exact.k = k;
+        if (!lt_heuristic(op, &key, at, dtt, &ce->algo)) ce->algo = lt_heuristic_or_die(op, &exact, at, dtt);
+        ce->key = key, ce->used = true;
     }
     float alpha = 1.0f;
-    CUBLAS_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ce->algo, ws_mem, CUDA_LT_WS_BYTES, stream));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
+    cublasStatus_t st = cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ce->algo, ws_mem, CUDA_LT_WS_BYTES, stream);
+    if (st != CUBLAS_STATUS_SUCCESS) { // the bucket's algorithm does not take this size: ask for this exact one
+        key.n = n, key.k = k;
+        cublasLtMatmulAlgo_t algo = lt_heuristic_or_die(op, &key, at, dtt);
+        CUBLAS_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algo, ws_mem, CUDA_LT_WS_BYTES, stream));
+    }
+    lt_layouts_destroy(lay);
     CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
 }
 static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, DType abt,
                       float beta, void *D, int64_t ldd, DType dt) {
     CudaCtx *c = cuda_ctx();
-    lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, k, A, lda, B, ldb, abt, beta, D, ldd, dt);
+    lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, k, A, lda, B, ldb, abt, beta, D, ldd, dt, ONE);
 }
 
 // ---- row-major products on raw pointers (all dense) ----
@@ -148,15 +214,30 @@ static int wgrad_streams(void) {
     return n;
 }
 
-// dw_e (N, K) fp32 += dy_eᵀ · x_e for every expert with rows, the experts dealt to the streams in turn.
-static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64_t K, const void *dy, const void *x, DType abt, float *dw) {
+// The side streams start after the work queued so far on the compute stream (side_fork returns how many
+// streams there are, the compute stream included), and the compute stream continues after everything
+// queued on them (side_join).
+static int side_fork(void) {
     int ns = wgrad_streams();
-    size_t s = dtype_size(abt);
     CudaCtx *c = cuda_ctx();
     if (ns > 1) {
         CUDA_CHECK(cudaEventRecord(wgrad_fork, c->compute));
         for (int i = 1; i < ns; i++) CUDA_CHECK(cudaStreamWaitEvent(wgrad_stream[i], wgrad_fork, 0));
     }
+    return ns;
+}
+static void side_join(int ns) {
+    CudaCtx *c = cuda_ctx();
+    for (int i = 1; i < ns; i++) {
+        CUDA_CHECK(cudaEventRecord(wgrad_join[i], wgrad_stream[i]));
+        CUDA_CHECK(cudaStreamWaitEvent(c->compute, wgrad_join[i], 0));
+    }
+}
+
+// dw_e (N, K) fp32 += dy_eᵀ · x_e for every expert with rows, the experts dealt to the streams in turn.
+static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64_t K, const void *dy, const void *x, DType abt, float *dw) {
+    int ns = side_fork();
+    size_t s = dtype_size(abt);
     int next = 0;
     for (int64_t e = 0; e < E; e++) {
         int64_t M = offs[e + 1] - offs[e];
@@ -164,13 +245,24 @@ static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64
         int i = next;
         next = (next + 1) % ns;
         lt_matmul_on(wgrad_stream[i], wgrad_ws[i], false, true, K, N, M, (const char *)x + offs[e] * K * s, K, (const char *)dy + offs[e] * N * s,
-                     N, abt, 1.0f, dw + e * N * K, K, DT_F32);
+                     N, abt, 1.0f, dw + e * N * K, K, DT_F32, ONE);
     }
-    for (int i = 1; i < ns; i++) {
-        CUDA_CHECK(cudaEventRecord(wgrad_join[i], wgrad_stream[i]));
-        CUDA_CHECK(cudaStreamWaitEvent(c->compute, wgrad_join[i], 0));
-    }
+    side_join(ns);
 }
+
+// ---- the largest experts beside the grouped call ----
+// Routing is skewed (at initialisation the largest of 128 experts holds ≈ 10× the mean: 5466 of 65536
+// rows), and cuBLAS's grouped GEMM runs such mixed sizes at ≈ 270 TFLOP/s while one large dense product
+// runs at ≈ 650. So experts of at least BIG_ROWS rows run as dense cuBLASLt products on the side streams,
+// concurrently with the grouped call that takes the others on the compute stream.
+// PITH_GROUPED_BIG_ROWS sets the threshold (0: none; for A/B runs).
+#define BIG_ROWS 1024
+static bool big_expert(int ns, int64_t rows) {
+    const char *e = getenv("PITH_GROUPED_BIG_ROWS");
+    int64_t big = e ? atoll(e) : BIG_ROWS;
+    return ns > 1 && big > 0 && rows >= big;
+}
+static int next_side(int ns, int i) { return i % (ns - 1) + 1; } // the side streams 1..ns-1 in turn
 
 // ---- fp32 → bf16 operand rounding through the conversion pool ----
 __global__ void gemm_round_bf16_kernel(bf16 *dst, const float *src, int64_t n) {
@@ -386,7 +478,131 @@ static void expert_list(const int64_t *offs, int64_t E) {
 }
 static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
 
+// ---- expert products as one strided batch over padded copies ----
+// cuBLAS's grouped GEMM runs at ≈ 280 TFLOP/s on the Qwen3 expert shapes (bench/cuda_ops.md), its strided
+// batched GEMM at ≈ 650. So when the experts' row counts are close enough (E·Mp ≤ PAD_WASTE·R rows, Mp the
+// largest count rounded up to 64), the rows are copied into (E, Mp, C) buffers, one batched call runs every
+// expert, and the result rows are copied back. The copies move ≈ 2 bytes × (R·K + R·N) each way, a
+// quarter of the time they save. Padding rows feed only padding rows of a forward or input-gradient
+// product (never copied back); for the weight gradient they are zeros. Buffers come from the op scratch.
+#define PAD_WASTE 1.5
+#define PAD_MAX_E 256
+typedef struct { int64_t o[PAD_MAX_E + 1]; } PadOffs; // the experts' row offsets, by value (2 KB)
+
+// dst (E, Mp, C) ← the rows of src grouped by offs; rows past an expert's count are zeroed when zero.
+__global__ void pad_rows_kernel(bf16 *dst, const bf16 *src, PadOffs po, int64_t Mp, int64_t C8, bool zero) {
+    int64_t r = blockIdx.x, e = r / Mp, i = r % Mp;
+    int64_t src_row = po.o[e] + i;
+    bool real = src_row < po.o[e + 1];
+    if (!real && !zero) return;
+    uint4 *d = (uint4 *)(dst + r * C8 * 8);
+    const uint4 *sp = (const uint4 *)(src + src_row * C8 * 8);
+    for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) d[c] = real ? sp[c] : make_uint4(0, 0, 0, 0);
+}
+// dst rows (R, C) ← the real rows of src (E, Mp, C).
+__global__ void unpad_rows_kernel(bf16 *dst, const bf16 *src, PadOffs po, int E, int64_t Mp, int64_t C8) {
+    int64_t j = blockIdx.x;
+    int lo = 0, hi = E - 1; // the expert of row j: the last e with o[e] <= j
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (po.o[mid] <= j) lo = mid;
+        else hi = mid - 1;
+    }
+    const uint4 *sp = (const uint4 *)(src + (lo * Mp + j - po.o[lo]) * C8 * 8);
+    uint4 *d = (uint4 *)(dst + j * C8 * 8);
+    for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) d[c] = sp[c];
+}
+
+enum { PAD_FORWARD, PAD_BACKWARD_INPUT, PAD_BACKWARD_WEIGHT };
+static int64_t padded_calls, big_calls; // products run as a padded batch; experts run as dense products beside a grouped call
+
+// The padded row count for these experts, or 0 when this path does not fit (dtype, sizes, skew, env).
+static int64_t pad_rows_for(const int64_t *offs, int64_t E, int64_t N, int64_t K, DType dt) {
+    const char *e = getenv("PITH_GROUPED_KERNEL");
+    if (e && strcmp(e, "batched")) return 0; // cublas / pith: the other paths
+    if (dt != DT_BF16 || E < 2 || E > PAD_MAX_E || N % 8 || K % 8 || offs[E] == 0) return 0;
+    int64_t mx = 0;
+    for (int64_t i = 0; i < E; i++) mx = offs[i + 1] - offs[i] > mx ? offs[i + 1] - offs[i] : mx;
+    int64_t Mp = (mx + 63) / 64 * 64;
+    if (!(e && !strcmp(e, "batched")) && (double)E * Mp > PAD_WASTE * offs[E]) return 0;
+    return Mp;
+}
+
+static void pad_copy(bf16 *dst, const void *src, const PadOffs *po, int64_t E, int64_t Mp, int64_t C, bool zero) {
+    int threads = C / 8 < 256 ? (int)(C / 8) : 256;
+    pad_rows_kernel<<<(unsigned)(E * Mp), threads, 0, cuda_stream()>>>(dst, (const bf16 *)src, *po, Mp, C / 8, zero);
+    CUDA_LAUNCH_CHECK();
+}
+static void unpad_copy(void *dst, const bf16 *src, const PadOffs *po, int64_t E, int64_t Mp, int64_t R, int64_t C) {
+    if (R == 0) return;
+    int threads = C / 8 < 256 ? (int)(C / 8) : 256;
+    unpad_rows_kernel<<<(unsigned)R, threads, 0, cuda_stream()>>>((bf16 *)dst, src, *po, (int)E, Mp, C / 8);
+    CUDA_LAUNCH_CHECK();
+}
+
+// One of the three expert products through the padded batch; false when it does not fit (the caller
+// then runs the grouped paths). a, b: the op's two inputs as named in each case below; out its output.
+static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, int64_t E, int64_t N, int64_t K) {
+    int64_t Mp = pad_rows_for(offs, E, N, K, a.dt);
+    if (!Mp || (kind != PAD_BACKWARD_WEIGHT && out.dt != DT_BF16)) return false;
+    Tensor all[3] = {out, a, b};
+    for (int i = 0; i < 3; i++)
+        if ((uintptr_t)all[i].p % 16) return false;
+    PadOffs po;
+    for (int64_t i = 0; i <= E; i++) po.o[i] = offs[i];
+    int64_t R = offs[E], EM = E * Mp;
+    CudaCtx *c = cuda_ctx();
+    bf16 *buf = (bf16 *)cuda_scratch((size_t)EM * (N + K) * sizeof(bf16)), *pk = buf, *pn = buf + EM * K; // (E, Mp, K) and (E, Mp, N)
+    if (kind == PAD_FORWARD) { // out y (R, N) = a x (R, K) · b w (E, N, K)ᵀ per expert
+        pad_copy(pk, a.p, &po, E, Mp, K, false);
+        Batch bt = {E, N * K, Mp * K, Mp * N};
+        lt_matmul_on(c->compute, c->lt_ws, true, false, N, Mp, K, b.p, K, pk, K, DT_BF16, 0.0f, pn, N, DT_BF16, bt);
+        unpad_copy(out.p, pn, &po, E, Mp, R, N);
+    } else if (kind == PAD_BACKWARD_INPUT) { // out dx (R, K) = a dy (R, N) · b w (E, N, K)
+        pad_copy(pn, a.p, &po, E, Mp, N, false);
+        Batch bt = {E, N * K, Mp * N, Mp * K};
+        lt_matmul_on(c->compute, c->lt_ws, false, false, K, Mp, N, b.p, K, pn, N, DT_BF16, 0.0f, pk, K, DT_BF16, bt);
+        unpad_copy(out.p, pk, &po, E, Mp, R, K);
+    } else { // out dw (E, N, K) fp32 += a dyᵀ (N, R) · b x (R, K) per expert
+        pad_copy(pn, a.p, &po, E, Mp, N, true);
+        pad_copy(pk, b.p, &po, E, Mp, K, true);
+        Batch bt = {E, Mp * K, Mp * N, N * K};
+        lt_matmul_on(c->compute, c->lt_ws, false, true, K, N, Mp, pk, K, pn, N, DT_BF16, 1.0f, out.p, K, DT_F32, bt);
+    }
+    padded_calls++;
+    return true;
+}
+
+// Our own grouped kernels (cuda_grouped.cu): one launch for every expert, bf16 operands, N and K multiples
+// of 128, at most 256 experts; false when the inputs do not fit them.
+bool grouped_wgrad_kernel_run(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);
+bool grouped_forward_kernel_run(Tensor y, Tensor x, Tensor w, const int64_t *offs);
+bool grouped_backward_input_kernel_run(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
+
+// Which implementation runs an expert product. PITH_GROUPED_KERNEL forces one: "batched" (the padded
+// strided batch above), "pith" (cuda_grouped.cu) or "cublas" (cuBLAS's grouped GEMM, the largest experts
+// as dense products beside it). Unset, the routing's shape decides, from measurements on the H200 at the
+// Qwen3 shapes (bench/cuda_ops.md): forward and input gradient take the padded batch when the experts are
+// near balanced (its waste within PAD_WASTE), else cuBLAS; cuda_grouped.cu's kernels measured 13% faster
+// to 16% slower than cuBLAS there (GROUPED_OWN_ROWS 1 would route them to it). The weight gradient takes
+// cuda_grouped.cu when no expert holds more than OWN_SKEW × the mean rows — one CTA walks all rows of its
+// expert, so one large expert leaves a long tail (at initialisation's skew it lost to cuBLAS end to end)
+// — and cuBLAS's per-expert products on the side streams otherwise. Read on every call (a getenv costs
+// well under a microsecond), so a benchmark can switch it in-process.
+#define GROUPED_OWN_ROWS 0
+#define OWN_SKEW 2.0
+static bool grouped_own(bool rows, const int64_t *offs, int64_t E) {
+    const char *e = getenv("PITH_GROUPED_KERNEL");
+    if (e) return !strcmp(e, "pith");
+    if (rows) return GROUPED_OWN_ROWS;
+    int64_t mx = 0;
+    for (int64_t i = 0; i < E; i++) mx = offs[i + 1] - offs[i] > mx ? offs[i + 1] - offs[i] : mx;
+    return (double)mx * E <= OWN_SKEW * offs[E];
+}
+
 extern "C" {
+
+int64_t cuda_grouped_calls(const char *path) { return !strcmp(path, "batched") ? padded_calls : !strcmp(path, "big") ? big_calls : 0; }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)); one grouped call, or one
 // dense GEMM per expert.
@@ -395,22 +611,33 @@ void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *of
     CHECK(t_cols(x) == K && t_cols(y) == N && offs[E] <= t_rows(x));
     if (x.dt != w.dt) die("grouped_linear_forward: x %s and w %s must share a dtype", dtype_name(x.dt), dtype_name(w.dt));
     size_t xs = dtype_size(x.dt), ys = dtype_size(y.dt);
+    if (padded_grouped(PAD_FORWARD, y, x, w, offs, E, N, K)) return;
+    if (grouped_own(true, offs, E) && grouped_forward_kernel_run(y, x, w, offs)) return;
+    int ns = side_fork(), side = 0;
+    for (int64_t e = 0; e < E; e++) // col-major y_e (N×M_e) = op_T(w_e: K×N) · op_N(x_e: K×M_e)
+        if (big_expert(ns, offs[e + 1] - offs[e])) {
+            side = next_side(ns, side), big_calls++;
+            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], true, false, N, offs[e + 1] - offs[e], K, (const char *)w.p + e * N * K * xs, K,
+                         (const char *)x.p + offs[e] * K * xs, K, w.dt, 0.0f, (char *)y.p + offs[e] * N * ys, N, y.dt, ONE);
+        }
+    bool done = false;
     if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) { // (K = 0: the loop writes zeros)
         expert_list(offs, E);
-        for (int64_t e = 0; e < E; e++) { // col-major y_e (N×M_e) = op_T(w_e: K×N) · op_N(x_e: K×M_e)
+        for (int64_t e = 0; e < E; e++) {
             int64_t M = offs[e + 1] - offs[e];
-            if (!M) continue;
+            if (!M || big_expert(ns, M)) continue;
             int i = el.G++;
             ga.ta[i] = CUBLAS_OP_T, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)N, ga.n[i] = (int)M, ga.k[i] = (int)K;
             ga.lda[i] = (int)K, ga.ldb[i] = (int)K, ga.ldc[i] = (int)N;
             el.A[i] = (const char *)w.p + e * N * K * xs, el.B[i] = (const char *)x.p + offs[e] * K * xs, el.C[i] = (char *)y.p + offs[e] * N * ys;
         }
-        if (grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, y.dt)) return;
+        done = el.G == 0 || grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, y.dt);
     }
-    for (int64_t e = 0; e < E; e++)
-        if (offs[e + 1] > offs[e])
+    for (int64_t e = 0; e < E && !done; e++)
+        if (offs[e + 1] > offs[e] && !big_expert(ns, offs[e + 1] - offs[e]))
             mm_forward(offs[e + 1] - offs[e], N, K, (const char *)x.p + offs[e] * K * xs, (const char *)w.p + e * N * K * xs, w.dt,
                        (char *)y.p + offs[e] * N * ys, y.dt);
+    side_join(ns);
 }
 
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
@@ -418,22 +645,33 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const in
     CHECK(t_cols(dx) == K && t_cols(dy) == N);
     if (dy.dt != w.dt) die("grouped_linear_backward_input: dy %s and w %s must share a dtype", dtype_name(dy.dt), dtype_name(w.dt));
     size_t ys = dtype_size(dy.dt), xs = dtype_size(dx.dt);
+    if (padded_grouped(PAD_BACKWARD_INPUT, dx, dy, w, offs, E, N, K)) return;
+    if (grouped_own(true, offs, E) && grouped_backward_input_kernel_run(dx, dy, w, offs)) return;
+    int ns = side_fork(), side = 0;
+    for (int64_t e = 0; e < E; e++) // col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
+        if (big_expert(ns, offs[e + 1] - offs[e])) {
+            side = next_side(ns, side), big_calls++;
+            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], false, false, K, offs[e + 1] - offs[e], N, (const char *)w.p + e * N * K * ys, K,
+                         (const char *)dy.p + offs[e] * N * ys, N, w.dt, 0.0f, (char *)dx.p + offs[e] * K * xs, K, dx.dt, ONE);
+        }
+    bool done = false;
     if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) {
         expert_list(offs, E);
-        for (int64_t e = 0; e < E; e++) { // col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
+        for (int64_t e = 0; e < E; e++) {
             int64_t M = offs[e + 1] - offs[e];
-            if (!M) continue;
+            if (!M || big_expert(ns, M)) continue;
             int i = el.G++;
             ga.ta[i] = CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)K, ga.n[i] = (int)M, ga.k[i] = (int)N;
             ga.lda[i] = (int)K, ga.ldb[i] = (int)N, ga.ldc[i] = (int)K;
             el.A[i] = (const char *)w.p + e * N * K * ys, el.B[i] = (const char *)dy.p + offs[e] * N * ys, el.C[i] = (char *)dx.p + offs[e] * K * xs;
         }
-        if (grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, dx.dt)) return;
+        done = el.G == 0 || grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, dx.dt);
     }
-    for (int64_t e = 0; e < E; e++)
-        if (offs[e + 1] > offs[e])
+    for (int64_t e = 0; e < E && !done; e++)
+        if (offs[e + 1] > offs[e] && !big_expert(ns, offs[e + 1] - offs[e]))
             mm_backward_input(offs[e + 1] - offs[e], N, K, (const char *)dy.p + offs[e] * N * ys, (const char *)w.p + e * N * K * ys, w.dt,
                               (char *)dx.p + offs[e] * K * xs, dx.dt, false);
+    side_join(ns);
 }
 
 void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
@@ -442,6 +680,8 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const i
     IS_F32(dw, "grouped_linear_backward_weight");
     if (dy.dt != x.dt) die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);
+    if (grouped_own(false, offs, E) && grouped_wgrad_kernel_run(dw, dy, x, offs)) return;
+    if (padded_grouped(PAD_BACKWARD_WEIGHT, dw, dy, x, offs, E, N, K)) return;
     if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) {
         expert_list(offs, E);
         for (int64_t e = 0; e < E; e++) { // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e)

@@ -29,12 +29,18 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs);
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
 void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);
+// How often the expert products took a path so far (cuda_gemm.cu): "batched" counts products run as one
+// padded strided batch, "big" experts run as dense products beside a grouped call.
+int64_t cuda_grouped_calls(const char *path);
 void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
 void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
 void cuda_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward);
 void cuda_swiglu_forward(Tensor act, Tensor gu);
 void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu);
 void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale);
+// The kernel family the last attention call ran: "cudnn", "flash" (ours, tensor cores) or "generic".
+// PITH_ATTENTION=own keeps attention on our kernels.
+const char *cuda_attention_last_path(void);
 void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
                              Tensor lse, int B, float scale);
 void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance);
