@@ -112,6 +112,17 @@ static bool run_one(int i) {
     return true;
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
 // A crash names itself: the signal and the stack (binary+offset frames; addr2line -e <binary> turns an
 // offset into a line), then the default action (core, exit status 128 + signal).
 static void on_crash(int sig) {
@@ -126,8 +137,10 @@ static void on_crash(int sig) {
 int main(int argc, char **argv) {
     int passed = 0, failed = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int sigs[4] = {SIGSEGV, SIGBUS, SIGFPE, SIGABRT};
-    for (int i = 0; i < 4; i++) signal(sigs[i], on_crash);
+    if (!SANITIZED) { // (the sanitizers report crashes themselves)
+        int sigs[4] = {SIGSEGV, SIGBUS, SIGFPE, SIGABRT};
+        for (int i = 0; i < 4; i++) signal(sigs[i], on_crash);
+    }
     for (int i = 0; i < ntests; i++) {
         if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
         double t0 = now_seconds();

@@ -4,7 +4,8 @@
 # what tests/gpu/run_device2.sh needs on a device that lacks the build's Debian libraries: the binaries
 # (debug info stripped, gzipped) and every shared library they load that is neither glibc's, the CUDA/NCCL
 # ones (the device has its own) nor Open MPI's (the device's mpirun must meet its own libmpi), gzipped.
-# Then: device run with carry [".gpu2"] and command `bash tests/gpu/run_device2.sh`.
+# Then: device run with carry [".gpu2"] and command `bash tests/gpu/run_device2.sh` (two GPUs) or
+# `bash tests/gpu/run_device2.sh --x8` (eight GPUs: issue 8's run; data/demo/tokens is packed when present).
 set -euo pipefail
 make -j"$(nproc)" build/pith build/test_gpu build/test_dist build/bench_ep >/dev/null
 rm -rf .gpu2 && mkdir -p .gpu2/bin .gpu2/lib
@@ -15,12 +16,14 @@ bins=(pith test_gpu test_dist bench_ep)
 for b in "${bins[@]}"; do strip -g -o ".gpu2/bin/$b" "build/$b" && gzip -9 ".gpu2/bin/$b"; done
 # Open MPI's own closure stays behind (libmpi and what it loads).
 mpi=$(ldd "$(ldd build/pith | awk '/libmpi\.so/ {print $3}')" | awk '{print $1}')
-skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libgcc_s\.|libstdc\+\+|libcudart|libcublas|libnccl|libmpi)'
+skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libgcc_s\.|libstdc\+\+|libcudart|libcublas|libnccl|libcudnn|libmpi)'
 for b in "${bins[@]}"; do ldd "build/$b"; done | awk '$2 == "=>" {print $1, $3}' | sort -u | while read -r name path; do
     [[ $name =~ $skip ]] && continue
     grep -qx "$name" <<<"$mpi" && continue
     gzip -9 -c "$path" >".gpu2/lib/$name.gz"
 done
+# the demo's tokens (make demo), for the full-node run (run_device2.sh --x8)
+if [ -d data/demo/tokens ]; then mkdir -p .gpu2/data/demo && cp -r data/demo/tokens .gpu2/data/demo/; fi
 echo "mpi here: $(mpirun --version 2>/dev/null | head -1)" >.gpu2/BUILT
 echo "built: $(git rev-parse --short HEAD) $(date -u +%FT%TZ)" >>.gpu2/BUILT
 ls -la .gpu2/bin .gpu2/lib

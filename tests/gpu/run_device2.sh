@@ -2,7 +2,8 @@
 # run_device2.sh — one call on a two-GPU machine (nvidia-h200-x2), from the repository root, no build: the
 # two-GPU suite (build/test_gpu gpu2_: NCCL collectives, EP, timeouts, ep2/dp2 equivalence in fp32 and bf16),
 # then bench/run_gpu2.sh (EP dispatch + combine vs torch all_to_all_single; the 8-layer Qwen3-30B-A3B at
-# ep2), logs under $OUT, a summary table last. Options go to run_gpu2.sh (--quick, --baseline).
+# ep2), logs under $OUT, a summary table last. Options go to run_gpu2.sh (--quick, --baseline); --x8 runs
+# bench/run_x8.sh (issue 8, 8 GPUs) instead of both.
 # The binaries come from .gpu2/ (tests/gpu/pack_device2.sh on the development machine: stripped, gzipped,
 # with the Debian libraries the device lacks); only libraries the device cannot resolve itself are put on
 # LD_LIBRARY_PATH, Open MPI and CUDA/NCCL are the device's own (NCCL from PyTorch's wheel if
@@ -49,6 +50,14 @@ echo "libraries: $(ls /tmp/pithlib 2>/dev/null | tr '\n' ' ')(carried)"
 ldd build/pith | grep -E "libmpi|libnccl|libcudart|not found"
 if ldd build/pith | grep -q "not found"; then echo "unresolved libraries: stopping"; exit 1; fi
 
+# --x8: issue 8's full-node run instead of the two-GPU benchmarks (bench/run_x8.sh; the pack carries the
+# demo's tokens as data/demo/tokens).
+if [ "${1:-}" = --x8 ]; then
+    [ -d .gpu2/data/demo/tokens ] && mkdir -p data/demo && rm -rf data/demo/tokens && cp -r .gpu2/data/demo/tokens data/demo/
+    log "full-node run (bench/run_x8.sh)"
+    bash bench/run_x8.sh 2>&1 | tee "$OUT/x8.txt"
+    exit "${PIPESTATUS[0]}"
+fi
 log "two-GPU suite (build/test_gpu gpu2_)"
 t0=$(date +%s)
 PITH_TEST_GPU=1 timeout 240 build/test_gpu gpu2_ 2>&1 | tee "$OUT/test-gpu2.txt"

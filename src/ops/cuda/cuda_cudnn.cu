@@ -352,6 +352,9 @@ static Plan *get_plan(const Shape *s, bool backward) {
         dnn_off = true;
         return NULL;
     }
+    static bool said;
+    if (!said) fprintf(stderr, "pith: note: attention runs cuDNN %zu's fused kernels (PITH_ATTENTION=own selects pith's)\n", cudnnGetVersion());
+    said = true;
     Plan *p;
     if (n_plans < PLANS_MAX) p = &plans[n_plans++];
     else { // replace the oldest; its last use may still be queued on the stream
