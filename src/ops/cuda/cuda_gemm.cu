@@ -479,8 +479,8 @@ static void expert_list(const int64_t *offs, int64_t E) {
 static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
 
 // ---- expert products as one strided batch over padded copies ----
-// cuBLAS's grouped GEMM runs at ≈ 280 TFLOP/s on the Qwen3 expert shapes (bench/cuda_ops.md), its strided
-// batched GEMM at ≈ 650. So when the experts' row counts are close enough (E·Mp ≤ PAD_WASTE·R rows, Mp the
+// cuBLAS's grouped GEMM runs at ≈ 270 TFLOP/s on the Qwen3 expert shapes (bench/cuda_ops.md), this path at
+// ≈ 440 counting the copies. So when the experts' row counts are close enough (E·Mp ≤ PAD_WASTE·R rows, Mp the
 // largest count rounded up to 64), the rows are copied into (E, Mp, C) buffers, one batched call runs every
 // expert, and the result rows are copied back. The copies move ≈ 2 bytes × (R·K + R·N) each way, a
 // quarter of the time they save. Padding rows feed only padding rows of a forward or input-gradient
