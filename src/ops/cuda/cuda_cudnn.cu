@@ -13,9 +13,9 @@
 // h / (nh/nkv)), as in our kernels. Tensors are 4-D (batch, head, position, dim) views of pith's (B·S,
 // heads, d) rows: strides (S·heads·d, d, heads·d, 1); a transposed operand (Kᵀ, Vᵀ) swaps the last two.
 // A plan is built once per shape and kept (the first call can take a second: cuDNN compiles its kernel).
-// If cuDNN cannot build one, the path turns itself off with one line on stderr and the callers use our
-// kernels. cuDNN's backward adds into dQ with atomics (not bitwise reproducible run to run);
-// PITH_ATTENTION=own selects our deterministic kernels.
+// A shape cuDNN builds no plan for keeps to our kernels (one line on stderr). cuDNN's backward adds into
+// dQ with atomics (not bitwise reproducible run to run); PITH_ATTENTION=own selects our deterministic
+// kernels.
 #include "ops/cuda/cuda_common.cuh"
 
 #ifdef PITH_CUDNN
@@ -36,7 +36,7 @@ typedef struct {
 } Graph;
 
 static cudnnHandle_t dnn;
-static bool dnn_off;       // a plan could not be built: our kernels from now on
+static bool dnn_off;       // cuDNN could not start: our kernels from now on
 
 #define DN(g, call)                                                                                   \
     do {                                                                                              \
@@ -325,9 +325,21 @@ static void graph_free(Graph *g) {
     free(g);
 }
 
+// A new cache entry: the next free one, or the oldest (its last use may still be queued on the stream).
+static Plan *plan_slot(void) {
+    if (n_plans < PLANS_MAX) return &plans[n_plans++];
+    Plan *p = &plans[next_victim];
+    next_victim = (next_victim + 1) % PLANS_MAX;
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    if (p->g) graph_free(p->g);
+    return p;
+}
+
+// The plan for this shape and direction, built on first use; NULL when cuDNN builds none for it (remembered,
+// so that shape keeps to our kernels; the LSE of either path serves the other's backward).
 static Plan *get_plan(const Shape *s, bool backward) {
     for (int i = 0; i < n_plans; i++)
-        if (!memcmp(&plans[i].s, s, sizeof *s) && plans[i].backward == backward) return &plans[i];
+        if (!memcmp(&plans[i].s, s, sizeof *s) && plans[i].backward == backward) return plans[i].plan ? &plans[i] : NULL;
     if (!dnn) {
         cudnnStatus_t st = cudnnCreate(&dnn);
         if (st != CUDNN_STATUS_SUCCESS) {
@@ -344,27 +356,20 @@ static Plan *get_plan(const Shape *s, bool backward) {
     int64_t ws = 0;
     Desc plan = g->st == CUDNN_STATUS_SUCCESS ? build_plan(g, &ws) : NULL;
     if (!plan) {
-        fprintf(stderr, "pith: note: cuDNN %zu builds no %s attention plan for B %lld S %lld heads %lld/%lld d %lld (%s at %s:%d); attention uses pith's "
-                        "kernels\n",
+        fprintf(stderr, "pith: note: cuDNN %zu builds no %s attention plan for B %lld S %lld heads %lld/%lld d %lld (%s at %s:%d); this shape uses "
+                        "pith's kernels\n",
                 cudnnGetVersion(), backward ? "backward" : "forward", (long long)s->B, (long long)s->S, (long long)s->nh, (long long)s->nkv,
                 (long long)s->d, cudnnGetErrorString(g->st), __FILE__, g->line);
         graph_free(g);
-        dnn_off = true;
-        return NULL;
+        g = NULL;
+    } else {
+        static bool said;
+        if (!said) fprintf(stderr, "pith: note: attention runs cuDNN %zu's fused kernels (PITH_ATTENTION=own selects pith's)\n", cudnnGetVersion());
+        said = true;
     }
-    static bool said;
-    if (!said) fprintf(stderr, "pith: note: attention runs cuDNN %zu's fused kernels (PITH_ATTENTION=own selects pith's)\n", cudnnGetVersion());
-    said = true;
-    Plan *p;
-    if (n_plans < PLANS_MAX) p = &plans[n_plans++];
-    else { // replace the oldest; its last use may still be queued on the stream
-        p = &plans[next_victim];
-        next_victim = (next_victim + 1) % PLANS_MAX;
-        CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
-        graph_free(p->g);
-    }
+    Plan *p = plan_slot();
     p->s = *s, p->backward = backward, p->g = g, p->plan = plan, p->ws = ws;
-    return p;
+    return plan ? p : NULL;
 }
 
 static void execute(Plan *p, int n, const int64_t *uids, void *const *ptrs, void *ws) {
