@@ -246,6 +246,20 @@ TEST(gpu_op_attention_flash) {
     gpu_report();
 }
 
+// Three AdamW steps on n fp32 parameters (fresh moments, v ≥ 0), GPU against CPU.
+static void check_adamw(int64_t n) {
+    Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0), v = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0);
+    for (int64_t i = 0; i < n; i++) ((float *)v.c.p)[i] = fabsf(((float *)v.c.p)[i]);
+    op_copy(v.d, v.c);
+    for (int t = 1; t <= 3; t++) {
+        Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
+        op_adamw(p.c, gr.c, m.c, v.c, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t), op_adamw(p.d, gr.d, m.d, v.d, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+    }
+    EXPECT_CLOSE(p, 1e-5);
+    EXPECT_CLOSE(m, 1e-5);
+    EXPECT_CLOSE(v, 1e-5);
+}
+
 // The vector (16-byte) paths of the memory-bound ops at the model's sizes.
 TEST(gpu_op_vector_paths) {
     gpu_begin();
@@ -300,17 +314,7 @@ TEST(gpu_op_vector_paths) {
     }
     // AdamW on a multiple of 4 (the float4 path)
     gpu_mode(DT_F32);
-    int64_t n = 10000;
-    Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0), v = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0);
-    for (int64_t i = 0; i < n; i++) ((float *)v.c.p)[i] = fabsf(((float *)v.c.p)[i]);
-    op_copy(v.d, v.c);
-    for (int t = 1; t <= 3; t++) {
-        Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
-        op_adamw(p.c, gr.c, m.c, v.c, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t), op_adamw(p.d, gr.d, m.d, v.d, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-    }
-    EXPECT_CLOSE(p, 1e-5);
-    EXPECT_CLOSE(m, 1e-5);
-    EXPECT_CLOSE(v, 1e-5);
+    check_adamw(10000);
     // cross-entropy over several slices of a row (float4 path) and the scalar path
     int64_t R = 7, V = 20000;
     int32_t lab[7] = {5, -100, 19999, 8191, 8192, 0, 12345};
@@ -637,16 +641,7 @@ TEST(gpu_op_elementwise) {
     free(back), free(ref), free(same);
     // AdamW, three steps
     gpu_mode(DT_F32);
-    Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0), v = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0);
-    for (int64_t i = 0; i < n; i++) ((float *)v.c.p)[i] = fabsf(((float *)v.c.p)[i]);
-    op_copy(v.d, v.c);
-    for (int t = 1; t <= 3; t++) {
-        Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
-        op_adamw(p.c, gr.c, m.c, v.c, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t), op_adamw(p.d, gr.d, m.d, v.d, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-    }
-    EXPECT_CLOSE(p, 1e-5);
-    EXPECT_CLOSE(m, 1e-5);
-    EXPECT_CLOSE(v, 1e-5);
+    check_adamw(n);
     float f = 3.5f;
     Tensor fd = gpu_tensor(DT_F32, 1, 1, 0, 0, 0);
     op_copy(fd, tensor_make(&f, DT_F32, DEV_CPU, 1, 1, 1, 1, 1));

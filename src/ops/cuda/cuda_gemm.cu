@@ -257,10 +257,18 @@ static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64
 // concurrently with the grouped call that takes the others on the compute stream.
 // PITH_GROUPED_BIG_ROWS sets the threshold (0: none; for A/B runs).
 #define BIG_ROWS 1024
-static bool big_expert(int ns, int64_t rows) {
+// The threshold for a call on ns streams: 0 (no expert runs beside) with no side streams.
+static int64_t big_rows(int ns) {
     const char *e = getenv("PITH_GROUPED_BIG_ROWS");
     int64_t big = e ? atoll(e) : BIG_ROWS;
-    return ns > 1 && big > 0 && rows >= big;
+    return ns > 1 && big > 0 ? big : 0;
+}
+static bool big_expert(int64_t big, int64_t rows) { return big > 0 && rows >= big; }
+// The most rows any expert holds.
+static int64_t max_rows(const int64_t *offs, int64_t E) {
+    int64_t mx = 0;
+    for (int64_t i = 0; i < E; i++) mx = offs[i + 1] - offs[i] > mx ? offs[i + 1] - offs[i] : mx;
+    return mx;
 }
 static int next_side(int ns, int i) { return i % (ns - 1) + 1; } // the side streams 1..ns-1 in turn
 
@@ -521,9 +529,7 @@ static int64_t pad_rows_for(const int64_t *offs, int64_t E, int64_t N, int64_t K
     const char *e = getenv("PITH_GROUPED_KERNEL");
     if (e && strcmp(e, "batched")) return 0; // cublas / pith: the other paths
     if (dt != DT_BF16 || E < 2 || E > PAD_MAX_E || N % 8 || K % 8 || offs[E] == 0) return 0;
-    int64_t mx = 0;
-    for (int64_t i = 0; i < E; i++) mx = offs[i + 1] - offs[i] > mx ? offs[i + 1] - offs[i] : mx;
-    int64_t Mp = (mx + 63) / 64 * 64;
+    int64_t Mp = (max_rows(offs, E) + 63) / 64 * 64;
     if (!(e && !strcmp(e, "batched")) && (double)E * Mp > PAD_WASTE * offs[E]) return 0;
     return Mp;
 }
@@ -595,9 +601,7 @@ static bool grouped_own(bool rows, const int64_t *offs, int64_t E) {
     const char *e = getenv("PITH_GROUPED_KERNEL");
     if (e) return !strcmp(e, "pith");
     if (rows) return GROUPED_OWN_ROWS;
-    int64_t mx = 0;
-    for (int64_t i = 0; i < E; i++) mx = offs[i + 1] - offs[i] > mx ? offs[i + 1] - offs[i] : mx;
-    return (double)mx * E <= OWN_SKEW * offs[E];
+    return (double)max_rows(offs, E) * E <= OWN_SKEW * offs[E];
 }
 
 extern "C" {
@@ -614,8 +618,9 @@ void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *of
     if (padded_grouped(PAD_FORWARD, y, x, w, offs, E, N, K)) return;
     if (grouped_own(true, offs, E) && grouped_forward_kernel_run(y, x, w, offs)) return;
     int ns = side_fork(), side = 0;
+    int64_t big = big_rows(ns);
     for (int64_t e = 0; e < E; e++) // col-major y_e (N×M_e) = op_T(w_e: K×N) · op_N(x_e: K×M_e)
-        if (big_expert(ns, offs[e + 1] - offs[e])) {
+        if (big_expert(big, offs[e + 1] - offs[e])) {
             side = next_side(ns, side), big_calls++;
             lt_matmul_on(wgrad_stream[side], wgrad_ws[side], true, false, N, offs[e + 1] - offs[e], K, (const char *)w.p + e * N * K * xs, K,
                          (const char *)x.p + offs[e] * K * xs, K, w.dt, 0.0f, (char *)y.p + offs[e] * N * ys, N, y.dt, ONE);
@@ -625,7 +630,7 @@ void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *of
         expert_list(offs, E);
         for (int64_t e = 0; e < E; e++) {
             int64_t M = offs[e + 1] - offs[e];
-            if (!M || big_expert(ns, M)) continue;
+            if (!M || big_expert(big, M)) continue;
             int i = el.G++;
             ga.ta[i] = CUBLAS_OP_T, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)N, ga.n[i] = (int)M, ga.k[i] = (int)K;
             ga.lda[i] = (int)K, ga.ldb[i] = (int)K, ga.ldc[i] = (int)N;
@@ -634,7 +639,7 @@ void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *of
         done = el.G == 0 || grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, y.dt);
     }
     for (int64_t e = 0; e < E && !done; e++)
-        if (offs[e + 1] > offs[e] && !big_expert(ns, offs[e + 1] - offs[e]))
+        if (offs[e + 1] > offs[e] && !big_expert(big, offs[e + 1] - offs[e]))
             mm_forward(offs[e + 1] - offs[e], N, K, (const char *)x.p + offs[e] * K * xs, (const char *)w.p + e * N * K * xs, w.dt,
                        (char *)y.p + offs[e] * N * ys, y.dt);
     side_join(ns);
@@ -648,8 +653,9 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const in
     if (padded_grouped(PAD_BACKWARD_INPUT, dx, dy, w, offs, E, N, K)) return;
     if (grouped_own(true, offs, E) && grouped_backward_input_kernel_run(dx, dy, w, offs)) return;
     int ns = side_fork(), side = 0;
+    int64_t big = big_rows(ns);
     for (int64_t e = 0; e < E; e++) // col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
-        if (big_expert(ns, offs[e + 1] - offs[e])) {
+        if (big_expert(big, offs[e + 1] - offs[e])) {
             side = next_side(ns, side), big_calls++;
             lt_matmul_on(wgrad_stream[side], wgrad_ws[side], false, false, K, offs[e + 1] - offs[e], N, (const char *)w.p + e * N * K * ys, K,
                          (const char *)dy.p + offs[e] * N * ys, N, w.dt, 0.0f, (char *)dx.p + offs[e] * K * xs, K, dx.dt, ONE);
@@ -659,7 +665,7 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const in
         expert_list(offs, E);
         for (int64_t e = 0; e < E; e++) {
             int64_t M = offs[e + 1] - offs[e];
-            if (!M || big_expert(ns, M)) continue;
+            if (!M || big_expert(big, M)) continue;
             int i = el.G++;
             ga.ta[i] = CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)K, ga.n[i] = (int)M, ga.k[i] = (int)N;
             ga.lda[i] = (int)K, ga.ldb[i] = (int)N, ga.ldc[i] = (int)K;
@@ -668,7 +674,7 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const in
         done = el.G == 0 || grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, dx.dt);
     }
     for (int64_t e = 0; e < E && !done; e++)
-        if (offs[e + 1] > offs[e] && !big_expert(ns, offs[e + 1] - offs[e]))
+        if (offs[e + 1] > offs[e] && !big_expert(big, offs[e + 1] - offs[e]))
             mm_backward_input(offs[e + 1] - offs[e], N, K, (const char *)dy.p + offs[e] * N * ys, (const char *)w.p + e * N * K * ys, w.dt,
                               (char *)dx.p + offs[e] * K * xs, dx.dt, false);
     side_join(ns);
