@@ -29,7 +29,7 @@ LIB_SRC  := $(filter-out src/app/main.c,$(wildcard src/*/*.c src/ops/cpu/*.c))
 CU_SRC   := $(wildcard src/ops/cuda/*.cu)
 TEST_SRC := $(wildcard tests/*.c)
 GPU_TEST_SRC := $(wildcard tests/gpu/*.c)
-DIST_TEST_SRC := $(wildcard tests/dist/*.c)
+PARALLEL_TEST_SRC := $(wildcard tests/parallel/*.c)
 ifeq ($(HAVE_NVCC),1)
   CFLAGS += -DPITH_CUDA
   CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
@@ -73,15 +73,15 @@ $(BUILD)/pith: $(BUILD)/src/app/main.o $(LIB_OBJ)
 $(BUILD)/test_pith: $(TEST_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
-# The multi-rank worker: tests/dist/*.c, run under mpirun by the suite (tests/test_dist.c).
-$(BUILD)/test_dist: $(DIST_TEST_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ)
+# The multi-rank worker: tests/parallel/*.c, run under mpirun by the suite (tests/test_parallel.c).
+$(BUILD)/test_parallel: $(PARALLEL_TEST_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
 # The GPU suite: tests/gpu/*.c with the runner of tests/main.c (the CPU tests stay in test_pith).
 $(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
-test: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_dist fake-build
+test: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_parallel fake-build
 	@$(BUILD)/test_pith
 	@$(MAKE) --no-print-directory fuzz
 
@@ -94,16 +94,16 @@ test-asan:
 test-gpu: $(BUILD)/pith $(BUILD)/test_gpu
 	@PITH_TEST_GPU=1 $(BUILD)/test_gpu
 
-# The two-GPU suite (tests/gpu/test_gpu_dist.c: NCCL collectives, EP, timeouts and layout equivalence under
-# mpirun -np 2, with build/test_dist); part of test-gpu too, where it says "skipped" with fewer than two GPUs.
-test-gpu2: $(BUILD)/pith $(BUILD)/test_gpu $(BUILD)/test_dist
+# The two-GPU suite (tests/gpu/test_gpu_parallel.c: NCCL collectives, EP, timeouts and layout equivalence under
+# mpirun -np 2, with build/test_parallel); part of test-gpu too, where it says "skipped" with fewer than two GPUs.
+test-gpu2: $(BUILD)/pith $(BUILD)/test_gpu $(BUILD)/test_parallel
 	@PITH_TEST_GPU=1 $(BUILD)/test_gpu gpu2_
 
-# The NCCL transport on a machine without a GPU: pith and test_dist built with FAKE_CUDA=1 into
+# The NCCL transport on a machine without a GPU: pith and test_parallel built with FAKE_CUDA=1 into
 # build-fake/ (tests/fake/fake_cuda.c: device memory is host memory, NCCL is MPI, stream order is checked);
-# tests/test_dist.c runs them.
+# tests/test_parallel.c runs them.
 fake-build:
-	@$(MAKE) --no-print-directory BUILD=build-fake FAKE_CUDA=1 build-fake/pith build-fake/test_dist
+	@$(MAKE) --no-print-directory BUILD=build-fake FAKE_CUDA=1 build-fake/pith build-fake/test_parallel
 
 # Kernel timings at Qwen3-30B-A3B sizes (GPU machine only).
 $(BUILD)/bench_gpu_ops: $(BUILD)/bench/bench_gpu_ops.o $(LIB_OBJ)
@@ -123,7 +123,7 @@ clean:
 	rm -rf $(BUILD) build-asan build-fake
 
 format:
-	clang-format -i $(wildcard src/*/*.[ch] src/ops/*/*.[ch] src/ops/*/*.cu src/ops/*/*.cuh tests/*.[ch] tests/dist/*.[ch])
+	clang-format -i $(wildcard src/*/*.[ch] src/ops/*/*.[ch] src/ops/*/*.cu src/ops/*/*.cuh tests/*.[ch] tests/parallel/*.[ch])
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 include tests/fuzz/fuzz.mk

@@ -12,8 +12,8 @@
 // Rank 0 prints one JSON line per T.
 #include <math.h>
 
-#include "dist/ep.h"
-#include "dist/mesh.h"
+#include "parallel/ep.h"
+#include "parallel/mesh.h"
 
 static int64_t sum(const int64_t *x, int n) {
     int64_t s = 0;

@@ -13,7 +13,7 @@
 // die(): a user error (bad config, data, file, command line). One line on stderr, exit status 1.
 // CHECK(): an internal invariant; a failure is a bug in pith and names file:line.
 _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-// Set by the distributed layer (dist/mesh.c) when there are several ranks: die() then says which rank it is
+// Set by the distributed layer (parallel/mesh.c) when there are several ranks: die() then says which rank it is
 // ("pith: error: rank 3: ...") and calls die_hook (MPI_Abort) instead of exit, so every rank stops.
 extern int die_rank;                 // -1: one process
 extern void (*die_hook)(int status); // NULL: exit(status)

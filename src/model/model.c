@@ -4,7 +4,7 @@
 
 #include <math.h>
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 static const ModelFamily *const families[] = {&qwen3_moe_family};
 

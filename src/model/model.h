@@ -1,5 +1,5 @@
 // model.h — the model protocol: architecture config, parameter table, and the 5-stage layer protocol
-// (DESIGN §6). A model family (qwen3_moe.c, …) fills a ModelFamily table; the engine (pipe/, dist/)
+// (DESIGN §6). A model family (qwen3_moe.c, …) fills a ModelFamily table; the engine (pipe/, parallel/)
 // calls prolog → per layer stage 1..5 → epilog forward, and the mirror image backward.
 #pragma once
 #include "base/json.h"
@@ -63,7 +63,7 @@ typedef struct {
     Tensor dw;       // (T, k) gradient of the routing weights
     Tensor perm;     // (T·k) int32 slot ids t·k + j in expert order
     int64_t *offs;   // (E_local + 1) host: rows offs[e]..offs[e+1] of xe belong to local expert e
-    struct EpRoute *route; // expert parallelism: where this layer's rows went (dist/ep.h); NULL on one rank
+    struct EpRoute *route; // expert parallelism: where this layer's rows went (parallel/ep.h); NULL on one rank
     Tensor xe, dxe;  // (R, H) expert-ordered rows (dense: = xd)
     Tensor ye, dye;  // (R, H) expert outputs in the same order
     Tensor y, dy;    // (T·k, H) expert outputs back in slot order (dense: (T, H))
@@ -128,7 +128,7 @@ struct Model {
     double lb_coef;            // load-balancing loss coefficient (0: off)
     LoadBalance lb;            // its form (model_lb_setup; zeroed: micro-batch)
     bool force_balance;        // benchmark routing (spec §5.4)
-    const struct Comm *ep;     // expert-parallel group (dist/comm.h); NULL: every expert is on this rank
+    const struct Comm *ep;     // expert-parallel group (parallel/comm.h); NULL: every expert is on this rank
     double ep_capacity;        // parallel.ep_capacity_factor: rows stage 3 can receive = factor·T·k (0: worst case)
     void *views;               // the family's weight and gradient views
 };

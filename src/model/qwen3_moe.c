@@ -6,7 +6,7 @@
 // nh/nkv heads of d, E experts, k per token, I expert width.
 #include <math.h>
 
-#include "dist/ep.h"
+#include "parallel/ep.h"
 #include "model/model.h"
 
 typedef struct {

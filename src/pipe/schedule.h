@@ -1,7 +1,7 @@
 // schedule.h — running micro-batches through a model's layers: the forward and backward passes of one
 // pipeline stage holding all layers (pp = 1), stage by stage in the order of the 5-stage protocol.
 #pragma once
-#include "dist/ep.h"
+#include "parallel/ep.h"
 #include "model/model.h"
 
 typedef struct {

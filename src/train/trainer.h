@@ -1,6 +1,6 @@
 // trainer.h — one training run: mesh, model, sharded optimizer state, data and the step (DESIGN §7).
 #pragma once
-#include "dist/fsdp.h"
+#include "parallel/fsdp.h"
 #include "pipe/schedule.h"
 #include "train/config.h"
 #include "train/data.h"

@@ -1,5 +1,5 @@
 // fake_cuda.c — FAKE_CUDA builds only (tests/fake/fake.mk): the CUDA backend (ops/cuda/cuda_ops.h), the CUDA
-// runtime calls and the NCCL API of dist/nccl_comm.c on a machine without a GPU, so the NCCL transport's
+// runtime calls and the NCCL API of parallel/nccl_comm.c on a machine without a GPU, so the NCCL transport's
 // code runs in CI. "Device" memory is host memory from cuda_alloc_or_die (its ranges are remembered), ops
 // are the CPU ops (fp32), streams execute at once, NCCL is blocking MPI on a communicator per NCCL one.
 // What a real GPU would punish is checked instead of computed:

@@ -25,7 +25,7 @@ static void mem_sample(void) {
 CudaCtx *cuda_ctx(void) {
     if (ctx_ready) return &ctx;
     ctx_ready = true;
-    int dev = 0; // the device this thread is bound to: 0, or the rank's GPU (dist/nccl_comm.c binds it first)
+    int dev = 0; // the device this thread is bound to: 0, or the rank's GPU (parallel/nccl_comm.c binds it first)
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaFree(0)); // creates the primary context
     CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.compute, cudaStreamNonBlocking));

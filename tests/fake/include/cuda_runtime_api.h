@@ -1,4 +1,4 @@
-// cuda_runtime_api.h (FAKE_CUDA builds only) — the few CUDA runtime declarations dist/nccl_comm.c uses,
+// cuda_runtime_api.h (FAKE_CUDA builds only) — the few CUDA runtime declarations parallel/nccl_comm.c uses,
 // implemented on the host by tests/fake/fake_cuda.c: device memory is host memory, streams run at once.
 #pragma once
 #include <stddef.h>

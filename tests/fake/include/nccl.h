@@ -1,4 +1,4 @@
-// nccl.h (FAKE_CUDA builds only) — the part of NCCL's API dist/nccl_comm.c uses, implemented over MPI by
+// nccl.h (FAKE_CUDA builds only) — the part of NCCL's API parallel/nccl_comm.c uses, implemented over MPI by
 // tests/fake/fake_cuda.c (blocking calls; sends and receives of a group posted together at ncclGroupEnd).
 #pragma once
 #include <stddef.h>

@@ -3,7 +3,7 @@
 // watchdog thread that turns a hang or an asynchronous NCCL error into a message and an exit.
 // Counts are elements of the tensor's dtype (size_t: no int limit); zero-size transfers are skipped on
 // both sides of a pair (their counts agree), so empty ranks cost no NCCL call.
-#include "dist/nccl_comm.h"
+#include "parallel/nccl_comm.h"
 
 #ifdef PITH_NCCL
 #include <cuda_runtime_api.h>

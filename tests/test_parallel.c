@@ -1,5 +1,5 @@
-// test_dist.c — multi-rank training with CPU ranks under mpirun (oversubscribed on small machines):
-// collectives and dispatch/combine (build/test_dist under mpirun), layout equivalence of the loss and of
+// test_parallel.c — multi-rank training with CPU ranks under mpirun (oversubscribed on small machines):
+// collectives and dispatch/combine (build/test_parallel under mpirun), layout equivalence of the loss and of
 // every gradient tensor against one process, resharding checkpoints, failing and hanging ranks, invalid
 // layouts, and the memory plan of `pith estimate` against the one training allocates. The NCCL transport
 // runs here too, on fake GPUs (build-fake/: host memory, NCCL over MPI, stream order checked; see
@@ -68,7 +68,7 @@ static double grad_diff(const char *a, const char *b, const char **worst_name) {
 TEST(dist_comm_collectives) {
     char out[8192];
     for (int np = 1; np <= 4; np++) {
-        int rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_dist comm", np);
+        int rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_parallel comm", np);
         ASSERT_MSG(rc == 0 && strstr(out, "ok comm"), "%d ranks: %s", np, out);
     }
 }
@@ -76,11 +76,11 @@ TEST(dist_comm_collectives) {
 TEST(dist_ep_dispatch_combine) {
     char out[16384];
     for (int np = 1; np <= 4; np++) { // E = 2·ranks: random, empty rank, all to one expert, top-k = E
-        int rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_dist ep", np);
+        int rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_parallel ep", np);
         ASSERT_MSG(rc == 0 && strstr(out, "ok ep"), "%d ranks: %s", np, out);
     }
     // a capacity bound too small for the routing stops loudly (never drops tokens)
-    int rc = run_cmd(out, sizeof out, MPIRUN " 3 build/test_dist capacity");
+    int rc = run_cmd(out, sizeof out, MPIRUN " 3 build/test_parallel capacity");
     ASSERT_MSG(rc != 0 && strstr(out, "pith: error: rank 0: expert parallelism: ep rank 0 received 48 (token, expert) rows, above the capacity of 24"),
                "%s", out);
 }
@@ -216,7 +216,7 @@ TEST(dist_failing_and_hanging_ranks) {
     ASSERT_MSG(rc == 0 && !strstr(out, "status 0") && strstr(out, "rank 1") && took < 30, "%.1f s: %s", took, out);
     // a rank that stops taking part: the others give up at parallel.timeout_s with a message naming the group
     t0 = now_seconds();
-    rc = run_cmd(out, sizeof out, MPIRUN " 3 build/test_dist hang");
+    rc = run_cmd(out, sizeof out, MPIRUN " 3 build/test_parallel hang");
     took = now_seconds() - t0;
     ASSERT_MSG(rc != 0 && took < 20 && strstr(out, "pith: error: rank 0: barrier on the world group (3 ranks) did not complete within parallel.timeout_s = 3 s"),
                "%.1f s: %s", took, out);
@@ -283,15 +283,15 @@ TEST(dist_estimate_matches_training) {
 // "device" tensors, NCCL calls with NCCL's contracts checked, stream order checked.
 TEST(dist_nccl_transport_fake) {
     char out[1 << 16];
-    ASSERT_MSG(run_cmd(out, sizeof out, "test -x build-fake/pith && test -x build-fake/test_dist") == 0, "build-fake/ is missing: make fake-build");
+    ASSERT_MSG(run_cmd(out, sizeof out, "test -x build-fake/pith && test -x build-fake/test_parallel") == 0, "build-fake/ is missing: make fake-build");
     for (int np = 1; np <= 4; np++) {
-        int rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_dist comm-gpu", np);
+        int rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_parallel comm-gpu", np);
         ASSERT_MSG(rc == 0 && strstr(out, "ok comm-gpu"), "%d ranks: %s", np, out);
-        rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_dist ep-gpu", np);
+        rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_parallel ep-gpu", np);
         ASSERT_MSG(rc == 0 && strstr(out, "ok ep-gpu"), "%d ranks: %s", np, out);
     }
     double t0 = now_seconds();
-    int rc = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_dist hang-gpu");
+    int rc = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-gpu");
     ASSERT_MSG(rc != 0 && now_seconds() - t0 < 20 && strstr(out, "pith: error: rank 0: all-reduce on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),
                "%s", out);
 }

@@ -13,11 +13,11 @@
 // Backward: combine⁻¹ is a dispatch of the output gradients in slot order; dispatch⁻¹ sums each received
 // token row's slot gradients, returns the sums, and adds them into the token rows (a token sent to several
 // ranks receives the sum over them). Orders are deterministic (no atomics), so results are reproducible.
-#include "dist/ep.h"
+#include "parallel/ep.h"
 
 #include <math.h>
 
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }

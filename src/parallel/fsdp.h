@@ -5,7 +5,7 @@
 // index i in the shard group. fp32 masters, AdamW moments and reduced gradients exist only as shards;
 // the compute copy (model.w) and the fp32 gradient accumulators (model.g) are whole, for one step.
 #pragma once
-#include "dist/mesh.h"
+#include "parallel/mesh.h"
 #include "model/model.h"
 
 typedef struct {

@@ -6,7 +6,7 @@
 // dp×cp — the ep ranks hold different experts, and each expert's gradient already covers the tokens every
 // ep rank dispatched to it. Nothing is averaged, so no layout scales any gradient (PithTrain's experts are
 // ep× too large there).
-#include "dist/fsdp.h"
+#include "parallel/fsdp.h"
 
 int fsdp_shards(const Dist *d, int g) {
     if (g == GROUP_EXPERT) return d->hsdp ? d->cp : d->dp * d->cp;

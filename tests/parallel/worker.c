@@ -1,6 +1,6 @@
-// worker.c — build/test_dist SUITE: the multi-rank checks, run under `mpirun -np N` by tests/test_dist.c
-// (and tests/gpu/test_gpu_dist.c for the -gpu suites).
-//   comm       every collective of dist/comm.h against values each rank can compute alone
+// worker.c — build/test_parallel SUITE: the multi-rank checks, run under `mpirun -np N` by tests/test_parallel.c
+// (and tests/gpu/test_gpu_parallel.c for the -gpu suites).
+//   comm       every collective of parallel/comm.h against values each rank can compute alone
 //   ep         dispatch/combine (forward and backward) against a plain reference that every rank computes
 //              from every rank's (deterministic) routing: counts, deduplication, expert order, empty ranks,
 //              all tokens to one expert, top-k = number of experts
@@ -12,8 +12,8 @@
 #include <math.h>
 #include <unistd.h>
 
-#include "dist/ep.h"
-#include "dist/mesh.h"
+#include "parallel/ep.h"
+#include "parallel/mesh.h"
 
 static int nchecks;
 #define EXPECT(cond, ...)                                                                             \
@@ -22,7 +22,7 @@ static int nchecks;
         if (!(cond)) {                                                                                \
             fprintf(stderr, "check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond);                \
             fprintf(stderr, __VA_ARGS__);                                                             \
-            die("test_dist: check failed");                                                           \
+            die("test_parallel: check failed");                                                           \
         }                                                                                             \
     } while (0)
 
@@ -333,7 +333,7 @@ static void suite_ep(const Dist *d) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 2) die("usage: test_dist comm|ep|capacity|hang[-gpu]");
+    if (argc < 2) die("usage: test_parallel comm|ep|capacity|hang[-gpu]");
     char suite[32];
     snprintf(suite, sizeof suite, "%s", argv[1]);
     size_t len = strlen(suite);
@@ -342,12 +342,12 @@ int main(int argc, char **argv) {
     dist_launch();
     int P = dist_world_size();
     Dist d;
-    dist_mesh_init(&d, 1, 1, strcmp(suite, "comm") ? P : (P % 2 ? 1 : 2), false, !strcmp(suite, "hang") ? 3 : 60, "test_dist");
+    dist_mesh_init(&d, 1, 1, strcmp(suite, "comm") ? P : (P % 2 ? 1 : 2), false, !strcmp(suite, "hang") ? 3 : 60, "test_parallel");
     if (gpu) {
-        if (!ops_cuda_available()) die("test_dist %s: no GPU", argv[1]);
+        if (!ops_cuda_available()) die("test_parallel %s: no GPU", argv[1]);
         dist_mesh_gpu(&d);
         dev = DEV_CUDA;
-        devmem = arena_create("test_dist", DEV_CUDA, (size_t)64 << 20);
+        devmem = arena_create("test_parallel", DEV_CUDA, (size_t)64 << 20);
     }
     if (!strcmp(suite, "comm")) suite_comm(&d);
     else if (!strcmp(suite, "ep")) suite_ep(&d);
@@ -361,7 +361,7 @@ int main(int argc, char **argv) {
             comm_allreduce(&d.world, xd, COMM_SUM);
             down(x, xd);
         } else comm_barrier(&d.world);
-    } else die("test_dist: unknown suite '%s'", argv[1]);
+    } else die("test_parallel: unknown suite '%s'", argv[1]);
     if (d.world.rank == 0) printf("ok %s: %d ranks, %d checks on rank 0\n", argv[1], P, nchecks);
     if (gpu) arena_destroy(&devmem);
     dist_mesh_free(&d);

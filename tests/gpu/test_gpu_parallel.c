@@ -1,5 +1,5 @@
-// test_gpu_dist.c — two GPUs, one rank each (skipped with fewer): the NCCL transport under mpirun -np 2.
-// Collectives on device buffers (fp32, fp64, int, bf16) and EP dispatch/combine (build/test_dist *-gpu);
+// test_gpu_parallel.c — two GPUs, one rank each (skipped with fewer): the NCCL transport under mpirun -np 2.
+// Collectives on device buffers (fp32, fp64, int, bf16) and EP dispatch/combine (build/test_parallel *-gpu);
 // a rank that stops taking part (the watchdog's timeout) and a rank killed mid-run; `pith train` at ep2
 // and dp2 against the same run on one GPU: fp32 step-1 loss ≤ 1e-5 relative and every gradient tensor
 // ≤ 1e-5 (‖a−b‖/‖b‖); bf16 step-1 loss ≤ 1e-2 and every gradient tensor calc_diff ≤ 1e-2; the loss over
@@ -19,11 +19,11 @@
 #define NDTYPES 2
 #endif
 
-// build/test_dist beside the pith binary under test (build-fake/ with fake GPUs).
-static const char *test_dist_bin(void) {
+// build/test_parallel beside the pith binary under test (build-fake/ with fake GPUs).
+static const char *test_parallel_bin(void) {
     static char path[512];
     const char *b = PITH_BIN, *slash = strrchr(b, '/');
-    snprintf(path, sizeof path, "%.*stest_dist", slash ? (int)(slash - b + 1) : 0, b);
+    snprintf(path, sizeof path, "%.*stest_parallel", slash ? (int)(slash - b + 1) : 0, b);
     return path;
 }
 
@@ -40,7 +40,7 @@ static bool two_gpus(void) {
         return false;
     }
     char out[256];
-    ASSERT_MSG(run_cmd(out, sizeof out, "test -x %s", test_dist_bin()) == 0, "%s is missing: make test-gpu2 builds it", test_dist_bin());
+    ASSERT_MSG(run_cmd(out, sizeof out, "test -x %s", test_parallel_bin()) == 0, "%s is missing: make test-gpu2 builds it", test_parallel_bin());
     return true;
 }
 
@@ -50,7 +50,7 @@ TEST(gpu2_collectives_and_ep) {
     const char *suites[] = {"comm-gpu", "ep-gpu"};
     for (int i = 0; i < 2; i++) {
         double t0 = now_seconds();
-        int rc = run_cmd(out, sizeof out, MPIRUN2 " %s %s", test_dist_bin(), suites[i]);
+        int rc = run_cmd(out, sizeof out, MPIRUN2 " %s %s", test_parallel_bin(), suites[i]);
         printf("     %-9s %.1f s  %.*s\n", suites[i], now_seconds() - t0, (int)strcspn(out, "\n"), out);
         ASSERT_MSG(rc == 0 && strstr(out, "ok ") && strstr(out, suites[i]), "%s: %s", suites[i], out);
     }
@@ -61,7 +61,7 @@ TEST(gpu2_failures) {
     static char out[1 << 16];
     // rank 1 stops taking part: rank 0's watchdog ends the job at parallel.timeout_s (3 s) naming rank and call
     double t0 = now_seconds();
-    int rc = run_cmd(out, sizeof out, MPIRUN2 " %s hang-gpu", test_dist_bin());
+    int rc = run_cmd(out, sizeof out, MPIRUN2 " %s hang-gpu", test_parallel_bin());
     double took = now_seconds() - t0;
     printf("     hang: %.1f s\n", took);
     ASSERT_MSG(rc != 0 && took < 40 && strstr(out, "pith: error: rank 0: all-reduce on the world group (2 ranks) did not") &&

@@ -7,7 +7,7 @@
 // names the rank, the group and the call, aborts every NCCL communicator and ends the process (the
 // launcher then stops the other ranks).
 #pragma once
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 // Binds this process to its GPU: device local_rank of the node's `ndev` (device 0 when the launcher shows
 // each rank one GPU). Must run before anything else touches the GPU. local_size: ranks on this node.

@@ -3,7 +3,7 @@
 // (MPI is then never initialised). Global rank = ((pp·DP + dp)·CP + cp)·EP + ep, so EP and then CP
 // groups are neighbouring ranks. DP = world / (PP·CP·EP).
 #pragma once
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 typedef struct {
     int pp, dp, cp, ep; // mesh sizes (pp·dp·cp·ep = world.size)

@@ -1,9 +1,9 @@
 // mesh.c — launching (MPI_Init only under a launcher), aborting every rank on an error, the mesh groups
 // as MPI communicators split from MPI_COMM_WORLD (see mesh.h for the rank order), and on the GPU one
 // device per rank and an NCCL communicator per group.
-#include "dist/mesh.h"
+#include "parallel/mesh.h"
 
-#include "dist/nccl_comm.h"
+#include "parallel/nccl_comm.h"
 
 static bool launched;
 static int world_size = 1, world_rank = 0, local_rank = 0, local_size = 1;

@@ -1,13 +1,13 @@
-// comm.c — comm.h: host buffers over MPI, device buffers over NCCL (dist/nccl_comm.c). Each MPI call is
+// comm.c — comm.h: host buffers over MPI, device buffers over NCCL (parallel/nccl_comm.c). Each MPI call is
 // started non-blocking (MPI-3 MPI_I*) and polled with MPI_Test until it completes or the group's deadline
 // passes. Polling sleeps briefly between tests so ranks oversubscribed on few cores (tests, laptops) leave
 // the CPU to the ranks doing work. Device calls return once queued; their deadline is the watchdog's.
-#include "dist/comm.h"
+#include "parallel/comm.h"
 
 #include <limits.h>
 #include <time.h>
 
-#include "dist/nccl_comm.h"
+#include "parallel/nccl_comm.h"
 #include "ops/ops.h"
 
 void mpi_check(int rc, const char *call, const char *file, int line) {

@@ -1,7 +1,7 @@
 // comm.h — collective and point-to-point communication inside one group of ranks (a `Comm`): all-reduce,
 // reduce-scatter, all-gather, all-to-all (equal blocks or per-peer row counts), send/recv, broadcast,
 // barrier. Buffers are Tensors: host buffers travel over MPI, device buffers (DEV_CUDA) over NCCL once
-// dist_mesh_gpu has given the group a communicator (dist/nccl_comm.c: issued on the comm stream, ordered
+// dist_mesh_gpu has given the group a communicator (parallel/nccl_comm.c: issued on the comm stream, ordered
 // against the compute stream by events, no host sync). Every call is non-blocking underneath and watched
 // against the group's deadline (parallel.timeout_s): MPI calls are polled with MPI_Test, NCCL calls by a
 // watchdog thread (event completion, ncclCommGetAsyncError), so a rank that died or hangs ends the job
