@@ -642,7 +642,8 @@ extern "C" {
 int64_t cuda_grouped_calls(const char *path) { return !strcmp(path, "batched") ? padded_calls : !strcmp(path, "big") ? big_calls : 0; }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
-void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) {
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
+    if (b.p) die("grouped_linear_forward: a per-expert bias is not supported on the GPU yet");
     grouped_rows_product(false, y, x, w, offs, "grouped_linear_forward");
 }
 
@@ -650,8 +651,9 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const in
     grouped_rows_product(true, dx, dy, w, offs, "grouped_linear_backward_input");
 }
 
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
+    if (db.p) die("grouped_linear_backward_weight: a per-expert bias is not supported on the GPU yet");
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     IS_F32(dw, "grouped_linear_backward_weight");
     if (dy.dt != x.dt) die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
