@@ -70,6 +70,11 @@ typedef struct {
 } Arena;
 
 #define ARENA_ALIGN 256
+// Device memory for DEV_CUDA arenas. The base layer cannot call the CUDA backend (it sits above base), so
+// the backend installs these when the program loads (ops/cuda/cuda_common.cu; tests/fake/fake_cuda.c in the
+// fake-GPU build); NULL in a build without one, and a device arena then stops with an error.
+extern void *(*device_alloc)(size_t bytes, const char *what); // dies naming `what` when memory runs out
+extern void (*device_free)(void *p);
 Arena arena_counting(const char *name, Device dev);
 Arena arena_create(const char *name, Device dev, size_t cap); // allocates (host or device memory)
 void arena_destroy(Arena *a);

@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+// The one include of a backend's own header above the op layer (docs/architecture.md, "Layers"): NCCL calls
+// are ordered against the CUDA backend's compute and comm streams, which only it owns.
 #include "ops/cuda/cuda_ops.h"
 
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)

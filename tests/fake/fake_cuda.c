@@ -319,6 +319,11 @@ void cuda_free(void *p) {
         }
     fake_fail("cuda_free of memory cuda_alloc_or_die did not give");
 }
+// The base layer's device-memory hooks (base.h), as the real backend installs them.
+__attribute__((constructor)) static void fake_install_device_memory(void) {
+    device_alloc = cuda_alloc_or_die;
+    device_free = cuda_free;
+}
 void cuda_sync(void) {}
 size_t cuda_pool_bytes(void) { return 0; }
 size_t cuda_mem_used_bytes(void) { return 0; }
