@@ -41,9 +41,7 @@ void cpu_muon_momentum(Tensor buf, Tensor g, float beta);
 void cpu_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale);
 double cpu_read_scalar(Tensor x);
 
-// Rows and columns of a tensor seen as a matrix (first dim × the rest).
-static inline int64_t t_rows(Tensor t) { return t.n[0]; }
-static inline int64_t t_cols(Tensor t) { return t.n[0] ? tensor_numel(t) / t.n[0] : 0; }
+// Raw pointers of CPU tensors (t_rows/t_cols: base.h).
 static inline float *F(Tensor t) { return (float *)t.p; }
 static inline int32_t *I32(Tensor t) { return (int32_t *)t.p; }
 #define CPU_F32(t) CHECK((t).dev == DEV_CPU && (t).dt == DT_F32)

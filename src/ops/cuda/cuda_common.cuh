@@ -129,13 +129,14 @@ static inline bool vec8_fits(int64_t cols, const void *a, const void *b = NULL, 
     do {                                                                                              \
         if ((t).dev != DEV_CUDA) die("%s: tensor " #t " is not on the GPU", what);                    \
     } while (0)
+static inline void same_dt(Tensor a, Tensor b, const char *what) {
+    if (a.dt != b.dt) die("%s: tensors of dtypes %s and %s must share one", what, dtype_name(a.dt), dtype_name(b.dt));
+}
 #define IS_F32(t, what)                                                                               \
     do {                                                                                              \
         if ((t).dt != DT_F32) die("%s: " #t " must be fp32 (got %s)", what, dtype_name((t).dt));       \
     } while (0)
 
-static inline int64_t t_rows(Tensor t) { return t.n[0]; }
-static inline int64_t t_cols(Tensor t) { return t.n[0] ? tensor_numel(t) / t.n[0] : 0; }
 static inline unsigned grid_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return (unsigned)(b < 1 ? 1 : b > 65535 * 32 ? 65535 * 32 : b);

@@ -291,9 +291,6 @@ template <typename T> __global__ void moe_combine_backward_kernel(T *dy, float *
     if (lane == 0) dw[slot] = s;
 }
 
-static void same_dt(Tensor a, Tensor b, const char *what) {
-    if (a.dt != b.dt) die("%s: tensors of dtypes %s and %s must share one", what, dtype_name(a.dt), dtype_name(b.dt));
-}
 
 extern "C" {
 
