@@ -258,7 +258,7 @@ int main(int argc, char **argv) {
     TIME("moe_sort (32768 slots, host sync)", 20, (double)R * 8, "GB/s", op_moe_sort(perm, offs, idx, (int)E));
     TIME("gather_rows dispatch (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_gather_rows(xe, x, perm, (int)k));
     TIME("scatter_rows combine (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_scatter_rows(ye, xe, perm));
-    TIME("gather_rows_backward (inverse map)", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_gather_rows_backward(x, xe, perm, (int)k));
+    TIME("scatter_add_rows (inverse map)", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_scatter_add_rows(x, xe, perm, (int)k));
     Tensor wts = dev(DT_F32, 2, T, k, 0);
     fill(wts, 0.1f, 14);
     TIME("moe_combine fwd", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_moe_combine_forward(y, x, ye, wts));

@@ -293,12 +293,12 @@ TEST(gpu_op_vector_paths) {
         op_scatter_rows(ys.c, xe.c, perm.c), op_scatter_rows(ys.d, xe.d, perm.d);
         EXPECT_CLOSE(ys, 0);
         Pair dx = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dxe = pair_rand(MODE_DT, 1, 2, T * k, H, 0, 0);
-        op_gather_rows_backward(dx.c, dxe.c, perm.c, (int)k), op_gather_rows_backward(dx.d, dxe.d, perm.d, (int)k);
+        op_scatter_add_rows(dx.c, dxe.c, perm.c, (int)k), op_scatter_add_rows(dx.d, dxe.d, perm.d, (int)k);
         EXPECT_CLOSE(dx, TOL);
         // a row map with repeats takes the atomic path
         int32_t rep[8] = {0, 3, 3, 5, 1, 0, 7, 2};
         Pair rr = pair_i32(rep, 8), d8 = pair_rand(MODE_DT, 1, 2, 8, H, 0, 0), dx8 = pair_rand(MODE_DT, 1, 2, 4, H, 0, 0);
-        op_gather_rows_backward(dx8.c, d8.c, rr.c, 2), op_gather_rows_backward(dx8.d, d8.d, rr.d, 2);
+        op_scatter_add_rows(dx8.c, d8.c, rr.c, 2), op_scatter_add_rows(dx8.d, d8.d, rr.d, 2);
         EXPECT_CLOSE(dx8, TOL);
         Pair r = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), w = pair_rand(DT_F32, 1, 2, T, k, 0, 0), out = pair_nan(MODE_DT, 2, T, H, 0, 0);
         op_moe_combine_forward(out.c, r.c, ys.c, w.c), op_moe_combine_forward(out.d, r.d, ys.d, w.d);
@@ -536,7 +536,7 @@ TEST(gpu_op_moe_sort_gather_scatter) {
         op_gather_rows(back.c, y.c, perm.c, 1), op_gather_rows(back.d, y.d, perm.d, 1);
         EXPECT_CLOSE(back, 0);
         Pair dx = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dxe = pair_rand(MODE_DT, 1, 2, T * k, H, 0, 0);
-        op_gather_rows_backward(dx.c, dxe.c, perm.c, (int)k), op_gather_rows_backward(dx.d, dxe.d, perm.d, (int)k);
+        op_scatter_add_rows(dx.c, dxe.c, perm.c, (int)k), op_scatter_add_rows(dx.d, dxe.d, perm.d, (int)k);
         EXPECT_CLOSE(dx, TOL);
     }
     gpu_report();

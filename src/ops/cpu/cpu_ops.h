@@ -23,7 +23,7 @@ void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs
 void cpu_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale);
 void cpu_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E);
 void cpu_gather_rows(Tensor y, Tensor x, Tensor rows, int div);
-void cpu_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div);
+void cpu_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div);
 void cpu_scatter_rows(Tensor y, Tensor x, Tensor rows);
 void cpu_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w);
 void cpu_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w);

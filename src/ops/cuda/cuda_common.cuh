@@ -53,7 +53,7 @@ typedef struct {
 CudaCtx *cuda_ctx(void); // creates everything on first use
 static inline cudaStream_t cuda_stream(void) { return cuda_ctx()->compute; }
 // Device scratch for op temporaries whose size follows the problem (attention's D_i rows, the inverse
-// permutation of gather_rows_backward): one buffer, grown (after a device sync) when a call needs more
+// permutation of scatter_add_rows): one buffer, grown (after a device sync) when a call needs more
 // than any call before, so it settles at the first training step. Contents do not survive the next op.
 void *cuda_scratch(size_t bytes);
 extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradient side streams (cuda_gemm.cu)
