@@ -323,12 +323,16 @@ TEST(dist_nccl_transport_fake) {
     // an op that reads a receive's buffer before comm_wait made the compute stream wait: refused
     int hz = run_cmd(out, sizeof out, MPIRUN " 2 build-fake/test_parallel hazard-gpu");
     ASSERT_MSG(hz != 0 && strstr(out, "fake CUDA: scale on the compute stream touches a buffer of an NCCL call it does not wait for"), "%s", out);
-    // a peer that never posts: the receive (blocked in the fake's NCCL call) ends at the timeout
+    // a peer that never posts: the watchdog ends the receive at the timeout
     double t1 = now_seconds();
     hz = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-p2p-gpu");
     ASSERT_MSG(hz != 0 && now_seconds() - t1 < 20 &&
-                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),
+                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not complete within parallel.timeout_s = 3 s"),
                "%s", out);
+    // a transfer issued before compute runs beside it: with every group lasting 0.4 s, exchange + 0.4 s of
+    // compute takes ≥ 0.8 s waited first and well under that overlapped (generous margins: no timing claim)
+    hz = run_cmd(out, sizeof out, "PITH_FAKE_NCCL_DELAY_MS=400 " MPIRUN " 2 build-fake/test_parallel overlap-gpu");
+    ASSERT_MSG(hz == 0 && strstr(out, "ok overlap-gpu"), "%s", out);
     double t0 = now_seconds();
     int rc = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-gpu");
     ASSERT_MSG(rc != 0 && now_seconds() - t0 < 20 && strstr(out, "pith: error: rank 0: all-reduce on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),

@@ -12,11 +12,14 @@
 //   comm-gpu, ep-gpu, hang-gpu, p2p-gpu, hang-p2p-gpu   the same on device buffers over NCCL (one GPU per
 //              rank, dist_mesh_gpu); comm-gpu adds bf16 (all-gather, all-to-all-v, all-reduce on a real GPU)
 //   hazard-gpu an op reads a receive's buffer before comm_wait: the fake GPU must refuse it
+//   overlap-gpu with every NCCL group lasting PITH_FAKE_NCCL_DELAY_MS (the fake), a ring exchange issued
+//              before 'compute' (a sleep as long) ends sooner than one waited for before it
 //   pipe[-gpu] the DualPipeV schedule run by dualpipev_run over the world as one pipeline of P ranks, on a
 //              toy model of 2P linear chunks (loss ½‖y‖², deferred weight gradients): the loss and every
 //              chunk's weight gradient against an fp64 reference of the whole chain on one rank
 // A failed check dies (every rank stops, the message names the rank); success prints "ok SUITE" on rank 0.
 #include <math.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "parallel/ep.h"
@@ -561,6 +564,22 @@ int main(int argc, char **argv) {
             comm_wait(&q);
             down(x, xd);
         }
+    } else if (!strcmp(suite, "overlap") && gpu) {
+        const char *e = getenv("PITH_FAKE_NCCL_DELAY_MS");
+        double delay = e ? atof(e) / 1000 : 0, took[2];
+        Tensor x = host(DT_F32, 1024, 1), y = host(DT_F32, 1024, 1), xd = up(x), yd = up(y);
+        int P = d.world.size, me = d.world.rank;
+        for (int overlapped = 0; overlapped < 2; overlapped++) {
+            comm_barrier(&d.world);
+            double t0 = now_seconds();
+            CommReq q = comm_p2p_start(&d.world, (CommP2p[]){{true, xd, (me + 1) % P}, {false, yd, (me + P - 1) % P}}, 2);
+            if (!overlapped) comm_wait(&q), down(y, yd);
+            nanosleep(&(struct timespec){(time_t)delay, (long)((delay - (time_t)delay) * 1e9)}, NULL); // the compute
+            if (overlapped) comm_wait(&q), down(y, yd);
+            took[overlapped] = now_seconds() - t0;
+        }
+        if (me == 0) printf("exchange then compute %.3f s, overlapped %.3f s (delay %.3f s)\n", took[0], took[1], delay);
+        EXPECT(delay > 0 && took[0] >= 1.9 * delay && took[1] < 0.8 * took[0], "no overlap: %.3f s vs %.3f s\n", took[1], took[0]);
     } else if (!strcmp(suite, "hazard") && gpu) { // an op on a receive's buffer before the wait
         Tensor x = host(DT_F32, 4, 1), xd = up(x);
         int peer = d.world.rank ^ 1;
