@@ -7,7 +7,7 @@
 static const char *const top_keys[] = {"model", "dataset", "run_dir", "save_location", "init_from", "sequence_length",
                                        "micro_batch_size", "global_batch_size", "max_steps", "seed", "init_std", "optimizer",
                                        "scheduler", "clip_grad_norm", "moe_load_balance_coef", "moe_load_balance_type",
-                                       "save_interval", "keep_last", "parallel", "device", "compute_dtype", "benchmark", NULL};
+                                       "save_interval", "keep_last", "parallel", "device", "compute_dtype", "benchmark", "tensorboard", NULL};
 static const char *const optimizer_keys[] = {"type", "lr", "betas", "eps", "weight_decay", NULL};
 static const char *const scheduler_keys[] = {"type", "warmup_ratio", "decay_ratio", "start_lr", "final_lr", "decay_shape", NULL};
 static const char *const parallel_keys[] = {"pipeline_parallel_size", "context_parallel_size", "expert_parallel_size",
@@ -95,6 +95,7 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     if (strcmp(c->compute_dtype, "bf16") && strcmp(c->compute_dtype, "fp32"))
         jdie(o, "compute_dtype", "must be \"bf16\" or \"fp32\" (got \"%s\")", c->compute_dtype);
     c->benchmark = jbool(o, "benchmark", false, false);
+    c->tensorboard = jbool(o, "tensorboard", false, true);
 
     JObj opt = jobj_child(o, "optimizer");
     jcheck_known(opt, optimizer_keys);

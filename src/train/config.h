@@ -38,6 +38,7 @@ typedef struct {
     char device[8];        // "auto" | "cpu" | "cuda"
     char compute_dtype[8]; // "bf16" | "fp32" (GPU only; the CPU computes in fp32)
     bool benchmark;        // force-balanced routing (spec §5.4)
+    bool tensorboard;      // rank 0 writes TensorBoard event files into run_dir (default true)
     json_t *json;          // the effective config (after overrides), kept for the run record
 } TrainConfig;
 
