@@ -6,3 +6,4 @@ int cmd_convert(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_estimate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
