@@ -7,11 +7,12 @@
 static const char *const top_keys[] = {"model", "dataset", "run_dir", "save_location", "init_from", "sequence_length",
                                        "micro_batch_size", "global_batch_size", "max_steps", "seed", "init_std", "optimizer",
                                        "scheduler", "clip_grad_norm", "moe_load_balance_coef", "moe_load_balance_type",
-                                       "save_interval", "keep_last", "parallel", "device", "compute_dtype", "benchmark", "tensorboard", NULL};
+                                       "save_interval", "keep_last", "parallel", "device", "compute_dtype", "benchmark", "tensorboard", "validation", NULL};
 static const char *const optimizer_keys[] = {"type", "lr", "betas", "eps", "weight_decay", NULL};
 static const char *const scheduler_keys[] = {"type", "warmup_ratio", "decay_ratio", "start_lr", "final_lr", "decay_shape", NULL};
 static const char *const parallel_keys[] = {"pipeline_parallel_size", "context_parallel_size", "expert_parallel_size",
                                             "sharding_strategy", "timeout_s", "ep_capacity_factor", NULL};
+static const char *const validation_keys[] = {"dataset", "interval", "batches", NULL};
 static const char *const path_keys[] = {"model", "dataset", "run_dir", "save_location", "init_from", NULL};
 
 // Applies one "a.b.c=value" override; value is JSON when it parses as JSON, else a string.
@@ -60,6 +61,12 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
             path_normalize(buf);
             json_object_set_new(root, *k, json_string(buf));
         }
+    }
+    json_t *vd = json_object_get(json_object_get(root, "validation"), "dataset");
+    if (vd && json_is_string(vd) && json_string_value(vd)[0]) {
+        path_join(buf, sizeof buf, dir, json_string_value(vd));
+        path_normalize(buf);
+        json_object_set_new(json_object_get(root, "validation"), "dataset", json_string(buf));
     }
     for (int i = 0; i < nsets; i++) apply_set(root, file, sets[i]);
     jcheck_known(o, top_keys);
@@ -144,6 +151,15 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     if (!(c->parallel.timeout_s > 0)) jdie(par, "timeout_s", "must be positive (seconds)");
     c->parallel.ep_capacity_factor = jnum(par, "ep_capacity_factor", false, 0.0);
     if (!(c->parallel.ep_capacity_factor >= 0)) jdie(par, "ep_capacity_factor", "must be non-negative (0: the worst-case bound)");
+
+    JObj val = jobj_child(o, "validation");
+    jcheck_known(val, validation_keys);
+    if (val.obj) {
+        if (!jhas(val, "dataset")) jdie(val, "dataset", "missing required key");
+        copy_str(c->validation.dataset, sizeof c->validation.dataset, val, "dataset", NULL);
+        c->validation.batches = positive(val, "batches", false, 1);
+        c->validation.interval = jhas(val, "interval") ? positive(val, "interval", true, 0) : 0;
+    }
 
     if (c->global_batch_size % c->micro_batch_size)
         jdie(o, "global_batch_size", "must be a multiple of micro_batch_size (got %d and %d)", c->global_batch_size, c->micro_batch_size);
