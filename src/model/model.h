@@ -3,6 +3,7 @@
 // calls prolog → per layer stage 1..5 → epilog forward, and the mirror image backward.
 #pragma once
 #include "base/json.h"
+#include "base/safetensors.h"
 #include "ops/ops.h"
 
 #define MAX_LAYERS 256
@@ -119,8 +120,6 @@ typedef struct {
     Tensor down[MAX_LAYERS];     // MoE: (E_l, H, I); dense: (H, I)
 } SharedWeights;
 
-struct StSet;
-struct StWriter;
 // Buffers an HF layout hook allocates (transposed or dequantized tensors) until the writer has written them.
 typedef struct {
     void **p;
@@ -163,8 +162,8 @@ typedef struct {
     // dtypes), and hf_export writes the HF tensors made from the canonical ones of pith (dtype "bf16" or
     // "fp32" converts; NULL keeps the stored dtypes). Tensors they compute rather than slice live in
     // buffers from hf_buffer(keep, …), freed by the caller after the write.
-    void (*hf_import)(const ModelConfig *c, const ParamTable *t, const struct StSet *hf, struct StWriter *w, HfBuffers *keep);
-    void (*hf_export)(const ModelConfig *c, const ParamTable *t, const struct StSet *pith, struct StWriter *w, const char *dtype,
+    void (*hf_import)(const ModelConfig *c, const ParamTable *t, const StSet *hf, StWriter *w, HfBuffers *keep);
+    void (*hf_export)(const ModelConfig *c, const ParamTable *t, const StSet *pith, StWriter *w, const char *dtype,
                       HfBuffers *keep);
 } ModelFamily;
 
