@@ -17,8 +17,7 @@ typedef struct {
     double eps;
     bool tie_embed;
     bool is_moe[MAX_LAYERS]; // false: the layer has a dense MLP (mlp_only_layers, first_k_dense_replace, …)
-    int rope_dim;            // rotated dimensions per head: the rope tables are (S, rope_dim/2)
-    double rope_theta;
+    RopeSpec rope;           // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
     // elements (the FSDP shard count).
@@ -175,7 +174,7 @@ struct Model {
     DType cdt;            // compute dtype of weights and activations (fp32 on the CPU)
     Tensor w[NGROUPS];    // flat compute copies of the parameters (padded: cfg.pad)
     Tensor g[NGROUPS];    // flat fp32 gradient accumulators (padded: cfg.pad)
-    Tensor rope_cos, rope_sin; // (S, d/2) fp32
+    Tensor rope_cos, rope_sin; // (S, rope.rd/2) fp32 (op_rope_tables)
     Tensor loss_sum, lb_sum;   // (1) fp64: Σ CE and Σ load-balancing loss of the step so far
     double lb_coef;            // load-balancing loss coefficient (0: off)
     LoadBalance lb;            // its form (model_lb_setup; zeroed: micro-batch)
@@ -189,12 +188,13 @@ struct Model {
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported
 // Reads an HF config.json (or a folder holding one) into c; dies naming the file and field.
 const ModelFamily *model_config_load(ModelConfig *c, const char *path);
-// Rope tables for positions 0..S-1 (rotate-half, inv_freq_i = theta^(-2i/d)), fp32 on the CPU.
-void model_rope_tables(Tensor cos, Tensor sin, int S, int d, double theta);
 
 extern const ModelFamily qwen3_moe_family;
 
 // ---- the parts every family shares (moe.c) ----
+// The rope spec of an HF config with rd rotary dims: rope_theta at the top (transformers v4) or inside
+// rope_parameters / rope_scaling (v5), rope_type (or type) default, or yarn when yarn_ok, with its fields.
+void moe_rope_parse(ModelConfig *c, JObj hf, int rd, bool yarn_ok);
 // Checks of the generic fields after a family's config_parse (dies naming the field); experts_key: the
 // family's HF name of the expert count.
 void moe_config_check(const ModelConfig *c, JObj hf, const char *experts_key);
@@ -237,5 +237,6 @@ void model_lb_step_begin(Model *m); // a new step: the global-batch counts start
 // idx: (T, k).
 void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B);
 // op_router_backward with the load-balancing gradient of model_lb_loss (lb_grad.p == NULL: none).
-void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm, int B);
+void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
+                           const RouterArgs *ra, int B);
 void model_zero_grads(Model *m);

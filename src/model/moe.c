@@ -15,12 +15,37 @@ void moe_config_check(const ModelConfig *c, JObj o, const char *experts_key) {
     if (c->hidden <= 0 || c->layers <= 0 || c->heads <= 0 || c->vocab <= 0)
         jdie(o, NULL, "hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
     if (c->layers > MAX_LAYERS) jdie(o, "num_hidden_layers", "at most %d layers are supported", MAX_LAYERS);
-    if (c->rope_dim <= 0 || c->rope_dim % 2) jdie(o, NULL, "the rotary dimension must be positive and even (got %d)", c->rope_dim);
+    if (c->rope.rd <= 0 || c->rope.rd % 2) jdie(o, NULL, "the rotary dimension must be positive and even (got %d)", c->rope.rd);
     if (c->experts < 1 || c->topk < 1 || c->topk > c->experts)
         jdie(o, "num_experts_per_tok", "must be in [1, %s] (got %d of %d)", experts_key, c->topk, c->experts);
     if (c->moe_inter <= 0) jdie(o, "moe_intermediate_size", "must be positive");
     for (int l = 0; l < c->layers; l++)
         if (!c->is_moe[l] && c->dense_inter <= 0) jdie(o, "intermediate_size", "must be positive: layer %d has a dense MLP", l);
+}
+
+void moe_rope_parse(ModelConfig *c, JObj o, int rd, bool yarn_ok) {
+    JObj rp = jobj_child(o, "rope_parameters");
+    if (!rp.obj) rp = jobj_child(o, "rope_scaling");
+    RopeSpec *r = &c->rope;
+    memset(r, 0, sizeof *r);
+    r->rd = rd;
+    r->theta = rp.obj && jhas(rp, "rope_theta") ? jnum(rp, "rope_theta", true, 0) : jnum(o, "rope_theta", false, 10000.0);
+    if (!(r->theta > 1)) jdie(rp.obj && jhas(rp, "rope_theta") ? rp : o, "rope_theta", "must be above 1");
+    if (!rp.obj) return;
+    const char *rt = jhas(rp, "rope_type") ? jstr(rp, "rope_type", true, NULL) : jstr(rp, "type", false, "default");
+    if (!strcmp(rt, "default")) return;
+    if (strcmp(rt, "yarn") || !yarn_ok)
+        jdie(rp, "rope_type", "'%s' is not supported for %s (%s)", rt, c->model_type, yarn_ok ? "default or yarn" : "only default RoPE");
+    r->yarn = true;
+    r->orig_max_pos = jnum(rp, "original_max_position_embeddings", true, 0);
+    if (!(r->orig_max_pos > 0)) jdie(rp, "original_max_position_embeddings", "must be positive");
+    // transformers: a missing factor is max_position_embeddings / original_max_position_embeddings
+    r->factor = jhas(rp, "factor") ? jnum(rp, "factor", true, 0) : jnum(o, "max_position_embeddings", true, 0) / r->orig_max_pos;
+    if (!(r->factor > 0)) jdie(rp, "factor", "must be positive");
+    r->beta_fast = jnum(rp, "beta_fast", false, 32), r->beta_slow = jnum(rp, "beta_slow", false, 1);
+    r->truncate = jbool(rp, "truncate", false, true);
+    r->attention_factor = jnum(rp, "attention_factor", false, 0);
+    r->mscale = jnum(rp, "mscale", false, 0), r->mscale_all_dim = jnum(rp, "mscale_all_dim", false, 0);
 }
 
 void moe_params_embed(ParamTable *t, const ModelConfig *c) {
@@ -123,9 +148,9 @@ void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
-    op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up[l], io->offs);
+    op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up[l], NONE, io->offs);
     op_swiglu_forward(act, gu);
-    op_grouped_linear_forward(tensor_rows(io->ye, 0, R), act, W->down[l], io->offs);
+    op_grouped_linear_forward(tensor_rows(io->ye, 0, R), act, W->down[l], NONE, io->offs);
 }
 
 void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
@@ -154,8 +179,8 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
-    op_grouped_linear_backward_weight(G->down[l], tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R), io->offs);
-    op_grouped_linear_backward_weight(G->gate_up[l], tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R), io->offs);
+    op_grouped_linear_backward_weight(G->down[l], NONE, tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R), io->offs);
+    op_grouped_linear_backward_weight(G->gate_up[l], NONE, tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R), io->offs);
 }
 
 // ---- stage 5: weighted sum of the expert outputs + residual ----

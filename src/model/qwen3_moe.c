@@ -59,19 +59,11 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
     q->norm_topk = jbool(o, "norm_topk_prob", false, false);
     q->attn_bias = jbool(o, "attention_bias", false, false);
     c->tie_embed = jbool(o, "tie_word_embeddings", false, false);
-    // rope theta: top-level (transformers v4) or inside rope_parameters / rope_scaling (v5)
-    JObj rp = jobj_child(o, "rope_parameters");
-    if (!rp.obj) rp = jobj_child(o, "rope_scaling");
-    c->rope_theta = rp.obj && jhas(rp, "rope_theta") ? jnum(rp, "rope_theta", true, 0) : jnum(o, "rope_theta", false, 10000.0);
-    if (rp.obj) {
-        const char *rt = jhas(rp, "rope_type") ? jstr(rp, "rope_type", true, NULL) : jstr(rp, "type", false, "default");
-        if (strcmp(rt, "default")) jdie(rp, "rope_type", "'%s' is not supported for qwen3_moe (only default RoPE)", rt);
-    }
     if (jbool(o, "use_sliding_window", false, false)) jdie(o, "use_sliding_window", "sliding-window attention is not supported for qwen3_moe");
     if (q->kv_heads <= 0 || q->head_dim <= 0) jdie(o, NULL, "num_key_value_heads and head_dim must be positive");
     if (c->heads > 0 && c->heads % q->kv_heads) jdie(o, "num_key_value_heads", "must divide num_attention_heads (%d)", c->heads);
     if (q->head_dim % 2) jdie(o, "head_dim", "must be even for RoPE");
-    c->rope_dim = q->head_dim;
+    moe_rope_parse(c, o, q->head_dim, false);
     int layers = c->layers < 0 ? 0 : c->layers > MAX_LAYERS ? MAX_LAYERS : c->layers;
     int step = (int)jint(o, "decoder_sparse_step", false, 1);
     if (step < 1) jdie(o, "decoder_sparse_step", "must be at least 1");
@@ -199,6 +191,15 @@ static void qwen3_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, 
 
 // ---- stage 1: norm → attention → residual → norm → router ----
 
+// Causal attention scaled by 1/√d; softmax → top-k routing, renormalised when norm_topk_prob.
+static AttnArgs qwen3_attn_args(const Model *m, const MicroBatch *mb) {
+    return (AttnArgs){.B = mb->B, .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen3Config, &m->cfg)->head_dim)), .causal = true};
+}
+static RouterArgs qwen3_router_args(const Model *m) {
+    return (RouterArgs){.k = m->cfg.topk, .renorm = model_family_config(const Qwen3Config, &m->cfg)->norm_topk, .scale = 1,
+                        .force_balance = m->force_balance};
+}
+
 static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
     const ModelConfig *c = &m->cfg;
     const Qwen3Config *q = model_family_config(const Qwen3Config, c);
@@ -213,15 +214,17 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     op_linear_forward(tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
     op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, d), r->rq, tensor_reshape2(r->qp, T * nh, d), W->qn, (float)c->eps);
     op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, d), r->rk, tensor_reshape2(r->kp, T * nkv, d), W->kn, (float)c->eps);
-    op_rope(r->q, m->rope_cos, m->rope_sin, mb->pos, false);
-    op_rope(r->k, m->rope_cos, m->rope_sin, mb->pos, false);
-    op_attention_forward(r->att, r->lse, r->q, r->k, r->v, mb->B, (float)(1.0 / sqrt((double)d)));
+    op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
+    op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
+    AttnArgs aa = qwen3_attn_args(m, mb);
+    op_attention_forward(r->att, r->lse, r->q, r->k, r->v, &aa);
     op_linear_forward(h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
     op_add(h1, x);
     op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps);
     if (io->dense) return;
     op_linear_forward(r->logits, r->n2, W->router, NONE);
-    op_router_forward(r->probs, io->idx, io->w, r->logits, c->topk, q->norm_topk, m->force_balance);
+    RouterArgs ra = qwen3_router_args(m);
+    op_router_forward(r->probs, io->idx, io->w, r->logits, &ra);
     // The load-balancing term enters the objective as lb·T per micro-batch (spec §2.0), so its gradient
     // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
     if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T, mb->B);
@@ -237,7 +240,8 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     int64_t T = mb->T, d = q->head_dim, nh = c->heads, nkv = q->kv_heads;
     Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
     if (!io->dense) {
-        model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, q->norm_topk, mb->B);
+        RouterArgs ra = qwen3_router_args(m);
+        model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra, mb->B);
         op_linear_backward_input(dn2, r->dlogits, W->router, true);
         op_linear_backward_weight(G->router, NONE, r->dlogits, r->n2);
     }
@@ -246,9 +250,10 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     Tensor att2 = tensor_reshape2(r->att, T, nh * d), datt2 = tensor_reshape2(r->datt, T, nh * d);
     op_linear_backward_input(datt2, r->dh1, W->wo, false);
     op_linear_backward_weight(G->wo, G->bo, r->dh1, att2);
-    op_attention_backward(r->dq, r->dk, r->dv, r->datt, r->q, r->k, r->v, r->att, r->lse, mb->B, (float)(1.0 / sqrt((double)d)));
-    op_rope(r->dq, m->rope_cos, m->rope_sin, mb->pos, true);
-    op_rope(r->dk, m->rope_cos, m->rope_sin, mb->pos, true);
+    AttnArgs aa = qwen3_attn_args(m, mb);
+    op_attention_backward(r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
+    op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
+    op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rmsnorm_backward(tensor_reshape2(r->dqp, T * nh, d), G->qn, tensor_reshape2(r->dq, T * nh, d), tensor_reshape2(r->qp, T * nh, d), W->qn, r->rq, false);
     op_rmsnorm_backward(tensor_reshape2(r->dkp, T * nkv, d), G->kn, tensor_reshape2(r->dk, T * nkv, d), tensor_reshape2(r->kp, T * nkv, d), W->kn, r->rk, false);
     Tensor dqp = tensor_reshape2(r->dqp, T, nh * d), dkp = tensor_reshape2(r->dkp, T, nkv * d), dv = tensor_reshape2(r->dv, T, nkv * d);
