@@ -90,7 +90,8 @@ TEST(dist_comm_requests) {
 
 // The DualPipeV schedule executed over P = 1..4 ranks (one pipeline) on a toy model of 2P linear chunks:
 // the loss and every chunk's weight gradient equal an fp64 reference of the whole chain; N = 2P, 2P + 3,
-// 4P + 1 micro-batches. On fake GPUs too (device buffers over NCCL, stream order checked).
+// 4P + 1 micro-batches. On fake GPUs too (device buffers over NCCL, stream order checked). And on the real
+// model (CPU ranks, N = 2P, 2P + 3): loss, load-balancing loss and every gradient equal one engine's.
 TEST(dist_pipeline_schedule_run) {
     char out[8192];
     for (int np = 1; np <= 4; np++) {
@@ -98,6 +99,9 @@ TEST(dist_pipeline_schedule_run) {
         ASSERT_MSG(rc == 0 && strstr(out, "ok pipe"), "%d ranks: %s", np, out);
         rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_parallel pipe-gpu", np);
         ASSERT_MSG(rc == 0 && strstr(out, "ok pipe-gpu"), "%d ranks, fake GPUs: %s", np, out);
+        // the real model: a 4P-layer Qwen3-MoE in 2P chunks of two layers, one engine per record slot
+        rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_parallel pipe-model", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok pipe-model"), "%d ranks, the model: %s", np, out);
     }
 }
 
