@@ -220,4 +220,9 @@ TEST(muon_resume_bit_exact) {
                                         "cmp a/step-00000006/optimizer.safetensors b/step-00000006/optimizer.safetensors && "
                                         "sed 's/, .tokens_per_s.*//' a/metrics.jsonl > a.txt && sed 's/, .tokens_per_s.*//' b/metrics.jsonl > b.txt && "
                                         "cmp a.txt b.txt", d) == 0, "%s", out);
+    // Muon's state does not resume as AdamW's (nor the other way).
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/b --set optimizer.type=adamw --set max_steps=8",
+                   PITH_BIN, d, d) == 1);
+    ASSERT_MSG(strstr(out, "run.json: train_config.optimizer.type: the checkpoint's optimizer state is muon's, the config asks for adamw"),
+               "%s", out);
 }
