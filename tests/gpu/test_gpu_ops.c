@@ -258,6 +258,7 @@ TEST(gpu_op_attention_forms) {
         gpu_mode(MODE_DT);
         float s192 = 1.0f / sqrtf(192.0f), s64 = 0.125f;
         check_attention_args(MODE_DT, TOL, 90, 90, 4, 4, 192, 128, (AttnArgs){.B = 2, .scale = s192, .causal = true}, false);
+        printf("     MLA 192/128 %s: the backward ran %s\n", mode_ ? "bf16" : "fp32", cuda_attention_last_path());
         check_attention_args(MODE_DT, TOL, 70, 70, 4, 2, 32, 16, (AttnArgs){.B = 2, .scale = 0.2f, .causal = true}, false);
         check_attention_args(MODE_DT, TOL, 200, 200, 8, 2, 64, 64, (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 37},
                              true);

@@ -320,9 +320,10 @@ static AttnParams attention_params(Tensor q, Tensor k, Tensor v, const AttnArgs 
     return p;
 }
 
-// The form cuDNN's graphs and our tensor-core kernels implement: causal self-attention, one head dim.
-static bool attention_plain(Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
-    return a->causal && !a->window && !a->sinks.p && !a->q_off && !a->k_off && k.n[0] == q.n[0] && v.n[2] == q.n[2];
+// The form cuDNN's graphs and our tensor-core kernels implement: causal self-attention (cuDNN checks its head
+// dims itself; the tensor-core kernels take one head dim).
+static bool attention_plain(Tensor q, Tensor k, const AttnArgs *a) {
+    return a->causal && !a->window && !a->sinks.p && !a->q_off && !a->k_off && k.n[0] == q.n[0];
 }
 
 static const char *last_path = "none";
@@ -337,11 +338,11 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
     if (o.dt != q.dt) die("attention_forward: o must have q's dtype");
     int B = a->B, DQK = (int)q.n[2], DV = (int)v.n[2];
     if (p.Sq == 0) return;
-    if (attention_plain(q, k, v, a)) {
-        last_path = "cudnn";
-        if (cudnn_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale)) return; // cuDNN's fused kernel (bf16, d ≤ 128)
-        last_path = "flash";
-        if (flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale)) return; // our tensor-core kernel (bf16, d 64/128)
+    if (attention_plain(q, k, a)) {
+        last_path = "cudnn"; // cuDNN's fused kernel (bf16, d ≤ 128 or 192/128)
+        if (cudnn_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale)) return;
+        last_path = "flash"; // our tensor-core kernel (bf16, d 64/128)
+        if (DQK == DV && flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale)) return;
     }
     last_path = "generic";
 #define FWD(dqk, dv, tpr)                                                                                               \
@@ -373,11 +374,11 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
                       (float *)dsinks.p, (const T *)dout.p, (const T *)o.p, (const float *)lse.p, B, p.Sq, p.nh, DV, p.sinks)));
         CUDA_LAUNCH_CHECK();
     }
-    if (attention_plain(q, k, v, a)) {
+    if (attention_plain(q, k, a)) {
         last_path = "cudnn";
         if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale)) return;
         last_path = "flash";
-        if (flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale)) return;
+        if (DQK == DV && flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale)) return;
     }
     last_path = "generic";
 #define BWD(dqk, dv_, tpr)                                                                                              \
