@@ -143,7 +143,8 @@ TEST(errors_config) {
     expect_error(d, "--set micro_batch_size=0", "train.json: micro_batch_size: must be a positive integer");
     expect_error(d, "--set global_batch_size=5", "train.json: global_batch_size: must be a multiple of micro_batch_size");
     expect_error(d, "--set learning_rate=3", "train.json: learning_rate: unknown key");
-    expect_error(d, "--set optimizer.momentum=3", "train.json: optimizer.momentum: unknown key");
+    expect_error(d, "--set optimizer.nesterov=true", "train.json: optimizer.nesterov: unknown key");
+    expect_error(d, "--set optimizer.momentum=3", "train.json: optimizer.momentum: must be in [0, 1)");
     expect_error(d, "--set optimizer.type=sgd", "train.json: optimizer.type: 'sgd' is not supported");
     expect_error(d, "--set optimizer.betas=[0.9]", "train.json: optimizer.betas: expected [beta1, beta2]");
     expect_error(d, "--set scheduler.type=step", "train.json: scheduler.type: must be \"constant\" or \"wsd\"");

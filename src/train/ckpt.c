@@ -273,6 +273,12 @@ void ckpt_resume(Run *r, const char *dir) {
     JObj o = jobj_root(root, path);
     r->step = (int)jint(o, "step", true, 0);
     if (r->step < 0 || r->step > r->cfg.max_steps) jdie(o, "step", "%d is outside [0, max_steps = %d]", r->step, r->cfg.max_steps);
+    // The optimizer state means what its optimizer made it mean (Muon keeps its momentum in exp_avg).
+    json_t *ot = json_object_get(json_object_get(json_object_get(root, "train_config"), "optimizer"), "type");
+    const char *was = json_is_string(ot) ? json_string_value(ot) : "adamw";
+    if (strcmp(was, r->cfg.optimizer.type))
+        die("%s: train_config.optimizer.type: the checkpoint's optimizer state is %s's, the config asks for %s "
+            "(init_from starts from its weights alone)", path, was, r->cfg.optimizer.type);
     json_decref(root);
     snprintf(path, sizeof path, "%s/optimizer.safetensors.index.json", dir);
     if (!path_exists(path)) snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);

@@ -8,7 +8,7 @@ static const char *const top_keys[] = {"model", "dataset", "run_dir", "save_loca
                                        "micro_batch_size", "global_batch_size", "max_steps", "seed", "init_std", "optimizer",
                                        "scheduler", "clip_grad_norm", "moe_load_balance_coef", "moe_load_balance_type",
                                        "save_interval", "keep_last", "parallel", "device", "compute_dtype", "benchmark", "tensorboard", "validation", NULL};
-static const char *const optimizer_keys[] = {"type", "lr", "betas", "eps", "weight_decay", NULL};
+static const char *const optimizer_keys[] = {"type", "lr", "betas", "eps", "weight_decay", "momentum", NULL};
 static const char *const scheduler_keys[] = {"type", "warmup_ratio", "decay_ratio", "start_lr", "final_lr", "decay_shape", NULL};
 static const char *const parallel_keys[] = {"pipeline_parallel_size", "context_parallel_size", "expert_parallel_size",
                                             "sharding_strategy", "timeout_s", "ep_capacity_factor", NULL};
@@ -107,7 +107,8 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     JObj opt = jobj_child(o, "optimizer");
     jcheck_known(opt, optimizer_keys);
     copy_str(c->optimizer.type, sizeof c->optimizer.type, opt, "type", "adamw");
-    if (strcmp(c->optimizer.type, "adamw")) jdie(opt, "type", "'%s' is not supported (supported: adamw)", c->optimizer.type);
+    if (strcmp(c->optimizer.type, "adamw") && strcmp(c->optimizer.type, "muon"))
+        jdie(opt, "type", "'%s' is not supported (supported: adamw, muon)", c->optimizer.type);
     c->optimizer.lr = jnum(opt, "lr", true, 0);
     if (!(c->optimizer.lr >= 0)) jdie(opt, "lr", "must be non-negative");
     c->optimizer.beta1 = 0.9, c->optimizer.beta2 = 0.999;
@@ -123,6 +124,8 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     }
     c->optimizer.eps = jnum(opt, "eps", false, 1e-8);
     c->optimizer.weight_decay = jnum(opt, "weight_decay", false, 0.1);
+    c->optimizer.momentum = jnum(opt, "momentum", false, 0.95);
+    if (!(c->optimizer.momentum >= 0 && c->optimizer.momentum < 1)) jdie(opt, "momentum", "must be in [0, 1)");
 
     JObj sch = jobj_child(o, "scheduler");
     jcheck_known(sch, scheduler_keys);

@@ -17,8 +17,9 @@ typedef struct {
     uint64_t seed;
     double init_std;
     struct {
-        char type[16]; // "adamw"
+        char type[16]; // "adamw" | "muon" (Muon for 2-D+ weights, AdamW with betas/eps for the rest)
         double lr, beta1, beta2, eps, weight_decay;
+        double momentum; // Muon's β (default 0.95)
     } optimizer;
     struct {
         char type[16];        // "constant" | "wsd"
