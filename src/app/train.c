@@ -12,6 +12,9 @@ static void train_usage(FILE *f) {
                "  With save_location set, it resumes from the newest complete checkpoint there.\n"
                "  Several ranks: start it with mpirun/srun (scripts/launch.sh picks the line); rank 0 logs.\n"
                "  --steps N         take at most N steps in this invocation, then checkpoint and exit\n"
+               "  --print-config    print the effective config (every key, defaults filled in) and exit\n"
+               "  --config-table    print README.md's tables of config keys (generated from config.c) and exit\n"
+               "  --allow-config-change  resume even when a data-order or schedule key differs from the checkpoint's\n"
                "  --dump-grads DIR  write the first step's gradient (reduced, before clipping) to DIR as\n"
                "                    whole tensors under canonical names (layout-equivalence checks)\n"
                "  --set key=value   override a config key; nested keys with dots (optimizer.lr=3e-4);\n"
@@ -54,16 +57,22 @@ int cmd_train(int argc, char **argv) {
     const char *file = NULL, *dump = NULL;
     char **sets = xmalloc(argc * sizeof *sets);
     int nsets = 0, max_now = -1;
+    bool print_config = false, allow_change = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return train_usage(stdout), 0;
-        if (!strcmp(argv[i], "--set")) {
+        if (!strcmp(argv[i], "--config-table")) {
+            char *t = config_markdown();
+            fputs(t, stdout);
+            free(t);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--print-config")) print_config = true;
+        else if (!strcmp(argv[i], "--allow-config-change")) allow_change = true;
+        else if (!strcmp(argv[i], "--set")) {
             if (i + 1 >= argc) die("train: --set needs key=value");
             sets[nsets++] = argv[++i];
         } else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
-        else if (!strcmp(argv[i], "--steps")) {
-            char *end;
-            if (i + 1 >= argc || (max_now = (int)strtol(argv[++i], &end, 10)) <= 0 || *end) die("train: --steps needs a positive integer");
-        }
+        else if (!strcmp(argv[i], "--steps")) max_now = (int)arg_int("train", "--steps", i + 1 < argc ? argv[++i] : NULL, 1, 1 << 30);
         else if (!strcmp(argv[i], "--dump-grads")) {
             if (i + 1 >= argc) die("train: --dump-grads needs a folder");
             dump = argv[++i];
@@ -79,6 +88,14 @@ int cmd_train(int argc, char **argv) {
     TrainConfig cfg;
     config_load(&cfg, file, sets, nsets);
     free(sets);
+    cfg.allow_config_change = allow_change;
+    if (print_config) {
+        json_t *eff = config_effective(&cfg);
+        char *text = json_dumps(eff, JSON_INDENT(2));
+        puts(text);
+        free(text), json_decref(eff), json_decref(cfg.json);
+        return 0;
+    }
     Run r;
     run_setup(&r, &cfg, true);
     if (dump) snprintf(r.dump_grads, sizeof r.dump_grads, "%s", dump);

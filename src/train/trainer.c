@@ -13,7 +13,7 @@ size_t memory_plan_total(const MemoryPlan *p) {
 }
 
 static Device pick_device(const TrainConfig *c) {
-    if (!strcmp(c->device, "cuda") || (!strcmp(c->device, "auto") && ops_cuda_available())) {
+    if (c->device == DEVICE_CUDA || (c->device == DEVICE_AUTO && ops_cuda_available())) {
         if (!ops_cuda_available()) die("%s: device: \"cuda\" asked for, but %s", c->file, "this machine has no usable GPU or this build has no CUDA backend");
         return DEV_CUDA;
     }
@@ -57,7 +57,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     ModelConfig mc;
     const ModelFamily *fam = layout_config(c, d, &mc);
     Model m;
-    model_describe(&m, fam, &mc, dev, dev == DEV_CUDA && !strcmp(c->compute_dtype, "bf16") ? DT_BF16 : DT_F32, c->sequence_length);
+    model_describe(&m, fam, &mc, dev, dev == DEV_CUDA && c->compute_dtype == COMPUTE_BF16 ? DT_BF16 : DT_F32, c->sequence_length);
     model_layout(&m, c, d);
     Fsdp f;
     fsdp_setup(&f, d, &m);
@@ -75,20 +75,16 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     r->cfg = *cfg;
     const TrainConfig *c = &r->cfg;
     Dist *d = &r->dist;
-    dist_mesh_init(d, c->parallel.pp, c->parallel.cp, c->parallel.ep, !strcmp(c->parallel.sharding, "hsdp"), c->parallel.timeout_s, c->file);
+    dist_mesh_init(d, c->parallel.pp, c->parallel.cp, c->parallel.ep, c->parallel.sharding == SHARD_HSDP, c->parallel.timeout_s, c->file);
     Device dev = pick_device(c);
     if (dev == DEV_CUDA) dist_mesh_gpu(d); // one GPU per rank and NCCL communicators, before anything touches the GPU
-    DType cdt = dev == DEV_CUDA && !strcmp(c->compute_dtype, "bf16") ? DT_BF16 : DT_F32;
-    if (c->save_interval && !c->save_location[0]) die("%s: save_interval: needs save_location", c->file);
+    DType cdt = dev == DEV_CUDA && c->compute_dtype == COMPUTE_BF16 ? DT_BF16 : DT_F32;
     ModelConfig mc;
     const ModelFamily *fam = layout_config(c, d, &mc);
     Model *m = &r->model;
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     model_layout(m, c, d);
-    LbForm form = !strcmp(c->moe_load_balance_type, "global-batch") ? LB_GLOBAL_BATCH
-                  : !strcmp(c->moe_load_balance_type, "sequence")   ? LB_SEQUENCE
-                                                                     : LB_MICRO_BATCH;
-    model_lb_setup(m, form, &d->dp_ep, c->micro_batch_size * c->sequence_length);
+    model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length);
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
     Fsdp *f = &r->fsdp;
     fsdp_setup(f, d, m);
@@ -192,8 +188,8 @@ StepStats run_step(Run *r) {
     st.lr = c->optimizer.lr * config_lr_factor(c, r->step);
     r->step++;
     for (int g = 0; g < NGROUPS; g++)
-        op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.beta1,
-                 (float)c->optimizer.beta2, (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
+        op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.betas[0],
+                 (float)c->optimizer.betas[1], (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
     // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
     for (int g = 0; g < NGROUPS; g++) fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
     st.loss = sums[0] / N;
