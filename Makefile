@@ -7,7 +7,7 @@ NVCC    ?= /usr/local/cuda/bin/nvcc
 BUILD   := build
 CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -fopenmp -D_GNU_SOURCE -Isrc $(EXTRA_CFLAGS)
 LDFLAGS := -fopenmp $(EXTRA_LDFLAGS)
-LDLIBS  := -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzstd -lpthread -lm
+LDLIBS  := -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzstd -lprotobuf-c -lcairo -lpthread -lm
 # Open MPI's flags, asked from mpicc when a recipe runs (after deps.sh has installed it).
 MPI_CFLAGS = $(shell mpicc --showme:compile)
 MPI_LIBS   = $(shell mpicc --showme:link)
@@ -48,7 +48,10 @@ ifeq ($(FAKE_CUDA),1)
   CFLAGS += -DPITH_CUDA -DPITH_NCCL -DPITH_FAKE_CUDA -Itests/fake/include
   CU_OBJ := $(BUILD)/tests/fake/fake_cuda.o
 endif
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
+# Code protoc-c generates from src/train/*.proto (TensorBoard's event records) into $(BUILD)/gen/.
+PROTO    := $(wildcard src/train/*.proto)
+PROTO_C  := $(PROTO:src/train/%.proto=$(BUILD)/gen/%.pb-c.c)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(PROTO_C:%.c=%.o) $(CU_OBJ)
 DEPS_OK  := $(BUILD)/.deps-ok
 
 .PHONY: all test test-asan test-gpu test-gpu2 fake-build bench-gpu demo clean format
@@ -62,6 +65,16 @@ $(DEPS_OK): scripts/deps.sh
 $(BUILD)/%.o: %.c | $(DEPS_OK)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(MPI_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/gen/%.pb-c.c $(BUILD)/gen/%.pb-c.h: src/train/%.proto | $(DEPS_OK)
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen --proto_path=src/train $<
+
+$(BUILD)/gen/%.pb-c.o: $(BUILD)/gen/%.pb-c.c
+	$(CC) $(CFLAGS) -I$(BUILD)/gen -MMD -MP -c $< -o $@
+
+$(BUILD)/src/train/tboard.o: CFLAGS += -I$(BUILD)/gen
+$(BUILD)/src/train/tboard.o: $(PROTO_C:%.c=%.h)
 
 $(BUILD)/%.o: %.cu | $(DEPS_OK)
 	@mkdir -p $(dir $@)

@@ -4,6 +4,7 @@
 
 #include "app/app.h"
 #include "train/ckpt.h"
+#include "train/tboard.h"
 #include "train/trainer.h"
 
 static void train_usage(FILE *f) {
@@ -122,6 +123,8 @@ int cmd_train(int argc, char **argv) {
     char mpath[PATH_MAX_LEN + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
     FILE *metrics = d->world.rank == 0 ? open_metrics(cfg.run_dir, mpath, r.step) : NULL; // rank 0 logs
+    TbWriter tb = {0};
+    if (metrics && cfg.tensorboard) tboard_open(&tb, cfg.run_dir);
     int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps;
     while (r.step < stop) {
         StepStats st = run_step(&r);
@@ -133,17 +136,23 @@ int cmd_train(int argc, char **argv) {
         printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm, tps, st.seconds, peak);
         if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
         printf("\n");
+        // One list of scalars feeds metrics.jsonl and the TensorBoard file.
+        const char *keys[] = {"loss", "lb_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "fwdbwd_s", "peak_mem_gb",
+                              "gpu_peak_gb"};
+        double vals[] = {st.loss, st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
+                         gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
+        int nkeys = sizeof keys / sizeof *keys;
         if (metrics) {
-            fprintf(metrics,
-                    "{\"step\": %d, \"loss\": %.9g, \"lb_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, "
-                    "\"step_time_s\": %.6g, \"fwdbwd_s\": %.6g, \"peak_mem_gb\": %.4g, \"gpu_peak_gb\": %.4g}\n",
-                    r.step, st.loss, st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
-                    gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0);
+            fprintf(metrics, "{\"step\": %d", r.step);
+            for (int k = 0; k < nkeys; k++) fprintf(metrics, ", \"%s\": %.9g", keys[k], vals[k]);
+            fprintf(metrics, "}\n");
             fflush(metrics);
         }
+        if (tb.f) tboard_scalars(&tb, r.step, nkeys, keys, vals);
         if (run_save_due(&r) || (r.step == stop && cfg.save_location[0])) ckpt_save(&r);
     }
     if (metrics) fclose(metrics);
+    tboard_close(&tb);
     printf("%s: %d of %d steps, metrics in %s\n", r.step == cfg.max_steps ? "done" : "stopped", r.step, cfg.max_steps, mpath);
     run_free(&r);
     json_decref(cfg.json);

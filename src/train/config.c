@@ -77,6 +77,9 @@ static const ConfigKey top_keys[] = {
      .doc = "GPU compute dtype (the CPU computes in fp32)"},
     {.name = "run_dir", .kind = K_PATH, .off = OFF(run_dir), .def_text = "`save_location`, else `runs/<folder>-<name>`",
      .doc = "where `metrics.jsonl` goes"},
+    {.name = "tensorboard", .kind = K_BOOL, .off = OFF(tensorboard), .def = 1,
+     .doc = "rank 0 also writes the step scalars as a TensorBoard event file into `run_dir` (`tensorboard --logdir`, "
+            "`wandb sync --sync-tensorboard`)"},
     {.name = "save_location", .kind = K_PATH, .off = OFF(save_location), .def_text = "none",
      .doc = "checkpoints (layout-independent: they resume under any ranks and layout); one run at a time (a lock)"},
     {.name = "save_interval", .kind = K_INT, .off = OFF(save_interval), .lo = 0, .hi = 1 << 30,

@@ -51,6 +51,7 @@ typedef struct {
     DeviceChoice device;
     ComputeDtype compute_dtype; // GPU only; the CPU computes in fp32
     bool benchmark;             // force-balanced routing
+    bool tensorboard;           // rank 0 writes TensorBoard event files into run_dir (default true)
     json_t *json;               // the config as read (after overrides)
     bool allow_config_change;   // pith train --allow-config-change: resume even when data-order keys changed
 } TrainConfig;
