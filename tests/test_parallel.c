@@ -73,6 +73,21 @@ TEST(dist_comm_collectives) {
     }
 }
 
+// Requests issued and waited apart: a ring in one group, both pipeline directions, all-to-all-v beside
+// compute; a peer that never posts ends the receive at parallel.timeout_s with the call and group named.
+TEST(dist_comm_requests) {
+    char out[8192];
+    for (int np = 1; np <= 4; np++) {
+        int rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_parallel p2p", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok p2p"), "%d ranks: %s", np, out);
+    }
+    double t0 = now_seconds();
+    int rc = run_cmd(out, sizeof out, MPIRUN " 3 build/test_parallel hang-p2p");
+    ASSERT_MSG(rc != 0 && now_seconds() - t0 < 20 &&
+                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not complete within parallel.timeout_s = 3 s"),
+               "%s", out);
+}
+
 TEST(dist_ep_dispatch_combine) {
     char out[16384];
     for (int np = 1; np <= 4; np++) { // E = 2·ranks: random, empty rank, all to one expert, top-k = E
@@ -289,7 +304,18 @@ TEST(dist_nccl_transport_fake) {
         ASSERT_MSG(rc == 0 && strstr(out, "ok comm-gpu"), "%d ranks: %s", np, out);
         rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_parallel ep-gpu", np);
         ASSERT_MSG(rc == 0 && strstr(out, "ok ep-gpu"), "%d ranks: %s", np, out);
+        rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_parallel p2p-gpu", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok p2p-gpu"), "%d ranks: %s", np, out);
     }
+    // an op that reads a receive's buffer before comm_wait made the compute stream wait: refused
+    int hz = run_cmd(out, sizeof out, MPIRUN " 2 build-fake/test_parallel hazard-gpu");
+    ASSERT_MSG(hz != 0 && strstr(out, "fake CUDA: scale on the compute stream touches a buffer of an NCCL call it does not wait for"), "%s", out);
+    // a peer that never posts: the receive (blocked in the fake's NCCL call) ends at the timeout
+    double t1 = now_seconds();
+    hz = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-p2p-gpu");
+    ASSERT_MSG(hz != 0 && now_seconds() - t1 < 20 &&
+                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),
+               "%s", out);
     double t0 = now_seconds();
     int rc = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-gpu");
     ASSERT_MSG(rc != 0 && now_seconds() - t0 < 20 && strstr(out, "pith: error: rank 0: all-reduce on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),

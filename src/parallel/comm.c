@@ -57,12 +57,12 @@ static bool on_device(const Comm *c, const char *what, Tensor a, Tensor b) {
 #endif
 }
 
-// Waits for req, dying when the group's deadline passes first.
-static void comm_wait(const Comm *c, MPI_Request *req, const char *what) {
+// Waits for n requests, dying when the group's deadline passes first.
+static void mpi_wait(const Comm *c, int n, MPI_Request *req, const char *what) {
     double t0 = now_seconds();
     for (long spins = 0;; spins++) {
         int done = 0;
-        MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
+        MPI_CHECK(MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE));
         if (done) return;
         if (c->timeout_s > 0 && now_seconds() - t0 > c->timeout_s)
             die("%s on the %s group (%d ranks) did not complete within parallel.timeout_s = %g s: another rank failed or stopped", what,
@@ -94,7 +94,7 @@ void comm_allreduce(const Comm *c, Tensor x, CommOp op) {
     if (on_device(c, "all-reduce", x, (Tensor){0})) DEVICE_CALL(nccl_allreduce(c, x, op));
     MPI_Request req;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x.p, (int)tensor_numel(x), mpi_type(x.dt), op == COMM_SUM ? MPI_SUM : MPI_MAX, c->mpi, &req));
-    comm_wait(c, &req, "all-reduce");
+    mpi_wait(c, 1, &req, "all-reduce");
 }
 
 void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
@@ -103,7 +103,7 @@ void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
     if (on_device(c, "reduce-scatter", in, out)) DEVICE_CALL(nccl_reduce_scatter(c, out, in));
     MPI_Request req;
     MPI_CHECK(MPI_Ireduce_scatter_block(in.p == out.p ? MPI_IN_PLACE : in.p, out.p, (int)tensor_numel(out), mpi_type(in.dt), MPI_SUM, c->mpi, &req));
-    comm_wait(c, &req, "reduce-scatter");
+    mpi_wait(c, 1, &req, "reduce-scatter");
 }
 
 void comm_allgather(const Comm *c, Tensor out, Tensor in) {
@@ -114,7 +114,7 @@ void comm_allgather(const Comm *c, Tensor out, Tensor in) {
     bool in_place = (char *)in.p == (char *)out.p + (size_t)c->rank * tensor_bytes(in);
     MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.p, (int)tensor_numel(in), mpi_type(in.dt), out.p, (int)tensor_numel(in), mpi_type(in.dt),
                              c->mpi, &req));
-    comm_wait(c, &req, "all-gather");
+    mpi_wait(c, 1, &req, "all-gather");
 }
 
 void comm_alltoall(const Comm *c, Tensor out, Tensor in) {
@@ -124,53 +124,22 @@ void comm_alltoall(const Comm *c, Tensor out, Tensor in) {
     int n = (int)(tensor_numel(in) / c->size);
     MPI_Request req;
     MPI_CHECK(MPI_Ialltoall(in.p, n, mpi_type(in.dt), out.p, n, mpi_type(in.dt), c->mpi, &req));
-    comm_wait(c, &req, "all-to-all");
+    mpi_wait(c, 1, &req, "all-to-all");
 }
 
 void comm_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {
-    CHECK(in.dt == out.dt);
-    int64_t row = 1, nin = 0, nout = 0;
-    for (int i = 1; i < in.nd; i++) row *= in.n[i];
-    CHECK(out.nd == in.nd);
-    for (int i = 1; i < in.nd; i++) CHECK(out.n[i] == in.n[i]);
-    for (int p = 0; p < c->size; p++) nin += in_rows[p], nout += out_rows[p];
-    CHECK(nin <= in.n[0] && nout <= out.n[0]);
-    if (c->size == 1) return local_copy(tensor_rows(out, 0, nout), tensor_rows(in, 0, nin));
-    if (on_device(c, "all-to-all", out, in)) DEVICE_CALL(nccl_alltoallv(c, out, out_rows, in, in_rows));
-    // Counts and displacements: a buffer grown once and kept (calls come from the main thread only).
-    static int *buf, cap;
-    if (cap < 4 * c->size) buf = xrealloc(buf, (size_t)(cap = 4 * c->size) * sizeof(int));
-    int *cnt = buf, *sd = cnt + c->size, *rc = sd + c->size, *rd = rc + c->size;
-    int64_t so = 0, ro = 0;
-    for (int p = 0; p < c->size; p++) {
-        CHECK(so + in_rows[p] <= INT_MAX && ro + out_rows[p] <= INT_MAX);
-        cnt[p] = (int)in_rows[p], sd[p] = (int)so, rc[p] = (int)out_rows[p], rd[p] = (int)ro;
-        so += in_rows[p], ro += out_rows[p];
-    }
-    // One row is one element of a contiguous datatype, so counts and displacements are in rows.
-    MPI_Datatype rt;
-    MPI_CHECK(MPI_Type_contiguous((int)row, mpi_type(in.dt), &rt));
-    MPI_CHECK(MPI_Type_commit(&rt));
-    MPI_Request req;
-    MPI_CHECK(MPI_Ialltoallv(in.p, cnt, sd, rt, out.p, rc, rd, rt, c->mpi, &req));
-    comm_wait(c, &req, "all-to-all");
-    MPI_CHECK(MPI_Type_free(&rt));
+    CommReq r = comm_alltoallv_start(c, out, out_rows, in, in_rows);
+    comm_wait(&r);
 }
 
 void comm_send(const Comm *c, Tensor x, int peer) {
-    CHECK(peer >= 0 && peer < c->size && peer != c->rank);
-    if (on_device(c, "send", x, (Tensor){0})) DEVICE_CALL(nccl_send(c, x, peer));
-    MPI_Request req;
-    MPI_CHECK(MPI_Isend(x.p, (int)tensor_numel(x), mpi_type(x.dt), peer, 0, c->mpi, &req));
-    comm_wait(c, &req, "send");
+    CommReq r = comm_isend(c, x, peer);
+    comm_wait(&r);
 }
 
 void comm_recv(const Comm *c, Tensor x, int peer) {
-    CHECK(peer >= 0 && peer < c->size && peer != c->rank);
-    if (on_device(c, "recv", x, (Tensor){0})) DEVICE_CALL(nccl_recv(c, x, peer));
-    MPI_Request req;
-    MPI_CHECK(MPI_Irecv(x.p, (int)tensor_numel(x), mpi_type(x.dt), peer, 0, c->mpi, &req));
-    comm_wait(c, &req, "recv");
+    CommReq r = comm_irecv(c, x, peer);
+    comm_wait(&r);
 }
 
 void comm_broadcast(const Comm *c, Tensor x, int root) {
@@ -179,12 +148,85 @@ void comm_broadcast(const Comm *c, Tensor x, int root) {
     if (on_device(c, "broadcast", x, (Tensor){0})) DEVICE_CALL(nccl_broadcast(c, x, root));
     MPI_Request req;
     MPI_CHECK(MPI_Ibcast(x.p, (int)tensor_numel(x), mpi_type(x.dt), root, c->mpi, &req));
-    comm_wait(c, &req, "broadcast");
+    mpi_wait(c, 1, &req, "broadcast");
 }
 
 void comm_barrier(const Comm *c) {
     if (c->size == 1) return;
     MPI_Request req;
     MPI_CHECK(MPI_Ibarrier(c->mpi, &req));
-    comm_wait(c, &req, "barrier");
+    mpi_wait(c, 1, &req, "barrier");
+}
+
+// ---- requests ----
+
+CommReq comm_p2p_start(const Comm *c, const CommP2p *ops, int n) {
+    CHECK(n >= 1 && n <= COMM_MAX_P2P);
+    bool sends = false, recvs = false;
+    for (int i = 0; i < n; i++) {
+        CHECK(ops[i].peer >= 0 && ops[i].peer < c->size && ops[i].peer != c->rank);
+        sends |= ops[i].send, recvs |= !ops[i].send;
+    }
+    CommReq r = {.c = c, .what = sends && recvs ? "send/recv" : sends ? "send" : "recv", .row = MPI_DATATYPE_NULL};
+    bool dev = false;
+    for (int i = 0; i < n; i++) dev = on_device(c, r.what, ops[0].x, ops[i].x);
+#ifdef PITH_NCCL
+    if (dev) return r.event = nccl_p2p_start(c, ops, n, r.what), r;
+#endif
+    CHECK(!dev);
+    for (int i = 0; i < n; i++) {
+        Tensor x = ops[i].x;
+        if (!tensor_numel(x)) continue;
+        if (ops[i].send) MPI_CHECK(MPI_Isend(x.p, (int)tensor_numel(x), mpi_type(x.dt), ops[i].peer, 0, c->mpi, &r.mpi[r.n++]));
+        else MPI_CHECK(MPI_Irecv(x.p, (int)tensor_numel(x), mpi_type(x.dt), ops[i].peer, 0, c->mpi, &r.mpi[r.n++]));
+    }
+    return r;
+}
+
+CommReq comm_isend(const Comm *c, Tensor x, int peer) { return comm_p2p_start(c, &(CommP2p){true, x, peer}, 1); }
+CommReq comm_irecv(const Comm *c, Tensor x, int peer) { return comm_p2p_start(c, &(CommP2p){false, x, peer}, 1); }
+
+void comm_sendrecv(const Comm *c, Tensor x, int to, Tensor y, int from) {
+    CommReq r = comm_p2p_start(c, (CommP2p[]){{true, x, to}, {false, y, from}}, 2);
+    comm_wait(&r);
+}
+
+CommReq comm_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {
+    CommReq r = {.c = c, .what = "all-to-all", .row = MPI_DATATYPE_NULL};
+    CHECK(in.dt == out.dt);
+    int64_t row = 1, nin = 0, nout = 0;
+    for (int i = 1; i < in.nd; i++) row *= in.n[i];
+    CHECK(out.nd == in.nd);
+    for (int i = 1; i < in.nd; i++) CHECK(out.n[i] == in.n[i]);
+    for (int p = 0; p < c->size; p++) nin += in_rows[p], nout += out_rows[p];
+    CHECK(nin <= in.n[0] && nout <= out.n[0]);
+    if (c->size == 1) return local_copy(tensor_rows(out, 0, nout), tensor_rows(in, 0, nin)), r;
+#ifdef PITH_NCCL
+    if (on_device(c, r.what, out, in)) return r.event = nccl_alltoallv_start(c, out, out_rows, in, in_rows), r;
+#else
+    on_device(c, r.what, out, in);
+#endif
+    // Counts and displacements in rows (one row is one element of a contiguous datatype); MPI reads
+    // them until the exchange completes, so the request keeps them.
+    int *cnt = r.counts = xmalloc((size_t)4 * c->size * sizeof(int)), *sd = cnt + c->size, *rc = sd + c->size, *rd = rc + c->size;
+    int64_t so = 0, ro = 0;
+    for (int p = 0; p < c->size; p++) {
+        CHECK(so + in_rows[p] <= INT_MAX && ro + out_rows[p] <= INT_MAX);
+        cnt[p] = (int)in_rows[p], sd[p] = (int)so, rc[p] = (int)out_rows[p], rd[p] = (int)ro;
+        so += in_rows[p], ro += out_rows[p];
+    }
+    MPI_CHECK(MPI_Type_contiguous((int)row, mpi_type(in.dt), &r.row));
+    MPI_CHECK(MPI_Type_commit(&r.row));
+    MPI_CHECK(MPI_Ialltoallv(in.p, cnt, sd, r.row, out.p, rc, rd, r.row, c->mpi, &r.mpi[r.n++]));
+    return r;
+}
+
+void comm_wait(CommReq *r) {
+#ifdef PITH_NCCL
+    if (r->event) nccl_wait(r->event);
+#endif
+    if (r->n) mpi_wait(r->c, r->n, r->mpi, r->what);
+    if (r->row != MPI_DATATYPE_NULL) MPI_CHECK(MPI_Type_free(&r->row));
+    free(r->counts);
+    r->n = 0, r->event = NULL, r->counts = NULL, r->row = MPI_DATATYPE_NULL;
 }

@@ -6,6 +6,8 @@
 // against the group's deadline (parallel.timeout_s): MPI calls are polled with MPI_Test, NCCL calls by a
 // watchdog thread (event completion, ncclCommGetAsyncError), so a rank that died or hangs ends the job
 // with a message instead of a silent hang. A group of one rank needs neither: every call is a local copy.
+// Point-to-point transfers and all-to-all-v also come as requests, issued now and finished by comm_wait,
+// so compute can run while they travel.
 #pragma once
 #include <mpi.h>
 
@@ -42,6 +44,40 @@ void comm_send(const Comm *c, Tensor x, int peer);
 void comm_recv(const Comm *c, Tensor x, int peer);
 void comm_broadcast(const Comm *c, Tensor x, int root);
 void comm_barrier(const Comm *c);
+
+// ---- requests: issued now, finished by comm_wait ----
+// Until comm_wait returns the buffers belong to the transfer (host buffers); for device buffers comm_wait
+// makes the compute stream wait for the transfer (the host never does), so compute queued before the
+// wait runs beside it and compute queued after it sees the data. Every request is waited for exactly once.
+enum { COMM_MAX_P2P = 8 };
+typedef struct {
+    bool send;
+    Tensor x;
+    int peer;
+} CommP2p;
+typedef struct {
+    const Comm *c;
+    const char *what;              // "send", "recv", "send/recv", "all-to-all": for messages
+    int n;                         // MPI requests in flight (0: nothing left to wait for)
+    MPI_Request mpi[COMM_MAX_P2P];
+    MPI_Datatype row;              // all-to-all-v over MPI: the row type, freed by the wait
+    int *counts;                   // all-to-all-v over MPI: counts and displacements, kept until the wait
+    void *event;                   // device buffers: the transfer's completion event on the comm stream
+} CommReq;
+
+// Posts every send and receive of ops together — one NCCL group; over MPI each is started before any is
+// waited for — so an exchange in both directions, or around a ring, cannot deadlock. n ≤ COMM_MAX_P2P;
+// empty tensors are skipped (their partner's are empty too).
+CommReq comm_p2p_start(const Comm *c, const CommP2p *ops, int n);
+CommReq comm_isend(const Comm *c, Tensor x, int peer);
+CommReq comm_irecv(const Comm *c, Tensor x, int peer);
+// comm_alltoallv, issued now.
+CommReq comm_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows);
+// Finishes r. Host requests are polled against the group's deadline, counted from the start of the wait;
+// a device request's deadline is the watchdog's, counted from its issue.
+void comm_wait(CommReq *r);
+// x to rank `to` and y from rank `from`, both posted before either is waited for.
+void comm_sendrecv(const Comm *c, Tensor x, int to, Tensor y, int from);
 
 // Every MPI call goes through MPI_CHECK: a failure dies naming the call and file:line.
 #define MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)

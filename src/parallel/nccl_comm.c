@@ -164,9 +164,9 @@ static cudaStream_t call_begin(const Comm *c, const char *what) {
     return s;
 }
 
-// Ends it: an event on the comm stream that the compute stream's later work waits for and the watchdog
-// follows to completion.
-static void call_end(const Comm *c, const char *what, cudaStream_t s) {
+// Ends it: an event on the comm stream that the watchdog follows to completion (returned), and that the
+// compute stream's later work waits for unless the call is asynchronous (call_end_async).
+static cudaEvent_t watch_push(const Comm *c, const char *what, cudaStream_t s) {
     pthread_mutex_lock(&W.mu);
     W.in_call = false;
     while (W.count == RING) { // the GPU is 1024 calls behind: wait for the watchdog to retire one
@@ -181,7 +181,34 @@ static void call_end(const Comm *c, const char *what, cudaStream_t s) {
     if (e == cudaSuccess) W.count++;
     pthread_mutex_unlock(&W.mu);
     CUDA_OK(e);
-    CUDA_OK(cudaStreamWaitEvent(compute_stream(), ev, 0));
+    return ev;
+}
+
+static void call_end(const Comm *c, const char *what, cudaStream_t s) {
+    CUDA_OK(cudaStreamWaitEvent(compute_stream(), watch_push(c, what, s), 0));
+}
+
+// Completion events of asynchronous calls: a pool (the ring's events are reused once retired, so a
+// request cannot hold one), taken at issue and given back by nccl_wait, kept for the process's lifetime.
+// Main thread only.
+enum { POOL = 256 };
+static cudaEvent_t pool[POOL];
+static int npool = -1; // free events on the stack pool[0 .. npool); -1: not created yet
+
+static cudaEvent_t call_end_async(const Comm *c, const char *what, cudaStream_t s) {
+    watch_push(c, what, s);
+    if (npool < 0)
+        for (npool = 0; npool < POOL; npool++) CUDA_OK(cudaEventCreateWithFlags(&pool[npool], cudaEventDisableTiming));
+    if (npool == 0) die("NCCL: more than %d asynchronous calls issued and not waited for", POOL);
+    cudaEvent_t ev = pool[--npool];
+    CUDA_OK(cudaEventRecord(ev, s));
+    return ev;
+}
+
+void nccl_wait(void *event) {
+    CUDA_OK(cudaStreamWaitEvent(compute_stream(), (cudaEvent_t)event, 0));
+    CHECK(npool >= 0 && npool < POOL);
+    pool[npool++] = event;
 }
 
 // ---- set-up ----
@@ -291,7 +318,7 @@ void nccl_allgather(const Comm *c, Tensor out, Tensor in) {
 
 // Rows in rank blocks (comm_alltoallv's contract) as one group of sends and receives; the block a rank
 // keeps is a device copy on the same stream.
-static void exchange(const Comm *c, const char *what, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows, int64_t row) {
+static cudaEvent_t exchange(const Comm *c, const char *what, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows, int64_t row) {
     size_t rb = (size_t)row * dtype_size(in.dt); // bytes per row
     ncclDataType_t t = nccl_dtype(in.dt);
     char *o = out.p;
@@ -310,37 +337,40 @@ static void exchange(const Comm *c, const char *what, Tensor out, const int64_t 
         if (out_rows[p]) NCCL_OK(c, ncclRecv(o + ro * rb, (size_t)(out_rows[p] * row), t, p, nc_of(c), s));
     }
     NCCL_OK(c, ncclGroupEnd());
-    call_end(c, what, s);
+    return call_end_async(c, what, s);
 }
 
 void nccl_alltoall(const Comm *c, Tensor out, Tensor in) {
     int64_t n = tensor_numel(in) / c->size;
     int64_t *rows = xmalloc((size_t)c->size * sizeof(int64_t));
     for (int p = 0; p < c->size; p++) rows[p] = 1;
-    exchange(c, "all-to-all", out, rows, in, rows, n);
+    nccl_wait(exchange(c, "all-to-all", out, rows, in, rows, n));
     free(rows);
 }
 
 void nccl_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {
+    nccl_wait(nccl_alltoallv_start(c, out, out_rows, in, in_rows));
+}
+
+void *nccl_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {
     int64_t row = 1;
     for (int d = 1; d < in.nd; d++) row *= in.n[d];
-    exchange(c, "all-to-all", out, out_rows, in, in_rows, row);
+    return exchange(c, "all-to-all", out, out_rows, in, in_rows, row);
 }
 
-void nccl_send(const Comm *c, Tensor x, int peer) {
-    size_t n = (size_t)tensor_numel(x);
-    if (!n) return;
-    cudaStream_t s = call_begin(c, "send");
-    NCCL_OK(c, ncclSend(x.p, n, nccl_dtype(x.dt), peer, nc_of(c), s));
-    call_end(c, "send", s);
-}
-
-void nccl_recv(const Comm *c, Tensor x, int peer) {
-    size_t n = (size_t)tensor_numel(x);
-    if (!n) return;
-    cudaStream_t s = call_begin(c, "recv");
-    NCCL_OK(c, ncclRecv(x.p, n, nccl_dtype(x.dt), peer, nc_of(c), s));
-    call_end(c, "recv", s);
+// Every send and receive of ops in one group, so pairs in both directions cannot deadlock.
+void *nccl_p2p_start(const Comm *c, const CommP2p *ops, int n, const char *what) {
+    cudaStream_t s = call_begin(c, what);
+    NCCL_OK(c, ncclGroupStart());
+    for (int i = 0; i < n; i++) {
+        Tensor x = ops[i].x;
+        size_t count = (size_t)tensor_numel(x);
+        if (!count) continue;
+        if (ops[i].send) NCCL_OK(c, ncclSend(x.p, count, nccl_dtype(x.dt), ops[i].peer, nc_of(c), s));
+        else NCCL_OK(c, ncclRecv(x.p, count, nccl_dtype(x.dt), ops[i].peer, nc_of(c), s));
+    }
+    NCCL_OK(c, ncclGroupEnd());
+    return call_end_async(c, what, s);
 }
 
 void nccl_broadcast(const Comm *c, Tensor x, int root) {

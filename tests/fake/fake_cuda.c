@@ -7,8 +7,10 @@
 //     it says DEV_CPU), every device copy stays inside device memory;
 //   - stream order: each stream counts its work; an event remembers (stream, count) when recorded and
 //     cudaStreamWaitEvent makes a stream depend on it. A collective on the comm stream must depend on all
-//     compute work issued before it, and any compute work (an op, a read to the host) must depend on
-//     every collective issued before it — what events must guarantee on a GPU, where streams overlap;
+//     compute work issued before it, and compute work (an op, a read to the host) that touches a buffer
+//     of a collective must depend on that collective — what events must guarantee on a GPU, where
+//     streams overlap. Compute on other buffers may run beside a collective it has not waited for (the
+//     asynchronous requests of comm.h); the fake still executes each NCCL call when it is issued;
 //   - NCCL calls run on the comm stream, in-place forms are NCCL's, no other buffer overlap.
 // A violation prints "fake CUDA: ..." and aborts every rank.
 #include <mpi.h>
@@ -66,14 +68,41 @@ static struct fake_stream streams[2] = {{"compute", 0, {0, 0}}, {"comm", 0, {0, 
 #define COMM (&streams[1])
 static int sid(cudaStream_t s) { return (int)(s - streams); }
 
-// Work on stream s: it must depend on all the other stream's earlier work.
+// Buffers of comm-stream work (with its count on that stream) the compute stream may not have waited for.
+typedef struct {
+    const char *p;
+    size_t n;
+    long seq;
+} Inflight;
+static Inflight inflight[1024];
+static int ninflight;
+
+// Work on stream s. On the comm stream it must depend on all the compute stream's earlier work.
 static void issue(cudaStream_t s, const char *what) {
     int me = sid(s), other = 1 - me;
     if (me < 0 || me > 1) fake_fail("%s: not a stream of the backend", what);
-    if (s->seen[other] < streams[other].seq)
+    if (s == COMM && s->seen[other] < streams[other].seq)
         fake_fail("%s on the %s stream does not wait for the %s stream's earlier work (an event is missing)", what, s->name, streams[other].name);
     s->seq++;
     s->seen[me] = s->seq;
+}
+
+// The comm stream's latest work uses [p, p + n).
+static void inflight_add(const void *p, size_t n) {
+    int k = 0;
+    for (int i = 0; i < ninflight; i++) // forget what the compute stream has waited for
+        if (inflight[i].seq > COMPUTE->seen[1]) inflight[k++] = inflight[i];
+    ninflight = k;
+    if (n == 0) return;
+    if (ninflight == 1024) fake_fail("more than 1024 NCCL buffers in flight");
+    inflight[ninflight++] = (Inflight){p, n, COMM->seq};
+}
+
+// Compute work touching [p, p + n) must wait for every collective that uses it.
+static void check_inflight(const void *p, size_t n, const char *what) {
+    for (int i = 0; i < ninflight; i++)
+        if (inflight[i].seq > COMPUTE->seen[1] && n && (const char *)p < inflight[i].p + inflight[i].n && inflight[i].p < (const char *)p + n)
+            fake_fail("%s on the compute stream touches a buffer of an NCCL call it does not wait for (an event is missing)", what);
 }
 
 static int fake_gpus(void) {
@@ -103,7 +132,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags) 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) { return cudaSuccess; }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
     if (kind != cudaMemcpyDeviceToDevice || !is_device(dst, bytes) || !is_device(src, bytes)) fake_fail("cudaMemcpyAsync: not a device-to-device copy inside device memory");
+    if (s == COMPUTE) check_inflight(dst, bytes, "cudaMemcpyAsync"), check_inflight(src, bytes, "cudaMemcpyAsync");
     issue(s, "cudaMemcpyAsync");
+    if (s == COMM) inflight_add(dst, bytes), inflight_add(src, bytes);
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -144,6 +175,8 @@ static void nccl_buf(const void *p, size_t bytes, const char *what, cudaStream_t
     if (bytes && !is_device(p, bytes)) fake_fail("%s: buffer %p (%zu bytes) is not device memory", what, p, bytes);
     if (s != COMM) fake_fail("%s: not on the comm stream", what);
 }
+// After the call's issue: its buffers are in flight until the compute stream waits for it.
+static void nccl_inflight(const void *a, size_t na, const void *b, size_t nb) { inflight_add(a, na), inflight_add(b, nb); }
 static bool overlap(const void *a, size_t na, const void *b, size_t nb) {
     return na && nb && (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
 }
@@ -190,6 +223,7 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     nccl_buf(send, b, "ncclAllReduce", s), nccl_buf(recv, b, "ncclAllReduce", s);
     if (send != recv && overlap(send, b, recv, b)) fake_fail("ncclAllReduce: overlapping buffers");
     issue(s, "ncclAllReduce");
+    nccl_inflight(send, b, recv, b);
     MPI_OK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
     return ncclSuccess;
 }
@@ -199,6 +233,7 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, n
     bool in_place = (const char *)recv == (const char *)send + comm->rank * b;
     if (!in_place && overlap(send, b * comm->size, recv, b)) fake_fail("ncclReduceScatter: overlapping buffers that are not NCCL's in-place form");
     issue(s, "ncclReduceScatter");
+    nccl_inflight(send, b * comm->size, recv, b);
     void *tmp = malloc(b * comm->size + 1);
     memcpy(tmp, send, b * comm->size);
     MPI_OK(MPI_Reduce_scatter_block(tmp, recv, (int)recvcount, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
@@ -211,6 +246,7 @@ ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclD
     bool in_place = (const char *)send == (const char *)recv + comm->rank * b;
     if (!in_place && overlap(send, b, recv, b * comm->size)) fake_fail("ncclAllGather: overlapping buffers that are not NCCL's in-place form");
     issue(s, "ncclAllGather");
+    nccl_inflight(send, b, recv, b * comm->size);
     MPI_OK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)b, MPI_BYTE, recv, (int)b, MPI_BYTE, comm->mpi));
     return ncclSuccess;
 }
@@ -218,6 +254,7 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
     size_t b = count * nccl_size(dt);
     nccl_buf(send, b, "ncclBroadcast", s), nccl_buf(recv, b, "ncclBroadcast", s);
     issue(s, "ncclBroadcast");
+    nccl_inflight(send, b, recv, b);
     if (comm->rank == root && send != recv) memmove(recv, send, b);
     MPI_OK(MPI_Bcast(recv, (int)b, MPI_BYTE, root, comm->mpi));
     return ncclSuccess;
@@ -228,6 +265,7 @@ static void p2p(bool send, void *p, size_t count, ncclDataType_t dt, int peer, n
     if (peer < 0 || peer >= comm->size || peer == comm->rank) fake_fail("ncclSend/Recv: peer %d of %d (self: a local copy instead)", peer, comm->size);
     if (!count) fake_fail("ncclSend/Recv of 0 elements (skipped by pith on both sides)");
     issue(s, send ? "ncclSend" : "ncclRecv");
+    inflight_add(p, b);
     P2p q = {send, p, (int)b, peer, comm};
     if (depth == 0) {
         if (send) MPI_OK(MPI_Send(p, q.bytes, MPI_BYTE, peer, 7, comm->mpi));
@@ -300,7 +338,8 @@ void cuda_stream_wait_event(void *stream, void *ev) { cudaStreamWaitEvent(stream
 #define OP(name, ...)                                                                                 \
     do {                                                                                              \
         Tensor *ts_[] = {__VA_ARGS__};                                                                \
-        for (size_t i_ = 0; i_ < sizeof ts_ / sizeof *ts_; i_++) check_side(*ts_[i_], #name), ts_[i_]->dev = DEV_CPU; \
+        for (size_t i_ = 0; i_ < sizeof ts_ / sizeof *ts_; i_++)                                      \
+            check_side(*ts_[i_], #name), check_inflight(ts_[i_]->p, tensor_bytes(*ts_[i_]), #name), ts_[i_]->dev = DEV_CPU; \
         issue(COMPUTE, #name);                                                                        \
     } while (0)
 

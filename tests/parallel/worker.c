@@ -6,8 +6,12 @@
 //              all tokens to one expert, top-k = number of experts
 //   capacity   an ep_capacity_factor too small for the routing: must stop with the capacity message
 //   hang       rank 1 stops taking part: the others must stop at parallel.timeout_s with a message
-//   comm-gpu, ep-gpu, hang-gpu   the same on device buffers over NCCL (one GPU per rank, dist_mesh_gpu);
-//              comm-gpu adds bf16 (all-gather, all-to-all-v, and all-reduce on a real GPU)
+//   p2p        requests (comm_p2p_start, isend/irecv, sendrecv, all-to-all-v issued and waited apart): a
+//              ring of one group per rank, both pipeline directions at once, compute between issue and wait
+//   hang-p2p   rank 1 never posts: the others' receives from it must stop at parallel.timeout_s
+//   comm-gpu, ep-gpu, hang-gpu, p2p-gpu, hang-p2p-gpu   the same on device buffers over NCCL (one GPU per
+//              rank, dist_mesh_gpu); comm-gpu adds bf16 (all-gather, all-to-all-v, all-reduce on a real GPU)
+//   hazard-gpu an op reads a receive's buffer before comm_wait: the fake GPU must refuse it
 // A failed check dies (every rank stops, the message names the rank); success prints "ok SUITE" on rank 0.
 #include <math.h>
 #include <unistd.h>
@@ -163,6 +167,60 @@ static void suite_comm(const Dist *d) {
     EXPECT(I64(e)[0] == (int64_t)d->ep * first + d->ep * (d->ep - 1) / 2, "ep group members\n");
     if (dev == DEV_CUDA) // groups of the same ranks share one communicator
         EXPECT(d->ep_g.size == 1 || d->ep_g.size != P || d->ep_g.nccl == d->world.nccl, "ep and world share NCCL\n");
+}
+
+// ---- p2p: requests issued and waited apart ----
+
+static float ringval(int from, int i) { return (float)(from * 1000 + i % 1000); }
+
+static void suite_p2p(const Dist *d) {
+    const Comm *w = &d->world;
+    int P = w->size, me = w->rank, next = (me + 1) % P, prev = (me + P - 1) % P;
+    int n = 1 << 15; // 128 KB, above MPI's eager limit: each send waits for its receive
+    Tensor s = host(DT_F32, n, 1), r = host(DT_F32, n, 1), o = host(DT_F32, 64, 1), sd, rd, od;
+    for (int i = 0; i < n; i++) F(s)[i] = ringval(me, i);
+    for (int i = 0; i < 64; i++) F(o)[i] = (float)i;
+    od = up(o);
+    // all-to-all-v issued, compute on another buffer, then the wait (one rank: a local copy)
+    int64_t *cnt = xcalloc(P, sizeof(int64_t));
+    for (int p = 0; p < P; p++) cnt[p] = 3;
+    Tensor a = host(DT_F32, 3 * P, 1), b = host(DT_F32, 3 * P, 1), bd;
+    for (int i = 0; i < 3 * P; i++) F(a)[i] = (float)(100 * me + i / 3);
+    CommReq q = comm_alltoallv_start(w, bd = up(b), cnt, up(a), cnt);
+    op_scale(od, 2.0f);
+    comm_wait(&q);
+    down(b, bd);
+    for (int i = 0; i < 3 * P; i++) EXPECT(F(b)[i] == (float)(100 * (i / 3) + me), "all-to-all-v request %d\n", i);
+    free(cnt);
+    if (P == 1) return;
+    // a ring in one group per rank: every rank sends to the next and receives from the previous at once
+    q = comm_p2p_start(w, (CommP2p[]){{true, sd = up(s), next}, {false, rd = up(r), prev}}, 2);
+    op_scale(od, 0.5f); // compute beside the transfer, on another buffer
+    comm_wait(&q);
+    down(r, rd);
+    for (int i = 0; i < n; i++) EXPECT(F(r)[i] == ringval(prev, i), "ring %d\n", i);
+    // the pipeline's two directions (activations forward, gradients back) with sendrecv, and a group with
+    // an empty transfer, which both ends skip
+    Tensor r2 = host(DT_F32, n, 1), r2d;
+    comm_sendrecv(w, sd, next, rd = up(r), prev);
+    comm_sendrecv(w, sd, prev, r2d = up(r2), next);
+    down(r, rd), down(r2, r2d);
+    for (int i = 0; i < n; i++) EXPECT(F(r)[i] == ringval(prev, i) && F(r2)[i] == ringval(next, i), "sendrecv %d\n", i);
+    Tensor empty = tensor_rows(sd, 0, 0);
+    q = comm_p2p_start(w, (CommP2p[]){{true, empty, next}, {false, tensor_rows(rd, 0, 0), prev}, {true, sd, prev}, {false, r2d, next}}, 4);
+    comm_wait(&q);
+    down(r2, r2d);
+    for (int i = 0; i < n; i++) EXPECT(F(r2)[i] == ringval(next, i), "group with an empty transfer %d\n", i);
+    // host buffers: receives and sends as separate requests, waited in another order than issued (on the
+    // GPU one exchange must be one group: calls on the comm stream run in issue order)
+    if (dev == DEV_CPU) {
+        CommReq q1 = comm_irecv(w, r, prev), q2 = comm_irecv(w, r2, next), q3 = comm_isend(w, s, next), q4 = comm_isend(w, s, prev);
+        comm_wait(&q4), comm_wait(&q2), comm_wait(&q3), comm_wait(&q1);
+        for (int i = 0; i < n; i++) EXPECT(F(r)[i] == ringval(prev, i) && F(r2)[i] == ringval(next, i), "separate requests %d\n", i);
+    }
+    down(o, od);
+    for (int i = 0; i < 64; i++) EXPECT(F(o)[i] == (float)i, "compute beside the transfers %d\n", i);
+    free(s.p), free(r.p), free(r2.p), free(o.p), free(a.p), free(b.p);
 }
 
 // ---- ep: dispatch and combine ----
@@ -333,7 +391,7 @@ static void suite_ep(const Dist *d) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 2) die("usage: test_parallel comm|ep|capacity|hang[-gpu]");
+    if (argc < 2) die("usage: test_parallel comm|ep|capacity|hang|p2p|hang-p2p[-gpu] | hazard-gpu");
     char suite[32];
     snprintf(suite, sizeof suite, "%s", argv[1]);
     size_t len = strlen(suite);
@@ -342,7 +400,7 @@ int main(int argc, char **argv) {
     dist_launch();
     int P = dist_world_size();
     Dist d;
-    dist_mesh_init(&d, 1, 1, strcmp(suite, "comm") ? P : (P % 2 ? 1 : 2), false, !strcmp(suite, "hang") ? 3 : 60, "test_parallel");
+    dist_mesh_init(&d, 1, 1, strcmp(suite, "comm") ? P : (P % 2 ? 1 : 2), false, !strncmp(suite, "hang", 4) ? 3 : 60, "test_parallel");
     if (gpu) {
         if (!ops_cuda_available()) die("test_parallel %s: no GPU", argv[1]);
         dist_mesh_gpu(&d);
@@ -361,6 +419,21 @@ int main(int argc, char **argv) {
             comm_allreduce(&d.world, xd, COMM_SUM);
             down(x, xd);
         } else comm_barrier(&d.world);
+    } else if (!strcmp(suite, "p2p")) suite_p2p(&d);
+    else if (!strcmp(suite, "hang-p2p")) { // rank 1 never posts its sends
+        Tensor x = host(DT_F32, 4, 1), xd = up(x);
+        if (d.world.rank == 1) sleep(30);
+        else {
+            CommReq q = comm_irecv(&d.world, xd, 1);
+            comm_wait(&q);
+            down(x, xd);
+        }
+    } else if (!strcmp(suite, "hazard") && gpu) { // an op on a receive's buffer before the wait
+        Tensor x = host(DT_F32, 4, 1), xd = up(x);
+        int peer = d.world.rank ^ 1;
+        CommReq q = comm_p2p_start(&d.world, (CommP2p[]){{true, up(x), peer}, {false, xd, peer}}, 2);
+        op_scale(xd, 2.0f);
+        comm_wait(&q);
     } else die("test_parallel: unknown suite '%s'", argv[1]);
     if (d.world.rank == 0) printf("ok %s: %d ranks, %d checks on rank 0\n", argv[1], P, nchecks);
     if (gpu) arena_destroy(&devmem);

@@ -1,0 +1,239 @@
+// test_pipe.c — the DualPipeV schedule (pipe/dualpipev.h) as data, for P = 1..4 ranks and several
+// micro-batch counts: the reference's P = 2, N = 8 order exactly; every forward, backward and deferred
+// weight gradient once and in dependency order; every message matched once by the right rank, chunk and
+// micro-batch (messages between two ranks pair in posting order, as NCCL pairs them); the ranks run to
+// the end when each group of messages blocks until every message of it has met its partner (no
+// deadlock); every buffer a step touches is alive then, and the slots never hold two buffers at once.
+#include "pipe/dualpipev.h"
+#include "test.h"
+
+static PipeSchedule *build_all(int P, int N, bool forward_only) {
+    PipeSchedule *s = xcalloc(P, sizeof *s);
+    for (int r = 0; r < P; r++) dualpipev_build(&s[r], P, N, r, forward_only);
+    return s;
+}
+static void free_all(PipeSchedule *s, int P) {
+    for (int r = 0; r < P; r++) dualpipev_free(&s[r]);
+    free(s);
+}
+
+// The step of rank s holding message m (by index), and of each (phase, mb)'s forward and backward.
+static int step_of_msg(const PipeSchedule *s, int m) {
+    for (int i = 0; i < s->nsteps; i++)
+        if (m >= s->steps[i].msg0 && m < s->steps[i].msg0 + s->steps[i].nmsg) return i;
+    return -1;
+}
+
+static void expect_alive(const PipeSchedule *s, int kind, int p, int mb, int t, const char *what) {
+    static const char *kinds[] = {"record", "output gradient", "input gradient"};
+    int c = s->claim[kind][p][mb], r = s->release[kind][p][mb];
+    ASSERT_MSG(c >= 0 && c <= t && t <= r,
+               "P=%d N=%d rank %d: %s of phase %d mb %d used by %s at time %d, alive over [%d, %d]", s->P, s->N,
+               s->rank, kinds[kind], p, mb, what, t, c, r);
+}
+
+// One rank alone: counts, order of computes, and buffer lifetimes.
+static void check_rank(const PipeSchedule *s) {
+    int P = s->P, N = s->N, r = s->rank;
+    int *fstep = xmalloc(2 * N * sizeof(int)), *bstep = xmalloc(2 * N * sizeof(int)), *zb = xcalloc(2 * N, sizeof(int)),
+        *wdone = xcalloc(2 * N, sizeof(int));
+    for (int i = 0; i < 2 * N; i++) fstep[i] = bstep[i] = -1;
+    int nf[2] = {0, 0}, nb[2] = {0, 0}, nzb = 0, nw = 0;
+    for (int i = 0; i < s->nsteps; i++) {
+        const PipeStep *st = &s->steps[i];
+        for (int m = st->msg0; m < st->msg0 + st->nmsg; m++) {
+            const PipeMsg *g = &s->msgs[m];
+            expect_alive(s, g->grad ? (g->send ? PIPE_GIN : PIPE_GOUT) : PIPE_REC, g->phase, g->mb, 2 * i, "a message");
+            const int *done = g->grad ? bstep : fstep;
+            if (g->send)
+                ASSERT_MSG(done[g->phase * N + g->mb] >= 0 && done[g->phase * N + g->mb] < i,
+                           "rank %d: sends phase %d mb %d before computing it", r, g->phase, g->mb);
+            else
+                ASSERT_MSG(done[g->phase * N + g->mb] < 0,
+                           "rank %d: receives the input of phase %d mb %d after computing it", r, g->phase, g->mb);
+        }
+        int t = 2 * i + 1;
+        if (st->kind == PIPE_F || st->kind == PIPE_FB) {
+            int p = st->fphase, mb = st->fmb;
+            ASSERT_MSG(mb == nf[p]++, "rank %d: forwards of phase %d out of order", r, p);
+            fstep[p * N + mb] = i;
+            expect_alive(s, PIPE_REC, p, mb, t, "its forward");
+            if (r == P - 1 && p == 0) expect_alive(s, PIPE_REC, 1, mb, t, "the hand-off");
+            if (r == P - 1 && p == 1)
+                ASSERT_MSG(fstep[mb] >= 0 && fstep[mb] < i, "rank %d: F1 mb %d before its F0", r, mb);
+        }
+        if (st->kind == PIPE_B || st->kind == PIPE_FB) {
+            int p = st->bphase, mb = st->bmb;
+            ASSERT_MSG(mb == nb[p]++, "rank %d: backwards of phase %d out of order", r, p);
+            ASSERT_MSG(fstep[p * N + mb] >= 0 && fstep[p * N + mb] < i, "rank %d: B%d mb %d before its forward", r, p,
+                       mb);
+            ASSERT_MSG(!st->zb || st->kind == PIPE_B, "rank %d: an overlapped pair defers", r);
+            bstep[p * N + mb] = i;
+            expect_alive(s, PIPE_REC, p, mb, t, "its backward");
+            if (!(r == 0 && p == 1)) expect_alive(s, PIPE_GOUT, p, mb, t, "its backward");
+            if (r == P - 1 && p == 0)
+                ASSERT_MSG(bstep[N + mb] >= 0 && bstep[N + mb] < i, "rank %d: B0 mb %d before its B1", r, mb);
+            if (r == P - 1 && p == 1) expect_alive(s, PIPE_GOUT, 0, mb, t, "the hand-off");
+            if (st->zb) zb[p * N + mb] = 1, nzb++;
+        }
+        if (st->kind == PIPE_W) {
+            int q = st->bphase * N + st->bmb;
+            ASSERT_MSG(zb[q] && !wdone[q] && bstep[q] >= 0 && bstep[q] < i,
+                       "rank %d: W of phase %d mb %d not after its deferring B, or twice", r, st->bphase, st->bmb);
+            wdone[q] = 1, nw++;
+            expect_alive(s, PIPE_REC, st->bphase, st->bmb, t, "its W");
+        }
+    }
+    int want_b = s->forward_only ? 0 : N;
+    ASSERT_MSG(nf[0] == N && nf[1] == N && nb[0] == want_b && nb[1] == want_b,
+               "rank %d: %d %d forwards, %d %d backwards", r, nf[0], nf[1], nb[0], nb[1]);
+    ASSERT_MSG(nw == nzb, "rank %d: %d deferring backwards but %d W", r, nzb, nw);
+    // buffers: the slots of overlapping lifetimes differ, and the slot count is the most alive at once
+    for (int k = 0; k < PIPE_NBUF; k++)
+        for (int p = 0; p < 2; p++) {
+            int most = 0;
+            for (int t = -1; t <= 2 * s->nsteps; t++) {
+                int alive = 0;
+                for (int mb = 0; mb < N; mb++)
+                    alive += s->claim[k][p][mb] >= 0 && s->claim[k][p][mb] <= t && t <= s->release[k][p][mb];
+                most = alive > most ? alive : most;
+            }
+            ASSERT_MSG(s->slots[k][p] == most, "rank %d: %d slots of kind %d phase %d for at most %d alive", r,
+                       s->slots[k][p], k, p, most);
+            for (int a = 0; a < N; a++)
+                for (int b = a + 1; b < N; b++)
+                    if (s->claim[k][p][a] >= 0 && s->claim[k][p][b] >= 0 && s->slot[k][p][a] == s->slot[k][p][b])
+                        ASSERT_MSG(s->release[k][p][a] < s->claim[k][p][b] || s->release[k][p][b] < s->claim[k][p][a],
+                                   "rank %d: mb %d and %d share slot %d of kind %d phase %d while both alive", r, a, b,
+                                   s->slot[k][p][a], k, p);
+        }
+    free(fstep), free(bstep), free(zb), free(wdone);
+}
+
+// All ranks together: messages pair up and the ranks finish.
+static void check_pipeline(const PipeSchedule *s, int P) {
+    int N = s[0].N;
+    // partner[r][m] = (rank, message index) of message m of rank r: the k-th send from a to b meets the
+    // k-th receive on b from a
+    int **partner = xcalloc(P, sizeof(int *));
+    for (int r = 0; r < P; r++) partner[r] = xmalloc((size_t)(s[r].nmsgs + 1) * sizeof(int));
+    for (int a = 0; a < P; a++)
+        for (int b = 0; b < P; b++) {
+            int j = 0;
+            for (int i = 0; i < s[a].nmsgs; i++) {
+                const PipeMsg *x = &s[a].msgs[i];
+                if (!x->send || x->peer != b) continue;
+                ASSERT_MSG(b >= 0 && b < P && (b == a + 1 || b == a - 1), "rank %d sends to rank %d", a, b);
+                while (j < s[b].nmsgs && (s[b].msgs[j].send || s[b].msgs[j].peer != a)) j++;
+                ASSERT_MSG(j < s[b].nmsgs,
+                           "P=%d N=%d: rank %d sends %s phase %d mb %d to rank %d, which posts no receive for it", P, N,
+                           a, x->grad ? "gradient" : "activation", x->phase, x->mb, b);
+                const PipeMsg *y = &s[b].msgs[j];
+                ASSERT_MSG(y->grad == x->grad && y->phase == x->phase && y->mb == x->mb,
+                           "P=%d N=%d: rank %d sends %s phase %d mb %d to rank %d, which expects %s phase %d mb %d", P,
+                           N, a, x->grad ? "gradient" : "activation", x->phase, x->mb, b,
+                           y->grad ? "gradient" : "activation", y->phase, y->mb);
+                int cs = dualpipev_chunk(P, a, x->phase), cr = dualpipev_chunk(P, b, y->phase);
+                ASSERT_MSG(cr == (x->grad ? cs - 1 : cs + 1), "P=%d: chunk %d on rank %d sends to chunk %d on rank %d",
+                           P, cs, a, cr, b);
+                partner[a][i] = b * 1000000 + j, partner[b][j] = a * 1000000 + i, j++;
+            }
+            for (; j < s[b].nmsgs; j++)
+                ASSERT_MSG(s[b].msgs[j].send || s[b].msgs[j].peer != a,
+                           "P=%d N=%d: rank %d receives from rank %d more than it sends", P, N, b, a);
+        }
+    // every chunk input and gradient that crosses ranks is received exactly once (by the pairing above,
+    // one send each); those that stay on a rank are the data, the loss and the last rank's hand-offs
+    for (int r = 0; r < P; r++) {
+        int nrecv = 0;
+        for (int i = 0; i < s[r].nmsgs; i++) nrecv += !s[r].msgs[i].send;
+        int want = N * ((r > 0) + (r < P - 1)) * (s[r].forward_only ? 1 : 2);
+        ASSERT_MSG(nrecv == want, "P=%d N=%d rank %d: %d receives, expected %d", P, N, r, nrecv, want);
+    }
+    // blocking groups: a rank at step i has posted step i's group; the group completes once every
+    // partner has posted its own
+    int *at = xcalloc(P, sizeof(int)), left = P;
+    while (left) {
+        bool moved = false;
+        for (int r = 0; r < P; r++) {
+            if (at[r] == s[r].nsteps) continue;
+            const PipeStep *st = &s[r].steps[at[r]];
+            bool ready = true;
+            for (int m = st->msg0; m < st->msg0 + st->nmsg && ready; m++) {
+                int b = partner[r][m] / 1000000;
+                ready = at[b] >= step_of_msg(&s[b], partner[r][m] % 1000000);
+            }
+            if (ready) {
+                at[r]++, moved = true;
+                if (at[r] == s[r].nsteps) left--;
+            }
+        }
+        if (!moved) {
+            char where[256];
+            int n = 0;
+            for (int r = 0; r < P; r++)
+                n += snprintf(where + n, sizeof where - n, " rank %d at step %d/%d;", r, at[r], s[r].nsteps);
+            ASSERT_MSG(false, "P=%d N=%d%s: deadlock:%s", P, N, s[0].forward_only ? " forward-only" : "", where);
+        }
+    }
+    for (int r = 0; r < P; r++) free(partner[r]);
+    free(partner), free(at);
+}
+
+TEST(pipe_schedule_reference_example) {
+    // The reference's order for P = 2, N = 8 ([Fa|Bb]: an overlapped pair, (zb): deferred expert weight gradients).
+    static const char *want[2] = {"F0 F0 F0 F1 B1(zb) W F1 [F0|B1] [F1|B0] [F0|B1] [F1|B0] [F0|B1] [F1|B0] [F0|B1] "
+                                  "[F1|B0] [F0|B1] [F1|B0] B1 [F1|B0] B1 B0(zb) W B0(zb) W",
+                                  "F0 F1 F0 F1 F0 B1 [F1|B0] [F0|B1] [F1|B0] [F0|B1] [F1|B0] [F0|B1] [F1|B0] [F0|B1] "
+                                  "[F1|B0] [F0|B1] [F1|B0] B1 B0 B1(zb) B0(zb) W W"};
+    PipeSchedule *s = build_all(2, 8, false);
+    for (int r = 0; r < 2; r++) {
+        char *got = dualpipev_format(&s[r]);
+        ASSERT_MSG(!strcmp(got, want[r]), "rank %d:\n got  %s\n want %s", r, got, want[r]);
+        free(got);
+    }
+    free_all(s, 2);
+    // one rank: both chunks on it, the pipeline collapses to overlapped pairs
+    s = build_all(1, 3, false);
+    char *got = dualpipev_format(&s[0]);
+    ASSERT_MSG(!strcmp(got, "F0 F1 F0 B1 [F1|B0] [F0|B1] [F1|B0] B1 B0(zb) W"), "P=1 N=3: %s", got);
+    free(got);
+    free_all(s, 1);
+}
+
+TEST(pipe_schedule_every_layout) {
+    for (int P = 1; P <= 4; P++) {
+        int Ns[] = {2 * P, 2 * P + 1, 3 * P + 2, 4 * P, 13};
+        for (size_t k = 0; k < sizeof Ns / sizeof *Ns; k++) {
+            for (int fo = 0; fo < 2; fo++) {
+                PipeSchedule *s = build_all(P, Ns[k], fo);
+                for (int r = 0; r < P; r++) check_rank(&s[r]);
+                check_pipeline(s, P);
+                free_all(s, P);
+            }
+        }
+    }
+}
+
+// The buffers the memory plan allocates, P = 2, N = 8. Rank 0's phase 0 runs F0 F0 F0 F1 B1 W F1 [F0|B1]
+// before the first B0 (in the next [F1|B0]): four records. Its phase 1 defers B1's weight gradients to the
+// W right after, while the next F1's receive is posted: two. Rank 1's phase-0 receives are posted one
+// forward ahead (three alive when B0 of mb 0 runs), its phase 1 takes the hand-offs of three F0 before
+// the first B1; it defers two backwards (B1(zb) B0(zb) W W), rank 0 one at a time.
+TEST(pipe_schedule_buffer_counts) {
+    PipeSchedule *s = build_all(2, 8, false);
+    ASSERT(s[0].slots[PIPE_REC][0] == 4 && s[0].slots[PIPE_REC][1] == 2 && s[1].slots[PIPE_REC][0] == 3 &&
+           s[1].slots[PIPE_REC][1] == 3);
+    ASSERT(s[0].max_deferred == 1 && s[1].max_deferred == 2);
+    // rank 0's phase 1 starts from the loss: no output gradients; the last rank's phase 1 sends none
+    ASSERT(s[0].slots[PIPE_GOUT][1] == 0 && s[1].slots[PIPE_GIN][1] == 0 && s[1].slots[PIPE_GOUT][0] == 1);
+    free_all(s, 2);
+}
+
+TEST(pipe_schedule_too_few_micro_batches) {
+    ASSERT(dualpipev_check(2, 4) == NULL && dualpipev_check(1, 2) == NULL);
+    const char *why = dualpipev_check(2, 3);
+    ASSERT_MSG(why && strstr(why, "at least 2 × 2 = 4 micro-batches") && strstr(why, "got 3"), "%s",
+               why ? why : "(null)");
+    ASSERT(dualpipev_check(0, 8) != NULL);
+}
