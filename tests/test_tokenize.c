@@ -345,3 +345,18 @@ TEST(tokenize_json_lines) {
     assert_doc(&b, 4, "ws", 1);
     free(b.file), free(b.ends);
 }
+
+// A full disk (here a file-size limit: writes past it fail with EFBIG) stops tokenize with the file named,
+// exit status 1, no crash and no .bin.tmp left behind.
+TEST(tokenize_write_failure) {
+    need_tokenizers();
+    const char *in = test_tmpdir(), *o = test_tmpdir();
+    char text[1 << 15];
+    size_t n = 0;
+    for (int i = 0; i < 400; i++) n += snprintf(text + n, sizeof text - n, "{\"text\": \"document %d of a corpus\"}\n", i);
+    write_text(in, "a.jsonl", text);
+    int rc = run_cmd(out, sizeof out, "ulimit -f 4; %s tokenize --tokenizer " DSV3 " --input %s/a.jsonl --output %s", PITH_BIN, in, o);
+    ASSERT_MSG(rc == 1 && strstr(out, "a.jsonl.bin.tmp: write failed: File too large") && !strstr(out, "free()") &&
+                   !strstr(out, "Aborted"), "exit %d: %s", rc, out);
+    ASSERT(run_cmd(out, sizeof out, "ls -A %s", o) == 0 && !strcmp(out, ""));
+}

@@ -283,14 +283,71 @@ TEST(errors_token_files) {
     // not a .npy file at all
     write_text(d, "data/a.bin", "hello world, this is not numpy");
     expect_error(d, "", "a.bin: token record: not a .npy record (bad magic)");
-    // tokens beyond the model's vocabulary
+    // tokens beyond the model's vocabulary: found when the dataset is opened, before step 1
     ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/data/a.bin --vocab 1000 --tokens 1000", PITH_BIN, d) == 0);
-    // (found when the sample is read, after setup has printed its summary: the error is the last line)
-    ASSERT(run_cmd(out, sizeof out, "{ %s train %s/train.json 2>&1 >/dev/null; }", PITH_BIN, d) == 1);
-    ASSERT_MSG(strstr(out, "pith: error: ") == out && strstr(out, "is outside the model's vocabulary of 64"), "%s", out);
+    expect_error(d, "", "is outside the model's vocabulary of 64");
     // too short for one sample
     ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/data/a.bin --vocab 64 --tokens 10", PITH_BIN, d) == 0);
     expect_error(d, "", "hold no sample of sequence_length 16");
+}
+
+// A .bin of `n_tok` uint32 tokens (values i % 60) with the given document ends, then `extra` trailing bytes;
+// with claim >= 0 the token header claims that many tokens instead.
+static void write_bin(const char *path, int64_t n_tok, int64_t claim, const uint64_t *ends, int nends, int extra) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f);
+    CHECK(npy_write_header(f, DT_U32, claim >= 0 ? claim : n_tok));
+    for (int64_t i = 0; i < n_tok; i++) {
+        uint32_t t = (uint32_t)(i % 60);
+        fwrite(&t, 4, 1, f);
+    }
+    CHECK(npy_write_header(f, DT_U64, nends));
+    fwrite(ends, 8, nends, f);
+    for (int i = 0; i < extra; i++) fputc(0, f);
+    CHECK(!fclose(f));
+}
+
+TEST(errors_token_files_structure) {
+    const char *d = make_run(1000);
+    char path[512], out[4096];
+    snprintf(path, sizeof path, "%s/data/a.bin", d);
+    // a 296-byte file whose header claims 2^62 tokens: the size check cannot overflow
+    write_bin(path, 8, (int64_t)1 << 62, (uint64_t[]){8}, 1, 0);
+    expect_error(d, "", "a.bin: token record: truncated .npy data");
+    write_bin(path, 40, -1, (uint64_t[]){20, 10, 40}, 3, 0);
+    expect_error(d, "", "a.bin: document-end record: end 1 is 10, not above the one before (20)");
+    write_bin(path, 40, -1, (uint64_t[]){0, 40}, 2, 0);
+    expect_error(d, "", "a.bin: document-end record: end 0 is 0");
+    write_bin(path, 40, -1, (uint64_t[]){20, 40}, 2, 5);
+    expect_error(d, "", "a.bin: 5 bytes after the document-end record");
+    // a FIFO named *.bin would block open(): refused by its type
+    ASSERT(run_cmd(out, sizeof out, "rm %s && mkfifo %s", path, path) == 0);
+    expect_error(d, "", "a.bin: not a regular file");
+}
+
+// The token-id scan at open is cached per file by size and mtime: a second open of unchanged data reads
+// the cache; touching the file makes a new key and a fresh scan; a cached maximum that would be an error
+// is checked by a scan (a forged or stale entry cannot stop a run).
+TEST(dataset_token_scan_cache) {
+    const char *d = make_run(1000);
+    char out[8192], data[512], cache[512];
+    snprintf(data, sizeof data, "%s/data", d), snprintf(cache, sizeof cache, "%s/cache", d);
+    setenv("PITH_CACHE_DIR", cache, 1);
+    Dataset ds;
+    bool cached[3];
+    for (int i = 0; i < 3; i++) {
+        if (i == 2) ASSERT(run_cmd(out, sizeof out, "touch -d '2001-01-01' %s/a.bin", data) == 0);
+        dataset_open(&ds, data, 16, 64, 1);
+        cached[i] = ds.files[0].max_cached;
+        dataset_close(&ds);
+    }
+    ASSERT(!cached[0] && cached[1] && !cached[2]);
+    ASSERT(run_cmd(out, sizeof out, "ls %s | wc -l", cache) == 0 && atoi(out) == 2);
+    ASSERT(run_cmd(out, sizeof out, "for f in %s/token-max-*; do echo 99 > $f; done", cache) == 0);
+    dataset_open(&ds, data, 16, 64, 1);
+    ASSERT(!ds.files[0].max_cached);
+    dataset_close(&ds);
+    unsetenv("PITH_CACHE_DIR");
 }
 
 TEST(cli_help_and_usage) {
@@ -298,7 +355,13 @@ TEST(cli_help_and_usage) {
     ASSERT(run_cmd(out, sizeof out, "%s --help", PITH_BIN) == 0 && strstr(out, "train") && strstr(out, "synth"));
     ASSERT(run_cmd(out, sizeof out, "%s train --help", PITH_BIN) == 0 && strstr(out, "--set key=value"));
     ASSERT(run_cmd(out, sizeof out, "%s frobnicate", PITH_BIN) == 2 && strstr(out, "unknown command 'frobnicate'"));
-    ASSERT(run_cmd(out, sizeof out, "%s synth --output /nonexistent-dir/x.bin", PITH_BIN) == 1 && strstr(out, "/nonexistent-dir/x.bin.tmp: cannot write"));
+    ASSERT(run_cmd(out, sizeof out, "%s --version", PITH_BIN) == 0 && !strncmp(out, "pith ", 5));
+    ASSERT(run_cmd(out, sizeof out, "%s synth --output /proc/x/y.bin", PITH_BIN) == 1 && strstr(out, "/proc/x: cannot create directory"));
+    // synth creates the output's folders (the README's first command on a fresh clone)
+    const char *d = test_tmpdir();
+    ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/a/b/c.bin --tokens 100", PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/x.bin --tokens 4294967297000", PITH_BIN, d) == 1 &&
+           strstr(out, "synth: --tokens needs an integer in [2, 1099511627776] (got '4294967297000')"));
 }
 
 TEST(path_normalize_cases) {

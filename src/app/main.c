@@ -1,4 +1,6 @@
 // main.c — `pith <command> [args]`: the one binary of pith.
+#include <signal.h>
+
 #include "app/app.h"
 #include "base/base.h"
 
@@ -17,12 +19,16 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: pith <command> [args]   (pith <command> --help for a command's options)\n\ncommands:\n");
+    fprintf(f, "usage: pith <command> [args]   (pith <command> --help for a command's options; pith --version)\n\n"
+               "commands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
 }
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    // A file-size limit (ulimit -f) turns into a write error that names the file, not a silent SIGXFSZ death.
+    signal(SIGXFSZ, SIG_IGN);
+    if (argc == 2 && !strcmp(argv[1], "--version")) return printf("pith %s\n", PITH_VERSION), 0;
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

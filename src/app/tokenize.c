@@ -444,6 +444,14 @@ static void reader_close(Reader *r) {
 
 // ---- writer -------------------------------------------------------------------------------------------------------
 
+// Ends the run on a write error of f's output, its temporary removed (nothing half-written is left).
+static _Noreturn void out_die(InFile *f, const char *what) {
+    int e = errno;
+    if (f->f) fclose(f->f), f->f = NULL;
+    unlink(f->tmp);
+    die("%s: %s: %s", f->tmp, what, strerror(e));
+}
+
 static void out_open(InFile *f) {
     char dir[4096];
     path_dirname(dir, sizeof dir, f->out);
@@ -451,26 +459,27 @@ static void out_open(InFile *f) {
     f->f = fopen(f->tmp, "wb");
     if (!f->f) die("%s: cannot write: %s", f->tmp, strerror(errno));
     setvbuf(f->f, NULL, _IOFBF, 1 << 20);
-    npy_write_header(f->f, DT_U32, 0); // rewritten with the count at the end: the header is 128 bytes for any count
+    // rewritten with the count at the end: the header is 128 bytes for any count
+    if (!npy_write_header(f->f, DT_U32, 0)) out_die(f, "write failed");
     CHECK(ftell(f->f) == 128);
 }
 
-// Finishes a file whose chunks are all written: splits record, token count, rename (or removal if it failed).
+// Finishes a file whose chunks are all written: splits record, token count, fsync, rename (or removal if
+// it failed).
 static void out_finish(InFile *f) {
     if (f->failed) {
         if (f->f) fclose(f->f), f->f = NULL, unlink(f->tmp);
         return;
     }
     if (!f->f) out_open(f);
-    npy_write_header(f->f, DT_U64, (int64_t)f->nends);
-    fwrite(f->ends, 8, f->nends, f->f);
-    fseek(f->f, 0, SEEK_SET);
-    npy_write_header(f->f, DT_U32, (int64_t)f->ntok);
-    CHECK(ftell(f->f) == 128);
-    bool bad = ferror(f->f);
-    if (fclose(f->f) || bad) die("%s: write failed: %s", f->tmp, strerror(errno));
-    f->f = NULL;
-    if (rename(f->tmp, f->out)) die("%s: cannot rename to %s: %s", f->tmp, f->out, strerror(errno));
+    if (!npy_write_header(f->f, DT_U64, (int64_t)f->nends) || fwrite(f->ends, 8, f->nends, f->f) != f->nends ||
+        fseek(f->f, 0, SEEK_SET) || !npy_write_header(f->f, DT_U32, (int64_t)f->ntok) || fflush(f->f) ||
+        fsync(fileno(f->f)))
+        out_die(f, "write failed");
+    FILE *fp = f->f;
+    f->f = NULL; // closed here whatever happens: the exit handler must not close it again
+    if (fclose(fp)) out_die(f, "write failed");
+    if (rename(f->tmp, f->out)) out_die(f, "cannot rename to its final name");
     free(f->ends), f->ends = NULL;
 }
 
@@ -490,7 +499,7 @@ static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
     }
     if (!f->failed) {
         if (!f->f) out_open(f);
-        fwrite(c->ids.p, 4, c->ids.n, f->f);
+        if (fwrite(c->ids.p, 4, c->ids.n, f->f) != c->ids.n) out_die(f, "write failed");
         if (f->nends + c->ndocs > f->ends_cap) f->ends_cap = 2 * (f->nends + c->ndocs), f->ends = xrealloc(f->ends, f->ends_cap * 8);
         for (size_t i = 0; i < c->ndocs; i++) f->ends[f->nends++] = f->ntok + c->ends[i];
         f->ntok += c->ids.n;

@@ -1,6 +1,9 @@
 // train.c — `pith train CONFIG.json [--set key=value ...]`: the training loop with its log.
 // One line per step on stdout, one JSON object per step in <run_dir>/metrics.jsonl.
 #include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include "app/app.h"
 #include "train/ckpt.h"
@@ -20,6 +23,26 @@ static void train_usage(FILE *f) {
                "                    whole tensors under canonical names (layout-equivalence checks)\n"
                "  --set key=value   override a config key; nested keys with dots (optimizer.lr=3e-4);\n"
                "                    the value is JSON if it parses as JSON, else a string\n");
+}
+
+static volatile sig_atomic_t got_signal;
+static void on_signal(int sig) { got_signal = sig; }
+
+// One line of metrics.jsonl, written whole or not at all: a failed write is cut back to the last full
+// line and ends the run naming the file. NaN and Inf are not JSON: a value that is not finite is null.
+static void write_metrics(FILE *f, const char *path, int step, int n, const char *const *keys, const double *vals) {
+    char line[1024], num[32];
+    int len = snprintf(line, sizeof line, "{\"step\": %d", step);
+    for (int k = 0; k < n; k++)
+        len += snprintf(line + len, sizeof line - len, ", \"%s\": %s", keys[k], json_real_text(num, vals[k]));
+    len += snprintf(line + len, sizeof line - len, "}\n");
+    CHECK(len < (int)sizeof line);
+    long at = ftell(f);
+    if (fwrite(line, 1, len, f) != (size_t)len || fflush(f)) {
+        int e = errno;
+        if (at >= 0 && ftruncate(fileno(f), at) == 0) fsync(fileno(f));
+        die("%s: write failed: %s", path, strerror(e));
+    }
 }
 
 static void fmt_thousands(char *out, size_t cap, double v) {
@@ -125,7 +148,10 @@ int cmd_train(int argc, char **argv) {
     FILE *metrics = d->world.rank == 0 ? open_metrics(cfg.run_dir, mpath, r.step) : NULL; // rank 0 logs
     TbWriter tb = {0};
     if (metrics && cfg.tensorboard) tboard_open(&tb, cfg.run_dir);
-    int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps;
+    if (!cfg.save_location[0]) warn("%s: no save_location: this run writes no checkpoints", cfg.file);
+    signal(SIGTERM, on_signal), signal(SIGUSR1, on_signal);
+    int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps, skipped = 0;
+    bool stopped_by_signal = false;
     while (r.step < stop) {
         StepStats st = run_step(&r);
         char tps[32];
@@ -135,25 +161,45 @@ int cmd_train(int argc, char **argv) {
         if (cfg.moe_load_balance_coef > 0) printf(" | lb %.6f", st.lb);
         printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm, tps, st.seconds, peak);
         if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
-        printf("\n");
+        printf("%s\n", st.nonfinite ? " | not finite: no update" : "");
         // One list of scalars feeds metrics.jsonl and the TensorBoard file.
         const char *keys[] = {"loss", "lb_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "fwdbwd_s", "peak_mem_gb",
                               "gpu_peak_gb"};
         double vals[] = {st.loss, st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
                          gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
         int nkeys = sizeof keys / sizeof *keys;
-        if (metrics) {
-            fprintf(metrics, "{\"step\": %d", r.step);
-            for (int k = 0; k < nkeys; k++) fprintf(metrics, ", \"%s\": %.9g", keys[k], vals[k]);
-            fprintf(metrics, "}\n");
-            fflush(metrics);
-        }
+        if (metrics) write_metrics(metrics, mpath, r.step, nkeys, keys, vals);
         if (tb.f) tboard_scalars(&tb, r.step, nkeys, keys, vals);
-        if (run_save_due(&r) || (r.step == stop && cfg.save_location[0])) ckpt_save(&r);
+        if (st.nonfinite) {
+            const char *what = isfinite(st.loss) ? "gradient norm" : "loss";
+            double v = isfinite(st.loss) ? st.grad_norm : st.loss;
+            if (cfg.on_nonfinite == NONFINITE_FAIL)
+                die("step %d: the %s is %s: stopping; nothing is saved after step %d (on_nonfinite = \"skip\" would go on "
+                    "without this step's update)", r.step, what, isnan(v) ? "NaN" : "infinite", r.step - 1);
+            warn("step %d: the %s is %s: this step's update is skipped (weights and moments unchanged)", r.step, what,
+                 isnan(v) ? "NaN" : "infinite");
+            skipped++;
+        }
+        // SIGTERM (SLURM's warning before the time limit) or SIGUSR1: checkpoint now; SIGTERM then stops.
+        // Every rank takes the same decision: the flags are summed over the world.
+        double sig[2] = {got_signal == SIGTERM, got_signal == SIGUSR1};
+        got_signal = 0;
+        comm_allreduce(&d->world, tensor_make(sig, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
+        bool signalled = sig[0] > 0 || sig[1] > 0, save_now = signalled && cfg.save_location[0];
+        if (signalled)
+            printf("signal: %s after step %d%s\n", sig[0] > 0 ? "SIGTERM" : "SIGUSR1", r.step,
+                   save_now ? ": checkpointing" : " (no save_location: nothing to save)");
+        if (run_save_due(&r) || (r.step == stop && cfg.save_location[0]) || save_now) ckpt_save(&r);
+        if (sig[0] > 0) {
+            stopped_by_signal = true;
+            break;
+        }
     }
-    if (metrics) fclose(metrics);
+    if (metrics && fclose(metrics)) die("%s: write failed: %s", mpath, strerror(errno));
     tboard_close(&tb);
-    printf("%s: %d of %d steps, metrics in %s\n", r.step == cfg.max_steps ? "done" : "stopped", r.step, cfg.max_steps, mpath);
+    printf("%s: %d of %d steps, metrics in %s\n",
+           r.step == cfg.max_steps ? "done" : stopped_by_signal ? "stopped by SIGTERM" : "stopped", r.step, cfg.max_steps, mpath);
+    if (skipped) printf("skipped: the updates of %d steps whose loss or gradient norm was not finite\n", skipped);
     run_free(&r);
     json_decref(cfg.json);
     dist_finalize();

@@ -1,6 +1,8 @@
 // json.c — strict JSON readers: every error names the file and the dotted key.
 #include "base/json.h"
 
+#include <math.h>
+
 void jdie(JObj o, const char *key, const char *fmt, ...) {
     char msg[512];
     va_list ap;
@@ -85,4 +87,13 @@ void jcheck_known(JObj o, const char *const *known) {
         for (const char *const *k = known; *k && !ok; k++) ok = strcmp(*k, key) == 0;
         if (!ok) jdie(o, key, "unknown key");
     }
+}
+
+char *json_real_text(char out[32], double v) {
+    if (!isfinite(v)) return strcpy(out, "null");
+    for (int p = 1; p <= 17; p++) { // the shortest %g form that reads back as v
+        snprintf(out, 32, "%.*g", p, v);
+        if (strtod(out, NULL) == v) break;
+    }
+    return out;
 }

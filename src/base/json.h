@@ -22,4 +22,7 @@ bool jbool(JObj o, const char *key, bool required, bool def);
 const char *jstr(JObj o, const char *key, bool required, const char *def);
 // Dies naming the first key of o that is not in the NULL-terminated list `known`.
 void jcheck_known(JObj o, const char *const *known);
+// v as JSON text: the shortest decimal that reads back as exactly v (17 digits at most); "null" for NaN
+// and ±Inf, which JSON has no numbers for. Returns out.
+char *json_real_text(char out[32], double v);
 _Noreturn void jdie(JObj o, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -113,7 +113,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     char latest[4200];
     bool found = false;
     if (c->save_location[0]) {
-        if (d->world.rank == 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+        if (d->world.rank == 0) ckpt_lock(c->save_location), found = ckpt_find_latest(c->save_location, latest, sizeof latest);
         comm_barrier(&d->world);
         if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
     }
@@ -127,6 +127,7 @@ bool run_save_due(const Run *r) {
 }
 
 void run_free(Run *r) {
+    ckpt_unlock();
     engine_free(&r->eng);
     if (r->state.cap) arena_destroy(&r->state);
     model_free(&r->model);
@@ -186,16 +187,23 @@ StepStats run_step(Run *r) {
             for (int g = 0; g < NGROUPS; g++) op_scale(r->grad[g], (float)coef);
     }
     st.lr = c->optimizer.lr * config_lr_factor(c, r->step);
+    st.loss = sums[0] / N;
+    st.lb = r->moe_layers && m->lb_coef > 0 ? sums[1] / (m->lb_coef * r->moe_layers * nmb * D) : 0;
+    st.tokens = (double)c->global_batch_size * S;
     r->step++;
+    // A non-finite loss or norm (the same on every rank: both are global sums) never reaches the weights:
+    // the update is left out, the caller stops (on_nonfinite = fail) or goes on (skip).
+    st.nonfinite = !isfinite(st.loss) || !isfinite(st.grad_norm);
+    if (st.nonfinite) {
+        st.seconds = now_seconds() - t0;
+        return st;
+    }
     for (int g = 0; g < NGROUPS; g++)
         op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.betas[0],
                  (float)c->optimizer.betas[1], (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
     // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
     for (int g = 0; g < NGROUPS; g++) fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
-    st.loss = sums[0] / N;
-    st.lb = r->moe_layers && m->lb_coef > 0 ? sums[1] / (m->lb_coef * r->moe_layers * nmb * D) : 0;
     ops_sync();
-    st.tokens = (double)c->global_batch_size * S;
     st.seconds = now_seconds() - t0;
     return st;
 }
