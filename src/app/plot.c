@@ -54,7 +54,8 @@ static void series_read(Series *s, const char *dir) {
         s->step[s->n] = (double)json_integer_value(st), s->loss[s->n] = json_number_value(lo);
         s->lr[s->n++] = json_number_value(lr);
         json_t *vl = json_object_get(row, "val_loss");
-        if (json_is_number(vl)) s->vstep[s->nval] = (double)json_integer_value(st), s->vloss[s->nval++] = json_number_value(vl);
+        if (json_is_number(vl))
+            s->vstep[s->nval] = (double)json_integer_value(st), s->vloss[s->nval++] = json_number_value(vl);
         json_decref(row);
         if (!complete) break;
         line = nl + 1;
@@ -87,8 +88,9 @@ static void text_at(cairo_t *cr, double x, double y, double align, const char *s
     cairo_show_text(cr, s);
 }
 
-static const double colours[MAX_RUNS][3] = {{0.12, 0.47, 0.71}, {0.84, 0.15, 0.16}, {0.17, 0.63, 0.17}, {1.0, 0.50, 0.05},
-                                            {0.58, 0.40, 0.74}, {0.55, 0.34, 0.29}, {0.89, 0.47, 0.76}, {0.5, 0.5, 0.5}};
+static const double colours[MAX_RUNS][3] = {{0.12, 0.47, 0.71}, {0.84, 0.15, 0.16}, {0.17, 0.63, 0.17},
+                                            {1.0, 0.50, 0.05},  {0.58, 0.40, 0.74}, {0.55, 0.34, 0.29},
+                                            {0.89, 0.47, 0.76}, {0.5, 0.5, 0.5}};
 
 // Draws every series: axes with ticks on the left (loss) and right (lr), a legend, the curves.
 static void draw(cairo_t *cr, Series *runs, int nruns) {
@@ -107,9 +109,9 @@ static void draw(cairo_t *cr, Series *runs, int nruns) {
     if (xlo < 0 && xlo > -0.5 * (xhi - xlo)) xlo = 0;
     double lrlo = 0;
     lrhi = lrhi > 0 ? lrhi * 1.05 : 1;
-#define PX(x) (X0 + ((x) - xlo) / (xhi - xlo) * (X1 - X0))
-#define PY(y) (Y1 - ((y) - ylo) / (yhi - ylo) * (Y1 - Y0))
-#define PL(y) (Y1 - ((y) - lrlo) / (lrhi - lrlo) * (Y1 - Y0))
+#define PX(x) (X0 + ((x)-xlo) / (xhi - xlo) * (X1 - X0))
+#define PY(y) (Y1 - ((y)-ylo) / (yhi - ylo) * (Y1 - Y0))
+#define PL(y) (Y1 - ((y)-lrlo) / (lrhi - lrlo) * (Y1 - Y0))
     cairo_set_source_rgb(cr, 1, 1, 1);
     cairo_paint(cr);
     cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
@@ -166,7 +168,8 @@ static void draw(cairo_t *cr, Series *runs, int nruns) {
         for (int i = 0; i < s->nval; i++) (i ? cairo_line_to : cairo_move_to)(cr, PX(s->vstep[i]), PY(s->vloss[i]));
         cairo_stroke(cr);
         cairo_set_dash(cr, NULL, 0, 0);
-        for (int i = 0; i < s->nval; i++) cairo_arc(cr, PX(s->vstep[i]), PY(s->vloss[i]), 3.5, 0, 2 * M_PI), cairo_fill(cr);
+        for (int i = 0; i < s->nval; i++)
+            cairo_arc(cr, PX(s->vstep[i]), PY(s->vloss[i]), 3.5, 0, 2 * M_PI), cairo_fill(cr);
     }
     cairo_restore(cr);
     // Legend, top right on a white box: one line per run with its last losses.
@@ -174,7 +177,8 @@ static void draw(cairo_t *cr, Series *runs, int nruns) {
     double lw = 0;
     for (int r = 0; r < nruns; r++) {
         Series *s = &runs[r];
-        int k = snprintf(lines[r], sizeof lines[r], "%s: loss %.4f at step %g", s->name, s->loss[s->n - 1], s->step[s->n - 1]);
+        int k = snprintf(lines[r], sizeof lines[r], "%s: loss %.4f at step %g", s->name, s->loss[s->n - 1],
+                         s->step[s->n - 1]);
         if (s->nval) snprintf(lines[r] + k, sizeof lines[r] - k, ", val %.4f", s->vloss[s->nval - 1]);
         cairo_text_extents_t e;
         cairo_text_extents(cr, lines[r], &e);
@@ -198,10 +202,11 @@ static void draw(cairo_t *cr, Series *runs, int nruns) {
 }
 
 static void plot_usage(FILE *f) {
-    fprintf(f, "usage: pith plot RUN_DIR [RUN_DIR ...] [--output FILE.png|FILE.svg]\n"
-               "  Draws the training loss, validation loss and learning rate of each run's metrics.jsonl\n"
-               "  (%dx%d). Default output: <first RUN_DIR>/loss.png. Prints the path it wrote.\n",
-               PLOT_W, PLOT_H);
+    fprintf(f,
+            "usage: pith plot RUN_DIR [RUN_DIR ...] [--output FILE.png|FILE.svg]\n"
+            "  Draws the training loss, validation loss and learning rate of each run's metrics.jsonl\n"
+            "  (%dx%d). Default output: <first RUN_DIR>/loss.png. Prints the path it wrote.\n",
+            PLOT_W, PLOT_H);
 }
 
 static bool ends_with(const char *s, const char *suffix) {
@@ -217,9 +222,12 @@ int cmd_plot(int argc, char **argv) {
         if (!strcmp(argv[i], "--output") || !strcmp(argv[i], "-o")) {
             if (i + 1 >= argc) die("plot: --output needs a file name ending in .png or .svg");
             output = argv[++i];
-        } else if (argv[i][0] == '-') die("plot: unknown option '%s' (see pith plot --help)", argv[i]);
-        else if (nruns == MAX_RUNS) die("plot: at most %d runs in one picture", MAX_RUNS);
-        else dirs[nruns++] = argv[i];
+        } else if (argv[i][0] == '-')
+            die("plot: unknown option '%s' (see pith plot --help)", argv[i]);
+        else if (nruns == MAX_RUNS)
+            die("plot: at most %d runs in one picture", MAX_RUNS);
+        else
+            dirs[nruns++] = argv[i];
     }
     if (!nruns) {
         plot_usage(stderr);

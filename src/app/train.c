@@ -157,17 +157,24 @@ int cmd_train(int argc, char **argv) {
         char tps[32];
         fmt_thousands(tps, sizeof tps, st.tokens / st.seconds);
         double peak = peak_rss_bytes() / 1e9;
+        bool val = run_validation_due(&r);
+        double val_loss = val ? run_validate(&r) : 0;
         printf("step %08d/%08d | loss %.4f", r.step, cfg.max_steps, st.loss);
+        if (val) printf(" | val-loss %.4f", val_loss);
         if (cfg.moe_load_balance_coef > 0) printf(" | lb %.6f", st.lb);
         printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm, tps, st.seconds, peak);
         if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
         printf("%s\n", st.nonfinite ? " | not finite: no update" : "");
-        // One list of scalars feeds metrics.jsonl and the TensorBoard file.
-        const char *keys[] = {"loss", "lb_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "fwdbwd_s", "peak_mem_gb",
-                              "gpu_peak_gb"};
-        double vals[] = {st.loss, st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
-                         gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
-        int nkeys = sizeof keys / sizeof *keys;
+        // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
+        // comes right after loss, before the timings.
+        const char *keys[10] = {"loss"};
+        double vals[10] = {st.loss};
+        int nkeys = 1;
+        if (val) keys[nkeys] = "val_loss", vals[nkeys++] = val_loss;
+        const char *rest[] = {"lb_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "fwdbwd_s", "peak_mem_gb", "gpu_peak_gb"};
+        double restv[] = {st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
+                          gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
+        for (int k = 0; k < 8; k++) keys[nkeys] = rest[k], vals[nkeys++] = restv[k];
         if (metrics) write_metrics(metrics, mpath, r.step, nkeys, keys, vals);
         if (tb.f) tboard_scalars(&tb, r.step, nkeys, keys, vals);
         if (st.nonfinite) {

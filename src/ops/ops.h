@@ -87,4 +87,14 @@ double op_sum_squares(Tensor x);                   // Σ x² (fp32 tensor), retu
 // torch.optim.AdamW on flat fp32 tensors: p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²;
 // p −= lr/(1−b1^t) · m / (sqrt(v/(1−b2^t)) + eps).
 void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t);
+// Muon (docs/architecture.md, "Muon"), on flat fp32 tensors: buf = β·buf + (1−β)·g, then g ← (1−β)·g + β·buf
+// (the Nesterov-style update, in place of the gradient).
+void op_muon_momentum(Tensor buf, Tensor g, float beta);
+// p = p·(1 − lr·wd) − lr·scale·o (decoupled weight decay, then the scaled orthogonalised update).
+void op_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale);
+// x: (B, n, m) fp32, in place: each x[e] ← Newton–Schulz(x[e]): X = x[e] / (‖x[e]‖_F + 1e-7), then `steps`
+// times A = X Xᵀ, X ← a·X + (b·A + c·A²)·X with (a, b, c) = (3.4445, −4.7750, 2.0315), on Xᵀ when n > m.
+// ws: fp32 scratch of at least op_newton_schulz_workspace(n, m) elements on x's device.
+void op_newton_schulz(Tensor x, Tensor ws, int steps);
+int64_t op_newton_schulz_workspace(int64_t n, int64_t m);
 double op_read_scalar(Tensor x);                   // x: (1) fp32 or fp64, to the host

@@ -139,12 +139,26 @@ static const ConfigKey parallel_keys[] = {
      .doc = "above 1: not yet available (an error)"},
 };
 
+// An optional section: absent, there is no validation (batches = 0).
+static const ConfigKey validation_keys[] = {
+    {.name = "dataset", .kind = K_PATH, .off = OFF(validation.dataset), .required = true,
+     .doc = "validation token files; after every `interval`-th step and after the last, the mean token loss over the "
+            "first `batches` global batches in file order — `val-loss` in the step line, `val_loss` in "
+            "`metrics.jsonl`; the same under every layout and as `pith eval --batch batches·global_batch_size`"},
+    {.name = "interval", .kind = K_INT, .off = OFF(validation.interval), .lo = 0, .hi = 1 << 30,
+     .doc = "validate every N steps (0: after the last step only)"},
+    {.name = "batches", .kind = K_INT, .off = OFF(validation.batches), .def = 1, .lo = 1, .hi = 1 << 30,
+     .doc = "global batches of validation data"},
+};
+
 static const ConfigSection sections[] = {
     {"", top_keys, LEN(top_keys)},
     {"optimizer", optimizer_keys, LEN(optimizer_keys)},
     {"scheduler", scheduler_keys, LEN(scheduler_keys)},
     {"parallel", parallel_keys, LEN(parallel_keys)},
+    {"validation", validation_keys, LEN(validation_keys)},
 };
+enum { SECTION_VALIDATION = 4 };
 
 // PithTrain's names that pith spells differently (pith: the key here) or does not have yet (pith: NULL).
 static const struct {
@@ -225,10 +239,11 @@ static void check_range(JObj o, const ConfigKey *k, double v) {
     if (!in_range(k, v)) jdie(o, k->name, "must be in %s (got %.10g)", r, v);
 }
 
-static void read_key(TrainConfig *c, JObj sec, const Origin *org, const ConfigKey *k) {
+// Reads one key of section sec (a required key of an optional section is required when the section is there).
+static void read_key(TrainConfig *c, JObj sec, bool optional, const Origin *org, const ConfigKey *k) {
     JObj o = origin_of(sec, org, k->name);
     char *field = (char *)c + k->off;
-    if (k->required && !jhas(o, k->name)) jdie(o, k->name, "missing required key");
+    if (k->required && (sec.obj || !optional) && !jhas(o, k->name)) jdie(o, k->name, "missing required key");
     switch (k->kind) {
     case K_PATH: {
         const char *s = jstr(o, k->name, false, "");
@@ -311,12 +326,15 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     // Paths written in the file are relative to the file's folder: resolve them before any override.
     char dir[PATH_MAX_LEN], buf[PATH_MAX_LEN];
     path_dirname(dir, sizeof dir, file);
-    for (int i = 0; i < LEN(top_keys); i++) {
-        json_t *v = json_object_get(root, top_keys[i].name);
-        if (top_keys[i].kind == K_PATH && v && json_is_string(v) && json_string_value(v)[0]) {
-            path_join(buf, sizeof buf, dir, json_string_value(v));
-            path_normalize(buf);
-            json_object_set_new(root, top_keys[i].name, json_string(buf));
+    for (int s = 0; s < LEN(sections); s++) {
+        json_t *obj = s ? json_object_get(root, sections[s].name) : root;
+        for (int i = 0; json_is_object(obj) && i < sections[s].n; i++) {
+            json_t *v = json_object_get(obj, sections[s].keys[i].name);
+            if (sections[s].keys[i].kind == K_PATH && v && json_is_string(v) && json_string_value(v)[0]) {
+                path_join(buf, sizeof buf, dir, json_string_value(v));
+                path_normalize(buf);
+                json_object_set_new(obj, sections[s].keys[i].name, json_string(buf));
+            }
         }
     }
     for (int i = 0; i < nsets; i++) apply_set(root, sets[i]);
@@ -325,9 +343,10 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     for (int s = 0; s < LEN(sections); s++) {
         sec[s] = s ? jobj_child(o, sections[s].name) : o;
         check_known(sec[s], &org, &sections[s], s == 0);
-        for (int i = 0; i < sections[s].n; i++) read_key(c, sec[s], &org, &sections[s].keys[i]);
+        for (int i = 0; i < sections[s].n; i++) read_key(c, sec[s], s == SECTION_VALIDATION, &org, &sections[s].keys[i]);
     }
     JObj top = sec[0], sch = sec[2];
+    if (!sec[SECTION_VALIDATION].obj) c->validation.batches = 0;
 
     // Combinations.
     if ((int64_t)c->micro_batch_size * c->sequence_length > INT_MAX)
@@ -385,6 +404,7 @@ static json_t *key_value(const TrainConfig *c, const ConfigKey *k) {
 json_t *config_effective(const TrainConfig *c) {
     json_t *root = json_object();
     for (int s = 0; s < LEN(sections); s++) {
+        if (s == SECTION_VALIDATION && !c->validation.batches) continue; // absent: no validation
         json_t *obj = s ? json_object() : root;
         for (int i = 0; i < sections[s].n; i++) json_object_set_new(obj, sections[s].keys[i].name, key_value(c, &sections[s].keys[i]));
         if (s) json_object_set_new(root, sections[s].name, obj);

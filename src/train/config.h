@@ -48,6 +48,10 @@ typedef struct {
         double timeout_s;          // a collective not complete after this long ends the job (default 900)
         double ep_capacity_factor; // rows an ep rank's experts can receive = factor·T·k (0: the worst case)
     } parallel;
+    struct {
+        char dataset[PATH_MAX_LEN]; // token files of the validation data
+        int interval, batches;      // every `interval` steps (0: only at the end), the first `batches` global batches
+    } validation;                   // batches == 0: no validation (the section is absent)
     DeviceChoice device;
     ComputeDtype compute_dtype; // GPU only; the CPU computes in fp32
     bool benchmark;             // force-balanced routing

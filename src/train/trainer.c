@@ -108,6 +108,15 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
     if (open_data) dataset_open(&r->data, c->dataset, c->sequence_length, mc.vocab, c->seed);
+    if (open_data && c->validation.batches) {
+        // Validation reads the first `batches` global batches of its data in file order, the same every time.
+        dataset_open(&r->val, c->validation.dataset, c->sequence_length, mc.vocab, c->seed);
+        r->val.ordered = true;
+        int64_t need = (int64_t)c->validation.batches * c->global_batch_size;
+        if (need > r->val.total)
+            die("%s: validation.batches: %d global batches of %d samples need %lld samples; %s holds %lld", c->file,
+                c->validation.batches, c->global_batch_size, (long long)need, c->validation.dataset, (long long)r->val.total);
+    }
     // Automatic resume from the newest complete checkpoint; else the initial weights of init_from. Rank 0
     // looks first: it removes the temporary folder of a save that did not finish.
     char latest[4200];
@@ -132,6 +141,7 @@ void run_free(Run *r) {
     if (r->state.cap) arena_destroy(&r->state);
     model_free(&r->model);
     if (r->data.files) dataset_close(&r->data);
+    if (r->val.files) dataset_close(&r->val);
     free(r->tokens), free(r->labels);
     dist_mesh_free(&r->dist);
 }
@@ -141,26 +151,58 @@ void run_microbatch(Run *r) {
     engine_backward(&r->eng);
 }
 
+// Loads micro-batch `acc` of this rank for global batch `batch` of ds into the engine; returns its target count.
+// Data replicas are the (dp, ep) pairs (spec §6.11): replica q reads rows
+// batch·GBS + q·mbs + acc·mbs·D + off of the global batch, D = dp·ep replicas, acc < GBS/(mbs·D).
+static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc) {
+    const TrainConfig *c = &r->cfg;
+    const Dist *d = &r->dist;
+    int mbs = c->micro_batch_size, S = c->sequence_length, D = d->dp * d->ep, q = d->dp_g.rank * d->ep + d->ep_g.rank;
+    int64_t targets = 0;
+    for (int b = 0; b < mbs; b++) {
+        int64_t index = batch * c->global_batch_size + (int64_t)q * mbs + (int64_t)acc * mbs * D + b;
+        dataset_sample(ds, index, r->tokens + b * S, r->labels + b * S);
+    }
+    for (int t = 0; t < mbs * S; t++) targets += r->labels[t] != -100;
+    engine_load(&r->eng, r->tokens, r->labels);
+    return targets;
+}
+
+double run_validate(Run *r) {
+    const TrainConfig *c = &r->cfg;
+    Model *m = &r->model;
+    int nmb = c->global_batch_size / (c->micro_batch_size * r->dist.dp * r->dist.ep);
+    op_zero(m->loss_sum), op_zero(m->lb_sum);
+    int64_t targets = 0;
+    for (int b = 0; b < c->validation.batches; b++) {
+        model_lb_step_begin(m); // global-batch load balancing counts per global batch, as in a step
+        for (int acc = 0; acc < nmb; acc++) {
+            targets += load_microbatch(r, &r->val, b, acc);
+            engine_forward(&r->eng, false);
+        }
+    }
+    double sums[2] = {op_read_scalar(m->loss_sum), (double)targets};
+    comm_allreduce(&r->dist.dp_cp_ep, tensor_make(sums, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
+    return sums[0] / (sums[1] < 1 ? 1 : sums[1]);
+}
+
+bool run_validation_due(const Run *r) {
+    const TrainConfig *c = &r->cfg;
+    return c->validation.batches && ((c->validation.interval && r->step % c->validation.interval == 0) || r->step == c->max_steps);
+}
+
 StepStats run_step(Run *r) {
     const TrainConfig *c = &r->cfg;
     const Dist *d = &r->dist;
     Model *m = &r->model;
     double t0 = now_seconds();
-    // Data replicas are the (dp, ep) pairs (spec §6.11): replica q reads rows
-    // s·GBS + q·mbs + acc·mbs·D + off of the global batch, D = dp·ep replicas, acc < GBS/(mbs·D).
-    int mbs = c->micro_batch_size, S = c->sequence_length, D = d->dp * d->ep, q = d->dp_g.rank * d->ep + d->ep_g.rank;
-    int nmb = c->global_batch_size / (mbs * D);
+    int nmb = c->global_batch_size / (c->micro_batch_size * d->dp * d->ep), S = c->sequence_length, D = d->dp * d->ep;
     model_zero_grads(m);
     op_zero(m->loss_sum), op_zero(m->lb_sum);
     model_lb_step_begin(m);
     int64_t targets = 0;
     for (int acc = 0; acc < nmb; acc++) {
-        for (int b = 0; b < mbs; b++) {
-            int64_t index = (int64_t)r->step * c->global_batch_size + (int64_t)q * mbs + (int64_t)acc * mbs * D + b;
-            dataset_sample(&r->data, index, r->tokens + b * S, r->labels + b * S);
-        }
-        for (int t = 0; t < mbs * S; t++) targets += r->labels[t] != -100;
-        engine_load(&r->eng, r->tokens, r->labels);
+        targets += load_microbatch(r, &r->data, r->step, acc);
         run_microbatch(r);
     }
     ops_sync();

@@ -23,6 +23,7 @@ typedef struct {
     Model model;
     Engine eng;
     Dataset data;
+    Dataset val;            // validation data (validation.batches > 0), read in file order
     Arena state;            // the shards below (counted first: MemoryPlan.shards + optim)
     Tensor master[NGROUPS]; // this rank's fp32 master shards (model.w itself with one shard on the CPU)
     Tensor grad[NGROUPS];   // this rank's shards of the step's gradient (the front of model.g, or all of it)
@@ -58,5 +59,10 @@ StepStats run_step(Run *r);
 // Forward and backward of one micro-batch already loaded into r->eng, leaving ∂(Σ CE + T·Σ lb)/∂θ in the
 // gradient buffers (accumulated) and the sums in model.loss_sum / model.lb_sum. Used by run_step and tests.
 void run_microbatch(Run *r);
+// The mean token cross-entropy over the first validation.batches global batches of the validation data
+// (forward only, every rank of the layout; the same value under every layout and as `pith eval`).
+double run_validate(Run *r);
+// True when the step just taken is followed by validation (every validation.interval steps and the last).
+bool run_validation_due(const Run *r);
 // True when the step just taken should be checkpointed (every save_interval steps and the last one).
 bool run_save_due(const Run *r);

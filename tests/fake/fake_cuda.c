@@ -401,6 +401,8 @@ double cuda_sum_squares(Tensor x) {
 void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
     OP(adamw, &p, &g, &m, &v); cpu_adamw(p, g, m, v, lr, b1, b2, eps, wd, t);
 }
+void cuda_muon_momentum(Tensor buf, Tensor g, float beta) { OP(muon_momentum, &buf, &g); cpu_muon_momentum(buf, g, beta); }
+void cuda_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale) { OP(muon_apply, &p, &o); cpu_muon_apply(p, o, lr, wd, scale); }
 double cuda_read_scalar(Tensor x) {
     OP(read_scalar, &x);
     return cpu_read_scalar(x);

@@ -35,6 +35,8 @@ void cpu_scale(Tensor x, float s);
 void cpu_copy(Tensor dst, Tensor src);
 double cpu_sum_squares(Tensor x);
 void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t);
+void cpu_muon_momentum(Tensor buf, Tensor g, float beta);
+void cpu_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale);
 double cpu_read_scalar(Tensor x);
 
 // Rows and columns of a tensor seen as a matrix (first dim × the rest).

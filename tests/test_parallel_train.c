@@ -1,0 +1,76 @@
+// test_parallel_train.c — training features under several CPU ranks (mpirun through scripts/launch.sh):
+// validation losses (and, in the same runs, the Muon optimizer's steps) equal one process's.
+#include "test.h"
+
+// 3 layers (the middle one dense), 8 experts top-3, load balancing on; validation every 2 steps.
+static const char *make_layout_run(void) {
+    static char d[256];
+    snprintf(d, sizeof d, "%s", test_tmpdir());
+    char out[8192];
+    ASSERT(
+        run_cmd(
+            out, sizeof out,
+            "echo '{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, "
+            "\"num_attention_heads\": 4,"
+            " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, "
+            "\"num_experts_per_tok\": 3,"
+            " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1]}' > %s/model.json && "
+            "%s synth --output %s/data.bin --vocab 64 --tokens 20000 && %s synth --output %s/val.bin --vocab 64 "
+            "--tokens 2000 --seed 9 && "
+            "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, "
+            "\"micro_batch_size\": 2,"
+            " \"global_batch_size\": 8, \"max_steps\": 6, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01},"
+            " \"moe_load_balance_coef\": 0.01, \"parallel\": {\"timeout_s\": 60},"
+            " \"validation\": {\"dataset\": \"val.bin\", \"interval\": 2, \"batches\": 2}}' > %s/train.json",
+            d, PITH_BIN, d, PITH_BIN, d, d) == 0);
+    return d;
+}
+
+// The value of `key` in the metrics line of `step` of run folder dir.
+static double metric_of(const char *dir, int step, const char *key) {
+    char out[1 << 14], pat[64];
+    ASSERT(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s/metrics.jsonl", step, dir) == 0);
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    char *p = strstr(out, pat);
+    ASSERT_MSG(p, "step %d of %s: no %s", step, dir, key);
+    return strtod(p + strlen(pat), NULL);
+}
+
+// Runs the config under each layout and compares loss and val_loss of every step with one process.
+static void check_layouts(const char *d, const char *sets) {
+    static const struct {
+        const char *name;
+        int np;
+        const char *sets;
+    } layouts[] = {
+        {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2"},
+        {"hsdp-dp2", 2, "--set parallel.sharding_strategy=hsdp"},
+    };
+    char out[1 << 16], one[300], dir[300];
+    snprintf(one, sizeof one, "%s/one", d);
+    ASSERT_MSG(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s", PITH_BIN, d, sets, one) == 0,
+               "%s", out);
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", d, layouts[i].name);
+        int rc = run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json %s %s --set run_dir=%s",
+                         PITH_BIN, layouts[i].np, d, sets, layouts[i].sets, dir);
+        ASSERT_MSG(rc == 0, "%s: %s", layouts[i].name, out);
+        double worst = 0;
+        for (int s = 1; s <= 6; s++) {
+            double l = metric_of(dir, s, "loss"), r = metric_of(one, s, "loss");
+            worst = fmax(worst, fabs(l - r) / r);
+            ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs one process %.9g", layouts[i].name, s, l, r);
+            if (s % 2) continue;
+            double v = metric_of(dir, s, "val_loss"), rv = metric_of(one, s, "val_loss");
+            worst = fmax(worst, fabs(v - rv) / rv);
+            ASSERT_MSG(fabs(v - rv) <= 1e-5 * rv, "%s: step %d val_loss %.9g vs one process %.9g", layouts[i].name, s,
+                       v, rv);
+        }
+        printf("     %-9s %s: loss and val_loss within %.1e of one process\n", layouts[i].name,
+               sets[0] ? sets : "adamw", worst);
+    }
+}
+
+TEST(dist_validation_layouts) {
+    check_layouts(make_layout_run(), "");
+}
