@@ -78,6 +78,16 @@ TEST(train_cli_loss_falls_and_is_deterministic) {
     ASSERT(strstr(a, "\"grad_norm\"") && strstr(a, "\"lr\"") && strstr(b, "\"step\": 1,"));
 }
 
+// pith train waits passively in OpenMP unless told otherwise (spinning threads starve a shared machine).
+TEST(train_cpu_threading_defaults) {
+    const char *d = make_run(1000);
+    char out[16384];
+    ASSERT(run_cmd(out, sizeof out, "env -u OMP_WAIT_POLICY %s train %s/train.json --set max_steps=1 --set run_dir=%s/r", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "OMP_WAIT_POLICY=PASSIVE"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "OMP_WAIT_POLICY=active %s train %s/train.json --set max_steps=1 --set run_dir=%s/r2", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "OMP_WAIT_POLICY=active"), "%s", out);
+}
+
 TEST(train_continues_into_new_epochs) {
     // 4 samples per epoch, 4 per step, 3 steps: epochs 1 and 2 begin with fresh permutations.
     const char *d = make_run(65);
@@ -262,6 +272,32 @@ TEST(errors_model_config) {
                              " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}");
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m5.json", PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "m5.json: rope_scaling.rope_type: 'yarn' is not supported"), "%s", out);
+    // values read into their real range: never truncated, never silently nonsense
+    static const struct {
+        const char *key, *value, *msg;
+    } bad[] = {
+        {"hidden_size", "4294967328", "m6.json: hidden_size: must be in [1, 1073741824] (got 4294967328)"},
+        {"vocab_size", "-64", "m6.json: vocab_size: must be in [1, 1073741824] (got -64)"},
+        {"rms_norm_eps", "-1e-6", "m6.json: rms_norm_eps: must be in [0, 1)"},
+        {"rope_theta", "0", "m6.json: rope_theta: must be positive (got 0)"},
+        {"hidden_act", "\"gelu\"", "m6.json: hidden_act: 'gelu' is not supported"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        json_t *m = json_loads(tiny_model, 0, NULL);
+        json_object_set_new(m, bad[i].key, json_loads(bad[i].value, JSON_DECODE_ANY, NULL));
+        char *text = json_dumps(m, 0);
+        write_text(d, "m6.json", text);
+        free(text), json_decref(m);
+        ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m6.json", PITH_BIN, d, d) == 1);
+        ASSERT_MSG(strstr(out, bad[i].msg), "%s: %s", bad[i].key, out);
+    }
+    // a sequence longer than max_position_embeddings trains, with a warning
+    char text[1024];
+    snprintf(text, sizeof text, "%.*s, \"max_position_embeddings\": 8}", (int)strlen(tiny_model) - 1, tiny_model);
+    write_text(d, "m7.json", text);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m7.json --set max_steps=1 --set run_dir=%s/r7", PITH_BIN, d, d, d) == 0);
+    ASSERT_MSG(strstr(out, "pith: warning: ") && strstr(out, "sequence_length 16 is above the model's max_position_embeddings 8"),
+               "%s", out);
 }
 
 TEST(errors_token_files) {

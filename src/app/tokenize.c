@@ -535,7 +535,8 @@ static void tokenize_usage(FILE *f) {
             "  --output DIR       where the .bin files go (mirroring paths relative to each input folder)\n"
             "  --workers N        tokenizer threads (default: all CPUs); the output does not depend on N\n"
             "  --eos TOKEN        end-of-document token, as a token string or an integer id\n"
-            "                     (default: eos_token of tokenizer_config.json)\n"
+            "                     (default: <|endoftext|> where the vocabulary has one, the base-model document\n"
+            "                     separator; else eos_token of tokenizer_config.json)\n"
             "  --field NAME       the JSON field that holds a document's text (default: text)\n"
             "  --txt-split MODE   file: a .txt file is one document (default); paragraph: each run of non-blank\n"
             "                     lines is a document\n"
@@ -599,15 +600,30 @@ int cmd_tokenize(int argc, char **argv) {
             die("%s and %s would both be written to %s", files[i - 1].path, files[i].path, files[i].out);
 
     Bpe *tok = bpe_load(tokpath);
+    // The document separator. Base-model pretraining separates documents with <|endoftext|> where the
+    // vocabulary has it (Qwen, GPT-OSS): their tokenizer_config.json's eos_token is the end of a chat turn
+    // (<|im_end|>, <|return|>), which a base model should not learn between documents. Other vocabularies
+    // (DeepSeek's <｜end▁of▁sentence｜>) use tokenizer_config.json's eos_token, as PithTrain does.
     int64_t eos = -1;
     if (eos_arg) {
         char *end;
         long long v = strtoll(eos_arg, &end, 10);
         eos = *eos_arg && !*end ? v : bpe_token_to_id(tok, eos_arg);
         if (eos < 0 || eos >= bpe_num_ids(tok)) die("tokenize: --eos '%s' is not a token of %s", eos_arg, tokpath);
+        size_t n;
+        char *text = bpe_decode(tok, &(uint32_t){(uint32_t)eos}, 1, &n);
+        if (!(n >= 2 && text[0] == '<' && text[n - 1] == '>'))
+            warn("tokenize: --eos '%s' (id %lld, \"%.*s\") is an ordinary token, not a special one like <|endoftext|>: "
+                 "documents will be separated by text", eos_arg, (long long)eos, (int)(n < 40 ? n : 40), text);
+        free(text);
+    } else if ((eos = bpe_token_to_id(tok, "<|endoftext|>")) >= 0) {
+        const char *name = bpe_config_token(tok, "eos_token");
+        fprintf(stderr, "tokenize: EOS <|endoftext|> (id %lld), the document separator of this vocabulary%s%s%s\n", (long long)eos,
+                name && strcmp(name, "<|endoftext|>") ? " (tokenizer_config.json's eos_token " : "", name && strcmp(name, "<|endoftext|>") ? name : "",
+                name && strcmp(name, "<|endoftext|>") ? " ends a chat turn; --eos chooses)" : "");
     } else {
         const char *name = bpe_config_token(tok, "eos_token");
-        if (!name) die("tokenize: %s has no eos_token in tokenizer_config.json; pass --eos TOKEN", tokpath);
+        if (!name) die("tokenize: %s has no eos_token in tokenizer_config.json and no <|endoftext|>; pass --eos TOKEN", tokpath);
         eos = bpe_token_to_id(tok, name);
         if (eos < 0) die("tokenize: eos_token '%s' of tokenizer_config.json is not in the vocabulary", name);
     }

@@ -2,6 +2,7 @@
 // One line per step on stdout, one JSON object per step in <run_dir>/metrics.jsonl.
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -131,6 +132,9 @@ int cmd_train(int argc, char **argv) {
     free(all.p);
     printf("model: %s, %d layers (%d MoE), hidden %d, %d experts top-%d, vocab %d: %.3f M parameters\n", mc->model_type, mc->layers,
            r.moe_layers, mc->hidden, mc->experts, mc->topk, mc->vocab, nparam / 1e6);
+    if (r.model.dev == DEV_CPU)
+        printf("cpu: %d OpenMP threads per rank, OMP_WAIT_POLICY=%s\n", omp_get_max_threads(),
+               getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "(runtime default)");
     printf("data: %d token files, %lld samples of %d tokens per epoch\n", r.data.nfiles, (long long)r.data.total, cfg.sequence_length);
     if (d->world.size > 1)
         printf("mesh: %d ranks = pp %d × dp %d × cp %d × ep %d (%s), %d experts per ep rank\n", d->world.size, d->pp, d->dp, d->cp, d->ep,

@@ -17,6 +17,8 @@ JObj jobj_child(JObj o, const char *key);       // a nested object; obj == NULL 
 
 bool jhas(JObj o, const char *key); // present and not null
 int64_t jint(JObj o, const char *key, bool required, int64_t def);
+// An integer in [lo, hi] (within int), read as int64 and checked before it narrows: never truncated.
+int jint_in(JObj o, const char *key, bool required, int64_t def, int64_t lo, int64_t hi);
 double jnum(JObj o, const char *key, bool required, double def);
 bool jbool(JObj o, const char *key, bool required, bool def);
 const char *jstr(JObj o, const char *key, bool required, const char *def);

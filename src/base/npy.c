@@ -73,6 +73,34 @@ bool npy_parse(const uint8_t *buf, size_t len, NpyRecord *rec, char *err, size_t
     return true;
 }
 
+bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRecord *ends, char *err, size_t cap) {
+    char why[200];
+    if (!npy_parse(buf, len, tok, why, sizeof why)) return snprintf(err, cap, "token record: %s", why), false;
+    if (tok->dt != DT_U8 && tok->dt != DT_U16 && tok->dt != DT_U32 && tok->dt != DT_U64)
+        return snprintf(err, cap, "token record: dtype %s, expected an unsigned integer type", dtype_name(tok->dt)), false;
+    if (!npy_parse(buf + tok->record_len, len - tok->record_len, ends, why, sizeof why))
+        return snprintf(err, cap, "document-end record: %s", why), false;
+    if (ends->dt != DT_U64)
+        return snprintf(err, cap, "document-end record: dtype %s, expected uint64", dtype_name(ends->dt)), false;
+    if (tok->record_len + ends->record_len != len)
+        return snprintf(err, cap, "%zu bytes after the document-end record (a token file is exactly two .npy records)",
+                        len - tok->record_len - ends->record_len), false;
+    // Ends rise strictly to the token count. The record follows the tokens, so it need not be 8-byte
+    // aligned: read through memcpy.
+    uint64_t prev = 0, e = 0;
+    for (int64_t i = 0; i < ends->n; i++) {
+        memcpy(&e, (const uint8_t *)ends->data + 8 * i, sizeof e);
+        if (e <= prev && (i > 0 || e == 0))
+            return snprintf(err, cap, "document-end record: end %lld is %llu, not above the one before (%llu)", (long long)i,
+                            (unsigned long long)e, (unsigned long long)prev), false;
+        prev = e;
+    }
+    if (ends->n && e != (uint64_t)tok->n)
+        return snprintf(err, cap, "document-end record: last end is %llu but the file has %lld tokens", (unsigned long long)e,
+                        (long long)tok->n), false;
+    return true;
+}
+
 bool npy_write_header(FILE *f, DType dt, int64_t n) {
     const char *descr = NULL;
     for (size_t i = 0; i < sizeof npy_types / sizeof *npy_types; i++)

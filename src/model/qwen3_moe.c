@@ -50,18 +50,21 @@ static const Tensor NONE = {0};
 // ---- config and parameters ----
 
 static void qwen3_config_parse(ModelConfig *c, JObj o) {
-    c->hidden = (int)jint(o, "hidden_size", true, 0);
-    c->layers = (int)jint(o, "num_hidden_layers", true, 0);
-    c->heads = (int)jint(o, "num_attention_heads", true, 0);
-    c->kv_heads = (int)jint(o, "num_key_value_heads", false, c->heads);
-    c->head_dim = (int)jint(o, "head_dim", false, c->heads ? c->hidden / c->heads : 0);
-    c->vocab = (int)jint(o, "vocab_size", true, 0);
+    // sizes are read into [1, 2^30] (an int read through a cast would truncate: 2^32 + 64 is not 64)
+    c->hidden = jint_in(o, "hidden_size", true, 0, 1, 1 << 30);
+    c->layers = jint_in(o, "num_hidden_layers", true, 0, 1, 1 << 30);
+    c->heads = jint_in(o, "num_attention_heads", true, 0, 1, 1 << 30);
+    c->kv_heads = jint_in(o, "num_key_value_heads", false, c->heads, 1, 1 << 30);
+    c->head_dim = jint_in(o, "head_dim", false, c->hidden / c->heads, 1, 1 << 30);
+    c->vocab = jint_in(o, "vocab_size", true, 0, 1, 1 << 30);
     c->eps = jnum(o, "rms_norm_eps", false, 1e-6);
+    if (!(c->eps >= 0 && c->eps < 1)) jdie(o, "rms_norm_eps", "must be in [0, 1) (got %g)", c->eps);
     // transformers v5 writes num_local_experts; v4 and the hub configs num_experts
-    c->experts = (int)(jhas(o, "num_experts") ? jint(o, "num_experts", true, 0) : jint(o, "num_local_experts", true, 0));
-    c->topk = (int)jint(o, "num_experts_per_tok", true, 0);
-    c->moe_inter = (int)jint(o, "moe_intermediate_size", true, 0);
-    c->dense_inter = (int)jint(o, "intermediate_size", false, 0);
+    c->experts = jhas(o, "num_experts") ? jint_in(o, "num_experts", true, 0, 1, 1 << 20)
+                                        : jint_in(o, "num_local_experts", true, 0, 1, 1 << 20);
+    c->topk = jint_in(o, "num_experts_per_tok", true, 0, 0, 1 << 20);
+    c->moe_inter = jint_in(o, "moe_intermediate_size", true, 0, 0, 1 << 30);
+    c->dense_inter = jint_in(o, "intermediate_size", false, 0, 0, 1 << 30);
     c->norm_topk = jbool(o, "norm_topk_prob", false, false);
     c->attn_bias = jbool(o, "attention_bias", false, false);
     c->tie_embed = jbool(o, "tie_word_embeddings", false, false);
@@ -69,6 +72,7 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
     JObj rp = jobj_child(o, "rope_parameters");
     if (!rp.obj) rp = jobj_child(o, "rope_scaling");
     c->rope_theta = rp.obj && jhas(rp, "rope_theta") ? jnum(rp, "rope_theta", true, 0) : jnum(o, "rope_theta", false, 10000.0);
+    if (!(c->rope_theta > 0 && isfinite(c->rope_theta))) jdie(o, "rope_theta", "must be positive (got %g)", c->rope_theta);
     if (rp.obj) {
         const char *rt = jhas(rp, "rope_type") ? jstr(rp, "rope_type", true, NULL) : jstr(rp, "type", false, "default");
         if (strcmp(rt, "default")) jdie(rp, "rope_type", "'%s' is not supported for qwen3_moe (only default RoPE)", rt);
@@ -82,7 +86,7 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
     if (c->experts < 1 || c->topk < 1 || c->topk > c->experts)
         jdie(o, "num_experts_per_tok", "must be in [1, num_experts] (got %d of %d)", c->topk, c->experts);
     if (c->moe_inter <= 0) jdie(o, "moe_intermediate_size", "must be positive");
-    int step = (int)jint(o, "decoder_sparse_step", false, 1);
+    int step = jint_in(o, "decoder_sparse_step", false, 1, 1, 1 << 30);
     if (step < 1) jdie(o, "decoder_sparse_step", "must be at least 1");
     for (int l = 0; l < c->layers; l++) c->is_moe[l] = (l + 1) % step == 0;
     json_t *mlp_only = json_object_get(o.obj, "mlp_only_layers");

@@ -123,29 +123,8 @@ static void token_file_open(TokenFile *f, const char *path, int S, int vocab) {
     close(fd);
     if (f->size && f->map == MAP_FAILED) die("%s: cannot mmap: %s", path, strerror(errno));
     NpyRecord tok, ends;
-    char err[256];
-    if (!npy_parse(f->map, f->size, &tok, err, sizeof err)) die("%s: token record: %s", path, err);
-    if (tok.dt != DT_U8 && tok.dt != DT_U16 && tok.dt != DT_U32 && tok.dt != DT_U64)
-        die("%s: token record: dtype %s, expected an unsigned integer type", path, dtype_name(tok.dt));
-    if (!npy_parse((const uint8_t *)f->map + tok.record_len, f->size - tok.record_len, &ends, err, sizeof err))
-        die("%s: document-end record: %s", path, err);
-    if (ends.dt != DT_U64) die("%s: document-end record: dtype %s, expected uint64", path, dtype_name(ends.dt));
-    if (tok.record_len + ends.record_len != f->size)
-        die("%s: %zu bytes after the document-end record (a token file is exactly two .npy records)", path,
-            f->size - tok.record_len - ends.record_len);
-    // Document ends rise strictly and the last one is the token count (the record follows the tokens, so it
-    // need not be 8-byte aligned: read through memcpy).
-    uint64_t prev = 0, e = 0;
-    for (int64_t i = 0; i < ends.n; i++) {
-        memcpy(&e, (const uint64_t *)ends.data + i, sizeof e);
-        if (e <= prev && (i > 0 || e == 0))
-            die("%s: document-end record: end %lld is %llu, not above the one before (%llu)", path, (long long)i,
-                (unsigned long long)e, (unsigned long long)prev);
-        prev = e;
-    }
-    if (ends.n && e != (uint64_t)tok.n)
-        die("%s: document-end record: last end is %llu but the file has %lld tokens", path, (unsigned long long)e,
-            (long long)tok.n);
+    char err[300];
+    if (!npy_token_file_parse(f->map, f->size, &tok, &ends, err, sizeof err)) die("%s: %s", path, err);
     f->tokens = tok.data, f->dt = tok.dt, f->ntok = tok.n;
     f->nsamples = tok.n > 0 ? (tok.n - 1) / S : 0;
     uint64_t m = tok.n ? token_max(f, &st, &f->max_cached) : 0;

@@ -20,6 +20,20 @@ static Device pick_device(const TrainConfig *c) {
     return DEV_CPU;
 }
 
+// A sequence longer than the model's max_position_embeddings trains positions its RoPE was not made for:
+// allowed (RoPE extrapolates), said once.
+static void warn_long_sequence(const TrainConfig *c) {
+    char file[PATH_MAX_LEN + 16];
+    if (path_is_dir(c->model)) path_join(file, sizeof file, c->model, "config.json");
+    else snprintf(file, sizeof file, "%s", c->model);
+    json_t *root = json_load_file(file, 0, NULL);
+    json_t *mp = root ? json_object_get(root, "max_position_embeddings") : NULL;
+    if (mp && json_is_integer(mp) && c->sequence_length > json_integer_value(mp))
+        warn("%s: sequence_length %d is above the model's max_position_embeddings %lld (%s)", c->file, c->sequence_length,
+             (long long)json_integer_value(mp), file);
+    json_decref(root);
+}
+
 // The model config with this rank's layout: its experts and the padding FSDP needs.
 static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, ModelConfig *mc) {
     if (c->global_batch_size % (c->micro_batch_size * d->dp * d->ep))
@@ -81,6 +95,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     DType cdt = dev == DEV_CUDA && c->compute_dtype == COMPUTE_BF16 ? DT_BF16 : DT_F32;
     ModelConfig mc;
     const ModelFamily *fam = layout_config(c, d, &mc);
+    if (d->world.rank == 0) warn_long_sequence(c);
     Model *m = &r->model;
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     model_layout(m, c, d);
