@@ -12,6 +12,7 @@
 #include "ops/ops.h"
 
 static Arena A;
+static const Tensor NONE = {0};
 static Tensor dev(DType dt, int nd, int64_t n0, int64_t n1, int64_t n2) { return arena_tensor(&A, dt, nd, n0, n1, n2, 0); }
 
 // Fills a device tensor (fp32/bf16) with N(0, scale²) through a host fp32 buffer.
@@ -58,7 +59,7 @@ static void routing_offs(int64_t *offs, int64_t T, int64_t H, int64_t E, int k, 
     Tensor idx = dev(DT_I32, 2, T, k, 0), w = dev(DT_F32, 2, T, k, 0), perm = dev(DT_I32, 1, T * k, 0, 0);
     fill(x, 1, 90), fill(wr, 0.02f, 91);
     op_linear_forward(lg, x, wr, (Tensor){0});
-    op_router_forward(pr, idx, w, lg, k, true, false);
+    op_router_forward(pr, idx, w, lg, &(RouterArgs){.k = k, .renorm = true, .scale = 1});
     op_moe_sort(perm, offs, idx, (int)E);
     A.used = save.used; // the routing buffers are scratch
     int64_t mx = 0, mn = T * k;
@@ -79,7 +80,7 @@ static void bench_grouped(int64_t T, int64_t H, int64_t E, int k, int64_t I) {
     fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), op_zero(dwgu), op_zero(dwd);
     routing_offs(offs, T, H, E, k, false);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
-    for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, offs); // clocks up before the first row
+    for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, offs); // clocks up before the first row
     cuda_sync();
     const char *impl[3] = {"pith", "cublas", "batched"}; // (batched: cuda_gemm.cu's padded batch)
     for (int v = 0; v < 3; v++) {
@@ -87,20 +88,20 @@ static void bench_grouped(int64_t T, int64_t H, int64_t E, int k, int64_t I) {
         char nm[112];
         {
             snprintf(nm, sizeof nm, "grouped gate_up fwd (T=%lld, %s)", (long long)T, impl[v]);
-            TIME(nm, 20, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, offs));
+            TIME(nm, 20, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, NONE, offs));
             snprintf(nm, sizeof nm, "grouped gate_up bwd input (T=%lld, %s)", (long long)T, impl[v]);
             TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_input(xe, gu, wgu, offs));
         }
         snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (T=%lld, %s)", (long long)T, impl[v]);
-        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, gu, xe, offs));
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs));
         {
             snprintf(nm, sizeof nm, "grouped down fwd (T=%lld, %s)", (long long)T, impl[v]);
-            TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, offs));
+            TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, NONE, offs));
             snprintf(nm, sizeof nm, "grouped down bwd input (T=%lld, %s)", (long long)T, impl[v]);
             TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_input(act, ye, wd, offs));
         }
         snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (T=%lld, %s)", (long long)T, impl[v]);
-        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, ye, act, offs));
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs));
     }
     unsetenv("PITH_GROUPED_KERNEL");
     printf("(dw floor at 4.0 TB/s: gate_up %.3f ms, down %.3f ms)\n", E * 2 * I * H * 8 / 4.0e9, E * H * I * 8 / 4.0e9);
@@ -175,24 +176,24 @@ int main(int argc, char **argv) {
         const char *tag = bal ? "balanced" : loop ? "natural, loop" : "natural";
         char nm[96];
         snprintf(nm, sizeof nm, "grouped gate_up fwd (%s)", tag);
-        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, offs));
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, NONE, offs));
         snprintf(nm, sizeof nm, "grouped gate_up bwd input (%s)", tag);
         TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_input(xe, gu, wgu, offs));
         snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (%s)", tag);
-        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, gu, xe, offs));
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs));
         snprintf(nm, sizeof nm, "grouped down fwd (%s)", tag);
-        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, offs));
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, NONE, offs));
         snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (%s)", tag);
-        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, ye, act, offs));
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs));
         if (pass == 1) { // cuBLASLt's per-expert weight gradients on 1, 2 and 8 streams (its default is 4)
             setenv("PITH_GROUPED_KERNEL", "cublas", 1);
             const char *ns[3] = {"1", "2", "8"};
             for (int i = 0; i < 3; i++) {
                 setenv("PITH_WGRAD_STREAMS", ns[i], 1);
                 snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (natural, %s streams)", ns[i]);
-                TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, gu, xe, offs));
+                TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs));
                 snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (natural, %s streams)", ns[i]);
-                TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, ye, act, offs));
+                TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs));
             }
             unsetenv("PITH_WGRAD_STREAMS");
             unsetenv("PITH_GROUPED_KERNEL");
@@ -209,22 +210,26 @@ int main(int argc, char **argv) {
     fill(q, 1, 7), fill(kk, 1, 8), fill(v, 1, 9), fill(o, 1, 10);
     double fa = 4.0 * T * T * d * nh / 2;
     float sc = 1.0f / sqrtf((float)d);
+    AttnArgs aa1 = {.B = 1, .scale = sc, .causal = true}, aa2 = {.B = 2, .scale = sc, .causal = true};
     // each path: cuDNN's fused kernels (the default where built with cuDNN), then ours (PITH_ATTENTION=own)
     for (int own = 0; own < 2; own++) {
         if (own) setenv("PITH_ATTENTION", "own", 1);
         char nm[128];
         snprintf(nm, sizeof nm, "attention fwd S=4096 d=128 GQA 32/4 (%s)", own ? "own" : "default");
-        TIME(nm, 20, fa, "TFLOP/s", op_attention_forward(o, lse, q, kk, v, 1, sc));
+        TIME(nm, 20, fa, "TFLOP/s", op_attention_forward(o, lse, q, kk, v, &aa1));
         printf("  (ran: %s)\n", cuda_attention_last_path());
         double ta = last_ms;
-        TIME("attention bwd", 10, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, o, q, kk, v, o, lse, 1, sc));
+        TIME("attention bwd", 10, 2.5 * fa, "TFLOP/s",
+             op_attention_backward(dq, dk, dv, NONE, o, q, kk, v, o, lse, &aa1));
         report("attention fwd+bwd", ta + last_ms, 3.5 * fa, "TFLOP/s");
         Tensor q2b = dev(bf, 3, 2 * T, nh, d), k2b = dev(bf, 3, 2 * T, nkv, d), v2b = dev(bf, 3, 2 * T, nkv, d), o2b = dev(bf, 3, 2 * T, nh, d);
         Tensor l2b = dev(DT_F32, 3, 2, nh, T), dq2b = dev(bf, 3, 2 * T, nh, d), dk2b = dev(bf, 3, 2 * T, nkv, d), dv2b = dev(bf, 3, 2 * T, nkv, d);
         fill(q2b, 1, 40), fill(k2b, 1, 41), fill(v2b, 1, 42), fill(o2b, 1, 43);
-        TIME("attention fwd B=2 S=4096 (the training call)", 10, 2 * fa, "TFLOP/s", op_attention_forward(o2b, l2b, q2b, k2b, v2b, 2, sc));
+        TIME("attention fwd B=2 S=4096 (the training call)", 10, 2 * fa, "TFLOP/s",
+             op_attention_forward(o2b, l2b, q2b, k2b, v2b, &aa2));
         ta = last_ms;
-        TIME("attention bwd B=2 S=4096", 10, 2 * 2.5 * fa, "TFLOP/s", op_attention_backward(dq2b, dk2b, dv2b, o2b, q2b, k2b, v2b, o2b, l2b, 2, sc));
+        TIME("attention bwd B=2 S=4096", 10, 2 * 2.5 * fa, "TFLOP/s",
+             op_attention_backward(dq2b, dk2b, dv2b, NONE, o2b, q2b, k2b, v2b, o2b, l2b, &aa2));
         report("attention fwd+bwd B=2", ta + last_ms, 2 * 3.5 * fa, "TFLOP/s");
     }
     unsetenv("PITH_ATTENTION");
@@ -244,7 +249,7 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < T; i++) hp[i] = (int32_t)i;
         op_copy(pos, tensor_make(hp, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
         free(hp);
-        TIME("rope q (4096, 32, 128)", 50, 2.0 * T * nh * d * 2, "GB/s", op_rope(q, cs, sn, pos, false));
+        TIME("rope q (4096, 32, 128)", 50, 2.0 * T * nh * d * 2, "GB/s", op_rope(q, 0, cs, sn, pos, ROPE_HALF, false));
     }
     Tensor idx = dev(DT_I32, 2, T, k, 0), perm = dev(DT_I32, 1, R, 0, 0);
     int32_t *hi = xmalloc(R * sizeof(int32_t));

@@ -3,6 +3,8 @@
 #include "ops/ops.h"
 #include "test.h"
 
+#include <math.h>
+
 // A reference op: out = f(in[0..nin)). Finite differences give ∂(Σ G·out)/∂in[j].
 typedef void (*RefFn)(double **in, double *out, const void *ctx);
 
@@ -76,37 +78,47 @@ TEST(op_linear) {
     ASSERT(rel_err_mixed(dx, gx, c.M * c.K) < 1e-6);
 }
 
-// ---- grouped linear: 4 experts, one of them empty ----
+// ---- grouped linear: 4 experts, one of them empty, with and without a per-expert bias ----
 static const int64_t goffs[5] = {0, 3, 3, 7, 9};
-static void ref_grouped(double **in, double *out, const void *c) {
+static void ref_grouped(double **in, double *out, const void *c) { // in: x, w, b (b NULL: none)
     const LinCtx *p = c; // K in, N out per expert
     for (int e = 0; e < 4; e++)
         for (int64_t i = goffs[e]; i < goffs[e + 1]; i++)
             for (int64_t j = 0; j < p->N; j++) {
-                double s = 0;
+                double s = in[2] ? in[2][e * p->N + j] : 0;
                 for (int64_t k = 0; k < p->K; k++) s += in[0][i * p->K + k] * in[1][(e * p->N + j) * p->K + k];
                 out[i * p->N + j] = s;
             }
 }
 
-TEST(op_grouped_linear) {
+static void check_grouped(bool bias) {
     LinCtx c = {9, 5, 3};
-    int64_t nx = c.M * c.K, nw = 4 * c.N * c.K, ny = c.M * c.N;
-    float *x = rnd(nx, 1), *w = rnd(nw, 1), *y = poisoned(ny), *G = rnd(ny, 1);
-    double *in[2] = {to_f64(x, nx), to_f64(w, nw)}, *yr = xmalloc(ny * 8), *Gd = to_f64(G, ny), *gx = xmalloc(nx * 8), *gw = xmalloc(nw * 8);
-    Tensor W = tensor_make(w, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1);
+    int64_t nx = c.M * c.K, nw = 4 * c.N * c.K, ny = c.M * c.N, nb = 4 * c.N;
+    float *x = rnd(nx, 1), *w = rnd(nw, 1), *b = rnd(nb, 1), *y = poisoned(ny), *G = rnd(ny, 1);
+    double *in[3] = {to_f64(x, nx), to_f64(w, nw), bias ? to_f64(b, nb) : NULL}, *yr = xmalloc(ny * 8),
+           *Gd = to_f64(G, ny);
+    double *gx = xmalloc(nx * 8), *gw = xmalloc(nw * 8), *gb = xmalloc(nb * 8);
+    Tensor W = tensor_make(w, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1), Bt = bias ? tf32_2(b, 4, c.N) : (Tensor){0};
     ref_grouped(in, yr, &c);
-    op_grouped_linear_forward(tf32_2(y, c.M, c.N), tf32_2(x, c.M, c.K), W, goffs);
+    op_grouped_linear_forward(tf32_2(y, c.M, c.N), tf32_2(x, c.M, c.K), W, Bt, goffs);
     ASSERT(rel_err_mixed(y, yr, ny) < 1e-6);
     fd_grad(ref_grouped, in, 0, nx, Gd, ny, gx, &c);
     fd_grad(ref_grouped, in, 1, nw, Gd, ny, gw, &c);
-    float *dx = poisoned(nx), *dw = xcalloc(nw, 4);
+    if (bias) fd_grad(ref_grouped, in, 2, nb, Gd, ny, gb, &c);
+    float *dx = poisoned(nx), *dw = xcalloc(nw, 4), *db = xcalloc(nb, 4);
     op_grouped_linear_backward_input(tf32_2(dx, c.M, c.K), tf32_2(G, c.M, c.N), W, goffs);
-    op_grouped_linear_backward_weight(tensor_make(dw, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1), tf32_2(G, c.M, c.N), tf32_2(x, c.M, c.K), goffs);
+    op_grouped_linear_backward_weight(tensor_make(dw, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1),
+                                      bias ? tf32_2(db, 4, c.N) : (Tensor){0}, tf32_2(G, c.M, c.N), tf32_2(x, c.M, c.K),
+                                      goffs);
     ASSERT(rel_err_mixed(dx, gx, nx) < 1e-6);
     ASSERT(rel_err_mixed(dw, gw, nw) < 1e-6);
     for (int64_t i = c.N * c.K; i < 2 * c.N * c.K; i++) ASSERT(dw[i] == 0); // the empty expert
+    if (!bias) return;
+    ASSERT(rel_err_mixed(db, gb, nb) < 1e-6);
+    for (int64_t j = c.N; j < 2 * c.N; j++) ASSERT(db[j] == 0);
 }
+TEST(op_grouped_linear) { check_grouped(false); }
+TEST(op_grouped_linear_bias) { check_grouped(true); }
 
 // ---- rmsnorm ----
 typedef struct { int64_t R, D; double eps; } NormCtx;
@@ -136,27 +148,35 @@ TEST(op_rmsnorm) {
     ASSERT(rel_err_mixed(dw, gw, c.D) < 1e-5);
 }
 
-// ---- rope ----
-typedef struct { int64_t T, nh, d; float *cs, *sn; int32_t *pos; } RopeCtx;
+// ---- rope: both layouts, whole and partial, and the tables (default and both YaRN variants) ----
+typedef struct {
+    int64_t T, nh, d, off, half;
+    RopeLayout layout;
+    float *cs, *sn;
+    int32_t *pos;
+} RopeCtx;
 static void ref_rope(double **in, double *out, const void *c) {
     const RopeCtx *p = c;
-    int64_t h2 = p->d / 2;
+    int64_t n = p->T * p->nh * p->d;
+    for (int64_t i = 0; i < n; i++) out[i] = in[0][i];
     for (int64_t t = 0; t < p->T; t++)
         for (int64_t h = 0; h < p->nh; h++)
-            for (int64_t i = 0; i < h2; i++) {
-                const double *x = in[0] + (t * p->nh + h) * p->d;
-                double cs = p->cs[p->pos[t] * h2 + i], sn = p->sn[p->pos[t] * h2 + i];
-                out[(t * p->nh + h) * p->d + i] = x[i] * cs - x[i + h2] * sn;
-                out[(t * p->nh + h) * p->d + i + h2] = x[i + h2] * cs + x[i] * sn;
+            for (int64_t i = 0; i < p->half; i++) {
+                int64_t base = (t * p->nh + h) * p->d + p->off;
+                int64_t ia = base + (p->layout == ROPE_PAIRS ? 2 * i : i),
+                        ib = ia + (p->layout == ROPE_PAIRS ? 1 : p->half);
+                double cs = p->cs[p->pos[t] * p->half + i], sn = p->sn[p->pos[t] * p->half + i];
+                out[ia] = in[0][ia] * cs - in[0][ib] * sn;
+                out[ib] = in[0][ib] * cs + in[0][ia] * sn;
             }
 }
 
-TEST(op_rope) {
-    RopeCtx c = {5, 3, 8, NULL, NULL, NULL};
+static void check_rope(RopeLayout layout, int64_t d, int64_t off, int64_t rd) {
     int S = 16;
-    c.cs = xmalloc(S * 4 * 4), c.sn = xmalloc(S * 4 * 4);
-    extern void model_rope_tables(Tensor, Tensor, int, int, double); // model/model.c
-    model_rope_tables(tf32_2(c.cs, S, 4), tf32_2(c.sn, S, 4), S, 8, 10000.0);
+    RopeCtx c = {5, 3, d, off, rd / 2, layout, xmalloc(S * rd / 2 * 4), xmalloc(S * rd / 2 * 4), NULL};
+    RopeSpec yarn = {.rd = (int)rd, .theta = 500.0, .yarn = true, .factor = 4, .orig_max_pos = 8, .truncate = true};
+    // YaRN tables carry an attention factor: the backward must be the transpose, not the inverse
+    op_rope_tables(tf32_2(c.cs, S, rd / 2), tf32_2(c.sn, S, rd / 2), &yarn);
     int32_t pos[5] = {0, 3, 7, 15, 1};
     c.pos = pos;
     int64_t n = c.T * c.nh * c.d;
@@ -164,12 +184,74 @@ TEST(op_rope) {
     double *in[1] = {to_f64(x, n)}, *yr = xmalloc(n * 8), *Gd = to_f64(G, n), *gx = xmalloc(n * 8);
     ref_rope(in, yr, &c);
     Tensor X = tensor_make(x, DT_F32, DEV_CPU, 3, c.T, c.nh, c.d, 1), P = tensor_make(pos, DT_I32, DEV_CPU, 1, 5, 1, 1, 1);
-    op_rope(X, tf32_2(c.cs, S, 4), tf32_2(c.sn, S, 4), P, false);
+    Tensor Cs = tf32_2(c.cs, S, rd / 2), Sn = tf32_2(c.sn, S, rd / 2);
+    op_rope(X, (int)off, Cs, Sn, P, layout, false);
     ASSERT(rel_err_mixed(x, yr, n) < 1e-6);
     fd_grad(ref_rope, in, 0, n, Gd, n, gx, &c);
-    Tensor Gt = tensor_make(G, DT_F32, DEV_CPU, 3, c.T, c.nh, c.d, 1);
-    op_rope(Gt, tf32_2(c.cs, S, 4), tf32_2(c.sn, S, 4), P, true);
+    op_rope(tensor_make(G, DT_F32, DEV_CPU, 3, c.T, c.nh, c.d, 1), (int)off, Cs, Sn, P, layout, true);
     ASSERT(rel_err_mixed(G, gx, n) < 1e-6);
+}
+TEST(op_rope) { check_rope(ROPE_HALF, 8, 0, 8); }
+TEST(op_rope_pairs) { check_rope(ROPE_PAIRS, 8, 0, 8); }
+TEST(op_rope_partial) { check_rope(ROPE_HALF, 16, 0, 4); }       // Qwen3.5: the first quarter
+TEST(op_rope_pairs_offset) { check_rope(ROPE_PAIRS, 12, 8, 4); } // MLA: the last dims of each head
+
+// transformers' YaRN in fp64, written from its formulas (rope_tables.c's comment): inv_freq and the factor.
+static double ref_yarn(const RopeSpec *r, int i, double *factor) {
+    double d = r->rd, bf = r->beta_fast ? r->beta_fast : 32, bs = r->beta_slow ? r->beta_slow : 1;
+    double lo = d * log(r->orig_max_pos / (bf * 2 * M_PI)) / (2 * log(r->theta));
+    double hi = d * log(r->orig_max_pos / (bs * 2 * M_PI)) / (2 * log(r->theta));
+    if (r->truncate) lo = floor(lo), hi = ceil(hi);
+    lo = fmax(lo, 0), hi = fmin(hi, d - 1);
+    if (lo == hi) hi += 0.001;
+    double ramp = fmin(fmax((i - lo) / (hi - lo), 0), 1), extra = 1 - ramp, pf = pow(r->theta, 2 * i / d);
+    double ms = r->factor <= 1 ? 1 : 0.1 * r->mscale * log(r->factor) + 1,
+           ma = r->factor <= 1 ? 1 : 0.1 * r->mscale_all_dim * log(r->factor) + 1;
+    *factor = r->attention_factor              ? r->attention_factor
+              : r->mscale && r->mscale_all_dim ? ms / ma
+                                               : 0.1 * log(r->factor) + 1;
+    return 1 / (r->factor * pf) * (1 - extra) + 1 / pf * extra;
+}
+
+static void check_rope_tables(const RopeSpec *r, int P) {
+    int half = r->rd / 2;
+    float *cs = poisoned(P * half), *sn = poisoned(P * half);
+    op_rope_tables(tf32_2(cs, P, half), tf32_2(sn, P, half), r);
+    for (int p = 0; p < P; p++)
+        for (int i = 0; i < half; i++) {
+            double f = 1, inv = r->yarn ? ref_yarn(r, i, &f) : pow(r->theta, -2.0 * i / r->rd);
+            ASSERT_NEAR(cs[p * half + i], f * cos(p * inv), 2e-5 * (1 + p * inv));
+            ASSERT_NEAR(sn[p * half + i], f * sin(p * inv), 2e-5 * (1 + p * inv));
+        }
+    free(cs), free(sn);
+}
+
+TEST(op_rope_tables) {
+    check_rope_tables(&(RopeSpec){.rd = 64, .theta = 10000}, 50);
+    check_rope_tables(&(RopeSpec){.rd = 16, .theta = 1e6}, 40);
+    // DeepSeek-V2 (V2's shipped rope_scaling): mscale = mscale_all_dim, so the factor is 1
+    RopeSpec ds = {.rd = 64,
+                   .theta = 10000,
+                   .yarn = true,
+                   .factor = 40,
+                   .beta_fast = 32,
+                   .beta_slow = 1,
+                   .orig_max_pos = 4096,
+                   .truncate = true,
+                   .mscale = 0.707,
+                   .mscale_all_dim = 0.707};
+    check_rope_tables(&ds, 60);
+    ds.mscale = 1, ds.mscale_all_dim = 0.5;
+    check_rope_tables(&ds, 60);
+    // GPT-OSS-120B: factor 32 on 4096 positions, no truncation, factor 0.1·ln 32 + 1
+    RopeSpec go = {
+        .rd = 64, .theta = 150000, .yarn = true, .factor = 32, .beta_fast = 32, .beta_slow = 1, .orig_max_pos = 4096};
+    check_rope_tables(&go, 60);
+    float c0, s0;
+    op_rope_tables(tf32_2(&c0, 1, 1), tf32_2(&s0, 1, 1),
+                   &(RopeSpec){.rd = 2, .theta = 150000, .yarn = true, .factor = 32, .orig_max_pos = 4096});
+    ASSERT_NEAR(c0, 0.1 * log(32.0) + 1, 1e-6); // position 0: cos = the attention factor
+    ASSERT(s0 == 0);
 }
 
 // ---- swiglu ----
@@ -196,82 +278,171 @@ TEST(op_swiglu) {
     ASSERT(rel_err_mixed(dgu, g, n) < 1e-6);
 }
 
-// ---- attention: B = 2, S = 5, 4 query heads over 2 kv heads, d = 4 ----
-typedef struct { int64_t B, S, nh, nkv, d; double scale; } AttCtx;
+// ---- attention: GQA, causal or a block against a block, windows, sinks, dqk ≠ dv ----
+typedef struct {
+    int64_t B, Sq, Sk, nh, nkv, dqk, dv;
+    AttnArgs a;
+} AttCtx;
+// in: q, k, v, sinks (NULL: none); out: o (B·Sq, nh, dv) then lse (B, nh, Sq).
 static void ref_attention(double **in, double *out, const void *c) {
     const AttCtx *p = c;
     int64_t grp = p->nh / p->nkv;
     double s[64];
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t h = 0; h < p->nh; h++)
-            for (int64_t i = 0; i < p->S; i++) {
-                double m = -INFINITY, sum = 0;
-                for (int64_t j = 0; j <= i; j++) {
+            for (int64_t i = 0; i < p->Sq; i++) {
+                int64_t qp = p->a.q_off + i;
+                double m = in[3] ? in[3][h] : -INFINITY, sum = 0;
+                bool see[64];
+                for (int64_t j = 0; j < p->Sk; j++) {
+                    int64_t kp = p->a.k_off + j;
+                    see[j] = (!p->a.causal || kp <= qp) && (!p->a.window || kp > qp - p->a.window);
+                    if (!see[j]) continue;
                     double dot = 0;
-                    for (int64_t x = 0; x < p->d; x++)
-                        dot += in[0][((b * p->S + i) * p->nh + h) * p->d + x] * in[1][((b * p->S + j) * p->nkv + h / grp) * p->d + x];
-                    s[j] = p->scale * dot, m = fmax(m, s[j]);
+                    for (int64_t x = 0; x < p->dqk; x++)
+                        dot += in[0][((b * p->Sq + i) * p->nh + h) * p->dqk + x] *
+                               in[1][((b * p->Sk + j) * p->nkv + h / grp) * p->dqk + x];
+                    s[j] = p->a.scale * dot, m = fmax(m, s[j]);
                 }
-                for (int64_t j = 0; j <= i; j++) sum += s[j] = exp(s[j] - m);
-                for (int64_t x = 0; x < p->d; x++) {
+                if (in[3]) sum = exp(in[3][h] - m);
+                for (int64_t j = 0; j < p->Sk; j++)
+                    if (see[j]) sum += s[j] = exp(s[j] - m);
+                for (int64_t x = 0; x < p->dv; x++) {
                     double o = 0;
-                    for (int64_t j = 0; j <= i; j++) o += s[j] / sum * in[2][((b * p->S + j) * p->nkv + h / grp) * p->d + x];
-                    out[((b * p->S + i) * p->nh + h) * p->d + x] = o;
+                    for (int64_t j = 0; j < p->Sk; j++)
+                        if (see[j]) o += s[j] / sum * in[2][((b * p->Sk + j) * p->nkv + h / grp) * p->dv + x];
+                    out[((b * p->Sq + i) * p->nh + h) * p->dv + x] = o;
                 }
+                // −∞ (no key, no sink) as −1e300, so that finite differences (G = 0 there) stay finite
+                out[p->B * p->Sq * p->nh * p->dv + (b * p->nh + h) * p->Sq + i] =
+                    m == -INFINITY ? -1e300 : m + log(sum);
             }
 }
 
-TEST(op_attention) {
-    AttCtx c = {2, 5, 4, 2, 4, 0.5};
-    int64_t T = c.B * c.S, nq = T * c.nh * c.d, nk = T * c.nkv * c.d;
-    float *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nk, 1), *o = poisoned(nq), *lse = poisoned(c.B * c.nh * c.S), *G = rnd(nq, 1);
-    double *in[3] = {to_f64(q, nq), to_f64(k, nk), to_f64(v, nk)}, *yr = xmalloc(nq * 8), *Gd = to_f64(G, nq);
-    double *gq = xmalloc(nq * 8), *gk = xmalloc(nk * 8), *gv = xmalloc(nk * 8);
-    ref_attention(in, yr, &c);
-    Tensor Q = tensor_make(q, DT_F32, DEV_CPU, 3, T, c.nh, c.d, 1), K = tensor_make(k, DT_F32, DEV_CPU, 3, T, c.nkv, c.d, 1),
-           V = tensor_make(v, DT_F32, DEV_CPU, 3, T, c.nkv, c.d, 1), O = tensor_make(o, DT_F32, DEV_CPU, 3, T, c.nh, c.d, 1),
-           L = tensor_make(lse, DT_F32, DEV_CPU, 3, c.B, c.nh, c.S, 1);
-    op_attention_forward(O, L, Q, K, V, (int)c.B, (float)c.scale);
-    ASSERT(rel_err_mixed(o, yr, nq) < 1e-6);
-    fd_grad(ref_attention, in, 0, nq, Gd, nq, gq, &c);
-    fd_grad(ref_attention, in, 1, nk, Gd, nq, gk, &c);
-    fd_grad(ref_attention, in, 2, nk, Gd, nq, gv, &c);
-    float *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nk);
-    op_attention_backward(tensor_make(dq, DT_F32, DEV_CPU, 3, T, c.nh, c.d, 1), tensor_make(dk, DT_F32, DEV_CPU, 3, T, c.nkv, c.d, 1),
-                          tensor_make(dv, DT_F32, DEV_CPU, 3, T, c.nkv, c.d, 1), tensor_make(G, DT_F32, DEV_CPU, 3, T, c.nh, c.d, 1), Q, K,
-                          V, O, L, (int)c.B, (float)c.scale);
+static void check_attention(AttCtx c, bool sinks) {
+    int64_t Tq = c.B * c.Sq, Tk = c.B * c.Sk, nq = Tq * c.nh * c.dqk, nk = Tk * c.nkv * c.dqk, nv = Tk * c.nkv * c.dv;
+    int64_t no = Tq * c.nh * c.dv, nl = c.B * c.nh * c.Sq;
+    float *q = rnd(nq, 1), *k = rnd(nk, 1), *v = rnd(nv, 1), *sk = rnd(c.nh, 1), *o = poisoned(no), *lse = poisoned(nl);
+    float *G = xcalloc(no + nl, 4);
+    fill_normal(G, no, 1); // ∂/∂lse is not part of the op: G is zero there
+    c.a.sinks = sinks ? tf32_1(sk, c.nh) : (Tensor){0};
+    double *in[4] = {to_f64(q, nq), to_f64(k, nk), to_f64(v, nv), sinks ? to_f64(sk, c.nh) : NULL};
+    double *ref = xmalloc((no + nl) * 8), *Gd = to_f64(G, no + nl);
+    double *gq = xmalloc(nq * 8), *gk = xmalloc(nk * 8), *gv = xmalloc(nv * 8), *gs = xmalloc(c.nh * 8);
+    ref_attention(in, ref, &c);
+    Tensor Q = tensor_make(q, DT_F32, DEV_CPU, 3, Tq, c.nh, c.dqk, 1),
+           K = tensor_make(k, DT_F32, DEV_CPU, 3, Tk, c.nkv, c.dqk, 1),
+           V = tensor_make(v, DT_F32, DEV_CPU, 3, Tk, c.nkv, c.dv, 1),
+           O = tensor_make(o, DT_F32, DEV_CPU, 3, Tq, c.nh, c.dv, 1),
+           L = tensor_make(lse, DT_F32, DEV_CPU, 3, c.B, c.nh, c.Sq, 1);
+    op_attention_forward(O, L, Q, K, V, &c.a);
+    ASSERT(rel_err_mixed(o, ref, no) < 1e-6);
+    for (int64_t i = 0; i < nl; i++) // a query that sees nothing has lse −∞ on both sides
+        if (ref[no + i] < -1e299)
+            ASSERT(isinf(lse[i]) && lse[i] < 0);
+        else
+            ASSERT_NEAR(lse[i], ref[no + i], 1e-5 * (1 + fabs(ref[no + i])));
+    fd_grad(ref_attention, in, 0, nq, Gd, no + nl, gq, &c);
+    fd_grad(ref_attention, in, 1, nk, Gd, no + nl, gk, &c);
+    fd_grad(ref_attention, in, 2, nv, Gd, no + nl, gv, &c);
+    if (sinks) fd_grad(ref_attention, in, 3, c.nh, Gd, no + nl, gs, &c);
+    float *dq = poisoned(nq), *dk = poisoned(nk), *dv = poisoned(nv), *ds = xcalloc(c.nh, 4);
+    op_attention_backward(tensor_make(dq, DT_F32, DEV_CPU, 3, Tq, c.nh, c.dqk, 1),
+                          tensor_make(dk, DT_F32, DEV_CPU, 3, Tk, c.nkv, c.dqk, 1),
+                          tensor_make(dv, DT_F32, DEV_CPU, 3, Tk, c.nkv, c.dv, 1),
+                          sinks ? tf32_1(ds, c.nh) : (Tensor){0}, tensor_make(G, DT_F32, DEV_CPU, 3, Tq, c.nh, c.dv, 1),
+                          Q, K, V, O, L, &c.a);
     ASSERT(rel_err_mixed(dq, gq, nq) < 1e-5);
     ASSERT(rel_err_mixed(dk, gk, nk) < 1e-5);
-    ASSERT(rel_err_mixed(dv, gv, nk) < 1e-5);
+    ASSERT(rel_err_mixed(dv, gv, nv) < 1e-5);
+    if (sinks) ASSERT(rel_err_mixed(ds, gs, c.nh) < 1e-5);
 }
 
-// ---- router: softmax, top-k (fixed by the forward), renormalisation, load-balancing gradient ----
-typedef struct { int64_t T, E, k; const int32_t *idx; bool renorm; const float *lbg; } RouterCtx;
+// B = 2, S = 5, 4 query heads over 2 kv heads, d = 4
+TEST(op_attention) { check_attention((AttCtx){2, 5, 5, 4, 2, 4, 4, {.B = 2, .scale = 0.5f, .causal = true}}, false); }
+// MLA: q·k head dim 6, v head dim 4, one kv head per query head
+TEST(op_attention_mla) {
+    check_attention((AttCtx){2, 6, 6, 2, 2, 6, 4, {.B = 2, .scale = 0.4f, .causal = true}}, false);
+}
+// GPT-OSS: a window of 3 (itself and 2 earlier keys) and per-head sinks
+TEST(op_attention_window_sinks) {
+    check_attention((AttCtx){2, 7, 7, 4, 2, 4, 4, {.B = 2, .scale = 0.5f, .causal = true, .window = 3}}, true);
+    check_attention((AttCtx){1, 6, 6, 2, 1, 4, 4, {.B = 1, .scale = 0.5f, .causal = true}}, true);
+}
+// Ring attention's calls: a block of 3 queries against 5 keys, all visible; a causal pair of blocks at
+// offsets where the first queries see no key (o = 0, lse = −∞)
+TEST(op_attention_blocks) {
+    check_attention((AttCtx){2, 3, 5, 4, 2, 4, 3, {.B = 2, .scale = 0.5f, .q_off = 5}}, false);
+    check_attention((AttCtx){2, 4, 4, 2, 1, 4, 4, {.B = 2, .scale = 0.5f, .causal = true, .q_off = 3, .k_off = 5}},
+                    false);
+}
+
+// ---- router: every form (weights, selection, group limits, bias, scaling), the load-balancing gradient ----
+typedef struct {
+    int64_t T, E, k;
+    const int32_t *idx;
+    RouterArgs a;
+} RouterCtx;
 // out = [w (T·k) | probs (T·E)] so one G covers both the weights path and the lb path (G on probs = lb_grad).
 static void ref_router(double **in, double *out, const void *c) {
     const RouterCtx *p = c;
     for (int64_t t = 0; t < p->T; t++) {
-        double m = -INFINITY, sum = 0, pr[16], s = 0;
-        for (int64_t e = 0; e < p->E; e++) m = fmax(m, in[0][t * p->E + e]);
-        for (int64_t e = 0; e < p->E; e++) sum += pr[e] = exp(in[0][t * p->E + e] - m);
+        const double *l = in[0] + t * p->E;
+        const int32_t *ix = p->idx + t * p->k;
+        double m = -INFINITY, sum = 0, pr[16], s = 0, mk = -INFINITY, sk = 0;
+        for (int64_t e = 0; e < p->E; e++) m = fmax(m, l[e]);
+        for (int64_t e = 0; e < p->E; e++) sum += pr[e] = exp(l[e] - m);
         for (int64_t e = 0; e < p->E; e++) pr[e] /= sum, out[p->T * p->k + t * p->E + e] = pr[e];
-        for (int64_t j = 0; j < p->k; j++) s += pr[p->idx[t * p->k + j]];
-        for (int64_t j = 0; j < p->k; j++) out[t * p->k + j] = pr[p->idx[t * p->k + j]] / (p->renorm ? s : 1);
+        for (int64_t j = 0; j < p->k; j++) s += pr[ix[j]], mk = fmax(mk, l[ix[j]]);
+        for (int64_t j = 0; j < p->k; j++) sk += exp(l[ix[j]] - mk);
+        for (int64_t j = 0; j < p->k; j++)
+            out[t * p->k + j] =
+                p->a.scale * (p->a.softmax_topk ? exp(l[ix[j]] - mk) / sk : pr[ix[j]] / (p->a.renorm ? s : 1));
     }
 }
 
-static void check_router(bool renorm) {
-    int64_t T = 6, E = 5, k = 2;
-    float *logits = rnd(T * E, 1), *probs = poisoned(T * E), *w = poisoned(T * k), *dw = rnd(T * k, 1), *lbg = rnd(E, 1);
-    int32_t idx[12];
-    op_router_forward(tf32_2(probs, T, E), tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), tf32_2(w, T, k), tf32_2(logits, T, E),
-                      (int)k, renorm, false);
-    for (int64_t t = 0; t < T; t++) { // idx are the top-k of probs, best first
-        for (int64_t e = 0; e < E; e++)
-            if (e != idx[t * k] && e != idx[t * k + 1]) ASSERT(probs[t * E + e] <= probs[t * E + idx[t * k + 1]]);
-        ASSERT(probs[t * E + idx[t * k]] >= probs[t * E + idx[t * k + 1]]);
+// The experts a token should get, by brute force: groups ranked by their best score, then the k best experts
+// of the kept groups (score = probs + bias), best first.
+static void ref_select(int32_t *want, const float *probs, const float *bias, int64_t E, const RouterArgs *a) {
+    double sc[16];
+    for (int64_t e = 0; e < E; e++) sc[e] = probs[e] + (bias ? bias[e] : 0);
+    int G = a->n_group > 1 ? a->n_group : 1, per = (int)(E / G), ng = G > 1 ? a->topk_group : 1;
+    bool keep[16] = {0};
+    for (int g = 0; g < G; g++) { // group g is kept when fewer than ng groups beat it
+        double best = -INFINITY;
+        for (int e = g * per; e < (g + 1) * per; e++) best = fmax(best, sc[e]);
+        int beaten = 0;
+        for (int h = 0; h < G; h++) {
+            double bh = -INFINITY;
+            for (int e = h * per; e < (h + 1) * per; e++) bh = fmax(bh, sc[e]);
+            beaten += bh > best;
+        }
+        keep[g] = G == 1 || beaten < ng;
     }
-    RouterCtx c = {T, E, k, idx, renorm, lbg};
+    for (int j = 0; j < a->k; j++) {
+        int b = -1;
+        for (int e = 0; e < E; e++) {
+            bool used = !keep[e / per];
+            for (int l = 0; l < j; l++) used |= want[l] == e;
+            if (!used && (b < 0 || sc[e] > sc[b])) b = e;
+        }
+        want[j] = b;
+    }
+}
+
+static void check_router(RouterArgs a, int64_t E, bool bias_on) { // bias_on: a random selection bias
+    int64_t T = 6, k = a.k;
+    float *logits = rnd(T * E, 1), *probs = poisoned(T * E), *w = poisoned(T * k), *dw = rnd(T * k, 1),
+          *lbg = rnd(E, 1), *bias = rnd(E, 0.2f);
+    int32_t idx[6 * 16], want[16];
+    if (bias_on) a.bias = tf32_1(bias, E);
+    Tensor I = tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1);
+    op_router_forward(tf32_2(probs, T, E), I, tf32_2(w, T, k), tf32_2(logits, T, E), &a);
+    for (int64_t t = 0; t < T; t++) {
+        ref_select(want, probs + t * E, a.bias.p ? bias : NULL, E, &a);
+        for (int64_t j = 0; j < k; j++) ASSERT(idx[t * k + j] == want[j]);
+    }
+    RouterCtx c = {T, E, k, idx, a};
     int64_t nout = T * k + T * E;
     double *in[1] = {to_f64(logits, T * E)}, *out = xmalloc(nout * 8), *G = xmalloc(nout * 8), *g = xmalloc(T * E * 8);
     ref_router(in, out, &c);
@@ -282,25 +453,41 @@ static void check_router(bool renorm) {
         for (int64_t e = 0; e < E; e++) G[T * k + t * E + e] = lbg[e];
     fd_grad(ref_router, in, 0, T * E, G, nout, g, &c);
     float *dl = poisoned(T * E);
-    op_router_backward(tf32_2(dl, T, E), tf32_2(dw, T, k), tf32_1(lbg, E), tf32_2(probs, T, E), tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1),
-                       tf32_2(w, T, k), renorm);
+    op_router_backward(tf32_2(dl, T, E), tf32_2(dw, T, k), tf32_1(lbg, E), tf32_2(probs, T, E), I, tf32_2(w, T, k), &a);
     ASSERT(rel_err_mixed(dl, g, T * E) < 1e-5);
 }
-TEST(op_router_renorm) { check_router(true); }
-TEST(op_router_plain) { check_router(false); }
+TEST(op_router_renorm) { check_router((RouterArgs){.k = 2, .renorm = true, .scale = 1}, 5, false); }
+TEST(op_router_plain) { check_router((RouterArgs){.k = 2, .scale = 1}, 5, false); }
+TEST(op_router_scaled) { check_router((RouterArgs){.k = 3, .scale = 2.5f}, 6, false); } // routed_scaling_factor
+TEST(op_router_softmax_topk) {
+    check_router((RouterArgs){.k = 3, .softmax_topk = true, .scale = 1}, 8, false);
+} // GPT-OSS
+TEST(op_router_grouped) { // DeepSeek-V2's group-limited greedy: 4 groups of 3, the best 2 kept, 3 experts
+    check_router((RouterArgs){.k = 3, .scale = 1.5f, .n_group = 4, .topk_group = 2}, 12, false);
+    check_router((RouterArgs){.k = 2, .renorm = true, .scale = 1, .n_group = 2, .topk_group = 1}, 8, false);
+}
+TEST(op_router_bias) { // aux-loss-free balancing: the bias selects but does not weight
+    check_router((RouterArgs){.k = 2, .renorm = true, .scale = 1}, 8, true);
+    check_router((RouterArgs){.k = 2, .scale = 1, .n_group = 4, .topk_group = 2}, 8, true);
+    check_router((RouterArgs){.k = 2, .softmax_topk = true, .scale = 1}, 8, true);
+}
 
-TEST(op_router_force_balance) {
+static void check_force_balance(bool softmax_topk) {
     int64_t T = 8, E = 8, k = 2;
     float *logits = rnd(T * E, 1), probs[64], w[16];
     int32_t idx[16];
-    op_router_forward(tf32_2(probs, T, E), tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), tf32_2(w, T, k), tf32_2(logits, T, E), 2, true, true);
+    RouterArgs a = {.k = 2, .renorm = true, .softmax_topk = softmax_topk, .scale = 1, .force_balance = true};
+    op_router_forward(tf32_2(probs, T, E), tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), tf32_2(w, T, k),
+                      tf32_2(logits, T, E), &a);
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < k; j++) {
             ASSERT(idx[t * k + j] == (t + j * (E / k)) % E);
-            double s = probs[t * E + idx[t * k]] + probs[t * E + idx[t * k + 1]];
+            double s =
+                probs[t * E + idx[t * k]] + probs[t * E + idx[t * k + 1]]; // softmax over the pair = renormalised
             ASSERT_NEAR(w[t * k + j], probs[t * E + idx[t * k + j]] / s, 1e-6);
         }
 }
+TEST(op_router_force_balance) { check_force_balance(false), check_force_balance(true); }
 
 TEST(op_moe_lb_loss) {
     int64_t T = 4, E = 4, k = 2;
@@ -432,6 +619,24 @@ TEST(op_adamw) {
     ASSERT(rel_err_mixed(p, pd, n) < 1e-6);
     ASSERT(rel_err_mixed(m, md, n) < 1e-6);
     ASSERT(rel_err_mixed(v, vd, n) < 1e-6);
+}
+
+// Column slices: dst[:, a:a+n] (+)= src[:, b:b+n]; the other columns stay as they were.
+TEST(op_copy_cols) {
+    int64_t R = 4, Cd = 7, Cs = 5, a = 2, b = 1, n = 3;
+    float *src = rnd(R * Cs, 1), *dst = rnd(R * Cd, 1), *d0 = xmalloc(R * Cd * 4);
+    memcpy(d0, dst, R * Cd * 4);
+    op_copy_cols(tf32_2(dst, R, Cd), a, tf32_2(src, R, Cs), b, n, false);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < Cd; c++)
+            ASSERT(dst[r * Cd + c] == (c >= a && c < a + n ? src[r * Cs + c - a + b] : d0[r * Cd + c]));
+    op_copy_cols(tf32_2(dst, R, Cd), a, tf32_2(src, R, Cs), b, n, true);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t c = 0; c < Cd; c++)
+            ASSERT(dst[r * Cd + c] == (c >= a && c < a + n ? 2 * src[r * Cs + c - a + b] : d0[r * Cd + c]));
+    // a 3-D view is rows × the rest: (R, 1, Cd) behaves as (R, Cd)
+    op_copy_cols(tensor_make(dst, DT_F32, DEV_CPU, 3, R, 1, Cd, 1), 0, tf32_2(src, R, Cs), 0, Cs, false);
+    for (int64_t r = 0; r < R; r++) ASSERT(dst[r * Cd + 4] == src[r * Cs + 4] && dst[r * Cd + 6] == d0[r * Cd + 6]);
 }
 
 TEST(op_sum_squares_scale_add) {

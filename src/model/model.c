@@ -73,17 +73,6 @@ void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, dou
     }
 }
 
-void model_rope_tables(Tensor cos_t, Tensor sin_t, int S, int d, double theta) {
-    float *c = cos_t.p, *s = sin_t.p;
-    for (int p = 0; p < S; p++)
-        for (int i = 0; i < d / 2; i++) {
-            // fp32 angles, as HF computes them (its rotary embedding runs in fp32 even for fp64 models)
-            float inv = 1.0f / powf((float)theta, (float)(2 * i) / (float)d), a = (float)p * inv;
-            c[p * (d / 2) + i] = cosf(a);
-            s[p * (d / 2) + i] = sinf(a);
-        }
-}
-
 static Tensor alloc_tensor(Device dev, DType dt, int64_t n) {
     Tensor t = tensor_make(NULL, dt, dev, 1, n, 1, 1, 1);
     Arena a = arena_create("parameters", dev, tensor_bytes(t)); // one block, owned by the model
@@ -118,7 +107,7 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
     if (alloc) {
         float *c = xmalloc((size_t)max_seq * half * sizeof(float)), *s = xmalloc((size_t)max_seq * half * sizeof(float));
         Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1), hs = tensor_make(s, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1);
-        model_rope_tables(hc, hs, max_seq, cfg->head_dim, cfg->rope_theta);
+        op_rope_tables(hc, hs, &(RopeSpec){.rd = cfg->head_dim, .theta = cfg->rope_theta});
         op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
         free(c), free(s);
         op_zero(m->loss_sum), op_zero(m->lb_sum);
@@ -159,15 +148,16 @@ void model_lb_step_begin(Model *m) {
 // Row b of a (B, E) load-balancing gradient.
 static Tensor lb_row(Tensor lb_grad, int b) { return tensor_reshape2(tensor_rows(lb_grad, b, 1), 1, lb_grad.n[1]); }
 
-void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm, int B) {
+void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
+                           const RouterArgs *ra, int B) {
     if (!lb_grad.p || m->lb.form != LB_SEQUENCE) {
-        op_router_backward(dlogits, dw, lb_grad.p ? lb_row(lb_grad, 0) : lb_grad, probs, idx, w, renorm);
+        op_router_backward(dlogits, dw, lb_grad.p ? lb_row(lb_grad, 0) : lb_grad, probs, idx, w, ra);
         return;
     }
     int64_t S = probs.n[0] / B; // the router backward is row-wise: each sequence with its own gradient
     for (int b = 0; b < B; b++)
-        op_router_backward(tensor_rows(dlogits, b * S, S), tensor_rows(dw, b * S, S), lb_row(lb_grad, b), tensor_rows(probs, b * S, S),
-                           tensor_rows(idx, b * S, S), tensor_rows(w, b * S, S), renorm);
+        op_router_backward(tensor_rows(dlogits, b * S, S), tensor_rows(dw, b * S, S), lb_row(lb_grad, b),
+                           tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S), tensor_rows(w, b * S, S), ra);
 }
 
 void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B) {

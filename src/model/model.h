@@ -136,8 +136,6 @@ struct Model {
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported
 // Reads an HF config.json (or a folder holding one) into c; dies naming the file and field.
 const ModelFamily *model_config_load(ModelConfig *c, const char *path);
-// Rope tables for positions 0..S-1 (rotate-half, inv_freq_i = theta^(-2i/d)), fp32 on the CPU.
-void model_rope_tables(Tensor cos, Tensor sin, int S, int d, double theta);
 
 extern const ModelFamily qwen3_moe_family;
 
@@ -158,5 +156,6 @@ void model_lb_step_begin(Model *m); // a new step: the global-batch counts start
 // idx: (T, k).
 void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B);
 // op_router_backward with the load-balancing gradient of model_lb_loss (lb_grad.p == NULL: none).
-void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm, int B);
+void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
+                           const RouterArgs *ra, int B);
 void model_zero_grads(Model *m);

@@ -275,6 +275,14 @@ static void qwen3_prolog_backward(Model *m, MicroBatch *mb, Tensor dh) {
 
 // ---- stage 1: norm → attention → residual → norm → router ----
 
+// Causal attention scaled by 1/√d; softmax → top-k routing, renormalised when norm_topk_prob.
+static AttnArgs qwen3_attn_args(const Model *m, const MicroBatch *mb) {
+    return (AttnArgs){.B = mb->B, .scale = (float)(1.0 / sqrt((double)m->cfg.head_dim)), .causal = true};
+}
+static RouterArgs qwen3_router_args(const Model *m) {
+    return (RouterArgs){.k = m->cfg.topk, .renorm = m->cfg.norm_topk, .scale = 1, .force_balance = m->force_balance};
+}
+
 static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
     const ModelConfig *c = &m->cfg;
     const Qwen3Layer *W = &((Qwen3Views *)m->views)->w.layer[l];
@@ -287,15 +295,17 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     op_linear_forward(tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
     op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, d), r->rq, tensor_reshape2(r->qp, T * nh, d), W->qn, (float)c->eps);
     op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, d), r->rk, tensor_reshape2(r->kp, T * nkv, d), W->kn, (float)c->eps);
-    op_rope(r->q, m->rope_cos, m->rope_sin, mb->pos, false);
-    op_rope(r->k, m->rope_cos, m->rope_sin, mb->pos, false);
-    op_attention_forward(r->att, r->lse, r->q, r->k, r->v, mb->B, (float)(1.0 / sqrt((double)d)));
+    op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
+    op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
+    AttnArgs aa = qwen3_attn_args(m, mb);
+    op_attention_forward(r->att, r->lse, r->q, r->k, r->v, &aa);
     op_linear_forward(r->h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
     op_add(r->h1, x);
     op_rmsnorm_forward(r->n2, r->rstd2, r->h1, W->ln2, (float)c->eps);
     if (io->dense) return;
     op_linear_forward(r->logits, r->n2, W->router, NONE);
-    op_router_forward(r->probs, io->idx, io->w, r->logits, c->topk, c->norm_topk, m->force_balance);
+    RouterArgs ra = qwen3_router_args(m);
+    op_router_forward(r->probs, io->idx, io->w, r->logits, &ra);
     // The load-balancing term enters the objective as lb·T per micro-batch (spec §2.0), so its gradient
     // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
     if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T, mb->B);
@@ -314,9 +324,9 @@ static void qwen3_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
-    op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up, io->offs);
+    op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up, NONE, io->offs);
     op_swiglu_forward(act, gu);
-    op_grouped_linear_forward(tensor_rows(io->ye, 0, R), act, W->down, io->offs);
+    op_grouped_linear_forward(tensor_rows(io->ye, 0, R), act, W->down, NONE, io->offs);
 }
 
 static void qwen3_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
@@ -345,8 +355,8 @@ static void qwen3_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io)
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
-    op_grouped_linear_backward_weight(G->down, tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R), io->offs);
-    op_grouped_linear_backward_weight(G->gate_up, tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R), io->offs);
+    op_grouped_linear_backward_weight(G->down, NONE, tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R), io->offs);
+    op_grouped_linear_backward_weight(G->gate_up, NONE, tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R), io->offs);
 }
 
 // ---- stage 5: weighted sum of the expert outputs + residual ----
@@ -375,7 +385,9 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     int64_t T = mb->T, d = c->head_dim, nh = c->heads, nkv = c->kv_heads;
     Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
     if (!io->dense) {
-        model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, c->norm_topk, mb->B);
+        RouterArgs ra = qwen3_router_args(m);
+        model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
+                              mb->B);
         op_linear_backward_input(dn2, r->dlogits, W->router, true);
         op_linear_backward_weight(G->router, NONE, r->dlogits, r->n2);
     }
@@ -384,9 +396,10 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     Tensor att2 = tensor_reshape2(r->att, T, nh * d), datt2 = tensor_reshape2(r->datt, T, nh * d);
     op_linear_backward_input(datt2, r->dh1, W->wo, false);
     op_linear_backward_weight(G->wo, G->bo, r->dh1, att2);
-    op_attention_backward(r->dq, r->dk, r->dv, r->datt, r->q, r->k, r->v, r->att, r->lse, mb->B, (float)(1.0 / sqrt((double)d)));
-    op_rope(r->dq, m->rope_cos, m->rope_sin, mb->pos, true);
-    op_rope(r->dk, m->rope_cos, m->rope_sin, mb->pos, true);
+    AttnArgs aa = qwen3_attn_args(m, mb);
+    op_attention_backward(r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
+    op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
+    op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rmsnorm_backward(tensor_reshape2(r->dqp, T * nh, d), G->qn, tensor_reshape2(r->dq, T * nh, d), tensor_reshape2(r->qp, T * nh, d), W->qn, r->rq, false);
     op_rmsnorm_backward(tensor_reshape2(r->dkp, T * nkv, d), G->kn, tensor_reshape2(r->dk, T * nkv, d), tensor_reshape2(r->kp, T * nkv, d), W->kn, r->rk, false);
     Tensor dqp = tensor_reshape2(r->dqp, T, nh * d), dkp = tensor_reshape2(r->dkp, T, nkv * d), dv = tensor_reshape2(r->dv, T, nkv * d);

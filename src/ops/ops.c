@@ -37,32 +37,37 @@ void ops_sync(void) {}
 void op_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) { DISPATCH(x.dev, linear_forward(y, x, w, b)); }
 void op_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool acc) { DISPATCH(dy.dev, linear_backward_input(dx, dy, w, acc)); }
 void op_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) { DISPATCH(dy.dev, linear_backward_weight(dw, db, dy, x)); }
-void op_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) { DISPATCH(x.dev, grouped_linear_forward(y, x, w, offs)); }
+void op_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
+    DISPATCH(x.dev, grouped_linear_forward(y, x, w, b, offs));
+}
 void op_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
     DISPATCH(dy.dev, grouped_linear_backward_input(dx, dy, w, offs));
 }
-void op_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
-    DISPATCH(dy.dev, grouped_linear_backward_weight(dw, dy, x, offs));
+void op_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
+    DISPATCH(dy.dev, grouped_linear_backward_weight(dw, db, dy, x, offs));
 }
 void op_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) { DISPATCH(x.dev, rmsnorm_forward(y, rstd, x, w, eps)); }
 void op_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc) {
     DISPATCH(x.dev, rmsnorm_backward(dx, dw, dy, x, w, rstd, acc));
 }
-void op_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward) { DISPATCH(x.dev, rope(x, cos, sin, pos, backward)); }
+void op_rope(Tensor x, int off, Tensor cos, Tensor sin, Tensor pos, RopeLayout layout, bool backward) {
+    DISPATCH(x.dev, rope(x, off, cos, sin, pos, layout, backward));
+}
 void op_swiglu_forward(Tensor act, Tensor gu) { DISPATCH(gu.dev, swiglu_forward(act, gu)); }
 void op_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) { DISPATCH(gu.dev, swiglu_backward(dgu, dact, gu)); }
-void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale) {
-    DISPATCH(q.dev, attention_forward(o, lse, q, k, v, B, scale));
+void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
+    DISPATCH(q.dev, attention_forward(o, lse, q, k, v, a));
 }
-void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse,
-                           int B, float scale) {
-    DISPATCH(q.dev, attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, scale));
+void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
+                           Tensor o, Tensor lse, const AttnArgs *a) {
+    DISPATCH(q.dev, attention_backward(dq, dk, dv, dsinks, dout, q, k, v, o, lse, a));
 }
-void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance) {
-    DISPATCH(logits.dev, router_forward(probs, idx, w, logits, k, renorm, force_balance));
+void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a) {
+    DISPATCH(logits.dev, router_forward(probs, idx, w, logits, a));
 }
-void op_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm) {
-    DISPATCH(probs.dev, router_backward(dlogits, dw, lb_grad, probs, idx, w, renorm));
+void op_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
+                        const RouterArgs *a) {
+    DISPATCH(probs.dev, router_backward(dlogits, dw, lb_grad, probs, idx, w, a));
 }
 void op_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale) {
     DISPATCH(probs.dev, moe_lb_loss(loss_sum, lb_grad, probs, idx, coef, grad_scale));
@@ -84,6 +89,9 @@ void op_zero(Tensor x) { DISPATCH(x.dev, zero(x)); }
 void op_add(Tensor y, Tensor x) { DISPATCH(y.dev, add(y, x)); }
 void op_scale(Tensor x, float s) { DISPATCH(x.dev, scale(x, s)); }
 void op_copy(Tensor dst, Tensor src) { DISPATCH(dst.dev == DEV_CUDA ? DEV_CUDA : src.dev, copy(dst, src)); }
+void op_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate) {
+    DISPATCH(dst.dev, copy_cols(dst, a, src, b, n, accumulate));
+}
 double op_sum_squares(Tensor x) { DISPATCH_RETURN(x.dev, sum_squares(x)); }
 void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
     DISPATCH(p.dev, adamw(p, g, m, v, lr, b1, b2, eps, wd, t));

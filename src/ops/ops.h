@@ -24,35 +24,81 @@ void op_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
 void op_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
 
 // ---- grouped GEMMs (experts): rows offs[e]..offs[e+1] of x belong to expert e; offs on the host ----
-// y: (R, N), x: (R, K), w: (E, N, K); empty experts are allowed.
-void op_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs);
-void op_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);  // dx = dy·w_e
-void op_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs); // dw_e += dy_eᵀ·x_e
+// y: (R, N) = x_e: (R_e, K) · w_e: (N, K)ᵀ [+ b_e], w: (E, N, K), b: (E, N) or p == NULL; empty experts are allowed.
+void op_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs);
+void op_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs); // dx = dy·w_e
+// dw_e += dy_eᵀ·x_e; db: (E, N) fp32 += Σ_rows of e dy (db.p == NULL: no bias)
+void op_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs);
 
 // ---- normalisation, position embedding, activation ----
 // RMSNorm over the last dim D of x: (R, D); y = x · rstd · w, rstd: (R) fp32 = 1/sqrt(mean(x²) + eps).
 void op_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
 // dx (+)= ∂/∂x; dw: (D) fp32 += ∂/∂w.
 void op_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
-// Rotate-half RoPE on x: (T, heads, d) in place: x ← x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁].
-// cos, sin: (P, d/2) fp32 tables; pos: (T) int32 position of each token. backward applies the transpose.
-void op_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward);
+// RoPE on dims [off, off + rd) of every head of x: (T, heads, d), in place; rd = 2·cos.n[1], the other dims pass
+// through (partial rotary: Qwen3.5 rotates the first quarter; MLA's rope part is the last 64 of 192).
+// ROPE_HALF pairs dims (i, i + rd/2) (rotate_half), ROPE_PAIRS pairs (2i, 2i + 1) (DeepSeek's complex form);
+// pair i of token t turns by table row pos[t]: (a, b) ← (a·c − b·s, b·c + a·s). cos, sin: (P, rd/2) fp32 (any
+// attention factor folded in); pos: (T) int32. backward applies the transpose.
+typedef enum { ROPE_HALF, ROPE_PAIRS } RopeLayout;
+void op_rope(Tensor x, int off, Tensor cos, Tensor sin, Tensor pos, RopeLayout layout, bool backward);
+// The tables for positions 0..P−1 (cos, sin: (P, rd/2) fp32 on the CPU): cos = f·cos(p·inv_freq_i), sin likewise.
+// Default: inv_freq_i = theta^(−2i/rd), f = 1. YaRN (rope_tables.c, transformers' formulas): inv_freq blends
+// theta^(−2i/rd) and theta^(−2i/rd)/factor over the correction range of beta_fast..beta_slow rotations within
+// orig_max_pos positions (floored/ceiled when truncate); f = attention_factor, or when 0 mscale(factor, mscale) /
+// mscale(factor, mscale_all_dim) if both are set, else mscale(factor, 1), mscale(s, m) = 0.1·m·ln(s) + 1 (1 for s ≤ 1).
+typedef struct {
+    int rd;                                            // rotary dims
+    double theta;                                      // rope_theta
+    bool yarn;                                         // rope_type "yarn"; the fields below are read only then
+    double factor, beta_fast, beta_slow, orig_max_pos; // beta_fast, beta_slow: 32, 1 when 0
+    bool truncate;                                     // transformers' default is true; GPT-OSS ships false
+    double attention_factor, mscale, mscale_all_dim;
+} RopeSpec;
+void op_rope_tables(Tensor cos, Tensor sin, const RopeSpec *r);
 // SwiGLU: gu: (M, 2I) = [gate | up]; act: (M, I) = silu(gate) · up.
 void op_swiglu_forward(Tensor act, Tensor gu);
 void op_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu);
 
-// ---- attention: causal GQA, q: (B·S, nh, d), k, v: (B·S, nkv, d), o: (B·S, nh, d), lse: (B, nh, S) fp32 ----
-void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale);
-void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                           Tensor lse, int B, float scale);
+// ---- attention: GQA, q/k head dim dqk, v head dim dv (MLA: 192, 128), causal or a block against a block ----
+// q: (B·Sq, nh, dqk), k: (B·Sk, nkv, dqk), v: (B·Sk, nkv, dv), o: (B·Sq, nh, dv), lse: (B, nh, Sq) fp32;
+// query head h reads kv head h / (nh/nkv). Query i of a sequence sits at position q_off + i, key j at k_off + j;
+// key j is visible to query i when (!causal or kpos ≤ qpos) and (window == 0 or kpos > qpos − window).
+// s_ij = scale·q_i·k_j; a sink (GPT-OSS) is a per-head logit in the softmax denominator with no value:
+// lse_i = log(exp(sinks[h]) + Σ_visible exp(s_ij)), o_i = Σ_visible exp(s_ij − lse_i)·v_j. A query that sees no key
+// and has no sink gets o = 0, lse = −∞ (what the log-sum-exp merge of ring attention expects).
+typedef struct {
+    int B;       // sequences (q rows B·Sq, k and v rows B·Sk)
+    float scale; // softmax scale
+    bool causal;
+    int window;           // sliding window: a query sees itself and window − 1 earlier keys; 0 = none
+    int64_t q_off, k_off; // positions of row 0 of each sequence's q and k block
+    Tensor sinks;         // (nh) fp32; p == NULL: none
+} AttnArgs;
+void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
+// dq, dk, dv written; dsinks: (nh) fp32 += ∂/∂sinks (p == NULL: not wanted). o and lse as the forward wrote them.
+void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
+                           Tensor o, Tensor lse, const AttnArgs *a);
 
 // ---- mixture of experts ----
-// Router: probs: (T, E) fp32 = softmax(logits: (T, E)); idx: (T, k) int32 = top-k experts (ties → lower
-// index), w: (T, k) fp32 = their probs, divided by their sum when renorm. force_balance replaces the
-// choice by idx[t, j] = (t + j·(E/k)) mod E (benchmark routing) and gathers w from those experts.
-void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance);
+// Router on logits: (T, E) fp32. probs: (T, E) fp32 = softmax(logits) over all E (what load balancing reads).
+// Selection: the top-k of score = probs + bias (ties → lower index), best first; with n_group > 1 (group-limited
+// greedy) only inside the topk_group groups of E/n_group experts whose best score is highest. force_balance
+// replaces the choice by idx[t, j] = (t + j·(E/k)) mod E (benchmark routing). Weights w: (T, k) fp32:
+// softmax_topk (GPT-OSS): softmax over the k selected logits; else probs of the selected experts, divided by
+// their sum when renorm; then × scale (routed_scaling_factor). bias (E) fp32 only selects (aux-loss-free balancing).
+typedef struct {
+    int k;
+    bool renorm, softmax_topk;
+    float scale;             // must be set (> 0); 1 for no scaling
+    int n_group, topk_group; // n_group ≤ 1: every expert competes
+    Tensor bias;             // (E) fp32; p == NULL: none
+    bool force_balance;
+} RouterArgs;
+void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a);
 // dlogits: (T, E) = ∂/∂logits of (Σ dw·w + Σ_t,e lb_grad[e]·probs[t, e]); lb_grad: (E) fp32 or p == NULL.
-void op_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm);
+void op_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
+                        const RouterArgs *a);
 // Micro-batch load-balancing loss (Switch form, spec §5.4) and its gradient w.r.t. probs:
 // f_e = count_e/(T·k), P_e = mean_t probs[t,e], loss = coef·E·Σ f_e P_e; lb_grad[e] = grad_scale·coef·E·f_e/T.
 // Adds the loss into loss_sum: (1) fp64.
@@ -83,6 +129,9 @@ void op_zero(Tensor x);
 void op_add(Tensor y, Tensor x);                   // y += x
 void op_scale(Tensor x, float s);                  // x *= s
 void op_copy(Tensor dst, Tensor src);              // same shape; converts dtype and crosses devices
+// Column slice on 2-D views (rows × the rest): dst[:, a:a+n] (+)= src[:, b:b+n], converting dtype (fp32, bf16).
+// Tensors have no strides, so MLA splits and joins heads with it; its transpose is itself with roles swapped.
+void op_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate);
 double op_sum_squares(Tensor x);                   // Σ x² (fp32 tensor), returned on the host
 // torch.optim.AdamW on flat fp32 tensors: p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²;
 // p −= lr/(1−b1^t) · m / (sqrt(v/(1−b2^t)) + eps).

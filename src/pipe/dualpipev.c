@@ -277,3 +277,79 @@ char *dualpipev_format(const PipeSchedule *s) {
     }
     return out;
 }
+
+// ---- running a schedule ----
+
+// Whether phase p of this rank has buffers of kind: an input unless it is the model's first chunk (the
+// last rank's phase 1 takes its input by hand-off into them), an output unless it is a last stage, an
+// output gradient unless it starts from the loss (the last rank's phase 0 takes it by hand-off), an input
+// gradient unless it is a first stage.
+static bool has_buffers(const PipeSchedule *s, int kind, int p) {
+    bool first = (s->rank == 0 && p == 0) || (s->rank == s->P - 1 && p == 1);
+    bool last = (s->rank == 0 && p == 1) || (s->rank == s->P - 1 && p == 0);
+    switch (kind) {
+    case PIPE_ACT_IN: return !(s->rank == 0 && p == 0);
+    case PIPE_ACT_OUT: return !last;
+    case PIPE_GRAD_OUT: return !(s->rank == 0 && p == 1);
+    default: return !first;
+    }
+}
+static int slot_kind(int kind) { return kind == PIPE_GRAD_OUT ? PIPE_GOUT : kind == PIPE_GRAD_IN ? PIPE_GIN : PIPE_REC; }
+
+void dualpipev_run_init(PipeRun *run, const PipeSchedule *s, const Comm *pp, Arena *a, DType dt, int64_t T, int64_t H) {
+    CHECK(pp->size == s->P && pp->rank == s->rank);
+    memset(run, 0, sizeof *run);
+    run->s = s, run->pp = pp;
+    for (int k = 0; k < PIPE_NTENSOR; k++)
+        for (int p = 0; p < 2; p++) {
+            int n = has_buffers(s, k, p) ? s->slots[slot_kind(k)][p] : 0;
+            run->t[k][p] = xcalloc(n + 1, sizeof(Tensor));
+            for (int i = 0; i < n; i++) run->t[k][p][i] = arena_tensor(a, dt, 2, T, H, 0, 0);
+        }
+}
+
+void dualpipev_run_free(PipeRun *run) {
+    for (int k = 0; k < PIPE_NTENSOR; k++)
+        for (int p = 0; p < 2; p++) free(run->t[k][p]);
+    memset(run, 0, sizeof *run);
+}
+
+Tensor dualpipev_buffer(const PipeRun *run, int kind, int phase, int mb) {
+    int slot = run->s->slot[slot_kind(kind)][phase][mb];
+    if (!has_buffers(run->s, kind, phase) || slot < 0) return (Tensor){0};
+    return run->t[kind][phase][slot];
+}
+
+static int msg_buffer(const PipeMsg *m) {
+    return m->grad ? (m->send ? PIPE_GRAD_IN : PIPE_GRAD_OUT) : (m->send ? PIPE_ACT_OUT : PIPE_ACT_IN);
+}
+
+void dualpipev_run(PipeRun *run, const PipeChunks *c) {
+    const PipeSchedule *s = run->s;
+    bool last = s->rank == s->P - 1;
+    for (int i = 0; i < s->nsteps; i++) {
+        const PipeStep *st = &s->steps[i];
+        if (st->nmsg) { // the step's group, posted together and waited for before the compute
+            CommP2p ops[COMM_MAX_P2P];
+            CHECK(st->nmsg <= COMM_MAX_P2P);
+            for (int k = 0; k < st->nmsg; k++) {
+                const PipeMsg *m = &s->msgs[st->msg0 + k];
+                ops[k] = (CommP2p){m->send, dualpipev_buffer(run, msg_buffer(m), m->phase, m->mb), m->peer};
+                CHECK(ops[k].x.p);
+            }
+            CommReq q = comm_p2p_start(run->pp, ops, st->nmsg);
+            comm_wait(&q);
+        }
+        if (st->kind == PIPE_F || st->kind == PIPE_FB) { // the last rank's phase 0 writes phase 1's input
+            int p = st->fphase, mb = st->fmb;
+            Tensor y = last && p == 0 ? dualpipev_buffer(run, PIPE_ACT_IN, 1, mb) : dualpipev_buffer(run, PIPE_ACT_OUT, p, mb);
+            c->forward(c->ctx, p, mb, s->slot[PIPE_REC][p][mb], dualpipev_buffer(run, PIPE_ACT_IN, p, mb), y);
+        }
+        if (st->kind == PIPE_B || st->kind == PIPE_FB) { // the last rank's phase 1 writes phase 0's gradient
+            int p = st->bphase, mb = st->bmb;
+            Tensor dx = last && p == 1 ? dualpipev_buffer(run, PIPE_GRAD_OUT, 0, mb) : dualpipev_buffer(run, PIPE_GRAD_IN, p, mb);
+            c->backward(c->ctx, p, mb, s->slot[PIPE_REC][p][mb], dualpipev_buffer(run, PIPE_GRAD_OUT, p, mb), dx, st->zb);
+        }
+        if (st->kind == PIPE_W) c->weight(c->ctx, st->bphase, st->bmb, s->slot[PIPE_REC][st->bphase][st->bmb]);
+    }
+}

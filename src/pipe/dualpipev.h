@@ -7,8 +7,10 @@
 // earlier backward (W) — and the messages each step posts together and waits for before its compute.
 // It also sizes and assigns the buffers the steps need: activation records, output and input gradients,
 // per (phase, micro-batch), alive over intervals of the rank's timeline, packed into the fewest slots.
+// dualpipev_run executes a rank's schedule: it posts each step's messages over the pipeline group, waits,
+// and calls the caller's chunk computes (the model engine; the tests' toy model) on the pipeline buffers.
 #pragma once
-#include <stdbool.h>
+#include "parallel/comm.h"
 
 typedef enum { PIPE_F, PIPE_B, PIPE_FB, PIPE_W, PIPE_SYNC } PipeKind; // SYNC: a commit with no compute
 
@@ -58,3 +60,35 @@ void dualpipev_build(PipeSchedule *s, int P, int N, int rank, bool forward_only)
 void dualpipev_free(PipeSchedule *s);
 // The steps in the notation of docs/architecture.md ("F0 F0 B1(zb) W [F0|B1] ..."); the caller frees it.
 char *dualpipev_format(const PipeSchedule *s);
+
+// ---- running a schedule ----
+// The compute of this rank's two chunks. Tensors are (T, H) pipeline buffers: x, the chunk's input, is
+// empty on the model's first chunk (its input is the micro-batch's tokens); y, its output, is empty on the
+// last (whose output is the loss); likewise dy (output gradient) on the last and dx (input gradient) on
+// the first. slot is the micro-batch's record slot in its phase (PipeSchedule.slot[PIPE_REC]): x and y
+// stay valid from the forward to the backward, or to the W of a backward that defers. An overlapped pair
+// runs its forward, then its backward (the stage-level interleaving of one pair is the engine's).
+typedef struct {
+    void *ctx;
+    void (*forward)(void *ctx, int phase, int mb, int slot, Tensor x, Tensor y);
+    // defer: keep the expert weight gradients for a later weight() of the same (phase, mb)
+    void (*backward)(void *ctx, int phase, int mb, int slot, Tensor dy, Tensor dx, bool defer);
+    void (*weight)(void *ctx, int phase, int mb, int slot);
+} PipeChunks;
+
+// The pipeline buffers of one rank: activations in and out per record slot, output and input gradients
+// per gradient slot, each (T, H) of one dtype; those a rank never uses (rank 0's embedding input, the
+// last rank's hand-offs, which write straight into the other phase's buffer) are not allocated.
+enum { PIPE_ACT_IN, PIPE_ACT_OUT, PIPE_GRAD_OUT, PIPE_GRAD_IN, PIPE_NTENSOR };
+typedef struct {
+    const PipeSchedule *s;
+    const Comm *pp; // the pipeline group: rank = pipeline rank
+    Tensor *t[PIPE_NTENSOR][2]; // [kind][phase][slot]
+} PipeRun;
+
+// Allocates the buffers from a (so a counting arena gives their exact size).
+void dualpipev_run_init(PipeRun *run, const PipeSchedule *s, const Comm *pp, Arena *a, DType dt, int64_t T, int64_t H);
+void dualpipev_run_free(PipeRun *run);
+// The buffer of kind for (phase, mb): empty where the rank has none.
+Tensor dualpipev_buffer(const PipeRun *run, int kind, int phase, int mb);
+void dualpipev_run(PipeRun *run, const PipeChunks *c);

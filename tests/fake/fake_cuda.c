@@ -346,31 +346,49 @@ void cuda_stream_wait_event(void *stream, void *ev) { cudaStreamWaitEvent(stream
 void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) { OP(linear_forward, &y, &x, &w, &b); cpu_linear_forward(y, x, w, b); }
 void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool acc) { OP(linear_backward_input, &dx, &dy, &w); cpu_linear_backward_input(dx, dy, w, acc); }
 void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) { OP(linear_backward_weight, &dw, &db, &dy, &x); cpu_linear_backward_weight(dw, db, dy, x); }
-void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) { OP(grouped_linear_forward, &y, &x, &w); cpu_grouped_linear_forward(y, x, w, offs); }
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
+    OP(grouped_linear_forward, &y, &x, &w, &b);
+    cpu_grouped_linear_forward(y, x, w, b, offs);
+}
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
     OP(grouped_linear_backward_input, &dx, &dy, &w); cpu_grouped_linear_backward_input(dx, dy, w, offs);
 }
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
-    OP(grouped_linear_backward_weight, &dw, &dy, &x); cpu_grouped_linear_backward_weight(dw, dy, x, offs);
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
+    OP(grouped_linear_backward_weight, &dw, &db, &dy, &x);
+    cpu_grouped_linear_backward_weight(dw, db, dy, x, offs);
 }
 void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) { OP(rmsnorm_forward, &y, &rstd, &x, &w); cpu_rmsnorm_forward(y, rstd, x, w, eps); }
 void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc) {
     OP(rmsnorm_backward, &dx, &dw, &dy, &x, &w, &rstd); cpu_rmsnorm_backward(dx, dw, dy, x, w, rstd, acc);
 }
-void cuda_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward) { OP(rope, &x, &cos, &sin, &pos); cpu_rope(x, cos, sin, pos, backward); }
+void cuda_rope(Tensor x, int off, Tensor cos, Tensor sin, Tensor pos, RopeLayout layout, bool backward) {
+    OP(rope, &x, &cos, &sin, &pos);
+    cpu_rope(x, off, cos, sin, pos, layout, backward);
+}
 void cuda_swiglu_forward(Tensor act, Tensor gu) { OP(swiglu_forward, &act, &gu); cpu_swiglu_forward(act, gu); }
 void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) { OP(swiglu_backward, &dgu, &dact, &gu); cpu_swiglu_backward(dgu, dact, gu); }
-void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale) {
-    OP(attention_forward, &o, &lse, &q, &k, &v); cpu_attention_forward(o, lse, q, k, v, B, scale);
+// The args structs carry a tensor (sinks, bias) that the CPU op reads as host memory too.
+void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
+    AttnArgs c = *a;
+    OP(attention_forward, &o, &lse, &q, &k, &v, &c.sinks);
+    cpu_attention_forward(o, lse, q, k, v, &c);
 }
-void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, float scale) {
-    OP(attention_backward, &dq, &dk, &dv, &dout, &q, &k, &v, &o, &lse); cpu_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, scale);
+void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
+                             Tensor o, Tensor lse, const AttnArgs *a) {
+    AttnArgs c = *a;
+    OP(attention_backward, &dq, &dk, &dv, &dsinks, &dout, &q, &k, &v, &o, &lse, &c.sinks);
+    cpu_attention_backward(dq, dk, dv, dsinks, dout, q, k, v, o, lse, &c);
 }
-void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool fb) {
-    OP(router_forward, &probs, &idx, &w, &logits); cpu_router_forward(probs, idx, w, logits, k, renorm, fb);
+void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a) {
+    RouterArgs c = *a;
+    OP(router_forward, &probs, &idx, &w, &logits, &c.bias);
+    cpu_router_forward(probs, idx, w, logits, &c);
 }
-void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm) {
-    OP(router_backward, &dlogits, &dw, &lb_grad, &probs, &idx, &w); cpu_router_backward(dlogits, dw, lb_grad, probs, idx, w, renorm);
+void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
+                          const RouterArgs *a) {
+    RouterArgs c = *a;
+    OP(router_backward, &dlogits, &dw, &lb_grad, &probs, &idx, &w, &c.bias);
+    cpu_router_backward(dlogits, dw, lb_grad, probs, idx, w, &c);
 }
 void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float gs) {
     OP(moe_lb_loss, &loss_sum, &lb_grad, &probs, &idx); cpu_moe_lb_loss(loss_sum, lb_grad, probs, idx, coef, gs);
@@ -393,6 +411,11 @@ void cuda_copy(Tensor dst, Tensor src) {
     OP(copy, &dst, &src);
     if (dst.dt != src.dt) fake_fail("copy: dtype conversion is not faked (fp32 compute only)");
     cpu_copy(dst, src);
+}
+void cuda_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool acc) {
+    OP(copy_cols, &dst, &src);
+    if (dst.dt != src.dt) fake_fail("copy_cols: dtype conversion is not faked (fp32 compute only)");
+    cpu_copy_cols(dst, a, src, b, n, acc);
 }
 double cuda_sum_squares(Tensor x) {
     OP(sum_squares, &x);

@@ -61,12 +61,13 @@ TEST(gpu_op_grouped_linear) {
         gpu_mode(MODE_DT);
         DType dt = MODE_DT;
         Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, 5, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
-        op_grouped_linear_forward(y.c, x.c, w.c, offs), op_grouped_linear_forward(y.d, x.d, w.d, offs);
+        op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs), op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
         EXPECT_CLOSE(y, GEMM_TOL);
         Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, 5, N, K, 0);
         op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
         EXPECT_CLOSE(dx, GEMM_TOL);
-        op_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs), op_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+        op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs),
+            op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
         EXPECT_CLOSE(dw, GEMM_TOL);
     }
     gpu_report();
@@ -114,9 +115,9 @@ TEST(gpu_op_rope) {
         gpu_mode(MODE_DT);
         Pair c = pair_from(DT_F32, cs, 2, P, d / 2, 0, 0), s = pair_from(DT_F32, sn, 2, P, d / 2, 0, 0), ps = pair_i32(pos, T);
         Pair x = pair_rand(MODE_DT, 1, 3, T, nh, d, 0);
-        op_rope(x.c, c.c, s.c, ps.c, false), op_rope(x.d, c.d, s.d, ps.d, false);
+        op_rope(x.c, 0, c.c, s.c, ps.c, ROPE_HALF, false), op_rope(x.d, 0, c.d, s.d, ps.d, ROPE_HALF, false);
         EXPECT_CLOSE(x, TOL);
-        op_rope(x.c, c.c, s.c, ps.c, true), op_rope(x.d, c.d, s.d, ps.d, true);
+        op_rope(x.c, 0, c.c, s.c, ps.c, ROPE_HALF, true), op_rope(x.d, 0, c.d, s.d, ps.d, ROPE_HALF, true);
         EXPECT_CLOSE(x, TOL);
     }
     free(cs), free(sn);
@@ -142,17 +143,18 @@ TEST(gpu_op_swiglu) {
 static void check_attention(DType dt, double tol, int B, int S, int nh, int nkv, int d) {
     int64_t T = (int64_t)B * S;
     float scale = 1.0f / sqrtf((float)d);
+    AttnArgs aa = {.B = B, .scale = scale, .causal = true};
     Pair q = pair_rand(dt, 1, 3, T, nh, d, 0), k = pair_rand(dt, 1, 3, T, nkv, d, 0), v = pair_rand(dt, 1, 3, T, nkv, d, 0);
     Pair o = pair_nan(dt, 3, T, nh, d, 0), lse = pair_nan(DT_F32, 3, B, nh, S, 0);
-    op_attention_forward(o.c, lse.c, q.c, k.c, v.c, B, scale), op_attention_forward(o.d, lse.d, q.d, k.d, v.d, B, scale);
+    op_attention_forward(o.c, lse.c, q.c, k.c, v.c, &aa), op_attention_forward(o.d, lse.d, q.d, k.d, v.d, &aa);
     EXPECT_CLOSE(o, tol);
     EXPECT_CLOSE(lse, tol);
     // the backward reads o and lse: give both sides the CPU's (rounded to dt), so only the backward differs
     Pair oc = pair_from(dt, o.c.p, 3, T, nh, d, 0), lc = pair_from(DT_F32, lse.c.p, 3, B, nh, S, 0);
     Pair dout = pair_rand(dt, 1, 3, T, nh, d, 0);
     Pair dq = pair_nan(dt, 3, T, nh, d, 0), dk = pair_nan(dt, 3, T, nkv, d, 0), dv = pair_nan(dt, 3, T, nkv, d, 0);
-    op_attention_backward(dq.c, dk.c, dv.c, dout.c, q.c, k.c, v.c, oc.c, lc.c, B, scale);
-    op_attention_backward(dq.d, dk.d, dv.d, dout.d, q.d, k.d, v.d, oc.d, lc.d, B, scale);
+    op_attention_backward(dq.c, dk.c, dv.c, NONE, dout.c, q.c, k.c, v.c, oc.c, lc.c, &aa);
+    op_attention_backward(dq.d, dk.d, dv.d, NONE, dout.d, q.d, k.d, v.d, oc.d, lc.d, &aa);
     EXPECT_CLOSE(dq, tol);
     EXPECT_CLOSE(dk, tol);
     EXPECT_CLOSE(dv, tol);
@@ -193,14 +195,15 @@ static bool check_flash(int B, int S, int nh, int nkv, int d) {
     DType dt = DT_BF16;
     int64_t T = (int64_t)B * S;
     float scale = 1.0f / sqrtf((float)d);
+    AttnArgs aa = {.B = B, .scale = scale, .causal = true};
     Pair q = pair_rand(dt, 1, 3, T, nh, d, 0), k = pair_rand(dt, 1, 3, T, nkv, d, 0), v = pair_rand(dt, 1, 3, T, nkv, d, 0);
     Pair o = pair_nan(dt, 3, T, nh, d, 0), lse = pair_nan(DT_F32, 3, B, nh, S, 0);
-    op_attention_forward(o.c, lse.c, q.c, k.c, v.c, B, scale), op_attention_forward(o.d, lse.d, q.d, k.d, v.d, B, scale);
+    op_attention_forward(o.c, lse.c, q.c, k.c, v.c, &aa), op_attention_forward(o.d, lse.d, q.d, k.d, v.d, &aa);
     Pair oc = pair_from(dt, o.c.p, 3, T, nh, d, 0), lc = pair_from(DT_F32, lse.c.p, 3, B, nh, S, 0);
     Pair dout = pair_rand(dt, 1, 3, T, nh, d, 0);
     Pair dq = pair_nan(dt, 3, T, nh, d, 0), dk = pair_nan(dt, 3, T, nkv, d, 0), dv = pair_nan(dt, 3, T, nkv, d, 0);
-    op_attention_backward(dq.c, dk.c, dv.c, dout.c, q.c, k.c, v.c, oc.c, lc.c, B, scale);
-    op_attention_backward(dq.d, dk.d, dv.d, dout.d, q.d, k.d, v.d, oc.d, lc.d, B, scale);
+    op_attention_backward(dq.c, dk.c, dv.c, NONE, dout.c, q.c, k.c, v.c, oc.c, lc.c, &aa);
+    op_attention_backward(dq.d, dk.d, dv.d, NONE, dout.d, q.d, k.d, v.d, oc.d, lc.d, &aa);
     double e[5] = {pair_err(o), pair_err(lse), pair_err(dq), pair_err(dk), pair_err(dv)};
     const char *nm[5] = {"o", "lse", "dq", "dk", "dv"};
     printf("     flash B=%d S=%d nh=%d nkv=%d d=%d: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", B, S, nh, nkv, d, e[0], e[1], e[2], e[3], e[4]);
@@ -341,20 +344,21 @@ TEST(gpu_op_grouped_linear_many) {
         gpu_mode(MODE_DT);
         DType dt = MODE_DT;
         Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
-        op_grouped_linear_forward(y.c, x.c, w.c, offs), op_grouped_linear_forward(y.d, x.d, w.d, offs);
+        op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs), op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
         EXPECT_CLOSE(y, GEMM_TOL);
         Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
         op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
         EXPECT_CLOSE(dx, GEMM_TOL);
-        op_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs), op_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+        op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs),
+            op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
         EXPECT_CLOSE(dw, GEMM_TOL);
         // the per-expert cuBLASLt weight gradients on side streams (default 4) equal the serial loop bit for bit
         Pair dw1 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0), dw4 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0);
         setenv("PITH_GROUPED_KERNEL", "cublas", 1); // (bf16 here would otherwise take cuda_grouped.cu's kernel)
         setenv("PITH_WGRAD_STREAMS", "1", 1);
-        op_grouped_linear_backward_weight(dw1.d, dy.d, x.d, offs);
+        op_grouped_linear_backward_weight(dw1.d, NONE, dy.d, x.d, offs);
         setenv("PITH_WGRAD_STREAMS", "4", 1);
-        op_grouped_linear_backward_weight(dw4.d, dy.d, x.d, offs);
+        op_grouped_linear_backward_weight(dw4.d, NONE, dy.d, x.d, offs);
         unsetenv("PITH_WGRAD_STREAMS");
         unsetenv("PITH_GROUPED_KERNEL");
         float *h1 = gpu_down(dw1.d), *h4 = gpu_down(dw4.d);
@@ -414,16 +418,16 @@ static bool check_grouped_own(const char *tag, int64_t E, const int64_t *counts,
     op_copy(dwb, dw.d), op_copy(dw0, dw.d);
     Pair y = pair_nan(dt, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0);
     Tensor yb = gpu_tensor(dt, 2, R, N, 0, 0), dxb = gpu_tensor(dt, 2, R, K, 0, 0);
-    op_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs);
-    op_grouped_linear_forward(y.c, x.c, w.c, offs), op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs);
+    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs);
+    op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs), op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs);
     setenv("PITH_GROUPED_KERNEL", "cublas", 1);
-    op_grouped_linear_backward_weight(dwb, dy.d, x.d, offs);
-    op_grouped_linear_forward(yb, x.d, w.d, offs), op_grouped_linear_backward_input(dxb, dy.d, w.d, offs);
+    op_grouped_linear_backward_weight(dwb, NONE, dy.d, x.d, offs);
+    op_grouped_linear_forward(yb, x.d, w.d, NONE, offs), op_grouped_linear_backward_input(dxb, dy.d, w.d, offs);
     // ours
     setenv("PITH_GROUPED_KERNEL", "pith", 1);
     op_copy(dw.d, dw0);
-    op_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
-    op_grouped_linear_forward(y.d, x.d, w.d, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
+    op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
+    op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
     unsetenv("PITH_GROUPED_KERNEL");
     ok &= grouped_compare("dw (fp32 accumulate)", dw, dwb, E, N, K, 1e-5);
     ok &= grouped_compare("y (forward, bf16)", y, yb, 1, R, N, 5e-3);
@@ -432,8 +436,8 @@ static bool check_grouped_own(const char *tag, int64_t E, const int64_t *counts,
     Tensor dw2 = dwb; // (reused)
     op_copy(dw2, dw0), op_copy(dw.d, dw0);
     setenv("PITH_GROUPED_KERNEL", "pith", 1);
-    op_grouped_linear_backward_weight(dw2, dy.d, x.d, offs);
-    op_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, offs);
+    op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
     unsetenv("PITH_GROUPED_KERNEL");
     float *h1 = gpu_down(dw2), *h2 = gpu_down(dw.d);
     bool same = !memcmp(h1, h2, (size_t)E * N * K * sizeof(float));
@@ -468,16 +472,19 @@ static void check_router(bool renorm, bool force) {
     for (int i = 0; i < 150; i++) junk[i] = -7;
     Pair idx = pair_i32(junk, T * k);
     idx.c = tensor_reshape2(idx.c, T, k), idx.d = tensor_reshape2(idx.d, T, k);
-    op_router_forward(probs.c, idx.c, w.c, logits.c, k, renorm, force), op_router_forward(probs.d, idx.d, w.d, logits.d, k, renorm, force);
+    RouterArgs ra = {.k = k, .renorm = renorm, .scale = 1, .force_balance = force};
+    op_router_forward(probs.c, idx.c, w.c, logits.c, &ra), op_router_forward(probs.d, idx.d, w.d, logits.d, &ra);
     EXPECT_CLOSE(probs, 1e-5);
     EXPECT_CLOSE(w, 1e-5);
     int32_t *gi = gpu_down_i32(idx.d);
     for (int64_t i = 0; i < T * k; i++) ASSERT_MSG(gi[i] == ((int32_t *)idx.c.p)[i], "idx[%lld]: gpu %d cpu %d", (long long)i, gi[i], ((int32_t *)idx.c.p)[i]);
     free(gi);
     Pair dw = pair_rand(DT_F32, 1, 2, T, k, 0, 0), lbg = pair_rand(DT_F32, 0.1f, 1, E, 0, 0, 0), dl = pair_nan(DT_F32, 2, T, E, 0, 0);
-    op_router_backward(dl.c, dw.c, lbg.c, probs.c, idx.c, w.c, renorm), op_router_backward(dl.d, dw.d, lbg.d, probs.d, idx.d, w.d, renorm);
+    op_router_backward(dl.c, dw.c, lbg.c, probs.c, idx.c, w.c, &ra),
+        op_router_backward(dl.d, dw.d, lbg.d, probs.d, idx.d, w.d, &ra);
     EXPECT_CLOSE(dl, 1e-5);
-    op_router_backward(dl.c, dw.c, NONE, probs.c, idx.c, w.c, renorm), op_router_backward(dl.d, dw.d, NONE, probs.d, idx.d, w.d, renorm);
+    op_router_backward(dl.c, dw.c, NONE, probs.c, idx.c, w.c, &ra),
+        op_router_backward(dl.d, dw.d, NONE, probs.d, idx.d, w.d, &ra);
     EXPECT_CLOSE(dl, 1e-5);
 }
 
@@ -496,7 +503,8 @@ TEST(gpu_op_moe_lb_loss) {
     int32_t z[128] = {0};
     Pair idx = pair_i32(z, T * k);
     idx.c = tensor_reshape2(idx.c, T, k), idx.d = tensor_reshape2(idx.d, T, k);
-    op_router_forward(probs.c, idx.c, w.c, logits.c, (int)k, true, false), op_router_forward(probs.d, idx.d, w.d, logits.d, (int)k, true, false);
+    RouterArgs ra = {.k = (int)k, .renorm = true, .scale = 1};
+    op_router_forward(probs.c, idx.c, w.c, logits.c, &ra), op_router_forward(probs.d, idx.d, w.d, logits.d, &ra);
     double l0 = 0.25;
     Tensor lc = tensor_make(&l0, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), ld = gpu_tensor(DT_F64, 1, 1, 0, 0, 0);
     op_copy(ld, lc);
@@ -662,12 +670,13 @@ TEST(gpu_op_grouped_paths) {
     int64_t E = 6, R = 250, K = 64, N = 96;
     DType dt = DT_BF16;
     Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
-    op_grouped_linear_forward(y.c, x.c, w.c, offs), op_grouped_linear_forward(y.d, x.d, w.d, offs);
+    op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs), op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
     EXPECT_CLOSE(y, 1e-2);
     Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
     op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
     EXPECT_CLOSE(dx, 1e-2);
-    op_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs), op_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs),
+        op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
     EXPECT_CLOSE(dw, 1e-4);
     unsetenv("PITH_GROUPED_KERNEL");
     ASSERT_MSG(cuda_grouped_calls("batched") == calls0 + 3, "%lld of the 3 products ran as a padded batch",
@@ -676,7 +685,7 @@ TEST(gpu_op_grouped_paths) {
     const int64_t so[6] = {0, 1100, 1130, 1130, 2400, 2410};
     int64_t E2 = 5, R2 = 2410, big0 = cuda_grouped_calls("big");
     Pair x2 = pair_rand(dt, 1, 2, R2, K, 0, 0), w2 = pair_rand(dt, 0.5f, 3, E2, N, K, 0), y2 = pair_nan(dt, 2, R2, N, 0, 0);
-    op_grouped_linear_forward(y2.c, x2.c, w2.c, so), op_grouped_linear_forward(y2.d, x2.d, w2.d, so);
+    op_grouped_linear_forward(y2.c, x2.c, w2.c, NONE, so), op_grouped_linear_forward(y2.d, x2.d, w2.d, NONE, so);
     EXPECT_CLOSE(y2, 1e-2);
     Pair dy2 = pair_rand(dt, 1, 2, R2, N, 0, 0), dx2 = pair_nan(dt, 2, R2, K, 0, 0);
     op_grouped_linear_backward_input(dx2.c, dy2.c, w2.c, so), op_grouped_linear_backward_input(dx2.d, dy2.d, w2.d, so);

@@ -12,12 +12,16 @@
 //   comm-gpu, ep-gpu, hang-gpu, p2p-gpu, hang-p2p-gpu   the same on device buffers over NCCL (one GPU per
 //              rank, dist_mesh_gpu); comm-gpu adds bf16 (all-gather, all-to-all-v, all-reduce on a real GPU)
 //   hazard-gpu an op reads a receive's buffer before comm_wait: the fake GPU must refuse it
+//   pipe[-gpu] the DualPipeV schedule run by dualpipev_run over the world as one pipeline of P ranks, on a
+//              toy model of 2P linear chunks (loss ½‖y‖², deferred weight gradients): the loss and every
+//              chunk's weight gradient against an fp64 reference of the whole chain on one rank
 // A failed check dies (every rank stops, the message names the rank); success prints "ok SUITE" on rank 0.
 #include <math.h>
 #include <unistd.h>
 
 #include "parallel/ep.h"
 #include "parallel/mesh.h"
+#include "pipe/dualpipev.h"
 
 static int nchecks;
 #define EXPECT(cond, ...)                                                                             \
@@ -223,6 +227,133 @@ static void suite_p2p(const Dist *d) {
     free(s.p), free(r.p), free(r2.p), free(o.p), free(a.p), free(b.p);
 }
 
+// ---- pipe: the schedule run on a toy model ----
+// Chunk c maps x: (T, H) to x·W_cᵀ; the loss of a micro-batch is ½‖y‖² of the last chunk's output, so its
+// output gradient is y. Micro-batch mb's input is x0(mb), known to every rank for the reference.
+
+enum { PT = 6, PH = 8, TOY_SLOTS = 32 };
+static float pipe_x0(int mb, int i) { return (float)rng_normal(21, (uint64_t)mb, (uint64_t)i); }
+static float pipe_w(int c, int i) { return 0.35f * (float)rng_normal(22, (uint64_t)c, (uint64_t)i); }
+
+typedef struct {
+    PipeRun *run;
+    int chunk[2];
+    Tensor w[2], dw[2];            // (H, H) of this rank's chunks
+    Tensor x0[TOY_SLOTS], y[TOY_SLOTS], dy[2][TOY_SLOTS]; // per record slot: the first chunk's input, the last
+                                                          // chunk's output, a deferred output gradient
+    double loss;
+} Toy;
+
+// The input of (p, mb): the pipeline buffer, or x0 on the model's first chunk.
+static Tensor toy_x(Toy *t, int p, int mb, int slot) {
+    Tensor x = dualpipev_buffer(t->run, PIPE_ACT_IN, p, mb);
+    return x.p ? x : t->x0[slot];
+}
+
+static void toy_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
+    Toy *t = ctx;
+    if (!x.p) { // the model's first chunk: the micro-batch's data
+        Tensor h = host(DT_F32, PT, PH);
+        for (int i = 0; i < PT * PH; i++) F(h)[i] = pipe_x0(mb, i);
+        op_copy(x = t->x0[slot], h);
+        free(h.p);
+    }
+    bool loss = !y.p;
+    if (loss) y = t->y[slot];
+    op_linear_forward(y, x, t->w[p], (Tensor){0});
+    if (loss) t->loss += 0.5 * op_sum_squares(y);
+}
+
+static void toy_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor dx, bool defer) {
+    Toy *t = ctx;
+    if (!dy.p) dy = t->y[slot]; // ∂(½‖y‖²)/∂y
+    if (dx.p) op_linear_backward_input(dx, dy, t->w[p], false);
+    if (defer) op_copy(t->dy[p][slot], dy);
+    else op_linear_backward_weight(t->dw[p], (Tensor){0}, dy, toy_x(t, p, mb, slot));
+}
+
+static void toy_weight(void *ctx, int p, int mb, int slot) {
+    Toy *t = ctx;
+    op_linear_backward_weight(t->dw[p], (Tensor){0}, t->dy[p][slot], toy_x(t, p, mb, slot));
+}
+
+// The whole chain on one rank in fp64: the summed loss and the weight gradient of chunk c.
+static double pipe_reference(int P, int N, int c, double *dw) {
+    int C = 2 * P, n = PT * PH;
+    double *a = xmalloc((size_t)(C + 1) * n * sizeof(double)), *g = xmalloc(2 * (size_t)n * sizeof(double)), loss = 0;
+    memset(dw, 0, PH * PH * sizeof(double));
+    for (int mb = 0; mb < N; mb++) {
+        for (int i = 0; i < n; i++) a[i] = pipe_x0(mb, i);
+        for (int k = 0; k < C; k++) // a[k + 1] = a[k] · W_kᵀ
+            for (int r = 0; r < PT; r++)
+                for (int o = 0; o < PH; o++) {
+                    double v = 0;
+                    for (int i = 0; i < PH; i++) v += a[k * n + r * PH + i] * pipe_w(k, o * PH + i);
+                    a[(k + 1) * n + r * PH + o] = v;
+                }
+        for (int i = 0; i < n; i++) loss += 0.5 * a[C * n + i] * a[C * n + i], g[i] = a[C * n + i];
+        for (int k = C - 1; k >= 0; k--) { // g = ∂loss/∂a[k + 1]
+            if (k == c)
+                for (int o = 0; o < PH; o++)
+                    for (int i = 0; i < PH; i++)
+                        for (int r = 0; r < PT; r++) dw[o * PH + i] += g[r * PH + o] * a[k * n + r * PH + i];
+            for (int r = 0; r < PT; r++)
+                for (int i = 0; i < PH; i++) {
+                    double v = 0;
+                    for (int o = 0; o < PH; o++) v += g[r * PH + o] * pipe_w(k, o * PH + i);
+                    g[n + r * PH + i] = v;
+                }
+            memcpy(g, g + n, n * sizeof(double));
+        }
+    }
+    free(a), free(g);
+    return loss;
+}
+
+static void run_pipe_case(const Dist *d, int N) {
+    const Comm *pp = &d->world;
+    int P = pp->size, r = pp->rank;
+    PipeSchedule s;
+    dualpipev_build(&s, P, N, r, false);
+    Arena cnt = arena_counting("pipeline", dev);
+    PipeRun run;
+    dualpipev_run_init(&run, &s, pp, &cnt, DT_F32, PT, PH);
+    dualpipev_run_free(&run);
+    size_t tb = (PT * PH * sizeof(float) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; // one toy tensor
+    Arena a = arena_create("pipeline", dev, cnt.peak + (4 * TOY_SLOTS + 5) * tb);
+    dualpipev_run_init(&run, &s, pp, &a, DT_F32, PT, PH);
+    Toy t = {.run = &run};
+    CHECK(s.slots[PIPE_REC][0] <= TOY_SLOTS && s.slots[PIPE_REC][1] <= TOY_SLOTS);
+    for (int i = 0; i < TOY_SLOTS; i++) {
+        t.x0[i] = arena_tensor(&a, DT_F32, 2, PT, PH, 0, 0), t.y[i] = arena_tensor(&a, DT_F32, 2, PT, PH, 0, 0);
+        for (int p = 0; p < 2; p++) t.dy[p][i] = arena_tensor(&a, DT_F32, 2, PT, PH, 0, 0);
+    }
+    for (int p = 0; p < 2; p++) {
+        t.chunk[p] = dualpipev_chunk(P, r, p);
+        Tensor h = host(DT_F32, PH, PH);
+        for (int i = 0; i < PH * PH; i++) F(h)[i] = pipe_w(t.chunk[p], i);
+        op_copy(t.w[p] = arena_tensor(&a, DT_F32, 2, PH, PH, 0, 0), h);
+        memset(h.p, 0, PH * PH * sizeof(float));
+        op_copy(t.dw[p] = arena_tensor(&a, DT_F32, 2, PH, PH, 0, 0), h);
+        free(h.p);
+    }
+    dualpipev_run(&run, &(PipeChunks){&t, toy_forward, toy_backward, toy_weight});
+    double *ref = xmalloc(PH * PH * sizeof(double)), loss = 0;
+    for (int p = 0; p < 2; p++) {
+        loss = pipe_reference(P, N, t.chunk[p], ref);
+        Tensor g = host(DT_F32, PH, PH);
+        op_copy(g, t.dw[p]);
+        double num = 0, den = 0;
+        for (int i = 0; i < PH * PH; i++) num += (F(g)[i] - ref[i]) * (F(g)[i] - ref[i]), den += ref[i] * ref[i];
+        EXPECT(sqrt(num / den) <= 1e-5, "P=%d N=%d rank %d: gradient of chunk %d differs by %.3g\n", P, N, r, t.chunk[p], sqrt(num / den));
+        free(g.p);
+    }
+    if (r == 0) EXPECT(fabs(t.loss - loss) <= 1e-5 * loss, "P=%d N=%d: loss %.9g vs %.9g\n", P, N, t.loss, loss);
+    else EXPECT(t.loss == 0, "P=%d N=%d: rank %d computed a loss\n", P, N, r);
+    free(ref);
+    dualpipev_run_free(&run), dualpipev_free(&s), arena_destroy(&a);
+}
+
 // ---- ep: dispatch and combine ----
 
 typedef struct {
@@ -391,7 +522,7 @@ static void suite_ep(const Dist *d) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (argc < 2) die("usage: test_parallel comm|ep|capacity|hang|p2p|hang-p2p[-gpu] | hazard-gpu");
+    if (argc < 2) die("usage: test_parallel comm|ep|capacity|hang|p2p|hang-p2p|pipe[-gpu] | hazard-gpu");
     char suite[32];
     snprintf(suite, sizeof suite, "%s", argv[1]);
     size_t len = strlen(suite);
@@ -420,6 +551,8 @@ int main(int argc, char **argv) {
             down(x, xd);
         } else comm_barrier(&d.world);
     } else if (!strcmp(suite, "p2p")) suite_p2p(&d);
+    else if (!strcmp(suite, "pipe"))
+        for (int k = 0; k < 3; k++) run_pipe_case(&d, (int[]){2 * P, 2 * P + 3, 4 * P + 1}[k]);
     else if (!strcmp(suite, "hang-p2p")) { // rank 1 never posts its sends
         Tensor x = host(DT_F32, 4, 1), xd = up(x);
         if (d.world.rank == 1) sleep(30);

@@ -68,6 +68,19 @@ void cpu_copy(Tensor dst, Tensor src) {
     memmove(dst.p, src.p, tensor_bytes(src));
 }
 
+void cpu_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate) {
+    CPU_F32(dst);
+    CPU_F32(src);
+    int64_t R = t_rows(dst), Cd = t_cols(dst), Cs = t_cols(src);
+    CHECK(t_rows(src) == R && n >= 0 && a >= 0 && b >= 0 && a + n <= Cd && b + n <= Cs);
+#pragma omp parallel for
+    for (int64_t r = 0; r < R; r++) {
+        float *d = F(dst) + r * Cd + a;
+        const float *s = F(src) + r * Cs + b;
+        for (int64_t c = 0; c < n; c++) d[c] = accumulate ? d[c] + s[c] : s[c];
+    }
+}
+
 double cpu_sum_squares(Tensor x) {
     int64_t n = tensor_numel(x);
     double s = 0;

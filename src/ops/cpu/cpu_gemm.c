@@ -1,4 +1,4 @@
-// cpu_gemm.c — dense and grouped (per-expert) GEMMs on the CPU through OpenBLAS cblas_sgemm.
+// cpu_gemm.c — dense and grouped (per-expert, optional per-expert bias) GEMMs on the CPU through OpenBLAS cblas_sgemm.
 // A linear weight is (N, K) = (out, in); y: (M, N) = x: (M, K) · wᵀ.
 #include <cblas.h>
 
@@ -48,11 +48,17 @@ void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     }
 }
 
-void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) {
+void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     CHECK(t_cols(x) == K && t_cols(y) == N && offs[E] <= t_rows(x));
-    for (int64_t e = 0; e < E; e++)
+    CHECK(!b.p || tensor_numel(b) == E * N);
+    for (int64_t e = 0; e < E; e++) {
         sgemm(false, true, offs[e + 1] - offs[e], N, K, 1, F(x) + offs[e] * K, F(w) + e * N * K, 0, F(y) + offs[e] * N);
+        if (!b.p) continue;
+#pragma omp parallel for
+        for (int64_t i = offs[e]; i < offs[e + 1]; i++)
+            for (int64_t j = 0; j < N; j++) F(y)[i * N + j] += F(b)[e * N + j];
+    }
 }
 
 void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
@@ -62,9 +68,18 @@ void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int
         sgemm(false, false, offs[e + 1] - offs[e], K, N, 1, F(dy) + offs[e] * N, F(w) + e * N * K, 0, F(dx) + offs[e] * K);
 }
 
-void cpu_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
+void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     CHECK(t_cols(x) == K && t_cols(dy) == N);
-    for (int64_t e = 0; e < E; e++)
+    CHECK(!db.p || tensor_numel(db) == E * N);
+    for (int64_t e = 0; e < E; e++) {
         sgemm(true, false, N, K, offs[e + 1] - offs[e], 1, F(dy) + offs[e] * N, F(x) + offs[e] * K, 1, F(dw) + e * N * K);
+        if (!db.p) continue;
+#pragma omp parallel for
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0;
+            for (int64_t i = offs[e]; i < offs[e + 1]; i++) s += F(dy)[i * N + j];
+            F(db)[e * N + j] += (float)s;
+        }
+    }
 }

@@ -1,45 +1,96 @@
 // cpu_moe.c — router, load-balancing loss, token permutation and combine on the CPU.
-// Router: probs = softmax(logits) over E in fp32; top-k (ties → lower expert); w = probs of the chosen
-// experts, renormalised to sum 1 when asked. Backward through the renormalisation w_j = p_j / Σp:
-// ∂p_j = (∂w_j − Σ_l ∂w_l·w_l) / Σp; then through the softmax: ∂logit_e = p_e·(∂p_e − Σ_f p_f·∂p_f).
+// Router (ops.h): probs = softmax(logits) over E in fp32; the top-k of score = probs + bias (ties → lower
+// expert), group-limited when asked; w = c·probs of the chosen experts (c = scale, divided by their sum Σp when
+// renorm) or c·softmax of the chosen logits (softmax_topk).
+// Backward through w_j = c·p_j/Σp: ∂p_j = (c·∂w_j − Σ_l ∂w_l·w_l) / Σp (without renorm: c·∂w_j); then through the
+// softmax: ∂logit_e = p_e·(∂p_e − Σ_f p_f·∂p_f), ∂p_e also carrying lb_grad[e]. softmax_topk: w_j = c·u_j,
+// u = softmax(logits[idx]), so ∂logit_{idx_j} = w_j·(∂w_j − Σ_l w_l·∂w_l / c), added to the lb path's softmax term.
 #include <math.h>
 
 #include "ops/cpu/cpu_ops.h"
 
-void cpu_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance) {
-    CPU_F32(logits);
-    int64_t T = t_rows(logits), E = t_cols(logits);
-    CHECK(k >= 1 && k <= E && t_cols(idx) == k);
-#pragma omp parallel for
-    for (int64_t t = 0; t < T; t++) {
-        const float *l = F(logits) + t * E;
-        float *p = F(probs) + t * E, m = -INFINITY;
-        for (int64_t e = 0; e < E; e++) m = fmaxf(m, l[e]);
-        double sum = 0;
-        for (int64_t e = 0; e < E; e++) sum += exp((double)l[e] - m);
-        for (int64_t e = 0; e < E; e++) p[e] = (float)(exp((double)l[e] - m) / sum);
-        int32_t *ix = I32(idx) + t * k;
-        for (int j = 0; j < k; j++) {
-            if (force_balance) {
-                ix[j] = (int32_t)((t + j * (E / k)) % E);
-                continue;
-            }
-            int32_t best = -1;
-            for (int32_t e = 0; e < E; e++) {
-                bool taken = false;
-                for (int l2 = 0; l2 < j; l2++) taken |= ix[l2] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            ix[j] = best;
+// The top-k experts of one token by score (best first, ties → lower index); with groups, only experts of the
+// topk_group groups whose best score is highest compete. score: (E); ix: (k).
+static void router_select(int32_t *ix, const float *score, int64_t E, const RouterArgs *a) {
+    int G = a->n_group > 1 ? a->n_group : 1, per = (int)(E / G);
+    bool keep[1024]; // groups kept
+    CHECK(G <= 1024);
+    for (int g = 0; g < G; g++) keep[g] = G == 1;
+    for (int r = 0; r < (G > 1 ? a->topk_group : 0); r++) { // greedy over groups by their best score
+        int best = -1;
+        float bs = 0;
+        for (int g = 0; g < G; g++) {
+            if (keep[g]) continue;
+            float m = -INFINITY;
+            for (int e = g * per; e < (g + 1) * per; e++) m = fmaxf(m, score[e]);
+            if (best < 0 || m > bs) best = g, bs = m;
         }
-        double s = 0;
-        for (int j = 0; j < k; j++) s += p[ix[j]];
-        for (int j = 0; j < k; j++) F(w)[t * k + j] = renorm ? (float)(p[ix[j]] / s) : p[ix[j]];
+        keep[best] = true;
+    }
+    for (int j = 0; j < a->k; j++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < E; e++) {
+            bool taken = !keep[e / per];
+            for (int l = 0; l < j; l++) taken |= ix[l] == e;
+            if (!taken && (best < 0 || score[e] > score[best])) best = e;
+        }
+        ix[j] = best;
     }
 }
 
-void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm) {
+static void router_check(Tensor logits, Tensor idx, const RouterArgs *a) {
+    int64_t E = t_cols(logits);
+    CHECK(a->k >= 1 && a->k <= E && t_cols(idx) == a->k && a->scale > 0);
+    CHECK(!a->bias.p || (a->bias.dt == DT_F32 && tensor_numel(a->bias) == E));
+    if (a->n_group > 1)
+        CHECK(E % a->n_group == 0 && a->topk_group >= 1 && a->topk_group <= a->n_group &&
+              a->k <= a->topk_group * (E / a->n_group));
+}
+
+void cpu_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a) {
+    CPU_F32(logits);
+    int64_t T = t_rows(logits), E = t_cols(logits);
+    int k = a->k;
+    router_check(logits, idx, a);
+#pragma omp parallel
+    {
+        float *score = xmalloc(E * sizeof(float));
+#pragma omp for
+        for (int64_t t = 0; t < T; t++) {
+            const float *l = F(logits) + t * E;
+            float *p = F(probs) + t * E, m = -INFINITY;
+            for (int64_t e = 0; e < E; e++) m = fmaxf(m, l[e]);
+            double sum = 0;
+            for (int64_t e = 0; e < E; e++) sum += exp((double)l[e] - m);
+            for (int64_t e = 0; e < E; e++) p[e] = (float)(exp((double)l[e] - m) / sum);
+            int32_t *ix = I32(idx) + t * k;
+            if (a->force_balance) {
+                for (int j = 0; j < k; j++) ix[j] = (int32_t)((t + j * (E / k)) % E);
+            } else {
+                for (int64_t e = 0; e < E; e++) score[e] = a->bias.p ? p[e] + F(a->bias)[e] : p[e];
+                router_select(ix, a->bias.p ? score : p, E, a);
+            }
+            float *wt = F(w) + t * k;
+            if (a->softmax_topk) { // over the selected logits; ix[0] is the largest unless forced
+                float mk = -INFINITY;
+                for (int j = 0; j < k; j++) mk = fmaxf(mk, l[ix[j]]);
+                double sk = 0;
+                for (int j = 0; j < k; j++) sk += exp((double)l[ix[j]] - mk);
+                for (int j = 0; j < k; j++) wt[j] = (float)(exp((double)l[ix[j]] - mk) / sk) * a->scale;
+                continue;
+            }
+            double s = 0;
+            for (int j = 0; j < k; j++) s += p[ix[j]];
+            for (int j = 0; j < k; j++) wt[j] = (a->renorm ? (float)(p[ix[j]] / s) : p[ix[j]]) * a->scale;
+        }
+        free(score);
+    }
+}
+
+void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
+                         const RouterArgs *a) {
     int64_t T = t_rows(probs), E = t_cols(probs), k = t_cols(idx);
+    double c = a->scale;
 #pragma omp parallel
     {
         double *dp = xmalloc(E * sizeof(double));
@@ -50,10 +101,14 @@ void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs
             for (int64_t e = 0; e < E; e++) dp[e] = lb_grad.p ? F(lb_grad)[e] : 0.0;
             double s = 0, gw = 0;
             for (int j = 0; j < k; j++) s += p[ix[j]], gw += (double)g[j] * wt[j];
-            for (int j = 0; j < k; j++) dp[ix[j]] += renorm ? (g[j] - gw) / s : g[j];
+            if (!a->softmax_topk)
+                for (int j = 0; j < k; j++) dp[ix[j]] += a->renorm ? (c * g[j] - gw) / s : c * g[j];
             double dot = 0;
             for (int64_t e = 0; e < E; e++) dot += p[e] * dp[e];
-            for (int64_t e = 0; e < E; e++) F(dlogits)[t * E + e] = (float)(p[e] * (dp[e] - dot));
+            float *dl = F(dlogits) + t * E;
+            for (int64_t e = 0; e < E; e++) dl[e] = (float)(p[e] * (dp[e] - dot));
+            if (a->softmax_topk)
+                for (int j = 0; j < k; j++) dl[ix[j]] += (float)(wt[j] * (g[j] - gw / c));
         }
         free(dp);
     }

@@ -1,4 +1,4 @@
-// cpu_norm.c — RMSNorm, rotate-half RoPE and SwiGLU on the CPU (fp32 data, fp64 row sums).
+// cpu_norm.c — RMSNorm, RoPE (rotate-half and pair layouts, partial) and SwiGLU on the CPU (fp32 data, fp64 row sums).
 // RMSNorm: y = x·r·w with r = (mean(x²) + eps)^(-1/2); ∂x = r·w·dy − x·r³/D·Σ(dy·w·x); ∂w = Σ_rows dy·x·r.
 #include <math.h>
 
@@ -41,22 +41,24 @@ void cpu_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, T
     }
 }
 
-// x: (T, heads, d). Pair (x₁[i], x₂[i]) = (x[i], x[i + d/2]) rotates by angle θ = pos·inv_freq[i]:
-// forward (x₁c − x₂s, x₂c + x₁s); backward is the inverse rotation (x₁c + x₂s, x₂c − x₁s).
-void cpu_rope(Tensor x, Tensor cos_t, Tensor sin_t, Tensor pos, bool backward) {
+// x: (T, heads, d). Pair i of the rotated dims [off, off + rd) is (x[off + i], x[off + i + rd/2]) (ROPE_HALF) or
+// (x[off + 2i], x[off + 2i + 1]) (ROPE_PAIRS); it turns by the table's angle i of position pos[t]:
+// forward (a·c − b·s, b·c + a·s); backward is the transpose (a·c + b·s, b·c − a·s).
+void cpu_rope(Tensor x, int off, Tensor cos_t, Tensor sin_t, Tensor pos, RopeLayout layout, bool backward) {
     CPU_F32(x);
-    int64_t T = x.n[0], nh = x.n[1], d = x.n[2], half = d / 2;
-    CHECK(cos_t.n[1] == half && tensor_numel(pos) == T);
+    int64_t T = x.n[0], nh = x.n[1], d = x.n[2], half = cos_t.n[1];
+    CHECK(off >= 0 && off + 2 * half <= d && sin_t.n[1] == half && tensor_numel(pos) == T);
+    int64_t stride = layout == ROPE_PAIRS ? 2 : 1, partner = layout == ROPE_PAIRS ? 1 : half; // a at off + i·stride
     float sgn = backward ? -1.0f : 1.0f;
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++) {
         const float *c = F(cos_t) + (int64_t)I32(pos)[t] * half, *s = F(sin_t) + (int64_t)I32(pos)[t] * half;
         for (int64_t h = 0; h < nh; h++) {
-            float *v = F(x) + (t * nh + h) * d;
+            float *v = F(x) + (t * nh + h) * d + off;
             for (int64_t i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * c[i] - sgn * b * s[i];
-                v[i + half] = b * c[i] + sgn * a * s[i];
+                float *pa = v + i * stride, *pb = pa + partner, a = *pa, b = *pb;
+                *pa = a * c[i] - sgn * b * s[i];
+                *pb = b * c[i] + sgn * a * s[i];
             }
         }
     }

@@ -1,24 +1,25 @@
 // cpu_ops.h — the CPU (fp32, OpenMP + OpenBLAS) implementation of every op in ops.h: the reference backend.
 // Signatures equal ops.h with the cpu_ prefix; the comments there hold.
 #pragma once
-#include "base/base.h"
+#include "ops/ops.h"
 
 void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
 void cpu_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
 void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
-void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs);
+void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs);
 void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
-void cpu_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);
+void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs);
 void cpu_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
 void cpu_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
-void cpu_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward);
+void cpu_rope(Tensor x, int off, Tensor cos, Tensor sin, Tensor pos, RopeLayout layout, bool backward);
 void cpu_swiglu_forward(Tensor act, Tensor gu);
 void cpu_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu);
-void cpu_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale);
-void cpu_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                            Tensor lse, int B, float scale);
-void cpu_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance);
-void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm);
+void cpu_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
+void cpu_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
+                            Tensor o, Tensor lse, const AttnArgs *a);
+void cpu_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a);
+void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
+                         const RouterArgs *a);
 void cpu_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale);
 void cpu_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E);
 void cpu_gather_rows(Tensor y, Tensor x, Tensor rows, int div);
@@ -33,6 +34,7 @@ void cpu_zero(Tensor x);
 void cpu_add(Tensor y, Tensor x);
 void cpu_scale(Tensor x, float s);
 void cpu_copy(Tensor dst, Tensor src);
+void cpu_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate);
 double cpu_sum_squares(Tensor x);
 void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t);
 void cpu_muon_momentum(Tensor buf, Tensor g, float beta);

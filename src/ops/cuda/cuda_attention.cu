@@ -245,7 +245,17 @@ extern "C" {
 
 const char *cuda_attention_last_path(void) { return last_path; }
 
-void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale) {
+// The forms with a kernel so far: causal self-attention of one head dim, no window, sinks or offsets.
+static void attention_gpu_check(Tensor q, Tensor k, Tensor v, const AttnArgs *a, const char *what) {
+    if (!a->causal || a->window || a->sinks.p || a->q_off || a->k_off || k.n[0] != q.n[0] || v.n[2] != q.n[2])
+        die("%s: windows, sinks, offsets, blocks and q/k head dim != v head dim are not supported on the GPU yet",
+            what);
+}
+
+void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
+    attention_gpu_check(q, k, v, a, "attention_forward");
+    int B = a->B;
+    float scale = a->scale;
     attention_check(q, k, v, B, "attention_forward");
     IS_F32(lse, "attention_forward");
     if (o.dt != q.dt) die("attention_forward: o must have q's dtype");
@@ -266,7 +276,11 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
     die("attention_forward: head dim %d has no kernel (8, 16, 32, 64, 96, 128, 192, 256)", D);
 }
 
-void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, float scale) {
+void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
+                             Tensor o, Tensor lse, const AttnArgs *a) {
+    attention_gpu_check(q, k, v, a, "attention_backward");
+    int B = a->B;
+    float scale = a->scale;
     attention_check(q, k, v, B, "attention_backward");
     if (dq.dt != q.dt || dk.dt != q.dt || dv.dt != q.dt || dout.dt != q.dt || o.dt != q.dt)
         die("attention_backward: dq, dk, dv, dout, o must have q's dtype");

@@ -610,8 +610,9 @@ int64_t cuda_grouped_calls(const char *path) { return !strcmp(path, "batched") ?
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)); one grouped call, or one
 // dense GEMM per expert.
-void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) {
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
+    if (b.p) die("grouped_linear_forward: a per-expert bias is not supported on the GPU yet");
     CHECK(t_cols(x) == K && t_cols(y) == N && offs[E] <= t_rows(x));
     if (x.dt != w.dt) die("grouped_linear_forward: x %s and w %s must share a dtype", dtype_name(x.dt), dtype_name(w.dt));
     size_t xs = dtype_size(x.dt), ys = dtype_size(y.dt);
@@ -680,8 +681,9 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const in
     side_join(ns);
 }
 
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
+    if (db.p) die("grouped_linear_backward_weight: a per-expert bias is not supported on the GPU yet");
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     IS_F32(dw, "grouped_linear_backward_weight");
     if (dy.dt != x.dt) die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));

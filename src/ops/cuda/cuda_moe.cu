@@ -297,7 +297,16 @@ static void same_dt(Tensor a, Tensor b, const char *what) {
 
 extern "C" {
 
-void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance) {
+static void router_gpu_check(const RouterArgs *a, const char *what) {
+    if (a->softmax_topk || a->scale != 1 || a->n_group > 1 || a->bias.p)
+        die("%s: top-k softmax, scaling, group-limited routing and a selection bias are not supported on the GPU yet",
+            what);
+}
+
+void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a) {
+    router_gpu_check(a, "router_forward");
+    int k = a->k;
+    bool renorm = a->renorm, force_balance = a->force_balance;
     int64_t T_ = t_rows(logits), E = t_cols(logits);
     IS_F32(logits, "router_forward"); IS_F32(probs, "router_forward"); IS_F32(w, "router_forward");
     CHECK(k >= 1 && k <= E && t_cols(idx) == k && idx.dt == DT_I32);
@@ -309,7 +318,10 @@ void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int 
     CUDA_LAUNCH_CHECK();
 }
 
-void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm) {
+void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
+                          const RouterArgs *a) {
+    router_gpu_check(a, "router_backward");
+    bool renorm = a->renorm;
     int64_t T_ = t_rows(probs), E = t_cols(probs), k = t_cols(idx);
     IS_F32(dlogits, "router_backward"); IS_F32(dw, "router_backward"); IS_F32(probs, "router_backward");
     if (!T_) return;

@@ -264,8 +264,10 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     CUDA_LAUNCH_CHECK();
 }
 
-void cuda_rope(Tensor x, Tensor cos_t, Tensor sin_t, Tensor pos, bool backward) {
+void cuda_rope(Tensor x, int off, Tensor cos_t, Tensor sin_t, Tensor pos, RopeLayout layout, bool backward) {
     int64_t T_ = x.n[0], nh = x.n[1], d = x.n[2], half = d / 2;
+    if (off != 0 || layout != ROPE_HALF || cos_t.n[1] != half)
+        die("rope: partial rotation and the pair layout are not supported on the GPU yet");
     CHECK(cos_t.n[1] == half && tensor_numel(pos) == T_);
     IS_F32(cos_t, "rope");
     IS_F32(sin_t, "rope");

@@ -4,7 +4,7 @@
 // Dtypes: activations and weights fp32 or bf16 (each tensor's own dt), arithmetic in fp32; gradient
 // accumulators, router probabilities/weights, lse and rstd fp32; loss sums fp64; indices int32.
 #pragma once
-#include "base/base.h"
+#include "ops/ops.h"
 
 // ---- runtime ----
 int cuda_device_count(void);                       // 0 without a driver or a device
@@ -26,25 +26,26 @@ void cuda_stream_wait_event(void *stream, void *ev);
 void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
 void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
 void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
-void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs);
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs);
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs);
 // How often the expert products took a path so far (cuda_gemm.cu): "batched" counts products run as one
 // padded strided batch, "big" experts run as dense products beside a grouped call.
 int64_t cuda_grouped_calls(const char *path);
 void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
 void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
-void cuda_rope(Tensor x, Tensor cos, Tensor sin, Tensor pos, bool backward);
+void cuda_rope(Tensor x, int off, Tensor cos, Tensor sin, Tensor pos, RopeLayout layout, bool backward);
 void cuda_swiglu_forward(Tensor act, Tensor gu);
 void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu);
-void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, float scale);
+void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
 // The kernel family the last attention call ran: "cudnn", "flash" (ours, tensor cores) or "generic".
 // PITH_ATTENTION=own keeps attention on our kernels.
 const char *cuda_attention_last_path(void);
-void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                             Tensor lse, int B, float scale);
-void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, int k, bool renorm, bool force_balance);
-void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w, bool renorm);
+void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
+                             Tensor o, Tensor lse, const AttnArgs *a);
+void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a);
+void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
+                          const RouterArgs *a);
 void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale);
 void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E);
 void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div);
@@ -59,6 +60,7 @@ void cuda_zero(Tensor x);
 void cuda_add(Tensor y, Tensor x);
 void cuda_scale(Tensor x, float s);
 void cuda_copy(Tensor dst, Tensor src);
+void cuda_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate);
 double cuda_sum_squares(Tensor x);
 void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t);
 void cuda_muon_momentum(Tensor buf, Tensor g, float beta);
