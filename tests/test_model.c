@@ -124,7 +124,7 @@ TEST(model_gradcheck_qwen3_moe_bias_dense_tied) { gradcheck(config_b, 0.0, LB_MI
 TEST(model_config_layers) {
     ModelConfig mc;
     model_config_load(&mc, write_file(test_tmpdir(), "config.json", config_b));
-    ASSERT(!mc.is_moe[0] && mc.is_moe[1] && mc.tie_embed && mc.attn_bias && mc.rope_theta == 5e5);
+    ASSERT(!mc.is_moe[0] && mc.is_moe[1] && mc.tie_embed && mc.rope.theta == 5e5 && mc.rope.rd == 8);
     model_config_load(&mc, write_file(test_tmpdir(), "config.json", config_a));
-    ASSERT(mc.is_moe[0] && mc.is_moe[1] && mc.rope_theta == 10000.0 && mc.kv_heads == 2);
+    ASSERT(mc.is_moe[0] && mc.is_moe[1] && mc.rope.theta == 10000.0 && mc.heads == 4);
 }

@@ -279,7 +279,7 @@ TEST(errors_model_config) {
         {"hidden_size", "4294967328", "m6.json: hidden_size: must be in [1, 1073741824] (got 4294967328)"},
         {"vocab_size", "-64", "m6.json: vocab_size: must be in [1, 1073741824] (got -64)"},
         {"rms_norm_eps", "-1e-6", "m6.json: rms_norm_eps: must be in [0, 1)"},
-        {"rope_theta", "0", "m6.json: rope_theta: must be positive (got 0)"},
+        {"rope_theta", "0", "m6.json: rope_theta: must be above 1"},
         {"hidden_act", "\"gelu\"", "m6.json: hidden_act: 'gelu' is not supported"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

@@ -1,7 +1,9 @@
 // convert.c — `pith convert hf2pith|pith2hf`: Hugging Face folders ⇄ pith checkpoints (spec §6.9).
-// Qwen3-MoE's HF names are the canonical names with a "model." prefix (lm_head.* has none) and one key
-// per expert, so conversion renames and, for pith2hf, optionally changes the dtype. Tensors keep their
-// bytes otherwise: hf2pith then pith2hf reproduces the original files' tensors bit for bit.
+// For most families (Qwen3-MoE, DeepSeek-V2) the HF names are the canonical names with a "model." prefix
+// (lm_head.* has none) and one key per expert, so conversion renames and, for pith2hf, optionally changes
+// the dtype; a family whose HF layout differs (fused or transposed experts) converts through its
+// hf_import/hf_export hooks (model/model.h). Tensors keep their bytes otherwise: hf2pith then pith2hf
+// reproduces the original files' tensors bit for bit.
 #include <errno.h>
 #include <ftw.h>
 #include <getopt.h>
@@ -81,11 +83,12 @@ static void copy_config(const char *src_dir, const char *dst_dir, const char *dt
 
 // Opens the model folder: its config (the family and parameter table) and its tensors, each of which
 // must be a parameter of the model with the right shape.
-static void open_model(const char *dir, ModelConfig *mc, ParamTable *t, StSet *s) {
+static const ModelFamily *open_model(const char *dir, ModelConfig *mc, ParamTable *t, StSet *s, bool hf) {
     const ModelFamily *fam = model_config_load(mc, dir);
     memset(t, 0, sizeof *t);
     fam->params_build(t, mc);
     st_set_open_or_die(s, dir);
+    if (hf && fam->hf_import) return fam; // the family's layout: its hook checks the tensors
     for (int i = 0; i < s->n; i++) {
         const char *name = strncmp(s->t[i]->name, "model.", 6) ? s->t[i]->name : s->t[i]->name + 6;
         const ParamInfo *p = params_find(t, name);
@@ -99,6 +102,7 @@ static void open_model(const char *dir, ModelConfig *mc, ParamTable *t, StSet *s
             if (!st_set_find(s, t->p[i].name) && !st_set_find(s, hf)) die("%s: tensor '%s' is missing", dir, hf);
         }
     }
+    return fam;
 }
 
 static const StTensor *find_param(const StSet *s, const char *name) {
@@ -112,18 +116,22 @@ static int hf2pith(const char *src, const char *dst) {
     ModelConfig mc;
     ParamTable t;
     StSet s;
-    open_model(src, &mc, &t, &s);
+    const ModelFamily *fam = open_model(src, &mc, &t, &s, true);
     char tmp[4200], path[4300];
     begin_output(dst, tmp, sizeof tmp);
     StWriter w;
+    HfBuffers keep = {0};
     st_writer_init(&w);
     st_writer_meta(&w, "format", "pith");
-    for (int i = 0; i < t.n; i++) {
-        const StTensor *x = find_param(&s, t.p[i].name);
-        st_writer_add_raw(&w, t.p[i].name, x->dt, x->nd, x->shape, x->data);
-    }
+    if (fam->hf_import) fam->hf_import(&mc, &t, &s, &w, &keep);
+    else
+        for (int i = 0; i < t.n; i++) {
+            const StTensor *x = find_param(&s, t.p[i].name);
+            st_writer_add_raw(&w, t.p[i].name, x->dt, x->nd, x->shape, x->data);
+        }
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
     st_writer_write(&w, path);
+    hf_buffers_free(&keep);
     copy_config(src, tmp, NULL);
     finish_output(tmp, dst);
     printf("hf2pith: %d tensors of %s -> %s (model-only checkpoint)\n", t.n, src, dst);
@@ -135,14 +143,16 @@ static int pith2hf(const char *src, const char *dst, const char *dtype, size_t s
     ModelConfig mc;
     ParamTable t;
     StSet s;
-    open_model(src, &mc, &t, &s);
+    const ModelFamily *fam = open_model(src, &mc, &t, &s, false);
     char tmp[4200];
     begin_output(dst, tmp, sizeof tmp);
     StWriter w;
+    HfBuffers keep = {0};
     st_writer_init(&w);
     st_writer_meta(&w, "format", "pt");
     float **bufs = xcalloc(t.n, sizeof *bufs);
-    for (int i = 0; i < t.n; i++) {
+    if (fam->hf_export) fam->hf_export(&mc, &t, &s, &w, dtype, &keep);
+    for (int i = 0; i < t.n && !fam->hf_export; i++) {
         const StTensor *x = find_param(&s, t.p[i].name);
         char hf[160];
         snprintf(hf, sizeof hf, "%s%s", strncmp(t.p[i].name, "lm_head.", 8) ? "model." : "", t.p[i].name);
@@ -159,6 +169,7 @@ static int pith2hf(const char *src, const char *dst, const char *dtype, size_t s
     finish_output(tmp, dst);
     printf("pith2hf: %d tensors of %s -> %s in %d file%s\n", t.n, src, dst, nshards, nshards == 1 ? "" : "s");
     for (int i = 0; i < t.n; i++) free(bufs[i]);
+    hf_buffers_free(&keep);
     free(bufs), st_writer_free(&w), st_set_close(&s), free(t.p);
     return 0;
 }

@@ -100,14 +100,14 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
         m->g[g] = make(dev, DT_F32, n);
         if (alloc && n > m->params.numel[g]) op_zero(m->w[g]), op_zero(m->g[g]); // the padding stays zero
     }
-    int half = cfg->head_dim / 2;
+    int half = cfg->rope.rd / 2;
     m->rope_cos = make(dev, DT_F32, (int64_t)max_seq * half), m->rope_sin = make(dev, DT_F32, (int64_t)max_seq * half);
     m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq, m->rope_cos.n[1] = m->rope_sin.n[1] = half;
     m->loss_sum = make(dev, DT_F64, 1), m->lb_sum = make(dev, DT_F64, 1);
     if (alloc) {
         float *c = xmalloc((size_t)max_seq * half * sizeof(float)), *s = xmalloc((size_t)max_seq * half * sizeof(float));
         Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1), hs = tensor_make(s, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1);
-        op_rope_tables(hc, hs, &(RopeSpec){.rd = cfg->head_dim, .theta = cfg->rope_theta});
+        op_rope_tables(hc, hs, &cfg->rope);
         op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
         free(c), free(s);
         op_zero(m->loss_sum), op_zero(m->lb_sum);
@@ -156,8 +156,8 @@ void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, 
     }
     int64_t S = probs.n[0] / B; // the router backward is row-wise: each sequence with its own gradient
     for (int b = 0; b < B; b++)
-        op_router_backward(tensor_rows(dlogits, b * S, S), tensor_rows(dw, b * S, S), lb_row(lb_grad, b),
-                           tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S), tensor_rows(w, b * S, S), ra);
+        op_router_backward(tensor_rows(dlogits, b * S, S), tensor_rows(dw, b * S, S), lb_row(lb_grad, b), tensor_rows(probs, b * S, S),
+                           tensor_rows(idx, b * S, S), tensor_rows(w, b * S, S), ra);
 }
 
 void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B) {
@@ -202,7 +202,7 @@ void model_free(Model *m) {
     free(m->lb.counts), free(m->lb.probs), free(m->lb.idx);
     for (int g = 0; g < NGROUPS; g++) free_tensor(m->w[g]), free_tensor(m->g[g]);
     free_tensor(m->rope_cos), free_tensor(m->rope_sin), free_tensor(m->loss_sum), free_tensor(m->lb_sum);
-    free(m->params.p), free(m->views);
+    free(m->params.p), free(m->views), free(m->sw), free(m->sg);
     memset(m, 0, sizeof *m);
 }
 

@@ -3,6 +3,7 @@
 // calls prolog → per layer stage 1..5 → epilog forward, and the mirror image backward.
 #pragma once
 #include "base/json.h"
+#include "base/safetensors.h"
 #include "ops/ops.h"
 
 #define MAX_LAYERS 256
@@ -11,17 +12,24 @@ enum { GROUP_DENSE, GROUP_EXPERT, NGROUPS }; // parameter groups: non-expert par
 
 typedef struct {
     char model_type[32];
-    int hidden, layers, heads, kv_heads, head_dim, vocab;
+    int hidden, layers, heads, vocab;
     int experts, topk, moe_inter, dense_inter;
-    double eps, rope_theta;
-    bool norm_topk, attn_bias, tie_embed;
-    bool is_moe[MAX_LAYERS]; // false: the layer has a dense MLP (mlp_only_layers, decoder_sparse_step)
+    double eps;
+    bool tie_embed;
+    bool is_moe[MAX_LAYERS]; // false: the layer has a dense MLP (mlp_only_layers, first_k_dense_replace, …)
+    RopeSpec rope;           // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
     // elements (the FSDP shard count).
     int ep_rank, ep_size;
     int pad[NGROUPS];
+    // The family's own fields (Qwen3Config, Dsv2Config): a struct of at most this size that only the family
+    // file reads (through model_family_config). Inline, so a ModelConfig copies by value.
+    _Alignas(8) unsigned char family[256];
 } ModelConfig;
+
+#define model_family_config(type, c) ((type *)(c)->family)
+#define MODEL_FAMILY_CONFIG_FITS(type) _Static_assert(sizeof(type) <= sizeof(((ModelConfig *)0)->family), #type " is too large")
 
 static inline int model_experts_local(const ModelConfig *c) { return c->experts / c->ep_size; }
 static inline int model_expert_first(const ModelConfig *c) { return c->ep_rank * model_experts_local(c); }
@@ -89,17 +97,51 @@ typedef struct {
     int32_t *idx;              // (T, k)
 } LoadBalance;
 
-// The per-family function table of the layer protocol. Records are family-defined structs; the engine
-// only stores their pointers. *_alloc functions take all memory from an arena, so running them on a
-// counting arena gives the exact activation plan.
+// What every family shares (moe.c) and the engine allocates around the family's record:
+// stage 3 (experts or the dense MLP on the received rows) and stage 5 (weighted sum + residual) read a
+// family record through its first member, an MlpRec.
+typedef struct {
+    Tensor h1;        // (T, H) the residual stream stage 5 adds to (after attention and what stage 1 adds)
+    Tensor gu, act;   // (R, 2I), (R, I) expert (or dense MLP) activations, R = rows stage 3 can receive
+    Tensor dgu, dact; // their gradients (backward workspace)
+} MlpRec;
+
+// The epilog record (final norm → LM head → cross-entropy in row chunks).
+typedef struct {
+    Tensor h, hn, rstd, dhn; // (T, H) final-norm input and output, (T), ∂/∂hn
+    Tensor logits;           // (C, V) logits of C rows at a time, compute dtype
+} EpilogRec;
+
+// Weight (or gradient) views of the parts every family shares, into the flat group buffers.
+typedef struct {
+    Tensor embed, norm, lm_head; // (V, H), (H), (V, H) (lm_head = embed when tied)
+    Tensor gate_up[MAX_LAYERS];  // MoE: (E_l, 2I, H) = per expert [gate_proj; up_proj]; dense: (2I, H)
+    Tensor down[MAX_LAYERS];     // MoE: (E_l, H, I); dense: (H, I)
+} SharedWeights;
+
+// Buffers an HF layout hook allocates (transposed or dequantized tensors) until the writer has written them.
+typedef struct {
+    void **p;
+    int n, cap;
+} HfBuffers;
+void *hf_buffer(HfBuffers *k, size_t bytes);
+void hf_buffers_free(HfBuffers *k);
+
+// The per-family function table of the layer protocol. Records are family-defined structs that begin with
+// an MlpRec; the engine only stores their pointers and allocates the stage buffers (StageIO, expert rows).
+// *_alloc functions take all memory from an arena, so running them on a counting arena gives the exact
+// activation plan. A family fills the shared parts with the moe_* functions below.
 typedef struct {
     const char *model_type;
     size_t rec_size, epilog_size; // bytes of one layer record and of the epilog record
     void (*config_parse)(ModelConfig *c, JObj hf);
     void (*params_build)(ParamTable *t, const ModelConfig *c);
     void (*bind)(Model *m);                                           // make weight/grad views
-    void (*layer_alloc)(Model *m, int layer, void *rec, Arena *a, int B, int S, StageIO *io); // forward record
+    // Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd.
+    void (*layer_alloc)(Model *m, int layer, void *rec, Arena *a, int B, int S, StageIO *io);
     void (*layer_grad_alloc)(Model *m, int layer, void *rec, Arena *ws, int B, int S, StageIO *io);
+    void (*stage3_alloc)(Model *m, int layer, void *rec, Arena *a, int64_t R); // R rows stage 3 can receive
+    void (*stage3_grad_alloc)(Model *m, int layer, void *rec, Arena *ws);
     void (*prolog_forward)(Model *m, MicroBatch *mb, Tensor h);
     void (*prolog_backward)(Model *m, MicroBatch *mb, Tensor dh);
     void (*stage1_forward)(Model *m, int layer, void *rec, MicroBatch *mb, Tensor x, StageIO *io);
@@ -113,6 +155,15 @@ typedef struct {
     // Adds Σ CE over the micro-batch into m->loss_sum; with grad, also ∂/∂(final hidden) into dh.
     void (*epilog_forward)(Model *m, void *rec, MicroBatch *mb, Tensor h, bool grad);
     void (*epilog_backward)(Model *m, void *rec, Tensor dh);
+    // HF layout (pith convert): NULL when an HF folder holds one tensor per canonical parameter under its
+    // canonical name with "model." in front (lm_head.* without), so import and export rename. Otherwise
+    // hf_import writes every canonical tensor of t, made from the HF tensors of hf, into w (in hf's
+    // dtypes), and hf_export writes the HF tensors made from the canonical ones of pith (dtype "bf16" or
+    // "fp32" converts; NULL keeps the stored dtypes). Tensors they compute rather than slice live in
+    // buffers from hf_buffer(keep, …), freed by the caller after the write.
+    void (*hf_import)(const ModelConfig *c, const ParamTable *t, const StSet *hf, StWriter *w, HfBuffers *keep);
+    void (*hf_export)(const ModelConfig *c, const ParamTable *t, const StSet *pith, StWriter *w, const char *dtype,
+                      HfBuffers *keep);
 } ModelFamily;
 
 struct Model {
@@ -123,14 +174,15 @@ struct Model {
     DType cdt;            // compute dtype of weights and activations (fp32 on the CPU)
     Tensor w[NGROUPS];    // flat compute copies of the parameters (padded: cfg.pad)
     Tensor g[NGROUPS];    // flat fp32 gradient accumulators (padded: cfg.pad)
-    Tensor rope_cos, rope_sin; // (S, d/2) fp32
+    Tensor rope_cos, rope_sin; // (S, rope.rd/2) fp32 (op_rope_tables)
     Tensor loss_sum, lb_sum;   // (1) fp64: Σ CE and Σ load-balancing loss of the step so far
     double lb_coef;            // load-balancing loss coefficient (0: off)
     LoadBalance lb;            // its form (model_lb_setup; zeroed: micro-batch)
     bool force_balance;        // benchmark routing (spec §5.4)
     const struct Comm *ep;     // expert-parallel group (parallel/comm.h); NULL: every expert is on this rank
     double ep_capacity;        // parallel.ep_capacity_factor: rows stage 3 can receive = factor·T·k (0: worst case)
-    void *views;               // the family's weight and gradient views
+    SharedWeights *sw, *sg;    // views of the shared parts: compute weights and fp32 gradients
+    void *views;               // the family's own weight and gradient views
 };
 
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported
@@ -138,6 +190,35 @@ const ModelFamily *model_family_find(const char *model_type); // NULL if unsuppo
 const ModelFamily *model_config_load(ModelConfig *c, const char *path);
 
 extern const ModelFamily qwen3_moe_family;
+
+// ---- the parts every family shares (moe.c) ----
+// The rope spec of an HF config with rd rotary dims: rope_theta at the top (transformers v4) or inside
+// rope_parameters / rope_scaling (v5), rope_type (or type) default, or yarn when yarn_ok, with its fields.
+void moe_rope_parse(ModelConfig *c, JObj hf, int rd, bool yarn_ok);
+// Checks of the generic fields after a family's config_parse (dies naming the field); experts_key: the
+// family's HF name of the expert count.
+void moe_config_check(const ModelConfig *c, JObj hf, const char *experts_key);
+// A view of nd dims starting at parameter `name` inside the flat buffers ({0} if the model lacks it).
+Tensor model_view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0, int64_t n1, int64_t n2);
+// Parameters: the token embedding; layer l's experts (this rank's, gate_proj and up_proj of an expert
+// adjacent) or its dense MLP under the HF names layers.l.mlp.[experts.e.]{gate,up,down}_proj.weight;
+// the final norm and LM head.
+void moe_params_embed(ParamTable *t, const ModelConfig *c);
+void moe_params_mlp(ParamTable *t, const ModelConfig *c, int l);
+void moe_params_head(ParamTable *t, const ModelConfig *c);
+void moe_bind(Model *m); // m->sw, m->sg for the parameters above
+void moe_stage3_alloc(Model *m, int l, void *rec, Arena *a, int64_t R);
+void moe_stage3_grad_alloc(Model *m, int l, void *rec, Arena *ws);
+void moe_prolog_forward(Model *m, MicroBatch *mb, Tensor h);
+void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh);
+void moe_stage3_forward(Model *m, int l, void *rec, StageIO *io);
+void moe_stage3_backward_input(Model *m, int l, void *rec, StageIO *io);
+void moe_stage3_backward_weight(Model *m, int l, void *rec, StageIO *io);
+void moe_stage5_forward(Model *m, int l, void *rec, StageIO *io, Tensor out);
+void moe_stage5_backward(Model *m, int l, void *rec, StageIO *io, Tensor dout);
+void moe_epilog_alloc(Model *m, void *rec, Arena *a, int T);
+void moe_epilog_forward(Model *m, void *rec, MicroBatch *mb, Tensor h, bool grad);
+void moe_epilog_backward(Model *m, void *rec, Tensor dh);
 
 // Builds the parameter table and allocates fp32-or-compute-dtype weights, fp32 gradients, rope tables
 // for positions < max_seq, and the loss accumulators on dev. Weights are left uninitialised.

@@ -16,14 +16,14 @@
 
 #include "ops/cuda/cuda_ops.h"
 
-#define CUDA_OK(call) cuda_ok((call), #call, __FILE__, __LINE__)
-#define NCCL_OK(c, call) nccl_ok((call), (c), #call, __FILE__, __LINE__)
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
+#define NCCL_CHECK(c, call) nccl_check((call), (c), #call, __FILE__, __LINE__)
 
-static void cuda_ok(cudaError_t e, const char *call, const char *file, int line) {
+static void cuda_check(cudaError_t e, const char *call, const char *file, int line) {
     if (e != cudaSuccess) die("CUDA call failed at %s:%d: %s: %s", file, line, call, cudaGetErrorString(e));
 }
 
-static void nccl_ok(ncclResult_t r, const Comm *c, const char *call, const char *file, int line) {
+static void nccl_check(ncclResult_t r, const Comm *c, const char *call, const char *file, int line) {
     if (r == ncclSuccess) return;
     const char *last = ncclGetLastError(c && c->nccl ? (ncclComm_t)c->nccl : NULL);
     die("NCCL call failed at %s:%d on the %s group: %s: %s%s%s", file, line, c ? c->name : "-", call, ncclGetErrorString(r),
@@ -131,8 +131,8 @@ static void *watch_main(void *arg) {
 static void watch_start(void) {
     if (W.started) return;
     CHECK(W.device >= 0); // nccl_bind_device first
-    CUDA_OK(cudaEventCreateWithFlags(&W.ready, cudaEventDisableTiming));
-    for (int i = 0; i < RING; i++) CUDA_OK(cudaEventCreateWithFlags(&W.ring[i].ev, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&W.ready, cudaEventDisableTiming));
+    for (int i = 0; i < RING; i++) CUDA_CHECK(cudaEventCreateWithFlags(&W.ring[i].ev, cudaEventDisableTiming));
     W.head = W.count = 0, W.last_done = 0, W.in_call = false;
     atomic_store(&W.stop, false);
     int rc = pthread_create(&W.thread, NULL, watch_main, NULL);
@@ -145,9 +145,9 @@ void nccl_shutdown(void) {
     atomic_store(&W.stop, true);
     int rc = pthread_join(W.thread, NULL);
     if (rc) die("NCCL watchdog: pthread_join failed at %s:%d: %s", __FILE__, __LINE__, strerror(rc));
-    CUDA_OK(cudaStreamSynchronize(comm_stream()));
-    CUDA_OK(cudaEventDestroy(W.ready));
-    for (int i = 0; i < RING; i++) CUDA_OK(cudaEventDestroy(W.ring[i].ev));
+    CUDA_CHECK(cudaStreamSynchronize(comm_stream()));
+    CUDA_CHECK(cudaEventDestroy(W.ready));
+    for (int i = 0; i < RING; i++) CUDA_CHECK(cudaEventDestroy(W.ring[i].ev));
     W.started = false;
 }
 
@@ -156,8 +156,8 @@ void nccl_shutdown(void) {
 static cudaStream_t call_begin(const Comm *c, const char *what) {
     CHECK(W.started && c->nccl && c->size > 1);
     cudaStream_t s = comm_stream();
-    CUDA_OK(cudaEventRecord(W.ready, compute_stream()));
-    CUDA_OK(cudaStreamWaitEvent(s, W.ready, 0));
+    CUDA_CHECK(cudaEventRecord(W.ready, compute_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(s, W.ready, 0));
     pthread_mutex_lock(&W.mu);
     W.call = watch_of(c, what), W.in_call = true;
     pthread_mutex_unlock(&W.mu);
@@ -180,12 +180,12 @@ static cudaEvent_t watch_push(const Comm *c, const char *what, cudaStream_t s) {
     cudaError_t e = cudaEventRecord(ev, s);
     if (e == cudaSuccess) W.count++;
     pthread_mutex_unlock(&W.mu);
-    CUDA_OK(e);
+    CUDA_CHECK(e);
     return ev;
 }
 
 static void call_end(const Comm *c, const char *what, cudaStream_t s) {
-    CUDA_OK(cudaStreamWaitEvent(compute_stream(), watch_push(c, what, s), 0));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), watch_push(c, what, s), 0));
 }
 
 // Completion events of asynchronous calls: a pool (the ring's events are reused once retired, so a
@@ -198,15 +198,15 @@ static int npool = -1; // free events on the stack pool[0 .. npool); -1: not cre
 static cudaEvent_t call_end_async(const Comm *c, const char *what, cudaStream_t s) {
     watch_push(c, what, s);
     if (npool < 0)
-        for (npool = 0; npool < POOL; npool++) CUDA_OK(cudaEventCreateWithFlags(&pool[npool], cudaEventDisableTiming));
+        for (npool = 0; npool < POOL; npool++) CUDA_CHECK(cudaEventCreateWithFlags(&pool[npool], cudaEventDisableTiming));
     if (npool == 0) die("NCCL: more than %d asynchronous calls issued and not waited for", POOL);
     cudaEvent_t ev = pool[--npool];
-    CUDA_OK(cudaEventRecord(ev, s));
+    CUDA_CHECK(cudaEventRecord(ev, s));
     return ev;
 }
 
 void nccl_wait(void *event) {
-    CUDA_OK(cudaStreamWaitEvent(compute_stream(), (cudaEvent_t)event, 0));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), (cudaEvent_t)event, 0));
     CHECK(npool >= 0 && npool < POOL);
     pool[npool++] = event;
 }
@@ -215,14 +215,14 @@ void nccl_wait(void *event) {
 
 void nccl_bind_device(int local_rank, int local_size) {
     int n = 0;
-    CUDA_OK(cudaGetDeviceCount(&n));
+    CUDA_CHECK(cudaGetDeviceCount(&n));
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     int dev = n == 1 ? 0 : local_rank; // one visible GPU: the launcher gave each rank its own
     if (n < 1) die("multi-rank GPU training: no GPU is visible to this rank");
     if (dev >= n) die("multi-rank GPU training: local rank %d, but this node has %d GPU(s): start one rank per GPU", local_rank, n);
     if (n == 1 && local_size > 1 && !(vis && *vis))
         die("multi-rank GPU training: %d ranks on this node share its one GPU: start one rank per GPU", local_size);
-    CUDA_OK(cudaSetDevice(dev));
+    CUDA_CHECK(cudaSetDevice(dev));
     W.device = dev;
 }
 
@@ -231,14 +231,14 @@ void nccl_comm_create(Comm *c) {
     watch_start();
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
-    if (c->rank == 0) NCCL_OK(c, ncclGetUniqueId(&id));
+    if (c->rank == 0) NCCL_CHECK(c, ncclGetUniqueId(&id));
     comm_broadcast(c, tensor_make(&id, DT_U8, DEV_CPU, 1, (int64_t)sizeof id, 1, 1, 1), 0); // MPI, polled against the deadline
     pthread_mutex_lock(&W.mu); // set-up is bounded too, but never below 5 minutes (NCCL's topology discovery)
     W.call = watch_of(c, "NCCL set-up"), W.in_call = true;
     if (W.call.timeout_s > 0 && W.call.timeout_s < 300) W.call.timeout_s = 300;
     pthread_mutex_unlock(&W.mu);
     ncclComm_t nc;
-    NCCL_OK(c, ncclCommInitRank(&nc, c->size, id, c->rank));
+    NCCL_CHECK(c, ncclCommInitRank(&nc, c->size, id, c->rank));
     pthread_mutex_lock(&W.mu);
     W.in_call = false;
     CHECK(W.ncomms < MAX_COMMS);
@@ -251,7 +251,7 @@ void nccl_comm_create(Comm *c) {
 void nccl_comm_destroy(Comm *c) {
     if (c->nccl && c->nccl_owner) {
         CHECK(!W.started); // nccl_shutdown first: the watchdog reads every communicator
-        CUDA_OK(cudaStreamSynchronize(comm_stream()));
+        CUDA_CHECK(cudaStreamSynchronize(comm_stream()));
         ncclComm_t nc = c->nccl;
         for (int i = 0; i < W.ncomms; i++)
             if (W.comms[i] == nc) {
@@ -259,7 +259,7 @@ void nccl_comm_destroy(Comm *c) {
                 memcpy(W.names[i], W.names[W.ncomms], sizeof W.names[0]);
                 break;
             }
-        NCCL_OK(c, ncclCommDestroy(nc));
+        NCCL_CHECK(c, ncclCommDestroy(nc));
     }
     c->nccl = NULL, c->nccl_owner = false, c->dev = DEV_CPU;
 }
@@ -289,7 +289,7 @@ void nccl_allreduce(const Comm *c, Tensor x, CommOp op) {
     CHECK(x.dt != DT_U16 && x.dt != DT_U8);
     if (!n) return;
     cudaStream_t s = call_begin(c, "all-reduce");
-    NCCL_OK(c, ncclAllReduce(x.p, x.p, n, nccl_dtype(x.dt), op == COMM_SUM ? ncclSum : ncclMax, nc_of(c), s));
+    NCCL_CHECK(c, ncclAllReduce(x.p, x.p, n, nccl_dtype(x.dt), op == COMM_SUM ? ncclSum : ncclMax, nc_of(c), s));
     call_end(c, "all-reduce", s);
 }
 
@@ -302,8 +302,8 @@ void nccl_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
     bool in_place = out.p == in.p;
     char *mine = (char *)in.p + (size_t)c->rank * n * es;
     cudaStream_t s = call_begin(c, "reduce-scatter");
-    NCCL_OK(c, ncclReduceScatter(in.p, in_place ? mine : out.p, n, nccl_dtype(in.dt), ncclSum, nc_of(c), s));
-    if (in_place && c->rank) CUDA_OK(cudaMemcpyAsync(in.p, mine, n * es, cudaMemcpyDeviceToDevice, s));
+    NCCL_CHECK(c, ncclReduceScatter(in.p, in_place ? mine : out.p, n, nccl_dtype(in.dt), ncclSum, nc_of(c), s));
+    if (in_place && c->rank) CUDA_CHECK(cudaMemcpyAsync(in.p, mine, n * es, cudaMemcpyDeviceToDevice, s));
     call_end(c, "reduce-scatter", s);
 }
 
@@ -312,7 +312,7 @@ void nccl_allgather(const Comm *c, Tensor out, Tensor in) {
     size_t n = (size_t)tensor_numel(in);
     if (!n) return;
     cudaStream_t s = call_begin(c, "all-gather");
-    NCCL_OK(c, ncclAllGather(in.p, out.p, n, nccl_dtype(in.dt), nc_of(c), s));
+    NCCL_CHECK(c, ncclAllGather(in.p, out.p, n, nccl_dtype(in.dt), nc_of(c), s));
     call_end(c, "all-gather", s);
 }
 
@@ -328,15 +328,15 @@ static cudaEvent_t exchange(const Comm *c, const char *what, Tensor out, const i
     cudaStream_t s = call_begin(c, what);
     int64_t so = 0, ro = 0;
     for (int p = 0; p < c->rank; p++) so += in_rows[p], ro += out_rows[p];
-    if (in_rows[c->rank]) CUDA_OK(cudaMemcpyAsync(o + ro * rb, i + so * rb, in_rows[c->rank] * rb, cudaMemcpyDeviceToDevice, s));
-    NCCL_OK(c, ncclGroupStart());
+    if (in_rows[c->rank]) CUDA_CHECK(cudaMemcpyAsync(o + ro * rb, i + so * rb, in_rows[c->rank] * rb, cudaMemcpyDeviceToDevice, s));
+    NCCL_CHECK(c, ncclGroupStart());
     so = ro = 0;
     for (int p = 0; p < c->size; so += in_rows[p], ro += out_rows[p], p++) {
         if (p == c->rank) continue;
-        if (in_rows[p]) NCCL_OK(c, ncclSend(i + so * rb, (size_t)(in_rows[p] * row), t, p, nc_of(c), s));
-        if (out_rows[p]) NCCL_OK(c, ncclRecv(o + ro * rb, (size_t)(out_rows[p] * row), t, p, nc_of(c), s));
+        if (in_rows[p]) NCCL_CHECK(c, ncclSend(i + so * rb, (size_t)(in_rows[p] * row), t, p, nc_of(c), s));
+        if (out_rows[p]) NCCL_CHECK(c, ncclRecv(o + ro * rb, (size_t)(out_rows[p] * row), t, p, nc_of(c), s));
     }
-    NCCL_OK(c, ncclGroupEnd());
+    NCCL_CHECK(c, ncclGroupEnd());
     return call_end_async(c, what, s);
 }
 
@@ -361,15 +361,15 @@ void *nccl_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, T
 // Every send and receive of ops in one group, so pairs in both directions cannot deadlock.
 void *nccl_p2p_start(const Comm *c, const CommP2p *ops, int n, const char *what) {
     cudaStream_t s = call_begin(c, what);
-    NCCL_OK(c, ncclGroupStart());
+    NCCL_CHECK(c, ncclGroupStart());
     for (int i = 0; i < n; i++) {
         Tensor x = ops[i].x;
         size_t count = (size_t)tensor_numel(x);
         if (!count) continue;
-        if (ops[i].send) NCCL_OK(c, ncclSend(x.p, count, nccl_dtype(x.dt), ops[i].peer, nc_of(c), s));
-        else NCCL_OK(c, ncclRecv(x.p, count, nccl_dtype(x.dt), ops[i].peer, nc_of(c), s));
+        if (ops[i].send) NCCL_CHECK(c, ncclSend(x.p, count, nccl_dtype(x.dt), ops[i].peer, nc_of(c), s));
+        else NCCL_CHECK(c, ncclRecv(x.p, count, nccl_dtype(x.dt), ops[i].peer, nc_of(c), s));
     }
-    NCCL_OK(c, ncclGroupEnd());
+    NCCL_CHECK(c, ncclGroupEnd());
     return call_end_async(c, what, s);
 }
 
@@ -377,7 +377,7 @@ void nccl_broadcast(const Comm *c, Tensor x, int root) {
     size_t n = (size_t)tensor_numel(x);
     if (!n) return;
     cudaStream_t s = call_begin(c, "broadcast");
-    NCCL_OK(c, ncclBroadcast(x.p, x.p, n, nccl_dtype(x.dt), root, nc_of(c), s));
+    NCCL_CHECK(c, ncclBroadcast(x.p, x.p, n, nccl_dtype(x.dt), root, nc_of(c), s));
     call_end(c, "broadcast", s);
 }
 

@@ -14,10 +14,28 @@ static void alloc_activations(Engine *e, Arena *a) {
                          arena_tensor(a, DT_I32, 1, T, 0, 0, 0)};
     e->h[0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     for (int l = 0; l < m->cfg.layers; l++) {
-        m->fam->layer_alloc(m, l, rec_of(e, l), a, e->B, e->S, &e->io[l]);
+        StageIO *io = &e->io[l];
+        io->dense = !m->cfg.is_moe[l];
+        if (!io->dense) { // the routing stage 1 writes
+            io->idx = arena_tensor(a, DT_I32, 2, T, m->cfg.topk, 0, 0);
+            io->w = arena_tensor(a, DT_F32, 2, T, m->cfg.topk, 0, 0);
+        }
+        m->fam->layer_alloc(m, l, rec_of(e, l), a, e->B, e->S, io);
+        m->fam->stage3_alloc(m, l, rec_of(e, l), a, io->dense ? T : ep_rows_capacity(m, T));
+        ep_alloc(m, io, a, T);
         e->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     }
     m->fam->epilog_alloc(m, e->epilog, a, T);
+}
+
+// One layer's backward workspace: the family's temporaries, stage 3's, the stage buffers' gradients.
+static void alloc_layer_grads(Engine *e, int l, Arena *ws) {
+    Model *m = e->m;
+    StageIO *io = &e->io[l];
+    m->fam->layer_grad_alloc(m, l, rec_of(e, l), ws, e->B, e->S, io);
+    if (!io->dense) io->dw = arena_tensor(ws, DT_F32, 2, (int64_t)e->B * e->S, m->cfg.topk, 0, 0);
+    m->fam->stage3_grad_alloc(m, l, rec_of(e, l), ws);
+    ep_grad_alloc(m, io, ws, (int64_t)e->B * e->S);
 }
 
 static void alloc_grad_buffers(Engine *e, Arena *ws) {
@@ -48,7 +66,7 @@ EnginePlan engine_plan(Model *m, int B, int S) {
     size_t base = ws.used, most = 0;
     for (int l = 0; l < m->cfg.layers; l++) {
         ws.used = base;
-        m->fam->layer_grad_alloc(m, l, rec_of(&e, l), &ws, B, S, &e.io[l]);
+        alloc_layer_grads(&e, l, &ws);
         if (ws.used - base > most) most = ws.used - base;
     }
     EnginePlan p = {act.peak, base + most + ARENA_ALIGN, comm.peak};
@@ -114,7 +132,7 @@ void engine_backward(Engine *e) {
         void *r = rec_of(e, l);
         StageIO *io = &e->io[l];
         size_t mark = arena_mark(&e->ws);
-        f->layer_grad_alloc(m, l, r, &e->ws, e->B, e->S, io);
+        alloc_layer_grads(e, l, &e->ws);
         f->stage5_backward(m, l, r, io, e->dh[cur]);
         ep_combine_backward(m, io);
         f->stage3_backward_input(m, l, r, io);

@@ -368,11 +368,11 @@ TEST(gpu_op_grouped_linear_many) {
     gpu_report();
 }
 
-// Our grouped kernels (cuda_grouped.cu) against the CPU and against the cuBLAS path (PITH_GROUPED_KERNEL
-// =pith / =cublas), bf16 operands. The error is the worst over 128 × 128 blocks (per expert for the weight
-// gradient) of ‖gpu − ref‖/‖ref‖, so one wrong output tile fails even among hundreds of right ones. The weight
+// Our grouped weight-gradient kernel (cuda_grouped.cu) against the CPU and against the cuBLAS path
+// (PITH_GROUPED_KERNEL=pith / =cublas), bf16 operands. The error is the worst over 128 × 128 blocks (per
+// expert) of ‖gpu − ref‖/‖ref‖, so one wrong output tile fails even among hundreds of right ones. The weight
 // gradient accumulates onto random fp32 values in fp32 from exact bf16 products, so it must agree with
-// both to 1e-5 (summation order only); forward and backward input round their outputs to bf16 (5e-3).
+// both to 1e-5 (summation order only).
 static double block_err(const float *g, const float *ref, int64_t mats, int64_t rows, int64_t cols) {
     double worst = 0;
     for (int64_t e = 0; e < mats; e++)
@@ -410,28 +410,21 @@ static bool check_grouped_own(const char *tag, int64_t E, const int64_t *counts,
     int64_t R = offs[E];
     printf("     %s: E=%lld N=%lld K=%lld rows=%lld\n", tag, (long long)E, (long long)N, (long long)K, (long long)R);
     DType dt = DT_BF16;
-    Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), dy = pair_rand(dt, 1, 2, R, N, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0);
+    Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), dy = pair_rand(dt, 1, 2, R, N, 0, 0);
     bool ok = true;
     // the references: the CPU, and cuBLAS; the weight gradient onto a nonzero dw (its start kept in dw0)
     Pair dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
     Tensor dwb = gpu_tensor(DT_F32, 3, E, N, K, 0), dw0 = gpu_tensor(DT_F32, 3, E, N, K, 0);
     op_copy(dwb, dw.d), op_copy(dw0, dw.d);
-    Pair y = pair_nan(dt, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0);
-    Tensor yb = gpu_tensor(dt, 2, R, N, 0, 0), dxb = gpu_tensor(dt, 2, R, K, 0, 0);
     op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs);
-    op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs), op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs);
     setenv("PITH_GROUPED_KERNEL", "cublas", 1);
     op_grouped_linear_backward_weight(dwb, NONE, dy.d, x.d, offs);
-    op_grouped_linear_forward(yb, x.d, w.d, NONE, offs), op_grouped_linear_backward_input(dxb, dy.d, w.d, offs);
     // ours
     setenv("PITH_GROUPED_KERNEL", "pith", 1);
     op_copy(dw.d, dw0);
     op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
-    op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
     unsetenv("PITH_GROUPED_KERNEL");
     ok &= grouped_compare("dw (fp32 accumulate)", dw, dwb, E, N, K, 1e-5);
-    ok &= grouped_compare("y (forward, bf16)", y, yb, 1, R, N, 5e-3);
-    ok &= grouped_compare("dx (backward input, bf16)", dx, dxb, 1, R, K, 5e-3);
     // a second run gives the same weight gradient bit for bit (one writer per output: deterministic)
     Tensor dw2 = dwb; // (reused)
     op_copy(dw2, dw0), op_copy(dw.d, dw0);
@@ -450,8 +443,7 @@ TEST(gpu_op_grouped_kernels) {
     gpu_begin();
     gpu_mode(DT_BF16);
     bool ok = true;
-    // empty experts (first, middle, last), 1 row, 31/32/33 rows around the 32-row stage, 127/128/129 and
-    // 300 around the 128-row tiles of forward and backward input
+    // empty experts (first, middle, last), 1 row, 31/32/33 rows around the 32-row stage, 127/128/129 and 300
     const int64_t small[10] = {0, 33, 1, 0, 31, 32, 129, 128, 127, 0};
     ok &= check_grouped_own("small", 10, small, 256, 128);
     ok &= check_grouped_own("small, wide", 10, small, 128, 384);
@@ -625,6 +617,13 @@ TEST(gpu_op_elementwise) {
         EXPECT_CLOSE(y, TOL);
         Pair g = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
         op_add(y.c, g.c), op_add(y.d, g.d); // fp32 into the mode's dtype
+        EXPECT_CLOSE(y, TOL);
+        // views one element in (not 16-byte aligned): the element-by-element path of the same kernels
+        Pair yv = y, xv = x;
+        yv.c.p = (float *)y.c.p + 1, yv.d.p = (char *)y.d.p + dtype_size(y.d.dt), yv.c.n[0] = yv.d.n[0] = n - 1;
+        xv.c.p = (float *)x.c.p + 1, xv.d.p = (char *)x.d.p + dtype_size(x.d.dt), xv.c.n[0] = xv.d.n[0] = n - 1;
+        op_add(yv.c, xv.c), op_add(yv.d, xv.d);
+        op_scale(yv.c, 1.7f), op_scale(yv.d, 1.7f);
         EXPECT_CLOSE(y, TOL);
         double sc = op_sum_squares(x.c), sg = op_sum_squares(x.d);
         record_err(fabs(sg - sc) / sc, "sum_squares");

@@ -6,7 +6,9 @@ float64 on the CPU from those same fp32 weights: the mean token cross-entropy ov
 a few logits, and 5 AdamW steps on that batch (lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1,
 clip 1.0, constant LR) with each step's loss and pre-clip gradient norm.
 
-usage: python3 tests/hf/make_fixtures.py [OUT_DIR=tests/hf]
+usage: python3 tests/hf/make_fixtures.py [OUT_DIR=tests/hf [FAMILY ...]]   (default: every family)
+With PITH_HF_SOURCES=DIR the transformers modeling files the fixtures come from are copied into DIR too,
+for reading while writing the pith side (not for the repository).
 """
 import copy
 import json
@@ -28,6 +30,35 @@ FAMILIES = {
                 mlp_only_layers=[1], decoder_sparse_step=1, norm_topk_prob=True, attention_bias=True,
                 rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=64, tie_word_embeddings=False,
                 output_router_logits=False, initializer_range=0.05),
+    ),
+    # DeepSeek-V2: MLA with a q LoRA (q_a_proj → q_a_layernorm → q_b_proj), q head 32 ≠ v head 24, YaRN
+    # (attention factor ≠ 1: mscale ≠ mscale_all_dim; original context 64 so the ramp mixes frequencies),
+    # group-limited routing (4 groups of 2, top 2 groups), routed_scaling_factor 2, attention biases, a
+    # dense first layer, 2 shared experts.
+    "deepseek_v2": dict(
+        cls="DeepseekV2ForCausalLM",
+        cfg="DeepseekV2Config",
+        kw=dict(vocab_size=128, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, q_lora_rank=24,
+                kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=24, n_routed_experts=8,
+                num_experts_per_tok=3, moe_intermediate_size=16, n_shared_experts=2, intermediate_size=48,
+                first_k_dense_replace=1, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                routed_scaling_factor=2.0, norm_topk_prob=False, attention_bias=True, rms_norm_eps=1e-6,
+                max_position_embeddings=256, tie_word_embeddings=False, initializer_range=0.05,
+                rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                     original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0,
+                                     mscale=1.0, mscale_all_dim=0.5)),
+    ),
+    # Like DeepSeek-V2-Lite: q_proj (no q LoRA), greedy top-k, default RoPE, routed_scaling_factor 1, a dense
+    # first layer, 2 shared experts; q head 24 ≠ v head 16.
+    "deepseek_v2_lite": dict(
+        cls="DeepseekV2ForCausalLM",
+        cfg="DeepseekV2Config",
+        kw=dict(vocab_size=128, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, q_lora_rank=None,
+                kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
+                num_experts_per_tok=2, moe_intermediate_size=16, n_shared_experts=2, intermediate_size=48,
+                first_k_dense_replace=1, topk_method="greedy", routed_scaling_factor=1.0, norm_topk_prob=False,
+                attention_bias=False, rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False,
+                initializer_range=0.05, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     ),
 }
 
@@ -93,7 +124,28 @@ def make(family, spec, out):
     print(f"{family}: loss {loss0.item():.9f}, {len(keys)} tensors, steps {[round(s['loss'], 6) for s in steps]}")
 
 
+def copy_sources(dst):
+    import inspect
+    import shutil
+    os.makedirs(dst, exist_ok=True)
+    from transformers import conversion_mapping, modeling_rope_utils
+    from transformers.models.deepseek_v2 import modeling_deepseek_v2
+    for mod in (modeling_deepseek_v2, modeling_rope_utils, conversion_mapping):
+        shutil.copy(inspect.getsourcefile(mod), dst)
+
+
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-    for fam, spec in FAMILIES.items():
-        make(fam, spec, out)
+    names = sys.argv[2:] or list(FAMILIES)
+    if os.environ.get("PITH_HF_SOURCES"):
+        copy_sources(os.environ["PITH_HF_SOURCES"])
+    failed = []
+    for fam in names:
+        try:
+            make(fam, FAMILIES[fam], out)
+        except Exception:  # report every family's failure in one run
+            import traceback
+            traceback.print_exc()
+            failed.append(fam)
+    if failed:
+        sys.exit(f"failed: {failed}")

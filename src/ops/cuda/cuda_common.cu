@@ -30,7 +30,7 @@ CudaCtx *cuda_ctx(void) {
     CUDA_CHECK(cudaFree(0)); // creates the primary context
     CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.compute, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&ctx.comm, cudaStreamNonBlocking));
-    CUBLAS_CHECK(cublasLtCreate(&ctx.lt));
+    CUDA_CHECK(cublasLtCreate(&ctx.lt));
     CUDA_CHECK(cudaDeviceGetAttribute(&ctx.sm_count, cudaDevAttrMultiProcessorCount, dev));
     mem_base = mem_in_use();
     CUDA_CHECK(cudaMalloc(&ctx.lt_ws, CUDA_LT_WS_BYTES));
@@ -74,9 +74,8 @@ void *cuda_alloc_or_die(size_t bytes, const char *what) {
     if (err != cudaSuccess) {
         size_t free_b = 0, total_b = 0;
         cudaMemGetInfo(&free_b, &total_b);
-        fprintf(stderr, "pith: error: out of GPU memory: %s needs %.3f GiB, %.3f GiB free of %.3f GiB\n", what,
-                bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
-        exit(1);
+        die("out of GPU memory: %s needs %.3f GiB, %.3f GiB free of %.3f GiB", what, bytes / 1073741824.0,
+            free_b / 1073741824.0, total_b / 1073741824.0);
     }
     mem_sample();
     return p;

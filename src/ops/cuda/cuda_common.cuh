@@ -22,25 +22,15 @@ extern "C" {
 }
 #undef _Noreturn
 
-#define CUDA_CHECK(call)                                                                              \
-    do {                                                                                              \
-        cudaError_t err_ = (call);                                                                    \
-        if (err_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "pith: CUDA error at %s:%d: %s (%s)\n", __FILE__, __LINE__,             \
-                    cudaGetErrorString(err_), #call);                                                 \
-            exit(1);                                                                                  \
-        }                                                                                             \
-    } while (0)
-
-#define CUBLAS_CHECK(call)                                                                            \
-    do {                                                                                              \
-        cublasStatus_t st_ = (call);                                                                  \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                           \
-            fprintf(stderr, "pith: cuBLAS error at %s:%d: %s (%s)\n", __FILE__, __LINE__,           \
-                    cublasLtGetStatusString(st_), #call);                                             \
-            exit(1);                                                                                  \
-        }                                                                                             \
-    } while (0)
+// CUDA_CHECK(call): a failed CUDA runtime or cuBLAS(Lt) call ends the run through die(), naming file:line
+// (and, with several ranks, the rank: die() then ends every rank).
+static inline void cuda_check(cudaError_t e, const char *call, const char *file, int line) {
+    if (e != cudaSuccess) die("CUDA error at %s:%d: %s (%s)", file, line, cudaGetErrorString(e), call);
+}
+static inline void cuda_check(cublasStatus_t st, const char *call, const char *file, int line) {
+    if (st != CUBLAS_STATUS_SUCCESS) die("cuBLAS error at %s:%d: %s (%s)", file, line, cublasLtGetStatusString(st), call);
+}
+#define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 
 // After every kernel launch: a bad configuration shows here, an asynchronous fault at the next sync.
 #define CUDA_LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
@@ -112,9 +102,13 @@ __device__ __forceinline__ void st8(float *p, const float (&v)[8]) {
     ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
     ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
+// True when every pointer is 16-byte aligned (NULL counts as aligned).
+static inline bool aligned16(const void *a, const void *b = NULL, const void *c = NULL, const void *d = NULL) {
+    return !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15);
+}
 // True when every pointer is 16-byte aligned and rows of `cols` elements split into 8-element vectors.
 static inline bool vec8_fits(int64_t cols, const void *a, const void *b = NULL, const void *c = NULL, const void *d = NULL) {
-    return cols % 8 == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15);
+    return cols % 8 == 0 && aligned16(a, b, c, d);
 }
 
 // Runs BODY with T the C type of dtype dt (fp32 or bf16); any other dtype is a caller bug.

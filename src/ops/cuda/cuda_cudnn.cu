@@ -1,7 +1,7 @@
 // cuda_cudnn.cu — causal grouped-query attention through cuDNN's fused flash-attention engines (cuDNN 9
-// graph API, backend descriptors). DESIGN §5: our own kernels unless a library kernel is faster for a
-// variant; for bf16 with head dims that are multiples of 8 up to 128 on Hopper, cuDNN's is (about 2.5×
-// our mma.sync kernels forward+backward, bench/cuda_ops.md). cuDNN's engines recognise scaled
+// graph API, backend descriptors). pith runs its own kernels unless a library kernel is faster for a
+// variant (docs/architecture.md, "GPU kernels"); for bf16 with head dims that are multiples of 8 up to 128 on
+// Hopper, cuDNN's is (bench/cuda_ops.md, round 3). cuDNN's engines recognise scaled
 // dot-product attention as a graph of matmul, pointwise and reduction operations; these are the graphs:
 //   forward   S = Q·Kᵀ (fp32), S·scale, causal select (row ≥ col, else the lowest float),
 //             m = max S, E = exp(S − m), z = Σ E, lse = m + ln z (the stats output), P = E / z (bf16),

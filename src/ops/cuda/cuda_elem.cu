@@ -111,14 +111,20 @@ __global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const i
     }
 }
 
-template <typename TD, typename TS> __global__ void copy_convert_vec_kernel(TD *dst, const TS *src, int64_t n8) {
+// The flat elementwise kernels run over n elements in 8-element (AdamW: 4-element) vectors when the launcher
+// found every pointer 16-byte aligned (vec), then the last n % 8 one by one; unaligned views (a tensor at an
+// odd offset of a flat parameter buffer) run element by element. One kernel serves both.
+template <typename TD, typename TS> __global__ void copy_convert_kernel(TD *dst, const TS *src, int64_t n, bool vec) {
+    int64_t n8 = vec ? n / 8 : 0;
     GRID_STRIDE(i, n8) {
         float v[8];
         ld8(src + i * 8, v);
         st8(dst + i * 8, v);
     }
+    GRID_STRIDE(i, n - n8 * 8) st(dst, n8 * 8 + i, ld(src, n8 * 8 + i));
 }
-template <typename TY, typename TX> __global__ void add_vec_kernel(TY *y, const TX *x, int64_t n8) {
+template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *x, int64_t n, bool vec) {
+    int64_t n8 = vec ? n / 8 : 0;
     GRID_STRIDE(i, n8) {
         float a[8], b[8];
         ld8(y + i * 8, a);
@@ -127,8 +133,10 @@ template <typename TY, typename TX> __global__ void add_vec_kernel(TY *y, const 
         for (int q = 0; q < 8; q++) a[q] += b[q];
         st8(y + i * 8, a);
     }
+    GRID_STRIDE(i, n - n8 * 8) st(y, n8 * 8 + i, ld(y, n8 * 8 + i) + ld(x, n8 * 8 + i));
 }
-template <typename T> __global__ void scale_vec_kernel(T *x, float s, int64_t n8) {
+template <typename T> __global__ void scale_kernel(T *x, float s, int64_t n, bool vec) {
+    int64_t n8 = vec ? n / 8 : 0;
     GRID_STRIDE(i, n8) {
         float a[8];
         ld8(x + i * 8, a);
@@ -136,6 +144,7 @@ template <typename T> __global__ void scale_vec_kernel(T *x, float s, int64_t n8
         for (int q = 0; q < 8; q++) a[q] *= s;
         st8(x + i * 8, a);
     }
+    GRID_STRIDE(i, n - n8 * 8) st(x, n8 * 8 + i, ld(x, n8 * 8 + i) * s);
 }
 template <typename TH, typename TT> __global__ void embedding_forward_vec_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t C8) {
     GRID_STRIDE(e, T_ * C8) {
@@ -145,30 +154,28 @@ template <typename TH, typename TT> __global__ void embedding_forward_vec_kernel
         st8(h + e * 8, v);
     }
 }
-// AdamW on 4 parameters per thread (float4 loads of p, g, m, v).
-__global__ void adamw_vec_kernel(float4 *p, const float4 *g, float4 *m, float4 *v, int64_t n4, float b1, float b2, float eps, float step, float bc2,
-                                 float decay) {
+// AdamW of one parameter (the update of ops/cpu/cpu_elem.c).
+__device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, float b1, float b2, float eps, float step, float bc2,
+                                          float decay) {
+    float mi = m + (1.0f - b1) * (g - m), vi = b2 * v + (1.0f - b2) * g * g;
+    m = mi, v = vi;
+    p = p * decay - step * mi / (sqrtf(vi) / bc2 + eps);
+}
+// 4 parameters per thread (float4 loads of p, g, m, v) when vec, then the last n % 4 one by one.
+__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, bool vec, float b1, float b2, float eps, float step,
+                             float bc2, float decay) {
+    int64_t n4 = vec ? n / 4 : 0;
     GRID_STRIDE(i, n4) {
-        float4 P = p[i], G = g[i], M = m[i], Vv = v[i];
+        float4 P = ((float4 *)p)[i], G = ((const float4 *)g)[i], M = ((float4 *)m)[i], Vv = ((float4 *)v)[i];
         float *pp = &P.x, *gg = &G.x, *mm = &M.x, *vv = &Vv.x;
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float gi = gg[q], mi = mm[q] + (1.0f - b1) * (gi - mm[q]), vi = b2 * vv[q] + (1.0f - b2) * gi * gi;
-            mm[q] = mi, vv[q] = vi;
-            pp[q] = pp[q] * decay - step * mi / (sqrtf(vi) / bc2 + eps);
-        }
-        p[i] = P, m[i] = M, v[i] = Vv;
+        for (int q = 0; q < 4; q++) adamw_one(pp[q], gg[q], mm[q], vv[q], b1, b2, eps, step, bc2, decay);
+        ((float4 *)p)[i] = P, ((float4 *)m)[i] = M, ((float4 *)v)[i] = Vv;
     }
-}
-
-template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *x, int64_t n) {
-    GRID_STRIDE(i, n) st(y, i, ld(y, i) + ld(x, i));
-}
-template <typename T> __global__ void scale_kernel(T *x, float s, int64_t n) {
-    GRID_STRIDE(i, n) st(x, i, ld(x, i) * s);
-}
-template <typename TD, typename TS> __global__ void copy_convert_kernel(TD *dst, const TS *src, int64_t n) {
-    GRID_STRIDE(i, n) st(dst, i, ld(src, i));
+    GRID_STRIDE(i, n - n4 * 4) {
+        int64_t j = n4 * 4 + i;
+        adamw_one(p[j], g[j], m[j], v[j], b1, b2, eps, step, bc2, decay);
+    }
 }
 
 template <typename T> __global__ void sum_squares_kernel(double *out, const T *x, int64_t n) {
@@ -219,6 +226,8 @@ void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
     int64_t T_ = t_rows(h), H = t_cols(h);
     CHECK(t_cols(table) == H && tensor_numel(tokens) == T_);
     if (T_ * H == 0) return;
+    // The scalar kernel serves tables that are unaligned views (an unpadded offset of the flat parameter
+    // buffer) or odd widths.
     if (vec8_fits(H, h.p, table.p)) {
         DT_SWITCH(h.dt, TH, "embedding_forward", DT_SWITCH(table.dt, TT, "embedding_forward",
             embedding_forward_vec_kernel<TH, TT><<<grid_for(T_ * H / 8, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
@@ -253,7 +262,7 @@ void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float gra
     const int32_t *lab = (const int32_t *)labels.p;
     DT_SWITCH(logits.dt, T, "cross_entropy", {
         T *l = (T *)logits.p;
-        if (vec8_fits(V, l)) {
+        if (vec8_fits(V, l)) { // one kernel source; the scalar instance serves ragged vocabularies (50257, 3001)
             cross_entropy_partial_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
             CUDA_LAUNCH_CHECK();
             cross_entropy_grad_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
@@ -274,26 +283,18 @@ void cuda_add(Tensor y, Tensor x) {
     int64_t n = tensor_numel(y);
     CHECK(tensor_numel(x) == n);
     if (!n) return;
-    if (vec8_fits(n, y.p, x.p)) {
-        DT_SWITCH(y.dt, TY, "add", DT_SWITCH(x.dt, TX, "add",
-            add_vec_kernel<TY, TX><<<grid_for(n / 8, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, n / 8)));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
+    bool vec = aligned16(y.p, x.p);
     DT_SWITCH(y.dt, TY, "add", DT_SWITCH(x.dt, TX, "add",
-        add_kernel<TY, TX><<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, n)));
+        add_kernel<TY, TX><<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, n, vec)));
     CUDA_LAUNCH_CHECK();
 }
 
 void cuda_scale(Tensor x, float s) {
     int64_t n = tensor_numel(x);
     if (!n) return;
-    if (vec8_fits(n, x.p)) {
-        DT_SWITCH(x.dt, T, "scale", scale_vec_kernel<T><<<grid_for(n / 8, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((T *)x.p, s, n / 8));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    DT_SWITCH(x.dt, T, "scale", scale_kernel<T><<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((T *)x.p, s, n));
+    bool vec = aligned16(x.p);
+    DT_SWITCH(x.dt, T, "scale",
+              scale_kernel<T><<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((T *)x.p, s, n, vec));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -312,15 +313,10 @@ void cuda_copy(Tensor dst, Tensor src) {
         if (!dd) CUDA_CHECK(cudaStreamSynchronize(s));
         return;
     }
-    if (dd && vec8_fits(n, dst.p, src.p)) {
-        DT_SWITCH(dst.dt, TD, "copy", DT_SWITCH(src.dt, TS, "copy",
-            copy_convert_vec_kernel<TD, TS><<<grid_for(n / 8, ELEM_THREADS), ELEM_THREADS, 0, s>>>((TD *)dst.p, (const TS *)src.p, n / 8)));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
     if (dd) {
+        bool vec = aligned16(dst.p, src.p);
         DT_SWITCH(dst.dt, TD, "copy", DT_SWITCH(src.dt, TS, "copy",
-            copy_convert_kernel<TD, TS><<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, s>>>((TD *)dst.p, (const TS *)src.p, n)));
+            copy_convert_kernel<TD, TS><<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, s>>>((TD *)dst.p, (const TS *)src.p, n, vec)));
         CUDA_LAUNCH_CHECK();
         return;
     }
@@ -357,14 +353,9 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, floa
     CHECK(tensor_numel(g) == n && tensor_numel(m) == n && tensor_numel(v) == n);
     if (!n) return;
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
-    if (n % 4 == 0 && !(((uintptr_t)p.p | (uintptr_t)g.p | (uintptr_t)m.p | (uintptr_t)v.p) & 15)) {
-        adamw_vec_kernel<<<grid_for(n / 4, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((float4 *)p.p, (const float4 *)g.p, (float4 *)m.p,
-                                                                                           (float4 *)v.p, n / 4, b1, b2, eps, step, bc2, decay);
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    adamw_kernel<<<grid_for(n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (float *)m.p, (float *)v.p, n, b1,
-                                                                               b2, eps, step, bc2, decay);
+    bool vec = aligned16(p.p, g.p, m.p, v.p);
+    adamw_kernel<<<grid_for(vec ? n / 4 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (float *)m.p,
+                                                                                          (float *)v.p, n, vec, b1, b2, eps, step, bc2, decay);
     CUDA_LAUNCH_CHECK();
 }
 

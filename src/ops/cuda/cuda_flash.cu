@@ -10,75 +10,20 @@
 //            dq = scale·dQ. kernel 2, per 64 keys of one kv head: over every query tile at or after
 //            them and every query head of the group, Pᵀ and dPᵀ = V·dOᵀ with keys as rows, dV += Pᵀ·dO,
 //            dK += dSᵀ·Q; dk = scale·dK. Each output has one writer: no atomics, deterministic.
-//   (A fused backward — dq by fp32 atomics inside kernel 2, 5 products instead of 7 — was measured
-//   slower on the H200 with 64-key tiles: 3.8 vs 3.3 ms at B = 2; bench/cuda_ops.md, round 2.)
-// Tensor-core layout (PTX ISA, "Matrix fragments for mma.m16n8k16" and "ldmatrix"): mma.sync m16n8k16
-// bf16 → fp32. Lane l, g = l/4, t = l%4: A (16×16) regs {(g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)};
-// B (16×8, k × n) regs {(k 2t.., n g), (k 2t+8.., n g)}; C (16×8) {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
-// ldmatrix.x4 loads four 8×8 b16 matrices, lanes 8i..8i+7 giving the row addresses of matrix i, and
-// lane l receives (row g, cols 2t, 2t+1) of each; .trans gives (rows 2t, 2t+1, col g). So a row-major
-// [m][k] tile feeds A directly, a [n][k] tile (K for Q·Kᵀ) feeds B directly, and a [k][n] tile (V for
-// P·V) feeds B through .trans. An S accumulator (C layout) re-packed to bf16 pairs is the A fragment
-// of the next product (P·V, dS·K), so P and dS never touch shared memory.
-// Shared memory tiles are 64 rows × D bf16 with rows padded to D + 8 elements (16 bytes), so the 8 row
-// addresses of one ldmatrix matrix fall in 8 different bank groups. Tiles arrive by cp.async (16-byte,
-// zero-filled past the sequence end), double-buffered against the tensor-core work.
-#include "ops/cuda/cuda_common.cuh"
+//   (The two kernels are deterministic and were faster than a fused backward with dq atomics on the H200:
+//   bench/cuda_ops.md, round 2.)
+// Tensor cores (cuda_mma.cuh has the fragment layouts): a row-major [m][k] tile feeds A directly, a [n][k]
+// tile (K for Q·Kᵀ) feeds B directly, and a [k][n] tile (V for P·V) feeds B through ldmatrix .trans. An S
+// accumulator (C layout) re-packed to bf16 pairs is the A fragment of the next product (P·V, dS·K), so P
+// and dS never touch shared memory.
+// Shared memory tiles are 64 rows × D bf16 with rows padded to D + 8 elements (16 bytes). Tiles arrive by
+// cp.async (16-byte, zero-filled past the sequence end), double-buffered against the tensor-core work.
+#include "ops/cuda/cuda_mma.cuh"
 
 #define FA_ROWS 64    // query rows (or keys in the dk/dv kernel) per block
 #define FA_TILE 64    // keys (or queries) per streamed tile
 #define FA_THREADS 128
 #define FA_LOG2E 1.4426950408889634f
-
-// ---- PTX wrappers ----
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// 16 bytes global → shared; with valid false the destination is zero-filled and src is not read.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-// d += a·b: a 16×16 (A fragment), b 16×8 (two B registers), d 16×8 fp32.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Two floats as a bf16 pair, the first in the low half (the lower column of an mma operand).
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
-
-// ---- fragment addressing inside a padded tile (row stride LD elements) ----
-// A fragment of the 16×16 block at (r0, c0) of a row-major [m][k] tile.
-template <int LD> __device__ __forceinline__ uint32_t frag_a(const bf16 *tile, int r0, int c0, int lane) {
-    return smem_addr(tile + (r0 + (lane & 15)) * LD + c0 + (lane >> 4) * 8);
-}
-// B fragments of two n-tiles (rows n0..n0+15) × k0..k0+15 of an [n][k] tile: regs {b0, b1} of n-tile
-// n0, then of n0+8.
-template <int LD> __device__ __forceinline__ uint32_t frag_b_nk(const bf16 *tile, int n0, int k0, int lane) {
-    return smem_addr(tile + (n0 + (lane & 7) + ((lane >> 4) << 3)) * LD + k0 + ((lane >> 3) & 1) * 8);
-}
-// B fragments (with ldmatrix .trans) of k0..k0+15 × two n-tiles n0.., n0+8.. of a [k][n] tile.
-template <int LD> __device__ __forceinline__ uint32_t frag_b_kn(const bf16 *tile, int k0, int n0, int lane) {
-    return smem_addr(tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
-}
 
 // acc (16 × 8·ND, C layout) += P (16 × 64: eight 16×8 C-layout accumulators, re-packed to bf16 A fragments)
 // · tile (64 × 8·ND, row-major [k][n] in shared memory, read through ldmatrix.trans): O += P·V, dQ += dS·K,
@@ -132,7 +77,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     __syncthreads();
     uint32_t qf[KD][4];
 #pragma unroll
-    for (int kk = 0; kk < KD; kk++) ldsm_x4(qf[kk], frag_a<LD>(qs, warp * 16, kk * 16, lane));
+    for (int kk = 0; kk < KD; kk++) ldsm_x4(qf[kk], frag_a_mk<LD>(qs, warp * 16, kk * 16, lane));
     const float sl2 = scale * FA_LOG2E;
     float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -252,8 +197,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     uint32_t qf[KD][4], df[KD][4];
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) {
-        ldsm_x4(qf[kk], frag_a<LD>(qs, warp * 16, kk * 16, lane));
-        ldsm_x4(df[kk], frag_a<LD>(dos, warp * 16, kk * 16, lane));
+        ldsm_x4(qf[kk], frag_a_mk<LD>(qs, warp * 16, kk * 16, lane));
+        ldsm_x4(df[kk], frag_a_mk<LD>(dos, warp * 16, kk * 16, lane));
     }
     const float sl2 = scale * FA_LOG2E;
     float L2[2], Dr[2];
@@ -378,7 +323,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) { // Sᵀ = K·Qᵀ
             uint32_t ka[4];
-            ldsm_x4(ka, frag_a<LD>(ks, warp * 16, kk * 16, lane));
+            ldsm_x4(ka, frag_a_mk<LD>(ks, warp * 16, kk * 16, lane));
 #pragma unroll
             for (int np = 0; np < 4; np++) {
                 uint32_t bb[4];
@@ -400,7 +345,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) { // dPᵀ = V·dOᵀ
             uint32_t va[4];
-            ldsm_x4(va, frag_a<LD>(vs, warp * 16, kk * 16, lane));
+            ldsm_x4(va, frag_a_mk<LD>(vs, warp * 16, kk * 16, lane));
 #pragma unroll
             for (int np = 0; np < 4; np++) {
                 uint32_t bb[4];
@@ -466,12 +411,11 @@ static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, 
 
 // The tensor-core path takes bf16, head dim 64 or 128 and 16-byte aligned tensors; anything else goes
 // to the generic kernels of cuda_attention.cu.
-static bool aligned16(Tensor t) { return (uintptr_t)t.p % 16 == 0; }
 
 bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
     int D = (int)q.n[2];
     if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0)) return false;
-    if (!aligned16(o) || !aligned16(q) || !aligned16(k) || !aligned16(v)) return false;
+    if (!aligned16(o.p, q.p, k.p, v.p)) return false;
     if (D == 64) flash_forward_launch<64>(o, lse, q, k, v, B, S, scale);
     else flash_forward_launch<128>(o, lse, q, k, v, B, S, scale);
     return true;
@@ -481,8 +425,7 @@ bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tens
                               float scale) {
     int D = (int)q.n[2];
     if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0)) return false;
-    if (!aligned16(dq) || !aligned16(dk) || !aligned16(dv) || !aligned16(dout) || !aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(o))
-        return false;
+    if (!aligned16(dq.p, dk.p, dv.p, dout.p) || !aligned16(q.p, k.p, v.p, o.p)) return false;
     if (D == 64) flash_backward_launch<64>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
     else flash_backward_launch<128>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
     return true;

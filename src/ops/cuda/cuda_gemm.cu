@@ -10,7 +10,7 @@
 // (the fp32 LM-head / router logits gradients against bf16 weights and activations), the fp32 operand is
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
 // tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
-// Grouped (expert) GEMMs have four implementations, chosen per call by the routing's shape (grouped_own,
+// Grouped (expert) GEMMs have four implementations, chosen per call by the routing's shape (grouped_own_wgrad,
 // pad_rows_for): near-balanced experts run as one strided-batched cuBLASLt product over padded copies of
 // their rows, or (the weight gradient) our own kernel (cuda_grouped.cu); skewed ones run as one
 // cublasGemmGroupedBatchedEx call (cuBLAS ≥ 12.5) with the largest experts as dense products on side
@@ -68,20 +68,20 @@ static int64_t size_bucket(int64_t v) {
 // The three matrix layouts of a product (A, B, D), with the batch attributes when bt has several.
 static void lt_layouts(cudaDataType_t at, cudaDataType_t dtt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
                        int64_t ldd, Batch bt, cublasLtMatrixLayout_t lay[3]) {
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lay[0], at, ta ? k : m, ta ? m : k, lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lay[1], at, tb ? n : k, tb ? k : n, ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lay[2], dtt, m, n, ldd));
+    CUDA_CHECK(cublasLtMatrixLayoutCreate(&lay[0], at, ta ? k : m, ta ? m : k, lda));
+    CUDA_CHECK(cublasLtMatrixLayoutCreate(&lay[1], at, tb ? n : k, tb ? k : n, ldb));
+    CUDA_CHECK(cublasLtMatrixLayoutCreate(&lay[2], dtt, m, n, ldd));
     if (bt.count > 1) {
         int32_t cnt = (int32_t)bt.count;
         int64_t str[3] = {bt.sa, bt.sb, bt.sd};
         for (int i = 0; i < 3; i++) {
-            CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt));
-            CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &str[i], sizeof str[i]));
+            CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt));
+            CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &str[i], sizeof str[i]));
         }
     }
 }
 static void lt_layouts_destroy(cublasLtMatrixLayout_t lay[3]) {
-    for (int i = 0; i < 3; i++) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lay[i]));
+    for (int i = 0; i < 3; i++) CUDA_CHECK(cublasLtMatrixLayoutDestroy(lay[i]));
 }
 
 // The heuristic's first algorithm for the problem in key (its sizes, leading dims, batch, alignments);
@@ -91,17 +91,17 @@ static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataTy
     cublasLtMatrixLayout_t lay[3];
     lt_layouts(at, dtt, key->ta, key->tb, key->m, key->n, key->k, key->lda, key->ldb, key->ldd, key->bt, lay);
     cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = CUDA_LT_WS_BYTES;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al[0], sizeof(uint32_t)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al[1], sizeof(uint32_t)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al[2], sizeof(uint32_t)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al[2], sizeof(uint32_t)));
+    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al[0], sizeof(uint32_t)));
+    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al[1], sizeof(uint32_t)));
+    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al[2], sizeof(uint32_t)));
+    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al[2], sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &found);
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    CUDA_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     lt_layouts_destroy(lay);
     if (st != CUBLAS_STATUS_SUCCESS || found < 1) return false;
     *algo = res.algo;
@@ -129,10 +129,10 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
     if (abt == DT_F32 && dt != DT_F32) die("gemm: fp32 operands need an fp32 output (got %s)", dtype_name(dt));
     cudaDataType_t at = lt_type(abt), dtt = lt_type(dt);
     cublasLtMatmulDesc_t op;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUDA_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     cublasLtMatrixLayout_t lay[3];
     lt_layouts(at, dtt, ta, tb, m, n, k, lda, ldb, ldd, bt, lay);
     cublasLtMatrixLayout_t la = lay[0], lb = lay[1], ld = lay[2];
@@ -161,10 +161,10 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
     if (st != CUBLAS_STATUS_SUCCESS) { // the bucket's algorithm does not take this size: ask for this exact one
         key.n = n, key.k = k;
         cublasLtMatmulAlgo_t algo = lt_heuristic_or_die(op, &key, at, dtt);
-        CUBLAS_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algo, ws_mem, CUDA_LT_WS_BYTES, stream));
+        CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algo, ws_mem, CUDA_LT_WS_BYTES, stream));
     }
     lt_layouts_destroy(lay);
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    CUDA_CHECK(cublasLtMatmulDescDestroy(op));
 }
 static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, DType abt,
                       float beta, void *D, int64_t ldd, DType dt) {
@@ -251,9 +251,9 @@ static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64
 }
 
 // ---- the largest experts beside the grouped call ----
-// Routing is skewed (at initialisation the largest of 128 experts holds ≈ 10× the mean: 5466 of 65536
-// rows), and cuBLAS's grouped GEMM runs such mixed sizes at ≈ 270 TFLOP/s while one large dense product
-// runs at ≈ 650. So experts of at least BIG_ROWS rows run as dense cuBLASLt products on the side streams,
+// Routing can be skewed (at initialisation the largest of 128 experts holds about 10× the mean), and cuBLAS's
+// grouped GEMM runs such mixed sizes well below the rate of one large dense product (bench/cuda_ops.md,
+// round 3). So experts of at least BIG_ROWS rows run as dense cuBLASLt products on the side streams,
 // concurrently with the grouped call that takes the others on the compute stream.
 // PITH_GROUPED_BIG_ROWS sets the threshold (0: none; for A/B runs).
 #define BIG_ROWS 1024
@@ -273,16 +273,16 @@ static int64_t max_rows(const int64_t *offs, int64_t E) {
 static int next_side(int ns, int i) { return i % (ns - 1) + 1; } // the side streams 1..ns-1 in turn
 
 // ---- fp32 → bf16 operand rounding through the conversion pool ----
-__global__ void gemm_round_bf16_kernel(bf16 *dst, const float *src, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16(src[i]);
-}
-__global__ void gemm_round_bf16_vec_kernel(bf16 *dst, const float *src, int64_t n8) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+// dst = bf16(src) over n elements: 8-element vectors when both are 16-byte aligned (vec), then the last n % 8
+// one by one; element by element otherwise.
+__global__ void gemm_round_bf16_kernel(bf16 *dst, const float *src, int64_t n, bool vec) {
+    int64_t n8 = vec ? n / 8 : 0, stride = (int64_t)gridDim.x * blockDim.x, i0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (int64_t i = i0; i < n8; i += stride) {
         float v[8];
         ld8(src + i * 8, v);
         st8(dst + i * 8, v);
     }
+    for (int64_t i = n8 * 8 + i0; i < n; i += stride) dst[i] = __float2bfloat16(src[i]);
 }
 
 // Rows of an fp32 (., cols) matrix that fit the pool as bf16.
@@ -294,8 +294,8 @@ static int64_t convert_chunk_rows(int64_t cols, const char *what) {
 static const void *round_rows(const float *src, int64_t rows, int64_t cols) {
     CudaCtx *c = cuda_ctx();
     int64_t n = rows * cols;
-    if (vec8_fits(n, src)) gemm_round_bf16_vec_kernel<<<grid_for(n / 8, 256), 256, 0, c->compute>>>((bf16 *)c->convert, src, n / 8);
-    else gemm_round_bf16_kernel<<<grid_for(n, 256), 256, 0, c->compute>>>((bf16 *)c->convert, src, n);
+    bool vec = aligned16(src, c->convert);
+    gemm_round_bf16_kernel<<<grid_for(vec ? n / 8 : n, 256), 256, 0, c->compute>>>((bf16 *)c->convert, src, n, vec);
     CUDA_LAUNCH_CHECK();
     return c->convert;
 }
@@ -428,9 +428,9 @@ static bool grouped_run(int G, const void *const *A, const void *const *B, void 
     if (!grouped_enabled() || grouped_unsupported[ia][ic] || G > 65536) return false;
     CudaCtx *c = cuda_ctx();
     if (!blas) {
-        CUBLAS_CHECK(cublasCreate(&blas));
-        CUBLAS_CHECK(cublasSetStream(blas, c->compute));
-        CUBLAS_CHECK(cublasSetWorkspace(blas, c->lt_ws, CUDA_LT_WS_BYTES)); // stream-ordered with the cuBLASLt calls
+        CUDA_CHECK(cublasCreate(&blas));
+        CUDA_CHECK(cublasSetStream(blas, c->compute));
+        CUDA_CHECK(cublasSetWorkspace(blas, c->lt_ws, CUDA_LT_WS_BYTES)); // stream-ordered with the cuBLASLt calls
         for (int i = 0; i < GROUPED_SLOTS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&ptr_done[i], cudaEventDisableTiming));
     }
     if (3 * G > ptr_cap) { // grow every slot (rare: the expert count of the model)
@@ -462,7 +462,7 @@ static bool grouped_run(int G, const void *const *A, const void *const *B, void 
         grouped_unsupported[ia][ic] = true;
         return false;
     }
-    CUBLAS_CHECK(st);
+    CUDA_CHECK(st);
     return true;
 }
 
@@ -487,11 +487,11 @@ static void expert_list(const int64_t *offs, int64_t E) {
 static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
 
 // ---- expert products as one strided batch over padded copies ----
-// cuBLAS's grouped GEMM runs at ≈ 270 TFLOP/s on the Qwen3 expert shapes (bench/cuda_ops.md), this path at
-// ≈ 440 counting the copies. So when the experts' row counts are close enough (E·Mp ≤ PAD_WASTE·R rows, Mp the
-// largest count rounded up to 64), the rows are copied into (E, Mp, C) buffers, one batched call runs every
-// expert, and the result rows are copied back. The copies move ≈ 2 bytes × (R·K + R·N) each way, a
-// quarter of the time they save. Padding rows feed only padding rows of a forward or input-gradient
+// One strided-batched product beats cuBLAS's grouped GEMM on near-balanced Qwen3 expert shapes even counting
+// the copies (bench/cuda_ops.md, round 3). So when the experts' row counts are close enough (E·Mp ≤
+// PAD_WASTE·R rows, Mp the largest count rounded up to 64), the rows are copied into (E, Mp, C) buffers, one
+// batched call runs every expert, and the result rows are copied back. The copies move ≈ 2 bytes ×
+// (R·K + R·N) each way. Padding rows feed only padding rows of a forward or input-gradient
 // product (never copied back); for the weight gradient they are zeros. Buffers come from the op scratch.
 #define PAD_WASTE 1.5
 #define PAD_MAX_E 256
@@ -551,9 +551,7 @@ static void unpad_copy(void *dst, const bf16 *src, const PadOffs *po, int64_t E,
 static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, int64_t E, int64_t N, int64_t K) {
     int64_t Mp = pad_rows_for(offs, E, N, K, a.dt);
     if (!Mp || (kind != PAD_BACKWARD_WEIGHT && out.dt != DT_BF16)) return false;
-    Tensor all[3] = {out, a, b};
-    for (int i = 0; i < 3; i++)
-        if ((uintptr_t)all[i].p % 16) return false;
+    if (!aligned16(out.p, a.p, b.p)) return false;
     PadOffs po;
     for (int64_t i = 0; i <= E; i++) po.o[i] = offs[i];
     int64_t R = offs[E], EM = E * Mp;
@@ -579,106 +577,78 @@ static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64
     return true;
 }
 
-// Our own grouped kernels (cuda_grouped.cu): one launch for every expert, bf16 operands, N and K multiples
-// of 128, at most 256 experts; false when the inputs do not fit them.
+// Our own grouped weight-gradient kernel (cuda_grouped.cu): one launch for every expert, bf16 operands, N and K
+// multiples of 128, at most 256 experts; false when the inputs do not fit it.
 bool grouped_wgrad_kernel_run(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);
-bool grouped_forward_kernel_run(Tensor y, Tensor x, Tensor w, const int64_t *offs);
-bool grouped_backward_input_kernel_run(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
 
 // Which implementation runs an expert product. PITH_GROUPED_KERNEL forces one: "batched" (the padded
-// strided batch above), "pith" (cuda_grouped.cu) or "cublas" (cuBLAS's grouped GEMM, the largest experts
-// as dense products beside it). Unset, the routing's shape decides, from measurements on the H200 at the
-// Qwen3 shapes (bench/cuda_ops.md): forward and input gradient take the padded batch when the experts are
-// near balanced (its waste within PAD_WASTE), else cuBLAS; cuda_grouped.cu's kernels measured 13% faster
-// to 16% slower than cuBLAS there (GROUPED_OWN_ROWS 1 would route them to it). The weight gradient takes
-// cuda_grouped.cu when no expert holds more than OWN_SKEW × the mean rows — one CTA walks all rows of its
-// expert, so one large expert leaves a long tail (at initialisation's skew it lost to cuBLAS end to end)
-// — and cuBLAS's per-expert products on the side streams otherwise. Read on every call (a getenv costs
-// well under a microsecond), so a benchmark can switch it in-process.
-#define GROUPED_OWN_ROWS 0
+// strided batch above), "pith" (cuda_grouped.cu's weight gradient) or "cublas" (cuBLAS's grouped GEMM, the
+// largest experts as dense products beside it). Unset, the routing's shape decides (bench/cuda_ops.md has
+// the measurements): forward and input gradient take the padded batch when the experts are near balanced
+// (its waste within PAD_WASTE), else cuBLAS. The weight gradient takes cuda_grouped.cu when no expert holds
+// more than OWN_SKEW × the mean rows — one CTA walks all rows of its expert, so one large expert leaves a
+// long tail — and cuBLAS's per-expert products on the side streams otherwise. Read on every call (a getenv
+// costs well under a microsecond), so a benchmark can switch it in-process.
 #define OWN_SKEW 2.0
-static bool grouped_own(bool rows, const int64_t *offs, int64_t E) {
+static bool grouped_own_wgrad(const int64_t *offs, int64_t E) {
     const char *e = getenv("PITH_GROUPED_KERNEL");
     if (e) return !strcmp(e, "pith");
-    if (rows) return GROUPED_OWN_ROWS;
     return (double)max_rows(offs, E) * E <= OWN_SKEW * offs[E];
+}
+
+// The forward and the input gradient are one product with different operand roles (w: (E, N, K)):
+//   forward         out y (R, N)  = in x (R, K) · w_eᵀ   col-major y_e (N×M_e) = op_T(w_e: K×N) · op_N(x_e: K×M_e)
+//   input gradient  out dx (R, K) = in dy (R, N) · w_e   col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
+// So with C = out's columns and D = in's columns, out_e (C×M_e) = op(w_e) (lda K) · in_e (D×M_e), op = T for
+// the forward. The largest experts run as dense products on the side streams, the rest as one cuBLAS
+// grouped call, or (when cuBLAS refuses) one dense product each.
+static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, const int64_t *offs, const char *what) {
+    int64_t E = w.n[0], N = w.n[1], K = w.n[2], C = input_grad ? K : N, D = input_grad ? N : K;
+    CHECK(t_cols(in) == D && t_cols(out) == C && offs[E] <= t_rows(in));
+    if (in.dt != w.dt) die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt), dtype_name(w.dt));
+    if (padded_grouped(input_grad ? PAD_BACKWARD_INPUT : PAD_FORWARD, out, in, w, offs, E, N, K)) return;
+    size_t is = dtype_size(in.dt), os = dtype_size(out.dt);
+    bool ta = !input_grad;
+    int ns = side_fork(), side = 0;
+    int64_t big = big_rows(ns);
+    for (int64_t e = 0; e < E; e++)
+        if (big_expert(big, offs[e + 1] - offs[e])) {
+            side = next_side(ns, side), big_calls++;
+            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], ta, false, C, offs[e + 1] - offs[e], D, (const char *)w.p + e * N * K * is, K,
+                         (const char *)in.p + offs[e] * D * is, D, w.dt, 0.0f, (char *)out.p + offs[e] * C * os, C, out.dt, ONE);
+        }
+    bool done = false;
+    if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) { // (K = 0 or N = 0: the loop below)
+        expert_list(offs, E);
+        for (int64_t e = 0; e < E; e++) {
+            int64_t M = offs[e + 1] - offs[e];
+            if (!M || big_expert(big, M)) continue;
+            int i = el.G++;
+            ga.ta[i] = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)C, ga.n[i] = (int)M, ga.k[i] = (int)D;
+            ga.lda[i] = (int)K, ga.ldb[i] = (int)D, ga.ldc[i] = (int)C;
+            el.A[i] = (const char *)w.p + e * N * K * is, el.B[i] = (const char *)in.p + offs[e] * D * is, el.C[i] = (char *)out.p + offs[e] * C * os;
+        }
+        done = el.G == 0 || grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, out.dt);
+    }
+    for (int64_t e = 0; e < E && !done; e++)
+        if (offs[e + 1] > offs[e] && !big_expert(big, offs[e + 1] - offs[e]))
+            lt_matmul(ta, false, C, offs[e + 1] - offs[e], D, (const char *)w.p + e * N * K * is, K, (const char *)in.p + offs[e] * D * is, D,
+                      w.dt, 0.0f, (char *)out.p + offs[e] * C * os, C, out.dt);
+    side_join(ns);
 }
 
 extern "C" {
 
 int64_t cuda_grouped_calls(const char *path) { return !strcmp(path, "batched") ? padded_calls : !strcmp(path, "big") ? big_calls : 0; }
 
-// Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)); one grouped call, or one
-// dense GEMM per expert.
+// Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
-    int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     if (b.p) die("grouped_linear_forward: a per-expert bias is not supported on the GPU yet");
-    CHECK(t_cols(x) == K && t_cols(y) == N && offs[E] <= t_rows(x));
-    if (x.dt != w.dt) die("grouped_linear_forward: x %s and w %s must share a dtype", dtype_name(x.dt), dtype_name(w.dt));
-    size_t xs = dtype_size(x.dt), ys = dtype_size(y.dt);
-    if (padded_grouped(PAD_FORWARD, y, x, w, offs, E, N, K)) return;
-    if (grouped_own(true, offs, E) && grouped_forward_kernel_run(y, x, w, offs)) return;
-    int ns = side_fork(), side = 0;
-    int64_t big = big_rows(ns);
-    for (int64_t e = 0; e < E; e++) // col-major y_e (N×M_e) = op_T(w_e: K×N) · op_N(x_e: K×M_e)
-        if (big_expert(big, offs[e + 1] - offs[e])) {
-            side = next_side(ns, side), big_calls++;
-            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], true, false, N, offs[e + 1] - offs[e], K, (const char *)w.p + e * N * K * xs, K,
-                         (const char *)x.p + offs[e] * K * xs, K, w.dt, 0.0f, (char *)y.p + offs[e] * N * ys, N, y.dt, ONE);
-        }
-    bool done = false;
-    if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) { // (K = 0: the loop writes zeros)
-        expert_list(offs, E);
-        for (int64_t e = 0; e < E; e++) {
-            int64_t M = offs[e + 1] - offs[e];
-            if (!M || big_expert(big, M)) continue;
-            int i = el.G++;
-            ga.ta[i] = CUBLAS_OP_T, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)N, ga.n[i] = (int)M, ga.k[i] = (int)K;
-            ga.lda[i] = (int)K, ga.ldb[i] = (int)K, ga.ldc[i] = (int)N;
-            el.A[i] = (const char *)w.p + e * N * K * xs, el.B[i] = (const char *)x.p + offs[e] * K * xs, el.C[i] = (char *)y.p + offs[e] * N * ys;
-        }
-        done = el.G == 0 || grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, y.dt);
-    }
-    for (int64_t e = 0; e < E && !done; e++)
-        if (offs[e + 1] > offs[e] && !big_expert(big, offs[e + 1] - offs[e]))
-            mm_forward(offs[e + 1] - offs[e], N, K, (const char *)x.p + offs[e] * K * xs, (const char *)w.p + e * N * K * xs, w.dt,
-                       (char *)y.p + offs[e] * N * ys, y.dt);
-    side_join(ns);
+    grouped_rows_product(false, y, x, w, offs, "grouped_linear_forward");
 }
 
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
-    int64_t E = w.n[0], N = w.n[1], K = w.n[2];
-    CHECK(t_cols(dx) == K && t_cols(dy) == N);
-    if (dy.dt != w.dt) die("grouped_linear_backward_input: dy %s and w %s must share a dtype", dtype_name(dy.dt), dtype_name(w.dt));
-    size_t ys = dtype_size(dy.dt), xs = dtype_size(dx.dt);
-    if (padded_grouped(PAD_BACKWARD_INPUT, dx, dy, w, offs, E, N, K)) return;
-    if (grouped_own(true, offs, E) && grouped_backward_input_kernel_run(dx, dy, w, offs)) return;
-    int ns = side_fork(), side = 0;
-    int64_t big = big_rows(ns);
-    for (int64_t e = 0; e < E; e++) // col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
-        if (big_expert(big, offs[e + 1] - offs[e])) {
-            side = next_side(ns, side), big_calls++;
-            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], false, false, K, offs[e + 1] - offs[e], N, (const char *)w.p + e * N * K * ys, K,
-                         (const char *)dy.p + offs[e] * N * ys, N, w.dt, 0.0f, (char *)dx.p + offs[e] * K * xs, K, dx.dt, ONE);
-        }
-    bool done = false;
-    if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) {
-        expert_list(offs, E);
-        for (int64_t e = 0; e < E; e++) {
-            int64_t M = offs[e + 1] - offs[e];
-            if (!M || big_expert(big, M)) continue;
-            int i = el.G++;
-            ga.ta[i] = CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)K, ga.n[i] = (int)M, ga.k[i] = (int)N;
-            ga.lda[i] = (int)K, ga.ldb[i] = (int)N, ga.ldc[i] = (int)K;
-            el.A[i] = (const char *)w.p + e * N * K * ys, el.B[i] = (const char *)dy.p + offs[e] * N * ys, el.C[i] = (char *)dx.p + offs[e] * K * xs;
-        }
-        done = el.G == 0 || grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, dx.dt);
-    }
-    for (int64_t e = 0; e < E && !done; e++)
-        if (offs[e + 1] > offs[e] && !big_expert(big, offs[e + 1] - offs[e]))
-            mm_backward_input(offs[e + 1] - offs[e], N, K, (const char *)dy.p + offs[e] * N * ys, (const char *)w.p + e * N * K * ys, w.dt,
-                              (char *)dx.p + offs[e] * K * xs, dx.dt, false);
-    side_join(ns);
+    grouped_rows_product(true, dx, dy, w, offs, "grouped_linear_backward_input");
 }
 
 void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
@@ -688,7 +658,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     IS_F32(dw, "grouped_linear_backward_weight");
     if (dy.dt != x.dt) die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);
-    if (grouped_own(false, offs, E) && grouped_wgrad_kernel_run(dw, dy, x, offs)) return;
+    if (grouped_own_wgrad(offs, E) && grouped_wgrad_kernel_run(dw, dy, x, offs)) return;
     if (padded_grouped(PAD_BACKWARD_WEIGHT, dw, dy, x, offs, E, N, K)) return;
     if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) {
         expert_list(offs, E);

@@ -379,6 +379,8 @@ void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
     int64_t R = t_rows(y), H = t_cols(y);
     CHECK(t_cols(x) == H && tensor_numel(rows) == R);
     if (R * H == 0) return;
+    // Rows of a multiple of 8 aligned values take the vector kernel; the scalar one serves other widths (the op
+    // accepts any H, as the CPU op does: row ops in tests and tiny models use odd widths).
     if (vec8_fits(H, y.p, x.p)) {
         DT_SWITCH(y.dt, TY, "gather_rows", DT_SWITCH(x.dt, TX, "gather_rows",
             gather_rows_vec_kernel<TY, TX><<<grid_for(R * H / 8, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p,
@@ -394,6 +396,7 @@ void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
 void cuda_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) {
     int64_t R = t_rows(dy), H = t_cols(dy), T_ = t_rows(dx), n = T_ * div;
     if (R * H == 0) return;
+    // The vector path also needs int32 inverse indices; other shapes take the one scalar scatter-add.
     if (vec8_fits(H, dx.p, dy.p) && n < 0x7fffffff && div >= 1) {
         CudaCtx *c = cuda_ctx();
         int32_t *inv = (int32_t *)cuda_scratch((size_t)(n + 1) * sizeof(int32_t)), *flag = inv + n;
@@ -419,6 +422,7 @@ void cuda_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) {
 void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) {
     int64_t R = t_rows(x), H = t_cols(x);
     if (R * H == 0) return;
+    // (vector or scalar kernel: as in gather_rows)
     if (vec8_fits(H, y.p, x.p)) {
         DT_SWITCH(y.dt, TY, "scatter_rows", DT_SWITCH(x.dt, TX, "scatter_rows",
             scatter_rows_vec_kernel<TY, TX><<<grid_for(R * H / 8, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p,
@@ -437,6 +441,7 @@ void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
     same_dt(out, y, "moe_combine_forward"), same_dt(resid, y, "moe_combine_forward");
     IS_F32(w, "moe_combine_forward");
     if (T_ * H == 0) return;
+    // (vector or scalar kernel: as in gather_rows)
     if (vec8_fits(H, out.p, resid.p, y.p)) {
         DT_SWITCH(y.dt, T, "moe_combine_forward",
                   moe_combine_forward_vec_kernel<T><<<grid_for(T_ * H / 8, 256), 256, 0, cuda_stream()>>>((T *)out.p, (const T *)resid.p, (const T *)y.p,
@@ -455,6 +460,7 @@ void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tens
     same_dt(dy, y, "moe_combine_backward"), same_dt(dout, y, "moe_combine_backward");
     IS_F32(dw, "moe_combine_backward");
     if (T_ * k == 0) return;
+    // (vector or scalar kernel: as in gather_rows)
     if (vec8_fits(H, dy.p, dout.p, y.p)) {
         DT_SWITCH(y.dt, T, "moe_combine_backward",
                   moe_combine_backward_vec_kernel<T><<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(

@@ -221,6 +221,8 @@ void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) 
     same_dt(y, x, "rmsnorm_forward");
     IS_F32(rstd, "rmsnorm_forward");
     if (R == 0) return;
+    // The vector kernel needs D % 8 == 0 and aligned rows; the scalar one serves the rest, which real models
+    // reach: w is a view at an unpadded offset of the flat parameter buffer, so it can be unaligned.
     if (vec8_fits(D, y.p, x.p, w.p)) {
         int lpr = norm_lanes(D / 8);
         unsigned grid = (unsigned)((R * lpr + 255) / 256);
@@ -247,6 +249,7 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     unsigned grid = (unsigned)((R + NORM_WARPS - 1) / NORM_WARPS);
     int64_t gy = (R + 255) / 256;
     dim3 gdw((unsigned)((D + 31) / 32), (unsigned)(gy > 128 ? 128 : gy));
+    // (vector or scalar kernel: as in the forward)
     if (vec8_fits(D, dx.p, dy.p, x.p, w.p)) {
         int lpr = norm_lanes(D / 8);
         DT_SWITCH(x.dt, T, "rmsnorm_backward", DT_SWITCH(w.dt, TW, "rmsnorm_backward",
@@ -273,6 +276,8 @@ void cuda_rope(Tensor x, int off, Tensor cos_t, Tensor sin_t, Tensor pos, RopeLa
     IS_F32(sin_t, "rope");
     int64_t n = T_ * nh * half;
     if (n == 0) return;
+    // The scalar kernel serves half-widths that are not a multiple of 8 (head_dim 8 in the tiny test models,
+    // a partial rotary dim); every full-size head takes the vector kernel.
     if (vec8_fits(half, x.p, cos_t.p, sin_t.p)) {
         DT_SWITCH(x.dt, T, "rope",
                   rope_vec_kernel<T><<<grid_for(n / 8, 256), 256, 0, cuda_stream()>>>((T *)x.p, (const float *)cos_t.p, (const float *)sin_t.p,
@@ -291,6 +296,8 @@ void cuda_swiglu_forward(Tensor act, Tensor gu) {
     CHECK(t_cols(act) == I && t_rows(act) == M);
     same_dt(act, gu, "swiglu_forward");
     if (M * I == 0) return;
+    // The scalar kernel serves widths that are not a multiple of 8 (moe_intermediate_size 6 in the tiny test
+    // models); real intermediate sizes take the vector kernel.
     if (vec8_fits(I, act.p, gu.p)) {
         DT_SWITCH(gu.dt, T, "swiglu_forward",
                   swiglu_forward_vec_kernel<T><<<grid_for(M * I / 8, 256), 256, 0, cuda_stream()>>>((T *)act.p, (const T *)gu.p, M, I / 8));
@@ -307,6 +314,7 @@ void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) {
     same_dt(dgu, gu, "swiglu_backward");
     same_dt(dact, gu, "swiglu_backward");
     if (M * I == 0) return;
+    // (vector or scalar kernel: as in the forward)
     if (vec8_fits(I, dgu.p, dact.p, gu.p)) {
         DT_SWITCH(gu.dt, T, "swiglu_backward",
                   swiglu_backward_vec_kernel<T><<<grid_for(M * I / 8, 256), 256, 0, cuda_stream()>>>((T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M,

@@ -1,0 +1,251 @@
+// moe.c — the parts of a decoder-only MoE model that every family shares (docs/architecture.md, "The
+// model protocol"): the token embedding (prolog); stage 3, the experts as grouped GEMMs on the rows stage
+// 2 delivered (or a dense SwiGLU MLP on every token), with its backward split into input and weight
+// gradients; stage 5, the routing-weighted sum of the expert outputs plus the residual; the epilog, final
+// RMSNorm → LM head → cross-entropy in row chunks; their parameters and views. A family file adds its HF
+// config names, stage 1 and its parameter names. Shapes: T = B·S tokens, H hidden, V vocabulary, E
+// experts (E_l on this rank), k per token, I expert (or dense MLP) width, R rows stage 3 can receive.
+#include "model/model.h"
+
+static const Tensor NONE = {0};
+
+// ---- config and parameters ----
+
+void moe_config_check(const ModelConfig *c, JObj o, const char *experts_key) {
+    if (c->hidden <= 0 || c->layers <= 0 || c->heads <= 0 || c->vocab <= 0)
+        jdie(o, NULL, "hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
+    if (c->layers > MAX_LAYERS) jdie(o, "num_hidden_layers", "at most %d layers are supported", MAX_LAYERS);
+    if (!(c->eps >= 0 && c->eps < 1)) jdie(o, "rms_norm_eps", "must be in [0, 1) (got %g)", c->eps);
+    if (c->rope.rd <= 0 || c->rope.rd % 2) jdie(o, NULL, "the rotary dimension must be positive and even (got %d)", c->rope.rd);
+    if (c->experts < 1 || c->topk < 1 || c->topk > c->experts)
+        jdie(o, "num_experts_per_tok", "must be in [1, %s] (got %d of %d)", experts_key, c->topk, c->experts);
+    if (c->moe_inter <= 0) jdie(o, "moe_intermediate_size", "must be positive");
+    for (int l = 0; l < c->layers; l++)
+        if (!c->is_moe[l] && c->dense_inter <= 0) jdie(o, "intermediate_size", "must be positive: layer %d has a dense MLP", l);
+}
+
+void moe_rope_parse(ModelConfig *c, JObj o, int rd, bool yarn_ok) {
+    JObj rp = jobj_child(o, "rope_parameters");
+    if (!rp.obj) rp = jobj_child(o, "rope_scaling");
+    RopeSpec *r = &c->rope;
+    memset(r, 0, sizeof *r);
+    r->rd = rd;
+    r->theta = rp.obj && jhas(rp, "rope_theta") ? jnum(rp, "rope_theta", true, 0) : jnum(o, "rope_theta", false, 10000.0);
+    if (!(r->theta > 1)) jdie(rp.obj && jhas(rp, "rope_theta") ? rp : o, "rope_theta", "must be above 1");
+    if (!rp.obj) return;
+    const char *rt = jhas(rp, "rope_type") ? jstr(rp, "rope_type", true, NULL) : jstr(rp, "type", false, "default");
+    if (!strcmp(rt, "default")) return;
+    if (strcmp(rt, "yarn") || !yarn_ok)
+        jdie(rp, "rope_type", "'%s' is not supported for %s (%s)", rt, c->model_type, yarn_ok ? "default or yarn" : "only default RoPE");
+    r->yarn = true;
+    r->orig_max_pos = jnum(rp, "original_max_position_embeddings", true, 0);
+    if (!(r->orig_max_pos > 0)) jdie(rp, "original_max_position_embeddings", "must be positive");
+    // transformers: a missing factor is max_position_embeddings / original_max_position_embeddings
+    r->factor = jhas(rp, "factor") ? jnum(rp, "factor", true, 0) : jnum(o, "max_position_embeddings", true, 0) / r->orig_max_pos;
+    if (!(r->factor > 0)) jdie(rp, "factor", "must be positive");
+    r->beta_fast = jnum(rp, "beta_fast", false, 32), r->beta_slow = jnum(rp, "beta_slow", false, 1);
+    r->truncate = jbool(rp, "truncate", false, true);
+    r->attention_factor = jnum(rp, "attention_factor", false, 0);
+    r->mscale = jnum(rp, "mscale", false, 0), r->mscale_all_dim = jnum(rp, "mscale_all_dim", false, 0);
+}
+
+void moe_params_embed(ParamTable *t, const ModelConfig *c) {
+    params_add(t, "embed_tokens.weight", GROUP_DENSE, INIT_NORMAL, 2, c->vocab, c->hidden, 0);
+}
+
+void moe_params_mlp(ParamTable *t, const ModelConfig *c, int l) {
+    int64_t H = c->hidden, I = c->moe_inter, D = c->dense_inter;
+    int e0 = model_expert_first(c), e1 = e0 + model_experts_local(c); // the experts this rank holds
+    char n[96];
+    if (!c->is_moe[l]) {
+        snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l), params_add(t, n, GROUP_DENSE, INIT_NORMAL, 2, D, H, 0);
+        snprintf(n, sizeof n, "layers.%d.mlp.up_proj.weight", l), params_add(t, n, GROUP_DENSE, INIT_NORMAL, 2, D, H, 0);
+        snprintf(n, sizeof n, "layers.%d.mlp.down_proj.weight", l), params_add(t, n, GROUP_DENSE, INIT_NORMAL_OUT, 2, H, D, 0);
+        return;
+    }
+    // Expert e's gate_proj and up_proj are adjacent, so the layer's gate_up is one (E_l, 2I, H) tensor
+    // (names keep the global expert index).
+    for (int e = e0; e < e1; e++) {
+        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.gate_proj.weight", l, e), params_add(t, n, GROUP_EXPERT, INIT_NORMAL, 2, I, H, 0);
+        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.up_proj.weight", l, e), params_add(t, n, GROUP_EXPERT, INIT_NORMAL, 2, I, H, 0);
+    }
+    for (int e = e0; e < e1; e++) {
+        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.weight", l, e);
+        params_add(t, n, GROUP_EXPERT, INIT_NORMAL_OUT, 2, H, I, 0);
+    }
+}
+
+void moe_params_head(ParamTable *t, const ModelConfig *c) {
+    params_add(t, "norm.weight", GROUP_DENSE, INIT_ONES, 1, c->hidden, 0, 0);
+    if (!c->tie_embed) params_add(t, "lm_head.weight", GROUP_DENSE, INIT_NORMAL, 2, c->vocab, c->hidden, 0);
+}
+
+Tensor model_view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0, int64_t n1, int64_t n2) {
+    const ParamInfo *p = params_find(&m->params, name);
+    if (!p) return NONE;
+    Tensor f = flat[p->group];
+    Tensor t = tensor_make(f.p ? (char *)f.p + p->off * dtype_size(f.dt) : NULL, f.dt, f.dev, nd, n0, n1, n2, 1); // NULL: a plan
+    CHECK(p->off + tensor_numel(t) <= tensor_numel(f));
+    return t;
+}
+
+static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
+    const ModelConfig *c = &m->cfg;
+    int64_t H = c->hidden, I = c->moe_inter, D = c->dense_inter, El = model_experts_local(c);
+    char n[96];
+    w->embed = model_view(m, flat, "embed_tokens.weight", 2, c->vocab, H, 0);
+    w->norm = model_view(m, flat, "norm.weight", 1, H, 0, 0);
+    w->lm_head = c->tie_embed ? w->embed : model_view(m, flat, "lm_head.weight", 2, c->vocab, H, 0);
+    for (int l = 0; l < c->layers; l++) {
+        if (c->is_moe[l]) {
+            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.gate_proj.weight", l, model_expert_first(c));
+            w->gate_up[l] = model_view(m, flat, n, 3, El, 2 * I, H);
+            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.weight", l, model_expert_first(c));
+            w->down[l] = model_view(m, flat, n, 3, El, H, I);
+        } else {
+            snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l), w->gate_up[l] = model_view(m, flat, n, 2, 2 * D, H, 0);
+            snprintf(n, sizeof n, "layers.%d.mlp.down_proj.weight", l), w->down[l] = model_view(m, flat, n, 2, H, D, 0);
+        }
+    }
+}
+
+void moe_bind(Model *m) {
+    if (!m->sw) m->sw = xcalloc(1, sizeof *m->sw), m->sg = xcalloc(1, sizeof *m->sg);
+    bind_shared(m, m->w, m->sw);
+    bind_shared(m, m->g, m->sg);
+}
+
+// ---- records ----
+
+void moe_stage3_alloc(Model *m, int l, void *rp, Arena *a, int64_t R) {
+    MlpRec *r = rp;
+    int64_t I = m->cfg.is_moe[l] ? m->cfg.moe_inter : m->cfg.dense_inter;
+    r->gu = arena_tensor(a, m->cdt, 2, R, 2 * I, 0, 0);
+    r->act = arena_tensor(a, m->cdt, 2, R, I, 0, 0);
+}
+
+void moe_stage3_grad_alloc(Model *m, int l, void *rp, Arena *ws) {
+    MlpRec *r = rp;
+    r->dact = arena_tensor(ws, m->cdt, 2, r->act.n[0], r->act.n[1], 0, 0);
+    r->dgu = arena_tensor(ws, m->cdt, 2, r->gu.n[0], r->gu.n[1], 0, 0);
+}
+
+// ---- prolog: token embedding ----
+
+void moe_prolog_forward(Model *m, MicroBatch *mb, Tensor h) { op_embedding_forward(h, m->sw->embed, mb->tokens); }
+
+void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh) { op_embedding_backward(m->sg->embed, dh, mb->tokens); }
+
+// ---- stage 3: experts (grouped GEMMs) or the dense MLP on the received rows ----
+
+void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
+    const SharedWeights *W = m->sw;
+    MlpRec *r = rp;
+    if (io->dense) {
+        op_linear_forward(r->gu, io->xe, W->gate_up[l], NONE);
+        op_swiglu_forward(r->act, r->gu);
+        op_linear_forward(io->ye, r->act, W->down[l], NONE);
+        return;
+    }
+    int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received
+    Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
+    op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up[l], NONE, io->offs);
+    op_swiglu_forward(act, gu);
+    op_grouped_linear_forward(tensor_rows(io->ye, 0, R), act, W->down[l], NONE, io->offs);
+}
+
+void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
+    const SharedWeights *W = m->sw;
+    MlpRec *r = rp;
+    if (io->dense) {
+        op_linear_backward_input(r->dact, io->dye, W->down[l], false);
+        op_swiglu_backward(r->dgu, r->dact, r->gu);
+        op_linear_backward_input(io->dxe, r->dgu, W->gate_up[l], false);
+        return;
+    }
+    int64_t R = io->offs[model_experts_local(&m->cfg)];
+    Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R);
+    op_grouped_linear_backward_input(dact, tensor_rows(io->dye, 0, R), W->down[l], io->offs);
+    op_swiglu_backward(dgu, dact, tensor_rows(r->gu, 0, R));
+    op_grouped_linear_backward_input(tensor_rows(io->dxe, 0, R), dgu, W->gate_up[l], io->offs);
+}
+
+// The expert weight gradients, separable from the input gradients so a pipeline can defer them.
+void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
+    const SharedWeights *G = m->sg;
+    MlpRec *r = rp;
+    if (io->dense) {
+        op_linear_backward_weight(G->down[l], NONE, io->dye, r->act);
+        op_linear_backward_weight(G->gate_up[l], NONE, r->dgu, io->xe);
+        return;
+    }
+    int64_t R = io->offs[model_experts_local(&m->cfg)];
+    op_grouped_linear_backward_weight(G->down[l], NONE, tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R), io->offs);
+    op_grouped_linear_backward_weight(G->gate_up[l], NONE, tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R), io->offs);
+}
+
+// ---- stage 5: weighted sum of the expert outputs + residual ----
+
+void moe_stage5_forward(Model *m, int l, void *rp, StageIO *io, Tensor out) {
+    MlpRec *r = rp;
+    if (io->dense) {
+        op_copy(out, r->h1);
+        op_add(out, io->y);
+    } else {
+        op_moe_combine_forward(out, r->h1, io->y, io->w);
+    }
+}
+
+void moe_stage5_backward(Model *m, int l, void *rp, StageIO *io, Tensor dout) {
+    if (io->dense) op_copy(io->dy, dout);
+    else op_moe_combine_backward(io->dy, io->dw, dout, io->y, io->w);
+}
+
+// ---- epilog: final norm → LM head → cross-entropy, in row chunks so (T, V) logits never exist ----
+
+void moe_epilog_alloc(Model *m, void *rp, Arena *a, int T) {
+    EpilogRec *r = rp;
+    // Logits in the compute dtype (bf16 on the GPU, like HF's LM head), C rows at a time: ≤ 64 MB on the
+    // CPU (cache-friendly), ≤ 512 MB on the GPU (large enough that the LM-head GEMMs run at full rate).
+    int64_t budget = m->dev == DEV_CUDA ? 512 << 20 : 64 << 20, C = budget / ((int64_t)m->cfg.vocab * dtype_size(m->cdt));
+    C = C < 1 ? 1 : C > T ? T : C;
+    r->hn = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+    r->rstd = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
+    r->dhn = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+    r->logits = arena_tensor(a, m->cdt, 2, C, m->cfg.vocab, 0, 0);
+}
+
+void moe_epilog_forward(Model *m, void *rp, MicroBatch *mb, Tensor h, bool grad) {
+    const SharedWeights *W = m->sw, *G = m->sg;
+    EpilogRec *r = rp;
+    r->h = h;
+    op_rmsnorm_forward(r->hn, r->rstd, h, W->norm, (float)m->cfg.eps);
+    int64_t C = r->logits.n[0];
+    for (int64_t r0 = 0; r0 < mb->T; r0 += C) {
+        int64_t n = mb->T - r0 < C ? mb->T - r0 : C;
+        Tensor lg = tensor_rows(r->logits, 0, n), hn = tensor_rows(r->hn, r0, n);
+        op_linear_forward(lg, hn, W->lm_head, NONE);
+        op_cross_entropy(lg, tensor_rows(mb->labels, r0, n), m->loss_sum, 1.0f); // lg ← ∂(Σ CE)/∂logits
+        if (!grad) continue;
+        op_linear_backward_input(tensor_rows(r->dhn, r0, n), lg, W->lm_head, false);
+        op_linear_backward_weight(G->lm_head, NONE, lg, hn);
+    }
+}
+
+void moe_epilog_backward(Model *m, void *rp, Tensor dh) {
+    EpilogRec *r = rp;
+    op_rmsnorm_backward(dh, m->sg->norm, r->dhn, r->h, m->sw->norm, r->rstd, false);
+}
+
+// ---- HF layout hooks' buffers ----
+
+void *hf_buffer(HfBuffers *k, size_t bytes) {
+    if (k->n == k->cap) k->p = xrealloc(k->p, (k->cap = k->cap ? 2 * k->cap : 64) * sizeof *k->p);
+    return k->p[k->n++] = xmalloc(bytes ? bytes : 1);
+}
+
+void hf_buffers_free(HfBuffers *k) {
+    for (int i = 0; i < k->n; i++) free(k->p[i]);
+    free(k->p);
+    memset(k, 0, sizeof *k);
+}
