@@ -9,7 +9,7 @@ int64_t arg_int(const char *cmd, const char *opt, const char *val, int64_t lo, i
     errno = 0;
     long long v = val ? strtoll(val, &end, 10) : 0;
     if (!val || !val[0] || *end || errno == ERANGE || v < lo || v > hi)
-        die("%s: %s needs an integer in [%lld, %lld] (got %s%s%s)", cmd, opt, (long long)lo, (long long)hi, val ? "'" : "",
-            val ? val : "nothing", val ? "'" : "");
+        die("%s: %s needs an integer in [%lld, %lld] (got %s%s%s)", cmd, opt, (long long)lo, (long long)hi,
+            val ? "'" : "", val ? val : "nothing", val ? "'" : "");
     return v;
 }

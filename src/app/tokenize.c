@@ -618,12 +618,14 @@ int cmd_tokenize(int argc, char **argv) {
         free(text);
     } else if ((eos = bpe_token_to_id(tok, "<|endoftext|>")) >= 0) {
         const char *name = bpe_config_token(tok, "eos_token");
-        fprintf(stderr, "tokenize: EOS <|endoftext|> (id %lld), the document separator of this vocabulary%s%s%s\n", (long long)eos,
-                name && strcmp(name, "<|endoftext|>") ? " (tokenizer_config.json's eos_token " : "", name && strcmp(name, "<|endoftext|>") ? name : "",
-                name && strcmp(name, "<|endoftext|>") ? " ends a chat turn; --eos chooses)" : "");
+        bool other = name && strcmp(name, "<|endoftext|>");
+        fprintf(stderr, "tokenize: EOS <|endoftext|> (id %lld), the document separator of this vocabulary%s%s%s\n",
+                (long long)eos, other ? " (tokenizer_config.json's eos_token " : "", other ? name : "",
+                other ? " ends a chat turn; --eos chooses)" : "");
     } else {
         const char *name = bpe_config_token(tok, "eos_token");
-        if (!name) die("tokenize: %s has no eos_token in tokenizer_config.json and no <|endoftext|>; pass --eos TOKEN", tokpath);
+        if (!name)
+            die("tokenize: %s has no eos_token in tokenizer_config.json and no <|endoftext|>; pass --eos TOKEN", tokpath);
         eos = bpe_token_to_id(tok, name);
         if (eos < 0) die("tokenize: eos_token '%s' of tokenizer_config.json is not in the vocabulary", name);
     }

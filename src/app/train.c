@@ -97,7 +97,8 @@ int cmd_train(int argc, char **argv) {
             if (i + 1 >= argc) die("train: --set needs key=value");
             sets[nsets++] = argv[++i];
         } else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
-        else if (!strcmp(argv[i], "--steps")) max_now = (int)arg_int("train", "--steps", i + 1 < argc ? argv[++i] : NULL, 1, 1 << 30);
+        else if (!strcmp(argv[i], "--steps"))
+            max_now = (int)arg_int("train", "--steps", i + 1 < argc ? argv[++i] : NULL, 1, 1 << 30);
         else if (!strcmp(argv[i], "--dump-grads")) {
             if (i + 1 >= argc) die("train: --dump-grads needs a folder");
             dump = argv[++i];
@@ -175,7 +176,8 @@ int cmd_train(int argc, char **argv) {
         double vals[10] = {st.loss};
         int nkeys = 1;
         if (val) keys[nkeys] = "val_loss", vals[nkeys++] = val_loss;
-        const char *rest[] = {"lb_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "fwdbwd_s", "peak_mem_gb", "gpu_peak_gb"};
+        const char *rest[] = {"lb_loss",     "lr",       "grad_norm",   "tokens_per_s",
+                              "step_time_s", "fwdbwd_s", "peak_mem_gb", "gpu_peak_gb"};
         double restv[] = {st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
                           gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
         for (int k = 0; k < 8; k++) keys[nkeys] = rest[k], vals[nkeys++] = restv[k];
@@ -185,7 +187,8 @@ int cmd_train(int argc, char **argv) {
             const char *what = isfinite(st.loss) ? "gradient norm" : "loss";
             double v = isfinite(st.loss) ? st.grad_norm : st.loss;
             if (cfg.on_nonfinite == NONFINITE_FAIL)
-                die("step %d: the %s is %s: stopping; nothing is saved after step %d (on_nonfinite = \"skip\" would go on "
+                die("step %d: the %s is %s: stopping; nothing is saved after step %d (on_nonfinite = \"skip\" "
+                    "would go on "
                     "without this step's update)", r.step, what, isnan(v) ? "NaN" : "infinite", r.step - 1);
             warn("step %d: the %s is %s: this step's update is skipped (weights and moments unchanged)", r.step, what,
                  isnan(v) ? "NaN" : "infinite");
@@ -209,7 +212,8 @@ int cmd_train(int argc, char **argv) {
     if (metrics && fclose(metrics)) die("%s: write failed: %s", mpath, strerror(errno));
     tboard_close(&tb);
     printf("%s: %d of %d steps, metrics in %s\n",
-           r.step == cfg.max_steps ? "done" : stopped_by_signal ? "stopped by SIGTERM" : "stopped", r.step, cfg.max_steps, mpath);
+           r.step == cfg.max_steps ? "done" : stopped_by_signal ? "stopped by SIGTERM" : "stopped", r.step, cfg.max_steps,
+           mpath);
     if (skipped) printf("skipped: the updates of %d steps whose loss or gradient norm was not finite\n", skipped);
     run_free(&r);
     json_decref(cfg.json);

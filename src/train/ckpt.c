@@ -326,7 +326,8 @@ void ckpt_resume(Run *r, const char *dir) {
     json_t *root = json_load_or_die(path);
     JObj o = jobj_root(root, path);
     int64_t step = jint(o, "step", true, 0);
-    if (step < 0 || step > r->cfg.max_steps) jdie(o, "step", "%lld is outside [0, max_steps = %d]", (long long)step, r->cfg.max_steps);
+    if (step < 0 || step > r->cfg.max_steps)
+        jdie(o, "step", "%lld is outside [0, max_steps = %d]", (long long)step, r->cfg.max_steps);
     r->step = (int)step;
     config_check_resume(&r->cfg, json_object_get(root, "train_config"), path, r->cfg.allow_config_change);
     json_decref(root);

@@ -310,7 +310,8 @@ static void check_known(JObj o, const Origin *org, const ConfigSection *s, bool 
         if (ok) continue;
         for (int i = 0; i < LEN(pithtrain_names); i++)
             if (!strcmp(pithtrain_names[i].name, key)) {
-                if (!pithtrain_names[i].pith) jdie(origin_of(o, org, key), key, "PithTrain's %s is not supported yet", key);
+                if (!pithtrain_names[i].pith)
+                    jdie(origin_of(o, org, key), key, "PithTrain's %s is not supported yet", key);
                 jdie(origin_of(o, org, key), key, "unknown key (renamed: PithTrain's %s is %s here)", key,
                      pithtrain_names[i].pith);
             }
@@ -343,7 +344,8 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     for (int s = 0; s < LEN(sections); s++) {
         sec[s] = s ? jobj_child(o, sections[s].name) : o;
         check_known(sec[s], &org, &sections[s], s == 0);
-        for (int i = 0; i < sections[s].n; i++) read_key(c, sec[s], s == SECTION_VALIDATION, &org, &sections[s].keys[i]);
+        for (int i = 0; i < sections[s].n; i++)
+            read_key(c, sec[s], s == SECTION_VALIDATION, &org, &sections[s].keys[i]);
     }
     JObj top = sec[0], sch = sec[2];
     if (!sec[SECTION_VALIDATION].obj) c->validation.batches = 0;
@@ -406,7 +408,8 @@ json_t *config_effective(const TrainConfig *c) {
     for (int s = 0; s < LEN(sections); s++) {
         if (s == SECTION_VALIDATION && !c->validation.batches) continue; // absent: no validation
         json_t *obj = s ? json_object() : root;
-        for (int i = 0; i < sections[s].n; i++) json_object_set_new(obj, sections[s].keys[i].name, key_value(c, &sections[s].keys[i]));
+        for (int i = 0; i < sections[s].n; i++)
+            json_object_set_new(obj, sections[s].keys[i].name, key_value(c, &sections[s].keys[i]));
         if (s) json_object_set_new(root, sections[s].name, obj);
     }
     return root;
@@ -436,7 +439,8 @@ void config_check_resume(const TrainConfig *c, const json_t *saved, const char *
             const ConfigKey *k = &sections[s].keys[i];
             const json_t *a = json_object_get(so, k->name), *b = json_object_get(no, k->name);
             if (!a || same_value(k, a, b)) continue; // a key the checkpoint does not record is not compared
-            char *ta = json_dumps(a, JSON_ENCODE_ANY | JSON_COMPACT), *tb = json_dumps(b, JSON_ENCODE_ANY | JSON_COMPACT);
+            char *ta = json_dumps(a, JSON_ENCODE_ANY | JSON_COMPACT);
+            char *tb = json_dumps(b, JSON_ENCODE_ANY | JSON_COMPACT);
             printf("resume: %s%s%s changed: %s -> %s (%s)\n", sections[s].name, s ? "." : "", k->name, ta, tb, where);
             free(ta), free(tb);
             if (!refused && ((k->flags & KEY_DATA_ORDER) || ((k->flags & KEY_SCHEDULE) && !constant))) refused = k;
@@ -501,7 +505,8 @@ double config_lr_factor(const TrainConfig *c, int s) {
     if (c->scheduler.type == SCHED_CONSTANT) return 1.0;
     double lr = c->optimizer.lr, sf = lr > 0 ? c->scheduler.start_lr / lr : 0, ff = lr > 0 ? c->scheduler.final_lr / lr : 0;
     int W = (int)nearbyint(c->scheduler.warmup_ratio * c->max_steps);
-    int D = c->scheduler.type == SCHED_COSINE ? c->max_steps - W : (int)nearbyint(c->scheduler.decay_ratio * c->max_steps);
+    int D = c->scheduler.type == SCHED_COSINE ? c->max_steps - W
+                                              : (int)nearbyint(c->scheduler.decay_ratio * c->max_steps);
     int stable = c->max_steps - W - D;
     if (s < W) return sf + (1 - sf) * s / W;
     if (s < W + stable || D == 0) return 1.0;

@@ -29,7 +29,8 @@ static void warn_long_sequence(const TrainConfig *c) {
     json_t *root = json_load_file(file, 0, NULL);
     json_t *mp = root ? json_object_get(root, "max_position_embeddings") : NULL;
     if (mp && json_is_integer(mp) && c->sequence_length > json_integer_value(mp))
-        warn("%s: sequence_length %d is above the model's max_position_embeddings %lld (%s)", c->file, c->sequence_length,
+        warn("%s: sequence_length %d is above the model's max_position_embeddings %lld (%s)", c->file,
+             c->sequence_length,
              (long long)json_integer_value(mp), file);
     json_decref(root);
 }
@@ -137,7 +138,10 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     char latest[4200];
     bool found = false;
     if (c->save_location[0]) {
-        if (d->world.rank == 0) ckpt_lock(c->save_location), found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+        if (d->world.rank == 0) {
+            ckpt_lock(c->save_location);
+            found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+        }
         comm_barrier(&d->world);
         if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
     }

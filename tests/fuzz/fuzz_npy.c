@@ -6,7 +6,8 @@
 
 static void check_record(const NpyRecord *r, const uint8_t *buf, size_t len) {
     CHECK(r->n >= 0 && r->record_len <= len);
-    CHECK((const uint8_t *)r->data >= buf && (const uint8_t *)r->data + (size_t)r->n * dtype_size(r->dt) == buf + r->record_len);
+    const uint8_t *p = r->data;
+    CHECK(p >= buf && p + (size_t)r->n * dtype_size(r->dt) == buf + r->record_len);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -15,8 +16,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (npy_parse(data, size, &one, err, sizeof err)) check_record(&one, data, size);
     else CHECK(err[0] && !strchr(err, '\n'));
     if (!npy_token_file_parse(data, size, &tok, &ends, err, sizeof err)) {
-        CHECK((!strncmp(err, "token record: ", 14) || !strncmp(err, "document-end record: ", 21) || strstr(err, "bytes after")) &&
-              !strchr(err, '\n'));
+        bool named = !strncmp(err, "token record: ", 14) || !strncmp(err, "document-end record: ", 21) ||
+                     strstr(err, "bytes after");
+        CHECK(named && !strchr(err, '\n'));
         return 0;
     }
     check_record(&tok, data, size);
