@@ -1,5 +1,5 @@
 // test_parallel_train.c — training features under several CPU ranks (mpirun through scripts/launch.sh):
-// validation losses (and, in the same runs, the Muon optimizer's steps) equal one process's.
+// validation losses and the Muon optimizer's steps equal one process's, on CPU ranks and on fake GPUs.
 #include "test.h"
 
 // 3 layers (the middle one dense), 8 experts top-3, load balancing on; validation every 2 steps.
@@ -42,9 +42,12 @@ static void check_layouts(const char *d, const char *sets) {
         const char *name;
         int np;
         const char *sets;
+        bool fake_gpu; // build-fake/pith: device tensors in host memory, NCCL over MPI (tests/fake/)
     } layouts[] = {
-        {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2"},
-        {"hsdp-dp2", 2, "--set parallel.sharding_strategy=hsdp"},
+        {"ep2", 2, "--set parallel.expert_parallel_size=2", false},
+        {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2", false},
+        {"hsdp-dp2", 2, "--set parallel.sharding_strategy=hsdp", false},
+        {"gpu-ep2-dp2", 4, "--set parallel.expert_parallel_size=2 --set device=cuda --set compute_dtype=fp32", true},
     };
     char out[1 << 16], one[300], dir[300];
     snprintf(one, sizeof one, "%s/one", d);
@@ -52,8 +55,9 @@ static void check_layouts(const char *d, const char *sets) {
                "%s", out);
     for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
         snprintf(dir, sizeof dir, "%s/%s", d, layouts[i].name);
-        int rc = run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json %s %s --set run_dir=%s",
-                         PITH_BIN, layouts[i].np, d, sets, layouts[i].sets, dir);
+        int rc =
+            run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json %s %s --set run_dir=%s",
+                    layouts[i].fake_gpu ? "build-fake/pith" : PITH_BIN, layouts[i].np, d, sets, layouts[i].sets, dir);
         ASSERT_MSG(rc == 0, "%s: %s", layouts[i].name, out);
         double worst = 0;
         for (int s = 1; s <= 6; s++) {
@@ -66,11 +70,30 @@ static void check_layouts(const char *d, const char *sets) {
             ASSERT_MSG(fabs(v - rv) <= 1e-5 * rv, "%s: step %d val_loss %.9g vs one process %.9g", layouts[i].name, s,
                        v, rv);
         }
-        printf("     %-9s %s: loss and val_loss within %.1e of one process\n", layouts[i].name,
-               sets[0] ? sets : "adamw", worst);
+        printf("     %-11s %s: loss and val_loss within %.1e of one process\n", layouts[i].name,
+               strstr(sets, "muon") ? "muon" : "adamw", worst);
     }
 }
 
 TEST(dist_validation_layouts) {
     check_layouts(make_layout_run(), "");
+}
+
+// Muon under every layout equals one process; a Muon checkpoint from ep2×dp2 resumes on one process with
+// the uninterrupted run's losses (the momentum buffers reshard like AdamW's moments).
+TEST(dist_muon_layouts_and_reshard) {
+    const char *d = make_layout_run();
+    const char *muon = "--set optimizer.type=muon --set optimizer.lr=0.02";
+    check_layouts(d, muon);
+    char out[1 << 16], dir[300], one[300];
+    ASSERT(run_cmd(out, sizeof out,
+                   "PITH=%s scripts/launch.sh -n 4 %s/train.json %s --set parallel.expert_parallel_size=2 "
+                   "--set save_location=%s/ck --steps 3 && %s train %s/train.json %s --set save_location=%s/ck",
+                   PITH_BIN, d, muon, d, PITH_BIN, d, muon, d) == 0);
+    ASSERT_MSG(strstr(out, "resume: step 3"), "%s", out);
+    snprintf(dir, sizeof dir, "%s/ck", d), snprintf(one, sizeof one, "%s/one", d);
+    for (int s = 4; s <= 6; s++) {
+        double l = metric_of(dir, s, "loss"), r = metric_of(one, s, "loss");
+        ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "step %d: resumed on one process %.9g vs uninterrupted %.9g", s, l, r);
+    }
 }

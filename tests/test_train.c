@@ -159,8 +159,9 @@ TEST(errors_config) {
     expect_error(d, "--set micro_batch_size=0", "--set: micro_batch_size: must be in [1, 1048576] (got 0)");
     expect_error(d, "--set global_batch_size=5", "--set: global_batch_size: must be a multiple of micro_batch_size");
     expect_error(d, "--set learning_rate=3", "--set: learning_rate: unknown key");
-    expect_error(d, "--set optimizer.momentum=3", "--set: optimizer.momentum: unknown key");
-    expect_error(d, "--set optimizer.type=sgd", "--set: optimizer.type: 'sgd' is not supported (supported: \"adamw\")");
+    expect_error(d, "--set optimizer.nesterov=true", "--set: optimizer.nesterov: unknown key");
+    expect_error(d, "--set optimizer.momentum=3", "--set: optimizer.momentum: must be in [0, 1) (got 3)");
+    expect_error(d, "--set optimizer.type=sgd", "--set: optimizer.type: 'sgd' is not supported (supported: \"adamw\", \"muon\")");
     expect_error(d, "--set optimizer.betas=[0.9]", "--set: optimizer.betas: expected [beta1, beta2]");
     expect_error(d, "--set scheduler.type=step", "--set: scheduler.type: 'step' is not supported (supported: \"constant\"");
     expect_error(d, "--set device=tpu", "--set: device: 'tpu' is not supported");

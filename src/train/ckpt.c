@@ -329,6 +329,12 @@ void ckpt_resume(Run *r, const char *dir) {
     if (step < 0 || step > r->cfg.max_steps)
         jdie(o, "step", "%lld is outside [0, max_steps = %d]", (long long)step, r->cfg.max_steps);
     r->step = (int)step;
+    // The optimizer state means what its optimizer made it mean (Muon keeps its momentum in exp_avg).
+    json_t *ot = json_object_get(json_object_get(json_object_get(root, "train_config"), "optimizer"), "type");
+    const char *was = json_is_string(ot) ? json_string_value(ot) : "adamw", *now = config_optimizer_name(r->cfg.optimizer.type);
+    if (strcmp(was, now))
+        die("%s: train_config.optimizer.type: the checkpoint's optimizer state is %s's, the config asks for %s "
+            "(init_from starts from its weights alone)", path, was, now);
     config_check_resume(&r->cfg, json_object_get(root, "train_config"), path, r->cfg.allow_config_change);
     json_decref(root);
     snprintf(path, sizeof path, "%s/optimizer.safetensors.index.json", dir);

@@ -19,7 +19,7 @@ typedef struct {
     size_t off;                 // offsetof(TrainConfig, field)
     bool required;
     double def, lo, hi;         // default and range of numbers (K_INT, K_NUM, K_PAIR); hi = INFINITY: none
-    bool lo_open;               // the range excludes lo
+    bool lo_open, hi_open;      // the range excludes lo, hi
     const char *const *choices; // K_CHOICE: the names in enum order, the default first
     int flags;
     const char *def_text;       // the README's default, where it is not the value of def
@@ -39,7 +39,7 @@ static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const dtype_names[] = {"bf16", "fp32", NULL};
 static const char *const lb_names[] = {"micro-batch", "global-batch", "sequence", NULL}; // LbForm order
 static const char *const nonfinite_names[] = {"fail", "skip", NULL};
-static const char *const optimizer_names[] = {"adamw", NULL};
+static const char *const optimizer_names[] = {"adamw", "muon", NULL};
 static const char *const scheduler_names[] = {"constant", "wsd", "cosine", NULL};
 static const char *const decay_names[] = {"cosine", "linear", NULL};
 static const char *const sharding_names[] = {"fsdp", "hsdp", NULL};
@@ -95,7 +95,10 @@ static const ConfigKey top_keys[] = {
 
 static const ConfigKey optimizer_keys[] = {
     {.name = "type", .kind = K_CHOICE, .off = OFF(optimizer.type), .choices = optimizer_names,
-     .doc = "torch.optim.AdamW's update, on all parameters"},
+     .doc = "`adamw`: torch.optim.AdamW's update, on all parameters. `muon`: PithTrain's Muon for every weight of 2 "
+            "or more dimensions except the embedding, LM head and routers (Nesterov-style momentum, 5 Newton–Schulz "
+            "iterations per matrix — each expert on its own — scaled by 0.2·√max(n, m), decoupled weight decay), AdamW "
+            "with `betas`/`eps` and the same lr and `weight_decay` for the rest"},
     {.name = "lr", .kind = K_NUM, .off = OFF(optimizer.lr), .required = true, .lo = 0, .hi = INFINITY,
      .doc = "peak learning rate"},
     {.name = "betas", .kind = K_PAIR, .off = OFF(optimizer.betas), .lo = 0, .hi = 1, .def_text = "[0.9, 0.999]",
@@ -104,6 +107,8 @@ static const ConfigKey optimizer_keys[] = {
      .doc = "added to √v̂"},
     {.name = "weight_decay", .kind = K_NUM, .off = OFF(optimizer.weight_decay), .def = 0.1, .lo = 0, .hi = 1,
      .doc = "decoupled weight decay (`p -= lr·wd·p`)"},
+    {.name = "momentum", .kind = K_NUM, .off = OFF(optimizer.momentum), .def = 0.95, .lo = 0, .hi = 1, .hi_open = true,
+     .doc = "Muon's momentum β (muon)"},
 };
 
 static const ConfigKey scheduler_keys[] = {
@@ -223,14 +228,14 @@ static JObj origin_of(JObj o, const Origin *org, const char *key) {
 }
 
 static void range_text(char *out, size_t cap, const ConfigKey *k) {
-    if (k->kind == K_PAIR) snprintf(out, cap, "[%g, %g)", k->lo, k->hi);
+    if (k->kind == K_PAIR || k->hi_open) snprintf(out, cap, "[%g, %g)", k->lo, k->hi);
     else if (isinf(k->hi)) snprintf(out, cap, "%s %g", k->lo_open ? ">" : "≥", k->lo);
     else snprintf(out, cap, "%s%.10g, %.10g]", k->lo_open ? "(" : "[", k->lo, k->hi);
 }
 
 static bool in_range(const ConfigKey *k, double v) {
     if (!isfinite(v) || v < k->lo || (k->lo_open && v == k->lo)) return false;
-    return k->kind == K_PAIR ? v < k->hi : v <= k->hi;
+    return k->kind == K_PAIR || k->hi_open ? v < k->hi : v <= k->hi;
 }
 
 static void check_range(JObj o, const ConfigKey *k, double v) {
@@ -498,6 +503,8 @@ char *config_markdown(void) {
     }
     return buf;
 }
+
+const char *config_optimizer_name(OptimizerType t) { return optimizer_names[t]; }
 
 // ---- the learning-rate schedule ----
 

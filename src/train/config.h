@@ -12,7 +12,7 @@
 // Choices, in the order of their names in config.c (the first is the default).
 typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } DeviceChoice;
 typedef enum { COMPUTE_BF16, COMPUTE_FP32 } ComputeDtype;
-typedef enum { OPTIMIZER_ADAMW } OptimizerType;
+typedef enum { OPTIMIZER_ADAMW, OPTIMIZER_MUON } OptimizerType;
 typedef enum { SCHED_CONSTANT, SCHED_WSD, SCHED_COSINE } SchedulerType;
 typedef enum { DECAY_COSINE, DECAY_LINEAR } DecayShape;
 typedef enum { SHARD_FSDP, SHARD_HSDP } Sharding;
@@ -29,8 +29,9 @@ typedef struct {
     uint64_t seed;
     double init_std;
     struct {
-        OptimizerType type;
+        OptimizerType type; // Muon for 2-D+ weights with AdamW (betas, eps) for the rest, or AdamW for all
         double lr, betas[2], eps, weight_decay;
+        double momentum; // Muon's β (default 0.95)
     } optimizer;
     struct {
         SchedulerType type;
@@ -70,5 +71,6 @@ json_t *config_effective(const TrainConfig *c);
 void config_check_resume(const TrainConfig *c, const json_t *saved, const char *where, bool allow);
 // The README's tables, generated from the key tables: training keys, then PithTrain's names. Caller frees.
 char *config_markdown(void);
+const char *config_optimizer_name(OptimizerType t); // "adamw", "muon"
 // λ(s): the learning-rate multiplier of 0-based step s; lr of that step = optimizer.lr · λ(s).
 double config_lr_factor(const TrainConfig *c, int s);

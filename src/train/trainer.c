@@ -55,9 +55,11 @@ static void model_layout(Model *m, const TrainConfig *c, const Dist *d) {
     m->ep_capacity = c->parallel.ep_capacity_factor;
 }
 
-// Bytes of everything but the engine, from the model's tensors and the counted shard arena.
-static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2, size_t state_bytes) {
+// Bytes of everything but the engine, from the model's tensors and the counted shard arena (which also
+// holds Muon's scratch, when Muon runs).
+static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2, const Muon *mu, size_t state_bytes) {
     MemoryPlan p = {0};
+    if (mu->on) p.optim += (tensor_bytes(mu->ws) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     for (int g = 0; g < NGROUPS; g++) {
         p.weights += tensor_bytes(m->w[g]), p.grads += tensor_bytes(m->g[g]);
         p.optim += (tensor_bytes(mom1[g]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
@@ -79,7 +81,10 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     Arena count = arena_counting("parameter shards and optimizer state", dev);
     Tensor master[NGROUPS], grad[NGROUPS], mom1[NGROUPS], mom2[NGROUPS];
     fsdp_alloc_state(&f, &m, &count, master, grad, mom1, mom2);
-    MemoryPlan p = plan_of(&m, mom1, mom2, count.peak);
+    Muon mu = {0};
+    if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&mu, &m.params, &count);
+    MemoryPlan p = plan_of(&m, mom1, mom2, &mu, count.peak);
+    muon_free(&mu);
     p.eng = engine_plan(&m, c->micro_batch_size, c->sequence_length);
     model_free(&m);
     return p;
@@ -106,8 +111,11 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     fsdp_setup(f, d, m);
     Arena count = arena_counting("parameter shards and optimizer state", dev);
     fsdp_alloc_state(f, m, &count, r->master, r->grad, r->adam_m, r->adam_v);
+    bool muon = c->optimizer.type == OPTIMIZER_MUON;
+    if (muon) muon_setup(&r->muon, &m->params, &count), muon_free(&r->muon);
     r->state = arena_create("parameter shards and optimizer state", dev, count.peak);
     fsdp_alloc_state(f, m, &r->state, r->master, r->grad, r->adam_m, r->adam_v);
+    if (muon) muon_setup(&r->muon, &m->params, &r->state); // the momentum buffer lives in adam_m
     for (int g = 0; g < NGROUPS; g++) {
         // Initial values are drawn on the host for the whole group (they do not depend on the layout);
         // this rank keeps its shard.
@@ -118,7 +126,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
         op_zero(r->adam_m[g]), op_zero(r->adam_v[g]);
         fsdp_gather(f, g, m->w[g], r->master[g]);
     }
-    r->plan = plan_of(m, r->adam_m, r->adam_v, count.peak);
+    r->plan = plan_of(m, r->adam_m, r->adam_v, &r->muon, count.peak);
     r->plan.eng = engine_plan(m, c->micro_batch_size, c->sequence_length);
     engine_init(&r->eng, m, c->micro_batch_size, c->sequence_length);
     int T = c->micro_batch_size * c->sequence_length;
@@ -157,6 +165,7 @@ bool run_save_due(const Run *r) {
 void run_free(Run *r) {
     ckpt_unlock();
     engine_free(&r->eng);
+    muon_free(&r->muon);
     if (r->state.cap) arena_destroy(&r->state);
     model_free(&r->model);
     if (r->data.files) dataset_close(&r->data);
@@ -259,9 +268,11 @@ StepStats run_step(Run *r) {
         st.seconds = now_seconds() - t0;
         return st;
     }
-    for (int g = 0; g < NGROUPS; g++)
-        op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.betas[0],
-                 (float)c->optimizer.betas[1], (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
+    if (r->muon.on) muon_step(&r->muon, &r->fsdp, m, c, st.lr, r->step, r->master, r->grad, r->adam_m, r->adam_v);
+    else
+        for (int g = 0; g < NGROUPS; g++)
+            op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.betas[0],
+                     (float)c->optimizer.betas[1], (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
     // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
     for (int g = 0; g < NGROUPS; g++) fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
     ops_sync();

@@ -4,6 +4,7 @@
 #include "pipe/schedule.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/muon.h"
 
 // What one rank allocates, in bytes: the same allocation sequence gives `pith estimate` and the run.
 typedef struct {
@@ -27,7 +28,8 @@ typedef struct {
     Arena state;            // the shards below (counted first: MemoryPlan.shards + optim)
     Tensor master[NGROUPS]; // this rank's fp32 master shards (model.w itself with one shard on the CPU)
     Tensor grad[NGROUPS];   // this rank's shards of the step's gradient (the front of model.g, or all of it)
-    Tensor adam_m[NGROUPS], adam_v[NGROUPS];
+    Tensor adam_m[NGROUPS], adam_v[NGROUPS]; // AdamW moments; under Muon, adam_m of Muon parameters is the momentum
+    Muon muon;              // optimizer.type "muon": parameter classes, batches, scratch (else muon.on is false)
     int step;               // optimizer steps taken
     int32_t *tokens, *labels; // host staging for one micro-batch
     MemoryPlan plan;
