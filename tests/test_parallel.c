@@ -19,11 +19,23 @@ static const char *model_json =
     " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
     " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}";
 
-static const char *make_run(void) {
+// DeepSeek-V2: a dense first layer, MLA with a q LoRA, YaRN, group-limited routing scaled by 2, a shared
+// expert (8 experts top-3 in 4 groups, top 2 groups).
+static const char *model_json_dsv2 =
+    "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8, \"v_head_dim\": 6,"
+    " \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 16,"
+    " \"n_shared_experts\": 1, \"intermediate_size\": 24, \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\","
+    " \"n_group\": 4, \"topk_group\": 2, \"routed_scaling_factor\": 2.0, \"max_position_embeddings\": 64,"
+    " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0,"
+    " \"original_max_position_embeddings\": 8, \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}";
+
+// A run folder with model.json (the given model), data.bin and train.json (20 steps, load balancing on).
+static const char *make_run_of(const char *model) {
     static char d[256];
     snprintf(d, sizeof d, "%s", test_tmpdir());
     char out[4096];
-    ASSERT(run_cmd(out, sizeof out, "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 20000", model_json, d, PITH_BIN,
+    ASSERT(run_cmd(out, sizeof out, "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 20000", model, d, PITH_BIN,
                    d) == 0);
     ASSERT(run_cmd(out, sizeof out,
                    "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, \"micro_batch_size\": 2,"
@@ -32,6 +44,8 @@ static const char *make_run(void) {
                    d) == 0);
     return d;
 }
+
+static const char *make_run(void) { return make_run_of(model_json); }
 
 // Step `step`'s value of `key` in a metrics.jsonl.
 static double metric(const char *dir, int step, const char *key) {
@@ -90,7 +104,8 @@ TEST(dist_comm_requests) {
 
 // The DualPipeV schedule executed over P = 1..4 ranks (one pipeline) on a toy model of 2P linear chunks:
 // the loss and every chunk's weight gradient equal an fp64 reference of the whole chain; N = 2P, 2P + 3,
-// 4P + 1 micro-batches. On fake GPUs too (device buffers over NCCL, stream order checked).
+// 4P + 1 micro-batches. On fake GPUs too (device buffers over NCCL, stream order checked). And on the real
+// model (CPU ranks, N = 2P, 2P + 3): loss, load-balancing loss and every gradient equal one engine's.
 TEST(dist_pipeline_schedule_run) {
     char out[8192];
     for (int np = 1; np <= 4; np++) {
@@ -98,6 +113,9 @@ TEST(dist_pipeline_schedule_run) {
         ASSERT_MSG(rc == 0 && strstr(out, "ok pipe"), "%d ranks: %s", np, out);
         rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_parallel pipe-gpu", np);
         ASSERT_MSG(rc == 0 && strstr(out, "ok pipe-gpu"), "%d ranks, fake GPUs: %s", np, out);
+        // the real model: a 4P-layer Qwen3-MoE in 2P chunks of two layers, one engine per record slot
+        rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_parallel pipe-model", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok pipe-model"), "%d ranks, the model: %s", np, out);
     }
 }
 
@@ -126,17 +144,17 @@ static const struct {
     {"hsdp-dp2-ep2", 4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
 };
 
-// One run per layout, 20 steps, the first step's gradient dumped: every layout must give the one-process
-// losses (≤ 1e-6 relative at step 1, ≤ 1e-5 over 20 steps) and gradients (≤ 1e-5 per tensor).
-TEST(dist_equivalence_layouts) {
-    const char *d = make_run();
+// One run per layout (the first n of the table), 20 steps, the first step's gradient dumped: every layout must
+// give the one-process losses (≤ 1e-6 relative at step 1, ≤ 1e-5 over 20 steps) and gradients (≤ 1e-5 per
+// tensor). sets: more --set options for every run.
+static void check_layouts(const char *d, size_t n, const char *sets) {
     char out[1 << 16], ref[300], dir[300];
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, sets, d, d) == 0);
     snprintf(ref, sizeof ref, "%s/one", d);
-    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
+    for (size_t i = 0; i < n; i++) {
         snprintf(dir, sizeof dir, "%s/%s", d, layouts[i].name);
-        int rc = run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json %s --set run_dir=%s --dump-grads %s/g 2>&1", PITH_BIN,
-                         layouts[i].np, d, layouts[i].sets, dir, dir);
+        int rc = run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json %s %s --set run_dir=%s --dump-grads %s/g 2>&1", PITH_BIN,
+                         layouts[i].np, d, layouts[i].sets, sets, dir, dir);
         ASSERT_MSG(rc == 0, "%s: %s", layouts[i].name, out);
         double l1 = metric(dir, 1, "loss"), r1 = metric(ref, 1, "loss"), worst = fabs(l1 - r1) / r1;
         ASSERT_MSG(worst <= 1e-6, "%s: step 1 loss %.9g vs one process %.9g", layouts[i].name, l1, r1);
@@ -152,6 +170,34 @@ TEST(dist_equivalence_layouts) {
         double gd = grad_diff(ga, gb, &wn);
         printf("     %-14s loss (20 steps) %.1e, gradient %.1e (%s)\n", layouts[i].name, worst, gd, wn);
         ASSERT_MSG(gd <= 1e-5, "%s: gradient of %s differs by %.3g", layouts[i].name, wn, gd);
+    }
+}
+
+TEST(dist_equivalence_layouts) { check_layouts(make_run(), sizeof layouts / sizeof *layouts, ""); }
+
+// DeepSeek-V2 (sequence-form load balancing, its own): ep2, dp2 and ep2 × dp2 against one process.
+TEST(dist_equivalence_layouts_deepseek_v2) { check_layouts(make_run_of(model_json_dsv2), 3, "--set moe_load_balance_type=sequence"); }
+
+// A DeepSeek-V2 checkpoint written at ep2 resumes at ep2 × dp2 and on one process with the losses of the
+// uninterrupted run.
+TEST(dist_reshard_resume_deepseek_v2) {
+    const char *d = make_run_of(model_json_dsv2);
+    char out[1 << 16], dir[300], full[300];
+    snprintf(full, sizeof full, "%s/full", d);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set max_steps=6 --set run_dir=%s", PITH_BIN, d, full) == 0);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 2 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set save_location=%s/ck --steps 3",
+                   PITH_BIN, d, d) == 0);
+    static const char *const launch[] = {MPIRUN " 4 %s train %s/train.json --set parallel.expert_parallel_size=2", "%s train %s/train.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(dir, sizeof dir, "%s/r%d", d, i);
+        char fmt[512];
+        snprintf(fmt, sizeof fmt, "cp -r %%s/ck %%s && %s --set max_steps=6 --set save_location=%%s", launch[i]);
+        ASSERT(run_cmd(out, sizeof out, fmt, d, dir, PITH_BIN, d, dir) == 0);
+        ASSERT_MSG(strstr(out, "resume: step 3 from"), "%s", out);
+        for (int s = 4; s <= 6; s++) {
+            double l = metric(dir, s, "loss"), r = metric(full, s, "loss");
+            ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs uninterrupted %.9g", launch[i], s, l, r);
+        }
     }
 }
 
@@ -279,23 +325,26 @@ TEST(dist_config_errors) {
 }
 
 // The plan `pith estimate` prints without allocating is the one `pith train` allocates on each rank.
+// The total `pith estimate` prints for run folder d (np ranks, sets) against the one `pith train` allocates.
+static void check_estimate(const char *d, int np, const char *sets, int run) {
+    char out[1 << 15], est[4096];
+    ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus %d --device cpu %s", PITH_BIN, d, np, sets) == 0);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json --set max_steps=1 --set run_dir=%s/r%d %s", np, PITH_BIN, d, d, run, sets) == 0);
+    char *e = strstr(est, "(") ? strstr(est, " bytes)") : NULL, *t = strstr(out, " bytes)\n");
+    ASSERT_MSG(e && t, "%s\n%s", est, out);
+    while (e[-1] != '(') e--;
+    while (t[-1] != '(') t--;
+    ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "estimate %lld vs train %lld bytes:\n%s\n%s", strtoll(e, NULL, 10), strtoll(t, NULL, 10), est, out);
+}
+
 TEST(dist_estimate_matches_training) {
     const char *d = make_run();
-    char out[1 << 15], est[4096];
+    char out[1 << 15];
     static const struct {
         int np;
         const char *sets;
     } layouts[] = {{1, ""}, {4, "--set parallel.expert_parallel_size=2"}, {4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"}};
-    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
-        ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus %d --device cpu %s", PITH_BIN, d, layouts[i].np, layouts[i].sets) == 0);
-        ASSERT(run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json --set max_steps=1 --set run_dir=%s/r%zu %s", layouts[i].np, PITH_BIN, d, d, i,
-                       layouts[i].sets) == 0);
-        char *e = strstr(est, "(") ? strstr(est, " bytes)") : NULL, *t = strstr(out, " bytes)\n");
-        ASSERT_MSG(e && t, "%s\n%s", est, out);
-        while (e[-1] != '(') e--;
-        while (t[-1] != '(') t--;
-        ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "estimate %lld vs train %lld bytes:\n%s\n%s", strtoll(e, NULL, 10), strtoll(t, NULL, 10), est, out);
-    }
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) check_estimate(d, layouts[i].np, layouts[i].sets, (int)i);
     // Qwen3-30B-A3B: not on 8 GPUs of 80 GB; on 64 with ep 16 and a capacity factor
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8", PITH_BIN) == 0);
     ASSERT_MSG(strstr(out, "pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "does not fit in 80 GB"), "%s", out);
@@ -305,6 +354,15 @@ TEST(dist_estimate_matches_training) {
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 12", PITH_BIN) == 1);
     ASSERT_MSG(strstr(out, "parallel.expert_parallel_size: 12 ranks are not divisible"), "%s", out);
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json", PITH_BIN) == 2 && strstr(out, "usage: pith estimate"));
+}
+
+// DeepSeek-V2: the plan of a run is what training allocates; DeepSeek-V2-Lite (examples/deepseek-v2-lite, 15.7B
+// parameters) fits one 80 GB GPU per rank at ep 8, 4096 tokens per micro-batch.
+TEST(dist_estimate_deepseek_v2) {
+    check_estimate(make_run_of(model_json_dsv2), 2, "--set parallel.expert_parallel_size=2", 0);
+    char out[1 << 15];
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/deepseek-v2-lite/train.json --gpus 8", PITH_BIN) == 0);
+    ASSERT_MSG(strstr(out, "deepseek_v2 on 8 GPUs = pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "8 of 64 experts") && strstr(out, "\nfits in 80 GB"), "%s", out);
 }
 
 // The NCCL half on fake GPUs (`make fake-build`): every device path of comm/fsdp/ep/trainer with fp32
@@ -323,12 +381,16 @@ TEST(dist_nccl_transport_fake) {
     // an op that reads a receive's buffer before comm_wait made the compute stream wait: refused
     int hz = run_cmd(out, sizeof out, MPIRUN " 2 build-fake/test_parallel hazard-gpu");
     ASSERT_MSG(hz != 0 && strstr(out, "fake CUDA: scale on the compute stream touches a buffer of an NCCL call it does not wait for"), "%s", out);
-    // a peer that never posts: the receive (blocked in the fake's NCCL call) ends at the timeout
+    // a peer that never posts: the watchdog ends the receive at the timeout
     double t1 = now_seconds();
     hz = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-p2p-gpu");
     ASSERT_MSG(hz != 0 && now_seconds() - t1 < 20 &&
-                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),
+                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not complete within parallel.timeout_s = 3 s"),
                "%s", out);
+    // a transfer issued before compute runs beside it: with every group lasting 0.4 s, exchange + 0.4 s of
+    // compute takes ≥ 0.8 s waited first and well under that overlapped (generous margins: no timing claim)
+    hz = run_cmd(out, sizeof out, "PITH_FAKE_NCCL_DELAY_MS=400 " MPIRUN " 2 build-fake/test_parallel overlap-gpu");
+    ASSERT_MSG(hz == 0 && strstr(out, "ok overlap-gpu"), "%s", out);
     double t0 = now_seconds();
     int rc = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-gpu");
     ASSERT_MSG(rc != 0 && now_seconds() - t0 < 20 && strstr(out, "pith: error: rank 0: all-reduce on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),
