@@ -4,16 +4,6 @@
 #include "pipe/schedule.h"
 #include "test.h"
 
-static const char *write_file(const char *dir, const char *name, const char *text) {
-    static char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    CHECK(f);
-    fputs(text, f);
-    fclose(f);
-    return path;
-}
-
 typedef struct {
     Model m;
     Engine e;
@@ -23,7 +13,7 @@ typedef struct {
 
 static void fixture_make(Fixture *fx, const char *model_json, double lb_coef, LbForm form, int B, int S) {
     ModelConfig mc;
-    const ModelFamily *fam = model_config_load(&mc, write_file(test_tmpdir(), "config.json", model_json));
+    const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", model_json));
     model_create(&fx->m, fam, &mc, DEV_CPU, DT_F32, S);
     fx->m.lb_coef = lb_coef;
     model_lb_setup(&fx->m, form, NULL, B * S);
@@ -115,16 +105,8 @@ static void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, i
 
 static void gradcheck(const char *model_json, double lb_coef, LbForm form) { gradcheck_seq(model_json, lb_coef, form, 8); }
 
-static const char *config_a =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
-    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 48, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
-    " \"moe_intermediate_size\": 8, \"norm_topk_prob\": true, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0}";
-// Biases, a dense first layer, tied embeddings, no renormalisation, rope theta in rope_parameters.
-static const char *config_b =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"
-    " \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 40, \"num_experts\": 4, \"num_experts_per_tok\": 3,"
-    " \"moe_intermediate_size\": 6, \"intermediate_size\": 12, \"mlp_only_layers\": [0], \"norm_topk_prob\": false,"
-    " \"attention_bias\": true, \"tie_word_embeddings\": true, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5}}";
+static const char *config_a = TINY_MOE_A;
+static const char *config_b = TINY_MOE_B;
 
 TEST(model_gradcheck_qwen3_moe) { gradcheck(config_a, 0.0, LB_MICRO_BATCH); }
 TEST(model_gradcheck_qwen3_moe_load_balance) { gradcheck(config_a, 0.05, LB_MICRO_BATCH); }
@@ -134,9 +116,9 @@ TEST(model_gradcheck_qwen3_moe_bias_dense_tied) { gradcheck(config_b, 0.0, LB_MI
 
 TEST(model_config_layers) {
     ModelConfig mc;
-    model_config_load(&mc, write_file(test_tmpdir(), "config.json", config_b));
+    model_config_load(&mc, write_text(test_tmpdir(), "config.json", config_b));
     ASSERT(!mc.is_moe[0] && mc.is_moe[1] && mc.tie_embed && mc.rope.theta == 5e5 && mc.rope.rd == 8);
-    model_config_load(&mc, write_file(test_tmpdir(), "config.json", config_a));
+    model_config_load(&mc, write_text(test_tmpdir(), "config.json", config_a));
     ASSERT(mc.is_moe[0] && mc.is_moe[1] && mc.rope.theta == 10000.0 && mc.heads == 4);
 }
 

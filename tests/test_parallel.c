@@ -13,11 +13,8 @@
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " \
     "mpirun --oversubscribe --bind-to none -np"
 
-// 3 layers (the middle one dense), 8 experts top-3, load balancing on: every EP path is exercised.
-static const char *model_json =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
-    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
-    " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}";
+// TINY_MOE_EP (tests/test.h), load balancing on.
+static const char *model_json = TINY_MOE_EP;
 
 // DeepSeek-V2: a dense first layer, MLA with a q LoRA, YaRN, group-limited routing scaled by 2, a shared
 // expert (8 experts top-3 in 4 groups, top 2 groups).

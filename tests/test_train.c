@@ -9,15 +9,6 @@ static const char *tiny_model =
     " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
     " \"moe_intermediate_size\": 16, \"norm_topk_prob\": true, \"rope_theta\": 10000.0}";
 
-static void write_text(const char *dir, const char *name, const char *text) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    CHECK(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 // A run folder with model.json, data/a.bin (synthetic tokens) and train.json (10 steps, GBS 4 of 16 tokens).
 static const char *make_run(int ntokens) {
     const char *dir = test_tmpdir();

@@ -5,26 +5,8 @@
 #include "gpu_test.h"
 #include "pipe/schedule.h"
 
-static const char *write_text(const char *dir, const char *name, const char *text) {
-    static char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    CHECK(f);
-    fputs(text, f);
-    fclose(f);
-    return path;
-}
-
-static const char *config_a =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
-    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 48, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
-    " \"moe_intermediate_size\": 8, \"norm_topk_prob\": true, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0}";
-// Biases, a dense first layer, tied embeddings, no renormalisation.
-static const char *config_b =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"
-    " \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 40, \"num_experts\": 4, \"num_experts_per_tok\": 3,"
-    " \"moe_intermediate_size\": 6, \"intermediate_size\": 12, \"mlp_only_layers\": [0], \"norm_topk_prob\": false,"
-    " \"attention_bias\": true, \"tie_word_embeddings\": true, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5}}";
+static const char *config_a = TINY_MOE_A;
+static const char *config_b = TINY_MOE_B;
 // DeepSeek-V2: MLA with a q LoRA (q head 24 ≠ v head 16), YaRN, group-limited routing scaled by 1.5, a shared
 // expert, a dense first layer.
 static const char *config_dsv2 =
