@@ -148,9 +148,9 @@ TEST(model_gradcheck_deepseek_v2_lite) { gradcheck_seq(config_dsv2_lite, 0.05, L
 
 TEST(model_config_deepseek_v2) {
     ModelConfig mc;
-    model_config_load(&mc, write_file(test_tmpdir(), "config.json", config_dsv2));
+    model_config_load(&mc, write_text(test_tmpdir(), "config.json", config_dsv2));
     ASSERT(!mc.is_moe[0] && mc.is_moe[1] && mc.is_moe[2] && mc.experts == 8 && mc.rope.rd == 4 && mc.rope.yarn && mc.rope.factor == 4);
-    model_config_load(&mc, write_file(test_tmpdir(), "config.json", config_dsv2_lite));
+    model_config_load(&mc, write_text(test_tmpdir(), "config.json", config_dsv2_lite));
     ASSERT(!mc.is_moe[0] && mc.is_moe[1] && !mc.rope.yarn && mc.rope.theta == 5e5 && mc.tie_embed);
     // A bad field stops `pith convert` (which reads the config first) with one line naming file and key.
     static const struct {
@@ -173,7 +173,7 @@ TEST(model_config_deepseek_v2) {
         json_t *cfg = json_loads(config_dsv2, 0, NULL), *edit = json_loads(text, 0, NULL);
         ASSERT(cfg && edit && !json_object_update(cfg, edit));
         char *js = json_dumps(cfg, 0);
-        write_file(d, "config.json", js);
+        write_text(d, "config.json", js);
         free(js), json_decref(cfg), json_decref(edit);
         int rc = run_cmd(out, sizeof out, "%s convert hf2pith %s %s/out", PITH_BIN, d, d);
         ASSERT_MSG(rc == 1 && strstr(out, bad[i].needle) && strchr(out, '\n') == out + strlen(out) - 1, "%s: %s", bad[i].edit, out);
