@@ -1,4 +1,4 @@
-// npy.h — NumPy .npy records: the token-file format of PithTrain (spec §6.10).
+// npy.h — NumPy .npy records, the format of PithTrain's token files.
 // A .bin token file is two back-to-back records: tokens (1-D uint8/16/32/64) and document ends (1-D uint64).
 #pragma once
 #include "base/base.h"
