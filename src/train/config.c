@@ -6,7 +6,7 @@
 
 static const char *const top_keys[] = {"model", "dataset", "run_dir", "save_location", "init_from", "sequence_length",
                                        "micro_batch_size", "global_batch_size", "max_steps", "seed", "init_std", "optimizer",
-                                       "scheduler", "clip_grad_norm", "moe_load_balance_coef", "moe_load_balance_type",
+                                       "scheduler", "clip_grad_norm", "moe_load_balance_coef", "moe_load_balance_type", "moe_router_bias_update_rate",
                                        "save_interval", "keep_last", "parallel", "device", "compute_dtype", "benchmark", "tensorboard", "validation", NULL};
 static const char *const optimizer_keys[] = {"type", "lr", "betas", "eps", "weight_decay", "momentum", NULL};
 static const char *const scheduler_keys[] = {"type", "warmup_ratio", "decay_ratio", "start_lr", "final_lr", "decay_shape", NULL};
@@ -89,6 +89,8 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     if (!(c->clip_grad_norm >= 0)) jdie(o, "clip_grad_norm", "must be non-negative (0 disables clipping)");
     c->moe_load_balance_coef = jnum(o, "moe_load_balance_coef", false, 0.0);
     if (!(c->moe_load_balance_coef >= 0)) jdie(o, "moe_load_balance_coef", "must be non-negative");
+    c->moe_router_bias_update_rate = jnum(o, "moe_router_bias_update_rate", false, 0.0);
+    if (!(c->moe_router_bias_update_rate >= 0)) jdie(o, "moe_router_bias_update_rate", "must be non-negative (0: off)");
     copy_str(c->moe_load_balance_type, sizeof c->moe_load_balance_type, o, "moe_load_balance_type", "micro-batch");
     if (strcmp(c->moe_load_balance_type, "micro-batch") && strcmp(c->moe_load_balance_type, "global-batch") &&
         strcmp(c->moe_load_balance_type, "sequence"))

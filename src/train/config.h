@@ -28,6 +28,7 @@ typedef struct {
     } scheduler;
     double clip_grad_norm; // max global grad norm (0: no clipping)
     double moe_load_balance_coef;
+    double moe_router_bias_update_rate; // aux-loss-free balancing: per-step bias step (0: off)
     char moe_load_balance_type[16]; // "micro-batch" | "global-batch" (spec §5.4)
     int save_interval, keep_last;
     struct {
