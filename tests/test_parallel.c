@@ -90,7 +90,8 @@ TEST(dist_comm_requests) {
 
 // The DualPipeV schedule executed over P = 1..4 ranks (one pipeline) on a toy model of 2P linear chunks:
 // the loss and every chunk's weight gradient equal an fp64 reference of the whole chain; N = 2P, 2P + 3,
-// 4P + 1 micro-batches. On fake GPUs too (device buffers over NCCL, stream order checked).
+// 4P + 1 micro-batches. On fake GPUs too (device buffers over NCCL, stream order checked). And on the real
+// model (CPU ranks, N = 2P, 2P + 3): loss, load-balancing loss and every gradient equal one engine's.
 TEST(dist_pipeline_schedule_run) {
     char out[8192];
     for (int np = 1; np <= 4; np++) {
@@ -98,6 +99,9 @@ TEST(dist_pipeline_schedule_run) {
         ASSERT_MSG(rc == 0 && strstr(out, "ok pipe"), "%d ranks: %s", np, out);
         rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_parallel pipe-gpu", np);
         ASSERT_MSG(rc == 0 && strstr(out, "ok pipe-gpu"), "%d ranks, fake GPUs: %s", np, out);
+        // the real model: a 4P-layer Qwen3-MoE in 2P chunks of two layers, one engine per record slot
+        rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_parallel pipe-model", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok pipe-model"), "%d ranks, the model: %s", np, out);
     }
 }
 
@@ -323,12 +327,16 @@ TEST(dist_nccl_transport_fake) {
     // an op that reads a receive's buffer before comm_wait made the compute stream wait: refused
     int hz = run_cmd(out, sizeof out, MPIRUN " 2 build-fake/test_parallel hazard-gpu");
     ASSERT_MSG(hz != 0 && strstr(out, "fake CUDA: scale on the compute stream touches a buffer of an NCCL call it does not wait for"), "%s", out);
-    // a peer that never posts: the receive (blocked in the fake's NCCL call) ends at the timeout
+    // a peer that never posts: the watchdog ends the receive at the timeout
     double t1 = now_seconds();
     hz = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-p2p-gpu");
     ASSERT_MSG(hz != 0 && now_seconds() - t1 < 20 &&
-                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),
+                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not complete within parallel.timeout_s = 3 s"),
                "%s", out);
+    // a transfer issued before compute runs beside it: with every group lasting 0.4 s, exchange + 0.4 s of
+    // compute takes ≥ 0.8 s waited first and well under that overlapped (generous margins: no timing claim)
+    hz = run_cmd(out, sizeof out, "PITH_FAKE_NCCL_DELAY_MS=400 " MPIRUN " 2 build-fake/test_parallel overlap-gpu");
+    ASSERT_MSG(hz == 0 && strstr(out, "ok overlap-gpu"), "%s", out);
     double t0 = now_seconds();
     int rc = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-gpu");
     ASSERT_MSG(rc != 0 && now_seconds() - t0 < 20 && strstr(out, "pith: error: rank 0: all-reduce on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),

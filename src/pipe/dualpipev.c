@@ -294,7 +294,9 @@ static bool has_buffers(const PipeSchedule *s, int kind, int p) {
     default: return !first;
     }
 }
-static int slot_kind(int kind) { return kind == PIPE_GRAD_OUT ? PIPE_GOUT : kind == PIPE_GRAD_IN ? PIPE_GIN : PIPE_REC; }
+static int slot_kind(int kind) {
+    return kind == PIPE_GRAD_OUT ? PIPE_GOUT : kind == PIPE_GRAD_IN ? PIPE_GIN : PIPE_REC;
+}
 
 void dualpipev_run_init(PipeRun *run, const PipeSchedule *s, const Comm *pp, Arena *a, DType dt, int64_t T, int64_t H) {
     CHECK(pp->size == s->P && pp->rank == s->rank);
@@ -342,13 +344,16 @@ void dualpipev_run(PipeRun *run, const PipeChunks *c) {
         }
         if (st->kind == PIPE_F || st->kind == PIPE_FB) { // the last rank's phase 0 writes phase 1's input
             int p = st->fphase, mb = st->fmb;
-            Tensor y = last && p == 0 ? dualpipev_buffer(run, PIPE_ACT_IN, 1, mb) : dualpipev_buffer(run, PIPE_ACT_OUT, p, mb);
+            Tensor y = last && p == 0 ? dualpipev_buffer(run, PIPE_ACT_IN, 1, mb)
+                                      : dualpipev_buffer(run, PIPE_ACT_OUT, p, mb);
             c->forward(c->ctx, p, mb, s->slot[PIPE_REC][p][mb], dualpipev_buffer(run, PIPE_ACT_IN, p, mb), y);
         }
         if (st->kind == PIPE_B || st->kind == PIPE_FB) { // the last rank's phase 1 writes phase 0's gradient
             int p = st->bphase, mb = st->bmb;
-            Tensor dx = last && p == 1 ? dualpipev_buffer(run, PIPE_GRAD_OUT, 0, mb) : dualpipev_buffer(run, PIPE_GRAD_IN, p, mb);
-            c->backward(c->ctx, p, mb, s->slot[PIPE_REC][p][mb], dualpipev_buffer(run, PIPE_GRAD_OUT, p, mb), dx, st->zb);
+            Tensor dx = last && p == 1 ? dualpipev_buffer(run, PIPE_GRAD_OUT, 0, mb)
+                                       : dualpipev_buffer(run, PIPE_GRAD_IN, p, mb);
+            c->backward(c->ctx, p, mb, s->slot[PIPE_REC][p][mb], dualpipev_buffer(run, PIPE_GRAD_OUT, p, mb), dx,
+                        st->zb);
         }
         if (st->kind == PIPE_W) c->weight(c->ctx, st->bphase, st->bmb, s->slot[PIPE_REC][st->bphase][st->bmb]);
     }

@@ -1,5 +1,6 @@
-// schedule.c — one pipeline stage holding every layer: forward prolog → (stage 1, 2, 3, 4, 5) per layer
-// → epilog, then backward epilog → (5, 4, 3 input, 3 weight, 2, 1) per layer in reverse → prolog.
+// schedule.c — one pipeline chunk of layers [l0, l1) (every layer at pp = 1): forward prolog → (stage 1,
+// 2, 3, 4, 5) per layer → epilog, then backward epilog → (5, 4, 3 input, 3 weight, 2, 1) per layer in
+// reverse → prolog; the prolog only on the chunk that starts the model, the epilog on the one that ends it.
 // All memory comes from arenas sized by engine_plan (activations, workspace, communication), so the
 // step itself never allocates.
 #include "pipe/schedule.h"
@@ -12,8 +13,8 @@ static void alloc_activations(Engine *e, Arena *a) {
     int T = e->B * e->S;
     e->mb = (MicroBatch){e->B, e->S, T, arena_tensor(a, DT_I32, 1, T, 0, 0, 0), arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
                          arena_tensor(a, DT_I32, 1, T, 0, 0, 0)};
-    e->h[0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
-    for (int l = 0; l < m->cfg.layers; l++) {
+    e->h[e->l0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+    for (int l = e->l0; l < e->l1; l++) {
         StageIO *io = &e->io[l];
         io->dense = !m->cfg.is_moe[l];
         if (!io->dense) { // the routing stage 1 writes
@@ -25,7 +26,7 @@ static void alloc_activations(Engine *e, Arena *a) {
         ep_alloc(m, io, a, T);
         e->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     }
-    m->fam->epilog_alloc(m, e->epilog, a, T);
+    if (e->l1 == m->cfg.layers) m->fam->epilog_alloc(m, e->epilog, a, T);
 }
 
 // One layer's backward workspace: the family's temporaries, stage 3's, the stage buffers' gradients.
@@ -43,9 +44,10 @@ static void alloc_grad_buffers(Engine *e, Arena *ws) {
     for (int i = 0; i < 2; i++) e->dh[i] = arena_tensor(ws, e->m->cdt, 2, T, e->m->cfg.hidden, 0, 0);
 }
 
-static void engine_structs(Engine *e, Model *m, int B, int S) {
+static void engine_structs(Engine *e, Model *m, int B, int S, int l0, int l1) {
+    CHECK(0 <= l0 && l0 < l1 && l1 <= m->cfg.layers);
     memset(e, 0, sizeof *e);
-    e->m = m, e->B = B, e->S = S;
+    e->m = m, e->B = B, e->S = S, e->l0 = l0, e->l1 = l1;
     e->recs = xcalloc(m->cfg.layers, m->fam->rec_size);
     e->epilog = xcalloc(1, m->fam->epilog_size);
     e->io = xcalloc(m->cfg.layers, sizeof(StageIO));
@@ -56,15 +58,18 @@ static void engine_structs(Engine *e, Model *m, int B, int S) {
     }
 }
 
-EnginePlan engine_plan(Model *m, int B, int S) {
+EnginePlan engine_plan(Model *m, int B, int S) { return engine_plan_chunk(m, B, S, 0, m->cfg.layers); }
+void engine_init(Engine *e, Model *m, int B, int S) { engine_init_chunk(e, m, B, S, 0, m->cfg.layers); }
+
+EnginePlan engine_plan_chunk(Model *m, int B, int S, int l0, int l1) {
     Engine e;
-    engine_structs(&e, m, B, S);
+    engine_structs(&e, m, B, S, l0, l1);
     Arena act = arena_counting("activations", m->dev), ws = arena_counting("workspace", m->dev), comm = arena_counting("communication", m->dev);
     ep_buffers_alloc(m, &e.epb, &comm, (int64_t)B * S);
     alloc_activations(&e, &act);
     alloc_grad_buffers(&e, &ws);
     size_t base = ws.used, most = 0;
-    for (int l = 0; l < m->cfg.layers; l++) {
+    for (int l = l0; l < l1; l++) {
         ws.used = base;
         alloc_layer_grads(&e, l, &ws);
         if (ws.used - base > most) most = ws.used - base;
@@ -74,9 +79,9 @@ EnginePlan engine_plan(Model *m, int B, int S) {
     return p;
 }
 
-void engine_init(Engine *e, Model *m, int B, int S) {
-    EnginePlan p = engine_plan(m, B, S);
-    engine_structs(e, m, B, S);
+void engine_init_chunk(Engine *e, Model *m, int B, int S, int l0, int l1) {
+    EnginePlan p = engine_plan_chunk(m, B, S, l0, l1);
+    engine_structs(e, m, B, S, l0, l1);
     e->act = arena_create("activations", m->dev, p.act_bytes);
     e->ws = arena_create("workspace", m->dev, p.ws_bytes);
     e->comm = arena_create("communication", m->dev, p.comm_bytes);
@@ -110,8 +115,8 @@ void engine_load(Engine *e, const int32_t *tokens, const int32_t *labels) {
 void engine_forward(Engine *e, bool grad) {
     Model *m = e->m;
     const ModelFamily *f = m->fam;
-    f->prolog_forward(m, &e->mb, e->h[0]);
-    for (int l = 0; l < m->cfg.layers; l++) {
+    if (e->l0 == 0) f->prolog_forward(m, &e->mb, e->h[0]);
+    for (int l = e->l0; l < e->l1; l++) {
         void *r = rec_of(e, l);
         StageIO *io = &e->io[l];
         f->stage1_forward(m, l, r, &e->mb, e->h[l], io);
@@ -120,15 +125,15 @@ void engine_forward(Engine *e, bool grad) {
         ep_combine_forward(m, io);
         f->stage5_forward(m, l, r, io, e->h[l + 1]);
     }
-    f->epilog_forward(m, e->epilog, &e->mb, e->h[m->cfg.layers], grad);
+    if (e->l1 == m->cfg.layers) f->epilog_forward(m, e->epilog, &e->mb, e->h[m->cfg.layers], grad);
 }
 
 void engine_backward(Engine *e) {
     Model *m = e->m;
     const ModelFamily *f = m->fam;
     int cur = 0;
-    f->epilog_backward(m, e->epilog, e->dh[cur]);
-    for (int l = m->cfg.layers - 1; l >= 0; l--) {
+    if (e->l1 == m->cfg.layers) f->epilog_backward(m, e->epilog, e->dh[cur]);
+    for (int l = e->l1 - 1; l >= e->l0; l--) {
         void *r = rec_of(e, l);
         StageIO *io = &e->io[l];
         size_t mark = arena_mark(&e->ws);
@@ -142,5 +147,7 @@ void engine_backward(Engine *e) {
         arena_reset(&e->ws, mark);
         cur = 1 - cur;
     }
-    f->prolog_backward(m, &e->mb, e->dh[cur]);
+    if (e->l0 == 0) f->prolog_backward(m, &e->mb, e->dh[cur]);
 }
+
+Tensor engine_input_grad(const Engine *e) { return e->dh[(e->l1 - e->l0) % 2]; }

@@ -10,11 +10,19 @@
 //     compute work issued before it, and compute work (an op, a read to the host) that touches a buffer
 //     of a collective must depend on that collective — what events must guarantee on a GPU, where
 //     streams overlap. Compute on other buffers may run beside a collective it has not waited for (the
-//     asynchronous requests of comm.h); the fake still executes each NCCL call when it is issued;
+//     asynchronous requests of comm.h);
 //   - NCCL calls run on the comm stream, in-place forms are NCCL's, no other buffer overlap.
+// A group of sends and receives (ncclGroupStart/End) is posted to MPI when it is issued and finished when
+// something depends on it: the next NCCL call (the comm stream runs one call at a time, in order), a
+// compute-stream wait on an event recorded after it, or a stream synchronisation; until then the host runs
+// on, and the watchdog's cudaEventQuery sees the call incomplete (a peer that never posts times out as on
+// a GPU). PITH_FAKE_NCCL_DELAY_MS makes every group last at least that long after its issue, so tests can
+// see transfers overlap compute. Collectives run at once.
 // A violation prints "fake CUDA: ..." and aborts every rank.
 #include <mpi.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include "cuda_runtime_api.h"
 #include "nccl.h"
@@ -105,6 +113,40 @@ static void check_inflight(const void *p, size_t n, const char *what) {
             fake_fail("%s on the compute stream touches a buffer of an NCCL call it does not wait for (an event is missing)", what);
 }
 
+// The comm stream's one group in flight (posted, not finished) and how far the stream has completed.
+static struct {
+    MPI_Request req[1024];
+    int n;
+    bool active;
+    double ready; // not done before this time (PITH_FAKE_NCCL_DELAY_MS)
+} pending;
+static atomic_long comm_done; // comm-stream work complete up to this count (read by the watchdog thread)
+
+static double nccl_delay_s(void) {
+    static double d = -1;
+    if (d < 0) {
+        const char *e = getenv("PITH_FAKE_NCCL_DELAY_MS");
+        d = e && *e ? atof(e) / 1000 : 0;
+    }
+    return d;
+}
+
+// Finishes the group in flight (polling, so the watchdog can end a wait whose peer never posts), and
+// marks the comm stream complete so far.
+static void comm_finish(void) {
+    if (pending.active) {
+        for (int done = 0;;) {
+            if (MPI_Testall(pending.n, pending.req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) fake_fail("MPI_Testall failed");
+            if (done) break;
+            nanosleep(&(struct timespec){0, 50000}, NULL);
+        }
+        double left = pending.ready - now_seconds();
+        if (left > 0) nanosleep(&(struct timespec){(time_t)left, (long)((left - (time_t)left) * 1e9)}, NULL);
+        pending.active = false;
+    }
+    atomic_store(&comm_done, COMM->seq);
+}
+
 static int fake_gpus(void) {
     const char *e = getenv("PITH_FAKE_GPUS");
     return e && *e ? atoi(e) : 8;
@@ -123,19 +165,27 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
     ev->stream = sid(s), ev->seq = s->seq;
     return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t ev) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t ev) { // the watchdog's thread
+    return ev->stream == 1 && ev->seq > atomic_load(&comm_done) ? cudaErrorNotReady : cudaSuccess;
+}
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags) {
     if (ev->stream < 0) fake_fail("cudaStreamWaitEvent on an event never recorded");
+    if (ev->stream == 1 && s != COMM && ev->seq > atomic_load(&comm_done)) comm_finish(); // compute runs at once: the data must be there
     if (s->seen[ev->stream] < ev->seq) s->seen[ev->stream] = ev->seq;
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (s == COMM) comm_finish();
+    return cudaSuccess;
+}
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
     if (kind != cudaMemcpyDeviceToDevice || !is_device(dst, bytes) || !is_device(src, bytes)) fake_fail("cudaMemcpyAsync: not a device-to-device copy inside device memory");
     if (s == COMPUTE) check_inflight(dst, bytes, "cudaMemcpyAsync"), check_inflight(src, bytes, "cudaMemcpyAsync");
+    if (s == COMM) comm_finish();
     issue(s, "cudaMemcpyAsync");
     if (s == COMM) inflight_add(dst, bytes), inflight_add(src, bytes);
     memmove(dst, src, bytes);
+    if (s == COMM) comm_finish();
     return cudaSuccess;
 }
 const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "fake CUDA error"; }
@@ -209,6 +259,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     return ncclSuccess;
 }
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    comm_finish();
     MPI_OK(MPI_Comm_free(&comm->mpi));
     free(comm);
     return ncclSuccess;
@@ -222,54 +273,60 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     size_t b = count * nccl_size(dt);
     nccl_buf(send, b, "ncclAllReduce", s), nccl_buf(recv, b, "ncclAllReduce", s);
     if (send != recv && overlap(send, b, recv, b)) fake_fail("ncclAllReduce: overlapping buffers");
+    comm_finish();
     issue(s, "ncclAllReduce");
     nccl_inflight(send, b, recv, b);
     MPI_OK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
-    return ncclSuccess;
+    return comm_finish(), ncclSuccess;
 }
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t dt, ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
     size_t b = recvcount * nccl_size(dt);
     nccl_buf(send, b * comm->size, "ncclReduceScatter", s), nccl_buf(recv, b, "ncclReduceScatter", s);
     bool in_place = (const char *)recv == (const char *)send + comm->rank * b;
     if (!in_place && overlap(send, b * comm->size, recv, b)) fake_fail("ncclReduceScatter: overlapping buffers that are not NCCL's in-place form");
+    comm_finish();
     issue(s, "ncclReduceScatter");
     nccl_inflight(send, b * comm->size, recv, b);
     void *tmp = malloc(b * comm->size + 1);
     memcpy(tmp, send, b * comm->size);
     MPI_OK(MPI_Reduce_scatter_block(tmp, recv, (int)recvcount, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
     free(tmp);
-    return ncclSuccess;
+    return comm_finish(), ncclSuccess;
 }
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t dt, ncclComm_t comm, cudaStream_t s) {
     size_t b = sendcount * nccl_size(dt);
     nccl_buf(send, b, "ncclAllGather", s), nccl_buf(recv, b * comm->size, "ncclAllGather", s);
     bool in_place = (const char *)send == (const char *)recv + comm->rank * b;
     if (!in_place && overlap(send, b, recv, b * comm->size)) fake_fail("ncclAllGather: overlapping buffers that are not NCCL's in-place form");
+    comm_finish();
     issue(s, "ncclAllGather");
     nccl_inflight(send, b, recv, b * comm->size);
     MPI_OK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)b, MPI_BYTE, recv, (int)b, MPI_BYTE, comm->mpi));
-    return ncclSuccess;
+    return comm_finish(), ncclSuccess;
 }
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt, int root, ncclComm_t comm, cudaStream_t s) {
     size_t b = count * nccl_size(dt);
     nccl_buf(send, b, "ncclBroadcast", s), nccl_buf(recv, b, "ncclBroadcast", s);
+    comm_finish();
     issue(s, "ncclBroadcast");
     nccl_inflight(send, b, recv, b);
     if (comm->rank == root && send != recv) memmove(recv, send, b);
     MPI_OK(MPI_Bcast(recv, (int)b, MPI_BYTE, root, comm->mpi));
-    return ncclSuccess;
+    return comm_finish(), ncclSuccess;
 }
 static void p2p(bool send, void *p, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm, cudaStream_t s) {
     size_t b = count * nccl_size(dt);
     nccl_buf(p, b, send ? "ncclSend" : "ncclRecv", s);
     if (peer < 0 || peer >= comm->size || peer == comm->rank) fake_fail("ncclSend/Recv: peer %d of %d (self: a local copy instead)", peer, comm->size);
     if (!count) fake_fail("ncclSend/Recv of 0 elements (skipped by pith on both sides)");
+    if (depth == 0) comm_finish();
     issue(s, send ? "ncclSend" : "ncclRecv");
     inflight_add(p, b);
     P2p q = {send, p, (int)b, peer, comm};
     if (depth == 0) {
         if (send) MPI_OK(MPI_Send(p, q.bytes, MPI_BYTE, peer, 7, comm->mpi));
         else MPI_OK(MPI_Recv(p, q.bytes, MPI_BYTE, peer, 7, comm->mpi, MPI_STATUS_IGNORE));
+        comm_finish();
         return;
     }
     if (nqueued == 1024) fake_fail("more than 1024 sends and receives in one group");
@@ -283,19 +340,21 @@ ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t dt, int peer, ncc
     p2p(false, recv, count, dt, peer, comm, s);
     return ncclSuccess;
 }
-ncclResult_t ncclGroupStart(void) { return depth++, ncclSuccess; }
+ncclResult_t ncclGroupStart(void) {
+    if (depth++ == 0) comm_finish(); // the comm stream runs one call at a time
+    return ncclSuccess;
+}
 ncclResult_t ncclGroupEnd(void) {
     if (depth == 0) fake_fail("ncclGroupEnd without ncclGroupStart");
     if (--depth) return ncclSuccess;
-    MPI_Request req[1024];
     for (int i = 0; i < nqueued; i++) {
         P2p *q = &queued[i];
         for (int j = 0; j < i; j++)
             if (overlap(q->p, q->bytes, queued[j].p, queued[j].bytes) && (!q->send || !queued[j].send)) fake_fail("a group's buffers overlap");
-        if (q->send) MPI_OK(MPI_Isend(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, &req[i]));
-        else MPI_OK(MPI_Irecv(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, &req[i]));
+        if (q->send) MPI_OK(MPI_Isend(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, &pending.req[i]));
+        else MPI_OK(MPI_Irecv(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, &pending.req[i]));
     }
-    MPI_OK(MPI_Waitall(nqueued, req, MPI_STATUSES_IGNORE));
+    pending.n = nqueued, pending.active = true, pending.ready = now_seconds() + nccl_delay_s();
     nqueued = 0;
     return ncclSuccess;
 }

@@ -73,6 +73,26 @@ TEST(gpu_op_grouped_linear) {
     gpu_report();
 }
 
+// GPT-OSS's per-expert biases: y_e += b_e after whichever product path ran; db_e += Σ_rows dy (fp32).
+TEST(gpu_op_grouped_linear_bias) {
+    gpu_begin();
+    const int64_t offs[6] = {0, 7, 7, 20, 21, 300}; // 5 experts, one empty, one with a single row
+    int64_t R = 300, K = 24, N = 36;
+    MODES {
+        gpu_mode(MODE_DT);
+        DType dt = MODE_DT;
+        Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, 5, N, K, 0), b = pair_rand(dt, 1, 2, 5, N, 0, 0);
+        Pair y = pair_nan(dt, 2, R, N, 0, 0);
+        op_grouped_linear_forward(y.c, x.c, w.c, b.c, offs), op_grouped_linear_forward(y.d, x.d, w.d, b.d, offs);
+        EXPECT_CLOSE(y, GEMM_TOL);
+        Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dw = pair_rand(DT_F32, 1, 3, 5, N, K, 0), db = pair_rand(DT_F32, 1, 2, 5, N, 0, 0);
+        op_grouped_linear_backward_weight(dw.c, db.c, dy.c, x.c, offs), op_grouped_linear_backward_weight(dw.d, db.d, dy.d, x.d, offs);
+        EXPECT_CLOSE(dw, GEMM_TOL);
+        EXPECT_CLOSE(db, GEMM_TOL);
+    }
+    gpu_report();
+}
+
 // ---- norm, RoPE, SwiGLU ----
 static void check_rmsnorm(DType dt, double tol, int64_t R, int64_t D) {
     Pair x = pair_rand(dt, 1.5f, 2, R, D, 0, 0), w = pair_rand(dt, 1, 1, D, 0, 0, 0), y = pair_nan(dt, 2, R, D, 0, 0);
@@ -124,6 +144,36 @@ TEST(gpu_op_rope) {
     gpu_report();
 }
 
+// Both layouts on part of each head: Qwen3.5 (half, the first 64 of 256), MLA (pairs, the last 64 of 192), a
+// whole pair-layout head; YaRN tables (an attention factor folded in: backward is the transpose).
+static void check_rope(DType dt, double tol, RopeLayout layout, int64_t d, int off, int rd) {
+    int64_t T = 20, nh = 3, P = 32;
+    float *cs = xmalloc(P * rd / 2 * sizeof(float)), *sn = xmalloc(P * rd / 2 * sizeof(float));
+    RopeSpec r = {.rd = rd, .theta = 10000, .yarn = true, .factor = 8, .orig_max_pos = 16, .truncate = true};
+    op_rope_tables(tensor_make(cs, DT_F32, DEV_CPU, 2, P, rd / 2, 1, 1), tensor_make(sn, DT_F32, DEV_CPU, 2, P, rd / 2, 1, 1), &r);
+    int32_t pos[20];
+    for (int t = 0; t < T; t++) pos[t] = (int32_t)((t * 7 + 3) % P);
+    Pair c = pair_from(DT_F32, cs, 2, P, rd / 2, 0, 0), s = pair_from(DT_F32, sn, 2, P, rd / 2, 0, 0), ps = pair_i32(pos, T);
+    Pair x = pair_rand(dt, 1, 3, T, nh, d, 0);
+    op_rope(x.c, off, c.c, s.c, ps.c, layout, false), op_rope(x.d, off, c.d, s.d, ps.d, layout, false);
+    EXPECT_CLOSE(x, tol);
+    op_rope(x.c, off, c.c, s.c, ps.c, layout, true), op_rope(x.d, off, c.d, s.d, ps.d, layout, true);
+    EXPECT_CLOSE(x, tol);
+    free(cs), free(sn);
+}
+
+TEST(gpu_op_rope_forms) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        check_rope(MODE_DT, TOL, ROPE_HALF, 256, 0, 64);
+        check_rope(MODE_DT, TOL, ROPE_PAIRS, 192, 128, 64);
+        check_rope(MODE_DT, TOL, ROPE_PAIRS, 64, 0, 64);
+        check_rope(MODE_DT, TOL, ROPE_HALF, 20, 4, 12); // unaligned: the scalar path
+    }
+    gpu_report();
+}
+
 TEST(gpu_op_swiglu) {
     gpu_begin();
     int64_t M = 33, I = 40;
@@ -140,24 +190,50 @@ TEST(gpu_op_swiglu) {
 }
 
 // ---- attention ----
-static void check_attention(DType dt, double tol, int B, int S, int nh, int nkv, int d) {
-    int64_t T = (int64_t)B * S;
-    float scale = 1.0f / sqrtf((float)d);
-    AttnArgs aa = {.B = B, .scale = scale, .causal = true};
-    Pair q = pair_rand(dt, 1, 3, T, nh, d, 0), k = pair_rand(dt, 1, 3, T, nkv, d, 0), v = pair_rand(dt, 1, 3, T, nkv, d, 0);
-    Pair o = pair_nan(dt, 3, T, nh, d, 0), lse = pair_nan(DT_F32, 3, B, nh, S, 0);
-    op_attention_forward(o.c, lse.c, q.c, k.c, v.c, &aa), op_attention_forward(o.d, lse.d, q.d, k.d, v.d, &aa);
+// lse holds −∞ for a query that sees nothing: those must match exactly, the rest within tol.
+static void expect_lse(Pair lse, double tol) {
+    float *g = gpu_down(lse.d), *c = lse.c.p;
+    int64_t n = tensor_numel(lse.c);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bool ci = isinf(c[i]) && c[i] < 0, gi = isinf(g[i]) && g[i] < 0;
+        ASSERT_MSG(ci == gi, "lse[%lld]: gpu %g cpu %g", (long long)i, g[i], c[i]);
+        if (!ci) num += ((double)g[i] - c[i]) * ((double)g[i] - c[i]), den += (double)c[i] * c[i];
+    }
+    double err = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (isnan(err)) err = INFINITY;
+    free(g);
+    record_err(err, "lse");
+    ASSERT_MSG(err <= tol, "lse: relative error %.3g > %.3g", err, tol);
+}
+
+// Every AttnArgs form: q (B·Sq, nh, dqk), k (B·Sk, nkv, dqk), v (B·Sk, nkv, dv); sinks random when asked.
+static void check_attention_args(DType dt, double tol, int Sq, int Sk, int nh, int nkv, int dqk, int dv, AttnArgs a,
+                                 bool sinks) {
+    int B = a.B;
+    int64_t Tq = (int64_t)B * Sq, Tk = (int64_t)B * Sk;
+    Pair q = pair_rand(dt, 1, 3, Tq, nh, dqk, 0), k = pair_rand(dt, 1, 3, Tk, nkv, dqk, 0), v = pair_rand(dt, 1, 3, Tk, nkv, dv, 0);
+    Pair sk = pair_rand(DT_F32, 1, 1, nh, 0, 0, 0), o = pair_nan(dt, 3, Tq, nh, dv, 0), lse = pair_nan(DT_F32, 3, B, nh, Sq, 0);
+    AttnArgs ac = a, ad = a;
+    if (sinks) ac.sinks = sk.c, ad.sinks = sk.d;
+    op_attention_forward(o.c, lse.c, q.c, k.c, v.c, &ac), op_attention_forward(o.d, lse.d, q.d, k.d, v.d, &ad);
     EXPECT_CLOSE(o, tol);
-    EXPECT_CLOSE(lse, tol);
+    expect_lse(lse, tol);
     // the backward reads o and lse: give both sides the CPU's (rounded to dt), so only the backward differs
-    Pair oc = pair_from(dt, o.c.p, 3, T, nh, d, 0), lc = pair_from(DT_F32, lse.c.p, 3, B, nh, S, 0);
-    Pair dout = pair_rand(dt, 1, 3, T, nh, d, 0);
-    Pair dq = pair_nan(dt, 3, T, nh, d, 0), dk = pair_nan(dt, 3, T, nkv, d, 0), dv = pair_nan(dt, 3, T, nkv, d, 0);
-    op_attention_backward(dq.c, dk.c, dv.c, NONE, dout.c, q.c, k.c, v.c, oc.c, lc.c, &aa);
-    op_attention_backward(dq.d, dk.d, dv.d, NONE, dout.d, q.d, k.d, v.d, oc.d, lc.d, &aa);
+    Pair oc = pair_from(dt, o.c.p, 3, Tq, nh, dv, 0), lc = pair_from(DT_F32, lse.c.p, 3, B, nh, Sq, 0);
+    Pair dout = pair_rand(dt, 1, 3, Tq, nh, dv, 0), ds = pair_rand(DT_F32, 1, 1, nh, 0, 0, 0);
+    Pair dq = pair_nan(dt, 3, Tq, nh, dqk, 0), dk = pair_nan(dt, 3, Tk, nkv, dqk, 0), dvv = pair_nan(dt, 3, Tk, nkv, dv, 0);
+    op_attention_backward(dq.c, dk.c, dvv.c, sinks ? ds.c : NONE, dout.c, q.c, k.c, v.c, oc.c, lc.c, &ac);
+    op_attention_backward(dq.d, dk.d, dvv.d, sinks ? ds.d : NONE, dout.d, q.d, k.d, v.d, oc.d, lc.d, &ad);
     EXPECT_CLOSE(dq, tol);
     EXPECT_CLOSE(dk, tol);
-    EXPECT_CLOSE(dv, tol);
+    EXPECT_CLOSE(dvv, tol);
+    if (sinks) EXPECT_CLOSE(ds, tol);
+}
+
+static void check_attention(DType dt, double tol, int B, int S, int nh, int nkv, int d) {
+    AttnArgs a = {.B = B, .scale = 1.0f / sqrtf((float)d), .causal = true};
+    check_attention_args(dt, tol, S, S, nh, nkv, d, d, a, false);
 }
 
 TEST(gpu_op_attention) {
@@ -169,6 +245,28 @@ TEST(gpu_op_attention) {
         check_attention(MODE_DT, TOL, 1, 150, 4, 1, 32);
         check_attention(MODE_DT, TOL, 2, 77, 4, 2, 64);
         check_attention(MODE_DT, TOL, 1, 200, 2, 1, 128);
+    }
+    gpu_report();
+}
+
+// The widened forms on our generic kernels (and whatever faster path takes them): MLA's 192/128 head dims,
+// GPT-OSS's window and sinks, ring attention's blocks at offsets (a causal pair where the first queries see
+// nothing; a query block against a key block, all visible).
+TEST(gpu_op_attention_forms) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        float s192 = 1.0f / sqrtf(192.0f), s64 = 0.125f;
+        check_attention_args(MODE_DT, TOL, 90, 90, 4, 4, 192, 128, (AttnArgs){.B = 2, .scale = s192, .causal = true}, false);
+        printf("     MLA 192/128 %s: the backward ran %s\n", mode_ ? "bf16" : "fp32", cuda_attention_last_path());
+        check_attention_args(MODE_DT, TOL, 70, 70, 4, 2, 32, 16, (AttnArgs){.B = 2, .scale = 0.2f, .causal = true}, false);
+        check_attention_args(MODE_DT, TOL, 200, 200, 8, 2, 64, 64, (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 37},
+                             true);
+        check_attention_args(MODE_DT, TOL, 100, 100, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true}, true);
+        check_attention_args(MODE_DT, TOL, 64, 64, 4, 2, 64, 64,
+                             (AttnArgs){.B = 2, .scale = s64, .causal = true, .q_off = 64, .k_off = 100}, false);
+        check_attention_args(MODE_DT, TOL, 48, 96, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .q_off = 96}, false);
+        check_attention_args(MODE_DT, TOL, 50, 80, 4, 4, 192, 128, (AttnArgs){.B = 1, .scale = s192, .k_off = 40}, false);
     }
     gpu_report();
 }
@@ -456,28 +554,34 @@ TEST(gpu_op_grouped_kernels) {
 }
 
 // ---- mixture of experts ----
-static void check_router(bool renorm, bool force) {
-    int64_t T = 50, E = 8;
-    int k = 3;
+static void check_router_args(RouterArgs a, int64_t E, bool bias) {
+    int64_t T = 50;
+    int k = a.k;
     Pair logits = pair_rand(DT_F32, 2, 2, T, E, 0, 0), probs = pair_nan(DT_F32, 2, T, E, 0, 0), w = pair_nan(DT_F32, 2, T, k, 0, 0);
-    int32_t junk[150];
-    for (int i = 0; i < 150; i++) junk[i] = -7;
+    Pair bs = pair_rand(DT_F32, 0.1f, 1, E, 0, 0, 0);
+    int32_t *junk = xmalloc(T * k * sizeof(int32_t));
+    for (int i = 0; i < T * k; i++) junk[i] = -7;
     Pair idx = pair_i32(junk, T * k);
+    free(junk);
     idx.c = tensor_reshape2(idx.c, T, k), idx.d = tensor_reshape2(idx.d, T, k);
-    RouterArgs ra = {.k = k, .renorm = renorm, .scale = 1, .force_balance = force};
-    op_router_forward(probs.c, idx.c, w.c, logits.c, &ra), op_router_forward(probs.d, idx.d, w.d, logits.d, &ra);
+    RouterArgs ac = a, ad = a;
+    if (bias) ac.bias = bs.c, ad.bias = bs.d;
+    op_router_forward(probs.c, idx.c, w.c, logits.c, &ac), op_router_forward(probs.d, idx.d, w.d, logits.d, &ad);
     EXPECT_CLOSE(probs, 1e-5);
     EXPECT_CLOSE(w, 1e-5);
     int32_t *gi = gpu_down_i32(idx.d);
-    for (int64_t i = 0; i < T * k; i++) ASSERT_MSG(gi[i] == ((int32_t *)idx.c.p)[i], "idx[%lld]: gpu %d cpu %d", (long long)i, gi[i], ((int32_t *)idx.c.p)[i]);
+    for (int64_t i = 0; i < T * k; i++)
+        ASSERT_MSG(gi[i] == ((int32_t *)idx.c.p)[i], "idx[%lld]: gpu %d cpu %d", (long long)i, gi[i], ((int32_t *)idx.c.p)[i]);
     free(gi);
     Pair dw = pair_rand(DT_F32, 1, 2, T, k, 0, 0), lbg = pair_rand(DT_F32, 0.1f, 1, E, 0, 0, 0), dl = pair_nan(DT_F32, 2, T, E, 0, 0);
-    op_router_backward(dl.c, dw.c, lbg.c, probs.c, idx.c, w.c, &ra),
-        op_router_backward(dl.d, dw.d, lbg.d, probs.d, idx.d, w.d, &ra);
+    op_router_backward(dl.c, dw.c, lbg.c, probs.c, idx.c, w.c, &ac), op_router_backward(dl.d, dw.d, lbg.d, probs.d, idx.d, w.d, &ad);
     EXPECT_CLOSE(dl, 1e-5);
-    op_router_backward(dl.c, dw.c, NONE, probs.c, idx.c, w.c, &ra),
-        op_router_backward(dl.d, dw.d, NONE, probs.d, idx.d, w.d, &ra);
+    op_router_backward(dl.c, dw.c, NONE, probs.c, idx.c, w.c, &ac), op_router_backward(dl.d, dw.d, NONE, probs.d, idx.d, w.d, &ad);
     EXPECT_CLOSE(dl, 1e-5);
+}
+
+static void check_router(bool renorm, bool force) {
+    check_router_args((RouterArgs){.k = 3, .renorm = renorm, .scale = 1, .force_balance = force}, 8, false);
 }
 
 TEST(gpu_op_router) {
@@ -485,6 +589,19 @@ TEST(gpu_op_router) {
     check_router(true, false);
     check_router(false, false);
     check_router(true, true);
+    gpu_report();
+}
+
+// Every other form: routed scaling, top-k softmax (GPT-OSS), group-limited greedy (DeepSeek-V2: 64 experts in 8
+// groups, 3 kept, top-6), a selection bias, with forced routing too.
+TEST(gpu_op_router_forms) {
+    gpu_begin();
+    check_router_args((RouterArgs){.k = 6, .scale = 2.5f}, 64, false);
+    check_router_args((RouterArgs){.k = 4, .softmax_topk = true, .scale = 1}, 32, false);
+    check_router_args((RouterArgs){.k = 4, .softmax_topk = true, .scale = 1, .force_balance = true}, 32, false);
+    check_router_args((RouterArgs){.k = 6, .scale = 16, .n_group = 8, .topk_group = 3}, 64, false);
+    check_router_args((RouterArgs){.k = 8, .renorm = true, .scale = 2.5f, .n_group = 8, .topk_group = 4}, 256, true);
+    check_router_args((RouterArgs){.k = 8, .renorm = true, .scale = 1}, 128, true);
     gpu_report();
 }
 
@@ -691,5 +808,26 @@ TEST(gpu_op_grouped_paths) {
     EXPECT_CLOSE(dx2, 1e-2);
     ASSERT_MSG(cuda_grouped_calls("big") == big0 + 4, "%lld of 4 large-expert products ran beside the grouped call",
                (long long)(cuda_grouped_calls("big") - big0));
+    gpu_report();
+}
+
+// Column slices between every dtype pair the models use (the CPU side is fp32 throughout).
+static void check_copy_cols(DType dd, DType sd, bool acc) {
+    int64_t R = 37, Cd = 200, Cs = 90, a = 64, b = 8, n = 72;
+    Pair src = pair_rand(sd, 1, 2, R, Cs, 0, 0), dst = pair_rand(dd, 1, 2, R, Cd, 0, 0);
+    op_copy_cols(dst.c, a, src.c, b, n, acc), op_copy_cols(dst.d, a, src.d, b, n, acc);
+    EXPECT_CLOSE(dst, dd == DT_BF16 ? 1e-2 : 0); // into fp32 the copy (and sum) is exact
+}
+
+TEST(gpu_op_copy_cols) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        for (int acc = 0; acc < 2; acc++) {
+            check_copy_cols(MODE_DT, MODE_DT, acc);
+            check_copy_cols(DT_F32, MODE_DT, acc);
+            check_copy_cols(MODE_DT, DT_F32, acc);
+        }
+    }
     gpu_report();
 }

@@ -12,16 +12,23 @@
 //   comm-gpu, ep-gpu, hang-gpu, p2p-gpu, hang-p2p-gpu   the same on device buffers over NCCL (one GPU per
 //              rank, dist_mesh_gpu); comm-gpu adds bf16 (all-gather, all-to-all-v, all-reduce on a real GPU)
 //   hazard-gpu an op reads a receive's buffer before comm_wait: the fake GPU must refuse it
+//   pipe-model the schedule on the real model: each rank runs its two chunks of a 4-layer Qwen3-MoE (one
+//              engine per record slot, one pipeline over the world); the summed loss, load-balancing loss
+//              and gradients equal one engine running every micro-batch through the whole model
+//   overlap-gpu with every NCCL group lasting PITH_FAKE_NCCL_DELAY_MS (the fake), a ring exchange issued
+//              before 'compute' (a sleep as long) ends sooner than one waited for before it
 //   pipe[-gpu] the DualPipeV schedule run by dualpipev_run over the world as one pipeline of P ranks, on a
 //              toy model of 2P linear chunks (loss ½‖y‖², deferred weight gradients): the loss and every
 //              chunk's weight gradient against an fp64 reference of the whole chain on one rank
 // A failed check dies (every rank stops, the message names the rank); success prints "ok SUITE" on rank 0.
 #include <math.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "parallel/ep.h"
 #include "parallel/mesh.h"
 #include "pipe/dualpipev.h"
+#include "pipe/schedule.h"
 
 static int nchecks;
 #define EXPECT(cond, ...)                                                                             \
@@ -354,6 +361,100 @@ static void run_pipe_case(const Dist *d, int N) {
     dualpipev_run_free(&run), dualpipev_free(&s), arena_destroy(&a);
 }
 
+// ---- pipe-model: the schedule on the real model ----
+
+enum { MB_B = 2, MB_S = 8 };
+typedef struct {
+    Engine *eng[2]; // per phase, per record slot: an engine over the chunk's layers
+    int32_t (*tok)[MB_B * MB_S], (*lab)[MB_B * MB_S];
+} ModelChunks;
+
+static void chunk_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
+    ModelChunks *c = ctx;
+    Engine *e = &c->eng[p][slot];
+    engine_load(e, c->tok[mb], c->lab[mb]);
+    if (x.p) op_copy(e->h[e->l0], x);
+    engine_forward(e, true);
+    if (y.p) op_copy(y, e->h[e->l1]);
+}
+
+// Weight gradients are never deferred here (weight() has nothing left to do): the sums are the same.
+static void chunk_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor dx, bool defer) {
+    ModelChunks *c = ctx;
+    Engine *e = &c->eng[p][slot];
+    if (dy.p) op_copy(e->dh[0], dy);
+    engine_backward(e);
+    if (dx.p) op_copy(dx, engine_input_grad(e));
+}
+static void chunk_weight(void *ctx, int p, int mb, int slot) {}
+
+static void suite_pipe_model(const Dist *d, int N) {
+    const Comm *w = &d->world;
+    int P = w->size, r = w->rank, T = MB_B * MB_S, L = 4 * P;
+    char path[256], json[1024];
+    snprintf(path, sizeof path, "/tmp/pith-pipe-model-%d.json", (int)getpid());
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": %d, \"num_attention_heads\": 4,"
+             " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
+             " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}", L);
+    FILE *f = fopen(path, "w");
+    CHECK(f && fputs(json, f) >= 0 && fclose(f) == 0);
+    ModelConfig mc;
+    const ModelFamily *fam = model_config_load(&mc, path);
+    remove(path);
+    Model m;
+    model_create(&m, fam, &mc, DEV_CPU, DT_F32, MB_S);
+    m.lb_coef = 0.01;
+    model_lb_setup(&m, LB_MICRO_BATCH, NULL, T);
+    for (int g = 0; g < NGROUPS; g++) params_init(&m.params, g, m.w[g].p, 7, 0.2, mc.layers);
+    ModelChunks c = {.tok = xmalloc(N * sizeof *c.tok), .lab = xmalloc(N * sizeof *c.lab)};
+    for (int mb = 0; mb < N; mb++)
+        for (int t = 0; t < T; t++) c.tok[mb][t] = (int32_t)(rng_u64(5, mb, t) % 64), c.lab[mb][t] = t % 5 == 2 ? -100 : (int32_t)(rng_u64(6, mb, t) % 64);
+    // the pipeline: chunk k holds layers [2k, 2k + 2)
+    PipeSchedule s;
+    dualpipev_build(&s, P, N, r, false);
+    for (int p = 0; p < 2; p++) {
+        int k = dualpipev_chunk(P, r, p);
+        c.eng[p] = xcalloc(s.slots[PIPE_REC][p], sizeof(Engine));
+        for (int i = 0; i < s.slots[PIPE_REC][p]; i++) engine_init_chunk(&c.eng[p][i], &m, MB_B, MB_S, 2 * k, 2 * k + 2);
+    }
+    Arena cnt = arena_counting("pipeline", DEV_CPU);
+    PipeRun run;
+    dualpipev_run_init(&run, &s, w, &cnt, DT_F32, T, mc.hidden);
+    dualpipev_run_free(&run);
+    Arena a = arena_create("pipeline", DEV_CPU, cnt.peak + ARENA_ALIGN);
+    dualpipev_run_init(&run, &s, w, &a, DT_F32, T, mc.hidden);
+    model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+    dualpipev_run(&run, &(PipeChunks){&c, chunk_forward, chunk_backward, chunk_weight});
+    // every gradient is made on one rank: their sum is the pipeline's gradient
+    for (int g = 0; g < NGROUPS; g++) comm_allreduce(w, m.g[g], COMM_SUM);
+    comm_allreduce(w, m.loss_sum, COMM_SUM), comm_allreduce(w, m.lb_sum, COMM_SUM);
+    double loss = op_read_scalar(m.loss_sum), lb = op_read_scalar(m.lb_sum);
+    float *g[NGROUPS];
+    for (int k = 0; k < NGROUPS; k++) g[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(g[k], m.g[k].p, tensor_bytes(m.g[k]));
+    // one engine, every micro-batch through the whole model
+    Engine e;
+    engine_init(&e, &m, MB_B, MB_S);
+    model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+    for (int mb = 0; mb < N; mb++) engine_load(&e, c.tok[mb], c.lab[mb]), engine_forward(&e, true), engine_backward(&e);
+    double rl = op_read_scalar(m.loss_sum), rlb = op_read_scalar(m.lb_sum);
+    EXPECT(fabs(loss - rl) <= 1e-6 * rl && fabs(lb - rlb) <= 1e-6 * rlb, "P=%d N=%d: loss %.9g lb %.9g vs one engine %.9g %.9g\n", P, N, loss, lb, rl, rlb);
+    for (int k = 0; k < NGROUPS; k++) {
+        double num = 0, den = 0;
+        const float *x = m.g[k].p;
+        for (int64_t i = 0; i < tensor_numel(m.g[k]); i++) num += (double)(g[k][i] - x[i]) * (g[k][i] - x[i]), den += (double)x[i] * x[i];
+        EXPECT(sqrt(num / den) <= 1e-5, "P=%d N=%d: gradient group %d differs by %.3g\n", P, N, k, sqrt(num / den));
+        free(g[k]);
+    }
+    if (r == 0) printf("pipe-model P=%d N=%d: loss %.9g (one engine %.9g)\n", P, N, loss, rl);
+    engine_free(&e);
+    for (int p = 0; p < 2; p++) {
+        for (int i = 0; i < s.slots[PIPE_REC][p]; i++) engine_free(&c.eng[p][i]);
+        free(c.eng[p]);
+    }
+    dualpipev_run_free(&run), dualpipev_free(&s), arena_destroy(&a), model_free(&m), free(c.tok), free(c.lab);
+}
+
 // ---- ep: dispatch and combine ----
 
 typedef struct {
@@ -553,6 +654,8 @@ int main(int argc, char **argv) {
     } else if (!strcmp(suite, "p2p")) suite_p2p(&d);
     else if (!strcmp(suite, "pipe"))
         for (int k = 0; k < 3; k++) run_pipe_case(&d, (int[]){2 * P, 2 * P + 3, 4 * P + 1}[k]);
+    else if (!strcmp(suite, "pipe-model") && !gpu)
+        for (int k = 0; k < 2; k++) suite_pipe_model(&d, (int[]){2 * P, 2 * P + 3}[k]);
     else if (!strcmp(suite, "hang-p2p")) { // rank 1 never posts its sends
         Tensor x = host(DT_F32, 4, 1), xd = up(x);
         if (d.world.rank == 1) sleep(30);
@@ -561,6 +664,22 @@ int main(int argc, char **argv) {
             comm_wait(&q);
             down(x, xd);
         }
+    } else if (!strcmp(suite, "overlap") && gpu) {
+        const char *e = getenv("PITH_FAKE_NCCL_DELAY_MS");
+        double delay = e ? atof(e) / 1000 : 0, took[2];
+        Tensor x = host(DT_F32, 1024, 1), y = host(DT_F32, 1024, 1), xd = up(x), yd = up(y);
+        int P = d.world.size, me = d.world.rank;
+        for (int overlapped = 0; overlapped < 2; overlapped++) {
+            comm_barrier(&d.world);
+            double t0 = now_seconds();
+            CommReq q = comm_p2p_start(&d.world, (CommP2p[]){{true, xd, (me + 1) % P}, {false, yd, (me + P - 1) % P}}, 2);
+            if (!overlapped) comm_wait(&q), down(y, yd);
+            nanosleep(&(struct timespec){(time_t)delay, (long)((delay - (time_t)delay) * 1e9)}, NULL); // the compute
+            if (overlapped) comm_wait(&q), down(y, yd);
+            took[overlapped] = now_seconds() - t0;
+        }
+        if (me == 0) printf("exchange then compute %.3f s, overlapped %.3f s (delay %.3f s)\n", took[0], took[1], delay);
+        EXPECT(delay > 0 && took[0] >= 1.9 * delay && took[1] < 0.8 * took[0], "no overlap: %.3f s vs %.3f s\n", took[1], took[0]);
     } else if (!strcmp(suite, "hazard") && gpu) { // an op on a receive's buffer before the wait
         Tensor x = host(DT_F32, 4, 1), xd = up(x);
         int peer = d.world.rank ^ 1;

@@ -1,28 +1,58 @@
-// cuda_attention.cu — flash attention forward and backward: causal grouped-query attention with an LSE
-// output, never materialising the S×S score matrix (Dao et al., FlashAttention-2, Algorithms 1 and 2).
-// q, o, dq, dout: (B·S, nh, D); k, v, dk, dv: (B·S, nkv, D); lse: (B, nh, S) fp32; query head h reads
-// kv head h / (nh/nkv). Storage fp32 or bf16, arithmetic fp32.
-//   forward   s_ij = scale·q_i·k_j (j visible from i), online softmax over key tiles:
+// cuda_attention.cu — flash attention forward and backward for every form of ops.h (AttnArgs): grouped-query
+// attention, q·k head dim DQK and v head dim DV (MLA: 192, 128), causal or block against block at position
+// offsets, sliding window, per-head sinks, with an LSE output, never materialising the Sq×Sk score matrix
+// (Dao et al., FlashAttention-2, Algorithms 1 and 2).
+// q, dq: (B·Sq, nh, DQK); o, dout: (B·Sq, nh, DV); k, dk: (B·Sk, nkv, DQK); v, dv: (B·Sk, nkv, DV);
+// lse: (B, nh, Sq) fp32; query head h reads kv head h / (nh/nkv). Storage fp32 or bf16, arithmetic fp32.
+//   forward   s_ij = scale·q_i·k_j (j visible from i), online softmax over key tiles, the sink a key of
+//             score sinks[h] and no value (m starts at the sink, l at 1):
 //             m ← max(m, max_j s_ij), l ← l·e^(m_old−m) + Σ_j e^(s_ij−m), acc ← acc·e^(m_old−m) + Σ_j e^(s_ij−m)·v_j;
-//             o_i = acc/l, lse_i = m + log l.
-//   backward  p_ij = e^(s_ij − lse_i), D_i = dout_i·o_i, ds_ij = p_ij·(dout_i·v_j − D_i);
+//             o_i = acc/l, lse_i = m + log l; a query that sees nothing: o = 0, lse = −∞.
+//   backward  p_ij = e^(s_ij − lse_i) (0 where lse = −∞), D_i = dout_i·o_i, ds_ij = p_ij·(dout_i·v_j − D_i);
 //             dq_i = scale·Σ_j ds_ij·k_j  (kernel 1: one block per query tile)
 //             dk_j = scale·Σ_i ds_ij·q_i, dv_j = Σ_i p_ij·dout_i, summed over the query heads of the group
-//             (kernel 2: one block per key tile and kv head: no atomics, deterministic).
+//             (kernel 2: one block per key tile and kv head: no atomics, deterministic);
+//             dsinks_h += −Σ_i e^(sinks_h − lse_i)·D_i (kernel 3: one block per head).
 // Layout of the work: a block holds ATT_ROWS rows (queries, or keys in the dk/dv kernel); each row is
 // owned by TPR consecutive threads, thread `sub` holding elements c·TPR + sub (c < D/TPR) in registers,
 // so a dot product is a register loop plus a log2(TPR)-step shuffle. The other side (keys, or queries)
-// streams through shared memory in tiles of ATT_TILE rows, converted to fp32 on load.
-// Visibility is one function (attn_visible) and the tile range one loop bound, which is where sliding
-// windows, sinks and varlen/document masks slot in. Different q·k and v head dims (192/128) need a
-// second D parameter. These scalar-FMA kernels serve fp32 (parity runs) and the head dims the tensor-core
-// kernels of cuda_flash.cu (bf16, d 64 and 128) do not cover.
+// streams through shared memory in tiles of ATT_TILE rows, converted to fp32 on load. Visibility is one
+// function (attn_visible) and the tile range of a block two bounds (attn_key_range, attn_query_range).
+// These scalar-FMA kernels serve fp32 (parity runs) and every form the tensor-core kernels of cuda_flash.cu
+// and cuDNN (cuda_cudnn.cu) do not cover.
 #include "ops/cuda/cuda_common.cuh"
 
 #define ATT_ROWS 64
 #define ATT_TILE 32
 
-__device__ __forceinline__ bool attn_visible(int i, int j) { return j <= i; } // causal
+// What a kernel needs of AttnArgs and the shapes.
+typedef struct {
+    int Sq, Sk, nh, nkv, window;
+    bool causal;
+    float scale;
+    int64_t q_off, k_off;
+    const float *sinks; // (nh) or NULL
+} AttnParams;
+
+// Key j is visible to query i (indices within their blocks).
+__device__ __forceinline__ bool attn_visible(const AttnParams &p, int i, int j) {
+    int64_t qp = p.q_off + i, kp = p.k_off + j;
+    return (!p.causal || kp <= qp) && (p.window == 0 || kp > qp - p.window);
+}
+// The keys [*lo, *hi) any of the queries q0..q0+n−1 can see.
+__device__ __forceinline__ void attn_key_range(const AttnParams &p, int q0, int n, int *lo, int *hi) {
+    int64_t l = 0, h = p.Sk;
+    if (p.causal) h = min(h, p.q_off + q0 + n - p.k_off);
+    if (p.window) l = max(l, p.q_off + q0 - p.window + 1 - p.k_off);
+    *lo = (int)l, *hi = (int)max(h, l);
+}
+// The queries [*lo, *hi) that can see any of the keys k0..k0+n−1.
+__device__ __forceinline__ void attn_query_range(const AttnParams &p, int k0, int n, int *lo, int *hi) {
+    int64_t l = 0, h = p.Sq;
+    if (p.causal) l = max(l, p.k_off + k0 - p.q_off);
+    if (p.window) h = min(h, p.k_off + k0 + n - 1 + p.window - p.q_off);
+    *lo = (int)l, *hi = (int)max(h, l);
+}
 
 // Sum over the TPR consecutive lanes that own one row.
 template <int TPR> __device__ __forceinline__ float row_sum(float v) {
@@ -31,144 +61,156 @@ template <int TPR> __device__ __forceinline__ float row_sum(float v) {
 }
 
 // Loads rows r0..r0+ATT_TILE of one head of a (B·S, heads, D) tensor into tile (ATT_TILE × D fp32);
-// rows at or past S read as 0.
+// rows outside 0..S read as 0.
 template <typename T, int D>
 __device__ __forceinline__ void load_tile(float *tile, const T *x, int b, int S, int heads, int head, int r0) {
     for (int e = threadIdx.x; e < ATT_TILE * D; e += blockDim.x) {
         int rr = e / D, c = e % D, r = r0 + rr;
-        tile[e] = r < S ? ld(x, (((int64_t)b * S + r) * heads + head) * D + c) : 0.0f;
+        tile[e] = r >= 0 && r < S ? ld(x, (((int64_t)b * S + r) * heads + head) * D + c) : 0.0f;
     }
 }
 
-template <typename T, int D, int TPR>
-__global__ void __launch_bounds__(ATT_ROWS *TPR) attention_forward_kernel(T *o, float *lse, const T *q, const T *k, const T *v, int S, int nh,
-                                                                          int nkv, float scale) {
-    constexpr int DPT = D / TPR;
+template <typename T, int DQK, int DV, int TPR>
+__global__ void __launch_bounds__(ATT_ROWS *TPR)
+    attention_forward_kernel(T *o, float *lse, const T *q, const T *k, const T *v, AttnParams p) {
+    constexpr int QPT = DQK / TPR, VPT = DV / TPR;
     extern __shared__ float smem[];
-    float *ks = smem, *vs = smem + ATT_TILE * D;
-    int bh = blockIdx.y, b = bh / nh, h = bh % nh, g = h / (nh / nkv);
+    float *ks = smem, *vs = smem + ATT_TILE * DQK;
+    int bh = blockIdx.y, b = bh / p.nh, h = bh % p.nh, g = h / (p.nh / p.nkv);
     int r = threadIdx.x / TPR, sub = threadIdx.x % TPR, q0 = blockIdx.x * ATT_ROWS, i = q0 + r;
-    bool valid = i < S; // rows past S compute along (the shuffles need every lane) but store nothing
-    int64_t qoff = (((int64_t)b * S + (valid ? i : 0)) * nh + h) * D;
-    float qr[DPT], acc[DPT];
+    bool valid = i < p.Sq; // rows past Sq compute along (the shuffles need every lane) but store nothing
+    int64_t qrow = ((int64_t)b * p.Sq + (valid ? i : 0)) * p.nh + h;
+    float qr[QPT], acc[VPT];
 #pragma unroll
-    for (int c = 0; c < DPT; c++) qr[c] = valid ? ld(q, qoff + c * TPR + sub) : 0.0f, acc[c] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
-    int kend = min(S, q0 + ATT_ROWS); // keys past the block's last query are invisible to all its rows
-    for (int j0 = 0; j0 < kend; j0 += ATT_TILE) {
+    for (int c = 0; c < QPT; c++) qr[c] = valid ? ld(q, qrow * DQK + c * TPR + sub) : 0.0f;
+#pragma unroll
+    for (int c = 0; c < VPT; c++) acc[c] = 0.0f;
+    float m = p.sinks ? p.sinks[h] : -INFINITY, l = p.sinks ? 1.0f : 0.0f;
+    int jlo, jhi;
+    attn_key_range(p, q0, ATT_ROWS, &jlo, &jhi);
+    for (int j0 = jlo / ATT_TILE * ATT_TILE; j0 < jhi; j0 += ATT_TILE) {
         __syncthreads(); // the previous tile is consumed
-        load_tile<T, D>(ks, k, b, S, nkv, g, j0);
-        load_tile<T, D>(vs, v, b, S, nkv, g, j0);
+        load_tile<T, DQK>(ks, k, b, p.Sk, p.nkv, g, j0);
+        load_tile<T, DV>(vs, v, b, p.Sk, p.nkv, g, j0);
         __syncthreads();
         float s[ATT_TILE], mt = -INFINITY;
 #pragma unroll
         for (int jj = 0; jj < ATT_TILE; jj++) {
             float part = 0.0f;
 #pragma unroll
-            for (int c = 0; c < DPT; c++) part += qr[c] * ks[jj * D + c * TPR + sub];
+            for (int c = 0; c < QPT; c++) part += qr[c] * ks[jj * DQK + c * TPR + sub];
             part = row_sum<TPR>(part);
             int j = j0 + jj;
-            s[jj] = j < S && attn_visible(i, j) ? scale * part : -INFINITY;
+            s[jj] = j < p.Sk && attn_visible(p, i, j) ? p.scale * part : -INFINITY;
             mt = fmaxf(mt, s[jj]);
         }
         float mn = fmaxf(m, mt);
-        if (mn == -INFINITY) continue; // nothing visible yet (only rows past S)
+        if (mn == -INFINITY) continue; // nothing visible yet
         float corr = expf(m - mn);
         l *= corr;
 #pragma unroll
-        for (int c = 0; c < DPT; c++) acc[c] *= corr;
+        for (int c = 0; c < VPT; c++) acc[c] *= corr;
 #pragma unroll
         for (int jj = 0; jj < ATT_TILE; jj++) {
-            float p = expf(s[jj] - mn);
-            l += p;
+            float pj = expf(s[jj] - mn);
+            l += pj;
 #pragma unroll
-            for (int c = 0; c < DPT; c++) acc[c] += p * vs[jj * D + c * TPR + sub];
+            for (int c = 0; c < VPT; c++) acc[c] += pj * vs[jj * DV + c * TPR + sub];
         }
         m = mn;
     }
     if (!valid) return;
+    bool none = m == -INFINITY; // no visible key and no sink
 #pragma unroll
-    for (int c = 0; c < DPT; c++) st(o, qoff + c * TPR + sub, acc[c] / l);
-    if (sub == 0) lse[((int64_t)b * nh + h) * S + i] = m + logf(l);
+    for (int c = 0; c < VPT; c++) st(o, qrow * DV + c * TPR + sub, none ? 0.0f : acc[c] / l);
+    if (sub == 0) lse[((int64_t)b * p.nh + h) * p.Sq + i] = none ? -INFINITY : m + logf(l);
 }
 
 // dq for one query tile; D_i from dout and o.
-template <typename T, int D, int TPR>
-__global__ void __launch_bounds__(ATT_ROWS *TPR) attention_backward_dq_kernel(T *dq, const T *dout, const T *q, const T *k, const T *v, const T *o,
-                                                                              const float *lse, int S, int nh, int nkv, float scale) {
-    constexpr int DPT = D / TPR;
+template <typename T, int DQK, int DV, int TPR>
+__global__ void __launch_bounds__(ATT_ROWS *TPR) attention_backward_dq_kernel(T *dq, const T *dout, const T *q, const T *k,
+                                                                              const T *v, const T *o, const float *lse,
+                                                                              AttnParams p) {
+    constexpr int QPT = DQK / TPR, VPT = DV / TPR;
     extern __shared__ float smem[];
-    float *ks = smem, *vs = smem + ATT_TILE * D;
-    int bh = blockIdx.y, b = bh / nh, h = bh % nh, g = h / (nh / nkv);
+    float *ks = smem, *vs = smem + ATT_TILE * DQK;
+    int bh = blockIdx.y, b = bh / p.nh, h = bh % p.nh, g = h / (p.nh / p.nkv);
     int r = threadIdx.x / TPR, sub = threadIdx.x % TPR, q0 = blockIdx.x * ATT_ROWS, i = q0 + r;
-    bool valid = i < S;
-    int64_t qoff = (((int64_t)b * S + (valid ? i : 0)) * nh + h) * D;
-    float qr[DPT], dor[DPT], dqa[DPT], Di = 0.0f;
+    bool valid = i < p.Sq;
+    int64_t qrow = ((int64_t)b * p.Sq + (valid ? i : 0)) * p.nh + h;
+    float qr[QPT], dor[VPT], dqa[QPT], Di = 0.0f;
 #pragma unroll
-    for (int c = 0; c < DPT; c++) {
-        qr[c] = valid ? ld(q, qoff + c * TPR + sub) : 0.0f;
-        dor[c] = valid ? ld(dout, qoff + c * TPR + sub) : 0.0f;
-        Di += dor[c] * (valid ? ld(o, qoff + c * TPR + sub) : 0.0f);
-        dqa[c] = 0.0f;
+    for (int c = 0; c < QPT; c++) qr[c] = valid ? ld(q, qrow * DQK + c * TPR + sub) : 0.0f, dqa[c] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < VPT; c++) {
+        dor[c] = valid ? ld(dout, qrow * DV + c * TPR + sub) : 0.0f;
+        Di += dor[c] * (valid ? ld(o, qrow * DV + c * TPR + sub) : 0.0f);
     }
     Di = row_sum<TPR>(Di);
-    float L = valid ? lse[((int64_t)b * nh + h) * S + i] : 0.0f;
-    int kend = min(S, q0 + ATT_ROWS);
-    for (int j0 = 0; j0 < kend; j0 += ATT_TILE) {
+    float L = valid ? lse[((int64_t)b * p.nh + h) * p.Sq + i] : -INFINITY;
+    bool live = L != -INFINITY; // a query that saw nothing has no gradient
+    int jlo, jhi;
+    attn_key_range(p, q0, ATT_ROWS, &jlo, &jhi);
+    for (int j0 = jlo / ATT_TILE * ATT_TILE; j0 < jhi; j0 += ATT_TILE) {
         __syncthreads();
-        load_tile<T, D>(ks, k, b, S, nkv, g, j0);
-        load_tile<T, D>(vs, v, b, S, nkv, g, j0);
+        load_tile<T, DQK>(ks, k, b, p.Sk, p.nkv, g, j0);
+        load_tile<T, DV>(vs, v, b, p.Sk, p.nkv, g, j0);
         __syncthreads();
 #pragma unroll 4
         for (int jj = 0; jj < ATT_TILE; jj++) {
             float sp = 0.0f, dp = 0.0f;
 #pragma unroll
-            for (int c = 0; c < DPT; c++) sp += qr[c] * ks[jj * D + c * TPR + sub], dp += dor[c] * vs[jj * D + c * TPR + sub];
+            for (int c = 0; c < QPT; c++) sp += qr[c] * ks[jj * DQK + c * TPR + sub];
+#pragma unroll
+            for (int c = 0; c < VPT; c++) dp += dor[c] * vs[jj * DV + c * TPR + sub];
             sp = row_sum<TPR>(sp);
             dp = row_sum<TPR>(dp);
             int j = j0 + jj;
-            float p = valid && j < S && attn_visible(i, j) ? expf(scale * sp - L) : 0.0f;
-            float ds = scale * p * (dp - Di);
+            float pj = live && j < p.Sk && attn_visible(p, i, j) ? expf(p.scale * sp - L) : 0.0f;
+            float ds = p.scale * pj * (dp - Di);
 #pragma unroll
-            for (int c = 0; c < DPT; c++) dqa[c] += ds * ks[jj * D + c * TPR + sub];
+            for (int c = 0; c < QPT; c++) dqa[c] += ds * ks[jj * DQK + c * TPR + sub];
         }
     }
     if (!valid) return;
 #pragma unroll
-    for (int c = 0; c < DPT; c++) st(dq, qoff + c * TPR + sub, dqa[c]);
+    for (int c = 0; c < QPT; c++) st(dq, qrow * DQK + c * TPR + sub, dqa[c]);
 }
 
-// dk, dv for one key tile of one kv head, summed over the group's query heads and every query tile at
-// or after the key tile (causal).
-template <typename T, int D, int TPR>
-__global__ void __launch_bounds__(ATT_ROWS *TPR) attention_backward_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v,
-                                                                                const T *o, const float *lse, int S, int nh, int nkv, float scale) {
-    constexpr int DPT = D / TPR;
+// dk, dv for one key tile of one kv head, summed over the group's query heads and every query tile that
+// can see it.
+template <typename T, int DQK, int DV, int TPR>
+__global__ void __launch_bounds__(ATT_ROWS *TPR)
+    attention_backward_dkdv_kernel(T *dk, T *dv, const T *dout, const T *q, const T *k, const T *v, const T *o,
+                                   const float *lse, AttnParams p) {
+    constexpr int QPT = DQK / TPR, VPT = DV / TPR;
     extern __shared__ float smem[];
-    float *qs = smem, *dos = smem + ATT_TILE * D, *Ls = dos + ATT_TILE * D, *Ds = Ls + ATT_TILE;
-    int bg = blockIdx.y, b = bg / nkv, g = bg % nkv, grp = nh / nkv;
+    float *qs = smem, *dos = smem + ATT_TILE * DQK, *Ls = dos + ATT_TILE * DV, *Ds = Ls + ATT_TILE;
+    int bg = blockIdx.y, b = bg / p.nkv, g = bg % p.nkv, grp = p.nh / p.nkv;
     int r = threadIdx.x / TPR, sub = threadIdx.x % TPR, k0 = blockIdx.x * ATT_ROWS, j = k0 + r;
-    bool valid = j < S;
-    int64_t koff = (((int64_t)b * S + (valid ? j : 0)) * nkv + g) * D;
-    float kr[DPT], vr[DPT], dka[DPT], dva[DPT];
+    bool valid = j < p.Sk;
+    int64_t krow = ((int64_t)b * p.Sk + (valid ? j : 0)) * p.nkv + g;
+    float kr[QPT], vr[VPT], dka[QPT], dva[VPT];
 #pragma unroll
-    for (int c = 0; c < DPT; c++) {
-        kr[c] = valid ? ld(k, koff + c * TPR + sub) : 0.0f;
-        vr[c] = valid ? ld(v, koff + c * TPR + sub) : 0.0f;
-        dka[c] = dva[c] = 0.0f;
-    }
+    for (int c = 0; c < QPT; c++) kr[c] = valid ? ld(k, krow * DQK + c * TPR + sub) : 0.0f, dka[c] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < VPT; c++) vr[c] = valid ? ld(v, krow * DV + c * TPR + sub) : 0.0f, dva[c] = 0.0f;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    int ilo, ihi;
+    attn_query_range(p, k0, ATT_ROWS, &ilo, &ihi);
     for (int h = g * grp; h < (g + 1) * grp; h++) {
-        for (int i0 = k0 / ATT_TILE * ATT_TILE; i0 < S; i0 += ATT_TILE) {
+        for (int i0 = ilo / ATT_TILE * ATT_TILE; i0 < ihi; i0 += ATT_TILE) {
             __syncthreads();
-            load_tile<T, D>(qs, q, b, S, nh, h, i0);
-            load_tile<T, D>(dos, dout, b, S, nh, h, i0);
-            for (int ii = threadIdx.x; ii < ATT_TILE; ii += blockDim.x) Ls[ii] = i0 + ii < S ? lse[((int64_t)b * nh + h) * S + i0 + ii] : 0.0f;
+            load_tile<T, DQK>(qs, q, b, p.Sq, p.nh, h, i0);
+            load_tile<T, DV>(dos, dout, b, p.Sq, p.nh, h, i0);
+            for (int ii = threadIdx.x; ii < ATT_TILE; ii += blockDim.x)
+                Ls[ii] = i0 + ii < p.Sq ? lse[((int64_t)b * p.nh + h) * p.Sq + i0 + ii] : -INFINITY;
             __syncthreads();
             for (int ii = warp; ii < ATT_TILE; ii += nwarps) { // D_i = dout_i·o_i, one warp per query row
                 float part = 0.0f;
-                if (i0 + ii < S)
-                    for (int c = lane; c < D; c += 32) part += dos[ii * D + c] * ld(o, (((int64_t)b * S + i0 + ii) * nh + h) * D + c);
+                if (i0 + ii < p.Sq)
+                    for (int c = lane; c < DV; c += 32)
+                        part += dos[ii * DV + c] * ld(o, (((int64_t)b * p.Sq + i0 + ii) * p.nh + h) * DV + c);
                 part = warp_sum(part);
                 if (lane == 0) Ds[ii] = part;
             }
@@ -177,23 +219,50 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR) attention_backward_dkdv_kernel(
             for (int ii = 0; ii < ATT_TILE; ii++) {
                 float sp = 0.0f, dp = 0.0f;
 #pragma unroll
-                for (int c = 0; c < DPT; c++) sp += kr[c] * qs[ii * D + c * TPR + sub], dp += vr[c] * dos[ii * D + c * TPR + sub];
+                for (int c = 0; c < QPT; c++) sp += kr[c] * qs[ii * DQK + c * TPR + sub];
+#pragma unroll
+                for (int c = 0; c < VPT; c++) dp += vr[c] * dos[ii * DV + c * TPR + sub];
                 sp = row_sum<TPR>(sp);
                 dp = row_sum<TPR>(dp);
                 int i = i0 + ii;
-                float p = valid && i < S && attn_visible(i, j) ? expf(scale * sp - Ls[ii]) : 0.0f;
-                float ds = scale * p * (dp - Ds[ii]);
+                bool vis = valid && i < p.Sq && Ls[ii] != -INFINITY && attn_visible(p, i, j);
+                float pj = vis ? expf(p.scale * sp - Ls[ii]) : 0.0f;
+                float ds = p.scale * pj * (dp - Ds[ii]);
 #pragma unroll
-                for (int c = 0; c < DPT; c++) {
-                    dva[c] += p * dos[ii * D + c * TPR + sub];
-                    dka[c] += ds * qs[ii * D + c * TPR + sub];
-                }
+                for (int c = 0; c < VPT; c++) dva[c] += pj * dos[ii * DV + c * TPR + sub];
+#pragma unroll
+                for (int c = 0; c < QPT; c++) dka[c] += ds * qs[ii * DQK + c * TPR + sub];
             }
         }
     }
     if (!valid) return;
 #pragma unroll
-    for (int c = 0; c < DPT; c++) st(dk, koff + c * TPR + sub, dka[c]), st(dv, koff + c * TPR + sub, dva[c]);
+    for (int c = 0; c < QPT; c++) st(dk, krow * DQK + c * TPR + sub, dka[c]);
+#pragma unroll
+    for (int c = 0; c < VPT; c++) st(dv, krow * DV + c * TPR + sub, dva[c]);
+}
+
+// dsinks[h] += −Σ_(b, i) e^(sinks_h − lse_i)·(dout_i·o_i): one block of 256 threads per head, a warp per row.
+template <typename T>
+__global__ void attention_backward_sinks_kernel(float *dsinks, const T *dout, const T *o, const float *lse, int B, int Sq,
+                                                int nh, int DV, const float *sinks) {
+    __shared__ float part[8];
+    int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float acc = 0.0f;
+    for (int64_t row = warp; row < (int64_t)B * Sq; row += 8) {
+        int64_t b = row / Sq, i = row % Sq, off = ((b * Sq + i) * nh + h) * DV;
+        float L = lse[(b * nh + h) * Sq + i], d = 0.0f;
+        for (int c = lane; c < DV; c += 32) d += ld(dout, off + c) * ld(o, off + c);
+        d = warp_sum(d);
+        if (L != -INFINITY) acc -= expf(sinks[h] - L) * d;
+    }
+    if (lane == 0) part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int w = 0; w < 8; w++) s += part[w];
+        dsinks[h] += s;
+    }
 }
 
 // Shared memory above the 48 KB default needs an opt-in per kernel, once.
@@ -201,42 +270,60 @@ template <typename K> static void smem_opt_in(K kernel, size_t bytes) {
     if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-template <typename T, int D, int TPR> static void attention_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
-    int nh = (int)q.n[1], nkv = (int)k.n[1];
-    size_t smem = 2 * ATT_TILE * D * sizeof(float);
-    smem_opt_in(attention_forward_kernel<T, D, TPR>, smem);
-    dim3 grid((S + ATT_ROWS - 1) / ATT_ROWS, B * nh);
-    attention_forward_kernel<T, D, TPR><<<grid, ATT_ROWS * TPR, smem, cuda_stream()>>>((T *)o.p, (float *)lse.p, (const T *)q.p, (const T *)k.p,
-                                                                                       (const T *)v.p, S, nh, nkv, scale);
+template <typename T, int DQK, int DV, int TPR>
+static void attention_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, AttnParams p) {
+    size_t smem = ATT_TILE * (DQK + DV) * sizeof(float);
+    smem_opt_in(attention_forward_kernel<T, DQK, DV, TPR>, smem);
+    dim3 grid((p.Sq + ATT_ROWS - 1) / ATT_ROWS, B * p.nh);
+    attention_forward_kernel<T, DQK, DV, TPR><<<grid, ATT_ROWS * TPR, smem, cuda_stream()>>>(
+        (T *)o.p, (float *)lse.p, (const T *)q.p, (const T *)k.p, (const T *)v.p, p);
     CUDA_LAUNCH_CHECK();
 }
 
-template <typename T, int D, int TPR>
-static void attention_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
-                                      float scale) {
-    int nh = (int)q.n[1], nkv = (int)k.n[1];
-    size_t smem_dq = 2 * ATT_TILE * D * sizeof(float), smem_kv = (2 * ATT_TILE * D + 2 * ATT_TILE) * sizeof(float);
-    smem_opt_in(attention_backward_dq_kernel<T, D, TPR>, smem_dq);
-    smem_opt_in(attention_backward_dkdv_kernel<T, D, TPR>, smem_kv);
-    unsigned tiles = (S + ATT_ROWS - 1) / ATT_ROWS;
-    attention_backward_dq_kernel<T, D, TPR><<<dim3(tiles, B * nh), ATT_ROWS * TPR, smem_dq, cuda_stream()>>>(
-        (T *)dq.p, (const T *)dout.p, (const T *)q.p, (const T *)k.p, (const T *)v.p, (const T *)o.p, (const float *)lse.p, S, nh, nkv, scale);
-    CUDA_LAUNCH_CHECK();
-    attention_backward_dkdv_kernel<T, D, TPR><<<dim3(tiles, B * nkv), ATT_ROWS * TPR, smem_kv, cuda_stream()>>>(
-        (T *)dk.p, (T *)dv.p, (const T *)dout.p, (const T *)q.p, (const T *)k.p, (const T *)v.p, (const T *)o.p, (const float *)lse.p, S, nh, nkv,
-        scale);
-    CUDA_LAUNCH_CHECK();
+template <typename T, int DQK, int DV, int TPR>
+static void attention_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
+                                      Tensor lse, int B, AttnParams p) {
+    size_t smem_dq = ATT_TILE * (DQK + DV) * sizeof(float), smem_kv = (ATT_TILE * (DQK + DV) + 2 * ATT_TILE) * sizeof(float);
+    smem_opt_in(attention_backward_dq_kernel<T, DQK, DV, TPR>, smem_dq);
+    smem_opt_in(attention_backward_dkdv_kernel<T, DQK, DV, TPR>, smem_kv);
+    if (p.Sq > 0) {
+        attention_backward_dq_kernel<T, DQK, DV, TPR>
+            <<<dim3((p.Sq + ATT_ROWS - 1) / ATT_ROWS, B * p.nh), ATT_ROWS * TPR, smem_dq, cuda_stream()>>>(
+                (T *)dq.p, (const T *)dout.p, (const T *)q.p, (const T *)k.p, (const T *)v.p, (const T *)o.p,
+                (const float *)lse.p, p);
+        CUDA_LAUNCH_CHECK();
+    }
+    if (p.Sk > 0) {
+        attention_backward_dkdv_kernel<T, DQK, DV, TPR>
+            <<<dim3((p.Sk + ATT_ROWS - 1) / ATT_ROWS, B * p.nkv), ATT_ROWS * TPR, smem_kv, cuda_stream()>>>(
+                (T *)dk.p, (T *)dv.p, (const T *)dout.p, (const T *)q.p, (const T *)k.p, (const T *)v.p, (const T *)o.p,
+                (const float *)lse.p, p);
+        CUDA_LAUNCH_CHECK();
+    }
 }
 
-// The head dims with a compiled kernel, and the threads that own one row for each.
-#define ATT_HEAD_DIMS(X) X(8, 1) X(16, 1) X(32, 2) X(64, 4) X(96, 4) X(128, 8) X(192, 8) X(256, 8)
+// The (q·k, v) head dims with a compiled kernel, and the threads that own one row for each.
+#define ATT_HEAD_DIMS(X)                                                                                                \
+    X(8, 8, 1) X(16, 16, 1) X(32, 32, 2) X(64, 64, 4) X(96, 96, 4) X(128, 128, 8) X(192, 192, 8) X(256, 256, 8)          \
+        X(192, 128, 8) X(32, 16, 2)
 
-static void attention_check(Tensor q, Tensor k, Tensor v, int B, const char *what) {
-    int64_t S = q.n[0] / B;
-    if (S * B != q.n[0] || q.n[1] % k.n[1] || k.n[2] != q.n[2] || v.n[2] != q.n[2] || k.n[0] != q.n[0] || v.n[1] != k.n[1])
-        die("%s: shapes q (%lld, %lld, %lld), k (%lld, %lld, %lld), B %d do not fit causal GQA", what, (long long)q.n[0], (long long)q.n[1],
-            (long long)q.n[2], (long long)k.n[0], (long long)k.n[1], (long long)k.n[2], B);
+static AttnParams attention_params(Tensor q, Tensor k, Tensor v, const AttnArgs *a, const char *what) {
+    int B = a->B;
+    if (B < 1 || q.n[0] % B || k.n[0] % B || v.n[0] != k.n[0] || q.n[1] % k.n[1] || k.n[2] != q.n[2] || v.n[1] != k.n[1])
+        die("%s: shapes q (%lld, %lld, %lld), k (%lld, %lld, %lld), v (%lld, %lld, %lld), B %d do not fit GQA", what,
+            (long long)q.n[0], (long long)q.n[1], (long long)q.n[2], (long long)k.n[0], (long long)k.n[1], (long long)k.n[2],
+            (long long)v.n[0], (long long)v.n[1], (long long)v.n[2], B);
     if (q.dt != k.dt || q.dt != v.dt) die("%s: q, k, v must share a dtype", what);
+    if (a->sinks.p && (a->sinks.dt != DT_F32 || tensor_numel(a->sinks) != q.n[1])) die("%s: sinks must be (nh) fp32", what);
+    AttnParams p = {(int)(q.n[0] / B), (int)(k.n[0] / B), (int)q.n[1], (int)k.n[1], a->window, a->causal, a->scale,
+                    a->q_off, a->k_off, a->sinks.p ? (const float *)a->sinks.p : NULL};
+    return p;
+}
+
+// The form cuDNN's graphs and our tensor-core kernels implement: causal self-attention (cuDNN checks its head
+// dims itself; the tensor-core kernels take one head dim).
+static bool attention_plain(Tensor q, Tensor k, const AttnArgs *a) {
+    return a->causal && !a->window && !a->sinks.p && !a->q_off && !a->k_off && k.n[0] == q.n[0];
 }
 
 static const char *last_path = "none";
@@ -245,60 +332,64 @@ extern "C" {
 
 const char *cuda_attention_last_path(void) { return last_path; }
 
-// The forms with a kernel so far: causal self-attention of one head dim, no window, sinks or offsets.
-static void attention_gpu_check(Tensor q, Tensor k, Tensor v, const AttnArgs *a, const char *what) {
-    if (!a->causal || a->window || a->sinks.p || a->q_off || a->k_off || k.n[0] != q.n[0] || v.n[2] != q.n[2])
-        die("%s: windows, sinks, offsets, blocks and q/k head dim != v head dim are not supported on the GPU yet",
-            what);
-}
-
 void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
-    attention_gpu_check(q, k, v, a, "attention_forward");
-    int B = a->B;
-    float scale = a->scale;
-    attention_check(q, k, v, B, "attention_forward");
+    AttnParams p = attention_params(q, k, v, a, "attention_forward");
     IS_F32(lse, "attention_forward");
     if (o.dt != q.dt) die("attention_forward: o must have q's dtype");
-    int S = (int)(q.n[0] / B), D = (int)q.n[2];
-    if (S == 0) return;
-    last_path = "cudnn";
-    if (cudnn_attention_forward(o, lse, q, k, v, B, S, scale)) return; // cuDNN's fused kernel (bf16, d ≤ 128)
-    last_path = "flash";
-    if (flash_attention_forward(o, lse, q, k, v, B, S, scale)) return; // our tensor-core kernel (bf16, d 64/128)
+    int B = a->B, DQK = (int)q.n[2], DV = (int)v.n[2];
+    if (p.Sq == 0) return;
+    if (attention_plain(q, k, a)) {
+        last_path = "cudnn"; // cuDNN's fused kernel (bf16, d ≤ 128 or 192/128)
+        if (cudnn_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale)) return;
+        last_path = "flash"; // our tensor-core kernel (bf16, d 64/128)
+        if (DQK == DV && flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale)) return;
+    }
     last_path = "generic";
-#define FWD(d, tpr)                                                                                   \
-    if (D == d) {                                                                                     \
-        DT_SWITCH(q.dt, T, "attention_forward", attention_forward_launch<T, d, tpr>(o, lse, q, k, v, B, S, scale)); \
-        return;                                                                                       \
+#define FWD(dqk, dv, tpr)                                                                                               \
+    if (DQK == dqk && DV == dv) {                                                                                       \
+        DT_SWITCH(q.dt, T, "attention_forward", (attention_forward_launch<T, dqk, dv, tpr>(o, lse, q, k, v, B, p)));   \
+        return;                                                                                                         \
     }
     ATT_HEAD_DIMS(FWD)
 #undef FWD
-    die("attention_forward: head dim %d has no kernel (8, 16, 32, 64, 96, 128, 192, 256)", D);
+    die("attention_forward: head dims (%d, %d) have no kernel (8, 16, 32, 64, 96, 128, 192, 256; 192/128, 32/16)", DQK, DV);
 }
 
 void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
                              Tensor o, Tensor lse, const AttnArgs *a) {
-    attention_gpu_check(q, k, v, a, "attention_backward");
-    int B = a->B;
-    float scale = a->scale;
-    attention_check(q, k, v, B, "attention_backward");
+    AttnParams p = attention_params(q, k, v, a, "attention_backward");
     if (dq.dt != q.dt || dk.dt != q.dt || dv.dt != q.dt || dout.dt != q.dt || o.dt != q.dt)
         die("attention_backward: dq, dk, dv, dout, o must have q's dtype");
-    int S = (int)(q.n[0] / B), D = (int)q.n[2];
-    if (S == 0) return;
-    last_path = "cudnn";
-    if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale)) return;
-    last_path = "flash";
-    if (flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale)) return;
+    if (dsinks.p && (!a->sinks.p || dsinks.dt != DT_F32 || tensor_numel(dsinks) != p.nh))
+        die("attention_backward: dsinks must be (nh) fp32, with sinks");
+    int B = a->B, DQK = (int)q.n[2], DV = (int)v.n[2];
+    if (p.Sq == 0 || p.Sk == 0) {
+        if (p.Sq) cuda_zero(dq);
+        if (p.Sk) cuda_zero(dk), cuda_zero(dv);
+        return;
+    }
+    if (dsinks.p) {
+        DT_SWITCH(q.dt, T, "attention_backward",
+                  (attention_backward_sinks_kernel<T><<<p.nh, 256, 0, cuda_stream()>>>(
+                      (float *)dsinks.p, (const T *)dout.p, (const T *)o.p, (const float *)lse.p, B, p.Sq, p.nh, DV, p.sinks)));
+        CUDA_LAUNCH_CHECK();
+    }
+    if (attention_plain(q, k, a)) {
+        last_path = "cudnn";
+        if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale)) return;
+        last_path = "flash";
+        if (DQK == DV && flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale)) return;
+    }
     last_path = "generic";
-#define BWD(d, tpr)                                                                                   \
-    if (D == d) {                                                                                     \
-        DT_SWITCH(q.dt, T, "attention_backward", attention_backward_launch<T, d, tpr>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale)); \
-        return;                                                                                       \
+#define BWD(dqk, dv_, tpr)                                                                                              \
+    if (DQK == dqk && DV == dv_) {                                                                                      \
+        DT_SWITCH(q.dt, T, "attention_backward",                                                                        \
+                  (attention_backward_launch<T, dqk, dv_, tpr>(dq, dk, dv, dout, q, k, v, o, lse, B, p)));             \
+        return;                                                                                                         \
     }
     ATT_HEAD_DIMS(BWD)
 #undef BWD
-    die("attention_backward: head dim %d has no kernel (8, 16, 32, 64, 96, 128, 192, 256)", D);
+    die("attention_backward: head dims (%d, %d) have no kernel (8, 16, 32, 64, 96, 128, 192, 256; 192/128, 32/16)", DQK, DV);
 }
 
 } // extern "C"

@@ -1,5 +1,5 @@
 // cuda_cudnn.cu — causal grouped-query attention through cuDNN's fused flash-attention engines (cuDNN 9
-// graph API, backend descriptors). pith runs its own kernels unless a library kernel is faster for a
+// graph API, backend descriptors), one head dim or MLA's q·k 192 / v 128. pith runs its own kernels unless a library kernel is faster for a
 // variant (docs/architecture.md, "GPU kernels"); for bf16 with head dims that are multiples of 8 up to 128 on
 // Hopper, cuDNN's is (bench/cuda_ops.md, round 3). cuDNN's engines recognise scaled
 // dot-product attention as a graph of matmul, pointwise and reduction operations; these are the graphs:
@@ -149,15 +149,15 @@ static void reshape(Graph *g, Desc x, Desc y) {
 // ---- the two graphs ----
 enum { U_Q = 1, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV, U_SCALE, U_LOWEST, U_ONE, U_D, U_DQACC };
 
-typedef struct { int64_t B, S, nh, nkv, d; } Shape;
+typedef struct { int64_t B, S, nh, nkv, d, dv; } Shape; // d: q·k head dim, dv: v head dim
 
 // Views of pith's rows (B·S, heads, d) as (B, heads, S, d), and transposed as (B, heads, d, S).
-static void rows_view(const Shape *s, int64_t heads, int64_t dim[4], int64_t str[4]) {
-    int64_t d4[4] = {s->B, heads, s->S, s->d}, s4[4] = {s->S * heads * s->d, s->d, heads * s->d, 1};
+static void rows_view(const Shape *s, int64_t heads, int64_t d, int64_t dim[4], int64_t str[4]) {
+    int64_t d4[4] = {s->B, heads, s->S, d}, s4[4] = {s->S * heads * d, d, heads * d, 1};
     memcpy(dim, d4, sizeof d4), memcpy(str, s4, sizeof s4);
 }
-static void rows_view_t(const Shape *s, int64_t heads, int64_t dim[4], int64_t str[4]) {
-    int64_t d4[4] = {s->B, heads, s->d, s->S}, s4[4] = {s->S * heads * s->d, s->d, 1, heads * s->d};
+static void rows_view_t(const Shape *s, int64_t heads, int64_t d, int64_t dim[4], int64_t str[4]) {
+    int64_t d4[4] = {s->B, heads, d, s->S}, s4[4] = {s->S * heads * d, d, 1, heads * d};
     memcpy(dim, d4, sizeof d4), memcpy(str, s4, sizeof s4);
 }
 // Packed (B, heads, rows, cols).
@@ -186,11 +186,13 @@ static Desc masked_scores(Graph *g, const Shape *s, Desc q, Desc kt) {
 
 static void build_forward(Graph *g, const Shape *s) {
     int64_t dim[4], str[4], sd[4], ss[4], rd[4], rs[4];
-    rows_view(s, s->nh, dim, str);
-    Desc q = tensor(g, U_Q, CUDNN_DATA_BFLOAT16, dim, str), o = tensor(g, U_O, CUDNN_DATA_BFLOAT16, dim, str);
-    rows_view_t(s, s->nkv, dim, str);
+    rows_view(s, s->nh, s->d, dim, str);
+    Desc q = tensor(g, U_Q, CUDNN_DATA_BFLOAT16, dim, str);
+    rows_view(s, s->nh, s->dv, dim, str);
+    Desc o = tensor(g, U_O, CUDNN_DATA_BFLOAT16, dim, str);
+    rows_view_t(s, s->nkv, s->d, dim, str);
     Desc kt = tensor(g, U_K, CUDNN_DATA_BFLOAT16, dim, str);
-    rows_view(s, s->nkv, dim, str);
+    rows_view(s, s->nkv, s->dv, dim, str);
     Desc v = tensor(g, U_V, CUDNN_DATA_BFLOAT16, dim, str);
     Desc sc = masked_scores(g, s, q, kt);
     packed(s->B, s->nh, s->S, s->S, sd, ss);
@@ -210,13 +212,14 @@ static void build_forward(Graph *g, const Shape *s) {
 
 // Group sum over the query heads of each kv head: full (B, nh, ...) product reduced into out (B, nkv, ...);
 // with nh == nkv the product is written straight to out.
-static void product_into(Graph *g, const Shape *s, Desc a, Desc b, Desc out) {
+// d: the head dim of the product (dv for dV, the q·k dim for dK).
+static void product_into(Graph *g, const Shape *s, Desc a, Desc b, Desc out, int64_t d) {
     if (s->nh == s->nkv) {
         matmul(g, a, b, out);
         return;
     }
     int64_t dim[4], str[4];
-    packed(s->B, s->nh, s->S, s->d, dim, str);
+    packed(s->B, s->nh, s->S, d, dim, str);
     Desc full = tensor(g, 0, CUDNN_DATA_BFLOAT16, dim, str);
     matmul(g, a, b, full);
     reduce(g, CUDNN_REDUCE_TENSOR_ADD, full, out);
@@ -224,17 +227,21 @@ static void product_into(Graph *g, const Shape *s, Desc a, Desc b, Desc out) {
 
 static void build_backward(Graph *g, const Shape *s) {
     int64_t dim[4], str[4], sd[4], ss[4], rd[4], rs[4], td[4], ts[4];
-    rows_view(s, s->nh, dim, str);
-    Desc q = tensor(g, U_Q, CUDNN_DATA_BFLOAT16, dim, str), o = tensor(g, U_O, CUDNN_DATA_BFLOAT16, dim, str);
-    Desc dout = tensor(g, U_DO, CUDNN_DATA_BFLOAT16, dim, str), dq = tensor(g, U_DQ, CUDNN_DATA_BFLOAT16, dim, str);
+    rows_view(s, s->nh, s->d, dim, str);
+    Desc q = tensor(g, U_Q, CUDNN_DATA_BFLOAT16, dim, str), dq = tensor(g, U_DQ, CUDNN_DATA_BFLOAT16, dim, str);
+    rows_view(s, s->nh, s->dv, dim, str);
+    Desc o = tensor(g, U_O, CUDNN_DATA_BFLOAT16, dim, str), dout = tensor(g, U_DO, CUDNN_DATA_BFLOAT16, dim, str);
     Desc dodo = tensor(g, 0, CUDNN_DATA_FLOAT, dim, str);
     packed(s->B, s->nh, s->S, s->d, td, ts);
     Desc dqacc = tensor(g, U_DQACC, CUDNN_DATA_FLOAT, td, ts);
-    rows_view_t(s, s->nkv, dim, str);
-    Desc kt = tensor(g, U_K, CUDNN_DATA_BFLOAT16, dim, str), vt = tensor(g, U_V, CUDNN_DATA_BFLOAT16, dim, str);
-    rows_view(s, s->nkv, dim, str);
-    Desc k = tensor(g, 0, CUDNN_DATA_BFLOAT16, dim, str);
-    Desc dk = tensor(g, U_DK, CUDNN_DATA_BFLOAT16, dim, str), dv = tensor(g, U_DV, CUDNN_DATA_BFLOAT16, dim, str);
+    rows_view_t(s, s->nkv, s->d, dim, str);
+    Desc kt = tensor(g, U_K, CUDNN_DATA_BFLOAT16, dim, str);
+    rows_view_t(s, s->nkv, s->dv, dim, str);
+    Desc vt = tensor(g, U_V, CUDNN_DATA_BFLOAT16, dim, str);
+    rows_view(s, s->nkv, s->d, dim, str);
+    Desc k = tensor(g, 0, CUDNN_DATA_BFLOAT16, dim, str), dk = tensor(g, U_DK, CUDNN_DATA_BFLOAT16, dim, str);
+    rows_view(s, s->nkv, s->dv, dim, str);
+    Desc dv = tensor(g, U_DV, CUDNN_DATA_BFLOAT16, dim, str);
     packed(s->B, s->nh, s->S, 1, rd, rs);
     Desc lse = tensor(g, U_LSE, CUDNN_DATA_FLOAT, rd, rs), D = tensor(g, U_D, CUDNN_DATA_FLOAT, rd, rs);
     Desc dsum = tensor(g, 0, CUDNN_DATA_FLOAT, rd, rs);
@@ -252,7 +259,7 @@ static void build_backward(Graph *g, const Shape *s) {
     pointwise(g, CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, sub, NULL, NULL, p, 0);
     Desc pt = tensor(g, 0, CUDNN_DATA_BFLOAT16, tdim, tstr);
     reshape(g, p, pt);
-    product_into(g, s, pt, dout, dv);
+    product_into(g, s, pt, dout, dv, s->dv);
     // dS = P∘(dO·Vᵀ − D)·scale
     Desc dp = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), dp1 = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), dp2 = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss);
     Desc ds = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), dss = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss);
@@ -264,7 +271,7 @@ static void build_backward(Graph *g, const Shape *s) {
     // dK = Σ_group dSᵀ·Q; dQ = dS·K through the fp32 accumulator
     Desc dst = tensor(g, 0, CUDNN_DATA_BFLOAT16, tdim, tstr);
     reshape(g, dss, dst);
-    product_into(g, s, dst, q, dk);
+    product_into(g, s, dst, q, dk, s->d);
     reshape(g, kt, k);
     matmul(g, dss, k, dqacc);
     pointwise(g, CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dqacc, NULL, NULL, dq, 0);
@@ -356,10 +363,10 @@ static Plan *get_plan(const Shape *s, bool backward) {
     int64_t ws = 0;
     Desc plan = g->st == CUDNN_STATUS_SUCCESS ? build_plan(g, &ws) : NULL;
     if (!plan) {
-        fprintf(stderr, "pith: note: cuDNN %zu builds no %s attention plan for B %lld S %lld heads %lld/%lld d %lld (%s at %s:%d); this shape uses "
+        fprintf(stderr, "pith: note: cuDNN %zu builds no %s attention plan for B %lld S %lld heads %lld/%lld d %lld/%lld (%s at %s:%d); this shape uses "
                         "pith's kernels\n",
                 cudnnGetVersion(), backward ? "backward" : "forward", (long long)s->B, (long long)s->S, (long long)s->nh, (long long)s->nkv,
-                (long long)s->d, cudnnGetErrorString(g->st), __FILE__, g->line);
+                (long long)s->d, (long long)s->dv, cudnnGetErrorString(g->st), __FILE__, g->line);
         graph_free(g);
         g = NULL;
     } else {
@@ -385,9 +392,11 @@ static void execute(Plan *p, int n, const int64_t *uids, void *const *ptrs, void
     if (st != CUDNN_STATUS_SUCCESS) die("cudnn attention: execution failed: %s", cudnnGetErrorString(st));
 }
 
-// The variant this path takes: bf16, head dim a multiple of 8 up to 128, 16-byte aligned rows.
-static bool usable(Tensor q, int D, float scale) {
-    if (dnn_off || q.dt != DT_BF16 || D % 8 || D > 128 || !(scale > 0)) return false;
+// The variant this path takes: bf16, one head dim that is a multiple of 8 up to 128 or MLA's q·k 192 / v 128,
+// 16-byte aligned rows.
+static bool usable(Tensor q, int D, int DV, float scale) {
+    bool dims = (D == DV && D % 8 == 0 && D <= 128) || (D == 192 && DV == 128);
+    if (dnn_off || q.dt != DT_BF16 || !dims || !(scale > 0)) return false;
     const char *e = getenv("PITH_ATTENTION");
     return !(e && !strcmp(e, "own"));
 }
@@ -395,9 +404,9 @@ static bool al16(Tensor t) { return (uintptr_t)t.p % 16 == 0; }
 static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
-    int D = (int)q.n[2];
-    if (!usable(q, D, scale) || !al16(o) || !al16(q) || !al16(k) || !al16(v)) return false;
-    Shape s = {B, S, q.n[1], k.n[1], D};
+    int D = (int)q.n[2], DV = (int)v.n[2];
+    if (!usable(q, D, DV, scale) || !al16(o) || !al16(q) || !al16(k) || !al16(v)) return false;
+    Shape s = {B, S, q.n[1], k.n[1], D, DV};
     Plan *p = get_plan(&s, false);
     if (!p) return false;
     float lowest = -3.4028234663852886e38f;
@@ -409,12 +418,12 @@ bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v,
 
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
                               float scale) {
-    int D = (int)q.n[2];
-    if (!usable(q, D, scale)) return false;
+    int D = (int)q.n[2], DV = (int)v.n[2];
+    if (!usable(q, D, DV, scale)) return false;
     Tensor all[8] = {dq, dk, dv, dout, q, k, v, o};
     for (int i = 0; i < 8; i++)
         if (!al16(all[i])) return false;
-    Shape s = {B, S, q.n[1], k.n[1], D};
+    Shape s = {B, S, q.n[1], k.n[1], D, DV};
     Plan *p = get_plan(&s, true);
     if (!p) return false;
     // workspace: the plan's own, then D (B, nh, S) and the dQ accumulator (B, nh, S, d), fp32

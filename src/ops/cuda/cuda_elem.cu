@@ -123,6 +123,16 @@ template <typename TD, typename TS> __global__ void copy_convert_kernel(TD *dst,
     }
     GRID_STRIDE(i, n - n8 * 8) st(dst, n8 * 8 + i, ld(src, n8 * 8 + i));
 }
+// dst[r·Cd + c] (+)= src[r·Cs + c] for c < n (pointers already at the slices' first columns).
+template <typename TD, typename TS>
+__global__ void copy_cols_kernel(TD *dst, int64_t Cd, const TS *src, int64_t Cs, int64_t R, int64_t n, bool acc) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < R * n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / n, c = i % n;
+        float v = ld(src, r * Cs + c);
+        st(dst, r * Cd + c, acc ? ld(dst, r * Cd + c) + v : v);
+    }
+}
+
 template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *x, int64_t n, bool vec) {
     int64_t n8 = vec ? n / 8 : 0;
     GRID_STRIDE(i, n8) {
@@ -368,7 +378,15 @@ double cuda_read_scalar(Tensor x) {
 }
 
 void cuda_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate) {
-    die("copy_cols: not supported on the GPU yet");
+    int64_t R = t_rows(dst), Cd = t_cols(dst), Cs = t_cols(src);
+    if (t_rows(src) != R || n < 0 || a < 0 || b < 0 || a + n > Cd || b + n > Cs)
+        die("copy_cols: dst (%lld, %lld)[:, %lld:+%lld] and src (%lld, %lld)[:, %lld:] do not fit", (long long)R, (long long)Cd,
+            (long long)a, (long long)n, (long long)t_rows(src), (long long)Cs, (long long)b);
+    if (R * n == 0) return;
+    DT_SWITCH(dst.dt, TD, "copy_cols", DT_SWITCH(src.dt, TS, "copy_cols",
+        copy_cols_kernel<TD, TS><<<grid_for(R * n, 256), 256, 0, cuda_stream()>>>((TD *)dst.p + a, Cd, (const TS *)src.p + b, Cs, R,
+                                                                                 n, accumulate)));
+    CUDA_LAUNCH_CHECK();
 }
 
 } // extern "C"

@@ -637,14 +637,63 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     side_join(ns);
 }
 
+// ---- per-expert biases (GPT-OSS): the expert boundaries travel by value ----
+#define GB_MAX_E 512
+typedef struct {
+    int32_t o[GB_MAX_E + 1];
+} GroupOffs;
+
+static GroupOffs group_offs(const int64_t *offs, int64_t E, const char *what) {
+    if (E > GB_MAX_E || offs[E] > INT32_MAX) die("%s: a bias over %lld experts (at most %d) or %lld rows", what, (long long)E, GB_MAX_E, (long long)offs[E]);
+    GroupOffs g;
+    for (int64_t e = 0; e <= E; e++) g.o[e] = (int32_t)offs[e];
+    return g;
+}
+
+// y[i, j] += b[e, j] for the expert e whose rows hold i (the last e with o[e] ≤ i: empty experts skip).
+template <typename TY, typename TB>
+__global__ void grouped_bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int E, int64_t R, int64_t N) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < R * N; i += (int64_t)gridDim.x * blockDim.x) {
+        int row = (int)(i / N), lo = 0, hi = E; // o[lo] ≤ row < o[hi]
+        while (hi - lo > 1) {
+            int mid = (lo + hi) / 2;
+            if (g.o[mid] <= row) lo = mid;
+            else hi = mid;
+        }
+        st(y, i, ld(y, i) + ld(b, (int64_t)lo * N + i % N));
+    }
+}
+
+// db[e, j] += Σ_(rows of e) dy[row, j]: block (32 columns × 8 row lanes) per (column tile, expert), one writer.
+template <typename T> __global__ void grouped_bias_backward_kernel(float *db, const T *dy, GroupOffs g, int64_t N) {
+    __shared__ float part[8][33];
+    int e = blockIdx.y;
+    int64_t j = blockIdx.x * 32 + threadIdx.x;
+    float s = 0;
+    if (j < N)
+        for (int64_t i = g.o[e] + threadIdx.y; i < g.o[e + 1]; i += 8) s += ld(dy, i * N + j);
+    part[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < N) {
+        for (int r = 1; r < 8; r++) s += part[r][threadIdx.x];
+        db[e * N + j] += s;
+    }
+}
+
 extern "C" {
 
 int64_t cuda_grouped_calls(const char *path) { return !strcmp(path, "batched") ? padded_calls : !strcmp(path, "big") ? big_calls : 0; }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
-    if (b.p) die("grouped_linear_forward: a per-expert bias is not supported on the GPU yet");
     grouped_rows_product(false, y, x, w, offs, "grouped_linear_forward");
+    int64_t E = w.n[0], N = w.n[1], R = offs[E];
+    if (!b.p || R == 0) return;
+    if (tensor_numel(b) != E * N) die("grouped_linear_forward: bias must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
+    GroupOffs g = group_offs(offs, E, "grouped_linear_forward");
+    DT_SWITCH(y.dt, TY, "grouped_linear_forward", DT_SWITCH(b.dt, TB, "grouped_linear_forward",
+        grouped_bias_forward_kernel<TY, TB><<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, g, (int)E, R, N)));
+    CUDA_LAUNCH_CHECK();
 }
 
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
@@ -653,8 +702,16 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const in
 
 void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
-    if (db.p) die("grouped_linear_backward_weight: a per-expert bias is not supported on the GPU yet");
     CHECK(t_cols(x) == K && t_cols(dy) == N);
+    if (db.p && E > 0) { // first: the weight paths below return early
+        IS_F32(db, "grouped_linear_backward_weight");
+        if (tensor_numel(db) != E * N) die("grouped_linear_backward_weight: db must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
+        GroupOffs g = group_offs(offs, E, "grouped_linear_backward_weight");
+        DT_SWITCH(dy.dt, T, "grouped_linear_backward_weight",
+                  grouped_bias_backward_kernel<T><<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
+                      (float *)db.p, (const T *)dy.p, g, N));
+        CUDA_LAUNCH_CHECK();
+    }
     IS_F32(dw, "grouped_linear_backward_weight");
     if (dy.dt != x.dt) die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);

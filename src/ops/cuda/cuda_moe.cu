@@ -1,8 +1,10 @@
-// cuda_moe.cu — router (softmax, top-k, renormalisation), load-balancing loss, the expert sort, row
-// gather/scatter and the weighted combine. Math as in ops/cpu/cpu_moe.c:
+// cuda_moe.cu — router (every RouterArgs form), load-balancing loss, the expert sort, row gather/scatter
+// and the weighted combine. Math as in ops/cpu/cpu_moe.c:
 //   probs = softmax(logits) (fp64 exponentials and sums, as the CPU, so both pick the same experts);
-//   top-k with ties → lower expert index; w = chosen probs, / Σ when renorm.
-//   backward: ∂p_j = (∂w_j − Σ_l ∂w_l·w_l)/Σp (renorm) or ∂w_j, plus lb_grad; ∂logit = p·(∂p − Σ p·∂p).
+//   top-k of probs + bias with ties → lower expert index, group-limited when asked; w = c·chosen probs
+//   (/ Σ when renorm) or c·softmax of the chosen logits.
+//   backward: ∂p_j = (c·∂w_j − Σ_l ∂w_l·w_l)/Σp (renorm) or c·∂w_j, plus lb_grad; ∂logit = p·(∂p − Σ p·∂p);
+//   softmax_topk adds w_j·(∂w_j − Σ_l w_l·∂w_l / c) at the chosen logits.
 // Shapes: logits, probs, dlogits (T, E) fp32; idx (T, k) int32; w, dw (T, k) fp32; lb_grad (E) fp32;
 // rows/perm int32; x, y (R, H) activations; combine y (T·k, H) in slot order.
 // The row movers (gather, scatter, combine) move 16-byte vectors (8 values) per thread when rows allow
@@ -13,14 +15,36 @@
 #define MOE_WARPS 8 // tokens per block: one warp per token
 #define GRID_STRIDE(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
-// One warp per token; the warp's E probabilities live in shared memory while top-k picks from them.
-__global__ void router_forward_kernel(float *probs, int32_t *idx, float *w, const float *logits, int64_t T_, int E, int k, bool renorm,
-                                      bool force_balance) {
-    extern __shared__ float sp_all[];
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+// What the router kernels need of RouterArgs.
+typedef struct {
+    int E, k, n_group, topk_group;
+    bool renorm, softmax_topk, force_balance;
+    float scale;
+    const float *bias; // (E) or NULL
+} RouterParams;
+#define ROUTER_KMAX 32
+
+// The best untaken entry of v[0..n) (−∞ marks taken or excluded ones), ties → lower index, in every lane.
+__device__ __forceinline__ int warp_argmax(const float *v, int n, int lane) {
+    float bv = -INFINITY;
+    int best = n;
+    for (int e = lane; e < n; e += 32)
+        if (v[e] > bv) bv = v[e], best = e;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oe = __shfl_xor_sync(0xffffffffu, best, o);
+        if (ov > bv || (ov == bv && oe < best)) bv = ov, best = oe;
+    }
+    return best;
+}
+
+// One warp per token. Shared memory per warp: probs (E), selection scores (E), group scores (n_group).
+__global__ void router_forward_kernel(float *probs, int32_t *idx, float *w, const float *logits, int64_t T_, RouterParams a) {
+    extern __shared__ float sm_all[];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, E = a.E, k = a.k, G = a.n_group > 1 ? a.n_group : 1;
     int64_t t = blockIdx.x * (int64_t)MOE_WARPS + wid;
     if (t >= T_) return;
-    float *sp = sp_all + wid * E;
+    float *pp = sm_all + (size_t)wid * (2 * E + G), *sc = pp + E, *gs = sc + E;
     const float *l = logits + t * E;
     float m = -INFINITY;
     for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
@@ -30,60 +54,81 @@ __global__ void router_forward_kernel(float *probs, int32_t *idx, float *w, cons
     sum = warp_sum(sum);
     for (int e = lane; e < E; e += 32) {
         float p = (float)(exp((double)l[e] - m) / sum);
-        probs[t * E + e] = p;
-        sp[e] = p;
+        probs[t * E + e] = pp[e] = p;
+        sc[e] = a.bias ? p + a.bias[e] : p;
     }
     __syncwarp();
-    double s = 0;
-    for (int j = 0; j < k; j++) {
-        int best;
-        if (force_balance) {
-            best = (int)((t + (int64_t)j * (E / k)) % E);
-        } else {
-            float bv = -1.0f; // taken experts hold −1, every probability is ≥ 0
-            best = E;
-            for (int e = lane; e < E; e += 32)
-                if (sp[e] > bv) bv = sp[e], best = e;
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                int oe = __shfl_xor_sync(0xffffffffu, best, o);
-                if (ov > bv || (ov == bv && oe < best)) bv = ov, best = oe;
+    int ix[ROUTER_KMAX];
+    if (a.force_balance) {
+        for (int j = 0; j < k; j++) ix[j] = (int)((t + (int64_t)j * (E / k)) % E);
+    } else {
+        if (G > 1) { // keep the topk_group groups of the best scores, exclude the others' experts
+            int per = E / G;
+            for (int g = lane; g < G; g += 32) {
+                float gm = -INFINITY;
+                for (int e = g * per; e < (g + 1) * per; e++) gm = fmaxf(gm, sc[e]);
+                gs[g] = gm;
             }
+            __syncwarp();
+            uint64_t keep = 0;
+            for (int r = 0; r < a.topk_group; r++) {
+                int g = warp_argmax(gs, G, lane);
+                keep |= 1ull << g;
+                __syncwarp();
+                if (lane == 0) gs[g] = -INFINITY;
+                __syncwarp();
+            }
+            for (int e = lane; e < E; e += 32)
+                if (!(keep >> (e / per) & 1)) sc[e] = -INFINITY;
+            __syncwarp();
         }
-        float pb = (float)(exp((double)l[best] - m) / sum);
-        s += pb;
-        if (lane == 0) {
-            idx[t * k + j] = best;
-            w[t * k + j] = pb;
+        for (int j = 0; j < k; j++) {
+            ix[j] = warp_argmax(sc, E, lane);
+            __syncwarp();
+            if (lane == 0) sc[ix[j]] = -INFINITY;
+            __syncwarp();
         }
-        __syncwarp();
-        if (!force_balance && lane == (best & 31)) sp[best] = -1.0f;
-        __syncwarp();
     }
-    if (renorm && lane == 0)
-        for (int j = 0; j < k; j++) w[t * k + j] = (float)(w[t * k + j] / s);
+    if (lane) return;
+    // the weights, in the CPU's order of operations
+    if (a.softmax_topk) {
+        float mk = -INFINITY;
+        for (int j = 0; j < k; j++) mk = fmaxf(mk, l[ix[j]]);
+        double sk = 0;
+        for (int j = 0; j < k; j++) sk += exp((double)l[ix[j]] - mk);
+        for (int j = 0; j < k; j++) idx[t * k + j] = ix[j], w[t * k + j] = (float)(exp((double)l[ix[j]] - mk) / sk) * a.scale;
+        return;
+    }
+    double s = 0;
+    for (int j = 0; j < k; j++) s += pp[ix[j]];
+    for (int j = 0; j < k; j++)
+        idx[t * k + j] = ix[j], w[t * k + j] = (a.renorm ? (float)(pp[ix[j]] / s) : pp[ix[j]]) * a.scale;
 }
 
 __global__ void router_backward_kernel(float *dlogits, const float *dw, const float *lb_grad, const float *probs, const int32_t *idx,
-                                       const float *w, int64_t T_, int E, int k, bool renorm) {
+                                       const float *w, int64_t T_, RouterParams a) {
     extern __shared__ double dp_all[];
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, E = a.E, k = a.k;
     int64_t t = blockIdx.x * (int64_t)MOE_WARPS + wid;
     if (t >= T_) return;
-    double *dp = dp_all + wid * E;
-    const float *p = probs + t * E;
+    double *dp = dp_all + wid * E, c = a.scale;
+    const float *p = probs + t * E, *g = dw + t * k, *wt = w + t * k;
+    const int32_t *ix = idx + t * k;
     for (int e = lane; e < E; e += 32) dp[e] = lb_grad ? lb_grad[e] : 0.0;
     __syncwarp();
-    if (lane == 0) {
-        double s = 0, gw = 0;
-        for (int j = 0; j < k; j++) s += p[idx[t * k + j]], gw += (double)dw[t * k + j] * w[t * k + j];
-        for (int j = 0; j < k; j++) dp[idx[t * k + j]] += renorm ? (dw[t * k + j] - gw) / s : dw[t * k + j];
-    }
+    double s = 0, gw = 0;
+    for (int j = 0; j < k; j++) s += p[ix[j]], gw += (double)g[j] * wt[j];
+    if (lane == 0 && !a.softmax_topk)
+        for (int j = 0; j < k; j++) dp[ix[j]] += a.renorm ? (c * g[j] - gw) / s : c * g[j];
     __syncwarp();
     double dot = 0;
     for (int e = lane; e < E; e += 32) dot += p[e] * dp[e];
     dot = warp_sum(dot);
-    for (int e = lane; e < E; e += 32) dlogits[t * E + e] = (float)(p[e] * (dp[e] - dot));
+    float *dl = dlogits + t * E;
+    for (int e = lane; e < E; e += 32) dl[e] = (float)(p[e] * (dp[e] - dot));
+    __syncwarp();
+    if (lane == 0 && a.softmax_topk) // ∂ through the softmax over the selected logits
+        for (int j = 0; j < k; j++) dl[ix[j]] += (float)(wt[j] * (g[j] - gw / c));
 }
 
 // Load balancing: cnt[e] = #slots routed to e, pm[e] = Σ_t probs[t, e] (fp64 atomics into the small pool).
@@ -297,39 +342,42 @@ static void same_dt(Tensor a, Tensor b, const char *what) {
 
 extern "C" {
 
-static void router_gpu_check(const RouterArgs *a, const char *what) {
-    if (a->softmax_topk || a->scale != 1 || a->n_group > 1 || a->bias.p)
-        die("%s: top-k softmax, scaling, group-limited routing and a selection bias are not supported on the GPU yet",
-            what);
+static RouterParams router_params(Tensor logits, Tensor idx, const RouterArgs *a, const char *what) {
+    int64_t E = t_cols(logits);
+    int G = a->n_group > 1 ? a->n_group : 1;
+    if (a->k < 1 || a->k > E || a->k > ROUTER_KMAX || t_cols(idx) != a->k || idx.dt != DT_I32 || !(a->scale > 0))
+        die("%s: k = %d of %lld experts (at most %d), idx (T, k) int32, scale > 0", what, a->k, (long long)E, ROUTER_KMAX);
+    if (G > 1 && (E % G || G > 64 || a->topk_group < 1 || a->topk_group > G || a->k > a->topk_group * (E / G)))
+        die("%s: %d groups (at most 64) of %lld experts, topk_group %d, k %d do not fit", what, G, (long long)E, a->topk_group, a->k);
+    if (a->bias.p && (a->bias.dt != DT_F32 || tensor_numel(a->bias) != E)) die("%s: bias must be (E) fp32", what);
+    RouterParams p = {(int)E, a->k, G, a->topk_group, a->renorm, a->softmax_topk, a->force_balance, a->scale,
+                      a->bias.p ? (const float *)a->bias.p : NULL};
+    return p;
 }
 
 void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a) {
-    router_gpu_check(a, "router_forward");
-    int k = a->k;
-    bool renorm = a->renorm, force_balance = a->force_balance;
-    int64_t T_ = t_rows(logits), E = t_cols(logits);
+    RouterParams rp = router_params(logits, idx, a, "router_forward");
+    int64_t T_ = t_rows(logits), E = rp.E;
     IS_F32(logits, "router_forward"); IS_F32(probs, "router_forward"); IS_F32(w, "router_forward");
-    CHECK(k >= 1 && k <= E && t_cols(idx) == k && idx.dt == DT_I32);
     if (!T_) return;
-    size_t smem = (size_t)MOE_WARPS * E * sizeof(float);
+    size_t smem = (size_t)MOE_WARPS * (2 * E + rp.n_group) * sizeof(float);
     if (smem > 48 * 1024) die("router_forward: %lld experts exceed this kernel's shared memory", (long long)E);
     router_forward_kernel<<<(unsigned)((T_ + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, smem, cuda_stream()>>>(
-        (float *)probs.p, (int32_t *)idx.p, (float *)w.p, (const float *)logits.p, T_, (int)E, k, renorm, force_balance);
+        (float *)probs.p, (int32_t *)idx.p, (float *)w.p, (const float *)logits.p, T_, rp);
     CUDA_LAUNCH_CHECK();
 }
 
 void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
                           const RouterArgs *a) {
-    router_gpu_check(a, "router_backward");
-    bool renorm = a->renorm;
-    int64_t T_ = t_rows(probs), E = t_cols(probs), k = t_cols(idx);
+    RouterParams rp = router_params(probs, idx, a, "router_backward");
+    int64_t T_ = t_rows(probs), E = rp.E;
     IS_F32(dlogits, "router_backward"); IS_F32(dw, "router_backward"); IS_F32(probs, "router_backward");
     if (!T_) return;
     size_t smem = (size_t)MOE_WARPS * E * sizeof(double);
     if (smem > 48 * 1024) die("router_backward: %lld experts exceed this kernel's shared memory", (long long)E);
     router_backward_kernel<<<(unsigned)((T_ + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, smem, cuda_stream()>>>(
-        (float *)dlogits.p, (const float *)dw.p, lb_grad.p ? (const float *)lb_grad.p : NULL, (const float *)probs.p, (const int32_t *)idx.p,
-        (const float *)w.p, T_, (int)E, (int)k, renorm);
+        (float *)dlogits.p, (const float *)dw.p, lb_grad.p ? (const float *)lb_grad.p : NULL, (const float *)probs.p,
+        (const int32_t *)idx.p, (const float *)w.p, T_, rp);
     CUDA_LAUNCH_CHECK();
 }
 

@@ -128,13 +128,15 @@ __global__ void rmsnorm_backward_vec_kernel(T *dx, const T *dy, const T *x, cons
     }
 }
 
-// One thread per 8 pairs: x[i..i+8) and x[half+i..half+i+8) of one (token, head) row; H8 = half/8.
+// RoPE on dims [off, off + 2·half) of each (token, head) row of d elements (ops.h). One thread per 8 pairs of
+// the rotate-half layout: v[i..i+8) and v[half+i..half+i+8), v = the row + off; H8 = half/8.
 template <typename T>
-__global__ void rope_vec_kernel(T *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t T_, int64_t nh, int64_t H8, float sgn) {
+__global__ void rope_vec_kernel(T *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t T_, int64_t nh,
+                                int64_t H8, int64_t d, int64_t off, float sgn) {
     GRID_STRIDE_N(e, T_ * nh * H8) {
         int64_t i8 = e % H8, th = e / H8, t = th / nh, half = H8 * 8;
         const float *cp = cos_t + (int64_t)pos[t] * half + i8 * 8, *sp = sin_t + (int64_t)pos[t] * half + i8 * 8;
-        T *v = x + th * 2 * half + i8 * 8;
+        T *v = x + th * d + off + i8 * 8;
         float a[8], b[8], c[8], s[8], oa[8], ob[8];
         ld8(v, a);
         ld8(v + half, b);
@@ -147,20 +149,21 @@ __global__ void rope_vec_kernel(T *x, const float *cos_t, const float *sin_t, co
     }
 }
 
+// One thread per pair, either layout: (v[i], v[i + half]) or, with pairs, (v[2i], v[2i + 1]).
 template <typename T>
-__global__ void rope_kernel(T *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t T_, int64_t nh, int64_t half, float sgn) {
+__global__ void rope_kernel(T *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t T_, int64_t nh,
+                            int64_t half, int64_t d, int64_t off, bool pairs, float sgn) {
     int64_t n = T_ * nh * half;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         int64_t i = e % half, th = e / half, t = th / nh;
-        int64_t p = (int64_t)pos[t] * half + i;
+        int64_t p = (int64_t)pos[t] * half + i, ia = pairs ? 2 * i : i, ib = pairs ? 2 * i + 1 : i + half;
         float c = cos_t[p], s = sin_t[p];
-        T *v = x + th * 2 * half;
-        float a = ld(v, i), b = ld(v, i + half);
-        st(v, i, a * c - sgn * b * s);
-        st(v, i + half, b * c + sgn * a * s);
+        T *v = x + th * d + off;
+        float a = ld(v, ia), b = ld(v, ib);
+        st(v, ia, a * c - sgn * b * s);
+        st(v, ib, b * c + sgn * a * s);
     }
 }
-
 
 // One thread per 8 values of act; I8 = I/8.
 template <typename T> __global__ void swiglu_forward_vec_kernel(T *act, const T *gu, int64_t M, int64_t I8) {
@@ -268,26 +271,29 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
 }
 
 void cuda_rope(Tensor x, int off, Tensor cos_t, Tensor sin_t, Tensor pos, RopeLayout layout, bool backward) {
-    int64_t T_ = x.n[0], nh = x.n[1], d = x.n[2], half = d / 2;
-    if (off != 0 || layout != ROPE_HALF || cos_t.n[1] != half)
-        die("rope: partial rotation and the pair layout are not supported on the GPU yet");
-    CHECK(cos_t.n[1] == half && tensor_numel(pos) == T_);
+    int64_t T_ = x.n[0], nh = x.n[1], d = x.n[2], half = cos_t.n[1];
+    if (off < 0 || off + 2 * half > d || sin_t.n[1] != half || tensor_numel(pos) != T_)
+        die("rope: x (%lld, %lld, %lld), rotated dims [%d, %lld) and tables (%lld, %lld) do not fit", (long long)T_,
+            (long long)nh, (long long)d, off, (long long)(off + 2 * half), (long long)cos_t.n[0], (long long)half);
     IS_F32(cos_t, "rope");
     IS_F32(sin_t, "rope");
     int64_t n = T_ * nh * half;
     if (n == 0) return;
-    // The scalar kernel serves half-widths that are not a multiple of 8 (head_dim 8 in the tiny test models,
-    // a partial rotary dim); every full-size head takes the vector kernel.
-    if (vec8_fits(half, x.p, cos_t.p, sin_t.p)) {
+    float sgn = backward ? -1.0f : 1.0f;
+    // The scalar kernel serves the pair layout and half-widths, rows or offsets that are not a multiple of 8
+    // (head_dim 8 in the tiny test models); every full-size rotate-half head takes the vector kernel.
+    if (layout == ROPE_HALF && d % 8 == 0 && off % 8 == 0 && vec8_fits(half, x.p, cos_t.p, sin_t.p)) {
         DT_SWITCH(x.dt, T, "rope",
-                  rope_vec_kernel<T><<<grid_for(n / 8, 256), 256, 0, cuda_stream()>>>((T *)x.p, (const float *)cos_t.p, (const float *)sin_t.p,
-                                                                                    (const int32_t *)pos.p, T_, nh, half / 8, backward ? -1.0f : 1.0f));
+                  rope_vec_kernel<T><<<grid_for(n / 8, 256), 256, 0, cuda_stream()>>>(
+                      (T *)x.p, (const float *)cos_t.p, (const float *)sin_t.p, (const int32_t *)pos.p, T_, nh, half / 8, d,
+                      off, sgn));
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(x.dt, T, "rope",
-              rope_kernel<T><<<grid_for(n, 256), 256, 0, cuda_stream()>>>((T *)x.p, (const float *)cos_t.p, (const float *)sin_t.p,
-                                                                        (const int32_t *)pos.p, T_, nh, half, backward ? -1.0f : 1.0f));
+              rope_kernel<T><<<grid_for(n, 256), 256, 0, cuda_stream()>>>((T *)x.p, (const float *)cos_t.p,
+                                                                        (const float *)sin_t.p, (const int32_t *)pos.p, T_,
+                                                                        nh, half, d, off, layout == ROPE_PAIRS, sgn));
     CUDA_LAUNCH_CHECK();
 }
 
