@@ -69,6 +69,23 @@ int run_cmd(char *out, size_t cap, const char *fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+void write_test_file(const char *dir, const char *name, const char *text) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+double run_metric(const char *dir, int step, const char *key) {
+    char out[1 << 16], pat[64];
+    ASSERT_MSG(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s/metrics.jsonl", step, dir) == 0, "%s: no step %d", dir, step);
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    char *p = strstr(out, pat);
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
 const char *pith_bin(void) {
     const char *b = getenv("PITH_BIN");
     return b && b[0] ? b : "build/pith";

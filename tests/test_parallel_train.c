@@ -26,14 +26,11 @@ static const char *make_layout_run(void) {
     return d;
 }
 
-// The value of `key` in the metrics line of `step` of run folder dir.
+// The value of `key` at `step` of run folder dir (which must have it).
 static double metric_of(const char *dir, int step, const char *key) {
-    char out[1 << 14], pat[64];
-    ASSERT(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s/metrics.jsonl", step, dir) == 0);
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    char *p = strstr(out, pat);
-    ASSERT_MSG(p, "step %d of %s: no %s", step, dir, key);
-    return strtod(p + strlen(pat), NULL);
+    double v = run_metric(dir, step, key);
+    ASSERT_MSG(!isnan(v), "step %d of %s: no %s", step, dir, key);
+    return v;
 }
 
 // Runs the config under each layout and compares loss and val_loss of every step with one process.
