@@ -233,6 +233,34 @@ int main(int argc, char **argv) {
         report("attention fwd+bwd B=2", ta + last_ms, 2 * 3.5 * fa, "TFLOP/s");
     }
     unsetenv("PITH_ATTENTION");
+    { // the widened forms at the other families' shapes, B = 1, S = 4096: MLA (DeepSeek-V2-Lite, 16 heads, q·k 192,
+        // v 128: cuDNN where it plans it), GPT-OSS sliding layers (64/8 heads of 64, window 128, sinks: generic)
+        Tensor qm = dev(bf, 3, T, 16, 192), km = dev(bf, 3, T, 16, 192), vm = dev(bf, 3, T, 16, 128),
+               om = dev(bf, 3, T, 16, 128);
+        Tensor lm = dev(DT_F32, 3, 1, 16, T), dqm = dev(bf, 3, T, 16, 192), dkm = dev(bf, 3, T, 16, 192),
+               dvm = dev(bf, 3, T, 16, 128);
+        fill(qm, 1, 50), fill(km, 1, 51), fill(vm, 1, 52), fill(om, 1, 53);
+        AttnArgs am = {.B = 1, .scale = 1.0f / sqrtf(192.0f), .causal = true};
+        double fm = 2.0 * T * T * (192 + 128) * 16 / 2;
+        TIME("attention fwd MLA 192/128 S=4096 16 heads", 10, fm, "TFLOP/s",
+             op_attention_forward(om, lm, qm, km, vm, &am));
+        printf("  (ran: %s)\n", cuda_attention_last_path());
+        TIME("attention bwd MLA", 5, 2.5 * fm, "TFLOP/s",
+             op_attention_backward(dqm, dkm, dvm, NONE, om, qm, km, vm, om, lm, &am));
+        Tensor qg = dev(bf, 3, T, 64, 64), kg = dev(bf, 3, T, 8, 64), vg = dev(bf, 3, T, 8, 64),
+               og = dev(bf, 3, T, 64, 64);
+        Tensor lg = dev(DT_F32, 3, 1, 64, T), dqg = dev(bf, 3, T, 64, 64), dkg = dev(bf, 3, T, 8, 64),
+               dvg = dev(bf, 3, T, 8, 64);
+        Tensor sk = dev(DT_F32, 1, 64, 0, 0), dsk = dev(DT_F32, 1, 64, 0, 0);
+        fill(qg, 1, 54), fill(kg, 1, 55), fill(vg, 1, 56), fill(og, 1, 57), fill(sk, 1, 58), fill(dsk, 1, 59);
+        AttnArgs ag = {.B = 1, .scale = 0.125f, .causal = true, .window = 128, .sinks = sk};
+        double fg2 = 4.0 * T * 128 * 64 * 64; // the visible band only
+        TIME("attention fwd GPT-OSS window 128 + sinks", 10, fg2, "TFLOP/s",
+             op_attention_forward(og, lg, qg, kg, vg, &ag));
+        printf("  (ran: %s)\n", cuda_attention_last_path());
+        TIME("attention bwd GPT-OSS window", 5, 2.5 * fg2, "TFLOP/s",
+             op_attention_backward(dqg, dkg, dvg, dsk, og, qg, kg, vg, og, lg, &ag));
+    }
     // memory-bound
     Tensor y = dev(bf, 2, T, H, 0), w = dev(bf, 1, H, 0, 0), rstd = dev(DT_F32, 1, T, 0, 0), dwn = dev(DT_F32, 1, H, 0, 0);
     fill(w, 1, 11);
@@ -258,7 +286,7 @@ int main(int argc, char **argv) {
     TIME("moe_sort (32768 slots, host sync)", 20, (double)R * 8, "GB/s", op_moe_sort(perm, offs, idx, (int)E));
     TIME("gather_rows dispatch (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_gather_rows(xe, x, perm, (int)k));
     TIME("scatter_rows combine (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_scatter_rows(ye, xe, perm));
-    TIME("gather_rows_backward (inverse map)", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_gather_rows_backward(x, xe, perm, (int)k));
+    TIME("scatter_add_rows (inverse map)", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_scatter_add_rows(x, xe, perm, (int)k));
     Tensor wts = dev(DT_F32, 2, T, k, 0);
     fill(wts, 0.1f, 14);
     TIME("moe_combine fwd", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_moe_combine_forward(y, x, ye, wts));

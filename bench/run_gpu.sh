@@ -6,15 +6,20 @@
 #   2. kernels: build/bench_gpu_ops and its PyTorch counterparts (bench/peer_kernels.py);
 #   3. the table (bench/report.py), printed last and kept in $OUT/table.md.
 # Options: --no-peers (skip the HF model peers), --no-kernels, --no-e2e, --steps=N (default 8),
-# --no-compile (kernel peers without the torch.compile'd ones).
+# --no-compile (kernel peers without the torch.compile'd ones), --deepseek-v2 (the end-to-end run and its peers on
+# bench/deepseek_v2_lite_8l, DeepSeek-V2-Lite cut to 8 layers, with bench/peer_hf_deepseek_v2.py; the table's
+# MFU column assumes Qwen3 shapes, so read that run's tokens/s and memory from train.txt and peers.txt),
+# --balanced (force-balanced routing: pith's benchmark mode and the peers' --balanced).
 # Logs under $OUT (default /tmp/pith-bench): train.txt, peers.txt, bench_ops.txt, peer_kernels.txt, table.md.
 # Binaries: built here when the build libraries exist, else the carried build/ (see tests/gpu/run_device.sh).
 set -u
 OUT=${OUT:-/tmp/pith-bench}
 mkdir -p "$OUT"
-peers=1 kernels=1 e2e=1 steps=8 pk=""
+peers=1 kernels=1 e2e=1 steps=8 pk="" bench=bench/qwen3_30b_a3b_8l peer=bench/peer_hf_qwen3_moe.py vocab=151936 bal="" pbal=""
 for a in "$@"; do
-    case "$a" in --no-peers) peers=0 ;; --no-kernels) kernels=0 ;; --no-e2e) e2e=0 ;; --steps=*) steps=${a#--steps=} ;; --no-compile) pk=--no-compile ;; esac
+    case "$a" in --no-peers) peers=0 ;; --no-kernels) kernels=0 ;; --no-e2e) e2e=0 ;; --steps=*) steps=${a#--steps=} ;; --no-compile) pk=--no-compile ;;
+    --deepseek-v2) bench=bench/deepseek_v2_lite_8l peer=bench/peer_hf_deepseek_v2.py vocab=102400 ;;
+    --balanced) bal="--set benchmark=true" pbal=--balanced ;; esac
 done
 if [ -d lib ]; then
     mkdir -p /tmp/pithlib
@@ -33,9 +38,9 @@ date -u +"%Y-%m-%d %H:%M UTC"
 if [ $e2e = 1 ]; then
     echo "== pith train (${steps} steps)"
     mkdir -p /tmp/pith-bench-data
-    build/pith synth --output /tmp/pith-bench-data/tokens.bin --vocab 151936 --tokens 200000 --seed 1 >/dev/null
+    build/pith synth --output /tmp/pith-bench-data/tokens.bin --vocab $vocab --tokens 200000 --seed 1 >/dev/null
     rm -rf /tmp/pith-bench-run
-    timeout 420 build/pith train bench/qwen3_30b_a3b_8l/train.json --set max_steps="$steps" >"$OUT/train.txt" 2>&1
+    timeout 420 build/pith train $bench/train.json --set max_steps="$steps" $bal >"$OUT/train.txt" 2>&1
     echo "rc=$?" >>"$OUT/train.txt"
     cat /tmp/pith-bench-run/metrics.jsonl >>"$OUT/train.txt" 2>/dev/null
     grep -v '^{' "$OUT/train.txt" | tail -4
@@ -50,8 +55,8 @@ fi
 if [ $peers = 1 ]; then
     echo "== HF peers"
     : >"$OUT/peers.txt"
-    timeout 300 python3 bench/peer_hf_qwen3_moe.py >>"$OUT/peers.txt" 2>&1
-    timeout 420 python3 bench/peer_hf_qwen3_moe.py --compile >>"$OUT/peers.txt" 2>&1
+    timeout 300 python3 $peer $pbal >>"$OUT/peers.txt" 2>&1
+    timeout 420 python3 $peer --compile $pbal >>"$OUT/peers.txt" 2>&1
     grep '^{' "$OUT/peers.txt"
 fi
 python3 bench/report.py "$OUT" >"$OUT/table.md"

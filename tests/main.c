@@ -69,15 +69,6 @@ int run_cmd(char *out, size_t cap, const char *fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-void write_test_file(const char *dir, const char *name, const char *text) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    CHECK(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 double run_metric(const char *dir, int step, const char *key) {
     char out[1 << 16], pat[64];
     ASSERT_MSG(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s/metrics.jsonl", step, dir) == 0, "%s: no step %d", dir, step);
@@ -107,6 +98,19 @@ double hf_expected(const char *fixture, const char *key, int step) {
 // Every folder a test made; removed when it passes, kept (and named) when it fails.
 static char tmpdirs[64][64];
 static int ntmpdirs;
+const char *write_bytes(const char *dir, const char *name, const void *data, size_t n) {
+    static char path[1024];
+    char d[1024];
+    if (dir) snprintf(path, sizeof path, "%s/%s", dir, name);
+    else snprintf(path, sizeof path, "%s", name);
+    path_dirname(d, sizeof d, path);
+    mkdir_p(d);
+    FILE *f = fopen(path, "wb");
+    CHECK(f && fwrite(data, 1, n, f) == n && fclose(f) == 0);
+    return path;
+}
+const char *write_text(const char *dir, const char *name, const char *text) { return write_bytes(dir, name, text, strlen(text)); }
+
 const char *test_tmpdir(void) {
     CHECK(ntmpdirs < 64);
     char *d = tmpdirs[ntmpdirs++];

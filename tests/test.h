@@ -40,13 +40,35 @@ int run_cmd(char *out, size_t cap, const char *fmt, ...) __attribute__((format(p
 // A number from an HF fixture's expected.json (tests/hf/<family>/): key at the top level (step < 0) or
 // of train.steps[step].
 double hf_expected(const char *fixture, const char *key, int step);
-// Writes text to dir/name (test inputs).
-void write_test_file(const char *dir, const char *name, const char *text);
 // The value of key in the metrics.jsonl line of step in run folder dir (the step must be there); NAN when the
 // line has no such key.
 double run_metric(const char *dir, int step, const char *key);
 // A fresh empty directory under /tmp for this test.
 const char *test_tmpdir(void);
+
+// Writes n bytes (write_text: a string) to dir/name, making its folders, and returns the path (a static buffer,
+// valid until the next call); with dir NULL, name is the path.
+const char *write_bytes(const char *dir, const char *name, const void *data, size_t n);
+const char *write_text(const char *dir, const char *name, const char *text);
+
+// Tiny Qwen3-MoE configs shared by the CPU and GPU suites (HF config.json text).
+// TINY_MOE_A: 2 MoE layers, 4 experts top-2, renormalised weights.
+#define TINY_MOE_A                                                                                                     \
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"          \
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 48, \"num_experts\": 4, \"num_experts_per_tok\": 2,"   \
+    " \"moe_intermediate_size\": 8, \"norm_topk_prob\": true, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0}"
+// TINY_MOE_B: biases, a dense first layer, tied embeddings, no renormalisation, rope theta in rope_parameters.
+#define TINY_MOE_B                                                                                                     \
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"          \
+    " \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 40, \"num_experts\": 4, \"num_experts_per_tok\": 3,"   \
+    " \"moe_intermediate_size\": 6, \"intermediate_size\": 12, \"mlp_only_layers\": [0], \"norm_topk_prob\": false,"       \
+    " \"attention_bias\": true, \"tie_word_embeddings\": true,"                                                          \
+    " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5}}"
+// TINY_MOE_EP: 3 layers (the middle one dense), 8 experts top-3: every expert-parallel path is exercised.
+#define TINY_MOE_EP                                                                                                    \
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"          \
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"   \
+    " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}"
 
 // The pith binary the tests run: build/pith, or $PITH_BIN (the sanitizer build sets it).
 const char *pith_bin(void);

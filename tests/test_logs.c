@@ -8,7 +8,7 @@
 
 // A tiny Qwen3-MoE, synthetic tokens and a train.json of `steps` steps in dir.
 static void make_tiny_run(const char *dir, int steps) {
-    write_test_file(
+    write_text(
         dir, "model.json",
         "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
         " \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 4, "
@@ -22,7 +22,7 @@ static void make_tiny_run(const char *dir, int steps) {
              " \"global_batch_size\": 4, \"max_steps\": %d, \"device\": \"cpu\", \"moe_load_balance_coef\": 0.01,"
              " \"scheduler\": {\"type\": \"wsd\", \"warmup_ratio\": 0.5}, \"optimizer\": {\"lr\": 0.01}}",
              steps);
-    write_test_file(dir, "train.json", cfg);
+    write_text(dir, "train.json", cfg);
 }
 
 // The events of an event file as JSON objects (one per record), from tests/tboard_read.py.

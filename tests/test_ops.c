@@ -526,7 +526,7 @@ TEST(op_moe_sort_gather_scatter) {
         for (int c = 0; c < H; c++) ASSERT(y[i * H + c] == x[i / k * H + c]);
     op_gather_rows(tf32_2(back, T * k, H), tf32_2(y, T * k, H), P, 1);
     for (int i = 0; i < 30; i++) ASSERT(back[i] == xe[i]);
-    op_gather_rows_backward(tf32_2(dx, T, H), tf32_2(xe, T * k, H), P, (int)k); // each token receives k copies
+    op_scatter_add_rows(tf32_2(dx, T, H), tf32_2(xe, T * k, H), P, (int)k); // each token receives k copies
     for (int i = 0; i < 15; i++) ASSERT_NEAR(dx[i], 2 * x[i], 1e-6);
 }
 

@@ -13,17 +13,26 @@
     "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " \
     "mpirun --oversubscribe --bind-to none -np"
 
-// 3 layers (the middle one dense), 8 experts top-3, load balancing on: every EP path is exercised.
-static const char *model_json =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
-    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
-    " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}";
+// TINY_MOE_EP (tests/test.h), load balancing on.
+static const char *model_json = TINY_MOE_EP;
 
-static const char *make_run(void) {
+// DeepSeek-V2: a dense first layer, MLA with a q LoRA, YaRN, group-limited routing scaled by 2, a shared
+// expert (8 experts top-3 in 4 groups, top 2 groups).
+static const char *model_json_dsv2 =
+    "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8, \"v_head_dim\": 6,"
+    " \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 16,"
+    " \"n_shared_experts\": 1, \"intermediate_size\": 24, \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\","
+    " \"n_group\": 4, \"topk_group\": 2, \"routed_scaling_factor\": 2.0, \"max_position_embeddings\": 64,"
+    " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0,"
+    " \"original_max_position_embeddings\": 8, \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}";
+
+// A run folder with model.json (the given model), data.bin and train.json (20 steps, load balancing on).
+static const char *make_run_of(const char *model) {
     static char d[256];
     snprintf(d, sizeof d, "%s", test_tmpdir());
     char out[4096];
-    ASSERT(run_cmd(out, sizeof out, "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 20000", model_json, d, PITH_BIN,
+    ASSERT(run_cmd(out, sizeof out, "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 20000", model, d, PITH_BIN,
                    d) == 0);
     ASSERT(run_cmd(out, sizeof out,
                    "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, \"micro_batch_size\": 2,"
@@ -32,6 +41,8 @@ static const char *make_run(void) {
                    d) == 0);
     return d;
 }
+
+static const char *make_run(void) { return make_run_of(model_json); }
 
 // Step `step`'s value of `key` in a metrics.jsonl (which must have it).
 static double metric(const char *dir, int step, const char *key) {
@@ -127,17 +138,17 @@ static const struct {
     {"hsdp-dp2-ep2", 4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
 };
 
-// One run per layout, 20 steps, the first step's gradient dumped: every layout must give the one-process
-// losses (≤ 1e-6 relative at step 1, ≤ 1e-5 over 20 steps) and gradients (≤ 1e-5 per tensor).
-TEST(dist_equivalence_layouts) {
-    const char *d = make_run();
+// One run per layout (the first n of the table), 20 steps, the first step's gradient dumped: every layout must
+// give the one-process losses (≤ 1e-6 relative at step 1, ≤ 1e-5 over 20 steps) and gradients (≤ 1e-5 per
+// tensor). sets: more --set options for every run.
+static void check_layouts(const char *d, size_t n, const char *sets) {
     char out[1 << 16], ref[300], dir[300];
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, sets, d, d) == 0);
     snprintf(ref, sizeof ref, "%s/one", d);
-    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
+    for (size_t i = 0; i < n; i++) {
         snprintf(dir, sizeof dir, "%s/%s", d, layouts[i].name);
-        int rc = run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json %s --set run_dir=%s --dump-grads %s/g 2>&1", PITH_BIN,
-                         layouts[i].np, d, layouts[i].sets, dir, dir);
+        int rc = run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json %s %s --set run_dir=%s --dump-grads %s/g 2>&1", PITH_BIN,
+                         layouts[i].np, d, layouts[i].sets, sets, dir, dir);
         ASSERT_MSG(rc == 0, "%s: %s", layouts[i].name, out);
         double l1 = metric(dir, 1, "loss"), r1 = metric(ref, 1, "loss"), worst = fabs(l1 - r1) / r1;
         ASSERT_MSG(worst <= 1e-6, "%s: step 1 loss %.9g vs one process %.9g", layouts[i].name, l1, r1);
@@ -153,6 +164,34 @@ TEST(dist_equivalence_layouts) {
         double gd = grad_diff(ga, gb, &wn);
         printf("     %-14s loss (20 steps) %.1e, gradient %.1e (%s)\n", layouts[i].name, worst, gd, wn);
         ASSERT_MSG(gd <= 1e-5, "%s: gradient of %s differs by %.3g", layouts[i].name, wn, gd);
+    }
+}
+
+TEST(dist_equivalence_layouts) { check_layouts(make_run(), sizeof layouts / sizeof *layouts, ""); }
+
+// DeepSeek-V2 (sequence-form load balancing, its own): ep2, dp2 and ep2 × dp2 against one process.
+TEST(dist_equivalence_layouts_deepseek_v2) { check_layouts(make_run_of(model_json_dsv2), 3, "--set moe_load_balance_type=sequence"); }
+
+// A DeepSeek-V2 checkpoint written at ep2 resumes at ep2 × dp2 and on one process with the losses of the
+// uninterrupted run.
+TEST(dist_reshard_resume_deepseek_v2) {
+    const char *d = make_run_of(model_json_dsv2);
+    char out[1 << 16], dir[300], full[300];
+    snprintf(full, sizeof full, "%s/full", d);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set max_steps=6 --set run_dir=%s", PITH_BIN, d, full) == 0);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 2 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set save_location=%s/ck --steps 3",
+                   PITH_BIN, d, d) == 0);
+    static const char *const launch[] = {MPIRUN " 4 %s train %s/train.json --set parallel.expert_parallel_size=2", "%s train %s/train.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(dir, sizeof dir, "%s/r%d", d, i);
+        char fmt[512];
+        snprintf(fmt, sizeof fmt, "cp -r %%s/ck %%s && %s --set max_steps=6 --set save_location=%%s", launch[i]);
+        ASSERT(run_cmd(out, sizeof out, fmt, d, dir, PITH_BIN, d, dir) == 0);
+        ASSERT_MSG(strstr(out, "resume: step 3 from"), "%s", out);
+        for (int s = 4; s <= 6; s++) {
+            double l = metric(dir, s, "loss"), r = metric(full, s, "loss");
+            ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs uninterrupted %.9g", launch[i], s, l, r);
+        }
     }
 }
 
@@ -280,23 +319,26 @@ TEST(dist_config_errors) {
 }
 
 // The plan `pith estimate` prints without allocating is the one `pith train` allocates on each rank.
+// The total `pith estimate` prints for run folder d (np ranks, sets) against the one `pith train` allocates.
+static void check_estimate(const char *d, int np, const char *sets, int run) {
+    char out[1 << 15], est[4096];
+    ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus %d --device cpu %s", PITH_BIN, d, np, sets) == 0);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json --set max_steps=1 --set run_dir=%s/r%d %s", np, PITH_BIN, d, d, run, sets) == 0);
+    char *e = strstr(est, "(") ? strstr(est, " bytes)") : NULL, *t = strstr(out, " bytes)\n");
+    ASSERT_MSG(e && t, "%s\n%s", est, out);
+    while (e[-1] != '(') e--;
+    while (t[-1] != '(') t--;
+    ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "estimate %lld vs train %lld bytes:\n%s\n%s", strtoll(e, NULL, 10), strtoll(t, NULL, 10), est, out);
+}
+
 TEST(dist_estimate_matches_training) {
     const char *d = make_run();
-    char out[1 << 15], est[4096];
+    char out[1 << 15];
     static const struct {
         int np;
         const char *sets;
     } layouts[] = {{1, ""}, {4, "--set parallel.expert_parallel_size=2"}, {4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"}};
-    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
-        ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus %d --device cpu %s", PITH_BIN, d, layouts[i].np, layouts[i].sets) == 0);
-        ASSERT(run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json --set max_steps=1 --set run_dir=%s/r%zu %s", layouts[i].np, PITH_BIN, d, d, i,
-                       layouts[i].sets) == 0);
-        char *e = strstr(est, "(") ? strstr(est, " bytes)") : NULL, *t = strstr(out, " bytes)\n");
-        ASSERT_MSG(e && t, "%s\n%s", est, out);
-        while (e[-1] != '(') e--;
-        while (t[-1] != '(') t--;
-        ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "estimate %lld vs train %lld bytes:\n%s\n%s", strtoll(e, NULL, 10), strtoll(t, NULL, 10), est, out);
-    }
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) check_estimate(d, layouts[i].np, layouts[i].sets, (int)i);
     // Qwen3-30B-A3B: not on 8 GPUs of 80 GB; on 64 with ep 16 and a capacity factor
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8", PITH_BIN) == 0);
     ASSERT_MSG(strstr(out, "pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "does not fit in 80 GB"), "%s", out);
@@ -306,6 +348,15 @@ TEST(dist_estimate_matches_training) {
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 12", PITH_BIN) == 1);
     ASSERT_MSG(strstr(out, "parallel.expert_parallel_size: 12 ranks are not divisible"), "%s", out);
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json", PITH_BIN) == 2 && strstr(out, "usage: pith estimate"));
+}
+
+// DeepSeek-V2: the plan of a run is what training allocates; DeepSeek-V2-Lite (examples/deepseek-v2-lite, 15.7B
+// parameters) fits one 80 GB GPU per rank at ep 8, 4096 tokens per micro-batch.
+TEST(dist_estimate_deepseek_v2) {
+    check_estimate(make_run_of(model_json_dsv2), 2, "--set parallel.expert_parallel_size=2", 0);
+    char out[1 << 15];
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/deepseek-v2-lite/train.json --gpus 8", PITH_BIN) == 0);
+    ASSERT_MSG(strstr(out, "deepseek_v2 on 8 GPUs = pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "8 of 64 experts") && strstr(out, "\nfits in 80 GB"), "%s", out);
 }
 
 // The NCCL half on fake GPUs (`make fake-build`): every device path of comm/fsdp/ep/trainer with fp32

@@ -19,11 +19,6 @@ static const char *tpath(const char *name) {
     return p;
 }
 
-static void write_file(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    CHECK(f && fwrite(p, 1, n, f) == n && fclose(f) == 0);
-}
-
 // A file image: u64 header length, header text (unpadded), data.
 static size_t make_image(uint8_t *out, uint64_t hlen, const char *header, const void *data, size_t dlen) {
     size_t n = strlen(header);
@@ -37,7 +32,7 @@ static size_t make_image(uint8_t *out, uint64_t hlen, const char *header, const 
 // names the file and contains `want`.
 static void expect_bad_image(const uint8_t *img, size_t n, const char *want) {
     const char *path = tpath("bad.safetensors");
-    write_file(path, img, n);
+    write_bytes(NULL, path, img, n);
     char err[1024] = "", err2[1024] = "";
     StFile f, g;
     ASSERT_MSG(!st_open(&f, path, err, sizeof err), "opened a bad file, expected '%s'", want);
@@ -343,7 +338,7 @@ TEST(safetensors_index_errors) {
          NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        write_file(idx, cases[i].index, strlen(cases[i].index));
+        write_bytes(NULL, idx, cases[i].index, strlen(cases[i].index));
         StSet s;
         char err[1024] = "";
         bool ok = st_set_open(&s, dir, err, sizeof err);
@@ -368,7 +363,7 @@ TEST(safetensors_index_errors) {
     ASSERT(!st_set_open(&s, dir, err, sizeof err) && strstr(err, "tensor 'a' in shard 'model-00002-of-00002.safetensors' is mapped to another shard"));
     ASSERT(!st_set_open(&s, tpath("ck/none.index.json"), err, sizeof err) && strstr(err, "ck/none.index.json: no such file"));
     // A corrupt shard is reported by its own path.
-    write_file(tpath("ck/model-00002-of-00002.safetensors"), "xx", 2);
+    write_bytes(NULL, tpath("ck/model-00002-of-00002.safetensors"), "xx", 2);
     ASSERT(!st_set_open(&s, dir, err, sizeof err) && strstr(err, "model-00002-of-00002.safetensors: file is 2 bytes"));
 }
 

@@ -13,17 +13,6 @@
 
 static char out[1 << 16];
 
-static void write_bytes(const char *dir, const char *name, const void *data, size_t n) {
-    char path[512], d[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    path_dirname(d, sizeof d, path);
-    mkdir_p(d);
-    FILE *f = fopen(path, "wb");
-    CHECK(f && fwrite(data, 1, n, f) == n && !fclose(f));
-}
-
-static void write_text(const char *dir, const char *name, const char *text) { write_bytes(dir, name, text, strlen(text)); }
-
 static void need_tokenizers(void) {
     ASSERT_MSG(path_exists(DSV3 "/tokenizer.json") && path_exists(QWEN3 "/tokenizer.json"),
                "tokenizer files are missing: run scripts/tokenizers.sh (scripts/deps.sh runs it)");

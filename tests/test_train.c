@@ -14,10 +14,10 @@ static const char *make_run(int ntokens) {
     const char *dir = test_tmpdir();
     static char d[256];
     snprintf(d, sizeof d, "%s", dir);
-    write_test_file(d, "model.json", tiny_model);
+    write_text(d, "model.json", tiny_model);
     char out[4096];
     ASSERT(run_cmd(out, sizeof out, "mkdir -p %s/data && %s synth --output %s/data/a.bin --vocab 64 --tokens %d", d, PITH_BIN, d, ntokens) == 0);
-    write_test_file(d, "train.json",
+    write_text(d, "train.json",
                "{\"model\": \"model.json\", \"dataset\": \"data\", \"sequence_length\": 16, \"micro_batch_size\": 2,"
                " \"global_batch_size\": 4, \"max_steps\": 10, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01, \"betas\": [0.9, 0.95]}}");
     return d;
@@ -152,17 +152,17 @@ TEST(errors_config) {
 TEST(errors_model_config) {
     const char *d = make_run(1000);
     char out[4096];
-    write_test_file(d, "m2.json", "{\"model_type\": \"llama\", \"hidden_size\": 8}");
+    write_text(d, "m2.json", "{\"model_type\": \"llama\", \"hidden_size\": 8}");
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m2.json", PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "m2.json: model_type: unsupported model type 'llama'"), "%s", out);
-    write_test_file(d, "m3.json", "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8}");
+    write_text(d, "m3.json", "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8}");
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m3.json", PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "m3.json: num_hidden_layers: missing required key"), "%s", out);
-    write_test_file(d, "m4.json", "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+    write_text(d, "m4.json", "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
                              " \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 5, \"moe_intermediate_size\": 4}");
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m4.json", PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "m4.json: num_experts_per_tok: must be in [1, num_experts]"), "%s", out);
-    write_test_file(d, "m5.json", "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+    write_text(d, "m5.json", "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
                              " \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 4,"
                              " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}");
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m5.json", PITH_BIN, d, d) == 1);
@@ -186,7 +186,7 @@ TEST(errors_token_files) {
     fclose(f);
     expect_error(d, "", "a.bin: token record: dtype F32, expected an unsigned integer type");
     // not a .npy file at all
-    write_test_file(d, "data/a.bin", "hello world, this is not numpy");
+    write_text(d, "data/a.bin", "hello world, this is not numpy");
     expect_error(d, "", "a.bin: token record: not a .npy record (bad magic)");
     // tokens beyond the model's vocabulary
     ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/data/a.bin --vocab 1000 --tokens 1000", PITH_BIN, d) == 0);

@@ -10,13 +10,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef PITH_CUDA
-void *cuda_alloc_or_die(size_t bytes, const char *what); // ops/cuda/cuda_common.cu
-void cuda_free(void *p);
-#endif
-
 int die_rank = -1;
 void (*die_hook)(int status);
+void *(*device_alloc)(size_t bytes, const char *what);
+void (*device_free)(void *p);
 
 void die(const char *fmt, ...) {
     va_list ap;
@@ -133,11 +130,8 @@ Arena arena_create(const char *name, Device dev, size_t cap) {
     if (dev == DEV_CPU) {
         if (cap && posix_memalign((void **)&a.base, ARENA_ALIGN, cap)) die("out of host memory: arena %s needs %zu bytes", name, cap);
     } else {
-#ifdef PITH_CUDA
-        a.base = cap ? cuda_alloc_or_die(cap, name) : NULL;
-#else
-        die("arena %s: this build of pith has no CUDA backend", name);
-#endif
+        if (!device_alloc) die("arena %s: this build of pith has no CUDA backend", name);
+        a.base = cap ? device_alloc(cap, name) : NULL;
     }
     if (!a.base) a.base = (char *)(uintptr_t)ARENA_ALIGN; // cap 0: a valid, never-dereferenced base
     return a;
@@ -146,9 +140,7 @@ Arena arena_create(const char *name, Device dev, size_t cap) {
 void arena_destroy(Arena *a) {
     if (a->cap) {
         if (a->dev == DEV_CPU) free(a->base);
-#ifdef PITH_CUDA
-        else cuda_free(a->base);
-#endif
+        else device_free(a->base);
     }
     *a = (Arena){0};
 }

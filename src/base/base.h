@@ -54,6 +54,9 @@ Tensor tensor_make(void *p, DType dt, Device dev, int nd, int64_t n0, int64_t n1
 // Shorthands for CPU fp32 views, the common case in the reference backend and in tests.
 Tensor tf32_1(float *p, int64_t n0);
 Tensor tf32_2(float *p, int64_t n0, int64_t n1);
+// A tensor as a matrix: rows = its first dimension, columns = everything after it.
+static inline int64_t t_rows(Tensor t) { return t.n[0]; }
+static inline int64_t t_cols(Tensor t) { return t.n[0] ? tensor_numel(t) / t.n[0] : 0; }
 // A view of rows [r0, r0+nr) of a tensor whose first dimension is rows.
 Tensor tensor_rows(Tensor t, int64_t r0, int64_t nr);
 // The same memory seen with another shape of equal element count.
@@ -70,6 +73,11 @@ typedef struct {
 } Arena;
 
 #define ARENA_ALIGN 256
+// Device memory for DEV_CUDA arenas. The base layer cannot call the CUDA backend (it sits above base), so
+// the backend installs these when the program loads (ops/cuda/cuda_common.cu; tests/fake/fake_cuda.c in the
+// fake-GPU build); NULL in a build without one, and a device arena then stops with an error.
+extern void *(*device_alloc)(size_t bytes, const char *what); // dies naming `what` when memory runs out
+extern void (*device_free)(void *p);
 Arena arena_counting(const char *name, Device dev);
 Arena arena_create(const char *name, Device dev, size_t cap); // allocates (host or device memory)
 void arena_destroy(Arena *a);

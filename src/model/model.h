@@ -194,7 +194,7 @@ const ModelFamily *model_family_find(const char *model_type); // NULL if unsuppo
 // Reads an HF config.json (or a folder holding one) into c; dies naming the file and field.
 const ModelFamily *model_config_load(ModelConfig *c, const char *path);
 
-extern const ModelFamily qwen3_moe_family;
+extern const ModelFamily qwen3_moe_family, deepseek_v2_family;
 
 // ---- the parts every family shares (moe.c) ----
 // The rope spec of an HF config with rd rotary dims: rope_theta at the top (transformers v4) or inside

@@ -15,12 +15,14 @@ void moe_config_check(const ModelConfig *c, JObj o, const char *experts_key) {
     if (c->hidden <= 0 || c->layers <= 0 || c->heads <= 0 || c->vocab <= 0)
         jdie(o, NULL, "hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
     if (c->layers > MAX_LAYERS) jdie(o, "num_hidden_layers", "at most %d layers are supported", MAX_LAYERS);
-    if (c->rope.rd <= 0 || c->rope.rd % 2) jdie(o, NULL, "the rotary dimension must be positive and even (got %d)", c->rope.rd);
+    if (c->rope.rd <= 0 || c->rope.rd % 2)
+        jdie(o, NULL, "the rotary dimension must be positive and even (got %d)", c->rope.rd);
     if (c->experts < 1 || c->topk < 1 || c->topk > c->experts)
         jdie(o, "num_experts_per_tok", "must be in [1, %s] (got %d of %d)", experts_key, c->topk, c->experts);
     if (c->moe_inter <= 0) jdie(o, "moe_intermediate_size", "must be positive");
     for (int l = 0; l < c->layers; l++)
-        if (!c->is_moe[l] && c->dense_inter <= 0) jdie(o, "intermediate_size", "must be positive: layer %d has a dense MLP", l);
+        if (!c->is_moe[l] && c->dense_inter <= 0)
+            jdie(o, "intermediate_size", "must be positive: layer %d has a dense MLP", l);
 }
 
 void moe_rope_parse(ModelConfig *c, JObj o, int rd, bool yarn_ok) {
@@ -29,18 +31,21 @@ void moe_rope_parse(ModelConfig *c, JObj o, int rd, bool yarn_ok) {
     RopeSpec *r = &c->rope;
     memset(r, 0, sizeof *r);
     r->rd = rd;
-    r->theta = rp.obj && jhas(rp, "rope_theta") ? jnum(rp, "rope_theta", true, 0) : jnum(o, "rope_theta", false, 10000.0);
+    r->theta =
+        rp.obj && jhas(rp, "rope_theta") ? jnum(rp, "rope_theta", true, 0) : jnum(o, "rope_theta", false, 10000.0);
     if (!(r->theta > 1)) jdie(rp.obj && jhas(rp, "rope_theta") ? rp : o, "rope_theta", "must be above 1");
     if (!rp.obj) return;
     const char *rt = jhas(rp, "rope_type") ? jstr(rp, "rope_type", true, NULL) : jstr(rp, "type", false, "default");
     if (!strcmp(rt, "default")) return;
     if (strcmp(rt, "yarn") || !yarn_ok)
-        jdie(rp, "rope_type", "'%s' is not supported for %s (%s)", rt, c->model_type, yarn_ok ? "default or yarn" : "only default RoPE");
+        jdie(rp, "rope_type", "'%s' is not supported for %s (%s)", rt, c->model_type,
+             yarn_ok ? "default or yarn" : "only default RoPE");
     r->yarn = true;
     r->orig_max_pos = jnum(rp, "original_max_position_embeddings", true, 0);
     if (!(r->orig_max_pos > 0)) jdie(rp, "original_max_position_embeddings", "must be positive");
     // transformers: a missing factor is max_position_embeddings / original_max_position_embeddings
-    r->factor = jhas(rp, "factor") ? jnum(rp, "factor", true, 0) : jnum(o, "max_position_embeddings", true, 0) / r->orig_max_pos;
+    r->factor = jhas(rp, "factor") ? jnum(rp, "factor", true, 0)
+                                   : jnum(o, "max_position_embeddings", true, 0) / r->orig_max_pos;
     if (!(r->factor > 0)) jdie(rp, "factor", "must be positive");
     r->beta_fast = jnum(rp, "beta_fast", false, 32), r->beta_slow = jnum(rp, "beta_slow", false, 1);
     r->truncate = jbool(rp, "truncate", false, true);
@@ -57,16 +62,21 @@ void moe_params_mlp(ParamTable *t, const ModelConfig *c, int l) {
     int e0 = model_expert_first(c), e1 = e0 + model_experts_local(c); // the experts this rank holds
     char n[96];
     if (!c->is_moe[l]) {
-        snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l), params_add(t, n, GROUP_DENSE, INIT_NORMAL, 2, D, H, 0);
-        snprintf(n, sizeof n, "layers.%d.mlp.up_proj.weight", l), params_add(t, n, GROUP_DENSE, INIT_NORMAL, 2, D, H, 0);
-        snprintf(n, sizeof n, "layers.%d.mlp.down_proj.weight", l), params_add(t, n, GROUP_DENSE, INIT_NORMAL_OUT, 2, H, D, 0);
+        snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l),
+            params_add(t, n, GROUP_DENSE, INIT_NORMAL, 2, D, H, 0);
+        snprintf(n, sizeof n, "layers.%d.mlp.up_proj.weight", l),
+            params_add(t, n, GROUP_DENSE, INIT_NORMAL, 2, D, H, 0);
+        snprintf(n, sizeof n, "layers.%d.mlp.down_proj.weight", l),
+            params_add(t, n, GROUP_DENSE, INIT_NORMAL_OUT, 2, H, D, 0);
         return;
     }
     // Expert e's gate_proj and up_proj are adjacent, so the layer's gate_up is one (E_l, 2I, H) tensor
     // (names keep the global expert index).
     for (int e = e0; e < e1; e++) {
-        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.gate_proj.weight", l, e), params_add(t, n, GROUP_EXPERT, INIT_NORMAL, 2, I, H, 0);
-        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.up_proj.weight", l, e), params_add(t, n, GROUP_EXPERT, INIT_NORMAL, 2, I, H, 0);
+        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.gate_proj.weight", l, e),
+            params_add(t, n, GROUP_EXPERT, INIT_NORMAL, 2, I, H, 0);
+        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.up_proj.weight", l, e),
+            params_add(t, n, GROUP_EXPERT, INIT_NORMAL, 2, I, H, 0);
     }
     for (int e = e0; e < e1; e++) {
         snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.weight", l, e);
@@ -83,7 +93,8 @@ Tensor model_view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0, 
     const ParamInfo *p = params_find(&m->params, name);
     if (!p) return NONE;
     Tensor f = flat[p->group];
-    Tensor t = tensor_make(f.p ? (char *)f.p + p->off * dtype_size(f.dt) : NULL, f.dt, f.dev, nd, n0, n1, n2, 1); // NULL: a plan
+    Tensor t = tensor_make(f.p ? (char *)f.p + p->off * dtype_size(f.dt) : NULL, f.dt, f.dev, nd, n0, n1, n2,
+                           1); // NULL: a plan
     CHECK(p->off + tensor_numel(t) <= tensor_numel(f));
     return t;
 }
@@ -102,7 +113,8 @@ static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
             snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.weight", l, model_expert_first(c));
             w->down[l] = model_view(m, flat, n, 3, El, H, I);
         } else {
-            snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l), w->gate_up[l] = model_view(m, flat, n, 2, 2 * D, H, 0);
+            snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l),
+                w->gate_up[l] = model_view(m, flat, n, 2, 2 * D, H, 0);
             snprintf(n, sizeof n, "layers.%d.mlp.down_proj.weight", l), w->down[l] = model_view(m, flat, n, 2, H, D, 0);
         }
     }
@@ -179,8 +191,10 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
-    op_grouped_linear_backward_weight(G->down[l], NONE, tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R), io->offs);
-    op_grouped_linear_backward_weight(G->gate_up[l], NONE, tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R), io->offs);
+    op_grouped_linear_backward_weight(G->down[l], NONE, tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R),
+                                      io->offs);
+    op_grouped_linear_backward_weight(G->gate_up[l], NONE, tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R),
+                                      io->offs);
 }
 
 // ---- stage 5: weighted sum of the expert outputs + residual ----
@@ -196,8 +210,10 @@ void moe_stage5_forward(Model *m, int l, void *rp, StageIO *io, Tensor out) {
 }
 
 void moe_stage5_backward(Model *m, int l, void *rp, StageIO *io, Tensor dout) {
-    if (io->dense) op_copy(io->dy, dout);
-    else op_moe_combine_backward(io->dy, io->dw, dout, io->y, io->w);
+    if (io->dense)
+        op_copy(io->dy, dout);
+    else
+        op_moe_combine_backward(io->dy, io->dw, dout, io->y, io->w);
 }
 
 // ---- epilog: final norm → LM head → cross-entropy, in row chunks so (T, V) logits never exist ----
@@ -206,7 +222,8 @@ void moe_epilog_alloc(Model *m, void *rp, Arena *a, int T) {
     EpilogRec *r = rp;
     // Logits in the compute dtype (bf16 on the GPU, like HF's LM head), C rows at a time: ≤ 64 MB on the
     // CPU (cache-friendly), ≤ 512 MB on the GPU (large enough that the LM-head GEMMs run at full rate).
-    int64_t budget = m->dev == DEV_CUDA ? 512 << 20 : 64 << 20, C = budget / ((int64_t)m->cfg.vocab * dtype_size(m->cdt));
+    int64_t budget = m->dev == DEV_CUDA ? 512 << 20 : 64 << 20,
+            C = budget / ((int64_t)m->cfg.vocab * dtype_size(m->cdt));
     C = C < 1 ? 1 : C > T ? T : C;
     r->hn = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     r->rstd = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);

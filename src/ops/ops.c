@@ -74,7 +74,7 @@ void op_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, f
 }
 void op_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) { DISPATCH(idx.dev, moe_sort(perm, offs, idx, E)); }
 void op_gather_rows(Tensor y, Tensor x, Tensor rows, int div) { DISPATCH(x.dev, gather_rows(y, x, rows, div)); }
-void op_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) { DISPATCH(dy.dev, gather_rows_backward(dx, dy, rows, div)); }
+void op_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) { DISPATCH(dy.dev, scatter_add_rows(dx, dy, rows, div)); }
 void op_scatter_rows(Tensor y, Tensor x, Tensor rows) { DISPATCH(x.dev, scatter_rows(y, x, rows)); }
 void op_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) { DISPATCH(y.dev, moe_combine_forward(out, resid, y, w)); }
 void op_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w) {

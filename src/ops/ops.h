@@ -106,9 +106,10 @@ void op_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, f
 // Stable sort of the T·k (token, slot) pairs by expert: perm: (T·k) int32 lists slot ids t·k+j in expert
 // order; offs: (E+1) host array of group boundaries. Reads idx to the host on the GPU (the one sync).
 void op_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E);
-// y[i] = x[rows[i] / div] (gather, y: (R, H)); backward: dx[rows[i] / div] += dy[i].
+// y[i] = x[rows[i] / div] (gather, y: (R, H)).
 void op_gather_rows(Tensor y, Tensor x, Tensor rows, int div);
-void op_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div);
+// dx[rows[i] / div] += dy[i] (scatter-add by index, dy: (R, H)): the backward of op_gather_rows.
+void op_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div);
 // y[rows[i]] = x[i] (a permutation scatter); its backward is op_gather_rows(dx, dy, rows, 1).
 void op_scatter_rows(Tensor y, Tensor x, Tensor rows);
 // out: (T, H) = resid + Σ_j w[t, j] · y[t·k + j]   (y: (T·k, H) in slot order)

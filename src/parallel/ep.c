@@ -118,7 +118,7 @@ static void scatter(Tensor y, Tensor x, Tensor rows) {
     if (x.n[0]) op_scatter_rows(y, x, rows);
 }
 static void scatter_add(Tensor dx, Tensor dy, Tensor rows) {
-    if (dy.n[0]) op_gather_rows_backward(dx, dy, rows, 1);
+    if (dy.n[0]) op_scatter_add_rows(dx, dy, rows, 1);
 }
 
 // Builds the route from idx (host work: the one host sync of the layer) and moves the token rows.
@@ -227,7 +227,7 @@ void ep_dispatch_backward(Model *m, StageIO *io) {
     if (io->dense) return;
     op_zero(io->dxd);
     EpRoute *r = io->route;
-    if (!r) return op_gather_rows_backward(io->dxd, io->dxe, io->perm, m->cfg.topk);
+    if (!r) return op_scatter_add_rows(io->dxd, io->dxe, io->perm, m->cfg.topk);
     EpBuffers *b = r->buf;
     int P = m->ep->size;
     int64_t R = sum(r->recv_slot, P), ntok = sum(r->recv_tok, P), nsend = sum(r->send_tok, P);

@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+// The one include of a backend's own header above the op layer (docs/architecture.md, "Layers"): NCCL calls
+// are ordered against the CUDA backend's compute and comm streams, which only it owns.
 #include "ops/cuda/cuda_ops.h"
 
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
@@ -43,6 +45,8 @@ typedef struct {
     double timeout_s;
 } Watch;
 
+// The process-wide state of the NCCL transport: the bound device, the watchdog's ring of calls in flight and
+// every live communicator.
 static struct {
     int device;                  // the GPU this process is bound to (-1: none yet)
     bool started;
@@ -58,7 +62,7 @@ static struct {
     int ncomms;
     pthread_t thread;
     atomic_bool stop;
-} W = {.device = -1, .mu = PTHREAD_MUTEX_INITIALIZER};
+} nccl_state = {.device = -1, .mu = PTHREAD_MUTEX_INITIALIZER};
 
 static cudaStream_t compute_stream(void) { return (cudaStream_t)cuda_compute_stream(); }
 static cudaStream_t comm_stream(void) { return (cudaStream_t)cuda_comm_stream(); }
@@ -85,24 +89,24 @@ static void *watch_main(void *arg) {
     char msg[1024];
     ncclComm_t comms[MAX_COMMS];
     char names[MAX_COMMS][16];
-    cudaError_t e = cudaSetDevice(W.device);
+    cudaError_t e = cudaSetDevice(nccl_state.device);
     if (e != cudaSuccess) {
-        snprintf(msg, sizeof msg, "NCCL watchdog: cudaSetDevice(%d) failed: %s", W.device, cudaGetErrorString(e));
+        snprintf(msg, sizeof msg, "NCCL watchdog: cudaSetDevice(%d) failed: %s", nccl_state.device, cudaGetErrorString(e));
         watch_fatal(msg, 0, comms);
     }
-    while (!atomic_load(&W.stop)) {
+    while (!atomic_load(&nccl_state.stop)) {
         msg[0] = 0;
-        pthread_mutex_lock(&W.mu);
+        pthread_mutex_lock(&nccl_state.mu);
         double now = now_seconds();
-        while (W.count > 0) {
-            Watch *w = &W.ring[W.head];
+        while (nccl_state.count > 0) {
+            Watch *w = &nccl_state.ring[nccl_state.head];
             cudaError_t q = cudaEventQuery(w->ev);
             if (q == cudaSuccess) {
-                W.head = (W.head + 1) % RING, W.count--, W.last_done = now;
+                nccl_state.head = (nccl_state.head + 1) % RING, nccl_state.count--, nccl_state.last_done = now;
                 continue;
             }
             // A call queued behind others starts its clock when the one before it completes.
-            double start = w->issued > W.last_done ? w->issued : W.last_done;
+            double start = w->issued > nccl_state.last_done ? w->issued : nccl_state.last_done;
             if (q != cudaErrorNotReady) // a sticky error: any kernel queued before may have caused it
                 snprintf(msg, sizeof msg, "the GPU reported an error while %s on the %s group (%d ranks) was pending: %s", w->what, w->group, w->size,
                          cudaGetErrorString(q));
@@ -111,12 +115,12 @@ static void *watch_main(void *arg) {
                          w->what, w->group, w->size, w->timeout_s);
             break;
         }
-        if (!msg[0] && W.in_call && W.call.timeout_s > 0 && now - W.call.issued > W.call.timeout_s)
+        if (!msg[0] && nccl_state.in_call && nccl_state.call.timeout_s > 0 && now - nccl_state.call.issued > nccl_state.call.timeout_s)
             snprintf(msg, sizeof msg, "%s on the %s group (%d ranks) did not return within parallel.timeout_s = %g s: another rank failed or stopped (NCCL)",
-                     W.call.what, W.call.group, W.call.size, W.call.timeout_s);
-        int n = W.ncomms, pending = W.count;
-        memcpy(comms, W.comms, sizeof comms), memcpy(names, W.names, sizeof names);
-        pthread_mutex_unlock(&W.mu);
+                     nccl_state.call.what, nccl_state.call.group, nccl_state.call.size, nccl_state.call.timeout_s);
+        int n = nccl_state.ncomms, pending = nccl_state.count;
+        memcpy(comms, nccl_state.comms, sizeof comms), memcpy(names, nccl_state.names, sizeof names);
+        pthread_mutex_unlock(&nccl_state.mu);
         for (int i = 0; i < n && !msg[0]; i++) {
             ncclResult_t r = ncclSuccess, q = ncclCommGetAsyncError(comms[i], &r);
             if (q != ncclSuccess || (r != ncclSuccess && r != ncclInProgress))
@@ -129,57 +133,57 @@ static void *watch_main(void *arg) {
 }
 
 static void watch_start(void) {
-    if (W.started) return;
-    CHECK(W.device >= 0); // nccl_bind_device first
-    CUDA_CHECK(cudaEventCreateWithFlags(&W.ready, cudaEventDisableTiming));
-    for (int i = 0; i < RING; i++) CUDA_CHECK(cudaEventCreateWithFlags(&W.ring[i].ev, cudaEventDisableTiming));
-    W.head = W.count = 0, W.last_done = 0, W.in_call = false;
-    atomic_store(&W.stop, false);
-    int rc = pthread_create(&W.thread, NULL, watch_main, NULL);
+    if (nccl_state.started) return;
+    CHECK(nccl_state.device >= 0); // nccl_bind_device first
+    CUDA_CHECK(cudaEventCreateWithFlags(&nccl_state.ready, cudaEventDisableTiming));
+    for (int i = 0; i < RING; i++) CUDA_CHECK(cudaEventCreateWithFlags(&nccl_state.ring[i].ev, cudaEventDisableTiming));
+    nccl_state.head = nccl_state.count = 0, nccl_state.last_done = 0, nccl_state.in_call = false;
+    atomic_store(&nccl_state.stop, false);
+    int rc = pthread_create(&nccl_state.thread, NULL, watch_main, NULL);
     if (rc) die("NCCL watchdog: pthread_create failed at %s:%d: %s", __FILE__, __LINE__, strerror(rc));
-    W.started = true;
+    nccl_state.started = true;
 }
 
 void nccl_shutdown(void) {
-    if (!W.started) return;
-    atomic_store(&W.stop, true);
-    int rc = pthread_join(W.thread, NULL);
+    if (!nccl_state.started) return;
+    atomic_store(&nccl_state.stop, true);
+    int rc = pthread_join(nccl_state.thread, NULL);
     if (rc) die("NCCL watchdog: pthread_join failed at %s:%d: %s", __FILE__, __LINE__, strerror(rc));
     CUDA_CHECK(cudaStreamSynchronize(comm_stream()));
-    CUDA_CHECK(cudaEventDestroy(W.ready));
-    for (int i = 0; i < RING; i++) CUDA_CHECK(cudaEventDestroy(W.ring[i].ev));
-    W.started = false;
+    CUDA_CHECK(cudaEventDestroy(nccl_state.ready));
+    for (int i = 0; i < RING; i++) CUDA_CHECK(cudaEventDestroy(nccl_state.ring[i].ev));
+    nccl_state.started = false;
 }
 
 // Starts a call: the comm stream waits for the compute stream's work so far, and the host call itself is
 // watched (NCCL connects to a peer lazily, inside the first call that needs it, and that can block).
 static cudaStream_t call_begin(const Comm *c, const char *what) {
-    CHECK(W.started && c->nccl && c->size > 1);
+    CHECK(nccl_state.started && c->nccl && c->size > 1);
     cudaStream_t s = comm_stream();
-    CUDA_CHECK(cudaEventRecord(W.ready, compute_stream()));
-    CUDA_CHECK(cudaStreamWaitEvent(s, W.ready, 0));
-    pthread_mutex_lock(&W.mu);
-    W.call = watch_of(c, what), W.in_call = true;
-    pthread_mutex_unlock(&W.mu);
+    CUDA_CHECK(cudaEventRecord(nccl_state.ready, compute_stream()));
+    CUDA_CHECK(cudaStreamWaitEvent(s, nccl_state.ready, 0));
+    pthread_mutex_lock(&nccl_state.mu);
+    nccl_state.call = watch_of(c, what), nccl_state.in_call = true;
+    pthread_mutex_unlock(&nccl_state.mu);
     return s;
 }
 
 // Ends it: an event on the comm stream that the watchdog follows to completion (returned), and that the
 // compute stream's later work waits for unless the call is asynchronous (call_end_async).
 static cudaEvent_t watch_push(const Comm *c, const char *what, cudaStream_t s) {
-    pthread_mutex_lock(&W.mu);
-    W.in_call = false;
-    while (W.count == RING) { // the GPU is 1024 calls behind: wait for the watchdog to retire one
-        pthread_mutex_unlock(&W.mu);
+    pthread_mutex_lock(&nccl_state.mu);
+    nccl_state.in_call = false;
+    while (nccl_state.count == RING) { // the GPU is 1024 calls behind: wait for the watchdog to retire one
+        pthread_mutex_unlock(&nccl_state.mu);
         nanosleep(&(struct timespec){0, 100000}, NULL);
-        pthread_mutex_lock(&W.mu);
+        pthread_mutex_lock(&nccl_state.mu);
     }
-    Watch *w = &W.ring[(W.head + W.count) % RING];
+    Watch *w = &nccl_state.ring[(nccl_state.head + nccl_state.count) % RING];
     cudaEvent_t ev = w->ev;
     *w = watch_of(c, what), w->ev = ev;
     cudaError_t e = cudaEventRecord(ev, s);
-    if (e == cudaSuccess) W.count++;
-    pthread_mutex_unlock(&W.mu);
+    if (e == cudaSuccess) nccl_state.count++;
+    pthread_mutex_unlock(&nccl_state.mu);
     CUDA_CHECK(e);
     return ev;
 }
@@ -223,7 +227,7 @@ void nccl_bind_device(int local_rank, int local_size) {
     if (n == 1 && local_size > 1 && !(vis && *vis))
         die("multi-rank GPU training: %d ranks on this node share its one GPU: start one rank per GPU", local_size);
     CUDA_CHECK(cudaSetDevice(dev));
-    W.device = dev;
+    nccl_state.device = dev;
 }
 
 void nccl_comm_create(Comm *c) {
@@ -233,30 +237,30 @@ void nccl_comm_create(Comm *c) {
     memset(&id, 0, sizeof id);
     if (c->rank == 0) NCCL_CHECK(c, ncclGetUniqueId(&id));
     comm_broadcast(c, tensor_make(&id, DT_U8, DEV_CPU, 1, (int64_t)sizeof id, 1, 1, 1), 0); // MPI, polled against the deadline
-    pthread_mutex_lock(&W.mu); // set-up is bounded too, but never below 5 minutes (NCCL's topology discovery)
-    W.call = watch_of(c, "NCCL set-up"), W.in_call = true;
-    if (W.call.timeout_s > 0 && W.call.timeout_s < 300) W.call.timeout_s = 300;
-    pthread_mutex_unlock(&W.mu);
+    pthread_mutex_lock(&nccl_state.mu); // set-up is bounded too, but never below 5 minutes (NCCL's topology discovery)
+    nccl_state.call = watch_of(c, "NCCL set-up"), nccl_state.in_call = true;
+    if (nccl_state.call.timeout_s > 0 && nccl_state.call.timeout_s < 300) nccl_state.call.timeout_s = 300;
+    pthread_mutex_unlock(&nccl_state.mu);
     ncclComm_t nc;
     NCCL_CHECK(c, ncclCommInitRank(&nc, c->size, id, c->rank));
-    pthread_mutex_lock(&W.mu);
-    W.in_call = false;
-    CHECK(W.ncomms < MAX_COMMS);
-    W.comms[W.ncomms] = nc;
-    snprintf(W.names[W.ncomms++], sizeof W.names[0], "%s", c->name);
-    pthread_mutex_unlock(&W.mu);
+    pthread_mutex_lock(&nccl_state.mu);
+    nccl_state.in_call = false;
+    CHECK(nccl_state.ncomms < MAX_COMMS);
+    nccl_state.comms[nccl_state.ncomms] = nc;
+    snprintf(nccl_state.names[nccl_state.ncomms++], sizeof nccl_state.names[0], "%s", c->name);
+    pthread_mutex_unlock(&nccl_state.mu);
     c->nccl = nc, c->nccl_owner = true, c->dev = DEV_CUDA;
 }
 
 void nccl_comm_destroy(Comm *c) {
     if (c->nccl && c->nccl_owner) {
-        CHECK(!W.started); // nccl_shutdown first: the watchdog reads every communicator
+        CHECK(!nccl_state.started); // nccl_shutdown first: the watchdog reads every communicator
         CUDA_CHECK(cudaStreamSynchronize(comm_stream()));
         ncclComm_t nc = c->nccl;
-        for (int i = 0; i < W.ncomms; i++)
-            if (W.comms[i] == nc) {
-                W.comms[i] = W.comms[--W.ncomms];
-                memcpy(W.names[i], W.names[W.ncomms], sizeof W.names[0]);
+        for (int i = 0; i < nccl_state.ncomms; i++)
+            if (nccl_state.comms[i] == nc) {
+                nccl_state.comms[i] = nccl_state.comms[--nccl_state.ncomms];
+                memcpy(nccl_state.names[i], nccl_state.names[nccl_state.ncomms], sizeof nccl_state.names[0]);
                 break;
             }
         NCCL_CHECK(c, ncclCommDestroy(nc));

@@ -378,6 +378,11 @@ void cuda_free(void *p) {
         }
     fake_fail("cuda_free of memory cuda_alloc_or_die did not give");
 }
+// The base layer's device-memory hooks (base.h), as the real backend installs them.
+__attribute__((constructor)) static void fake_install_device_memory(void) {
+    device_alloc = cuda_alloc_or_die;
+    device_free = cuda_free;
+}
 void cuda_sync(void) {}
 size_t cuda_pool_bytes(void) { return 0; }
 size_t cuda_mem_used_bytes(void) { return 0; }
@@ -454,7 +459,7 @@ void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx,
 }
 void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) { OP(moe_sort, &perm, &idx); cpu_moe_sort(perm, offs, idx, E); }
 void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) { OP(gather_rows, &y, &x, &rows); cpu_gather_rows(y, x, rows, div); }
-void cuda_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) { OP(gather_rows_backward, &dx, &dy, &rows); cpu_gather_rows_backward(dx, dy, rows, div); }
+void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) { OP(scatter_add_rows, &dx, &dy, &rows); cpu_scatter_add_rows(dx, dy, rows, div); }
 void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) { OP(scatter_rows, &y, &x, &rows); cpu_scatter_rows(y, x, rows); }
 void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) { OP(moe_combine_forward, &out, &resid, &y, &w); cpu_moe_combine_forward(out, resid, y, w); }
 void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w) {

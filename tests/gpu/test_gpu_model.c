@@ -1,30 +1,22 @@
-// test_gpu_model.c — the whole Qwen3-MoE model on the GPU against the CPU reference with the same weights
+// test_gpu_model.c — the whole Qwen3-MoE (and DeepSeek-V2) model on the GPU against the CPU reference with the same weights
 // and tokens: loss and every parameter gradient of one micro-batch (fp32: relative error ≤ 1e-5 per
 // tensor; bf16: loss ≤ 1e-2 relative, gradients calc_diff ≤ 1e-2 per tensor), and `pith train` on the
 // GPU tracking the CPU loss curve within 2% at every 20th step (fp32 and bf16 compute).
 #include "gpu_test.h"
 #include "pipe/schedule.h"
 
-static const char *write_text(const char *dir, const char *name, const char *text) {
-    static char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    CHECK(f);
-    fputs(text, f);
-    fclose(f);
-    return path;
-}
-
-static const char *config_a =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
-    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 48, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
-    " \"moe_intermediate_size\": 8, \"norm_topk_prob\": true, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0}";
-// Biases, a dense first layer, tied embeddings, no renormalisation.
-static const char *config_b =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"
-    " \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 40, \"num_experts\": 4, \"num_experts_per_tok\": 3,"
-    " \"moe_intermediate_size\": 6, \"intermediate_size\": 12, \"mlp_only_layers\": [0], \"norm_topk_prob\": false,"
-    " \"attention_bias\": true, \"tie_word_embeddings\": true, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5}}";
+static const char *config_a = TINY_MOE_A;
+static const char *config_b = TINY_MOE_B;
+// DeepSeek-V2: MLA with a q LoRA (q head 24 ≠ v head 16), YaRN, group-limited routing scaled by 1.5, a shared
+// expert, a dense first layer.
+static const char *config_dsv2 =
+    "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16,"
+    " \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 16,"
+    " \"n_shared_experts\": 1, \"intermediate_size\": 24, \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\","
+    " \"n_group\": 4, \"topk_group\": 2, \"routed_scaling_factor\": 1.5, \"max_position_embeddings\": 64,"
+    " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0,"
+    " \"original_max_position_embeddings\": 8, \"mscale\": 1.0, \"mscale_all_dim\": 0.5}}";
 #define TINY_MODEL "examples/tiny/model.json"
 
 typedef struct {
@@ -137,6 +129,13 @@ TEST(gpu_model_bf16) {
     model_compare(config_a, false, DT_BF16, 2, 32, 0.05, 0.2);
     model_compare(config_b, false, DT_BF16, 2, 32, 0.0, 0.2);
     model_compare(TINY_MODEL, true, DT_BF16, 2, 64, 0.01, 0.05);
+    gpu_report();
+}
+
+TEST(gpu_model_deepseek_v2) {
+    gpu_begin();
+    model_compare(config_dsv2, false, DT_F32, 2, 32, 0.05, 0.2);
+    model_compare(config_dsv2, false, DT_BF16, 2, 32, 0.05, 0.2);
     gpu_report();
 }
 

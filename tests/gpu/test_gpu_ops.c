@@ -53,42 +53,40 @@ TEST(gpu_op_linear) {
     gpu_report();
 }
 
+// 5 experts, one empty, one with a single row; with bias (GPT-OSS): y_e += b_e after whichever product path
+// ran, db_e += Σ_rows dy (fp32).
+static void check_grouped(DType dt, double tol, int64_t R, bool bias) {
+    const int64_t offs[6] = {0, 7, 7, 20, 21, R};
+    int64_t K = 24, N = 36;
+    Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, 5, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
+    Pair b = bias ? pair_rand(dt, 1, 2, 5, N, 0, 0) : NOPAIR, db = bias ? pair_rand(DT_F32, 1, 2, 5, N, 0, 0) : NOPAIR;
+    op_grouped_linear_forward(y.c, x.c, w.c, b.c, offs), op_grouped_linear_forward(y.d, x.d, w.d, b.d, offs);
+    EXPECT_CLOSE(y, tol);
+    Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0),
+         dw = pair_rand(DT_F32, 1, 3, 5, N, K, 0);
+    op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
+    EXPECT_CLOSE(dx, tol);
+    op_grouped_linear_backward_weight(dw.c, db.c, dy.c, x.c, offs),
+        op_grouped_linear_backward_weight(dw.d, db.d, dy.d, x.d, offs);
+    EXPECT_CLOSE(dw, tol);
+    if (bias) EXPECT_CLOSE(db, tol);
+}
+
 TEST(gpu_op_grouped_linear) {
     gpu_begin();
-    const int64_t offs[6] = {0, 7, 7, 20, 21, 40}; // 5 experts, one empty, one with a single row
-    int64_t R = 40, K = 24, N = 36;
     MODES {
         gpu_mode(MODE_DT);
-        DType dt = MODE_DT;
-        Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, 5, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
-        op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs), op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
-        EXPECT_CLOSE(y, GEMM_TOL);
-        Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, 5, N, K, 0);
-        op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
-        EXPECT_CLOSE(dx, GEMM_TOL);
-        op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs),
-            op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
-        EXPECT_CLOSE(dw, GEMM_TOL);
+        check_grouped(MODE_DT, GEMM_TOL, 40, false);
     }
     gpu_report();
 }
 
-// GPT-OSS's per-expert biases: y_e += b_e after whichever product path ran; db_e += Σ_rows dy (fp32).
 TEST(gpu_op_grouped_linear_bias) {
     gpu_begin();
-    const int64_t offs[6] = {0, 7, 7, 20, 21, 300}; // 5 experts, one empty, one with a single row
-    int64_t R = 300, K = 24, N = 36;
     MODES {
         gpu_mode(MODE_DT);
-        DType dt = MODE_DT;
-        Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, 5, N, K, 0), b = pair_rand(dt, 1, 2, 5, N, 0, 0);
-        Pair y = pair_nan(dt, 2, R, N, 0, 0);
-        op_grouped_linear_forward(y.c, x.c, w.c, b.c, offs), op_grouped_linear_forward(y.d, x.d, w.d, b.d, offs);
-        EXPECT_CLOSE(y, GEMM_TOL);
-        Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dw = pair_rand(DT_F32, 1, 3, 5, N, K, 0), db = pair_rand(DT_F32, 1, 2, 5, N, 0, 0);
-        op_grouped_linear_backward_weight(dw.c, db.c, dy.c, x.c, offs), op_grouped_linear_backward_weight(dw.d, db.d, dy.d, x.d, offs);
-        EXPECT_CLOSE(dw, GEMM_TOL);
-        EXPECT_CLOSE(db, GEMM_TOL);
+        check_grouped(MODE_DT, GEMM_TOL, 40, true);
+        check_grouped(MODE_DT, GEMM_TOL, 300, true);
     }
     gpu_report();
 }
@@ -391,12 +389,12 @@ TEST(gpu_op_vector_paths) {
         op_scatter_rows(ys.c, xe.c, perm.c), op_scatter_rows(ys.d, xe.d, perm.d);
         EXPECT_CLOSE(ys, 0);
         Pair dx = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dxe = pair_rand(MODE_DT, 1, 2, T * k, H, 0, 0);
-        op_gather_rows_backward(dx.c, dxe.c, perm.c, (int)k), op_gather_rows_backward(dx.d, dxe.d, perm.d, (int)k);
+        op_scatter_add_rows(dx.c, dxe.c, perm.c, (int)k), op_scatter_add_rows(dx.d, dxe.d, perm.d, (int)k);
         EXPECT_CLOSE(dx, TOL);
         // a row map with repeats takes the atomic path
         int32_t rep[8] = {0, 3, 3, 5, 1, 0, 7, 2};
         Pair rr = pair_i32(rep, 8), d8 = pair_rand(MODE_DT, 1, 2, 8, H, 0, 0), dx8 = pair_rand(MODE_DT, 1, 2, 4, H, 0, 0);
-        op_gather_rows_backward(dx8.c, d8.c, rr.c, 2), op_gather_rows_backward(dx8.d, d8.d, rr.d, 2);
+        op_scatter_add_rows(dx8.c, d8.c, rr.c, 2), op_scatter_add_rows(dx8.d, d8.d, rr.d, 2);
         EXPECT_CLOSE(dx8, TOL);
         Pair r = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), w = pair_rand(DT_F32, 1, 2, T, k, 0, 0), out = pair_nan(MODE_DT, 2, T, H, 0, 0);
         op_moe_combine_forward(out.c, r.c, ys.c, w.c), op_moe_combine_forward(out.d, r.d, ys.d, w.d);
@@ -653,7 +651,7 @@ TEST(gpu_op_moe_sort_gather_scatter) {
         op_gather_rows(back.c, y.c, perm.c, 1), op_gather_rows(back.d, y.d, perm.d, 1);
         EXPECT_CLOSE(back, 0);
         Pair dx = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dxe = pair_rand(MODE_DT, 1, 2, T * k, H, 0, 0);
-        op_gather_rows_backward(dx.c, dxe.c, perm.c, (int)k), op_gather_rows_backward(dx.d, dxe.d, perm.d, (int)k);
+        op_scatter_add_rows(dx.c, dxe.c, perm.c, (int)k), op_scatter_add_rows(dx.d, dxe.d, perm.d, (int)k);
         EXPECT_CLOSE(dx, TOL);
     }
     gpu_report();

@@ -83,10 +83,7 @@ TEST(gpu2_failures) {
 
 // ---- layout equivalence ----
 
-static const char *model_json =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
-    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
-    " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}";
+static const char *model_json = TINY_MOE_EP;
 
 static double metric(const char *dir, int step, const char *key) {
     static char out[1 << 16];

@@ -151,7 +151,7 @@ void cpu_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
     for (int64_t i = 0; i < R; i++) memcpy(F(y) + i * H, F(x) + (int64_t)(I32(rows)[i] / div) * H, H * sizeof(float));
 }
 
-void cpu_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) {
+void cpu_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
     int64_t R = t_rows(dy), H = t_cols(dy);
     for (int64_t i = 0; i < R; i++) { // serial: several rows may land on one token
         float *d = F(dx) + (int64_t)(I32(rows)[i] / div) * H;

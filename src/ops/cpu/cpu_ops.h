@@ -23,7 +23,7 @@ void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs
 void cpu_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale);
 void cpu_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E);
 void cpu_gather_rows(Tensor y, Tensor x, Tensor rows, int div);
-void cpu_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div);
+void cpu_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div);
 void cpu_scatter_rows(Tensor y, Tensor x, Tensor rows);
 void cpu_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w);
 void cpu_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w);
@@ -41,9 +41,7 @@ void cpu_muon_momentum(Tensor buf, Tensor g, float beta);
 void cpu_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale);
 double cpu_read_scalar(Tensor x);
 
-// Rows and columns of a tensor seen as a matrix (first dim × the rest).
-static inline int64_t t_rows(Tensor t) { return t.n[0]; }
-static inline int64_t t_cols(Tensor t) { return t.n[0] ? tensor_numel(t) / t.n[0] : 0; }
+// Raw pointers of CPU tensors (t_rows/t_cols: base.h).
 static inline float *F(Tensor t) { return (float *)t.p; }
 static inline int32_t *I32(Tensor t) { return (int32_t *)t.p; }
 #define CPU_F32(t) CHECK((t).dev == DEV_CPU && (t).dt == DT_F32)

@@ -83,6 +83,12 @@ void *cuda_alloc_or_die(size_t bytes, const char *what) {
 
 void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
+// The base layer's device-memory hooks (base.h: arena_create on DEV_CUDA), set before main runs.
+__attribute__((constructor)) static void cuda_install_device_memory(void) {
+    device_alloc = cuda_alloc_or_die;
+    device_free = cuda_free;
+}
+
 void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
 
 size_t cuda_pool_bytes(void) { return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES + scratch_bytes + gemm_side_bytes; }

@@ -53,7 +53,7 @@ typedef struct {
 CudaCtx *cuda_ctx(void); // creates everything on first use
 static inline cudaStream_t cuda_stream(void) { return cuda_ctx()->compute; }
 // Device scratch for op temporaries whose size follows the problem (attention's D_i rows, the inverse
-// permutation of gather_rows_backward): one buffer, grown (after a device sync) when a call needs more
+// permutation of scatter_add_rows): one buffer, grown (after a device sync) when a call needs more
 // than any call before, so it settles at the first training step. Contents do not survive the next op.
 void *cuda_scratch(size_t bytes);
 extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradient side streams (cuda_gemm.cu)
@@ -129,13 +129,14 @@ static inline bool vec8_fits(int64_t cols, const void *a, const void *b = NULL, 
     do {                                                                                              \
         if ((t).dev != DEV_CUDA) die("%s: tensor " #t " is not on the GPU", what);                    \
     } while (0)
+static inline void same_dt(Tensor a, Tensor b, const char *what) {
+    if (a.dt != b.dt) die("%s: tensors of dtypes %s and %s must share one", what, dtype_name(a.dt), dtype_name(b.dt));
+}
 #define IS_F32(t, what)                                                                               \
     do {                                                                                              \
         if ((t).dt != DT_F32) die("%s: " #t " must be fp32 (got %s)", what, dtype_name((t).dt));       \
     } while (0)
 
-static inline int64_t t_rows(Tensor t) { return t.n[0]; }
-static inline int64_t t_cols(Tensor t) { return t.n[0] ? tensor_numel(t) / t.n[0] : 0; }
 static inline unsigned grid_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
     return (unsigned)(b < 1 ? 1 : b > 65535 * 32 ? 65535 * 32 : b);

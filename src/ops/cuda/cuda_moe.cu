@@ -8,7 +8,7 @@
 // Shapes: logits, probs, dlogits (T, E) fp32; idx (T, k) int32; w, dw (T, k) fp32; lb_grad (E) fp32;
 // rows/perm int32; x, y (R, H) activations; combine y (T·k, H) in slot order.
 // The row movers (gather, scatter, combine) move 16-byte vectors (8 values) per thread when rows allow
-// it. gather_rows_backward inverts the row map once (a scratch of T·div int32) and sums each token's rows
+// it. scatter_add_rows inverts the row map once (a scratch of T·div int32) and sums each token's rows
 // in fp32 in one pass — no atomics, one rounding; a map that is not injective takes the atomic path.
 #include "ops/cuda/cuda_common.cuh"
 
@@ -213,7 +213,7 @@ template <typename TY, typename TX> __global__ void gather_rows_kernel(TY *y, co
     }
 }
 template <typename TX, typename TY>
-__global__ void gather_rows_backward_kernel(TX *dx, const TY *dy, const int32_t *rows, int div, int64_t R, int64_t H) {
+__global__ void scatter_add_rows_kernel(TX *dx, const TY *dy, const int32_t *rows, int div, int64_t R, int64_t H) {
     GRID_STRIDE(e, R * H) {
         int64_t i = e / H, c = e % H;
         atomic_add(dx + (int64_t)(rows[i] / div) * H + c, ld(dy, e)); // several rows may land on one token
@@ -246,7 +246,7 @@ __global__ void rows_invert_kernel(int32_t *inv, int32_t *flag, const int32_t *r
 }
 // dx[t] += Σ_j dy[inv[t·div + j]] (slots nobody maps to add nothing); skipped when flag is set.
 template <typename TX, typename TY>
-__global__ void gather_rows_backward_sum_kernel(TX *dx, const TY *dy, const int32_t *inv, const int32_t *flag, int div, int64_t T_, int64_t C8) {
+__global__ void scatter_add_rows_sum_kernel(TX *dx, const TY *dy, const int32_t *inv, const int32_t *flag, int div, int64_t T_, int64_t C8) {
     if (*flag) return;
     GRID_STRIDE(e, T_ * C8) {
         int64_t t = e / C8, c = e % C8;
@@ -264,7 +264,7 @@ __global__ void gather_rows_backward_sum_kernel(TX *dx, const TY *dy, const int3
 }
 // The atomic form, run only when flag is set (a row map that is not a partial permutation).
 template <typename TX, typename TY>
-__global__ void gather_rows_backward_flagged_kernel(TX *dx, const TY *dy, const int32_t *rows, const int32_t *flag, int div, int64_t R, int64_t H) {
+__global__ void scatter_add_rows_flagged_kernel(TX *dx, const TY *dy, const int32_t *rows, const int32_t *flag, int div, int64_t R, int64_t H) {
     if (!*flag) return;
     GRID_STRIDE(e, R * H) {
         int64_t i = e / H, c = e % H;
@@ -336,9 +336,6 @@ template <typename T> __global__ void moe_combine_backward_kernel(T *dy, float *
     if (lane == 0) dw[slot] = s;
 }
 
-static void same_dt(Tensor a, Tensor b, const char *what) {
-    if (a.dt != b.dt) die("%s: tensors of dtypes %s and %s must share one", what, dtype_name(a.dt), dtype_name(b.dt));
-}
 
 extern "C" {
 
@@ -441,7 +438,7 @@ void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
     CUDA_LAUNCH_CHECK();
 }
 
-void cuda_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) {
+void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
     int64_t R = t_rows(dy), H = t_cols(dy), T_ = t_rows(dx), n = T_ * div;
     if (R * H == 0) return;
     // The vector path also needs int32 inverse indices; other shapes take the one scalar scatter-add.
@@ -452,17 +449,17 @@ void cuda_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div) {
         CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int32_t), c->compute));
         rows_invert_kernel<<<grid_for(R, 256), 256, 0, c->compute>>>(inv, flag, (const int32_t *)rows.p, R, n);
         CUDA_LAUNCH_CHECK();
-        DT_SWITCH(dx.dt, TX, "gather_rows_backward", DT_SWITCH(dy.dt, TY, "gather_rows_backward",
-            gather_rows_backward_sum_kernel<TX, TY><<<grid_for(T_ * H / 8, 256), 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p, inv, flag, div,
+        DT_SWITCH(dx.dt, TX, "scatter_add_rows", DT_SWITCH(dy.dt, TY, "scatter_add_rows",
+            scatter_add_rows_sum_kernel<TX, TY><<<grid_for(T_ * H / 8, 256), 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p, inv, flag, div,
                                                                                                        T_, H / 8);
             CUDA_LAUNCH_CHECK();
-            gather_rows_backward_flagged_kernel<TX, TY><<<(unsigned)c->sm_count * 4, 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p,
+            scatter_add_rows_flagged_kernel<TX, TY><<<(unsigned)c->sm_count * 4, 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p,
                                                                                                          (const int32_t *)rows.p, flag, div, R, H)));
         CUDA_LAUNCH_CHECK();
         return;
     }
-    DT_SWITCH(dx.dt, TX, "gather_rows_backward", DT_SWITCH(dy.dt, TY, "gather_rows_backward",
-        gather_rows_backward_kernel<TX, TY><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>((TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p,
+    DT_SWITCH(dx.dt, TX, "scatter_add_rows", DT_SWITCH(dy.dt, TY, "scatter_add_rows",
+        scatter_add_rows_kernel<TX, TY><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>((TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p,
                                                                                             div, R, H)));
     CUDA_LAUNCH_CHECK();
 }

@@ -212,9 +212,6 @@ template <typename T> __global__ void swiglu_backward_kernel(T *dgu, const T *da
     }
 }
 
-static void same_dt(Tensor a, Tensor b, const char *what) {
-    if (a.dt != b.dt) die("%s: tensors of dtypes %s and %s must share one", what, dtype_name(a.dt), dtype_name(b.dt));
-}
 
 extern "C" {
 

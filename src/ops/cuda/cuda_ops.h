@@ -49,7 +49,7 @@ void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor prob
 void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale);
 void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E);
 void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div);
-void cuda_gather_rows_backward(Tensor dx, Tensor dy, Tensor rows, int div);
+void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div);
 void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows);
 void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w);
 void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w);

@@ -1,0 +1,489 @@
+// deepseek_v2.c — the DeepSeek-V2 family (deepseek-ai/DeepSeek-V2, -V2-Lite) in the 5-stage protocol, as
+// transformers 5.17's DeepseekV2ForCausalLM computes it (the parity reference, tests/hf/deepseek_v2*).
+// Layer: x → RMSNorm = n1 → multi-head latent attention → + x = h1a → RMSNorm = n2 → router and shared
+// experts; h1 = h1a + shared(n2) is the residual stage 5 adds the routed experts to. Layers below
+// first_k_dense_replace have a dense SwiGLU MLP instead (no router, no shared experts).
+// MLA (per token, nh heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim, dq = dn + dr, dv = v_head_dim):
+//   q   = q_proj(n1), or q_b_proj(RMSNorm(q_a_proj(n1)))            (T, nh, dq) = per head [q_nope | q_pe]
+//   kva = kv_a_proj_with_mqa(n1)                                     (T, ckv + dr) = [compressed kv | k_pe]
+//   kv  = kv_b_proj(RMSNorm(compressed kv))                          (T, nh, dn + dv) = per head [k_nope | v]
+//   RoPE on q_pe and k_pe in DeepSeek's pair layout (dims 2i, 2i+1), one k_pe shared by every head;
+//   k = [k_nope | k_pe], causal attention with scale dq^-½ (× mscale(factor, mscale_all_dim)² under YaRN,
+//   whose attention factor is folded into the rope tables), o_proj: (T, nh·dv) → (T, H).
+// Router: fp32 logits → softmax over E → top-k (group-limited: only inside the topk_group groups with the
+// best expert), weights = probs × routed_scaling_factor, no renormalisation. Shapes: T = B·S tokens, H
+// hidden, E routed experts, k per token, Is = moe_intermediate_size · n_shared_experts.
+#include <math.h>
+
+#include "model/model.h"
+
+typedef struct {
+    int q_lora, kv_lora, nope, vdim; // q_lora_rank (0: a plain q_proj), kv_lora_rank, qk_nope_head_dim, v_head_dim
+    int shared_inter;                // Is (0: no shared experts)
+    int n_group, topk_group;         // group-limited greedy top-k (n_group 0: greedy)
+    double routed_scale;             // routed_scaling_factor
+    double softmax_scale;
+    bool attn_bias; // biases on q_a_proj, kv_a_proj_with_mqa, o_proj
+} Dsv2Config;
+MODEL_FAMILY_CONFIG_FITS(Dsv2Config);
+
+// The q_a and kv_a norms are built without the config's eps in transformers (DeepseekV2RMSNorm's default).
+#define LORA_NORM_EPS 1e-6f
+
+typedef struct {
+    Tensor ln1, wq, wqa, bqa, qan, wqb, wkva, bkva, kvan, wkvb, wo, bo, ln2, router;
+    Tensor shared_gu, shared_down; // (2Is, H) = [gate_proj; up_proj], (H, Is)
+} Dsv2Layer;
+
+typedef struct {
+    Dsv2Layer w[MAX_LAYERS], g[MAX_LAYERS]; // compute weights and fp32 gradients
+} Dsv2Views;
+
+typedef struct {
+    MlpRec mlp;            // stage 3 and 5 (h1: after attention and the shared experts)
+    Tensor x;              // (T, H) layer input (owned by the previous layer)
+    Tensor n1, rstd1;      // (T, H), (T)
+    Tensor qa, qan, rqa;   // q LoRA: (T, q_lora) projection, its norm, (T) rstd
+    Tensor q;              // (T, nh, dq) queries, q_pe roped
+    Tensor kva;            // (T, ckv + dr) [compressed kv | k_pe], k_pe roped in place
+    Tensor ckv, ckvn, rkv; // (T, ckv) compressed kv, its norm, (T) rstd
+    Tensor kv;             // (T, nh, dn + dv) per head [k_nope | v]
+    Tensor k, v;           // (T, nh, dq), (T, nh, dv)
+    Tensor att, lse;       // (T, nh, dv), (B, nh, S)
+    Tensor h1a;            // (T, H) residual stream after attention (the post-attention norm's input)
+    Tensor n2, rstd2;      // (T, H) post-attention norm (= the tokens to dispatch), (T)
+    Tensor logits, probs;  // (T, E) router logits and softmax
+    Tensor lb_grad;        // (B, E) load-balancing gradient w.r.t. probs
+    Tensor sgu, sact;      // (T, 2Is), (T, Is) shared experts
+    // backward workspace
+    Tensor dh1, dn1, dqa, dqan, dq, dk, dv, datt, dkv, dckvn, dckv, dkva, dlogits, dsgu, dsact;
+} Dsv2Rec;
+
+static const Tensor NONE = {0};
+
+// ---- config and parameters ----
+
+static void dsv2_config_parse(ModelConfig *c, JObj o) {
+    Dsv2Config *d = model_family_config(Dsv2Config, c);
+    c->hidden = (int)jint(o, "hidden_size", true, 0);
+    c->layers = (int)jint(o, "num_hidden_layers", true, 0);
+    c->heads = (int)jint(o, "num_attention_heads", true, 0);
+    c->vocab = (int)jint(o, "vocab_size", true, 0);
+    c->eps = jnum(o, "rms_norm_eps", false, 1e-6);
+    c->experts = (int)jint(o, "n_routed_experts", true, 0);
+    c->topk = (int)jint(o, "num_experts_per_tok", true, 0);
+    c->moe_inter = (int)jint(o, "moe_intermediate_size", true, 0);
+    c->dense_inter = (int)jint(o, "intermediate_size", false, 0);
+    c->tie_embed = jbool(o, "tie_word_embeddings", false, false);
+    d->q_lora = (int)jint(o, "q_lora_rank", false, 0);
+    d->kv_lora = (int)jint(o, "kv_lora_rank", true, 0);
+    d->nope = (int)jint(o, "qk_nope_head_dim", true, 0);
+    d->vdim = (int)jint(o, "v_head_dim", true, 0);
+    d->shared_inter = c->moe_inter * (int)jint(o, "n_shared_experts", false, 0);
+    d->routed_scale = jnum(o, "routed_scaling_factor", false, 1.0);
+    d->attn_bias = jbool(o, "attention_bias", false, false);
+    int rd = (int)jint(o, "qk_rope_head_dim", true, 0);
+    if (d->q_lora < 0 || d->kv_lora <= 0 || d->nope < 0 || d->vdim <= 0 || rd <= 0 || d->shared_inter < 0)
+        jdie(o, NULL,
+             "q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim and n_shared_experts must be "
+             "valid sizes");
+    if (jhas(o, "num_key_value_heads") && jint(o, "num_key_value_heads", true, 0) != c->heads)
+        jdie(o, "num_key_value_heads", "must equal num_attention_heads for MLA (got %d of %d)",
+             (int)jint(o, "num_key_value_heads", true, 0), c->heads);
+    if (strcmp(jstr(o, "hidden_act", false, "silu"), "silu")) jdie(o, "hidden_act", "only silu is supported");
+    if (jbool(o, "mlp_bias", false, false)) jdie(o, "mlp_bias", "MLP biases are not supported for deepseek_v2");
+    if (strcmp(jstr(o, "scoring_func", false, "softmax"), "softmax"))
+        jdie(o, "scoring_func", "only softmax routing is supported");
+    if (jint(o, "moe_layer_freq", false, 1) != 1)
+        jdie(o, "moe_layer_freq", "only 1 is supported (every layer from first_k_dense_replace on is MoE)");
+    if (!(d->routed_scale > 0)) jdie(o, "routed_scaling_factor", "must be positive");
+    const char *method = jstr(o, "topk_method", false, "greedy");
+    if (!strcmp(method, "group_limited_greedy")) {
+        d->n_group = (int)jint(o, "n_group", true, 0), d->topk_group = (int)jint(o, "topk_group", true, 0);
+        if (d->n_group < 1 || c->experts % d->n_group)
+            jdie(o, "n_group", "must divide n_routed_experts (%d)", c->experts);
+        if (d->topk_group < 1 || d->topk_group > d->n_group)
+            jdie(o, "topk_group", "must be in [1, n_group = %d]", d->n_group);
+        if (c->topk > d->topk_group * (c->experts / d->n_group))
+            jdie(o, "num_experts_per_tok", "must be at most topk_group × n_routed_experts / n_group = %d",
+                 d->topk_group * (c->experts / d->n_group));
+    } else if (strcmp(method, "greedy")) {
+        jdie(o, "topk_method", "'%s' is not supported (greedy or group_limited_greedy)", method);
+    }
+    // RoPE on the dr rope dims: default or YaRN; transformers scales the softmax by mscale(factor,
+    // mscale_all_dim)² for any non-default rope type with mscale_all_dim set.
+    moe_rope_parse(c, o, rd, true);
+    double f = c->rope.factor, mad = c->rope.mscale_all_dim,
+           ms = c->rope.yarn && mad != 0 && f > 1 ? 0.1 * mad * log(f) + 1 : 1;
+    d->softmax_scale = ms * ms / sqrt((double)(d->nope + rd));
+    int first_dense = (int)jint(o, "first_k_dense_replace", false, 0);
+    if (first_dense < 0) jdie(o, "first_k_dense_replace", "must be non-negative");
+    for (int l = 0; l < c->layers && l < MAX_LAYERS; l++) c->is_moe[l] = l >= first_dense;
+    moe_config_check(c, o, "n_routed_experts");
+}
+
+static void dsv2_params_build(ParamTable *t, const ModelConfig *c) {
+    const Dsv2Config *d = model_family_config(const Dsv2Config, c);
+    int64_t H = c->hidden, nh = c->heads, dq = d->nope + c->rope.rd, rd = c->rope.rd, Is = d->shared_inter;
+    char n[96];
+    moe_params_embed(t, c);
+    for (int l = 0; l < c->layers; l++) {
+#define P(suffix, init, nd, a, b)                                                                                      \
+    (snprintf(n, sizeof n, "layers.%d.%s", l, suffix), params_add(t, n, GROUP_DENSE, init, nd, a, b, 0))
+        P("input_layernorm.weight", INIT_ONES, 1, H, 0);
+        if (!d->q_lora) {
+            P("self_attn.q_proj.weight", INIT_NORMAL, 2, nh * dq, H);
+        } else {
+            P("self_attn.q_a_proj.weight", INIT_NORMAL, 2, d->q_lora, H);
+            if (d->attn_bias) P("self_attn.q_a_proj.bias", INIT_ZEROS, 1, d->q_lora, 0);
+            P("self_attn.q_a_layernorm.weight", INIT_ONES, 1, d->q_lora, 0);
+            P("self_attn.q_b_proj.weight", INIT_NORMAL, 2, nh * dq, d->q_lora);
+        }
+        P("self_attn.kv_a_proj_with_mqa.weight", INIT_NORMAL, 2, d->kv_lora + rd, H);
+        if (d->attn_bias) P("self_attn.kv_a_proj_with_mqa.bias", INIT_ZEROS, 1, d->kv_lora + rd, 0);
+        P("self_attn.kv_a_layernorm.weight", INIT_ONES, 1, d->kv_lora, 0);
+        P("self_attn.kv_b_proj.weight", INIT_NORMAL, 2, nh * (d->nope + d->vdim), d->kv_lora);
+        P("self_attn.o_proj.weight", INIT_NORMAL_OUT, 2, H, nh * d->vdim);
+        if (d->attn_bias) P("self_attn.o_proj.bias", INIT_ZEROS, 1, H, 0);
+        P("post_attention_layernorm.weight", INIT_ONES, 1, H, 0);
+        if (c->is_moe[l]) {
+            P("mlp.gate.weight", INIT_NORMAL, 2, c->experts, H);
+            if (Is) { // gate_proj and up_proj adjacent: one (2Is, H) tensor
+                P("mlp.shared_experts.gate_proj.weight", INIT_NORMAL, 2, Is, H);
+                P("mlp.shared_experts.up_proj.weight", INIT_NORMAL, 2, Is, H);
+                P("mlp.shared_experts.down_proj.weight", INIT_NORMAL_OUT, 2, H, Is);
+            }
+        }
+#undef P
+        moe_params_mlp(t, c, l);
+    }
+    moe_params_head(t, c);
+}
+
+static void bind_layers(Model *m, Tensor *flat, Dsv2Layer *w) {
+    const ModelConfig *c = &m->cfg;
+    const Dsv2Config *d = model_family_config(const Dsv2Config, c);
+    int64_t H = c->hidden, nh = c->heads, dq = d->nope + c->rope.rd, rd = c->rope.rd, Is = d->shared_inter;
+    char n[96];
+    for (int l = 0; l < c->layers; l++) {
+        Dsv2Layer *L = &w[l];
+#define V(suffix, nd, a, b) (snprintf(n, sizeof n, "layers.%d.%s", l, suffix), model_view(m, flat, n, nd, a, b, 0))
+        L->ln1 = V("input_layernorm.weight", 1, H, 0);
+        L->wq = V("self_attn.q_proj.weight", 2, nh * dq, H);
+        L->wqa = V("self_attn.q_a_proj.weight", 2, d->q_lora, H);
+        L->bqa = V("self_attn.q_a_proj.bias", 1, d->q_lora, 0);
+        L->qan = V("self_attn.q_a_layernorm.weight", 1, d->q_lora, 0);
+        L->wqb = V("self_attn.q_b_proj.weight", 2, nh * dq, d->q_lora);
+        L->wkva = V("self_attn.kv_a_proj_with_mqa.weight", 2, d->kv_lora + rd, H);
+        L->bkva = V("self_attn.kv_a_proj_with_mqa.bias", 1, d->kv_lora + rd, 0);
+        L->kvan = V("self_attn.kv_a_layernorm.weight", 1, d->kv_lora, 0);
+        L->wkvb = V("self_attn.kv_b_proj.weight", 2, nh * (d->nope + d->vdim), d->kv_lora);
+        L->wo = V("self_attn.o_proj.weight", 2, H, nh * d->vdim);
+        L->bo = V("self_attn.o_proj.bias", 1, H, 0);
+        L->ln2 = V("post_attention_layernorm.weight", 1, H, 0);
+        L->router = V("mlp.gate.weight", 2, c->experts, H);
+        L->shared_gu = V("mlp.shared_experts.gate_proj.weight", 2, 2 * Is, H);
+        L->shared_down = V("mlp.shared_experts.down_proj.weight", 2, H, Is);
+#undef V
+    }
+}
+
+static void dsv2_bind(Model *m) {
+    Dsv2Views *v = m->views = m->views ? m->views : xcalloc(1, sizeof(Dsv2Views));
+    moe_bind(m);
+    bind_layers(m, m->w, v->w);
+    bind_layers(m, m->g, v->g);
+}
+
+// ---- records ----
+
+static bool has_shared(const Model *m, int l) {
+    return m->cfg.is_moe[l] && model_family_config(const Dsv2Config, &m->cfg)->shared_inter;
+}
+
+static void dsv2_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
+    const ModelConfig *c = &m->cfg;
+    const Dsv2Config *d = model_family_config(const Dsv2Config, c);
+    Dsv2Rec *r = rp;
+    int64_t T = (int64_t)B * S, H = c->hidden, nh = c->heads, rd = c->rope.rd, dq = d->nope + rd, E = c->experts;
+    DType dt = m->cdt;
+    memset(r, 0, sizeof *r);
+    r->n1 = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->rstd1 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
+    if (d->q_lora) {
+        r->qa = arena_tensor(a, dt, 2, T, d->q_lora, 0, 0);
+        r->qan = arena_tensor(a, dt, 2, T, d->q_lora, 0, 0);
+        r->rqa = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
+    }
+    r->q = arena_tensor(a, dt, 3, T, nh, dq, 0);
+    r->kva = arena_tensor(a, dt, 2, T, d->kv_lora + rd, 0, 0);
+    r->ckv = arena_tensor(a, dt, 2, T, d->kv_lora, 0, 0);
+    r->ckvn = arena_tensor(a, dt, 2, T, d->kv_lora, 0, 0);
+    r->rkv = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
+    r->kv = arena_tensor(a, dt, 3, T, nh, d->nope + d->vdim, 0);
+    r->k = arena_tensor(a, dt, 3, T, nh, dq, 0);
+    r->v = arena_tensor(a, dt, 3, T, nh, d->vdim, 0);
+    r->att = arena_tensor(a, dt, 3, T, nh, d->vdim, 0);
+    r->lse = arena_tensor(a, DT_F32, 3, B, nh, S, 0);
+    r->h1a = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->mlp.h1 = has_shared(m, l) ? arena_tensor(a, dt, 2, T, H, 0, 0) : r->h1a;
+    r->n2 = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->rstd2 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
+    io->xd = r->n2;
+    if (io->dense) return;
+    r->logits = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
+    r->probs = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
+    r->lb_grad = arena_tensor(a, DT_F32, 2, B, E, 0, 0);
+    if (!has_shared(m, l)) return;
+    r->sgu = arena_tensor(a, dt, 2, T, 2 * (int64_t)d->shared_inter, 0, 0);
+    r->sact = arena_tensor(a, dt, 2, T, d->shared_inter, 0, 0);
+}
+
+static void dsv2_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {
+    const ModelConfig *c = &m->cfg;
+    const Dsv2Config *d = model_family_config(const Dsv2Config, c);
+    Dsv2Rec *r = rp;
+    int64_t T = (int64_t)B * S, H = c->hidden, nh = c->heads, rd = c->rope.rd, dq = d->nope + rd;
+    DType dt = m->cdt;
+    r->dh1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
+    r->dn1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
+    if (d->q_lora) {
+        r->dqan = arena_tensor(ws, dt, 2, T, d->q_lora, 0, 0);
+        r->dqa = arena_tensor(ws, dt, 2, T, d->q_lora, 0, 0);
+    }
+    r->dq = arena_tensor(ws, dt, 3, T, nh, dq, 0);
+    r->dk = arena_tensor(ws, dt, 3, T, nh, dq, 0);
+    r->dv = arena_tensor(ws, dt, 3, T, nh, d->vdim, 0);
+    r->datt = arena_tensor(ws, dt, 3, T, nh, d->vdim, 0);
+    r->dkv = arena_tensor(ws, dt, 3, T, nh, d->nope + d->vdim, 0);
+    r->dckvn = arena_tensor(ws, dt, 2, T, d->kv_lora, 0, 0);
+    r->dckv = arena_tensor(ws, dt, 2, T, d->kv_lora, 0, 0);
+    r->dkva = arena_tensor(ws, dt, 2, T, d->kv_lora + rd, 0, 0);
+    if (io->dense) return;
+    r->dlogits = arena_tensor(ws, DT_F32, 2, T, c->experts, 0, 0);
+    if (!has_shared(m, l)) return;
+    r->dsgu = arena_tensor(ws, dt, 2, T, 2 * (int64_t)d->shared_inter, 0, 0);
+    r->dsact = arena_tensor(ws, dt, 2, T, d->shared_inter, 0, 0);
+}
+
+// ---- stage 1: norm → MLA → residual → norm → router and shared experts ----
+
+static AttnArgs dsv2_attn_args(const Model *m, const MicroBatch *mb) {
+    return (AttnArgs){
+        .B = mb->B, .scale = (float)model_family_config(const Dsv2Config, &m->cfg)->softmax_scale, .causal = true};
+}
+
+static RouterArgs dsv2_router_args(const Model *m) {
+    const Dsv2Config *d = model_family_config(const Dsv2Config, &m->cfg);
+    return (RouterArgs){.k = m->cfg.topk,
+                        .scale = (float)d->routed_scale,
+                        .n_group = d->n_group,
+                        .topk_group = d->topk_group,
+                        .force_balance = m->force_balance};
+}
+
+static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
+    const ModelConfig *c = &m->cfg;
+    const Dsv2Config *d = model_family_config(const Dsv2Config, c);
+    const Dsv2Layer *W = &((Dsv2Views *)m->views)->w[l];
+    Dsv2Rec *r = rp;
+    int64_t T = mb->T, nh = c->heads, rd = c->rope.rd, dn = d->nope, dq = dn + rd, dv = d->vdim, ckv = d->kv_lora;
+    Tensor q2 = tensor_reshape2(r->q, T, nh * dq), k2 = tensor_reshape2(r->k, T, nh * dq);
+    r->x = x;
+    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
+    if (!d->q_lora) {
+        op_linear_forward(q2, r->n1, W->wq, NONE);
+    } else {
+        op_linear_forward(r->qa, r->n1, W->wqa, W->bqa);
+        op_rmsnorm_forward(r->qan, r->rqa, r->qa, W->qan, LORA_NORM_EPS);
+        op_linear_forward(q2, r->qan, W->wqb, NONE);
+    }
+    op_linear_forward(r->kva, r->n1, W->wkva, W->bkva);
+    op_copy_cols(r->ckv, 0, r->kva, 0, ckv, false);
+    op_rmsnorm_forward(r->ckvn, r->rkv, r->ckv, W->kvan, LORA_NORM_EPS);
+    op_linear_forward(tensor_reshape2(r->kv, T, nh * (dn + dv)), r->ckvn, W->wkvb, NONE);
+    // RoPE: dims [dn, dq) of every query head, and the one k_pe (columns [ckv, ckv + dr) of kva as a
+    // (T, 1, ckv + dr) tensor).
+    op_rope(r->q, (int)dn, m->rope_cos, m->rope_sin, mb->pos, ROPE_PAIRS, false);
+    op_rope(tensor_make(r->kva.p, r->kva.dt, r->kva.dev, 3, T, 1, ckv + rd, 1), (int)ckv, m->rope_cos, m->rope_sin,
+            mb->pos, ROPE_PAIRS, false);
+    // k = [k_nope | k_pe] per head, v = the rest of kv.
+    Tensor kvh = tensor_reshape2(r->kv, T * nh, dn + dv), kh = tensor_reshape2(r->k, T * nh, dq);
+    if (dn) op_copy_cols(kh, 0, kvh, 0, dn, false);
+    op_copy_cols(tensor_reshape2(r->v, T * nh, dv), 0, kvh, dn, dv, false);
+    for (int64_t h = 0; h < nh; h++) op_copy_cols(k2, h * dq + dn, r->kva, ckv, rd, false);
+    AttnArgs aa = dsv2_attn_args(m, mb);
+    op_attention_forward(r->att, r->lse, r->q, r->k, r->v, &aa);
+    op_linear_forward(r->h1a, tensor_reshape2(r->att, T, nh * dv), W->wo, W->bo);
+    op_add(r->h1a, x);
+    op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
+    if (io->dense) return;
+    op_linear_forward(r->logits, r->n2, W->router, NONE);
+    RouterArgs ra = dsv2_router_args(m);
+    op_router_forward(r->probs, io->idx, io->w, r->logits, &ra);
+    // The load-balancing term enters the objective as lb·T per micro-batch, so its gradient w.r.t.
+    // probs is scaled by T here; the engine divides all gradients by the step's token count.
+    if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T, mb->B);
+    if (!has_shared(m, l)) return;
+    // Shared experts on every token, added to the residual that stage 5 adds the routed experts to.
+    op_linear_forward(r->sgu, r->n2, W->shared_gu, NONE);
+    op_swiglu_forward(r->sact, r->sgu);
+    op_linear_forward(r->mlp.h1, r->sact, W->shared_down, NONE);
+    op_add(r->mlp.h1, r->h1a);
+}
+
+// ---- stage 1 backward: shared experts, router → post-attention norm → residual → MLA → input norm ----
+// dout: ∂/∂(layer output), which reaches h1 (and through it h1a) directly; dx: ∂/∂(layer input), written.
+static void dsv2_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx) {
+    const ModelConfig *c = &m->cfg;
+    const Dsv2Config *d = model_family_config(const Dsv2Config, c);
+    const Dsv2Layer *W = &((Dsv2Views *)m->views)->w[l], *G = &((Dsv2Views *)m->views)->g[l];
+    Dsv2Rec *r = rp;
+    int64_t T = mb->T, nh = c->heads, rd = c->rope.rd, dn = d->nope, dq = dn + rd, dv = d->vdim, ckv = d->kv_lora;
+    Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
+    if (!io->dense) {
+        RouterArgs ra = dsv2_router_args(m);
+        model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
+                              mb->B);
+        op_linear_backward_input(dn2, r->dlogits, W->router, true);
+        op_linear_backward_weight(G->router, NONE, r->dlogits, r->n2);
+    }
+    if (has_shared(m, l)) {
+        op_linear_backward_input(r->dsact, dout, W->shared_down, false);
+        op_linear_backward_weight(G->shared_down, NONE, dout, r->sact);
+        op_swiglu_backward(r->dsgu, r->dsact, r->sgu);
+        op_linear_backward_input(dn2, r->dsgu, W->shared_gu, true);
+        op_linear_backward_weight(G->shared_gu, NONE, r->dsgu, r->n2);
+    }
+    op_copy(r->dh1, dout);
+    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true);
+    op_linear_backward_input(tensor_reshape2(r->datt, T, nh * dv), r->dh1, W->wo, false);
+    op_linear_backward_weight(G->wo, G->bo, r->dh1, tensor_reshape2(r->att, T, nh * dv));
+    AttnArgs aa = dsv2_attn_args(m, mb);
+    op_attention_backward(r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
+    // k and v back into kv's per-head layout; k_pe's gradient is the sum over the heads that share it.
+    Tensor dkvh = tensor_reshape2(r->dkv, T * nh, dn + dv), dkh = tensor_reshape2(r->dk, T * nh, dq),
+           dk2 = tensor_reshape2(r->dk, T, nh * dq);
+    if (dn) op_copy_cols(dkvh, 0, dkh, 0, dn, false);
+    op_copy_cols(dkvh, dn, tensor_reshape2(r->dv, T * nh, dv), 0, dv, false);
+    for (int64_t h = 0; h < nh; h++) op_copy_cols(r->dkva, ckv, dk2, h * dq + dn, rd, h > 0);
+    op_rope(tensor_make(r->dkva.p, r->dkva.dt, r->dkva.dev, 3, T, 1, ckv + rd, 1), (int)ckv, m->rope_cos, m->rope_sin,
+            mb->pos, ROPE_PAIRS, true);
+    op_rope(r->dq, (int)dn, m->rope_cos, m->rope_sin, mb->pos, ROPE_PAIRS, true);
+    // kv_b_proj, kv_a_layernorm, kv_a_proj_with_mqa
+    Tensor dkv2 = tensor_reshape2(r->dkv, T, nh * (dn + dv));
+    op_linear_backward_input(r->dckvn, dkv2, W->wkvb, false);
+    op_linear_backward_weight(G->wkvb, NONE, dkv2, r->ckvn);
+    op_rmsnorm_backward(r->dckv, G->kvan, r->dckvn, r->ckv, W->kvan, r->rkv, false);
+    op_copy_cols(r->dkva, 0, r->dckv, 0, ckv, false);
+    op_linear_backward_input(r->dn1, r->dkva, W->wkva, false);
+    op_linear_backward_weight(G->wkva, G->bkva, r->dkva, r->n1);
+    // the query projection(s)
+    Tensor dq2 = tensor_reshape2(r->dq, T, nh * dq);
+    if (!d->q_lora) {
+        op_linear_backward_input(r->dn1, dq2, W->wq, true);
+        op_linear_backward_weight(G->wq, NONE, dq2, r->n1);
+    } else {
+        op_linear_backward_input(r->dqan, dq2, W->wqb, false);
+        op_linear_backward_weight(G->wqb, NONE, dq2, r->qan);
+        op_rmsnorm_backward(r->dqa, G->qan, r->dqan, r->qa, W->qan, r->rqa, false);
+        op_linear_backward_input(r->dn1, r->dqa, W->wqa, true);
+        op_linear_backward_weight(G->wqa, G->bqa, r->dqa, r->n1);
+    }
+    op_copy(dx, r->dh1);
+    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
+}
+
+// ---- HF import: per-expert keys (what transformers 5.17 writes) or each layer's experts grouped ----
+// Grouped, as transformers holds them in memory: layers.L.mlp.experts.gate_up_proj (E, 2I, H) with expert
+// e's [gate_proj; up_proj] rows, and layers.L.mlp.experts.down_proj (E, H, I). A canonical expert tensor
+// is a contiguous slice of those, so import slices without copying. Export writes per expert (the rename).
+
+static const StTensor *hf_find(const StSet *hf, const char *name) {
+    char n[160];
+    snprintf(n, sizeof n, "model.%s", name);
+    const StTensor *x = st_set_find(hf, n);
+    return x ? x : st_set_find(hf, name);
+}
+
+// The grouped tensor of layer l ("gate_up_proj" or "down_proj") with its shape checked, or NULL.
+static const StTensor *hf_grouped(const ModelConfig *c, const StSet *hf, int l, const char *which) {
+    char n[96];
+    snprintf(n, sizeof n, "layers.%d.mlp.experts.%s", l, which);
+    const StTensor *x = hf_find(hf, n);
+    bool gu = !strcmp(which, "gate_up_proj");
+    int64_t shape[3] = {c->experts, gu ? 2 * (int64_t)c->moe_inter : c->hidden, gu ? c->hidden : c->moe_inter};
+    if (x) st_check_shape(x, 3, shape);
+    return x;
+}
+
+static void dsv2_hf_import(const ModelConfig *c, const ParamTable *t, const StSet *hf, StWriter *w, HfBuffers *keep) {
+    int64_t H = c->hidden, I = c->moe_inter;
+    int used = 0; // HF tensors accounted for
+    for (int i = 0; i < t->n; i++) {
+        const ParamInfo *p = &t->p[i];
+        const StTensor *x = hf_find(hf, p->name);
+        int l, e, n = 0;
+        char part[16];
+        if (x) {
+            st_check_shape(x, p->nd, p->shape);
+            st_writer_add_raw(w, p->name, x->dt, x->nd, x->shape, x->data);
+            used++;
+            continue;
+        }
+        if (sscanf(p->name, "layers.%d.mlp.experts.%d.%15[a-z]_proj.weight%n", &l, &e, part, &n) != 3 || p->name[n])
+            die("%s: tensor 'model.%s' is missing", hf->n ? hf->t[0]->file : "HF folder", p->name);
+        bool down = !strcmp(part, "down");
+        const StTensor *g = hf_grouped(c, hf, l, down ? "down_proj" : "gate_up_proj");
+        if (!g)
+            die("%s: tensor 'model.%s' is missing (nor are layer %d's experts grouped in "
+                "model.layers.%d.mlp.experts.%s)",
+                hf->n ? hf->t[0]->file : "HF folder", p->name, l, l, down ? "down_proj" : "gate_up_proj");
+        int64_t off = down ? (int64_t)e * H * I : (int64_t)e * 2 * I * H + (strcmp(part, "up") ? 0 : I * H); // elements
+        st_writer_add_raw(w, p->name, g->dt, p->nd, p->shape,
+                          (const char *)g->data + off * (int64_t)st_dtype_size(g->dt));
+    }
+    for (int l = 0; l < c->layers; l++)
+        used += c->is_moe[l]
+                    ? (hf_grouped(c, hf, l, "gate_up_proj") != NULL) + (hf_grouped(c, hf, l, "down_proj") != NULL)
+                    : 0;
+    if (used != hf->n) // a tensor that is neither a parameter nor a grouped expert tensor
+        for (int i = 0; i < hf->n; i++) {
+            const char *name = strncmp(hf->t[i]->name, "model.", 6) ? hf->t[i]->name : hf->t[i]->name + 6;
+            int l, n = 0;
+            char which[16];
+            bool grouped = sscanf(name, "layers.%d.mlp.experts.%15[a-z_]%n", &l, which, &n) == 2 && !name[n] &&
+                           l >= 0 && l < c->layers && c->is_moe[l] &&
+                           (!strcmp(which, "gate_up_proj") || !strcmp(which, "down_proj"));
+            if (!grouped && !params_find(t, name))
+                die("%s: tensor '%s' is not a parameter of this %s model", hf->t[i]->file, hf->t[i]->name,
+                    c->model_type);
+        }
+    (void)keep;
+}
+
+const ModelFamily deepseek_v2_family = {
+    .model_type = "deepseek_v2",
+    .rec_size = sizeof(Dsv2Rec),
+    .epilog_size = sizeof(EpilogRec),
+    .config_parse = dsv2_config_parse,
+    .params_build = dsv2_params_build,
+    .bind = dsv2_bind,
+    .layer_alloc = dsv2_layer_alloc,
+    .layer_grad_alloc = dsv2_layer_grad_alloc,
+    .stage3_alloc = moe_stage3_alloc,
+    .stage3_grad_alloc = moe_stage3_grad_alloc,
+    .prolog_forward = moe_prolog_forward,
+    .prolog_backward = moe_prolog_backward,
+    .stage1_forward = dsv2_stage1_forward,
+    .stage3_forward = moe_stage3_forward,
+    .stage5_forward = moe_stage5_forward,
+    .stage5_backward = moe_stage5_backward,
+    .stage3_backward_input = moe_stage3_backward_input,
+    .stage3_backward_weight = moe_stage3_backward_weight,
+    .stage1_backward = dsv2_stage1_backward,
+    .epilog_alloc = moe_epilog_alloc,
+    .epilog_forward = moe_epilog_forward,
+    .epilog_backward = moe_epilog_backward,
+    .hf_import = dsv2_hf_import,
+};
