@@ -98,8 +98,9 @@ test: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_parallel fake-build
 	@$(BUILD)/test_pith
 	@$(MAKE) --no-print-directory fuzz
 
-# The CPU suite built with AddressSanitizer and UndefinedBehaviorSanitizer (in build-asan/).
-test-asan:
+# The CPU suite built with AddressSanitizer and UndefinedBehaviorSanitizer (in build-asan/). The suite also runs
+# the multi-rank worker (build/test_parallel) and the fake-GPU build (build-fake/), built first like `make test`.
+test-asan: $(BUILD)/test_parallel fake-build
 	@$(MAKE) --no-print-directory BUILD=build-asan CPU_ONLY=1 EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	    EXTRA_LDFLAGS="-fsanitize=address,undefined" build-asan/pith build-asan/test_pith
 	@ASAN_OPTIONS=detect_leaks=0 PITH_BIN=build-asan/pith build-asan/test_pith

@@ -102,5 +102,5 @@ TEST(router_bias_training_checkpoint_and_resume) {
     ASSERT(run_cmd(out, sizeof out,
                    "%s train %s/train.json --set save_location=%s/c --set moe_router_bias_update_rate=-1", PITH_BIN, d,
                    d) == 1 &&
-           strstr(out, "moe_router_bias_update_rate: must be non-negative"));
+           strstr(out, "moe_router_bias_update_rate: must be"));
 }

@@ -3,6 +3,7 @@
 
 #include "base/safetensors.h"
 #include "test.h"
+#include "train/trainer.h"
 
 #define FIX "tests/hf/qwen3_moe"
 
@@ -210,4 +211,189 @@ TEST(train_from_hf2pith_checkpoint) {
     ASSERT_MSG(strstr(out, "model only, optimizer starts fresh"), "%s", out);
     snprintf(m, sizeof m, "%s/ck/metrics.jsonl", d);
     ASSERT(fabs(metric(m, 1, "loss") - hf_expected(FIX, "loss", 0)) / hf_expected(FIX, "loss", 0) < 1e-5);
+}
+
+// ---- what must never happen ----
+
+// Every line of a metrics.jsonl is a JSON object; returns the number of lines.
+static int metrics_lines_valid(const char *file) {
+    size_t n;
+    char *text = file_read_all(file, &n);
+    ASSERT_MSG(text, "%s: cannot read", file);
+    int lines = 0;
+    for (char *line = text, *nl; *line; line = nl + 1, lines++) {
+        nl = strchr(line, '\n');
+        ASSERT_MSG(nl, "%s: a line without its end: %s", file, line);
+        *nl = 0;
+        json_error_t err;
+        json_t *j = json_loads(line, 0, &err);
+        ASSERT_MSG(j && json_is_object(j), "%s: not JSON: %s (%s)", file, line, err.text);
+        json_decref(j);
+    }
+    free(text);
+    return lines;
+}
+
+TEST(nonfinite_loss_stops_and_saves_nothing_after) {
+    // lr = 1e6 diverges within a few steps: the run stops naming the step, with exit status 1, and the last
+    // checkpoint (keep_last = 1) is the one before it — never a NaN one, never pruned by one.
+    const char *d = make_run();
+    char out[1 << 16], m[512];
+    int rc = run_cmd(out, sizeof out, "%s train %s/train.json --set optimizer.lr=1e6 --set max_steps=30 --set save_location=%s/ck "
+                     "--set save_interval=1 --set keep_last=1 2>&1", PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1, "exit %d: %s", rc, out);
+    const char *e = strstr(out, "pith: error: step ");
+    int bad = 0;
+    ASSERT_MSG(e && sscanf(e, "pith: error: step %d:", &bad) == 1 && (strstr(e, "is NaN") || strstr(e, "is infinite")), "%s", out);
+    ASSERT(strstr(out, "done:") == NULL);
+    char last[64];
+    snprintf(last, sizeof last, "step-%08d\n", bad - 1);
+    ASSERT(run_cmd(out, sizeof out, "cd %s/ck && ls -d step-*", d) == 0);
+    ASSERT_MSG(!strcmp(out, last), "expected only %s in save_location, got: %s", last, out);
+    snprintf(m, sizeof m, "%s/ck/metrics.jsonl", d);
+    ASSERT(metrics_lines_valid(m) == bad);
+    ASSERT(run_cmd(out, sizeof out, "tail -1 %s", m) == 0 && strstr(out, ": null"));
+    printf("     lr 1e6: stopped at step %d, step-%08d kept\n", bad, bad - 1);
+}
+
+TEST(nonfinite_skip_leaves_weights) {
+    // on_nonfinite = skip: a step whose loss or norm is not finite leaves weights and moments bit for bit.
+    const char *d = make_run();
+    char path[512];
+    snprintf(path, sizeof path, "%s/train.json", d);
+    char *sets[] = {"optimizer.lr=1e6", "max_steps=40", "on_nonfinite=skip"};
+    TrainConfig c;
+    config_load(&c, path, sets, 3);
+    static Run r;
+    run_setup(&r, &c, true);
+    int64_t n = r.master[GROUP_DENSE].n[0];
+    float *before = xmalloc(n * sizeof(float)), *m_before = xmalloc(n * sizeof(float));
+    bool seen = false;
+    for (int s = 0; s < 40 && !seen; s++) {
+        memcpy(before, r.master[GROUP_DENSE].p, n * sizeof(float));
+        memcpy(m_before, r.adam_m[GROUP_DENSE].p, n * sizeof(float));
+        StepStats st = run_step(&r);
+        if (!st.nonfinite) continue;
+        seen = true;
+        ASSERT(r.step == s + 1);
+        ASSERT(!memcmp(before, r.master[GROUP_DENSE].p, n * sizeof(float)));
+        ASSERT(!memcmp(m_before, r.adam_m[GROUP_DENSE].p, n * sizeof(float)));
+    }
+    ASSERT_MSG(seen, "lr 1e6 never gave a non-finite step in 40 steps");
+    free(before), free(m_before);
+    run_free(&r);
+    json_decref(c.json);
+}
+
+TEST(save_location_lock) {
+    const char *d = make_run();
+    char out[1 << 16];
+    // Two runs on one save_location: the second stops at once naming the first (pid and host).
+    int rc = run_cmd(out, sizeof out,
+                     "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck > %s/a.log 2>&1 & p=$!; "
+                     "until grep -q '^step ' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; "
+                     "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck; rc=$?; "
+                     "echo holder=$p; kill -9 $p; wait $p; exit $rc", PITH_BIN, d, d, d, d, PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1, "exit %d: %s", rc, out);
+    int holder = 0;
+    ASSERT(sscanf(strstr(out, "holder="), "holder=%d", &holder) == 1);
+    char pid[64];
+    snprintf(pid, sizeof pid, "(pid %d on ", holder);
+    ASSERT_MSG(strstr(out, "pith: error: ") == out && strstr(out, "save_location is in use by another pith train") && strstr(out, pid),
+               "%s", out);
+    // The holder was killed with -9: the kernel released its lock, the next run takes it and finishes.
+    rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d);
+    ASSERT_MSG(rc == 0 && strstr(out, "done: 6 of 6 steps"), "exit %d: %s", rc, out);
+}
+
+TEST(save_location_unwritable_before_step_1) {
+    const char *d = make_run();
+    char out[1 << 16];
+    int rc = run_cmd(out, sizeof out, "touch %s/file && %s train %s/train.json --set save_location=%s/file/ck", d, PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "file/ck") && !strstr(out, "step 0000"), "exit %d: %s", rc, out);
+}
+
+TEST(prune_leftovers_are_never_resume_points) {
+    // A kill in the middle of removing a checkpoint leaves .trash-step-N (removed at start-up); a step-N
+    // folder without run.json is not a checkpoint pith wrote and is never resumed from.
+    const char *d = make_run();
+    char out[1 << 16];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --steps 2", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "mkdir -p %s/ck/.trash-step-00000001 %s/ck/step-00000005 && cp %s/ck/step-00000002/model.safetensors "
+                   "%s/ck/step-00000005/", d, d, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck 2>&1", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "step-00000005: no run.json") && strstr(out, "resume: step 2 from"), "%s", out);
+    ASSERT(!path_exists(strcat(strcpy(out, d), "/ck/.trash-step-00000001")));
+}
+
+TEST(resume_with_changed_config) {
+    const char *d = make_run();
+    char out[1 << 16];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --steps 2", PITH_BIN, d, d) == 0);
+    // a key that does not change the data order or the schedule: said, accepted
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --steps 1 --set clip_grad_norm=0.5", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "resume: clip_grad_norm changed: 1.0 -> 0.5"), "%s", out);
+    // data order and schedule: refused, naming the key, unless --allow-config-change
+    static const char *const refused[] = {"seed=7", "sequence_length=8", "global_batch_size=8", "max_steps=12",
+                                          "scheduler.warmup_ratio=0.1"};
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        int rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --set %s", PITH_BIN, d, d, refused[i]);
+        ASSERT_MSG(rc == 1 && strstr(out, "--allow-config-change") && strstr(out, "run.json"), "%s: exit %d: %s", refused[i], rc, out);
+    }
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --set seed=7 --allow-config-change", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "resume: seed changed: 1234 -> 7") && strstr(out, "done: 6 of 6"), "%s", out);
+}
+
+TEST(signals_checkpoint) {
+    // SIGUSR1 checkpoints and goes on; SIGTERM checkpoints and stops (SLURM sends it before the time limit).
+    const char *d = make_run();
+    char out[1 << 16];
+    int rc = run_cmd(out, sizeof out,
+                     "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck > %s/a.log 2>&1 & p=$!; "
+                     "until grep -q '^step ' %s/a.log; do sleep 0.05; done; kill -USR1 $p; "
+                     "until grep -q '^signal: SIGUSR1' %s/a.log; do sleep 0.05; done; kill -TERM $p; wait $p; rc=$?; cat %s/a.log; exit $rc",
+                     PITH_BIN, d, d, d, d, d, d);
+    ASSERT_MSG(rc == 0 && strstr(out, "signal: SIGUSR1 after step") && strstr(out, "stopped by SIGTERM"), "exit %d: %s", rc, out);
+    int s1 = 0, s2 = 0;
+    ASSERT(sscanf(strstr(out, "signal: SIGUSR1 after step "), "signal: SIGUSR1 after step %d", &s1) == 1);
+    ASSERT(sscanf(strstr(out, "signal: SIGTERM after step "), "signal: SIGTERM after step %d", &s2) == 1 && s2 > s1);
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/ck/step-%08d/run.json", d, s1);
+    ASSERT(path_exists(ck));
+    snprintf(ck, sizeof ck, "%s/ck/step-%08d/run.json", d, s2);
+    ASSERT(path_exists(ck));
+}
+
+// Writers on a full disk: a file-size limit (ulimit -f; writes past it fail with EFBIG) and, where this
+// machine lets a test mount one, a 64 KB tmpfs (ENOSPC). Each names its file, exits 1 and leaves no
+// temporary and nothing truncated under a final name.
+TEST(write_failures_name_the_file) {
+    const char *d = make_run();
+    char out[1 << 16], m[512];
+    // synth
+    int rc = run_cmd(out, sizeof out, "ulimit -f 16; %s synth --output %s/s/big.bin --tokens 100000", PITH_BIN, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "big.bin.tmp: write failed: File too large"), "exit %d: %s", rc, out);
+    ASSERT(run_cmd(out, sizeof out, "ls -A %s/s", d) == 0 && !strcmp(out, ""));
+    // metrics.jsonl: cut back to its last whole line
+    rc = run_cmd(out, sizeof out, "ulimit -f 1; %s train %s/train.json --set max_steps=40 --set tensorboard=false --set run_dir=%s/r",
+                 PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "metrics.jsonl: write failed: File too large") && !strstr(out, "done:"), "exit %d: %s", rc, out);
+    snprintf(m, sizeof m, "%s/r/metrics.jsonl", d);
+    ASSERT(metrics_lines_valid(m) >= 1);
+    // convert: its temporary folder goes too
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith " FIX " %s/ck", PITH_BIN, d) == 0);
+    rc = run_cmd(out, sizeof out, "ulimit -f 8; %s convert pith2hf %s/ck %s/hf", PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "write failed: File too large"), "exit %d: %s", rc, out);
+    ASSERT(run_cmd(out, sizeof out, "ls -A %s | grep -c '^hf' || true", d) == 0 && atoi(out) == 0);
+    // a real full disk, where mounting is allowed
+    if (run_cmd(out, sizeof out, "mkdir -p %s/fs && mount -t tmpfs -o size=64k tmpfs %s/fs 2>&1", d, d) != 0) {
+        printf("     tmpfs: not allowed here (%s): the file-size limit stands in for a full disk\n", strtok(out, "\n"));
+        return;
+    }
+    rc = run_cmd(out, sizeof out, "%s synth --output %s/fs/big.bin --tokens 100000", PITH_BIN, d);
+    char ls[4096];
+    run_cmd(ls, sizeof ls, "ls -A %s/fs; umount %s/fs", d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "big.bin.tmp: write failed: No space left on device") && !strcmp(ls, ""), "exit %d: %s / %s", rc,
+               out, ls);
+    printf("     tmpfs of 64 KB: synth stops with ENOSPC, nothing left behind\n");
 }

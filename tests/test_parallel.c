@@ -306,9 +306,9 @@ TEST(dist_config_errors) {
         {2, "--set parallel.expert_parallel_size=2 --set global_batch_size=2", "train.json: global_batch_size: must be a multiple of micro_batch_size × dp × ep = 2 × 1 × 2 = 4"},
         {1, "--set parallel.pipeline_parallel_size=2", "train.json: parallel.pipeline_parallel_size: pipeline parallelism (DualPipeV) is not supported yet"},
         {1, "--set parallel.context_parallel_size=2", "train.json: parallel.context_parallel_size: context parallelism (ring attention) is not supported yet"},
-        {1, "--set parallel.sharding_strategy=zero3", "train.json: parallel.sharding_strategy: must be \"fsdp\" or \"hsdp\""},
-        {1, "--set parallel.timeout_s=0", "train.json: parallel.timeout_s: must be positive"},
-        {1, "--set parallel.ep_capacity_factor=-1", "train.json: parallel.ep_capacity_factor: must be non-negative"},
+        {1, "--set parallel.sharding_strategy=zero3", "--set: parallel.sharding_strategy: 'zero3' is not supported (supported: \"fsdp\", \"hsdp\")"},
+        {1, "--set parallel.timeout_s=0", "--set: parallel.timeout_s: must be in (0, 10000000] (got 0)"},
+        {1, "--set parallel.ep_capacity_factor=-1", "--set: parallel.ep_capacity_factor: must be in [0, 1000000] (got -1)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int rc = cases[i].np == 1 ? run_cmd(out, sizeof out, "%s train %s/train.json %s", PITH_BIN, d, cases[i].sets)

@@ -6,6 +6,7 @@
 #include <zstd.h>
 
 #include "base/bpe.h"
+#include "base/npy.h"
 #include "test.h"
 
 #define DSV3 "data/tokenizers/deepseek_v3"
@@ -197,7 +198,7 @@ TEST(tokenize_errors) {
     int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s/tok --input %s/no_field.jsonl --output %s", PITH_BIN, dir, in, o);
     ASSERT_MSG(rc == 1 && strstr(out, "tok/tokenizer.json") && strstr(out, "WordPiece"), "%s", out);
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "cp " QWEN3 "/tokenizer.json %s/tok/tokenizer.json", dir);
+    snprintf(cmd, sizeof cmd, "cp " DSV3 "/tokenizer.json %s/tok/tokenizer.json", dir); // (no <|endoftext|> in it)
     ASSERT(system(cmd) == 0);
     rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s/tok --input %s/no_field.jsonl --output %s", PITH_BIN, dir, in, o);
     ASSERT_MSG(rc == 1 && strstr(out, "no eos_token"), "%s", out);
@@ -333,4 +334,52 @@ TEST(tokenize_json_lines) {
     assert_doc(&b, 3, "lone \xEF\xBF\xBD surrogate", 1);
     assert_doc(&b, 4, "ws", 1);
     free(b.file), free(b.ends);
+}
+
+// A full disk (here a file-size limit: writes past it fail with EFBIG) stops tokenize with the file named,
+// exit status 1, no crash and no .bin.tmp left behind.
+TEST(tokenize_write_failure) {
+    need_tokenizers();
+    const char *in = test_tmpdir(), *o = test_tmpdir();
+    char text[1 << 15];
+    size_t n = 0;
+    for (int i = 0; i < 400; i++) n += snprintf(text + n, sizeof text - n, "{\"text\": \"document %d of a corpus\"}\n", i);
+    write_text(in, "a.jsonl", text);
+    int rc = run_cmd(out, sizeof out, "ulimit -f 4; %s tokenize --tokenizer " DSV3 " --input %s/a.jsonl --output %s", PITH_BIN, in, o);
+    ASSERT_MSG(rc == 1 && strstr(out, "a.jsonl.bin.tmp: write failed: File too large") && !strstr(out, "free()") &&
+                   !strstr(out, "Aborted"), "exit %d: %s", rc, out);
+    ASSERT(run_cmd(out, sizeof out, "ls -A %s", o) == 0 && !strcmp(out, ""));
+}
+
+// The default EOS: <|endoftext|> where the vocabulary has one (Qwen3's tokenizer_config.json says <|im_end|>, a
+// chat-turn end), else tokenizer_config.json's eos_token (DeepSeek-V3); --eos naming an ordinary token warns.
+TEST(tokenize_default_eos_per_tokenizer) {
+    need_tokenizers();
+    const char *in = test_tmpdir(), *o = test_tmpdir();
+    write_text(in, "a.jsonl", "{\"text\": \"hello\"}\n");
+    static const struct {
+        const char *tok, *eos;
+    } cases[] = {{QWEN3, "<|endoftext|>"}, {DSV3, "<｜end▁of▁sentence｜>"}};
+    for (int i = 0; i < 2; i++) {
+        char od[600];
+        snprintf(od, sizeof od, "%s/%d", o, i);
+        int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s --input %s/a.jsonl --output %s", PITH_BIN, cases[i].tok, in, od);
+        ASSERT_MSG(rc == 0, "%s: %s", cases[i].tok, out);
+        Bpe *t = bpe_load(cases[i].tok);
+        int64_t want = bpe_token_to_id(t, cases[i].eos);
+        bpe_free(t);
+        char bin[700];
+        snprintf(bin, sizeof bin, "%s/a.jsonl.bin", od);
+        size_t n;
+        uint8_t *b = (uint8_t *)file_read_all(bin, &n);
+        NpyRecord tr, er;
+        char err[300];
+        ASSERT(b && npy_token_file_parse(b, n, &tr, &er, err, sizeof err) && tr.dt == DT_U32 && tr.n > 0);
+        uint32_t last = ((const uint32_t *)tr.data)[tr.n - 1];
+        ASSERT_MSG(want >= 0 && last == (uint32_t)want, "%s: last token %u, expected %s = %lld", cases[i].tok, last, cases[i].eos,
+                   (long long)want);
+        free(b);
+    }
+    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " QWEN3 " --input %s/a.jsonl --output %s/x --eos hello", PITH_BIN, in, o);
+    ASSERT_MSG(rc == 0 && strstr(out, "pith: warning: tokenize: --eos 'hello'") && strstr(out, "is an ordinary token"), "%s", out);
 }

@@ -69,6 +69,16 @@ TEST(train_cli_loss_falls_and_is_deterministic) {
     ASSERT(strstr(a, "\"grad_norm\"") && strstr(a, "\"lr\"") && strstr(b, "\"step\": 1,"));
 }
 
+// pith train waits passively in OpenMP unless told otherwise (spinning threads starve a shared machine).
+TEST(train_cpu_threading_defaults) {
+    const char *d = make_run(1000);
+    char out[16384];
+    ASSERT(run_cmd(out, sizeof out, "env -u OMP_WAIT_POLICY %s train %s/train.json --set max_steps=1 --set run_dir=%s/r", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "OMP_WAIT_POLICY=PASSIVE"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "OMP_WAIT_POLICY=active %s train %s/train.json --set max_steps=1 --set run_dir=%s/r2", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "OMP_WAIT_POLICY=active"), "%s", out);
+}
+
 TEST(train_continues_into_new_epochs) {
     // 4 samples per epoch, 4 per step, 3 steps: epochs 1 and 2 begin with fresh permutations.
     const char *d = make_run(65);
@@ -104,17 +114,23 @@ TEST(data_samples_and_permutation) {
 TEST(schedule_wsd_values) {
     TrainConfig c = {0};
     c.max_steps = 100, c.optimizer.lr = 1.0;
-    snprintf(c.scheduler.type, 16, "wsd"), snprintf(c.scheduler.decay_shape, 16, "cosine");
+    c.scheduler.type = SCHED_WSD, c.scheduler.decay_shape = DECAY_COSINE;
     c.scheduler.warmup_ratio = 0.1, c.scheduler.decay_ratio = 0.2, c.scheduler.start_lr = 0.0, c.scheduler.final_lr = 0.1;
     ASSERT_NEAR(config_lr_factor(&c, 0), 0.0, 1e-12);
     ASSERT_NEAR(config_lr_factor(&c, 5), 0.5, 1e-12);
     ASSERT_NEAR(config_lr_factor(&c, 50), 1.0, 1e-12);
     ASSERT_NEAR(config_lr_factor(&c, 90), 0.1 + 0.9 * 0.5 * (1 + cos(M_PI * 0.5)), 1e-12);
     ASSERT_NEAR(config_lr_factor(&c, 100), 0.1, 1e-12);
-    snprintf(c.scheduler.decay_shape, 16, "linear");
+    c.scheduler.decay_shape = DECAY_LINEAR;
     ASSERT_NEAR(config_lr_factor(&c, 90), 1 + (0.1 - 1) * 0.5, 1e-12);
-    snprintf(c.scheduler.type, 16, "constant");
+    c.scheduler.type = SCHED_CONSTANT;
     ASSERT_NEAR(config_lr_factor(&c, 3), 1.0, 1e-12);
+    // cosine: warmup, then a cosine decay over every remaining step (wsd with decay_ratio = 1 − warmup_ratio)
+    c.scheduler.type = SCHED_COSINE, c.scheduler.decay_shape = DECAY_COSINE;
+    ASSERT_NEAR(config_lr_factor(&c, 5), 0.5, 1e-12);
+    ASSERT_NEAR(config_lr_factor(&c, 10), 1.0, 1e-12);
+    ASSERT_NEAR(config_lr_factor(&c, 55), 0.1 + 0.9 * 0.5 * (1 + cos(M_PI * 0.5)), 1e-12);
+    ASSERT_NEAR(config_lr_factor(&c, 100), 0.1, 1e-12);
 }
 
 // ---- bad input: one line naming the file and key, exit status 1 ----
@@ -130,23 +146,104 @@ static void expect_error(const char *dir, const char *args, const char *needle) 
 
 TEST(errors_config) {
     const char *d = make_run(1000);
-    expect_error(d, "--set sequence_length=\\\"long\\\"", "train.json: sequence_length: expected an integer");
-    expect_error(d, "--set micro_batch_size=0", "train.json: micro_batch_size: must be a positive integer");
-    expect_error(d, "--set global_batch_size=5", "train.json: global_batch_size: must be a multiple of micro_batch_size");
-    expect_error(d, "--set learning_rate=3", "train.json: learning_rate: unknown key");
-    expect_error(d, "--set optimizer.nesterov=true", "train.json: optimizer.nesterov: unknown key");
-    expect_error(d, "--set optimizer.momentum=3", "train.json: optimizer.momentum: must be in [0, 1)");
-    expect_error(d, "--set optimizer.type=sgd", "train.json: optimizer.type: 'sgd' is not supported");
-    expect_error(d, "--set optimizer.betas=[0.9]", "train.json: optimizer.betas: expected [beta1, beta2]");
-    expect_error(d, "--set scheduler.type=step", "train.json: scheduler.type: must be \"constant\" or \"wsd\"");
-    expect_error(d, "--set device=tpu", "train.json: device: must be");
-    expect_error(d, "--set max_steps=null", "train.json: max_steps: missing required key");
+    expect_error(d, "--set sequence_length=\\\"long\\\"", "--set: sequence_length: expected an integer");
+    expect_error(d, "--set micro_batch_size=0", "--set: micro_batch_size: must be in [1, 1048576] (got 0)");
+    expect_error(d, "--set global_batch_size=5", "--set: global_batch_size: must be a multiple of micro_batch_size");
+    expect_error(d, "--set learning_rate=3", "--set: learning_rate: unknown key");
+    expect_error(d, "--set optimizer.nesterov=true", "--set: optimizer.nesterov: unknown key");
+    expect_error(d, "--set optimizer.momentum=3", "--set: optimizer.momentum: must be in [0, 1) (got 3)");
+    expect_error(d, "--set optimizer.type=sgd", "--set: optimizer.type: 'sgd' is not supported (supported: \"adamw\", \"muon\")");
+    expect_error(d, "--set optimizer.betas=[0.9]", "--set: optimizer.betas: expected [beta1, beta2]");
+    expect_error(d, "--set scheduler.type=step", "--set: scheduler.type: 'step' is not supported (supported: \"constant\"");
+    expect_error(d, "--set device=tpu", "--set: device: 'tpu' is not supported");
+    expect_error(d, "--set max_steps=null", "--set: max_steps: missing required key");
     expect_error(d, "--set dataset=/nonexistent/x", "/nonexistent/x: dataset not found");
     expect_error(d, "--bogus", "train: unknown option '--bogus'");
     expect_error(d, "--set parallel.expert_parallel_size=2", "parallel");
+    expect_error(d, "--steps 4294967297", "train: --steps needs an integer in [1, 1073741824] (got '4294967297')");
+    // An error in the file names the file; one from the command line names --set.
+    write_text(d, "t2.json", "{\"model\": \"model.json\", \"dataset\": \"data\", \"sequence_length\": 16, \"micro_batch_size\": 0,"
+                             " \"global_batch_size\": 4, \"max_steps\": 10, \"optimizer\": {\"lr\": 0.01}}");
     char out[4096];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/t2.json", PITH_BIN, d) == 1);
+    ASSERT_MSG(strstr(out, "t2.json: micro_batch_size: must be in [1, 1048576]"), "%s", out);
     ASSERT(run_cmd(out, sizeof out, "echo '{\"model\": ' > %s/bad.json && %s train %s/bad.json", d, PITH_BIN, d) == 1);
     ASSERT(strstr(out, "bad.json:") && strstr(out, "invalid JSON"));
+}
+
+// Every value outside its range, read once into its real range: a one-line error naming the key.
+TEST(errors_config_values) {
+    const char *d = make_run(1000);
+    expect_error(d, "--set optimizer.eps=0", "--set: optimizer.eps: must be in (0, 1] (got 0)");
+    expect_error(d, "--set optimizer.eps=-1e-8", "optimizer.eps: must be in (0, 1]");
+    expect_error(d, "--set optimizer.weight_decay=1.5", "optimizer.weight_decay: must be in [0, 1] (got 1.5)");
+    expect_error(d, "--set optimizer.weight_decay=-0.1", "optimizer.weight_decay: must be in [0, 1]");
+    expect_error(d, "--set optimizer.lr=-1", "optimizer.lr: must be in ≥ 0 (got -1)");
+    expect_error(d, "--set optimizer.betas=[0.9,1.0]", "optimizer.betas: each beta must be in [0, 1)");
+    expect_error(d, "--set scheduler.type=wsd --set scheduler.start_lr=-1", "scheduler.start_lr: must be in ≥ 0");
+    expect_error(d, "--set scheduler.type=wsd --set scheduler.final_lr=-0.001", "scheduler.final_lr: must be in ≥ 0");
+    expect_error(d, "--set scheduler.type=wsd --set scheduler.warmup_ratio=0.6 --set scheduler.decay_ratio=0.5",
+                 "warmup_ratio + decay_ratio must be at most 1");
+    expect_error(d, "--set scheduler.warmup_ratio=0.1", "scheduler.warmup_ratio: has no effect on a \"constant\" schedule");
+    expect_error(d, "--set scheduler.type=cosine --set scheduler.decay_ratio=0.3",
+                 "scheduler.decay_ratio: a \"cosine\" schedule decays");
+    expect_error(d, "--set init_std=100", "init_std: must be in [0, 1] (got 100)");
+    expect_error(d, "--set clip_grad_norm=-1", "clip_grad_norm: must be in ≥ 0");
+    expect_error(d, "--set parallel.timeout_s=0", "parallel.timeout_s: must be in (0, 10000000]");
+    expect_error(d, "--set seed=-1", "seed: must be a non-negative integer");
+    // integers are never truncated: 2^32 + 1 is not 1, 2^32 + 16 is not 16
+    expect_error(d, "--set max_steps=4294967297", "max_steps: must be in [1, 1073741824] (got 4294967297)");
+    expect_error(d, "--set sequence_length=4294967312", "sequence_length: must be in [1, 16777216] (got 4294967312)");
+    expect_error(d, "--set max_steps=1e30", "max_steps: expected an integer");
+    expect_error(d, "--set micro_batch_size=1048576 --set global_batch_size=1048576 --set sequence_length=4096",
+                 "micro_batch_size × sequence_length = 4294967296 tokens");
+    expect_error(d, "--set save_interval=5", "save_interval: needs save_location");
+    // PithTrain's names say what they are called here, or that they are not supported yet
+    expect_error(d, "--set lr=3", "--set: lr: unknown key (renamed: PithTrain's lr is optimizer.lr here)");
+    expect_error(d, "--set distributed.expert_parallel_size=2", "distributed: unknown key (renamed: PithTrain's distributed is parallel here)");
+    expect_error(d, "--set fp8=true", "--set: fp8: PithTrain's fp8 is not supported yet");
+}
+
+// The README's table of keys is what `pith train --config-table` prints from the key tables.
+TEST(config_table_matches_readme) {
+    size_t n;
+    char *readme = file_read_all("README.md", &n), out[65536];
+    ASSERT(readme);
+    ASSERT(run_cmd(out, sizeof out, "%s train --config-table", PITH_BIN) == 0);
+    const char *begin = strstr(readme, "<!-- config-table: "), *end = strstr(readme, "<!-- config-table end -->");
+    ASSERT(begin && end && strchr(begin, '\n') < end);
+    begin = strchr(begin, '\n') + 1;
+    ASSERT_MSG((size_t)(end - begin) == strlen(out) && !memcmp(begin, out, end - begin),
+               "README.md's config table differs from `build/pith train --config-table`: regenerate it");
+    free(readme);
+}
+
+// --print-config: every key with its default, as JSON that config_load reads back to the same values.
+TEST(config_print_effective) {
+    const char *d = make_run(1000);
+    char out[16384], path[512];
+    char rd[300];
+    snprintf(rd, sizeof rd, "run_dir=%s/r", d); // (the default run_dir is relative to the current folder)
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --print-config --set scheduler.type=cosine --set %s", PITH_BIN, d, rd) == 0);
+    ASSERT(strstr(out, "\"weight_decay\": 0.1") && strstr(out, "\"on_nonfinite\": \"fail\"") && strstr(out, "\"decay_ratio\": 1"));
+    snprintf(path, sizeof path, "%s/effective.json", d);
+    FILE *f = fopen(path, "w");
+    CHECK(f);
+    fputs(out, f), fclose(f);
+    TrainConfig a, b;
+    char *sets[] = {"scheduler.type=cosine", rd};
+    snprintf(path, sizeof path, "%s/train.json", d);
+    config_load(&a, path, sets, 2);
+    json_t *ea = config_effective(&a);
+    snprintf(path, sizeof path, "%s/effective.json", d);
+    // read back without the schedule keys a cosine schedule derives (decay_ratio, decay_shape)
+    char *sets2[] = {"scheduler.decay_ratio=null", "scheduler.decay_shape=null"};
+    config_load(&b, path, sets2, 2);
+    json_t *eb = config_effective(&b);
+    char *ta = json_dumps(ea, JSON_SORT_KEYS), *tb = json_dumps(eb, JSON_SORT_KEYS);
+    ASSERT_MSG(!strcmp(ta, tb), "%s\nvs\n%s", ta, tb);
+    free(ta), free(tb);
+    json_decref(ea), json_decref(eb), json_decref(a.json), json_decref(b.json);
 }
 
 TEST(errors_model_config) {
@@ -167,6 +264,32 @@ TEST(errors_model_config) {
                              " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}");
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m5.json", PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "m5.json: rope_scaling.rope_type: 'yarn' is not supported"), "%s", out);
+    // values read into their real range: never truncated, never silently nonsense
+    static const struct {
+        const char *key, *value, *msg;
+    } bad[] = {
+        {"hidden_size", "4294967328", "m6.json: hidden_size: must be in [1, 1073741824] (got 4294967328)"},
+        {"vocab_size", "-64", "m6.json: vocab_size: must be in [1, 1073741824] (got -64)"},
+        {"rms_norm_eps", "-1e-6", "m6.json: rms_norm_eps: must be in [0, 1)"},
+        {"rope_theta", "0", "m6.json: rope_theta: must be above 1"},
+        {"hidden_act", "\"gelu\"", "m6.json: hidden_act: 'gelu' is not supported"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        json_t *m = json_loads(tiny_model, 0, NULL);
+        json_object_set_new(m, bad[i].key, json_loads(bad[i].value, JSON_DECODE_ANY, NULL));
+        char *text = json_dumps(m, 0);
+        write_text(d, "m6.json", text);
+        free(text), json_decref(m);
+        ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m6.json", PITH_BIN, d, d) == 1);
+        ASSERT_MSG(strstr(out, bad[i].msg), "%s: %s", bad[i].key, out);
+    }
+    // a sequence longer than max_position_embeddings trains, with a warning
+    char text[1024];
+    snprintf(text, sizeof text, "%.*s, \"max_position_embeddings\": 8}", (int)strlen(tiny_model) - 1, tiny_model);
+    write_text(d, "m7.json", text);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m7.json --set max_steps=1 --set run_dir=%s/r7", PITH_BIN, d, d, d) == 0);
+    ASSERT_MSG(strstr(out, "pith: warning: ") && strstr(out, "sequence_length 16 is above the model's max_position_embeddings 8"),
+               "%s", out);
 }
 
 TEST(errors_token_files) {
@@ -188,14 +311,71 @@ TEST(errors_token_files) {
     // not a .npy file at all
     write_text(d, "data/a.bin", "hello world, this is not numpy");
     expect_error(d, "", "a.bin: token record: not a .npy record (bad magic)");
-    // tokens beyond the model's vocabulary
+    // tokens beyond the model's vocabulary: found when the dataset is opened, before step 1
     ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/data/a.bin --vocab 1000 --tokens 1000", PITH_BIN, d) == 0);
-    // (found when the sample is read, after setup has printed its summary: the error is the last line)
-    ASSERT(run_cmd(out, sizeof out, "{ %s train %s/train.json 2>&1 >/dev/null; }", PITH_BIN, d) == 1);
-    ASSERT_MSG(strstr(out, "pith: error: ") == out && strstr(out, "is outside the model's vocabulary of 64"), "%s", out);
+    expect_error(d, "", "is outside the model's vocabulary of 64");
     // too short for one sample
     ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/data/a.bin --vocab 64 --tokens 10", PITH_BIN, d) == 0);
     expect_error(d, "", "hold no sample of sequence_length 16");
+}
+
+// A .bin of `n_tok` uint32 tokens (values i % 60) with the given document ends, then `extra` trailing bytes;
+// with claim >= 0 the token header claims that many tokens instead.
+static void write_bin(const char *path, int64_t n_tok, int64_t claim, const uint64_t *ends, int nends, int extra) {
+    FILE *f = fopen(path, "wb");
+    CHECK(f);
+    CHECK(npy_write_header(f, DT_U32, claim >= 0 ? claim : n_tok));
+    for (int64_t i = 0; i < n_tok; i++) {
+        uint32_t t = (uint32_t)(i % 60);
+        fwrite(&t, 4, 1, f);
+    }
+    CHECK(npy_write_header(f, DT_U64, nends));
+    fwrite(ends, 8, nends, f);
+    for (int i = 0; i < extra; i++) fputc(0, f);
+    CHECK(!fclose(f));
+}
+
+TEST(errors_token_files_structure) {
+    const char *d = make_run(1000);
+    char path[512], out[4096];
+    snprintf(path, sizeof path, "%s/data/a.bin", d);
+    // a 296-byte file whose header claims 2^62 tokens: the size check cannot overflow
+    write_bin(path, 8, (int64_t)1 << 62, (uint64_t[]){8}, 1, 0);
+    expect_error(d, "", "a.bin: token record: truncated .npy data");
+    write_bin(path, 40, -1, (uint64_t[]){20, 10, 40}, 3, 0);
+    expect_error(d, "", "a.bin: document-end record: end 1 is 10, not above the one before (20)");
+    write_bin(path, 40, -1, (uint64_t[]){0, 40}, 2, 0);
+    expect_error(d, "", "a.bin: document-end record: end 0 is 0");
+    write_bin(path, 40, -1, (uint64_t[]){20, 40}, 2, 5);
+    expect_error(d, "", "a.bin: 5 bytes after the document-end record");
+    // a FIFO named *.bin would block open(): refused by its type
+    ASSERT(run_cmd(out, sizeof out, "rm %s && mkfifo %s", path, path) == 0);
+    expect_error(d, "", "a.bin: not a regular file");
+}
+
+// The token-id scan at open is cached per file by size and mtime: a second open of unchanged data reads
+// the cache; touching the file makes a new key and a fresh scan; a cached maximum that would be an error
+// is checked by a scan (a forged or stale entry cannot stop a run).
+TEST(dataset_token_scan_cache) {
+    const char *d = make_run(1000);
+    char out[8192], data[512], cache[512];
+    snprintf(data, sizeof data, "%s/data", d), snprintf(cache, sizeof cache, "%s/cache", d);
+    setenv("PITH_CACHE_DIR", cache, 1);
+    Dataset ds;
+    bool cached[3];
+    for (int i = 0; i < 3; i++) {
+        if (i == 2) ASSERT(run_cmd(out, sizeof out, "touch -d '2001-01-01' %s/a.bin", data) == 0);
+        dataset_open(&ds, data, 16, 64, 1);
+        cached[i] = ds.files[0].max_cached;
+        dataset_close(&ds);
+    }
+    ASSERT(!cached[0] && cached[1] && !cached[2]);
+    ASSERT(run_cmd(out, sizeof out, "ls %s | wc -l", cache) == 0 && atoi(out) == 2);
+    ASSERT(run_cmd(out, sizeof out, "for f in %s/token-max-*; do echo 99 > $f; done", cache) == 0);
+    dataset_open(&ds, data, 16, 64, 1);
+    ASSERT(!ds.files[0].max_cached);
+    dataset_close(&ds);
+    unsetenv("PITH_CACHE_DIR");
 }
 
 TEST(cli_help_and_usage) {
@@ -203,7 +383,13 @@ TEST(cli_help_and_usage) {
     ASSERT(run_cmd(out, sizeof out, "%s --help", PITH_BIN) == 0 && strstr(out, "train") && strstr(out, "synth"));
     ASSERT(run_cmd(out, sizeof out, "%s train --help", PITH_BIN) == 0 && strstr(out, "--set key=value"));
     ASSERT(run_cmd(out, sizeof out, "%s frobnicate", PITH_BIN) == 2 && strstr(out, "unknown command 'frobnicate'"));
-    ASSERT(run_cmd(out, sizeof out, "%s synth --output /nonexistent-dir/x.bin", PITH_BIN) == 1 && strstr(out, "/nonexistent-dir/x.bin.tmp: cannot write"));
+    ASSERT(run_cmd(out, sizeof out, "%s --version", PITH_BIN) == 0 && !strncmp(out, "pith ", 5));
+    ASSERT(run_cmd(out, sizeof out, "%s synth --output /proc/x/y.bin", PITH_BIN) == 1 && strstr(out, "/proc/x: cannot create directory"));
+    // synth creates the output's folders (the README's first command on a fresh clone)
+    const char *d = test_tmpdir();
+    ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/a/b/c.bin --tokens 100", PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/x.bin --tokens 4294967297000", PITH_BIN, d) == 1 &&
+           strstr(out, "synth: --tokens needs an integer in [2, 1099511627776] (got '4294967297000')"));
 }
 
 TEST(path_normalize_cases) {

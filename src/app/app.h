@@ -7,3 +7,8 @@ int cmd_eval(int argc, char **argv);
 int cmd_estimate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
+
+#include <stdint.h>
+// The integer value of option opt of command cmd, in [lo, hi]; dies naming both otherwise (val NULL:
+// the option had no value).
+int64_t arg_int(const char *cmd, const char *opt, const char *val, int64_t lo, int64_t hi);

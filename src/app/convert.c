@@ -5,6 +5,7 @@
 // hf_import/hf_export hooks (model/model.h). Tensors keep their bytes otherwise: hf2pith then pith2hf
 // reproduces the original files' tensors bit for bit.
 #include <errno.h>
+#include <ftw.h>
 #include <getopt.h>
 #include <strings.h>
 #include <unistd.h>
@@ -37,18 +38,30 @@ static size_t parse_size(const char *s) {
     return (size_t)(v * mul);
 }
 
+// The temporary output folder while it is being written: removed at exit unless it was renamed, so a run
+// that fails (a write error, a bad tensor) leaves nothing behind.
+static char pending[4200];
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) { return remove(path); }
+static void remove_pending(void) {
+    if (pending[0]) nftw(pending, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 // A fresh temporary folder beside dst; dies if dst already exists (nothing is overwritten).
 static void begin_output(const char *dst, char *tmp, size_t cap) {
     if (path_exists(dst)) die("%s: already exists (remove it or choose another output folder)", dst);
     snprintf(tmp, cap, "%s.tmp-%d", dst, (int)getpid());
     remove_tree(tmp);
     mkdir_p(tmp);
+    snprintf(pending, sizeof pending, "%s", tmp);
+    atexit(remove_pending);
 }
 
 static void finish_output(const char *tmp, const char *dst) {
     char parent[4096];
     fsync_dir(tmp);
     if (rename(tmp, dst)) die("%s: cannot rename to %s: %s", tmp, dst, strerror(errno));
+    pending[0] = 0;
     path_dirname(parent, sizeof parent, dst);
     fsync_dir(parent);
 }

@@ -54,11 +54,11 @@ int cmd_estimate(int argc, char **argv) {
     free(sets);
     Device dev = strcmp(device, "cpu") ? DEV_CUDA : DEV_CPU;
     Dist d;
-    dist_mesh_describe(&d, (int)gpus, 0, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep, !strcmp(cfg.parallel.sharding, "hsdp"), cfg.file);
+    dist_mesh_describe(&d, (int)gpus, 0, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep, cfg.parallel.sharding == SHARD_HSDP, cfg.file);
     MemoryPlan p = run_memory_plan(&cfg, &d, dev);
     ModelConfig mc;
     model_config_load(&mc, cfg.model);
-    bool bf16 = dev == DEV_CUDA && !strcmp(cfg.compute_dtype, "bf16");
+    bool bf16 = dev == DEV_CUDA && cfg.compute_dtype == COMPUTE_BF16;
     char cap[96];
     if (cfg.parallel.ep_capacity_factor > 0) snprintf(cap, sizeof cap, "(capacity %g·T·k rows)", cfg.parallel.ep_capacity_factor);
     else snprintf(cap, sizeof cap, "(worst-case capacity: T·k·ep rows)");

@@ -3,6 +3,7 @@
 // taken with probabilities 0.7/0.1/0.1/0.1, so a model can learn it (entropy ≈ 0.94 nats per token).
 #include <errno.h>
 #include <getopt.h>
+#include <unistd.h>
 
 #include "app/app.h"
 #include "base/npy.h"
@@ -10,7 +11,7 @@
 static void synth_usage(FILE *f) {
     fprintf(f, "usage: pith synth --output FILE.bin [--vocab V] [--tokens N] [--seed S] [--eos ID]\n"
                "  writes N tokens (default 65536) over a vocabulary of V (default 256) in documents of 32..512\n"
-               "  tokens, each ending with EOS (default V-1)\n");
+               "  tokens, each ending with EOS (default V-1); the output's folder is created\n");
 }
 
 int cmd_synth(int argc, char **argv) {
@@ -23,17 +24,15 @@ int cmd_synth(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'o': out = optarg; break;
-        case 'v': vocab = atoll(optarg); break;
-        case 'n': ntok = atoll(optarg); break;
-        case 's': seed = atoll(optarg); break;
-        case 'e': eos = atoll(optarg); break;
+        case 'v': vocab = arg_int("synth", "--vocab", optarg, 8, 1LL << 32); break;
+        case 'n': ntok = arg_int("synth", "--tokens", optarg, 2, 1LL << 40); break;
+        case 's': seed = arg_int("synth", "--seed", optarg, 0, INT64_MAX); break;
+        case 'e': eos = arg_int("synth", "--eos", optarg, 0, (1LL << 32) - 1); break;
         case 'h': synth_usage(stdout); return 0;
         default: synth_usage(stderr); return 2;
         }
     }
     if (!out) die("synth: --output is required");
-    if (vocab < 8 || vocab > (1LL << 32)) die("synth: --vocab must be in [8, 2^32] (got %lld)", vocab);
-    if (ntok < 2) die("synth: --tokens must be at least 2 (got %lld)", ntok);
     if (eos < 0) eos = vocab - 1;
     if (eos >= vocab) die("synth: --eos %lld is outside the vocabulary of %lld", eos, vocab);
 
@@ -52,15 +51,21 @@ int cmd_synth(int argc, char **argv) {
         tok[i++] = (uint32_t)eos;
         ends[ndoc++] = (uint64_t)i;
     }
-    char tmp[4096];
+    // Written under <out>.tmp, fsynced and renamed: a failed write leaves nothing under either name.
+    char tmp[4096], dir[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", out);
+    path_dirname(dir, sizeof dir, out);
+    mkdir_p(dir);
     FILE *f = fopen(tmp, "wb");
     if (!f) die("%s: cannot write: %s", tmp, strerror(errno));
-    npy_write_header(f, DT_U32, ntok);
-    fwrite(tok, sizeof *tok, ntok, f);
-    npy_write_header(f, DT_U64, ndoc);
-    fwrite(ends, sizeof *ends, ndoc, f);
-    if (fclose(f) || rename(tmp, out)) die("%s: write failed: %s", out, strerror(errno));
+    bool ok = npy_write_header(f, DT_U32, ntok) && fwrite(tok, sizeof *tok, ntok, f) == (size_t)ntok &&
+              npy_write_header(f, DT_U64, ndoc) && fwrite(ends, sizeof *ends, ndoc, f) == (size_t)ndoc && !fflush(f) &&
+              !fsync(fileno(f));
+    int e = errno;
+    if (fclose(f)) ok = false, e = errno;
+    if (!ok) unlink(tmp), die("%s: write failed: %s", tmp, strerror(e));
+    if (rename(tmp, out)) e = errno, unlink(tmp), die("%s: cannot rename to %s: %s", tmp, out, strerror(e));
+    fsync_dir(dir);
     printf("synth: wrote %lld tokens in %lld documents to %s\n", ntok, (long long)ndoc, out);
     free(tok), free(ends);
     return 0;

@@ -444,6 +444,14 @@ static void reader_close(Reader *r) {
 
 // ---- writer -------------------------------------------------------------------------------------------------------
 
+// Ends the run on a write error of f's output, its temporary removed (nothing half-written is left).
+static _Noreturn void out_die(InFile *f, const char *what) {
+    int e = errno;
+    if (f->f) fclose(f->f), f->f = NULL;
+    unlink(f->tmp);
+    die("%s: %s: %s", f->tmp, what, strerror(e));
+}
+
 static void out_open(InFile *f) {
     char dir[4096];
     path_dirname(dir, sizeof dir, f->out);
@@ -451,26 +459,27 @@ static void out_open(InFile *f) {
     f->f = fopen(f->tmp, "wb");
     if (!f->f) die("%s: cannot write: %s", f->tmp, strerror(errno));
     setvbuf(f->f, NULL, _IOFBF, 1 << 20);
-    npy_write_header(f->f, DT_U32, 0); // rewritten with the count at the end: the header is 128 bytes for any count
+    // rewritten with the count at the end: the header is 128 bytes for any count
+    if (!npy_write_header(f->f, DT_U32, 0)) out_die(f, "write failed");
     CHECK(ftell(f->f) == 128);
 }
 
-// Finishes a file whose chunks are all written: splits record, token count, rename (or removal if it failed).
+// Finishes a file whose chunks are all written: splits record, token count, fsync, rename (or removal if
+// it failed).
 static void out_finish(InFile *f) {
     if (f->failed) {
         if (f->f) fclose(f->f), f->f = NULL, unlink(f->tmp);
         return;
     }
     if (!f->f) out_open(f);
-    npy_write_header(f->f, DT_U64, (int64_t)f->nends);
-    fwrite(f->ends, 8, f->nends, f->f);
-    fseek(f->f, 0, SEEK_SET);
-    npy_write_header(f->f, DT_U32, (int64_t)f->ntok);
-    CHECK(ftell(f->f) == 128);
-    bool bad = ferror(f->f);
-    if (fclose(f->f) || bad) die("%s: write failed: %s", f->tmp, strerror(errno));
-    f->f = NULL;
-    if (rename(f->tmp, f->out)) die("%s: cannot rename to %s: %s", f->tmp, f->out, strerror(errno));
+    if (!npy_write_header(f->f, DT_U64, (int64_t)f->nends) || fwrite(f->ends, 8, f->nends, f->f) != f->nends ||
+        fseek(f->f, 0, SEEK_SET) || !npy_write_header(f->f, DT_U32, (int64_t)f->ntok) || fflush(f->f) ||
+        fsync(fileno(f->f)))
+        out_die(f, "write failed");
+    FILE *fp = f->f;
+    f->f = NULL; // closed here whatever happens: the exit handler must not close it again
+    if (fclose(fp)) out_die(f, "write failed");
+    if (rename(f->tmp, f->out)) out_die(f, "cannot rename to its final name");
     free(f->ends), f->ends = NULL;
 }
 
@@ -490,7 +499,7 @@ static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
     }
     if (!f->failed) {
         if (!f->f) out_open(f);
-        fwrite(c->ids.p, 4, c->ids.n, f->f);
+        if (fwrite(c->ids.p, 4, c->ids.n, f->f) != c->ids.n) out_die(f, "write failed");
         if (f->nends + c->ndocs > f->ends_cap) f->ends_cap = 2 * (f->nends + c->ndocs), f->ends = xrealloc(f->ends, f->ends_cap * 8);
         for (size_t i = 0; i < c->ndocs; i++) f->ends[f->nends++] = f->ntok + c->ends[i];
         f->ntok += c->ids.n;
@@ -526,7 +535,8 @@ static void tokenize_usage(FILE *f) {
             "  --output DIR       where the .bin files go (mirroring paths relative to each input folder)\n"
             "  --workers N        tokenizer threads (default: all CPUs); the output does not depend on N\n"
             "  --eos TOKEN        end-of-document token, as a token string or an integer id\n"
-            "                     (default: eos_token of tokenizer_config.json)\n"
+            "                     (default: <|endoftext|> where the vocabulary has one, the base-model document\n"
+            "                     separator; else eos_token of tokenizer_config.json)\n"
             "  --field NAME       the JSON field that holds a document's text (default: text)\n"
             "  --txt-split MODE   file: a .txt file is one document (default); paragraph: each run of non-blank\n"
             "                     lines is a document\n"
@@ -590,15 +600,32 @@ int cmd_tokenize(int argc, char **argv) {
             die("%s and %s would both be written to %s", files[i - 1].path, files[i].path, files[i].out);
 
     Bpe *tok = bpe_load(tokpath);
+    // The document separator. Base-model pretraining separates documents with <|endoftext|> where the
+    // vocabulary has it (Qwen, GPT-OSS): their tokenizer_config.json's eos_token is the end of a chat turn
+    // (<|im_end|>, <|return|>), which a base model should not learn between documents. Other vocabularies
+    // (DeepSeek's <｜end▁of▁sentence｜>) use tokenizer_config.json's eos_token, as PithTrain does.
     int64_t eos = -1;
     if (eos_arg) {
         char *end;
         long long v = strtoll(eos_arg, &end, 10);
         eos = *eos_arg && !*end ? v : bpe_token_to_id(tok, eos_arg);
         if (eos < 0 || eos >= bpe_num_ids(tok)) die("tokenize: --eos '%s' is not a token of %s", eos_arg, tokpath);
+        size_t n;
+        char *text = bpe_decode(tok, &(uint32_t){(uint32_t)eos}, 1, &n);
+        if (!(n >= 2 && text[0] == '<' && text[n - 1] == '>'))
+            warn("tokenize: --eos '%s' (id %lld, \"%.*s\") is an ordinary token, not a special one like <|endoftext|>: "
+                 "documents will be separated by text", eos_arg, (long long)eos, (int)(n < 40 ? n : 40), text);
+        free(text);
+    } else if ((eos = bpe_token_to_id(tok, "<|endoftext|>")) >= 0) {
+        const char *name = bpe_config_token(tok, "eos_token");
+        bool other = name && strcmp(name, "<|endoftext|>");
+        fprintf(stderr, "tokenize: EOS <|endoftext|> (id %lld), the document separator of this vocabulary%s%s%s\n",
+                (long long)eos, other ? " (tokenizer_config.json's eos_token " : "", other ? name : "",
+                other ? " ends a chat turn; --eos chooses)" : "");
     } else {
         const char *name = bpe_config_token(tok, "eos_token");
-        if (!name) die("tokenize: %s has no eos_token in tokenizer_config.json; pass --eos TOKEN", tokpath);
+        if (!name)
+            die("tokenize: %s has no eos_token in tokenizer_config.json and no <|endoftext|>; pass --eos TOKEN", tokpath);
         eos = bpe_token_to_id(tok, name);
         if (eos < 0) die("tokenize: eos_token '%s' of tokenizer_config.json is not in the vocabulary", name);
     }

@@ -1,6 +1,10 @@
 // train.c — `pith train CONFIG.json [--set key=value ...]`: the training loop with its log.
 // One line per step on stdout, one JSON object per step in <run_dir>/metrics.jsonl.
 #include <errno.h>
+#include <math.h>
+#include <omp.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include "app/app.h"
 #include "train/ckpt.h"
@@ -13,10 +17,33 @@ static void train_usage(FILE *f) {
                "  With save_location set, it resumes from the newest complete checkpoint there.\n"
                "  Several ranks: start it with mpirun/srun (scripts/launch.sh picks the line); rank 0 logs.\n"
                "  --steps N         take at most N steps in this invocation, then checkpoint and exit\n"
+               "  --print-config    print the effective config (every key, defaults filled in) and exit\n"
+               "  --config-table    print README.md's tables of config keys (generated from config.c) and exit\n"
+               "  --allow-config-change  resume even when a data-order or schedule key differs from the checkpoint's\n"
                "  --dump-grads DIR  write the first step's gradient (reduced, before clipping) to DIR as\n"
                "                    whole tensors under canonical names (layout-equivalence checks)\n"
                "  --set key=value   override a config key; nested keys with dots (optimizer.lr=3e-4);\n"
                "                    the value is JSON if it parses as JSON, else a string\n");
+}
+
+static volatile sig_atomic_t got_signal;
+static void on_signal(int sig) { got_signal = sig; }
+
+// One line of metrics.jsonl, written whole or not at all: a failed write is cut back to the last full
+// line and ends the run naming the file. NaN and Inf are not JSON: a value that is not finite is null.
+static void write_metrics(FILE *f, const char *path, int step, int n, const char *const *keys, const double *vals) {
+    char line[1024], num[32];
+    int len = snprintf(line, sizeof line, "{\"step\": %d", step);
+    for (int k = 0; k < n; k++)
+        len += snprintf(line + len, sizeof line - len, ", \"%s\": %s", keys[k], json_real_text(num, vals[k]));
+    len += snprintf(line + len, sizeof line - len, "}\n");
+    CHECK(len < (int)sizeof line);
+    long at = ftell(f);
+    if (fwrite(line, 1, len, f) != (size_t)len || fflush(f)) {
+        int e = errno;
+        if (at >= 0 && ftruncate(fileno(f), at) == 0) fsync(fileno(f));
+        die("%s: write failed: %s", path, strerror(e));
+    }
 }
 
 static void fmt_thousands(char *out, size_t cap, double v) {
@@ -55,16 +82,23 @@ int cmd_train(int argc, char **argv) {
     const char *file = NULL, *dump = NULL;
     char **sets = xmalloc(argc * sizeof *sets);
     int nsets = 0, max_now = -1;
+    bool print_config = false, allow_change = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return train_usage(stdout), 0;
-        if (!strcmp(argv[i], "--set")) {
+        if (!strcmp(argv[i], "--config-table")) {
+            char *t = config_markdown();
+            fputs(t, stdout);
+            free(t);
+            return 0;
+        }
+        if (!strcmp(argv[i], "--print-config")) print_config = true;
+        else if (!strcmp(argv[i], "--allow-config-change")) allow_change = true;
+        else if (!strcmp(argv[i], "--set")) {
             if (i + 1 >= argc) die("train: --set needs key=value");
             sets[nsets++] = argv[++i];
         } else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
-        else if (!strcmp(argv[i], "--steps")) {
-            char *end;
-            if (i + 1 >= argc || (max_now = (int)strtol(argv[++i], &end, 10)) <= 0 || *end) die("train: --steps needs a positive integer");
-        }
+        else if (!strcmp(argv[i], "--steps"))
+            max_now = (int)arg_int("train", "--steps", i + 1 < argc ? argv[++i] : NULL, 1, 1 << 30);
         else if (!strcmp(argv[i], "--dump-grads")) {
             if (i + 1 >= argc) die("train: --dump-grads needs a folder");
             dump = argv[++i];
@@ -80,6 +114,14 @@ int cmd_train(int argc, char **argv) {
     TrainConfig cfg;
     config_load(&cfg, file, sets, nsets);
     free(sets);
+    cfg.allow_config_change = allow_change;
+    if (print_config) {
+        json_t *eff = config_effective(&cfg);
+        char *text = json_dumps(eff, JSON_INDENT(2));
+        puts(text);
+        free(text), json_decref(eff), json_decref(cfg.json);
+        return 0;
+    }
     Run r;
     run_setup(&r, &cfg, true);
     if (dump) snprintf(r.dump_grads, sizeof r.dump_grads, "%s", dump);
@@ -91,6 +133,9 @@ int cmd_train(int argc, char **argv) {
     free(all.p);
     printf("model: %s, %d layers (%d MoE), hidden %d, %d experts top-%d, vocab %d: %.3f M parameters\n", mc->model_type, mc->layers,
            r.moe_layers, mc->hidden, mc->experts, mc->topk, mc->vocab, nparam / 1e6);
+    if (r.model.dev == DEV_CPU)
+        printf("cpu: %d OpenMP threads per rank, OMP_WAIT_POLICY=%s\n", omp_get_max_threads(),
+               getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "(runtime default)");
     printf("data: %d token files, %lld samples of %d tokens per epoch\n", r.data.nfiles, (long long)r.data.total, cfg.sequence_length);
     if (d->world.size > 1)
         printf("mesh: %d ranks = pp %d × dp %d × cp %d × ep %d (%s), %d experts per ep rank\n", d->world.size, d->pp, d->dp, d->cp, d->ep,
@@ -108,7 +153,10 @@ int cmd_train(int argc, char **argv) {
     FILE *metrics = d->world.rank == 0 ? open_metrics(cfg.run_dir, mpath, r.step) : NULL; // rank 0 logs
     TbWriter tb = {0};
     if (metrics && cfg.tensorboard) tboard_open(&tb, cfg.run_dir);
-    int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps;
+    if (!cfg.save_location[0]) warn("%s: no save_location: this run writes no checkpoints", cfg.file);
+    signal(SIGTERM, on_signal), signal(SIGUSR1, on_signal);
+    int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps, skipped = 0;
+    bool stopped_by_signal = false;
     while (r.step < stop) {
         StepStats st = run_step(&r);
         char tps[32];
@@ -121,29 +169,52 @@ int cmd_train(int argc, char **argv) {
         if (cfg.moe_load_balance_coef > 0) printf(" | lb %.6f", st.lb);
         printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm, tps, st.seconds, peak);
         if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
-        printf("\n");
+        printf("%s\n", st.nonfinite ? " | not finite: no update" : "");
         // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
         // comes right after loss, before the timings.
         const char *keys[10] = {"loss"};
         double vals[10] = {st.loss};
         int nkeys = 1;
         if (val) keys[nkeys] = "val_loss", vals[nkeys++] = val_loss;
-        const char *rest[] = {"lb_loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "fwdbwd_s", "peak_mem_gb", "gpu_peak_gb"};
+        const char *rest[] = {"lb_loss",     "lr",       "grad_norm",   "tokens_per_s",
+                              "step_time_s", "fwdbwd_s", "peak_mem_gb", "gpu_peak_gb"};
         double restv[] = {st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
                           gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
         for (int k = 0; k < 8; k++) keys[nkeys] = rest[k], vals[nkeys++] = restv[k];
-        if (metrics) {
-            fprintf(metrics, "{\"step\": %d", r.step);
-            for (int k = 0; k < nkeys; k++) fprintf(metrics, ", \"%s\": %.9g", keys[k], vals[k]);
-            fprintf(metrics, "}\n");
-            fflush(metrics);
-        }
+        if (metrics) write_metrics(metrics, mpath, r.step, nkeys, keys, vals);
         if (tb.f) tboard_scalars(&tb, r.step, nkeys, keys, vals);
-        if (run_save_due(&r) || (r.step == stop && cfg.save_location[0])) ckpt_save(&r);
+        if (st.nonfinite) {
+            const char *what = isfinite(st.loss) ? "gradient norm" : "loss";
+            double v = isfinite(st.loss) ? st.grad_norm : st.loss;
+            if (cfg.on_nonfinite == NONFINITE_FAIL)
+                die("step %d: the %s is %s: stopping; nothing is saved after step %d (on_nonfinite = \"skip\" "
+                    "would go on "
+                    "without this step's update)", r.step, what, isnan(v) ? "NaN" : "infinite", r.step - 1);
+            warn("step %d: the %s is %s: this step's update is skipped (weights and moments unchanged)", r.step, what,
+                 isnan(v) ? "NaN" : "infinite");
+            skipped++;
+        }
+        // SIGTERM (SLURM's warning before the time limit) or SIGUSR1: checkpoint now; SIGTERM then stops.
+        // Every rank takes the same decision: the flags are summed over the world.
+        double sig[2] = {got_signal == SIGTERM, got_signal == SIGUSR1};
+        got_signal = 0;
+        comm_allreduce(&d->world, tensor_make(sig, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
+        bool signalled = sig[0] > 0 || sig[1] > 0, save_now = signalled && cfg.save_location[0];
+        if (signalled)
+            printf("signal: %s after step %d%s\n", sig[0] > 0 ? "SIGTERM" : "SIGUSR1", r.step,
+                   save_now ? ": checkpointing" : " (no save_location: nothing to save)");
+        if (run_save_due(&r) || (r.step == stop && cfg.save_location[0]) || save_now) ckpt_save(&r);
+        if (sig[0] > 0) {
+            stopped_by_signal = true;
+            break;
+        }
     }
-    if (metrics) fclose(metrics);
+    if (metrics && fclose(metrics)) die("%s: write failed: %s", mpath, strerror(errno));
     tboard_close(&tb);
-    printf("%s: %d of %d steps, metrics in %s\n", r.step == cfg.max_steps ? "done" : "stopped", r.step, cfg.max_steps, mpath);
+    printf("%s: %d of %d steps, metrics in %s\n",
+           r.step == cfg.max_steps ? "done" : stopped_by_signal ? "stopped by SIGTERM" : "stopped", r.step, cfg.max_steps,
+           mpath);
+    if (skipped) printf("skipped: the updates of %d steps whose loss or gradient norm was not finite\n", skipped);
     run_free(&r);
     json_decref(cfg.json);
     dist_finalize();

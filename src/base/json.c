@@ -1,6 +1,8 @@
 // json.c — strict JSON readers: every error names the file and the dotted key.
 #include "base/json.h"
 
+#include <math.h>
+
 void jdie(JObj o, const char *key, const char *fmt, ...) {
     char msg[512];
     va_list ap;
@@ -55,6 +57,12 @@ int64_t jint(JObj o, const char *key, bool required, int64_t def) {
     jdie(o, key, "expected an integer");
 }
 
+int jint_in(JObj o, const char *key, bool required, int64_t def, int64_t lo, int64_t hi) {
+    int64_t v = jint(o, key, required, def);
+    if (v < lo || v > hi) jdie(o, key, "must be in [%lld, %lld] (got %lld)", (long long)lo, (long long)hi, (long long)v);
+    return (int)v;
+}
+
 double jnum(JObj o, const char *key, bool required, double def) {
     json_t *v = jget(o, key, required);
     if (!v) return def;
@@ -85,4 +93,13 @@ void jcheck_known(JObj o, const char *const *known) {
         for (const char *const *k = known; *k && !ok; k++) ok = strcmp(*k, key) == 0;
         if (!ok) jdie(o, key, "unknown key");
     }
+}
+
+char *json_real_text(char out[32], double v) {
+    if (!isfinite(v)) return strcpy(out, "null");
+    for (int p = 1; p <= 17; p++) { // the shortest %g form that reads back as v
+        snprintf(out, 32, "%.*g", p, v);
+        if (strtod(out, NULL) == v) break;
+    }
+    return out;
 }

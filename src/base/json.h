@@ -17,9 +17,14 @@ JObj jobj_child(JObj o, const char *key);       // a nested object; obj == NULL 
 
 bool jhas(JObj o, const char *key); // present and not null
 int64_t jint(JObj o, const char *key, bool required, int64_t def);
+// An integer in [lo, hi] (within int), read as int64 and checked before it narrows: never truncated.
+int jint_in(JObj o, const char *key, bool required, int64_t def, int64_t lo, int64_t hi);
 double jnum(JObj o, const char *key, bool required, double def);
 bool jbool(JObj o, const char *key, bool required, bool def);
 const char *jstr(JObj o, const char *key, bool required, const char *def);
 // Dies naming the first key of o that is not in the NULL-terminated list `known`.
 void jcheck_known(JObj o, const char *const *known);
+// v as JSON text: the shortest decimal that reads back as exactly v (17 digits at most); "null" for NaN
+// and ±Inf, which JSON has no numbers for. Returns out.
+char *json_real_text(char out[32], double v);
 _Noreturn void jdie(JObj o, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -5,6 +5,7 @@
 #include "base/npy.h"
 
 #include <ctype.h>
+#include <errno.h>
 
 static const struct { const char *descr; DType dt; } npy_types[] = {
     {"<u4", DT_U32}, {"<u2", DT_U16}, {"|u1", DT_U8}, {"<u8", DT_U64}, {"<i4", DT_I32},
@@ -53,33 +54,67 @@ bool npy_parse(const uint8_t *buf, size_t len, NpyRecord *rec, char *err, size_t
     if (strncmp(fo, "False", 5) != 0) return fail(err, cap, ".npy fortran_order must be False");
     if (*sh != '(') return fail(err, cap, "malformed .npy shape");
     char *end;
+    errno = 0;
     long long n = strtoll(sh + 1, &end, 10);
+    bool overflow = errno == ERANGE;
     while (*end == ' ') end++;
     if (end == sh + 1 || n < 0 || *end != ',') return fail(err, cap, "expected a 1-D .npy array");
+    if (overflow) return fail(err, cap, ".npy shape does not fit in 64 bits");
     end++;
     while (*end == ' ') end++;
     if (*end != ')') return fail(err, cap, "expected a 1-D .npy array");
-    size_t bytes = (size_t)n * dtype_size(rec->dt);
-    if (pre + hlen + bytes > len) return fail(err, cap, "truncated .npy data (file shorter than its header says)");
+    // n · elem ≤ len − (pre + hlen), asked without forming a product that can overflow
+    size_t elem = dtype_size(rec->dt), room = len - pre - hlen;
+    if ((unsigned long long)n > room / elem) return fail(err, cap, "truncated .npy data (file shorter than its header says)");
+    size_t bytes = (size_t)n * elem;
     rec->n = n;
     rec->data = buf + pre + hlen;
     rec->record_len = pre + hlen + bytes;
     return true;
 }
 
-void npy_write_header(FILE *f, DType dt, int64_t n) {
+bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRecord *ends, char *err, size_t cap) {
+    char why[200];
+    if (!npy_parse(buf, len, tok, why, sizeof why)) return snprintf(err, cap, "token record: %s", why), false;
+    if (tok->dt != DT_U8 && tok->dt != DT_U16 && tok->dt != DT_U32 && tok->dt != DT_U64)
+        return snprintf(err, cap, "token record: dtype %s, expected an unsigned integer type", dtype_name(tok->dt)), false;
+    if (!npy_parse(buf + tok->record_len, len - tok->record_len, ends, why, sizeof why))
+        return snprintf(err, cap, "document-end record: %s", why), false;
+    if (ends->dt != DT_U64)
+        return snprintf(err, cap, "document-end record: dtype %s, expected uint64", dtype_name(ends->dt)), false;
+    if (tok->record_len + ends->record_len != len)
+        return snprintf(err, cap, "%zu bytes after the document-end record (a token file is exactly two .npy records)",
+                        len - tok->record_len - ends->record_len), false;
+    // Ends rise strictly to the token count. The record follows the tokens, so it need not be 8-byte
+    // aligned: read through memcpy.
+    uint64_t prev = 0, e = 0;
+    for (int64_t i = 0; i < ends->n; i++) {
+        memcpy(&e, (const uint8_t *)ends->data + 8 * i, sizeof e);
+        if (e <= prev && (i > 0 || e == 0))
+            return snprintf(err, cap, "document-end record: end %lld is %llu, not above the one before (%llu)", (long long)i,
+                            (unsigned long long)e, (unsigned long long)prev), false;
+        prev = e;
+    }
+    if (ends->n && e != (uint64_t)tok->n)
+        return snprintf(err, cap, "document-end record: last end is %llu but the file has %lld tokens", (unsigned long long)e,
+                        (long long)tok->n), false;
+    return true;
+}
+
+bool npy_write_header(FILE *f, DType dt, int64_t n) {
     const char *descr = NULL;
     for (size_t i = 0; i < sizeof npy_types / sizeof *npy_types; i++)
         if (npy_types[i].dt == dt) descr = npy_types[i].descr;
     CHECK(descr);
-    char dict[256];
-    int len = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%lld,), }", descr, (long long)n);
+    char hdr[256];
+    int len = snprintf(hdr + 10, sizeof hdr - 10, "{'descr': '%s', 'fortran_order': False, 'shape': (%lld,), }", descr,
+                       (long long)n);
     int total = (10 + len + 1 + 63) / 64 * 64; // preamble + dict + '\n', padded to 64
-    int pad = total - 10 - len - 1;
-    unsigned hlen = (unsigned)(len + pad + 1);
-    fwrite("\x93NUMPY\x01\x00", 1, 8, f);
-    fputc(hlen & 0xff, f), fputc(hlen >> 8, f);
-    fwrite(dict, 1, len, f);
-    for (int i = 0; i < pad; i++) fputc(' ', f);
-    fputc('\n', f);
+    CHECK(total <= (int)sizeof hdr);
+    unsigned hlen = (unsigned)(total - 10);
+    memcpy(hdr, "\x93NUMPY\x01\x00", 8);
+    hdr[8] = (char)(hlen & 0xff), hdr[9] = (char)(hlen >> 8);
+    memset(hdr + 10 + len, ' ', total - 10 - len - 1);
+    hdr[total - 1] = '\n';
+    return fwrite(hdr, 1, total, f) == (size_t)total;
 }

@@ -12,5 +12,10 @@ typedef struct {
 
 // Parses one 1-D record at buf[0..len). On failure returns false and writes a reason into err.
 bool npy_parse(const uint8_t *buf, size_t len, NpyRecord *rec, char *err, size_t errcap);
-// Writes the header of a 1-D little-endian array of n elements of dt (version 1.0, 64-byte aligned).
-void npy_write_header(FILE *f, DType dt, int64_t n);
+// Parses a whole token file at buf[0..len): a token record of unsigned ints, then a uint64 document-end
+// record whose ends rise strictly to the token count, and nothing after it. On failure returns false with
+// the reason ("token record: …", "document-end record: …") in err.
+bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRecord *ends, char *err, size_t errcap);
+// Writes the header of a 1-D little-endian array of n elements of dt (version 1.0, 64-byte aligned);
+// false when the write fails (errno set).
+bool npy_write_header(FILE *f, DType dt, int64_t n);

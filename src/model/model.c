@@ -27,6 +27,9 @@ const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     if (!fam) jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2)", mt);
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
     fam->config_parse(c, o);
+    // Every family's MLPs are SwiGLU: another activation must not silently train as SiLU.
+    const char *act = jstr(o, "hidden_act", false, "silu");
+    if (strcmp(act, "silu")) jdie(o, "hidden_act", "'%s' is not supported (pith's MLPs are SwiGLU: silu)", act);
     json_decref(root);
     return fam;
 }

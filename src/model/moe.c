@@ -15,6 +15,7 @@ void moe_config_check(const ModelConfig *c, JObj o, const char *experts_key) {
     if (c->hidden <= 0 || c->layers <= 0 || c->heads <= 0 || c->vocab <= 0)
         jdie(o, NULL, "hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
     if (c->layers > MAX_LAYERS) jdie(o, "num_hidden_layers", "at most %d layers are supported", MAX_LAYERS);
+    if (!(c->eps >= 0 && c->eps < 1)) jdie(o, "rms_norm_eps", "must be in [0, 1) (got %g)", c->eps);
     if (c->rope.rd <= 0 || c->rope.rd % 2)
         jdie(o, NULL, "the rotary dimension must be positive and even (got %d)", c->rope.rd);
     if (c->experts < 1 || c->topk < 1 || c->topk > c->experts)

@@ -44,18 +44,19 @@ static const Tensor NONE = {0};
 
 static void qwen3_config_parse(ModelConfig *c, JObj o) {
     Qwen3Config *q = model_family_config(Qwen3Config, c);
-    c->hidden = (int)jint(o, "hidden_size", true, 0);
-    c->layers = (int)jint(o, "num_hidden_layers", true, 0);
-    c->heads = (int)jint(o, "num_attention_heads", true, 0);
-    q->kv_heads = (int)jint(o, "num_key_value_heads", false, c->heads);
-    q->head_dim = (int)jint(o, "head_dim", false, c->heads ? c->hidden / c->heads : 0);
-    c->vocab = (int)jint(o, "vocab_size", true, 0);
+    c->hidden = jint_in(o, "hidden_size", true, 0, 1, 1 << 30); // read into range: a cast would truncate
+    c->layers = jint_in(o, "num_hidden_layers", true, 0, 1, 1 << 30);
+    c->heads = jint_in(o, "num_attention_heads", true, 0, 1, 1 << 30);
+    q->kv_heads = jint_in(o, "num_key_value_heads", false, c->heads, 1, 1 << 30);
+    q->head_dim = jint_in(o, "head_dim", false, c->hidden / c->heads, 1, 1 << 30);
+    c->vocab = jint_in(o, "vocab_size", true, 0, 1, 1 << 30);
     c->eps = jnum(o, "rms_norm_eps", false, 1e-6);
     // transformers v5 writes num_local_experts; v4 and the hub configs num_experts
-    c->experts = (int)(jhas(o, "num_experts") ? jint(o, "num_experts", true, 0) : jint(o, "num_local_experts", true, 0));
-    c->topk = (int)jint(o, "num_experts_per_tok", true, 0);
-    c->moe_inter = (int)jint(o, "moe_intermediate_size", true, 0);
-    c->dense_inter = (int)jint(o, "intermediate_size", false, 0);
+    c->experts = jhas(o, "num_experts") ? jint_in(o, "num_experts", true, 0, 1, 1 << 20)
+                                        : jint_in(o, "num_local_experts", true, 0, 1, 1 << 20);
+    c->topk = jint_in(o, "num_experts_per_tok", true, 0, 0, 1 << 20);
+    c->moe_inter = jint_in(o, "moe_intermediate_size", true, 0, 0, 1 << 30);
+    c->dense_inter = jint_in(o, "intermediate_size", false, 0, 0, 1 << 30);
     q->norm_topk = jbool(o, "norm_topk_prob", false, false);
     q->attn_bias = jbool(o, "attention_bias", false, false);
     c->tie_embed = jbool(o, "tie_word_embeddings", false, false);
@@ -65,7 +66,7 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
     if (q->head_dim % 2) jdie(o, "head_dim", "must be even for RoPE");
     moe_rope_parse(c, o, q->head_dim, false);
     int layers = c->layers < 0 ? 0 : c->layers > MAX_LAYERS ? MAX_LAYERS : c->layers;
-    int step = (int)jint(o, "decoder_sparse_step", false, 1);
+    int step = jint_in(o, "decoder_sparse_step", false, 1, 1, 1 << 30);
     if (step < 1) jdie(o, "decoder_sparse_step", "must be at least 1");
     for (int l = 0; l < layers; l++) c->is_moe[l] = (l + 1) % step == 0;
     json_t *mlp_only = json_object_get(o.obj, "mlp_only_layers");

@@ -3,6 +3,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "base/safetensors.h"
@@ -162,22 +164,74 @@ static bool parse_step_dir(const char *name, int *step) {
     return sscanf(name, "step-%8d%n", step, &n) == 1 && n == 13 && name[n] == 0;
 }
 
+// Removes a checkpoint folder so that no kill can leave a partly deleted step-N behind: it is renamed to
+// .trash-step-N first (ckpt_find_latest removes leftovers), then deleted.
+static void remove_step(const char *loc, const char *name) {
+    char path[4200], trash[4200];
+    snprintf(path, sizeof path, "%s/%s", loc, name);
+    snprintf(trash, sizeof trash, "%s/.trash-%s", loc, name);
+    remove_tree(trash);
+    if (rename(path, trash)) die("%s: cannot rename to %s: %s", path, trash, strerror(errno));
+    fsync_dir(loc);
+    remove_tree(trash);
+}
+
 bool ckpt_find_latest(const char *loc, char *out, size_t cap) {
     DIR *d = opendir(loc);
     if (!d) return false;
     int best = -1, step;
     struct dirent *de;
-    char path[4096];
+    char path[4400];
     while ((de = readdir(d))) {
-        if (!strncmp(de->d_name, ".tmp-step-", 10)) { // a save that did not finish
-            path_join(path, sizeof path, loc, de->d_name);
-            remove_tree(path);
-        } else if (parse_step_dir(de->d_name, &step) && step > best) best = step;
+        path_join(path, sizeof path, loc, de->d_name);
+        if (!strncmp(de->d_name, ".tmp-step-", 10) || !strncmp(de->d_name, ".trash-step-", 12)) {
+            remove_tree(path); // a save or a removal that did not finish
+            continue;
+        }
+        if (!parse_step_dir(de->d_name, &step) || step <= best) continue;
+        // A resume point has run.json; only step-00000000 may be model-only (`pith convert hf2pith`'s output).
+        char run[4500];
+        snprintf(run, sizeof run, "%s/run.json", path);
+        if (step > 0 && !path_exists(run)) {
+            warn("%s: no run.json: not a checkpoint pith wrote; ignored as a resume point", path);
+            continue;
+        }
+        best = step;
     }
     closedir(d);
     if (best < 0) return false;
     snprintf(out, cap, "%s/step-%08d", loc, best);
     return true;
+}
+
+// The lock of a save_location: an exclusive flock on <loc>/.lock held for the life of the process (the
+// kernel releases it when the process ends, however it ends). Taking it also shows that loc is writable.
+static int lock_fd = -1;
+
+void ckpt_lock(const char *loc) {
+    mkdir_p(loc);
+    char path[4200], host[256] = "?", holder[512] = "";
+    snprintf(path, sizeof path, "%s/.lock", loc);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) die("%s: save_location is not writable: %s", loc, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        if (errno != EWOULDBLOCK) die("%s: cannot lock: %s", path, strerror(errno));
+        ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+        holder[n > 0 ? n : 0] = 0;
+        holder[strcspn(holder, "\n")] = 0;
+        die("%s: save_location is in use by another pith train (%s); one run per save_location", loc,
+            holder[0] ? holder : "holder unknown");
+    }
+    gethostname(host, sizeof host - 1);
+    int len = snprintf(holder, sizeof holder, "pid %d on %s\n", (int)getpid(), host);
+    if (ftruncate(fd, 0) || pwrite(fd, holder, len, 0) != len || fsync(fd))
+        die("%s: save_location is not writable: %s", path, strerror(errno));
+    lock_fd = fd;
+}
+
+void ckpt_unlock(void) {
+    if (lock_fd >= 0) close(lock_fd);
+    lock_fd = -1;
 }
 
 static void prune(const char *loc, int keep_last) {
@@ -192,9 +246,9 @@ static void prune(const char *loc, int keep_last) {
         int newer = 0;
         for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
         if (newer >= keep_last) {
-            char path[4200];
-            snprintf(path, sizeof path, "%s/step-%08d", loc, steps[i]);
-            remove_tree(path);
+            char name[32];
+            snprintf(name, sizeof name, "step-%08d", steps[i]);
+            remove_step(loc, name);
         }
     }
 }
@@ -225,9 +279,9 @@ void ckpt_save(Run *r) {
         snprintf(path, sizeof path, "%s/config.json", tmp);
         file_write_atomic(path, text, n);
         free(text);
-        json_t *run = json_pack("{s:s, s:s, s:i, s:I, s:I, s:O}", "format", "pith-checkpoint-1", "pith_version", PITH_VERSION, "step",
+        json_t *run = json_pack("{s:s, s:s, s:i, s:I, s:I, s:o}", "format", "pith-checkpoint-1", "pith_version", PITH_VERSION, "step",
                                 r->step, "samples_consumed", (json_int_t)r->step * c->global_batch_size, "seed", (json_int_t)c->seed,
-                                "train_config", c->json);
+                                "train_config", config_effective(c));
         if (r->router_bias) { // aux-loss-free balancing: each layer's bias (17 digits: the floats exactly)
             json_t *rows = json_array();
             for (int l = 0; l < r->model.cfg.layers; l++) {
@@ -243,7 +297,7 @@ void ckpt_save(Run *r) {
         file_write_atomic(path, text, strlen(text));
         free(text), json_decref(run);
         fsync_dir(tmp);
-        if (path_exists(final)) remove_tree(final); // a re-run that saves the same step again
+        if (path_exists(final)) remove_step(c->save_location, final + strlen(c->save_location) + 1); // saved again
         if (rename(tmp, final)) die("%s: cannot rename to %s: %s", tmp, final, strerror(errno));
         fsync_dir(c->save_location);
         if (c->keep_last) prune(c->save_location, c->keep_last);
@@ -281,8 +335,10 @@ void ckpt_resume(Run *r, const char *dir) {
     }
     json_t *root = json_load_or_die(path);
     JObj o = jobj_root(root, path);
-    r->step = (int)jint(o, "step", true, 0);
-    if (r->step < 0 || r->step > r->cfg.max_steps) jdie(o, "step", "%d is outside [0, max_steps = %d]", r->step, r->cfg.max_steps);
+    int64_t step = jint(o, "step", true, 0);
+    if (step < 0 || step > r->cfg.max_steps)
+        jdie(o, "step", "%lld is outside [0, max_steps = %d]", (long long)step, r->cfg.max_steps);
+    r->step = (int)step;
     json_t *rb = json_object_get(root, "router_bias");
     if (r->router_bias && rb) { // absent: a run that starts balancing here starts from zero
         int L = r->model.cfg.layers, E = r->model.cfg.experts;
@@ -300,10 +356,11 @@ void ckpt_resume(Run *r, const char *dir) {
     }
     // The optimizer state means what its optimizer made it mean (Muon keeps its momentum in exp_avg).
     json_t *ot = json_object_get(json_object_get(json_object_get(root, "train_config"), "optimizer"), "type");
-    const char *was = json_is_string(ot) ? json_string_value(ot) : "adamw";
-    if (strcmp(was, r->cfg.optimizer.type))
+    const char *was = json_is_string(ot) ? json_string_value(ot) : "adamw", *now = config_optimizer_name(r->cfg.optimizer.type);
+    if (strcmp(was, now))
         die("%s: train_config.optimizer.type: the checkpoint's optimizer state is %s's, the config asks for %s "
-            "(init_from starts from its weights alone)", path, was, r->cfg.optimizer.type);
+            "(init_from starts from its weights alone)", path, was, now);
+    config_check_resume(&r->cfg, json_object_get(root, "train_config"), path, r->cfg.allow_config_change);
     json_decref(root);
     snprintf(path, sizeof path, "%s/optimizer.safetensors.index.json", dir);
     if (!path_exists(path)) snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);

@@ -15,7 +15,12 @@
 // model.safetensors.index.json) into host fp32 buffers laid out by t. Every parameter must be present
 // with its shape; a tensor the model does not have is an error.
 void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir);
-// The newest complete checkpoint under save_location (false if none); removes stale temporaries.
+// Takes the save_location's lock (an flock on <save_location>/.lock, released when the process ends) or
+// dies naming the holder; creates the folder and so finds an unwritable one before step 1. Rank 0 only.
+void ckpt_lock(const char *save_location);
+void ckpt_unlock(void); // run_free: the lock of this process, if any
+// The newest checkpoint under save_location (false if none): a step-N folder with run.json, or a
+// model-only step-00000000; removes the leftovers of saves and removals that did not finish.
 bool ckpt_find_latest(const char *save_location, char *out, size_t cap);
 // Writes the run's checkpoint for its current step; prunes to keep_last when set.
 void ckpt_save(Run *r);

@@ -1,22 +1,210 @@
 // config.c — reading and validating the training config (see config.h). Paths inside the file are
 // relative to the file's folder; paths given with --set are relative to the current directory.
+//
+// Every key is one row of its section's table below: the field it fills, its type, default, range and
+// meaning. Parsing, the unknown-key check, the effective config (--print-config, run.json), the resume
+// comparison and the README's table all walk these rows, so a key is written once.
 #include "train/config.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stddef.h>
 
-static const char *const top_keys[] = {"model", "dataset", "run_dir", "save_location", "init_from", "sequence_length",
-                                       "micro_batch_size", "global_batch_size", "max_steps", "seed", "init_std", "optimizer",
-                                       "scheduler", "clip_grad_norm", "moe_load_balance_coef", "moe_load_balance_type", "moe_router_bias_update_rate",
-                                       "save_interval", "keep_last", "parallel", "device", "compute_dtype", "benchmark", "tensorboard", "validation", NULL};
-static const char *const optimizer_keys[] = {"type", "lr", "betas", "eps", "weight_decay", "momentum", NULL};
-static const char *const scheduler_keys[] = {"type", "warmup_ratio", "decay_ratio", "start_lr", "final_lr", "decay_shape", NULL};
-static const char *const parallel_keys[] = {"pipeline_parallel_size", "context_parallel_size", "expert_parallel_size",
-                                            "sharding_strategy", "timeout_s", "ep_capacity_factor", NULL};
-static const char *const validation_keys[] = {"dataset", "interval", "batches", NULL};
-static const char *const path_keys[] = {"model", "dataset", "run_dir", "save_location", "init_from", NULL};
+typedef enum { K_PATH, K_INT, K_SEED, K_NUM, K_BOOL, K_CHOICE, K_PAIR } KeyKind;
+enum { KEY_DATA_ORDER = 1, KEY_SCHEDULE = 2 }; // a change on resume is refused (KEY_SCHEDULE: unless constant)
+
+typedef struct {
+    const char *name;
+    KeyKind kind;
+    size_t off;                 // offsetof(TrainConfig, field)
+    bool required;
+    double def, lo, hi;         // default and range of numbers (K_INT, K_NUM, K_PAIR); hi = INFINITY: none
+    bool lo_open, hi_open;      // the range excludes lo, hi
+    const char *const *choices; // K_CHOICE: the names in enum order, the default first
+    int flags;
+    const char *def_text;       // the README's default, where it is not the value of def
+    const char *doc;
+} ConfigKey;
+
+typedef struct {
+    const char *name; // "" for the top level
+    const ConfigKey *keys;
+    int n;
+} ConfigSection;
+
+#define OFF(field) offsetof(TrainConfig, field)
+#define LEN(a) ((int)(sizeof a / sizeof *a))
+
+static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
+static const char *const dtype_names[] = {"bf16", "fp32", NULL};
+static const char *const lb_names[] = {"micro-batch", "global-batch", "sequence", NULL}; // LbForm order
+static const char *const nonfinite_names[] = {"fail", "skip", NULL};
+static const char *const optimizer_names[] = {"adamw", "muon", NULL};
+static const char *const scheduler_names[] = {"constant", "wsd", "cosine", NULL};
+static const char *const decay_names[] = {"cosine", "linear", NULL};
+static const char *const sharding_names[] = {"fsdp", "hsdp", NULL};
+
+static const ConfigKey top_keys[] = {
+    {.name = "model", .kind = K_PATH, .off = OFF(model), .required = true,
+     .doc = "HF `config.json` (or a folder holding one); `model_type` picks the family"},
+    {.name = "dataset", .kind = K_PATH, .off = OFF(dataset), .flags = KEY_DATA_ORDER, .def_text = "required by `train`",
+     .doc = "folder of `.bin` token files (searched recursively) or one file"},
+    {.name = "sequence_length", .kind = K_INT, .off = OFF(sequence_length), .required = true, .lo = 1, .hi = 1 << 24,
+     .flags = KEY_DATA_ORDER, .doc = "tokens per sample"},
+    {.name = "micro_batch_size", .kind = K_INT, .off = OFF(micro_batch_size), .required = true, .lo = 1, .hi = 1 << 20,
+     .doc = "samples per micro-batch of one rank; `micro_batch_size × sequence_length` ≤ 2^31 − 1"},
+    {.name = "global_batch_size", .kind = K_INT, .off = OFF(global_batch_size), .required = true, .lo = 1,
+     .hi = 1 << 30, .flags = KEY_DATA_ORDER,
+     .doc = "samples per step, a multiple of `micro_batch_size × dp × ep`; the rest is gradient accumulation"},
+    {.name = "max_steps", .kind = K_INT, .off = OFF(max_steps), .required = true, .lo = 1, .hi = 1 << 30,
+     .flags = KEY_SCHEDULE, .doc = "optimizer steps of the whole run (the schedule's length)"},
+    {.name = "seed", .kind = K_SEED, .off = OFF(seed), .def = 1234, .flags = KEY_DATA_ORDER,
+     .doc = "initial values and data order"},
+    {.name = "init_std", .kind = K_NUM, .off = OFF(init_std), .def = 0.02, .lo = 0, .hi = 1,
+     .doc = "initialisation N(0, init_std), o_proj/down_proj N(0, init_std/√(2·layers))"},
+    {.name = "clip_grad_norm", .kind = K_NUM, .off = OFF(clip_grad_norm), .def = 1.0, .lo = 0, .hi = INFINITY,
+     .doc = "global grad-norm clipping (0 disables)"},
+    {.name = "moe_load_balance_coef", .kind = K_NUM, .off = OFF(moe_load_balance_coef), .lo = 0, .hi = INFINITY,
+     .doc = "coefficient of the Switch-style load-balancing loss (0: none)"},
+    {.name = "moe_router_bias_update_rate", .kind = K_NUM, .off = OFF(moe_router_bias_update_rate), .lo = 0,
+     .hi = INFINITY,
+     .doc = "aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores that select the top-k (not "
+            "to the weights), moved after every step by `rate · sign(mean load − load_e)` from the expert counts of "
+            "the whole global batch (the same under every layout); kept in checkpoints (`run.json`, `router_bias`); "
+            "0: off"},
+    {.name = "moe_load_balance_type", .kind = K_CHOICE, .off = OFF(moe_load_balance_type), .choices = lb_names,
+     .doc = "per micro-batch; `global-batch`: expert counts of the global batch's micro-batches so far (all ranks, in "
+            "global order); `sequence` (DeepSeek-V2): per sequence, averaged over sequences"},
+    {.name = "benchmark", .kind = K_BOOL, .off = OFF(benchmark),
+     .doc = "force-balanced routing (`idx[t,j] = (t + j·E/k) mod E`)"},
+    {.name = "device", .kind = K_CHOICE, .off = OFF(device), .choices = device_names,
+     .doc = "`auto`: the GPU when there is one"},
+    {.name = "compute_dtype", .kind = K_CHOICE, .off = OFF(compute_dtype), .choices = dtype_names,
+     .doc = "GPU compute dtype (the CPU computes in fp32)"},
+    {.name = "run_dir", .kind = K_PATH, .off = OFF(run_dir), .def_text = "`save_location`, else `runs/<folder>-<name>`",
+     .doc = "where `metrics.jsonl` goes"},
+    {.name = "tensorboard", .kind = K_BOOL, .off = OFF(tensorboard), .def = 1,
+     .doc = "rank 0 also writes the step scalars as a TensorBoard event file into `run_dir` (`tensorboard --logdir`, "
+            "`wandb sync --sync-tensorboard`)"},
+    {.name = "save_location", .kind = K_PATH, .off = OFF(save_location), .def_text = "none",
+     .doc = "checkpoints (layout-independent: they resume under any ranks and layout); one run at a time (a lock)"},
+    {.name = "save_interval", .kind = K_INT, .off = OFF(save_interval), .lo = 0, .hi = 1 << 30,
+     .doc = "checkpoint every N steps (0: at the end only); needs `save_location`"},
+    {.name = "keep_last", .kind = K_INT, .off = OFF(keep_last), .lo = 0, .hi = 1 << 30,
+     .doc = "keep the newest N checkpoints (0: all)"},
+    {.name = "init_from", .kind = K_PATH, .off = OFF(init_from), .def_text = "none",
+     .doc = "start a fresh run from the weights of an HF or pith folder"},
+    {.name = "on_nonfinite", .kind = K_CHOICE, .off = OFF(on_nonfinite), .choices = nonfinite_names,
+     .doc = "a step whose loss or gradient norm is NaN/Inf: `fail` stops naming the step (nothing is saved after "
+            "it); `skip` leaves the weights and moments as they were and goes on"},
+};
+
+static const ConfigKey optimizer_keys[] = {
+    {.name = "type", .kind = K_CHOICE, .off = OFF(optimizer.type), .choices = optimizer_names,
+     .doc = "`adamw`: torch.optim.AdamW's update, on all parameters. `muon`: PithTrain's Muon for every weight of 2 "
+            "or more dimensions except the embedding, LM head and routers (Nesterov-style momentum, 5 Newton–Schulz "
+            "iterations per matrix — each expert on its own — scaled by 0.2·√max(n, m), decoupled weight decay), AdamW "
+            "with `betas`/`eps` and the same lr and `weight_decay` for the rest"},
+    {.name = "lr", .kind = K_NUM, .off = OFF(optimizer.lr), .required = true, .lo = 0, .hi = INFINITY,
+     .doc = "peak learning rate"},
+    {.name = "betas", .kind = K_PAIR, .off = OFF(optimizer.betas), .lo = 0, .hi = 1, .def_text = "[0.9, 0.999]",
+     .doc = "[beta1, beta2], each in [0, 1)"},
+    {.name = "eps", .kind = K_NUM, .off = OFF(optimizer.eps), .def = 1e-8, .lo = 0, .lo_open = true, .hi = 1,
+     .doc = "added to √v̂"},
+    {.name = "weight_decay", .kind = K_NUM, .off = OFF(optimizer.weight_decay), .def = 0.1, .lo = 0, .hi = 1,
+     .doc = "decoupled weight decay (`p -= lr·wd·p`)"},
+    {.name = "momentum", .kind = K_NUM, .off = OFF(optimizer.momentum), .def = 0.95, .lo = 0, .hi = 1, .hi_open = true,
+     .doc = "Muon's momentum β (muon)"},
+};
+
+static const ConfigKey scheduler_keys[] = {
+    {.name = "type", .kind = K_CHOICE, .off = OFF(scheduler.type), .choices = scheduler_names, .flags = KEY_SCHEDULE,
+     .doc = "`wsd`: warmup, stable, decay; `cosine`: warmup, then decay over all the remaining steps (`wsd` with "
+            "`decay_ratio = 1 − warmup_ratio`)"},
+    {.name = "warmup_ratio", .kind = K_NUM, .off = OFF(scheduler.warmup_ratio), .lo = 0, .hi = 1, .flags = KEY_SCHEDULE,
+     .doc = "linear warmup from `start_lr` over round(ratio·max_steps) steps (wsd, cosine)"},
+    {.name = "decay_ratio", .kind = K_NUM, .off = OFF(scheduler.decay_ratio), .def = 0.1, .lo = 0, .hi = 1,
+     .flags = KEY_SCHEDULE, .doc = "decay to `final_lr` over the last round(ratio·max_steps) steps (wsd)"},
+    {.name = "start_lr", .kind = K_NUM, .off = OFF(scheduler.start_lr), .lo = 0, .hi = INFINITY, .flags = KEY_SCHEDULE,
+     .doc = "learning rate at step 0 of the warmup (wsd, cosine)"},
+    {.name = "final_lr", .kind = K_NUM, .off = OFF(scheduler.final_lr), .lo = 0, .hi = INFINITY, .flags = KEY_SCHEDULE,
+     .doc = "learning rate at the end of the decay (wsd, cosine)"},
+    {.name = "decay_shape", .kind = K_CHOICE, .off = OFF(scheduler.decay_shape), .choices = decay_names,
+     .flags = KEY_SCHEDULE, .doc = "shape of the decay (wsd)"},
+};
+
+static const ConfigKey parallel_keys[] = {
+    {.name = "expert_parallel_size", .kind = K_INT, .off = OFF(parallel.ep), .def = 1, .lo = 1, .hi = 1 << 20,
+     .doc = "EP: rank *r* of an ep group holds experts `[r·E/ep, (r+1)·E/ep)`; divides `num_experts` and the ranks"},
+    {.name = "sharding_strategy", .kind = K_CHOICE, .off = OFF(parallel.sharding), .choices = sharding_names,
+     .doc = "`fsdp`: experts sharded over dp×cp, the rest over dp×cp×ep; `hsdp`: replicated over dp, sharded over "
+            "cp (experts) and cp×ep (the rest)"},
+    {.name = "ep_capacity_factor", .kind = K_NUM, .off = OFF(parallel.ep_capacity_factor), .lo = 0, .hi = 1e6,
+     .doc = "rows an ep rank's experts can receive per layer = factor·T·k (T tokens of a micro-batch); 0 = the worst "
+            "case T·k·ep. Exceeding it stops the run with an error (tokens are never dropped)"},
+    {.name = "timeout_s", .kind = K_NUM, .off = OFF(parallel.timeout_s), .def = 900, .lo = 0, .lo_open = true,
+     .hi = 1e7, .doc = "a collective not complete after this many seconds ends every rank with a message"},
+    {.name = "pipeline_parallel_size", .kind = K_INT, .off = OFF(parallel.pp), .def = 1, .lo = 1, .hi = 1 << 20,
+     .doc = "above 1: not yet available (an error)"},
+    {.name = "context_parallel_size", .kind = K_INT, .off = OFF(parallel.cp), .def = 1, .lo = 1, .hi = 1 << 20,
+     .doc = "above 1: not yet available (an error)"},
+};
+
+// An optional section: absent, there is no validation (batches = 0).
+static const ConfigKey validation_keys[] = {
+    {.name = "dataset", .kind = K_PATH, .off = OFF(validation.dataset), .required = true,
+     .doc = "validation token files; after every `interval`-th step and after the last, the mean token loss over the "
+            "first `batches` global batches in file order — `val-loss` in the step line, `val_loss` in "
+            "`metrics.jsonl`; the same under every layout and as `pith eval --batch batches·global_batch_size`"},
+    {.name = "interval", .kind = K_INT, .off = OFF(validation.interval), .lo = 0, .hi = 1 << 30,
+     .doc = "validate every N steps (0: after the last step only)"},
+    {.name = "batches", .kind = K_INT, .off = OFF(validation.batches), .def = 1, .lo = 1, .hi = 1 << 30,
+     .doc = "global batches of validation data"},
+};
+
+static const ConfigSection sections[] = {
+    {"", top_keys, LEN(top_keys)},
+    {"optimizer", optimizer_keys, LEN(optimizer_keys)},
+    {"scheduler", scheduler_keys, LEN(scheduler_keys)},
+    {"parallel", parallel_keys, LEN(parallel_keys)},
+    {"validation", validation_keys, LEN(validation_keys)},
+};
+enum { SECTION_VALIDATION = 4 };
+
+// PithTrain's names that pith spells differently (pith: the key here) or does not have yet (pith: NULL).
+static const struct {
+    const char *name, *pith;
+} pithtrain_names[] = {
+    {"lr", "optimizer.lr"},
+    {"distributed", "parallel"},
+    {"training", "the top level"},
+    {"timeout", "parallel.timeout_s"},
+    {"weight_decay", "optimizer.weight_decay"},
+    {"warmup_ratio", "scheduler.warmup_ratio"},
+    {"decay_ratio", "scheduler.decay_ratio"},
+    {"pipeline_parallel_size", "parallel.pipeline_parallel_size"},
+    {"context_parallel_size", "parallel.context_parallel_size"},
+    {"expert_parallel_size", "parallel.expert_parallel_size"},
+    {"sharding_strategy", "parallel.sharding_strategy"},
+    {"fp8", NULL},
+    {"nsys_start", NULL},
+    {"nsys_stop", NULL},
+    {"memory_profile_start", NULL},
+    {"memory_profile_stop", NULL},
+    {"memory_profile_output", NULL},
+    {"logging", NULL},
+    {"wandb", NULL},
+};
+
+// ---- reading ----
+
+typedef struct {
+    char **sets; // the --set overrides, for naming the command line in errors
+    int nsets;
+} Origin;
 
 // Applies one "a.b.c=value" override; value is JSON when it parses as JSON, else a string.
-static void apply_set(json_t *root, const char *file, const char *set) {
+static void apply_set(json_t *root, const char *set) {
     const char *eq = strchr(set, '=');
     if (!eq || eq == set) die("--set %s: expected key=value", set);
     char key[256];
@@ -25,25 +213,121 @@ static void apply_set(json_t *root, const char *file, const char *set) {
     if (!val) val = json_string(eq + 1);
     json_t *obj = root;
     char *save, *part = strtok_r(key, ".", &save), *next;
+    if (!part) die("--set %s: expected key=value", set);
     while ((next = strtok_r(NULL, ".", &save))) {
         json_t *child = json_object_get(obj, part);
         if (!child || json_is_null(child)) json_object_set_new(obj, part, child = json_object());
-        if (!json_is_object(child)) die("--set %s: %s: '%s' is not an object", set, file, part);
+        if (!json_is_object(child)) die("--set %s: '%s' is not an object", set, part);
         obj = child, part = next;
     }
     json_object_set_new(obj, part, val);
 }
 
-static void copy_str(char *dst, size_t cap, JObj o, const char *key, const char *def) {
-    const char *s = jstr(o, key, false, def);
-    if (strlen(s) >= cap) jdie(o, key, "too long");
-    snprintf(dst, cap, "%s", s);
+// o itself, or o naming the command line when key (inside o's section) came from --set.
+static JObj origin_of(JObj o, const Origin *org, const char *key) {
+    char dotted[256];
+    snprintf(dotted, sizeof dotted, "%s%s%s", o.path, o.path[0] ? "." : "", key);
+    size_t n = strlen(dotted);
+    for (int i = 0; i < org->nsets; i++)
+        if (!strncmp(org->sets[i], dotted, n) && (org->sets[i][n] == '=' || org->sets[i][n] == '.')) o.file = "--set";
+    return o;
 }
 
-static int positive(JObj o, const char *key, bool required, int64_t def) {
-    int64_t v = jint(o, key, required, def);
-    if (v <= 0 || v > 1 << 30) jdie(o, key, "must be a positive integer (got %lld)", (long long)v);
-    return (int)v;
+static void range_text(char *out, size_t cap, const ConfigKey *k) {
+    if (k->kind == K_PAIR || k->hi_open) snprintf(out, cap, "[%g, %g)", k->lo, k->hi);
+    else if (isinf(k->hi)) snprintf(out, cap, "%s %g", k->lo_open ? ">" : "≥", k->lo);
+    else snprintf(out, cap, "%s%.10g, %.10g]", k->lo_open ? "(" : "[", k->lo, k->hi);
+}
+
+static bool in_range(const ConfigKey *k, double v) {
+    if (!isfinite(v) || v < k->lo || (k->lo_open && v == k->lo)) return false;
+    return k->kind == K_PAIR || k->hi_open ? v < k->hi : v <= k->hi;
+}
+
+static void check_range(JObj o, const ConfigKey *k, double v) {
+    char r[64];
+    range_text(r, sizeof r, k);
+    if (!in_range(k, v)) jdie(o, k->name, "must be in %s (got %.10g)", r, v);
+}
+
+// Reads one key of section sec (a required key of an optional section is required when the section is there).
+static void read_key(TrainConfig *c, JObj sec, bool optional, const Origin *org, const ConfigKey *k) {
+    JObj o = origin_of(sec, org, k->name);
+    char *field = (char *)c + k->off;
+    if (k->required && (sec.obj || !optional) && !jhas(o, k->name)) jdie(o, k->name, "missing required key");
+    switch (k->kind) {
+    case K_PATH: {
+        const char *s = jstr(o, k->name, false, "");
+        if (strlen(s) >= PATH_MAX_LEN) jdie(o, k->name, "too long");
+        snprintf(field, PATH_MAX_LEN, "%s", s);
+        break;
+    }
+    case K_INT: { // read as int64 (an integer or an integral real), range-checked before it becomes an int
+        int64_t v = jint(o, k->name, false, (int64_t)k->def);
+        check_range(o, k, (double)v);
+        *(int *)field = (int)v;
+        break;
+    }
+    case K_SEED: {
+        int64_t v = jint(o, k->name, false, (int64_t)k->def);
+        if (v < 0) jdie(o, k->name, "must be a non-negative integer (got %lld)", (long long)v);
+        *(uint64_t *)field = (uint64_t)v;
+        break;
+    }
+    case K_NUM: {
+        double v = jnum(o, k->name, false, k->def);
+        check_range(o, k, v);
+        *(double *)field = v;
+        break;
+    }
+    case K_BOOL: *(bool *)field = jbool(o, k->name, false, k->def != 0); break;
+    case K_CHOICE: {
+        const char *s = jstr(o, k->name, false, k->choices[0]);
+        int i = 0;
+        while (k->choices[i] && strcmp(k->choices[i], s)) i++;
+        if (!k->choices[i]) {
+            char list[256] = "";
+            for (int j = 0; k->choices[j]; j++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s\"%s\"", j ? ", " : "", k->choices[j]);
+            jdie(o, k->name, "'%s' is not supported (supported: %s)", s, list);
+        }
+        *(int *)field = i;
+        break;
+    }
+    case K_PAIR: {
+        double *p = (double *)field;
+        p[0] = 0.9, p[1] = 0.999; // torch's AdamW betas, the one pair-valued key
+        json_t *v = o.obj ? json_object_get(o.obj, k->name) : NULL;
+        if (!v || json_is_null(v)) break;
+        if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_number(json_array_get(v, 0)) ||
+            !json_is_number(json_array_get(v, 1)))
+            jdie(o, k->name, "expected [beta1, beta2]");
+        for (int i = 0; i < 2; i++) p[i] = json_number_value(json_array_get(v, i));
+        if (!in_range(k, p[0]) || !in_range(k, p[1])) jdie(o, k->name, "each beta must be in [0, 1)");
+        break;
+    }
+    }
+}
+
+// Dies naming the first key of the section that is not in its table (with PithTrain's name as a hint).
+static void check_known(JObj o, const Origin *org, const ConfigSection *s, bool top) {
+    if (!o.obj) return;
+    const char *key;
+    json_t *v;
+    json_object_foreach(o.obj, key, v) {
+        bool ok = false;
+        for (int i = 0; i < s->n && !ok; i++) ok = !strcmp(s->keys[i].name, key);
+        for (int i = 1; top && i < LEN(sections) && !ok; i++) ok = !strcmp(sections[i].name, key);
+        if (ok) continue;
+        for (int i = 0; i < LEN(pithtrain_names); i++)
+            if (!strcmp(pithtrain_names[i].name, key)) {
+                if (!pithtrain_names[i].pith)
+                    jdie(origin_of(o, org, key), key, "PithTrain's %s is not supported yet", key);
+                jdie(origin_of(o, org, key), key, "unknown key (renamed: PithTrain's %s is %s here)", key,
+                     pithtrain_names[i].pith);
+            }
+        jdie(origin_of(o, org, key), key, "unknown key");
+    }
 }
 
 void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
@@ -54,141 +338,193 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     // Paths written in the file are relative to the file's folder: resolve them before any override.
     char dir[PATH_MAX_LEN], buf[PATH_MAX_LEN];
     path_dirname(dir, sizeof dir, file);
-    for (const char *const *k = path_keys; *k; k++) {
-        json_t *v = json_object_get(root, *k);
-        if (v && json_is_string(v) && json_string_value(v)[0]) {
-            path_join(buf, sizeof buf, dir, json_string_value(v));
-            path_normalize(buf);
-            json_object_set_new(root, *k, json_string(buf));
+    for (int s = 0; s < LEN(sections); s++) {
+        json_t *obj = s ? json_object_get(root, sections[s].name) : root;
+        for (int i = 0; json_is_object(obj) && i < sections[s].n; i++) {
+            json_t *v = json_object_get(obj, sections[s].keys[i].name);
+            if (sections[s].keys[i].kind == K_PATH && v && json_is_string(v) && json_string_value(v)[0]) {
+                path_join(buf, sizeof buf, dir, json_string_value(v));
+                path_normalize(buf);
+                json_object_set_new(obj, sections[s].keys[i].name, json_string(buf));
+            }
         }
     }
-    json_t *vd = json_object_get(json_object_get(root, "validation"), "dataset");
-    if (vd && json_is_string(vd) && json_string_value(vd)[0]) {
-        path_join(buf, sizeof buf, dir, json_string_value(vd));
-        path_normalize(buf);
-        json_object_set_new(json_object_get(root, "validation"), "dataset", json_string(buf));
+    for (int i = 0; i < nsets; i++) apply_set(root, sets[i]);
+    Origin org = {sets, nsets};
+    JObj sec[LEN(sections)];
+    for (int s = 0; s < LEN(sections); s++) {
+        sec[s] = s ? jobj_child(o, sections[s].name) : o;
+        check_known(sec[s], &org, &sections[s], s == 0);
+        for (int i = 0; i < sections[s].n; i++)
+            read_key(c, sec[s], s == SECTION_VALIDATION, &org, &sections[s].keys[i]);
     }
-    for (int i = 0; i < nsets; i++) apply_set(root, file, sets[i]);
-    jcheck_known(o, top_keys);
+    JObj top = sec[0], sch = sec[2];
+    if (!sec[SECTION_VALIDATION].obj) c->validation.batches = 0;
 
-    copy_str(c->model, sizeof c->model, o, "model", NULL);
-    if (!jhas(o, "model")) jdie(o, "model", "missing required key");
-    copy_str(c->dataset, sizeof c->dataset, o, "dataset", "");
-    copy_str(c->save_location, sizeof c->save_location, o, "save_location", "");
-    copy_str(c->init_from, sizeof c->init_from, o, "init_from", "");
-    c->sequence_length = positive(o, "sequence_length", true, 0);
-    c->micro_batch_size = positive(o, "micro_batch_size", true, 0);
-    c->global_batch_size = positive(o, "global_batch_size", true, 0);
-    c->max_steps = positive(o, "max_steps", true, 0);
-    int64_t seed = jint(o, "seed", false, 1234);
-    if (seed < 0) jdie(o, "seed", "must be non-negative");
-    c->seed = (uint64_t)seed;
-    c->init_std = jnum(o, "init_std", false, 0.02);
-    if (!(c->init_std >= 0)) jdie(o, "init_std", "must be non-negative");
-    c->clip_grad_norm = jnum(o, "clip_grad_norm", false, 1.0);
-    if (!(c->clip_grad_norm >= 0)) jdie(o, "clip_grad_norm", "must be non-negative (0 disables clipping)");
-    c->moe_load_balance_coef = jnum(o, "moe_load_balance_coef", false, 0.0);
-    if (!(c->moe_load_balance_coef >= 0)) jdie(o, "moe_load_balance_coef", "must be non-negative");
-    c->moe_router_bias_update_rate = jnum(o, "moe_router_bias_update_rate", false, 0.0);
-    if (!(c->moe_router_bias_update_rate >= 0)) jdie(o, "moe_router_bias_update_rate", "must be non-negative (0: off)");
-    copy_str(c->moe_load_balance_type, sizeof c->moe_load_balance_type, o, "moe_load_balance_type", "micro-batch");
-    if (strcmp(c->moe_load_balance_type, "micro-batch") && strcmp(c->moe_load_balance_type, "global-batch") &&
-        strcmp(c->moe_load_balance_type, "sequence"))
-        jdie(o, "moe_load_balance_type", "'%s' is not supported (supported: micro-batch, global-batch, sequence)", c->moe_load_balance_type);
-    c->save_interval = jhas(o, "save_interval") ? positive(o, "save_interval", true, 0) : 0;
-    c->keep_last = jhas(o, "keep_last") ? positive(o, "keep_last", true, 0) : 0;
-    copy_str(c->device, sizeof c->device, o, "device", "auto");
-    if (strcmp(c->device, "auto") && strcmp(c->device, "cpu") && strcmp(c->device, "cuda"))
-        jdie(o, "device", "must be \"auto\", \"cpu\" or \"cuda\" (got \"%s\")", c->device);
-    copy_str(c->compute_dtype, sizeof c->compute_dtype, o, "compute_dtype", "bf16");
-    if (strcmp(c->compute_dtype, "bf16") && strcmp(c->compute_dtype, "fp32"))
-        jdie(o, "compute_dtype", "must be \"bf16\" or \"fp32\" (got \"%s\")", c->compute_dtype);
-    c->benchmark = jbool(o, "benchmark", false, false);
-    c->tensorboard = jbool(o, "tensorboard", false, true);
-
-    JObj opt = jobj_child(o, "optimizer");
-    jcheck_known(opt, optimizer_keys);
-    copy_str(c->optimizer.type, sizeof c->optimizer.type, opt, "type", "adamw");
-    if (strcmp(c->optimizer.type, "adamw") && strcmp(c->optimizer.type, "muon"))
-        jdie(opt, "type", "'%s' is not supported (supported: adamw, muon)", c->optimizer.type);
-    c->optimizer.lr = jnum(opt, "lr", true, 0);
-    if (!(c->optimizer.lr >= 0)) jdie(opt, "lr", "must be non-negative");
-    c->optimizer.beta1 = 0.9, c->optimizer.beta2 = 0.999;
-    json_t *betas = opt.obj ? json_object_get(opt.obj, "betas") : NULL;
-    if (betas) {
-        if (!json_is_array(betas) || json_array_size(betas) != 2 || !json_is_number(json_array_get(betas, 0)) ||
-            !json_is_number(json_array_get(betas, 1)))
-            jdie(opt, "betas", "expected [beta1, beta2]");
-        c->optimizer.beta1 = json_number_value(json_array_get(betas, 0));
-        c->optimizer.beta2 = json_number_value(json_array_get(betas, 1));
-        if (!(c->optimizer.beta1 >= 0 && c->optimizer.beta1 < 1 && c->optimizer.beta2 >= 0 && c->optimizer.beta2 < 1))
-            jdie(opt, "betas", "each beta must be in [0, 1)");
-    }
-    c->optimizer.eps = jnum(opt, "eps", false, 1e-8);
-    c->optimizer.weight_decay = jnum(opt, "weight_decay", false, 0.1);
-    c->optimizer.momentum = jnum(opt, "momentum", false, 0.95);
-    if (!(c->optimizer.momentum >= 0 && c->optimizer.momentum < 1)) jdie(opt, "momentum", "must be in [0, 1)");
-
-    JObj sch = jobj_child(o, "scheduler");
-    jcheck_known(sch, scheduler_keys);
-    copy_str(c->scheduler.type, sizeof c->scheduler.type, sch, "type", "constant");
-    if (strcmp(c->scheduler.type, "constant") && strcmp(c->scheduler.type, "wsd"))
-        jdie(sch, "type", "must be \"constant\" or \"wsd\" (got \"%s\")", c->scheduler.type);
-    c->scheduler.warmup_ratio = jnum(sch, "warmup_ratio", false, 0.0);
-    c->scheduler.decay_ratio = jnum(sch, "decay_ratio", false, 0.1);
-    c->scheduler.start_lr = jnum(sch, "start_lr", false, 0.0);
-    c->scheduler.final_lr = jnum(sch, "final_lr", false, 0.0);
-    copy_str(c->scheduler.decay_shape, sizeof c->scheduler.decay_shape, sch, "decay_shape", "cosine");
-    if (strcmp(c->scheduler.decay_shape, "cosine") && strcmp(c->scheduler.decay_shape, "linear"))
-        jdie(sch, "decay_shape", "must be \"cosine\" or \"linear\"");
-    if (!(c->scheduler.warmup_ratio >= 0 && c->scheduler.decay_ratio >= 0 && c->scheduler.warmup_ratio + c->scheduler.decay_ratio <= 1))
-        jdie(sch, "warmup_ratio", "warmup_ratio and decay_ratio must be non-negative and sum to at most 1");
-
-    JObj par = jobj_child(o, "parallel");
-    jcheck_known(par, parallel_keys);
-    c->parallel.pp = positive(par, "pipeline_parallel_size", false, 1);
-    c->parallel.cp = positive(par, "context_parallel_size", false, 1);
-    c->parallel.ep = positive(par, "expert_parallel_size", false, 1);
-    copy_str(c->parallel.sharding, sizeof c->parallel.sharding, par, "sharding_strategy", "fsdp");
-    if (strcmp(c->parallel.sharding, "fsdp") && strcmp(c->parallel.sharding, "hsdp"))
-        jdie(par, "sharding_strategy", "must be \"fsdp\" or \"hsdp\"");
-    c->parallel.timeout_s = jnum(par, "timeout_s", false, 900.0);
-    if (!(c->parallel.timeout_s > 0)) jdie(par, "timeout_s", "must be positive (seconds)");
-    c->parallel.ep_capacity_factor = jnum(par, "ep_capacity_factor", false, 0.0);
-    if (!(c->parallel.ep_capacity_factor >= 0)) jdie(par, "ep_capacity_factor", "must be non-negative (0: the worst-case bound)");
-
-    JObj val = jobj_child(o, "validation");
-    jcheck_known(val, validation_keys);
-    if (val.obj) {
-        if (!jhas(val, "dataset")) jdie(val, "dataset", "missing required key");
-        copy_str(c->validation.dataset, sizeof c->validation.dataset, val, "dataset", NULL);
-        c->validation.batches = positive(val, "batches", false, 1);
-        c->validation.interval = jhas(val, "interval") ? positive(val, "interval", true, 0) : 0;
-    }
-
+    // Combinations.
+    if ((int64_t)c->micro_batch_size * c->sequence_length > INT_MAX)
+        jdie(origin_of(top, &org, "micro_batch_size"), "micro_batch_size",
+             "micro_batch_size × sequence_length = %lld tokens is more than one micro-batch can hold (2^31 − 1)",
+             (long long)c->micro_batch_size * c->sequence_length);
     if (c->global_batch_size % c->micro_batch_size)
-        jdie(o, "global_batch_size", "must be a multiple of micro_batch_size (got %d and %d)", c->global_batch_size, c->micro_batch_size);
+        jdie(origin_of(top, &org, "global_batch_size"), "global_batch_size",
+             "must be a multiple of micro_batch_size (got %d and %d)", c->global_batch_size, c->micro_batch_size);
+    if (c->save_interval && !c->save_location[0])
+        jdie(origin_of(top, &org, "save_interval"), "save_interval", "needs save_location");
+    if (c->scheduler.type == SCHED_CONSTANT) { // a schedule key on a constant schedule would be silently ignored
+        for (int i = 1; i < LEN(scheduler_keys); i++)
+            if (jhas(sch, scheduler_keys[i].name))
+                jdie(origin_of(sch, &org, scheduler_keys[i].name), scheduler_keys[i].name,
+                     "has no effect on a \"constant\" schedule (set scheduler.type to \"wsd\" or \"cosine\")");
+    } else if (c->scheduler.type == SCHED_COSINE) {
+        if (jhas(sch, "decay_ratio") || jhas(sch, "decay_shape"))
+            jdie(origin_of(sch, &org, jhas(sch, "decay_ratio") ? "decay_ratio" : "decay_shape"),
+                 jhas(sch, "decay_ratio") ? "decay_ratio" : "decay_shape",
+                 "a \"cosine\" schedule decays (cosine) over every step after the warmup; use \"wsd\" to choose");
+        c->scheduler.decay_ratio = 1 - c->scheduler.warmup_ratio, c->scheduler.decay_shape = DECAY_COSINE;
+    } else if (c->scheduler.warmup_ratio + c->scheduler.decay_ratio > 1)
+        jdie(origin_of(sch, &org, "warmup_ratio"), "warmup_ratio",
+             "warmup_ratio + decay_ratio must be at most 1 (got %g + %g)", c->scheduler.warmup_ratio,
+             c->scheduler.decay_ratio);
 
-    const char *rd = jstr(o, "run_dir", false, NULL);
-    if (rd) snprintf(c->run_dir, sizeof c->run_dir, "%s", rd);
-    else if (c->save_location[0]) snprintf(c->run_dir, sizeof c->run_dir, "%s", c->save_location);
-    else {
-        // runs/<config folder>-<config name>, e.g. runs/tiny-train for examples/tiny/train.json
-        const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file, *parent = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
-        snprintf(c->run_dir, sizeof c->run_dir, "runs/%.200s-%.*s", parent, (int)(strcspn(base, ".") % 200), base);
+    if (!jhas(top, "run_dir")) {
+        if (c->save_location[0]) snprintf(c->run_dir, sizeof c->run_dir, "%s", c->save_location);
+        else { // runs/<config folder>-<config name>, e.g. runs/tiny-train for examples/tiny/train.json
+            const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
+            const char *parent = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+            snprintf(c->run_dir, sizeof c->run_dir, "runs/%.200s-%.*s", parent, (int)(strcspn(base, ".") % 200), base);
+        }
     }
     c->json = root;
 }
 
+// ---- the effective config ----
+
+static json_t *key_value(const TrainConfig *c, const ConfigKey *k) {
+    const char *field = (const char *)c + k->off;
+    switch (k->kind) {
+    case K_PATH: return field[0] ? json_string(field) : json_null();
+    case K_INT: return json_integer(*(const int *)field);
+    case K_SEED: return json_integer((json_int_t) * (const uint64_t *)field);
+    case K_NUM: return json_real(*(const double *)field);
+    case K_BOOL: return json_boolean(*(const bool *)field);
+    case K_CHOICE: return json_string(k->choices[*(const int *)field]);
+    case K_PAIR: return json_pack("[f, f]", ((const double *)field)[0], ((const double *)field)[1]);
+    }
+    return json_null();
+}
+
+json_t *config_effective(const TrainConfig *c) {
+    json_t *root = json_object();
+    for (int s = 0; s < LEN(sections); s++) {
+        if (s == SECTION_VALIDATION && !c->validation.batches) continue; // absent: no validation
+        json_t *obj = s ? json_object() : root;
+        for (int i = 0; i < sections[s].n; i++)
+            json_object_set_new(obj, sections[s].keys[i].name, key_value(c, &sections[s].keys[i]));
+        if (s) json_object_set_new(root, sections[s].name, obj);
+    }
+    return root;
+}
+
+// Two values of a key are the same: equal JSON, or paths naming the same existing file.
+static bool same_value(const ConfigKey *k, const json_t *a, const json_t *b) {
+    if (json_equal((json_t *)a, (json_t *)b)) return true;
+    if (k->kind == K_NUM && json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
+    if (k->kind != K_PATH || !json_is_string(a) || !json_is_string(b)) return false;
+    char ra[PATH_MAX], rb[PATH_MAX];
+    return realpath(json_string_value(a), ra) && realpath(json_string_value(b), rb) && !strcmp(ra, rb);
+}
+
+void config_check_resume(const TrainConfig *c, const json_t *saved, const char *where, bool allow) {
+    if (!json_is_object(saved)) return;
+    json_t *now = config_effective(c);
+    const json_t *old_sch = json_object_get(saved, "scheduler");
+    const json_t *old_type = old_sch ? json_object_get(old_sch, "type") : NULL;
+    bool constant = c->scheduler.type == SCHED_CONSTANT && old_type && json_is_string(old_type) &&
+                    !strcmp(json_string_value(old_type), "constant");
+    const ConfigKey *refused = NULL;
+    for (int s = 0; s < LEN(sections); s++) {
+        const json_t *so = s ? json_object_get(saved, sections[s].name) : saved;
+        const json_t *no = s ? json_object_get(now, sections[s].name) : now;
+        for (int i = 0; so && i < sections[s].n; i++) {
+            const ConfigKey *k = &sections[s].keys[i];
+            const json_t *a = json_object_get(so, k->name), *b = json_object_get(no, k->name);
+            if (!a || same_value(k, a, b)) continue; // a key the checkpoint does not record is not compared
+            char *ta = json_dumps(a, JSON_ENCODE_ANY | JSON_COMPACT);
+            char *tb = json_dumps(b, JSON_ENCODE_ANY | JSON_COMPACT);
+            printf("resume: %s%s%s changed: %s -> %s (%s)\n", sections[s].name, s ? "." : "", k->name, ta, tb, where);
+            free(ta), free(tb);
+            if (!refused && ((k->flags & KEY_DATA_ORDER) || ((k->flags & KEY_SCHEDULE) && !constant))) refused = k;
+        }
+    }
+    json_decref(now);
+    if (refused && !allow)
+        die("%s: resuming with %s changed would change the %s of the run; pass --allow-config-change to accept it",
+            where, refused->name, refused->flags & KEY_DATA_ORDER ? "data order" : "learning-rate schedule");
+}
+
+// ---- the README's tables ----
+
+static void append(char **buf, size_t *len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char **buf, size_t *len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    *buf = xrealloc(*buf, *len + n + 1);
+    va_start(ap, fmt);
+    vsnprintf(*buf + *len, n + 1, fmt, ap);
+    va_end(ap);
+    *len += n;
+}
+
+char *config_markdown(void) {
+    char *buf = NULL, r[64];
+    size_t len = 0;
+    append(&buf, &len, "| key | default | values | meaning |\n|---|---|---|---|\n");
+    for (int s = 0; s < LEN(sections); s++)
+        for (int i = 0; i < sections[s].n; i++) {
+            const ConfigKey *k = &sections[s].keys[i];
+            append(&buf, &len, "| `%s%s%s` | ", sections[s].name, s ? "." : "", k->name);
+            if (k->required) append(&buf, &len, "required");
+            else if (k->def_text) append(&buf, &len, "%s", k->def_text);
+            else if (k->kind == K_CHOICE) append(&buf, &len, "`%s`", k->choices[0]);
+            else if (k->kind == K_BOOL) append(&buf, &len, "%s", k->def ? "true" : "false");
+            else append(&buf, &len, "%g", k->def);
+            append(&buf, &len, " | ");
+            if (k->kind == K_PATH) append(&buf, &len, "path");
+            else if (k->kind == K_BOOL) append(&buf, &len, "true, false");
+            else if (k->kind == K_SEED) append(&buf, &len, "≥ 0");
+            else if (k->kind == K_CHOICE)
+                for (int j = 0; k->choices[j]; j++) append(&buf, &len, "%s`%s`", j ? ", " : "", k->choices[j]);
+            else range_text(r, sizeof r, k), append(&buf, &len, "%s%s", k->kind == K_INT ? "integer " : "", r);
+            append(&buf, &len, " | %s |\n", k->doc);
+        }
+    append(&buf, &len, "\n| PithTrain | pith |\n|---|---|\n");
+    for (int i = 0; i < LEN(pithtrain_names); i++) {
+        const char *p = pithtrain_names[i].pith;
+        if (!p) append(&buf, &len, "| `%s` | not supported yet |\n", pithtrain_names[i].name);
+        else if (strchr(p, ' ')) append(&buf, &len, "| `%s` | %s |\n", pithtrain_names[i].name, p);
+        else append(&buf, &len, "| `%s` | `%s` |\n", pithtrain_names[i].name, p);
+    }
+    return buf;
+}
+
+const char *config_optimizer_name(OptimizerType t) { return optimizer_names[t]; }
+
+// ---- the learning-rate schedule ----
+
 double config_lr_factor(const TrainConfig *c, int s) {
-    if (!strcmp(c->scheduler.type, "constant")) return 1.0;
+    if (c->scheduler.type == SCHED_CONSTANT) return 1.0;
     double lr = c->optimizer.lr, sf = lr > 0 ? c->scheduler.start_lr / lr : 0, ff = lr > 0 ? c->scheduler.final_lr / lr : 0;
-    int W = (int)nearbyint(c->scheduler.warmup_ratio * c->max_steps), D = (int)nearbyint(c->scheduler.decay_ratio * c->max_steps);
+    int W = (int)nearbyint(c->scheduler.warmup_ratio * c->max_steps);
+    int D = c->scheduler.type == SCHED_COSINE ? c->max_steps - W
+                                              : (int)nearbyint(c->scheduler.decay_ratio * c->max_steps);
     int stable = c->max_steps - W - D;
     if (s < W) return sf + (1 - sf) * s / W;
     if (s < W + stable || D == 0) return 1.0;
     double t = (double)(s - W - stable) / D;
     if (t > 1) t = 1;
-    if (!strcmp(c->scheduler.decay_shape, "cosine")) return ff + (1 - ff) * 0.5 * (1 + cos(M_PI * t));
+    if (c->scheduler.decay_shape == DECAY_COSINE) return ff + (1 - ff) * 0.5 * (1 + cos(M_PI * t));
     return 1 + (ff - 1) * t;
 }

@@ -1,10 +1,22 @@
-// config.h — the training config: a JSON file whose keys mirror PithTrain's TrainingCfg/DistributedCfg
-// (spec §6.1), with `--set a.b=value` overrides. Unknown keys, wrong types and impossible combinations
-// stop with a one-line error naming the file and key.
+// config.h — the training config: a JSON file whose keys mirror PithTrain's TrainingCfg/DistributedCfg,
+// with `--set a.b=value` overrides. One table per section (config.c) says each key's type, default,
+// range and meaning; it drives parsing, the known keys, `pith train --print-config` and the README's
+// table (a test compares them). Choices are parsed into enums once. Unknown keys, wrong types, values
+// out of range and impossible combinations stop with a one-line error naming the file (or --set) and key.
 #pragma once
 #include "base/json.h"
+#include "model/model.h"
 
 #define PATH_MAX_LEN 4096
+
+// Choices, in the order of their names in config.c (the first is the default).
+typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } DeviceChoice;
+typedef enum { COMPUTE_BF16, COMPUTE_FP32 } ComputeDtype;
+typedef enum { OPTIMIZER_ADAMW, OPTIMIZER_MUON } OptimizerType;
+typedef enum { SCHED_CONSTANT, SCHED_WSD, SCHED_COSINE } SchedulerType;
+typedef enum { DECAY_COSINE, DECAY_LINEAR } DecayShape;
+typedef enum { SHARD_FSDP, SHARD_HSDP } Sharding;
+typedef enum { NONFINITE_FAIL, NONFINITE_SKIP } NonfinitePolicy;
 
 typedef struct {
     char file[PATH_MAX_LEN];          // the config file itself
@@ -17,38 +29,49 @@ typedef struct {
     uint64_t seed;
     double init_std;
     struct {
-        char type[16]; // "adamw" | "muon" (Muon for 2-D+ weights, AdamW with betas/eps for the rest)
-        double lr, beta1, beta2, eps, weight_decay;
+        OptimizerType type; // Muon for 2-D+ weights with AdamW (betas, eps) for the rest, or AdamW for all
+        double lr, betas[2], eps, weight_decay;
         double momentum; // Muon's β (default 0.95)
     } optimizer;
     struct {
-        char type[16];        // "constant" | "wsd"
-        char decay_shape[16]; // "cosine" | "linear"
+        SchedulerType type;
+        DecayShape decay_shape;
         double warmup_ratio, decay_ratio, start_lr, final_lr;
     } scheduler;
     double clip_grad_norm; // max global grad norm (0: no clipping)
     double moe_load_balance_coef;
     double moe_router_bias_update_rate; // aux-loss-free balancing: per-step bias step (0: off)
-    char moe_load_balance_type[16]; // "micro-batch" | "global-batch" (spec §5.4)
+    LbForm moe_load_balance_type;
     int save_interval, keep_last;
+    NonfinitePolicy on_nonfinite; // a step whose loss or gradient norm is NaN/Inf: stop (fail) or skip it
     struct {
         int pp, cp, ep;            // pipeline, context, expert parallel sizes; dp = ranks / (pp·cp·ep)
-        char sharding[8];          // "fsdp" | "hsdp"
+        Sharding sharding;
         double timeout_s;          // a collective not complete after this long ends the job (default 900)
         double ep_capacity_factor; // rows an ep rank's experts can receive = factor·T·k (0: the worst case)
     } parallel;
     struct {
         char dataset[PATH_MAX_LEN]; // token files of the validation data
         int interval, batches;      // every `interval` steps (0: only at the end), the first `batches` global batches
-    } validation;                   // batches == 0: no validation
-    char device[8];        // "auto" | "cpu" | "cuda"
-    char compute_dtype[8]; // "bf16" | "fp32" (GPU only; the CPU computes in fp32)
-    bool benchmark;        // force-balanced routing (spec §5.4)
-    bool tensorboard;      // rank 0 writes TensorBoard event files into run_dir (default true)
-    json_t *json;          // the effective config (after overrides), kept for the run record
+    } validation;                   // batches == 0: no validation (the section is absent)
+    DeviceChoice device;
+    ComputeDtype compute_dtype; // GPU only; the CPU computes in fp32
+    bool benchmark;             // force-balanced routing
+    bool tensorboard;           // rank 0 writes TensorBoard event files into run_dir (default true)
+    json_t *json;               // the config as read (after overrides)
+    bool allow_config_change;   // pith train --allow-config-change: resume even when data-order keys changed
 } TrainConfig;
 
 // Loads `file`, applies the `--set key=value` overrides (sets[0..nsets)), validates and fills c.
 void config_load(TrainConfig *c, const char *file, char **sets, int nsets);
-// λ(s): the learning-rate multiplier of 0-based step s (spec §6.4); lr of that step = optimizer.lr · λ(s).
+// The effective config: every key of the tables with its value (defaults filled in). Caller decrefs.
+json_t *config_effective(const TrainConfig *c);
+// Compares a checkpoint's effective config (run.json "train_config", from `where`) with c: prints each
+// difference on stdout and dies if one of them changes the data order or the learning-rate schedule,
+// unless allow is set.
+void config_check_resume(const TrainConfig *c, const json_t *saved, const char *where, bool allow);
+// The README's tables, generated from the key tables: training keys, then PithTrain's names. Caller frees.
+char *config_markdown(void);
+const char *config_optimizer_name(OptimizerType t); // "adamw", "muon"
+// λ(s): the learning-rate multiplier of 0-based step s; lr of that step = optimizer.lr · λ(s).
 double config_lr_factor(const TrainConfig *c, int s);

@@ -30,31 +30,111 @@ static void find_bins(const char *dir, char ***list, int *n, int *cap) {
     closedir(dp);
 }
 
-static void token_file_open(TokenFile *f, const char *path, int S) {
+static uint64_t token_at_raw(const TokenFile *f, int64_t i) {
+    switch (f->dt) {
+    case DT_U8: return ((const uint8_t *)f->tokens)[i];
+    case DT_U16: return ((const uint16_t *)f->tokens)[i];
+    case DT_U32: return ((const uint32_t *)f->tokens)[i];
+    default: return ((const uint64_t *)f->tokens)[i];
+    }
+}
+
+// The largest token id of f: a max over the whole mapped record (vectorised), remembered in a cache file
+// named by the file's path, size and mtime so a second run over unchanged data skips the scan.
+static uint64_t token_max_scan(const TokenFile *f) {
+    uint64_t m = 0;
+    int64_t n = f->ntok;
+    switch (f->dt) {
+    case DT_U8: {
+        const uint8_t *t = f->tokens;
+#pragma omp parallel for reduction(max : m)
+        for (int64_t i = 0; i < n; i++) m = t[i] > m ? t[i] : m;
+        break;
+    }
+    case DT_U16: {
+        const uint16_t *t = f->tokens;
+#pragma omp parallel for reduction(max : m)
+        for (int64_t i = 0; i < n; i++) m = t[i] > m ? t[i] : m;
+        break;
+    }
+    case DT_U32: {
+        const uint32_t *t = f->tokens;
+#pragma omp parallel for reduction(max : m)
+        for (int64_t i = 0; i < n; i++) m = t[i] > m ? t[i] : m;
+        break;
+    }
+    default: {
+        const uint64_t *t = f->tokens;
+#pragma omp parallel for reduction(max : m)
+        for (int64_t i = 0; i < n; i++) m = t[i] > m ? t[i] : m;
+    }
+    }
+    return m;
+}
+
+// $PITH_CACHE_DIR, else $XDG_CACHE_HOME/pith, else ~/.cache/pith (empty: no cache).
+static void cache_dir(char *out, size_t cap) {
+    const char *p = getenv("PITH_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+    if (p && p[0]) snprintf(out, cap, "%s", p);
+    else if (x && x[0]) snprintf(out, cap, "%s/pith", x);
+    else if (h && h[0]) snprintf(out, cap, "%s/.cache/pith", h);
+    else out[0] = 0;
+}
+
+static uint64_t token_max(const TokenFile *f, const struct stat *st, bool *cached) {
+    char dir[3000], path[3200], real[PATH_MAX], text[64];
+    cache_dir(dir, sizeof dir);
+    *cached = false;
+    if (!dir[0] || !realpath(f->path, real)) return token_max_scan(f);
+    snprintf(path, sizeof path, "%s/token-max-%016llx-%lld-%lld.%09ld", dir, (unsigned long long)rng_hash_str(real),
+             (long long)st->st_size, (long long)st->st_mtim.tv_sec, (long)st->st_mtim.tv_nsec);
+    unsigned long long m;
+    FILE *c = fopen(path, "r");
+    bool hit = c && fscanf(c, "%llu", &m) == 1;
+    if (c) fclose(c);
+    if (hit) return *cached = true, m;
+    m = token_max_scan(f);
+    // Best effort, written whole under a name of this process and renamed: ranks may race, never half-write.
+    char tmp[3300];
+    snprintf(tmp, sizeof tmp, "%s.tmp-%d", path, (int)getpid());
+    int len = snprintf(text, sizeof text, "%llu\n", m);
+    for (char *q = dir + 1; *q; q++) // mkdir -p, quietly: without a cache the scan simply runs again
+        if (*q == '/') *q = 0, mkdir(dir, 0755), *q = '/';
+    if (mkdir(dir, 0755) && errno != EEXIST) return m;
+    FILE *w = fopen(tmp, "w");
+    if (!w) return m;
+    bool ok = fwrite(text, 1, len, w) == (size_t)len;
+    if (fclose(w) || !ok || rename(tmp, path)) unlink(tmp);
+    return m;
+}
+
+static void token_file_open(TokenFile *f, const char *path, int S, int vocab) {
     memset(f, 0, sizeof *f);
     f->path = xstrdup(path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) die("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    fstat(fd, &st);
+    // A FIFO or device named *.bin would block open() or read forever: only regular files are data.
+    if (stat(path, &st)) die("%s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) die("%s: not a regular file (a token file is two .npy records)", path);
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) die("%s: cannot open: %s", path, strerror(errno));
+    if (fstat(fd, &st)) die("%s: cannot stat: %s", path, strerror(errno));
     f->size = st.st_size;
     f->map = f->size ? mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     close(fd);
     if (f->size && f->map == MAP_FAILED) die("%s: cannot mmap: %s", path, strerror(errno));
     NpyRecord tok, ends;
-    char err[256];
-    if (!npy_parse(f->map, f->size, &tok, err, sizeof err)) die("%s: token record: %s", path, err);
-    if (tok.dt != DT_U8 && tok.dt != DT_U16 && tok.dt != DT_U32 && tok.dt != DT_U64)
-        die("%s: token record: dtype %s, expected an unsigned integer type", path, dtype_name(tok.dt));
-    if (!npy_parse((const uint8_t *)f->map + tok.record_len, f->size - tok.record_len, &ends, err, sizeof err))
-        die("%s: document-end record: %s", path, err);
-    if (ends.dt != DT_U64) die("%s: document-end record: dtype %s, expected uint64", path, dtype_name(ends.dt));
-    uint64_t last = 0; // the record follows the tokens, so it need not be 8-byte aligned
-    if (ends.n) memcpy(&last, (const uint64_t *)ends.data + ends.n - 1, sizeof last);
-    if (ends.n && last != (uint64_t)tok.n)
-        die("%s: document-end record: last end is %llu but the file has %lld tokens", path, (unsigned long long)last, (long long)tok.n);
+    char err[300];
+    if (!npy_token_file_parse(f->map, f->size, &tok, &ends, err, sizeof err)) die("%s: %s", path, err);
     f->tokens = tok.data, f->dt = tok.dt, f->ntok = tok.n;
     f->nsamples = tok.n > 0 ? (tok.n - 1) / S : 0;
+    uint64_t m = tok.n ? token_max(f, &st, &f->max_cached) : 0;
+    if (m >= (uint64_t)vocab && f->max_cached) m = token_max_scan(f), f->max_cached = false; // an error: make sure
+    if (m >= (uint64_t)vocab) {
+        int64_t at = 0;
+        while (token_at_raw(f, at) != m) at++;
+        die("%s: token %llu at position %lld is outside the model's vocabulary of %d", path, (unsigned long long)m,
+            (long long)at, vocab);
+    }
 }
 
 void dataset_open(Dataset *d, const char *path, int S, int vocab, uint64_t seed) {
@@ -72,7 +152,7 @@ void dataset_open(Dataset *d, const char *path, int S, int vocab, uint64_t seed)
     d->first = xcalloc(n + 1, sizeof *d->first);
     d->nfiles = n;
     for (int i = 0; i < n; i++) {
-        token_file_open(&d->files[i], list[i], S);
+        token_file_open(&d->files[i], list[i], S, vocab);
         d->first[i + 1] = d->first[i] + d->files[i].nsamples;
         free(list[i]);
     }
@@ -103,15 +183,6 @@ static void dataset_permute(Dataset *d, int64_t epoch) {
     d->epoch = epoch;
 }
 
-static uint64_t token_at(const TokenFile *f, int64_t i) {
-    switch (f->dt) {
-    case DT_U8: return ((const uint8_t *)f->tokens)[i];
-    case DT_U16: return ((const uint16_t *)f->tokens)[i];
-    case DT_U32: return ((const uint32_t *)f->tokens)[i];
-    default: return ((const uint64_t *)f->tokens)[i];
-    }
-}
-
 void dataset_sample(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels) {
     int64_t epoch = index / d->total, p;
     if (!d->ordered && epoch != d->epoch) dataset_permute(d, epoch);
@@ -125,10 +196,7 @@ void dataset_sample(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels)
     const TokenFile *f = &d->files[lo];
     int64_t start = (p - d->first[lo]) * d->S;
     for (int i = 0; i <= d->S; i++) {
-        uint64_t t = token_at(f, start + i);
-        if (t >= (uint64_t)d->vocab)
-            die("%s: token %llu at position %lld is outside the model's vocabulary of %d", f->path, (unsigned long long)t,
-                (long long)(start + i), d->vocab);
+        uint64_t t = token_at_raw(f, start + i); // below vocab: checked when the file was opened
         if (i < d->S) tokens[i] = (int32_t)t;
         if (i > 0) labels[i - 1] = (int32_t)t;
     }

@@ -12,6 +12,7 @@ typedef struct {
     const void *tokens; // inside map
     DType dt;           // DT_U8, DT_U16, DT_U32 or DT_U64
     int64_t ntok, nsamples;
+    bool max_cached; // the largest token id came from the cache (size and mtime unchanged), not a scan
 } TokenFile;
 
 typedef struct {

@@ -68,7 +68,7 @@ void muon_step(const Muon *mu, const Fsdp *f, Model *m, const TrainConfig *c, do
                 op_muon_momentum(SLICE(mom1[g]), SLICE(grad[g]), beta);
             else
                 op_adamw(SLICE(master[g]), SLICE(grad[g]), SLICE(mom1[g]), SLICE(mom2[g]), (float)lr,
-                         (float)c->optimizer.beta1, (float)c->optimizer.beta2, (float)c->optimizer.eps, wd, t);
+                         (float)c->optimizer.betas[0], (float)c->optimizer.betas[1], (float)c->optimizer.eps, wd, t);
         }
         if (!mu->nbatches[g]) continue;
         // The whole update in model.g: the shard moves to its block, then the blocks are all-gathered in place.

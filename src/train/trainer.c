@@ -14,11 +14,26 @@ size_t memory_plan_total(const MemoryPlan *p) {
 }
 
 static Device pick_device(const TrainConfig *c) {
-    if (!strcmp(c->device, "cuda") || (!strcmp(c->device, "auto") && ops_cuda_available())) {
+    if (c->device == DEVICE_CUDA || (c->device == DEVICE_AUTO && ops_cuda_available())) {
         if (!ops_cuda_available()) die("%s: device: \"cuda\" asked for, but %s", c->file, "this machine has no usable GPU or this build has no CUDA backend");
         return DEV_CUDA;
     }
     return DEV_CPU;
+}
+
+// A sequence longer than the model's max_position_embeddings trains positions its RoPE was not made for:
+// allowed (RoPE extrapolates), said once.
+static void warn_long_sequence(const TrainConfig *c) {
+    char file[PATH_MAX_LEN + 16];
+    if (path_is_dir(c->model)) path_join(file, sizeof file, c->model, "config.json");
+    else snprintf(file, sizeof file, "%s", c->model);
+    json_t *root = json_load_file(file, 0, NULL);
+    json_t *mp = root ? json_object_get(root, "max_position_embeddings") : NULL;
+    if (mp && json_is_integer(mp) && c->sequence_length > json_integer_value(mp))
+        warn("%s: sequence_length %d is above the model's max_position_embeddings %lld (%s)", c->file,
+             c->sequence_length,
+             (long long)json_integer_value(mp), file);
+    json_decref(root);
 }
 
 // The model config with this rank's layout: its experts and the padding FSDP needs.
@@ -66,7 +81,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     ModelConfig mc;
     const ModelFamily *fam = layout_config(c, d, &mc);
     Model m;
-    model_describe(&m, fam, &mc, dev, dev == DEV_CUDA && !strcmp(c->compute_dtype, "bf16") ? DT_BF16 : DT_F32, c->sequence_length);
+    model_describe(&m, fam, &mc, dev, dev == DEV_CUDA && c->compute_dtype == COMPUTE_BF16 ? DT_BF16 : DT_F32, c->sequence_length);
     model_layout(&m, c, d);
     Fsdp f;
     fsdp_setup(&f, d, &m);
@@ -74,7 +89,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     Tensor master[NGROUPS], grad[NGROUPS], mom1[NGROUPS], mom2[NGROUPS];
     fsdp_alloc_state(&f, &m, &count, master, grad, mom1, mom2);
     Muon mu = {0};
-    if (!strcmp(c->optimizer.type, "muon")) muon_setup(&mu, &m.params, &count);
+    if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&mu, &m.params, &count);
     router_bias_alloc(c, &mc, &count);
     MemoryPlan p = plan_of(&m, mom1, mom2, &mu, count.peak);
     muon_free(&mu);
@@ -88,26 +103,23 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     r->cfg = *cfg;
     const TrainConfig *c = &r->cfg;
     Dist *d = &r->dist;
-    dist_mesh_init(d, c->parallel.pp, c->parallel.cp, c->parallel.ep, !strcmp(c->parallel.sharding, "hsdp"), c->parallel.timeout_s, c->file);
+    dist_mesh_init(d, c->parallel.pp, c->parallel.cp, c->parallel.ep, c->parallel.sharding == SHARD_HSDP, c->parallel.timeout_s, c->file);
     Device dev = pick_device(c);
     if (dev == DEV_CUDA) dist_mesh_gpu(d); // one GPU per rank and NCCL communicators, before anything touches the GPU
-    DType cdt = dev == DEV_CUDA && !strcmp(c->compute_dtype, "bf16") ? DT_BF16 : DT_F32;
-    if (c->save_interval && !c->save_location[0]) die("%s: save_interval: needs save_location", c->file);
+    DType cdt = dev == DEV_CUDA && c->compute_dtype == COMPUTE_BF16 ? DT_BF16 : DT_F32;
     ModelConfig mc;
     const ModelFamily *fam = layout_config(c, d, &mc);
+    if (d->world.rank == 0) warn_long_sequence(c);
     Model *m = &r->model;
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     model_layout(m, c, d);
-    LbForm form = !strcmp(c->moe_load_balance_type, "global-batch") ? LB_GLOBAL_BATCH
-                  : !strcmp(c->moe_load_balance_type, "sequence")   ? LB_SEQUENCE
-                                                                     : LB_MICRO_BATCH;
-    model_lb_setup(m, form, &d->dp_ep, c->micro_batch_size * c->sequence_length);
+    model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length);
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
     Fsdp *f = &r->fsdp;
     fsdp_setup(f, d, m);
     Arena count = arena_counting("parameter shards and optimizer state", dev);
     fsdp_alloc_state(f, m, &count, r->master, r->grad, r->adam_m, r->adam_v);
-    bool muon = !strcmp(c->optimizer.type, "muon");
+    bool muon = c->optimizer.type == OPTIMIZER_MUON;
     if (muon) muon_setup(&r->muon, &m->params, &count), muon_free(&r->muon);
     router_bias_alloc(c, &mc, &count);
     r->state = arena_create("parameter shards and optimizer state", dev, count.peak);
@@ -150,7 +162,10 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     char latest[4200];
     bool found = false;
     if (c->save_location[0]) {
-        if (d->world.rank == 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+        if (d->world.rank == 0) {
+            ckpt_lock(c->save_location);
+            found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+        }
         comm_barrier(&d->world);
         if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
     }
@@ -164,6 +179,7 @@ bool run_save_due(const Run *r) {
 }
 
 void run_free(Run *r) {
+    ckpt_unlock();
     engine_free(&r->eng);
     muon_free(&r->muon);
     free(r->router_bias), free(r->model.router_load), free(r->model.router_idx);
@@ -270,19 +286,26 @@ StepStats run_step(Run *r) {
             for (int g = 0; g < NGROUPS; g++) op_scale(r->grad[g], (float)coef);
     }
     st.lr = c->optimizer.lr * config_lr_factor(c, r->step);
+    st.loss = sums[0] / N;
+    st.lb = r->moe_layers && m->lb_coef > 0 ? sums[1] / (m->lb_coef * r->moe_layers * nmb * D) : 0;
+    st.tokens = (double)c->global_batch_size * S;
     r->step++;
+    // A non-finite loss or norm (the same on every rank: both are global sums) never reaches the weights:
+    // the update is left out, the caller stops (on_nonfinite = fail) or goes on (skip).
+    st.nonfinite = !isfinite(st.loss) || !isfinite(st.grad_norm);
+    if (st.nonfinite) {
+        st.seconds = now_seconds() - t0;
+        return st;
+    }
     if (r->muon.on) muon_step(&r->muon, &r->fsdp, m, c, st.lr, r->step, r->master, r->grad, r->adam_m, r->adam_v);
     else
         for (int g = 0; g < NGROUPS; g++)
-            op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.beta1,
-                     (float)c->optimizer.beta2, (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
+            op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.betas[0],
+                     (float)c->optimizer.betas[1], (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
     if (m->router_bias.p) run_router_bias_update(r);
     // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
     for (int g = 0; g < NGROUPS; g++) fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
-    st.loss = sums[0] / N;
-    st.lb = r->moe_layers && m->lb_coef > 0 ? sums[1] / (m->lb_coef * r->moe_layers * nmb * D) : 0;
     ops_sync();
-    st.tokens = (double)c->global_batch_size * S;
     st.seconds = now_seconds() - t0;
     return st;
 }

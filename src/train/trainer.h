@@ -45,6 +45,7 @@ typedef struct {
     double grad_norm; // global norm of the gradient before clipping
     double tokens, seconds;
     double fwdbwd_seconds;  // forward + backward of all micro-batches (the rest is the optimizer step)
+    bool nonfinite;         // loss or grad_norm is NaN/Inf: the update was not applied
 } StepStats;
 
 // Builds everything from the config: mesh (the launched world), model (random init from the seed), plan,
@@ -54,7 +55,9 @@ void run_free(Run *r);
 // The memory plan of one rank of a layout, without allocating anything (pith estimate).
 MemoryPlan run_memory_plan(const TrainConfig *cfg, const Dist *d, Device dev);
 // One optimizer step over global_batch_size samples: this rank's micro-batches, then the gradient
-// reduce-scatter, the global norm, clipping and AdamW on the shards.
+// reduce-scatter, the global norm, clipping and AdamW on the shards. A step whose loss or gradient norm
+// is not finite counts as taken (r->step advances, with its data) but leaves weights and moments as they
+// were; it says so in nonfinite.
 StepStats run_step(Run *r);
 // Forward and backward of one micro-batch already loaded into r->eng, leaving ∂(Σ CE + T·Σ lb)/∂θ in the
 // gradient buffers (accumulated) and the sums in model.loss_sum / model.lb_sum. Used by run_step and tests.

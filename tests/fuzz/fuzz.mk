@@ -1,4 +1,5 @@
-# fuzz.mk — libFuzzer targets, included from the Makefile. `make fuzz` builds each target with clang
+# fuzz.mk — libFuzzer targets (safetensors files, JSON configs, token files of two .npy records), included from the
+# Makefile. `make fuzz` builds each target with clang
 # (-fsanitize=fuzzer,address,undefined) and runs it for FUZZ_RUNS executions over its committed seed corpus
 # tests/fuzz/corpus/<target>/. New inputs libFuzzer finds go to build/fuzz/corpus-<target>/, never into the seeds;
 # a crash stops `make fuzz` and leaves the input as build/fuzz/crash-* (rerun: build/fuzz/<target> <file>).
@@ -8,12 +9,13 @@ FUZZ_RUNS  ?= 100000
 FUZZ_DIR   := $(BUILD)/fuzz
 FUZZ_FLAGS := -std=c11 -g -O1 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -Isrc \
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-FUZZ_TARGETS := fuzz_safetensors fuzz_config
+FUZZ_TARGETS := fuzz_safetensors fuzz_config fuzz_npy
 
 # fuzz_config links json.c alone: the target supplies die() (a longjmp back into the target) and path_exists().
 $(FUZZ_DIR)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c src/base/safetensors.c src/base/base.c \
                               src/base/safetensors.h src/base/half.h src/base/base.h
 $(FUZZ_DIR)/fuzz_config: tests/fuzz/fuzz_config.c src/base/json.c src/base/json.h src/base/base.h
+$(FUZZ_DIR)/fuzz_npy: tests/fuzz/fuzz_npy.c src/base/npy.c src/base/base.c src/base/npy.h src/base/base.h
 
 $(FUZZ_TARGETS:%=$(FUZZ_DIR)/%):
 	@mkdir -p $(FUZZ_DIR)

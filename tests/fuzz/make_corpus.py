@@ -48,3 +48,18 @@ put("fuzz_config", "deepseek_v2.json", json.dumps({
 put("fuzz_config", "wrong_types.json", b'{"hidden_size": "64", "rms_norm_eps": true, "vocab_size": 1.5, "text_config": []}')
 put("fuzz_config", "not_object.json", b'[1, 2, 3]')
 put("fuzz_config", "bad_json.json", b'{"hidden_size": 64,')
+
+def npy(descr, n, data):
+    d = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (descr, n)
+    total = (10 + len(d) + 1 + 63) // 64 * 64
+    h = d + " " * (total - 10 - len(d) - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(h)) + h.encode() + data
+
+toks = struct.pack("<6I", 5, 9, 0, 7, 7, 0)
+put("fuzz_npy", "valid_u32", npy("<u4", 6, toks) + npy("<u8", 2, struct.pack("<2Q", 3, 6)))
+put("fuzz_npy", "valid_u8_empty", npy("|u1", 0, b"") + npy("<u8", 0, b""))
+put("fuzz_npy", "valid_u16", npy("<u2", 3, struct.pack("<3H", 1, 2, 0)) + npy("<u8", 1, struct.pack("<Q", 3)))
+put("fuzz_npy", "bad_huge_shape", npy("<u4", 1 << 62, toks) + npy("<u8", 1, struct.pack("<Q", 6)))
+put("fuzz_npy", "bad_ends_order", npy("<u4", 6, toks) + npy("<u8", 2, struct.pack("<2Q", 6, 3)))
+put("fuzz_npy", "bad_trailing", npy("<u4", 6, toks) + npy("<u8", 1, struct.pack("<Q", 6)) + b"\x00\x00")
+put("fuzz_npy", "bad_float_tokens", npy("<f4", 2, struct.pack("<2f", 1, 2)) + npy("<u8", 1, struct.pack("<Q", 2)))

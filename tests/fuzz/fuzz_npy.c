@@ -1,0 +1,31 @@
+// fuzz_npy.c — libFuzzer target: arbitrary bytes parsed as a token file (two .npy records, npy_token_file_parse)
+// and as one .npy record. Either the parse fails with a one-line reason, or every record lies inside the input, its
+// element count times its element size is its data, and the token file's records fill the input exactly with
+// document ends rising to the token count. ASan/UBSan catch out-of-bounds reads and undefined behaviour.
+#include "base/npy.h"
+
+static void check_record(const NpyRecord *r, const uint8_t *buf, size_t len) {
+    CHECK(r->n >= 0 && r->record_len <= len);
+    const uint8_t *p = r->data;
+    CHECK(p >= buf && p + (size_t)r->n * dtype_size(r->dt) == buf + r->record_len);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    NpyRecord one, tok, ends;
+    char err[300];
+    if (npy_parse(data, size, &one, err, sizeof err)) check_record(&one, data, size);
+    else CHECK(err[0] && !strchr(err, '\n'));
+    if (!npy_token_file_parse(data, size, &tok, &ends, err, sizeof err)) {
+        bool named = !strncmp(err, "token record: ", 14) || !strncmp(err, "document-end record: ", 21) ||
+                     strstr(err, "bytes after");
+        CHECK(named && !strchr(err, '\n'));
+        return 0;
+    }
+    check_record(&tok, data, size);
+    check_record(&ends, data + tok.record_len, size - tok.record_len);
+    CHECK(tok.record_len + ends.record_len == size && ends.dt == DT_U64);
+    uint64_t last = 0;
+    if (ends.n) memcpy(&last, (const uint8_t *)ends.data + 8 * (ends.n - 1), 8);
+    CHECK(!ends.n || last == (uint64_t)tok.n);
+    return 0;
+}
