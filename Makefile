@@ -54,7 +54,7 @@ PROTO_C  := $(PROTO:src/train/%.proto=$(BUILD)/gen/%.pb-c.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(PROTO_C:%.c=%.o) $(CU_OBJ)
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all test test-asan test-gpu test-gpu2 fake-build bench-gpu demo clean format
+.PHONY: all test test-asan test-gpu test-gpu2 fake-build bench-gpu demo clean format format-check
 all: $(BUILD)/pith
 
 # scripts/deps.sh installs the Debian packages (and tokenizer data) the build needs; it is idempotent.
@@ -136,8 +136,15 @@ demo: $(BUILD)/pith
 clean:
 	rm -rf $(BUILD) build-asan build-fake
 
+# The C and CUDA sources under .clang-format: `make format` rewrites them, `make format-check` lists the files
+# it would change and fails when there are any.
+FORMAT_SRC = $(shell git ls-files 'src/*.[ch]' 'src/*.cu' 'src/*.cuh' 'tests/*.[ch]' 'bench/*.[ch]')
 format:
-	clang-format -i $(wildcard src/*/*.[ch] src/ops/*/*.[ch] src/ops/*/*.cu src/ops/*/*.cuh tests/*.[ch] tests/parallel/*.[ch])
+	clang-format -i $(FORMAT_SRC)
+
+format-check:
+	@bad=0; for f in $(FORMAT_SRC); do clang-format --dry-run -Werror $$f >/dev/null 2>&1 || { echo "$$f"; bad=1; }; done; \
+	  if [ $$bad = 1 ]; then echo "format-check: the files above differ from .clang-format (make format)"; exit 1; fi
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 include tests/fuzz/fuzz.mk

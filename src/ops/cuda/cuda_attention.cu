@@ -302,10 +302,11 @@ static void attention_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor do
     }
 }
 
-// The (q·k, v) head dims with a compiled kernel, and the threads that own one row for each.
+// The (q·k, v) head dims with a compiled kernel, and the threads that own one row for each (24/16 and 32/24:
+// the tiny DeepSeek-V2 models of the GPU tests and HF fixtures, whose q·k dim is nope + rope).
 #define ATT_HEAD_DIMS(X)                                                                                                \
     X(8, 8, 1) X(16, 16, 1) X(32, 32, 2) X(64, 64, 4) X(96, 96, 4) X(128, 128, 8) X(192, 192, 8) X(256, 256, 8)          \
-        X(192, 128, 8) X(32, 16, 2)
+        X(192, 128, 8) X(32, 16, 2) X(24, 16, 2) X(32, 24, 2)
 
 static AttnParams attention_params(Tensor q, Tensor k, Tensor v, const AttnArgs *a, const char *what) {
     int B = a->B;
@@ -352,7 +353,7 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
     }
     ATT_HEAD_DIMS(FWD)
 #undef FWD
-    die("attention_forward: head dims (%d, %d) have no kernel (8, 16, 32, 64, 96, 128, 192, 256; 192/128, 32/16)", DQK, DV);
+    die("attention_forward: head dims (%d, %d) have no kernel (8, 16, 32, 64, 96, 128, 192, 256; 192/128, 32/16, 24/16, 32/24)", DQK, DV);
 }
 
 void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
@@ -389,7 +390,7 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
     }
     ATT_HEAD_DIMS(BWD)
 #undef BWD
-    die("attention_backward: head dims (%d, %d) have no kernel (8, 16, 32, 64, 96, 128, 192, 256; 192/128, 32/16)", DQK, DV);
+    die("attention_backward: head dims (%d, %d) have no kernel (8, 16, 32, 64, 96, 128, 192, 256; 192/128, 32/16, 24/16, 32/24)", DQK, DV);
 }
 
 } // extern "C"
