@@ -69,6 +69,14 @@ int run_cmd(char *out, size_t cap, const char *fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+double run_metric(const char *dir, int step, const char *key) {
+    char out[1 << 16], pat[64];
+    ASSERT_MSG(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s/metrics.jsonl", step, dir) == 0, "%s: no step %d", dir, step);
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    char *p = strstr(out, pat);
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
 const char *pith_bin(void) {
     const char *b = getenv("PITH_BIN");
     return b && b[0] ? b : "build/pith";

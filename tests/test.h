@@ -40,6 +40,9 @@ int run_cmd(char *out, size_t cap, const char *fmt, ...) __attribute__((format(p
 // A number from an HF fixture's expected.json (tests/hf/<family>/): key at the top level (step < 0) or
 // of train.steps[step].
 double hf_expected(const char *fixture, const char *key, int step);
+// The value of key in the metrics.jsonl line of step in run folder dir (the step must be there); NAN when the
+// line has no such key.
+double run_metric(const char *dir, int step, const char *key);
 // A fresh empty directory under /tmp for this test.
 const char *test_tmpdir(void);
 

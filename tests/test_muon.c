@@ -100,15 +100,24 @@ TEST(muon_param_classes) {
         int nd;
         bool muon;
     } cases[] = {
-        {"embed_tokens.weight", 2, false},           {"lm_head.weight", 2, false},
-        {"layers.0.self_attn.q_proj.weight", 2, true}, {"layers.0.self_attn.q_proj.bias", 1, false},
-        {"layers.0.self_attn.q_norm.weight", 1, false}, {"layers.0.input_layernorm.weight", 1, false},
-        {"layers.0.mlp.gate.weight", 2, false},      {"layers.0.mlp.router.weight", 2, false},
-        {"layers.0.mlp.experts.3.gate_proj.weight", 2, true}, {"layers.0.mlp.experts.3.down_proj.weight", 2, true},
-        {"layers.0.mlp.experts.gate_up_proj", 3, true}, {"layers.0.mlp.experts.gate_up_proj_bias", 2, false},
-        {"layers.0.mlp.shared_expert_gate.weight", 2, true}, {"layers.0.linear_attn.conv1d.weight", 3, true},
-        {"layers.0.linear_attn.A_log", 1, false},    {"layers.0.self_attn.sinks", 1, false},
-        {"layers.1.mlp.down_proj.weight", 2, true},  {"norm.weight", 1, false},
+        {"embed_tokens.weight", 2, false},
+        {"lm_head.weight", 2, false},
+        {"layers.0.self_attn.q_proj.weight", 2, true},
+        {"layers.0.self_attn.q_proj.bias", 1, false},
+        {"layers.0.self_attn.q_norm.weight", 1, false},
+        {"layers.0.input_layernorm.weight", 1, false},
+        {"layers.0.mlp.gate.weight", 2, false},
+        {"layers.0.mlp.router.weight", 2, false},
+        {"layers.0.mlp.experts.3.gate_proj.weight", 2, true},
+        {"layers.0.mlp.experts.3.down_proj.weight", 2, true},
+        {"layers.0.mlp.experts.gate_up_proj", 3, true},
+        {"layers.0.mlp.experts.gate_up_proj_bias", 2, false},
+        {"layers.0.mlp.shared_expert_gate.weight", 2, true},
+        {"layers.0.linear_attn.conv1d.weight", 3, true},
+        {"layers.0.linear_attn.A_log", 1, false},
+        {"layers.0.self_attn.sinks", 1, false},
+        {"layers.1.mlp.down_proj.weight", 2, true},
+        {"norm.weight", 1, false},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         ASSERT_MSG(muon_param(cases[i].name, cases[i].nd) == cases[i].muon, "%s", cases[i].name);
@@ -119,16 +128,19 @@ static const char *make_muon_run(void) {
     static char d[256];
     snprintf(d, sizeof d, "%s", test_tmpdir());
     char out[8192];
-    ASSERT(run_cmd(out, sizeof out,
-                   "echo '{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, "
-                   "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 64, "
-                   "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8, \"intermediate_size\": 12, "
-                   "\"mlp_only_layers\": [1]}' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 3000 && "
-                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 8, "
-                   "\"micro_batch_size\": 2, \"global_batch_size\": 4, \"max_steps\": 6, \"device\": \"cpu\", "
-                   "\"clip_grad_norm\": 0, \"moe_load_balance_coef\": 0.01, "
-                   "\"optimizer\": {\"type\": \"muon\", \"lr\": 0.02, \"momentum\": 0.95, \"weight_decay\": 0.1}}' > %s/train.json",
-                   d, PITH_BIN, d, d) == 0);
+    ASSERT(
+        run_cmd(
+            out, sizeof out,
+            "echo '{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, "
+            "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 64, "
+            "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8, \"intermediate_size\": 12, "
+            "\"mlp_only_layers\": [1]}' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 3000 && "
+            "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 8, "
+            "\"micro_batch_size\": 2, \"global_batch_size\": 4, \"max_steps\": 6, \"device\": \"cpu\", "
+            "\"clip_grad_norm\": 0, \"moe_load_balance_coef\": 0.01, "
+            "\"optimizer\": {\"type\": \"muon\", \"lr\": 0.02, \"momentum\": 0.95, \"weight_decay\": 0.1}}' > "
+            "%s/train.json",
+            d, PITH_BIN, d, d) == 0);
     return d;
 }
 
@@ -173,13 +185,14 @@ TEST(muon_two_steps_every_parameter_class_against_fp64) {
         const StTensor *a = st_set_find(&g1, pi->name), *b = st_set_find(&g2, pi->name);
         ASSERT_MSG(a && b, "%s: no gradient dumped", pi->name);
         st_read_f32(a, gr[0]), st_read_f32(b, gr[1]);
-        double *w = xmalloc(sizeof(double) * n), *m1 = xcalloc(n, 8), *v = xcalloc(n, 8), *u = xmalloc(sizeof(double) * n),
-               *o = xmalloc(sizeof(double) * n);
+        double *w = xmalloc(sizeof(double) * n), *m1 = xcalloc(n, 8), *v = xcalloc(n, 8),
+               *u = xmalloc(sizeof(double) * n), *o = xmalloc(sizeof(double) * n);
         memcpy(w, p[pi->group] + pi->off, sizeof(double) * n);
         int64_t rows = pi->shape[pi->nd - 2], cols = pi->shape[pi->nd - 1];
         for (int s = 0; s < 2; s++) {
             if (muon) { // momentum (Nesterov-style), Newton–Schulz, Moonlight scale, decoupled decay
-                for (int64_t j = 0; j < n; j++) m1[j] = beta * m1[j] + (1 - beta) * gr[s][j], u[j] = (1 - beta) * gr[s][j] + beta * m1[j];
+                for (int64_t j = 0; j < n; j++)
+                    m1[j] = beta * m1[j] + (1 - beta) * gr[s][j], u[j] = (1 - beta) * gr[s][j] + beta * m1[j];
                 newton_schulz_ref(u, o, (int)rows, (int)cols, 5);
                 double scale = 0.2 * sqrt((double)(rows > cols ? rows : cols));
                 for (int64_t j = 0; j < n; j++) w[j] = w[j] * (1 - lr * wd) - lr * scale * o[j];
@@ -194,14 +207,15 @@ TEST(muon_two_steps_every_parameter_class_against_fp64) {
         }
         // Compare the change from the initial weights (the weights themselves would hide it).
         float *got = (float *)r.master[pi->group].p + pi->off;
-        for (int64_t j = 0; j < n; j++) u[j] = got[j] - p[pi->group][pi->off + j], o[j] = w[j] - p[pi->group][pi->off + j];
+        for (int64_t j = 0; j < n; j++)
+            u[j] = got[j] - p[pi->group][pi->off + j], o[j] = w[j] - p[pi->group][pi->off + j];
         double err = rel_err_f64(u, o, n);
         worst[muon] = fmax(worst[muon], err), counted[muon]++;
         ASSERT_MSG(err < 1e-4, "%s (%s): update differs from fp64 by %.3g", pi->name, muon ? "muon" : "adamw", err);
         free(gr[0]), free(gr[1]), free(w), free(m1), free(v), free(u), free(o);
     }
-    printf("     2 steps: %d Muon tensors within %.1e, %d AdamW tensors within %.1e of fp64\n", counted[1], worst[1], counted[0],
-           worst[0]);
+    printf("     2 steps: %d Muon tensors within %.1e, %d AdamW tensors within %.1e of fp64\n", counted[1], worst[1],
+           counted[0], worst[0]);
     ASSERT(counted[0] >= 8 && counted[1] >= 20);
     st_set_close(&g1), st_set_close(&g2);
     for (int g = 0; g < NGROUPS; g++) free(p[g]);
@@ -211,18 +225,25 @@ TEST(muon_two_steps_every_parameter_class_against_fp64) {
 TEST(muon_resume_bit_exact) {
     const char *d = make_muon_run();
     char out[1 << 16];
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/a > /dev/null && "
-                                    "%s train %s/train.json --set save_location=%s/b --steps 3 > /dev/null && "
-                                    "%s train %s/train.json --set save_location=%s/b",
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set save_location=%s/a > /dev/null && "
+                   "%s train %s/train.json --set save_location=%s/b --steps 3 > /dev/null && "
+                   "%s train %s/train.json --set save_location=%s/b",
                    PITH_BIN, d, d, PITH_BIN, d, d, PITH_BIN, d, d) == 0);
     ASSERT_MSG(strstr(out, "resume: step 3"), "%s", out);
-    ASSERT_MSG(run_cmd(out, sizeof out, "cd %s && cmp a/step-00000006/model.safetensors b/step-00000006/model.safetensors && "
-                                        "cmp a/step-00000006/optimizer.safetensors b/step-00000006/optimizer.safetensors && "
-                                        "sed 's/, .tokens_per_s.*//' a/metrics.jsonl > a.txt && sed 's/, .tokens_per_s.*//' b/metrics.jsonl > b.txt && "
-                                        "cmp a.txt b.txt", d) == 0, "%s", out);
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "cd %s && cmp a/step-00000006/model.safetensors b/step-00000006/model.safetensors && "
+                       "cmp a/step-00000006/optimizer.safetensors b/step-00000006/optimizer.safetensors && "
+                       "sed 's/, .tokens_per_s.*//' a/metrics.jsonl > a.txt && sed 's/, .tokens_per_s.*//' "
+                       "b/metrics.jsonl > b.txt && "
+                       "cmp a.txt b.txt",
+                       d) == 0,
+               "%s", out);
     // Muon's state does not resume as AdamW's (nor the other way).
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/b --set optimizer.type=adamw --set max_steps=8",
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set save_location=%s/b --set optimizer.type=adamw --set max_steps=8",
                    PITH_BIN, d, d) == 1);
-    ASSERT_MSG(strstr(out, "run.json: train_config.optimizer.type: the checkpoint's optimizer state is muon's, the config asks for adamw"),
+    ASSERT_MSG(strstr(out, "run.json: train_config.optimizer.type: the checkpoint's optimizer state is muon's, the "
+                           "config asks for adamw"),
                "%s", out);
 }

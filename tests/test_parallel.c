@@ -44,14 +44,11 @@ static const char *make_run_of(const char *model) {
 
 static const char *make_run(void) { return make_run_of(model_json); }
 
-// Step `step`'s value of `key` in a metrics.jsonl.
+// Step `step`'s value of `key` in a metrics.jsonl (which must have it).
 static double metric(const char *dir, int step, const char *key) {
-    char out[1 << 16], pat[64];
-    ASSERT(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s/metrics.jsonl", step, dir) == 0);
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    char *p = strstr(out, pat);
-    ASSERT_MSG(p, "no %s in %s", key, out);
-    return strtod(p + strlen(pat), NULL);
+    double v = run_metric(dir, step, key);
+    ASSERT_MSG(!isnan(v), "%s: no %s at step %d", dir, key, step);
+    return v;
 }
 
 // Worst per-tensor ‖a−b‖/‖b‖ over two gradient dumps (every tensor present in both).

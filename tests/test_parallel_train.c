@@ -26,14 +26,11 @@ static const char *make_layout_run(void) {
     return d;
 }
 
-// The value of `key` in the metrics line of `step` of run folder dir.
+// The value of `key` at `step` of run folder dir (which must have it).
 static double metric_of(const char *dir, int step, const char *key) {
-    char out[1 << 14], pat[64];
-    ASSERT(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s/metrics.jsonl", step, dir) == 0);
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    char *p = strstr(out, pat);
-    ASSERT_MSG(p, "step %d of %s: no %s", step, dir, key);
-    return strtod(p + strlen(pat), NULL);
+    double v = run_metric(dir, step, key);
+    ASSERT_MSG(!isnan(v), "step %d of %s: no %s", step, dir, key);
+    return v;
 }
 
 // Runs the config under each layout and compares loss and val_loss of every step with one process.
@@ -96,4 +93,40 @@ TEST(dist_muon_layouts_and_reshard) {
         double l = metric_of(dir, s, "loss"), r = metric_of(one, s, "loss");
         ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "step %d: resumed on one process %.9g vs uninterrupted %.9g", s, l, r);
     }
+}
+
+double *read_router_bias(const char *ckpt, int *n); // tests/test_balance.c
+
+// Aux-loss-free balancing counts the experts of the whole global batch: the biases after 6 steps are the same
+// numbers under ep2 and dp2 as on one process.
+TEST(dist_router_bias_layouts) {
+    const char *d = make_layout_run();
+    static const struct {
+        const char *name;
+        int np;
+        const char *sets;
+    } runs[] = {{"one", 1, ""}, {"ep2", 2, "--set parallel.expert_parallel_size=2"}, {"dp2", 2, ""}};
+    char out[1 << 16], ck[320];
+    double *ref = NULL;
+    int nref = 0;
+    for (int i = 0; i < 3; i++) {
+        ASSERT_MSG(run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json --set moe_router_bias_update_rate=0.01 %s "
+                                            "--set save_location=%s/%s",
+                           PITH_BIN, runs[i].np, d, runs[i].sets, d, runs[i].name) == 0,
+                   "%s: %s", runs[i].name, out);
+        snprintf(ck, sizeof ck, "%s/%s/step-00000006", d, runs[i].name);
+        int n;
+        double *b = read_router_bias(ck, &n);
+        if (!ref) ref = b, nref = n;
+        else {
+            ASSERT(n == nref);
+            for (int j = 0; j < n; j++) ASSERT_MSG(b[j] == ref[j], "%s: bias %d = %g, one process %g", runs[i].name, j, b[j], ref[j]);
+            free(b);
+        }
+    }
+    int moved = 0;
+    for (int j = 0; j < nref; j++) moved += ref[j] != 0;
+    printf("     %d of %d biases moved; ep2 and dp2 hold the same values\n", moved, nref);
+    ASSERT(moved > 0);
+    free(ref);
 }

@@ -22,15 +22,6 @@ static void make_val_run(const char *dir) {
             dir, pith, pith) == 0);
 }
 
-// The value of key in the metrics line of step, or NAN when the line has no such key.
-static double metric_or_nan(const char *file, int step, const char *key) {
-    char out[1 << 14], pat[64];
-    ASSERT(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s", step, file) == 0);
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    char *p = strstr(out, pat);
-    return p ? strtod(p + strlen(pat), NULL) : NAN;
-}
-
 TEST(validation_every_n_steps_equals_eval_and_survives_resume) {
     const char *d = test_tmpdir();
     make_val_run(d);
@@ -38,15 +29,15 @@ TEST(validation_every_n_steps_equals_eval_and_survives_resume) {
     ASSERT_MSG(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/a", PITH_BIN, d, d) == 0, "%s",
                out);
     ASSERT(strstr(out, "step 00000002/00000006 | loss") && strstr(out, "| val-loss "));
-    snprintf(m, sizeof m, "%s/a/metrics.jsonl", d);
+    snprintf(m, sizeof m, "%s/a", d);
     for (int s = 1; s <= 6; s++) {
-        double v = metric_or_nan(m, s, "val_loss");
+        double v = run_metric(m, s, "val_loss");
         ASSERT_MSG(s % 2 == 0 ? isfinite(v) && v > 0 : isnan(v), "step %d: val_loss %g", s, v);
     }
     // pith eval over the same 3 global batches of 4 samples, with the weights after step 6.
     ASSERT(run_cmd(out, sizeof out, "%s eval --model %s/a/step-00000006 --data %s/val --seq 8 --batch 12", PITH_BIN, d,
                    d) == 0);
-    double ev = strtod(strstr(out, "loss ") + 5, NULL), v6 = metric_or_nan(m, 6, "val_loss");
+    double ev = strtod(strstr(out, "loss ") + 5, NULL), v6 = run_metric(m, 6, "val_loss");
     printf("     val_loss %.9g, pith eval %.9g (rel %.1e)\n", v6, ev, fabs(v6 - ev) / ev);
     ASSERT_MSG(fabs(v6 - ev) <= 1e-5 * ev, "val_loss %.9g vs pith eval %.9g", v6, ev);
     // Stopped after 3 steps and resumed: the same metrics (timings aside), val_loss included.
@@ -66,8 +57,8 @@ TEST(validation_every_n_steps_equals_eval_and_survives_resume) {
                    "%s train %s/train.json --set validation.interval=null --set max_steps=3 --set run_dir=%s/c "
                    ">/dev/null 2>&1 && grep -c val_loss %s/c/metrics.jsonl",
                    PITH_BIN, d, d, d) == 0);
-    snprintf(m, sizeof m, "%s/c/metrics.jsonl", d);
-    ASSERT_MSG(atoi(out) == 1 && isfinite(metric_or_nan(m, 3, "val_loss")), "%s", out);
+    snprintf(m, sizeof m, "%s/c", d);
+    ASSERT_MSG(atoi(out) == 1 && isfinite(run_metric(m, 3, "val_loss")), "%s", out);
 }
 
 TEST(validation_config_errors) {

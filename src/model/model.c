@@ -148,6 +148,17 @@ void model_lb_step_begin(Model *m) {
 // Row b of a (B, E) load-balancing gradient.
 static Tensor lb_row(Tensor lb_grad, int b) { return tensor_reshape2(tensor_rows(lb_grad, b, 1), 1, lb_grad.n[1]); }
 
+void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, Tensor logits, RouterArgs ra) {
+    int E = m->cfg.experts;
+    if (m->router_bias.p) ra.bias = tensor_make((float *)m->router_bias.p + (size_t)l * E, DT_F32, m->router_bias.dev, 1, E, 1, 1, 1);
+    op_router_forward(probs, idx, w, logits, &ra);
+    if (!m->router_bias.p) return;
+    int64_t n = tensor_numel(idx);
+    const int32_t *h = idx.p;
+    if (idx.dev != DEV_CPU) op_copy(tensor_make(m->router_idx, DT_I32, DEV_CPU, 1, n, 1, 1, 1), idx), h = m->router_idx;
+    for (int64_t i = 0; i < n; i++) m->router_load[(size_t)l * E + h[i]] += 1;
+}
+
 void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
                            const RouterArgs *ra, int B) {
     if (!lb_grad.p || m->lb.form != LB_SEQUENCE) {

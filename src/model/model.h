@@ -179,6 +179,11 @@ struct Model {
     double lb_coef;            // load-balancing loss coefficient (0: off)
     LoadBalance lb;            // its form (model_lb_setup; zeroed: micro-batch)
     bool force_balance;        // benchmark routing (spec §5.4)
+    // Aux-loss-free balancing (set up by the trainer; router_bias.p == NULL: off): the selection bias and the
+    // step's expert counts of this rank's tokens, which model_router_forward adds to.
+    Tensor router_bias;        // (layers, E) fp32 on the model's device
+    double *router_load;       // (layers·E) host
+    int32_t *router_idx;       // (T·k) host staging of the routing (GPU)
     const struct Comm *ep;     // expert-parallel group (parallel/comm.h); NULL: every expert is on this rank
     double ep_capacity;        // parallel.ep_capacity_factor: rows stage 3 can receive = factor·T·k (0: worst case)
     SharedWeights *sw, *sg;    // views of the shared parts: compute weights and fp32 gradients
@@ -236,6 +241,9 @@ void model_lb_step_begin(Model *m); // a new step: the global-batch counts start
 // (micro- and global-batch forms) or row b for the tokens of sequence b (sequence form). probs: (T, E),
 // idx: (T, k).
 void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B);
+// op_router_forward with layer l's selection bias (aux-loss-free balancing, when on), counting the chosen
+// experts into m->router_load.
+void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, Tensor logits, RouterArgs ra);
 // op_router_backward with the load-balancing gradient of model_lb_loss (lb_grad.p == NULL: none).
 void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
                            const RouterArgs *ra, int B);

@@ -282,6 +282,16 @@ void ckpt_save(Run *r) {
         json_t *run = json_pack("{s:s, s:s, s:i, s:I, s:I, s:o}", "format", "pith-checkpoint-1", "pith_version", PITH_VERSION, "step",
                                 r->step, "samples_consumed", (json_int_t)r->step * c->global_batch_size, "seed", (json_int_t)c->seed,
                                 "train_config", config_effective(c));
+        if (r->router_bias) { // aux-loss-free balancing: each layer's bias (17 digits: the floats exactly)
+            json_t *rows = json_array();
+            for (int l = 0; l < r->model.cfg.layers; l++) {
+                json_t *row = json_array();
+                for (int e = 0; e < r->model.cfg.experts; e++)
+                    json_array_append_new(row, json_real(r->router_bias[(size_t)l * r->model.cfg.experts + e]));
+                json_array_append_new(rows, row);
+            }
+            json_object_set_new(run, "router_bias", rows);
+        }
         text = json_dumps(run, JSON_INDENT(1) | JSON_SORT_KEYS);
         snprintf(path, sizeof path, "%s/run.json", tmp);
         file_write_atomic(path, text, strlen(text));
@@ -329,6 +339,21 @@ void ckpt_resume(Run *r, const char *dir) {
     if (step < 0 || step > r->cfg.max_steps)
         jdie(o, "step", "%lld is outside [0, max_steps = %d]", (long long)step, r->cfg.max_steps);
     r->step = (int)step;
+    json_t *rb = json_object_get(root, "router_bias");
+    if (r->router_bias && rb) { // absent: a run that starts balancing here starts from zero
+        int L = r->model.cfg.layers, E = r->model.cfg.experts;
+        if (!json_is_array(rb) || (int)json_array_size(rb) != L) jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
+        for (int l = 0; l < L; l++) {
+            json_t *row = json_array_get(rb, l);
+            if (!json_is_array(row) || (int)json_array_size(row) != E) jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
+            for (int e = 0; e < E; e++) {
+                json_t *v = json_array_get(row, e);
+                if (!json_is_number(v)) jdie(o, "router_bias", "row %d: expected numbers", l);
+                r->router_bias[(size_t)l * E + e] = (float)json_number_value(v);
+            }
+        }
+        op_copy(r->model.router_bias, tensor_make(r->router_bias, DT_F32, DEV_CPU, 2, L, E, 1, 1));
+    }
     // The optimizer state means what its optimizer made it mean (Muon keeps its momentum in exp_avg).
     json_t *ot = json_object_get(json_object_get(json_object_get(root, "train_config"), "optimizer"), "type");
     const char *was = json_is_string(ot) ? json_string_value(ot) : "adamw", *now = config_optimizer_name(r->cfg.optimizer.type);

@@ -66,6 +66,12 @@ static const ConfigKey top_keys[] = {
      .doc = "global grad-norm clipping (0 disables)"},
     {.name = "moe_load_balance_coef", .kind = K_NUM, .off = OFF(moe_load_balance_coef), .lo = 0, .hi = INFINITY,
      .doc = "coefficient of the Switch-style load-balancing loss (0: none)"},
+    {.name = "moe_router_bias_update_rate", .kind = K_NUM, .off = OFF(moe_router_bias_update_rate), .lo = 0,
+     .hi = INFINITY,
+     .doc = "aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores that select the top-k (not "
+            "to the weights), moved after every step by `rate · sign(mean load − load_e)` from the expert counts of "
+            "the whole global batch (the same under every layout); kept in checkpoints (`run.json`, `router_bias`); "
+            "0: off"},
     {.name = "moe_load_balance_type", .kind = K_CHOICE, .off = OFF(moe_load_balance_type), .choices = lb_names,
      .doc = "per micro-batch; `global-batch`: expert counts of the global batch's micro-batches so far (all ranks, in "
             "global order); `sequence` (DeepSeek-V2): per sequence, averaged over sequences"},

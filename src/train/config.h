@@ -40,6 +40,7 @@ typedef struct {
     } scheduler;
     double clip_grad_norm; // max global grad norm (0: no clipping)
     double moe_load_balance_coef;
+    double moe_router_bias_update_rate; // aux-loss-free balancing: per-step bias step (0: off)
     LbForm moe_load_balance_type;
     int save_interval, keep_last;
     NonfinitePolicy on_nonfinite; // a step whose loss or gradient norm is NaN/Inf: stop (fail) or skip it

@@ -5,6 +5,7 @@
 #include "train/trainer.h"
 
 #include "train/ckpt.h"
+#include "train/router_bias.h"
 
 #include <math.h>
 
@@ -70,6 +71,12 @@ static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2
     return p;
 }
 
+// Aux-loss-free balancing's selection bias, (layers, E) fp32 from the state arena (none when the rate is 0).
+static Tensor router_bias_alloc(const TrainConfig *c, const ModelConfig *mc, Arena *a) {
+    if (!(c->moe_router_bias_update_rate > 0)) return (Tensor){0};
+    return arena_tensor(a, DT_F32, 2, mc->layers, mc->experts, 0, 0);
+}
+
 MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     ModelConfig mc;
     const ModelFamily *fam = layout_config(c, d, &mc);
@@ -83,6 +90,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     fsdp_alloc_state(&f, &m, &count, master, grad, mom1, mom2);
     Muon mu = {0};
     if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&mu, &m.params, &count);
+    router_bias_alloc(c, &mc, &count);
     MemoryPlan p = plan_of(&m, mom1, mom2, &mu, count.peak);
     muon_free(&mu);
     p.eng = engine_plan(&m, c->micro_batch_size, c->sequence_length);
@@ -113,9 +121,17 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     fsdp_alloc_state(f, m, &count, r->master, r->grad, r->adam_m, r->adam_v);
     bool muon = c->optimizer.type == OPTIMIZER_MUON;
     if (muon) muon_setup(&r->muon, &m->params, &count), muon_free(&r->muon);
+    router_bias_alloc(c, &mc, &count);
     r->state = arena_create("parameter shards and optimizer state", dev, count.peak);
     fsdp_alloc_state(f, m, &r->state, r->master, r->grad, r->adam_m, r->adam_v);
     if (muon) muon_setup(&r->muon, &m->params, &r->state); // the momentum buffer lives in adam_m
+    m->router_bias = router_bias_alloc(c, &mc, &r->state);
+    if (m->router_bias.p) {
+        op_zero(m->router_bias);
+        r->router_bias = xcalloc((size_t)mc.layers * mc.experts, sizeof(float));
+        m->router_load = xcalloc((size_t)mc.layers * mc.experts, sizeof(double));
+        m->router_idx = xmalloc((size_t)c->micro_batch_size * c->sequence_length * mc.topk * sizeof(int32_t));
+    }
     for (int g = 0; g < NGROUPS; g++) {
         // Initial values are drawn on the host for the whole group (they do not depend on the layout);
         // this rank keeps its shard.
@@ -166,6 +182,7 @@ void run_free(Run *r) {
     ckpt_unlock();
     engine_free(&r->eng);
     muon_free(&r->muon);
+    free(r->router_bias), free(r->model.router_load), free(r->model.router_idx);
     if (r->state.cap) arena_destroy(&r->state);
     model_free(&r->model);
     if (r->data.files) dataset_close(&r->data);
@@ -214,6 +231,17 @@ double run_validate(Run *r) {
     return sums[0] / (sums[1] < 1 ? 1 : sums[1]);
 }
 
+void run_router_bias_update(Run *r) {
+    Model *m = &r->model;
+    int L = m->cfg.layers, E = m->cfg.experts;
+    // Every rank of the stage routed different tokens of the global batch: the sum is the global count.
+    comm_allreduce(&r->dist.dp_cp_ep, tensor_make(m->router_load, DT_F64, DEV_CPU, 1, (int64_t)L * E, 1, 1, 1), COMM_SUM);
+    for (int l = 0; l < L; l++)
+        if (m->cfg.is_moe[l]) router_bias_update(r->router_bias + (size_t)l * E, m->router_load + (size_t)l * E, E,
+                                                 r->cfg.moe_router_bias_update_rate);
+    op_copy(m->router_bias, tensor_make(r->router_bias, DT_F32, DEV_CPU, 2, L, E, 1, 1));
+}
+
 bool run_validation_due(const Run *r) {
     const TrainConfig *c = &r->cfg;
     return c->validation.batches && ((c->validation.interval && r->step % c->validation.interval == 0) || r->step == c->max_steps);
@@ -226,6 +254,7 @@ StepStats run_step(Run *r) {
     double t0 = now_seconds();
     int nmb = c->global_batch_size / (c->micro_batch_size * d->dp * d->ep), S = c->sequence_length, D = d->dp * d->ep;
     model_zero_grads(m);
+    if (m->router_bias.p) memset(m->router_load, 0, sizeof(double) * m->cfg.layers * m->cfg.experts);
     op_zero(m->loss_sum), op_zero(m->lb_sum);
     model_lb_step_begin(m);
     int64_t targets = 0;
@@ -273,6 +302,7 @@ StepStats run_step(Run *r) {
         for (int g = 0; g < NGROUPS; g++)
             op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.betas[0],
                      (float)c->optimizer.betas[1], (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
+    if (m->router_bias.p) run_router_bias_update(r);
     // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
     for (int g = 0; g < NGROUPS; g++) fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
     ops_sync();

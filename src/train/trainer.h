@@ -29,6 +29,7 @@ typedef struct {
     Tensor master[NGROUPS]; // this rank's fp32 master shards (model.w itself with one shard on the CPU)
     Tensor grad[NGROUPS];   // this rank's shards of the step's gradient (the front of model.g, or all of it)
     Tensor adam_m[NGROUPS], adam_v[NGROUPS]; // AdamW moments; under Muon, adam_m of Muon parameters is the momentum
+    float *router_bias;     // (layers·E) host copy of model.router_bias (aux-loss-free balancing; NULL: off)
     Muon muon;              // optimizer.type "muon": parameter classes, batches, scratch (else muon.on is false)
     int step;               // optimizer steps taken
     int32_t *tokens, *labels; // host staging for one micro-batch
@@ -64,6 +65,9 @@ void run_microbatch(Run *r);
 // The mean token cross-entropy over the first validation.batches global batches of the validation data
 // (forward only, every rank of the layout; the same value under every layout and as `pith eval`).
 double run_validate(Run *r);
+// Aux-loss-free balancing, once per step: the global batch's expert counts (model.router_load summed over the
+// stage) move each MoE layer's bias by rate · sign(mean − load_e) (train/router_bias.h).
+void run_router_bias_update(Run *r);
 // True when the step just taken is followed by validation (every validation.interval steps and the last).
 bool run_validation_due(const Run *r);
 // True when the step just taken should be checkpointed (every save_interval steps and the last one).
