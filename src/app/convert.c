@@ -1,4 +1,4 @@
-// convert.c — `pith convert hf2pith|pith2hf`: Hugging Face folders ⇄ pith checkpoints (spec §6.9).
+// convert.c — `pith convert hf2pith|pith2hf`: Hugging Face folders ⇄ pith checkpoints (docs/reference.md §17).
 // For most families (Qwen3-MoE, DeepSeek-V2) the HF names are the canonical names with a "model." prefix
 // (lm_head.* has none) and one key per expert, so conversion renames and, for pith2hf, optionally changes
 // the dtype; a family whose HF layout differs (fused or transposed experts) converts through its

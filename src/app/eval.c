@@ -1,5 +1,5 @@
 // eval.c — `pith eval`: the mean token cross-entropy of a model over the first B samples of a dataset,
-// in file order with no shuffle (sample i = tokens[i·S : i·S+S], labels shifted by one; spec §6.11).
+// in file order with no shuffle (sample i = tokens[i·S : i·S+S], labels shifted by one; docs/reference.md §18).
 #include <getopt.h>
 
 #include "app/app.h"

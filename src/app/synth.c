@@ -1,4 +1,4 @@
-// synth.c — `pith synth`: writes a synthetic token file in PithTrain's .bin format (spec §6.10).
+// synth.c — `pith synth`: writes a synthetic token file in PithTrain's .bin format (docs/reference.md §18).
 // The text is an order-1 Markov chain: each token has four successors (chosen by hashing the token)
 // taken with probabilities 0.7/0.1/0.1/0.1, so a model can learn it (entropy ≈ 0.94 nats per token).
 #include <errno.h>

@@ -1,4 +1,4 @@
-// tokenize.c — `pith tokenize`: turns text corpora into PithTrain token files (spec §6.10).
+// tokenize.c — `pith tokenize`: turns text corpora into PithTrain token files (docs/reference.md §18).
 // Each input file (.jsonl, .jsonl.zst/.jsonl.zstd, .txt) becomes <output>/<relative path>.bin: a uint32 .npy record
 // of all documents' ids, each document followed by EOS, then a uint64 .npy record of cumulative document ends.
 // Threads: the main thread reads files (zstd streaming) and cuts them into chunks of whole lines (or paragraphs) of

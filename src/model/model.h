@@ -1,6 +1,7 @@
 // model.h — the model protocol: architecture config, parameter table, and the 5-stage layer protocol
-// (DESIGN §6). A model family (qwen3_moe.c, …) fills a ModelFamily table; the engine (pipe/, parallel/)
-// calls prolog → per layer stage 1..5 → epilog forward, and the mirror image backward.
+// (docs/architecture.md, "The model protocol"). A model family (qwen3_moe.c, …) fills a ModelFamily
+// table; the engine (pipe/, parallel/) calls prolog → per layer stage 1..5 → epilog forward, and the
+// mirror image backward.
 #pragma once
 #include "base/json.h"
 #include "base/safetensors.h"
@@ -52,7 +53,7 @@ typedef struct {
 void params_add(ParamTable *t, const char *name, int group, int init, int nd, int64_t n0, int64_t n1, int64_t n2);
 const ParamInfo *params_find(const ParamTable *t, const char *name); // NULL if absent
 int64_t params_numel(const ParamInfo *p);
-// Fills the group's flat buffer (fp32, host) with the initial values of every parameter in it (spec §6.2):
+// Fills the group's flat buffer (fp32, host) with the initial values of every parameter in it (docs/reference.md §7):
 // counter-based draws keyed by (seed, canonical name), so they do not depend on layout.
 void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, double init_std, int layers);
 
@@ -79,7 +80,7 @@ typedef struct {
 
 typedef struct Model Model;
 
-// Load balancing (spec §5.4). "micro-batch": per rank and micro-batch (op_moe_lb_loss). "global-batch":
+// Load balancing (docs/reference.md §2). "micro-batch": per rank and micro-batch (op_moe_lb_loss). "global-batch":
 // f = expert counts of every micro-batch of the step's global batch up to and including this one, in the
 // global order of micro-batches (block acc·D + q of replica q, D replicas = dp×ep), so every layout gives
 // the same loss; the gradient flows through this micro-batch's probs. (PithTrain counts all D blocks of
@@ -178,7 +179,7 @@ struct Model {
     Tensor loss_sum, lb_sum;   // (1) fp64: Σ CE and Σ load-balancing loss of the step so far
     double lb_coef;            // load-balancing loss coefficient (0: off)
     LoadBalance lb;            // its form (model_lb_setup; zeroed: micro-batch)
-    bool force_balance;        // benchmark routing (spec §5.4)
+    bool force_balance;        // benchmark routing (docs/reference.md §2)
     // Aux-loss-free balancing (set up by the trainer; router_bias.p == NULL: off): the selection bias and the
     // step's expert counts of this rank's tokens, which model_router_forward adds to.
     Tensor router_bias;        // (layers, E) fp32 on the model's device

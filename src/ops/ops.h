@@ -99,7 +99,7 @@ void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const 
 // dlogits: (T, E) = ∂/∂logits of (Σ dw·w + Σ_t,e lb_grad[e]·probs[t, e]); lb_grad: (E) fp32 or p == NULL.
 void op_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
                         const RouterArgs *a);
-// Micro-batch load-balancing loss (Switch form, spec §5.4) and its gradient w.r.t. probs:
+// Micro-batch load-balancing loss (Switch form, docs/reference.md §2) and its gradient w.r.t. probs:
 // f_e = count_e/(T·k), P_e = mean_t probs[t,e], loss = coef·E·Σ f_e P_e; lb_grad[e] = grad_scale·coef·E·f_e/T.
 // Adds the loss into loss_sum: (1) fp64.
 void op_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale);

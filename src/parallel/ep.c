@@ -1,7 +1,7 @@
 // ep.c — dispatch and combine (see ep.h).
 // One rank: a stable sort of the T·k (token, slot) pairs by expert, a gather of the token rows into
 // expert order (stage 2), and the inverse scatter of the expert outputs back to slot order (stage 4).
-// Several ranks (P = ep size, rank g holds experts [g·E_l, (g+1)·E_l)), spec §3.2–3.3 done on the host:
+// Several ranks (P = ep size, rank g holds experts [g·E_l, (g+1)·E_l)), docs/reference.md §12, done on the host:
 //   sender    slots sorted by global expert = by (destination rank, local expert, token); each token's row
 //             is sent once per destination (deduplicated, token order) and each slot carries the index of
 //             its token's row among those sent to its destination (`expand`);

@@ -1,6 +1,6 @@
 // ep.h — stages 2 (dispatch) and 4 (combine) of the layer protocol: moving each token's rows to the
 // experts that route them and the expert outputs back. With one expert-parallel rank these are local
-// permutations; across the ep group (model.ep) the same interface carries the all-to-alls of spec §3.2:
+// permutations; across the ep group (model.ep) the same interface carries the all-to-alls of docs/reference.md §12:
 // a token goes once to every rank holding any of its experts, every (token, expert) output comes back.
 #pragma once
 #include "model/model.h"

@@ -1,4 +1,4 @@
-// fsdp.h — fully sharded data parallelism over the flat parameter groups (spec §5.2, DESIGN §8). The
+// fsdp.h — fully sharded data parallelism over the flat parameter groups (docs/reference.md §14). The
 // expert group is sharded over dp×cp, the other group over dp×cp×ep; with hsdp both are replicated over
 // dp and sharded over the rest (cp, cp×ep). A group's flat buffer of n elements (padded to a multiple of
 // the shard count: ModelConfig.pad) is cut into equal contiguous shards; shard i belongs to the rank of

@@ -1,4 +1,4 @@
-// mesh.h — processes and the 4-D mesh (PP, DP, CP, EP), outer → inner (spec §5.1, DESIGN §8). One
+// mesh.h — processes and the 4-D mesh (PP, DP, CP, EP), outer → inner (docs/reference.md §13). One
 // process per rank, started by mpirun/srun; a process started without a launcher is the whole world
 // (MPI is then never initialised). Global rank = ((pp·DP + dp)·CP + cp)·EP + ep, so EP and then CP
 // groups are neighbouring ranks. DP = world / (PP·CP·EP).

@@ -1,4 +1,4 @@
-// ckpt.h — checkpoints (DESIGN §9, spec §6.7–6.9): `<save_location>/step-%08d/` holding
+// ckpt.h — checkpoints (docs/reference.md §16–17): `<save_location>/step-%08d/` holding
 //   model.safetensors      fp32 master weights under canonical names (HF names without "model.")
 //   optimizer.safetensors  AdamW moments "exp_avg.<name>", "exp_avg_sq.<name>" (absent: model-only)
 //   config.json            the HF model config

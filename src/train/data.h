@@ -1,7 +1,7 @@
-// data.h — the training data: every *.bin token file under the dataset folder (PithTrain's format, spec
-// §6.10), memory-mapped. Sample i of the concatenation is tokens[i·S : i·S+S] of its file with labels
-// shifted by one (spec §6.11); samples never cross files. Each epoch visits all samples in a fresh
-// seeded permutation, so a run longer than one epoch continues instead of failing.
+// data.h — the training data: every *.bin token file under the dataset folder (PithTrain's format,
+// docs/reference.md §18), memory-mapped. Sample i of the concatenation is tokens[i·S : i·S+S] of its file
+// with labels shifted by one; samples never cross files. Each epoch visits all samples in a fresh seeded
+// permutation, so a run longer than one epoch continues instead of failing.
 #pragma once
 #include "base/base.h"
 

@@ -197,7 +197,7 @@ void run_microbatch(Run *r) {
 }
 
 // Loads micro-batch `acc` of this rank for global batch `batch` of ds into the engine; returns its target count.
-// Data replicas are the (dp, ep) pairs (spec §6.11): replica q reads rows
+// Data replicas are the (dp, ep) pairs (docs/reference.md §18): replica q reads rows
 // batch·GBS + q·mbs + acc·mbs·D + off of the global batch, D = dp·ep replicas, acc < GBS/(mbs·D).
 static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc) {
     const TrainConfig *c = &r->cfg;

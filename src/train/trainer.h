@@ -1,4 +1,5 @@
-// trainer.h — one training run: mesh, model, sharded optimizer state, data and the step (DESIGN §7).
+// trainer.h — one training run: mesh, model, sharded optimizer state, data and the step
+// (docs/architecture.md, "One training step").
 #pragma once
 #include "parallel/fsdp.h"
 #include "pipe/schedule.h"
