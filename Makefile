@@ -95,6 +95,7 @@ $(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o $(LIB_
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
 test: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_parallel fake-build
+	@$(MAKE) --no-print-directory format-check
 	@$(BUILD)/test_pith
 	@$(MAKE) --no-print-directory fuzz
 

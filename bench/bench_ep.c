@@ -1,6 +1,7 @@
 // bench_ep.c — expert-parallel dispatch + combine on the GPU at Qwen3-30B-A3B sizes (hidden 2048, 128
 // experts, top-8, bf16 rows), one rank per GPU under mpirun (make bench-ep; bench/run_gpu2.sh runs it):
-//   build/bench_ep [--tokens 1024,4096,16384] [--iters 20] [--routing random|balanced] [--dtype bf16|fp32] [--splits DIR]
+//   build/bench_ep [--tokens 1024,4096,16384] [--iters 20] [--routing random|balanced] [--dtype bf16|fp32]
+//                  [--splits DIR]
 // For each token count T per rank it times, with a device sync after each call:
 //   full     ep_dispatch_forward and ep_combine_forward as training runs them: the one read of the routing
 //            to the host, the route and the counts (MPI), the row permutations (GPU), the payloads (NCCL)
@@ -90,7 +91,8 @@ static void bench_one(const Dist *d, int64_t T, int iters, bool balanced, DType 
         ops_sync();
         if (it >= 0) pay_d += t1 - t0, pay_c += now_seconds() - t1;
     }
-    double rb = (double)H * dtype_size(dt), bd = (double)sum(r->send_tok, P) * rb, bc = (double)sum(r->recv_slot, P) * rb;
+    double rb = (double)H * dtype_size(dt), bd = (double)sum(r->send_tok, P) * rb,
+           bc = (double)sum(r->recv_slot, P) * rb;
     double mbd = over_ranks(d, bd, false), mbc = over_ranks(d, bc, false);
     full_d = over_ranks(d, full_d / iters, true), full_c = over_ranks(d, full_c / iters, true);
     pay_d = over_ranks(d, pay_d / iters, true), pay_c = over_ranks(d, pay_c / iters, true);
@@ -106,11 +108,13 @@ static void bench_one(const Dist *d, int64_t T, int iters, bool balanced, DType 
         fclose(f);
     }
     if (d->world.rank == 0)
-        printf("{\"bench\": \"pith ep\", \"ranks\": %d, \"T\": %lld, \"dtype\": \"%s\", \"routing\": \"%s\", \"dispatch_mb\": %.1f, \"combine_mb\": %.1f, "
+        printf("{\"bench\": \"pith ep\", \"ranks\": %d, \"T\": %lld, \"dtype\": \"%s\", \"routing\": \"%s\", "
+               "\"dispatch_mb\": %.1f, \"combine_mb\": %.1f, "
                "\"full_dispatch_ms\": %.3f, \"full_combine_ms\": %.3f, \"full_gbps\": %.1f, "
                "\"payload_dispatch_ms\": %.3f, \"payload_combine_ms\": %.3f, \"payload_gbps\": %.1f}\n",
-               P, (long long)T, dtype_name(dt), balanced ? "balanced" : "random", mbd / 1e6, mbc / 1e6, full_d * 1e3, full_c * 1e3, (mbd + mbc) / (full_d + full_c) / 1e9,
-               pay_d * 1e3, pay_c * 1e3, (mbd + mbc) / (pay_d + pay_c) / 1e9);
+               P, (long long)T, dtype_name(dt), balanced ? "balanced" : "random", mbd / 1e6, mbc / 1e6, full_d * 1e3,
+               full_c * 1e3, (mbd + mbc) / (full_d + full_c) / 1e9, pay_d * 1e3, pay_c * 1e3,
+               (mbd + mbc) / (pay_d + pay_c) / 1e9);
     ep_route_free(io.route), ep_buffers_free(&b), free(io.offs);
     arena_destroy(&comm), arena_destroy(&act);
 }
@@ -127,7 +131,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--routing") && i + 1 < argc) balanced = !strcmp(argv[++i], "balanced");
         else if (!strcmp(argv[i], "--splits") && i + 1 < argc) splits = argv[++i];
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) dt = !strcmp(argv[++i], "fp32") ? DT_F32 : DT_BF16;
-        else die("usage: mpirun -np N bench_ep [--tokens T1,T2,...] [--iters N] [--routing random|balanced] [--dtype bf16|fp32] [--splits DIR]");
+        else
+            die("usage: mpirun -np N bench_ep [--tokens T1,T2,...] [--iters N] [--routing random|balanced] [--dtype "
+                "bf16|fp32] [--splits DIR]");
     }
     if (iters < 1) die("bench_ep: --iters must be positive");
     dist_launch();

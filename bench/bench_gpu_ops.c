@@ -13,7 +13,9 @@
 
 static Arena A;
 static const Tensor NONE = {0};
-static Tensor dev(DType dt, int nd, int64_t n0, int64_t n1, int64_t n2) { return arena_tensor(&A, dt, nd, n0, n1, n2, 0); }
+static Tensor dev(DType dt, int nd, int64_t n0, int64_t n1, int64_t n2) {
+    return arena_tensor(&A, dt, nd, n0, n1, n2, 0);
+}
 
 // Fills a device tensor (fp32/bf16) with N(0, scale²) through a host fp32 buffer.
 static void fill(Tensor t, float scale, uint64_t stream) {
@@ -27,18 +29,18 @@ static void fill(Tensor t, float scale, uint64_t stream) {
 
 static double last_ms; // the time of the latest TIME, for sums
 
-#define TIME(name, reps, work, unit, call)                                                            \
-    do {                                                                                              \
-        call;                                                                                         \
-        cuda_sync();                                                                                  \
-        double t0_ = now_seconds();                                                                   \
-        for (int r_ = 0; r_ < (reps); r_++) call;                                                     \
-        cuda_sync();                                                                                  \
-        double s_ = (now_seconds() - t0_) / (reps), rate_ = (work) / s_ / 1e12 * (unit[0] == 'G' ? 1e3 : 1); \
-        last_ms = s_ * 1e3;                                                                           \
-        printf("%-44s %9.3f ms  %8.1f %s\n", name, s_ * 1e3, rate_, unit);                           \
-        printf("BENCH|%s|%.4f|%.1f|%s\n", name, s_ * 1e3, rate_, unit);                               \
-        fflush(stdout);                                                                               \
+#define TIME(name, reps, work, unit, call)                                                                             \
+    do {                                                                                                               \
+        call;                                                                                                          \
+        cuda_sync();                                                                                                   \
+        double t0_ = now_seconds();                                                                                    \
+        for (int r_ = 0; r_ < (reps); r_++) call;                                                                      \
+        cuda_sync();                                                                                                   \
+        double s_ = (now_seconds() - t0_) / (reps), rate_ = (work) / s_ / 1e12 * (unit[0] == 'G' ? 1e3 : 1);           \
+        last_ms = s_ * 1e3;                                                                                            \
+        printf("%-44s %9.3f ms  %8.1f %s\n", name, s_ * 1e3, rate_, unit);                                             \
+        printf("BENCH|%s|%.4f|%.1f|%s\n", name, s_ * 1e3, rate_, unit);                                                \
+        fflush(stdout);                                                                                                \
     } while (0)
 
 static void report(const char *name, double ms, double work, const char *unit) {
@@ -55,7 +57,8 @@ static void routing_offs(int64_t *offs, int64_t T, int64_t H, int64_t E, int k, 
         return;
     }
     Arena save = A;
-    Tensor x = dev(DT_BF16, 2, T, H, 0), wr = dev(DT_BF16, 2, E, H, 0), lg = dev(DT_F32, 2, T, E, 0), pr = dev(DT_F32, 2, T, E, 0);
+    Tensor x = dev(DT_BF16, 2, T, H, 0), wr = dev(DT_BF16, 2, E, H, 0), lg = dev(DT_F32, 2, T, E, 0),
+           pr = dev(DT_F32, 2, T, E, 0);
     Tensor idx = dev(DT_I32, 2, T, k, 0), w = dev(DT_F32, 2, T, k, 0), perm = dev(DT_I32, 1, T * k, 0, 0);
     fill(x, 1, 90), fill(wr, 0.02f, 91);
     op_linear_forward(lg, x, wr, (Tensor){0});
@@ -63,8 +66,11 @@ static void routing_offs(int64_t *offs, int64_t T, int64_t H, int64_t E, int k, 
     op_moe_sort(perm, offs, idx, (int)E);
     A.used = save.used; // the routing buffers are scratch
     int64_t mx = 0, mn = T * k;
-    for (int64_t e = 0; e < E; e++) mx = offs[e + 1] - offs[e] > mx ? offs[e + 1] - offs[e] : mx, mn = offs[e + 1] - offs[e] < mn ? offs[e + 1] - offs[e] : mn;
-    printf("(natural routing: rows per expert %lld..%lld, mean %lld)\n", (long long)mn, (long long)mx, (long long)(T * k / E));
+    for (int64_t e = 0; e < E; e++)
+        mx = offs[e + 1] - offs[e] > mx ? offs[e + 1] - offs[e] : mx,
+        mn = offs[e + 1] - offs[e] < mn ? offs[e + 1] - offs[e] : mn;
+    printf("(natural routing: rows per expert %lld..%lld, mean %lld)\n", (long long)mn, (long long)mx,
+           (long long)(T * k / E));
 }
 
 // The expert GEMMs of one MoE layer at T tokens (natural routing), cuda_grouped.cu's weight gradient beside the
@@ -75,9 +81,12 @@ static void bench_grouped(int64_t T, int64_t H, int64_t E, int k, int64_t I) {
     Arena save = A;
     int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
     DType bf = DT_BF16;
-    Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0), act = dev(bf, 2, R, I, 0);
-    Tensor wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0), dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I);
-    fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), op_zero(dwgu), op_zero(dwd);
+    Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0),
+           act = dev(bf, 2, R, I, 0);
+    Tensor wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0), dwgu = dev(DT_F32, 3, E, 2 * I, H),
+           dwd = dev(DT_F32, 3, E, H, I);
+    fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), op_zero(dwgu),
+        op_zero(dwd);
     routing_offs(offs, T, H, E, k, false);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
     for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, offs); // clocks up before the first row
@@ -122,7 +131,8 @@ int main(int argc, char **argv) {
     const int64_t T = 4096, H = 2048, nh = 32, nkv = 4, d = 128, E = 128, k = 8, I = 768, V = 151936;
     const int64_t R = T * k, C = (64 << 20) / (V * 4);
     DType bf = DT_BF16;
-    Tensor x = dev(bf, 2, T, H, 0), wq = dev(bf, 2, nh * d, H, 0), q2 = dev(bf, 2, T, nh * d, 0), dw = dev(DT_F32, 2, nh * d, H, 0);
+    Tensor x = dev(bf, 2, T, H, 0), wq = dev(bf, 2, nh * d, H, 0), q2 = dev(bf, 2, T, nh * d, 0),
+           dw = dev(DT_F32, 2, nh * d, H, 0);
     fill(x, 1, 1), fill(wq, 0.02f, 2), fill(q2, 1, 3);
     printf("%-44s %9s     %8s\n", "op (T=4096 tokens, bf16)", "time", "rate");
     double f = 2.0 * T * nh * d * H;
@@ -132,7 +142,8 @@ int main(int argc, char **argv) {
     // LM head and loss on a chunk of Cr rows: logits fp32, CE in place, dx and dW (fp32 accumulate)
     {
         Arena save = A;
-        Tensor wl = dev(bf, 2, V, H, 0), dwl = dev(DT_F32, 2, V, H, 0), hn = dev(bf, 2, 2048, H, 0), dh = dev(bf, 2, 2048, H, 0);
+        Tensor wl = dev(bf, 2, V, H, 0), dwl = dev(DT_F32, 2, V, H, 0), hn = dev(bf, 2, 2048, H, 0),
+               dh = dev(bf, 2, 2048, H, 0);
         Tensor lg = dev(DT_F32, 2, 1766, V, 0), lab = dev(DT_I32, 1, 2048, 0, 0), ls = dev(DT_F64, 1, 1, 0, 0);
         fill(wl, 0.02f, 20), fill(hn, 1, 21), op_zero(dwl), op_zero(ls);
         int32_t *hl = xmalloc(2048 * sizeof(int32_t));
@@ -142,7 +153,8 @@ int main(int argc, char **argv) {
         int64_t chunks[2] = {C, 1766};
         for (int c = 0; c < 2; c++) {
             int64_t n = chunks[c];
-            Tensor l = tensor_rows(lg, 0, n), h = tensor_rows(hn, 0, n), dhc = tensor_rows(dh, 0, n), lb = tensor_rows(lab, 0, n);
+            Tensor l = tensor_rows(lg, 0, n), h = tensor_rows(hn, 0, n), dhc = tensor_rows(dh, 0, n),
+                   lb = tensor_rows(lab, 0, n);
             double fl = 2.0 * n * V * H, tot = 0;
             char nm[96];
             snprintf(nm, sizeof nm, "lm_head fwd chunk %lld rows (fp32 logits)", (long long)n);
@@ -164,10 +176,12 @@ int main(int argc, char **argv) {
     }
     // grouped experts: balanced, then natural routing; one grouped call, then the per-expert loop
     int64_t *offs = xmalloc((E + 1) * sizeof(int64_t));
-    Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0), act = dev(bf, 2, R, I, 0);
+    Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0),
+           act = dev(bf, 2, R, I, 0);
     Tensor wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0);
     Tensor dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I);
-    fill(xe, 1, 4), fill(wgu, 0.02f, 5), fill(gu, 1, 6), fill(act, 1, 7), fill(wd, 0.02f, 8), op_zero(dwgu), op_zero(dwd), op_zero(dw);
+    fill(xe, 1, 4), fill(wgu, 0.02f, 5), fill(gu, 1, 6), fill(act, 1, 7), fill(wd, 0.02f, 8), op_zero(dwgu),
+        op_zero(dwd), op_zero(dw);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
     for (int pass = 0; pass < (quick ? 2 : 3); pass++) {
         bool bal = pass == 0, loop = pass == 2;
@@ -206,7 +220,8 @@ int main(int argc, char **argv) {
     TIME("swiglu bwd", 20, (double)R * 5 * I * 2, "GB/s", op_swiglu_backward(gu, act, gu));
     // attention, causal: 4·S²·d·nh/2 flops forward, 2.5× that backward
     Tensor q = dev(bf, 3, T, nh, d), kk = dev(bf, 3, T, nkv, d), v = dev(bf, 3, T, nkv, d), o = dev(bf, 3, T, nh, d);
-    Tensor lse = dev(DT_F32, 3, 1, nh, T), dq = dev(bf, 3, T, nh, d), dk = dev(bf, 3, T, nkv, d), dv = dev(bf, 3, T, nkv, d);
+    Tensor lse = dev(DT_F32, 3, 1, nh, T), dq = dev(bf, 3, T, nh, d), dk = dev(bf, 3, T, nkv, d),
+           dv = dev(bf, 3, T, nkv, d);
     fill(q, 1, 7), fill(kk, 1, 8), fill(v, 1, 9), fill(o, 1, 10);
     double fa = 4.0 * T * T * d * nh / 2;
     float sc = 1.0f / sqrtf((float)d);
@@ -222,8 +237,10 @@ int main(int argc, char **argv) {
         TIME("attention bwd", 10, 2.5 * fa, "TFLOP/s",
              op_attention_backward(dq, dk, dv, NONE, o, q, kk, v, o, lse, &aa1));
         report("attention fwd+bwd", ta + last_ms, 3.5 * fa, "TFLOP/s");
-        Tensor q2b = dev(bf, 3, 2 * T, nh, d), k2b = dev(bf, 3, 2 * T, nkv, d), v2b = dev(bf, 3, 2 * T, nkv, d), o2b = dev(bf, 3, 2 * T, nh, d);
-        Tensor l2b = dev(DT_F32, 3, 2, nh, T), dq2b = dev(bf, 3, 2 * T, nh, d), dk2b = dev(bf, 3, 2 * T, nkv, d), dv2b = dev(bf, 3, 2 * T, nkv, d);
+        Tensor q2b = dev(bf, 3, 2 * T, nh, d), k2b = dev(bf, 3, 2 * T, nkv, d), v2b = dev(bf, 3, 2 * T, nkv, d),
+               o2b = dev(bf, 3, 2 * T, nh, d);
+        Tensor l2b = dev(DT_F32, 3, 2, nh, T), dq2b = dev(bf, 3, 2 * T, nh, d), dk2b = dev(bf, 3, 2 * T, nkv, d),
+               dv2b = dev(bf, 3, 2 * T, nkv, d);
         fill(q2b, 1, 40), fill(k2b, 1, 41), fill(v2b, 1, 42), fill(o2b, 1, 43);
         TIME("attention fwd B=2 S=4096 (the training call)", 10, 2 * fa, "TFLOP/s",
              op_attention_forward(o2b, l2b, q2b, k2b, v2b, &aa2));
@@ -262,13 +279,16 @@ int main(int argc, char **argv) {
              op_attention_backward(dqg, dkg, dvg, dsk, og, qg, kg, vg, og, lg, &ag));
     }
     // memory-bound
-    Tensor y = dev(bf, 2, T, H, 0), w = dev(bf, 1, H, 0, 0), rstd = dev(DT_F32, 1, T, 0, 0), dwn = dev(DT_F32, 1, H, 0, 0);
+    Tensor y = dev(bf, 2, T, H, 0), w = dev(bf, 1, H, 0, 0), rstd = dev(DT_F32, 1, T, 0, 0),
+           dwn = dev(DT_F32, 1, H, 0, 0);
     fill(w, 1, 11);
     TIME("rmsnorm fwd (4096, 2048)", 50, 2.0 * T * H * 2, "GB/s", op_rmsnorm_forward(y, rstd, x, w, 1e-6f));
     TIME("rmsnorm bwd", 50, 4.0 * T * H * 2, "GB/s", op_rmsnorm_backward(y, dwn, x, x, w, rstd, false));
-    Tensor qn = tensor_reshape2(q, T * nh, d), qo = tensor_reshape2(dq, T * nh, d), rq = dev(DT_F32, 1, T * nh, 0, 0), wn = dev(bf, 1, d, 0, 0);
+    Tensor qn = tensor_reshape2(q, T * nh, d), qo = tensor_reshape2(dq, T * nh, d), rq = dev(DT_F32, 1, T * nh, 0, 0),
+           wn = dev(bf, 1, d, 0, 0);
     fill(wn, 1, 12);
-    TIME("rmsnorm fwd q-norm (131072, 128)", 50, 2.0 * T * nh * d * 2, "GB/s", op_rmsnorm_forward(qo, rq, qn, wn, 1e-6f));
+    TIME("rmsnorm fwd q-norm (131072, 128)", 50, 2.0 * T * nh * d * 2, "GB/s",
+         op_rmsnorm_forward(qo, rq, qn, wn, 1e-6f));
     {
         int64_t half = d / 2;
         Tensor cs = dev(DT_F32, 2, T, half, 0), sn = dev(DT_F32, 2, T, half, 0), pos = dev(DT_I32, 1, T, 0, 0);
@@ -286,13 +306,15 @@ int main(int argc, char **argv) {
     TIME("moe_sort (32768 slots, host sync)", 20, (double)R * 8, "GB/s", op_moe_sort(perm, offs, idx, (int)E));
     TIME("gather_rows dispatch (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_gather_rows(xe, x, perm, (int)k));
     TIME("scatter_rows combine (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_scatter_rows(ye, xe, perm));
-    TIME("scatter_add_rows (inverse map)", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_scatter_add_rows(x, xe, perm, (int)k));
+    TIME("scatter_add_rows (inverse map)", 20, (double)(R + 2 * T) * H * 2, "GB/s",
+         op_scatter_add_rows(x, xe, perm, (int)k));
     Tensor wts = dev(DT_F32, 2, T, k, 0);
     fill(wts, 0.1f, 14);
     TIME("moe_combine fwd", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_moe_combine_forward(y, x, ye, wts));
     TIME("moe_combine bwd", 20, (double)(2 * R + T) * H * 2, "GB/s", op_moe_combine_backward(xe, wts, y, ye, wts));
     int64_t np = 30000000;
-    Tensor p = dev(DT_F32, 1, np, 0, 0), g = dev(DT_F32, 1, np, 0, 0), m = dev(DT_F32, 1, np, 0, 0), vv = dev(DT_F32, 1, np, 0, 0);
+    Tensor p = dev(DT_F32, 1, np, 0, 0), g = dev(DT_F32, 1, np, 0, 0), m = dev(DT_F32, 1, np, 0, 0),
+           vv = dev(DT_F32, 1, np, 0, 0);
     op_zero(m), op_zero(vv), fill(p, 1, 15), fill(g, 1, 16);
     TIME("adamw 30M params", 20, (double)np * 7 * 4, "GB/s", op_adamw(p, g, m, vv, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
     double ss = 0;

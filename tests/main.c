@@ -71,7 +71,8 @@ int run_cmd(char *out, size_t cap, const char *fmt, ...) {
 
 double run_metric(const char *dir, int step, const char *key) {
     char out[1 << 16], pat[64];
-    ASSERT_MSG(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s/metrics.jsonl", step, dir) == 0, "%s: no step %d", dir, step);
+    ASSERT_MSG(run_cmd(out, sizeof out, "grep '^{\"step\": %d,' %s/metrics.jsonl", step, dir) == 0, "%s: no step %d",
+               dir, step);
     snprintf(pat, sizeof pat, "\"%s\": ", key);
     char *p = strstr(out, pat);
     return p ? strtod(p + strlen(pat), NULL) : NAN;
@@ -87,8 +88,9 @@ double hf_expected(const char *fixture, const char *key, int step) {
     snprintf(path, sizeof path, "%s/expected.json", fixture);
     json_t *root = json_load_file(path, 0, NULL);
     CHECK(root);
-    json_t *v = step < 0 ? json_object_get(root, key)
-                         : json_object_get(json_array_get(json_object_get(json_object_get(root, "train"), "steps"), step), key);
+    json_t *v =
+        step < 0 ? json_object_get(root, key)
+                 : json_object_get(json_array_get(json_object_get(json_object_get(root, "train"), "steps"), step), key);
     CHECK(json_is_number(v));
     double x = json_number_value(v);
     json_decref(root);
@@ -109,7 +111,9 @@ const char *write_bytes(const char *dir, const char *name, const void *data, siz
     CHECK(f && fwrite(data, 1, n, f) == n && fclose(f) == 0);
     return path;
 }
-const char *write_text(const char *dir, const char *name, const char *text) { return write_bytes(dir, name, text, strlen(text)); }
+const char *write_text(const char *dir, const char *name, const char *text) {
+    return write_bytes(dir, name, text, strlen(text));
+}
 
 const char *test_tmpdir(void) {
     CHECK(ntmpdirs < 64);

@@ -10,24 +10,25 @@ typedef void (*TestFn)(void);
 void test_register(const char *name, TestFn fn);
 _Noreturn void test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
-#define TEST(name)                                                                                    \
-    static void test_##name(void);                                                                    \
-    __attribute__((constructor)) static void register_##name(void) { test_register(#name, test_##name); } \
+#define TEST(name)                                                                                                     \
+    static void test_##name(void);                                                                                     \
+    __attribute__((constructor)) static void register_##name(void) { test_register(#name, test_##name); }              \
     static void test_##name(void)
 
-#define ASSERT(cond)                                                                                  \
-    do {                                                                                              \
-        if (!(cond)) test_fail(__FILE__, __LINE__, "%s", #cond);                                      \
+#define ASSERT(cond)                                                                                                   \
+    do {                                                                                                               \
+        if (!(cond)) test_fail(__FILE__, __LINE__, "%s", #cond);                                                       \
     } while (0)
-#define ASSERT_MSG(cond, ...)                                                                         \
-    do {                                                                                              \
-        if (!(cond)) test_fail(__FILE__, __LINE__, __VA_ARGS__);                                      \
+#define ASSERT_MSG(cond, ...)                                                                                          \
+    do {                                                                                                               \
+        if (!(cond)) test_fail(__FILE__, __LINE__, __VA_ARGS__);                                                       \
     } while (0)
 // |a-b| <= tol, and never NaN.
-#define ASSERT_NEAR(a, b, tol)                                                                        \
-    do {                                                                                              \
-        double a_ = (a), b_ = (b);                                                                    \
-        if (!(fabs(a_ - b_) <= (tol))) test_fail(__FILE__, __LINE__, "%s = %.9g vs %s = %.9g (tol %g)", #a, a_, #b, b_, (double)(tol)); \
+#define ASSERT_NEAR(a, b, tol)                                                                                         \
+    do {                                                                                                               \
+        double a_ = (a), b_ = (b);                                                                                     \
+        if (!(fabs(a_ - b_) <= (tol)))                                                                                 \
+            test_fail(__FILE__, __LINE__, "%s = %.9g vs %s = %.9g (tol %g)", #a, a_, #b, b_, (double)(tol));           \
     } while (0)
 
 // ‖a−b‖/‖b‖ over n floats (NaN gives +inf).
@@ -54,20 +55,23 @@ const char *write_text(const char *dir, const char *name, const char *text);
 // Tiny Qwen3-MoE configs shared by the CPU and GPU suites (HF config.json text).
 // TINY_MOE_A: 2 MoE layers, 4 experts top-2, renormalised weights.
 #define TINY_MOE_A                                                                                                     \
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"          \
-    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 48, \"num_experts\": 4, \"num_experts_per_tok\": 2,"   \
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"       \
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 48, \"num_experts\": 4, \"num_experts_per_tok\": "  \
+    "2,"                                                                                                               \
     " \"moe_intermediate_size\": 8, \"norm_topk_prob\": true, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0}"
 // TINY_MOE_B: biases, a dense first layer, tied embeddings, no renormalisation, rope theta in rope_parameters.
 #define TINY_MOE_B                                                                                                     \
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"          \
-    " \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 40, \"num_experts\": 4, \"num_experts_per_tok\": 3,"   \
-    " \"moe_intermediate_size\": 6, \"intermediate_size\": 12, \"mlp_only_layers\": [0], \"norm_topk_prob\": false,"       \
-    " \"attention_bias\": true, \"tie_word_embeddings\": true,"                                                          \
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"       \
+    " \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 40, \"num_experts\": 4, \"num_experts_per_tok\": "  \
+    "3,"                                                                                                               \
+    " \"moe_intermediate_size\": 6, \"intermediate_size\": 12, \"mlp_only_layers\": [0], \"norm_topk_prob\": false,"   \
+    " \"attention_bias\": true, \"tie_word_embeddings\": true,"                                                        \
     " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5}}"
 // TINY_MOE_EP: 3 layers (the middle one dense), 8 experts top-3: every expert-parallel path is exercised.
 #define TINY_MOE_EP                                                                                                    \
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"          \
-    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"   \
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"       \
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": "  \
+    "3,"                                                                                                               \
     " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}"
 
 // The pith binary the tests run: build/pith, or $PITH_BIN (the sanitizer build sets it).

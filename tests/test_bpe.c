@@ -36,7 +36,8 @@ static size_t golden_check(int k) {
     snprintf(path, sizeof path, "tests/golden/%s.json", tok_names[k]);
     gold = json_load_file(path, 0, &e);
     json_t *ids = json_object_get(gold, "ids");
-    ASSERT_MSG(json_array_size(ids) == json_array_size(texts), "%s: %zu id lists for %zu texts", path, json_array_size(ids), json_array_size(texts));
+    ASSERT_MSG(json_array_size(ids) == json_array_size(texts), "%s: %zu id lists for %zu texts", path,
+               json_array_size(ids), json_array_size(texts));
     BpeScratch *s = bpe_scratch_new(t);
     for (size_t i = 0; i < json_array_size(texts); i++) {
         json_t *x = json_array_get(texts, i), *want = json_array_get(ids, i);
@@ -44,8 +45,9 @@ static size_t golden_check(int k) {
         bpe_encode(t, s, json_string_value(x), json_string_length(x), false, &v);
         size_t j = 0;
         while (j < v.n && j < json_array_size(want) && v.p[j] == json_integer_value(json_array_get(want, j))) j++;
-        ASSERT_MSG(j == v.n && j == json_array_size(want), "%s text %zu: %zu ids, want %zu; first difference at %zu (got %lld, want %lld)",
-                   tok_names[k], i, v.n, json_array_size(want), j, j < v.n ? (long long)v.p[j] : -1LL,
+        ASSERT_MSG(j == v.n && j == json_array_size(want),
+                   "%s text %zu: %zu ids, want %zu; first difference at %zu (got %lld, want %lld)", tok_names[k], i,
+                   v.n, json_array_size(want), j, j < v.n ? (long long)v.p[j] : -1LL,
                    j < json_array_size(want) ? (long long)json_integer_value(json_array_get(want, j)) : -1LL);
         idvec_free(&v);
     }
@@ -74,10 +76,12 @@ TEST(bpe_paths_agree) {
 
 // The ASCII copies of the split regexes give the same ids as the Unicode ones on random ASCII text.
 TEST(bpe_ascii_regex_agrees) {
-    static const char *frags[] = {"a", "Z", "the", " The", "'s", "'S", "'ll", "'Re", "'", "\"", " ", "  ", "\t", "\n", "\r\n",
-                                  "\r", "\v", "\f", "0", "12", "345", "6789", ".", ",", "!", "?", "-", "_", "/", "\\", "(", ")",
-                                  "[", "{", "<", "|", "#", "@", "$", "%", "&", "*", "+", "=", "~", "`", "^", "\x01", "\x1f",
-                                  "\x7f", "don't", "HELLO", "camelCase", "x1", "    ", ":)", "a-b", "...", "\n\n  "};
+    static const char *frags[] = {"a",     "Z",     "the",       " The", "'s",   "'S", "'ll", "'Re",  "'",     "\"",
+                                  " ",     "  ",    "\t",        "\n",   "\r\n", "\r", "\v",  "\f",   "0",     "12",
+                                  "345",   "6789",  ".",         ",",    "!",    "?",  "-",   "_",    "/",     "\\",
+                                  "(",     ")",     "[",         "{",    "<",    "|",  "#",   "@",    "$",     "%",
+                                  "&",     "*",     "+",         "=",    "~",    "`",  "^",   "\x01", "\x1f",  "\x7f",
+                                  "don't", "HELLO", "camelCase", "x1",   "    ", ":)", "a-b", "...",  "\n\n  "};
     Rng r = rng_seeded(5, 0);
     char text[1024];
     for (int k = 0; k < 3; k++) {
@@ -85,12 +89,14 @@ TEST(bpe_ascii_regex_agrees) {
         BpeScratch *s = bpe_scratch_new(t);
         for (int i = 0; i < 4000; i++) {
             size_t n = 0;
-            for (int j = 0, nj = 1 + (int)rng_below(&r, 30); j < nj; j++) n += (size_t)sprintf(text + n, "%s", frags[rng_below(&r, sizeof frags / sizeof *frags)]);
+            for (int j = 0, nj = 1 + (int)rng_below(&r, 30); j < nj; j++)
+                n += (size_t)sprintf(text + n, "%s", frags[rng_below(&r, sizeof frags / sizeof *frags)]);
             IdVec a = {0}, b = {0};
             bpe_ascii_regex = true, bpe_encode(t, s, text, n, false, &a);
             bpe_ascii_regex = false, bpe_encode(t, s, text, n, false, &b);
             bpe_ascii_regex = true;
-            ASSERT_MSG(a.n == b.n && !memcmp(a.p, b.p, 4 * a.n), "%s: ASCII and Unicode regexes differ on '%s'", tok_names[k], text);
+            ASSERT_MSG(a.n == b.n && !memcmp(a.p, b.p, 4 * a.n), "%s: ASCII and Unicode regexes differ on '%s'",
+                       tok_names[k], text);
             idvec_free(&a), idvec_free(&b);
         }
         bpe_scratch_free(s);
@@ -110,7 +116,8 @@ TEST(bpe_roundtrip) {
             IdVec v = {0};
             bpe_encode(t, s, x, n, false, &v);
             char *got = bpe_decode(t, v.p, v.n, &nd);
-            ASSERT_MSG(nd == nn && !memcmp(got, want, nn), "%s text %zu: decode(encode(x)) = '%s', want '%s'", tok_names[k], i, got, want);
+            ASSERT_MSG(nd == nn && !memcmp(got, want, nn), "%s text %zu: decode(encode(x)) = '%s', want '%s'",
+                       tok_names[k], i, got, want);
             free(got), free(want), idvec_free(&v);
         }
         bpe_scratch_free(s);
@@ -130,8 +137,10 @@ TEST(bpe_special_template) {
         else ASSERT(b.n == 2 && b.p[0] == a.p[0]);
         idvec_free(&a), idvec_free(&b), bpe_scratch_free(s);
     }
-    ASSERT(!strcmp(bpe_config_token(tok_get(0), "eos_token"), "<|im_end|>") && bpe_token_to_id(tok_get(0), "<|im_end|>") == 151645);
-    ASSERT(!strcmp(bpe_config_token(tok_get(1), "eos_token"), "<|return|>") && bpe_token_to_id(tok_get(1), "<|return|>") == 200002);
+    ASSERT(!strcmp(bpe_config_token(tok_get(0), "eos_token"), "<|im_end|>") &&
+           bpe_token_to_id(tok_get(0), "<|im_end|>") == 151645);
+    ASSERT(!strcmp(bpe_config_token(tok_get(1), "eos_token"), "<|return|>") &&
+           bpe_token_to_id(tok_get(1), "<|return|>") == 200002);
     ASSERT(bpe_token_to_id(tok_get(2), bpe_config_token(tok_get(2), "eos_token")) == 1);
     ASSERT(bpe_token_to_id(tok_get(0), "Hello") == 9707 && bpe_token_to_id(tok_get(0), "no such token!!") == -1);
 }
@@ -154,7 +163,8 @@ TEST(bpe_long_runs) {
             double dt = now_seconds() - t0;
             size_t nd;
             char *back = bpe_decode(t, v.p, v.n, &nd);
-            ASSERT_MSG(nd == n + 1 && !memcmp(back, buf, n + 1), "%s: run of '%c' does not round-trip", tok_names[k], fills[f]);
+            ASSERT_MSG(nd == n + 1 && !memcmp(back, buf, n + 1), "%s: run of '%c' does not round-trip", tok_names[k],
+                       fills[f]);
             ASSERT_MSG(dt < 5.0, "%s: 1 MB run of '%c' took %.2f s", tok_names[k], fills[f], dt);
             ASSERT(v.n > 0 && v.n <= n + 1);
             free(back), idvec_free(&v);
@@ -166,14 +176,16 @@ TEST(bpe_long_runs) {
 
 // Invalid UTF-8 becomes U+FFFD, one per maximal invalid subpart (Rust's from_utf8_lossy, Python's errors='replace').
 TEST(bpe_invalid_utf8) {
-    static const struct { const char *in, *out; } cases[] = {
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
         {"ok", NULL},
         {"a\xC3(b", "a\xEF\xBF\xBD(b"},
         {"\xE2\x82", "\xEF\xBF\xBD"},
         {"\xF0\x9F\x98x", "\xEF\xBF\xBDx"},
         {"\xED\xA0\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, // a surrogate: three subparts
         {"\xFF\xFE", "\xEF\xBF\xBD\xEF\xBF\xBD"},
-        {"\xC0\xAF", "\xEF\xBF\xBD\xEF\xBF\xBD"}, // overlong
+        {"\xC0\xAF", "\xEF\xBF\xBD\xEF\xBF\xBD"},                                 // overlong
         {"\xF4\x90\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, // above U+10FFFF
         {"caf\xC3\xA9 \xF0\x9F\x98\x80", NULL},
     };
@@ -198,9 +210,10 @@ TEST(bpe_invalid_utf8) {
 TEST(bpe_nfc_quick_check) {
     Bpe *t = tok_get(0); // Qwen3: NFC
     ASSERT(bpe_has_normalizer(t));
-    static const int32_t ranges[][2] = {{0x20, 0x7F}, {0xC0, 0x17F}, {0x300, 0x36F}, {0x1100, 0x11FF}, {0xAC00, 0xAC40},
-                                        {0x3040, 0x30FF}, {0x0900, 0x097F}, {0x0B00, 0x0BFF}, {0x0CBF, 0x0CD6}, {0x0F40, 0x0F80},
-                                        {0x1E00, 0x1EFF}, {0x2100, 0x213F}, {0x1D15E, 0x1D164}, {0x1F600, 0x1F64F}, {0x4E00, 0x4E20}};
+    static const int32_t ranges[][2] = {{0x20, 0x7F},       {0xC0, 0x17F},      {0x300, 0x36F},   {0x1100, 0x11FF},
+                                        {0xAC00, 0xAC40},   {0x3040, 0x30FF},   {0x0900, 0x097F}, {0x0B00, 0x0BFF},
+                                        {0x0CBF, 0x0CD6},   {0x0F40, 0x0F80},   {0x1E00, 0x1EFF}, {0x2100, 0x213F},
+                                        {0x1D15E, 0x1D164}, {0x1F600, 0x1F64F}, {0x4E00, 0x4E20}};
     Rng r = rng_seeded(3, 0);
     for (int64_t i = 0; i < 0x110000 + 300000; i++) {
         uint8_t buf[32];
@@ -211,13 +224,15 @@ TEST(bpe_nfc_quick_check) {
         } else
             for (int k = 0, nk = 2 + (int)rng_below(&r, 3); k < nk; k++) {
                 const int32_t *rg = ranges[rng_below(&r, sizeof ranges / sizeof *ranges)];
-                n += (size_t)utf8proc_encode_char(rg[0] + (int32_t)rng_below(&r, (uint64_t)(rg[1] - rg[0] + 1)), buf + n);
+                n += (size_t)utf8proc_encode_char(rg[0] + (int32_t)rng_below(&r, (uint64_t)(rg[1] - rg[0] + 1)),
+                                                  buf + n);
             }
         uint8_t *want = NULL;
         utf8proc_ssize_t wn = utf8proc_map(buf, (utf8proc_ssize_t)n, &want, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
         size_t gn;
         char *got = bpe_normalize(t, (const char *)buf, n, &gn);
-        ASSERT_MSG(wn >= 0 && (size_t)wn == gn && !memcmp(got, want, gn), "NFC differs for text %lld (first code point U+%04X)", (long long)i,
+        ASSERT_MSG(wn >= 0 && (size_t)wn == gn && !memcmp(got, want, gn),
+                   "NFC differs for text %lld (first code point U+%04X)", (long long)i,
                    (unsigned)(i < 0x110000 ? i : 0));
         free(got), free(want);
     }

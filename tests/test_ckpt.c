@@ -20,7 +20,8 @@ static double metric(const char *file, int step, const char *key) {
 
 TEST(hf_parity_qwen3_moe_eval) {
     char out[4096];
-    ASSERT(run_cmd(out, sizeof out, "%s eval --model " FIX " --data " FIX "/tokens.bin --seq 16 --batch 4", PITH_BIN) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model " FIX " --data " FIX "/tokens.bin --seq 16 --batch 4", PITH_BIN) ==
+           0);
     char *p = strstr(out, "loss ");
     ASSERT(p);
     double got = strtod(p + 5, NULL), want = hf_expected(FIX, "loss", -1);
@@ -68,18 +69,23 @@ TEST(convert_round_trip_bit_exact) {
     snprintf(a, sizeof a, "%s/hf", d);
     assert_same_tensors(FIX, a);
     // bf16 export in several shards with an index; it loads back and evaluates close to fp32
-    ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/hf16 --dtype bf16 --max-shard-size 40KB", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/hf16 --dtype bf16 --max-shard-size 40KB", PITH_BIN, d,
+                   d) == 0);
     ASSERT_MSG(strstr(out, " files"), "%s", out);
     snprintf(b, sizeof b, "%s/hf16/model.safetensors.index.json", d);
     ASSERT(path_exists(b));
     ASSERT(run_cmd(out, sizeof out, "grep -c bfloat16 %s/hf16/config.json", d) == 0);
-    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s/hf16 --data " FIX "/tokens.bin --seq 16 --batch 4", PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s/hf16 --data " FIX "/tokens.bin --seq 16 --batch 4", PITH_BIN,
+                   d) == 0);
     double got = strtod(strstr(out, "loss ") + 5, NULL), want = hf_expected(FIX, "loss", -1);
     ASSERT(fabs(got - want) / want < 1e-2);
     // refusing to overwrite, and bad arguments
-    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith " FIX " %s/ck", PITH_BIN, d) == 1 && strstr(out, "already exists"));
-    ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/x --dtype fp8", PITH_BIN, d, d) == 1 && strstr(out, "--dtype must be bf16 or fp32"));
-    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith /nonexistent %s/y", PITH_BIN, d) == 1 && strstr(out, "/nonexistent: not a folder"));
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith " FIX " %s/ck", PITH_BIN, d) == 1 &&
+           strstr(out, "already exists"));
+    ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/x --dtype fp8", PITH_BIN, d, d) == 1 &&
+           strstr(out, "--dtype must be bf16 or fp32"));
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith /nonexistent %s/y", PITH_BIN, d) == 1 &&
+           strstr(out, "/nonexistent: not a folder"));
 }
 
 // A model folder derived from the fixture with one change to its tensors.
@@ -103,7 +109,8 @@ static const char *doctored(const char *what) {
         if (!strcmp(what, "shape") && strstr(t->name, "model.norm.weight")) shape[0] = 16; // 32 → 16 (bytes halve)
         st_writer_add_raw(&w, t->name, t->dt, t->nd, shape, t->data);
     }
-    if (!strcmp(what, "extra")) st_writer_add_f32(&w, "model.layers.0.mlp.shared_expert.weight", ST_F32, 1, (int64_t[]){4}, extra);
+    if (!strcmp(what, "extra"))
+        st_writer_add_f32(&w, "model.layers.0.mlp.shared_expert.weight", ST_F32, 1, (int64_t[]){4}, extra);
     char path[600];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     st_writer_write(&w, path);
@@ -114,22 +121,32 @@ static const char *doctored(const char *what) {
 TEST(checkpoint_corrupt_inputs) {
     char out[8192];
     const char *dir = doctored("missing");
-    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", PITH_BIN, dir) == 1);
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", PITH_BIN, dir) ==
+           1);
     ASSERT_MSG(strstr(out, "tensor 'layers.2.self_attn.k_norm.weight' is missing"), "%s", out);
     dir = doctored("extra");
-    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", PITH_BIN, dir) == 1);
-    ASSERT_MSG(strstr(out, "tensor 'model.layers.0.mlp.shared_expert.weight' is not a parameter of this model"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", PITH_BIN, dir) ==
+           1);
+    ASSERT_MSG(strstr(out, "tensor 'model.layers.0.mlp.shared_expert.weight' is not a parameter of this model"), "%s",
+               out);
     dir = doctored("shape");
-    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", PITH_BIN, dir) == 1);
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", PITH_BIN, dir) ==
+           1);
     ASSERT_MSG(strstr(out, "model.norm.weight") && strstr(out, "shape [16], expected [32]"), "%s", out);
     // a truncated file, an index naming a missing shard
-    ASSERT(run_cmd(out, sizeof out, "truncate -s 1000 %s/model.safetensors && %s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1",
+    ASSERT(run_cmd(out, sizeof out,
+                   "truncate -s 1000 %s/model.safetensors && %s eval --model %s --data " FIX
+                   "/tokens.bin --seq 16 --batch 1",
                    dir, PITH_BIN, dir) == 1);
     ASSERT_MSG(strstr(out, "model.safetensors") && strstr(out, "pith: error:"), "%s", out);
-    ASSERT(run_cmd(out, sizeof out, "rm %s/model.safetensors && echo '{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00002.safetensors\"}}' > %s/model.safetensors.index.json"
-                   " && %s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1", dir, dir, PITH_BIN, dir) == 1);
+    ASSERT(run_cmd(out, sizeof out,
+                   "rm %s/model.safetensors && echo '{\"weight_map\": {\"model.norm.weight\": "
+                   "\"model-00001-of-00002.safetensors\"}}' > %s/model.safetensors.index.json"
+                   " && %s eval --model %s --data " FIX "/tokens.bin --seq 16 --batch 1",
+                   dir, dir, PITH_BIN, dir) == 1);
     ASSERT_MSG(strstr(out, "model-00001-of-00002.safetensors"), "%s", out);
-    ASSERT(run_cmd(out, sizeof out, "%s eval --model " FIX " --data " FIX "/tokens.bin --seq 16 --batch 5", PITH_BIN) == 1);
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model " FIX " --data " FIX "/tokens.bin --seq 16 --batch 5", PITH_BIN) ==
+           1);
     ASSERT_MSG(strstr(out, "more samples than the data holds"), "%s", out);
 }
 
@@ -142,11 +159,15 @@ static const char *make_run(void) {
     static char d[256];
     snprintf(d, sizeof d, "%s", test_tmpdir());
     char out[4096];
-    ASSERT(run_cmd(out, sizeof out, "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 3000", tiny_model, d, PITH_BIN, d) == 0);
     ASSERT(run_cmd(out, sizeof out,
-                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, \"micro_batch_size\": 2,"
+                   "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 3000", tiny_model, d,
+                   PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, "
+                   "\"micro_batch_size\": 2,"
                    " \"global_batch_size\": 4, \"max_steps\": 6, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01},"
-                   " \"moe_load_balance_coef\": 0.01, \"scheduler\": {\"type\": \"wsd\", \"warmup_ratio\": 0.2, \"decay_ratio\": 0.5}}' > %s/train.json",
+                   " \"moe_load_balance_coef\": 0.01, \"scheduler\": {\"type\": \"wsd\", \"warmup_ratio\": 0.2, "
+                   "\"decay_ratio\": 0.5}}' > %s/train.json",
                    d) == 0);
     return d;
 }
@@ -168,20 +189,25 @@ TEST(resume_bit_exact) {
     metrics_without_timing(a, sizeof a, full), metrics_without_timing(b, sizeof b, ck);
     ASSERT_MSG(!strcmp(a, b), "uninterrupted:\n%s\nresumed:\n%s", a, b);
     // keep_last prunes older checkpoints
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/k2 --set save_interval=1 --set keep_last=2 && ls %s/k2", PITH_BIN, d,
-                   d, d) == 0);
+    ASSERT(
+        run_cmd(out, sizeof out,
+                "%s train %s/train.json --set save_location=%s/k2 --set save_interval=1 --set keep_last=2 && ls %s/k2",
+                PITH_BIN, d, d, d) == 0);
     ASSERT_MSG(strstr(out, "step-00000005\nstep-00000006") && !strstr(out, "step-00000004\n"), "%s", out);
 }
 
 TEST(crash_safety_kill_9) {
     const char *d = make_run();
     char out[1 << 16], ref[8192], got[8192];
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/ref --set max_steps=8", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/ref --set max_steps=8", PITH_BIN, d, d) ==
+           0);
     char refdir[300];
     snprintf(refdir, sizeof refdir, "%s/ref", d);
     metrics_without_timing(ref, sizeof ref, refdir);
     double t0 = now_seconds();
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/time --set save_interval=1 --set max_steps=8", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set save_location=%s/time --set save_interval=1 --set max_steps=8",
+                   PITH_BIN, d, d) == 0);
     double run_s = now_seconds() - t0;
     int killed_mid = 0;
     for (int trial = 0; trial < 20; trial++) {
@@ -190,10 +216,13 @@ TEST(crash_safety_kill_9) {
         char ck[300];
         snprintf(ck, sizeof ck, "%s/t%d", d, trial);
         ASSERT(run_cmd(out, sizeof out,
-                       "%s train %s/train.json --set save_location=%s --set save_interval=1 --set max_steps=8 >/dev/null & p=$!; sleep %.3f; kill -9 $p 2>/dev/null && echo killed; wait $p; true",
+                       "%s train %s/train.json --set save_location=%s --set save_interval=1 --set max_steps=8 "
+                       ">/dev/null & p=$!; sleep %.3f; kill -9 $p 2>/dev/null && echo killed; wait $p; true",
                        PITH_BIN, d, ck, at) == 0);
         killed_mid += strstr(out, "killed") != NULL;
-        ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s --set save_interval=1 --set max_steps=8", PITH_BIN, d, ck) == 0);
+        ASSERT(run_cmd(out, sizeof out,
+                       "%s train %s/train.json --set save_location=%s --set save_interval=1 --set max_steps=8",
+                       PITH_BIN, d, ck) == 0);
         ASSERT_MSG(strstr(out, "done: 8 of 8 steps"), "trial %d: %s", trial, out);
         metrics_without_timing(got, sizeof got, ck);
         ASSERT_MSG(!strcmp(ref, got), "trial %d (killed at %.3f s):\n%s\nvs uninterrupted:\n%s", trial, at, got, ref);
@@ -207,7 +236,9 @@ TEST(train_from_hf2pith_checkpoint) {
     const char *d = test_tmpdir();
     char out[16384], m[512];
     ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith " FIX " %s/ck/step-00000000", PITH_BIN, d) == 0);
-    ASSERT(run_cmd(out, sizeof out, "%s train " FIX "/train.json --set init_from= --set save_location=%s/ck --set max_steps=1", PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train " FIX "/train.json --set init_from= --set save_location=%s/ck --set max_steps=1", PITH_BIN,
+                   d) == 0);
     ASSERT_MSG(strstr(out, "model only, optimizer starts fresh"), "%s", out);
     snprintf(m, sizeof m, "%s/ck/metrics.jsonl", d);
     ASSERT(fabs(metric(m, 1, "loss") - hf_expected(FIX, "loss", 0)) / hf_expected(FIX, "loss", 0) < 1e-5);
@@ -239,12 +270,15 @@ TEST(nonfinite_loss_stops_and_saves_nothing_after) {
     // checkpoint (keep_last = 1) is the one before it — never a NaN one, never pruned by one.
     const char *d = make_run();
     char out[1 << 16], m[512];
-    int rc = run_cmd(out, sizeof out, "%s train %s/train.json --set optimizer.lr=1e6 --set max_steps=30 --set save_location=%s/ck "
-                     "--set save_interval=1 --set keep_last=1 2>&1", PITH_BIN, d, d);
+    int rc = run_cmd(out, sizeof out,
+                     "%s train %s/train.json --set optimizer.lr=1e6 --set max_steps=30 --set save_location=%s/ck "
+                     "--set save_interval=1 --set keep_last=1 2>&1",
+                     PITH_BIN, d, d);
     ASSERT_MSG(rc == 1, "exit %d: %s", rc, out);
     const char *e = strstr(out, "pith: error: step ");
     int bad = 0;
-    ASSERT_MSG(e && sscanf(e, "pith: error: step %d:", &bad) == 1 && (strstr(e, "is NaN") || strstr(e, "is infinite")), "%s", out);
+    ASSERT_MSG(e && sscanf(e, "pith: error: step %d:", &bad) == 1 && (strstr(e, "is NaN") || strstr(e, "is infinite")),
+               "%s", out);
     ASSERT(strstr(out, "done:") == NULL);
     char last[64];
     snprintf(last, sizeof last, "step-%08d\n", bad - 1);
@@ -293,13 +327,15 @@ TEST(save_location_lock) {
                      "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck > %s/a.log 2>&1 & p=$!; "
                      "until grep -q '^step ' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; "
                      "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck; rc=$?; "
-                     "echo holder=$p; kill -9 $p; wait $p; exit $rc", PITH_BIN, d, d, d, d, PITH_BIN, d, d);
+                     "echo holder=$p; kill -9 $p; wait $p; exit $rc",
+                     PITH_BIN, d, d, d, d, PITH_BIN, d, d);
     ASSERT_MSG(rc == 1, "exit %d: %s", rc, out);
     int holder = 0;
     ASSERT(sscanf(strstr(out, "holder="), "holder=%d", &holder) == 1);
     char pid[64];
     snprintf(pid, sizeof pid, "(pid %d on ", holder);
-    ASSERT_MSG(strstr(out, "pith: error: ") == out && strstr(out, "save_location is in use by another pith train") && strstr(out, pid),
+    ASSERT_MSG(strstr(out, "pith: error: ") == out && strstr(out, "save_location is in use by another pith train") &&
+                   strstr(out, pid),
                "%s", out);
     // The holder was killed with -9: the kernel released its lock, the next run takes it and finishes.
     rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d);
@@ -309,7 +345,8 @@ TEST(save_location_lock) {
 TEST(save_location_unwritable_before_step_1) {
     const char *d = make_run();
     char out[1 << 16];
-    int rc = run_cmd(out, sizeof out, "touch %s/file && %s train %s/train.json --set save_location=%s/file/ck", d, PITH_BIN, d, d);
+    int rc = run_cmd(out, sizeof out, "touch %s/file && %s train %s/train.json --set save_location=%s/file/ck", d,
+                     PITH_BIN, d, d);
     ASSERT_MSG(rc == 1 && strstr(out, "file/ck") && !strstr(out, "step 0000"), "exit %d: %s", rc, out);
 }
 
@@ -319,8 +356,11 @@ TEST(prune_leftovers_are_never_resume_points) {
     const char *d = make_run();
     char out[1 << 16];
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --steps 2", PITH_BIN, d, d) == 0);
-    ASSERT(run_cmd(out, sizeof out, "mkdir -p %s/ck/.trash-step-00000001 %s/ck/step-00000005 && cp %s/ck/step-00000002/model.safetensors "
-                   "%s/ck/step-00000005/", d, d, d, d) == 0);
+    ASSERT(
+        run_cmd(out, sizeof out,
+                "mkdir -p %s/ck/.trash-step-00000001 %s/ck/step-00000005 && cp %s/ck/step-00000002/model.safetensors "
+                "%s/ck/step-00000005/",
+                d, d, d, d) == 0);
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck 2>&1", PITH_BIN, d, d) == 0);
     ASSERT_MSG(strstr(out, "step-00000005: no run.json") && strstr(out, "resume: step 2 from"), "%s", out);
     ASSERT(!path_exists(strcat(strcpy(out, d), "/ck/.trash-step-00000001")));
@@ -331,16 +371,22 @@ TEST(resume_with_changed_config) {
     char out[1 << 16];
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --steps 2", PITH_BIN, d, d) == 0);
     // a key that does not change the data order or the schedule: said, accepted
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --steps 1 --set clip_grad_norm=0.5", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set save_location=%s/ck --steps 1 --set clip_grad_norm=0.5", PITH_BIN, d,
+                   d) == 0);
     ASSERT_MSG(strstr(out, "resume: clip_grad_norm changed: 1.0 -> 0.5"), "%s", out);
     // data order and schedule: refused, naming the key, unless --allow-config-change
     static const char *const refused[] = {"seed=7", "sequence_length=8", "global_batch_size=8", "max_steps=12",
                                           "scheduler.warmup_ratio=0.1"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
-        int rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --set %s", PITH_BIN, d, d, refused[i]);
-        ASSERT_MSG(rc == 1 && strstr(out, "--allow-config-change") && strstr(out, "run.json"), "%s: exit %d: %s", refused[i], rc, out);
+        int rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --set %s", PITH_BIN, d, d,
+                         refused[i]);
+        ASSERT_MSG(rc == 1 && strstr(out, "--allow-config-change") && strstr(out, "run.json"), "%s: exit %d: %s",
+                   refused[i], rc, out);
     }
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --set seed=7 --allow-config-change", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set save_location=%s/ck --set seed=7 --allow-config-change", PITH_BIN, d,
+                   d) == 0);
     ASSERT_MSG(strstr(out, "resume: seed changed: 1234 -> 7") && strstr(out, "done: 6 of 6"), "%s", out);
 }
 
@@ -351,9 +397,11 @@ TEST(signals_checkpoint) {
     int rc = run_cmd(out, sizeof out,
                      "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck > %s/a.log 2>&1 & p=$!; "
                      "until grep -q '^step ' %s/a.log; do sleep 0.05; done; kill -USR1 $p; "
-                     "until grep -q '^signal: SIGUSR1' %s/a.log; do sleep 0.05; done; kill -TERM $p; wait $p; rc=$?; cat %s/a.log; exit $rc",
+                     "until grep -q '^signal: SIGUSR1' %s/a.log; do sleep 0.05; done; kill -TERM $p; wait $p; rc=$?; "
+                     "cat %s/a.log; exit $rc",
                      PITH_BIN, d, d, d, d, d, d);
-    ASSERT_MSG(rc == 0 && strstr(out, "signal: SIGUSR1 after step") && strstr(out, "stopped by SIGTERM"), "exit %d: %s", rc, out);
+    ASSERT_MSG(rc == 0 && strstr(out, "signal: SIGUSR1 after step") && strstr(out, "stopped by SIGTERM"), "exit %d: %s",
+               rc, out);
     int s1 = 0, s2 = 0;
     ASSERT(sscanf(strstr(out, "signal: SIGUSR1 after step "), "signal: SIGUSR1 after step %d", &s1) == 1);
     ASSERT(sscanf(strstr(out, "signal: SIGTERM after step "), "signal: SIGTERM after step %d", &s2) == 1 && s2 > s1);
@@ -375,9 +423,11 @@ TEST(write_failures_name_the_file) {
     ASSERT_MSG(rc == 1 && strstr(out, "big.bin.tmp: write failed: File too large"), "exit %d: %s", rc, out);
     ASSERT(run_cmd(out, sizeof out, "ls -A %s/s", d) == 0 && !strcmp(out, ""));
     // metrics.jsonl: cut back to its last whole line
-    rc = run_cmd(out, sizeof out, "ulimit -f 1; %s train %s/train.json --set max_steps=40 --set tensorboard=false --set run_dir=%s/r",
+    rc = run_cmd(out, sizeof out,
+                 "ulimit -f 1; %s train %s/train.json --set max_steps=40 --set tensorboard=false --set run_dir=%s/r",
                  PITH_BIN, d, d);
-    ASSERT_MSG(rc == 1 && strstr(out, "metrics.jsonl: write failed: File too large") && !strstr(out, "done:"), "exit %d: %s", rc, out);
+    ASSERT_MSG(rc == 1 && strstr(out, "metrics.jsonl: write failed: File too large") && !strstr(out, "done:"),
+               "exit %d: %s", rc, out);
     snprintf(m, sizeof m, "%s/r/metrics.jsonl", d);
     ASSERT(metrics_lines_valid(m) >= 1);
     // convert: its temporary folder goes too
@@ -393,7 +443,7 @@ TEST(write_failures_name_the_file) {
     rc = run_cmd(out, sizeof out, "%s synth --output %s/fs/big.bin --tokens 100000", PITH_BIN, d);
     char ls[4096];
     run_cmd(ls, sizeof ls, "ls -A %s/fs; umount %s/fs", d, d);
-    ASSERT_MSG(rc == 1 && strstr(out, "big.bin.tmp: write failed: No space left on device") && !strcmp(ls, ""), "exit %d: %s / %s", rc,
-               out, ls);
+    ASSERT_MSG(rc == 1 && strstr(out, "big.bin.tmp: write failed: No space left on device") && !strcmp(ls, ""),
+               "exit %d: %s / %s", rc, out, ls);
     printf("     tmpfs of 64 KB: synth stops with ENOSPC, nothing left behind\n");
 }

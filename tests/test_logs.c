@@ -169,8 +169,9 @@ TEST(plot_png_and_svg_of_one_several_and_unfinished_runs) {
     const char *d = test_tmpdir();
     make_tiny_run(d, 12);
     char out[65536], png[512];
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/a && %s train %s/train.json --set run_dir=%s/b "
-                                    "--set optimizer.lr=0.003 --set max_steps=8",
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set run_dir=%s/a && %s train %s/train.json --set run_dir=%s/b "
+                   "--set optimizer.lr=0.003 --set max_steps=8",
                    PITH_BIN, d, d, PITH_BIN, d, d) == 0);
     // One run, the default output: <run>/loss.png, 1000×600, with the first run's colour (blue) drawn.
     ASSERT_MSG(run_cmd(out, sizeof out, "%s plot %s/a", PITH_BIN, d) == 0, "%s", out);
@@ -186,23 +187,29 @@ TEST(plot_png_and_svg_of_one_several_and_unfinished_runs) {
     blue = png_pixels_near(png, 0.12, 0.47, 0.71, &w, &h);
     ASSERT_MSG(red > 500 && blue > 500, "red %d, blue %d pixels", red, blue);
     // SVG of the same size.
-    ASSERT(run_cmd(out, sizeof out, "%s plot %s/a %s/b --output %s/ab.svg && head -c 400 %s/ab.svg", PITH_BIN, d, d, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s plot %s/a %s/b --output %s/ab.svg && head -c 400 %s/ab.svg", PITH_BIN, d, d, d,
+                   d) == 0);
     ASSERT_MSG(strstr(out, "<svg") && strstr(out, "width=\"1000pt\"") && strstr(out, "height=\"600pt\""), "%s", out);
     // A run with one row, and a run still writing its last line: both plot.
-    ASSERT(run_cmd(out, sizeof out, "mkdir -p %s/one %s/live && head -1 %s/a/metrics.jsonl > %s/one/metrics.jsonl && "
-                                    "head -5 %s/a/metrics.jsonl > %s/live/metrics.jsonl && "
-                                    "sed -n 6p %s/a/metrics.jsonl | head -c 40 >> %s/live/metrics.jsonl",
+    ASSERT(run_cmd(out, sizeof out,
+                   "mkdir -p %s/one %s/live && head -1 %s/a/metrics.jsonl > %s/one/metrics.jsonl && "
+                   "head -5 %s/a/metrics.jsonl > %s/live/metrics.jsonl && "
+                   "sed -n 6p %s/a/metrics.jsonl | head -c 40 >> %s/live/metrics.jsonl",
                    d, d, d, d, d, d, d, d) == 0);
-    ASSERT_MSG(run_cmd(out, sizeof out, "%s plot %s/one %s/live --output %s/ol.png", PITH_BIN, d, d, d) == 0, "%s", out);
+    ASSERT_MSG(run_cmd(out, sizeof out, "%s plot %s/one %s/live --output %s/ol.png", PITH_BIN, d, d, d) == 0, "%s",
+               out);
     snprintf(png, sizeof png, "%s/ol.png", d);
     blue = png_pixels_near(png, 0.12, 0.47, 0.71, &w, &h);
     ASSERT(w == 1000 && h == 600 && blue > 20);
     // Bad input: a broken line inside the file, a folder without metrics, a wrong extension; none leaves a file.
-    ASSERT(run_cmd(out, sizeof out, "cp -r %s/a %s/bad && sed -i '3s/.*/{\"step\": 3, /' %s/bad/metrics.jsonl", d, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "cp -r %s/a %s/bad && sed -i '3s/.*/{\"step\": 3, /' %s/bad/metrics.jsonl", d, d,
+                   d) == 0);
     ASSERT(run_cmd(out, sizeof out, "%s plot %s/bad --output %s/bad.png", PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "bad/metrics.jsonl: line 3:"), "%s", out);
     ASSERT(run_cmd(out, sizeof out, "%s plot %s/nothing --output %s/n.png", PITH_BIN, d, d) == 1);
     ASSERT(strstr(out, "nothing/metrics.jsonl: cannot read"));
-    ASSERT(run_cmd(out, sizeof out, "%s plot %s/a --output %s/a.jpg", PITH_BIN, d, d) == 1 && strstr(out, ".png or .svg"));
-    ASSERT(run_cmd(out, sizeof out, "ls %s", d) == 0 && !strstr(out, "bad.png") && !strstr(out, "n.png") && !strstr(out, "tmp"));
+    ASSERT(run_cmd(out, sizeof out, "%s plot %s/a --output %s/a.jpg", PITH_BIN, d, d) == 1 &&
+           strstr(out, ".png or .svg"));
+    ASSERT(run_cmd(out, sizeof out, "ls %s", d) == 0 && !strstr(out, "bad.png") && !strstr(out, "n.png") &&
+           !strstr(out, "tmp"));
 }

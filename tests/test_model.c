@@ -23,7 +23,8 @@ static void fixture_make(Fixture *fx, const char *model_json, double lb_coef, Lb
         const ParamInfo *p = &fx->m.params.p[i];
         if (p->init == INIT_ONES || p->init == INIT_ZEROS)
             for (int64_t j = 0; j < params_numel(p); j++)
-                ((float *)fx->m.w[p->group].p)[p->off + j] += (float)(0.3 * rng_normal(99, rng_hash_str(p->name), (uint64_t)j));
+                ((float *)fx->m.w[p->group].p)[p->off + j] +=
+                    (float)(0.3 * rng_normal(99, rng_hash_str(p->name), (uint64_t)j));
     }
     engine_init(&fx->e, &fx->m, B, S);
     fx->targets = 0;
@@ -41,7 +42,8 @@ static double objective(Fixture *fx, uint64_t *route) {
     engine_forward(&fx->e, false);
     uint64_t h = 0;
     for (int l = 0; l < fx->m.cfg.layers; l++)
-        for (int64_t i = 0; fx->m.cfg.is_moe[l] && i < tensor_numel(fx->e.io[l].idx); i++) h = rng_mix(h ^ (uint64_t)((int32_t *)fx->e.io[l].idx.p)[i]);
+        for (int64_t i = 0; fx->m.cfg.is_moe[l] && i < tensor_numel(fx->e.io[l].idx); i++)
+            h = rng_mix(h ^ (uint64_t)((int32_t *)fx->e.io[l].idx.p)[i]);
     *route = h;
     return (op_read_scalar(fx->m.loss_sum) + fx->e.mb.T * op_read_scalar(fx->m.lb_sum)) / fx->targets;
 }
@@ -79,13 +81,15 @@ static void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, i
     for (int i = 0; i < m->params.n; i++) {
         const ParamInfo *p = &m->params.p[i];
         int64_t n = params_numel(p);
-        float *w = (float *)m->w[p->group].p + p->off, *g = (float *)m->g[p->group].p + p->off, *v = xmalloc(n * sizeof(float));
+        float *w = (float *)m->w[p->group].p + p->off, *g = (float *)m->g[p->group].p + p->off,
+              *v = xmalloc(n * sizeof(float));
         double norm = 0;
         for (int64_t j = 0; j < n; j++) norm += (double)g[j] * g[j];
         norm = sqrt(norm);
         if (norm == 0) { // an expert no token reached: the objective must not change along a random direction either
             double vn = 0;
-            for (int64_t j = 0; j < n; j++) v[j] = (float)rng_normal(17, rng_hash_str(p->name), (uint64_t)j), vn += (double)v[j] * v[j];
+            for (int64_t j = 0; j < n; j++)
+                v[j] = (float)rng_normal(17, rng_hash_str(p->name), (uint64_t)j), vn += (double)v[j] * v[j];
             for (int64_t j = 0; j < n; j++) v[j] = (float)(v[j] / sqrt(vn));
             double fd = fd_along(&fx, w, v, n, route0);
             ASSERT_MSG(fabs(fd) < 1e-4, "%s: zero gradient but finite differences give %.3g", p->name, fd);
@@ -95,7 +99,8 @@ static void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, i
         for (int64_t j = 0; j < n; j++) v[j] = (float)(g[j] / norm);
         double fd = fd_along(&fx, w, v, n, route0), err = fabs(fd - norm) / norm;
         if (err > worst) worst = err, worst_name = p->name;
-        ASSERT_MSG(err < 5e-3, "%s: |grad| = %.6g but finite differences give %.6g (rel err %.3g)", p->name, norm, fd, err);
+        ASSERT_MSG(err < 5e-3, "%s: |grad| = %.6g but finite differences give %.6g (rel err %.3g)", p->name, norm, fd,
+                   err);
         free(v);
     }
     printf("     gradcheck: %d tensors, worst relative error %.2e (%s)\n", m->params.n, worst, worst_name);
@@ -103,7 +108,9 @@ static void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, i
     model_free(m);
 }
 
-static void gradcheck(const char *model_json, double lb_coef, LbForm form) { gradcheck_seq(model_json, lb_coef, form, 8); }
+static void gradcheck(const char *model_json, double lb_coef, LbForm form) {
+    gradcheck_seq(model_json, lb_coef, form, 8);
+}
 
 static const char *config_a = TINY_MOE_A;
 static const char *config_b = TINY_MOE_B;
@@ -130,9 +137,11 @@ static const char *config_dsv2 =
     "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 2,"
     " \"q_lora_rank\": 10, \"kv_lora_rank\": 8, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 6,"
     " \"vocab_size\": 40, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 6,"
-    " \"n_shared_experts\": 2, \"intermediate_size\": 12, \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\","
+    " \"n_shared_experts\": 2, \"intermediate_size\": 12, \"first_k_dense_replace\": 1, \"topk_method\": "
+    "\"group_limited_greedy\","
     " \"n_group\": 4, \"topk_group\": 2, \"routed_scaling_factor\": 1.5, \"max_position_embeddings\": 64,"
-    " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0, \"original_max_position_embeddings\": 4,"
+    " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0, "
+    "\"original_max_position_embeddings\": 4,"
     " \"mscale\": 1.0, \"mscale_all_dim\": 0.5}}";
 // Like V2-Lite: q_proj, greedy, default RoPE (transformers v4 spelling: top-level rope_theta), tied embeddings.
 static const char *config_dsv2_lite =
@@ -149,7 +158,8 @@ TEST(model_gradcheck_deepseek_v2_lite) { gradcheck_seq(config_dsv2_lite, 0.05, L
 TEST(model_config_deepseek_v2) {
     ModelConfig mc;
     model_config_load(&mc, write_text(test_tmpdir(), "config.json", config_dsv2));
-    ASSERT(!mc.is_moe[0] && mc.is_moe[1] && mc.is_moe[2] && mc.experts == 8 && mc.rope.rd == 4 && mc.rope.yarn && mc.rope.factor == 4);
+    ASSERT(!mc.is_moe[0] && mc.is_moe[1] && mc.is_moe[2] && mc.experts == 8 && mc.rope.rd == 4 && mc.rope.yarn &&
+           mc.rope.factor == 4);
     model_config_load(&mc, write_text(test_tmpdir(), "config.json", config_dsv2_lite));
     ASSERT(!mc.is_moe[0] && mc.is_moe[1] && !mc.rope.yarn && mc.rope.theta == 5e5 && mc.tie_embed);
     // A bad field stops `pith convert` (which reads the config first) with one line naming file and key.
@@ -163,8 +173,10 @@ TEST(model_config_deepseek_v2) {
         {"\"num_key_value_heads\": 1", "config.json: num_key_value_heads: must equal num_attention_heads"},
         {"\"scoring_func\": \"sigmoid\"", "config.json: scoring_func: only softmax routing is supported"},
         {"\"kv_lora_rank\": 0", "must be valid sizes"},
-        {"\"rope_parameters\": {\"rope_type\": \"longrope\"}", "config.json: rope_parameters.rope_type: 'longrope' is not supported for deepseek_v2"},
-        {"\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4}", "rope_parameters.original_max_position_embeddings: missing required key"},
+        {"\"rope_parameters\": {\"rope_type\": \"longrope\"}",
+         "config.json: rope_parameters.rope_type: 'longrope' is not supported for deepseek_v2"},
+        {"\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4}",
+         "rope_parameters.original_max_position_embeddings: missing required key"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         const char *d = test_tmpdir();
@@ -176,7 +188,8 @@ TEST(model_config_deepseek_v2) {
         write_text(d, "config.json", js);
         free(js), json_decref(cfg), json_decref(edit);
         int rc = run_cmd(out, sizeof out, "%s convert hf2pith %s %s/out", PITH_BIN, d, d);
-        ASSERT_MSG(rc == 1 && strstr(out, bad[i].needle) && strchr(out, '\n') == out + strlen(out) - 1, "%s: %s", bad[i].edit, out);
+        ASSERT_MSG(rc == 1 && strstr(out, bad[i].needle) && strchr(out, '\n') == out + strlen(out) - 1, "%s: %s",
+                   bad[i].edit, out);
     }
 }
 
@@ -184,7 +197,8 @@ TEST(model_config_deepseek_v2) {
 // the eval loss within 1e-5 relative, and 5 AdamW steps of loss and pre-clip grad norm within 1e-4.
 static void hf_parity(const char *fix) {
     char out[16384], path[512];
-    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data %s/tokens.bin --seq 16 --batch 4", PITH_BIN, fix, fix) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data %s/tokens.bin --seq 16 --batch 4", PITH_BIN, fix, fix) ==
+           0);
     const char *p = strstr(out, "loss ");
     ASSERT_MSG(p, "%s", out);
     double got = strtod(p + 5, NULL), want = hf_expected(fix, "loss", -1), worst = 0;
@@ -200,7 +214,8 @@ static void hf_parity(const char *fix) {
         ASSERT(fgets(line, sizeof line, f));
         const char *l = strstr(line, "\"loss\": "), *g = strstr(line, "\"grad_norm\": ");
         ASSERT_MSG(l && g, "%s", line);
-        double lv = strtod(l + 8, NULL), gv = strtod(g + 13, NULL), el = hf_expected(fix, "loss", s), eg = hf_expected(fix, "grad_norm", s);
+        double lv = strtod(l + 8, NULL), gv = strtod(g + 13, NULL), el = hf_expected(fix, "loss", s),
+               eg = hf_expected(fix, "grad_norm", s);
         double e = fmax(fabs(lv - el) / el, fabs(gv - eg) / eg);
         worst = fmax(worst, e);
         ASSERT_MSG(e <= 1e-4, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", s + 1, lv, el, gv, eg);
@@ -218,14 +233,16 @@ TEST(hf_parity_deepseek_v2_lite) { hf_parity("tests/hf/deepseek_v2_lite"); }
 TEST(convert_deepseek_v2_round_trip_and_grouped_experts) {
     const char *fix = "tests/hf/deepseek_v2", *d = test_tmpdir();
     char out[8192], a[512], b[640];
-    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith %s %s/ck && %s convert pith2hf %s/ck %s/hf", PITH_BIN, fix, d, PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith %s %s/ck && %s convert pith2hf %s/ck %s/hf", PITH_BIN, fix, d,
+                   PITH_BIN, d, d) == 0);
     StSet x, y;
     snprintf(a, sizeof a, "%s/hf", d);
     st_set_open_or_die(&x, fix), st_set_open_or_die(&y, a);
     ASSERT(x.n == y.n);
     for (int i = 0; i < x.n; i++) {
         const StTensor *t = st_set_find(&y, x.t[i]->name);
-        ASSERT_MSG(t && t->dt == x.t[i]->dt && t->bytes == x.t[i]->bytes && !memcmp(t->data, x.t[i]->data, t->bytes), "%s", x.t[i]->name);
+        ASSERT_MSG(t && t->dt == x.t[i]->dt && t->bytes == x.t[i]->bytes && !memcmp(t->data, x.t[i]->data, t->bytes),
+                   "%s", x.t[i]->name);
     }
     st_set_close(&y);
     // the grouped folder, made from the fixture's per-expert tensors
@@ -238,10 +255,12 @@ TEST(convert_deepseek_v2_round_trip_and_grouped_experts) {
     st_writer_init(&w);
     float *bufs[2 * MAX_LAYERS] = {0};
     for (int i = 0; i < x.n; i++)
-        if (!strstr(x.t[i]->name, ".mlp.experts.")) st_writer_add_raw(&w, x.t[i]->name, x.t[i]->dt, x.t[i]->nd, x.t[i]->shape, x.t[i]->data);
+        if (!strstr(x.t[i]->name, ".mlp.experts."))
+            st_writer_add_raw(&w, x.t[i]->name, x.t[i]->dt, x.t[i]->nd, x.t[i]->shape, x.t[i]->data);
     for (int l = 0; l < mc.layers; l++) {
         if (!mc.is_moe[l]) continue;
-        float *gu = bufs[2 * l] = xmalloc(E * 2 * I * H * sizeof(float)), *dn = bufs[2 * l + 1] = xmalloc(E * H * I * sizeof(float));
+        float *gu = bufs[2 * l] = xmalloc(E * 2 * I * H * sizeof(float)),
+              *dn = bufs[2 * l + 1] = xmalloc(E * H * I * sizeof(float));
         for (int64_t e = 0; e < E; e++) {
             static const char *const part[] = {"gate", "up", "down"};
             for (int j = 0; j < 3; j++) {
@@ -262,13 +281,16 @@ TEST(convert_deepseek_v2_round_trip_and_grouped_experts) {
     st_writer_write(&w, b);
     st_writer_free(&w), st_set_close(&x);
     for (int l = 0; l < 2 * MAX_LAYERS; l++) free(bufs[l]);
-    ASSERT(run_cmd(out, sizeof out, "cp %s/config.json %s/ && %s convert hf2pith %s %s/ck2 && cmp %s/ck/model.safetensors %s/ck2/model.safetensors", fix, a,
-                   PITH_BIN, a, d, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "cp %s/config.json %s/ && %s convert hf2pith %s %s/ck2 && cmp %s/ck/model.safetensors "
+                   "%s/ck2/model.safetensors",
+                   fix, a, PITH_BIN, a, d, d, d) == 0);
     // grouped experts for the dense layer 0 are no parameters: an error naming the tensor, no output
     StSet g;
     st_set_open_or_die(&g, a);
     st_writer_init(&w);
-    for (int i = 0; i < g.n; i++) st_writer_add_raw(&w, g.t[i]->name, g.t[i]->dt, g.t[i]->nd, g.t[i]->shape, g.t[i]->data);
+    for (int i = 0; i < g.n; i++)
+        st_writer_add_raw(&w, g.t[i]->name, g.t[i]->dt, g.t[i]->nd, g.t[i]->shape, g.t[i]->data);
     const StTensor *t = st_set_find(&g, "model.layers.1.mlp.experts.down_proj");
     st_writer_add_raw(&w, "model.layers.0.mlp.experts.down_proj", t->dt, t->nd, t->shape, t->data);
     snprintf(b, sizeof b, "%s/bad", d);
@@ -276,8 +298,11 @@ TEST(convert_deepseek_v2_round_trip_and_grouped_experts) {
     snprintf(a, sizeof a, "%s/bad/model.safetensors", d);
     st_writer_write(&w, a);
     st_writer_free(&w), st_set_close(&g);
-    ASSERT(run_cmd(out, sizeof out, "cp %s/config.json %s/ && %s convert hf2pith %s %s/ck3", fix, b, PITH_BIN, b, d) == 1);
-    ASSERT_MSG(strstr(out, "tensor 'model.layers.0.mlp.experts.down_proj' is not a parameter of this deepseek_v2 model"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "cp %s/config.json %s/ && %s convert hf2pith %s %s/ck3", fix, b, PITH_BIN, b, d) ==
+           1);
+    ASSERT_MSG(
+        strstr(out, "tensor 'model.layers.0.mlp.experts.down_proj' is not a parameter of this deepseek_v2 model"), "%s",
+        out);
     snprintf(a, sizeof a, "%s/ck3", d);
     ASSERT(!path_exists(a));
 }

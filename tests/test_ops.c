@@ -8,7 +8,8 @@
 // A reference op: out = f(in[0..nin)). Finite differences give ∂(Σ G·out)/∂in[j].
 typedef void (*RefFn)(double **in, double *out, const void *ctx);
 
-static void fd_grad(RefFn f, double **in, int j, int64_t nin_j, const double *G, int64_t nout, double *grad, const void *ctx) {
+static void fd_grad(RefFn f, double **in, int j, int64_t nin_j, const double *G, int64_t nout, double *grad,
+                    const void *ctx) {
     double *out = xmalloc(nout * sizeof(double));
     for (int64_t i = 0; i < nin_j; i++) {
         double x0 = in[j][i], h = 1e-6, lp = 0, lm = 0;
@@ -44,7 +45,9 @@ static float *poisoned(int64_t n) {
 }
 
 // ---- linear ----
-typedef struct { int64_t M, K, N; } LinCtx;
+typedef struct {
+    int64_t M, K, N;
+} LinCtx;
 static void ref_linear(double **in, double *out, const void *c) {
     const LinCtx *p = c;
     for (int64_t i = 0; i < p->M; i++)
@@ -57,12 +60,15 @@ static void ref_linear(double **in, double *out, const void *c) {
 
 TEST(op_linear) {
     LinCtx c = {7, 5, 6};
-    float *x = rnd(c.M * c.K, 1), *w = rnd(c.N * c.K, 1), *b = rnd(c.N, 1), *y = poisoned(c.M * c.N), *G = rnd(c.M * c.N, 1);
-    double *in[3] = {to_f64(x, c.M * c.K), to_f64(w, c.N * c.K), to_f64(b, c.N)}, *yr = xmalloc(c.M * c.N * sizeof(double));
+    float *x = rnd(c.M * c.K, 1), *w = rnd(c.N * c.K, 1), *b = rnd(c.N, 1), *y = poisoned(c.M * c.N),
+          *G = rnd(c.M * c.N, 1);
+    double *in[3] = {to_f64(x, c.M * c.K), to_f64(w, c.N * c.K), to_f64(b, c.N)},
+           *yr = xmalloc(c.M * c.N * sizeof(double));
     ref_linear(in, yr, &c);
     op_linear_forward(tf32_2(y, c.M, c.N), tf32_2(x, c.M, c.K), tf32_2(w, c.N, c.K), tf32_1(b, c.N));
     ASSERT(rel_err_mixed(y, yr, c.M * c.N) < 1e-6);
-    double *Gd = to_f64(G, c.M * c.N), *gx = xmalloc(c.M * c.K * 8), *gw = xmalloc(c.N * c.K * 8), *gb = xmalloc(c.N * 8);
+    double *Gd = to_f64(G, c.M * c.N), *gx = xmalloc(c.M * c.K * 8), *gw = xmalloc(c.N * c.K * 8),
+           *gb = xmalloc(c.N * 8);
     fd_grad(ref_linear, in, 0, c.M * c.K, Gd, c.M * c.N, gx, &c);
     fd_grad(ref_linear, in, 1, c.N * c.K, Gd, c.M * c.N, gw, &c);
     fd_grad(ref_linear, in, 2, c.N, Gd, c.M * c.N, gb, &c);
@@ -81,7 +87,7 @@ TEST(op_linear) {
 // ---- grouped linear: 4 experts, one of them empty, with and without a per-expert bias ----
 static const int64_t goffs[5] = {0, 3, 3, 7, 9};
 static void ref_grouped(double **in, double *out, const void *c) { // in: x, w, b (b NULL: none)
-    const LinCtx *p = c; // K in, N out per expert
+    const LinCtx *p = c;                                           // K in, N out per expert
     for (int e = 0; e < 4; e++)
         for (int64_t i = goffs[e]; i < goffs[e + 1]; i++)
             for (int64_t j = 0; j < p->N; j++) {
@@ -121,7 +127,10 @@ TEST(op_grouped_linear) { check_grouped(false); }
 TEST(op_grouped_linear_bias) { check_grouped(true); }
 
 // ---- rmsnorm ----
-typedef struct { int64_t R, D; double eps; } NormCtx;
+typedef struct {
+    int64_t R, D;
+    double eps;
+} NormCtx;
 static void ref_rmsnorm(double **in, double *out, const void *c) {
     const NormCtx *p = c;
     for (int64_t i = 0; i < p->R; i++) {
@@ -136,14 +145,16 @@ TEST(op_rmsnorm) {
     NormCtx c = {6, 16, 1e-6};
     int64_t n = c.R * c.D;
     float *x = rnd(n, 2), *w = rnd(c.D, 1), *y = poisoned(n), *rstd = poisoned(c.R), *G = rnd(n, 1);
-    double *in[2] = {to_f64(x, n), to_f64(w, c.D)}, *yr = xmalloc(n * 8), *Gd = to_f64(G, n), *gx = xmalloc(n * 8), *gw = xmalloc(c.D * 8);
+    double *in[2] = {to_f64(x, n), to_f64(w, c.D)}, *yr = xmalloc(n * 8), *Gd = to_f64(G, n), *gx = xmalloc(n * 8),
+           *gw = xmalloc(c.D * 8);
     ref_rmsnorm(in, yr, &c);
     op_rmsnorm_forward(tf32_2(y, c.R, c.D), tf32_1(rstd, c.R), tf32_2(x, c.R, c.D), tf32_1(w, c.D), (float)c.eps);
     ASSERT(rel_err_mixed(y, yr, n) < 1e-6);
     fd_grad(ref_rmsnorm, in, 0, n, Gd, n, gx, &c);
     fd_grad(ref_rmsnorm, in, 1, c.D, Gd, n, gw, &c);
     float *dx = poisoned(n), *dw = xcalloc(c.D, 4);
-    op_rmsnorm_backward(tf32_2(dx, c.R, c.D), tf32_1(dw, c.D), tf32_2(G, c.R, c.D), tf32_2(x, c.R, c.D), tf32_1(w, c.D), tf32_1(rstd, c.R), false);
+    op_rmsnorm_backward(tf32_2(dx, c.R, c.D), tf32_1(dw, c.D), tf32_2(G, c.R, c.D), tf32_2(x, c.R, c.D), tf32_1(w, c.D),
+                        tf32_1(rstd, c.R), false);
     ASSERT(rel_err_mixed(dx, gx, n) < 1e-5);
     ASSERT(rel_err_mixed(dw, gw, c.D) < 1e-5);
 }
@@ -183,7 +194,8 @@ static void check_rope(RopeLayout layout, int64_t d, int64_t off, int64_t rd) {
     float *x = rnd(n, 1), *G = rnd(n, 1);
     double *in[1] = {to_f64(x, n)}, *yr = xmalloc(n * 8), *Gd = to_f64(G, n), *gx = xmalloc(n * 8);
     ref_rope(in, yr, &c);
-    Tensor X = tensor_make(x, DT_F32, DEV_CPU, 3, c.T, c.nh, c.d, 1), P = tensor_make(pos, DT_I32, DEV_CPU, 1, 5, 1, 1, 1);
+    Tensor X = tensor_make(x, DT_F32, DEV_CPU, 3, c.T, c.nh, c.d, 1),
+           P = tensor_make(pos, DT_I32, DEV_CPU, 1, 5, 1, 1, 1);
     Tensor Cs = tf32_2(c.cs, S, rd / 2), Sn = tf32_2(c.sn, S, rd / 2);
     op_rope(X, (int)off, Cs, Sn, P, layout, false);
     ASSERT(rel_err_mixed(x, yr, n) < 1e-6);
@@ -255,7 +267,9 @@ TEST(op_rope_tables) {
 }
 
 // ---- swiglu ----
-typedef struct { int64_t M, I; } SwiCtx;
+typedef struct {
+    int64_t M, I;
+} SwiCtx;
 static void ref_swiglu(double **in, double *out, const void *c) {
     const SwiCtx *p = c;
     for (int64_t r = 0; r < p->M; r++)
@@ -338,10 +352,8 @@ static void check_attention(AttCtx c, bool sinks) {
     op_attention_forward(O, L, Q, K, V, &c.a);
     ASSERT(rel_err_mixed(o, ref, no) < 1e-6);
     for (int64_t i = 0; i < nl; i++) // a query that sees nothing has lse −∞ on both sides
-        if (ref[no + i] < -1e299)
-            ASSERT(isinf(lse[i]) && lse[i] < 0);
-        else
-            ASSERT_NEAR(lse[i], ref[no + i], 1e-5 * (1 + fabs(ref[no + i])));
+        if (ref[no + i] < -1e299) ASSERT(isinf(lse[i]) && lse[i] < 0);
+        else ASSERT_NEAR(lse[i], ref[no + i], 1e-5 * (1 + fabs(ref[no + i])));
     fd_grad(ref_attention, in, 0, nq, Gd, no + nl, gq, &c);
     fd_grad(ref_attention, in, 1, nk, Gd, no + nl, gk, &c);
     fd_grad(ref_attention, in, 2, nv, Gd, no + nl, gv, &c);
@@ -511,7 +523,8 @@ TEST(op_moe_sort_gather_scatter) {
     int64_t T = 5, k = 2, E = 4, H = 3;
     int32_t idx[10] = {3, 1, 1, 0, 3, 2, 1, 3, 0, 1}, perm[10];
     int64_t offs[5];
-    op_moe_sort(tensor_make(perm, DT_I32, DEV_CPU, 1, T * k, 1, 1, 1), offs, tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), (int)E);
+    op_moe_sort(tensor_make(perm, DT_I32, DEV_CPU, 1, T * k, 1, 1, 1), offs,
+                tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), (int)E);
     int64_t want_offs[5] = {0, 2, 6, 7, 10};
     int32_t want_perm[10] = {3, 8, 1, 2, 6, 9, 5, 0, 4, 7}; // stable: slots in increasing order within an expert
     for (int i = 0; i < 5; i++) ASSERT(offs[i] == want_offs[i]);
@@ -530,7 +543,9 @@ TEST(op_moe_sort_gather_scatter) {
     for (int i = 0; i < 15; i++) ASSERT_NEAR(dx[i], 2 * x[i], 1e-6);
 }
 
-typedef struct { int64_t T, k, H; } CombCtx;
+typedef struct {
+    int64_t T, k, H;
+} CombCtx;
 static void ref_combine(double **in, double *out, const void *c) { // in: resid, y, w
     const CombCtx *p = c;
     for (int64_t t = 0; t < p->T; t++)
@@ -545,19 +560,24 @@ TEST(op_moe_combine) {
     CombCtx c = {4, 3, 5};
     int64_t nr = c.T * c.H, ny = c.T * c.k * c.H, nw = c.T * c.k;
     float *r = rnd(nr, 1), *y = rnd(ny, 1), *w = rnd(nw, 1), *out = poisoned(nr), *G = rnd(nr, 1);
-    double *in[3] = {to_f64(r, nr), to_f64(y, ny), to_f64(w, nw)}, *yr = xmalloc(nr * 8), *Gd = to_f64(G, nr), *gy = xmalloc(ny * 8), *gw = xmalloc(nw * 8);
+    double *in[3] = {to_f64(r, nr), to_f64(y, ny), to_f64(w, nw)}, *yr = xmalloc(nr * 8), *Gd = to_f64(G, nr),
+           *gy = xmalloc(ny * 8), *gw = xmalloc(nw * 8);
     ref_combine(in, yr, &c);
     op_moe_combine_forward(tf32_2(out, c.T, c.H), tf32_2(r, c.T, c.H), tf32_2(y, c.T * c.k, c.H), tf32_2(w, c.T, c.k));
     ASSERT(rel_err_mixed(out, yr, nr) < 1e-6);
     fd_grad(ref_combine, in, 1, ny, Gd, nr, gy, &c);
     fd_grad(ref_combine, in, 2, nw, Gd, nr, gw, &c);
     float *dy = poisoned(ny), *dw = poisoned(nw);
-    op_moe_combine_backward(tf32_2(dy, c.T * c.k, c.H), tf32_2(dw, c.T, c.k), tf32_2(G, c.T, c.H), tf32_2(y, c.T * c.k, c.H), tf32_2(w, c.T, c.k));
+    op_moe_combine_backward(tf32_2(dy, c.T * c.k, c.H), tf32_2(dw, c.T, c.k), tf32_2(G, c.T, c.H),
+                            tf32_2(y, c.T * c.k, c.H), tf32_2(w, c.T, c.k));
     ASSERT(rel_err_mixed(dy, gy, ny) < 1e-6);
     ASSERT(rel_err_mixed(dw, gw, nw) < 1e-6);
 }
 
-typedef struct { int64_t R, V; const int32_t *lab; } CeCtx;
+typedef struct {
+    int64_t R, V;
+    const int32_t *lab;
+} CeCtx;
 static void ref_ce(double **in, double *out, const void *c) {
     const CeCtx *p = c;
     out[0] = 0;
@@ -578,7 +598,8 @@ TEST(op_cross_entropy) {
     double *in[1] = {to_f64(l, n)}, want, G = 0.25, *g = xmalloc(n * 8), loss = 1.5;
     ref_ce(in, &want, &c);
     fd_grad(ref_ce, in, 0, n, &G, 1, g, &c);
-    op_cross_entropy(tf32_2(l, c.R, c.V), tensor_make(lab, DT_I32, DEV_CPU, 1, 4, 1, 1, 1), tensor_make(&loss, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), 0.25f);
+    op_cross_entropy(tf32_2(l, c.R, c.V), tensor_make(lab, DT_I32, DEV_CPU, 1, 4, 1, 1, 1),
+                     tensor_make(&loss, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), 0.25f);
     ASSERT_NEAR(loss, 1.5 + want, 1e-5);
     ASSERT(rel_err_mixed(l, g, n) < 1e-5);
     for (int v = 0; v < 7; v++) ASSERT(l[7 + v] == 0); // ignored row
@@ -607,7 +628,8 @@ TEST(op_adamw) {
     double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
     for (int t = 1; t <= 3; t++) {
         float *g = rnd(n, 1);
-        op_adamw(tf32_1(p, n), tf32_1(g, n), tf32_1(m, n), tf32_1(v, n), (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t);
+        op_adamw(tf32_1(p, n), tf32_1(g, n), tf32_1(m, n), tf32_1(v, n), (float)lr, (float)b1, (float)b2, (float)eps,
+                 (float)wd, t);
         for (int64_t i = 0; i < n; i++) {
             pd[i] *= 1 - lr * wd;
             md[i] = b1 * md[i] + (1 - b1) * g[i];

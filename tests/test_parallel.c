@@ -9,8 +9,8 @@
 #include "base/safetensors.h"
 #include "test.h"
 
-#define MPIRUN                                                                                        \
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " \
+#define MPIRUN                                                                                                         \
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "              \
     "mpirun --oversubscribe --bind-to none -np"
 
 // TINY_MOE_EP (tests/test.h), load balancing on.
@@ -22,7 +22,8 @@ static const char *model_json_dsv2 =
     "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
     " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8, \"v_head_dim\": 6,"
     " \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 16,"
-    " \"n_shared_experts\": 1, \"intermediate_size\": 24, \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\","
+    " \"n_shared_experts\": 1, \"intermediate_size\": 24, \"first_k_dense_replace\": 1, \"topk_method\": "
+    "\"group_limited_greedy\","
     " \"n_group\": 4, \"topk_group\": 2, \"routed_scaling_factor\": 2.0, \"max_position_embeddings\": 64,"
     " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0,"
     " \"original_max_position_embeddings\": 8, \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}";
@@ -32,10 +33,12 @@ static const char *make_run_of(const char *model) {
     static char d[256];
     snprintf(d, sizeof d, "%s", test_tmpdir());
     char out[4096];
-    ASSERT(run_cmd(out, sizeof out, "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 20000", model, d, PITH_BIN,
-                   d) == 0);
     ASSERT(run_cmd(out, sizeof out,
-                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, \"micro_batch_size\": 2,"
+                   "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 20000", model, d,
+                   PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, "
+                   "\"micro_batch_size\": 2,"
                    " \"global_batch_size\": 8, \"max_steps\": 20, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01},"
                    " \"moe_load_balance_coef\": 0.01, \"parallel\": {\"timeout_s\": 60}}' > %s/train.json",
                    d) == 0);
@@ -92,7 +95,8 @@ TEST(dist_comm_requests) {
     double t0 = now_seconds();
     int rc = run_cmd(out, sizeof out, MPIRUN " 3 build/test_parallel hang-p2p");
     ASSERT_MSG(rc != 0 && now_seconds() - t0 < 20 &&
-                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not complete within parallel.timeout_s = 3 s"),
+                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not complete within "
+                               "parallel.timeout_s = 3 s"),
                "%s", out);
 }
 
@@ -121,7 +125,8 @@ TEST(dist_ep_dispatch_combine) {
     }
     // a capacity bound too small for the routing stops loudly (never drops tokens)
     int rc = run_cmd(out, sizeof out, MPIRUN " 3 build/test_parallel capacity");
-    ASSERT_MSG(rc != 0 && strstr(out, "pith: error: rank 0: expert parallelism: ep rank 0 received 48 (token, expert) rows, above the capacity of 24"),
+    ASSERT_MSG(rc != 0 && strstr(out, "pith: error: rank 0: expert parallelism: ep rank 0 received 48 (token, expert) "
+                                      "rows, above the capacity of 24"),
                "%s", out);
 }
 
@@ -143,20 +148,24 @@ static const struct {
 // tensor). sets: more --set options for every run.
 static void check_layouts(const char *d, size_t n, const char *sets) {
     char out[1 << 16], ref[300], dir[300];
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, sets, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d,
+                   sets, d, d) == 0);
     snprintf(ref, sizeof ref, "%s/one", d);
     for (size_t i = 0; i < n; i++) {
         snprintf(dir, sizeof dir, "%s/%s", d, layouts[i].name);
-        int rc = run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json %s %s --set run_dir=%s --dump-grads %s/g 2>&1", PITH_BIN,
-                         layouts[i].np, d, layouts[i].sets, sets, dir, dir);
+        int rc = run_cmd(out, sizeof out,
+                         "PITH=%s scripts/launch.sh -n %d %s/train.json %s %s --set run_dir=%s --dump-grads %s/g 2>&1",
+                         PITH_BIN, layouts[i].np, d, layouts[i].sets, sets, dir, dir);
         ASSERT_MSG(rc == 0, "%s: %s", layouts[i].name, out);
         double l1 = metric(dir, 1, "loss"), r1 = metric(ref, 1, "loss"), worst = fabs(l1 - r1) / r1;
         ASSERT_MSG(worst <= 1e-6, "%s: step 1 loss %.9g vs one process %.9g", layouts[i].name, l1, r1);
         for (int s = 2; s <= 20; s++) {
-            double l = metric(dir, s, "loss"), r = metric(ref, s, "loss"), g = metric(dir, s, "grad_norm"), rg = metric(ref, s, "grad_norm");
+            double l = metric(dir, s, "loss"), r = metric(ref, s, "loss"), g = metric(dir, s, "grad_norm"),
+                   rg = metric(ref, s, "grad_norm");
             worst = fmax(worst, fabs(l - r) / r);
             ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs one process %.9g", layouts[i].name, s, l, r);
-            ASSERT_MSG(fabs(g - rg) <= 1e-4 * rg, "%s: step %d grad norm %.9g vs one process %.9g", layouts[i].name, s, g, rg);
+            ASSERT_MSG(fabs(g - rg) <= 1e-4 * rg, "%s: step %d grad norm %.9g vs one process %.9g", layouts[i].name, s,
+                       g, rg);
         }
         char ga[320], gb[320];
         snprintf(ga, sizeof ga, "%s/g", dir), snprintf(gb, sizeof gb, "%s/g", ref);
@@ -170,7 +179,9 @@ static void check_layouts(const char *d, size_t n, const char *sets) {
 TEST(dist_equivalence_layouts) { check_layouts(make_run(), sizeof layouts / sizeof *layouts, ""); }
 
 // DeepSeek-V2 (sequence-form load balancing, its own): ep2, dp2 and ep2 × dp2 against one process.
-TEST(dist_equivalence_layouts_deepseek_v2) { check_layouts(make_run_of(model_json_dsv2), 3, "--set moe_load_balance_type=sequence"); }
+TEST(dist_equivalence_layouts_deepseek_v2) {
+    check_layouts(make_run_of(model_json_dsv2), 3, "--set moe_load_balance_type=sequence");
+}
 
 // A DeepSeek-V2 checkpoint written at ep2 resumes at ep2 × dp2 and on one process with the losses of the
 // uninterrupted run.
@@ -178,10 +189,14 @@ TEST(dist_reshard_resume_deepseek_v2) {
     const char *d = make_run_of(model_json_dsv2);
     char out[1 << 16], dir[300], full[300];
     snprintf(full, sizeof full, "%s/full", d);
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set max_steps=6 --set run_dir=%s", PITH_BIN, d, full) == 0);
-    ASSERT(run_cmd(out, sizeof out, MPIRUN " 2 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set save_location=%s/ck --steps 3",
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set max_steps=6 --set run_dir=%s", PITH_BIN, d, full) ==
+           0);
+    ASSERT(run_cmd(out, sizeof out,
+                   MPIRUN " 2 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set "
+                          "save_location=%s/ck --steps 3",
                    PITH_BIN, d, d) == 0);
-    static const char *const launch[] = {MPIRUN " 4 %s train %s/train.json --set parallel.expert_parallel_size=2", "%s train %s/train.json"};
+    static const char *const launch[] = {MPIRUN " 4 %s train %s/train.json --set parallel.expert_parallel_size=2",
+                                         "%s train %s/train.json"};
     for (int i = 0; i < 2; i++) {
         snprintf(dir, sizeof dir, "%s/r%d", d, i);
         char fmt[512];
@@ -201,13 +216,18 @@ TEST(dist_equivalence_global_batch_lb) {
     const char *d = make_run();
     char out[1 << 16], a[300], b[300];
     const char *gb = "--set moe_load_balance_type=global-batch --set max_steps=10";
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, gb, d, d) == 0);
-    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train %s/train.json %s --set parallel.expert_parallel_size=2 --set run_dir=%s/ep2dp2 --dump-grads %s/ep2dp2/g",
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d,
+                   gb, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   MPIRUN " 4 %s train %s/train.json %s --set parallel.expert_parallel_size=2 --set run_dir=%s/ep2dp2 "
+                          "--dump-grads %s/ep2dp2/g",
                    PITH_BIN, d, gb, d, d) == 0);
     snprintf(a, sizeof a, "%s/ep2dp2", d), snprintf(b, sizeof b, "%s/one", d);
     for (int s = 1; s <= 10; s++) {
-        double l = metric(a, s, "loss"), r = metric(b, s, "loss"), lb = metric(a, s, "lb_loss"), rlb = metric(b, s, "lb_loss");
-        ASSERT_MSG(fabs(l - r) <= 1e-5 * r && fabs(lb - rlb) <= 1e-5 * rlb, "step %d: loss %.9g lb %.9g vs one process %.9g %.9g", s, l, lb, r, rlb);
+        double l = metric(a, s, "loss"), r = metric(b, s, "loss"), lb = metric(a, s, "lb_loss"),
+               rlb = metric(b, s, "lb_loss");
+        ASSERT_MSG(fabs(l - r) <= 1e-5 * r && fabs(lb - rlb) <= 1e-5 * rlb,
+                   "step %d: loss %.9g lb %.9g vs one process %.9g %.9g", s, l, lb, r, rlb);
     }
     char ga[320], gb2[320];
     snprintf(ga, sizeof ga, "%s/g", a), snprintf(gb2, sizeof gb2, "%s/g", b);
@@ -215,9 +235,11 @@ TEST(dist_equivalence_global_batch_lb) {
     double gd = grad_diff(ga, gb2, &wn);
     ASSERT_MSG(gd <= 1e-5, "gradient of %s differs by %.3g", wn, gd);
     // one micro-batch per step: the same run as the micro-batch form
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set global_batch_size=2 --set max_steps=5 --set run_dir=%s/m1 && "
-                                    "%s train %s/train.json --set global_batch_size=2 --set max_steps=5 --set run_dir=%s/g1 %s && "
-                                    "cd %s && sed 's/, .tokens_per_s.*//' m1/metrics.jsonl > m1.txt && sed 's/, .tokens_per_s.*//' g1/metrics.jsonl > g1.txt && cmp m1.txt g1.txt",
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set global_batch_size=2 --set max_steps=5 --set run_dir=%s/m1 && "
+                   "%s train %s/train.json --set global_batch_size=2 --set max_steps=5 --set run_dir=%s/g1 %s && "
+                   "cd %s && sed 's/, .tokens_per_s.*//' m1/metrics.jsonl > m1.txt && sed 's/, .tokens_per_s.*//' "
+                   "g1/metrics.jsonl > g1.txt && cmp m1.txt g1.txt",
                    PITH_BIN, d, d, PITH_BIN, d, d, "--set moe_load_balance_type=global-batch", d) == 0);
 }
 
@@ -226,14 +248,19 @@ TEST(dist_equivalence_global_batch_lb) {
 TEST(dist_hf_parity_ep4) {
     const char *d = test_tmpdir();
     char out[1 << 15];
-    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train tests/hf/qwen3_moe/train.json --set micro_batch_size=1 --set parallel.expert_parallel_size=4 --set run_dir=%s",
+    ASSERT(run_cmd(out, sizeof out,
+                   MPIRUN " 4 %s train tests/hf/qwen3_moe/train.json --set micro_batch_size=1 --set "
+                          "parallel.expert_parallel_size=4 --set run_dir=%s",
                    PITH_BIN, d) == 0);
-    json_t *root = json_load_file("tests/hf/qwen3_moe/expected.json", 0, NULL), *steps = json_object_get(json_object_get(root, "train"), "steps");
+    json_t *root = json_load_file("tests/hf/qwen3_moe/expected.json", 0, NULL),
+           *steps = json_object_get(json_object_get(root, "train"), "steps");
     ASSERT(root && json_array_size(steps) == 5);
     for (int s = 0; s < 5; s++) {
-        double el = json_number_value(json_object_get(json_array_get(steps, s), "loss")), eg = json_number_value(json_object_get(json_array_get(steps, s), "grad_norm"));
+        double el = json_number_value(json_object_get(json_array_get(steps, s), "loss")),
+               eg = json_number_value(json_object_get(json_array_get(steps, s), "grad_norm"));
         double l = metric(d, s + 1, "loss"), g = metric(d, s + 1, "grad_norm");
-        ASSERT_MSG(fabs(l - el) <= 1e-4 * el && fabs(g - eg) <= 1e-4 * eg, "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", s + 1, l, el, g, eg);
+        ASSERT_MSG(fabs(l - el) <= 1e-4 * el && fabs(g - eg) <= 1e-4 * eg,
+                   "step %d: loss %.9g vs %.9g, grad norm %.9g vs %.9g", s + 1, l, el, g, eg);
     }
     json_decref(root);
 }
@@ -244,12 +271,17 @@ TEST(dist_reshard_resume) {
     const char *d = make_run();
     char out[1 << 16], full[300], dir[300];
     snprintf(full, sizeof full, "%s/full", d);
-    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set run_dir=%s", PITH_BIN,
-                   d, full) == 0);
-    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set save_location=%s/ck --steps 3",
+    ASSERT(run_cmd(out, sizeof out,
+                   MPIRUN
+                   " 4 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set run_dir=%s",
+                   PITH_BIN, d, full) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   MPIRUN " 4 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set "
+                          "save_location=%s/ck --steps 3",
                    PITH_BIN, d, d) == 0);
-    ASSERT_MSG(run_cmd(out, sizeof out, "ls %s/ck/step-00000003", d) == 0 && strstr(out, "model.safetensors.index.json") &&
-                   strstr(out, "model-00004-of-00004.safetensors") && strstr(out, "optimizer.safetensors.index.json"),
+    ASSERT_MSG(run_cmd(out, sizeof out, "ls %s/ck/step-00000003", d) == 0 &&
+                   strstr(out, "model.safetensors.index.json") && strstr(out, "model-00004-of-00004.safetensors") &&
+                   strstr(out, "optimizer.safetensors.index.json"),
                "%s", out);
     static const struct {
         const char *name, *launch;
@@ -259,16 +291,19 @@ TEST(dist_reshard_resume) {
     for (size_t i = 0; i < sizeof targets / sizeof *targets; i++) {
         snprintf(dir, sizeof dir, "%s/%s", d, targets[i].name);
         char fmt[512];
-        snprintf(fmt, sizeof fmt, "cp -r %%s/ck %%s && %s --set max_steps=6 --set save_location=%%s", targets[i].launch);
+        snprintf(fmt, sizeof fmt, "cp -r %%s/ck %%s && %s --set max_steps=6 --set save_location=%%s",
+                 targets[i].launch);
         ASSERT(run_cmd(out, sizeof out, fmt, d, dir, PITH_BIN, d, dir) == 0);
         ASSERT_MSG(strstr(out, "resume: step 3 from"), "%s: %s", targets[i].name, out);
         for (int s = 4; s <= 6; s++) {
             double l = metric(dir, s, "loss"), r = metric(full, s, "loss");
-            ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs uninterrupted %.9g", targets[i].name, s, l, r);
+            ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs uninterrupted %.9g", targets[i].name, s, l,
+                       r);
         }
     }
     // the one-process checkpoint (step 6, written by rank 0 alone) is a single file again
-    ASSERT(run_cmd(out, sizeof out, "ls %s/one/step-00000006", d) == 0 && strstr(out, "model.safetensors\n") && !strstr(out, "index"));
+    ASSERT(run_cmd(out, sizeof out, "ls %s/one/step-00000006", d) == 0 && strstr(out, "model.safetensors\n") &&
+           !strstr(out, "index"));
 }
 
 TEST(dist_failing_and_hanging_ranks) {
@@ -277,7 +312,8 @@ TEST(dist_failing_and_hanging_ranks) {
     // rank 1 killed mid-run: the job ends at once and mpirun names the rank
     double t0 = now_seconds();
     int rc = run_cmd(out, sizeof out,
-                     MPIRUN " 2 %s train %s/train.json --set max_steps=1000000 --set parallel.expert_parallel_size=2 --set run_dir=%s/k >/dev/null 2>%s/k.err &"
+                     MPIRUN " 2 %s train %s/train.json --set max_steps=1000000 --set parallel.expert_parallel_size=2 "
+                            "--set run_dir=%s/k >/dev/null 2>%s/k.err &"
                             " p=$!; sleep 2; kill -9 $(pgrep -P $p | tail -1); wait $p; echo status $?; cat %s/k.err",
                      PITH_BIN, d, d, d, d);
     double took = now_seconds() - t0;
@@ -286,11 +322,18 @@ TEST(dist_failing_and_hanging_ranks) {
     t0 = now_seconds();
     rc = run_cmd(out, sizeof out, MPIRUN " 3 build/test_parallel hang");
     took = now_seconds() - t0;
-    ASSERT_MSG(rc != 0 && took < 20 && strstr(out, "pith: error: rank 0: barrier on the world group (3 ranks) did not complete within parallel.timeout_s = 3 s"),
+    ASSERT_MSG(rc != 0 && took < 20 &&
+                   strstr(out, "pith: error: rank 0: barrier on the world group (3 ranks) did not complete within "
+                               "parallel.timeout_s = 3 s"),
                "%.1f s: %s", took, out);
     // a rank that dies with an error stops every rank, and the message names it
-    rc = run_cmd(out, sizeof out, MPIRUN " 2 %s train %s/train.json --set parallel.expert_parallel_size=2 --set run_dir=%s/e --set dataset=/nonexistent", PITH_BIN, d, d);
-    ASSERT_MSG(rc != 0 && strstr(out, "pith: error: rank ") && strstr(out, "/nonexistent: dataset not found"), "%s", out);
+    rc = run_cmd(
+        out, sizeof out,
+        MPIRUN
+        " 2 %s train %s/train.json --set parallel.expert_parallel_size=2 --set run_dir=%s/e --set dataset=/nonexistent",
+        PITH_BIN, d, d);
+    ASSERT_MSG(rc != 0 && strstr(out, "pith: error: rank ") && strstr(out, "/nonexistent: dataset not found"), "%s",
+               out);
 }
 
 TEST(dist_config_errors) {
@@ -300,21 +343,32 @@ TEST(dist_config_errors) {
         int np;
         const char *sets, *needle;
     } cases[] = {
-        {1, "--set parallel.expert_parallel_size=2", "train.json: parallel.expert_parallel_size: 1 ranks are not divisible by"},
-        {3, "--set parallel.expert_parallel_size=2", "train.json: parallel.expert_parallel_size: 3 ranks are not divisible by"},
-        {3, "--set parallel.expert_parallel_size=3 --set global_batch_size=12", "train.json: parallel.expert_parallel_size: 3 does not divide the model's 8 experts"},
-        {2, "--set parallel.expert_parallel_size=2 --set global_batch_size=2", "train.json: global_batch_size: must be a multiple of micro_batch_size × dp × ep = 2 × 1 × 2 = 4"},
-        {1, "--set parallel.pipeline_parallel_size=2", "train.json: parallel.pipeline_parallel_size: pipeline parallelism (DualPipeV) is not supported yet"},
-        {1, "--set parallel.context_parallel_size=2", "train.json: parallel.context_parallel_size: context parallelism (ring attention) is not supported yet"},
-        {1, "--set parallel.sharding_strategy=zero3", "--set: parallel.sharding_strategy: 'zero3' is not supported (supported: \"fsdp\", \"hsdp\")"},
+        {1, "--set parallel.expert_parallel_size=2",
+         "train.json: parallel.expert_parallel_size: 1 ranks are not divisible by"},
+        {3, "--set parallel.expert_parallel_size=2",
+         "train.json: parallel.expert_parallel_size: 3 ranks are not divisible by"},
+        {3, "--set parallel.expert_parallel_size=3 --set global_batch_size=12",
+         "train.json: parallel.expert_parallel_size: 3 does not divide the model's 8 experts"},
+        {2, "--set parallel.expert_parallel_size=2 --set global_batch_size=2",
+         "train.json: global_batch_size: must be a multiple of micro_batch_size × dp × ep = 2 × 1 × 2 = 4"},
+        {1, "--set parallel.pipeline_parallel_size=2",
+         "train.json: parallel.pipeline_parallel_size: pipeline parallelism (DualPipeV) is not supported yet"},
+        {1, "--set parallel.context_parallel_size=2",
+         "train.json: parallel.context_parallel_size: context parallelism (ring attention) is not supported yet"},
+        {1, "--set parallel.sharding_strategy=zero3",
+         "--set: parallel.sharding_strategy: 'zero3' is not supported (supported: \"fsdp\", \"hsdp\")"},
         {1, "--set parallel.timeout_s=0", "--set: parallel.timeout_s: must be in (0, 10000000] (got 0)"},
-        {1, "--set parallel.ep_capacity_factor=-1", "--set: parallel.ep_capacity_factor: must be in [0, 1000000] (got -1)"},
+        {1, "--set parallel.ep_capacity_factor=-1",
+         "--set: parallel.ep_capacity_factor: must be in [0, 1000000] (got -1)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         int rc = cases[i].np == 1 ? run_cmd(out, sizeof out, "%s train %s/train.json %s", PITH_BIN, d, cases[i].sets)
-                                  : run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json %s", cases[i].np, PITH_BIN, d, cases[i].sets);
+                                  : run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json %s", cases[i].np,
+                                            PITH_BIN, d, cases[i].sets);
         ASSERT_MSG(rc != 0 && strstr(out, cases[i].needle), "expected '%s' in: %s", cases[i].needle, out);
-        if (cases[i].np == 1) ASSERT_MSG(strstr(out, "pith: error: ") == out && strchr(out, '\n') == out + strlen(out) - 1, "not one line: %s", out);
+        if (cases[i].np == 1)
+            ASSERT_MSG(strstr(out, "pith: error: ") == out && strchr(out, '\n') == out + strlen(out) - 1,
+                       "not one line: %s", out);
     }
 }
 
@@ -323,12 +377,14 @@ TEST(dist_config_errors) {
 static void check_estimate(const char *d, int np, const char *sets, int run) {
     char out[1 << 15], est[4096];
     ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus %d --device cpu %s", PITH_BIN, d, np, sets) == 0);
-    ASSERT(run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json --set max_steps=1 --set run_dir=%s/r%d %s", np, PITH_BIN, d, d, run, sets) == 0);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " %d %s train %s/train.json --set max_steps=1 --set run_dir=%s/r%d %s", np,
+                   PITH_BIN, d, d, run, sets) == 0);
     char *e = strstr(est, "(") ? strstr(est, " bytes)") : NULL, *t = strstr(out, " bytes)\n");
     ASSERT_MSG(e && t, "%s\n%s", est, out);
     while (e[-1] != '(') e--;
     while (t[-1] != '(') t--;
-    ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "estimate %lld vs train %lld bytes:\n%s\n%s", strtoll(e, NULL, 10), strtoll(t, NULL, 10), est, out);
+    ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "estimate %lld vs train %lld bytes:\n%s\n%s",
+               strtoll(e, NULL, 10), strtoll(t, NULL, 10), est, out);
 }
 
 TEST(dist_estimate_matches_training) {
@@ -337,17 +393,23 @@ TEST(dist_estimate_matches_training) {
     static const struct {
         int np;
         const char *sets;
-    } layouts[] = {{1, ""}, {4, "--set parallel.expert_parallel_size=2"}, {4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"}};
-    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) check_estimate(d, layouts[i].np, layouts[i].sets, (int)i);
+    } layouts[] = {{1, ""},
+                   {4, "--set parallel.expert_parallel_size=2"},
+                   {4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"}};
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++)
+        check_estimate(d, layouts[i].np, layouts[i].sets, (int)i);
     // Qwen3-30B-A3B: not on 8 GPUs of 80 GB; on 64 with ep 16 and a capacity factor
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8", PITH_BIN) == 0);
     ASSERT_MSG(strstr(out, "pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "does not fit in 80 GB"), "%s", out);
-    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 64 --set parallel.expert_parallel_size=16 --set parallel.ep_capacity_factor=1.25",
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s estimate examples/qwen3-30b-a3b/train.json --gpus 64 --set parallel.expert_parallel_size=16 "
+                   "--set parallel.ep_capacity_factor=1.25",
                    PITH_BIN) == 0);
     ASSERT_MSG(strstr(out, "8 of 128 experts") && strstr(out, "\nfits in 80 GB"), "%s", out);
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 12", PITH_BIN) == 1);
     ASSERT_MSG(strstr(out, "parallel.expert_parallel_size: 12 ranks are not divisible"), "%s", out);
-    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json", PITH_BIN) == 2 && strstr(out, "usage: pith estimate"));
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json", PITH_BIN) == 2 &&
+           strstr(out, "usage: pith estimate"));
 }
 
 // DeepSeek-V2: the plan of a run is what training allocates; DeepSeek-V2-Lite (examples/deepseek-v2-lite, 15.7B
@@ -356,14 +418,17 @@ TEST(dist_estimate_deepseek_v2) {
     check_estimate(make_run_of(model_json_dsv2), 2, "--set parallel.expert_parallel_size=2", 0);
     char out[1 << 15];
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/deepseek-v2-lite/train.json --gpus 8", PITH_BIN) == 0);
-    ASSERT_MSG(strstr(out, "deepseek_v2 on 8 GPUs = pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "8 of 64 experts") && strstr(out, "\nfits in 80 GB"), "%s", out);
+    ASSERT_MSG(strstr(out, "deepseek_v2 on 8 GPUs = pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "8 of 64 experts") &&
+                   strstr(out, "\nfits in 80 GB"),
+               "%s", out);
 }
 
 // The NCCL half on fake GPUs (`make fake-build`): every device path of comm/fsdp/ep/trainer with fp32
 // "device" tensors, NCCL calls with NCCL's contracts checked, stream order checked.
 TEST(dist_nccl_transport_fake) {
     char out[1 << 16];
-    ASSERT_MSG(run_cmd(out, sizeof out, "test -x build-fake/pith && test -x build-fake/test_parallel") == 0, "build-fake/ is missing: make fake-build");
+    ASSERT_MSG(run_cmd(out, sizeof out, "test -x build-fake/pith && test -x build-fake/test_parallel") == 0,
+               "build-fake/ is missing: make fake-build");
     for (int np = 1; np <= 4; np++) {
         int rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_parallel comm-gpu", np);
         ASSERT_MSG(rc == 0 && strstr(out, "ok comm-gpu"), "%d ranks: %s", np, out);
@@ -374,12 +439,16 @@ TEST(dist_nccl_transport_fake) {
     }
     // an op that reads a receive's buffer before comm_wait made the compute stream wait: refused
     int hz = run_cmd(out, sizeof out, MPIRUN " 2 build-fake/test_parallel hazard-gpu");
-    ASSERT_MSG(hz != 0 && strstr(out, "fake CUDA: scale on the compute stream touches a buffer of an NCCL call it does not wait for"), "%s", out);
+    ASSERT_MSG(
+        hz != 0 &&
+            strstr(out, "fake CUDA: scale on the compute stream touches a buffer of an NCCL call it does not wait for"),
+        "%s", out);
     // a peer that never posts: the watchdog ends the receive at the timeout
     double t1 = now_seconds();
     hz = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-p2p-gpu");
     ASSERT_MSG(hz != 0 && now_seconds() - t1 < 20 &&
-                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not complete within parallel.timeout_s = 3 s"),
+                   strstr(out, "pith: error: rank 0: recv on the world group (3 ranks) did not complete within "
+                               "parallel.timeout_s = 3 s"),
                "%s", out);
     // a transfer issued before compute runs beside it: with every group lasting 0.4 s, exchange + 0.4 s of
     // compute takes ≥ 0.8 s waited first and well under that overlapped (generous margins: no timing claim)
@@ -387,18 +456,23 @@ TEST(dist_nccl_transport_fake) {
     ASSERT_MSG(hz == 0 && strstr(out, "ok overlap-gpu"), "%s", out);
     double t0 = now_seconds();
     int rc = run_cmd(out, sizeof out, MPIRUN " 3 build-fake/test_parallel hang-gpu");
-    ASSERT_MSG(rc != 0 && now_seconds() - t0 < 20 && strstr(out, "pith: error: rank 0: all-reduce on the world group (3 ranks) did not return within parallel.timeout_s = 3 s"),
+    ASSERT_MSG(rc != 0 && now_seconds() - t0 < 20 &&
+                   strstr(out, "pith: error: rank 0: all-reduce on the world group (3 ranks) did not return within "
+                               "parallel.timeout_s = 3 s"),
                "%s", out);
 }
 
 TEST(dist_nccl_equivalence_fake) {
     const char *d = make_run();
     char out[1 << 16], ref[300], dir[300];
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d, d,
+                   d) == 0);
     snprintf(ref, sizeof ref, "%s/one", d);
     for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++) {
         snprintf(dir, sizeof dir, "%s/%s", d, layouts[i].name);
-        int rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/pith train %s/train.json --set device=cuda --set compute_dtype=fp32 --set max_steps=10 %s --set run_dir=%s --dump-grads %s/g",
+        int rc = run_cmd(out, sizeof out,
+                         MPIRUN " %d build-fake/pith train %s/train.json --set device=cuda --set compute_dtype=fp32 "
+                                "--set max_steps=10 %s --set run_dir=%s --dump-grads %s/g",
                          layouts[i].np, d, layouts[i].sets, dir, dir);
         ASSERT_MSG(rc == 0 && strstr(out, "plan (cuda"), "%s: %s", layouts[i].name, out);
         double worst = 0;
@@ -415,10 +489,17 @@ TEST(dist_nccl_equivalence_fake) {
         ASSERT_MSG(gd <= 1e-5, "%s: gradient of %s differs by %.3g", layouts[i].name, wn, gd);
     }
     // a checkpoint of device shards (ep2 × dp2) resumes on CPU ranks (ep4) with the uninterrupted losses
-    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 build-fake/pith train %s/train.json --set device=cuda --set compute_dtype=fp32 --set max_steps=6 "
-                                    "--set parallel.expert_parallel_size=2 --set save_location=%s/ck --steps 3", d, d) == 0);
-    ASSERT(run_cmd(out, sizeof out, MPIRUN " 4 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=4 --set save_location=%s/ck --set run_dir=%s/ck4",
-                   PITH_BIN, d, d, d) == 0 && strstr(out, "resume: step 3 from"));
+    ASSERT(
+        run_cmd(out, sizeof out,
+                MPIRUN
+                " 4 build-fake/pith train %s/train.json --set device=cuda --set compute_dtype=fp32 --set max_steps=6 "
+                "--set parallel.expert_parallel_size=2 --set save_location=%s/ck --steps 3",
+                d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   MPIRUN " 4 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=4 --set "
+                          "save_location=%s/ck --set run_dir=%s/ck4",
+                   PITH_BIN, d, d, d) == 0 &&
+           strstr(out, "resume: step 3 from"));
     snprintf(dir, sizeof dir, "%s/ck4", d);
     for (int s = 4; s <= 6; s++) {
         double l = metric(dir, s, "loss"), r = metric(ref, s, "loss");

@@ -72,9 +72,7 @@ static void check_layouts(const char *d, const char *sets) {
     }
 }
 
-TEST(dist_validation_layouts) {
-    check_layouts(make_layout_run(), "");
-}
+TEST(dist_validation_layouts) { check_layouts(make_layout_run(), ""); }
 
 // Muon under every layout equals one process; a Muon checkpoint from ep2×dp2 resumes on one process with
 // the uninterrupted run's losses (the momentum buffers reshard like AdamW's moments).
@@ -110,8 +108,9 @@ TEST(dist_router_bias_layouts) {
     double *ref = NULL;
     int nref = 0;
     for (int i = 0; i < 3; i++) {
-        ASSERT_MSG(run_cmd(out, sizeof out, "PITH=%s scripts/launch.sh -n %d %s/train.json --set moe_router_bias_update_rate=0.01 %s "
-                                            "--set save_location=%s/%s",
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "PITH=%s scripts/launch.sh -n %d %s/train.json --set moe_router_bias_update_rate=0.01 %s "
+                           "--set save_location=%s/%s",
                            PITH_BIN, runs[i].np, d, runs[i].sets, d, runs[i].name) == 0,
                    "%s: %s", runs[i].name, out);
         snprintf(ck, sizeof ck, "%s/%s/step-00000006", d, runs[i].name);
@@ -120,7 +119,8 @@ TEST(dist_router_bias_layouts) {
         if (!ref) ref = b, nref = n;
         else {
             ASSERT(n == nref);
-            for (int j = 0; j < n; j++) ASSERT_MSG(b[j] == ref[j], "%s: bias %d = %g, one process %g", runs[i].name, j, b[j], ref[j]);
+            for (int j = 0; j < n; j++)
+                ASSERT_MSG(b[j] == ref[j], "%s: bias %d = %g, one process %g", runs[i].name, j, b[j], ref[j]);
             free(b);
         }
     }

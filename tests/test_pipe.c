@@ -245,9 +245,12 @@ TEST(pipe_schedule_too_few_micro_batches) {
 // second, its input gradient copied into the first's output gradient, backward of the first — gives the
 // whole engine's loss, load-balancing loss and every gradient.
 TEST(pipe_engine_chunks_equal_whole_model) {
-    const char *json = "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
-                       " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
-                       " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}";
+    const char *json =
+        "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+        " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, "
+        "\"num_experts_per_tok\": 3,"
+        " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": "
+        "true}";
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", test_tmpdir());
     FILE *f = fopen(path, "w");
@@ -270,13 +273,15 @@ TEST(pipe_engine_chunks_equal_whole_model) {
     engine_forward(&e, true), engine_backward(&e);
     double loss = op_read_scalar(m.loss_sum), lb = op_read_scalar(m.lb_sum);
     float *g[NGROUPS];
-    for (int k = 0; k < NGROUPS; k++) g[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(g[k], m.g[k].p, tensor_bytes(m.g[k]));
+    for (int k = 0; k < NGROUPS; k++)
+        g[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(g[k], m.g[k].p, tensor_bytes(m.g[k]));
     engine_free(&e);
     for (int cut = 1; cut < mc.layers; cut++) {
         Engine a, b;
         engine_init_chunk(&a, &m, B, S, 0, cut), engine_init_chunk(&b, &m, B, S, cut, mc.layers);
         EnginePlan pa = engine_plan_chunk(&m, B, S, 0, cut), pw = engine_plan(&m, B, S);
-        ASSERT_MSG(pa.act_bytes < pw.act_bytes, "chunk of %d layers plans %zu activation bytes, the whole model %zu", cut, pa.act_bytes, pw.act_bytes);
+        ASSERT_MSG(pa.act_bytes < pw.act_bytes, "chunk of %d layers plans %zu activation bytes, the whole model %zu",
+                   cut, pa.act_bytes, pw.act_bytes);
         engine_load(&a, tok, lab), engine_load(&b, tok, lab);
         model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
         engine_forward(&a, true);
@@ -285,8 +290,9 @@ TEST(pipe_engine_chunks_equal_whole_model) {
         engine_backward(&b);
         op_copy(a.dh[0], engine_input_grad(&b));
         engine_backward(&a);
-        ASSERT_MSG(op_read_scalar(m.loss_sum) == loss && op_read_scalar(m.lb_sum) == lb, "cut %d: loss %.9g lb %.9g vs %.9g %.9g", cut,
-                   op_read_scalar(m.loss_sum), op_read_scalar(m.lb_sum), loss, lb);
+        ASSERT_MSG(op_read_scalar(m.loss_sum) == loss && op_read_scalar(m.lb_sum) == lb,
+                   "cut %d: loss %.9g lb %.9g vs %.9g %.9g", cut, op_read_scalar(m.loss_sum), op_read_scalar(m.lb_sum),
+                   loss, lb);
         for (int k = 0; k < NGROUPS; k++) {
             double err = rel_err_f32(m.g[k].p, g[k], tensor_numel(m.g[k]));
             ASSERT_MSG(err == 0, "cut %d: gradients of group %d differ by %.3g", cut, k, err);

@@ -36,7 +36,8 @@ static void expect_bad_image(const uint8_t *img, size_t n, const char *want) {
     char err[1024] = "", err2[1024] = "";
     StFile f, g;
     ASSERT_MSG(!st_open(&f, path, err, sizeof err), "opened a bad file, expected '%s'", want);
-    ASSERT_MSG(strstr(err, want) && !strncmp(err, path, strlen(path)) && !strchr(err, '\n'), "error '%s', expected '%s'", err, want);
+    ASSERT_MSG(strstr(err, want) && !strncmp(err, path, strlen(path)) && !strchr(err, '\n'),
+               "error '%s', expected '%s'", err, want);
     ASSERT(f.n == 0 && f.t == NULL && f.header == NULL);
     ASSERT(!st_parse_buffer(&g, img, n, path, err2, sizeof err2));
     ASSERT_MSG(!strcmp(err, err2), "'%s' vs '%s'", err, err2);
@@ -242,33 +243,49 @@ TEST(safetensors_corrupt) {
     expect_bad("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"x\":{}}", 4, "duplicate object key");
     expect_bad("{\"x.weight\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,12]}}", 8,
                "tensor 'x.weight': data_offsets [0, 12] out of range (data is 8 bytes)");
-    expect_bad("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8, "data_offsets [8, 4] out of range");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+    expect_bad("{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 8,
+               "data_offsets [8, 4] out of range");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},\"b\":{\"dtype\":\"F32\",\"shape\":[2],"
+               "\"data_offsets\":[4,12]}}",
                12, "tensor 'b': data_offsets [4, 12] overlap tensor 'a' (which ends at 8)");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"F32\",\"shape\":[1],"
+               "\"data_offsets\":[8,12]}}",
                12, "tensor 'b': data_offsets [8, 12] leave bytes [4, 8) of the data region unused");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 12, "data region is 12 bytes but the tensors cover only 8");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 12,
+               "data region is 12 bytes but the tensors cover only 8");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8,
                "tensor 'a': shape [3] of F32 needs 12 bytes but data_offsets [0, 8] hold 8");
-    expect_bad("{\"a\":{\"dtype\":\"F31\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "tensor 'a': unknown dtype \"F31\"");
-    expect_bad("{\"a\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "tensor 'a': dtype missing or not a string");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, "tensor 'a': shape[0] is not a non-negative integer");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1, 2.0],\"data_offsets\":[0,8]}}", 8, "tensor 'a': shape[1] is not a non-negative integer");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8, "tensor 'a': shape missing or not an array");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", 8, "shape has 9 dimensions (at most 8)");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8, "tensor 'a': shape is too large");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, "tensor 'a': data_offsets missing or not [begin, end]");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,-8]}}", 8, "data_offsets missing or not [begin, end]");
+    expect_bad("{\"a\":{\"dtype\":\"F31\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+               "tensor 'a': unknown dtype \"F31\"");
+    expect_bad("{\"a\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
+               "tensor 'a': dtype missing or not a string");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8,
+               "tensor 'a': shape[0] is not a non-negative integer");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1, 2.0],\"data_offsets\":[0,8]}}", 8,
+               "tensor 'a': shape[1] is not a non-negative integer");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8,
+               "tensor 'a': shape missing or not an array");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", 8,
+               "shape has 9 dimensions (at most 8)");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8,
+               "tensor 'a': shape is too large");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8,
+               "tensor 'a': data_offsets missing or not [begin, end]");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,-8]}}", 8,
+               "data_offsets missing or not [begin, end]");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "tensor 'a': data_offsets missing");
-    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8, "tensor 'a': unknown field 'x'");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8,
+               "tensor 'a': unknown field 'x'");
     expect_bad("{\"a\":[1]}", 8, "tensor 'a': expected an object");
     expect_bad("{\"__metadata__\":{\"k\":1}}", 0, "__metadata__ 'k' is not a string");
     expect_bad("{\"__metadata__\":[]}", 0, "__metadata__ is not an object");
-    expect_bad("{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+    expect_bad("{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},\"a\":{\"dtype\":\"U8\","
+               "\"shape\":[1],\"data_offsets\":[1,2]}}",
                2, "header is not valid JSON"); // jansson refuses NUL in keys without JSON_ALLOW_NUL
 
     char err[1024];
-    ASSERT(!st_open(&f, tpath("missing.safetensors"), err, sizeof err) && strstr(err, "missing.safetensors: cannot open: No such file"));
+    ASSERT(!st_open(&f, tpath("missing.safetensors"), err, sizeof err) &&
+           strstr(err, "missing.safetensors: cannot open: No such file"));
     ASSERT(!st_open(&f, st_dir, err, sizeof err) && strstr(err, "not a regular file"));
 }
 
@@ -329,7 +346,8 @@ TEST(safetensors_index_errors) {
          "weight_map puts tensor 'b' in shard 'model-00001-of-00002.safetensors', which has no such tensor"},
         {"{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"b\": \"model-00002-of-00002.safetensors\"}}",
          "tensor 'c' in shard 'model-00002-of-00002.safetensors' is missing from weight_map"},
-        {"{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"b\": 2}}", "weight_map: tensor 'b': shard is not a string"},
+        {"{\"weight_map\": {\"a\": \"model-00001-of-00002.safetensors\", \"b\": 2}}",
+         "weight_map: tensor 'b': shard is not a string"},
         {"{\"metadata\": {}}", "weight_map missing or not an object"},
         {"{\"weight_map\": {\"a\": \"x\", \"a\": \"y\"}}", "duplicate object key"},
         {"{\"weight_map\": ", "invalid JSON"},
@@ -347,7 +365,8 @@ TEST(safetensors_index_errors) {
             st_set_close(&s);
             continue;
         }
-        ASSERT_MSG(!ok && strstr(err, cases[i].want) && strstr(err, idx) == err, "case %zu: '%s', expected '%s'", i, err, cases[i].want);
+        ASSERT_MSG(!ok && strstr(err, cases[i].want) && strstr(err, idx) == err, "case %zu: '%s', expected '%s'", i,
+                   err, cases[i].want);
         ASSERT(s.n == 0 && s.nfiles == 0 && s.files == NULL);
     }
     // A tensor in two shards: the copy weight_map does not point at is reported.
@@ -360,8 +379,10 @@ TEST(safetensors_index_errors) {
     st_writer_free(&w3);
     StSet s;
     char err[1024];
-    ASSERT(!st_set_open(&s, dir, err, sizeof err) && strstr(err, "tensor 'a' in shard 'model-00002-of-00002.safetensors' is mapped to another shard"));
-    ASSERT(!st_set_open(&s, tpath("ck/none.index.json"), err, sizeof err) && strstr(err, "ck/none.index.json: no such file"));
+    ASSERT(!st_set_open(&s, dir, err, sizeof err) &&
+           strstr(err, "tensor 'a' in shard 'model-00002-of-00002.safetensors' is mapped to another shard"));
+    ASSERT(!st_set_open(&s, tpath("ck/none.index.json"), err, sizeof err) &&
+           strstr(err, "ck/none.index.json: no such file"));
     // A corrupt shard is reported by its own path.
     write_bytes(NULL, tpath("ck/model-00002-of-00002.safetensors"), "xx", 2);
     ASSERT(!st_set_open(&s, dir, err, sizeof err) && strstr(err, "model-00002-of-00002.safetensors: file is 2 bytes"));
@@ -389,8 +410,8 @@ TEST(safetensors_half_bf16) {
         {0xff800000, 0xff80}, {0x7fc00000, 0x7fc0}, {0x7f800001, 0x7fc0}, {0xff812345, 0xffc1}, {0x7fffffff, 0x7fff},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        ASSERT_MSG(f32_to_bf16(f32_from_bits(cases[i].f)) == cases[i].h, "0x%08x -> 0x%04x, expected 0x%04x", cases[i].f,
-                   f32_to_bf16(f32_from_bits(cases[i].f)), cases[i].h);
+        ASSERT_MSG(f32_to_bf16(f32_from_bits(cases[i].f)) == cases[i].h, "0x%08x -> 0x%04x, expected 0x%04x",
+                   cases[i].f, f32_to_bf16(f32_from_bits(cases[i].f)), cases[i].h);
     // Every pattern widens exactly and narrows back to itself; NaNs stay NaN (made quiet).
     for (uint32_t h = 0; h < 65536; h++) {
         float f = bf16_to_f32((uint16_t)h);
@@ -403,7 +424,8 @@ TEST(safetensors_half_bf16) {
         uint32_t u = (uint32_t)rng_next(&r);
         float x = f32_from_bits(u);
         if (!isfinite(x)) continue;
-        uint16_t want = ref_round(fabs((double)x), (uint16_t)((u & 0x7fffffff) >> 16), val_bf16) | (uint16_t)((u >> 16) & 0x8000);
+        uint16_t want =
+            ref_round(fabs((double)x), (uint16_t)((u & 0x7fffffff) >> 16), val_bf16) | (uint16_t)((u >> 16) & 0x8000);
         ASSERT_MSG(f32_to_bf16(x) == want, "0x%08x -> 0x%04x, expected 0x%04x", u, f32_to_bf16(x), want);
     }
 }
@@ -415,7 +437,8 @@ TEST(safetensors_half_f16) {
         double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
         if (h & 0x8000) v = -v;
         float f = f16_to_f32((uint16_t)h);
-        ASSERT_MSG(isnan(v) ? isnan(f) && ((f32_bits(f) >> 13) & 0x3ff) == (uint32_t)m : (double)f == v && !!signbit(f) == !!(h & 0x8000),
+        ASSERT_MSG(isnan(v) ? isnan(f) && ((f32_bits(f) >> 13) & 0x3ff) == (uint32_t)m
+                            : (double)f == v && !!signbit(f) == !!(h & 0x8000),
                    "f16 0x%04x -> %g, expected %g", h, f, v);
         ASSERT(isnan(f) ? f32_to_f16(f) == (h | 0x200) : f32_to_f16(f) == h);
     }
@@ -423,13 +446,15 @@ TEST(safetensors_half_f16) {
         float f;
         uint16_t h;
     } cases[] = {
-        {0x1p-24f, 0x0001}, {0x1p-25f, 0x0000}, {0x1.8p-25f, 0x0001}, {0x1.8p-24f, 0x0002}, {0x1.4p-23f, 0x0002},
-        {-0x1p-24f, 0x8001}, {0x1p-26f, 0x0000}, {0x1.ffcp-15f, 0x0400}, {0x1.ff8p-15f, 0x03ff}, {0x1.ff4p-15f, 0x03fe}, {0x1p-14f, 0x0400},
-        {65504.f, 0x7bff}, {65519.f, 0x7bff}, {65520.f, 0x7c00}, {1e6f, 0x7c00}, {-INFINITY, 0xfc00}, {1.0f + 0x1p-11f, 0x3c00},
-        {1.0f + 0x1.8p-10f, 0x3c02},
+        {0x1p-24f, 0x0001},        {0x1p-25f, 0x0000},          {0x1.8p-25f, 0x0001}, {0x1.8p-24f, 0x0002},
+        {0x1.4p-23f, 0x0002},      {-0x1p-24f, 0x8001},         {0x1p-26f, 0x0000},   {0x1.ffcp-15f, 0x0400},
+        {0x1.ff8p-15f, 0x03ff},    {0x1.ff4p-15f, 0x03fe},      {0x1p-14f, 0x0400},   {65504.f, 0x7bff},
+        {65519.f, 0x7bff},         {65520.f, 0x7c00},           {1e6f, 0x7c00},       {-INFINITY, 0xfc00},
+        {1.0f + 0x1p-11f, 0x3c00}, {1.0f + 0x1.8p-10f, 0x3c02},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        ASSERT_MSG(f32_to_f16(cases[i].f) == cases[i].h, "%a -> 0x%04x, expected 0x%04x", cases[i].f, f32_to_f16(cases[i].f), cases[i].h);
+        ASSERT_MSG(f32_to_f16(cases[i].f) == cases[i].h, "%a -> 0x%04x, expected 0x%04x", cases[i].f,
+                   f32_to_f16(cases[i].f), cases[i].h);
     ASSERT(f32_to_f16(NAN) == 0x7e00 && isnan(f16_to_f32(f32_to_f16(-NAN))) && (f32_to_f16(-NAN) & 0x8000));
     // Random values spread over the half range (and beyond) against the reference.
     Rng r = rng_seeded(7, 2);
@@ -511,7 +536,8 @@ TEST(safetensors_hf_fixtures) {
         json_t *shape = json_object_get(e, "shape");
         ASSERT((size_t)t->nd == json_array_size(shape));
         for (int i = 0; i < t->nd; i++) ASSERT(t->shape[i] == json_integer_value(json_array_get(shape, (size_t)i)));
-        ASSERT_MSG(same_hash(t->data, t->bytes, json_string_value(json_object_get(e, "raw"))), "%s: raw bytes differ", key);
+        ASSERT_MSG(same_hash(t->data, t->bytes, json_string_value(json_object_get(e, "raw"))), "%s: raw bytes differ",
+                   key);
         if (json_object_get(e, "f32")) {
             float *x = xmalloc((size_t)t->numel * sizeof(float));
             st_read_f32(t, x);
@@ -538,8 +564,9 @@ TEST(safetensors_hf_fixtures) {
         memcpy(&x, (const char *)r->data + 4 * i, 4);
         memcpy(&b, (const char *)rb->data + 2 * i, 2);
         memcpy(&h, (const char *)rh->data + 2 * i, 2);
-        ASSERT_MSG(f32_to_bf16(x) == b && f32_to_f16(x) == h, "0x%08x: bf16 0x%04x (torch 0x%04x), f16 0x%04x (torch 0x%04x)", f32_bits(x),
-                   f32_to_bf16(x), b, f32_to_f16(x), h);
+        ASSERT_MSG(f32_to_bf16(x) == b && f32_to_f16(x) == h,
+                   "0x%08x: bf16 0x%04x (torch 0x%04x), f16 0x%04x (torch 0x%04x)", f32_bits(x), f32_to_bf16(x), b,
+                   f32_to_f16(x), h);
     }
     st_close(&f);
 }

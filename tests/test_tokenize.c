@@ -87,19 +87,25 @@ static IdVec expected_doc(const char *text, size_t n, uint32_t eos) {
 static void assert_doc_n(const Bin *b, int64_t d, const char *text, size_t n, uint32_t eos) {
     IdVec v = expected_doc(text, n, eos);
     uint64_t start = d ? b->ends[d - 1] : 0;
-    ASSERT_MSG(d < b->ndocs && b->ends[d] - start == v.n && !memcmp(b->tok + start, v.p, 4 * v.n), "document %lld ('%s') differs", (long long)d, text);
+    ASSERT_MSG(d < b->ndocs && b->ends[d] - start == v.n && !memcmp(b->tok + start, v.p, 4 * v.n),
+               "document %lld ('%s') differs", (long long)d, text);
     idvec_free(&v);
 }
 
-static void assert_doc(const Bin *b, int64_t d, const char *text, uint32_t eos) { assert_doc_n(b, d, text, strlen(text), eos); }
+static void assert_doc(const Bin *b, int64_t d, const char *text, uint32_t eos) {
+    assert_doc_n(b, d, text, strlen(text), eos);
+}
 
 TEST(tokenize_npy_format) {
     need_tokenizers();
     const char *dir = test_tmpdir();
     char in[512], o[512];
     snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);
-    write_text(in, "a.jsonl", "{\"text\": \"Hello world\", \"id\": 1}\n{\"text\": \"\"}\n\n{\"id\": 3, \"text\": \"caf\\u00e9 <\\uff5cUser\\uff5c>\\n\"}");
-    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/a.jsonl --output %s", PITH_BIN, in, o);
+    write_text(in, "a.jsonl",
+               "{\"text\": \"Hello world\", \"id\": 1}\n{\"text\": \"\"}\n\n{\"id\": 3, \"text\": \"caf\\u00e9 "
+               "<\\uff5cUser\\uff5c>\\n\"}");
+    int rc =
+        run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/a.jsonl --output %s", PITH_BIN, in, o);
     ASSERT_MSG(rc == 0, "%s", out);
     ASSERT(strstr(out, "1 files written") && strstr(out, "3 documents"));
     char bin[600];
@@ -130,7 +136,8 @@ TEST(tokenize_txt_zst_and_paths) {
     write_bytes(in, "x/packed.jsonl.zst", z, zn);
     write_text(in, ".hidden/skip.jsonl", "not json");
     write_text(in, "notes.md", "ignored");
-    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --eos '<|EOT|>'", PITH_BIN, in, o1);
+    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --eos '<|EOT|>'",
+                     PITH_BIN, in, o1);
     ASSERT_MSG(rc == 0 && strstr(out, "3 files written"), "%s", out);
     uint32_t eot = (uint32_t)bpe_token_to_id(tok_dsv3(), "<|EOT|>");
     snprintf(path, sizeof path, "%s/sub/deeper/doc.txt.bin", o1);
@@ -146,7 +153,10 @@ TEST(tokenize_txt_zst_and_paths) {
     assert_doc(&p, 1, "two three", eot);
     free(p.file), free(p.ends), free(q.file), free(q.ends);
     // paragraphs, an id for --eos, and a single file as input
-    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 "/tokenizer.json --input %s/sub/deeper/doc.txt --output %s --txt-split paragraph --eos 7", PITH_BIN, in, o2);
+    rc = run_cmd(out, sizeof out,
+                 "%s tokenize --tokenizer " DSV3
+                 "/tokenizer.json --input %s/sub/deeper/doc.txt --output %s --txt-split paragraph --eos 7",
+                 PITH_BIN, in, o2);
     ASSERT_MSG(rc == 0 && strstr(out, "invalid UTF-8 replaced in 1 documents"), "%s", out);
     snprintf(path, sizeof path, "%s/doc.txt.bin", o2);
     b = read_bin(path);
@@ -172,7 +182,9 @@ TEST(tokenize_errors) {
     size_t zn = ZSTD_compress(z, sizeof z, jsonl, strlen(jsonl), 3);
     ASSERT(!ZSTD_isError(zn));
     write_bytes(in, "cut.jsonl.zst", z, zn - 5);
-    static const struct { const char *file, *extra, *msg; } cases[] = {
+    static const struct {
+        const char *file, *extra, *msg;
+    } cases[] = {
         {"bad_json.jsonl", "", "bad_json.jsonl:2: malformed JSON"},
         {"no_field.jsonl", "", "no_field.jsonl:2: no field \"text\""},
         {"no_field.jsonl", "--field body", "no_field.jsonl:1: no field \"body\""},
@@ -184,7 +196,8 @@ TEST(tokenize_errors) {
         {"no_field.jsonl", "--on-error maybe", "--on-error must be fail or skip"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/%s --output %s %s", PITH_BIN, in, cases[i].file, o, cases[i].extra);
+        int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/%s --output %s %s", PITH_BIN, in,
+                         cases[i].file, o, cases[i].extra);
         ASSERT_MSG(rc == 1 && strstr(out, cases[i].msg), "case %zu: exit %d, output: %s", i, rc, out);
         ASSERT_MSG(strchr(out, '\n') == out + strlen(out) - 1, "case %zu: more than one line: %s", i, out);
         char bin[700];
@@ -195,12 +208,14 @@ TEST(tokenize_errors) {
     }
     // a tokenizer without tokenizer_config.json has no EOS unless --eos gives one; a non-BPE model is refused
     write_text(dir, "tok/tokenizer.json", "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}");
-    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s/tok --input %s/no_field.jsonl --output %s", PITH_BIN, dir, in, o);
+    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s/tok --input %s/no_field.jsonl --output %s", PITH_BIN,
+                     dir, in, o);
     ASSERT_MSG(rc == 1 && strstr(out, "tok/tokenizer.json") && strstr(out, "WordPiece"), "%s", out);
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "cp " DSV3 "/tokenizer.json %s/tok/tokenizer.json", dir); // (no <|endoftext|> in it)
     ASSERT(system(cmd) == 0);
-    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s/tok --input %s/no_field.jsonl --output %s", PITH_BIN, dir, in, o);
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s/tok --input %s/no_field.jsonl --output %s", PITH_BIN, dir,
+                 in, o);
     ASSERT_MSG(rc == 1 && strstr(out, "no eos_token"), "%s", out);
 }
 
@@ -214,11 +229,16 @@ TEST(tokenize_on_error_skip) {
     char z[256];
     size_t zn = ZSTD_compress(z, sizeof z, jsonl, strlen(jsonl), 3);
     write_bytes(in, "b.jsonl.zst", z, zn - 3);
-    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --on-error skip --workers 2", PITH_BIN, in, o);
+    int rc =
+        run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --on-error skip --workers 2",
+                PITH_BIN, in, o);
     ASSERT_MSG(rc == 0, "%s", out);
-    ASSERT_MSG(strstr(out, "a.jsonl:2: malformed JSON") && strstr(out, "a.jsonl:3: no field") && strstr(out, "b.jsonl.zst: truncated"), "%s", out);
-    ASSERT_MSG(strstr(out, "1 files written") && strstr(out, "1 failed") && strstr(out, "2 documents") && strstr(out, "2 bad lines skipped") &&
-                   strstr(out, "invalid UTF-8 replaced in 1 documents"), "%s", out);
+    ASSERT_MSG(strstr(out, "a.jsonl:2: malformed JSON") && strstr(out, "a.jsonl:3: no field") &&
+                   strstr(out, "b.jsonl.zst: truncated"),
+               "%s", out);
+    ASSERT_MSG(strstr(out, "1 files written") && strstr(out, "1 failed") && strstr(out, "2 documents") &&
+                   strstr(out, "2 bad lines skipped") && strstr(out, "invalid UTF-8 replaced in 1 documents"),
+               "%s", out);
     snprintf(path, sizeof path, "%s/a.jsonl.bin", o);
     Bin b = read_bin(path);
     ASSERT(b.ndocs == 2);
@@ -237,7 +257,8 @@ TEST(tokenize_workers_deterministic_and_resume) {
     const char *dir = test_tmpdir();
     char in[512], o1[512], o4[512], path[700];
     snprintf(in, sizeof in, "%s/in", dir), snprintf(o1, sizeof o1, "%s/o1", dir), snprintf(o4, sizeof o4, "%s/o4", dir);
-    static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "über", "日本語", "😀", "  ", "\\n", "123", "don't", "<|EOT|>", "x"};
+    static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "über",    "日本語",
+                                  "😀",   "  ",    "\\n",   "123", "don't", "<|EOT|>", "x"};
     Rng r = rng_seeded(7, 0);
     size_t cap = 3 << 20;
     char *buf = xmalloc(cap + 4096);
@@ -245,7 +266,8 @@ TEST(tokenize_workers_deterministic_and_resume) {
         size_t n = 0, target = f == 0 ? (size_t)(2.5 * (1 << 20)) : 200000;
         while (n < target) {
             n += sprintf(buf + n, "{\"text\": \"");
-            for (int w = 0, nw = 1 + (int)rng_below(&r, 300); w < nw; w++) n += sprintf(buf + n, "%s ", words[rng_below(&r, 14)]);
+            for (int w = 0, nw = 1 + (int)rng_below(&r, 300); w < nw; w++)
+                n += sprintf(buf + n, "%s ", words[rng_below(&r, 14)]);
             n += sprintf(buf + n, "\"}\n");
         }
         char name[64];
@@ -253,13 +275,16 @@ TEST(tokenize_workers_deterministic_and_resume) {
         write_bytes(in, name, buf, n);
     }
     free(buf);
-    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --workers 1", PITH_BIN, in, o1);
+    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --workers 1", PITH_BIN,
+                     in, o1);
     ASSERT_MSG(rc == 0 && strstr(out, "3 files written"), "%s", out);
-    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --workers 4", PITH_BIN, in, o4);
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --workers 4", PITH_BIN, in,
+                 o4);
     ASSERT_MSG(rc == 0 && strstr(out, "3 files written"), "%s", out);
     for (int f = 0; f < 3; f++) {
         char p1[700], p4[700];
-        snprintf(p1, sizeof p1, "%s/part%d/data.jsonl.bin", o1, f), snprintf(p4, sizeof p4, "%s/part%d/data.jsonl.bin", o4, f);
+        snprintf(p1, sizeof p1, "%s/part%d/data.jsonl.bin", o1, f),
+            snprintf(p4, sizeof p4, "%s/part%d/data.jsonl.bin", o4, f);
         Bin a = read_bin(p1), b = read_bin(p4);
         ASSERT_MSG(a.len == b.len && !memcmp(a.file, b.file, a.len), "part%d differs between 1 and 4 workers", f);
         ASSERT(a.ndocs > 100);
@@ -269,12 +294,16 @@ TEST(tokenize_workers_deterministic_and_resume) {
     struct stat st0, st1;
     snprintf(path, sizeof path, "%s/part0/data.jsonl.bin", o1);
     ASSERT(stat(path, &st0) == 0);
-    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --workers 2", PITH_BIN, in, o1);
-    ASSERT_MSG(rc == 0 && strstr(out, "3 of 3 outputs already exist; skipping them") && strstr(out, "0 files written"), "%s", out);
-    ASSERT(stat(path, &st1) == 0 && st1.st_mtim.tv_sec == st0.st_mtim.tv_sec && st1.st_mtim.tv_nsec == st0.st_mtim.tv_nsec);
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --workers 2", PITH_BIN, in,
+                 o1);
+    ASSERT_MSG(rc == 0 && strstr(out, "3 of 3 outputs already exist; skipping them") && strstr(out, "0 files written"),
+               "%s", out);
+    ASSERT(stat(path, &st1) == 0 && st1.st_mtim.tv_sec == st0.st_mtim.tv_sec &&
+           st1.st_mtim.tv_nsec == st0.st_mtim.tv_nsec);
     snprintf(path, sizeof path, "%s/part2/data.jsonl.bin", o1);
     ASSERT(unlink(path) == 0);
-    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --workers 2", PITH_BIN, in, o1);
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s --output %s --workers 2", PITH_BIN, in,
+                 o1);
     ASSERT_MSG(rc == 0 && strstr(out, "2 of 3 outputs already exist") && strstr(out, "1 files written"), "%s", out);
     char p4[700];
     snprintf(p4, sizeof p4, "%s/part2/data.jsonl.bin", o4);
@@ -287,7 +316,8 @@ TEST(tokenize_help) {
     ASSERT_MSG(path_exists(PITH_BIN), "%s is missing: make build/pith (make test builds it)", PITH_BIN);
     int rc = run_cmd(out, sizeof out, "%s tokenize --help", PITH_BIN);
     ASSERT(rc == 0);
-    static const char *opts[] = {"--tokenizer", "--input", "--output", "--workers", "--eos", "--field", "--txt-split", "--on-error", "U+FFFD", ".jsonl.zst"};
+    static const char *opts[] = {"--tokenizer", "--input",     "--output",   "--workers", "--eos",
+                                 "--field",     "--txt-split", "--on-error", "U+FFFD",    ".jsonl.zst"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) ASSERT_MSG(strstr(out, opts[i]), "help lacks %s", opts[i]);
     rc = run_cmd(out, sizeof out, "%s tokenize --input x", PITH_BIN);
     ASSERT(rc == 1 && strstr(out, "--tokenizer is required"));
@@ -301,24 +331,44 @@ TEST(tokenize_json_lines) {
     char in[512], o[512], path[700];
     snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);
     static const char *lines[] = {
-        "{\"text\": \"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00\\u0000x\"}",            // 1 every escape
+        "{\"text\": \"a\\\"b\\\\c\\/d\\b\\f\\n\\r\\t\\u00e9\\ud83d\\ude00\\u0000x\"}",          // 1 every escape
         "{\"a\": [1, -2.5e+3, 0, 1E-2, true, false, null, {\"b\": {}}, []], \"text\": \"ok\"}", // 2 other values
-        "{\"text\": \"first\", \"text\": \"second\"}",                                         // 3 the last one counts
-        "{\"text\": \"lone \\ud800 surrogate\"}",                                              // 4 → U+FFFD
-        "  {\"te\\u0078t\":\"ws\"}  \r",                                                      // 5 escaped key, blanks
-        "{\"text\": \"x\",}", "{\"text\": 01}", "{\"text\": \"tab\traw\"}", "{\"text\": \"x\"} extra",
-        "[\"text\"]", "{\"text\": \"\\x\"}", "{\"text\": nul}", "{\"text\": 1.}", "{\"other\": \"x\"}",
-        "{\"text\": {\"text\": \"nested\"}}", "{\"text\": \"unterminated}", "{\"text\": \"x\"", "{\"a\": [1 2], \"text\": \"x\"}",
+        "{\"text\": \"first\", \"text\": \"second\"}",                                          // 3 the last one counts
+        "{\"text\": \"lone \\ud800 surrogate\"}",                                               // 4 → U+FFFD
+        "  {\"te\\u0078t\":\"ws\"}  \r",                                                        // 5 escaped key, blanks
+        "{\"text\": \"x\",}",
+        "{\"text\": 01}",
+        "{\"text\": \"tab\traw\"}",
+        "{\"text\": \"x\"} extra",
+        "[\"text\"]",
+        "{\"text\": \"\\x\"}",
+        "{\"text\": nul}",
+        "{\"text\": 1.}",
+        "{\"other\": \"x\"}",
+        "{\"text\": {\"text\": \"nested\"}}",
+        "{\"text\": \"unterminated}",
+        "{\"text\": \"x\"",
+        "{\"a\": [1 2], \"text\": \"x\"}",
     };
-    static const char *errs[] = {"malformed JSON", "malformed JSON", "malformed JSON: control character", "malformed JSON: text after",
-                                 "not a JSON object", "malformed JSON: invalid escape", "malformed JSON: unexpected character",
-                                 "malformed JSON: malformed number", "no field \"text\"", "field \"text\" is not a string", "malformed JSON: unterminated",
-                                 "malformed JSON: expected ',' or '}'", "malformed JSON: expected ',' or ']'"};
+    static const char *errs[] = {"malformed JSON",
+                                 "malformed JSON",
+                                 "malformed JSON: control character",
+                                 "malformed JSON: text after",
+                                 "not a JSON object",
+                                 "malformed JSON: invalid escape",
+                                 "malformed JSON: unexpected character",
+                                 "malformed JSON: malformed number",
+                                 "no field \"text\"",
+                                 "field \"text\" is not a string",
+                                 "malformed JSON: unterminated",
+                                 "malformed JSON: expected ',' or '}'",
+                                 "malformed JSON: expected ',' or ']'"};
     char buf[4096];
     size_t n = 0;
     for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) n += sprintf(buf + n, "%s\n", lines[i]);
     write_bytes(in, "j.jsonl", buf, n);
-    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/j.jsonl --output %s --on-error skip", PITH_BIN, in, o);
+    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/j.jsonl --output %s --on-error skip",
+                     PITH_BIN, in, o);
     ASSERT_MSG(rc == 0 && strstr(out, "5 documents") && strstr(out, "13 bad lines skipped"), "%s", out);
     for (int i = 0; i < 13; i++) {
         char want[256];
@@ -343,11 +393,14 @@ TEST(tokenize_write_failure) {
     const char *in = test_tmpdir(), *o = test_tmpdir();
     char text[1 << 15];
     size_t n = 0;
-    for (int i = 0; i < 400; i++) n += snprintf(text + n, sizeof text - n, "{\"text\": \"document %d of a corpus\"}\n", i);
+    for (int i = 0; i < 400; i++)
+        n += snprintf(text + n, sizeof text - n, "{\"text\": \"document %d of a corpus\"}\n", i);
     write_text(in, "a.jsonl", text);
-    int rc = run_cmd(out, sizeof out, "ulimit -f 4; %s tokenize --tokenizer " DSV3 " --input %s/a.jsonl --output %s", PITH_BIN, in, o);
+    int rc = run_cmd(out, sizeof out, "ulimit -f 4; %s tokenize --tokenizer " DSV3 " --input %s/a.jsonl --output %s",
+                     PITH_BIN, in, o);
     ASSERT_MSG(rc == 1 && strstr(out, "a.jsonl.bin.tmp: write failed: File too large") && !strstr(out, "free()") &&
-                   !strstr(out, "Aborted"), "exit %d: %s", rc, out);
+                   !strstr(out, "Aborted"),
+               "exit %d: %s", rc, out);
     ASSERT(run_cmd(out, sizeof out, "ls -A %s", o) == 0 && !strcmp(out, ""));
 }
 
@@ -363,7 +416,8 @@ TEST(tokenize_default_eos_per_tokenizer) {
     for (int i = 0; i < 2; i++) {
         char od[600];
         snprintf(od, sizeof od, "%s/%d", o, i);
-        int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s --input %s/a.jsonl --output %s", PITH_BIN, cases[i].tok, in, od);
+        int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s --input %s/a.jsonl --output %s", PITH_BIN,
+                         cases[i].tok, in, od);
         ASSERT_MSG(rc == 0, "%s: %s", cases[i].tok, out);
         Bpe *t = bpe_load(cases[i].tok);
         int64_t want = bpe_token_to_id(t, cases[i].eos);
@@ -376,10 +430,12 @@ TEST(tokenize_default_eos_per_tokenizer) {
         char err[300];
         ASSERT(b && npy_token_file_parse(b, n, &tr, &er, err, sizeof err) && tr.dt == DT_U32 && tr.n > 0);
         uint32_t last = ((const uint32_t *)tr.data)[tr.n - 1];
-        ASSERT_MSG(want >= 0 && last == (uint32_t)want, "%s: last token %u, expected %s = %lld", cases[i].tok, last, cases[i].eos,
-                   (long long)want);
+        ASSERT_MSG(want >= 0 && last == (uint32_t)want, "%s: last token %u, expected %s = %lld", cases[i].tok, last,
+                   cases[i].eos, (long long)want);
         free(b);
     }
-    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " QWEN3 " --input %s/a.jsonl --output %s/x --eos hello", PITH_BIN, in, o);
-    ASSERT_MSG(rc == 0 && strstr(out, "pith: warning: tokenize: --eos 'hello'") && strstr(out, "is an ordinary token"), "%s", out);
+    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " QWEN3 " --input %s/a.jsonl --output %s/x --eos hello",
+                     PITH_BIN, in, o);
+    ASSERT_MSG(rc == 0 && strstr(out, "pith: warning: tokenize: --eos 'hello'") && strstr(out, "is an ordinary token"),
+               "%s", out);
 }

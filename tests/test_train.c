@@ -16,10 +16,12 @@ static const char *make_run(int ntokens) {
     snprintf(d, sizeof d, "%s", dir);
     write_text(d, "model.json", tiny_model);
     char out[4096];
-    ASSERT(run_cmd(out, sizeof out, "mkdir -p %s/data && %s synth --output %s/data/a.bin --vocab 64 --tokens %d", d, PITH_BIN, d, ntokens) == 0);
+    ASSERT(run_cmd(out, sizeof out, "mkdir -p %s/data && %s synth --output %s/data/a.bin --vocab 64 --tokens %d", d,
+                   PITH_BIN, d, ntokens) == 0);
     write_text(d, "train.json",
                "{\"model\": \"model.json\", \"dataset\": \"data\", \"sequence_length\": 16, \"micro_batch_size\": 2,"
-               " \"global_batch_size\": 4, \"max_steps\": 10, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01, \"betas\": [0.9, 0.95]}}");
+               " \"global_batch_size\": 4, \"max_steps\": 10, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01, "
+               "\"betas\": [0.9, 0.95]}}");
     return d;
 }
 
@@ -53,7 +55,9 @@ TEST(train_overfits_tiny_batch) {
 
 TEST(train_cli_loss_falls_and_is_deterministic) {
     const char *d = make_run(20000);
-    char out[65536], a[8192], b[8192], args[256] = "--set max_steps=30 --set moe_load_balance_coef=0.01 --set scheduler.type=wsd --set scheduler.warmup_ratio=0.1";
+    char out[65536], a[8192], b[8192],
+        args[256] = "--set max_steps=30 --set moe_load_balance_coef=0.01 --set scheduler.type=wsd --set "
+                    "scheduler.warmup_ratio=0.1";
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/r1", PITH_BIN, d, args, d) == 0);
     ASSERT(strstr(out, "step 00000030/00000030 | loss"));
     ASSERT(strstr(out, "| lb "));
@@ -73,9 +77,13 @@ TEST(train_cli_loss_falls_and_is_deterministic) {
 TEST(train_cpu_threading_defaults) {
     const char *d = make_run(1000);
     char out[16384];
-    ASSERT(run_cmd(out, sizeof out, "env -u OMP_WAIT_POLICY %s train %s/train.json --set max_steps=1 --set run_dir=%s/r", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "env -u OMP_WAIT_POLICY %s train %s/train.json --set max_steps=1 --set run_dir=%s/r", PITH_BIN, d,
+                   d) == 0);
     ASSERT_MSG(strstr(out, "OMP_WAIT_POLICY=PASSIVE"), "%s", out);
-    ASSERT(run_cmd(out, sizeof out, "OMP_WAIT_POLICY=active %s train %s/train.json --set max_steps=1 --set run_dir=%s/r2", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "OMP_WAIT_POLICY=active %s train %s/train.json --set max_steps=1 --set run_dir=%s/r2", PITH_BIN, d,
+                   d) == 0);
     ASSERT_MSG(strstr(out, "OMP_WAIT_POLICY=active"), "%s", out);
 }
 
@@ -83,7 +91,8 @@ TEST(train_continues_into_new_epochs) {
     // 4 samples per epoch, 4 per step, 3 steps: epochs 1 and 2 begin with fresh permutations.
     const char *d = make_run(65);
     char out[16384];
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set max_steps=3 --set run_dir=%s/r", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set max_steps=3 --set run_dir=%s/r", PITH_BIN, d, d) ==
+           0);
     ASSERT(strstr(out, "data: epoch 1 begins") && strstr(out, "data: epoch 2 begins"));
 }
 
@@ -101,7 +110,8 @@ TEST(data_samples_and_permutation) {
         int64_t p = ds.perm[i];
         seen[p]++;
         const uint32_t *raw = ds.files[0].tokens;
-        for (int t = 0; t < 16; t++) ASSERT(tok[t] == (int32_t)raw[p * 16 + t] && lab[t] == (int32_t)raw[p * 16 + t + 1]);
+        for (int t = 0; t < 16; t++)
+            ASSERT(tok[t] == (int32_t)raw[p * 16 + t] && lab[t] == (int32_t)raw[p * 16 + t + 1]);
     }
     for (int64_t i = 0; i < ds.total; i++) ASSERT(seen[i] == 1);
     dataset_sample(&ds, ds.total, tok, lab); // epoch 1: a different permutation
@@ -115,7 +125,8 @@ TEST(schedule_wsd_values) {
     TrainConfig c = {0};
     c.max_steps = 100, c.optimizer.lr = 1.0;
     c.scheduler.type = SCHED_WSD, c.scheduler.decay_shape = DECAY_COSINE;
-    c.scheduler.warmup_ratio = 0.1, c.scheduler.decay_ratio = 0.2, c.scheduler.start_lr = 0.0, c.scheduler.final_lr = 0.1;
+    c.scheduler.warmup_ratio = 0.1, c.scheduler.decay_ratio = 0.2, c.scheduler.start_lr = 0.0,
+    c.scheduler.final_lr = 0.1;
     ASSERT_NEAR(config_lr_factor(&c, 0), 0.0, 1e-12);
     ASSERT_NEAR(config_lr_factor(&c, 5), 0.5, 1e-12);
     ASSERT_NEAR(config_lr_factor(&c, 50), 1.0, 1e-12);
@@ -152,9 +163,11 @@ TEST(errors_config) {
     expect_error(d, "--set learning_rate=3", "--set: learning_rate: unknown key");
     expect_error(d, "--set optimizer.nesterov=true", "--set: optimizer.nesterov: unknown key");
     expect_error(d, "--set optimizer.momentum=3", "--set: optimizer.momentum: must be in [0, 1) (got 3)");
-    expect_error(d, "--set optimizer.type=sgd", "--set: optimizer.type: 'sgd' is not supported (supported: \"adamw\", \"muon\")");
+    expect_error(d, "--set optimizer.type=sgd",
+                 "--set: optimizer.type: 'sgd' is not supported (supported: \"adamw\", \"muon\")");
     expect_error(d, "--set optimizer.betas=[0.9]", "--set: optimizer.betas: expected [beta1, beta2]");
-    expect_error(d, "--set scheduler.type=step", "--set: scheduler.type: 'step' is not supported (supported: \"constant\"");
+    expect_error(d, "--set scheduler.type=step",
+                 "--set: scheduler.type: 'step' is not supported (supported: \"constant\"");
     expect_error(d, "--set device=tpu", "--set: device: 'tpu' is not supported");
     expect_error(d, "--set max_steps=null", "--set: max_steps: missing required key");
     expect_error(d, "--set dataset=/nonexistent/x", "/nonexistent/x: dataset not found");
@@ -162,8 +175,9 @@ TEST(errors_config) {
     expect_error(d, "--set parallel.expert_parallel_size=2", "parallel");
     expect_error(d, "--steps 4294967297", "train: --steps needs an integer in [1, 1073741824] (got '4294967297')");
     // An error in the file names the file; one from the command line names --set.
-    write_text(d, "t2.json", "{\"model\": \"model.json\", \"dataset\": \"data\", \"sequence_length\": 16, \"micro_batch_size\": 0,"
-                             " \"global_batch_size\": 4, \"max_steps\": 10, \"optimizer\": {\"lr\": 0.01}}");
+    write_text(d, "t2.json",
+               "{\"model\": \"model.json\", \"dataset\": \"data\", \"sequence_length\": 16, \"micro_batch_size\": 0,"
+               " \"global_batch_size\": 4, \"max_steps\": 10, \"optimizer\": {\"lr\": 0.01}}");
     char out[4096];
     ASSERT(run_cmd(out, sizeof out, "%s train %s/t2.json", PITH_BIN, d) == 1);
     ASSERT_MSG(strstr(out, "t2.json: micro_batch_size: must be in [1, 1048576]"), "%s", out);
@@ -184,7 +198,8 @@ TEST(errors_config_values) {
     expect_error(d, "--set scheduler.type=wsd --set scheduler.final_lr=-0.001", "scheduler.final_lr: must be in ≥ 0");
     expect_error(d, "--set scheduler.type=wsd --set scheduler.warmup_ratio=0.6 --set scheduler.decay_ratio=0.5",
                  "warmup_ratio + decay_ratio must be at most 1");
-    expect_error(d, "--set scheduler.warmup_ratio=0.1", "scheduler.warmup_ratio: has no effect on a \"constant\" schedule");
+    expect_error(d, "--set scheduler.warmup_ratio=0.1",
+                 "scheduler.warmup_ratio: has no effect on a \"constant\" schedule");
     expect_error(d, "--set scheduler.type=cosine --set scheduler.decay_ratio=0.3",
                  "scheduler.decay_ratio: a \"cosine\" schedule decays");
     expect_error(d, "--set init_std=100", "init_std: must be in [0, 1] (got 100)");
@@ -200,7 +215,8 @@ TEST(errors_config_values) {
     expect_error(d, "--set save_interval=5", "save_interval: needs save_location");
     // PithTrain's names say what they are called here, or that they are not supported yet
     expect_error(d, "--set lr=3", "--set: lr: unknown key (renamed: PithTrain's lr is optimizer.lr here)");
-    expect_error(d, "--set distributed.expert_parallel_size=2", "distributed: unknown key (renamed: PithTrain's distributed is parallel here)");
+    expect_error(d, "--set distributed.expert_parallel_size=2",
+                 "distributed: unknown key (renamed: PithTrain's distributed is parallel here)");
     expect_error(d, "--set fp8=true", "--set: fp8: PithTrain's fp8 is not supported yet");
 }
 
@@ -224,8 +240,10 @@ TEST(config_print_effective) {
     char out[16384], path[512];
     char rd[300];
     snprintf(rd, sizeof rd, "run_dir=%s/r", d); // (the default run_dir is relative to the current folder)
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --print-config --set scheduler.type=cosine --set %s", PITH_BIN, d, rd) == 0);
-    ASSERT(strstr(out, "\"weight_decay\": 0.1") && strstr(out, "\"on_nonfinite\": \"fail\"") && strstr(out, "\"decay_ratio\": 1"));
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --print-config --set scheduler.type=cosine --set %s",
+                   PITH_BIN, d, rd) == 0);
+    ASSERT(strstr(out, "\"weight_decay\": 0.1") && strstr(out, "\"on_nonfinite\": \"fail\"") &&
+           strstr(out, "\"decay_ratio\": 1"));
     snprintf(path, sizeof path, "%s/effective.json", d);
     FILE *f = fopen(path, "w");
     CHECK(f);
@@ -255,13 +273,17 @@ TEST(errors_model_config) {
     write_text(d, "m3.json", "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8}");
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m3.json", PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "m3.json: num_hidden_layers: missing required key"), "%s", out);
-    write_text(d, "m4.json", "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
-                             " \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 5, \"moe_intermediate_size\": 4}");
+    write_text(
+        d, "m4.json",
+        "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+        " \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 5, \"moe_intermediate_size\": 4}");
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m4.json", PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "m4.json: num_experts_per_tok: must be in [1, num_experts]"), "%s", out);
-    write_text(d, "m5.json", "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
-                             " \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 4,"
-                             " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}");
+    write_text(
+        d, "m5.json",
+        "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 8, \"num_hidden_layers\": 1, \"num_attention_heads\": 2,"
+        " \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 4,"
+        " \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}");
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m5.json", PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "m5.json: rope_scaling.rope_type: 'yarn' is not supported"), "%s", out);
     // values read into their real range: never truncated, never silently nonsense
@@ -287,8 +309,11 @@ TEST(errors_model_config) {
     char text[1024];
     snprintf(text, sizeof text, "%.*s, \"max_position_embeddings\": 8}", (int)strlen(tiny_model) - 1, tiny_model);
     write_text(d, "m7.json", text);
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set model=%s/m7.json --set max_steps=1 --set run_dir=%s/r7", PITH_BIN, d, d, d) == 0);
-    ASSERT_MSG(strstr(out, "pith: warning: ") && strstr(out, "sequence_length 16 is above the model's max_position_embeddings 8"),
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set model=%s/m7.json --set max_steps=1 --set run_dir=%s/r7", PITH_BIN, d,
+                   d, d) == 0);
+    ASSERT_MSG(strstr(out, "pith: warning: ") &&
+                   strstr(out, "sequence_length 16 is above the model's max_position_embeddings 8"),
                "%s", out);
 }
 
@@ -384,7 +409,8 @@ TEST(cli_help_and_usage) {
     ASSERT(run_cmd(out, sizeof out, "%s train --help", PITH_BIN) == 0 && strstr(out, "--set key=value"));
     ASSERT(run_cmd(out, sizeof out, "%s frobnicate", PITH_BIN) == 2 && strstr(out, "unknown command 'frobnicate'"));
     ASSERT(run_cmd(out, sizeof out, "%s --version", PITH_BIN) == 0 && !strncmp(out, "pith ", 5));
-    ASSERT(run_cmd(out, sizeof out, "%s synth --output /proc/x/y.bin", PITH_BIN) == 1 && strstr(out, "/proc/x: cannot create directory"));
+    ASSERT(run_cmd(out, sizeof out, "%s synth --output /proc/x/y.bin", PITH_BIN) == 1 &&
+           strstr(out, "/proc/x: cannot create directory"));
     // synth creates the output's folders (the README's first command on a fresh clone)
     const char *d = test_tmpdir();
     ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/a/b/c.bin --tokens 100", PITH_BIN, d) == 0);
@@ -393,8 +419,13 @@ TEST(cli_help_and_usage) {
 }
 
 TEST(path_normalize_cases) {
-    const char *cases[][2] = {{"a/./b/../c", "a/c"}, {"examples/demo/../../runs/demo", "runs/demo"}, {"../../x", "../../x"},
-                              {"/a/../../b", "/b"}, {"./", "."}, {"a//b/", "a/b"}, {"a/..", "."}};
+    const char *cases[][2] = {{"a/./b/../c", "a/c"},
+                              {"examples/demo/../../runs/demo", "runs/demo"},
+                              {"../../x", "../../x"},
+                              {"/a/../../b", "/b"},
+                              {"./", "."},
+                              {"a//b/", "a/b"},
+                              {"a/..", "."}};
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char p[256];
         snprintf(p, sizeof p, "%s", cases[i][0]);

@@ -15,12 +15,13 @@
 #include "model/model.h"
 
 static void convert_usage(FILE *f) {
-    fprintf(f, "usage: pith convert hf2pith HF_DIR CKPT_DIR\n"
-               "       pith convert pith2hf CKPT_DIR HF_DIR [--dtype bf16|fp32] [--max-shard-size SIZE]\n"
-               "  hf2pith: an HF folder (config.json + model.safetensors or shards with an index) becomes a model-only\n"
-               "           pith checkpoint; name it <save_location>/step-00000000 to start `pith train` from it.\n"
-               "  pith2hf: a pith checkpoint becomes an HF folder (sharded when larger than SIZE, e.g. 5GB, 500MB;\n"
-               "           default 5GB); --dtype converts (default: keep the stored dtype).\n");
+    fprintf(f,
+            "usage: pith convert hf2pith HF_DIR CKPT_DIR\n"
+            "       pith convert pith2hf CKPT_DIR HF_DIR [--dtype bf16|fp32] [--max-shard-size SIZE]\n"
+            "  hf2pith: an HF folder (config.json + model.safetensors or shards with an index) becomes a model-only\n"
+            "           pith checkpoint; name it <save_location>/step-00000000 to start `pith train` from it.\n"
+            "  pith2hf: a pith checkpoint becomes an HF folder (sharded when larger than SIZE, e.g. 5GB, 500MB;\n"
+            "           default 5GB); --dtype converts (default: keep the stored dtype).\n");
 }
 
 static size_t parse_size(const char *s) {
@@ -92,7 +93,8 @@ static const ModelFamily *open_model(const char *dir, ModelConfig *mc, ParamTabl
     for (int i = 0; i < s->n; i++) {
         const char *name = strncmp(s->t[i]->name, "model.", 6) ? s->t[i]->name : s->t[i]->name + 6;
         const ParamInfo *p = params_find(t, name);
-        if (!p) die("%s: tensor '%s' is not a parameter of this %s model", s->t[i]->file, s->t[i]->name, mc->model_type);
+        if (!p)
+            die("%s: tensor '%s' is not a parameter of this %s model", s->t[i]->file, s->t[i]->name, mc->model_type);
         st_check_shape(s->t[i], p->nd, p->shape);
     }
     if (s->n != t->n) {
@@ -183,7 +185,8 @@ int cmd_convert(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'd':
-            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32")) die("convert: --dtype must be bf16 or fp32 (got '%s')", optarg);
+            if (strcmp(optarg, "bf16") && strcmp(optarg, "fp32"))
+                die("convert: --dtype must be bf16 or fp32 (got '%s')", optarg);
             dtype = optarg;
             break;
         case 's': shard = parse_size(optarg); break;

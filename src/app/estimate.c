@@ -18,7 +18,8 @@ static void row(const char *what, size_t bytes, const char *note) {
 }
 
 int cmd_estimate(int argc, char **argv) {
-    static struct option opts[] = {{"gpus", 1, 0, 'n'}, {"gpu-memory", 1, 0, 'm'}, {"device", 1, 0, 'd'}, {"set", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0}};
+    static struct option opts[] = {{"gpus", 1, 0, 'n'}, {"gpu-memory", 1, 0, 'm'}, {"device", 1, 0, 'd'},
+                                   {"set", 1, 0, 's'},  {"help", 0, 0, 'h'},       {0}};
     char **sets = xmalloc(argc * sizeof *sets);
     int nsets = 0, c;
     long gpus = 0;
@@ -37,7 +38,8 @@ int cmd_estimate(int argc, char **argv) {
             if (*end || !(mem_gb > 0)) die("estimate: --gpu-memory needs a positive number of GB (got '%s')", optarg);
             break;
         case 'd':
-            if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu")) die("estimate: --device must be cuda or cpu (got '%s')", optarg);
+            if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu"))
+                die("estimate: --device must be cuda or cpu (got '%s')", optarg);
             device = optarg;
             break;
         case 's': sets[nsets++] = optarg; break;
@@ -54,18 +56,23 @@ int cmd_estimate(int argc, char **argv) {
     free(sets);
     Device dev = strcmp(device, "cpu") ? DEV_CUDA : DEV_CPU;
     Dist d;
-    dist_mesh_describe(&d, (int)gpus, 0, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep, cfg.parallel.sharding == SHARD_HSDP, cfg.file);
+    dist_mesh_describe(&d, (int)gpus, 0, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep,
+                       cfg.parallel.sharding == SHARD_HSDP, cfg.file);
     MemoryPlan p = run_memory_plan(&cfg, &d, dev);
     ModelConfig mc;
     model_config_load(&mc, cfg.model);
     bool bf16 = dev == DEV_CUDA && cfg.compute_dtype == COMPUTE_BF16;
     char cap[96];
-    if (cfg.parallel.ep_capacity_factor > 0) snprintf(cap, sizeof cap, "(capacity %g·T·k rows)", cfg.parallel.ep_capacity_factor);
+    if (cfg.parallel.ep_capacity_factor > 0)
+        snprintf(cap, sizeof cap, "(capacity %g·T·k rows)", cfg.parallel.ep_capacity_factor);
     else snprintf(cap, sizeof cap, "(worst-case capacity: T·k·ep rows)");
-    printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); per rank: %d of %d experts, micro-batch %d × %d tokens, %s\n",
-           mc.model_type, gpus, dev == DEV_CUDA ? "GPUs" : "CPU ranks", d.pp, d.dp, d.cp, d.ep, d.hsdp ? "hsdp" : "fsdp", mc.experts / d.ep,
-           mc.experts, cfg.micro_batch_size, cfg.sequence_length, bf16 ? "bf16 compute" : "fp32 compute");
-    row("weights (compute copy)", p.weights, bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
+    printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); per rank: %d of %d experts, micro-batch %d × "
+           "%d tokens, %s\n",
+           mc.model_type, gpus, dev == DEV_CUDA ? "GPUs" : "CPU ranks", d.pp, d.dp, d.cp, d.ep,
+           d.hsdp ? "hsdp" : "fsdp", mc.experts / d.ep, mc.experts, cfg.micro_batch_size, cfg.sequence_length,
+           bf16 ? "bf16 compute" : "fp32 compute");
+    row("weights (compute copy)", p.weights,
+        bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
     row("gradient accumulators", p.grads, "fp32, reduce-scattered in place once per step");
     row("master weight shards", p.shards, p.shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
     row("optimizer state", p.optim, "AdamW moments, fp32 shards");
@@ -78,7 +85,8 @@ int cmd_estimate(int argc, char **argv) {
     snprintf(exact, sizeof exact, "(%zu bytes)", total);
     row("total", total, exact);
     if (dev == DEV_CUDA)
-        printf("%s in %g GB per GPU (%.1f%% used); not counted: the CUDA context, NCCL and cuBLASLt workspaces (~1-3 GB)\n",
+        printf("%s in %g GB per GPU (%.1f%% used); not counted: the CUDA context, NCCL and cuBLASLt workspaces (~1-3 "
+               "GB)\n",
                total <= mem_gb * 1e9 ? "fits" : "does not fit", mem_gb, 100.0 * total / (mem_gb * 1e9));
     json_decref(cfg.json);
     return 0;

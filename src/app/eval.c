@@ -14,8 +14,9 @@ static void eval_usage(FILE *f) {
 }
 
 int cmd_eval(int argc, char **argv) {
-    static struct option opts[] = {{"model", 1, 0, 'm'}, {"data", 1, 0, 'd'},  {"seq", 1, 0, 's'},  {"batch", 1, 0, 'b'},
-                                   {"device", 1, 0, 'v'}, {"dtype", 1, 0, 't'}, {"help", 0, 0, 'h'}, {0}};
+    static struct option opts[] = {
+        {"model", 1, 0, 'm'},  {"data", 1, 0, 'd'},  {"seq", 1, 0, 's'},  {"batch", 1, 0, 'b'},
+        {"device", 1, 0, 'v'}, {"dtype", 1, 0, 't'}, {"help", 0, 0, 'h'}, {0}};
     const char *model = NULL, *data = NULL, *device = "cpu", *dtype = "fp32";
     long S = 0, B = 0;
     int c;
@@ -44,7 +45,7 @@ int cmd_eval(int argc, char **argv) {
     ModelConfig mc;
     const ModelFamily *fam = model_config_load(&mc, model);
     Model m;
-    model_create(&m, fam, &mc, dev, dev == DEV_CUDA && !strcmp(dtype, "bf16") ? DT_BF16 : DT_F32, (int)S);
+    model_create(&m, fam, &mc, dev, compute_dt(dev, strcmp(dtype, "bf16") ? COMPUTE_FP32 : COMPUTE_BF16), (int)S);
     float *w[NGROUPS];
     for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m.params.numel[g] * sizeof(float) + 1);
     ckpt_load_model(&m.params, w, model);
@@ -55,7 +56,9 @@ int cmd_eval(int argc, char **argv) {
     Dataset ds;
     dataset_open(&ds, data, (int)S, mc.vocab, 0);
     ds.ordered = true;
-    if (B > ds.total) die("%s: --batch %ld asks for more samples than the data holds (%lld of %ld tokens)", data, B, (long long)ds.total, S);
+    if (B > ds.total)
+        die("%s: --batch %ld asks for more samples than the data holds (%lld of %ld tokens)", data, B,
+            (long long)ds.total, S);
     Engine e;
     engine_init(&e, &m, 1, (int)S);
     int32_t *tok = xmalloc(S * sizeof(int32_t)), *lab = xmalloc(S * sizeof(int32_t));

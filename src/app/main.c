@@ -22,7 +22,8 @@ static const struct {
 static void usage(FILE *f) {
     fprintf(f, "usage: pith <command> [args]   (pith <command> --help for a command's options; pith --version)\n\n"
                "commands:\n");
-    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
 }
 
 // OpenMP threads that wait by spinning take the cores from everything else on a shared machine (the tiny

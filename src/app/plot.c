@@ -222,12 +222,9 @@ int cmd_plot(int argc, char **argv) {
         if (!strcmp(argv[i], "--output") || !strcmp(argv[i], "-o")) {
             if (i + 1 >= argc) die("plot: --output needs a file name ending in .png or .svg");
             output = argv[++i];
-        } else if (argv[i][0] == '-')
-            die("plot: unknown option '%s' (see pith plot --help)", argv[i]);
-        else if (nruns == MAX_RUNS)
-            die("plot: at most %d runs in one picture", MAX_RUNS);
-        else
-            dirs[nruns++] = argv[i];
+        } else if (argv[i][0] == '-') die("plot: unknown option '%s' (see pith plot --help)", argv[i]);
+        else if (nruns == MAX_RUNS) die("plot: at most %d runs in one picture", MAX_RUNS);
+        else dirs[nruns++] = argv[i];
     }
     if (!nruns) {
         plot_usage(stderr);

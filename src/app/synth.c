@@ -15,8 +15,13 @@ static void synth_usage(FILE *f) {
 }
 
 int cmd_synth(int argc, char **argv) {
-    static struct option opts[] = {{"output", 1, 0, 'o'}, {"vocab", 1, 0, 'v'}, {"tokens", 1, 0, 'n'},
-                                   {"seed", 1, 0, 's'},   {"eos", 1, 0, 'e'},   {"help", 0, 0, 'h'}, {0}};
+    static struct option opts[] = {{"output", 1, 0, 'o'},
+                                   {"vocab", 1, 0, 'v'},
+                                   {"tokens", 1, 0, 'n'},
+                                   {"seed", 1, 0, 's'},
+                                   {"eos", 1, 0, 'e'},
+                                   {"help", 0, 0, 'h'},
+                                   {0}};
     const char *out = NULL;
     long long vocab = 256, ntok = 65536, seed = 1, eos = -1;
     int c;

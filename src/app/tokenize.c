@@ -27,7 +27,7 @@ typedef struct {
     // writer state
     FILE *f;
     bool skip, failed, read_done;
-    char *error; // why reading failed (reported by the writer, in file order)
+    char *error;              // why reading failed (reported by the writer, in file order)
     int64_t nchunks, written; // chunks made by the reader (final once read_done) and written so far
     uint64_t ntok, *ends;
     size_t nends, ends_cap;
@@ -39,7 +39,7 @@ typedef struct Chunk {
     char *data;
     size_t len, cap, in_bytes; // bytes of data; input bytes (compressed for .zst) it came from, for progress
     IdVec ids;
-    uint64_t *ends; // cumulative document ends within the chunk
+    uint64_t *ends;                                    // cumulative document ends within the chunk
     size_t ndocs, ends_cap, repaired, bad, text_bytes; // repaired: documents with invalid UTF-8; bad: lines skipped
     char *errors; // one message per line; in fail mode the first error stops the chunk
     size_t errors_len;
@@ -61,8 +61,10 @@ typedef struct {
 
 static int input_kind(const char *name) {
     size_t n = strlen(name);
-    static const struct { const char *ext; int kind; } exts[] = {
-        {".jsonl", IN_JSONL}, {".jsonl.zst", IN_JSONL_ZST}, {".jsonl.zstd", IN_JSONL_ZST}, {".txt", IN_TXT}};
+    static const struct {
+        const char *ext;
+        int kind;
+    } exts[] = {{".jsonl", IN_JSONL}, {".jsonl.zst", IN_JSONL_ZST}, {".jsonl.zstd", IN_JSONL_ZST}, {".txt", IN_TXT}};
     for (size_t i = 0; i < sizeof exts / sizeof *exts; i++) {
         size_t e = strlen(exts[i].ext);
         if (n > e && !strcmp(name + n - e, exts[i].ext)) return exts[i].kind;
@@ -76,7 +78,8 @@ static int nfiles, files_cap;
 static void add_file(const char *path, const char *rel, const char *outdir) {
     struct stat st;
     if (stat(path, &st)) die("%s: %s", path, strerror(errno));
-    if (nfiles == files_cap) files_cap = files_cap ? 2 * files_cap : 64, files = xrealloc(files, files_cap * sizeof *files);
+    if (nfiles == files_cap)
+        files_cap = files_cap ? 2 * files_cap : 64, files = xrealloc(files, files_cap * sizeof *files);
     InFile *f = &files[nfiles++];
     *f = (InFile){.path = xstrdup(path), .rel = xstrdup(rel), .kind = input_kind(path), .size = (uint64_t)st.st_size};
     size_t n = strlen(outdir) + strlen(rel) + 16;
@@ -141,7 +144,10 @@ static void js_ws(JScan *s) {
 static int js_hex4(const char *q) {
     int v = 0;
     for (int i = 0; i < 4; i++) {
-        int c = q[i], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int c = q[i], d = c >= '0' && c <= '9'   ? c - '0'
+                          : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                          : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                                 : -1;
         if (d < 0) return -1;
         v = v * 16 + d;
     }
@@ -280,7 +286,8 @@ static void chunk_document(Shared *sh, BpeScratch *s, Chunk *c, const char *text
     bpe_encode(sh->tok, s, text, len, true, &c->ids);
     c->text_bytes += len;
     idvec_push(&c->ids, sh->eos);
-    if (c->ndocs == c->ends_cap) c->ends_cap = c->ends_cap ? 2 * c->ends_cap : 1024, c->ends = xrealloc(c->ends, c->ends_cap * 8);
+    if (c->ndocs == c->ends_cap)
+        c->ends_cap = c->ends_cap ? 2 * c->ends_cap : 1024, c->ends = xrealloc(c->ends, c->ends_cap * 8);
     c->ends[c->ndocs++] = c->ids.n;
 }
 
@@ -320,9 +327,11 @@ static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
         } else if (!blank(p, e - p)) {
             size_t n = e - p, fixed_len, col;
             char *fixed = bpe_utf8_repair(p, n, &fixed_len);
-            const char *err = json_line_field(fixed ? fixed : p, fixed ? fixed_len : n, sh->field, &ws->text, &ws->key, &col);
+            const char *err =
+                json_line_field(fixed ? fixed : p, fixed ? fixed_len : n, sh->field, &ws->text, &ws->key, &col);
             if (!err) chunk_document(sh, s, c, ws->text.p, ws->text.n), c->repaired += fixed != NULL;
-            else if (!strcmp(err, "no field")) chunk_error(c, "%s:%lld: no field \"%s\"", name, (long long)line, sh->field);
+            else if (!strcmp(err, "no field"))
+                chunk_error(c, "%s:%lld: no field \"%s\"", name, (long long)line, sh->field);
             else if (!strcmp(err, "not a string"))
                 chunk_error(c, "%s:%lld: field \"%s\" is not a string", name, (long long)line, sh->field);
             else if (col == 1) chunk_error(c, "%s:%lld: %s", name, (long long)line, err);
@@ -425,7 +434,11 @@ static Chunk *make_chunk(Reader *r, size_t n, Chunk **free_list) {
     if (c) *free_list = c->next;
     else c = xcalloc(1, sizeof *c);
     Chunk keep = *c;
-    *c = (Chunk){.data = keep.data, .cap = keep.cap, .ids = {keep.ids.p, 0, keep.ids.cap}, .ends = keep.ends, .ends_cap = keep.ends_cap};
+    *c = (Chunk){.data = keep.data,
+                 .cap = keep.cap,
+                 .ids = {keep.ids.p, 0, keep.ids.cap},
+                 .ends = keep.ends,
+                 .ends_cap = keep.ends_cap};
     c->file = r->file, c->seq = r->seq++, c->line0 = r->line, c->len = n, c->in_bytes = r->in_used;
     if (n + 1 > c->cap) c->cap = n + n / 4 + 1, c->data = xrealloc(c->data, c->cap);
     memcpy(c->data, r->buf, n), c->data[n] = 0;
@@ -500,7 +513,8 @@ static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
     if (!f->failed) {
         if (!f->f) out_open(f);
         if (fwrite(c->ids.p, 4, c->ids.n, f->f) != c->ids.n) out_die(f, "write failed");
-        if (f->nends + c->ndocs > f->ends_cap) f->ends_cap = 2 * (f->nends + c->ndocs), f->ends = xrealloc(f->ends, f->ends_cap * 8);
+        if (f->nends + c->ndocs > f->ends_cap)
+            f->ends_cap = 2 * (f->nends + c->ndocs), f->ends = xrealloc(f->ends, f->ends_cap * 8);
         for (size_t i = 0; i < c->ndocs; i++) f->ends[f->nends++] = f->ntok + c->ends[i];
         f->ntok += c->ids.n;
         tot->docs += c->ndocs, tot->tokens += c->ids.n, tot->bad += c->bad, tot->repaired += c->repaired;
@@ -517,8 +531,8 @@ static void progress(const Totals *t, uint64_t total_in, double t0) {
     double rate = t->text_bytes / 1e6 / (dt > 1e-9 ? dt : 1e-9), in_rate = t->in_bytes / (dt > 1e-9 ? dt : 1e-9);
     double eta = in_rate > 0 && total_in > t->in_bytes ? (total_in - t->in_bytes) / in_rate : 0;
     fprintf(stderr, "\rtokenize: %llu documents, %llu tokens, %.1f MB/s, %3.0f%%, ETA %d:%02d   ",
-            (unsigned long long)t->docs, (unsigned long long)t->tokens, rate, 100.0 * t->in_bytes / (total_in ? total_in : 1),
-            (int)eta / 60, (int)eta % 60);
+            (unsigned long long)t->docs, (unsigned long long)t->tokens, rate,
+            100.0 * t->in_bytes / (total_in ? total_in : 1), (int)eta / 60, (int)eta % 60);
 }
 
 // ---- command ------------------------------------------------------------------------------------------------------
@@ -548,9 +562,11 @@ static void tokenize_usage(FILE *f) {
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    static struct option opts[] = {{"tokenizer", 1, 0, 't'}, {"input", 1, 0, 'i'}, {"output", 1, 0, 'o'},
-                                   {"workers", 1, 0, 'w'},   {"eos", 1, 0, 'e'},   {"field", 1, 0, 'f'},
-                                   {"txt-split", 1, 0, 's'}, {"on-error", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0}};
+    static struct option opts[] = {{"tokenizer", 1, 0, 't'}, {"input", 1, 0, 'i'},
+                                   {"output", 1, 0, 'o'},    {"workers", 1, 0, 'w'},
+                                   {"eos", 1, 0, 'e'},       {"field", 1, 0, 'f'},
+                                   {"txt-split", 1, 0, 's'}, {"on-error", 1, 0, 'r'},
+                                   {"help", 0, 0, 'h'},      {0}};
     const char *tokpath = NULL, *outdir = NULL, *eos_arg = NULL, *field = "text", *split = "file", *on_error = "fail";
     const char **inputs = xcalloc(argc + 1, sizeof *inputs);
     int ninputs = 0, c;
@@ -564,7 +580,8 @@ int cmd_tokenize(int argc, char **argv) {
         case 'w': {
             char *end;
             workers = strtol(optarg, &end, 10);
-            if (*end || workers < 1 || workers > 1024) die("tokenize: --workers must be an integer in [1, 1024] (got '%s')", optarg);
+            if (*end || workers < 1 || workers > 1024)
+                die("tokenize: --workers must be an integer in [1, 1024] (got '%s')", optarg);
             break;
         }
         case 'e': eos_arg = optarg; break;
@@ -579,8 +596,10 @@ int cmd_tokenize(int argc, char **argv) {
     if (!tokpath) die("tokenize: --tokenizer is required (pith tokenize --help)");
     if (!ninputs) die("tokenize: --input is required (pith tokenize --help)");
     if (!outdir) die("tokenize: --output is required (pith tokenize --help)");
-    if (strcmp(split, "file") && strcmp(split, "paragraph")) die("tokenize: --txt-split must be file or paragraph (got '%s')", split);
-    if (strcmp(on_error, "fail") && strcmp(on_error, "skip")) die("tokenize: --on-error must be fail or skip (got '%s')", on_error);
+    if (strcmp(split, "file") && strcmp(split, "paragraph"))
+        die("tokenize: --txt-split must be file or paragraph (got '%s')", split);
+    if (strcmp(on_error, "fail") && strcmp(on_error, "skip"))
+        die("tokenize: --on-error must be fail or skip (got '%s')", on_error);
 
     for (int i = 0; i < ninputs; i++) {
         if (!path_exists(inputs[i])) die("%s: no such file or directory", inputs[i]);
@@ -590,7 +609,8 @@ int cmd_tokenize(int argc, char **argv) {
             if (nfiles == before) warn("%s: no .jsonl, .jsonl.zst or .txt files in this folder", inputs[i]);
             continue;
         }
-        if (input_kind(inputs[i]) < 0) die("%s: unsupported input (expected .jsonl, .jsonl.zst, .jsonl.zstd or .txt)", inputs[i]);
+        if (input_kind(inputs[i]) < 0)
+            die("%s: unsupported input (expected .jsonl, .jsonl.zst, .jsonl.zstd or .txt)", inputs[i]);
         const char *base = strrchr(inputs[i], '/');
         add_file(inputs[i], base ? base + 1 : inputs[i], outdir);
     }
@@ -614,7 +634,8 @@ int cmd_tokenize(int argc, char **argv) {
         char *text = bpe_decode(tok, &(uint32_t){(uint32_t)eos}, 1, &n);
         if (!(n >= 2 && text[0] == '<' && text[n - 1] == '>'))
             warn("tokenize: --eos '%s' (id %lld, \"%.*s\") is an ordinary token, not a special one like <|endoftext|>: "
-                 "documents will be separated by text", eos_arg, (long long)eos, (int)(n < 40 ? n : 40), text);
+                 "documents will be separated by text",
+                 eos_arg, (long long)eos, (int)(n < 40 ? n : 40), text);
         free(text);
     } else if ((eos = bpe_token_to_id(tok, "<|endoftext|>")) >= 0) {
         const char *name = bpe_config_token(tok, "eos_token");
@@ -625,7 +646,8 @@ int cmd_tokenize(int argc, char **argv) {
     } else {
         const char *name = bpe_config_token(tok, "eos_token");
         if (!name)
-            die("tokenize: %s has no eos_token in tokenizer_config.json and no <|endoftext|>; pass --eos TOKEN", tokpath);
+            die("tokenize: %s has no eos_token in tokenizer_config.json and no <|endoftext|>; pass --eos TOKEN",
+                tokpath);
         eos = bpe_token_to_id(tok, name);
         if (eos < 0) die("tokenize: eos_token '%s' of tokenizer_config.json is not in the vocabulary", name);
     }
@@ -637,7 +659,9 @@ int cmd_tokenize(int argc, char **argv) {
         if (files[i].skip) nskip++;
         else total_in += files[i].size;
     }
-    if (nskip) fprintf(stderr, "tokenize: %d of %d outputs already exist; skipping them (delete them to redo)\n", nskip, nfiles);
+    if (nskip)
+        fprintf(stderr, "tokenize: %d of %d outputs already exist; skipping them (delete them to redo)\n", nskip,
+                nfiles);
     atexit(remove_partial_outputs);
 
     Shared sh = {.tok = tok, .field = field, .eos = (uint32_t)eos};
@@ -663,7 +687,8 @@ int cmd_tokenize(int argc, char **argv) {
                     f->read_done = true, next_file++;
                     continue;
                 }
-                r.file = next_file++, r.seq = 0, r.line = 1, r.eof = false, r.zlast = 0, r.in = (ZSTD_inBuffer){r.inbuf, 0, 0};
+                r.file = next_file++, r.seq = 0, r.line = 1, r.eof = false, r.zlast = 0,
+                r.in = (ZSTD_inBuffer){r.inbuf, 0, 0};
                 r.f = fopen(f->path, "rb");
                 if (r.f && f->kind == IN_JSONL_ZST) r.z = ZSTD_createDStream(), ZSTD_initDStream(r.z);
                 if (!r.f) {
@@ -684,7 +709,8 @@ int cmd_tokenize(int argc, char **argv) {
             } else if (!reader_fill(&r, &err)) {
                 InFile *f = &files[r.file];
                 char msg[4200];
-                snprintf(msg, sizeof msg, "%s: %s (after line %lld)", f->path, err, (long long)(r.line + count_lines(r.buf, r.len) - 1));
+                snprintf(msg, sizeof msg, "%s: %s (after line %lld)", f->path, err,
+                         (long long)(r.line + count_lines(r.buf, r.len) - 1));
                 f->failed = true, f->error = xstrdup(msg), stop_reading = sh.fail_fast;
                 reader_close(&r);
             }
@@ -700,7 +726,8 @@ int cmd_tokenize(int argc, char **argv) {
         // collect finished chunks; wait for one when no more can be read now
         bool can_read = (r.file >= 0 || next_file < nfiles) && !stop_reading;
         pthread_mutex_lock(&sh.mu);
-        while (!sh.done && inflight > 0 && (inflight >= max_inflight || !can_read)) pthread_cond_wait(&sh.done_cv, &sh.mu);
+        while (!sh.done && inflight > 0 && (inflight >= max_inflight || !can_read))
+            pthread_cond_wait(&sh.done_cv, &sh.mu);
         for (Chunk *d = sh.done, *nx; d; d = nx) nx = d->next, d->next = pending, pending = d;
         sh.done = NULL;
         pthread_mutex_unlock(&sh.mu);
@@ -735,14 +762,16 @@ int cmd_tokenize(int argc, char **argv) {
     for (long i = 0; i < workers; i++) pthread_join(th[i], NULL);
     if (tty) fprintf(stderr, "\r%100s\r", ""); // the summary below replaces the progress line
     double dt = now_seconds() - t0;
-    printf("tokenize: %d files written, %d skipped (output exists), %d failed; %llu documents, %llu tokens, %.1f MB of text in %.2f s "
+    printf("tokenize: %d files written, %d skipped (output exists), %d failed; %llu documents, %llu tokens, %.1f MB of "
+           "text in %.2f s "
            "(%.1f MB/s, %ld workers)",
-           tot.written, nskip, tot.failed, (unsigned long long)tot.docs, (unsigned long long)tot.tokens, tot.text_bytes / 1e6, dt,
-           tot.text_bytes / 1e6 / (dt > 1e-9 ? dt : 1e-9), workers);
+           tot.written, nskip, tot.failed, (unsigned long long)tot.docs, (unsigned long long)tot.tokens,
+           tot.text_bytes / 1e6, dt, tot.text_bytes / 1e6 / (dt > 1e-9 ? dt : 1e-9), workers);
     if (tot.bad) printf("; %llu bad lines skipped", (unsigned long long)tot.bad);
     if (tot.repaired) printf("; invalid UTF-8 replaced in %llu documents", (unsigned long long)tot.repaired);
     printf("\n");
-    for (Chunk *ck; (ck = free_chunks);) free_chunks = ck->next, free(ck->data), idvec_free(&ck->ids), free(ck->ends), free(ck);
+    for (Chunk *ck; (ck = free_chunks);)
+        free_chunks = ck->next, free(ck->data), idvec_free(&ck->ids), free(ck->ends), free(ck);
     bpe_free(tok);
     free(th), free(r.inbuf), free(r.buf), free(inputs);
     return 0;

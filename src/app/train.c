@@ -78,7 +78,8 @@ static FILE *open_metrics(const char *run_dir, const char *mpath, int step) {
 
 int cmd_train(int argc, char **argv) {
     dist_launch(); // MPI_Init when mpirun/srun started this process
-    if (dist_world_rank() != 0 && !freopen("/dev/null", "w", stdout)) die("cannot silence stdout of rank %d", dist_world_rank());
+    if (dist_world_rank() != 0 && !freopen("/dev/null", "w", stdout))
+        die("cannot silence stdout of rank %d", dist_world_rank());
     const char *file = NULL, *dump = NULL;
     char **sets = xmalloc(argc * sizeof *sets);
     int nsets = 0, max_now = -1;
@@ -102,8 +103,7 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--dump-grads")) {
             if (i + 1 >= argc) die("train: --dump-grads needs a folder");
             dump = argv[++i];
-        }
-        else if (argv[i][0] == '-') die("train: unknown option '%s' (see pith train --help)", argv[i]);
+        } else if (argv[i][0] == '-') die("train: unknown option '%s' (see pith train --help)", argv[i]);
         else if (file) die("train: more than one config file given ('%s' and '%s')", file, argv[i]);
         else file = argv[i];
     }
@@ -131,22 +131,26 @@ int cmd_train(int argc, char **argv) {
     model_params_all(&r.model, &all);
     int64_t nparam = all.numel[GROUP_DENSE] + all.numel[GROUP_EXPERT];
     free(all.p);
-    printf("model: %s, %d layers (%d MoE), hidden %d, %d experts top-%d, vocab %d: %.3f M parameters\n", mc->model_type, mc->layers,
-           r.moe_layers, mc->hidden, mc->experts, mc->topk, mc->vocab, nparam / 1e6);
+    printf("model: %s, %d layers (%d MoE), hidden %d, %d experts top-%d, vocab %d: %.3f M parameters\n", mc->model_type,
+           mc->layers, r.moe_layers, mc->hidden, mc->experts, mc->topk, mc->vocab, nparam / 1e6);
     if (r.model.dev == DEV_CPU)
         printf("cpu: %d OpenMP threads per rank, OMP_WAIT_POLICY=%s\n", omp_get_max_threads(),
                getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "(runtime default)");
-    printf("data: %d token files, %lld samples of %d tokens per epoch\n", r.data.nfiles, (long long)r.data.total, cfg.sequence_length);
+    printf("data: %d token files, %lld samples of %d tokens per epoch\n", r.data.nfiles, (long long)r.data.total,
+           cfg.sequence_length);
     if (d->world.size > 1)
-        printf("mesh: %d ranks = pp %d × dp %d × cp %d × ep %d (%s), %d experts per ep rank\n", d->world.size, d->pp, d->dp, d->cp, d->ep,
-               d->hsdp ? "hsdp" : "fsdp", mc->experts / d->ep);
+        printf("mesh: %d ranks = pp %d × dp %d × cp %d × ep %d (%s), %d experts per ep rank\n", d->world.size, d->pp,
+               d->dp, d->cp, d->ep, d->hsdp ? "hsdp" : "fsdp", mc->experts / d->ep);
     const MemoryPlan *p = &r.plan;
-    printf("plan (%s, per rank): weights %.1f MB, gradients %.1f MB, shards %.1f MB, optimizer %.1f MB, activations %.1f MB, "
+    printf("plan (%s, per rank): weights %.1f MB, gradients %.1f MB, shards %.1f MB, optimizer %.1f MB, activations "
+           "%.1f MB, "
            "workspace %.1f MB, communication %.1f MB, other %.1f MB: total %.1f MB (%zu bytes)\n",
-           r.model.dev == DEV_CUDA ? "cuda" : "cpu", p->weights / 1e6, p->grads / 1e6, p->shards / 1e6, p->optim / 1e6, p->eng.act_bytes / 1e6,
-           p->eng.ws_bytes / 1e6, p->eng.comm_bytes / 1e6, p->other / 1e6, memory_plan_total(p) / 1e6, memory_plan_total(p));
+           r.model.dev == DEV_CUDA ? "cuda" : "cpu", p->weights / 1e6, p->grads / 1e6, p->shards / 1e6, p->optim / 1e6,
+           p->eng.act_bytes / 1e6, p->eng.ws_bytes / 1e6, p->eng.comm_bytes / 1e6, p->other / 1e6,
+           memory_plan_total(p) / 1e6, memory_plan_total(p));
     bool gpu = r.model.dev == DEV_CUDA;
-    if (gpu) printf("plan (cuda): plus %.1f MB of cuBLASLt workspace and conversion pools\n", ops_cuda_pool_bytes() / 1e6);
+    if (gpu)
+        printf("plan (cuda): plus %.1f MB of cuBLASLt workspace and conversion pools\n", ops_cuda_pool_bytes() / 1e6);
     double plan_total = memory_plan_total(p) + (gpu ? ops_cuda_pool_bytes() : 0);
     char mpath[PATH_MAX_LEN + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
@@ -167,7 +171,8 @@ int cmd_train(int argc, char **argv) {
         printf("step %08d/%08d | loss %.4f", r.step, cfg.max_steps, st.loss);
         if (val) printf(" | val-loss %.4f", val_loss);
         if (cfg.moe_load_balance_coef > 0) printf(" | lb %.6f", st.lb);
-        printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm, tps, st.seconds, peak);
+        printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm,
+               tps, st.seconds, peak);
         if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
         printf("%s\n", st.nonfinite ? " | not finite: no update" : "");
         // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
@@ -178,8 +183,10 @@ int cmd_train(int argc, char **argv) {
         if (val) keys[nkeys] = "val_loss", vals[nkeys++] = val_loss;
         const char *rest[] = {"lb_loss",     "lr",       "grad_norm",   "tokens_per_s",
                               "step_time_s", "fwdbwd_s", "peak_mem_gb", "gpu_peak_gb"};
-        double restv[] = {st.lb, st.lr, st.grad_norm, st.tokens / st.seconds, st.seconds, st.fwdbwd_seconds, peak,
-                          gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
+        double restv[] = {st.lb,        st.lr,
+                          st.grad_norm, st.tokens / st.seconds,
+                          st.seconds,   st.fwdbwd_seconds,
+                          peak,         gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
         for (int k = 0; k < 8; k++) keys[nkeys] = rest[k], vals[nkeys++] = restv[k];
         if (metrics) write_metrics(metrics, mpath, r.step, nkeys, keys, vals);
         if (tb.f) tboard_scalars(&tb, r.step, nkeys, keys, vals);
@@ -189,7 +196,8 @@ int cmd_train(int argc, char **argv) {
             if (cfg.on_nonfinite == NONFINITE_FAIL)
                 die("step %d: the %s is %s: stopping; nothing is saved after step %d (on_nonfinite = \"skip\" "
                     "would go on "
-                    "without this step's update)", r.step, what, isnan(v) ? "NaN" : "infinite", r.step - 1);
+                    "without this step's update)",
+                    r.step, what, isnan(v) ? "NaN" : "infinite", r.step - 1);
             warn("step %d: the %s is %s: this step's update is skipped (weights and moments unchanged)", r.step, what,
                  isnan(v) ? "NaN" : "infinite");
             skipped++;
@@ -212,8 +220,10 @@ int cmd_train(int argc, char **argv) {
     if (metrics && fclose(metrics)) die("%s: write failed: %s", mpath, strerror(errno));
     tboard_close(&tb);
     printf("%s: %d of %d steps, metrics in %s\n",
-           r.step == cfg.max_steps ? "done" : stopped_by_signal ? "stopped by SIGTERM" : "stopped", r.step, cfg.max_steps,
-           mpath);
+           r.step == cfg.max_steps ? "done"
+           : stopped_by_signal     ? "stopped by SIGTERM"
+                                   : "stopped",
+           r.step, cfg.max_steps, mpath);
     if (skipped) printf("skipped: the updates of %d steps whose loss or gradient norm was not finite\n", skipped);
     run_free(&r);
     json_decref(cfg.json);

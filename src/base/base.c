@@ -77,9 +77,15 @@ size_t peak_rss_bytes(void) {
 
 size_t dtype_size(DType dt) {
     switch (dt) {
-    case DT_F64: case DT_I64: case DT_U64: return 8;
-    case DT_F32: case DT_I32: case DT_U32: return 4;
-    case DT_BF16: case DT_F16: case DT_U16: return 2;
+    case DT_F64:
+    case DT_I64:
+    case DT_U64: return 8;
+    case DT_F32:
+    case DT_I32:
+    case DT_U32: return 4;
+    case DT_BF16:
+    case DT_F16:
+    case DT_U16: return 2;
     case DT_U8: return 1;
     }
     return 0;
@@ -128,7 +134,8 @@ Arena arena_counting(const char *name, Device dev) { return (Arena){NULL, 0, 0, 
 Arena arena_create(const char *name, Device dev, size_t cap) {
     Arena a = {NULL, 0, cap, 0, dev, name};
     if (dev == DEV_CPU) {
-        if (cap && posix_memalign((void **)&a.base, ARENA_ALIGN, cap)) die("out of host memory: arena %s needs %zu bytes", name, cap);
+        if (cap && posix_memalign((void **)&a.base, ARENA_ALIGN, cap))
+            die("out of host memory: arena %s needs %zu bytes", name, cap);
     } else {
         if (!device_alloc) die("arena %s: this build of pith has no CUDA backend", name);
         a.base = cap ? device_alloc(cap, name) : NULL;
@@ -150,7 +157,9 @@ void *arena_alloc(Arena *a, size_t bytes) {
     a->used = off + bytes;
     if (a->used > a->peak) a->peak = a->used;
     if (!a->base) return NULL; // counting arena
-    if (a->used > a->cap) die("arena %s overflow: %zu bytes needed, %zu planned (a plan bug or a capacity bound exceeded)", a->name, a->used, a->cap);
+    if (a->used > a->cap)
+        die("arena %s overflow: %zu bytes needed, %zu planned (a plan bug or a capacity bound exceeded)", a->name,
+            a->used, a->cap);
     return a->base + off;
 }
 
@@ -175,13 +184,9 @@ uint64_t rng_hash_str(const char *s) {
     return h;
 }
 
-uint64_t rng_u64(uint64_t seed, uint64_t stream, uint64_t i) {
-    return rng_mix(rng_mix(rng_mix(seed) ^ stream) ^ i);
-}
+uint64_t rng_u64(uint64_t seed, uint64_t stream, uint64_t i) { return rng_mix(rng_mix(rng_mix(seed) ^ stream) ^ i); }
 
-double rng_uniform(uint64_t seed, uint64_t stream, uint64_t i) {
-    return (rng_u64(seed, stream, i) >> 11) * 0x1.0p-53;
-}
+double rng_uniform(uint64_t seed, uint64_t stream, uint64_t i) { return (rng_u64(seed, stream, i) >> 11) * 0x1.0p-53; }
 
 double rng_normal(uint64_t seed, uint64_t stream, uint64_t i) {
     // Box–Muller on two independent uniforms derived from (i, 0) and (i, 1).
@@ -273,7 +278,8 @@ void path_normalize(char *path) {
     char out[4096];
     size_t o = 0;
     if (abs) out[o++] = '/';
-    for (int i = 0; i < n && o < sizeof out - 1; i++) o += snprintf(out + o, sizeof out - o, "%s%s", i ? "/" : "", parts[i]);
+    for (int i = 0; i < n && o < sizeof out - 1; i++)
+        o += snprintf(out + o, sizeof out - o, "%s%s", i ? "/" : "", parts[i]);
     if (o == 0) out[o++] = '.';
     out[o < sizeof out ? o : sizeof out - 1] = 0;
     strcpy(path, out);
@@ -301,7 +307,8 @@ void file_write_atomic(const char *path, const void *data, size_t n) {
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) die("%s: cannot write: %s", tmp, strerror(errno));
-    if (fwrite(data, 1, n, f) != n || fflush(f) || fsync(fileno(f)) || fclose(f)) die("%s: write failed: %s", tmp, strerror(errno));
+    if (fwrite(data, 1, n, f) != n || fflush(f) || fsync(fileno(f)) || fclose(f))
+        die("%s: write failed: %s", tmp, strerror(errno));
     if (rename(tmp, path)) die("%s: cannot rename to %s: %s", tmp, path, strerror(errno));
     path_dirname(dir, sizeof dir, path);
     fsync_dir(dir);

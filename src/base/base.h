@@ -18,12 +18,12 @@ _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 extern int die_rank;                 // -1: one process
 extern void (*die_hook)(int status); // NULL: exit(status)
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-#define CHECK(cond)                                                                                   \
-    do {                                                                                              \
-        if (!(cond)) {                                                                                \
-            fprintf(stderr, "pith: internal error at %s:%d: %s\n", __FILE__, __LINE__, #cond);      \
-            abort();                                                                                  \
-        }                                                                                             \
+#define CHECK(cond)                                                                                                    \
+    do {                                                                                                               \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "pith: internal error at %s:%d: %s\n", __FILE__, __LINE__, #cond);                         \
+            abort();                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 void *xmalloc(size_t n);
@@ -109,11 +109,11 @@ bool path_exists(const char *path);
 void path_join(char *out, size_t cap, const char *dir, const char *name);
 void path_dirname(char *out, size_t cap, const char *path);
 void path_normalize(char *path); // lexically, in place: "a/./b/../c" → "a/c" (leading ".." kept)
-void mkdir_p(const char *path); // dies naming the path on failure
+void mkdir_p(const char *path);  // dies naming the path on failure
 // Writes data to "<path>.tmp", fsyncs it and renames it over path: readers see the old file or the new
 // one, never half of one. Dies naming the path on failure.
 void file_write_atomic(const char *path, const void *data, size_t n);
-void fsync_dir(const char *dir); // makes a rename inside dir durable (best effort)
+void fsync_dir(const char *dir);    // makes a rename inside dir durable (best effort)
 void remove_tree(const char *path); // rm -r; dies naming the path on failure
 
 #define PITH_VERSION "0.1.0"

@@ -175,12 +175,13 @@ static void nfc_tables(void) {
     for (int32_t c = 0; c < 0x110000; c++) {
         const utf8proc_property_t *p = utf8proc_get_property(c);
         if (p->category == UTF8PROC_CATEGORY_CN || p->category == UTF8PROC_CATEGORY_CS || p->combining_class ||
-            (p->category >= UTF8PROC_CATEGORY_MN && p->category <= UTF8PROC_CATEGORY_ME) || (c >= 0x1100 && c <= 0x11FF) ||
-            (c >= 0xA960 && c <= 0xA97F) || (c >= 0xD7B0 && c <= 0xD7FF))
+            (p->category >= UTF8PROC_CATEGORY_MN && p->category <= UTF8PROC_CATEGORY_ME) ||
+            (c >= 0x1100 && c <= 0x11FF) || (c >= 0xA960 && c <= 0xA97F) || (c >= 0xD7B0 && c <= 0xD7FF))
             continue;
         if (p->decomp_seqindex != UINT16_MAX) { // has a decomposition: safe if NFC gives the character back
             uint8_t enc[4], *dst = NULL;
-            utf8proc_ssize_t k = utf8proc_encode_char(c, enc), r = utf8proc_map(enc, k, &dst, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+            utf8proc_ssize_t k = utf8proc_encode_char(c, enc),
+                             r = utf8proc_map(enc, k, &dst, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
             bool same = r == k && !memcmp(dst, enc, k);
             free(dst);
             if (!same) continue;
@@ -294,7 +295,9 @@ static void load_vocab_and_merges(Bpe *t, JObj model, json_t *added) {
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
         int64_t id = vocab_find(t, &c, 1);
-        if (id < 0) die("%s: model.vocab lacks the ByteLevel token of byte 0x%02x (only byte-level BPE is supported)", t->file, b);
+        if (id < 0)
+            die("%s: model.vocab lacks the ByteLevel token of byte 0x%02x (only byte-level BPE is supported)", t->file,
+                b);
         t->byte_id[b] = (uint32_t)id;
     }
     size_t nm = json_array_size(merges);
@@ -319,7 +322,8 @@ static void load_vocab_and_merges(Bpe *t, JObj model, json_t *added) {
         int64_t ia = vocab_find(t, buf, na);
         bytelevel_to_bytes(b, buf + na, &nb);
         int64_t ib = vocab_find(t, buf + na, nb), ic = vocab_find(t, buf, na + nb);
-        if (ia < 0 || ib < 0 || ic < 0) jdie(model, "merges", "merge %zu ('%s' '%s') uses a token not in the vocabulary", i, a, b);
+        if (ia < 0 || ib < 0 || ic < 0)
+            jdie(model, "merges", "merge %zu ('%s' '%s') uses a token not in the vocabulary", i, a, b);
         uint64_t k = (uint64_t)ia << 32 | (uint64_t)ib, h = mix64(k) & t->mmask;
         while (t->merges[h].key != UINT64_MAX && t->merges[h].key != k) h = (h + 1) & t->mmask;
         if (t->merges[h].key == k) continue; // a repeated merge keeps its first rank
@@ -359,7 +363,8 @@ static void load_added(Bpe *t, JObj root) {
             for (int i = 0; i < t->nadded; i++)
                 if (t->added[i].normalized == c && (uint8_t)t->added[i].content[0] == b) {
                     int j = n++; // insertion by length, longest first
-                    while (j > first && t->added[t->aorder[c][j - 1]].len < t->added[i].len) t->aorder[c][j] = t->aorder[c][j - 1], j--;
+                    while (j > first && t->added[t->aorder[c][j - 1]].len < t->added[i].len)
+                        t->aorder[c][j] = t->aorder[c][j - 1], j--;
                     t->aorder[c][j] = i;
                 }
         }
@@ -380,7 +385,10 @@ static void load_normalizer(Bpe *t, json_t *n, JObj root) {
         json_array_foreach(json_object_get(n, "normalizers"), i, x) load_normalizer(t, x, root);
         return;
     }
-    static const struct { const char *name; int opts; } forms[] = {
+    static const struct {
+        const char *name;
+        int opts;
+    } forms[] = {
         {"NFC", UTF8PROC_STABLE | UTF8PROC_COMPOSE},
         {"NFD", UTF8PROC_STABLE | UTF8PROC_DECOMPOSE},
         {"NFKC", UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT},
@@ -398,20 +406,24 @@ static void load_normalizer(Bpe *t, json_t *n, JObj root) {
 
 // The characters below 128 that \p{name} holds (Unicode general categories and White_Space); false for other names.
 static bool ascii_property(const char *name, size_t len, uint8_t mask[16]) {
-    static const struct { const char *name; int lo, hi; } cats[] = {
-        {"L", 1, 5},    {"L&", 1, 3},   {"Lu", 1, 1},   {"Ll", 2, 2},   {"Lt", 3, 3},   {"Lm", 4, 4},   {"Lo", 5, 5},
-        {"M", 6, 8},    {"Mn", 6, 6},   {"Mc", 7, 7},   {"Me", 8, 8},   {"N", 9, 11},   {"Nd", 9, 9},   {"Nl", 10, 10},
-        {"No", 11, 11}, {"P", 12, 18},  {"Pc", 12, 12}, {"Pd", 13, 13}, {"Ps", 14, 14}, {"Pe", 15, 15}, {"Pi", 16, 16},
-        {"Pf", 17, 17}, {"Po", 18, 18}, {"S", 19, 22},  {"Sm", 19, 19}, {"Sc", 20, 20}, {"Sk", 21, 21}, {"So", 22, 22},
-        {"Z", 23, 25},  {"Zs", 23, 23}, {"Zl", 24, 24}, {"Zp", 25, 25}, {"C", 26, 29},  {"Cc", 26, 26}, {"Cf", 27, 27},
-        {"White_Space", -1, -1},
+    static const struct {
+        const char *name;
+        int lo, hi;
+    } cats[] = {
+        {"L", 1, 5},    {"L&", 1, 3},   {"Lu", 1, 1},   {"Ll", 2, 2},   {"Lt", 3, 3},   {"Lm", 4, 4},
+        {"Lo", 5, 5},   {"M", 6, 8},    {"Mn", 6, 6},   {"Mc", 7, 7},   {"Me", 8, 8},   {"N", 9, 11},
+        {"Nd", 9, 9},   {"Nl", 10, 10}, {"No", 11, 11}, {"P", 12, 18},  {"Pc", 12, 12}, {"Pd", 13, 13},
+        {"Ps", 14, 14}, {"Pe", 15, 15}, {"Pi", 16, 16}, {"Pf", 17, 17}, {"Po", 18, 18}, {"S", 19, 22},
+        {"Sm", 19, 19}, {"Sc", 20, 20}, {"Sk", 21, 21}, {"So", 22, 22}, {"Z", 23, 25},  {"Zs", 23, 23},
+        {"Zl", 24, 24}, {"Zp", 25, 25}, {"C", 26, 29},  {"Cc", 26, 26}, {"Cf", 27, 27}, {"White_Space", -1, -1},
     };
     for (size_t k = 0; k < sizeof cats / sizeof *cats; k++) {
         if (strlen(cats[k].name) != len || memcmp(cats[k].name, name, len)) continue;
         memset(mask, 0, 16);
         for (int c = 0; c < 128; c++) {
             int cat = utf8proc_category(c);
-            if (cats[k].lo < 0 ? is_white_space(c) : cat >= cats[k].lo && cat <= cats[k].hi) mask[c >> 3] |= (uint8_t)(1 << (c & 7));
+            if (cats[k].lo < 0 ? is_white_space(c) : cat >= cats[k].lo && cat <= cats[k].hi)
+                mask[c >> 3] |= (uint8_t)(1 << (c & 7));
         }
         return true;
     }
@@ -487,7 +499,8 @@ static void add_regex_step(Bpe *t, JObj root, const char *pat, bool literal, int
     int err;
     PCRE2_SIZE at;
     // no start optimisation: matches start where the previous one ended, so searching ahead only costs
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | PCRE2_NO_START_OPTIMIZE | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts =
+        PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK | PCRE2_NO_START_OPTIMIZE | (literal ? PCRE2_LITERAL : 0);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)p, o, opts, &err, &at, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
@@ -495,7 +508,8 @@ static void add_regex_step(Bpe *t, JObj root, const char *pat, bool literal, int
         jdie(root, "pre_tokenizer", "regex /%s/ does not compile: %s (at offset %zu)", pat, (char *)msg, (size_t)at);
     }
     PreStep *st = &t->steps[t->nsteps++];
-    *st = (PreStep){.re = re, .jit = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0, .behavior = behavior, .invert = invert};
+    *st = (PreStep){
+        .re = re, .jit = pcre2_jit_compile(re, PCRE2_JIT_COMPLETE) == 0, .behavior = behavior, .invert = invert};
     char *a = literal ? NULL : ascii_pattern(p);
     if (a) st->ascii = pcre2_compile((PCRE2_SPTR)a, PCRE2_ZERO_TERMINATED, PCRE2_NO_START_OPTIMIZE, &err, &at, NULL);
     if (st->ascii) st->ascii_jit = pcre2_jit_compile(st->ascii, PCRE2_JIT_COMPLETE) == 0;
@@ -518,7 +532,8 @@ static void load_pre_tokenizer(Bpe *t, json_t *p, JObj root, bool *bytelevel) {
             if (beh && !strcmp(beh, names[k])) b = k;
         if (b < 0) jdie(root, "pre_tokenizer", "Split behavior '%s' is not supported", beh ? beh : "(none)");
         json_t *pat = json_object_get(p, "pattern");
-        const char *re = json_string_value(json_object_get(pat, "Regex")), *lit = json_string_value(json_object_get(pat, "String"));
+        const char *re = json_string_value(json_object_get(pat, "Regex")),
+                   *lit = json_string_value(json_object_get(pat, "String"));
         if (!re && !lit) jdie(root, "pre_tokenizer", "Split pattern must be {\"Regex\": ...} or {\"String\": ...}");
         add_regex_step(t, root, re ? re : lit, !re, b, json_is_true(json_object_get(p, "invert")));
     } else if (!strcmp(type, "ByteLevel")) {
@@ -526,7 +541,8 @@ static void load_pre_tokenizer(Bpe *t, json_t *p, JObj root, bool *bytelevel) {
             jdie(root, "pre_tokenizer", "ByteLevel with add_prefix_space=true is not supported");
         json_t *ur = json_object_get(p, "use_regex");
         if (!ur || json_is_true(ur)) // GPT-2's pattern
-            add_regex_step(t, root, "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", false,
+            add_regex_step(t, root,
+                           "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", false,
                            SPLIT_ISOLATED, false);
         *bytelevel = true;
     } else jdie(root, "pre_tokenizer", "type '%s' is not supported (supported: Split, ByteLevel, Sequence)", type);
@@ -592,7 +608,8 @@ Bpe *bpe_load(const char *path) {
     if (strcmp(mtype, "BPE")) jdie(model, "type", "model type '%s' is not supported (only BPE)", mtype);
     if (json_is_true(json_object_get(model.obj, "byte_fallback"))) jdie(model, "byte_fallback", "is not supported");
     if (jhas(model, "dropout") && jnum(model, "dropout", false, 0) != 0) jdie(model, "dropout", "is not supported");
-    if (strlen(jstr(model, "continuing_subword_prefix", false, "")) || strlen(jstr(model, "end_of_word_suffix", false, "")))
+    if (strlen(jstr(model, "continuing_subword_prefix", false, "")) ||
+        strlen(jstr(model, "end_of_word_suffix", false, "")))
         jdie(model, "continuing_subword_prefix", "subword prefixes/suffixes are not supported");
     t->ignore_merges = jbool(model, "ignore_merges", false, false);
     load_vocab_and_merges(t, model, json_object_get(root.obj, "added_tokens"));
@@ -708,7 +725,8 @@ static void word_reserve(BpeScratch *s, size_t n) {
     if (n <= s->word_cap) return;
     size_t c = s->word_cap = n + n / 2;
     s->sym = xrealloc(s->sym, c * 4), s->rank = xrealloc(s->rank, c * 4), s->nid = xrealloc(s->nid, c * 4);
-    s->prev = xrealloc(s->prev, c * 4), s->next = xrealloc(s->next, c * 4), s->heap = xrealloc(s->heap, 2 * c * sizeof(HeapItem));
+    s->prev = xrealloc(s->prev, c * 4), s->next = xrealloc(s->next, c * 4),
+    s->heap = xrealloc(s->heap, 2 * c * sizeof(HeapItem));
 }
 
 BpeScratch *bpe_scratch_new(const Bpe *t) {
@@ -785,8 +803,10 @@ static size_t bpe_merge(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n)
             memmove(sym + best + 1, sym + best + 2, (m - best - 1) * 4);
             memmove(rank + best + 1, rank + best + 2, (m - best - 1) * 4);
             memmove(nid + best + 1, nid + best + 2, (m - best - 1) * 4);
-            if (best > 0 && !merge_get(t, sym[best - 1], sym[best], &rank[best - 1], &nid[best - 1])) rank[best - 1] = UINT32_MAX;
-            if (best + 1 < m && !merge_get(t, sym[best], sym[best + 1], &rank[best], &nid[best])) rank[best] = UINT32_MAX;
+            if (best > 0 && !merge_get(t, sym[best - 1], sym[best], &rank[best - 1], &nid[best - 1]))
+                rank[best - 1] = UINT32_MAX;
+            if (best + 1 < m && !merge_get(t, sym[best], sym[best + 1], &rank[best], &nid[best]))
+                rank[best] = UINT32_MAX;
         }
         return m;
     }
@@ -797,7 +817,8 @@ static size_t bpe_merge(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n)
     for (size_t i = 0; i < n; i++) prev[i] = (int32_t)i - 1, next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
     uint32_t r, id;
     for (size_t i = 0; i + 1 < n; i++)
-        if (merge_get(t, sym[i], sym[i + 1], &r, &id)) heap_push(s->heap, &nh, (HeapItem){r, (uint32_t)i, id, (int32_t)i + 1, next[i + 1]});
+        if (merge_get(t, sym[i], sym[i + 1], &r, &id))
+            heap_push(s->heap, &nh, (HeapItem){r, (uint32_t)i, id, (int32_t)i + 1, next[i + 1]});
     while (nh) {
         HeapItem top = heap_pop(s->heap, &nh);
         uint32_t p = top.pos;
@@ -807,7 +828,8 @@ static size_t bpe_merge(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n)
         next[p] = next[q];
         if (next[q] >= 0) prev[next[q]] = (int32_t)p;
         int32_t a = prev[p], b = next[p];
-        if (a >= 0 && merge_get(t, sym[a], sym[p], &r, &id)) heap_push(s->heap, &nh, (HeapItem){r, (uint32_t)a, id, (int32_t)p, b});
+        if (a >= 0 && merge_get(t, sym[a], sym[p], &r, &id))
+            heap_push(s->heap, &nh, (HeapItem){r, (uint32_t)a, id, (int32_t)p, b});
         if (b >= 0 && merge_get(t, sym[p], sym[b], &r, &id)) heap_push(s->heap, &nh, (HeapItem){r, p, id, b, next[b]});
     }
     size_t m = 0;
@@ -832,7 +854,8 @@ static void bpe_word(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n, Id
             if (c->h != h || c->klen != n) continue;
             if (n <= 12 && c->nids <= 3) {
                 if (!memcmp(c->in.key, w, n)) return ids_put(out, c->in.ids, c->nids);
-            } else if (!memcmp(s->cmem + c->at, w, n)) return ids_put(out, (uint32_t *)(s->cmem + c->at + ((n + 3) & ~(size_t)3)), c->nids);
+            } else if (!memcmp(s->cmem + c->at, w, n))
+                return ids_put(out, (uint32_t *)(s->cmem + c->at + ((n + 3) & ~(size_t)3)), c->nids);
         }
     }
     int64_t id = t->ignore_merges ? vocab_find(t, w, n) : -1; // a word in the vocabulary is one token
@@ -881,9 +904,9 @@ static size_t pre_step(const PreStep *st, BpeScratch *s, const uint8_t *txt, int
             size_t ms = sp.len, me = sp.len;
             if (pos < sp.len) {
                 int rc = ascii && st->ascii_jit ? pcre2_jit_match(st->ascii, subj, sp.len, pos, 0, s->md, s->mctx)
-                         : ascii               ? pcre2_match(st->ascii, subj, sp.len, pos, 0, s->md, s->mctx)
-                         : st->jit             ? pcre2_jit_match(st->re, subj, sp.len, pos, 0, s->md, s->mctx)
-                                               : pcre2_match(st->re, subj, sp.len, pos, PCRE2_NO_UTF_CHECK, s->md, s->mctx);
+                         : ascii                ? pcre2_match(st->ascii, subj, sp.len, pos, 0, s->md, s->mctx)
+                         : st->jit              ? pcre2_jit_match(st->re, subj, sp.len, pos, 0, s->md, s->mctx)
+                                   : pcre2_match(st->re, subj, sp.len, pos, PCRE2_NO_UTF_CHECK, s->md, s->mctx);
                 if (rc >= 0) {
                     PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
                     ms = ov[0], me = ov[1];
@@ -907,11 +930,13 @@ static size_t pre_step(const PreStep *st, BpeScratch *s, const uint8_t *txt, int
                     if (!is_match) span_push(s, to, &nout, sp.off + a, b - a);
                     break;
                 case SPLIT_MERGED_PREV:
-                    if (is_match && !prev_match && nout > first) s->spans[to][nout - 1].len = sp.off + b - s->spans[to][nout - 1].off;
+                    if (is_match && !prev_match && nout > first)
+                        s->spans[to][nout - 1].len = sp.off + b - s->spans[to][nout - 1].off;
                     else span_push(s, to, &nout, sp.off + a, b - a);
                     break;
                 case SPLIT_CONTIGUOUS:
-                    if (is_match && prev_match && nout > first) s->spans[to][nout - 1].len = sp.off + b - s->spans[to][nout - 1].off;
+                    if (is_match && prev_match && nout > first)
+                        s->spans[to][nout - 1].len = sp.off + b - s->spans[to][nout - 1].off;
                     else span_push(s, to, &nout, sp.off + a, b - a);
                     break;
                 case SPLIT_MERGED_NEXT: // a match joins the gap after it
@@ -959,7 +984,8 @@ static bool is_word_char(const uint8_t *s, size_t n, size_t at, bool before) {
 }
 
 // Finds the leftmost-longest added token of class c in s[from..n); *ms..*me is the span it takes (with lstrip/rstrip).
-static bool find_added(const Bpe *t, int c, const uint8_t *s, size_t n, size_t from, size_t *ms, size_t *me, uint32_t *id) {
+static bool find_added(const Bpe *t, int c, const uint8_t *s, size_t n, size_t from, size_t *ms, size_t *me,
+                       uint32_t *id) {
     const int *bk = t->abucket[c];
     if (bk[256] == 0) return false;
     for (size_t i = from; i < n; i++) {
@@ -981,7 +1007,8 @@ static bool find_added(const Bpe *t, int c, const uint8_t *s, size_t n, size_t f
                 if (!is_white_space(cp)) break;
                 b = p;
             }
-            while (a->rstrip && e < n && (utf8_decode(s + e, &cp), is_white_space(cp))) e += (size_t)utf8_decode(s + e, &cp);
+            while (a->rstrip && e < n && (utf8_decode(s + e, &cp), is_white_space(cp)))
+                e += (size_t)utf8_decode(s + e, &cp);
             *ms = b, *me = e, *id = a->id;
             return true;
         }

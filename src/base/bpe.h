@@ -38,7 +38,7 @@ char *bpe_decode(const Bpe *t, const uint32_t *ids, size_t n, size_t *len);
 char *bpe_utf8_repair(const char *text, size_t n, size_t *out_len);
 
 int64_t bpe_token_to_id(const Bpe *t, const char *token); // vocabulary or added token; -1 if none
-int64_t bpe_num_ids(const Bpe *t);                         // 1 + the largest id
+int64_t bpe_num_ids(const Bpe *t);                        // 1 + the largest id
 // A token named in tokenizer_config.json ("eos_token", "bos_token"), or NULL.
 const char *bpe_config_token(const Bpe *t, const char *key);
 // True when the tokenizer's normalizer changes text (NFC etc.): decode(encode(x)) is then normalize(x), not x.

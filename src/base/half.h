@@ -1,6 +1,7 @@
 // half.h — bf16 and fp16 <-> fp32 conversions on bit patterns (host side).
 // bf16 is the top half of an fp32; fp16 is IEEE binary16 (5-bit exponent, bias 15, subnormals below 2^-14).
-// Narrowing rounds to nearest, ties to even; overflow gives ±inf; NaN stays NaN (made quiet, sign and top payload kept).
+// Narrowing rounds to nearest, ties to even; overflow gives ±inf; NaN stays NaN (made quiet, sign and top payload
+// kept).
 // Widening is exact.
 #pragma once
 #include <stdint.h>
@@ -23,14 +24,14 @@ static inline float bf16_to_f32(uint16_t h) { return f32_from_bits((uint32_t)h <
 static inline uint16_t f32_to_bf16(float f) {
     uint32_t u = f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040); // NaN: set the quiet bit
-    u += 0x7fffu + ((u >> 16) & 1);                                              // ties to even; carries into the exponent
+    u += 0x7fffu + ((u >> 16) & 1); // ties to even; carries into the exponent
     return (uint16_t)(u >> 16);
 }
 
 static inline float f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
     if (e == 0x1f) return f32_from_bits(sign | 0x7f800000u | (m << 13)); // inf, NaN (payload kept)
-    if (e) return f32_from_bits(sign | ((e + 112) << 23) | (m << 13));  // normal: rebias 15 -> 127
+    if (e) return f32_from_bits(sign | ((e + 112) << 23) | (m << 13));   // normal: rebias 15 -> 127
     if (!m) return f32_from_bits(sign);                                  // ±0
     int shift = 0;                                                       // subnormal: m·2^-24, normalise
     while (!(m & 0x400)) m <<= 1, shift++;

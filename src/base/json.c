@@ -59,7 +59,8 @@ int64_t jint(JObj o, const char *key, bool required, int64_t def) {
 
 int jint_in(JObj o, const char *key, bool required, int64_t def, int64_t lo, int64_t hi) {
     int64_t v = jint(o, key, required, def);
-    if (v < lo || v > hi) jdie(o, key, "must be in [%lld, %lld] (got %lld)", (long long)lo, (long long)hi, (long long)v);
+    if (v < lo || v > hi)
+        jdie(o, key, "must be in [%lld, %lld] (got %lld)", (long long)lo, (long long)hi, (long long)v);
     return (int)v;
 }
 

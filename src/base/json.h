@@ -11,7 +11,7 @@ typedef struct {
     char path[128]; // dotted path of this object inside the file ("" at the top)
 } JObj;
 
-json_t *json_load_or_die(const char *file);   // parse a file; dies with file:line:column on bad JSON
+json_t *json_load_or_die(const char *file);     // parse a file; dies with file:line:column on bad JSON
 JObj jobj_root(json_t *root, const char *file); // dies unless root is an object
 JObj jobj_child(JObj o, const char *key);       // a nested object; obj == NULL when the key is absent
 

@@ -7,8 +7,11 @@
 #include <ctype.h>
 #include <errno.h>
 
-static const struct { const char *descr; DType dt; } npy_types[] = {
-    {"<u4", DT_U32}, {"<u2", DT_U16}, {"|u1", DT_U8}, {"<u8", DT_U64}, {"<i4", DT_I32},
+static const struct {
+    const char *descr;
+    DType dt;
+} npy_types[] = {
+    {"<u4", DT_U32}, {"<u2", DT_U16}, {"|u1", DT_U8},  {"<u8", DT_U64}, {"<i4", DT_I32},
     {"<i8", DT_I64}, {"<f4", DT_F32}, {"<f8", DT_F64}, {"<f2", DT_F16},
 };
 
@@ -48,7 +51,8 @@ bool npy_parse(const uint8_t *buf, size_t len, NpyRecord *rec, char *err, size_t
     bool found = false;
     for (size_t i = 0; i < sizeof npy_types / sizeof *npy_types; i++) {
         size_t dl = strlen(npy_types[i].descr);
-        if (d[0] == '\'' && strncmp(d + 1, npy_types[i].descr, dl) == 0 && d[1 + dl] == '\'') rec->dt = npy_types[i].dt, found = true;
+        if (d[0] == '\'' && strncmp(d + 1, npy_types[i].descr, dl) == 0 && d[1 + dl] == '\'')
+            rec->dt = npy_types[i].dt, found = true;
     }
     if (!found) return fail(err, cap, "unsupported .npy dtype (expected a little-endian integer or float)");
     if (strncmp(fo, "False", 5) != 0) return fail(err, cap, ".npy fortran_order must be False");
@@ -65,7 +69,8 @@ bool npy_parse(const uint8_t *buf, size_t len, NpyRecord *rec, char *err, size_t
     if (*end != ')') return fail(err, cap, "expected a 1-D .npy array");
     // n · elem ≤ len − (pre + hlen), asked without forming a product that can overflow
     size_t elem = dtype_size(rec->dt), room = len - pre - hlen;
-    if ((unsigned long long)n > room / elem) return fail(err, cap, "truncated .npy data (file shorter than its header says)");
+    if ((unsigned long long)n > room / elem)
+        return fail(err, cap, "truncated .npy data (file shorter than its header says)");
     size_t bytes = (size_t)n * elem;
     rec->n = n;
     rec->data = buf + pre + hlen;
@@ -77,27 +82,31 @@ bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRec
     char why[200];
     if (!npy_parse(buf, len, tok, why, sizeof why)) return snprintf(err, cap, "token record: %s", why), false;
     if (tok->dt != DT_U8 && tok->dt != DT_U16 && tok->dt != DT_U32 && tok->dt != DT_U64)
-        return snprintf(err, cap, "token record: dtype %s, expected an unsigned integer type", dtype_name(tok->dt)), false;
+        return snprintf(err, cap, "token record: dtype %s, expected an unsigned integer type", dtype_name(tok->dt)),
+               false;
     if (!npy_parse(buf + tok->record_len, len - tok->record_len, ends, why, sizeof why))
         return snprintf(err, cap, "document-end record: %s", why), false;
     if (ends->dt != DT_U64)
         return snprintf(err, cap, "document-end record: dtype %s, expected uint64", dtype_name(ends->dt)), false;
     if (tok->record_len + ends->record_len != len)
         return snprintf(err, cap, "%zu bytes after the document-end record (a token file is exactly two .npy records)",
-                        len - tok->record_len - ends->record_len), false;
+                        len - tok->record_len - ends->record_len),
+               false;
     // Ends rise strictly to the token count. The record follows the tokens, so it need not be 8-byte
     // aligned: read through memcpy.
     uint64_t prev = 0, e = 0;
     for (int64_t i = 0; i < ends->n; i++) {
         memcpy(&e, (const uint8_t *)ends->data + 8 * i, sizeof e);
         if (e <= prev && (i > 0 || e == 0))
-            return snprintf(err, cap, "document-end record: end %lld is %llu, not above the one before (%llu)", (long long)i,
-                            (unsigned long long)e, (unsigned long long)prev), false;
+            return snprintf(err, cap, "document-end record: end %lld is %llu, not above the one before (%llu)",
+                            (long long)i, (unsigned long long)e, (unsigned long long)prev),
+                   false;
         prev = e;
     }
     if (ends->n && e != (uint64_t)tok->n)
-        return snprintf(err, cap, "document-end record: last end is %llu but the file has %lld tokens", (unsigned long long)e,
-                        (long long)tok->n), false;
+        return snprintf(err, cap, "document-end record: last end is %llu but the file has %lld tokens",
+                        (unsigned long long)e, (long long)tok->n),
+               false;
     return true;
 }
 

@@ -17,14 +17,14 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is l
 static const struct {
     const char *name;
     size_t size;
-    int dt;   // DType, or -1
+    int dt; // DType, or -1
     int rank;
 } st_types[ST_NDTYPE] = {
-    [ST_F64] = {"F64", 8, DT_F64, 13},      [ST_F32] = {"F32", 4, DT_F32, 12},         [ST_F16] = {"F16", 2, DT_F16, 8},
-    [ST_BF16] = {"BF16", 2, DT_BF16, 9},    [ST_I64] = {"I64", 8, DT_I64, 14},         [ST_I32] = {"I32", 4, DT_I32, 10},
-    [ST_I16] = {"I16", 2, -1, 6},           [ST_I8] = {"I8", 1, -1, 2},                [ST_U64] = {"U64", 8, DT_U64, 15},
-    [ST_U32] = {"U32", 4, DT_U32, 11},      [ST_U16] = {"U16", 2, DT_U16, 7},          [ST_U8] = {"U8", 1, DT_U8, 1},
-    [ST_BOOL] = {"BOOL", 1, -1, 0},         [ST_F8_E4M3] = {"F8_E4M3", 1, -1, 4},      [ST_F8_E5M2] = {"F8_E5M2", 1, -1, 3},
+    [ST_F64] = {"F64", 8, DT_F64, 13},    [ST_F32] = {"F32", 4, DT_F32, 12},    [ST_F16] = {"F16", 2, DT_F16, 8},
+    [ST_BF16] = {"BF16", 2, DT_BF16, 9},  [ST_I64] = {"I64", 8, DT_I64, 14},    [ST_I32] = {"I32", 4, DT_I32, 10},
+    [ST_I16] = {"I16", 2, -1, 6},         [ST_I8] = {"I8", 1, -1, 2},           [ST_U64] = {"U64", 8, DT_U64, 15},
+    [ST_U32] = {"U32", 4, DT_U32, 11},    [ST_U16] = {"U16", 2, DT_U16, 7},     [ST_U8] = {"U8", 1, DT_U8, 1},
+    [ST_BOOL] = {"BOOL", 1, -1, 0},       [ST_F8_E4M3] = {"F8_E4M3", 1, -1, 4}, [ST_F8_E5M2] = {"F8_E5M2", 1, -1, 3},
     [ST_F8_E8M0] = {"F8_E8M0", 1, -1, 5},
 };
 
@@ -58,7 +58,8 @@ static bool fail(char *err, size_t cap, const char *fmt, ...) {
 
 static void shape_str(char *buf, size_t cap, int nd, const int64_t *shape) {
     size_t k = (size_t)snprintf(buf, cap, "[");
-    for (int i = 0; i < nd && k < cap; i++) k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    for (int i = 0; i < nd && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (k < cap) snprintf(buf + k, cap - k, "]");
 }
 
@@ -73,14 +74,16 @@ static bool json_uint(json_t *v, uint64_t *out) {
 // One header entry → t, checked against the data region [data, data + dsize).
 static bool st_parse_tensor(StTensor *t, json_t *v, const uint8_t *data, size_t dsize, char *err, size_t cap) {
     const char *fn = t->file, *nm = t->name;
-    if (!json_is_object(v)) return fail(err, cap, "%s: tensor '%s': expected an object {dtype, shape, data_offsets}", fn, nm);
+    if (!json_is_object(v))
+        return fail(err, cap, "%s: tensor '%s': expected an object {dtype, shape, data_offsets}", fn, nm);
     const char *key;
     json_t *x;
     json_object_foreach(v, key, x) {
         if (strcmp(key, "dtype") && strcmp(key, "shape") && strcmp(key, "data_offsets"))
             return fail(err, cap, "%s: tensor '%s': unknown field '%s'", fn, nm, key);
     }
-    json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"), *off = json_object_get(v, "data_offsets");
+    json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape"),
+           *off = json_object_get(v, "data_offsets");
     if (!json_is_string(dt)) return fail(err, cap, "%s: tensor '%s': dtype missing or not a string", fn, nm);
     int k = 0;
     while (k < ST_NDTYPE && strcmp(st_types[k].name, json_string_value(dt))) k++;
@@ -89,7 +92,8 @@ static bool st_parse_tensor(StTensor *t, json_t *v, const uint8_t *data, size_t 
 
     if (!json_is_array(shape)) return fail(err, cap, "%s: tensor '%s': shape missing or not an array", fn, nm);
     if (json_array_size(shape) > ST_MAX_DIMS)
-        return fail(err, cap, "%s: tensor '%s': shape has %zu dimensions (at most %d)", fn, nm, json_array_size(shape), ST_MAX_DIMS);
+        return fail(err, cap, "%s: tensor '%s': shape has %zu dimensions (at most %d)", fn, nm, json_array_size(shape),
+                    ST_MAX_DIMS);
     t->nd = (int)json_array_size(shape);
     uint64_t numel = 1, d;
     bool overflow = false;
@@ -107,21 +111,26 @@ static bool st_parse_tensor(StTensor *t, json_t *v, const uint8_t *data, size_t 
 
     if (!json_is_array(off) || json_array_size(off) != 2 || !json_uint(json_array_get(off, 0), &b) ||
         !json_uint(json_array_get(off, 1), &e))
-        return fail(err, cap, "%s: tensor '%s': data_offsets missing or not [begin, end] of non-negative integers", fn, nm);
+        return fail(err, cap, "%s: tensor '%s': data_offsets missing or not [begin, end] of non-negative integers", fn,
+                    nm);
     if (e < b || e > dsize)
         return fail(err, cap, "%s: tensor '%s': data_offsets [%llu, %llu] out of range (data is %zu bytes)", fn, nm,
                     (unsigned long long)b, (unsigned long long)e, dsize);
     if (e - b != bytes) {
         char s[256];
         shape_str(s, sizeof s, t->nd, t->shape);
-        return fail(err, cap, "%s: tensor '%s': shape %s of %s needs %llu bytes but data_offsets [%llu, %llu] hold %llu", fn, nm, s,
-                    st_types[k].name, (unsigned long long)bytes, (unsigned long long)b, (unsigned long long)e, (unsigned long long)(e - b));
+        return fail(err, cap,
+                    "%s: tensor '%s': shape %s of %s needs %llu bytes but data_offsets [%llu, %llu] hold %llu", fn, nm,
+                    s, st_types[k].name, (unsigned long long)bytes, (unsigned long long)b, (unsigned long long)e,
+                    (unsigned long long)(e - b));
     }
     t->data = data + b;
     return true;
 }
 
-static int cmp_name(const void *a, const void *b) { return strcmp(((const StTensor *)a)->name, ((const StTensor *)b)->name); }
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(((const StTensor *)a)->name, ((const StTensor *)b)->name);
+}
 
 static int cmp_offset(const void *a, const void *b) {
     const StTensor *x = *(const StTensor *const *)a, *y = *(const StTensor *const *)b;
@@ -136,12 +145,16 @@ static bool st_parse(StFile *f, char *err, size_t cap) {
     if (f->size < 8) return fail(err, cap, "%s: file is %zu bytes, too short for a safetensors header", fn, f->size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | p[i];
-    if (hlen > ST_MAX_HEADER) return fail(err, cap, "%s: header length %llu exceeds the limit of %d bytes", fn, (unsigned long long)hlen, ST_MAX_HEADER);
+    if (hlen > ST_MAX_HEADER)
+        return fail(err, cap, "%s: header length %llu exceeds the limit of %d bytes", fn, (unsigned long long)hlen,
+                    ST_MAX_HEADER);
     if (hlen > f->size - 8)
-        return fail(err, cap, "%s: header length %llu but only %zu bytes follow it (truncated file?)", fn, (unsigned long long)hlen, f->size - 8);
+        return fail(err, cap, "%s: header length %llu but only %zu bytes follow it (truncated file?)", fn,
+                    (unsigned long long)hlen, f->size - 8);
     json_error_t je;
     f->header = json_loadb((const char *)p + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
-    if (!f->header) return fail(err, cap, "%s: header is not valid JSON: %s (header byte %d)", fn, je.text, je.position);
+    if (!f->header)
+        return fail(err, cap, "%s: header is not valid JSON: %s (header byte %d)", fn, je.text, je.position);
     if (!json_is_object(f->header)) return fail(err, cap, "%s: header is not a JSON object", fn);
 
     const uint8_t *data = p + 8 + hlen;
@@ -166,7 +179,8 @@ static bool st_parse(StFile *f, char *err, size_t cap) {
     }
     qsort(f->t, (size_t)f->n, sizeof(StTensor), cmp_name);
     for (int i = 1; i < f->n; i++) // jansson keys stop at an embedded "\u0000"; two may then read alike
-        if (!strcmp(f->t[i].name, f->t[i - 1].name)) return fail(err, cap, "%s: tensor '%s' appears twice", fn, f->t[i].name);
+        if (!strcmp(f->t[i].name, f->t[i - 1].name))
+            return fail(err, cap, "%s: tensor '%s' appears twice", fn, f->t[i].name);
 
     // The tensors must tile the data region: sorted by offset, each begins where the previous ended.
     const StTensor **byoff = xmalloc((size_t)f->n * sizeof *byoff);
@@ -178,15 +192,17 @@ static bool st_parse(StFile *f, char *err, size_t cap) {
         const StTensor *t = byoff[i];
         size_t b = (size_t)((const uint8_t *)t->data - data);
         if (b < pos)
-            ok = fail(err, cap, "%s: tensor '%s': data_offsets [%zu, %zu] overlap tensor '%s' (which ends at %zu)", fn, t->name, b,
-                      b + t->bytes, byoff[i - 1]->name, pos);
+            ok = fail(err, cap, "%s: tensor '%s': data_offsets [%zu, %zu] overlap tensor '%s' (which ends at %zu)", fn,
+                      t->name, b, b + t->bytes, byoff[i - 1]->name, pos);
         else if (b > pos)
-            ok = fail(err, cap, "%s: tensor '%s': data_offsets [%zu, %zu] leave bytes [%zu, %zu) of the data region unused", fn, t->name,
-                      b, b + t->bytes, pos, b);
+            ok = fail(err, cap,
+                      "%s: tensor '%s': data_offsets [%zu, %zu] leave bytes [%zu, %zu) of the data region unused", fn,
+                      t->name, b, b + t->bytes, pos, b);
         pos = b + t->bytes;
     }
     free(byoff);
-    if (ok && pos != dsize) ok = fail(err, cap, "%s: data region is %zu bytes but the tensors cover only %zu", fn, dsize, pos);
+    if (ok && pos != dsize)
+        ok = fail(err, cap, "%s: data region is %zu bytes but the tensors cover only %zu", fn, dsize, pos);
     return ok;
 }
 
@@ -356,7 +372,8 @@ bool st_set_open(StSet *s, const char *path, char *err, size_t cap) {
         int k = 0;
         while (strcmp(shard[k], json_string_value(v))) k++;
         if (!st_find(&s->files[k], name)) {
-            fail(err, cap, "%s: weight_map puts tensor '%s' in shard '%s', which has no such tensor", index, name, shard[k]);
+            fail(err, cap, "%s: weight_map puts tensor '%s' in shard '%s', which has no such tensor", index, name,
+                 shard[k]);
             goto done;
         }
     }
@@ -365,7 +382,8 @@ bool st_set_open(StSet *s, const char *path, char *err, size_t cap) {
         for (int i = 0; i < s->files[k].n; i++) {
             const char *nm = s->files[k].t[i].name, *w = json_string_value(json_object_get(wm, nm));
             if (!w || strcmp(w, shard[k])) {
-                fail(err, cap, "%s: tensor '%s' in shard '%s' is %s", index, nm, shard[k], w ? "mapped to another shard" : "missing from weight_map");
+                fail(err, cap, "%s: tensor '%s' in shard '%s' is %s", index, nm, shard[k],
+                     w ? "mapped to another shard" : "missing from weight_map");
                 goto done;
             }
         }
@@ -412,7 +430,8 @@ void st_writer_meta(StWriter *w, const char *key, const char *value) {
     CHECK(json_object_set_new(w->metadata, key, json_string(value)) == 0);
 }
 
-static void st_writer_add(StWriter *w, const char *name, StDType dt, int nd, const int64_t *shape, const void *src, bool from_f32) {
+static void st_writer_add(StWriter *w, const char *name, StDType dt, int nd, const int64_t *shape, const void *src,
+                          bool from_f32) {
     CHECK(nd >= 0 && nd <= ST_MAX_DIMS && (int)dt >= 0 && dt < ST_NDTYPE);
     if (w->n == w->cap) w->e = xrealloc(w->e, (size_t)(w->cap = w->cap ? 2 * w->cap : 64) * sizeof(StEntry));
     StEntry *e = &w->e[w->n++];
@@ -469,7 +488,8 @@ static size_t st_write_entries(const StWriter *w, const StEntry **es, int n, FIL
         json_t *shape = json_array();
         for (int d = 0; d < e->nd; d++) json_array_append_new(shape, json_integer(e->shape[d]));
         json_int_t end = off + (json_int_t)entry_bytes(e);
-        json_t *te = json_pack("{s:s, s:o, s:[I, I]}", "dtype", st_types[e->dt].name, "shape", shape, "data_offsets", off, end);
+        json_t *te =
+            json_pack("{s:s, s:o, s:[I, I]}", "dtype", st_types[e->dt].name, "shape", shape, "data_offsets", off, end);
         if (json_object_set_new(h, e->name, te)) die("%s: tensor name '%s' is not valid UTF-8", what, e->name);
         off = end;
     }
@@ -495,7 +515,8 @@ static size_t st_write_entries(const StWriter *w, const StEntry **es, int n, FIL
         const float *src = e->src;
         for (int64_t i0 = 0; i0 < numel; i0 += CHUNK) {
             int64_t m = numel - i0 < CHUNK ? numel - i0 : CHUNK;
-            for (int64_t j = 0; j < m; j++) buf[j] = e->dt == ST_BF16 ? f32_to_bf16(src[i0 + j]) : f32_to_f16(src[i0 + j]);
+            for (int64_t j = 0; j < m; j++)
+                buf[j] = e->dt == ST_BF16 ? f32_to_bf16(src[i0 + j]) : f32_to_f16(src[i0 + j]);
             xfwrite(buf, (size_t)m * 2, out, what);
         }
     }
@@ -566,7 +587,8 @@ int st_writer_write_sharded(const StWriter *w, const char *dir, size_t max_shard
     json_t *index = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", wm);
     path_join(path, sizeof path, dir, "model.safetensors.index.json");
     FILE *f = tmp_open(path, tmp, sizeof tmp);
-    if (json_dumpf(index, f, JSON_INDENT(2) | JSON_SORT_KEYS) || fputc('\n', f) == EOF) die("%s: write failed: %s", tmp, strerror(errno));
+    if (json_dumpf(index, f, JSON_INDENT(2) | JSON_SORT_KEYS) || fputc('\n', f) == EOF)
+        die("%s: write failed: %s", tmp, strerror(errno));
     tmp_commit(f, tmp, path);
     json_decref(index);
     free(es);

@@ -11,10 +11,27 @@
 
 // Every element type a safetensors header may name. pith computes with the first four; the rest can still be
 // opened, inspected and copied byte for byte (GPT-OSS MXFP4 blocks are U8, masks BOOL, DeepSeek-V3 weights F8_E4M3).
-typedef enum { ST_F64, ST_F32, ST_F16, ST_BF16, ST_I64, ST_I32, ST_I16, ST_I8, ST_U64, ST_U32, ST_U16, ST_U8,
-               ST_BOOL, ST_F8_E4M3, ST_F8_E5M2, ST_F8_E8M0, ST_NDTYPE } StDType;
-const char *st_dtype_name(StDType dt); // "BF16"
-size_t st_dtype_size(StDType dt);      // bytes per element
+typedef enum {
+    ST_F64,
+    ST_F32,
+    ST_F16,
+    ST_BF16,
+    ST_I64,
+    ST_I32,
+    ST_I16,
+    ST_I8,
+    ST_U64,
+    ST_U32,
+    ST_U16,
+    ST_U8,
+    ST_BOOL,
+    ST_F8_E4M3,
+    ST_F8_E5M2,
+    ST_F8_E8M0,
+    ST_NDTYPE
+} StDType;
+const char *st_dtype_name(StDType dt);       // "BF16"
+size_t st_dtype_size(StDType dt);            // bytes per element
 bool st_dtype_to_dt(StDType sdt, DType *dt); // false when pith's DType has no such type
 StDType st_dtype_from_dt(DType dt);
 
@@ -33,12 +50,12 @@ typedef struct {
 
 typedef struct {
     char *path;
-    bool mapped;    // map is our mmap of the file (else the caller's buffer)
+    bool mapped;     // map is our mmap of the file (else the caller's buffer)
     const void *map; // the whole file image
     size_t size;
-    int n;          // tensors, sorted by name
+    int n; // tensors, sorted by name
     StTensor *t;
-    json_t *header; // the parsed header (owns the names)
+    json_t *header;   // the parsed header (owns the names)
     json_t *metadata; // "__metadata__" (borrowed from header), NULL if absent
 } StFile;
 

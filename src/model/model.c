@@ -69,7 +69,9 @@ void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, dou
         double std = p->init == INIT_NORMAL_OUT ? init_std / sqrt(2.0 * layers) : init_std;
 #pragma omp parallel for
         for (int64_t j = 0; j < n; j++)
-            x[j] = p->init == INIT_ONES ? 1.0f : p->init == INIT_ZEROS ? 0.0f : (float)(std * rng_normal(seed, stream, (uint64_t)j));
+            x[j] = p->init == INIT_ONES    ? 1.0f
+                   : p->init == INIT_ZEROS ? 0.0f
+                                           : (float)(std * rng_normal(seed, stream, (uint64_t)j));
     }
 }
 
@@ -88,7 +90,8 @@ static void free_tensor(Tensor t) {
 }
 
 // The flat buffers, rope tables and loss accumulators; with alloc false only their shapes (NULL data).
-static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq, bool alloc) {
+static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq,
+                        bool alloc) {
     memset(m, 0, sizeof *m);
     m->fam = fam, m->cfg = *cfg, m->dev = dev, m->cdt = cdt;
     CHECK(cfg->ep_size >= 1 && cfg->experts % cfg->ep_size == 0 && cfg->ep_rank >= 0 && cfg->ep_rank < cfg->ep_size);
@@ -102,11 +105,14 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
     }
     int half = cfg->rope.rd / 2;
     m->rope_cos = make(dev, DT_F32, (int64_t)max_seq * half), m->rope_sin = make(dev, DT_F32, (int64_t)max_seq * half);
-    m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq, m->rope_cos.n[1] = m->rope_sin.n[1] = half;
+    m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq,
+    m->rope_cos.n[1] = m->rope_sin.n[1] = half;
     m->loss_sum = make(dev, DT_F64, 1), m->lb_sum = make(dev, DT_F64, 1);
     if (alloc) {
-        float *c = xmalloc((size_t)max_seq * half * sizeof(float)), *s = xmalloc((size_t)max_seq * half * sizeof(float));
-        Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1), hs = tensor_make(s, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1);
+        float *c = xmalloc((size_t)max_seq * half * sizeof(float)),
+              *s = xmalloc((size_t)max_seq * half * sizeof(float));
+        Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1),
+               hs = tensor_make(s, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1);
         op_rope_tables(hc, hs, &cfg->rope);
         op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
         free(c), free(s);
@@ -133,7 +139,8 @@ void model_params_all(const Model *m, ParamTable *t) {
 void model_lb_setup(Model *m, LbForm form, const Comm *replicas, int T) {
     LoadBalance *b = &m->lb;
     int E = m->cfg.experts, k = m->cfg.topk, L = m->cfg.layers;
-    b->form = form, b->global = form == LB_GLOBAL_BATCH, b->group = replicas, b->T = T, b->E = E, b->k = k, b->layers = L;
+    b->form = form, b->global = form == LB_GLOBAL_BATCH, b->group = replicas, b->T = T, b->E = E, b->k = k,
+    b->layers = L;
     if (!b->global) return;
     b->counts = xcalloc((size_t)L * E + L + (size_t)replicas->size * E, sizeof(double));
     b->tokens = b->counts + (size_t)L * E, b->cnt = b->tokens + L;
@@ -150,7 +157,8 @@ static Tensor lb_row(Tensor lb_grad, int b) { return tensor_reshape2(tensor_rows
 
 void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, Tensor logits, RouterArgs ra) {
     int E = m->cfg.experts;
-    if (m->router_bias.p) ra.bias = tensor_make((float *)m->router_bias.p + (size_t)l * E, DT_F32, m->router_bias.dev, 1, E, 1, 1, 1);
+    if (m->router_bias.p)
+        ra.bias = tensor_make((float *)m->router_bias.p + (size_t)l * E, DT_F32, m->router_bias.dev, 1, E, 1, 1, 1);
     op_router_forward(probs, idx, w, logits, &ra);
     if (!m->router_bias.p) return;
     int64_t n = tensor_numel(idx);
@@ -167,17 +175,19 @@ void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, 
     }
     int64_t S = probs.n[0] / B; // the router backward is row-wise: each sequence with its own gradient
     for (int b = 0; b < B; b++)
-        op_router_backward(tensor_rows(dlogits, b * S, S), tensor_rows(dw, b * S, S), lb_row(lb_grad, b), tensor_rows(probs, b * S, S),
-                           tensor_rows(idx, b * S, S), tensor_rows(w, b * S, S), ra);
+        op_router_backward(tensor_rows(dlogits, b * S, S), tensor_rows(dw, b * S, S), lb_row(lb_grad, b),
+                           tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S), tensor_rows(w, b * S, S), ra);
 }
 
 void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B) {
     float coef = (float)m->lb_coef;
-    if (m->lb.form == LB_MICRO_BATCH) return op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, 0), probs, idx, coef, grad_scale);
+    if (m->lb.form == LB_MICRO_BATCH)
+        return op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, 0), probs, idx, coef, grad_scale);
     if (m->lb.form == LB_SEQUENCE) { // mean over the sequences of each one's micro-batch form
         int64_t S = probs.n[0] / B;
         for (int b = 0; b < B; b++)
-            op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, b), tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S), coef / B, grad_scale);
+            op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, b), tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S),
+                           coef / B, grad_scale);
         return;
     }
     lb_grad = lb_row(lb_grad, 0);

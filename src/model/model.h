@@ -30,7 +30,8 @@ typedef struct {
 } ModelConfig;
 
 #define model_family_config(type, c) ((type *)(c)->family)
-#define MODEL_FAMILY_CONFIG_FITS(type) _Static_assert(sizeof(type) <= sizeof(((ModelConfig *)0)->family), #type " is too large")
+#define MODEL_FAMILY_CONFIG_FITS(type)                                                                                 \
+    _Static_assert(sizeof(type) <= sizeof(((ModelConfig *)0)->family), #type " is too large")
 
 static inline int model_experts_local(const ModelConfig *c) { return c->experts / c->ep_size; }
 static inline int model_expert_first(const ModelConfig *c) { return c->ep_rank * model_experts_local(c); }
@@ -66,16 +67,16 @@ typedef struct {
 
 // What the engine moves between stages 1 → 2 → 3 → 4 → 5 of one layer (forward and backward).
 typedef struct {
-    bool dense;      // a dense-MLP layer: stages 2 and 4 pass (T, H) through
-    Tensor xd, dxd;  // (T, H) tokens to dispatch, and their gradient
-    Tensor idx, w;   // (T, k) experts (int32) and routing weights (fp32) of each token
-    Tensor dw;       // (T, k) gradient of the routing weights
-    Tensor perm;     // (T·k) int32 slot ids t·k + j in expert order
-    int64_t *offs;   // (E_local + 1) host: rows offs[e]..offs[e+1] of xe belong to local expert e
+    bool dense;            // a dense-MLP layer: stages 2 and 4 pass (T, H) through
+    Tensor xd, dxd;        // (T, H) tokens to dispatch, and their gradient
+    Tensor idx, w;         // (T, k) experts (int32) and routing weights (fp32) of each token
+    Tensor dw;             // (T, k) gradient of the routing weights
+    Tensor perm;           // (T·k) int32 slot ids t·k + j in expert order
+    int64_t *offs;         // (E_local + 1) host: rows offs[e]..offs[e+1] of xe belong to local expert e
     struct EpRoute *route; // expert parallelism: where this layer's rows went (parallel/ep.h); NULL on one rank
-    Tensor xe, dxe;  // (R, H) expert-ordered rows (dense: = xd)
-    Tensor ye, dye;  // (R, H) expert outputs in the same order
-    Tensor y, dy;    // (T·k, H) expert outputs back in slot order (dense: (T, H))
+    Tensor xe, dxe;        // (R, H) expert-ordered rows (dense: = xd)
+    Tensor ye, dye;        // (R, H) expert outputs in the same order
+    Tensor y, dy;          // (T·k, H) expert outputs back in slot order (dense: (T, H))
 } StageIO;
 
 typedef struct Model Model;
@@ -89,13 +90,13 @@ typedef struct Model Model;
 typedef enum { LB_MICRO_BATCH, LB_GLOBAL_BATCH, LB_SEQUENCE } LbForm;
 typedef struct {
     LbForm form;
-    bool global; // form == LB_GLOBAL_BATCH
-    const struct Comm *group;  // the data replicas, rank = replica index q = dp·EP + ep
-    int T, E, k, layers;       // capacity of the host scratch
-    double *counts, *tokens;   // (layers, E), (layers): the step's earlier rounds
-    double *cnt;               // (D, E) this round's counts of every replica
-    float *probs, *grad;       // (T, E), (E) host scratch
-    int32_t *idx;              // (T, k)
+    bool global;              // form == LB_GLOBAL_BATCH
+    const struct Comm *group; // the data replicas, rank = replica index q = dp·EP + ep
+    int T, E, k, layers;      // capacity of the host scratch
+    double *counts, *tokens;  // (layers, E), (layers): the step's earlier rounds
+    double *cnt;              // (D, E) this round's counts of every replica
+    float *probs, *grad;      // (T, E), (E) host scratch
+    int32_t *idx;             // (T, k)
 } LoadBalance;
 
 // What every family shares (moe.c) and the engine allocates around the family's record:
@@ -137,7 +138,7 @@ typedef struct {
     size_t rec_size, epilog_size; // bytes of one layer record and of the epilog record
     void (*config_parse)(ModelConfig *c, JObj hf);
     void (*params_build)(ParamTable *t, const ModelConfig *c);
-    void (*bind)(Model *m);                                           // make weight/grad views
+    void (*bind)(Model *m); // make weight/grad views
     // Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd.
     void (*layer_alloc)(Model *m, int layer, void *rec, Arena *a, int B, int S, StageIO *io);
     void (*layer_grad_alloc)(Model *m, int layer, void *rec, Arena *ws, int B, int S, StageIO *io);
@@ -172,9 +173,9 @@ struct Model {
     ModelConfig cfg;
     ParamTable params;
     Device dev;
-    DType cdt;            // compute dtype of weights and activations (fp32 on the CPU)
-    Tensor w[NGROUPS];    // flat compute copies of the parameters (padded: cfg.pad)
-    Tensor g[NGROUPS];    // flat fp32 gradient accumulators (padded: cfg.pad)
+    DType cdt;                 // compute dtype of weights and activations (fp32 on the CPU)
+    Tensor w[NGROUPS];         // flat compute copies of the parameters (padded: cfg.pad)
+    Tensor g[NGROUPS];         // flat fp32 gradient accumulators (padded: cfg.pad)
     Tensor rope_cos, rope_sin; // (S, rope.rd/2) fp32 (op_rope_tables)
     Tensor loss_sum, lb_sum;   // (1) fp64: Σ CE and Σ load-balancing loss of the step so far
     double lb_coef;            // load-balancing loss coefficient (0: off)
@@ -182,13 +183,13 @@ struct Model {
     bool force_balance;        // benchmark routing (docs/reference.md §2)
     // Aux-loss-free balancing (set up by the trainer; router_bias.p == NULL: off): the selection bias and the
     // step's expert counts of this rank's tokens, which model_router_forward adds to.
-    Tensor router_bias;        // (layers, E) fp32 on the model's device
-    double *router_load;       // (layers·E) host
-    int32_t *router_idx;       // (T·k) host staging of the routing (GPU)
-    const struct Comm *ep;     // expert-parallel group (parallel/comm.h); NULL: every expert is on this rank
-    double ep_capacity;        // parallel.ep_capacity_factor: rows stage 3 can receive = factor·T·k (0: worst case)
-    SharedWeights *sw, *sg;    // views of the shared parts: compute weights and fp32 gradients
-    void *views;               // the family's own weight and gradient views
+    Tensor router_bias;     // (layers, E) fp32 on the model's device
+    double *router_load;    // (layers·E) host
+    int32_t *router_idx;    // (T·k) host staging of the routing (GPU)
+    const struct Comm *ep;  // expert-parallel group (parallel/comm.h); NULL: every expert is on this rank
+    double ep_capacity;     // parallel.ep_capacity_factor: rows stage 3 can receive = factor·T·k (0: worst case)
+    SharedWeights *sw, *sg; // views of the shared parts: compute weights and fp32 gradients
+    void *views;            // the family's own weight and gradient views
 };
 
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported

@@ -211,10 +211,8 @@ void moe_stage5_forward(Model *m, int l, void *rp, StageIO *io, Tensor out) {
 }
 
 void moe_stage5_backward(Model *m, int l, void *rp, StageIO *io, Tensor dout) {
-    if (io->dense)
-        op_copy(io->dy, dout);
-    else
-        op_moe_combine_backward(io->dy, io->dw, dout, io->y, io->w);
+    if (io->dense) op_copy(io->dy, dout);
+    else op_moe_combine_backward(io->dy, io->dw, dout, io->y, io->w);
 }
 
 // ---- epilog: final norm → LM head → cross-entropy, in row chunks so (T, V) logits never exist ----

@@ -60,9 +60,11 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
     q->norm_topk = jbool(o, "norm_topk_prob", false, false);
     q->attn_bias = jbool(o, "attention_bias", false, false);
     c->tie_embed = jbool(o, "tie_word_embeddings", false, false);
-    if (jbool(o, "use_sliding_window", false, false)) jdie(o, "use_sliding_window", "sliding-window attention is not supported for qwen3_moe");
+    if (jbool(o, "use_sliding_window", false, false))
+        jdie(o, "use_sliding_window", "sliding-window attention is not supported for qwen3_moe");
     if (q->kv_heads <= 0 || q->head_dim <= 0) jdie(o, NULL, "num_key_value_heads and head_dim must be positive");
-    if (c->heads > 0 && c->heads % q->kv_heads) jdie(o, "num_key_value_heads", "must divide num_attention_heads (%d)", c->heads);
+    if (c->heads > 0 && c->heads % q->kv_heads)
+        jdie(o, "num_key_value_heads", "must divide num_attention_heads (%d)", c->heads);
     if (q->head_dim % 2) jdie(o, "head_dim", "must be even for RoPE");
     moe_rope_parse(c, o, q->head_dim, false);
     int layers = c->layers < 0 ? 0 : c->layers > MAX_LAYERS ? MAX_LAYERS : c->layers;
@@ -89,7 +91,8 @@ static void qwen3_params_build(ParamTable *t, const ModelConfig *c) {
     char n[96];
     moe_params_embed(t, c);
     for (int l = 0; l < c->layers; l++) {
-#define P(suffix, init, nd, a, b) (snprintf(n, sizeof n, "layers.%d.%s", l, suffix), params_add(t, n, GROUP_DENSE, init, nd, a, b, 0))
+#define P(suffix, init, nd, a, b)                                                                                      \
+    (snprintf(n, sizeof n, "layers.%d.%s", l, suffix), params_add(t, n, GROUP_DENSE, init, nd, a, b, 0))
         P("input_layernorm.weight", INIT_ONES, 1, H, 0);
         P("self_attn.q_proj.weight", INIT_NORMAL, 2, nh * d, H);
         P("self_attn.k_proj.weight", INIT_NORMAL, 2, nkv * d, H);
@@ -194,10 +197,14 @@ static void qwen3_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, 
 
 // Causal attention scaled by 1/√d; softmax → top-k routing, renormalised when norm_topk_prob.
 static AttnArgs qwen3_attn_args(const Model *m, const MicroBatch *mb) {
-    return (AttnArgs){.B = mb->B, .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen3Config, &m->cfg)->head_dim)), .causal = true};
+    return (AttnArgs){.B = mb->B,
+                      .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen3Config, &m->cfg)->head_dim)),
+                      .causal = true};
 }
 static RouterArgs qwen3_router_args(const Model *m) {
-    return (RouterArgs){.k = m->cfg.topk, .renorm = model_family_config(const Qwen3Config, &m->cfg)->norm_topk, .scale = 1,
+    return (RouterArgs){.k = m->cfg.topk,
+                        .renorm = model_family_config(const Qwen3Config, &m->cfg)->norm_topk,
+                        .scale = 1,
                         .force_balance = m->force_balance};
 }
 
@@ -213,8 +220,10 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     op_linear_forward(tensor_reshape2(r->qp, T, nh * d), r->n1, W->wq, W->bq);
     op_linear_forward(tensor_reshape2(r->kp, T, nkv * d), r->n1, W->wk, W->bk);
     op_linear_forward(tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
-    op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, d), r->rq, tensor_reshape2(r->qp, T * nh, d), W->qn, (float)c->eps);
-    op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, d), r->rk, tensor_reshape2(r->kp, T * nkv, d), W->kn, (float)c->eps);
+    op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, d), r->rq, tensor_reshape2(r->qp, T * nh, d), W->qn,
+                       (float)c->eps);
+    op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, d), r->rk, tensor_reshape2(r->kp, T * nkv, d), W->kn,
+                       (float)c->eps);
     op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     AttnArgs aa = qwen3_attn_args(m, mb);
@@ -241,7 +250,8 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
     if (!io->dense) {
         RouterArgs ra = qwen3_router_args(m);
-        model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra, mb->B);
+        model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
+                              mb->B);
         op_linear_backward_input(dn2, r->dlogits, W->router, true);
         op_linear_backward_weight(G->router, NONE, r->dlogits, r->n2);
     }
@@ -254,9 +264,12 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     op_attention_backward(r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
     op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
-    op_rmsnorm_backward(tensor_reshape2(r->dqp, T * nh, d), G->qn, tensor_reshape2(r->dq, T * nh, d), tensor_reshape2(r->qp, T * nh, d), W->qn, r->rq, false);
-    op_rmsnorm_backward(tensor_reshape2(r->dkp, T * nkv, d), G->kn, tensor_reshape2(r->dk, T * nkv, d), tensor_reshape2(r->kp, T * nkv, d), W->kn, r->rk, false);
-    Tensor dqp = tensor_reshape2(r->dqp, T, nh * d), dkp = tensor_reshape2(r->dkp, T, nkv * d), dv = tensor_reshape2(r->dv, T, nkv * d);
+    op_rmsnorm_backward(tensor_reshape2(r->dqp, T * nh, d), G->qn, tensor_reshape2(r->dq, T * nh, d),
+                        tensor_reshape2(r->qp, T * nh, d), W->qn, r->rq, false);
+    op_rmsnorm_backward(tensor_reshape2(r->dkp, T * nkv, d), G->kn, tensor_reshape2(r->dk, T * nkv, d),
+                        tensor_reshape2(r->kp, T * nkv, d), W->kn, r->rk, false);
+    Tensor dqp = tensor_reshape2(r->dqp, T, nh * d), dkp = tensor_reshape2(r->dkp, T, nkv * d),
+           dv = tensor_reshape2(r->dv, T, nkv * d);
     op_linear_backward_input(r->dn1, dqp, W->wq, false);
     op_linear_backward_input(r->dn1, dkp, W->wk, true);
     op_linear_backward_input(r->dn1, dv, W->wv, true);

@@ -5,10 +5,10 @@
 
 #ifdef PITH_CUDA
 #include "ops/cuda/cuda_ops.h"
-#define DISPATCH(dev, call)                                                                           \
-    do {                                                                                              \
-        if ((dev) == DEV_CUDA) cuda_##call;                                                           \
-        else cpu_##call;                                                                              \
+#define DISPATCH(dev, call)                                                                                            \
+    do {                                                                                                               \
+        if ((dev) == DEV_CUDA) cuda_##call;                                                                            \
+        else cpu_##call;                                                                                               \
     } while (0)
 #define DISPATCH_RETURN(dev, call) return (dev) == DEV_CUDA ? cuda_##call : cpu_##call
 bool ops_cuda_available(void) { return cuda_device_count() > 0; }
@@ -18,15 +18,15 @@ void ops_sync(void) {
     if (ops_cuda_available()) cuda_sync();
 }
 #else
-#define DISPATCH(dev, call)                                                                           \
-    do {                                                                                              \
-        if ((dev) == DEV_CUDA) die("a GPU tensor reached the op layer, but this build has no CUDA backend"); \
-        cpu_##call;                                                                                   \
+#define DISPATCH(dev, call)                                                                                            \
+    do {                                                                                                               \
+        if ((dev) == DEV_CUDA) die("a GPU tensor reached the op layer, but this build has no CUDA backend");           \
+        cpu_##call;                                                                                                    \
     } while (0)
-#define DISPATCH_RETURN(dev, call)                                                                    \
-    do {                                                                                              \
-        if ((dev) == DEV_CUDA) die("a GPU tensor reached the op layer, but this build has no CUDA backend"); \
-        return cpu_##call;                                                                            \
+#define DISPATCH_RETURN(dev, call)                                                                                     \
+    do {                                                                                                               \
+        if ((dev) == DEV_CUDA) die("a GPU tensor reached the op layer, but this build has no CUDA backend");           \
+        return cpu_##call;                                                                                             \
     } while (0)
 bool ops_cuda_available(void) { return false; }
 size_t ops_cuda_pool_bytes(void) { return 0; }
@@ -35,8 +35,12 @@ void ops_sync(void) {}
 #endif
 
 void op_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) { DISPATCH(x.dev, linear_forward(y, x, w, b)); }
-void op_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool acc) { DISPATCH(dy.dev, linear_backward_input(dx, dy, w, acc)); }
-void op_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) { DISPATCH(dy.dev, linear_backward_weight(dw, db, dy, x)); }
+void op_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool acc) {
+    DISPATCH(dy.dev, linear_backward_input(dx, dy, w, acc));
+}
+void op_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
+    DISPATCH(dy.dev, linear_backward_weight(dw, db, dy, x));
+}
 void op_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     DISPATCH(x.dev, grouped_linear_forward(y, x, w, b, offs));
 }
@@ -46,7 +50,9 @@ void op_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int6
 void op_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
     DISPATCH(dy.dev, grouped_linear_backward_weight(dw, db, dy, x, offs));
 }
-void op_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) { DISPATCH(x.dev, rmsnorm_forward(y, rstd, x, w, eps)); }
+void op_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
+    DISPATCH(x.dev, rmsnorm_forward(y, rstd, x, w, eps));
+}
 void op_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc) {
     DISPATCH(x.dev, rmsnorm_backward(dx, dw, dy, x, w, rstd, acc));
 }
@@ -74,14 +80,22 @@ void op_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, f
 }
 void op_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) { DISPATCH(idx.dev, moe_sort(perm, offs, idx, E)); }
 void op_gather_rows(Tensor y, Tensor x, Tensor rows, int div) { DISPATCH(x.dev, gather_rows(y, x, rows, div)); }
-void op_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) { DISPATCH(dy.dev, scatter_add_rows(dx, dy, rows, div)); }
+void op_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
+    DISPATCH(dy.dev, scatter_add_rows(dx, dy, rows, div));
+}
 void op_scatter_rows(Tensor y, Tensor x, Tensor rows) { DISPATCH(x.dev, scatter_rows(y, x, rows)); }
-void op_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) { DISPATCH(y.dev, moe_combine_forward(out, resid, y, w)); }
+void op_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
+    DISPATCH(y.dev, moe_combine_forward(out, resid, y, w));
+}
 void op_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w) {
     DISPATCH(y.dev, moe_combine_backward(dy, dw, dout, y, w));
 }
-void op_embedding_forward(Tensor h, Tensor table, Tensor tokens) { DISPATCH(h.dev, embedding_forward(h, table, tokens)); }
-void op_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) { DISPATCH(dh.dev, embedding_backward(dtable, dh, tokens)); }
+void op_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
+    DISPATCH(h.dev, embedding_forward(h, table, tokens));
+}
+void op_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
+    DISPATCH(dh.dev, embedding_backward(dtable, dh, tokens));
+}
 void op_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
     DISPATCH(logits.dev, cross_entropy(logits, labels, loss_sum, grad_scale));
 }

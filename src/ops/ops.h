@@ -118,7 +118,7 @@ void op_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w);
 void op_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w);
 
 // ---- embedding and loss ----
-void op_embedding_forward(Tensor h, Tensor table, Tensor tokens);  // h: (T, H) = table: (V, H)[tokens: (T) int32]
+void op_embedding_forward(Tensor h, Tensor table, Tensor tokens);    // h: (T, H) = table: (V, H)[tokens: (T) int32]
 void op_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens); // dtable[tokens[t]] += dh[t]
 // Cross-entropy on a chunk of logits: (R, V) fp32 or bf16 (statistics in fp32, lse in fp64), labels: (R)
 // int32 (−100 = ignore). Adds Σ CE into loss_sum: (1) fp64 and overwrites logits with
@@ -127,13 +127,13 @@ void op_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_
 
 // ---- elementwise and optimizer ----
 void op_zero(Tensor x);
-void op_add(Tensor y, Tensor x);                   // y += x
-void op_scale(Tensor x, float s);                  // x *= s
-void op_copy(Tensor dst, Tensor src);              // same shape; converts dtype and crosses devices
+void op_add(Tensor y, Tensor x);      // y += x
+void op_scale(Tensor x, float s);     // x *= s
+void op_copy(Tensor dst, Tensor src); // same shape; converts dtype and crosses devices
 // Column slice on 2-D views (rows × the rest): dst[:, a:a+n] (+)= src[:, b:b+n], converting dtype (fp32, bf16).
 // Tensors have no strides, so MLA splits and joins heads with it; its transpose is itself with roles swapped.
 void op_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate);
-double op_sum_squares(Tensor x);                   // Σ x² (fp32 tensor), returned on the host
+double op_sum_squares(Tensor x); // Σ x² (fp32 tensor), returned on the host
 // torch.optim.AdamW on flat fp32 tensors: p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²;
 // p −= lr/(1−b1^t) · m / (sqrt(v/(1−b2^t)) + eps).
 void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t);
@@ -147,4 +147,4 @@ void op_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale);
 // ws: fp32 scratch of at least op_newton_schulz_workspace(n, m) elements on x's device.
 void op_newton_schulz(Tensor x, Tensor ws, int steps);
 int64_t op_newton_schulz_workspace(int64_t n, int64_t m);
-double op_read_scalar(Tensor x);                   // x: (1) fp32 or fp64, to the host
+double op_read_scalar(Tensor x); // x: (1) fp32 or fp64, to the host

@@ -32,7 +32,9 @@ static MPI_Datatype mpi_type(DType dt) {
     case DT_I64: return MPI_INT64_T;
     case DT_U64: return MPI_UINT64_T;
     case DT_U32: return MPI_UINT32_T;
-    case DT_BF16: case DT_F16: case DT_U16: return MPI_UINT16_T; // moved, never reduced
+    case DT_BF16:
+    case DT_F16:
+    case DT_U16: return MPI_UINT16_T; // moved, never reduced
     case DT_U8: return MPI_UINT8_T;
     }
     return MPI_DATATYPE_NULL;
@@ -45,15 +47,19 @@ static bool on_device(const Comm *c, const char *what, Tensor a, Tensor b) {
     if (b.p && da != db) die("%s on the %s group: one buffer on the host and one on the GPU", what, c->name);
     if (!da) {
         if (tensor_numel(a) > INT_MAX || (b.p && tensor_numel(b) > INT_MAX))
-            die("%s on the %s group: %lld elements is above MPI's int count limit", what, c->name, (long long)tensor_numel(a));
+            die("%s on the %s group: %lld elements is above MPI's int count limit", what, c->name,
+                (long long)tensor_numel(a));
         return false;
     }
 #ifdef PITH_NCCL
-    if (c->size > 1 && !c->nccl) die("%s on the %s group: device buffers, but the group has no NCCL communicator (dist_mesh_gpu)", what, c->name);
+    if (c->size > 1 && !c->nccl)
+        die("%s on the %s group: device buffers, but the group has no NCCL communicator (dist_mesh_gpu)", what,
+            c->name);
     return true;
 #else
-    die("%s on the %s group: device buffers need the NCCL transport, which this build does not have (a CUDA build that finds nccl.h)", what,
-        c->name);
+    die("%s on the %s group: device buffers need the NCCL transport, which this build does not have (a CUDA build that "
+        "finds nccl.h)",
+        what, c->name);
 #endif
 }
 
@@ -65,8 +71,9 @@ static void mpi_wait(const Comm *c, int n, MPI_Request *req, const char *what) {
         MPI_CHECK(MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE));
         if (done) return;
         if (c->timeout_s > 0 && now_seconds() - t0 > c->timeout_s)
-            die("%s on the %s group (%d ranks) did not complete within parallel.timeout_s = %g s: another rank failed or stopped", what,
-                c->name, c->size, c->timeout_s);
+            die("%s on the %s group (%d ranks) did not complete within parallel.timeout_s = %g s: another rank failed "
+                "or stopped",
+                what, c->name, c->size, c->timeout_s);
         if (spins > 64) nanosleep(&(struct timespec){0, spins > 4096 ? 200000 : 20000}, NULL);
     }
 }
@@ -76,14 +83,16 @@ static void local_copy(Tensor out, Tensor in) {
     CHECK(tensor_bytes(out) >= tensor_bytes(in));
     if (out.p == in.p || !tensor_bytes(in)) return;
     if (out.dev == DEV_CPU && in.dev == DEV_CPU) memcpy(out.p, in.p, tensor_bytes(in));
-    else op_copy(tensor_make(out.p, in.dt, out.dev, 1, tensor_numel(in), 1, 1, 1), tensor_make(in.p, in.dt, in.dev, 1, tensor_numel(in), 1, 1, 1));
+    else
+        op_copy(tensor_make(out.p, in.dt, out.dev, 1, tensor_numel(in), 1, 1, 1),
+                tensor_make(in.p, in.dt, in.dev, 1, tensor_numel(in), 1, 1, 1));
 }
 
 #ifdef PITH_NCCL
-#define DEVICE_CALL(call)                                                                             \
-    do {                                                                                              \
-        call;                                                                                         \
-        return;                                                                                       \
+#define DEVICE_CALL(call)                                                                                              \
+    do {                                                                                                               \
+        call;                                                                                                          \
+        return;                                                                                                        \
     } while (0)
 #else
 #define DEVICE_CALL(call) CHECK(!"unreachable: on_device dies without NCCL")
@@ -93,7 +102,8 @@ void comm_allreduce(const Comm *c, Tensor x, CommOp op) {
     if (c->size == 1) return;
     if (on_device(c, "all-reduce", x, (Tensor){0})) DEVICE_CALL(nccl_allreduce(c, x, op));
     MPI_Request req;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x.p, (int)tensor_numel(x), mpi_type(x.dt), op == COMM_SUM ? MPI_SUM : MPI_MAX, c->mpi, &req));
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x.p, (int)tensor_numel(x), mpi_type(x.dt),
+                             op == COMM_SUM ? MPI_SUM : MPI_MAX, c->mpi, &req));
     mpi_wait(c, 1, &req, "all-reduce");
 }
 
@@ -102,7 +112,8 @@ void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
     if (c->size == 1) return local_copy(out, in);
     if (on_device(c, "reduce-scatter", in, out)) DEVICE_CALL(nccl_reduce_scatter(c, out, in));
     MPI_Request req;
-    MPI_CHECK(MPI_Ireduce_scatter_block(in.p == out.p ? MPI_IN_PLACE : in.p, out.p, (int)tensor_numel(out), mpi_type(in.dt), MPI_SUM, c->mpi, &req));
+    MPI_CHECK(MPI_Ireduce_scatter_block(in.p == out.p ? MPI_IN_PLACE : in.p, out.p, (int)tensor_numel(out),
+                                        mpi_type(in.dt), MPI_SUM, c->mpi, &req));
     mpi_wait(c, 1, &req, "reduce-scatter");
 }
 
@@ -112,8 +123,8 @@ void comm_allgather(const Comm *c, Tensor out, Tensor in) {
     if (on_device(c, "all-gather", out, in)) DEVICE_CALL(nccl_allgather(c, out, in));
     MPI_Request req;
     bool in_place = (char *)in.p == (char *)out.p + (size_t)c->rank * tensor_bytes(in);
-    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.p, (int)tensor_numel(in), mpi_type(in.dt), out.p, (int)tensor_numel(in), mpi_type(in.dt),
-                             c->mpi, &req));
+    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.p, (int)tensor_numel(in), mpi_type(in.dt), out.p,
+                             (int)tensor_numel(in), mpi_type(in.dt), c->mpi, &req));
     mpi_wait(c, 1, &req, "all-gather");
 }
 
@@ -177,7 +188,8 @@ CommReq comm_p2p_start(const Comm *c, const CommP2p *ops, int n) {
     for (int i = 0; i < n; i++) {
         Tensor x = ops[i].x;
         if (!tensor_numel(x)) continue;
-        if (ops[i].send) MPI_CHECK(MPI_Isend(x.p, (int)tensor_numel(x), mpi_type(x.dt), ops[i].peer, 0, c->mpi, &r.mpi[r.n++]));
+        if (ops[i].send)
+            MPI_CHECK(MPI_Isend(x.p, (int)tensor_numel(x), mpi_type(x.dt), ops[i].peer, 0, c->mpi, &r.mpi[r.n++]));
         else MPI_CHECK(MPI_Irecv(x.p, (int)tensor_numel(x), mpi_type(x.dt), ops[i].peer, 0, c->mpi, &r.mpi[r.n++]));
     }
     return r;
@@ -208,7 +220,8 @@ CommReq comm_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows,
 #endif
     // Counts and displacements in rows (one row is one element of a contiguous datatype); MPI reads
     // them until the exchange completes, so the request keeps them.
-    int *cnt = r.counts = xmalloc((size_t)4 * c->size * sizeof(int)), *sd = cnt + c->size, *rc = sd + c->size, *rd = rc + c->size;
+    int *cnt = r.counts = xmalloc((size_t)4 * c->size * sizeof(int)), *sd = cnt + c->size, *rc = sd + c->size,
+        *rd = rc + c->size;
     int64_t so = 0, ro = 0;
     for (int p = 0; p < c->size; p++) {
         CHECK(so + in_rows[p] <= INT_MAX && ro + out_rows[p] <= INT_MAX);

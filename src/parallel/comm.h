@@ -57,12 +57,12 @@ typedef struct {
 } CommP2p;
 typedef struct {
     const Comm *c;
-    const char *what;              // "send", "recv", "send/recv", "all-to-all": for messages
-    int n;                         // MPI requests in flight (0: nothing left to wait for)
+    const char *what; // "send", "recv", "send/recv", "all-to-all": for messages
+    int n;            // MPI requests in flight (0: nothing left to wait for)
     MPI_Request mpi[COMM_MAX_P2P];
-    MPI_Datatype row;              // all-to-all-v over MPI: the row type, freed by the wait
-    int *counts;                   // all-to-all-v over MPI: counts and displacements, kept until the wait
-    void *event;                   // device buffers: the transfer's completion event on the comm stream
+    MPI_Datatype row; // all-to-all-v over MPI: the row type, freed by the wait
+    int *counts;      // all-to-all-v over MPI: counts and displacements, kept until the wait
+    void *event;      // device buffers: the transfer's completion event on the comm stream
 } CommReq;
 
 // Posts every send and receive of ops together — one NCCL group; over MPI each is started before any is

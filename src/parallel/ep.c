@@ -48,20 +48,24 @@ void ep_route_free(EpRoute *r) {
 void ep_buffers_alloc(Model *m, EpBuffers *b, Arena *comm, int64_t T) {
     memset(b, 0, sizeof *b);
     if (m->cfg.ep_size == 1) return;
-    int64_t k = m->cfg.topk, P = m->cfg.ep_size, E = m->cfg.experts, El = model_experts_local(&m->cfg), cap = ep_rows_capacity(m, T);
+    int64_t k = m->cfg.topk, P = m->cfg.ep_size, E = m->cfg.experts, El = model_experts_local(&m->cfg),
+            cap = ep_rows_capacity(m, T);
     int64_t rows = max64(T * k, cap);
     b->T = T, b->cap = cap;
     b->sbuf = arena_tensor(comm, m->cdt, 2, rows, m->cfg.hidden, 0, 0);
     b->rbuf = arena_tensor(comm, m->cdt, 2, rows, m->cfg.hidden, 0, 0);
-    b->idx = xmalloc(T * k * sizeof(int32_t)), b->perm = xmalloc(T * k * sizeof(int32_t)), b->expand = xmalloc(T * k * sizeof(int32_t));
+    b->idx = xmalloc(T * k * sizeof(int32_t)), b->perm = xmalloc(T * k * sizeof(int32_t)),
+    b->expand = xmalloc(T * k * sizeof(int32_t));
     b->dpos = xmalloc(T * P * sizeof(int32_t)), b->send_idx = xmalloc(T * min64(k, P) * sizeof(int32_t));
-    b->expand_r = xmalloc(cap * sizeof(int32_t) + 1), b->perm_r = xmalloc(cap * sizeof(int32_t) + 1), b->xrow = xmalloc(cap * sizeof(int32_t) + 1);
+    b->expand_r = xmalloc(cap * sizeof(int32_t) + 1), b->perm_r = xmalloc(cap * sizeof(int32_t) + 1),
+    b->xrow = xmalloc(cap * sizeof(int32_t) + 1);
     b->goffs = xmalloc((E + 1) * sizeof(int64_t)), b->cur = xmalloc((E + P + 1) * sizeof(int64_t));
     b->meta_s = xmalloc(P * (El + 1) * sizeof(int64_t)), b->meta_r = xmalloc(P * (El + 1) * sizeof(int64_t));
 }
 
 void ep_buffers_free(EpBuffers *b) {
-    free(b->idx), free(b->perm), free(b->expand), free(b->dpos), free(b->send_idx), free(b->expand_r), free(b->perm_r), free(b->xrow);
+    free(b->idx), free(b->perm), free(b->expand), free(b->dpos), free(b->send_idx), free(b->expand_r), free(b->perm_r),
+        free(b->xrow);
     free(b->goffs), free(b->cur), free(b->meta_s), free(b->meta_r);
     memset(b, 0, sizeof *b);
 }
@@ -162,16 +166,19 @@ static void dispatch_ranks(Model *m, StageIO *io) {
         r->send_slot[g] = b->goffs[(g + 1) * El] - b->goffs[g * El];
     }
     comm_alltoall(c, host_i64(b->meta_r, P * (El + 1)), host_i64(b->meta_s, P * (El + 1)));
-    for (int s = 0; s < P; s++) r->recv_slot[s] = sum(b->meta_r + s * (El + 1), (int)El), r->recv_tok[s] = b->meta_r[s * (El + 1) + El];
+    for (int s = 0; s < P; s++)
+        r->recv_slot[s] = sum(b->meta_r + s * (El + 1), (int)El), r->recv_tok[s] = b->meta_r[s * (El + 1) + El];
     int64_t R = sum(r->recv_slot, P), ntok = sum(r->recv_tok, P), nsend = sum(r->send_tok, P);
     if (R > b->cap || ntok > tok_capacity(m, T))
-        die("expert parallelism: ep rank %d received %lld (token, expert) rows, above the capacity of %lld (parallel.ep_capacity_factor = %g "
+        die("expert parallelism: ep rank %d received %lld (token, expert) rows, above the capacity of %lld "
+            "(parallel.ep_capacity_factor = %g "
             "× tokens × top-k); raise the factor, or leave it unset for the worst-case bound",
             c->rank, (long long)R, (long long)b->cap, m->ep_capacity);
     comm_alltoallv(c, host_i32(b->expand_r, R), r->recv_slot, host_i32(b->expand, n), r->send_slot);
     // Expert order: by local expert, then source rank, then the source's order.
     int64_t *qcur = b->cur, *tbase = b->cur + P; // per source: next received-slot position; first token row
-    for (int s = 0, q = 0, t0 = 0; s < P; q += (int)r->recv_slot[s], t0 += (int)r->recv_tok[s], s++) qcur[s] = q, tbase[s] = t0;
+    for (int s = 0, q = 0, t0 = 0; s < P; q += (int)r->recv_slot[s], t0 += (int)r->recv_tok[s], s++)
+        qcur[s] = q, tbase[s] = t0;
     int64_t i = 0;
     io->offs[0] = 0;
     for (int64_t e = 0; e < El; e++) {

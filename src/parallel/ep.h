@@ -19,13 +19,13 @@ typedef struct EpRoute {
     EpBuffers *buf;
     int64_t *send_tok, *recv_tok;   // (P) deduplicated token rows sent to / received from each rank
     int64_t *send_slot, *recv_slot; // (P) (token, expert) slots sent to / received from each rank
-    Tensor send_idx; // (T·min(k, P)) int32: the token of each row sent, grouped by destination rank
-    Tensor perm_r;   // (capacity) int32: expert-ordered row i ↔ position perm_r[i] in received-slot order
-    Tensor xrow;     // (capacity) int32: expert-ordered row i is received token row xrow[i]
+    Tensor send_idx;                // (T·min(k, P)) int32: the token of each row sent, grouped by destination rank
+    Tensor perm_r; // (capacity) int32: expert-ordered row i ↔ position perm_r[i] in received-slot order
+    Tensor xrow;   // (capacity) int32: expert-ordered row i is received token row xrow[i]
 } EpRoute;
 
 int64_t ep_rows_capacity(const Model *m, int64_t T); // rows stage 3 can receive
-EpRoute *ep_route_create(Model *m, EpBuffers *buf);   // NULL with one ep rank
+EpRoute *ep_route_create(Model *m, EpBuffers *buf);  // NULL with one ep rank
 void ep_route_free(EpRoute *r);
 void ep_buffers_alloc(Model *m, EpBuffers *b, Arena *comm, int64_t T); // nothing with one ep rank
 void ep_buffers_free(EpBuffers *b);

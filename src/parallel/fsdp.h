@@ -9,12 +9,12 @@
 #include "model/model.h"
 
 typedef struct {
-    int64_t numel[NGROUPS];              // padded elements of each group's flat buffer on this rank
-    int64_t len[NGROUPS], off[NGROUPS];  // this rank's shard: elements [off, off + len)
-    const Comm *shard[NGROUPS];          // the group's shard group
-    const Comm *replica[NGROUPS];        // hsdp: the dp group holding identical shards (else size 1)
-    const Comm *world;                   // for the global grad norm
-    bool counts_in_norm;                 // this rank's shards enter the norm (hsdp: dp rank 0 only)
+    int64_t numel[NGROUPS];             // padded elements of each group's flat buffer on this rank
+    int64_t len[NGROUPS], off[NGROUPS]; // this rank's shard: elements [off, off + len)
+    const Comm *shard[NGROUPS];         // the group's shard group
+    const Comm *replica[NGROUPS];       // hsdp: the dp group holding identical shards (else size 1)
+    const Comm *world;                  // for the global grad norm
+    bool counts_in_norm;                // this rank's shards enter the norm (hsdp: dp rank 0 only)
 } Fsdp;
 
 // Shards of group g under the layout (the padding multiple for ModelConfig.pad).
@@ -23,8 +23,8 @@ void fsdp_setup(Fsdp *f, const Dist *d, const Model *m);
 // Allocates this rank's fp32 masters and AdamW moments from a (counting) arena and points the reduced
 // gradient shard at the front of model.g (the reduce-scatter runs in place). With one shard the master is
 // model.w itself on the CPU (fp32 compute).
-void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS],
-                      Tensor mom2[NGROUPS]);
+void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Tensor master[NGROUPS], Tensor grad[NGROUPS],
+                      Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]);
 // full: (numel) compute copy ← all-gather of the master shards: (len) (converted to full's dtype).
 void fsdp_gather(const Fsdp *f, int g, Tensor full, Tensor shard);
 // shard: (len) ← Σ over every rank of its full: (numel) fp32 gradient accumulators, this rank's range;

@@ -11,7 +11,9 @@ static int world_size = 1, world_rank = 0, local_rank = 0, local_size = 1;
 static void abort_all(int status) { MPI_Abort(MPI_COMM_WORLD, status); }
 
 void dist_launch(void) {
-    if (launched || !(getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMI_RANK") || getenv("PMIX_RANK"))) return;
+    if (launched ||
+        !(getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMI_RANK") || getenv("PMIX_RANK")))
+        return;
     int provided;
     MPI_CHECK(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided));
     launched = true;
@@ -44,7 +46,9 @@ void dist_finalize(void) {
     launched = false;
 }
 
-int dist_rank_of(const Dist *d, int pp, int dp, int cp, int ep) { return ((pp * d->dp + dp) * d->cp + cp) * d->ep + ep; }
+int dist_rank_of(const Dist *d, int pp, int dp, int cp, int ep) {
+    return ((pp * d->dp + dp) * d->cp + cp) * d->ep + ep;
+}
 
 // A group: the ranks that share `color` (every coordinate outside the group), ordered by `key` (this
 // rank's index inside it). With communicators, split from MPI_COMM_WORLD.
@@ -61,12 +65,18 @@ static Comm group(const char *name, int size, int color, int key, bool split, do
     return c;
 }
 
-static void mesh_build(Dist *d, int world, int rank, int pp, int cp, int ep, bool hsdp, const char *file, bool split, double timeout_s) {
+static void mesh_build(Dist *d, int world, int rank, int pp, int cp, int ep, bool hsdp, const char *file, bool split,
+                       double timeout_s) {
     memset(d, 0, sizeof *d);
-    if (pp > 1) die("%s: parallel.pipeline_parallel_size: pipeline parallelism (DualPipeV) is not supported yet (got %d)", file, pp);
-    if (cp > 1) die("%s: parallel.context_parallel_size: context parallelism (ring attention) is not supported yet (got %d)", file, cp);
+    if (pp > 1)
+        die("%s: parallel.pipeline_parallel_size: pipeline parallelism (DualPipeV) is not supported yet (got %d)", file,
+            pp);
+    if (cp > 1)
+        die("%s: parallel.context_parallel_size: context parallelism (ring attention) is not supported yet (got %d)",
+            file, cp);
     if (world % (pp * cp * ep))
-        die("%s: parallel.expert_parallel_size: %d ranks are not divisible by pipeline_parallel_size × context_parallel_size × "
+        die("%s: parallel.expert_parallel_size: %d ranks are not divisible by pipeline_parallel_size × "
+            "context_parallel_size × "
             "expert_parallel_size = %d",
             file, world, pp * cp * ep);
     d->pp = pp, d->cp = cp, d->ep = ep, d->dp = world / (pp * cp * ep), d->hsdp = hsdp;
@@ -111,7 +121,8 @@ void dist_mesh_gpu(Dist *d) {
         if (!all[i]->nccl) nccl_comm_create(all[i]);
     }
 #else
-    die("multi-rank training on the GPU needs NCCL, which this build does not have (a CUDA build that finds nccl.h); use device \"cpu\"");
+    die("multi-rank training on the GPU needs NCCL, which this build does not have (a CUDA build that finds nccl.h); "
+        "use device \"cpu\"");
 #endif
 }
 

@@ -11,10 +11,10 @@ typedef struct {
     // One Comm per group this rank belongs to; .rank is the rank's coordinate along the group.
     Comm world;
     Comm pp_g, dp_g, cp_g, ep_g; // one axis each
-    Comm dp_cp;    // dp×cp: FSDP group of expert parameters
-    Comm dp_cp_ep; // dp×cp×ep (one pipeline stage): FSDP group of the others, loss and token counts
-    Comm cp_ep;    // cp×ep: hsdp's shard group of non-expert parameters
-    Comm dp_ep;    // dp×ep: the data replicas (global-batch load balancing)
+    Comm dp_cp;                  // dp×cp: FSDP group of expert parameters
+    Comm dp_cp_ep;               // dp×cp×ep (one pipeline stage): FSDP group of the others, loss and token counts
+    Comm cp_ep;                  // cp×ep: hsdp's shard group of non-expert parameters
+    Comm dp_ep;                  // dp×ep: the data replicas (global-batch load balancing)
 } Dist;
 
 // Initialises MPI when a launcher started this process (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMI_RANK or

@@ -28,8 +28,8 @@ static void cuda_check(cudaError_t e, const char *call, const char *file, int li
 static void nccl_check(ncclResult_t r, const Comm *c, const char *call, const char *file, int line) {
     if (r == ncclSuccess) return;
     const char *last = ncclGetLastError(c && c->nccl ? (ncclComm_t)c->nccl : NULL);
-    die("NCCL call failed at %s:%d on the %s group: %s: %s%s%s", file, line, c ? c->name : "-", call, ncclGetErrorString(r),
-        last && *last ? ": " : "", last ? last : "");
+    die("NCCL call failed at %s:%d on the %s group: %s: %s%s%s", file, line, c ? c->name : "-", call,
+        ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
 }
 
 // ---- the watchdog ----
@@ -48,14 +48,14 @@ typedef struct {
 // The process-wide state of the NCCL transport: the bound device, the watchdog's ring of calls in flight and
 // every live communicator.
 static struct {
-    int device;                  // the GPU this process is bound to (-1: none yet)
+    int device; // the GPU this process is bound to (-1: none yet)
     bool started;
-    cudaEvent_t ready;           // compute → comm: a call waits for the compute stream's work so far
-    pthread_mutex_t mu;          // guards what follows (the host thread issues, the watchdog retires)
-    Watch ring[RING];            // issued calls not yet seen complete, oldest at head (one stream: FIFO)
+    cudaEvent_t ready;  // compute → comm: a call waits for the compute stream's work so far
+    pthread_mutex_t mu; // guards what follows (the host thread issues, the watchdog retires)
+    Watch ring[RING];   // issued calls not yet seen complete, oldest at head (one stream: FIFO)
     int head, count;
-    double last_done;            // when the watchdog last saw a call complete
-    Watch call;                  // the NCCL host call in progress: it can block while NCCL connects
+    double last_done; // when the watchdog last saw a call complete
+    Watch call;       // the NCCL host call in progress: it can block while NCCL connects
     bool in_call;
     ncclComm_t comms[MAX_COMMS]; // every live communicator (asynchronous errors, aborts)
     char names[MAX_COMMS][16];
@@ -91,7 +91,8 @@ static void *watch_main(void *arg) {
     char names[MAX_COMMS][16];
     cudaError_t e = cudaSetDevice(nccl_state.device);
     if (e != cudaSuccess) {
-        snprintf(msg, sizeof msg, "NCCL watchdog: cudaSetDevice(%d) failed: %s", nccl_state.device, cudaGetErrorString(e));
+        snprintf(msg, sizeof msg, "NCCL watchdog: cudaSetDevice(%d) failed: %s", nccl_state.device,
+                 cudaGetErrorString(e));
         watch_fatal(msg, 0, comms);
     }
     while (!atomic_load(&nccl_state.stop)) {
@@ -108,15 +109,21 @@ static void *watch_main(void *arg) {
             // A call queued behind others starts its clock when the one before it completes.
             double start = w->issued > nccl_state.last_done ? w->issued : nccl_state.last_done;
             if (q != cudaErrorNotReady) // a sticky error: any kernel queued before may have caused it
-                snprintf(msg, sizeof msg, "the GPU reported an error while %s on the %s group (%d ranks) was pending: %s", w->what, w->group, w->size,
-                         cudaGetErrorString(q));
+                snprintf(msg, sizeof msg,
+                         "the GPU reported an error while %s on the %s group (%d ranks) was pending: %s", w->what,
+                         w->group, w->size, cudaGetErrorString(q));
             else if (w->timeout_s > 0 && now - start > w->timeout_s)
-                snprintf(msg, sizeof msg, "%s on the %s group (%d ranks) did not complete within parallel.timeout_s = %g s: another rank failed or stopped (NCCL)",
+                snprintf(msg, sizeof msg,
+                         "%s on the %s group (%d ranks) did not complete within parallel.timeout_s = %g s: another "
+                         "rank failed or stopped (NCCL)",
                          w->what, w->group, w->size, w->timeout_s);
             break;
         }
-        if (!msg[0] && nccl_state.in_call && nccl_state.call.timeout_s > 0 && now - nccl_state.call.issued > nccl_state.call.timeout_s)
-            snprintf(msg, sizeof msg, "%s on the %s group (%d ranks) did not return within parallel.timeout_s = %g s: another rank failed or stopped (NCCL)",
+        if (!msg[0] && nccl_state.in_call && nccl_state.call.timeout_s > 0 &&
+            now - nccl_state.call.issued > nccl_state.call.timeout_s)
+            snprintf(msg, sizeof msg,
+                     "%s on the %s group (%d ranks) did not return within parallel.timeout_s = %g s: another rank "
+                     "failed or stopped (NCCL)",
                      nccl_state.call.what, nccl_state.call.group, nccl_state.call.size, nccl_state.call.timeout_s);
         int n = nccl_state.ncomms, pending = nccl_state.count;
         memcpy(comms, nccl_state.comms, sizeof comms), memcpy(names, nccl_state.names, sizeof names);
@@ -124,7 +131,8 @@ static void *watch_main(void *arg) {
         for (int i = 0; i < n && !msg[0]; i++) {
             ncclResult_t r = ncclSuccess, q = ncclCommGetAsyncError(comms[i], &r);
             if (q != ncclSuccess || (r != ncclSuccess && r != ncclInProgress))
-                snprintf(msg, sizeof msg, "NCCL reported an error on the %s group: %s", names[i], ncclGetErrorString(q != ncclSuccess ? q : r));
+                snprintf(msg, sizeof msg, "NCCL reported an error on the %s group: %s", names[i],
+                         ncclGetErrorString(q != ncclSuccess ? q : r));
         }
         if (msg[0]) watch_fatal(msg, n, comms);
         nanosleep(&(struct timespec){0, pending ? 1000000 : 20000000}, NULL);
@@ -202,7 +210,8 @@ static int npool = -1; // free events on the stack pool[0 .. npool); -1: not cre
 static cudaEvent_t call_end_async(const Comm *c, const char *what, cudaStream_t s) {
     watch_push(c, what, s);
     if (npool < 0)
-        for (npool = 0; npool < POOL; npool++) CUDA_CHECK(cudaEventCreateWithFlags(&pool[npool], cudaEventDisableTiming));
+        for (npool = 0; npool < POOL; npool++)
+            CUDA_CHECK(cudaEventCreateWithFlags(&pool[npool], cudaEventDisableTiming));
     if (npool == 0) die("NCCL: more than %d asynchronous calls issued and not waited for", POOL);
     cudaEvent_t ev = pool[--npool];
     CUDA_CHECK(cudaEventRecord(ev, s));
@@ -223,7 +232,9 @@ void nccl_bind_device(int local_rank, int local_size) {
     const char *vis = getenv("CUDA_VISIBLE_DEVICES");
     int dev = n == 1 ? 0 : local_rank; // one visible GPU: the launcher gave each rank its own
     if (n < 1) die("multi-rank GPU training: no GPU is visible to this rank");
-    if (dev >= n) die("multi-rank GPU training: local rank %d, but this node has %d GPU(s): start one rank per GPU", local_rank, n);
+    if (dev >= n)
+        die("multi-rank GPU training: local rank %d, but this node has %d GPU(s): start one rank per GPU", local_rank,
+            n);
     if (n == 1 && local_size > 1 && !(vis && *vis))
         die("multi-rank GPU training: %d ranks on this node share its one GPU: start one rank per GPU", local_size);
     CUDA_CHECK(cudaSetDevice(dev));
@@ -236,7 +247,8 @@ void nccl_comm_create(Comm *c) {
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (c->rank == 0) NCCL_CHECK(c, ncclGetUniqueId(&id));
-    comm_broadcast(c, tensor_make(&id, DT_U8, DEV_CPU, 1, (int64_t)sizeof id, 1, 1, 1), 0); // MPI, polled against the deadline
+    comm_broadcast(c, tensor_make(&id, DT_U8, DEV_CPU, 1, (int64_t)sizeof id, 1, 1, 1),
+                   0);                  // MPI, polled against the deadline
     pthread_mutex_lock(&nccl_state.mu); // set-up is bounded too, but never below 5 minutes (NCCL's topology discovery)
     nccl_state.call = watch_of(c, "NCCL set-up"), nccl_state.in_call = true;
     if (nccl_state.call.timeout_s > 0 && nccl_state.call.timeout_s < 300) nccl_state.call.timeout_s = 300;
@@ -322,17 +334,20 @@ void nccl_allgather(const Comm *c, Tensor out, Tensor in) {
 
 // Rows in rank blocks (comm_alltoallv's contract) as one group of sends and receives; the block a rank
 // keeps is a device copy on the same stream.
-static cudaEvent_t exchange(const Comm *c, const char *what, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows, int64_t row) {
+static cudaEvent_t exchange(const Comm *c, const char *what, Tensor out, const int64_t *out_rows, Tensor in,
+                            const int64_t *in_rows, int64_t row) {
     size_t rb = (size_t)row * dtype_size(in.dt); // bytes per row
     ncclDataType_t t = nccl_dtype(in.dt);
     char *o = out.p;
     const char *i = in.p;
     CHECK(in_rows[c->rank] == out_rows[c->rank]);
-    CHECK(!tensor_bytes(in) || !tensor_bytes(out) || o + tensor_bytes(out) <= i || i + tensor_bytes(in) <= o); // no aliasing
+    CHECK(!tensor_bytes(in) || !tensor_bytes(out) || o + tensor_bytes(out) <= i ||
+          i + tensor_bytes(in) <= o); // no aliasing
     cudaStream_t s = call_begin(c, what);
     int64_t so = 0, ro = 0;
     for (int p = 0; p < c->rank; p++) so += in_rows[p], ro += out_rows[p];
-    if (in_rows[c->rank]) CUDA_CHECK(cudaMemcpyAsync(o + ro * rb, i + so * rb, in_rows[c->rank] * rb, cudaMemcpyDeviceToDevice, s));
+    if (in_rows[c->rank])
+        CUDA_CHECK(cudaMemcpyAsync(o + ro * rb, i + so * rb, in_rows[c->rank] * rb, cudaMemcpyDeviceToDevice, s));
     NCCL_CHECK(c, ncclGroupStart());
     so = ro = 0;
     for (int p = 0; p < c->size; so += in_rows[p], ro += out_rows[p], p++) {

@@ -9,11 +9,11 @@
 
 typedef struct {
     PipeSchedule *s;
-    int cap; // of steps and of msgs
-    int committed; // msgs before this index belong to a step's group
-    int f[2], b[2]; // forwards and backwards computed, per phase
+    int cap;                        // of steps and of msgs
+    int committed;                  // msgs before this index belong to a step's group
+    int f[2], b[2];                 // forwards and backwards computed, per phase
     int rf[2], sf[2], rb[2], sb[2]; // activation / gradient receives and sends appended, per phase
-    int *wq, wq_head, wq_tail; // FIFO of backward chunks (phase·N + mb) waiting for their W
+    int *wq, wq_head, wq_tail;      // FIFO of backward chunks (phase·N + mb) waiting for their W
 } Build;
 
 const char *dualpipev_check(int P, int N) {
@@ -96,7 +96,7 @@ static PipeStep *commit(Build *b, PipeKind kind) {
 static int forward_compute(Build *b, int p) {
     PipeSchedule *s = b->s;
     int mb = b->f[p]++, t = compute_time(b);
-    if (s->rank == 0 && p == 0) claim(b, PIPE_REC, 0, mb, t); // the micro-batch's tokens
+    if (s->rank == 0 && p == 0) claim(b, PIPE_REC, 0, mb, t);        // the micro-batch's tokens
     if (s->rank == s->P - 1 && p == 0) claim(b, PIPE_REC, 1, mb, t); // the hand-off to phase 1
     if (s->forward_only && last_stage(b, p)) release(b, PIPE_REC, p, mb, t);
     return mb;
@@ -105,7 +105,7 @@ static int forward_compute(Build *b, int p) {
 static int backward_compute(Build *b, int p, bool zb) {
     PipeSchedule *s = b->s;
     int mb = b->b[p]++, t = compute_time(b);
-    if (!(s->rank == 0 && p == 1)) release(b, PIPE_GOUT, p, mb, t); // rank 0's phase 1 starts from the loss
+    if (!(s->rank == 0 && p == 1)) release(b, PIPE_GOUT, p, mb, t);   // rank 0's phase 1 starts from the loss
     if (s->rank == s->P - 1 && p == 1) claim(b, PIPE_GOUT, 0, mb, t); // the hand-off to phase 0
     if (!first_stage(b, p)) claim(b, PIPE_GIN, p, mb, t);
     if (zb) {
@@ -344,8 +344,8 @@ void dualpipev_run(PipeRun *run, const PipeChunks *c) {
         }
         if (st->kind == PIPE_F || st->kind == PIPE_FB) { // the last rank's phase 0 writes phase 1's input
             int p = st->fphase, mb = st->fmb;
-            Tensor y = last && p == 0 ? dualpipev_buffer(run, PIPE_ACT_IN, 1, mb)
-                                      : dualpipev_buffer(run, PIPE_ACT_OUT, p, mb);
+            Tensor y =
+                last && p == 0 ? dualpipev_buffer(run, PIPE_ACT_IN, 1, mb) : dualpipev_buffer(run, PIPE_ACT_OUT, p, mb);
             c->forward(c->ctx, p, mb, s->slot[PIPE_REC][p][mb], dualpipev_buffer(run, PIPE_ACT_IN, p, mb), y);
         }
         if (st->kind == PIPE_B || st->kind == PIPE_FB) { // the last rank's phase 1 writes phase 0's gradient

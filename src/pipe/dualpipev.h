@@ -27,8 +27,8 @@ typedef struct {
     PipeKind kind;
     int fphase, fmb; // F, FB: the forward chunk and micro-batch
     int bphase, bmb; // B, FB: the backward chunk and micro-batch; W: the one whose weight gradients it applies
-    bool zb; // B: expert weight gradients are deferred to a later W (zero-bubble)
-    int msg0, nmsg; // msgs[msg0 .. msg0 + nmsg): posted together, then waited for, before the compute
+    bool zb;         // B: expert weight gradients are deferred to a later W (zero-bubble)
+    int msg0, nmsg;  // msgs[msg0 .. msg0 + nmsg): posted together, then waited for, before the compute
 } PipeStep;
 
 // Buffer kinds. A record holds a chunk's input activation, what its backward needs and its output; it is
@@ -82,7 +82,7 @@ typedef struct {
 enum { PIPE_ACT_IN, PIPE_ACT_OUT, PIPE_GRAD_OUT, PIPE_GRAD_IN, PIPE_NTENSOR };
 typedef struct {
     const PipeSchedule *s;
-    const Comm *pp; // the pipeline group: rank = pipeline rank
+    const Comm *pp;             // the pipeline group: rank = pipeline rank
     Tensor *t[PIPE_NTENSOR][2]; // [kind][phase][slot]
 } PipeRun;
 

@@ -11,7 +11,11 @@ static void *rec_of(Engine *e, int l) { return e->recs + (size_t)l * e->m->fam->
 static void alloc_activations(Engine *e, Arena *a) {
     Model *m = e->m;
     int T = e->B * e->S;
-    e->mb = (MicroBatch){e->B, e->S, T, arena_tensor(a, DT_I32, 1, T, 0, 0, 0), arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
+    e->mb = (MicroBatch){e->B,
+                         e->S,
+                         T,
+                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
+                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
                          arena_tensor(a, DT_I32, 1, T, 0, 0, 0)};
     e->h[e->l0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     for (int l = e->l0; l < e->l1; l++) {
@@ -64,7 +68,8 @@ void engine_init(Engine *e, Model *m, int B, int S) { engine_init_chunk(e, m, B,
 EnginePlan engine_plan_chunk(Model *m, int B, int S, int l0, int l1) {
     Engine e;
     engine_structs(&e, m, B, S, l0, l1);
-    Arena act = arena_counting("activations", m->dev), ws = arena_counting("workspace", m->dev), comm = arena_counting("communication", m->dev);
+    Arena act = arena_counting("activations", m->dev), ws = arena_counting("workspace", m->dev),
+          comm = arena_counting("communication", m->dev);
     ep_buffers_alloc(m, &e.epb, &comm, (int64_t)B * S);
     alloc_activations(&e, &act);
     alloc_grad_buffers(&e, &ws);

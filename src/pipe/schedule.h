@@ -6,22 +6,22 @@
 #include "model/model.h"
 
 typedef struct {
-    size_t act_bytes; // activation records of one micro-batch (inputs, saved tensors, stage buffers)
-    size_t ws_bytes;  // backward workspace (two gradient buffers + the largest layer's temporaries)
+    size_t act_bytes;  // activation records of one micro-batch (inputs, saved tensors, stage buffers)
+    size_t ws_bytes;   // backward workspace (two gradient buffers + the largest layer's temporaries)
     size_t comm_bytes; // rows in transit between ranks (expert parallelism), shared by all layers
 } EnginePlan;
 
 typedef struct {
     Model *m;
     int B, S;
-    int l0, l1;      // the layers this engine runs: the prolog when l0 = 0, the epilog when l1 = layers
+    int l0, l1; // the layers this engine runs: the prolog when l0 = 0, the epilog when l1 = layers
     Arena act, ws, comm;
-    EpBuffers epb;   // the expert-parallel transfer buffers (comm arena)
-    char *recs;      // L records of m->fam->rec_size bytes
-    void *epilog;    // the epilog record
-    StageIO *io;     // L
-    Tensor *h;       // L + 1 hidden states (T, H): h[0] = embeddings, h[l + 1] = output of layer l (l0..l1 used)
-    Tensor dh[2];    // ping-pong gradient buffers (T, H)
+    EpBuffers epb; // the expert-parallel transfer buffers (comm arena)
+    char *recs;    // L records of m->fam->rec_size bytes
+    void *epilog;  // the epilog record
+    StageIO *io;   // L
+    Tensor *h;     // L + 1 hidden states (T, H): h[0] = embeddings, h[l + 1] = output of layer l (l0..l1 used)
+    Tensor dh[2];  // ping-pong gradient buffers (T, H)
     MicroBatch mb;
 } Engine;
 

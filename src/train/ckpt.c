@@ -36,7 +36,8 @@ static void check_known(const StSet *s, const ParamTable *all, int nprefix, cons
 
 // Reads <prefix><name> (with hf also "model.<name>") of every parameter of t from s into flat: host fp32
 // buffers of the groups, each tensor at its offset.
-static void read_params(const StSet *s, const char *where, const ParamTable *t, const char *prefix, bool hf, float *flat[NGROUPS]) {
+static void read_params(const StSet *s, const char *where, const ParamTable *t, const char *prefix, bool hf,
+                        float *flat[NGROUPS]) {
     char name[200];
     for (int i = 0; i < t->n; i++) {
         const ParamInfo *p = &t->p[i];
@@ -279,9 +280,10 @@ void ckpt_save(Run *r) {
         snprintf(path, sizeof path, "%s/config.json", tmp);
         file_write_atomic(path, text, n);
         free(text);
-        json_t *run = json_pack("{s:s, s:s, s:i, s:I, s:I, s:o}", "format", "pith-checkpoint-1", "pith_version", PITH_VERSION, "step",
-                                r->step, "samples_consumed", (json_int_t)r->step * c->global_batch_size, "seed", (json_int_t)c->seed,
-                                "train_config", config_effective(c));
+        json_t *run =
+            json_pack("{s:s, s:s, s:i, s:I, s:I, s:o}", "format", "pith-checkpoint-1", "pith_version", PITH_VERSION,
+                      "step", r->step, "samples_consumed", (json_int_t)r->step * c->global_batch_size, "seed",
+                      (json_int_t)c->seed, "train_config", config_effective(c));
         if (r->router_bias) { // aux-loss-free balancing: each layer's bias (17 digits: the floats exactly)
             json_t *rows = json_array();
             for (int l = 0; l < r->model.cfg.layers; l++) {
@@ -342,10 +344,12 @@ void ckpt_resume(Run *r, const char *dir) {
     json_t *rb = json_object_get(root, "router_bias");
     if (r->router_bias && rb) { // absent: a run that starts balancing here starts from zero
         int L = r->model.cfg.layers, E = r->model.cfg.experts;
-        if (!json_is_array(rb) || (int)json_array_size(rb) != L) jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
+        if (!json_is_array(rb) || (int)json_array_size(rb) != L)
+            jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
         for (int l = 0; l < L; l++) {
             json_t *row = json_array_get(rb, l);
-            if (!json_is_array(row) || (int)json_array_size(row) != E) jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
+            if (!json_is_array(row) || (int)json_array_size(row) != E)
+                jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
             for (int e = 0; e < E; e++) {
                 json_t *v = json_array_get(row, e);
                 if (!json_is_number(v)) jdie(o, "router_bias", "row %d: expected numbers", l);
@@ -356,10 +360,12 @@ void ckpt_resume(Run *r, const char *dir) {
     }
     // The optimizer state means what its optimizer made it mean (Muon keeps its momentum in exp_avg).
     json_t *ot = json_object_get(json_object_get(json_object_get(root, "train_config"), "optimizer"), "type");
-    const char *was = json_is_string(ot) ? json_string_value(ot) : "adamw", *now = config_optimizer_name(r->cfg.optimizer.type);
+    const char *was = json_is_string(ot) ? json_string_value(ot) : "adamw",
+               *now = config_optimizer_name(r->cfg.optimizer.type);
     if (strcmp(was, now))
         die("%s: train_config.optimizer.type: the checkpoint's optimizer state is %s's, the config asks for %s "
-            "(init_from starts from its weights alone)", path, was, now);
+            "(init_from starts from its weights alone)",
+            path, was, now);
     config_check_resume(&r->cfg, json_object_get(root, "train_config"), path, r->cfg.allow_config_change);
     json_decref(root);
     snprintf(path, sizeof path, "%s/optimizer.safetensors.index.json", dir);

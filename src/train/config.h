@@ -12,6 +12,10 @@
 // Choices, in the order of their names in config.c (the first is the default).
 typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } DeviceChoice;
 typedef enum { COMPUTE_BF16, COMPUTE_FP32 } ComputeDtype;
+// The dtype a model computes in on a device: bf16 only on the GPU (the CPU backend is the fp32 reference).
+static inline DType compute_dt(Device dev, ComputeDtype c) {
+    return dev == DEV_CUDA && c == COMPUTE_BF16 ? DT_BF16 : DT_F32;
+}
 typedef enum { OPTIMIZER_ADAMW, OPTIMIZER_MUON } OptimizerType;
 typedef enum { SCHED_CONSTANT, SCHED_WSD, SCHED_COSINE } SchedulerType;
 typedef enum { DECAY_COSINE, DECAY_LINEAR } DecayShape;
@@ -45,7 +49,7 @@ typedef struct {
     int save_interval, keep_last;
     NonfinitePolicy on_nonfinite; // a step whose loss or gradient norm is NaN/Inf: stop (fail) or skip it
     struct {
-        int pp, cp, ep;            // pipeline, context, expert parallel sizes; dp = ranks / (pp·cp·ep)
+        int pp, cp, ep; // pipeline, context, expert parallel sizes; dp = ranks / (pp·cp·ep)
         Sharding sharding;
         double timeout_s;          // a collective not complete after this long ends the job (default 900)
         double ep_capacity_factor; // rows an ep rank's experts can receive = factor·T·k (0: the worst case)

@@ -179,7 +179,8 @@ static void dataset_permute(Dataset *d, int64_t epoch) {
         int64_t j = (int64_t)rng_below(&r, (uint64_t)i + 1), t = d->perm[i];
         d->perm[i] = d->perm[j], d->perm[j] = t;
     }
-    if (epoch > 0) printf("data: epoch %lld begins (%lld samples, fresh permutation)\n", (long long)epoch, (long long)d->total);
+    if (epoch > 0)
+        printf("data: epoch %lld begins (%lld samples, fresh permutation)\n", (long long)epoch, (long long)d->total);
     d->epoch = epoch;
 }
 

@@ -18,13 +18,13 @@ typedef struct {
 typedef struct {
     TokenFile *files;
     int nfiles;
-    int64_t *first;  // (nfiles + 1) index of each file's first sample in the concatenation
-    int64_t total;   // samples in one epoch
+    int64_t *first; // (nfiles + 1) index of each file's first sample in the concatenation
+    int64_t total;  // samples in one epoch
     int S, vocab;
     uint64_t seed;
-    bool ordered;    // no permutation: sample i is the i-th of the concatenation (evaluation)
-    int64_t epoch;   // epoch of the current permutation
-    int64_t *perm;   // (total) permutation of this epoch
+    bool ordered;  // no permutation: sample i is the i-th of the concatenation (evaluation)
+    int64_t epoch; // epoch of the current permutation
+    int64_t *perm; // (total) permutation of this epoch
 } Dataset;
 
 // Opens every .bin under path (a folder, searched recursively in sorted order, or one file).

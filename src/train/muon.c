@@ -31,16 +31,12 @@ void muon_setup(Muon *mu, const ParamTable *t, Arena *a) {
             bool muon = muon_param(p->name, p->nd);
             int64_t numel = params_numel(p), n = p->shape[p->nd - 2], m = p->shape[p->nd - 1];
             MuonRun *r = mu->nruns[g] ? &mu->runs[g][mu->nruns[g] - 1] : NULL;
-            if (r && r->muon == muon && r->hi == p->off)
-                r->hi += numel;
-            else
-                mu->runs[g][mu->nruns[g]++] = (MuonRun){p->off, p->off + numel, muon};
+            if (r && r->muon == muon && r->hi == p->off) r->hi += numel;
+            else mu->runs[g][mu->nruns[g]++] = (MuonRun){p->off, p->off + numel, muon};
             if (!muon) continue;
             MuonBatch *b = mu->nbatches[g] ? &mu->batches[g][mu->nbatches[g] - 1] : NULL;
-            if (b && b->n == n && b->m == m && b->off + b->count * n * m == p->off)
-                b->count += numel / (n * m);
-            else
-                mu->batches[g][mu->nbatches[g]++] = (MuonBatch){p->off, n, m, numel / (n * m)};
+            if (b && b->n == n && b->m == m && b->off + b->count * n * m == p->off) b->count += numel / (n * m);
+            else mu->batches[g][mu->nbatches[g]++] = (MuonBatch){p->off, n, m, numel / (n * m)};
             int64_t need = op_newton_schulz_workspace(n, m);
             if (need > ws) ws = need;
         }
@@ -64,8 +60,7 @@ void muon_step(const Muon *mu, const Fsdp *f, Model *m, const TrainConfig *c, do
             int64_t lo = r->lo > s0 ? r->lo : s0, hi = r->hi < s1 ? r->hi : s1;
             if (lo >= hi) continue;
 #define SLICE(x) tensor_rows((x), lo - s0, hi - lo)
-            if (r->muon)
-                op_muon_momentum(SLICE(mom1[g]), SLICE(grad[g]), beta);
+            if (r->muon) op_muon_momentum(SLICE(mom1[g]), SLICE(grad[g]), beta);
             else
                 op_adamw(SLICE(master[g]), SLICE(grad[g]), SLICE(mom1[g]), SLICE(mom2[g]), (float)lr,
                          (float)c->optimizer.betas[0], (float)c->optimizer.betas[1], (float)c->optimizer.eps, wd, t);

@@ -10,12 +10,15 @@
 #include <math.h>
 
 size_t memory_plan_total(const MemoryPlan *p) {
-    return p->weights + p->grads + p->shards + p->optim + p->other + p->eng.act_bytes + p->eng.ws_bytes + p->eng.comm_bytes;
+    return p->weights + p->grads + p->shards + p->optim + p->other + p->eng.act_bytes + p->eng.ws_bytes +
+           p->eng.comm_bytes;
 }
 
 static Device pick_device(const TrainConfig *c) {
     if (c->device == DEVICE_CUDA || (c->device == DEVICE_AUTO && ops_cuda_available())) {
-        if (!ops_cuda_available()) die("%s: device: \"cuda\" asked for, but %s", c->file, "this machine has no usable GPU or this build has no CUDA backend");
+        if (!ops_cuda_available())
+            die("%s: device: \"cuda\" asked for, but %s", c->file,
+                "this machine has no usable GPU or this build has no CUDA backend");
         return DEV_CUDA;
     }
     return DEV_CPU;
@@ -31,19 +34,19 @@ static void warn_long_sequence(const TrainConfig *c) {
     json_t *mp = root ? json_object_get(root, "max_position_embeddings") : NULL;
     if (mp && json_is_integer(mp) && c->sequence_length > json_integer_value(mp))
         warn("%s: sequence_length %d is above the model's max_position_embeddings %lld (%s)", c->file,
-             c->sequence_length,
-             (long long)json_integer_value(mp), file);
+             c->sequence_length, (long long)json_integer_value(mp), file);
     json_decref(root);
 }
 
 // The model config with this rank's layout: its experts and the padding FSDP needs.
 static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, ModelConfig *mc) {
     if (c->global_batch_size % (c->micro_batch_size * d->dp * d->ep))
-        die("%s: global_batch_size: must be a multiple of micro_batch_size × dp × ep = %d × %d × %d = %d (got %d)", c->file,
-            c->micro_batch_size, d->dp, d->ep, c->micro_batch_size * d->dp * d->ep, c->global_batch_size);
+        die("%s: global_batch_size: must be a multiple of micro_batch_size × dp × ep = %d × %d × %d = %d (got %d)",
+            c->file, c->micro_batch_size, d->dp, d->ep, c->micro_batch_size * d->dp * d->ep, c->global_batch_size);
     const ModelFamily *fam = model_config_load(mc, c->model);
     if (mc->experts % d->ep)
-        die("%s: parallel.expert_parallel_size: %d does not divide the model's %d experts", c->file, d->ep, mc->experts);
+        die("%s: parallel.expert_parallel_size: %d does not divide the model's %d experts", c->file, d->ep,
+            mc->experts);
     mc->ep_rank = d->ep_g.rank, mc->ep_size = d->ep;
     for (int g = 0; g < NGROUPS; g++) mc->pad[g] = fsdp_shards(d, g);
     return fam;
@@ -67,7 +70,8 @@ static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2
         p.optim += (tensor_bytes(mom2[g]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     }
     p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
-    p.other = tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + tensor_bytes(m->loss_sum) + tensor_bytes(m->lb_sum);
+    p.other =
+        tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + tensor_bytes(m->loss_sum) + tensor_bytes(m->lb_sum);
     return p;
 }
 
@@ -81,7 +85,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     ModelConfig mc;
     const ModelFamily *fam = layout_config(c, d, &mc);
     Model m;
-    model_describe(&m, fam, &mc, dev, dev == DEV_CUDA && c->compute_dtype == COMPUTE_BF16 ? DT_BF16 : DT_F32, c->sequence_length);
+    model_describe(&m, fam, &mc, dev, compute_dt(dev, c->compute_dtype), c->sequence_length);
     model_layout(&m, c, d);
     Fsdp f;
     fsdp_setup(&f, d, &m);
@@ -103,10 +107,11 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     r->cfg = *cfg;
     const TrainConfig *c = &r->cfg;
     Dist *d = &r->dist;
-    dist_mesh_init(d, c->parallel.pp, c->parallel.cp, c->parallel.ep, c->parallel.sharding == SHARD_HSDP, c->parallel.timeout_s, c->file);
+    dist_mesh_init(d, c->parallel.pp, c->parallel.cp, c->parallel.ep, c->parallel.sharding == SHARD_HSDP,
+                   c->parallel.timeout_s, c->file);
     Device dev = pick_device(c);
     if (dev == DEV_CUDA) dist_mesh_gpu(d); // one GPU per rank and NCCL communicators, before anything touches the GPU
-    DType cdt = dev == DEV_CUDA && c->compute_dtype == COMPUTE_BF16 ? DT_BF16 : DT_F32;
+    DType cdt = compute_dt(dev, c->compute_dtype);
     ModelConfig mc;
     const ModelFamily *fam = layout_config(c, d, &mc);
     if (d->world.rank == 0) warn_long_sequence(c);
@@ -155,7 +160,8 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
         int64_t need = (int64_t)c->validation.batches * c->global_batch_size;
         if (need > r->val.total)
             die("%s: validation.batches: %d global batches of %d samples need %lld samples; %s holds %lld", c->file,
-                c->validation.batches, c->global_batch_size, (long long)need, c->validation.dataset, (long long)r->val.total);
+                c->validation.batches, c->global_batch_size, (long long)need, c->validation.dataset,
+                (long long)r->val.total);
     }
     // Automatic resume from the newest complete checkpoint; else the initial weights of init_from. Rank 0
     // looks first: it removes the temporary folder of a save that did not finish.
@@ -235,16 +241,19 @@ void run_router_bias_update(Run *r) {
     Model *m = &r->model;
     int L = m->cfg.layers, E = m->cfg.experts;
     // Every rank of the stage routed different tokens of the global batch: the sum is the global count.
-    comm_allreduce(&r->dist.dp_cp_ep, tensor_make(m->router_load, DT_F64, DEV_CPU, 1, (int64_t)L * E, 1, 1, 1), COMM_SUM);
+    comm_allreduce(&r->dist.dp_cp_ep, tensor_make(m->router_load, DT_F64, DEV_CPU, 1, (int64_t)L * E, 1, 1, 1),
+                   COMM_SUM);
     for (int l = 0; l < L; l++)
-        if (m->cfg.is_moe[l]) router_bias_update(r->router_bias + (size_t)l * E, m->router_load + (size_t)l * E, E,
-                                                 r->cfg.moe_router_bias_update_rate);
+        if (m->cfg.is_moe[l])
+            router_bias_update(r->router_bias + (size_t)l * E, m->router_load + (size_t)l * E, E,
+                               r->cfg.moe_router_bias_update_rate);
     op_copy(m->router_bias, tensor_make(r->router_bias, DT_F32, DEV_CPU, 2, L, E, 1, 1));
 }
 
 bool run_validation_due(const Run *r) {
     const TrainConfig *c = &r->cfg;
-    return c->validation.batches && ((c->validation.interval && r->step % c->validation.interval == 0) || r->step == c->max_steps);
+    return c->validation.batches &&
+           ((c->validation.interval && r->step % c->validation.interval == 0) || r->step == c->max_steps);
 }
 
 StepStats run_step(Run *r) {

@@ -30,9 +30,9 @@ typedef struct {
     Tensor master[NGROUPS]; // this rank's fp32 master shards (model.w itself with one shard on the CPU)
     Tensor grad[NGROUPS];   // this rank's shards of the step's gradient (the front of model.g, or all of it)
     Tensor adam_m[NGROUPS], adam_v[NGROUPS]; // AdamW moments; under Muon, adam_m of Muon parameters is the momentum
-    float *router_bias;     // (layers·E) host copy of model.router_bias (aux-loss-free balancing; NULL: off)
-    Muon muon;              // optimizer.type "muon": parameter classes, batches, scratch (else muon.on is false)
-    int step;               // optimizer steps taken
+    float *router_bias;       // (layers·E) host copy of model.router_bias (aux-loss-free balancing; NULL: off)
+    Muon muon;                // optimizer.type "muon": parameter classes, batches, scratch (else muon.on is false)
+    int step;                 // optimizer steps taken
     int32_t *tokens, *labels; // host staging for one micro-batch
     MemoryPlan plan;
     int moe_layers;
@@ -45,8 +45,8 @@ typedef struct {
     double lr;        // learning rate used by this step's update
     double grad_norm; // global norm of the gradient before clipping
     double tokens, seconds;
-    double fwdbwd_seconds;  // forward + backward of all micro-batches (the rest is the optimizer step)
-    bool nonfinite;         // loss or grad_norm is NaN/Inf: the update was not applied
+    double fwdbwd_seconds; // forward + backward of all micro-batches (the rest is the optimizer step)
+    bool nonfinite;        // loss or grad_norm is NaN/Inf: the update was not applied
 } StepStats;
 
 // Builds everything from the config: mesh (the launched world), model (random init from the seed), plan,

@@ -57,15 +57,16 @@ static bool is_device(const void *p, size_t bytes) {
 static void check_side(Tensor t, const char *what) {
     if (!t.p || !tensor_numel(t)) return;
     bool dev = is_device(t.p, tensor_bytes(t));
-    if (t.dev == DEV_CUDA && !dev) fake_fail("%s: a DEV_CUDA tensor (%p, %zu bytes) is not device memory", what, t.p, tensor_bytes(t));
+    if (t.dev == DEV_CUDA && !dev)
+        fake_fail("%s: a DEV_CUDA tensor (%p, %zu bytes) is not device memory", what, t.p, tensor_bytes(t));
     if (t.dev == DEV_CPU && dev) fake_fail("%s: a DEV_CPU tensor points into device memory", what);
 }
 
 // ---- streams and events ----
 struct fake_stream {
     const char *name;
-    long seq;      // work items issued
-    long seen[2];  // of each stream (compute, comm): work this stream depends on
+    long seq;     // work items issued
+    long seen[2]; // of each stream (compute, comm): work this stream depends on
 };
 struct fake_event {
     int stream; // -1: never recorded
@@ -90,7 +91,8 @@ static void issue(cudaStream_t s, const char *what) {
     int me = sid(s), other = 1 - me;
     if (me < 0 || me > 1) fake_fail("%s: not a stream of the backend", what);
     if (s == COMM && s->seen[other] < streams[other].seq)
-        fake_fail("%s on the %s stream does not wait for the %s stream's earlier work (an event is missing)", what, s->name, streams[other].name);
+        fake_fail("%s on the %s stream does not wait for the %s stream's earlier work (an event is missing)", what,
+                  s->name, streams[other].name);
     s->seq++;
     s->seen[me] = s->seq;
 }
@@ -109,8 +111,11 @@ static void inflight_add(const void *p, size_t n) {
 // Compute work touching [p, p + n) must wait for every collective that uses it.
 static void check_inflight(const void *p, size_t n, const char *what) {
     for (int i = 0; i < ninflight; i++)
-        if (inflight[i].seq > COMPUTE->seen[1] && n && (const char *)p < inflight[i].p + inflight[i].n && inflight[i].p < (const char *)p + n)
-            fake_fail("%s on the compute stream touches a buffer of an NCCL call it does not wait for (an event is missing)", what);
+        if (inflight[i].seq > COMPUTE->seen[1] && n && (const char *)p < inflight[i].p + inflight[i].n &&
+            inflight[i].p < (const char *)p + n)
+            fake_fail(
+                "%s on the compute stream touches a buffer of an NCCL call it does not wait for (an event is missing)",
+                what);
 }
 
 // The comm stream's one group in flight (posted, not finished) and how far the stream has completed.
@@ -136,7 +141,8 @@ static double nccl_delay_s(void) {
 static void comm_finish(void) {
     if (pending.active) {
         for (int done = 0;;) {
-            if (MPI_Testall(pending.n, pending.req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) fake_fail("MPI_Testall failed");
+            if (MPI_Testall(pending.n, pending.req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+                fake_fail("MPI_Testall failed");
             if (done) break;
             nanosleep(&(struct timespec){0, 50000}, NULL);
         }
@@ -154,7 +160,9 @@ static int fake_gpus(void) {
 static int bound = -1;
 
 cudaError_t cudaGetDeviceCount(int *n) { return *n = fake_gpus(), cudaSuccess; }
-cudaError_t cudaSetDevice(int dev) { return dev >= 0 && dev < fake_gpus() ? (bound = dev, cudaSuccess) : cudaErrorInvalidValue; }
+cudaError_t cudaSetDevice(int dev) {
+    return dev >= 0 && dev < fake_gpus() ? (bound = dev, cudaSuccess) : cudaErrorInvalidValue;
+}
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned flags) {
     *ev = calloc(1, sizeof **ev);
     (*ev)->stream = -1;
@@ -170,7 +178,8 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) { // the watchdog's thread
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags) {
     if (ev->stream < 0) fake_fail("cudaStreamWaitEvent on an event never recorded");
-    if (ev->stream == 1 && s != COMM && ev->seq > atomic_load(&comm_done)) comm_finish(); // compute runs at once: the data must be there
+    if (ev->stream == 1 && s != COMM && ev->seq > atomic_load(&comm_done))
+        comm_finish(); // compute runs at once: the data must be there
     if (s->seen[ev->stream] < ev->seq) s->seen[ev->stream] = ev->seq;
     return cudaSuccess;
 }
@@ -179,7 +188,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
-    if (kind != cudaMemcpyDeviceToDevice || !is_device(dst, bytes) || !is_device(src, bytes)) fake_fail("cudaMemcpyAsync: not a device-to-device copy inside device memory");
+    if (kind != cudaMemcpyDeviceToDevice || !is_device(dst, bytes) || !is_device(src, bytes))
+        fake_fail("cudaMemcpyAsync: not a device-to-device copy inside device memory");
     if (s == COMPUTE) check_inflight(dst, bytes, "cudaMemcpyAsync"), check_inflight(src, bytes, "cudaMemcpyAsync");
     if (s == COMM) comm_finish();
     issue(s, "cudaMemcpyAsync");
@@ -206,9 +216,13 @@ static int nqueued, depth;
 
 static size_t nccl_size(ncclDataType_t t) {
     switch (t) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt8:
+    case ncclUint8: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
     default: return 8;
     }
 }
@@ -226,13 +240,15 @@ static void nccl_buf(const void *p, size_t bytes, const char *what, cudaStream_t
     if (s != COMM) fake_fail("%s: not on the comm stream", what);
 }
 // After the call's issue: its buffers are in flight until the compute stream waits for it.
-static void nccl_inflight(const void *a, size_t na, const void *b, size_t nb) { inflight_add(a, na), inflight_add(b, nb); }
+static void nccl_inflight(const void *a, size_t na, const void *b, size_t nb) {
+    inflight_add(a, na), inflight_add(b, nb);
+}
 static bool overlap(const void *a, size_t na, const void *b, size_t nb) {
     return na && nb && (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
 }
-#define MPI_OK(call)                                                                                  \
-    do {                                                                                              \
-        if ((call) != MPI_SUCCESS) fake_fail("MPI call failed: %s", #call);                           \
+#define MPI_OK(call)                                                                                                   \
+    do {                                                                                                               \
+        if ((call) != MPI_SUCCESS) fake_fail("MPI call failed: %s", #call);                                            \
     } while (0)
 
 static int id_counter;
@@ -254,7 +270,8 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
     MPI_OK(MPI_Comm_split(MPI_COMM_WORLD, color, rank, &c->mpi));
     MPI_OK(MPI_Comm_rank(c->mpi, &c->rank));
     MPI_OK(MPI_Comm_size(c->mpi, &c->size));
-    if (c->rank != rank || c->size != nranks) fake_fail("ncclCommInitRank: rank %d of %d, expected %d of %d", c->rank, c->size, rank, nranks);
+    if (c->rank != rank || c->size != nranks)
+        fake_fail("ncclCommInitRank: rank %d of %d, expected %d of %d", c->rank, c->size, rank, nranks);
     *comm = c;
     return ncclSuccess;
 }
@@ -269,42 +286,50 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err) { return 
 const char *ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "fake NCCL error"; }
 const char *ncclGetLastError(ncclComm_t comm) { return ""; }
 
-ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t dt, ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t dt, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t s) {
     size_t b = count * nccl_size(dt);
     nccl_buf(send, b, "ncclAllReduce", s), nccl_buf(recv, b, "ncclAllReduce", s);
     if (send != recv && overlap(send, b, recv, b)) fake_fail("ncclAllReduce: overlapping buffers");
     comm_finish();
     issue(s, "ncclAllReduce");
     nccl_inflight(send, b, recv, b);
-    MPI_OK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
+    MPI_OK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_of(dt),
+                         op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
     return comm_finish(), ncclSuccess;
 }
-ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t dt, ncclRedOp_t op, ncclComm_t comm, cudaStream_t s) {
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t dt, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t s) {
     size_t b = recvcount * nccl_size(dt);
     nccl_buf(send, b * comm->size, "ncclReduceScatter", s), nccl_buf(recv, b, "ncclReduceScatter", s);
     bool in_place = (const char *)recv == (const char *)send + comm->rank * b;
-    if (!in_place && overlap(send, b * comm->size, recv, b)) fake_fail("ncclReduceScatter: overlapping buffers that are not NCCL's in-place form");
+    if (!in_place && overlap(send, b * comm->size, recv, b))
+        fake_fail("ncclReduceScatter: overlapping buffers that are not NCCL's in-place form");
     comm_finish();
     issue(s, "ncclReduceScatter");
     nccl_inflight(send, b * comm->size, recv, b);
     void *tmp = malloc(b * comm->size + 1);
     memcpy(tmp, send, b * comm->size);
-    MPI_OK(MPI_Reduce_scatter_block(tmp, recv, (int)recvcount, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
+    MPI_OK(
+        MPI_Reduce_scatter_block(tmp, recv, (int)recvcount, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
     free(tmp);
     return comm_finish(), ncclSuccess;
 }
-ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t dt, ncclComm_t comm, cudaStream_t s) {
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t dt, ncclComm_t comm,
+                           cudaStream_t s) {
     size_t b = sendcount * nccl_size(dt);
     nccl_buf(send, b, "ncclAllGather", s), nccl_buf(recv, b * comm->size, "ncclAllGather", s);
     bool in_place = (const char *)send == (const char *)recv + comm->rank * b;
-    if (!in_place && overlap(send, b, recv, b * comm->size)) fake_fail("ncclAllGather: overlapping buffers that are not NCCL's in-place form");
+    if (!in_place && overlap(send, b, recv, b * comm->size))
+        fake_fail("ncclAllGather: overlapping buffers that are not NCCL's in-place form");
     comm_finish();
     issue(s, "ncclAllGather");
     nccl_inflight(send, b, recv, b * comm->size);
     MPI_OK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)b, MPI_BYTE, recv, (int)b, MPI_BYTE, comm->mpi));
     return comm_finish(), ncclSuccess;
 }
-ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt, int root, ncclComm_t comm, cudaStream_t s) {
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt, int root, ncclComm_t comm,
+                           cudaStream_t s) {
     size_t b = count * nccl_size(dt);
     nccl_buf(send, b, "ncclBroadcast", s), nccl_buf(recv, b, "ncclBroadcast", s);
     comm_finish();
@@ -317,7 +342,8 @@ ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataT
 static void p2p(bool send, void *p, size_t count, ncclDataType_t dt, int peer, ncclComm_t comm, cudaStream_t s) {
     size_t b = count * nccl_size(dt);
     nccl_buf(p, b, send ? "ncclSend" : "ncclRecv", s);
-    if (peer < 0 || peer >= comm->size || peer == comm->rank) fake_fail("ncclSend/Recv: peer %d of %d (self: a local copy instead)", peer, comm->size);
+    if (peer < 0 || peer >= comm->size || peer == comm->rank)
+        fake_fail("ncclSend/Recv: peer %d of %d (self: a local copy instead)", peer, comm->size);
     if (!count) fake_fail("ncclSend/Recv of 0 elements (skipped by pith on both sides)");
     if (depth == 0) comm_finish();
     issue(s, send ? "ncclSend" : "ncclRecv");
@@ -350,7 +376,8 @@ ncclResult_t ncclGroupEnd(void) {
     for (int i = 0; i < nqueued; i++) {
         P2p *q = &queued[i];
         for (int j = 0; j < i; j++)
-            if (overlap(q->p, q->bytes, queued[j].p, queued[j].bytes) && (!q->send || !queued[j].send)) fake_fail("a group's buffers overlap");
+            if (overlap(q->p, q->bytes, queued[j].p, queued[j].bytes) && (!q->send || !queued[j].send))
+                fake_fail("a group's buffers overlap");
         if (q->send) MPI_OK(MPI_Isend(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, &pending.req[i]));
         else MPI_OK(MPI_Irecv(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, &pending.req[i]));
     }
@@ -399,38 +426,59 @@ void cuda_event_record(void *ev, void *stream) { cudaEventRecord(ev, stream); }
 void cuda_stream_wait_event(void *stream, void *ev) { cudaStreamWaitEvent(stream, ev, 0); }
 
 // An op on the compute stream over these tensors (which the CPU op then sees as host tensors).
-#define OP(name, ...)                                                                                 \
-    do {                                                                                              \
-        Tensor *ts_[] = {__VA_ARGS__};                                                                \
-        for (size_t i_ = 0; i_ < sizeof ts_ / sizeof *ts_; i_++)                                      \
-            check_side(*ts_[i_], #name), check_inflight(ts_[i_]->p, tensor_bytes(*ts_[i_]), #name), ts_[i_]->dev = DEV_CPU; \
-        issue(COMPUTE, #name);                                                                        \
+#define OP(name, ...)                                                                                                  \
+    do {                                                                                                               \
+        Tensor *ts_[] = {__VA_ARGS__};                                                                                 \
+        for (size_t i_ = 0; i_ < sizeof ts_ / sizeof *ts_; i_++)                                                       \
+            check_side(*ts_[i_], #name), check_inflight(ts_[i_]->p, tensor_bytes(*ts_[i_]), #name),                    \
+                ts_[i_]->dev = DEV_CPU;                                                                                \
+        issue(COMPUTE, #name);                                                                                         \
     } while (0)
 
-void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) { OP(linear_forward, &y, &x, &w, &b); cpu_linear_forward(y, x, w, b); }
-void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool acc) { OP(linear_backward_input, &dx, &dy, &w); cpu_linear_backward_input(dx, dy, w, acc); }
-void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) { OP(linear_backward_weight, &dw, &db, &dy, &x); cpu_linear_backward_weight(dw, db, dy, x); }
+void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
+    OP(linear_forward, &y, &x, &w, &b);
+    cpu_linear_forward(y, x, w, b);
+}
+void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool acc) {
+    OP(linear_backward_input, &dx, &dy, &w);
+    cpu_linear_backward_input(dx, dy, w, acc);
+}
+void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
+    OP(linear_backward_weight, &dw, &db, &dy, &x);
+    cpu_linear_backward_weight(dw, db, dy, x);
+}
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     OP(grouped_linear_forward, &y, &x, &w, &b);
     cpu_grouped_linear_forward(y, x, w, b, offs);
 }
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
-    OP(grouped_linear_backward_input, &dx, &dy, &w); cpu_grouped_linear_backward_input(dx, dy, w, offs);
+    OP(grouped_linear_backward_input, &dx, &dy, &w);
+    cpu_grouped_linear_backward_input(dx, dy, w, offs);
 }
 void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
     OP(grouped_linear_backward_weight, &dw, &db, &dy, &x);
     cpu_grouped_linear_backward_weight(dw, db, dy, x, offs);
 }
-void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) { OP(rmsnorm_forward, &y, &rstd, &x, &w); cpu_rmsnorm_forward(y, rstd, x, w, eps); }
+void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
+    OP(rmsnorm_forward, &y, &rstd, &x, &w);
+    cpu_rmsnorm_forward(y, rstd, x, w, eps);
+}
 void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc) {
-    OP(rmsnorm_backward, &dx, &dw, &dy, &x, &w, &rstd); cpu_rmsnorm_backward(dx, dw, dy, x, w, rstd, acc);
+    OP(rmsnorm_backward, &dx, &dw, &dy, &x, &w, &rstd);
+    cpu_rmsnorm_backward(dx, dw, dy, x, w, rstd, acc);
 }
 void cuda_rope(Tensor x, int off, Tensor cos, Tensor sin, Tensor pos, RopeLayout layout, bool backward) {
     OP(rope, &x, &cos, &sin, &pos);
     cpu_rope(x, off, cos, sin, pos, layout, backward);
 }
-void cuda_swiglu_forward(Tensor act, Tensor gu) { OP(swiglu_forward, &act, &gu); cpu_swiglu_forward(act, gu); }
-void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) { OP(swiglu_backward, &dgu, &dact, &gu); cpu_swiglu_backward(dgu, dact, gu); }
+void cuda_swiglu_forward(Tensor act, Tensor gu) {
+    OP(swiglu_forward, &act, &gu);
+    cpu_swiglu_forward(act, gu);
+}
+void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) {
+    OP(swiglu_backward, &dgu, &dact, &gu);
+    cpu_swiglu_backward(dgu, dact, gu);
+}
 // The args structs carry a tensor (sinks, bias) that the CPU op reads as host memory too.
 void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
     AttnArgs c = *a;
@@ -455,22 +503,57 @@ void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor prob
     cpu_router_backward(dlogits, dw, lb_grad, probs, idx, w, &c);
 }
 void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float gs) {
-    OP(moe_lb_loss, &loss_sum, &lb_grad, &probs, &idx); cpu_moe_lb_loss(loss_sum, lb_grad, probs, idx, coef, gs);
+    OP(moe_lb_loss, &loss_sum, &lb_grad, &probs, &idx);
+    cpu_moe_lb_loss(loss_sum, lb_grad, probs, idx, coef, gs);
 }
-void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) { OP(moe_sort, &perm, &idx); cpu_moe_sort(perm, offs, idx, E); }
-void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) { OP(gather_rows, &y, &x, &rows); cpu_gather_rows(y, x, rows, div); }
-void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) { OP(scatter_add_rows, &dx, &dy, &rows); cpu_scatter_add_rows(dx, dy, rows, div); }
-void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) { OP(scatter_rows, &y, &x, &rows); cpu_scatter_rows(y, x, rows); }
-void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) { OP(moe_combine_forward, &out, &resid, &y, &w); cpu_moe_combine_forward(out, resid, y, w); }
+void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) {
+    OP(moe_sort, &perm, &idx);
+    cpu_moe_sort(perm, offs, idx, E);
+}
+void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
+    OP(gather_rows, &y, &x, &rows);
+    cpu_gather_rows(y, x, rows, div);
+}
+void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
+    OP(scatter_add_rows, &dx, &dy, &rows);
+    cpu_scatter_add_rows(dx, dy, rows, div);
+}
+void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) {
+    OP(scatter_rows, &y, &x, &rows);
+    cpu_scatter_rows(y, x, rows);
+}
+void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
+    OP(moe_combine_forward, &out, &resid, &y, &w);
+    cpu_moe_combine_forward(out, resid, y, w);
+}
 void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w) {
-    OP(moe_combine_backward, &dy, &dw, &dout, &y, &w); cpu_moe_combine_backward(dy, dw, dout, y, w);
+    OP(moe_combine_backward, &dy, &dw, &dout, &y, &w);
+    cpu_moe_combine_backward(dy, dw, dout, y, w);
 }
-void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) { OP(embedding_forward, &h, &table, &tokens); cpu_embedding_forward(h, table, tokens); }
-void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) { OP(embedding_backward, &dtable, &dh, &tokens); cpu_embedding_backward(dtable, dh, tokens); }
-void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float gs) { OP(cross_entropy, &logits, &labels, &loss_sum); cpu_cross_entropy(logits, labels, loss_sum, gs); }
-void cuda_zero(Tensor x) { OP(zero, &x); cpu_zero(x); }
-void cuda_add(Tensor y, Tensor x) { OP(add, &y, &x); cpu_add(y, x); }
-void cuda_scale(Tensor x, float s) { OP(scale, &x); cpu_scale(x, s); }
+void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
+    OP(embedding_forward, &h, &table, &tokens);
+    cpu_embedding_forward(h, table, tokens);
+}
+void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
+    OP(embedding_backward, &dtable, &dh, &tokens);
+    cpu_embedding_backward(dtable, dh, tokens);
+}
+void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float gs) {
+    OP(cross_entropy, &logits, &labels, &loss_sum);
+    cpu_cross_entropy(logits, labels, loss_sum, gs);
+}
+void cuda_zero(Tensor x) {
+    OP(zero, &x);
+    cpu_zero(x);
+}
+void cuda_add(Tensor y, Tensor x) {
+    OP(add, &y, &x);
+    cpu_add(y, x);
+}
+void cuda_scale(Tensor x, float s) {
+    OP(scale, &x);
+    cpu_scale(x, s);
+}
 void cuda_copy(Tensor dst, Tensor src) {
     OP(copy, &dst, &src);
     if (dst.dt != src.dt) fake_fail("copy: dtype conversion is not faked (fp32 compute only)");
@@ -486,10 +569,17 @@ double cuda_sum_squares(Tensor x) {
     return cpu_sum_squares(x);
 }
 void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
-    OP(adamw, &p, &g, &m, &v); cpu_adamw(p, g, m, v, lr, b1, b2, eps, wd, t);
+    OP(adamw, &p, &g, &m, &v);
+    cpu_adamw(p, g, m, v, lr, b1, b2, eps, wd, t);
 }
-void cuda_muon_momentum(Tensor buf, Tensor g, float beta) { OP(muon_momentum, &buf, &g); cpu_muon_momentum(buf, g, beta); }
-void cuda_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale) { OP(muon_apply, &p, &o); cpu_muon_apply(p, o, lr, wd, scale); }
+void cuda_muon_momentum(Tensor buf, Tensor g, float beta) {
+    OP(muon_momentum, &buf, &g);
+    cpu_muon_momentum(buf, g, beta);
+}
+void cuda_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale) {
+    OP(muon_apply, &p, &o);
+    cpu_muon_apply(p, o, lr, wd, scale);
+}
 double cuda_read_scalar(Tensor x) {
     OP(read_scalar, &x);
     return cpu_read_scalar(x);

@@ -20,10 +20,30 @@ void die(const char *fmt, ...) {
 
 bool path_exists(const char *path) { return true; }
 
-static const char *const keys[] = {"model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size", "num_experts", "n_routed_experts",
-    "num_experts_per_tok", "vocab_size", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "norm_topk_prob",
-    "max_position_embeddings", "sliding_window", "torch_dtype", "hidden_act", "type", "factor", "rope_type", NULL};
+static const char *const keys[] = {"model_type",
+                                   "hidden_size",
+                                   "num_hidden_layers",
+                                   "num_attention_heads",
+                                   "num_key_value_heads",
+                                   "head_dim",
+                                   "intermediate_size",
+                                   "moe_intermediate_size",
+                                   "num_experts",
+                                   "n_routed_experts",
+                                   "num_experts_per_tok",
+                                   "vocab_size",
+                                   "rms_norm_eps",
+                                   "rope_theta",
+                                   "tie_word_embeddings",
+                                   "norm_topk_prob",
+                                   "max_position_embeddings",
+                                   "sliding_window",
+                                   "torch_dtype",
+                                   "hidden_act",
+                                   "type",
+                                   "factor",
+                                   "rope_type",
+                                   NULL};
 static const char *const children[] = {"rope_scaling", "quantization_config", "text_config", NULL};
 
 // Each getter in its own try: a die() in one does not stop the others.

@@ -9,7 +9,8 @@ static int cur_mode;
 void gpu_mode(DType dt) { cur_mode = dt == DT_BF16; }
 
 void gpu_begin(void) {
-    if (getenv("PITH_TEST_GPU") == NULL) test_fail(__FILE__, __LINE__, "run the GPU suite through `make test-gpu` (PITH_TEST_GPU=1)");
+    if (getenv("PITH_TEST_GPU") == NULL)
+        test_fail(__FILE__, __LINE__, "run the GPU suite through `make test-gpu` (PITH_TEST_GPU=1)");
     if (!ops_cuda_available()) test_fail(__FILE__, __LINE__, "no usable GPU (or a build without CUDA)");
     if (!dev_arena.cap) dev_arena = arena_create("gpu test", DEV_CUDA, (size_t)512 << 20);
     arena_reset(&dev_arena, 0);
@@ -24,8 +25,8 @@ void record_err(double err, const char *name) {
 }
 
 void gpu_report(void) {
-    printf("     worst rel err: fp32 %.2e (%s) | bf16 %.2e (%s)\n", worst[0], worst_name[0][0] ? worst_name[0] : "-", worst[1],
-           worst_name[1][0] ? worst_name[1] : "-");
+    printf("     worst rel err: fp32 %.2e (%s) | bf16 %.2e (%s)\n", worst[0], worst_name[0][0] ? worst_name[0] : "-",
+           worst[1], worst_name[1][0] ? worst_name[1] : "-");
 }
 
 Tensor gpu_tensor(DType dt, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {

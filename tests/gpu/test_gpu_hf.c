@@ -10,8 +10,9 @@ static const char *FIXTURES[] = {"tests/hf/qwen3_moe", "tests/hf/deepseek_v2", "
 
 static double eval_loss(const char *fix, const char *dtype) {
     char out[4096];
-    int rc = run_cmd(out, sizeof out, "%s eval --model %s --data %s/tokens.bin --seq 16 --batch 4 --device cuda --dtype %s",
-                     PITH_BIN, fix, fix, dtype);
+    int rc =
+        run_cmd(out, sizeof out, "%s eval --model %s --data %s/tokens.bin --seq 16 --batch 4 --device cuda --dtype %s",
+                PITH_BIN, fix, fix, dtype);
     ASSERT_MSG(rc == 0 && strstr(out, "loss "), "%s", out);
     return strtod(strstr(out, "loss ") + 5, NULL);
 }
@@ -20,7 +21,8 @@ TEST(gpu_hf_parity_eval) {
     for (int f = 0; f < NFIX; f++) {
         const char *fix = FIXTURES[f];
         double want = hf_expected(fix, "loss", -1), f32 = eval_loss(fix, "fp32"), b16 = eval_loss(fix, "bf16");
-        printf("     %s eval loss: fp32 rel %.2e, bf16 rel %.2e\n", fix, fabs(f32 - want) / want, fabs(b16 - want) / want);
+        printf("     %s eval loss: fp32 rel %.2e, bf16 rel %.2e\n", fix, fabs(f32 - want) / want,
+               fabs(b16 - want) / want);
         ASSERT(fabs(f32 - want) / want < 1e-5);
         ASSERT(fabs(b16 - want) / want < 1e-2);
     }
@@ -30,13 +32,16 @@ TEST(gpu_hf_parity_train_fp32) {
     for (int f = 0; f < NFIX; f++) {
         const char *fix = FIXTURES[f], *d = test_tmpdir();
         char out[16384];
-        ASSERT_MSG(run_cmd(out, sizeof out, "%s train %s/train.json --set device=cuda --set compute_dtype=fp32 --set run_dir=%s",
-                           PITH_BIN, fix, d) == 0, "%s", out);
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "%s train %s/train.json --set device=cuda --set compute_dtype=fp32 --set run_dir=%s",
+                           PITH_BIN, fix, d) == 0,
+                   "%s", out);
         double worst = 0;
         for (int s = 0; s < 5; s++) {
             char line[4096];
             ASSERT(run_cmd(line, sizeof line, "grep '^{\"step\": %d,' %s/metrics.jsonl", s + 1, d) == 0);
-            double l = strtod(strstr(line, "\"loss\": ") + 8, NULL), g = strtod(strstr(line, "\"grad_norm\": ") + 13, NULL);
+            double l = strtod(strstr(line, "\"loss\": ") + 8, NULL),
+                   g = strtod(strstr(line, "\"grad_norm\": ") + 13, NULL);
             double wl = hf_expected(fix, "loss", s), wg = hf_expected(fix, "grad_norm", s);
             double e = fmax(fabs(l - wl) / wl, fabs(g - wg) / wg);
             worst = fmax(worst, e);

@@ -1,4 +1,5 @@
-// test_gpu_model.c — the whole Qwen3-MoE (and DeepSeek-V2) model on the GPU against the CPU reference with the same weights
+// test_gpu_model.c — the whole Qwen3-MoE (and DeepSeek-V2) model on the GPU against the CPU reference with the same
+// weights
 // and tokens: loss and every parameter gradient of one micro-batch (fp32: relative error ≤ 1e-5 per
 // tensor; bf16: loss ≤ 1e-2 relative, gradients calc_diff ≤ 1e-2 per tensor), and `pith train` on the
 // GPU tracking the CPU loss curve within 2% at every 20th step (fp32 and bf16 compute).
@@ -13,7 +14,8 @@ static const char *config_dsv2 =
     "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
     " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16,"
     " \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 16,"
-    " \"n_shared_experts\": 1, \"intermediate_size\": 24, \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\","
+    " \"n_shared_experts\": 1, \"intermediate_size\": 24, \"first_k_dense_replace\": 1, \"topk_method\": "
+    "\"group_limited_greedy\","
     " \"n_group\": 4, \"topk_group\": 2, \"routed_scaling_factor\": 1.5, \"max_position_embeddings\": 64,"
     " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0,"
     " \"original_max_position_embeddings\": 8, \"mscale\": 1.0, \"mscale_all_dim\": 0.5}}";
@@ -37,7 +39,8 @@ static void side_run(Side *s, const int32_t *tok, const int32_t *lab) {
 static void model_compare(const char *config, bool is_path, DType cdt, int B, int S, double lb_coef, double init_std) {
     gpu_mode(cdt);
     ModelConfig mc;
-    const ModelFamily *fam = model_config_load(&mc, is_path ? config : write_text(test_tmpdir(), "config.json", config));
+    const ModelFamily *fam =
+        model_config_load(&mc, is_path ? config : write_text(test_tmpdir(), "config.json", config));
     Side cpu, gpu;
     model_create(&cpu.m, fam, &mc, DEV_CPU, DT_F32, S);
     model_create(&gpu.m, fam, &mc, DEV_CUDA, cdt, S);
@@ -49,7 +52,8 @@ static void model_compare(const char *config, bool is_path, DType cdt, int B, in
         for (int i = 0; i < cpu.m.params.n; i++) { // norm weights and biases away from 1 and 0: generic gradients
             const ParamInfo *p = &cpu.m.params.p[i];
             if (p->group == g && (p->init == INIT_ONES || p->init == INIT_ZEROS))
-                for (int64_t j = 0; j < params_numel(p); j++) w[p->off + j] += (float)(0.3 * rng_normal(99, rng_hash_str(p->name), (uint64_t)j));
+                for (int64_t j = 0; j < params_numel(p); j++)
+                    w[p->off + j] += (float)(0.3 * rng_normal(99, rng_hash_str(p->name), (uint64_t)j));
         }
         if (cdt == DT_BF16) round_bf16(w, n);
         op_copy(gpu.m.w[g], cpu.m.w[g]);
@@ -101,9 +105,10 @@ static void model_compare(const char *config, bool is_path, DType cdt, int B, in
         double e = cdt == DT_BF16 ? calc_diff(a, b, n) : rel_err_f32(a, b, n);
         if (e >= worst) worst = e, worst_name = p->name;
     }
-    printf("     %s %s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (%d expert tensors left out), worst grad %s %.2e (%s)\n",
-           is_path ? config : "inline", dtype_name(cdt), lg, lc, loss_err, lb_err, flips, slots, skipped, cdt == DT_BF16 ? "calc_diff" : "rel err",
-           worst, worst_name);
+    printf("     %s %s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (%d expert tensors left out), "
+           "worst grad %s %.2e (%s)\n",
+           is_path ? config : "inline", dtype_name(cdt), lg, lc, loss_err, lb_err, flips, slots, skipped,
+           cdt == DT_BF16 ? "calc_diff" : "rel err", worst, worst_name);
     ASSERT_MSG(flips * 20 <= slots, "routing flips %d of %d slots: more than near-ties explain", flips, slots);
     free(touched);
     record_err(worst, worst_name);
@@ -148,7 +153,8 @@ static int read_losses(const char *path, double *loss, int max) {
     while (fgets(line, sizeof line, f)) {
         int step;
         double l;
-        if (sscanf(line, "{\"step\": %d, \"loss\": %lf", &step, &l) == 2 && step >= 1 && step <= max) loss[step] = l, n = step > n ? step : n;
+        if (sscanf(line, "{\"step\": %d, \"loss\": %lf", &step, &l) == 2 && step >= 1 && step <= max)
+            loss[step] = l, n = step > n ? step : n;
     }
     fclose(f);
     return n;
@@ -161,18 +167,22 @@ static void track_cpu(const char *config, int vocab, int threads) {
     const int steps = 200;
     static char out[1 << 16], dir[256];
     snprintf(dir, sizeof dir, "%s", test_tmpdir());
-    int rc = run_cmd(out, sizeof out, "mkdir -p %s/data && %s synth --output %s/data/tokens.bin --vocab %d --tokens 400000 --seed 3", dir,
-                     PITH_BIN, dir, vocab);
+    int rc = run_cmd(out, sizeof out,
+                     "mkdir -p %s/data && %s synth --output %s/data/tokens.bin --vocab %d --tokens 400000 --seed 3",
+                     dir, PITH_BIN, dir, vocab);
     ASSERT_MSG(rc == 0, "synth failed: %s", out);
-    const char *names[3] = {"cpu", "cuda-fp32", "cuda-bf16"}, *sets[3] = {"device=cpu", "device=cuda --set compute_dtype=fp32",
-                                                                         "device=cuda --set compute_dtype=bf16"};
+    const char *names[3] = {"cpu", "cuda-fp32", "cuda-bf16"},
+               *sets[3] = {"device=cpu", "device=cuda --set compute_dtype=fp32",
+                           "device=cuda --set compute_dtype=bf16"};
     static double loss[3][256];
     for (int r = 0; r < 3; r++) {
         double t0 = now_seconds();
         // few OpenMP threads: on the 16-core GPU machine the tiny CPU run took 207 s with all threads, 14 s with 2
-        rc = run_cmd(out, sizeof out, "OMP_NUM_THREADS=%d %s train %s --set %s --set max_steps=%d --set dataset=%s/data --set run_dir=%s/%s"
-                     " --set save_location= --set save_interval=null",
-                     threads, PITH_BIN, config, sets[r], steps, dir, dir, names[r]);
+        rc = run_cmd(
+            out, sizeof out,
+            "OMP_NUM_THREADS=%d %s train %s --set %s --set max_steps=%d --set dataset=%s/data --set run_dir=%s/%s"
+            " --set save_location= --set save_interval=null",
+            threads, PITH_BIN, config, sets[r], steps, dir, dir, names[r]);
         ASSERT_MSG(rc == 0, "%s run failed (%d): %s", names[r], rc, out);
         const char *last = strstr(out, "plan (");
         char plan[256] = "";
@@ -180,7 +190,9 @@ static void track_cpu(const char *config, int vocab, int threads) {
         const char *fin = NULL;
         for (const char *p = strstr(out, "step "); p; p = strstr(p + 1, "\nstep ")) fin = p;
         char lastline[512] = "";
-        if (fin) snprintf(lastline, sizeof lastline, "%.*s", (int)strcspn(fin + (fin[0] == '\n'), "\n"), fin + (fin[0] == '\n'));
+        if (fin)
+            snprintf(lastline, sizeof lastline, "%.*s", (int)strcspn(fin + (fin[0] == '\n'), "\n"),
+                     fin + (fin[0] == '\n'));
         printf("     %-9s %6.1fs  %s\n               %s\n", names[r], now_seconds() - t0, plan, lastline);
         char mp[512];
         snprintf(mp, sizeof mp, "%s/%s/metrics.jsonl", dir, names[r]);

@@ -13,7 +13,8 @@ static const Tensor NONE = {0};
 
 // ---- GEMMs ----
 static void check_linear(DType dt, double tol, int64_t M, int64_t K, int64_t N) {
-    Pair x = pair_rand(dt, 1, 2, M, K, 0, 0), w = pair_rand(dt, 0.5f, 2, N, K, 0, 0), b = pair_rand(dt, 1, 1, N, 0, 0, 0);
+    Pair x = pair_rand(dt, 1, 2, M, K, 0, 0), w = pair_rand(dt, 0.5f, 2, N, K, 0, 0),
+         b = pair_rand(dt, 1, 1, N, 0, 0, 0);
     Pair y = pair_nan(dt, 2, M, N, 0, 0);
     op_linear_forward(y.c, x.c, w.c, b.c), op_linear_forward(y.d, x.d, w.d, b.d);
     EXPECT_CLOSE(y, tol);
@@ -98,11 +99,14 @@ static void check_rmsnorm(DType dt, double tol, int64_t R, int64_t D) {
     op_rmsnorm_forward(y.c, rstd.c, x.c, w.c, 1e-6f), op_rmsnorm_forward(y.d, rstd.d, x.d, w.d, 1e-6f);
     EXPECT_CLOSE(y, tol);
     EXPECT_CLOSE(rstd, tol);
-    Pair dy = pair_rand(dt, 1, 2, R, D, 0, 0), dx = pair_nan(dt, 2, R, D, 0, 0), dw = pair_rand(DT_F32, 1, 1, D, 0, 0, 0);
-    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, false), op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, false);
+    Pair dy = pair_rand(dt, 1, 2, R, D, 0, 0), dx = pair_nan(dt, 2, R, D, 0, 0),
+         dw = pair_rand(DT_F32, 1, 1, D, 0, 0, 0);
+    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, false),
+        op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, false);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
-    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, true), op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, true);
+    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, true),
+        op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, true);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
 }
@@ -112,8 +116,8 @@ TEST(gpu_op_rmsnorm) {
     MODES {
         gpu_mode(MODE_DT);
         check_rmsnorm(MODE_DT, TOL, 37, 64);
-        check_rmsnorm(MODE_DT, TOL, 600, 16);   // the per-head q/k norm shape
-        check_rmsnorm(MODE_DT, TOL, 5, 3000);   // a wide hidden
+        check_rmsnorm(MODE_DT, TOL, 600, 16); // the per-head q/k norm shape
+        check_rmsnorm(MODE_DT, TOL, 5, 3000); // a wide hidden
     }
     gpu_report();
 }
@@ -131,7 +135,8 @@ TEST(gpu_op_rope) {
     for (int t = 0; t < T; t++) pos[t] = (int32_t)((t * 7 + 3) % P);
     MODES {
         gpu_mode(MODE_DT);
-        Pair c = pair_from(DT_F32, cs, 2, P, d / 2, 0, 0), s = pair_from(DT_F32, sn, 2, P, d / 2, 0, 0), ps = pair_i32(pos, T);
+        Pair c = pair_from(DT_F32, cs, 2, P, d / 2, 0, 0), s = pair_from(DT_F32, sn, 2, P, d / 2, 0, 0),
+             ps = pair_i32(pos, T);
         Pair x = pair_rand(MODE_DT, 1, 3, T, nh, d, 0);
         op_rope(x.c, 0, c.c, s.c, ps.c, ROPE_HALF, false), op_rope(x.d, 0, c.d, s.d, ps.d, ROPE_HALF, false);
         EXPECT_CLOSE(x, TOL);
@@ -148,10 +153,12 @@ static void check_rope(DType dt, double tol, RopeLayout layout, int64_t d, int o
     int64_t T = 20, nh = 3, P = 32;
     float *cs = xmalloc(P * rd / 2 * sizeof(float)), *sn = xmalloc(P * rd / 2 * sizeof(float));
     RopeSpec r = {.rd = rd, .theta = 10000, .yarn = true, .factor = 8, .orig_max_pos = 16, .truncate = true};
-    op_rope_tables(tensor_make(cs, DT_F32, DEV_CPU, 2, P, rd / 2, 1, 1), tensor_make(sn, DT_F32, DEV_CPU, 2, P, rd / 2, 1, 1), &r);
+    op_rope_tables(tensor_make(cs, DT_F32, DEV_CPU, 2, P, rd / 2, 1, 1),
+                   tensor_make(sn, DT_F32, DEV_CPU, 2, P, rd / 2, 1, 1), &r);
     int32_t pos[20];
     for (int t = 0; t < T; t++) pos[t] = (int32_t)((t * 7 + 3) % P);
-    Pair c = pair_from(DT_F32, cs, 2, P, rd / 2, 0, 0), s = pair_from(DT_F32, sn, 2, P, rd / 2, 0, 0), ps = pair_i32(pos, T);
+    Pair c = pair_from(DT_F32, cs, 2, P, rd / 2, 0, 0), s = pair_from(DT_F32, sn, 2, P, rd / 2, 0, 0),
+         ps = pair_i32(pos, T);
     Pair x = pair_rand(dt, 1, 3, T, nh, d, 0);
     op_rope(x.c, off, c.c, s.c, ps.c, layout, false), op_rope(x.d, off, c.d, s.d, ps.d, layout, false);
     EXPECT_CLOSE(x, tol);
@@ -210,8 +217,10 @@ static void check_attention_args(DType dt, double tol, int Sq, int Sk, int nh, i
                                  bool sinks) {
     int B = a.B;
     int64_t Tq = (int64_t)B * Sq, Tk = (int64_t)B * Sk;
-    Pair q = pair_rand(dt, 1, 3, Tq, nh, dqk, 0), k = pair_rand(dt, 1, 3, Tk, nkv, dqk, 0), v = pair_rand(dt, 1, 3, Tk, nkv, dv, 0);
-    Pair sk = pair_rand(DT_F32, 1, 1, nh, 0, 0, 0), o = pair_nan(dt, 3, Tq, nh, dv, 0), lse = pair_nan(DT_F32, 3, B, nh, Sq, 0);
+    Pair q = pair_rand(dt, 1, 3, Tq, nh, dqk, 0), k = pair_rand(dt, 1, 3, Tk, nkv, dqk, 0),
+         v = pair_rand(dt, 1, 3, Tk, nkv, dv, 0);
+    Pair sk = pair_rand(DT_F32, 1, 1, nh, 0, 0, 0), o = pair_nan(dt, 3, Tq, nh, dv, 0),
+         lse = pair_nan(DT_F32, 3, B, nh, Sq, 0);
     AttnArgs ac = a, ad = a;
     if (sinks) ac.sinks = sk.c, ad.sinks = sk.d;
     op_attention_forward(o.c, lse.c, q.c, k.c, v.c, &ac), op_attention_forward(o.d, lse.d, q.d, k.d, v.d, &ad);
@@ -220,7 +229,8 @@ static void check_attention_args(DType dt, double tol, int Sq, int Sk, int nh, i
     // the backward reads o and lse: give both sides the CPU's (rounded to dt), so only the backward differs
     Pair oc = pair_from(dt, o.c.p, 3, Tq, nh, dv, 0), lc = pair_from(DT_F32, lse.c.p, 3, B, nh, Sq, 0);
     Pair dout = pair_rand(dt, 1, 3, Tq, nh, dv, 0), ds = pair_rand(DT_F32, 1, 1, nh, 0, 0, 0);
-    Pair dq = pair_nan(dt, 3, Tq, nh, dqk, 0), dk = pair_nan(dt, 3, Tk, nkv, dqk, 0), dvv = pair_nan(dt, 3, Tk, nkv, dv, 0);
+    Pair dq = pair_nan(dt, 3, Tq, nh, dqk, 0), dk = pair_nan(dt, 3, Tk, nkv, dqk, 0),
+         dvv = pair_nan(dt, 3, Tk, nkv, dv, 0);
     op_attention_backward(dq.c, dk.c, dvv.c, sinks ? ds.c : NONE, dout.c, q.c, k.c, v.c, oc.c, lc.c, &ac);
     op_attention_backward(dq.d, dk.d, dvv.d, sinks ? ds.d : NONE, dout.d, q.d, k.d, v.d, oc.d, lc.d, &ad);
     EXPECT_CLOSE(dq, tol);
@@ -255,16 +265,20 @@ TEST(gpu_op_attention_forms) {
     MODES {
         gpu_mode(MODE_DT);
         float s192 = 1.0f / sqrtf(192.0f), s64 = 0.125f;
-        check_attention_args(MODE_DT, TOL, 90, 90, 4, 4, 192, 128, (AttnArgs){.B = 2, .scale = s192, .causal = true}, false);
+        check_attention_args(MODE_DT, TOL, 90, 90, 4, 4, 192, 128, (AttnArgs){.B = 2, .scale = s192, .causal = true},
+                             false);
         printf("     MLA 192/128 %s: the backward ran %s\n", mode_ ? "bf16" : "fp32", cuda_attention_last_path());
-        check_attention_args(MODE_DT, TOL, 70, 70, 4, 2, 32, 16, (AttnArgs){.B = 2, .scale = 0.2f, .causal = true}, false);
-        check_attention_args(MODE_DT, TOL, 200, 200, 8, 2, 64, 64, (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 37},
+        check_attention_args(MODE_DT, TOL, 70, 70, 4, 2, 32, 16, (AttnArgs){.B = 2, .scale = 0.2f, .causal = true},
+                             false);
+        check_attention_args(MODE_DT, TOL, 200, 200, 8, 2, 64, 64,
+                             (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 37}, true);
+        check_attention_args(MODE_DT, TOL, 100, 100, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true},
                              true);
-        check_attention_args(MODE_DT, TOL, 100, 100, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true}, true);
         check_attention_args(MODE_DT, TOL, 64, 64, 4, 2, 64, 64,
                              (AttnArgs){.B = 2, .scale = s64, .causal = true, .q_off = 64, .k_off = 100}, false);
         check_attention_args(MODE_DT, TOL, 48, 96, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .q_off = 96}, false);
-        check_attention_args(MODE_DT, TOL, 50, 80, 4, 4, 192, 128, (AttnArgs){.B = 1, .scale = s192, .k_off = 40}, false);
+        check_attention_args(MODE_DT, TOL, 50, 80, 4, 4, 192, 128, (AttnArgs){.B = 1, .scale = s192, .k_off = 40},
+                             false);
     }
     gpu_report();
 }
@@ -281,9 +295,13 @@ static void flash_worst(const char *name, Pair p, int64_t S, int64_t heads, int6
         if (isinf(worst)) break;
     }
     // (token, head, dim) for q/k/v-shaped tensors; (batch·head, row) for lse
-    if (d > 0) printf("       %s worst |diff| %.3g at token %lld (pos %lld) head %lld dim %lld: gpu %g cpu %g\n", name, worst, (long long)(at / (heads * d)),
-                      (long long)(at / (heads * d) % S), (long long)(at / d % heads), (long long)(at % d), g[at], c[at]);
-    else printf("       %s worst |diff| %.3g at (b·h %lld, row %lld): gpu %g cpu %g\n", name, worst, (long long)(at / S), (long long)(at % S), g[at], c[at]);
+    if (d > 0)
+        printf("       %s worst |diff| %.3g at token %lld (pos %lld) head %lld dim %lld: gpu %g cpu %g\n", name, worst,
+               (long long)(at / (heads * d)), (long long)(at / (heads * d) % S), (long long)(at / d % heads),
+               (long long)(at % d), g[at], c[at]);
+    else
+        printf("       %s worst |diff| %.3g at (b·h %lld, row %lld): gpu %g cpu %g\n", name, worst, (long long)(at / S),
+               (long long)(at % S), g[at], c[at]);
     free(g);
 }
 
@@ -292,7 +310,8 @@ static bool check_flash(int B, int S, int nh, int nkv, int d) {
     int64_t T = (int64_t)B * S;
     float scale = 1.0f / sqrtf((float)d);
     AttnArgs aa = {.B = B, .scale = scale, .causal = true};
-    Pair q = pair_rand(dt, 1, 3, T, nh, d, 0), k = pair_rand(dt, 1, 3, T, nkv, d, 0), v = pair_rand(dt, 1, 3, T, nkv, d, 0);
+    Pair q = pair_rand(dt, 1, 3, T, nh, d, 0), k = pair_rand(dt, 1, 3, T, nkv, d, 0),
+         v = pair_rand(dt, 1, 3, T, nkv, d, 0);
     Pair o = pair_nan(dt, 3, T, nh, d, 0), lse = pair_nan(DT_F32, 3, B, nh, S, 0);
     op_attention_forward(o.c, lse.c, q.c, k.c, v.c, &aa), op_attention_forward(o.d, lse.d, q.d, k.d, v.d, &aa);
     Pair oc = pair_from(dt, o.c.p, 3, T, nh, d, 0), lc = pair_from(DT_F32, lse.c.p, 3, B, nh, S, 0);
@@ -302,7 +321,8 @@ static bool check_flash(int B, int S, int nh, int nkv, int d) {
     op_attention_backward(dq.d, dk.d, dv.d, NONE, dout.d, q.d, k.d, v.d, oc.d, lc.d, &aa);
     double e[5] = {pair_err(o), pair_err(lse), pair_err(dq), pair_err(dk), pair_err(dv)};
     const char *nm[5] = {"o", "lse", "dq", "dk", "dv"};
-    printf("     flash B=%d S=%d nh=%d nkv=%d d=%d: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", B, S, nh, nkv, d, e[0], e[1], e[2], e[3], e[4]);
+    printf("     flash B=%d S=%d nh=%d nkv=%d d=%d: o %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", B, S, nh, nkv, d, e[0],
+           e[1], e[2], e[3], e[4]);
     bool ok = true;
     for (int i = 0; i < 5; i++) {
         record_err(e[i], nm[i]);
@@ -329,16 +349,18 @@ TEST(gpu_op_attention_flash) {
         const char *want = pi == 0 ? "cudnn" : "flash";
         printf("     path %s\n", paths[pi]);
         bool ok = true;
-        ok &= check_flash(1, 64, 1, 1, 64);    // one tile
-        ASSERT_MSG(!strcmp(cuda_attention_last_path(), want), "attention ran %s, not %s", cuda_attention_last_path(), want);
-        ok &= check_flash(1, 200, 2, 1, 128);  // a partial last tile
-        ok &= check_flash(2, 77, 4, 2, 64);    // two sequences, partial tiles
-        ok &= check_flash(1, 513, 2, 2, 64);   // one row past a tile boundary
-        if (!getenv("PITH_TEST_SANITIZE")) {   // (under compute-sanitizer the small shapes suffice)
+        ok &= check_flash(1, 64, 1, 1, 64); // one tile
+        ASSERT_MSG(!strcmp(cuda_attention_last_path(), want), "attention ran %s, not %s", cuda_attention_last_path(),
+                   want);
+        ok &= check_flash(1, 200, 2, 1, 128);      // a partial last tile
+        ok &= check_flash(2, 77, 4, 2, 64);        // two sequences, partial tiles
+        ok &= check_flash(1, 513, 2, 2, 64);       // one row past a tile boundary
+        if (!getenv("PITH_TEST_SANITIZE")) {       // (under compute-sanitizer the small shapes suffice)
             ok &= check_flash(2, 300, 8, 2, 128);  // GQA groups of 4, several tiles
             ok &= check_flash(1, 1024, 4, 1, 128); // 16 tiles, a group of 4
         }
-        ASSERT_MSG(!strcmp(cuda_attention_last_path(), want), "attention ran %s, not %s", cuda_attention_last_path(), want);
+        ASSERT_MSG(!strcmp(cuda_attention_last_path(), want), "attention ran %s, not %s", cuda_attention_last_path(),
+                   want);
         unsetenv("PITH_ATTENTION");
         ASSERT_MSG(ok, "%s attention differs from the CPU (errors above)", paths[pi]);
     }
@@ -347,12 +369,14 @@ TEST(gpu_op_attention_flash) {
 
 // Three AdamW steps on n fp32 parameters (fresh moments, v ≥ 0), GPU against CPU.
 static void check_adamw(int64_t n) {
-    Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0), v = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0);
+    Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0),
+         v = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0);
     for (int64_t i = 0; i < n; i++) ((float *)v.c.p)[i] = fabsf(((float *)v.c.p)[i]);
     op_copy(v.d, v.c);
     for (int t = 1; t <= 3; t++) {
         Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
-        op_adamw(p.c, gr.c, m.c, v.c, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t), op_adamw(p.d, gr.d, m.d, v.d, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        op_adamw(p.c, gr.c, m.c, v.c, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t),
+            op_adamw(p.d, gr.d, m.d, v.d, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
     }
     EXPECT_CLOSE(p, 1e-5);
     EXPECT_CLOSE(m, 1e-5);
@@ -367,7 +391,8 @@ TEST(gpu_op_vector_paths) {
         check_rmsnorm(MODE_DT, TOL, 300, 2048); // hidden: 32 lanes a row
         check_rmsnorm(MODE_DT, TOL, 1000, 128); // q/k norm: 16 lanes a row
         int64_t n = 40000;
-        Pair y = pair_rand(MODE_DT, 1, 1, n, 0, 0, 0), x = pair_rand(MODE_DT, 1, 1, n, 0, 0, 0), g = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
+        Pair y = pair_rand(MODE_DT, 1, 1, n, 0, 0, 0), x = pair_rand(MODE_DT, 1, 1, n, 0, 0, 0),
+             g = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
         op_add(y.c, x.c), op_add(y.d, x.d);
         EXPECT_CLOSE(y, TOL);
         op_scale(y.c, 0.7f), op_scale(y.d, 0.7f);
@@ -383,7 +408,8 @@ TEST(gpu_op_vector_paths) {
         Pair perm = pair_i32(idx, T * k);
         int64_t oc[17], og[17];
         op_moe_sort(perm.c, oc, ix.c, (int)E), op_moe_sort(perm.d, og, ix.d, (int)E);
-        Pair xt = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), xe = pair_nan(MODE_DT, 2, T * k, H, 0, 0), ys = pair_nan(MODE_DT, 2, T * k, H, 0, 0);
+        Pair xt = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), xe = pair_nan(MODE_DT, 2, T * k, H, 0, 0),
+             ys = pair_nan(MODE_DT, 2, T * k, H, 0, 0);
         op_gather_rows(xe.c, xt.c, perm.c, (int)k), op_gather_rows(xe.d, xt.d, perm.d, (int)k);
         EXPECT_CLOSE(xe, 0);
         op_scatter_rows(ys.c, xe.c, perm.c), op_scatter_rows(ys.d, xe.d, perm.d);
@@ -393,13 +419,16 @@ TEST(gpu_op_vector_paths) {
         EXPECT_CLOSE(dx, TOL);
         // a row map with repeats takes the atomic path
         int32_t rep[8] = {0, 3, 3, 5, 1, 0, 7, 2};
-        Pair rr = pair_i32(rep, 8), d8 = pair_rand(MODE_DT, 1, 2, 8, H, 0, 0), dx8 = pair_rand(MODE_DT, 1, 2, 4, H, 0, 0);
+        Pair rr = pair_i32(rep, 8), d8 = pair_rand(MODE_DT, 1, 2, 8, H, 0, 0),
+             dx8 = pair_rand(MODE_DT, 1, 2, 4, H, 0, 0);
         op_scatter_add_rows(dx8.c, d8.c, rr.c, 2), op_scatter_add_rows(dx8.d, d8.d, rr.d, 2);
         EXPECT_CLOSE(dx8, TOL);
-        Pair r = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), w = pair_rand(DT_F32, 1, 2, T, k, 0, 0), out = pair_nan(MODE_DT, 2, T, H, 0, 0);
+        Pair r = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), w = pair_rand(DT_F32, 1, 2, T, k, 0, 0),
+             out = pair_nan(MODE_DT, 2, T, H, 0, 0);
         op_moe_combine_forward(out.c, r.c, ys.c, w.c), op_moe_combine_forward(out.d, r.d, ys.d, w.d);
         EXPECT_CLOSE(out, TOL);
-        Pair dout = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dy = pair_nan(MODE_DT, 2, T * k, H, 0, 0), dw = pair_nan(DT_F32, 2, T, k, 0, 0);
+        Pair dout = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dy = pair_nan(MODE_DT, 2, T * k, H, 0, 0),
+             dw = pair_nan(DT_F32, 2, T, k, 0, 0);
         op_moe_combine_backward(dy.c, dw.c, dout.c, ys.c, w.c), op_moe_combine_backward(dy.d, dw.d, dout.d, ys.d, w.d);
         EXPECT_CLOSE(dy, TOL);
         EXPECT_CLOSE(dw, TOL);
@@ -434,16 +463,20 @@ TEST(gpu_op_grouped_linear_many) {
     gpu_begin();
     int64_t E = 16, K = 256, N = 384, offs[17];
     offs[0] = 0;
-    for (int64_t e = 0; e < E; e++) offs[e + 1] = offs[e] + (e == 3 || e == 9 ? 0 : 1 + (int64_t)(rng_u64(4, 4, e) % 90));
+    for (int64_t e = 0; e < E; e++)
+        offs[e + 1] = offs[e] + (e == 3 || e == 9 ? 0 : 1 + (int64_t)(rng_u64(4, 4, e) % 90));
     int64_t R = offs[E];
     MODES {
         gpu_mode(MODE_DT);
         DType dt = MODE_DT;
-        Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
+        Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0),
+             y = pair_nan(dt, 2, R, N, 0, 0);
         op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs), op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
         EXPECT_CLOSE(y, GEMM_TOL);
-        Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
-        op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
+        Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0),
+             dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
+        op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs),
+            op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
         EXPECT_CLOSE(dx, GEMM_TOL);
         op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs),
             op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
@@ -489,7 +522,8 @@ static double block_err(const float *g, const float *ref, int64_t mats, int64_t 
 
 // One product three ways: the CPU (p.c, already computed), our kernel (p.d) and cuBLAS (cub); prints
 // and records both errors, false when either passes tol.
-static bool grouped_compare(const char *what, Pair p, Tensor cub, int64_t mats, int64_t rows, int64_t cols, double tol) {
+static bool grouped_compare(const char *what, Pair p, Tensor cub, int64_t mats, int64_t rows, int64_t cols,
+                            double tol) {
     float *g = gpu_down(p.d), *b = gpu_down(cub);
     double ec = block_err(g, p.c.p, mats, rows, cols), eb = block_err(g, b, mats, rows, cols);
     printf("       %-28s vs cpu %.2e  vs cublas %.2e\n", what, ec, eb);
@@ -555,7 +589,8 @@ TEST(gpu_op_grouped_kernels) {
 static void check_router_args(RouterArgs a, int64_t E, bool bias) {
     int64_t T = 50;
     int k = a.k;
-    Pair logits = pair_rand(DT_F32, 2, 2, T, E, 0, 0), probs = pair_nan(DT_F32, 2, T, E, 0, 0), w = pair_nan(DT_F32, 2, T, k, 0, 0);
+    Pair logits = pair_rand(DT_F32, 2, 2, T, E, 0, 0), probs = pair_nan(DT_F32, 2, T, E, 0, 0),
+         w = pair_nan(DT_F32, 2, T, k, 0, 0);
     Pair bs = pair_rand(DT_F32, 0.1f, 1, E, 0, 0, 0);
     int32_t *junk = xmalloc(T * k * sizeof(int32_t));
     for (int i = 0; i < T * k; i++) junk[i] = -7;
@@ -569,12 +604,16 @@ static void check_router_args(RouterArgs a, int64_t E, bool bias) {
     EXPECT_CLOSE(w, 1e-5);
     int32_t *gi = gpu_down_i32(idx.d);
     for (int64_t i = 0; i < T * k; i++)
-        ASSERT_MSG(gi[i] == ((int32_t *)idx.c.p)[i], "idx[%lld]: gpu %d cpu %d", (long long)i, gi[i], ((int32_t *)idx.c.p)[i]);
+        ASSERT_MSG(gi[i] == ((int32_t *)idx.c.p)[i], "idx[%lld]: gpu %d cpu %d", (long long)i, gi[i],
+                   ((int32_t *)idx.c.p)[i]);
     free(gi);
-    Pair dw = pair_rand(DT_F32, 1, 2, T, k, 0, 0), lbg = pair_rand(DT_F32, 0.1f, 1, E, 0, 0, 0), dl = pair_nan(DT_F32, 2, T, E, 0, 0);
-    op_router_backward(dl.c, dw.c, lbg.c, probs.c, idx.c, w.c, &ac), op_router_backward(dl.d, dw.d, lbg.d, probs.d, idx.d, w.d, &ad);
+    Pair dw = pair_rand(DT_F32, 1, 2, T, k, 0, 0), lbg = pair_rand(DT_F32, 0.1f, 1, E, 0, 0, 0),
+         dl = pair_nan(DT_F32, 2, T, E, 0, 0);
+    op_router_backward(dl.c, dw.c, lbg.c, probs.c, idx.c, w.c, &ac),
+        op_router_backward(dl.d, dw.d, lbg.d, probs.d, idx.d, w.d, &ad);
     EXPECT_CLOSE(dl, 1e-5);
-    op_router_backward(dl.c, dw.c, NONE, probs.c, idx.c, w.c, &ac), op_router_backward(dl.d, dw.d, NONE, probs.d, idx.d, w.d, &ad);
+    op_router_backward(dl.c, dw.c, NONE, probs.c, idx.c, w.c, &ac),
+        op_router_backward(dl.d, dw.d, NONE, probs.d, idx.d, w.d, &ad);
     EXPECT_CLOSE(dl, 1e-5);
 }
 
@@ -606,7 +645,8 @@ TEST(gpu_op_router_forms) {
 TEST(gpu_op_moe_lb_loss) {
     gpu_begin();
     int64_t T = 64, E = 8, k = 2;
-    Pair logits = pair_rand(DT_F32, 2, 2, T, E, 0, 0), probs = pair_nan(DT_F32, 2, T, E, 0, 0), w = pair_nan(DT_F32, 2, T, k, 0, 0);
+    Pair logits = pair_rand(DT_F32, 2, 2, T, E, 0, 0), probs = pair_nan(DT_F32, 2, T, E, 0, 0),
+         w = pair_nan(DT_F32, 2, T, k, 0, 0);
     int32_t z[128] = {0};
     Pair idx = pair_i32(z, T * k);
     idx.c = tensor_reshape2(idx.c, T, k), idx.d = tensor_reshape2(idx.d, T, k);
@@ -638,11 +678,14 @@ TEST(gpu_op_moe_sort_gather_scatter) {
         Pair perm = pair_i32(junk, T * k);
         int64_t oc[7], og[7];
         op_moe_sort(perm.c, oc, ix.c, (int)E), op_moe_sort(perm.d, og, ix.d, (int)E);
-        for (int e = 0; e <= E; e++) ASSERT_MSG(oc[e] == og[e], "offs[%d]: gpu %lld cpu %lld", e, (long long)og[e], (long long)oc[e]);
+        for (int e = 0; e <= E; e++)
+            ASSERT_MSG(oc[e] == og[e], "offs[%d]: gpu %lld cpu %lld", e, (long long)og[e], (long long)oc[e]);
         int32_t *gp = gpu_down_i32(perm.d);
-        for (int64_t i = 0; i < T * k; i++) ASSERT_MSG(gp[i] == ((int32_t *)perm.c.p)[i], "perm[%lld] differs", (long long)i);
+        for (int64_t i = 0; i < T * k; i++)
+            ASSERT_MSG(gp[i] == ((int32_t *)perm.c.p)[i], "perm[%lld] differs", (long long)i);
         free(gp);
-        Pair x = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), xe = pair_nan(MODE_DT, 2, T * k, H, 0, 0), y = pair_nan(MODE_DT, 2, T * k, H, 0, 0);
+        Pair x = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), xe = pair_nan(MODE_DT, 2, T * k, H, 0, 0),
+             y = pair_nan(MODE_DT, 2, T * k, H, 0, 0);
         op_gather_rows(xe.c, x.c, perm.c, (int)k), op_gather_rows(xe.d, x.d, perm.d, (int)k);
         EXPECT_CLOSE(xe, 0);
         op_scatter_rows(y.c, xe.c, perm.c), op_scatter_rows(y.d, xe.d, perm.d);
@@ -662,11 +705,13 @@ TEST(gpu_op_moe_combine) {
     int64_t T = 29, k = 3, H = 40;
     MODES {
         gpu_mode(MODE_DT);
-        Pair r = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), y = pair_rand(MODE_DT, 1, 2, T * k, H, 0, 0), w = pair_rand(DT_F32, 1, 2, T, k, 0, 0);
+        Pair r = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), y = pair_rand(MODE_DT, 1, 2, T * k, H, 0, 0),
+             w = pair_rand(DT_F32, 1, 2, T, k, 0, 0);
         Pair out = pair_nan(MODE_DT, 2, T, H, 0, 0);
         op_moe_combine_forward(out.c, r.c, y.c, w.c), op_moe_combine_forward(out.d, r.d, y.d, w.d);
         EXPECT_CLOSE(out, TOL);
-        Pair dout = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dy = pair_nan(MODE_DT, 2, T * k, H, 0, 0), dw = pair_nan(DT_F32, 2, T, k, 0, 0);
+        Pair dout = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dy = pair_nan(MODE_DT, 2, T * k, H, 0, 0),
+             dw = pair_nan(DT_F32, 2, T, k, 0, 0);
         op_moe_combine_backward(dy.c, dw.c, dout.c, y.c, w.c), op_moe_combine_backward(dy.d, dw.d, dout.d, y.d, w.d);
         EXPECT_CLOSE(dy, TOL);
         EXPECT_CLOSE(dw, TOL);
@@ -756,7 +801,8 @@ TEST(gpu_op_elementwise) {
     float *back = gpu_down(b32), *ref = xmalloc(n * sizeof(float));
     memcpy(ref, a.c.p, n * sizeof(float));
     round_bf16(ref, n);
-    for (int64_t i = 0; i < n; i++) ASSERT_MSG(back[i] == ref[i], "bf16 round trip at %lld: %g vs %g", (long long)i, back[i], ref[i]);
+    for (int64_t i = 0; i < n; i++)
+        ASSERT_MSG(back[i] == ref[i], "bf16 round trip at %lld: %g vs %g", (long long)i, back[i], ref[i]);
     op_copy(b32, a.d);
     float *same = gpu_down(b32);
     ASSERT(!memcmp(same, a.c.p, n * sizeof(float)));
@@ -786,7 +832,8 @@ TEST(gpu_op_grouped_paths) {
     Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
     op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs), op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
     EXPECT_CLOSE(y, 1e-2);
-    Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
+    Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0),
+         dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
     op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
     EXPECT_CLOSE(dx, 1e-2);
     op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs),
@@ -798,7 +845,8 @@ TEST(gpu_op_grouped_paths) {
     // skewed routing: the two experts of ≥ 1024 rows run as dense products beside the grouped call
     const int64_t so[6] = {0, 1100, 1130, 1130, 2400, 2410};
     int64_t E2 = 5, R2 = 2410, big0 = cuda_grouped_calls("big");
-    Pair x2 = pair_rand(dt, 1, 2, R2, K, 0, 0), w2 = pair_rand(dt, 0.5f, 3, E2, N, K, 0), y2 = pair_nan(dt, 2, R2, N, 0, 0);
+    Pair x2 = pair_rand(dt, 1, 2, R2, K, 0, 0), w2 = pair_rand(dt, 0.5f, 3, E2, N, K, 0),
+         y2 = pair_nan(dt, 2, R2, N, 0, 0);
     op_grouped_linear_forward(y2.c, x2.c, w2.c, NONE, so), op_grouped_linear_forward(y2.d, x2.d, w2.d, NONE, so);
     EXPECT_CLOSE(y2, 1e-2);
     Pair dy2 = pair_rand(dt, 1, 2, R2, N, 0, 0), dx2 = pair_nan(dt, 2, R2, K, 0, 0);

@@ -31,14 +31,14 @@
 #include "pipe/schedule.h"
 
 static int nchecks;
-#define EXPECT(cond, ...)                                                                             \
-    do {                                                                                              \
-        nchecks++;                                                                                    \
-        if (!(cond)) {                                                                                \
-            fprintf(stderr, "check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond);                \
-            fprintf(stderr, __VA_ARGS__);                                                             \
-            die("test_parallel: check failed");                                                           \
-        }                                                                                             \
+#define EXPECT(cond, ...)                                                                                              \
+    do {                                                                                                               \
+        nchecks++;                                                                                                     \
+        if (!(cond)) {                                                                                                 \
+            fprintf(stderr, "check failed at %s:%d: %s: ", __FILE__, __LINE__, #cond);                                 \
+            fprintf(stderr, __VA_ARGS__);                                                                              \
+            die("test_parallel: check failed");                                                                        \
+        }                                                                                                              \
     } while (0)
 
 static Tensor host(DType dt, int64_t n0, int64_t n1) {
@@ -97,11 +97,13 @@ static void suite_comm(const Dist *d) {
         for (int i = 0; i < n; i++) F(in)[b * n + i] = (float)(me + 10 * b + i);
     comm_reduce_scatter(w, outd = up(out), ind = up(in));
     down(out, outd);
-    for (int i = 0; i < n; i++) EXPECT(F(out)[i] == (float)(P * (P - 1) / 2 + P * (10 * me + i)), "reduce-scatter %d\n", i);
+    for (int i = 0; i < n; i++)
+        EXPECT(F(out)[i] == (float)(P * (P - 1) / 2 + P * (10 * me + i)), "reduce-scatter %d\n", i);
     // in place (FSDP's gradients): the sum lands in the first n elements of the input
     comm_reduce_scatter(w, tensor_rows(ind, 0, n), ind);
     down(in, ind);
-    for (int i = 0; i < n; i++) EXPECT(F(in)[i] == (float)(P * (P - 1) / 2 + P * (10 * me + i)), "in-place reduce-scatter %d\n", i);
+    for (int i = 0; i < n; i++)
+        EXPECT(F(in)[i] == (float)(P * (P - 1) / 2 + P * (10 * me + i)), "in-place reduce-scatter %d\n", i);
     // all-gather: block b = rank b's values
     for (int i = 0; i < n; i++) F(out)[i] = (float)(100 * me + i);
     comm_allgather(w, ind = up(in), up(out));
@@ -131,7 +133,8 @@ static void suite_comm(const Dist *d) {
     comm_alltoallv(w, rd = up(r), rr, up(s), sr);
     down(r, rd);
     for (int p = 0, o = 0; p < P; p++)
-        for (int k = 0; k < rr[p]; k++, o++) EXPECT(F(r)[2 * o] == (float)(p * 100 + me) && F(r)[2 * o + 1] == (float)k, "all-to-all-v\n");
+        for (int k = 0; k < rr[p]; k++, o++)
+            EXPECT(F(r)[2 * o] == (float)(p * 100 + me) && F(r)[2 * o + 1] == (float)k, "all-to-all-v\n");
     // a ring of send/recv (even ranks send first), broadcast from the last rank, barrier
     Tensor v = host(DT_I64, 1, 1), vd = up(v);
     if (P > 1) {
@@ -154,7 +157,8 @@ static void suite_comm(const Dist *d) {
         for (int i = 0; i < 12; i++) ((uint16_t *)mine.p)[i] = bf16_bits((float)(16 * me + i));
         comm_allgather(w, hbd = up(hb), up(mine));
         down(hb, hbd);
-        for (int i = 0; i < P * 12; i++) EXPECT(bf16_value(((uint16_t *)hb.p)[i]) == (float)(16 * (i / 12) + i % 12), "bf16 all-gather\n");
+        for (int i = 0; i < P * 12; i++)
+            EXPECT(bf16_value(((uint16_t *)hb.p)[i]) == (float)(16 * (i / 12) + i % 12), "bf16 all-gather\n");
         Tensor rb = host(DT_BF16, nr + 1, 2), sb = host(DT_BF16, ns + 1, 2), rbd;
         for (int i = 0; i < 2 * ns; i++) ((uint16_t *)sb.p)[i] = bf16_bits(F(s)[i]);
         comm_alltoallv(w, rbd = up(rb), rr, up(sb), sr);
@@ -165,7 +169,8 @@ static void suite_comm(const Dist *d) {
         Tensor sd = up(mine);
         comm_allreduce(w, sd, COMM_SUM);
         down(mine, sd);
-        for (int i = 0; i < 12; i++) EXPECT(bf16_value(((uint16_t *)mine.p)[i]) == (float)(P * (P - 1) / 2 + P * i), "bf16 all-reduce\n");
+        for (int i = 0; i < 12; i++)
+            EXPECT(bf16_value(((uint16_t *)mine.p)[i]) == (float)(P * (P - 1) / 2 + P * i), "bf16 all-reduce\n");
 #endif
     }
     // the mesh groups: sizes and coordinates agree with the rank formula
@@ -218,16 +223,20 @@ static void suite_p2p(const Dist *d) {
     down(r, rd), down(r2, r2d);
     for (int i = 0; i < n; i++) EXPECT(F(r)[i] == ringval(prev, i) && F(r2)[i] == ringval(next, i), "sendrecv %d\n", i);
     Tensor empty = tensor_rows(sd, 0, 0);
-    q = comm_p2p_start(w, (CommP2p[]){{true, empty, next}, {false, tensor_rows(rd, 0, 0), prev}, {true, sd, prev}, {false, r2d, next}}, 4);
+    q = comm_p2p_start(
+        w, (CommP2p[]){{true, empty, next}, {false, tensor_rows(rd, 0, 0), prev}, {true, sd, prev}, {false, r2d, next}},
+        4);
     comm_wait(&q);
     down(r2, r2d);
     for (int i = 0; i < n; i++) EXPECT(F(r2)[i] == ringval(next, i), "group with an empty transfer %d\n", i);
     // host buffers: receives and sends as separate requests, waited in another order than issued (on the
     // GPU one exchange must be one group: calls on the comm stream run in issue order)
     if (dev == DEV_CPU) {
-        CommReq q1 = comm_irecv(w, r, prev), q2 = comm_irecv(w, r2, next), q3 = comm_isend(w, s, next), q4 = comm_isend(w, s, prev);
+        CommReq q1 = comm_irecv(w, r, prev), q2 = comm_irecv(w, r2, next), q3 = comm_isend(w, s, next),
+                q4 = comm_isend(w, s, prev);
         comm_wait(&q4), comm_wait(&q2), comm_wait(&q3), comm_wait(&q1);
-        for (int i = 0; i < n; i++) EXPECT(F(r)[i] == ringval(prev, i) && F(r2)[i] == ringval(next, i), "separate requests %d\n", i);
+        for (int i = 0; i < n; i++)
+            EXPECT(F(r)[i] == ringval(prev, i) && F(r2)[i] == ringval(next, i), "separate requests %d\n", i);
     }
     down(o, od);
     for (int i = 0; i < 64; i++) EXPECT(F(o)[i] == (float)i, "compute beside the transfers %d\n", i);
@@ -245,7 +254,7 @@ static float pipe_w(int c, int i) { return 0.35f * (float)rng_normal(22, (uint64
 typedef struct {
     PipeRun *run;
     int chunk[2];
-    Tensor w[2], dw[2];            // (H, H) of this rank's chunks
+    Tensor w[2], dw[2];                                   // (H, H) of this rank's chunks
     Tensor x0[TOY_SLOTS], y[TOY_SLOTS], dy[2][TOY_SLOTS]; // per record slot: the first chunk's input, the last
                                                           // chunk's output, a deferred output gradient
     double loss;
@@ -352,7 +361,8 @@ static void run_pipe_case(const Dist *d, int N) {
         op_copy(g, t.dw[p]);
         double num = 0, den = 0;
         for (int i = 0; i < PH * PH; i++) num += (F(g)[i] - ref[i]) * (F(g)[i] - ref[i]), den += ref[i] * ref[i];
-        EXPECT(sqrt(num / den) <= 1e-5, "P=%d N=%d rank %d: gradient of chunk %d differs by %.3g\n", P, N, r, t.chunk[p], sqrt(num / den));
+        EXPECT(sqrt(num / den) <= 1e-5, "P=%d N=%d rank %d: gradient of chunk %d differs by %.3g\n", P, N, r,
+               t.chunk[p], sqrt(num / den));
         free(g.p);
     }
     if (r == 0) EXPECT(fabs(t.loss - loss) <= 1e-5 * loss, "P=%d N=%d: loss %.9g vs %.9g\n", P, N, t.loss, loss);
@@ -393,10 +403,14 @@ static void suite_pipe_model(const Dist *d, int N) {
     int P = w->size, r = w->rank, T = MB_B * MB_S, L = 4 * P;
     char path[256], json[1024];
     snprintf(path, sizeof path, "/tmp/pith-pipe-model-%d.json", (int)getpid());
-    snprintf(json, sizeof json,
-             "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": %d, \"num_attention_heads\": 4,"
-             " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
-             " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}", L);
+    snprintf(
+        json, sizeof json,
+        "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": %d, \"num_attention_heads\": 4,"
+        " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, "
+        "\"num_experts_per_tok\": 3,"
+        " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": "
+        "true}",
+        L);
     FILE *f = fopen(path, "w");
     CHECK(f && fputs(json, f) >= 0 && fclose(f) == 0);
     ModelConfig mc;
@@ -409,14 +423,17 @@ static void suite_pipe_model(const Dist *d, int N) {
     for (int g = 0; g < NGROUPS; g++) params_init(&m.params, g, m.w[g].p, 7, 0.2, mc.layers);
     ModelChunks c = {.tok = xmalloc(N * sizeof *c.tok), .lab = xmalloc(N * sizeof *c.lab)};
     for (int mb = 0; mb < N; mb++)
-        for (int t = 0; t < T; t++) c.tok[mb][t] = (int32_t)(rng_u64(5, mb, t) % 64), c.lab[mb][t] = t % 5 == 2 ? -100 : (int32_t)(rng_u64(6, mb, t) % 64);
+        for (int t = 0; t < T; t++)
+            c.tok[mb][t] = (int32_t)(rng_u64(5, mb, t) % 64),
+            c.lab[mb][t] = t % 5 == 2 ? -100 : (int32_t)(rng_u64(6, mb, t) % 64);
     // the pipeline: chunk k holds layers [2k, 2k + 2)
     PipeSchedule s;
     dualpipev_build(&s, P, N, r, false);
     for (int p = 0; p < 2; p++) {
         int k = dualpipev_chunk(P, r, p);
         c.eng[p] = xcalloc(s.slots[PIPE_REC][p], sizeof(Engine));
-        for (int i = 0; i < s.slots[PIPE_REC][p]; i++) engine_init_chunk(&c.eng[p][i], &m, MB_B, MB_S, 2 * k, 2 * k + 2);
+        for (int i = 0; i < s.slots[PIPE_REC][p]; i++)
+            engine_init_chunk(&c.eng[p][i], &m, MB_B, MB_S, 2 * k, 2 * k + 2);
     }
     Arena cnt = arena_counting("pipeline", DEV_CPU);
     PipeRun run;
@@ -431,18 +448,21 @@ static void suite_pipe_model(const Dist *d, int N) {
     comm_allreduce(w, m.loss_sum, COMM_SUM), comm_allreduce(w, m.lb_sum, COMM_SUM);
     double loss = op_read_scalar(m.loss_sum), lb = op_read_scalar(m.lb_sum);
     float *g[NGROUPS];
-    for (int k = 0; k < NGROUPS; k++) g[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(g[k], m.g[k].p, tensor_bytes(m.g[k]));
+    for (int k = 0; k < NGROUPS; k++)
+        g[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(g[k], m.g[k].p, tensor_bytes(m.g[k]));
     // one engine, every micro-batch through the whole model
     Engine e;
     engine_init(&e, &m, MB_B, MB_S);
     model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
     for (int mb = 0; mb < N; mb++) engine_load(&e, c.tok[mb], c.lab[mb]), engine_forward(&e, true), engine_backward(&e);
     double rl = op_read_scalar(m.loss_sum), rlb = op_read_scalar(m.lb_sum);
-    EXPECT(fabs(loss - rl) <= 1e-6 * rl && fabs(lb - rlb) <= 1e-6 * rlb, "P=%d N=%d: loss %.9g lb %.9g vs one engine %.9g %.9g\n", P, N, loss, lb, rl, rlb);
+    EXPECT(fabs(loss - rl) <= 1e-6 * rl && fabs(lb - rlb) <= 1e-6 * rlb,
+           "P=%d N=%d: loss %.9g lb %.9g vs one engine %.9g %.9g\n", P, N, loss, lb, rl, rlb);
     for (int k = 0; k < NGROUPS; k++) {
         double num = 0, den = 0;
         const float *x = m.g[k].p;
-        for (int64_t i = 0; i < tensor_numel(m.g[k]); i++) num += (double)(g[k][i] - x[i]) * (g[k][i] - x[i]), den += (double)x[i] * x[i];
+        for (int64_t i = 0; i < tensor_numel(m.g[k]); i++)
+            num += (double)(g[k][i] - x[i]) * (g[k][i] - x[i]), den += (double)x[i] * x[i];
         EXPECT(sqrt(num / den) <= 1e-5, "P=%d N=%d: gradient group %d differs by %.3g\n", P, N, k, sqrt(num / den));
         free(g[k]);
     }
@@ -468,19 +488,23 @@ static void route(const EpCase *c, int P, int s, int t, int32_t *out) {
     int E = c->E, pool = c->kind == 1 ? E - E / P : E, perm[256]; // kind 1: the last rank's experts are never chosen
     for (int e = 0; e < pool; e++) perm[e] = e;
     for (int j = 0; j < c->k; j++) {
-        int x = j + (int)(rng_u64(77, (uint64_t)(s * 1000 + t), (uint64_t)j) % (uint64_t)(pool - j)), tmp = perm[j]; // partial shuffle
+        int x = j + (int)(rng_u64(77, (uint64_t)(s * 1000 + t), (uint64_t)j) % (uint64_t)(pool - j)),
+            tmp = perm[j]; // partial shuffle
         perm[j] = perm[x], perm[x] = tmp;
         out[j] = c->kind == 2 ? j : c->kind == 3 ? (t + j) % E : perm[j]; // 2: slot 0 is expert 0 for every token
     }
 }
 
-static float xval(int s, int t, int col) { return col == 0 ? (float)s : col == 1 ? (float)t : (float)rng_normal(3, s * 7919 + t, col); }
+static float xval(int s, int t, int col) {
+    return col == 0 ? (float)s : col == 1 ? (float)t : (float)rng_normal(3, s * 7919 + t, col);
+}
 static float dyval(int s, int slot, int col) { return (float)rng_normal(4, s * 7919 + slot, col); }
 static float dxeval(int s, int t, int e, int col) { return (float)rng_normal(5, (s * 7919 + t) * 131 + e, col); }
 
 // A host tensor shaped like t (zeroed), and one holding t's values.
 static Tensor host_like(Tensor t) {
-    return tensor_make(xcalloc(tensor_numel(t) + 1, dtype_size(t.dt)), t.dt, DEV_CPU, t.nd, t.n[0], t.n[1], t.n[2], t.n[3]);
+    return tensor_make(xcalloc(tensor_numel(t) + 1, dtype_size(t.dt)), t.dt, DEV_CPU, t.nd, t.n[0], t.n[1], t.n[2],
+                       t.n[3]);
 }
 static Tensor pull(Tensor t) {
     Tensor h = host_like(t);
@@ -498,7 +522,8 @@ static void run_ep_case(const Dist *d, const EpCase *c, double capacity) {
     Arena cnt = arena_counting("communication", dev);
     ep_buffers_alloc(&m, &b, &cnt, T);
     ep_buffers_free(&b);
-    Arena comm = arena_create("communication", dev, cnt.peak), act = arena_create("act", dev, 1 << 24), ws = arena_create("ws", dev, 1 << 24);
+    Arena comm = arena_create("communication", dev, cnt.peak), act = arena_create("act", dev, 1 << 24),
+          ws = arena_create("ws", dev, 1 << 24);
     ep_buffers_alloc(&m, &b, &comm, T);
     StageIO io = {0};
     io.offs = xcalloc(E + 1, sizeof(int64_t));
@@ -526,26 +551,33 @@ static void run_ep_case(const Dist *d, const EpCase *c, double capacity) {
         int64_t tok = 0, slots = 0, rtok = 0, rslots = 0;
         for (int t = 0; t < T; t++) {
             int here = 0, from = 0;
-            for (int j = 0; j < k; j++) here += ids[((size_t)me * T + t) * k + j] / El == g, from += ids[((size_t)g * T + t) * k + j] / El == me;
+            for (int j = 0; j < k; j++)
+                here += ids[((size_t)me * T + t) * k + j] / El == g,
+                    from += ids[((size_t)g * T + t) * k + j] / El == me;
             tok += here > 0, slots += here, rtok += from > 0, rslots += from;
         }
-        EXPECT(r->send_tok[g] == tok && r->send_slot[g] == slots, "%s: to rank %d: %lld tokens %lld slots, expected %lld %lld\n", c->name, g,
-               (long long)r->send_tok[g], (long long)r->send_slot[g], (long long)tok, (long long)slots);
+        EXPECT(r->send_tok[g] == tok && r->send_slot[g] == slots,
+               "%s: to rank %d: %lld tokens %lld slots, expected %lld %lld\n", c->name, g, (long long)r->send_tok[g],
+               (long long)r->send_slot[g], (long long)tok, (long long)slots);
         EXPECT(r->recv_tok[g] == rtok && r->recv_slot[g] == rslots, "%s: from rank %d\n", c->name, g);
         sent += tok;
     }
     EXPECT(sent <= (int64_t)T * (k < P ? k : P), "%s: more rows sent than T·min(k, P)\n", c->name);
-    for (int g = 0, o = 0; g < P && r; o += (int)r->send_tok[g], g++) // each token at most once per rank, in token order
-        for (int i = 1; i < r->send_tok[g]; i++) EXPECT(I32(send_idx)[o + i] > I32(send_idx)[o + i - 1], "%s: dedup order\n", c->name);
+    for (int g = 0, o = 0; g < P && r;
+         o += (int)r->send_tok[g], g++) // each token at most once per rank, in token order
+        for (int i = 1; i < r->send_tok[g]; i++)
+            EXPECT(I32(send_idx)[o + i] > I32(send_idx)[o + i - 1], "%s: dedup order\n", c->name);
     // expert order: local expert, then source rank, then the source's token order
     int64_t i = 0;
     for (int e = 0; e < El; e++) {
-        EXPECT(io.offs[e] == i, "%s: offs[%d] = %lld, expected %lld\n", c->name, e, (long long)io.offs[e], (long long)i);
+        EXPECT(io.offs[e] == i, "%s: offs[%d] = %lld, expected %lld\n", c->name, e, (long long)io.offs[e],
+               (long long)i);
         for (int s = 0; s < P; s++)
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < k; j++)
                     if (ids[((size_t)s * T + t) * k + j] == me * El + e) {
-                        for (int col = 0; col < H; col++) EXPECT(F(xe)[i * H + col] == xval(s, t, col), "%s: xe row %lld\n", c->name, (long long)i);
+                        for (int col = 0; col < H; col++)
+                            EXPECT(F(xe)[i * H + col] == xval(s, t, col), "%s: xe row %lld\n", c->name, (long long)i);
                         i++;
                     }
     }
@@ -565,7 +597,8 @@ static void run_ep_case(const Dist *d, const EpCase *c, double capacity) {
         for (int j = 0; j < k; j++) {
             int ge = I32(idx)[t * k + j];
             for (int col = 0; col < H; col++)
-                EXPECT(F(y)[(t * k + j) * H + col] == xval(me, t, col) * (float)(ge + 1) + (float)ge, "%s: combine slot %d.%d\n", c->name, t, j);
+                EXPECT(F(y)[(t * k + j) * H + col] == xval(me, t, col) * (float)(ge + 1) + (float)ge,
+                       "%s: combine slot %d.%d\n", c->name, t, j);
         }
     // combine backward: the gradient of slot (s, t, j) arrives at its expert row
     Tensor dy = host_like(io.dy);
@@ -579,7 +612,9 @@ static void run_ep_case(const Dist *d, const EpCase *c, double capacity) {
         while (io.offs[e + 1] <= q) e++;
         int s = (int)F(xe)[q * H], t = (int)F(xe)[q * H + 1], j = 0;
         while (ids[((size_t)s * T + t) * k + j] != me * El + e) j++;
-        for (int col = 0; col < H; col++) EXPECT(F(dye)[q * H + col] == dyval(s, t * k + j, col), "%s: combine backward row %lld\n", c->name, (long long)q);
+        for (int col = 0; col < H; col++)
+            EXPECT(F(dye)[q * H + col] == dyval(s, t * k + j, col), "%s: combine backward row %lld\n", c->name,
+                   (long long)q);
     }
     // dispatch backward: token t receives the sum of its slots' row gradients from every rank
     Tensor dxe = host_like(io.dxe);
@@ -596,8 +631,8 @@ static void run_ep_case(const Dist *d, const EpCase *c, double capacity) {
         for (int col = 0; col < H; col++) {
             double want = 0;
             for (int j = 0; j < k; j++) want += dxeval(me, t, I32(idx)[t * k + j], col);
-            EXPECT(fabs(F(dxd)[t * H + col] - want) <= 1e-5 * (1 + fabs(want)), "%s: dispatch backward token %d: %g vs %g\n", c->name, t,
-                   F(dxd)[t * H + col], want);
+            EXPECT(fabs(F(dxd)[t * H + col] - want) <= 1e-5 * (1 + fabs(want)),
+                   "%s: dispatch backward token %d: %g vs %g\n", c->name, t, F(dxd)[t * H + col], want);
         }
     Tensor hs[] = {xd, idx, xe, send_idx, ye, y, dy, dye, dxe, dxd};
     for (size_t h = 0; h < sizeof hs / sizeof *hs; h++) free(hs[h].p);
@@ -608,12 +643,8 @@ static void run_ep_case(const Dist *d, const EpCase *c, double capacity) {
 static void suite_ep(const Dist *d) {
     int P = d->ep, E = 2 * P;
     EpCase cases[] = {
-        {"random", 37, 3 < E ? 3 : E, E, 0},
-        {"random-top1", 20, 1, E, 0},
-        {"empty last rank", 25, 2, E, 1},
-        {"all to expert 0", 19, 1, E, 2},
-        {"all to expert 0, k=2", 19, 2, E, 2},
-        {"top-k = experts", 11, E, E, 3},
+        {"random", 37, 3 < E ? 3 : E, E, 0}, {"random-top1", 20, 1, E, 0},          {"empty last rank", 25, 2, E, 1},
+        {"all to expert 0", 19, 1, E, 2},    {"all to expert 0, k=2", 19, 2, E, 2}, {"top-k = experts", 11, E, E, 3},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         if (cases[c].kind == 1 && P == 1) continue;
@@ -632,7 +663,8 @@ int main(int argc, char **argv) {
     dist_launch();
     int P = dist_world_size();
     Dist d;
-    dist_mesh_init(&d, 1, 1, strcmp(suite, "comm") ? P : (P % 2 ? 1 : 2), false, !strncmp(suite, "hang", 4) ? 3 : 60, "test_parallel");
+    dist_mesh_init(&d, 1, 1, strcmp(suite, "comm") ? P : (P % 2 ? 1 : 2), false, !strncmp(suite, "hang", 4) ? 3 : 60,
+                   "test_parallel");
     if (gpu) {
         if (!ops_cuda_available()) die("test_parallel %s: no GPU", argv[1]);
         dist_mesh_gpu(&d);
@@ -643,7 +675,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(suite, "ep")) suite_ep(&d);
     else if (!strcmp(suite, "capacity")) {
         EpCase c = {"capacity", 16, 1, 2 * P, 2}; // everything to expert 0: rank 0 receives P·T rows
-        run_ep_case(&d, &c, 1.5);                // room for 1.5·T·k rows only
+        run_ep_case(&d, &c, 1.5);                 // room for 1.5·T·k rows only
     } else if (!strcmp(suite, "hang")) {
         if (d.world.rank == 1) sleep(30); // stops taking part
         if (gpu) {                        // the device call returns at once; the read waits for it
@@ -672,14 +704,17 @@ int main(int argc, char **argv) {
         for (int overlapped = 0; overlapped < 2; overlapped++) {
             comm_barrier(&d.world);
             double t0 = now_seconds();
-            CommReq q = comm_p2p_start(&d.world, (CommP2p[]){{true, xd, (me + 1) % P}, {false, yd, (me + P - 1) % P}}, 2);
+            CommReq q =
+                comm_p2p_start(&d.world, (CommP2p[]){{true, xd, (me + 1) % P}, {false, yd, (me + P - 1) % P}}, 2);
             if (!overlapped) comm_wait(&q), down(y, yd);
             nanosleep(&(struct timespec){(time_t)delay, (long)((delay - (time_t)delay) * 1e9)}, NULL); // the compute
             if (overlapped) comm_wait(&q), down(y, yd);
             took[overlapped] = now_seconds() - t0;
         }
-        if (me == 0) printf("exchange then compute %.3f s, overlapped %.3f s (delay %.3f s)\n", took[0], took[1], delay);
-        EXPECT(delay > 0 && took[0] >= 1.9 * delay && took[1] < 0.8 * took[0], "no overlap: %.3f s vs %.3f s\n", took[1], took[0]);
+        if (me == 0)
+            printf("exchange then compute %.3f s, overlapped %.3f s (delay %.3f s)\n", took[0], took[1], delay);
+        EXPECT(delay > 0 && took[0] >= 1.9 * delay && took[1] < 0.8 * took[0], "no overlap: %.3f s vs %.3f s\n",
+               took[1], took[0]);
     } else if (!strcmp(suite, "hazard") && gpu) { // an op on a receive's buffer before the wait
         Tensor x = host(DT_F32, 4, 1), xd = up(x);
         int peer = d.world.rank ^ 1;

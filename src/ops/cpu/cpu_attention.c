@@ -37,7 +37,10 @@ static AttShape attention_shape(Tensor q, Tensor k, Tensor v, const AttnArgs *a)
 }
 
 void cpu_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
-    CPU_F32(q); CPU_F32(k); CPU_F32(v); CPU_F32(o);
+    CPU_F32(q);
+    CPU_F32(k);
+    CPU_F32(v);
+    CPU_F32(o);
     AttShape z = attention_shape(q, k, v, a);
     CHECK(o.n[0] == q.n[0] && o.n[1] == z.nh && o.n[2] == z.dv);
     int64_t B = a->B, Sq = z.Sq, Sk = z.Sk, nh = z.nh, nkv = z.nkv, dqk = z.dqk, dv = z.dv;

@@ -5,18 +5,21 @@
 #include "ops/cpu/cpu_ops.h"
 
 // C: (M, N) = alpha · op(A) · op(B) + beta · C, all row-major and dense.
-static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, const float *B, float beta, float *C) {
+static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, const float *B,
+                  float beta, float *C) {
     if (M == 0 || N == 0) return;
     if (K == 0) {
         for (int64_t i = 0; i < M * N; i++) C[i] = beta == 0 ? 0 : beta * C[i];
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, A,
-                ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                alpha, A, ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
 }
 
 void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
-    CPU_F32(y); CPU_F32(x); CPU_F32(w);
+    CPU_F32(y);
+    CPU_F32(x);
+    CPU_F32(w);
     int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w);
     CHECK(t_cols(w) == K && t_rows(y) == M && t_cols(y) == N);
     sgemm(false, true, M, N, K, 1, F(x), F(w), 0, F(y));
@@ -65,7 +68,8 @@ void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     CHECK(t_cols(dx) == K && t_cols(dy) == N);
     for (int64_t e = 0; e < E; e++)
-        sgemm(false, false, offs[e + 1] - offs[e], K, N, 1, F(dy) + offs[e] * N, F(w) + e * N * K, 0, F(dx) + offs[e] * K);
+        sgemm(false, false, offs[e + 1] - offs[e], K, N, 1, F(dy) + offs[e] * N, F(w) + e * N * K, 0,
+              F(dx) + offs[e] * K);
 }
 
 void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
@@ -73,7 +77,8 @@ void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor 
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     CHECK(!db.p || tensor_numel(db) == E * N);
     for (int64_t e = 0; e < E; e++) {
-        sgemm(true, false, N, K, offs[e + 1] - offs[e], 1, F(dy) + offs[e] * N, F(x) + offs[e] * K, 1, F(dw) + e * N * K);
+        sgemm(true, false, N, K, offs[e + 1] - offs[e], 1, F(dy) + offs[e] * N, F(x) + offs[e] * K, 1,
+              F(dw) + e * N * K);
         if (!db.p) continue;
 #pragma omp parallel for
         for (int64_t j = 0; j < N; j++) {

@@ -5,7 +5,9 @@
 #include "ops/cpu/cpu_ops.h"
 
 void cpu_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
-    CPU_F32(x); CPU_F32(y); CPU_F32(w);
+    CPU_F32(x);
+    CPU_F32(y);
+    CPU_F32(w);
     int64_t R = t_rows(x), D = t_cols(x);
     CHECK(tensor_numel(w) == D && tensor_numel(rstd) == R);
 #pragma omp parallel for

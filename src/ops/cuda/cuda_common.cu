@@ -91,7 +91,9 @@ __attribute__((constructor)) static void cuda_install_device_memory(void) {
 
 void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
 
-size_t cuda_pool_bytes(void) { return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES + scratch_bytes + gemm_side_bytes; }
+size_t cuda_pool_bytes(void) {
+    return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES + scratch_bytes + gemm_side_bytes;
+}
 
 size_t cuda_mem_used_bytes(void) {
     cuda_ctx();
@@ -115,6 +117,8 @@ void *cuda_event_create(void) {
 }
 void cuda_event_destroy(void *ev) { CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev)); }
 void cuda_event_record(void *ev, void *stream) { CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream)); }
-void cuda_stream_wait_event(void *stream, void *ev) { CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0)); }
+void cuda_stream_wait_event(void *stream, void *ev) {
+    CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0));
+}
 
 } // extern "C"

@@ -28,7 +28,8 @@ static inline void cuda_check(cudaError_t e, const char *call, const char *file,
     if (e != cudaSuccess) die("CUDA error at %s:%d: %s (%s)", file, line, cudaGetErrorString(e), call);
 }
 static inline void cuda_check(cublasStatus_t st, const char *call, const char *file, int line) {
-    if (st != CUBLAS_STATUS_SUCCESS) die("cuBLAS error at %s:%d: %s (%s)", file, line, cublasLtGetStatusString(st), call);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        die("cuBLAS error at %s:%d: %s (%s)", file, line, cublasLtGetStatusString(st), call);
 }
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 
@@ -39,10 +40,10 @@ static inline void cuda_check(cublasStatus_t st, const char *call, const char *f
 typedef struct {
     cudaStream_t compute, comm; // all ops run on compute; comm is for collectives overlapped with it
     cublasLtHandle_t lt;
-    void *lt_ws;                // cuBLASLt workspace, CUDA_LT_WS_BYTES
-    void *convert;              // CUDA_CONVERT_BYTES: bf16 copies of fp32 GEMM operands (chunked)
-    void *small;                // CUDA_SMALL_BYTES: reduction partials and results
-    void *host_small;           // CUDA_SMALL_BYTES pinned host memory for read-backs
+    void *lt_ws;      // cuBLASLt workspace, CUDA_LT_WS_BYTES
+    void *convert;    // CUDA_CONVERT_BYTES: bf16 copies of fp32 GEMM operands (chunked)
+    void *small;      // CUDA_SMALL_BYTES: reduction partials and results
+    void *host_small; // CUDA_SMALL_BYTES pinned host memory for read-backs
     int sm_count;
 } CudaCtx;
 
@@ -61,13 +62,13 @@ extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradi
 // ---- functions shared between the .cu files ----
 // cuDNN's fused attention (cuda_cudnn.cu); false when not built with cuDNN, not this variant, or no plan.
 bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale);
-bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
-                              float scale);
+bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
+                              Tensor lse, int B, int S, float scale);
 // Tensor-core flash attention (cuda_flash.cu); false when the inputs do not fit it (dtype, head dim,
 // alignment), and the caller runs the generic kernels instead.
 bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale);
-bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
-                              float scale);
+bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
+                              Tensor lse, int B, int S, float scale);
 
 // ---- element access: every kernel computes in fp32 whatever the storage dtype ----
 typedef __nv_bfloat16 bf16;
@@ -107,34 +108,35 @@ static inline bool aligned16(const void *a, const void *b = NULL, const void *c 
     return !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15);
 }
 // True when every pointer is 16-byte aligned and rows of `cols` elements split into 8-element vectors.
-static inline bool vec8_fits(int64_t cols, const void *a, const void *b = NULL, const void *c = NULL, const void *d = NULL) {
+static inline bool vec8_fits(int64_t cols, const void *a, const void *b = NULL, const void *c = NULL,
+                             const void *d = NULL) {
     return cols % 8 == 0 && aligned16(a, b, c, d);
 }
 
 // Runs BODY with T the C type of dtype dt (fp32 or bf16); any other dtype is a caller bug.
-#define DT_SWITCH(dt, T, what, ...)                                                                   \
-    do {                                                                                              \
-        if ((dt) == DT_F32) {                                                                         \
-            typedef float T;                                                                          \
-            __VA_ARGS__;                                                                              \
-        } else if ((dt) == DT_BF16) {                                                                 \
-            typedef bf16 T;                                                                           \
-            __VA_ARGS__;                                                                              \
-        } else {                                                                                      \
-            die("%s: dtype %s is not supported on the GPU (fp32 or bf16)", what, dtype_name(dt));     \
-        }                                                                                             \
+#define DT_SWITCH(dt, T, what, ...)                                                                                    \
+    do {                                                                                                               \
+        if ((dt) == DT_F32) {                                                                                          \
+            typedef float T;                                                                                           \
+            __VA_ARGS__;                                                                                               \
+        } else if ((dt) == DT_BF16) {                                                                                  \
+            typedef bf16 T;                                                                                            \
+            __VA_ARGS__;                                                                                               \
+        } else {                                                                                                       \
+            die("%s: dtype %s is not supported on the GPU (fp32 or bf16)", what, dtype_name(dt));                      \
+        }                                                                                                              \
     } while (0)
 
-#define ON_GPU(t, what)                                                                               \
-    do {                                                                                              \
-        if ((t).dev != DEV_CUDA) die("%s: tensor " #t " is not on the GPU", what);                    \
+#define ON_GPU(t, what)                                                                                                \
+    do {                                                                                                               \
+        if ((t).dev != DEV_CUDA) die("%s: tensor " #t " is not on the GPU", what);                                     \
     } while (0)
 static inline void same_dt(Tensor a, Tensor b, const char *what) {
     if (a.dt != b.dt) die("%s: tensors of dtypes %s and %s must share one", what, dtype_name(a.dt), dtype_name(b.dt));
 }
-#define IS_F32(t, what)                                                                               \
-    do {                                                                                              \
-        if ((t).dt != DT_F32) die("%s: " #t " must be fp32 (got %s)", what, dtype_name((t).dt));       \
+#define IS_F32(t, what)                                                                                                \
+    do {                                                                                                               \
+        if ((t).dt != DT_F32) die("%s: " #t " must be fp32 (got %s)", what, dtype_name((t).dt));                       \
     } while (0)
 
 static inline unsigned grid_for(int64_t n, int threads) {

@@ -1,5 +1,6 @@
 // cuda_cudnn.cu — causal grouped-query attention through cuDNN's fused flash-attention engines (cuDNN 9
-// graph API, backend descriptors), one head dim or MLA's q·k 192 / v 128. pith runs its own kernels unless a library kernel is faster for a
+// graph API, backend descriptors), one head dim or MLA's q·k 192 / v 128. pith runs its own kernels unless a
+// library kernel is faster for a
 // variant (docs/architecture.md, "GPU kernels"); for bf16 with head dims that are multiples of 8 up to 128 on
 // Hopper, cuDNN's is (bench/cuda_ops.md, round 3). cuDNN's engines recognise scaled
 // dot-product attention as a graph of matmul, pointwise and reduction operations; these are the graphs:
@@ -29,21 +30,21 @@ typedef struct {
     int n_all;
     Desc ops[32];
     int n_ops;
-    int64_t next_uid;      // uids of virtual tensors
-    Desc scalars[16];      // by-value scalars made so far, by uid (one descriptor per uid)
-    cudnnStatus_t st;      // the first failure, CUDNN_STATUS_SUCCESS while none
-    int line;              // where it happened
+    int64_t next_uid; // uids of virtual tensors
+    Desc scalars[16]; // by-value scalars made so far, by uid (one descriptor per uid)
+    cudnnStatus_t st; // the first failure, CUDNN_STATUS_SUCCESS while none
+    int line;         // where it happened
 } Graph;
 
 static cudnnHandle_t dnn;
-static bool dnn_off;       // cuDNN could not start: our kernels from now on
+static bool dnn_off; // cuDNN could not start: our kernels from now on
 
-#define DN(g, call)                                                                                   \
-    do {                                                                                              \
-        if ((g)->st == CUDNN_STATUS_SUCCESS) {                                                        \
-            cudnnStatus_t s_ = (call);                                                                \
-            if (s_ != CUDNN_STATUS_SUCCESS) (g)->st = s_, (g)->line = __LINE__;                       \
-        }                                                                                             \
+#define DN(g, call)                                                                                                    \
+    do {                                                                                                               \
+        if ((g)->st == CUDNN_STATUS_SUCCESS) {                                                                         \
+            cudnnStatus_t s_ = (call);                                                                                 \
+            if (s_ != CUDNN_STATUS_SUCCESS) (g)->st = s_, (g)->line = __LINE__;                                        \
+        }                                                                                                              \
     } while (0)
 
 static Desc make(Graph *g, cudnnBackendDescriptorType_t type) {
@@ -53,10 +54,13 @@ static Desc make(Graph *g, cudnnBackendDescriptorType_t type) {
     g->all[g->n_all++] = d;
     return d;
 }
-static void set(Graph *g, Desc d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t n, const void *v) {
+static void set(Graph *g, Desc d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t n,
+                const void *v) {
     DN(g, cudnnBackendSetAttribute(d, name, type, n, v));
 }
-static void set_desc(Graph *g, Desc d, cudnnBackendAttributeName_t name, Desc v) { set(g, d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v); }
+static void set_desc(Graph *g, Desc d, cudnnBackendAttributeName_t name, Desc v) {
+    set(g, d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &v);
+}
 static void finish(Graph *g, Desc d) { DN(g, cudnnBackendFinalize(d)); }
 
 // A 4-D tensor; uid 0 makes a virtual one (an intermediate that never reaches memory).
@@ -97,7 +101,8 @@ static void add_op(Graph *g, Desc op) {
     g->ops[g->n_ops++] = op;
 }
 // y = mode(x [, b [, t]]) elementwise with broadcasting; axis only for GEN_INDEX.
-static void pointwise(Graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec, Desc x, Desc b, Desc t, Desc y, int64_t axis) {
+static void pointwise(Graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec, Desc x, Desc b, Desc t, Desc y,
+                      int64_t axis) {
     Desc pw = make(g, CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
     set(g, pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     set(g, pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
@@ -111,7 +116,9 @@ static void pointwise(Graph *g, cudnnPointwiseMode_t mode, cudnnDataType_t prec,
     set_desc(g, op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
     add_op(g, op);
 }
-static void pw2(Graph *g, cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y) { pointwise(g, mode, CUDNN_DATA_FLOAT, x, b, NULL, y, 0); }
+static void pw2(Graph *g, cudnnPointwiseMode_t mode, Desc x, Desc b, Desc y) {
+    pointwise(g, mode, CUDNN_DATA_FLOAT, x, b, NULL, y, 0);
+}
 // c = a·b over the last two dims (batch dims broadcast: 1 or a divisor of the other's), fp32 accumulate.
 static void matmul(Graph *g, Desc a, Desc b, Desc c) {
     Desc mm = make(g, CUDNN_BACKEND_MATMUL_DESCRIPTOR);
@@ -149,7 +156,9 @@ static void reshape(Graph *g, Desc x, Desc y) {
 // ---- the two graphs ----
 enum { U_Q = 1, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV, U_SCALE, U_LOWEST, U_ONE, U_D, U_DQACC };
 
-typedef struct { int64_t B, S, nh, nkv, d, dv; } Shape; // d: q·k head dim, dv: v head dim
+typedef struct {
+    int64_t B, S, nh, nkv, d, dv;
+} Shape; // d: q·k head dim, dv: v head dim
 
 // Views of pith's rows (B·S, heads, d) as (B, heads, S, d), and transposed as (B, heads, d, S).
 static void rows_view(const Shape *s, int64_t heads, int64_t d, int64_t dim[4], int64_t str[4]) {
@@ -197,9 +206,11 @@ static void build_forward(Graph *g, const Shape *s) {
     Desc sc = masked_scores(g, s, q, kt);
     packed(s->B, s->nh, s->S, s->S, sd, ss);
     packed(s->B, s->nh, s->S, 1, rd, rs);
-    Desc m = tensor(g, 0, CUDNN_DATA_FLOAT, rd, rs), z = tensor(g, 0, CUDNN_DATA_FLOAT, rd, rs), lz = tensor(g, 0, CUDNN_DATA_FLOAT, rd, rs);
+    Desc m = tensor(g, 0, CUDNN_DATA_FLOAT, rd, rs), z = tensor(g, 0, CUDNN_DATA_FLOAT, rd, rs),
+         lz = tensor(g, 0, CUDNN_DATA_FLOAT, rd, rs);
     Desc lse = tensor(g, U_LSE, CUDNN_DATA_FLOAT, rd, rs);
-    Desc sub = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), e = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), p = tensor(g, 0, CUDNN_DATA_BFLOAT16, sd, ss);
+    Desc sub = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), e = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss),
+         p = tensor(g, 0, CUDNN_DATA_BFLOAT16, sd, ss);
     reduce(g, CUDNN_REDUCE_TENSOR_MAX, sc, m);
     pw2(g, CUDNN_POINTWISE_SUB, sc, m, sub);
     pointwise(g, CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, sub, NULL, NULL, e, 0);
@@ -261,7 +272,8 @@ static void build_backward(Graph *g, const Shape *s) {
     reshape(g, p, pt);
     product_into(g, s, pt, dout, dv, s->dv);
     // dS = P∘(dO·Vᵀ − D)·scale
-    Desc dp = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), dp1 = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), dp2 = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss);
+    Desc dp = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), dp1 = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss),
+         dp2 = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss);
     Desc ds = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), dss = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss);
     matmul(g, dout, vt, dp);
     pw2(g, CUDNN_POINTWISE_MUL, dp, scalar(g, U_ONE), dp1);
@@ -293,16 +305,21 @@ static Desc build_plan(Graph *g, int64_t *ws) {
         Desc cfg[MAXCFG];
         for (int i = 0; i < MAXCFG; i++) cfg[i] = make(g, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
         int64_t n = 0;
-        DN(g, cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, MAXCFG, &n, cfg));
+        DN(g, cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, MAXCFG, &n,
+                                       cfg));
         for (int64_t i = 0; i < n && g->st == CUDNN_STATUS_SUCCESS; i++) {
             Desc plan = NULL;
-            if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS) continue;
-            bool ok = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &dnn) == CUDNN_STATUS_SUCCESS &&
-                      cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]) ==
+            if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
+                continue;
+            bool ok = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &dnn) ==
                           CUDNN_STATUS_SUCCESS &&
+                      cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]) == CUDNN_STATUS_SUCCESS &&
                       cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS;
             int64_t cnt = 0;
-            if (ok) ok = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, ws) == CUDNN_STATUS_SUCCESS;
+            if (ok)
+                ok = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt,
+                                              ws) == CUDNN_STATUS_SUCCESS;
             if (ok) {
                 if (g->n_all < (int)(sizeof g->all / sizeof g->all[0])) g->all[g->n_all++] = plan;
                 return plan;
@@ -318,7 +335,7 @@ static Desc build_plan(Graph *g, int64_t *ws) {
 typedef struct {
     Shape s;
     bool backward;
-    Graph *g;   // its descriptors (the plan is the last)
+    Graph *g; // its descriptors (the plan is the last)
     Desc plan;
     int64_t ws; // the plan's own workspace bytes
 } Plan;
@@ -346,11 +363,13 @@ static Plan *plan_slot(void) {
 // so that shape keeps to our kernels; the LSE of either path serves the other's backward).
 static Plan *get_plan(const Shape *s, bool backward) {
     for (int i = 0; i < n_plans; i++)
-        if (!memcmp(&plans[i].s, s, sizeof *s) && plans[i].backward == backward) return plans[i].plan ? &plans[i] : NULL;
+        if (!memcmp(&plans[i].s, s, sizeof *s) && plans[i].backward == backward)
+            return plans[i].plan ? &plans[i] : NULL;
     if (!dnn) {
         cudnnStatus_t st = cudnnCreate(&dnn);
         if (st != CUDNN_STATUS_SUCCESS) {
-            fprintf(stderr, "pith: note: cuDNN unavailable (%s); attention uses pith's kernels\n", cudnnGetErrorString(st));
+            fprintf(stderr, "pith: note: cuDNN unavailable (%s); attention uses pith's kernels\n",
+                    cudnnGetErrorString(st));
             dnn_off = true;
             return NULL;
         }
@@ -363,15 +382,21 @@ static Plan *get_plan(const Shape *s, bool backward) {
     int64_t ws = 0;
     Desc plan = g->st == CUDNN_STATUS_SUCCESS ? build_plan(g, &ws) : NULL;
     if (!plan) {
-        fprintf(stderr, "pith: note: cuDNN %zu builds no %s attention plan for B %lld S %lld heads %lld/%lld d %lld/%lld (%s at %s:%d); this shape uses "
-                        "pith's kernels\n",
-                cudnnGetVersion(), backward ? "backward" : "forward", (long long)s->B, (long long)s->S, (long long)s->nh, (long long)s->nkv,
-                (long long)s->d, (long long)s->dv, cudnnGetErrorString(g->st), __FILE__, g->line);
+        fprintf(stderr,
+                "pith: note: cuDNN %zu builds no %s attention plan for B %lld S %lld heads %lld/%lld d %lld/%lld (%s "
+                "at %s:%d); this shape uses "
+                "pith's kernels\n",
+                cudnnGetVersion(), backward ? "backward" : "forward", (long long)s->B, (long long)s->S,
+                (long long)s->nh, (long long)s->nkv, (long long)s->d, (long long)s->dv, cudnnGetErrorString(g->st),
+                __FILE__, g->line);
         graph_free(g);
         g = NULL;
     } else {
         static bool said;
-        if (!said) fprintf(stderr, "pith: note: attention runs cuDNN %zu's fused kernels (PITH_ATTENTION=own selects pith's)\n", cudnnGetVersion());
+        if (!said)
+            fprintf(stderr,
+                    "pith: note: attention runs cuDNN %zu's fused kernels (PITH_ATTENTION=own selects pith's)\n",
+                    cudnnGetVersion());
         said = true;
     }
     Plan *p = plan_slot();
@@ -382,9 +407,12 @@ static Plan *get_plan(const Shape *s, bool backward) {
 static void execute(Plan *p, int n, const int64_t *uids, void *const *ptrs, void *ws) {
     Desc vp = NULL;
     cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
+    if (st == CUDNN_STATUS_SUCCESS)
+        st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(vp);
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetStream(dnn, cuda_stream());
     if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(dnn, p->plan, vp);
@@ -416,8 +444,8 @@ bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v,
     return true;
 }
 
-bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
-                              float scale) {
+bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
+                              Tensor lse, int B, int S, float scale) {
     int D = (int)q.n[2], DV = (int)v.n[2];
     if (!usable(q, D, DV, scale)) return false;
     Tensor all[8] = {dq, dk, dv, dout, q, k, v, o};
@@ -427,10 +455,12 @@ bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tens
     Plan *p = get_plan(&s, true);
     if (!p) return false;
     // workspace: the plan's own, then D (B, nh, S) and the dQ accumulator (B, nh, S, d), fp32
-    size_t dbytes = up256((size_t)B * s.nh * S * sizeof(float)), accbytes = up256((size_t)B * s.nh * S * D * sizeof(float));
+    size_t dbytes = up256((size_t)B * s.nh * S * sizeof(float)),
+           accbytes = up256((size_t)B * s.nh * S * D * sizeof(float));
     char *ws = (char *)cuda_scratch(up256((size_t)p->ws) + dbytes + accbytes);
     float *Dp = (float *)(ws + up256((size_t)p->ws)), *acc = (float *)((char *)Dp + dbytes);
-    if (cudnnGetVersion() < 90600) CUDA_CHECK(cudaMemsetAsync(acc, 0, accbytes, cuda_stream())); // later versions zero it themselves
+    if (cudnnGetVersion() < 90600)
+        CUDA_CHECK(cudaMemsetAsync(acc, 0, accbytes, cuda_stream())); // later versions zero it themselves
     float lowest = -3.4028234663852886e38f, one = 1.0f;
     int64_t uids[14] = {U_Q, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV, U_SCALE, U_LOWEST, U_ONE, U_D, U_DQACC};
     void *ptrs[14] = {q.p, k.p, v.p, o.p, lse.p, dout.p, dq.p, dk.p, dv.p, &scale, &lowest, &one, Dp, acc};
@@ -440,9 +470,11 @@ bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tens
 
 #else // no cuDNN in this build: our kernels always
 
-bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) { return false; }
-bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
-                              float scale) {
+bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
+    return false;
+}
+bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
+                              Tensor lse, int B, int S, float scale) {
     return false;
 }
 

@@ -12,16 +12,19 @@
 #include "ops/cuda/cuda_common.cuh"
 
 #define ELEM_THREADS 256
-#define GRID_STRIDE(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, n)                                                                                              \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
-template <typename TH, typename TT> __global__ void embedding_forward_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t H) {
+template <typename TH, typename TT>
+__global__ void embedding_forward_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t H) {
     GRID_STRIDE(e, T_ * H) {
         int64_t t = e / H, c = e % H;
         st(h, e, ld(table, (int64_t)tokens[t] * H + c));
     }
 }
 
-template <typename T> __global__ void embedding_backward_kernel(float *dtable, const T *dh, const int32_t *tokens, int64_t T_, int64_t H) {
+template <typename T>
+__global__ void embedding_backward_kernel(float *dtable, const T *dh, const int32_t *tokens, int64_t T_, int64_t H) {
     GRID_STRIDE(e, T_ * H) {
         int64_t t = e / H, c = e % H;
         atomicAdd(dtable + (int64_t)tokens[t] * H + c, ld(dh, e)); // tokens repeat: rows collide
@@ -75,7 +78,8 @@ __global__ void cross_entropy_partial_kernel(float2 *part, const T *logits, cons
 // Pass 2: lse of row r from its ns partials (fp64), then slice s ← grad_scale·(softmax − onehot) in the
 // logits' own dtype; the block holding the label adds lse − l[label] to loss_sum.
 template <typename T, bool VEC>
-__global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const int32_t *labels, double *loss_sum, int64_t V, int ns, float grad_scale) {
+__global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const int32_t *labels, double *loss_sum,
+                                          int64_t V, int ns, float grad_scale) {
     __shared__ double lse_s;
     int64_t r = blockIdx.x, c0 = (int64_t)blockIdx.y * CE_SLICE, c1 = min(c0 + CE_SLICE, V);
     T *l = logits + r * V;
@@ -156,7 +160,8 @@ template <typename T> __global__ void scale_kernel(T *x, float s, int64_t n, boo
     }
     GRID_STRIDE(i, n - n8 * 8) st(x, n8 * 8 + i, ld(x, n8 * 8 + i) * s);
 }
-template <typename TH, typename TT> __global__ void embedding_forward_vec_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t C8) {
+template <typename TH, typename TT>
+__global__ void embedding_forward_vec_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t C8) {
     GRID_STRIDE(e, T_ * C8) {
         int64_t t = e / C8, c = e % C8;
         float v[8];
@@ -165,15 +170,15 @@ template <typename TH, typename TT> __global__ void embedding_forward_vec_kernel
     }
 }
 // AdamW of one parameter (the update of ops/cpu/cpu_elem.c).
-__device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, float b1, float b2, float eps, float step, float bc2,
-                                          float decay) {
+__device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, float b1, float b2, float eps,
+                                          float step, float bc2, float decay) {
     float mi = m + (1.0f - b1) * (g - m), vi = b2 * v + (1.0f - b2) * g * g;
     m = mi, v = vi;
     p = p * decay - step * mi / (sqrtf(vi) / bc2 + eps);
 }
 // 4 parameters per thread (float4 loads of p, g, m, v) when vec, then the last n % 4 one by one.
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, bool vec, float b1, float b2, float eps, float step,
-                             float bc2, float decay) {
+__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, bool vec, float b1, float b2,
+                             float eps, float step, float bc2, float decay) {
     int64_t n4 = vec ? n / 4 : 0;
     GRID_STRIDE(i, n4) {
         float4 P = ((float4 *)p)[i], G = ((const float4 *)g)[i], M = ((float4 *)m)[i], Vv = ((float4 *)v)[i];
@@ -199,10 +204,11 @@ template <typename T> __global__ void sum_squares_kernel(double *out, const T *x
     if (threadIdx.x == 0) atomicAdd(out, s);
 }
 
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, float b1, float b2, float eps, float step, float bc2,
-                             float decay) {
+__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, float b1, float b2, float eps,
+                             float step, float bc2, float decay) {
     GRID_STRIDE(i, n) {
-        float gi = g[i], pi = p[i] * decay, mi = m[i] + (1.0f - b1) * (gi - m[i]), vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        float gi = g[i], pi = p[i] * decay, mi = m[i] + (1.0f - b1) * (gi - m[i]),
+              vi = b2 * v[i] + (1.0f - b2) * gi * gi;
         m[i] = mi, v[i] = vi;
         p[i] = pi - step * mi / (sqrtf(vi) / bc2 + eps);
     }
@@ -213,7 +219,7 @@ static uint16_t host_f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); // NaN stays a quiet NaN
-    u += 0x7fffu + ((u >> 16) & 1);                                          // round to nearest even
+    u += 0x7fffu + ((u >> 16) & 1);                                           // round to nearest even
     return (uint16_t)(u >> 16);
 }
 static float host_bf16_to_f32(uint16_t b) {
@@ -239,15 +245,19 @@ void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
     // The scalar kernel serves tables that are unaligned views (an unpadded offset of the flat parameter
     // buffer) or odd widths.
     if (vec8_fits(H, h.p, table.p)) {
-        DT_SWITCH(h.dt, TH, "embedding_forward", DT_SWITCH(table.dt, TT, "embedding_forward",
-            embedding_forward_vec_kernel<TH, TT><<<grid_for(T_ * H / 8, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
-                (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H / 8)));
+        DT_SWITCH(h.dt, TH, "embedding_forward",
+                  DT_SWITCH(table.dt, TT, "embedding_forward",
+                            embedding_forward_vec_kernel<TH, TT>
+                            <<<grid_for(T_ * H / 8, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                                (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H / 8)));
         CUDA_LAUNCH_CHECK();
         return;
     }
-    DT_SWITCH(h.dt, TH, "embedding_forward", DT_SWITCH(table.dt, TT, "embedding_forward",
-        embedding_forward_kernel<TH, TT><<<grid_for(T_ * H, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
-            (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H)));
+    DT_SWITCH(h.dt, TH, "embedding_forward",
+              DT_SWITCH(table.dt, TT, "embedding_forward",
+                        embedding_forward_kernel<TH, TT>
+                        <<<grid_for(T_ * H, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                            (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -266,7 +276,9 @@ void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float gra
     CHECK(loss_sum.dt == DT_F64 && tensor_numel(labels) == R);
     if (R == 0 || V == 0) return;
     int ns = (int)((V + CE_SLICE - 1) / CE_SLICE);
-    if (R > 65535 || ns > 65535) die("cross_entropy: a chunk of %lld rows of %lld logits is too large (at most 65535 rows)", (long long)R, (long long)V);
+    if (R > 65535 || ns > 65535)
+        die("cross_entropy: a chunk of %lld rows of %lld logits is too large (at most 65535 rows)", (long long)R,
+            (long long)V);
     float2 *part = (float2 *)cuda_scratch((size_t)R * ns * sizeof(float2));
     dim3 grid((unsigned)R, (unsigned)ns);
     const int32_t *lab = (const int32_t *)labels.p;
@@ -275,11 +287,13 @@ void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float gra
         if (vec8_fits(V, l)) { // one kernel source; the scalar instance serves ragged vocabularies (50257, 3001)
             cross_entropy_partial_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
             CUDA_LAUNCH_CHECK();
-            cross_entropy_grad_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
+            cross_entropy_grad_kernel<T, true>
+                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
         } else {
             cross_entropy_partial_kernel<T, false><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
             CUDA_LAUNCH_CHECK();
-            cross_entropy_grad_kernel<T, false><<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
+            cross_entropy_grad_kernel<T, false>
+                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
         }
     });
     CUDA_LAUNCH_CHECK();
@@ -294,8 +308,10 @@ void cuda_add(Tensor y, Tensor x) {
     CHECK(tensor_numel(x) == n);
     if (!n) return;
     bool vec = aligned16(y.p, x.p);
-    DT_SWITCH(y.dt, TY, "add", DT_SWITCH(x.dt, TX, "add",
-        add_kernel<TY, TX><<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, n, vec)));
+    DT_SWITCH(y.dt, TY, "add",
+              DT_SWITCH(x.dt, TX, "add",
+                        add_kernel<TY, TX><<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                            (TY *)y.p, (const TX *)x.p, n, vec)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -304,7 +320,8 @@ void cuda_scale(Tensor x, float s) {
     if (!n) return;
     bool vec = aligned16(x.p);
     DT_SWITCH(x.dt, T, "scale",
-              scale_kernel<T><<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((T *)x.p, s, n, vec));
+              scale_kernel<T>
+              <<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((T *)x.p, s, n, vec));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -318,15 +335,20 @@ void cuda_copy(Tensor dst, Tensor src) {
     cudaStream_t s = cuda_stream();
     bool dd = dst.dev == DEV_CUDA && src.dev == DEV_CUDA;
     if (dst.dt == src.dt) {
-        cudaMemcpyKind kind = dd ? cudaMemcpyDeviceToDevice : dst.dev == DEV_CUDA ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+        cudaMemcpyKind kind = dd                    ? cudaMemcpyDeviceToDevice
+                              : dst.dev == DEV_CUDA ? cudaMemcpyHostToDevice
+                                                    : cudaMemcpyDeviceToHost;
         CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, tensor_bytes(src), kind, s));
         if (!dd) CUDA_CHECK(cudaStreamSynchronize(s));
         return;
     }
     if (dd) {
         bool vec = aligned16(dst.p, src.p);
-        DT_SWITCH(dst.dt, TD, "copy", DT_SWITCH(src.dt, TS, "copy",
-            copy_convert_kernel<TD, TS><<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, s>>>((TD *)dst.p, (const TS *)src.p, n, vec)));
+        DT_SWITCH(dst.dt, TD, "copy",
+                  DT_SWITCH(src.dt, TS, "copy",
+                            copy_convert_kernel<TD, TS>
+                            <<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(
+                                (TD *)dst.p, (const TS *)src.p, n, vec)));
         CUDA_LAUNCH_CHECK();
         return;
     }
@@ -350,7 +372,8 @@ double cuda_sum_squares(Tensor x) {
     CUDA_CHECK(cudaMemsetAsync(c->small, 0, sizeof(double), c->compute));
     unsigned grid = (unsigned)(c->sm_count * 4);
     if ((int64_t)grid * ELEM_THREADS > n) grid = grid_for(n, ELEM_THREADS);
-    DT_SWITCH(x.dt, T, "sum_squares", sum_squares_kernel<T><<<grid, ELEM_THREADS, 0, c->compute>>>((double *)c->small, (const T *)x.p, n));
+    DT_SWITCH(x.dt, T, "sum_squares",
+              sum_squares_kernel<T><<<grid, ELEM_THREADS, 0, c->compute>>>((double *)c->small, (const T *)x.p, n));
     CUDA_LAUNCH_CHECK();
     CUDA_CHECK(cudaMemcpyAsync(c->host_small, c->small, sizeof(double), cudaMemcpyDeviceToHost, c->compute));
     CUDA_CHECK(cudaStreamSynchronize(c->compute));
@@ -359,13 +382,16 @@ double cuda_sum_squares(Tensor x) {
 
 void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
     int64_t n = tensor_numel(p);
-    IS_F32(p, "adamw"); IS_F32(g, "adamw"); IS_F32(m, "adamw"); IS_F32(v, "adamw");
+    IS_F32(p, "adamw");
+    IS_F32(g, "adamw");
+    IS_F32(m, "adamw");
+    IS_F32(v, "adamw");
     CHECK(tensor_numel(g) == n && tensor_numel(m) == n && tensor_numel(v) == n);
     if (!n) return;
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
     bool vec = aligned16(p.p, g.p, m.p, v.p);
-    adamw_kernel<<<grid_for(vec ? n / 4 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (float *)m.p,
-                                                                                          (float *)v.p, n, vec, b1, b2, eps, step, bc2, decay);
+    adamw_kernel<<<grid_for(vec ? n / 4 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+        (float *)p.p, (const float *)g.p, (float *)m.p, (float *)v.p, n, vec, b1, b2, eps, step, bc2, decay);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -380,12 +406,13 @@ double cuda_read_scalar(Tensor x) {
 void cuda_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate) {
     int64_t R = t_rows(dst), Cd = t_cols(dst), Cs = t_cols(src);
     if (t_rows(src) != R || n < 0 || a < 0 || b < 0 || a + n > Cd || b + n > Cs)
-        die("copy_cols: dst (%lld, %lld)[:, %lld:+%lld] and src (%lld, %lld)[:, %lld:] do not fit", (long long)R, (long long)Cd,
-            (long long)a, (long long)n, (long long)t_rows(src), (long long)Cs, (long long)b);
+        die("copy_cols: dst (%lld, %lld)[:, %lld:+%lld] and src (%lld, %lld)[:, %lld:] do not fit", (long long)R,
+            (long long)Cd, (long long)a, (long long)n, (long long)t_rows(src), (long long)Cs, (long long)b);
     if (R * n == 0) return;
-    DT_SWITCH(dst.dt, TD, "copy_cols", DT_SWITCH(src.dt, TS, "copy_cols",
-        copy_cols_kernel<TD, TS><<<grid_for(R * n, 256), 256, 0, cuda_stream()>>>((TD *)dst.p + a, Cd, (const TS *)src.p + b, Cs, R,
-                                                                                 n, accumulate)));
+    DT_SWITCH(dst.dt, TD, "copy_cols",
+              DT_SWITCH(src.dt, TS, "copy_cols",
+                        copy_cols_kernel<TD, TS><<<grid_for(R * n, 256), 256, 0, cuda_stream()>>>(
+                            (TD *)dst.p + a, Cd, (const TS *)src.p + b, Cs, R, n, accumulate)));
     CUDA_LAUNCH_CHECK();
 }
 

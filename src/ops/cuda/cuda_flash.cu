@@ -20,8 +20,8 @@
 // cp.async (16-byte, zero-filled past the sequence end), double-buffered against the tensor-core work.
 #include "ops/cuda/cuda_mma.cuh"
 
-#define FA_ROWS 64    // query rows (or keys in the dk/dv kernel) per block
-#define FA_TILE 64    // keys (or queries) per streamed tile
+#define FA_ROWS 64 // query rows (or keys in the dk/dv kernel) per block
+#define FA_TILE 64 // keys (or queries) per streamed tile
 #define FA_THREADS 128
 #define FA_LOG2E 1.4426950408889634f
 
@@ -29,7 +29,8 @@
 // · tile (64 × 8·ND, row-major [k][n] in shared memory, read through ldmatrix.trans): O += P·V, dQ += dS·K,
 // dV += Pᵀ·dO, dK += dSᵀ·Q all have this shape, 16 rows of k at a time.
 template <int ND, int LD>
-__device__ __forceinline__ void mma_acc_rows_tile(float (&acc)[ND][4], const float (&p)[8][4], const bf16 *tile, int lane) {
+__device__ __forceinline__ void mma_acc_rows_tile(float (&acc)[ND][4], const float (&p)[8][4], const bf16 *tile,
+                                                  int lane) {
 #pragma unroll
     for (int kk = 0; kk < 4; kk++) {
         uint32_t pa[4] = {pack_bf16(p[2 * kk][0], p[2 * kk][1]), pack_bf16(p[2 * kk][2], p[2 * kk][3]),
@@ -58,7 +59,8 @@ template <int D> __device__ __forceinline__ void tile_load(bf16 *tile, const bf1
 // ---- forward ----
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS, 2)
-    flash_forward_kernel(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int S, int nh, int nkv, float scale) {
+    flash_forward_kernel(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int S, int nh, int nkv,
+                         float scale) {
     constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *qs = (bf16 *)fa_smem, *ks = qs + TS, *vs = ks + 2 * TS; // Q; K and V in two stages each
@@ -144,7 +146,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         float inv = 1.0f / l[r];
         bf16 *orow = o + ((int64_t)b * S + row) * qld + h * D + 2 * tq;
 #pragma unroll
-        for (int i = 0; i < ND; i++) *(uint32_t *)(orow + i * 8) = pack_bf16(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
+        for (int i = 0; i < ND; i++)
+            *(uint32_t *)(orow + i * 8) = pack_bf16(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
         if (tq == 0) lse[((int64_t)b * nh + h) * S + row] = m[r] * scale + logf(l[r]);
     }
 }
@@ -152,8 +155,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 // ---- backward, kernel 1: D_i and dq ----
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS, 2)
-    flash_backward_dq_kernel(bf16 *dq, float *Dg, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *o,
-                             const float *lse, int S, int nh, int nkv, float scale) {
+    flash_backward_dq_kernel(bf16 *dq, float *Dg, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                             const bf16 *o, const float *lse, int S, int nh, int nkv, float scale) {
     constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *qs = (bf16 *)fa_smem, *dos = qs + TS, *ks = dos + TS, *vs = ks + 2 * TS;
@@ -174,7 +177,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         int r = threadIdx.x >> 1, half = threadIdx.x & 1;
         float part = 0.0f;
         if (q0 + r < S) {
-            const uint4 *dp = (const uint4 *)(dout + qoff + r * qld + half * (D / 2)), *op = (const uint4 *)(o + qoff + r * qld + half * (D / 2));
+            const uint4 *dp = (const uint4 *)(dout + qoff + r * qld + half * (D / 2)),
+                        *op = (const uint4 *)(o + qoff + r * qld + half * (D / 2));
 #pragma unroll
             for (int c = 0; c < D / 16; c++) {
                 uint4 a = dp[c], bo = op[c];
@@ -223,7 +227,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
         float s[8][4], dp[8][4];
 #pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+        for (int i = 0; i < 8; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < KD; kk++)
 #pragma unroll
@@ -255,7 +260,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - Dr[e >> 1]); // dS
-        mma_acc_rows_tile<ND, LD>(acc, dp, kt, lane); // dQ += dS·K
+        mma_acc_rows_tile<ND, LD>(acc, dp, kt, lane);                                    // dQ += dS·K
         __syncthreads();
     }
 #pragma unroll
@@ -264,15 +269,17 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         if (row >= S) continue;
         bf16 *drow = dq + ((int64_t)b * S + row) * qld + h * D + 2 * tq;
 #pragma unroll
-        for (int i = 0; i < ND; i++) *(uint32_t *)(drow + i * 8) = pack_bf16(acc[i][2 * r] * scale, acc[i][2 * r + 1] * scale);
+        for (int i = 0; i < ND; i++)
+            *(uint32_t *)(drow + i * 8) = pack_bf16(acc[i][2 * r] * scale, acc[i][2 * r + 1] * scale);
     }
 }
 
 // ---- backward, kernel 2: dk, dv ----
 // Starts the loads of iteration it (query head and query tile) into stage st: Q, dO, lse and D rows.
 template <int D>
-__device__ __forceinline__ void dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, float *ds, const bf16 *q, const bf16 *dout, const float *lse,
-                                              const float *Dg, int it, int nq, int qt0, int b, int g, int grp, int S, int nh) {
+__device__ __forceinline__ void dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, float *ds, const bf16 *q,
+                                              const bf16 *dout, const float *lse, const float *Dg, int it, int nq,
+                                              int qt0, int b, int g, int grp, int S, int nh) {
     int h = g * grp + it / nq, qb = (qt0 + it % nq) * FA_TILE;
     int64_t qld = (int64_t)nh * D, off = ((int64_t)b * S + qb) * qld + h * D, roff = ((int64_t)b * nh + h) * S + qb;
     tile_load<D>(qs, q + off, qld, S - qb);
@@ -285,8 +292,8 @@ __device__ __forceinline__ void dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, fl
 
 template <int D>
 __global__ void __launch_bounds__(FA_THREADS, 2)
-    flash_backward_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v, const float *lse,
-                               const float *Dg, int S, int nh, int nkv, float scale) {
+    flash_backward_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
+                               const float *lse, const float *Dg, int S, int nh, int nkv, float scale) {
     constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *ks = (bf16 *)fa_smem, *vs = ks + TS, *qs = vs + TS, *dos = qs + 2 * TS; // K, V; Q and dO in two stages
@@ -309,8 +316,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     for (int it = 0; it < total; it++) {
         int st = it & 1;
         if (it + 1 < total)
-            dkdv_prefetch<D>(qs + (st ^ 1) * TS, dos + (st ^ 1) * TS, ls + (st ^ 1) * FA_TILE, ds + (st ^ 1) * FA_TILE, q, dout, lse, Dg, it + 1, nq,
-                             qt0, b, g, grp, S, nh);
+            dkdv_prefetch<D>(qs + (st ^ 1) * TS, dos + (st ^ 1) * TS, ls + (st ^ 1) * FA_TILE, ds + (st ^ 1) * FA_TILE,
+                             q, dout, lse, Dg, it + 1, nq, qt0, b, g, grp, S, nh);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -319,7 +326,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         int qb = (qt0 + it % nq) * FA_TILE;
         float s[8][4], dp[8][4]; // Sᵀ and dPᵀ: rows = this warp's 16 keys, columns = the tile's 64 queries
 #pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+        for (int i = 0; i < 8; i++)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) { // Sᵀ = K·Qᵀ
             uint32_t ka[4];
@@ -380,32 +388,34 @@ template <typename K> static void fa_smem_opt_in(K kernel, size_t bytes) {
 }
 static size_t fa_tile_bytes(int D) { return (size_t)FA_ROWS * (D + 8) * sizeof(bf16); }
 
-template <int D> static void flash_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
+template <int D>
+static void flash_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
     int nh = (int)q.n[1], nkv = (int)k.n[1];
     size_t smem = 5 * fa_tile_bytes(D);
     fa_smem_opt_in(flash_forward_kernel<D>, smem);
     dim3 grid((unsigned)(B * nh), (unsigned)((S + FA_ROWS - 1) / FA_ROWS));
-    flash_forward_kernel<D><<<grid, FA_THREADS, smem, cuda_stream()>>>((bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p,
-                                                                       (const bf16 *)v.p, S, nh, nkv, scale);
+    flash_forward_kernel<D><<<grid, FA_THREADS, smem, cuda_stream()>>>(
+        (bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, S, nh, nkv, scale);
     CUDA_LAUNCH_CHECK();
 }
 
 template <int D>
-static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
-                                  float scale) {
+static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
+                                  Tensor lse, int B, int S, float scale) {
     int nh = (int)q.n[1], nkv = (int)k.n[1];
     float *Dg = (float *)cuda_scratch((size_t)B * nh * S * sizeof(float)); // D_i, from kernel 1 to kernel 2
-    size_t smem1 = 6 * fa_tile_bytes(D) + FA_ROWS * sizeof(float), smem2 = 6 * fa_tile_bytes(D) + 4 * FA_TILE * sizeof(float);
+    size_t smem1 = 6 * fa_tile_bytes(D) + FA_ROWS * sizeof(float),
+           smem2 = 6 * fa_tile_bytes(D) + 4 * FA_TILE * sizeof(float);
     fa_smem_opt_in(flash_backward_dq_kernel<D>, smem1);
     fa_smem_opt_in(flash_backward_dkdv_kernel<D>, smem2);
     unsigned tiles = (unsigned)((S + FA_ROWS - 1) / FA_ROWS);
     flash_backward_dq_kernel<D><<<dim3((unsigned)(B * nh), tiles), FA_THREADS, smem1, cuda_stream()>>>(
-        (bf16 *)dq.p, Dg, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, (const bf16 *)o.p, (const float *)lse.p, S,
-        nh, nkv, scale);
+        (bf16 *)dq.p, Dg, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
+        (const bf16 *)o.p, (const float *)lse.p, S, nh, nkv, scale);
     CUDA_LAUNCH_CHECK();
     flash_backward_dkdv_kernel<D><<<dim3((unsigned)(B * nkv), tiles), FA_THREADS, smem2, cuda_stream()>>>(
-        (bf16 *)dk.p, (bf16 *)dv.p, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, (const float *)lse.p, Dg, S, nh,
-        nkv, scale);
+        (bf16 *)dk.p, (bf16 *)dv.p, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
+        (const float *)lse.p, Dg, S, nh, nkv, scale);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -421,8 +431,8 @@ bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v,
     return true;
 }
 
-bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, int B, int S,
-                              float scale) {
+bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
+                              Tensor lse, int B, int S, float scale) {
     int D = (int)q.n[2];
     if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0)) return false;
     if (!aligned16(dq.p, dk.p, dv.p, dout.p) || !aligned16(q.p, k.p, v.p, o.p)) return false;

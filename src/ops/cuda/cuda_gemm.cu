@@ -36,7 +36,9 @@ static uint32_t align_of(const void *p) {
 
 // A strided batch of products (lt_matmul_on): D_i = op(A_i)·op(B_i) + beta·D_i for i < count, where
 // X_i = X + i·stride_X elements; ONE is a single product.
-typedef struct { int64_t count, sa, sb, sd; } Batch;
+typedef struct {
+    int64_t count, sa, sb, sd;
+} Batch;
 static const Batch ONE = {1, 0, 0, 0};
 
 // The heuristic's choice for one problem description, cached (the query costs tens of microseconds).
@@ -66,8 +68,8 @@ static int64_t size_bucket(int64_t v) {
 }
 
 // The three matrix layouts of a product (A, B, D), with the batch attributes when bt has several.
-static void lt_layouts(cudaDataType_t at, cudaDataType_t dtt, bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
-                       int64_t ldd, Batch bt, cublasLtMatrixLayout_t lay[3]) {
+static void lt_layouts(cudaDataType_t at, cudaDataType_t dtt, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                       int64_t lda, int64_t ldb, int64_t ldd, Batch bt, cublasLtMatrixLayout_t lay[3]) {
     CUDA_CHECK(cublasLtMatrixLayoutCreate(&lay[0], at, ta ? k : m, ta ? m : k, lda));
     CUDA_CHECK(cublasLtMatrixLayoutCreate(&lay[1], at, tb ? n : k, tb ? k : n, ldb));
     CUDA_CHECK(cublasLtMatrixLayoutCreate(&lay[2], dtt, m, n, ldd));
@@ -76,7 +78,8 @@ static void lt_layouts(cudaDataType_t at, cudaDataType_t dtt, bool ta, bool tb, 
         int64_t str[3] = {bt.sa, bt.sb, bt.sd};
         for (int i = 0; i < 3; i++) {
             CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &cnt, sizeof cnt));
-            CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &str[i], sizeof str[i]));
+            CUDA_CHECK(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &str[i],
+                                                        sizeof str[i]));
         }
     }
 }
@@ -86,7 +89,8 @@ static void lt_layouts_destroy(cublasLtMatrixLayout_t lay[3]) {
 
 // The heuristic's first algorithm for the problem in key (its sizes, leading dims, batch, alignments);
 // false when it has none.
-static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataType_t at, cudaDataType_t dtt, cublasLtMatmulAlgo_t *algo) {
+static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataType_t at, cudaDataType_t dtt,
+                         cublasLtMatmulAlgo_t *algo) {
     CudaCtx *c = cuda_ctx();
     cublasLtMatrixLayout_t lay[3];
     lt_layouts(at, dtt, key->ta, key->tb, key->m, key->n, key->k, key->lda, key->ldb, key->ldd, key->bt, lay);
@@ -94,32 +98,39 @@ static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataTy
     CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = CUDA_LT_WS_BYTES;
     CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al[0], sizeof(uint32_t)));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al[1], sizeof(uint32_t)));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al[2], sizeof(uint32_t)));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al[2], sizeof(uint32_t)));
+    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al[0],
+                                                    sizeof(uint32_t)));
+    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al[1],
+                                                    sizeof(uint32_t)));
+    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al[2],
+                                                    sizeof(uint32_t)));
+    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al[2],
+                                                    sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &found);
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &found);
     CUDA_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     lt_layouts_destroy(lay);
     if (st != CUBLAS_STATUS_SUCCESS || found < 1) return false;
     *algo = res.algo;
     return true;
 }
-static cublasLtMatmulAlgo_t lt_heuristic_or_die(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataType_t at, cudaDataType_t dtt) {
+static cublasLtMatmulAlgo_t lt_heuristic_or_die(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataType_t at,
+                                                cudaDataType_t dtt) {
     cublasLtMatmulAlgo_t algo;
     if (!lt_heuristic(op, key, at, dtt, &algo))
-        die("gemm: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s operands, %s output)", (long long)key->m, (long long)key->n,
-            (long long)key->k, dtype_name((DType)key->adt), dtype_name((DType)key->ddt));
+        die("gemm: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s operands, %s output)", (long long)key->m,
+            (long long)key->n, (long long)key->k, dtype_name((DType)key->adt), dtype_name((DType)key->ddt));
     return algo;
 }
 
 // Column-major D(m×n) = op(A)(m×k) · op(B)(k×n) + beta·D; A stored (k×m if ta else m×k) with lda, B stored
 // (n×k if tb else k×n) with ldb; A and B of dtype abt, D of dtype dt.
 // Runs on `stream` with workspace `ws` (CUDA_LT_WS_BYTES); lt_matmul: the compute stream and its workspace.
-static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda,
-                         const void *B, int64_t ldb, DType abt, float beta, void *D, int64_t ldd, DType dt, Batch bt) {
+static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                         const void *A, int64_t lda, const void *B, int64_t ldb, DType abt, float beta, void *D,
+                         int64_t ldd, DType dt, Batch bt) {
     if (m == 0 || n == 0) return;
     CudaCtx *c = cuda_ctx();
     if (k == 0) { // the product is empty: D = beta·D (only beta 0 or 1 occur)
@@ -139,7 +150,8 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
     GemmKey key;
     memset(&key, 0, sizeof key);
     key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd, key.ta = ta, key.tb = tb;
-    if (bt.count == 1) { // bucket n and k where no leading dimension bounds them (ta: lda ≥ k; !tb: ldb ≥ k; tb: ldb ≥ n)
+    if (bt.count ==
+        1) { // bucket n and k where no leading dimension bounds them (ta: lda ≥ k; !tb: ldb ≥ k; tb: ldb ≥ n)
         int64_t nb = size_bucket(n), kb = size_bucket(k);
         if (!(tb && nb > ldb)) key.n = nb;
         if (!(ta && kb > lda) && !(!tb && kb > ldb)) key.k = kb;
@@ -157,17 +169,19 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
         ce->key = key, ce->used = true;
     }
     float alpha = 1.0f;
-    cublasStatus_t st = cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ce->algo, ws_mem, CUDA_LT_WS_BYTES, stream);
+    cublasStatus_t st = cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ce->algo, ws_mem,
+                                       CUDA_LT_WS_BYTES, stream);
     if (st != CUBLAS_STATUS_SUCCESS) { // the bucket's algorithm does not take this size: ask for this exact one
         key.n = n, key.k = k;
         cublasLtMatmulAlgo_t algo = lt_heuristic_or_die(op, &key, at, dtt);
-        CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algo, ws_mem, CUDA_LT_WS_BYTES, stream));
+        CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algo, ws_mem, CUDA_LT_WS_BYTES,
+                                  stream));
     }
     lt_layouts_destroy(lay);
     CUDA_CHECK(cublasLtMatmulDescDestroy(op));
 }
-static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B, int64_t ldb, DType abt,
-                      float beta, void *D, int64_t ldd, DType dt) {
+static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
+                      int64_t ldb, DType abt, float beta, void *D, int64_t ldd, DType dt) {
     CudaCtx *c = cuda_ctx();
     lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, k, A, lda, B, ldb, abt, beta, D, ldd, dt, ONE);
 }
@@ -176,10 +190,12 @@ static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const v
 static void mm_forward(int64_t M, int64_t N, int64_t K, const void *x, const void *w, DType abt, void *y, DType ydt) {
     lt_matmul(true, false, N, M, K, w, K, x, K, abt, 0.0f, y, N, ydt);
 }
-static void mm_backward_input(int64_t M, int64_t N, int64_t K, const void *dy, const void *w, DType abt, void *dx, DType dxdt, bool acc) {
+static void mm_backward_input(int64_t M, int64_t N, int64_t K, const void *dy, const void *w, DType abt, void *dx,
+                              DType dxdt, bool acc) {
     lt_matmul(false, false, K, M, N, w, K, dy, N, abt, acc ? 1.0f : 0.0f, dx, K, dxdt);
 }
-static void mm_backward_weight(int64_t M, int64_t N, int64_t K, const void *dy, const void *x, DType abt, void *dw, DType dwdt) {
+static void mm_backward_weight(int64_t M, int64_t N, int64_t K, const void *dy, const void *x, DType abt, void *dw,
+                               DType dwdt) {
     lt_matmul(false, true, K, N, M, x, K, dy, N, abt, 1.0f, dw, K, dwdt);
 }
 
@@ -235,7 +251,8 @@ static void side_join(int ns) {
 }
 
 // dw_e (N, K) fp32 += dy_eᵀ · x_e for every expert with rows, the experts dealt to the streams in turn.
-static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64_t K, const void *dy, const void *x, DType abt, float *dw) {
+static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64_t K, const void *dy, const void *x,
+                                DType abt, float *dw) {
     int ns = side_fork();
     size_t s = dtype_size(abt);
     int next = 0;
@@ -244,8 +261,8 @@ static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64
         if (!M) continue;
         int i = next;
         next = (next + 1) % ns;
-        lt_matmul_on(wgrad_stream[i], wgrad_ws[i], false, true, K, N, M, (const char *)x + offs[e] * K * s, K, (const char *)dy + offs[e] * N * s,
-                     N, abt, 1.0f, dw + e * N * K, K, DT_F32, ONE);
+        lt_matmul_on(wgrad_stream[i], wgrad_ws[i], false, true, K, N, M, (const char *)x + offs[e] * K * s, K,
+                     (const char *)dy + offs[e] * N * s, N, abt, 1.0f, dw + e * N * K, K, DT_F32, ONE);
     }
     side_join(ns);
 }
@@ -276,7 +293,8 @@ static int next_side(int ns, int i) { return i % (ns - 1) + 1; } // the side str
 // dst = bf16(src) over n elements: 8-element vectors when both are 16-byte aligned (vec), then the last n % 8
 // one by one; element by element otherwise.
 __global__ void gemm_round_bf16_kernel(bf16 *dst, const float *src, int64_t n, bool vec) {
-    int64_t n8 = vec ? n / 8 : 0, stride = (int64_t)gridDim.x * blockDim.x, i0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    int64_t n8 = vec ? n / 8 : 0, stride = (int64_t)gridDim.x * blockDim.x,
+            i0 = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     for (int64_t i = i0; i < n8; i += stride) {
         float v[8];
         ld8(src + i * 8, v);
@@ -288,7 +306,9 @@ __global__ void gemm_round_bf16_kernel(bf16 *dst, const float *src, int64_t n, b
 // Rows of an fp32 (., cols) matrix that fit the pool as bf16.
 static int64_t convert_chunk_rows(int64_t cols, const char *what) {
     int64_t r = (int64_t)(CUDA_CONVERT_BYTES / 2) / (cols ? cols : 1);
-    if (r < 1) die("%s: a row of %lld fp32 values does not fit the %zu-byte conversion pool", what, (long long)cols, CUDA_CONVERT_BYTES);
+    if (r < 1)
+        die("%s: a row of %lld fp32 values does not fit the %zu-byte conversion pool", what, (long long)cols,
+            CUDA_CONVERT_BYTES);
     return r;
 }
 static const void *round_rows(const float *src, int64_t rows, int64_t cols) {
@@ -301,7 +321,8 @@ static const void *round_rows(const float *src, int64_t rows, int64_t cols) {
 }
 
 // ---- bias ----
-template <typename TY, typename TB> __global__ void linear_bias_forward_kernel(TY *y, const TB *b, int64_t M, int64_t N) {
+template <typename TY, typename TB>
+__global__ void linear_bias_forward_kernel(TY *y, const TB *b, int64_t M, int64_t N) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < M * N; i += (int64_t)gridDim.x * blockDim.x)
         st(y, i, ld(y, i) + ld(b, i % N));
 }
@@ -329,17 +350,21 @@ void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
     if (x.dt == w.dt) {
         mm_forward(M, N, K, x.p, w.p, w.dt, y.p, y.dt);
     } else {
-        if (x.dt != DT_F32 || w.dt != DT_BF16) die("linear_forward: x %s with w %s is not supported", dtype_name(x.dt), dtype_name(w.dt));
+        if (x.dt != DT_F32 || w.dt != DT_BF16)
+            die("linear_forward: x %s with w %s is not supported", dtype_name(x.dt), dtype_name(w.dt));
         int64_t C = convert_chunk_rows(K, "linear_forward");
         for (int64_t r0 = 0; r0 < M; r0 += C) {
             int64_t n = M - r0 < C ? M - r0 : C;
-            mm_forward(n, N, K, round_rows((const float *)x.p + r0 * K, n, K), w.p, DT_BF16, (char *)y.p + r0 * N * dtype_size(y.dt), y.dt);
+            mm_forward(n, N, K, round_rows((const float *)x.p + r0 * K, n, K), w.p, DT_BF16,
+                       (char *)y.p + r0 * N * dtype_size(y.dt), y.dt);
         }
     }
     if (b.p && M > 0) {
         CHECK(tensor_numel(b) == N);
-        DT_SWITCH(y.dt, TY, "linear_forward", DT_SWITCH(b.dt, TB, "linear_forward",
-            linear_bias_forward_kernel<TY, TB><<<grid_for(M * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, M, N)));
+        DT_SWITCH(y.dt, TY, "linear_forward",
+                  DT_SWITCH(b.dt, TB, "linear_forward",
+                            linear_bias_forward_kernel<TY, TB>
+                            <<<grid_for(M * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, M, N)));
         CUDA_LAUNCH_CHECK();
     }
 }
@@ -351,12 +376,13 @@ void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate)
         mm_backward_input(M, N, K, dy.p, w.p, w.dt, dx.p, dx.dt, accumulate);
         return;
     }
-    if (dy.dt != DT_F32 || w.dt != DT_BF16) die("linear_backward_input: dy %s with w %s is not supported", dtype_name(dy.dt), dtype_name(w.dt));
+    if (dy.dt != DT_F32 || w.dt != DT_BF16)
+        die("linear_backward_input: dy %s with w %s is not supported", dtype_name(dy.dt), dtype_name(w.dt));
     int64_t C = convert_chunk_rows(N, "linear_backward_input");
     for (int64_t r0 = 0; r0 < M; r0 += C) {
         int64_t n = M - r0 < C ? M - r0 : C;
-        mm_backward_input(n, N, K, round_rows((const float *)dy.p + r0 * N, n, N), w.p, DT_BF16, (char *)dx.p + r0 * K * dtype_size(dx.dt),
-                          dx.dt, accumulate);
+        mm_backward_input(n, N, K, round_rows((const float *)dy.p + r0 * N, n, N), w.p, DT_BF16,
+                          (char *)dx.p + r0 * K * dtype_size(dx.dt), dx.dt, accumulate);
     }
 }
 
@@ -371,7 +397,8 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
         int64_t C = convert_chunk_rows(conv_dy ? N : K, "linear_backward_weight");
         for (int64_t r0 = 0; r0 < M; r0 += C) {
             int64_t n = M - r0 < C ? M - r0 : C;
-            const void *dyp = conv_dy ? round_rows((const float *)dy.p + r0 * N, n, N) : (const char *)dy.p + r0 * N * 2;
+            const void *dyp =
+                conv_dy ? round_rows((const float *)dy.p + r0 * N, n, N) : (const char *)dy.p + r0 * N * 2;
             const void *xp = conv_dy ? (const char *)x.p + r0 * K * 2 : round_rows((const float *)x.p + r0 * K, n, K);
             mm_backward_weight(n, N, K, dyp, xp, DT_BF16, dw.p, DT_F32);
         }
@@ -382,7 +409,8 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
         int64_t gy = (M + 255) / 256;
         dim3 grid((unsigned)((N + 31) / 32), (unsigned)(gy > 64 ? 64 : gy));
         DT_SWITCH(dy.dt, T, "linear_backward_weight",
-                  linear_bias_backward_kernel<T><<<grid, dim3(32, 8), 0, cuda_stream()>>>((float *)db.p, (const T *)dy.p, M, N));
+                  linear_bias_backward_kernel<T>
+                  <<<grid, dim3(32, 8), 0, cuda_stream()>>>((float *)db.p, (const T *)dy.p, M, N));
         CUDA_LAUNCH_CHECK();
     }
 }
@@ -422,7 +450,8 @@ static bool grouped_enabled(void) {
 
 // Runs the G problems in ga (ta, tb, m, n, k, lda, ldb, ldc filled; A/B/C pointers given) as one grouped
 // call with alpha 1 and the given beta. False when cuBLAS cannot, and the caller loops instead.
-static bool grouped_run(int G, const void *const *A, const void *const *B, void *const *C, DType abt, float beta, DType cdt) {
+static bool grouped_run(int G, const void *const *A, const void *const *B, void *const *C, DType abt, float beta,
+                        DType cdt) {
     if (G == 0) return true;
     int ia = abt == DT_BF16, ic = cdt == DT_BF16;
     if (!grouped_enabled() || grouped_unsupported[ia][ic] || G > 65536) return false;
@@ -431,7 +460,8 @@ static bool grouped_run(int G, const void *const *A, const void *const *B, void 
         CUDA_CHECK(cublasCreate(&blas));
         CUDA_CHECK(cublasSetStream(blas, c->compute));
         CUDA_CHECK(cublasSetWorkspace(blas, c->lt_ws, CUDA_LT_WS_BYTES)); // stream-ordered with the cuBLASLt calls
-        for (int i = 0; i < GROUPED_SLOTS; i++) CUDA_CHECK(cudaEventCreateWithFlags(&ptr_done[i], cudaEventDisableTiming));
+        for (int i = 0; i < GROUPED_SLOTS; i++)
+            CUDA_CHECK(cudaEventCreateWithFlags(&ptr_done[i], cudaEventDisableTiming));
     }
     if (3 * G > ptr_cap) { // grow every slot (rare: the expert count of the model)
         CUDA_CHECK(cudaStreamSynchronize(c->compute));
@@ -453,11 +483,14 @@ static bool grouped_run(int G, const void *const *A, const void *const *B, void 
     CUDA_CHECK(cudaMemcpyAsync(d, h, 3 * G * sizeof(void *), cudaMemcpyHostToDevice, c->compute));
     CUDA_CHECK(cudaEventRecord(ptr_done[slot], c->compute));
     for (int i = 0; i < G; i++) ga.alpha[i] = 1.0f, ga.beta[i] = beta, ga.gsize[i] = 1;
-    cublasStatus_t st = cublasGemmGroupedBatchedEx(blas, ga.ta, ga.tb, ga.m, ga.n, ga.k, ga.alpha, (const void *const *)d, lt_type(abt), ga.lda,
-                                                   (const void *const *)(d + G), lt_type(abt), ga.ldb, ga.beta, (void *const *)(d + 2 * G),
-                                                   lt_type(cdt), ga.ldc, G, ga.gsize, CUBLAS_COMPUTE_32F);
+    cublasStatus_t st =
+        cublasGemmGroupedBatchedEx(blas, ga.ta, ga.tb, ga.m, ga.n, ga.k, ga.alpha, (const void *const *)d, lt_type(abt),
+                                   ga.lda, (const void *const *)(d + G), lt_type(abt), ga.ldb, ga.beta,
+                                   (void *const *)(d + 2 * G), lt_type(cdt), ga.ldc, G, ga.gsize, CUBLAS_COMPUTE_32F);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE || st == CUBLAS_STATUS_ARCH_MISMATCH) {
-        fprintf(stderr, "pith: note: cublasGemmGroupedBatchedEx refused %s operands with %s output (%s); experts loop over cuBLASLt instead\n",
+        fprintf(stderr,
+                "pith: note: cublasGemmGroupedBatchedEx refused %s operands with %s output (%s); experts loop over "
+                "cuBLASLt instead\n",
                 dtype_name(abt), dtype_name(cdt), cublasLtGetStatusString(st));
         grouped_unsupported[ia][ic] = true;
         return false;
@@ -478,8 +511,10 @@ static void expert_list(const int64_t *offs, int64_t E) {
     static int cap;
     if (E > cap) {
         cap = (int)E;
-        el.A = (const void **)xrealloc(el.A, cap * sizeof(void *)), el.B = (const void **)xrealloc(el.B, cap * sizeof(void *));
-        el.C = (void **)xrealloc(el.C, cap * sizeof(void *)), el.rows = (int64_t *)xrealloc(el.rows, cap * sizeof(int64_t));
+        el.A = (const void **)xrealloc(el.A, cap * sizeof(void *)),
+        el.B = (const void **)xrealloc(el.B, cap * sizeof(void *));
+        el.C = (void **)xrealloc(el.C, cap * sizeof(void *)),
+        el.rows = (int64_t *)xrealloc(el.rows, cap * sizeof(int64_t));
     }
     grouped_args_reserve((int)E);
     el.G = 0;
@@ -495,7 +530,9 @@ static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
 // product (never copied back); for the weight gradient they are zeros. Buffers come from the op scratch.
 #define PAD_WASTE 1.5
 #define PAD_MAX_E 256
-typedef struct { int64_t o[PAD_MAX_E + 1]; } PadOffs; // the experts' row offsets, by value (2 KB)
+typedef struct {
+    int64_t o[PAD_MAX_E + 1];
+} PadOffs; // the experts' row offsets, by value (2 KB)
 
 // dst (E, Mp, C) ← the rows of src grouped by offs; rows past an expert's count are zeroed when zero.
 __global__ void pad_rows_kernel(bf16 *dst, const bf16 *src, PadOffs po, int64_t Mp, int64_t C8, bool zero) {
@@ -522,7 +559,8 @@ __global__ void unpad_rows_kernel(bf16 *dst, const bf16 *src, PadOffs po, int E,
 }
 
 enum { PAD_FORWARD, PAD_BACKWARD_INPUT, PAD_BACKWARD_WEIGHT };
-static int64_t padded_calls, big_calls; // products run as a padded batch; experts run as dense products beside a grouped call
+static int64_t padded_calls,
+    big_calls; // products run as a padded batch; experts run as dense products beside a grouped call
 
 // The padded row count for these experts, or 0 when this path does not fit (dtype, sizes, skew, env).
 static int64_t pad_rows_for(const int64_t *offs, int64_t E, int64_t N, int64_t K, DType dt) {
@@ -548,7 +586,8 @@ static void unpad_copy(void *dst, const bf16 *src, const PadOffs *po, int64_t E,
 
 // One of the three expert products through the padded batch; false when it does not fit (the caller
 // then runs the grouped paths). a, b: the op's two inputs as named in each case below; out its output.
-static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, int64_t E, int64_t N, int64_t K) {
+static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, int64_t E, int64_t N,
+                           int64_t K) {
     int64_t Mp = pad_rows_for(offs, E, N, K, a.dt);
     if (!Mp || (kind != PAD_BACKWARD_WEIGHT && out.dt != DT_BF16)) return false;
     if (!aligned16(out.p, a.p, b.p)) return false;
@@ -556,7 +595,8 @@ static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64
     for (int64_t i = 0; i <= E; i++) po.o[i] = offs[i];
     int64_t R = offs[E], EM = E * Mp;
     CudaCtx *c = cuda_ctx();
-    bf16 *buf = (bf16 *)cuda_scratch((size_t)EM * (N + K) * sizeof(bf16)), *pk = buf, *pn = buf + EM * K; // (E, Mp, K) and (E, Mp, N)
+    bf16 *buf = (bf16 *)cuda_scratch((size_t)EM * (N + K) * sizeof(bf16)), *pk = buf,
+         *pn = buf + EM * K;   // (E, Mp, K) and (E, Mp, N)
     if (kind == PAD_FORWARD) { // out y (R, N) = a x (R, K) · b w (E, N, K)ᵀ per expert
         pad_copy(pk, a.p, &po, E, Mp, K, false);
         Batch bt = {E, N * K, Mp * K, Mp * N};
@@ -602,10 +642,13 @@ static bool grouped_own_wgrad(const int64_t *offs, int64_t E) {
 // So with C = out's columns and D = in's columns, out_e (C×M_e) = op(w_e) (lda K) · in_e (D×M_e), op = T for
 // the forward. The largest experts run as dense products on the side streams, the rest as one cuBLAS
 // grouped call, or (when cuBLAS refuses) one dense product each.
-static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, const int64_t *offs, const char *what) {
+static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, const int64_t *offs,
+                                 const char *what) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2], C = input_grad ? K : N, D = input_grad ? N : K;
     CHECK(t_cols(in) == D && t_cols(out) == C && offs[E] <= t_rows(in));
-    if (in.dt != w.dt) die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt), dtype_name(w.dt));
+    if (in.dt != w.dt)
+        die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
+            dtype_name(w.dt));
     if (padded_grouped(input_grad ? PAD_BACKWARD_INPUT : PAD_FORWARD, out, in, w, offs, E, N, K)) return;
     size_t is = dtype_size(in.dt), os = dtype_size(out.dt);
     bool ta = !input_grad;
@@ -614,8 +657,9 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     for (int64_t e = 0; e < E; e++)
         if (big_expert(big, offs[e + 1] - offs[e])) {
             side = next_side(ns, side), big_calls++;
-            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], ta, false, C, offs[e + 1] - offs[e], D, (const char *)w.p + e * N * K * is, K,
-                         (const char *)in.p + offs[e] * D * is, D, w.dt, 0.0f, (char *)out.p + offs[e] * C * os, C, out.dt, ONE);
+            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], ta, false, C, offs[e + 1] - offs[e], D,
+                         (const char *)w.p + e * N * K * is, K, (const char *)in.p + offs[e] * D * is, D, w.dt, 0.0f,
+                         (char *)out.p + offs[e] * C * os, C, out.dt, ONE);
         }
     bool done = false;
     if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) { // (K = 0 or N = 0: the loop below)
@@ -624,16 +668,19 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
             int64_t M = offs[e + 1] - offs[e];
             if (!M || big_expert(big, M)) continue;
             int i = el.G++;
-            ga.ta[i] = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)C, ga.n[i] = (int)M, ga.k[i] = (int)D;
+            ga.ta[i] = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)C, ga.n[i] = (int)M,
+            ga.k[i] = (int)D;
             ga.lda[i] = (int)K, ga.ldb[i] = (int)D, ga.ldc[i] = (int)C;
-            el.A[i] = (const char *)w.p + e * N * K * is, el.B[i] = (const char *)in.p + offs[e] * D * is, el.C[i] = (char *)out.p + offs[e] * C * os;
+            el.A[i] = (const char *)w.p + e * N * K * is, el.B[i] = (const char *)in.p + offs[e] * D * is,
+            el.C[i] = (char *)out.p + offs[e] * C * os;
         }
         done = el.G == 0 || grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, out.dt);
     }
     for (int64_t e = 0; e < E && !done; e++)
         if (offs[e + 1] > offs[e] && !big_expert(big, offs[e + 1] - offs[e]))
-            lt_matmul(ta, false, C, offs[e + 1] - offs[e], D, (const char *)w.p + e * N * K * is, K, (const char *)in.p + offs[e] * D * is, D,
-                      w.dt, 0.0f, (char *)out.p + offs[e] * C * os, C, out.dt);
+            lt_matmul(ta, false, C, offs[e + 1] - offs[e], D, (const char *)w.p + e * N * K * is, K,
+                      (const char *)in.p + offs[e] * D * is, D, w.dt, 0.0f, (char *)out.p + offs[e] * C * os, C,
+                      out.dt);
     side_join(ns);
 }
 
@@ -644,7 +691,8 @@ typedef struct {
 } GroupOffs;
 
 static GroupOffs group_offs(const int64_t *offs, int64_t E, const char *what) {
-    if (E > GB_MAX_E || offs[E] > INT32_MAX) die("%s: a bias over %lld experts (at most %d) or %lld rows", what, (long long)E, GB_MAX_E, (long long)offs[E]);
+    if (E > GB_MAX_E || offs[E] > INT32_MAX)
+        die("%s: a bias over %lld experts (at most %d) or %lld rows", what, (long long)E, GB_MAX_E, (long long)offs[E]);
     GroupOffs g;
     for (int64_t e = 0; e <= E; e++) g.o[e] = (int32_t)offs[e];
     return g;
@@ -682,17 +730,22 @@ template <typename T> __global__ void grouped_bias_backward_kernel(float *db, co
 
 extern "C" {
 
-int64_t cuda_grouped_calls(const char *path) { return !strcmp(path, "batched") ? padded_calls : !strcmp(path, "big") ? big_calls : 0; }
+int64_t cuda_grouped_calls(const char *path) {
+    return !strcmp(path, "batched") ? padded_calls : !strcmp(path, "big") ? big_calls : 0;
+}
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     grouped_rows_product(false, y, x, w, offs, "grouped_linear_forward");
     int64_t E = w.n[0], N = w.n[1], R = offs[E];
     if (!b.p || R == 0) return;
-    if (tensor_numel(b) != E * N) die("grouped_linear_forward: bias must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
+    if (tensor_numel(b) != E * N)
+        die("grouped_linear_forward: bias must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
     GroupOffs g = group_offs(offs, E, "grouped_linear_forward");
-    DT_SWITCH(y.dt, TY, "grouped_linear_forward", DT_SWITCH(b.dt, TB, "grouped_linear_forward",
-        grouped_bias_forward_kernel<TY, TB><<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, g, (int)E, R, N)));
+    DT_SWITCH(y.dt, TY, "grouped_linear_forward",
+              DT_SWITCH(b.dt, TB, "grouped_linear_forward",
+                        grouped_bias_forward_kernel<TY, TB><<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>(
+                            (TY *)y.p, (const TB *)b.p, g, (int)E, R, N)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -705,15 +758,18 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     if (db.p && E > 0) { // first: the weight paths below return early
         IS_F32(db, "grouped_linear_backward_weight");
-        if (tensor_numel(db) != E * N) die("grouped_linear_backward_weight: db must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
+        if (tensor_numel(db) != E * N)
+            die("grouped_linear_backward_weight: db must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
         GroupOffs g = group_offs(offs, E, "grouped_linear_backward_weight");
         DT_SWITCH(dy.dt, T, "grouped_linear_backward_weight",
-                  grouped_bias_backward_kernel<T><<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
+                  grouped_bias_backward_kernel<T>
+                  <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
                       (float *)db.p, (const T *)dy.p, g, N));
         CUDA_LAUNCH_CHECK();
     }
     IS_F32(dw, "grouped_linear_backward_weight");
-    if (dy.dt != x.dt) die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
+    if (dy.dt != x.dt)
+        die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);
     if (grouped_own_wgrad(offs, E) && grouped_wgrad_kernel_run(dw, dy, x, offs)) return;
     if (padded_grouped(PAD_BACKWARD_WEIGHT, dw, dy, x, offs, E, N, K)) return;
@@ -725,7 +781,8 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
             int i = el.G++;
             ga.ta[i] = CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_T, ga.m[i] = (int)K, ga.n[i] = (int)N, ga.k[i] = (int)M;
             ga.lda[i] = (int)K, ga.ldb[i] = (int)N, ga.ldc[i] = (int)K;
-            el.A[i] = (const char *)x.p + offs[e] * K * s, el.B[i] = (const char *)dy.p + offs[e] * N * s, el.C[i] = (float *)dw.p + e * N * K;
+            el.A[i] = (const char *)x.p + offs[e] * K * s, el.B[i] = (const char *)dy.p + offs[e] * N * s,
+            el.C[i] = (float *)dw.p + e * N * K;
         }
         if (grouped_run(el.G, el.A, el.B, el.C, x.dt, 1.0f, DT_F32)) return;
     }

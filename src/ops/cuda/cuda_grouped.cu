@@ -17,8 +17,8 @@
 // A CTA has 2 × WN warps, 2 along the tile's rows and WN along its columns, each owning 64 × (128/WN)
 // outputs. WN = 2: 4 warps of 64 × 64, which need half the shared-memory reads per mma of WN = 4.
 #define GG_WN 2
-#define GG_TILE 128    // output tile: 128 × 128
-#define GG_STEP 32     // reduction elements per pipeline stage
+#define GG_TILE 128 // output tile: 128 × 128
+#define GG_STEP 32  // reduction elements per pipeline stage
 #define GG_STAGES 4
 #define GG_LDW (GG_TILE + 8) // padded row (bf16) of a [32][128] tile
 #define GG_LDC (GG_TILE + 8) // padded row of the fp32 output staging tile: conflict-free fragment stores
@@ -32,7 +32,8 @@ typedef struct {
 // Starts the loads of one stage: rows row0..row0+31 of the expert, columns n0..n0+127 of dy and
 // k0..k0+127 of x (dyg, xg point at the expert's first row at those columns); rows from m on are zeros.
 template <int THREADS>
-static __device__ __forceinline__ void wgrad_load(bf16 *ys, bf16 *xs, const bf16 *dyg, const bf16 *xg, int64_t N, int64_t K, int row0, int m) {
+static __device__ __forceinline__ void wgrad_load(bf16 *ys, bf16 *xs, const bf16 *dyg, const bf16 *xg, int64_t N,
+                                                  int64_t K, int row0, int m) {
     for (int c = threadIdx.x; c < GG_STEP * 16; c += THREADS) { // 32 rows × 16 chunks of 8 elements
         int r = c >> 4, cc = (c & 15) * 8;
         bool ok = row0 + r < m;
@@ -46,7 +47,8 @@ static __device__ __forceinline__ void wgrad_load(bf16 *ys, bf16 *xs, const bf16
 // Shared: GG_STAGES × {dy [32][GG_LDW], x [32][GG_LDW]} bf16, reused at the end as the fp32 output
 // staging tile [128][GG_LDC] (both 69632 bytes).
 template <int WN>
-__global__ void __launch_bounds__(64 * WN, 2) grouped_wgrad_kernel(float *dw, const bf16 *dy, const bf16 *x, int N, int K, GroupTable gt) {
+__global__ void __launch_bounds__(64 * WN, 2)
+    grouped_wgrad_kernel(float *dw, const bf16 *dy, const bf16 *x, int N, int K, GroupTable gt) {
     const int THREADS = 64 * WN, WC = GG_TILE / WN, NT = WC / 8; // threads; a warp's columns and n-tiles of 8
     int e = blockIdx.y, r0 = gt.offs[e], m = gt.offs[e + 1] - r0;
     if (m <= 0) return; // nothing to add
@@ -70,9 +72,10 @@ __global__ void __launch_bounds__(64 * WN, 2) grouped_wgrad_kernel(float *dw, co
     }
     for (int s = 0; s < nsteps; s++) {
         cp_async_wait<GG_STAGES - 2>(); // stage s has landed (for this thread's copies) ...
-        __syncthreads();          // ... for every thread's, and stage s − 1 is read by every warp
+        __syncthreads();                // ... for every thread's, and stage s − 1 is read by every warp
         int nx = s + GG_STAGES - 1;
-        if (nx < nsteps) wgrad_load<THREADS>(ys + nx % GG_STAGES * TS, xs + nx % GG_STAGES * TS, dyg, xg, N, K, nx * GG_STEP, m);
+        if (nx < nsteps)
+            wgrad_load<THREADS>(ys + nx % GG_STAGES * TS, xs + nx % GG_STAGES * TS, dyg, xg, N, K, nx * GG_STEP, m);
         cp_async_commit(); // (an empty group past the end keeps the wait count right)
         const bf16 *yt = ys + s % GG_STAGES * TS, *xt = xs + s % GG_STAGES * TS;
 #pragma unroll
@@ -81,11 +84,13 @@ __global__ void __launch_bounds__(64 * WN, 2) grouped_wgrad_kernel(float *dw, co
 #pragma unroll
             for (int i = 0; i < 4; i++) ldsm_x4_trans(a[i], frag_a_km<GG_LDW>(yt, kk, wm * 64 + i * 16, lane));
 #pragma unroll
-            for (int jj = 0; jj < NT / 2; jj++) ldsm_x4_trans(b[jj], frag_b_kn<GG_LDW>(xt, kk, wn * WC + jj * 16, lane));
+            for (int jj = 0; jj < NT / 2; jj++)
+                ldsm_x4_trans(b[jj], frag_b_kn<GG_LDW>(xt, kk, wn * WC + jj * 16, lane));
 #pragma unroll
             for (int i = 0; i < 4; i++)
 #pragma unroll
-                for (int j = 0; j < NT; j++) mma_bf16(acc[i][j], a[i], b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
+                for (int j = 0; j < NT; j++)
+                    mma_bf16(acc[i][j], a[i], b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
         }
     }
     // epilogue: the accumulators through shared memory, then dw += them in whole 512-byte rows
@@ -99,9 +104,11 @@ __global__ void __launch_bounds__(64 * WN, 2) grouped_wgrad_kernel(float *dw, co
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                *(float2 *)(cs + (wm * 64 + i * 16 + g + h * 8) * GG_LDC + wn * WC + j * 8 + 2 * t) = make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                *(float2 *)(cs + (wm * 64 + i * 16 + g + h * 8) * GG_LDC + wn * WC + j * 8 + 2 * t) =
+                    make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
     __syncthreads();
-    const int PER = GG_TILE * GG_TILE / 4 / THREADS, BATCH = 16; // float4s per thread (32 or 16), loads in flight at a time
+    const int PER = GG_TILE * GG_TILE / 4 / THREADS,
+              BATCH = 16; // float4s per thread (32 or 16), loads in flight at a time
 #pragma unroll
     for (int q0 = 0; q0 < PER; q0 += BATCH) {
         float4 v[BATCH];
@@ -137,19 +144,21 @@ static const size_t WGRAD_SMEM = (size_t)GG_STAGES * 2 * GG_STEP * GG_LDW * size
 bool grouped_wgrad_kernel_run(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     if (dy.dt != DT_BF16 || x.dt != DT_BF16 || dw.dt != DT_F32) return false;
-    if (N % GG_TILE || K % GG_TILE || N > 0x7fffffff || K > 0x7fffffff || (N / GG_TILE) * (K / GG_TILE) > 0x7fffffff) return false;
+    if (N % GG_TILE || K % GG_TILE || N > 0x7fffffff || K > 0x7fffffff || (N / GG_TILE) * (K / GG_TILE) > 0x7fffffff)
+        return false;
     if (!aligned16(dw.p, dy.p, x.p)) return false;
     GroupTable gt;
     if (!group_table(&gt, offs, E)) return false;
     if (offs[E] == offs[0] || N == 0 || K == 0) return true; // nothing to add
     static bool attr;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(grouped_wgrad_kernel<GG_WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WGRAD_SMEM));
+        CUDA_CHECK(cudaFuncSetAttribute(grouped_wgrad_kernel<GG_WN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)WGRAD_SMEM));
         attr = true;
     }
     dim3 grid((unsigned)((N / GG_TILE) * (K / GG_TILE)), (unsigned)E);
     grouped_wgrad_kernel<GG_WN><<<grid, 64 * GG_WN, WGRAD_SMEM, cuda_stream()>>>((float *)dw.p, (const bf16 *)dy.p,
-                                                                               (const bf16 *)x.p, (int)N, (int)K, gt);
+                                                                                 (const bf16 *)x.p, (int)N, (int)K, gt);
     CUDA_LAUNCH_CHECK();
     return true;
 }

@@ -13,7 +13,8 @@
 #include "ops/cuda/cuda_common.cuh"
 
 #define MOE_WARPS 8 // tokens per block: one warp per token
-#define GRID_STRIDE(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, n)                                                                                              \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 // What the router kernels need of RouterArgs.
 typedef struct {
@@ -39,7 +40,8 @@ __device__ __forceinline__ int warp_argmax(const float *v, int n, int lane) {
 }
 
 // One warp per token. Shared memory per warp: probs (E), selection scores (E), group scores (n_group).
-__global__ void router_forward_kernel(float *probs, int32_t *idx, float *w, const float *logits, int64_t T_, RouterParams a) {
+__global__ void router_forward_kernel(float *probs, int32_t *idx, float *w, const float *logits, int64_t T_,
+                                      RouterParams a) {
     extern __shared__ float sm_all[];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, E = a.E, k = a.k, G = a.n_group > 1 ? a.n_group : 1;
     int64_t t = blockIdx.x * (int64_t)MOE_WARPS + wid;
@@ -96,7 +98,8 @@ __global__ void router_forward_kernel(float *probs, int32_t *idx, float *w, cons
         for (int j = 0; j < k; j++) mk = fmaxf(mk, l[ix[j]]);
         double sk = 0;
         for (int j = 0; j < k; j++) sk += exp((double)l[ix[j]] - mk);
-        for (int j = 0; j < k; j++) idx[t * k + j] = ix[j], w[t * k + j] = (float)(exp((double)l[ix[j]] - mk) / sk) * a.scale;
+        for (int j = 0; j < k; j++)
+            idx[t * k + j] = ix[j], w[t * k + j] = (float)(exp((double)l[ix[j]] - mk) / sk) * a.scale;
         return;
     }
     double s = 0;
@@ -105,8 +108,8 @@ __global__ void router_forward_kernel(float *probs, int32_t *idx, float *w, cons
         idx[t * k + j] = ix[j], w[t * k + j] = (a.renorm ? (float)(pp[ix[j]] / s) : pp[ix[j]]) * a.scale;
 }
 
-__global__ void router_backward_kernel(float *dlogits, const float *dw, const float *lb_grad, const float *probs, const int32_t *idx,
-                                       const float *w, int64_t T_, RouterParams a) {
+__global__ void router_backward_kernel(float *dlogits, const float *dw, const float *lb_grad, const float *probs,
+                                       const int32_t *idx, const float *w, int64_t T_, RouterParams a) {
     extern __shared__ double dp_all[];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, E = a.E, k = a.k;
     int64_t t = blockIdx.x * (int64_t)MOE_WARPS + wid;
@@ -148,8 +151,8 @@ __global__ void moe_lb_colsum_kernel(double *pm, const float *probs, int64_t T_,
         atomicAdd(pm + e, s);
     }
 }
-__global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const double *cnt, const double *pm, int64_t T_, int E, int k, float coef,
-                                     float grad_scale) {
+__global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const double *cnt, const double *pm, int64_t T_,
+                                     int E, int k, float coef, float grad_scale) {
     __shared__ double sd[32];
     double loss = 0;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -174,7 +177,8 @@ __global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx
     for (int64_t i = threadIdx.x; i < n; i += MOE_SORT_THREADS) {
         int32_t v = idx[i];
         below += v < e;
-        if (e == 0 && (v < 0 || v >= E)) atomicCAS((unsigned long long *)(offs + E + 1), 0ull, (unsigned long long)(v + 1));
+        if (e == 0 && (v < 0 || v >= E))
+            atomicCAS((unsigned long long *)(offs + E + 1), 0ull, (unsigned long long)(v + 1));
     }
     below = warp_sum(below);
     __shared__ int64_t part[MOE_SORT_THREADS / 32];
@@ -206,7 +210,8 @@ __global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx
 __device__ __forceinline__ void atomic_add(float *p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void atomic_add(bf16 *p, float v) { atomicAdd(p, __float2bfloat16(v)); }
 
-template <typename TY, typename TX> __global__ void gather_rows_kernel(TY *y, const TX *x, const int32_t *rows, int div, int64_t R, int64_t H) {
+template <typename TY, typename TX>
+__global__ void gather_rows_kernel(TY *y, const TX *x, const int32_t *rows, int div, int64_t R, int64_t H) {
     GRID_STRIDE(e, R * H) {
         int64_t i = e / H, c = e % H;
         st(y, e, ld(x, (int64_t)(rows[i] / div) * H + c));
@@ -220,7 +225,8 @@ __global__ void scatter_add_rows_kernel(TX *dx, const TY *dy, const int32_t *row
     }
 }
 // Vector forms: one thread per 8 values of a row (C8 = H/8 vectors per row).
-template <typename TY, typename TX> __global__ void gather_rows_vec_kernel(TY *y, const TX *x, const int32_t *rows, int div, int64_t R, int64_t C8) {
+template <typename TY, typename TX>
+__global__ void gather_rows_vec_kernel(TY *y, const TX *x, const int32_t *rows, int div, int64_t R, int64_t C8) {
     GRID_STRIDE(e, R * C8) {
         int64_t i = e / C8, c = e % C8;
         float v[8];
@@ -228,7 +234,8 @@ template <typename TY, typename TX> __global__ void gather_rows_vec_kernel(TY *y
         st8(y + e * 8, v);
     }
 }
-template <typename TY, typename TX> __global__ void scatter_rows_vec_kernel(TY *y, const TX *x, const int32_t *rows, int64_t R, int64_t C8) {
+template <typename TY, typename TX>
+__global__ void scatter_rows_vec_kernel(TY *y, const TX *x, const int32_t *rows, int64_t R, int64_t C8) {
     GRID_STRIDE(e, R * C8) {
         int64_t i = e / C8, c = e % C8;
         float v[8];
@@ -246,7 +253,8 @@ __global__ void rows_invert_kernel(int32_t *inv, int32_t *flag, const int32_t *r
 }
 // dx[t] += Σ_j dy[inv[t·div + j]] (slots nobody maps to add nothing); skipped when flag is set.
 template <typename TX, typename TY>
-__global__ void scatter_add_rows_sum_kernel(TX *dx, const TY *dy, const int32_t *inv, const int32_t *flag, int div, int64_t T_, int64_t C8) {
+__global__ void scatter_add_rows_sum_kernel(TX *dx, const TY *dy, const int32_t *inv, const int32_t *flag, int div,
+                                            int64_t T_, int64_t C8) {
     if (*flag) return;
     GRID_STRIDE(e, T_ * C8) {
         int64_t t = e / C8, c = e % C8;
@@ -264,7 +272,8 @@ __global__ void scatter_add_rows_sum_kernel(TX *dx, const TY *dy, const int32_t 
 }
 // The atomic form, run only when flag is set (a row map that is not a partial permutation).
 template <typename TX, typename TY>
-__global__ void scatter_add_rows_flagged_kernel(TX *dx, const TY *dy, const int32_t *rows, const int32_t *flag, int div, int64_t R, int64_t H) {
+__global__ void scatter_add_rows_flagged_kernel(TX *dx, const TY *dy, const int32_t *rows, const int32_t *flag, int div,
+                                                int64_t R, int64_t H) {
     if (!*flag) return;
     GRID_STRIDE(e, R * H) {
         int64_t i = e / H, c = e % H;
@@ -272,7 +281,8 @@ __global__ void scatter_add_rows_flagged_kernel(TX *dx, const TY *dy, const int3
     }
 }
 template <typename T>
-__global__ void moe_combine_forward_vec_kernel(T *out, const T *resid, const T *y, const float *w, int64_t T_, int64_t C8, int k) {
+__global__ void moe_combine_forward_vec_kernel(T *out, const T *resid, const T *y, const float *w, int64_t T_,
+                                               int64_t C8, int k) {
     GRID_STRIDE(e, T_ * C8) {
         int64_t t = e / C8, c = e % C8;
         float s[8], v[8];
@@ -287,7 +297,8 @@ __global__ void moe_combine_forward_vec_kernel(T *out, const T *resid, const T *
     }
 }
 template <typename T>
-__global__ void moe_combine_backward_vec_kernel(T *dy, float *dw, const T *dout, const T *y, const float *w, int64_t T_, int64_t C8, int k) {
+__global__ void moe_combine_backward_vec_kernel(T *dy, float *dw, const T *dout, const T *y, const float *w, int64_t T_,
+                                                int64_t C8, int k) {
     int64_t slot = blockIdx.x * (int64_t)MOE_WARPS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (slot >= T_ * k) return;
@@ -305,14 +316,17 @@ __global__ void moe_combine_backward_vec_kernel(T *dy, float *dw, const T *dout,
     if (lane == 0) dw[slot] = s;
 }
 
-template <typename TY, typename TX> __global__ void scatter_rows_kernel(TY *y, const TX *x, const int32_t *rows, int64_t R, int64_t H) {
+template <typename TY, typename TX>
+__global__ void scatter_rows_kernel(TY *y, const TX *x, const int32_t *rows, int64_t R, int64_t H) {
     GRID_STRIDE(e, R * H) {
         int64_t i = e / H, c = e % H;
         st(y, (int64_t)rows[i] * H + c, ld(x, e));
     }
 }
 
-template <typename T> __global__ void moe_combine_forward_kernel(T *out, const T *resid, const T *y, const float *w, int64_t T_, int64_t H, int k) {
+template <typename T>
+__global__ void moe_combine_forward_kernel(T *out, const T *resid, const T *y, const float *w, int64_t T_, int64_t H,
+                                           int k) {
     GRID_STRIDE(e, T_ * H) {
         int64_t t = e / H, c = e % H;
         float s = ld(resid, e);
@@ -321,7 +335,9 @@ template <typename T> __global__ void moe_combine_forward_kernel(T *out, const T
     }
 }
 // One warp per slot (t, j): dy row = w·dout[t], dw = ⟨dout[t], y row⟩.
-template <typename T> __global__ void moe_combine_backward_kernel(T *dy, float *dw, const T *dout, const T *y, const float *w, int64_t T_, int64_t H, int k) {
+template <typename T>
+__global__ void moe_combine_backward_kernel(T *dy, float *dw, const T *dout, const T *y, const float *w, int64_t T_,
+                                            int64_t H, int k) {
     int64_t slot = blockIdx.x * (int64_t)MOE_WARPS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (slot >= T_ * k) return;
@@ -336,26 +352,30 @@ template <typename T> __global__ void moe_combine_backward_kernel(T *dy, float *
     if (lane == 0) dw[slot] = s;
 }
 
-
 extern "C" {
 
 static RouterParams router_params(Tensor logits, Tensor idx, const RouterArgs *a, const char *what) {
     int64_t E = t_cols(logits);
     int G = a->n_group > 1 ? a->n_group : 1;
     if (a->k < 1 || a->k > E || a->k > ROUTER_KMAX || t_cols(idx) != a->k || idx.dt != DT_I32 || !(a->scale > 0))
-        die("%s: k = %d of %lld experts (at most %d), idx (T, k) int32, scale > 0", what, a->k, (long long)E, ROUTER_KMAX);
+        die("%s: k = %d of %lld experts (at most %d), idx (T, k) int32, scale > 0", what, a->k, (long long)E,
+            ROUTER_KMAX);
     if (G > 1 && (E % G || G > 64 || a->topk_group < 1 || a->topk_group > G || a->k > a->topk_group * (E / G)))
-        die("%s: %d groups (at most 64) of %lld experts, topk_group %d, k %d do not fit", what, G, (long long)E, a->topk_group, a->k);
+        die("%s: %d groups (at most 64) of %lld experts, topk_group %d, k %d do not fit", what, G, (long long)E,
+            a->topk_group, a->k);
     if (a->bias.p && (a->bias.dt != DT_F32 || tensor_numel(a->bias) != E)) die("%s: bias must be (E) fp32", what);
-    RouterParams p = {(int)E, a->k, G, a->topk_group, a->renorm, a->softmax_topk, a->force_balance, a->scale,
-                      a->bias.p ? (const float *)a->bias.p : NULL};
+    RouterParams p = {(int)E,           a->k,      G,
+                      a->topk_group,    a->renorm, a->softmax_topk,
+                      a->force_balance, a->scale,  a->bias.p ? (const float *)a->bias.p : NULL};
     return p;
 }
 
 void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a) {
     RouterParams rp = router_params(logits, idx, a, "router_forward");
     int64_t T_ = t_rows(logits), E = rp.E;
-    IS_F32(logits, "router_forward"); IS_F32(probs, "router_forward"); IS_F32(w, "router_forward");
+    IS_F32(logits, "router_forward");
+    IS_F32(probs, "router_forward");
+    IS_F32(w, "router_forward");
     if (!T_) return;
     size_t smem = (size_t)MOE_WARPS * (2 * E + rp.n_group) * sizeof(float);
     if (smem > 48 * 1024) die("router_forward: %lld experts exceed this kernel's shared memory", (long long)E);
@@ -368,7 +388,9 @@ void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor prob
                           const RouterArgs *a) {
     RouterParams rp = router_params(probs, idx, a, "router_backward");
     int64_t T_ = t_rows(probs), E = rp.E;
-    IS_F32(dlogits, "router_backward"); IS_F32(dw, "router_backward"); IS_F32(probs, "router_backward");
+    IS_F32(dlogits, "router_backward");
+    IS_F32(dw, "router_backward");
+    IS_F32(probs, "router_backward");
     if (!T_) return;
     size_t smem = (size_t)MOE_WARPS * E * sizeof(double);
     if (smem > 48 * 1024) die("router_backward: %lld experts exceed this kernel's shared memory", (long long)E);
@@ -383,18 +405,20 @@ void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx,
     IS_F32(lb_grad, "moe_lb_loss");
     CHECK(loss_sum.dt == DT_F64);
     CudaCtx *c = cuda_ctx();
-    if ((size_t)E * 2 * sizeof(double) > CUDA_SMALL_BYTES) die("moe_lb_loss: %lld experts exceed the small pool", (long long)E);
+    if ((size_t)E * 2 * sizeof(double) > CUDA_SMALL_BYTES)
+        die("moe_lb_loss: %lld experts exceed the small pool", (long long)E);
     double *cnt = (double *)c->small, *pm = cnt + E;
     CUDA_CHECK(cudaMemsetAsync(cnt, 0, 2 * E * sizeof(double), c->compute));
     if (T_ > 0) {
         moe_lb_count_kernel<<<grid_for(T_ * k, 256), 256, 0, c->compute>>>(cnt, (const int32_t *)idx.p, T_ * k);
         CUDA_LAUNCH_CHECK();
         int64_t gy = (T_ + 255) / 256;
-        moe_lb_colsum_kernel<<<dim3((unsigned)((E + 31) / 32), (unsigned)(gy > 64 ? 64 : gy)), dim3(32, 8), 0, c->compute>>>(pm, (const float *)probs.p,
-                                                                                                                          T_, E);
+        moe_lb_colsum_kernel<<<dim3((unsigned)((E + 31) / 32), (unsigned)(gy > 64 ? 64 : gy)), dim3(32, 8), 0,
+                               c->compute>>>(pm, (const float *)probs.p, T_, E);
         CUDA_LAUNCH_CHECK();
     }
-    moe_lb_finish_kernel<<<1, 256, 0, c->compute>>>((double *)loss_sum.p, (float *)lb_grad.p, cnt, pm, T_, (int)E, (int)k, coef, grad_scale);
+    moe_lb_finish_kernel<<<1, 256, 0, c->compute>>>((double *)loss_sum.p, (float *)lb_grad.p, cnt, pm, T_, (int)E,
+                                                    (int)k, coef, grad_scale);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -408,7 +432,8 @@ void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) {
     int64_t *d_offs = (int64_t *)c->small; // [0, E]: offsets; [E + 1]: the first bad expert index + 1, or 0
     CUDA_CHECK(cudaMemsetAsync(d_offs + E + 1, 0, sizeof(int64_t), c->compute));
     if (n) {
-        moe_sort_kernel<<<(unsigned)E, MOE_SORT_THREADS, 0, c->compute>>>((int32_t *)perm.p, d_offs, (const int32_t *)idx.p, n, E);
+        moe_sort_kernel<<<(unsigned)E, MOE_SORT_THREADS, 0, c->compute>>>((int32_t *)perm.p, d_offs,
+                                                                          (const int32_t *)idx.p, n, E);
         CUDA_LAUNCH_CHECK();
     } else {
         CUDA_CHECK(cudaMemsetAsync(d_offs, 0, (E + 1) * sizeof(int64_t), c->compute));
@@ -427,14 +452,17 @@ void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
     // Rows of a multiple of 8 aligned values take the vector kernel; the scalar one serves other widths (the op
     // accepts any H, as the CPU op does: row ops in tests and tiny models use odd widths).
     if (vec8_fits(H, y.p, x.p)) {
-        DT_SWITCH(y.dt, TY, "gather_rows", DT_SWITCH(x.dt, TX, "gather_rows",
-            gather_rows_vec_kernel<TY, TX><<<grid_for(R * H / 8, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p,
-                                                                                               div, R, H / 8)));
+        DT_SWITCH(y.dt, TY, "gather_rows",
+                  DT_SWITCH(x.dt, TX, "gather_rows",
+                            gather_rows_vec_kernel<TY, TX><<<grid_for(R * H / 8, 256), 256, 0, cuda_stream()>>>(
+                                (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, div, R, H / 8)));
         CUDA_LAUNCH_CHECK();
         return;
     }
-    DT_SWITCH(y.dt, TY, "gather_rows", DT_SWITCH(x.dt, TX, "gather_rows",
-        gather_rows_kernel<TY, TX><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, div, R, H)));
+    DT_SWITCH(y.dt, TY, "gather_rows",
+              DT_SWITCH(x.dt, TX, "gather_rows",
+                        gather_rows_kernel<TY, TX><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>(
+                            (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, div, R, H)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -449,18 +477,20 @@ void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
         CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int32_t), c->compute));
         rows_invert_kernel<<<grid_for(R, 256), 256, 0, c->compute>>>(inv, flag, (const int32_t *)rows.p, R, n);
         CUDA_LAUNCH_CHECK();
-        DT_SWITCH(dx.dt, TX, "scatter_add_rows", DT_SWITCH(dy.dt, TY, "scatter_add_rows",
-            scatter_add_rows_sum_kernel<TX, TY><<<grid_for(T_ * H / 8, 256), 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p, inv, flag, div,
-                                                                                                       T_, H / 8);
-            CUDA_LAUNCH_CHECK();
-            scatter_add_rows_flagged_kernel<TX, TY><<<(unsigned)c->sm_count * 4, 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p,
-                                                                                                         (const int32_t *)rows.p, flag, div, R, H)));
+        DT_SWITCH(dx.dt, TX, "scatter_add_rows",
+                  DT_SWITCH(dy.dt, TY, "scatter_add_rows",
+                            scatter_add_rows_sum_kernel<TX, TY><<<grid_for(T_ * H / 8, 256), 256, 0, c->compute>>>(
+                                (TX *)dx.p, (const TY *)dy.p, inv, flag, div, T_, H / 8);
+                            CUDA_LAUNCH_CHECK();
+                            scatter_add_rows_flagged_kernel<TX, TY><<<(unsigned)c->sm_count * 4, 256, 0, c->compute>>>(
+                                (TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p, flag, div, R, H)));
         CUDA_LAUNCH_CHECK();
         return;
     }
-    DT_SWITCH(dx.dt, TX, "scatter_add_rows", DT_SWITCH(dy.dt, TY, "scatter_add_rows",
-        scatter_add_rows_kernel<TX, TY><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>((TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p,
-                                                                                            div, R, H)));
+    DT_SWITCH(dx.dt, TX, "scatter_add_rows",
+              DT_SWITCH(dy.dt, TY, "scatter_add_rows",
+                        scatter_add_rows_kernel<TX, TY><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>(
+                            (TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p, div, R, H)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -469,14 +499,17 @@ void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) {
     if (R * H == 0) return;
     // (vector or scalar kernel: as in gather_rows)
     if (vec8_fits(H, y.p, x.p)) {
-        DT_SWITCH(y.dt, TY, "scatter_rows", DT_SWITCH(x.dt, TX, "scatter_rows",
-            scatter_rows_vec_kernel<TY, TX><<<grid_for(R * H / 8, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p,
-                                                                                                R, H / 8)));
+        DT_SWITCH(y.dt, TY, "scatter_rows",
+                  DT_SWITCH(x.dt, TX, "scatter_rows",
+                            scatter_rows_vec_kernel<TY, TX><<<grid_for(R * H / 8, 256), 256, 0, cuda_stream()>>>(
+                                (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, R, H / 8)));
         CUDA_LAUNCH_CHECK();
         return;
     }
-    DT_SWITCH(y.dt, TY, "scatter_rows", DT_SWITCH(x.dt, TX, "scatter_rows",
-        scatter_rows_kernel<TY, TX><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, R, H)));
+    DT_SWITCH(y.dt, TY, "scatter_rows",
+              DT_SWITCH(x.dt, TX, "scatter_rows",
+                        scatter_rows_kernel<TY, TX><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>(
+                            (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, R, H)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -489,14 +522,14 @@ void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
     // (vector or scalar kernel: as in gather_rows)
     if (vec8_fits(H, out.p, resid.p, y.p)) {
         DT_SWITCH(y.dt, T, "moe_combine_forward",
-                  moe_combine_forward_vec_kernel<T><<<grid_for(T_ * H / 8, 256), 256, 0, cuda_stream()>>>((T *)out.p, (const T *)resid.p, (const T *)y.p,
-                                                                                                        (const float *)w.p, T_, H / 8, (int)k));
+                  moe_combine_forward_vec_kernel<T><<<grid_for(T_ * H / 8, 256), 256, 0, cuda_stream()>>>(
+                      (T *)out.p, (const T *)resid.p, (const T *)y.p, (const float *)w.p, T_, H / 8, (int)k));
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(y.dt, T, "moe_combine_forward",
-              moe_combine_forward_kernel<T><<<grid_for(T_ * H, 256), 256, 0, cuda_stream()>>>((T *)out.p, (const T *)resid.p, (const T *)y.p,
-                                                                                            (const float *)w.p, T_, H, (int)k));
+              moe_combine_forward_kernel<T><<<grid_for(T_ * H, 256), 256, 0, cuda_stream()>>>(
+                  (T *)out.p, (const T *)resid.p, (const T *)y.p, (const float *)w.p, T_, H, (int)k));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -507,14 +540,17 @@ void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tens
     if (T_ * k == 0) return;
     // (vector or scalar kernel: as in gather_rows)
     if (vec8_fits(H, dy.p, dout.p, y.p)) {
-        DT_SWITCH(y.dt, T, "moe_combine_backward",
-                  moe_combine_backward_vec_kernel<T><<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
-                      (T *)dy.p, (float *)dw.p, (const T *)dout.p, (const T *)y.p, (const float *)w.p, T_, H / 8, (int)k));
+        DT_SWITCH(
+            y.dt, T, "moe_combine_backward",
+            moe_combine_backward_vec_kernel<T>
+            <<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
+                (T *)dy.p, (float *)dw.p, (const T *)dout.p, (const T *)y.p, (const float *)w.p, T_, H / 8, (int)k));
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(y.dt, T, "moe_combine_backward",
-              moe_combine_backward_kernel<T><<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
+              moe_combine_backward_kernel<T>
+              <<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
                   (T *)dy.p, (float *)dw.p, (const T *)dout.p, (const T *)y.p, (const float *)w.p, T_, H, (int)k));
     CUDA_LAUNCH_CHECK();
 }

@@ -11,7 +11,8 @@
 #include "ops/cuda/cuda_common.cuh"
 
 #define NORM_WARPS 8 // rows per block: one warp per row
-#define GRID_STRIDE_N(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE_N(i, n)                                                                                            \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -39,7 +40,8 @@ __global__ void rmsnorm_forward_kernel(T *y, float *rstd, const T *x, const TW *
 }
 
 template <typename T, typename TW>
-__global__ void rmsnorm_backward_kernel(T *dx, const T *dy, const T *x, const TW *w, const float *rstd, int64_t R, int64_t D, bool acc) {
+__global__ void rmsnorm_backward_kernel(T *dx, const T *dy, const T *x, const TW *w, const float *rstd, int64_t R,
+                                        int64_t D, bool acc) {
     int64_t row = blockIdx.x * (int64_t)NORM_WARPS + threadIdx.y;
     if (row >= R) return;
     const T *xr = x + row * D, *gr = dy + row * D;
@@ -54,12 +56,15 @@ __global__ void rmsnorm_backward_kernel(T *dx, const T *dy, const T *x, const TW
 }
 
 // dw: (D) fp32 += Σ_rows dy·x·rstd. Block (32 columns × 8 row lanes); blocks along y split the rows.
-template <typename T> __global__ void rmsnorm_backward_dw_kernel(float *dw, const T *dy, const T *x, const float *rstd, int64_t R, int64_t D) {
+template <typename T>
+__global__ void rmsnorm_backward_dw_kernel(float *dw, const T *dy, const T *x, const float *rstd, int64_t R,
+                                           int64_t D) {
     __shared__ float part[8][33];
     int64_t j = blockIdx.x * 32 + threadIdx.x;
     float s = 0;
     if (j < D)
-        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < R; i += (int64_t)gridDim.y * 8) s += ld(dy, i * D + j) * ld(x, i * D + j) * rstd[i];
+        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < R; i += (int64_t)gridDim.y * 8)
+            s += ld(dy, i * D + j) * ld(x, i * D + j) * rstd[i];
     part[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && j < D) {
@@ -76,7 +81,8 @@ __device__ __forceinline__ float group_sum(float v, int lpr) {
 
 // Vector forms: 256 threads; lanes groups of lpr per row; D8 = D/8 vectors per row.
 template <typename T, typename TW>
-__global__ void rmsnorm_forward_vec_kernel(T *y, float *rstd, const T *x, const TW *w, int64_t R, int64_t D8, int lpr, float eps) {
+__global__ void rmsnorm_forward_vec_kernel(T *y, float *rstd, const T *x, const TW *w, int64_t R, int64_t D8, int lpr,
+                                           float eps) {
     int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / lpr;
     int sub = threadIdx.x % lpr;
     bool ok = row < R; // every lane takes part in the shuffles
@@ -101,7 +107,8 @@ __global__ void rmsnorm_forward_vec_kernel(T *y, float *rstd, const T *x, const 
 }
 
 template <typename T, typename TW>
-__global__ void rmsnorm_backward_vec_kernel(T *dx, const T *dy, const T *x, const TW *w, const float *rstd, int64_t R, int64_t D8, int lpr, bool acc) {
+__global__ void rmsnorm_backward_vec_kernel(T *dx, const T *dy, const T *x, const TW *w, const float *rstd, int64_t R,
+                                            int64_t D8, int lpr, bool acc) {
     int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / lpr;
     int sub = threadIdx.x % lpr;
     bool ok = row < R;
@@ -131,8 +138,8 @@ __global__ void rmsnorm_backward_vec_kernel(T *dx, const T *dy, const T *x, cons
 // RoPE on dims [off, off + 2·half) of each (token, head) row of d elements (ops.h). One thread per 8 pairs of
 // the rotate-half layout: v[i..i+8) and v[half+i..half+i+8), v = the row + off; H8 = half/8.
 template <typename T>
-__global__ void rope_vec_kernel(T *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t T_, int64_t nh,
-                                int64_t H8, int64_t d, int64_t off, float sgn) {
+__global__ void rope_vec_kernel(T *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t T_,
+                                int64_t nh, int64_t H8, int64_t d, int64_t off, float sgn) {
     GRID_STRIDE_N(e, T_ * nh * H8) {
         int64_t i8 = e % H8, th = e / H8, t = th / nh, half = H8 * 8;
         const float *cp = cos_t + (int64_t)pos[t] * half + i8 * 8, *sp = sin_t + (int64_t)pos[t] * half + i8 * 8;
@@ -177,7 +184,8 @@ template <typename T> __global__ void swiglu_forward_vec_kernel(T *act, const T 
         st8(act + e * 8, a);
     }
 }
-template <typename T> __global__ void swiglu_backward_vec_kernel(T *dgu, const T *dact, const T *gu, int64_t M, int64_t I8) {
+template <typename T>
+__global__ void swiglu_backward_vec_kernel(T *dgu, const T *dact, const T *gu, int64_t M, int64_t I8) {
     GRID_STRIDE_N(e, M * I8) {
         int64_t r = e / I8, i = e % I8;
         float g[8], u[8], da[8], dg[8], du[8];
@@ -212,7 +220,6 @@ template <typename T> __global__ void swiglu_backward_kernel(T *dgu, const T *da
     }
 }
 
-
 extern "C" {
 
 void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
@@ -226,16 +233,19 @@ void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) 
     if (vec8_fits(D, y.p, x.p, w.p)) {
         int lpr = norm_lanes(D / 8);
         unsigned grid = (unsigned)((R * lpr + 255) / 256);
-        DT_SWITCH(x.dt, T, "rmsnorm_forward", DT_SWITCH(w.dt, TW, "rmsnorm_forward",
-            rmsnorm_forward_vec_kernel<T, TW><<<grid, 256, 0, cuda_stream()>>>((T *)y.p, (float *)rstd.p, (const T *)x.p, (const TW *)w.p, R, D / 8,
-                                                                               lpr, eps)));
+        DT_SWITCH(x.dt, T, "rmsnorm_forward",
+                  DT_SWITCH(w.dt, TW, "rmsnorm_forward",
+                            rmsnorm_forward_vec_kernel<T, TW><<<grid, 256, 0, cuda_stream()>>>(
+                                (T *)y.p, (float *)rstd.p, (const T *)x.p, (const TW *)w.p, R, D / 8, lpr, eps)));
         CUDA_LAUNCH_CHECK();
         return;
     }
     dim3 blk(32, NORM_WARPS);
     unsigned grid = (unsigned)((R + NORM_WARPS - 1) / NORM_WARPS);
-    DT_SWITCH(x.dt, T, "rmsnorm_forward", DT_SWITCH(w.dt, TW, "rmsnorm_forward",
-        rmsnorm_forward_kernel<T, TW><<<grid, blk, 0, cuda_stream()>>>((T *)y.p, (float *)rstd.p, (const T *)x.p, (const TW *)w.p, R, D, eps)));
+    DT_SWITCH(x.dt, T, "rmsnorm_forward",
+              DT_SWITCH(w.dt, TW, "rmsnorm_forward",
+                        rmsnorm_forward_kernel<T, TW><<<grid, blk, 0, cuda_stream()>>>(
+                            (T *)y.p, (float *)rstd.p, (const T *)x.p, (const TW *)w.p, R, D, eps)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -252,18 +262,23 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     // (vector or scalar kernel: as in the forward)
     if (vec8_fits(D, dx.p, dy.p, x.p, w.p)) {
         int lpr = norm_lanes(D / 8);
-        DT_SWITCH(x.dt, T, "rmsnorm_backward", DT_SWITCH(w.dt, TW, "rmsnorm_backward",
-            rmsnorm_backward_vec_kernel<T, TW><<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
-                (T *)dx.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p, (const float *)rstd.p, R, D / 8, lpr, accumulate)));
+        DT_SWITCH(x.dt, T, "rmsnorm_backward",
+                  DT_SWITCH(w.dt, TW, "rmsnorm_backward",
+                            rmsnorm_backward_vec_kernel<T, TW>
+                            <<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
+                                (T *)dx.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p, (const float *)rstd.p, R,
+                                D / 8, lpr, accumulate)));
     } else {
-    DT_SWITCH(x.dt, T, "rmsnorm_backward", DT_SWITCH(w.dt, TW, "rmsnorm_backward",
-        rmsnorm_backward_kernel<T, TW><<<grid, blk, 0, cuda_stream()>>>((T *)dx.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
-                                                                           (const float *)rstd.p, R, D, accumulate)));
+        DT_SWITCH(x.dt, T, "rmsnorm_backward",
+                  DT_SWITCH(w.dt, TW, "rmsnorm_backward",
+                            rmsnorm_backward_kernel<T, TW><<<grid, blk, 0, cuda_stream()>>>(
+                                (T *)dx.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p, (const float *)rstd.p, R,
+                                D, accumulate)));
     }
     CUDA_LAUNCH_CHECK();
     DT_SWITCH(x.dt, T, "rmsnorm_backward",
-              rmsnorm_backward_dw_kernel<T><<<gdw, dim3(32, 8), 0, cuda_stream()>>>((float *)dw.p, (const T *)dy.p, (const T *)x.p,
-                                                                                   (const float *)rstd.p, R, D));
+              rmsnorm_backward_dw_kernel<T><<<gdw, dim3(32, 8), 0, cuda_stream()>>>(
+                  (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const float *)rstd.p, R, D));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -282,15 +297,15 @@ void cuda_rope(Tensor x, int off, Tensor cos_t, Tensor sin_t, Tensor pos, RopeLa
     if (layout == ROPE_HALF && d % 8 == 0 && off % 8 == 0 && vec8_fits(half, x.p, cos_t.p, sin_t.p)) {
         DT_SWITCH(x.dt, T, "rope",
                   rope_vec_kernel<T><<<grid_for(n / 8, 256), 256, 0, cuda_stream()>>>(
-                      (T *)x.p, (const float *)cos_t.p, (const float *)sin_t.p, (const int32_t *)pos.p, T_, nh, half / 8, d,
-                      off, sgn));
+                      (T *)x.p, (const float *)cos_t.p, (const float *)sin_t.p, (const int32_t *)pos.p, T_, nh,
+                      half / 8, d, off, sgn));
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(x.dt, T, "rope",
-              rope_kernel<T><<<grid_for(n, 256), 256, 0, cuda_stream()>>>((T *)x.p, (const float *)cos_t.p,
-                                                                        (const float *)sin_t.p, (const int32_t *)pos.p, T_,
-                                                                        nh, half, d, off, layout == ROPE_PAIRS, sgn));
+              rope_kernel<T><<<grid_for(n, 256), 256, 0, cuda_stream()>>>(
+                  (T *)x.p, (const float *)cos_t.p, (const float *)sin_t.p, (const int32_t *)pos.p, T_, nh, half, d,
+                  off, layout == ROPE_PAIRS, sgn));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -303,12 +318,14 @@ void cuda_swiglu_forward(Tensor act, Tensor gu) {
     // models); real intermediate sizes take the vector kernel.
     if (vec8_fits(I, act.p, gu.p)) {
         DT_SWITCH(gu.dt, T, "swiglu_forward",
-                  swiglu_forward_vec_kernel<T><<<grid_for(M * I / 8, 256), 256, 0, cuda_stream()>>>((T *)act.p, (const T *)gu.p, M, I / 8));
+                  swiglu_forward_vec_kernel<T>
+                  <<<grid_for(M * I / 8, 256), 256, 0, cuda_stream()>>>((T *)act.p, (const T *)gu.p, M, I / 8));
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(gu.dt, T, "swiglu_forward",
-              swiglu_forward_kernel<T><<<grid_for(M * I, 256), 256, 0, cuda_stream()>>>((T *)act.p, (const T *)gu.p, M, I));
+              swiglu_forward_kernel<T>
+              <<<grid_for(M * I, 256), 256, 0, cuda_stream()>>>((T *)act.p, (const T *)gu.p, M, I));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -320,13 +337,14 @@ void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) {
     // (vector or scalar kernel: as in the forward)
     if (vec8_fits(I, dgu.p, dact.p, gu.p)) {
         DT_SWITCH(gu.dt, T, "swiglu_backward",
-                  swiglu_backward_vec_kernel<T><<<grid_for(M * I / 8, 256), 256, 0, cuda_stream()>>>((T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M,
-                                                                                                   I / 8));
+                  swiglu_backward_vec_kernel<T><<<grid_for(M * I / 8, 256), 256, 0, cuda_stream()>>>(
+                      (T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M, I / 8));
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(gu.dt, T, "swiglu_backward",
-              swiglu_backward_kernel<T><<<grid_for(M * I, 256), 256, 0, cuda_stream()>>>((T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M, I));
+              swiglu_backward_kernel<T>
+              <<<grid_for(M * I, 256), 256, 0, cuda_stream()>>>((T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M, I));
     CUDA_LAUNCH_CHECK();
 }
 

@@ -4,7 +4,12 @@
 #include <stddef.h>
 
 typedef enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorNotReady = 600 } cudaError_t;
-typedef enum { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice } cudaMemcpyKind;
+typedef enum {
+    cudaMemcpyHostToHost,
+    cudaMemcpyHostToDevice,
+    cudaMemcpyDeviceToHost,
+    cudaMemcpyDeviceToDevice
+} cudaMemcpyKind;
 typedef struct fake_stream *cudaStream_t;
 typedef struct fake_event *cudaEvent_t;
 #define cudaEventDisableTiming 0x02
