@@ -4,6 +4,7 @@
 # Usage on the GPU machine: python3 peer_hf_deepseek_v2.py [--layers 8] [--mbs 2] [--seq 4096] [--compile] [--balanced]
 # --balanced routes token t to experts (t + j·E/k) mod E (pith's benchmark: true), replacing the router's choice.
 import argparse, json, torch
+from peer_common import time_fwd_bwd
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
 ap = argparse.ArgumentParser()
 ap.add_argument("--layers", type=int, default=8); ap.add_argument("--mbs", type=int, default=2)
@@ -34,17 +35,8 @@ if a.balanced:  # the forced routing of pith's benchmark mode, weights gathered 
             return logits, w, idx
         gate.forward = forced.__get__(gate)
 fwd = torch.compile(model) if a.compile else model
-ids = torch.randint(0, cfg.vocab_size, (a.mbs, a.seq), device="cuda")
-def step():
-    out = fwd(input_ids=ids, labels=ids); out.loss.backward()
-for _ in range(2): step()
-torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
-times = []
-for _ in range(a.iters):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(); step(); e.record(); torch.cuda.synchronize(); times.append(s.elapsed_time(e) / 1e3)
-t = sorted(times)[len(times) // 2]
+t, peak = time_fwd_bwd(fwd, cfg.vocab_size, a.mbs, a.seq, a.iters)
 print(json.dumps({"peer": "hf-transformers" + ("+compile" if a.compile else "") + (" balanced" if a.balanced else ""),
     "model": "deepseek-v2-lite", "layers": a.layers, "mbs": a.mbs, "seq": a.seq, "step_s": t,
-    "tokens_per_s": a.mbs * a.seq / t, "peak_gb": torch.cuda.max_memory_allocated() / 1e9,
+    "tokens_per_s": a.mbs * a.seq / t, "peak_gb": peak,
     "params": sum(p.numel() for p in model.parameters())}))

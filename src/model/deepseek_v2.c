@@ -125,11 +125,9 @@ static void dsv2_config_parse(ModelConfig *c, JObj o) {
 static void dsv2_params_build(ParamTable *t, const ModelConfig *c) {
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
     int64_t H = c->hidden, nh = c->heads, dq = d->nope + c->rope.rd, rd = c->rope.rd, Is = d->shared_inter;
-    char n[96];
     moe_params_embed(t, c);
     for (int l = 0; l < c->layers; l++) {
-#define P(suffix, init, nd, a, b)                                                                                      \
-    (snprintf(n, sizeof n, "layers.%d.%s", l, suffix), params_add(t, n, GROUP_DENSE, init, nd, a, b, 0))
+#define P(suffix, init, nd, a, b) params_add_layer(t, l, suffix, init, nd, a, b)
         P("input_layernorm.weight", INIT_ONES, 1, H, 0);
         if (!d->q_lora) {
             P("self_attn.q_proj.weight", INIT_NORMAL, 2, nh * dq, H);
@@ -164,10 +162,9 @@ static void bind_layers(Model *m, Tensor *flat, Dsv2Layer *w) {
     const ModelConfig *c = &m->cfg;
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
     int64_t H = c->hidden, nh = c->heads, dq = d->nope + c->rope.rd, rd = c->rope.rd, Is = d->shared_inter;
-    char n[96];
     for (int l = 0; l < c->layers; l++) {
         Dsv2Layer *L = &w[l];
-#define V(suffix, nd, a, b) (snprintf(n, sizeof n, "layers.%d.%s", l, suffix), model_view(m, flat, n, nd, a, b, 0))
+#define V(suffix, nd, a, b) model_view_layer(m, flat, l, suffix, nd, a, b)
         L->ln1 = V("input_layernorm.weight", 1, H, 0);
         L->wq = V("self_attn.q_proj.weight", 2, nh * dq, H);
         L->wqa = V("self_attn.q_a_proj.weight", 2, d->q_lora, H);

@@ -207,6 +207,9 @@ void moe_rope_parse(ModelConfig *c, JObj hf, int rd, bool yarn_ok);
 void moe_config_check(const ModelConfig *c, JObj hf, const char *experts_key);
 // A view of nd dims starting at parameter `name` inside the flat buffers ({0} if the model lacks it).
 Tensor model_view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0, int64_t n1, int64_t n2);
+// Layer l's tensor "layers.<l>.<suffix>" of the dense group: its parameter, and its view (the families' names).
+void params_add_layer(ParamTable *t, int l, const char *suffix, int init, int nd, int64_t n0, int64_t n1);
+Tensor model_view_layer(Model *m, Tensor *flat, int l, const char *suffix, int nd, int64_t n0, int64_t n1);
 // Parameters: the token embedding; layer l's experts (this rank's, gate_proj and up_proj of an expert
 // adjacent) or its dense MLP under the HF names layers.l.mlp.[experts.e.]{gate,up,down}_proj.weight;
 // the final norm and LM head.

@@ -100,6 +100,18 @@ Tensor model_view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0, 
     return t;
 }
 
+Tensor model_view_layer(Model *m, Tensor *flat, int l, const char *suffix, int nd, int64_t n0, int64_t n1) {
+    char n[96];
+    snprintf(n, sizeof n, "layers.%d.%s", l, suffix);
+    return model_view(m, flat, n, nd, n0, n1, 0);
+}
+
+void params_add_layer(ParamTable *t, int l, const char *suffix, int init, int nd, int64_t n0, int64_t n1) {
+    char n[96];
+    snprintf(n, sizeof n, "layers.%d.%s", l, suffix);
+    params_add(t, n, GROUP_DENSE, init, nd, n0, n1, 0);
+}
+
 static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
     const ModelConfig *c = &m->cfg;
     int64_t H = c->hidden, I = c->moe_inter, D = c->dense_inter, El = model_experts_local(c);

@@ -88,11 +88,9 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
 static void qwen3_params_build(ParamTable *t, const ModelConfig *c) {
     const Qwen3Config *q = model_family_config(const Qwen3Config, c);
     int64_t H = c->hidden, d = q->head_dim, nh = c->heads, nkv = q->kv_heads;
-    char n[96];
     moe_params_embed(t, c);
     for (int l = 0; l < c->layers; l++) {
-#define P(suffix, init, nd, a, b)                                                                                      \
-    (snprintf(n, sizeof n, "layers.%d.%s", l, suffix), params_add(t, n, GROUP_DENSE, init, nd, a, b, 0))
+#define P(suffix, init, nd, a, b) params_add_layer(t, l, suffix, init, nd, a, b)
         P("input_layernorm.weight", INIT_ONES, 1, H, 0);
         P("self_attn.q_proj.weight", INIT_NORMAL, 2, nh * d, H);
         P("self_attn.k_proj.weight", INIT_NORMAL, 2, nkv * d, H);
@@ -118,10 +116,9 @@ static void bind_layers(Model *m, Tensor *flat, Qwen3Layer *w) {
     const ModelConfig *c = &m->cfg;
     const Qwen3Config *q = model_family_config(const Qwen3Config, c);
     int64_t H = c->hidden, d = q->head_dim, nh = c->heads, nkv = q->kv_heads;
-    char n[96];
     for (int l = 0; l < c->layers; l++) {
         Qwen3Layer *L = &w[l];
-#define V(suffix, nd, a, b) (snprintf(n, sizeof n, "layers.%d.%s", l, suffix), model_view(m, flat, n, nd, a, b, 0))
+#define V(suffix, nd, a, b) model_view_layer(m, flat, l, suffix, nd, a, b)
         L->ln1 = V("input_layernorm.weight", 1, H, 0);
         L->wq = V("self_attn.q_proj.weight", 2, nh * d, H);
         L->wk = V("self_attn.k_proj.weight", 2, nkv * d, H);
