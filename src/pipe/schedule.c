@@ -2,15 +2,53 @@
 // 2, 3, 4, 5) per layer → epilog, then backward epilog → (5, 4, 3 input, 3 weight, 2, 1) per layer in
 // reverse → prolog; the prolog only on the chunk that starts the model, the epilog on the one that ends it.
 // All memory comes from arenas sized by engine_plan (activations, workspace, communication), so the
-// step itself never allocates.
+// step itself never allocates. Expert capacity (docs/architecture.md, "Expert capacity"): a MoE layer's own
+// stage-3 buffers hold ep_rows_capacity rows; a layer that receives more on any rank of its ep group runs
+// stage 3 on the engine's spill set (the worst case of one layer) and recomputes it there in backward.
+// Activation recomputation ("Activation recomputation" there): selective keeps no SwiGLU outputs (stage 3's
+// weight gradient recomputes them), full keeps a layer's input and routing and reruns its forward in backward.
 #include "pipe/schedule.h"
 
 static void *rec_of(Engine *e, int l) { return e->recs + (size_t)l * e->m->fam->rec_size; }
+
+// Points layer l's stage-3 rows (expert-ordered inputs, activations, route permutations) at b.
+static void use_rows(Engine *e, int l, const ExpertRows *b) {
+    StageIO *io = &e->io[l];
+    MlpRec *r = rec_of(e, l); // a family record begins with its MlpRec
+    io->xe = b->xe, r->gu = b->gu, r->act = b->act;
+    if (io->route) io->route->perm_r = b->perm_r, io->route->xrow = b->xrow;
+}
+
+static ExpertRows rows_of(Engine *e, int l) {
+    StageIO *io = &e->io[l];
+    MlpRec *r = rec_of(e, l);
+    return (ExpertRows){io->xe, r->gu, r->act, io->route ? io->route->perm_r : (Tensor){0},
+                        io->route ? io->route->xrow : (Tensor){0}};
+}
+
+// The spill set: stage-3 rows for the worst case of one layer, shared by every layer that overflows (their
+// stage 3 is recomputed in backward). A MoE layer's record and route borrow the layout of layer `l`.
+static void alloc_spill(Engine *e, int l, Arena *a) {
+    Model *m = e->m;
+    int64_t W = ep_rows_worst(m, (int64_t)e->B * e->S);
+    ExpertRows own = rows_of(e, l);
+    m->fam->stage3_alloc(m, l, rec_of(e, l), a, W);
+    e->spill = (ExpertRows){arena_tensor(a, m->cdt, 2, W, m->cfg.hidden, 0, 0), ((MlpRec *)rec_of(e, l))->gu,
+                            ((MlpRec *)rec_of(e, l))->act, arena_tensor(a, DT_I32, 1, W, 0, 0, 0),
+                            arena_tensor(a, DT_I32, 1, W, 0, 0, 0)};
+    use_rows(e, l, &own);
+}
+
+// A (rows, cols) view of the front of a staging buffer.
+static Tensor staging_view(Tensor buf, int64_t rows, int64_t cols) {
+    return tensor_make(buf.p, buf.dt, buf.dev, 2, rows, cols, 1, 1);
+}
 
 // The allocation sequence of the activation arena; run on a counting arena it is the plan.
 static void alloc_activations(Engine *e, Arena *a) {
     Model *m = e->m;
     int T = e->B * e->S;
+    bool full = m->recompute == RECOMPUTE_FULL;
     e->mb = (MicroBatch){e->B,
                          e->S,
                          T,
@@ -18,17 +56,50 @@ static void alloc_activations(Engine *e, Arena *a) {
                          arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
                          arena_tensor(a, DT_I32, 1, T, 0, 0, 0)};
     e->h[e->l0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+    int moe = -1; // a MoE layer of the chunk
     for (int l = e->l0; l < e->l1; l++) {
         StageIO *io = &e->io[l];
         io->dense = !m->cfg.is_moe[l];
         if (!io->dense) { // the routing stage 1 writes
             io->idx = arena_tensor(a, DT_I32, 2, T, m->cfg.topk, 0, 0);
             io->w = arena_tensor(a, DT_F32, 2, T, m->cfg.topk, 0, 0);
+            moe = l;
         }
+        if (full) e->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+    }
+    // Each layer's record and stage buffers; under full recompute all layers share one region (a layer keeps
+    // its input, output and routing above; backward reruns its forward into the region).
+    size_t shared = arena_mark(a), top = shared;
+    for (int l = e->l0; l < e->l1; l++) {
+        StageIO *io = &e->io[l];
+        if (full) arena_reset(a, shared);
         m->fam->layer_alloc(m, l, rec_of(e, l), a, e->B, e->S, io);
         m->fam->stage3_alloc(m, l, rec_of(e, l), a, io->dense ? T : ep_rows_capacity(m, T));
         ep_alloc(m, io, a, T);
-        e->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+        e->own[l] = rows_of(e, l);
+        if (!full) e->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+        if (arena_mark(a) > top) top = arena_mark(a);
+    }
+    arena_reset(a, top);
+    // Expert outputs before combine (ye) are staging: one buffer for every MoE layer, as many rows as stage 3 holds.
+    bool spills = moe >= 0 && ep_spills(m, T);
+    int64_t W = spills ? ep_rows_worst(m, T) : 0;
+    if (moe >= 0) {
+        Tensor ye = arena_tensor(a, m->cdt, 2, spills ? W : ep_rows_capacity(m, T), m->cfg.hidden, 0, 0);
+        for (int l = e->l0; l < e->l1; l++)
+            if (!e->io[l].dense) e->io[l].ye = ye;
+    }
+    if (spills) alloc_spill(e, moe, a);
+    if (m->recompute == RECOMPUTE_SELECTIVE) { // SwiGLU outputs: staging, recomputed from gu in backward
+        int64_t most = W * m->cfg.moe_inter;
+        for (int l = e->l0; l < e->l1; l++)
+            if (tensor_numel(e->own[l].gu) / 2 > most) most = tensor_numel(e->own[l].gu) / 2;
+        Tensor act = arena_tensor(a, m->cdt, 1, most, 0, 0, 0);
+        for (int l = e->l0; l < e->l1; l++) {
+            e->own[l].act = staging_view(act, e->own[l].gu.n[0], e->own[l].gu.n[1] / 2);
+            use_rows(e, l, &e->own[l]);
+        }
+        if (spills) e->spill.act = staging_view(act, W, m->cfg.moe_inter);
     }
     if (e->l1 == m->cfg.layers) m->fam->epilog_alloc(m, e->epilog, a, T);
 }
@@ -55,6 +126,7 @@ static void engine_structs(Engine *e, Model *m, int B, int S, int l0, int l1) {
     e->recs = xcalloc(m->cfg.layers, m->fam->rec_size);
     e->epilog = xcalloc(1, m->fam->epilog_size);
     e->io = xcalloc(m->cfg.layers, sizeof(StageIO));
+    e->own = xcalloc(m->cfg.layers, sizeof(ExpertRows));
     e->h = xcalloc(m->cfg.layers + 1, sizeof(Tensor));
     for (int l = 0; l < m->cfg.layers; l++) {
         e->io[l].offs = xcalloc(m->cfg.experts + 1, sizeof(int64_t));
@@ -74,11 +146,14 @@ EnginePlan engine_plan_chunk(Model *m, int B, int S, int l0, int l1) {
     alloc_activations(&e, &act);
     alloc_grad_buffers(&e, &ws);
     size_t base = ws.used, most = 0;
-    for (int l = l0; l < l1; l++) {
-        ws.used = base;
-        alloc_layer_grads(&e, l, &ws);
-        if (ws.used - base > most) most = ws.used - base;
-    }
+    for (int l = l0; l < l1; l++)
+        for (int spilled = 0; spilled < 1 + (e.spill.xe.n[0] && !e.io[l].dense); spilled++) {
+            ws.used = base;
+            if (spilled) use_rows(&e, l, &e.spill); // a spilled layer's backward: the gradients of the spill set
+            alloc_layer_grads(&e, l, &ws);
+            if (ws.used - base > most) most = ws.used - base;
+            if (spilled) use_rows(&e, l, &e.own[l]);
+        }
     EnginePlan p = {act.peak, base + most + ARENA_ALIGN, comm.peak};
     engine_free(&e);
     return p;
@@ -104,7 +179,7 @@ void engine_init_chunk(Engine *e, Model *m, int B, int S, int l0, int l1) {
 void engine_free(Engine *e) {
     for (int l = 0; e->io && l < e->m->cfg.layers; l++) free(e->io[l].offs), ep_route_free(e->io[l].route);
     ep_buffers_free(&e->epb);
-    free(e->recs), free(e->epilog), free(e->io), free(e->h);
+    free(e->recs), free(e->epilog), free(e->io), free(e->own), free(e->h);
     if (e->act.cap) arena_destroy(&e->act);
     if (e->ws.cap) arena_destroy(&e->ws);
     if (e->comm.cap) arena_destroy(&e->comm);
@@ -117,19 +192,34 @@ void engine_load(Engine *e, const int32_t *tokens, const int32_t *labels) {
     op_copy(e->mb.labels, tensor_make((void *)labels, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
 }
 
+// Layer l's stages 1–5. A replay (full recompute, in backward) reruns them on the same input and weights,
+// which gives the same bits; m->replay keeps the load-balancing sums and expert counts from counting twice.
+static void layer_forward(Engine *e, int l, bool replay) {
+    Model *m = e->m;
+    const ModelFamily *f = m->fam;
+    void *r = rec_of(e, l);
+    StageIO *io = &e->io[l];
+    m->replay = replay;
+    f->stage1_forward(m, l, r, &e->mb, e->h[l], io);
+    if (!io->dense) use_rows(e, l, &e->own[l]); // a forward starts on the layer's own rows
+    ep_dispatch_route(m, io);
+    if (io->route) {
+        if (io->route->spill) use_rows(e, l, &e->spill);
+        if (!replay) e->ep_over += io->route->over;
+        if (io->route->rows > e->ep_rows_peak) e->ep_rows_peak = io->route->rows;
+    }
+    ep_dispatch_rows(m, io);
+    f->stage3_forward(m, l, r, io);
+    ep_combine_forward(m, io);
+    f->stage5_forward(m, l, r, io, e->h[l + 1]);
+    m->replay = false;
+}
+
 void engine_forward(Engine *e, bool grad) {
     Model *m = e->m;
     const ModelFamily *f = m->fam;
     if (e->l0 == 0) f->prolog_forward(m, &e->mb, e->h[0]);
-    for (int l = e->l0; l < e->l1; l++) {
-        void *r = rec_of(e, l);
-        StageIO *io = &e->io[l];
-        f->stage1_forward(m, l, r, &e->mb, e->h[l], io);
-        ep_dispatch_forward(m, io);
-        f->stage3_forward(m, l, r, io);
-        ep_combine_forward(m, io);
-        f->stage5_forward(m, l, r, io, e->h[l + 1]);
-    }
+    for (int l = e->l0; l < e->l1; l++) layer_forward(e, l, false);
     if (e->l1 == m->cfg.layers) f->epilog_forward(m, e->epilog, &e->mb, e->h[m->cfg.layers], grad);
 }
 
@@ -142,6 +232,15 @@ void engine_backward(Engine *e) {
         void *r = rec_of(e, l);
         StageIO *io = &e->io[l];
         size_t mark = arena_mark(&e->ws);
+        // What later layers overwrote since the forward (nothing ran after the chunk's last layer): under full
+        // recompute the whole record; a spilled layer's spill set (dispatch and stage 3 again).
+        bool intact = l == e->l1 - 1;
+        if (!intact && m->recompute == RECOMPUTE_FULL) layer_forward(e, l, true);
+        else if (!intact && io->route && io->route->spill) {
+            ep_dispatch_route(m, io);
+            ep_dispatch_rows(m, io);
+            f->stage3_forward(m, l, r, io);
+        }
         alloc_layer_grads(e, l, &e->ws);
         f->stage5_backward(m, l, r, io, e->dh[cur]);
         ep_combine_backward(m, io);

@@ -11,17 +11,26 @@ typedef struct {
     size_t comm_bytes; // rows in transit between ranks (expert parallelism), shared by all layers
 } EnginePlan;
 
+// The stage-3 rows of a MoE layer: expert-ordered inputs (R, H), activations (R, 2I) and (R, I) (MlpRec),
+// and the route's permutations (R) int32; R = the capacity (a layer's own) or the worst case (the spill set).
+typedef struct {
+    Tensor xe, gu, act, perm_r, xrow;
+} ExpertRows;
+
 typedef struct {
     Model *m;
     int B, S;
     int l0, l1; // the layers this engine runs: the prolog when l0 = 0, the epilog when l1 = layers
     Arena act, ws, comm;
-    EpBuffers epb; // the expert-parallel transfer buffers (comm arena)
-    char *recs;    // L records of m->fam->rec_size bytes
-    void *epilog;  // the epilog record
-    StageIO *io;   // L
-    Tensor *h;     // L + 1 hidden states (T, H): h[0] = embeddings, h[l + 1] = output of layer l (l0..l1 used)
-    Tensor dh[2];  // ping-pong gradient buffers (T, H)
+    EpBuffers epb;          // the expert-parallel transfer buffers (comm arena)
+    char *recs;             // L records of m->fam->rec_size bytes
+    void *epilog;           // the epilog record
+    StageIO *io;            // L
+    ExpertRows *own, spill; // L: each layer's own stage-3 rows; the spill set (xe.n[0] = 0: none)
+    int64_t ep_over;        // rows received above the capacity, summed over forwards (the caller zeroes it)
+    int64_t ep_rows_peak;   // most (token, expert) rows one layer received (the caller zeroes it)
+    Tensor *h;              // L + 1 hidden states (T, H): h[0] = embeddings, h[l + 1] = output of layer l (l0..l1 used)
+    Tensor dh[2];           // ping-pong gradient buffers (T, H)
     MicroBatch mb;
 } Engine;
 

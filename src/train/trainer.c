@@ -57,6 +57,8 @@ static void model_layout(Model *m, const TrainConfig *c, const Dist *d) {
     m->force_balance = c->benchmark;
     m->ep = &d->ep_g;
     m->ep_capacity = c->parallel.ep_capacity_factor;
+    m->ep_drop = c->parallel.ep_drop_tokens;
+    m->recompute = c->recompute;
 }
 
 // Bytes of everything but the engine, from the model's tensors and the counted shard arena (which also
@@ -266,6 +268,7 @@ StepStats run_step(Run *r) {
     if (m->router_bias.p) memset(m->router_load, 0, sizeof(double) * m->cfg.layers * m->cfg.experts);
     op_zero(m->loss_sum), op_zero(m->lb_sum);
     model_lb_step_begin(m);
+    r->eng.ep_over = 0, r->eng.ep_rows_peak = 0;
     int64_t targets = 0;
     for (int acc = 0; acc < nmb; acc++) {
         targets += load_microbatch(r, &r->data, r->step, acc);
@@ -274,11 +277,16 @@ StepStats run_step(Run *r) {
     ops_sync();
     double fwdbwd_seconds = now_seconds() - t0;
     // Sums over the global batch: every rank of the stage holds different tokens.
-    double sums[3] = {op_read_scalar(m->loss_sum), op_read_scalar(m->lb_sum), (double)targets};
-    comm_allreduce(&d->dp_cp_ep, tensor_make(sums, DT_F64, DEV_CPU, 1, 3, 1, 1, 1), COMM_SUM);
+    double sums[4] = {op_read_scalar(m->loss_sum), op_read_scalar(m->lb_sum), (double)targets, (double)r->eng.ep_over};
+    comm_allreduce(&d->dp_cp_ep, tensor_make(sums, DT_F64, DEV_CPU, 1, 4, 1, 1, 1), COMM_SUM);
     double N = sums[2] < 1 ? 1 : sums[2];
     StepStats st = {0};
     st.fwdbwd_seconds = fwdbwd_seconds;
+    if (d->ep > 1) { // expert capacity: the rows above it, and the most one layer received in units of T·k
+        double peak = (double)r->eng.ep_rows_peak;
+        comm_allreduce(&d->dp_cp_ep, tensor_make(&peak, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_MAX);
+        st.ep_over = sums[3], st.ep_load = peak / ((double)c->micro_batch_size * S * m->cfg.topk);
+    }
     for (int g = 0; g < NGROUPS; g++) {
         fsdp_reduce_scatter(&r->fsdp, g, r->grad[g], m->g[g]);
         op_scale(r->grad[g], (float)(1.0 / N));
