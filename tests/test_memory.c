@@ -63,8 +63,10 @@ static void recompute_run(const char *model_json, LbForm form, RecomputeMode mod
     }
     o->loss = op_read_scalar(m.loss_sum), o->lb = op_read_scalar(m.lb_sum);
     for (int g = 0; g < NGROUPS; g++)
-        o->gbytes[g] = tensor_bytes(m.g[g]), o->g[g] = xmalloc(o->gbytes[g] + 1), memcpy(o->g[g], m.g[g].p, o->gbytes[g]);
-    o->load = xmalloc((size_t)L * E * sizeof(double) + 1), memcpy(o->load, m.router_load, (size_t)L * E * sizeof(double));
+        o->gbytes[g] = tensor_bytes(m.g[g]), o->g[g] = xmalloc(o->gbytes[g] + 1),
+        memcpy(o->g[g], m.g[g].p, o->gbytes[g]);
+    o->load = xmalloc((size_t)L * E * sizeof(double) + 1),
+    memcpy(o->load, m.router_load, (size_t)L * E * sizeof(double));
     free(m.router_bias.p), free(m.router_load);
     m.router_bias = (Tensor){0}, m.router_load = NULL;
     engine_free(&e), model_free(&m), dist_mesh_free(&d);
@@ -74,13 +76,14 @@ static void recompute_run(const char *model_json, LbForm form, RecomputeMode mod
 // counts bit for bit (Qwen3 with a dense layer and biases; DeepSeek-V2 with MLA and shared experts), under
 // each load-balancing form (global-batch's replay takes this micro-batch's counts back out of its sums).
 TEST(memory_recompute_bit_identical) {
-    static const char *const models[] = {TINY_MOE_B, TINY_MOE_EP,
-                                         "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 16, \"num_hidden_layers\": "
-                                         "3, \"num_attention_heads\": 2, \"q_lora_rank\": 10, \"kv_lora_rank\": 8, "
-                                         "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 6, "
-                                         "\"vocab_size\": 40, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, "
-                                         "\"moe_intermediate_size\": 6, \"n_shared_experts\": 2, "
-                                         "\"intermediate_size\": 12, \"first_k_dense_replace\": 1}"};
+    static const char *const models[] = {
+        TINY_MOE_B, TINY_MOE_EP,
+        "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 16, \"num_hidden_layers\": "
+        "3, \"num_attention_heads\": 2, \"q_lora_rank\": 10, \"kv_lora_rank\": 8, "
+        "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 6, "
+        "\"vocab_size\": 40, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, "
+        "\"moe_intermediate_size\": 6, \"n_shared_experts\": 2, "
+        "\"intermediate_size\": 12, \"first_k_dense_replace\": 1}"};
     static const LbForm forms[] = {LB_MICRO_BATCH, LB_GLOBAL_BATCH, LB_SEQUENCE};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
         for (int f = 0; f < 3; f++) {
@@ -142,8 +145,8 @@ TEST(memory_recompute_plan_bytes) {
     ASSERT_MSG(act[1][2] - act[0][2] == kept, "full: a layer adds %zu bytes, expected %zu", act[1][2] - act[0][2],
                kept);
     for (int n = 0; n < 2; n++)
-        ASSERT_MSG(act[n][2] == act[n][0] - (1 + n) * r, "L=%d: full %zu bytes, none %zu, record %zu", 2 + n,
-                   act[n][2], act[n][0], r);
+        ASSERT_MSG(act[n][2] == act[n][0] - (1 + n) * r, "L=%d: full %zu bytes, none %zu, record %zu", 2 + n, act[n][2],
+                   act[n][0], r);
 }
 
 // pith estimate's total equals the plan pith train allocates (its "plan" line), under each mode, on one
@@ -167,8 +170,8 @@ TEST(memory_recompute_estimate_equals_plan) {
             ASSERT_MSG(e && t, "%s\n%s", est, out);
             while (e[-1] != '(') e--;
             while (t[-1] != '(') t--;
-            ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "%d ranks, %s: estimate %lld vs train %lld",
-                       np, modes[i], strtoll(e, NULL, 10), strtoll(t, NULL, 10));
+            ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "%d ranks, %s: estimate %lld vs train %lld", np,
+                       modes[i], strtoll(e, NULL, 10), strtoll(t, NULL, 10));
         }
 }
 
@@ -216,8 +219,7 @@ TEST(memory_ep_capacity_training) {
     }
     snprintf(b, sizeof b, "%s/r2", d);
     ASSERT(run_metric(b, 1, "ep_dropped_rows") > 0 && run_metric(b, 1, "loss") != run_metric(a, 1, "loss"));
-    ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/r0/g %s/r1/g", d, d) == 0, "%s",
-               out);
+    ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/r0/g %s/r1/g", d, d) == 0, "%s", out);
     ASSERT_MSG(atoll(plan[1]) < atoll(plan[0]) && atoll(plan[2]) < atoll(plan[1]), "plans %s %s %s", plan[0], plan[1],
                plan[2]);
 }
