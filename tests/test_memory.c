@@ -3,6 +3,8 @@
 // on CPU ranks under mpirun, and the step line and metrics.jsonl count them; recompute none / selective /
 // full give the same loss and gradients bit for bit, plans smaller by the bytes they no longer keep, and
 // `pith estimate` equal to what training allocates under each mode.
+#include <math.h>
+
 #include "parallel/mesh.h"
 #include "pipe/schedule.h"
 #include "test.h"
@@ -222,4 +224,59 @@ TEST(memory_ep_capacity_training) {
     ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/r0/g %s/r1/g", d, d) == 0, "%s", out);
     ASSERT_MSG(atoll(plan[1]) < atoll(plan[0]) && atoll(plan[2]) < atoll(plan[1]), "plans %s %s %s", plan[0], plan[1],
                plan[2]);
+}
+
+// ---- pith estimate: --detail and --sweep ----
+
+// The first number before " GB" after `key` in text.
+static double gb_after(const char *text, const char *key) {
+    const char *p = strstr(text, key);
+    ASSERT_MSG(p, "no '%s' in:\n%s", key, text);
+    return strtod(p + strlen(key), NULL);
+}
+
+// --detail: the activation parts add up to the activation records (to the MB printed), and a lever's plan is
+// the plan of the config with that --set.
+TEST(memory_estimate_detail) {
+    char out[1 << 15], one[1 << 15];
+    const char *cfg = "examples/qwen3-30b-a3b/train.json --gpus 8";
+    ASSERT(run_cmd(out, sizeof out, "%s estimate %s --detail", PITH_BIN, cfg) == 0);
+    double parts = gb_after(out, "hidden states, routing") / 1e3 + gb_after(out, "stage 1 records") +
+                   gb_after(out, "stage 3 records") + gb_after(out, "staging") + gb_after(out, "spill set") +
+                   gb_after(out, "epilog") / 1e3;
+    ASSERT_MSG(fabs(parts - gb_after(out, "activation records")) < 0.02, "parts %.3f GB:\n%s", parts, out);
+    ASSERT_MSG(strstr(out, "largest term: stage 3 records"), "%s", out);
+    ASSERT(run_cmd(one, sizeof one, "%s estimate %s --set recompute=full", PITH_BIN, cfg) == 0);
+    ASSERT_MSG(fabs(gb_after(out, "--set recompute=full") - gb_after(one, "  total")) < 0.006, "%s\n%s", out, one);
+    ASSERT_MSG(strstr(out, "--set parallel.expert_parallel_size=16           (the layout does not divide)"), "%s", out);
+}
+
+// --sweep on the real Qwen3-30B-A3B config finds layouts that fit 8 × 141 GB (H200), best first; the first one
+// trains a step on 8 CPU ranks at a scaled-down size (TINY_MOE_EP) with the plan `pith estimate` gives it.
+TEST(memory_estimate_sweep_layout_trains) {
+    char out[1 << 16], est[1 << 15];
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8 --gpu-memory 141 --sweep",
+                   PITH_BIN) == 0);
+    const char *ok = strstr(out, "\n  OK ");
+    ASSERT_MSG(ok && !strstr(out, " 0 OK,"), "%s", out);
+    const char *sets = strstr(ok, "--set parallel.");
+    ASSERT(sets);
+    char layout[512];
+    snprintf(layout, sizeof layout, "%.*s", (int)strcspn(sets, "\n"), sets);
+    ASSERT_MSG(strstr(layout, "expert_parallel_size=8"), "%s", layout);
+    const char *d = memory_run();
+    ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus 8 --device cpu %s", PITH_BIN, d, layout) == 0);
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "PITH=%s scripts/launch.sh -n 8 %s/train.json --set max_steps=1 --set run_dir=%s/s %s 2>&1",
+                       PITH_BIN, d, d, layout) == 0,
+               "%s", out);
+    const char *e = strstr(est, " bytes)"), *t = strstr(out, " bytes)");
+    ASSERT_MSG(e && t, "%s\n%s", est, out);
+    while (e[-1] != '(') e--;
+    while (t[-1] != '(') t--;
+    ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "%s: estimate %lld vs train %lld", layout,
+               strtoll(e, NULL, 10), strtoll(t, NULL, 10));
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/s", d);
+    ASSERT(isfinite(run_metric(dir, 1, "loss")));
 }

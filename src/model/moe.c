@@ -172,7 +172,8 @@ void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
         op_linear_forward(io->ye, r->act, W->down[l], NONE);
         return;
     }
-    int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received
+    int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received (none when routing skips this rank)
+    if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
     op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up[l], NONE, io->offs);
     op_swiglu_forward(act, gu);
@@ -189,6 +190,7 @@ void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
+    if (!R) return;
     Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R);
     op_grouped_linear_backward_input(dact, tensor_rows(io->dye, 0, R), W->down[l], io->offs);
     op_swiglu_backward(dgu, dact, tensor_rows(r->gu, 0, R));
@@ -207,6 +209,7 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
+    if (!R) return;
     if (again) op_swiglu_forward(tensor_rows(r->act, 0, R), tensor_rows(r->gu, 0, R));
     op_grouped_linear_backward_weight(G->down[l], NONE, tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R),
                                       io->offs);

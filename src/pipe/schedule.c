@@ -44,11 +44,13 @@ static Tensor staging_view(Tensor buf, int64_t rows, int64_t cols) {
     return tensor_make(buf.p, buf.dt, buf.dev, 2, rows, cols, 1, 1);
 }
 
-// The allocation sequence of the activation arena; run on a counting arena it is the plan.
-static void alloc_activations(Engine *e, Arena *a) {
+// The allocation sequence of the activation arena; run on a counting arena it is the plan. p (may be NULL)
+// gets the bytes by part, from the arena's marks (padding included, so the parts sum to the total).
+static void alloc_activations(Engine *e, Arena *a, EnginePlan *p) {
     Model *m = e->m;
     int T = e->B * e->S;
     bool full = m->recompute == RECOMPUTE_FULL;
+    EnginePlan parts = {0};
     e->mb = (MicroBatch){e->B,
                          e->S,
                          T,
@@ -67,20 +69,28 @@ static void alloc_activations(Engine *e, Arena *a) {
         }
         if (full) e->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     }
+    parts.act_hidden = arena_mark(a);
     // Each layer's record and stage buffers; under full recompute all layers share one region (a layer keeps
     // its input, output and routing above; backward reruns its forward into the region).
     size_t shared = arena_mark(a), top = shared;
     for (int l = e->l0; l < e->l1; l++) {
         StageIO *io = &e->io[l];
         if (full) arena_reset(a, shared);
+        size_t m0 = arena_mark(a);
         m->fam->layer_alloc(m, l, rec_of(e, l), a, e->B, e->S, io);
+        size_t m1 = arena_mark(a);
         m->fam->stage3_alloc(m, l, rec_of(e, l), a, io->dense ? T : ep_rows_capacity(m, T));
         ep_alloc(m, io, a, T);
         e->own[l] = rows_of(e, l);
+        size_t m2 = arena_mark(a);
         if (!full) e->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+        parts.act_hidden += arena_mark(a) - m2;
+        if (!full) parts.act_stage1 += m1 - m0, parts.act_experts += m2 - m1;
+        else if (m2 - shared > top - shared) parts.act_stage1 = m1 - m0, parts.act_experts = m2 - m1;
         if (arena_mark(a) > top) top = arena_mark(a);
     }
     arena_reset(a, top);
+    size_t m3 = arena_mark(a);
     // Expert outputs before combine (ye) are staging: one buffer for every MoE layer, as many rows as stage 3 holds.
     bool spills = moe >= 0 && ep_spills(m, T);
     int64_t W = spills ? ep_rows_worst(m, T) : 0;
@@ -89,7 +99,9 @@ static void alloc_activations(Engine *e, Arena *a) {
         for (int l = e->l0; l < e->l1; l++)
             if (!e->io[l].dense) e->io[l].ye = ye;
     }
+    size_t m4 = arena_mark(a);
     if (spills) alloc_spill(e, moe, a);
+    size_t m5 = arena_mark(a);
     if (m->recompute == RECOMPUTE_SELECTIVE) { // SwiGLU outputs: staging, recomputed from gu in backward
         int64_t most = W * m->cfg.moe_inter;
         for (int l = e->l0; l < e->l1; l++)
@@ -101,7 +113,12 @@ static void alloc_activations(Engine *e, Arena *a) {
         }
         if (spills) e->spill.act = staging_view(act, W, m->cfg.moe_inter);
     }
+    size_t m6 = arena_mark(a);
     if (e->l1 == m->cfg.layers) m->fam->epilog_alloc(m, e->epilog, a, T);
+    parts.act_staging = (m4 - m3) + (m6 - m5), parts.act_spill = m5 - m4, parts.act_epilog = arena_mark(a) - m6;
+    if (p)
+        p->act_hidden = parts.act_hidden, p->act_stage1 = parts.act_stage1, p->act_experts = parts.act_experts,
+        p->act_staging = parts.act_staging, p->act_spill = parts.act_spill, p->act_epilog = parts.act_epilog;
 }
 
 // One layer's backward workspace: the family's temporaries, stage 3's, the stage buffers' gradients.
@@ -143,7 +160,8 @@ EnginePlan engine_plan_chunk(Model *m, int B, int S, int l0, int l1) {
     Arena act = arena_counting("activations", m->dev), ws = arena_counting("workspace", m->dev),
           comm = arena_counting("communication", m->dev);
     ep_buffers_alloc(m, &e.epb, &comm, (int64_t)B * S);
-    alloc_activations(&e, &act);
+    EnginePlan parts = {0};
+    alloc_activations(&e, &act, &parts);
     alloc_grad_buffers(&e, &ws);
     size_t base = ws.used, most = 0;
     for (int l = l0; l < l1; l++)
@@ -154,7 +172,8 @@ EnginePlan engine_plan_chunk(Model *m, int B, int S, int l0, int l1) {
             if (ws.used - base > most) most = ws.used - base;
             if (spilled) use_rows(&e, l, &e.own[l]);
         }
-    EnginePlan p = {act.peak, base + most + ARENA_ALIGN, comm.peak};
+    EnginePlan p = parts;
+    p.act_bytes = act.peak, p.ws_bytes = base + most + ARENA_ALIGN, p.comm_bytes = comm.peak;
     engine_free(&e);
     return p;
 }
@@ -166,7 +185,7 @@ void engine_init_chunk(Engine *e, Model *m, int B, int S, int l0, int l1) {
     e->ws = arena_create("workspace", m->dev, p.ws_bytes);
     e->comm = arena_create("communication", m->dev, p.comm_bytes);
     ep_buffers_alloc(m, &e->epb, &e->comm, (int64_t)B * S);
-    alloc_activations(e, &e->act);
+    alloc_activations(e, &e->act, NULL);
     alloc_grad_buffers(e, &e->ws);
     // Positions restart in every sequence of the micro-batch.
     int T = B * S;

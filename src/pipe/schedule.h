@@ -9,6 +9,10 @@ typedef struct {
     size_t act_bytes;  // activation records of one micro-batch (inputs, saved tensors, stage buffers)
     size_t ws_bytes;   // backward workspace (two gradient buffers + the largest layer's temporaries)
     size_t comm_bytes; // rows in transit between ranks (expert parallelism), shared by all layers
+    // act_bytes by part (they sum to it): layer inputs/outputs, routing and the micro-batch; the families'
+    // stage-1 records (attention, norms, router); stage 3 and its ep buffers (expert rows, gate/up, SwiGLU,
+    // outputs, routes); staging shared by the layers (ye, selective's SwiGLU outputs); the spill set; the epilog.
+    size_t act_hidden, act_stage1, act_experts, act_staging, act_spill, act_epilog;
 } EnginePlan;
 
 // The stage-3 rows of a MoE layer: expert-ordered inputs (R, H), activations (R, 2I) and (R, I) (MlpRec),

@@ -301,11 +301,13 @@ static const ConfigKey parallel_keys[] = {
     {.name = "ep_capacity_factor",
      .kind = K_NUM,
      .off = OFF(parallel.ep_capacity_factor),
+     .def = 1.5,
      .lo = 0,
      .hi = 1e6,
-     .doc = "rows an ep rank's experts can receive per layer = factor·T·k (T tokens of a micro-batch); 0 = the worst "
-            "case T·k·ep. A layer that receives more runs stage 3 on one worst-case spill set and recomputes it in "
-            "backward (exact; counted in the step line's `ep-over`)"},
+     .doc = "rows a layer's stage-3 buffers hold on an ep rank = factor·T·k (T tokens of a micro-batch); 0 = the "
+            "worst case T·k·ep. A layer that receives more runs stage 3 on one worst-case spill set and recomputes "
+            "it in backward (exact; the step line's `ep-over`, `ep-load`). 1.5: balanced routing measured ≤ 1.48 "
+            "(docs/architecture.md)"},
     {.name = "ep_drop_tokens",
      .kind = K_BOOL,
      .off = OFF(parallel.ep_drop_tokens),

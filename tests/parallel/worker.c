@@ -7,7 +7,7 @@
 //   capacity   expert capacity below what the routing sends, on a 3-layer Qwen3-MoE with its routing pushed
 //              towards rank 0 (a selection bias): the spill path gives the worst-case plan's losses and
 //              gradients bit for bit and counts the rows above the capacity; dropping zeroes exactly the counted
-//              (token, expert) outputs and leaves every other one as it was
+//              (token, expert) outputs and leaves every other one as it was; ranks that receive no rows run
 //   hang       rank 1 stops taking part: the others must stop at parallel.timeout_s with a message
 //   p2p        requests (comm_p2p_start, isend/irecv, sendrecv, all-to-all-v issued and waited apart): a
 //              ring of one group per rank, both pipeline directions at once, compute between issue and wait
@@ -768,8 +768,13 @@ static void suite_capacity(const Dist *d) {
     if (d->world.rank == 0)
         printf("capacity P=%d: %lld rows over %lld (spill = worst case bit for bit); dropping zeroed %lld of layer 0\n",
                P, (long long)spill.over, (long long)cap, (long long)I64(zeroed)[0]);
-    CapRun *runs[] = {&worst, &spill, &drop};
-    for (int i = 0; i < 3; i++) {
+    // every slot to rank 0's experts: the other ranks' stage 3 receives no rows (and must run without them)
+    for (int l = 0; l < mc.layers; l++) F(m.router_bias)[l * E + 2] = 1;
+    CapRun none;
+    capacity_run(d, &m, factor, false, tok, &none);
+    EXPECT(isfinite(none.loss) && none.recv[1] == 0 && none.over > 0, "everything to rank 0: loss %g\n", none.loss);
+    CapRun *runs[] = {&worst, &spill, &drop, &none};
+    for (int i = 0; i < 4; i++) {
         for (int g = 0; g < NGROUPS; g++) free(runs[i]->g[g]);
         free(runs[i]->y0.p), free(runs[i]->recv);
     }
