@@ -5,6 +5,7 @@
 #include "ops/ops.h"
 #include "test.h"
 #include "train/router_bias.h"
+#include "train/trainer.h"
 
 TEST(router_bias_update_rule) {
     // loads 10, 2, 6, 6, 0, 12 (mean 6): above the mean −rate, below +rate, at the mean unchanged.
@@ -65,26 +66,34 @@ double *read_router_bias(const char *ckpt, int *n) {
     return out;
 }
 
-TEST(router_bias_training_checkpoint_and_resume) {
+// A tiny Qwen3-MoE run (2 MoE layers, 8 experts top-2) with aux-loss-free balancing: model.json, data.bin and
+// train.json in a fresh folder, whose path is returned.
+static const char *make_bias_run(void) {
     const char *d = test_tmpdir();
+    char out[4096], pith[4096];
+    ASSERT(realpath(PITH_BIN, pith));
+    ASSERT(run_cmd(out, sizeof out,
+                   "cd %s && echo '{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, "
+                   "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 64, "
+                   "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8}' > model.json && "
+                   "%s synth --output data.bin --vocab 64 --tokens 3000 >/dev/null && echo '{\"model\": "
+                   "\"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 8, \"micro_batch_size\": 2, "
+                   "\"global_batch_size\": 4, \"max_steps\": 6, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01}, "
+                   "\"moe_router_bias_update_rate\": 0.01}' > train.json",
+                   d, pith) == 0);
+    return d;
+}
+
+TEST(router_bias_training_checkpoint_and_resume) {
+    const char *d = make_bias_run();
     char out[1 << 16], pith[4096];
     ASSERT(realpath(PITH_BIN, pith));
-    ASSERT(
-        run_cmd(out, sizeof out,
-                "cd %s && echo '{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, "
-                "\"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 64, "
-                "\"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8}' > model.json && "
-                "%s synth --output data.bin --vocab 64 --tokens 3000 >/dev/null && echo '{\"model\": \"model.json\", "
-                "\"dataset\": \"data.bin\", \"sequence_length\": 8, \"micro_batch_size\": 2, \"global_batch_size\": 4, "
-                "\"max_steps\": 6, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01}, "
-                "\"moe_router_bias_update_rate\": 0.01}' > train.json && "
-                "%s train train.json --set save_location=a >/dev/null && %s train train.json --set save_location=b "
-                "--steps 3 "
-                ">/dev/null && %s train train.json --set save_location=b && "
-                "sed 's/, .tokens_per_s.*//' a/metrics.jsonl > a.txt && sed 's/, .tokens_per_s.*//' b/metrics.jsonl > "
-                "b.txt && "
-                "cmp a.txt b.txt",
-                d, pith, pith, pith, pith) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "cd %s && %s train train.json --set save_location=a >/dev/null && %s train train.json --set "
+                   "save_location=b --steps 3 >/dev/null && %s train train.json --set save_location=b && "
+                   "sed 's/, .tokens_per_s.*//' a/metrics.jsonl > a.txt && sed 's/, .tokens_per_s.*//' b/metrics.jsonl "
+                   "> b.txt && cmp a.txt b.txt",
+                   d, pith, pith, pith) == 0);
     ASSERT_MSG(strstr(out, "resume: step 3"), "%s", out);
     char a[512], b[512];
     snprintf(a, sizeof a, "%s/a/step-00000006", d), snprintf(b, sizeof b, "%s/b/step-00000006", d);
@@ -103,4 +112,35 @@ TEST(router_bias_training_checkpoint_and_resume) {
                    "%s train %s/train.json --set save_location=%s/c --set moe_router_bias_update_rate=-1", PITH_BIN, d,
                    d) == 1 &&
            strstr(out, "moe_router_bias_update_rate: must be"));
+}
+
+// on_nonfinite = skip: a step whose loss or norm is not finite moves no bias either (its expert counts come from
+// a forward that went wrong), while finite steps do move them. lr 1e6 diverges within a few steps.
+TEST(router_bias_unchanged_on_a_skipped_step) {
+    const char *d = make_bias_run();
+    char path[512];
+    snprintf(path, sizeof path, "%s/train.json", d);
+    char *sets[] = {"optimizer.lr=1e6", "max_steps=40", "on_nonfinite=skip"};
+    TrainConfig c;
+    config_load(&c, path, sets, 3);
+    static Run r;
+    run_setup(&r, &c, true);
+    int n = r.model.cfg.layers * r.model.cfg.experts, skipped = 0, moved = 0;
+    float *before = xmalloc(sizeof(float) * n), *dev = xmalloc(sizeof(float) * n);
+    for (int s = 0; s < 40 && skipped < 2; s++) {
+        memcpy(before, r.router_bias, sizeof(float) * n);
+        StepStats st = run_step(&r);
+        op_copy(tensor_make(dev, DT_F32, DEV_CPU, 2, r.model.cfg.layers, r.model.cfg.experts, 1, 1),
+                r.model.router_bias);
+        ASSERT(!memcmp(dev, r.router_bias, sizeof(float) * n)); // the model routes with the run's biases
+        bool same = !memcmp(before, r.router_bias, sizeof(float) * n);
+        if (st.nonfinite) ASSERT_MSG(same, "step %d was skipped but moved the router biases", r.step);
+        skipped += st.nonfinite, moved += !st.nonfinite && !same;
+    }
+    ASSERT_MSG(skipped == 2, "lr 1e6 gave %d non-finite steps in 40", skipped);
+    ASSERT_MSG(moved >= 1, "no finite step moved the biases");
+    printf("     %d skipped steps left the biases alone; %d finite steps moved them\n", skipped, moved);
+    free(before), free(dev);
+    run_free(&r);
+    json_decref(c.json);
 }
