@@ -25,7 +25,9 @@ static double max_over_mean(const int32_t *idx, int64_t n, int E, double *load) 
     return mx / ((double)n / E);
 }
 
-TEST(router_bias_balances_a_skewed_router) {
+// With softmax probabilities and with DeepSeek-V3's sigmoid scores (the bias is added to whichever the router
+// selects by).
+static void balances_a_skewed_router(bool sigmoid) {
     enum { T = 2048, E = 8, K = 2 };
     // A frozen router that prefers experts 0 and 1 (logit offsets 1.5 and 1) over noise of std 0.5.
     float *logits = xmalloc(sizeof(float) * T * E), *probs = xmalloc(sizeof(float) * T * E),
@@ -36,20 +38,25 @@ TEST(router_bias_balances_a_skewed_router) {
     float bias[E] = {0};
     double load[E], first = 0, last = 0;
     for (int s = 0; s < 400; s++) {
-        RouterArgs ra = {.k = K, .renorm = true, .scale = 1, .bias = tensor_make(bias, DT_F32, DEV_CPU, 1, E, 1, 1, 1)};
+        RouterArgs ra = {.k = K,
+                         .renorm = true,
+                         .scale = 1,
+                         .bias = tensor_make(bias, DT_F32, DEV_CPU, 1, E, 1, 1, 1),
+                         .sigmoid = sigmoid};
         op_router_forward(tf32_2(probs, T, E), tensor_make(idx, DT_I32, DEV_CPU, 2, T, K, 1, 1), tf32_2(w, T, K),
                           tf32_2(logits, T, E), &ra);
         last = max_over_mean(idx, T * K, E, load);
         if (s == 0) first = last;
         router_bias_update(bias, load, E, 1e-3);
     }
-    printf("     largest expert load / mean: %.2f at the start, %.3f after 400 updates (bias of expert 0: %.3f)\n",
-           first, last, bias[0]);
+    printf("     %s: largest expert load / mean: %.2f at the start, %.3f after 400 updates (bias of expert 0: %.3f)\n",
+           sigmoid ? "sigmoid" : "softmax", first, last, bias[0]);
     ASSERT_MSG(first > 2.0, "the router is not skewed: %.2f", first);
     ASSERT_MSG(last < 1.1, "not balanced: %.3f", last);
     ASSERT(bias[0] < 0 && bias[1] < 0);
     free(logits), free(probs), free(w), free(idx);
 }
+TEST(router_bias_balances_a_skewed_router) { balances_a_skewed_router(false), balances_a_skewed_router(true); }
 
 // The router_bias rows of a checkpoint's run.json, as one flat array (caller frees), and their count.
 double *read_router_bias(const char *ckpt, int *n) {
