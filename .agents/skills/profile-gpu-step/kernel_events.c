@@ -85,7 +85,8 @@ static void write_table(void) {
     const char *path = getenv("PITH_KERNEL_EVENTS");
     FILE *f = path ? fopen(path, "w") : stderr;
     if (f) {
-        for (int i = 0; i < nentries; i++) fprintf(f, "%ld\t%.6f\t%s\n", entries[i].calls, entries[i].ms, entries[i].name);
+        for (int i = 0; i < nentries; i++)
+            fprintf(f, "%ld\t%.6f\t%s\n", entries[i].calls, entries[i].ms, entries[i].name);
         if (f != stderr) fclose(f);
     }
     pthread_mutex_unlock(&mu);
