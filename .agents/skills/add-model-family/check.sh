@@ -47,6 +47,8 @@ out=$(build/test_pith "$f" 2>&1)
 echo "$out" | grep -E "^(PASS|FAIL)" | sed 's/^/         /'
 item "a gradient check of $f passes (model_gradcheck_$f*)" grep -q "^PASS model_gradcheck_$f" <<<"$out"
 item "an HF parity test of $f passes (hf_parity_$f*)" grep -q "^PASS hf_parity_$f" <<<"$out"
+item "the KV cache of $f matches full forwards (generate_cache_equals_full_forwards_$f)" \
+    grep -q "^PASS generate_cache_equals_full_forwards_$f" <<<"$out"
 item "every test named *$f* passes" grep -q "^[1-9][0-9]* passed, 0 failed" <<<"$out"
 if grep -q "^PASS $layout " <<<"$out"; then lout=$out; else
     lout=$(build/test_pith "$layout" 2>&1)
