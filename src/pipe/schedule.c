@@ -235,11 +235,15 @@ static void layer_forward(Engine *e, int l, bool replay) {
 }
 
 void engine_forward(Engine *e, bool grad) {
+    engine_forward_layers(e);
+    if (e->l1 == e->m->cfg.layers) e->m->fam->epilog_forward(e->m, e->epilog, &e->mb, e->h[e->m->cfg.layers], grad);
+}
+
+void engine_forward_layers(Engine *e) {
     Model *m = e->m;
     const ModelFamily *f = m->fam;
     if (e->l0 == 0) f->prolog_forward(m, &e->mb, e->h[0]);
     for (int l = e->l0; l < e->l1; l++) layer_forward(e, l, false);
-    if (e->l1 == m->cfg.layers) f->epilog_forward(m, e->epilog, &e->mb, e->h[m->cfg.layers], grad);
 }
 
 void engine_backward(Engine *e) {
