@@ -146,6 +146,12 @@ Tensor chunk_output(const Chunk *c, int slot) { return c->rec[slot].h[c->l1]; }
 Tensor chunk_input_grad(const Chunk *c) { return c->dh[(c->l1 - c->l0) % 2]; }
 
 void chunk_forward(Chunk *c, int slot, bool grad) {
+    chunk_forward_layers(c, slot);
+    ChunkRecord *k = &c->rec[slot];
+    if (c->l1 == c->m->cfg.layers) c->m->fam->epilog_forward(c->m, k->epilog, &k->mb, k->h[c->m->cfg.layers], grad);
+}
+
+void chunk_forward_layers(Chunk *c, int slot) {
     Model *m = c->m;
     const ModelFamily *f = m->fam;
     ChunkRecord *k = &c->rec[slot];
@@ -159,7 +165,6 @@ void chunk_forward(Chunk *c, int slot, bool grad) {
         ep_combine_forward(m, io);
         f->stage5_forward(m, l, r, io, k->h[l + 1]);
     }
-    if (c->l1 == m->cfg.layers) f->epilog_forward(m, k->epilog, &k->mb, k->h[m->cfg.layers], grad);
 }
 
 // Rows of stage 3's output gradient that hold data: the received rows (MoE) or every token (dense).

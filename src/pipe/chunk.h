@@ -55,6 +55,9 @@ Tensor chunk_output(const Chunk *c, int slot); // (T, H) h[l1]
 Tensor chunk_input_grad(const Chunk *c);       // (T, H) after chunk_backward
 // Adds Σ CE (and Σ load-balancing loss) into m->loss_sum (m->lb_sum); with grad, keeps what backward needs.
 void chunk_forward(Chunk *c, int slot, bool grad);
+// The forward without the epilog: the prolog (when l0 = 0) and the layers, leaving the output in h[l1]
+// (generation).
+void chunk_forward_layers(Chunk *c, int slot);
 // Accumulates ∂(Σ CE + T·Σ lb)/∂θ into m->g; with defer, all but stage 3's weight gradients, whose inputs
 // go to the next deferred set until chunk_weight(c, slot).
 void chunk_backward(Chunk *c, int slot, bool defer);
