@@ -56,7 +56,7 @@ static void bench_one(const Dist *d, int64_t T, int iters, bool balanced, DType 
     io.xd = arena_tensor(&act, dt, 2, T, H, 0, 0);
     io.idx = arena_tensor(&act, DT_I32, 2, T, k, 0, 0);
     ep_alloc(&m, &io, &act, T);
-    io.ye = arena_tensor(&act, dt, 2, io.xe.n[0], H, 0, 0); // (the engine's shared staging buffer)
+    io.ye = arena_tensor(&act, dt, 2, io.xe.n[0], H, 0, 0); // (the chunk's shared staging buffer)
     // Routing: k distinct experts per token, uniform (random) or the force-balanced formula.
     int32_t *idx = xmalloc(T * k * sizeof(int32_t));
     int perm[128];

@@ -6,7 +6,7 @@
 #include <math.h>
 
 #include "parallel/mesh.h"
-#include "pipe/schedule.h"
+#include "pipe/chunk.h"
 #include "test.h"
 
 // A run folder: TINY_MOE_EP (3 layers, the middle one dense, 8 experts top-3), 20000 tokens, 6 steps of
@@ -25,7 +25,7 @@ static const char *memory_run(void) {
     return d;
 }
 
-// ---- activation recomputation: the engine in one process ----
+// ---- activation recomputation: the whole model as one chunk in one process ----
 
 typedef struct {
     double loss, lb;
@@ -51,17 +51,17 @@ static void recompute_run(const char *model_json, LbForm form, RecomputeMode mod
     m.router_bias = tensor_make(xcalloc((size_t)L * E, sizeof(float)), DT_F32, DEV_CPU, 2, L, E, 1, 1);
     m.router_load = xcalloc((size_t)L * E, sizeof(double));
     for (int i = 0; i < L * E; i++) ((float *)m.router_bias.p)[i] = (float)(0.05 * rng_normal(8, 0, i));
-    Engine e;
-    engine_init(&e, &m, B, S);
-    o->act = engine_plan(&m, B, S).act_bytes;
+    Chunk e;
+    chunk_init_model(&e, &m, B, S);
+    o->act = chunk_plan(&m, B, S, 0, mc.layers, 1, 0).act_bytes;
     model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum), model_lb_step_begin(&m);
     int32_t tok[T], lab[T];
     for (int mb = 0; mb < 2; mb++) {
         for (int t = 0; t < T; t++)
             tok[t] = (int32_t)(rng_u64(5, mb, t) % mc.vocab), lab[t] = (int32_t)(rng_u64(6, mb, t) % mc.vocab);
-        engine_load(&e, tok, lab);
-        engine_forward(&e, true);
-        engine_backward(&e);
+        chunk_load(&e, 0, tok, lab);
+        chunk_forward(&e, 0, true);
+        chunk_backward(&e, 0, false);
     }
     o->loss = op_read_scalar(m.loss_sum), o->lb = op_read_scalar(m.lb_sum);
     for (int g = 0; g < NGROUPS; g++)
@@ -71,7 +71,7 @@ static void recompute_run(const char *model_json, LbForm form, RecomputeMode mod
     memcpy(o->load, m.router_load, (size_t)L * E * sizeof(double));
     free(m.router_bias.p), free(m.router_load);
     m.router_bias = (Tensor){0}, m.router_load = NULL;
-    engine_free(&e), model_free(&m), dist_mesh_free(&d);
+    chunk_free(&e), model_free(&m), dist_mesh_free(&d);
 }
 
 // selective and full against none: the loss, load-balancing loss, every gradient element and the expert
@@ -133,7 +133,7 @@ TEST(memory_recompute_plan_bytes) {
             Model m;
             model_describe(&m, fam, &mc, DEV_CPU, DT_F32, S);
             m.recompute = (RecomputeMode)mode;
-            act[n][mode] = engine_plan(&m, B, S).act_bytes;
+            act[n][mode] = chunk_plan(&m, B, S, 0, mc.layers, 1, 0).act_bytes;
             model_free(&m);
         }
     }
@@ -177,7 +177,7 @@ TEST(memory_recompute_estimate_equals_plan) {
         }
 }
 
-// The engine on 2–4 CPU ranks with routing pushed towards rank 0 (tests/parallel/worker.c, "capacity"):
+// The model on 2–4 CPU ranks with routing pushed towards rank 0 (tests/parallel/worker.c, "capacity"):
 // spilling gives the worst-case plan's loss, load-balancing loss and gradients bit for bit and counts the
 // rows above the capacity; dropping zeroes exactly the counted (token, expert) outputs.
 TEST(memory_ep_capacity_spill_and_drop) {
@@ -194,7 +194,7 @@ TEST(memory_ep_capacity_spill_and_drop) {
 TEST(memory_ep_capacity_training) {
     const char *d = memory_run();
     char out[1 << 15], plan[3][64];
-    static const char *const sets[] = {"", "--set parallel.ep_capacity_factor=0.5",
+    static const char *const sets[] = {"--set parallel.ep_capacity_factor=0", "--set parallel.ep_capacity_factor=0.5",
                                        "--set parallel.ep_capacity_factor=0.5 --set parallel.ep_drop_tokens=true"};
     for (int i = 0; i < 3; i++) {
         ASSERT_MSG(run_cmd(out, sizeof out,
@@ -279,4 +279,28 @@ TEST(memory_estimate_sweep_layout_trains) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/s", d);
     ASSERT(isfinite(run_metric(dir, 1, "loss")));
+}
+
+// Under the pipeline (pp 2 × ep 2 on 4 CPU ranks, DualPipeV with deferred weight gradients): the spill set and
+// both recompute modes give the worst-case plan's step-1 gradient byte for byte (a spilled layer, and every
+// layer under full recompute, computes its weight gradient in backward instead of deferring it).
+TEST(memory_pipeline_spill_and_recompute) {
+    const char *d = memory_run();
+    char out[1 << 15];
+    ASSERT(run_cmd(out, sizeof out,
+                   "sed 's/\"num_hidden_layers\": 3/\"num_hidden_layers\": 4/' %s/model.json > %s/m4.json", d, d) == 0);
+    static const char *const sets[] = {"--set parallel.ep_capacity_factor=0", "--set parallel.ep_capacity_factor=0.5",
+                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=selective",
+                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=full"};
+    for (int i = 0; i < 4; i++) {
+        ASSERT_MSG(
+            run_cmd(out, sizeof out,
+                    "PITH=%s scripts/launch.sh -n 4 %s/train.json --set model=%s/m4.json --set max_steps=2 --set "
+                    "parallel.pipeline_parallel_size=2 --set parallel.expert_parallel_size=2 --set "
+                    "micro_batch_size=1 %s --set run_dir=%s/p%d --dump-grads %s/p%d/g 2>&1",
+                    PITH_BIN, d, d, sets[i], d, i, d, i) == 0,
+            "%s: %s", sets[i], out);
+        if (i == 1) ASSERT_MSG(strstr(out, "| ep-over ") && !strstr(out, "| ep-over 0 rows"), "%s", out);
+        if (i) ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/p0/g %s/p%d/g", d, d, i) == 0, "%s: %s", sets[i], out);
+    }
 }

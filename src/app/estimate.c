@@ -38,12 +38,14 @@ static Fit fit_of(size_t total, double mem_gb, bool gpu) {
 }
 
 // The plan of c on `gpus` ranks, or false (nothing planned) when the layout does not divide: ranks by
-// pp·cp·ep, experts by ep, the global batch by micro-batch × dp × ep.
+// pp·cp·ep, experts by ep, the global batch by micro-batch × dp × ep (into 2·pp or more micro-batches with a
+// pipeline).
 static bool plan_layout(const TrainConfig *c, const ModelConfig *mc, long gpus, Device dev, MemoryPlan *p) {
     int pp = c->parallel.pp, cp = c->parallel.cp, ep = c->parallel.ep;
     if (gpus % ((long)pp * cp * ep) || mc->experts % ep) return false;
     long dp = gpus / ((long)pp * cp * ep);
     if (c->global_batch_size % (c->micro_batch_size * dp * ep)) return false;
+    if (pp > 1 && c->global_batch_size / (c->micro_batch_size * dp * ep) < 2 * pp) return false; // DualPipeV: N ≥ 2P
     Dist d;
     dist_mesh_describe(&d, (int)gpus, 0, pp, cp, ep, c->parallel.sharding == SHARD_HSDP, c->file);
     *p = run_memory_plan(c, &d, dev);
@@ -64,7 +66,7 @@ static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
 // --detail: the activation records by part, the largest term of the plan, and each lever's plan.
 static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPlan *p, long gpus, Device dev,
                    double mem_gb) {
-    const EnginePlan *e = &p->eng;
+    const ChunkPlan *e = &p->chunks;
     int moe = 0;
     for (int l = 0; l < mc->layers; l++) moe += mc->is_moe[l];
     char note[160];
@@ -81,6 +83,7 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
         e->act_spill ? "stage 3 of one layer at the worst case ep·T·min(k, E_l)"
                      : "(none: worst-case capacity, dropping, or ep = 1)");
     row("epilog", e->act_epilog, "final norm, LM-head logits in row chunks");
+    if (e->act_defer) row("deferred sets", e->act_defer, "stage 3's output gradients kept for deferred weight halves");
     struct {
         const char *name;
         size_t bytes;
@@ -253,7 +256,10 @@ int cmd_estimate(int argc, char **argv) {
         snprintf(cap, sizeof cap, "(capacity %g·T·k rows; transfers: the worst case of one layer)",
                  cfg.parallel.ep_capacity_factor);
     else snprintf(cap, sizeof cap, "(worst-case capacity: T·k·ep rows)");
-    snprintf(act, sizeof act, "one micro-batch in flight (pp = 1), recompute %s", recompute_names[cfg.recompute]);
+    snprintf(act, sizeof act, "%s, recompute %s",
+             d.pp > 1 ? "two chunks: the schedule's micro-batches in flight, deferred sets"
+                      : "one micro-batch in flight",
+             recompute_names[cfg.recompute]);
     printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); per rank: %d of %d experts, micro-batch %d × "
            "%d tokens, %s\n",
            mc.model_type, gpus, dev == DEV_CUDA ? "GPUs" : "CPU ranks", d.pp, d.dp, d.cp, d.ep,
@@ -264,14 +270,28 @@ int cmd_estimate(int argc, char **argv) {
     row("gradient accumulators", p.grads, "fp32, reduce-scattered in place once per step");
     row("master weight shards", p.shards, p.shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
     row("optimizer state", p.optim, "AdamW moments, fp32 shards");
-    row("activation records", p.eng.act_bytes, act);
-    row("backward workspace", p.eng.ws_bytes, "the largest layer's temporaries (a spilled layer's included)");
-    row("communication buffers", p.eng.comm_bytes, d.ep > 1 ? cap : "(none: ep = 1)");
+    row("activation records", p.chunks.act_bytes, act);
+    row("backward workspace", p.chunks.ws_bytes,
+        d.pp > 1 ? "each chunk's largest layer (a spilled layer's included)"
+                 : "the largest layer's temporaries (a spilled layer's included)");
+    row("communication buffers", p.chunks.comm_bytes, d.ep > 1 ? cap : "(none: ep = 1)");
+    if (d.pp > 1) row("pipeline buffers", p.pipe, "activations and gradients between pipeline ranks");
     row("other", p.other, "rope tables, loss accumulators");
     size_t total = memory_plan_total(&p);
     char exact[48];
     snprintf(exact, sizeof exact, "(%zu bytes)", total);
     row("total", total, exact);
+    if (d.pp > 1) { // the pipeline ranks hold different layers and records: each one's total (the rows: rank 0)
+        printf("plan per pipeline rank:");
+        for (int k = 0; k < d.pp; k++) {
+            Dist dk;
+            dist_mesh_describe(&dk, (int)gpus, k * ((int)gpus / d.pp), cfg.parallel.pp, cfg.parallel.cp,
+                               cfg.parallel.ep, cfg.parallel.sharding == SHARD_HSDP, cfg.file);
+            MemoryPlan pk = run_memory_plan(&cfg, &dk, dev);
+            printf(" %zu", memory_plan_total(&pk));
+        }
+        printf(" bytes\n");
+    }
     if (dev == DEV_CUDA)
         printf("%s in %g GB per GPU (%.1f%% used; %s with %g GB of runtime outside the plan: the CUDA context, NCCL "
                "and cuBLASLt workspaces)\n",

@@ -5,7 +5,7 @@
 #pragma once
 #include "model/model.h"
 
-// Shared by every layer of an engine (layers run one at a time): the rows in transit and host scratch for
+// Shared by every layer of a chunk (layers run one at a time): the rows in transit and host scratch for
 // building the routes. sbuf, rbuf: (worst case of one layer, H) in the communication arena.
 typedef struct EpBuffers {
     int64_t T, cap; // tokens per micro-batch, rows a layer's own stage-3 buffers hold (ep_rows_capacity)
@@ -30,19 +30,19 @@ typedef struct EpRoute {
 
 // Rows stage 3 of a layer can receive: the worst case ep·T·min(k, E_l) (T·k on one rank), and the capacity
 // its own buffers are sized by, factor·T·k (parallel.ep_capacity_factor; 0 = the worst case). A layer that
-// receives more runs on the engine's spill set (ep_spills) or drops the excess (parallel.ep_drop_tokens).
+// receives more runs on the chunk's spill set (ep_spills) or drops the excess (parallel.ep_drop_tokens).
 int64_t ep_rows_worst(const Model *m, int64_t T);
 int64_t ep_rows_capacity(const Model *m, int64_t T);
-bool ep_spills(const Model *m, int64_t T); // the engine needs a spill set: capacity below the worst, no dropping
+bool ep_spills(const Model *m, int64_t T); // the chunk needs a spill set: capacity below the worst, no dropping
 EpRoute *ep_route_create(Model *m, EpBuffers *buf); // NULL with one ep rank
 void ep_route_free(EpRoute *r);
 void ep_buffers_alloc(Model *m, EpBuffers *b, Arena *comm, int64_t T); // nothing with one ep rank
 void ep_buffers_free(EpBuffers *b);
-// The stage buffers of a layer (not ye: the caller's; the engine shares one staging buffer), and their
+// The stage buffers of a layer (not ye: the caller's; the chunk shares one staging buffer), and their
 // gradients, sized by the rows io->xe holds.
 void ep_alloc(Model *m, StageIO *io, Arena *a, int64_t T);
 void ep_grad_alloc(Model *m, StageIO *io, Arena *ws, int64_t T);
-// Dispatch in two halves, so the engine can choose the layer's buffers between them: the route (host
+// Dispatch in two halves, so the chunk can choose the layer's buffers between them: the route (host
 // work, counts, route->over and route->spill), then the rows into io->xe.
 void ep_dispatch_route(Model *m, StageIO *io);
 void ep_dispatch_rows(Model *m, StageIO *io);
