@@ -367,16 +367,19 @@ TEST(gpu_op_attention_flash) {
     gpu_report();
 }
 
-// Three AdamW steps on n fp32 parameters (fresh moments, v ≥ 0), GPU against CPU.
+// Three AdamW steps on n fp32 parameters (fresh moments, v ≥ 0), the gradient scaled by 0.37, GPU against CPU;
+// the compute copy: none, fp32, then bf16 (on the CPU the new p is rounded the same way).
 static void check_adamw(int64_t n) {
     Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0),
          v = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0);
     for (int64_t i = 0; i < n; i++) ((float *)v.c.p)[i] = fabsf(((float *)v.c.p)[i]);
     op_copy(v.d, v.c);
     for (int t = 1; t <= 3; t++) {
-        Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
-        op_adamw(p.c, gr.c, m.c, v.c, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t),
-            op_adamw(p.d, gr.d, m.d, v.d, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), w = pair_nan(t == 3 ? DT_BF16 : DT_F32, 1, n, 0, 0, 0);
+        Tensor wc = t == 1 ? NONE : w.c, wd = t == 1 ? NONE : w.d;
+        op_adamw(p.c, gr.c, m.c, v.c, wc, 0.37f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t),
+            op_adamw(p.d, gr.d, m.d, v.d, wd, 0.37f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        if (t > 1) EXPECT_CLOSE(w, t == 3 ? 1e-2 : 1e-5);
     }
     EXPECT_CLOSE(p, 1e-5);
     EXPECT_CLOSE(m, 1e-5);

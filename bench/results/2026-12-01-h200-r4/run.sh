@@ -26,7 +26,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABL
 train() { # train NAME CONFIG EXTRA...: 8 steps, fwd+bwd and optimizer medians over steps >= 3
     local n=$1 cfg=$2; shift 2
     rm -rf /tmp/pith-bench-run
-    timeout 150 build/pith train $cfg --set max_steps=8 "$@" >$OUT/train_$n.txt 2>&1; echo "rc=$?" >>$OUT/train_$n.txt
+    timeout 60 build/pith train $cfg --set max_steps=8 "$@" >$OUT/train_$n.txt 2>&1; echo "rc=$?" >>$OUT/train_$n.txt
     cat /tmp/pith-bench-run/metrics.jsonl >>$OUT/train_$n.txt 2>/dev/null
     python3 -c "import json,statistics; R=[json.loads(l) for l in open('/tmp/pith-bench-run/metrics.jsonl')][2:]; fb=statistics.median(r['fwdbwd_s'] for r in R); st=statistics.median(r['step_time_s'] for r in R); print(f'$n: fwd+bwd {fb*1e3:.1f} ms = {8192/fb:,.0f} tokens/s; optimizer {(st-fb)*1e3:.1f} ms; peak {R[-1].get(\"gpu_peak_gb\",0):.1f} GB')" 2>&1 | tee -a $OUT/summary.txt
 }
@@ -54,6 +54,21 @@ e2e)
     for k in wgmma auto; do
         PITH_GROUPED_KERNEL=$k train dsv2_balanced_$k $D/deepseek_v2_lite_8l/train.json --set benchmark=true
     done
+    cat $OUT/summary.txt
+    ;;
+final)
+    for f in gpu_op_ gpu_model gpu_hf_parity_train; do timeout 40 build/test_gpu $f >>$OUT/test_gpu.txt 2>&1; done
+    grep -E "^(FAIL)|passed" $OUT/test_gpu.txt
+    san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    timeout 35 $san --tool memcheck build/test_gpu gpu_op_grouped_wgmma >$OUT/sanitizer.txt 2>&1; echo "memcheck rc=$?" >>$OUT/sanitizer.txt
+    timeout 30 $san --tool racecheck build/test_gpu gpu_op_grouped_wgmma >>$OUT/sanitizer.txt 2>&1; echo "racecheck rc=$?" >>$OUT/sanitizer.txt
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=|^(PASS|FAIL)" $OUT/sanitizer.txt
+    build/pith synth --output /tmp/pith-bench-data/tokens.bin --vocab 151936 --tokens 200000 --seed 1 >/dev/null
+    train qwen3_natural $D/qwen3_30b_a3b_8l/train.json
+    train qwen3_balanced $D/qwen3_30b_a3b_8l/train.json --set benchmark=true
+    build/pith synth --output /tmp/pith-bench-data/tokens.bin --vocab 102400 --tokens 200000 --seed 1 >/dev/null
+    train dsv2_balanced $D/deepseek_v2_lite_8l/train.json --set benchmark=true
+    cd $OUT && tar czf train_logs.tgz train_*.txt && rm train_*.txt && cd - >/dev/null
     cat $OUT/summary.txt
     ;;
 esac
