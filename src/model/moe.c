@@ -265,7 +265,8 @@ void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws) {
     size_t mark = arena_mark(ws);
     Tensor hn = arena_tensor(ws, m->cdt, 2, R, m->cfg.hidden, 0, 0), rstd = arena_tensor(ws, DT_F32, 1, R, 0, 0, 0),
            lg = arena_tensor(ws, m->cdt, 2, R, m->cfg.vocab, 0, 0);
-    op_rmsnorm_forward(hn, rstd, h, m->sw->norm, (float)m->cfg.eps);
+    if (m->cfg.norm_1p) op_rmsnorm1p_forward(hn, rstd, h, m->sw->norm, (float)m->cfg.eps);
+    else op_rmsnorm_forward(hn, rstd, h, m->sw->norm, (float)m->cfg.eps);
     op_linear_forward(lg, hn, m->sw->lm_head, NONE);
     op_copy(logits, lg);
     arena_reset(ws, mark);

@@ -342,7 +342,7 @@ static void delta_forward(Model *m, const Q35Layer *W, Q35Rec *r, MicroBatch *mb
 }
 
 // Gated full attention: n1 → h1a (without the residual).
-static void attention_forward(Model *m, const Q35Layer *W, Q35Rec *r, MicroBatch *mb) {
+static void attention_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBatch *mb) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
     int64_t T = mb->T, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads;
@@ -359,7 +359,7 @@ static void attention_forward(Model *m, const Q35Layer *W, Q35Rec *r, MicroBatch
     op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     AttnArgs aa = q35_attn_args(m, mb);
-    op_attention_forward(r->att, r->lse, r->q, r->k, r->v, &aa);
+    model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa);
     op_sigmoid_gate_forward(tensor_reshape2(r->gated, T * nh, hd), tensor_reshape2(r->att, T * nh, hd),
                             tensor_reshape2(r->gate, T * nh, hd));
     op_linear_forward(r->h1a, tensor_reshape2(r->gated, T, nh * hd), W->wo, W->bo);
@@ -372,7 +372,7 @@ static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
     r->x = x;
     op_rmsnorm1p_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
     if (is_linear(c, l)) delta_forward(m, W, r, mb);
-    else attention_forward(m, W, r, mb);
+    else attention_forward(m, l, W, r, mb);
     op_add(r->h1a, x);
     op_rmsnorm1p_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
     op_linear_forward(r->logits, r->n2, W->router, NONE);
