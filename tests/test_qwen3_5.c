@@ -4,7 +4,6 @@
 // tensor, the config (text-only and multimodal), HF parity with transformers 5.17 (tests/hf/qwen3_5_moe), the
 // convert round trip.
 #include "base/safetensors.h"
-#include "pipe/schedule.h"
 #include "test.h"
 
 #include <math.h>
