@@ -430,9 +430,10 @@ TEST(dist_estimate_deepseek_v2) {
 TEST(dist_estimate_qwen3_5_moe) {
     check_estimate(make_run_of(model_json_q35), 2, "--set parallel.expert_parallel_size=2", 0);
     char out[1 << 15];
-    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3.5-35b-a3b/train.json --gpus 8 --gpu-memory 141", PITH_BIN) ==
-           0);
-    ASSERT_MSG(strstr(out, "qwen3_5_moe_text on 8 GPUs = pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "32 of 256 experts"),
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3.5-35b-a3b/train.json --gpus 8 --gpu-memory 141",
+                   PITH_BIN) == 0);
+    ASSERT_MSG(strstr(out, "qwen3_5_moe_text on 8 GPUs = pp 1 × dp 1 × cp 1 × ep 8") &&
+                   strstr(out, "32 of 256 experts"),
                "%s", out);
 }
 

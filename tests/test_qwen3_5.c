@@ -4,6 +4,7 @@
 // tensor, the config (text-only and multimodal), HF parity with transformers 5.17 (tests/hf/qwen3_5_moe), the
 // convert round trip.
 #include "base/safetensors.h"
+#include "pipe/chunk.h"
 #include "test.h"
 
 #include <math.h>
