@@ -63,7 +63,8 @@ else
 fi
 if [ -n "$examples" ]; then
     cfg=$(dirname "$examples")/train.json
-    item "pith estimate plans $cfg (one GPU)" build/pith estimate "$cfg" --gpus 1
+    plans() { for n in 1 8 64; do build/pith estimate "$cfg" --gpus $n && return 0; done; return 1; }
+    item "pith estimate plans $cfg (on 1, 8 or 64 GPUs, the first its layout divides)" plans
 fi
 if [ $bad = 0 ]; then echo "add-model-family $f: PASS"; else echo "add-model-family $f: FAIL"; fi
 [ $bad = 0 ]
