@@ -37,7 +37,7 @@ item "HF fixtures tests/hf/* of model_type $f, each with its five files (${fixtu
 item "tests/hf/make_fixtures.py makes them" grep -q "$f" tests/hf/make_fixtures.py
 gpu_runs_fixtures() { for d in $fixtures; do grep -q "\"$d\"" tests/gpu/test_gpu_hf.c || return 1; done; }
 item "tests/gpu/test_gpu_hf.c runs every fixture" gpu_runs_fixtures
-item "a GPU model test names $f (tests/gpu/)" grep -q "$f" tests/gpu/test_gpu_model.c tests/gpu/gpu_test.h tests/test.h
+item "a GPU model test names $f (tests/gpu/)" grep -q "$f" tests/gpu/*.c tests/gpu/gpu_test.h tests/test.h
 item "an example config of model_type $f (examples/)" test -n "$examples"
 item "a benchmark config of model_type $f (bench/*/model.json)" bash -c "grep -l '\"model_type\": *\"$f\"' bench/*/model.json"
 item "docs/architecture.md names model/$f.c" grep -q "model/$f.c" docs/architecture.md
