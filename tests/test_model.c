@@ -63,8 +63,8 @@ static double fd_along(Fixture *fx, float *w, const float *v, int64_t n, uint64_
     test_fail(__FILE__, __LINE__, "routing flips under every finite-difference step");
 }
 
-// S: tokens per sequence of the 2 sequences (more when the routing needs more tokens to reach every expert).
-static void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, int S) {
+// S: tokens per sequence of the 2 sequences (also used by tests/test_gpt_oss.c) (more when the routing needs more tokens to reach every expert).
+void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, int S) {
     Fixture fx;
     fixture_make(&fx, model_json, lb_coef, form, 2, S);
     Model *m = &fx.m;
@@ -195,7 +195,7 @@ TEST(model_config_deepseek_v2) {
 
 // HF parity (tests/hf/<fixture>, transformers 5.17 DeepseekV2ForCausalLM in fp64, tests/hf/make_fixtures.py):
 // the eval loss within 1e-5 relative, and 5 AdamW steps of loss and pre-clip grad norm within 1e-4.
-static void hf_parity(const char *fix) {
+void hf_parity(const char *fix) {
     char out[16384], path[512];
     ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data %s/tokens.bin --seq 16 --batch 4", PITH_BIN, fix, fix) ==
            0);

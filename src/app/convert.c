@@ -16,10 +16,11 @@
 
 static void convert_usage(FILE *f) {
     fprintf(f,
-            "usage: pith convert hf2pith HF_DIR CKPT_DIR\n"
+            "usage: pith convert hf2pith HF_DIR CKPT_DIR [--dtype bf16|fp32]\n"
             "       pith convert pith2hf CKPT_DIR HF_DIR [--dtype bf16|fp32] [--max-shard-size SIZE]\n"
             "  hf2pith: an HF folder (config.json + model.safetensors or shards with an index) becomes a model-only\n"
             "           pith checkpoint; name it <save_location>/step-00000000 to start `pith train` from it.\n"
+            "           MXFP4 weights (the released GPT-OSS experts) are dequantized to --dtype (default bf16).\n"
             "  pith2hf: a pith checkpoint becomes an HF folder (sharded when larger than SIZE, e.g. 5GB, 500MB;\n"
             "           default 5GB); --dtype converts (default: keep the stored dtype).\n");
 }
@@ -67,8 +68,9 @@ static void finish_output(const char *tmp, const char *dst) {
     fsync_dir(parent);
 }
 
-// Copies src_dir/config.json to dst_dir/config.json; with dtype, sets its "dtype"/"torch_dtype" keys.
-static void copy_config(const char *src_dir, const char *dst_dir, const char *dtype) {
+// Copies src_dir/config.json to dst_dir/config.json; with dtype, sets its "dtype"/"torch_dtype" keys; with
+// dequantized, drops its quantization_config (the weights written are no longer quantized).
+static void copy_config(const char *src_dir, const char *dst_dir, const char *dtype, bool dequantized) {
     char src[4200], dst[4200];
     snprintf(src, sizeof src, "%s/config.json", src_dir);
     snprintf(dst, sizeof dst, "%s/config.json", dst_dir);
@@ -77,6 +79,7 @@ static void copy_config(const char *src_dir, const char *dst_dir, const char *dt
         if (json_object_get(root, "torch_dtype")) json_object_set_new(root, "torch_dtype", json_string(dtype));
         json_object_set_new(root, "dtype", json_string(dtype));
     }
+    if (dequantized) json_object_del(root, "quantization_config");
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     file_write_atomic(dst, text, strlen(text));
     free(text), json_decref(root);
@@ -114,7 +117,7 @@ static const StTensor *find_param(const StSet *s, const char *name) {
     return x ? x : st_set_find(s, hf);
 }
 
-static int hf2pith(const char *src, const char *dst) {
+static int hf2pith(const char *src, const char *dst, const char *dtype) {
     ModelConfig mc;
     ParamTable t;
     StSet s;
@@ -125,8 +128,10 @@ static int hf2pith(const char *src, const char *dst) {
     HfBuffers keep = {0};
     st_writer_init(&w);
     st_writer_meta(&w, "format", "pith");
-    if (fam->hf_import) fam->hf_import(&mc, &t, &s, &w, &keep);
-    else
+    int dequantized = fam->hf_import ? fam->hf_import(&mc, &t, &s, &w, dtype, &keep) : 0;
+    if (dtype && !dequantized)
+        die("convert: --dtype applies to pith2hf, and to hf2pith of MXFP4 weights (%s has none)", src);
+    if (!fam->hf_import)
         for (int i = 0; i < t.n; i++) {
             const StTensor *x = find_param(&s, t.p[i].name);
             st_writer_add_raw(&w, t.p[i].name, x->dt, x->nd, x->shape, x->data);
@@ -134,8 +139,11 @@ static int hf2pith(const char *src, const char *dst) {
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
     st_writer_write(&w, path);
     hf_buffers_free(&keep);
-    copy_config(src, tmp, NULL);
+    copy_config(src, tmp, NULL, dequantized > 0);
     finish_output(tmp, dst);
+    if (dequantized)
+        printf("hf2pith: %d MXFP4 weights dequantized to %s\n", dequantized,
+               dtype ? dtype : "bf16 (--dtype fp32: fp32)");
     printf("hf2pith: %d tensors of %s -> %s (model-only checkpoint)\n", t.n, src, dst);
     st_writer_free(&w), st_set_close(&s), free(t.p);
     return 0;
@@ -167,7 +175,7 @@ static int pith2hf(const char *src, const char *dst, const char *dtype, size_t s
         st_writer_add_f32(&w, hf, !strcmp(dtype, "bf16") ? ST_BF16 : ST_F32, x->nd, x->shape, bufs[i]);
     }
     int nshards = st_writer_write_sharded(&w, tmp, shard);
-    copy_config(src, tmp, dtype ? (!strcmp(dtype, "bf16") ? "bfloat16" : "float32") : NULL);
+    copy_config(src, tmp, dtype ? (!strcmp(dtype, "bf16") ? "bfloat16" : "float32") : NULL, false);
     finish_output(tmp, dst);
     printf("pith2hf: %d tensors of %s -> %s in %d file%s\n", t.n, src, dst, nshards, nshards == 1 ? "" : "s");
     for (int i = 0; i < t.n; i++) free(bufs[i]);
@@ -200,10 +208,7 @@ int cmd_convert(int argc, char **argv) {
     }
     const char *op = argv[optind], *src = argv[optind + 1], *dst = argv[optind + 2];
     if (!path_is_dir(src)) die("%s: not a folder", src);
-    if (!strcmp(op, "hf2pith")) {
-        if (dtype) die("convert: --dtype applies to pith2hf only");
-        return hf2pith(src, dst);
-    }
+    if (!strcmp(op, "hf2pith")) return hf2pith(src, dst, dtype);
     if (!strcmp(op, "pith2hf")) return pith2hf(src, dst, dtype, shard);
     die("convert: unknown operation '%s' (hf2pith or pith2hf)", op);
 }

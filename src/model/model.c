@@ -6,7 +6,7 @@
 
 #include "parallel/comm.h"
 
-static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family};
+static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family, &gpt_oss_family};
 
 const ModelFamily *model_family_find(const char *model_type) {
     for (size_t i = 0; i < sizeof families / sizeof *families; i++)
@@ -24,7 +24,7 @@ const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     c->ep_size = 1, c->pad[GROUP_DENSE] = c->pad[GROUP_EXPERT] = 1;
     const char *mt = jstr(o, "model_type", true, NULL);
     const ModelFamily *fam = model_family_find(mt);
-    if (!fam) jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2)", mt);
+    if (!fam) jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2, gpt_oss)", mt);
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
     fam->config_parse(c, o);
     // Every family's MLPs are SwiGLU: another activation must not silently train as SiLU.

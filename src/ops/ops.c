@@ -111,3 +111,10 @@ void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float 
     DISPATCH(p.dev, adamw(p, g, m, v, lr, b1, b2, eps, wd, t));
 }
 double op_read_scalar(Tensor x) { DISPATCH_RETURN(x.dev, read_scalar(x)); }
+
+void op_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit) {
+    DISPATCH(gu.dev, swiglu_clamped_forward(act, gu, alpha, limit));
+}
+void op_swiglu_clamped_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit) {
+    DISPATCH(gu.dev, swiglu_clamped_backward(dgu, dact, gu, alpha, limit));
+}

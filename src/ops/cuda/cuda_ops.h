@@ -66,3 +66,7 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, floa
 void cuda_muon_momentum(Tensor buf, Tensor g, float beta);
 void cuda_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale);
 double cuda_read_scalar(Tensor x);
+
+// GPT-OSS (cuda_swiglu_clamped.cu)
+void cuda_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit);
+void cuda_swiglu_clamped_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit);
