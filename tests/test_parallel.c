@@ -28,6 +28,16 @@ static const char *model_json_dsv2 =
     " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0,"
     " \"original_max_position_embeddings\": 8, \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}";
 
+// GPT-OSS: a sliding (window 5 < sequence 16) and a full layer, sinks, biases everywhere, YaRN with truncate
+// false, router top-k → softmax, clamped SwiGLU experts (8 top-2).
+static const char *model_json_gpt_oss =
+    "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 8,"
+    " \"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0,"
+    " \"layer_types\": [\"sliding_attention\", \"full_attention\"], \"max_position_embeddings\": 64,"
+    " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 150000.0, \"factor\": 4.0,"
+    " \"truncate\": false, \"original_max_position_embeddings\": 8}}";
+
 // A run folder with model.json (the given model), data.bin and train.json (20 steps, load balancing on).
 static const char *make_run_of(const char *model) {
     static char d[256];
@@ -183,10 +193,13 @@ TEST(dist_equivalence_layouts_deepseek_v2) {
     check_layouts(make_run_of(model_json_dsv2), 3, "--set moe_load_balance_type=sequence");
 }
 
-// A DeepSeek-V2 checkpoint written at ep2 resumes at ep2 × dp2 and on one process with the losses of the
+// GPT-OSS: ep2, dp2 and ep2 × dp2 against one process.
+TEST(dist_equivalence_layouts_gpt_oss) { check_layouts(make_run_of(model_json_gpt_oss), 3, ""); }
+
+// A checkpoint of the model written at ep2 resumes at ep2 × dp2 and on one process with the losses of the
 // uninterrupted run.
-TEST(dist_reshard_resume_deepseek_v2) {
-    const char *d = make_run_of(model_json_dsv2);
+static void check_reshard_resume(const char *model) {
+    const char *d = make_run_of(model);
     char out[1 << 16], dir[300], full[300];
     snprintf(full, sizeof full, "%s/full", d);
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set max_steps=6 --set run_dir=%s", PITH_BIN, d, full) ==
@@ -209,6 +222,8 @@ TEST(dist_reshard_resume_deepseek_v2) {
         }
     }
 }
+TEST(dist_reshard_resume_deepseek_v2) { check_reshard_resume(model_json_dsv2); }
+TEST(dist_reshard_resume_gpt_oss) { check_reshard_resume(model_json_gpt_oss); }
 
 // Global-batch load balancing counts experts over the micro-batches of the global batch in their global
 // order, so it too is layout-independent; with one micro-batch it is the micro-batch form.
