@@ -438,6 +438,20 @@ TEST(dist_estimate_deepseek_v2) {
                "%s", out);
 }
 
+// GPT-OSS: the plan of a run is what training allocates; gpt-oss-20b (examples/gpt-oss-20b: 24 layers, 32 experts
+// top-4, hidden 2880, vocabulary 201088) at ep 8, 4096 tokens per micro-batch: over 80 GB per GPU on 8 (87.8 GB),
+// within it on 16 (dp 2 halves the fp32 shards).
+TEST(dist_estimate_gpt_oss) {
+    check_estimate(make_run_of(model_json_gpt_oss), 2, "--set parallel.expert_parallel_size=2", 0);
+    char out[1 << 15];
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/gpt-oss-20b/train.json --gpus 8", PITH_BIN) == 0);
+    ASSERT_MSG(strstr(out, "gpt_oss on 8 GPUs = pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "4 of 32 experts") &&
+                   strstr(out, "does not fit in 80 GB"),
+               "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/gpt-oss-20b/train.json --gpus 16", PITH_BIN) == 0);
+    ASSERT_MSG(strstr(out, "pp 1 × dp 2 × cp 1 × ep 8") && strstr(out, "\nfits in 80 GB"), "%s", out);
+}
+
 // The NCCL half on fake GPUs (`make fake-build`): every device path of comm/fsdp/ep/trainer with fp32
 // "device" tensors, NCCL calls with NCCL's contracts checked, stream order checked.
 TEST(dist_nccl_transport_fake) {
