@@ -10,6 +10,8 @@
 // tests/test_model.c
 void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, int S);
 void hf_parity(const char *fix);
+// tests/test_generate.c
+void cache_equals_full_forwards(const char *dir);
 
 // ---- op: clamped SwiGLU on interleaved columns ----
 
@@ -170,6 +172,12 @@ static const char *convert_fixture(const char *fix, const char *dir) {
 
 // transformers 5.17 GptOssForCausalLM in fp64 (tests/hf/gpt_oss): eval ≤ 1e-5, 5 AdamW steps ≤ 1e-4 relative.
 TEST(hf_parity_gpt_oss) { hf_parity(convert_fixture("tests/hf/gpt_oss", test_tmpdir())); }
+
+// pith generate's KV-cache path: 16 positions through the sliding layers' window of 5 (queries at offsets against
+// the cache), sinks and full layers, against full forwards.
+TEST(generate_cache_equals_full_forwards_gpt_oss) {
+    cache_equals_full_forwards(convert_fixture("tests/hf/gpt_oss", test_tmpdir()));
+}
 
 // hf2pith then pith2hf gives the fixture's tensors bit for bit (grouped, transposed experts); with --dtype bf16,
 // the same names and shapes in bf16.

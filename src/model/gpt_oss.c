@@ -239,7 +239,7 @@ static void gpt_oss_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Te
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_copy(r->sinks, W->sinks);
     AttnArgs aa = gpt_oss_attn_args(m, l, mb, r);
-    op_attention_forward(r->att, r->lse, r->q, r->k, r->v, &aa);
+    model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa); // the op, or through a KV cache
     op_linear_forward(h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
     op_add(h1, x);
     op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps);
@@ -520,6 +520,7 @@ const ModelFamily gpt_oss_family = {
     .epilog_alloc = moe_epilog_alloc,
     .epilog_forward = moe_epilog_forward,
     .epilog_backward = moe_epilog_backward,
+    .logits = moe_logits,
     .hf_import = gpt_oss_hf_import,
     .hf_export = gpt_oss_hf_export,
 };
