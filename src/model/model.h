@@ -21,8 +21,8 @@ typedef struct {
     // GPT-OSS experts when swiglu_limit > 0 (moe.c): biases on gate_up and down, each expert's gate_up rows
     // interleaved (gate even, up odd) and op_swiglu_clamped_* with this limit and alpha as the activation.
     float swiglu_limit, swiglu_alpha;
-    RopeSpec rope;           // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
-    bool router_sigmoid;     // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
+    RopeSpec rope;       // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
+    bool router_sigmoid; // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
     // elements (the FSDP shard count).
