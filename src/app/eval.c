@@ -3,7 +3,7 @@
 #include <getopt.h>
 
 #include "app/app.h"
-#include "pipe/schedule.h"
+#include "pipe/chunk.h"
 #include "train/ckpt.h"
 #include "train/data.h"
 
@@ -59,20 +59,20 @@ int cmd_eval(int argc, char **argv) {
     if (B > ds.total)
         die("%s: --batch %ld asks for more samples than the data holds (%lld of %ld tokens)", data, B,
             (long long)ds.total, S);
-    Engine e;
-    engine_init(&e, &m, 1, (int)S);
+    Chunk e;
+    chunk_init_model(&e, &m, 1, (int)S);
     int32_t *tok = xmalloc(S * sizeof(int32_t)), *lab = xmalloc(S * sizeof(int32_t));
     op_zero(m.loss_sum);
     int64_t targets = 0;
     for (long i = 0; i < B; i++) {
         dataset_sample(&ds, i, tok, lab);
         for (long t = 0; t < S; t++) targets += lab[t] != -100;
-        engine_load(&e, tok, lab);
-        engine_forward(&e, false);
+        chunk_load(&e, 0, tok, lab);
+        chunk_forward(&e, 0, false);
     }
     printf("samples %ld, tokens %lld\n", B, (long long)targets);
     printf("loss %.17g\n", op_read_scalar(m.loss_sum) / (double)(targets ? targets : 1));
     free(tok), free(lab);
-    engine_free(&e), dataset_close(&ds), model_free(&m);
+    chunk_free(&e), dataset_close(&ds), model_free(&m);
     return 0;
 }

@@ -21,7 +21,7 @@ const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     json_t *root = json_load_or_die(file);
     JObj o = jobj_root(root, file);
     memset(c, 0, sizeof *c);
-    c->ep_size = 1, c->pad[GROUP_DENSE] = c->pad[GROUP_EXPERT] = 1;
+    c->ep_size = 1, c->pp_size = 1, c->pad[GROUP_DENSE] = c->pad[GROUP_EXPERT] = 1;
     const char *mt = jstr(o, "model_type", true, NULL);
     const ModelFamily *fam = model_family_find(mt);
     if (!fam) jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2, gpt_oss)", mt);
@@ -94,19 +94,40 @@ static void free_tensor(Tensor t) {
     if (a.cap && t.p) arena_destroy(&a);
 }
 
-// The flat buffers, rope tables and loss accumulators; with alloc false only their shapes (NULL data).
+// Keeps the tensors pipeline rank cfg->pp_rank holds (names "layers.<l>.…" by model_holds_layer, the
+// others — embedding, final norm, LM head — on rank 0), at new offsets.
+static void params_keep_pipeline_rank(ParamTable *t, const ModelConfig *c) {
+    ParamTable all = *t;
+    memset(t, 0, sizeof *t);
+    for (int i = 0; i < all.n; i++) {
+        const ParamInfo *p = &all.p[i];
+        int l;
+        bool held = sscanf(p->name, "layers.%d.", &l) == 1 ? model_holds_layer(c, l) : c->pp_rank == 0;
+        if (held) params_add(t, p->name, p->group, p->init, p->nd, p->shape[0], p->shape[1], p->shape[2]);
+    }
+    free(all.p);
+}
+
+// The flat buffers, rope tables and loss accumulators; with alloc false only their shapes (NULL data), with grads
+// false no gradient accumulators (shapes only).
 static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq,
-                        bool alloc) {
+                        bool alloc, bool grads) {
     memset(m, 0, sizeof *m);
     m->fam = fam, m->cfg = *cfg, m->dev = dev, m->cdt = cdt;
     CHECK(cfg->ep_size >= 1 && cfg->experts % cfg->ep_size == 0 && cfg->ep_rank >= 0 && cfg->ep_rank < cfg->ep_size);
+    CHECK(cfg->pp_size == 1 ||
+          (cfg->layers % (2 * cfg->pp_size) == 0 && cfg->pp_rank >= 0 && cfg->pp_rank < cfg->pp_size));
     fam->params_build(&m->params, cfg);
+    if (cfg->pp_size > 1) params_keep_pipeline_rank(&m->params, cfg);
     Tensor (*make)(Device, DType, int64_t) = alloc ? alloc_tensor : shape_tensor;
     for (int g = 0; g < NGROUPS; g++) {
         int64_t pad = cfg->pad[g] > 1 ? cfg->pad[g] : 1, n = (m->params.numel[g] + pad - 1) / pad * pad;
         m->w[g] = make(dev, cdt, n);
-        m->g[g] = make(dev, DT_F32, n);
-        if (alloc && n > m->params.numel[g]) op_zero(m->w[g]), op_zero(m->g[g]); // the padding stays zero
+        m->g[g] = (grads ? make : shape_tensor)(dev, DT_F32, n);
+        if (alloc && n > m->params.numel[g]) { // the padding stays zero
+            op_zero(m->w[g]);
+            if (grads) op_zero(m->g[g]);
+        }
     }
     int half = cfg->rope.rd / 2;
     m->rope_cos = make(dev, DT_F32, (int64_t)max_seq * half), m->rope_sin = make(dev, DT_F32, (int64_t)max_seq * half);
@@ -127,16 +148,21 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
 }
 
 void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
-    model_build(m, fam, cfg, dev, cdt, max_seq, true);
+    model_build(m, fam, cfg, dev, cdt, max_seq, true, true);
+}
+
+void model_create_forward(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt,
+                          int max_seq) {
+    model_build(m, fam, cfg, dev, cdt, max_seq, true, false);
 }
 
 void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
-    model_build(m, fam, cfg, dev, cdt, max_seq, false);
+    model_build(m, fam, cfg, dev, cdt, max_seq, false, true);
 }
 
 void model_params_all(const Model *m, ParamTable *t) {
     ModelConfig c = m->cfg;
-    c.ep_rank = 0, c.ep_size = 1;
+    c.ep_rank = 0, c.ep_size = 1, c.pp_rank = 0, c.pp_size = 1;
     memset(t, 0, sizeof *t);
     m->fam->params_build(t, &c);
 }
