@@ -4,7 +4,7 @@
 // (tests/hf/gpt_oss), the convert round trip, and MXFP4 import against transformers' own dequantization
 // (tests/hf/gpt_oss_mxfp4, tests/hf/gpt_oss_mxfp4_ref; both made by tests/hf/make_fixtures.py).
 #include "base/safetensors.h"
-#include "pipe/schedule.h"
+#include "pipe/chunk.h"
 #include "test.h"
 
 // tests/test_model.c
@@ -131,20 +131,20 @@ static double loss_at(const char *layer_type, int t, int changed, int32_t token)
              layer_type);
     ModelConfig mc;
     Model m;
-    Engine e;
+    Chunk e;
     const int S = 12;
     const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", json));
     model_create(&m, fam, &mc, DEV_CPU, DT_F32, S);
     for (int g = 0; g < NGROUPS; g++) params_init(&m.params, g, m.w[g].p, 3, 0.3, mc.layers);
-    engine_init(&e, &m, 1, S);
+    chunk_init_model(&e, &m, 1, S);
     int32_t tok[12], lab[12];
     for (int i = 0; i < S; i++) tok[i] = (int32_t)(rng_u64(9, 1, i) % 32), lab[i] = i == t ? 5 : -100;
     if (changed >= 0) tok[changed] = token;
-    engine_load(&e, tok, lab);
+    chunk_load(&e, 0, tok, lab);
     op_zero(m.loss_sum);
-    engine_forward(&e, false);
+    chunk_forward(&e, 0, false);
     double loss = op_read_scalar(m.loss_sum);
-    engine_free(&e), model_free(&m);
+    chunk_free(&e), model_free(&m);
     return loss;
 }
 
