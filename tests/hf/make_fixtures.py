@@ -75,6 +75,7 @@ FAMILIES = {
                 rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, beta_fast=32.0,
                                      beta_slow=1.0, truncate=False, original_max_position_embeddings=16)),
         tweak="tweak_gpt_oss",
+    ),
     # Qwen3.5-MoE text model: Gated DeltaNet layers (2 key heads repeated to 4 value heads, key dim 8 ≠ value dim
     # 12, conv kernel 4) and one gated full-attention layer (head 16, partial RoPE on the first 4 dims), 8 experts
     # top-2 always renormalised, a gated shared expert. 72 tokens per sequence: one whole chunk of 64 and a part.
@@ -265,11 +266,9 @@ def copy_sources(dst):
     from transformers.integrations import mxfp4
     from transformers.models.deepseek_v2 import modeling_deepseek_v2
     from transformers.models.gpt_oss import configuration_gpt_oss, modeling_gpt_oss
-    for mod in (modeling_deepseek_v2, modeling_rope_utils, conversion_mapping, modeling_gpt_oss,
-                configuration_gpt_oss, mxfp4, masking_utils):
     from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe, modeling_qwen3_5_moe
     for mod in (modeling_deepseek_v2, modeling_qwen3_5_moe, configuration_qwen3_5_moe, modeling_rope_utils,
-                conversion_mapping):
+                conversion_mapping, modeling_gpt_oss, configuration_gpt_oss, mxfp4, masking_utils):
         shutil.copy(inspect.getsourcefile(mod), dst)
 
 
