@@ -213,6 +213,9 @@ TEST(errors_config_values) {
     expect_error(d, "--set micro_batch_size=1048576 --set global_batch_size=1048576 --set sequence_length=4096",
                  "micro_batch_size × sequence_length = 4294967296 tokens");
     expect_error(d, "--set save_interval=5", "save_interval: needs save_location");
+    expect_error(d, "--set nonfinite_skip_limit=3", "--set: nonfinite_skip_limit: has no effect with on_nonfinite");
+    expect_error(d, "--set on_nonfinite=skip --set nonfinite_skip_limit=0",
+                 "--set: nonfinite_skip_limit: must be in [1, 1073741824] (got 0)");
     // PithTrain's names say what they are called here, or that they are not supported yet
     expect_error(d, "--set lr=3", "--set: lr: unknown key (renamed: PithTrain's lr is optimizer.lr here)");
     expect_error(d, "--set distributed.expert_parallel_size=2",
@@ -234,34 +237,122 @@ TEST(config_table_matches_readme) {
     free(readme);
 }
 
-// --print-config: every key with its default, as JSON that config_load reads back to the same values.
+// --print-config: every key with its default, as JSON that config_load reads back to the same values (bit for
+// bit), under each schedule; reals print as the shortest decimal that reads back exactly (0.1, not
+// 0.10000000000000001), and a value that needs 17 digits gets them.
 TEST(config_print_effective) {
     const char *d = make_run(1000);
     char out[16384], path[512];
     char rd[300];
     snprintf(rd, sizeof rd, "run_dir=%s/r", d); // (the default run_dir is relative to the current folder)
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --print-config --set scheduler.type=cosine --set %s",
-                   PITH_BIN, d, rd) == 0);
-    ASSERT(strstr(out, "\"weight_decay\": 0.1") && strstr(out, "\"on_nonfinite\": \"fail\"") &&
-           strstr(out, "\"decay_ratio\": 1"));
-    snprintf(path, sizeof path, "%s/effective.json", d);
-    FILE *f = fopen(path, "w");
-    CHECK(f);
-    fputs(out, f), fclose(f);
-    TrainConfig a, b;
-    char *sets[] = {"scheduler.type=cosine", rd};
-    snprintf(path, sizeof path, "%s/train.json", d);
-    config_load(&a, path, sets, 2);
-    json_t *ea = config_effective(&a);
-    snprintf(path, sizeof path, "%s/effective.json", d);
-    // read back without the schedule keys a cosine schedule derives (decay_ratio, decay_shape)
-    char *sets2[] = {"scheduler.decay_ratio=null", "scheduler.decay_shape=null"};
-    config_load(&b, path, sets2, 2);
-    json_t *eb = config_effective(&b);
-    char *ta = json_dumps(ea, JSON_SORT_KEYS), *tb = json_dumps(eb, JSON_SORT_KEYS);
-    ASSERT_MSG(!strcmp(ta, tb), "%s\nvs\n%s", ta, tb);
-    free(ta), free(tb);
-    json_decref(ea), json_decref(eb), json_decref(a.json), json_decref(b.json);
+    const char *schedules[] = {"constant", "cosine", "wsd"};
+    for (int i = 0; i < 3; i++) {
+        char sch[64];
+        snprintf(sch, sizeof sch, "scheduler.type=%s", schedules[i]);
+        ASSERT(run_cmd(out, sizeof out,
+                       "%s train %s/train.json --print-config --set %s --set %s --set optimizer.lr=0.30000000000000004",
+                       PITH_BIN, d, sch, rd) == 0);
+        ASSERT_MSG(strstr(out, "\"weight_decay\": 0.1,") && strstr(out, "\"eps\": 1e-08,") &&
+                       strstr(out, "\"init_std\": 0.02,") && strstr(out, "\"lr\": 0.30000000000000004,") &&
+                       strstr(out, "\"clip_grad_norm\": 1.0,") && strstr(out, "\"on_nonfinite\": \"fail\""),
+                   "%s", out);
+        ASSERT(i != 1 || strstr(out, "\"decay_ratio\": 1.0"));
+        snprintf(path, sizeof path, "%s/effective.json", d);
+        FILE *f = fopen(path, "w");
+        CHECK(f);
+        fputs(out, f), fclose(f);
+        TrainConfig a, b;
+        char *sets[] = {sch, rd, "optimizer.lr=0.30000000000000004"};
+        snprintf(path, sizeof path, "%s/train.json", d);
+        config_load(&a, path, sets, 3);
+        json_t *ea = config_effective(&a);
+        snprintf(path, sizeof path, "%s/effective.json", d);
+        config_load(&b, path, NULL, 0);
+        json_t *eb = config_effective(&b);
+        char *ta = json_dumps(ea, JSON_SORT_KEYS), *tb = json_dumps(eb, JSON_SORT_KEYS); // 17 digits: exact
+        ASSERT_MSG(!strcmp(ta, tb), "%s\nvs\n%s", ta, tb);
+        free(ta), free(tb);
+        json_decref(ea), json_decref(eb), json_decref(a.json), json_decref(b.json);
+    }
+}
+
+// json_text writes every double as the shortest decimal that reads back bit for bit, and json_f32 makes an
+// fp32 value print in at most 9 significant digits and read back exactly through a (float) cast.
+TEST(config_reals_round_trip) {
+    static const double fixed[] = {0.1,
+                                   0.2,
+                                   0.1 + 0.2,
+                                   1e-8,
+                                   3e-4,
+                                   1.0,
+                                   -0.0,
+                                   1e300,
+                                   5e-324,
+                                   2.2250738585072014e-308,
+                                   1.7976931348623157e308,
+                                   123456789012345678.0,
+                                   0.02,
+                                   -7.5};
+    json_t *a = json_array();
+    for (int i = 0; i < 14; i++) json_array_append_new(a, json_real(fixed[i]));
+    Rng rng = rng_seeded(77, 1);
+    double want[1014];
+    memcpy(want, fixed, sizeof fixed);
+    for (int i = 14; i < 1014; i++) {
+        uint64_t bits;
+        double v;
+        do bits = rng_next(&rng), memcpy(&v, &bits, 8);
+        while (!isfinite(v));
+        want[i] = v, json_array_append_new(a, json_real(v));
+    }
+    char *text = json_text(a, 0, false);
+    ASSERT(!strncmp(text, "[0.1, 0.2, 0.30000000000000004, 1e-08, 0.0003, 1.0, -0.0, 1e+300, 5e-324, ", 74));
+    json_t *back = json_loads(text, 0, NULL);
+    ASSERT(back && json_array_size(back) == 1014);
+    for (int i = 0; i < 1014; i++) {
+        json_t *v = json_array_get(back, i);
+        double x = json_real_value(v);
+        ASSERT_MSG(json_is_real(v) && !memcmp(&x, &want[i], 8), "value %d: %.17g read back as %.17g", i, want[i], x);
+    }
+    free(text), json_decref(a), json_decref(back);
+    for (int i = 0; i < 1000; i++) {
+        float f = i ? (float)(rng_normal(5, 2, i) * pow(10, (int)rng_below(&rng, 60) - 30)) : 0.1f;
+        char buf[32];
+        json_real_text(buf, json_f32(f));
+        int digits = 0; // significant: from the first non-zero digit
+        for (const char *p = buf; *p && *p != 'e'; p++) digits += (digits || (*p >= '1' && *p <= '9')) && *p != '.';
+        ASSERT_MSG((float)strtod(buf, NULL) == f && digits <= 9, "%.9g printed as %s", f, buf);
+        if (!i) ASSERT(!strcmp(buf, "0.1"));
+    }
+}
+
+// on_nonfinite = skip with lr = 1e6: the run diverges and stays diverged (skipped updates leave the huge weights as
+// they are), so it stops after nonfinite_skip_limit skips in a row instead of skipping its way to "done".
+TEST(nonfinite_skip_limit_stops_a_diverged_run) {
+    const char *d = make_run(20000);
+    char out[1 << 16];
+    int rc = run_cmd(out, sizeof out,
+                     "%s train %s/train.json --set optimizer.lr=1e6 --set max_steps=200 --set on_nonfinite=skip "
+                     "--set nonfinite_skip_limit=3 --set run_dir=%s/r 2>&1",
+                     PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && !strstr(out, "done:"), "exit %d: %s", rc, out);
+    const char *e = strstr(out, "pith: error: step ");
+    int at = 0, from = 0, to = 0;
+    ASSERT_MSG(e && sscanf(e, "pith: error: step %d:", &at) == 1, "%s", out);
+    const char *in = strstr(e, "steps ");
+    ASSERT_MSG(in && sscanf(in, "steps %d to %d in a row", &from, &to) == 2 && to == at && from == at - 3 &&
+                   strstr(e, "more than nonfinite_skip_limit = 3"),
+               "%s", e);
+    // the three steps before it were skipped, each with its warning, and the step before those was finite (or 0)
+    for (int s = from; s < at; s++) {
+        char w[96];
+        snprintf(w, sizeof w, "pith: warning: step %d: the ", s);
+        ASSERT_MSG(strstr(out, w), "no skip warning for step %d: %s", s, out);
+    }
+    char w[96];
+    snprintf(w, sizeof w, "pith: warning: step %d: the ", from - 1);
+    ASSERT(!strstr(out, w));
+    printf("     lr 1e6, skip: stopped at step %d after steps %d..%d\n", at, from, to);
 }
 
 TEST(errors_model_config) {

@@ -77,7 +77,7 @@ static void copy_config(const char *src_dir, const char *dst_dir, const char *dt
         if (json_object_get(root, "torch_dtype")) json_object_set_new(root, "torch_dtype", json_string(dtype));
         json_object_set_new(root, "dtype", json_string(dtype));
     }
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *text = json_text(root, 2, false);
     file_write_atomic(dst, text, strlen(text));
     free(text), json_decref(root);
 }
