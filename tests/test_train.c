@@ -355,6 +355,67 @@ TEST(nonfinite_skip_limit_stops_a_diverged_run) {
     printf("     lr 1e6, skip: stopped at step %d after steps %d..%d\n", at, from, to);
 }
 
+static double eval_loss(const char *out) {
+    const char *p = strstr(out, "\nloss ");
+    ASSERT_MSG(p, "no loss line in: %s", out);
+    return strtod(p + 6, NULL);
+}
+
+// pith eval: micro-batches of any size give the same loss (a short last one is filled with ignored rows), a
+// save_location means its newest checkpoint (read only: a save in progress is left alone), --device auto picks
+// the GPU when there is one, and bad arguments are one-line errors.
+TEST(eval_micro_batches_save_location_device_auto) {
+    const char *d = make_run(2000);
+    char out[1 << 16], path[600];
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set max_steps=4 --set save_location=%s/ck --set "
+                   "save_interval=2",
+                   PITH_BIN, d, d) == 0);
+    snprintf(path, sizeof path, "%s/ck/.tmp-step-00000006", d);
+    mkdir_p(path); // as if a run were saving step 6 right now
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s/ck --data %s/data --seq 16 --batch 7", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "is a save_location; its newest checkpoint is ") && strstr(out, "/ck/step-00000004\n"), "%s",
+               out);
+    ASSERT_MSG(strstr(out, "eval: 7 samples of 16 tokens (112 targets) in 1 micro-batch of 7 on ") &&
+                   strstr(out, ops_cuda_available() ? " on cuda (fp32)" : " on cpu (fp32)"),
+               "%s", out);
+    ASSERT(path_exists(path));
+    double whole = eval_loss(out);
+    for (int m = 1; m <= 4; m++) {
+        ASSERT(run_cmd(out, sizeof out,
+                       "%s eval --model %s/ck/step-00000004 --data %s/data --seq 16 --batch 7 "
+                       "--micro-batch %d --device cpu",
+                       PITH_BIN, d, d, m) == 0);
+        ASSERT_MSG(fabs(eval_loss(out) - whole) <= 1e-6 * whole, "micro-batch %d: %.9g vs %.9g", m, eval_loss(out),
+                   whole);
+    }
+    ASSERT(strstr(out, "in 2 micro-batches of 4 on cpu"));
+    // the loss of the step-2 weights differs: the save_location did resolve to step 4
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s/ck/step-00000002 --data %s/data --seq 16 --batch 7", PITH_BIN,
+                   d, d) == 0 &&
+           eval_loss(out) != whole);
+    static const struct {
+        const char *args, *msg;
+    } bad[] = {
+        {"--model CK/step-00000004 --seq 4294967312 --batch 1",
+         "eval: --seq needs an integer in [1, 16777216] (got '4294967312')"},
+        {"--model CK/step-00000004 --seq 16 --batch 2x", "eval: --batch needs an integer"},
+        {"--model CK/step-00000004 --seq 16 --batch 1000",
+         "asks for more samples than the data holds (124 samples of 16 tokens)"},
+        {"--model CK --seq 16 --batch 1 --device tpu", "eval: --device must be auto, cpu or cuda (got 'tpu')"},
+        {"--model CK --seq 16 --batch 1 --device cpu --dtype bf16", "eval: --dtype bf16 needs the GPU"},
+        {"--model CK/.. --seq 16 --batch 1", "no config.json and no checkpoints (step-N folders)"},
+        {"--model CK --batch 1", "eval: --seq and --batch are required"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char args[512], *ck = strstr(bad[i].args, "CK");
+        snprintf(args, sizeof args, "%.*s%s/ck%s", (int)(ck - bad[i].args), bad[i].args, d, ck + 2);
+        int rc = run_cmd(out, sizeof out, "%s eval %s --data %s/data", PITH_BIN, args, d);
+        ASSERT_MSG(rc == 1 && strstr(out, bad[i].msg) && strchr(out, '\n') == out + strlen(out) - 1,
+                   "eval %s: exit %d: %s", args, rc, out);
+    }
+}
+
 TEST(errors_model_config) {
     const char *d = make_run(1000);
     char out[4096];

@@ -177,7 +177,7 @@ static void remove_step(const char *loc, const char *name) {
     remove_tree(trash);
 }
 
-bool ckpt_find_latest(const char *loc, char *out, size_t cap) {
+bool ckpt_find_latest(const char *loc, char *out, size_t cap, bool tidy) {
     DIR *d = opendir(loc);
     if (!d) return false;
     int best = -1, step;
@@ -186,7 +186,7 @@ bool ckpt_find_latest(const char *loc, char *out, size_t cap) {
     while ((de = readdir(d))) {
         path_join(path, sizeof path, loc, de->d_name);
         if (!strncmp(de->d_name, ".tmp-step-", 10) || !strncmp(de->d_name, ".trash-step-", 12)) {
-            remove_tree(path); // a save or a removal that did not finish
+            if (tidy) remove_tree(path); // a save or a removal that did not finish
             continue;
         }
         if (!parse_step_dir(de->d_name, &step) || step <= best) continue;
