@@ -379,9 +379,10 @@ TEST(save_location_lock) {
     const char *d = make_run();
     char out[1 << 16];
     // Two runs on one save_location: the second stops at once naming the first (pid and host).
+    // (grep -s: the log may not exist yet when the first grep runs)
     int rc = run_cmd(out, sizeof out,
                      "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck > %s/a.log 2>&1 & p=$!; "
-                     "until grep -q '^step ' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; "
+                     "until grep -qs '^step ' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; "
                      "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck; rc=$?; "
                      "echo holder=$p; kill -9 $p; wait $p; exit $rc",
                      PITH_BIN, d, d, d, d, PITH_BIN, d, d);
@@ -452,8 +453,8 @@ TEST(signals_checkpoint) {
     char out[1 << 16];
     int rc = run_cmd(out, sizeof out,
                      "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck > %s/a.log 2>&1 & p=$!; "
-                     "until grep -q '^step ' %s/a.log; do sleep 0.05; done; kill -USR1 $p; "
-                     "until grep -q '^signal: SIGUSR1' %s/a.log; do sleep 0.05; done; kill -TERM $p; wait $p; rc=$?; "
+                     "until grep -qs '^step ' %s/a.log; do sleep 0.05; done; kill -USR1 $p; "
+                     "until grep -qs '^signal: SIGUSR1' %s/a.log; do sleep 0.05; done; kill -TERM $p; wait $p; rc=$?; "
                      "cat %s/a.log; exit $rc",
                      PITH_BIN, d, d, d, d, d, d);
     ASSERT_MSG(rc == 0 && strstr(out, "signal: SIGUSR1 after step") && strstr(out, "stopped by SIGTERM"), "exit %d: %s",

@@ -355,6 +355,35 @@ TEST(nonfinite_skip_limit_stops_a_diverged_run) {
     printf("     lr 1e6, skip: stopped at step %d after steps %d..%d\n", at, from, to);
 }
 
+// SIGTERM under mpirun with 2 CPU ranks: the signal reaches one rank only (srun and SLURM deliver it to every
+// rank; one is the hard case), the flags are summed, so both ranks checkpoint the same step and stop with exit
+// status 0; SIGUSR1, which mpirun forwards to every rank, checkpoints and goes on.
+TEST(signals_checkpoint_under_mpirun) {
+    const char *d = make_run(20000);
+    char out[1 << 16];
+    int rc =
+        run_cmd(out, sizeof out,
+                "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
+                "mpirun --oversubscribe --bind-to none -np 2 %s train %s/train.json --set max_steps=1000000 "
+                "--set save_location=%s/ck > %s/a.log 2>&1 & p=$!; "
+                "until grep -qs '^step ' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; kill -USR1 $p; "
+                "until grep -qs '^signal: SIGUSR1' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; "
+                "kill -TERM $(pgrep -P $p | tail -1); wait $p; rc=$?; cat %s/a.log; exit $rc",
+                PITH_BIN, d, d, d, d, d, d);
+    ASSERT_MSG(rc == 0 && strstr(out, "mesh: 2 ranks") && strstr(out, "stopped by SIGTERM"), "exit %d: %s", rc, out);
+    int s1 = 0, s2 = 0;
+    ASSERT(sscanf(strstr(out, "signal: SIGUSR1 after step "), "signal: SIGUSR1 after step %d", &s1) == 1);
+    ASSERT(sscanf(strstr(out, "signal: SIGTERM after step "), "signal: SIGTERM after step %d", &s2) == 1 && s2 > s1);
+    ASSERT(!strstr(out, "pith: error"));
+    for (int i = 0; i < 2; i++) { // each a whole checkpoint: run.json and both ranks' model files
+        char ck[700];
+        snprintf(ck, sizeof ck,
+                 "test -e %s/ck/step-%08d/run.json && ls %s/ck/step-%08d | grep -c '^model-0000[12]-of-00002'", d,
+                 i ? s2 : s1, d, i ? s2 : s1);
+        ASSERT(run_cmd(out, sizeof out, "%s", ck) == 0 && atoi(out) == 2);
+    }
+}
+
 static double eval_loss(const char *out) {
     const char *p = strstr(out, "\nloss ");
     ASSERT_MSG(p, "no loss line in: %s", out);
