@@ -1,5 +1,7 @@
 // test_train.c — the trainer end to end: overfitting, determinism, epochs, schedules, and every kind of
 // bad input (config, data, model config, command line) by message and exit code.
+#include <limits.h>
+
 #include "base/npy.h"
 #include "test.h"
 #include "train/trainer.h"
@@ -214,6 +216,9 @@ TEST(errors_config_values) {
                  "micro_batch_size × sequence_length = 4294967296 tokens");
     expect_error(d, "--set save_interval=5", "save_interval: needs save_location");
     expect_error(d, "--set nonfinite_skip_limit=3", "--set: nonfinite_skip_limit: has no effect with on_nonfinite");
+    expect_error(d, "--set optimizer.momentum=0.5", "--set: optimizer.momentum: has no effect with optimizer.type");
+    expect_error(d, "--set benchmark=true --set moe_router_bias_update_rate=0.01",
+                 "--set: moe_router_bias_update_rate: has no effect with benchmark = true");
     expect_error(d, "--set on_nonfinite=skip --set nonfinite_skip_limit=0",
                  "--set: nonfinite_skip_limit: must be in [1, 1073741824] (got 0)");
     // PithTrain's names say what they are called here, or that they are not supported yet
@@ -257,6 +262,13 @@ TEST(config_print_effective) {
                        strstr(out, "\"clip_grad_norm\": 1.0,") && strstr(out, "\"on_nonfinite\": \"fail\""),
                    "%s", out);
         ASSERT(i != 1 || strstr(out, "\"decay_ratio\": 1.0"));
+        if (i == 0) { // the default run_dir of a config in the current folder is named after that folder
+            char cmd[600], want[300], bin[PATH_MAX];
+            ASSERT(realpath(PITH_BIN, bin));
+            ASSERT(run_cmd(cmd, sizeof cmd, "cd %s && %s train train.json --print-config", d, bin) == 0);
+            snprintf(want, sizeof want, "\"run_dir\": \"runs/%s-train\"", strrchr(d, '/') + 1);
+            ASSERT_MSG(strstr(cmd, want), "no %s in %s", want, cmd);
+        }
         snprintf(path, sizeof path, "%s/effective.json", d);
         FILE *f = fopen(path, "w");
         CHECK(f);

@@ -577,6 +577,12 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     if (c->on_nonfinite == NONFINITE_FAIL && set_apart(top, c, "nonfinite_skip_limit", top_keys, LEN(top_keys)))
         jdie(origin_of(top, &org, "nonfinite_skip_limit"), "nonfinite_skip_limit",
              "has no effect with on_nonfinite \"fail\" (set on_nonfinite to \"skip\")");
+    if (c->optimizer.type == OPTIMIZER_ADAMW && set_apart(sec[1], c, "momentum", optimizer_keys, LEN(optimizer_keys)))
+        jdie(origin_of(sec[1], &org, "momentum"), "momentum",
+             "has no effect with optimizer.type \"adamw\" (it is Muon's; AdamW's are betas)");
+    if (c->benchmark && c->moe_router_bias_update_rate > 0)
+        jdie(origin_of(top, &org, "moe_router_bias_update_rate"), "moe_router_bias_update_rate",
+             "has no effect with benchmark = true (the routing is forced, the bias would select nothing)");
     if (c->save_interval && !c->save_location[0])
         jdie(origin_of(top, &org, "save_interval"), "save_interval", "needs save_location");
     if (c->scheduler.type == SCHED_CONSTANT) { // a schedule key on a constant schedule would be silently ignored
@@ -599,7 +605,9 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
         if (c->save_location[0]) snprintf(c->run_dir, sizeof c->run_dir, "%s", c->save_location);
         else { // runs/<config folder>-<config name>, e.g. runs/tiny-train for examples/tiny/train.json
             const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
-            const char *parent = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+            char real[PATH_MAX]; // the folder's own name also for "." and ".." (not runs/.-train, a hidden name)
+            const char *folder = realpath(dir, real) ? real : dir;
+            const char *parent = strrchr(folder, '/') && strrchr(folder, '/')[1] ? strrchr(folder, '/') + 1 : folder;
             snprintf(c->run_dir, sizeof c->run_dir, "runs/%.200s-%.*s", parent, (int)(strcspn(base, ".") % 200), base);
         }
     }
