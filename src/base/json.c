@@ -120,8 +120,12 @@ typedef struct {
     size_t n, cap;
 } Text;
 
+// (malloc and CHECK rather than base.c's xmalloc: json.c links alone into the config fuzz target)
 static void text_put(Text *t, const char *s, size_t n) {
-    if (t->n + n + 1 > t->cap) t->cap = 2 * (t->n + n + 1), t->p = xrealloc(t->p, t->cap);
+    if (t->n + n + 1 > t->cap) {
+        t->cap = 2 * (t->n + n + 1), t->p = realloc(t->p, t->cap);
+        CHECK(t->p);
+    }
     memcpy(t->p + t->n, s, n), t->n += n, t->p[t->n] = 0;
 }
 static void text_str(Text *t, const char *s) { text_put(t, s, strlen(s)); }
@@ -158,7 +162,8 @@ static void text_value(Text *t, const json_t *v, int indent, bool sort, int dept
     if (json_is_object(v)) {
         size_t n = json_object_size(v), i = 0;
         if (!n) return text_str(t, "{}");
-        const char **keys = xmalloc(n * sizeof *keys), *key;
+        const char **keys = malloc(n * sizeof *keys), *key;
+        CHECK(keys);
         json_t *x;
         json_object_foreach((json_t *)v, key, x) keys[i++] = key;
         if (sort) qsort(keys, n, sizeof *keys, cmp_keys);
