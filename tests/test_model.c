@@ -155,6 +155,15 @@ TEST(model_gradcheck_deepseek_v2) { gradcheck_seq(config_dsv2, 0.0, LB_MICRO_BAT
 TEST(model_gradcheck_deepseek_v2_load_balance_sequence) { gradcheck_seq(config_dsv2, 0.05, LB_SEQUENCE, 16); }
 TEST(model_gradcheck_deepseek_v2_lite) { gradcheck_seq(config_dsv2_lite, 0.05, LB_MICRO_BATCH, 12); }
 
+// DeepSeek-V3's router scores (scoring_func sigmoid) in both families, with load balancing on the sigmoid scores.
+static const char *with_sigmoid(const char *json) {
+    static char b[4096];
+    snprintf(b, sizeof b, "{\"scoring_func\": \"sigmoid\", %s", json + 1);
+    return b;
+}
+TEST(model_gradcheck_qwen3_moe_sigmoid_router) { gradcheck(with_sigmoid(config_a), 0.05, LB_MICRO_BATCH); }
+TEST(model_gradcheck_deepseek_v2_sigmoid_router) { gradcheck_seq(with_sigmoid(config_dsv2), 0.05, LB_SEQUENCE, 8); }
+
 TEST(model_config_deepseek_v2) {
     ModelConfig mc;
     model_config_load(&mc, write_text(test_tmpdir(), "config.json", config_dsv2));
@@ -171,7 +180,7 @@ TEST(model_config_deepseek_v2) {
         {"\"topk_group\": 5", "config.json: topk_group: must be in [1, n_group = 4]"},
         {"\"num_experts_per_tok\": 5", "config.json: num_experts_per_tok: must be at most topk_group"},
         {"\"num_key_value_heads\": 1", "config.json: num_key_value_heads: must equal num_attention_heads"},
-        {"\"scoring_func\": \"sigmoid\"", "config.json: scoring_func: only softmax routing is supported"},
+        {"\"scoring_func\": \"tanh\"", "config.json: scoring_func: must be softmax or sigmoid (got 'tanh')"},
         {"\"kv_lora_rank\": 0", "must be valid sizes"},
         {"\"rope_parameters\": {\"rope_type\": \"longrope\"}",
          "config.json: rope_parameters.rope_type: 'longrope' is not supported for deepseek_v2"},

@@ -1,6 +1,6 @@
-// test_muon.c — the Muon optimizer: its ops against a float64 reference written here from the update's
-// definition (docs/architecture.md, "Muon"; PyTorch is not available on the CPU machine, so the reference
-// is this file's fp64 code, not a fixture).
+// test_muon.c — the Muon optimizer: its ops and two whole training steps against a float64 reference written
+// here from the update's definition (docs/architecture.md, "Muon"), and one step of every parameter class against
+// tests/muon/fixture.safetensors, made with PyTorch in float64 by tests/muon/make_fixture.py.
 #include "base/safetensors.h"
 #include "ops/ops.h"
 #include "test.h"
@@ -246,4 +246,81 @@ TEST(muon_resume_bit_exact) {
     ASSERT_MSG(strstr(out, "run.json: train_config.optimizer.type: the checkpoint's optimizer state is muon's, the "
                            "config asks for adamw"),
                "%s", out);
+}
+
+// One reference made elsewhere: tests/muon/make_fixture.py computes two steps of every parameter class (2-D
+// tall and wide, adjacent per-expert matrices, a 3-D expert stack per expert; AdamW for embedding, LM head,
+// router, norms, biases, sinks) with PyTorch in float64 from the formula. pith's muon_step on one rank, in
+// fp32, must land within 2e-5 of it (relative to each tensor's change), and classify every tensor the same way.
+static void fixture_f64(const StFile *f, const char *what, const char *name, double *dst, int64_t n) {
+    char key[160];
+    snprintf(key, sizeof key, "%s/%s", what, name);
+    const StTensor *t = st_find(f, key);
+    ASSERT_MSG(t && t->dt == ST_F64 && t->numel == n, "%s: %s missing or not F64 of %lld", f->path, key, (long long)n);
+    memcpy(dst, t->data, sizeof(double) * n);
+}
+
+TEST(muon_step_matches_pytorch_fp64_fixture) {
+    StFile f;
+    st_open_or_die(&f, "tests/muon/fixture.safetensors");
+    ParamTable t = {0};
+    for (int i = 0; i < f.n; i++) { // the fixture's parameters, in its (sorted) order, all in one group
+        const StTensor *s = &f.t[i];
+        if (strncmp(s->name, "init/", 5)) continue;
+        params_add(&t, s->name + 5, GROUP_DENSE, INIT_ZEROS, s->nd, s->shape[0], s->nd > 1 ? s->shape[1] : 0,
+                   s->nd > 2 ? s->shape[2] : 0);
+    }
+    ASSERT(t.n == 18);
+    int64_t N = t.numel[GROUP_DENSE];
+    Arena a = arena_create("muon fixture", DEV_CPU, 1 << 20);
+    Muon mu;
+    muon_setup(&mu, &t, &a);
+    // One rank: the shard is the whole buffer and the gradient shard is model.g itself.
+    Fsdp fs = {.numel = {N, 0}, .len = {N, 0}};
+    Model m = {0};
+    float *p = xmalloc(sizeof(float) * N), *g = xmalloc(sizeof(float) * N), *m1 = xcalloc(N, 4), *v = xcalloc(N, 4);
+    double *x = xmalloc(sizeof(double) * N), *init = xmalloc(sizeof(double) * N), *want = xmalloc(sizeof(double) * N);
+    Tensor master[NGROUPS] = {tf32_1(p, N), tf32_1(NULL, 0)}, grad[NGROUPS] = {tf32_1(g, N), tf32_1(NULL, 0)},
+           mom1[NGROUPS] = {tf32_1(m1, N), tf32_1(NULL, 0)}, mom2[NGROUPS] = {tf32_1(v, N), tf32_1(NULL, 0)};
+    m.g[GROUP_DENSE] = grad[GROUP_DENSE], m.g[GROUP_EXPERT] = grad[GROUP_EXPERT];
+    for (int i = 0; i < t.n; i++) {
+        const ParamInfo *pi = &t.p[i];
+        char key[160];
+        snprintf(key, sizeof key, "class/%s", pi->name);
+        const char *cls = st_meta(&f, key);
+        ASSERT_MSG(cls && !strcmp(cls, muon_param(pi->name, pi->nd) ? "muon" : "adamw"),
+                   "%s: the fixture's class is %s", pi->name, cls ? cls : "missing");
+        fixture_f64(&f, "init", pi->name, init + pi->off, params_numel(pi));
+    }
+    for (int64_t j = 0; j < N; j++) p[j] = (float)init[j]; // exact: the generator drew fp32 values
+    TrainConfig c = {0};
+    c.optimizer.momentum = 0.95, c.optimizer.weight_decay = 0.1, c.optimizer.eps = 1e-8;
+    c.optimizer.betas[0] = 0.9, c.optimizer.betas[1] = 0.999;
+    const double lrs[2] = {0.02, 0.015};
+    ASSERT(!strcmp(st_meta(&f, "lrs"), "[0.02, 0.015]") && !strcmp(st_meta(&f, "weight_decay"), "0.1"));
+    double worst[2] = {0, 0};
+    for (int s = 1; s <= 2; s++) {
+        char what[16];
+        for (int i = 0; i < t.n; i++) {
+            const ParamInfo *pi = &t.p[i];
+            snprintf(what, sizeof what, "grad%d", s), fixture_f64(&f, what, pi->name, x + pi->off, params_numel(pi));
+        }
+        for (int64_t j = 0; j < N; j++) g[j] = (float)x[j];
+        muon_step(&mu, &fs, &m, &c, lrs[s - 1], s, master, grad, mom1, mom2);
+        for (int i = 0; i < t.n; i++) { // the change from the initial weights (the weights would hide it)
+            const ParamInfo *pi = &t.p[i];
+            int64_t n = params_numel(pi);
+            snprintf(what, sizeof what, "step%d", s), fixture_f64(&f, what, pi->name, want + pi->off, n);
+            for (int64_t j = pi->off; j < pi->off + n; j++) x[j] = p[j] - init[j], want[j] -= init[j];
+            bool muon = muon_param(pi->name, pi->nd);
+            double err = rel_err_f64(x + pi->off, want + pi->off, n);
+            worst[muon] = fmax(worst[muon], err);
+            ASSERT_MSG(err < 2e-5, "step %d, %s (%s): differs from the PyTorch fp64 fixture by %.3g", s, pi->name,
+                       muon ? "muon" : "adamw", err);
+        }
+    }
+    printf("     2 steps, 18 tensors: Muon within %.1e, AdamW within %.1e of PyTorch fp64 (%s, torch %s)\n", worst[1],
+           worst[0], st_meta(&f, "device"), st_meta(&f, "torch"));
+    free(p), free(g), free(m1), free(v), free(x), free(init), free(want);
+    muon_free(&mu), arena_destroy(&a), free(t.p), st_close(&f);
 }

@@ -403,8 +403,8 @@ static void ref_router(double **in, double *out, const void *c) {
         const int32_t *ix = p->idx + t * p->k;
         double m = -INFINITY, sum = 0, pr[16], s = 0, mk = -INFINITY, sk = 0;
         for (int64_t e = 0; e < p->E; e++) m = fmax(m, l[e]);
-        for (int64_t e = 0; e < p->E; e++) sum += pr[e] = exp(l[e] - m);
-        for (int64_t e = 0; e < p->E; e++) pr[e] /= sum, out[p->T * p->k + t * p->E + e] = pr[e];
+        for (int64_t e = 0; e < p->E; e++) sum += pr[e] = p->a.sigmoid ? 1 / (1 + exp(-l[e])) : exp(l[e] - m);
+        for (int64_t e = 0; e < p->E; e++) pr[e] /= p->a.sigmoid ? 1 : sum, out[p->T * p->k + t * p->E + e] = pr[e];
         for (int64_t j = 0; j < p->k; j++) s += pr[ix[j]], mk = fmax(mk, l[ix[j]]);
         for (int64_t j = 0; j < p->k; j++) sk += exp(l[ix[j]] - mk);
         for (int64_t j = 0; j < p->k; j++)
@@ -482,6 +482,16 @@ TEST(op_router_bias) { // aux-loss-free balancing: the bias selects but does not
     check_router((RouterArgs){.k = 2, .renorm = true, .scale = 1}, 8, true);
     check_router((RouterArgs){.k = 2, .scale = 1, .n_group = 4, .topk_group = 2}, 8, true);
     check_router((RouterArgs){.k = 2, .softmax_topk = true, .scale = 1}, 8, true);
+}
+
+// DeepSeek-V3's scoring: sigmoid scores, the bias for selection only, weights renormalised over the k chosen (or
+// not), scaled, group-limited.
+TEST(op_router_sigmoid) {
+    check_router((RouterArgs){.k = 2, .renorm = true, .scale = 1, .sigmoid = true}, 8, true);
+    check_router((RouterArgs){.k = 3, .renorm = true, .scale = 2.5f, .sigmoid = true}, 6, false);
+    check_router((RouterArgs){.k = 2, .scale = 1, .sigmoid = true}, 5, false);
+    check_router((RouterArgs){.k = 3, .renorm = true, .scale = 1.5f, .n_group = 4, .topk_group = 2, .sigmoid = true},
+                 12, true);
 }
 
 static void check_force_balance(bool softmax_topk) {

@@ -7,6 +7,7 @@ int cmd_eval(int argc, char **argv);
 int cmd_estimate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
 
 #include <stdint.h>
 // The integer value of option opt of command cmd, in [lo, hi]; dies naming both otherwise (val NULL:

@@ -13,6 +13,7 @@ static const struct {
     {"train", cmd_train, "train a model from a JSON config"},
     {"eval", cmd_eval, "mean token cross-entropy of a model on the first samples of a dataset"},
     {"estimate", cmd_estimate, "per-rank memory plan of a training config on N GPUs, without allocating"},
+    {"generate", cmd_generate, "continue a prompt with a model (KV cache; greedy, temperature and top-p sampling)"},
     {"convert", cmd_convert, "Hugging Face folders <-> pith checkpoints (hf2pith, pith2hf)"},
     {"plot", cmd_plot, "draw the loss and learning-rate curves of runs (metrics.jsonl) into a PNG or SVG"},
     {"synth", cmd_synth, "write a synthetic token file (for tests and quick runs)"},
@@ -45,7 +46,8 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (!strcmp(argv[1], "train") || !strcmp(argv[1], "eval")) prefer_passive_waiting(argv);
+    if (!strcmp(argv[1], "train") || !strcmp(argv[1], "eval") || !strcmp(argv[1], "generate"))
+        prefer_passive_waiting(argv);
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
     fprintf(stderr, "pith: error: unknown command '%s'\n", argv[1]);

@@ -92,8 +92,6 @@ static void dsv2_config_parse(ModelConfig *c, JObj o) {
              (int)jint(o, "num_key_value_heads", true, 0), c->heads);
     if (strcmp(jstr(o, "hidden_act", false, "silu"), "silu")) jdie(o, "hidden_act", "only silu is supported");
     if (jbool(o, "mlp_bias", false, false)) jdie(o, "mlp_bias", "MLP biases are not supported for deepseek_v2");
-    if (strcmp(jstr(o, "scoring_func", false, "softmax"), "softmax"))
-        jdie(o, "scoring_func", "only softmax routing is supported");
     if (jint(o, "moe_layer_freq", false, 1) != 1)
         jdie(o, "moe_layer_freq", "only 1 is supported (every layer from first_k_dense_replace on is MoE)");
     if (!(d->routed_scale > 0)) jdie(o, "routed_scaling_factor", "must be positive");
@@ -310,14 +308,13 @@ static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     op_copy_cols(tensor_reshape2(r->v, T * nh, dv), 0, kvh, dn, dv, false);
     for (int64_t h = 0; h < nh; h++) op_copy_cols(k2, h * dq + dn, r->kva, ckv, rd, false);
     AttnArgs aa = dsv2_attn_args(m, mb);
-    op_attention_forward(r->att, r->lse, r->q, r->k, r->v, &aa);
+    model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa);
     op_linear_forward(r->h1a, tensor_reshape2(r->att, T, nh * dv), W->wo, W->bo);
     op_add(r->h1a, x);
     op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
     if (io->dense) return;
     op_linear_forward(r->logits, r->n2, W->router, NONE);
-    RouterArgs ra = dsv2_router_args(m);
-    op_router_forward(r->probs, io->idx, io->w, r->logits, &ra);
+    model_router_forward(m, l, r->probs, io->idx, io->w, r->logits, dsv2_router_args(m));
     // The load-balancing term enters the objective as lb·T per micro-batch, so its gradient w.r.t.
     // probs is scaled by T here; the engine divides all gradients by the step's token count.
     if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T, mb->B);
@@ -482,5 +479,6 @@ const ModelFamily deepseek_v2_family = {
     .epilog_alloc = moe_epilog_alloc,
     .epilog_forward = moe_epilog_forward,
     .epilog_backward = moe_epilog_backward,
+    .logits = moe_logits,
     .hf_import = dsv2_hf_import,
 };

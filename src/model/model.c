@@ -30,6 +30,11 @@ const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     // Every family's MLPs are SwiGLU: another activation must not silently train as SiLU.
     const char *act = jstr(o, "hidden_act", false, "silu");
     if (strcmp(act, "silu")) jdie(o, "hidden_act", "'%s' is not supported (pith's MLPs are SwiGLU: silu)", act);
+    // DeepSeek-V3's name for the router's score function; every family reads it through model_router_forward.
+    const char *score = jstr(o, "scoring_func", false, "softmax");
+    if (strcmp(score, "softmax") && strcmp(score, "sigmoid"))
+        jdie(o, "scoring_func", "must be softmax or sigmoid (got '%s')", score);
+    c->router_sigmoid = !strcmp(score, "sigmoid");
     json_decref(root);
     return fam;
 }
@@ -159,6 +164,9 @@ void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, T
     int E = m->cfg.experts;
     if (m->router_bias.p)
         ra.bias = tensor_make((float *)m->router_bias.p + (size_t)l * E, DT_F32, m->router_bias.dev, 1, E, 1, 1, 1);
+    if (m->cfg.router_sigmoid && ra.softmax_topk)
+        die("scoring_func sigmoid: %s's router takes a softmax over the selected logits", m->cfg.model_type);
+    ra.sigmoid = m->cfg.router_sigmoid;
     op_router_forward(probs, idx, w, logits, &ra);
     if (!m->router_bias.p) return;
     int64_t n = tensor_numel(idx);
@@ -168,7 +176,9 @@ void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, T
 }
 
 void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
-                           const RouterArgs *ra, int B) {
+                           const RouterArgs *family_ra, int B) {
+    RouterArgs args = *family_ra, *ra = &args;
+    args.sigmoid = m->cfg.router_sigmoid;
     if (!lb_grad.p || m->lb.form != LB_SEQUENCE) {
         op_router_backward(dlogits, dw, lb_grad.p ? lb_row(lb_grad, 0) : lb_grad, probs, idx, w, ra);
         return;
@@ -229,4 +239,34 @@ void model_free(Model *m) {
 
 void model_zero_grads(Model *m) {
     for (int g = 0; g < NGROUPS; g++) op_zero(m->g[g]);
+}
+
+// ---- generation ----
+
+void kv_cache_free(KvCache *kv) {
+    for (int l = 0; l < MAX_LAYERS; l++)
+        if (kv->mem[l].cap) arena_destroy(&kv->mem[l]);
+    memset(kv, 0, sizeof *kv);
+}
+
+void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
+    KvCache *kv = m->kv;
+    if (!kv) {
+        op_attention_forward(o, lse, q, k, v, a);
+        return;
+    }
+    CHECK(a->B == 1 && a->q_off == 0 && a->k_off == 0 && k.n[0] == q.n[0]);
+    int64_t S = k.n[0], n = kv->len + S;
+    CHECK(n <= kv->cap);
+    if (!kv->k[l].p) { // k: (cap, nkv, dqk), v: (cap, nkv, dv), as this layer's attention shapes them
+        size_t bytes = (size_t)kv->cap * (t_cols(k) + t_cols(v)) * dtype_size(k.dt) + 2 * ARENA_ALIGN;
+        kv->mem[l] = arena_create("kv cache", k.dev, bytes);
+        kv->k[l] = arena_tensor(&kv->mem[l], k.dt, 3, kv->cap, k.n[1], k.n[2], 0);
+        kv->v[l] = arena_tensor(&kv->mem[l], v.dt, 3, kv->cap, v.n[1], v.n[2], 0);
+    }
+    op_copy(tensor_rows(kv->k[l], kv->len, S), k);
+    op_copy(tensor_rows(kv->v[l], kv->len, S), v);
+    AttnArgs c = *a;
+    c.q_off = kv->len; // query i sits at position len + i and sees keys 0 .. len + i
+    op_attention_forward(o, lse, q, tensor_rows(kv->k[l], 0, n), tensor_rows(kv->v[l], 0, n), &c);
 }

@@ -19,6 +19,7 @@ typedef struct {
     bool tie_embed;
     bool is_moe[MAX_LAYERS]; // false: the layer has a dense MLP (mlp_only_layers, first_k_dense_replace, …)
     RopeSpec rope;           // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
+    bool router_sigmoid;     // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
     // elements (the FSDP shard count).
@@ -157,6 +158,9 @@ typedef struct {
     // Adds Σ CE over the micro-batch into m->loss_sum; with grad, also ∂/∂(final hidden) into dh.
     void (*epilog_forward)(Model *m, void *rec, MicroBatch *mb, Tensor h, bool grad);
     void (*epilog_backward)(Model *m, void *rec, Tensor dh);
+    // Final norm → LM head of rows h: (R, H) into logits: (R, V) (any dtype and device; converted), forward
+    // only, temporaries from ws (generation). NULL: the family cannot generate.
+    void (*logits)(Model *m, Tensor logits, Tensor h, Arena *ws);
     // HF layout (pith convert): NULL when an HF folder holds one tensor per canonical parameter under its
     // canonical name with "model." in front (lm_head.* without), so import and export rename. Otherwise
     // hf_import writes every canonical tensor of t, made from the HF tensors of hf, into w (in hf's
@@ -190,6 +194,7 @@ struct Model {
     double ep_capacity;     // parallel.ep_capacity_factor: rows stage 3 can receive = factor·T·k (0: worst case)
     SharedWeights *sw, *sg; // views of the shared parts: compute weights and fp32 gradients
     void *views;            // the family's own weight and gradient views
+    struct KvCache *kv;     // generation: attention reads and extends this cache (NULL: training, evaluation)
 };
 
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported
@@ -246,10 +251,27 @@ void model_lb_step_begin(Model *m); // a new step: the global-batch counts start
 // (micro- and global-batch forms) or row b for the tokens of sequence b (sequence form). probs: (T, E),
 // idx: (T, k).
 void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B);
-// op_router_forward with layer l's selection bias (aux-loss-free balancing, when on), counting the chosen
-// experts into m->router_load.
+// op_router_forward with layer l's selection bias (aux-loss-free balancing, when on) and the model's score function
+// (cfg.router_sigmoid), counting the chosen experts into m->router_load.
 void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, Tensor logits, RouterArgs ra);
-// op_router_backward with the load-balancing gradient of model_lb_loss (lb_grad.p == NULL: none).
+// op_router_backward with the load-balancing gradient of model_lb_loss (lb_grad.p == NULL: none) and the model's
+// score function.
 void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
                            const RouterArgs *ra, int B);
 void model_zero_grads(Model *m);
+
+// ---- generation: a forward-only incremental path through the layers (docs/architecture.md, "Generation") ----
+// A KV cache holds each layer's keys and values after RoPE for the positions [0, len) of one sequence. A family's
+// stage 1 calls model_attention_forward where it would call op_attention_forward: without m->kv that is the op;
+// with it the call's keys and values (one sequence, B = 1, at positions len, len + 1, …) are appended to layer l's
+// cache and the queries attend to the whole cache (q_off = len). Multi-head latent attention caches its
+// decompressed per-head k and v, not the latent. The caller sets the positions (MicroBatch.pos) and advances len
+// once every layer has run.
+typedef struct KvCache {
+    int cap, len;                        // positions it can hold, positions filled
+    Arena mem[MAX_LAYERS];               // one block per layer, made at the layer's first call
+    Tensor k[MAX_LAYERS], v[MAX_LAYERS]; // (cap, nkv, dqk), (cap, nkv, dv) in the compute dtype
+} KvCache;
+void kv_cache_free(KvCache *kv);
+void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
+void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws); // the shared final RMSNorm and LM head

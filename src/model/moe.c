@@ -259,6 +259,17 @@ void moe_epilog_forward(Model *m, void *rp, MicroBatch *mb, Tensor h, bool grad)
     }
 }
 
+void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws) {
+    int64_t R = t_rows(h);
+    size_t mark = arena_mark(ws);
+    Tensor hn = arena_tensor(ws, m->cdt, 2, R, m->cfg.hidden, 0, 0), rstd = arena_tensor(ws, DT_F32, 1, R, 0, 0, 0),
+           lg = arena_tensor(ws, m->cdt, 2, R, m->cfg.vocab, 0, 0);
+    op_rmsnorm_forward(hn, rstd, h, m->sw->norm, (float)m->cfg.eps);
+    op_linear_forward(lg, hn, m->sw->lm_head, NONE);
+    op_copy(logits, lg);
+    arena_reset(ws, mark);
+}
+
 void moe_epilog_backward(Model *m, void *rp, Tensor dh) {
     EpilogRec *r = rp;
     op_rmsnorm_backward(dh, m->sg->norm, r->dhn, r->h, m->sw->norm, r->rstd, false);

@@ -224,7 +224,7 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     AttnArgs aa = qwen3_attn_args(m, mb);
-    op_attention_forward(r->att, r->lse, r->q, r->k, r->v, &aa);
+    model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa);
     op_linear_forward(h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
     op_add(h1, x);
     op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps);
@@ -300,4 +300,5 @@ const ModelFamily qwen3_moe_family = {
     .epilog_alloc = moe_epilog_alloc,
     .epilog_forward = moe_epilog_forward,
     .epilog_backward = moe_epilog_backward,
+    .logits = moe_logits,
 };

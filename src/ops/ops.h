@@ -81,7 +81,8 @@ void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tenso
                            Tensor o, Tensor lse, const AttnArgs *a);
 
 // ---- mixture of experts ----
-// Router on logits: (T, E) fp32. probs: (T, E) fp32 = softmax(logits) over all E (what load balancing reads).
+// Router on logits: (T, E) fp32. probs: (T, E) fp32 = softmax(logits) over all E, or with sigmoid (DeepSeek-V3)
+// each expert's own sigmoid(logit) (what load balancing reads; not softmax_topk).
 // Selection: the top-k of score = probs + bias (ties → lower index), best first; with n_group > 1 (group-limited
 // greedy) only inside the topk_group groups of E/n_group experts whose best score is highest. force_balance
 // replaces the choice by idx[t, j] = (t + j·(E/k)) mod E (benchmark routing). Weights w: (T, k) fp32:
@@ -94,6 +95,7 @@ typedef struct {
     int n_group, topk_group; // n_group ≤ 1: every expert competes
     Tensor bias;             // (E) fp32; p == NULL: none
     bool force_balance;
+    bool sigmoid; // scores = sigmoid(logits) instead of the softmax
 } RouterArgs;
 void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a);
 // dlogits: (T, E) = ∂/∂logits of (Σ dw·w + Σ_t,e lb_grad[e]·probs[t, e]); lb_grad: (E) fp32 or p == NULL.

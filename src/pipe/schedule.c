@@ -118,6 +118,11 @@ void engine_load(Engine *e, const int32_t *tokens, const int32_t *labels) {
 }
 
 void engine_forward(Engine *e, bool grad) {
+    engine_forward_layers(e);
+    if (e->l1 == e->m->cfg.layers) e->m->fam->epilog_forward(e->m, e->epilog, &e->mb, e->h[e->m->cfg.layers], grad);
+}
+
+void engine_forward_layers(Engine *e) {
     Model *m = e->m;
     const ModelFamily *f = m->fam;
     if (e->l0 == 0) f->prolog_forward(m, &e->mb, e->h[0]);
@@ -130,7 +135,6 @@ void engine_forward(Engine *e, bool grad) {
         ep_combine_forward(m, io);
         f->stage5_forward(m, l, r, io, e->h[l + 1]);
     }
-    if (e->l1 == m->cfg.layers) f->epilog_forward(m, e->epilog, &e->mb, e->h[m->cfg.layers], grad);
 }
 
 void engine_backward(Engine *e) {

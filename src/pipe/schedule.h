@@ -39,5 +39,7 @@ void engine_free(Engine *e);
 void engine_load(Engine *e, const int32_t *tokens, const int32_t *labels);
 // Adds Σ CE (and Σ load-balancing loss) into m->loss_sum (m->lb_sum); with grad, keeps what backward needs.
 void engine_forward(Engine *e, bool grad);
+// The forward without the epilog: the prolog (when l0 = 0) and the layers, leaving the output in h[l1] (generation).
+void engine_forward_layers(Engine *e);
 // Accumulates ∂(Σ CE + T·Σ lb)/∂θ into m->g.
 void engine_backward(Engine *e);

@@ -328,6 +328,29 @@ void ckpt_init_from(Run *r, const char *dir) {
     printf("init: weights loaded from %s\n", dir);
 }
 
+bool ckpt_load_router_bias(const char *dir, float *bias, int L, int E) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    if (!path_exists(path)) return false;
+    json_t *root = json_load_or_die(path), *rb = json_object_get(root, "router_bias");
+    JObj o = jobj_root(root, path);
+    if (!rb) return json_decref(root), false;
+    if (!json_is_array(rb) || (int)json_array_size(rb) != L)
+        jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
+    for (int l = 0; l < L; l++) {
+        json_t *row = json_array_get(rb, l);
+        if (!json_is_array(row) || (int)json_array_size(row) != E)
+            jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
+        for (int e = 0; e < E; e++) {
+            json_t *v = json_array_get(row, e);
+            if (!json_is_number(v)) jdie(o, "router_bias", "row %d: expected numbers", l);
+            bias[(size_t)l * E + e] = (float)json_number_value(v);
+        }
+    }
+    json_decref(root);
+    return true;
+}
+
 void ckpt_resume(Run *r, const char *dir) {
     load_model(r, dir);
     char path[4200];
@@ -342,23 +365,10 @@ void ckpt_resume(Run *r, const char *dir) {
     if (step < 0 || step > r->cfg.max_steps)
         jdie(o, "step", "%lld is outside [0, max_steps = %d]", (long long)step, r->cfg.max_steps);
     r->step = (int)step;
-    json_t *rb = json_object_get(root, "router_bias");
-    if (r->router_bias && rb) { // absent: a run that starts balancing here starts from zero
-        int L = r->model.cfg.layers, E = r->model.cfg.experts;
-        if (!json_is_array(rb) || (int)json_array_size(rb) != L)
-            jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
-        for (int l = 0; l < L; l++) {
-            json_t *row = json_array_get(rb, l);
-            if (!json_is_array(row) || (int)json_array_size(row) != E)
-                jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
-            for (int e = 0; e < E; e++) {
-                json_t *v = json_array_get(row, e);
-                if (!json_is_number(v)) jdie(o, "router_bias", "row %d: expected numbers", l);
-                r->router_bias[(size_t)l * E + e] = (float)json_number_value(v);
-            }
-        }
-        op_copy(r->model.router_bias, tensor_make(r->router_bias, DT_F32, DEV_CPU, 2, L, E, 1, 1));
-    }
+    // absent: a run that starts balancing here starts from zero
+    if (r->router_bias && ckpt_load_router_bias(dir, r->router_bias, r->model.cfg.layers, r->model.cfg.experts))
+        op_copy(r->model.router_bias,
+                tensor_make(r->router_bias, DT_F32, DEV_CPU, 2, r->model.cfg.layers, r->model.cfg.experts, 1, 1));
     // The optimizer state means what its optimizer made it mean (Muon keeps its momentum in exp_avg).
     json_t *ot = json_object_get(json_object_get(json_object_get(root, "train_config"), "optimizer"), "type");
     const char *was = json_is_string(ot) ? json_string_value(ot) : "adamw",

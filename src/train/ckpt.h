@@ -27,6 +27,9 @@ bool ckpt_find_latest(const char *save_location, char *out, size_t cap, bool tid
 void ckpt_save(Run *r);
 // Loads weights, optimizer state (when present) and step from a checkpoint folder into a set-up run.
 void ckpt_resume(Run *r, const char *dir);
+// Reads the aux-loss-free balancing biases (L layers × E experts) of a checkpoint's run.json into bias; false
+// when the folder has no run.json or it has none (dies naming the file when they are malformed).
+bool ckpt_load_router_bias(const char *dir, float *bias, int L, int E);
 // Loads only weights (init_from: a checkpoint or HF folder); the optimizer starts fresh at step 0.
 void ckpt_init_from(Run *r, const char *dir);
 // Writes this step's reduced gradient (the run's gradient shards, before clipping) as whole tensors

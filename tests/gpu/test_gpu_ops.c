@@ -630,7 +630,7 @@ TEST(gpu_op_router) {
 }
 
 // Every other form: routed scaling, top-k softmax (GPT-OSS), group-limited greedy (DeepSeek-V2: 64 experts in 8
-// groups, 3 kept, top-6), a selection bias, with forced routing too.
+// groups, 3 kept, top-6), a selection bias, with forced routing too, and sigmoid scores.
 TEST(gpu_op_router_forms) {
     gpu_begin();
     check_router_args((RouterArgs){.k = 6, .scale = 2.5f}, 64, false);
@@ -639,6 +639,10 @@ TEST(gpu_op_router_forms) {
     check_router_args((RouterArgs){.k = 6, .scale = 16, .n_group = 8, .topk_group = 3}, 64, false);
     check_router_args((RouterArgs){.k = 8, .renorm = true, .scale = 2.5f, .n_group = 8, .topk_group = 4}, 256, true);
     check_router_args((RouterArgs){.k = 8, .renorm = true, .scale = 1}, 128, true);
+    // DeepSeek-V3's sigmoid scores (256 experts, 8 groups, 4 kept, top-8, renormalised, scaled, biased)
+    check_router_args(
+        (RouterArgs){.k = 8, .renorm = true, .scale = 2.5f, .n_group = 8, .topk_group = 4, .sigmoid = true}, 256, true);
+    check_router_args((RouterArgs){.k = 3, .scale = 1, .sigmoid = true}, 8, false);
     gpu_report();
 }
 

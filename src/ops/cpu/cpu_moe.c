@@ -1,9 +1,9 @@
 // cpu_moe.c — router, load-balancing loss, token permutation and combine on the CPU.
-// Router (ops.h): probs = softmax(logits) over E in fp32; the top-k of score = probs + bias (ties → lower
+// Router (ops.h): probs = softmax(logits) over E in fp32 (or sigmoid(logits) elementwise); the top-k of score = probs + bias (ties → lower
 // expert), group-limited when asked; w = c·probs of the chosen experts (c = scale, divided by their sum Σp when
 // renorm) or c·softmax of the chosen logits (softmax_topk).
 // Backward through w_j = c·p_j/Σp: ∂p_j = (c·∂w_j − Σ_l ∂w_l·w_l) / Σp (without renorm: c·∂w_j); then through the
-// softmax: ∂logit_e = p_e·(∂p_e − Σ_f p_f·∂p_f), ∂p_e also carrying lb_grad[e]. softmax_topk: w_j = c·u_j,
+// softmax: ∂logit_e = p_e·(∂p_e − Σ_f p_f·∂p_f) (sigmoid: p_e·(1 − p_e)·∂p_e), ∂p_e also carrying lb_grad[e]. softmax_topk: w_j = c·u_j,
 // u = softmax(logits[idx]), so ∂logit_{idx_j} = w_j·(∂w_j − Σ_l w_l·∂w_l / c), added to the lb path's softmax term.
 #include <math.h>
 
@@ -42,6 +42,7 @@ static void router_check(Tensor logits, Tensor idx, const RouterArgs *a) {
     int64_t E = t_cols(logits);
     CHECK(a->k >= 1 && a->k <= E && t_cols(idx) == a->k && a->scale > 0);
     CHECK(!a->bias.p || (a->bias.dt == DT_F32 && tensor_numel(a->bias) == E));
+    CHECK(!(a->sigmoid && a->softmax_topk));
     if (a->n_group > 1)
         CHECK(E % a->n_group == 0 && a->topk_group >= 1 && a->topk_group <= a->n_group &&
               a->k <= a->topk_group * (E / a->n_group));
@@ -59,10 +60,14 @@ void cpu_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const
         for (int64_t t = 0; t < T; t++) {
             const float *l = F(logits) + t * E;
             float *p = F(probs) + t * E, m = -INFINITY;
-            for (int64_t e = 0; e < E; e++) m = fmaxf(m, l[e]);
-            double sum = 0;
-            for (int64_t e = 0; e < E; e++) sum += exp((double)l[e] - m);
-            for (int64_t e = 0; e < E; e++) p[e] = (float)(exp((double)l[e] - m) / sum);
+            if (a->sigmoid) {
+                for (int64_t e = 0; e < E; e++) p[e] = (float)(1 / (1 + exp(-(double)l[e])));
+            } else {
+                for (int64_t e = 0; e < E; e++) m = fmaxf(m, l[e]);
+                double sum = 0;
+                for (int64_t e = 0; e < E; e++) sum += exp((double)l[e] - m);
+                for (int64_t e = 0; e < E; e++) p[e] = (float)(exp((double)l[e] - m) / sum);
+            }
             int32_t *ix = I32(idx) + t * k;
             if (a->force_balance) {
                 for (int j = 0; j < k; j++) ix[j] = (int32_t)((t + j * (E / k)) % E);
@@ -104,9 +109,10 @@ void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs
             if (!a->softmax_topk)
                 for (int j = 0; j < k; j++) dp[ix[j]] += a->renorm ? (c * g[j] - gw) / s : c * g[j];
             double dot = 0;
-            for (int64_t e = 0; e < E; e++) dot += p[e] * dp[e];
+            for (int64_t e = 0; e < E && !a->sigmoid; e++) dot += p[e] * dp[e];
             float *dl = F(dlogits) + t * E;
-            for (int64_t e = 0; e < E; e++) dl[e] = (float)(p[e] * (dp[e] - dot));
+            for (int64_t e = 0; e < E; e++)
+                dl[e] = (float)(a->sigmoid ? p[e] * (1.0 - p[e]) * dp[e] : p[e] * (dp[e] - dot));
             if (a->softmax_topk)
                 for (int j = 0; j < k; j++) dl[ix[j]] += (float)(wt[j] * (g[j] - gw / c));
         }

@@ -22,6 +22,7 @@ typedef struct {
     bool renorm, softmax_topk, force_balance;
     float scale;
     const float *bias; // (E) or NULL
+    bool sigmoid;      // probs = sigmoid(logits) (else the softmax)
 } RouterParams;
 #define ROUTER_KMAX 32
 
@@ -49,13 +50,15 @@ __global__ void router_forward_kernel(float *probs, int32_t *idx, float *w, cons
     float *pp = sm_all + (size_t)wid * (2 * E + G), *sc = pp + E, *gs = sc + E;
     const float *l = logits + t * E;
     float m = -INFINITY;
-    for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
-    m = warp_max(m);
     double sum = 0;
-    for (int e = lane; e < E; e += 32) sum += exp((double)l[e] - m);
-    sum = warp_sum(sum);
+    if (!a.sigmoid) {
+        for (int e = lane; e < E; e += 32) m = fmaxf(m, l[e]);
+        m = warp_max(m);
+        for (int e = lane; e < E; e += 32) sum += exp((double)l[e] - m);
+        sum = warp_sum(sum);
+    }
     for (int e = lane; e < E; e += 32) {
-        float p = (float)(exp((double)l[e] - m) / sum);
+        float p = a.sigmoid ? (float)(1 / (1 + exp(-(double)l[e]))) : (float)(exp((double)l[e] - m) / sum);
         probs[t * E + e] = pp[e] = p;
         sc[e] = a.bias ? p + a.bias[e] : p;
     }
@@ -125,10 +128,12 @@ __global__ void router_backward_kernel(float *dlogits, const float *dw, const fl
         for (int j = 0; j < k; j++) dp[ix[j]] += a.renorm ? (c * g[j] - gw) / s : c * g[j];
     __syncwarp();
     double dot = 0;
-    for (int e = lane; e < E; e += 32) dot += p[e] * dp[e];
-    dot = warp_sum(dot);
+    if (!a.sigmoid) {
+        for (int e = lane; e < E; e += 32) dot += p[e] * dp[e];
+        dot = warp_sum(dot);
+    }
     float *dl = dlogits + t * E;
-    for (int e = lane; e < E; e += 32) dl[e] = (float)(p[e] * (dp[e] - dot));
+    for (int e = lane; e < E; e += 32) dl[e] = (float)(a.sigmoid ? p[e] * (1.0 - p[e]) * dp[e] : p[e] * (dp[e] - dot));
     __syncwarp();
     if (lane == 0 && a.softmax_topk) // ∂ through the softmax over the selected logits
         for (int j = 0; j < k; j++) dl[ix[j]] += (float)(wt[j] * (g[j] - gw / c));
@@ -364,9 +369,11 @@ static RouterParams router_params(Tensor logits, Tensor idx, const RouterArgs *a
         die("%s: %d groups (at most 64) of %lld experts, topk_group %d, k %d do not fit", what, G, (long long)E,
             a->topk_group, a->k);
     if (a->bias.p && (a->bias.dt != DT_F32 || tensor_numel(a->bias) != E)) die("%s: bias must be (E) fp32", what);
+    if (a->sigmoid && a->softmax_topk) die("%s: sigmoid scores and softmax_topk do not combine", what);
     RouterParams p = {(int)E,           a->k,      G,
                       a->topk_group,    a->renorm, a->softmax_topk,
-                      a->force_balance, a->scale,  a->bias.p ? (const float *)a->bias.p : NULL};
+                      a->force_balance, a->scale,  a->bias.p ? (const float *)a->bias.p : NULL,
+                      a->sigmoid};
     return p;
 }
 
