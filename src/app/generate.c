@@ -166,7 +166,7 @@ int cmd_generate(int argc, char **argv) {
                 tokenizer, ids.p[i], mc.vocab, model);
     int P = (int)ids.n, cap = P + (int)n_new;
     Model m;
-    model_create(&m, fam, &mc, dev, compute_dt(dev, strcmp(dtype, "bf16") ? COMPUTE_FP32 : COMPUTE_BF16), cap);
+    model_create_forward(&m, fam, &mc, dev, compute_dt(dev, strcmp(dtype, "bf16") ? COMPUTE_FP32 : COMPUTE_BF16), cap);
     float *w[NGROUPS];
     for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m.params.numel[g] * sizeof(float) + 1);
     ckpt_load_model(&m.params, w, model);

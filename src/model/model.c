@@ -94,9 +94,10 @@ static void free_tensor(Tensor t) {
     if (a.cap && t.p) arena_destroy(&a);
 }
 
-// The flat buffers, rope tables and loss accumulators; with alloc false only their shapes (NULL data).
+// The flat buffers, rope tables and loss accumulators; with alloc false only their shapes (NULL data), with grads
+// false no gradient accumulators (shapes only).
 static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq,
-                        bool alloc) {
+                        bool alloc, bool grads) {
     memset(m, 0, sizeof *m);
     m->fam = fam, m->cfg = *cfg, m->dev = dev, m->cdt = cdt;
     CHECK(cfg->ep_size >= 1 && cfg->experts % cfg->ep_size == 0 && cfg->ep_rank >= 0 && cfg->ep_rank < cfg->ep_size);
@@ -105,8 +106,11 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
     for (int g = 0; g < NGROUPS; g++) {
         int64_t pad = cfg->pad[g] > 1 ? cfg->pad[g] : 1, n = (m->params.numel[g] + pad - 1) / pad * pad;
         m->w[g] = make(dev, cdt, n);
-        m->g[g] = make(dev, DT_F32, n);
-        if (alloc && n > m->params.numel[g]) op_zero(m->w[g]), op_zero(m->g[g]); // the padding stays zero
+        m->g[g] = (grads ? make : shape_tensor)(dev, DT_F32, n);
+        if (alloc && n > m->params.numel[g]) { // the padding stays zero
+            op_zero(m->w[g]);
+            if (grads) op_zero(m->g[g]);
+        }
     }
     int half = cfg->rope.rd / 2;
     m->rope_cos = make(dev, DT_F32, (int64_t)max_seq * half), m->rope_sin = make(dev, DT_F32, (int64_t)max_seq * half);
@@ -127,11 +131,16 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
 }
 
 void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
-    model_build(m, fam, cfg, dev, cdt, max_seq, true);
+    model_build(m, fam, cfg, dev, cdt, max_seq, true, true);
+}
+
+void model_create_forward(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt,
+                          int max_seq) {
+    model_build(m, fam, cfg, dev, cdt, max_seq, true, false);
 }
 
 void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
-    model_build(m, fam, cfg, dev, cdt, max_seq, false);
+    model_build(m, fam, cfg, dev, cdt, max_seq, false, true);
 }
 
 void model_params_all(const Model *m, ParamTable *t) {

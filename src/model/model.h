@@ -238,6 +238,8 @@ void moe_epilog_backward(Model *m, void *rec, Tensor dh);
 // Builds the parameter table and allocates fp32-or-compute-dtype weights, fp32 gradients, rope tables
 // for positions < max_seq, and the loss accumulators on dev. Weights are left uninitialised.
 void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq);
+// model_create without the gradient accumulators (their views have NULL data): forward only (pith generate).
+void model_create_forward(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq);
 // Everything model_create does but allocate: tensors have their shapes and NULL data (memory plans).
 void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq);
 // The parameter table of the whole model (every expert), whatever this rank holds.

@@ -8,7 +8,7 @@
 static void load_fixture_on(Model *m, const char *dir, Device dev, DType dt, int cap) {
     ModelConfig mc;
     const ModelFamily *fam = model_config_load(&mc, dir);
-    model_create(m, fam, &mc, dev, dt, cap);
+    model_create_forward(m, fam, &mc, dev, dt, cap);
     float *w[NGROUPS];
     for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m->params.numel[g] * sizeof(float) + 1);
     ckpt_load_model(&m->params, w, dir);

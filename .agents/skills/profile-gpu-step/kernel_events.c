@@ -1,0 +1,214 @@
+// kernel_events.c — an LD_PRELOAD library that times every GPU call of a process with CUDA events: each kernel
+// launch (pith's own kernels: __cudaLaunchKernel, and cudaLaunchKernel of older toolkits), each cuBLASLt matmul,
+// each cuBLAS grouped GEMM and each cuDNN graph execution is bracketed by two events recorded on its stream.
+// Finished pairs are read back as later calls arrive (cudaEventQuery, no sync on the way) and summed per name; at
+// exit the table (name, calls, total ms) goes to $PITH_KERNEL_EVENTS (a file), "calls<TAB>ms<TAB>name" lines.
+// An event pair measures from the moment its stream reaches the call to the moment the call's work is done, so
+// calls on concurrent streams overlap in the sums. .agents/skills/validate-performance/pack.sh builds it:
+//   gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o kernel_events.so kernel_events.c -ldl
+// (no CUDA library is linked: every CUDA entry point is looked up in the process at run time).
+#define _GNU_SOURCE
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_NAMES 4096
+#define MAX_PENDING 16384
+
+typedef struct {
+    char name[160];
+    const void *key;
+    long calls;
+    double ms;
+} Entry;
+typedef struct {
+    cudaEvent_t a, b;
+    int entry;
+} Pending;
+
+static Entry entries[MAX_NAMES];
+static int nentries;
+static Pending ring[MAX_PENDING];
+static int head, count; // ring[head .. head+count) are recorded, not yet read
+static cudaEvent_t spare[2 * MAX_PENDING];
+static int nspare;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int registered;
+
+static __thread int depth; // > 0 inside a library call we time: its own launches are not counted again
+
+// The next definition of a function we wrap (REAL), or the process's definition of one we call (RT), looked up once.
+#define LOOKUP(where, name)                                                                                            \
+    ({                                                                                                                 \
+        static __typeof__(&name) p_;                                                                                   \
+        if (!p_) p_ = (__typeof__(&name))dlsym(where, #name);                                                          \
+        p_;                                                                                                            \
+    })
+#define REAL(name) LOOKUP(RTLD_NEXT, name)
+#define RT(name) LOOKUP(RTLD_DEFAULT, name)
+cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3 g, dim3 b, void **args, size_t shm, cudaStream_t s);
+
+// The entry of a name (key: a kernel handle or a fixed string), made on first use.
+static int entry_of(const void *key, const char *name) {
+    for (int i = 0; i < nentries; i++)
+        if (entries[i].key == key && (key || !strcmp(entries[i].name, name))) return i;
+    if (nentries == MAX_NAMES) return MAX_NAMES - 1;
+    Entry *e = &entries[nentries];
+    e->key = key;
+    snprintf(e->name, sizeof e->name, "%s", name);
+    return nentries++;
+}
+
+// Reads back finished pairs (all of them when wait).
+static void harvest(int wait) {
+    while (count) {
+        Pending *p = &ring[head];
+        if (wait) RT(cudaEventSynchronize)(p->b);
+        else if (RT(cudaEventQuery)(p->b) != cudaSuccess) return;
+        float ms = 0;
+        if (RT(cudaEventElapsedTime)(&ms, p->a, p->b) == cudaSuccess)
+            entries[p->entry].ms += ms, entries[p->entry].calls++;
+        spare[nspare++] = p->a, spare[nspare++] = p->b;
+        head = (head + 1) % MAX_PENDING, count--;
+    }
+}
+
+static void write_table(void) {
+    pthread_mutex_lock(&mu);
+    harvest(1);
+    const char *path = getenv("PITH_KERNEL_EVENTS");
+    FILE *f = path ? fopen(path, "w") : stderr;
+    if (f) {
+        for (int i = 0; i < nentries; i++)
+            fprintf(f, "%ld\t%.6f\t%s\n", entries[i].calls, entries[i].ms, entries[i].name);
+        if (f != stderr) fclose(f);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+static cudaEvent_t event(void) {
+    if (nspare) return spare[--nspare];
+    cudaEvent_t e = NULL;
+    RT(cudaEventCreateWithFlags)(&e, cudaEventDefault);
+    return e;
+}
+
+// Records the first event of a call on stream s; returns its ring slot (or -1).
+static int begin(cudaStream_t s, int entry) {
+    pthread_mutex_lock(&mu);
+    if (!registered) registered = 1, atexit(write_table); // registered after the CUDA runtime's: runs before it
+    harvest(0);
+    if (count == MAX_PENDING) harvest(1);
+    int slot = (head + count) % MAX_PENDING;
+    ring[slot] = (Pending){event(), event(), entry};
+    RT(cudaEventRecord)(ring[slot].a, s);
+    count++;
+    pthread_mutex_unlock(&mu);
+    return slot;
+}
+static void end(int slot, cudaStream_t s) {
+    pthread_mutex_lock(&mu);
+    RT(cudaEventRecord)(ring[slot].b, s);
+    pthread_mutex_unlock(&mu);
+}
+
+static int kernel_entry(const void *k) {
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < nentries; i++)
+        if (entries[i].key == k) {
+            pthread_mutex_unlock(&mu);
+            return i;
+        }
+    const char *name = NULL;
+    char buf[160];
+    if (RT(cudaFuncGetName)(&name, k) != cudaSuccess || !name) name = "(unnamed kernel)";
+    // _Z<len><identifier>...: the identifier (template arguments and parameter types dropped)
+    if (name[0] == '_' && name[1] == 'Z') {
+        char *e;
+        long n = strtol(name + 2, &e, 10);
+        if (n > 0 && n < (long)sizeof buf) snprintf(buf, sizeof buf, "%.*s", (int)n, e), name = buf;
+    }
+    int i = entry_of(k, name);
+    pthread_mutex_unlock(&mu);
+    return i;
+}
+
+cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3 g, dim3 b, void **args, size_t shm, cudaStream_t s) {
+    if (depth) return REAL(__cudaLaunchKernel)(k, g, b, args, shm, s);
+    int slot = begin(s, kernel_entry(k));
+    cudaError_t r = REAL(__cudaLaunchKernel)(k, g, b, args, shm, s);
+    end(slot, s);
+    return r;
+}
+
+cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **args, size_t shm, cudaStream_t s) {
+    if (depth) return REAL(cudaLaunchKernel)(f, g, b, args, shm, s);
+    int slot = begin(s, kernel_entry(f));
+    cudaError_t r = REAL(cudaLaunchKernel)(f, g, b, args, shm, s);
+    end(slot, s);
+    return r;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t wsb, cudaStream_t s) {
+    uint64_t rows = 0, cols = 0, ka = 0, kb = 0;
+    size_t got;
+    RT(cublasLtMatrixLayoutGetAttribute)(ld, CUBLASLT_MATRIX_LAYOUT_ROWS, &rows, sizeof rows, &got);
+    RT(cublasLtMatrixLayoutGetAttribute)(ld, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols, &got);
+    RT(cublasLtMatrixLayoutGetAttribute)(la, CUBLASLT_MATRIX_LAYOUT_ROWS, &ka, sizeof ka, &got);
+    RT(cublasLtMatrixLayoutGetAttribute)(la, CUBLASLT_MATRIX_LAYOUT_COLS, &kb, sizeof kb, &got);
+    char name[160];
+    snprintf(name, sizeof name, "cublasLtMatmul D %llux%llu, A %llux%llu", (unsigned long long)rows,
+             (unsigned long long)cols, (unsigned long long)ka, (unsigned long long)kb);
+    pthread_mutex_lock(&mu);
+    int e = entry_of(NULL, name);
+    pthread_mutex_unlock(&mu);
+    int slot = begin(s, e);
+    depth++;
+    cublasStatus_t r = REAL(cublasLtMatmul)(h, d, alpha, A, la, B, lb, beta, C, lc, D, ld, algo, ws, wsb, s);
+    depth--;
+    end(slot, s);
+    return r;
+}
+
+cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t h, const cublasOperation_t ta[], const cublasOperation_t tb[],
+                                          const int m[], const int n[], const int k[], const void *alpha,
+                                          const void *const A[], cudaDataType_t at, const int lda[],
+                                          const void *const B[], cudaDataType_t bt, const int ldb[], const void *beta,
+                                          void *const C[], cudaDataType_t ct, const int ldc[], int groups,
+                                          const int gsize[], cublasComputeType_t comp) {
+    cudaStream_t s = NULL;
+    RT(cublasGetStream_v2)(h, &s);
+    pthread_mutex_lock(&mu);
+    int e = entry_of(NULL, "cublasGemmGroupedBatchedEx");
+    pthread_mutex_unlock(&mu);
+    int slot = begin(s, e);
+    depth++;
+    cublasStatus_t r = REAL(cublasGemmGroupedBatchedEx)(h, ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct,
+                                                        ldc, groups, gsize, comp);
+    depth--;
+    end(slot, s);
+    return r;
+}
+
+cudnnStatus_t cudnnBackendExecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan, cudnnBackendDescriptor_t pack) {
+    cudaStream_t s = NULL;
+    RT(cudnnGetStream)(h, &s);
+    pthread_mutex_lock(&mu);
+    int e = entry_of(NULL, "cudnnBackendExecute (fused attention)");
+    pthread_mutex_unlock(&mu);
+    int slot = begin(s, e);
+    depth++;
+    cudnnStatus_t r = REAL(cudnnBackendExecute)(h, plan, pack);
+    depth--;
+    end(slot, s);
+    return r;
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# run.sh — on the GPU machine, from the repository root, .dev-agents/ carried (validate-performance/pack.sh): where
+# the time of one training step goes, for the feature build.
+#   1. build/bench_gpu_ops: every op alone at the Qwen3-30B-A3B layer sizes (host time over back-to-back calls,
+#      the table bench/cuda_ops.md keeps) — $OUT/bench_ops.txt;
+#   2. per call of a real step, from CUDA events (kernel_events.so preloaded): `pith train` on BENCH (default
+#      bench/qwen3_30b_a3b_8l; natural routing, BALANCED=1 for benchmark=true) for 2 and for 6 steps; the
+#      difference of the two tables / 4 is the mean of steps 3–6 per kernel, cuBLASLt shape, grouped GEMM and
+#      cuDNN graph: ms per step, calls per step, share of the sum — $OUT/step_kernels.md;
+#   3. nsys (when the machine has it and under 150 s have passed): the same 6-step run under `nsys profile` and
+#      `nsys stats` of the kernels (cuda_gpu_kern_sum) — $OUT/nsys_kern_sum.txt.
+# The last line is "profile-gpu-step: PASS" when the runs finished and the per-step sum of the timed calls lies
+# between 50% and 150% of the step's median fwdbwd_s + optimizer time (a table that misses most of the step, or
+# counts it twice, fails), else "profile-gpu-step: FAIL".
+set -u
+OUT=${OUT:-/tmp/pith-profile}
+mkdir -p "$OUT"
+. .agents/skills/validate-performance/setup.sh
+bench=${BENCH:-bench/qwen3_30b_a3b_8l} t0=$(date +%s)
+extra=()
+[ "${BALANCED:-0}" = 1 ] && extra=(--set benchmark=true)
+echo "== bench_gpu_ops"
+timeout 90 "$BIN/feature/bench_gpu_ops" >"$OUT/bench_ops.txt" 2>&1
+echo "rc=$?" >>"$OUT/bench_ops.txt"
+grep -v "^BENCH|" "$OUT/bench_ops.txt"
+mkdir -p /tmp/pith-bench-data
+"$BIN/feature/pith" synth --output /tmp/pith-bench-data/tokens.bin --vocab "${VOCAB:-151936}" --tokens 200000 --seed 1 >/dev/null
+for n in 2 6; do
+    echo "== pith train, $n steps, CUDA events ($(($(date +%s) - t0)) s)"
+    rm -rf /tmp/pith-bench-run
+    PITH_KERNEL_EVENTS=$OUT/events-$n.tsv LD_PRELOAD=$BIN/feature/kernel_events.so timeout 110 "$BIN/feature/pith" train \
+        "$bench/train.json" --set max_steps=$n --set tensorboard=false ${extra[@]+"${extra[@]}"} >"$OUT/train-$n.txt" 2>&1
+    echo "rc=$?" >>"$OUT/train-$n.txt"
+    cp /tmp/pith-bench-run/metrics.jsonl "$OUT/metrics-$n.jsonl" 2>/dev/null
+    grep -E "^step|error|rc=" "$OUT/train-$n.txt" | tail -2 | cut -c1-160
+done
+NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+if [ -n "$NSYS" ] && [ $(($(date +%s) - t0)) -lt 150 ]; then
+    echo "== nsys ($NSYS)"
+    rm -rf /tmp/pith-bench-run
+    timeout 120 "$NSYS" profile -o "$OUT/step" --force-overwrite true --trace cuda "$BIN/feature/pith" train \
+        "$bench/train.json" --set max_steps=6 --set tensorboard=false ${extra[@]+"${extra[@]}"} >"$OUT/nsys.txt" 2>&1 &&
+        timeout 60 "$NSYS" stats --report cuda_gpu_kern_sum --format table "$OUT/step.nsys-rep" >"$OUT/nsys_kern_sum.txt" 2>&1
+    head -40 "$OUT/nsys_kern_sum.txt" 2>/dev/null
+else
+    echo "== nsys: not on this machine (or no time left); the CUDA-event table stands alone"
+fi
+python3 - "$OUT" <<'PY'
+import json, os, statistics, sys
+out = sys.argv[1]
+def table(n):
+    t = {}
+    p = f"{out}/events-{n}.tsv"
+    if os.path.exists(p):
+        for line in open(p):
+            calls, ms, name = line.rstrip("\n").split("\t", 2)
+            t[name] = (int(calls), float(ms))
+    return t
+a, b = table(2), table(6)
+ok = bool(a) and bool(b) and os.path.exists(f"{out}/metrics-6.jsonl")
+rows = []
+for name, (calls, ms) in b.items():
+    c0, m0 = a.get(name, (0, 0.0))
+    rows.append(((ms - m0) / 4, (calls - c0) / 4, name))
+rows.sort(reverse=True)
+total = sum(r[0] for r in rows)
+lines = ["| call | ms/step | calls/step | share |", "|---|---:|---:|---:|"]
+for ms, calls, name in rows[:40]:
+    lines.append(f"| {name} | {ms:.3f} | {calls:g} | {ms / total:.1%} |" if total > 0 else f"| {name} | {ms:.3f} | {calls:g} | |")
+step = None
+if ok:
+    R = [json.loads(l) for l in open(f"{out}/metrics-6.jsonl") if l.strip()][2:]
+    step = statistics.median(r["step_time_s"] for r in R) * 1e3
+    fb = statistics.median(r["fwdbwd_s"] for r in R) * 1e3
+    lines.append(f"\nsum of timed calls {total:.1f} ms per step; the step (steps 3-6, events on) {step:.1f} ms, "
+                 f"fwd+bwd {fb:.1f} ms; {len(rows)} distinct calls")
+    ok = 0.5 * step <= total <= 1.5 * step
+text = "\n".join(lines)
+open(f"{out}/step_kernels.md", "w").write(text + "\n")
+print(text)
+print("profile-gpu-step: " + ("PASS" if ok else "FAIL"))
+PY
