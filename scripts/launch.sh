@@ -5,6 +5,9 @@
 #   runs pith directly (no launcher); several run under mpirun, with --oversubscribe when there are more
 #   ranks than cores, OpenMP threads shared out between the ranks, and Open MPI's root permission when
 #   run as root. PITH=/path/to/pith overrides the binary; SRUN_MPI (default pmix) is srun's --mpi plugin.
+#   The layout comes from the config (--set parallel.pipeline_parallel_size=P, ...expert_parallel_size=E):
+#   ranks = pp × dp × ep, pp outermost, so a pipeline stage is dp·ep consecutive ranks (one node's GPUs
+#   when it fits) and its pipeline messages cross stages.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 pith=${PITH:-$root/build/pith}

@@ -6,6 +6,7 @@
 
 #include <jansson.h>
 
+#include "base/safetensors.h"
 #include "test.h"
 
 typedef struct {
@@ -181,4 +182,26 @@ int main(int argc, char **argv) {
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
+}
+
+double grad_diff(const char *a, const char *b, const char **worst_name) {
+    StSet x, y;
+    st_set_open_or_die(&x, a);
+    st_set_open_or_die(&y, b);
+    ASSERT_MSG(x.n == y.n, "%s holds %d tensors, %s %d", a, x.n, b, y.n);
+    double worst = 0;
+    static char name[200];
+    name[0] = 0;
+    for (int i = 0; i < x.n; i++) {
+        const StTensor *t = st_set_find(&y, x.t[i]->name);
+        ASSERT_MSG(t && t->numel == x.t[i]->numel, "%s missing or reshaped in %s", x.t[i]->name, b);
+        float *u = xmalloc(t->numel * sizeof(float) + 1), *v = xmalloc(t->numel * sizeof(float) + 1);
+        st_read_f32(x.t[i], u), st_read_f32(t, v);
+        double e = rel_err_f32(u, v, t->numel);
+        if (e > worst) worst = e, snprintf(name, sizeof name, "%s", t->name);
+        free(u), free(v);
+    }
+    st_set_close(&x), st_set_close(&y);
+    *worst_name = name;
+    return worst;
 }

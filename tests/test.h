@@ -44,6 +44,9 @@ double hf_expected(const char *fixture, const char *key, int step);
 // The value of key in the metrics.jsonl line of step in run folder dir (the step must be there); NAN when the
 // line has no such key.
 double run_metric(const char *dir, int step, const char *key);
+// Worst per-tensor ‖a−b‖/‖b‖ over two gradient dumps (pith train --dump-grads folders; every tensor present
+// in both, else the test fails); *worst_name is that tensor's name (a static buffer).
+double grad_diff(const char *a, const char *b, const char **worst_name);
 // A fresh empty directory under /tmp for this test.
 const char *test_tmpdir(void);
 
@@ -67,9 +70,11 @@ const char *write_text(const char *dir, const char *name, const char *text);
     " \"moe_intermediate_size\": 6, \"intermediate_size\": 12, \"mlp_only_layers\": [0], \"norm_topk_prob\": false,"   \
     " \"attention_bias\": true, \"tie_word_embeddings\": true,"                                                        \
     " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5}}"
-// TINY_MOE_EP: 3 layers (the middle one dense), 8 experts top-3: every expert-parallel path is exercised.
-#define TINY_MOE_EP                                                                                                    \
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"       \
+// TINY_MOE_EP: 3 layers (the middle one dense), 8 experts top-3: every expert-parallel path is exercised;
+// TINY_MOE_EP_OF(L): the same with L layers (pipelines cut the layers into 2P chunks).
+#define TINY_MOE_EP TINY_MOE_EP_OF(3)
+#define TINY_MOE_EP_OF(L)                                                                                              \
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": " #L ", \"num_attention_heads\": 4,"  \
     " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": "  \
     "3,"                                                                                                               \
     " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}"

@@ -17,15 +17,15 @@ static void load_fixture(Model *m, const char *dir, int cap) {
 
 // The logits of the token after tokens[0..n) by one forward over all n tokens, no cache: (V) into out.
 static void full_forward_logits(Model *m, const int32_t *tokens, int n, float *out) {
-    Engine e;
-    engine_init(&e, m, 1, n);
+    Chunk e;
+    chunk_init_model(&e, m, 1, n);
     int32_t *labels = xmalloc(sizeof(int32_t) * n);
     for (int t = 0; t < n; t++) labels[t] = -100;
-    engine_load(&e, tokens, labels);
-    engine_forward_layers(&e);
+    chunk_load(&e, 0, tokens, labels);
+    chunk_forward_layers(&e, 0);
     Arena ws = arena_create("test logits", DEV_CPU, 1 << 20);
-    m->fam->logits(m, tf32_2(out, 1, m->cfg.vocab), tensor_rows(e.h[m->cfg.layers], n - 1, 1), &ws);
-    arena_destroy(&ws), engine_free(&e), free(labels);
+    m->fam->logits(m, tf32_2(out, 1, m->cfg.vocab), tensor_rows(chunk_output(&e, 0), n - 1, 1), &ws);
+    arena_destroy(&ws), chunk_free(&e), free(labels);
 }
 
 // Greedy continuation of a 7-token prompt by 9 tokens with the KV cache; at every step the logits equal those of a

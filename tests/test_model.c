@@ -1,12 +1,12 @@
 // test_model.c — the whole Qwen3-MoE model on the CPU: the gradient of the training objective with
 // respect to every parameter tensor against central finite differences, and a tiny model overfitting.
 // Objective J = (Σ CE + T·Σ_layers lb) / N (N = target tokens): what the trainer differentiates.
-#include "pipe/schedule.h"
+#include "pipe/chunk.h"
 #include "test.h"
 
 typedef struct {
     Model m;
-    Engine e;
+    Chunk e;
     int32_t tok[64], lab[64];
     int targets;
 } Fixture;
@@ -26,26 +26,26 @@ static void fixture_make(Fixture *fx, const char *model_json, double lb_coef, Lb
                 ((float *)fx->m.w[p->group].p)[p->off + j] +=
                     (float)(0.3 * rng_normal(99, rng_hash_str(p->name), (uint64_t)j));
     }
-    engine_init(&fx->e, &fx->m, B, S);
+    chunk_init_model(&fx->e, &fx->m, B, S);
     fx->targets = 0;
     for (int t = 0; t < B * S; t++) {
         fx->tok[t] = (int32_t)(rng_u64(5, 1, t) % mc.vocab);
         fx->lab[t] = t % 7 == 3 ? -100 : (int32_t)(rng_u64(5, 2, t) % mc.vocab);
         fx->targets += fx->lab[t] != -100;
     }
-    engine_load(&fx->e, fx->tok, fx->lab);
+    chunk_load(&fx->e, 0, fx->tok, fx->lab);
 }
 
 // J at the current weights; *route gets a hash of every routing decision.
 static double objective(Fixture *fx, uint64_t *route) {
     op_zero(fx->m.loss_sum), op_zero(fx->m.lb_sum);
-    engine_forward(&fx->e, false);
+    chunk_forward(&fx->e, 0, false);
     uint64_t h = 0;
     for (int l = 0; l < fx->m.cfg.layers; l++)
-        for (int64_t i = 0; fx->m.cfg.is_moe[l] && i < tensor_numel(fx->e.io[l].idx); i++)
-            h = rng_mix(h ^ (uint64_t)((int32_t *)fx->e.io[l].idx.p)[i]);
+        for (int64_t i = 0; fx->m.cfg.is_moe[l] && i < tensor_numel(fx->e.rec[0].io[l].idx); i++)
+            h = rng_mix(h ^ (uint64_t)((int32_t *)fx->e.rec[0].io[l].idx.p)[i]);
     *route = h;
-    return (op_read_scalar(fx->m.loss_sum) + fx->e.mb.T * op_read_scalar(fx->m.lb_sum)) / fx->targets;
+    return (op_read_scalar(fx->m.loss_sum) + fx->e.rec[0].mb.T * op_read_scalar(fx->m.lb_sum)) / fx->targets;
 }
 
 // Central difference of J along direction v (over one tensor of n elements at w), shrinking the step
@@ -73,8 +73,8 @@ static void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, i
     ASSERT(isfinite(J0));
     model_zero_grads(m);
     op_zero(m->loss_sum), op_zero(m->lb_sum);
-    engine_forward(&fx.e, true);
-    engine_backward(&fx.e);
+    chunk_forward(&fx.e, 0, true);
+    chunk_backward(&fx.e, 0, false);
     for (int g = 0; g < NGROUPS; g++) op_scale(m->g[g], 1.0f / fx.targets);
     double worst = 0;
     const char *worst_name = "";
@@ -104,7 +104,7 @@ static void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, i
         free(v);
     }
     printf("     gradcheck: %d tensors, worst relative error %.2e (%s)\n", m->params.n, worst, worst_name);
-    engine_free(&fx.e);
+    chunk_free(&fx.e);
     model_free(m);
 }
 

@@ -5,7 +5,7 @@
 // the end when each group of messages blocks until every message of it has met its partner (no
 // deadlock); every buffer a step touches is alive then, and the slots never hold two buffers at once.
 #include "pipe/dualpipev.h"
-#include "pipe/schedule.h"
+#include "pipe/chunk.h"
 #include "test.h"
 
 static PipeSchedule *build_all(int P, int N, bool forward_only) {
@@ -232,19 +232,23 @@ TEST(pipe_schedule_buffer_counts) {
 }
 
 TEST(pipe_schedule_too_few_micro_batches) {
-    ASSERT(dualpipev_check(2, 4) == NULL && dualpipev_check(1, 2) == NULL);
-    const char *why = dualpipev_check(2, 3);
+    ASSERT(dualpipev_check(2, 4, 8) == NULL && dualpipev_check(1, 2, 4) == NULL);
+    const char *why = dualpipev_check(2, 3, 8);
     ASSERT_MSG(why && strstr(why, "at least 2 × 2 = 4 micro-batches") && strstr(why, "got 3"), "%s",
                why ? why : "(null)");
-    ASSERT(dualpipev_check(0, 8) != NULL);
+    ASSERT(dualpipev_check(0, 8, 8) != NULL);
+    why = dualpipev_check(2, 8, 6);
+    ASSERT_MSG(why && strstr(why, "2 × 2 = 4 chunks: 6 layers do not divide evenly"), "%s", why ? why : "(null)");
 }
 
-// ---- the engine on a chunk of layers ----
+// ---- chunks of layers ----
 // A model cut into chunks [0, c) and [c, L), run as a pipeline would on one rank — forward of the first
 // (prolog), its output copied into the second's input, forward of the second (epilog), backward of the
 // second, its input gradient copied into the first's output gradient, backward of the first — gives the
-// whole engine's loss, load-balancing loss and every gradient.
-TEST(pipe_engine_chunks_equal_whole_model) {
+// whole model's loss, load-balancing loss and every gradient; so do three micro-batches in flight at once
+// (three record slots) whose backwards defer their stage-3 weight gradients to chunk_weight calls after
+// the later micro-batches' backwards.
+TEST(pipe_chunks_equal_whole_model) {
     const char *json =
         "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
         " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, "
@@ -266,30 +270,30 @@ TEST(pipe_engine_chunks_equal_whole_model) {
     int32_t tok[16], lab[16];
     for (int t = 0; t < T; t++) tok[t] = (int32_t)(rng_u64(5, 1, t) % 64), lab[t] = (int32_t)(rng_u64(5, 2, t) % 64);
     // the whole model
-    Engine e;
-    engine_init(&e, &m, B, S);
-    engine_load(&e, tok, lab);
+    Chunk e;
+    chunk_init_model(&e, &m, B, S);
+    chunk_load(&e, 0, tok, lab);
     model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
-    engine_forward(&e, true), engine_backward(&e);
+    chunk_forward(&e, 0, true), chunk_backward(&e, 0, false);
     double loss = op_read_scalar(m.loss_sum), lb = op_read_scalar(m.lb_sum);
     float *g[NGROUPS];
     for (int k = 0; k < NGROUPS; k++)
         g[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(g[k], m.g[k].p, tensor_bytes(m.g[k]));
-    engine_free(&e);
+    chunk_free(&e);
     for (int cut = 1; cut < mc.layers; cut++) {
-        Engine a, b;
-        engine_init_chunk(&a, &m, B, S, 0, cut), engine_init_chunk(&b, &m, B, S, cut, mc.layers);
-        EnginePlan pa = engine_plan_chunk(&m, B, S, 0, cut), pw = engine_plan(&m, B, S);
+        Chunk a, b;
+        chunk_init(&a, &m, B, S, 0, cut, 1, 0), chunk_init(&b, &m, B, S, cut, mc.layers, 1, 0);
+        ChunkPlan pa = chunk_plan(&m, B, S, 0, cut, 1, 0), pw = chunk_plan(&m, B, S, 0, mc.layers, 1, 0);
         ASSERT_MSG(pa.act_bytes < pw.act_bytes, "chunk of %d layers plans %zu activation bytes, the whole model %zu",
                    cut, pa.act_bytes, pw.act_bytes);
-        engine_load(&a, tok, lab), engine_load(&b, tok, lab);
+        chunk_load(&a, 0, tok, lab), chunk_load(&b, 0, tok, lab);
         model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
-        engine_forward(&a, true);
-        op_copy(b.h[cut], a.h[cut]);
-        engine_forward(&b, true);
-        engine_backward(&b);
-        op_copy(a.dh[0], engine_input_grad(&b));
-        engine_backward(&a);
+        chunk_forward(&a, 0, true);
+        op_copy(chunk_input(&b, 0), chunk_output(&a, 0));
+        chunk_forward(&b, 0, true);
+        chunk_backward(&b, 0, false);
+        op_copy(a.dh[0], chunk_input_grad(&b));
+        chunk_backward(&a, 0, false);
         ASSERT_MSG(op_read_scalar(m.loss_sum) == loss && op_read_scalar(m.lb_sum) == lb,
                    "cut %d: loss %.9g lb %.9g vs %.9g %.9g", cut, op_read_scalar(m.loss_sum), op_read_scalar(m.lb_sum),
                    loss, lb);
@@ -297,8 +301,37 @@ TEST(pipe_engine_chunks_equal_whole_model) {
             double err = rel_err_f32(m.g[k].p, g[k], tensor_numel(m.g[k]));
             ASSERT_MSG(err == 0, "cut %d: gradients of group %d differ by %.3g", cut, k, err);
         }
-        engine_free(&a), engine_free(&b);
+        chunk_free(&a), chunk_free(&b);
     }
+    // Three copies of the micro-batch in flight through the whole model: forwards into slots 0, 1, 2;
+    // backward of slot 0 deferring, of slot 1 deferring, of slot 2 at once, then the two deferred weight
+    // halves in order. The sums are three times the one micro-batch's (up to fp32 summation order).
+    Chunk fl;
+    chunk_init(&fl, &m, B, S, 0, mc.layers, 3, 2);
+    ChunkPlan p3 = chunk_plan(&m, B, S, 0, mc.layers, 3, 2), p1 = chunk_plan(&m, B, S, 0, mc.layers, 1, 0);
+    ASSERT_MSG(p3.act_bytes > 3 * (p1.act_bytes - ARENA_ALIGN) && p3.ws_bytes == p1.ws_bytes, "%zu vs %zu, %zu vs %zu",
+               p3.act_bytes, p1.act_bytes, p3.ws_bytes, p1.ws_bytes);
+    model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+    for (int i = 0; i < 3; i++) chunk_load(&fl, i, tok, lab), chunk_forward(&fl, i, true);
+    chunk_backward(&fl, 0, true), chunk_backward(&fl, 1, true);
+    float *before = xmalloc(tensor_bytes(m.g[GROUP_EXPERT]) + 1);
+    memcpy(before, m.g[GROUP_EXPERT].p, tensor_bytes(m.g[GROUP_EXPERT]));
+    chunk_backward(&fl, 2, false);
+    chunk_weight(&fl, 0), chunk_weight(&fl, 1);
+    ASSERT_NEAR(op_read_scalar(m.loss_sum), 3 * loss, 1e-9 * loss);
+    ASSERT_NEAR(op_read_scalar(m.lb_sum), 3 * lb, 1e-9 * lb);
+    for (int k = 0; k < NGROUPS; k++) {
+        float *x = m.g[k].p;
+        for (int64_t i = 0; i < tensor_numel(m.g[k]); i++) x[i] /= 3;
+        double err = rel_err_f32(x, g[k], tensor_numel(m.g[k]));
+        ASSERT_MSG(err <= 1e-6, "three micro-batches, two deferred: gradients of group %d differ by %.3g", k, err);
+    }
+    // the deferring backwards left the expert gradients untouched (only stage 3 writes them)
+    double ss = 0;
+    for (int64_t i = 0; i < tensor_numel(m.g[GROUP_EXPERT]); i++) ss += (double)before[i] * before[i];
+    ASSERT_MSG(ss == 0, "deferring backwards wrote expert gradients: sum of squares %.3g", ss);
+    free(before);
+    chunk_free(&fl);
     for (int k = 0; k < NGROUPS; k++) free(g[k]);
     model_free(&m);
 }

@@ -76,14 +76,28 @@ int cmd_estimate(int argc, char **argv) {
     row("gradient accumulators", p.grads, "fp32, reduce-scattered in place once per step");
     row("master weight shards", p.shards, p.shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
     row("optimizer state", p.optim, "AdamW moments, fp32 shards");
-    row("activation records", p.eng.act_bytes, "one micro-batch in flight (pp = 1)");
-    row("backward workspace", p.eng.ws_bytes, "the largest layer's temporaries");
-    row("communication buffers", p.eng.comm_bytes, d.ep > 1 ? cap : "(none: ep = 1)");
+    row("activation records", p.chunks.act_bytes,
+        d.pp > 1 ? "two chunks: the schedule's micro-batches in flight, deferred sets" : "one micro-batch in flight");
+    row("backward workspace", p.chunks.ws_bytes,
+        d.pp > 1 ? "each chunk's largest layer" : "the largest layer's temporaries");
+    row("communication buffers", p.chunks.comm_bytes, d.ep > 1 ? cap : "(none: ep = 1)");
+    if (d.pp > 1) row("pipeline buffers", p.pipe, "activations and gradients between pipeline ranks");
     row("other", p.other, "rope tables, loss accumulators");
     size_t total = memory_plan_total(&p);
     char exact[48];
     snprintf(exact, sizeof exact, "(%zu bytes)", total);
     row("total", total, exact);
+    if (d.pp > 1) { // the pipeline ranks hold different layers and records: each one's total (the rows: rank 0)
+        printf("plan per pipeline rank:");
+        for (int k = 0; k < d.pp; k++) {
+            Dist dk;
+            dist_mesh_describe(&dk, (int)gpus, k * ((int)gpus / d.pp), cfg.parallel.pp, cfg.parallel.cp,
+                               cfg.parallel.ep, cfg.parallel.sharding == SHARD_HSDP, cfg.file);
+            MemoryPlan pk = run_memory_plan(&cfg, &dk, dev);
+            printf(" %zu", memory_plan_total(&pk));
+        }
+        printf(" bytes\n");
+    }
     if (dev == DEV_CUDA)
         printf("%s in %g GB per GPU (%.1f%% used); not counted: the CUDA context, NCCL and cuBLASLt workspaces (~1-3 "
                "GB)\n",

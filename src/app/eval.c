@@ -1,11 +1,11 @@
 // eval.c — `pith eval`: the mean token cross-entropy of a model over the first B samples of a dataset,
 // in file order with no shuffle (sample i = tokens[i·S : i·S+S], labels shifted by one; docs/reference.md §18).
-// The samples go through the engine in micro-batches of M, as in training; a last micro-batch of fewer
+// The samples go through the model (a Chunk of all its layers) in micro-batches of M, as in training; a last micro-batch of fewer
 // samples is filled up with rows whose labels are all ignored (-100), which add neither loss nor targets.
 #include <getopt.h>
 
 #include "app/app.h"
-#include "pipe/schedule.h"
+#include "pipe/chunk.h"
 #include "train/ckpt.h"
 #include "train/data.h"
 
@@ -82,8 +82,8 @@ int cmd_eval(int argc, char **argv) {
     if (B > ds.total)
         die("%s: --batch %lld asks for more samples than the data holds (%lld samples of %lld tokens)", data,
             (long long)B, (long long)ds.total, (long long)S);
-    Engine e;
-    engine_init(&e, &m, (int)M, (int)S);
+    Chunk e;
+    chunk_init_model(&e, &m, (int)M, (int)S);
     int32_t *tok = xmalloc(M * S * sizeof(int32_t)), *lab = xmalloc(M * S * sizeof(int32_t));
     op_zero(m.loss_sum);
     int64_t targets = 0;
@@ -92,14 +92,14 @@ int cmd_eval(int argc, char **argv) {
         for (int64_t b = 0; b < n; b++) dataset_sample(&ds, i + b, tok + b * S, lab + b * S);
         for (int64_t t = n * S; t < M * S; t++) tok[t] = 0, lab[t] = -100; // filler rows: no targets
         for (int64_t t = 0; t < n * S; t++) targets += lab[t] != -100;
-        engine_load(&e, tok, lab);
-        engine_forward(&e, false);
+        chunk_load(&e, 0, tok, lab);
+        chunk_forward(&e, 0, false);
     }
     printf("eval: %lld samples of %lld tokens (%lld targets) in %lld micro-batch%s of %lld on %s (%s)\n", (long long)B,
            (long long)S, (long long)targets, (long long)((B + M - 1) / M), (B + M - 1) / M == 1 ? "" : "es",
            (long long)M, dev == DEV_CUDA ? "cuda" : "cpu", dtype);
     printf("loss %.17g\n", op_read_scalar(m.loss_sum) / (double)(targets ? targets : 1));
     free(tok), free(lab);
-    engine_free(&e), dataset_close(&ds), model_free(&m);
+    chunk_free(&e), dataset_close(&ds), model_free(&m);
     return 0;
 }

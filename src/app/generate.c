@@ -18,8 +18,8 @@ void gen_init(Generator *g, Model *m, int prompt, int cap) {
     memset(g, 0, sizeof *g);
     g->m = m;
     g->kv.cap = cap;
-    engine_init(&g->first, m, 1, prompt);
-    engine_init(&g->next, m, 1, 1);
+    chunk_init_model(&g->first, m, 1, prompt);
+    chunk_init_model(&g->next, m, 1, 1);
     // The logits of one row: its norm (H) and logits (V) in the compute dtype, rstd, their alignment.
     g->ws = arena_create("generation logits", m->dev,
                          (size_t)(m->cfg.hidden + m->cfg.vocab + 1) * sizeof(float) + 4 * ARENA_ALIGN);
@@ -28,28 +28,28 @@ void gen_init(Generator *g, Model *m, int prompt, int cap) {
 
 void gen_feed(Generator *g, const int32_t *tokens, int n) {
     Model *m = g->m;
-    Engine *e = g->kv.len == 0 ? &g->first : &g->next;
+    Chunk *e = g->kv.len == 0 ? &g->first : &g->next;
     CHECK(n == e->S && g->kv.len + n <= g->kv.cap);
     int32_t *labels = xmalloc(sizeof(int32_t) * n);
     for (int t = 0; t < n; t++) labels[t] = -100; // no loss: the epilog does not run
-    engine_load(e, tokens, labels);
+    chunk_load(e, 0, tokens, labels);
     free(labels);
-    if (g->kv.len) { // the one-token engine's position (the prompt's engine has 0 .. n − 1 already)
+    if (g->kv.len) { // the one-token chunk's position (the prompt's chunk has 0 .. n − 1 already)
         int32_t pos = g->kv.len;
-        op_copy(e->mb.pos, tensor_make(&pos, DT_I32, DEV_CPU, 1, 1, 1, 1, 1));
+        op_copy(e->rec[0].mb.pos, tensor_make(&pos, DT_I32, DEV_CPU, 1, 1, 1, 1, 1));
     }
     m->kv = &g->kv;
-    engine_forward_layers(e);
+    chunk_forward_layers(e, 0);
     m->kv = NULL;
     g->kv.len += n;
     m->fam->logits(m, tensor_make(g->logits, DT_F32, DEV_CPU, 2, 1, m->cfg.vocab, 1, 1),
-                   tensor_rows(e->h[m->cfg.layers], n - 1, 1), &g->ws);
-    if (e == &g->first) engine_free(&g->first); // the prompt's records are not needed again
+                   tensor_rows(chunk_output(e, 0), n - 1, 1), &g->ws);
+    if (e == &g->first) chunk_free(&g->first); // the prompt's records are not needed again
 }
 
 void gen_free(Generator *g) {
-    if (g->first.m) engine_free(&g->first);
-    engine_free(&g->next);
+    if (g->first.m) chunk_free(&g->first);
+    chunk_free(&g->next);
     kv_cache_free(&g->kv);
     arena_destroy(&g->ws);
     free(g->logits);

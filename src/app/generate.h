@@ -1,14 +1,14 @@
 // generate.h — the parts of `pith generate` (docs/architecture.md, "Generation"), for the command and its tests: a
 // Generator runs one sequence through a model, forward only, with a KV cache; gen_sample picks the next token.
 #pragma once
-#include "pipe/schedule.h"
+#include "pipe/chunk.h"
 
 typedef struct {
     Model *m;
     KvCache kv;
-    Engine first, next; // the prompt's engine (1 × prompt tokens, freed after it ran) and the one-token engine
-    Arena ws;           // the logits' temporaries
-    float *logits;      // (V) host fp32: the logits of the token after the last one fed
+    Chunk first, next; // the prompt's chunk (1 × prompt tokens, freed after it ran) and the one-token chunk
+    Arena ws;          // the logits' temporaries
+    float *logits;     // (V) host fp32: the logits of the token after the last one fed
 } Generator;
 
 // A generator for a prompt of `prompt` tokens followed by up to cap − prompt more; m's rope tables cover cap

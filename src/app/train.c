@@ -142,12 +142,22 @@ int cmd_train(int argc, char **argv) {
         printf("mesh: %d ranks = pp %d × dp %d × cp %d × ep %d (%s), %d experts per ep rank\n", d->world.size, d->pp,
                d->dp, d->cp, d->ep, d->hsdp ? "hsdp" : "fsdp", mc->experts / d->ep);
     const MemoryPlan *p = &r.plan;
-    printf("plan (%s, per rank): weights %.1f MB, gradients %.1f MB, shards %.1f MB, optimizer %.1f MB, activations "
-           "%.1f MB, "
-           "workspace %.1f MB, communication %.1f MB, other %.1f MB: total %.1f MB (%zu bytes)\n",
-           r.model.dev == DEV_CUDA ? "cuda" : "cpu", p->weights / 1e6, p->grads / 1e6, p->shards / 1e6, p->optim / 1e6,
-           p->eng.act_bytes / 1e6, p->eng.ws_bytes / 1e6, p->eng.comm_bytes / 1e6, p->other / 1e6,
-           memory_plan_total(p) / 1e6, memory_plan_total(p));
+    char pipe[48] = "";
+    if (d->pp > 1) snprintf(pipe, sizeof pipe, "pipeline buffers %.1f MB, ", p->pipe / 1e6);
+    printf("plan (%s, %s): weights %.1f MB, gradients %.1f MB, shards %.1f MB, optimizer %.1f MB, activations "
+           "%.1f MB, workspace %.1f MB, communication %.1f MB, %sother %.1f MB: total %.1f MB (%zu bytes)\n",
+           r.model.dev == DEV_CUDA ? "cuda" : "cpu", d->pp > 1 ? "pipeline rank 0" : "per rank", p->weights / 1e6,
+           p->grads / 1e6, p->shards / 1e6, p->optim / 1e6, p->chunks.act_bytes / 1e6, p->chunks.ws_bytes / 1e6,
+           p->chunks.comm_bytes / 1e6, pipe, p->other / 1e6, memory_plan_total(p) / 1e6, memory_plan_total(p));
+    if (d->pp > 1) { // the pipeline ranks hold different layers: each one's total, as pith estimate prints them
+        int64_t *total = xcalloc(d->pp, sizeof(int64_t));
+        total[d->pp_g.rank] = (int64_t)memory_plan_total(p);
+        comm_allreduce(&d->pp_g, tensor_make(total, DT_I64, DEV_CPU, 1, d->pp, 1, 1, 1), COMM_SUM);
+        printf("plan per pipeline rank:");
+        for (int k = 0; k < d->pp; k++) printf(" %lld", (long long)total[k]);
+        printf(" bytes\n");
+        free(total);
+    }
     bool gpu = r.model.dev == DEV_CUDA;
     if (gpu)
         printf("plan (cuda): plus %.1f MB of cuBLASLt workspace and conversion pools\n", ops_cuda_pool_bytes() / 1e6);

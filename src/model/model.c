@@ -21,7 +21,7 @@ const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     json_t *root = json_load_or_die(file);
     JObj o = jobj_root(root, file);
     memset(c, 0, sizeof *c);
-    c->ep_size = 1, c->pad[GROUP_DENSE] = c->pad[GROUP_EXPERT] = 1;
+    c->ep_size = 1, c->pp_size = 1, c->pad[GROUP_DENSE] = c->pad[GROUP_EXPERT] = 1;
     const char *mt = jstr(o, "model_type", true, NULL);
     const ModelFamily *fam = model_family_find(mt);
     if (!fam) jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2)", mt);
@@ -94,6 +94,20 @@ static void free_tensor(Tensor t) {
     if (a.cap && t.p) arena_destroy(&a);
 }
 
+// Keeps the tensors pipeline rank cfg->pp_rank holds (names "layers.<l>.…" by model_holds_layer, the
+// others — embedding, final norm, LM head — on rank 0), at new offsets.
+static void params_keep_pipeline_rank(ParamTable *t, const ModelConfig *c) {
+    ParamTable all = *t;
+    memset(t, 0, sizeof *t);
+    for (int i = 0; i < all.n; i++) {
+        const ParamInfo *p = &all.p[i];
+        int l;
+        bool held = sscanf(p->name, "layers.%d.", &l) == 1 ? model_holds_layer(c, l) : c->pp_rank == 0;
+        if (held) params_add(t, p->name, p->group, p->init, p->nd, p->shape[0], p->shape[1], p->shape[2]);
+    }
+    free(all.p);
+}
+
 // The flat buffers, rope tables and loss accumulators; with alloc false only their shapes (NULL data), with grads
 // false no gradient accumulators (shapes only).
 static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq,
@@ -101,7 +115,10 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
     memset(m, 0, sizeof *m);
     m->fam = fam, m->cfg = *cfg, m->dev = dev, m->cdt = cdt;
     CHECK(cfg->ep_size >= 1 && cfg->experts % cfg->ep_size == 0 && cfg->ep_rank >= 0 && cfg->ep_rank < cfg->ep_size);
+    CHECK(cfg->pp_size == 1 ||
+          (cfg->layers % (2 * cfg->pp_size) == 0 && cfg->pp_rank >= 0 && cfg->pp_rank < cfg->pp_size));
     fam->params_build(&m->params, cfg);
+    if (cfg->pp_size > 1) params_keep_pipeline_rank(&m->params, cfg);
     Tensor (*make)(Device, DType, int64_t) = alloc ? alloc_tensor : shape_tensor;
     for (int g = 0; g < NGROUPS; g++) {
         int64_t pad = cfg->pad[g] > 1 ? cfg->pad[g] : 1, n = (m->params.numel[g] + pad - 1) / pad * pad;
@@ -145,7 +162,7 @@ void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, De
 
 void model_params_all(const Model *m, ParamTable *t) {
     ModelConfig c = m->cfg;
-    c.ep_rank = 0, c.ep_size = 1;
+    c.ep_rank = 0, c.ep_size = 1, c.pp_rank = 0, c.pp_size = 1;
     memset(t, 0, sizeof *t);
     m->fam->params_build(t, &c);
 }

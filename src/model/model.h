@@ -24,6 +24,9 @@ typedef struct {
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
     // elements (the FSDP shard count).
     int ep_rank, ep_size;
+    // Pipeline rank pp_rank of pp_size holds its two DualPipeV chunks' layers (model_holds_layer) and, on
+    // rank 0, the embedding, final norm and LM head; params_build lists everything, model_create keeps those.
+    int pp_rank, pp_size;
     int pad[NGROUPS];
     // The family's own fields (Qwen3Config, Dsv2Config): a struct of at most this size that only the family
     // file reads (through model_family_config). Inline, so a ModelConfig copies by value.
@@ -36,6 +39,13 @@ typedef struct {
 
 static inline int model_experts_local(const ModelConfig *c) { return c->experts / c->ep_size; }
 static inline int model_expert_first(const ModelConfig *c) { return c->ep_rank * model_experts_local(c); }
+// DualPipeV's placement: 2·pp_size chunks of equal length; rank r holds chunks r and 2·pp_size − 1 − r.
+static inline int model_chunk_of_layer(const ModelConfig *c, int l) { return l / (c->layers / (2 * c->pp_size)); }
+static inline bool model_holds_layer(const ModelConfig *c, int l) {
+    if (c->pp_size <= 1) return true;
+    int k = model_chunk_of_layer(c, l);
+    return k == c->pp_rank || k == 2 * c->pp_size - 1 - c->pp_rank;
+}
 
 // ---- parameters: each tensor lives at a fixed offset of one flat buffer per group ----
 enum { INIT_NORMAL, INIT_NORMAL_OUT, INIT_ONES, INIT_ZEROS }; // INIT_NORMAL_OUT: std/√(2·layers) (o_proj, down_proj)

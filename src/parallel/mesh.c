@@ -68,9 +68,6 @@ static Comm group(const char *name, int size, int color, int key, bool split, do
 static void mesh_build(Dist *d, int world, int rank, int pp, int cp, int ep, bool hsdp, const char *file, bool split,
                        double timeout_s) {
     memset(d, 0, sizeof *d);
-    if (pp > 1)
-        die("%s: parallel.pipeline_parallel_size: pipeline parallelism (DualPipeV) is not supported yet (got %d)", file,
-            pp);
     if (cp > 1)
         die("%s: parallel.context_parallel_size: context parallelism (ring attention) is not supported yet (got %d)",
             file, cp);

@@ -16,9 +16,12 @@ typedef struct {
     int *wq, wq_head, wq_tail;      // FIFO of backward chunks (phase·N + mb) waiting for their W
 } Build;
 
-const char *dualpipev_check(int P, int N) {
+const char *dualpipev_check(int P, int N, int layers) {
     static char why[160];
     if (P < 1) snprintf(why, sizeof why, "the pipeline needs at least one rank (got %d)", P);
+    else if (layers % (2 * P))
+        snprintf(why, sizeof why, "DualPipeV cuts the model into 2 × %d = %d chunks: %d layers do not divide evenly", P,
+                 2 * P, layers);
     else if (N < 2 * P)
         snprintf(why, sizeof why, "DualPipeV needs at least 2 × %d = %d micro-batches per step, got %d", P, 2 * P, N);
     else return NULL;
@@ -111,6 +114,9 @@ static int backward_compute(Build *b, int p, bool zb) {
     if (zb) {
         b->wq[b->wq_tail++] = p * s->N + mb;
         if (b->wq_tail - b->wq_head > s->max_deferred) s->max_deferred = b->wq_tail - b->wq_head;
+        int waiting = 0;
+        for (int i = b->wq_head; i < b->wq_tail; i++) waiting += b->wq[i] / s->N == p;
+        if (waiting > s->max_deferred_of[p]) s->max_deferred_of[p] = waiting;
     } else release(b, PIPE_REC, p, mb, t);
     return mb;
 }
@@ -179,7 +185,7 @@ static int assign_slots(int N, const int *claim, const int *release, int *slot) 
 }
 
 void dualpipev_build(PipeSchedule *s, int P, int N, int r, bool forward_only) {
-    const char *why = dualpipev_check(P, N);
+    const char *why = dualpipev_check(P, N, 2 * P);
     if (why) die("pipeline schedule: %s", why);
     CHECK(r >= 0 && r < P);
     memset(s, 0, sizeof *s);

@@ -49,11 +49,13 @@ typedef struct {
     // alive over [claim, release] (claim −1: never used) and lives in slot `slot` of `slots[kind][phase]`.
     int *claim[PIPE_NBUF][2], *release[PIPE_NBUF][2], *slot[PIPE_NBUF][2]; // each (N)
     int slots[PIPE_NBUF][2];
-    int max_deferred; // most backward chunks waiting for their W at once
+    int max_deferred;       // most backward chunks waiting for their W at once
+    int max_deferred_of[2]; // the same counting only phase p's (each phase's deferred sets)
 } PipeSchedule;
 
-// NULL when P ranks and N micro-batches admit the schedule, else why not (a sentence for a config error).
-const char *dualpipev_check(int P, int N);
+// NULL when P ranks, N micro-batches and a model of `layers` layers (cut into 2P equal chunks) admit the
+// schedule, else why not (a sentence for a config error).
+const char *dualpipev_check(int P, int N, int layers);
 // The model chunk rank r runs as phase p: r for phase 0, 2P − 1 − r for phase 1.
 static inline int dualpipev_chunk(int P, int r, int p) { return p == 0 ? r : 2 * P - 1 - r; }
 void dualpipev_build(PipeSchedule *s, int P, int N, int rank, bool forward_only);

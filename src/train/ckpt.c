@@ -79,11 +79,13 @@ typedef struct {
     Tensor *shard;      // (NGROUPS) this rank's shards
 } Part;
 
-// The rank writing tensor i of the parameter table of ep rank e: round-robin over the ranks holding it
-// (every rank for non-expert tensors; the ranks of ep coordinate e for e's experts; pp = 1).
-static int owner_of(const Dist *d, int group, int i, int e) {
-    if (group == GROUP_DENSE) return i % d->world.size;
-    return i % (d->world.size / d->ep) * d->ep + e;
+// The rank writing tensor i of the parameter table of pipeline rank p and ep rank e: round-robin over the
+// ranks holding it — the ranks of pipeline stage p (its dp×cp×ep ranks are consecutive) for non-expert
+// tensors; those of them with ep coordinate e for e's experts.
+static int owner_of(const Dist *d, int group, int i, int p, int e) {
+    int stage = d->world.size / d->pp, first = p * stage;
+    if (group == GROUP_DENSE) return first + i % stage;
+    return first + i % (stage / d->ep) * d->ep + e;
 }
 
 static void file_of(char *out, size_t cap, const char *base, int rank, int world) {
@@ -97,21 +99,23 @@ static void write_index(const Run *r, const char *dir, const char *base, int npa
     json_t *map = json_object();
     int64_t total = 0;
     char name[200], file[80], path[4400];
-    for (int e = 0; e < d->ep; e++) { // ep rank e's table: the dense tensors and e's experts
-        ModelConfig c = r->model.cfg;
-        c.ep_rank = e;
-        ParamTable t = {0};
-        r->model.fam->params_build(&t, &c);
-        for (int k = 0; k < nparts; k++)
-            for (int i = 0; i < t.n; i++) {
-                if (e > 0 && t.p[i].group == GROUP_DENSE) continue;
-                snprintf(name, sizeof name, "%s%s", parts[k].prefix, t.p[i].name);
-                file_of(file, sizeof file, base, owner_of(d, t.p[i].group, i, e), d->world.size);
-                json_object_set_new(map, name, json_string(file));
-                total += params_numel(&t.p[i]) * 4;
-            }
-        free(t.p);
-    }
+    for (int p = 0; p < d->pp; p++)
+        for (int e = 0; e < d->ep; e++) { // (p, e)'s table: p's non-expert tensors and e's experts of p's layers
+            ModelConfig c = r->model.cfg;
+            c.pp_rank = p, c.ep_rank = e;
+            Model shape;
+            model_describe(&shape, r->model.fam, &c, DEV_CPU, DT_F32, 1);
+            const ParamTable *t = &shape.params;
+            for (int k = 0; k < nparts; k++)
+                for (int i = 0; i < t->n; i++) {
+                    if (e > 0 && t->p[i].group == GROUP_DENSE) continue;
+                    snprintf(name, sizeof name, "%s%s", parts[k].prefix, t->p[i].name);
+                    file_of(file, sizeof file, base, owner_of(d, t->p[i].group, i, p, e), d->world.size);
+                    json_object_set_new(map, name, json_string(file));
+                    total += params_numel(&t->p[i]) * 4;
+                }
+            model_free(&shape);
+        }
     json_t *root = json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", map);
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
     snprintf(path, sizeof path, "%s/%s.safetensors.index.json", dir, base);
@@ -138,7 +142,7 @@ static void write_parts(Run *r, const char *dir, const char *base, int nparts, c
     for (int k = 0; k < nparts; k++)
         for (int i = 0; i < t->n; i++) {
             const ParamInfo *p = &t->p[i];
-            if (owner_of(d, p->group, i, d->ep_g.rank) != d->world.rank) continue;
+            if (owner_of(d, p->group, i, d->pp_g.rank, d->ep_g.rank) != d->world.rank) continue;
             snprintf(name, sizeof name, "%s%s", parts[k].prefix, p->name);
             st_writer_add_f32(&w, name, ST_F32, p->nd, p->shape, full[k][p->group] + p->off);
         }

@@ -319,7 +319,8 @@ static const ConfigKey parallel_keys[] = {
      .def = 1,
      .lo = 1,
      .hi = 1 << 20,
-     .doc = "above 1: not yet available (an error)"},
+     .doc = "PP (DualPipeV): rank *r* holds chunks *r* and 2P−1−*r* of the layers cut into 2P; divides the "
+            "ranks, 2P divides the layers, each pipeline runs ≥ 2P micro-batches per step"},
     {.name = "context_parallel_size",
      .kind = K_INT,
      .off = OFF(parallel.cp),

@@ -10,8 +10,8 @@
 #include <math.h>
 
 size_t memory_plan_total(const MemoryPlan *p) {
-    return p->weights + p->grads + p->shards + p->optim + p->other + p->eng.act_bytes + p->eng.ws_bytes +
-           p->eng.comm_bytes;
+    return p->weights + p->grads + p->shards + p->optim + p->other + p->chunks.act_bytes + p->chunks.ws_bytes +
+           p->chunks.comm_bytes + p->pipe;
 }
 
 static Device pick_device(const TrainConfig *c) {
@@ -38,7 +38,12 @@ static void warn_long_sequence(const TrainConfig *c) {
     json_decref(root);
 }
 
-// The model config with this rank's layout: its experts and the padding FSDP needs.
+// Micro-batches of one step on each data replica (and so through each pipeline).
+static int microbatches(const TrainConfig *c, const Dist *d) {
+    return c->global_batch_size / (c->micro_batch_size * d->dp * d->ep);
+}
+
+// The model config with this rank's layout: its layers (pipeline), its experts and the padding FSDP needs.
 static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, ModelConfig *mc) {
     if (c->global_batch_size % (c->micro_batch_size * d->dp * d->ep))
         die("%s: global_batch_size: must be a multiple of micro_batch_size × dp × ep = %d × %d × %d = %d (got %d)",
@@ -47,6 +52,14 @@ static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, Mod
     if (mc->experts % d->ep)
         die("%s: parallel.expert_parallel_size: %d does not divide the model's %d experts", c->file, d->ep,
             mc->experts);
+    if (d->pp > 1) {
+        const char *why = dualpipev_check(d->pp, 2 * d->pp, mc->layers);
+        if (why) die("%s: parallel.pipeline_parallel_size: %s", c->file, why);
+        if ((why = dualpipev_check(d->pp, microbatches(c, d), mc->layers)))
+            die("%s: global_batch_size: %s (global_batch_size / (micro_batch_size × dp × ep) = %d / (%d × %d × %d))",
+                c->file, why, c->global_batch_size, c->micro_batch_size, d->dp, d->ep);
+    }
+    mc->pp_rank = d->pp_g.rank, mc->pp_size = d->pp;
     mc->ep_rank = d->ep_g.rank, mc->ep_size = d->ep;
     for (int g = 0; g < NGROUPS; g++) mc->pad[g] = fsdp_shards(d, g);
     return fam;
@@ -81,6 +94,53 @@ static Tensor router_bias_alloc(const TrainConfig *c, const ModelConfig *mc, Are
     return arena_tensor(a, DT_F32, 2, mc->layers, mc->experts, 0, 0);
 }
 
+// ---- this rank's chunks and the pipeline ----
+
+// The DualPipeV schedules of this pipeline rank (pp > 1): a step's, and validation's (forward only).
+static void schedules_build(PipeSchedule s[2], const TrainConfig *c, const Dist *d) {
+    for (int i = 0; i < 2; i++) dualpipev_build(&s[i], d->pp, microbatches(c, d), d->pp_g.rank, i == 1);
+}
+
+// pp = 1: the whole model with one record. pp > 1: phase p's chunk, with record slots enough for either
+// schedule and the step's deferred sets. With out NULL only the plan (the sum over the rank's chunks).
+static ChunkPlan chunks_setup(Chunk out[2], Model *m, const TrainConfig *c, const Dist *d, const PipeSchedule s[2]) {
+    int B = c->micro_batch_size, S = c->sequence_length, L = m->cfg.layers;
+    if (d->pp == 1) {
+        if (out) chunk_init_model(&out[0], m, B, S);
+        return chunk_plan(m, B, S, 0, L, 1, 0);
+    }
+    ChunkPlan sum = {0};
+    for (int p = 0; p < 2; p++) {
+        int k = dualpipev_chunk(d->pp, d->pp_g.rank, p), n = L / (2 * d->pp), l0 = k * n, l1 = l0 + n,
+            nrec =
+                s[0].slots[PIPE_REC][p] > s[1].slots[PIPE_REC][p] ? s[0].slots[PIPE_REC][p] : s[1].slots[PIPE_REC][p];
+        ChunkPlan q = chunk_plan(m, B, S, l0, l1, nrec, s[0].max_deferred_of[p]);
+        if (out) chunk_init(&out[p], m, B, S, l0, l1, nrec, s[0].max_deferred_of[p]);
+        sum.act_bytes += q.act_bytes, sum.ws_bytes += q.ws_bytes, sum.comm_bytes += q.comm_bytes;
+    }
+    return sum;
+}
+
+// pp > 1: both schedules' pipeline buffers in one region of the arena *mem (a step and a validation never
+// run at once); with run and mem NULL only its size.
+static size_t pipe_setup(PipeRun run[2], Arena *mem, const Model *m, const TrainConfig *c, const Dist *d,
+                         const PipeSchedule s[2]) {
+    if (d->pp == 1) return 0;
+    int64_t T = (int64_t)c->micro_batch_size * c->sequence_length;
+    PipeRun scratch[2];
+    if (!run) run = scratch;
+    Arena count = arena_counting("pipeline buffers", m->dev), *a = &count;
+    for (int pass = 0; pass < (mem ? 2 : 1); pass++) {
+        if (pass == 1) *mem = arena_create("pipeline buffers", m->dev, count.peak), a = mem;
+        for (int i = 0; i < 2; i++) {
+            arena_reset(a, 0);
+            dualpipev_run_init(&run[i], &s[i], &d->pp_g, a, m->cdt, T, m->cfg.hidden);
+            if (pass == 0) dualpipev_run_free(&run[i]);
+        }
+    }
+    return count.peak;
+}
+
 MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     ModelConfig mc;
     const ModelFamily *fam = layout_config(c, d, &mc);
@@ -97,7 +157,11 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     router_bias_alloc(c, &mc, &count);
     MemoryPlan p = plan_of(&m, mom1, mom2, &mu, count.peak);
     muon_free(&mu);
-    p.eng = engine_plan(&m, c->micro_batch_size, c->sequence_length);
+    PipeSchedule s[2];
+    if (d->pp > 1) schedules_build(s, c, d);
+    p.chunks = chunks_setup(NULL, &m, c, d, s);
+    p.pipe = pipe_setup(NULL, NULL, &m, c, d, s);
+    if (d->pp > 1) dualpipev_free(&s[0]), dualpipev_free(&s[1]);
     model_free(&m);
     return p;
 }
@@ -148,8 +212,9 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
         fsdp_gather(f, g, m->w[g], r->master[g]);
     }
     r->plan = plan_of(m, r->adam_m, r->adam_v, &r->muon, count.peak);
-    r->plan.eng = engine_plan(m, c->micro_batch_size, c->sequence_length);
-    engine_init(&r->eng, m, c->micro_batch_size, c->sequence_length);
+    if (d->pp > 1) schedules_build(r->sched, c, d);
+    r->plan.chunks = chunks_setup(r->chunk, m, c, d, r->sched);
+    r->plan.pipe = pipe_setup(r->pipe, &r->pipe_mem, m, c, d, r->sched);
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
     if (open_data) dataset_open(&r->data, c->dataset, c->sequence_length, mc.vocab, c->seed);
@@ -186,7 +251,12 @@ bool run_save_due(const Run *r) {
 
 void run_free(Run *r) {
     ckpt_unlock();
-    engine_free(&r->eng);
+    for (int p = 0; p < 2; p++)
+        if (r->chunk[p].m) chunk_free(&r->chunk[p]);
+    if (r->dist.pp > 1) {
+        for (int i = 0; i < 2; i++) dualpipev_run_free(&r->pipe[i]), dualpipev_free(&r->sched[i]);
+        arena_destroy(&r->pipe_mem);
+    }
     muon_free(&r->muon);
     free(r->router_bias), free(r->model.router_load), free(r->model.router_idx);
     if (r->state.cap) arena_destroy(&r->state);
@@ -198,51 +268,96 @@ void run_free(Run *r) {
 }
 
 void run_microbatch(Run *r) {
-    engine_forward(&r->eng, true);
-    engine_backward(&r->eng);
+    chunk_forward(&r->chunk[0], 0, true);
+    chunk_backward(&r->chunk[0], 0, false);
 }
 
-// Loads micro-batch `acc` of this rank for global batch `batch` of ds into the engine; returns its target count.
-// Data replicas are the (dp, ep) pairs (docs/reference.md §18): replica q reads rows
-// batch·GBS + q·mbs + acc·mbs·D + off of the global batch, D = dp·ep replicas, acc < GBS/(mbs·D).
-static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc) {
-    const TrainConfig *c = &r->cfg;
+// Loads micro-batch `acc` of this rank for global batch `batch` of ds into record slot `slot` of chunk c;
+// returns its target count. Data replicas are the (dp, ep) pairs (docs/reference.md §18): replica q reads
+// rows batch·GBS + q·mbs + acc·mbs·D + off of the global batch, D = dp·ep replicas, acc < GBS/(mbs·D).
+static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc, Chunk *c, int slot) {
+    const TrainConfig *cf = &r->cfg;
     const Dist *d = &r->dist;
-    int mbs = c->micro_batch_size, S = c->sequence_length, D = d->dp * d->ep, q = d->dp_g.rank * d->ep + d->ep_g.rank;
+    int mbs = cf->micro_batch_size, S = cf->sequence_length, D = d->dp * d->ep, q = d->dp_g.rank * d->ep + d->ep_g.rank;
     int64_t targets = 0;
     for (int b = 0; b < mbs; b++) {
-        int64_t index = batch * c->global_batch_size + (int64_t)q * mbs + (int64_t)acc * mbs * D + b;
+        int64_t index = batch * cf->global_batch_size + (int64_t)q * mbs + (int64_t)acc * mbs * D + b;
         dataset_sample(ds, index, r->tokens + b * S, r->labels + b * S);
     }
     for (int t = 0; t < mbs * S; t++) targets += r->labels[t] != -100;
-    engine_load(&r->eng, r->tokens, r->labels);
+    chunk_load(c, slot, r->tokens, r->labels);
     return targets;
+}
+
+// ---- the pipeline's chunk computes (dualpipev_run, pp > 1) ----
+// The model's first chunk (the embedding) and its last (the loss) read micro-batch mb of the global
+// batch; the last counts its targets. Chunk inputs and outputs are copies of the pipeline buffers.
+
+static void pipe_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
+    Run *r = ctx;
+    Chunk *c = &r->chunk[p];
+    bool last = c->l1 == r->model.cfg.layers;
+    if (c->l0 == 0 || last) {
+        int64_t targets = load_microbatch(r, r->pipe_data, r->pipe_batch, mb, c, slot);
+        if (last) r->pipe_targets += targets;
+    }
+    if (x.p) op_copy(chunk_input(c, slot), x);
+    chunk_forward(c, slot, r->pipe_grad);
+    if (y.p) op_copy(y, chunk_output(c, slot));
+}
+
+static void pipe_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor dx, bool defer) {
+    Run *r = ctx;
+    Chunk *c = &r->chunk[p];
+    if (dy.p) op_copy(c->dh[0], dy);
+    chunk_backward(c, slot, defer);
+    if (dx.p) op_copy(dx, chunk_input_grad(c));
+}
+
+static void pipe_weight(void *ctx, int p, int mb, int slot) {
+    Run *r = ctx;
+    chunk_weight(&r->chunk[p], slot);
+}
+
+// Every micro-batch of this rank for global batch `batch` of ds: forward (and with grad, backward) one
+// after another at pp = 1, through the DualPipeV schedule (a step's, or forward-only) at pp > 1. Returns
+// the target tokens this rank's loss covers (none on pipeline ranks other than 0).
+static int64_t run_microbatches(Run *r, Dataset *ds, int64_t batch, bool grad) {
+    int64_t targets = 0;
+    if (r->dist.pp == 1) {
+        for (int acc = 0; acc < microbatches(&r->cfg, &r->dist); acc++) {
+            targets += load_microbatch(r, ds, batch, acc, &r->chunk[0], 0);
+            if (grad) run_microbatch(r);
+            else chunk_forward(&r->chunk[0], 0, false);
+        }
+        return targets;
+    }
+    r->pipe_data = ds, r->pipe_batch = batch, r->pipe_targets = 0, r->pipe_grad = grad;
+    dualpipev_run(&r->pipe[grad ? 0 : 1], &(PipeChunks){r, pipe_forward, pipe_backward, pipe_weight});
+    return r->pipe_targets;
 }
 
 double run_validate(Run *r) {
     const TrainConfig *c = &r->cfg;
     Model *m = &r->model;
-    int nmb = c->global_batch_size / (c->micro_batch_size * r->dist.dp * r->dist.ep);
     op_zero(m->loss_sum), op_zero(m->lb_sum);
     int64_t targets = 0;
     for (int b = 0; b < c->validation.batches; b++) {
         model_lb_step_begin(m); // global-batch load balancing counts per global batch, as in a step
-        for (int acc = 0; acc < nmb; acc++) {
-            targets += load_microbatch(r, &r->val, b, acc);
-            engine_forward(&r->eng, false);
-        }
+        targets += run_microbatches(r, &r->val, b, false);
     }
+    // Every rank of the world holds different tokens or layers of the sum.
     double sums[2] = {op_read_scalar(m->loss_sum), (double)targets};
-    comm_allreduce(&r->dist.dp_cp_ep, tensor_make(sums, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
+    comm_allreduce(&r->dist.world, tensor_make(sums, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
     return sums[0] / (sums[1] < 1 ? 1 : sums[1]);
 }
 
 void run_router_bias_update(Run *r) {
     Model *m = &r->model;
     int L = m->cfg.layers, E = m->cfg.experts;
-    // Every rank of the stage routed different tokens of the global batch: the sum is the global count.
-    comm_allreduce(&r->dist.dp_cp_ep, tensor_make(m->router_load, DT_F64, DEV_CPU, 1, (int64_t)L * E, 1, 1, 1),
-                   COMM_SUM);
+    // Every rank of the stage routed different tokens of the global batch, every pipeline rank its own
+    // layers (the others' counts are zero there): the sum over the world is the global count of each layer.
+    comm_allreduce(&r->dist.world, tensor_make(m->router_load, DT_F64, DEV_CPU, 1, (int64_t)L * E, 1, 1, 1), COMM_SUM);
     for (int l = 0; l < L; l++)
         if (m->cfg.is_moe[l])
             router_bias_update(r->router_bias + (size_t)l * E, m->router_load + (size_t)l * E, E,
@@ -261,21 +376,18 @@ StepStats run_step(Run *r) {
     const Dist *d = &r->dist;
     Model *m = &r->model;
     double t0 = now_seconds();
-    int nmb = c->global_batch_size / (c->micro_batch_size * d->dp * d->ep), S = c->sequence_length, D = d->dp * d->ep;
+    int nmb = microbatches(c, d), S = c->sequence_length, D = d->dp * d->ep;
     model_zero_grads(m);
     if (m->router_bias.p) memset(m->router_load, 0, sizeof(double) * m->cfg.layers * m->cfg.experts);
     op_zero(m->loss_sum), op_zero(m->lb_sum);
     model_lb_step_begin(m);
-    int64_t targets = 0;
-    for (int acc = 0; acc < nmb; acc++) {
-        targets += load_microbatch(r, &r->data, r->step, acc);
-        run_microbatch(r);
-    }
+    int64_t targets = run_microbatches(r, &r->data, r->step, true);
     ops_sync();
     double fwdbwd_seconds = now_seconds() - t0;
-    // Sums over the global batch: every rank of the stage holds different tokens.
+    // Sums over the global batch: every rank of the stage holds different tokens, every pipeline rank
+    // different layers (the cross-entropy and the target count only pipeline rank 0).
     double sums[3] = {op_read_scalar(m->loss_sum), op_read_scalar(m->lb_sum), (double)targets};
-    comm_allreduce(&d->dp_cp_ep, tensor_make(sums, DT_F64, DEV_CPU, 1, 3, 1, 1, 1), COMM_SUM);
+    comm_allreduce(&d->world, tensor_make(sums, DT_F64, DEV_CPU, 1, 3, 1, 1, 1), COMM_SUM);
     double N = sums[2] < 1 ? 1 : sums[2];
     StepStats st = {0};
     st.fwdbwd_seconds = fwdbwd_seconds;

@@ -2,19 +2,21 @@
 // (docs/architecture.md, "One training step").
 #pragma once
 #include "parallel/fsdp.h"
-#include "pipe/schedule.h"
+#include "pipe/chunk.h"
+#include "pipe/dualpipev.h"
 #include "train/config.h"
 #include "train/data.h"
 #include "train/muon.h"
 
 // What one rank allocates, in bytes: the same allocation sequence gives `pith estimate` and the run.
 typedef struct {
-    size_t weights; // compute copy of this rank's parameter groups (model.w), padded to the shard count
-    size_t grads;   // fp32 gradient accumulators (model.g)
-    size_t shards;  // fp32 master shards (when not model.w itself; gradients are reduced in place in model.g)
-    size_t optim;   // AdamW moments (shards)
-    size_t other;   // rope tables, loss accumulators
-    EnginePlan eng; // activation records, backward workspace, communication buffers
+    size_t weights;   // compute copy of this rank's parameter groups (model.w), padded to the shard count
+    size_t grads;     // fp32 gradient accumulators (model.g)
+    size_t shards;    // fp32 master shards (when not model.w itself; gradients are reduced in place in model.g)
+    size_t optim;     // AdamW moments (shards)
+    size_t other;     // rope tables, loss accumulators
+    ChunkPlan chunks; // this rank's chunks: activation records, backward workspaces, communication buffers
+    size_t pipe;      // pp > 1: the pipeline's activation and gradient buffers between ranks
 } MemoryPlan;
 size_t memory_plan_total(const MemoryPlan *p);
 
@@ -23,7 +25,16 @@ typedef struct {
     Dist dist;
     Fsdp fsdp;
     Model model;
-    Engine eng;
+    // pp = 1: chunk[0] is the whole model with one record. pp > 1: this rank's DualPipeV chunks (phase 0:
+    // chunk pp_rank, phase 1: chunk 2·pp − 1 − pp_rank), their schedules for a step and for validation
+    // (forward only), and the pipeline buffers of both (one region: they never run at once).
+    Chunk chunk[2];
+    PipeSchedule sched[2];
+    PipeRun pipe[2];
+    Arena pipe_mem;
+    Dataset *pipe_data;               // what the pipeline's chunk computes read: the data and global batch,
+    int64_t pipe_batch, pipe_targets; // the target tokens they loaded,
+    bool pipe_grad;                   // and whether they keep activations for a backward
     Dataset data;
     Dataset val;            // validation data (validation.batches > 0), read in file order
     Arena state;            // the shards below (counted first: MemoryPlan.shards + optim)
@@ -60,7 +71,7 @@ MemoryPlan run_memory_plan(const TrainConfig *cfg, const Dist *d, Device dev);
 // is not finite counts as taken (r->step advances, with its data) but leaves weights and moments as they
 // were; it says so in nonfinite.
 StepStats run_step(Run *r);
-// Forward and backward of one micro-batch already loaded into r->eng, leaving ∂(Σ CE + T·Σ lb)/∂θ in the
+// Forward and backward of one micro-batch already loaded into r->chunk[0] (pp = 1), leaving ∂(Σ CE + T·Σ lb)/∂θ in the
 // gradient buffers (accumulated) and the sums in model.loss_sum / model.lb_sum. Used by run_step and tests.
 void run_microbatch(Run *r);
 // The mean token cross-entropy over the first validation.batches global batches of the validation data

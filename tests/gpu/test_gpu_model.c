@@ -4,7 +4,7 @@
 // tensor; bf16: loss ≤ 1e-2 relative, gradients calc_diff ≤ 1e-2 per tensor), and `pith train` on the
 // GPU tracking the CPU loss curve within 2% at every 20th step (fp32 and bf16 compute).
 #include "gpu_test.h"
-#include "pipe/schedule.h"
+#include "pipe/chunk.h"
 
 static const char *config_a = TINY_MOE_A;
 static const char *config_b = TINY_MOE_B;
@@ -23,15 +23,15 @@ static const char *config_dsv2 =
 
 typedef struct {
     Model m;
-    Engine e;
+    Chunk e;
 } Side;
 
 static void side_run(Side *s, const int32_t *tok, const int32_t *lab) {
-    engine_load(&s->e, tok, lab);
+    chunk_load(&s->e, 0, tok, lab);
     model_zero_grads(&s->m);
     op_zero(s->m.loss_sum), op_zero(s->m.lb_sum);
-    engine_forward(&s->e, true);
-    engine_backward(&s->e);
+    chunk_forward(&s->e, 0, true);
+    chunk_backward(&s->e, 0, false);
 }
 
 // Builds the model from `config` on both devices with equal weights (bf16-rounded when cdt is bf16),
@@ -58,8 +58,8 @@ static void model_compare(const char *config, bool is_path, DType cdt, int B, in
         if (cdt == DT_BF16) round_bf16(w, n);
         op_copy(gpu.m.w[g], cpu.m.w[g]);
     }
-    engine_init(&cpu.e, &cpu.m, B, S);
-    engine_init(&gpu.e, &gpu.m, B, S);
+    chunk_init_model(&cpu.e, &cpu.m, B, S);
+    chunk_init_model(&gpu.e, &gpu.m, B, S);
     int T = B * S;
     int32_t *tok = xmalloc(T * sizeof(int32_t)), *lab = xmalloc(T * sizeof(int32_t));
     for (int t = 0; t < T; t++) {
@@ -75,8 +75,8 @@ static void model_compare(const char *config, bool is_path, DType cdt, int B, in
     bool *touched = xcalloc((size_t)mc.layers * mc.experts, sizeof(bool));
     for (int l = 0; l < mc.layers; l++) {
         if (!mc.is_moe[l]) continue;
-        int32_t *gi = gpu_down_i32(gpu.e.io[l].idx), *ci = cpu.e.io[l].idx.p;
-        for (int64_t i = 0; i < tensor_numel(cpu.e.io[l].idx); i++) {
+        int32_t *gi = gpu_down_i32(gpu.e.rec[0].io[l].idx), *ci = cpu.e.rec[0].io[l].idx.p;
+        for (int64_t i = 0; i < tensor_numel(cpu.e.rec[0].io[l].idx); i++) {
             slots++;
             if (gi[i] == ci[i]) continue;
             flips++;
@@ -117,7 +117,7 @@ static void model_compare(const char *config, bool is_path, DType cdt, int B, in
     ASSERT_MSG(worst <= grad_tol, "gradient %s: %.3g > %.3g", worst_name, worst, grad_tol);
     for (int g = 0; g < NGROUPS; g++) free(gg[g]);
     free(tok), free(lab);
-    engine_free(&cpu.e), engine_free(&gpu.e);
+    chunk_free(&cpu.e), chunk_free(&gpu.e);
     model_free(&cpu.m), model_free(&gpu.m);
 }
 

@@ -12,9 +12,10 @@
 //   comm-gpu, ep-gpu, hang-gpu, p2p-gpu, hang-p2p-gpu   the same on device buffers over NCCL (one GPU per
 //              rank, dist_mesh_gpu); comm-gpu adds bf16 (all-gather, all-to-all-v, all-reduce on a real GPU)
 //   hazard-gpu an op reads a receive's buffer before comm_wait: the fake GPU must refuse it
-//   pipe-model the schedule on the real model: each rank runs its two chunks of a 4-layer Qwen3-MoE (one
-//              engine per record slot, one pipeline over the world); the summed loss, load-balancing loss
-//              and gradients equal one engine running every micro-batch through the whole model
+//   pipe-model the schedule on the real model: each rank runs its two chunks of a 4P-layer Qwen3-MoE (a
+//              record per slot, the schedule's deferred weight gradients, one pipeline over the world); the
+//              summed loss, load-balancing loss and gradients equal one chunk of every layer running every
+//              micro-batch in turn
 //   overlap-gpu with every NCCL group lasting PITH_FAKE_NCCL_DELAY_MS (the fake), a ring exchange issued
 //              before 'compute' (a sleep as long) ends sooner than one waited for before it
 //   pipe[-gpu] the DualPipeV schedule run by dualpipev_run over the world as one pipeline of P ranks, on a
@@ -28,7 +29,7 @@
 #include "parallel/ep.h"
 #include "parallel/mesh.h"
 #include "pipe/dualpipev.h"
-#include "pipe/schedule.h"
+#include "pipe/chunk.h"
 
 static int nchecks;
 #define EXPECT(cond, ...)                                                                                              \
@@ -375,28 +376,28 @@ static void run_pipe_case(const Dist *d, int N) {
 
 enum { MB_B = 2, MB_S = 8 };
 typedef struct {
-    Engine *eng[2]; // per phase, per record slot: an engine over the chunk's layers
+    Chunk chunk[2]; // per phase: the chunk's layers, one record per slot of the schedule, its deferred sets
     int32_t (*tok)[MB_B * MB_S], (*lab)[MB_B * MB_S];
 } ModelChunks;
 
-static void chunk_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
+static void model_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
     ModelChunks *c = ctx;
-    Engine *e = &c->eng[p][slot];
-    engine_load(e, c->tok[mb], c->lab[mb]);
-    if (x.p) op_copy(e->h[e->l0], x);
-    engine_forward(e, true);
-    if (y.p) op_copy(y, e->h[e->l1]);
+    Chunk *k = &c->chunk[p];
+    chunk_load(k, slot, c->tok[mb], c->lab[mb]);
+    if (x.p) op_copy(chunk_input(k, slot), x);
+    chunk_forward(k, slot, true);
+    if (y.p) op_copy(y, chunk_output(k, slot));
 }
 
-// Weight gradients are never deferred here (weight() has nothing left to do): the sums are the same.
-static void chunk_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor dx, bool defer) {
+static void model_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor dx, bool defer) {
     ModelChunks *c = ctx;
-    Engine *e = &c->eng[p][slot];
-    if (dy.p) op_copy(e->dh[0], dy);
-    engine_backward(e);
-    if (dx.p) op_copy(dx, engine_input_grad(e));
+    Chunk *k = &c->chunk[p];
+    if (dy.p) op_copy(k->dh[0], dy);
+    chunk_backward(k, slot, defer);
+    if (dx.p) op_copy(dx, chunk_input_grad(k));
 }
-static void chunk_weight(void *ctx, int p, int mb, int slot) {}
+
+static void model_weight(void *ctx, int p, int mb, int slot) { chunk_weight(&((ModelChunks *)ctx)->chunk[p], slot); }
 
 static void suite_pipe_model(const Dist *d, int N) {
     const Comm *w = &d->world;
@@ -431,9 +432,7 @@ static void suite_pipe_model(const Dist *d, int N) {
     dualpipev_build(&s, P, N, r, false);
     for (int p = 0; p < 2; p++) {
         int k = dualpipev_chunk(P, r, p);
-        c.eng[p] = xcalloc(s.slots[PIPE_REC][p], sizeof(Engine));
-        for (int i = 0; i < s.slots[PIPE_REC][p]; i++)
-            engine_init_chunk(&c.eng[p][i], &m, MB_B, MB_S, 2 * k, 2 * k + 2);
+        chunk_init(&c.chunk[p], &m, MB_B, MB_S, 2 * k, 2 * k + 2, s.slots[PIPE_REC][p], s.max_deferred_of[p]);
     }
     Arena cnt = arena_counting("pipeline", DEV_CPU);
     PipeRun run;
@@ -442,7 +441,7 @@ static void suite_pipe_model(const Dist *d, int N) {
     Arena a = arena_create("pipeline", DEV_CPU, cnt.peak + ARENA_ALIGN);
     dualpipev_run_init(&run, &s, w, &a, DT_F32, T, mc.hidden);
     model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
-    dualpipev_run(&run, &(PipeChunks){&c, chunk_forward, chunk_backward, chunk_weight});
+    dualpipev_run(&run, &(PipeChunks){&c, model_forward, model_backward, model_weight});
     // every gradient is made on one rank: their sum is the pipeline's gradient
     for (int g = 0; g < NGROUPS; g++) comm_allreduce(w, m.g[g], COMM_SUM);
     comm_allreduce(w, m.loss_sum, COMM_SUM), comm_allreduce(w, m.lb_sum, COMM_SUM);
@@ -450,14 +449,15 @@ static void suite_pipe_model(const Dist *d, int N) {
     float *g[NGROUPS];
     for (int k = 0; k < NGROUPS; k++)
         g[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(g[k], m.g[k].p, tensor_bytes(m.g[k]));
-    // one engine, every micro-batch through the whole model
-    Engine e;
-    engine_init(&e, &m, MB_B, MB_S);
+    // one chunk of every layer, every micro-batch through it in turn
+    Chunk e;
+    chunk_init_model(&e, &m, MB_B, MB_S);
     model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
-    for (int mb = 0; mb < N; mb++) engine_load(&e, c.tok[mb], c.lab[mb]), engine_forward(&e, true), engine_backward(&e);
+    for (int mb = 0; mb < N; mb++)
+        chunk_load(&e, 0, c.tok[mb], c.lab[mb]), chunk_forward(&e, 0, true), chunk_backward(&e, 0, false);
     double rl = op_read_scalar(m.loss_sum), rlb = op_read_scalar(m.lb_sum);
     EXPECT(fabs(loss - rl) <= 1e-6 * rl && fabs(lb - rlb) <= 1e-6 * rlb,
-           "P=%d N=%d: loss %.9g lb %.9g vs one engine %.9g %.9g\n", P, N, loss, lb, rl, rlb);
+           "P=%d N=%d: loss %.9g lb %.9g vs one chunk %.9g %.9g\n", P, N, loss, lb, rl, rlb);
     for (int k = 0; k < NGROUPS; k++) {
         double num = 0, den = 0;
         const float *x = m.g[k].p;
@@ -466,12 +466,9 @@ static void suite_pipe_model(const Dist *d, int N) {
         EXPECT(sqrt(num / den) <= 1e-5, "P=%d N=%d: gradient group %d differs by %.3g\n", P, N, k, sqrt(num / den));
         free(g[k]);
     }
-    if (r == 0) printf("pipe-model P=%d N=%d: loss %.9g (one engine %.9g)\n", P, N, loss, rl);
-    engine_free(&e);
-    for (int p = 0; p < 2; p++) {
-        for (int i = 0; i < s.slots[PIPE_REC][p]; i++) engine_free(&c.eng[p][i]);
-        free(c.eng[p]);
-    }
+    if (r == 0) printf("pipe-model P=%d N=%d: loss %.9g (one chunk %.9g)\n", P, N, loss, rl);
+    chunk_free(&e);
+    for (int p = 0; p < 2; p++) chunk_free(&c.chunk[p]);
     dualpipev_run_free(&run), dualpipev_free(&s), arena_destroy(&a), model_free(&m), free(c.tok), free(c.lab);
 }
 

@@ -1,0 +1,65 @@
+// chunk.h — a chunk of a model's layers on this rank and the micro-batches in flight through it: the
+// whole model (pp = 1, one record), or layers [l0, l1) of a pipeline (DualPipeV: two chunks per rank,
+// one record per micro-batch the schedule keeps alive at once). Forward and backward run stage by stage in
+// the order of the 5-stage protocol; a backward may defer its stage-3 weight gradients to a later
+// chunk_weight (zero-bubble), keeping their inputs in one of the chunk's deferred sets.
+#pragma once
+#include "parallel/ep.h"
+#include "model/model.h"
+
+typedef struct {
+    size_t act_bytes;  // activation records (inputs, saved tensors, stage buffers) and deferred sets
+    size_t ws_bytes;   // backward workspace (two gradient buffers + the largest layer's temporaries)
+    size_t comm_bytes; // rows in transit between ranks (expert parallelism), shared by all layers
+} ChunkPlan;
+
+// One micro-batch in flight: what its forward keeps for its backward (PithTrain's ChunkRecord).
+typedef struct {
+    MicroBatch mb;
+    char *recs;    // L records of m->fam->rec_size bytes (l0..l1 used)
+    void *epilog;  // the epilog record
+    StageIO *io;   // L
+    Tensor *h;     // L + 1 hidden states (T, H): h[l0] = the chunk's input, h[l + 1] = output of layer l
+    int defer_set; // the deferred set holding this record's stage-3 weight-gradient inputs (−1: none)
+} ChunkRecord;
+
+typedef struct {
+    Model *m;
+    int B, S;
+    int l0, l1; // the layers this chunk runs: the prolog when l0 = 0, the epilog when l1 = layers
+    int nrec, ndefer;
+    ChunkRecord *rec; // (nrec) record slots
+    // Deferred sets, a FIFO ring of ndefer: set i holds, per layer l, stage 3's output gradient dye: (R, H)
+    // and dgu: (R, 2I), the inputs of its weight gradients besides the record's own (xe, act).
+    Tensor *dye, *dgu; // (ndefer · L)
+    int defer_head, defer_tail;
+    Arena act, ws, comm;
+    EpBuffers epb; // the expert-parallel transfer buffers (comm arena)
+    Tensor dh[2];  // ping-pong gradient buffers (T, H) (workspace)
+} Chunk;
+
+// The exact bytes chunk_init will allocate, computed by running the same allocation on counting arenas.
+ChunkPlan chunk_plan(Model *m, int B, int S, int l0, int l1, int nrec, int ndefer);
+// Layers [l0, l1) with nrec record slots and ndefer deferred sets. Without the prolog the caller writes
+// the chunk's input chunk_input(c, slot) before chunk_forward; without the epilog its output is
+// chunk_output(c, slot), the caller writes the output gradient into dh[0] before chunk_backward, and the
+// input gradient is chunk_input_grad afterwards.
+void chunk_init(Chunk *c, Model *m, int B, int S, int l0, int l1, int nrec, int ndefer);
+// The whole model with one record (pp = 1, evaluation, tests).
+void chunk_init_model(Chunk *c, Model *m, int B, int S);
+void chunk_free(Chunk *c);
+// tokens, labels: (B·S) host int32 (labels −100 = no target), into record slot's micro-batch.
+void chunk_load(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels);
+Tensor chunk_input(const Chunk *c, int slot);  // (T, H) h[l0]
+Tensor chunk_output(const Chunk *c, int slot); // (T, H) h[l1]
+Tensor chunk_input_grad(const Chunk *c);       // (T, H) after chunk_backward
+// Adds Σ CE (and Σ load-balancing loss) into m->loss_sum (m->lb_sum); with grad, keeps what backward needs.
+void chunk_forward(Chunk *c, int slot, bool grad);
+// The forward without the epilog: the prolog (when l0 = 0) and the layers, leaving the output in h[l1]
+// (generation).
+void chunk_forward_layers(Chunk *c, int slot);
+// Accumulates ∂(Σ CE + T·Σ lb)/∂θ into m->g; with defer, all but stage 3's weight gradients, whose inputs
+// go to the next deferred set until chunk_weight(c, slot).
+void chunk_backward(Chunk *c, int slot, bool defer);
+// The deferred stage-3 weight gradients of slot's backward (the oldest deferred set: FIFO).
+void chunk_weight(Chunk *c, int slot);
