@@ -1,7 +1,8 @@
 // eval.c — `pith eval`: the mean token cross-entropy of a model over the first B samples of a dataset,
 // in file order with no shuffle (sample i = tokens[i·S : i·S+S], labels shifted by one; docs/reference.md §18).
-// The samples go through the model (a Chunk of all its layers) in micro-batches of M, as in training; a last micro-batch of fewer
-// samples is filled up with rows whose labels are all ignored (-100), which add neither loss nor targets.
+// The samples go through the model (a Chunk of all its layers) in micro-batches of M, as in training; a last
+// micro-batch of fewer samples is filled up with rows whose labels are all ignored (-100), which add neither loss
+// nor targets.
 #include <getopt.h>
 
 #include "app/app.h"
