@@ -2,9 +2,9 @@
 // Each input file (.jsonl, .jsonl.zst/.jsonl.zstd, .jsonl.gz, .txt) becomes <output>/<relative path>.bin: a uint32
 // .npy record of all documents' ids, each document followed by EOS, then a uint64 .npy record of cumulative document
 // ends. Threads: the main thread reads files (zstd or zlib streaming) and cuts them into chunks of whole lines (or
-// paragraphs) of about 1 MB; worker threads parse and tokenize chunks; the main thread writes chunk results in file order, so the
-// output does not depend on the number of workers. A file is written under <name>.tmp and renamed when complete;
-// a re-run skips outputs that exist.
+// paragraphs) of about 1 MB; worker threads parse and tokenize chunks; the main thread writes chunk results in
+// file order, so the output does not depend on the number of workers. A file is written under <name>.tmp and
+// renamed when complete; a re-run skips outputs that exist.
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
