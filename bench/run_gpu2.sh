@@ -8,7 +8,9 @@
 #   2. bench/qwen3_30b_a3b_8l (the single-GPU end-to-end benchmark of bench/run_gpu.sh: Qwen3-30B-A3B cut to
 #      8 layers, micro-batch 2 x 4096, natural routing) at ep2, one micro-batch per GPU and step: tokens/s per
 #      GPU over forward+backward (as bench/report.py counts it) and over the whole step, medians of steps 3..
-# Options: --quick (T = 4096 only, 4 steps), --baseline (also the same model on one GPU, ep 1).
+#   3. with --pp2: the same model at pipeline_parallel_size 2 (DualPipeV, 4 layers per GPU in two chunks),
+#      global batch 8 = 4 micro-batches of 2 x 4096 through the pipeline (N = 2P): tokens/s per GPU.
+# Options: --quick (T = 4096 only, 4 steps), --baseline (also the same model on one GPU, ep 1), --pp2.
 # Work files under /tmp/pith-gpu2; copied to $OUT (at most 8 files come back from the device): the two
 # .jsonl results, the 8-layer run's log and metrics. A table last.
 set -u
@@ -22,8 +24,8 @@ MPI="mpirun --bind-to none -np 2"
 # from now), so the table at the end always prints.
 deadline=${PITH_DEADLINE:-$(($(date +%s) + 540))}
 limit() { local l=$((deadline - $(date +%s) - 20)); ((l > $1)) && l=$1; ((l < 5)) && l=5; echo $l; }
-tokens=1024,4096,16384 steps=8 baseline=0
-for a in "$@"; do case "$a" in --quick) tokens=4096 steps=4 ;; --baseline) baseline=1 ;; esac; done
+tokens=1024,4096,16384 steps=8 baseline=0 pp2=0
+for a in "$@"; do case "$a" in --quick) tokens=4096 steps=4 ;; --baseline) baseline=1 ;; --pp2) pp2=1 ;; esac; done
 
 echo "== pith dispatch + combine (build/bench_ep, T = $tokens per rank)"
 timeout $(limit 150) $MPI build/bench_ep --tokens $tokens --iters 20 --splits "$W/splits" 2>&1 | tee "$W/bench_ep.log"
@@ -48,6 +50,13 @@ if [ $baseline = 1 ]; then
     grep -E "^(plan|step|done)|error" "$W/q8-ep1.log"
 fi
 
+if [ $pp2 = 1 ]; then
+    echo "== the same at pp 2 (DualPipeV, global batch 8: 4 micro-batches through the pipeline)"
+    timeout $(limit 300) $MPI build/pith train $q8 --set parallel.pipeline_parallel_size=2 --set global_batch_size=8 \
+        --set run_dir="$W/q8-pp2" >"$W/q8-pp2.log" 2>&1
+    grep -E "^(mesh|plan|step|done)|error" "$W/q8-pp2.log"
+    cp "$W/q8-pp2/metrics.jsonl" "$OUT/q8-pp2-metrics.jsonl" 2>/dev/null
+fi
 cp "$W/bench_ep.jsonl" "$W/peer_a2a.jsonl" "$W/q8-ep2.log" "$OUT/" 2>/dev/null
 cp "$W/q8-ep2/metrics.jsonl" "$OUT/q8-ep2-metrics.jsonl" 2>/dev/null
 python3 - "$W" <<'EOF'
@@ -71,16 +80,16 @@ for T in sorted(set(pith) | set(torch)):
 if torch:
     r = next(iter(torch.values()))
     print(f"(torch {r.get('torch')}, NCCL {r.get('nccl')}; 'full' = pith's dispatch + combine with routing, counts and permutations)")
-for name, gpus in (("q8-ep2", 2), ("q8-ep1", 1)):
+for name, gpus in (("q8-ep2", 2), ("q8-ep1", 1), ("q8-pp2", 2)):
     m = lines(f"{W}/{name}/metrics.jsonl")
     if not m:
         if name == "q8-ep2": print(f"\nQwen3-30B-A3B 8 layers, {name}: no steps (see {W}/{name}.log)")
         continue
     late = [s for s in m if s["step"] >= 3] or m  # as bench/report.py: steps 3.. (the first ones warm up)
-    tokens = 2 * 4096  # per GPU and step: one micro-batch of 2 x 4096
+    tokens = 2 * 4096 * (2 if name == "q8-pp2" else 1)  # per GPU and step (pp2: 8 x 4096 over 2 GPUs)
     fb = statistics.median(s["fwdbwd_s"] for s in late)
     st = statistics.median(s["step_time_s"] for s in late)
-    print(f"\nQwen3-30B-A3B 8 layers, micro-batch 2 x 4096 per GPU, {'ep 2 on 2 GPUs' if gpus == 2 else 'one GPU'}: "
+    print(f"\nQwen3-30B-A3B 8 layers, micro-batch 2 x 4096 per GPU, {'one GPU' if gpus == 1 else 'pp 2 on 2 GPUs' if name == 'q8-pp2' else 'ep 2 on 2 GPUs'}: "
           f"{tokens / fb:,.0f} tokens/s per GPU forward+backward ({fb:.3f} s), {tokens / st:,.0f} with the optimizer step ({st:.3f} s); "
           f"median of steps {late[0]['step']}..{m[-1]['step']}; GPU peak {max(s['gpu_peak_gb'] for s in m):.1f} GB; loss {m[0]['loss']:.3f} -> {m[-1]['loss']:.3f}")
 EOF

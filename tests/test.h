@@ -79,6 +79,11 @@ const char *write_text(const char *dir, const char *name, const char *text);
     "3,"                                                                                                               \
     " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}"
 
+// mpirun for N CPU ranks (append the count): oversubscribed, one thread each, root allowed (CI runs as root).
+#define MPIRUN                                                                                                         \
+    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "              \
+    "mpirun --oversubscribe --bind-to none -np"
+
 // The pith binary the tests run: build/pith, or $PITH_BIN (the sanitizer build sets it).
 const char *pith_bin(void);
 #define PITH_BIN pith_bin()

@@ -8,10 +8,6 @@
 
 #include "test.h"
 
-#define MPIRUN                                                                                                         \
-    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "              \
-    "mpirun --oversubscribe --bind-to none -np"
-
 // TINY_MOE_EP (tests/test.h), load balancing on.
 static const char *model_json = TINY_MOE_EP;
 

@@ -151,6 +151,29 @@ TEST(dist_pipeline_reshard_resume) {
     }
 }
 
+// pith eval --pp P runs the samples through the forward-only schedule of P ranks holding their chunks' weights
+// (read from a checkpoint written at pp2): the loss equals one process's bit for bit.
+TEST(dist_pipeline_eval) {
+    const char *d = make_run_of(TINY_MOE_EP_OF(8), 16, 2);
+    char out[1 << 14], one[4096];
+    ASSERT(run_cmd(out, sizeof out,
+                   "PITH=%s scripts/launch.sh -n 2 %s/train.json --set parallel.pipeline_parallel_size=2 "
+                   "--set save_location=%s/ck",
+                   PITH_BIN, d, d) == 0);
+    const char *eval = "eval --model %s/ck/step-00000002 --data %s/val.bin --seq 16 --batch 9";
+    char fmt[512];
+    snprintf(fmt, sizeof fmt, "%%s %s --micro-batch 1", eval); // one sample per forward, as in the pipeline
+    ASSERT(run_cmd(one, sizeof one, fmt, PITH_BIN, d, d) == 0 && strstr(one, "loss "));
+    for (int pp = 2; pp <= 4; pp += 2) {
+        snprintf(fmt, sizeof fmt, MPIRUN " %d %%s %s --pp %d", pp, eval, pp);
+        ASSERT_MSG(run_cmd(out, sizeof out, fmt, PITH_BIN, d, d) == 0, "%s", out);
+        ASSERT_MSG(strstr(out, strstr(one, "loss ")), "pp%d: %s vs one process: %s", pp, out, one);
+    }
+    snprintf(fmt, sizeof fmt, MPIRUN " 4 %%s %s --pp 4 --batch 7", eval);
+    ASSERT(run_cmd(out, sizeof out, fmt, PITH_BIN, d, d) != 0 &&
+           strstr(out, "eval: --pp 4 with --batch 7: DualPipeV needs at least 2 × 4 = 8 micro-batches"));
+}
+
 // The schedule's conditions are config errors naming the key: the layers must cut into 2P chunks, and each
 // pipeline needs at least 2P micro-batches per step.
 TEST(dist_pipeline_config_errors) {

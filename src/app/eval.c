@@ -1,42 +1,95 @@
 // eval.c — `pith eval`: the mean token cross-entropy of a model over the first B samples of a dataset,
 // in file order with no shuffle (sample i = tokens[i·S : i·S+S], labels shifted by one; docs/reference.md §18).
-// The samples go through the model (a Chunk of all its layers) in micro-batches of M, as in training; a last
-// micro-batch of fewer samples is filled up with rows whose labels are all ignored (-100), which add neither loss
-// nor targets.
+// On one rank the samples go through the model (a Chunk of all its layers) in micro-batches of M, as in training;
+// a last micro-batch of fewer samples is filled up with rows whose labels are all ignored (-100), which add
+// neither loss nor targets.
 #include <getopt.h>
 
 #include "app/app.h"
+#include "parallel/mesh.h"
 #include "pipe/chunk.h"
+#include "pipe/dualpipev.h"
 #include "train/ckpt.h"
 #include "train/data.h"
 
 static void eval_usage(FILE *f) {
     fprintf(f, "usage: pith eval --model DIR --data PATH --seq S --batch B [--micro-batch M] [--device auto|cpu|cuda]\n"
-               "                 [--dtype fp32|bf16]\n"
+               "                 [--dtype fp32|bf16] [--pp P]\n"
                "  DIR: an HF folder, a pith checkpoint folder (config.json + safetensors), or a save_location (its\n"
                "       newest checkpoint). PATH: a folder of .bin token files or one file.\n"
-               "  --micro-batch M  samples per forward pass (default: B, at most 8)\n"
+               "  Prints the mean token cross-entropy over samples 0..B-1 as its last line: loss <value>.\n"
+               "  --micro-batch M  samples per forward pass on one rank (default: B, at most 8)\n"
                "  --device         auto (default): the GPU when there is one\n"
-               "  Prints the mean token cross-entropy over samples 0..B-1 as its last line: loss <value>.\n");
+               "  --pp P  run the samples through a DualPipeV pipeline of P ranks, forward only (start it under\n"
+               "          mpirun/srun with P ranks; each holds its two chunks' weights; B >= 2P)\n");
+}
+
+// The pipeline's forward (pp > 1): sample mb is a micro-batch of one sequence; the model's first chunk reads
+// its tokens, the last its labels and counts its targets.
+typedef struct {
+    Chunk chunk[2];
+    Dataset *ds;
+    int32_t *tok, *lab;
+    int64_t targets;
+} EvalPipe;
+
+static void eval_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
+    EvalPipe *e = ctx;
+    Chunk *c = &e->chunk[p];
+    bool last = c->l1 == c->m->cfg.layers;
+    if (c->l0 == 0 || last) {
+        dataset_sample(e->ds, mb, e->tok, e->lab);
+        chunk_load(c, slot, e->tok, e->lab);
+        for (int t = 0; last && t < c->S; t++) e->targets += e->lab[t] != -100;
+    }
+    chunk_pipe_forward(c, slot, x, y, false);
+}
+
+// Σ CE of samples 0..B-1 into m->loss_sum through the forward-only schedule of pipeline rank pp->rank;
+// returns the targets this rank counted (rank 0's are all of them).
+static int64_t eval_pipeline(Model *m, Dataset *ds, int S, int B, const Comm *pp) {
+    PipeSchedule s;
+    dualpipev_build(&s, pp->size, B, pp->rank, true);
+    EvalPipe e = {.ds = ds, .tok = xmalloc(S * sizeof(int32_t)), .lab = xmalloc(S * sizeof(int32_t))};
+    int n = m->cfg.layers / (2 * pp->size);
+    for (int p = 0; p < 2; p++) {
+        int k = dualpipev_chunk(pp->size, pp->rank, p);
+        chunk_init(&e.chunk[p], m, 1, S, k * n, (k + 1) * n, s.slots[PIPE_REC][p], 0);
+    }
+    Arena count = arena_counting("pipeline buffers", m->dev);
+    PipeRun run;
+    dualpipev_run_init(&run, &s, pp, &count, m->cdt, S, m->cfg.hidden);
+    dualpipev_run_free(&run);
+    Arena mem = arena_create("pipeline buffers", m->dev, count.peak);
+    dualpipev_run_init(&run, &s, pp, &mem, m->cdt, S, m->cfg.hidden);
+    dualpipev_run(&run, &(PipeChunks){&e, eval_forward, NULL, NULL});
+    dualpipev_run_free(&run), arena_destroy(&mem), dualpipev_free(&s);
+    for (int p = 0; p < 2; p++) chunk_free(&e.chunk[p]);
+    free(e.tok), free(e.lab);
+    return e.targets;
 }
 
 int cmd_eval(int argc, char **argv) {
-    static struct option opts[] = {{"model", 1, 0, 'm'}, {"data", 1, 0, 'd'},        {"seq", 1, 0, 's'},
-                                   {"batch", 1, 0, 'b'}, {"micro-batch", 1, 0, 'u'}, {"device", 1, 0, 'v'},
-                                   {"dtype", 1, 0, 't'}, {"help", 0, 0, 'h'},        {0}};
+    static struct option opts[] = {{"model", 1, 0, 'm'},       {"data", 1, 0, 'd'},
+                                   {"seq", 1, 0, 's'},         {"batch", 1, 0, 'b'},
+                                   {"micro-batch", 1, 0, 'u'}, {"device", 1, 0, 'v'},
+                                   {"dtype", 1, 0, 't'},       {"pp", 1, 0, 'p'},
+                                   {"help", 0, 0, 'h'},        {0}};
     const char *model = NULL, *data = NULL, *device = "auto", *dtype = "fp32";
-    int64_t S = 0, B = 0, M = 0;
+    int64_t S = 0, B = 0, M = 0, P = 1;
     int c;
     optind = 1;
+    dist_launch(); // MPI_Init when mpirun/srun started this process
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'd': data = optarg; break;
         case 's': S = arg_int("eval", "--seq", optarg, 1, 1 << 24); break;
-        case 'b': B = arg_int("eval", "--batch", optarg, 1, (int64_t)1 << 40); break;
+        case 'b': B = arg_int("eval", "--batch", optarg, 1, 1 << 30); break;
         case 'u': M = arg_int("eval", "--micro-batch", optarg, 1, 1 << 20); break;
         case 'v': device = optarg; break;
         case 't': dtype = optarg; break;
+        case 'p': P = arg_int("eval", "--pp", optarg, 1, 1 << 20); break;
         case 'h': eval_usage(stdout); return 0;
         default: eval_usage(stderr); return 2;
         }
@@ -44,17 +97,25 @@ int cmd_eval(int argc, char **argv) {
     if (optind < argc) die("eval: unexpected argument '%s' (see pith eval --help)", argv[optind]);
     if (!model || !data) die("eval: --model and --data are required (see pith eval --help)");
     if (!S || !B) die("eval: --seq and --batch are required (see pith eval --help)");
-    if (!M) M = B < 8 ? B : 8;
+    if (P > 1 && M > 1) die("eval: --micro-batch applies to one rank (the pipeline runs one sample per micro-batch)");
+    if (!M) M = P > 1 ? 1 : B < 8 ? B : 8;
     if (M > B) M = B;
     if (M * S > INT32_MAX)
         die("eval: --micro-batch × --seq = %lld tokens is more than a micro-batch can hold", (long long)(M * S));
     if (strcmp(device, "auto") && strcmp(device, "cpu") && strcmp(device, "cuda"))
         die("eval: --device must be auto, cpu or cuda (got '%s')", device);
     if (strcmp(dtype, "fp32") && strcmp(dtype, "bf16")) die("eval: --dtype must be fp32 or bf16 (got '%s')", dtype);
+    if (P != dist_world_size())
+        die("eval: --pp %lld: the pipeline needs as many ranks as started (%d); start --pp P under mpirun -np P",
+            (long long)P, dist_world_size());
+    if (dist_world_rank() != 0 && !freopen("/dev/null", "w", stdout))
+        die("cannot silence stdout of rank %d", dist_world_rank());
+    Dist d;
+    dist_mesh_init(&d, (int)P, 1, 1, false, 900, "eval");
     Device dev = DEV_CPU;
     if (!strcmp(device, "cuda") && !ops_cuda_available())
         die("eval: --device cuda: no usable GPU or no CUDA backend in this build");
-    if (strcmp(device, "cpu") && ops_cuda_available()) dev = DEV_CUDA;
+    if (strcmp(device, "cpu") && ops_cuda_available()) dev = DEV_CUDA, dist_mesh_gpu(&d);
     if (!strcmp(dtype, "bf16") && dev == DEV_CPU) die("eval: --dtype bf16 needs the GPU (the CPU computes in fp32)");
 
     // A folder without config.json may be a save_location: its newest checkpoint (read only: a run may be saving).
@@ -68,11 +129,19 @@ int cmd_eval(int argc, char **argv) {
     }
     ModelConfig mc;
     const ModelFamily *fam = model_config_load(&mc, dir);
+    if (P > 1) {
+        const char *why = dualpipev_check((int)P, (int)B, mc.layers);
+        if (why) die("eval: --pp %lld with --batch %lld: %s", (long long)P, (long long)B, why);
+        mc.pp_rank = d.pp_g.rank, mc.pp_size = (int)P;
+    }
     Model m;
     model_create(&m, fam, &mc, dev, compute_dt(dev, strcmp(dtype, "bf16") ? COMPUTE_FP32 : COMPUTE_BF16), (int)S);
     float *w[NGROUPS];
     for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m.params.numel[g] * sizeof(float) + 1);
-    ckpt_load_model(&m.params, w, dir);
+    ParamTable all;
+    model_params_all(&m, &all);
+    ckpt_load_model_part(&all, &m.params, w, dir);
+    free(all.p);
     for (int g = 0; g < NGROUPS; g++) {
         op_copy(m.w[g], tensor_make(w[g], DT_F32, DEV_CPU, 1, m.params.numel[g], 1, 1, 1));
         free(w[g]);
@@ -83,24 +152,33 @@ int cmd_eval(int argc, char **argv) {
     if (B > ds.total)
         die("%s: --batch %lld asks for more samples than the data holds (%lld samples of %lld tokens)", data,
             (long long)B, (long long)ds.total, (long long)S);
-    Chunk e;
-    chunk_init_model(&e, &m, (int)M, (int)S);
-    int32_t *tok = xmalloc(M * S * sizeof(int32_t)), *lab = xmalloc(M * S * sizeof(int32_t));
     op_zero(m.loss_sum);
     int64_t targets = 0;
-    for (int64_t i = 0; i < B; i += M) {
-        int64_t n = B - i < M ? B - i : M;
-        for (int64_t b = 0; b < n; b++) dataset_sample(&ds, i + b, tok + b * S, lab + b * S);
-        for (int64_t t = n * S; t < M * S; t++) tok[t] = 0, lab[t] = -100; // filler rows: no targets
-        for (int64_t t = 0; t < n * S; t++) targets += lab[t] != -100;
-        chunk_load(&e, 0, tok, lab);
-        chunk_forward(&e, 0, false);
+    if (P > 1) targets = eval_pipeline(&m, &ds, (int)S, (int)B, &d.pp_g);
+    else {
+        Chunk e;
+        chunk_init_model(&e, &m, (int)M, (int)S);
+        int32_t *tok = xmalloc(M * S * sizeof(int32_t)), *lab = xmalloc(M * S * sizeof(int32_t));
+        for (int64_t i = 0; i < B; i += M) {
+            int64_t n = B - i < M ? B - i : M;
+            for (int64_t b = 0; b < n; b++) dataset_sample(&ds, i + b, tok + b * S, lab + b * S);
+            for (int64_t t = n * S; t < M * S; t++) tok[t] = 0, lab[t] = -100; // filler rows: no targets
+            for (int64_t t = 0; t < n * S; t++) targets += lab[t] != -100;
+            chunk_load(&e, 0, tok, lab);
+            chunk_forward(&e, 0, false);
+        }
+        free(tok), free(lab), chunk_free(&e);
     }
-    printf("eval: %lld samples of %lld tokens (%lld targets) in %lld micro-batch%s of %lld on %s (%s)\n", (long long)B,
-           (long long)S, (long long)targets, (long long)((B + M - 1) / M), (B + M - 1) / M == 1 ? "" : "es",
-           (long long)M, dev == DEV_CUDA ? "cuda" : "cpu", dtype);
-    printf("loss %.17g\n", op_read_scalar(m.loss_sum) / (double)(targets ? targets : 1));
-    free(tok), free(lab);
-    chunk_free(&e), dataset_close(&ds), model_free(&m);
+    // The cross-entropy and the targets live on pipeline rank 0; the sum over the ranks brings them to all.
+    double sums[2] = {op_read_scalar(m.loss_sum), (double)targets};
+    comm_allreduce(&d.world, tensor_make(sums, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
+    int64_t nmb = (B + M - 1) / M;
+    printf("eval: %lld samples of %lld tokens (%lld targets) in %lld micro-batch%s of %lld", (long long)B, (long long)S,
+           (long long)sums[1], (long long)nmb, nmb == 1 ? "" : "es", (long long)M);
+    if (P > 1) printf(" through a pipeline of %lld ranks", (long long)P);
+    printf(" on %s (%s)\n", dev == DEV_CUDA ? "cuda" : "cpu", dtype);
+    printf("loss %.17g\n", sums[0] / (sums[1] ? sums[1] : 1));
+    dataset_close(&ds), model_free(&m), dist_mesh_free(&d);
+    dist_finalize();
     return 0;
 }

@@ -561,7 +561,7 @@ static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
     f->bad += c->bad;
     if (!f->failed) {
         if (!f->f) out_open(f);
-        if (fwrite(c->ids.p, 4, c->ids.n, f->f) != c->ids.n) out_die(f, "write failed");
+        if (c->ids.n && fwrite(c->ids.p, 4, c->ids.n, f->f) != c->ids.n) out_die(f, "write failed"); // (p NULL if 0)
         if (f->nends + c->ndocs > f->ends_cap)
             f->ends_cap = 2 * (f->nends + c->ndocs), f->ends = xrealloc(f->ends, f->ends_cap * 8);
         for (size_t i = 0; i < c->ndocs; i++) f->ends[f->nends++] = f->ntok + c->ends[i];

@@ -218,3 +218,15 @@ void chunk_weight(Chunk *c, int slot) {
     }
     k->defer_set = -1, c->defer_head++;
 }
+
+void chunk_pipe_forward(Chunk *c, int slot, Tensor x, Tensor y, bool grad) {
+    if (x.p) op_copy(chunk_input(c, slot), x);
+    chunk_forward(c, slot, grad);
+    if (y.p) op_copy(y, chunk_output(c, slot));
+}
+
+void chunk_pipe_backward(Chunk *c, int slot, Tensor dy, Tensor dx, bool defer) {
+    if (dy.p) op_copy(c->dh[0], dy);
+    chunk_backward(c, slot, defer);
+    if (dx.p) op_copy(dx, chunk_input_grad(c));
+}

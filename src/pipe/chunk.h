@@ -63,3 +63,9 @@ void chunk_forward_layers(Chunk *c, int slot);
 void chunk_backward(Chunk *c, int slot, bool defer);
 // The deferred stage-3 weight gradients of slot's backward (the oldest deferred set: FIFO).
 void chunk_weight(Chunk *c, int slot);
+// A pipeline's computes (the PipeChunks of dualpipev_run): the input x copied into the chunk (x empty:
+// the model's first chunk, which embeds its tokens), forward, the output copied to y (y empty: the last,
+// whose output is the loss); the output gradient dy copied in (empty: the last), backward, the input
+// gradient copied to dx (empty: the first).
+void chunk_pipe_forward(Chunk *c, int slot, Tensor x, Tensor y, bool grad);
+void chunk_pipe_backward(Chunk *c, int slot, Tensor dy, Tensor dx, bool defer);

@@ -54,9 +54,13 @@ static void read_params(const StSet *s, const char *where, const ParamTable *t, 
 }
 
 void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir) {
+    ckpt_load_model_part(t, t, flat, dir);
+}
+
+void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *flat[NGROUPS], const char *dir) {
     StSet s;
     st_set_open_or_die(&s, dir);
-    check_known(&s, t, 1, (const char *[]){""}, true);
+    check_known(&s, all, 1, (const char *[]){""}, true);
     read_params(&s, dir, t, "", true, flat);
     st_set_close(&s);
 }

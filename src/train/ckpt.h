@@ -15,6 +15,9 @@
 // model.safetensors.index.json) into host fp32 buffers laid out by t. Every parameter must be present
 // with its shape; a tensor the model does not have is an error.
 void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir);
+// The same for a part t of the whole model's table `all` (a pipeline rank's tensors): the folder's
+// tensors are checked against all, those of t are read.
+void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *flat[NGROUPS], const char *dir);
 // Takes the save_location's lock (an flock on <save_location>/.lock, released when the process ends) or
 // dies naming the holder; creates the folder and so finds an unwritable one before step 1. Rank 0 only.
 void ckpt_lock(const char *save_location);

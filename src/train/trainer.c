@@ -291,7 +291,7 @@ static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc, Chun
 
 // ---- the pipeline's chunk computes (dualpipev_run, pp > 1) ----
 // The model's first chunk (the embedding) and its last (the loss) read micro-batch mb of the global
-// batch; the last counts its targets. Chunk inputs and outputs are copies of the pipeline buffers.
+// batch; the last counts its targets.
 
 static void pipe_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
     Run *r = ctx;
@@ -301,17 +301,11 @@ static void pipe_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y)
         int64_t targets = load_microbatch(r, r->pipe_data, r->pipe_batch, mb, c, slot);
         if (last) r->pipe_targets += targets;
     }
-    if (x.p) op_copy(chunk_input(c, slot), x);
-    chunk_forward(c, slot, r->pipe_grad);
-    if (y.p) op_copy(y, chunk_output(c, slot));
+    chunk_pipe_forward(c, slot, x, y, r->pipe_grad);
 }
 
 static void pipe_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor dx, bool defer) {
-    Run *r = ctx;
-    Chunk *c = &r->chunk[p];
-    if (dy.p) op_copy(c->dh[0], dy);
-    chunk_backward(c, slot, defer);
-    if (dx.p) op_copy(dx, chunk_input_grad(c));
+    chunk_pipe_backward(&((Run *)ctx)->chunk[p], slot, dy, dx, defer);
 }
 
 static void pipe_weight(void *ctx, int p, int mb, int slot) {

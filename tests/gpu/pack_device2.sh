@@ -14,14 +14,7 @@ mkdir -p "$(dirname "$exclude")"
 grep -qx '/.gpu2/' "$exclude" 2>/dev/null || echo '/.gpu2/' >>"$exclude"
 bins=(pith test_gpu test_parallel bench_ep)
 for b in "${bins[@]}"; do strip -g -o ".gpu2/bin/$b" "build/$b" && gzip -9 ".gpu2/bin/$b"; done
-# Open MPI's own closure stays behind (libmpi and what it loads).
-mpi=$(ldd "$(ldd build/pith | awk '/libmpi\.so/ {print $3}')" | awk '{print $1}')
-skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libgcc_s\.|libstdc\+\+|libcudart|libcublas|libnccl|libcudnn|libmpi)'
-for b in "${bins[@]}"; do ldd "build/$b"; done | awk '$2 == "=>" {print $1, $3}' | sort -u | while read -r name path; do
-    [[ $name =~ $skip ]] && continue
-    grep -qx "$name" <<<"$mpi" && continue
-    gzip -9 -c "$path" >".gpu2/lib/$name.gz"
-done
+bash scripts/pack_libs.sh .gpu2/lib "${bins[@]/#/build/}"
 # the demo's tokens (make demo), for the full-node run (run_device2.sh --x8)
 if [ -d data/demo/tokens ]; then mkdir -p .gpu2/data/demo && cp -r data/demo/tokens .gpu2/data/demo/; fi
 echo "mpi here: $(mpirun --version 2>/dev/null | head -1)" >.gpu2/BUILT

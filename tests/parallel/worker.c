@@ -384,17 +384,11 @@ static void model_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y
     ModelChunks *c = ctx;
     Chunk *k = &c->chunk[p];
     chunk_load(k, slot, c->tok[mb], c->lab[mb]);
-    if (x.p) op_copy(chunk_input(k, slot), x);
-    chunk_forward(k, slot, true);
-    if (y.p) op_copy(y, chunk_output(k, slot));
+    chunk_pipe_forward(k, slot, x, y, true);
 }
 
 static void model_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor dx, bool defer) {
-    ModelChunks *c = ctx;
-    Chunk *k = &c->chunk[p];
-    if (dy.p) op_copy(k->dh[0], dy);
-    chunk_backward(k, slot, defer);
-    if (dx.p) op_copy(dx, chunk_input_grad(k));
+    chunk_pipe_backward(&((ModelChunks *)ctx)->chunk[p], slot, dy, dx, defer);
 }
 
 static void model_weight(void *ctx, int p, int mb, int slot) { chunk_weight(&((ModelChunks *)ctx)->chunk[p], slot); }

@@ -14,7 +14,8 @@ mkdir -p "$work/bin" "$work/data"
 build/pith synth --output "$work/data/tokens.bin" --vocab 256 --tokens 200000 --seed 1 >/dev/null
 sets=(--set dataset="$work/data" --set max_steps=6 --set tensorboard=false --set device=cpu)
 
-# The srun stand-in: records its arguments, checks nodes × tasks-per-node = tasks, runs the tasks under mpirun.
+# The srun stand-in: records its arguments, checks 1 <= tasks <= nodes × tasks-per-node (srun's rule: with --ntasks,
+# --ntasks-per-node is a maximum), runs the tasks under mpirun.
 cat >"$work/bin/srun" <<'EOF'
 #!/usr/bin/env bash
 echo "srun $*" >>"$SIM_LOG"
@@ -30,7 +31,8 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ $((nodes * per)) = "$tasks" ] || { echo "srun stand-in: $nodes nodes × $per tasks per node != $tasks tasks" >&2; exit 2; }
+[ "$tasks" -ge 1 ] && [ "$tasks" -le $((nodes * per)) ] ||
+    { echo "srun stand-in: $tasks tasks do not fit $nodes nodes × $per tasks per node" >&2; exit 2; }
 root=(); [ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
 exec mpirun -np "$tasks" --oversubscribe --bind-to none ${root[@]+"${root[@]}"} -x OMP_NUM_THREADS=1 "$@"
 EOF

@@ -15,11 +15,11 @@ set -euo pipefail
 top=$(git rev-parse --show-toplevel)
 out=$top/.dev-agents
 [ -x /usr/local/cuda/bin/nvcc ] || { echo "pack.sh: no nvcc here: a CPU-only pith cannot be measured on the GPU" >&2; exit 1; }
-git -C "$top" check-ignore -q "$out" || echo '/.dev-agents/' >>"$(git -C "$top" rev-parse --git-path info/exclude)"
+rm -rf "$out" && mkdir -p "$out/base" "$out/feature" "$out/lib"
+git -C "$top" check-ignore -q "$out/" || echo '/.dev-agents/' >>"$(git -C "$top" rev-parse --git-path info/exclude)"
 tmp=/tmp/pith-pack-$$
 made=()
 trap 'for d in ${made[@]+"${made[@]}"}; do git -C "$top" worktree remove --force "$d"; done' EXIT
-rm -rf "$out" && mkdir -p "$out/base" "$out/feature" "$out/lib"
 : >"$out/BUILT"
 bins=()
 for side in base feature; do
@@ -41,13 +41,7 @@ for side in base feature; do
 done
 gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o "$out/feature/kernel_events.so" \
     "$top/.agents/skills/profile-gpu-step/kernel_events.c" -ldl && gzip -9 "$out/feature/kernel_events.so"
-mpi=$(ldd "$(ldd "${bins[0]}" | awk '/libmpi\.so/ {print $3}')" | awk '{print $1}')
-skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libgcc_s\.|libstdc\+\+|libcudart|libcublas|libnccl|libcudnn|libmpi)'
-for b in "${bins[@]}"; do ldd "$b"; done | awk '$2 == "=>" {print $1, $3}' | sort -u | while read -r name path; do
-    [[ $name =~ $skip ]] && continue
-    grep -qx "$name" <<<"$mpi" && continue
-    gzip -9 -c "$path" >"$out/lib/$name.gz"
-done
+bash "$top/scripts/pack_libs.sh" "$out/lib" "${bins[@]}"
 echo "packed: $(date -u +%FT%TZ)" >>"$out/BUILT"
 cat "$out/BUILT"
 du -sh "$out"
