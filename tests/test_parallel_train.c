@@ -113,6 +113,20 @@ TEST(dist_pipeline_layouts) {
                   true);
 }
 
+// Muon (its all-gathered momentum per stage) at pp2 × ep2, and global-batch load balancing with aux-loss-free
+// router biases (counts of each layer summed over the world) at pp2 × dp2, equal one process.
+TEST(dist_pipeline_muon_and_balancing) {
+    const char *d = make_run_of(TINY_MOE_EP_OF(8), 16, 6);
+    static const Layout muon[] = {
+        {"pp2-ep2", 4, "--set parallel.pipeline_parallel_size=2 --set parallel.expert_parallel_size=2", false}};
+    static const Layout dp[] = {{"pp2-dp2", 4, "--set parallel.pipeline_parallel_size=2", false}};
+    check_layouts(d, muon, 1, "--set optimizer.type=muon --set optimizer.lr=0.005", 6, true);
+    check_layouts(d, dp, 1,
+                  "--set optimizer.lr=0.005 --set moe_load_balance_type=global-batch "
+                  "--set moe_router_bias_update_rate=0.01",
+                  6, true);
+}
+
 // A checkpoint written at pp2 × ep2 (each tensor whole, by one rank of the stage holding it) resumes on one
 // process, at pp4 and at ep2 with the uninterrupted run's losses: the format does not know the layout.
 TEST(dist_pipeline_reshard_resume) {
