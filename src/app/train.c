@@ -185,11 +185,14 @@ int cmd_train(int argc, char **argv) {
         printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm,
                tps, st.seconds, peak);
         if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
+        if (d->ep > 1)
+            printf(" | ep-load %.3f | %s %.0f rows", st.ep_load, cfg.parallel.ep_drop_tokens ? "ep-dropped" : "ep-over",
+                   st.ep_over);
         printf("%s\n", st.nonfinite ? " | not finite: no update" : "");
         // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
         // comes right after loss, before the timings.
-        const char *keys[10] = {"loss"};
-        double vals[10] = {st.loss};
+        const char *keys[12] = {"loss"};
+        double vals[12] = {st.loss};
         int nkeys = 1;
         if (val) keys[nkeys] = "val_loss", vals[nkeys++] = val_loss;
         const char *rest[] = {"lb_loss",     "lr",       "grad_norm",   "tokens_per_s",
@@ -199,6 +202,10 @@ int cmd_train(int argc, char **argv) {
                           st.seconds,   st.fwdbwd_seconds,
                           peak,         gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
         for (int k = 0; k < 8; k++) keys[nkeys] = rest[k], vals[nkeys++] = restv[k];
+        if (d->ep > 1) { // expert capacity (docs/architecture.md, "Expert capacity")
+            keys[nkeys] = "ep_load", vals[nkeys++] = st.ep_load;
+            keys[nkeys] = cfg.parallel.ep_drop_tokens ? "ep_dropped_rows" : "ep_over_rows", vals[nkeys++] = st.ep_over;
+        }
         if (metrics) write_metrics(metrics, mpath, r.step, nkeys, keys, vals);
         if (tb.f) tboard_scalars(&tb, r.step, nkeys, keys, vals);
         if (st.nonfinite) {

@@ -94,6 +94,10 @@ typedef struct {
 
 typedef struct Model Model;
 
+// Activation recomputation (docs/architecture.md): none; selective (stage 3's SwiGLU outputs are recomputed
+// in backward); full (a layer keeps its input and routing, its forward is rerun in backward).
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } RecomputeMode;
+
 // Load balancing (docs/reference.md §2). "micro-batch": per rank and micro-batch (op_moe_lb_loss). "global-batch":
 // f = expert counts of every micro-batch of the step's global batch up to and including this one, in the
 // global order of micro-batches (block acc·D + q of replica q, D replicas = dp×ep), so every layout gives
@@ -107,7 +111,7 @@ typedef struct {
     const struct Comm *group; // the data replicas, rank = replica index q = dp·EP + ep
     int T, E, k, layers;      // capacity of the host scratch
     double *counts, *tokens;  // (layers, E), (layers): the step's earlier rounds
-    double *cnt;              // (D, E) this round's counts of every replica
+    double *cnt;              // (layers, D, E) this round's counts of every replica
     float *probs, *grad;      // (T, E), (E) host scratch
     int32_t *idx;             // (T, k)
 } LoadBalance;
@@ -199,14 +203,17 @@ struct Model {
     bool force_balance;        // benchmark routing (docs/reference.md §2)
     // Aux-loss-free balancing (set up by the trainer; router_bias.p == NULL: off): the selection bias and the
     // step's expert counts of this rank's tokens, which model_router_forward adds to.
-    Tensor router_bias;     // (layers, E) fp32 on the model's device
-    double *router_load;    // (layers·E) host
-    int32_t *router_idx;    // (T·k) host staging of the routing (GPU)
-    const struct Comm *ep;  // expert-parallel group (parallel/comm.h); NULL: every expert is on this rank
-    double ep_capacity;     // parallel.ep_capacity_factor: rows stage 3 can receive = factor·T·k (0: worst case)
-    SharedWeights *sw, *sg; // views of the shared parts: compute weights and fp32 gradients
-    void *views;            // the family's own weight and gradient views
-    struct KvCache *kv;     // generation: attention reads and extends this cache (NULL: training, evaluation)
+    Tensor router_bias;      // (layers, E) fp32 on the model's device
+    double *router_load;     // (layers·E) host
+    int32_t *router_idx;     // (T·k) host staging of the routing (GPU)
+    const struct Comm *ep;   // expert-parallel group (parallel/comm.h); NULL: every expert is on this rank
+    double ep_capacity;      // parallel.ep_capacity_factor: a layer's own stage-3 rows = factor·T·k (0: worst case)
+    bool ep_drop;            // parallel.ep_drop_tokens: rows above the capacity are dropped (else they spill)
+    RecomputeMode recompute; // what backward recomputes instead of keeping
+    bool replay;             // a forward rerun in backward (full recompute): no loss sums or counts are added
+    SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
+    void *views;             // the family's own weight and gradient views
+    struct KvCache *kv;      // generation: attention reads and extends this cache (NULL: training, evaluation)
 };
 
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported

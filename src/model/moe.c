@@ -145,7 +145,8 @@ void moe_stage3_alloc(Model *m, int l, void *rp, Arena *a, int64_t R) {
     MlpRec *r = rp;
     int64_t I = m->cfg.is_moe[l] ? m->cfg.moe_inter : m->cfg.dense_inter;
     r->gu = arena_tensor(a, m->cdt, 2, R, 2 * I, 0, 0);
-    r->act = arena_tensor(a, m->cdt, 2, R, I, 0, 0);
+    // selective recompute: the SwiGLU output is the engine's staging buffer, recomputed for the weight gradient
+    r->act = m->recompute == RECOMPUTE_SELECTIVE ? (Tensor){0} : arena_tensor(a, m->cdt, 2, R, I, 0, 0);
 }
 
 void moe_stage3_grad_alloc(Model *m, int l, void *rp, Arena *ws) {
@@ -171,7 +172,8 @@ void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
         op_linear_forward(io->ye, r->act, W->down[l], NONE);
         return;
     }
-    int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received
+    int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received (none when routing skips this rank)
+    if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
     op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up[l], NONE, io->offs);
     op_swiglu_forward(act, gu);
@@ -188,6 +190,7 @@ void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
+    if (!R) return;
     Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R);
     op_grouped_linear_backward_input(dact, tensor_rows(io->dye, 0, R), W->down[l], io->offs);
     op_swiglu_backward(dgu, dact, tensor_rows(r->gu, 0, R));
@@ -198,12 +201,16 @@ void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
 void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *G = m->sg;
     MlpRec *r = rp;
+    bool again = m->recompute == RECOMPUTE_SELECTIVE; // act was not kept: recompute it from gu
     if (io->dense) {
+        if (again) op_swiglu_forward(r->act, r->gu);
         op_linear_backward_weight(G->down[l], NONE, io->dye, r->act);
         op_linear_backward_weight(G->gate_up[l], NONE, r->dgu, io->xe);
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
+    if (!R) return;
+    if (again) op_swiglu_forward(tensor_rows(r->act, 0, R), tensor_rows(r->gu, 0, R));
     op_grouped_linear_backward_weight(G->down[l], NONE, tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R),
                                       io->offs);
     op_grouped_linear_backward_weight(G->gate_up[l], NONE, tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R),

@@ -43,6 +43,7 @@ static const char *const optimizer_names[] = {"adamw", "muon", NULL};
 static const char *const scheduler_names[] = {"constant", "wsd", "cosine", NULL};
 static const char *const decay_names[] = {"cosine", "linear", NULL};
 static const char *const sharding_names[] = {"fsdp", "hsdp", NULL};
+static const char *const recompute_names[] = {"none", "selective", "full", NULL}; // RecomputeMode order
 
 static const ConfigKey top_keys[] = {
     {.name = "model",
@@ -142,6 +143,13 @@ static const ConfigKey top_keys[] = {
      .off = OFF(compute_dtype),
      .choices = dtype_names,
      .doc = "GPU compute dtype (the CPU computes in fp32)"},
+    {.name = "recompute",
+     .kind = K_CHOICE,
+     .off = OFF(recompute),
+     .choices = recompute_names,
+     .doc = "activation recomputation: `selective` keeps no SwiGLU outputs (recomputed from the gate/up products in "
+            "backward); `full` keeps only each layer's input and routing and reruns its forward in backward; the "
+            "gradients are the same bit for bit"},
     {.name = "run_dir",
      .kind = K_PATH,
      .off = OFF(run_dir),
@@ -301,10 +309,18 @@ static const ConfigKey parallel_keys[] = {
     {.name = "ep_capacity_factor",
      .kind = K_NUM,
      .off = OFF(parallel.ep_capacity_factor),
+     .def = 1.5,
      .lo = 0,
      .hi = 1e6,
-     .doc = "rows an ep rank's experts can receive per layer = factor·T·k (T tokens of a micro-batch); 0 = the worst "
-            "case T·k·ep. Exceeding it stops the run with an error (tokens are never dropped)"},
+     .doc = "rows a layer's stage-3 buffers hold on an ep rank = factor·T·k (T tokens of a micro-batch); 0 = the "
+            "worst case T·k·ep. A layer that receives more runs stage 3 on one worst-case spill set and recomputes "
+            "it in backward (exact; the step line's `ep-over`, `ep-load`). 1.5: balanced routing measured ≤ 1.48 "
+            "(docs/architecture.md)"},
+    {.name = "ep_drop_tokens",
+     .kind = K_BOOL,
+     .off = OFF(parallel.ep_drop_tokens),
+     .doc = "drop the (token, expert) rows above the capacity instead (Switch/GShard; the largest experts lose "
+            "rows first; their outputs are zero), counted per step (`ep-dropped`)"},
     {.name = "timeout_s",
      .kind = K_NUM,
      .off = OFF(parallel.timeout_s),
