@@ -117,7 +117,7 @@ int cmd_train(int argc, char **argv) {
     cfg.allow_config_change = allow_change;
     if (print_config) {
         json_t *eff = config_effective(&cfg);
-        char *text = json_dumps(eff, JSON_INDENT(2));
+        char *text = json_text(eff, 2, false);
         puts(text);
         free(text), json_decref(eff), json_decref(cfg.json);
         return 0;
@@ -169,7 +169,8 @@ int cmd_train(int argc, char **argv) {
     if (metrics && cfg.tensorboard) tboard_open(&tb, cfg.run_dir);
     if (!cfg.save_location[0]) warn("%s: no save_location: this run writes no checkpoints", cfg.file);
     signal(SIGTERM, on_signal), signal(SIGUSR1, on_signal);
-    int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps, skipped = 0;
+    int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps, skipped = 0,
+        in_a_row = 0; // skipped: steps whose update was skipped; in_a_row: of them, the latest consecutive ones
     bool stopped_by_signal = false;
     while (r.step < stop) {
         StepStats st = run_step(&r);
@@ -215,10 +216,16 @@ int cmd_train(int argc, char **argv) {
                     "would go on "
                     "without this step's update)",
                     r.step, what, isnan(v) ? "NaN" : "infinite", r.step - 1);
+            // A run that stays diverged must not skip its way to "done": a limit on skips in a row.
+            if (++in_a_row > cfg.nonfinite_skip_limit)
+                die("step %d: the %s is %s, and steps %d to %d in a row were not finite: more than "
+                    "nonfinite_skip_limit = %d skipped steps; stopping, nothing is saved after step %d",
+                    r.step, what, isnan(v) ? "NaN" : "infinite", r.step - in_a_row + 1, r.step,
+                    cfg.nonfinite_skip_limit, r.step - 1);
             warn("step %d: the %s is %s: this step's update is skipped (weights and moments unchanged)", r.step, what,
                  isnan(v) ? "NaN" : "infinite");
             skipped++;
-        }
+        } else in_a_row = 0;
         // SIGTERM (SLURM's warning before the time limit) or SIGUSR1: checkpoint now; SIGTERM then stops.
         // Every rank takes the same decision: the flags are summed over the world.
         double sig[2] = {got_signal == SIGTERM, got_signal == SIGUSR1};

@@ -6,7 +6,8 @@
 
 #include "parallel/comm.h"
 
-static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family, &qwen3_5_moe_family};
+static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family, &gpt_oss_family,
+                                              &qwen3_5_moe_family};
 
 const ModelFamily *model_family_find(const char *model_type) {
     for (size_t i = 0; i < sizeof families / sizeof *families; i++)
@@ -28,7 +29,8 @@ const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     const char *mt = jstr(o, "model_type", true, NULL);
     const ModelFamily *fam = model_family_find(mt);
     if (!fam)
-        jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2, qwen3_5_moe_text)", mt);
+        jdie(o, "model_type",
+             "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2, gpt_oss, qwen3_5_moe_text)", mt);
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
     fam->config_parse(c, o);
     // Every family's MLPs are SwiGLU: another activation must not silently train as SiLU.

@@ -48,6 +48,7 @@ typedef struct {
     LbForm moe_load_balance_type;
     int save_interval, keep_last;
     NonfinitePolicy on_nonfinite; // a step whose loss or gradient norm is NaN/Inf: stop (fail) or skip it
+    int nonfinite_skip_limit;     // skip: the most consecutive skipped steps; one more stops the run
     struct {
         int pp, cp, ep; // pipeline, context, expert parallel sizes; dp = ranks / (pp·cp·ep)
         Sharding sharding;

@@ -240,10 +240,10 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     if (c->save_location[0]) {
         if (d->world.rank == 0) {
             ckpt_lock(c->save_location);
-            found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+            found = ckpt_find_latest(c->save_location, latest, sizeof latest, true);
         }
         comm_barrier(&d->world);
-        if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+        if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest, false);
     }
     if (found) ckpt_resume(r, latest);
     else if (c->init_from[0]) ckpt_init_from(r, c->init_from);
