@@ -19,7 +19,7 @@
 // streams through shared memory in tiles of ATT_TILE rows, converted to fp32 on load. Visibility is one
 // function (attn_visible) and the tile range of a block two bounds (attn_key_range, attn_query_range).
 // These scalar-FMA kernels serve fp32 (parity runs) and every form the tensor-core kernels of cuda_flash.cu
-// and cuDNN (cuda_cudnn.cu) do not cover.
+// and cuDNN (cuda_cudnn.cu: causal, a window or none, sinks through attention_sinks_correct_kernel) do not cover.
 #include "ops/cuda/cuda_common.cuh"
 
 #define ATT_ROWS 64
@@ -265,6 +265,24 @@ __global__ void attention_backward_sinks_kernel(float *dsinks, const T *dout, co
     }
 }
 
+// The sinks after a forward that had none (cuDNN's): with L0 = lse_i of the visible keys alone, the sink adds
+// e^(sink_h) to the denominator, so lse_i = log(e^L0 + e^sink_h) and o_i ← o_i·e^(L0 − lse_i). One warp per
+// (row, head); the backward then reads this o and lse like the generic kernels' (no other sink term).
+template <typename T>
+__global__ void attention_sinks_correct_kernel(T *o, float *lse, int B, int Sq, int nh, int DV, const float *sinks) {
+    int64_t n = (int64_t)B * Sq * nh, warps = (int64_t)gridDim.x * blockDim.x / 32;
+    int lane = threadIdx.x & 31;
+    for (int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; w < n; w += warps) {
+        int64_t row = w / nh, h = w % nh, b = row / Sq, i = row % Sq;
+        float *lp = lse + (b * nh + h) * Sq + i, L0 = *lp, s = sinks[h];
+        float m = fmaxf(L0, s), L = m + logf(expf(L0 - m) + expf(s - m)), f = expf(L0 - L); // L0 = −∞: f = 0
+        T *op = o + (row * nh + h) * DV;
+        for (int c = lane; c < DV; c += 32) st(op, c, ld(op, c) * f);
+        __syncwarp();
+        if (lane == 0) *lp = L;
+    }
+}
+
 // Shared memory above the 48 KB default needs an opt-in per kernel, once.
 template <typename K> static void smem_opt_in(K kernel, size_t bytes) {
     if (bytes > 48 * 1024)
@@ -329,10 +347,13 @@ static AttnParams attention_params(Tensor q, Tensor k, Tensor v, const AttnArgs 
     return p;
 }
 
-// The form cuDNN's graphs and our tensor-core kernels implement: causal self-attention (cuDNN checks its head
-// dims itself; the tensor-core kernels take one head dim).
+// The form cuDNN's graphs take: causal self-attention, a sliding window or none (cuDNN checks its head dims
+// itself), sinks by a correction after the forward; our tensor-core kernels: the plain form, one head dim.
+static bool attention_cudnn_form(Tensor q, Tensor k, const AttnArgs *a) {
+    return a->causal && !a->q_off && !a->k_off && k.n[0] == q.n[0];
+}
 static bool attention_plain(Tensor q, Tensor k, const AttnArgs *a) {
-    return a->causal && !a->window && !a->sinks.p && !a->q_off && !a->k_off && k.n[0] == q.n[0];
+    return attention_cudnn_form(q, k, a) && !a->window && !a->sinks.p;
 }
 
 static const char *last_path = "none";
@@ -347,9 +368,19 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
     if (o.dt != q.dt) die("attention_forward: o must have q's dtype");
     int B = a->B, DQK = (int)q.n[2], DV = (int)v.n[2];
     if (p.Sq == 0) return;
+    if (attention_cudnn_form(q, k, a)) {
+        last_path = "cudnn"; // cuDNN's fused kernel (bf16, d ≤ 128 or 192/128), window and sinks included
+        if (cudnn_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale, p.window)) {
+            if (!p.sinks) return;
+            int64_t threads = (int64_t)B * p.Sq * p.nh * 32;
+            DT_SWITCH(q.dt, T, "attention_forward",
+                      (attention_sinks_correct_kernel<T><<<grid_for(threads, 256), 256, 0, cuda_stream()>>>(
+                          (T *)o.p, (float *)lse.p, B, p.Sq, p.nh, DV, p.sinks)));
+            CUDA_LAUNCH_CHECK();
+            return;
+        }
+    }
     if (attention_plain(q, k, a)) {
-        last_path = "cudnn"; // cuDNN's fused kernel (bf16, d ≤ 128 or 192/128)
-        if (cudnn_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale)) return;
         last_path = "flash"; // our tensor-core kernel (bf16, d 64/128)
         if (DQK == DV && flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale)) return;
     }
@@ -386,9 +417,11 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
                                                      (const float *)lse.p, B, p.Sq, p.nh, DV, p.sinks)));
         CUDA_LAUNCH_CHECK();
     }
-    if (attention_plain(q, k, a)) {
+    if (attention_cudnn_form(q, k, a)) {
         last_path = "cudnn";
-        if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale)) return;
+        if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window)) return;
+    }
+    if (attention_plain(q, k, a)) {
         last_path = "flash";
         if (DQK == DV && flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale)) return;
     }

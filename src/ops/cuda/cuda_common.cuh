@@ -60,10 +60,11 @@ void *cuda_scratch(size_t bytes);
 extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradient side streams (cuda_gemm.cu)
 
 // ---- functions shared between the .cu files ----
-// cuDNN's fused attention (cuda_cudnn.cu); false when not built with cuDNN, not this variant, or no plan.
-bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale);
+// cuDNN's fused attention (cuda_cudnn.cu), causal, in a sliding window of `window` keys when > 0; false when
+// not built with cuDNN, not this variant, or no plan.
+bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window);
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                              Tensor lse, int B, int S, float scale);
+                              Tensor lse, int B, int S, float scale, int window);
 // Tensor-core flash attention (cuda_flash.cu); false when the inputs do not fit it (dtype, head dim,
 // alignment), and the caller runs the generic kernels instead.
 bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale);

@@ -1,10 +1,11 @@
-// cuda_cudnn.cu — causal grouped-query attention through cuDNN's fused flash-attention engines (cuDNN 9
-// graph API, backend descriptors), one head dim or MLA's q·k 192 / v 128. pith runs its own kernels unless a
+// cuda_cudnn.cu — causal grouped-query attention, optionally in a sliding window, through cuDNN's fused
+// flash-attention engines (cuDNN 9 graph API, backend descriptors), one head dim or MLA's q·k 192 / v 128. pith runs its own kernels unless a
 // library kernel is faster for a
 // variant (docs/architecture.md, "GPU kernels"); for bf16 with head dims that are multiples of 8 up to 128 on
 // Hopper, cuDNN's is (bench/cuda_ops.md, round 3). cuDNN's engines recognise scaled
 // dot-product attention as a graph of matmul, pointwise and reduction operations; these are the graphs:
-//   forward   S = Q·Kᵀ (fp32), S·scale, causal select (row ≥ col, else the lowest float),
+//   forward   S = Q·Kᵀ (fp32), S·scale, causal select (row ≥ col, else the lowest float), with a window W
+//             a second select (col + W > row, else the lowest float: the query and the W − 1 keys before it),
 //             m = max S, E = exp(S − m), z = Σ E, lse = m + ln z (the stats output), P = E / z (bf16),
 //             O = P·V
 //   backward  D = Σ_d dO∘O (fp32, in the workspace); S as above; P = exp(S − lse); dV = Σ_group Pᵀ·dO;
@@ -13,6 +14,8 @@
 // The group sums run over the nh/nkv query heads that read one kv head (query head h reads kv head
 // h / (nh/nkv)), as in our kernels. Tensors are 4-D (batch, head, position, dim) views of pith's (B·S,
 // heads, d) rows: strides (S·heads·d, d, heads·d, 1); a transposed operand (Kᵀ, Vᵀ) swaps the last two.
+// Sinks (GPT-OSS) are not in the graphs: the caller corrects o and lse after the forward (cuda_attention.cu),
+// and the backward graph, given that o and lse, computes the gradients with the sinks as they are.
 // A plan is built once per shape and kept (the first call can take a second: cuDNN compiles its kernel).
 // A shape cuDNN builds no plan for keeps to our kernels (one line on stderr). cuDNN's backward adds into
 // dQ with atomics (not bitwise reproducible run to run); PITH_ATTENTION=own selects our deterministic
@@ -154,11 +157,11 @@ static void reshape(Graph *g, Desc x, Desc y) {
 }
 
 // ---- the two graphs ----
-enum { U_Q = 1, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV, U_SCALE, U_LOWEST, U_ONE, U_D, U_DQACC };
+enum { U_Q = 1, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV, U_SCALE, U_LOWEST, U_ONE, U_D, U_DQACC, U_WINDOW };
 
 typedef struct {
-    int64_t B, S, nh, nkv, d, dv;
-} Shape; // d: q·k head dim, dv: v head dim
+    int64_t B, S, nh, nkv, d, dv, window;
+} Shape; // d: q·k head dim, dv: v head dim; window 0: none
 
 // Views of pith's rows (B·S, heads, d) as (B, heads, S, d), and transposed as (B, heads, d, S).
 static void rows_view(const Shape *s, int64_t heads, int64_t d, int64_t dim[4], int64_t str[4]) {
@@ -175,7 +178,7 @@ static void packed(int64_t B, int64_t heads, int64_t rows, int64_t cols, int64_t
     memcpy(dim, d4, sizeof d4), memcpy(str, s4, sizeof s4);
 }
 
-// S·scale with the causal mask applied: the score tensors of both graphs.
+// S·scale with the causal mask (and the window's) applied: the score tensors of both graphs.
 static Desc masked_scores(Graph *g, const Shape *s, Desc q, Desc kt) {
     int64_t sd[4], ss[4];
     packed(s->B, s->nh, s->S, s->S, sd, ss);
@@ -190,7 +193,17 @@ static Desc masked_scores(Graph *g, const Shape *s, Desc q, Desc kt) {
     pointwise(g, CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, NULL, keep, 0);
     Desc masked = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss);
     pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, scaled, scalar(g, U_LOWEST), keep, masked, 0);
-    return masked;
+    if (!s->window) return masked;
+    // the window: keep col + W > row (indices as floats, exact below 2^24, the form cuDNN's engines fuse)
+    Desc frow = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), fcol = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss),
+         colw = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), inwin = tensor(g, 0, CUDNN_DATA_BOOLEAN, sd, ss),
+         windowed = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, masked, NULL, NULL, frow, 2);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, masked, NULL, NULL, fcol, 3);
+    pw2(g, CUDNN_POINTWISE_ADD, fcol, scalar(g, U_WINDOW), colw);
+    pointwise(g, CUDNN_POINTWISE_CMP_GT, CUDNN_DATA_BOOLEAN, colw, frow, NULL, inwin, 0);
+    pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, masked, scalar(g, U_LOWEST), inwin, windowed, 0);
+    return windowed;
 }
 
 static void build_forward(Graph *g, const Shape *s) {
@@ -383,12 +396,11 @@ static Plan *get_plan(const Shape *s, bool backward) {
     Desc plan = g->st == CUDNN_STATUS_SUCCESS ? build_plan(g, &ws) : NULL;
     if (!plan) {
         fprintf(stderr,
-                "pith: note: cuDNN %zu builds no %s attention plan for B %lld S %lld heads %lld/%lld d %lld/%lld (%s "
-                "at %s:%d); this shape uses "
-                "pith's kernels\n",
+                "pith: note: cuDNN %zu builds no %s attention plan for B %lld S %lld heads %lld/%lld d %lld/%lld "
+                "window %lld (%s at %s:%d); this shape uses pith's kernels\n",
                 cudnnGetVersion(), backward ? "backward" : "forward", (long long)s->B, (long long)s->S,
-                (long long)s->nh, (long long)s->nkv, (long long)s->d, (long long)s->dv, cudnnGetErrorString(g->st),
-                __FILE__, g->line);
+                (long long)s->nh, (long long)s->nkv, (long long)s->d, (long long)s->dv, (long long)s->window,
+                cudnnGetErrorString(g->st), __FILE__, g->line);
         graph_free(g);
         g = NULL;
     } else {
@@ -431,27 +443,28 @@ static bool usable(Tensor q, int D, int DV, float scale) {
 static bool al16(Tensor t) { return (uintptr_t)t.p % 16 == 0; }
 static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
+bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale,
+                             int window) {
     int D = (int)q.n[2], DV = (int)v.n[2];
     if (!usable(q, D, DV, scale) || !al16(o) || !al16(q) || !al16(k) || !al16(v)) return false;
-    Shape s = {B, S, q.n[1], k.n[1], D, DV};
+    Shape s = {B, S, q.n[1], k.n[1], D, DV, window};
     Plan *p = get_plan(&s, false);
     if (!p) return false;
-    float lowest = -3.4028234663852886e38f;
-    int64_t uids[7] = {U_Q, U_K, U_V, U_O, U_LSE, U_SCALE, U_LOWEST};
-    void *ptrs[7] = {q.p, k.p, v.p, o.p, lse.p, &scale, &lowest};
-    execute(p, 7, uids, ptrs, p->ws ? cuda_scratch((size_t)p->ws) : NULL);
+    float lowest = -3.4028234663852886e38f, w = (float)window;
+    int64_t uids[8] = {U_Q, U_K, U_V, U_O, U_LSE, U_SCALE, U_LOWEST, U_WINDOW};
+    void *ptrs[8] = {q.p, k.p, v.p, o.p, lse.p, &scale, &lowest, &w};
+    execute(p, window ? 8 : 7, uids, ptrs, p->ws ? cuda_scratch((size_t)p->ws) : NULL);
     return true;
 }
 
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                              Tensor lse, int B, int S, float scale) {
+                              Tensor lse, int B, int S, float scale, int window) {
     int D = (int)q.n[2], DV = (int)v.n[2];
     if (!usable(q, D, DV, scale)) return false;
     Tensor all[8] = {dq, dk, dv, dout, q, k, v, o};
     for (int i = 0; i < 8; i++)
         if (!al16(all[i])) return false;
-    Shape s = {B, S, q.n[1], k.n[1], D, DV};
+    Shape s = {B, S, q.n[1], k.n[1], D, DV, window};
     Plan *p = get_plan(&s, true);
     if (!p) return false;
     // workspace: the plan's own, then D (B, nh, S) and the dQ accumulator (B, nh, S, d), fp32
@@ -461,20 +474,22 @@ bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tens
     float *Dp = (float *)(ws + up256((size_t)p->ws)), *acc = (float *)((char *)Dp + dbytes);
     if (cudnnGetVersion() < 90600)
         CUDA_CHECK(cudaMemsetAsync(acc, 0, accbytes, cuda_stream())); // later versions zero it themselves
-    float lowest = -3.4028234663852886e38f, one = 1.0f;
-    int64_t uids[14] = {U_Q, U_K, U_V, U_O, U_LSE, U_DO, U_DQ, U_DK, U_DV, U_SCALE, U_LOWEST, U_ONE, U_D, U_DQACC};
-    void *ptrs[14] = {q.p, k.p, v.p, o.p, lse.p, dout.p, dq.p, dk.p, dv.p, &scale, &lowest, &one, Dp, acc};
-    execute(p, 14, uids, ptrs, ws);
+    float lowest = -3.4028234663852886e38f, one = 1.0f, w = (float)window;
+    int64_t uids[15] = {U_Q,  U_K,     U_V,      U_O,   U_LSE, U_DO,    U_DQ,    U_DK,
+                        U_DV, U_SCALE, U_LOWEST, U_ONE, U_D,   U_DQACC, U_WINDOW};
+    void *ptrs[15] = {q.p, k.p, v.p, o.p, lse.p, dout.p, dq.p, dk.p, dv.p, &scale, &lowest, &one, Dp, acc, &w};
+    execute(p, window ? 15 : 14, uids, ptrs, ws);
     return true;
 }
 
 #else // no cuDNN in this build: our kernels always
 
-bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
+bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale,
+                             int window) {
     return false;
 }
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                              Tensor lse, int B, int S, float scale) {
+                              Tensor lse, int B, int S, float scale, int window) {
     return false;
 }
 
