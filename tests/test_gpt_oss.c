@@ -289,3 +289,26 @@ TEST(convert_gpt_oss_mxfp4) {
     snprintf(a, sizeof a, "%s/y", d);
     ASSERT(!path_exists(a));
 }
+
+// An HF folder of GPT-OSS (grouped experts, or MXFP4 blocks) given to eval or train: one line that names the
+// folder and says to convert it first, exit 1, no run folder. (The other families' HF layouts are pith's: their
+// HF parity tests eval and train from the HF folders.)
+TEST(gpt_oss_raw_hf_folder_error) {
+    char out[8192];
+    const char *d = test_tmpdir(), *fix[2] = {"tests/hf/gpt_oss", "tests/hf/gpt_oss_mxfp4"};
+    for (int i = 0; i < 2; i++) {
+        char want[300];
+        snprintf(want, sizeof want, "pith: error: %s: an HF folder in a layout pith does not read directly", fix[i]);
+        ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data tests/hf/gpt_oss/tokens.bin --seq 16 --batch 2",
+                       PITH_BIN, fix[i]) == 1);
+        ASSERT_MSG(strstr(out, want) && strstr(out, "run `pith convert hf2pith "), "%s", out);
+        ASSERT(run_cmd(out, sizeof out,
+                       "%s train tests/hf/gpt_oss/train.json --set model=%s --set init_from=%s --set "
+                       "run_dir=%s/run",
+                       PITH_BIN, fix[i], fix[i], d) == 1);
+        ASSERT_MSG(strstr(out, want) && strstr(out, "run `pith convert hf2pith "), "%s", out);
+        char run[4200];
+        snprintf(run, sizeof run, "%s/run", d);
+        ASSERT(!path_exists(run));
+    }
+}

@@ -29,7 +29,15 @@ static void check_known(const StSet *s, const ParamTable *all, int nprefix, cons
             if (hf) rest = canonical(rest);
             known = bsearch(&rest, names, all->n, sizeof *names, cmp_name) != NULL;
         }
-        if (!known) die("%s: tensor '%s' is not a parameter of this model", s->t[i]->file, s->t[i]->name);
+        // HF's "model." names that are no parameter: a family whose HF layout differs from pith's (GPT-OSS's
+        // grouped experts, MXFP4 blocks), which only `pith convert hf2pith` reads
+        const char *f = s->t[i]->file, *slash = strrchr(f, '/');
+        if (!known && hf && !strncmp(s->t[i]->name, "model.", 6))
+            die("%.*s: an HF folder in a layout pith does not read directly (tensor '%s' of %s): run `pith convert "
+                "hf2pith %.*s OUT` first and use OUT",
+                slash ? (int)(slash - f) : 1, slash ? f : ".", s->t[i]->name, f, slash ? (int)(slash - f) : 1,
+                slash ? f : ".");
+        if (!known) die("%s: tensor '%s' is not a parameter of this model", f, s->t[i]->name);
     }
     free(names);
 }
