@@ -116,10 +116,11 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
     TIME(nm, 10, work, "TFLOP/s", call)
             GROUPED_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, wgu, NONE, offs));
             GROUPED_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, offs));
-            GROUPED_ROW("gate_up bwd weight fp32", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs));
+            GROUPED_ROW("gate_up bwd weight fp32", fg,
+                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true));
             GROUPED_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, offs));
             GROUPED_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, offs));
-            GROUPED_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs));
+            GROUPED_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true));
 #undef GROUPED_ROW
         }
     }
@@ -206,20 +207,20 @@ int main(int argc, char **argv) {
         snprintf(nm, sizeof nm, "grouped gate_up bwd input (%s)", tag);
         TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_input(xe, gu, wgu, offs));
         snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (%s)", tag);
-        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs));
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true));
         snprintf(nm, sizeof nm, "grouped down fwd (%s)", tag);
         TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, NONE, offs));
         snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (%s)", tag);
-        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs));
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true));
         if (pass == 1) { // cuBLASLt's per-expert weight gradients on 1, 2 and 8 streams (its default is 4)
             setenv("PITH_GROUPED_KERNEL", "cublas", 1);
             const char *ns[3] = {"1", "2", "8"};
             for (int i = 0; i < 3; i++) {
                 setenv("PITH_WGRAD_STREAMS", ns[i], 1);
                 snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (natural, %s streams)", ns[i]);
-                TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs));
+                TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true));
                 snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (natural, %s streams)", ns[i]);
-                TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs));
+                TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true));
             }
             unsetenv("PITH_WGRAD_STREAMS");
             unsetenv("PITH_GROUPED_KERNEL");

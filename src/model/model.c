@@ -284,6 +284,7 @@ void model_free(Model *m) {
 
 void model_zero_grads(Model *m) {
     for (int g = 0; g < NGROUPS; g++) op_zero(m->g[g]);
+    for (int l = 0; l < MAX_LAYERS; l++) m->expert_grads_fresh[l] = true;
 }
 
 // ---- generation ----

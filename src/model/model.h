@@ -220,6 +220,9 @@ struct Model {
     SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
     void *views;             // the family's own weight and gradient views
     struct KvCache *kv;      // generation: attention reads and extends this cache (NULL: training, evaluation)
+    // Layer l's expert weight gradients are still the zeros of model_zero_grads: the next weight gradient writes
+    // them instead of adding (moe_stage3_backward_weight).
+    bool expert_grads_fresh[MAX_LAYERS];
 };
 
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported

@@ -243,10 +243,13 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
     int64_t R = io->offs[model_experts_local(&m->cfg)];
     if (!R) return;
     if (again) act_forward(&m->cfg, tensor_rows(r->act, 0, R), tensor_rows(r->gu, 0, R));
+    // the first micro-batch since the gradients were zeroed writes them (0 + g = g exactly, and no read of dw)
+    bool acc = !m->expert_grads_fresh[l];
+    m->expert_grads_fresh[l] = false;
     op_grouped_linear_backward_weight(G->down[l], G->down_b[l], tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R),
-                                      io->offs);
+                                      io->offs, acc);
     op_grouped_linear_backward_weight(G->gate_up[l], G->gate_up_b[l], tensor_rows(r->dgu, 0, R),
-                                      tensor_rows(io->xe, 0, R), io->offs);
+                                      tensor_rows(io->xe, 0, R), io->offs, acc);
 }
 
 // ---- stage 5: weighted sum of the expert outputs + residual ----

@@ -47,8 +47,9 @@ void op_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int
 void op_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
     DISPATCH(dy.dev, grouped_linear_backward_input(dx, dy, w, offs));
 }
-void op_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
-    DISPATCH(dy.dev, grouped_linear_backward_weight(dw, db, dy, x, offs));
+void op_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
+                                       bool accumulate) {
+    DISPATCH(dy.dev, grouped_linear_backward_weight(dw, db, dy, x, offs, accumulate));
 }
 void op_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
     DISPATCH(x.dev, rmsnorm_forward(y, rstd, x, w, eps));

@@ -27,8 +27,10 @@ void op_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
 // y: (R, N) = x_e: (R_e, K) · w_e: (N, K)ᵀ [+ b_e], w: (E, N, K), b: (E, N) or p == NULL; empty experts are allowed.
 void op_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs);
 void op_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs); // dx = dy·w_e
-// dw_e += dy_eᵀ·x_e; db: (E, N) fp32 += Σ_rows of e dy (db.p == NULL: no bias)
-void op_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs);
+// dw_e (+)= dy_eᵀ·x_e; db: (E, N) fp32 (+)= Σ_rows of e dy (db.p == NULL: no bias). accumulate false: dw and db
+// are written, not added to (empty experts' become 0): the first micro-batch into a zeroed gradient, where writing
+// equals adding and saves reading dw.
+void op_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);
 
 // ---- normalisation, position embedding, activation ----
 // RMSNorm over the last dim D of x: (R, D); y = x · rstd · w, rstd: (R) fp32 = 1/sqrt(mean(x²) + eps).

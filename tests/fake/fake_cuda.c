@@ -455,9 +455,10 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const in
     OP(grouped_linear_backward_input, &dx, &dy, &w);
     cpu_grouped_linear_backward_input(dx, dy, w, offs);
 }
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
+                                         bool accumulate) {
     OP(grouped_linear_backward_weight, &dw, &db, &dy, &x);
-    cpu_grouped_linear_backward_weight(dw, db, dy, x, offs);
+    cpu_grouped_linear_backward_weight(dw, db, dy, x, offs, accumulate);
 }
 void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
     OP(rmsnorm_forward, &y, &rstd, &x, &w);

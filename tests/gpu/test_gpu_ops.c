@@ -67,8 +67,8 @@ static void check_grouped(DType dt, double tol, int64_t R, bool bias) {
          dw = pair_rand(DT_F32, 1, 3, 5, N, K, 0);
     op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
     EXPECT_CLOSE(dx, tol);
-    op_grouped_linear_backward_weight(dw.c, db.c, dy.c, x.c, offs),
-        op_grouped_linear_backward_weight(dw.d, db.d, dy.d, x.d, offs);
+    op_grouped_linear_backward_weight(dw.c, db.c, dy.c, x.c, offs, true),
+        op_grouped_linear_backward_weight(dw.d, db.d, dy.d, x.d, offs, true);
     EXPECT_CLOSE(dw, tol);
     if (bias) EXPECT_CLOSE(db, tol);
 }
@@ -212,6 +212,8 @@ static void expect_lse(Pair lse, double tol) {
     ASSERT_MSG(err <= tol, "lse: relative error %.3g > %.3g", err, tol);
 }
 
+static const char *attention_fwd_path = "none"; // the path check_attention_args's GPU forward ran
+
 // Every AttnArgs form: q (B·Sq, nh, dqk), k (B·Sk, nkv, dqk), v (B·Sk, nkv, dv); sinks random when asked.
 static void check_attention_args(DType dt, double tol, int Sq, int Sk, int nh, int nkv, int dqk, int dv, AttnArgs a,
                                  bool sinks) {
@@ -224,6 +226,7 @@ static void check_attention_args(DType dt, double tol, int Sq, int Sk, int nh, i
     AttnArgs ac = a, ad = a;
     if (sinks) ac.sinks = sk.c, ad.sinks = sk.d;
     op_attention_forward(o.c, lse.c, q.c, k.c, v.c, &ac), op_attention_forward(o.d, lse.d, q.d, k.d, v.d, &ad);
+    attention_fwd_path = cuda_attention_last_path();
     EXPECT_CLOSE(o, tol);
     expect_lse(lse, tol);
     // the backward reads o and lse: give both sides the CPU's (rounded to dt), so only the backward differs
@@ -257,6 +260,18 @@ TEST(gpu_op_attention) {
     gpu_report();
 }
 
+// GPT-OSS's forms run cuDNN's fused kernels in bf16 (where the build has cuDNN: the window as a mask, the sinks
+// as a correction), our generic kernels in fp32; both directions of the last check_attention_args.
+static void expect_attention_paths(int bf16, const char *what) {
+    const char *bwd = cuda_attention_last_path(), *want = "generic";
+#ifdef PITH_CUDNN
+    if (bf16) want = "cudnn";
+#endif
+    printf("     %s %s: forward %s, backward %s\n", what, bf16 ? "bf16" : "fp32", attention_fwd_path, bwd);
+    ASSERT_MSG(!strcmp(attention_fwd_path, want) && !strcmp(bwd, want), "%s ran %s/%s, not %s", what,
+               attention_fwd_path, bwd, want);
+}
+
 // The widened forms on our generic kernels (and whatever faster path takes them): MLA's 192/128 head dims,
 // GPT-OSS's window and sinks, ring attention's blocks at offsets (a causal pair where the first queries see
 // nothing; a query block against a key block, all visible).
@@ -274,11 +289,17 @@ TEST(gpu_op_attention_forms) {
                              (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 37}, true);
         check_attention_args(MODE_DT, TOL, 100, 100, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true},
                              true);
-        // gpt-oss-20b's form: window 128 over 300 tokens, 8 query heads per kv head, sinks
+        // gpt-oss-20b's forms: head dim 64, 8 query heads per kv head, sinks; its sliding layers' window 128 over
+        // 300 tokens (not a tile multiple), its full layers causal
         check_attention_args(MODE_DT, TOL, 300, 300, 16, 2, 64, 64,
                              (AttnArgs){.B = 2, .scale = s64, .causal = true, .window = 128}, true);
-        printf("     window 128 + sinks %s: the backward ran %s\n", mode_ ? "bf16" : "fp32",
-               cuda_attention_last_path());
+        expect_attention_paths(mode_, "window 128 + sinks");
+        check_attention_args(MODE_DT, TOL, 300, 300, 16, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true},
+                             true);
+        expect_attention_paths(mode_, "causal + sinks");
+        check_attention_args(MODE_DT, TOL, 129, 129, 16, 2, 64, 64,
+                             (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 128}, true);
+        expect_attention_paths(mode_, "window 128 + sinks, 129 tokens");
         check_attention_args(MODE_DT, TOL, 64, 64, 4, 2, 64, 64,
                              (AttnArgs){.B = 2, .scale = s64, .causal = true, .q_off = 64, .k_off = 100}, false);
         check_attention_args(MODE_DT, TOL, 48, 96, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .q_off = 96}, false);
@@ -486,16 +507,16 @@ TEST(gpu_op_grouped_linear_many) {
         op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs),
             op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
         EXPECT_CLOSE(dx, GEMM_TOL);
-        op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs),
-            op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
+        op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs, true),
+            op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs, true);
         EXPECT_CLOSE(dw, GEMM_TOL);
         // the per-expert cuBLASLt weight gradients on side streams (default 4) equal the serial loop bit for bit
         Pair dw1 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0), dw4 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0);
         setenv("PITH_GROUPED_KERNEL", "cublas", 1); // (bf16 here would otherwise take the wgmma kernels)
         setenv("PITH_WGRAD_STREAMS", "1", 1);
-        op_grouped_linear_backward_weight(dw1.d, NONE, dy.d, x.d, offs);
+        op_grouped_linear_backward_weight(dw1.d, NONE, dy.d, x.d, offs, true);
         setenv("PITH_WGRAD_STREAMS", "4", 1);
-        op_grouped_linear_backward_weight(dw4.d, NONE, dy.d, x.d, offs);
+        op_grouped_linear_backward_weight(dw4.d, NONE, dy.d, x.d, offs, true);
         unsetenv("PITH_WGRAD_STREAMS");
         unsetenv("PITH_GROUPED_KERNEL");
         float *h1 = gpu_down(dw1.d), *h4 = gpu_down(dw4.d);
@@ -529,8 +550,9 @@ static double block_err(const float *g, const float *ref, int64_t mats, int64_t 
 // skewed and ragged experts (empty first, middle and last; counts around the 64-row reduction block and the
 // 128-row tile), shapes whose output columns take both tile widths (256 where they divide, else 128), and the
 // Qwen3 expert shapes. The error is the worst 128 × 128 block's (block_err); forward and input gradient round
-// to bf16 (1e-2), the weight gradient accumulates onto random fp32 values (1e-5). PITH_GROUPED_KERNEL=wgmma and
-// the call counter make sure these kernels ran; a second weight gradient must match the first bit for bit.
+// to bf16 (1e-2), the weight gradient accumulates onto random fp32 values (1e-5), and is stored over NaN when not
+// accumulating (1e-5). PITH_GROUPED_KERNEL=wgmma and the call counter make sure these kernels ran; a second
+// weight gradient must match the first bit for bit.
 static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *counts, int64_t N, int64_t K) {
     int64_t offs[65];
     CHECK(E <= 64);
@@ -546,12 +568,12 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     op_copy(dw2, dw.d);
     op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs);
     op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs);
-    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs);
+    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs, true);
     setenv("PITH_GROUPED_KERNEL", "wgmma", 1);
     int64_t calls0 = cuda_grouped_calls("wgmma");
     op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
     op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
-    op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
+    op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs, true);
     bool ran = cuda_grouped_calls("wgmma") == calls0 + 3;
     Pair ys[3] = {y, dx, dw};
     const char *what[3] = {"y (forward)", "dx (input gradient)", "dw (fp32 accumulate)"};
@@ -568,8 +590,19 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
         free(g);
     }
     // the weight gradient again from the same start: bit for bit (one writer per output)
-    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, offs);
+    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, offs, true);
+    // written, not added (the first micro-batch): over NaN, every expert's dw_e is stored, the empty ones zeroed
+    Pair dwo = pair_nan(DT_F32, 3, E, N, K, 0);
+    int64_t calls1 = cuda_grouped_calls("wgmma");
+    op_grouped_linear_backward_weight(dwo.c, NONE, dy.c, x.c, offs, false);
+    op_grouped_linear_backward_weight(dwo.d, NONE, dy.d, x.d, offs, false);
     unsetenv("PITH_GROUPED_KERNEL");
+    float *go = gpu_down(dwo.d);
+    double erro = block_err(go, dwo.c.p, E, N, K);
+    printf("       %-28s vs cpu %.2e\n", "dw (fp32 store)", erro);
+    record_err(erro, "dw (fp32 store)");
+    ok &= erro <= 1e-5 && cuda_grouped_calls("wgmma") == calls1 + 1;
+    free(go);
     float *h1 = gpu_down(dw2), *h2 = gpu_down(dw.d);
     bool same = !memcmp(h1, h2, (size_t)E * N * K * sizeof(float));
     if (!same) printf("       dw: two runs differ\n");
@@ -592,6 +625,14 @@ TEST(gpu_op_grouped_wgmma) {
     const int64_t qwen[6] = {0, 37, 300, 129, 1, 64};
     ok &= check_grouped_wgmma("Qwen3 gate_up", 6, qwen, 1536, 2048);
     ok &= check_grouped_wgmma("Qwen3 down", 6, qwen, 2048, 768);
+    // widths that are multiples of 64, not of 128: a 64-wide last column tile (and weight-gradient row tile)
+    ok &= check_grouped_wgmma("ragged, 64-multiples", 11, small, 192, 320);
+    const int64_t oss_bal[4] = {160, 160, 160, 160}, oss_skew[5] = {0, 413, 2, 0, 97};
+    ok &= check_grouped_wgmma("GPT-OSS down skewed, empty", 5, oss_skew, 2880, 2880);
+    if (!getenv("PITH_TEST_SANITIZE")) { // (under compute-sanitizer the shapes above suffice)
+        ok &= check_grouped_wgmma("GPT-OSS gate_up balanced", 4, oss_bal, 5760, 2880);
+        ok &= check_grouped_wgmma("GPT-OSS down balanced", 4, oss_bal, 2880, 2880);
+    }
     ASSERT_MSG(ok, "cuda_wgmma.cu differs from the CPU (errors above)");
     gpu_report();
 }
@@ -851,8 +892,8 @@ TEST(gpu_op_grouped_paths) {
          dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
     op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
     EXPECT_CLOSE(dx, 1e-2);
-    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs),
-        op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
+    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs, true),
+        op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs, true);
     EXPECT_CLOSE(dw, 1e-4);
     unsetenv("PITH_GROUPED_KERNEL");
     ASSERT_MSG(cuda_grouped_calls("batched") == calls0 + 3, "%lld of the 3 products ran as a padded batch",

@@ -72,10 +72,15 @@ void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int
               F(dx) + offs[e] * K);
 }
 
-void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
+void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
+                                        bool accumulate) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     CHECK(!db.p || tensor_numel(db) == E * N);
+    if (!accumulate) { // written: the sums below start from zero
+        memset(dw.p, 0, (size_t)E * N * K * sizeof(float));
+        if (db.p) memset(db.p, 0, (size_t)E * N * sizeof(float));
+    }
     for (int64_t e = 0; e < E; e++) {
         sgemm(true, false, N, K, offs[e + 1] - offs[e], 1, F(dy) + offs[e] * N, F(x) + offs[e] * K, 1,
               F(dw) + e * N * K);

@@ -8,7 +8,8 @@ void cpu_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
 void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
 void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs);
 void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
-void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs);
+void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
+                                        bool accumulate);
 void cpu_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
 void cpu_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
 void cpu_rope(Tensor x, int off, Tensor cos, Tensor sin, Tensor pos, RopeLayout layout, bool backward);

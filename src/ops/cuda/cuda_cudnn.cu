@@ -1,9 +1,9 @@
 // cuda_cudnn.cu — causal grouped-query attention, optionally in a sliding window, through cuDNN's fused
-// flash-attention engines (cuDNN 9 graph API, backend descriptors), one head dim or MLA's q·k 192 / v 128. pith runs its own kernels unless a
-// library kernel is faster for a
-// variant (docs/architecture.md, "GPU kernels"); for bf16 with head dims that are multiples of 8 up to 128 on
-// Hopper, cuDNN's is (bench/cuda_ops.md, round 3). cuDNN's engines recognise scaled
-// dot-product attention as a graph of matmul, pointwise and reduction operations; these are the graphs:
+// flash-attention engines (cuDNN 9 graph API, backend descriptors), one head dim or MLA's q·k 192 / v 128. pith
+// runs its own kernels unless a library kernel is faster for a variant (docs/architecture.md, "GPU kernels"); for
+// bf16 with head dims that are multiples of 8 up to 128 on Hopper, cuDNN's is (bench/cuda_ops.md, round 3).
+// cuDNN's engines recognise scaled dot-product attention as a graph of matmul, pointwise and reduction
+// operations; these are the graphs:
 //   forward   S = Q·Kᵀ (fp32), S·scale, causal select (row ≥ col, else the lowest float), with a window W
 //             a second select (col + W > row, else the lowest float: the query and the W − 1 keys before it),
 //             m = max S, E = exp(S − m), z = Σ E, lse = m + ln z (the stats output), P = E / z (bf16),
@@ -29,9 +29,9 @@ typedef cudnnBackendDescriptor_t Desc;
 
 // ---- graph building: every descriptor is kept while its plan is (the plan references them) ----
 typedef struct {
-    Desc all[112];
+    Desc all[160]; // the windowed backward graph and both heuristic modes' configurations take ~116
     int n_all;
-    Desc ops[32];
+    Desc ops[40]; // the windowed backward graph has 30
     int n_ops;
     int64_t next_uid; // uids of virtual tensors
     Desc scalars[16]; // by-value scalars made so far, by uid (one descriptor per uid)
@@ -194,14 +194,15 @@ static Desc masked_scores(Graph *g, const Shape *s, Desc q, Desc kt) {
     Desc masked = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss);
     pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, scaled, scalar(g, U_LOWEST), keep, masked, 0);
     if (!s->window) return masked;
-    // the window: keep col + W > row (indices as floats, exact below 2^24, the form cuDNN's engines fuse)
-    Desc frow = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), fcol = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss),
+    // the window: keep col + W > row, with int32 indices of the masked scores and W a float (the left-bound form
+    // cuDNN's fused engines recognise; the sum is exact below 2^24)
+    Desc wrow = tensor(g, 0, CUDNN_DATA_INT32, sd, ss), wcol = tensor(g, 0, CUDNN_DATA_INT32, sd, ss),
          colw = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss), inwin = tensor(g, 0, CUDNN_DATA_BOOLEAN, sd, ss),
          windowed = tensor(g, 0, CUDNN_DATA_FLOAT, sd, ss);
-    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, masked, NULL, NULL, frow, 2);
-    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, masked, NULL, NULL, fcol, 3);
-    pw2(g, CUDNN_POINTWISE_ADD, fcol, scalar(g, U_WINDOW), colw);
-    pointwise(g, CUDNN_POINTWISE_CMP_GT, CUDNN_DATA_BOOLEAN, colw, frow, NULL, inwin, 0);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, masked, NULL, NULL, wrow, 2);
+    pointwise(g, CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, masked, NULL, NULL, wcol, 3);
+    pw2(g, CUDNN_POINTWISE_ADD, wcol, scalar(g, U_WINDOW), colw);
+    pointwise(g, CUDNN_POINTWISE_CMP_GT, CUDNN_DATA_BOOLEAN, colw, wrow, NULL, inwin, 0);
     pointwise(g, CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, masked, scalar(g, U_LOWEST), inwin, windowed, 0);
     return windowed;
 }

@@ -11,7 +11,7 @@
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
 // tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
 // Grouped (expert) GEMMs run on our wgmma kernels (cuda_wgmma.cu) where they fit (bf16, N and K multiples of
-// 128); elsewhere they are chosen per call by the routing's shape (pad_rows_for): near-balanced experts run as
+// 64); elsewhere they are chosen per call by the routing's shape (pad_rows_for): near-balanced experts run as
 // one strided-batched cuBLASLt product over padded copies of their rows; skewed ones run as one
 // cublasGemmGroupedBatchedEx call (cuBLAS ≥ 12.5) with the largest experts as dense products on side
 // streams beside it. The grouped call's pointer arrays travel to the device through a ring of pinned host
@@ -634,7 +634,7 @@ static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64
 }
 
 // Which implementation runs an expert product. First the wgmma kernels (cuda_wgmma.cu: bf16, N and K multiples of
-// 128, one persistent launch for any routing). Where they do not fit, or PITH_GROUPED_KERNEL names another path —
+// 64, one persistent launch for any routing). Where they do not fit, or PITH_GROUPED_KERNEL names another path —
 // "batched" (the padded strided batch above), "cublas" (cuBLAS's grouped GEMM, the largest experts as dense
 // products beside it) or "auto" (the choice below, for A/B runs) — the routing's shape decides (bench/cuda_ops.md
 // has the measurements): the padded batch when the experts are near balanced (its waste within PAD_WASTE), else
@@ -721,8 +721,9 @@ __global__ void grouped_bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int
     }
 }
 
-// db[e, j] += Σ_(rows of e) dy[row, j]: block (32 columns × 8 row lanes) per (column tile, expert), one writer.
-template <typename T> __global__ void grouped_bias_backward_kernel(float *db, const T *dy, GroupOffs g, int64_t N) {
+// db[e, j] (+)= Σ_(rows of e) dy[row, j]: block (32 columns × 8 row lanes) per (column tile, expert), one writer.
+template <typename T>
+__global__ void grouped_bias_backward_kernel(float *db, const T *dy, GroupOffs g, int64_t N, int accumulate) {
     __shared__ float part[8][33];
     int e = blockIdx.y;
     int64_t j = blockIdx.x * 32 + threadIdx.x;
@@ -733,7 +734,7 @@ template <typename T> __global__ void grouped_bias_backward_kernel(float *db, co
     __syncthreads();
     if (threadIdx.y == 0 && j < N) {
         for (int r = 1; r < 8; r++) s += part[r][threadIdx.x];
-        db[e * N + j] += s;
+        db[e * N + j] = (accumulate ? db[e * N + j] : 0.0f) + s;
     }
 }
 
@@ -765,7 +766,8 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const in
     grouped_rows_product(true, dx, dy, w, offs, "grouped_linear_backward_input");
 }
 
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs) {
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
+                                         bool accumulate) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     if (db.p && E > 0) { // first: the weight paths below return early
@@ -776,14 +778,15 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
         DT_SWITCH(dy.dt, T, "grouped_linear_backward_weight",
                   grouped_bias_backward_kernel<T>
                   <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
-                      (float *)db.p, (const T *)dy.p, g, N));
+                      (float *)db.p, (const T *)dy.p, g, N, accumulate));
         CUDA_LAUNCH_CHECK();
     }
     IS_F32(dw, "grouped_linear_backward_weight");
     if (dy.dt != x.dt)
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);
-    if (grouped_wgmma_on() && wgmma_grouped_backward_weight(dw, dy, x, offs, true)) return;
+    if (grouped_wgmma_on() && wgmma_grouped_backward_weight(dw, dy, x, offs, accumulate)) return;
+    if (!accumulate) cuda_zero(dw); // the paths below add
     if (padded_grouped(PAD_BACKWARD_WEIGHT, dw, dy, x, offs, E, N, K)) return;
     if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) {
         expert_list(offs, E);

@@ -28,7 +28,8 @@ void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate)
 void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs);
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs);
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
+                                         bool accumulate);
 // How often the expert products took a path so far (cuda_gemm.cu): "batched" counts products run as one
 // padded strided batch, "big" experts run as dense products beside a grouped call.
 int64_t cuda_grouped_calls(const char *path);

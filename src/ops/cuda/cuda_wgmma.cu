@@ -4,8 +4,8 @@
 //   forward         y (R, N)  = x_e (R_e, K) · w_eᵀ          kind WG_FORWARD
 //   input gradient  dx (R, K) = dy_e (R_e, N) · w_e          kind WG_INPUT_GRAD
 //   weight gradient dw_e (N, K) fp32 (+)= dy_eᵀ · x_e         kind WG_WEIGHT_GRAD
-// Letters: R rows of the activations, E experts, N = w's rows, K = w's columns; a tile is BM = 128 output rows by
-// BN (128 or 256) output columns; the reduction runs in blocks of BK = 64.
+// Letters: R rows of the activations, E experts, N = w's rows, K = w's columns, both multiples of 64; a tile is
+// BM = 128 output rows by BN (128 or 256) output columns; the reduction runs in blocks of BK = 64.
 //
 // A CTA is three warpgroups (384 threads) on one SM. Warpgroup 0 is the producer: one thread walks the CTA's tiles
 // and issues, per reduction block, TMA copies of 64 × 64 bf16 boxes (8 KB, rows of 128 bytes in the 128-byte
@@ -25,6 +25,11 @@
 //   weight grad:    A = dy_eᵀ (MN-major),    B = x_e (MN-major); the reduction runs over the expert's rows
 // Ragged experts: forward and input-gradient tiles start at the expert's first row and may read rows of the next
 // expert (or zeros past R: the TMA fills out-of-range boxes with zeros); their outputs are simply not stored.
+// Widths that are multiples of 64 but not of the tile (GPT-OSS's 2880 = 22.5 · 128): the last column tile and, in
+// the weight gradient, the last row tile of an expert are half outside the output. Their outer 64 columns read
+// zeros (past the tensor) or the next expert's weight rows, and are not stored: the TMA clips stores past the last
+// column, and a weight-gradient warpgroup whose 64 rows start at N (they would be the next expert's) stores
+// nothing. The cost is the products of those halves: 1/45 of the tiles at 2880.
 // The weight gradient sums over rows, so in an expert's last partial block the consumers zero the rows past the
 // expert in shared memory before the products read them.
 #include "ops/cuda/cuda_common.cuh"
@@ -225,6 +230,7 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copy engine reads what st.shared wrote
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
     int row0 = ti.row + 64 * g, end = ti.r0 + ti.m; // the warpgroup's first output row; the expert's end
+    if (F32 && row0 >= gt.N) return;                // the rows past dw_e's last (N a multiple of 64, not of 128)
     if (F32 || row0 + 64 <= end) {
         if (tid == 0) {
             constexpr int COLS = F32 ? 32 : 64; // outputs per box row
@@ -238,11 +244,12 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
         }
         return;
     }
-    // the rows of this expert only, 16 bytes (8 bf16) a thread at a time
+    // the rows of this expert only, the columns before C, 16 bytes (8 bf16) a thread at a time
     int C = KIND == WG_FORWARD ? gt.N : gt.K;
     for (int c = tid; c < 64 * BN / 8; c += 128) {
         int r = c / (BN / 8), cc = c % (BN / 8);
         if (row0 + r >= end) break; // (rows are in order: every later chunk of this thread is past the end too)
+        if (ti.col + cc * 8 >= C) continue;
         uint4 v;
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -393,21 +400,22 @@ static void wgmma_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUt
 }
 
 // One expert product on the wgmma kernels: kind WG_FORWARD (out y (R, N), a x (R, K), b w), WG_INPUT_GRAD
-// (out dx (R, K), a dy (R, N), b w) or WG_WEIGHT_GRAD (out dw (E, N, K) fp32 (+)=, a dy (R, N), b x (R, K)).
-// False when the inputs do not fit (not a Hopper GPU, dtypes, N or K not multiples of 128, more than 256
+// (out dx (R, K), a dy (R, N), b w) or WG_WEIGHT_GRAD (out dw (E, N, K) fp32 (+)=, a dy (R, N), b x (R, K);
+// accumulate false: written, the empty experts' zeroed).
+// False when the inputs do not fit (not a Hopper GPU, dtypes, N or K not multiples of 64, more than 256
 // experts, unaligned pointers, sizes past int), and the caller runs another path.
 static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w, const int64_t *offs,
                               bool accumulate) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     if (a.dt != DT_BF16 || b.dt != DT_BF16 || out.dt != (kind == WG_WEIGHT_GRAD ? DT_F32 : DT_BF16)) return false;
-    if (E < 1 || E > WG_MAX_E || N % WG_BM || K % WG_BM || E * N > 0x7fffffff || K > 0x7fffffff) return false;
+    if (E < 1 || E > WG_MAX_E || N % WG_BK || K % WG_BK || E * N > 0x7fffffff || K > 0x7fffffff) return false;
     if (!aligned16(out.p, a.p, b.p) || offs[0] < 0 || offs[E] > 0x7fffffff - 256) return false;
     if (t_rows(a) + 256 > 0x7fffffff || (kind == WG_WEIGHT_GRAD && t_rows(b) + 256 > 0x7fffffff)) return false;
     if (!wgmma_available()) return false;
     int64_t C = kind == WG_FORWARD ? N : K;                      // the output's columns
     int bn = kind != WG_WEIGHT_GRAD && C % 256 == 0 ? 256 : 128; // (the fp32 epilogue tiles of 256 would not fit)
     WgTable gt;
-    gt.E = (int)E, gt.N = (int)N, gt.K = (int)K, gt.ntn = (int)(C / bn);
+    gt.E = (int)E, gt.N = (int)N, gt.K = (int)K, gt.ntn = (int)((C + bn - 1) / bn);
     for (int64_t e = 0; e <= E; e++) {
         if (e > 0 && offs[e] < offs[e - 1]) return false;
         gt.offs[e] = (int)offs[e];
@@ -422,12 +430,18 @@ static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w
     gt.tiles[0] = 0;
     for (int s = 0; s < E; s++) {
         int64_t m = gt.offs[gt.ord[s] + 1] - gt.offs[gt.ord[s]];
-        ntiles += kind == WG_WEIGHT_GRAD ? (m > 0 ? N / WG_BM * gt.ntn : 0) : (m + WG_BM - 1) / WG_BM * gt.ntn;
+        ntiles +=
+            kind == WG_WEIGHT_GRAD ? (m > 0 ? (N + WG_BM - 1) / WG_BM * gt.ntn : 0) : (m + WG_BM - 1) / WG_BM * gt.ntn;
         if (ntiles > 0x7fffffff) return false;
         gt.tiles[s + 1] = (int)ntiles;
     }
     wgmma_calls++;
-    if (ntiles == 0) return true; // no rows: nothing to write or add
+    if (kind == WG_WEIGHT_GRAD && !accumulate) // written, not added to: an empty expert's dw_e (no tiles) is 0
+        for (int64_t e = 0; e < E; e++)
+            if (offs[e + 1] == offs[e])
+                CUDA_CHECK(
+                    cudaMemsetAsync((float *)out.p + e * N * K, 0, (size_t)N * K * sizeof(float), cuda_stream()));
+    if (ntiles == 0) return true; // no rows: nothing (more) to write or add
     CUtensorMap ma, mb, mo;
     if (kind == WG_WEIGHT_GRAD) {
         tensor_map(&ma, a.p, DT_BF16, t_rows(a), N), tensor_map(&mb, b.p, DT_BF16, t_rows(b), K);
