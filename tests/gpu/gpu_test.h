@@ -16,6 +16,9 @@ void gpu_mode(DType dt);
 // Prints the worst relative error of each mode seen since gpu_begin.
 void gpu_report(void);
 Tensor gpu_tensor(DType dt, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
+// The device arena's fill, and a return to it: the tensors made since then are gone (a test of several large cases).
+size_t gpu_mark(void);
+void gpu_release(size_t mark);
 // Random N(0, scale²) values (rounded to bf16 first when dt is bf16, so both sides hold equal inputs).
 Pair pair_rand(DType dt, float scale, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
 Pair pair_nan(DType dt, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3); // outputs: NaN on both sides

@@ -32,6 +32,8 @@ void gpu_report(void) {
 Tensor gpu_tensor(DType dt, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
     return arena_tensor(&dev_arena, dt, nd, n0, n1, n2, n3);
 }
+size_t gpu_mark(void) { return arena_mark(&dev_arena); }
+void gpu_release(size_t mark) { arena_reset(&dev_arena, mark); }
 
 void round_bf16(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) {

@@ -560,6 +560,7 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     for (int64_t e = 0; e < E; e++) offs[e + 1] = offs[e] + counts[e];
     int64_t R = offs[E];
     printf("     %s: E=%lld N=%lld K=%lld rows=%lld\n", tag, (long long)E, (long long)N, (long long)K, (long long)R);
+    size_t mark = gpu_mark(); // (each case's device tensors go at its end)
     DType dt = DT_BF16;
     Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0),
          dy = pair_rand(dt, 1, 2, R, N, 0, 0);
@@ -591,22 +592,26 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     }
     // the weight gradient again from the same start: bit for bit (one writer per output)
     op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, offs, true);
-    // written, not added (the first micro-batch): over NaN, every expert's dw_e is stored, the empty ones zeroed
-    Pair dwo = pair_nan(DT_F32, 3, E, N, K, 0);
+    int64_t n = E * N * K;
+    float *h1 = gpu_down(dw2), *h2 = gpu_down(dw.d);
+    bool same = !memcmp(h1, h2, (size_t)n * sizeof(float));
+    if (!same) printf("       dw: two runs differ\n");
+    // written, not added (the first micro-batch): over NaN (dw2 again on the GPU), every expert's dw_e is stored,
+    // the empty ones zeroed
+    for (int64_t i = 0; i < n; i++) h1[i] = NAN;
+    Tensor hc = tensor_make(h1, DT_F32, DEV_CPU, 3, E, N, K, 1);
+    op_copy(dw2, hc);
     int64_t calls1 = cuda_grouped_calls("wgmma");
-    op_grouped_linear_backward_weight(dwo.c, NONE, dy.c, x.c, offs, false);
-    op_grouped_linear_backward_weight(dwo.d, NONE, dy.d, x.d, offs, false);
+    op_grouped_linear_backward_weight(hc, NONE, dy.c, x.c, offs, false);
+    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, offs, false);
     unsetenv("PITH_GROUPED_KERNEL");
-    float *go = gpu_down(dwo.d);
-    double erro = block_err(go, dwo.c.p, E, N, K);
+    float *go = gpu_down(dw2);
+    double erro = block_err(go, h1, E, N, K);
     printf("       %-28s vs cpu %.2e\n", "dw (fp32 store)", erro);
     record_err(erro, "dw (fp32 store)");
     ok &= erro <= 1e-5 && cuda_grouped_calls("wgmma") == calls1 + 1;
-    free(go);
-    float *h1 = gpu_down(dw2), *h2 = gpu_down(dw.d);
-    bool same = !memcmp(h1, h2, (size_t)E * N * K * sizeof(float));
-    if (!same) printf("       dw: two runs differ\n");
-    free(h1), free(h2);
+    free(go), free(h1), free(h2);
+    gpu_release(mark);
     return ok && same;
 }
 
@@ -627,10 +632,11 @@ TEST(gpu_op_grouped_wgmma) {
     ok &= check_grouped_wgmma("Qwen3 down", 6, qwen, 2048, 768);
     // widths that are multiples of 64, not of 128: a 64-wide last column tile (and weight-gradient row tile)
     ok &= check_grouped_wgmma("ragged, 64-multiples", 11, small, 192, 320);
+    // gpt-oss-20b's expert shapes (few experts: the weights and three fp32 gradients fit the test arena)
     const int64_t oss_bal[4] = {160, 160, 160, 160}, oss_skew[5] = {0, 413, 2, 0, 97};
     ok &= check_grouped_wgmma("GPT-OSS down skewed, empty", 5, oss_skew, 2880, 2880);
     if (!getenv("PITH_TEST_SANITIZE")) { // (under compute-sanitizer the shapes above suffice)
-        ok &= check_grouped_wgmma("GPT-OSS gate_up balanced", 4, oss_bal, 5760, 2880);
+        ok &= check_grouped_wgmma("GPT-OSS gate_up balanced", 2, oss_bal, 5760, 2880);
         ok &= check_grouped_wgmma("GPT-OSS down balanced", 4, oss_bal, 2880, 2880);
     }
     ASSERT_MSG(ok, "cuda_wgmma.cu differs from the CPU (errors above)");
