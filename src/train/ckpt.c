@@ -29,15 +29,20 @@ static void check_known(const StSet *s, const ParamTable *all, int nprefix, cons
             if (hf) rest = canonical(rest);
             known = bsearch(&rest, names, all->n, sizeof *names, cmp_name) != NULL;
         }
-        // HF's "model." names that are no parameter: a family whose HF layout differs from pith's (GPT-OSS's
-        // grouped experts, MXFP4 blocks), which only `pith convert hf2pith` reads
+        if (known) continue;
+        // HF's "model." names in the folder of a family whose HF layout differs from pith's (its hf_import hook:
+        // GPT-OSS's grouped experts, MXFP4 blocks), which only `pith convert hf2pith` reads
         const char *f = s->t[i]->file, *slash = strrchr(f, '/');
-        if (!known && hf && !strncmp(s->t[i]->name, "model.", 6))
-            die("%.*s: an HF folder in a layout pith does not read directly (tensor '%s' of %s): run `pith convert "
-                "hf2pith %.*s OUT` first and use OUT",
-                slash ? (int)(slash - f) : 1, slash ? f : ".", s->t[i]->name, f, slash ? (int)(slash - f) : 1,
-                slash ? f : ".");
-        if (!known) die("%s: tensor '%s' is not a parameter of this model", f, s->t[i]->name);
+        char dir[4200];
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - f) : 1, slash ? f : ".");
+        char cfg[4300];
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        ModelConfig mc;
+        if (hf && !strncmp(s->t[i]->name, "model.", 6) && path_exists(cfg) && model_config_load(&mc, cfg)->hf_import)
+            die("%s: an HF folder in a layout pith does not read directly (tensor '%s' of %s): run `pith convert "
+                "hf2pith %s OUT` first and use OUT",
+                dir, s->t[i]->name, f, dir);
+        die("%s: tensor '%s' is not a parameter of this model", f, s->t[i]->name);
     }
     free(names);
 }
