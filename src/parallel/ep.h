@@ -4,6 +4,7 @@
 // a token goes once to every rank holding any of its experts, every (token, expert) output comes back.
 #pragma once
 #include "model/model.h"
+#include "parallel/comm.h"
 
 // Shared by every layer of an engine (layers run one at a time): the rows in transit and host scratch for
 // building the routes. sbuf, rbuf: (max(T·k, capacity), H) in the communication arena.
@@ -22,7 +23,12 @@ typedef struct EpRoute {
     Tensor send_idx;                // (T·min(k, P)) int32: the token of each row sent, grouped by destination rank
     Tensor perm_r; // (capacity) int32: expert-ordered row i ↔ position perm_r[i] in received-slot order
     Tensor xrow;   // (capacity) int32: expert-ordered row i is received token row xrow[i]
+    CommReq req;   // the move in flight between ep_issue and ep_finish
+    int pending;   // its EpMove + 1 (0: none)
 } EpRoute;
+
+// The four moves of rows, each an all-to-all across the ep group.
+typedef enum { EP_DISPATCH, EP_COMBINE, EP_COMBINE_BACKWARD, EP_DISPATCH_BACKWARD } EpMove;
 
 int64_t ep_rows_capacity(const Model *m, int64_t T); // rows stage 3 can receive
 EpRoute *ep_route_create(Model *m, EpBuffers *buf);  // NULL with one ep rank
@@ -31,6 +37,12 @@ void ep_buffers_alloc(Model *m, EpBuffers *b, Arena *comm, int64_t T); // nothin
 void ep_buffers_free(EpBuffers *b);
 void ep_alloc(Model *m, StageIO *io, Arena *a, int64_t T);
 void ep_grad_alloc(Model *m, StageIO *io, Arena *ws, int64_t T);
+// Each stage as route (dispatch only: counts and permutations, the host reads) → issue (pack the rows, post
+// the all-to-all) → finish (wait, unpack), so compute of another micro-batch can run between issue and
+// finish (docs/architecture.md, "The overlapped pair"). Between them the move's buffers are the transfer's.
+void ep_dispatch_route(Model *m, StageIO *io);    // idx → perm, offs (and the route across ranks)
+void ep_issue(Model *m, StageIO *io, EpMove mv);  // one rank: the whole move
+void ep_finish(Model *m, StageIO *io);            // the move issued last on io
 void ep_dispatch_forward(Model *m, StageIO *io);  // xd, idx → perm, offs, xe
 void ep_combine_forward(Model *m, StageIO *io);   // ye → y (slot order)
 void ep_combine_backward(Model *m, StageIO *io);  // dy → dye

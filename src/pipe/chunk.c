@@ -219,6 +219,86 @@ void chunk_weight(Chunk *c, int slot) {
     k->defer_set = -1, c->defer_head++;
 }
 
+// ---- the overlapped pair (docs/architecture.md, "The overlapped pair") ----
+// A forward and a backward as cursors over their stages, each step ending at an all-to-all's issue or a
+// compute; chunk_pair interleaves them in the issue order of spec §4.4.
+typedef struct {
+    Chunk *c;
+    ChunkRecord *k;
+    int l;       // the layer whose stages run next (forward: ascending, backward: descending)
+    int cur;     // backward: dh[cur] is layer l's output gradient
+    size_t mark; // backward: workspace mark of layer l's gradients
+} Cursor;
+
+static void f_stage1(Cursor *f) { // (prolog,) stage 1 of layer l
+    Model *m = f->c->m;
+    if (f->l == f->c->l0 && f->c->l0 == 0) m->fam->prolog_forward(m, &f->k->mb, f->k->h[0]);
+    m->fam->stage1_forward(m, f->l, rec_of(f->c, f->k, f->l), &f->k->mb, f->k->h[f->l], &f->k->io[f->l]);
+}
+static void f_dispatch(Cursor *f) {
+    ep_dispatch_route(f->c->m, &f->k->io[f->l]), ep_issue(f->c->m, &f->k->io[f->l], EP_DISPATCH);
+}
+static void f_stage3(Cursor *f) {
+    ep_finish(f->c->m, &f->k->io[f->l]);
+    f->c->m->fam->stage3_forward(f->c->m, f->l, rec_of(f->c, f->k, f->l), &f->k->io[f->l]);
+}
+static void f_combine(Cursor *f) { ep_issue(f->c->m, &f->k->io[f->l], EP_COMBINE); }
+static void f_stage5(Cursor *f) { // stage 5 of layer l, and stage 1 of the next (or the epilog)
+    Model *m = f->c->m;
+    ep_finish(m, &f->k->io[f->l]);
+    m->fam->stage5_forward(m, f->l, rec_of(f->c, f->k, f->l), &f->k->io[f->l], f->k->h[f->l + 1]);
+    if (++f->l < f->c->l1) return f_stage1(f);
+    if (f->c->l1 == m->cfg.layers) m->fam->epilog_forward(m, f->k->epilog, &f->k->mb, f->k->h[f->l], true);
+}
+
+static void b_stage5(Cursor *b) { // (epilog,) stage 5 of layer l
+    Chunk *c = b->c;
+    Model *m = c->m;
+    if (b->l == c->l1 - 1 && c->l1 == m->cfg.layers) m->fam->epilog_backward(m, b->k->epilog, c->dh[b->cur]);
+    b->mark = arena_mark(&c->ws);
+    alloc_layer_grads(c, b->k, b->l, &c->ws);
+    m->fam->stage5_backward(m, b->l, rec_of(c, b->k, b->l), &b->k->io[b->l], c->dh[b->cur]);
+}
+static void b_combine(Cursor *b) { ep_issue(b->c->m, &b->k->io[b->l], EP_COMBINE_BACKWARD); }
+static void b_stage3(Cursor *b) {
+    ep_finish(b->c->m, &b->k->io[b->l]);
+    b->c->m->fam->stage3_backward_input(b->c->m, b->l, rec_of(b->c, b->k, b->l), &b->k->io[b->l]);
+}
+static void b_dispatch(Cursor *b) { ep_issue(b->c->m, &b->k->io[b->l], EP_DISPATCH_BACKWARD); }
+static void b_weight(Cursor *b) {
+    b->c->m->fam->stage3_backward_weight(b->c->m, b->l, rec_of(b->c, b->k, b->l), &b->k->io[b->l]);
+}
+static void b_stage1(Cursor *b) { // stage 1 of layer l, and stage 5 of the next (or the prolog)
+    Chunk *c = b->c;
+    Model *m = c->m;
+    ep_finish(m, &b->k->io[b->l]);
+    m->fam->stage1_backward(m, b->l, rec_of(c, b->k, b->l), &b->k->mb, &b->k->io[b->l], c->dh[b->cur],
+                            c->dh[1 - b->cur]);
+    arena_reset(&c->ws, b->mark);
+    b->cur = 1 - b->cur;
+    if (--b->l >= c->l0) return b_stage5(b);
+    if (c->l0 == 0) m->fam->prolog_backward(m, &b->k->mb, c->dh[b->cur]);
+}
+
+void chunk_pair(Chunk *fc, int fslot, Chunk *bc, int bslot) {
+    CHECK(fc != bc && fc->l1 - fc->l0 == bc->l1 - bc->l0); // the transfer buffers are each chunk's own
+    Cursor f = {fc, &fc->rec[fslot], fc->l0, 0, 0}, b = {bc, &bc->rec[bslot], bc->l1 - 1, 0, 0};
+    b_stage5(&b), b_combine(&b), f_stage1(&f);
+    for (int i = 0; i < fc->l1 - fc->l0; i++) {
+        if (i > 0) b_stage1(&b), f_combine(&f), b_combine(&b), f_stage5(&f);
+        b_stage3(&b), f_dispatch(&f), b_dispatch(&b), b_weight(&b), f_stage3(&f);
+    }
+    f_combine(&f), b_stage1(&b), f_stage5(&f);
+}
+
+void chunk_pipe_pair(Chunk *fc, int fslot, Tensor x, Tensor y, Chunk *bc, int bslot, Tensor dy, Tensor dx) {
+    if (x.p) op_copy(chunk_input(fc, fslot), x);
+    if (dy.p) op_copy(bc->dh[0], dy);
+    chunk_pair(fc, fslot, bc, bslot);
+    if (y.p) op_copy(y, chunk_output(fc, fslot));
+    if (dx.p) op_copy(dx, chunk_input_grad(bc));
+}
+
 void chunk_pipe_forward(Chunk *c, int slot, Tensor x, Tensor y, bool grad) {
     if (x.p) op_copy(chunk_input(c, slot), x);
     chunk_forward(c, slot, grad);
