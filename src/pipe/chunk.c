@@ -220,8 +220,12 @@ void chunk_weight(Chunk *c, int slot) {
 }
 
 // ---- the overlapped pair (docs/architecture.md, "The overlapped pair") ----
-// A forward and a backward as cursors over their stages, each step ending at an all-to-all's issue or a
-// compute; chunk_pair interleaves them in the issue order of spec §4.4.
+// A forward and a backward as cursors over their stages, each step a compute (after the wait for its input)
+// or an all-to-all's issue. chunk_pair issues every all-to-all right after the compute that produces its
+// rows, then runs the other micro-batch's compute before the wait: on the comm stream the all-to-alls come
+// in the order of spec §4.4 (whose events, recorded after each compute, give the same overlap), and each
+// runs beside the other side's stages: combine⁻¹ ∥ F stage 5/1, dispatch ∥ B stage 3, dispatch⁻¹ ∥ B
+// weight gradients and F stage 3, combine ∥ B stage 1/5.
 typedef struct {
     Chunk *c;
     ChunkRecord *k;
@@ -283,12 +287,12 @@ static void b_stage1(Cursor *b) { // stage 1 of layer l, and stage 5 of the next
 void chunk_pair(Chunk *fc, int fslot, Chunk *bc, int bslot) {
     CHECK(fc != bc && fc->l1 - fc->l0 == bc->l1 - bc->l0); // the transfer buffers are each chunk's own
     Cursor f = {fc, &fc->rec[fslot], fc->l0, 0, 0}, b = {bc, &bc->rec[bslot], bc->l1 - 1, 0, 0};
-    b_stage5(&b), b_combine(&b), f_stage1(&f);
+    b_stage5(&b), b_combine(&b), f_stage1(&f), f_dispatch(&f);
     for (int i = 0; i < fc->l1 - fc->l0; i++) {
-        if (i > 0) b_stage1(&b), f_combine(&f), b_combine(&b), f_stage5(&f);
-        b_stage3(&b), f_dispatch(&f), b_dispatch(&b), b_weight(&b), f_stage3(&f);
+        if (i > 0) b_stage1(&b), b_combine(&b), f_stage5(&f), f_dispatch(&f);
+        b_stage3(&b), b_dispatch(&b), b_weight(&b), f_stage3(&f), f_combine(&f);
     }
-    f_combine(&f), b_stage1(&b), f_stage5(&f);
+    b_stage1(&b), f_stage5(&f);
 }
 
 void chunk_pipe_pair(Chunk *fc, int fslot, Tensor x, Tensor y, Chunk *bc, int bslot, Tensor dy, Tensor dx) {
