@@ -94,7 +94,8 @@ $(BUILD)/test_parallel: $(PARALLEL_TEST_SRC:%.c=$(BUILD)/%.o) $(LIB_OBJ)
 $(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
-test: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_parallel fake-build
+# Where nvcc exists the GPU suite is linked too (not run): a GPU test that stops compiling fails `make test`.
+test: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_parallel fake-build $(if $(HAVE_NVCC),$(BUILD)/test_gpu)
 	@$(MAKE) --no-print-directory format-check
 	@$(BUILD)/test_pith
 	@$(MAKE) --no-print-directory fuzz

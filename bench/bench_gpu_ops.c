@@ -73,11 +73,24 @@ static void routing_offs(int64_t *offs, int64_t T, int64_t H, int64_t E, int k, 
            (long long)(T * k / E));
 }
 
-// The expert GEMMs of one MoE layer at T tokens (natural routing), cuda_grouped.cu's weight gradient beside the
-// cuBLAS path (PITH_GROUPED_KERNEL=pith / =cublas), both projections: gate_up (E, 2I, H) and down (E, H, I).
-// The weight-gradient rows also give the fp32 dw floor: E·N·K·8 bytes read and written once at the
-// copy rate (bench/cuda_ops.md). Allocates its own tensors and gives them back.
-static void bench_grouped(int64_t T, int64_t H, int64_t E, int k, int64_t I) {
+// Skewed expert rows that bench/peer_grouped.py builds the same way: expert e holds R·q_e/Σq rows, q_e =
+// 10⁶/(e + 8) (integer division), the remainder on expert 0; at R = 65536 over 128 experts the largest holds
+// 5.5× the mean, about what the router gives at initialisation.
+static void skewed_offs(int64_t *offs, int64_t R, int64_t E) {
+    int64_t Q = 0, used = 0;
+    for (int64_t e = 0; e < E; e++) Q += 1000000 / (e + 8);
+    offs[0] = 0;
+    for (int64_t e = 0; e < E; e++) used += R * (1000000 / (e + 8)) / Q;
+    for (int64_t e = 0; e < E; e++) offs[e + 1] = offs[e] + R * (1000000 / (e + 8)) / Q + (e == 0 ? R - used : 0);
+}
+
+// The expert GEMMs of one MoE layer at T tokens, top-k of E experts of width I, both projections: gate_up
+// (E, 2I, H) and down (E, H, I), under balanced and skewed routing, for each implementation: the wgmma kernels
+// (cuda_wgmma.cu, the default), "auto" (the older choice by routing shape: padded batch or cuBLAS grouped with
+// the largest experts beside it, cuda_grouped.cu's weight gradient when near balanced) and cuBLAS alone.
+// Row names match bench/peer_grouped.py's. Weight-gradient rows count the fp32 accumulation into dw (the
+// peer writes a bf16 dw); their floor is E·N·K·8 bytes read and written once at the copy rate.
+static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, int k, int64_t I) {
     Arena save = A;
     int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
     DType bf = DT_BF16;
@@ -85,35 +98,34 @@ static void bench_grouped(int64_t T, int64_t H, int64_t E, int k, int64_t I) {
            act = dev(bf, 2, R, I, 0);
     Tensor wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0), dwgu = dev(DT_F32, 3, E, 2 * I, H),
            dwd = dev(DT_F32, 3, E, H, I);
-    fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), op_zero(dwgu),
-        op_zero(dwd);
-    routing_offs(offs, T, H, E, k, false);
+    fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), fill(ye, 1, 59),
+        op_zero(dwgu), op_zero(dwd);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
-    for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, offs); // clocks up before the first row
-    cuda_sync();
-    const char *impl[3] = {"pith", "cublas", "batched"}; // (batched: cuda_gemm.cu's padded batch)
-    for (int v = 0; v < 3; v++) {
-        setenv("PITH_GROUPED_KERNEL", impl[v], 1);
-        char nm[112];
-        if (v > 0) { // (pith has no forward or input-gradient kernel: those rows would time cuBLAS again)
-            snprintf(nm, sizeof nm, "grouped gate_up fwd (T=%lld, %s)", (long long)T, impl[v]);
-            TIME(nm, 20, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, NONE, offs));
-            snprintf(nm, sizeof nm, "grouped gate_up bwd input (T=%lld, %s)", (long long)T, impl[v]);
-            TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_input(xe, gu, wgu, offs));
+    const char *impl[3] = {"wgmma", "auto", "cublas"};
+    for (int bal = 1; bal >= 0; bal--) {
+        if (bal) routing_offs(offs, T, H, E, k, true);
+        else skewed_offs(offs, R, E);
+        const char *rt = bal ? "balanced" : "skewed";
+        for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, offs); // clocks up
+        cuda_sync();
+        for (int v = 0; v < 3; v++) {
+            setenv("PITH_GROUPED_KERNEL", impl[v], 1);
+            char nm[112];
+#define GROUPED_ROW(what, work, call)                                                                                  \
+    snprintf(nm, sizeof nm, "%s %s (T=%lld, %s, %s)", model, what, (long long)T, rt, impl[v]);                         \
+    TIME(nm, 10, work, "TFLOP/s", call)
+            GROUPED_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, wgu, NONE, offs));
+            GROUPED_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, offs));
+            GROUPED_ROW("gate_up bwd weight fp32", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs));
+            GROUPED_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, offs));
+            GROUPED_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, offs));
+            GROUPED_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs));
+#undef GROUPED_ROW
         }
-        snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (T=%lld, %s)", (long long)T, impl[v]);
-        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs));
-        if (v > 0) {
-            snprintf(nm, sizeof nm, "grouped down fwd (T=%lld, %s)", (long long)T, impl[v]);
-            TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, NONE, offs));
-            snprintf(nm, sizeof nm, "grouped down bwd input (T=%lld, %s)", (long long)T, impl[v]);
-            TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_input(act, ye, wd, offs));
-        }
-        snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (T=%lld, %s)", (long long)T, impl[v]);
-        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs));
     }
     unsetenv("PITH_GROUPED_KERNEL");
-    printf("(dw floor at 4.0 TB/s: gate_up %.3f ms, down %.3f ms)\n", E * 2 * I * H * 8 / 4.0e9, E * H * I * 8 / 4.0e9);
+    printf("(%s dw floor at 4.0 TB/s: gate_up %.3f ms, down %.3f ms)\n", model, E * 2 * I * H * 8 / 4.0e9,
+           E * H * I * 8 / 4.0e9);
     free(offs);
     A.used = save.used;
 }
@@ -121,10 +133,10 @@ static void bench_grouped(int64_t T, int64_t H, int64_t E, int k, int64_t I) {
 int main(int argc, char **argv) {
     if (!ops_cuda_available()) die("bench_gpu_ops: no GPU");
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
-    A = arena_create("bench", DEV_CUDA, (size_t)12 << 30);
-    if (argc > 1 && !strcmp(argv[1], "--grouped")) { // the expert GEMMs alone, at 4096 and 8192 tokens
-        bench_grouped(4096, 2048, 128, 8, 768);
-        bench_grouped(8192, 2048, 128, 8, 768);
+    A = arena_create("bench", DEV_CUDA, (size_t)40 << 30);
+    if (argc > 1 && !strcmp(argv[1], "--grouped")) { // the expert GEMMs alone, at the training micro-batch
+        bench_grouped("qwen3", 8192, 2048, 128, 8, 768);
+        bench_grouped("dsv2", 8192, 2048, 64, 6, 1408);
         arena_destroy(&A);
         return 0;
     }
@@ -214,8 +226,7 @@ int main(int argc, char **argv) {
         }
         unsetenv("PITH_GROUPED_GEMM");
     }
-    bench_grouped(T, H, E, (int)k, I); // cuda_grouped.cu beside cuBLAS, at the benchmark's T and at 8192
-    bench_grouped(2 * T, H, E, (int)k, I);
+    bench_grouped("qwen3", 2 * T, H, E, (int)k, I); // every implementation at the training micro-batch (8192)
     TIME("swiglu fwd (32768 x 768)", 20, (double)R * 3 * I * 2, "GB/s", op_swiglu_forward(act, gu));
     TIME("swiglu bwd", 20, (double)R * 5 * I * 2, "GB/s", op_swiglu_backward(gu, act, gu));
     // attention, causal: 4·S²·d·nh/2 flops forward, 2.5× that backward
@@ -316,7 +327,8 @@ int main(int argc, char **argv) {
     Tensor p = dev(DT_F32, 1, np, 0, 0), g = dev(DT_F32, 1, np, 0, 0), m = dev(DT_F32, 1, np, 0, 0),
            vv = dev(DT_F32, 1, np, 0, 0);
     op_zero(m), op_zero(vv), fill(p, 1, 15), fill(g, 1, 16);
-    TIME("adamw 30M params", 20, (double)np * 7 * 4, "GB/s", op_adamw(p, g, m, vv, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+    TIME("adamw 30M params", 20, (double)np * 7 * 4, "GB/s",
+         op_adamw(p, g, m, vv, NONE, 1.0f, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
     double ss = 0;
     TIME("sum_squares 30M (host result)", 20, (double)np * 4, "GB/s", ss += op_sum_squares(g));
     Tensor pb = dev(bf, 1, np, 0, 0);
@@ -324,6 +336,19 @@ int main(int argc, char **argv) {
     Tensor big0 = dev(DT_F32, 1, 256 << 20, 0, 0), big1 = dev(DT_F32, 1, 256 << 20, 0, 0);
     op_zero(big0);
     TIME("copy d2d 1 GiB (bandwidth ceiling)", 10, 2.0 * (1 << 30), "GB/s", op_copy(big1, big0));
+    // the optimizer step's one pass at the scale of the 8-layer benchmark's largest group: 1 G parameters,
+    // gradient scale folded in, bf16 compute copy written (30 bytes a parameter); beside it the copy ceiling
+    {
+        Arena save = A;
+        int64_t nb = 1 << 30;
+        Tensor P = dev(DT_F32, 1, nb, 0, 0), G = dev(DT_F32, 1, nb, 0, 0), M = dev(DT_F32, 1, nb, 0, 0),
+               V = dev(DT_F32, 1, nb, 0, 0), W = dev(bf, 1, nb, 0, 0);
+        op_zero(M), op_zero(V), fill(P, 1, 17), fill(G, 1, 18);
+        TIME("adamw 1G params + bf16 copy (one pass)", 5, (double)nb * 30, "GB/s",
+             op_adamw(P, G, M, V, W, 0.5f, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1));
+        TIME("sum_squares 1G (host result)", 5, (double)nb * 4, "GB/s", ss += op_sum_squares(G));
+        A.used = save.used;
+    }
     printf("(sum_squares check %.3g)\n", ss);
     arena_destroy(&A);
     return 0;

@@ -1,5 +1,6 @@
 // test_ops.c — every CPU op: forward against a plain fp64 reference, backward against central finite
 // differences of that reference (h = 1e-6 in fp64, so the reference gradient is exact to ~1e-9).
+#include "base/half.h"
 #include "ops/ops.h"
 #include "test.h"
 
@@ -630,27 +631,34 @@ TEST(op_embedding) {
     }
 }
 
-// AdamW against torch.optim.AdamW's formulas in fp64, over three steps.
+// AdamW against torch.optim.AdamW's formulas in fp64, over three steps, the gradient read as gscale·g; the
+// compute copy it writes is p exactly (fp32) or p rounded to bf16.
 TEST(op_adamw) {
     int64_t n = 50;
-    float *p = rnd(n, 1), *m = xcalloc(n, 4), *v = xcalloc(n, 4);
+    float *p = rnd(n, 1), *m = xcalloc(n, 4), *v = xcalloc(n, 4), *w32 = xmalloc(n * 4);
+    uint16_t *w16 = xmalloc(n * 2);
     double *pd = to_f64(p, n), *md = xcalloc(n, 8), *vd = xcalloc(n, 8);
-    double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.37;
     for (int t = 1; t <= 3; t++) {
         float *g = rnd(n, 1);
-        op_adamw(tf32_1(p, n), tf32_1(g, n), tf32_1(m, n), tf32_1(v, n), (float)lr, (float)b1, (float)b2, (float)eps,
-                 (float)wd, t);
+        Tensor w = t == 2 ? tensor_make(w16, DT_BF16, DEV_CPU, 1, n, 1, 1, 1) : tf32_1(w32, n);
+        op_adamw(tf32_1(p, n), tf32_1(g, n), tf32_1(m, n), tf32_1(v, n), w, (float)gs, (float)lr, (float)b1, (float)b2,
+                 (float)eps, (float)wd, t);
         for (int64_t i = 0; i < n; i++) {
+            double gi = gs * g[i];
             pd[i] *= 1 - lr * wd;
-            md[i] = b1 * md[i] + (1 - b1) * g[i];
-            vd[i] = b2 * vd[i] + (1 - b2) * (double)g[i] * g[i];
+            md[i] = b1 * md[i] + (1 - b1) * gi;
+            vd[i] = b2 * vd[i] + (1 - b2) * gi * gi;
             pd[i] -= lr / (1 - pow(b1, t)) * md[i] / (sqrt(vd[i]) / sqrt(1 - pow(b2, t)) + eps);
+            if (t == 2) ASSERT(w16[i] == f32_to_bf16(p[i]));
+            else ASSERT(w32[i] == p[i]);
         }
         free(g);
     }
     ASSERT(rel_err_mixed(p, pd, n) < 1e-6);
     ASSERT(rel_err_mixed(m, md, n) < 1e-6);
     ASSERT(rel_err_mixed(v, vd, n) < 1e-6);
+    free(p), free(m), free(v), free(w32), free(w16), free(pd), free(md), free(vd);
 }
 
 // Column slices: dst[:, a:a+n] (+)= src[:, b:b+n]; the other columns stay as they were.

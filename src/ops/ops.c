@@ -107,7 +107,10 @@ void op_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool 
     DISPATCH(dst.dev, copy_cols(dst, a, src, b, n, accumulate));
 }
 double op_sum_squares(Tensor x) { DISPATCH_RETURN(x.dev, sum_squares(x)); }
-void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
-    DISPATCH(p.dev, adamw(p, g, m, v, lr, b1, b2, eps, wd, t));
+void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
+              float wd, int t) {
+    if (w.p && (w.dev != p.dev || tensor_numel(w) != tensor_numel(p)))
+        die("adamw: the compute copy must match the master's device and size");
+    DISPATCH(p.dev, adamw(p, g, m, v, w, gscale, lr, b1, b2, eps, wd, t));
 }
 double op_read_scalar(Tensor x) { DISPATCH_RETURN(x.dev, read_scalar(x)); }

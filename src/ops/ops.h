@@ -136,9 +136,12 @@ void op_copy(Tensor dst, Tensor src); // same shape; converts dtype and crosses 
 // Tensors have no strides, so MLA splits and joins heads with it; its transpose is itself with roles swapped.
 void op_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate);
 double op_sum_squares(Tensor x); // Σ x² (fp32 tensor), returned on the host
-// torch.optim.AdamW on flat fp32 tensors: p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²;
-// p −= lr/(1−b1^t) · m / (sqrt(v/(1−b2^t)) + eps).
-void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t);
+// torch.optim.AdamW on flat fp32 tensors, the gradient read as gscale·g (the 1/tokens mean and the clip factor
+// folded in): p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²; p −= lr/(1−b1^t) · m / (sqrt(v/(1−b2^t)) +
+// eps). w (bf16 or fp32, p's size; w.p == NULL: none) receives the new p in its dtype: the compute copy in the
+// same pass.
+void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
+              float wd, int t);
 // Muon (docs/architecture.md, "Muon"), on flat fp32 tensors: buf = β·buf + (1−β)·g, then g ← (1−β)·g + β·buf
 // (the Nesterov-style update, in place of the gradient).
 void op_muon_momentum(Tensor buf, Tensor g, float beta);

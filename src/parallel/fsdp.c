@@ -54,6 +54,15 @@ void fsdp_gather(const Fsdp *f, int g, Tensor full, Tensor shard) {
     if (!one_shard(f, g)) comm_allgather(f->shard[g], full, mine);
 }
 
+Tensor fsdp_own_rows(const Fsdp *f, int g, Tensor full, Tensor shard) {
+    if (full.p == shard.p || full.dev != shard.dev) return (Tensor){0};
+    return tensor_rows(full, f->off[g], f->len[g]);
+}
+
+void fsdp_gather_rest(const Fsdp *f, int g, Tensor full, Tensor own) {
+    if (!one_shard(f, g)) comm_allgather(f->shard[g], full, own);
+}
+
 void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {
     CHECK(shard.p == full.p); // in place (fsdp_alloc_state): no separate buffer for the reduced shard
     comm_reduce_scatter(f->shard[g], shard, full);

@@ -27,6 +27,11 @@ void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Tensor master[NGR
                       Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]);
 // full: (numel) compute copy ← all-gather of the master shards: (len) (converted to full's dtype).
 void fsdp_gather(const Fsdp *f, int g, Tensor full, Tensor shard);
+// The rows of the compute copy `full` that this rank's shard fills (p == NULL when the copy is the shard itself
+// or on another device): the optimizer writes them in its pass (op_adamw's w), then fsdp_gather_rest all-gathers
+// the other ranks' rows into full.
+Tensor fsdp_own_rows(const Fsdp *f, int g, Tensor full, Tensor shard);
+void fsdp_gather_rest(const Fsdp *f, int g, Tensor full, Tensor own);
 // shard: (len) ← Σ over every rank of its full: (numel) fp32 gradient accumulators, this rank's range;
 // in place: shard is the front of full (whose contents are then spent until the next zeroing).
 void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full);

@@ -62,7 +62,7 @@ void muon_step(const Muon *mu, const Fsdp *f, Model *m, const TrainConfig *c, do
 #define SLICE(x) tensor_rows((x), lo - s0, hi - lo)
             if (r->muon) op_muon_momentum(SLICE(mom1[g]), SLICE(grad[g]), beta);
             else
-                op_adamw(SLICE(master[g]), SLICE(grad[g]), SLICE(mom1[g]), SLICE(mom2[g]), (float)lr,
+                op_adamw(SLICE(master[g]), SLICE(grad[g]), SLICE(mom1[g]), SLICE(mom2[g]), (Tensor){0}, 1.0f, (float)lr,
                          (float)c->optimizer.betas[0], (float)c->optimizer.betas[1], (float)c->optimizer.eps, wd, t);
         }
         if (!mu->nbatches[g]) continue;

@@ -393,19 +393,24 @@ StepStats run_step(Run *r) {
     double N = sums[2] < 1 ? 1 : sums[2];
     StepStats st = {0};
     st.fwdbwd_seconds = fwdbwd_seconds;
+    // AdamW reads the gradient as gscale·g, the 1/N mean and the clip factor folded into its one pass over the
+    // flat buffers (fold); Muon and a gradient dump take the scaled gradient itself.
+    bool fold = !r->muon.on && !r->dump_grads[0];
     for (int g = 0; g < NGROUPS; g++) {
         fsdp_reduce_scatter(&r->fsdp, g, r->grad[g], m->g[g]);
-        op_scale(r->grad[g], (float)(1.0 / N));
+        if (!fold) op_scale(r->grad[g], (float)(1.0 / N));
     }
     if (r->dump_grads[0]) {
         ckpt_write_grads(r, r->dump_grads);
         r->dump_grads[0] = 0;
     }
-    st.grad_norm = sqrt(fsdp_sum_squares(&r->fsdp, r->grad));
+    st.grad_norm = sqrt(fsdp_sum_squares(&r->fsdp, r->grad)) / (fold ? N : 1);
+    double gscale = fold ? 1.0 / N : 1.0;
     // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6) when that is below 1.
     if (c->clip_grad_norm > 0) {
         double coef = c->clip_grad_norm / (st.grad_norm + 1e-6);
-        if (coef < 1)
+        if (coef < 1 && fold) gscale *= coef;
+        else if (coef < 1)
             for (int g = 0; g < NGROUPS; g++) op_scale(r->grad[g], (float)coef);
     }
     st.lr = c->optimizer.lr * config_lr_factor(c, r->step);
@@ -420,14 +425,20 @@ StepStats run_step(Run *r) {
         st.seconds = now_seconds() - t0;
         return st;
     }
+    Tensor own[NGROUPS] = {{0}}; // rows of the compute copies AdamW writes in its pass (fsdp_own_rows)
     if (r->muon.on) muon_step(&r->muon, &r->fsdp, m, c, st.lr, r->step, r->master, r->grad, r->adam_m, r->adam_v);
     else
-        for (int g = 0; g < NGROUPS; g++)
-            op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], (float)st.lr, (float)c->optimizer.betas[0],
-                     (float)c->optimizer.betas[1], (float)c->optimizer.eps, (float)c->optimizer.weight_decay, r->step);
+        for (int g = 0; g < NGROUPS; g++) {
+            own[g] = fsdp_own_rows(&r->fsdp, g, m->w[g], r->master[g]);
+            op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], own[g], (float)gscale, (float)st.lr,
+                     (float)c->optimizer.betas[0], (float)c->optimizer.betas[1], (float)c->optimizer.eps,
+                     (float)c->optimizer.weight_decay, r->step);
+        }
     if (m->router_bias.p) run_router_bias_update(r);
     // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
-    for (int g = 0; g < NGROUPS; g++) fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
+    for (int g = 0; g < NGROUPS; g++)
+        if (own[g].p) fsdp_gather_rest(&r->fsdp, g, m->w[g], own[g]);
+        else fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
     ops_sync();
     st.seconds = now_seconds() - t0;
     return st;

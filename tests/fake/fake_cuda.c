@@ -591,9 +591,11 @@ double cuda_sum_squares(Tensor x) {
     OP(sum_squares, &x);
     return cpu_sum_squares(x);
 }
-void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
+void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
+                float wd, int t) {
     OP(adamw, &p, &g, &m, &v);
-    cpu_adamw(p, g, m, v, lr, b1, b2, eps, wd, t);
+    if (w.p) OP(adamw, &w);
+    cpu_adamw(p, g, m, v, w, gscale, lr, b1, b2, eps, wd, t);
 }
 void cuda_muon_momentum(Tensor buf, Tensor g, float beta) {
     OP(muon_momentum, &buf, &g);

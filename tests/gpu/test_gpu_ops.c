@@ -367,16 +367,19 @@ TEST(gpu_op_attention_flash) {
     gpu_report();
 }
 
-// Three AdamW steps on n fp32 parameters (fresh moments, v ≥ 0), GPU against CPU.
+// Three AdamW steps on n fp32 parameters (fresh moments, v ≥ 0), the gradient scaled by 0.37, GPU against CPU;
+// the compute copy: none, fp32, then bf16 (on the CPU the new p is rounded the same way).
 static void check_adamw(int64_t n) {
     Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0),
          v = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0);
     for (int64_t i = 0; i < n; i++) ((float *)v.c.p)[i] = fabsf(((float *)v.c.p)[i]);
     op_copy(v.d, v.c);
     for (int t = 1; t <= 3; t++) {
-        Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
-        op_adamw(p.c, gr.c, m.c, v.c, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t),
-            op_adamw(p.d, gr.d, m.d, v.d, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), w = pair_nan(t == 3 ? DT_BF16 : DT_F32, 1, n, 0, 0, 0);
+        Tensor wc = t == 1 ? NONE : w.c, wd = t == 1 ? NONE : w.d;
+        op_adamw(p.c, gr.c, m.c, v.c, wc, 0.37f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t),
+            op_adamw(p.d, gr.d, m.d, v.d, wd, 0.37f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        if (t > 1) EXPECT_CLOSE(w, t == 3 ? 1e-2 : 1e-5);
     }
     EXPECT_CLOSE(p, 1e-5);
     EXPECT_CLOSE(m, 1e-5);
@@ -483,7 +486,7 @@ TEST(gpu_op_grouped_linear_many) {
         EXPECT_CLOSE(dw, GEMM_TOL);
         // the per-expert cuBLASLt weight gradients on side streams (default 4) equal the serial loop bit for bit
         Pair dw1 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0), dw4 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0);
-        setenv("PITH_GROUPED_KERNEL", "cublas", 1); // (bf16 here would otherwise take cuda_grouped.cu's kernel)
+        setenv("PITH_GROUPED_KERNEL", "cublas", 1); // (bf16 here would otherwise take the wgmma kernels)
         setenv("PITH_WGRAD_STREAMS", "1", 1);
         op_grouped_linear_backward_weight(dw1.d, NONE, dy.d, x.d, offs);
         setenv("PITH_WGRAD_STREAMS", "4", 1);
@@ -497,11 +500,8 @@ TEST(gpu_op_grouped_linear_many) {
     gpu_report();
 }
 
-// Our grouped weight-gradient kernel (cuda_grouped.cu) against the CPU and against the cuBLAS path
-// (PITH_GROUPED_KERNEL=pith / =cublas), bf16 operands. The error is the worst over 128 × 128 blocks (per
-// expert) of ‖gpu − ref‖/‖ref‖, so one wrong output tile fails even among hundreds of right ones. The weight
-// gradient accumulates onto random fp32 values in fp32 from exact bf16 products, so it must agree with
-// both to 1e-5 (summation order only).
+// The worst over 128 × 128 blocks (per matrix) of ‖gpu − ref‖/‖ref‖, so one wrong output tile fails even among
+// hundreds of right ones.
 static double block_err(const float *g, const float *ref, int64_t mats, int64_t rows, int64_t cols) {
     double worst = 0;
     for (int64_t e = 0; e < mats; e++)
@@ -520,47 +520,50 @@ static double block_err(const float *g, const float *ref, int64_t mats, int64_t 
     return worst;
 }
 
-// One product three ways: the CPU (p.c, already computed), our kernel (p.d) and cuBLAS (cub); prints
-// and records both errors, false when either passes tol.
-static bool grouped_compare(const char *what, Pair p, Tensor cub, int64_t mats, int64_t rows, int64_t cols,
-                            double tol) {
-    float *g = gpu_down(p.d), *b = gpu_down(cub);
-    double ec = block_err(g, p.c.p, mats, rows, cols), eb = block_err(g, b, mats, rows, cols);
-    printf("       %-28s vs cpu %.2e  vs cublas %.2e\n", what, ec, eb);
-    record_err(ec, what), record_err(eb, what);
-    free(g), free(b);
-    return ec <= tol && eb <= tol;
-}
-
-static bool check_grouped_own(const char *tag, int64_t E, const int64_t *counts, int64_t N, int64_t K) {
-    int64_t offs[17];
-    CHECK(E <= 16);
+// The wgmma kernels (cuda_wgmma.cu) against the CPU: all three expert products, bf16 operands, for balanced,
+// skewed and ragged experts (empty first, middle and last; counts around the 64-row reduction block and the
+// 128-row tile), shapes whose output columns take both tile widths (256 where they divide, else 128), and the
+// Qwen3 expert shapes. The error is the worst 128 × 128 block's (block_err); forward and input gradient round
+// to bf16 (1e-2), the weight gradient accumulates onto random fp32 values (1e-5). PITH_GROUPED_KERNEL=wgmma and
+// the call counter make sure these kernels ran; a second weight gradient must match the first bit for bit.
+static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *counts, int64_t N, int64_t K) {
+    int64_t offs[65];
+    CHECK(E <= 64);
     offs[0] = 0;
     for (int64_t e = 0; e < E; e++) offs[e + 1] = offs[e] + counts[e];
     int64_t R = offs[E];
     printf("     %s: E=%lld N=%lld K=%lld rows=%lld\n", tag, (long long)E, (long long)N, (long long)K, (long long)R);
     DType dt = DT_BF16;
-    Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), dy = pair_rand(dt, 1, 2, R, N, 0, 0);
-    bool ok = true;
-    // the references: the CPU, and cuBLAS; the weight gradient onto a nonzero dw (its start kept in dw0)
-    Pair dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
-    Tensor dwb = gpu_tensor(DT_F32, 3, E, N, K, 0), dw0 = gpu_tensor(DT_F32, 3, E, N, K, 0);
-    op_copy(dwb, dw.d), op_copy(dw0, dw.d);
+    Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0),
+         dy = pair_rand(dt, 1, 2, R, N, 0, 0);
+    Pair y = pair_nan(dt, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
+    Tensor dw2 = gpu_tensor(DT_F32, 3, E, N, K, 0); // the start, for a second run
+    op_copy(dw2, dw.d);
+    op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs);
+    op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs);
     op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs);
-    setenv("PITH_GROUPED_KERNEL", "cublas", 1);
-    op_grouped_linear_backward_weight(dwb, NONE, dy.d, x.d, offs);
-    // ours
-    setenv("PITH_GROUPED_KERNEL", "pith", 1);
-    op_copy(dw.d, dw0);
+    setenv("PITH_GROUPED_KERNEL", "wgmma", 1);
+    int64_t calls0 = cuda_grouped_calls("wgmma");
+    op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
+    op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
     op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
-    unsetenv("PITH_GROUPED_KERNEL");
-    ok &= grouped_compare("dw (fp32 accumulate)", dw, dwb, E, N, K, 1e-5);
-    // a second run gives the same weight gradient bit for bit (one writer per output: deterministic)
-    Tensor dw2 = dwb; // (reused)
-    op_copy(dw2, dw0), op_copy(dw.d, dw0);
-    setenv("PITH_GROUPED_KERNEL", "pith", 1);
+    bool ran = cuda_grouped_calls("wgmma") == calls0 + 3;
+    Pair ys[3] = {y, dx, dw};
+    const char *what[3] = {"y (forward)", "dx (input gradient)", "dw (fp32 accumulate)"};
+    int64_t rows[3] = {R, R, N}, cols[3] = {N, K, K}, mats[3] = {1, 1, E};
+    double tol[3] = {1e-2, 1e-2, 1e-5};
+    bool ok = ran;
+    if (!ran) printf("       the wgmma kernels did not run\n");
+    for (int i = 0; i < 3; i++) {
+        float *g = gpu_down(ys[i].d);
+        double err = block_err(g, ys[i].c.p, mats[i], rows[i], cols[i]);
+        printf("       %-28s vs cpu %.2e\n", what[i], err);
+        record_err(err, what[i]);
+        ok &= err <= tol[i];
+        free(g);
+    }
+    // the weight gradient again from the same start: bit for bit (one writer per output)
     op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, offs);
-    op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs);
     unsetenv("PITH_GROUPED_KERNEL");
     float *h1 = gpu_down(dw2), *h2 = gpu_down(dw.d);
     bool same = !memcmp(h1, h2, (size_t)E * N * K * sizeof(float));
@@ -569,19 +572,22 @@ static bool check_grouped_own(const char *tag, int64_t E, const int64_t *counts,
     return ok && same;
 }
 
-TEST(gpu_op_grouped_kernels) {
+TEST(gpu_op_grouped_wgmma) {
     gpu_begin();
     gpu_mode(DT_BF16);
     bool ok = true;
-    // empty experts (first, middle, last), 1 row, 31/32/33 rows around the 32-row stage, 127/128/129 and 300
-    const int64_t small[10] = {0, 33, 1, 0, 31, 32, 129, 128, 127, 0};
-    ok &= check_grouped_own("small", 10, small, 256, 128);
-    ok &= check_grouped_own("small, wide", 10, small, 128, 384);
+    const int64_t small[11] = {0, 33, 1, 0, 63, 64, 65, 129, 128, 300, 0};
+    ok &= check_grouped_wgmma("ragged", 11, small, 256, 128); // column tiles 256 (forward), 128 (the others)
+    ok &= check_grouped_wgmma("ragged, 128-wide tiles", 11, small, 128, 384);
+    ok &= check_grouped_wgmma("ragged, 256-wide gradients", 11, small, 384, 512);
+    int64_t bal[16], skew[16] = {1100, 30, 0, 1270, 10, 64, 65, 0, 7, 190, 0, 0, 513, 2, 1, 40};
+    for (int i = 0; i < 16; i++) bal[i] = 256;
+    ok &= check_grouped_wgmma("balanced", 16, bal, 512, 256);
+    ok &= check_grouped_wgmma("skewed", 16, skew, 256, 512);
     const int64_t qwen[6] = {0, 37, 300, 129, 1, 64};
-    ok &= check_grouped_own("Qwen3 gate_up", 6, qwen, 1536, 2048);
-    ok &= check_grouped_own("Qwen3 down", 6, qwen, 2048, 768);
-    unsetenv("PITH_GROUPED_KERNEL");
-    ASSERT_MSG(ok, "cuda_grouped.cu differs from the CPU or cuBLAS (errors above)");
+    ok &= check_grouped_wgmma("Qwen3 gate_up", 6, qwen, 1536, 2048);
+    ok &= check_grouped_wgmma("Qwen3 down", 6, qwen, 2048, 768);
+    ASSERT_MSG(ok, "cuda_wgmma.cu differs from the CPU (errors above)");
     gpu_report();
 }
 

@@ -102,7 +102,7 @@ static double metric(const char *dir, int step, const char *key) {
 }
 
 // Worst per-tensor difference of two gradient dumps: ‖a−b‖/‖b‖, or calc_diff.
-static double grad_diff(const char *a, const char *b, bool use_calc_diff, char *worst_name, size_t cap) {
+static double gpu_grad_diff(const char *a, const char *b, bool use_calc_diff, char *worst_name, size_t cap) {
     StSet x, y;
     st_set_open_or_die(&x, a);
     st_set_open_or_die(&y, b);
@@ -171,9 +171,9 @@ TEST(gpu2_equivalence) {
             char ga[600], gb[600], gc[600];
             snprintf(ga, sizeof ga, "%s/g", dir), snprintf(gb, sizeof gb, "%s/g", ref),
                 snprintf(gc, sizeof gc, "%s/cpu/g", d);
-            double gd = grad_diff(ga, gb, bf16, name, sizeof name), cpu = 0;
+            double gd = gpu_grad_diff(ga, gb, bf16, name, sizeof name), cpu = 0;
             char cpu_name[200] = "";
-            if (!bf16) cpu = grad_diff(ga, gc, false, cpu_name, sizeof cpu_name);
+            if (!bf16) cpu = gpu_grad_diff(ga, gc, false, cpu_name, sizeof cpu_name);
             printf("     %-6s %-5s  %.2e      %.2e      %s %.2e (%s)", layouts[i].name, dtypes[m], e1, worst,
                    bf16 ? "calc_diff" : "rel err  ", gd, name);
             if (!bf16) {

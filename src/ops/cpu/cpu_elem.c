@@ -1,6 +1,7 @@
 // cpu_elem.c — embedding, cross-entropy, elementwise helpers and AdamW on the CPU.
 #include <math.h>
 
+#include "base/half.h"
 #include "ops/cpu/cpu_ops.h"
 
 void cpu_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
@@ -89,18 +90,22 @@ double cpu_sum_squares(Tensor x) {
     return s;
 }
 
-// torch.optim.AdamW (single-tensor path): p *= 1 − lr·wd; m.lerp_(g, 1 − b1); v = b2·v + (1 − b2)·g²;
-// p −= (lr / (1 − b1^t)) · m / (sqrt(v) / sqrt(1 − b2^t) + eps).
-void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
+// torch.optim.AdamW (single-tensor path) on gscale·g: p *= 1 − lr·wd; m.lerp_(g, 1 − b1); v = b2·v + (1 − b2)·g²;
+// p −= (lr / (1 − b1^t)) · m / (sqrt(v) / sqrt(1 − b2^t) + eps); then w = p in w's dtype.
+void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
+               float wd, int t) {
     int64_t n = tensor_numel(p);
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
+    if (w.p && w.dt != DT_F32 && w.dt != DT_BF16) die("adamw: the compute copy is %s (fp32 or bf16)", dtype_name(w.dt));
 #pragma omp parallel for
     for (int64_t i = 0; i < n; i++) {
-        float gi = F(g)[i];
+        float gi = gscale * F(g)[i];
         F(p)[i] *= decay;
         F(m)[i] += (1.0f - b1) * (gi - F(m)[i]);
         F(v)[i] = b2 * F(v)[i] + (1.0f - b2) * gi * gi;
         F(p)[i] -= step * F(m)[i] / (sqrtf(F(v)[i]) / bc2 + eps);
+        if (w.p && w.dt == DT_F32) F(w)[i] = F(p)[i];
+        else if (w.p) ((uint16_t *)w.p)[i] = f32_to_bf16(F(p)[i]);
     }
 }
 

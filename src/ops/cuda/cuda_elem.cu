@@ -176,42 +176,52 @@ __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v,
     m = mi, v = vi;
     p = p * decay - step * mi / (sqrtf(vi) / bc2 + eps);
 }
-// 4 parameters per thread (float4 loads of p, g, m, v) when vec, then the last n % 4 one by one.
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, bool vec, float b1, float b2,
-                             float eps, float step, float bc2, float decay) {
+// The compute copy of four new parameters (w: fp32 or bf16; 16-byte aligned when vec).
+__device__ __forceinline__ void st4(float *w, float4 p) { *(float4 *)w = p; }
+__device__ __forceinline__ void st4(bf16 *w, float4 p) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(p.x, p.y), b = __floats2bfloat162_rn(p.z, p.w);
+    *(uint2 *)w = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
+}
+// One pass over the flat buffers: 4 parameters per thread (float4 loads of p, g, m, v) when vec, then the last
+// n % 4 one by one; the gradient is read as gscale·g; w (NULL: none) gets the new parameters in its dtype.
+// Bytes: 16 read and 12 written per parameter, + 2 or 4 for the compute copy (the floor of the step).
+template <typename TW>
+__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, TW *w, int64_t n, bool vec, float gscale,
+                             float b1, float b2, float eps, float step, float bc2, float decay) {
     int64_t n4 = vec ? n / 4 : 0;
     GRID_STRIDE(i, n4) {
         float4 P = ((float4 *)p)[i], G = ((const float4 *)g)[i], M = ((float4 *)m)[i], Vv = ((float4 *)v)[i];
         float *pp = &P.x, *gg = &G.x, *mm = &M.x, *vv = &Vv.x;
 #pragma unroll
-        for (int q = 0; q < 4; q++) adamw_one(pp[q], gg[q], mm[q], vv[q], b1, b2, eps, step, bc2, decay);
+        for (int q = 0; q < 4; q++) adamw_one(pp[q], gscale * gg[q], mm[q], vv[q], b1, b2, eps, step, bc2, decay);
         ((float4 *)p)[i] = P, ((float4 *)m)[i] = M, ((float4 *)v)[i] = Vv;
+        if (w) st4(w + 4 * i, P);
     }
     GRID_STRIDE(i, n - n4 * 4) {
         int64_t j = n4 * 4 + i;
-        adamw_one(p[j], g[j], m[j], v[j], b1, b2, eps, step, bc2, decay);
+        adamw_one(p[j], gscale * g[j], m[j], v[j], b1, b2, eps, step, bc2, decay);
+        if (w) st(w, j, p[j]);
     }
 }
 
-template <typename T> __global__ void sum_squares_kernel(double *out, const T *x, int64_t n) {
+// Σ x² in fp64, one partial per block added into out; fp32 in float4 loads when vec (16-byte aligned).
+template <typename T> __global__ void sum_squares_kernel(double *out, const T *x, int64_t n, bool vec) {
     __shared__ double sd[32];
     double s = 0;
-    GRID_STRIDE(i, n) {
-        double v = ld(x, i);
+    int64_t n4 = 0;
+    if constexpr (sizeof(T) == 4) {
+        n4 = vec ? n / 4 : 0;
+        GRID_STRIDE(i, n4) {
+            float4 v = ((const float4 *)x)[i];
+            s += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        }
+    }
+    GRID_STRIDE(i, n - n4 * 4) {
+        double v = ld(x, n4 * 4 + i);
         s += v * v;
     }
     s = block_sum(s, sd);
     if (threadIdx.x == 0) atomicAdd(out, s);
-}
-
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n, float b1, float b2, float eps,
-                             float step, float bc2, float decay) {
-    GRID_STRIDE(i, n) {
-        float gi = g[i], pi = p[i] * decay, mi = m[i] + (1.0f - b1) * (gi - m[i]),
-              vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi, v[i] = vi;
-        p[i] = pi - step * mi / (sqrtf(vi) / bc2 + eps);
-    }
 }
 
 // ---- host-side dtype conversion (for copies that cross devices and dtypes) ----
@@ -373,14 +383,16 @@ double cuda_sum_squares(Tensor x) {
     unsigned grid = (unsigned)(c->sm_count * 4);
     if ((int64_t)grid * ELEM_THREADS > n) grid = grid_for(n, ELEM_THREADS);
     DT_SWITCH(x.dt, T, "sum_squares",
-              sum_squares_kernel<T><<<grid, ELEM_THREADS, 0, c->compute>>>((double *)c->small, (const T *)x.p, n));
+              sum_squares_kernel<T>
+              <<<grid, ELEM_THREADS, 0, c->compute>>>((double *)c->small, (const T *)x.p, n, aligned16(x.p)));
     CUDA_LAUNCH_CHECK();
     CUDA_CHECK(cudaMemcpyAsync(c->host_small, c->small, sizeof(double), cudaMemcpyDeviceToHost, c->compute));
     CUDA_CHECK(cudaStreamSynchronize(c->compute));
     return *(double *)c->host_small;
 }
 
-void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, float b2, float eps, float wd, int t) {
+void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
+                float wd, int t) {
     int64_t n = tensor_numel(p);
     IS_F32(p, "adamw");
     IS_F32(g, "adamw");
@@ -389,9 +401,18 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, float lr, float b1, floa
     CHECK(tensor_numel(g) == n && tensor_numel(m) == n && tensor_numel(v) == n);
     if (!n) return;
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
-    bool vec = aligned16(p.p, g.p, m.p, v.p);
-    adamw_kernel<<<grid_for(vec ? n / 4 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
-        (float *)p.p, (const float *)g.p, (float *)m.p, (float *)v.p, n, vec, b1, b2, eps, step, bc2, decay);
+    bool vec = aligned16(p.p, g.p, m.p, v.p) && (!w.p || aligned16(w.p));
+    unsigned grid = grid_for(vec ? n / 4 : n, ELEM_THREADS);
+    if (w.p && w.dt == DT_BF16)
+        adamw_kernel<bf16><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (float *)m.p,
+                                                                     (float *)v.p, (bf16 *)w.p, n, vec, gscale, b1, b2,
+                                                                     eps, step, bc2, decay);
+    else {
+        if (w.p) IS_F32(w, "adamw");
+        adamw_kernel<float><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (float *)m.p,
+                                                                      (float *)v.p, (float *)w.p, n, vec, gscale, b1,
+                                                                      b2, eps, step, bc2, decay);
+    }
     CUDA_LAUNCH_CHECK();
 }
 

@@ -10,9 +10,9 @@
 // (the fp32 LM-head / router logits gradients against bf16 weights and activations), the fp32 operand is
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
 // tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
-// Grouped (expert) GEMMs have four implementations, chosen per call by the routing's shape (grouped_own_wgrad,
-// pad_rows_for): near-balanced experts run as one strided-batched cuBLASLt product over padded copies of
-// their rows, or (the weight gradient) our own kernel (cuda_grouped.cu); skewed ones run as one
+// Grouped (expert) GEMMs run on our wgmma kernels (cuda_wgmma.cu) where they fit (bf16, N and K multiples of
+// 128); elsewhere they are chosen per call by the routing's shape (pad_rows_for): near-balanced experts run as
+// one strided-batched cuBLASLt product over padded copies of their rows; skewed ones run as one
 // cublasGemmGroupedBatchedEx call (cuBLAS ≥ 12.5) with the largest experts as dense products on side
 // streams beside it. The grouped call's pointer arrays travel to the device through a ring of pinned host
 // slots. Where cuBLAS does not support a dtype combination (bf16 operands with an fp32 output: the weight
@@ -562,9 +562,25 @@ enum { PAD_FORWARD, PAD_BACKWARD_INPUT, PAD_BACKWARD_WEIGHT };
 static int64_t padded_calls,
     big_calls; // products run as a padded batch; experts run as dense products beside a grouped call
 
+// PITH_GROUPED_KERNEL as the paths after the wgmma kernels read it: unset, "wgmma" (the default) and "auto" all
+// mean "choose by shape".
+static const char *grouped_env(void) {
+    const char *e = getenv("PITH_GROUPED_KERNEL");
+    return e && strcmp(e, "wgmma") && strcmp(e, "auto") ? e : NULL;
+}
+// The wgmma kernels (cuda_wgmma.cu) run first unless PITH_GROUPED_KERNEL names another path.
+static bool grouped_wgmma_on(void) {
+    const char *e = getenv("PITH_GROUPED_KERNEL");
+    return !e || !strcmp(e, "wgmma");
+}
+bool wgmma_grouped_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs);
+bool wgmma_grouped_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
+bool wgmma_grouped_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);
+int64_t wgmma_grouped_calls(void);
+
 // The padded row count for these experts, or 0 when this path does not fit (dtype, sizes, skew, env).
 static int64_t pad_rows_for(const int64_t *offs, int64_t E, int64_t N, int64_t K, DType dt) {
-    const char *e = getenv("PITH_GROUPED_KERNEL");
+    const char *e = grouped_env();
     if (e && strcmp(e, "batched")) return 0; // cublas / pith: the other paths
     if (dt != DT_BF16 || E < 2 || E > PAD_MAX_E || N % 8 || K % 8 || offs[E] == 0) return 0;
     int64_t Mp = (max_rows(offs, E) + 63) / 64 * 64;
@@ -617,24 +633,14 @@ static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64
     return true;
 }
 
-// Our own grouped weight-gradient kernel (cuda_grouped.cu): one launch for every expert, bf16 operands, N and K
-// multiples of 128, at most 256 experts; false when the inputs do not fit it.
-bool grouped_wgrad_kernel_run(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);
-
-// Which implementation runs an expert product. PITH_GROUPED_KERNEL forces one: "batched" (the padded
-// strided batch above), "pith" (cuda_grouped.cu's weight gradient) or "cublas" (cuBLAS's grouped GEMM, the
-// largest experts as dense products beside it). Unset, the routing's shape decides (bench/cuda_ops.md has
-// the measurements): forward and input gradient take the padded batch when the experts are near balanced
-// (its waste within PAD_WASTE), else cuBLAS. The weight gradient takes cuda_grouped.cu when no expert holds
-// more than OWN_SKEW × the mean rows — one CTA walks all rows of its expert, so one large expert leaves a
-// long tail — and cuBLAS's per-expert products on the side streams otherwise. Read on every call (a getenv
-// costs well under a microsecond), so a benchmark can switch it in-process.
-#define OWN_SKEW 2.0
-static bool grouped_own_wgrad(const int64_t *offs, int64_t E) {
-    const char *e = getenv("PITH_GROUPED_KERNEL");
-    if (e) return !strcmp(e, "pith");
-    return (double)max_rows(offs, E) * E <= OWN_SKEW * offs[E];
-}
+// Which implementation runs an expert product. First the wgmma kernels (cuda_wgmma.cu: bf16, N and K multiples of
+// 128, one persistent launch for any routing). Where they do not fit, or PITH_GROUPED_KERNEL names another path —
+// "batched" (the padded strided batch above), "cublas" (cuBLAS's grouped GEMM, the largest experts as dense
+// products beside it) or "auto" (the choice below, for A/B runs) — the routing's shape decides (bench/cuda_ops.md
+// has the measurements): the padded batch when the experts are near balanced (its waste within PAD_WASTE), else
+// cuBLAS; the weight gradient, which cuBLAS's grouped GEMM refuses (bf16 operands, fp32 output), then runs as
+// cuBLASLt products per expert on the side streams. Read on every call (a getenv costs well under a microsecond),
+// so a benchmark can switch it in-process.
 
 // The forward and the input gradient are one product with different operand roles (w: (E, N, K)):
 //   forward         out y (R, N)  = in x (R, K) · w_eᵀ   col-major y_e (N×M_e) = op_T(w_e: K×N) · op_N(x_e: K×M_e)
@@ -649,6 +655,9 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
+    if (grouped_wgmma_on() &&
+        (input_grad ? wgmma_grouped_backward_input(out, in, w, offs) : wgmma_grouped_forward(out, in, w, offs)))
+        return;
     if (padded_grouped(input_grad ? PAD_BACKWARD_INPUT : PAD_FORWARD, out, in, w, offs, E, N, K)) return;
     size_t is = dtype_size(in.dt), os = dtype_size(out.dt);
     bool ta = !input_grad;
@@ -731,7 +740,10 @@ template <typename T> __global__ void grouped_bias_backward_kernel(float *db, co
 extern "C" {
 
 int64_t cuda_grouped_calls(const char *path) {
-    return !strcmp(path, "batched") ? padded_calls : !strcmp(path, "big") ? big_calls : 0;
+    return !strcmp(path, "batched") ? padded_calls
+           : !strcmp(path, "big")   ? big_calls
+           : !strcmp(path, "wgmma") ? wgmma_grouped_calls()
+                                    : 0;
 }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
@@ -771,7 +783,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     if (dy.dt != x.dt)
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);
-    if (grouped_own_wgrad(offs, E) && grouped_wgrad_kernel_run(dw, dy, x, offs)) return;
+    if (grouped_wgmma_on() && wgmma_grouped_backward_weight(dw, dy, x, offs, true)) return;
     if (padded_grouped(PAD_BACKWARD_WEIGHT, dw, dy, x, offs, E, N, K)) return;
     if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) {
         expert_list(offs, E);

@@ -1,4 +1,4 @@
-// cuda_mma.cuh — the tensor-core primitives our mma.sync kernels share (cuda_flash.cu, cuda_grouped.cu):
+// cuda_mma.cuh — the tensor-core primitives of our mma.sync kernels (cuda_flash.cu):
 // PTX wrappers for cp.async, ldmatrix and mma.sync m16n8k16 (bf16 in, fp32 accumulate), and the lane
 // addressing of fragments inside padded shared-memory tiles.
 // Layout (PTX ISA, "Matrix fragments for mma.m16n8k16" and "ldmatrix"). Lane l, g = l/4, t = l%4:

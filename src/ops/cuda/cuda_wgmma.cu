@@ -1,0 +1,458 @@
+// cuda_wgmma.cu — the expert (grouped) GEMMs on Hopper's own instructions: warpgroup MMA (wgmma) fed by the
+// tensor-memory accelerator (TMA, cp.async.bulk.tensor), one persistent launch over every expert's output tiles.
+// Rows offs[e]..offs[e+1] of the activations belong to expert e; w: (E, N, K) bf16.
+//   forward         y (R, N)  = x_e (R_e, K) · w_eᵀ          kind WG_FORWARD
+//   input gradient  dx (R, K) = dy_e (R_e, N) · w_e          kind WG_INPUT_GRAD
+//   weight gradient dw_e (N, K) fp32 (+)= dy_eᵀ · x_e         kind WG_WEIGHT_GRAD
+// Letters: R rows of the activations, E experts, N = w's rows, K = w's columns; a tile is BM = 128 output rows by
+// BN (128 or 256) output columns; the reduction runs in blocks of BK = 64.
+//
+// A CTA is three warpgroups (384 threads) on one SM. Warpgroup 0 is the producer: one thread walks the CTA's tiles
+// and issues, per reduction block, TMA copies of 64 × 64 bf16 boxes (8 KB, rows of 128 bytes in the 128-byte
+// swizzle that wgmma reads) into a ring of WG_STAGES shared-memory stages, each completing on that stage's "full"
+// mbarrier. Warpgroups 1 and 2 are the consumers: each owns 64 of the tile's 128 rows, waits for a stage, issues
+// wgmma m64n128k16 (bf16 in, fp32 accumulators in registers) over it and, once the tensor cores are done with
+// it, arrives on the stage's "empty" mbarrier so the producer refills it. After the last block the consumers
+// write the tile from registers while the producer already loads the next tile's blocks.
+// Persistent scheduling: min(tiles, SMs) CTAs; CTA b runs tiles b, b + grid, b + 2·grid, … of one list that holds
+// every expert's tiles, the experts ordered by rows, most first, so skewed routing needs no side streams and an
+// empty expert costs nothing.
+// Operand layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Shared Memory Layout"): wgmma computes
+// D (64 × n) += A (64 × 16) · B (16 × n). An operand is "K-major" when its reduction index runs along the
+// 128-byte smem rows, "MN-major" (the instruction's transpose bit) when its output index does:
+//   forward:        A = x rows (K-major),    B = w_e rows n (K-major)
+//   input gradient: A = dy rows (K-major),   B = w_e rows as reduction (MN-major)
+//   weight grad:    A = dy_eᵀ (MN-major),    B = x_e (MN-major); the reduction runs over the expert's rows
+// Ragged experts: forward and input-gradient tiles start at the expert's first row and may read rows of the next
+// expert (or zeros past R: the TMA fills out-of-range boxes with zeros); their outputs are simply not stored.
+// The weight gradient sums over rows, so in an expert's last partial block the consumers zero the rows past the
+// expert in shared memory before the products read them.
+#include "ops/cuda/cuda_common.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
+
+#define WG_MAX_E 256
+#define WG_BM 128
+#define WG_BK 64
+#define WG_BOX 8192    // bytes of one TMA box: 64 rows of 128 bytes (64 bf16 or 32 fp32)
+#define WG_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
+
+// Shared memory of one configuration: STAGES pipeline stages (A: 2 boxes, B: BN/64 boxes) and, per consumer
+// warpgroup, an epilogue tile of 64 rows × BN outputs (bf16, or fp32 for the weight gradient).
+template <int KIND, int BN> struct WgShape {
+    static constexpr int SA = 2 * WG_BOX, SB = BN / 64 * WG_BOX;
+    static constexpr int EPI = 64 * BN * (KIND == WG_WEIGHT_GRAD ? 4 : 2);
+    static constexpr int STAGES = (WG_SMEM - 256 - 2 * EPI) / (SA + SB);
+};
+
+// The tile list, by value in the parameters: slot s (expert ord[s]) owns tiles tiles[s]..tiles[s+1]-1.
+typedef struct {
+    int offs[WG_MAX_E + 1];
+    int tiles[WG_MAX_E + 1];
+    int ord[WG_MAX_E];
+    int E, N, K, ntn; // ntn: tiles along the output's columns
+} WgTable;
+
+// ---- PTX wrappers ----
+static __device__ __forceinline__ uint32_t sh_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// Arms the barrier's current phase for `bytes` of TMA traffic (and counts this thread's arrival).
+static __device__ __forceinline__ void mbar_expect(uint32_t bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of the given parity has completed (a fresh barrier counts parity 1 as completed).
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+}
+// One 64 × 64 box at (column c0, row c1) of the map's tensor into shared memory, completing on bar.
+static __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+                 "[%2];\n" ::"r"(dst),
+                 "l"(map), "r"(bar), "r"(c0), "r"(c1)
+                 : "memory");
+}
+// One box from shared memory into the map's tensor at (c0, c1): a plain store, or (ADD) an fp32 add onto what is
+// there, done by the copy engine at the L2; both complete asynchronously as one bulk group per commit.
+template <bool ADD>
+static __device__ __forceinline__ void tma_store_box(const CUtensorMap *map, uint32_t src, int c0, int c1) {
+    if (ADD)
+        asm volatile(
+            "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+            "r"(src), "r"(c0), "r"(c1)
+            : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+                     "r"(src), "r"(c0), "r"(c1)
+                     : "memory");
+}
+static __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until this thread's bulk stores have read their shared memory (READ) or completed.
+template <bool READ> static __device__ __forceinline__ void bulk_wait() {
+    if (READ) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    else asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// The byte of element (row, byte col) in a box of 64 rows × 128 bytes in the 128-byte swizzle: the 16-byte chunk
+// index is XORed with the row's index mod 8 (the layout the TMA writes and reads).
+static __device__ __forceinline__ uint32_t swz(uint32_t box, int row, int byte) {
+    return box + row * 128 + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
+}
+
+// A shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets.
+// K-major: rows of 128 bytes, 8-row groups SBO = 1024 apart (LBO unused). MN-major: 64 output indices per
+// 128-byte row, the next 64 LBO bytes on, 8-row groups of the reduction SBO apart.
+static __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across a wgmma wait.
+template <int N> static __device__ __forceinline__ void fence_regs(float *d) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// d (64 × 128 fp32, this thread's 64) = A·B + (acc ? d : 0); TA, TB: the operands are MN-major.
+template <int TA, int TB>
+static __device__ __forceinline__ void wgmma_128(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, "
+                 "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
+                 "%61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+                   "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+                   "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+                   "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+
+// ---- the tile list ----
+typedef struct {
+    int e, r0, m, nkb; // expert, its first row, its rows, reduction blocks of this tile
+    int row, col;      // the tile's first output row (in y/dx: absolute; in dw_e: of N) and column
+} Tile;
+
+template <int KIND, int BN> static __device__ __forceinline__ Tile tile_of(const WgTable &gt, int t) {
+    int lo = 0, hi = gt.E; // the slot s with tiles[s] <= t < tiles[s + 1]
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (gt.tiles[mid] <= t) lo = mid;
+        else hi = mid;
+    }
+    Tile ti;
+    int local = t - gt.tiles[lo];
+    ti.e = gt.ord[lo], ti.r0 = gt.offs[ti.e], ti.m = gt.offs[ti.e + 1] - ti.r0;
+    ti.col = local % gt.ntn * BN;
+    if (KIND == WG_WEIGHT_GRAD) ti.row = local / gt.ntn * WG_BM, ti.nkb = (ti.m + WG_BK - 1) / WG_BK;
+    else ti.row = ti.r0 + local / gt.ntn * WG_BM, ti.nkb = (KIND == WG_FORWARD ? gt.K : gt.N) / WG_BK;
+    return ti;
+}
+
+// The producer's loads of reduction block kb of tile ti into stage (sa: 2 A boxes, sb: BN/64 B boxes).
+template <int KIND, int BN>
+static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const CUtensorMap *mb, const WgTable &gt,
+                                                  const Tile &ti, int kb, uint32_t sa, uint32_t sb, uint32_t bar) {
+    int k = kb * WG_BK;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (KIND == WG_WEIGHT_GRAD) tma_box(sa + i * WG_BOX, ma, bar, ti.row + 64 * i, ti.r0 + k); // dy cols, rows
+        else tma_box(sa + i * WG_BOX, ma, bar, k, ti.row + 64 * i);                                // x or dy rows
+    }
+#pragma unroll
+    for (int c = 0; c < BN / 64; c++) {
+        if (KIND == WG_FORWARD) tma_box(sb + c * WG_BOX, mb, bar, k, ti.e * gt.N + ti.col + 64 * c); // w_e rows n
+        else if (KIND == WG_INPUT_GRAD) tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.e * gt.N + k);
+        else tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.r0 + k); // x rows of the expert
+    }
+}
+
+// The consumer warpgroup g's epilogue of tile ti: its 64 rows of accumulators into its shared tile epi (swizzled
+// boxes of 64 rows × 128 bytes), then out by the copy engine — an fp32 add onto dw_e (weight gradient with
+// accumulate), else a store — while the warpgroup goes on to its next tile. A forward or input-gradient tile whose
+// rows pass the expert's end is written by the warpgroup itself, those rows left out (they belong to the next
+// expert). tid: the thread's index in the warpgroup.
+template <int KIND, int BN>
+static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMap *mo, void *out, const WgTable &gt,
+                                                const Tile &ti, int g, int tid, uint32_t epi, bool accumulate) {
+    constexpr bool F32 = KIND == WG_WEIGHT_GRAD;
+    int warp = tid / 32, lane = tid % 32;
+    if (tid == 0) bulk_wait<true>(); // the previous tile's stores have read epi
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
+    // thread (warp w, lane l) holds rows r, r + 8 (r = 16w + l/4) at columns 8q + 2(l%4), +1 of each 128
+#pragma unroll
+    for (int j = 0; j < BN / 128; j++)
+#pragma unroll
+        for (int q = 0; q < 16; q++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int r = 16 * warp + lane / 4 + 8 * h, c = j * 128 + q * 8 + 2 * (lane % 4);
+                float v0 = d[64 * j + 4 * q + 2 * h], v1 = d[64 * j + 4 * q + 2 * h + 1];
+                if (F32)
+                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(swz(epi + c / 32 * WG_BOX, r, c % 32 * 4)),
+                                 "f"(v0), "f"(v1)
+                                 : "memory");
+                else {
+                    __nv_bfloat162 p = __floats2bfloat162_rn(v0, v1);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(swz(epi + c / 64 * WG_BOX, r, c % 64 * 2)),
+                                 "r"(*(uint32_t *)&p)
+                                 : "memory");
+                }
+            }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copy engine reads what st.shared wrote
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
+    int row0 = ti.row + 64 * g, end = ti.r0 + ti.m; // the warpgroup's first output row; the expert's end
+    if (F32 || row0 + 64 <= end) {
+        if (tid == 0) {
+            constexpr int COLS = F32 ? 32 : 64; // outputs per box row
+#pragma unroll
+            for (int b = 0; b < BN / COLS; b++) {
+                if (F32 && accumulate) tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
+                else if (F32) tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
+                else tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, row0);
+            }
+            bulk_commit();
+        }
+        return;
+    }
+    // the rows of this expert only, 16 bytes (8 bf16) a thread at a time
+    int C = KIND == WG_FORWARD ? gt.N : gt.K;
+    for (int c = tid; c < 64 * BN / 8; c += 128) {
+        int r = c / (BN / 8), cc = c % (BN / 8);
+        if (row0 + r >= end) break; // (rows are in order: every later chunk of this thread is past the end too)
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(swz(epi + cc / 8 * WG_BOX, r, cc % 8 * 16)));
+        *(uint4 *)((bf16 *)out + (int64_t)(row0 + r) * C + ti.col + cc * 8) = v;
+    }
+}
+
+// grid: min(tiles, SMs) CTAs of 384 threads; WG_SMEM + 1 KB bytes of dynamic shared memory. ma, mb: the operands'
+// maps (64 × 64 bf16 boxes); mo: the output's (bf16 64 × 64, or fp32 32 × 64 boxes).
+template <int KIND, int BN>
+__global__ void __launch_bounds__(384, 1)
+    wgmma_grouped_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
+                         const __grid_constant__ CUtensorMap mo, void *out, const __grid_constant__ WgTable gt,
+                         int ntiles, int accumulate) {
+    typedef WgShape<KIND, BN> S;
+    constexpr int SA = S::SA, SB = S::SB, STAGES = S::STAGES;
+    constexpr int TA = KIND == WG_WEIGHT_GRAD, TB = KIND != WG_FORWARD; // MN-major operands
+    extern __shared__ unsigned char wg_shared[];
+    uint32_t base = (sh_addr(wg_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
+    uint32_t epi0 = base + STAGES * (SA + SB), full = epi0 + 2 * S::EPI, empty = full + 8 * STAGES;
+    int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8); // 8 consumer warps
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) { // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x != 0) return;
+        int it = 0;
+        for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+            Tile ti = tile_of<KIND, BN>(gt, t);
+            for (int kb = 0; kb < ti.nkb; kb++, it++) {
+                int s = it % STAGES;
+                mbar_wait(empty + 8 * s, (it / STAGES & 1) ^ 1);
+                mbar_expect(full + 8 * s, SA + SB);
+                uint32_t sa = base + s * (SA + SB);
+                load_block<KIND, BN>(&ma, &mb, gt, ti, kb, sa, sa + SA, full + 8 * s);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    int g = wg - 1, tid = threadIdx.x - 128 * wg, lane = threadIdx.x % 32; // consumer g owns rows 64g..64g+63
+    uint32_t epi = epi0 + g * S::EPI;
+    float d[BN / 2]; // BN/128 blocks of 64: the m64n128 accumulators
+    int it = 0;
+    for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+        Tile ti = tile_of<KIND, BN>(gt, t);
+        for (int kb = 0; kb < ti.nkb; kb++, it++) {
+            int s = it % STAGES;
+            uint32_t sa = base + s * (SA + SB), sb = sa + SA;
+            mbar_wait(full + 8 * s, it / STAGES & 1);
+            int valid = ti.m - kb * WG_BK; // weight gradient: rows of the expert in this block
+            if (KIND == WG_WEIGHT_GRAD && valid < WG_BK) {
+                // zero rows valid..63 of A box g and of B boxes g, g + 2, …; then make the writes visible to
+                // the tensor cores (async proxy) and to the other consumer warpgroup
+                int chunks = (WG_BK - valid) * 8; // 16-byte chunks per box
+                for (int c = tid; c < chunks * (1 + BN / 128); c += 128) {
+                    int box = c / chunks, off = (valid * 8 + c % chunks) * 16;
+                    uint32_t a = box == 0 ? sa + g * WG_BOX : sb + (2 * (box - 1) + g) * WG_BOX;
+                    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a + off), "r"(0) : "memory");
+                }
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+                asm volatile("bar.sync 1, 256;\n" ::: "memory");
+            }
+            fence_regs<BN / 2>(d);
+            wgmma_fence();
+#pragma unroll
+            for (int k16 = 0; k16 < WG_BK / 16; k16++) {
+                uint64_t da = TA ? smem_desc(sa + g * WG_BOX + k16 * 2048, 8192, 1024)
+                                 : smem_desc(sa + g * WG_BOX + k16 * 32, 16, 1024);
+#pragma unroll
+                for (int j = 0; j < BN / 128; j++) {
+                    uint64_t db = TB ? smem_desc(sb + j * 2 * WG_BOX + k16 * 2048, 8192, 1024)
+                                     : smem_desc(sb + j * 2 * WG_BOX + k16 * 32, 16, 1024);
+                    wgmma_128<TA, TB>(d + 64 * j, da, db, kb > 0 || k16 > 0);
+                }
+            }
+            wgmma_commit();
+            fence_regs<BN / 2>(d);
+            if (kb > 0) { // the previous block's products are done: its stage goes back to the producer
+                wgmma_wait<1>();
+                fence_regs<BN / 2>(d);
+                if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
+            }
+        }
+        wgmma_wait<0>();
+        fence_regs<BN / 2>(d);
+        if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
+        epilogue<KIND, BN>(d, &mo, out, gt, ti, g, tid, epi, accumulate);
+    }
+    if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
+}
+
+// ---- host side ----
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled;
+
+// A 2D map over a row-major (rows, cols) tensor, bf16 or fp32, boxes of 64 rows × 128 bytes in the 128-byte
+// swizzle; boxes past the last row read zeros (and are not written).
+static void tensor_map(CUtensorMap *map, const void *p, DType dt, int64_t rows, int64_t cols) {
+    size_t es8 = dtype_size(dt);
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)(cols * es8)};
+    cuuint32_t box[2] = {(cuuint32_t)(128 / es8), 64}, es[2] = {1, 1};
+    CUresult r =
+        encode_tiled(map, dt == DT_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                     (void *)p, dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        die("wgmma: cuTensorMapEncodeTiled failed (%d) for (%lld, %lld)", (int)r, (long long)rows, (long long)cols);
+}
+
+// True once on a Hopper GPU whose driver gives cuTensorMapEncodeTiled.
+static bool wgmma_available(void) {
+    static int state; // 0 unknown, 1 yes, 2 no
+    if (!state) {
+        int dev, major = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        cudaDriverEntryPointQueryResult q;
+        void *fn = NULL;
+        if (major == 9 &&
+            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess && fn)
+            encode_tiled = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+        state = encode_tiled ? 1 : 2;
+    }
+    return state == 1;
+}
+
+static int64_t wgmma_calls; // products run here (cuda_grouped_calls("wgmma"))
+
+template <int KIND, int BN>
+static void wgmma_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, void *out,
+                         const WgTable *gt, int ntiles, bool accumulate) {
+    static bool attr;
+    size_t smem = WG_SMEM + 1024; // stages, epilogue tiles, barriers; alignment slack
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_grouped_kernel<KIND, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        attr = true;
+    }
+    int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
+    wgmma_grouped_kernel<KIND, BN><<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, *mo, out, *gt, ntiles, accumulate);
+    CUDA_LAUNCH_CHECK();
+}
+
+// One expert product on the wgmma kernels: kind WG_FORWARD (out y (R, N), a x (R, K), b w), WG_INPUT_GRAD
+// (out dx (R, K), a dy (R, N), b w) or WG_WEIGHT_GRAD (out dw (E, N, K) fp32 (+)=, a dy (R, N), b x (R, K)).
+// False when the inputs do not fit (not a Hopper GPU, dtypes, N or K not multiples of 128, more than 256
+// experts, unaligned pointers, sizes past int), and the caller runs another path.
+static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w, const int64_t *offs,
+                              bool accumulate) {
+    int64_t E = w.n[0], N = w.n[1], K = w.n[2];
+    if (a.dt != DT_BF16 || b.dt != DT_BF16 || out.dt != (kind == WG_WEIGHT_GRAD ? DT_F32 : DT_BF16)) return false;
+    if (E < 1 || E > WG_MAX_E || N % WG_BM || K % WG_BM || E * N > 0x7fffffff || K > 0x7fffffff) return false;
+    if (!aligned16(out.p, a.p, b.p) || offs[0] < 0 || offs[E] > 0x7fffffff - 256) return false;
+    if (t_rows(a) + 256 > 0x7fffffff || (kind == WG_WEIGHT_GRAD && t_rows(b) + 256 > 0x7fffffff)) return false;
+    if (!wgmma_available()) return false;
+    int64_t C = kind == WG_FORWARD ? N : K;                      // the output's columns
+    int bn = kind != WG_WEIGHT_GRAD && C % 256 == 0 ? 256 : 128; // (the fp32 epilogue tiles of 256 would not fit)
+    WgTable gt;
+    gt.E = (int)E, gt.N = (int)N, gt.K = (int)K, gt.ntn = (int)(C / bn);
+    for (int64_t e = 0; e <= E; e++) {
+        if (e > 0 && offs[e] < offs[e - 1]) return false;
+        gt.offs[e] = (int)offs[e];
+    }
+    // slots: experts by rows, most first (insertion sort of at most 256, stable)
+    for (int e = 0; e < E; e++) {
+        int m = gt.offs[e + 1] - gt.offs[e], s = e;
+        while (s > 0 && gt.offs[gt.ord[s - 1] + 1] - gt.offs[gt.ord[s - 1]] < m) gt.ord[s] = gt.ord[s - 1], s--;
+        gt.ord[s] = e;
+    }
+    int64_t ntiles = 0;
+    gt.tiles[0] = 0;
+    for (int s = 0; s < E; s++) {
+        int64_t m = gt.offs[gt.ord[s] + 1] - gt.offs[gt.ord[s]];
+        ntiles += kind == WG_WEIGHT_GRAD ? (m > 0 ? N / WG_BM * gt.ntn : 0) : (m + WG_BM - 1) / WG_BM * gt.ntn;
+        if (ntiles > 0x7fffffff) return false;
+        gt.tiles[s + 1] = (int)ntiles;
+    }
+    wgmma_calls++;
+    if (ntiles == 0) return true; // no rows: nothing to write or add
+    CUtensorMap ma, mb, mo;
+    if (kind == WG_WEIGHT_GRAD) {
+        tensor_map(&ma, a.p, DT_BF16, t_rows(a), N), tensor_map(&mb, b.p, DT_BF16, t_rows(b), K);
+        tensor_map(&mo, out.p, DT_F32, E * N, K);
+    } else {
+        tensor_map(&ma, a.p, DT_BF16, t_rows(a), kind == WG_FORWARD ? K : N), tensor_map(&mb, w.p, DT_BF16, E * N, K);
+        tensor_map(&mo, out.p, DT_BF16, t_rows(out), C);
+    }
+    int nt = (int)ntiles;
+    if (kind == WG_FORWARD && bn == 256) wgmma_launch<WG_FORWARD, 256>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
+    else if (kind == WG_FORWARD) wgmma_launch<WG_FORWARD, 128>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
+    else if (kind == WG_INPUT_GRAD && bn == 256)
+        wgmma_launch<WG_INPUT_GRAD, 256>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
+    else if (kind == WG_INPUT_GRAD) wgmma_launch<WG_INPUT_GRAD, 128>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
+    else wgmma_launch<WG_WEIGHT_GRAD, 128>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
+    return true;
+}
+
+bool wgmma_grouped_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) {
+    return wgmma_grouped_run(WG_FORWARD, y, x, w, w, offs, false);
+}
+bool wgmma_grouped_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
+    return wgmma_grouped_run(WG_INPUT_GRAD, dx, dy, w, w, offs, false);
+}
+bool wgmma_grouped_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
+    return wgmma_grouped_run(WG_WEIGHT_GRAD, dw, dy, x, dw, offs, accumulate);
+}
+int64_t wgmma_grouped_calls(void) { return wgmma_calls; }
