@@ -23,6 +23,15 @@ static const char *model_json_dsv2 =
     " \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0,"
     " \"original_max_position_embeddings\": 8, \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}";
 
+// Qwen3.5-MoE: Gated DeltaNet layers (2 value heads per key head) around a gated full-attention layer, 8 experts
+// top-3 and a gated shared expert.
+static const char *model_json_q35 =
+    "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 3,"
+    " \"moe_intermediate_size\": 16, \"shared_expert_intermediate_size\": 12, \"linear_num_key_heads\": 2,"
+    " \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 6,"
+    " \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"]}";
+
 // A run folder with model.json (the given model), data.bin and train.json (20 steps, load balancing on).
 static const char *make_run_of(const char *model) {
     static char d[256];
@@ -177,10 +186,10 @@ TEST(dist_equivalence_layouts_deepseek_v2) {
     check_layouts(make_run_of(model_json_dsv2), 3, "--set moe_load_balance_type=sequence");
 }
 
-// A DeepSeek-V2 checkpoint written at ep2 resumes at ep2 × dp2 and on one process with the losses of the
+// A checkpoint of the model written at ep2 resumes at ep2 × dp2 and on one process with the losses of the
 // uninterrupted run.
-TEST(dist_reshard_resume_deepseek_v2) {
-    const char *d = make_run_of(model_json_dsv2);
+static void check_reshard_resume(const char *model) {
+    const char *d = make_run_of(model);
     char out[1 << 16], dir[300], full[300];
     snprintf(full, sizeof full, "%s/full", d);
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set max_steps=6 --set run_dir=%s", PITH_BIN, d, full) ==
@@ -203,6 +212,12 @@ TEST(dist_reshard_resume_deepseek_v2) {
         }
     }
 }
+
+TEST(dist_reshard_resume_deepseek_v2) { check_reshard_resume(model_json_dsv2); }
+
+// Qwen3.5-MoE: ep2, dp2 and ep2 × dp2 against one process; its checkpoints reshard.
+TEST(dist_equivalence_layouts_qwen3_5_moe) { check_layouts(make_run_of(model_json_q35), 3, ""); }
+TEST(dist_reshard_resume_qwen3_5_moe) { check_reshard_resume(model_json_q35); }
 
 // Global-batch load balancing counts experts over the micro-batches of the global batch in their global
 // order, so it too is layout-independent; with one micro-batch it is the micro-batch form.
@@ -425,6 +440,17 @@ TEST(dist_estimate_deepseek_v2) {
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/deepseek-v2-lite/train.json --gpus 8", PITH_BIN) == 0);
     ASSERT_MSG(strstr(out, "deepseek_v2 on 8 GPUs = pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "8 of 64 experts") &&
                    strstr(out, "\nfits in 80 GB"),
+               "%s", out);
+}
+
+// Qwen3.5-MoE: the plan of a run is what training allocates; the 35B-A3B example on 8 GPUs at ep 8 is planned.
+TEST(dist_estimate_qwen3_5_moe) {
+    check_estimate(make_run_of(model_json_q35), 2, "--set parallel.expert_parallel_size=2", 0);
+    char out[1 << 15];
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3.5-35b-a3b/train.json --gpus 8 --gpu-memory 141",
+                   PITH_BIN) == 0);
+    ASSERT_MSG(strstr(out, "qwen3_5_moe_text on 8 GPUs = pp 1 × dp 1 × cp 1 × ep 8") &&
+                   strstr(out, "32 of 256 experts"),
                "%s", out);
 }
 

@@ -6,7 +6,7 @@
 
 #include "parallel/comm.h"
 
-static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family};
+static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family, &qwen3_5_moe_family};
 
 const ModelFamily *model_family_find(const char *model_type) {
     for (size_t i = 0; i < sizeof families / sizeof *families; i++)
@@ -22,9 +22,13 @@ const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     JObj o = jobj_root(root, file);
     memset(c, 0, sizeof *c);
     c->ep_size = 1, c->pp_size = 1, c->pad[GROUP_DENSE] = c->pad[GROUP_EXPERT] = 1;
+    // A multimodal config.json (Qwen3.5's) holds the text model's config in text_config: pith trains that.
+    JObj text = jobj_child(o, "text_config");
+    if (text.obj) o = text;
     const char *mt = jstr(o, "model_type", true, NULL);
     const ModelFamily *fam = model_family_find(mt);
-    if (!fam) jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2)", mt);
+    if (!fam)
+        jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2, qwen3_5_moe_text)", mt);
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
     fam->config_parse(c, o);
     // Every family's MLPs are SwiGLU: another activation must not silently train as SiLU.
@@ -76,7 +80,9 @@ void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, dou
         for (int64_t j = 0; j < n; j++)
             x[j] = p->init == INIT_ONES    ? 1.0f
                    : p->init == INIT_ZEROS ? 0.0f
-                                           : (float)(std * rng_normal(seed, stream, (uint64_t)j));
+                   : p->init == INIT_LOG_UNIFORM
+                       ? (float)log(0.01 + 15.99 * (double)(rng_u64(seed, stream, (uint64_t)j) >> 11) * 0x1p-53)
+                       : (float)(std * rng_normal(seed, stream, (uint64_t)j));
     }
 }
 

@@ -17,6 +17,7 @@ typedef struct {
     int experts, topk, moe_inter, dense_inter;
     double eps;
     bool tie_embed;
+    bool norm_1p;            // the final norm is zero-centred: x·rstd·(1 + w), w starts at 0 (Qwen3.5)
     bool is_moe[MAX_LAYERS]; // false: the layer has a dense MLP (mlp_only_layers, first_k_dense_replace, …)
     RopeSpec rope;           // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
     bool router_sigmoid;     // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
@@ -48,7 +49,8 @@ static inline bool model_holds_layer(const ModelConfig *c, int l) {
 }
 
 // ---- parameters: each tensor lives at a fixed offset of one flat buffer per group ----
-enum { INIT_NORMAL, INIT_NORMAL_OUT, INIT_ONES, INIT_ZEROS }; // INIT_NORMAL_OUT: std/√(2·layers) (o_proj, down_proj)
+// INIT_NORMAL_OUT: std/√(2·layers) (o_proj, down_proj); INIT_LOG_UNIFORM: log U(0.01, 16) (Qwen3.5's A_log)
+enum { INIT_NORMAL, INIT_NORMAL_OUT, INIT_ONES, INIT_ZEROS, INIT_LOG_UNIFORM };
 
 typedef struct {
     char name[96]; // canonical name: the HF hub name without the "model." prefix, one key per expert
@@ -211,7 +213,7 @@ const ModelFamily *model_family_find(const char *model_type); // NULL if unsuppo
 // Reads an HF config.json (or a folder holding one) into c; dies naming the file and field.
 const ModelFamily *model_config_load(ModelConfig *c, const char *path);
 
-extern const ModelFamily qwen3_moe_family, deepseek_v2_family;
+extern const ModelFamily qwen3_moe_family, deepseek_v2_family, qwen3_5_moe_family;
 
 // ---- the parts every family shares (moe.c) ----
 // The rope spec of an HF config with rd rotary dims: rope_theta at the top (transformers v4) or inside

@@ -86,7 +86,7 @@ void moe_params_mlp(ParamTable *t, const ModelConfig *c, int l) {
 }
 
 void moe_params_head(ParamTable *t, const ModelConfig *c) {
-    params_add(t, "norm.weight", GROUP_DENSE, INIT_ONES, 1, c->hidden, 0, 0);
+    params_add(t, "norm.weight", GROUP_DENSE, c->norm_1p ? INIT_ZEROS : INIT_ONES, 1, c->hidden, 0, 0);
     if (!c->tie_embed) params_add(t, "lm_head.weight", GROUP_DENSE, INIT_NORMAL, 2, c->vocab, c->hidden, 0);
 }
 
@@ -246,7 +246,8 @@ void moe_epilog_forward(Model *m, void *rp, MicroBatch *mb, Tensor h, bool grad)
     const SharedWeights *W = m->sw, *G = m->sg;
     EpilogRec *r = rp;
     r->h = h;
-    op_rmsnorm_forward(r->hn, r->rstd, h, W->norm, (float)m->cfg.eps);
+    if (m->cfg.norm_1p) op_rmsnorm1p_forward(r->hn, r->rstd, h, W->norm, (float)m->cfg.eps);
+    else op_rmsnorm_forward(r->hn, r->rstd, h, W->norm, (float)m->cfg.eps);
     int64_t C = r->logits.n[0];
     for (int64_t r0 = 0; r0 < mb->T; r0 += C) {
         int64_t n = mb->T - r0 < C ? mb->T - r0 : C;
@@ -264,7 +265,8 @@ void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws) {
     size_t mark = arena_mark(ws);
     Tensor hn = arena_tensor(ws, m->cdt, 2, R, m->cfg.hidden, 0, 0), rstd = arena_tensor(ws, DT_F32, 1, R, 0, 0, 0),
            lg = arena_tensor(ws, m->cdt, 2, R, m->cfg.vocab, 0, 0);
-    op_rmsnorm_forward(hn, rstd, h, m->sw->norm, (float)m->cfg.eps);
+    if (m->cfg.norm_1p) op_rmsnorm1p_forward(hn, rstd, h, m->sw->norm, (float)m->cfg.eps);
+    else op_rmsnorm_forward(hn, rstd, h, m->sw->norm, (float)m->cfg.eps);
     op_linear_forward(lg, hn, m->sw->lm_head, NONE);
     op_copy(logits, lg);
     arena_reset(ws, mark);
@@ -272,7 +274,8 @@ void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws) {
 
 void moe_epilog_backward(Model *m, void *rp, Tensor dh) {
     EpilogRec *r = rp;
-    op_rmsnorm_backward(dh, m->sg->norm, r->dhn, r->h, m->sw->norm, r->rstd, false);
+    if (m->cfg.norm_1p) op_rmsnorm1p_backward(dh, m->sg->norm, r->dhn, r->h, m->sw->norm, r->rstd, false);
+    else op_rmsnorm_backward(dh, m->sg->norm, r->dhn, r->h, m->sw->norm, r->rstd, false);
 }
 
 // ---- HF layout hooks' buffers ----

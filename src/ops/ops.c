@@ -114,3 +114,39 @@ void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, fl
     DISPATCH(p.dev, adamw(p, g, m, v, w, gscale, lr, b1, b2, eps, wd, t));
 }
 double op_read_scalar(Tensor x) { DISPATCH_RETURN(x.dev, read_scalar(x)); }
+
+// ---- Qwen3.5 ----
+void op_rmsnorm1p_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
+    DISPATCH(x.dev, rmsnorm1p_forward(y, rstd, x, w, eps));
+}
+void op_rmsnorm1p_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc) {
+    DISPATCH(x.dev, rmsnorm1p_backward(dx, dw, dy, x, w, rstd, acc));
+}
+void op_rmsnorm_gated_forward(Tensor y, Tensor rstd, Tensor x, Tensor z, Tensor w, float eps) {
+    DISPATCH(x.dev, rmsnorm_gated_forward(y, rstd, x, z, w, eps));
+}
+void op_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, Tensor z, Tensor w, Tensor rstd) {
+    DISPATCH(x.dev, rmsnorm_gated_backward(dx, dz, dw, dy, x, z, w, rstd));
+}
+void op_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate) { DISPATCH(x.dev, sigmoid_gate_forward(y, x, gate)); }
+void op_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Tensor gate, bool acc) {
+    DISPATCH(x.dev, sigmoid_gate_backward(dx, dgate, dy, x, gate, acc));
+}
+void op_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B) { DISPATCH(x.dev, conv1d_silu_forward(y, x, w, B)); }
+void op_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B) {
+    DISPATCH(x.dev, conv1d_silu_backward(dx, dw, dy, x, w, B));
+}
+void op_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
+    DISPATCH(a.dev, delta_gates_forward(g, beta, a, b, A_log, dt_bias));
+}
+void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bias, Tensor dg, Tensor dbeta, Tensor a,
+                             Tensor b, Tensor A_log, Tensor dt_bias) {
+    DISPATCH(a.dev, delta_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias));
+}
+void op_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
+    DISPATCH(q.dev, delta_rule_forward(o, q, k, v, g, beta, a));
+}
+void op_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
+                            Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
+    DISPATCH(q.dev, delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, a));
+}

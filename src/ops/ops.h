@@ -153,3 +153,41 @@ void op_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale);
 void op_newton_schulz(Tensor x, Tensor ws, int steps);
 int64_t op_newton_schulz_workspace(int64_t n, int64_t m);
 double op_read_scalar(Tensor x); // x: (1) fp32 or fp64, to the host
+
+// ---- Qwen3.5: Gated DeltaNet linear attention, gated and zero-centred norms (docs/reference.md §19) ----
+// Zero-centred RMSNorm over the last dim D of x: (R, D): y = x · rstd · (1 + w) (w starts at 0), rstd: (R) fp32;
+// dx (+)= ∂/∂x, dw: (D) fp32 += ∂/∂w.
+void op_rmsnorm1p_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
+void op_rmsnorm1p_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
+// Gated RMSNorm: y = x · rstd · w · silu(z), x, z, y: (R, D), rstd: (R) fp32; dx, dz written, dw: (D) fp32 +=.
+void op_rmsnorm_gated_forward(Tensor y, Tensor rstd, Tensor x, Tensor z, Tensor w, float eps);
+void op_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, Tensor z, Tensor w, Tensor rstd);
+// Output gate: y: (R, D) = x · σ(gate), gate: (R, D) or (R, 1) (one gate per row). Backward: dx (+)= dy · σ(gate),
+// dgate = Σ over the columns a gate covers of dy · x · σ'(gate) (written).
+void op_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate);
+void op_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Tensor gate, bool accumulate);
+// Causal depthwise conv1d then SiLU over each of B sequences: x, y: (B·S, C), w: (C, K);
+// y[t, c] = silu(Σ_j w[c, j] · x[t − K + 1 + j, c]), rows before the sequence's start count as 0.
+// Backward: dx written, dw: (C, K) fp32 +=.
+void op_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B);
+void op_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B);
+// DeltaNet gates from the projections a, b: (T, nv): g = −exp(A_log) · softplus(a + dt_bias) (the log decay) and
+// beta = σ(b), both (T, nv) fp32; A_log, dt_bias: (nv). Backward: da, db written; dA_log, ddt_bias fp32 +=.
+void op_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias);
+void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bias, Tensor dg, Tensor dbeta, Tensor a,
+                             Tensor b, Tensor A_log, Tensor dt_bias);
+// The gated delta rule over each of B sequences, per value head h with key head h / (nv/nk) (key heads repeated):
+// q, k: (B·S, nk, dk), v: (B·S, nv, dv), g, beta: (B·S, nv) fp32, o: (B·S, nv, dv). With qk_l2norm, q and k are
+// first divided by sqrt(Σ x² + 1e-6) per head; then q ← scale·q. From S_0 = 0 (dk × dv, fp32 or better):
+// S_t = e^{g_t} S_{t−1} + β_t k_t (v_t − e^{g_t} S_{t−1}ᵀ k_t)ᵀ, o_t = S_tᵀ q_t.
+// chunk 0 runs that recurrence; chunk C > 0 the chunked (WY / UT-transform) form over chunks of C positions, which
+// gives the same result in exact arithmetic. Backward: dq, dk, dv, dg, dbeta written (dg, dbeta fp32).
+typedef struct {
+    int B;
+    float scale; // usually dk^-½
+    bool qk_l2norm;
+    int chunk; // 0: the recurrence
+} DeltaArgs;
+void op_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
+void op_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
+                            Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);

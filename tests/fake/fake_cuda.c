@@ -587,6 +587,58 @@ void cuda_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, boo
     if (dst.dt != src.dt) fake_fail("copy_cols: dtype conversion is not faked (fp32 compute only)");
     cpu_copy_cols(dst, a, src, b, n, acc);
 }
+// Qwen3.5's ops (cpu_delta.c)
+void cuda_rmsnorm1p_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
+    OP(rmsnorm1p_forward, &y, &rstd, &x, &w);
+    cpu_rmsnorm1p_forward(y, rstd, x, w, eps);
+}
+void cuda_rmsnorm1p_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc) {
+    OP(rmsnorm1p_backward, &dx, &dw, &dy, &x, &w, &rstd);
+    cpu_rmsnorm1p_backward(dx, dw, dy, x, w, rstd, acc);
+}
+void cuda_rmsnorm_gated_forward(Tensor y, Tensor rstd, Tensor x, Tensor z, Tensor w, float eps) {
+    OP(rmsnorm_gated_forward, &y, &rstd, &x, &z, &w);
+    cpu_rmsnorm_gated_forward(y, rstd, x, z, w, eps);
+}
+void cuda_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, Tensor z, Tensor w,
+                                 Tensor rstd) {
+    OP(rmsnorm_gated_backward, &dx, &dz, &dw, &dy, &x, &z, &w, &rstd);
+    cpu_rmsnorm_gated_backward(dx, dz, dw, dy, x, z, w, rstd);
+}
+void cuda_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate) {
+    OP(sigmoid_gate_forward, &y, &x, &gate);
+    cpu_sigmoid_gate_forward(y, x, gate);
+}
+void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Tensor gate, bool acc) {
+    OP(sigmoid_gate_backward, &dx, &dgate, &dy, &x, &gate);
+    cpu_sigmoid_gate_backward(dx, dgate, dy, x, gate, acc);
+}
+void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B) {
+    OP(conv1d_silu_forward, &y, &x, &w);
+    cpu_conv1d_silu_forward(y, x, w, B);
+}
+void cuda_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B) {
+    OP(conv1d_silu_backward, &dx, &dw, &dy, &x, &w);
+    cpu_conv1d_silu_backward(dx, dw, dy, x, w, B);
+}
+void cuda_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
+    OP(delta_gates_forward, &g, &beta, &a, &b, &A_log, &dt_bias);
+    cpu_delta_gates_forward(g, beta, a, b, A_log, dt_bias);
+}
+void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bias, Tensor dg, Tensor dbeta, Tensor a,
+                               Tensor b, Tensor A_log, Tensor dt_bias) {
+    OP(delta_gates_backward, &da, &db, &dA_log, &ddt_bias, &dg, &dbeta, &a, &b, &A_log, &dt_bias);
+    cpu_delta_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias);
+}
+void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
+    OP(delta_rule_forward, &o, &q, &k, &v, &g, &beta);
+    cpu_delta_rule_forward(o, q, k, v, g, beta, a);
+}
+void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
+                              Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
+    OP(delta_rule_backward, &dq, &dk, &dv, &dg, &dbeta, &dout, &q, &k, &v, &g, &beta);
+    cpu_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, a);
+}
 double cuda_sum_squares(Tensor x) {
     OP(sum_squares, &x);
     return cpu_sum_squares(x);

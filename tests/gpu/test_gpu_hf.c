@@ -5,14 +5,15 @@
 #include "gpu_test.h"
 
 // Every family's fixtures (tests/hf/<name>, made by tests/hf/make_fixtures.py).
-static const char *FIXTURES[] = {"tests/hf/qwen3_moe", "tests/hf/deepseek_v2", "tests/hf/deepseek_v2_lite"};
+static const char *FIXTURES[] = {"tests/hf/qwen3_moe", "tests/hf/deepseek_v2", "tests/hf/deepseek_v2_lite",
+                                 "tests/hf/qwen3_5_moe"};
 #define NFIX (int)(sizeof FIXTURES / sizeof FIXTURES[0])
 
 static double eval_loss(const char *fix, const char *dtype) {
     char out[4096];
-    int rc =
-        run_cmd(out, sizeof out, "%s eval --model %s --data %s/tokens.bin --seq 16 --batch 4 --device cuda --dtype %s",
-                PITH_BIN, fix, fix, dtype);
+    int rc = run_cmd(out, sizeof out,
+                     "%s eval --model %s --data %s/tokens.bin --seq %d --batch %d --device cuda --dtype %s", PITH_BIN,
+                     fix, fix, (int)hf_expected(fix, "sequence_length", -1), (int)hf_expected(fix, "batch", -1), dtype);
     ASSERT_MSG(rc == 0 && strstr(out, "loss "), "%s", out);
     return strtod(strstr(out, "loss ") + 5, NULL);
 }

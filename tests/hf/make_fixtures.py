@@ -60,6 +60,22 @@ FAMILIES = {
                 attention_bias=False, rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False,
                 initializer_range=0.05, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     ),
+    # Qwen3.5-MoE text model: Gated DeltaNet layers (2 key heads repeated to 4 value heads, key dim 8 ≠ value dim
+    # 12, conv kernel 4) and one gated full-attention layer (head 16, partial RoPE on the first 4 dims), 8 experts
+    # top-2 always renormalised, a gated shared expert. 72 tokens per sequence: one whole chunk of 64 and a part.
+    "qwen3_5_moe": dict(
+        cls="Qwen3_5MoeForCausalLM",
+        cfg="Qwen3_5MoeTextConfig",
+        S=72,
+        kw=dict(vocab_size=128, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+                linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+                shared_expert_intermediate_size=24, attention_bias=False, rms_norm_eps=1e-6,
+                max_position_embeddings=128, tie_word_embeddings=False, initializer_range=0.05,
+                output_router_logits=False,
+                rope_parameters=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=0.25)),
+    ),
 }
 
 
@@ -75,6 +91,7 @@ def batch_loss(model, ids, labels):
 
 
 def make(family, spec, out):
+    S = spec.get("S", globals()["S"])
     torch.manual_seed(20261129)
     cfg = getattr(transformers, spec["cfg"])(**spec["kw"])
     # Plain loops and plain attention: the fused backends reject float64.
@@ -130,7 +147,9 @@ def copy_sources(dst):
     os.makedirs(dst, exist_ok=True)
     from transformers import conversion_mapping, modeling_rope_utils
     from transformers.models.deepseek_v2 import modeling_deepseek_v2
-    for mod in (modeling_deepseek_v2, modeling_rope_utils, conversion_mapping):
+    from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe, modeling_qwen3_5_moe
+    for mod in (modeling_deepseek_v2, modeling_qwen3_5_moe, configuration_qwen3_5_moe, modeling_rope_utils,
+                conversion_mapping):
         shutil.copy(inspect.getsourcefile(mod), dst)
 
 

@@ -42,6 +42,22 @@ void cpu_muon_momentum(Tensor buf, Tensor g, float beta);
 void cpu_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale);
 double cpu_read_scalar(Tensor x);
 
+// Qwen3.5 (cpu_delta.c / cuda_delta.cu)
+void cpu_rmsnorm1p_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
+void cpu_rmsnorm1p_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
+void cpu_rmsnorm_gated_forward(Tensor y, Tensor rstd, Tensor x, Tensor z, Tensor w, float eps);
+void cpu_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, Tensor z, Tensor w, Tensor rstd);
+void cpu_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate);
+void cpu_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Tensor gate, bool accumulate);
+void cpu_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B);
+void cpu_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B);
+void cpu_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias);
+void cpu_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bias, Tensor dg, Tensor dbeta, Tensor a,
+                              Tensor b, Tensor A_log, Tensor dt_bias);
+void cpu_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
+void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
+                             Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
+
 // Raw pointers of CPU tensors (t_rows/t_cols: base.h).
 static inline float *F(Tensor t) { return (float *)t.p; }
 static inline int32_t *I32(Tensor t) { return (int32_t *)t.p; }

@@ -1,0 +1,499 @@
+// qwen3_5_moe.c — the Qwen3.5-MoE family (Qwen/Qwen3.5-35B-A3B's text model) in the 5-stage protocol, as
+// transformers 5.17's Qwen3_5MoeForCausalLM computes it (the parity reference, tests/hf/qwen3_5_moe). Formulas:
+// docs/reference.md §19.
+// Layer: x → RMSNorm₁ = n1 → token mixer → + x = h1a → RMSNorm₁ = n2 → router and shared expert;
+// h1 = h1a + σ(n2·w_sg) · shared(n2) is the residual stage 5 adds the routed experts to. RMSNorm₁ is the
+// zero-centred norm x·rstd·(1 + w) (block, q/k and final norms). layer_types names each layer's mixer:
+//   linear_attention (Gated DeltaNet): qkv = conv1d_silu(in_proj_qkv(n1)) (T, Cc) = [q (nk·dk) | k (nk·dk) | v (nv·dv)],
+//     z = in_proj_z(n1), g = −exp(A_log)·softplus(in_proj_a(n1) + dt_bias), β = σ(in_proj_b(n1)),
+//     o = gated delta rule (q, k L2-normalised, q scaled by dk^-½, key heads repeated to the value heads),
+//     out_proj(RMSNorm(o)·w·silu(z)) per value head.
+//   full_attention: q_proj gives per head [q | gate] (T, nh, 2·hd); q/k RMSNorm₁ per head, RoPE on the first
+//     partial_rotary_factor·hd dims (rotate-half), causal GQA with scale hd^-½, o_proj(attention · σ(gate)).
+// Router: softmax over E in fp32 → top-k, always renormalised. Every layer is MoE. Shapes: T = B·S tokens, H hidden,
+// nh/nkv heads of hd, nk/nv key/value heads of dk/dv, Cc = 2·nk·dk + nv·dv conv channels of kernel K, E experts, k
+// per token, Is the shared expert's width.
+#include <math.h>
+
+#include "model/model.h"
+
+typedef struct {
+    int kv_heads, head_dim;           // full attention: nkv, hd
+    int nk, nv, dk, dv, conv_k;       // Gated DeltaNet: linear_num_{key,value}_heads, linear_{key,value}_head_dim, K
+    int shared_inter;                 // Is
+    bool attn_bias;                   // biases on q/k/v/o_proj
+    uint64_t linear[MAX_LAYERS / 64]; // bit l: layer l is linear_attention
+} Qwen35Config;
+MODEL_FAMILY_CONFIG_FITS(Qwen35Config);
+
+typedef struct {
+    Tensor ln1, ln2, router, shared_gu, shared_down, shared_gate; // (H), (H), (E, H), (2Is, H), (H, Is), (1, H)
+    Tensor wq, bq, wk, bk, wv, bv, wo, bo, qn, kn;                // full attention
+    Tensor wqkv, wz, wb, wa, conv, dt_bias, A_log, gnorm, wout;   // Gated DeltaNet; conv: (Cc, K)
+} Q35Layer;
+
+typedef struct {
+    Q35Layer w[MAX_LAYERS], g[MAX_LAYERS]; // compute weights and fp32 gradients
+} Q35Views;
+
+typedef struct {
+    MlpRec mlp;       // stage 3 and 5 (h1: after the token mixer and the shared expert)
+    Tensor x;         // (T, H) layer input (owned by the previous layer)
+    Tensor n1, rstd1; // (T, H), (T)
+    // full attention
+    Tensor qg;         // (T, nh, 2hd) q_proj output, per head [q | gate]
+    Tensor qp, gate;   // (T, nh, hd) its two halves
+    Tensor kp, rq, rk; // (T, nkv, hd) k before its norm; (T·nh), (T·nkv) norm rstd
+    Tensor q, k, v;    // after norm and RoPE; v: (T, nkv, hd)
+    Tensor att, lse;   // (T, nh, hd), (B, nh, S)
+    Tensor gated;      // (T, nh, hd) att · σ(gate)
+    // Gated DeltaNet
+    Tensor qkv, cv;           // (T, Cc) projection and conv1d_silu of it
+    Tensor lq, lk, lv;        // (T, nk, dk), (T, nk, dk), (T, nv, dv) split of cv
+    Tensor z, pa, pb;         // (T, nv·dv), (T, nv), (T, nv) projections
+    Tensor g, beta;           // (T, nv) fp32
+    Tensor core, rg, gn;      // (T, nv, dv) delta rule output, (T·nv) rstd, gated norm output
+    Tensor h1a;               // (T, H) residual stream after the mixer (the post-attention norm's input)
+    Tensor n2, rstd2;         // (T, H) post-attention norm (= the tokens to dispatch), (T)
+    Tensor logits, probs;     // (T, E) router logits and softmax
+    Tensor lb_grad;           // (B, E) load-balancing gradient w.r.t. probs
+    Tensor sgu, sact, so, sg; // (T, 2Is), (T, Is), (T, H) shared expert; (T, 1) its gate logit
+    // backward workspace
+    Tensor dh1, dn1, dqg, dqp, dgate, dkp, dq, dk, dv, datt, dgated;
+    Tensor dqkv, dcv, dlq, dlk, dlv, dz, dpa, dpb, dg, dbeta, dcore, dgn;
+    Tensor dlogits, dsgu, dsact, dso, dsg;
+} Q35Rec;
+
+static const Tensor NONE = {0};
+
+static bool is_linear(const ModelConfig *c, int l) {
+    return model_family_config(const Qwen35Config, c)->linear[l / 64] >> (l % 64) & 1;
+}
+
+// ---- config and parameters ----
+
+static void q35_config_parse(ModelConfig *c, JObj o) {
+    Qwen35Config *q = model_family_config(Qwen35Config, c);
+    c->hidden = jint_in(o, "hidden_size", true, 0, 1, 1 << 30);
+    c->layers = jint_in(o, "num_hidden_layers", true, 0, 1, MAX_LAYERS);
+    c->heads = jint_in(o, "num_attention_heads", true, 0, 1, 1 << 20);
+    q->kv_heads = jint_in(o, "num_key_value_heads", false, c->heads, 1, 1 << 20);
+    q->head_dim = jint_in(o, "head_dim", false, c->hidden / c->heads, 2, 1 << 20);
+    c->vocab = jint_in(o, "vocab_size", true, 0, 1, 1 << 30);
+    c->eps = jnum(o, "rms_norm_eps", false, 1e-6);
+    c->experts = jint_in(o, "num_experts", true, 0, 1, 1 << 20);
+    c->topk = jint_in(o, "num_experts_per_tok", true, 0, 1, 1 << 20);
+    c->moe_inter = jint_in(o, "moe_intermediate_size", true, 0, 1, 1 << 30);
+    q->shared_inter = jint_in(o, "shared_expert_intermediate_size", true, 0, 1, 1 << 30);
+    q->nk = jint_in(o, "linear_num_key_heads", false, 16, 1, 1 << 20);
+    q->nv = jint_in(o, "linear_num_value_heads", false, 32, 1, 1 << 20);
+    q->dk = jint_in(o, "linear_key_head_dim", false, 128, 1, 1 << 20);
+    q->dv = jint_in(o, "linear_value_head_dim", false, 128, 1, 1 << 20);
+    q->conv_k = jint_in(o, "linear_conv_kernel_dim", false, 4, 1, 64);
+    q->attn_bias = jbool(o, "attention_bias", false, false);
+    c->tie_embed = jbool(o, "tie_word_embeddings", false, false);
+    c->norm_1p = true;
+    if (c->heads % q->kv_heads) jdie(o, "num_key_value_heads", "must divide num_attention_heads (%d)", c->heads);
+    if (q->nv % q->nk) jdie(o, "linear_num_key_heads", "must divide linear_num_value_heads (%d)", q->nv);
+    // partial_rotary_factor: inside rope_parameters (transformers v5) or at the top; 0.25 when absent.
+    JObj rp = jobj_child(o, "rope_parameters");
+    double prf = rp.obj && jhas(rp, "partial_rotary_factor") ? jnum(rp, "partial_rotary_factor", true, 0)
+                                                             : jnum(o, "partial_rotary_factor", false, 0.25);
+    if (!(prf > 0 && prf <= 1)) jdie(o, "partial_rotary_factor", "must be in (0, 1] (got %g)", prf);
+    moe_rope_parse(c, o, (int)(q->head_dim * prf), false); // int(): transformers truncates too
+    // layer_types: one "linear_attention" or "full_attention" per layer; without it every full_attention_interval-th
+    // layer is full attention (transformers' default pattern).
+    json_t *lt = json_object_get(o.obj, "layer_types");
+    int interval = jint_in(o, "full_attention_interval", false, 4, 1, 1 << 20);
+    if (lt && !json_is_null(lt) && (!json_is_array(lt) || (int)json_array_size(lt) != c->layers))
+        jdie(o, "layer_types", "expected an array of num_hidden_layers = %d strings", c->layers);
+    for (int l = 0; l < c->layers; l++) {
+        const char *t = lt && !json_is_null(lt) ? json_string_value(json_array_get(lt, l))
+                                                : ((l + 1) % interval ? "linear_attention" : "full_attention");
+        if (!t || (strcmp(t, "linear_attention") && strcmp(t, "full_attention")))
+            jdie(o, "layer_types", "entry %d must be \"linear_attention\" or \"full_attention\"", l);
+        if (!strcmp(t, "linear_attention")) q->linear[l / 64] |= 1ull << (l % 64);
+        c->is_moe[l] = true; // transformers gives every Qwen3.5-MoE layer the sparse block
+    }
+    moe_config_check(c, o, "num_experts");
+}
+
+static void q35_params_build(ParamTable *t, const ModelConfig *c) {
+    const Qwen35Config *q = model_family_config(const Qwen35Config, c);
+    int64_t H = c->hidden, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads, Is = q->shared_inter;
+    int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+    moe_params_embed(t, c);
+    for (int l = 0; l < c->layers; l++) {
+#define P(suffix, init, nd, a, b) params_add_layer(t, l, suffix, init, nd, a, b)
+        P("input_layernorm.weight", INIT_ZEROS, 1, H, 0);
+        if (is_linear(c, l)) {
+            P("linear_attn.in_proj_qkv.weight", INIT_NORMAL, 2, 2 * kd + vd, H);
+            P("linear_attn.in_proj_z.weight", INIT_NORMAL, 2, vd, H);
+            P("linear_attn.in_proj_b.weight", INIT_NORMAL, 2, q->nv, H);
+            P("linear_attn.in_proj_a.weight", INIT_NORMAL, 2, q->nv, H);
+            char n[96]; // HF's depthwise Conv1d weight: (Cc, 1, K)
+            snprintf(n, sizeof n, "layers.%d.linear_attn.conv1d.weight", l);
+            params_add(t, n, GROUP_DENSE, INIT_NORMAL, 3, 2 * kd + vd, 1, q->conv_k);
+            P("linear_attn.dt_bias", INIT_ONES, 1, q->nv, 0);
+            P("linear_attn.A_log", INIT_LOG_UNIFORM, 1, q->nv, 0);
+            P("linear_attn.norm.weight", INIT_ONES, 1, q->dv, 0);
+            P("linear_attn.out_proj.weight", INIT_NORMAL, 2, H, vd);
+        } else {
+            P("self_attn.q_proj.weight", INIT_NORMAL, 2, nh * 2 * hd, H);
+            P("self_attn.k_proj.weight", INIT_NORMAL, 2, nkv * hd, H);
+            P("self_attn.v_proj.weight", INIT_NORMAL, 2, nkv * hd, H);
+            P("self_attn.o_proj.weight", INIT_NORMAL_OUT, 2, H, nh * hd);
+            if (q->attn_bias) {
+                P("self_attn.q_proj.bias", INIT_ZEROS, 1, nh * 2 * hd, 0);
+                P("self_attn.k_proj.bias", INIT_ZEROS, 1, nkv * hd, 0);
+                P("self_attn.v_proj.bias", INIT_ZEROS, 1, nkv * hd, 0);
+                P("self_attn.o_proj.bias", INIT_ZEROS, 1, H, 0);
+            }
+            P("self_attn.q_norm.weight", INIT_ZEROS, 1, hd, 0);
+            P("self_attn.k_norm.weight", INIT_ZEROS, 1, hd, 0);
+        }
+        P("post_attention_layernorm.weight", INIT_ZEROS, 1, H, 0);
+        P("mlp.gate.weight", INIT_NORMAL, 2, c->experts, H);
+        P("mlp.shared_expert.gate_proj.weight", INIT_NORMAL, 2, Is, H); // gate_proj and up_proj adjacent: (2Is, H)
+        P("mlp.shared_expert.up_proj.weight", INIT_NORMAL, 2, Is, H);
+        P("mlp.shared_expert.down_proj.weight", INIT_NORMAL_OUT, 2, H, Is);
+        P("mlp.shared_expert_gate.weight", INIT_NORMAL, 2, 1, H);
+#undef P
+        moe_params_mlp(t, c, l);
+    }
+    moe_params_head(t, c);
+}
+
+static void bind_layers(Model *m, Tensor *flat, Q35Layer *w) {
+    const ModelConfig *c = &m->cfg;
+    const Qwen35Config *q = model_family_config(const Qwen35Config, c);
+    int64_t H = c->hidden, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads, Is = q->shared_inter;
+    int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+    for (int l = 0; l < c->layers; l++) {
+        Q35Layer *L = &w[l];
+#define V(suffix, nd, a, b) model_view_layer(m, flat, l, suffix, nd, a, b)
+        L->ln1 = V("input_layernorm.weight", 1, H, 0);
+        L->ln2 = V("post_attention_layernorm.weight", 1, H, 0);
+        L->router = V("mlp.gate.weight", 2, c->experts, H);
+        L->shared_gu = V("mlp.shared_expert.gate_proj.weight", 2, 2 * Is, H);
+        L->shared_down = V("mlp.shared_expert.down_proj.weight", 2, H, Is);
+        L->shared_gate = V("mlp.shared_expert_gate.weight", 2, 1, H);
+        L->wq = V("self_attn.q_proj.weight", 2, nh * 2 * hd, H);
+        L->bq = V("self_attn.q_proj.bias", 1, nh * 2 * hd, 0);
+        L->wk = V("self_attn.k_proj.weight", 2, nkv * hd, H);
+        L->bk = V("self_attn.k_proj.bias", 1, nkv * hd, 0);
+        L->wv = V("self_attn.v_proj.weight", 2, nkv * hd, H);
+        L->bv = V("self_attn.v_proj.bias", 1, nkv * hd, 0);
+        L->wo = V("self_attn.o_proj.weight", 2, H, nh * hd);
+        L->bo = V("self_attn.o_proj.bias", 1, H, 0);
+        L->qn = V("self_attn.q_norm.weight", 1, hd, 0);
+        L->kn = V("self_attn.k_norm.weight", 1, hd, 0);
+        L->wqkv = V("linear_attn.in_proj_qkv.weight", 2, 2 * kd + vd, H);
+        L->wz = V("linear_attn.in_proj_z.weight", 2, vd, H);
+        L->wb = V("linear_attn.in_proj_b.weight", 2, q->nv, H);
+        L->wa = V("linear_attn.in_proj_a.weight", 2, q->nv, H);
+        L->conv = V("linear_attn.conv1d.weight", 2, 2 * kd + vd, q->conv_k);
+        L->dt_bias = V("linear_attn.dt_bias", 1, q->nv, 0);
+        L->A_log = V("linear_attn.A_log", 1, q->nv, 0);
+        L->gnorm = V("linear_attn.norm.weight", 1, q->dv, 0);
+        L->wout = V("linear_attn.out_proj.weight", 2, H, vd);
+#undef V
+    }
+}
+
+static void q35_bind(Model *m) {
+    Q35Views *v = m->views = m->views ? m->views : xcalloc(1, sizeof(Q35Views));
+    moe_bind(m);
+    bind_layers(m, m->w, v->w);
+    bind_layers(m, m->g, v->g);
+}
+
+// ---- records ----
+
+static void q35_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
+    const ModelConfig *c = &m->cfg;
+    const Qwen35Config *q = model_family_config(const Qwen35Config, c);
+    Q35Rec *r = rp;
+    int64_t T = (int64_t)B * S, H = c->hidden, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads, E = c->experts;
+    int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+    DType dt = m->cdt;
+    memset(r, 0, sizeof *r);
+    r->n1 = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->rstd1 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
+    if (is_linear(c, l)) {
+        r->qkv = arena_tensor(a, dt, 2, T, 2 * kd + vd, 0, 0);
+        r->cv = arena_tensor(a, dt, 2, T, 2 * kd + vd, 0, 0);
+        r->lq = arena_tensor(a, dt, 3, T, q->nk, q->dk, 0);
+        r->lk = arena_tensor(a, dt, 3, T, q->nk, q->dk, 0);
+        r->lv = arena_tensor(a, dt, 3, T, q->nv, q->dv, 0);
+        r->z = arena_tensor(a, dt, 2, T, vd, 0, 0);
+        r->pa = arena_tensor(a, dt, 2, T, q->nv, 0, 0);
+        r->pb = arena_tensor(a, dt, 2, T, q->nv, 0, 0);
+        r->g = arena_tensor(a, DT_F32, 2, T, q->nv, 0, 0);
+        r->beta = arena_tensor(a, DT_F32, 2, T, q->nv, 0, 0);
+        r->core = arena_tensor(a, dt, 3, T, q->nv, q->dv, 0);
+        r->rg = arena_tensor(a, DT_F32, 1, T * q->nv, 0, 0, 0);
+        r->gn = arena_tensor(a, dt, 2, T, vd, 0, 0);
+    } else {
+        r->qg = arena_tensor(a, dt, 3, T, nh, 2 * hd, 0);
+        r->qp = arena_tensor(a, dt, 3, T, nh, hd, 0);
+        r->gate = arena_tensor(a, dt, 3, T, nh, hd, 0);
+        r->kp = arena_tensor(a, dt, 3, T, nkv, hd, 0);
+        r->rq = arena_tensor(a, DT_F32, 1, T * nh, 0, 0, 0);
+        r->rk = arena_tensor(a, DT_F32, 1, T * nkv, 0, 0, 0);
+        r->q = arena_tensor(a, dt, 3, T, nh, hd, 0);
+        r->k = arena_tensor(a, dt, 3, T, nkv, hd, 0);
+        r->v = arena_tensor(a, dt, 3, T, nkv, hd, 0);
+        r->att = arena_tensor(a, dt, 3, T, nh, hd, 0);
+        r->lse = arena_tensor(a, DT_F32, 3, B, nh, S, 0);
+        r->gated = arena_tensor(a, dt, 3, T, nh, hd, 0);
+    }
+    r->h1a = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->mlp.h1 = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->n2 = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->rstd2 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
+    r->logits = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
+    r->probs = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
+    r->lb_grad = arena_tensor(a, DT_F32, 2, B, E, 0, 0);
+    r->sgu = arena_tensor(a, dt, 2, T, 2 * (int64_t)q->shared_inter, 0, 0);
+    r->sact = arena_tensor(a, dt, 2, T, q->shared_inter, 0, 0);
+    r->so = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->sg = arena_tensor(a, dt, 2, T, 1, 0, 0);
+    io->xd = r->n2;
+}
+
+static void q35_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {
+    const ModelConfig *c = &m->cfg;
+    const Qwen35Config *q = model_family_config(const Qwen35Config, c);
+    Q35Rec *r = rp;
+    int64_t T = (int64_t)B * S, H = c->hidden, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads;
+    int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+    DType dt = m->cdt;
+    (void)io;
+    r->dh1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
+    r->dn1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
+    if (is_linear(c, l)) {
+        r->dqkv = arena_tensor(ws, dt, 2, T, 2 * kd + vd, 0, 0);
+        r->dcv = arena_tensor(ws, dt, 2, T, 2 * kd + vd, 0, 0);
+        r->dlq = arena_tensor(ws, dt, 3, T, q->nk, q->dk, 0);
+        r->dlk = arena_tensor(ws, dt, 3, T, q->nk, q->dk, 0);
+        r->dlv = arena_tensor(ws, dt, 3, T, q->nv, q->dv, 0);
+        r->dz = arena_tensor(ws, dt, 2, T, vd, 0, 0);
+        r->dpa = arena_tensor(ws, dt, 2, T, q->nv, 0, 0);
+        r->dpb = arena_tensor(ws, dt, 2, T, q->nv, 0, 0);
+        r->dg = arena_tensor(ws, DT_F32, 2, T, q->nv, 0, 0);
+        r->dbeta = arena_tensor(ws, DT_F32, 2, T, q->nv, 0, 0);
+        r->dcore = arena_tensor(ws, dt, 3, T, q->nv, q->dv, 0);
+        r->dgn = arena_tensor(ws, dt, 2, T, vd, 0, 0);
+    } else {
+        r->dqg = arena_tensor(ws, dt, 3, T, nh, 2 * hd, 0);
+        r->dqp = arena_tensor(ws, dt, 3, T, nh, hd, 0);
+        r->dgate = arena_tensor(ws, dt, 3, T, nh, hd, 0);
+        r->dkp = arena_tensor(ws, dt, 3, T, nkv, hd, 0);
+        r->dq = arena_tensor(ws, dt, 3, T, nh, hd, 0);
+        r->dk = arena_tensor(ws, dt, 3, T, nkv, hd, 0);
+        r->dv = arena_tensor(ws, dt, 3, T, nkv, hd, 0);
+        r->datt = arena_tensor(ws, dt, 3, T, nh, hd, 0);
+        r->dgated = arena_tensor(ws, dt, 3, T, nh, hd, 0);
+    }
+    r->dlogits = arena_tensor(ws, DT_F32, 2, T, c->experts, 0, 0);
+    r->dsgu = arena_tensor(ws, dt, 2, T, 2 * (int64_t)q->shared_inter, 0, 0);
+    r->dsact = arena_tensor(ws, dt, 2, T, q->shared_inter, 0, 0);
+    r->dso = arena_tensor(ws, dt, 2, T, H, 0, 0);
+    r->dsg = arena_tensor(ws, dt, 2, T, 1, 0, 0);
+}
+
+// ---- stage 1: norm → token mixer → residual → norm → router and shared expert ----
+
+static AttnArgs q35_attn_args(const Model *m, const MicroBatch *mb) {
+    return (AttnArgs){.B = mb->B,
+                      .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->head_dim)),
+                      .causal = true};
+}
+static DeltaArgs q35_delta_args(const Model *m, const MicroBatch *mb) {
+    return (DeltaArgs){.B = mb->B,
+                       .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->dk)),
+                       .qk_l2norm = true,
+                       .chunk = 64};
+}
+static RouterArgs q35_router_args(const Model *m) {
+    return (RouterArgs){.k = m->cfg.topk, .renorm = true, .scale = 1, .force_balance = m->force_balance};
+}
+
+// Gated DeltaNet: n1 → h1a (without the residual).
+static void delta_forward(Model *m, const Q35Layer *W, Q35Rec *r, MicroBatch *mb) {
+    const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
+    int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+    op_linear_forward(r->qkv, r->n1, W->wqkv, NONE);
+    op_linear_forward(r->z, r->n1, W->wz, NONE);
+    op_linear_forward(r->pb, r->n1, W->wb, NONE);
+    op_linear_forward(r->pa, r->n1, W->wa, NONE);
+    op_conv1d_silu_forward(r->cv, r->qkv, W->conv, mb->B);
+    op_copy_cols(tensor_reshape2(r->lq, T, kd), 0, r->cv, 0, kd, false);
+    op_copy_cols(tensor_reshape2(r->lk, T, kd), 0, r->cv, kd, kd, false);
+    op_copy_cols(tensor_reshape2(r->lv, T, vd), 0, r->cv, 2 * kd, vd, false);
+    op_delta_gates_forward(r->g, r->beta, r->pa, r->pb, W->A_log, W->dt_bias);
+    DeltaArgs da = q35_delta_args(m, mb);
+    op_delta_rule_forward(r->core, r->lq, r->lk, r->lv, r->g, r->beta, &da);
+    op_rmsnorm_gated_forward(tensor_reshape2(r->gn, T * q->nv, q->dv), r->rg,
+                             tensor_reshape2(r->core, T * q->nv, q->dv), tensor_reshape2(r->z, T * q->nv, q->dv),
+                             W->gnorm, (float)m->cfg.eps);
+    op_linear_forward(r->h1a, r->gn, W->wout, NONE);
+}
+
+// Gated full attention: n1 → h1a (without the residual).
+static void attention_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBatch *mb) {
+    const ModelConfig *c = &m->cfg;
+    const Qwen35Config *q = model_family_config(const Qwen35Config, c);
+    int64_t T = mb->T, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads;
+    Tensor qg2 = tensor_reshape2(r->qg, T * nh, 2 * hd);
+    op_linear_forward(tensor_reshape2(r->qg, T, nh * 2 * hd), r->n1, W->wq, W->bq);
+    op_copy_cols(tensor_reshape2(r->qp, T * nh, hd), 0, qg2, 0, hd, false);
+    op_copy_cols(tensor_reshape2(r->gate, T * nh, hd), 0, qg2, hd, hd, false);
+    op_linear_forward(tensor_reshape2(r->kp, T, nkv * hd), r->n1, W->wk, W->bk);
+    op_linear_forward(tensor_reshape2(r->v, T, nkv * hd), r->n1, W->wv, W->bv);
+    op_rmsnorm1p_forward(tensor_reshape2(r->q, T * nh, hd), r->rq, tensor_reshape2(r->qp, T * nh, hd), W->qn,
+                         (float)c->eps);
+    op_rmsnorm1p_forward(tensor_reshape2(r->k, T * nkv, hd), r->rk, tensor_reshape2(r->kp, T * nkv, hd), W->kn,
+                         (float)c->eps);
+    op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
+    op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
+    AttnArgs aa = q35_attn_args(m, mb);
+    model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa);
+    op_sigmoid_gate_forward(tensor_reshape2(r->gated, T * nh, hd), tensor_reshape2(r->att, T * nh, hd),
+                            tensor_reshape2(r->gate, T * nh, hd));
+    op_linear_forward(r->h1a, tensor_reshape2(r->gated, T, nh * hd), W->wo, W->bo);
+}
+
+static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
+    const ModelConfig *c = &m->cfg;
+    const Q35Layer *W = &((Q35Views *)m->views)->w[l];
+    Q35Rec *r = rp;
+    r->x = x;
+    op_rmsnorm1p_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
+    if (is_linear(c, l)) delta_forward(m, W, r, mb);
+    else attention_forward(m, l, W, r, mb);
+    op_add(r->h1a, x);
+    op_rmsnorm1p_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
+    op_linear_forward(r->logits, r->n2, W->router, NONE);
+    model_router_forward(m, l, r->probs, io->idx, io->w, r->logits, q35_router_args(m));
+    // The load-balancing term enters the objective as lb·T per micro-batch (docs/reference.md §1), so its gradient
+    // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
+    if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)mb->T, mb->B);
+    // The shared expert on every token, gated per token, added to the residual stage 5 adds the routed experts to.
+    op_linear_forward(r->sgu, r->n2, W->shared_gu, NONE);
+    op_swiglu_forward(r->sact, r->sgu);
+    op_linear_forward(r->so, r->sact, W->shared_down, NONE);
+    op_linear_forward(r->sg, r->n2, W->shared_gate, NONE);
+    op_sigmoid_gate_forward(r->mlp.h1, r->so, r->sg);
+    op_add(r->mlp.h1, r->h1a);
+}
+
+// ---- stage 1 backward ----
+
+// dh1 (∂/∂h1a) → dn1.
+static void delta_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb) {
+    const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
+    int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv, Rv = T * q->nv;
+    op_linear_backward_input(r->dgn, r->dh1, W->wout, false);
+    op_linear_backward_weight(G->wout, NONE, r->dh1, r->gn);
+    op_rmsnorm_gated_backward(tensor_reshape2(r->dcore, Rv, q->dv), tensor_reshape2(r->dz, Rv, q->dv), G->gnorm,
+                              tensor_reshape2(r->dgn, Rv, q->dv), tensor_reshape2(r->core, Rv, q->dv),
+                              tensor_reshape2(r->z, Rv, q->dv), W->gnorm, r->rg);
+    DeltaArgs da = q35_delta_args(m, mb);
+    op_delta_rule_backward(r->dlq, r->dlk, r->dlv, r->dg, r->dbeta, r->dcore, r->lq, r->lk, r->lv, r->g, r->beta, &da);
+    op_delta_gates_backward(r->dpa, r->dpb, G->A_log, G->dt_bias, r->dg, r->dbeta, r->pa, r->pb, W->A_log, W->dt_bias);
+    op_copy_cols(r->dcv, 0, tensor_reshape2(r->dlq, T, kd), 0, kd, false);
+    op_copy_cols(r->dcv, kd, tensor_reshape2(r->dlk, T, kd), 0, kd, false);
+    op_copy_cols(r->dcv, 2 * kd, tensor_reshape2(r->dlv, T, vd), 0, vd, false);
+    op_conv1d_silu_backward(r->dqkv, G->conv, r->dcv, r->qkv, W->conv, mb->B);
+    op_linear_backward_input(r->dn1, r->dqkv, W->wqkv, false);
+    op_linear_backward_input(r->dn1, r->dz, W->wz, true);
+    op_linear_backward_input(r->dn1, r->dpb, W->wb, true);
+    op_linear_backward_input(r->dn1, r->dpa, W->wa, true);
+    op_linear_backward_weight(G->wqkv, NONE, r->dqkv, r->n1);
+    op_linear_backward_weight(G->wz, NONE, r->dz, r->n1);
+    op_linear_backward_weight(G->wb, NONE, r->dpb, r->n1);
+    op_linear_backward_weight(G->wa, NONE, r->dpa, r->n1);
+}
+
+static void attention_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb) {
+    const ModelConfig *c = &m->cfg;
+    const Qwen35Config *q = model_family_config(const Qwen35Config, c);
+    int64_t T = mb->T, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads;
+    op_linear_backward_input(tensor_reshape2(r->dgated, T, nh * hd), r->dh1, W->wo, false);
+    op_linear_backward_weight(G->wo, G->bo, r->dh1, tensor_reshape2(r->gated, T, nh * hd));
+    op_sigmoid_gate_backward(tensor_reshape2(r->datt, T * nh, hd), tensor_reshape2(r->dgate, T * nh, hd),
+                             tensor_reshape2(r->dgated, T * nh, hd), tensor_reshape2(r->att, T * nh, hd),
+                             tensor_reshape2(r->gate, T * nh, hd), false);
+    AttnArgs aa = q35_attn_args(m, mb);
+    op_attention_backward(r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
+    op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
+    op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
+    op_rmsnorm1p_backward(tensor_reshape2(r->dqp, T * nh, hd), G->qn, tensor_reshape2(r->dq, T * nh, hd),
+                          tensor_reshape2(r->qp, T * nh, hd), W->qn, r->rq, false);
+    op_rmsnorm1p_backward(tensor_reshape2(r->dkp, T * nkv, hd), G->kn, tensor_reshape2(r->dk, T * nkv, hd),
+                          tensor_reshape2(r->kp, T * nkv, hd), W->kn, r->rk, false);
+    Tensor dqg2 = tensor_reshape2(r->dqg, T * nh, 2 * hd), dqg = tensor_reshape2(r->dqg, T, nh * 2 * hd),
+           dkp = tensor_reshape2(r->dkp, T, nkv * hd), dv = tensor_reshape2(r->dv, T, nkv * hd);
+    op_copy_cols(dqg2, 0, tensor_reshape2(r->dqp, T * nh, hd), 0, hd, false);
+    op_copy_cols(dqg2, hd, tensor_reshape2(r->dgate, T * nh, hd), 0, hd, false);
+    op_linear_backward_input(r->dn1, dqg, W->wq, false);
+    op_linear_backward_input(r->dn1, dkp, W->wk, true);
+    op_linear_backward_input(r->dn1, dv, W->wv, true);
+    op_linear_backward_weight(G->wq, G->bq, dqg, r->n1);
+    op_linear_backward_weight(G->wk, G->bk, dkp, r->n1);
+    op_linear_backward_weight(G->wv, G->bv, dv, r->n1);
+}
+
+// dout: ∂/∂(layer output), which reaches h1 (and through it h1a) directly; dx: ∂/∂(layer input), written.
+static void q35_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx) {
+    const ModelConfig *c = &m->cfg;
+    const Q35Layer *W = &((Q35Views *)m->views)->w[l], *G = &((Q35Views *)m->views)->g[l];
+    Q35Rec *r = rp;
+    Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
+    RouterArgs ra = q35_router_args(m);
+    model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
+                          mb->B);
+    op_linear_backward_input(dn2, r->dlogits, W->router, true);
+    op_linear_backward_weight(G->router, NONE, r->dlogits, r->n2);
+    op_sigmoid_gate_backward(r->dso, r->dsg, dout, r->so, r->sg, false);
+    op_linear_backward_input(dn2, r->dsg, W->shared_gate, true);
+    op_linear_backward_weight(G->shared_gate, NONE, r->dsg, r->n2);
+    op_linear_backward_input(r->dsact, r->dso, W->shared_down, false);
+    op_linear_backward_weight(G->shared_down, NONE, r->dso, r->sact);
+    op_swiglu_backward(r->dsgu, r->dsact, r->sgu);
+    op_linear_backward_input(dn2, r->dsgu, W->shared_gu, true);
+    op_linear_backward_weight(G->shared_gu, NONE, r->dsgu, r->n2);
+    op_copy(r->dh1, dout);
+    op_rmsnorm1p_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true);
+    if (is_linear(c, l)) delta_backward(m, W, G, r, mb);
+    else attention_backward(m, W, G, r, mb);
+    op_copy(dx, r->dh1);
+    op_rmsnorm1p_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
+}
+
+const ModelFamily qwen3_5_moe_family = {
+    .model_type = "qwen3_5_moe_text",
+    .rec_size = sizeof(Q35Rec),
+    .epilog_size = sizeof(EpilogRec),
+    .config_parse = q35_config_parse,
+    .params_build = q35_params_build,
+    .bind = q35_bind,
+    .layer_alloc = q35_layer_alloc,
+    .layer_grad_alloc = q35_layer_grad_alloc,
+    .stage3_alloc = moe_stage3_alloc,
+    .stage3_grad_alloc = moe_stage3_grad_alloc,
+    .prolog_forward = moe_prolog_forward,
+    .prolog_backward = moe_prolog_backward,
+    .stage1_forward = q35_stage1_forward,
+    .stage3_forward = moe_stage3_forward,
+    .stage5_forward = moe_stage5_forward,
+    .stage5_backward = moe_stage5_backward,
+    .stage3_backward_input = moe_stage3_backward_input,
+    .stage3_backward_weight = moe_stage3_backward_weight,
+    .stage1_backward = q35_stage1_backward,
+    .epilog_alloc = moe_epilog_alloc,
+    .epilog_forward = moe_epilog_forward,
+    .epilog_backward = moe_epilog_backward,
+};

@@ -1,0 +1,140 @@
+// test_gpu_qwen3_5.c — the Qwen3.5 ops on the GPU against the CPU reference (fp32: relative error ≤ 1e-5, the delta
+// rule ≤ 1e-4; bf16 storage: ≤ 1e-2), including the real head sizes (dk = dv = 128: the state fills 64 KB of shared
+// memory), and the whole Qwen3.5-MoE model against the CPU (tests/gpu/test_gpu_model.c's comparison); the HF fixture
+// runs on the GPU in tests/gpu/test_gpu_hf.c.
+#include "gpu_test.h"
+
+#define MODES for (int mode_ = 0; mode_ < 2; mode_++)
+#define MODE_DT (mode_ ? DT_BF16 : DT_F32)
+#define TOL (mode_ ? 1e-2 : 1e-5)
+
+// tests/gpu/test_gpu_model.c
+void model_compare(const char *config, bool is_path, DType cdt, int B, int S, double lb_coef, double init_std);
+
+static void check_norms(DType dt, double tol, int64_t R, int64_t D) {
+    Pair x = pair_rand(dt, 1.5f, 2, R, D, 0, 0), z = pair_rand(dt, 1.5f, 2, R, D, 0, 0),
+         w = pair_rand(dt, 0.5f, 1, D, 0, 0, 0), y = pair_nan(dt, 2, R, D, 0, 0),
+         rstd = pair_nan(DT_F32, 1, R, 0, 0, 0);
+    Pair dy = pair_rand(dt, 1, 2, R, D, 0, 0), dx = pair_rand(dt, 1, 2, R, D, 0, 0), dz = pair_nan(dt, 2, R, D, 0, 0),
+         dw = pair_rand(DT_F32, 1, 1, D, 0, 0, 0);
+    op_rmsnorm1p_forward(y.c, rstd.c, x.c, w.c, 1e-6f), op_rmsnorm1p_forward(y.d, rstd.d, x.d, w.d, 1e-6f);
+    EXPECT_CLOSE(y, tol);
+    EXPECT_CLOSE(rstd, tol);
+    op_rmsnorm1p_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, true),
+        op_rmsnorm1p_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, true);
+    EXPECT_CLOSE(dx, tol);
+    EXPECT_CLOSE(dw, tol);
+    op_rmsnorm_gated_forward(y.c, rstd.c, x.c, z.c, w.c, 1e-6f),
+        op_rmsnorm_gated_forward(y.d, rstd.d, x.d, z.d, w.d, 1e-6f);
+    EXPECT_CLOSE(y, tol);
+    op_rmsnorm_gated_backward(dx.c, dz.c, dw.c, dy.c, x.c, z.c, w.c, rstd.c),
+        op_rmsnorm_gated_backward(dx.d, dz.d, dw.d, dy.d, x.d, z.d, w.d, rstd.d);
+    EXPECT_CLOSE(dx, tol);
+    EXPECT_CLOSE(dz, tol);
+    EXPECT_CLOSE(dw, tol);
+}
+
+static void check_gate(DType dt, double tol, int64_t R, int64_t D, int64_t G) {
+    Pair x = pair_rand(dt, 1, 2, R, D, 0, 0), g = pair_rand(dt, 2, 2, R, G, 0, 0), y = pair_nan(dt, 2, R, D, 0, 0);
+    Pair dy = pair_rand(dt, 1, 2, R, D, 0, 0), dx = pair_rand(dt, 1, 2, R, D, 0, 0), dg = pair_nan(dt, 2, R, G, 0, 0);
+    op_sigmoid_gate_forward(y.c, x.c, g.c), op_sigmoid_gate_forward(y.d, x.d, g.d);
+    EXPECT_CLOSE(y, tol);
+    op_sigmoid_gate_backward(dx.c, dg.c, dy.c, x.c, g.c, true),
+        op_sigmoid_gate_backward(dx.d, dg.d, dy.d, x.d, g.d, true);
+    EXPECT_CLOSE(dx, tol);
+    EXPECT_CLOSE(dg, tol);
+}
+
+static void check_conv(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K) {
+    Pair x = pair_rand(dt, 1, 2, B * S, C, 0, 0), w = pair_rand(dt, 0.5f, 2, C, K, 0, 0),
+         y = pair_nan(dt, 2, B * S, C, 0, 0), dy = pair_rand(dt, 1, 2, B * S, C, 0, 0),
+         dx = pair_nan(dt, 2, B * S, C, 0, 0), dw = pair_rand(DT_F32, 1, 2, C, K, 0, 0);
+    op_conv1d_silu_forward(y.c, x.c, w.c, B), op_conv1d_silu_forward(y.d, x.d, w.d, B);
+    EXPECT_CLOSE(y, tol);
+    op_conv1d_silu_backward(dx.c, dw.c, dy.c, x.c, w.c, B), op_conv1d_silu_backward(dx.d, dw.d, dy.d, x.d, w.d, B);
+    EXPECT_CLOSE(dx, tol);
+    EXPECT_CLOSE(dw, tol);
+}
+
+static void check_gates(DType dt, double tol, int64_t T, int64_t nv) {
+    Pair a = pair_rand(dt, 2, 2, T, nv, 0, 0), b = pair_rand(dt, 2, 2, T, nv, 0, 0),
+         Al = pair_rand(dt, 1, 1, nv, 0, 0, 0), dt_ = pair_rand(dt, 1, 1, nv, 0, 0, 0),
+         g = pair_nan(DT_F32, 2, T, nv, 0, 0), be = pair_nan(DT_F32, 2, T, nv, 0, 0),
+         dg = pair_rand(DT_F32, 1, 2, T, nv, 0, 0), dbe = pair_rand(DT_F32, 1, 2, T, nv, 0, 0),
+         da = pair_nan(dt, 2, T, nv, 0, 0), db = pair_nan(dt, 2, T, nv, 0, 0),
+         dAl = pair_rand(DT_F32, 1, 1, nv, 0, 0, 0), ddt = pair_rand(DT_F32, 1, 1, nv, 0, 0, 0);
+    op_delta_gates_forward(g.c, be.c, a.c, b.c, Al.c, dt_.c), op_delta_gates_forward(g.d, be.d, a.d, b.d, Al.d, dt_.d);
+    EXPECT_CLOSE(g, tol);
+    EXPECT_CLOSE(be, tol);
+    op_delta_gates_backward(da.c, db.c, dAl.c, ddt.c, dg.c, dbe.c, a.c, b.c, Al.c, dt_.c);
+    op_delta_gates_backward(da.d, db.d, dAl.d, ddt.d, dg.d, dbe.d, a.d, b.d, Al.d, dt_.d);
+    EXPECT_CLOSE(da, tol);
+    EXPECT_CLOSE(db, tol);
+    EXPECT_CLOSE(dAl, tol);
+    EXPECT_CLOSE(ddt, tol);
+}
+
+TEST(gpu_op_qwen3_5_elementwise) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        check_norms(MODE_DT, TOL, 37, 64);
+        check_norms(MODE_DT, TOL, 300, 128); // per-head gated norm and q/k norm shapes
+        check_gate(MODE_DT, TOL, 50, 256, 256);
+        check_gate(MODE_DT, TOL, 70, 96, 1); // the shared expert's per-token gate
+        check_conv(MODE_DT, TOL, 2, 100, 40, 4);
+        check_gates(MODE_DT, TOL, 300, 6);
+    }
+    gpu_report();
+}
+
+// The delta rule (the GPU's recurrence against the CPU's chunked form, fp32 data): o, then every input gradient.
+static void check_delta(DType dt, double tol, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv) {
+    int64_t T = B * S;
+    Pair q = pair_rand(dt, 1, 3, T, nk, dk, 0), k = pair_rand(dt, 1, 3, T, nk, dk, 0),
+         v = pair_rand(dt, 1, 3, T, nv, dv, 0);
+    float *gh = xmalloc(T * nv * 4), *bh = xmalloc(T * nv * 4);
+    fill_normal(gh, T * nv, 1), fill_normal(bh, T * nv, 1);
+    for (int64_t i = 0; i < T * nv; i++) gh[i] = -log1pf(expf(2 * gh[i] - 1)), bh[i] = 1 / (1 + expf(-2 * bh[i]));
+    Pair g = pair_from(DT_F32, gh, 2, T, nv, 0, 0), be = pair_from(DT_F32, bh, 2, T, nv, 0, 0);
+    free(gh), free(bh);
+    Pair o = pair_nan(dt, 3, T, nv, dv, 0), dout = pair_rand(dt, 1, 3, T, nv, dv, 0),
+         dq = pair_nan(dt, 3, T, nk, dk, 0), dk_ = pair_nan(dt, 3, T, nk, dk, 0), dv_ = pair_nan(dt, 3, T, nv, dv, 0),
+         dg = pair_nan(DT_F32, 2, T, nv, 0, 0), db = pair_nan(DT_F32, 2, T, nv, 0, 0);
+    DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)dk)), .qk_l2norm = true, .chunk = 64};
+    op_delta_rule_forward(o.c, q.c, k.c, v.c, g.c, be.c, &a), op_delta_rule_forward(o.d, q.d, k.d, v.d, g.d, be.d, &a);
+    EXPECT_CLOSE(o, tol);
+    op_delta_rule_backward(dq.c, dk_.c, dv_.c, dg.c, db.c, dout.c, q.c, k.c, v.c, g.c, be.c, &a);
+    op_delta_rule_backward(dq.d, dk_.d, dv_.d, dg.d, db.d, dout.d, q.d, k.d, v.d, g.d, be.d, &a);
+    EXPECT_CLOSE(dq, tol);
+    EXPECT_CLOSE(dk_, tol);
+    EXPECT_CLOSE(dv_, tol);
+    EXPECT_CLOSE(dg, tol);
+    EXPECT_CLOSE(db, tol);
+}
+
+TEST(gpu_op_delta_rule) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        double tol = mode_ ? 1e-2 : 1e-4;
+        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 12);    // blocks of 64 and a part, 2 value heads per key head
+        check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128); // the real head size
+    }
+    gpu_report();
+}
+
+// Both layer types, 2 value heads per key head, partial RoPE, a gated shared expert.
+static const char *config_q35 =
+    "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": 2,"
+    " \"moe_intermediate_size\": 16, \"shared_expert_intermediate_size\": 24, \"linear_num_key_heads\": 2,"
+    " \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 16, \"linear_value_head_dim\": 8,"
+    " \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"]}";
+
+TEST(gpu_model_qwen3_5_moe) {
+    gpu_begin();
+    model_compare(config_q35, false, DT_F32, 2, 80, 0.05, 0.2);
+    model_compare(config_q35, false, DT_BF16, 2, 80, 0.05, 0.2);
+    gpu_report();
+}

@@ -1,0 +1,399 @@
+// test_qwen3_5.c — the Qwen3.5-MoE family on the CPU. Ops: each against a plain fp64 reference written here, its
+// backward against central finite differences of that reference (h = 1e-6 in fp64); the chunked delta rule against
+// the recurrence for lengths that are and are not multiples of the chunk. Model: the gradient of every parameter
+// tensor, the config (text-only and multimodal), HF parity with transformers 5.17 (tests/hf/qwen3_5_moe), the
+// convert round trip.
+#include "base/safetensors.h"
+#include "pipe/chunk.h"
+#include "test.h"
+
+#include <math.h>
+
+// A reference: out = f(in[0..)); ∂(Σ G·out)/∂in[j] by central differences.
+typedef void (*Ref)(double **in, double *out, const void *ctx);
+
+static void fd(Ref f, double **in, int j, int64_t n, const double *G, int64_t nout, double *grad, const void *ctx) {
+    double *out = xmalloc(nout * sizeof(double));
+    for (int64_t i = 0; i < n; i++) {
+        double x0 = in[j][i], h = 1e-6, lp = 0, lm = 0;
+        in[j][i] = x0 + h, f(in, out, ctx);
+        for (int64_t o = 0; o < nout; o++) lp += G[o] * out[o];
+        in[j][i] = x0 - h, f(in, out, ctx);
+        for (int64_t o = 0; o < nout; o++) lm += G[o] * out[o];
+        in[j][i] = x0;
+        grad[i] = (lp - lm) / (2 * h);
+    }
+    free(out);
+}
+
+static float *rnd(int64_t n, float scale) {
+    float *x = xmalloc(n * sizeof(float));
+    fill_normal(x, n, scale);
+    return x;
+}
+static float *nans(int64_t n) {
+    float *x = xmalloc(n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = NAN;
+    return x;
+}
+static double *f64(const float *x, int64_t n) {
+    double *d = xmalloc(n * sizeof(double));
+    for (int64_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+// ‖a − b‖/‖b‖ of fp32 a against fp64 b.
+static double err(const float *a, const double *b, int64_t n) {
+    double *ad = f64(a, n), r = rel_err_f64(ad, b, n);
+    free(ad);
+    return r;
+}
+// The op's gradient g (fp32) of input j against finite differences of the reference.
+static void check_grad(Ref f, double **in, int j, int64_t n, const double *G, int64_t nout, const float *g,
+                       const void *ctx, double tol, const char *what) {
+    double *want = xmalloc(n * sizeof(double));
+    fd(f, in, j, n, G, nout, want, ctx);
+    double e = err(g, want, n);
+    free(want);
+    ASSERT_MSG(e < tol, "%s: relative error %.3g", what, e);
+}
+static Tensor t3(float *p, int64_t a, int64_t b, int64_t c) { return tensor_make(p, DT_F32, DEV_CPU, 3, a, b, c, 1); }
+static double sigm(double x) { return 1 / (1 + exp(-x)); }
+
+// ---- norms and the gate ----
+typedef struct {
+    int64_t R, D, G; // G: gate columns (D or 1)
+    bool gated;      // rmsnorm_gated (else rmsnorm1p)
+} NormCtx;
+static void ref_norm(double **in, double *out, const void *c) { // in: x, w [, z]
+    const NormCtx *p = c;
+    for (int64_t i = 0; i < p->R; i++) {
+        double ss = 0;
+        for (int64_t j = 0; j < p->D; j++) ss += in[0][i * p->D + j] * in[0][i * p->D + j];
+        double r = 1 / sqrt(ss / p->D + 1e-6);
+        for (int64_t j = 0; j < p->D; j++) {
+            double x = in[0][i * p->D + j] * r, z = p->gated ? in[2][i * p->D + j] : 0;
+            out[i * p->D + j] = p->gated ? x * in[1][j] * z * sigm(z) : x * (1 + in[1][j]);
+        }
+    }
+}
+
+static void check_norm(bool gated) {
+    NormCtx c = {5, 12, 0, gated};
+    int64_t n = c.R * c.D;
+    float *x = rnd(n, 2), *w = rnd(c.D, 0.5f), *z = rnd(n, 1.5f), *y = nans(n), *rstd = nans(c.R), *G = rnd(n, 1);
+    double *in[3] = {f64(x, n), f64(w, c.D), f64(z, n)}, *yr = xmalloc(n * 8), *Gd = f64(G, n);
+    ref_norm(in, yr, &c);
+    Tensor X = tf32_2(x, c.R, c.D), W = tf32_1(w, c.D), Z = tf32_2(z, c.R, c.D), Y = tf32_2(y, c.R, c.D),
+           RS = tf32_1(rstd, c.R);
+    if (gated) op_rmsnorm_gated_forward(Y, RS, X, Z, W, 1e-6f);
+    else op_rmsnorm1p_forward(Y, RS, X, W, 1e-6f);
+    ASSERT(err(y, yr, n) < 1e-6);
+    float *dx = nans(n), *dz = nans(n), *dw = xcalloc(c.D, 4);
+    if (gated)
+        op_rmsnorm_gated_backward(tf32_2(dx, c.R, c.D), tf32_2(dz, c.R, c.D), tf32_1(dw, c.D), tf32_2(G, c.R, c.D), X,
+                                  Z, W, RS);
+    else op_rmsnorm1p_backward(tf32_2(dx, c.R, c.D), tf32_1(dw, c.D), tf32_2(G, c.R, c.D), X, W, RS, false);
+    check_grad(ref_norm, in, 0, n, Gd, n, dx, &c, 1e-5, "dx");
+    check_grad(ref_norm, in, 1, c.D, Gd, n, dw, &c, 1e-5, "dw");
+    if (gated) check_grad(ref_norm, in, 2, n, Gd, n, dz, &c, 1e-5, "dz");
+}
+TEST(op_rmsnorm1p) { check_norm(false); }
+TEST(op_rmsnorm_gated) { check_norm(true); }
+
+static void ref_gate(double **in, double *out, const void *c) { // in: x, gate
+    const NormCtx *p = c;
+    for (int64_t i = 0; i < p->R; i++)
+        for (int64_t j = 0; j < p->D; j++)
+            out[i * p->D + j] = in[0][i * p->D + j] * sigm(in[1][i * p->G + (p->G == 1 ? 0 : j)]);
+}
+static void check_gate(int64_t G) {
+    NormCtx c = {6, 10, G, false};
+    int64_t n = c.R * c.D;
+    float *x = rnd(n, 1), *gt = rnd(c.R * G, 2), *y = nans(n), *Gr = rnd(n, 1);
+    double *in[2] = {f64(x, n), f64(gt, c.R * G)}, *yr = xmalloc(n * 8), *Gd = f64(Gr, n);
+    ref_gate(in, yr, &c);
+    op_sigmoid_gate_forward(tf32_2(y, c.R, c.D), tf32_2(x, c.R, c.D), tf32_2(gt, c.R, G));
+    ASSERT(err(y, yr, n) < 1e-6);
+    float *dx = rnd(n, 1), *dx0 = xmalloc(n * 4), *dgt = nans(c.R * G);
+    memcpy(dx0, dx, n * 4);
+    op_sigmoid_gate_backward(tf32_2(dx, c.R, c.D), tf32_2(dgt, c.R, G), tf32_2(Gr, c.R, c.D), tf32_2(x, c.R, c.D),
+                             tf32_2(gt, c.R, G), true);
+    for (int64_t i = 0; i < n; i++) dx[i] -= dx0[i]; // accumulate: what was there stays
+    check_grad(ref_gate, in, 0, n, Gd, n, dx, &c, 1e-5, "dx");
+    check_grad(ref_gate, in, 1, c.R * G, Gd, n, dgt, &c, 1e-5, "dgate");
+}
+TEST(op_sigmoid_gate) { check_gate(10), check_gate(1); }
+
+// ---- causal depthwise conv1d + SiLU, and the DeltaNet gates ----
+typedef struct {
+    int64_t B, S, C, K;
+} ConvCtx;
+static void ref_conv(double **in, double *out, const void *c) { // in: x (B·S, C), w (C, K)
+    const ConvCtx *p = c;
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t s = 0; s < p->S; s++)
+            for (int64_t ch = 0; ch < p->C; ch++) {
+                double u = 0;
+                for (int64_t j = 0; j < p->K; j++)
+                    if (s - p->K + 1 + j >= 0)
+                        u += in[1][ch * p->K + j] * in[0][(b * p->S + s - p->K + 1 + j) * p->C + ch];
+                out[(b * p->S + s) * p->C + ch] = u * sigm(u);
+            }
+}
+TEST(op_conv1d_silu) {
+    ConvCtx c = {2, 7, 5, 4};
+    int64_t n = c.B * c.S * c.C;
+    float *x = rnd(n, 1), *w = rnd(c.C * c.K, 0.7f), *y = nans(n), *G = rnd(n, 1);
+    double *in[2] = {f64(x, n), f64(w, c.C * c.K)}, *yr = xmalloc(n * 8), *Gd = f64(G, n);
+    ref_conv(in, yr, &c);
+    Tensor X = tf32_2(x, c.B * c.S, c.C), W = tf32_2(w, c.C, c.K);
+    op_conv1d_silu_forward(tf32_2(y, c.B * c.S, c.C), X, W, (int)c.B);
+    ASSERT(err(y, yr, n) < 1e-6);
+    float *dx = nans(n), *dw = xcalloc(c.C * c.K, 4);
+    op_conv1d_silu_backward(tf32_2(dx, c.B * c.S, c.C), tf32_2(dw, c.C, c.K), tf32_2(G, c.B * c.S, c.C), X, W,
+                            (int)c.B);
+    check_grad(ref_conv, in, 0, n, Gd, n, dx, &c, 1e-5, "dx");
+    check_grad(ref_conv, in, 1, c.C * c.K, Gd, n, dw, &c, 1e-5, "dw");
+}
+
+typedef struct {
+    int64_t T, nv;
+} GateCtx;
+static void ref_gates(double **in, double *out, const void *c) { // in: a, b, A_log, dt_bias; out: [g | beta]
+    const GateCtx *p = c;
+    for (int64_t t = 0; t < p->T; t++)
+        for (int64_t h = 0; h < p->nv; h++) {
+            int64_t i = t * p->nv + h;
+            out[i] = -exp(in[2][h]) * log1p(exp(in[0][i] + in[3][h]));
+            out[p->T * p->nv + i] = sigm(in[1][i]);
+        }
+}
+TEST(op_delta_gates) {
+    GateCtx c = {9, 3};
+    int64_t n = c.T * c.nv;
+    float *a = rnd(n, 2), *b = rnd(n, 2), *Al = rnd(c.nv, 1), *dtb = rnd(c.nv, 1), *g = nans(n), *be = nans(n),
+          *G = rnd(2 * n, 1);
+    double *in[4] = {f64(a, n), f64(b, n), f64(Al, c.nv), f64(dtb, c.nv)}, *r = xmalloc(2 * n * 8), *Gd = f64(G, 2 * n);
+    ref_gates(in, r, &c);
+    Tensor A = tf32_2(a, c.T, c.nv), Bt = tf32_2(b, c.T, c.nv), AL = tf32_1(Al, c.nv), DT = tf32_1(dtb, c.nv);
+    op_delta_gates_forward(tf32_2(g, c.T, c.nv), tf32_2(be, c.T, c.nv), A, Bt, AL, DT);
+    ASSERT(err(g, r, n) < 1e-6 && err(be, r + n, n) < 1e-6);
+    float *da = nans(n), *db = nans(n), *dAl = xcalloc(c.nv, 4), *ddt = xcalloc(c.nv, 4);
+    op_delta_gates_backward(tf32_2(da, c.T, c.nv), tf32_2(db, c.T, c.nv), tf32_1(dAl, c.nv), tf32_1(ddt, c.nv),
+                            tf32_2(G, c.T, c.nv), tf32_2(G + n, c.T, c.nv), A, Bt, AL, DT);
+    check_grad(ref_gates, in, 0, n, Gd, 2 * n, da, &c, 1e-5, "da");
+    check_grad(ref_gates, in, 1, n, Gd, 2 * n, db, &c, 1e-5, "db");
+    check_grad(ref_gates, in, 2, c.nv, Gd, 2 * n, dAl, &c, 1e-5, "dA_log");
+    check_grad(ref_gates, in, 3, c.nv, Gd, 2 * n, ddt, &c, 1e-5, "ddt_bias");
+}
+
+// ---- the gated delta rule ----
+typedef struct {
+    int64_t B, S, nk, nv, dk, dv;
+    DeltaArgs a;
+} DeltaCtx;
+// The recurrence in fp64, written from the formula: per value head h (key head h/(nv/nk)), S_t = e^g S_{t−1},
+// S_t += k (β (v − S_tᵀ k))ᵀ, o = S_tᵀ q with q, k normalised (and q scaled). in: q, k, v, g, beta.
+static void ref_delta(double **in, double *out, const void *c) {
+    const DeltaCtx *p = c;
+    int64_t dk = p->dk, dv = p->dv, G = p->nv / p->nk;
+    double *St = xmalloc(dk * dv * 8), *qh = xmalloc(dk * 8), *kh = xmalloc(dk * 8);
+    for (int64_t b = 0; b < p->B; b++)
+        for (int64_t h = 0; h < p->nv; h++) {
+            memset(St, 0, dk * dv * 8);
+            for (int64_t s = 0; s < p->S; s++) {
+                int64_t t = b * p->S + s;
+                const double *q = in[0] + (t * p->nk + h / G) * dk, *k = in[1] + (t * p->nk + h / G) * dk,
+                             *v = in[2] + (t * p->nv + h) * dv;
+                double nq = 0, nk = 0, g = in[3][t * p->nv + h], beta = in[4][t * p->nv + h];
+                for (int64_t i = 0; i < dk; i++) nq += q[i] * q[i], nk += k[i] * k[i];
+                nq = p->a.qk_l2norm ? 1 / sqrt(nq + 1e-6) : 1, nk = p->a.qk_l2norm ? 1 / sqrt(nk + 1e-6) : 1;
+                for (int64_t i = 0; i < dk; i++) qh[i] = q[i] * nq * p->a.scale, kh[i] = k[i] * nk;
+                for (int64_t i = 0; i < dk * dv; i++) St[i] *= exp(g);
+                for (int64_t j = 0; j < dv; j++) {
+                    double m = 0;
+                    for (int64_t i = 0; i < dk; i++) m += St[i * dv + j] * kh[i];
+                    double d = beta * (v[j] - m);
+                    for (int64_t i = 0; i < dk; i++) St[i * dv + j] += kh[i] * d;
+                }
+                for (int64_t j = 0; j < dv; j++) {
+                    double o = 0;
+                    for (int64_t i = 0; i < dk; i++) o += St[i * dv + j] * qh[i];
+                    out[(t * p->nv + h) * dv + j] = o;
+                }
+            }
+        }
+    free(St), free(qh), free(kh);
+}
+
+typedef struct {
+    float *q, *k, *v, *g, *beta;
+} DeltaIn;
+static DeltaIn delta_inputs(const DeltaCtx *c) {
+    int64_t T = c->B * c->S;
+    DeltaIn x = {rnd(T * c->nk * c->dk, 1), rnd(T * c->nk * c->dk, 1), rnd(T * c->nv * c->dv, 1), rnd(T * c->nv, 1),
+                 rnd(T * c->nv, 1)};
+    for (int64_t i = 0; i < T * c->nv; i++) // realistic gates: g = −softplus(·) ≤ 0 (some near 0), β = σ(·)
+        x.g[i] = (float)-log1p(exp(2 * x.g[i] - 1)), x.beta[i] = (float)sigm(2 * x.beta[i]);
+    return x;
+}
+static void delta_forward(const DeltaCtx *c, const DeltaIn *x, float *o, int chunk) {
+    int64_t T = c->B * c->S;
+    DeltaArgs a = c->a;
+    a.chunk = chunk;
+    op_delta_rule_forward(t3(o, T, c->nv, c->dv), t3(x->q, T, c->nk, c->dk), t3(x->k, T, c->nk, c->dk),
+                          t3(x->v, T, c->nv, c->dv), tf32_2(x->g, T, c->nv), tf32_2(x->beta, T, c->nv), &a);
+}
+
+// The chunked form and the recurrence against the fp64 recurrence, for S a multiple of the chunk and not.
+static void check_delta_forms(DeltaCtx c) {
+    int64_t T = c.B * c.S, no = T * c.nv * c.dv;
+    DeltaIn x = delta_inputs(&c);
+    double *in[5] = {f64(x.q, T * c.nk * c.dk), f64(x.k, T * c.nk * c.dk), f64(x.v, T * c.nv * c.dv),
+                     f64(x.g, T * c.nv), f64(x.beta, T * c.nv)},
+           *want = xmalloc(no * 8);
+    ref_delta(in, want, &c);
+    float *rec = nans(no), *ch64 = nans(no), *ch16 = nans(no);
+    delta_forward(&c, &x, rec, 0);
+    delta_forward(&c, &x, ch64, 64);
+    delta_forward(&c, &x, ch16, 16);
+    double e0 = err(rec, want, no), e1 = err(ch64, want, no), e2 = err(ch16, want, no);
+    printf("     S %lld: recurrence %.2e, chunk 64 %.2e, chunk 16 %.2e from the fp64 recurrence\n", (long long)c.S, e0,
+           e1, e2);
+    ASSERT(e0 < 1e-6 && e1 < 1e-6 && e2 < 1e-6);
+}
+TEST(op_delta_rule_chunked_equals_recurrence) {
+    DeltaArgs a = {.B = 2, .scale = 0.35f, .qk_l2norm = true};
+    check_delta_forms((DeltaCtx){2, 128, 2, 4, 8, 6, a}); // two whole chunks
+    check_delta_forms((DeltaCtx){2, 100, 2, 4, 8, 6, a}); // one and a part
+    check_delta_forms((DeltaCtx){2, 5, 1, 2, 4, 4, a});   // shorter than a chunk
+    a.qk_l2norm = false;
+    check_delta_forms((DeltaCtx){2, 70, 2, 2, 6, 8, a});
+}
+
+// Backward against finite differences of the fp64 recurrence, for every input; S = 70 crosses the backward's
+// blocks of 64 steps.
+static void check_delta_backward(DeltaCtx c) {
+    int64_t T = c.B * c.S, nq = T * c.nk * c.dk, nvv = T * c.nv * c.dv, ng = T * c.nv;
+    DeltaIn x = delta_inputs(&c);
+    double *in[5] = {f64(x.q, nq), f64(x.k, nq), f64(x.v, nvv), f64(x.g, ng), f64(x.beta, ng)};
+    float *G = rnd(nvv, 1), *dq = nans(nq), *dk = nans(nq), *dv = nans(nvv), *dg = nans(ng), *db = nans(ng);
+    double *Gd = f64(G, nvv);
+    op_delta_rule_backward(t3(dq, T, c.nk, c.dk), t3(dk, T, c.nk, c.dk), t3(dv, T, c.nv, c.dv), tf32_2(dg, T, c.nv),
+                           tf32_2(db, T, c.nv), t3(G, T, c.nv, c.dv), t3(x.q, T, c.nk, c.dk), t3(x.k, T, c.nk, c.dk),
+                           t3(x.v, T, c.nv, c.dv), tf32_2(x.g, T, c.nv), tf32_2(x.beta, T, c.nv), &c.a);
+    check_grad(ref_delta, in, 0, nq, Gd, nvv, dq, &c, 1e-5, "dq");
+    check_grad(ref_delta, in, 1, nq, Gd, nvv, dk, &c, 1e-5, "dk");
+    check_grad(ref_delta, in, 2, nvv, Gd, nvv, dv, &c, 1e-5, "dv");
+    check_grad(ref_delta, in, 3, ng, Gd, nvv, dg, &c, 1e-5, "dg");
+    check_grad(ref_delta, in, 4, ng, Gd, nvv, db, &c, 1e-5, "dbeta");
+}
+TEST(op_delta_rule_backward) {
+    check_delta_backward((DeltaCtx){2, 70, 2, 4, 6, 5, {.B = 2, .scale = 0.4f, .qk_l2norm = true}});
+    check_delta_backward((DeltaCtx){1, 9, 1, 1, 4, 3, {.B = 1, .scale = 1.0f, .qk_l2norm = false}});
+}
+
+// ---- the model ----
+
+// tests/test_model.c: the whole-model gradient check and the HF parity run (eval, then 5 AdamW steps).
+void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, int S);
+void hf_parity(const char *fixture);
+extern bool gradcheck_settle;
+
+// The objective of this tiny model curves strongly along some whole-tensor directions (central differences of step
+// 1e-2 are off by up to 30% where steps of 1e-4 agree to 1e-4 with the gradient), while tensors with small gradients
+// need large steps above fp32 noise: the step shrinks until the differences settle.
+static void gradcheck_q35(const char *json, double lb_coef, int S) {
+    gradcheck_settle = true;
+    gradcheck_seq(json, lb_coef, LB_MICRO_BATCH, S);
+    gradcheck_settle = false;
+}
+
+// Both layer types (linear, full, linear), 2 value heads per key head, key dim 4 ≠ value dim 6, a conv of 4,
+// partial RoPE on half of each head, 4 experts top-2, a gated shared expert, attention biases.
+#define TINY_Q35_TEXT                                                                                                  \
+    "\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 2," \
+    " \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 40, \"num_experts\": 4, \"num_experts_per_tok\": "  \
+    "2,"                                                                                                               \
+    " \"moe_intermediate_size\": 6, \"shared_expert_intermediate_size\": 5, \"linear_num_key_heads\": 1,"              \
+    " \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 4, \"linear_value_head_dim\": 6,"                        \
+    " \"linear_conv_kernel_dim\": 4, \"attention_bias\": true,"                                                        \
+    " \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"],"                              \
+    " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5}"
+static const char *config_q35 = "{" TINY_Q35_TEXT "}";
+
+TEST(model_gradcheck_qwen3_5_moe) { gradcheck_q35(config_q35, 0.0, 16); }
+TEST(model_gradcheck_qwen3_5_moe_load_balance) { gradcheck_q35(config_q35, 0.05, 16); }
+
+TEST(model_config_qwen3_5_moe) {
+    ModelConfig a, b;
+    model_config_load(&a, write_text(test_tmpdir(), "config.json", config_q35));
+    ASSERT(a.rope.rd == 4 && a.rope.theta == 10000.0 && a.norm_1p && a.is_moe[0] && a.is_moe[1] && a.is_moe[2]);
+    // A multimodal config.json (what the hub's Qwen3.5 folders hold): the text model from text_config.
+    const char *mm =
+        "{\"model_type\": \"qwen3_5_moe\", \"vision_config\": {\"depth\": 2}, \"text_config\": {" TINY_Q35_TEXT "}}";
+    model_config_load(&b, write_text(test_tmpdir(), "config.json", mm));
+    ASSERT(!memcmp(&a, &b, sizeof a));
+    // The default layer pattern: every 4th layer full attention.
+    json_t *j = json_loads(config_q35, 0, NULL);
+    json_object_del(j, "layer_types");
+    json_object_set_new(j, "num_hidden_layers", json_integer(8));
+    char *js = json_dumps(j, 0);
+    const ModelFamily *fam = model_config_load(&a, write_text(test_tmpdir(), "config.json", js));
+    Model m;
+    model_describe(&m, fam, &a, DEV_CPU, DT_F32, 8);
+    ASSERT(params_find(&m.params, "layers.2.linear_attn.A_log") &&
+           params_find(&m.params, "layers.3.self_attn.q_proj.weight") &&
+           !params_find(&m.params, "layers.3.linear_attn.A_log") &&
+           params_find(&m.params, "layers.7.self_attn.o_proj.weight"));
+    model_free(&m);
+    free(js), json_decref(j);
+    // Bad fields stop with one line naming the file and key.
+    static const struct {
+        const char *edit, *needle;
+    } bad[] = {
+        {"\"layer_types\": [\"linear_attention\"]", "config.json: layer_types: expected an array of num_hidden_layers"},
+        {"\"layer_types\": [\"linear_attention\", \"sliding_attention\", \"full_attention\"]",
+         "config.json: layer_types: entry 1 must be"},
+        {"\"linear_num_key_heads\": 4", "config.json: linear_num_key_heads: must divide linear_num_value_heads (2)"},
+        {"\"num_key_value_heads\": 3", "config.json: num_key_value_heads: must divide num_attention_heads (2)"},
+        {"\"rope_parameters\": {\"partial_rotary_factor\": 1.5}", "partial_rotary_factor: must be in (0, 1]"},
+        {"\"shared_expert_intermediate_size\": 0", "config.json: shared_expert_intermediate_size:"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *d = test_tmpdir();
+        char text[256], out[1024];
+        snprintf(text, sizeof text, "{%s}", bad[i].edit);
+        json_t *cfg = json_loads(config_q35, 0, NULL), *edit = json_loads(text, 0, NULL);
+        ASSERT(cfg && edit && !json_object_update(cfg, edit));
+        char *s = json_dumps(cfg, 0);
+        write_text(d, "config.json", s);
+        free(s), json_decref(cfg), json_decref(edit);
+        int rc = run_cmd(out, sizeof out, "%s convert hf2pith %s %s/out", PITH_BIN, d, d);
+        ASSERT_MSG(rc == 1 && strstr(out, bad[i].needle) && strchr(out, '\n') == out + strlen(out) - 1, "%s: %s",
+                   bad[i].edit, out);
+    }
+}
+
+// HF parity (tests/hf/qwen3_5_moe: transformers 5.17 Qwen3_5MoeForCausalLM in fp64 over 4 sequences of 72 tokens,
+// one whole delta-rule chunk and a part): eval within 1e-5 relative, 5 AdamW steps within 1e-4.
+TEST(hf_parity_qwen3_5_moe) { hf_parity("tests/hf/qwen3_5_moe"); }
+
+// `pith convert` hf2pith then pith2hf gives the fixture's tensors (per-expert keys, what transformers 5.17 writes)
+// bit for bit, under the same names and dtypes.
+TEST(convert_qwen3_5_moe_round_trip) {
+    const char *fix = "tests/hf/qwen3_5_moe", *d = test_tmpdir();
+    char out[8192], a[512];
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith %s %s/ck && %s convert pith2hf %s/ck %s/hf", PITH_BIN, fix, d,
+                   PITH_BIN, d, d) == 0);
+    StSet x, y;
+    snprintf(a, sizeof a, "%s/hf", d);
+    st_set_open_or_die(&x, fix), st_set_open_or_die(&y, a);
+    ASSERT(x.n == y.n && x.n == 120);
+    for (int i = 0; i < x.n; i++) {
+        const StTensor *t = st_set_find(&y, x.t[i]->name);
+        ASSERT_MSG(t && t->dt == x.t[i]->dt && t->bytes == x.t[i]->bytes && !memcmp(t->data, x.t[i]->data, t->bytes),
+                   "%s", x.t[i]->name);
+    }
+    st_set_close(&x), st_set_close(&y);
+}
