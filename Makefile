@@ -7,7 +7,7 @@ NVCC    ?= /usr/local/cuda/bin/nvcc
 BUILD   := build
 CFLAGS  := -std=c11 -O2 -g -Wall -Wextra -Wno-unused-parameter -fopenmp -D_GNU_SOURCE -Isrc $(EXTRA_CFLAGS)
 LDFLAGS := -fopenmp $(EXTRA_LDFLAGS)
-LDLIBS  := -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzstd -lprotobuf-c -lcairo -lpthread -lm
+LDLIBS  := -lopenblas -ljansson -lpcre2-8 -lutf8proc -lzstd -lz -lprotobuf-c -lcairo -lpthread -lm
 # Open MPI's flags, asked from mpicc when a recipe runs (after deps.sh has installed it).
 MPI_CFLAGS = $(shell mpicc --showme:compile)
 MPI_LIBS   = $(shell mpicc --showme:link)

@@ -9,6 +9,8 @@
 # --no-compile (kernel peers without the torch.compile'd ones), --deepseek-v2 (the end-to-end run and its peers on
 # bench/deepseek_v2_lite_8l, DeepSeek-V2-Lite cut to 8 layers, with bench/peer_hf_deepseek_v2.py; the table's
 # MFU column assumes Qwen3 shapes, so read that run's tokens/s and memory from train.txt and peers.txt),
+# --gpt-oss (likewise on bench/gpt_oss_20b_4l, gpt-oss-20b cut to 4 layers, 2 sliding and 2 full, with
+# bench/peer_hf_gpt_oss.py), --balanced (force-balanced routing: pith's benchmark mode and the peers' --balanced).
 # --qwen3.5 (likewise on bench/qwen3_5_8l, Qwen3.5-35B-A3B's text shapes cut to 8 layers, 6 linear + 2 full, with
 # bench/peer_hf_qwen3_5.py), --balanced (force-balanced routing: pith's benchmark mode and the peers' --balanced).
 # Logs under $OUT (default /tmp/pith-bench): train.txt, peers.txt, bench_ops.txt, peer_kernels.txt, table.md.
@@ -20,6 +22,7 @@ peers=1 kernels=1 e2e=1 steps=8 pk="" bench=bench/qwen3_30b_a3b_8l peer=bench/pe
 for a in "$@"; do
     case "$a" in --no-peers) peers=0 ;; --no-kernels) kernels=0 ;; --no-e2e) e2e=0 ;; --steps=*) steps=${a#--steps=} ;; --no-compile) pk=--no-compile ;;
     --deepseek-v2) bench=bench/deepseek_v2_lite_8l peer=bench/peer_hf_deepseek_v2.py vocab=102400 ;;
+    --gpt-oss) bench=bench/gpt_oss_20b_4l peer=bench/peer_hf_gpt_oss.py vocab=201088 ;;
     --qwen3.5) bench=bench/qwen3_5_8l peer=bench/peer_hf_qwen3_5.py vocab=248320 ;;
     --balanced) bal="--set benchmark=true" pbal=--balanced ;; esac
 done

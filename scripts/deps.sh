@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deps.sh — installs the Debian packages pith builds and tests with. Idempotent: installs only what is missing.
 set -euo pipefail
-pkgs=(gcc make clang libclang-rt-14-dev libopenblas-dev libjansson-dev libpcre2-dev libutf8proc-dev libzstd-dev openmpi-bin libopenmpi-dev
+pkgs=(gcc make clang libclang-rt-14-dev libopenblas-dev libjansson-dev libpcre2-dev libutf8proc-dev libzstd-dev zlib1g-dev openmpi-bin libopenmpi-dev
       libprotobuf-c-dev protobuf-c-compiler libcairo2-dev python3 clang-format)
 command -v npm >/dev/null || pkgs+=(npm) # NodeSource nodejs brings its own npm; Debian's conflicts with it
 missing=()

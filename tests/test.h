@@ -46,6 +46,9 @@ double hf_expected(const char *fixture, const char *key, int step);
 double run_metric(const char *dir, int step, const char *key);
 // Worst per-tensor ‖a−b‖/‖b‖ over two gradient dumps (pith train --dump-grads folders; every tensor present
 // in both, else the test fails); *worst_name is that tensor's name (a static buffer).
+// An fp64 reference: out = f(in[0..]); fd_grad gives ∂(Σ G·out)/∂in[j] by central differences (tests/test_ops.c).
+typedef void (*RefFn)(double **in, double *out, const void *ctx);
+void fd_grad(RefFn f, double **in, int j, int64_t nin_j, const double *G, int64_t nout, double *grad, const void *ctx);
 double grad_diff(const char *a, const char *b, const char **worst_name);
 // A fresh empty directory under /tmp for this test.
 const char *test_tmpdir(void);

@@ -88,6 +88,62 @@ TEST(convert_round_trip_bit_exact) {
            strstr(out, "/nonexistent: not a folder"));
 }
 
+// pith2hf's config.json names the dtype it wrote, whatever the checkpoint's config.json claimed, and --tokenizer
+// copies the tokenizer files that are there (checked first: JSON, ids inside the model's vocabulary).
+TEST(convert_pith2hf_dtype_and_tokenizer) {
+    const char *d = test_tmpdir();
+    char out[8192], path[600];
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith " FIX " %s/ck", PITH_BIN, d) == 0);
+    // the checkpoint's config claims bf16 (a config copied from a bf16 model) but holds fp32 tensors
+    ASSERT(run_cmd(out, sizeof out,
+                   "sed -i 's/\"dtype\": \"float32\"/\"dtype\": \"bfloat16\", \"torch_dtype\": "
+                   "\"bfloat16\"/' %s/ck/config.json && grep -c bfloat16 %s/ck/config.json",
+                   d, d) == 0);
+    write_text(d, "tok/tokenizer.json",
+               "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": []},"
+               " \"added_tokens\": [{\"id\": 127, \"content\": \"<eos>\"}]}");
+    write_text(d, "tok/tokenizer_config.json", "{\"eos_token\": \"<eos>\"}");
+    ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/hf --tokenizer %s/tok/tokenizer.json", PITH_BIN, d, d,
+                   d) == 0);
+    ASSERT_MSG(strstr(out, "(float32), with the tokenizer"), "%s", out);
+    snprintf(path, sizeof path, "%s/hf/config.json", d);
+    json_t *cfg = json_load_file(path, 0, NULL);
+    ASSERT(cfg && !strcmp(json_string_value(json_object_get(cfg, "dtype")), "float32") &&
+           !strcmp(json_string_value(json_object_get(cfg, "torch_dtype")), "float32"));
+    json_decref(cfg);
+    ASSERT(run_cmd(out, sizeof out,
+                   "cmp %s/tok/tokenizer.json %s/hf/tokenizer.json && cmp %s/tok/tokenizer_config.json "
+                   "%s/hf/tokenizer_config.json && ! test -e %s/hf/special_tokens_map.json",
+                   d, d, d, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/hf16 --dtype bf16 --tokenizer %s/tok", PITH_BIN, d, d,
+                   d) == 0 &&
+           strstr(out, "(bfloat16)"));
+    ASSERT(run_cmd(out, sizeof out,
+                   "grep -c '\"dtype\": \"bfloat16\"' %s/hf16/config.json && test -e "
+                   "%s/hf16/tokenizer.json",
+                   d, d) == 0);
+    // bad tokenizers stop before anything is written
+    static const struct {
+        const char *tok, *msg;
+    } bad[] = {{"data/tokenizers/deepseek_v3", "is outside the model's vocab_size 128"},
+               {"/nonexistent", "/nonexistent: --tokenizer: no such file or folder"},
+               {"tests/hf", "tests/hf/tokenizer.json: no such file"},
+               {"BADJSON", "tokenizer.json:1:"}};
+    write_text(d, "badtok/tokenizer.json", "{\"model\": ");
+    for (int i = 0; i < 4; i++) {
+        char tok[600];
+        snprintf(tok, sizeof tok, "%s", strcmp(bad[i].tok, "BADJSON") ? bad[i].tok : "");
+        if (!tok[0]) snprintf(tok, sizeof tok, "%s/badtok", d);
+        ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/x --tokenizer %s", PITH_BIN, d, d, tok) == 1);
+        ASSERT_MSG(strstr(out, bad[i].msg) && strchr(out, '\n') == out + strlen(out) - 1, "%s", out);
+        snprintf(path, sizeof path, "%s/x", d);
+        ASSERT(!path_exists(path));
+    }
+    ASSERT(run_cmd(out, sizeof out, "ls %s | grep -c tmp", d) == 1); // no temporaries left
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith " FIX " %s/y --tokenizer %s/tok", PITH_BIN, d, d) == 1 &&
+           strstr(out, "--tokenizer applies to pith2hf only"));
+}
+
 // A model folder derived from the fixture with one change to its tensors.
 static const char *doctored(const char *what) {
     const char *d = test_tmpdir();
@@ -323,9 +379,10 @@ TEST(save_location_lock) {
     const char *d = make_run();
     char out[1 << 16];
     // Two runs on one save_location: the second stops at once naming the first (pid and host).
+    // (grep -s: the log may not exist yet when the first grep runs)
     int rc = run_cmd(out, sizeof out,
                      "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck > %s/a.log 2>&1 & p=$!; "
-                     "until grep -q '^step ' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; "
+                     "until grep -qs '^step ' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; "
                      "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck; rc=$?; "
                      "echo holder=$p; kill -9 $p; wait $p; exit $rc",
                      PITH_BIN, d, d, d, d, PITH_BIN, d, d);
@@ -396,8 +453,8 @@ TEST(signals_checkpoint) {
     char out[1 << 16];
     int rc = run_cmd(out, sizeof out,
                      "%s train %s/train.json --set max_steps=100000 --set save_location=%s/ck > %s/a.log 2>&1 & p=$!; "
-                     "until grep -q '^step ' %s/a.log; do sleep 0.05; done; kill -USR1 $p; "
-                     "until grep -q '^signal: SIGUSR1' %s/a.log; do sleep 0.05; done; kill -TERM $p; wait $p; rc=$?; "
+                     "until grep -qs '^step ' %s/a.log; do sleep 0.05; done; kill -USR1 $p; "
+                     "until grep -qs '^signal: SIGUSR1' %s/a.log; do sleep 0.05; done; kill -TERM $p; wait $p; rc=$?; "
                      "cat %s/a.log; exit $rc",
                      PITH_BIN, d, d, d, d, d, d);
     ASSERT_MSG(rc == 0 && strstr(out, "signal: SIGUSR1 after step") && strstr(out, "stopped by SIGTERM"), "exit %d: %s",

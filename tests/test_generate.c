@@ -30,7 +30,8 @@ static void full_forward_logits(Model *m, const int32_t *tokens, int n, float *o
 
 // Greedy continuation of a 7-token prompt by 9 tokens with the KV cache; at every step the logits equal those of a
 // full forward over the whole sequence so far (positions, masks and the cached keys and values all matter).
-static void cache_equals_full_forwards(const char *dir) {
+// Also used by tests/test_gpt_oss.c.
+void cache_equals_full_forwards(const char *dir) {
     enum { P = 7, N = 9 };
     Model m;
     load_fixture(&m, dir, P + N);

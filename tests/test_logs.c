@@ -213,3 +213,29 @@ TEST(plot_png_and_svg_of_one_several_and_unfinished_runs) {
     ASSERT(run_cmd(out, sizeof out, "ls %s", d) == 0 && !strstr(out, "bad.png") && !strstr(out, "n.png") &&
            !strstr(out, "tmp"));
 }
+
+// A run that diverged has `null` losses in metrics.jsonl (JSON has no NaN): it plots, with a gap where the loss
+// was not finite (a point between two gaps is a dot), instead of being refused.
+TEST(plot_run_with_nonfinite_steps) {
+    const char *d = test_tmpdir();
+    make_tiny_run(d, 30);
+    char out[65536], png[512];
+    int rc =
+        run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/nan --set optimizer.lr=1e6", PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "pith: error: step "), "exit %d: %s", rc, out);
+    ASSERT(run_cmd(out, sizeof out, "tail -1 %s/nan/metrics.jsonl", d) == 0 && strstr(out, "\"loss\": null"));
+    ASSERT_MSG(run_cmd(out, sizeof out, "%s plot %s/nan", PITH_BIN, d) == 0, "%s", out);
+    snprintf(png, sizeof png, "%s/nan/loss.png", d);
+    int w, h, blue = png_pixels_near(png, 0.12, 0.47, 0.71, &w, &h);
+    ASSERT(w == 1000 && h == 600 && blue > 20);
+    // a gap in the middle, a lone point between gaps, and a null val_loss
+    write_text(
+        d, "gap/metrics.jsonl",
+        "{\"step\": 1, \"loss\": 4, \"lr\": 0.1}\n{\"step\": 2, \"loss\": null, \"lr\": 0.1}\n"
+        "{\"step\": 3, \"loss\": 3.5, \"val_loss\": null, \"lr\": 0.1}\n{\"step\": 4, \"loss\": null, \"lr\": 0.1}\n"
+        "{\"step\": 5, \"loss\": 3, \"lr\": 0.1}\n{\"step\": 6, \"loss\": 2.5, \"val_loss\": 2.6, \"lr\": 0.1}\n");
+    ASSERT_MSG(run_cmd(out, sizeof out, "%s plot %s/gap", PITH_BIN, d) == 0, "%s", out);
+    snprintf(png, sizeof png, "%s/gap/loss.png", d);
+    blue = png_pixels_near(png, 0.12, 0.47, 0.71, &w, &h);
+    ASSERT(w == 1000 && h == 600 && blue > 20);
+}

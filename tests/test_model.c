@@ -71,6 +71,7 @@ static double fd_along(Fixture *fx, float *w, const float *v, int64_t n, uint64_
     test_fail(__FILE__, __LINE__, "routing flips under every finite-difference step, or the differences never settle");
 }
 
+// S: tokens per sequence of the 2 sequences (also used by tests/test_gpt_oss.c) (more when the routing needs more tokens to reach every expert).
 // S: tokens per sequence of the 2 sequences (more when the routing needs more tokens to reach every expert).
 void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, int S) {
     Fixture fx;

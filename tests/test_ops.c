@@ -7,10 +7,8 @@
 #include <math.h>
 
 // A reference op: out = f(in[0..nin)). Finite differences give ∂(Σ G·out)/∂in[j].
-typedef void (*RefFn)(double **in, double *out, const void *ctx);
 
-static void fd_grad(RefFn f, double **in, int j, int64_t nin_j, const double *G, int64_t nout, double *grad,
-                    const void *ctx) {
+void fd_grad(RefFn f, double **in, int j, int64_t nin_j, const double *G, int64_t nout, double *grad, const void *ctx) {
     double *out = xmalloc(nout * sizeof(double));
     for (int64_t i = 0; i < nin_j; i++) {
         double x0 = in[j][i], h = 1e-6, lp = 0, lm = 0;

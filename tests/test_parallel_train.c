@@ -176,7 +176,7 @@ TEST(dist_pipeline_eval) {
                    PITH_BIN, d, d) == 0);
     const char *eval = "eval --model %s/ck/step-00000002 --data %s/val.bin --seq 16 --batch 9";
     char fmt[512];
-    snprintf(fmt, sizeof fmt, "%%s %s", eval);
+    snprintf(fmt, sizeof fmt, "%%s %s --micro-batch 1", eval); // one sample per forward, as in the pipeline
     ASSERT(run_cmd(one, sizeof one, fmt, PITH_BIN, d, d) == 0 && strstr(one, "loss "));
     for (int pp = 2; pp <= 4; pp += 2) {
         snprintf(fmt, sizeof fmt, MPIRUN " %d %%s %s --pp %d", pp, eval, pp);

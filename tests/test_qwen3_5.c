@@ -9,23 +9,6 @@
 
 #include <math.h>
 
-// A reference: out = f(in[0..)); ∂(Σ G·out)/∂in[j] by central differences.
-typedef void (*Ref)(double **in, double *out, const void *ctx);
-
-static void fd(Ref f, double **in, int j, int64_t n, const double *G, int64_t nout, double *grad, const void *ctx) {
-    double *out = xmalloc(nout * sizeof(double));
-    for (int64_t i = 0; i < n; i++) {
-        double x0 = in[j][i], h = 1e-6, lp = 0, lm = 0;
-        in[j][i] = x0 + h, f(in, out, ctx);
-        for (int64_t o = 0; o < nout; o++) lp += G[o] * out[o];
-        in[j][i] = x0 - h, f(in, out, ctx);
-        for (int64_t o = 0; o < nout; o++) lm += G[o] * out[o];
-        in[j][i] = x0;
-        grad[i] = (lp - lm) / (2 * h);
-    }
-    free(out);
-}
-
 static float *rnd(int64_t n, float scale) {
     float *x = xmalloc(n * sizeof(float));
     fill_normal(x, n, scale);
@@ -48,10 +31,10 @@ static double err(const float *a, const double *b, int64_t n) {
     return r;
 }
 // The op's gradient g (fp32) of input j against finite differences of the reference.
-static void check_grad(Ref f, double **in, int j, int64_t n, const double *G, int64_t nout, const float *g,
+static void check_grad(RefFn f, double **in, int j, int64_t n, const double *G, int64_t nout, const float *g,
                        const void *ctx, double tol, const char *what) {
     double *want = xmalloc(n * sizeof(double));
-    fd(f, in, j, n, G, nout, want, ctx);
+    fd_grad(f, in, j, n, G, nout, want, ctx);
     double e = err(g, want, n);
     free(want);
     ASSERT_MSG(e < tol, "%s: relative error %.3g", what, e);

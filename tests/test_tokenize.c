@@ -3,6 +3,7 @@
 // determinism across --workers, resume. Uses DeepSeek-V3's tokenizer (quick to load; prepends BOS) and Qwen3's.
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 #include <zstd.h>
 
 #include "base/bpe.h"
@@ -251,6 +252,103 @@ TEST(tokenize_on_error_skip) {
     ASSERT(!path_exists(path));
 }
 
+// n bytes as one gzip member (zlib's deflate with gzip framing); *len gets its size. Caller frees.
+static char *gzip_bytes(const char *data, size_t n, size_t *len) {
+    z_stream z = {0};
+    CHECK(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    size_t cap = deflateBound(&z, n) + 64;
+    char *out = xmalloc(cap);
+    z.next_in = (Bytef *)data, z.avail_in = (uInt)n, z.next_out = (Bytef *)out, z.avail_out = (uInt)cap;
+    CHECK(deflate(&z, Z_FINISH) == Z_STREAM_END);
+    *len = cap - z.avail_out;
+    deflateEnd(&z);
+    return out;
+}
+
+// .jsonl.gz inputs (one member or several, across chunk boundaries) give the bytes of the plain .jsonl; a truncated
+// or corrupt one names the file; --format reads files whatever their names; progress to a pipe is plain lines.
+TEST(tokenize_gzip_format_and_plain_progress) {
+    need_tokenizers();
+    const char *dir = test_tmpdir();
+    char in[512], o[512], path[700];
+    snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);
+    size_t cap = 3 << 20, n = 0; // ~2.5 MB of text: three 1 MB chunks
+    char *text = xmalloc(cap);
+    for (int i = 0; n + 200 < cap - (512 << 10); i++)
+        n += snprintf(text + n, cap - n, "{\"text\": \"document %d: %s\"}\n", i, i % 3 ? "a b c" : "ünïcödé ...");
+    write_bytes(in, "plain/a.jsonl", text, n);
+    size_t h = n / 2;
+    while (text[h - 1] != '\n') h++;
+    size_t z1, z2;
+    char *g1 = gzip_bytes(text, h, &z1), *g2 = gzip_bytes(text + h, n - h, &z2);
+    char *both = xmalloc(z1 + z2);
+    memcpy(both, g1, z1), memcpy(both + z1, g2, z2); // two members, as `cat x.gz y.gz` makes
+    write_bytes(in, "gz/a.jsonl.gz", both, z1 + z2);
+    write_bytes(in, "named/a.data", both, z1 + z2);
+    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/plain %s/gz --output %s --workers 2",
+                     PITH_BIN, in, in, o);
+    ASSERT_MSG(rc == 0 && strstr(out, "2 files written"), "%s", out);
+    ASSERT_MSG(!strchr(out, '\r') && strstr(out, "tokenize: ") && strstr(out, "100%, ETA 0:00\n"),
+               "progress to a pipe is not plain lines: %s", out);
+    ASSERT(run_cmd(out, sizeof out, "cmp %s/a.jsonl.bin %s/a.jsonl.gz.bin", o, o) == 0);
+    // --format: a name that says nothing is read as what --format says
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/named/a.data --output %s", PITH_BIN, in,
+                 o);
+    ASSERT_MSG(rc == 1 && strstr(out, "a.data: unsupported input") && strstr(out, "--format says which"), "%s", out);
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/named --output %s --format jsonl.gz",
+                 PITH_BIN, in, o);
+    ASSERT_MSG(rc == 0, "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "cmp %s/a.jsonl.bin %s/a.data.bin", o, o) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/named --output %s --format gz",
+                   PITH_BIN, in, o) == 1 &&
+           strstr(out, "--format must be jsonl, jsonl.zst, jsonl.gz or txt (got 'gz')"));
+    // truncated (inside the second member) and corrupt files name the file; nothing is left behind
+    write_bytes(in, "bad/t.jsonl.gz", both, z1 + z2 - 9);
+    both[z1 + 40] ^= 0x55;
+    write_bytes(in, "bad2/c.jsonl.gz", both, z1 + z2);
+    static const char *want[] = {"t.jsonl.gz: truncated gzip data", "c.jsonl.gz: invalid"};
+    for (int i = 0; i < 2; i++) {
+        rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/bad%s --output %s/o%d", PITH_BIN, in,
+                     i ? "2" : "", dir, i);
+        ASSERT_MSG(rc == 1 && strstr(out, want[i]), "%s", out);
+        snprintf(path, sizeof path, "%s/o%d", dir, i);
+        ASSERT(run_cmd(out, sizeof out, "find %s -type f | wc -l", path) == 0 && atoi(out) == 0);
+    }
+    free(text), free(g1), free(g2), free(both);
+}
+
+// --on-error skip: the first 20 bad lines are named, the rest counted; a file with not one good line gets no output
+// and makes the exit status 1 (the other files are still written).
+TEST(tokenize_skip_warning_cap_and_all_bad_file) {
+    need_tokenizers();
+    const char *dir = test_tmpdir();
+    char in[512], o[512], path[700], text[4096];
+    snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);
+    size_t n = snprintf(text, sizeof text, "{\"text\": \"good\"}\n");
+    for (int i = 0; i < 30; i++) n += snprintf(text + n, sizeof text - n, "{\"body\": %d}\n", i);
+    write_text(in, "a.jsonl", text);
+    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/a.jsonl --output %s --on-error skip",
+                     PITH_BIN, in, o);
+    ASSERT_MSG(rc == 0, "%s", out);
+    int shown = 0;
+    for (const char *p = out; (p = strstr(p, "(skipped)")); p++) shown++;
+    ASSERT_MSG(shown == 20 && strstr(out, "a.jsonl:21: no field") && !strstr(out, "a.jsonl:22: no field") &&
+                   strstr(out, "... and 10 more bad lines (the first 20 are shown above; 30 in all)"),
+               "%d shown: %s", shown, out);
+    write_text(in, "all/bad.jsonl", "{\"body\": 1}\nnot json\n");
+    write_text(in, "all/good.jsonl", "{\"text\": \"fine\"}\n");
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/all --output %s/o2 --on-error skip",
+                 PITH_BIN, in, dir);
+    ASSERT_MSG(rc == 1 && strstr(out, "bad.jsonl: every line (2) was bad: no output") &&
+                   strstr(out, "1 files written") && strstr(out, "1 failed") &&
+                   strstr(out, "pith: error: tokenize: every line of 1 input file was bad"),
+               "%s", out);
+    snprintf(path, sizeof path, "%s/o2/good.jsonl.bin", dir);
+    ASSERT(path_exists(path));
+    snprintf(path, sizeof path, "%s/o2/bad.jsonl.bin", dir);
+    ASSERT(!path_exists(path));
+}
+
 // Several files of several chunks each: the same bytes with 1 and 4 workers; a re-run skips complete outputs.
 TEST(tokenize_workers_deterministic_and_resume) {
     need_tokenizers();
@@ -316,8 +414,8 @@ TEST(tokenize_help) {
     ASSERT_MSG(path_exists(PITH_BIN), "%s is missing: make build/pith (make test builds it)", PITH_BIN);
     int rc = run_cmd(out, sizeof out, "%s tokenize --help", PITH_BIN);
     ASSERT(rc == 0);
-    static const char *opts[] = {"--tokenizer", "--input",     "--output",   "--workers", "--eos",
-                                 "--field",     "--txt-split", "--on-error", "U+FFFD",    ".jsonl.zst"};
+    static const char *opts[] = {"--tokenizer", "--input",    "--output", "--workers",  "--eos",    "--field",
+                                 "--txt-split", "--on-error", "U+FFFD",   ".jsonl.zst", "--format", ".jsonl.gz"};
     for (size_t i = 0; i < sizeof opts / sizeof *opts; i++) ASSERT_MSG(strstr(out, opts[i]), "help lacks %s", opts[i]);
     rc = run_cmd(out, sizeof out, "%s tokenize --input x", PITH_BIN);
     ASSERT(rc == 1 && strstr(out, "--tokenizer is required"));

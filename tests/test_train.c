@@ -1,5 +1,7 @@
 // test_train.c — the trainer end to end: overfitting, determinism, epochs, schedules, and every kind of
 // bad input (config, data, model config, command line) by message and exit code.
+#include <limits.h>
+
 #include "base/npy.h"
 #include "test.h"
 #include "train/trainer.h"
@@ -213,6 +215,12 @@ TEST(errors_config_values) {
     expect_error(d, "--set micro_batch_size=1048576 --set global_batch_size=1048576 --set sequence_length=4096",
                  "micro_batch_size × sequence_length = 4294967296 tokens");
     expect_error(d, "--set save_interval=5", "save_interval: needs save_location");
+    expect_error(d, "--set nonfinite_skip_limit=3", "--set: nonfinite_skip_limit: has no effect with on_nonfinite");
+    expect_error(d, "--set optimizer.momentum=0.5", "--set: optimizer.momentum: has no effect with optimizer.type");
+    expect_error(d, "--set benchmark=true --set moe_router_bias_update_rate=0.01",
+                 "--set: moe_router_bias_update_rate: has no effect with benchmark = true");
+    expect_error(d, "--set on_nonfinite=skip --set nonfinite_skip_limit=0",
+                 "--set: nonfinite_skip_limit: must be in [1, 1073741824] (got 0)");
     // PithTrain's names say what they are called here, or that they are not supported yet
     expect_error(d, "--set lr=3", "--set: lr: unknown key (renamed: PithTrain's lr is optimizer.lr here)");
     expect_error(d, "--set distributed.expert_parallel_size=2",
@@ -234,34 +242,219 @@ TEST(config_table_matches_readme) {
     free(readme);
 }
 
-// --print-config: every key with its default, as JSON that config_load reads back to the same values.
+// --print-config: every key with its default, as JSON that config_load reads back to the same values (bit for
+// bit), under each schedule; reals print as the shortest decimal that reads back exactly (0.1, not
+// 0.10000000000000001), and a value that needs 17 digits gets them.
 TEST(config_print_effective) {
     const char *d = make_run(1000);
     char out[16384], path[512];
     char rd[300];
     snprintf(rd, sizeof rd, "run_dir=%s/r", d); // (the default run_dir is relative to the current folder)
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --print-config --set scheduler.type=cosine --set %s",
-                   PITH_BIN, d, rd) == 0);
-    ASSERT(strstr(out, "\"weight_decay\": 0.1") && strstr(out, "\"on_nonfinite\": \"fail\"") &&
-           strstr(out, "\"decay_ratio\": 1"));
-    snprintf(path, sizeof path, "%s/effective.json", d);
-    FILE *f = fopen(path, "w");
-    CHECK(f);
-    fputs(out, f), fclose(f);
-    TrainConfig a, b;
-    char *sets[] = {"scheduler.type=cosine", rd};
-    snprintf(path, sizeof path, "%s/train.json", d);
-    config_load(&a, path, sets, 2);
-    json_t *ea = config_effective(&a);
-    snprintf(path, sizeof path, "%s/effective.json", d);
-    // read back without the schedule keys a cosine schedule derives (decay_ratio, decay_shape)
-    char *sets2[] = {"scheduler.decay_ratio=null", "scheduler.decay_shape=null"};
-    config_load(&b, path, sets2, 2);
-    json_t *eb = config_effective(&b);
-    char *ta = json_dumps(ea, JSON_SORT_KEYS), *tb = json_dumps(eb, JSON_SORT_KEYS);
-    ASSERT_MSG(!strcmp(ta, tb), "%s\nvs\n%s", ta, tb);
-    free(ta), free(tb);
-    json_decref(ea), json_decref(eb), json_decref(a.json), json_decref(b.json);
+    const char *schedules[] = {"constant", "cosine", "wsd"};
+    for (int i = 0; i < 3; i++) {
+        char sch[64];
+        snprintf(sch, sizeof sch, "scheduler.type=%s", schedules[i]);
+        ASSERT(run_cmd(out, sizeof out,
+                       "%s train %s/train.json --print-config --set %s --set %s --set optimizer.lr=0.30000000000000004",
+                       PITH_BIN, d, sch, rd) == 0);
+        ASSERT_MSG(strstr(out, "\"weight_decay\": 0.1,") && strstr(out, "\"eps\": 1e-08,") &&
+                       strstr(out, "\"init_std\": 0.02,") && strstr(out, "\"lr\": 0.30000000000000004,") &&
+                       strstr(out, "\"clip_grad_norm\": 1.0,") && strstr(out, "\"on_nonfinite\": \"fail\""),
+                   "%s", out);
+        ASSERT(i != 1 || strstr(out, "\"decay_ratio\": 1.0"));
+        if (i == 0) { // the default run_dir of a config in the current folder is named after that folder
+            char cmd[600], want[300], bin[PATH_MAX];
+            ASSERT(realpath(PITH_BIN, bin));
+            ASSERT(run_cmd(cmd, sizeof cmd, "cd %s && %s train train.json --print-config", d, bin) == 0);
+            snprintf(want, sizeof want, "\"run_dir\": \"runs/%s-train\"", strrchr(d, '/') + 1);
+            ASSERT_MSG(strstr(cmd, want), "no %s in %s", want, cmd);
+        }
+        snprintf(path, sizeof path, "%s/effective.json", d);
+        FILE *f = fopen(path, "w");
+        CHECK(f);
+        fputs(out, f), fclose(f);
+        TrainConfig a, b;
+        char *sets[] = {sch, rd, "optimizer.lr=0.30000000000000004"};
+        snprintf(path, sizeof path, "%s/train.json", d);
+        config_load(&a, path, sets, 3);
+        json_t *ea = config_effective(&a);
+        snprintf(path, sizeof path, "%s/effective.json", d);
+        config_load(&b, path, NULL, 0);
+        json_t *eb = config_effective(&b);
+        char *ta = json_dumps(ea, JSON_SORT_KEYS), *tb = json_dumps(eb, JSON_SORT_KEYS); // 17 digits: exact
+        ASSERT_MSG(!strcmp(ta, tb), "%s\nvs\n%s", ta, tb);
+        free(ta), free(tb);
+        json_decref(ea), json_decref(eb), json_decref(a.json), json_decref(b.json);
+    }
+}
+
+// json_text writes every double as the shortest decimal that reads back bit for bit, and json_f32 makes an
+// fp32 value print in at most 9 significant digits and read back exactly through a (float) cast.
+TEST(config_reals_round_trip) {
+    static const double fixed[] = {0.1,
+                                   0.2,
+                                   0.1 + 0.2,
+                                   1e-8,
+                                   3e-4,
+                                   1.0,
+                                   -0.0,
+                                   1e300,
+                                   5e-324,
+                                   2.2250738585072014e-308,
+                                   1.7976931348623157e308,
+                                   123456789012345678.0,
+                                   0.02,
+                                   -7.5};
+    json_t *a = json_array();
+    for (int i = 0; i < 14; i++) json_array_append_new(a, json_real(fixed[i]));
+    Rng rng = rng_seeded(77, 1);
+    double want[1014];
+    memcpy(want, fixed, sizeof fixed);
+    for (int i = 14; i < 1014; i++) {
+        uint64_t bits;
+        double v;
+        do bits = rng_next(&rng), memcpy(&v, &bits, 8);
+        while (!isfinite(v));
+        want[i] = v, json_array_append_new(a, json_real(v));
+    }
+    char *text = json_text(a, 0, false);
+    ASSERT(!strncmp(text, "[0.1, 0.2, 0.30000000000000004, 1e-08, 0.0003, 1.0, -0.0, 1e+300, 5e-324, ", 74));
+    json_t *back = json_loads(text, 0, NULL);
+    ASSERT(back && json_array_size(back) == 1014);
+    for (int i = 0; i < 1014; i++) {
+        json_t *v = json_array_get(back, i);
+        double x = json_real_value(v);
+        ASSERT_MSG(json_is_real(v) && !memcmp(&x, &want[i], 8), "value %d: %.17g read back as %.17g", i, want[i], x);
+    }
+    free(text), json_decref(a), json_decref(back);
+    for (int i = 0; i < 1000; i++) {
+        float f = i ? (float)(rng_normal(5, 2, i) * pow(10, (int)rng_below(&rng, 60) - 30)) : 0.1f;
+        char buf[32];
+        json_real_text(buf, json_f32(f));
+        int digits = 0; // significant: from the first non-zero digit
+        for (const char *p = buf; *p && *p != 'e'; p++) digits += (digits || (*p >= '1' && *p <= '9')) && *p != '.';
+        ASSERT_MSG((float)strtod(buf, NULL) == f && digits <= 9, "%.9g printed as %s", f, buf);
+        if (!i) ASSERT(!strcmp(buf, "0.1"));
+    }
+}
+
+// on_nonfinite = skip with lr = 1e6: the run diverges and stays diverged (skipped updates leave the huge weights as
+// they are), so it stops after nonfinite_skip_limit skips in a row instead of skipping its way to "done".
+TEST(nonfinite_skip_limit_stops_a_diverged_run) {
+    const char *d = make_run(20000);
+    char out[1 << 16];
+    int rc = run_cmd(out, sizeof out,
+                     "%s train %s/train.json --set optimizer.lr=1e6 --set max_steps=200 --set on_nonfinite=skip "
+                     "--set nonfinite_skip_limit=3 --set run_dir=%s/r 2>&1",
+                     PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && !strstr(out, "done:"), "exit %d: %s", rc, out);
+    const char *e = strstr(out, "pith: error: step ");
+    int at = 0, from = 0, to = 0;
+    ASSERT_MSG(e && sscanf(e, "pith: error: step %d:", &at) == 1, "%s", out);
+    const char *in = strstr(e, "steps ");
+    ASSERT_MSG(in && sscanf(in, "steps %d to %d in a row", &from, &to) == 2 && to == at && from == at - 3 &&
+                   strstr(e, "more than nonfinite_skip_limit = 3"),
+               "%s", e);
+    // the three steps before it were skipped, each with its warning, and the step before those was finite (or 0)
+    for (int s = from; s < at; s++) {
+        char w[96];
+        snprintf(w, sizeof w, "pith: warning: step %d: the ", s);
+        ASSERT_MSG(strstr(out, w), "no skip warning for step %d: %s", s, out);
+    }
+    char w[96];
+    snprintf(w, sizeof w, "pith: warning: step %d: the ", from - 1);
+    ASSERT(!strstr(out, w));
+    printf("     lr 1e6, skip: stopped at step %d after steps %d..%d\n", at, from, to);
+}
+
+// SIGTERM under mpirun with 2 CPU ranks: the signal reaches one rank only (srun and SLURM deliver it to every
+// rank; one is the hard case), the flags are summed, so both ranks checkpoint the same step and stop with exit
+// status 0; SIGUSR1, which mpirun forwards to every rank, checkpoints and goes on.
+TEST(signals_checkpoint_under_mpirun) {
+    const char *d = make_run(20000);
+    char out[1 << 16];
+    int rc =
+        run_cmd(out, sizeof out,
+                "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
+                "mpirun --oversubscribe --bind-to none -np 2 %s train %s/train.json --set max_steps=1000000 "
+                "--set save_location=%s/ck > %s/a.log 2>&1 & p=$!; "
+                "until grep -qs '^step ' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; kill -USR1 $p; "
+                "until grep -qs '^signal: SIGUSR1' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; "
+                "kill -TERM $(pgrep -P $p | tail -1); wait $p; rc=$?; cat %s/a.log; exit $rc",
+                PITH_BIN, d, d, d, d, d, d);
+    ASSERT_MSG(rc == 0 && strstr(out, "mesh: 2 ranks") && strstr(out, "stopped by SIGTERM"), "exit %d: %s", rc, out);
+    int s1 = 0, s2 = 0;
+    ASSERT(sscanf(strstr(out, "signal: SIGUSR1 after step "), "signal: SIGUSR1 after step %d", &s1) == 1);
+    ASSERT(sscanf(strstr(out, "signal: SIGTERM after step "), "signal: SIGTERM after step %d", &s2) == 1 && s2 > s1);
+    ASSERT(!strstr(out, "pith: error"));
+    for (int i = 0; i < 2; i++) { // each a whole checkpoint: run.json and both ranks' model files
+        char ck[700];
+        snprintf(ck, sizeof ck,
+                 "test -e %s/ck/step-%08d/run.json && ls %s/ck/step-%08d | grep -c '^model-0000[12]-of-00002'", d,
+                 i ? s2 : s1, d, i ? s2 : s1);
+        ASSERT(run_cmd(out, sizeof out, "%s", ck) == 0 && atoi(out) == 2);
+    }
+}
+
+static double eval_loss(const char *out) {
+    const char *p = strstr(out, "\nloss ");
+    ASSERT_MSG(p, "no loss line in: %s", out);
+    return strtod(p + 6, NULL);
+}
+
+// pith eval: micro-batches of any size give the same loss (a short last one is filled with ignored rows), a
+// save_location means its newest checkpoint (read only: a save in progress is left alone), --device auto picks
+// the GPU when there is one, and bad arguments are one-line errors.
+TEST(eval_micro_batches_save_location_device_auto) {
+    const char *d = make_run(2000);
+    char out[1 << 16], path[600];
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set max_steps=4 --set save_location=%s/ck --set "
+                   "save_interval=2",
+                   PITH_BIN, d, d) == 0);
+    snprintf(path, sizeof path, "%s/ck/.tmp-step-00000006", d);
+    mkdir_p(path); // as if a run were saving step 6 right now
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s/ck --data %s/data --seq 16 --batch 7", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "is a save_location; its newest checkpoint is ") && strstr(out, "/ck/step-00000004\n"), "%s",
+               out);
+    ASSERT_MSG(strstr(out, "eval: 7 samples of 16 tokens (112 targets) in 1 micro-batch of 7 on ") &&
+                   strstr(out, ops_cuda_available() ? " on cuda (fp32)" : " on cpu (fp32)"),
+               "%s", out);
+    ASSERT(path_exists(path));
+    double whole = eval_loss(out);
+    for (int m = 1; m <= 4; m++) {
+        ASSERT(run_cmd(out, sizeof out,
+                       "%s eval --model %s/ck/step-00000004 --data %s/data --seq 16 --batch 7 "
+                       "--micro-batch %d --device cpu",
+                       PITH_BIN, d, d, m) == 0);
+        ASSERT_MSG(fabs(eval_loss(out) - whole) <= 1e-6 * whole, "micro-batch %d: %.9g vs %.9g", m, eval_loss(out),
+                   whole);
+    }
+    ASSERT(strstr(out, "in 2 micro-batches of 4 on cpu"));
+    // the loss of the step-2 weights differs: the save_location did resolve to step 4
+    ASSERT(run_cmd(out, sizeof out, "%s eval --model %s/ck/step-00000002 --data %s/data --seq 16 --batch 7", PITH_BIN,
+                   d, d) == 0 &&
+           eval_loss(out) != whole);
+    static const struct {
+        const char *args, *msg;
+    } bad[] = {
+        {"--model CK/step-00000004 --seq 4294967312 --batch 1",
+         "eval: --seq needs an integer in [1, 16777216] (got '4294967312')"},
+        {"--model CK/step-00000004 --seq 16 --batch 2x", "eval: --batch needs an integer"},
+        {"--model CK/step-00000004 --seq 16 --batch 1000",
+         "asks for more samples than the data holds (124 samples of 16 tokens)"},
+        {"--model CK --seq 16 --batch 1 --device tpu", "eval: --device must be auto, cpu or cuda (got 'tpu')"},
+        {"--model CK --seq 16 --batch 1 --device cpu --dtype bf16", "eval: --dtype bf16 needs the GPU"},
+        {"--model CK/.. --seq 16 --batch 1", "no config.json and no checkpoints (step-N folders)"},
+        {"--model CK --batch 1", "eval: --seq and --batch are required"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char args[512], *ck = strstr(bad[i].args, "CK");
+        snprintf(args, sizeof args, "%.*s%s/ck%s", (int)(ck - bad[i].args), bad[i].args, d, ck + 2);
+        int rc = run_cmd(out, sizeof out, "%s eval %s --data %s/data", PITH_BIN, args, d);
+        ASSERT_MSG(rc == 1 && strstr(out, bad[i].msg) && strchr(out, '\n') == out + strlen(out) - 1,
+                   "eval %s: exit %d: %s", args, rc, out);
+    }
 }
 
 TEST(errors_model_config) {

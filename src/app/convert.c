@@ -15,13 +15,17 @@
 #include "model/model.h"
 
 static void convert_usage(FILE *f) {
-    fprintf(f,
-            "usage: pith convert hf2pith HF_DIR CKPT_DIR\n"
-            "       pith convert pith2hf CKPT_DIR HF_DIR [--dtype bf16|fp32] [--max-shard-size SIZE]\n"
-            "  hf2pith: an HF folder (config.json + model.safetensors or shards with an index) becomes a model-only\n"
-            "           pith checkpoint; name it <save_location>/step-00000000 to start `pith train` from it.\n"
-            "  pith2hf: a pith checkpoint becomes an HF folder (sharded when larger than SIZE, e.g. 5GB, 500MB;\n"
-            "           default 5GB); --dtype converts (default: keep the stored dtype).\n");
+    fprintf(
+        f,
+        "usage: pith convert hf2pith HF_DIR CKPT_DIR [--dtype bf16|fp32]\n"
+        "       pith convert pith2hf CKPT_DIR HF_DIR [--dtype bf16|fp32] [--max-shard-size SIZE] [--tokenizer PATH]\n"
+        "  hf2pith: an HF folder (config.json + model.safetensors or shards with an index) becomes a model-only\n"
+        "           pith checkpoint; name it <save_location>/step-00000000 to start `pith train` from it.\n"
+        "           MXFP4 weights (the released GPT-OSS experts) are dequantized to --dtype (default bf16).\n"
+        "  pith2hf: a pith checkpoint becomes an HF folder (sharded when larger than SIZE, e.g. 5GB, 500MB;\n"
+        "           default 5GB); --dtype converts (default: keep the stored dtype); config.json says which\n"
+        "           dtype was written. --tokenizer: a folder holding tokenizer.json (or the file itself) whose\n"
+        "           tokenizer.json, tokenizer_config.json and special_tokens_map.json are copied into HF_DIR.\n");
 }
 
 static size_t parse_size(const char *s) {
@@ -67,8 +71,9 @@ static void finish_output(const char *tmp, const char *dst) {
     fsync_dir(parent);
 }
 
-// Copies src_dir/config.json to dst_dir/config.json; with dtype, sets its "dtype"/"torch_dtype" keys.
-static void copy_config(const char *src_dir, const char *dst_dir, const char *dtype) {
+// Copies src_dir/config.json to dst_dir/config.json; with dtype, sets its "dtype"/"torch_dtype" keys; with
+// dequantized, drops its quantization_config (the weights written are no longer quantized).
+static void copy_config(const char *src_dir, const char *dst_dir, const char *dtype, bool dequantized) {
     char src[4200], dst[4200];
     snprintf(src, sizeof src, "%s/config.json", src_dir);
     snprintf(dst, sizeof dst, "%s/config.json", dst_dir);
@@ -77,7 +82,8 @@ static void copy_config(const char *src_dir, const char *dst_dir, const char *dt
         if (json_object_get(root, "torch_dtype")) json_object_set_new(root, "torch_dtype", json_string(dtype));
         json_object_set_new(root, "dtype", json_string(dtype));
     }
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (dequantized) json_object_del(root, "quantization_config");
+    char *text = json_text(root, 2, false);
     file_write_atomic(dst, text, strlen(text));
     free(text), json_decref(root);
 }
@@ -107,6 +113,75 @@ static const ModelFamily *open_model(const char *dir, ModelConfig *mc, ParamTabl
     return fam;
 }
 
+// The HF name of the floating-point dtype holding most of the elements w writes ("float32", "bfloat16",
+// "float16"; NULL when there are none): what config.json's dtype says about the exported files.
+static const char *written_dtype(const StWriter *w) {
+    static const struct {
+        StDType dt;
+        const char *name;
+    } names[] = {{ST_F32, "float32"}, {ST_BF16, "bfloat16"}, {ST_F16, "float16"}, {ST_F64, "float64"}};
+    int64_t count[4] = {0};
+    for (int i = 0; i < w->n; i++)
+        for (int k = 0; k < 4; k++) {
+            int64_t n = 1;
+            for (int d = 0; d < w->e[i].nd; d++) n *= w->e[i].shape[d];
+            if (w->e[i].dt == names[k].dt) count[k] += n;
+        }
+    int best = 0;
+    for (int k = 1; k < 4; k++) best = count[k] > count[best] ? k : best;
+    return count[best] ? names[best].name : NULL;
+}
+
+// The tokenizer files of --tokenizer (a folder holding tokenizer.json, or that file) as (name, bytes): checked
+// before anything is written — each must be JSON, and no id of tokenizer.json may reach the model's vocab_size.
+static const char *const tokenizer_files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"};
+typedef struct {
+    char *text[3];
+    size_t len[3];
+} TokenizerFiles;
+
+static int64_t max_token_id(json_t *doc) {
+    int64_t top = -1;
+    json_t *vocab = json_object_get(json_object_get(doc, "model"), "vocab"), *v, *added;
+    const char *key;
+    size_t i;
+    if (json_is_object(vocab))
+        json_object_foreach(vocab, key, v) if (json_is_integer(v) && json_integer_value(v) > top) top =
+            json_integer_value(v);
+    if (json_is_array(vocab)) top = (int64_t)json_array_size(vocab) - 1; // Unigram: [piece, score] by id
+    json_array_foreach(json_object_get(doc, "added_tokens"), i, added) {
+        json_t *id = json_object_get(added, "id");
+        if (json_is_integer(id) && json_integer_value(id) > top) top = json_integer_value(id);
+    }
+    return top;
+}
+
+static void read_tokenizer(TokenizerFiles *tf, const char *path, const ModelConfig *mc) {
+    char dir[4096], file[4200];
+    if (!path_exists(path)) die("%s: --tokenizer: no such file or folder", path);
+    if (path_is_dir(path)) snprintf(dir, sizeof dir, "%s", path);
+    else path_dirname(dir, sizeof dir, path);
+    for (int k = 0; k < 3; k++) {
+        snprintf(file, sizeof file, "%s/%s", dir, tokenizer_files[k]);
+        tf->text[k] = NULL;
+        if (!path_exists(file)) {
+            if (k == 0) die("%s: no such file (--tokenizer needs a tokenizer.json or a folder holding one)", file);
+            continue;
+        }
+        json_t *doc = json_load_or_die(file);
+        if (k == 0) {
+            int64_t top = max_token_id(doc);
+            if (top < 0) die("%s: model.vocab: no token ids found", file);
+            if (top >= mc->vocab)
+                die("%s: token id %lld is outside the model's vocab_size %d (a tokenizer of another model?)", file,
+                    (long long)top, mc->vocab);
+        }
+        json_decref(doc);
+        tf->text[k] = file_read_all(file, &tf->len[k]);
+        if (!tf->text[k]) die("%s: cannot read: %s", file, strerror(errno));
+    }
+}
+
 static const StTensor *find_param(const StSet *s, const char *name) {
     char hf[160];
     snprintf(hf, sizeof hf, "model.%s", name);
@@ -114,7 +189,7 @@ static const StTensor *find_param(const StSet *s, const char *name) {
     return x ? x : st_set_find(s, hf);
 }
 
-static int hf2pith(const char *src, const char *dst) {
+static int hf2pith(const char *src, const char *dst, const char *dtype) {
     ModelConfig mc;
     ParamTable t;
     StSet s;
@@ -125,8 +200,10 @@ static int hf2pith(const char *src, const char *dst) {
     HfBuffers keep = {0};
     st_writer_init(&w);
     st_writer_meta(&w, "format", "pith");
-    if (fam->hf_import) fam->hf_import(&mc, &t, &s, &w, &keep);
-    else
+    int dequantized = fam->hf_import ? fam->hf_import(&mc, &t, &s, &w, dtype, &keep) : 0;
+    if (dtype && !dequantized)
+        die("convert: --dtype applies to pith2hf, and to hf2pith of MXFP4 weights (%s has none)", src);
+    if (!fam->hf_import)
         for (int i = 0; i < t.n; i++) {
             const StTensor *x = find_param(&s, t.p[i].name);
             st_writer_add_raw(&w, t.p[i].name, x->dt, x->nd, x->shape, x->data);
@@ -134,19 +211,24 @@ static int hf2pith(const char *src, const char *dst) {
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
     st_writer_write(&w, path);
     hf_buffers_free(&keep);
-    copy_config(src, tmp, NULL);
+    copy_config(src, tmp, NULL, dequantized > 0);
     finish_output(tmp, dst);
+    if (dequantized)
+        printf("hf2pith: %d MXFP4 weights dequantized to %s\n", dequantized,
+               dtype ? dtype : "bf16 (--dtype fp32: fp32)");
     printf("hf2pith: %d tensors of %s -> %s (model-only checkpoint)\n", t.n, src, dst);
     st_writer_free(&w), st_set_close(&s), free(t.p);
     return 0;
 }
 
-static int pith2hf(const char *src, const char *dst, const char *dtype, size_t shard) {
+static int pith2hf(const char *src, const char *dst, const char *dtype, size_t shard, const char *tokenizer) {
     ModelConfig mc;
     ParamTable t;
     StSet s;
     const ModelFamily *fam = open_model(src, &mc, &t, &s, false);
-    char tmp[4200];
+    TokenizerFiles tf = {0};
+    if (tokenizer) read_tokenizer(&tf, tokenizer, &mc);
+    char tmp[4200], path[4400];
     begin_output(dst, tmp, sizeof tmp);
     StWriter w;
     HfBuffers keep = {0};
@@ -167,9 +249,17 @@ static int pith2hf(const char *src, const char *dst, const char *dtype, size_t s
         st_writer_add_f32(&w, hf, !strcmp(dtype, "bf16") ? ST_BF16 : ST_F32, x->nd, x->shape, bufs[i]);
     }
     int nshards = st_writer_write_sharded(&w, tmp, shard);
-    copy_config(src, tmp, dtype ? (!strcmp(dtype, "bf16") ? "bfloat16" : "float32") : NULL);
+    // the dtype of the files as written (a config copied from a bf16 model may describe fp32 masters)
+    copy_config(src, tmp, written_dtype(&w), false);
+    for (int k = 0; k < 3; k++)
+        if (tf.text[k]) {
+            snprintf(path, sizeof path, "%s/%s", tmp, tokenizer_files[k]);
+            file_write_atomic(path, tf.text[k], tf.len[k]);
+            free(tf.text[k]);
+        }
     finish_output(tmp, dst);
-    printf("pith2hf: %d tensors of %s -> %s in %d file%s\n", t.n, src, dst, nshards, nshards == 1 ? "" : "s");
+    printf("pith2hf: %d tensors of %s -> %s in %d file%s (%s)%s\n", t.n, src, dst, nshards, nshards == 1 ? "" : "s",
+           written_dtype(&w) ? written_dtype(&w) : "no floats", tokenizer ? ", with the tokenizer" : "");
     for (int i = 0; i < t.n; i++) free(bufs[i]);
     hf_buffers_free(&keep);
     free(bufs), st_writer_free(&w), st_set_close(&s), free(t.p);
@@ -177,8 +267,9 @@ static int pith2hf(const char *src, const char *dst, const char *dtype, size_t s
 }
 
 int cmd_convert(int argc, char **argv) {
-    static struct option opts[] = {{"dtype", 1, 0, 'd'}, {"max-shard-size", 1, 0, 's'}, {"help", 0, 0, 'h'}, {0}};
-    const char *dtype = NULL;
+    static struct option opts[] = {
+        {"dtype", 1, 0, 'd'}, {"max-shard-size", 1, 0, 's'}, {"tokenizer", 1, 0, 't'}, {"help", 0, 0, 'h'}, {0}};
+    const char *dtype = NULL, *tokenizer = NULL;
     size_t shard = (size_t)5 * 1000 * 1000 * 1000;
     int c;
     optind = 1;
@@ -190,6 +281,7 @@ int cmd_convert(int argc, char **argv) {
             dtype = optarg;
             break;
         case 's': shard = parse_size(optarg); break;
+        case 't': tokenizer = optarg; break;
         case 'h': convert_usage(stdout); return 0;
         default: convert_usage(stderr); return 2;
         }
@@ -201,9 +293,9 @@ int cmd_convert(int argc, char **argv) {
     const char *op = argv[optind], *src = argv[optind + 1], *dst = argv[optind + 2];
     if (!path_is_dir(src)) die("%s: not a folder", src);
     if (!strcmp(op, "hf2pith")) {
-        if (dtype) die("convert: --dtype applies to pith2hf only");
-        return hf2pith(src, dst);
+        if (tokenizer) die("convert: --tokenizer applies to pith2hf only");
+        return hf2pith(src, dst, dtype);
     }
-    if (!strcmp(op, "pith2hf")) return pith2hf(src, dst, dtype, shard);
+    if (!strcmp(op, "pith2hf")) return pith2hf(src, dst, dtype, shard, tokenizer);
     die("convert: unknown operation '%s' (hf2pith or pith2hf)", op);
 }

@@ -1,15 +1,26 @@
-// estimate.c — `pith estimate CONFIG --gpus N [--gpu-memory GB]`: the per-rank memory plan of a training
-// config on N GPUs (or CPU ranks), without allocating it. The numbers come from the allocation sequence the
-// trainer runs (run_memory_plan: counting arenas), so they are what `pith train` allocates on such a rank.
+// estimate.c — `pith estimate CONFIG --gpus N [--gpu-memory GB] [--detail] [--sweep]`: the per-rank memory plan
+// of a training config on N GPUs (or CPU ranks), without allocating it. The numbers come from the allocation
+// sequence the trainer runs (run_memory_plan: counting arenas), so they are what `pith train` allocates on such
+// a rank. --detail breaks the activation records down, names the largest term and prices each lever (capacity
+// factor, recompute, ep, micro-batch) by planning the changed config; --sweep plans every layout of N GPUs and
+// prints the ones that fit, best first (docs/architecture.md, "pith estimate").
 #include <getopt.h>
 
 #include "app/app.h"
 #include "train/trainer.h"
 
+// Memory a GPU process uses outside the plan: the CUDA context, NCCL's communicators, cuBLASLt workspaces and
+// the op scratch (docs/architecture.md, "What the memory plan counts"); measured 1–3 GB on the H200.
+#define RUNTIME_GB 3.0
+
 static void estimate_usage(FILE *f) {
-    fprintf(f, "usage: pith estimate CONFIG.json --gpus N [--gpu-memory GB] [--device cuda|cpu] [--set key=value ...]\n"
+    fprintf(f, "usage: pith estimate CONFIG.json --gpus N [--gpu-memory GB] [--device cuda|cpu] [--detail] [--sweep]\n"
+               "                     [--set key=value ...]\n"
                "  Prints the memory plan of one rank of CONFIG's layout on N ranks (dp = N / (pp·cp·ep)) and whether\n"
-               "  it fits in GB (default 80) per GPU. Nothing is allocated. --device cpu plans CPU ranks (fp32).\n");
+               "  it fits in GB (default 80) per GPU. Nothing is allocated. --device cpu plans CPU ranks (fp32).\n"
+               "  --detail: the activation records by part, the largest term, and what each lever would give.\n"
+               "  --sweep: every layout of N ranks (ep, sharding, capacity factor, recompute, micro-batch), the\n"
+               "  ones that fit first: OK (5%% or more free), TIGHT (fits, less free), OOM.\n");
 }
 
 static void row(const char *what, size_t bytes, const char *note) {
@@ -17,13 +28,189 @@ static void row(const char *what, size_t bytes, const char *note) {
     else printf("  %-26s %10.2f MB  %s\n", what, bytes / 1e6, note);
 }
 
+typedef enum { FIT_OK, FIT_TIGHT, FIT_OOM } Fit;
+static const char *const fit_names[] = {"OK", "TIGHT", "OOM"};
+
+// OK: the plan and the runtime outside it leave at least 5% of the GPU free; TIGHT: they fit; OOM: they do not.
+static Fit fit_of(size_t total, double mem_gb, bool gpu) {
+    double need = total / 1e9 + (gpu ? RUNTIME_GB : 0);
+    return need <= 0.95 * mem_gb ? FIT_OK : need <= mem_gb ? FIT_TIGHT : FIT_OOM;
+}
+
+// The plan of c on `gpus` ranks, or false (nothing planned) when the layout does not divide: ranks by
+// pp·cp·ep, experts by ep, the global batch by micro-batch × dp × ep (into 2·pp or more micro-batches with a
+// pipeline).
+static bool plan_layout(const TrainConfig *c, const ModelConfig *mc, long gpus, Device dev, MemoryPlan *p) {
+    int pp = c->parallel.pp, cp = c->parallel.cp, ep = c->parallel.ep;
+    if (gpus % ((long)pp * cp * ep) || mc->experts % ep) return false;
+    long dp = gpus / ((long)pp * cp * ep);
+    if (c->global_batch_size % (c->micro_batch_size * dp * ep)) return false;
+    if (pp > 1 && c->global_batch_size / (c->micro_batch_size * dp * ep) < 2 * pp) return false; // DualPipeV: N ≥ 2P
+    Dist d;
+    dist_mesh_describe(&d, (int)gpus, 0, pp, cp, ep, c->parallel.sharding == SHARD_HSDP, c->file);
+    *p = run_memory_plan(c, &d, dev);
+    return true;
+}
+
+static const char *const recompute_names[] = {"none", "selective", "full"};
+
+// The --set options that give layout c from the config as written.
+static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
+    snprintf(buf, cap,
+             "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
+             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d",
+             c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
+             recompute_names[c->recompute], c->micro_batch_size);
+}
+
+// --detail: the activation records by part, the largest term of the plan, and each lever's plan.
+static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPlan *p, long gpus, Device dev,
+                   double mem_gb) {
+    const ChunkPlan *e = &p->chunks;
+    int moe = 0;
+    for (int l = 0; l < mc->layers; l++) moe += mc->is_moe[l];
+    char note[160];
+    printf("activation records by part:\n");
+    row("hidden states, routing", e->act_hidden, "layer inputs/outputs (T, H), routing (T, k), the micro-batch");
+    snprintf(note, sizeof note, "attention, norms, router%s",
+             cfg->recompute == RECOMPUTE_FULL ? " (one layer: full recompute)" : ", every layer");
+    row("stage 1 records", e->act_stage1, note);
+    snprintf(note, sizeof note, "expert rows, gate/up%s, outputs (T·k, H), routes; %d MoE layers",
+             cfg->recompute == RECOMPUTE_SELECTIVE ? "" : ", SwiGLU", moe);
+    row("stage 3 records", e->act_experts, note);
+    row("staging", e->act_staging, "expert outputs before combine (and SwiGLU under selective), one layer");
+    row("spill set", e->act_spill,
+        e->act_spill ? "stage 3 of one layer at the worst case ep·T·min(k, E_l)"
+                     : "(none: worst-case capacity, dropping, or ep = 1)");
+    row("epilog", e->act_epilog, "final norm, LM-head logits in row chunks");
+    if (e->act_defer) row("deferred sets", e->act_defer, "stage 3's output gradients kept for deferred weight halves");
+    struct {
+        const char *name;
+        size_t bytes;
+    } terms[] = {{"weights (compute copy)", p->weights},    {"gradient accumulators", p->grads},
+                 {"master weight shards", p->shards},       {"optimizer state", p->optim},
+                 {"stage 1 records", e->act_stage1},        {"stage 3 records", e->act_experts},
+                 {"hidden states, routing", e->act_hidden}, {"spill set", e->act_spill},
+                 {"backward workspace", e->ws_bytes},       {"communication buffers", e->comm_bytes}};
+    int big = 0;
+    for (int i = 1; i < (int)(sizeof terms / sizeof *terms); i++)
+        if (terms[i].bytes > terms[big].bytes) big = i;
+    size_t total = memory_plan_total(p);
+    printf("largest term: %s, %.2f GB (%.0f%% of %.2f GB)\n", terms[big].name, terms[big].bytes / 1e9,
+           100.0 * terms[big].bytes / total, total / 1e9);
+    printf("levers (each alone, from this config):\n");
+    for (int i = 0; i < 12; i++) {
+        TrainConfig c = *cfg;
+        char what[96];
+        if (i < 5) { // capacity factors (with expert parallelism)
+            static const double f[] = {0, 2, 1.5, 1.25, 1};
+            if (cfg->parallel.ep == 1 || f[i] == cfg->parallel.ep_capacity_factor) continue;
+            c.parallel.ep_capacity_factor = f[i];
+            snprintf(what, sizeof what, "parallel.ep_capacity_factor=%g%s", f[i], f[i] ? "" : " (worst case)");
+        } else if (i < 8) {
+            if ((int)(i - 5) == (int)cfg->recompute) continue;
+            c.recompute = (RecomputeMode)(i - 5);
+            snprintf(what, sizeof what, "recompute=%s", recompute_names[i - 5]);
+        } else if (i < 10) {
+            c.parallel.ep = i == 8 ? cfg->parallel.ep * 2 : cfg->parallel.ep / 2;
+            if (c.parallel.ep < 1 || (i == 9 && cfg->parallel.ep % 2)) continue;
+            snprintf(what, sizeof what, "parallel.expert_parallel_size=%d", c.parallel.ep);
+        } else {
+            c.micro_batch_size = i == 10 ? cfg->micro_batch_size * 2 : cfg->micro_batch_size / 2;
+            if (c.micro_batch_size < 1 || (i == 11 && cfg->micro_batch_size % 2)) continue;
+            snprintf(what, sizeof what, "micro_batch_size=%d", c.micro_batch_size);
+        }
+        MemoryPlan q;
+        if (!plan_layout(&c, mc, gpus, dev, &q)) {
+            printf("  --set %-42s (the layout does not divide)\n", what);
+            continue;
+        }
+        size_t t = memory_plan_total(&q);
+        printf("  --set %-42s %8.2f GB (%+.2f GB)  %s\n", what, t / 1e9, ((double)t - (double)total) / 1e9,
+               fit_names[fit_of(t, mem_gb, dev == DEV_CUDA)]);
+    }
+}
+
+typedef struct {
+    TrainConfig c;
+    size_t total;
+    Fit fit;
+} Layout;
+
+// Best first: fits before tight before out of memory (those by size); then the cheaper step: less
+// recomputation, a larger micro-batch, fewer ep ranks, a capacity that spills less (0 = the worst case:
+// never); then less memory.
+static int layout_cmp(const void *pa, const void *pb) {
+    const Layout *a = pa, *b = pb;
+    double fa = a->c.parallel.ep_capacity_factor, fb = b->c.parallel.ep_capacity_factor;
+    fa = fa > 0 ? fa : 1e9, fb = fb > 0 ? fb : 1e9;
+    if (a->fit != b->fit) return a->fit < b->fit ? -1 : 1;
+    if (a->fit == FIT_OOM) return a->total < b->total ? -1 : a->total > b->total; // the nearest to fitting first
+    if (a->c.recompute != b->c.recompute) return a->c.recompute < b->c.recompute ? -1 : 1;
+    if (a->c.micro_batch_size != b->c.micro_batch_size) return a->c.micro_batch_size > b->c.micro_batch_size ? -1 : 1;
+    if (a->c.parallel.ep != b->c.parallel.ep) return a->c.parallel.ep < b->c.parallel.ep ? -1 : 1;
+    if (fa != fb) return fa > fb ? -1 : 1;
+    return a->total < b->total ? -1 : a->total > b->total;
+}
+
+// --sweep: ep over the divisors of the ranks that divide the experts, fsdp or hsdp (with dp > 1), capacity
+// factors (with ep > 1), the recompute modes, the config's micro-batch and 1; pp and cp as configured.
+static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Device dev, double mem_gb) {
+    int n = 0, cap = 64, count[3] = {0};
+    Layout *all = xmalloc(cap * sizeof *all);
+    static const double factors[] = {0, 2, 1.5, 1.25, 1};
+    for (int ep = 1; ep <= gpus && ep <= mc->experts; ep++)
+        for (int sh = 0; sh < 2; sh++)
+            for (int f = 0; f < 5; f++)
+                for (int rc = 0; rc < 3; rc++)
+                    for (int mb = 0; mb < 2; mb++) {
+                        TrainConfig c = *cfg;
+                        c.parallel.ep = ep, c.parallel.sharding = sh ? SHARD_HSDP : SHARD_FSDP;
+                        c.parallel.ep_capacity_factor = factors[f], c.recompute = (RecomputeMode)rc;
+                        c.micro_batch_size = mb ? 1 : cfg->micro_batch_size;
+                        long dp = gpus / ((long)c.parallel.pp * c.parallel.cp * ep);
+                        if ((ep == 1 && f) || (mb && cfg->micro_batch_size == 1) || (sh && dp <= 1)) continue;
+                        MemoryPlan p;
+                        if (!plan_layout(&c, mc, gpus, dev, &p)) continue;
+                        if (n == cap) all = xrealloc(all, (cap *= 2) * sizeof *all);
+                        size_t t = memory_plan_total(&p);
+                        all[n++] = (Layout){c, t, fit_of(t, mem_gb, dev == DEV_CUDA)};
+                    }
+    qsort(all, n, sizeof *all, layout_cmp);
+    for (int i = 0; i < n; i++) count[all[i].fit]++;
+    printf("sweep: %d layouts of %ld %s of %g GB: %d OK, %d TIGHT, %d OOM", n, gpus,
+           dev == DEV_CUDA ? "GPUs" : "CPU ranks", mem_gb, count[FIT_OK], count[FIT_TIGHT], count[FIT_OOM]);
+    if (dev == DEV_CUDA) printf(" (with %g GB of runtime outside the plan)", RUNTIME_GB);
+    printf("\n");
+    int shown = 0;
+    int show = count[FIT_OK] + count[FIT_TIGHT] ? 12 : 3;
+    for (int i = 0; i < n && shown < show && (all[i].fit != FIT_OOM || !(count[FIT_OK] + count[FIT_TIGHT]));
+         i++, shown++) {
+        const TrainConfig *c = &all[i].c;
+        long dp = gpus / ((long)c->parallel.pp * c->parallel.cp * c->parallel.ep);
+        char sets[400], fac[32];
+        layout_sets(sets, sizeof sets, c);
+        snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
+        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d\n        %s\n",
+               fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
+               c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, recompute_names[c->recompute],
+               c->micro_batch_size, sets);
+    }
+    if (!count[FIT_OK] && !count[FIT_TIGHT]) printf("sweep: nothing fits; the smallest plans are above\n");
+    else if (shown < count[FIT_OK] + count[FIT_TIGHT])
+        printf("  (%d more that fit)\n", count[FIT_OK] + count[FIT_TIGHT] - shown);
+    free(all);
+}
+
 int cmd_estimate(int argc, char **argv) {
-    static struct option opts[] = {{"gpus", 1, 0, 'n'}, {"gpu-memory", 1, 0, 'm'}, {"device", 1, 0, 'd'},
-                                   {"set", 1, 0, 's'},  {"help", 0, 0, 'h'},       {0}};
+    static struct option opts[] = {
+        {"gpus", 1, 0, 'n'},   {"gpu-memory", 1, 0, 'm'}, {"device", 1, 0, 'd'}, {"set", 1, 0, 's'},
+        {"detail", 0, 0, 'D'}, {"sweep", 0, 0, 'S'},      {"help", 0, 0, 'h'},   {0}};
     char **sets = xmalloc(argc * sizeof *sets);
     int nsets = 0, c;
     long gpus = 0;
     double mem_gb = 80;
+    bool want_detail = false, want_sweep = false;
     const char *device = "cuda";
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -43,6 +230,8 @@ int cmd_estimate(int argc, char **argv) {
             device = optarg;
             break;
         case 's': sets[nsets++] = optarg; break;
+        case 'D': want_detail = true; break;
+        case 'S': want_sweep = true; break;
         case 'h': estimate_usage(stdout); return 0;
         default: estimate_usage(stderr); return 2;
         }
@@ -62,10 +251,15 @@ int cmd_estimate(int argc, char **argv) {
     ModelConfig mc;
     model_config_load(&mc, cfg.model);
     bool bf16 = dev == DEV_CUDA && cfg.compute_dtype == COMPUTE_BF16;
-    char cap[96];
+    char cap[96], act[96];
     if (cfg.parallel.ep_capacity_factor > 0)
-        snprintf(cap, sizeof cap, "(capacity %g·T·k rows)", cfg.parallel.ep_capacity_factor);
+        snprintf(cap, sizeof cap, "(capacity %g·T·k rows; transfers: the worst case of one layer)",
+                 cfg.parallel.ep_capacity_factor);
     else snprintf(cap, sizeof cap, "(worst-case capacity: T·k·ep rows)");
+    snprintf(act, sizeof act, "%s, recompute %s",
+             d.pp > 1 ? "two chunks: the schedule's micro-batches in flight, deferred sets"
+                      : "one micro-batch in flight",
+             recompute_names[cfg.recompute]);
     printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); per rank: %d of %d experts, micro-batch %d × "
            "%d tokens, %s\n",
            mc.model_type, gpus, dev == DEV_CUDA ? "GPUs" : "CPU ranks", d.pp, d.dp, d.cp, d.ep,
@@ -76,10 +270,10 @@ int cmd_estimate(int argc, char **argv) {
     row("gradient accumulators", p.grads, "fp32, reduce-scattered in place once per step");
     row("master weight shards", p.shards, p.shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
     row("optimizer state", p.optim, "AdamW moments, fp32 shards");
-    row("activation records", p.chunks.act_bytes,
-        d.pp > 1 ? "two chunks: the schedule's micro-batches in flight, deferred sets" : "one micro-batch in flight");
+    row("activation records", p.chunks.act_bytes, act);
     row("backward workspace", p.chunks.ws_bytes,
-        d.pp > 1 ? "each chunk's largest layer" : "the largest layer's temporaries");
+        d.pp > 1 ? "each chunk's largest layer (a spilled layer's included)"
+                 : "the largest layer's temporaries (a spilled layer's included)");
     row("communication buffers", p.chunks.comm_bytes, d.ep > 1 ? cap : "(none: ep = 1)");
     if (d.pp > 1) row("pipeline buffers", p.pipe, "activations and gradients between pipeline ranks");
     row("other", p.other, "rope tables, loss accumulators");
@@ -99,9 +293,12 @@ int cmd_estimate(int argc, char **argv) {
         printf(" bytes\n");
     }
     if (dev == DEV_CUDA)
-        printf("%s in %g GB per GPU (%.1f%% used); not counted: the CUDA context, NCCL and cuBLASLt workspaces (~1-3 "
-               "GB)\n",
-               total <= mem_gb * 1e9 ? "fits" : "does not fit", mem_gb, 100.0 * total / (mem_gb * 1e9));
+        printf("%s in %g GB per GPU (%.1f%% used; %s with %g GB of runtime outside the plan: the CUDA context, NCCL "
+               "and cuBLASLt workspaces)\n",
+               total <= mem_gb * 1e9 ? "fits" : "does not fit", mem_gb, 100.0 * total / (mem_gb * 1e9),
+               fit_names[fit_of(total, mem_gb, true)], RUNTIME_GB);
+    if (want_detail) detail(&cfg, &mc, &p, gpus, dev, mem_gb);
+    if (want_sweep) sweep(&cfg, &mc, gpus, dev, mem_gb);
     json_decref(cfg.json);
     return 0;
 }

@@ -1,5 +1,8 @@
 // eval.c — `pith eval`: the mean token cross-entropy of a model over the first B samples of a dataset,
 // in file order with no shuffle (sample i = tokens[i·S : i·S+S], labels shifted by one; docs/reference.md §18).
+// On one rank the samples go through the model (a Chunk of all its layers) in micro-batches of M, as in training;
+// a last micro-batch of fewer samples is filled up with rows whose labels are all ignored (-100), which add
+// neither loss nor targets.
 #include <getopt.h>
 
 #include "app/app.h"
@@ -10,10 +13,13 @@
 #include "train/data.h"
 
 static void eval_usage(FILE *f) {
-    fprintf(f, "usage: pith eval --model DIR --data PATH --seq S --batch B [--device cpu|cuda] [--dtype fp32|bf16]\n"
-               "                 [--pp P]\n"
-               "  DIR: an HF folder or a pith checkpoint folder (config.json + safetensors).\n"
+    fprintf(f, "usage: pith eval --model DIR --data PATH --seq S --batch B [--micro-batch M] [--device auto|cpu|cuda]\n"
+               "                 [--dtype fp32|bf16] [--pp P]\n"
+               "  DIR: an HF folder, a pith checkpoint folder (config.json + safetensors), or a save_location (its\n"
+               "       newest checkpoint). PATH: a folder of .bin token files or one file.\n"
                "  Prints the mean token cross-entropy over samples 0..B-1 as its last line: loss <value>.\n"
+               "  --micro-batch M  samples per forward pass on one rank (default: B, at most 8)\n"
+               "  --device         auto (default): the GPU when there is one\n"
                "  --pp P  run the samples through a DualPipeV pipeline of P ranks, forward only (start it under\n"
                "          mpirun/srun with P ranks; each holds its two chunks' weights; B >= 2P)\n");
 }
@@ -64,11 +70,13 @@ static int64_t eval_pipeline(Model *m, Dataset *ds, int S, int B, const Comm *pp
 }
 
 int cmd_eval(int argc, char **argv) {
-    static struct option opts[] = {{"model", 1, 0, 'm'}, {"data", 1, 0, 'd'},   {"seq", 1, 0, 's'},
-                                   {"batch", 1, 0, 'b'}, {"device", 1, 0, 'v'}, {"dtype", 1, 0, 't'},
-                                   {"pp", 1, 0, 'p'},    {"help", 0, 0, 'h'},   {0}};
-    const char *model = NULL, *data = NULL, *device = "cpu", *dtype = "fp32";
-    long S = 0, B = 0, P = 1;
+    static struct option opts[] = {{"model", 1, 0, 'm'},       {"data", 1, 0, 'd'},
+                                   {"seq", 1, 0, 's'},         {"batch", 1, 0, 'b'},
+                                   {"micro-batch", 1, 0, 'u'}, {"device", 1, 0, 'v'},
+                                   {"dtype", 1, 0, 't'},       {"pp", 1, 0, 'p'},
+                                   {"help", 0, 0, 'h'},        {0}};
+    const char *model = NULL, *data = NULL, *device = "auto", *dtype = "fp32";
+    int64_t S = 0, B = 0, M = 0, P = 1;
     int c;
     optind = 1;
     dist_launch(); // MPI_Init when mpirun/srun started this process
@@ -76,38 +84,54 @@ int cmd_eval(int argc, char **argv) {
         switch (c) {
         case 'm': model = optarg; break;
         case 'd': data = optarg; break;
-        case 's': S = atol(optarg); break;
-        case 'b': B = atol(optarg); break;
+        case 's': S = arg_int("eval", "--seq", optarg, 1, 1 << 24); break;
+        case 'b': B = arg_int("eval", "--batch", optarg, 1, 1 << 30); break;
+        case 'u': M = arg_int("eval", "--micro-batch", optarg, 1, 1 << 20); break;
         case 'v': device = optarg; break;
         case 't': dtype = optarg; break;
-        case 'p': P = atol(optarg); break;
+        case 'p': P = arg_int("eval", "--pp", optarg, 1, 1 << 20); break;
         case 'h': eval_usage(stdout); return 0;
         default: eval_usage(stderr); return 2;
         }
     }
+    if (optind < argc) die("eval: unexpected argument '%s' (see pith eval --help)", argv[optind]);
     if (!model || !data) die("eval: --model and --data are required (see pith eval --help)");
-    if (S <= 0 || B <= 0) die("eval: --seq and --batch must be positive integers");
-    if (B > 1 << 30) die("eval: --batch must be at most 2^30 (got %ld)", B);
-    if (strcmp(device, "cpu") && strcmp(device, "cuda")) die("eval: --device must be cpu or cuda (got '%s')", device);
+    if (!S || !B) die("eval: --seq and --batch are required (see pith eval --help)");
+    if (P > 1 && M > 1) die("eval: --micro-batch applies to one rank (the pipeline runs one sample per micro-batch)");
+    if (!M) M = P > 1 ? 1 : B < 8 ? B : 8;
+    if (M > B) M = B;
+    if (M * S > INT32_MAX)
+        die("eval: --micro-batch × --seq = %lld tokens is more than a micro-batch can hold", (long long)(M * S));
+    if (strcmp(device, "auto") && strcmp(device, "cpu") && strcmp(device, "cuda"))
+        die("eval: --device must be auto, cpu or cuda (got '%s')", device);
     if (strcmp(dtype, "fp32") && strcmp(dtype, "bf16")) die("eval: --dtype must be fp32 or bf16 (got '%s')", dtype);
-    if (P < 1 || P != dist_world_size())
-        die("eval: --pp %ld: the pipeline needs as many ranks as started (%d); start --pp P under mpirun -np P", P,
-            dist_world_size());
+    if (P != dist_world_size())
+        die("eval: --pp %lld: the pipeline needs as many ranks as started (%d); start --pp P under mpirun -np P",
+            (long long)P, dist_world_size());
     if (dist_world_rank() != 0 && !freopen("/dev/null", "w", stdout))
         die("cannot silence stdout of rank %d", dist_world_rank());
     Dist d;
     dist_mesh_init(&d, (int)P, 1, 1, false, 900, "eval");
     Device dev = DEV_CPU;
-    if (!strcmp(device, "cuda")) {
-        if (!ops_cuda_available()) die("eval: --device cuda: no usable GPU or no CUDA backend in this build");
-        dev = DEV_CUDA;
-        dist_mesh_gpu(&d);
+    if (!strcmp(device, "cuda") && !ops_cuda_available())
+        die("eval: --device cuda: no usable GPU or no CUDA backend in this build");
+    if (strcmp(device, "cpu") && ops_cuda_available()) dev = DEV_CUDA, dist_mesh_gpu(&d);
+    if (!strcmp(dtype, "bf16") && dev == DEV_CPU) die("eval: --dtype bf16 needs the GPU (the CPU computes in fp32)");
+
+    // A folder without config.json may be a save_location: its newest checkpoint (read only: a run may be saving).
+    char dir[4200], cfg[4300];
+    snprintf(dir, sizeof dir, "%s", model);
+    snprintf(cfg, sizeof cfg, "%s/config.json", model);
+    if (path_is_dir(model) && !path_exists(cfg)) {
+        if (!ckpt_find_latest(model, dir, sizeof dir, false))
+            die("%s: no config.json and no checkpoints (step-N folders): not a model folder or a save_location", model);
+        printf("eval: %s is a save_location; its newest checkpoint is %s\n", model, dir);
     }
     ModelConfig mc;
-    const ModelFamily *fam = model_config_load(&mc, model);
+    const ModelFamily *fam = model_config_load(&mc, dir);
     if (P > 1) {
         const char *why = dualpipev_check((int)P, (int)B, mc.layers);
-        if (why) die("eval: --pp %ld with --batch %ld: %s", P, B, why);
+        if (why) die("eval: --pp %lld with --batch %lld: %s", (long long)P, (long long)B, why);
         mc.pp_rank = d.pp_g.rank, mc.pp_size = (int)P;
     }
     Model m;
@@ -116,7 +140,7 @@ int cmd_eval(int argc, char **argv) {
     for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m.params.numel[g] * sizeof(float) + 1);
     ParamTable all;
     model_params_all(&m, &all);
-    ckpt_load_model_part(&all, &m.params, w, model);
+    ckpt_load_model_part(&all, &m.params, w, dir);
     free(all.p);
     for (int g = 0; g < NGROUPS; g++) {
         op_copy(m.w[g], tensor_make(w[g], DT_F32, DEV_CPU, 1, m.params.numel[g], 1, 1, 1));
@@ -126,18 +150,20 @@ int cmd_eval(int argc, char **argv) {
     dataset_open(&ds, data, (int)S, mc.vocab, 0);
     ds.ordered = true;
     if (B > ds.total)
-        die("%s: --batch %ld asks for more samples than the data holds (%lld of %ld tokens)", data, B,
-            (long long)ds.total, S);
+        die("%s: --batch %lld asks for more samples than the data holds (%lld samples of %lld tokens)", data,
+            (long long)B, (long long)ds.total, (long long)S);
     op_zero(m.loss_sum);
     int64_t targets = 0;
     if (P > 1) targets = eval_pipeline(&m, &ds, (int)S, (int)B, &d.pp_g);
     else {
         Chunk e;
-        chunk_init_model(&e, &m, 1, (int)S);
-        int32_t *tok = xmalloc(S * sizeof(int32_t)), *lab = xmalloc(S * sizeof(int32_t));
-        for (long i = 0; i < B; i++) {
-            dataset_sample(&ds, i, tok, lab);
-            for (long t = 0; t < S; t++) targets += lab[t] != -100;
+        chunk_init_model(&e, &m, (int)M, (int)S);
+        int32_t *tok = xmalloc(M * S * sizeof(int32_t)), *lab = xmalloc(M * S * sizeof(int32_t));
+        for (int64_t i = 0; i < B; i += M) {
+            int64_t n = B - i < M ? B - i : M;
+            for (int64_t b = 0; b < n; b++) dataset_sample(&ds, i + b, tok + b * S, lab + b * S);
+            for (int64_t t = n * S; t < M * S; t++) tok[t] = 0, lab[t] = -100; // filler rows: no targets
+            for (int64_t t = 0; t < n * S; t++) targets += lab[t] != -100;
             chunk_load(&e, 0, tok, lab);
             chunk_forward(&e, 0, false);
         }
@@ -146,7 +172,11 @@ int cmd_eval(int argc, char **argv) {
     // The cross-entropy and the targets live on pipeline rank 0; the sum over the ranks brings them to all.
     double sums[2] = {op_read_scalar(m.loss_sum), (double)targets};
     comm_allreduce(&d.world, tensor_make(sums, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
-    printf("samples %ld, tokens %lld\n", B, (long long)sums[1]);
+    int64_t nmb = (B + M - 1) / M;
+    printf("eval: %lld samples of %lld tokens (%lld targets) in %lld micro-batch%s of %lld", (long long)B, (long long)S,
+           (long long)sums[1], (long long)nmb, nmb == 1 ? "" : "es", (long long)M);
+    if (P > 1) printf(" through a pipeline of %lld ranks", (long long)P);
+    printf(" on %s (%s)\n", dev == DEV_CUDA ? "cuda" : "cpu", dtype);
     printf("loss %.17g\n", sums[0] / (sums[1] ? sums[1] : 1));
     dataset_close(&ds), model_free(&m), dist_mesh_free(&d);
     dist_finalize();

@@ -25,7 +25,8 @@ typedef struct {
 } Series;
 
 // Reads <dir>/metrics.jsonl. Every line but the last must be a JSON object with step, loss and lr; the last
-// may be incomplete (the run is still writing it) and is then skipped.
+// may be incomplete (the run is still writing it) and is then skipped. A loss or val_loss of null (a step
+// that was not finite: JSON has no NaN) is read as NaN and leaves a gap in its curve.
 static void series_read(Series *s, const char *dir) {
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
@@ -47,15 +48,16 @@ static void series_read(Series *s, const char *dir) {
         lineno++;
         json_t *row = json_loads(line, 0, NULL);
         json_t *st = json_object_get(row, "step"), *lo = json_object_get(row, "loss"), *lr = json_object_get(row, "lr");
-        if (!row || !json_is_integer(st) || !json_is_number(lo) || !json_is_number(lr)) {
+        if (!row || !json_is_integer(st) || !(json_is_number(lo) || json_is_null(lo)) || !json_is_number(lr)) {
             if (!complete) break;
             die("%s: line %d: expected a JSON object with step, loss and lr", path, lineno);
         }
-        s->step[s->n] = (double)json_integer_value(st), s->loss[s->n] = json_number_value(lo);
+        s->step[s->n] = (double)json_integer_value(st), s->loss[s->n] = json_is_null(lo) ? NAN : json_number_value(lo);
         s->lr[s->n++] = json_number_value(lr);
         json_t *vl = json_object_get(row, "val_loss");
-        if (json_is_number(vl))
-            s->vstep[s->nval] = (double)json_integer_value(st), s->vloss[s->nval++] = json_number_value(vl);
+        if (json_is_number(vl) || json_is_null(vl))
+            s->vstep[s->nval] = (double)json_integer_value(st),
+            s->vloss[s->nval++] = json_is_null(vl) ? NAN : json_number_value(vl);
         json_decref(row);
         if (!complete) break;
         line = nl + 1;
@@ -161,15 +163,22 @@ static void draw(cairo_t *cr, Series *runs, int nruns) {
         for (int i = 0; i < s->n; i++) (i ? cairo_line_to : cairo_move_to)(cr, PX(s->step[i]), PL(s->lr[i]));
         cairo_stroke(cr);
         cairo_set_line_width(cr, 2), cairo_set_dash(cr, NULL, 0, 0);
-        for (int i = 0; i < s->n; i++) (i ? cairo_line_to : cairo_move_to)(cr, PX(s->step[i]), PY(s->loss[i]));
+        for (int i = 0; i < s->n; i++) // a non-finite loss breaks the line (the pen lifts)
+            if (isfinite(s->loss[i]))
+                (i && isfinite(s->loss[i - 1]) ? cairo_line_to : cairo_move_to)(cr, PX(s->step[i]), PY(s->loss[i]));
         cairo_stroke(cr);
-        if (s->n == 1) cairo_arc(cr, PX(s->step[0]), PY(s->loss[0]), 3.5, 0, 2 * M_PI), cairo_fill(cr);
+        for (int i = 0; i < s->n; i++) // a point with no finite neighbour (one row, or between gaps): a dot
+            if (isfinite(s->loss[i]) && !(i && isfinite(s->loss[i - 1])) && !(i + 1 < s->n && isfinite(s->loss[i + 1])))
+                cairo_arc(cr, PX(s->step[i]), PY(s->loss[i]), 3.5, 0, 2 * M_PI), cairo_fill(cr);
         cairo_set_dash(cr, dashes, 2, 0);
-        for (int i = 0; i < s->nval; i++) (i ? cairo_line_to : cairo_move_to)(cr, PX(s->vstep[i]), PY(s->vloss[i]));
+        for (int i = 0; i < s->nval; i++)
+            if (isfinite(s->vloss[i]))
+                (i && isfinite(s->vloss[i - 1]) ? cairo_line_to : cairo_move_to)(cr, PX(s->vstep[i]), PY(s->vloss[i]));
         cairo_stroke(cr);
         cairo_set_dash(cr, NULL, 0, 0);
         for (int i = 0; i < s->nval; i++)
-            cairo_arc(cr, PX(s->vstep[i]), PY(s->vloss[i]), 3.5, 0, 2 * M_PI), cairo_fill(cr);
+            if (isfinite(s->vloss[i]))
+                cairo_arc(cr, PX(s->vstep[i]), PY(s->vloss[i]), 3.5, 0, 2 * M_PI), cairo_fill(cr);
     }
     cairo_restore(cr);
     // Legend, top right on a white box: one line per run with its last losses.

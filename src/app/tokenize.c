@@ -1,16 +1,17 @@
 // tokenize.c — `pith tokenize`: turns text corpora into PithTrain token files (docs/reference.md §18).
-// Each input file (.jsonl, .jsonl.zst/.jsonl.zstd, .txt) becomes <output>/<relative path>.bin: a uint32 .npy record
-// of all documents' ids, each document followed by EOS, then a uint64 .npy record of cumulative document ends.
-// Threads: the main thread reads files (zstd streaming) and cuts them into chunks of whole lines (or paragraphs) of
-// about 1 MB; worker threads parse and tokenize chunks; the main thread writes chunk results in file order, so the
-// output does not depend on the number of workers. A file is written under <name>.tmp and renamed when complete;
-// a re-run skips outputs that exist.
+// Each input file (.jsonl, .jsonl.zst/.jsonl.zstd, .jsonl.gz, .txt) becomes <output>/<relative path>.bin: a uint32
+// .npy record of all documents' ids, each document followed by EOS, then a uint64 .npy record of cumulative document
+// ends. Threads: the main thread reads files (zstd or zlib streaming) and cuts them into chunks of whole lines (or
+// paragraphs) of about 1 MB; worker threads parse and tokenize chunks; the main thread writes chunk results in
+// file order, so the output does not depend on the number of workers. A file is written under <name>.tmp and
+// renamed when complete; a re-run skips outputs that exist.
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 #include <zstd.h>
 
 #include "app/app.h"
@@ -18,7 +19,19 @@
 #include "base/npy.h"
 
 #define CHUNK_BYTES (1u << 20)
-enum { IN_JSONL, IN_JSONL_ZST, IN_TXT };
+enum { IN_JSONL, IN_JSONL_ZST, IN_JSONL_GZ, IN_TXT };
+#define WARN_CAP 20 // bad-line warnings shown; the rest are counted
+
+// The formats by name (--format) and by file extension.
+static const struct {
+    const char *ext;
+    int kind;
+} formats[] = {{".jsonl", IN_JSONL},
+               {".jsonl.zst", IN_JSONL_ZST},
+               {".jsonl.zstd", IN_JSONL_ZST},
+               {".jsonl.gz", IN_JSONL_GZ},
+               {".txt", IN_TXT}};
+static int forced_kind = -1; // --format: every input is read as this kind, whatever its name
 
 typedef struct {
     char *path, *rel, *out, *tmp;
@@ -27,6 +40,7 @@ typedef struct {
     // writer state
     FILE *f;
     bool skip, failed, read_done;
+    uint64_t bad;             // lines left out (--on-error skip)
     char *error;              // why reading failed (reported by the writer, in file order)
     int64_t nchunks, written; // chunks made by the reader (final once read_done) and written so far
     uint64_t ntok, *ends;
@@ -59,15 +73,13 @@ typedef struct {
 
 // ---- inputs -------------------------------------------------------------------------------------------------------
 
+// The kind of an input file: --format's, else by its extension; -1 for neither.
 static int input_kind(const char *name) {
+    if (forced_kind >= 0) return forced_kind;
     size_t n = strlen(name);
-    static const struct {
-        const char *ext;
-        int kind;
-    } exts[] = {{".jsonl", IN_JSONL}, {".jsonl.zst", IN_JSONL_ZST}, {".jsonl.zstd", IN_JSONL_ZST}, {".txt", IN_TXT}};
-    for (size_t i = 0; i < sizeof exts / sizeof *exts; i++) {
-        size_t e = strlen(exts[i].ext);
-        if (n > e && !strcmp(name + n - e, exts[i].ext)) return exts[i].kind;
+    for (size_t i = 0; i < sizeof formats / sizeof *formats; i++) {
+        size_t e = strlen(formats[i].ext);
+        if (n > e && !strcmp(name + n - e, formats[i].ext)) return formats[i].kind;
     }
     return -1;
 }
@@ -373,15 +385,47 @@ typedef struct {
     ZSTD_DStream *z;
     size_t zlast; // last ZSTD_decompressStream result: 0 at a frame end
     ZSTD_inBuffer in;
+    z_stream *gz; // .jsonl.gz: zlib's gzip decoder
+    bool gz_end;  // at the end of a gzip member (another may follow, as `cat a.gz b.gz` makes)
     char *inbuf, *buf;
+    size_t inbuf_cap;
     size_t len, cap, in_used;
     int64_t seq, line;
     bool eof;
 } Reader;
 
+// reader_fill for .gz files: inflates into r->buf (which has room for CHUNK_BYTES more) until it grows.
+static bool gz_fill(Reader *r, const char **err) {
+    size_t before = r->len;
+    while (r->len == before) {
+        if (r->gz->avail_in == 0) {
+            size_t n = fread(r->inbuf, 1, r->inbuf_cap, r->f);
+            r->in_used += n;
+            if (ferror(r->f)) return *err = strerror(errno), false;
+            if (n == 0) {
+                r->eof = true;
+                if (!r->gz_end) return *err = "truncated gzip data (the file ends inside a member)", false;
+                return true;
+            }
+            r->gz->next_in = (Bytef *)r->inbuf, r->gz->avail_in = (uInt)n;
+        }
+        if (r->gz_end) { // the next member
+            CHECK(inflateReset(r->gz) == Z_OK);
+            r->gz_end = false;
+        }
+        r->gz->next_out = (Bytef *)r->buf + r->len, r->gz->avail_out = CHUNK_BYTES;
+        int rc = inflate(r->gz, Z_NO_FLUSH);
+        r->len = (char *)r->gz->next_out - r->buf;
+        if (rc == Z_STREAM_END) r->gz_end = true;
+        else if (rc != Z_OK && rc != Z_BUF_ERROR) return *err = r->gz->msg ? r->gz->msg : "invalid gzip data", false;
+    }
+    return true;
+}
+
 // Reads more text into r->buf; false with *err set on a read or decompression error.
 static bool reader_fill(Reader *r, const char **err) {
     if (r->len + CHUNK_BYTES + 1 > r->cap) r->cap = 2 * (r->len + CHUNK_BYTES + 1), r->buf = xrealloc(r->buf, r->cap);
+    if (r->gz) return gz_fill(r, err);
     if (!r->z) {
         size_t n = fread(r->buf + r->len, 1, CHUNK_BYTES, r->f);
         r->len += n, r->in_used += n;
@@ -392,7 +436,7 @@ static bool reader_fill(Reader *r, const char **err) {
     size_t before = r->len;
     while (r->len == before) {
         if (r->in.pos == r->in.size) {
-            r->in.size = fread(r->inbuf, 1, ZSTD_DStreamInSize(), r->f), r->in.pos = 0;
+            r->in.size = fread(r->inbuf, 1, r->inbuf_cap, r->f), r->in.pos = 0;
             r->in_used += r->in.size;
             if (ferror(r->f)) return *err = strerror(errno), false;
             if (r->in.size == 0) {
@@ -451,8 +495,9 @@ static Chunk *make_chunk(Reader *r, size_t n, Chunk **free_list) {
 static void reader_close(Reader *r) {
     if (r->f) fclose(r->f);
     if (r->z) ZSTD_freeDStream(r->z);
+    if (r->gz) inflateEnd(r->gz), free(r->gz);
     files[r->file].nchunks = r->seq, files[r->file].read_done = true;
-    r->f = NULL, r->z = NULL, r->file = -1, r->len = 0;
+    r->f = NULL, r->z = NULL, r->gz = NULL, r->gz_end = false, r->file = -1, r->len = 0;
 }
 
 // ---- writer -------------------------------------------------------------------------------------------------------
@@ -498,7 +543,9 @@ static void out_finish(InFile *f) {
 
 typedef struct {
     uint64_t docs, tokens, text_bytes, in_bytes, bad, repaired;
-    int written, failed;
+    uint64_t warned;              // bad-line warnings shown (at most WARN_CAP; tot.bad - warned are only counted)
+    int written, failed, all_bad; // all_bad: files with lines, every one of them bad (no output)
+    const char *first_all_bad;
 } Totals;
 
 static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
@@ -508,11 +555,13 @@ static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
             *nl = 0;
             die("%s (--on-error skip skips bad documents)", c->errors);
         }
-        for (char *m = c->errors, *nl; (nl = strchr(m, '\n')); m = nl + 1) *nl = 0, warn("%s (skipped)", m);
+        for (char *m = c->errors, *nl; (nl = strchr(m, '\n')) && tot->warned < WARN_CAP; m = nl + 1)
+            *nl = 0, warn("%s (skipped)", m), tot->warned++;
     }
+    f->bad += c->bad;
     if (!f->failed) {
         if (!f->f) out_open(f);
-        if (fwrite(c->ids.p, 4, c->ids.n, f->f) != c->ids.n) out_die(f, "write failed");
+        if (c->ids.n && fwrite(c->ids.p, 4, c->ids.n, f->f) != c->ids.n) out_die(f, "write failed"); // (p NULL if 0)
         if (f->nends + c->ndocs > f->ends_cap)
             f->ends_cap = 2 * (f->nends + c->ndocs), f->ends = xrealloc(f->ends, f->ends_cap * 8);
         for (size_t i = 0; i < c->ndocs; i++) f->ends[f->nends++] = f->ntok + c->ends[i];
@@ -523,16 +572,21 @@ static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
     f->written++;
 }
 
-static void progress(const Totals *t, uint64_t total_in, double t0) {
+// Progress on stderr. On a terminal: one line rewritten in place twice a second. Otherwise (a log file, a
+// pipe): a plain line whenever another tenth of the input is done, and at least once a minute.
+static void progress(const Totals *t, uint64_t total_in, double t0, bool tty) {
     static double last;
+    static int last_tenth;
     double now = now_seconds(), dt = now - t0;
-    if (now - last < 0.5) return;
-    last = now;
+    int tenth = total_in ? (int)(10 * t->in_bytes / total_in) : 10;
+    if (!last) last = t0;
+    if (tty ? now - last < 0.5 : tenth <= last_tenth && now - last < 60) return;
+    last = now, last_tenth = tenth;
     double rate = t->text_bytes / 1e6 / (dt > 1e-9 ? dt : 1e-9), in_rate = t->in_bytes / (dt > 1e-9 ? dt : 1e-9);
     double eta = in_rate > 0 && total_in > t->in_bytes ? (total_in - t->in_bytes) / in_rate : 0;
-    fprintf(stderr, "\rtokenize: %llu documents, %llu tokens, %.1f MB/s, %3.0f%%, ETA %d:%02d   ",
+    fprintf(stderr, "%stokenize: %llu documents, %llu tokens, %.1f MB/s, %3.0f%%, ETA %d:%02d%s", tty ? "\r" : "",
             (unsigned long long)t->docs, (unsigned long long)t->tokens, rate,
-            100.0 * t->in_bytes / (total_in ? total_in : 1), (int)eta / 60, (int)eta % 60);
+            100.0 * t->in_bytes / (total_in ? total_in : 1), (int)eta / 60, (int)eta % 60, tty ? "   " : "\n");
 }
 
 // ---- command ------------------------------------------------------------------------------------------------------
@@ -545,7 +599,9 @@ static void tokenize_usage(FILE *f) {
             "  --tokenizer PATH   a Hugging Face tokenizer.json, or a folder holding tokenizer.json (and\n"
             "                     tokenizer_config.json, which names EOS/BOS and whether BOS is prepended)\n"
             "  --input PATH ...   files or folders (searched recursively; hidden entries skipped) of .jsonl,\n"
-            "                     .jsonl.zst/.jsonl.zstd (one JSON object per line) and .txt files\n"
+            "                     .jsonl.zst/.jsonl.zstd, .jsonl.gz (one JSON object per line) and .txt files\n"
+            "  --format FORMAT    jsonl, jsonl.zst, jsonl.gz or txt: read every input file as FORMAT whatever its\n"
+            "                     name (folders then give all their files), instead of by extension\n"
             "  --output DIR       where the .bin files go (mirroring paths relative to each input folder)\n"
             "  --workers N        tokenizer threads (default: all CPUs); the output does not depend on N\n"
             "  --eos TOKEN        end-of-document token, as a token string or an integer id\n"
@@ -558,15 +614,23 @@ static void tokenize_usage(FILE *f) {
             "                     line (or, for an unreadable or truncated file, the whole file) out and go on\n"
             "  Invalid UTF-8 is replaced by U+FFFD. Added tokens (e.g. <|endoftext|>) in the text are encoded as\n"
             "  such. Outputs are written as NAME.bin.tmp and renamed when complete; outputs that exist are skipped,\n"
-            "  so an interrupted run can be re-run. Progress goes to stderr when it is a terminal.\n");
+            "  so an interrupted run can be re-run. Progress goes to stderr: one line updated in place on a\n"
+            "  terminal, else a line per tenth of the input. With --on-error skip the first 20 bad lines are\n"
+            "  named and the rest counted; a file whose every line is bad gets no output and the exit status is 1.\n");
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    static struct option opts[] = {{"tokenizer", 1, 0, 't'}, {"input", 1, 0, 'i'},
-                                   {"output", 1, 0, 'o'},    {"workers", 1, 0, 'w'},
-                                   {"eos", 1, 0, 'e'},       {"field", 1, 0, 'f'},
-                                   {"txt-split", 1, 0, 's'}, {"on-error", 1, 0, 'r'},
-                                   {"help", 0, 0, 'h'},      {0}};
+    static struct option opts[] = {{"tokenizer", 1, 0, 't'},
+                                   {"input", 1, 0, 'i'},
+                                   {"output", 1, 0, 'o'},
+                                   {"workers", 1, 0, 'w'},
+                                   {"eos", 1, 0, 'e'},
+                                   {"field", 1, 0, 'f'},
+                                   {"txt-split", 1, 0, 's'},
+                                   {"on-error", 1, 0, 'r'},
+                                   {"format", 1, 0, 'F'},
+                                   {"help", 0, 0, 'h'},
+                                   {0}};
     const char *tokpath = NULL, *outdir = NULL, *eos_arg = NULL, *field = "text", *split = "file", *on_error = "fail";
     const char **inputs = xcalloc(argc + 1, sizeof *inputs);
     int ninputs = 0, c;
@@ -588,6 +652,11 @@ int cmd_tokenize(int argc, char **argv) {
         case 'f': field = optarg; break;
         case 's': split = optarg; break;
         case 'r': on_error = optarg; break;
+        case 'F':
+            for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
+                if (!strcmp(formats[i].ext + 1, optarg)) forced_kind = formats[i].kind;
+            if (forced_kind < 0) die("tokenize: --format must be jsonl, jsonl.zst, jsonl.gz or txt (got '%s')", optarg);
+            break;
         case 'h': tokenize_usage(stdout), free(inputs); return 0;
         default: tokenize_usage(stderr), free(inputs); return 2;
         }
@@ -606,11 +675,13 @@ int cmd_tokenize(int argc, char **argv) {
         if (path_is_dir(inputs[i])) {
             int before = nfiles;
             walk_dir(inputs[i], "", outdir);
-            if (nfiles == before) warn("%s: no .jsonl, .jsonl.zst or .txt files in this folder", inputs[i]);
+            if (nfiles == before) warn("%s: no .jsonl, .jsonl.zst, .jsonl.gz or .txt files in this folder", inputs[i]);
             continue;
         }
         if (input_kind(inputs[i]) < 0)
-            die("%s: unsupported input (expected .jsonl, .jsonl.zst, .jsonl.zstd or .txt)", inputs[i]);
+            die("%s: unsupported input (expected .jsonl, .jsonl.zst, .jsonl.zstd, .jsonl.gz or .txt; --format says "
+                "which)",
+                inputs[i]);
         const char *base = strrchr(inputs[i], '/');
         add_file(inputs[i], base ? base + 1 : inputs[i], outdir);
     }
@@ -670,7 +741,7 @@ int cmd_tokenize(int argc, char **argv) {
     pthread_t *th = xmalloc(workers * sizeof *th);
     for (long i = 0; i < workers; i++) CHECK(pthread_create(&th[i], NULL, worker_main, &sh) == 0);
 
-    Reader r = {.file = -1, .inbuf = xmalloc(ZSTD_DStreamInSize())};
+    Reader r = {.file = -1, .inbuf = xmalloc(ZSTD_DStreamInSize()), .inbuf_cap = ZSTD_DStreamInSize()};
     Chunk *pending = NULL, *free_chunks = NULL; // results waiting for their turn to be written; chunks to reuse
     Totals tot = {0};
     // inflight: chunks made and not yet written (bounds memory even when one slow chunk holds up the writer);
@@ -691,6 +762,10 @@ int cmd_tokenize(int argc, char **argv) {
                 r.in = (ZSTD_inBuffer){r.inbuf, 0, 0};
                 r.f = fopen(f->path, "rb");
                 if (r.f && f->kind == IN_JSONL_ZST) r.z = ZSTD_createDStream(), ZSTD_initDStream(r.z);
+                if (r.f && f->kind == IN_JSONL_GZ) { // 15 + 16: the largest window, gzip framing only
+                    r.gz = xcalloc(1, sizeof *r.gz);
+                    CHECK(inflateInit2(r.gz, 15 + 16) == Z_OK);
+                }
                 if (!r.f) {
                     char msg[4200];
                     snprintf(msg, sizeof msg, "%s: cannot read: %s", f->path, strerror(errno));
@@ -746,13 +821,17 @@ int cmd_tokenize(int argc, char **argv) {
                 }
             if (f->read_done && f->written == f->nchunks) {
                 if (f->failed && sh.fail_fast) die("%s", f->error);
-                if (f->failed) warn("%s (file skipped)", f->error), tot.failed++;
+                if (!f->failed && f->bad && !f->nends) { // --on-error skip, and not one line was good
+                    f->failed = true, tot.all_bad++, tot.failed++;
+                    if (!tot.first_all_bad) tot.first_all_bad = f->path;
+                    warn("%s: every line (%llu) was bad: no output", f->path, (unsigned long long)f->bad);
+                } else if (f->failed) warn("%s (file skipped)", f->error), tot.failed++;
                 if (f->failed) tot.docs -= f->nends, tot.tokens -= f->ntok; // counted while its chunks were written
                 if (!f->skip) out_finish(f), tot.written += !f->failed;
                 to_write++, progressed = true;
             }
         }
-        if (tty) progress(&tot, total_in, t0);
+        progress(&tot, total_in, t0, tty);
         if (to_write == nfiles) break;
     }
     pthread_mutex_lock(&sh.mu);
@@ -770,6 +849,14 @@ int cmd_tokenize(int argc, char **argv) {
     if (tot.bad) printf("; %llu bad lines skipped", (unsigned long long)tot.bad);
     if (tot.repaired) printf("; invalid UTF-8 replaced in %llu documents", (unsigned long long)tot.repaired);
     printf("\n");
+    fflush(stdout);
+    if (tot.bad > tot.warned)
+        warn("tokenize: ... and %llu more bad lines (the first %d are shown above; %llu in all)",
+             (unsigned long long)(tot.bad - tot.warned), WARN_CAP, (unsigned long long)tot.bad);
+    if (tot.all_bad)
+        die("tokenize: every line of %d input file%s was bad (%s%s): nothing was written for %s", tot.all_bad,
+            tot.all_bad == 1 ? "" : "s", tot.first_all_bad, tot.all_bad > 1 ? ", ..." : "",
+            tot.all_bad == 1 ? "it" : "them");
     for (Chunk *ck; (ck = free_chunks);)
         free_chunks = ck->next, free(ck->data), idvec_free(&ck->ids), free(ck->ends), free(ck);
     bpe_free(tok);

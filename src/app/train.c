@@ -117,7 +117,7 @@ int cmd_train(int argc, char **argv) {
     cfg.allow_config_change = allow_change;
     if (print_config) {
         json_t *eff = config_effective(&cfg);
-        char *text = json_dumps(eff, JSON_INDENT(2));
+        char *text = json_text(eff, 2, false);
         puts(text);
         free(text), json_decref(eff), json_decref(cfg.json);
         return 0;
@@ -169,7 +169,8 @@ int cmd_train(int argc, char **argv) {
     if (metrics && cfg.tensorboard) tboard_open(&tb, cfg.run_dir);
     if (!cfg.save_location[0]) warn("%s: no save_location: this run writes no checkpoints", cfg.file);
     signal(SIGTERM, on_signal), signal(SIGUSR1, on_signal);
-    int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps, skipped = 0;
+    int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps, skipped = 0,
+        in_a_row = 0; // skipped: steps whose update was skipped; in_a_row: of them, the latest consecutive ones
     bool stopped_by_signal = false;
     while (r.step < stop) {
         StepStats st = run_step(&r);
@@ -184,11 +185,14 @@ int cmd_train(int argc, char **argv) {
         printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm,
                tps, st.seconds, peak);
         if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
+        if (d->ep > 1)
+            printf(" | ep-load %.3f | %s %.0f rows", st.ep_load, cfg.parallel.ep_drop_tokens ? "ep-dropped" : "ep-over",
+                   st.ep_over);
         printf("%s\n", st.nonfinite ? " | not finite: no update" : "");
         // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
         // comes right after loss, before the timings.
-        const char *keys[10] = {"loss"};
-        double vals[10] = {st.loss};
+        const char *keys[12] = {"loss"};
+        double vals[12] = {st.loss};
         int nkeys = 1;
         if (val) keys[nkeys] = "val_loss", vals[nkeys++] = val_loss;
         const char *rest[] = {"lb_loss",     "lr",       "grad_norm",   "tokens_per_s",
@@ -198,6 +202,10 @@ int cmd_train(int argc, char **argv) {
                           st.seconds,   st.fwdbwd_seconds,
                           peak,         gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
         for (int k = 0; k < 8; k++) keys[nkeys] = rest[k], vals[nkeys++] = restv[k];
+        if (d->ep > 1) { // expert capacity (docs/architecture.md, "Expert capacity")
+            keys[nkeys] = "ep_load", vals[nkeys++] = st.ep_load;
+            keys[nkeys] = cfg.parallel.ep_drop_tokens ? "ep_dropped_rows" : "ep_over_rows", vals[nkeys++] = st.ep_over;
+        }
         if (metrics) write_metrics(metrics, mpath, r.step, nkeys, keys, vals);
         if (tb.f) tboard_scalars(&tb, r.step, nkeys, keys, vals);
         if (st.nonfinite) {
@@ -208,10 +216,16 @@ int cmd_train(int argc, char **argv) {
                     "would go on "
                     "without this step's update)",
                     r.step, what, isnan(v) ? "NaN" : "infinite", r.step - 1);
+            // A run that stays diverged must not skip its way to "done": a limit on skips in a row.
+            if (++in_a_row > cfg.nonfinite_skip_limit)
+                die("step %d: the %s is %s, and steps %d to %d in a row were not finite: more than "
+                    "nonfinite_skip_limit = %d skipped steps; stopping, nothing is saved after step %d",
+                    r.step, what, isnan(v) ? "NaN" : "infinite", r.step - in_a_row + 1, r.step,
+                    cfg.nonfinite_skip_limit, r.step - 1);
             warn("step %d: the %s is %s: this step's update is skipped (weights and moments unchanged)", r.step, what,
                  isnan(v) ? "NaN" : "infinite");
             skipped++;
-        }
+        } else in_a_row = 0;
         // SIGTERM (SLURM's warning before the time limit) or SIGUSR1: checkpoint now; SIGTERM then stops.
         // Every rank takes the same decision: the flags are summed over the world.
         double sig[2] = {got_signal == SIGTERM, got_signal == SIGUSR1};

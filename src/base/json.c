@@ -104,3 +104,91 @@ char *json_real_text(char out[32], double v) {
     }
     return out;
 }
+
+double json_f32(float f) {
+    if (!isfinite(f)) return f;
+    char s[32];
+    for (int p = 1; p <= 9; p++) { // the shortest %g form that reads back as f in fp32
+        snprintf(s, sizeof s, "%.*g", p, (double)f);
+        if ((float)strtod(s, NULL) == f) break;
+    }
+    return strtod(s, NULL);
+}
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} Text;
+
+// (malloc and CHECK rather than base.c's xmalloc: json.c links alone into the config fuzz target)
+static void text_put(Text *t, const char *s, size_t n) {
+    if (t->n + n + 1 > t->cap) {
+        t->cap = 2 * (t->n + n + 1), t->p = realloc(t->p, t->cap);
+        CHECK(t->p);
+    }
+    memcpy(t->p + t->n, s, n), t->n += n, t->p[t->n] = 0;
+}
+static void text_str(Text *t, const char *s) { text_put(t, s, strlen(s)); }
+
+static void text_newline(Text *t, int indent, int depth) {
+    if (!indent) return;
+    text_str(t, "\n");
+    for (int i = 0; i < indent * depth; i++) text_str(t, " ");
+}
+
+static int cmp_keys(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+static void text_value(Text *t, const json_t *v, int indent, bool sort, int depth) {
+    char num[40];
+    if (json_is_real(v)) {
+        json_real_text(num, json_real_value(v));
+        if (!strpbrk(num, ".eEnN")) strcat(num, ".0"); // a real stays a real when read back
+        return text_str(t, num);
+    }
+    if (json_is_integer(v))
+        return snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v)), text_str(t, num);
+    if (json_is_array(v)) {
+        size_t n = json_array_size(v);
+        if (!n) return text_str(t, "[]");
+        text_str(t, "[");
+        for (size_t i = 0; i < n; i++) {
+            if (i) text_str(t, indent ? "," : ", ");
+            text_newline(t, indent, depth + 1);
+            text_value(t, json_array_get(v, i), indent, sort, depth + 1);
+        }
+        text_newline(t, indent, depth);
+        return text_str(t, "]");
+    }
+    if (json_is_object(v)) {
+        size_t n = json_object_size(v), i = 0;
+        if (!n) return text_str(t, "{}");
+        const char **keys = malloc(n * sizeof *keys), *key;
+        CHECK(keys);
+        json_t *x;
+        json_object_foreach((json_t *)v, key, x) keys[i++] = key;
+        if (sort) qsort(keys, n, sizeof *keys, cmp_keys);
+        text_str(t, "{");
+        for (i = 0; i < n; i++) {
+            if (i) text_str(t, indent ? "," : ", ");
+            text_newline(t, indent, depth + 1);
+            json_t *k = json_string(keys[i]);
+            text_value(t, k, indent, sort, depth + 1);
+            json_decref(k);
+            text_str(t, ": ");
+            text_value(t, json_object_get(v, keys[i]), indent, sort, depth + 1);
+        }
+        free(keys);
+        text_newline(t, indent, depth);
+        return text_str(t, "}");
+    }
+    char *s = json_dumps(v, JSON_ENCODE_ANY); // strings (escaped as jansson escapes them), true, false, null
+    CHECK(s);
+    text_str(t, s);
+    free(s);
+}
+
+char *json_text(const json_t *v, int indent, bool sort_keys) {
+    Text t = {0};
+    text_value(&t, v, indent, sort_keys, 0);
+    return t.p;
+}

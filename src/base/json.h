@@ -27,4 +27,12 @@ void jcheck_known(JObj o, const char *const *known);
 // v as JSON text: the shortest decimal that reads back as exactly v (17 digits at most); "null" for NaN
 // and ±Inf, which JSON has no numbers for. Returns out.
 char *json_real_text(char out[32], double v);
+// v as JSON text, laid out as json_dumps lays it out with JSON_INDENT(indent) (indent 0: one line), keys in
+// their order or sorted, but every real written as the shortest decimal that reads back as exactly that double
+// (json_real_text, with ".0" kept on integral values): jansson writes 17 digits (0.1 -> 0.10000000000000001).
+// Caller frees.
+char *json_text(const json_t *v, int indent, bool sort_keys);
+// An fp32 value as the double to store in JSON: the one its shortest decimal (at most 9 digits) reads as, so
+// it prints short and (float) of what is read back is exactly f.
+double json_f32(float f);
 _Noreturn void jdie(JObj o, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -411,7 +411,8 @@ static const StTensor *hf_grouped(const ModelConfig *c, const StSet *hf, int l, 
     return x;
 }
 
-static void dsv2_hf_import(const ModelConfig *c, const ParamTable *t, const StSet *hf, StWriter *w, HfBuffers *keep) {
+static int dsv2_hf_import(const ModelConfig *c, const ParamTable *t, const StSet *hf, StWriter *w, const char *dtype,
+                          HfBuffers *keep) {
     int64_t H = c->hidden, I = c->moe_inter;
     int used = 0; // HF tensors accounted for
     for (int i = 0; i < t->n; i++) {
@@ -453,7 +454,8 @@ static void dsv2_hf_import(const ModelConfig *c, const ParamTable *t, const StSe
                 die("%s: tensor '%s' is not a parameter of this %s model", hf->t[i]->file, hf->t[i]->name,
                     c->model_type);
         }
-    (void)keep;
+    (void)keep, (void)dtype;
+    return 0; // no MXFP4
 }
 
 const ModelFamily deepseek_v2_family = {

@@ -6,7 +6,8 @@
 
 #include "parallel/comm.h"
 
-static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family, &qwen3_5_moe_family};
+static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family, &gpt_oss_family,
+                                              &qwen3_5_moe_family};
 
 const ModelFamily *model_family_find(const char *model_type) {
     for (size_t i = 0; i < sizeof families / sizeof *families; i++)
@@ -28,7 +29,8 @@ const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     const char *mt = jstr(o, "model_type", true, NULL);
     const ModelFamily *fam = model_family_find(mt);
     if (!fam)
-        jdie(o, "model_type", "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2, qwen3_5_moe_text)", mt);
+        jdie(o, "model_type",
+             "unsupported model type '%s' (supported: qwen3_moe, deepseek_v2, gpt_oss, qwen3_5_moe_text)", mt);
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
     fam->config_parse(c, o);
     // Every family's MLPs are SwiGLU: another activation must not silently train as SiLU.
@@ -179,7 +181,7 @@ void model_lb_setup(Model *m, LbForm form, const Comm *replicas, int T) {
     b->form = form, b->global = form == LB_GLOBAL_BATCH, b->group = replicas, b->T = T, b->E = E, b->k = k,
     b->layers = L;
     if (!b->global) return;
-    b->counts = xcalloc((size_t)L * E + L + (size_t)replicas->size * E, sizeof(double));
+    b->counts = xcalloc((size_t)L * E + L + (size_t)L * replicas->size * E, sizeof(double)); // cnt: per layer
     b->tokens = b->counts + (size_t)L * E, b->cnt = b->tokens + L;
     b->probs = xmalloc(((size_t)T * E + E) * sizeof(float)), b->grad = b->probs + (size_t)T * E;
     b->idx = xmalloc((size_t)T * k * sizeof(int32_t));
@@ -200,7 +202,7 @@ void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, T
         die("scoring_func sigmoid: %s's router takes a softmax over the selected logits", m->cfg.model_type);
     ra.sigmoid = m->cfg.router_sigmoid;
     op_router_forward(probs, idx, w, logits, &ra);
-    if (!m->router_bias.p) return;
+    if (!m->router_bias.p || m->replay) return; // a replayed forward was counted the first time
     int64_t n = tensor_numel(idx);
     const int32_t *h = idx.p;
     if (idx.dev != DEV_CPU) op_copy(tensor_make(m->router_idx, DT_I32, DEV_CPU, 1, n, 1, 1, 1), idx), h = m->router_idx;
@@ -223,13 +225,17 @@ void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, 
 
 void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B) {
     float coef = (float)m->lb_coef;
-    if (m->lb.form == LB_MICRO_BATCH)
-        return op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, 0), probs, idx, coef, grad_scale);
-    if (m->lb.form == LB_SEQUENCE) { // mean over the sequences of each one's micro-batch form
-        int64_t S = probs.n[0] / B;
-        for (int b = 0; b < B; b++)
-            op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, b), tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S),
-                           coef / B, grad_scale);
+    if (m->lb.form != LB_GLOBAL_BATCH) {
+        // A replayed forward (full recompute) needs the gradient again, not the loss: the sum is put back.
+        double keep = m->replay ? op_read_scalar(m->lb_sum) : 0;
+        if (m->lb.form == LB_MICRO_BATCH) op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, 0), probs, idx, coef, grad_scale);
+        else { // sequence: the mean over the sequences of each one's micro-batch form
+            int64_t S = probs.n[0] / B;
+            for (int b = 0; b < B; b++)
+                op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, b), tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S),
+                               coef / B, grad_scale);
+        }
+        if (m->replay) op_copy(m->lb_sum, tensor_make(&keep, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
         return;
     }
     lb_grad = lb_row(lb_grad, 0);
@@ -240,23 +246,30 @@ void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, fl
     op_copy(tensor_make(b->idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), idx);
     // This micro-batch's counts, then every replica's (this round: blocks acc·D .. acc·D + D − 1).
     int D = b->group->size, q = b->group->rank;
-    double *mine = b->cnt + (size_t)q * E, *acc = b->counts + l * E, loss = 0;
-    for (int64_t e = 0; e < E; e++) mine[e] = 0;
-    for (int64_t i = 0; i < T * k; i++) mine[b->idx[i]] += 1;
-    Tensor all = tensor_make(b->cnt, DT_F64, DEV_CPU, 1, (int64_t)D * E, 1, 1, 1);
-    comm_allgather(b->group, all, tensor_make(mine, DT_F64, DEV_CPU, 1, E, 1, 1, 1));
-    double tokens = b->tokens[l] + (double)(T * k) * (q + 1); // blocks before this one, and this one
+    // cnt: this round's counts of every replica for layer l (kept per layer, so a replayed forward — full
+    // recompute — finds them: it takes the round back out of acc and tokens, exact since counts are integers).
+    double *cnt = b->cnt + (size_t)l * D * E, *mine = cnt + (size_t)q * E, *acc = b->counts + l * E, loss = 0;
+    if (!m->replay) {
+        for (int64_t e = 0; e < E; e++) mine[e] = 0;
+        for (int64_t i = 0; i < T * k; i++) mine[b->idx[i]] += 1;
+        Tensor all = tensor_make(cnt, DT_F64, DEV_CPU, 1, (int64_t)D * E, 1, 1, 1);
+        comm_allgather(b->group, all, tensor_make(mine, DT_F64, DEV_CPU, 1, E, 1, 1, 1));
+    }
+    double round = (double)(T * k) * D, before = b->tokens[l] - (m->replay ? round : 0);
+    double tokens = before + (double)(T * k) * (q + 1); // blocks before this one, and this one
     for (int64_t e = 0; e < E; e++) {
         double seen = acc[e], pm = 0;
-        for (int r = 0; r <= q; r++) seen += b->cnt[(size_t)r * E + e];
-        for (int r = 0; r < D; r++) acc[e] += b->cnt[(size_t)r * E + e];
+        for (int r = 0; r < D && m->replay; r++) seen -= cnt[(size_t)r * E + e];
+        for (int r = 0; r <= q; r++) seen += cnt[(size_t)r * E + e];
+        for (int r = 0; r < D && !m->replay; r++) acc[e] += cnt[(size_t)r * E + e];
         double f = seen / tokens;
         for (int64_t t = 0; t < T; t++) pm += b->probs[t * E + e];
         loss += coef * E * f * (T ? pm / T : 0);
         b->grad[e] = T ? (float)(grad_scale * coef * E * f / T) : 0;
     }
-    b->tokens[l] += (double)(T * k) * D;
     op_copy(lb_grad, tensor_make(b->grad, DT_F32, DEV_CPU, 1, E, 1, 1, 1));
+    if (m->replay) return;
+    b->tokens[l] += round;
     double sum = op_read_scalar(m->lb_sum) + loss;
     op_copy(m->lb_sum, tensor_make(&sum, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
 }

@@ -19,8 +19,11 @@ typedef struct {
     bool tie_embed;
     bool norm_1p;            // the final norm is zero-centred: x·rstd·(1 + w), w starts at 0 (Qwen3.5)
     bool is_moe[MAX_LAYERS]; // false: the layer has a dense MLP (mlp_only_layers, first_k_dense_replace, …)
-    RopeSpec rope;           // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
-    bool router_sigmoid;     // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
+    // GPT-OSS experts when swiglu_limit > 0 (moe.c): biases on gate_up and down, each expert's gate_up rows
+    // interleaved (gate even, up odd) and op_swiglu_clamped_* with this limit and alpha as the activation.
+    float swiglu_limit, swiglu_alpha;
+    RopeSpec rope;       // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
+    bool router_sigmoid; // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
     // elements (the FSDP shard count).
@@ -94,6 +97,10 @@ typedef struct {
 
 typedef struct Model Model;
 
+// Activation recomputation (docs/architecture.md): none; selective (stage 3's SwiGLU outputs are recomputed
+// in backward); full (a layer keeps its input and routing, its forward is rerun in backward).
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } RecomputeMode;
+
 // Load balancing (docs/reference.md §2). "micro-batch": per rank and micro-batch (op_moe_lb_loss). "global-batch":
 // f = expert counts of every micro-batch of the step's global batch up to and including this one, in the
 // global order of micro-batches (block acc·D + q of replica q, D replicas = dp×ep), so every layout gives
@@ -107,7 +114,7 @@ typedef struct {
     const struct Comm *group; // the data replicas, rank = replica index q = dp·EP + ep
     int T, E, k, layers;      // capacity of the host scratch
     double *counts, *tokens;  // (layers, E), (layers): the step's earlier rounds
-    double *cnt;              // (D, E) this round's counts of every replica
+    double *cnt;              // (layers, D, E) this round's counts of every replica
     float *probs, *grad;      // (T, E), (E) host scratch
     int32_t *idx;             // (T, k)
 } LoadBalance;
@@ -132,6 +139,7 @@ typedef struct {
     Tensor embed, norm, lm_head; // (V, H), (H), (V, H) (lm_head = embed when tied)
     Tensor gate_up[MAX_LAYERS];  // MoE: (E_l, 2I, H) = per expert [gate_proj; up_proj]; dense: (2I, H)
     Tensor down[MAX_LAYERS];     // MoE: (E_l, H, I); dense: (H, I)
+    Tensor gate_up_b[MAX_LAYERS], down_b[MAX_LAYERS]; // GPT-OSS experts: (E_l, 2I), (E_l, H); else p == NULL
 } SharedWeights;
 
 // Buffers an HF layout hook allocates (transposed or dequantized tensors) until the writer has written them.
@@ -178,8 +186,10 @@ typedef struct {
     // hf_import writes every canonical tensor of t, made from the HF tensors of hf, into w (in hf's
     // dtypes), and hf_export writes the HF tensors made from the canonical ones of pith (dtype "bf16" or
     // "fp32" converts; NULL keeps the stored dtypes). Tensors they compute rather than slice live in
-    // buffers from hf_buffer(keep, …), freed by the caller after the write.
-    void (*hf_import)(const ModelConfig *c, const ParamTable *t, const StSet *hf, StWriter *w, HfBuffers *keep);
+    // buffers from hf_buffer(keep, …), freed by the caller after the write. hf_import returns how many
+    // MXFP4 weights it dequantized (GPT-OSS's released experts), into `dtype` ("bf16" or "fp32"; NULL: bf16).
+    int (*hf_import)(const ModelConfig *c, const ParamTable *t, const StSet *hf, StWriter *w, const char *dtype,
+                     HfBuffers *keep);
     void (*hf_export)(const ModelConfig *c, const ParamTable *t, const StSet *pith, StWriter *w, const char *dtype,
                       HfBuffers *keep);
 } ModelFamily;
@@ -199,21 +209,24 @@ struct Model {
     bool force_balance;        // benchmark routing (docs/reference.md §2)
     // Aux-loss-free balancing (set up by the trainer; router_bias.p == NULL: off): the selection bias and the
     // step's expert counts of this rank's tokens, which model_router_forward adds to.
-    Tensor router_bias;     // (layers, E) fp32 on the model's device
-    double *router_load;    // (layers·E) host
-    int32_t *router_idx;    // (T·k) host staging of the routing (GPU)
-    const struct Comm *ep;  // expert-parallel group (parallel/comm.h); NULL: every expert is on this rank
-    double ep_capacity;     // parallel.ep_capacity_factor: rows stage 3 can receive = factor·T·k (0: worst case)
-    SharedWeights *sw, *sg; // views of the shared parts: compute weights and fp32 gradients
-    void *views;            // the family's own weight and gradient views
-    struct KvCache *kv;     // generation: attention reads and extends this cache (NULL: training, evaluation)
+    Tensor router_bias;      // (layers, E) fp32 on the model's device
+    double *router_load;     // (layers·E) host
+    int32_t *router_idx;     // (T·k) host staging of the routing (GPU)
+    const struct Comm *ep;   // expert-parallel group (parallel/comm.h); NULL: every expert is on this rank
+    double ep_capacity;      // parallel.ep_capacity_factor: a layer's own stage-3 rows = factor·T·k (0: worst case)
+    bool ep_drop;            // parallel.ep_drop_tokens: rows above the capacity are dropped (else they spill)
+    RecomputeMode recompute; // what backward recomputes instead of keeping
+    bool replay;             // a forward rerun in backward (full recompute): no loss sums or counts are added
+    SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
+    void *views;             // the family's own weight and gradient views
+    struct KvCache *kv;      // generation: attention reads and extends this cache (NULL: training, evaluation)
 };
 
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported
 // Reads an HF config.json (or a folder holding one) into c; dies naming the file and field.
 const ModelFamily *model_config_load(ModelConfig *c, const char *path);
 
-extern const ModelFamily qwen3_moe_family, deepseek_v2_family, qwen3_5_moe_family;
+extern const ModelFamily qwen3_moe_family, deepseek_v2_family, gpt_oss_family, qwen3_5_moe_family;
 
 // ---- the parts every family shares (moe.c) ----
 // The rope spec of an HF config with rd rotary dims: rope_theta at the top (transformers v4) or inside
@@ -228,7 +241,8 @@ Tensor model_view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0, 
 void params_add_layer(ParamTable *t, int l, const char *suffix, int init, int nd, int64_t n0, int64_t n1);
 Tensor model_view_layer(Model *m, Tensor *flat, int l, const char *suffix, int nd, int64_t n0, int64_t n1);
 // Parameters: the token embedding; layer l's experts (this rank's, gate_proj and up_proj of an expert
-// adjacent) or its dense MLP under the HF names layers.l.mlp.[experts.e.]{gate,up,down}_proj.weight;
+// adjacent) or its dense MLP under the HF names layers.l.mlp.[experts.e.]{gate,up,down}_proj.weight
+// (GPT-OSS experts, swiglu_limit > 0: layers.l.mlp.experts.e.{gate_up,down}_proj.{weight,bias});
 // the final norm and LM head.
 void moe_params_embed(ParamTable *t, const ModelConfig *c);
 void moe_params_mlp(ParamTable *t, const ModelConfig *c, int l);

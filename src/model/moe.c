@@ -71,6 +71,22 @@ void moe_params_mlp(ParamTable *t, const ModelConfig *c, int l) {
             params_add(t, n, GROUP_DENSE, INIT_NORMAL_OUT, 2, H, D, 0);
         return;
     }
+    if (c->swiglu_limit > 0) { // GPT-OSS: each expert's gate_up (2I, H) with interleaved rows, and biases
+        static const struct {
+            const char *name;
+            int init, nd;
+        } part[4] = {{"gate_up_proj.weight", INIT_NORMAL, 2},
+                     {"gate_up_proj.bias", INIT_ZEROS, 1},
+                     {"down_proj.weight", INIT_NORMAL_OUT, 2},
+                     {"down_proj.bias", INIT_ZEROS, 1}};
+        int64_t rows[4] = {2 * I, 2 * I, H, H}, cols[4] = {H, 0, I, 0};
+        for (int j = 0; j < 4; j++) // one (E_l, ·) tensor per part
+            for (int e = e0; e < e1; e++) {
+                snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.%s", l, e, part[j].name);
+                params_add(t, n, GROUP_EXPERT, part[j].init, part[j].nd, rows[j], cols[j], 0);
+            }
+        return;
+    }
     // Expert e's gate_proj and up_proj are adjacent, so the layer's gate_up is one (E_l, 2I, H) tensor
     // (names keep the global expert index).
     for (int e = e0; e < e1; e++) {
@@ -121,10 +137,16 @@ static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
     w->lm_head = c->tie_embed ? w->embed : model_view(m, flat, "lm_head.weight", 2, c->vocab, H, 0);
     for (int l = 0; l < c->layers; l++) {
         if (c->is_moe[l]) {
-            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.gate_proj.weight", l, model_expert_first(c));
+            bool oss = c->swiglu_limit > 0;
+            int e0 = model_expert_first(c);
+            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.%s.weight", l, e0, oss ? "gate_up_proj" : "gate_proj");
             w->gate_up[l] = model_view(m, flat, n, 3, El, 2 * I, H);
-            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.weight", l, model_expert_first(c));
+            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.weight", l, e0);
             w->down[l] = model_view(m, flat, n, 3, El, H, I);
+            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.gate_up_proj.bias", l, e0);
+            w->gate_up_b[l] = model_view(m, flat, n, 2, El, 2 * I, 0); // absent ({0}) but for GPT-OSS
+            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.bias", l, e0);
+            w->down_b[l] = model_view(m, flat, n, 2, El, H, 0);
         } else {
             snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l),
                 w->gate_up[l] = model_view(m, flat, n, 2, 2 * D, H, 0);
@@ -145,7 +167,8 @@ void moe_stage3_alloc(Model *m, int l, void *rp, Arena *a, int64_t R) {
     MlpRec *r = rp;
     int64_t I = m->cfg.is_moe[l] ? m->cfg.moe_inter : m->cfg.dense_inter;
     r->gu = arena_tensor(a, m->cdt, 2, R, 2 * I, 0, 0);
-    r->act = arena_tensor(a, m->cdt, 2, R, I, 0, 0);
+    // selective recompute: the SwiGLU output is the engine's staging buffer, recomputed for the weight gradient
+    r->act = m->recompute == RECOMPUTE_SELECTIVE ? (Tensor){0} : arena_tensor(a, m->cdt, 2, R, I, 0, 0);
 }
 
 void moe_stage3_grad_alloc(Model *m, int l, void *rp, Arena *ws) {
@@ -162,20 +185,31 @@ void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh) { op_embedding_bac
 
 // ---- stage 3: experts (grouped GEMMs) or the dense MLP on the received rows ----
 
+// The activation: SwiGLU on [gate | up], or GPT-OSS's clamped SwiGLU on interleaved columns.
+static void act_forward(const ModelConfig *c, Tensor act, Tensor gu) {
+    if (c->swiglu_limit > 0) op_swiglu_clamped_forward(act, gu, c->swiglu_alpha, c->swiglu_limit);
+    else op_swiglu_forward(act, gu);
+}
+static void act_backward(const ModelConfig *c, Tensor dgu, Tensor dact, Tensor gu) {
+    if (c->swiglu_limit > 0) op_swiglu_clamped_backward(dgu, dact, gu, c->swiglu_alpha, c->swiglu_limit);
+    else op_swiglu_backward(dgu, dact, gu);
+}
+
 void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *W = m->sw;
     MlpRec *r = rp;
     if (io->dense) {
         op_linear_forward(r->gu, io->xe, W->gate_up[l], NONE);
-        op_swiglu_forward(r->act, r->gu);
+        act_forward(&m->cfg, r->act, r->gu);
         op_linear_forward(io->ye, r->act, W->down[l], NONE);
         return;
     }
-    int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received
+    int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received (none when routing skips this rank)
+    if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
-    op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up[l], NONE, io->offs);
-    op_swiglu_forward(act, gu);
-    op_grouped_linear_forward(tensor_rows(io->ye, 0, R), act, W->down[l], NONE, io->offs);
+    op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], io->offs);
+    act_forward(&m->cfg, act, gu);
+    op_grouped_linear_forward(tensor_rows(io->ye, 0, R), act, W->down[l], W->down_b[l], io->offs);
 }
 
 void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
@@ -183,14 +217,15 @@ void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
     MlpRec *r = rp;
     if (io->dense) {
         op_linear_backward_input(r->dact, io->dye, W->down[l], false);
-        op_swiglu_backward(r->dgu, r->dact, r->gu);
+        act_backward(&m->cfg, r->dgu, r->dact, r->gu);
         op_linear_backward_input(io->dxe, r->dgu, W->gate_up[l], false);
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
+    if (!R) return;
     Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R);
     op_grouped_linear_backward_input(dact, tensor_rows(io->dye, 0, R), W->down[l], io->offs);
-    op_swiglu_backward(dgu, dact, tensor_rows(r->gu, 0, R));
+    act_backward(&m->cfg, dgu, dact, tensor_rows(r->gu, 0, R));
     op_grouped_linear_backward_input(tensor_rows(io->dxe, 0, R), dgu, W->gate_up[l], io->offs);
 }
 
@@ -198,16 +233,20 @@ void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
 void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *G = m->sg;
     MlpRec *r = rp;
+    bool again = m->recompute == RECOMPUTE_SELECTIVE; // act was not kept: recompute it from gu
     if (io->dense) {
+        if (again) op_swiglu_forward(r->act, r->gu);
         op_linear_backward_weight(G->down[l], NONE, io->dye, r->act);
         op_linear_backward_weight(G->gate_up[l], NONE, r->dgu, io->xe);
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
-    op_grouped_linear_backward_weight(G->down[l], NONE, tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R),
+    if (!R) return;
+    if (again) act_forward(&m->cfg, tensor_rows(r->act, 0, R), tensor_rows(r->gu, 0, R));
+    op_grouped_linear_backward_weight(G->down[l], G->down_b[l], tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R),
                                       io->offs);
-    op_grouped_linear_backward_weight(G->gate_up[l], NONE, tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R),
-                                      io->offs);
+    op_grouped_linear_backward_weight(G->gate_up[l], G->gate_up_b[l], tensor_rows(r->dgu, 0, R),
+                                      tensor_rows(io->xe, 0, R), io->offs);
 }
 
 // ---- stage 5: weighted sum of the expert outputs + residual ----

@@ -150,3 +150,11 @@ void op_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor d
                             Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
     DISPATCH(q.dev, delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, a));
 }
+
+// ---- GPT-OSS ----
+void op_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit) {
+    DISPATCH(gu.dev, swiglu_clamped_forward(act, gu, alpha, limit));
+}
+void op_swiglu_clamped_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit) {
+    DISPATCH(gu.dev, swiglu_clamped_backward(dgu, dact, gu, alpha, limit));
+}

@@ -154,6 +154,12 @@ void op_newton_schulz(Tensor x, Tensor ws, int steps);
 int64_t op_newton_schulz_workspace(int64_t n, int64_t m);
 double op_read_scalar(Tensor x); // x: (1) fp32 or fp64, to the host
 
+// ---- GPT-OSS: the experts' clamped SwiGLU ----
+// gu: (M, 2I) interleaved as GPT-OSS's gate_up_proj writes it, [g_0, u_0, g_1, u_1, …] (gate even, up odd);
+// act: (M, I) = (uc + 1) · gc · σ(alpha · gc) with gc = min(g, limit), uc = clamp(u, −limit, limit). A clamp
+// passes the gradient where its input lies inside or on the bound (torch.clamp's rule); beyond it, none.
+void op_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit);
+void op_swiglu_clamped_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit);
 // ---- Qwen3.5: Gated DeltaNet linear attention, gated and zero-centred norms (docs/reference.md §19) ----
 // Zero-centred RMSNorm over the last dim D of x: (R, D): y = x · rstd · (1 + w) (w starts at 0), rstd: (R) fp32;
 // dx (+)= ∂/∂x, dw: (D) fp32 += ∂/∂w.

@@ -22,13 +22,21 @@
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-int64_t ep_rows_capacity(const Model *m, int64_t T) {
-    int64_t k = m->cfg.topk, P = m->cfg.ep_size, worst = P * T * min64(k, model_experts_local(&m->cfg));
-    if (P > 1 && m->ep_capacity > 0) return min64(worst, (int64_t)ceil(m->ep_capacity * (double)(T * k)));
-    return worst; // a token brings at most min(k, E_l) slots to one rank, and every rank sends T tokens
+int64_t ep_rows_worst(const Model *m, int64_t T) {
+    int64_t k = m->cfg.topk, P = m->cfg.ep_size;
+    return P * T * min64(k, model_experts_local(&m->cfg)); // a token brings ≤ min(k, E_l) slots to a rank, every rank T
 }
 
-static int64_t tok_capacity(const Model *m, int64_t T) { return min64(m->cfg.ep_size * T, ep_rows_capacity(m, T)); }
+int64_t ep_rows_capacity(const Model *m, int64_t T) {
+    int64_t worst = ep_rows_worst(m, T);
+    if (m->cfg.ep_size > 1 && m->ep_capacity > 0)
+        return min64(worst, (int64_t)ceil(m->ep_capacity * (double)(T * m->cfg.topk)));
+    return worst;
+}
+
+bool ep_spills(const Model *m, int64_t T) {
+    return m->cfg.ep_size > 1 && !m->ep_drop && ep_rows_capacity(m, T) < ep_rows_worst(m, T);
+}
 
 EpRoute *ep_route_create(Model *m, EpBuffers *buf) {
     if (m->cfg.ep_size == 1) return NULL;
@@ -49,16 +57,18 @@ void ep_buffers_alloc(Model *m, EpBuffers *b, Arena *comm, int64_t T) {
     memset(b, 0, sizeof *b);
     if (m->cfg.ep_size == 1) return;
     int64_t k = m->cfg.topk, P = m->cfg.ep_size, E = m->cfg.experts, El = model_experts_local(&m->cfg),
-            cap = ep_rows_capacity(m, T);
-    int64_t rows = max64(T * k, cap);
-    b->T = T, b->cap = cap;
+            worst = ep_rows_worst(m, T);
+    // Rows in transit can exceed the capacity (received above it, or returned by a rank that dropped some):
+    // the buffers take the worst case of one layer, ≥ T·k (shared by every layer, so small beside the records).
+    int64_t rows = max64(T * k, worst);
+    b->T = T, b->cap = ep_rows_capacity(m, T), b->drop = m->ep_drop;
     b->sbuf = arena_tensor(comm, m->cdt, 2, rows, m->cfg.hidden, 0, 0);
     b->rbuf = arena_tensor(comm, m->cdt, 2, rows, m->cfg.hidden, 0, 0);
     b->idx = xmalloc(T * k * sizeof(int32_t)), b->perm = xmalloc(T * k * sizeof(int32_t)),
     b->expand = xmalloc(T * k * sizeof(int32_t));
     b->dpos = xmalloc(T * P * sizeof(int32_t)), b->send_idx = xmalloc(T * min64(k, P) * sizeof(int32_t));
-    b->expand_r = xmalloc(cap * sizeof(int32_t) + 1), b->perm_r = xmalloc(cap * sizeof(int32_t) + 1),
-    b->xrow = xmalloc(cap * sizeof(int32_t) + 1);
+    b->expand_r = xmalloc(worst * sizeof(int32_t) + 1), b->perm_r = xmalloc(worst * sizeof(int32_t) + 1),
+    b->xrow = xmalloc(worst * sizeof(int32_t) + 1);
     b->goffs = xmalloc((E + 1) * sizeof(int64_t)), b->cur = xmalloc((E + P + 1) * sizeof(int64_t));
     b->meta_s = xmalloc(P * (El + 1) * sizeof(int64_t)), b->meta_r = xmalloc(P * (El + 1) * sizeof(int64_t));
 }
@@ -81,7 +91,6 @@ void ep_alloc(Model *m, StageIO *io, Arena *a, int64_t T) {
     int64_t R = ep_rows_capacity(m, T);
     io->perm = arena_tensor(a, DT_I32, 1, T * k, 0, 0, 0);
     io->xe = arena_tensor(a, m->cdt, 2, R, H, 0, 0);
-    io->ye = arena_tensor(a, m->cdt, 2, R, H, 0, 0);
     io->y = arena_tensor(a, m->cdt, 2, T * k, H, 0, 0);
     if (io->route) {
         io->route->send_idx = arena_tensor(a, DT_I32, 1, T * min64(k, P), 0, 0, 0);
@@ -99,7 +108,7 @@ void ep_grad_alloc(Model *m, StageIO *io, Arena *ws, int64_t T) {
         io->dxd = io->dxe;
         return;
     }
-    int64_t R = ep_rows_capacity(m, T);
+    int64_t R = io->xe.n[0]; // the rows stage 3 holds: the layer's own, or the spill set's
     io->dy = arena_tensor(ws, m->cdt, 2, T * k, H, 0, 0);
     io->dye = arena_tensor(ws, m->cdt, 2, R, H, 0, 0);
     io->dxe = arena_tensor(ws, m->cdt, 2, R, H, 0, 0);
@@ -125,8 +134,34 @@ static void scatter_add(Tensor dx, Tensor dy, Tensor rows) {
     if (dy.n[0]) op_scatter_add_rows(dx, dy, rows, 1);
 }
 
-// Builds the route from idx (host work: the one host sync of the layer, with the counts' all-to-alls).
-static void dispatch_route(Model *m, StageIO *io) {
+// Keeps `cap` of the R expert-ordered rows (offs: E_l + 1 bounds), dropping the same share of every expert's
+// largest excess: each expert keeps min(n_e, q) rows, q the largest quota that fits, and the first experts
+// still above it one row more until cap rows are kept; an expert keeps its first rows (source, then order).
+// perm_r and xrow are compacted to the kept rows, offs to their bounds.
+static void drop_rows(EpBuffers *b, int64_t *offs, int64_t El, int64_t cap) {
+    int64_t q = 0, kept = 0, *cnt = b->cur;          // cnt: (E_l) rows each expert keeps
+    for (int64_t lo = 0, hi = offs[El]; lo <= hi;) { // the largest q with Σ min(n_e, q) ≤ cap
+        int64_t mid = (lo + hi) / 2, s = 0;
+        for (int64_t e = 0; e < El; e++) s += min64(offs[e + 1] - offs[e], mid);
+        if (s <= cap) q = mid, kept = s, lo = mid + 1;
+        else hi = mid - 1;
+    }
+    for (int64_t e = 0; e < El; e++) {
+        cnt[e] = min64(offs[e + 1] - offs[e], q);
+        if (kept < cap && offs[e + 1] - offs[e] > q) cnt[e]++, kept++;
+    }
+    int64_t o = 0;
+    for (int64_t e = 0; e < El; e++) {
+        for (int64_t i = offs[e]; i < offs[e] + cnt[e]; i++, o++) b->perm_r[o] = b->perm_r[i], b->xrow[o] = b->xrow[i];
+        offs[e] = o - cnt[e];
+    }
+    offs[El] = o;
+}
+
+// Builds the route from idx on the host (the one host sync of the layer): the slot sort, deduplication,
+// the counts all-to-all and the expert order; and, with a capacity below the worst case, whether any rank
+// of the group received more rows than it (r->spill, one small all-reduce) or which rows to drop.
+static void route_ranks(Model *m, StageIO *io) {
     EpRoute *r = io->route;
     EpBuffers *b = r->buf;
     const Comm *c = m->ep;
@@ -168,12 +203,7 @@ static void dispatch_route(Model *m, StageIO *io) {
     comm_alltoall(c, host_i64(b->meta_r, P * (El + 1)), host_i64(b->meta_s, P * (El + 1)));
     for (int s = 0; s < P; s++)
         r->recv_slot[s] = sum(b->meta_r + s * (El + 1), (int)El), r->recv_tok[s] = b->meta_r[s * (El + 1) + El];
-    int64_t R = sum(r->recv_slot, P), ntok = sum(r->recv_tok, P), nsend = sum(r->send_tok, P);
-    if (R > b->cap || ntok > tok_capacity(m, T))
-        die("expert parallelism: ep rank %d received %lld (token, expert) rows, above the capacity of %lld "
-            "(parallel.ep_capacity_factor = %g "
-            "× tokens × top-k); raise the factor, or leave it unset for the worst-case bound",
-            c->rank, (long long)R, (long long)b->cap, m->ep_capacity);
+    int64_t R = sum(r->recv_slot, P);
     comm_alltoallv(c, host_i32(b->expand_r, R), r->recv_slot, host_i32(b->expand, n), r->send_slot);
     // Expert order: by local expert, then source rank, then the source's order.
     int64_t *qcur = b->cur, *tbase = b->cur + P; // per source: next received-slot position; first token row
@@ -191,15 +221,20 @@ static void dispatch_route(Model *m, StageIO *io) {
         io->offs[e + 1] = i;
     }
     CHECK(i == R);
-    op_copy(io->perm, host_i32(b->perm, n));
-    op_copy(tensor_rows(r->send_idx, 0, nsend), host_i32(b->send_idx, nsend));
-    op_copy(tensor_rows(r->perm_r, 0, R), host_i32(b->perm_r, R));
-    op_copy(tensor_rows(r->xrow, 0, R), host_i32(b->xrow, R));
+    // Rows above the capacity: dropped here (parallel.ep_drop_tokens), or the whole group runs this layer's
+    // stage 3 on the spill set when any rank has them (the spill is recomputed in backward, which is collective).
+    r->rows = R, r->over = R > b->cap ? R - b->cap : 0, r->spill = false;
+    if (b->drop && r->over) drop_rows(b, io->offs, El, b->cap);
+    if (!b->drop && b->cap < ep_rows_worst(m, T)) {
+        double over = (double)r->over;
+        comm_allreduce(c, tensor_make(&over, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_SUM);
+        r->spill = over > 0;
+    }
 }
 
 void ep_dispatch_route(Model *m, StageIO *io) {
     if (io->dense) return;
-    if (io->route) return dispatch_route(m, io);
+    if (io->route) return route_ranks(m, io);
     op_moe_sort(io->perm, io->offs, io->idx, m->cfg.experts);
 }
 
@@ -213,7 +248,8 @@ static void local_move(Model *m, StageIO *io, EpMove mv) {
 }
 
 // Each move packs the send buffer and posts its all-to-all (issue), then waits and unpacks (finish); with
-// one ep rank issue is the whole local move. Row counts per peer: the route's.
+// one ep rank issue is the whole local move. Row counts per peer: the route's; stage 3 holds the kept rows
+// (offs[E_l]: all R received unless some were dropped, whose outputs return as zeros).
 void ep_issue(Model *m, StageIO *io, EpMove mv) {
     if (io->dense) return;
     EpRoute *r = io->route;
@@ -221,25 +257,31 @@ void ep_issue(Model *m, StageIO *io, EpMove mv) {
     if (!r) return local_move(m, io, mv);
     EpBuffers *b = r->buf;
     int P = m->ep->size;
-    int64_t R = sum(r->recv_slot, P), ntok = sum(r->recv_tok, P), nsend = sum(r->send_tok, P), n = io->perm.n[0];
-    CHECK(!r->pending);
+    int64_t R = sum(r->recv_slot, P), ntok = sum(r->recv_tok, P), nsend = sum(r->send_tok, P), n = io->perm.n[0],
+            kept = io->offs[model_experts_local(&m->cfg)];
+    CHECK(!r->pending && kept <= io->xe.n[0]);
     const int64_t *out_rows = r->recv_tok, *in_rows = r->send_tok;
     switch (mv) {
     case EP_DISPATCH: // every token row once per destination, regrouped into expert order on arrival
+        op_copy(io->perm, host_i32(b->perm, n));
+        op_copy(tensor_rows(r->send_idx, 0, nsend), host_i32(b->send_idx, nsend));
+        op_copy(tensor_rows(r->perm_r, 0, kept), host_i32(b->perm_r, kept));
+        op_copy(tensor_rows(r->xrow, 0, kept), host_i32(b->xrow, kept));
         gather(tensor_rows(b->sbuf, 0, nsend), io->xd, tensor_rows(r->send_idx, 0, nsend));
         break;
     case EP_COMBINE:
-        scatter(tensor_rows(b->sbuf, 0, R), tensor_rows(io->ye, 0, R), tensor_rows(r->perm_r, 0, R));
+        if (kept < R) op_zero(tensor_rows(b->sbuf, 0, R)); // dropped rows return zeros
+        scatter(tensor_rows(b->sbuf, 0, R), tensor_rows(io->ye, 0, kept), tensor_rows(r->perm_r, 0, kept));
         out_rows = r->send_slot, in_rows = r->recv_slot;
         break;
     case EP_COMBINE_BACKWARD:
         gather(tensor_rows(b->sbuf, 0, n), io->dy, io->perm);
         out_rows = r->recv_slot, in_rows = r->send_slot;
         break;
-    case EP_DISPATCH_BACKWARD: { // per received token row: Σ of its slots' gradients
+    case EP_DISPATCH_BACKWARD: { // per received token row: Σ of its kept slots' gradients
         Tensor sums = tensor_rows(b->sbuf, 0, ntok);
         op_zero(sums);
-        scatter_add(sums, tensor_rows(io->dxe, 0, R), tensor_rows(r->xrow, 0, R));
+        scatter_add(sums, tensor_rows(io->dxe, 0, kept), tensor_rows(r->xrow, 0, kept));
         out_rows = r->send_tok, in_rows = r->recv_tok;
         break;
     }
@@ -254,14 +296,13 @@ void ep_finish(Model *m, StageIO *io) {
     CHECK(r->pending);
     EpMove mv = r->pending - 1;
     EpBuffers *b = r->buf;
-    int P = m->ep->size;
-    int64_t R = sum(r->recv_slot, P), nsend = sum(r->send_tok, P), n = io->perm.n[0];
+    int64_t nsend = sum(r->send_tok, m->ep->size), n = io->perm.n[0], kept = io->offs[model_experts_local(&m->cfg)];
     comm_wait(&r->req);
     r->pending = 0;
     switch (mv) {
-    case EP_DISPATCH: return gather(tensor_rows(io->xe, 0, R), b->rbuf, tensor_rows(r->xrow, 0, R));
+    case EP_DISPATCH: return gather(tensor_rows(io->xe, 0, kept), b->rbuf, tensor_rows(r->xrow, 0, kept));
     case EP_COMBINE: return scatter(io->y, tensor_rows(b->rbuf, 0, n), io->perm);
-    case EP_COMBINE_BACKWARD: return gather(tensor_rows(io->dye, 0, R), b->rbuf, tensor_rows(r->perm_r, 0, R));
+    case EP_COMBINE_BACKWARD: return gather(tensor_rows(io->dye, 0, kept), b->rbuf, tensor_rows(r->perm_r, 0, kept));
     case EP_DISPATCH_BACKWARD:
         return scatter_add(io->dxd, tensor_rows(b->rbuf, 0, nsend), tensor_rows(r->send_idx, 0, nsend));
     }

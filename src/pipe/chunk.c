@@ -4,14 +4,71 @@
 // in flight has its record slot; a deferring backward copies stage 3's output gradients (dye, dgu) of
 // every layer into a deferred set so that chunk_weight can run the weight half later. All memory comes
 // from arenas sized by chunk_plan (activations, workspace, communication), so the step never allocates.
+// Expert capacity (docs/architecture.md, "Expert capacity"): a MoE layer's own stage-3 buffers hold
+// ep_rows_capacity rows; a layer that receives more on any rank of its ep group runs stage 3 on the chunk's
+// spill set (the worst case of one layer) and recomputes it there when it is needed again. Activation
+// recomputation ("Activation recomputation" there): selective keeps no SwiGLU outputs (stage 3's weight
+// gradient recomputes them), full keeps a layer's input, routing and output and reruns its forward into one
+// region shared by every layer and record.
 #include "pipe/chunk.h"
 
 static void *rec_of(const Chunk *c, const ChunkRecord *k, int l) { return k->recs + (size_t)l * c->m->fam->rec_size; }
 
-// The allocation sequence of one record in the activation arena.
-static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a) {
+// Points layer l's stage-3 rows (expert-ordered inputs, activations, route permutations) at b.
+static void use_rows(Chunk *c, ChunkRecord *k, int l, const ExpertRows *b) {
+    StageIO *io = &k->io[l];
+    MlpRec *r = rec_of(c, k, l); // a family record begins with its MlpRec
+    io->xe = b->xe, r->gu = b->gu, r->act = b->act;
+    if (io->route) io->route->perm_r = b->perm_r, io->route->xrow = b->xrow;
+}
+
+static ExpertRows rows_of(Chunk *c, ChunkRecord *k, int l) {
+    StageIO *io = &k->io[l];
+    MlpRec *r = rec_of(c, k, l);
+    return (ExpertRows){io->xe, r->gu, r->act, io->route ? io->route->perm_r : (Tensor){0},
+                        io->route ? io->route->xrow : (Tensor){0}};
+}
+
+// The spill set: stage-3 rows for the worst case of one layer, shared by every layer that overflows. It
+// borrows the record layout of MoE layer l of record 0.
+static void alloc_spill(Chunk *c, int l, Arena *a) {
+    Model *m = c->m;
+    ChunkRecord *k = &c->rec[0];
+    int64_t W = ep_rows_worst(m, (int64_t)c->B * c->S);
+    ExpertRows own = rows_of(c, k, l);
+    m->fam->stage3_alloc(m, l, rec_of(c, k, l), a, W);
+    const MlpRec *r = rec_of(c, k, l);
+    c->spill = (ExpertRows){arena_tensor(a, m->cdt, 2, W, m->cfg.hidden, 0, 0), r->gu, r->act,
+                            arena_tensor(a, DT_I32, 1, W, 0, 0, 0), arena_tensor(a, DT_I32, 1, W, 0, 0, 0)};
+    use_rows(c, k, l, &own);
+}
+
+// A (rows, cols) view of the front of a staging buffer.
+static Tensor staging_view(Tensor buf, int64_t rows, int64_t cols) {
+    return tensor_make(buf.p, buf.dt, buf.dev, 2, rows, cols, 1, 1);
+}
+
+// Layer l's record and stage buffers in record k (p: the bytes by part, may be NULL).
+static void alloc_layer(Chunk *c, ChunkRecord *k, int l, Arena *a, ChunkPlan *p) {
     Model *m = c->m;
     int T = c->B * c->S;
+    StageIO *io = &k->io[l];
+    size_t m0 = arena_mark(a);
+    m->fam->layer_alloc(m, l, rec_of(c, k, l), a, c->B, c->S, io);
+    size_t m1 = arena_mark(a);
+    m->fam->stage3_alloc(m, l, rec_of(c, k, l), a, io->dense ? T : ep_rows_capacity(m, T));
+    ep_alloc(m, io, a, T);
+    k->own[l] = rows_of(c, k, l);
+    if (p) p->act_stage1 += m1 - m0, p->act_experts += arena_mark(a) - m1;
+}
+
+// The allocation sequence of one record in the activation arena: the micro-batch, hidden states, routing,
+// the epilog and, unless full recompute puts them in the shared region, its layers.
+static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a, ChunkPlan *p) {
+    Model *m = c->m;
+    int T = c->B * c->S;
+    bool full = m->recompute == RECOMPUTE_FULL;
+    size_t m0 = arena_mark(a);
     k->mb = (MicroBatch){c->B,
                          c->S,
                          T,
@@ -26,18 +83,70 @@ static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a) {
             io->idx = arena_tensor(a, DT_I32, 2, T, m->cfg.topk, 0, 0);
             io->w = arena_tensor(a, DT_F32, 2, T, m->cfg.topk, 0, 0);
         }
-        m->fam->layer_alloc(m, l, rec_of(c, k, l), a, c->B, c->S, io);
-        m->fam->stage3_alloc(m, l, rec_of(c, k, l), a, io->dense ? T : ep_rows_capacity(m, T));
-        ep_alloc(m, io, a, T);
-        k->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+        if (full) k->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     }
+    p->act_hidden += arena_mark(a) - m0;
+    for (int l = c->l0; l < c->l1 && !full; l++) {
+        alloc_layer(c, k, l, a, p);
+        size_t m1 = arena_mark(a);
+        k->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+        p->act_hidden += arena_mark(a) - m1;
+    }
+    size_t m2 = arena_mark(a);
     if (c->l1 == m->cfg.layers) m->fam->epilog_alloc(m, k->epilog, a, T);
+    p->act_epilog += arena_mark(a) - m2;
 }
 
-// Every record, then the deferred sets: per layer tensors shaped like stage 3's rows (xe) and gu.
-static void alloc_activations(Chunk *c, Arena *a) {
-    for (int i = 0; i < c->nrec; i++) alloc_record(c, &c->rec[i], a);
-    int L = c->m->cfg.layers;
+// Every record; under full recompute one region for every record's layers (the largest layer); the staging
+// shared by the layers, the spill set; then the deferred sets: per layer tensors shaped like stage 3's rows
+// (xe) and gu. p gets the bytes by part, from the arena's marks (padding included: they sum to the total).
+static void alloc_activations(Chunk *c, Arena *a, ChunkPlan *p) {
+    Model *m = c->m;
+    int T = c->B * c->S, L = m->cfg.layers, moe = -1;
+    for (int i = 0; i < c->nrec; i++) alloc_record(c, &c->rec[i], a, p);
+    for (int l = c->l0; l < c->l1; l++)
+        if (m->cfg.is_moe[l]) moe = l;
+    c->region_owner = c->spill_owner = -1;
+    if (m->recompute == RECOMPUTE_FULL) {
+        size_t shared = arena_mark(a), top = shared;
+        for (int i = 0; i < c->nrec; i++)
+            for (int l = c->l0; l < c->l1; l++) {
+                arena_reset(a, shared);
+                ChunkPlan one = {0};
+                alloc_layer(c, &c->rec[i], l, a, &one);
+                if (arena_mark(a) > top)
+                    top = arena_mark(a), p->act_stage1 = one.act_stage1, p->act_experts = one.act_experts;
+            }
+        arena_reset(a, top);
+    }
+    size_t m0 = arena_mark(a);
+    // Expert outputs before combine (ye) are staging: one buffer for every MoE layer, as many rows as stage 3 holds.
+    bool spills = moe >= 0 && ep_spills(m, T);
+    int64_t W = spills ? ep_rows_worst(m, T) : 0;
+    if (moe >= 0) {
+        Tensor ye = arena_tensor(a, m->cdt, 2, spills ? W : ep_rows_capacity(m, T), m->cfg.hidden, 0, 0);
+        for (int i = 0; i < c->nrec; i++)
+            for (int l = c->l0; l < c->l1; l++)
+                if (!c->rec[i].io[l].dense) c->rec[i].io[l].ye = ye;
+    }
+    size_t m1 = arena_mark(a);
+    if (spills) alloc_spill(c, moe, a);
+    size_t m2 = arena_mark(a);
+    if (m->recompute == RECOMPUTE_SELECTIVE) { // SwiGLU outputs: staging, recomputed from gu in backward
+        int64_t most = W * m->cfg.moe_inter;
+        for (int l = c->l0; l < c->l1; l++)
+            if (tensor_numel(c->rec[0].own[l].gu) / 2 > most) most = tensor_numel(c->rec[0].own[l].gu) / 2;
+        Tensor act = arena_tensor(a, m->cdt, 1, most, 0, 0, 0);
+        for (int i = 0; i < c->nrec; i++)
+            for (int l = c->l0; l < c->l1; l++) {
+                ExpertRows *o = &c->rec[i].own[l];
+                o->act = staging_view(act, o->gu.n[0], o->gu.n[1] / 2);
+                use_rows(c, &c->rec[i], l, o);
+            }
+        if (spills) c->spill.act = staging_view(act, W, m->cfg.moe_inter);
+    }
+    p->act_staging += (m1 - m0) + (arena_mark(a) - m2), p->act_spill += m2 - m1;
+    size_t m3 = arena_mark(a);
     for (int s = 0; s < c->ndefer; s++)
         for (int l = c->l0; l < c->l1; l++) {
             const StageIO *io = &c->rec[0].io[l];
@@ -45,6 +154,7 @@ static void alloc_activations(Chunk *c, Arena *a) {
             c->dye[s * L + l] = arena_tensor(a, c->m->cdt, 2, io->xe.n[0], io->xe.n[1], 0, 0);
             c->dgu[s * L + l] = arena_tensor(a, c->m->cdt, 2, r->gu.n[0], r->gu.n[1], 0, 0);
         }
+    p->act_defer += arena_mark(a) - m3;
 }
 
 // One layer's backward workspace: the family's temporaries, stage 3's, the stage buffers' gradients.
@@ -74,6 +184,7 @@ static void chunk_structs(Chunk *c, Model *m, int B, int S, int l0, int l1, int 
         k->epilog = xcalloc(1, m->fam->epilog_size);
         k->io = xcalloc(L, sizeof(StageIO));
         k->h = xcalloc(L + 1, sizeof(Tensor));
+        k->own = xcalloc(L, sizeof(ExpertRows));
         k->defer_set = -1;
         for (int l = 0; l < L; l++) {
             k->io[l].offs = xcalloc(m->cfg.experts + 1, sizeof(int64_t));
@@ -89,15 +200,20 @@ ChunkPlan chunk_plan(Model *m, int B, int S, int l0, int l1, int nrec, int ndefe
     Arena act = arena_counting("activations", m->dev), ws = arena_counting("workspace", m->dev),
           comm = arena_counting("communication", m->dev);
     ep_buffers_alloc(m, &c.epb, &comm, (int64_t)B * S);
-    alloc_activations(&c, &act);
+    ChunkPlan p = {0};
+    alloc_activations(&c, &act, &p);
     alloc_grad_buffers(&c, &ws);
     size_t base = ws.used, most = 0;
-    for (int l = l0; l < l1; l++) {
-        ws.used = base;
-        alloc_layer_grads(&c, &c.rec[0], l, &ws);
-        if (ws.used - base > most) most = ws.used - base;
-    }
-    ChunkPlan p = {act.peak, base + most + ARENA_ALIGN, comm.peak};
+    ChunkRecord *k = &c.rec[0];
+    for (int l = l0; l < l1; l++)
+        for (int spilled = 0; spilled < 1 + (c.spill.xe.n[0] && !k->io[l].dense); spilled++) {
+            ws.used = base;
+            if (spilled) use_rows(&c, k, l, &c.spill); // a spilled layer's backward: the gradients of the spill set
+            alloc_layer_grads(&c, k, l, &ws);
+            if (ws.used - base > most) most = ws.used - base;
+            if (spilled) use_rows(&c, k, l, &k->own[l]);
+        }
+    p.act_bytes = act.peak, p.ws_bytes = base + most + ARENA_ALIGN, p.comm_bytes = comm.peak;
     chunk_free(&c);
     return p;
 }
@@ -109,7 +225,8 @@ void chunk_init(Chunk *c, Model *m, int B, int S, int l0, int l1, int nrec, int 
     c->ws = arena_create("workspace", m->dev, p.ws_bytes);
     c->comm = arena_create("communication", m->dev, p.comm_bytes);
     ep_buffers_alloc(m, &c->epb, &c->comm, (int64_t)B * S);
-    alloc_activations(c, &c->act);
+    ChunkPlan parts = {0};
+    alloc_activations(c, &c->act, &parts);
     alloc_grad_buffers(c, &c->ws);
     // Positions restart in every sequence of the micro-batch.
     int T = B * S;
@@ -125,7 +242,7 @@ void chunk_free(Chunk *c) {
     for (int i = 0; i < c->nrec && c->rec; i++) {
         ChunkRecord *k = &c->rec[i];
         for (int l = 0; k->io && l < c->m->cfg.layers; l++) free(k->io[l].offs), ep_route_free(k->io[l].route);
-        free(k->recs), free(k->epilog), free(k->io), free(k->h);
+        free(k->recs), free(k->epilog), free(k->io), free(k->h), free(k->own);
     }
     ep_buffers_free(&c->epb);
     free(c->rec), free(c->dye), free(c->dgu);
@@ -145,26 +262,99 @@ Tensor chunk_input(const Chunk *c, int slot) { return c->rec[slot].h[c->l0]; }
 Tensor chunk_output(const Chunk *c, int slot) { return c->rec[slot].h[c->l1]; }
 Tensor chunk_input_grad(const Chunk *c) { return c->dh[(c->l1 - c->l0) % 2]; }
 
+// ---- forward and backward as steps (docs/architecture.md, "The overlapped pair") ----
+// A layer's forward and backward are each a sequence of steps over a cursor: computes (each after the wait
+// for its input) and the issues of all-to-alls (ep_issue). The serial order runs one cursor's steps back to
+// back; chunk_pair interleaves a forward's with a backward's, so both share this one code path.
+typedef struct {
+    Chunk *c;
+    int slot;
+    ChunkRecord *k;
+    int l;       // the layer whose steps run (forward: ascending, backward: descending)
+    bool replay; // forward: a rerun in backward (full recompute)
+    int cur;     // backward: dh[cur] is layer l's output gradient
+    int set;     // backward: the deferred set taking stage 3's weight-gradient inputs (−1: none)
+    size_t mark; // backward: workspace mark of layer l's gradients
+} Cursor;
+
+static Cursor cursor(Chunk *c, int slot, int l) { return (Cursor){c, slot, &c->rec[slot], l, false, 0, -1, 0}; }
+static void *cur_rec(const Cursor *u) { return rec_of(u->c, u->k, u->l); }
+static StageIO *cur_io(const Cursor *u) { return &u->k->io[u->l]; }
+
+// Forward of layer l. A replay reruns it on the same input and weights, which gives the same bits;
+// m->replay keeps the load-balancing sums and expert counts from counting twice.
+static void f_stage1(Cursor *f) {
+    Model *m = f->c->m;
+    m->replay = f->replay;
+    m->fam->stage1_forward(m, f->l, cur_rec(f), &f->k->mb, f->k->h[f->l], cur_io(f));
+}
+// The route, the layer's stage-3 rows (its own, or the spill set when the group decided so), the dispatch.
+static void f_dispatch(Cursor *f) {
+    Chunk *c = f->c;
+    StageIO *io = cur_io(f);
+    if (!io->dense) use_rows(c, f->k, f->l, &f->k->own[f->l]); // a forward starts on the layer's own rows
+    ep_dispatch_route(c->m, io);
+    if (io->route) {
+        if (io->route->spill) use_rows(c, f->k, f->l, &c->spill), c->spill_owner = f->slot * c->m->cfg.layers + f->l;
+        if (!f->replay) c->ep_over += io->route->over;
+        if (io->route->rows > c->ep_rows_peak) c->ep_rows_peak = io->route->rows;
+    }
+    ep_issue(c->m, io, EP_DISPATCH);
+}
+static void f_stage3(Cursor *f) {
+    ep_finish(f->c->m, cur_io(f));
+    f->c->m->fam->stage3_forward(f->c->m, f->l, cur_rec(f), cur_io(f));
+}
+static void f_combine(Cursor *f) { ep_issue(f->c->m, cur_io(f), EP_COMBINE); }
+static void f_stage5(Cursor *f) {
+    Chunk *c = f->c;
+    ep_finish(c->m, cur_io(f));
+    c->m->fam->stage5_forward(c->m, f->l, cur_rec(f), cur_io(f), f->k->h[f->l + 1]);
+    if (c->m->recompute == RECOMPUTE_FULL) c->region_owner = f->slot * c->m->cfg.layers + f->l;
+    c->m->replay = false;
+}
+
+static void layer_forward(Chunk *c, int slot, int l, bool replay) {
+    Cursor f = cursor(c, slot, l);
+    f.replay = replay;
+    f_stage1(&f), f_dispatch(&f), f_stage3(&f), f_combine(&f), f_stage5(&f);
+}
+
+void chunk_forward_layers(Chunk *c, int slot) {
+    Model *m = c->m;
+    ChunkRecord *k = &c->rec[slot];
+    if (c->l0 == 0) m->fam->prolog_forward(m, &k->mb, k->h[0]);
+    for (int l = c->l0; l < c->l1; l++) layer_forward(c, slot, l, false);
+}
+
 void chunk_forward(Chunk *c, int slot, bool grad) {
     chunk_forward_layers(c, slot);
     ChunkRecord *k = &c->rec[slot];
     if (c->l1 == c->m->cfg.layers) c->m->fam->epilog_forward(c->m, k->epilog, &k->mb, k->h[c->m->cfg.layers], grad);
 }
 
-void chunk_forward_layers(Chunk *c, int slot) {
+// Makes record slot's layer l whole again where others have used the shared buffers since its forward: under
+// full recompute the region (the forward again), else a spilled layer's spill set (dispatch and stage 3 again:
+// collectives, which every rank of the ep group reaches in the same order, since the spill is the group's
+// decision and every rank of a pipeline stage runs the same schedule).
+static void layer_restore(Chunk *c, int slot, int l) {
     Model *m = c->m;
-    const ModelFamily *f = m->fam;
     ChunkRecord *k = &c->rec[slot];
-    if (c->l0 == 0) f->prolog_forward(m, &k->mb, k->h[0]);
-    for (int l = c->l0; l < c->l1; l++) {
-        void *r = rec_of(c, k, l);
-        StageIO *io = &k->io[l];
-        f->stage1_forward(m, l, r, &k->mb, k->h[l], io);
+    StageIO *io = &k->io[l];
+    int at = slot * m->cfg.layers + l;
+    if (m->recompute == RECOMPUTE_FULL) {
+        if (c->region_owner != at) layer_forward(c, slot, l, true);
+    } else if (io->route && io->route->spill && c->spill_owner != at) {
         ep_dispatch_forward(m, io);
-        f->stage3_forward(m, l, r, io);
-        ep_combine_forward(m, io);
-        f->stage5_forward(m, l, r, io, k->h[l + 1]);
+        m->fam->stage3_forward(m, l, rec_of(c, k, l), io);
+        c->spill_owner = at;
     }
+}
+
+// A layer's weight gradients can wait for chunk_weight only when their inputs stay in its record: not
+// under full recompute (one region) and not when it spilled (one spill set).
+static bool weight_can_wait(const Model *m, const StageIO *io) {
+    return m->recompute != RECOMPUTE_FULL && !(io->route && io->route->spill);
 }
 
 // Rows of stage 3's output gradient that hold data: the received rows (MoE) or every token (dense).
@@ -172,36 +362,53 @@ static int64_t stage3_rows(const Model *m, const StageIO *io) {
     return io->dense ? io->dye.n[0] : io->offs[model_experts_local(&m->cfg)];
 }
 
+// Backward of layer l: its gradients in the workspace from b_stage5 to b_stage1.
+static void b_stage5(Cursor *b) {
+    Chunk *c = b->c;
+    b->mark = arena_mark(&c->ws);
+    layer_restore(c, b->slot, b->l);
+    alloc_layer_grads(c, b->k, b->l, &c->ws);
+    c->m->fam->stage5_backward(c->m, b->l, cur_rec(b), cur_io(b), c->dh[b->cur]);
+}
+static void b_combine(Cursor *b) { ep_issue(b->c->m, cur_io(b), EP_COMBINE_BACKWARD); }
+static void b_stage3(Cursor *b) {
+    ep_finish(b->c->m, cur_io(b));
+    b->c->m->fam->stage3_backward_input(b->c->m, b->l, cur_rec(b), cur_io(b));
+}
+static void b_dispatch(Cursor *b) { ep_issue(b->c->m, cur_io(b), EP_DISPATCH_BACKWARD); }
+static void b_weight(Cursor *b) { // now, or the inputs kept in the deferred set (the workspace is reset)
+    Model *m = b->c->m;
+    StageIO *io = cur_io(b);
+    int64_t R = stage3_rows(m, io), at = (int64_t)b->set * m->cfg.layers + b->l;
+    if (b->set < 0 || !weight_can_wait(m, io)) return m->fam->stage3_backward_weight(m, b->l, cur_rec(b), io);
+    if (R == 0) return;
+    op_copy(tensor_rows(b->c->dye[at], 0, R), tensor_rows(io->dye, 0, R));
+    op_copy(tensor_rows(b->c->dgu[at], 0, R), tensor_rows(((MlpRec *)cur_rec(b))->dgu, 0, R));
+}
+static void b_stage1(Cursor *b) {
+    Chunk *c = b->c;
+    ep_finish(c->m, cur_io(b));
+    c->m->fam->stage1_backward(c->m, b->l, cur_rec(b), &b->k->mb, cur_io(b), c->dh[b->cur], c->dh[1 - b->cur]);
+    arena_reset(&c->ws, b->mark);
+    b->cur = 1 - b->cur;
+}
+
+// A backward's cursor at its last layer, after the epilog's backward; with defer, the next deferred set of
+// the ring (chunk_weight frees the oldest, so at most ndefer are taken).
+static Cursor backward_begin(Chunk *c, int slot, bool defer) {
+    Cursor b = cursor(c, slot, c->l1 - 1);
+    if (defer) {
+        CHECK(c->defer_tail - c->defer_head < c->ndefer && b.k->defer_set < 0);
+        b.set = b.k->defer_set = c->defer_tail++ % c->ndefer;
+    }
+    if (c->l1 == c->m->cfg.layers) c->m->fam->epilog_backward(c->m, b.k->epilog, c->dh[0]);
+    return b;
+}
+
 void chunk_backward(Chunk *c, int slot, bool defer) {
-    Model *m = c->m;
-    const ModelFamily *f = m->fam;
-    ChunkRecord *k = &c->rec[slot];
-    int cur = 0, L = m->cfg.layers, set = -1;
-    if (defer) { // the next set of the ring; chunk_weight frees the oldest, so at most ndefer are taken
-        CHECK(c->defer_tail - c->defer_head < c->ndefer && k->defer_set < 0);
-        set = k->defer_set = c->defer_tail++ % c->ndefer;
-    }
-    if (c->l1 == L) f->epilog_backward(m, k->epilog, c->dh[cur]);
-    for (int l = c->l1 - 1; l >= c->l0; l--) {
-        void *r = rec_of(c, k, l);
-        StageIO *io = &k->io[l];
-        size_t mark = arena_mark(&c->ws);
-        alloc_layer_grads(c, k, l, &c->ws);
-        f->stage5_backward(m, l, r, io, c->dh[cur]);
-        ep_combine_backward(m, io);
-        f->stage3_backward_input(m, l, r, io);
-        if (!defer) f->stage3_backward_weight(m, l, r, io);
-        else if (stage3_rows(m, io) > 0) { // the workspace is reset below: keep what the weight half reads
-            int64_t R = stage3_rows(m, io);
-            op_copy(tensor_rows(c->dye[set * L + l], 0, R), tensor_rows(io->dye, 0, R));
-            op_copy(tensor_rows(c->dgu[set * L + l], 0, R), tensor_rows(((MlpRec *)r)->dgu, 0, R));
-        }
-        ep_dispatch_backward(m, io);
-        f->stage1_backward(m, l, r, &k->mb, io, c->dh[cur], c->dh[1 - cur]);
-        arena_reset(&c->ws, mark);
-        cur = 1 - cur;
-    }
-    if (c->l0 == 0) f->prolog_backward(m, &k->mb, c->dh[cur]);
+    Cursor b = backward_begin(c, slot, defer);
+    for (; b.l >= c->l0; b.l--) b_stage5(&b), b_combine(&b), b_stage3(&b), b_dispatch(&b), b_weight(&b), b_stage1(&b);
+    if (c->l0 == 0) c->m->fam->prolog_backward(c->m, &b.k->mb, c->dh[b.cur]);
 }
 
 void chunk_weight(Chunk *c, int slot) {
@@ -212,6 +419,7 @@ void chunk_weight(Chunk *c, int slot) {
     for (int l = c->l0; l < c->l1; l++) {
         MlpRec *r = rec_of(c, k, l);
         StageIO *io = &k->io[l];
+        if (!weight_can_wait(m, io)) continue; // done in the backward
         io->dye = c->dye[set * L + l], r->dgu = c->dgu[set * L + l];
         if (io->dense) io->dy = io->dye;
         m->fam->stage3_backward_weight(m, l, r, io);
@@ -219,80 +427,31 @@ void chunk_weight(Chunk *c, int slot) {
     k->defer_set = -1, c->defer_head++;
 }
 
-// ---- the overlapped pair (docs/architecture.md, "The overlapped pair") ----
-// A forward and a backward as cursors over their stages, each step a compute (after the wait for its input)
-// or an all-to-all's issue. chunk_pair issues every all-to-all right after the compute that produces its
-// rows, then runs the other micro-batch's compute before the wait: on the comm stream the all-to-alls come
-// in the order of spec §4.4 (whose events, recorded after each compute, give the same overlap), and each
-// runs beside the other side's stages: combine⁻¹ ∥ F stage 5/1, dispatch ∥ B stage 3, dispatch⁻¹ ∥ B
-// weight gradients and F stage 3, combine ∥ B stage 1/5.
-typedef struct {
-    Chunk *c;
-    ChunkRecord *k;
-    int l;       // the layer whose stages run next (forward: ascending, backward: descending)
-    int cur;     // backward: dh[cur] is layer l's output gradient
-    size_t mark; // backward: workspace mark of layer l's gradients
-} Cursor;
-
-static void f_stage1(Cursor *f) { // (prolog,) stage 1 of layer l
-    Model *m = f->c->m;
-    if (f->l == f->c->l0 && f->c->l0 == 0) m->fam->prolog_forward(m, &f->k->mb, f->k->h[0]);
-    m->fam->stage1_forward(m, f->l, rec_of(f->c, f->k, f->l), &f->k->mb, f->k->h[f->l], &f->k->io[f->l]);
-}
-static void f_dispatch(Cursor *f) {
-    ep_dispatch_route(f->c->m, &f->k->io[f->l]), ep_issue(f->c->m, &f->k->io[f->l], EP_DISPATCH);
-}
-static void f_stage3(Cursor *f) {
-    ep_finish(f->c->m, &f->k->io[f->l]);
-    f->c->m->fam->stage3_forward(f->c->m, f->l, rec_of(f->c, f->k, f->l), &f->k->io[f->l]);
-}
-static void f_combine(Cursor *f) { ep_issue(f->c->m, &f->k->io[f->l], EP_COMBINE); }
-static void f_stage5(Cursor *f) { // stage 5 of layer l, and stage 1 of the next (or the epilog)
-    Model *m = f->c->m;
-    ep_finish(m, &f->k->io[f->l]);
-    m->fam->stage5_forward(m, f->l, rec_of(f->c, f->k, f->l), &f->k->io[f->l], f->k->h[f->l + 1]);
-    if (++f->l < f->c->l1) return f_stage1(f);
-    if (f->c->l1 == m->cfg.layers) m->fam->epilog_forward(m, f->k->epilog, &f->k->mb, f->k->h[f->l], true);
-}
-
-static void b_stage5(Cursor *b) { // (epilog,) stage 5 of layer l
-    Chunk *c = b->c;
-    Model *m = c->m;
-    if (b->l == c->l1 - 1 && c->l1 == m->cfg.layers) m->fam->epilog_backward(m, b->k->epilog, c->dh[b->cur]);
-    b->mark = arena_mark(&c->ws);
-    alloc_layer_grads(c, b->k, b->l, &c->ws);
-    m->fam->stage5_backward(m, b->l, rec_of(c, b->k, b->l), &b->k->io[b->l], c->dh[b->cur]);
-}
-static void b_combine(Cursor *b) { ep_issue(b->c->m, &b->k->io[b->l], EP_COMBINE_BACKWARD); }
-static void b_stage3(Cursor *b) {
-    ep_finish(b->c->m, &b->k->io[b->l]);
-    b->c->m->fam->stage3_backward_input(b->c->m, b->l, rec_of(b->c, b->k, b->l), &b->k->io[b->l]);
-}
-static void b_dispatch(Cursor *b) { ep_issue(b->c->m, &b->k->io[b->l], EP_DISPATCH_BACKWARD); }
-static void b_weight(Cursor *b) {
-    b->c->m->fam->stage3_backward_weight(b->c->m, b->l, rec_of(b->c, b->k, b->l), &b->k->io[b->l]);
-}
-static void b_stage1(Cursor *b) { // stage 1 of layer l, and stage 5 of the next (or the prolog)
-    Chunk *c = b->c;
-    Model *m = c->m;
-    ep_finish(m, &b->k->io[b->l]);
-    m->fam->stage1_backward(m, b->l, rec_of(c, b->k, b->l), &b->k->mb, &b->k->io[b->l], c->dh[b->cur],
-                            c->dh[1 - b->cur]);
-    arena_reset(&c->ws, b->mark);
-    b->cur = 1 - b->cur;
-    if (--b->l >= c->l0) return b_stage5(b);
-    if (c->l0 == 0) m->fam->prolog_backward(m, &b->k->mb, c->dh[b->cur]);
-}
-
+// ---- the overlapped pair ----
+// chunk_pair issues every all-to-all right after the compute that produces its rows, then runs the other
+// micro-batch's compute before the wait: on the comm stream the all-to-alls come in the order of spec §4.4
+// (whose events, recorded after each compute, give the same overlap), and each runs beside the other side's
+// stages: combine⁻¹ ∥ F stage 5/1, dispatch ∥ B stage 3, dispatch⁻¹ ∥ B weight gradients and F stage 3,
+// combine ∥ B stage 1/5. The blocking collectives inside (the route's counts, the spill decision, a spilled
+// layer's re-dispatch in b_stage5, a full-recompute replay) come in this fixed order on every ep rank.
 void chunk_pair(Chunk *fc, int fslot, Chunk *bc, int bslot) {
     CHECK(fc != bc && fc->l1 - fc->l0 == bc->l1 - bc->l0); // the transfer buffers are each chunk's own
-    Cursor f = {fc, &fc->rec[fslot], fc->l0, 0, 0}, b = {bc, &bc->rec[bslot], bc->l1 - 1, 0, 0};
-    b_stage5(&b), b_combine(&b), f_stage1(&f), f_dispatch(&f);
+    Model *m = fc->m;
+    Cursor f = cursor(fc, fslot, fc->l0), b = backward_begin(bc, bslot, false);
+    b_stage5(&b), b_combine(&b);
+    if (fc->l0 == 0) m->fam->prolog_forward(m, &f.k->mb, f.k->h[0]);
+    f_stage1(&f), f_dispatch(&f);
     for (int i = 0; i < fc->l1 - fc->l0; i++) {
-        if (i > 0) b_stage1(&b), b_combine(&b), f_stage5(&f), f_dispatch(&f);
+        if (i > 0) {
+            b_stage1(&b), b.l--, b_stage5(&b), b_combine(&b);
+            f_stage5(&f), f.l++, f_stage1(&f), f_dispatch(&f);
+        }
         b_stage3(&b), b_dispatch(&b), b_weight(&b), f_stage3(&f), f_combine(&f);
     }
-    b_stage1(&b), f_stage5(&f);
+    b_stage1(&b);
+    if (bc->l0 == 0) m->fam->prolog_backward(m, &b.k->mb, bc->dh[b.cur]);
+    f_stage5(&f);
+    if (fc->l1 == m->cfg.layers) m->fam->epilog_forward(m, f.k->epilog, &f.k->mb, f.k->h[fc->l1], true);
 }
 
 void chunk_pipe_pair(Chunk *fc, int fslot, Tensor x, Tensor y, Chunk *bc, int bslot, Tensor dy, Tensor dx) {

@@ -11,16 +11,28 @@ typedef struct {
     size_t act_bytes;  // activation records (inputs, saved tensors, stage buffers) and deferred sets
     size_t ws_bytes;   // backward workspace (two gradient buffers + the largest layer's temporaries)
     size_t comm_bytes; // rows in transit between ranks (expert parallelism), shared by all layers
+    // act_bytes by part (they sum to it): layer inputs/outputs, routing and the micro-batch; the families'
+    // stage-1 records (attention, norms, router); stage 3 and its ep buffers (expert rows, gate/up, SwiGLU,
+    // outputs, routes); staging shared by the layers (ye, selective's SwiGLU outputs); the spill set; the
+    // epilog; the deferred sets.
+    size_t act_hidden, act_stage1, act_experts, act_staging, act_spill, act_epilog, act_defer;
 } ChunkPlan;
+
+// The stage-3 rows of a MoE layer: expert-ordered inputs (R, H), activations (R, 2I) and (R, I) (MlpRec),
+// and the route's permutations (R) int32; R = the capacity (a layer's own) or the worst case (the spill set).
+typedef struct {
+    Tensor xe, gu, act, perm_r, xrow;
+} ExpertRows;
 
 // One micro-batch in flight: what its forward keeps for its backward (PithTrain's ChunkRecord).
 typedef struct {
     MicroBatch mb;
-    char *recs;    // L records of m->fam->rec_size bytes (l0..l1 used)
-    void *epilog;  // the epilog record
-    StageIO *io;   // L
-    Tensor *h;     // L + 1 hidden states (T, H): h[l0] = the chunk's input, h[l + 1] = output of layer l
-    int defer_set; // the deferred set holding this record's stage-3 weight-gradient inputs (−1: none)
+    char *recs;      // L records of m->fam->rec_size bytes (l0..l1 used)
+    void *epilog;    // the epilog record
+    StageIO *io;     // L
+    Tensor *h;       // L + 1 hidden states (T, H): h[l0] = the chunk's input, h[l + 1] = output of layer l
+    int defer_set;   // the deferred set holding this record's stage-3 weight-gradient inputs (−1: none)
+    ExpertRows *own; // L: each layer's own stage-3 rows (under full recompute, in the shared region)
 } ChunkRecord;
 
 typedef struct {
@@ -34,8 +46,13 @@ typedef struct {
     Tensor *dye, *dgu; // (ndefer · L)
     int defer_head, defer_tail;
     Arena act, ws, comm;
-    EpBuffers epb; // the expert-parallel transfer buffers (comm arena)
-    Tensor dh[2];  // ping-pong gradient buffers (T, H) (workspace)
+    EpBuffers epb;        // the expert-parallel transfer buffers (comm arena)
+    Tensor dh[2];         // ping-pong gradient buffers (T, H) (workspace)
+    ExpertRows spill;     // the spill set (xe.n[0] = 0: none)
+    int spill_owner;      // slot·L + layer whose stage 3 the spill set holds (−1: none)
+    int region_owner;     // full recompute: slot·L + layer whose record the shared region holds (−1: none)
+    int64_t ep_over;      // rows received above the capacity, summed over forwards (the caller zeroes it)
+    int64_t ep_rows_peak; // most (token, expert) rows one layer received (the caller zeroes it)
 } Chunk;
 
 // The exact bytes chunk_init will allocate, computed by running the same allocation on counting arenas.

@@ -185,7 +185,7 @@ static void remove_step(const char *loc, const char *name) {
     remove_tree(trash);
 }
 
-bool ckpt_find_latest(const char *loc, char *out, size_t cap) {
+bool ckpt_find_latest(const char *loc, char *out, size_t cap, bool tidy) {
     DIR *d = opendir(loc);
     if (!d) return false;
     int best = -1, step;
@@ -194,7 +194,7 @@ bool ckpt_find_latest(const char *loc, char *out, size_t cap) {
     while ((de = readdir(d))) {
         path_join(path, sizeof path, loc, de->d_name);
         if (!strncmp(de->d_name, ".tmp-step-", 10) || !strncmp(de->d_name, ".trash-step-", 12)) {
-            remove_tree(path); // a save or a removal that did not finish
+            if (tidy) remove_tree(path); // a save or a removal that did not finish
             continue;
         }
         if (!parse_step_dir(de->d_name, &step) || step <= best) continue;
@@ -292,17 +292,18 @@ void ckpt_save(Run *r) {
             json_pack("{s:s, s:s, s:i, s:I, s:I, s:o}", "format", "pith-checkpoint-1", "pith_version", PITH_VERSION,
                       "step", r->step, "samples_consumed", (json_int_t)r->step * c->global_batch_size, "seed",
                       (json_int_t)c->seed, "train_config", config_effective(c));
-        if (r->router_bias) { // aux-loss-free balancing: each layer's bias (17 digits: the floats exactly)
+        if (r->router_bias) { // aux-loss-free balancing: each layer's bias (shortest decimals: the floats exactly)
             json_t *rows = json_array();
             for (int l = 0; l < r->model.cfg.layers; l++) {
                 json_t *row = json_array();
                 for (int e = 0; e < r->model.cfg.experts; e++)
-                    json_array_append_new(row, json_real(r->router_bias[(size_t)l * r->model.cfg.experts + e]));
+                    json_array_append_new(row,
+                                          json_real(json_f32(r->router_bias[(size_t)l * r->model.cfg.experts + e])));
                 json_array_append_new(rows, row);
             }
             json_object_set_new(run, "router_bias", rows);
         }
-        text = json_dumps(run, JSON_INDENT(1) | JSON_SORT_KEYS);
+        text = json_text(run, 1, true);
         snprintf(path, sizeof path, "%s/run.json", tmp);
         file_write_atomic(path, text, strlen(text));
         free(text), json_decref(run);

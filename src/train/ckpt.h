@@ -23,8 +23,9 @@ void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *fla
 void ckpt_lock(const char *save_location);
 void ckpt_unlock(void); // run_free: the lock of this process, if any
 // The newest checkpoint under save_location (false if none): a step-N folder with run.json, or a
-// model-only step-00000000; removes the leftovers of saves and removals that did not finish.
-bool ckpt_find_latest(const char *save_location, char *out, size_t cap);
+// model-only step-00000000. With tidy (the run holding the lock) it removes the leftovers of saves and
+// removals that did not finish; without (pith eval, beside a run that may be saving) it only reads.
+bool ckpt_find_latest(const char *save_location, char *out, size_t cap, bool tidy);
 // Writes the run's checkpoint for its current step; prunes to keep_last when set.
 void ckpt_save(Run *r);
 // Loads weights, optimizer state (when present) and step from a checkpoint folder into a set-up run.

@@ -43,6 +43,7 @@ static const char *const optimizer_names[] = {"adamw", "muon", NULL};
 static const char *const scheduler_names[] = {"constant", "wsd", "cosine", NULL};
 static const char *const decay_names[] = {"cosine", "linear", NULL};
 static const char *const sharding_names[] = {"fsdp", "hsdp", NULL};
+static const char *const recompute_names[] = {"none", "selective", "full", NULL}; // RecomputeMode order
 
 static const ConfigKey top_keys[] = {
     {.name = "model",
@@ -142,6 +143,13 @@ static const ConfigKey top_keys[] = {
      .off = OFF(compute_dtype),
      .choices = dtype_names,
      .doc = "GPU compute dtype (the CPU computes in fp32)"},
+    {.name = "recompute",
+     .kind = K_CHOICE,
+     .off = OFF(recompute),
+     .choices = recompute_names,
+     .doc = "activation recomputation: `selective` keeps no SwiGLU outputs (recomputed from the gate/up products in "
+            "backward); `full` keeps only each layer's input and routing and reruns its forward in backward; the "
+            "gradients are the same bit for bit"},
     {.name = "run_dir",
      .kind = K_PATH,
      .off = OFF(run_dir),
@@ -181,6 +189,14 @@ static const ConfigKey top_keys[] = {
      .choices = nonfinite_names,
      .doc = "a step whose loss or gradient norm is NaN/Inf: `fail` stops naming the step (nothing is saved after "
             "it); `skip` leaves the weights and moments as they were and goes on"},
+    {.name = "nonfinite_skip_limit",
+     .kind = K_INT,
+     .off = OFF(nonfinite_skip_limit),
+     .def = 10,
+     .lo = 1,
+     .hi = 1 << 30,
+     .doc = "with `on_nonfinite: skip`: the most steps in a row that may be skipped; the next non-finite one stops "
+            "the run naming the steps (a run that stays diverged never ends as a success)"},
 };
 
 static const ConfigKey optimizer_keys[] = {
@@ -293,10 +309,18 @@ static const ConfigKey parallel_keys[] = {
     {.name = "ep_capacity_factor",
      .kind = K_NUM,
      .off = OFF(parallel.ep_capacity_factor),
+     .def = 1.5,
      .lo = 0,
      .hi = 1e6,
-     .doc = "rows an ep rank's experts can receive per layer = factor·T·k (T tokens of a micro-batch); 0 = the worst "
-            "case T·k·ep. Exceeding it stops the run with an error (tokens are never dropped)"},
+     .doc = "rows a layer's stage-3 buffers hold on an ep rank = factor·T·k (T tokens of a micro-batch); 0 = the "
+            "worst case T·k·ep. A layer that receives more runs stage 3 on one worst-case spill set and recomputes "
+            "it in backward (exact; the step line's `ep-over`, `ep-load`). 1.5: balanced routing measured ≤ 1.48 "
+            "(docs/architecture.md)"},
+    {.name = "ep_drop_tokens",
+     .kind = K_BOOL,
+     .off = OFF(parallel.ep_drop_tokens),
+     .doc = "drop the (token, expert) rows above the capacity instead (Switch/GShard; the largest experts lose "
+            "rows first; their outputs are zero), counted per step (`ep-dropped`)"},
     {.name = "timeout_s",
      .kind = K_NUM,
      .off = OFF(parallel.timeout_s),
@@ -514,6 +538,20 @@ static void check_known(JObj o, const Origin *org, const ConfigSection *s, bool 
     }
 }
 
+// Key `name` of section o (rows keys[0..n)) is given with a value other than its default. A key whose effect
+// depends on another is an error only then, so the effective config (--print-config) reads back.
+static bool set_apart(JObj o, const TrainConfig *c, const char *name, const ConfigKey *keys, int n) {
+    int i = 0;
+    while (i < n && strcmp(keys[i].name, name)) i++;
+    CHECK(i < n);
+    const char *field = (const char *)c + keys[i].off;
+    if (!jhas(o, name)) return false;
+    if (keys[i].kind == K_CHOICE) return *(const int *)field != 0;
+    if (keys[i].kind == K_INT) return *(const int *)field != (int)keys[i].def;
+    if (keys[i].kind == K_NUM) return *(const double *)field != keys[i].def;
+    return true;
+}
+
 void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     memset(c, 0, sizeof *c);
     snprintf(c->file, sizeof c->file, "%s", file);
@@ -553,17 +591,26 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     if (c->global_batch_size % c->micro_batch_size)
         jdie(origin_of(top, &org, "global_batch_size"), "global_batch_size",
              "must be a multiple of micro_batch_size (got %d and %d)", c->global_batch_size, c->micro_batch_size);
+    if (c->on_nonfinite == NONFINITE_FAIL && set_apart(top, c, "nonfinite_skip_limit", top_keys, LEN(top_keys)))
+        jdie(origin_of(top, &org, "nonfinite_skip_limit"), "nonfinite_skip_limit",
+             "has no effect with on_nonfinite \"fail\" (set on_nonfinite to \"skip\")");
+    if (c->optimizer.type == OPTIMIZER_ADAMW && set_apart(sec[1], c, "momentum", optimizer_keys, LEN(optimizer_keys)))
+        jdie(origin_of(sec[1], &org, "momentum"), "momentum",
+             "has no effect with optimizer.type \"adamw\" (it is Muon's; AdamW's are betas)");
+    if (c->benchmark && c->moe_router_bias_update_rate > 0)
+        jdie(origin_of(top, &org, "moe_router_bias_update_rate"), "moe_router_bias_update_rate",
+             "has no effect with benchmark = true (the routing is forced, the bias would select nothing)");
     if (c->save_interval && !c->save_location[0])
         jdie(origin_of(top, &org, "save_interval"), "save_interval", "needs save_location");
     if (c->scheduler.type == SCHED_CONSTANT) { // a schedule key on a constant schedule would be silently ignored
         for (int i = 1; i < LEN(scheduler_keys); i++)
-            if (jhas(sch, scheduler_keys[i].name))
+            if (set_apart(sch, c, scheduler_keys[i].name, scheduler_keys, LEN(scheduler_keys)))
                 jdie(origin_of(sch, &org, scheduler_keys[i].name), scheduler_keys[i].name,
                      "has no effect on a \"constant\" schedule (set scheduler.type to \"wsd\" or \"cosine\")");
-    } else if (c->scheduler.type == SCHED_COSINE) {
-        if (jhas(sch, "decay_ratio") || jhas(sch, "decay_shape"))
-            jdie(origin_of(sch, &org, jhas(sch, "decay_ratio") ? "decay_ratio" : "decay_shape"),
-                 jhas(sch, "decay_ratio") ? "decay_ratio" : "decay_shape",
+    } else if (c->scheduler.type == SCHED_COSINE) { // decay_ratio and decay_shape follow; the values they take pass
+        bool ratio = jhas(sch, "decay_ratio") && c->scheduler.decay_ratio != 1 - c->scheduler.warmup_ratio;
+        if (ratio || (jhas(sch, "decay_shape") && c->scheduler.decay_shape != DECAY_COSINE))
+            jdie(origin_of(sch, &org, ratio ? "decay_ratio" : "decay_shape"), ratio ? "decay_ratio" : "decay_shape",
                  "a \"cosine\" schedule decays (cosine) over every step after the warmup; use \"wsd\" to choose");
         c->scheduler.decay_ratio = 1 - c->scheduler.warmup_ratio, c->scheduler.decay_shape = DECAY_COSINE;
     } else if (c->scheduler.warmup_ratio + c->scheduler.decay_ratio > 1)
@@ -575,7 +622,9 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
         if (c->save_location[0]) snprintf(c->run_dir, sizeof c->run_dir, "%s", c->save_location);
         else { // runs/<config folder>-<config name>, e.g. runs/tiny-train for examples/tiny/train.json
             const char *base = strrchr(file, '/') ? strrchr(file, '/') + 1 : file;
-            const char *parent = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+            char real[PATH_MAX]; // the folder's own name also for "." and ".." (not runs/.-train, a hidden name)
+            const char *folder = realpath(dir, real) ? real : dir;
+            const char *parent = strrchr(folder, '/') && strrchr(folder, '/')[1] ? strrchr(folder, '/') + 1 : folder;
             snprintf(c->run_dir, sizeof c->run_dir, "runs/%.200s-%.*s", parent, (int)(strcspn(base, ".") % 200), base);
         }
     }

@@ -48,11 +48,13 @@ typedef struct {
     LbForm moe_load_balance_type;
     int save_interval, keep_last;
     NonfinitePolicy on_nonfinite; // a step whose loss or gradient norm is NaN/Inf: stop (fail) or skip it
+    int nonfinite_skip_limit;     // skip: the most consecutive skipped steps; one more stops the run
     struct {
         int pp, cp, ep; // pipeline, context, expert parallel sizes; dp = ranks / (pp·cp·ep)
         Sharding sharding;
         double timeout_s;          // a collective not complete after this long ends the job (default 900)
-        double ep_capacity_factor; // rows an ep rank's experts can receive = factor·T·k (0: the worst case)
+        double ep_capacity_factor; // a layer's own stage-3 rows = factor·T·k (0: the worst case); more spill
+        bool ep_drop_tokens;       // rows above the capacity are dropped instead of spilled
     } parallel;
     struct {
         char dataset[PATH_MAX_LEN]; // token files of the validation data
@@ -60,6 +62,7 @@ typedef struct {
     } validation;                   // batches == 0: no validation (the section is absent)
     DeviceChoice device;
     ComputeDtype compute_dtype; // GPU only; the CPU computes in fp32
+    RecomputeMode recompute;    // activation recomputation (docs/architecture.md, "Activation recomputation")
     bool benchmark;             // force-balanced routing
     bool tensorboard;           // rank 0 writes TensorBoard event files into run_dir (default true)
     json_t *json;               // the config as read (after overrides)

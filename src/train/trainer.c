@@ -70,6 +70,8 @@ static void model_layout(Model *m, const TrainConfig *c, const Dist *d) {
     m->force_balance = c->benchmark;
     m->ep = &d->ep_g;
     m->ep_capacity = c->parallel.ep_capacity_factor;
+    m->ep_drop = c->parallel.ep_drop_tokens;
+    m->recompute = c->recompute;
 }
 
 // Bytes of everything but the engine, from the model's tensors and the counted shard arena (which also
@@ -117,6 +119,9 @@ static ChunkPlan chunks_setup(Chunk out[2], Model *m, const TrainConfig *c, cons
         ChunkPlan q = chunk_plan(m, B, S, l0, l1, nrec, s[0].max_deferred_of[p]);
         if (out) chunk_init(&out[p], m, B, S, l0, l1, nrec, s[0].max_deferred_of[p]);
         sum.act_bytes += q.act_bytes, sum.ws_bytes += q.ws_bytes, sum.comm_bytes += q.comm_bytes;
+        sum.act_hidden += q.act_hidden, sum.act_stage1 += q.act_stage1, sum.act_experts += q.act_experts;
+        sum.act_staging += q.act_staging, sum.act_spill += q.act_spill, sum.act_epilog += q.act_epilog;
+        sum.act_defer += q.act_defer;
     }
     return sum;
 }
@@ -235,10 +240,10 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     if (c->save_location[0]) {
         if (d->world.rank == 0) {
             ckpt_lock(c->save_location);
-            found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+            found = ckpt_find_latest(c->save_location, latest, sizeof latest, true);
         }
         comm_barrier(&d->world);
-        if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest);
+        if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest, false);
     }
     if (found) ckpt_resume(r, latest);
     else if (c->init_from[0]) ckpt_init_from(r, c->init_from);
@@ -383,16 +388,25 @@ StepStats run_step(Run *r) {
     if (m->router_bias.p) memset(m->router_load, 0, sizeof(double) * m->cfg.layers * m->cfg.experts);
     op_zero(m->loss_sum), op_zero(m->lb_sum);
     model_lb_step_begin(m);
+    for (int p = 0; p < 2; p++) r->chunk[p].ep_over = 0, r->chunk[p].ep_rows_peak = 0;
     int64_t targets = run_microbatches(r, &r->data, r->step, true);
     ops_sync();
     double fwdbwd_seconds = now_seconds() - t0;
     // Sums over the global batch: every rank of the stage holds different tokens, every pipeline rank
-    // different layers (the cross-entropy and the target count only pipeline rank 0).
-    double sums[3] = {op_read_scalar(m->loss_sum), op_read_scalar(m->lb_sum), (double)targets};
-    comm_allreduce(&d->world, tensor_make(sums, DT_F64, DEV_CPU, 1, 3, 1, 1, 1), COMM_SUM);
+    // different layers (the cross-entropy and the target count only pipeline rank 0); the rows above the
+    // expert capacity, of every rank's layers.
+    double sums[4] = {op_read_scalar(m->loss_sum), op_read_scalar(m->lb_sum), (double)targets,
+                      (double)(r->chunk[0].ep_over + r->chunk[1].ep_over)};
+    comm_allreduce(&d->world, tensor_make(sums, DT_F64, DEV_CPU, 1, 4, 1, 1, 1), COMM_SUM);
     double N = sums[2] < 1 ? 1 : sums[2];
     StepStats st = {0};
     st.fwdbwd_seconds = fwdbwd_seconds;
+    if (d->ep > 1) { // expert capacity: the rows above it, and the most one layer received in units of T·k
+        double peak = (double)(r->chunk[0].ep_rows_peak > r->chunk[1].ep_rows_peak ? r->chunk[0].ep_rows_peak
+                                                                                   : r->chunk[1].ep_rows_peak);
+        comm_allreduce(&d->world, tensor_make(&peak, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_MAX);
+        st.ep_over = sums[3], st.ep_load = peak / ((double)c->micro_batch_size * S * m->cfg.topk);
+    }
     // AdamW reads the gradient as gscale·g, the 1/N mean and the clip factor folded into its one pass over the
     // flat buffers (fold); Muon and a gradient dump take the scaled gradient itself.
     bool fold = !r->muon.on && !r->dump_grads[0];

@@ -58,6 +58,8 @@ typedef struct {
     double tokens, seconds;
     double fwdbwd_seconds; // forward + backward of all micro-batches (the rest is the optimizer step)
     bool nonfinite;        // loss or grad_norm is NaN/Inf: the update was not applied
+    double ep_over;        // expert parallelism: (token, expert) rows received above the capacity, all ranks
+    double ep_load;        // the most rows one rank received in one layer, in units of T·k (0: ep = 1)
 } StepStats;
 
 // Builds everything from the config: mesh (the launched world), model (random init from the seed), plan,

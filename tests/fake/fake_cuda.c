@@ -502,6 +502,14 @@ void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) {
     OP(swiglu_backward, &dgu, &dact, &gu);
     cpu_swiglu_backward(dgu, dact, gu);
 }
+void cuda_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit) {
+    OP(swiglu_clamped_forward, &act, &gu);
+    cpu_swiglu_clamped_forward(act, gu, alpha, limit);
+}
+void cuda_swiglu_clamped_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit) {
+    OP(swiglu_clamped_backward, &dgu, &dact, &gu);
+    cpu_swiglu_clamped_backward(dgu, dact, gu, alpha, limit);
+}
 // The args structs carry a tensor (sinks, bias) that the CPU op reads as host memory too.
 void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
     AttnArgs c = *a;

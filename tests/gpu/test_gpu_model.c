@@ -35,6 +35,7 @@ static void side_run(Side *s, const int32_t *tok, const int32_t *lab) {
 }
 
 // Builds the model from `config` on both devices with equal weights (bf16-rounded when cdt is bf16),
+// runs one micro-batch forward and backward on each, and compares (also used by tests/gpu/test_gpu_gpt_oss.c).
 // runs one micro-batch forward and backward on each, and compares.
 void model_compare(const char *config, bool is_path, DType cdt, int B, int S, double lb_coef, double init_std) {
     gpu_mode(cdt);

@@ -274,6 +274,9 @@ TEST(gpu_op_attention_forms) {
                              (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 37}, true);
         check_attention_args(MODE_DT, TOL, 100, 100, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true},
                              true);
+        // gpt-oss-20b's form: window 128 over 300 tokens, 8 query heads per kv head, sinks
+        check_attention_args(MODE_DT, TOL, 300, 300, 16, 2, 64, 64,
+                             (AttnArgs){.B = 2, .scale = s64, .causal = true, .window = 128}, true);
         check_attention_args(MODE_DT, TOL, 64, 64, 4, 2, 64, 64,
                              (AttnArgs){.B = 2, .scale = s64, .causal = true, .q_off = 64, .k_off = 100}, false);
         check_attention_args(MODE_DT, TOL, 48, 96, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .q_off = 96}, false);

@@ -6,7 +6,8 @@ float64 on the CPU from those same fp32 weights: the mean token cross-entropy ov
 a few logits, and 5 AdamW steps on that batch (lr 1e-3, betas 0.9/0.95, eps 1e-8, weight decay 0.1,
 clip 1.0, constant LR) with each step's loss and pre-clip gradient norm.
 
-usage: python3 tests/hf/make_fixtures.py [OUT_DIR=tests/hf [FAMILY ...]]   (default: every family)
+usage: python3 tests/hf/make_fixtures.py [OUT_DIR=tests/hf [FAMILY ...]]   (default: every family and
+gpt_oss_mxfp4, the MXFP4 import fixture, which needs a GPU)
 With PITH_HF_SOURCES=DIR the transformers modeling files the fixtures come from are copied into DIR too,
 for reading while writing the pith side (not for the repository).
 """
@@ -60,6 +61,21 @@ FAMILIES = {
                 attention_bias=False, rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False,
                 initializer_range=0.05, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
     ),
+    # GPT-OSS: sliding (window 5 < S = 16) and full layers, learned sinks (set well away from 0), biases
+    # everywhere, YaRN with truncate false and an attention factor, router top-k → softmax, clamped SwiGLU
+    # whose clamp is active: some gate/up biases are ±9, beyond the limit 7 (tweak_gpt_oss).
+    "gpt_oss": dict(
+        cls="GptOssForCausalLM",
+        cfg="GptOssConfig",
+        kw=dict(vocab_size=128, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=16, num_local_experts=8, num_experts_per_tok=2, intermediate_size=16, sliding_window=5,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention"], attention_bias=True,
+                rms_norm_eps=1e-5, max_position_embeddings=64, tie_word_embeddings=False,
+                output_router_logits=False, initializer_range=0.05,
+                rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, beta_fast=32.0,
+                                     beta_slow=1.0, truncate=False, original_max_position_embeddings=16)),
+        tweak="tweak_gpt_oss",
+    ),
     # Qwen3.5-MoE text model: Gated DeltaNet layers (2 key heads repeated to 4 value heads, key dim 8 ≠ value dim
     # 12, conv kernel 4) and one gated full-attention layer (head 16, partial RoPE on the first 4 dims), 8 experts
     # top-2 always renormalised, a gated shared expert. 72 tokens per sequence: one whole chunk of 64 and a part.
@@ -77,6 +93,17 @@ FAMILIES = {
                 rope_parameters=dict(rope_type="default", rope_theta=1e6, partial_rotary_factor=0.25)),
     ),
 }
+
+
+def tweak_gpt_oss(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("sinks"):
+                p.copy_(0.5 * torch.randn_like(p))
+            elif name.endswith("gate_up_proj_bias"):  # (E, 2I): even columns gate, odd columns up
+                p[:, 0] = 9.0   # gate of unit 0 above the limit
+                p[:, 3] = -9.0  # up of unit 1 below −limit
+                p[:, 5] = 9.0   # up of unit 2 above the limit
 
 
 def write_tokens(path, tokens):
@@ -104,6 +131,8 @@ def make(family, spec, out):
                 p.copy_(1 + 0.2 * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.05 * torch.randn_like(p))
+    if spec.get("tweak"):
+        globals()[spec["tweak"]](model)
     d = os.path.join(out, family)
     os.makedirs(d, exist_ok=True)
     model.save_pretrained(d, safe_serialization=True)
@@ -141,27 +170,117 @@ def make(family, spec, out):
     print(f"{family}: loss {loss0.item():.9f}, {len(keys)} tensors, steps {[round(s['loss'], 6) for s in steps]}")
 
 
+def make_mxfp4(out):
+    """tests/hf/gpt_oss_mxfp4: a tiny GPT-OSS folder in the released openai/gpt-oss layout, whose expert
+    weights are MXFP4 (*_blocks: (E, N, K/32, 16) uint8, two FP4 E2M1 codes a byte, low nibble first;
+    *_scales: (E, N, K/32) uint8 E8M0 exponents, 2^(s − 127), one per 32 values), written here from the
+    format's definition with random codes; and tests/hf/gpt_oss_mxfp4_ref/dequantized.safetensors: what
+    transformers' own dequantisation (integrations.mxfp4.convert_moe_packed_tensors, on the GPU) makes of
+    them, plus expected.json with the fp64 loss of the model built from those dequantized experts."""
+    from safetensors.torch import save_file
+    from transformers.integrations import mxfp4
+    torch.manual_seed(20261201)
+    kw = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, sliding_window=5,
+              layer_types=["sliding_attention", "full_attention"], attention_bias=True, rms_norm_eps=1e-5,
+              max_position_embeddings=64, tie_word_embeddings=False, output_router_logits=False,
+              initializer_range=0.05)
+    cfg = transformers.GptOssConfig(**kw)
+    cfg._experts_implementation = "eager"
+    cfg._attn_implementation = "eager"
+    model = transformers.GptOssForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias") or name.endswith("sinks"):
+                p.copy_(0.05 * torch.randn_like(p))
+    E, H, I = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+    rng = np.random.default_rng(11)
+    tensors, ref = {}, {}
+    for name, p in model.state_dict().items():
+        if ".mlp.experts." not in name:
+            tensors[name] = p.detach().clone().contiguous()
+    for l in range(cfg.num_hidden_layers):
+        for which, n, k in (("gate_up_proj", 2 * I, H), ("down_proj", H, I)):
+            pre = f"model.layers.{l}.mlp.experts.{which}"
+            blocks = torch.tensor(rng.integers(0, 256, size=(E, n, k // 32, 16)), dtype=torch.uint8)
+            scales = torch.tensor(rng.integers(115, 128, size=(E, n, k // 32)), dtype=torch.uint8)
+            tensors[pre + "_blocks"], tensors[pre + "_scales"] = blocks, scales
+            tensors[pre + "_bias"] = (0.05 * torch.randn(E, n)).float()
+            deq = mxfp4.convert_moe_packed_tensors(blocks.cuda(), scales.cuda(), dtype=torch.float32)
+            ref[pre] = deq.float().cpu().contiguous()  # HF's in-memory layout: (E, K, N)
+            ref[pre + "_bias"] = tensors[pre + "_bias"]
+    d = os.path.join(out, "gpt_oss_mxfp4")
+    os.makedirs(d, exist_ok=True)
+    cfg_json = cfg.to_dict()
+    cfg_json["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    for key in ("_experts_implementation", "_attn_implementation"):
+        cfg_json.pop(key, None)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg_json, f, indent=2, sort_keys=True)
+    save_file(tensors, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    tokens = np.random.default_rng(7).integers(0, cfg.vocab_size, size=B * S + 1)
+    write_tokens(os.path.join(d, "tokens.bin"), tokens)
+    r = os.path.join(out, "gpt_oss_mxfp4_ref")
+    os.makedirs(r, exist_ok=True)
+    save_file(ref, os.path.join(r, "dequantized.safetensors"))
+    # The fp64 loss of the model with those experts (what pith eval of the imported folder must give).
+    ids = torch.tensor(np.stack([tokens[i * S:i * S + S] for i in range(B)]), dtype=torch.long)
+    labels = torch.tensor(np.stack([tokens[i * S + 1:i * S + S + 1] for i in range(B)]), dtype=torch.long)
+    state = {k: v for k, v in tensors.items() if ".mlp.experts." not in k}
+    for l in range(cfg.num_hidden_layers):
+        for which in ("gate_up_proj", "down_proj"):
+            pre = f"model.layers.{l}.mlp.experts.{which}"
+            state[pre], state[pre + "_bias"] = ref[pre], ref[pre + "_bias"]
+    model.load_state_dict(state, strict=True)
+    with torch.no_grad():
+        loss, _ = batch_loss(copy.deepcopy(model).double(), ids, labels)
+    expected = {"family": "gpt_oss", "transformers": transformers.__version__, "sequence_length": S, "batch": B,
+                "loss": loss.item()}
+    # transformers' own loader on the same folder (dequantize=True), as a check of the layout above.
+    try:
+        q = transformers.GptOssForCausalLM.from_pretrained(
+            d, quantization_config=transformers.Mxfp4Config(dequantize=True), dtype=torch.float32,
+            device_map="cuda").eval()
+        sd = q.state_dict()
+        expected["from_pretrained_max_abs_diff"] = max(
+            (sd[k].float().cpu() - v).abs().max().item() for k, v in ref.items())
+        with torch.no_grad():
+            ql, _ = batch_loss(q, ids.cuda(), labels.cuda())
+        expected["from_pretrained_loss_fp32"] = ql.item()
+    except Exception as e:  # recorded, not fatal: the reference above does not depend on it
+        expected["from_pretrained_error"] = repr(e)[:2000]
+    with open(os.path.join(r, "expected.json"), "w") as f:
+        json.dump(expected, f, indent=1)
+    print(f"gpt_oss_mxfp4: loss {loss.item():.9f}, {expected}")
+
+
 def copy_sources(dst):
     import inspect
     import shutil
     os.makedirs(dst, exist_ok=True)
     from transformers import conversion_mapping, modeling_rope_utils
+    from transformers import masking_utils
+    from transformers.integrations import mxfp4
     from transformers.models.deepseek_v2 import modeling_deepseek_v2
+    from transformers.models.gpt_oss import configuration_gpt_oss, modeling_gpt_oss
     from transformers.models.qwen3_5_moe import configuration_qwen3_5_moe, modeling_qwen3_5_moe
     for mod in (modeling_deepseek_v2, modeling_qwen3_5_moe, configuration_qwen3_5_moe, modeling_rope_utils,
-                conversion_mapping):
+                conversion_mapping, modeling_gpt_oss, configuration_gpt_oss, mxfp4, masking_utils):
         shutil.copy(inspect.getsourcefile(mod), dst)
 
 
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-    names = sys.argv[2:] or list(FAMILIES)
+    names = sys.argv[2:] or list(FAMILIES) + ["gpt_oss_mxfp4"]
     if os.environ.get("PITH_HF_SOURCES"):
         copy_sources(os.environ["PITH_HF_SOURCES"])
     failed = []
     for fam in names:
         try:
-            make(fam, FAMILIES[fam], out)
+            make_mxfp4(out) if fam == "gpt_oss_mxfp4" else make(fam, FAMILIES[fam], out)
         except Exception:  # report every family's failure in one run
             import traceback
             traceback.print_exc()

@@ -37,7 +37,7 @@ item "HF fixtures tests/hf/* of model_type $f, each with its five files (${fixtu
 item "tests/hf/make_fixtures.py makes them" grep -q "$f" tests/hf/make_fixtures.py
 gpu_runs_fixtures() { for d in $fixtures; do grep -q "\"$d\"" tests/gpu/test_gpu_hf.c || return 1; done; }
 item "tests/gpu/test_gpu_hf.c runs every fixture" gpu_runs_fixtures
-item "a GPU model test names $f (tests/gpu/)" grep -q "$f" tests/gpu/test_gpu_model.c tests/gpu/gpu_test.h tests/test.h
+item "a GPU model test names $f (tests/gpu/)" grep -q "$f" tests/gpu/*.c tests/gpu/gpu_test.h tests/test.h
 item "an example config of model_type $f (examples/)" test -n "$examples"
 item "a benchmark config of model_type $f (bench/*/model.json)" bash -c "grep -l '\"model_type\": *\"$f\"' bench/*/model.json"
 item "docs/architecture.md names model/$f.c" grep -q "model/$f.c" docs/architecture.md
@@ -63,7 +63,8 @@ else
 fi
 if [ -n "$examples" ]; then
     cfg=$(dirname "$examples")/train.json
-    item "pith estimate plans $cfg (one GPU)" build/pith estimate "$cfg" --gpus 1
+    plans() { for n in 1 8 64; do build/pith estimate "$cfg" --gpus $n && return 0; done; return 1; }
+    item "pith estimate plans $cfg (on 1, 8 or 64 GPUs, the first its layout divides)" plans
 fi
 if [ $bad = 0 ]; then echo "add-model-family $f: PASS"; else echo "add-model-family $f: FAIL"; fi
 [ $bad = 0 ]

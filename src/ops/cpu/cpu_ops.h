@@ -62,3 +62,7 @@ void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor 
 static inline float *F(Tensor t) { return (float *)t.p; }
 static inline int32_t *I32(Tensor t) { return (int32_t *)t.p; }
 #define CPU_F32(t) CHECK((t).dev == DEV_CPU && (t).dt == DT_F32)
+
+// GPT-OSS (cpu_swiglu_clamped.c)
+void cpu_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit);
+void cpu_swiglu_clamped_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit);

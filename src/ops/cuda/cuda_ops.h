@@ -68,6 +68,9 @@ void cuda_muon_momentum(Tensor buf, Tensor g, float beta);
 void cuda_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale);
 double cuda_read_scalar(Tensor x);
 
+// GPT-OSS (cuda_swiglu_clamped.cu)
+void cuda_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit);
+void cuda_swiglu_clamped_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit);
 // Qwen3.5 (cpu_delta.c / cuda_delta.cu)
 void cuda_rmsnorm1p_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
 void cuda_rmsnorm1p_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);

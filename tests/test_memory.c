@@ -1,0 +1,306 @@
+// test_memory.c — the memory levers (docs/architecture.md, "Expert capacity", "Activation recomputation"):
+// expert capacity below the routing's needs computes exactly (spill) or drops exactly the counted rows,
+// on CPU ranks under mpirun, and the step line and metrics.jsonl count them; recompute none / selective /
+// full give the same loss and gradients bit for bit, plans smaller by the bytes they no longer keep, and
+// `pith estimate` equal to what training allocates under each mode.
+#include <math.h>
+
+#include "parallel/mesh.h"
+#include "pipe/chunk.h"
+#include "test.h"
+
+// A run folder: TINY_MOE_EP (3 layers, the middle one dense, 8 experts top-3), 20000 tokens, 6 steps of
+// 2 × 16-token micro-batches, 8 samples per step, load balancing on.
+static const char *memory_run(void) {
+    static char d[256];
+    snprintf(d, sizeof d, "%s", test_tmpdir());
+    char out[4096];
+    ASSERT(run_cmd(out, sizeof out,
+                   "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 20000 && echo "
+                   "'{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, "
+                   "\"micro_batch_size\": 2, \"global_batch_size\": 8, \"max_steps\": 6, \"device\": \"cpu\", "
+                   "\"optimizer\": {\"lr\": 0.01}, \"moe_load_balance_coef\": 0.01, \"tensorboard\": false, "
+                   "\"parallel\": {\"timeout_s\": 60}}' > %s/train.json",
+                   TINY_MOE_EP, d, PITH_BIN, d, d) == 0);
+    return d;
+}
+
+// ---- activation recomputation: the whole model as one chunk in one process ----
+
+typedef struct {
+    double loss, lb;
+    float *g[NGROUPS];
+    size_t gbytes[NGROUPS];
+    double *load; // aux-loss-free balancing's expert counts
+    size_t act;   // the plan's activation bytes
+} RecomputeRun;
+
+// Two micro-batches forward and backward under `mode`, with load balancing of `form` and a selection bias.
+static void recompute_run(const char *model_json, LbForm form, RecomputeMode mode, RecomputeRun *o) {
+    enum { B = 2, S = 8, T = B * S };
+    ModelConfig mc;
+    const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", model_json));
+    Model m;
+    model_create(&m, fam, &mc, DEV_CPU, DT_F32, S);
+    m.lb_coef = 0.01, m.recompute = mode;
+    Dist d; // a world of one: global-batch balancing all-gathers over it
+    dist_mesh_init(&d, 1, 1, 1, false, 60, "test_memory");
+    model_lb_setup(&m, form, &d.dp_ep, T);
+    for (int g = 0; g < NGROUPS; g++) params_init(&m.params, g, m.w[g].p, 7, 0.2, mc.layers);
+    int L = mc.layers, E = mc.experts;
+    m.router_bias = tensor_make(xcalloc((size_t)L * E, sizeof(float)), DT_F32, DEV_CPU, 2, L, E, 1, 1);
+    m.router_load = xcalloc((size_t)L * E, sizeof(double));
+    for (int i = 0; i < L * E; i++) ((float *)m.router_bias.p)[i] = (float)(0.05 * rng_normal(8, 0, i));
+    Chunk e;
+    chunk_init_model(&e, &m, B, S);
+    o->act = chunk_plan(&m, B, S, 0, mc.layers, 1, 0).act_bytes;
+    model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum), model_lb_step_begin(&m);
+    int32_t tok[T], lab[T];
+    for (int mb = 0; mb < 2; mb++) {
+        for (int t = 0; t < T; t++)
+            tok[t] = (int32_t)(rng_u64(5, mb, t) % mc.vocab), lab[t] = (int32_t)(rng_u64(6, mb, t) % mc.vocab);
+        chunk_load(&e, 0, tok, lab);
+        chunk_forward(&e, 0, true);
+        chunk_backward(&e, 0, false);
+    }
+    o->loss = op_read_scalar(m.loss_sum), o->lb = op_read_scalar(m.lb_sum);
+    for (int g = 0; g < NGROUPS; g++)
+        o->gbytes[g] = tensor_bytes(m.g[g]), o->g[g] = xmalloc(o->gbytes[g] + 1),
+        memcpy(o->g[g], m.g[g].p, o->gbytes[g]);
+    o->load = xmalloc((size_t)L * E * sizeof(double) + 1),
+    memcpy(o->load, m.router_load, (size_t)L * E * sizeof(double));
+    free(m.router_bias.p), free(m.router_load);
+    m.router_bias = (Tensor){0}, m.router_load = NULL;
+    chunk_free(&e), model_free(&m), dist_mesh_free(&d);
+}
+
+// selective and full against none: the loss, load-balancing loss, every gradient element and the expert
+// counts bit for bit (Qwen3 with a dense layer and biases; DeepSeek-V2 with MLA and shared experts), under
+// each load-balancing form (global-batch's replay takes this micro-batch's counts back out of its sums).
+TEST(memory_recompute_bit_identical) {
+    static const char *const models[] = {
+        TINY_MOE_B, TINY_MOE_EP,
+        "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 16, \"num_hidden_layers\": "
+        "3, \"num_attention_heads\": 2, \"q_lora_rank\": 10, \"kv_lora_rank\": 8, "
+        "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 6, "
+        "\"vocab_size\": 40, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, "
+        "\"moe_intermediate_size\": 6, \"n_shared_experts\": 2, "
+        "\"intermediate_size\": 12, \"first_k_dense_replace\": 1}"};
+    static const LbForm forms[] = {LB_MICRO_BATCH, LB_GLOBAL_BATCH, LB_SEQUENCE};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++)
+        for (int f = 0; f < 3; f++) {
+            RecomputeRun r[3];
+            for (int mode = 0; mode < 3; mode++) recompute_run(models[i], forms[f], (RecomputeMode)mode, &r[mode]);
+            for (int mode = 1; mode < 3; mode++) {
+                ASSERT_MSG(r[mode].loss == r[0].loss && r[mode].lb == r[0].lb,
+                           "model %zu, lb form %d, mode %d: loss %.17g lb %.17g vs %.17g %.17g", i, f, mode,
+                           r[mode].loss, r[mode].lb, r[0].loss, r[0].lb);
+                ASSERT_MSG(r[mode].act < r[0].act, "model %zu mode %d: %zu activation bytes vs %zu", i, mode,
+                           r[mode].act, r[0].act);
+                ModelConfig mc;
+                model_config_load(&mc, write_text(test_tmpdir(), "config.json", models[i]));
+                ASSERT(!memcmp(r[mode].load, r[0].load, (size_t)mc.layers * mc.experts * sizeof(double)));
+                for (int g = 0; g < NGROUPS; g++)
+                    ASSERT_MSG(!memcmp(r[mode].g[g], r[0].g[g], r[0].gbytes[g]),
+                               "model %zu, lb form %d, mode %d: gradients of group %d differ", i, f, mode, g);
+            }
+            for (int mode = 0; mode < 3; mode++) {
+                for (int g = 0; g < NGROUPS; g++) free(r[mode].g[g]);
+                free(r[mode].load);
+            }
+        }
+}
+
+static size_t aligned(size_t n) { return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
+
+// The plan under each mode, on a model of L identical MoE layers (TINY_MOE_A: T = 16 tokens, k = 2, I = 8,
+// H = 16, fp32): selective keeps L − 1 fewer (T·k, I) SwiGLU outputs (one staging buffer stays); full keeps
+// per layer exactly its routing (T, k) int32 + fp32 and its output (T, H), and one layer's record r — r is
+// what a layer adds under none beyond those.
+TEST(memory_recompute_plan_bytes) {
+    enum { B = 2, S = 8, T = B * S };
+    size_t act[2][3]; // [L = 2, 3][mode]
+    for (int n = 0; n < 2; n++) {
+        char json[1024];
+        snprintf(json, sizeof json,
+                 "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": %d, "
+                 "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 48, "
+                 "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 8}",
+                 2 + n);
+        ModelConfig mc;
+        const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", json));
+        for (int mode = 0; mode < 3; mode++) {
+            Model m;
+            model_describe(&m, fam, &mc, DEV_CPU, DT_F32, S);
+            m.recompute = (RecomputeMode)mode;
+            act[n][mode] = chunk_plan(&m, B, S, 0, mc.layers, 1, 0).act_bytes;
+            model_free(&m);
+        }
+    }
+    size_t swiglu = aligned((size_t)T * 2 * 8 * 4), kept = 2 * aligned((size_t)T * 2 * 4) + aligned((size_t)T * 16 * 4);
+    for (int n = 0; n < 2; n++) {
+        int L = 2 + n;
+        ASSERT_MSG(act[n][1] == act[n][0] - (L - 1) * swiglu, "L=%d: selective %zu bytes, none %zu", L, act[n][1],
+                   act[n][0]);
+    }
+    size_t r = (act[1][0] - act[0][0]) - kept; // one layer's record beyond what full keeps
+    ASSERT_MSG(act[1][2] - act[0][2] == kept, "full: a layer adds %zu bytes, expected %zu", act[1][2] - act[0][2],
+               kept);
+    for (int n = 0; n < 2; n++)
+        ASSERT_MSG(act[n][2] == act[n][0] - (1 + n) * r, "L=%d: full %zu bytes, none %zu, record %zu", 2 + n, act[n][2],
+                   act[n][0], r);
+}
+
+// pith estimate's total equals the plan pith train allocates (its "plan" line), under each mode, on one
+// process and at ep 2 with a spilling capacity.
+TEST(memory_recompute_estimate_equals_plan) {
+    const char *d = memory_run();
+    char out[1 << 15], est[1 << 15];
+    static const char *const modes[] = {"none", "selective", "full"};
+    for (int np = 1; np <= 2; np++)
+        for (int i = 0; i < 3; i++) {
+            char sets[256];
+            snprintf(sets, sizeof sets, "--set recompute=%s%s", modes[i],
+                     np == 2 ? " --set parallel.expert_parallel_size=2 --set parallel.ep_capacity_factor=0.5" : "");
+            ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus %d --device cpu %s", PITH_BIN, d, np,
+                           sets) == 0);
+            ASSERT(run_cmd(out, sizeof out,
+                           "PITH=%s scripts/launch.sh -n %d %s/train.json --set max_steps=1 --set run_dir=%s/e%d%d %s "
+                           "2>&1",
+                           PITH_BIN, np, d, d, np, i, sets) == 0);
+            const char *e = strstr(est, " bytes)"), *t = strstr(out, " bytes)");
+            ASSERT_MSG(e && t, "%s\n%s", est, out);
+            while (e[-1] != '(') e--;
+            while (t[-1] != '(') t--;
+            ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "%d ranks, %s: estimate %lld vs train %lld", np,
+                       modes[i], strtoll(e, NULL, 10), strtoll(t, NULL, 10));
+        }
+}
+
+// The model on 2–4 CPU ranks with routing pushed towards rank 0 (tests/parallel/worker.c, "capacity"):
+// spilling gives the worst-case plan's loss, load-balancing loss and gradients bit for bit and counts the
+// rows above the capacity; dropping zeroes exactly the counted (token, expert) outputs.
+TEST(memory_ep_capacity_spill_and_drop) {
+    char out[16384];
+    for (int np = 2; np <= 4; np++) {
+        int rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_parallel capacity", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok capacity"), "%d ranks: %s", np, out);
+    }
+}
+
+// pith train at ep 2 with a capacity factor the routing exceeds: the losses and the step-1 gradient of the
+// worst-case plan exactly (the same layout, so the same sums), a smaller plan, the rows above the capacity in
+// the step line and metrics.jsonl; with ep_drop_tokens the dropped rows are counted and the loss changes.
+TEST(memory_ep_capacity_training) {
+    const char *d = memory_run();
+    char out[1 << 15], plan[3][64];
+    static const char *const sets[] = {"--set parallel.ep_capacity_factor=0", "--set parallel.ep_capacity_factor=0.5",
+                                       "--set parallel.ep_capacity_factor=0.5 --set parallel.ep_drop_tokens=true"};
+    for (int i = 0; i < 3; i++) {
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "PITH=%s scripts/launch.sh -n 2 %s/train.json --set parallel.expert_parallel_size=2 %s "
+                           "--set run_dir=%s/r%d --dump-grads %s/r%d/g 2>&1",
+                           PITH_BIN, d, sets[i], d, i, d, i) == 0,
+                   "%s", out);
+        const char *p = strstr(out, "bytes)");
+        ASSERT_MSG(p, "%s", out);
+        while (p[-1] != '(') p--;
+        snprintf(plan[i], sizeof plan[i], "%.*s", (int)strcspn(p, " "), p);
+        ASSERT_MSG(strstr(out, i == 2 ? "| ep-dropped " : "| ep-over "), "%s", out);
+    }
+    char a[300], b[300];
+    for (int s = 1; s <= 6; s++) {
+        snprintf(a, sizeof a, "%s/r0", d), snprintf(b, sizeof b, "%s/r1", d);
+        ASSERT_MSG(run_metric(a, s, "loss") == run_metric(b, s, "loss") &&
+                       run_metric(a, s, "grad_norm") == run_metric(b, s, "grad_norm"),
+                   "step %d: spilled loss %.17g vs worst case %.17g", s, run_metric(b, s, "loss"),
+                   run_metric(a, s, "loss"));
+        ASSERT_MSG(run_metric(a, s, "ep_over_rows") == 0 && run_metric(b, s, "ep_over_rows") > 0 &&
+                       run_metric(b, s, "ep_load") > 0.5,
+                   "step %d: %g rows over, load %g", s, run_metric(b, s, "ep_over_rows"), run_metric(b, s, "ep_load"));
+    }
+    snprintf(b, sizeof b, "%s/r2", d);
+    ASSERT(run_metric(b, 1, "ep_dropped_rows") > 0 && run_metric(b, 1, "loss") != run_metric(a, 1, "loss"));
+    ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/r0/g %s/r1/g", d, d) == 0, "%s", out);
+    ASSERT_MSG(atoll(plan[1]) < atoll(plan[0]) && atoll(plan[2]) < atoll(plan[1]), "plans %s %s %s", plan[0], plan[1],
+               plan[2]);
+}
+
+// ---- pith estimate: --detail and --sweep ----
+
+// The first number before " GB" after `key` in text.
+static double gb_after(const char *text, const char *key) {
+    const char *p = strstr(text, key);
+    ASSERT_MSG(p, "no '%s' in:\n%s", key, text);
+    return strtod(p + strlen(key), NULL);
+}
+
+// --detail: the activation parts add up to the activation records (to the MB printed), and a lever's plan is
+// the plan of the config with that --set.
+TEST(memory_estimate_detail) {
+    char out[1 << 15], one[1 << 15];
+    const char *cfg = "examples/qwen3-30b-a3b/train.json --gpus 8";
+    ASSERT(run_cmd(out, sizeof out, "%s estimate %s --detail", PITH_BIN, cfg) == 0);
+    double parts = gb_after(out, "hidden states, routing") / 1e3 + gb_after(out, "stage 1 records") +
+                   gb_after(out, "stage 3 records") + gb_after(out, "staging") + gb_after(out, "spill set") +
+                   gb_after(out, "epilog") / 1e3;
+    ASSERT_MSG(fabs(parts - gb_after(out, "activation records")) < 0.02, "parts %.3f GB:\n%s", parts, out);
+    ASSERT_MSG(strstr(out, "largest term: stage 3 records"), "%s", out);
+    ASSERT(run_cmd(one, sizeof one, "%s estimate %s --set recompute=full", PITH_BIN, cfg) == 0);
+    ASSERT_MSG(fabs(gb_after(out, "--set recompute=full") - gb_after(one, "  total")) < 0.006, "%s\n%s", out, one);
+    ASSERT_MSG(strstr(out, "--set parallel.expert_parallel_size=16           (the layout does not divide)"), "%s", out);
+}
+
+// --sweep on the real Qwen3-30B-A3B config finds layouts that fit 8 × 141 GB (H200), best first; the first one
+// trains a step on 8 CPU ranks at a scaled-down size (TINY_MOE_EP) with the plan `pith estimate` gives it.
+TEST(memory_estimate_sweep_layout_trains) {
+    char out[1 << 16], est[1 << 15];
+    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8 --gpu-memory 141 --sweep",
+                   PITH_BIN) == 0);
+    const char *ok = strstr(out, "\n  OK ");
+    ASSERT_MSG(ok && !strstr(out, " 0 OK,"), "%s", out);
+    const char *sets = strstr(ok, "--set parallel.");
+    ASSERT(sets);
+    char layout[512];
+    snprintf(layout, sizeof layout, "%.*s", (int)strcspn(sets, "\n"), sets);
+    ASSERT_MSG(strstr(layout, "expert_parallel_size=8"), "%s", layout);
+    const char *d = memory_run();
+    ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus 8 --device cpu %s", PITH_BIN, d, layout) == 0);
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "PITH=%s scripts/launch.sh -n 8 %s/train.json --set max_steps=1 --set run_dir=%s/s %s 2>&1",
+                       PITH_BIN, d, d, layout) == 0,
+               "%s", out);
+    const char *e = strstr(est, " bytes)"), *t = strstr(out, " bytes)");
+    ASSERT_MSG(e && t, "%s\n%s", est, out);
+    while (e[-1] != '(') e--;
+    while (t[-1] != '(') t--;
+    ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "%s: estimate %lld vs train %lld", layout,
+               strtoll(e, NULL, 10), strtoll(t, NULL, 10));
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/s", d);
+    ASSERT(isfinite(run_metric(dir, 1, "loss")));
+}
+
+// Under the pipeline (pp 2 × ep 2 on 4 CPU ranks, DualPipeV with deferred weight gradients): the spill set and
+// both recompute modes give the worst-case plan's step-1 gradient byte for byte (a spilled layer, and every
+// layer under full recompute, computes its weight gradient in backward instead of deferring it).
+TEST(memory_pipeline_spill_and_recompute) {
+    const char *d = memory_run();
+    char out[1 << 15];
+    ASSERT(run_cmd(out, sizeof out,
+                   "sed 's/\"num_hidden_layers\": 3/\"num_hidden_layers\": 4/' %s/model.json > %s/m4.json", d, d) == 0);
+    static const char *const sets[] = {"--set parallel.ep_capacity_factor=0", "--set parallel.ep_capacity_factor=0.5",
+                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=selective",
+                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=full"};
+    for (int i = 0; i < 4; i++) {
+        ASSERT_MSG(
+            run_cmd(out, sizeof out,
+                    "PITH=%s scripts/launch.sh -n 4 %s/train.json --set model=%s/m4.json --set max_steps=2 --set "
+                    "parallel.pipeline_parallel_size=2 --set parallel.expert_parallel_size=2 --set "
+                    "micro_batch_size=1 %s --set run_dir=%s/p%d --dump-grads %s/p%d/g 2>&1",
+                    PITH_BIN, d, d, sets[i], d, i, d, i) == 0,
+            "%s: %s", sets[i], out);
+        if (i == 1) ASSERT_MSG(strstr(out, "| ep-over ") && !strstr(out, "| ep-over 0 rows"), "%s", out);
+        if (i) ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/p0/g %s/p%d/g", d, d, i) == 0, "%s: %s", sets[i], out);
+    }
+}
