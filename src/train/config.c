@@ -245,6 +245,12 @@ static const ConfigKey optimizer_keys[] = {
      .hi = 1,
      .hi_open = true,
      .doc = "Muon's momentum β (muon)"},
+    {.name = "offload",
+     .kind = K_BOOL,
+     .off = OFF(optimizer.offload),
+     .doc = "AdamW's moments in host memory (pinned), streamed through the device in chunks by the step: the same "
+            "update bit for bit, 8 bytes per parameter of this rank's shards off the GPU, 16 bytes per such parameter "
+            "of host↔device traffic per step (adamw)"},
 };
 
 static const ConfigKey scheduler_keys[] = {
@@ -597,6 +603,9 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     if (c->optimizer.type == OPTIMIZER_ADAMW && set_apart(sec[1], c, "momentum", optimizer_keys, LEN(optimizer_keys)))
         jdie(origin_of(sec[1], &org, "momentum"), "momentum",
              "has no effect with optimizer.type \"adamw\" (it is Muon's; AdamW's are betas)");
+    if (c->optimizer.type == OPTIMIZER_MUON && c->optimizer.offload)
+        jdie(origin_of(sec[1], &org, "offload"), "offload",
+             "is AdamW's (Muon orthogonalises whole matrices of its momentum, which stays on the device)");
     if (c->benchmark && c->moe_router_bias_update_rate > 0)
         jdie(origin_of(top, &org, "moe_router_bias_update_rate"), "moe_router_bias_update_rate",
              "has no effect with benchmark = true (the routing is forced, the bias would select nothing)");
