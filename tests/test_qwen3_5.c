@@ -305,7 +305,9 @@ static void gradcheck_q35(const char *json, double lb_coef, int S) {
     " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.5}"
 static const char *config_q35 = "{" TINY_Q35_TEXT "}";
 
-TEST(model_gradcheck_qwen3_5_moe) { gradcheck_q35(config_q35, 0.0, 16); }
+// 80 tokens per sequence: past the chunk of 64 and the backward's block of 64. A state gradient carried into the
+// previous block without its decay passes at 16 tokens and fails at 80 (embed_tokens off by 78%).
+TEST(model_gradcheck_qwen3_5_moe) { gradcheck_q35(config_q35, 0.0, 80); }
 TEST(model_gradcheck_qwen3_5_moe_load_balance) { gradcheck_q35(config_q35, 0.05, 16); }
 
 TEST(model_config_qwen3_5_moe) {
