@@ -382,7 +382,7 @@ typedef struct {
     int L, nk, nv, dk, dv;
 } ChunkDims;
 
-// Grid (NC, B·nv). Shared: kc (L, dk), Am, Ti (L, L), cc, bb (L).
+// Grid (NC, B·nv). Shared: cc (L, fp64), kc (L, dk), Am, Ti (L, L), bb, be = β e^c (L).
 template <typename T>
 __global__ void delta_chunk_prep_kernel(double *cs, float *U, float *W, float *M, float *Tg, const float *qh,
                                         const float *kh, const T *v, const float *g, const float *beta, ChunkDims d) {
@@ -391,11 +391,12 @@ __global__ void delta_chunk_prep_kernel(double *cs, float *U, float *W, float *M
     int64_t b = bh / nv, p0 = (int64_t)n * L, tok0 = b * d.S + p0;
     int h = bh % nv, hk = h / (nv / d.nk), Le = (int)(d.S - p0 < L ? d.S - p0 : L);
     double *cc = (double *)sm; // c in fp64: differences of large cumulative decays keep their digits
-    float *kc = (float *)(cc + L), *Am = kc + L * dk, *Ti = Am + L * L, *bb = Ti + L * L;
+    float *kc = (float *)(cc + L), *Am = kc + L * dk, *Ti = Am + L * L, *bb = Ti + L * L, *be = bb + L;
     for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) kc[e] = kh[((tok0 + e / dk) * d.nk + hk) * dk + e % dk];
     if (threadIdx.x == 0) {
         double s = 0;
-        for (int i = 0; i < Le; i++) s += g[(tok0 + i) * nv + h], cc[i] = s, bb[i] = beta[(tok0 + i) * nv + h];
+        for (int i = 0; i < Le; i++)
+            s += g[(tok0 + i) * nv + h], cc[i] = s, bb[i] = beta[(tok0 + i) * nv + h], be[i] = bb[i] * expf((float)s);
     }
     __syncthreads();
     for (int e = threadIdx.x; e < Le * Le; e += blockDim.x) {
@@ -425,7 +426,7 @@ __global__ void delta_chunk_prep_kernel(double *cs, float *U, float *W, float *M
     for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) {
         int i = e / dk, x = e % dk;
         float s = 0;
-        for (int m = 0; m <= i; m++) s += Ti[i * L + m] * bb[m] * expf((float)cc[m]) * kc[m * dk + x];
+        for (int m = 0; m <= i; m++) s += Ti[i * L + m] * be[m] * kc[m * dk + x];
         Wb[e] = s;
     }
     float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
@@ -442,7 +443,7 @@ __global__ void delta_chunk_prep_kernel(double *cs, float *U, float *W, float *M
 }
 
 // The state pass. Grid (B·nv, ⌈dv / DELTA_VT⌉). Writes o (when o is not NULL), or S₀ of every chunk and V'.
-// Shared: St (dk, VT) the state's columns, Vt (L, VT).
+// Shared: St (dk, VT) the state's columns, Vt (L, VT), the chunk's decays e^c and e^{c_L − c} (L each).
 template <typename T>
 __global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, const double *cs, const float *U, const float *W,
                                          const float *M, const float *qh, const float *kh, ChunkDims d) {
@@ -450,7 +451,7 @@ __global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, const doubl
     int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
     int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv;
-    float *St = sm, *Vt = St + dk * DELTA_VT;
+    float *St = sm, *Vt = St + dk * DELTA_VT, *ec = Vt + L * DELTA_VT, *eL = ec + L;
     for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) St[e] = 0;
     __syncthreads();
     for (int64_t n = 0; n < d.NC; n++) {
@@ -459,6 +460,8 @@ __global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, const doubl
         const double *c = cs + row0;
         const float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
         const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
+        for (int i = threadIdx.x; i < Le; i += blockDim.x)
+            ec[i] = expf((float)c[i]), eL[i] = expf((float)(c[Le - 1] - c[i]));
         if (S0)
             for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
                 S0[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = St[e];
@@ -475,17 +478,15 @@ __global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, const doubl
                 float s = 0, u = 0;
                 for (int x = 0; x < dk; x++) s += q0[(int64_t)i * d.nk * dk + x] * St[x * VT + y];
                 for (int j = 0; j <= i; j++) u += Mb[i * L + j] * Vt[j * VT + y];
-                st(o, ((tok0 + i) * nv + h) * dv + y0 + y, expf((float)c[i]) * s + u);
+                st(o, ((tok0 + i) * nv + h) * dv + y0 + y, ec[i] * s + u);
             }
         else
             for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) Vp[(row0 + e / VT) * dv + y0 + e % VT] = Vt[e];
         __syncthreads();
-        double cL = c[Le - 1];
         for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // S₁ = e^{c_L} S₀ + kᵀ diag(e^{c_L − c}) V'
             int x = e / VT, y = e % VT;
-            float s = expf((float)cL) * St[e];
-            for (int j = 0; j < Le; j++)
-                s += expf((float)(cL - c[j])) * k0[(int64_t)j * d.nk * dk + x] * Vt[j * VT + y];
+            float s = ec[Le - 1] * St[e];
+            for (int j = 0; j < Le; j++) s += eL[j] * k0[(int64_t)j * d.nk * dk + x] * Vt[j * VT + y];
             St[e] = s;
         }
         __syncthreads();
@@ -493,7 +494,7 @@ __global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, const doubl
 }
 
 // The backward state pass, chunks in reverse. Grid (B·nv, ⌈dv / DELTA_VT⌉). Writes dS₁ of every chunk and dV'.
-// Shared: dSt (dk, VT), dOt and dVt (L, VT).
+// Shared: dSt (dk, VT), dOt and dVt (L, VT), e^c and e^{c_L − c} (L each).
 template <typename T>
 __global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, const T *dout, const double *cs, const float *W,
                                           const float *M, const float *qh, const float *kh, ChunkDims d) {
@@ -501,7 +502,7 @@ __global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, const T *dout,
     int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
     int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv;
-    float *dSt = sm, *dOt = dSt + dk * DELTA_VT, *dVt = dOt + L * DELTA_VT;
+    float *dSt = sm, *dOt = dSt + dk * DELTA_VT, *dVt = dOt + L * DELTA_VT, *ec = dVt + L * DELTA_VT, *eL = ec + L;
     for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) dSt[e] = 0;
     __syncthreads();
     for (int64_t n = d.NC - 1; n >= 0; n--) {
@@ -510,7 +511,8 @@ __global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, const T *dout,
         const double *c = cs + row0;
         const float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
         const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
-        double cL = c[Le - 1];
+        for (int i = threadIdx.x; i < Le; i += blockDim.x)
+            ec[i] = expf((float)c[i]), eL[i] = expf((float)(c[Le - 1] - c[i]));
         for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
             dS1[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = dSt[e];
         for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
@@ -521,16 +523,16 @@ __global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, const T *dout,
             float s = 0, u = 0;
             for (int j = i; j < Le; j++) s += Mb[j * L + i] * dOt[j * VT + y];
             for (int x = 0; x < dk; x++) u += k0[(int64_t)i * d.nk * dk + x] * dSt[x * VT + y];
-            dVt[e] = s + expf((float)(cL - c[i])) * u;
+            dVt[e] = s + eL[i] * u;
             dVp[(row0 + i) * dv + y0 + y] = dVt[e];
         }
         __syncthreads();
         for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // dS₀ = e^{c_L} dS₁ + qᵀ diag(e^c) dO − Wᵀ dV'
             int x = e / VT, y = e % VT;
-            float s = expf((float)cL) * dSt[e];
+            float s = ec[Le - 1] * dSt[e];
             for (int i = 0; i < Le; i++)
-                s += expf((float)c[i]) * q0[(int64_t)i * d.nk * dk + x] * dOt[i * VT + y] -
-                     W[(row0 + i) * dk + x] * dVt[i * VT + y];
+                s +=
+                    ec[i] * q0[(int64_t)i * d.nk * dk + x] * dOt[i * VT + y] - W[(row0 + i) * dk + x] * dVt[i * VT + y];
             dSt[e] = s;
         }
         __syncthreads();
@@ -543,7 +545,7 @@ __global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, const T *dout,
 //   dv = β dBv, dβ_i = Σ_j dA_ij (k_i·k_j) e^{c_i − c_j} + dBv_i·v_i + e^{c_i} dBk_i·k_i,
 //   and every e^{c_i − c_j} factor sends its log-derivative to dc_i (+) and dc_j (−); dg_m = Σ_{i≥m} dc_i.
 // dWg, dBvg, dBkg: (B·nv, NC·L, dk | dv) scratch. Shared: Tm, Dm, Pm (dA·(k_i·k_j)·e), Em (dA·β_i·e): (L, L);
-// cc, bb, dc, z (L); 32 for block sums.
+// cc, dc, z (L, fp64); bb (L); 32 for block sums.
 template <typename T>
 __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg, float *dbeta, float *dWg, float *dBvg,
                                         float *dBkg, const double *cs, const float *U, const float *W, const float *M,
@@ -554,9 +556,8 @@ __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg,
     int L = d.L, dk = d.dk, dv = d.dv, n = blockIdx.x, bh = blockIdx.y, nv = d.nv;
     int64_t b = bh / nv, p0 = (int64_t)n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
     int h = bh % nv, hk = h / (nv / d.nk), Le = (int)(d.S - p0 < L ? d.S - p0 : L), LL = L * L;
-    double *cc = (double *)sm;
-    float *Tm = (float *)(cc + L), *Dm = Tm + LL, *Pm = Dm + LL, *Em = Pm + LL, *bb = Em + LL, *dc = bb + L,
-          *z = dc + L, *red = z + L;
+    double *cc = (double *)sm, *dc = cc + L, *z = dc + L; // dc in fp64: its terms cancel in dg's cumulative sums
+    float *Tm = (float *)(z + L), *Dm = Tm + LL, *Pm = Dm + LL, *Em = Pm + LL, *bb = Em + LL, *red = bb + L;
     const float *Mb = M + ((int64_t)bh * d.NC + n) * LL, *S0b = S0 + ((int64_t)bh * d.NC + n) * dk * dv,
                 *dS1b = dS1 + ((int64_t)bh * d.NC + n) * dk * dv;
     const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
@@ -582,8 +583,8 @@ __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg,
     }
     __syncthreads();
     for (int i = threadIdx.x; i < Le; i += blockDim.x) { // dc from M: Σ_j dM_ij M_ij − Σ_j dM_ji M_ji
-        float s = 0;
-        for (int j = 0; j < Le; j++) s += Dm[i * L + j] * Mb[i * L + j] - Dm[j * L + i] * Mb[j * L + i];
+        double s = 0;
+        for (int j = 0; j < Le; j++) s += (double)Dm[i * L + j] * Mb[i * L + j] - (double)Dm[j * L + i] * Mb[j * L + i];
         dc[i] += s;
     }
     for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) { // dBv = Tmᵀ dV'
@@ -621,7 +622,7 @@ __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg,
     }
     __syncthreads();
     for (int i = threadIdx.x; i < Le; i += blockDim.x) {
-        float pr = 0, pc = 0, bv = 0, bk = 0, qg = 0, kg = 0;
+        double pr = 0, pc = 0, bv = 0, bk = 0, qg = 0, kg = 0;
         for (int j = 0; j < Le; j++) pr += Pm[i * L + j], pc += bb[j] * Pm[j * L + i];
         for (int y = 0; y < dv; y++) bv += dBvg[(row0 + i) * dv + y] * ld(v, ((tok0 + i) * nv + h) * dv + y);
         for (int x = 0; x < dk; x++) {
@@ -629,17 +630,17 @@ __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg,
             qg += q0[i * ks + x] * gq[((tok0 + i) * nv + h) * dk + x];
             kg += k0[i * ks + x] * gk[((tok0 + i) * nv + h) * dk + x];
         }
-        float eb = expf((float)cc[i]) * bk;
-        dbeta[(tok0 + i) * nv + h] = pr + bv + eb;
+        double eb = expf((float)cc[i]) * bk;
+        dbeta[(tok0 + i) * nv + h] = (float)(pr + bv + eb);
         dc[i] += bb[i] * pr - pc + bb[i] * eb + qg - kg;
         z[i] = kg;
     }
     __syncthreads();
     if (threadIdx.x == 0) { // S₁'s decay e^{c_L}; then dg = the reverse cumulative sum of dc
-        float s = expf((float)cc[Le - 1]) * sd;
+        double s = expf((float)cc[Le - 1]) * sd;
         for (int j = 0; j < Le; j++) s += z[j];
         dc[Le - 1] += s, s = 0;
-        for (int i = Le - 1; i >= 0; i--) s += dc[i], dg[(tok0 + i) * nv + h] = s;
+        for (int i = Le - 1; i >= 0; i--) s += dc[i], dg[(tok0 + i) * nv + h] = (float)s;
     }
     for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) {
         int i = e / dv, y = e % dv;
@@ -721,10 +722,10 @@ static float *delta_bufs(DeltaBufs *f, Tensor q, Tensor v, const DeltaShape *s, 
     return f->M + BH * d->NC * d->L * d->L;
 }
 
-static size_t prep_smem(const ChunkDims *d) { return ((size_t)d->L * d->dk + 2 * (size_t)d->L * d->L + 3 * d->L) * 4; }
-static size_t state_smem(const ChunkDims *d) { return ((size_t)d->dk + d->L) * DELTA_VT * 4; }
-static size_t dstate_smem(const ChunkDims *d) { return ((size_t)d->dk + 2 * d->L) * DELTA_VT * 4; }
-static size_t grad_smem(const ChunkDims *d) { return (4 * (size_t)d->L * d->L + 5 * d->L + 32) * 4; }
+static size_t prep_smem(const ChunkDims *d) { return ((size_t)d->L * d->dk + 2 * (size_t)d->L * d->L + 4 * d->L) * 4; }
+static size_t state_smem(const ChunkDims *d) { return (((size_t)d->dk + d->L) * DELTA_VT + 2 * d->L) * 4; }
+static size_t dstate_smem(const ChunkDims *d) { return (((size_t)d->dk + 2 * d->L) * DELTA_VT + 2 * d->L) * 4; }
+static size_t grad_smem(const ChunkDims *d) { return (4 * (size_t)d->L * d->L + 7 * d->L + 32) * 4; }
 
 template <typename K> static void set_smem(K kernel, size_t bytes) {
     CHECK(bytes <= 227 * 1024);
