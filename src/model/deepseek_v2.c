@@ -114,6 +114,7 @@ static void dsv2_config_parse(ModelConfig *c, JObj o) {
     double f = c->rope.factor, mad = c->rope.mscale_all_dim,
            ms = c->rope.yarn && mad != 0 && f > 1 ? 0.1 * mad * log(f) + 1 : 1;
     d->softmax_scale = ms * ms / sqrt((double)(d->nope + rd));
+    c->ring.nh = c->ring.nkv = c->heads, c->ring.dqk = d->nope + rd, c->ring.dv = d->vdim;
     int first_dense = (int)jint(o, "first_k_dense_replace", false, 0);
     if (first_dense < 0) jdie(o, "first_k_dense_replace", "must be non-negative");
     for (int l = 0; l < c->layers && l < MAX_LAYERS; l++) c->is_moe[l] = l >= first_dense;
@@ -354,7 +355,7 @@ static void dsv2_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stag
     op_linear_backward_input(tensor_reshape2(r->datt, T, nh * dv), r->dh1, W->wo, false);
     op_linear_backward_weight(G->wo, G->bo, r->dh1, tensor_reshape2(r->att, T, nh * dv));
     AttnArgs aa = dsv2_attn_args(m, mb);
-    op_attention_backward(r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
+    model_attention_backward(m, r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
     // k and v back into kv's per-head layout; k_pe's gradient is the sum over the heads that share it.
     Tensor dkvh = tensor_reshape2(r->dkv, T * nh, dn + dv), dkh = tensor_reshape2(r->dk, T * nh, dq),
            dk2 = tensor_reshape2(r->dk, T, nh * dq);

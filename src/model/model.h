@@ -22,7 +22,12 @@ typedef struct {
     // GPT-OSS experts when swiglu_limit > 0 (moe.c): biases on gate_up and down, each expert's gate_up rows
     // interleaved (gate even, up odd) and op_swiglu_clamped_* with this limit and alpha as the activation.
     float swiglu_limit, swiglu_alpha;
-    RopeSpec rope;       // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
+    RopeSpec rope; // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
+    // The softmax attention's shape as ring attention moves it (parallel/ring.h): query and kv heads, q·k and v
+    // head dims. A family that leaves it 0 does not run under context parallelism (a config error).
+    struct {
+        int nh, nkv, dqk, dv;
+    } ring;
     bool router_sigmoid; // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
@@ -117,6 +122,7 @@ typedef struct {
     double *cnt;              // (layers, D, E) this round's counts of every replica
     float *probs, *grad;      // (T, E), (E) host scratch
     int32_t *idx;             // (T, k)
+    double *sums;             // context parallelism: (groups, 2E) counts and probability sums over the cp ranks
 } LoadBalance;
 
 // What every family shares (moe.c) and the engine allocates around the family's record:
@@ -220,6 +226,7 @@ struct Model {
     SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
     void *views;             // the family's own weight and gradient views
     struct KvCache *kv;      // generation: attention reads and extends this cache (NULL: training, evaluation)
+    struct Ring *ring;       // context parallelism (parallel/ring.h): attention is zigzag ring attention (NULL: cp 1)
 };
 
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported
@@ -302,4 +309,10 @@ typedef struct KvCache {
 } KvCache;
 void kv_cache_free(KvCache *kv);
 void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
+// The position of row t of a micro-batch of sequences of S rows: t mod S, or under context parallelism (m->ring)
+// the global position of local row t mod S of this rank's zigzag chunks.
+int model_position(const Model *m, int S, int t);
+// op_attention_backward, or with m->ring the ring's backward (context parallelism): families call this one.
+void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k,
+                              Tensor v, Tensor o, Tensor lse, const AttnArgs *a);
 void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws); // the shared final RMSNorm and LM head
