@@ -254,18 +254,17 @@ TEST(dist_cp_config_errors) {
     }
 }
 
-// A checkpoint of the model written at ep2 resumes at ep2 × dp2 and on one process with the losses of the
-// uninterrupted run.
-static void check_reshard_resume(const char *model) {
+// A checkpoint of the model written on 2 ranks (`save`: ep2, or cp2) resumes at ep2 × dp2 and on one process with
+// the losses of the uninterrupted run.
+static void check_reshard_resume(const char *model, const char *save) {
     const char *d = make_run_of(model);
     char out[1 << 16], dir[300], full[300];
     snprintf(full, sizeof full, "%s/full", d);
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set max_steps=6 --set run_dir=%s", PITH_BIN, d, full) ==
            0);
     ASSERT(run_cmd(out, sizeof out,
-                   MPIRUN " 2 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set "
-                          "save_location=%s/ck --steps 3",
-                   PITH_BIN, d, d) == 0);
+                   MPIRUN " 2 %s train %s/train.json --set max_steps=6 %s --set save_location=%s/ck --steps 3",
+                   PITH_BIN, d, save, d) == 0);
     static const char *const launch[] = {MPIRUN " 4 %s train %s/train.json --set parallel.expert_parallel_size=2",
                                          "%s train %s/train.json"};
     for (int i = 0; i < 2; i++) {
@@ -281,15 +280,19 @@ static void check_reshard_resume(const char *model) {
     }
 }
 
-TEST(dist_reshard_resume_deepseek_v2) { check_reshard_resume(model_json_dsv2); }
-TEST(dist_reshard_resume_gpt_oss) { check_reshard_resume(model_json_gpt_oss); }
+#define EP2 "--set parallel.expert_parallel_size=2"
+TEST(dist_reshard_resume_deepseek_v2) { check_reshard_resume(model_json_dsv2, EP2); }
+TEST(dist_reshard_resume_gpt_oss) { check_reshard_resume(model_json_gpt_oss, EP2); }
+// Context parallelism leaves nothing of its layout in a checkpoint: saved at cp2 (DeepSeek-V2, the latent ring),
+// resumed on one process and at ep2 × dp2.
+TEST(dist_cp_reshard_resume) { check_reshard_resume(model_json_dsv2, "--set parallel.context_parallel_size=2"); }
 
 // GPT-OSS: ep2, dp2 and ep2 × dp2 against one process.
 TEST(dist_equivalence_layouts_gpt_oss) { check_layouts(make_run_of(model_json_gpt_oss), layouts, 3, ""); }
 
 // Qwen3.5-MoE: ep2, dp2 and ep2 × dp2 against one process; its checkpoints reshard.
 TEST(dist_equivalence_layouts_qwen3_5_moe) { check_layouts(make_run_of(model_json_q35), layouts, 3, ""); }
-TEST(dist_reshard_resume_qwen3_5_moe) { check_reshard_resume(model_json_q35); }
+TEST(dist_reshard_resume_qwen3_5_moe) { check_reshard_resume(model_json_q35, EP2); }
 
 // Global-batch load balancing counts experts over the micro-batches of the global batch in their global
 // order, so it too is layout-independent; with one micro-batch it is the micro-batch form.
@@ -471,6 +474,13 @@ static void check_estimate(const char *d, int np, const char *sets, int run) {
     // pipelines: every pipeline rank's total (the ranks hold different layers)
     char *pe = strstr(est, "plan per pipeline rank:"), *pt = strstr(out, "plan per pipeline rank:");
     ASSERT_MSG(!pe == !pt && (!pe || !strncmp(pe, pt, strcspn(pe, "\n") + 1)), "%s\n%s", est, out);
+}
+
+// Context parallelism in the plan: DeepSeek-V2's latent ring at cp2 and cp2 × ep2, estimate = allocation.
+TEST(dist_cp_estimate_deepseek_v2) {
+    const char *d = make_run_of(model_json_dsv2);
+    check_estimate(d, 2, "--set parallel.context_parallel_size=2", 0);
+    check_estimate(d, 4, "--set parallel.context_parallel_size=2 --set parallel.expert_parallel_size=2", 1);
 }
 
 TEST(dist_estimate_matches_training) {

@@ -393,3 +393,48 @@ int model_position(const Model *m, int S, int t) {
     if (!m->ring) return t % S;
     return ring_position(m->ring->cp->rank, m->ring->cp->size, S / 2, t % S);
 }
+
+void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v) {
+    int64_t R = c.n[0], nh = ml->nh, dn = ml->dn, dv = ml->dv, dq = dn + ml->dr;
+    op_linear_forward(tensor_reshape2(kv, R, nh * (dn + dv)), c, ml->wkvb, (Tensor){0});
+    Tensor kvh = tensor_reshape2(kv, R * nh, dn + dv), kh = tensor_reshape2(k, R * nh, dq),
+           k2 = tensor_reshape2(k, R, nh * dq), pe2 = tensor_reshape2(pe, R, t_cols(pe));
+    if (dn) op_copy_cols(kh, 0, kvh, 0, dn, false);
+    op_copy_cols(tensor_reshape2(v, R * nh, dv), 0, kvh, dn, dv, false);
+    for (int64_t h = 0; h < nh; h++) op_copy_cols(k2, h * dq + dn, pe2, pe_col, ml->dr, false);
+}
+
+void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv,
+                                   Tensor dk, Tensor dv) {
+    int64_t R = c.n[0], nh = ml->nh, dn = ml->dn, dvd = ml->dv, dq = dn + ml->dr;
+    Tensor dkvh = tensor_reshape2(dkv, R * nh, dn + dvd), dkh = tensor_reshape2(dk, R * nh, dq),
+           dk2 = tensor_reshape2(dk, R, nh * dq), dpe2 = tensor_reshape2(dpe, R, t_cols(dpe));
+    if (dn) op_copy_cols(dkvh, 0, dkh, 0, dn, false);
+    op_copy_cols(dkvh, dn, tensor_reshape2(dv, R * nh, dvd), 0, dvd, false);
+    for (int64_t h = 0; h < nh; h++) op_copy_cols(dpe2, dpe_col, dk2, h * dq + dn, ml->dr, h > 0);
+    Tensor dkv2 = tensor_reshape2(dkv, R, nh * (dn + dvd));
+    op_linear_backward_input(dc, dkv2, ml->wkvb, false);
+    op_linear_backward_weight(ml->dwkvb, (Tensor){0}, dkv2, c);
+}
+
+void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,
+                                 Tensor k, Tensor v, const AttnArgs *a) {
+    if (m->ring) {
+        CHECK(!m->kv);
+        ring_mla_forward(m->ring, o, lse, q, ml, a);
+        return;
+    }
+    model_mla_decompress(ml, ml->c, ml->pe, ml->pe_col, kv, k, v);
+    model_attention_forward(m, l, o, lse, q, k, v, a);
+}
+
+void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor k, Tensor v,
+                                  Tensor o, Tensor lse, Tensor dk, Tensor dv, Tensor dkv, const MlaLatent *ml,
+                                  const AttnArgs *a) {
+    if (m->ring) {
+        ring_mla_backward(m->ring, dq, dc, dpe, dout, q, o, lse, ml, a);
+        return;
+    }
+    op_attention_backward(dq, dk, dv, (Tensor){0}, dout, q, k, v, o, lse, a);
+    model_mla_decompress_backward(ml, ml->c, dc, dpe, ml->pe_col, dkv, dk, dv);
+}

@@ -4,10 +4,11 @@
 // rows of a sequence are [front | back] (2·blk rows); q, k, v, o are (B·2·blk, heads, d) as the families keep
 // them, lse (B, nh, 2·blk) fp32, exactly the rows of one-rank attention over the whole sequence that this rank
 // holds. K and V travel one hop per step to rank r + 1; the backward sends them round again and a second ring
-// carries each rank's dK/dV accumulator home.
+// carries each rank's dK/dV accumulator home. Multi-head latent attention sends its latent instead and makes K
+// and V from it at every hop (ring_mla_*).
 #pragma once
+#include "model/model.h"
 #include "parallel/comm.h"
-#include "ops/ops.h"
 
 typedef struct Ring {
     const Comm *cp; // the cp group (size ≥ 2)
@@ -20,8 +21,9 @@ static inline int ring_position(int r, int cp, int blk, int i) {
 }
 
 // Bytes of one call's scratch for B sequences of 2·blk local rows: nh query heads, nkv kv heads of q·k dim dqk
-// and v dim dv in dtype dt (forward or backward, whichever is larger).
-size_t ring_bytes(Device dev, DType dt, int B, int blk, int nh, int nkv, int dqk, int dv);
+// and v dim dv in dtype dt (forward or backward, whichever is larger); with dc > 0 the latent form (dc latent
+// columns, dn of the dqk per head made from it).
+size_t ring_bytes(Device dev, DType dt, int B, int blk, int nh, int nkv, int dqk, int dv, int dc, int dn);
 void ring_init(Ring *r, const Comm *cp, Device dev, size_t bytes);
 void ring_free(Ring *r);
 
@@ -31,3 +33,9 @@ void ring_attention_forward(Ring *r, Tensor o, Tensor lse, Tensor q, Tensor k, T
 // dq, dk, dv written (this rank's rows of the gradients), from the forward's o and lse.
 void ring_attention_backward(Ring *r, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
                              Tensor o, Tensor lse, const AttnArgs *a);
+// The same for multi-head latent attention (model_mla_decompress makes k, v of each hop's latent): the latent
+// (ml->c and the k_pe columns of ml->pe) travels. Backward: dq, dc: (T, dc) and the k_pe columns of dpe written;
+// ml->dwkvb += kv_b_proj's gradient over every hop (this rank's queries against every key).
+void ring_mla_forward(Ring *r, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, const AttnArgs *a);
+void ring_mla_backward(Ring *r, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor o, Tensor lse,
+                       const MlaLatent *ml, const AttnArgs *a);

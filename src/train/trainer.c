@@ -83,7 +83,7 @@ static size_t ring_plan(const Model *m, const TrainConfig *c, const Dist *d) {
     if (d->cp == 1) return 0;
     const ModelConfig *mc = &m->cfg;
     return ring_bytes(m->dev, m->cdt, c->micro_batch_size, c->sequence_length / (2 * d->cp), mc->ring.nh, mc->ring.nkv,
-                      mc->ring.dqk, mc->ring.dv);
+                      mc->ring.dqk, mc->ring.dv, mc->ring.dc, mc->ring.dn);
 }
 
 // Bytes of everything but the engine, from the model's tensors and the counted shard arena (which also
