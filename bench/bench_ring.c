@@ -51,8 +51,8 @@ static void bench_one(const Dist *d, int S, int iters) {
         ops_sync();
         double t2 = now_seconds();
         // one hop's work alone: two blocks of H queries against H keys (the first and second halves)
-        Tensor qh = tensor_rows(q, 0, H), oh = tensor_rows(o, 0, H), lh = tensor_make(lse.p, DT_F32, DEV_CUDA, 3, 1,
-                                                                                      nh, H, 1);
+        Tensor qh = tensor_rows(q, 0, H), oh = tensor_rows(o, 0, H),
+               lh = tensor_make(lse.p, DT_F32, DEV_CUDA, 3, 1, nh, H, 1);
         for (int h = 0; h < 2; h++)
             op_attention_forward(oh, lh, qh, tensor_rows(k, h * H, H), tensor_rows(v, h * H, H), &block);
         ops_sync();
