@@ -79,6 +79,11 @@ void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, co
 // dq, dk, dv written; dsinks: (nh) fp32 += ∂/∂sinks (p == NULL: not wanted). o and lse as the forward wrote them.
 void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
                            Tensor o, Tensor lse, const AttnArgs *a);
+// The log-sum-exp merge of a partial attention result into an accumulator (ring attention), per query row and
+// head: lse' = log(e^lse + e^lse_p), o ← o·e^(lse − lse') + o_p·e^(lse_p − lse'), lse ← lse'. lse_p = −∞ (the
+// block saw nothing) leaves (o, lse) as they are, lse = −∞ takes the partial; init overwrites (o = o_p, lse =
+// lse_p). o: (B·Sq, nh, dv) fp32, lse: (B, nh, Sq) fp32; o_p: o's shape, fp32 or bf16; lse_p: lse's shape, fp32.
+void op_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, bool init);
 
 // ---- mixture of experts ----
 // Router on logits: (T, E) fp32. probs: (T, E) fp32 = softmax(logits) over all E, or with sigmoid (DeepSeek-V3)
@@ -187,13 +192,18 @@ void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bia
 // first divided by sqrt(Σ x² + 1e-6) per head; then q ← scale·q. From S_0 = 0 (dk × dv, fp32 or better):
 // S_t = e^{g_t} S_{t−1} + β_t k_t (v_t − e^{g_t} S_{t−1}ᵀ k_t)ᵀ, o_t = S_tᵀ q_t.
 // chunk 0 runs that recurrence; chunk C > 0 the chunked (WY / UT-transform) form over chunks of C positions, which
-// gives the same result in exact arithmetic. Backward: dq, dk, dv, dg, dbeta written (dg, dbeta fp32).
+// gives the same result in exact arithmetic (the GPU always runs the chunked form, chunk 0 as DELTA_MAX_CHUNK).
+// Backward: dq, dk, dv, dg, dbeta written (dg, dbeta fp32). ws: fp32 scratch of op_delta_rule_workspace elements
+// on the GPU (planned by the caller); without it the GPU takes the op scratch.
+#define DELTA_MAX_CHUNK 64
 typedef struct {
     int B;
     float scale; // usually dk^-½
     bool qk_l2norm;
     int chunk; // 0: the recurrence
+    Tensor ws;
 } DeltaArgs;
+size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool backward);
 void op_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
 void op_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                             Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
