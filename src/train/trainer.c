@@ -84,6 +84,7 @@ static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2
         p.optim += (tensor_bytes(mom1[g]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
         p.optim += (tensor_bytes(mom2[g]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     }
+    if (m->fp8) p.weights += tensor_bytes(m->fp8_w); // the FP8 weight cache beside the compute copy
     p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
     p.other =
         tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + tensor_bytes(m->loss_sum) + tensor_bytes(m->lb_sum);
@@ -152,6 +153,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     Model m;
     model_describe(&m, fam, &mc, dev, compute_dt(dev, c->compute_dtype), c->sequence_length);
     model_layout(&m, c, d);
+    if (c->fp8) model_fp8_setup(&m, c->file);
     Fsdp f;
     fsdp_setup(&f, d, &m);
     Arena count = arena_counting("parameter shards and optimizer state", dev);
@@ -187,6 +189,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     Model *m = &r->model;
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     model_layout(m, c, d);
+    if (c->fp8) model_fp8_setup(m, c->file);
     model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length);
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
     Fsdp *f = &r->fsdp;
@@ -445,6 +448,7 @@ StepStats run_step(Run *r) {
     for (int g = 0; g < NGROUPS; g++)
         if (own[g].p) fsdp_gather_rest(&r->fsdp, g, m->w[g], own[g]);
         else fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
+    m->fp8_version++; // the FP8 weight cache is stale: each layer's is remade at its next use
     ops_sync();
     st.seconds = now_seconds() - t0;
     return st;
