@@ -255,30 +255,36 @@ TEST(memory_estimate_detail) {
 // trains a step on 8 CPU ranks at a scaled-down size (TINY_MOE_EP) with the plan `pith estimate` gives it.
 TEST(memory_estimate_sweep_layout_trains) {
     char out[1 << 16], est[1 << 15];
-    ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8 --gpu-memory 141 --sweep",
-                   PITH_BIN) == 0);
-    const char *ok = strstr(out, "\n  OK ");
-    ASSERT_MSG(ok && !strstr(out, " 0 OK,"), "%s", out);
-    const char *sets = strstr(ok, "--set parallel.");
-    ASSERT(sets);
-    char layout[512];
-    snprintf(layout, sizeof layout, "%.*s", (int)strcspn(sets, "\n"), sets);
-    ASSERT_MSG(strstr(layout, "expert_parallel_size=8"), "%s", layout);
-    const char *d = memory_run();
-    ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus 8 --device cpu %s", PITH_BIN, d, layout) == 0);
-    ASSERT_MSG(run_cmd(out, sizeof out,
-                       "PITH=%s scripts/launch.sh -n 8 %s/train.json --set max_steps=1 --set run_dir=%s/s %s 2>&1",
-                       PITH_BIN, d, d, layout) == 0,
-               "%s", out);
-    const char *e = strstr(est, " bytes)"), *t = strstr(out, " bytes)");
-    ASSERT_MSG(e && t, "%s\n%s", est, out);
-    while (e[-1] != '(') e--;
-    while (t[-1] != '(') t--;
-    ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "%s: estimate %lld vs train %lld", layout,
-               strtoll(e, NULL, 10), strtoll(t, NULL, 10));
-    char dir[300];
-    snprintf(dir, sizeof dir, "%s/s", d);
-    ASSERT(isfinite(run_metric(dir, 1, "loss")));
+    static const int gb[] = {141, 80}; // 8 × 80 GB needs the moments on the host (optimizer.offload)
+    for (int i = 0; i < 2; i++) {
+        ASSERT(run_cmd(out, sizeof out,
+                       "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8 --gpu-memory %d --sweep", PITH_BIN,
+                       gb[i]) == 0);
+        const char *ok = strstr(out, "\n  OK ");
+        ASSERT_MSG(ok && !strstr(out, " 0 OK,"), "%d GB: %s", gb[i], out);
+        const char *sets = strstr(ok, "--set parallel.");
+        ASSERT(sets);
+        char layout[512];
+        snprintf(layout, sizeof layout, "%.*s", (int)strcspn(sets, "\n"), sets);
+        ASSERT_MSG(strstr(layout, "expert_parallel_size=8"), "%s", layout);
+        printf("     8 × %d GB: first OK layout %.*s\n", gb[i], (int)strcspn(ok + 3, "\n"), ok + 3);
+        const char *d = memory_run();
+        ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus 8 --device cpu %s", PITH_BIN, d, layout) ==
+               0);
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "PITH=%s scripts/launch.sh -n 8 %s/train.json --set max_steps=1 --set run_dir=%s/s %s 2>&1",
+                           PITH_BIN, d, d, layout) == 0,
+                   "%s", out);
+        const char *e = strstr(est, " bytes)"), *t = strstr(out, " bytes)");
+        ASSERT_MSG(e && t, "%s\n%s", est, out);
+        while (e[-1] != '(') e--;
+        while (t[-1] != '(') t--;
+        ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "%s: estimate %lld vs train %lld", layout,
+                   strtoll(e, NULL, 10), strtoll(t, NULL, 10));
+        char dir[300];
+        snprintf(dir, sizeof dir, "%s/s", d);
+        ASSERT(isfinite(run_metric(dir, 1, "loss")));
+    }
 }
 
 // Under the pipeline (pp 2 × ep 2 on 4 CPU ranks, DualPipeV with deferred weight gradients): the spill set and
@@ -303,4 +309,70 @@ TEST(memory_pipeline_spill_and_recompute) {
         if (i == 1) ASSERT_MSG(strstr(out, "| ep-over ") && !strstr(out, "| ep-over 0 rows"), "%s", out);
         if (i) ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/p0/g %s/p%d/g", d, d, i) == 0, "%s: %s", sets[i], out);
     }
+}
+
+// ---- optimizer.offload: AdamW's moments in host memory ----
+
+// The last number in parentheses before " bytes)" after `key` in text (a plan line of train or estimate).
+static long long plan_bytes(const char *text, const char *key) {
+    const char *k = strstr(text, key), *e = k ? strstr(k, " bytes)") : NULL;
+    ASSERT_MSG(e, "no '%s ... bytes)' in: %s", key, text);
+    while (e[-1] >= '0' && e[-1] <= '9') e--;
+    return strtoll(e, NULL, 10);
+}
+
+// The moments streamed through staging chunks (PITH_OFFLOAD_CHUNK=100 elements: many chunks and a ragged last one)
+// give the same run bit for bit — every step's loss and norm, the checkpoint's model and optimizer files — on one
+// CPU process and on two fake-GPU ranks (ep 2: device shards, host moments); the device plan is smaller by the
+// moments less the staging, the host line holds the moments, and `pith estimate` says both as training does.
+TEST(memory_offload_bit_identical) {
+    const char *d = memory_run();
+    char out[1 << 15], est[1 << 15];
+    static const struct {
+        const char *name, *launch, *sets;
+    } runs[] = {{"cpu", "", ""},
+                {"gpu2", MPIRUN " 2 build-fake/pith",
+                 "--set device=cuda --set compute_dtype=fp32 --set parallel.expert_parallel_size=2"}};
+    for (int i = 0; i < 2; i++) {
+        long long total[2], host = 0;
+        for (int off = 0; off < 2; off++) {
+            char launch[300];
+            snprintf(launch, sizeof launch, "%s", i ? runs[i].launch : PITH_BIN);
+            ASSERT_MSG(run_cmd(out, sizeof out,
+                               "PITH_OFFLOAD_CHUNK=100 %s train %s/train.json %s --set save_location=%s/%s%d "
+                               "--set optimizer.offload=%s 2>&1",
+                               launch, d, runs[i].sets, d, runs[i].name, off, off ? "true" : "false") == 0,
+                       "%s", out);
+            total[off] = plan_bytes(out, "plan (");
+            if (off) host = plan_bytes(out, "plan (host)");
+            ASSERT_MSG(!off == !strstr(out, "plan (host)"), "%s", out);
+            if (!i) { // the estimate of the same layout: the same device total and host bytes
+                ASSERT(run_cmd(est, sizeof est,
+                               "PITH_OFFLOAD_CHUNK=100 %s estimate %s/train.json --gpus 1 --device cpu "
+                               "--set optimizer.offload=%s",
+                               PITH_BIN, d, off ? "true" : "false") == 0);
+                ASSERT_MSG(plan_bytes(est, "  total") == total[off], "%s\n%s", est, out);
+                if (off) ASSERT_MSG(plan_bytes(est, "host memory") == host, "%s", est);
+            }
+        }
+        // smaller by the moments less the staging, up to the alignment padding of the allocations between them
+        long long staging = 2 * aligned(100 * sizeof(float)), gap = total[0] - (total[1] + host - staging);
+        ASSERT_MSG(llabs(gap) <= 2 * NGROUPS * ARENA_ALIGN, "%s: %lld vs %lld + %lld − %lld", runs[i].name, total[0],
+                   total[1], host, staging);
+        char a[300], b[300];
+        snprintf(a, sizeof a, "%s/%s0", d, runs[i].name), snprintf(b, sizeof b, "%s/%s1", d, runs[i].name);
+        for (int s = 1; s <= 6; s++)
+            ASSERT_MSG(run_metric(a, s, "loss") == run_metric(b, s, "loss") &&
+                           run_metric(a, s, "grad_norm") == run_metric(b, s, "grad_norm"),
+                       "%s: step %d differs with the moments on the host", runs[i].name, s);
+        ASSERT_MSG(
+            run_cmd(out, sizeof out,
+                    "cd %s/step-00000006 && for f in *.safetensors; do cmp $f %s/step-00000006/$f || exit 1; done", a,
+                    b) == 0,
+            "%s: %s", runs[i].name, out);
+    }
+    // Muon keeps its momentum on the device: offload is AdamW's
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set optimizer.type=muon --set optimizer.offload=true",
+                   PITH_BIN, d) == 1 &&
+           strstr(out, "optimizer.offload: is AdamW's"));
 }

@@ -302,6 +302,14 @@ TEST(tokenize_gzip_format_and_plain_progress) {
     ASSERT(run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/named --output %s --format gz",
                    PITH_BIN, in, o) == 1 &&
            strstr(out, "--format must be jsonl, jsonl.zst, jsonl.gz or txt (got 'gz')"));
+    // a device or FIFO is refused at once, also when --format says how to read it (it would block or never end)
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input /dev/zero --output %s --format txt",
+                 PITH_BIN, o);
+    ASSERT_MSG(rc == 1 && strstr(out, "/dev/zero: not a regular file"), "%s", out);
+    snprintf(path, sizeof path, "%s/fifo/a.jsonl", in);
+    ASSERT(run_cmd(out, sizeof out, "mkdir -p %s/fifo && mkfifo %s", in, path) == 0);
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer " DSV3 " --input %s/fifo --output %s", PITH_BIN, in, o);
+    ASSERT_MSG(rc == 1 && strstr(out, "a.jsonl: not a regular file"), "%s", out);
     // truncated (inside the second member) and corrupt files name the file; nothing is left behind
     write_bytes(in, "bad/t.jsonl.gz", both, z1 + z2 - 9);
     both[z1 + 40] ^= 0x55;

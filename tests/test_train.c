@@ -219,6 +219,8 @@ TEST(errors_config_values) {
     expect_error(d, "--set optimizer.momentum=0.5", "--set: optimizer.momentum: has no effect with optimizer.type");
     expect_error(d, "--set benchmark=true --set moe_router_bias_update_rate=0.01",
                  "--set: moe_router_bias_update_rate: has no effect with benchmark = true");
+    expect_error(d, "--set moe_load_balance_coef=0 --set moe_load_balance_type=sequence",
+                 "--set: moe_load_balance_type: has no effect with moe_load_balance_coef 0");
     expect_error(d, "--set on_nonfinite=skip --set nonfinite_skip_limit=0",
                  "--set: nonfinite_skip_limit: must be in [1, 1073741824] (got 0)");
     // PithTrain's names say what they are called here, or that they are not supported yet

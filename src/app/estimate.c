@@ -58,9 +58,10 @@ static const char *const recompute_names[] = {"none", "selective", "full"};
 static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
     snprintf(buf, cap,
              "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
-             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d",
+             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s",
              c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
-             recompute_names[c->recompute], c->micro_batch_size);
+             recompute_names[c->recompute], c->micro_batch_size,
+             c->optimizer.offload ? " --set optimizer.offload=true" : "");
 }
 
 // --detail: the activation records by part, the largest term of the plan, and each lever's plan.
@@ -99,10 +100,14 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     printf("largest term: %s, %.2f GB (%.0f%% of %.2f GB)\n", terms[big].name, terms[big].bytes / 1e9,
            100.0 * terms[big].bytes / total, total / 1e9);
     printf("levers (each alone, from this config):\n");
-    for (int i = 0; i < 12; i++) {
+    for (int i = 0; i < 13; i++) {
         TrainConfig c = *cfg;
         char what[96];
-        if (i < 5) { // capacity factors (with expert parallelism)
+        if (i == 12) { // the moments to host memory
+            if (cfg->optimizer.offload || cfg->optimizer.type != OPTIMIZER_ADAMW) continue;
+            c.optimizer.offload = true;
+            snprintf(what, sizeof what, "optimizer.offload=true");
+        } else if (i < 5) { // capacity factors (with expert parallelism)
             static const double f[] = {0, 2, 1.5, 1.25, 1};
             if (cfg->parallel.ep == 1 || f[i] == cfg->parallel.ep_capacity_factor) continue;
             c.parallel.ep_capacity_factor = f[i];
@@ -115,7 +120,7 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
             c.parallel.ep = i == 8 ? cfg->parallel.ep * 2 : cfg->parallel.ep / 2;
             if (c.parallel.ep < 1 || (i == 9 && cfg->parallel.ep % 2)) continue;
             snprintf(what, sizeof what, "parallel.expert_parallel_size=%d", c.parallel.ep);
-        } else {
+        } else if (i < 12) {
             c.micro_batch_size = i == 10 ? cfg->micro_batch_size * 2 : cfg->micro_batch_size / 2;
             if (c.micro_batch_size < 1 || (i == 11 && cfg->micro_batch_size % 2)) continue;
             snprintf(what, sizeof what, "micro_batch_size=%d", c.micro_batch_size);
@@ -147,6 +152,7 @@ static int layout_cmp(const void *pa, const void *pb) {
     if (a->fit != b->fit) return a->fit < b->fit ? -1 : 1;
     if (a->fit == FIT_OOM) return a->total < b->total ? -1 : a->total > b->total; // the nearest to fitting first
     if (a->c.recompute != b->c.recompute) return a->c.recompute < b->c.recompute ? -1 : 1;
+    if (a->c.optimizer.offload != b->c.optimizer.offload) return a->c.optimizer.offload ? 1 : -1;
     if (a->c.micro_batch_size != b->c.micro_batch_size) return a->c.micro_batch_size > b->c.micro_batch_size ? -1 : 1;
     if (a->c.parallel.ep != b->c.parallel.ep) return a->c.parallel.ep < b->c.parallel.ep ? -1 : 1;
     if (fa != fb) return fa > fb ? -1 : 1;
@@ -154,7 +160,8 @@ static int layout_cmp(const void *pa, const void *pb) {
 }
 
 // --sweep: ep over the divisors of the ranks that divide the experts, fsdp or hsdp (with dp > 1), capacity
-// factors (with ep > 1), the recompute modes, the config's micro-batch and 1; pp and cp as configured.
+// factors (with ep > 1), the recompute modes, the config's micro-batch and 1, AdamW's moments on the device or
+// offloaded to the host; pp and cp as configured.
 static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Device dev, double mem_gb) {
     int n = 0, cap = 64, count[3] = {0};
     Layout *all = xmalloc(cap * sizeof *all);
@@ -163,13 +170,15 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         for (int sh = 0; sh < 2; sh++)
             for (int f = 0; f < 5; f++)
                 for (int rc = 0; rc < 3; rc++)
-                    for (int mb = 0; mb < 2; mb++) {
+                    for (int mb = 0; mb < 4; mb++) { // mb & 1: micro-batch 1; mb & 2: optimizer.offload
                         TrainConfig c = *cfg;
                         c.parallel.ep = ep, c.parallel.sharding = sh ? SHARD_HSDP : SHARD_FSDP;
                         c.parallel.ep_capacity_factor = factors[f], c.recompute = (RecomputeMode)rc;
-                        c.micro_batch_size = mb ? 1 : cfg->micro_batch_size;
+                        c.micro_batch_size = mb & 1 ? 1 : cfg->micro_batch_size;
+                        c.optimizer.offload = mb & 2 ? true : cfg->optimizer.offload;
                         long dp = gpus / ((long)c.parallel.pp * c.parallel.cp * ep);
-                        if ((ep == 1 && f) || (mb && cfg->micro_batch_size == 1) || (sh && dp <= 1)) continue;
+                        if ((ep == 1 && f) || (mb & 1 && cfg->micro_batch_size == 1) || (sh && dp <= 1)) continue;
+                        if (mb & 2 && (cfg->optimizer.offload || cfg->optimizer.type != OPTIMIZER_ADAMW)) continue;
                         MemoryPlan p;
                         if (!plan_layout(&c, mc, gpus, dev, &p)) continue;
                         if (n == cap) all = xrealloc(all, (cap *= 2) * sizeof *all);
@@ -191,10 +200,10 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         char sets[400], fac[32];
         layout_sets(sets, sizeof sets, c);
         snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
-        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d\n        %s\n",
+        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s\n        %s\n",
                fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
                c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, recompute_names[c->recompute],
-               c->micro_batch_size, sets);
+               c->micro_batch_size, c->optimizer.offload ? ", moments on the host" : "", sets);
     }
     if (!count[FIT_OK] && !count[FIT_TIGHT]) printf("sweep: nothing fits; the smallest plans are above\n");
     else if (shown < count[FIT_OK] + count[FIT_TIGHT])
@@ -269,7 +278,10 @@ int cmd_estimate(int argc, char **argv) {
         bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
     row("gradient accumulators", p.grads, "fp32, reduce-scattered in place once per step");
     row("master weight shards", p.shards, p.shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
-    row("optimizer state", p.optim, "AdamW moments, fp32 shards");
+    row("optimizer state", p.optim,
+        cfg.optimizer.offload                  ? "staging: one chunk of m and v (the moments are on the host)"
+        : cfg.optimizer.type == OPTIMIZER_MUON ? "Muon momentum and AdamW moments, fp32 shards"
+                                               : "AdamW moments, fp32 shards");
     row("activation records", p.chunks.act_bytes, act);
     row("backward workspace", p.chunks.ws_bytes,
         d.pp > 1 ? "each chunk's largest layer (a spilled layer's included)"
@@ -278,9 +290,13 @@ int cmd_estimate(int argc, char **argv) {
     if (d.pp > 1) row("pipeline buffers", p.pipe, "activations and gradients between pipeline ranks");
     row("other", p.other, "rope tables, loss accumulators");
     size_t total = memory_plan_total(&p);
-    char exact[48];
+    char exact[96];
     snprintf(exact, sizeof exact, "(%zu bytes)", total);
     row("total", total, exact);
+    if (p.host) {
+        snprintf(exact, sizeof exact, "AdamW moments, pinned (optimizer.offload; %zu bytes)", p.host);
+        row("host memory (not above)", p.host, exact);
+    }
     if (d.pp > 1) { // the pipeline ranks hold different layers and records: each one's total (the rows: rank 0)
         printf("plan per pipeline rank:");
         for (int k = 0; k < d.pp; k++) {

@@ -90,6 +90,8 @@ static int nfiles, files_cap;
 static void add_file(const char *path, const char *rel, const char *outdir) {
     struct stat st;
     if (stat(path, &st)) die("%s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) // a FIFO or device would block or read forever, also under --format
+        die("%s: not a regular file (tokenize reads files and folders of them)", path);
     if (nfiles == files_cap)
         files_cap = files_cap ? 2 * files_cap : 64, files = xrealloc(files, files_cap * sizeof *files);
     InFile *f = &files[nfiles++];

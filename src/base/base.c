@@ -14,6 +14,8 @@ int die_rank = -1;
 void (*die_hook)(int status);
 void *(*device_alloc)(size_t bytes, const char *what);
 void (*device_free)(void *p);
+void (*host_register)(void *p, size_t bytes);
+void (*host_unregister)(void *p);
 
 void die(const char *fmt, ...) {
     va_list ap;

@@ -78,6 +78,9 @@ typedef struct {
 // fake-GPU build); NULL in a build without one, and a device arena then stops with an error.
 extern void *(*device_alloc)(size_t bytes, const char *what); // dies naming `what` when memory runs out
 extern void (*device_free)(void *p);
+// Page-locks host memory for fast copies to and from the device (cudaHostRegister); NULL without a backend.
+extern void (*host_register)(void *p, size_t bytes);
+extern void (*host_unregister)(void *p);
 Arena arena_counting(const char *name, Device dev);
 Arena arena_create(const char *name, Device dev, size_t cap); // allocates (host or device memory)
 void arena_destroy(Arena *a);

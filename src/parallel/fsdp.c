@@ -31,16 +31,16 @@ void fsdp_setup(Fsdp *f, const Dist *d, const Model *m) {
 
 static bool one_shard(const Fsdp *f, int g) { return f->shard[g]->size == 1; }
 
-void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Tensor master[NGROUPS], Tensor grad[NGROUPS],
-                      Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]) {
+void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Arena *moments, Tensor master[NGROUPS],
+                      Tensor grad[NGROUPS], Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]) {
     for (int g = 0; g < NGROUPS; g++) {
         bool whole = one_shard(f, g);
         master[g] =
             whole && m->dev == DEV_CPU && m->cdt == DT_F32 ? m->w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
         grad[g] =
             whole ? m->g[g] : tensor_rows(m->g[g], 0, f->len[g]); // reduce-scatter in place: the sum lands in front
-        mom1[g] = arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
-        mom2[g] = arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
+        mom1[g] = arena_tensor(moments, DT_F32, 1, f->len[g], 0, 0, 0);
+        mom2[g] = arena_tensor(moments, DT_F32, 1, f->len[g], 0, 0, 0);
     }
 }
 

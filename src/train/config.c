@@ -252,6 +252,12 @@ static const ConfigKey optimizer_keys[] = {
      .hi = 1,
      .hi_open = true,
      .doc = "Muon's momentum β (muon)"},
+    {.name = "offload",
+     .kind = K_BOOL,
+     .off = OFF(optimizer.offload),
+     .doc = "AdamW's moments in host memory (pinned), streamed through the device in chunks by the step: the same "
+            "update bit for bit, 8 bytes per parameter of this rank's shards off the GPU, 16 bytes per such parameter "
+            "of host↔device traffic per step (adamw)"},
 };
 
 static const ConfigKey scheduler_keys[] = {
@@ -603,9 +609,15 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     if (c->optimizer.type == OPTIMIZER_ADAMW && set_apart(sec[1], c, "momentum", optimizer_keys, LEN(optimizer_keys)))
         jdie(origin_of(sec[1], &org, "momentum"), "momentum",
              "has no effect with optimizer.type \"adamw\" (it is Muon's; AdamW's are betas)");
+    if (c->optimizer.type == OPTIMIZER_MUON && c->optimizer.offload)
+        jdie(origin_of(sec[1], &org, "offload"), "offload",
+             "is AdamW's (Muon orthogonalises whole matrices of its momentum, which stays on the device)");
     if (c->benchmark && c->moe_router_bias_update_rate > 0)
         jdie(origin_of(top, &org, "moe_router_bias_update_rate"), "moe_router_bias_update_rate",
              "has no effect with benchmark = true (the routing is forced, the bias would select nothing)");
+    if (c->moe_load_balance_coef == 0 && set_apart(top, c, "moe_load_balance_type", top_keys, LEN(top_keys)))
+        jdie(origin_of(top, &org, "moe_load_balance_type"), "moe_load_balance_type",
+             "has no effect with moe_load_balance_coef 0 (set the coefficient, or leave the type out)");
     if (c->save_interval && !c->save_location[0])
         jdie(origin_of(top, &org, "save_interval"), "save_interval", "needs save_location");
     if (c->scheduler.type == SCHED_CONSTANT) { // a schedule key on a constant schedule would be silently ignored
@@ -689,8 +701,7 @@ void config_check_resume(const TrainConfig *c, const json_t *saved, const char *
             const ConfigKey *k = &sections[s].keys[i];
             const json_t *a = json_object_get(so, k->name), *b = json_object_get(no, k->name);
             if (!a || same_value(k, a, b)) continue; // a key the checkpoint does not record is not compared
-            char *ta = json_dumps(a, JSON_ENCODE_ANY | JSON_COMPACT);
-            char *tb = json_dumps(b, JSON_ENCODE_ANY | JSON_COMPACT);
+            char *ta = json_text(a, 0, false), *tb = json_text(b, 0, false); // reals short, as run.json has them
             printf("resume: %s%s%s changed: %s -> %s (%s)\n", sections[s].name, s ? "." : "", k->name, ta, tb, where);
             free(ta), free(tb);
             if (!refused && ((k->flags & KEY_DATA_ORDER) || ((k->flags & KEY_SCHEDULE) && !constant))) refused = k;

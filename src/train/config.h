@@ -36,6 +36,7 @@ typedef struct {
         OptimizerType type; // Muon for 2-D+ weights with AdamW (betas, eps) for the rest, or AdamW for all
         double lr, betas[2], eps, weight_decay;
         double momentum; // Muon's β (default 0.95)
+        bool offload;    // AdamW's moments in host memory, streamed through the device by the step
     } optimizer;
     struct {
         SchedulerType type;

@@ -76,15 +76,20 @@ static void model_layout(Model *m, const TrainConfig *c, const Dist *d) {
 
 // Bytes of everything but the engine, from the model's tensors and the counted shard arena (which also
 // holds Muon's scratch, when Muon runs).
-static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2, const Muon *mu, size_t state_bytes) {
+// With optimizer.offload the moments are host memory (MemoryPlan.host) and the state arena holds their staging.
+static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2, const Muon *mu, const Tensor *stage,
+                          size_t state_bytes) {
     MemoryPlan p = {0};
-    if (mu->on) p.optim += (tensor_bytes(mu->ws) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    bool offload = stage[0].nd > 0;
+#define ROUNDED(t) ((tensor_bytes(t) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
+    if (mu->on) p.optim += ROUNDED(mu->ws);
     for (int g = 0; g < NGROUPS; g++) {
         p.weights += tensor_bytes(m->w[g]), p.grads += tensor_bytes(m->g[g]);
-        p.optim += (tensor_bytes(mom1[g]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-        p.optim += (tensor_bytes(mom2[g]) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        *(offload ? &p.host : &p.optim) += ROUNDED(mom1[g]) + ROUNDED(mom2[g]);
     }
     if (m->fp8) p.weights += tensor_bytes(m->fp8_w); // the FP8 weight cache beside the compute copy
+    if (offload) p.optim += ROUNDED(stage[0]) + ROUNDED(stage[1]);
+#undef ROUNDED
     p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
     p.other =
         tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + tensor_bytes(m->loss_sum) + tensor_bytes(m->lb_sum);
@@ -95,6 +100,20 @@ static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2
 static Tensor router_bias_alloc(const TrainConfig *c, const ModelConfig *mc, Arena *a) {
     if (!(c->moe_router_bias_update_rate > 0)) return (Tensor){0};
     return arena_tensor(a, DT_F32, 2, mc->layers, mc->experts, 0, 0);
+}
+
+// optimizer.offload: the step streams the host-resident moments through two (chunk) fp32 device buffers, one chunk
+// of m and of v at a time (chunk: 2^26 elements, or PITH_OFFLOAD_CHUNK for tests, or the largest shard if smaller).
+// Without offload none (zero-size tensors).
+static void offload_stage_alloc(const TrainConfig *c, const Fsdp *f, Arena *a, Tensor stage[2]) {
+    stage[0] = stage[1] = (Tensor){0};
+    if (!c->optimizer.offload) return;
+    int64_t chunk = 1 << 26, most = 1;
+    const char *env = getenv("PITH_OFFLOAD_CHUNK");
+    if (env && atoll(env) > 0) chunk = atoll(env);
+    for (int g = 0; g < NGROUPS; g++) most = f->len[g] > most ? f->len[g] : most;
+    chunk = chunk < most ? chunk : most;
+    for (int i = 0; i < 2; i++) stage[i] = arena_tensor(a, DT_F32, 1, chunk, 0, 0, 0);
 }
 
 // ---- this rank's chunks and the pipeline ----
@@ -156,13 +175,15 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     if (c->fp8) model_fp8_setup(&m, c->file);
     Fsdp f;
     fsdp_setup(&f, d, &m);
-    Arena count = arena_counting("parameter shards and optimizer state", dev);
-    Tensor master[NGROUPS], grad[NGROUPS], mom1[NGROUPS], mom2[NGROUPS];
-    fsdp_alloc_state(&f, &m, &count, master, grad, mom1, mom2);
+    Arena count = arena_counting("parameter shards and optimizer state", dev),
+          host = arena_counting("offloaded optimizer state", DEV_CPU);
+    Tensor master[NGROUPS], grad[NGROUPS], mom1[NGROUPS], mom2[NGROUPS], stage[2];
+    fsdp_alloc_state(&f, &m, &count, c->optimizer.offload ? &host : &count, master, grad, mom1, mom2);
+    offload_stage_alloc(c, &f, &count, stage);
     Muon mu = {0};
     if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&mu, &m.params, &count);
     router_bias_alloc(c, &mc, &count);
-    MemoryPlan p = plan_of(&m, mom1, mom2, &mu, count.peak);
+    MemoryPlan p = plan_of(&m, mom1, mom2, &mu, stage, count.peak);
     muon_free(&mu);
     PipeSchedule s[2];
     if (d->pp > 1) schedules_build(s, c, d);
@@ -194,13 +215,21 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
     Fsdp *f = &r->fsdp;
     fsdp_setup(f, d, m);
-    Arena count = arena_counting("parameter shards and optimizer state", dev);
-    fsdp_alloc_state(f, m, &count, r->master, r->grad, r->adam_m, r->adam_v);
+    bool offload = c->optimizer.offload;
+    Arena count = arena_counting("parameter shards and optimizer state", dev),
+          host = arena_counting("offloaded optimizer state", DEV_CPU);
+    fsdp_alloc_state(f, m, &count, offload ? &host : &count, r->master, r->grad, r->adam_m, r->adam_v);
+    offload_stage_alloc(c, f, &count, r->stage);
     bool muon = c->optimizer.type == OPTIMIZER_MUON;
     if (muon) muon_setup(&r->muon, &m->params, &count), muon_free(&r->muon);
     router_bias_alloc(c, &mc, &count);
     r->state = arena_create("parameter shards and optimizer state", dev, count.peak);
-    fsdp_alloc_state(f, m, &r->state, r->master, r->grad, r->adam_m, r->adam_v);
+    if (offload) { // pinned, so the step's copies run at the link's speed
+        r->offload = arena_create("offloaded optimizer state", DEV_CPU, host.peak);
+        if (dev == DEV_CUDA && host_register) host_register(r->offload.base, r->offload.cap);
+    }
+    fsdp_alloc_state(f, m, &r->state, offload ? &r->offload : &r->state, r->master, r->grad, r->adam_m, r->adam_v);
+    offload_stage_alloc(c, f, &r->state, r->stage);
     if (muon) muon_setup(&r->muon, &m->params, &r->state); // the momentum buffer lives in adam_m
     m->router_bias = router_bias_alloc(c, &mc, &r->state);
     if (m->router_bias.p) {
@@ -219,7 +248,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
         op_zero(r->adam_m[g]), op_zero(r->adam_v[g]);
         fsdp_gather(f, g, m->w[g], r->master[g]);
     }
-    r->plan = plan_of(m, r->adam_m, r->adam_v, &r->muon, count.peak);
+    r->plan = plan_of(m, r->adam_m, r->adam_v, &r->muon, r->stage, count.peak);
     if (d->pp > 1) schedules_build(r->sched, c, d);
     r->plan.chunks = chunks_setup(r->chunk, m, c, d, r->sched);
     r->plan.pipe = pipe_setup(r->pipe, &r->pipe_mem, m, c, d, r->sched);
@@ -267,6 +296,10 @@ void run_free(Run *r) {
     }
     muon_free(&r->muon);
     free(r->router_bias), free(r->model.router_load), free(r->model.router_idx);
+    if (r->offload.cap) {
+        if (r->state.dev == DEV_CUDA && host_unregister) host_unregister(r->offload.base);
+        arena_destroy(&r->offload);
+    }
     if (r->state.cap) arena_destroy(&r->state);
     model_free(&r->model);
     if (r->data.files) dataset_close(&r->data);
@@ -373,6 +406,28 @@ bool run_validation_due(const Run *r) {
            ((c->validation.interval && r->step % c->validation.interval == 0) || r->step == c->max_steps);
 }
 
+// AdamW on group g's shard. With optimizer.offload the moments live on the host: each chunk of them goes to the
+// staging buffers, through the same fused update, and back (elementwise, so the bits are those of one pass).
+static void adamw_group(Run *r, int g, Tensor own, float gscale, float lr) {
+    const TrainConfig *c = &r->cfg;
+    float b1 = (float)c->optimizer.betas[0], b2 = (float)c->optimizer.betas[1], eps = (float)c->optimizer.eps,
+          wd = (float)c->optimizer.weight_decay;
+    if (!c->optimizer.offload) {
+        op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], own, gscale, lr, b1, b2, eps, wd, r->step);
+        return;
+    }
+    int64_t n = tensor_numel(r->master[g]), chunk = tensor_numel(r->stage[0]);
+    for (int64_t o = 0; o < n; o += chunk) {
+        int64_t k = n - o < chunk ? n - o : chunk;
+        Tensor m = tensor_rows(r->stage[0], 0, k), v = tensor_rows(r->stage[1], 0, k);
+        Tensor hm = tensor_rows(r->adam_m[g], o, k), hv = tensor_rows(r->adam_v[g], o, k);
+        op_copy(m, hm), op_copy(v, hv);
+        op_adamw(tensor_rows(r->master[g], o, k), tensor_rows(r->grad[g], o, k), m, v,
+                 own.p ? tensor_rows(own, o, k) : own, gscale, lr, b1, b2, eps, wd, r->step);
+        op_copy(hm, m), op_copy(hv, v);
+    }
+}
+
 StepStats run_step(Run *r) {
     const TrainConfig *c = &r->cfg;
     const Dist *d = &r->dist;
@@ -439,9 +494,7 @@ StepStats run_step(Run *r) {
     else
         for (int g = 0; g < NGROUPS; g++) {
             own[g] = fsdp_own_rows(&r->fsdp, g, m->w[g], r->master[g]);
-            op_adamw(r->master[g], r->grad[g], r->adam_m[g], r->adam_v[g], own[g], (float)gscale, (float)st.lr,
-                     (float)c->optimizer.betas[0], (float)c->optimizer.betas[1], (float)c->optimizer.eps,
-                     (float)c->optimizer.weight_decay, r->step);
+            adamw_group(r, g, own[g], (float)gscale, (float)st.lr);
         }
     if (m->router_bias.p) run_router_bias_update(r);
     // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).

@@ -13,7 +13,8 @@ typedef struct {
     size_t weights;   // compute copy of this rank's parameter groups (model.w), padded to the shard count, + FP8 cache
     size_t grads;     // fp32 gradient accumulators (model.g)
     size_t shards;    // fp32 master shards (when not model.w itself; gradients are reduced in place in model.g)
-    size_t optim;     // AdamW moments (shards)
+    size_t optim;     // AdamW moments (shards), or their staging under optimizer.offload
+    size_t host;      // optimizer.offload: the moments, in host memory (not in the total)
     size_t other;     // rope tables, loss accumulators
     ChunkPlan chunks; // this rank's chunks: activation records, backward workspaces, communication buffers
     size_t pipe;      // pp > 1: the pipeline's activation and gradient buffers between ranks
@@ -41,6 +42,8 @@ typedef struct {
     Tensor master[NGROUPS]; // this rank's fp32 master shards (model.w itself with one shard on the CPU)
     Tensor grad[NGROUPS];   // this rank's shards of the step's gradient (the front of model.g, or all of it)
     Tensor adam_m[NGROUPS], adam_v[NGROUPS]; // AdamW moments; under Muon, adam_m of Muon parameters is the momentum
+    Arena offload;                           // optimizer.offload: host memory holding adam_m and adam_v
+    Tensor stage[2];          // optimizer.offload: device staging for one chunk of m and v (else zero-size)
     float *router_bias;       // (layers·E) host copy of model.router_bias (aux-loss-free balancing; NULL: off)
     Muon muon;                // optimizer.type "muon": parameter classes, batches, scratch (else muon.on is false)
     int step;                 // optimizer steps taken

@@ -83,10 +83,17 @@ void *cuda_alloc_or_die(size_t bytes, const char *what) {
 
 void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
 
-// The base layer's device-memory hooks (base.h: arena_create on DEV_CUDA), set before main runs.
+static void cuda_host_register(void *p, size_t bytes) {
+    cuda_ctx();
+    CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+}
+static void cuda_host_unregister(void *p) { CUDA_CHECK(cudaHostUnregister(p)); }
+
+// The base layer's device-memory hooks (base.h: arena_create on DEV_CUDA, host_register), set before main runs.
 __attribute__((constructor)) static void cuda_install_device_memory(void) {
     device_alloc = cuda_alloc_or_die;
     device_free = cuda_free;
+    host_register = cuda_host_register, host_unregister = cuda_host_unregister;
 }
 
 void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
