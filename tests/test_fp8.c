@@ -53,7 +53,7 @@ TEST(fp8_block_scale_power_of_two) {
     for (int i = 0; i < 200; i++) {
         float a = fabsf(v[i]) + 1e-3f, s = fp8_block_scale(a);
         int e;
-        ASSERT(frexpf(s, &e) == 0.5f);          // a power of two
+        ASSERT(frexpf(s, &e) == 0.5f);           // a power of two
         ASSERT(s >= a / 448 && s < 2 * a / 448); // the smallest one ≥ amax/448
     }
 }
@@ -100,7 +100,7 @@ TEST(fp8_round_block_edges) {
     memset(x, 0, sizeof x);
     for (int c = 128; c < C; c++) x[c] = (c % 3 - 1) * 448.0f; // row 0: a zero block, then a block of ±448 and 0
     x[C + 5] = 449, x[C + 6] = -0x1p-130f;                     // row 1: 449 → scale 2; an fp32 subnormal
-    x[2 * C + 7] = 1e-30f;                                      // row 2: amax below 1e-4 → scale 2^-22
+    x[2 * C + 7] = 1e-30f;                                     // row 2: amax below 1e-4 → scale 2^-22
     op_fp8_round(tf32_2(y, R, C), tf32_2(x, R, C), FP8_ROWS, NULL, 0);
     for (int c = 0; c < 128; c++) ASSERT(y[c] == 0 && !signbit(y[c]));
     for (int c = 128; c < C; c++) ASSERT(y[c] == x[c]); // ±448 exact (codes 0x7e, 0xfe)
@@ -259,11 +259,15 @@ static const char *make_fp8_run(void) {
     return d;
 }
 
-static void train_one(const char *d, const char *name, const char *launch, const char *sets) {
-    char out[1 << 16];
+// Trains run `name` of folder d; returns the plan's total bytes (the "plan (...)" line of rank 0).
+static double train_one(const char *d, const char *name, const char *launch, const char *sets) {
+    static char out[1 << 16];
     int rc = run_cmd(out, sizeof out, "%s %s/train.json %s --set run_dir=%s/%s --dump-grads %s/%s/g", launch, d, sets,
                      d, name, d, name);
     ASSERT_MSG(rc == 0, "%s: %s", name, out);
+    const char *p = strstr(out, "plan ("), *q = p ? strstr(p, " MB (") : NULL;
+    ASSERT_MSG(q, "%s: no plan line: %s", name, out);
+    return atof(q + 5);
 }
 
 // Step 1 in FP8 against fp32 on the CPU: the loss within 1%, the gradient within calc_diff 5e-2 (the GPU suite
@@ -276,8 +280,11 @@ TEST(fp8_model_step_against_fp32_and_ep2) {
     const char *d = make_fp8_run(), *wn, *one;
     char cmd[400], a[300], b[300];
     snprintf(cmd, sizeof cmd, "%s train", PITH_BIN), one = cmd;
-    train_one(d, "f32", one, "");
-    train_one(d, "fp8", one, "--set fp8=true");
+    double plan32 = train_one(d, "f32", one, ""), plan8 = train_one(d, "fp8", one, "--set fp8=true");
+    // the plan counts the weight cache: a copy of every stage-3 weight (fp32 on the CPU), 2 MoE layers of 8 experts
+    // (gate_up 256 × 256, down 256 × 128) and the dense layer (512 × 256, 256 × 256)
+    ASSERT_MSG(plan8 - plan32 == (2 * 8 * (256 * 256 + 256 * 128) + 512 * 256 + 256 * 256) * 4.0, "%.0f vs %.0f", plan8,
+               plan32);
     train_one(d, "f32-bal", one, "--set benchmark=true");
     train_one(d, "fp8-bal", one, "--set benchmark=true --set fp8=true");
     char launch[400];

@@ -87,9 +87,10 @@ TEST(gpu_model_fp8) {
                "{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 32, "
                "\"micro_batch_size\": 2, \"global_batch_size\": 4, \"max_steps\": 1, \"device\": \"cuda\", "
                "\"init_std\": 0.05, \"optimizer\": {\"lr\": 0.01}}");
-    static const char *const runs[4][2] = {
-        {"bf16", ""}, {"fp8", "--set fp8=true"}, {"bf16-bal", "--set benchmark=true"},
-        {"fp8-bal", "--set benchmark=true --set fp8=true"}};
+    static const char *const runs[4][2] = {{"bf16", ""},
+                                           {"fp8", "--set fp8=true"},
+                                           {"bf16-bal", "--set benchmark=true"},
+                                           {"fp8-bal", "--set benchmark=true --set fp8=true"}};
     for (int i = 0; i < 4; i++)
         ASSERT_MSG(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/%s --dump-grads %s/%s/g",
                            PITH_BIN, d, runs[i][1], d, runs[i][0], d, runs[i][0]) == 0,

@@ -10,7 +10,7 @@ uint8_t fp8_e4m3_encode(float v) {
     uint8_t sign = signbit(v) ? 0x80 : 0;
     float a = fabsf(v);
     if (isnan(v)) return sign | 0x7f;
-    if (a >= 448.0f) return sign | 0x7e;                        // saturate (E4M3 has no infinity)
+    if (a >= 448.0f) return sign | 0x7e;                       // saturate (E4M3 has no infinity)
     if (a < 0x1p-6f) return sign | (uint8_t)rintf(a * 512.0f); // subnormal m·2^-9 (m = 8 is 2^-6, code 0x08)
     int e;
     frexpf(a, &e); // a = f·2^e, f in [0.5, 1): a = (1 + mant/8)·2^(e−1)

@@ -78,7 +78,7 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *o
     int64_t nchunks = (C + 127) / 128, blocks = gr.rb0[groups] * nchunks;
     if (blocks == 0) return;
     DT_SWITCH(x.dt, T, "fp8_round",
-              fp8_round_kernel<T><<<blocks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, gr,
-                                                                     b != FP8_COLS));
+              fp8_round_kernel<T>
+              <<<blocks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, gr, b != FP8_COLS));
     CUDA_LAUNCH_CHECK();
 }
