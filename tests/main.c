@@ -1,7 +1,9 @@
 // main.c — the test runner. `build/test_pith [substring]` runs every test whose name contains substring.
+#include <errno.h>
 #include <execinfo.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <jansson.h>
@@ -167,6 +169,11 @@ int main(int argc, char **argv) {
         int sigs[4] = {SIGSEGV, SIGBUS, SIGFPE, SIGABRT};
         for (int i = 0; i < 4; i++) signal(sigs[i], on_crash);
     }
+    // Open MPI's session folder (/tmp/ompi.<host>.<uid>) is made by every mpirun; two suites starting jobs at once on
+    // one machine can collide there ("mkdir ... File exists", orte_init fails). Each suite gets its own.
+    char ompi[64];
+    snprintf(ompi, sizeof ompi, "/tmp/pith-ompi-%d", (int)getpid());
+    if (!mkdir(ompi, 0700) || errno == EEXIST) setenv("OMPI_MCA_orte_tmpdir_base", ompi, 0);
     for (int i = 0; i < ntests; i++) {
         if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
         double t0 = now_seconds();
@@ -180,6 +187,7 @@ int main(int argc, char **argv) {
         }
         tmpdirs_done(ok);
     }
+    run_cmd(fail_msg, sizeof fail_msg, "rm -rf %s", ompi);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -62,7 +62,7 @@ static int64_t eval_pipeline(Model *m, Dataset *ds, int S, int B, const Comm *pp
     dualpipev_run_free(&run);
     Arena mem = arena_create("pipeline buffers", m->dev, count.peak);
     dualpipev_run_init(&run, &s, pp, &mem, m->cdt, S, m->cfg.hidden);
-    dualpipev_run(&run, &(PipeChunks){&e, eval_forward, NULL, NULL});
+    dualpipev_run(&run, &(PipeChunks){&e, eval_forward, NULL, NULL, NULL});
     dualpipev_run_free(&run), arena_destroy(&mem), dualpipev_free(&s);
     for (int p = 0; p < 2; p++) chunk_free(&e.chunk[p]);
     free(e.tok), free(e.lab);

@@ -232,72 +232,84 @@ static void route_ranks(Model *m, StageIO *io) {
     }
 }
 
-// Moves the token rows of a built route: once per destination, regrouped into expert order on arrival.
-static void dispatch_rows(Model *m, StageIO *io) {
-    EpRoute *r = io->route;
-    EpBuffers *b = r->buf;
-    int P = m->ep->size;
-    int64_t n = io->perm.n[0], kept = io->offs[model_experts_local(&m->cfg)], nsend = sum(r->send_tok, P);
-    CHECK(kept <= io->xe.n[0]);
-    op_copy(io->perm, host_i32(b->perm, n));
-    op_copy(tensor_rows(r->send_idx, 0, nsend), host_i32(b->send_idx, nsend));
-    op_copy(tensor_rows(r->perm_r, 0, kept), host_i32(b->perm_r, kept));
-    op_copy(tensor_rows(r->xrow, 0, kept), host_i32(b->xrow, kept));
-    gather(tensor_rows(b->sbuf, 0, nsend), io->xd, tensor_rows(r->send_idx, 0, nsend));
-    comm_alltoallv(m->ep, b->rbuf, r->recv_tok, b->sbuf, r->send_tok);
-    gather(tensor_rows(io->xe, 0, kept), b->rbuf, tensor_rows(r->xrow, 0, kept));
-}
-
 void ep_dispatch_route(Model *m, StageIO *io) {
-    if (!io->dense && io->route) route_ranks(m, io);
-}
-
-void ep_dispatch_rows(Model *m, StageIO *io) {
     if (io->dense) return;
-    if (io->route) return dispatch_rows(m, io);
+    if (io->route) return route_ranks(m, io);
     op_moe_sort(io->perm, io->offs, io->idx, m->cfg.experts);
-    op_gather_rows(io->xe, io->xd, io->perm, m->cfg.topk);
 }
 
-void ep_dispatch_forward(Model *m, StageIO *io) {
-    ep_dispatch_route(m, io);
-    ep_dispatch_rows(m, io);
+static void local_move(Model *m, StageIO *io, EpMove mv) {
+    switch (mv) {
+    case EP_DISPATCH: return op_gather_rows(io->xe, io->xd, io->perm, m->cfg.topk);
+    case EP_COMBINE: return op_scatter_rows(io->y, io->ye, io->perm);
+    case EP_COMBINE_BACKWARD: return op_gather_rows(io->dye, io->dy, io->perm, 1);
+    case EP_DISPATCH_BACKWARD: return op_scatter_add_rows(io->dxd, io->dxe, io->perm, m->cfg.topk);
+    }
 }
 
-void ep_combine_forward(Model *m, StageIO *io) {
+// Each move packs the send buffer and posts its all-to-all (issue), then waits and unpacks (finish); with
+// one ep rank issue is the whole local move. Row counts per peer: the route's; stage 3 holds the kept rows
+// (offs[E_l]: all R received unless some were dropped, whose outputs return as zeros).
+void ep_issue(Model *m, StageIO *io, EpMove mv) {
     if (io->dense) return;
     EpRoute *r = io->route;
-    if (!r) return op_scatter_rows(io->y, io->ye, io->perm);
-    EpBuffers *b = r->buf;
-    int64_t R = sum(r->recv_slot, m->ep->size), n = io->perm.n[0], kept = io->offs[model_experts_local(&m->cfg)];
-    if (kept < R) op_zero(tensor_rows(b->sbuf, 0, R)); // dropped rows return zeros
-    scatter(tensor_rows(b->sbuf, 0, R), tensor_rows(io->ye, 0, kept), tensor_rows(r->perm_r, 0, kept));
-    comm_alltoallv(m->ep, b->rbuf, r->send_slot, b->sbuf, r->recv_slot);
-    scatter(io->y, tensor_rows(b->rbuf, 0, n), io->perm);
-}
-
-void ep_combine_backward(Model *m, StageIO *io) {
-    if (io->dense) return;
-    EpRoute *r = io->route;
-    if (!r) return op_gather_rows(io->dye, io->dy, io->perm, 1);
-    EpBuffers *b = r->buf;
-    int64_t n = io->perm.n[0], kept = io->offs[model_experts_local(&m->cfg)];
-    gather(tensor_rows(b->sbuf, 0, n), io->dy, io->perm);
-    comm_alltoallv(m->ep, b->rbuf, r->recv_slot, b->sbuf, r->send_slot);
-    gather(tensor_rows(io->dye, 0, kept), b->rbuf, tensor_rows(r->perm_r, 0, kept));
-}
-
-void ep_dispatch_backward(Model *m, StageIO *io) {
-    if (io->dense) return;
-    op_zero(io->dxd);
-    EpRoute *r = io->route;
-    if (!r) return op_scatter_add_rows(io->dxd, io->dxe, io->perm, m->cfg.topk);
+    if (mv == EP_DISPATCH_BACKWARD) op_zero(io->dxd);
+    if (!r) return local_move(m, io, mv);
     EpBuffers *b = r->buf;
     int P = m->ep->size;
-    int64_t kept = io->offs[model_experts_local(&m->cfg)], ntok = sum(r->recv_tok, P), nsend = sum(r->send_tok, P);
-    Tensor sums = tensor_rows(b->sbuf, 0, ntok); // per received token row: Σ of its kept slots' gradients
-    op_zero(sums);
-    scatter_add(sums, tensor_rows(io->dxe, 0, kept), tensor_rows(r->xrow, 0, kept));
-    comm_alltoallv(m->ep, b->rbuf, r->send_tok, b->sbuf, r->recv_tok);
-    scatter_add(io->dxd, tensor_rows(b->rbuf, 0, nsend), tensor_rows(r->send_idx, 0, nsend));
+    int64_t R = sum(r->recv_slot, P), ntok = sum(r->recv_tok, P), nsend = sum(r->send_tok, P), n = io->perm.n[0],
+            kept = io->offs[model_experts_local(&m->cfg)];
+    CHECK(!r->pending && kept <= io->xe.n[0]);
+    const int64_t *out_rows = r->recv_tok, *in_rows = r->send_tok;
+    switch (mv) {
+    case EP_DISPATCH: // every token row once per destination, regrouped into expert order on arrival
+        op_copy(io->perm, host_i32(b->perm, n));
+        op_copy(tensor_rows(r->send_idx, 0, nsend), host_i32(b->send_idx, nsend));
+        op_copy(tensor_rows(r->perm_r, 0, kept), host_i32(b->perm_r, kept));
+        op_copy(tensor_rows(r->xrow, 0, kept), host_i32(b->xrow, kept));
+        gather(tensor_rows(b->sbuf, 0, nsend), io->xd, tensor_rows(r->send_idx, 0, nsend));
+        break;
+    case EP_COMBINE:
+        if (kept < R) op_zero(tensor_rows(b->sbuf, 0, R)); // dropped rows return zeros
+        scatter(tensor_rows(b->sbuf, 0, R), tensor_rows(io->ye, 0, kept), tensor_rows(r->perm_r, 0, kept));
+        out_rows = r->send_slot, in_rows = r->recv_slot;
+        break;
+    case EP_COMBINE_BACKWARD:
+        gather(tensor_rows(b->sbuf, 0, n), io->dy, io->perm);
+        out_rows = r->recv_slot, in_rows = r->send_slot;
+        break;
+    case EP_DISPATCH_BACKWARD: { // per received token row: Σ of its kept slots' gradients
+        Tensor sums = tensor_rows(b->sbuf, 0, ntok);
+        op_zero(sums);
+        scatter_add(sums, tensor_rows(io->dxe, 0, kept), tensor_rows(r->xrow, 0, kept));
+        out_rows = r->send_tok, in_rows = r->recv_tok;
+        break;
+    }
+    }
+    r->req = comm_alltoallv_start(m->ep, b->rbuf, out_rows, b->sbuf, in_rows);
+    r->pending = mv + 1;
 }
+
+void ep_finish(Model *m, StageIO *io) {
+    EpRoute *r = io->route;
+    if (io->dense || !r) return;
+    CHECK(r->pending);
+    EpMove mv = r->pending - 1;
+    EpBuffers *b = r->buf;
+    int64_t nsend = sum(r->send_tok, m->ep->size), n = io->perm.n[0], kept = io->offs[model_experts_local(&m->cfg)];
+    comm_wait(&r->req);
+    r->pending = 0;
+    switch (mv) {
+    case EP_DISPATCH: return gather(tensor_rows(io->xe, 0, kept), b->rbuf, tensor_rows(r->xrow, 0, kept));
+    case EP_COMBINE: return scatter(io->y, tensor_rows(b->rbuf, 0, n), io->perm);
+    case EP_COMBINE_BACKWARD: return gather(tensor_rows(io->dye, 0, kept), b->rbuf, tensor_rows(r->perm_r, 0, kept));
+    case EP_DISPATCH_BACKWARD:
+        return scatter_add(io->dxd, tensor_rows(b->rbuf, 0, nsend), tensor_rows(r->send_idx, 0, nsend));
+    }
+}
+
+static void move(Model *m, StageIO *io, EpMove mv) { ep_issue(m, io, mv), ep_finish(m, io); }
+void ep_dispatch_forward(Model *m, StageIO *io) { ep_dispatch_route(m, io), move(m, io, EP_DISPATCH); }
+void ep_combine_forward(Model *m, StageIO *io) { move(m, io, EP_COMBINE); }
+void ep_combine_backward(Model *m, StageIO *io) { move(m, io, EP_COMBINE_BACKWARD); }
+void ep_dispatch_backward(Model *m, StageIO *io) { move(m, io, EP_DISPATCH_BACKWARD); }

@@ -4,6 +4,7 @@
 // a token goes once to every rank holding any of its experts, every (token, expert) output comes back.
 #pragma once
 #include "model/model.h"
+#include "parallel/comm.h"
 
 // Shared by every layer of a chunk (layers run one at a time): the rows in transit and host scratch for
 // building the routes. sbuf, rbuf: (worst case of one layer, H) in the communication arena.
@@ -26,7 +27,12 @@ typedef struct EpRoute {
     int64_t rows;  // (token, expert) rows this rank received at the last dispatch
     int64_t over;  // of them above the capacity (dropped when dropping)
     bool spill;    // some rank of the group received more than the capacity: stage 3 runs on the spill set
+    CommReq req;   // the move in flight between ep_issue and ep_finish
+    int pending;   // its EpMove + 1 (0: none)
 } EpRoute;
+
+// The four moves of rows, each an all-to-all across the ep group.
+typedef enum { EP_DISPATCH, EP_COMBINE, EP_COMBINE_BACKWARD, EP_DISPATCH_BACKWARD } EpMove;
 
 // Rows stage 3 of a layer can receive: the worst case ep·T·min(k, E_l) (T·k on one rank), and the capacity
 // its own buffers are sized by, factor·T·k (parallel.ep_capacity_factor; 0 = the worst case). A layer that
@@ -42,11 +48,15 @@ void ep_buffers_free(EpBuffers *b);
 // gradients, sized by the rows io->xe holds.
 void ep_alloc(Model *m, StageIO *io, Arena *a, int64_t T);
 void ep_grad_alloc(Model *m, StageIO *io, Arena *ws, int64_t T);
-// Dispatch in two halves, so the chunk can choose the layer's buffers between them: the route (host
-// work, counts, route->over and route->spill), then the rows into io->xe.
-void ep_dispatch_route(Model *m, StageIO *io);
-void ep_dispatch_rows(Model *m, StageIO *io);
-void ep_dispatch_forward(Model *m, StageIO *io);  // both: xd, idx → perm, offs, xe
+// Each stage as route (dispatch only: the host reads, counts, route->over and route->spill, the rows to
+// drop) → issue (pack the rows, post the all-to-all) → finish (wait, unpack), so compute of another
+// micro-batch can run between issue and finish (docs/architecture.md, "The overlapped pair"). Between route
+// and the dispatch's issue the chunk chooses the layer's stage-3 buffers (its own or the spill set); between
+// issue and finish the move's buffers are the transfer's. Row counts: the kept rows, io->offs[E_l].
+void ep_dispatch_route(Model *m, StageIO *io);    // idx → perm, offs (and the route across ranks)
+void ep_issue(Model *m, StageIO *io, EpMove mv);  // one rank: the whole move
+void ep_finish(Model *m, StageIO *io);            // the move issued last on io
+void ep_dispatch_forward(Model *m, StageIO *io);  // route, issue and finish: xd, idx → perm, offs, xe
 void ep_combine_forward(Model *m, StageIO *io);   // ye → y (slot order)
 void ep_combine_backward(Model *m, StageIO *io);  // dy → dye
 void ep_dispatch_backward(Model *m, StageIO *io); // dxe → dxd

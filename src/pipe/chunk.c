@@ -262,36 +262,62 @@ Tensor chunk_input(const Chunk *c, int slot) { return c->rec[slot].h[c->l0]; }
 Tensor chunk_output(const Chunk *c, int slot) { return c->rec[slot].h[c->l1]; }
 Tensor chunk_input_grad(const Chunk *c) { return c->dh[(c->l1 - c->l0) % 2]; }
 
-void chunk_forward(Chunk *c, int slot, bool grad) {
-    chunk_forward_layers(c, slot);
-    ChunkRecord *k = &c->rec[slot];
-    if (c->l1 == c->m->cfg.layers) c->m->fam->epilog_forward(c->m, k->epilog, &k->mb, k->h[c->m->cfg.layers], grad);
-}
+// ---- forward and backward as steps (docs/architecture.md, "The overlapped pair") ----
+// A layer's forward and backward are each a sequence of steps over a cursor: computes (each after the wait
+// for its input) and the issues of all-to-alls (ep_issue). The serial order runs one cursor's steps back to
+// back; chunk_pair interleaves a forward's with a backward's, so both share this one code path.
+typedef struct {
+    Chunk *c;
+    int slot;
+    ChunkRecord *k;
+    int l;       // the layer whose steps run (forward: ascending, backward: descending)
+    bool replay; // forward: a rerun in backward (full recompute)
+    int cur;     // backward: dh[cur] is layer l's output gradient
+    int set;     // backward: the deferred set taking stage 3's weight-gradient inputs (−1: none)
+    size_t mark; // backward: workspace mark of layer l's gradients
+} Cursor;
 
-// Record k's layer l, stages 1–5. A replay (full recompute) reruns them on the same input and weights, which
-// gives the same bits; m->replay keeps the load-balancing sums and expert counts from counting twice.
-static void layer_forward(Chunk *c, int slot, int l, bool replay) {
-    Model *m = c->m;
-    const ModelFamily *f = m->fam;
-    ChunkRecord *k = &c->rec[slot];
-    void *r = rec_of(c, k, l);
-    StageIO *io = &k->io[l];
-    int at = slot * m->cfg.layers + l;
-    m->replay = replay;
-    f->stage1_forward(m, l, r, &k->mb, k->h[l], io);
-    if (!io->dense) use_rows(c, k, l, &k->own[l]); // a forward starts on the layer's own rows
-    ep_dispatch_route(m, io);
+static Cursor cursor(Chunk *c, int slot, int l) { return (Cursor){c, slot, &c->rec[slot], l, false, 0, -1, 0}; }
+static void *cur_rec(const Cursor *u) { return rec_of(u->c, u->k, u->l); }
+static StageIO *cur_io(const Cursor *u) { return &u->k->io[u->l]; }
+
+// Forward of layer l. A replay reruns it on the same input and weights, which gives the same bits;
+// m->replay keeps the load-balancing sums and expert counts from counting twice.
+static void f_stage1(Cursor *f) {
+    Model *m = f->c->m;
+    m->replay = f->replay;
+    m->fam->stage1_forward(m, f->l, cur_rec(f), &f->k->mb, f->k->h[f->l], cur_io(f));
+}
+// The route, the layer's stage-3 rows (its own, or the spill set when the group decided so), the dispatch.
+static void f_dispatch(Cursor *f) {
+    Chunk *c = f->c;
+    StageIO *io = cur_io(f);
+    if (!io->dense) use_rows(c, f->k, f->l, &f->k->own[f->l]); // a forward starts on the layer's own rows
+    ep_dispatch_route(c->m, io);
     if (io->route) {
-        if (io->route->spill) use_rows(c, k, l, &c->spill), c->spill_owner = at;
-        if (!replay) c->ep_over += io->route->over;
+        if (io->route->spill) use_rows(c, f->k, f->l, &c->spill), c->spill_owner = f->slot * c->m->cfg.layers + f->l;
+        if (!f->replay) c->ep_over += io->route->over;
         if (io->route->rows > c->ep_rows_peak) c->ep_rows_peak = io->route->rows;
     }
-    ep_dispatch_rows(m, io);
-    f->stage3_forward(m, l, r, io);
-    ep_combine_forward(m, io);
-    f->stage5_forward(m, l, r, io, k->h[l + 1]);
-    if (m->recompute == RECOMPUTE_FULL) c->region_owner = at;
-    m->replay = false;
+    ep_issue(c->m, io, EP_DISPATCH);
+}
+static void f_stage3(Cursor *f) {
+    ep_finish(f->c->m, cur_io(f));
+    f->c->m->fam->stage3_forward(f->c->m, f->l, cur_rec(f), cur_io(f));
+}
+static void f_combine(Cursor *f) { ep_issue(f->c->m, cur_io(f), EP_COMBINE); }
+static void f_stage5(Cursor *f) {
+    Chunk *c = f->c;
+    ep_finish(c->m, cur_io(f));
+    c->m->fam->stage5_forward(c->m, f->l, cur_rec(f), cur_io(f), f->k->h[f->l + 1]);
+    if (c->m->recompute == RECOMPUTE_FULL) c->region_owner = f->slot * c->m->cfg.layers + f->l;
+    c->m->replay = false;
+}
+
+static void layer_forward(Chunk *c, int slot, int l, bool replay) {
+    Cursor f = cursor(c, slot, l);
+    f.replay = replay;
+    f_stage1(&f), f_dispatch(&f), f_stage3(&f), f_combine(&f), f_stage5(&f);
 }
 
 void chunk_forward_layers(Chunk *c, int slot) {
@@ -301,9 +327,16 @@ void chunk_forward_layers(Chunk *c, int slot) {
     for (int l = c->l0; l < c->l1; l++) layer_forward(c, slot, l, false);
 }
 
+void chunk_forward(Chunk *c, int slot, bool grad) {
+    chunk_forward_layers(c, slot);
+    ChunkRecord *k = &c->rec[slot];
+    if (c->l1 == c->m->cfg.layers) c->m->fam->epilog_forward(c->m, k->epilog, &k->mb, k->h[c->m->cfg.layers], grad);
+}
+
 // Makes record slot's layer l whole again where others have used the shared buffers since its forward: under
 // full recompute the region (the forward again), else a spilled layer's spill set (dispatch and stage 3 again:
-// collectives, which every rank of the ep group reaches, since the spill is the group's decision).
+// collectives, which every rank of the ep group reaches in the same order, since the spill is the group's
+// decision and every rank of a pipeline stage runs the same schedule).
 static void layer_restore(Chunk *c, int slot, int l) {
     Model *m = c->m;
     ChunkRecord *k = &c->rec[slot];
@@ -312,8 +345,7 @@ static void layer_restore(Chunk *c, int slot, int l) {
     if (m->recompute == RECOMPUTE_FULL) {
         if (c->region_owner != at) layer_forward(c, slot, l, true);
     } else if (io->route && io->route->spill && c->spill_owner != at) {
-        ep_dispatch_route(m, io);
-        ep_dispatch_rows(m, io);
+        ep_dispatch_forward(m, io);
         m->fam->stage3_forward(m, l, rec_of(c, k, l), io);
         c->spill_owner = at;
     }
@@ -330,37 +362,53 @@ static int64_t stage3_rows(const Model *m, const StageIO *io) {
     return io->dense ? io->dye.n[0] : io->offs[model_experts_local(&m->cfg)];
 }
 
+// Backward of layer l: its gradients in the workspace from b_stage5 to b_stage1.
+static void b_stage5(Cursor *b) {
+    Chunk *c = b->c;
+    b->mark = arena_mark(&c->ws);
+    layer_restore(c, b->slot, b->l);
+    alloc_layer_grads(c, b->k, b->l, &c->ws);
+    c->m->fam->stage5_backward(c->m, b->l, cur_rec(b), cur_io(b), c->dh[b->cur]);
+}
+static void b_combine(Cursor *b) { ep_issue(b->c->m, cur_io(b), EP_COMBINE_BACKWARD); }
+static void b_stage3(Cursor *b) {
+    ep_finish(b->c->m, cur_io(b));
+    b->c->m->fam->stage3_backward_input(b->c->m, b->l, cur_rec(b), cur_io(b));
+}
+static void b_dispatch(Cursor *b) { ep_issue(b->c->m, cur_io(b), EP_DISPATCH_BACKWARD); }
+static void b_weight(Cursor *b) { // now, or the inputs kept in the deferred set (the workspace is reset)
+    Model *m = b->c->m;
+    StageIO *io = cur_io(b);
+    int64_t R = stage3_rows(m, io), at = (int64_t)b->set * m->cfg.layers + b->l;
+    if (b->set < 0 || !weight_can_wait(m, io)) return m->fam->stage3_backward_weight(m, b->l, cur_rec(b), io);
+    if (R == 0) return;
+    op_copy(tensor_rows(b->c->dye[at], 0, R), tensor_rows(io->dye, 0, R));
+    op_copy(tensor_rows(b->c->dgu[at], 0, R), tensor_rows(((MlpRec *)cur_rec(b))->dgu, 0, R));
+}
+static void b_stage1(Cursor *b) {
+    Chunk *c = b->c;
+    ep_finish(c->m, cur_io(b));
+    c->m->fam->stage1_backward(c->m, b->l, cur_rec(b), &b->k->mb, cur_io(b), c->dh[b->cur], c->dh[1 - b->cur]);
+    arena_reset(&c->ws, b->mark);
+    b->cur = 1 - b->cur;
+}
+
+// A backward's cursor at its last layer, after the epilog's backward; with defer, the next deferred set of
+// the ring (chunk_weight frees the oldest, so at most ndefer are taken).
+static Cursor backward_begin(Chunk *c, int slot, bool defer) {
+    Cursor b = cursor(c, slot, c->l1 - 1);
+    if (defer) {
+        CHECK(c->defer_tail - c->defer_head < c->ndefer && b.k->defer_set < 0);
+        b.set = b.k->defer_set = c->defer_tail++ % c->ndefer;
+    }
+    if (c->l1 == c->m->cfg.layers) c->m->fam->epilog_backward(c->m, b.k->epilog, c->dh[0]);
+    return b;
+}
+
 void chunk_backward(Chunk *c, int slot, bool defer) {
-    Model *m = c->m;
-    const ModelFamily *f = m->fam;
-    ChunkRecord *k = &c->rec[slot];
-    int cur = 0, L = m->cfg.layers, set = -1;
-    if (defer) { // the next set of the ring; chunk_weight frees the oldest, so at most ndefer are taken
-        CHECK(c->defer_tail - c->defer_head < c->ndefer && k->defer_set < 0);
-        set = k->defer_set = c->defer_tail++ % c->ndefer;
-    }
-    if (c->l1 == L) f->epilog_backward(m, k->epilog, c->dh[cur]);
-    for (int l = c->l1 - 1; l >= c->l0; l--) {
-        void *r = rec_of(c, k, l);
-        StageIO *io = &k->io[l];
-        size_t mark = arena_mark(&c->ws);
-        layer_restore(c, slot, l);
-        alloc_layer_grads(c, k, l, &c->ws);
-        f->stage5_backward(m, l, r, io, c->dh[cur]);
-        ep_combine_backward(m, io);
-        f->stage3_backward_input(m, l, r, io);
-        if (!defer || !weight_can_wait(m, io)) f->stage3_backward_weight(m, l, r, io);
-        else if (stage3_rows(m, io) > 0) { // the workspace is reset below: keep what the weight half reads
-            int64_t R = stage3_rows(m, io);
-            op_copy(tensor_rows(c->dye[set * L + l], 0, R), tensor_rows(io->dye, 0, R));
-            op_copy(tensor_rows(c->dgu[set * L + l], 0, R), tensor_rows(((MlpRec *)r)->dgu, 0, R));
-        }
-        ep_dispatch_backward(m, io);
-        f->stage1_backward(m, l, r, &k->mb, io, c->dh[cur], c->dh[1 - cur]);
-        arena_reset(&c->ws, mark);
-        cur = 1 - cur;
-    }
-    if (c->l0 == 0) f->prolog_backward(m, &k->mb, c->dh[cur]);
+    Cursor b = backward_begin(c, slot, defer);
+    for (; b.l >= c->l0; b.l--) b_stage5(&b), b_combine(&b), b_stage3(&b), b_dispatch(&b), b_weight(&b), b_stage1(&b);
+    if (c->l0 == 0) c->m->fam->prolog_backward(c->m, &b.k->mb, c->dh[b.cur]);
 }
 
 void chunk_weight(Chunk *c, int slot) {
@@ -377,6 +425,41 @@ void chunk_weight(Chunk *c, int slot) {
         m->fam->stage3_backward_weight(m, l, r, io);
     }
     k->defer_set = -1, c->defer_head++;
+}
+
+// ---- the overlapped pair ----
+// chunk_pair issues every all-to-all right after the compute that produces its rows, then runs the other
+// micro-batch's compute before the wait: on the comm stream the all-to-alls come in the order of spec §4.4
+// (whose events, recorded after each compute, give the same overlap), and each runs beside the other side's
+// stages: combine⁻¹ ∥ F stage 5/1, dispatch ∥ B stage 3, dispatch⁻¹ ∥ B weight gradients and F stage 3,
+// combine ∥ B stage 1/5. The blocking collectives inside (the route's counts, the spill decision, a spilled
+// layer's re-dispatch in b_stage5, a full-recompute replay) come in this fixed order on every ep rank.
+void chunk_pair(Chunk *fc, int fslot, Chunk *bc, int bslot) {
+    CHECK(fc != bc && fc->l1 - fc->l0 == bc->l1 - bc->l0); // the transfer buffers are each chunk's own
+    Model *m = fc->m;
+    Cursor f = cursor(fc, fslot, fc->l0), b = backward_begin(bc, bslot, false);
+    b_stage5(&b), b_combine(&b);
+    if (fc->l0 == 0) m->fam->prolog_forward(m, &f.k->mb, f.k->h[0]);
+    f_stage1(&f), f_dispatch(&f);
+    for (int i = 0; i < fc->l1 - fc->l0; i++) {
+        if (i > 0) {
+            b_stage1(&b), b.l--, b_stage5(&b), b_combine(&b);
+            f_stage5(&f), f.l++, f_stage1(&f), f_dispatch(&f);
+        }
+        b_stage3(&b), b_dispatch(&b), b_weight(&b), f_stage3(&f), f_combine(&f);
+    }
+    b_stage1(&b);
+    if (bc->l0 == 0) m->fam->prolog_backward(m, &b.k->mb, bc->dh[b.cur]);
+    f_stage5(&f);
+    if (fc->l1 == m->cfg.layers) m->fam->epilog_forward(m, f.k->epilog, &f.k->mb, f.k->h[fc->l1], true);
+}
+
+void chunk_pipe_pair(Chunk *fc, int fslot, Tensor x, Tensor y, Chunk *bc, int bslot, Tensor dy, Tensor dx) {
+    if (x.p) op_copy(chunk_input(fc, fslot), x);
+    if (dy.p) op_copy(bc->dh[0], dy);
+    chunk_pair(fc, fslot, bc, bslot);
+    if (y.p) op_copy(y, chunk_output(fc, fslot));
+    if (dx.p) op_copy(dx, chunk_input_grad(bc));
 }
 
 void chunk_pipe_forward(Chunk *c, int slot, Tensor x, Tensor y, bool grad) {

@@ -86,3 +86,9 @@ void chunk_weight(Chunk *c, int slot);
 // gradient copied to dx (empty: the first).
 void chunk_pipe_forward(Chunk *c, int slot, Tensor x, Tensor y, bool grad);
 void chunk_pipe_backward(Chunk *c, int slot, Tensor dy, Tensor dx, bool defer);
+// The overlapped pair: the forward (with grad) of fc's record fslot interleaved stage by stage with the
+// backward (no deferral) of bc's record bslot, so each all-to-all of one runs beside compute of the other;
+// results equal chunk_forward then chunk_backward bit for bit. Two chunks of as many layers.
+void chunk_pair(Chunk *fc, int fslot, Chunk *bc, int bslot);
+// chunk_pair with chunk_pipe_forward's x, y and chunk_pipe_backward's dy, dx.
+void chunk_pipe_pair(Chunk *fc, int fslot, Tensor x, Tensor y, Chunk *bc, int bslot, Tensor dy, Tensor dx);

@@ -348,18 +348,25 @@ void dualpipev_run(PipeRun *run, const PipeChunks *c) {
             CommReq q = comm_p2p_start(run->pp, ops, st->nmsg);
             comm_wait(&q);
         }
+        Tensor x = {0}, y = {0}, dy = {0}, dx = {0};
+        int fp = st->fphase, fmb = st->fmb, bp = st->bphase, bmb = st->bmb;
         if (st->kind == PIPE_F || st->kind == PIPE_FB) { // the last rank's phase 0 writes phase 1's input
-            int p = st->fphase, mb = st->fmb;
-            Tensor y =
-                last && p == 0 ? dualpipev_buffer(run, PIPE_ACT_IN, 1, mb) : dualpipev_buffer(run, PIPE_ACT_OUT, p, mb);
-            c->forward(c->ctx, p, mb, s->slot[PIPE_REC][p][mb], dualpipev_buffer(run, PIPE_ACT_IN, p, mb), y);
+            x = dualpipev_buffer(run, PIPE_ACT_IN, fp, fmb);
+            y = last && fp == 0 ? dualpipev_buffer(run, PIPE_ACT_IN, 1, fmb)
+                                : dualpipev_buffer(run, PIPE_ACT_OUT, fp, fmb);
         }
         if (st->kind == PIPE_B || st->kind == PIPE_FB) { // the last rank's phase 1 writes phase 0's gradient
-            int p = st->bphase, mb = st->bmb;
-            Tensor dx = last && p == 1 ? dualpipev_buffer(run, PIPE_GRAD_OUT, 0, mb)
-                                       : dualpipev_buffer(run, PIPE_GRAD_IN, p, mb);
-            c->backward(c->ctx, p, mb, s->slot[PIPE_REC][p][mb], dualpipev_buffer(run, PIPE_GRAD_OUT, p, mb), dx,
-                        st->zb);
+            dy = dualpipev_buffer(run, PIPE_GRAD_OUT, bp, bmb);
+            dx = last && bp == 1 ? dualpipev_buffer(run, PIPE_GRAD_OUT, 0, bmb)
+                                 : dualpipev_buffer(run, PIPE_GRAD_IN, bp, bmb);
+        }
+        if (st->kind == PIPE_FB && c->pair)
+            c->pair(c->ctx, fp, fmb, s->slot[PIPE_REC][fp][fmb], x, y, bp, bmb, s->slot[PIPE_REC][bp][bmb], dy, dx);
+        else {
+            if (st->kind == PIPE_F || st->kind == PIPE_FB)
+                c->forward(c->ctx, fp, fmb, s->slot[PIPE_REC][fp][fmb], x, y);
+            if (st->kind == PIPE_B || st->kind == PIPE_FB)
+                c->backward(c->ctx, bp, bmb, s->slot[PIPE_REC][bp][bmb], dy, dx, st->zb);
         }
         if (st->kind == PIPE_W) c->weight(c->ctx, st->bphase, st->bmb, s->slot[PIPE_REC][st->bphase][st->bmb]);
     }

@@ -69,13 +69,16 @@ char *dualpipev_format(const PipeSchedule *s);
 // last (whose output is the loss); likewise dy (output gradient) on the last and dx (input gradient) on
 // the first. slot is the micro-batch's record slot in its phase (PipeSchedule.slot[PIPE_REC]): x and y
 // stay valid from the forward to the backward, or to the W of a backward that defers. An overlapped pair
-// runs its forward, then its backward (the stage-level interleaving of one pair is the engine's).
+// runs pair() (the forward's arguments, then the backward's: the engine interleaves their stages), or
+// without one its forward, then its backward.
 typedef struct {
     void *ctx;
     void (*forward)(void *ctx, int phase, int mb, int slot, Tensor x, Tensor y);
     // defer: keep the expert weight gradients for a later weight() of the same (phase, mb)
     void (*backward)(void *ctx, int phase, int mb, int slot, Tensor dy, Tensor dx, bool defer);
     void (*weight)(void *ctx, int phase, int mb, int slot);
+    void (*pair)(void *ctx, int fphase, int fmb, int fslot, Tensor x, Tensor y, int bphase, int bmb, int bslot,
+                 Tensor dy, Tensor dx); // NULL: forward, then backward
 } PipeChunks;
 
 // The pipeline buffers of one rank: activations in and out per record slot, output and input gradients

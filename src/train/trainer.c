@@ -334,19 +334,27 @@ static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc, Chun
 // The model's first chunk (the embedding) and its last (the loss) read micro-batch mb of the global
 // batch; the last counts its targets.
 
-static void pipe_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
-    Run *r = ctx;
+static Chunk *pipe_load(Run *r, int p, int mb, int slot) {
     Chunk *c = &r->chunk[p];
     bool last = c->l1 == r->model.cfg.layers;
     if (c->l0 == 0 || last) {
         int64_t targets = load_microbatch(r, r->pipe_data, r->pipe_batch, mb, c, slot);
         if (last) r->pipe_targets += targets;
     }
-    chunk_pipe_forward(c, slot, x, y, r->pipe_grad);
+    return c;
+}
+
+static void pipe_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
+    chunk_pipe_forward(pipe_load(ctx, p, mb, slot), slot, x, y, ((Run *)ctx)->pipe_grad);
 }
 
 static void pipe_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor dx, bool defer) {
     chunk_pipe_backward(&((Run *)ctx)->chunk[p], slot, dy, dx, defer);
+}
+
+static void pipe_pair(void *ctx, int fp, int fmb, int fslot, Tensor x, Tensor y, int bp, int bmb, int bslot, Tensor dy,
+                      Tensor dx) {
+    chunk_pipe_pair(pipe_load(ctx, fp, fmb, fslot), fslot, x, y, &((Run *)ctx)->chunk[bp], bslot, dy, dx);
 }
 
 static void pipe_weight(void *ctx, int p, int mb, int slot) {
@@ -368,7 +376,7 @@ static int64_t run_microbatches(Run *r, Dataset *ds, int64_t batch, bool grad) {
         return targets;
     }
     r->pipe_data = ds, r->pipe_batch = batch, r->pipe_targets = 0, r->pipe_grad = grad;
-    dualpipev_run(&r->pipe[grad ? 0 : 1], &(PipeChunks){r, pipe_forward, pipe_backward, pipe_weight});
+    dualpipev_run(&r->pipe[grad ? 0 : 1], &(PipeChunks){r, pipe_forward, pipe_backward, pipe_weight, pipe_pair});
     return r->pipe_targets;
 }
 

@@ -13,11 +13,12 @@
 //     asynchronous requests of comm.h);
 //   - NCCL calls run on the comm stream, in-place forms are NCCL's, no other buffer overlap.
 // A group of sends and receives (ncclGroupStart/End) is posted to MPI when it is issued and finished when
-// something depends on it: the next NCCL call (the comm stream runs one call at a time, in order), a
-// compute-stream wait on an event recorded after it, or a stream synchronisation; until then the host runs
-// on, and the watchdog's cudaEventQuery sees the call incomplete (a peer that never posts times out as on
-// a GPU). PITH_FAKE_NCCL_DELAY_MS makes every group last at least that long after its issue, so tests can
-// see transfers overlap compute. Collectives run at once.
+// something depends on it: a compute-stream wait on an event recorded after it, another NCCL call that is
+// not a group (groups queue behind each other, up to 8), or a stream synchronisation; until then the host
+// runs on, and the watchdog's cudaEventQuery sees the call incomplete (a peer that never posts times out as
+// on a GPU). PITH_FAKE_NCCL_DELAY_MS makes every group last at least that long after its issue or the end
+// of the group before it (one call at a time on the stream), and PITH_FAKE_OP_DELAY_US every op at least
+// that long, so tests can see transfers overlap compute. Collectives run at once.
 // A violation prints "fake CUDA: ..." and aborts every rank.
 #include <mpi.h>
 #include <stdarg.h>
@@ -118,13 +119,17 @@ static void check_inflight(const void *p, size_t n, const char *what) {
                 what);
 }
 
-// The comm stream's one group in flight (posted, not finished) and how far the stream has completed.
+// The comm stream's groups in flight (posted, not finished), oldest first, and how far the stream has
+// completed. The stream runs one group at a time: each is done no sooner than its predecessor.
+enum { FAKE_GROUPS = 8 };
 static struct {
     MPI_Request req[1024];
     int n;
-    bool active;
-    double ready; // not done before this time (PITH_FAKE_NCCL_DELAY_MS)
-} pending;
+    long first, seq; // the comm stream's count before and after it
+    double ready;    // not done before this time (PITH_FAKE_NCCL_DELAY_MS after its issue or its predecessor)
+} pending[FAKE_GROUPS];
+static int npending;
+static long group_first;      // the comm stream's count when the group being built started
 static atomic_long comm_done; // comm-stream work complete up to this count (read by the watchdog thread)
 
 static double nccl_delay_s(void) {
@@ -136,22 +141,25 @@ static double nccl_delay_s(void) {
     return d;
 }
 
-// Finishes the group in flight (polling, so the watchdog can end a wait whose peer never posts), and
-// marks the comm stream complete so far.
-static void comm_finish(void) {
-    if (pending.active) {
+// Finishes the groups in flight that end at or before comm-stream count seq (polling, so the watchdog can end
+// a wait whose peer never posts), and marks the comm stream complete so far.
+static void comm_finish_upto(long seq) {
+    int k = 0;
+    for (; k < npending && pending[k].seq <= seq; k++) {
         for (int done = 0;;) {
-            if (MPI_Testall(pending.n, pending.req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+            if (MPI_Testall(pending[k].n, pending[k].req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
                 fake_fail("MPI_Testall failed");
             if (done) break;
             nanosleep(&(struct timespec){0, 50000}, NULL);
         }
-        double left = pending.ready - now_seconds();
+        double left = pending[k].ready - now_seconds();
         if (left > 0) nanosleep(&(struct timespec){(time_t)left, (long)((left - (time_t)left) * 1e9)}, NULL);
-        pending.active = false;
     }
-    atomic_store(&comm_done, COMM->seq);
+    memmove(pending, pending + k, (size_t)(npending - k) * sizeof *pending), npending -= k;
+    long done = npending ? pending[0].first : COMM->seq;
+    if (done > atomic_load(&comm_done)) atomic_store(&comm_done, done);
 }
+static void comm_finish(void) { comm_finish_upto(COMM->seq); }
 
 static int fake_gpus(void) {
     const char *e = getenv("PITH_FAKE_GPUS");
@@ -179,7 +187,7 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) { // the watchdog's thread
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags) {
     if (ev->stream < 0) fake_fail("cudaStreamWaitEvent on an event never recorded");
     if (ev->stream == 1 && s != COMM && ev->seq > atomic_load(&comm_done))
-        comm_finish(); // compute runs at once: the data must be there
+        comm_finish_upto(ev->seq); // compute runs at once: the data must be there
     if (s->seen[ev->stream] < ev->seq) s->seen[ev->stream] = ev->seq;
     return cudaSuccess;
 }
@@ -367,7 +375,8 @@ ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t dt, int peer, ncc
     return ncclSuccess;
 }
 ncclResult_t ncclGroupStart(void) {
-    if (depth++ == 0) comm_finish(); // the comm stream runs one call at a time
+    if (depth == 0 && npending == FAKE_GROUPS) comm_finish_upto(pending[0].seq); // room for the group
+    if (depth++ == 0) group_first = COMM->seq;
     return ncclSuccess;
 }
 ncclResult_t ncclGroupEnd(void) {
@@ -378,10 +387,15 @@ ncclResult_t ncclGroupEnd(void) {
         for (int j = 0; j < i; j++)
             if (overlap(q->p, q->bytes, queued[j].p, queued[j].bytes) && (!q->send || !queued[j].send))
                 fake_fail("a group's buffers overlap");
-        if (q->send) MPI_OK(MPI_Isend(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, &pending.req[i]));
-        else MPI_OK(MPI_Irecv(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, &pending.req[i]));
+        MPI_Request *r = &pending[npending].req[i];
+        if (q->send) MPI_OK(MPI_Isend(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, r));
+        else MPI_OK(MPI_Irecv(q->p, q->bytes, MPI_BYTE, q->peer, 7, q->comm->mpi, r));
     }
-    pending.n = nqueued, pending.active = true, pending.ready = now_seconds() + nccl_delay_s();
+    double start =
+        npending && pending[npending - 1].ready > now_seconds() ? pending[npending - 1].ready : now_seconds();
+    pending[npending].n = nqueued, pending[npending].first = group_first;
+    pending[npending].seq = COMM->seq, pending[npending].ready = start + nccl_delay_s();
+    npending++;
     nqueued = 0;
     return ncclSuccess;
 }
@@ -425,6 +439,15 @@ void cuda_event_destroy(void *ev) { cudaEventDestroy(ev); }
 void cuda_event_record(void *ev, void *stream) { cudaEventRecord(ev, stream); }
 void cuda_stream_wait_event(void *stream, void *ev) { cudaStreamWaitEvent(stream, ev, 0); }
 
+static void op_delay(void) {
+    static double d = -1;
+    if (d < 0) {
+        const char *e = getenv("PITH_FAKE_OP_DELAY_US");
+        d = e && *e ? atof(e) / 1e6 : 0;
+    }
+    if (d > 0) nanosleep(&(struct timespec){(time_t)d, (long)((d - (time_t)d) * 1e9)}, NULL);
+}
+
 // An op on the compute stream over these tensors (which the CPU op then sees as host tensors).
 #define OP(name, ...)                                                                                                  \
     do {                                                                                                               \
@@ -432,7 +455,7 @@ void cuda_stream_wait_event(void *stream, void *ev) { cudaStreamWaitEvent(stream
         for (size_t i_ = 0; i_ < sizeof ts_ / sizeof *ts_; i_++)                                                       \
             check_side(*ts_[i_], #name), check_inflight(ts_[i_]->p, tensor_bytes(*ts_[i_]), #name),                    \
                 ts_[i_]->dev = DEV_CPU;                                                                                \
-        issue(COMPUTE, #name);                                                                                         \
+        issue(COMPUTE, #name), op_delay();                                                                             \
     } while (0)
 
 void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {

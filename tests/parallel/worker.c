@@ -18,9 +18,13 @@
 //   pipe-model the schedule on the real model: each rank runs its two chunks of a 4P-layer Qwen3-MoE (a
 //              record per slot, the schedule's deferred weight gradients, one pipeline over the world); the
 //              summed loss, load-balancing loss and gradients equal one chunk of every layer running every
-//              micro-batch in turn
+//              micro-batch in turn, with and without the overlapped pairs (bit for bit the same)
 //   overlap-gpu with every NCCL group lasting PITH_FAKE_NCCL_DELAY_MS (the fake), a ring exchange issued
 //              before 'compute' (a sleep as long) ends sooner than one waited for before it
+//   pair[-gpu] the overlapped pair (chunk_pair) with the world as the ep group: bit for bit the serial order's
+//              results, also with an expert capacity that overflows (spill, drop, spill under full
+//              recompute; spill = the worst case bit for bit); with the fake's delays
+//              (PITH_FAKE_NCCL_DELAY_MS, PITH_FAKE_OP_DELAY_US) it takes under 0.8 of the serial order's time
 //   pipe[-gpu] the DualPipeV schedule run by dualpipev_run over the world as one pipeline of P ranks, on a
 //              toy model of 2P linear chunks (loss ½‖y‖², deferred weight gradients): the loss and every
 //              chunk's weight gradient against an fp64 reference of the whole chain on one rank
@@ -357,7 +361,7 @@ static void run_pipe_case(const Dist *d, int N) {
         op_copy(t.dw[p] = arena_tensor(&a, DT_F32, 2, PH, PH, 0, 0), h);
         free(h.p);
     }
-    dualpipev_run(&run, &(PipeChunks){&t, toy_forward, toy_backward, toy_weight});
+    dualpipev_run(&run, &(PipeChunks){&t, toy_forward, toy_backward, toy_weight, NULL});
     double *ref = xmalloc(PH * PH * sizeof(double)), loss = 0;
     for (int p = 0; p < 2; p++) {
         loss = pipe_reference(P, N, t.chunk[p], ref);
@@ -395,6 +399,13 @@ static void model_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor
 }
 
 static void model_weight(void *ctx, int p, int mb, int slot) { chunk_weight(&((ModelChunks *)ctx)->chunk[p], slot); }
+
+static void model_pair(void *ctx, int fp, int fmb, int fslot, Tensor x, Tensor y, int bp, int bmb, int bslot, Tensor dy,
+                       Tensor dx) {
+    ModelChunks *c = ctx;
+    chunk_load(&c->chunk[fp], fslot, c->tok[fmb], c->lab[fmb]);
+    chunk_pipe_pair(&c->chunk[fp], fslot, x, y, &c->chunk[bp], bslot, dy, dx);
+}
 
 static void suite_pipe_model(const Dist *d, int N) {
     const Comm *w = &d->world;
@@ -437,8 +448,21 @@ static void suite_pipe_model(const Dist *d, int N) {
     dualpipev_run_free(&run);
     Arena a = arena_create("pipeline", DEV_CPU, cnt.peak + ARENA_ALIGN);
     dualpipev_run_init(&run, &s, w, &a, DT_F32, T, mc.hidden);
-    model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
-    dualpipev_run(&run, &(PipeChunks){&c, model_forward, model_backward, model_weight});
+    // the overlapped pairs' results equal forward-then-backward's bit for bit
+    float *serial[NGROUPS];
+    double sl = 0;
+    for (int pair = 0; pair < 2; pair++) {
+        model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+        dualpipev_run(&run, &(PipeChunks){&c, model_forward, model_backward, model_weight, pair ? model_pair : NULL});
+        if (!pair) sl = op_read_scalar(m.loss_sum);
+        for (int k = 0; k < NGROUPS && !pair; k++)
+            serial[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(serial[k], m.g[k].p, tensor_bytes(m.g[k]));
+    }
+    for (int k = 0; k < NGROUPS; k++) {
+        EXPECT(!memcmp(serial[k], m.g[k].p, tensor_bytes(m.g[k])), "P=%d N=%d: paired gradients differ\n", P, N);
+        free(serial[k]);
+    }
+    EXPECT(sl == op_read_scalar(m.loss_sum), "P=%d N=%d: paired loss differs\n", P, N);
     // every gradient is made on one rank: their sum is the pipeline's gradient
     for (int g = 0; g < NGROUPS; g++) comm_allreduce(w, m.g[g], COMM_SUM);
     comm_allreduce(w, m.loss_sum, COMM_SUM), comm_allreduce(w, m.lb_sum, COMM_SUM);
@@ -504,6 +528,111 @@ static Tensor pull(Tensor t) {
     Tensor h = host_like(t);
     op_copy(h, t);
     return h;
+}
+
+// ---- pair: the overlapped pair across an ep group ----
+// Two chunks of two MoE layers each (the first embeds, the second ends in the loss) over the world as the
+// ep group: the forward of one micro-batch through the first and the backward of another through the
+// second, one after the other and as chunk_pair; the pair's results equal the serial order's bit for bit,
+// and with every op and every NCCL group lasting a while (the fake's delays) the pair takes less time.
+// Then with an expert capacity below what the routing sends (0.75·T·k rows): spilling (the backward
+// re-dispatches its spilled layer, a collective, inside the pair), dropping, and spilling under full
+// recompute (the backward replays its layers' forwards inside the pair); each equal to its serial order,
+// and spilling equal to the worst case's results bit for bit (ref: the worst case's paired results).
+typedef struct {
+    const char *name;
+    double capacity;
+    bool drop;
+    RecomputeMode recompute;
+} PairCase;
+
+static void pair_case(const Dist *d, Model *m, const PairCase *pc, int32_t (*tok)[MB_B * MB_S], Tensor *ref) {
+    m->ep_capacity = pc->capacity, m->ep_drop = pc->drop, m->recompute = pc->recompute;
+    Chunk a, b;
+    chunk_init(&a, m, MB_B, MB_S, 0, 2, 2, 0), chunk_init(&b, m, MB_B, MB_S, 2, 4, 1, 0);
+    Tensor out[2][NGROUPS + 3];
+    double took[2];
+    int64_t over[2] = {0, 0}, spilled = 0; // rows above the capacity in the paired forward; b's spilled layers
+    for (int pair = 0; pair < 2; pair++) {
+        model_zero_grads(m), op_zero(m->loss_sum), op_zero(m->lb_sum);
+        chunk_load(&a, 0, tok[0], tok[1]), chunk_load(&b, 0, tok[0], tok[1]), chunk_load(&a, 1, tok[1], tok[0]);
+        chunk_forward(&a, 0, true);
+        op_copy(chunk_input(&b, 0), chunk_output(&a, 0));
+        chunk_forward(&b, 0, true);
+        for (int l = 2; l < 4 && !pair; l++) spilled += b.rec[0].io[l].route && b.rec[0].io[l].route->spill;
+        comm_barrier(&d->world);
+        a.ep_over = 0;
+        double t0 = now_seconds();
+        if (pair) chunk_pair(&a, 1, &b, 0);
+        else chunk_forward(&a, 1, true), chunk_backward(&b, 0, false);
+        took[pair] = now_seconds() - t0;
+        over[pair] = a.ep_over;
+        for (int g = 0; g < NGROUPS; g++) out[pair][g] = pull(m->g[g]);
+        out[pair][NGROUPS] = pull(chunk_output(&a, 1)), out[pair][NGROUPS + 1] = pull(chunk_input_grad(&b));
+        out[pair][NGROUPS + 2] = pull(m->loss_sum);
+    }
+    for (int i = 0; i < NGROUPS + 3; i++) {
+        EXPECT(!memcmp(out[0][i].p, out[1][i].p, tensor_bytes(out[0][i])), "%s: the pair's result %d differs\n",
+               pc->name, i);
+        if (ref[i].p && !pc->drop)
+            EXPECT(!memcmp(ref[i].p, out[1][i].p, tensor_bytes(ref[i])),
+                   "%s: result %d differs from the worst case's\n", pc->name, i);
+        free(out[0][i].p);
+        if (ref[i].p) free(out[1][i].p);
+        else ref[i] = out[1][i];
+    }
+    Tensor n = host(DT_I64, 3, 1);
+    I64(n)[0] = over[0], I64(n)[1] = over[1], I64(n)[2] = spilled;
+    comm_allreduce(&d->ep_g, n, COMM_SUM);
+    EXPECT(I64(n)[0] == I64(n)[1] && (pc->capacity == 0) == (I64(n)[1] == 0),
+           "%s: %lld rows over the capacity serially, %lld paired\n", pc->name, (long long)I64(n)[0],
+           (long long)I64(n)[1]);
+    EXPECT((pc->capacity > 0 && !pc->drop) == (I64(n)[2] > 0), "%s: %lld spilled layers\n", pc->name,
+           (long long)I64(n)[2]);
+    const char *e = getenv("PITH_FAKE_NCCL_DELAY_MS");
+    if (d->world.rank == 0)
+        printf("pair %s: forward then backward %.3f s, paired %.3f s, %lld rows over\n", pc->name, took[0], took[1],
+               (long long)I64(n)[1]);
+    if (e && atof(e) > 0) EXPECT(took[1] < 0.8 * took[0], "no overlap: %.3f s vs %.3f s\n", took[1], took[0]);
+    free(n.p), chunk_free(&a), chunk_free(&b);
+}
+
+static void suite_pair(const Dist *d) {
+    int P = d->ep_g.size, T = MB_B * MB_S;
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/pith-pair-%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    CHECK(f &&
+          fputs("{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 4, "
+                "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, "
+                "\"num_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 16, "
+                "\"intermediate_size\": 24, \"norm_topk_prob\": true}",
+                f) >= 0 &&
+          fclose(f) == 0);
+    ModelConfig mc;
+    const ModelFamily *fam = model_config_load(&mc, path);
+    remove(path);
+    mc.ep_size = P, mc.ep_rank = d->ep_g.rank;
+    Model m;
+    model_create(&m, fam, &mc, dev, DT_F32, MB_S);
+    m.ep = &d->ep_g;
+    for (int g = 0; g < NGROUPS; g++) {
+        Tensor h = host_like(m.w[g]);
+        params_init(&m.params, g, h.p, 7, 0.2, mc.layers);
+        op_copy(m.w[g], h), free(h.p);
+    }
+    int32_t tok[2][MB_B * MB_S];
+    for (int mb = 0; mb < 2; mb++)
+        for (int t = 0; t < T; t++) tok[mb][t] = (int32_t)(rng_u64(5, mb * P + d->ep_g.rank, t) % 64);
+    const PairCase cases[] = {{"worst case", 0, false, RECOMPUTE_NONE},
+                              {"spill", 0.75, false, RECOMPUTE_NONE},
+                              {"drop", 0.75, true, RECOMPUTE_NONE},
+                              {"spill full-recompute", 0.75, false, RECOMPUTE_FULL}};
+    const char *e = getenv("PITH_FAKE_NCCL_DELAY_MS");
+    Tensor ref[NGROUPS + 3] = {0};
+    for (int i = 0; i < (e && atof(e) > 0 ? 1 : 4); i++) pair_case(d, &m, &cases[i], tok, ref); // delays: timing only
+    for (int i = 0; i < NGROUPS + 3; i++) free(ref[i].p);
+    model_free(&m);
 }
 
 static void run_ep_case(const Dist *d, const EpCase *c) {
@@ -808,6 +937,7 @@ int main(int argc, char **argv) {
         for (int k = 0; k < 3; k++) run_pipe_case(&d, (int[]){2 * P, 2 * P + 3, 4 * P + 1}[k]);
     else if (!strcmp(suite, "pipe-model") && !gpu)
         for (int k = 0; k < 2; k++) suite_pipe_model(&d, (int[]){2 * P, 2 * P + 3}[k]);
+    else if (!strcmp(suite, "pair")) suite_pair(&d);
     else if (!strcmp(suite, "hang-p2p")) { // rank 1 never posts its sends
         Tensor x = host(DT_F32, 4, 1), xd = up(x);
         if (d.world.rank == 1) sleep(30);
