@@ -59,10 +59,14 @@ int64_t cpu_fp8_scale_rows(Tensor x, Fp8Blocks b, const int64_t *offs, int group
 }
 
 // Quantises (q != NULL: codes; s: the scales, (scale rows, ncb)) and/or writes q·s into y (y != NULL) for every
-// block of x. Stops at the first non-finite element.
+// block of x. Stops at the first non-finite element, before anything is written.
 static void blocks_run(Tensor x, Fp8Blocks b, const int64_t *offs, int groups, uint8_t *q, float *s, float *y) {
     Blocks k = blocks_of(x, b, offs, groups);
     const float *xs = x.p;
+    for (int64_t i = 0; i < k.R * k.C; i++) // before any parallel region: die() never runs inside one
+        if (!isfinite(xs[i]))
+            die("fp8: cannot quantise a non-finite value: x[%lld, %lld] = %g (shape %lld × %lld)", (long long)(i / k.C),
+                (long long)(i % k.C), xs[i], (long long)k.R, (long long)k.C);
     for (int64_t g = 0, sr0 = 0; g < k.groups; g++) {
         int64_t g0 = group_row(&k, g), g1 = group_row(&k, g + 1), nrb = (g1 - g0 + k.bh - 1) / k.bh;
 #pragma omp parallel for collapse(2)
@@ -72,13 +76,7 @@ static void blocks_run(Tensor x, Fp8Blocks b, const int64_t *offs, int groups, u
                         c1 = c0 + k.bw < k.C ? c0 + k.bw : k.C;
                 float amax = 0;
                 for (int64_t r = r0; r < r1; r++)
-                    for (int64_t c = c0; c < c1; c++) {
-                        float v = xs[r * k.C + c];
-                        if (!isfinite(v))
-                            die("fp8: cannot quantise a non-finite value: x[%lld, %lld] = %g (shape %lld × %lld)",
-                                (long long)r, (long long)c, v, (long long)k.R, (long long)k.C);
-                        amax = fmaxf(amax, fabsf(v));
-                    }
+                    for (int64_t c = c0; c < c1; c++) amax = fmaxf(amax, fabsf(xs[r * k.C + c]));
                 float sc = fp8_block_scale(amax), inv = 1.0f / sc; // exact: sc is a power of two
                 if (s) s[(sr0 + rb) * k.ncb + cb] = sc;
                 for (int64_t r = r0; r < r1; r++)

@@ -1,8 +1,8 @@
 // cuda_fp8.cu — FP8 E4M3 block rounding on the GPU (op_fp8_round, ops.h): the same blocks, power-of-two scales and
 // round-to-nearest-even codes as the reference (ops/cpu/cpu_fp8.c, docs/reference.md §20), through the hardware
-// conversion (cvt.rn.satfinite.e4m3x2.f32), so both give the same bits. One CTA of 128 threads per block row of
-// 128 columns: a thread owns a column and walks the block's rows (1 for FP8_ROWS, up to 128 otherwise); FP8_TILES
-// takes the amax over the CTA, FP8_ROWS too (its block is the CTA's 128 columns of one row), FP8_COLS per thread.
+// conversion (cvt.rn.satfinite.e4m3x2.f32), so both give the same bits. FP8_ROWS: a warp per 1 × 128 block.
+// FP8_COLS and FP8_TILES: one CTA of 128 threads per block row of 128 columns, a thread owning a column and walking
+// the block's rows (up to 128); FP8_TILES takes the amax over the CTA, FP8_COLS per thread.
 #include <cuda_fp8.h>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -27,7 +27,7 @@ __device__ __forceinline__ float fp8_value(float v, float s, float inv) {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3))) * s;
 }
 
-// grid: (row blocks × column chunks of 128); blockDim 128. whole: one scale per CTA (rows, tiles), else per column.
+// grid: (row blocks × column chunks of 128); blockDim 128. whole: one scale per CTA (tiles), else per column (cols).
 template <typename T>
 __global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, Fp8Groups gr, bool whole) {
     __shared__ float red[4];
@@ -60,6 +60,27 @@ __global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, F
     for (int64_t r = r0; in && r < r1; r++) st(y, r * C + c, fp8_value(ld(x, r * C + c), s, inv));
 }
 
+// FP8_ROWS: a warp per 1 × 128 block (lane i holds columns i, i + 32, i + 64, i + 96: coalesced), 8 warps a CTA.
+template <typename T>
+__global__ void fp8_round_rows_kernel(T *y, const T *x, int64_t C, int64_t nchunks, int64_t nblocks) {
+    int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    if (blk >= nblocks) return; // a whole warp: blk is the warp's
+    int64_t r = blk / nchunks, c0 = (blk % nchunks) * 128 + (threadIdx.x & 31);
+    float v[4], amax = 0;
+    int bad = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[i] = c0 + 32 * i < C ? ld(x, r * C + c0 + 32 * i) : 0.0f;
+        bad |= !isfinite(v[i]), amax = fmaxf(amax, fabsf(v[i]));
+    }
+    for (int o = 16; o; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o)), bad |= __shfl_xor_sync(0xffffffff, bad, o);
+    float s = bad ? NAN : fp8_scale(amax), inv = 1.0f / s;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (c0 + 32 * i < C) st(y, r * C + c0 + 32 * i, fp8_value(v[i], s, inv));
+}
+
 extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
     ON_GPU(x, "fp8_round");
     ON_GPU(y, "fp8_round");
@@ -77,8 +98,15 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *o
     for (int g = 0; g < groups; g++) gr.rb0[g + 1] = gr.rb0[g] + (gr.offs[g + 1] - gr.offs[g] + gr.bh - 1) / gr.bh;
     int64_t nchunks = (C + 127) / 128, blocks = gr.rb0[groups] * nchunks;
     if (blocks == 0) return;
+    if (b == FP8_ROWS) { // rows do not depend on the groups
+        DT_SWITCH(x.dt, T, "fp8_round",
+                  fp8_round_rows_kernel<T>
+                  <<<(blocks + 7) / 8, 256, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, blocks));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(x.dt, T, "fp8_round",
               fp8_round_kernel<T>
-              <<<blocks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, gr, b != FP8_COLS));
+              <<<blocks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, gr, b == FP8_TILES));
     CUDA_LAUNCH_CHECK();
 }
