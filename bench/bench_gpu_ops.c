@@ -174,12 +174,44 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     A.used = save.used;
 }
 
+// Qwen3.5's gated delta rule at the benchmark's shapes: 2 sequences of 4096, 16 key heads for 32 value heads of 128.
+static void bench_delta(void) {
+    DType bf = DT_BF16;
+    // The chunked form's work per token and value head (chunk C = 64, dk = dv = 128), counted in FLOPs (2 per
+    // multiply-add): forward 2·(4·dk·dv + C·(3·dk + 2·dv)) = 0.213 M, backward about twice that; for 8192 tokens
+    // × 32 heads fwd+bwd 0.168 TFLOP, 0.21 ms at 790 TFLOP/s. Bytes: q, k, v, o, do in, dq, dk, dv out, bf16, with
+    // fp32 g, β: 0.34 GB, 0.07 ms at 4.8 TB/s. So the limit is the 0.21 ms of compute.
+    int64_t B = 2, S = 4096, Td = B * S, nk = 16, nvh = 32, dh = 128;
+    Tensor ql = dev(bf, 3, Td, nk, dh), kl = dev(bf, 3, Td, nk, dh), vl = dev(bf, 3, Td, nvh, dh),
+           ol = dev(bf, 3, Td, nvh, dh), gl = dev(DT_F32, 2, Td, nvh, 0), bl = dev(DT_F32, 2, Td, nvh, 0);
+    Tensor dql = dev(bf, 3, Td, nk, dh), dkl = dev(bf, 3, Td, nk, dh), dvl = dev(bf, 3, Td, nvh, dh),
+           dgl = dev(DT_F32, 2, Td, nvh, 0), dbl = dev(DT_F32, 2, Td, nvh, 0);
+    Tensor pa = dev(bf, 2, Td, nvh, 0), pb = dev(bf, 2, Td, nvh, 0), al = dev(bf, 1, nvh, 0, 0),
+           dtb = dev(bf, 1, nvh, 0, 0);
+    fill(ql, 1, 60), fill(kl, 1, 61), fill(vl, 1, 62), fill(pa, 1, 63), fill(pb, 1, 64), fill(al, 1, 65);
+    fill(dtb, 1, 66);
+    op_delta_gates_forward(gl, bl, pa, pb, al, dtb); // the decays and β the model's gates give
+    DeltaArgs da = {.B = (int)B, .scale = 1.0f / sqrtf(128.0f), .qk_l2norm = true, .chunk = 64};
+    double fd = 2.0 * (4.0 * dh * dh + 64.0 * 5 * dh) * Td * nvh;
+    TIME("delta rule fwd (2 x 4096, 32 heads of 128)", 3, fd, "TFLOP/s",
+         op_delta_rule_forward(ol, ql, kl, vl, gl, bl, &da));
+    TIME("delta rule bwd", 2, 2 * fd, "TFLOP/s",
+         op_delta_rule_backward(dql, dkl, dvl, dgl, dbl, ol, ql, kl, vl, gl, bl, &da));
+    printf("(delta rule fwd+bwd limit: 0.21 ms of FLOPs at 790 TFLOP/s, 0.07 ms of bytes at 4.8 TB/s)\n");
+}
+
 int main(int argc, char **argv) {
     if (!ops_cuda_available()) die("bench_gpu_ops: no GPU");
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     A = arena_create("bench", DEV_CUDA, (size_t)40 << 30);
     if (argc > 1 && !strcmp(argv[1], "--fp8")) { // the expert GEMMs in FP8 beside bf16
         bench_grouped_fp8("qwen3", 8192, 2048, 128, 8, 768);
+        arena_destroy(&A);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--delta")) { // the delta rule alone
+        bench_delta();
+        arena_destroy(&A);
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "--grouped")) { // the expert GEMMs alone, at the training micro-batch
@@ -337,29 +369,7 @@ int main(int argc, char **argv) {
         TIME("attention bwd GPT-OSS window", 5, 2.5 * fg2, "TFLOP/s",
              op_attention_backward(dqg, dkg, dvg, dsk, og, qg, kg, vg, og, lg, &ag));
     }
-    { // Qwen3.5's gated delta rule at the benchmark's shapes: 2 sequences of 4096, 16 key heads for 32 value heads of 128
-        // The chunked form's work per token and value head (chunk C = 64, dk = dv = 128), counted in FLOPs (2 per
-        // multiply-add): forward 2·(4·dk·dv + C·(3·dk + 2·dv)) = 0.213 M, backward about twice that; for 8192 tokens
-        // × 32 heads fwd+bwd 0.168 TFLOP, 0.21 ms at 790 TFLOP/s. Bytes: q, k, v, o, do in, dq, dk, dv out, bf16, with
-        // fp32 g, β: 0.34 GB, 0.07 ms at 4.8 TB/s. So the limit is the 0.21 ms of compute.
-        int64_t B = 2, S = 4096, Td = B * S, nk = 16, nvh = 32, dh = 128;
-        Tensor ql = dev(bf, 3, Td, nk, dh), kl = dev(bf, 3, Td, nk, dh), vl = dev(bf, 3, Td, nvh, dh),
-               ol = dev(bf, 3, Td, nvh, dh), gl = dev(DT_F32, 2, Td, nvh, 0), bl = dev(DT_F32, 2, Td, nvh, 0);
-        Tensor dql = dev(bf, 3, Td, nk, dh), dkl = dev(bf, 3, Td, nk, dh), dvl = dev(bf, 3, Td, nvh, dh),
-               dgl = dev(DT_F32, 2, Td, nvh, 0), dbl = dev(DT_F32, 2, Td, nvh, 0);
-        Tensor pa = dev(bf, 2, Td, nvh, 0), pb = dev(bf, 2, Td, nvh, 0), al = dev(bf, 1, nvh, 0, 0),
-               dtb = dev(bf, 1, nvh, 0, 0);
-        fill(ql, 1, 60), fill(kl, 1, 61), fill(vl, 1, 62), fill(pa, 1, 63), fill(pb, 1, 64), fill(al, 1, 65);
-        fill(dtb, 1, 66);
-        op_delta_gates_forward(gl, bl, pa, pb, al, dtb); // the decays and β the model's gates give
-        DeltaArgs da = {.B = (int)B, .scale = 1.0f / sqrtf(128.0f), .qk_l2norm = true, .chunk = 64};
-        double fd = 2.0 * (4.0 * dh * dh + 64.0 * 5 * dh) * Td * nvh;
-        TIME("delta rule fwd (2 x 4096, 32 heads of 128)", 3, fd, "TFLOP/s",
-             op_delta_rule_forward(ol, ql, kl, vl, gl, bl, &da));
-        TIME("delta rule bwd", 2, 2 * fd, "TFLOP/s",
-             op_delta_rule_backward(dql, dkl, dvl, dgl, dbl, ol, ql, kl, vl, gl, bl, &da));
-        printf("(delta rule fwd+bwd limit: 0.21 ms of FLOPs at 790 TFLOP/s, 0.07 ms of bytes at 4.8 TB/s)\n");
-    }
+    bench_delta();
     // memory-bound
     Tensor y = dev(bf, 2, T, H, 0), w = dev(bf, 1, H, 0, 0), rstd = dev(DT_F32, 1, T, 0, 0),
            dwn = dev(DT_F32, 1, H, 0, 0);

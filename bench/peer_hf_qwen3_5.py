@@ -1,8 +1,10 @@
 # Peer for single-GPU benchmarks: Hugging Face transformers' Qwen3.5-MoE text model on PyTorch (what a user would pick
 # instead), with its own delta-rule path (flash-linear-attention's kernels when installed, else transformers' torch
 # chunked form). Measures forward+backward tokens/s and peak memory for Qwen3.5-35B-A3B's text shapes cut to --layers
-# layers (3 linear : 1 full), the same as bench/qwen3_5_8l/model.json.
-# Usage on the GPU machine: python3 peer_hf_qwen3_5.py [--layers 8] [--mbs 2] [--seq 4096] [--compile] [--balanced]
+# layers (3 linear : 1 full) and --experts experts (128: bench/qwen3_5_8l/README.md says why), as
+# bench/qwen3_5_8l/model.json.
+# Usage on the GPU machine: python3 peer_hf_qwen3_5.py [--layers 8] [--experts 128] [--mbs 2] [--seq 4096] [--compile]
+#   [--balanced]
 # --balanced routes token t to experts (t + j·E/k) mod E (pith's benchmark: true), replacing the router's choice.
 import argparse, json, torch
 from peer_common import time_fwd_bwd
@@ -11,10 +13,11 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--layers", type=int, default=8); ap.add_argument("--mbs", type=int, default=2)
 ap.add_argument("--seq", type=int, default=4096); ap.add_argument("--compile", action="store_true")
 ap.add_argument("--balanced", action="store_true"); ap.add_argument("--iters", type=int, default=5)
+ap.add_argument("--experts", type=int, default=128)
 a = ap.parse_args()
 cfg = Qwen3_5MoeTextConfig(vocab_size=248320, hidden_size=2048, num_hidden_layers=a.layers, num_attention_heads=16,
     num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-    linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=256, num_experts_per_tok=8,
+    linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=a.experts, num_experts_per_tok=8,
     moe_intermediate_size=512, shared_expert_intermediate_size=512, rms_norm_eps=1e-6, max_position_embeddings=a.seq,
     layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(a.layers)],
     rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
@@ -35,9 +38,13 @@ if a.balanced:  # the forced routing of pith's benchmark mode, weights from the 
             w = logits.float().softmax(-1).gather(1, idx)
             return logits, (w / w.sum(-1, keepdim=True)).to(logits.dtype), idx
         gate.forward = forced.__get__(gate)
+la = next(l.linear_attn for l in model.model.layers if hasattr(l, "linear_attn"))
+rule = getattr(la, "chunk_gated_delta_rule", None)  # transformers' own path, or flash-linear-attention's kernel
+delta_path = getattr(rule, "__module__", "?") + "." + getattr(rule, "__name__", "?")
 fwd = torch.compile(model) if a.compile else model
 t, peak = time_fwd_bwd(fwd, cfg.vocab_size, a.mbs, a.seq, a.iters)
 print(json.dumps({"peer": "hf-transformers" + ("+compile" if a.compile else "") + (" balanced" if a.balanced else ""),
-    "model": "qwen3.5-35b-a3b", "layers": a.layers, "mbs": a.mbs, "seq": a.seq, "step_s": t,
+    "model": "qwen3.5-35b-a3b", "layers": a.layers, "experts": a.experts, "delta_rule": delta_path,
+    "mbs": a.mbs, "seq": a.seq, "step_s": t,
     "tokens_per_s": a.mbs * a.seq / t, "peak_gb": peak,
     "params": sum(p.numel() for p in model.parameters())}))

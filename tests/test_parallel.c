@@ -439,6 +439,12 @@ TEST(dist_estimate_matches_training) {
     // DualPipeV on 8 layers: records for the schedule's micro-batches in flight, deferred sets, pipeline buffers
     d = make_run_of(TINY_MOE_EP_OF(8));
     check_estimate(d, 2, "--set parallel.pipeline_parallel_size=2", 3);
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s estimate %s/train.json --gpus 2 --device cpu --set "
+                   "parallel.pipeline_parallel_size=2",
+                   PITH_BIN, d) == 0);
+    ASSERT_MSG(strstr(out, "(fsdp); per rank (these rows: pipeline rank 0 of 2): "), "%s", out);
+    check_estimate(d, 1, "--set parallel.pipeline_schedule=true", 5); // pp 1 through the engine
     check_estimate(d, 4,
                    "--set parallel.pipeline_parallel_size=2 --set parallel.expert_parallel_size=2 "
                    "--set global_batch_size=16",

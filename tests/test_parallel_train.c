@@ -94,12 +94,14 @@ TEST(dist_validation_layouts) {
     check_layouts(make_layout_run(), data_layouts, sizeof data_layouts / sizeof *data_layouts, "", 6, false);
 }
 
-// DualPipeV (pipeline_parallel_size > 1) on 8 layers (the second dense): every layout's 20 steps, validation
-// (forward only through the schedule) and first-step gradients equal one process's. One process runs 8
+// DualPipeV (pipeline_parallel_size > 1, and at pp 1 through parallel.pipeline_schedule) on 8 layers (the second
+// dense): every layout's 20 steps, validation (forward only through the schedule) and first-step gradients equal
+// one process's. One process runs 8
 // micro-batches per step: pp2 runs N = 8 > 2P through each pipeline, pp4 N = 2P = 8, and with dp2 or ep2
 // beside pp2 each of the two pipelines runs N = 2P = 4; on fake GPUs the pipeline's messages go over NCCL.
 TEST(dist_pipeline_layouts) {
     static const Layout pp[] = {
+        {"pp1-schedule", 1, "--set parallel.pipeline_schedule=true", false},
         {"pp2", 2, "--set parallel.pipeline_parallel_size=2", false},
         {"pp4", 4, "--set parallel.pipeline_parallel_size=4", false},
         {"pp2-ep2", 4, "--set parallel.pipeline_parallel_size=2 --set parallel.expert_parallel_size=2", false},
@@ -125,6 +127,54 @@ TEST(dist_pipeline_muon_and_balancing) {
                   "--set optimizer.lr=0.005 --set moe_load_balance_type=global-batch "
                   "--set moe_router_bias_update_rate=0.01",
                   6, true);
+}
+
+// Every family through the pipeline: 4-layer tiny DeepSeek-V2 (a dense first layer, MLA, group-limited
+// routing, a shared expert, sequence-form load balancing), GPT-OSS (sliding and full layers with sinks, clamped
+// SwiGLU experts with biases) and Qwen3.5-MoE (Gated DeltaNet and gated full-attention layers, a gated shared
+// expert) at pp2 (N = 8 > 2P) and pp2 × ep2 (N = 2P = 4): 6 steps of loss and validation and the first step's
+// gradient of every tensor equal one process's.
+TEST(dist_pipeline_families) {
+    static const struct {
+        const char *name, *model, *sets;
+    } fams[] = {
+        {"deepseek_v2",
+         "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+         " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8,"
+         " \"v_head_dim\": 6, \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3,"
+         " \"moe_intermediate_size\": 16, \"n_shared_experts\": 1, \"intermediate_size\": 24,"
+         " \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\", \"n_group\": 4, \"topk_group\": 2,"
+         " \"routed_scaling_factor\": 2.0, \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\":"
+         " \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0, \"original_max_position_embeddings\": 8,"
+         " \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}",
+         "--set moe_load_balance_type=sequence"},
+        {"gpt_oss",
+         "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+         " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 8,"
+         " \"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0,"
+         " \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"],"
+         " \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 150000.0,"
+         " \"factor\": 4.0, \"truncate\": false, \"original_max_position_embeddings\": 8}}",
+         ""},
+        {"qwen3_5_moe",
+         "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 32, \"num_hidden_layers\": 4,"
+         " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64,"
+         " \"num_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 16,"
+         " \"shared_expert_intermediate_size\": 12, \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4,"
+         " \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 6, \"layer_types\": [\"linear_attention\","
+         " \"full_attention\", \"linear_attention\", \"full_attention\"]}",
+         ""},
+    };
+    static const Layout pp[] = {
+        {"pp2", 2, "--set parallel.pipeline_parallel_size=2", false},
+        {"pp2-ep2", 4, "--set parallel.pipeline_parallel_size=2 --set parallel.expert_parallel_size=2", false},
+    };
+    for (size_t i = 0; i < sizeof fams / sizeof *fams; i++) {
+        char sets[256];
+        snprintf(sets, sizeof sets, "--set optimizer.lr=0.005 %s", fams[i].sets);
+        printf("     %s\n", fams[i].name);
+        check_layouts(make_run_of(fams[i].model, 16, 6), pp, 2, sets, 6, true);
+    }
 }
 
 // A checkpoint written at pp2 × ep2 (each tensor whole, by one rank of the stage holding it) resumes on one

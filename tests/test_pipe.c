@@ -303,6 +303,40 @@ TEST(pipe_chunks_equal_whole_model) {
         }
         chunk_free(&a), chunk_free(&b);
     }
+    // A pipeline rank's two chunks (chunk_init_rank): one workspace, the size of the larger backward, and the
+    // records reading and writing the caller's buffers in place (the cut's activation x and its gradient dx),
+    // so they hold two (T, H) fewer (one under full recompute, whose replay rewrites the output); the same bits.
+    size_t th = ((size_t)T * mc.hidden * sizeof(float) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    Tensor x = tensor_make(xcalloc((size_t)T * mc.hidden, sizeof(float)), DT_F32, DEV_CPU, 2, T, mc.hidden, 1, 1),
+           dx = tensor_make(xcalloc((size_t)T * mc.hidden, sizeof(float)), DT_F32, DEV_CPU, 2, T, mc.hidden, 1, 1);
+    for (int full = 0; full < 2; full++)
+        for (int cut = 1; cut < mc.layers; cut++) {
+            m.recompute = full ? RECOMPUTE_FULL : RECOMPUTE_NONE;
+            ChunkShape sh[2] = {{0, cut, 1, 0}, {cut, mc.layers, 1, 0}};
+            ChunkPlan pr = chunk_plan_rank(&m, B, S, sh), pa = chunk_plan(&m, B, S, 0, cut, 1, 0),
+                      pb = chunk_plan(&m, B, S, cut, mc.layers, 1, 0);
+            ASSERT_MSG(pr.ws_bytes == (pa.ws_bytes > pb.ws_bytes ? pa.ws_bytes : pb.ws_bytes) &&
+                           pr.act_bytes == pa.act_bytes + pb.act_bytes - (full ? 1 : 2) * th &&
+                           pr.comm_bytes == pa.comm_bytes + pb.comm_bytes,
+                       "cut %d full %d: rank plan ws %zu act %zu, chunks ws %zu %zu act %zu %zu", cut, full,
+                       pr.ws_bytes, pr.act_bytes, pa.ws_bytes, pb.ws_bytes, pa.act_bytes, pb.act_bytes);
+            Chunk c[2];
+            chunk_init_rank(c, &m, B, S, sh);
+            ASSERT(c[1].ws == c[0].ws && c[0].ws->cap == pr.ws_bytes && !chunk_input(&c[1], 0).p);
+            chunk_load(&c[0], 0, tok, lab), chunk_load(&c[1], 0, tok, lab);
+            model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+            chunk_pipe_forward(&c[0], 0, (Tensor){0}, x, true), chunk_pipe_forward(&c[1], 0, x, (Tensor){0}, true);
+            chunk_pipe_backward(&c[1], 0, (Tensor){0}, dx, false),
+                chunk_pipe_backward(&c[0], 0, dx, (Tensor){0}, false);
+            ASSERT_MSG(op_read_scalar(m.loss_sum) == loss && op_read_scalar(m.lb_sum) == lb, "rank chunks, cut %d",
+                       cut);
+            for (int k = 0; k < NGROUPS; k++)
+                ASSERT_MSG(!memcmp(m.g[k].p, g[k], tensor_bytes(m.g[k])), "rank chunks, cut %d full %d: group %d", cut,
+                           full, k);
+            chunk_free(&c[1]), chunk_free(&c[0]);
+        }
+    m.recompute = RECOMPUTE_NONE;
+    free(x.p), free(dx.p);
     // Three copies of the micro-batch in flight through the whole model: forwards into slots 0, 1, 2;
     // backward of slot 0 deferring, of slot 1 deferring, of slot 2 at once, then the two deferred weight
     // halves in order. The sums are three times the one micro-batch's (up to fp32 summation order).

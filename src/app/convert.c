@@ -3,7 +3,9 @@
 // (lm_head.* has none) and one key per expert, so conversion renames and, for pith2hf, optionally changes
 // the dtype; a family whose HF layout differs (fused or transposed experts) converts through its
 // hf_import/hf_export hooks (model/model.h). Tensors keep their bytes otherwise: hf2pith then pith2hf
-// reproduces the original files' tensors bit for bit.
+// reproduces the original files' tensors bit for bit. A multimodal hub folder (Qwen3.5: the text model under
+// model.language_model.*, beside a vision tower model.visual.* and a multi-token-prediction head mtp.*) imports
+// its text model; pith2hf writes the text-only names.
 #include <errno.h>
 #include <ftw.h>
 #include <getopt.h>
@@ -72,12 +74,17 @@ static void finish_output(const char *tmp, const char *dst) {
 }
 
 // Copies src_dir/config.json to dst_dir/config.json; with dtype, sets its "dtype"/"torch_dtype" keys; with
-// dequantized, drops its quantization_config (the weights written are no longer quantized).
+// dequantized, drops its quantization_config (the weights written are no longer quantized). A multimodal config
+// (with a text_config) becomes its text_config: the checkpoint holds the text model only.
 static void copy_config(const char *src_dir, const char *dst_dir, const char *dtype, bool dequantized) {
     char src[4200], dst[4200];
     snprintf(src, sizeof src, "%s/config.json", src_dir);
     snprintf(dst, sizeof dst, "%s/config.json", dst_dir);
-    json_t *root = json_load_or_die(src);
+    json_t *root = json_load_or_die(src), *tc = json_object_get(root, "text_config");
+    if (json_is_object(tc)) {
+        json_incref(tc), json_decref(root);
+        root = tc;
+    }
     if (dtype) {
         if (json_object_get(root, "torch_dtype")) json_object_set_new(root, "torch_dtype", json_string(dtype));
         json_object_set_new(root, "dtype", json_string(dtype));
@@ -88,26 +95,49 @@ static void copy_config(const char *src_dir, const char *dst_dir, const char *dt
     free(text), json_decref(root);
 }
 
+// The tensor of canonical name `name`: under that name, "model." + name or "model.language_model." + name.
+static const StTensor *find_param(const StSet *s, const char *name) {
+    char hf[200], mm[200];
+    snprintf(hf, sizeof hf, "model.%s", name);
+    snprintf(mm, sizeof mm, "model.language_model.%s", name);
+    const StTensor *x = st_set_find(s, name);
+    x = x ? x : st_set_find(s, hf);
+    return x ? x : st_set_find(s, mm);
+}
+
+// The canonical name of an HF tensor name: without "model.language_model." (a multimodal folder) or "model.".
+static const char *canonical_name(const char *hf) {
+    if (!strncmp(hf, "model.language_model.", 21)) return hf + 21;
+    return strncmp(hf, "model.", 6) ? hf : hf + 6;
+}
+// Tensors of a multimodal folder that are not the text model's: the vision tower and the MTP head.
+static bool other_tower(const char *hf) { return !strncmp(hf, "model.visual.", 13) || !strncmp(hf, "mtp.", 4); }
+
 // Opens the model folder: its config (the family and parameter table) and its tensors, each of which
-// must be a parameter of the model with the right shape.
+// must be a parameter of the model with the right shape (in an HF folder, other towers' tensors are left out).
 static const ModelFamily *open_model(const char *dir, ModelConfig *mc, ParamTable *t, StSet *s, bool hf) {
     const ModelFamily *fam = model_config_load(mc, dir);
     memset(t, 0, sizeof *t);
     fam->params_build(t, mc);
     st_set_open_or_die(s, dir);
     if (hf && fam->hf_import) return fam; // the family's layout: its hook checks the tensors
+    int others = 0;
     for (int i = 0; i < s->n; i++) {
-        const char *name = strncmp(s->t[i]->name, "model.", 6) ? s->t[i]->name : s->t[i]->name + 6;
-        const ParamInfo *p = params_find(t, name);
+        if (hf && other_tower(s->t[i]->name)) {
+            others++;
+            continue;
+        }
+        const ParamInfo *p = params_find(t, canonical_name(s->t[i]->name));
         if (!p)
             die("%s: tensor '%s' is not a parameter of this %s model", s->t[i]->file, s->t[i]->name, mc->model_type);
         st_check_shape(s->t[i], p->nd, p->shape);
     }
-    if (s->n != t->n) {
+    if (others) printf("hf2pith: %d tensors of the vision tower and MTP head left out\n", others);
+    if (s->n - others != t->n) {
         for (int i = 0; i < t->n; i++) {
             char hf[160];
             snprintf(hf, sizeof hf, "model.%s", t->p[i].name);
-            if (!st_set_find(s, t->p[i].name) && !st_set_find(s, hf)) die("%s: tensor '%s' is missing", dir, hf);
+            if (!find_param(s, t->p[i].name)) die("%s: tensor '%s' is missing", dir, hf);
         }
     }
     return fam;
@@ -180,13 +210,6 @@ static void read_tokenizer(TokenizerFiles *tf, const char *path, const ModelConf
         tf->text[k] = file_read_all(file, &tf->len[k]);
         if (!tf->text[k]) die("%s: cannot read: %s", file, strerror(errno));
     }
-}
-
-static const StTensor *find_param(const StSet *s, const char *name) {
-    char hf[160];
-    snprintf(hf, sizeof hf, "model.%s", name);
-    const StTensor *x = st_set_find(s, name);
-    return x ? x : st_set_find(s, hf);
 }
 
 static int hf2pith(const char *src, const char *dst, const char *dtype) {

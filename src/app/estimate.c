@@ -265,14 +265,16 @@ int cmd_estimate(int argc, char **argv) {
         snprintf(cap, sizeof cap, "(capacity %g·T·k rows; transfers: the worst case of one layer)",
                  cfg.parallel.ep_capacity_factor);
     else snprintf(cap, sizeof cap, "(worst-case capacity: T·k·ep rows)");
+    bool piped = d.pp > 1 || cfg.parallel.pipeline_schedule;
     snprintf(act, sizeof act, "%s, recompute %s",
-             d.pp > 1 ? "two chunks: the schedule's micro-batches in flight, deferred sets"
-                      : "one micro-batch in flight",
+             piped ? "two chunks: the schedule's micro-batches in flight, deferred sets" : "one micro-batch in flight",
              recompute_names[cfg.recompute]);
-    printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); per rank: %d of %d experts, micro-batch %d × "
+    char whose[64] = "per rank";
+    if (d.pp > 1) snprintf(whose, sizeof whose, "per rank (these rows: pipeline rank 0 of %d)", d.pp);
+    printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); %s: %d of %d experts, micro-batch %d × "
            "%d tokens, %s\n",
            mc.model_type, gpus, dev == DEV_CUDA ? "GPUs" : "CPU ranks", d.pp, d.dp, d.cp, d.ep,
-           d.hsdp ? "hsdp" : "fsdp", mc.experts / d.ep, mc.experts, cfg.micro_batch_size, cfg.sequence_length,
+           d.hsdp ? "hsdp" : "fsdp", whose, mc.experts / d.ep, mc.experts, cfg.micro_batch_size, cfg.sequence_length,
            bf16 ? "bf16 compute" : "fp32 compute");
     row("weights (compute copy)", p.weights,
         bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
@@ -284,10 +286,10 @@ int cmd_estimate(int argc, char **argv) {
                                                : "AdamW moments, fp32 shards");
     row("activation records", p.chunks.act_bytes, act);
     row("backward workspace", p.chunks.ws_bytes,
-        d.pp > 1 ? "each chunk's largest layer (a spilled layer's included)"
-                 : "the largest layer's temporaries (a spilled layer's included)");
+        piped ? "one for both chunks: the larger backward's largest layer (a spilled layer's included)"
+              : "the largest layer's temporaries (a spilled layer's included)");
     row("communication buffers", p.chunks.comm_bytes, d.ep > 1 ? cap : "(none: ep = 1)");
-    if (d.pp > 1) row("pipeline buffers", p.pipe, "activations and gradients between pipeline ranks");
+    if (piped) row("pipeline buffers", p.pipe, "activations and gradients between the chunks (records point at them)");
     row("other", p.other, "rope tables, loss accumulators");
     size_t total = memory_plan_total(&p);
     char exact[96];

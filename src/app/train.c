@@ -143,7 +143,7 @@ int cmd_train(int argc, char **argv) {
                d->dp, d->cp, d->ep, d->hsdp ? "hsdp" : "fsdp", mc->experts / d->ep);
     const MemoryPlan *p = &r.plan;
     char pipe[48] = "";
-    if (d->pp > 1) snprintf(pipe, sizeof pipe, "pipeline buffers %.1f MB, ", p->pipe / 1e6);
+    if (p->pipe) snprintf(pipe, sizeof pipe, "pipeline buffers %.1f MB, ", p->pipe / 1e6);
     printf("plan (%s, %s): weights %.1f MB, gradients %.1f MB, shards %.1f MB, optimizer %.1f MB, activations "
            "%.1f MB, workspace %.1f MB, communication %.1f MB, %sother %.1f MB: total %.1f MB (%zu bytes)\n",
            r.model.dev == DEV_CUDA ? "cuda" : "cpu", d->pp > 1 ? "pipeline rank 0" : "per rank", p->weights / 1e6,

@@ -62,6 +62,7 @@ typedef struct {
     Tensor dh1, dn1, dqg, dqp, dgate, dkp, dq, dk, dv, datt, dgated;
     Tensor dqkv, dcv, dlq, dlk, dlv, dz, dpa, dpb, dg, dbeta, dcore, dgn;
     Tensor dlogits, dsgu, dsact, dso, dsg;
+    Tensor dws; // (n) fp32 scratch of the GPU's delta-rule backward (op_delta_rule_workspace; none on the CPU)
 } Q35Rec;
 
 static const Tensor NONE = {0};
@@ -262,6 +263,8 @@ static void q35_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, S
     io->xd = r->n2;
 }
 
+static DeltaArgs q35_delta_args(const Model *m, int B);
+
 static void q35_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
@@ -285,6 +288,9 @@ static void q35_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, in
         r->dbeta = arena_tensor(ws, DT_F32, 2, T, q->nv, 0, 0);
         r->dcore = arena_tensor(ws, dt, 3, T, q->nv, q->dv, 0);
         r->dgn = arena_tensor(ws, dt, 2, T, vd, 0, 0);
+        DeltaArgs da = q35_delta_args(m, B);
+        size_t n = op_delta_rule_workspace(r->dlq, r->dlv, &da, true);
+        r->dws = n ? arena_tensor(ws, DT_F32, 1, (int64_t)n, 0, 0, 0) : NONE;
     } else {
         r->dqg = arena_tensor(ws, dt, 3, T, nh, 2 * hd, 0);
         r->dqp = arena_tensor(ws, dt, 3, T, nh, hd, 0);
@@ -310,8 +316,8 @@ static AttnArgs q35_attn_args(const Model *m, const MicroBatch *mb) {
                       .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->head_dim)),
                       .causal = true};
 }
-static DeltaArgs q35_delta_args(const Model *m, const MicroBatch *mb) {
-    return (DeltaArgs){.B = mb->B,
+static DeltaArgs q35_delta_args(const Model *m, int B) {
+    return (DeltaArgs){.B = B,
                        .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->dk)),
                        .qk_l2norm = true,
                        .chunk = 64};
@@ -333,7 +339,7 @@ static void delta_forward(Model *m, const Q35Layer *W, Q35Rec *r, MicroBatch *mb
     op_copy_cols(tensor_reshape2(r->lk, T, kd), 0, r->cv, kd, kd, false);
     op_copy_cols(tensor_reshape2(r->lv, T, vd), 0, r->cv, 2 * kd, vd, false);
     op_delta_gates_forward(r->g, r->beta, r->pa, r->pb, W->A_log, W->dt_bias);
-    DeltaArgs da = q35_delta_args(m, mb);
+    DeltaArgs da = q35_delta_args(m, mb->B);
     op_delta_rule_forward(r->core, r->lq, r->lk, r->lv, r->g, r->beta, &da);
     op_rmsnorm_gated_forward(tensor_reshape2(r->gn, T * q->nv, q->dv), r->rg,
                              tensor_reshape2(r->core, T * q->nv, q->dv), tensor_reshape2(r->z, T * q->nv, q->dv),
@@ -400,7 +406,8 @@ static void delta_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Re
     op_rmsnorm_gated_backward(tensor_reshape2(r->dcore, Rv, q->dv), tensor_reshape2(r->dz, Rv, q->dv), G->gnorm,
                               tensor_reshape2(r->dgn, Rv, q->dv), tensor_reshape2(r->core, Rv, q->dv),
                               tensor_reshape2(r->z, Rv, q->dv), W->gnorm, r->rg);
-    DeltaArgs da = q35_delta_args(m, mb);
+    DeltaArgs da = q35_delta_args(m, mb->B);
+    da.ws = r->dws;
     op_delta_rule_backward(r->dlq, r->dlk, r->dlv, r->dg, r->dbeta, r->dcore, r->lq, r->lk, r->lv, r->g, r->beta, &da);
     op_delta_gates_backward(r->dpa, r->dpb, G->A_log, G->dt_bias, r->dg, r->dbeta, r->pa, r->pb, W->A_log, W->dt_bias);
     op_copy_cols(r->dcv, 0, tensor_reshape2(r->dlq, T, kd), 0, kd, false);

@@ -187,13 +187,18 @@ void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bia
 // first divided by sqrt(Σ x² + 1e-6) per head; then q ← scale·q. From S_0 = 0 (dk × dv, fp32 or better):
 // S_t = e^{g_t} S_{t−1} + β_t k_t (v_t − e^{g_t} S_{t−1}ᵀ k_t)ᵀ, o_t = S_tᵀ q_t.
 // chunk 0 runs that recurrence; chunk C > 0 the chunked (WY / UT-transform) form over chunks of C positions, which
-// gives the same result in exact arithmetic. Backward: dq, dk, dv, dg, dbeta written (dg, dbeta fp32).
+// gives the same result in exact arithmetic (the GPU always runs the chunked form, chunk 0 as DELTA_MAX_CHUNK).
+// Backward: dq, dk, dv, dg, dbeta written (dg, dbeta fp32). ws: fp32 scratch of op_delta_rule_workspace elements
+// on the GPU (planned by the caller); without it the GPU takes the op scratch.
+#define DELTA_MAX_CHUNK 64
 typedef struct {
     int B;
     float scale; // usually dk^-½
     bool qk_l2norm;
     int chunk; // 0: the recurrence
+    Tensor ws;
 } DeltaArgs;
+size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool backward);
 void op_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
 void op_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                             Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);

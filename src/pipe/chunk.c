@@ -68,6 +68,8 @@ static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a, ChunkPlan *p) {
     Model *m = c->m;
     int T = c->B * c->S;
     bool full = m->recompute == RECOMPUTE_FULL;
+    // a pipeline rank's chunks read their input from, and write their output into, the pipeline's buffers
+    bool own_in = !c->pipe_io || c->l0 == 0, own_out = !c->pipe_io || c->l1 == m->cfg.layers || full;
     size_t m0 = arena_mark(a);
     k->mb = (MicroBatch){c->B,
                          c->S,
@@ -75,7 +77,7 @@ static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a, ChunkPlan *p) {
                          arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
                          arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
                          arena_tensor(a, DT_I32, 1, T, 0, 0, 0)};
-    k->h[c->l0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+    if (own_in) k->h[c->l0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     for (int l = c->l0; l < c->l1; l++) {
         StageIO *io = &k->io[l];
         io->dense = !m->cfg.is_moe[l];
@@ -89,7 +91,7 @@ static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a, ChunkPlan *p) {
     for (int l = c->l0; l < c->l1 && !full; l++) {
         alloc_layer(c, k, l, a, p);
         size_t m1 = arena_mark(a);
-        k->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+        if (l + 1 < c->l1 || own_out) k->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
         p->act_hidden += arena_mark(a) - m1;
     }
     size_t m2 = arena_mark(a);
@@ -172,11 +174,12 @@ static void alloc_grad_buffers(Chunk *c, Arena *ws) {
     for (int i = 0; i < 2; i++) c->dh[i] = arena_tensor(ws, c->m->cdt, 2, T, c->m->cfg.hidden, 0, 0);
 }
 
-static void chunk_structs(Chunk *c, Model *m, int B, int S, int l0, int l1, int nrec, int ndefer) {
-    CHECK(0 <= l0 && l0 < l1 && l1 <= m->cfg.layers && nrec >= 1 && ndefer >= 0);
+static void chunk_structs(Chunk *c, Model *m, int B, int S, ChunkShape sh, bool pipe_io) {
+    CHECK(0 <= sh.l0 && sh.l0 < sh.l1 && sh.l1 <= m->cfg.layers && sh.nrec >= 1 && sh.ndefer >= 0);
     memset(c, 0, sizeof *c);
-    int L = m->cfg.layers;
-    c->m = m, c->B = B, c->S = S, c->l0 = l0, c->l1 = l1, c->nrec = nrec, c->ndefer = ndefer;
+    int L = m->cfg.layers, nrec = sh.nrec, ndefer = sh.ndefer;
+    c->m = m, c->B = B, c->S = S, c->l0 = sh.l0, c->l1 = sh.l1, c->nrec = nrec, c->ndefer = ndefer;
+    c->pipe_io = pipe_io;
     c->rec = xcalloc(nrec, sizeof(ChunkRecord));
     for (int i = 0; i < nrec; i++) {
         ChunkRecord *k = &c->rec[i];
@@ -194,9 +197,9 @@ static void chunk_structs(Chunk *c, Model *m, int B, int S, int l0, int l1, int 
     c->dye = xcalloc((size_t)ndefer * L + 1, sizeof(Tensor)), c->dgu = xcalloc((size_t)ndefer * L + 1, sizeof(Tensor));
 }
 
-ChunkPlan chunk_plan(Model *m, int B, int S, int l0, int l1, int nrec, int ndefer) {
+static ChunkPlan plan_of(Model *m, int B, int S, ChunkShape sh, bool pipe_io) {
     Chunk c;
-    chunk_structs(&c, m, B, S, l0, l1, nrec, ndefer);
+    chunk_structs(&c, m, B, S, sh, pipe_io);
     Arena act = arena_counting("activations", m->dev), ws = arena_counting("workspace", m->dev),
           comm = arena_counting("communication", m->dev);
     ep_buffers_alloc(m, &c.epb, &comm, (int64_t)B * S);
@@ -205,7 +208,7 @@ ChunkPlan chunk_plan(Model *m, int B, int S, int l0, int l1, int nrec, int ndefe
     alloc_grad_buffers(&c, &ws);
     size_t base = ws.used, most = 0;
     ChunkRecord *k = &c.rec[0];
-    for (int l = l0; l < l1; l++)
+    for (int l = sh.l0; l < sh.l1; l++)
         for (int spilled = 0; spilled < 1 + (c.spill.xe.n[0] && !k->io[l].dense); spilled++) {
             ws.used = base;
             if (spilled) use_rows(&c, k, l, &c.spill); // a spilled layer's backward: the gradients of the spill set
@@ -218,22 +221,55 @@ ChunkPlan chunk_plan(Model *m, int B, int S, int l0, int l1, int nrec, int ndefe
     return p;
 }
 
-void chunk_init(Chunk *c, Model *m, int B, int S, int l0, int l1, int nrec, int ndefer) {
-    ChunkPlan p = chunk_plan(m, B, S, l0, l1, nrec, ndefer);
-    chunk_structs(c, m, B, S, l0, l1, nrec, ndefer);
+ChunkPlan chunk_plan(Model *m, int B, int S, int l0, int l1, int nrec, int ndefer) {
+    return plan_of(m, B, S, (ChunkShape){l0, l1, nrec, ndefer}, false);
+}
+
+ChunkPlan chunk_plan_rank(Model *m, int B, int S, const ChunkShape sh[2]) {
+    ChunkPlan sum = {0};
+    for (int p = 0; p < 2; p++) {
+        ChunkPlan q = plan_of(m, B, S, sh[p], true);
+        sum.act_bytes += q.act_bytes, sum.comm_bytes += q.comm_bytes;
+        if (q.ws_bytes > sum.ws_bytes) sum.ws_bytes = q.ws_bytes; // one workspace: the larger backward's
+        sum.act_hidden += q.act_hidden, sum.act_stage1 += q.act_stage1, sum.act_experts += q.act_experts;
+        sum.act_staging += q.act_staging, sum.act_spill += q.act_spill, sum.act_epilog += q.act_epilog;
+        sum.act_defer += q.act_defer;
+    }
+    return sum;
+}
+
+// chunk_init's allocation with the plan p; the workspace is a new one of ws_bytes, or share's (whose
+// gradient buffers dh then serve both: the same (T, H) at the bottom of the workspace).
+static void chunk_build(Chunk *c, Model *m, int B, int S, ChunkShape sh, bool pipe_io, size_t ws_bytes, Chunk *share) {
+    ChunkPlan p = plan_of(m, B, S, sh, pipe_io);
+    chunk_structs(c, m, B, S, sh, pipe_io);
     c->act = arena_create("activations", m->dev, p.act_bytes);
-    c->ws = arena_create("workspace", m->dev, p.ws_bytes);
     c->comm = arena_create("communication", m->dev, p.comm_bytes);
+    if (share) {
+        CHECK(share->ws->cap >= p.ws_bytes);
+        c->ws = share->ws, c->dh[0] = share->dh[0], c->dh[1] = share->dh[1];
+    } else {
+        c->own_ws = arena_create("workspace", m->dev, ws_bytes ? ws_bytes : p.ws_bytes), c->ws = &c->own_ws;
+        alloc_grad_buffers(c, c->ws);
+    }
     ep_buffers_alloc(m, &c->epb, &c->comm, (int64_t)B * S);
     ChunkPlan parts = {0};
     alloc_activations(c, &c->act, &parts);
-    alloc_grad_buffers(c, &c->ws);
     // Positions restart in every sequence of the micro-batch.
     int T = B * S;
     int32_t *pos = xmalloc(T * sizeof(int32_t));
     for (int t = 0; t < T; t++) pos[t] = t % S;
-    for (int i = 0; i < nrec; i++) op_copy(c->rec[i].mb.pos, tensor_make(pos, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+    for (int i = 0; i < sh.nrec; i++) op_copy(c->rec[i].mb.pos, tensor_make(pos, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
     free(pos);
+}
+
+void chunk_init(Chunk *c, Model *m, int B, int S, int l0, int l1, int nrec, int ndefer) {
+    chunk_build(c, m, B, S, (ChunkShape){l0, l1, nrec, ndefer}, false, 0, NULL);
+}
+
+void chunk_init_rank(Chunk c[2], Model *m, int B, int S, const ChunkShape sh[2]) {
+    chunk_build(&c[0], m, B, S, sh[0], true, chunk_plan_rank(m, B, S, sh).ws_bytes, NULL);
+    chunk_build(&c[1], m, B, S, sh[1], true, 0, &c[0]);
 }
 
 void chunk_init_model(Chunk *c, Model *m, int B, int S) { chunk_init(c, m, B, S, 0, m->cfg.layers, 1, 0); }
@@ -247,7 +283,7 @@ void chunk_free(Chunk *c) {
     ep_buffers_free(&c->epb);
     free(c->rec), free(c->dye), free(c->dgu);
     if (c->act.cap) arena_destroy(&c->act);
-    if (c->ws.cap) arena_destroy(&c->ws);
+    if (c->own_ws.cap) arena_destroy(&c->own_ws);
     if (c->comm.cap) arena_destroy(&c->comm);
     memset(c, 0, sizeof *c);
 }
@@ -275,9 +311,13 @@ typedef struct {
     int cur;     // backward: dh[cur] is layer l's output gradient
     int set;     // backward: the deferred set taking stage 3's weight-gradient inputs (−1: none)
     size_t mark; // backward: workspace mark of layer l's gradients
+    Tensor top;  // backward: the chunk's output gradient (p NULL: dh[0], which the epilog or caller wrote)
+    Tensor bot;  // backward: where the chunk's input gradient goes (p NULL: a dh buffer, chunk_input_grad)
 } Cursor;
 
-static Cursor cursor(Chunk *c, int slot, int l) { return (Cursor){c, slot, &c->rec[slot], l, false, 0, -1, 0}; }
+static Cursor cursor(Chunk *c, int slot, int l) {
+    return (Cursor){c, slot, &c->rec[slot], l, false, 0, -1, 0, {0}, {0}};
+}
 static void *cur_rec(const Cursor *u) { return rec_of(u->c, u->k, u->l); }
 static StageIO *cur_io(const Cursor *u) { return &u->k->io[u->l]; }
 
@@ -362,13 +402,18 @@ static int64_t stage3_rows(const Model *m, const StageIO *io) {
     return io->dense ? io->dye.n[0] : io->offs[model_experts_local(&m->cfg)];
 }
 
+// Layer l's output gradient and where its input gradient goes: the dh ping-pong, or at the chunk's ends the
+// caller's tensors.
+static Tensor b_dy(const Cursor *b) { return b->l == b->c->l1 - 1 && b->top.p ? b->top : b->c->dh[b->cur]; }
+static Tensor b_dx(const Cursor *b) { return b->l == b->c->l0 && b->bot.p ? b->bot : b->c->dh[1 - b->cur]; }
+
 // Backward of layer l: its gradients in the workspace from b_stage5 to b_stage1.
 static void b_stage5(Cursor *b) {
     Chunk *c = b->c;
-    b->mark = arena_mark(&c->ws);
+    b->mark = arena_mark(c->ws);
     layer_restore(c, b->slot, b->l);
-    alloc_layer_grads(c, b->k, b->l, &c->ws);
-    c->m->fam->stage5_backward(c->m, b->l, cur_rec(b), cur_io(b), c->dh[b->cur]);
+    alloc_layer_grads(c, b->k, b->l, c->ws);
+    c->m->fam->stage5_backward(c->m, b->l, cur_rec(b), cur_io(b), b_dy(b));
 }
 static void b_combine(Cursor *b) { ep_issue(b->c->m, cur_io(b), EP_COMBINE_BACKWARD); }
 static void b_stage3(Cursor *b) {
@@ -388,15 +433,17 @@ static void b_weight(Cursor *b) { // now, or the inputs kept in the deferred set
 static void b_stage1(Cursor *b) {
     Chunk *c = b->c;
     ep_finish(c->m, cur_io(b));
-    c->m->fam->stage1_backward(c->m, b->l, cur_rec(b), &b->k->mb, cur_io(b), c->dh[b->cur], c->dh[1 - b->cur]);
-    arena_reset(&c->ws, b->mark);
+    c->m->fam->stage1_backward(c->m, b->l, cur_rec(b), &b->k->mb, cur_io(b), b_dy(b), b_dx(b));
+    arena_reset(c->ws, b->mark);
     b->cur = 1 - b->cur;
 }
 
 // A backward's cursor at its last layer, after the epilog's backward; with defer, the next deferred set of
-// the ring (chunk_weight frees the oldest, so at most ndefer are taken).
-static Cursor backward_begin(Chunk *c, int slot, bool defer) {
+// the ring (chunk_weight frees the oldest, so at most ndefer are taken); dy, dx: b_dy, b_dx at the ends.
+static Cursor backward_begin(Chunk *c, int slot, bool defer, Tensor dy, Tensor dx) {
+    CHECK(!(dy.p && c->l1 == c->m->cfg.layers) && !(dx.p && c->l0 == 0));
     Cursor b = cursor(c, slot, c->l1 - 1);
+    b.top = dy, b.bot = dx;
     if (defer) {
         CHECK(c->defer_tail - c->defer_head < c->ndefer && b.k->defer_set < 0);
         b.set = b.k->defer_set = c->defer_tail++ % c->ndefer;
@@ -405,11 +452,13 @@ static Cursor backward_begin(Chunk *c, int slot, bool defer) {
     return b;
 }
 
-void chunk_backward(Chunk *c, int slot, bool defer) {
-    Cursor b = backward_begin(c, slot, defer);
+static void backward(Chunk *c, int slot, bool defer, Tensor dy, Tensor dx) {
+    Cursor b = backward_begin(c, slot, defer, dy, dx);
     for (; b.l >= c->l0; b.l--) b_stage5(&b), b_combine(&b), b_stage3(&b), b_dispatch(&b), b_weight(&b), b_stage1(&b);
     if (c->l0 == 0) c->m->fam->prolog_backward(c->m, &b.k->mb, c->dh[b.cur]);
 }
+
+void chunk_backward(Chunk *c, int slot, bool defer) { backward(c, slot, defer, (Tensor){0}, (Tensor){0}); }
 
 void chunk_weight(Chunk *c, int slot) {
     Model *m = c->m;
@@ -434,10 +483,10 @@ void chunk_weight(Chunk *c, int slot) {
 // stages: combine⁻¹ ∥ F stage 5/1, dispatch ∥ B stage 3, dispatch⁻¹ ∥ B weight gradients and F stage 3,
 // combine ∥ B stage 1/5. The blocking collectives inside (the route's counts, the spill decision, a spilled
 // layer's re-dispatch in b_stage5, a full-recompute replay) come in this fixed order on every ep rank.
-void chunk_pair(Chunk *fc, int fslot, Chunk *bc, int bslot) {
+static void pair(Chunk *fc, int fslot, Chunk *bc, int bslot, Tensor dy, Tensor dx) {
     CHECK(fc != bc && fc->l1 - fc->l0 == bc->l1 - bc->l0); // the transfer buffers are each chunk's own
     Model *m = fc->m;
-    Cursor f = cursor(fc, fslot, fc->l0), b = backward_begin(bc, bslot, false);
+    Cursor f = cursor(fc, fslot, fc->l0), b = backward_begin(bc, bslot, false, dy, dx);
     b_stage5(&b), b_combine(&b);
     if (fc->l0 == 0) m->fam->prolog_forward(m, &f.k->mb, f.k->h[0]);
     f_stage1(&f), f_dispatch(&f);
@@ -454,22 +503,29 @@ void chunk_pair(Chunk *fc, int fslot, Chunk *bc, int bslot) {
     if (fc->l1 == m->cfg.layers) m->fam->epilog_forward(m, f.k->epilog, &f.k->mb, f.k->h[fc->l1], true);
 }
 
-void chunk_pipe_pair(Chunk *fc, int fslot, Tensor x, Tensor y, Chunk *bc, int bslot, Tensor dy, Tensor dx) {
-    if (x.p) op_copy(chunk_input(fc, fslot), x);
-    if (dy.p) op_copy(bc->dh[0], dy);
-    chunk_pair(fc, fslot, bc, bslot);
-    if (y.p) op_copy(y, chunk_output(fc, fslot));
-    if (dx.p) op_copy(dx, chunk_input_grad(bc));
+void chunk_pair(Chunk *fc, int fslot, Chunk *bc, int bslot) { pair(fc, fslot, bc, bslot, (Tensor){0}, (Tensor){0}); }
+
+// Points record slot at the pipeline's x and y (the forward reads and writes them in place); true when the
+// output must be copied to y after the forward instead (full recompute: a replay in backward rewrites it).
+static bool bind_io(Chunk *c, int slot, Tensor x, Tensor y) {
+    ChunkRecord *k = &c->rec[slot];
+    if (x.p) k->h[c->l0] = x;
+    if (!y.p) return false;
+    if (c->m->recompute == RECOMPUTE_FULL) return true;
+    k->h[c->l1] = y;
+    return false;
 }
 
 void chunk_pipe_forward(Chunk *c, int slot, Tensor x, Tensor y, bool grad) {
-    if (x.p) op_copy(chunk_input(c, slot), x);
+    bool copy = bind_io(c, slot, x, y);
     chunk_forward(c, slot, grad);
-    if (y.p) op_copy(y, chunk_output(c, slot));
+    if (copy) op_copy(y, chunk_output(c, slot));
 }
 
-void chunk_pipe_backward(Chunk *c, int slot, Tensor dy, Tensor dx, bool defer) {
-    if (dy.p) op_copy(c->dh[0], dy);
-    chunk_backward(c, slot, defer);
-    if (dx.p) op_copy(dx, chunk_input_grad(c));
+void chunk_pipe_backward(Chunk *c, int slot, Tensor dy, Tensor dx, bool defer) { backward(c, slot, defer, dy, dx); }
+
+void chunk_pipe_pair(Chunk *fc, int fslot, Tensor x, Tensor y, Chunk *bc, int bslot, Tensor dy, Tensor dx) {
+    bool copy = bind_io(fc, fslot, x, y);
+    pair(fc, fslot, bc, bslot, dy, dx);
+    if (copy) op_copy(y, chunk_output(fc, fslot));
 }

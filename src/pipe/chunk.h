@@ -45,7 +45,10 @@ typedef struct {
     // and dgu: (R, 2I), the inputs of its weight gradients besides the record's own (xe, act).
     Tensor *dye, *dgu; // (ndefer · L)
     int defer_head, defer_tail;
-    Arena act, ws, comm;
+    Arena act, comm;
+    Arena own_ws;         // the backward workspace when the chunk owns it (cap 0: it uses the other chunk's)
+    Arena *ws;            // the backward workspace: own_ws, or that of the rank's other chunk (chunk_init_rank)
+    bool pipe_io;         // records take input and output from the pipeline's buffers (chunk_pipe_*), own no copies
     EpBuffers epb;        // the expert-parallel transfer buffers (comm arena)
     Tensor dh[2];         // ping-pong gradient buffers (T, H) (workspace)
     ExpertRows spill;     // the spill set (xe.n[0] = 0: none)
@@ -57,6 +60,18 @@ typedef struct {
 
 // The exact bytes chunk_init will allocate, computed by running the same allocation on counting arenas.
 ChunkPlan chunk_plan(Model *m, int B, int S, int l0, int l1, int nrec, int ndefer);
+// The two chunks of a pipeline rank (DualPipeV phases 0 and 1): layers [l0, l1), record slots, deferred sets.
+typedef struct {
+    int l0, l1, nrec, ndefer;
+} ChunkShape;
+// chunk_plan of a rank's two chunks (summed) as chunk_init_rank allocates them: one backward workspace for
+// both, sized for the larger backward (a chunk uses its workspace only during a backward, and two backwards
+// never run at once: the overlapped pair is one forward, which uses none, beside one backward); and records
+// whose input and output between chunks are the pipeline's buffers (chunk_pipe_forward points the record at
+// them) rather than copies, except the output under full recompute (the backward's replay rewrites it).
+ChunkPlan chunk_plan_rank(Model *m, int B, int S, const ChunkShape sh[2]);
+// c[1] uses c[0]'s workspace (c stays where it is while c[1] runs).
+void chunk_init_rank(Chunk c[2], Model *m, int B, int S, const ChunkShape sh[2]);
 // Layers [l0, l1) with nrec record slots and ndefer deferred sets. Without the prolog the caller writes
 // the chunk's input chunk_input(c, slot) before chunk_forward; without the epilog its output is
 // chunk_output(c, slot), the caller writes the output gradient into dh[0] before chunk_backward, and the
@@ -80,10 +95,12 @@ void chunk_forward_layers(Chunk *c, int slot);
 void chunk_backward(Chunk *c, int slot, bool defer);
 // The deferred stage-3 weight gradients of slot's backward (the oldest deferred set: FIFO).
 void chunk_weight(Chunk *c, int slot);
-// A pipeline's computes (the PipeChunks of dualpipev_run): the input x copied into the chunk (x empty:
-// the model's first chunk, which embeds its tokens), forward, the output copied to y (y empty: the last,
-// whose output is the loss); the output gradient dy copied in (empty: the last), backward, the input
-// gradient copied to dx (empty: the first).
+// A pipeline's computes (the PipeChunks of dualpipev_run): the forward reads its input from x (x empty:
+// the model's first chunk, which embeds its tokens) and writes its output into y (y empty: the last, whose
+// output is the loss) — the record points at them, so they must live until its backward (or W), as the
+// schedule's buffers do; under full recompute the output is the record's own, copied to y. The backward
+// reads the output gradient from dy (empty: the last) and writes the input gradient into dx (empty: the
+// first).
 void chunk_pipe_forward(Chunk *c, int slot, Tensor x, Tensor y, bool grad);
 void chunk_pipe_backward(Chunk *c, int slot, Tensor dy, Tensor dx, bool defer);
 // The overlapped pair: the forward (with grad) of fc's record fslot interleaved stage by stage with the

@@ -350,6 +350,12 @@ static const ConfigKey parallel_keys[] = {
      .hi = 1 << 20,
      .doc = "PP (DualPipeV): rank *r* holds chunks *r* and 2P−1−*r* of the layers cut into 2P; divides the "
             "ranks, 2P divides the layers, each pipeline runs ≥ 2P micro-batches per step"},
+    {.name = "pipeline_schedule",
+     .kind = K_BOOL,
+     .off = OFF(parallel.pipeline_schedule),
+     .doc = "at pp = 1 too, run the DualPipeV engine (the layers in two chunks on the one rank, ≥ 2 micro-batches "
+            "per step) instead of the plain sequential step: the same losses and gradients, for measuring the "
+            "engine's cost (bench/run_gpu.sh --schedule)"},
     {.name = "context_parallel_size",
      .kind = K_INT,
      .off = OFF(parallel.cp),

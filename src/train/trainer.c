@@ -43,6 +43,10 @@ static int microbatches(const TrainConfig *c, const Dist *d) {
     return c->global_batch_size / (c->micro_batch_size * d->dp * d->ep);
 }
 
+// The step runs through the DualPipeV engine: with a pipeline, or at pp = 1 when parallel.pipeline_schedule
+// asks for it (two chunks on the one rank, for measuring the engine against the plain step).
+static bool piped(const TrainConfig *c, const Dist *d) { return d->pp > 1 || c->parallel.pipeline_schedule; }
+
 // The model config with this rank's layout: its layers (pipeline), its experts and the padding FSDP needs.
 static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, ModelConfig *mc) {
     if (c->global_batch_size % (c->micro_batch_size * d->dp * d->ep))
@@ -52,7 +56,7 @@ static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, Mod
     if (mc->experts % d->ep)
         die("%s: parallel.expert_parallel_size: %d does not divide the model's %d experts", c->file, d->ep,
             mc->experts);
-    if (d->pp > 1) {
+    if (piped(c, d)) {
         const char *why = dualpipev_check(d->pp, 2 * d->pp, mc->layers);
         if (why) die("%s: parallel.pipeline_parallel_size: %s", c->file, why);
         if ((why = dualpipev_check(d->pp, microbatches(c, d), mc->layers)))
@@ -118,39 +122,36 @@ static void offload_stage_alloc(const TrainConfig *c, const Fsdp *f, Arena *a, T
 
 // ---- this rank's chunks and the pipeline ----
 
-// The DualPipeV schedules of this pipeline rank (pp > 1): a step's, and validation's (forward only).
+// The DualPipeV schedules of this pipeline rank (piped): a step's, and validation's (forward only).
 static void schedules_build(PipeSchedule s[2], const TrainConfig *c, const Dist *d) {
     for (int i = 0; i < 2; i++) dualpipev_build(&s[i], d->pp, microbatches(c, d), d->pp_g.rank, i == 1);
 }
 
-// pp = 1: the whole model with one record. pp > 1: phase p's chunk, with record slots enough for either
-// schedule and the step's deferred sets. With out NULL only the plan (the sum over the rank's chunks).
+// pp = 1: the whole model with one record. Piped: phase p's chunk, with record slots enough for either
+// schedule and the step's deferred sets; the two share a workspace and read and write the pipeline's
+// buffers in place (chunk_init_rank). With out NULL only the plan (the sum over the rank's chunks).
 static ChunkPlan chunks_setup(Chunk out[2], Model *m, const TrainConfig *c, const Dist *d, const PipeSchedule s[2]) {
     int B = c->micro_batch_size, S = c->sequence_length, L = m->cfg.layers;
-    if (d->pp == 1) {
+    if (!piped(c, d)) {
         if (out) chunk_init_model(&out[0], m, B, S);
         return chunk_plan(m, B, S, 0, L, 1, 0);
     }
-    ChunkPlan sum = {0};
+    ChunkShape sh[2];
     for (int p = 0; p < 2; p++) {
-        int k = dualpipev_chunk(d->pp, d->pp_g.rank, p), n = L / (2 * d->pp), l0 = k * n, l1 = l0 + n,
-            nrec =
-                s[0].slots[PIPE_REC][p] > s[1].slots[PIPE_REC][p] ? s[0].slots[PIPE_REC][p] : s[1].slots[PIPE_REC][p];
-        ChunkPlan q = chunk_plan(m, B, S, l0, l1, nrec, s[0].max_deferred_of[p]);
-        if (out) chunk_init(&out[p], m, B, S, l0, l1, nrec, s[0].max_deferred_of[p]);
-        sum.act_bytes += q.act_bytes, sum.ws_bytes += q.ws_bytes, sum.comm_bytes += q.comm_bytes;
-        sum.act_hidden += q.act_hidden, sum.act_stage1 += q.act_stage1, sum.act_experts += q.act_experts;
-        sum.act_staging += q.act_staging, sum.act_spill += q.act_spill, sum.act_epilog += q.act_epilog;
-        sum.act_defer += q.act_defer;
+        int k = dualpipev_chunk(d->pp, d->pp_g.rank, p), n = L / (2 * d->pp);
+        int nrec =
+            s[0].slots[PIPE_REC][p] > s[1].slots[PIPE_REC][p] ? s[0].slots[PIPE_REC][p] : s[1].slots[PIPE_REC][p];
+        sh[p] = (ChunkShape){k * n, (k + 1) * n, nrec, s[0].max_deferred_of[p]};
     }
-    return sum;
+    if (out) chunk_init_rank(out, m, B, S, sh);
+    return chunk_plan_rank(m, B, S, sh);
 }
 
-// pp > 1: both schedules' pipeline buffers in one region of the arena *mem (a step and a validation never
+// Piped: both schedules' pipeline buffers in one region of the arena *mem (a step and a validation never
 // run at once); with run and mem NULL only its size.
 static size_t pipe_setup(PipeRun run[2], Arena *mem, const Model *m, const TrainConfig *c, const Dist *d,
                          const PipeSchedule s[2]) {
-    if (d->pp == 1) return 0;
+    if (!piped(c, d)) return 0;
     int64_t T = (int64_t)c->micro_batch_size * c->sequence_length;
     PipeRun scratch[2];
     if (!run) run = scratch;
@@ -186,10 +187,10 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     MemoryPlan p = plan_of(&m, mom1, mom2, &mu, stage, count.peak);
     muon_free(&mu);
     PipeSchedule s[2];
-    if (d->pp > 1) schedules_build(s, c, d);
+    if (piped(c, d)) schedules_build(s, c, d);
     p.chunks = chunks_setup(NULL, &m, c, d, s);
     p.pipe = pipe_setup(NULL, NULL, &m, c, d, s);
-    if (d->pp > 1) dualpipev_free(&s[0]), dualpipev_free(&s[1]);
+    if (piped(c, d)) dualpipev_free(&s[0]), dualpipev_free(&s[1]);
     model_free(&m);
     return p;
 }
@@ -249,7 +250,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
         fsdp_gather(f, g, m->w[g], r->master[g]);
     }
     r->plan = plan_of(m, r->adam_m, r->adam_v, &r->muon, r->stage, count.peak);
-    if (d->pp > 1) schedules_build(r->sched, c, d);
+    if (piped(c, d)) schedules_build(r->sched, c, d);
     r->plan.chunks = chunks_setup(r->chunk, m, c, d, r->sched);
     r->plan.pipe = pipe_setup(r->pipe, &r->pipe_mem, m, c, d, r->sched);
     int T = c->micro_batch_size * c->sequence_length;
@@ -290,7 +291,7 @@ void run_free(Run *r) {
     ckpt_unlock();
     for (int p = 0; p < 2; p++)
         if (r->chunk[p].m) chunk_free(&r->chunk[p]);
-    if (r->dist.pp > 1) {
+    if (piped(&r->cfg, &r->dist)) {
         for (int i = 0; i < 2; i++) dualpipev_run_free(&r->pipe[i]), dualpipev_free(&r->sched[i]);
         arena_destroy(&r->pipe_mem);
     }
@@ -367,7 +368,7 @@ static void pipe_weight(void *ctx, int p, int mb, int slot) {
 // the target tokens this rank's loss covers (none on pipeline ranks other than 0).
 static int64_t run_microbatches(Run *r, Dataset *ds, int64_t batch, bool grad) {
     int64_t targets = 0;
-    if (r->dist.pp == 1) {
+    if (!piped(&r->cfg, &r->dist)) {
         for (int acc = 0; acc < microbatches(&r->cfg, &r->dist); acc++) {
             targets += load_microbatch(r, ds, batch, acc, &r->chunk[0], 0);
             if (grad) run_microbatch(r);

@@ -90,8 +90,8 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     double loss_err = fabs(lg - lc) / fabs(lc), lb_err = lb_coef > 0 ? fabs(bg - bc) / fabs(bc) : 0;
     double loss_tol = cdt == DT_BF16 ? 1e-2 : 1e-5, grad_tol = cdt == DT_BF16 ? 1e-2 : 1e-5;
     record_err(loss_err, "loss");
-    double worst = 0;
-    const char *worst_name = "-";
+    double worst = 0, second = 0;
+    const char *worst_name = "-", *second_name = "-";
     float *gg[NGROUPS];
     for (int g = 0; g < NGROUPS; g++) gg[g] = gpu_down(gpu.m.g[g]);
     for (int i = 0; i < cpu.m.params.n; i++) {
@@ -104,12 +104,15 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
         const float *a = gg[p->group] + p->off, *b = (const float *)cpu.m.g[p->group].p + p->off;
         int64_t n = params_numel(p);
         double e = cdt == DT_BF16 ? calc_diff(a, b, n) : rel_err_f32(a, b, n);
-        if (e >= worst) worst = e, worst_name = p->name;
+        if (getenv("PITH_TEST_GRAD_ERRORS")) // every tensor's error, for a diagnosis
+            printf("       %-48s %.2e\n", p->name, e);
+        if (e >= worst) second = worst, second_name = worst_name, worst = e, worst_name = p->name;
+        else if (e >= second) second = e, second_name = p->name;
     }
     printf("     %s %s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (%d expert tensors left out), "
-           "worst grad %s %.2e (%s)\n",
+           "worst grad %s %.2e (%s), next %.2e (%s)\n",
            is_path ? config : "inline", dtype_name(cdt), lg, lc, loss_err, lb_err, flips, slots, skipped,
-           cdt == DT_BF16 ? "calc_diff" : "rel err", worst, worst_name);
+           cdt == DT_BF16 ? "calc_diff" : "rel err", worst, worst_name, second, second_name);
     ASSERT_MSG(flips * 20 <= slots, "routing flips %d of %d slots: more than near-ties explain", flips, slots);
     free(touched);
     record_err(worst, worst_name);

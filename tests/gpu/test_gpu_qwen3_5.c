@@ -1,6 +1,6 @@
-// test_gpu_qwen3_5.c — the Qwen3.5 ops on the GPU against the CPU reference (fp32: relative error ≤ 1e-5, the delta
-// rule ≤ 1e-4; bf16 storage: ≤ 1e-2), including the real head sizes (dk = dv = 128: the state fills 64 KB of shared
-// memory), and the whole Qwen3.5-MoE model against the CPU (tests/gpu/test_gpu_model.c's comparison); the HF fixture
+// test_gpu_qwen3_5.c — the Qwen3.5 ops on the GPU against the CPU reference (fp32: relative error ≤ 1e-5; bf16
+// storage: ≤ 1e-2), including the real head sizes (dk = dv = 128) and the chunked delta rule's edges (partial
+// chunks, several state tiles, chunk 16, strong decays), and the whole Qwen3.5-MoE model against the CPU (tests/gpu/test_gpu_model.c's comparison); the HF fixture
 // runs on the GPU in tests/gpu/test_gpu_hf.c.
 #include "gpu_test.h"
 
@@ -88,20 +88,22 @@ TEST(gpu_op_qwen3_5_elementwise) {
     gpu_report();
 }
 
-// The delta rule (the GPU's recurrence against the CPU's chunked form, fp32 data): o, then every input gradient.
-static void check_delta(DType dt, double tol, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv) {
+// The delta rule (the GPU's chunked kernels against the CPU's chunked form in fp64, fp32 or bf16 data): o, then every
+// input gradient. gs scales the log decays: large values give cumulative decays of −1000 inside a chunk.
+static void check_delta(DType dt, double tol, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv,
+                        int chunk, float gs) {
     int64_t T = B * S;
     Pair q = pair_rand(dt, 1, 3, T, nk, dk, 0), k = pair_rand(dt, 1, 3, T, nk, dk, 0),
          v = pair_rand(dt, 1, 3, T, nv, dv, 0);
     float *gh = xmalloc(T * nv * 4), *bh = xmalloc(T * nv * 4);
     fill_normal(gh, T * nv, 1), fill_normal(bh, T * nv, 1);
-    for (int64_t i = 0; i < T * nv; i++) gh[i] = -log1pf(expf(2 * gh[i] - 1)), bh[i] = 1 / (1 + expf(-2 * bh[i]));
+    for (int64_t i = 0; i < T * nv; i++) gh[i] = -gs * log1pf(expf(2 * gh[i] - 1)), bh[i] = 1 / (1 + expf(-2 * bh[i]));
     Pair g = pair_from(DT_F32, gh, 2, T, nv, 0, 0), be = pair_from(DT_F32, bh, 2, T, nv, 0, 0);
     free(gh), free(bh);
     Pair o = pair_nan(dt, 3, T, nv, dv, 0), dout = pair_rand(dt, 1, 3, T, nv, dv, 0),
          dq = pair_nan(dt, 3, T, nk, dk, 0), dk_ = pair_nan(dt, 3, T, nk, dk, 0), dv_ = pair_nan(dt, 3, T, nv, dv, 0),
          dg = pair_nan(DT_F32, 2, T, nv, 0, 0), db = pair_nan(DT_F32, 2, T, nv, 0, 0);
-    DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)dk)), .qk_l2norm = true, .chunk = 64};
+    DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)dk)), .qk_l2norm = true, .chunk = chunk};
     op_delta_rule_forward(o.c, q.c, k.c, v.c, g.c, be.c, &a), op_delta_rule_forward(o.d, q.d, k.d, v.d, g.d, be.d, &a);
     EXPECT_CLOSE(o, tol);
     op_delta_rule_backward(dq.c, dk_.c, dv_.c, dg.c, db.c, dout.c, q.c, k.c, v.c, g.c, be.c, &a);
@@ -117,9 +119,13 @@ TEST(gpu_op_delta_rule) {
     gpu_begin();
     MODES {
         gpu_mode(MODE_DT);
-        double tol = mode_ ? 1e-2 : 1e-4;
-        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 12);    // blocks of 64 and a part, 2 value heads per key head
-        check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128); // the real head size
+        double tol = mode_ ? 1e-2 : 1e-5;
+        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 12, 64, 1);    // a chunk and a part, 2 value heads per key head
+        check_delta(MODE_DT, tol, 2, 128, 1, 2, 16, 40, 64, 1);   // whole chunks; 40 value columns: two state tiles
+        check_delta(MODE_DT, tol, 1, 70, 2, 4, 8, 6, 16, 1);      // chunk 16: 4 chunks and a part
+        check_delta(MODE_DT, tol, 2, 90, 1, 3, 16, 8, 64, 20);    // strong decays: c down to −2000 in a chunk
+        check_delta(MODE_DT, tol, 1, 50, 1, 1, 4, 4, 0, 1);       // chunk 0 (the recurrence on the CPU)
+        check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1); // the real head size
     }
     gpu_report();
 }
@@ -132,9 +138,14 @@ static const char *config_q35 =
     " \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 16, \"linear_value_head_dim\": 8,"
     " \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"]}";
 
+// fp32 at init std 0.1: at 0.2 this model's gradients are ill-conditioned for an fp32 comparison (on the CPU, a
+// 1e-7 relative change of the delta rule's output moves layer 0's gradients by up to 1e-4: many outputs sit near
+// zero where the gated norm's ε dominates; the GPU landed at 1.9e-5 on conv1d.weight); at 0.1 the same change moves
+// them by ≤ 4e-6, and what was left (A_log, dt_bias at 5e-5: the decay gradient) is accumulated in fp64 now.
+// bf16 keeps 0.2.
 TEST(gpu_model_qwen3_5_moe) {
     gpu_begin();
-    model_compare(config_q35, false, DT_F32, 2, 80, 0.05, 0.2);
+    model_compare(config_q35, false, DT_F32, 2, 80, 0.05, 0.1);
     model_compare(config_q35, false, DT_BF16, 2, 80, 0.05, 0.2);
     gpu_report();
 }

@@ -1,17 +1,14 @@
 // cuda_delta.cu — the Qwen3.5 ops on the GPU (docs/reference.md §19), math as in ops/cpu/cpu_delta.c: zero-centred
 // and gated RMSNorm, the sigmoid output gate, the causal depthwise conv1d + SiLU, the DeltaNet gates and the gated
 // delta rule, each with its backward. fp32 arithmetic on fp32 or bf16 storage; the delta-rule state is fp32.
-// The delta rule runs as the recurrence: one block per (sequence, value head) keeps the (dk, dv) state in shared
-// memory, thread j owning column j, so a step needs no synchronisation in the forward. The backward sweeps forward
-// once to keep the state at the start of every block of 64 steps (global scratch), then per block recomputes its
-// states and runs its steps backwards: a column phase (thread j: δ_j, dδ_j, dv_j) and a row phase (thread i: dq_i,
-// dk_i, the decay gradient and the carried ∂S), separated by __syncthreads. Gradients w.r.t. the normalised q and k
-// of each value head go to fp32 scratch; a last kernel sums the value heads of each key head and applies the
+// The delta rule runs the chunked WY / UT form (docs/architecture.md, "GPU kernels"; its terms are written
+// out above the kernels below): per-chunk work for every chunk at once, a state pass over the chunks per (sequence,
+// value head, 32 value columns), and in the backward a reverse state pass and a per-chunk gradient kernel; q and k
+// are normalised first and their gradients per value head summed onto the key heads last, through the
 // normalisation's backward. Shapes: R rows of D, T = B·S tokens, C conv channels of kernel K, nk/nv heads of dk/dv.
 #include "ops/cuda/cuda_common.cuh"
 
 #define ROWS_PER_BLOCK 8 // warp-per-row kernels: 8 warps of a block take 8 rows
-#define DELTA_BLOCK 64   // steps between kept states in the backward
 
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_grad(float z) {
@@ -366,117 +363,298 @@ __global__ void delta_prep_kernel(float *qh, float *kh, float *rq, float *rk, co
         qh[row * dk + i] = ld(q, row * dk + i) * r1 * scale, kh[row * dk + i] = ld(k, row * dk + i) * r2;
 }
 
-// Block per (sequence b, value head h), thread j < dv owns column j of the state St (dk × dv, fp32, shared).
-// One step: St ← e^g St; δ = β (v − Stᵀ k); St += k δᵀ; o = Stᵀ q.
+// ---- the chunked form (the CPU's delta_chunk in src/ops/cpu/cpu_delta.c is its reference) ----
+// Per (sequence b, value head h) the S positions fall into NC chunks of L ≤ DELTA_MAX_CHUNK; inside a chunk of Le
+// positions, with c_i = Σ_{m≤i} g_m, kh/qh the normalised (and scaled) keys/queries:
+//   A_ij = β_i (k_i·k_j) e^{c_i − c_j} (j < i), Tm = (I + A)⁻¹, U = Tm (β v), W = Tm (β e^c k),
+//   M_ij = (q_i·k_j) e^{c_i − c_j} (j ≤ i); from the state S₀ entering the chunk: V' = U − W S₀,
+//   o = e^c (q S₀) + M V', S₁ = e^{c_L} S₀ + kᵀ diag(e^{c_L − c}) V' (c_L = c_{Le−1}).
+// delta_chunk_prep_kernel builds c, U, W, M (and Tm for the backward) for all chunks at once; the state pass walks
+// the chunks in order, one block per (b, h, DELTA_VT value columns): the columns of S are independent.
+// The backward runs the state pass again to keep S₀ and V' of every chunk, walks the chunks backwards carrying
+// dS (dS₁ kept per chunk, dV' = Mᵀ dO + diag(e^{c_L − c}) k dS₁, dS₀ = e^{c_L} dS₁ + qᵀ diag(e^c) dO − Wᵀ dV'),
+// then delta_chunk_grad_kernel takes every chunk at once through the rest (its comment has the terms).
+// Scratch rows are indexed by bh = b·nv + h and the position p < NC·L padded to whole chunks.
+#define DELTA_VT 32 // value columns per state-pass block
+
+typedef struct {
+    int64_t S, NC, NL; // sequence length, chunks, NC·L
+    int L, nk, nv, dk, dv;
+} ChunkDims;
+
+// Grid (NC, B·nv). Shared: cc (L, fp64), kc (L, dk), Am, Ti (L, L), bb, be = β e^c (L).
 template <typename T>
-__global__ void delta_forward_kernel(T *o, const float *qh, const float *kh, const T *v, const float *g,
-                                     const float *beta, int64_t S, int nk, int nv, int dk, int dv) {
-    extern __shared__ float St[]; // (dk, dv)
-    int64_t b = blockIdx.x / nv;
-    int h = blockIdx.x % nv, hk = h / (nv / nk), j = threadIdx.x;
-    if (j >= dv) return;
-    for (int i = 0; i < dk; i++) St[i * dv + j] = 0;
-    for (int64_t p = 0; p < S; p++) {
-        int64_t t = b * S + p;
-        const float *q = qh + (t * nk + hk) * dk, *k = kh + (t * nk + hk) * dk;
-        float e = expf(g[t * nv + h]), bt = beta[t * nv + h], m = 0, s = 0;
-        for (int i = 0; i < dk; i++) m += St[i * dv + j] * k[i];
-        float d = bt * (ld(v, (t * nv + h) * dv + j) - e * m);
-        for (int i = 0; i < dk; i++) {
-            float x = e * St[i * dv + j] + k[i] * d;
-            St[i * dv + j] = x;
-            s += x * q[i];
+__global__ void delta_chunk_prep_kernel(double *cs, float *U, float *W, float *M, float *Tg, const float *qh,
+                                        const float *kh, const T *v, const float *g, const float *beta, ChunkDims d) {
+    extern __shared__ float sm[];
+    int L = d.L, dk = d.dk, dv = d.dv, n = blockIdx.x, bh = blockIdx.y, nv = d.nv;
+    int64_t b = bh / nv, p0 = (int64_t)n * L, tok0 = b * d.S + p0;
+    int h = bh % nv, hk = h / (nv / d.nk), Le = (int)(d.S - p0 < L ? d.S - p0 : L);
+    double *cc = (double *)sm; // c in fp64: differences of large cumulative decays keep their digits
+    float *kc = (float *)(cc + L), *Am = kc + L * dk, *Ti = Am + L * L, *bb = Ti + L * L, *be = bb + L;
+    for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) kc[e] = kh[((tok0 + e / dk) * d.nk + hk) * dk + e % dk];
+    if (threadIdx.x == 0) {
+        double s = 0;
+        for (int i = 0; i < Le; i++)
+            s += g[(tok0 + i) * nv + h], cc[i] = s, bb[i] = beta[(tok0 + i) * nv + h], be[i] = bb[i] * expf((float)s);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < Le * Le; e += blockDim.x) {
+        int i = e / Le, j = e % Le;
+        float s = 0;
+        if (j < i)
+            for (int x = 0; x < dk; x++) s += kc[i * dk + x] * kc[j * dk + x];
+        Am[i * L + j] = j < i ? bb[i] * s * expf((float)(cc[i] - cc[j])) : 0.0f;
+    }
+    __syncthreads();
+    // Forward substitution, a row at a time: Ti_i = e_i − Σ_{j<i} A_ij Ti_j.
+    for (int i = 0; i < Le; i++) {
+        for (int m = threadIdx.x; m < Le; m += blockDim.x) {
+            float s = m == i ? 1.0f : 0.0f;
+            for (int j = m; j < i; j++) s -= Am[i * L + j] * Ti[j * L + m];
+            Ti[i * L + m] = m <= i ? s : 0.0f;
         }
-        st(o, (t * nv + h) * dv + j, s);
+        __syncthreads();
+    }
+    float *Ub = U + ((int64_t)bh * d.NL + p0) * dv, *Wb = W + ((int64_t)bh * d.NL + p0) * dk;
+    for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) {
+        int i = e / dv, y = e % dv;
+        float s = 0;
+        for (int m = 0; m <= i; m++) s += Ti[i * L + m] * bb[m] * ld(v, ((tok0 + m) * nv + h) * dv + y);
+        Ub[e] = s;
+    }
+    for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) {
+        int i = e / dk, x = e % dk;
+        float s = 0;
+        for (int m = 0; m <= i; m++) s += Ti[i * L + m] * be[m] * kc[m * dk + x];
+        Wb[e] = s;
+    }
+    float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
+    for (int e = threadIdx.x; e < Le * Le; e += blockDim.x) {
+        int i = e / Le, j = e % Le;
+        float s = 0;
+        if (j <= i)
+            for (int x = 0; x < dk; x++) s += qh[((tok0 + i) * d.nk + hk) * dk + x] * kc[j * dk + x];
+        Mb[i * L + j] = j <= i ? s * expf((float)(cc[i] - cc[j])) : 0.0f;
+    }
+    for (int i = threadIdx.x; i < Le; i += blockDim.x) cs[(int64_t)bh * d.NL + p0 + i] = cc[i];
+    if (Tg)
+        for (int e = threadIdx.x; e < L * L; e += blockDim.x) Tg[((int64_t)bh * d.NC + n) * L * L + e] = Ti[e];
+}
+
+// The state pass. Grid (B·nv, ⌈dv / DELTA_VT⌉). Writes o (when o is not NULL), or S₀ of every chunk and V'.
+// Shared: St (dk, VT) the state's columns, Vt (L, VT), the chunk's decays e^c and e^{c_L − c} (L each).
+template <typename T>
+__global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, const double *cs, const float *U, const float *W,
+                                         const float *M, const float *qh, const float *kh, ChunkDims d) {
+    extern __shared__ float sm[];
+    int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
+    int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
+    int64_t b = bh / nv;
+    float *St = sm, *Vt = St + dk * DELTA_VT, *ec = Vt + L * DELTA_VT, *eL = ec + L;
+    for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) St[e] = 0;
+    __syncthreads();
+    for (int64_t n = 0; n < d.NC; n++) {
+        int64_t p0 = n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+        int Le = (int)(d.S - p0 < L ? d.S - p0 : L);
+        const double *c = cs + row0;
+        const float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
+        const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
+        for (int i = threadIdx.x; i < Le; i += blockDim.x)
+            ec[i] = expf((float)c[i]), eL[i] = expf((float)(c[Le - 1] - c[i]));
+        if (S0)
+            for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
+                S0[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = St[e];
+        for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // V' = U − W S₀
+            int i = e / VT, y = e % VT;
+            float s = 0;
+            for (int x = 0; x < dk; x++) s += W[(row0 + i) * dk + x] * St[x * VT + y];
+            Vt[e] = U[(row0 + i) * dv + y0 + y] - s;
+        }
+        __syncthreads();
+        if (o)
+            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // o = e^c (q S₀) + M V'
+                int i = e / VT, y = e % VT;
+                float s = 0, u = 0;
+                for (int x = 0; x < dk; x++) s += q0[(int64_t)i * d.nk * dk + x] * St[x * VT + y];
+                for (int j = 0; j <= i; j++) u += Mb[i * L + j] * Vt[j * VT + y];
+                st(o, ((tok0 + i) * nv + h) * dv + y0 + y, ec[i] * s + u);
+            }
+        else
+            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) Vp[(row0 + e / VT) * dv + y0 + e % VT] = Vt[e];
+        __syncthreads();
+        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // S₁ = e^{c_L} S₀ + kᵀ diag(e^{c_L − c}) V'
+            int x = e / VT, y = e % VT;
+            float s = ec[Le - 1] * St[e];
+            for (int j = 0; j < Le; j++) s += eL[j] * k0[(int64_t)j * d.nk * dk + x] * Vt[j * VT + y];
+            St[e] = s;
+        }
+        __syncthreads();
     }
 }
 
-// Backward per (b, h). ckpt: (S/64 + 1, dk, dv) states at block starts; Sb: (64, dk, dv) the states before each
-// step of the current block; gq, gk: (T, nv, dk) fp32 ∂/∂ of the normalised q and k per value head.
-// Shared: dS (dk, dv + 1) (padded: the row phase walks rows), δ and e = −β dδ (dv each), 32 for block sums.
+// The backward state pass, chunks in reverse. Grid (B·nv, ⌈dv / DELTA_VT⌉). Writes dS₁ of every chunk and dV'.
+// Shared: dSt (dk, VT), dOt and dVt (L, VT), e^c and e^{c_L − c} (L each).
 template <typename T>
-__global__ void delta_backward_kernel(T *dv_, float *dg, float *dbeta, float *gq, float *gk, float *ckpt, float *Sb,
-                                      const T *dout, const float *qh, const float *kh, const T *v, const float *g,
-                                      const float *beta, int64_t S, int nk, int nv, int dk, int dv) {
+__global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, const T *dout, const double *cs, const float *W,
+                                          const float *M, const float *qh, const float *kh, ChunkDims d) {
     extern __shared__ float sm[];
-    int ld_ = dv + 1;
-    float *dS = sm, *dl = dS + dk * ld_, *ev = dl + dv, *red = ev + dv;
-    int64_t b = blockIdx.x / nv, nblk = (S + DELTA_BLOCK - 1) / DELTA_BLOCK, dkv = (int64_t)dk * dv;
-    int h = blockIdx.x % nv, hk = h / (nv / nk), tid = threadIdx.x;
-    ckpt += blockIdx.x * (nblk + 1) * dkv, Sb += blockIdx.x * DELTA_BLOCK * dkv;
-    // Forward sweep: the state at the start of every block (column ownership: no synchronisation).
-    if (tid < dv) {
-        for (int i = 0; i < dk; i++) ckpt[i * dv + tid] = 0;
-        for (int64_t blk = 0; blk + 1 < nblk; blk++) {
-            float *cur = ckpt + blk * dkv, *nxt = cur + dkv;
-            for (int i = 0; i < dk; i++) nxt[i * dv + tid] = cur[i * dv + tid];
-            for (int64_t p = blk * DELTA_BLOCK; p < (blk + 1) * DELTA_BLOCK; p++) {
-                int64_t t = b * S + p;
-                const float *k = kh + (t * nk + hk) * dk;
-                float e = expf(g[t * nv + h]), m = 0;
-                for (int i = 0; i < dk; i++) m += nxt[i * dv + tid] * k[i];
-                float d = beta[t * nv + h] * (ld(v, (t * nv + h) * dv + tid) - e * m);
-                for (int i = 0; i < dk; i++) nxt[i * dv + tid] = e * nxt[i * dv + tid] + k[i] * d;
-            }
-        }
-    }
-    for (int64_t x = tid; x < dk * ld_; x += blockDim.x) dS[x] = 0;
+    int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
+    int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
+    int64_t b = bh / nv;
+    float *dSt = sm, *dOt = dSt + dk * DELTA_VT, *dVt = dOt + L * DELTA_VT, *ec = dVt + L * DELTA_VT, *eL = ec + L;
+    for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) dSt[e] = 0;
     __syncthreads();
-    for (int64_t blk = nblk - 1; blk >= 0; blk--) {
-        int64_t p0 = blk * DELTA_BLOCK, L = S - p0 < DELTA_BLOCK ? S - p0 : DELTA_BLOCK;
-        if (tid < dv) { // Sb[i] = the state before step p0 + i
-            for (int i = 0; i < dk; i++) Sb[i * dv + tid] = ckpt[blk * dkv + i * dv + tid];
-            for (int64_t s = 0; s + 1 < L; s++) {
-                int64_t t = b * S + p0 + s;
-                const float *k = kh + (t * nk + hk) * dk, *cur = Sb + s * dkv;
-                float *nxt = Sb + (s + 1) * dkv, e = expf(g[t * nv + h]), m = 0;
-                for (int i = 0; i < dk; i++) m += cur[i * dv + tid] * k[i];
-                float d = beta[t * nv + h] * (ld(v, (t * nv + h) * dv + tid) - e * m);
-                for (int i = 0; i < dk; i++) nxt[i * dv + tid] = e * cur[i * dv + tid] + k[i] * d;
-            }
+    for (int64_t n = d.NC - 1; n >= 0; n--) {
+        int64_t p0 = n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+        int Le = (int)(d.S - p0 < L ? d.S - p0 : L);
+        const double *c = cs + row0;
+        const float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
+        const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
+        for (int i = threadIdx.x; i < Le; i += blockDim.x)
+            ec[i] = expf((float)c[i]), eL[i] = expf((float)(c[Le - 1] - c[i]));
+        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
+            dS1[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = dSt[e];
+        for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
+            dOt[e] = ld(dout, ((tok0 + e / VT) * nv + h) * dv + y0 + e % VT);
+        __syncthreads();
+        for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // dV' = Mᵀ dO + diag(e^{c_L − c}) k dS₁
+            int i = e / VT, y = e % VT;
+            float s = 0, u = 0;
+            for (int j = i; j < Le; j++) s += Mb[j * L + i] * dOt[j * VT + y];
+            for (int x = 0; x < dk; x++) u += k0[(int64_t)i * d.nk * dk + x] * dSt[x * VT + y];
+            dVt[e] = s + eL[i] * u;
+            dVp[(row0 + i) * dv + y0 + y] = dVt[e];
         }
         __syncthreads();
-        for (int64_t s = L - 1; s >= 0; s--) {
-            int64_t t = b * S + p0 + s;
-            const float *k = kh + (t * nk + hk) * dk, *q = qh + (t * nk + hk) * dk, *Sp = Sb + s * dkv;
-            float e = expf(g[t * nv + h]), bt = beta[t * nv + h], dbs = 0;
-            // column phase: δ_j, dSt += q doᵀ, dδ_j = dStᵀk, dv_j, dβ, e_j
-            if (tid < dv) {
-                int j = tid;
-                float m = 0, vj = ld(v, (t * nv + h) * dv + j), doj = ld(dout, (t * nv + h) * dv + j), dd = 0;
-                for (int i = 0; i < dk; i++) m += e * Sp[i * dv + j] * k[i];
-                for (int i = 0; i < dk; i++) {
-                    float x = dS[i * ld_ + j] + q[i] * doj;
-                    dS[i * ld_ + j] = x;
-                    dd += x * k[i];
-                }
-                dl[j] = bt * (vj - m);
-                st(dv_, (t * nv + h) * dv + j, bt * dd);
-                dbs = dd * (vj - m);
-                ev[j] = -bt * dd;
-            }
-            dbs = block_sum(dbs, red);
-            if (tid == 0) dbeta[t * nv + h] = dbs;
-            // row phase: dq_i = (S_t do)_i, dk_i = (dSt δ + P e)_i, dg = ⟨P, dP⟩, dS ← e^g dP
-            float dgs = 0;
-            if (tid < dk) {
-                int i = tid;
-                float sq = 0, sk = 0, ki = k[i];
-                for (int j = 0; j < dv; j++) {
-                    float P = e * Sp[i * dv + j], Sn = P + ki * dl[j], dsij = dS[i * ld_ + j];
-                    sq += Sn * ld(dout, (t * nv + h) * dv + j);
-                    sk += dsij * dl[j] + P * ev[j];
-                    float dP = dsij + ki * ev[j];
-                    dgs += P * dP;
-                    dS[i * ld_ + j] = e * dP;
-                }
-                gq[(t * nv + h) * dk + i] = sq;
-                gk[(t * nv + h) * dk + i] = sk;
-            }
-            dgs = block_sum(dgs, red);
-            if (tid == 0) dg[t * nv + h] = dgs;
-            __syncthreads();
+        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // dS₀ = e^{c_L} dS₁ + qᵀ diag(e^c) dO − Wᵀ dV'
+            int x = e / VT, y = e % VT;
+            float s = ec[Le - 1] * dSt[e];
+            for (int i = 0; i < Le; i++)
+                s +=
+                    ec[i] * q0[(int64_t)i * d.nk * dk + x] * dOt[i * VT + y] - W[(row0 + i) * dk + x] * dVt[i * VT + y];
+            dSt[e] = s;
         }
+        __syncthreads();
+    }
+}
+
+// The rest of the backward, every chunk at once. Grid (NC, B·nv). With D_ij = (dO_i·V'_j) e^{c_i − c_j} (j ≤ i):
+//   dq_i = e^{c_i} S₀ dO_i + Σ_j D_ij k_j;  dk_j = Σ_i D_ij q_i + e^{c_L − c_j} dS₁ V'_j + (the A and W terms);
+//   dW = −dV' S₀ᵀ, dBv = Tmᵀ dV', dBk = Tmᵀ dW (∂ of β v and β e^c k), dA_ij = −(dBv_i·U_j + dBk_i·W_j) (j < i),
+//   dv = β dBv, dβ_i = Σ_j dA_ij (k_i·k_j) e^{c_i − c_j} + dBv_i·v_i + e^{c_i} dBk_i·k_i,
+//   and every e^{c_i − c_j} factor sends its log-derivative to dc_i (+) and dc_j (−); dg_m = Σ_{i≥m} dc_i.
+// dWg, dBvg, dBkg: (B·nv, NC·L, dk | dv) scratch. Shared: Tm, Dm, Pm (dA·(k_i·k_j)·e), Em (dA·β_i·e): (L, L);
+// cc, dc, z (L, fp64); bb (L); 32 for block sums.
+template <typename T>
+__global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg, float *dbeta, float *dWg, float *dBvg,
+                                        float *dBkg, const double *cs, const float *U, const float *W, const float *M,
+                                        const float *Tg, const float *S0, const float *dS1, const float *Vp,
+                                        const float *dVp, const float *qh, const float *kh, const T *v, const T *dout,
+                                        const float *beta, ChunkDims d) {
+    extern __shared__ float sm[];
+    int L = d.L, dk = d.dk, dv = d.dv, n = blockIdx.x, bh = blockIdx.y, nv = d.nv;
+    int64_t b = bh / nv, p0 = (int64_t)n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+    int h = bh % nv, hk = h / (nv / d.nk), Le = (int)(d.S - p0 < L ? d.S - p0 : L), LL = L * L;
+    double *cc = (double *)sm, *dc = cc + L, *z = dc + L; // dc in fp64: its terms cancel in dg's cumulative sums
+    float *Tm = (float *)(z + L), *Dm = Tm + LL, *Pm = Dm + LL, *Em = Pm + LL, *bb = Em + LL, *red = bb + L;
+    const float *Mb = M + ((int64_t)bh * d.NC + n) * LL, *S0b = S0 + ((int64_t)bh * d.NC + n) * dk * dv,
+                *dS1b = dS1 + ((int64_t)bh * d.NC + n) * dk * dv;
+    const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
+    int64_t ks = (int64_t)d.nk * dk; // row stride of q0, k0
+    for (int e = threadIdx.x; e < LL; e += blockDim.x) Tm[e] = Tg[((int64_t)bh * d.NC + n) * LL + e];
+    for (int i = threadIdx.x; i < Le; i += blockDim.x)
+        cc[i] = cs[row0 + i], bb[i] = beta[(tok0 + i) * nv + h], dc[i] = 0;
+    float sd = 0; // ⟨S₀, dS₁⟩
+    for (int e = threadIdx.x; e < dk * dv; e += blockDim.x) sd += S0b[e] * dS1b[e];
+    sd = block_sum(sd, red);
+    for (int e = threadIdx.x; e < Le * Le; e += blockDim.x) { // dM_ij = dO_i·V'_j
+        int i = e / Le, j = e % Le;
+        float s = 0;
+        if (j <= i)
+            for (int y = 0; y < dv; y++) s += ld(dout, ((tok0 + i) * nv + h) * dv + y) * Vp[(row0 + j) * dv + y];
+        Dm[i * L + j] = s;
+    }
+    for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) { // dW = −dV' S₀ᵀ
+        int i = e / dk, x = e % dk;
+        float s = 0;
+        for (int y = 0; y < dv; y++) s += dVp[(row0 + i) * dv + y] * S0b[x * dv + y];
+        dWg[(row0 + i) * dk + x] = -s;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < Le; i += blockDim.x) { // dc from M: Σ_j dM_ij M_ij − Σ_j dM_ji M_ji
+        double s = 0;
+        for (int j = 0; j < Le; j++) s += (double)Dm[i * L + j] * Mb[i * L + j] - (double)Dm[j * L + i] * Mb[j * L + i];
+        dc[i] += s;
+    }
+    for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) { // dBv = Tmᵀ dV'
+        int m = e / dv, y = e % dv;
+        float s = 0;
+        for (int i = m; i < Le; i++) s += Tm[i * L + m] * dVp[(row0 + i) * dv + y];
+        dBvg[(row0 + m) * dv + y] = s;
+    }
+    for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) { // dBk = Tmᵀ dW
+        int m = e / dk, x = e % dk;
+        float s = 0;
+        for (int i = m; i < Le; i++) s += Tm[i * L + m] * dWg[(row0 + i) * dk + x];
+        dBkg[(row0 + m) * dk + x] = s;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < Le * Le; e += blockDim.x) { // D = dM·e^{c_i − c_j}; dA → Pm, Em
+        int i = e / Le, j = e % Le;
+        float dec = j <= i ? expf((float)(cc[i] - cc[j])) : 0.0f, kk = 0, dA = 0;
+        Dm[i * L + j] *= dec;
+        if (j < i) {
+            for (int x = 0; x < dk; x++) kk += k0[i * ks + x] * k0[j * ks + x];
+            for (int y = 0; y < dv; y++) dA -= dBvg[(row0 + i) * dv + y] * U[(row0 + j) * dv + y];
+            for (int x = 0; x < dk; x++) dA -= dBkg[(row0 + i) * dk + x] * W[(row0 + j) * dk + x];
+        }
+        Pm[i * L + j] = dA * kk * dec, Em[i * L + j] = dA * bb[i] * dec;
+    }
+    for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) { // the S₀ and S₁ terms of dq, dk
+        int i = e / dk, x = e % dk;
+        float s = 0, u = 0;
+        for (int y = 0; y < dv; y++)
+            s += S0b[x * dv + y] * ld(dout, ((tok0 + i) * nv + h) * dv + y),
+                u += dS1b[x * dv + y] * Vp[(row0 + i) * dv + y];
+        gq[((tok0 + i) * nv + h) * dk + x] = expf((float)cc[i]) * s;
+        gk[((tok0 + i) * nv + h) * dk + x] = expf((float)(cc[Le - 1] - cc[i])) * u;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < Le; i += blockDim.x) {
+        double pr = 0, pc = 0, bv = 0, bk = 0, qg = 0, kg = 0;
+        for (int j = 0; j < Le; j++) pr += Pm[i * L + j], pc += bb[j] * Pm[j * L + i];
+        for (int y = 0; y < dv; y++) bv += dBvg[(row0 + i) * dv + y] * ld(v, ((tok0 + i) * nv + h) * dv + y);
+        for (int x = 0; x < dk; x++) {
+            bk += dBkg[(row0 + i) * dk + x] * k0[i * ks + x];
+            qg += q0[i * ks + x] * gq[((tok0 + i) * nv + h) * dk + x];
+            kg += k0[i * ks + x] * gk[((tok0 + i) * nv + h) * dk + x];
+        }
+        double eb = expf((float)cc[i]) * bk;
+        dbeta[(tok0 + i) * nv + h] = (float)(pr + bv + eb);
+        dc[i] += bb[i] * pr - pc + bb[i] * eb + qg - kg;
+        z[i] = kg;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { // S₁'s decay e^{c_L}; then dg = the reverse cumulative sum of dc
+        double s = expf((float)cc[Le - 1]) * sd;
+        for (int j = 0; j < Le; j++) s += z[j];
+        dc[Le - 1] += s, s = 0;
+        for (int i = Le - 1; i >= 0; i--) s += dc[i], dg[(tok0 + i) * nv + h] = (float)s;
+    }
+    for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) {
+        int i = e / dv, y = e % dv;
+        st(dv_, ((tok0 + i) * nv + h) * dv + y, bb[i] * dBvg[(row0 + i) * dv + y]);
+    }
+    for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) { // the M, A and W terms of dq, dk
+        int i = e / dk, x = e % dk;
+        float sq = 0, sk = 0;
+        for (int j = 0; j < Le; j++) {
+            sq += Dm[i * L + j] * k0[j * ks + x];
+            sk += Dm[j * L + i] * q0[j * ks + x] + (Em[i * L + j] + Em[j * L + i]) * k0[j * ks + x];
+        }
+        gq[((tok0 + i) * nv + h) * dk + x] += sq;
+        gk[((tok0 + i) * nv + h) * dk + x] += sk + bb[i] * expf((float)cc[i]) * dBkg[(row0 + i) * dk + x];
     }
 }
 
@@ -509,71 +687,128 @@ typedef struct {
 
 static DeltaShape delta_shape(Tensor q, Tensor v, const DeltaArgs *a) {
     DeltaShape d = {a->B, q.n[0] / a->B, q.n[0], q.n[1], v.n[1], q.n[2], v.n[2]};
-    CHECK(q.n[0] % a->B == 0 && v.n[0] == q.n[0] && d.nv % d.nk == 0 && d.dv <= 1024 && d.dk <= 1024);
+    CHECK(q.n[0] % a->B == 0 && v.n[0] == q.n[0] && d.nv % d.nk == 0);
+    CHECK(a->chunk >= 0 && a->chunk <= DELTA_MAX_CHUNK);
     return d;
 }
 
-// The normalised q and k (fp32) and their norms' inverses at the front of the scratch.
-static void delta_prep(float *qh, float *kh, float *rq, float *rk, Tensor q, Tensor k, const DeltaShape *d,
-                       const DeltaArgs *a) {
-    int64_t rows = d->T * d->nk;
-    DT_SWITCH(q.dt, T, "delta_rule",
-              delta_prep_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-                  qh, kh, rq, rk, (const T *)q.p, (const T *)k.p, rows, (int)d->dk, a->scale, a->qk_l2norm));
+static ChunkDims chunk_dims(const DeltaShape *s, const DeltaArgs *a) {
+    ChunkDims d;
+    d.L = a->chunk ? a->chunk : DELTA_MAX_CHUNK; // chunk 0 (the recurrence) gives the same result in exact arithmetic
+    d.S = s->S, d.NC = (s->S + d.L - 1) / d.L, d.NL = d.NC * d.L;
+    d.nk = (int)s->nk, d.nv = (int)s->nv, d.dk = (int)s->dk, d.dv = (int)s->dv;
+    return d;
+}
+
+// The forward's buffers (shared with the backward, which adds its own after them).
+typedef struct {
+    float *qh, *kh, *rq, *rk, *U, *W, *M;
+    double *cs;
+} DeltaBufs;
+
+// The scratch: a->ws when the caller planned it, else the op scratch; carved as op_delta_rule_workspace counts it.
+static float *delta_bufs(DeltaBufs *f, Tensor q, Tensor v, const DeltaShape *s, const ChunkDims *d, bool backward,
+                         const DeltaArgs *a) {
+    size_t need = op_delta_rule_workspace(q, v, a, backward);
+    float *p;
+    if (a->ws.p) {
+        CHECK(a->ws.dev == DEV_CUDA && a->ws.dt == DT_F32 && (size_t)tensor_numel(a->ws) >= need);
+        p = (float *)a->ws.p;
+    } else p = (float *)cuda_scratch(need * sizeof(float));
+    size_t nq = (size_t)(s->T * s->nk * s->dk), BH = (size_t)(s->B * s->nv), NL = (size_t)d->NL;
+    f->qh = p, f->kh = f->qh + nq, f->rq = f->kh + nq, f->rk = f->rq + s->T * s->nk;
+    f->cs = (double *)(f->rk + s->T * s->nk); // an even number of floats in: 8-byte aligned
+    f->U = (float *)(f->cs + BH * NL), f->W = f->U + BH * NL * s->dv, f->M = f->W + BH * NL * s->dk;
+    return f->M + BH * d->NC * d->L * d->L;
+}
+
+static size_t prep_smem(const ChunkDims *d) { return ((size_t)d->L * d->dk + 2 * (size_t)d->L * d->L + 4 * d->L) * 4; }
+static size_t state_smem(const ChunkDims *d) { return (((size_t)d->dk + d->L) * DELTA_VT + 2 * d->L) * 4; }
+static size_t dstate_smem(const ChunkDims *d) { return (((size_t)d->dk + 2 * d->L) * DELTA_VT + 2 * d->L) * 4; }
+static size_t grad_smem(const ChunkDims *d) { return (4 * (size_t)d->L * d->L + 7 * d->L + 32) * 4; }
+
+template <typename K> static void set_smem(K kernel, size_t bytes) {
+    CHECK(bytes <= 227 * 1024);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+// Normalised q and k, then c, U, W, M (and Tm when Tg is not NULL) of every chunk.
+template <typename T>
+static void delta_front(const DeltaBufs *f, float *Tg, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta,
+                        const DeltaShape *s, const ChunkDims *d, const DeltaArgs *a) {
+    int64_t rows = s->T * s->nk;
+    delta_prep_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
+        f->qh, f->kh, f->rq, f->rk, (const T *)q.p, (const T *)k.p, rows, (int)s->dk, a->scale, a->qk_l2norm);
+    CUDA_LAUNCH_CHECK();
+    size_t sm = prep_smem(d);
+    set_smem(delta_chunk_prep_kernel<T>, sm);
+    delta_chunk_prep_kernel<T><<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), 256, sm, cuda_stream()>>>(
+        f->cs, f->U, f->W, f->M, Tg, f->qh, f->kh, (const T *)v.p, (const float *)g.p, (const float *)beta.p, *d);
     CUDA_LAUNCH_CHECK();
 }
 
-static unsigned round32(int64_t n) { return (unsigned)((n + 31) / 32 * 32); }
+static dim3 state_grid(const DeltaShape *s) {
+    return dim3((unsigned)(s->B * s->nv), (unsigned)((s->dv + DELTA_VT - 1) / DELTA_VT));
+}
 
 void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
-    DeltaShape d = delta_shape(q, v, a);
+    DeltaShape s = delta_shape(q, v, a);
     same_dt(k, q, "delta_rule_forward"), same_dt(v, q, "delta_rule_forward"), same_dt(o, q, "delta_rule_forward");
     IS_F32(g, "delta_rule_forward");
     IS_F32(beta, "delta_rule_forward");
-    if (d.T == 0) return;
-    int64_t nq = d.T * d.nk * d.dk;
-    float *qh = (float *)cuda_scratch((2 * nq + 2 * d.T * d.nk) * sizeof(float)), *kh = qh + nq, *rq = kh + nq,
-          *rk = rq + d.T * d.nk;
-    delta_prep(qh, kh, rq, rk, q, k, &d, a);
-    size_t smem = (size_t)d.dk * d.dv * sizeof(float);
+    if (s.T == 0) return;
+    ChunkDims d = chunk_dims(&s, a);
+    DeltaBufs f;
+    delta_bufs(&f, q, v, &s, &d, false, a);
     DT_SWITCH(q.dt, T, "delta_rule_forward", {
-        CUDA_CHECK(
-            cudaFuncSetAttribute(delta_forward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        delta_forward_kernel<T><<<(unsigned)(d.B * d.nv), round32(d.dv), smem, cuda_stream()>>>(
-            (T *)o.p, qh, kh, (const T *)v.p, (const float *)g.p, (const float *)beta.p, d.S, (int)d.nk, (int)d.nv,
-            (int)d.dk, (int)d.dv);
+        delta_front<T>(&f, NULL, q, k, v, g, beta, &s, &d, a);
+        size_t sm = state_smem(&d);
+        set_smem(delta_chunk_state_kernel<T>, sm);
+        delta_chunk_state_kernel<T>
+            <<<state_grid(&s), 256, sm, cuda_stream()>>>((T *)o.p, NULL, NULL, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
     });
     CUDA_LAUNCH_CHECK();
 }
 
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                               Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
-    DeltaShape d = delta_shape(q, v, a);
+    DeltaShape s = delta_shape(q, v, a);
     same_dt(dq, q, "delta_rule_backward"), same_dt(dk, q, "delta_rule_backward");
     same_dt(dv, v, "delta_rule_backward"), same_dt(dout, v, "delta_rule_backward");
     IS_F32(dg, "delta_rule_backward");
     IS_F32(dbeta, "delta_rule_backward");
-    if (d.T == 0) return;
-    int64_t nq = d.T * d.nk * d.dk, ng = d.T * d.nv * d.dk, nb = d.B * d.nv, dkv = d.dk * d.dv,
-            nblk = (d.S + DELTA_BLOCK - 1) / DELTA_BLOCK;
-    size_t floats = 2 * nq + 2 * d.T * d.nk + 2 * ng + nb * (nblk + 1) * dkv + nb * DELTA_BLOCK * dkv;
-    float *qh = (float *)cuda_scratch(floats * sizeof(float)), *kh = qh + nq, *rq = kh + nq, *rk = rq + d.T * d.nk,
-          *gq = rk + d.T * d.nk, *gk = gq + ng, *ckpt = gk + ng, *Sb = ckpt + nb * (nblk + 1) * dkv;
-    delta_prep(qh, kh, rq, rk, q, k, &d, a);
-    size_t smem = ((size_t)d.dk * (d.dv + 1) + 2 * d.dv + 32) * sizeof(float);
-    unsigned threads = round32(d.dk > d.dv ? d.dk : d.dv);
-    int64_t rows = d.T * d.nk;
+    if (s.T == 0) return;
+    ChunkDims d = chunk_dims(&s, a);
+    DeltaBufs f;
+    float *p = delta_bufs(&f, q, v, &s, &d, true, a);
+    size_t BH = (size_t)(s.B * s.nv), NL = (size_t)d.NL, kv = (size_t)(s.dk * s.dv);
+    float *Tg = p, *S0 = Tg + BH * d.NC * d.L * d.L, *dS1 = S0 + BH * d.NC * kv, *Vp = dS1 + BH * d.NC * kv,
+          *dVp = Vp + BH * NL * s.dv, *dBv = dVp + BH * NL * s.dv, *dW = dBv + BH * NL * s.dv,
+          *dBk = dW + BH * NL * s.dk, *gq = dBk + BH * NL * s.dk, *gk = gq + s.T * s.nv * s.dk;
+    int64_t rows = s.T * s.nk;
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
-        CUDA_CHECK(
-            cudaFuncSetAttribute(delta_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        delta_backward_kernel<T><<<(unsigned)nb, threads, smem, cuda_stream()>>>(
-            (T *)dv.p, (float *)dg.p, (float *)dbeta.p, gq, gk, ckpt, Sb, (const T *)dout.p, qh, kh, (const T *)v.p,
-            (const float *)g.p, (const float *)beta.p, d.S, (int)d.nk, (int)d.nv, (int)d.dk, (int)d.dv);
+        delta_front<T>(&f, Tg, q, k, v, g, beta, &s, &d, a);
+        size_t sm = state_smem(&d);
+        set_smem(delta_chunk_state_kernel<T>, sm);
+        delta_chunk_state_kernel<T>
+            <<<state_grid(&s), 256, sm, cuda_stream()>>>(NULL, S0, Vp, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
         CUDA_LAUNCH_CHECK();
+        sm = dstate_smem(&d);
+        set_smem(delta_chunk_dstate_kernel<T>, sm);
+        delta_chunk_dstate_kernel<T>
+            <<<state_grid(&s), 256, sm, cuda_stream()>>>(dS1, dVp, (const T *)dout.p, f.cs, f.W, f.M, f.qh, f.kh, d);
+        CUDA_LAUNCH_CHECK();
+        sm = grad_smem(&d);
+        set_smem(delta_chunk_grad_kernel<T>, sm);
+        delta_chunk_grad_kernel<T><<<dim3((unsigned)d.NC, (unsigned)BH), 256, sm, cuda_stream()>>>(
+            gq, gk, (T *)dv.p, (float *)dg.p, (float *)dbeta.p, dW, dBv, dBk, f.cs, f.U, f.W, f.M, Tg, S0, dS1, Vp, dVp,
+            f.qh, f.kh, (const T *)v.p, (const T *)dout.p, (const float *)beta.p, d);
+        CUDA_LAUNCH_CHECK();
+        delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>((T *)dq.p, gq, (const T *)q.p, f.rq,
+                                                                                rows, (int)s.nk, (int)(s.nv / s.nk),
+                                                                                (int)s.dk, a->scale, a->qk_l2norm);
         delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-            (T *)dq.p, gq, (const T *)q.p, rq, rows, (int)d.nk, (int)(d.nv / d.nk), (int)d.dk, a->scale, a->qk_l2norm);
-        delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-            (T *)dk.p, gk, (const T *)k.p, rk, rows, (int)d.nk, (int)(d.nv / d.nk), (int)d.dk, 1.0f, a->qk_l2norm);
+            (T *)dk.p, gk, (const T *)k.p, f.rk, rows, (int)s.nk, (int)(s.nv / s.nk), (int)s.dk, 1.0f, a->qk_l2norm);
     });
     CUDA_LAUNCH_CHECK();
 }
