@@ -132,6 +132,10 @@ bench-gpu: $(BUILD)/bench_gpu_ops
 $(BUILD)/bench_ep: $(BUILD)/bench/bench_ep.o $(LIB_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
 
+# Ring attention at cp ranks, one per GPU, against the attention op alone (bench/run_cp2.sh).
+$(BUILD)/bench_ring: $(BUILD)/bench/bench_ring.o $(LIB_OBJ)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(MPI_LIBS)
+
 demo: $(BUILD)/pith
 	@bash scripts/demo.sh
 

@@ -110,6 +110,18 @@ TEST(dist_pipeline_schedule_run) {
     }
 }
 
+// Zigzag ring attention alone over cp = 2, 3, 4 CPU ranks and fake GPUs (tests/parallel/ring.c): forward, lse and
+// every input gradient equal one-rank attention; a wrong shard is noticed.
+TEST(dist_ring_attention) {
+    char out[8192];
+    for (int np = 2; np <= 4; np++) {
+        int rc = run_cmd(out, sizeof out, MPIRUN " %d build/test_parallel ring", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok ring"), "%d ranks: %s", np, out);
+        rc = run_cmd(out, sizeof out, MPIRUN " %d build-fake/test_parallel ring-gpu", np);
+        ASSERT_MSG(rc == 0 && strstr(out, "ok ring-gpu"), "%d ranks, fake GPUs: %s", np, out);
+    }
+}
+
 // The overlapped pair (chunk_pair) across 2 and 4 ep ranks: its loss, output, input gradient and every
 // gradient equal forward-then-backward's bit for bit, on CPU ranks and on fake GPUs (stream order checked:
 // each all-to-all waits for the compute that made its rows, each consumer for the all-to-all). With every
@@ -142,23 +154,30 @@ TEST(dist_ep_dispatch_combine) {
     }
 }
 
-// The layouts every equivalence test runs against one process.
-static const struct {
+// The layouts every equivalence test runs against one process; the last four are context parallelism's (zigzag
+// ring attention: cp2, cp2 × ep2, cp2 × dp2 with experts sharded over dp×cp, hsdp).
+typedef struct {
     const char *name;
     int np;
     const char *sets;
-} layouts[] = {
+} Layout;
+static const Layout layouts[] = {
     {"ep2", 2, "--set parallel.expert_parallel_size=2"},
     {"dp2", 2, ""},
     {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2"},
     {"ep4-capacity2.5", 4, "--set parallel.expert_parallel_size=4 --set parallel.ep_capacity_factor=2.5"},
     {"hsdp-dp2-ep2", 4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
+    {"cp2", 2, "--set parallel.context_parallel_size=2"},
+    {"cp2-ep2", 4, "--set parallel.context_parallel_size=2 --set parallel.expert_parallel_size=2"},
+    {"cp2-dp2", 4, "--set parallel.context_parallel_size=2"},
+    {"hsdp-cp2-dp2", 4, "--set parallel.context_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
 };
+static const Layout *const cp_layouts = layouts + 5;
 
 // One run per layout (the first n of the table), 20 steps, the first step's gradient dumped: every layout must
 // give the one-process losses (≤ 1e-6 relative at step 1, ≤ 1e-5 over 20 steps) and gradients (≤ 1e-5 per
 // tensor). sets: more --set options for every run.
-static void check_layouts(const char *d, size_t n, const char *sets) {
+static void check_layouts(const char *d, const Layout *layouts, size_t n, const char *sets) {
     char out[1 << 16], ref[300], dir[300];
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/one --dump-grads %s/one/g", PITH_BIN, d,
                    sets, d, d) == 0);
@@ -188,25 +207,89 @@ static void check_layouts(const char *d, size_t n, const char *sets) {
     }
 }
 
-TEST(dist_equivalence_layouts) { check_layouts(make_run(), sizeof layouts / sizeof *layouts, ""); }
+TEST(dist_equivalence_layouts) { check_layouts(make_run(), layouts, sizeof layouts / sizeof *layouts, ""); }
 
 // DeepSeek-V2 (sequence-form load balancing, its own): ep2, dp2 and ep2 × dp2 against one process.
 TEST(dist_equivalence_layouts_deepseek_v2) {
-    check_layouts(make_run_of(model_json_dsv2), 3, "--set moe_load_balance_type=sequence");
+    check_layouts(make_run_of(model_json_dsv2), layouts, 3, "--set moe_load_balance_type=sequence");
 }
 
-// A checkpoint of the model written at ep2 resumes at ep2 × dp2 and on one process with the losses of the
-// uninterrupted run.
-static void check_reshard_resume(const char *model) {
+// Context parallelism: DeepSeek-V2 (MLA through the ring, sequence-form load balancing summed over the cp ranks)
+// at cp2 and cp2 × ep2, and Qwen3-MoE's global-batch load balancing at cp2 and cp2 × ep2, against one process
+// (Qwen3-MoE's micro-batch form: dist_equivalence_layouts).
+TEST(dist_cp_equivalence_deepseek_v2) {
+    check_layouts(make_run_of(model_json_dsv2), cp_layouts, 2, "--set moe_load_balance_type=sequence");
+}
+TEST(dist_cp_equivalence_global_batch_lb) {
+    check_layouts(make_run(), cp_layouts, 2, "--set moe_load_balance_type=global-batch");
+}
+
+// Context parallelism inside a DualPipeV pipeline, pp2 × cp2 on a 4-layer Qwen3-MoE: the first step's loss and
+// every gradient tensor equal one process, and all 20 steps equal cp2 alone to the last bit of what the log keeps
+// (the pipeline changes no arithmetic; cp2 against one process over 20 steps: dist_equivalence_layouts).
+TEST(dist_cp_equivalence_pipeline) {
+    const char *d = make_run_of(TINY_MOE_EP_OF(4));
+    char out[1 << 16], dir[3][300];
+    const char *runs[3] = {"", MPIRUN " 2", MPIRUN " 4"},
+               *sets[3] = {"", "--set parallel.context_parallel_size=2",
+                           "--set parallel.context_parallel_size=2 --set parallel.pipeline_parallel_size=2"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(dir[i], sizeof dir[i], "%s/run%d", d, i);
+        ASSERT_MSG(run_cmd(out, sizeof out, "%s %s train %s/train.json %s --set run_dir=%s --dump-grads %s/g", runs[i],
+                           PITH_BIN, d, sets[i], dir[i], dir[i]) == 0,
+                   "%s", out);
+    }
+    double l1 = metric(dir[2], 1, "loss"), r1 = metric(dir[0], 1, "loss");
+    ASSERT_MSG(fabs(l1 - r1) <= 1e-6 * r1, "step 1 loss %.9g vs one process %.9g", l1, r1);
+    char ga[320], gb[320];
+    snprintf(ga, sizeof ga, "%s/g", dir[2]), snprintf(gb, sizeof gb, "%s/g", dir[0]);
+    const char *wn;
+    double gd = grad_diff(ga, gb, &wn);
+    ASSERT_MSG(gd <= 1e-5, "pp2 × cp2: gradient of %s differs from one process by %.3g", wn, gd);
+    for (int s = 1; s <= 20; s++) {
+        double l = metric(dir[2], s, "loss"), r = metric(dir[1], s, "loss"), g = metric(dir[2], s, "grad_norm"),
+               rg = metric(dir[1], s, "grad_norm");
+        ASSERT_MSG(fabs(l - r) <= 1e-12 * r && fabs(g - rg) <= 1e-12 * rg,
+                   "step %d: pp2 × cp2 loss %.17g, norm %.17g vs cp2 %.17g, %.17g", s, l, g, r, rg);
+    }
+    printf("     pp2-cp2        gradient %.1e against one process (%s); 20 steps equal cp2's\n", gd, wn);
+}
+
+// Context parallelism's config errors: a sequence length that 2·cp does not divide, and the families whose
+// attention the ring does not cover (GPT-OSS: sliding windows and sinks; Qwen3.5: Gated DeltaNet layers).
+TEST(dist_cp_config_errors) {
+    char out[1 << 14];
+    const char *d = make_run();
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set parallel.context_parallel_size=3", PITH_BIN, d) != 0);
+    ASSERT_MSG(strstr(out, "pith: error: --set: parallel.context_parallel_size: sequence_length 16 is not a multiple "
+                           "of 2 × context_parallel_size = 6") == out &&
+                   strchr(out, '\n') == out + strlen(out) - 1,
+               "%s", out);
+    const char *models[] = {model_json_gpt_oss, model_json_q35}, *types[] = {"gpt_oss", "qwen3_5_moe_text"};
+    for (int i = 0; i < 2; i++) {
+        d = make_run_of(models[i]);
+        ASSERT(run_cmd(out, sizeof out, MPIRUN " 2 %s train %s/train.json --set parallel.context_parallel_size=2",
+                       PITH_BIN, d) != 0);
+        char want[256];
+        snprintf(want, sizeof want,
+                 "train.json: parallel.context_parallel_size: %s does not run under context "
+                 "parallelism",
+                 types[i]);
+        ASSERT_MSG(strstr(out, want), "expected '%s' in: %s", want, out);
+    }
+}
+
+// A checkpoint of the model written on 2 ranks (`save`: ep2, or cp2) resumes at ep2 × dp2 and on one process with
+// the losses of the uninterrupted run.
+static void check_reshard_resume(const char *model, const char *save) {
     const char *d = make_run_of(model);
     char out[1 << 16], dir[300], full[300];
     snprintf(full, sizeof full, "%s/full", d);
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set max_steps=6 --set run_dir=%s", PITH_BIN, d, full) ==
            0);
     ASSERT(run_cmd(out, sizeof out,
-                   MPIRUN " 2 %s train %s/train.json --set max_steps=6 --set parallel.expert_parallel_size=2 --set "
-                          "save_location=%s/ck --steps 3",
-                   PITH_BIN, d, d) == 0);
+                   MPIRUN " 2 %s train %s/train.json --set max_steps=6 %s --set save_location=%s/ck --steps 3",
+                   PITH_BIN, d, save, d) == 0);
     static const char *const launch[] = {MPIRUN " 4 %s train %s/train.json --set parallel.expert_parallel_size=2",
                                          "%s train %s/train.json"};
     for (int i = 0; i < 2; i++) {
@@ -222,15 +305,19 @@ static void check_reshard_resume(const char *model) {
     }
 }
 
-TEST(dist_reshard_resume_deepseek_v2) { check_reshard_resume(model_json_dsv2); }
-TEST(dist_reshard_resume_gpt_oss) { check_reshard_resume(model_json_gpt_oss); }
+#define EP2 "--set parallel.expert_parallel_size=2"
+TEST(dist_reshard_resume_deepseek_v2) { check_reshard_resume(model_json_dsv2, EP2); }
+TEST(dist_reshard_resume_gpt_oss) { check_reshard_resume(model_json_gpt_oss, EP2); }
+// Context parallelism leaves nothing of its layout in a checkpoint: saved at cp2 (DeepSeek-V2, the latent ring),
+// resumed on one process and at ep2 × dp2.
+TEST(dist_cp_reshard_resume) { check_reshard_resume(model_json_dsv2, "--set parallel.context_parallel_size=2"); }
 
 // GPT-OSS: ep2, dp2 and ep2 × dp2 against one process.
-TEST(dist_equivalence_layouts_gpt_oss) { check_layouts(make_run_of(model_json_gpt_oss), 3, ""); }
+TEST(dist_equivalence_layouts_gpt_oss) { check_layouts(make_run_of(model_json_gpt_oss), layouts, 3, ""); }
 
 // Qwen3.5-MoE: ep2, dp2 and ep2 × dp2 against one process; its checkpoints reshard.
-TEST(dist_equivalence_layouts_qwen3_5_moe) { check_layouts(make_run_of(model_json_q35), 3, ""); }
-TEST(dist_reshard_resume_qwen3_5_moe) { check_reshard_resume(model_json_q35); }
+TEST(dist_equivalence_layouts_qwen3_5_moe) { check_layouts(make_run_of(model_json_q35), layouts, 3, ""); }
+TEST(dist_reshard_resume_qwen3_5_moe) { check_reshard_resume(model_json_q35, EP2); }
 
 // Global-batch load balancing counts experts over the micro-batches of the global batch in their global
 // order, so it too is layout-independent; with one micro-batch it is the micro-batch form.
@@ -377,7 +464,8 @@ TEST(dist_config_errors) {
          "train.json: parallel.pipeline_parallel_size: DualPipeV cuts the model into 2 × 2 = 4 chunks: 3 layers do not "
          "divide evenly"},
         {1, "--set parallel.context_parallel_size=2",
-         "train.json: parallel.context_parallel_size: context parallelism (ring attention) is not supported yet"},
+         "train.json: parallel.expert_parallel_size: 1 ranks are not divisible by pipeline_parallel_size × "
+         "context_parallel_size × expert_parallel_size = 2"},
         {1, "--set parallel.sharding_strategy=zero3",
          "--set: parallel.sharding_strategy: 'zero3' is not supported (supported: \"fsdp\", \"hsdp\")"},
         {1, "--set parallel.timeout_s=0", "--set: parallel.timeout_s: must be in (0, 10000000] (got 0)"},
@@ -413,6 +501,13 @@ static void check_estimate(const char *d, int np, const char *sets, int run) {
     ASSERT_MSG(!pe == !pt && (!pe || !strncmp(pe, pt, strcspn(pe, "\n") + 1)), "%s\n%s", est, out);
 }
 
+// Context parallelism in the plan: DeepSeek-V2's latent ring at cp2 and cp2 × ep2, estimate = allocation.
+TEST(dist_cp_estimate_deepseek_v2) {
+    const char *d = make_run_of(model_json_dsv2);
+    check_estimate(d, 2, "--set parallel.context_parallel_size=2", 0);
+    check_estimate(d, 4, "--set parallel.context_parallel_size=2 --set parallel.expert_parallel_size=2", 1);
+}
+
 TEST(dist_estimate_matches_training) {
     const char *d = make_run();
     char out[1 << 15];
@@ -421,7 +516,8 @@ TEST(dist_estimate_matches_training) {
         const char *sets;
     } layouts[] = {{1, ""},
                    {4, "--set parallel.expert_parallel_size=2"},
-                   {4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"}};
+                   {4, "--set parallel.expert_parallel_size=2 --set parallel.sharding_strategy=hsdp"},
+                   {4, "--set parallel.context_parallel_size=2 --set parallel.expert_parallel_size=2"}};
     for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++)
         check_estimate(d, layouts[i].np, layouts[i].sets, (int)i);
     // Qwen3-30B-A3B: not on 8 GPUs of 80 GB; on 64 with ep 16 and a capacity factor

@@ -274,8 +274,8 @@ int cmd_estimate(int argc, char **argv) {
     printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); %s: %d of %d experts, micro-batch %d × "
            "%d tokens, %s\n",
            mc.model_type, gpus, dev == DEV_CUDA ? "GPUs" : "CPU ranks", d.pp, d.dp, d.cp, d.ep,
-           d.hsdp ? "hsdp" : "fsdp", whose, mc.experts / d.ep, mc.experts, cfg.micro_batch_size, cfg.sequence_length,
-           bf16 ? "bf16 compute" : "fp32 compute");
+           d.hsdp ? "hsdp" : "fsdp", whose, mc.experts / d.ep, mc.experts, cfg.micro_batch_size,
+           cfg.sequence_length / d.cp, bf16 ? "bf16 compute" : "fp32 compute");
     row("weights (compute copy)", p.weights,
         bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
     row("gradient accumulators", p.grads, "fp32, reduce-scattered in place once per step");
@@ -290,7 +290,8 @@ int cmd_estimate(int argc, char **argv) {
               : "the largest layer's temporaries (a spilled layer's included)");
     row("communication buffers", p.chunks.comm_bytes, d.ep > 1 ? cap : "(none: ep = 1)");
     if (piped) row("pipeline buffers", p.pipe, "activations and gradients between the chunks (records point at them)");
-    row("other", p.other, "rope tables, loss accumulators");
+    row("other", p.other,
+        d.cp > 1 ? "rope tables, loss accumulators, ring attention's scratch" : "rope tables, loss accumulators");
     size_t total = memory_plan_total(&p);
     char exact[96];
     snprintf(exact, sizeof exact, "(%zu bytes)", total);

@@ -114,6 +114,8 @@ static void dsv2_config_parse(ModelConfig *c, JObj o) {
     double f = c->rope.factor, mad = c->rope.mscale_all_dim,
            ms = c->rope.yarn && mad != 0 && f > 1 ? 0.1 * mad * log(f) + 1 : 1;
     d->softmax_scale = ms * ms / sqrt((double)(d->nope + rd));
+    c->ring.nh = c->ring.nkv = c->heads, c->ring.dqk = d->nope + rd, c->ring.dv = d->vdim, c->ring.dc = d->kv_lora,
+    c->ring.dn = d->nope;
     int first_dense = (int)jint(o, "first_k_dense_replace", false, 0);
     if (first_dense < 0) jdie(o, "first_k_dense_replace", "must be non-negative");
     for (int l = 0; l < c->layers && l < MAX_LAYERS; l++) c->is_moe[l] = l >= first_dense;
@@ -277,13 +279,28 @@ static RouterArgs dsv2_router_args(const Model *m) {
                         .force_balance = m->force_balance};
 }
 
+// The latent of layer l's record: kv_a_layernorm's output and k_pe (columns [ckv, ckv + dr) of kva), kv_b_proj.
+static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
+    const Dsv2Config *d = model_family_config(const Dsv2Config, &m->cfg);
+    Dsv2Views *v = m->views;
+    return (MlaLatent){.c = r->ckvn,
+                       .pe = r->kva,
+                       .wkvb = v->w[l].wkvb,
+                       .dwkvb = v->g[l].wkvb,
+                       .pe_col = d->kv_lora,
+                       .nh = m->cfg.heads,
+                       .dn = d->nope,
+                       .dr = m->cfg.rope.rd,
+                       .dv = d->vdim};
+}
+
 static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
     const ModelConfig *c = &m->cfg;
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
     const Dsv2Layer *W = &((Dsv2Views *)m->views)->w[l];
     Dsv2Rec *r = rp;
     int64_t T = mb->T, nh = c->heads, rd = c->rope.rd, dn = d->nope, dq = dn + rd, dv = d->vdim, ckv = d->kv_lora;
-    Tensor q2 = tensor_reshape2(r->q, T, nh * dq), k2 = tensor_reshape2(r->k, T, nh * dq);
+    Tensor q2 = tensor_reshape2(r->q, T, nh * dq);
     r->x = x;
     op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
     if (!d->q_lora) {
@@ -296,19 +313,16 @@ static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     op_linear_forward(r->kva, r->n1, W->wkva, W->bkva);
     op_copy_cols(r->ckv, 0, r->kva, 0, ckv, false);
     op_rmsnorm_forward(r->ckvn, r->rkv, r->ckv, W->kvan, LORA_NORM_EPS);
-    op_linear_forward(tensor_reshape2(r->kv, T, nh * (dn + dv)), r->ckvn, W->wkvb, NONE);
     // RoPE: dims [dn, dq) of every query head, and the one k_pe (columns [ckv, ckv + dr) of kva as a
     // (T, 1, ckv + dr) tensor).
     op_rope(r->q, (int)dn, m->rope_cos, m->rope_sin, mb->pos, ROPE_PAIRS, false);
     op_rope(tensor_make(r->kva.p, r->kva.dt, r->kva.dev, 3, T, 1, ckv + rd, 1), (int)ckv, m->rope_cos, m->rope_sin,
             mb->pos, ROPE_PAIRS, false);
-    // k = [k_nope | k_pe] per head, v = the rest of kv.
-    Tensor kvh = tensor_reshape2(r->kv, T * nh, dn + dv), kh = tensor_reshape2(r->k, T * nh, dq);
-    if (dn) op_copy_cols(kh, 0, kvh, 0, dn, false);
-    op_copy_cols(tensor_reshape2(r->v, T * nh, dv), 0, kvh, dn, dv, false);
-    for (int64_t h = 0; h < nh; h++) op_copy_cols(k2, h * dq + dn, r->kva, ckv, rd, false);
+    // kv_b_proj decompresses the latent into k = [k_nope | k_pe] and v per head, then attention (under context
+    // parallelism the latent travels the ring and each hop decompresses its own).
+    MlaLatent ml = dsv2_latent(m, l, r);
     AttnArgs aa = dsv2_attn_args(m, mb);
-    model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa);
+    model_mla_attention_forward(m, l, r->att, r->lse, r->q, &ml, r->kv, r->k, r->v, &aa);
     op_linear_forward(r->h1a, tensor_reshape2(r->att, T, nh * dv), W->wo, W->bo);
     op_add(r->h1a, x);
     op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
@@ -354,20 +368,15 @@ static void dsv2_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stag
     op_linear_backward_input(tensor_reshape2(r->datt, T, nh * dv), r->dh1, W->wo, false);
     op_linear_backward_weight(G->wo, G->bo, r->dh1, tensor_reshape2(r->att, T, nh * dv));
     AttnArgs aa = dsv2_attn_args(m, mb);
-    op_attention_backward(r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
-    // k and v back into kv's per-head layout; k_pe's gradient is the sum over the heads that share it.
-    Tensor dkvh = tensor_reshape2(r->dkv, T * nh, dn + dv), dkh = tensor_reshape2(r->dk, T * nh, dq),
-           dk2 = tensor_reshape2(r->dk, T, nh * dq);
-    if (dn) op_copy_cols(dkvh, 0, dkh, 0, dn, false);
-    op_copy_cols(dkvh, dn, tensor_reshape2(r->dv, T * nh, dv), 0, dv, false);
-    for (int64_t h = 0; h < nh; h++) op_copy_cols(r->dkva, ckv, dk2, h * dq + dn, rd, h > 0);
+    // attention and kv_b_proj: dq, the latent's gradient (dckvn and k_pe's, the sum over the heads that share it, in
+    // dkva's columns) and kv_b_proj's weight gradient
+    MlaLatent ml = dsv2_latent(m, l, r);
+    model_mla_attention_backward(m, r->dq, r->dckvn, r->dkva, r->datt, r->q, r->k, r->v, r->att, r->lse, r->dk, r->dv,
+                                 r->dkv, &ml, &aa);
     op_rope(tensor_make(r->dkva.p, r->dkva.dt, r->dkva.dev, 3, T, 1, ckv + rd, 1), (int)ckv, m->rope_cos, m->rope_sin,
             mb->pos, ROPE_PAIRS, true);
     op_rope(r->dq, (int)dn, m->rope_cos, m->rope_sin, mb->pos, ROPE_PAIRS, true);
-    // kv_b_proj, kv_a_layernorm, kv_a_proj_with_mqa
-    Tensor dkv2 = tensor_reshape2(r->dkv, T, nh * (dn + dv));
-    op_linear_backward_input(r->dckvn, dkv2, W->wkvb, false);
-    op_linear_backward_weight(G->wkvb, NONE, dkv2, r->ckvn);
+    // kv_a_layernorm, kv_a_proj_with_mqa
     op_rmsnorm_backward(r->dckv, G->kvan, r->dckvn, r->ckv, W->kvan, r->rkv, false);
     op_copy_cols(r->dkva, 0, r->dckv, 0, ckv, false);
     op_linear_backward_input(r->dn1, r->dkva, W->wkva, false);

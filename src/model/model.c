@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "parallel/comm.h"
+#include "parallel/ring.h"
 
 static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family, &gpt_oss_family,
                                               &qwen3_5_moe_family};
@@ -180,11 +181,16 @@ void model_lb_setup(Model *m, LbForm form, const Comm *replicas, int T) {
     int E = m->cfg.experts, k = m->cfg.topk, L = m->cfg.layers;
     b->form = form, b->global = form == LB_GLOBAL_BATCH, b->group = replicas, b->T = T, b->E = E, b->k = k,
     b->layers = L;
-    if (!b->global) return;
-    b->counts = xcalloc((size_t)L * E + L + (size_t)L * replicas->size * E, sizeof(double)); // cnt: per layer
-    b->tokens = b->counts + (size_t)L * E, b->cnt = b->tokens + L;
-    b->probs = xmalloc(((size_t)T * E + E) * sizeof(float)), b->grad = b->probs + (size_t)T * E;
+    if (!b->global && !m->ring) return;
+    if (b->global) {
+        b->counts = xcalloc((size_t)L * E + L + (size_t)L * replicas->size * E, sizeof(double)); // cnt: per layer
+        b->tokens = b->counts + (size_t)L * E, b->cnt = b->tokens + L;
+    }
+    // The host copies of probs and idx; under context parallelism the per-group sums (up to T sequences) too.
+    int64_t groups = m->ring ? T : 1;
+    b->probs = xmalloc(((size_t)T * E + (size_t)groups * E) * sizeof(float)), b->grad = b->probs + (size_t)T * E;
     b->idx = xmalloc((size_t)T * k * sizeof(int32_t));
+    if (m->ring) b->sums = xmalloc((size_t)groups * 2 * E * sizeof(double));
 }
 
 void model_lb_step_begin(Model *m) {
@@ -223,8 +229,43 @@ void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, 
                            tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S), tensor_rows(w, b * S, S), ra);
 }
 
+// Context parallelism, micro-batch and sequence forms: a micro-batch's sequences are spread over the cp ranks, so
+// each group's (the micro-batch's, or each sequence's) expert counts and probability sums are sums over the cp
+// group (one all-reduce of 2E per group). Every cp rank then writes the same gradient for its own tokens — the
+// micro-batch's weight T is cp × this rank's rows (grad_scale) — and cp rank 0 alone adds the loss.
+static void lb_loss_cp(Model *m, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale, int B) {
+    LoadBalance *b = &m->lb;
+    const Comm *cp = m->ring->cp;
+    int64_t T = probs.n[0], E = probs.n[1], k = idx.n[1], G = b->form == LB_SEQUENCE ? B : 1, S = T / G;
+    CHECK(T <= b->T && E == b->E && k == b->k);
+    op_copy(tensor_make(b->probs, DT_F32, DEV_CPU, 2, T, E, 1, 1), probs);
+    op_copy(tensor_make(b->idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), idx);
+    double *sum = b->sums, loss = 0, c = coef / (double)G, Tg = (double)S * cp->size; // Tg: a group's tokens
+    memset(sum, 0, (size_t)G * 2 * E * sizeof(double));
+    for (int64_t t = 0; t < T; t++) {
+        double *s = sum + t / S * 2 * E;
+        for (int64_t j = 0; j < k; j++) s[b->idx[t * k + j]] += 1;
+        for (int64_t e = 0; e < E; e++) s[E + e] += b->probs[t * E + e];
+    }
+    comm_allreduce(cp, tensor_make(sum, DT_F64, DEV_CPU, 1, G * 2 * E, 1, 1, 1), COMM_SUM);
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t e = 0; e < E; e++) {
+            double f = sum[g * 2 * E + e] / (Tg * k), P = sum[g * 2 * E + E + e] / Tg;
+            loss += c * E * f * P;
+            b->grad[g * E + e] = (float)((double)grad_scale * cp->size * c * E * f / Tg);
+        }
+    op_copy(tensor_rows(lb_grad, 0, G), tensor_make(b->grad, DT_F32, DEV_CPU, 2, G, E, 1, 1));
+    if (m->replay || cp->rank) return; // a replayed forward (full recompute) was counted the first time
+    double total = op_read_scalar(m->lb_sum) + loss;
+    op_copy(m->lb_sum, tensor_make(&total, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
+}
+
 void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B) {
     float coef = (float)m->lb_coef;
+    if (m->ring && m->lb.form != LB_GLOBAL_BATCH) {
+        lb_loss_cp(m, lb_grad, probs, idx, coef, grad_scale, B);
+        return;
+    }
     if (m->lb.form != LB_GLOBAL_BATCH) {
         // A replayed forward (full recompute) needs the gradient again, not the loss: the sum is put back.
         double keep = m->replay ? op_read_scalar(m->lb_sum) : 0;
@@ -245,37 +286,56 @@ void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, fl
     op_copy(tensor_make(b->probs, DT_F32, DEV_CPU, 2, T, E, 1, 1), probs);
     op_copy(tensor_make(b->idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), idx);
     // This micro-batch's counts, then every replica's (this round: blocks acc·D .. acc·D + D − 1).
+    // Under context parallelism this micro-batch is cp × T tokens: its counts and probability sums add over the
+    // cp group, the gradient of each rank's own tokens is the same, and cp rank 0 alone adds the loss.
+    const Comm *cp = m->ring ? m->ring->cp : NULL;
+    int ncp = cp ? cp->size : 1;
+    double *psum = cp ? b->sums + E : NULL; // (E) the micro-batch's probability sums
     int D = b->group->size, q = b->group->rank;
     // cnt: this round's counts of every replica for layer l (kept per layer, so a replayed forward — full
     // recompute — finds them: it takes the round back out of acc and tokens, exact since counts are integers).
     double *cnt = b->cnt + (size_t)l * D * E, *mine = cnt + (size_t)q * E, *acc = b->counts + l * E, loss = 0;
+    if (cp) { // this micro-batch's probability sums over the cp ranks
+        for (int64_t e = 0; e < E; e++) psum[e] = 0;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t e = 0; e < E; e++) psum[e] += b->probs[t * E + e];
+        comm_allreduce(cp, tensor_make(psum, DT_F64, DEV_CPU, 1, E, 1, 1, 1), COMM_SUM);
+    }
     if (!m->replay) {
         for (int64_t e = 0; e < E; e++) mine[e] = 0;
         for (int64_t i = 0; i < T * k; i++) mine[b->idx[i]] += 1;
+        if (cp) comm_allreduce(cp, tensor_make(mine, DT_F64, DEV_CPU, 1, E, 1, 1, 1), COMM_SUM);
         Tensor all = tensor_make(cnt, DT_F64, DEV_CPU, 1, (int64_t)D * E, 1, 1, 1);
         comm_allgather(b->group, all, tensor_make(mine, DT_F64, DEV_CPU, 1, E, 1, 1, 1));
     }
-    double round = (double)(T * k) * D, before = b->tokens[l] - (m->replay ? round : 0);
-    double tokens = before + (double)(T * k) * (q + 1); // blocks before this one, and this one
+    int64_t Tm = T * ncp; // the micro-batch's tokens
+    double round = (double)(Tm * k) * D, before = b->tokens[l] - (m->replay ? round : 0);
+    double tokens = before + (double)(Tm * k) * (q + 1); // blocks before this one, and this one
     for (int64_t e = 0; e < E; e++) {
         double seen = acc[e], pm = 0;
         for (int r = 0; r < D && m->replay; r++) seen -= cnt[(size_t)r * E + e];
         for (int r = 0; r <= q; r++) seen += cnt[(size_t)r * E + e];
         for (int r = 0; r < D && !m->replay; r++) acc[e] += cnt[(size_t)r * E + e];
         double f = seen / tokens;
-        for (int64_t t = 0; t < T; t++) pm += b->probs[t * E + e];
-        loss += coef * E * f * (T ? pm / T : 0);
-        b->grad[e] = T ? (float)(grad_scale * coef * E * f / T) : 0;
+        if (cp) pm = psum[e];
+        else
+            for (int64_t t = 0; t < T; t++) pm += b->probs[t * E + e];
+        loss += coef * E * f * (Tm ? pm / Tm : 0);
+        b->grad[e] = T ? (float)(grad_scale * coef * E * f / T) : 0; // (grad_scale·cp)/(T·cp)
     }
     op_copy(lb_grad, tensor_make(b->grad, DT_F32, DEV_CPU, 1, E, 1, 1, 1));
     if (m->replay) return;
+    if (cp && cp->rank) { // the loss once per micro-batch; the running counts on every cp rank
+        b->tokens[l] += round;
+        return;
+    }
     b->tokens[l] += round;
     double sum = op_read_scalar(m->lb_sum) + loss;
     op_copy(m->lb_sum, tensor_make(&sum, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
 }
 
 void model_free(Model *m) {
-    free(m->lb.counts), free(m->lb.probs), free(m->lb.idx);
+    free(m->lb.counts), free(m->lb.probs), free(m->lb.idx), free(m->lb.sums);
     for (int g = 0; g < NGROUPS; g++) free_tensor(m->w[g]), free_tensor(m->g[g]);
     free_tensor(m->rope_cos), free_tensor(m->rope_sin), free_tensor(m->loss_sum), free_tensor(m->lb_sum);
     if (m->fp8) free_tensor(m->fp8_w);
@@ -317,6 +377,11 @@ void kv_cache_free(KvCache *kv) {
 
 void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
     KvCache *kv = m->kv;
+    if (m->ring) { // context parallelism: this rank's zigzag rows against the whole sequences
+        CHECK(!kv && !a->sinks.p);
+        ring_attention_forward(m->ring, o, lse, q, k, v, a);
+        return;
+    }
     if (!kv) {
         op_attention_forward(o, lse, q, k, v, a);
         return;
@@ -335,4 +400,62 @@ void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Te
     AttnArgs c = *a;
     c.q_off = kv->len; // query i sits at position len + i and sees keys 0 .. len + i
     op_attention_forward(o, lse, q, tensor_rows(kv->k[l], 0, n), tensor_rows(kv->v[l], 0, n), &c);
+}
+
+void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k,
+                              Tensor v, Tensor o, Tensor lse, const AttnArgs *a) {
+    if (m->ring) {
+        CHECK(!dsinks.p);
+        ring_attention_backward(m->ring, dq, dk, dv, dout, q, k, v, o, lse, a);
+    } else op_attention_backward(dq, dk, dv, dsinks, dout, q, k, v, o, lse, a);
+}
+
+int model_position(const Model *m, int S, int t) {
+    if (!m->ring) return t % S;
+    return ring_position(m->ring->cp->rank, m->ring->cp->size, S / 2, t % S);
+}
+
+void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v) {
+    int64_t R = c.n[0], nh = ml->nh, dn = ml->dn, dv = ml->dv, dq = dn + ml->dr;
+    op_linear_forward(tensor_reshape2(kv, R, nh * (dn + dv)), c, ml->wkvb, (Tensor){0});
+    Tensor kvh = tensor_reshape2(kv, R * nh, dn + dv), kh = tensor_reshape2(k, R * nh, dq),
+           k2 = tensor_reshape2(k, R, nh * dq), pe2 = tensor_reshape2(pe, R, t_cols(pe));
+    if (dn) op_copy_cols(kh, 0, kvh, 0, dn, false);
+    op_copy_cols(tensor_reshape2(v, R * nh, dv), 0, kvh, dn, dv, false);
+    for (int64_t h = 0; h < nh; h++) op_copy_cols(k2, h * dq + dn, pe2, pe_col, ml->dr, false);
+}
+
+void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv,
+                                   Tensor dk, Tensor dv) {
+    int64_t R = c.n[0], nh = ml->nh, dn = ml->dn, dvd = ml->dv, dq = dn + ml->dr;
+    Tensor dkvh = tensor_reshape2(dkv, R * nh, dn + dvd), dkh = tensor_reshape2(dk, R * nh, dq),
+           dk2 = tensor_reshape2(dk, R, nh * dq), dpe2 = tensor_reshape2(dpe, R, t_cols(dpe));
+    if (dn) op_copy_cols(dkvh, 0, dkh, 0, dn, false);
+    op_copy_cols(dkvh, dn, tensor_reshape2(dv, R * nh, dvd), 0, dvd, false);
+    for (int64_t h = 0; h < nh; h++) op_copy_cols(dpe2, dpe_col, dk2, h * dq + dn, ml->dr, h > 0);
+    Tensor dkv2 = tensor_reshape2(dkv, R, nh * (dn + dvd));
+    op_linear_backward_input(dc, dkv2, ml->wkvb, false);
+    op_linear_backward_weight(ml->dwkvb, (Tensor){0}, dkv2, c);
+}
+
+void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,
+                                 Tensor k, Tensor v, const AttnArgs *a) {
+    if (m->ring) {
+        CHECK(!m->kv);
+        ring_mla_forward(m->ring, o, lse, q, ml, a);
+        return;
+    }
+    model_mla_decompress(ml, ml->c, ml->pe, ml->pe_col, kv, k, v);
+    model_attention_forward(m, l, o, lse, q, k, v, a);
+}
+
+void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor k, Tensor v,
+                                  Tensor o, Tensor lse, Tensor dk, Tensor dv, Tensor dkv, const MlaLatent *ml,
+                                  const AttnArgs *a) {
+    if (m->ring) {
+        ring_mla_backward(m->ring, dq, dc, dpe, dout, q, o, lse, ml, a);
+        return;
+    }
+    op_attention_backward(dq, dk, dv, (Tensor){0}, dout, q, k, v, o, lse, a);
+    model_mla_decompress_backward(ml, ml->c, dc, dpe, ml->pe_col, dkv, dk, dv);
 }

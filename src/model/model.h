@@ -22,7 +22,13 @@ typedef struct {
     // GPT-OSS experts when swiglu_limit > 0 (moe.c): biases on gate_up and down, each expert's gate_up rows
     // interleaved (gate even, up odd) and op_swiglu_clamped_* with this limit and alpha as the activation.
     float swiglu_limit, swiglu_alpha;
-    RopeSpec rope;       // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
+    RopeSpec rope; // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
+    // The softmax attention's shape as ring attention moves it (parallel/ring.h): query and kv heads, q·k and v
+    // head dims; for multi-head latent attention the latent's columns dc and the dn of dqk made from it (else 0).
+    // A family that leaves it 0 does not run under context parallelism (a config error).
+    struct {
+        int nh, nkv, dqk, dv, dc, dn;
+    } ring;
     bool router_sigmoid; // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
@@ -117,6 +123,7 @@ typedef struct {
     double *cnt;              // (layers, D, E) this round's counts of every replica
     float *probs, *grad;      // (T, E), (E) host scratch
     int32_t *idx;             // (T, k)
+    double *sums;             // context parallelism: (groups, 2E) counts and probability sums over the cp ranks
 } LoadBalance;
 
 // What every family shares (moe.c) and the engine allocates around the family's record:
@@ -220,6 +227,7 @@ struct Model {
     SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
     void *views;             // the family's own weight and gradient views
     struct KvCache *kv;      // generation: attention reads and extends this cache (NULL: training, evaluation)
+    struct Ring *ring;       // context parallelism (parallel/ring.h): attention is zigzag ring attention (NULL: cp 1)
     // FP8 (docs/architecture.md, "FP8"; model_fp8_setup): stage 3's GEMMs run through op_fp8_*; their weights rounded
     // through E4M3 are cached in fp8_w (each layer's gate_up, then down, in the compute dtype), a layer's remade at
     // its first use after the optimizer's update bumps fp8_version.
@@ -313,4 +321,34 @@ typedef struct KvCache {
 } KvCache;
 void kv_cache_free(KvCache *kv);
 void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
+// The position of row t of a micro-batch of sequences of S rows: t mod S, or under context parallelism (m->ring)
+// the global position of local row t mod S of this rank's zigzag chunks.
+int model_position(const Model *m, int S, int t);
+// op_attention_backward, or with m->ring the ring's backward (context parallelism): families call this one.
+void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k,
+                              Tensor v, Tensor o, Tensor lse, const AttnArgs *a);
+
+// Multi-head latent attention's latent (DeepSeek-V2, docs/reference.md §11): c: (T, dc) kv_a_layernorm's output,
+// k_pe (after RoPE) in columns [pe_col, pe_col + dr) of pe: (T, ·); kv_b_proj's weight wkvb: (nh·(dn + dv), dc)
+// and its fp32 gradient dwkvb; nh heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim, dv = v_head_dim.
+typedef struct {
+    Tensor c, pe, wkvb, dwkvb;
+    int pe_col, nh, dn, dr, dv;
+} MlaLatent;
+// K and V of the latent rows c, pe: kv: (R, nh, dn + dv) = c·wkvbᵀ per head [k_nope | v]; k: (R, nh, dn + dr) =
+// [k_nope | k_pe] (a token's one k_pe in every head); v: (R, nh, dv).
+void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v);
+// Its backward from dk, dv (any float dtype): dkv = [dk_nope | dv] (scratch, compute dtype), the k_pe columns of
+// dpe = Σ over heads, dc = dkv·wkvb written, ml->dwkvb += dkvᵀ·c.
+void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv,
+                                   Tensor dk, Tensor dv);
+// Attention from the latent: model_mla_decompress into kv, k, v, then model_attention_forward; under context
+// parallelism the latent travels the ring instead (kv, k, v are not written).
+void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,
+                                 Tensor k, Tensor v, const AttnArgs *a);
+// Its backward: dq, dc: (T, dc) and the k_pe columns of dpe (ml->pe's layout) written, ml->dwkvb accumulated;
+// dk, dv, dkv: scratch shaped like k, v, kv.
+void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor k, Tensor v,
+                                  Tensor o, Tensor lse, Tensor dk, Tensor dv, Tensor dkv, const MlaLatent *ml,
+                                  const AttnArgs *a);
 void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws); // the shared final RMSNorm and LM head

@@ -67,6 +67,7 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
         jdie(o, "num_key_value_heads", "must divide num_attention_heads (%d)", c->heads);
     if (q->head_dim % 2) jdie(o, "head_dim", "must be even for RoPE");
     moe_rope_parse(c, o, q->head_dim, false);
+    c->ring.nh = c->heads, c->ring.nkv = q->kv_heads, c->ring.dqk = c->ring.dv = q->head_dim;
     int layers = c->layers < 0 ? 0 : c->layers > MAX_LAYERS ? MAX_LAYERS : c->layers;
     int step = jint_in(o, "decoder_sparse_step", false, 1, 1, 1 << 30);
     if (step < 1) jdie(o, "decoder_sparse_step", "must be at least 1");
@@ -258,7 +259,7 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     op_linear_backward_input(datt2, r->dh1, W->wo, false);
     op_linear_backward_weight(G->wo, G->bo, r->dh1, att2);
     AttnArgs aa = qwen3_attn_args(m, mb);
-    op_attention_backward(r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
+    model_attention_backward(m, r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
     op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rmsnorm_backward(tensor_reshape2(r->dqp, T * nh, d), G->qn, tensor_reshape2(r->dq, T * nh, d),

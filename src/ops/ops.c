@@ -68,6 +68,9 @@ void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tenso
                            Tensor o, Tensor lse, const AttnArgs *a) {
     DISPATCH(q.dev, attention_backward(dq, dk, dv, dsinks, dout, q, k, v, o, lse, a));
 }
+void op_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, bool init) {
+    DISPATCH(o.dev, attention_merge(o, lse, o_p, lse_p, B, init));
+}
 void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a) {
     DISPATCH(logits.dev, router_forward(probs, idx, w, logits, a));
 }

@@ -79,6 +79,11 @@ void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, co
 // dq, dk, dv written; dsinks: (nh) fp32 += ∂/∂sinks (p == NULL: not wanted). o and lse as the forward wrote them.
 void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
                            Tensor o, Tensor lse, const AttnArgs *a);
+// The log-sum-exp merge of a partial attention result into an accumulator (ring attention), per query row and
+// head: lse' = log(e^lse + e^lse_p), o ← o·e^(lse − lse') + o_p·e^(lse_p − lse'), lse ← lse'. lse_p = −∞ (the
+// block saw nothing) leaves (o, lse) as they are, lse = −∞ takes the partial; init overwrites (o = o_p, lse =
+// lse_p). o: (B·Sq, nh, dv) fp32, lse: (B, nh, Sq) fp32; o_p: o's shape, fp32 or bf16; lse_p: lse's shape, fp32.
+void op_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, bool init);
 
 // ---- mixture of experts ----
 // Router on logits: (T, E) fp32. probs: (T, E) fp32 = softmax(logits) over all E, or with sigmoid (DeepSeek-V3)

@@ -68,9 +68,6 @@ static Comm group(const char *name, int size, int color, int key, bool split, do
 static void mesh_build(Dist *d, int world, int rank, int pp, int cp, int ep, bool hsdp, const char *file, bool split,
                        double timeout_s) {
     memset(d, 0, sizeof *d);
-    if (cp > 1)
-        die("%s: parallel.context_parallel_size: context parallelism (ring attention) is not supported yet (got %d)",
-            file, cp);
     if (world % (pp * cp * ep))
         die("%s: parallel.expert_parallel_size: %d ranks are not divisible by pipeline_parallel_size × "
             "context_parallel_size × "

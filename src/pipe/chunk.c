@@ -255,10 +255,10 @@ static void chunk_build(Chunk *c, Model *m, int B, int S, ChunkShape sh, bool pi
     ep_buffers_alloc(m, &c->epb, &c->comm, (int64_t)B * S);
     ChunkPlan parts = {0};
     alloc_activations(c, &c->act, &parts);
-    // Positions restart in every sequence of the micro-batch.
+    // Positions restart in every sequence of the micro-batch (its zigzag chunks under context parallelism).
     int T = B * S;
     int32_t *pos = xmalloc(T * sizeof(int32_t));
-    for (int t = 0; t < T; t++) pos[t] = t % S;
+    for (int t = 0; t < T; t++) pos[t] = model_position(m, S, t);
     for (int i = 0; i < sh.nrec; i++) op_copy(c->rec[i].mb.pos, tensor_make(pos, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
     free(pos);
 }

@@ -362,7 +362,8 @@ static const ConfigKey parallel_keys[] = {
      .def = 1,
      .lo = 1,
      .hi = 1 << 20,
-     .doc = "above 1: not yet available (an error)"},
+     .doc = "CP (zigzag ring attention): each sequence in 2·CP chunks, rank *r* holding chunks *r* and "
+            "2CP−1−*r*; divides the ranks, 2·CP divides `sequence_length`; Qwen3-MoE and DeepSeek-V2 only"},
 };
 
 // An optional section: absent, there is no validation (batches = 0).
@@ -606,6 +607,11 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
         jdie(origin_of(top, &org, "micro_batch_size"), "micro_batch_size",
              "micro_batch_size × sequence_length = %lld tokens is more than one micro-batch can hold (2^31 − 1)",
              (long long)c->micro_batch_size * c->sequence_length);
+    if (c->sequence_length % (2 * c->parallel.cp)) // the zigzag layout: 2·cp chunks of equal length
+        jdie(origin_of(sec[3], &org, "context_parallel_size"), "context_parallel_size",
+             "sequence_length %d is not a multiple of 2 × context_parallel_size = %d (the zigzag layout cuts each "
+             "sequence into 2·cp chunks)",
+             c->sequence_length, 2 * c->parallel.cp);
     if (c->global_batch_size % c->micro_batch_size)
         jdie(origin_of(top, &org, "global_batch_size"), "global_batch_size",
              "must be a multiple of micro_batch_size (got %d and %d)", c->global_batch_size, c->micro_batch_size);

@@ -202,3 +202,14 @@ void dataset_sample(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels)
         if (i > 0) labels[i - 1] = (int32_t)t;
     }
 }
+
+void dataset_zigzag(int32_t *x, int B, int S, int cp, int r) {
+    if (cp == 1) return;
+    int blk = S / (2 * cp);
+    CHECK(blk * 2 * cp == S && r >= 0 && r < cp);
+    // Moving forward only (sequence b lands at b·2·blk ≤ b·S), so nothing is read after it was overwritten.
+    for (int b = 0; b < B; b++) {
+        memmove(x + (size_t)b * 2 * blk, x + (size_t)b * S + (size_t)r * blk, blk * sizeof *x);
+        memmove(x + (size_t)b * 2 * blk + blk, x + (size_t)b * S + (size_t)(2 * cp - 1 - r) * blk, blk * sizeof *x);
+    }
+}

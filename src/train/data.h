@@ -33,3 +33,6 @@ void dataset_close(Dataset *d);
 // Sample `index` of the endless stream epoch 0, epoch 1, … (index = epoch·total + position):
 // tokens and labels, each S int32. Says so on stdout when a new epoch begins.
 void dataset_sample(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels);
+// Context parallelism's zigzag layout, in place: x holds B sequences of S values; afterwards its front holds, per
+// sequence, chunks r and 2·cp − 1 − r of the 2·cp chunks of S/(2·cp) (B·S/cp values). cp = 1 changes nothing.
+void dataset_zigzag(int32_t *x, int B, int S, int cp, int r);

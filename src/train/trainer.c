@@ -56,6 +56,10 @@ static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, Mod
     if (mc->experts % d->ep)
         die("%s: parallel.expert_parallel_size: %d does not divide the model's %d experts", c->file, d->ep,
             mc->experts);
+    if (d->cp > 1 && !mc->ring.nh) // GPT-OSS (sliding windows, sinks), Qwen3.5 (Gated DeltaNet layers)
+        die("%s: parallel.context_parallel_size: %s does not run under context parallelism (ring attention covers "
+            "causal softmax attention without sliding windows or sinks: qwen3_moe, deepseek_v2)",
+            c->file, mc->model_type);
     if (piped(c, d)) {
         const char *why = dualpipev_check(d->pp, 2 * d->pp, mc->layers);
         if (why) die("%s: parallel.pipeline_parallel_size: %s", c->file, why);
@@ -76,6 +80,14 @@ static void model_layout(Model *m, const TrainConfig *c, const Dist *d) {
     m->ep_capacity = c->parallel.ep_capacity_factor;
     m->ep_drop = c->parallel.ep_drop_tokens;
     m->recompute = c->recompute;
+}
+
+// cp > 1: the scratch of one ring attention call (the zigzag halves of a micro-batch's sequences).
+static size_t ring_plan(const Model *m, const TrainConfig *c, const Dist *d) {
+    if (d->cp == 1) return 0;
+    const ModelConfig *mc = &m->cfg;
+    return ring_bytes(m->dev, m->cdt, c->micro_batch_size, c->sequence_length / (2 * d->cp), mc->ring.nh, mc->ring.nkv,
+                      mc->ring.dqk, mc->ring.dv, mc->ring.dc, mc->ring.dn);
 }
 
 // Bytes of everything but the engine, from the model's tensors and the counted shard arena (which also
@@ -131,7 +143,7 @@ static void schedules_build(PipeSchedule s[2], const TrainConfig *c, const Dist 
 // schedule and the step's deferred sets; the two share a workspace and read and write the pipeline's
 // buffers in place (chunk_init_rank). With out NULL only the plan (the sum over the rank's chunks).
 static ChunkPlan chunks_setup(Chunk out[2], Model *m, const TrainConfig *c, const Dist *d, const PipeSchedule s[2]) {
-    int B = c->micro_batch_size, S = c->sequence_length, L = m->cfg.layers;
+    int B = c->micro_batch_size, S = c->sequence_length / d->cp, L = m->cfg.layers;
     if (!piped(c, d)) {
         if (out) chunk_init_model(&out[0], m, B, S);
         return chunk_plan(m, B, S, 0, L, 1, 0);
@@ -152,7 +164,7 @@ static ChunkPlan chunks_setup(Chunk out[2], Model *m, const TrainConfig *c, cons
 static size_t pipe_setup(PipeRun run[2], Arena *mem, const Model *m, const TrainConfig *c, const Dist *d,
                          const PipeSchedule s[2]) {
     if (!piped(c, d)) return 0;
-    int64_t T = (int64_t)c->micro_batch_size * c->sequence_length;
+    int64_t T = (int64_t)c->micro_batch_size * (c->sequence_length / d->cp);
     PipeRun scratch[2];
     if (!run) run = scratch;
     Arena count = arena_counting("pipeline buffers", m->dev), *a = &count;
@@ -185,6 +197,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&mu, &m.params, &count);
     router_bias_alloc(c, &mc, &count);
     MemoryPlan p = plan_of(&m, mom1, mom2, &mu, stage, count.peak);
+    p.other += ring_plan(&m, c, d);
     muon_free(&mu);
     PipeSchedule s[2];
     if (piped(c, d)) schedules_build(s, c, d);
@@ -212,7 +225,11 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     model_layout(m, c, d);
     if (c->fp8) model_fp8_setup(m, c->file);
-    model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length);
+    if (d->cp > 1) { // before anything reads the layout: the load balancing's sums, the chunks' positions
+        ring_init(&r->ring, &d->cp_g, dev, ring_plan(m, c, d));
+        m->ring = &r->ring;
+    }
+    model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length / d->cp);
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
     Fsdp *f = &r->fsdp;
     fsdp_setup(f, d, m);
@@ -250,6 +267,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
         fsdp_gather(f, g, m->w[g], r->master[g]);
     }
     r->plan = plan_of(m, r->adam_m, r->adam_v, &r->muon, r->stage, count.peak);
+    r->plan.other += ring_plan(m, c, d);
     if (piped(c, d)) schedules_build(r->sched, c, d);
     r->plan.chunks = chunks_setup(r->chunk, m, c, d, r->sched);
     r->plan.pipe = pipe_setup(r->pipe, &r->pipe_mem, m, c, d, r->sched);
@@ -296,6 +314,7 @@ void run_free(Run *r) {
         arena_destroy(&r->pipe_mem);
     }
     muon_free(&r->muon);
+    if (r->ring.cp) ring_free(&r->ring);
     free(r->router_bias), free(r->model.router_load), free(r->model.router_idx);
     if (r->offload.cap) {
         if (r->state.dev == DEV_CUDA && host_unregister) host_unregister(r->offload.base);
@@ -317,6 +336,7 @@ void run_microbatch(Run *r) {
 // Loads micro-batch `acc` of this rank for global batch `batch` of ds into record slot `slot` of chunk c;
 // returns its target count. Data replicas are the (dp, ep) pairs (docs/reference.md §18): replica q reads
 // rows batch·GBS + q·mbs + acc·mbs·D + off of the global batch, D = dp·ep replicas, acc < GBS/(mbs·D).
+// The cp ranks of a replica read the same samples and keep their zigzag chunks of each.
 static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc, Chunk *c, int slot) {
     const TrainConfig *cf = &r->cfg;
     const Dist *d = &r->dist;
@@ -326,7 +346,8 @@ static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc, Chun
         int64_t index = batch * cf->global_batch_size + (int64_t)q * mbs + (int64_t)acc * mbs * D + b;
         dataset_sample(ds, index, r->tokens + b * S, r->labels + b * S);
     }
-    for (int t = 0; t < mbs * S; t++) targets += r->labels[t] != -100;
+    dataset_zigzag(r->tokens, mbs, S, d->cp, d->cp_g.rank), dataset_zigzag(r->labels, mbs, S, d->cp, d->cp_g.rank);
+    for (int t = 0; t < mbs * (S / d->cp); t++) targets += r->labels[t] != -100;
     chunk_load(c, slot, r->tokens, r->labels);
     return targets;
 }

@@ -2,6 +2,7 @@
 // (docs/architecture.md, "One training step").
 #pragma once
 #include "parallel/fsdp.h"
+#include "parallel/ring.h"
 #include "pipe/chunk.h"
 #include "pipe/dualpipev.h"
 #include "train/config.h"
@@ -15,7 +16,7 @@ typedef struct {
     size_t shards;    // fp32 master shards (when not model.w itself; gradients are reduced in place in model.g)
     size_t optim;     // AdamW moments (shards), or their staging under optimizer.offload
     size_t host;      // optimizer.offload: the moments, in host memory (not in the total)
-    size_t other;     // rope tables, loss accumulators
+    size_t other;     // rope tables, loss accumulators, ring attention's scratch (cp > 1)
     ChunkPlan chunks; // this rank's chunks: activation records, backward workspaces, communication buffers
     size_t pipe;      // pp > 1: the pipeline's activation and gradient buffers between ranks
 } MemoryPlan;
@@ -26,6 +27,7 @@ typedef struct {
     Dist dist;
     Fsdp fsdp;
     Model model;
+    Ring ring; // cp > 1: ring attention over the cp group (model.ring points here)
     // pp = 1: chunk[0] is the whole model with one record. pp > 1: this rank's DualPipeV chunks (phase 0:
     // chunk pp_rank, phase 1: chunk 2·pp − 1 − pp_rank), their schedules for a step and for validation
     // (forward only), and the pipeline buffers of both (one region: they never run at once).

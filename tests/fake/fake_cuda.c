@@ -526,6 +526,10 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
     OP(attention_backward, &dq, &dk, &dv, &dsinks, &dout, &q, &k, &v, &o, &lse, &c.sinks);
     cpu_attention_backward(dq, dk, dv, dsinks, dout, q, k, v, o, lse, &c);
 }
+void cuda_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, bool init) {
+    OP(attention_merge, &o, &lse, &o_p, &lse_p);
+    cpu_attention_merge(o, lse, o_p, lse_p, B, init);
+}
 void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a) {
     RouterArgs c = *a;
     OP(router_forward, &probs, &idx, &w, &logits, &c.bias);

@@ -286,6 +286,30 @@ TEST(gpu_op_attention_forms) {
     gpu_report();
 }
 
+// Ring attention's log-sum-exp merge: a partial whose rows are partly empty (lse −∞) into an accumulator whose rows
+// are partly empty, then an overwriting merge (init), from the same inputs on both sides.
+TEST(gpu_op_attention_merge) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        int B = 2, Sq = 37, nh = 4, dv = 24;
+        int64_t n = (int64_t)B * nh * Sq;
+        float *l1 = xmalloc(n * sizeof(float)), *l2 = xmalloc(n * sizeof(float));
+        fill_normal(l1, n, 2), fill_normal(l2, n, 2);
+        for (int64_t i = 0; i < n; i += 5) l1[i] = -INFINITY;
+        for (int64_t i = 0; i < n; i += 7) l2[i] = -INFINITY;
+        Pair o = pair_rand(DT_F32, 1, 3, B * Sq, nh, dv, 0), op = pair_rand(MODE_DT, 1, 3, B * Sq, nh, dv, 0);
+        Pair lse = pair_from(DT_F32, l1, 3, B, nh, Sq, 0), lp = pair_from(DT_F32, l2, 3, B, nh, Sq, 0);
+        for (int init = 0; init < 2; init++) {
+            op_attention_merge(o.c, lse.c, op.c, lp.c, B, init), op_attention_merge(o.d, lse.d, op.d, lp.d, B, init);
+            EXPECT_CLOSE(o, TOL);
+            expect_lse(lse, TOL);
+        }
+        free(l1), free(l2);
+    }
+    gpu_report();
+}
+
 // The tensor-core path (bf16, d 64/128) on shapes with several tiles, partial tiles and GQA groups: every
 // output's error is printed before any is asserted, with the place of the worst element when one fails.
 static void flash_worst(const char *name, Pair p, int64_t S, int64_t heads, int64_t d) {

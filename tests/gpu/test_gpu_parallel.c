@@ -1,5 +1,6 @@
 // test_gpu_parallel.c — two GPUs, one rank each (skipped with fewer): the NCCL transport under mpirun -np 2.
-// Collectives on device buffers (fp32, fp64, int, bf16) and EP dispatch/combine (build/test_parallel *-gpu);
+// Collectives on device buffers (fp32, fp64, int, bf16), EP dispatch/combine and zigzag ring attention at cp2
+// (fp32 against one-rank attention, GQA and the MLA latent form; build/test_parallel *-gpu);
 // a rank that stops taking part (the watchdog's timeout) and a rank killed mid-run; `pith train` at ep2
 // and dp2 against the same run on one GPU: fp32 step-1 loss ≤ 1e-5 relative and every gradient tensor
 // ≤ 1e-5 (‖a−b‖/‖b‖); bf16 step-1 loss ≤ 1e-2 and every gradient tensor calc_diff ≤ 1e-2; the loss over
@@ -49,8 +50,8 @@ static bool two_gpus(void) {
 TEST(gpu2_collectives_and_ep) {
     if (!two_gpus()) return;
     static char out[1 << 16];
-    const char *suites[] = {"comm-gpu", "ep-gpu"};
-    for (int i = 0; i < 2; i++) {
+    const char *suites[] = {"comm-gpu", "ep-gpu", "ring-gpu"};
+    for (int i = 0; i < 3; i++) {
         double t0 = now_seconds();
         int rc = run_cmd(out, sizeof out, MPIRUN2 " %s %s", test_parallel_bin(), suites[i]);
         printf("     %-9s %.1f s  %.*s\n", suites[i], now_seconds() - t0, (int)strcspn(out, "\n"), out);

@@ -21,6 +21,7 @@
 //              micro-batch in turn, with and without the overlapped pairs (bit for bit the same)
 //   overlap-gpu with every NCCL group lasting PITH_FAKE_NCCL_DELAY_MS (the fake), a ring exchange issued
 //              before 'compute' (a sleep as long) ends sooner than one waited for before it
+//   ring[-gpu] zigzag ring attention over the world as the cp group (tests/parallel/ring.c)
 //   pair[-gpu] the overlapped pair (chunk_pair) with the world as the ep group: bit for bit the serial order's
 //              results, also with an expert capacity that overflows (spill, drop, spill under full
 //              recompute; spill = the worst case bit for bit); with the fake's delays
@@ -37,6 +38,8 @@
 #include "parallel/mesh.h"
 #include "pipe/dualpipev.h"
 #include "pipe/chunk.h"
+
+void suite_ring(const Dist *d, bool gpu); // tests/parallel/ring.c
 
 static int nchecks;
 #define EXPECT(cond, ...)                                                                                              \
@@ -933,6 +936,7 @@ int main(int argc, char **argv) {
             down(x, xd);
         } else comm_barrier(&d.world);
     } else if (!strcmp(suite, "p2p")) suite_p2p(&d);
+    else if (!strcmp(suite, "ring")) suite_ring(&d, gpu);
     else if (!strcmp(suite, "pipe"))
         for (int k = 0; k < 3; k++) run_pipe_case(&d, (int[]){2 * P, 2 * P + 3, 4 * P + 1}[k]);
     else if (!strcmp(suite, "pipe-model") && !gpu)

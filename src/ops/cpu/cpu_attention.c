@@ -121,3 +121,31 @@ void cpu_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tens
     }
     free(ds_sink);
 }
+
+// The log-sum-exp merge (ops.h): the weights e^(lse − lse') and e^(lse_p − lse') in fp64 from m = max(lse, lse_p).
+void cpu_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, bool init) {
+    CPU_F32(o);
+    CPU_F32(lse);
+    CPU_F32(o_p);
+    CPU_F32(lse_p);
+    int64_t nh = o.n[1], dv = o.n[2], Sq = o.n[0] / B;
+    CHECK(B >= 1 && Sq * B == o.n[0] && tensor_numel(o_p) == tensor_numel(o) && o_p.n[0] == o.n[0] &&
+          tensor_numel(lse) == B * nh * Sq && tensor_numel(lse_p) == tensor_numel(lse));
+#pragma omp parallel for collapse(2)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < nh; h++)
+            for (int64_t i = 0; i < Sq; i++) {
+                float *L = F(lse) + (b * nh + h) * Sq + i, Lp = F(lse_p)[(b * nh + h) * Sq + i];
+                float *oi = F(o) + ((b * Sq + i) * nh + h) * dv;
+                const float *pi = F(o_p) + ((b * Sq + i) * nh + h) * dv;
+                if (init || (*L == -INFINITY && Lp != -INFINITY)) {
+                    for (int64_t c = 0; c < dv; c++) oi[c] = pi[c];
+                    *L = Lp;
+                    continue;
+                }
+                if (Lp == -INFINITY) continue;
+                double m = *L > Lp ? *L : Lp, a = exp(*L - m), p = exp(Lp - m), s = a + p;
+                for (int64_t c = 0; c < dv; c++) oi[c] = (float)((a * oi[c] + p * pi[c]) / s);
+                *L = (float)(m + log(s));
+            }
+}

@@ -17,6 +17,7 @@ void cpu_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu);
 void cpu_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
 void cpu_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
                             Tensor o, Tensor lse, const AttnArgs *a);
+void cpu_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, bool init);
 void cpu_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a);
 void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
                          const RouterArgs *a);

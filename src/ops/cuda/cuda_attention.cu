@@ -337,6 +337,25 @@ static bool attention_plain(Tensor q, Tensor k, const AttnArgs *a) {
 
 static const char *last_path = "none";
 
+// The log-sum-exp merge of ops.h: one thread per (sequence, head, query row), its dv outputs in a loop.
+template <typename T>
+__global__ void attention_merge_kernel(float *o, float *lse, const T *o_p, const float *lse_p, int64_t Sq, int64_t nh,
+                                       int64_t dv, int64_t rows, bool init) {
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < rows; r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = r % Sq, h = r / Sq % nh, b = r / (Sq * nh), off = ((b * Sq + i) * nh + h) * dv;
+        float L = lse[r], Lp = lse_p[r];
+        if (init || (L == -INFINITY && Lp != -INFINITY)) {
+            for (int64_t c = 0; c < dv; c++) o[off + c] = ld(o_p, off + c);
+            lse[r] = Lp;
+            continue;
+        }
+        if (Lp == -INFINITY) continue;
+        float m = fmaxf(L, Lp), a = expf(L - m), p = expf(Lp - m), s = a + p;
+        for (int64_t c = 0; c < dv; c++) o[off + c] = (a * o[off + c] + p * ld(o_p, off + c)) / s;
+        lse[r] = m + logf(s);
+    }
+}
+
 extern "C" {
 
 const char *cuda_attention_last_path(void) { return last_path; }
@@ -404,6 +423,24 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
     die("attention_backward: head dims (%d, %d) have no kernel (8, 16, 32, 64, 96, 128, 192, 256; 192/128, 32/16, "
         "24/16, 32/24)",
         DQK, DV);
+}
+
+void cuda_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, bool init) {
+    ON_GPU(o, "attention_merge");
+    ON_GPU(o_p, "attention_merge");
+    IS_F32(o, "attention_merge");
+    IS_F32(lse, "attention_merge");
+    IS_F32(lse_p, "attention_merge");
+    int64_t nh = o.n[1], dv = o.n[2], Sq = o.n[0] / B;
+    if (B < 1 || Sq * B != o.n[0] || tensor_numel(o_p) != tensor_numel(o) || tensor_numel(lse) != B * nh * Sq ||
+        tensor_numel(lse_p) != tensor_numel(lse))
+        die("attention_merge: shapes do not match");
+    int64_t rows = B * nh * Sq;
+    if (!rows) return;
+    DT_SWITCH(o_p.dt, T, "attention_merge",
+              (attention_merge_kernel<T><<<grid_for(rows, 256), 256, 0, cuda_stream()>>>(
+                  (float *)o.p, (float *)lse.p, (const T *)o_p.p, (const float *)lse_p.p, Sq, nh, dv, rows, init)));
+    CUDA_LAUNCH_CHECK();
 }
 
 } // extern "C"

@@ -43,6 +43,7 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
 const char *cuda_attention_last_path(void);
 void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
                              Tensor o, Tensor lse, const AttnArgs *a);
+void cuda_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, bool init);
 void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a);
 void cuda_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
                           const RouterArgs *a);
