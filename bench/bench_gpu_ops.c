@@ -131,6 +131,50 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
     A.used = save.used;
 }
 
+// FP8 (docs/architecture.md, "FP8") beside bf16 at the same expert shapes, balanced routing: the FP8 GEMMs as they run
+// now (operands rounded through E4M3 by op_fp8_round, then the bf16 kernels), and the rounding alone.
+static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E, int k, int64_t I) {
+    Arena save = A;
+    int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
+    DType bf = DT_BF16;
+    Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0),
+           act = dev(bf, 2, R, I, 0), wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0),
+           dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I), xq = dev(bf, 2, R, H, 0);
+    fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), fill(ye, 1, 59),
+        op_zero(dwgu), op_zero(dwd);
+    routing_offs(offs, T, H, E, k, true);
+    double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H, by = (double)R * H * 4;
+    char nm[112];
+    for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, offs); // clocks up
+#define FP8_ROW(what, work, bf16_call, fp8_call)                                                                       \
+    snprintf(nm, sizeof nm, "%s %s (T=%lld, balanced, bf16)", model, what, (long long)T);                              \
+    TIME(nm, 10, work, "TFLOP/s", bf16_call);                                                                          \
+    snprintf(nm, sizeof nm, "%s %s (T=%lld, balanced, fp8)", model, what, (long long)T);                               \
+    TIME(nm, 10, work, "TFLOP/s", fp8_call)
+    FP8_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, wgu, NONE, offs),
+            op_fp8_grouped_linear_forward(gu, xe, wgu, offs));
+    FP8_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, offs),
+            op_fp8_grouped_linear_backward_input(xe, gu, wgu, offs));
+    FP8_ROW("gate_up bwd weight fp32", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true),
+            op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, offs));
+    FP8_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, offs),
+            op_fp8_grouped_linear_forward(ye, act, wd, offs));
+    FP8_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, offs),
+            op_fp8_grouped_linear_backward_input(act, ye, wd, offs));
+    FP8_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true),
+            op_fp8_grouped_linear_backward_weight(dwd, ye, act, offs));
+#undef FP8_ROW
+    snprintf(nm, sizeof nm, "%s fp8_round 1x128 (%lld x %lld bf16)", model, (long long)R, (long long)H);
+    TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_ROWS, NULL, 0));
+    snprintf(nm, sizeof nm, "%s fp8_round 128x1 per expert (%lld x %lld bf16)", model, (long long)R, (long long)H);
+    TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_COLS, offs, (int)E));
+    snprintf(nm, sizeof nm, "%s fp8_round 128x128 weights (%lld x %lld x %lld bf16)", model, (long long)E,
+             (long long)(2 * I), (long long)H);
+    TIME(nm, 10, (double)E * 2 * I * H * 4, "GB/s", op_fp8_round(wgu, wgu, FP8_TILES, NULL, 0));
+    free(offs);
+    A.used = save.used;
+}
+
 // Qwen3.5's gated delta rule at the benchmark's shapes: 2 sequences of 4096, 16 key heads for 32 value heads of 128.
 static void bench_delta(void) {
     DType bf = DT_BF16;
@@ -161,6 +205,11 @@ int main(int argc, char **argv) {
     if (!ops_cuda_available()) die("bench_gpu_ops: no GPU");
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     A = arena_create("bench", DEV_CUDA, (size_t)40 << 30);
+    if (argc > 1 && !strcmp(argv[1], "--fp8")) { // the expert GEMMs in FP8 beside bf16
+        bench_grouped_fp8("qwen3", 8192, 2048, 128, 8, 768);
+        arena_destroy(&A);
+        return 0;
+    }
     if (argc > 1 && !strcmp(argv[1], "--delta")) { // the delta rule alone
         bench_delta();
         arena_destroy(&A);

@@ -213,3 +213,28 @@ double grad_diff(const char *a, const char *b, const char **worst_name) {
     *worst_name = name;
     return worst;
 }
+
+double grad_calc_diff(const char *a, const char *b, const char **worst_name, double *all) {
+    StSet x, y;
+    st_set_open_or_die(&x, a);
+    st_set_open_or_die(&y, b);
+    ASSERT_MSG(x.n == y.n, "%s holds %d tensors, %s %d", a, x.n, b, y.n);
+    static char name[200];
+    double worst = 0, ab = 0, aa = 0;
+    for (int i = 0; i < x.n; i++) {
+        const StTensor *t = st_set_find(&y, x.t[i]->name);
+        ASSERT_MSG(t && t->numel == x.t[i]->numel, "%s missing or reshaped in %s", x.t[i]->name, b);
+        float *u = xmalloc(t->numel * sizeof(float) + 1), *v = xmalloc(t->numel * sizeof(float) + 1);
+        st_read_f32(x.t[i], u), st_read_f32(t, v);
+        double tab = 0, taa = 0;
+        for (int64_t j = 0; j < t->numel; j++)
+            tab += (double)u[j] * v[j], taa += (double)u[j] * u[j] + (double)v[j] * v[j];
+        double c = 1 - 2 * tab / taa;
+        if (!(c <= worst)) worst = c, snprintf(name, sizeof name, "%s", t->name); // NaN is the worst
+        ab += tab, aa += taa;
+        free(u), free(v);
+    }
+    st_set_close(&x), st_set_close(&y);
+    *worst_name = name, *all = 1 - 2 * ab / aa;
+    return worst;
+}

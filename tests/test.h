@@ -50,6 +50,9 @@ double run_metric(const char *dir, int step, const char *key);
 typedef void (*RefFn)(double **in, double *out, const void *ctx);
 void fd_grad(RefFn f, double **in, int j, int64_t nin_j, const double *G, int64_t nout, double *grad, const void *ctx);
 double grad_diff(const char *a, const char *b, const char **worst_name);
+// calc_diff = 1 − 2Σab/Σ(a² + b²) over two gradient dumps: the worst tensor's (*worst_name) and, in *all, that of
+// every tensor at once.
+double grad_calc_diff(const char *a, const char *b, const char **worst_name, double *all);
 // A fresh empty directory under /tmp for this test.
 const char *test_tmpdir(void);
 
@@ -81,6 +84,13 @@ const char *write_text(const char *dir, const char *name, const char *text);
     " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": "  \
     "3,"                                                                                                               \
     " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}"
+
+// FP8_TEST_MODEL: TINY_MOE_EP widened to whole 128-column blocks (hidden 256, expert width 128, dense width 256).
+#define FP8_TEST_MODEL                                                                                                 \
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 256, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"      \
+    " \"num_key_value_heads\": 2, \"head_dim\": 32, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": " \
+    "3,"                                                                                                               \
+    " \"moe_intermediate_size\": 128, \"intermediate_size\": 256, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}"
 
 // mpirun for N CPU ranks (append the count): oversubscribed, one thread each, root allowed (CI runs as root).
 #define MPIRUN                                                                                                         \

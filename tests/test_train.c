@@ -227,7 +227,7 @@ TEST(errors_config_values) {
     expect_error(d, "--set lr=3", "--set: lr: unknown key (renamed: PithTrain's lr is optimizer.lr here)");
     expect_error(d, "--set distributed.expert_parallel_size=2",
                  "distributed: unknown key (renamed: PithTrain's distributed is parallel here)");
-    expect_error(d, "--set fp8=true", "--set: fp8: PithTrain's fp8 is not supported yet");
+    expect_error(d, "--set nsys_start=3", "--set: nsys_start: PithTrain's nsys_start is not supported yet");
 }
 
 // The README's table of keys is what `pith train --config-table` prints from the key tables.

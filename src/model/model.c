@@ -338,8 +338,29 @@ void model_free(Model *m) {
     free(m->lb.counts), free(m->lb.probs), free(m->lb.idx), free(m->lb.sums);
     for (int g = 0; g < NGROUPS; g++) free_tensor(m->w[g]), free_tensor(m->g[g]);
     free_tensor(m->rope_cos), free_tensor(m->rope_sin), free_tensor(m->loss_sum), free_tensor(m->lb_sum);
+    if (m->fp8) free_tensor(m->fp8_w);
     free(m->params.p), free(m->views), free(m->sw), free(m->sg);
     memset(m, 0, sizeof *m);
+}
+
+void model_fp8_setup(Model *m, const char *file) {
+    if (m->cfg.swiglu_limit > 0) die("%s: fp8: not built for experts with biases (%s)", file, m->cfg.model_type);
+    int64_t n = 0;
+    for (int l = 0; l < m->cfg.layers; l++) {
+        Tensor w[2] = {m->sw->gate_up[l], m->sw->down[l]};
+        for (int j = 0; j < 2; j++) m->fp8_off[j][l] = n, n += w[j].nd ? tensor_numel(w[j]) : 0; // nd 0: not held
+    }
+    m->fp8 = true, m->fp8_version = 1;
+    memset(m->fp8_made, 0, sizeof m->fp8_made);
+    m->fp8_w = (m->w[0].p ? alloc_tensor : shape_tensor)(m->dev, m->cdt, n ? n : 1);
+}
+
+Tensor model_fp8_weight(Model *m, int l, int which) {
+    Tensor w = which ? m->sw->down[l] : m->sw->gate_up[l], q = w;
+    q.p = (char *)m->fp8_w.p + m->fp8_off[which][l] * dtype_size(w.dt);
+    if (m->fp8_made[which][l] != m->fp8_version) op_fp8_round(q, w, FP8_TILES, NULL, 0);
+    m->fp8_made[which][l] = m->fp8_version;
+    return q;
 }
 
 void model_zero_grads(Model *m) {

@@ -195,38 +195,60 @@ static void act_backward(const ModelConfig *c, Tensor dgu, Tensor dact, Tensor g
     else op_swiglu_backward(dgu, dact, gu);
 }
 
+// Stage 3's GEMMs (offs NULL: the dense MLP): through FP8 on the layer's cached rounded weights when m->fp8 (the
+// weight-gradient ones round their own operands), else in the compute dtype. which: 0 gate_up, 1 down.
+static void mlp_forward(Model *m, int l, int which, Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
+    if (m->fp8 && offs) op_fp8_grouped_linear_forward(y, x, model_fp8_weight(m, l, which), offs);
+    else if (m->fp8) op_fp8_linear_forward(y, x, model_fp8_weight(m, l, which));
+    else if (offs) op_grouped_linear_forward(y, x, w, b, offs);
+    else op_linear_forward(y, x, w, b);
+}
+static void mlp_backward_input(Model *m, int l, int which, Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
+    if (m->fp8 && offs) op_fp8_grouped_linear_backward_input(dx, dy, model_fp8_weight(m, l, which), offs);
+    else if (m->fp8) op_fp8_linear_backward_input(dx, dy, model_fp8_weight(m, l, which), false);
+    else if (offs) op_grouped_linear_backward_input(dx, dy, w, offs);
+    else op_linear_backward_input(dx, dy, w, false);
+}
+// acc false (grouped, bf16/fp32 path): dw and db are written, not added to (the FP8 path always adds).
+static void mlp_backward_weight(Model *m, Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs, bool acc) {
+    if (m->fp8 && offs) op_fp8_grouped_linear_backward_weight(dw, dy, x, offs);
+    else if (m->fp8) op_fp8_linear_backward_weight(dw, dy, x);
+    else if (offs) op_grouped_linear_backward_weight(dw, db, dy, x, offs, acc);
+    else op_linear_backward_weight(dw, db, dy, x);
+}
+
 void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *W = m->sw;
     MlpRec *r = rp;
     if (io->dense) {
-        op_linear_forward(r->gu, io->xe, W->gate_up[l], NONE);
+        mlp_forward(m, l, 0, r->gu, io->xe, W->gate_up[l], NONE, NULL);
         act_forward(&m->cfg, r->act, r->gu);
-        op_linear_forward(io->ye, r->act, W->down[l], NONE);
+        mlp_forward(m, l, 1, io->ye, r->act, W->down[l], NONE, NULL);
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received (none when routing skips this rank)
     if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
-    op_grouped_linear_forward(gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], io->offs);
+    mlp_forward(m, l, 0, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], io->offs);
     act_forward(&m->cfg, act, gu);
-    op_grouped_linear_forward(tensor_rows(io->ye, 0, R), act, W->down[l], W->down_b[l], io->offs);
+    mlp_forward(m, l, 1, tensor_rows(io->ye, 0, R), act, W->down[l], W->down_b[l], io->offs);
 }
 
 void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *W = m->sw;
     MlpRec *r = rp;
     if (io->dense) {
-        op_linear_backward_input(r->dact, io->dye, W->down[l], false);
+        mlp_backward_input(m, l, 1, r->dact, io->dye, W->down[l], NULL);
         act_backward(&m->cfg, r->dgu, r->dact, r->gu);
-        op_linear_backward_input(io->dxe, r->dgu, W->gate_up[l], false);
+        mlp_backward_input(m, l, 0, io->dxe, r->dgu, W->gate_up[l], NULL);
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
     if (!R) return;
     Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R);
-    op_grouped_linear_backward_input(dact, tensor_rows(io->dye, 0, R), W->down[l], io->offs);
+    mlp_backward_input(m, l, 1, dact, tensor_rows(io->dye, 0, R), W->down[l], io->offs);
     act_backward(&m->cfg, dgu, dact, tensor_rows(r->gu, 0, R));
-    op_grouped_linear_backward_input(tensor_rows(io->dxe, 0, R), dgu, W->gate_up[l], io->offs);
+    mlp_backward_input(m, l, 0, tensor_rows(io->dxe, 0, R), dgu, W->gate_up[l], io->offs);
 }
 
 // The expert weight gradients, separable from the input gradients so a pipeline can defer them.
@@ -236,8 +258,8 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
     bool again = m->recompute == RECOMPUTE_SELECTIVE; // act was not kept: recompute it from gu
     if (io->dense) {
         if (again) op_swiglu_forward(r->act, r->gu);
-        op_linear_backward_weight(G->down[l], NONE, io->dye, r->act);
-        op_linear_backward_weight(G->gate_up[l], NONE, r->dgu, io->xe);
+        mlp_backward_weight(m, G->down[l], NONE, io->dye, r->act, NULL, true);
+        mlp_backward_weight(m, G->gate_up[l], NONE, r->dgu, io->xe, NULL, true);
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
@@ -246,10 +268,10 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
     // the first micro-batch since the gradients were zeroed writes them (0 + g = g exactly, and no read of dw)
     bool acc = !m->expert_grads_fresh[l];
     m->expert_grads_fresh[l] = false;
-    op_grouped_linear_backward_weight(G->down[l], G->down_b[l], tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R),
-                                      io->offs, acc);
-    op_grouped_linear_backward_weight(G->gate_up[l], G->gate_up_b[l], tensor_rows(r->dgu, 0, R),
-                                      tensor_rows(io->xe, 0, R), io->offs, acc);
+    mlp_backward_weight(m, G->down[l], G->down_b[l], tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R), io->offs,
+                        acc);
+    mlp_backward_weight(m, G->gate_up[l], G->gate_up_b[l], tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R),
+                        io->offs, acc);
 }
 
 // ---- stage 5: weighted sum of the expert outputs + residual ----

@@ -209,3 +209,27 @@ size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool back
 void op_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
 void op_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                             Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
+
+// ---- FP8: E4M3 with block scales (docs/architecture.md, "FP8"; docs/reference.md §20) ----
+// Each block of x gets the scale s = 2^⌈log2(max(amax, 1e-4) / 448)⌉ (fp32, a power of two) and each element the
+// E4M3 code q = rne(x / s) (±448 saturates, values under 2^-6 are subnormal codes); its value is q·s. The blocks:
+// FP8_ROWS 1 × 128 (along a row), FP8_COLS 128 × 1 (along a column), FP8_TILES 128 × 128. Blocks start at each group's
+// first row and column 0; the last block of a row or group holds what is left (the same as zero padding).
+typedef enum { FP8_ROWS, FP8_COLS, FP8_TILES } Fp8Blocks;
+// y = q·s (dequantised quantised x) in y's dtype, x, y: (R, C) fp32 or bf16 (y may be x); groups: rows offs[g] ..
+// offs[g+1] of x for g < groups (offs on the host; NULL: one group of all rows). A 3-D x: (E, N, K) is E groups of
+// N rows. q·s holds at most 4 significant bits and a power-of-two scale, so it is exact in bf16 and fp32.
+// A non-finite x is refused: the CPU stops naming the element; the GPU writes NaN over its block, which the step's
+// non-finite check then reports.
+void op_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups);
+// The FP8 linear layers (DeepSeek-V3's recipe): every GEMM multiplies operands rounded through E4M3, each with the
+// blocks of its own contraction, and accumulates in fp32. wq: the weight already rounded with FP8_TILES (the
+// model caches it per step); x and dy are rounded here. Forward: x 1 × 128. Input gradient: dy 1 × 128 against wq.
+// Weight gradient (dw fp32 +=): dense dy 128 × 1 and x 128 × 128; grouped dy and x 128 × 1 within each expert.
+// Shapes and offs as op_linear_* and op_grouped_linear_* (no biases).
+void op_fp8_linear_forward(Tensor y, Tensor x, Tensor wq);
+void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Tensor wq, bool accumulate);
+void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
+void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Tensor wq, const int64_t *offs);
+void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor wq, const int64_t *offs);
+void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);

@@ -143,6 +143,13 @@ static const ConfigKey top_keys[] = {
      .off = OFF(compute_dtype),
      .choices = dtype_names,
      .doc = "GPU compute dtype (the CPU computes in fp32)"},
+    {.name = "fp8",
+     .kind = K_BOOL,
+     .off = OFF(fp8),
+     .doc = "FP8 training (PithTrain's key): the expert and dense-MLP GEMMs multiply operands rounded through E4M3 "
+            "with block scales (1×128 activations and gradients, 128×128 weights, DeepSeek-V3's recipe) and "
+            "accumulate in fp32; attention, norms, router, embedding and LM head stay in the compute dtype, "
+            "masters, gradients and moments fp32 (docs/architecture.md, \"FP8\")"},
     {.name = "recompute",
      .kind = K_CHOICE,
      .off = OFF(recompute),
@@ -407,7 +414,6 @@ static const struct {
     {"context_parallel_size", "parallel.context_parallel_size"},
     {"expert_parallel_size", "parallel.expert_parallel_size"},
     {"sharding_strategy", "parallel.sharding_strategy"},
-    {"fp8", NULL},
     {"nsys_start", NULL},
     {"nsys_stop", NULL},
     {"memory_profile_start", NULL},

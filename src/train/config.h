@@ -64,6 +64,7 @@ typedef struct {
     } validation;                   // batches == 0: no validation (the section is absent)
     DeviceChoice device;
     ComputeDtype compute_dtype; // GPU only; the CPU computes in fp32
+    bool fp8;                   // the MLP GEMMs on E4M3-rounded operands (docs/architecture.md, "FP8")
     RecomputeMode recompute;    // activation recomputation (docs/architecture.md, "Activation recomputation")
     bool benchmark;             // force-balanced routing
     bool tensorboard;           // rank 0 writes TensorBoard event files into run_dir (default true)

@@ -103,6 +103,7 @@ static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2
         p.weights += tensor_bytes(m->w[g]), p.grads += tensor_bytes(m->g[g]);
         *(offload ? &p.host : &p.optim) += ROUNDED(mom1[g]) + ROUNDED(mom2[g]);
     }
+    if (m->fp8) p.weights += tensor_bytes(m->fp8_w); // the FP8 weight cache beside the compute copy
     if (offload) p.optim += ROUNDED(stage[0]) + ROUNDED(stage[1]);
 #undef ROUNDED
     p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
@@ -184,6 +185,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     Model m;
     model_describe(&m, fam, &mc, dev, compute_dt(dev, c->compute_dtype), c->sequence_length);
     model_layout(&m, c, d);
+    if (c->fp8) model_fp8_setup(&m, c->file);
     Fsdp f;
     fsdp_setup(&f, d, &m);
     Arena count = arena_counting("parameter shards and optimizer state", dev),
@@ -222,6 +224,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     Model *m = &r->model;
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     model_layout(m, c, d);
+    if (c->fp8) model_fp8_setup(m, c->file);
     if (d->cp > 1) { // before anything reads the layout: the load balancing's sums, the chunks' positions
         ring_init(&r->ring, &d->cp_g, dev, ring_plan(m, c, d));
         m->ring = &r->ring;
@@ -528,6 +531,7 @@ StepStats run_step(Run *r) {
     for (int g = 0; g < NGROUPS; g++)
         if (own[g].p) fsdp_gather_rest(&r->fsdp, g, m->w[g], own[g]);
         else fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
+    m->fp8_version++; // the FP8 weight cache is stale: each layer's is remade at its next use
     ops_sync();
     st.seconds = now_seconds() - t0;
     return st;

@@ -503,6 +503,10 @@ void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) {
     OP(swiglu_backward, &dgu, &dact, &gu);
     cpu_swiglu_backward(dgu, dact, gu);
 }
+void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
+    OP(fp8_round, &y, &x);
+    cpu_fp8_round(y, x, b, offs, groups);
+}
 void cuda_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit) {
     OP(swiglu_clamped_forward, &act, &gu);
     cpu_swiglu_clamped_forward(act, gu, alpha, limit);

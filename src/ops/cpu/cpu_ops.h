@@ -68,3 +68,14 @@ static inline int32_t *I32(Tensor t) { return (int32_t *)t.p; }
 // GPT-OSS (cpu_swiglu_clamped.c)
 void cpu_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit);
 void cpu_swiglu_clamped_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit);
+// FP8 E4M3 (cpu_fp8.c, docs/reference.md §20): one value's code and back, the scale of a block with this amax, and
+// quantise / dequantise over blocks; q: x's shape uint8 codes, s: (cpu_fp8_scale_rows(...), column blocks) fp32
+// (a row of blocks per row for FP8_ROWS, per 128 rows of a group otherwise; a column per 128 columns, or per column
+// for FP8_COLS).
+uint8_t fp8_e4m3_encode(float v);
+float fp8_e4m3_decode(uint8_t q);
+float fp8_block_scale(float amax);
+int64_t cpu_fp8_scale_rows(Tensor x, Fp8Blocks b, const int64_t *offs, int groups);
+void cpu_fp8_quantize(Tensor q, Tensor s, Tensor x, Fp8Blocks b, const int64_t *offs, int groups);
+void cpu_fp8_dequantize(Tensor y, Tensor q, Tensor s, Fp8Blocks b, const int64_t *offs, int groups);
+void cpu_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups);

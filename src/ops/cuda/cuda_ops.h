@@ -88,3 +88,5 @@ void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_b
 void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                               Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
+// FP8 (cuda_fp8.cu): op_fp8_round on fp32 or bf16 tensors.
+void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups);

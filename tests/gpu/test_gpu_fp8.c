@@ -1,0 +1,110 @@
+// test_gpu_fp8.c — FP8 on the GPU: block rounding bit for bit against the CPU reference (ops/cpu/cpu_fp8.c), every
+// FP8 GEMM against the CPU emulation (the rounded operands are equal, so only the order of the fp32 sums and the
+// output dtype differ: ≤ 1e-5 in fp32, ≤ 1e-2 in bf16), and the model trained in FP8 against bf16.
+#include "gpu_test.h"
+
+// Bit-equal rounding of x: (R, C) (or (E, N, K) when E > 0) for each block kind, fp32 and bf16 storage.
+static void check_round(int64_t E, int64_t R, int64_t C, const int64_t *offs, int groups) {
+    for (int m = 0; m < 2; m++) {
+        DType dt = m ? DT_BF16 : DT_F32;
+        gpu_mode(dt);
+        for (int b = FP8_ROWS; b <= FP8_TILES; b++) {
+            Pair x = E ? pair_rand(dt, 3, 3, E, R, C, 0) : pair_rand(dt, 3, 2, R, C, 0, 0);
+            Pair y = E ? pair_nan(dt, 3, E, R, C, 0) : pair_nan(dt, 2, R, C, 0, 0);
+            op_fp8_round(y.c, x.c, (Fp8Blocks)b, offs, groups), op_fp8_round(y.d, x.d, (Fp8Blocks)b, offs, groups);
+            EXPECT_CLOSE(y, 0);
+        }
+    }
+}
+
+TEST(gpu_op_fp8_round) {
+    gpu_begin();
+    int64_t offs[6] = {0, 5, 5, 140, 300, 301}; // an empty group, ragged 128-row blocks, a group of one row
+    check_round(0, 301, 200, offs, 5);
+    check_round(0, 130, 384, NULL, 0);
+    check_round(3, 136, 200, NULL, 0); // weights: 3 matrices of 136 × 200
+    // a non-finite value turns its block into NaN (the step's non-finite check then stops the run)
+    float h[256 * 2];
+    for (int i = 0; i < 512; i++) h[i] = (float)(i % 13) - 6;
+    h[300] = INFINITY;
+    Pair x = pair_from(DT_F32, h, 2, 2, 256, 0, 0), y = pair_nan(DT_F32, 2, 2, 256, 0, 0);
+    op_fp8_round(y.d, x.d, FP8_ROWS, NULL, 0);
+    float *g = gpu_down(y.d);
+    for (int i = 0; i < 512; i++) ASSERT_MSG((i >= 256 && i < 384) == (bool)isnan(g[i]), "element %d", i);
+    free(g);
+    gpu_report();
+}
+
+// The FP8 layers of M rows, N outputs, K inputs (offs: E experts) on both devices from equal inputs.
+static void check_fp8_gemms(DType dt, double tol, int64_t M, int64_t N, int64_t K, const int64_t *offs, int E) {
+    Pair x = pair_rand(dt, 1, 2, M, K, 0, 0), dy = pair_rand(dt, 1, 2, M, N, 0, 0);
+    Pair w = offs ? pair_rand(dt, 0.5f, 3, E, N, K, 0) : pair_rand(dt, 0.5f, 2, N, K, 0, 0);
+    Pair wq = offs ? pair_nan(dt, 3, E, N, K, 0) : pair_nan(dt, 2, N, K, 0, 0);
+    op_fp8_round(wq.c, w.c, FP8_TILES, NULL, 0), op_fp8_round(wq.d, w.d, FP8_TILES, NULL, 0);
+    EXPECT_CLOSE(wq, 0);
+    Pair y = pair_nan(dt, 2, M, N, 0, 0), dx = pair_nan(dt, 2, M, K, 0, 0);
+    Pair dw = offs ? pair_rand(DT_F32, 1, 3, E, N, K, 0) : pair_rand(DT_F32, 1, 2, N, K, 0, 0);
+    if (offs) {
+        op_fp8_grouped_linear_forward(y.c, x.c, wq.c, offs), op_fp8_grouped_linear_forward(y.d, x.d, wq.d, offs);
+        op_fp8_grouped_linear_backward_input(dx.c, dy.c, wq.c, offs);
+        op_fp8_grouped_linear_backward_input(dx.d, dy.d, wq.d, offs);
+        op_fp8_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs);
+        op_fp8_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+    } else {
+        op_fp8_linear_forward(y.c, x.c, wq.c), op_fp8_linear_forward(y.d, x.d, wq.d);
+        op_fp8_linear_backward_input(dx.c, dy.c, wq.c, false), op_fp8_linear_backward_input(dx.d, dy.d, wq.d, false);
+        op_fp8_linear_backward_weight(dw.c, dy.c, x.c), op_fp8_linear_backward_weight(dw.d, dy.d, x.d);
+    }
+    EXPECT_CLOSE(y, tol);
+    EXPECT_CLOSE(dx, tol);
+    EXPECT_CLOSE(dw, tol);
+}
+
+TEST(gpu_op_fp8_linear) {
+    gpu_begin();
+    int64_t ragged[5] = {0, 40, 40, 190, 200}, wide[5] = {0, 700, 1100, 1100, 1536};
+    for (int m = 0; m < 2; m++) {
+        DType dt = m ? DT_BF16 : DT_F32;
+        double tol = m ? 1e-2 : 1e-5;
+        gpu_mode(dt);
+        check_fp8_gemms(dt, tol, 150, 136, 200, NULL, 0);
+        check_fp8_gemms(dt, tol, 1024, 768, 512, NULL, 0);
+        check_fp8_gemms(dt, tol, 200, 72, 136, ragged, 4);
+        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4); // bf16: N, K multiples of 128 (the wgmma kernels)
+    }
+    gpu_report();
+}
+
+// One step of FP8_TEST_MODEL on the GPU in FP8 and in bf16 (learned and force-balanced routing): the loss within
+// 1%, the gradient within calc_diff 5e-2 (every tensor's with balanced routing, the whole with learned routing).
+TEST(gpu_model_fp8) {
+    gpu_begin();
+    static char d[256], out[1 << 16], a[300], b[300];
+    snprintf(d, sizeof d, "%s", test_tmpdir());
+    write_text(d, "model.json", FP8_TEST_MODEL);
+    ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/data.bin --vocab 64 --tokens 20000", PITH_BIN, d) == 0);
+    write_text(d, "train.json",
+               "{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 32, "
+               "\"micro_batch_size\": 2, \"global_batch_size\": 4, \"max_steps\": 1, \"device\": \"cuda\", "
+               "\"init_std\": 0.05, \"optimizer\": {\"lr\": 0.01}}");
+    static const char *const runs[4][2] = {{"bf16", ""},
+                                           {"fp8", "--set fp8=true"},
+                                           {"bf16-bal", "--set benchmark=true"},
+                                           {"fp8-bal", "--set benchmark=true --set fp8=true"}};
+    for (int i = 0; i < 4; i++)
+        ASSERT_MSG(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/%s --dump-grads %s/%s/g",
+                           PITH_BIN, d, runs[i][1], d, runs[i][0], d, runs[i][0]) == 0,
+                   "%s: %s", runs[i][0], out);
+    for (int i = 0; i < 4; i += 2) {
+        snprintf(a, sizeof a, "%s/%s", d, runs[i + 1][0]), snprintf(b, sizeof b, "%s/%s", d, runs[i][0]);
+        double l8 = run_metric(a, 1, "loss"), l16 = run_metric(b, 1, "loss"), all;
+        snprintf(a, sizeof a, "%s/%s/g", d, runs[i + 1][0]), snprintf(b, sizeof b, "%s/%s/g", d, runs[i][0]);
+        const char *wn;
+        double worst = grad_calc_diff(a, b, &wn, &all);
+        printf("     %-7s loss %.6f vs bf16 %.6f (%.1e); gradient calc_diff %.1e, worst tensor %.1e (%s)\n",
+               runs[i + 1][0], l8, l16, fabs(l8 - l16) / l16, all, worst, wn);
+        gpu_mode(DT_BF16), record_err(fabs(l8 - l16) / l16, "loss"), record_err(all, "gradient calc_diff");
+        ASSERT(fabs(l8 - l16) <= 0.01 * l16 && all <= 5e-2 && (i == 0 || worst <= 5e-2));
+    }
+    gpu_report();
+}

@@ -1,0 +1,309 @@
+// test_fp8.c — FP8 E4M3 block quantisation (ops/cpu/cpu_fp8.c) and the FP8 linear layers (ops/fp8.c) against
+// references written here, and the model trained with fp8 = true against the compute dtype, one process and ep2.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ops/cpu/cpu_ops.h"
+#include "base/safetensors.h"
+#include "test.h"
+
+// The E4M3 value nearest to v by brute force over the 254 finite codes, ties to the even code (mantissa bit 0
+// clear), saturating at ±448: what fp8_e4m3_encode must give.
+static uint8_t nearest_code(float v) {
+    if (v >= 448) return 0x7e;
+    if (v <= -448) return 0xfe;
+    int best = -1;
+    double bd = INFINITY;
+    for (int q = 0; q < 256; q++) {
+        float f = fp8_e4m3_decode((uint8_t)q);
+        if (isnan(f) || (q == 0x80)) continue; // −0 is the same value as +0
+        double d = fabs((double)f - v);
+        if (d < bd || (d == bd && !(q & 1))) bd = d, best = q;
+    }
+    if (best == 0 && signbit(v)) best = 0x80;
+    return (uint8_t)best;
+}
+
+TEST(fp8_e4m3_codes_round_nearest_even_and_saturate) {
+    for (int q = 0; q < 256; q++) { // every code decodes and encodes back (the NaN codes stay NaN)
+        float f = fp8_e4m3_decode((uint8_t)q);
+        if ((q & 0x7f) == 0x7f) ASSERT(isnan(f) && fp8_e4m3_encode(f) == q);
+        else ASSERT_MSG(fp8_e4m3_encode(f) == q, "code 0x%02x (%g) encodes as 0x%02x", q, f, fp8_e4m3_encode(f));
+    }
+    ASSERT(fp8_e4m3_decode(0x7e) == 448 && fp8_e4m3_decode(0xfe) == -448 && fp8_e4m3_decode(0x01) == 0x1p-9f);
+    ASSERT(fp8_e4m3_decode(0x08) == 0x1p-6f && fp8_e4m3_decode(0x07) == 7 * 0x1p-9f);
+    // saturation, infinities, ties between codes, subnormal ties (2^-10 → 0, 3·2^-10 → 2·2^-9)
+    ASSERT(fp8_e4m3_encode(449) == 0x7e && fp8_e4m3_encode(1e30f) == 0x7e && fp8_e4m3_encode(-INFINITY) == 0xfe);
+    ASSERT(fp8_e4m3_encode(0x1p-10f) == 0x00 && fp8_e4m3_encode(3 * 0x1p-10f) == 0x02);
+    ASSERT(fp8_e4m3_encode(17) == fp8_e4m3_encode(16) && fp8_e4m3_encode(19) == fp8_e4m3_encode(20));
+    float v[4000];
+    fill_normal(v, 4000, 60);
+    for (int i = 0; i < 4000; i++) {
+        float x = i % 4 ? v[i] : v[i] * 1e-4f; // a quarter near the subnormal range
+        ASSERT_MSG(fp8_e4m3_encode(x) == nearest_code(x), "%.9g: 0x%02x, nearest 0x%02x", x, fp8_e4m3_encode(x),
+                   nearest_code(x));
+    }
+}
+
+TEST(fp8_block_scale_power_of_two) {
+    ASSERT(fp8_block_scale(448) == 1 && fp8_block_scale(449) == 2 && fp8_block_scale(224) == 0.5f);
+    ASSERT(fp8_block_scale(0) == fp8_block_scale(1e-4f)); // amax is clamped at 1e-4
+    float v[200];
+    fill_normal(v, 200, 10);
+    for (int i = 0; i < 200; i++) {
+        float a = fabsf(v[i]) + 1e-3f, s = fp8_block_scale(a);
+        int e;
+        ASSERT(frexpf(s, &e) == 0.5f);           // a power of two
+        ASSERT(s >= a / 448 && s < 2 * a / 448); // the smallest one ≥ amax/448
+    }
+}
+
+// x: (R, C) with the given groups; checks quantise → dequantise = round, round is idempotent, every value is
+// within half a code step of x (2^-4 relative, or 2^-10·s among the subnormal codes).
+static void check_round_trip(int64_t R, int64_t C, Fp8Blocks b, const int64_t *offs, int groups) {
+    float *x = xmalloc(R * C * 4), *y = xmalloc(R * C * 4), *z = xmalloc(R * C * 4), *w = xmalloc(R * C * 4);
+    fill_normal(x, R * C, 3);
+    for (int64_t i = 0; i < R * C; i += 7) x[i] *= 1e-4f; // small values in blocks of large ones: subnormal codes
+    Tensor tx = tf32_2(x, R, C);
+    int64_t sr = cpu_fp8_scale_rows(tx, b, offs, groups), sc = b == FP8_COLS ? C : (C + 127) / 128;
+    uint8_t *q = xmalloc(R * C);
+    float *s = xmalloc(sr * sc * 4);
+    Tensor tq = tensor_make(q, DT_U8, DEV_CPU, 2, R, C, 1, 1), ts = tf32_2(s, sr, sc);
+    cpu_fp8_quantize(tq, ts, tx, b, offs, groups);
+    cpu_fp8_dequantize(tf32_2(y, R, C), tq, ts, b, offs, groups);
+    op_fp8_round(tf32_2(z, R, C), tx, b, offs, groups);
+    ASSERT(!memcmp(y, z, R * C * 4));
+    op_fp8_round(tf32_2(w, R, C), tf32_2(z, R, C), b, offs, groups);
+    ASSERT(!memcmp(w, z, R * C * 4));
+    int subnormal = 0;
+    for (int64_t i = 0; i < R * C; i++) {
+        float step = fabsf(x[i]) * 0x1p-4f, tiny = 0;
+        for (int64_t j = 0; j < sr * sc; j++) tiny = fmaxf(tiny, s[j] * 0x1p-10f);
+        subnormal += (q[i] & 0x78) == 0 && (q[i] & 7);
+        ASSERT_MSG(fabsf(z[i] - x[i]) <= fmaxf(step, tiny), "%lld: %g → %g", (long long)i, x[i], z[i]);
+    }
+    ASSERT(subnormal > 0);
+    free(x), free(y), free(z), free(w), free(q), free(s);
+}
+
+TEST(fp8_round_trips_every_block_kind) {
+    int64_t offs[5] = {0, 5, 5, 140, 300}; // an empty group, one of 5 rows, ragged blocks of 128
+    for (int b = FP8_ROWS; b <= FP8_TILES; b++) {
+        check_round_trip(300, 200, (Fp8Blocks)b, offs, 4); // 200 columns: a block of 128 and one of 72
+        check_round_trip(130, 256, (Fp8Blocks)b, NULL, 0);
+    }
+}
+
+TEST(fp8_round_block_edges) {
+    enum { R = 4, C = 256 };
+    float x[R * C], y[R * C], p[R * 384], py[R * 384];
+    memset(x, 0, sizeof x);
+    for (int c = 128; c < C; c++) x[c] = (c % 3 - 1) * 448.0f; // row 0: a zero block, then a block of ±448 and 0
+    x[C + 5] = 449, x[C + 6] = -0x1p-130f;                     // row 1: 449 → scale 2; an fp32 subnormal
+    x[2 * C + 7] = 1e-30f;                                     // row 2: amax below 1e-4 → scale 2^-22
+    op_fp8_round(tf32_2(y, R, C), tf32_2(x, R, C), FP8_ROWS, NULL, 0);
+    for (int c = 0; c < 128; c++) ASSERT(y[c] == 0 && !signbit(y[c]));
+    for (int c = 128; c < C; c++) ASSERT(y[c] == x[c]); // ±448 exact (codes 0x7e, 0xfe)
+    ASSERT(y[C + 5] == 448 && y[C + 6] == 0 && y[2 * C + 7] == 0);
+    // a ragged last block equals the block padded with zeros
+    memset(p, 0, sizeof p);
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 200; c++) p[r * 384 + c] = x[r * 200 + c] = (float)(r + 1) * (c % 17 - 8) * 0.37f;
+    for (int b = FP8_ROWS; b <= FP8_TILES; b++) {
+        op_fp8_round(tf32_2(y, R, 200), tf32_2(x, R, 200), (Fp8Blocks)b, NULL, 0);
+        op_fp8_round(tf32_2(py, R, 384), tf32_2(p, R, 384), (Fp8Blocks)b, NULL, 0);
+        for (int r = 0; r < R; r++) ASSERT(!memcmp(y + r * 200, py + r * 384, 200 * 4));
+    }
+}
+
+static float bad_value;
+static void round_bad(void) {
+    float x[300];
+    fill_normal(x, 300, 1);
+    x[133] = bad_value;
+    op_fp8_round(tf32_2(x, 3, 100), tf32_2(x, 3, 100), FP8_TILES, NULL, 0);
+}
+
+// Runs round_bad in a child with stderr captured; it must stop with a message containing want.
+static void expect_refused(float v, const char *want) {
+    char log[300];
+    snprintf(log, sizeof log, "%s/die.log", test_tmpdir());
+    bad_value = v;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        CHECK(freopen(log, "w", stderr));
+        round_bad();
+        _exit(0);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    char *msg = file_read_all(log, NULL);
+    ASSERT_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 1, "a non-finite value was quantised");
+    ASSERT_MSG(msg && strstr(msg, want), "message '%s', expected '%s'", msg ? msg : "", want);
+    free(msg);
+}
+
+TEST(fp8_round_refuses_non_finite_input) {
+    expect_refused(NAN, "fp8: cannot quantise a non-finite value: x[1, 33] = nan (shape 3 × 100)");
+    expect_refused(INFINITY, "x[1, 33] = inf");
+    expect_refused(-INFINITY, "x[1, 33] = -inf");
+}
+
+// ---- the FP8 linear layers ----
+
+// out = a·bᵀ (ta: a is stored transposed, (K, M)) in fp64 of fp32 inputs: C (M, N).
+static void gemm64(double *out, const float *a, const float *b, int64_t M, int64_t N, int64_t K, bool ta, bool tb) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0;
+            for (int64_t k = 0; k < K; k++) s += (double)a[ta ? k * M + i : i * K + k] * b[tb ? k * N + j : j * K + k];
+            out[i * N + j] = s;
+        }
+}
+
+static float *rounded_copy(const float *x, int64_t R, int64_t C, Fp8Blocks b, const int64_t *offs, int groups) {
+    float *y = xmalloc(R * C * 4);
+    op_fp8_round(tf32_2(y, R, C), tf32_2((float *)x, R, C), b, offs, groups);
+    return y;
+}
+
+static double rel_mixed(const float *a, const double *b, int64_t n) {
+    double *ad = xmalloc(n * 8);
+    for (int64_t i = 0; i < n; i++) ad[i] = a[i];
+    double r = rel_err_f64(ad, b, n);
+    free(ad);
+    return r;
+}
+
+// calc_diff = 1 − 2Σab / Σ(a² + b²) (PithTrain's measure).
+static double calc_diff(const float *a, const double *b, int64_t n) {
+    double ab = 0, aa = 0;
+    for (int64_t i = 0; i < n; i++) ab += a[i] * b[i], aa += (double)a[i] * a[i] + b[i] * b[i];
+    return 1 - 2 * ab / aa;
+}
+
+// The FP8 layers equal the recipe computed here in fp64 on rounded operands (≤ 1e-6: fp32 sums), and their outputs
+// and gradients are the exact layer's (fp64 on the unrounded operands) within the FP8 error.
+// offs NULL: the dense layer; else E experts (the weight (E, N, K)).
+static void check_fp8_linear(int64_t M, int64_t N, int64_t K, const int64_t *offs, int E) {
+    int64_t En = offs ? E : 1;
+    float *x = xmalloc(M * K * 4), *w = xmalloc(En * N * K * 4), *dy = xmalloc(M * N * 4);
+    fill_normal(x, M * K, 1), fill_normal(w, En * N * K, 0.5f), fill_normal(dy, M * N, 1);
+    Tensor tw = offs ? tensor_make(w, DT_F32, DEV_CPU, 3, E, N, K, 1) : tf32_2(w, N, K);
+    float *wq = xmalloc(En * N * K * 4);
+    Tensor twq = tw;
+    twq.p = wq;
+    op_fp8_round(twq, tw, FP8_TILES, NULL, 0);
+    float *y = xmalloc(M * N * 4), *dx = xmalloc(M * K * 4), *dw = xcalloc(En * N * K, 4);
+    if (offs) {
+        op_fp8_grouped_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), twq, offs);
+        op_fp8_grouped_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), twq, offs);
+        op_fp8_grouped_linear_backward_weight(tensor_make(dw, DT_F32, DEV_CPU, 3, E, N, K, 1), tf32_2(dy, M, N),
+                                              tf32_2(x, M, K), offs);
+    } else {
+        op_fp8_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), twq);
+        op_fp8_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), twq, false);
+        op_fp8_linear_backward_weight(tf32_2(dw, N, K), tf32_2(dy, M, N), tf32_2(x, M, K));
+    }
+    // the recipe: x and dy 1 × 128 for forward and input gradient; weight gradient dy 128 × 1 with x 128 × 128
+    // (dense) or both 128 × 1 within each expert (grouped)
+    float *xr = rounded_copy(x, M, K, FP8_ROWS, NULL, 0), *dyr = rounded_copy(dy, M, N, FP8_ROWS, NULL, 0),
+          *dyc = rounded_copy(dy, M, N, FP8_COLS, offs, E),
+          *xw = rounded_copy(x, M, K, offs ? FP8_COLS : FP8_TILES, offs, E);
+    double *ry = xmalloc(M * N * 8), *rdx = xmalloc(M * K * 8), *rdw = xmalloc(En * N * K * 8);
+    double *ty = xmalloc(M * N * 8), *tdx = xmalloc(M * K * 8), *tdw = xmalloc(En * N * K * 8);
+    for (int64_t e = 0; e < En; e++) {
+        int64_t r0 = offs ? offs[e] : 0, m = offs ? offs[e + 1] - r0 : M;
+        const float *we = wq + e * N * K, *wt = w + e * N * K;
+        gemm64(ry + r0 * N, xr + r0 * K, we, m, N, K, false, false);
+        gemm64(rdx + r0 * K, dyr + r0 * N, we, m, K, N, false, true);
+        gemm64(rdw + e * N * K, dyc + r0 * N, xw + r0 * K, N, K, m, true, true);
+        // the exact layer: y = x·wᵀ, dx = dy·w, dw = dyᵀ·x on the unrounded operands, in fp64
+        float *wtt = xmalloc(N * K * 4);
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t k = 0; k < K; k++) wtt[k * N + j] = wt[j * K + k];
+        gemm64(ty + r0 * N, x + r0 * K, wt, m, N, K, false, false);
+        gemm64(tdx + r0 * K, dy + r0 * N, wtt, m, K, N, false, false);
+        gemm64(tdw + e * N * K, dy + r0 * N, x + r0 * K, N, K, m, true, true);
+        free(wtt);
+    }
+    ASSERT(rel_mixed(y, ry, M * N) < 1e-6 && rel_mixed(dx, rdx, M * K) < 1e-6 && rel_mixed(dw, rdw, En * N * K) < 1e-6);
+    double cy = calc_diff(y, ty, M * N), cx = calc_diff(dx, tdx, M * K), cw = calc_diff(dw, tdw, En * N * K);
+    printf("     fp8 %s M %lld N %lld K %lld: calc_diff against the exact layer y %.1e dx %.1e dw %.1e\n",
+           offs ? "grouped" : "dense", (long long)M, (long long)N, (long long)K, cy, cx, cw);
+    ASSERT(cy < 2e-3 && cx < 2e-3 && cw < 2e-3); // E4M3: ≤ 2^-4 relative per operand
+    free(x), free(w), free(dy), free(wq), free(y), free(dx), free(dw), free(xr), free(dyr), free(dyc), free(xw);
+    free(ry), free(rdx), free(rdw), free(ty), free(tdx), free(tdw);
+}
+
+TEST(fp8_linear_recipe_and_gradients) {
+    check_fp8_linear(150, 136, 200, NULL, 0); // ragged blocks in every dimension
+    int64_t offs[5] = {0, 40, 40, 190, 200};  // an empty expert, one of 150 rows (two token blocks)
+    check_fp8_linear(200, 72, 136, offs, 4);
+}
+
+// ---- the model in FP8 ----
+
+// A run folder with FP8_TEST_MODEL: one step, micro-batches of 2 × 32 tokens, global batch 4.
+static const char *make_fp8_run(void) {
+    static char d[256];
+    snprintf(d, sizeof d, "%s", test_tmpdir());
+    write_text(d, "model.json", FP8_TEST_MODEL);
+    char out[8192];
+    ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/data.bin --vocab 64 --tokens 20000", PITH_BIN, d) == 0);
+    write_text(d, "train.json",
+               "{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 32, "
+               "\"micro_batch_size\": 2, \"global_batch_size\": 4, \"max_steps\": 1, \"device\": \"cpu\", "
+               "\"init_std\": 0.05, \"optimizer\": {\"lr\": 0.01}, \"parallel\": {\"timeout_s\": 60}}");
+    return d;
+}
+
+// Trains run `name` of folder d; returns the plan's total bytes (the "plan (...)" line of rank 0).
+static double train_one(const char *d, const char *name, const char *launch, const char *sets) {
+    static char out[1 << 16];
+    int rc = run_cmd(out, sizeof out, "%s %s/train.json %s --set run_dir=%s/%s --dump-grads %s/%s/g", launch, d, sets,
+                     d, name, d, name);
+    ASSERT_MSG(rc == 0, "%s: %s", name, out);
+    const char *p = strstr(out, "plan ("), *q = p ? strstr(p, " MB (") : NULL;
+    ASSERT_MSG(q, "%s: no plan line: %s", name, out);
+    return atof(q + 5);
+}
+
+// Step 1 in FP8 against fp32 on the CPU: the loss within 1%, the gradient within calc_diff 5e-2 (the GPU suite
+// checks the same against bf16) — every tensor's under force-balanced routing; with learned routing the whole
+// gradient's, since a token whose top-k flips between near-equal experts moves a nearly idle expert's gradient
+// far. Two ep ranks in FP8 equal one FP8 process: the forward's blocks are the same under every layout (the loss
+// agrees to fp32 sums); the weight gradients' 128-token blocks hold the rows an expert receives from both ranks'
+// micro-batches at once, so they agree within FP8 rounding, not bit for bit.
+TEST(fp8_model_step_against_fp32_and_ep2) {
+    const char *d = make_fp8_run(), *wn, *one;
+    char cmd[400], a[300], b[300];
+    snprintf(cmd, sizeof cmd, "%s train", PITH_BIN), one = cmd;
+    double plan32 = train_one(d, "f32", one, ""), plan8 = train_one(d, "fp8", one, "--set fp8=true");
+    // the plan counts the weight cache: a copy of every stage-3 weight (fp32 on the CPU), 2 MoE layers of 8 experts
+    // (gate_up 256 × 256, down 256 × 128) and the dense layer (512 × 256, 256 × 256)
+    ASSERT_MSG(plan8 - plan32 == (2 * 8 * (256 * 256 + 256 * 128) + 512 * 256 + 256 * 256) * 4.0, "%.0f vs %.0f", plan8,
+               plan32);
+    train_one(d, "f32-bal", one, "--set benchmark=true");
+    train_one(d, "fp8-bal", one, "--set benchmark=true --set fp8=true");
+    char launch[400];
+    snprintf(launch, sizeof launch, "PITH=%s scripts/launch.sh -n 2", PITH_BIN);
+    train_one(d, "fp8-ep2", launch, "--set fp8=true --set parallel.expert_parallel_size=2");
+    static const char *const runs[][2] = {{"fp8", "f32"}, {"fp8-bal", "f32-bal"}, {"fp8-ep2", "fp8"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(a, sizeof a, "%s/%s", d, runs[i][0]), snprintf(b, sizeof b, "%s/%s", d, runs[i][1]);
+        double la = run_metric(a, 1, "loss"), lb = run_metric(b, 1, "loss"), all;
+        snprintf(a, sizeof a, "%s/%s/g", d, runs[i][0]), snprintf(b, sizeof b, "%s/%s/g", d, runs[i][1]);
+        double worst = grad_calc_diff(a, b, &wn, &all);
+        printf("     %-7s vs %-7s step 1 loss %.7f vs %.7f (%.1e); gradient calc_diff %.1e, worst tensor %.1e (%s)\n",
+               runs[i][0], runs[i][1], la, lb, fabs(la - lb) / lb, all, worst, wn);
+        if (i < 2) { // FP8 against fp32
+            ASSERT(fabs(la - lb) <= 0.01 * lb && la != lb);
+            ASSERT(all <= 5e-2 && all > 0 && (i == 0 || worst <= 5e-2));
+        } else { // ep2 against one process, both FP8
+            ASSERT(fabs(la - lb) <= 1e-6 * lb);
+            ASSERT(all <= 1e-3);
+        }
+    }
+}
