@@ -25,6 +25,14 @@ static const char *memory_run(void) {
     return d;
 }
 
+// The last number in parentheses before " bytes)" after `key` in text (a plan line of train or estimate).
+static long long plan_bytes(const char *text, const char *key) {
+    const char *k = strstr(text, key), *e = k ? strstr(k, " bytes)") : NULL;
+    ASSERT_MSG(e, "no '%s ... bytes)' in: %s", key, text);
+    while (e[-1] >= '0' && e[-1] <= '9') e--;
+    return strtoll(e, NULL, 10);
+}
+
 // ---- activation recomputation: the whole model as one chunk in one process ----
 
 typedef struct {
@@ -168,12 +176,8 @@ TEST(memory_recompute_estimate_equals_plan) {
                            "PITH=%s scripts/launch.sh -n %d %s/train.json --set max_steps=1 --set run_dir=%s/e%d%d %s "
                            "2>&1",
                            PITH_BIN, np, d, d, np, i, sets) == 0);
-            const char *e = strstr(est, " bytes)"), *t = strstr(out, " bytes)");
-            ASSERT_MSG(e && t, "%s\n%s", est, out);
-            while (e[-1] != '(') e--;
-            while (t[-1] != '(') t--;
-            ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "%d ranks, %s: estimate %lld vs train %lld", np,
-                       modes[i], strtoll(e, NULL, 10), strtoll(t, NULL, 10));
+            long long e = plan_bytes(est, "  total"), t = plan_bytes(out, "plan (");
+            ASSERT_MSG(e == t, "%d ranks, %s: estimate %lld vs train %lld", np, modes[i], e, t);
         }
 }
 
@@ -275,12 +279,8 @@ TEST(memory_estimate_sweep_layout_trains) {
                            "PITH=%s scripts/launch.sh -n 8 %s/train.json --set max_steps=1 --set run_dir=%s/s %s 2>&1",
                            PITH_BIN, d, d, layout) == 0,
                    "%s", out);
-        const char *e = strstr(est, " bytes)"), *t = strstr(out, " bytes)");
-        ASSERT_MSG(e && t, "%s\n%s", est, out);
-        while (e[-1] != '(') e--;
-        while (t[-1] != '(') t--;
-        ASSERT_MSG(strtoll(e, NULL, 10) == strtoll(t, NULL, 10), "%s: estimate %lld vs train %lld", layout,
-                   strtoll(e, NULL, 10), strtoll(t, NULL, 10));
+        long long e = plan_bytes(est, "  total"), t = plan_bytes(out, "plan (");
+        ASSERT_MSG(e == t, "%s: estimate %lld vs train %lld", layout, e, t);
         char dir[300];
         snprintf(dir, sizeof dir, "%s/s", d);
         ASSERT(isfinite(run_metric(dir, 1, "loss")));
@@ -312,14 +312,6 @@ TEST(memory_pipeline_spill_and_recompute) {
 }
 
 // ---- optimizer.offload: AdamW's moments in host memory ----
-
-// The last number in parentheses before " bytes)" after `key` in text (a plan line of train or estimate).
-static long long plan_bytes(const char *text, const char *key) {
-    const char *k = strstr(text, key), *e = k ? strstr(k, " bytes)") : NULL;
-    ASSERT_MSG(e, "no '%s ... bytes)' in: %s", key, text);
-    while (e[-1] >= '0' && e[-1] <= '9') e--;
-    return strtoll(e, NULL, 10);
-}
 
 // The moments streamed through staging chunks (PITH_OFFLOAD_CHUNK=100 elements: many chunks and a ragged last one)
 // give the same run bit for bit — every step's loss and norm, the checkpoint's model and optimizer files — on one
