@@ -100,7 +100,7 @@ for name, v in sorted(per.items(), key=lambda kv: -abs(kv[1][2] - kv[1][0]))[:25
 PY
     ;;
 final)
-    F=${FILTER:-gpu_op_elementwise gpu_op_grouped_wgmma gpu_model_bf16 gpu_model_gpt_oss gpu_model_fp8 gpu_train_tracks_cpu}
+    F=${FILTER:-gpu_op_elementwise gpu_op_rmsnorm gpu_op_grouped_wgmma gpu_model_bf16 gpu_model_gpt_oss gpu_model_fp8 gpu_train_tracks_cpu}
     timeout 120 $B/test_gpu $F >$OUT/test_gpu.txt 2>&1; echo "rc=$? ($(el) s)" >>$OUT/test_gpu.txt
     grep -E "^FAIL|passed|rc=" $OUT/test_gpu.txt | tee -a $OUT/summary.txt
     for tool in memcheck racecheck; do
