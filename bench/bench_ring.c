@@ -1,6 +1,6 @@
 // bench_ring.c — zigzag ring attention on the GPU at Qwen3-30B-A3B's attention shape (32 query heads on 4 kv
 // heads of 128, bf16), one rank per GPU under mpirun as the cp group (bench/run_cp2.sh runs it):
-//   build/bench_ring [--seq 16384,32768] [--iters 10]
+//   build/bench_ring [--seq 16384,32768] [--iters 10] [--dtype bf16|fp32]   (fp32: fake GPUs, bench/run_x2.sh --dry)
 // For each global sequence length S (one sequence, each rank holding S/cp tokens) it times, with a device sync
 // after each call and the slowest rank's time:
 //   ring     ring_attention_forward and ring_attention_backward as training runs them (K/V posted before each
@@ -19,10 +19,12 @@ static double slowest(const Dist *d, double v) {
     return v;
 }
 
+static DType dt = DT_BF16; // of q, k, v, o and the gradients
+
 static Tensor rand_dev(Arena *a, int64_t n0, int64_t n1, int64_t n2, uint64_t seed) {
     Tensor h = tensor_make(xmalloc(n0 * n1 * n2 * sizeof(float)), DT_F32, DEV_CPU, 3, n0, n1, n2, 1);
     for (int64_t i = 0; i < tensor_numel(h); i++) ((float *)h.p)[i] = (float)rng_normal(seed, 0, (uint64_t)i);
-    Tensor t = arena_tensor(a, DT_BF16, 3, n0, n1, n2, 0);
+    Tensor t = arena_tensor(a, dt, 3, n0, n1, n2, 0);
     op_copy(t, h);
     free(h.p);
     return t;
@@ -31,14 +33,15 @@ static Tensor rand_dev(Arena *a, int64_t n0, int64_t n1, int64_t n2, uint64_t se
 static void bench_one(const Dist *d, int S, int iters) {
     int cp = d->cp, nh = 32, nkv = 4, hd = 128, blk = S / (2 * cp);
     int64_t T = 2 * (int64_t)blk, H = blk;
-    Arena a = arena_create("bench_ring", DEV_CUDA, (size_t)(T * (3 * nh + 2 * nkv) * hd * 2 * 2 + (64 << 20)));
+    Arena a =
+        arena_create("bench_ring", DEV_CUDA, (size_t)(T * (3 * nh + 2 * nkv) * hd * dtype_size(dt) * 2 + (64 << 20)));
     Tensor q = rand_dev(&a, T, nh, hd, 1), k = rand_dev(&a, T, nkv, hd, 2), v = rand_dev(&a, T, nkv, hd, 3),
            dout = rand_dev(&a, T, nh, hd, 4);
-    Tensor o = arena_tensor(&a, DT_BF16, 3, T, nh, hd, 0), lse = arena_tensor(&a, DT_F32, 3, 1, nh, T, 0),
-           dq = arena_tensor(&a, DT_BF16, 3, T, nh, hd, 0), dk = arena_tensor(&a, DT_BF16, 3, T, nkv, hd, 0),
-           dv = arena_tensor(&a, DT_BF16, 3, T, nkv, hd, 0);
+    Tensor o = arena_tensor(&a, dt, 3, T, nh, hd, 0), lse = arena_tensor(&a, DT_F32, 3, 1, nh, T, 0),
+           dq = arena_tensor(&a, dt, 3, T, nh, hd, 0), dk = arena_tensor(&a, dt, 3, T, nkv, hd, 0),
+           dv = arena_tensor(&a, dt, 3, T, nkv, hd, 0);
     Ring ring;
-    ring_init(&ring, &d->cp_g, DEV_CUDA, ring_bytes(DEV_CUDA, DT_BF16, 1, blk, nh, nkv, hd, hd, 0, 0));
+    ring_init(&ring, &d->cp_g, DEV_CUDA, ring_bytes(DEV_CUDA, dt, 1, blk, nh, nkv, hd, hd, 0, 0));
     AttnArgs causal = {.B = 1, .scale = 1.0f / sqrtf((float)hd), .causal = true},
              block = {.B = 1, .scale = causal.scale};
     double rf = 0, rb = 0, kf = 0, kb = 0;
@@ -82,7 +85,10 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--seq") && i + 1 < argc) seqs = argv[++i];
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
-        else die("usage: mpirun -np CP bench_ring [--seq S1,S2,...] [--iters N]");
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], "bf16") || !strcmp(argv[i + 1], "fp32")))
+            dt = !strcmp(argv[++i], "fp32") ? DT_F32 : DT_BF16;
+        else die("usage: mpirun -np CP bench_ring [--seq S1,S2,...] [--iters N] [--dtype bf16|fp32]");
     }
     if (iters < 1) die("bench_ring: --iters must be positive");
     dist_launch();

@@ -8,33 +8,45 @@
 #      micro-batch: cp2 on 2 GPUs (S/2 tokens per GPU) against cp1 on one GPU (S tokens): tokens/s per GPU over
 #      forward+backward and GPU peak memory, medians of steps 3.. (bench/report.py's count).
 # Options: --quick (S = 16384 only, 4 steps). Work files under /tmp/pith-cp2, results copied to $OUT; a table last.
+# Environment as bench/run_gpu2.sh's (PITH_BUILD, PITH_MPI, PITH_Q8, PITH_Q8_VOCAB, PITH_Q8_SETS, PITH_RUNS), and PITH_CP_SEQS
+# (the sequence lengths, default "16384 32768"; bench/run_x2.sh --dry sets short ones), PITH_RING_DTYPE (fp32 on
+# fake GPUs) and PITH_RING_ITERS.
 set -u
 OUT=${OUT:-/tmp/pith-out}
 W=/tmp/pith-cp2
 mkdir -p "$W" "$OUT"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MPI="mpirun --bind-to none -np 2"
+B=${PITH_BUILD:-build}
+MPI=${PITH_MPI:-mpirun --bind-to none -np 2}
+Q8=${PITH_Q8:-bench/qwen3_30b_a3b_8l}
 deadline=${PITH_DEADLINE:-$(($(date +%s) + 540))}
 limit() { local l=$((deadline - $(date +%s) - 20)); ((l > $1)) && l=$1; ((l < 5)) && l=5; echo $l; }
-seqs="16384 32768" steps=6
-for a in "$@"; do case "$a" in --quick) seqs=16384 steps=4 ;; esac; done
+seqs=${PITH_CP_SEQS:-16384 32768} steps=6
+for a in "$@"; do case "$a" in --quick) seqs=${seqs%% *} steps=4 ;; esac; done
 
-echo "== ring attention at cp2 (build/bench_ring, S = $seqs)"
-timeout $(limit 150) $MPI build/bench_ring --seq "${seqs// /,}" --iters 10 2>&1 | tee "$W/bench_ring.log"
+echo "== ring attention at cp2 ($B/bench_ring, S = $seqs)"
+timeout $(limit 150) $MPI $B/bench_ring --seq "${seqs// /,}" --iters ${PITH_RING_ITERS:-10} ${PITH_RING_DTYPE:+--dtype $PITH_RING_DTYPE} 2>&1 | tee "$W/bench_ring.log"
 grep '^{' "$W/bench_ring.log" >"$W/bench_ring.jsonl"
 
-[ -s "$W/q8data.bin" ] || build/pith synth --output "$W/q8data.bin" --vocab 151936 --tokens 400000 >/dev/null
+# train NAME GPUS ARGS...: one run into $W/NAME (log $W/NAME.log), recorded in PITH_RUNS (as run_gpu2.sh's).
+train() {
+    local name=$1 gpus=$2 launch=""
+    shift 2
+    ((gpus > 1)) && launch=$MPI
+    rm -rf "${W:?}/$name"
+    [ -n "${PITH_RUNS:-}" ] && printf '%s\t%s\t%s\t%s\n' "$name" "$gpus" "$W/$name" "$q8 $*" >>"$PITH_RUNS"
+    timeout $(limit 240) $launch $B/pith train $q8 "$@" --set run_dir="$W/$name" >"$W/$name.log" 2>&1
+    grep -E "^(mesh|plan|step|done)|error" "$W/$name.log"
+    cp "$W/$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
+}
+[ -s "$W/q8data.bin" ] || $B/pith synth --output "$W/q8data.bin" --vocab ${PITH_Q8_VOCAB:-151936} --tokens 400000 >/dev/null
 for S in $seqs; do
-    q8="bench/qwen3_30b_a3b_8l/train.json --set dataset=$W/q8data.bin --set max_steps=$steps --set parallel.timeout_s=300"
+    q8="$Q8/train.json --set dataset=$W/q8data.bin --set max_steps=$steps --set parallel.timeout_s=300 ${PITH_Q8_SETS:-}"
     q8="$q8 --set sequence_length=$S --set micro_batch_size=1 --set global_batch_size=1"
     echo "== Qwen3-30B-A3B, 8 layers, one sequence of $S tokens: cp2 on 2 GPUs"
-    timeout $(limit 240) $MPI build/pith train $q8 --set parallel.context_parallel_size=2 --set run_dir="$W/cp2-$S" \
-        >"$W/cp2-$S.log" 2>&1
-    grep -E "^(mesh|plan|step|done)|error" "$W/cp2-$S.log"
+    train cp2-$S 2 --set parallel.context_parallel_size=2
     echo "== the same on one GPU (cp1)"
-    timeout $(limit 240) build/pith train $q8 --set run_dir="$W/cp1-$S" >"$W/cp1-$S.log" 2>&1
-    grep -E "^(plan|step|done)|error" "$W/cp1-$S.log"
-    for r in cp2 cp1; do cp "$W/$r-$S/metrics.jsonl" "$OUT/$r-$S-metrics.jsonl" 2>/dev/null; done
+    train cp1-$S 1
 done
 cp "$W/bench_ring.jsonl" "$OUT/" 2>/dev/null
 python3 - "$W" "$seqs" <<'PY'

@@ -8,57 +8,76 @@
 #   2. bench/qwen3_30b_a3b_8l (the single-GPU end-to-end benchmark of bench/run_gpu.sh: Qwen3-30B-A3B cut to
 #      8 layers, micro-batch 2 x 4096, natural routing) at ep2, one micro-batch per GPU and step: tokens/s per
 #      GPU over forward+backward (as bench/report.py counts it) and over the whole step, medians of steps 3..
-#   3. with --pp2: the same model at pipeline_parallel_size 2 (DualPipeV, 4 layers per GPU in two chunks),
-#      global batch 8 = 4 micro-batches of 2 x 4096 through the pipeline (N = 2P): tokens/s per GPU.
-# Options: --quick (T = 4096 only, 4 steps), --baseline (also the same model on one GPU, ep 1), --pp2.
+#   3. with --fsdp: the same model at ep 1 over two FSDP ranks (dp 2, parameters sharded), one micro-batch per GPU.
+#   4. with --pp2: the same model at pipeline_parallel_size 2 (DualPipeV, 4 layers per GPU in two chunks),
+#      global batch 16 and 32 = 8 and 16 micro-batches of 2 x 4096 through the pipeline: tokens/s per GPU
+#      and the bubble the trainer measures (metrics.jsonl: bubble, pipe_busy_s).
+# Options: --quick (T = 4096 only, 4 steps), --baseline (also the same model on one GPU, ep 1), --fsdp, --pp2.
+# Environment (bench/run_x2.sh --dry sets them to try the script on fake GPUs): PITH_BUILD (binaries, default
+# build), PITH_MPI (the two-rank launcher), PITH_Q8 (the model's folder), PITH_Q8_VOCAB, PITH_Q8_SETS (more --set options), PITH_EP_TOKENS,
+# PITH_RUNS (a file each train run is appended to as NAME<tab>GPUS<tab>RUN_DIR<tab>ARGS, for bench/run_x2.sh's
+# memory check). Without torch the peer step prints "skipped (no torch)".
 # Work files under /tmp/pith-gpu2; copied to $OUT (at most 8 files come back from the device): the two
-# .jsonl results, the 8-layer run's log and metrics. A table last.
+# .jsonl results, the 8-layer run's log and each run's metrics. A table last.
 set -u
 OUT=${OUT:-/tmp/pith-out}
 W=/tmp/pith-gpu2
 mkdir -p "$W/splits" "$OUT"
 rm -f "$W"/splits/*.json
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MPI="mpirun --bind-to none -np 2"
+B=${PITH_BUILD:-build}
+MPI=${PITH_MPI:-mpirun --bind-to none -np 2}
+Q8=${PITH_Q8:-bench/qwen3_30b_a3b_8l}
 # Each step's time limit keeps the whole script inside PITH_DEADLINE (epoch seconds; default 9 minutes
 # from now), so the table at the end always prints.
 deadline=${PITH_DEADLINE:-$(($(date +%s) + 540))}
 limit() { local l=$((deadline - $(date +%s) - 20)); ((l > $1)) && l=$1; ((l < 5)) && l=5; echo $l; }
-tokens=1024,4096,16384 steps=8 baseline=0 pp2=0
-for a in "$@"; do case "$a" in --quick) tokens=4096 steps=4 ;; --baseline) baseline=1 ;; --pp2) pp2=1 ;; esac; done
+tokens=${PITH_EP_TOKENS:-1024,4096,16384} steps=8 baseline=0 pp2=0 fsdp=0
+for a in "$@"; do case "$a" in --quick) tokens=${PITH_EP_TOKENS:-4096} steps=4 ;; --baseline) baseline=1 ;; --fsdp) fsdp=1 ;; --pp2) pp2=1 ;; esac; done
 
-echo "== pith dispatch + combine (build/bench_ep, T = $tokens per rank)"
-timeout $(limit 150) $MPI build/bench_ep --tokens $tokens --iters 20 --splits "$W/splits" 2>&1 | tee "$W/bench_ep.log"
+echo "== pith dispatch + combine ($B/bench_ep, T = $tokens per rank)"
+timeout $(limit 150) $MPI $B/bench_ep --tokens $tokens --iters 20 --splits "$W/splits" 2>&1 | tee "$W/bench_ep.log"
 grep '^{' "$W/bench_ep.log" >"$W/bench_ep.jsonl"
 
 echo "== torch.distributed.all_to_all_single at the same row counts"
-PYTHONUNBUFFERED=1 timeout $(limit 150) python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/peer_a2a.py "$W/splits" --iters 20 2>&1 |
-    tee "$W/peer_a2a.log"
+if python3 -c "import torch" 2>/dev/null; then
+    PYTHONUNBUFFERED=1 timeout $(limit 150) python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/peer_a2a.py "$W/splits" --iters 20 2>&1 |
+        tee "$W/peer_a2a.log"
+else echo "skipped (no torch)" | tee "$W/peer_a2a.log"; fi
 grep '^{' "$W/peer_a2a.log" >"$W/peer_a2a.jsonl"
 
-echo "== Qwen3-30B-A3B, 8 layers, ep2 (bench/qwen3_30b_a3b_8l: micro-batch 2 x 4096 per rank)"
-[ -s "$W/q8data.bin" ] || build/pith synth --output "$W/q8data.bin" --vocab 151936 --tokens 200000 >/dev/null
-q8="bench/qwen3_30b_a3b_8l/train.json --set dataset=$W/q8data.bin --set max_steps=$steps --set parallel.timeout_s=300"
-t0=$(date +%s)
-timeout $(limit 300) $MPI build/pith train $q8 --set parallel.expert_parallel_size=2 --set global_batch_size=4 --set run_dir="$W/q8-ep2" \
-    >"$W/q8-ep2.log" 2>&1
-echo "rc=$? ($(($(date +%s) - t0)) s)"
-grep -E "^(mesh|plan|step|done)|error" "$W/q8-ep2.log"
+# train NAME GPUS LIMIT_S ARGS...: one run of the model into $W/NAME (log $W/NAME.log), recorded in PITH_RUNS.
+train() {
+    local name=$1 gpus=$2 lim=$3 launch="" t0
+    shift 3
+    ((gpus > 1)) && launch=$MPI
+    rm -rf "${W:?}/$name"
+    [ -n "${PITH_RUNS:-}" ] && printf '%s\t%s\t%s\t%s\n' "$name" "$gpus" "$W/$name" "$q8 $*" >>"$PITH_RUNS"
+    t0=$(date +%s)
+    timeout $(limit $lim) $launch $B/pith train $q8 "$@" --set run_dir="$W/$name" >"$W/$name.log" 2>&1
+    echo "rc=$? ($(($(date +%s) - t0)) s)"
+    grep -E "^(mesh|plan|step|done)|error" "$W/$name.log"
+    cp "$W/$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
+}
+[ -s "$W/q8data.bin" ] || $B/pith synth --output "$W/q8data.bin" --vocab ${PITH_Q8_VOCAB:-151936} --tokens 200000 >/dev/null
+q8="$Q8/train.json --set dataset=$W/q8data.bin --set max_steps=$steps --set parallel.timeout_s=300 ${PITH_Q8_SETS:-}"
+echo "== Qwen3-30B-A3B, 8 layers, ep2 ($Q8: one micro-batch per rank)"
+train q8-ep2 2 300 --set parallel.expert_parallel_size=2 --set global_batch_size=4
 if [ $baseline = 1 ]; then
-    echo "== the same on one GPU (ep 1, micro-batch 2 x 4096)"
-    timeout $(limit 300) build/pith train $q8 --set run_dir="$W/q8-ep1" >"$W/q8-ep1.log" 2>&1
-    grep -E "^(plan|step|done)|error" "$W/q8-ep1.log"
+    echo "== the same on one GPU (ep 1)"
+    train q8-ep1 1 300 --set global_batch_size=2
 fi
-
+if [ $fsdp = 1 ]; then
+    echo "== the same at ep 1 over two FSDP ranks (dp 2, every parameter sharded)"
+    train q8-fsdp2 2 300 --set parallel.sharding_strategy=fsdp --set global_batch_size=4
+fi
 if [ $pp2 = 1 ]; then
-    echo "== the same at pp 2 (DualPipeV, global batch 8: 4 micro-batches through the pipeline)"
-    timeout $(limit 300) $MPI build/pith train $q8 --set parallel.pipeline_parallel_size=2 --set global_batch_size=8 \
-        --set run_dir="$W/q8-pp2" >"$W/q8-pp2.log" 2>&1
-    grep -E "^(mesh|plan|step|done)|error" "$W/q8-pp2.log"
-    cp "$W/q8-pp2/metrics.jsonl" "$OUT/q8-pp2-metrics.jsonl" 2>/dev/null
+    for n in 8 16; do
+        echo "== the same at pp 2 (DualPipeV, $n micro-batches through the pipeline)"
+        train q8-pp2-n$n 2 300 --set parallel.pipeline_parallel_size=2 --set global_batch_size=$((2 * n))
+    done
 fi
 cp "$W/bench_ep.jsonl" "$W/peer_a2a.jsonl" "$W/q8-ep2.log" "$OUT/" 2>/dev/null
-cp "$W/q8-ep2/metrics.jsonl" "$OUT/q8-ep2-metrics.jsonl" 2>/dev/null
 python3 - "$W" <<'EOF'
 import json, os, statistics, sys
 W = sys.argv[1]
@@ -80,16 +99,20 @@ for T in sorted(set(pith) | set(torch)):
 if torch:
     r = next(iter(torch.values()))
     print(f"(torch {r.get('torch')}, NCCL {r.get('nccl')}; 'full' = pith's dispatch + combine with routing, counts and permutations)")
-for name, gpus in (("q8-ep2", 2), ("q8-ep1", 1), ("q8-pp2", 2)):
+runs = (("q8-ep1", 1, "one GPU"), ("q8-ep2", 2, "ep 2 on 2 GPUs"), ("q8-fsdp2", 2, "ep 1, FSDP over 2 GPUs"),
+        ("q8-pp2-n8", 2, "pp 2 on 2 GPUs, 8 micro-batches"), ("q8-pp2-n16", 2, "pp 2 on 2 GPUs, 16 micro-batches"))
+print(f"\nThe 8-layer model per GPU (medians of steps 3..; tokens per step from tokens/s × step time)")
+print(f"{'run':>11} | {'layout':<34} | {'tok/s/GPU f+b':>13} {'with optim':>10} | {'bubble':>6} | {'GPU peak GB':>11} | loss")
+for name, gpus, what in runs:
     m = lines(f"{W}/{name}/metrics.jsonl")
     if not m:
-        if name == "q8-ep2": print(f"\nQwen3-30B-A3B 8 layers, {name}: no steps (see {W}/{name}.log)")
+        if os.path.exists(f"{W}/{name}.log"): print(f"{name:>11} | {what:<34} | no steps (see {W}/{name}.log)")
         continue
     late = [s for s in m if s["step"] >= 3] or m  # as bench/report.py: steps 3.. (the first ones warm up)
-    tokens = 2 * 4096 * (2 if name == "q8-pp2" else 1)  # per GPU and step (pp2: 8 x 4096 over 2 GPUs)
+    tokens = m[-1]["tokens_per_s"] * m[-1]["step_time_s"] / gpus  # per GPU and step
     fb = statistics.median(s["fwdbwd_s"] for s in late)
     st = statistics.median(s["step_time_s"] for s in late)
-    print(f"\nQwen3-30B-A3B 8 layers, micro-batch 2 x 4096 per GPU, {'one GPU' if gpus == 1 else 'pp 2 on 2 GPUs' if name == 'q8-pp2' else 'ep 2 on 2 GPUs'}: "
-          f"{tokens / fb:,.0f} tokens/s per GPU forward+backward ({fb:.3f} s), {tokens / st:,.0f} with the optimizer step ({st:.3f} s); "
-          f"median of steps {late[0]['step']}..{m[-1]['step']}; GPU peak {max(s['gpu_peak_gb'] for s in m):.1f} GB; loss {m[0]['loss']:.3f} -> {m[-1]['loss']:.3f}")
+    bub = f"{statistics.median(s['bubble'] for s in late):.3f}" if "bubble" in m[-1] else "-"
+    print(f"{name:>11} | {what:<34} | {tokens / fb:>13,.0f} {tokens / st:>10,.0f} | {bub:>6} | "
+          f"{max(s['gpu_peak_gb'] for s in m):>11.3f} | {m[0]['loss']:.3f} -> {m[-1]['loss']:.3f}")
 EOF

@@ -8,6 +8,7 @@
 # with the Debian libraries the device lacks); only libraries the device cannot resolve itself are put on
 # LD_LIBRARY_PATH, Open MPI and CUDA/NCCL are the device's own (NCCL from PyTorch's wheel if
 # /usr/local/cuda has none). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+# `source tests/gpu/run_device2.sh --setup` (bench/run_x2.sh) only unpacks and sets the environment, then returns.
 set -u
 OUT=${OUT:-/tmp/pith-out}
 mkdir -p "$OUT"
@@ -27,7 +28,7 @@ if [ -d .gpu2/bin ]; then
     for f in .gpu2/bin/*.gz; do gunzip -c "$f" >"build/$(basename "$f" .gz)" && chmod +x "build/$(basename "$f" .gz)"; done
     for f in .gpu2/lib/*.gz; do [ -e "$f" ] && gunzip -c "$f" >"/tmp/pithlib-all/$(basename "$f" .gz)"; done
 fi
-for b in pith test_gpu test_parallel bench_ep; do [ -x "build/$b" ] || { echo "build/$b is missing: run tests/gpu/pack_device2.sh and carry .gpu2"; exit 1; }; done
+for b in pith test_gpu test_parallel bench_ep bench_ring; do [ -x "build/$b" ] || { echo "build/$b is missing: run tests/gpu/pack_device2.sh and carry .gpu2"; exit 1; }; done
 # CUDA and NCCL: /usr/local/cuda's, else the Python wheels' (as run_device.sh does).
 if ldd build/pith | grep -q "lib\(cublasLt\|cudart\|nccl\).* not found"; then
     for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib /opt/torch/.venv/lib/python3*/site-packages/nvidia/cu13/lib; do
@@ -41,7 +42,7 @@ if ldd build/pith | grep -q "libmpi.so.40 => not found"; then
 fi
 # The carried libraries, only those the device does not resolve (its own stay first for everything else).
 for i in 1 2 3 4; do
-    missing=$(for b in pith test_gpu test_parallel bench_ep; do ldd "build/$b"; done | awk '/not found/ {print $1}' | sort -u)
+    missing=$(for b in pith test_gpu test_parallel bench_ep bench_ring; do ldd "build/$b"; done | awk '/not found/ {print $1}' | sort -u)
     [ -z "$missing" ] && break
     for m in $missing; do [ -e "/tmp/pithlib-all/$m" ] && cp "/tmp/pithlib-all/$m" /tmp/pithlib/; done
     export LD_LIBRARY_PATH=/tmp/pithlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -49,6 +50,7 @@ done
 echo "libraries: $(ls /tmp/pithlib 2>/dev/null | tr '\n' ' ')(carried)"
 ldd build/pith | grep -E "libmpi|libnccl|libcudart|not found"
 if ldd build/pith | grep -q "not found"; then echo "unresolved libraries: stopping"; exit 1; fi
+[ "${1:-}" = --setup ] && return 0
 
 # --x8: issue 8's full-node run instead of the two-GPU benchmarks (bench/run_x8.sh; the pack carries the
 # demo's tokens as data/demo/tokens).

@@ -1,8 +1,9 @@
 // test_gpu_parallel.c — two GPUs, one rank each (skipped with fewer): the NCCL transport under mpirun -np 2.
 // Collectives on device buffers (fp32, fp64, int, bf16), EP dispatch/combine and zigzag ring attention at cp2
 // (fp32 against one-rank attention, GQA and the MLA latent form; build/test_parallel *-gpu);
-// a rank that stops taking part (the watchdog's timeout) and a rank killed mid-run; `pith train` at ep2
-// and dp2 against the same run on one GPU: fp32 step-1 loss ≤ 1e-5 relative and every gradient tensor
+// a rank that stops taking part (the watchdog's timeout) and a rank killed mid-run; `pith train` at ep2,
+// dp2, pp2 (DualPipeV, 4 micro-batches) and cp2 (zigzag ring) against the same run on one GPU (pp2 × ep2
+// needs four ranks, and NCCL takes one rank per GPU): fp32 step-1 loss ≤ 1e-5 relative and every gradient tensor
 // ≤ 1e-5 (‖a−b‖/‖b‖); bf16 step-1 loss ≤ 1e-2 and every gradient tensor calc_diff ≤ 1e-2; the loss over
 // 10 steps (fp32 ≤ 1e-4, bf16 ≤ 2e-2, where AdamW amplifies last-bit differences); fp32 also against
 // one CPU process (printed).
@@ -90,7 +91,7 @@ TEST(gpu2_failures) {
 
 // ---- layout equivalence ----
 
-static const char *model_json = TINY_MOE_EP;
+static const char *model_json = TINY_MOE_EP_OF(4); // four layers: DualPipeV at pp2 cuts 2 × 2 chunks
 
 static double metric(const char *dir, int step, const char *key) {
     static char out[1 << 16];
@@ -143,7 +144,10 @@ TEST(gpu2_equivalence) {
                 PITH_BIN, d, d, d) == 0);
     static const struct {
         const char *name, *sets;
-    } layouts[] = {{"ep2", "--set parallel.expert_parallel_size=2"}, {"dp2", ""}};
+    } layouts[] = {{"ep2", "--set parallel.expert_parallel_size=2"},
+                   {"dp2", ""},
+                   {"pp2", "--set parallel.pipeline_parallel_size=2"},
+                   {"cp2", "--set parallel.context_parallel_size=2"}};
     const char *dtypes[] = {"fp32", "bf16"};
     printf("     layout dtype  step-1 loss   10-step loss  worst gradient (vs one GPU)             fp32 vs one CPU "
            "process\n");
