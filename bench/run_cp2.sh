@@ -40,13 +40,19 @@ train() {
     cp "$W/$name/metrics.jsonl" "$OUT/$name-metrics.jsonl" 2>/dev/null
 }
 [ -s "$W/q8data.bin" ] || $B/pith synth --output "$W/q8data.bin" --vocab ${PITH_Q8_VOCAB:-151936} --tokens 400000 >/dev/null
+# the GPU's memory in GB for the fit check (PITH_GPU_GB, else nvidia-smi's; none: every run is tried)
+gpu_gb=${PITH_GPU_GB:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null |
+    awk '{printf "%d", $1 * 1048576 / 1e9}')}
 for S in $seqs; do
     q8="$Q8/train.json --set dataset=$W/q8data.bin --set max_steps=$steps --set parallel.timeout_s=300 ${PITH_Q8_SETS:-}"
     q8="$q8 --set sequence_length=$S --set micro_batch_size=1 --set global_batch_size=1"
     echo "== Qwen3-30B-A3B, 8 layers, one sequence of $S tokens: cp2 on 2 GPUs"
     train cp2-$S 2 --set parallel.context_parallel_size=2
     echo "== the same on one GPU (cp1)"
-    train cp1-$S 1
+    # a plan larger than the GPU is not run (at 32768 tokens cp1 plans about 148 GB against the H200's 141)
+    if [ -n "$gpu_gb" ] && $B/pith estimate $q8 --gpus 1 --gpu-memory "$gpu_gb" 2>&1 | grep -q "does not fit"; then
+        echo "cp1-$S: not run: pith estimate: $($B/pith estimate $q8 --gpus 1 --gpu-memory "$gpu_gb" 2>&1 | grep -m1 'does not fit')"
+    else train cp1-$S 1; fi
 done
 cp "$W/bench_ring.jsonl" "$OUT/" 2>/dev/null
 python3 - "$W" "$seqs" <<'PY'

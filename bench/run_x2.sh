@@ -85,10 +85,11 @@ tar czf "$OUT/logs.tgz" -C "$L" . 2>/dev/null
 {
     echo "================ two-GPU call: $(date -u +%FT%TZ)$([ $dry = 1 ] && echo ', --dry: fake GPUs, CPU ranks')"
     echo "1. suite rc=$rc_suite ($((t1 - t0)) s): $(grep -E '^[0-9]+ passed' "$L/suite.txt" | tail -1)"
-    grep -E "^(PASS|FAIL)" "$L/suite.txt" | cut -c1-120
+    grep -E "^(PASS|FAIL)|skipped" "$L/suite.txt" | sort -u | cut -c1-120
     echo "2-4. run_gpu2.sh rc=$rc_gpu2 ($((t2 - t1)) s)"
     sed -n '/^EP dispatch + combine on 2 GPUs/,$p' "$L/gpu2.txt"
     grep -E "^skipped" "$L/gpu2.txt"
+    grep -E "not run" "$L/cp2.txt"
     echo "5. run_cp2.sh rc=$rc_cp2 ($((t3 - t2)) s)"
     sed -n '/^Ring attention at cp2/,$p' "$L/cp2.txt"
     echo "6. GPU peak against pith estimate"
