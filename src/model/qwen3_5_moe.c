@@ -334,7 +334,7 @@ static void delta_forward(Model *m, const Q35Layer *W, Q35Rec *r, MicroBatch *mb
     op_linear_forward(r->z, r->n1, W->wz, NONE);
     op_linear_forward(r->pb, r->n1, W->wb, NONE);
     op_linear_forward(r->pa, r->n1, W->wa, NONE);
-    op_conv1d_silu_forward(r->cv, r->qkv, W->conv, mb->B);
+    op_conv1d_silu_forward(r->cv, r->qkv, W->conv, NONE, mb->B);
     op_copy_cols(tensor_reshape2(r->lq, T, kd), 0, r->cv, 0, kd, false);
     op_copy_cols(tensor_reshape2(r->lk, T, kd), 0, r->cv, kd, kd, false);
     op_copy_cols(tensor_reshape2(r->lv, T, vd), 0, r->cv, 2 * kd, vd, false);
@@ -413,7 +413,7 @@ static void delta_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Re
     op_copy_cols(r->dcv, 0, tensor_reshape2(r->dlq, T, kd), 0, kd, false);
     op_copy_cols(r->dcv, kd, tensor_reshape2(r->dlk, T, kd), 0, kd, false);
     op_copy_cols(r->dcv, 2 * kd, tensor_reshape2(r->dlv, T, vd), 0, vd, false);
-    op_conv1d_silu_backward(r->dqkv, G->conv, r->dcv, r->qkv, W->conv, mb->B);
+    op_conv1d_silu_backward(r->dqkv, NONE, G->conv, r->dcv, r->qkv, W->conv, NONE, mb->B);
     op_linear_backward_input(r->dn1, r->dqkv, W->wqkv, false);
     op_linear_backward_input(r->dn1, r->dz, W->wz, true);
     op_linear_backward_input(r->dn1, r->dpb, W->wb, true);
