@@ -113,7 +113,8 @@ TEST(dist_pipeline_schedule_run) {
 }
 
 // Zigzag ring attention alone over cp = 2, 3, 4 CPU ranks and fake GPUs (tests/parallel/ring.c): forward, lse and
-// every input gradient equal one-rank attention; a wrong shard is noticed.
+// every input gradient equal one-rank attention; a wrong shard is noticed. Qwen3.5's DeltaNet pieces (layout, conv
+// halo, state pass) equal one rank; without the halo or the state they do not.
 TEST(dist_ring_attention) {
     char out[8192];
     for (int np = 2; np <= 4; np++) {
@@ -226,6 +227,16 @@ TEST(dist_cp_equivalence_global_batch_lb) {
     check_layouts(make_run(), cp_layouts, 2, "--set moe_load_balance_type=global-batch");
 }
 
+// Qwen3.5-MoE's hybrid under context parallelism: its full-attention layer on the zigzag ring, its Gated DeltaNet
+// layers on the contiguous layout (the all-to-all before and after the mixer, the conv halo from the previous rank,
+// the delta rule's state passed along the ranks) at cp2, cp2 × ep2 and cp3 (24 tokens per sequence: 8 rows a rank)
+// against one process. The pieces alone, and controls without the halo or the state: dist_ring_attention.
+TEST(dist_cp_equivalence_qwen3_5_moe) {
+    check_layouts(make_run_of(model_json_q35), cp_layouts, 2, "");
+    static const Layout cp3[] = {{"cp3", 3, "--set parallel.context_parallel_size=3"}};
+    check_layouts(make_run_of(model_json_q35), cp3, 1, "--set sequence_length=24");
+}
+
 // The largest relative difference of `key` over steps 1..20 between two runs.
 static double curve_diff(const char *a, const char *b, const char *key) {
     double worst = 0;
@@ -284,9 +295,10 @@ static void check_cp_pipeline(const char *model) {
 }
 TEST(dist_cp_equivalence_pipeline) { check_cp_pipeline(TINY_MOE_EP_OF(4)); }
 TEST(dist_cp_equivalence_pipeline_deepseek_v2) { check_cp_pipeline(DSV2_OF(4)); }
+TEST(dist_cp_equivalence_pipeline_qwen3_5_moe) { check_cp_pipeline(TINY_QWEN3_5_4); }
 
-// Context parallelism's config errors: a sequence length that 2·cp does not divide, and the families whose
-// attention the ring does not cover (GPT-OSS: sliding windows and sinks; Qwen3.5: Gated DeltaNet layers).
+// Context parallelism's config errors: a sequence length that 2·cp does not divide, the family whose attention the
+// ring does not cover (GPT-OSS: sliding windows and sinks), and Qwen3.5 with fewer rows per rank than the conv halo.
 TEST(dist_cp_config_errors) {
     char out[1 << 14];
     const char *d = make_run();
@@ -295,18 +307,20 @@ TEST(dist_cp_config_errors) {
                            "of 2 × context_parallel_size = 6") == out &&
                    strchr(out, '\n') == out + strlen(out) - 1,
                "%s", out);
-    const char *models[] = {model_json_gpt_oss, model_json_q35}, *types[] = {"gpt_oss", "qwen3_5_moe_text"};
-    for (int i = 0; i < 2; i++) {
-        d = make_run_of(models[i]);
-        ASSERT(run_cmd(out, sizeof out, MPIRUN " 2 %s train %s/train.json --set parallel.context_parallel_size=2",
-                       PITH_BIN, d) != 0);
-        char want[256];
-        snprintf(want, sizeof want,
-                 "train.json: parallel.context_parallel_size: %s does not run under context "
-                 "parallelism",
-                 types[i]);
-        ASSERT_MSG(strstr(out, want), "expected '%s' in: %s", want, out);
-    }
+    d = make_run_of(model_json_gpt_oss);
+    ASSERT(run_cmd(out, sizeof out, MPIRUN " 2 %s train %s/train.json --set parallel.context_parallel_size=2", PITH_BIN,
+                   d) != 0);
+    const char *want = "train.json: parallel.context_parallel_size: gpt_oss does not run under context parallelism";
+    ASSERT_MSG(strstr(out, want), "expected '%s' in: %s", want, out);
+    d = make_run_of(model_json_q35);
+    ASSERT(run_cmd(
+               out, sizeof out,
+               "sed -i 's/\"linear_value_head_dim\": 6,/\"linear_value_head_dim\": 6, \"linear_conv_kernel_dim\": 8,/' "
+               "%s/model.json && " MPIRUN " 4 %s train %s/train.json --set parallel.context_parallel_size=4",
+               d, PITH_BIN, d) != 0);
+    want = "train.json: parallel.context_parallel_size: sequence_length / context_parallel_size = 16 / 4 rows per rank "
+           "are fewer than the conv halo's linear_conv_kernel_dim − 1 = 7";
+    ASSERT_MSG(strstr(out, want), "expected '%s' in: %s", want, out);
 }
 
 // A checkpoint of the model written on 2 ranks (`save`: ep2, or cp2) resumes at ep2 × dp2 and on one process with
@@ -531,9 +545,16 @@ static void check_estimate(const char *d, int np, const char *sets, int run) {
     ASSERT_MSG(!pe == !pt && (!pe || !strncmp(pe, pt, strcspn(pe, "\n") + 1)), "%s\n%s", est, out);
 }
 
-// Context parallelism in the plan: DeepSeek-V2's latent ring at cp2 and cp2 × ep2, estimate = allocation.
+// Context parallelism in the plan: DeepSeek-V2's latent ring and Qwen3.5's hybrid (the DeltaNet layers' contiguous
+// copies, halo and entering state in the records, the layout's scratch in the ring's) at cp2 and cp2 × ep2,
+// estimate = allocation.
 TEST(dist_cp_estimate_deepseek_v2) {
     const char *d = make_run_of(model_json_dsv2);
+    check_estimate(d, 2, "--set parallel.context_parallel_size=2", 0);
+    check_estimate(d, 4, "--set parallel.context_parallel_size=2 --set parallel.expert_parallel_size=2", 1);
+}
+TEST(dist_cp_estimate_qwen3_5_moe) {
+    const char *d = make_run_of(model_json_q35);
     check_estimate(d, 2, "--set parallel.context_parallel_size=2", 0);
     check_estimate(d, 4, "--set parallel.context_parallel_size=2 --set parallel.expert_parallel_size=2", 1);
 }
