@@ -174,16 +174,19 @@ TEST(op_delta_gates) {
 typedef struct {
     int64_t B, S, nk, nv, dk, dv;
     DeltaArgs a;
+    bool state; // an initial state s0 comes in and the final state sT goes out
 } DeltaCtx;
 // The recurrence in fp64, written from the formula: per value head h (key head h/(nv/nk)), S_t = e^g S_{t−1},
-// S_t += k (β (v − S_tᵀ k))ᵀ, o = S_tᵀ q with q, k normalised (and q scaled). in: q, k, v, g, beta.
+// S_t += k (β (v − S_tᵀ k))ᵀ, o = S_tᵀ q with q, k normalised (and q scaled). in: q, k, v, g, beta [, s0];
+// out: o [, sT] (states (B, nv, dk, dv) after o's B·S·nv·dv values).
 static void ref_delta(double **in, double *out, const void *c) {
     const DeltaCtx *p = c;
-    int64_t dk = p->dk, dv = p->dv, G = p->nv / p->nk;
+    int64_t dk = p->dk, dv = p->dv, G = p->nv / p->nk, no = p->B * p->S * p->nv * dv;
     double *St = xmalloc(dk * dv * 8), *qh = xmalloc(dk * 8), *kh = xmalloc(dk * 8);
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t h = 0; h < p->nv; h++) {
-            memset(St, 0, dk * dv * 8);
+            int64_t bh = b * p->nv + h;
+            for (int64_t i = 0; i < dk * dv; i++) St[i] = p->state ? in[5][bh * dk * dv + i] : 0;
             for (int64_t s = 0; s < p->S; s++) {
                 int64_t t = b * p->S + s;
                 const double *q = in[0] + (t * p->nk + h / G) * dk, *k = in[1] + (t * p->nk + h / G) * dk,
@@ -205,6 +208,8 @@ static void ref_delta(double **in, double *out, const void *c) {
                     out[(t * p->nv + h) * dv + j] = o;
                 }
             }
+            if (p->state)
+                for (int64_t i = 0; i < dk * dv; i++) out[no + bh * dk * dv + i] = St[i];
         }
     free(St), free(qh), free(kh);
 }
@@ -220,60 +225,85 @@ static DeltaIn delta_inputs(const DeltaCtx *c) {
         x.g[i] = (float)-log1p(exp(2 * x.g[i] - 1)), x.beta[i] = (float)sigm(2 * x.beta[i]);
     return x;
 }
-static void delta_forward(const DeltaCtx *c, const DeltaIn *x, float *o, int chunk) {
-    int64_t T = c->B * c->S;
+// The op's output o and, with c->state, sT (after o in out) from x and s0.
+static void delta_forward(const DeltaCtx *c, const DeltaIn *x, float *s0, float *out, int chunk) {
+    int64_t T = c->B * c->S, no = T * c->nv * c->dv;
     DeltaArgs a = c->a;
     a.chunk = chunk;
-    op_delta_rule_forward(t3(o, T, c->nv, c->dv), t3(x->q, T, c->nk, c->dk), t3(x->k, T, c->nk, c->dk),
+    if (c->state) {
+        Tensor st = tensor_make(s0, DT_F32, DEV_CPU, 4, c->B, c->nv, c->dk, c->dv);
+        a.s0 = st, a.sT = st, a.sT.p = out + no;
+    }
+    op_delta_rule_forward(t3(out, T, c->nv, c->dv), t3(x->q, T, c->nk, c->dk), t3(x->k, T, c->nk, c->dk),
                           t3(x->v, T, c->nv, c->dv), tf32_2(x->g, T, c->nv), tf32_2(x->beta, T, c->nv), &a);
 }
 
-// The chunked form and the recurrence against the fp64 recurrence, for S a multiple of the chunk and not.
+// The chunked form and the recurrence against the fp64 recurrence, for S a multiple of the chunk and not; with
+// c.state from a random initial state, the final state compared as well.
 static void check_delta_forms(DeltaCtx c) {
-    int64_t T = c.B * c.S, no = T * c.nv * c.dv;
+    int64_t T = c.B * c.S, ns = c.state ? c.B * c.nv * c.dk * c.dv : 0, no = T * c.nv * c.dv + ns;
     DeltaIn x = delta_inputs(&c);
-    double *in[5] = {f64(x.q, T * c.nk * c.dk), f64(x.k, T * c.nk * c.dk), f64(x.v, T * c.nv * c.dv),
-                     f64(x.g, T * c.nv), f64(x.beta, T * c.nv)},
+    float *s0 = rnd(ns + 1, 0.5f);
+    double *in[6] = {f64(x.q, T * c.nk * c.dk), f64(x.k, T * c.nk * c.dk), f64(x.v, T * c.nv * c.dv),
+                     f64(x.g, T * c.nv),        f64(x.beta, T * c.nv),     f64(s0, ns)},
            *want = xmalloc(no * 8);
     ref_delta(in, want, &c);
     float *rec = nans(no), *ch64 = nans(no), *ch16 = nans(no);
-    delta_forward(&c, &x, rec, 0);
-    delta_forward(&c, &x, ch64, 64);
-    delta_forward(&c, &x, ch16, 16);
+    delta_forward(&c, &x, s0, rec, 0);
+    delta_forward(&c, &x, s0, ch64, 64);
+    delta_forward(&c, &x, s0, ch16, 16);
     double e0 = err(rec, want, no), e1 = err(ch64, want, no), e2 = err(ch16, want, no);
-    printf("     S %lld: recurrence %.2e, chunk 64 %.2e, chunk 16 %.2e from the fp64 recurrence\n", (long long)c.S, e0,
-           e1, e2);
+    printf("     S %lld%s: recurrence %.2e, chunk 64 %.2e, chunk 16 %.2e from the fp64 recurrence\n", (long long)c.S,
+           c.state ? " (s0, sT)" : "", e0, e1, e2);
     ASSERT(e0 < 1e-6 && e1 < 1e-6 && e2 < 1e-6);
+    if (c.state) { // the final state alone (it is a small part of out)
+        int64_t n0 = no - ns;
+        double f0 = err(rec + n0, want + n0, ns), f1 = err(ch64 + n0, want + n0, ns),
+               f2 = err(ch16 + n0, want + n0, ns);
+        printf("       sT: %.2e, %.2e, %.2e\n", f0, f1, f2);
+        ASSERT(f0 < 1e-6 && f1 < 1e-6 && f2 < 1e-6);
+    }
 }
 TEST(op_delta_rule_chunked_equals_recurrence) {
     DeltaArgs a = {.B = 2, .scale = 0.35f, .qk_l2norm = true};
-    check_delta_forms((DeltaCtx){2, 128, 2, 4, 8, 6, a}); // two whole chunks
-    check_delta_forms((DeltaCtx){2, 100, 2, 4, 8, 6, a}); // one and a part
-    check_delta_forms((DeltaCtx){2, 5, 1, 2, 4, 4, a});   // shorter than a chunk
+    check_delta_forms((DeltaCtx){2, 128, 2, 4, 8, 6, a, false}); // two whole chunks
+    check_delta_forms((DeltaCtx){2, 100, 2, 4, 8, 6, a, false}); // one and a part
+    check_delta_forms((DeltaCtx){2, 5, 1, 2, 4, 4, a, false});   // shorter than a chunk
+    check_delta_forms((DeltaCtx){2, 100, 2, 4, 8, 6, a, true});  // from an initial state
+    check_delta_forms((DeltaCtx){2, 5, 1, 2, 4, 4, a, true});
     a.qk_l2norm = false;
-    check_delta_forms((DeltaCtx){2, 70, 2, 2, 6, 8, a});
+    check_delta_forms((DeltaCtx){2, 70, 2, 2, 6, 8, a, false});
 }
 
 // Backward against finite differences of the fp64 recurrence, for every input; S = 70 crosses the backward's
-// blocks of 64 steps.
+// blocks of 64 steps. With c.state, s0 is an input too and sT an output (its gradient dsT random like dout's).
 static void check_delta_backward(DeltaCtx c) {
     int64_t T = c.B * c.S, nq = T * c.nk * c.dk, nvv = T * c.nv * c.dv, ng = T * c.nv;
+    int64_t ns = c.state ? c.B * c.nv * c.dk * c.dv : 0;
     DeltaIn x = delta_inputs(&c);
-    double *in[5] = {f64(x.q, nq), f64(x.k, nq), f64(x.v, nvv), f64(x.g, ng), f64(x.beta, ng)};
-    float *G = rnd(nvv, 1), *dq = nans(nq), *dk = nans(nq), *dv = nans(nvv), *dg = nans(ng), *db = nans(ng);
-    double *Gd = f64(G, nvv);
+    float *s0 = rnd(ns + 1, 0.5f), *ds0 = nans(ns + 1);
+    double *in[6] = {f64(x.q, nq), f64(x.k, nq), f64(x.v, nvv), f64(x.g, ng), f64(x.beta, ng), f64(s0, ns)};
+    float *G = rnd(nvv + ns, 1), *dq = nans(nq), *dk = nans(nq), *dv = nans(nvv), *dg = nans(ng), *db = nans(ng);
+    double *Gd = f64(G, nvv + ns);
+    DeltaArgs a = c.a;
+    if (c.state) {
+        a.s0 = tensor_make(s0, DT_F32, DEV_CPU, 4, c.B, c.nv, c.dk, c.dv);
+        a.dsT = a.s0, a.dsT.p = G + nvv, a.ds0 = a.s0, a.ds0.p = ds0;
+    }
     op_delta_rule_backward(t3(dq, T, c.nk, c.dk), t3(dk, T, c.nk, c.dk), t3(dv, T, c.nv, c.dv), tf32_2(dg, T, c.nv),
                            tf32_2(db, T, c.nv), t3(G, T, c.nv, c.dv), t3(x.q, T, c.nk, c.dk), t3(x.k, T, c.nk, c.dk),
-                           t3(x.v, T, c.nv, c.dv), tf32_2(x.g, T, c.nv), tf32_2(x.beta, T, c.nv), &c.a);
-    check_grad(ref_delta, in, 0, nq, Gd, nvv, dq, &c, 1e-5, "dq");
-    check_grad(ref_delta, in, 1, nq, Gd, nvv, dk, &c, 1e-5, "dk");
-    check_grad(ref_delta, in, 2, nvv, Gd, nvv, dv, &c, 1e-5, "dv");
-    check_grad(ref_delta, in, 3, ng, Gd, nvv, dg, &c, 1e-5, "dg");
-    check_grad(ref_delta, in, 4, ng, Gd, nvv, db, &c, 1e-5, "dbeta");
+                           t3(x.v, T, c.nv, c.dv), tf32_2(x.g, T, c.nv), tf32_2(x.beta, T, c.nv), &a);
+    check_grad(ref_delta, in, 0, nq, Gd, nvv + ns, dq, &c, 1e-5, "dq");
+    check_grad(ref_delta, in, 1, nq, Gd, nvv + ns, dk, &c, 1e-5, "dk");
+    check_grad(ref_delta, in, 2, nvv, Gd, nvv + ns, dv, &c, 1e-5, "dv");
+    check_grad(ref_delta, in, 3, ng, Gd, nvv + ns, dg, &c, 1e-5, "dg");
+    check_grad(ref_delta, in, 4, ng, Gd, nvv + ns, db, &c, 1e-5, "dbeta");
+    if (c.state) check_grad(ref_delta, in, 5, ns, Gd, nvv + ns, ds0, &c, 1e-5, "ds0");
 }
 TEST(op_delta_rule_backward) {
-    check_delta_backward((DeltaCtx){2, 70, 2, 4, 6, 5, {.B = 2, .scale = 0.4f, .qk_l2norm = true}});
-    check_delta_backward((DeltaCtx){1, 9, 1, 1, 4, 3, {.B = 1, .scale = 1.0f, .qk_l2norm = false}});
+    check_delta_backward((DeltaCtx){2, 70, 2, 4, 6, 5, {.B = 2, .scale = 0.4f, .qk_l2norm = true}, false});
+    check_delta_backward((DeltaCtx){1, 9, 1, 1, 4, 3, {.B = 1, .scale = 1.0f, .qk_l2norm = false}, false});
+    check_delta_backward((DeltaCtx){2, 70, 1, 2, 4, 3, {.B = 2, .scale = 0.5f, .qk_l2norm = true}, true}); // s0, sT
 }
 
 // ---- the model ----

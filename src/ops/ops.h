@@ -194,12 +194,15 @@ void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bia
                              Tensor b, Tensor A_log, Tensor dt_bias);
 // The gated delta rule over each of B sequences, per value head h with key head h / (nv/nk) (key heads repeated):
 // q, k: (B·S, nk, dk), v: (B·S, nv, dv), g, beta: (B·S, nv) fp32, o: (B·S, nv, dv). With qk_l2norm, q and k are
-// first divided by sqrt(Σ x² + 1e-6) per head; then q ← scale·q. From S_0 = 0 (dk × dv, fp32 or better):
-// S_t = e^{g_t} S_{t−1} + β_t k_t (v_t − e^{g_t} S_{t−1}ᵀ k_t)ᵀ, o_t = S_tᵀ q_t.
+// first divided by sqrt(Σ x² + 1e-6) per head; then q ← scale·q. From S_0 (dk × dv per sequence and value head, fp32
+// or better; s0, or zeros without it):
+// S_t = e^{g_t} S_{t−1} + β_t k_t (v_t − e^{g_t} S_{t−1}ᵀ k_t)ᵀ, o_t = S_tᵀ q_t; sT (when given) gets S_S.
 // chunk 0 runs that recurrence; chunk C > 0 the chunked (WY / UT-transform) form over chunks of C positions, which
 // gives the same result in exact arithmetic (the GPU always runs the chunked form, chunk 0 as DELTA_MAX_CHUNK).
-// Backward: dq, dk, dv, dg, dbeta written (dg, dbeta fp32). ws: fp32 scratch of op_delta_rule_workspace elements
-// on the GPU (planned by the caller); without it the GPU takes the op scratch.
+// Backward: dq, dk, dv, dg, dbeta written (dg, dbeta fp32), with dsT (the gradient arriving at sT; zero without it)
+// added to the outputs' and ds0 (when given) written with ∂/∂s0. ws: fp32 scratch of op_delta_rule_workspace elements
+// on the GPU (planned by the caller); without it the GPU takes the op scratch. The states pass a sequence's
+// recurrence across ranks (context parallelism) and across calls (generation).
 #define DELTA_MAX_CHUNK 64
 typedef struct {
     int B;
@@ -207,6 +210,8 @@ typedef struct {
     bool qk_l2norm;
     int chunk; // 0: the recurrence
     Tensor ws;
+    Tensor s0, sT;   // (B, nv, dk, dv) fp32 on q's device: the state entering / leaving each sequence (p NULL: none)
+    Tensor dsT, ds0; // the backward's: ∂/∂sT in (p NULL: zero), ∂/∂s0 out (p NULL: not wanted)
 } DeltaArgs;
 size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool backward);
 void op_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);

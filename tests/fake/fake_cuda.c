@@ -647,14 +647,17 @@ void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_b
     OP(delta_gates_backward, &da, &db, &dA_log, &ddt_bias, &dg, &dbeta, &a, &b, &A_log, &dt_bias);
     cpu_delta_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias);
 }
+// The states in DeltaArgs are device tensors too: a copy of the arguments carries them as host tensors.
 void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
-    OP(delta_rule_forward, &o, &q, &k, &v, &g, &beta);
-    cpu_delta_rule_forward(o, q, k, v, g, beta, a);
+    DeltaArgs h = *a;
+    OP(delta_rule_forward, &o, &q, &k, &v, &g, &beta, &h.s0, &h.sT);
+    cpu_delta_rule_forward(o, q, k, v, g, beta, &h);
 }
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                               Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
-    OP(delta_rule_backward, &dq, &dk, &dv, &dg, &dbeta, &dout, &q, &k, &v, &g, &beta);
-    cpu_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, a);
+    DeltaArgs h = *a;
+    OP(delta_rule_backward, &dq, &dk, &dv, &dg, &dbeta, &dout, &q, &k, &v, &g, &beta, &h.s0, &h.dsT, &h.ds0);
+    cpu_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, &h);
 }
 double cuda_sum_squares(Tensor x) {
     OP(sum_squares, &x);

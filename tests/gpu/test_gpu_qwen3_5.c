@@ -89,9 +89,10 @@ TEST(gpu_op_qwen3_5_elementwise) {
 }
 
 // The delta rule (the GPU's chunked kernels against the CPU's chunked form in fp64, fp32 or bf16 data): o, then every
-// input gradient. gs scales the log decays: large values give cumulative decays of −1000 inside a chunk.
+// input gradient. gs scales the log decays: large values give cumulative decays of −1000 inside a chunk. With state,
+// from a random initial state s0 to the final sT, and back from a random dsT to ds0 (the states fp32 in every mode).
 static void check_delta(DType dt, double tol, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv,
-                        int chunk, float gs) {
+                        int chunk, float gs, bool state) {
     int64_t T = B * S;
     Pair q = pair_rand(dt, 1, 3, T, nk, dk, 0), k = pair_rand(dt, 1, 3, T, nk, dk, 0),
          v = pair_rand(dt, 1, 3, T, nv, dv, 0);
@@ -103,16 +104,25 @@ static void check_delta(DType dt, double tol, int B, int64_t S, int64_t nk, int6
     Pair o = pair_nan(dt, 3, T, nv, dv, 0), dout = pair_rand(dt, 1, 3, T, nv, dv, 0),
          dq = pair_nan(dt, 3, T, nk, dk, 0), dk_ = pair_nan(dt, 3, T, nk, dk, 0), dv_ = pair_nan(dt, 3, T, nv, dv, 0),
          dg = pair_nan(DT_F32, 2, T, nv, 0, 0), db = pair_nan(DT_F32, 2, T, nv, 0, 0);
-    DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)dk)), .qk_l2norm = true, .chunk = chunk};
-    op_delta_rule_forward(o.c, q.c, k.c, v.c, g.c, be.c, &a), op_delta_rule_forward(o.d, q.d, k.d, v.d, g.d, be.d, &a);
+    Pair s0 = NOPAIR, sT = NOPAIR, dsT = NOPAIR, ds0 = NOPAIR;
+    if (state)
+        s0 = pair_rand(DT_F32, 0.5f, 4, B, nv, dk, dv), sT = pair_nan(DT_F32, 4, B, nv, dk, dv),
+        dsT = pair_rand(DT_F32, 1, 4, B, nv, dk, dv), ds0 = pair_nan(DT_F32, 4, B, nv, dk, dv);
+    DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)dk)), .qk_l2norm = true, .chunk = chunk}, ac = a, ad = a;
+    ac.s0 = s0.c, ac.sT = sT.c, ac.dsT = dsT.c, ac.ds0 = ds0.c;
+    ad.s0 = s0.d, ad.sT = sT.d, ad.dsT = dsT.d, ad.ds0 = ds0.d;
+    op_delta_rule_forward(o.c, q.c, k.c, v.c, g.c, be.c, &ac),
+        op_delta_rule_forward(o.d, q.d, k.d, v.d, g.d, be.d, &ad);
     EXPECT_CLOSE(o, tol);
-    op_delta_rule_backward(dq.c, dk_.c, dv_.c, dg.c, db.c, dout.c, q.c, k.c, v.c, g.c, be.c, &a);
-    op_delta_rule_backward(dq.d, dk_.d, dv_.d, dg.d, db.d, dout.d, q.d, k.d, v.d, g.d, be.d, &a);
+    if (state) EXPECT_CLOSE(sT, tol);
+    op_delta_rule_backward(dq.c, dk_.c, dv_.c, dg.c, db.c, dout.c, q.c, k.c, v.c, g.c, be.c, &ac);
+    op_delta_rule_backward(dq.d, dk_.d, dv_.d, dg.d, db.d, dout.d, q.d, k.d, v.d, g.d, be.d, &ad);
     EXPECT_CLOSE(dq, tol);
     EXPECT_CLOSE(dk_, tol);
     EXPECT_CLOSE(dv_, tol);
     EXPECT_CLOSE(dg, tol);
     EXPECT_CLOSE(db, tol);
+    if (state) EXPECT_CLOSE(ds0, tol);
 }
 
 TEST(gpu_op_delta_rule) {
@@ -120,12 +130,14 @@ TEST(gpu_op_delta_rule) {
     MODES {
         gpu_mode(MODE_DT);
         double tol = mode_ ? 1e-2 : 1e-5;
-        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 12, 64, 1);    // a chunk and a part, 2 value heads per key head
-        check_delta(MODE_DT, tol, 2, 128, 1, 2, 16, 40, 64, 1);   // whole chunks; 40 value columns: two state tiles
-        check_delta(MODE_DT, tol, 1, 70, 2, 4, 8, 6, 16, 1);      // chunk 16: 4 chunks and a part
-        check_delta(MODE_DT, tol, 2, 90, 1, 3, 16, 8, 64, 20);    // strong decays: c down to −2000 in a chunk
-        check_delta(MODE_DT, tol, 1, 50, 1, 1, 4, 4, 0, 1);       // chunk 0 (the recurrence on the CPU)
-        check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1); // the real head size
+        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 12, 64, 1, false);    // a chunk and a part, 2 value heads per key
+        check_delta(MODE_DT, tol, 2, 128, 1, 2, 16, 40, 64, 1, false);   // whole chunks; 40 value columns: 2 tiles
+        check_delta(MODE_DT, tol, 1, 70, 2, 4, 8, 6, 16, 1, false);      // chunk 16: 4 chunks and a part
+        check_delta(MODE_DT, tol, 2, 90, 1, 3, 16, 8, 64, 20, false);    // strong decays: c down to −2000 in a chunk
+        check_delta(MODE_DT, tol, 1, 50, 1, 1, 4, 4, 0, 1, false);       // chunk 0 (the recurrence on the CPU)
+        check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1, false); // the real head size
+        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 40, 64, 1, true);     // from s0 to sT and back
+        check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1, true);
     }
     gpu_report();
 }

@@ -347,6 +347,26 @@ static double *delta_seq_alloc(DeltaSeq *s, const DeltaDims *d) {
     return m;
 }
 
+// The state of (sequence b, value head h) between fp32 x: (B, nv, dk, dv) and fp64 St: (dk, dv); a missing x reads as 0
+// and takes no write.
+static void state_load(double *St, Tensor x, int64_t bh, int64_t dkv) {
+    for (int64_t i = 0; i < dkv; i++) St[i] = x.p ? F(x)[bh * dkv + i] : 0.0;
+}
+static void state_store(Tensor x, const double *St, int64_t bh, int64_t dkv) {
+    if (x.p)
+        for (int64_t i = 0; i < dkv; i++) F(x)[bh * dkv + i] = (float)St[i];
+}
+
+// s0, sT, dsT, ds0 each absent or (B, nv, dk, dv) fp32 on the CPU.
+static void check_states(const DeltaArgs *a, const DeltaDims *d) {
+    const Tensor *st[4] = {&a->s0, &a->sT, &a->dsT, &a->ds0};
+    for (int i = 0; i < 4; i++)
+        if (st[i]->p) {
+            CPU_F32(*st[i]);
+            CHECK(tensor_numel(*st[i]) == a->B * d->nv * d->dk * d->dv);
+        }
+}
+
 void cpu_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
     CPU_F32(q);
     CPU_F32(k);
@@ -356,6 +376,7 @@ void cpu_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Te
     CPU_F32(beta);
     DeltaDims d = delta_dims(q, v, a->B);
     CHECK(tensor_numel(k) == tensor_numel(q) && tensor_numel(o) == tensor_numel(v) && a->chunk >= 0);
+    check_states(a, &d);
     int64_t C = a->chunk ? a->chunk : 1;
 #pragma omp parallel for
     for (int64_t bh = 0; bh < a->B * d.nv; bh++) {
@@ -365,6 +386,7 @@ void cpu_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Te
         delta_seq_load(&s, &d, q, k, v, g, beta, b, h, a);
         double *St = xcalloc((size_t)(d.dk * d.dv + d.S * d.dv + C * C + C * (d.dv + d.dk + 1)), sizeof(double));
         double *out = St + d.dk * d.dv, *ws = out + d.S * d.dv;
+        state_load(St, a->s0, bh, d.dk * d.dv);
         for (int64_t p0 = 0; p0 < d.S; p0 += C) {
             int64_t L = d.S - p0 < C ? d.S - p0 : C;
             if (a->chunk)
@@ -376,12 +398,14 @@ void cpu_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Te
         }
         for (int64_t p = 0; p < d.S; p++)
             for (int64_t y = 0; y < d.dv; y++) F(o)[((b * d.S + p) * d.nv + h) * d.dv + y] = (float)out[p * d.dv + y];
+        state_store(a->sT, St, bh, d.dk * d.dv);
         free(St), free(mem);
     }
 }
 
-// Reverse-mode through the recurrence. The states at the start of every block of 64 steps are kept from a forward
-// sweep; each block's states are recomputed, then its steps run backwards with dSt = ∂/∂S_t:
+// Reverse-mode through the recurrence, from dS_S = dsT (or 0) down to ds0 = dS_0. The states at the start of every
+// block of 64 steps are kept from a forward sweep; each block's states are recomputed, then its steps run backwards
+// with dSt = ∂/∂S_t:
 //   P = e^g S_{t−1}, δ = β (v − Pᵀk), S_t = P + k δᵀ, o = S_tᵀ q
 //   dSt += q doᵀ, dq = S_t do; dδ = dStᵀ k, dk = dSt δ; dv = β dδ, dβ = dδ·(v − Pᵀk); e = −β dδ: dk += P e,
 //   dP = dSt + k eᵀ; dg = ⟨P, dP⟩; dS_{t−1} = e^g dP.
@@ -389,6 +413,7 @@ void cpu_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Te
 void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
     DeltaDims d = delta_dims(q, v, a->B);
+    check_states(a, &d);
     const int64_t BL = 64, dkv = d.dk * d.dv;
 #pragma omp parallel for
     for (int64_t bk = 0; bk < a->B * d.nk; bk++) {
@@ -402,14 +427,14 @@ void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor 
         double *dlt = tmp, *ddl = tmp + d.dv, *e = tmp + 2 * d.dv;
         for (int64_t h = hk * d.G; h < (hk + 1) * d.G; h++) {
             delta_seq_load(&s, &d, q, k, v, g, beta, b, h, a);
-            memset(ckpt, 0, (size_t)dkv * 8); // S_0 = 0
+            state_load(ckpt, a->s0, b * d.nv + h, dkv); // S_0
             for (int64_t blk = 0; blk + 1 < nblk; blk++) {
                 memcpy(ckpt + (blk + 1) * dkv, ckpt + blk * dkv, (size_t)dkv * 8);
                 for (int64_t p = blk * BL; p < (blk + 1) * BL; p++)
                     delta_step(ckpt + (blk + 1) * dkv, e, s.q + p * d.dk, s.k + p * d.dk, s.v + p * d.dv, s.g[p],
                                s.beta[p], dlt, d.dk, d.dv);
             }
-            memset(dSt, 0, (size_t)dkv * 8);
+            state_load(dSt, a->dsT, b * d.nv + h, dkv); // ∂/∂S_S
             for (int64_t blk = nblk - 1; blk >= 0; blk--) {
                 int64_t p0 = blk * BL, L = S - p0 < BL ? S - p0 : BL;
                 memcpy(Sb, ckpt + blk * dkv, (size_t)dkv * 8); // Sb[i] = S at position p0 + i − 1
@@ -459,6 +484,7 @@ void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor 
                     F(dbeta)[t * d.nv + h] = (float)dbs;
                 }
             }
+            state_store(a->ds0, dSt, b * d.nv + h, dkv);
         }
         // Through the normalisation and scale: x̂ = c·r·x, r = (Σx² + ε)^-½: ∂x = c·(r·∂x̂ − x·r³·(x·∂x̂)).
         for (int64_t p = 0; p < S; p++) {

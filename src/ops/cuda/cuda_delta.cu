@@ -442,17 +442,20 @@ __global__ void delta_chunk_prep_kernel(double *cs, float *U, float *W, float *M
         for (int e = threadIdx.x; e < L * L; e += blockDim.x) Tg[((int64_t)bh * d.NC + n) * L * L + e] = Ti[e];
 }
 
-// The state pass. Grid (B·nv, ⌈dv / DELTA_VT⌉). Writes o (when o is not NULL), or S₀ of every chunk and V'.
+// The state pass from s0 (zeros when NULL) to sT (when not NULL), both (B·nv, dk, dv). Grid (B·nv, ⌈dv / DELTA_VT⌉).
+// Writes o (when o is not NULL), or S₀ of every chunk and V'.
 // Shared: St (dk, VT) the state's columns, Vt (L, VT), the chunk's decays e^c and e^{c_L − c} (L each).
 template <typename T>
-__global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, const double *cs, const float *U, const float *W,
-                                         const float *M, const float *qh, const float *kh, ChunkDims d) {
+__global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, float *sT, const float *s0, const double *cs,
+                                         const float *U, const float *W, const float *M, const float *qh,
+                                         const float *kh, ChunkDims d) {
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
     int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv;
     float *St = sm, *Vt = St + dk * DELTA_VT, *ec = Vt + L * DELTA_VT, *eL = ec + L;
-    for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) St[e] = 0;
+    for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
+        St[e] = s0 ? s0[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] : 0.0f;
     __syncthreads();
     for (int64_t n = 0; n < d.NC; n++) {
         int64_t p0 = n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -491,19 +494,25 @@ __global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, const doubl
         }
         __syncthreads();
     }
+    if (sT)
+        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
+            sT[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] = St[e];
 }
 
-// The backward state pass, chunks in reverse. Grid (B·nv, ⌈dv / DELTA_VT⌉). Writes dS₁ of every chunk and dV'.
-// Shared: dSt (dk, VT), dOt and dVt (L, VT), e^c and e^{c_L − c} (L each).
+// The backward state pass, chunks in reverse, from dsT (zeros when NULL) to ds0 (when not NULL). Grid (B·nv,
+// ⌈dv / DELTA_VT⌉). Writes dS₁ of every chunk and dV'. Shared: dSt (dk, VT), dOt and dVt (L, VT), e^c and
+// e^{c_L − c} (L each).
 template <typename T>
-__global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, const T *dout, const double *cs, const float *W,
-                                          const float *M, const float *qh, const float *kh, ChunkDims d) {
+__global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, float *ds0, const float *dsT, const T *dout,
+                                          const double *cs, const float *W, const float *M, const float *qh,
+                                          const float *kh, ChunkDims d) {
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
     int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv;
     float *dSt = sm, *dOt = dSt + dk * DELTA_VT, *dVt = dOt + L * DELTA_VT, *ec = dVt + L * DELTA_VT, *eL = ec + L;
-    for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) dSt[e] = 0;
+    for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
+        dSt[e] = dsT ? dsT[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] : 0.0f;
     __syncthreads();
     for (int64_t n = d.NC - 1; n >= 0; n--) {
         int64_t p0 = n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -537,6 +546,9 @@ __global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, const T *dout,
         }
         __syncthreads();
     }
+    if (ds0)
+        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
+            ds0[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] = dSt[e];
 }
 
 // The rest of the backward, every chunk at once. Grid (NC, B·nv). With D_ij = (dO_i·V'_j) e^{c_i − c_j} (j ≤ i):
@@ -689,6 +701,12 @@ static DeltaShape delta_shape(Tensor q, Tensor v, const DeltaArgs *a) {
     DeltaShape d = {a->B, q.n[0] / a->B, q.n[0], q.n[1], v.n[1], q.n[2], v.n[2]};
     CHECK(q.n[0] % a->B == 0 && v.n[0] == q.n[0] && d.nv % d.nk == 0);
     CHECK(a->chunk >= 0 && a->chunk <= DELTA_MAX_CHUNK);
+    const Tensor *st[4] = {&a->s0, &a->sT, &a->dsT, &a->ds0};
+    for (int i = 0; i < 4; i++)
+        if (st[i]->p) {
+            IS_F32(*st[i], "delta_rule state");
+            CHECK(st[i]->dev == DEV_CUDA && tensor_numel(*st[i]) == d.B * d.nv * d.dk * d.dv);
+        }
     return d;
 }
 
@@ -764,8 +782,8 @@ void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, T
         delta_front<T>(&f, NULL, q, k, v, g, beta, &s, &d, a);
         size_t sm = state_smem(&d);
         set_smem(delta_chunk_state_kernel<T>, sm);
-        delta_chunk_state_kernel<T>
-            <<<state_grid(&s), 256, sm, cuda_stream()>>>((T *)o.p, NULL, NULL, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+        delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
+            (T *)o.p, NULL, NULL, (float *)a->sT.p, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
     });
     CUDA_LAUNCH_CHECK();
 }
@@ -790,13 +808,13 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
         delta_front<T>(&f, Tg, q, k, v, g, beta, &s, &d, a);
         size_t sm = state_smem(&d);
         set_smem(delta_chunk_state_kernel<T>, sm);
-        delta_chunk_state_kernel<T>
-            <<<state_grid(&s), 256, sm, cuda_stream()>>>(NULL, S0, Vp, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+        delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
+            NULL, S0, Vp, NULL, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
         CUDA_LAUNCH_CHECK();
         sm = dstate_smem(&d);
         set_smem(delta_chunk_dstate_kernel<T>, sm);
-        delta_chunk_dstate_kernel<T>
-            <<<state_grid(&s), 256, sm, cuda_stream()>>>(dS1, dVp, (const T *)dout.p, f.cs, f.W, f.M, f.qh, f.kh, d);
+        delta_chunk_dstate_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
+            dS1, dVp, (float *)a->ds0.p, (const float *)a->dsT.p, (const T *)dout.p, f.cs, f.W, f.M, f.qh, f.kh, d);
         CUDA_LAUNCH_CHECK();
         sm = grad_smem(&d);
         set_smem(delta_chunk_grad_kernel<T>, sm);
