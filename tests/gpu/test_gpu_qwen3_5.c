@@ -111,12 +111,19 @@ static void check_delta(DType dt, double tol, int B, int64_t S, int64_t nk, int6
     DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)dk)), .qk_l2norm = true, .chunk = chunk}, ac = a, ad = a;
     ac.s0 = s0.c, ac.sT = sT.c, ac.dsT = dsT.c, ac.ds0 = ds0.c;
     ad.s0 = s0.d, ad.sT = sT.d, ad.dsT = dsT.d, ad.ds0 = ds0.d;
-    op_delta_rule_forward(o.c, q.c, k.c, v.c, g.c, be.c, &ac),
-        op_delta_rule_forward(o.d, q.d, k.d, v.d, g.d, be.d, &ad);
-    EXPECT_CLOSE(o, tol);
-    if (state) EXPECT_CLOSE(sT, tol);
+    op_delta_rule_forward(o.c, q.c, k.c, v.c, g.c, be.c, &ac);
+    op_delta_rule_forward(o.d, q.d, k.d, v.d, g.d, be.d, &ad);
     op_delta_rule_backward(dq.c, dk_.c, dv_.c, dg.c, db.c, dout.c, q.c, k.c, v.c, g.c, be.c, &ac);
     op_delta_rule_backward(dq.d, dk_.d, dv_.d, dg.d, db.d, dout.d, q.d, k.d, v.d, g.d, be.d, &ad);
+    printf(
+        "     %s B %d S %lld nk %lld nv %lld dk %lld dv %lld chunk %d gs %g%s: o %.1e dq %.1e dk %.1e dv %.1e dg %.1e "
+        "dbeta %.1e",
+        dtype_name(dt), B, (long long)S, (long long)nk, (long long)nv, (long long)dk, (long long)dv, chunk, gs,
+        state ? " s0" : "", pair_err(o), pair_err(dq), pair_err(dk_), pair_err(dv_), pair_err(dg), pair_err(db));
+    if (state) printf(" sT %.1e ds0 %.1e", pair_err(sT), pair_err(ds0));
+    printf("\n");
+    EXPECT_CLOSE(o, tol);
+    if (state) EXPECT_CLOSE(sT, tol);
     EXPECT_CLOSE(dq, tol);
     EXPECT_CLOSE(dk_, tol);
     EXPECT_CLOSE(dv_, tol);
@@ -130,14 +137,19 @@ TEST(gpu_op_delta_rule) {
     MODES {
         gpu_mode(MODE_DT);
         double tol = mode_ ? 1e-2 : 1e-5;
-        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 12, 64, 1, false);    // a chunk and a part, 2 value heads per key
-        check_delta(MODE_DT, tol, 2, 128, 1, 2, 16, 40, 64, 1, false);   // whole chunks; 40 value columns: 2 tiles
-        check_delta(MODE_DT, tol, 1, 70, 2, 4, 8, 6, 16, 1, false);      // chunk 16: 4 chunks and a part
-        check_delta(MODE_DT, tol, 2, 90, 1, 3, 16, 8, 64, 20, false);    // strong decays: c down to −2000 in a chunk
-        check_delta(MODE_DT, tol, 1, 50, 1, 1, 4, 4, 0, 1, false);       // chunk 0 (the recurrence on the CPU)
-        check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1, false); // the real head size
-        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 40, 64, 1, true);     // from s0 to sT and back
+        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 12, 64, 1, false);  // a chunk and a part, 2 value heads per key
+        check_delta(MODE_DT, tol, 2, 128, 1, 2, 16, 40, 64, 1, false); // whole chunks; 40 value columns: 2 tiles
+        check_delta(MODE_DT, tol, 1, 70, 2, 4, 8, 6, 16, 1, false);    // chunk 16: 4 chunks and a part
+        check_delta(MODE_DT, tol, 2, 90, 1, 3, 16, 8, 64, 20, false);  // strong decays: c down to −2000 in a chunk
+        check_delta(MODE_DT, tol, 1, 50, 1, 1, 4, 4, 0, 1, false);     // chunk 0 (the recurrence on the CPU)
+        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 40, 64, 1, true);   // from s0 to sT and back
+        // The real head size (bf16 takes the tensor-core kernels there): a chunk, two and a part, whole chunks with
+        // 2 value heads per key head, strong decays, and the states.
+        check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1, false);
+        check_delta(MODE_DT, tol, 2, 128, 2, 4, 128, 128, 64, 1, false);
+        check_delta(MODE_DT, tol, 1, 150, 1, 1, 128, 128, 64, 20, false);
         check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1, true);
+        check_delta(MODE_DT, tol, 2, 70, 1, 2, 128, 128, 0, 1, true);
     }
     gpu_report();
 }

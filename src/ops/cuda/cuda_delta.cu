@@ -5,8 +5,10 @@
 // out above the kernels below): per-chunk work for every chunk at once, a state pass over the chunks per (sequence,
 // value head, 32 value columns), and in the backward a reverse state pass and a per-chunk gradient kernel; q and k
 // are normalised first and their gradients per value head summed onto the key heads last, through the
-// normalisation's backward. Shapes: R rows of D, T = B·S tokens, C conv channels of kernel K, nk/nv heads of dk/dv.
-#include "ops/cuda/cuda_common.cuh"
+// normalisation's backward. Two sets of those kernels: SIMT fp32 (fp32 data, and any head size or chunk), and
+// tensor-core mma.sync ones for bf16 data at Qwen3.5's head size 128 and chunk 64 ("the tensor-core form" below).
+// Shapes: R rows of D, T = B·S tokens, C conv channels of kernel K, nk/nv heads of dk/dv.
+#include "ops/cuda/cuda_mma.cuh"
 
 #define ROWS_PER_BLOCK 8 // warp-per-row kernels: 8 warps of a block take 8 rows
 
@@ -670,6 +672,435 @@ __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg,
     }
 }
 
+// ---- the tensor-core form (bf16 data, dk = dv = 128, chunk 64) ----
+// The same terms as the SIMT kernels above, with every product on mma.sync m16n8k16 (bf16 operands in shared memory,
+// fp32 accumulators; cuda_mma.cuh has the fragment layouts). The state and its gradient stay fp32 in registers and
+// enter products as bf16 copies; the per-chunk intermediates (U, W, M, Tm, S₀, dS₁, V', dV') are fp32 in the
+// scratch, laid out as for the SIMT kernels. Per chunk the products are 64 × 128 × 128 at most: the 8 warps of a
+// block split each one (warp tiles of 16 rows).
+// The inter-chunk pass is sequential over chunks per (sequence, value head, 32 value columns) with those columns of
+// the state in registers (warp w holds rows 16w..16w+15). Why not the two-pass form (chunk-local states in
+// parallel, then a scan): a chunk's map S ↦ (e^{c_L} I − kᵀ e^{c_L − c} W) S + kᵀ e^{c_L − c} U needs its dk × dk
+// matrix and the scan a dk × dk × dv product per combine — as many FLOPs as the sequential pass's own three
+// products (W S, q S, kᵀ V'), twice over for a log-depth scan — while the sequential pass's 256 blocks at
+// 2 × 4096 tokens already fill the 132 SMs and its per-chunk loads do not wait on the state.
+#define TC_L 64  // positions per chunk
+#define TC_D 128 // dk = dv
+#define TC_VT 32 // state columns per state-pass block
+#define LDD 136  // row stride (elements) of a 128-wide bf16 tile: 16 bytes of padding (cuda_mma.cuh)
+#define LDL 72   // of a 64-wide one
+#define LDV 40   // of a 32-wide one
+#define TC_THREADS 256
+
+// The warps' split of an M × N product: WM = M/16 warps along the rows, WN = 8/WM along the columns, each with NT
+// n-tiles of 8 columns.
+template <int M, int N> struct TcTile { static constexpr int WM = M / 16, WN = 8 / WM, NT = N / WN / 8; };
+
+template <int M, int N> __device__ __forceinline__ void tc_zero(float (&acc)[TcTile<M, N>::NT][4]) {
+#pragma unroll
+    for (int j = 0; j < TcTile<M, N>::NT; j++)
+        for (int q = 0; q < 4; q++) acc[j][q] = 0.0f;
+}
+
+// acc += A·B over this warp's block of the M × N product, K a multiple of 16. A stored [m][k] (AKM: [k][m]),
+// B stored [n][k] (BKN: [k][n]), bf16 shared tiles of row strides LDA, LDB.
+template <int M, int N, int K, bool AKM, bool BKN, int LDA, int LDB>
+__device__ __forceinline__ void tc_mma(float (&acc)[TcTile<M, N>::NT][4], const bf16 *A, const bf16 *B) {
+    typedef TcTile<M, N> Tl;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int m0 = (warp % Tl::WM) * 16, n0 = (warp / Tl::WM) * (N / Tl::WN);
+#pragma unroll
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        uint32_t a[4];
+        if (AKM) ldsm_x4_trans(a, frag_a_km<LDA>(A, k0, m0, lane));
+        else ldsm_x4(a, frag_a_mk<LDA>(A, m0, k0, lane));
+#pragma unroll
+        for (int j = 0; j < Tl::NT / 2; j++) {
+            uint32_t b[4];
+            if (BKN) ldsm_x4_trans(b, frag_b_kn<LDB>(B, k0, n0 + 16 * j, lane));
+            else ldsm_x4(b, frag_b_nk<LDB>(B, n0 + 16 * j, k0, lane));
+            mma_bf16(acc[2 * j], a, b[0], b[1]);
+            mma_bf16(acc[2 * j + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// f(row, column, value) for each accumulator element of this warp (value by reference: f may rewrite it).
+template <int M, int N, class F> __device__ __forceinline__ void tc_each(float (&acc)[TcTile<M, N>::NT][4], F f) {
+    typedef TcTile<M, N> Tl;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int m0 = (warp % Tl::WM) * 16 + (lane >> 2), n0 = (warp / Tl::WM) * (N / Tl::WN) + 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < Tl::NT; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) f(m0 + (q >> 1) * 8, n0 + 8 * j + (q & 1), acc[j][q]);
+}
+
+// dst[row] (shared) += Σ over the row of f(row, column, value): lane sums, then the 4 lanes of a row, then one
+// shared atomic per warp and row.
+template <int M, int N, class F>
+__device__ __forceinline__ void tc_rowsum(float *dst, float (&acc)[TcTile<M, N>::NT][4], F f) {
+    typedef TcTile<M, N> Tl;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r0 = (warp % Tl::WM) * 16 + (lane >> 2), n0 = (warp / Tl::WM) * (N / Tl::WN) + 2 * (lane & 3);
+    float p[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < Tl::NT; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) p[q >> 1] += f(r0 + (q >> 1) * 8, n0 + 8 * j + (q & 1), acc[j][q]);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        p[i] += __shfl_xor_sync(0xffffffffu, p[i], 1);
+        p[i] += __shfl_xor_sync(0xffffffffu, p[i], 2);
+    }
+    if ((lane & 3) == 0) atomicAdd(dst + r0, p[0]), atomicAdd(dst + r0 + 8, p[1]);
+}
+
+// A rows × W bf16 tile (row stride LD) from fp32 or bf16 global rows (row r at src + r·rs), row r times scale[r]
+// when scale is not NULL; rows from n on are zeros.
+template <int W, int LD, typename S>
+__device__ __forceinline__ void tc_load(bf16 *dst, const S *src, int64_t rs, int rows, int n, const float *scale) {
+    for (int e = threadIdx.x; e < rows * W; e += blockDim.x) {
+        int r = e / W, c = e % W;
+        float x = r < n ? ld(src, r * rs + c) * (scale ? scale[r] : 1.0f) : 0.0f;
+        dst[r * LD + c] = __float2bfloat16(x);
+    }
+}
+
+// Per chunk, every chunk at once: c (fp64), A = β (k kᵀ) e^{c_i − c_j} (j < i), Tm = (I + A)⁻¹ by forward
+// substitution (fp32), U = Tm (β v), W = Tm (β e^c k), M = (q kᵀ) e^{c_i − c_j} (j ≤ i), all written whole (zeros
+// outside the chunk's Le positions). Grid (NC, B·nv).
+__global__ void __launch_bounds__(TC_THREADS)
+    tc_prep_kernel(double *cs, float *U, float *W, float *M, float *Tg, const float *qh, const float *kh, const bf16 *v,
+                   const float *g, const float *beta, ChunkDims d) {
+    extern __shared__ __align__(16) unsigned char smb[];
+    int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
+    int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+    int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
+    bf16 *Ks = (bf16 *)smb, *Qs = Ks + TC_L * LDD, *Vs = Qs + TC_L * LDD, *Ts = Vs + TC_L * LDD;
+    float *Am = (float *)(Ts + TC_L * LDL), *Ti = Am + TC_L * (TC_L + 1), *bb = Ti + TC_L * (TC_L + 1), *be = bb + TC_L;
+    double *cc = (double *)(be + TC_L);
+    int64_t ks = (int64_t)d.nk * TC_D;
+    const float *k0 = kh + tok0 * ks + hk * TC_D, *q0 = qh + tok0 * ks + hk * TC_D;
+    if (threadIdx.x == 0) {
+        double s = 0;
+        for (int i = 0; i < TC_L; i++) {
+            if (i < Le) s += g[(tok0 + i) * nv + h];
+            cc[i] = s, bb[i] = i < Le ? beta[(tok0 + i) * nv + h] : 0.0f, be[i] = bb[i] * expf((float)s);
+        }
+    }
+    __syncthreads();
+    tc_load<TC_D, LDD>(Ks, k0, ks, TC_L, Le, NULL);
+    tc_load<TC_D, LDD>(Qs, q0, ks, TC_L, Le, NULL);
+    tc_load<TC_D, LDD>(Vs, v + (tok0 * nv + h) * TC_D, (int64_t)nv * TC_D, TC_L, Le, bb);
+    __syncthreads();
+    {
+        float acc[TcTile<64, 64>::NT][4];
+        tc_zero<64, 64>(acc);
+        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(acc, Ks, Ks);
+        tc_each<64, 64>(acc, [&](int r, int c, float &x) {
+            Am[r * (TC_L + 1) + c] = c < r && r < Le ? bb[r] * x * expf((float)(cc[r] - cc[c])) : 0.0f;
+        });
+        tc_zero<64, 64>(acc);
+        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
+        float *Mb = M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
+        tc_each<64, 64>(acc, [&](int r, int c, float &x) {
+            Mb[r * TC_L + c] = c <= r && r < Le ? x * expf((float)(cc[r] - cc[c])) : 0.0f;
+        });
+    }
+    __syncthreads();
+    // Forward substitution, a row at a time: Ti_i = e_i − Σ_{j<i} A_ij Ti_j (rows from Le on: zeros).
+    for (int i = 0; i < TC_L; i++) {
+        for (int m = threadIdx.x; m < TC_L; m += blockDim.x) {
+            float s = m == i ? 1.0f : 0.0f;
+            for (int j = m; j < i; j++) s -= Am[i * (TC_L + 1) + j] * Ti[j * (TC_L + 1) + m];
+            Ti[i * (TC_L + 1) + m] = m <= i && i < Le ? s : 0.0f;
+        }
+        __syncthreads();
+    }
+    float *Tb = Tg ? Tg + ((int64_t)bh * d.NC + n) * TC_L * TC_L : NULL;
+    for (int e = threadIdx.x; e < TC_L * TC_L; e += blockDim.x) {
+        float t = Ti[(e / TC_L) * (TC_L + 1) + e % TC_L];
+        Ts[(e / TC_L) * LDL + e % TC_L] = __float2bfloat16(t);
+        if (Tb) Tb[e] = t;
+    }
+    tc_load<TC_D, LDD>(Ks, k0, ks, TC_L, Le, be); // β e^c k
+    __syncthreads();
+    float acc[TcTile<64, 128>::NT][4];
+    tc_zero<64, 128>(acc);
+    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Ts, Vs);
+    tc_each<64, 128>(acc, [&](int r, int c, float &x) { U[(row0 + r) * TC_D + c] = x; });
+    tc_zero<64, 128>(acc);
+    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Ts, Ks);
+    tc_each<64, 128>(acc, [&](int r, int c, float &x) { W[(row0 + r) * TC_D + c] = x; });
+    for (int i = threadIdx.x; i < TC_L; i += blockDim.x) cs[row0 + i] = cc[i];
+}
+static size_t tc_prep_smem() {
+    return (3 * TC_L * LDD + TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8;
+}
+
+// The chunk's decays for rows i < Le (zeros beyond): ec_i = e^{c_i}, eL_i = e^{c_L − c_i}.
+__device__ __forceinline__ void tc_decays(float *ec, float *eL, const double *c, int Le) {
+    for (int i = threadIdx.x; i < TC_L; i += blockDim.x)
+        ec[i] = i < Le ? expf((float)c[i]) : 0.0f, eL[i] = i < Le ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
+}
+
+// The state pass from s0 (zeros when NULL) to sT (when not NULL). Grid (B·nv, dv / TC_VT). Per chunk, with the
+// state's columns S in registers and Sb their bf16 copy: V' = U − W Sb, o = (e^c q) Sb + M V' (when o is not NULL;
+// else S₀ of every chunk and V' are written), S ← e^{c_L} S + kᵀ (e^{c_L − c} V').
+__global__ void __launch_bounds__(TC_THREADS)
+    tc_state_kernel(bf16 *o, float *S0, float *Vp, float *sT, const float *s0, const double *cs, const float *U,
+                    const float *W, const float *M, const float *qh, const float *kh, ChunkDims d) {
+    extern __shared__ __align__(16) unsigned char smb[];
+    int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
+    int64_t b = bh / nv, ks = (int64_t)d.nk * TC_D;
+    bf16 *Ws = (bf16 *)smb, *Qs = Ws + TC_L * LDD, *Ks = Qs + TC_L * LDD, *Ms = Ks + TC_L * LDD, *Sb = Ms + TC_L * LDL;
+    bf16 *Vb = Sb + TC_D * LDV, *Vl = Vb + TC_L * LDV;
+    float *ec = (float *)(Vl + TC_L * LDV), *eL = ec + TC_L;
+    float S[TcTile<128, TC_VT>::NT][4]; // rows x, columns y0 + y
+    const float *sb0 = s0 ? s0 + (int64_t)bh * TC_D * TC_D + y0 : NULL;
+    tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { s = sb0 ? sb0[x * TC_D + y] : 0.0f; });
+    for (int64_t n = 0; n < d.NC; n++) {
+        int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+        int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
+        tc_decays(ec, eL, cs + row0, Le);
+        __syncthreads(); // ec, eL written; the last chunk's tiles read
+        tc_load<TC_D, LDD>(Ws, W + row0 * TC_D, TC_D, TC_L, Le, NULL);
+        tc_load<TC_D, LDD>(Qs, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le, ec);
+        tc_load<TC_D, LDD>(Ks, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le, NULL);
+        if (o) tc_load<TC_L, LDL>(Ms, M + ((int64_t)bh * d.NC + n) * TC_L * TC_L, TC_L, TC_L, TC_L, NULL);
+        float *S0b = S0 ? S0 + ((int64_t)bh * d.NC + n) * TC_D * TC_D + y0 : NULL;
+        tc_each<128, TC_VT>(S, [&](int x, int y, float &s) {
+            Sb[x * LDV + y] = __float2bfloat16(s);
+            if (S0b) S0b[x * TC_D + y] = s;
+        });
+        __syncthreads();
+        float acc[TcTile<64, TC_VT>::NT][4];
+        tc_zero<64, TC_VT>(acc);
+        tc_mma<64, TC_VT, TC_D, false, true, LDD, LDV>(acc, Ws, Sb);
+        tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
+            float vp = i < Le ? U[(row0 + i) * TC_D + y0 + y] - x : 0.0f;
+            Vb[i * LDV + y] = __float2bfloat16(vp), Vl[i * LDV + y] = __float2bfloat16(eL[i] * vp);
+            if (Vp) Vp[(row0 + i) * TC_D + y0 + y] = vp;
+        });
+        __syncthreads();
+        if (o) {
+            tc_zero<64, TC_VT>(acc);
+            tc_mma<64, TC_VT, TC_D, false, true, LDD, LDV>(acc, Qs, Sb);
+            tc_mma<64, TC_VT, TC_L, false, true, LDL, LDV>(acc, Ms, Vb);
+            tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
+                if (i < Le) st(o, ((tok0 + i) * nv + h) * TC_D + y0 + y, x);
+            });
+        }
+        float eCL = expf((float)cs[row0 + Le - 1]);
+        tc_each<128, TC_VT>(S, [&](int, int, float &s) { s *= eCL; });
+        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDV>(S, Ks, Vl);
+    }
+    if (sT)
+        tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { sT[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
+}
+static size_t tc_state_smem() { return (3 * TC_L * LDD + TC_L * LDL + TC_D * LDV + 2 * TC_L * LDV) * 2 + 2 * TC_L * 4; }
+
+// The backward state pass, chunks in reverse, from dsT (zeros when NULL) to ds0 (when not NULL). Grid (B·nv,
+// dv / TC_VT). Per chunk, dS (registers) first written as dS₁, then dV' = Mᵀ dO + (e^{c_L − c} k) dSb,
+// dS ← e^{c_L} dS + qᵀ (e^c dO) − Wᵀ dV'.
+__global__ void __launch_bounds__(TC_THREADS)
+    tc_dstate_kernel(float *dS1, float *dVp, float *ds0, const float *dsT, const bf16 *dout, const double *cs,
+                     const float *W, const float *M, const float *qh, const float *kh, ChunkDims d) {
+    extern __shared__ __align__(16) unsigned char smb[];
+    int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
+    int64_t b = bh / nv, ks = (int64_t)d.nk * TC_D;
+    bf16 *Ws = (bf16 *)smb, *Qs = Ws + TC_L * LDD, *Ks = Qs + TC_L * LDD, *Ms = Ks + TC_L * LDD, *Sb = Ms + TC_L * LDL;
+    bf16 *Ob = Sb + TC_D * LDV, *Oe = Ob + TC_L * LDV, *Vn = Oe + TC_L * LDV;
+    float *ec = (float *)(Vn + TC_L * LDV), *eL = ec + TC_L;
+    float dS[TcTile<128, TC_VT>::NT][4];
+    const float *dsb = dsT ? dsT + (int64_t)bh * TC_D * TC_D + y0 : NULL;
+    tc_each<128, TC_VT>(dS, [&](int x, int y, float &s) { s = dsb ? dsb[x * TC_D + y] : 0.0f; });
+    for (int64_t n = d.NC - 1; n >= 0; n--) {
+        int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+        int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
+        tc_decays(ec, eL, cs + row0, Le);
+        __syncthreads();
+        tc_load<TC_D, LDD>(Ws, W + row0 * TC_D, TC_D, TC_L, Le, NULL);
+        tc_load<TC_D, LDD>(Qs, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le, NULL);
+        tc_load<TC_D, LDD>(Ks, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le, eL);
+        tc_load<TC_L, LDL>(Ms, M + ((int64_t)bh * d.NC + n) * TC_L * TC_L, TC_L, TC_L, TC_L, NULL);
+        const bf16 *o0 = dout + (tok0 * nv + h) * TC_D + y0;
+        tc_load<TC_VT, LDV>(Ob, o0, (int64_t)nv * TC_D, TC_L, Le, NULL);
+        tc_load<TC_VT, LDV>(Oe, o0, (int64_t)nv * TC_D, TC_L, Le, ec);
+        float *dS1b = dS1 + ((int64_t)bh * d.NC + n) * TC_D * TC_D + y0;
+        tc_each<128, TC_VT>(dS, [&](int x, int y, float &s) {
+            Sb[x * LDV + y] = __float2bfloat16(s);
+            dS1b[x * TC_D + y] = s;
+        });
+        __syncthreads();
+        float acc[TcTile<64, TC_VT>::NT][4];
+        tc_zero<64, TC_VT>(acc);
+        tc_mma<64, TC_VT, TC_L, true, true, LDL, LDV>(acc, Ms, Ob);
+        tc_mma<64, TC_VT, TC_D, false, true, LDD, LDV>(acc, Ks, Sb);
+        tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
+            float v = i < Le ? x : 0.0f;
+            dVp[(row0 + i) * TC_D + y0 + y] = v;
+            Vn[i * LDV + y] = __float2bfloat16(-v);
+        });
+        __syncthreads();
+        float eCL = expf((float)cs[row0 + Le - 1]);
+        tc_each<128, TC_VT>(dS, [&](int, int, float &s) { s *= eCL; });
+        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDV>(dS, Qs, Oe);
+        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDV>(dS, Ws, Vn);
+    }
+    if (ds0)
+        tc_each<128, TC_VT>(dS,
+                            [&](int x, int y, float &s) { ds0[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
+}
+static size_t tc_dstate_smem() {
+    return (3 * TC_L * LDD + TC_L * LDL + TC_D * LDV + 3 * TC_L * LDV) * 2 + 2 * TC_L * 4;
+}
+
+// The rest of the backward, every chunk at once, with the terms of delta_chunk_grad_kernel above. Grid (NC, B·nv).
+// gq and gk accumulate in registers through the phases: (1) dM = dO V'ᵀ (its dc terms with M, D = dM e^{c_i − c_j}),
+// gq = e^c (dO S₀ᵀ), dW = −dV' S₀ᵀ; (2) gk = e^{c_L − c} (V' dS₁ᵀ), dBv = Tmᵀ dV' (dv = β dBv), dBk = Tmᵀ dW
+// (gk += β e^c dBk); (3) dA = −(dBv Uᵀ + dBk Wᵀ) with k kᵀ into P = dA (k kᵀ) e, E = dA β e; (4) gq += D k,
+// gk += Dᵀ q + (E + Eᵀ) k; then dβ and dc from the row sums, dg the reverse cumulative sum of dc.
+__global__ void __launch_bounds__(TC_THREADS)
+    tc_grad_kernel(float *gq, float *gk, bf16 *dv_, float *dg, float *dbeta, const double *cs, const float *U,
+                   const float *W, const float *M, const float *Tg, const float *S0, const float *dS1, const float *Vp,
+                   const float *dVp, const float *qh, const float *kh, const bf16 *v, const bf16 *dout,
+                   const float *beta, ChunkDims d) {
+    extern __shared__ __align__(16) unsigned char smb[];
+    int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
+    int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+    int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
+    int64_t ks = (int64_t)d.nk * TC_D, vs = (int64_t)nv * TC_D, cb = ((int64_t)bh * d.NC + n);
+    bf16 *Qs = (bf16 *)smb, *Ks = Qs + TC_L * LDD, *X2 = Ks + TC_L * LDD, *X3 = X2 + TC_L * LDD, *dVs = X3 + TC_L * LDD,
+         *dWs = dVs + TC_L * LDD, *dBvs = dWs + TC_L * LDD, *dBks = dBvs + TC_L * LDD;
+    bf16 *Big = dBks + TC_L * LDD, *Tms = Big + TC_D * LDD, *Ds = Tms + TC_L * LDL, *ES = Ds + TC_L * LDL;
+    float *Em = (float *)Big; // (64, 65) fp32 over Big once S₀ and dS₁ are done
+    double *cc = (double *)(ES + TC_L * LDL), *dc = cc + TC_L;
+    float *bb = (float *)(dc + TC_L), *r_pr = bb + TC_L, *r_pc = r_pr + TC_L, *r_bv = r_pc + TC_L, *r_bk = r_bv + TC_L,
+          *r_qg = r_bk + TC_L, *r_kg = r_qg + TC_L, *red = r_kg + TC_L;
+    const float *q0 = qh + tok0 * ks + hk * TC_D, *k0 = kh + tok0 * ks + hk * TC_D;
+    const float *S0b = S0 + cb * TC_D * TC_D, *dS1b = dS1 + cb * TC_D * TC_D, *Mb = M + cb * TC_L * TC_L;
+    for (int i = threadIdx.x; i < TC_L; i += blockDim.x) {
+        cc[i] = i < Le ? cs[row0 + i] : 0.0, dc[i] = 0, bb[i] = i < Le ? beta[(tok0 + i) * nv + h] : 0.0f;
+        r_pr[i] = r_pc[i] = r_bv[i] = r_bk[i] = r_qg[i] = r_kg[i] = 0.0f;
+    }
+    float sd = 0; // ⟨S₀, dS₁⟩
+    for (int e = threadIdx.x; e < TC_D * TC_D; e += blockDim.x) sd += S0b[e] * dS1b[e];
+    sd = block_sum(sd, red);
+    tc_load<TC_D, LDD>(Qs, q0, ks, TC_L, Le, NULL);
+    tc_load<TC_D, LDD>(Ks, k0, ks, TC_L, Le, NULL);
+    tc_load<TC_D, LDD>(X2, dout + (tok0 * nv + h) * TC_D, vs, TC_L, Le, NULL);
+    tc_load<TC_D, LDD>(X3, Vp + row0 * TC_D, TC_D, TC_L, Le, NULL);
+    tc_load<TC_D, LDD>(dVs, dVp + row0 * TC_D, TC_D, TC_L, Le, NULL);
+    tc_load<TC_D, LDD>(Big, S0b, TC_D, TC_D, TC_D, NULL);
+    tc_load<TC_L, LDL>(Tms, Tg + cb * TC_L * TC_L, TC_L, TC_L, TC_L, NULL);
+    __syncthreads();
+    float aq[TcTile<64, 128>::NT][4], ak[TcTile<64, 128>::NT][4], t[TcTile<64, 128>::NT][4];
+    { // (1)
+        float dm[TcTile<64, 64>::NT][4];
+        tc_zero<64, 64>(dm);
+        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(dm, X2, X3);
+        tc_each<64, 64>(dm, [&](int i, int j, float &x) {
+            bool in = j <= i && i < Le;
+            if (in) {
+                double c = (double)x * Mb[i * TC_L + j];
+                atomicAdd(dc + i, c), atomicAdd(dc + j, -c);
+            }
+            Ds[i * LDL + j] = __float2bfloat16(in ? x * expf((float)(cc[i] - cc[j])) : 0.0f);
+        });
+        tc_zero<64, 128>(aq);
+        tc_mma<64, 128, TC_D, false, false, LDD, LDD>(aq, X2, Big);
+        tc_each<64, 128>(aq, [&](int i, int, float &x) { x *= i < Le ? expf((float)cc[i]) : 0.0f; });
+        tc_rowsum<64, 128>(r_qg, aq, [&](int i, int x, float g) { return i < Le ? g * q0[i * ks + x] : 0.0f; });
+        tc_zero<64, 128>(t);
+        tc_mma<64, 128, TC_D, false, false, LDD, LDD>(t, dVs, Big);
+        tc_each<64, 128>(t, [&](int i, int x, float &y) { dWs[i * LDD + x] = __float2bfloat16(-y); });
+    }
+    __syncthreads();
+    tc_load<TC_D, LDD>(Big, dS1b, TC_D, TC_D, TC_D, NULL);
+    __syncthreads();
+    { // (2)
+        tc_zero<64, 128>(ak);
+        tc_mma<64, 128, TC_D, false, false, LDD, LDD>(ak, X3, Big);
+        tc_each<64, 128>(ak, [&](int i, int, float &x) { x *= i < Le ? expf((float)(cc[Le - 1] - cc[i])) : 0.0f; });
+        tc_rowsum<64, 128>(r_kg, ak, [&](int i, int x, float g) { return i < Le ? g * k0[i * ks + x] : 0.0f; });
+        tc_zero<64, 128>(t);
+        tc_mma<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dVs);
+        tc_each<64, 128>(t, [&](int i, int y, float &x) {
+            if (i < Le) st(dv_, ((tok0 + i) * nv + h) * TC_D + y, bb[i] * x);
+            dBvs[i * LDD + y] = __float2bfloat16(x);
+        });
+        tc_rowsum<64, 128>(
+            r_bv, t, [&](int i, int y, float x) { return i < Le ? x * ld(v, (tok0 + i) * vs + h * TC_D + y) : 0.0f; });
+        tc_zero<64, 128>(t);
+        tc_mma<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dWs);
+        tc_rowsum<64, 128>(r_bk, t, [&](int i, int x, float y) { return i < Le ? y * k0[i * ks + x] : 0.0f; });
+        tc_each<64, 128>(t, [&](int i, int x, float &y) { dBks[i * LDD + x] = __float2bfloat16(y); });
+        // t and ak share one layout: gk += β e^c dBk in registers
+        tc_each<64, 128>(t, [&](int i, int, float &y) { y *= i < Le ? bb[i] * expf((float)cc[i]) : 0.0f; });
+#pragma unroll
+        for (int j = 0; j < TcTile<64, 128>::NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) ak[j][q] += t[j][q];
+    }
+    __syncthreads();
+    tc_load<TC_D, LDD>(X2, U + row0 * TC_D, TC_D, TC_L, Le, NULL);
+    tc_load<TC_D, LDD>(X3, W + row0 * TC_D, TC_D, TC_L, Le, NULL);
+    __syncthreads();
+    { // (3)
+        float da[TcTile<64, 64>::NT][4], kk[TcTile<64, 64>::NT][4];
+        tc_zero<64, 64>(da), tc_zero<64, 64>(kk);
+        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(da, dBvs, X2);
+        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(da, dBks, X3);
+        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(kk, Ks, Ks);
+        // P = dA (k kᵀ) e into kk, E = dA β e into Em (dA = −da)
+        tc_each<64, 64>(da, [&](int i, int j, float &x) {
+            float dec = j < i && i < Le ? expf((float)(cc[i] - cc[j])) : 0.0f;
+            Em[i * (TC_L + 1) + j] = -x * bb[i] * dec;
+            x = -x * dec; // dA e, times k kᵀ below
+        });
+#pragma unroll
+        for (int j = 0; j < TcTile<64, 64>::NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) kk[j][q] *= da[j][q];
+        tc_rowsum<64, 64>(r_pr, kk, [&](int, int, float p) { return p; });
+        tc_each<64, 64>(kk, [&](int i, int j, float &p) { atomicAdd(r_pc + j, bb[i] * p); });
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < TC_L * TC_L; e += blockDim.x) {
+        int i = e / TC_L, j = e % TC_L;
+        ES[i * LDL + j] = __float2bfloat16(Em[i * (TC_L + 1) + j] + Em[j * (TC_L + 1) + i]);
+    }
+    __syncthreads();
+    // (4)
+    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(aq, Ds, Ks);
+    tc_mma<64, 128, TC_L, true, true, LDL, LDD>(ak, Ds, Qs);
+    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(ak, ES, Ks);
+    tc_each<64, 128>(aq, [&](int i, int x, float &y) {
+        if (i < Le) gq[((tok0 + i) * nv + h) * TC_D + x] = y;
+    });
+    tc_each<64, 128>(ak, [&](int i, int x, float &y) {
+        if (i < Le) gk[((tok0 + i) * nv + h) * TC_D + x] = y;
+    });
+    __syncthreads();
+    for (int i = threadIdx.x; i < Le; i += blockDim.x) {
+        double eb = expf((float)cc[i]) * (double)r_bk[i];
+        dbeta[(tok0 + i) * nv + h] = (float)(r_pr[i] + r_bv[i] + eb);
+        dc[i] += bb[i] * (double)r_pr[i] - r_pc[i] + bb[i] * eb + r_qg[i] - r_kg[i];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { // S₁'s decay e^{c_L}; then dg = the reverse cumulative sum of dc
+        double s = expf((float)cc[Le - 1]) * sd;
+        for (int j = 0; j < Le; j++) s += r_kg[j];
+        dc[Le - 1] += s, s = 0;
+        for (int i = Le - 1; i >= 0; i--) s += dc[i], dg[(tok0 + i) * nv + h] = (float)s;
+    }
+}
+static size_t tc_grad_smem() {
+    return (8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + (7 * TC_L + 32) * 4;
+}
+
 // One warp per (token, key head): sums the value heads' gradients w.r.t. the normalised vector and applies the
 // normalisation's backward: ∂x = c·(r·γ − x·r³·(x·γ)) (c·γ without l2).
 template <typename T>
@@ -750,6 +1181,12 @@ template <typename K> static void set_smem(K kernel, size_t bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+// bf16 data at Qwen3.5's head size and chunk 64 take the tensor cores; fp32 (parity runs) and other shapes the SIMT
+// kernels.
+static bool delta_tc(DType dt, const ChunkDims *d) {
+    return dt == DT_BF16 && d->L == TC_L && d->dk == TC_D && d->dv == TC_D;
+}
+
 // Normalised q and k, then c, U, W, M (and Tm when Tg is not NULL) of every chunk.
 template <typename T>
 static void delta_front(const DeltaBufs *f, float *Tg, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta,
@@ -758,6 +1195,14 @@ static void delta_front(const DeltaBufs *f, float *Tg, Tensor q, Tensor k, Tenso
     delta_prep_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
         f->qh, f->kh, f->rq, f->rk, (const T *)q.p, (const T *)k.p, rows, (int)s->dk, a->scale, a->qk_l2norm);
     CUDA_LAUNCH_CHECK();
+    if (delta_tc(q.dt, d)) {
+        set_smem(tc_prep_kernel, tc_prep_smem());
+        tc_prep_kernel<<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), TC_THREADS, tc_prep_smem(), cuda_stream()>>>(
+            f->cs, f->U, f->W, f->M, Tg, f->qh, f->kh, (const bf16 *)v.p, (const float *)g.p, (const float *)beta.p,
+            *d);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     size_t sm = prep_smem(d);
     set_smem(delta_chunk_prep_kernel<T>, sm);
     delta_chunk_prep_kernel<T><<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), 256, sm, cuda_stream()>>>(
@@ -778,6 +1223,14 @@ void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, T
     ChunkDims d = chunk_dims(&s, a);
     DeltaBufs f;
     delta_bufs(&f, q, v, &s, &d, false, a);
+    if (delta_tc(q.dt, &d)) {
+        delta_front<bf16>(&f, NULL, q, k, v, g, beta, &s, &d, a);
+        set_smem(tc_state_kernel, tc_state_smem());
+        tc_state_kernel<<<dim3((unsigned)(s.B * s.nv), TC_D / TC_VT), TC_THREADS, tc_state_smem(), cuda_stream()>>>(
+            (bf16 *)o.p, NULL, NULL, (float *)a->sT.p, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
     DT_SWITCH(q.dt, T, "delta_rule_forward", {
         delta_front<T>(&f, NULL, q, k, v, g, beta, &s, &d, a);
         size_t sm = state_smem(&d);
@@ -804,24 +1257,43 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
           *dVp = Vp + BH * NL * s.dv, *dBv = dVp + BH * NL * s.dv, *dW = dBv + BH * NL * s.dv,
           *dBk = dW + BH * NL * s.dk, *gq = dBk + BH * NL * s.dk, *gk = gq + s.T * s.nv * s.dk;
     int64_t rows = s.T * s.nk;
+    bool tc = delta_tc(q.dt, &d);
+    dim3 sg((unsigned)BH, TC_D / TC_VT), cg((unsigned)d.NC, (unsigned)BH);
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
         delta_front<T>(&f, Tg, q, k, v, g, beta, &s, &d, a);
-        size_t sm = state_smem(&d);
-        set_smem(delta_chunk_state_kernel<T>, sm);
-        delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
-            NULL, S0, Vp, NULL, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
-        CUDA_LAUNCH_CHECK();
-        sm = dstate_smem(&d);
-        set_smem(delta_chunk_dstate_kernel<T>, sm);
-        delta_chunk_dstate_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
-            dS1, dVp, (float *)a->ds0.p, (const float *)a->dsT.p, (const T *)dout.p, f.cs, f.W, f.M, f.qh, f.kh, d);
-        CUDA_LAUNCH_CHECK();
-        sm = grad_smem(&d);
-        set_smem(delta_chunk_grad_kernel<T>, sm);
-        delta_chunk_grad_kernel<T><<<dim3((unsigned)d.NC, (unsigned)BH), 256, sm, cuda_stream()>>>(
-            gq, gk, (T *)dv.p, (float *)dg.p, (float *)dbeta.p, dW, dBv, dBk, f.cs, f.U, f.W, f.M, Tg, S0, dS1, Vp, dVp,
-            f.qh, f.kh, (const T *)v.p, (const T *)dout.p, (const float *)beta.p, d);
-        CUDA_LAUNCH_CHECK();
+        if (tc) {
+            set_smem(tc_state_kernel, tc_state_smem());
+            tc_state_kernel<<<sg, TC_THREADS, tc_state_smem(), cuda_stream()>>>(
+                NULL, S0, Vp, NULL, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+            CUDA_LAUNCH_CHECK();
+            set_smem(tc_dstate_kernel, tc_dstate_smem());
+            tc_dstate_kernel<<<sg, TC_THREADS, tc_dstate_smem(), cuda_stream()>>>(
+                dS1, dVp, (float *)a->ds0.p, (const float *)a->dsT.p, (const bf16 *)dout.p, f.cs, f.W, f.M, f.qh, f.kh,
+                d);
+            CUDA_LAUNCH_CHECK();
+            set_smem(tc_grad_kernel, tc_grad_smem());
+            tc_grad_kernel<<<cg, TC_THREADS, tc_grad_smem(), cuda_stream()>>>(
+                gq, gk, (bf16 *)dv.p, (float *)dg.p, (float *)dbeta.p, f.cs, f.U, f.W, f.M, Tg, S0, dS1, Vp, dVp, f.qh,
+                f.kh, (const bf16 *)v.p, (const bf16 *)dout.p, (const float *)beta.p, d);
+            CUDA_LAUNCH_CHECK();
+        } else {
+            size_t sm = state_smem(&d);
+            set_smem(delta_chunk_state_kernel<T>, sm);
+            delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
+                NULL, S0, Vp, NULL, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+            CUDA_LAUNCH_CHECK();
+            sm = dstate_smem(&d);
+            set_smem(delta_chunk_dstate_kernel<T>, sm);
+            delta_chunk_dstate_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
+                dS1, dVp, (float *)a->ds0.p, (const float *)a->dsT.p, (const T *)dout.p, f.cs, f.W, f.M, f.qh, f.kh, d);
+            CUDA_LAUNCH_CHECK();
+            sm = grad_smem(&d);
+            set_smem(delta_chunk_grad_kernel<T>, sm);
+            delta_chunk_grad_kernel<T><<<dim3((unsigned)d.NC, (unsigned)BH), 256, sm, cuda_stream()>>>(
+                gq, gk, (T *)dv.p, (float *)dg.p, (float *)dbeta.p, dW, dBv, dBk, f.cs, f.U, f.W, f.M, Tg, S0, dS1, Vp,
+                dVp, f.qh, f.kh, (const T *)v.p, (const T *)dout.p, (const float *)beta.p, d);
+            CUDA_LAUNCH_CHECK();
+        }
         delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>((T *)dq.p, gq, (const T *)q.p, f.rq,
                                                                                 rows, (int)s.nk, (int)(s.nv / s.nk),
                                                                                 (int)s.dk, a->scale, a->qk_l2norm);
