@@ -89,7 +89,8 @@ static void skewed_offs(int64_t *offs, int64_t R, int64_t E) {
 // (cuda_wgmma.cu, the default), "auto" (the older choice by routing shape: padded batch or cuBLAS grouped with
 // the largest experts beside it, cuda_grouped.cu's weight gradient when near balanced) and cuBLAS alone.
 // Row names match bench/peer_grouped.py's. Weight-gradient rows count the fp32 accumulation into dw (the
-// peer writes a bf16 dw); their floor is E·N·K·8 bytes read and written once at the copy rate.
+// peer writes a bf16 dw); their floor is E·N·K·8 bytes read and written once at the copy rate. The "store" rows
+// write the fp32 dw instead (a step's first micro-batch): E·N·K·4 bytes.
 static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, int k, int64_t I) {
     Arena save = A;
     int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
@@ -121,6 +122,11 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
             GROUPED_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, offs));
             GROUPED_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, offs));
             GROUPED_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true));
+            // a step's first micro-batch writes dw instead of adding (what the 8-layer benchmark runs)
+            GROUPED_ROW("gate_up bwd weight fp32 store", fg,
+                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, false));
+            GROUPED_ROW("down bwd weight fp32 store", fdn,
+                        op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, false));
 #undef GROUPED_ROW
         }
     }

@@ -29,10 +29,13 @@ p()
 
 # ---- end to end ----
 rows = []
-m = re.findall(r'^\{"step".*\}$', read("train.txt"), re.M)
-nparam = re.search(r"([\d.]+) M parameters", read("train.txt"))
-nparam = float(nparam.group(1)) * 1e6 if nparam else 0
-if m:
+# train.txt: the run of run_gpu.sh's routing; train_balanced.txt: the force-balanced run beside it (--both)
+for log, name in (("train.txt", "pith (bf16, fwd+bwd)"), ("train_balanced.txt", "pith (bf16, fwd+bwd, force-balanced)")):
+    m = re.findall(r'^\{"step".*\}$', read(log), re.M)
+    nparam = re.search(r"([\d.]+) M parameters", read(log))
+    nparam = float(nparam.group(1)) * 1e6 if nparam else 0
+    if not m:
+        continue
     recs = [json.loads(x) for x in m]
     late = [r for r in recs if r["step"] >= 3] or recs
     fb = statistics.median(r["fwdbwd_s"] for r in late)
@@ -40,7 +43,7 @@ if m:
     peak = max(r["gpu_peak_gb"] for r in recs)
     tps = 2 * 4096 / fb
     nonmaster = peak - 12 * nparam / 1e9  # less the fp32 master weights and the two Adam moments
-    rows.append(("pith (bf16, fwd+bwd)", tps, fb, peak, f"{nonmaster:.1f}", f"optimizer {opt*1e3:.0f} ms, loss {recs[-1]['loss']:.3f}, {len(recs)} steps"))
+    rows.append((name, tps, fb, peak, f"{nonmaster:.1f}", f"optimizer {opt*1e3:.1f} ms, loss {recs[-1]['loss']:.3f}, {len(recs)} steps"))
 peers = {}
 for x in re.findall(r'^\{"peer".*\}$', read("peers.txt"), re.M):
     j = json.loads(x)

@@ -13,6 +13,8 @@
 # bench/peer_hf_gpt_oss.py), --balanced (force-balanced routing: pith's benchmark mode and the peers' --balanced).
 # --qwen3.5 (likewise on bench/qwen3_5_8l, Qwen3.5-35B-A3B's text shapes cut to 8 layers, 6 linear + 2 full, with
 # bench/peer_hf_qwen3_5.py), --balanced (force-balanced routing: pith's benchmark mode and the peers' --balanced).
+# --both (pith natural into train.txt and force-balanced into train_balanced.txt, side by side in the table; the
+# peers as given, --balanced to force theirs).
 # --schedule (the DualPipeV engine at pp = 1 beside the plain step, same lease: the end-to-end run twice with 2
 # micro-batches per step, global_batch_size=4 — plain, then parallel.pipeline_schedule=true, the layers in two
 # chunks on the one GPU — into train_plain.txt and train_schedule.txt, their fwd+bwd medians and peaks compared;
@@ -23,13 +25,14 @@ set -u
 OUT=${OUT:-/tmp/pith-bench}
 mkdir -p "$OUT"
 peers=1 kernels=1 e2e=1 steps=8 pk="" bench=bench/qwen3_30b_a3b_8l peer=bench/peer_hf_qwen3_moe.py vocab=151936 bal="" pbal=""
-schedule=0
+schedule=0 both=0
 for a in "$@"; do
     case "$a" in --no-peers) peers=0 ;; --no-kernels) kernels=0 ;; --no-e2e) e2e=0 ;; --steps=*) steps=${a#--steps=} ;; --no-compile) pk=--no-compile ;;
     --deepseek-v2) bench=bench/deepseek_v2_lite_8l peer=bench/peer_hf_deepseek_v2.py vocab=102400 ;;
     --gpt-oss) bench=bench/gpt_oss_20b_4l peer=bench/peer_hf_gpt_oss.py vocab=201088 ;;
     --qwen3.5) bench=bench/qwen3_5_8l peer=bench/peer_hf_qwen3_5.py vocab=248320 ;;
     --balanced) bal="--set benchmark=true" pbal=--balanced ;;
+    --both) both=1 ;;
     --schedule) schedule=1 ;; esac
 done
 if [ -d lib ]; then
@@ -85,6 +88,15 @@ if [ $e2e = 1 ]; then
     echo "rc=$?" >>"$OUT/train.txt"
     cat /tmp/pith-bench-run/metrics.jsonl >>"$OUT/train.txt" 2>/dev/null
     grep -v '^{' "$OUT/train.txt" | tail -4
+    if [ $both = 1 ]; then
+        echo "== pith train, force-balanced (${steps} steps)"
+        rm -rf /tmp/pith-bench-run
+        timeout 420 build/pith train $bench/train.json --set max_steps="$steps" --set benchmark=true \
+            >"$OUT/train_balanced.txt" 2>&1
+        echo "rc=$?" >>"$OUT/train_balanced.txt"
+        cat /tmp/pith-bench-run/metrics.jsonl >>"$OUT/train_balanced.txt" 2>/dev/null
+        grep -v '^{' "$OUT/train_balanced.txt" | tail -4
+    fi
 fi
 if [ $kernels = 1 ]; then
     echo "== kernels"

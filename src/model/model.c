@@ -365,7 +365,8 @@ Tensor model_fp8_weight(Model *m, int l, int which) {
 }
 
 void model_zero_grads(Model *m) {
-    for (int g = 0; g < NGROUPS; g++) op_zero(m->g[g]);
+    op_zero(m->g[GROUP_DENSE]);
+    if (!m->expert_grads_zeroed) op_zero(m->g[GROUP_EXPERT]), m->expert_grads_zeroed = true;
     for (int l = 0; l < MAX_LAYERS; l++) m->expert_grads_fresh[l] = true;
 }
 

@@ -228,9 +228,10 @@ struct Model {
     void *views;             // the family's own weight and gradient views
     struct KvCache *kv;      // generation: attention reads and extends this cache (NULL: training, evaluation)
     struct Ring *ring;       // context parallelism (parallel/ring.h): attention is zigzag ring attention (NULL: cp 1)
-    // Layer l's expert weight gradients are still the zeros of model_zero_grads: the next weight gradient writes
-    // them instead of adding (moe_stage3_backward_weight).
-    bool expert_grads_fresh[MAX_LAYERS];
+    // Layer l's expert weight gradients hold the last step's values: the step's first weight gradient writes them
+    // instead of adding (moe_stage3_backward_weight). model_zero_grads zeroes the expert group only the first time
+    // (expert_grads_zeroed), so its padding is zero and each step saves a pass over the largest gradient buffer.
+    bool expert_grads_fresh[MAX_LAYERS], expert_grads_zeroed;
     // FP8 (docs/architecture.md, "FP8"; model_fp8_setup): stage 3's GEMMs run through op_fp8_*; their weights rounded
     // through E4M3 are cached in fp8_w (each layer's gate_up, then down, in the compute dtype), a layer's remade at
     // its first use after the optimizer's update bumps fp8_version.

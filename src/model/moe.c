@@ -262,12 +262,17 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
         mlp_backward_weight(m, G->gate_up[l], NONE, r->dgu, io->xe, NULL, true);
         return;
     }
+    // The step's first weight gradient writes the layer's expert gradients (they hold the last step's: Model,
+    // expert_grads_fresh); with no rows, or through FP8 (which adds), they are zeroed first.
     int64_t R = io->offs[model_experts_local(&m->cfg)];
-    if (!R) return;
-    if (again) act_forward(&m->cfg, tensor_rows(r->act, 0, R), tensor_rows(r->gu, 0, R));
-    // the first micro-batch since the gradients were zeroed writes them (0 + g = g exactly, and no read of dw)
     bool acc = !m->expert_grads_fresh[l];
     m->expert_grads_fresh[l] = false;
+    if (!acc && (!R || m->fp8)) {
+        op_zero(G->gate_up[l]), op_zero(G->down[l]);
+        if (G->gate_up_b[l].p) op_zero(G->gate_up_b[l]), op_zero(G->down_b[l]);
+    }
+    if (!R) return;
+    if (again) act_forward(&m->cfg, tensor_rows(r->act, 0, R), tensor_rows(r->gu, 0, R));
     mlp_backward_weight(m, G->down[l], G->down_b[l], tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R), io->offs,
                         acc);
     mlp_backward_weight(m, G->gate_up[l], G->gate_up_b[l], tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R),

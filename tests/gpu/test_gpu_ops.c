@@ -901,6 +901,11 @@ TEST(gpu_op_elementwise) {
     // AdamW, three steps
     gpu_mode(DT_F32);
     check_adamw(n);
+    // Σ x² over more values than one pass of the grid's threads: the loop of four loads a thread, its tail, n % 4
+    Pair big = pair_rand(DT_F32, 1, 1, (3 << 20) + 5, 0, 0, 0);
+    double bc = op_sum_squares(big.c), bg = op_sum_squares(big.d);
+    record_err(fabs(bg - bc) / bc, "sum_squares");
+    ASSERT_MSG(fabs(bg - bc) / bc <= 1e-12, "sum_squares of %d: gpu %.15g cpu %.15g", (3 << 20) + 5, bg, bc);
     float f = 3.5f;
     Tensor fd = gpu_tensor(DT_F32, 1, 1, 0, 0, 0);
     op_copy(fd, tensor_make(&f, DT_F32, DEV_CPU, 1, 1, 1, 1, 1));
