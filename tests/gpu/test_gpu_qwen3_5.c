@@ -80,9 +80,14 @@ TEST(gpu_op_qwen3_5_elementwise) {
         gpu_mode(MODE_DT);
         check_norms(MODE_DT, TOL, 37, 64);
         check_norms(MODE_DT, TOL, 300, 128); // per-head gated norm and q/k norm shapes
+        check_norms(MODE_DT, TOL, 16, 2048); // the block norms' rows (8-column vectors, 8 per lane)
+        check_norms(MODE_DT, TOL, 9, 36);    // rows that split into no 8-column vectors: one column per lane
         check_gate(MODE_DT, TOL, 50, 256, 256);
-        check_gate(MODE_DT, TOL, 70, 96, 1); // the shared expert's per-token gate
-        check_conv(MODE_DT, TOL, 2, 100, 40, 4);
+        check_gate(MODE_DT, TOL, 70, 96, 1);       // the shared expert's per-token gate
+        check_conv(MODE_DT, TOL, 2, 100, 40, 4);   // runs of 32 positions: the last one partial
+        check_conv(MODE_DT, TOL, 3, 37, 300, 3);   // kernel 3; channels past a block of 128
+        check_conv(MODE_DT, TOL, 1, 20, 16, 8);    // the widest kernel, a sequence shorter than a run
+        check_conv(MODE_DT, TOL, 2, 1100, 256, 4); // 70 runs over grid.y 64: some threads take two
         check_gates(MODE_DT, TOL, 300, 6);
     }
     gpu_report();

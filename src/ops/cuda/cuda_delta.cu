@@ -23,47 +23,77 @@ static dim3 row_grid(int64_t R) { return dim3((unsigned)((R + ROWS_PER_BLOCK - 1
 static const dim3 ROW_BLOCK(32, ROWS_PER_BLOCK);
 
 // ---- zero-centred (GATED false) and gated (GATED true) RMSNorm ----
-// 1p: y = x·r·(1 + w); gated: y = x·r·w·silu(z).
+// 1p: y = x·r·(1 + w); gated: y = x·r·w·silu(z). A warp takes a row, each lane V consecutive columns at a time
+// (V = 8: 16-byte loads, when the row splits into 8-element vectors and the pointers are aligned; else 1).
 
-template <typename T, typename TW, bool GATED>
+template <int V, typename T> __device__ __forceinline__ void ldv(const T *p, float (&v)[V]) {
+    if constexpr (V == 8) ld8(p, v);
+    else v[0] = ld(p, 0);
+}
+template <int V, typename T> __device__ __forceinline__ void stv(T *p, const float (&v)[V]) {
+    if constexpr (V == 8) st8(p, v);
+    else st(p, 0, v[0]);
+}
+// u = 1 + w (1p) or w·silu(z) (gated) for V columns from j; zz: z there (gated).
+template <int V, bool GATED, typename T, typename TW>
+__device__ __forceinline__ void norm_u(float (&u)[V], float (&zz)[V], const TW *w, const T *z) {
+    ldv<V>(w, u);
+    if (GATED) ldv<V>(z, zz);
+#pragma unroll
+    for (int k = 0; k < V; k++) u[k] = GATED ? u[k] * zz[k] * sigm(zz[k]) : 1.0f + u[k];
+}
+
+template <typename T, typename TW, bool GATED, int V>
 __global__ void norm_forward_kernel(T *y, float *rstd, const T *x, const T *z, const TW *w, int64_t R, int64_t D,
                                     float eps) {
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
     if (row >= R) return;
-    float ss = 0;
-    for (int64_t j = threadIdx.x; j < D; j += 32) ss += ld(x, row * D + j) * ld(x, row * D + j);
+    const T *xr = x + row * D;
+    float ss = 0, v[V], u[V], zz[V];
+    for (int64_t j = threadIdx.x * V; j < D; j += 32 * V) {
+        ldv<V>(xr + j, v);
+#pragma unroll
+        for (int k = 0; k < V; k++) ss += v[k] * v[k];
+    }
     float r = rsqrtf(warp_sum(ss) / (float)D + eps);
     if (threadIdx.x == 0) rstd[row] = r;
-    for (int64_t j = threadIdx.x; j < D; j += 32) {
-        float v = ld(x, row * D + j) * r;
-        if (GATED) {
-            float zz = ld(z, row * D + j);
-            st(y, row * D + j, v * ld(w, j) * zz * sigm(zz));
-        } else {
-            st(y, row * D + j, v * (1.0f + ld(w, j)));
-        }
+    for (int64_t j = threadIdx.x * V; j < D; j += 32 * V) {
+        ldv<V>(xr + j, v);
+        norm_u<V, GATED>(u, zz, w + j, z + row * D + j);
+#pragma unroll
+        for (int k = 0; k < V; k++) v[k] *= r * u[k];
+        stv<V>(y + row * D + j, v);
     }
 }
 
-// u_j = 1 + w_j (1p) or w_j·silu(z_j) (gated): ∂x = r·u·dy − x·r³/D·Σ(dy·u·x); gated ∂z = dy·x·r·w·silu'(z).
-template <typename T, typename TW, bool GATED>
+// ∂x = r·u·dy − x·r³/D·Σ(dy·u·x); gated ∂z = dy·x·r·w·silu'(z).
+template <typename T, typename TW, bool GATED, int V>
 __global__ void norm_backward_kernel(T *dx, T *dz, const T *dy, const T *x, const T *z, const TW *w, const float *rstd,
                                      int64_t R, int64_t D, bool acc) {
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
     if (row >= R) return;
-    float dot = 0, r = rstd[row];
-    for (int64_t j = threadIdx.x; j < D; j += 32) {
-        int64_t i = row * D + j;
-        float u = GATED ? ld(w, j) * ld(z, i) * sigm(ld(z, i)) : 1.0f + ld(w, j);
-        dot += ld(dy, i) * u * ld(x, i);
+    int64_t o = row * D;
+    float dot = 0, r = rstd[row], g[V], xv[V], u[V], zz[V], a[V];
+    for (int64_t j = threadIdx.x * V; j < D; j += 32 * V) {
+        ldv<V>(dy + o + j, g), ldv<V>(x + o + j, xv);
+        norm_u<V, GATED>(u, zz, w + j, z + o + j);
+#pragma unroll
+        for (int k = 0; k < V; k++) dot += g[k] * u[k] * xv[k];
     }
     float c = warp_sum(dot) * r * r * r / (float)D;
-    for (int64_t j = threadIdx.x; j < D; j += 32) {
-        int64_t i = row * D + j;
-        float zz = GATED ? ld(z, i) : 0.0f, u = GATED ? ld(w, j) * zz * sigm(zz) : 1.0f + ld(w, j);
-        float g = r * u * ld(dy, i) - ld(x, i) * c;
-        st(dx, i, acc ? ld(dx, i) + g : g);
-        if (GATED) st(dz, i, ld(dy, i) * ld(x, i) * r * ld(w, j) * silu_grad(zz));
+    for (int64_t j = threadIdx.x * V; j < D; j += 32 * V) {
+        ldv<V>(dy + o + j, g), ldv<V>(x + o + j, xv);
+        norm_u<V, GATED>(u, zz, w + j, z + o + j);
+        if (acc) ldv<V>(dx + o + j, a);
+#pragma unroll
+        for (int k = 0; k < V; k++) a[k] = (acc ? a[k] : 0.0f) + (r * u[k] * g[k] - xv[k] * c);
+        stv<V>(dx + o + j, a);
+        if (GATED) {
+            ldv<V>(w + j, u);
+#pragma unroll
+            for (int k = 0; k < V; k++) a[k] = g[k] * xv[k] * r * u[k] * silu_grad(zz[k]);
+            stv<V>(dz + o + j, a);
+        }
     }
 }
 
@@ -101,10 +131,13 @@ template <bool GATED> static void norm_forward(Tensor y, Tensor rstd, Tensor x, 
     IS_F32(rstd, "rmsnorm1p/gated forward");
     if (GATED) same_dt(z, x, "rmsnorm_gated_forward");
     if (R == 0) return;
+    bool v8 = vec8_fits(D, y.p, x.p, z.p, w.p);
+#define FWD(V)                                                                                                         \
+    norm_forward_kernel<T, TW, GATED, V><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(                                \
+        (T *)y.p, (float *)rstd.p, (const T *)x.p, (const T *)z.p, (const TW *)w.p, R, D, eps)
     DT_SWITCH(x.dt, T, "rmsnorm1p/gated forward",
-              DT_SWITCH(w.dt, TW, "rmsnorm1p/gated forward",
-                        norm_forward_kernel<T, TW, GATED><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(
-                            (T *)y.p, (float *)rstd.p, (const T *)x.p, (const T *)z.p, (const TW *)w.p, R, D, eps)));
+              DT_SWITCH(w.dt, TW, "rmsnorm1p/gated forward", if (v8) FWD(8); else FWD(1)));
+#undef FWD
     CUDA_LAUNCH_CHECK();
 }
 
@@ -116,13 +149,16 @@ static void norm_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, 
     same_dt(dy, x, "rmsnorm1p/gated backward");
     IS_F32(dw, "rmsnorm1p/gated backward");
     if (R == 0) return;
+    bool v8 = vec8_fits(D, dx.p, dy.p, x.p, w.p) && aligned16(z.p, dz.p);
+#define BWD(V)                                                                                                         \
+    norm_backward_kernel<T, TW, GATED, V><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(                               \
+        (T *)dx.p, (T *)dz.p, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const TW *)w.p, (const float *)rstd.p, \
+        R, D, acc)
     DT_SWITCH(x.dt, T, "rmsnorm1p/gated backward",
-              DT_SWITCH(w.dt, TW, "rmsnorm1p/gated backward",
-                        norm_backward_kernel<T, TW, GATED><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(
-                            (T *)dx.p, (T *)dz.p, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const TW *)w.p,
-                            (const float *)rstd.p, R, D, acc));
+              DT_SWITCH(w.dt, TW, "rmsnorm1p/gated backward", if (v8) BWD(8); else BWD(1));
               norm_dw_kernel<T, GATED><<<colsum_grid(R, D), dim3(32, 8), 0, cuda_stream()>>>(
                   (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const float *)rstd.p, R, D));
+#undef BWD
     CUDA_LAUNCH_CHECK();
 }
 
@@ -192,90 +228,116 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 }
 
 // ---- causal depthwise conv1d + SiLU ----
-
-// Pre-activation of row t (position p = t mod S) and channel c.
-template <typename T, typename TW>
-__device__ __forceinline__ float conv_pre(const T *x, const TW *w, int64_t t, int64_t p, int64_t c, int64_t C, int K) {
-    float s = 0;
-    for (int j = 0; j < K; j++) {
-        int64_t src = p - K + 1 + j;
-        if (src >= 0) s += ld(w, c * K + j) * ld(x, (t - p + src) * C + c);
-    }
-    return s;
-}
-
-template <typename T, typename TW>
-__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, int64_t T_, int64_t C, int64_t S, int K) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T_ * C; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t = i / C, c = i % C;
-        float u = conv_pre(x, w, t, t % S, c, C, K);
-        st(y, i, u * sigm(u));
-    }
-}
-
-// dx[t, c] = Σ_j w[c, j]·dpre[t + K − 1 − j, c] with dpre = dy·silu'(pre) recomputed per tap.
-template <typename T, typename TW>
-__global__ void conv_backward_dx_kernel(T *dx, const T *dy, const T *x, const TW *w, int64_t T_, int64_t C, int64_t S,
-                                        int K) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T_ * C; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t = i / C, c = i % C, p = t % S;
-        float s = 0;
-        for (int j = 0; j < K; j++) {
-            int64_t po = p + K - 1 - j; // the output position that reads x[t] through tap j
-            if (po >= S) continue;
-            int64_t to = t + K - 1 - j;
-            s += ld(w, c * K + j) * ld(dy, to * C + c) * silu_grad(conv_pre(x, w, to, po, c, C, K));
-        }
-        st(dx, i, s);
-    }
-}
-
-// dw[c, j] += Σ_t dpre[t, c]·x[t − K + 1 + j, c]: thread per channel, grid.y splits the rows, taps in registers.
+// A thread takes one channel c over runs of CONV_RUN positions of one sequence, the inputs it slides over in
+// registers: each x and dy is read once per run (plus a halo of CONV_MAX_K − 1), where the per-element kernels read
+// each K to K² times. The K taps sit right-aligned in CONV_MAX_K (zeros before them), so every register index is a
+// constant: u[p] = Σ_j w'[j]·x[p − CONV_MAX_K + 1 + j], the zero taps adding exact zeros in the CPU's order. Runs
+// are grid-strided (grid.y), so that a thread's weight-gradient sums span several runs before one atomic add per tap.
+#define CONV_RUN 32
 #define CONV_MAX_K 8
+#define CONV_THREADS 128
+
+static dim3 conv_grid(int64_t C, int64_t runs) {
+    return dim3((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)(runs < 64 ? runs : 64));
+}
+template <typename TW>
+__device__ __forceinline__ void conv_taps(float (&wk)[CONV_MAX_K], const TW *w, int64_t c, int K) {
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++) wk[j] = j >= CONV_MAX_K - K ? ld(w, c * K + j - (CONV_MAX_K - K)) : 0.0f;
+}
+
+// xw[i] = x[q0 + i] of one channel (xs: its column in the sequence; outside 0 .. S − 1: 0).
+template <int N, typename T>
+__device__ __forceinline__ void conv_window(float (&xw)[N], const T *xs, int64_t q0, int64_t S, int64_t C) {
+#pragma unroll
+    for (int i = 0; i < N; i++) xw[i] = q0 + i >= 0 && q0 + i < S ? ld(xs, (q0 + i) * C) : 0.0f;
+}
+// The pre-activation at window offset i: Σ_j w'[j]·xw[i + j].
+template <int N> __device__ __forceinline__ float conv_u(const float (&wk)[CONV_MAX_K], const float (&xw)[N], int i) {
+    float u = 0;
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++) u += wk[j] * xw[i + j];
+    return u;
+}
+
+// y[p] = silu(u[p]) for the run's positions p0 .. p0 + CONV_RUN − 1 (x before the sequence: 0).
 template <typename T, typename TW>
-__global__ void conv_backward_dw_kernel(float *dw, const T *dy, const T *x, const TW *w, int64_t T_, int64_t C,
-                                        int64_t S, int K) {
-    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, int64_t C, int64_t S, int K, int64_t runs) {
+    const int NX = CONV_RUN + CONV_MAX_K - 1; // x[p0 − CONV_MAX_K + 1 .. p0 + CONV_RUN − 1]
+    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
     if (c >= C) return;
-    float acc[CONV_MAX_K] = {0};
-    for (int64_t t = blockIdx.y; t < T_; t += gridDim.y) {
-        int64_t p = t % S;
-        float d = ld(dy, t * C + c) * silu_grad(conv_pre(x, w, t, p, c, C, K));
-        for (int j = 0; j < K; j++)
-            if (p - K + 1 + j >= 0) acc[j] += d * ld(x, (t - K + 1 + j) * C + c);
+    float wk[CONV_MAX_K], xw[NX];
+    conv_taps(wk, w, c, K);
+    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
+        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
+        conv_window(xw, x + b * S * C + c, q0, S, C);
+#pragma unroll
+        for (int i = 0; i < CONV_RUN; i++) {
+            float u = conv_u(wk, xw, i);
+            if (p0 + i < S) st(y + b * S * C + c, (p0 + i) * C, u * sigm(u));
+        }
     }
-    for (int j = 0; j < K; j++) atomicAdd(dw + c * K + j, acc[j]);
+}
+
+// dpre[p] = dy[p]·silu'(u[p]) over p0 .. p0 + CONV_RUN + CONV_MAX_K − 2 (past the sequence: 0);
+// dx[p] = Σ_j w'[j]·dpre[p + CONV_MAX_K − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p.
+template <typename T, typename TW>
+__global__ void conv_backward_kernel(T *dx, float *dw, const T *dy, const T *x, const TW *w, int64_t C, int64_t S,
+                                     int K, int64_t runs) {
+    const int ND = CONV_RUN + CONV_MAX_K - 1, NX = ND + CONV_MAX_K - 1; // x from p0 − CONV_MAX_K + 1
+    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
+    if (c >= C) return;
+    float wk[CONV_MAX_K], dwk[CONV_MAX_K] = {0}, xw[NX], dp[ND];
+    conv_taps(wk, w, c, K);
+    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
+        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
+        const T *dys = dy + b * S * C + c;
+        conv_window(xw, x + b * S * C + c, q0, S, C);
+#pragma unroll
+        for (int i = 0; i < ND; i++) dp[i] = p0 + i < S ? ld(dys, (p0 + i) * C) * silu_grad(conv_u(wk, xw, i)) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < CONV_RUN; i++) {
+            if (p0 + i >= S) break;
+            float s = 0;
+#pragma unroll
+            for (int j = 0; j < CONV_MAX_K; j++) s += wk[j] * dp[i + CONV_MAX_K - 1 - j];
+            st(dx + b * S * C + c, (p0 + i) * C, s);
+#pragma unroll
+            for (int j = 0; j < CONV_MAX_K; j++) dwk[j] += dp[i] * xw[i + j];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++)
+        if (j >= CONV_MAX_K - K) atomicAdd(dw + c * K + j - (CONV_MAX_K - K), dwk[j]);
 }
 
 void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B) {
-    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B;
+    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B, runs = B * ((S + CONV_RUN - 1) / CONV_RUN);
     int K = (int)t_cols(w);
     CHECK(T_ % B == 0 && t_rows(w) == C && tensor_numel(y) == T_ * C);
+    if (K > CONV_MAX_K) die("conv1d_silu_forward: kernel %d is past the GPU kernels' %d", K, CONV_MAX_K);
     same_dt(y, x, "conv1d_silu_forward");
     if (T_ == 0) return;
     DT_SWITCH(x.dt, T, "conv1d_silu_forward",
               DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
-                        conv_forward_kernel<T, TW><<<grid_for(T_ * C, 256), 256, 0, cuda_stream()>>>(
-                            (T *)y.p, (const T *)x.p, (const TW *)w.p, T_, C, S, K)));
+                        conv_forward_kernel<T, TW><<<conv_grid(C, runs), CONV_THREADS, 0, cuda_stream()>>>(
+                            (T *)y.p, (const T *)x.p, (const TW *)w.p, C, S, K, runs)));
     CUDA_LAUNCH_CHECK();
 }
 
 void cuda_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B) {
-    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B;
+    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B, runs = B * ((S + CONV_RUN - 1) / CONV_RUN);
     int K = (int)t_cols(w);
-    CHECK(K <= CONV_MAX_K);
+    if (K > CONV_MAX_K) die("conv1d_silu_backward: kernel %d is past the GPU kernels' %d", K, CONV_MAX_K);
     same_dt(dx, x, "conv1d_silu_backward");
     same_dt(dy, x, "conv1d_silu_backward");
     IS_F32(dw, "conv1d_silu_backward");
     if (T_ == 0) return;
-    int64_t gy = T_ / 64;
-    dim3 gdw((unsigned)((C + 127) / 128), (unsigned)(gy > 256 ? 256 : gy < 1 ? 1 : gy));
-    DT_SWITCH(x.dt, T, "conv1d_silu_backward",
-              DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
-                        conv_backward_dx_kernel<T, TW><<<grid_for(T_ * C, 256), 256, 0, cuda_stream()>>>(
-                            (T *)dx.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p, T_, C, S, K);
-                        conv_backward_dw_kernel<T, TW><<<gdw, 128, 0, cuda_stream()>>>(
-                            (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p, T_, C, S, K)));
+    DT_SWITCH(
+        x.dt, T, "conv1d_silu_backward",
+        DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
+                  conv_backward_kernel<T, TW><<<conv_grid(C, runs), CONV_THREADS, 0, cuda_stream()>>>(
+                      (T *)dx.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p, C, S, K, runs)));
     CUDA_LAUNCH_CHECK();
 }
 
