@@ -181,6 +181,45 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     A.used = save.used;
 }
 
+// The dense MLP's FP8 GEMMs (cuBLASLt's block-scaled E4M3 products, activation quantisation included) beside bf16
+// at Qwen3-30B-A3B's dense width (intermediate 6144), and the weight's quantisation (once per optimizer step).
+static void bench_dense_fp8(int64_t T, int64_t H, int64_t I) {
+    Arena save = A;
+    DType bf = DT_BF16;
+    Tensor x = dev(bf, 2, T, H, 0), wgu = dev(bf, 2, 2 * I, H, 0), gu = dev(bf, 2, T, 2 * I, 0),
+           act = dev(bf, 2, T, I, 0), wd = dev(bf, 2, H, I, 0), y = dev(bf, 2, T, H, 0),
+           dwgu = dev(DT_F32, 2, 2 * I, H, 0), dwd = dev(DT_F32, 2, H, I, 0);
+    Tensor bgu = dev(DT_U8, 1, (int64_t)op_fp8_weight_bytes(2 * I, H), 0, 0),
+           bd = dev(DT_U8, 1, (int64_t)op_fp8_weight_bytes(H, I), 0, 0);
+    Fp8Weight qgu = op_fp8_weight_view(bgu.p, DEV_CUDA, 2 * I, H), qd = op_fp8_weight_view(bd.p, DEV_CUDA, H, I);
+    fill(x, 1, 70), fill(wgu, 0.02f, 71), fill(gu, 1, 72), fill(act, 1, 73), fill(wd, 0.02f, 74), fill(y, 1, 75);
+    op_zero(dwgu), op_zero(dwd), op_fp8_weight_make(qgu, wgu), op_fp8_weight_make(qd, wd);
+    double fg = 2.0 * T * 2 * I * H, fdn = 2.0 * T * I * H;
+    char nm[112];
+    int64_t tc0 = cuda_fp8_tensor_core_gemms();
+    for (int i = 0; i < 50; i++) op_linear_forward(gu, x, wgu, NONE); // clocks up
+#define FP8_ROW(what, work, bf16_call, fp8_call)                                                                       \
+    snprintf(nm, sizeof nm, "dense %s (T=%lld, bf16)", what, (long long)T);                                            \
+    TIME(nm, 10, work, "TFLOP/s", bf16_call);                                                                          \
+    snprintf(nm, sizeof nm, "dense %s (T=%lld, fp8)", what, (long long)T);                                             \
+    TIME(nm, 10, work, "TFLOP/s", fp8_call)
+    FP8_ROW("gate_up fwd", fg, op_linear_forward(gu, x, wgu, NONE), op_fp8_linear_forward(gu, x, qgu));
+    FP8_ROW("gate_up bwd input", fg, op_linear_backward_input(x, gu, wgu, false),
+            op_fp8_linear_backward_input(x, gu, qgu, false));
+    FP8_ROW("gate_up bwd weight fp32", fg, op_linear_backward_weight(dwgu, NONE, gu, x),
+            op_fp8_linear_backward_weight(dwgu, gu, x));
+    FP8_ROW("down fwd", fdn, op_linear_forward(y, act, wd, NONE), op_fp8_linear_forward(y, act, qd));
+    FP8_ROW("down bwd input", fdn, op_linear_backward_input(act, y, wd, false),
+            op_fp8_linear_backward_input(act, y, qd, false));
+    FP8_ROW("down bwd weight fp32", fdn, op_linear_backward_weight(dwd, NONE, y, act),
+            op_fp8_linear_backward_weight(dwd, y, act));
+#undef FP8_ROW
+    printf("(%lld of the FP8 GEMMs above ran on the tensor cores)\n", (long long)(cuda_fp8_tensor_core_gemms() - tc0));
+    snprintf(nm, sizeof nm, "dense fp8 weight codes+scales (%lld x %lld bf16)", (long long)(2 * I), (long long)H);
+    TIME(nm, 10, (double)2 * I * H * 4, "GB/s", op_fp8_weight_make(qgu, wgu));
+    A.used = save.used;
+}
+
 // Qwen3.5's gated delta rule at the benchmark's shapes: 2 sequences of 4096, 16 key heads for 32 value heads of 128.
 static void bench_delta(void) {
     DType bf = DT_BF16;
@@ -215,8 +254,9 @@ int main(int argc, char **argv) {
     if (!ops_cuda_available()) die("bench_gpu_ops: no GPU");
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
     A = arena_create("bench", DEV_CUDA, (size_t)40 << 30);
-    if (argc > 1 && !strcmp(argv[1], "--fp8")) { // the expert GEMMs in FP8 beside bf16
+    if (argc > 1 && !strcmp(argv[1], "--fp8")) { // the expert and dense GEMMs in FP8 beside bf16
         bench_grouped_fp8("qwen3", 8192, 2048, 128, 8, 768);
+        bench_dense_fp8(8192, 2048, 6144);
         arena_destroy(&A);
         return 0;
     }

@@ -344,24 +344,43 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
+// The cache holds, per layer and weight, a dense weight's FP8 codes and scales (op_fp8_weight_bytes) or the experts'
+// weights rounded through E4M3 in the compute dtype (their GEMMs run on the rounded values), 256-byte aligned.
 void model_fp8_setup(Model *m, const char *file) {
     if (m->cfg.swiglu_limit > 0) die("%s: fp8: not built for experts with biases (%s)", file, m->cfg.model_type);
-    int64_t n = 0;
+    size_t n = 0;
     for (int l = 0; l < m->cfg.layers; l++) {
         Tensor w[2] = {m->sw->gate_up[l], m->sw->down[l]};
-        for (int j = 0; j < 2; j++) m->fp8_off[j][l] = n, n += w[j].nd ? tensor_numel(w[j]) : 0; // nd 0: not held
+        for (int j = 0; j < 2; j++) {
+            m->fp8_off[j][l] = (int64_t)n;
+            if (w[j].nd == 2) n += op_fp8_weight_bytes(w[j].n[0], w[j].n[1]);
+            else if (w[j].nd == 3) n += (tensor_bytes(w[j]) + 255) & ~(size_t)255; // nd 0: not held here
+        }
     }
     m->fp8 = true, m->fp8_version = 1;
     memset(m->fp8_made, 0, sizeof m->fp8_made);
-    m->fp8_w = (m->w[0].p ? alloc_tensor : shape_tensor)(m->dev, m->cdt, n ? n : 1);
+    m->fp8_w = (m->w[0].p ? alloc_tensor : shape_tensor)(m->dev, DT_U8, n ? (int64_t)n : 1);
+}
+
+// Remade when stale: the first use after the optimizer's update bumped fp8_version.
+static bool fp8_stale(Model *m, int l, int which) {
+    bool stale = m->fp8_made[which][l] != m->fp8_version;
+    m->fp8_made[which][l] = m->fp8_version;
+    return stale;
 }
 
 Tensor model_fp8_weight(Model *m, int l, int which) {
     Tensor w = which ? m->sw->down[l] : m->sw->gate_up[l], q = w;
-    q.p = (char *)m->fp8_w.p + m->fp8_off[which][l] * dtype_size(w.dt);
-    if (m->fp8_made[which][l] != m->fp8_version) op_fp8_round(q, w, FP8_TILES, NULL, 0);
-    m->fp8_made[which][l] = m->fp8_version;
+    q.p = (char *)m->fp8_w.p + m->fp8_off[which][l];
+    if (fp8_stale(m, l, which)) op_fp8_round(q, w, FP8_TILES, NULL, 0);
     return q;
+}
+
+Fp8Weight model_fp8_dense(Model *m, int l, int which) {
+    Tensor w = which ? m->sw->down[l] : m->sw->gate_up[l];
+    Fp8Weight fw = op_fp8_weight_view((char *)m->fp8_w.p + m->fp8_off[which][l], w.dev, w.n[0], w.n[1]);
+    if (fp8_stale(m, l, which)) op_fp8_weight_make(fw, w);
+    return fw;
 }
 
 void model_zero_grads(Model *m) {

@@ -232,9 +232,10 @@ struct Model {
     // instead of adding (moe_stage3_backward_weight). model_zero_grads zeroes the expert group only the first time
     // (expert_grads_zeroed), so its padding is zero and each step saves a pass over the largest gradient buffer.
     bool expert_grads_fresh[MAX_LAYERS], expert_grads_zeroed;
-    // FP8 (docs/architecture.md, "FP8"; model_fp8_setup): stage 3's GEMMs run through op_fp8_*; their weights rounded
-    // through E4M3 are cached in fp8_w (each layer's gate_up, then down, in the compute dtype), a layer's remade at
-    // its first use after the optimizer's update bumps fp8_version.
+    // FP8 (docs/architecture.md, "FP8"; model_fp8_setup): stage 3's GEMMs run through op_fp8_*; their weights
+    // quantised through E4M3 are cached in the bytes of fp8_w (each layer's gate_up, then down, from byte fp8_off: a
+    // dense weight's codes and scales, the experts' rounded values), a layer's remade at its first use after the
+    // optimizer's update bumps fp8_version.
     bool fp8;
     Tensor fp8_w;
     int64_t fp8_version, fp8_made[2][MAX_LAYERS], fp8_off[2][MAX_LAYERS];
@@ -295,8 +296,10 @@ void model_free(Model *m);
 // FP8 on (docs/architecture.md, "FP8"): the weight cache for this rank's layers (allocated when the model is, a
 // shape only when it is a plan). Dies naming the config when the model's experts have biases (GPT-OSS).
 void model_fp8_setup(Model *m, const char *file);
-// Layer l's gate_up (which 0) or down (1) weight rounded with FP8_TILES, from the cache (remade when stale).
+// Layer l's gate_up (which 0) or down (1) weight quantised with FP8_TILES, from the cache (remade when stale): the
+// experts' (E, N, K) rounded values, or a dense weight's codes and scales.
 Tensor model_fp8_weight(Model *m, int l, int which);
+Fp8Weight model_fp8_dense(Model *m, int l, int which);
 // Chooses the form; global-batch (micro-batches of at most T tokens) all-gathers counts over `replicas`.
 void model_lb_setup(Model *m, LbForm form, const struct Comm *replicas, int T);
 void model_lb_step_begin(Model *m); // a new step: the global-batch counts start from zero

@@ -1,7 +1,8 @@
-// fp8.c — the FP8 linear layers (docs/architecture.md, "FP8"): each GEMM rounds its operands through E4M3 with the
-// blocks DeepSeek-V3's recipe gives its contraction (op_fp8_round: ops/cpu/cpu_fp8.c, ops/cuda/cuda_fp8.cu), then
-// runs the ordinary GEMM op on the rounded values with fp32 accumulation. The rounded values are exact in bf16, so
-// on the GPU this is the FP8 product up to the order of the fp32 sums.
+// fp8.c — the FP8 linear layers (docs/architecture.md, "FP8"): each GEMM quantises its operands through E4M3 with
+// the blocks DeepSeek-V3's recipe gives its contraction (ops/cpu/cpu_fp8.c, ops/cuda/cuda_fp8.cu). On the GPU the dense
+// GEMMs run on the FP8 tensor cores (cuBLASLt's block-scaled E4M3 products, cuda_fp8.cu) where the shapes fit; the
+// others, the experts' and every CPU one, run the ordinary GEMM op on the rounded values (op_fp8_round) with fp32
+// accumulation. The rounded values are exact in bf16, so both are the FP8 product up to the order of the fp32 sums.
 #include "ops/ops.h"
 
 #include "ops/cpu/cpu_ops.h"
@@ -27,7 +28,8 @@ static struct {
     size_t bytes;
 } scratch[2][2];
 
-static Tensor rounded(int slot, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
+// A tensor of x's shape and dtype in scratch slot `slot` of x's device.
+static Tensor scratch_like(int slot, Tensor x) {
     int d = x.dev == DEV_CUDA;
     size_t need = tensor_bytes(x);
     if (need > scratch[d][slot].bytes) {
@@ -41,19 +43,73 @@ static Tensor rounded(int slot, Tensor x, Fp8Blocks b, const int64_t *offs, int 
     }
     Tensor y = x;
     y.p = scratch[d][slot].p;
+    return y;
+}
+
+static Tensor rounded(int slot, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
+    Tensor y = scratch_like(slot, x);
     op_fp8_round(y, x, b, offs, groups);
     return y;
 }
 
-void op_fp8_linear_forward(Tensor y, Tensor x, Tensor wq) {
-    op_linear_forward(y, rounded(0, x, FP8_ROWS, NULL, 0), wq, NONE);
+// ---- the dense weight's codes and scales ----
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+static int64_t up4(int64_t n) { return (n + 3) / 4 * 4; }
+
+size_t op_fp8_weight_bytes(int64_t N, int64_t K) {
+    int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
+    return 2 * align256((size_t)(N * K)) + align256(sizeof(float) * NB * up4(KB)) +
+           align256(sizeof(float) * KB * up4(NB));
 }
 
-void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Tensor wq, bool accumulate) {
-    op_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NULL, 0), wq, accumulate);
+Fp8Weight op_fp8_weight_view(void *p, Device dev, int64_t N, int64_t K) {
+    int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
+    char *c = p;
+    size_t o[4] = {0, align256((size_t)(N * K))};
+    o[2] = 2 * o[1], o[3] = o[2] + align256(sizeof(float) * NB * up4(KB));
+    Fp8Weight fw = {tensor_make(c ? c + o[0] : NULL, DT_U8, dev, 2, N, K, 1, 1),
+                    tensor_make(c ? c + o[1] : NULL, DT_U8, dev, 2, K, N, 1, 1),
+                    tensor_make(c ? c + o[2] : NULL, DT_F32, dev, 2, NB, up4(KB), 1, 1),
+                    tensor_make(c ? c + o[3] : NULL, DT_F32, dev, 2, KB, up4(NB), 1, 1)};
+    return fw;
+}
+
+void op_fp8_weight_make(Fp8Weight fw, Tensor w) {
+    CHECK(w.dev == fw.q.dev && tensor_numel(w) == tensor_numel(fw.q));
+#ifdef PITH_CUDA
+    if (w.dev == DEV_CUDA) return cuda_fp8_weight(fw, w);
+#endif
+    cpu_fp8_weight(fw, w);
+}
+
+// The weight's values q·s (N, K) in dtype dt, in scratch slot 1: the operand of the GEMMs off the tensor cores.
+static Tensor weight_values(Fp8Weight fw, DType dt) {
+    Tensor y = scratch_like(1, tensor_make(NULL, dt, fw.q.dev, 2, fw.q.n[0], fw.q.n[1], 1, 1));
+#ifdef PITH_CUDA
+    if (y.dev == DEV_CUDA) return cuda_fp8_weight_values(y, fw), y;
+#endif
+    cpu_fp8_weight_values(y, fw);
+    return y;
+}
+
+void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) {
+#ifdef PITH_CUDA
+    if (x.dev == DEV_CUDA && cuda_fp8_linear_forward(y, x, w8)) return;
+#endif
+    op_linear_forward(y, rounded(0, x, FP8_ROWS, NULL, 0), weight_values(w8, x.dt), NONE);
+}
+
+void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) {
+#ifdef PITH_CUDA
+    if (dy.dev == DEV_CUDA && cuda_fp8_linear_backward_input(dx, dy, w8, accumulate)) return;
+#endif
+    op_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NULL, 0), weight_values(w8, dy.dt), accumulate);
 }
 
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
+#ifdef PITH_CUDA
+    if (x.dev == DEV_CUDA && cuda_fp8_linear_backward_weight(dw, dy, x)) return;
+#endif
     op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NULL, 0), rounded(1, x, FP8_TILES, NULL, 0));
 }
 

@@ -448,6 +448,11 @@ static void op_delay(void) {
     if (d > 0) nanosleep(&(struct timespec){(time_t)d, (long)((d - (time_t)d) * 1e9)}, NULL);
 }
 
+// Ops issued on the compute stream while a group of sends and receives of this rank is posted and unfinished:
+// work that runs beside a transfer on a GPU (the overlap tests read it: structure, not time).
+static long fake_ops_beside;
+long fake_ops_beside_transfers(void) { return fake_ops_beside; }
+
 // An op on the compute stream over these tensors (which the CPU op then sees as host tensors).
 #define OP(name, ...)                                                                                                  \
     do {                                                                                                               \
@@ -455,7 +460,7 @@ static void op_delay(void) {
         for (size_t i_ = 0; i_ < sizeof ts_ / sizeof *ts_; i_++)                                                       \
             check_side(*ts_[i_], #name), check_inflight(ts_[i_]->p, tensor_bytes(*ts_[i_]), #name),                    \
                 ts_[i_]->dev = DEV_CPU;                                                                                \
-        issue(COMPUTE, #name), op_delay();                                                                             \
+        issue(COMPUTE, #name), op_delay(), fake_ops_beside += npending > 0;                                            \
     } while (0)
 
 void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
@@ -507,6 +512,19 @@ void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int gr
     OP(fp8_round, &y, &x);
     cpu_fp8_round(y, x, b, offs, groups);
 }
+void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
+    OP(fp8_weight, &fw.q, &fw.qt, &fw.s, &fw.st, &w);
+    cpu_fp8_weight(fw, w);
+}
+void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
+    OP(fp8_weight_values, &y, &fw.q, &fw.s);
+    cpu_fp8_weight_values(y, fw);
+}
+// No FP8 tensor cores here: the dense FP8 GEMMs take the rounded-operand path.
+bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) { return false; }
+bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) { return false; }
+bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) { return false; }
+int64_t cuda_fp8_tensor_core_gemms(void) { return 0; }
 void cuda_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit) {
     OP(swiglu_clamped_forward, &act, &gu);
     cpu_swiglu_clamped_forward(act, gu, alpha, limit);

@@ -533,11 +533,21 @@ static Tensor pull(Tensor t) {
     return h;
 }
 
+// Compute ops issued beside a transfer in flight (tests/fake/fake_cuda.c counts them; 0 elsewhere).
+#ifdef PITH_FAKE_CUDA
+long fake_ops_beside_transfers(void);
+static long ops_beside_transfers(void) { return fake_ops_beside_transfers(); }
+enum { COUNTS_OVERLAP = 1 };
+#else
+static long ops_beside_transfers(void) { return 0; }
+enum { COUNTS_OVERLAP = 0 };
+#endif
+
 // ---- pair: the overlapped pair across an ep group ----
 // Two chunks of two MoE layers each (the first embeds, the second ends in the loss) over the world as the
 // ep group: the forward of one micro-batch through the first and the backward of another through the
 // second, one after the other and as chunk_pair; the pair's results equal the serial order's bit for bit,
-// and with every op and every NCCL group lasting a while (the fake's delays) the pair takes less time.
+// and on fake GPUs more ops run beside an all-to-all in flight in the pair than in the serial order.
 // Then with an expert capacity below what the routing sends (0.75·T·k rows): spilling (the backward
 // re-dispatches its spilled layer, a collective, inside the pair), dropping, and spilling under full
 // recompute (the backward replays its layers' forwards inside the pair); each equal to its serial order,
@@ -556,6 +566,7 @@ static void pair_case(const Dist *d, Model *m, const PairCase *pc, int32_t (*tok
     Tensor out[2][NGROUPS + 3];
     double took[2];
     int64_t over[2] = {0, 0}, spilled = 0; // rows above the capacity in the paired forward; b's spilled layers
+    long beside[2] = {0, 0};               // fake GPUs: compute ops issued while an all-to-all was in flight
     for (int pair = 0; pair < 2; pair++) {
         model_zero_grads(m), op_zero(m->loss_sum), op_zero(m->lb_sum);
         chunk_load(&a, 0, tok[0], tok[1]), chunk_load(&b, 0, tok[0], tok[1]), chunk_load(&a, 1, tok[1], tok[0]);
@@ -566,9 +577,10 @@ static void pair_case(const Dist *d, Model *m, const PairCase *pc, int32_t (*tok
         comm_barrier(&d->world);
         a.ep_over = 0;
         double t0 = now_seconds();
+        long b0 = ops_beside_transfers();
         if (pair) chunk_pair(&a, 1, &b, 0);
         else chunk_forward(&a, 1, true), chunk_backward(&b, 0, false);
-        took[pair] = now_seconds() - t0;
+        took[pair] = now_seconds() - t0, beside[pair] = ops_beside_transfers() - b0;
         over[pair] = a.ep_over;
         for (int g = 0; g < NGROUPS; g++) out[pair][g] = pull(m->g[g]);
         out[pair][NGROUPS] = pull(chunk_output(&a, 1)), out[pair][NGROUPS + 1] = pull(chunk_input_grad(&b));
@@ -592,11 +604,16 @@ static void pair_case(const Dist *d, Model *m, const PairCase *pc, int32_t (*tok
            (long long)I64(n)[1]);
     EXPECT((pc->capacity > 0 && !pc->drop) == (I64(n)[2] > 0), "%s: %lld spilled layers\n", pc->name,
            (long long)I64(n)[2]);
-    const char *e = getenv("PITH_FAKE_NCCL_DELAY_MS");
     if (d->world.rank == 0)
-        printf("pair %s: forward then backward %.3f s, paired %.3f s, %lld rows over\n", pc->name, took[0], took[1],
-               (long long)I64(n)[1]);
-    if (e && atof(e) > 0) EXPECT(took[1] < 0.8 * took[0], "no overlap: %.3f s vs %.3f s\n", took[1], took[0]);
+        printf("pair %s: forward then backward %.3f s, paired %.3f s, %lld rows over; ops beside an all-to-all: "
+               "%ld serial, %ld paired\n",
+               pc->name, took[0], took[1], (long long)I64(n)[1], beside[0], beside[1]);
+    // The overlap, as structure: on fake GPUs the pair issues the other micro-batch's ops while its all-to-alls
+    // are in flight (posted, not yet waited for) — more of them than the serial order, which waits for each
+    // all-to-all at once. (Times are printed, not compared: they follow the machine's load.)
+    if (COUNTS_OVERLAP)
+        EXPECT(beside[1] > beside[0] && beside[1] >= 8,
+               "%s: no overlap: %ld ops beside an all-to-all paired, %ld serial\n", pc->name, beside[1], beside[0]);
     free(n.p), chunk_free(&a), chunk_free(&b);
 }
 

@@ -120,3 +120,32 @@ void cpu_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int gro
     CHECK(tensor_numel(y) == tensor_numel(x));
     blocks_run(x, b, offs, groups, NULL, NULL, y.p); // an element is read before it is written: y may be x
 }
+
+// fw from w (N, K): the codes and natural scales (NB, KB) of the 128 × 128 blocks, then qt = qᵀ and the scales in
+// the padded layouts of s (NB, KB4) and st (KB, NB4) (ops.h, Fp8Weight).
+void cpu_fp8_weight(Fp8Weight fw, Tensor w) {
+    int64_t N = t_rows(w), K = t_cols(w), NB = (N + 127) / 128, KB = (K + 127) / 128, KB4 = fw.s.n[1], NB4 = fw.st.n[1];
+    CHECK(fw.q.n[0] == N && fw.q.n[1] == K && fw.s.n[0] == NB && fw.st.n[0] == KB);
+    float *s = xmalloc(sizeof(float) * NB * KB);
+    cpu_fp8_quantize(fw.q, tensor_make(s, DT_F32, DEV_CPU, 2, NB, KB, 1, 1), w, FP8_TILES, NULL, 0);
+    const uint8_t *q = fw.q.p;
+    uint8_t *qt = fw.qt.p;
+#pragma omp parallel for
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t n = 0; n < N; n++) qt[k * N + n] = q[n * K + k];
+    memset(fw.s.p, 0, tensor_bytes(fw.s)), memset(fw.st.p, 0, tensor_bytes(fw.st));
+    for (int64_t nb = 0; nb < NB; nb++)
+        for (int64_t kb = 0; kb < KB; kb++) F(fw.s)[nb * KB4 + kb] = F(fw.st)[kb * NB4 + nb] = s[nb * KB + kb];
+    free(s);
+}
+
+void cpu_fp8_weight_values(Tensor y, Fp8Weight fw) {
+    CPU_F32(y);
+    int64_t N = fw.q.n[0], K = fw.q.n[1], KB4 = fw.s.n[1];
+    CHECK(tensor_numel(y) == N * K);
+    const uint8_t *q = fw.q.p;
+#pragma omp parallel for
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++)
+            F(y)[n * K + k] = fp8_e4m3_decode(q[n * K + k]) * F(fw.s)[n / 128 * KB4 + k / 128];
+}

@@ -79,3 +79,6 @@ int64_t cpu_fp8_scale_rows(Tensor x, Fp8Blocks b, const int64_t *offs, int group
 void cpu_fp8_quantize(Tensor q, Tensor s, Tensor x, Fp8Blocks b, const int64_t *offs, int groups);
 void cpu_fp8_dequantize(Tensor y, Tensor q, Tensor s, Fp8Blocks b, const int64_t *offs, int groups);
 void cpu_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups);
+// The dense weight's codes and scales (op_fp8_weight_make) and their values y (N, K) = q·s.
+void cpu_fp8_weight(Fp8Weight fw, Tensor w);
+void cpu_fp8_weight_values(Tensor y, Fp8Weight fw);

@@ -1,8 +1,15 @@
-// cuda_fp8.cu — FP8 E4M3 block rounding on the GPU (op_fp8_round, ops.h): the same blocks, power-of-two scales and
-// round-to-nearest-even codes as the reference (ops/cpu/cpu_fp8.c, docs/reference.md §20), through the hardware
-// conversion (cvt.rn.satfinite.e4m3x2.f32), so both give the same bits. FP8_ROWS: a warp per 1 × 128 block.
-// FP8_COLS and FP8_TILES: one CTA of 128 threads per block row of 128 columns, a thread owning a column and walking
-// the block's rows (up to 128); FP8_TILES takes the amax over the CTA, FP8_COLS per thread.
+// cuda_fp8.cu — FP8 E4M3 on the GPU: block rounding (op_fp8_round, ops.h) with the same blocks, power-of-two scales
+// and round-to-nearest-even codes as the reference (ops/cpu/cpu_fp8.c, docs/reference.md §20), through the hardware
+// conversion (cvt.rn.satfinite.e4m3x2.f32), so both give the same bits; and the dense FP8 GEMMs on the tensor cores.
+// FP8_ROWS: a warp per 1 × 128 block. FP8_COLS and FP8_TILES: one CTA of 128 threads per block row of 128 columns, a
+// thread owning a column and walking the block's rows (up to 128); FP8_TILES takes the amax over the CTA, FP8_COLS
+// per thread.
+// The tensor-core GEMMs are cuBLASLt's block-scaled E4M3 products (cuBLAS ≥ 12.9 on sm_90, docs/architecture.md,
+// "FP8"): D = op_T(A)·op_N(B) column-major with both operands stored along the contraction ("TN", the only FP8 form),
+// A with BLK128x128_32F scales and B with VEC128_32F ones, fp32 accumulation, D bf16 or fp32. Their layouts:
+// BLK128x128 for an operand of R rows (outer) of contraction length k: s[rb·KB4 + kb], KB4 = 4⌈⌈k/128⌉/4⌉;
+// VEC128: s[kb·R + r]. Every dimension a multiple of 16 and every pointer 16-byte aligned; other shapes return false.
+#include <cublasLt.h>
 #include <cuda_fp8.h>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -22,25 +29,21 @@ __device__ __forceinline__ float fp8_scale(float amax) {
     return __uint_as_float(b);
 }
 
-__device__ __forceinline__ float fp8_value(float v, float s, float inv) {
-    __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v * inv, __NV_SATFINITE, __NV_E4M3);
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3))) * s;
+__device__ __forceinline__ uint8_t fp8_code(float v, float inv) {
+    return __nv_cvt_float_to_fp8(v * inv, __NV_SATFINITE, __NV_E4M3);
 }
+__device__ __forceinline__ float fp8_decode(uint8_t q) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
+}
+__device__ __forceinline__ float fp8_value(float v, float s, float inv) { return fp8_decode(fp8_code(v, inv)) * s; }
 
-// grid: (row blocks × column chunks of 128); blockDim 128. whole: one scale per CTA (tiles), else per column (cols).
+// The scale of the block holding rows r0..r1 of column c of x (C columns; in: c < C), a thread per column; whole: the
+// block spans the CTA's 128 columns (128 threads), else the column alone. NaN when the block holds a non-finite
+// value (the step's non-finite check then reports it).
 template <typename T>
-__global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, Fp8Groups gr, bool whole) {
+__device__ float column_block_scale(const T *x, int64_t C, int64_t c, bool in, int64_t r0, int64_t r1, bool whole) {
     __shared__ float red[4];
     __shared__ int bad_s[4];
-    int64_t rb = blockIdx.x / nchunks, c = (blockIdx.x % nchunks) * 128 + threadIdx.x;
-    int lo = 0, hi = gr.n - 1; // the group holding row block rb
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (gr.rb0[mid] <= rb) lo = mid;
-        else hi = mid - 1;
-    }
-    int64_t r0 = gr.offs[lo] + (rb - gr.rb0[lo]) * gr.bh, r1 = min((int64_t)gr.offs[lo + 1], r0 + gr.bh);
-    bool in = c < C;
     float amax = 0;
     int bad = 0;
     for (int64_t r = r0; in && r < r1; r++) {
@@ -56,7 +59,37 @@ __global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, F
         amax = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
         bad = bad_s[0] | bad_s[1] | bad_s[2] | bad_s[3];
     }
-    float s = bad ? NAN : fp8_scale(amax), inv = 1.0f / s; // a non-finite input makes its block NaN
+    return bad ? NAN : fp8_scale(amax);
+}
+
+// A warp's 1 × 128 block of row r from column c0 (lane i holds columns c0 + i, + 32, + 64, + 96: coalesced): its
+// values in v (0 past C) and its scale (NaN when non-finite).
+template <typename T> __device__ float row_block_scale(const T *x, int64_t C, int64_t r, int64_t c0, float v[4]) {
+    float amax = 0;
+    int bad = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[i] = c0 + 32 * i < C ? ld(x, r * C + c0 + 32 * i) : 0.0f;
+        bad |= !isfinite(v[i]), amax = fmaxf(amax, fabsf(v[i]));
+    }
+    for (int o = 16; o; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o)), bad |= __shfl_xor_sync(0xffffffff, bad, o);
+    return bad ? NAN : fp8_scale(amax);
+}
+
+// grid: (row blocks × column chunks of 128); blockDim 128. whole: one scale per CTA (tiles), else per column (cols).
+template <typename T>
+__global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, Fp8Groups gr, bool whole) {
+    int64_t rb = blockIdx.x / nchunks, c = (blockIdx.x % nchunks) * 128 + threadIdx.x;
+    int lo = 0, hi = gr.n - 1; // the group holding row block rb
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (gr.rb0[mid] <= rb) lo = mid;
+        else hi = mid - 1;
+    }
+    int64_t r0 = gr.offs[lo] + (rb - gr.rb0[lo]) * gr.bh, r1 = min((int64_t)gr.offs[lo + 1], r0 + gr.bh);
+    bool in = c < C;
+    float s = column_block_scale(x, C, c, in, r0, r1, whole), inv = 1.0f / s;
     for (int64_t r = r0; in && r < r1; r++) st(y, r * C + c, fp8_value(ld(x, r * C + c), s, inv));
 }
 
@@ -66,16 +99,7 @@ __global__ void fp8_round_rows_kernel(T *y, const T *x, int64_t C, int64_t nchun
     int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     if (blk >= nblocks) return; // a whole warp: blk is the warp's
     int64_t r = blk / nchunks, c0 = (blk % nchunks) * 128 + (threadIdx.x & 31);
-    float v[4], amax = 0;
-    int bad = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        v[i] = c0 + 32 * i < C ? ld(x, r * C + c0 + 32 * i) : 0.0f;
-        bad |= !isfinite(v[i]), amax = fmaxf(amax, fabsf(v[i]));
-    }
-    for (int o = 16; o; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o)), bad |= __shfl_xor_sync(0xffffffff, bad, o);
-    float s = bad ? NAN : fp8_scale(amax), inv = 1.0f / s;
+    float v[4], s = row_block_scale(x, C, r, c0, v), inv = 1.0f / s;
 #pragma unroll
     for (int i = 0; i < 4; i++)
         if (c0 + 32 * i < C) st(y, r * C + c0 + 32 * i, fp8_value(v[i], s, inv));
@@ -109,4 +133,182 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *o
               fp8_round_kernel<T>
               <<<blocks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, gr, b == FP8_TILES));
     CUDA_LAUNCH_CHECK();
+}
+
+// ---- codes and scales for the tensor-core GEMMs ----
+
+// Rows: x (R, C) in 1 × 128 blocks → codes q (R, C) and VEC128 scales s[cb·R + r]; a warp per block, as above.
+template <typename T>
+__global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t R, int64_t C, int64_t nchunks) {
+    int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
+    if (blk >= R * nchunks) return;
+    int64_t r = blk / nchunks, cb = blk % nchunks, c0 = cb * 128 + (threadIdx.x & 31);
+    float v[4], sc = row_block_scale(x, C, r, c0, v), inv = 1.0f / sc;
+    if ((threadIdx.x & 31) == 0) s[cb * R + r] = sc;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        if (c0 + 32 * i < C) q[r * C + c0 + 32 * i] = fp8_code(v[i], inv);
+}
+
+// The transposed codes of one block row: x (R, C) rows r0..r1 (≤ 128) and the CTA's 128 columns, 128 × 1 blocks
+// (whole false: a scale per column, VEC128 s[rb·C + c]) or one 128 × 128 block (whole: BLK128x128 s[cb·RB4 + rb])
+// → qt (C, ldq): qt[c·ldq + r], staged through shared memory so that the stores run along qt's rows; qt's columns
+// r1 .. min(r0 + 128, ldq) are written 0 (the padding of the contraction to a multiple of 16). For a weight also its
+// codes q (R, C) and the scales of q's layout s2[rb·CB4 + cb] (q, s2 NULL: not written).
+template <typename T>
+__global__ void fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t R, int64_t C,
+                                   int64_t ldq, bool whole, int64_t RB4, int64_t CB4) {
+    __shared__ uint8_t tile[128][129];
+    int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks;
+    int64_t r0 = rb * 128, r1 = min(R, r0 + 128), c = cb * 128 + threadIdx.x;
+    bool in = c < C;
+    float sc = column_block_scale(x, C, c, in, r0, r1, whole), inv = 1.0f / sc;
+    if (whole && threadIdx.x == 0) s[cb * RB4 + rb] = sc;
+    if (s2 && threadIdx.x == 0) s2[rb * CB4 + cb] = sc;
+    if (!whole && in) s[rb * C + c] = sc;
+    for (int64_t r = r0; r < r0 + 128; r++) {
+        uint8_t code = in && r < r1 ? fp8_code(ld(x, r * C + c), inv) : 0;
+        tile[threadIdx.x][r - r0] = code;
+        if (q && in && r < r1) q[r * C + c] = code;
+    }
+    __syncthreads();
+    int64_t rend = min(ldq, r0 + 128);
+    for (int i = threadIdx.x; i < 128 * 128; i += 128) { // qt row cb·128 + i / 128, column r0 + i % 128
+        int64_t cc = cb * 128 + i / 128, r = r0 + i % 128;
+        if (cc < C && r < rend) qt[cc * ldq + r] = tile[i / 128][i % 128];
+    }
+}
+
+// y (N, K) = q·s from a weight's codes and BLK scales (the GEMMs off the tensor cores).
+template <typename T>
+__global__ void fp8_weight_values_kernel(T *y, const uint8_t *q, const float *s, int64_t N, int64_t K, int64_t KB4) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (i < N * K) st(y, i, fp8_decode(q[i]) * s[i / K / 128 * KB4 + i % K / 128]);
+}
+
+static int64_t up4(int64_t n) { return (n + 3) / 4 * 4; }
+
+extern "C" void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
+    ON_GPU(w, "fp8_weight");
+    int64_t N = t_rows(w), K = t_cols(w), NB = (N + 127) / 128, KB = (K + 127) / 128;
+    CHECK(fw.q.n[0] == N && fw.q.n[1] == K && fw.s.n[1] == up4(KB) && fw.st.n[1] == up4(NB));
+    if (N == 0 || K == 0) return;
+    cudaStream_t st0 = cuda_stream();
+    CUDA_CHECK(cudaMemsetAsync(fw.s.p, 0, tensor_bytes(fw.s), st0));
+    CUDA_CHECK(cudaMemsetAsync(fw.st.p, 0, tensor_bytes(fw.st), st0));
+    // the CTA of block (nb, kb) writes its codes into q and qt and its scale into s and st
+    DT_SWITCH(w.dt, T, "fp8_weight",
+              fp8_quant_t_kernel<T>
+              <<<NB * KB, 128, 0, st0>>>((uint8_t *)fw.qt.p, (float *)fw.st.p, (uint8_t *)fw.q.p, (float *)fw.s.p,
+                                         (const T *)w.p, N, K, N, true, up4(NB), up4(KB)));
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
+    ON_GPU(y, "fp8_weight_values");
+    int64_t N = fw.q.n[0], K = fw.q.n[1], n = N * K;
+    CHECK(tensor_numel(y) == n);
+    if (n == 0) return;
+    DT_SWITCH(y.dt, T, "fp8_weight_values",
+              fp8_weight_values_kernel<T><<<(n + 255) / 256, 256, 0, cuda_stream()>>>(
+                  (T *)y.p, (const uint8_t *)fw.q.p, (const float *)fw.s.p, N, K, fw.s.n[1]));
+    CUDA_LAUNCH_CHECK();
+}
+
+static int64_t tc_gemms; // tensor-core GEMMs run (cuda_fp8_tensor_core_gemms)
+extern "C" int64_t cuda_fp8_tensor_core_gemms(void) { return tc_gemms; }
+
+// D (m × n column-major, ldd m) = op_T(A)·op_N(B) + beta·D: A codes (k × m, lda k) with BLK128x128 scales sa, B codes
+// (k × n, ldb k) with VEC128 scales sb (the layouts above), D of dtype ddt. False when cuBLASLt has no algorithm.
+static bool lt_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *sa, const void *B, const float *sb,
+                   void *D, DType ddt, float beta) {
+    CudaCtx *c = cuda_ctx();
+    cublasLtMatmulDesc_t op;
+    CUDA_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int32_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    cudaDataType_t dt = ddt == DT_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasLtMatrixLayout_t la, lb, ld;
+    CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k));
+    CUDA_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k));
+    CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, m, n, m));
+    cublasLtMatmulPreference_t pref;
+    CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = CUDA_LT_WS_BYTES;
+    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasStatus_t stt = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, ld, ld, pref, 1, &res, &found);
+    bool ok = stt == CUBLAS_STATUS_SUCCESS && found > 0;
+    float alpha = 1.0f;
+    if (ok)
+        CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &res.algo, c->lt_ws,
+                                  CUDA_LT_WS_BYTES, c->compute));
+    CUDA_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    CUDA_CHECK(cublasLtMatrixLayoutDestroy(la));
+    CUDA_CHECK(cublasLtMatrixLayoutDestroy(lb));
+    CUDA_CHECK(cublasLtMatrixLayoutDestroy(ld));
+    CUDA_CHECK(cublasLtMatmulDescDestroy(op));
+    tc_gemms += ok;
+    return ok;
+}
+
+// Whether the tensor cores take a GEMM of these sizes, output and operand (fp32 or bf16, 16-byte aligned).
+static bool tc_fits(int64_t T, int64_t N, int64_t K, Tensor out, Tensor in) {
+    return T > 0 && T % 16 == 0 && N % 16 == 0 && K % 16 == 0 && (out.dt == DT_F32 || out.dt == DT_BF16) &&
+           (in.dt == DT_F32 || in.dt == DT_BF16) && aligned16(out.p, in.p);
+}
+
+// 256-byte aligned pieces of the op scratch (cuda_scratch), n bytes each.
+static size_t a256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+// out (T, m) (+)= in (T, k) · Aᵀ on the tensor cores: in quantised in 1 × 128 blocks (codes and VEC128 scales in the
+// op scratch) against a weight's codes A (m rows of k) with their BLK128x128 scales sa.
+static bool rows_gemm(Tensor out, Tensor in, int64_t m, const void *A, const float *sa, float beta) {
+    int64_t T = t_rows(in), k = t_cols(in), nchunks = (k + 127) / 128;
+    if (!tc_fits(T, m, k, out, in)) return false;
+    char *p = (char *)cuda_scratch(a256(T * k) + a256(sizeof(float) * T * nchunks));
+    uint8_t *q = (uint8_t *)p;
+    float *s = (float *)(p + a256(T * k));
+    DT_SWITCH(in.dt, TI, "fp8_quant_rows",
+              fp8_quant_rows_kernel<TI>
+              <<<(T * nchunks + 7) / 8, 256, 0, cuda_stream()>>>(q, s, (const TI *)in.p, T, k, nchunks));
+    CUDA_LAUNCH_CHECK();
+    return lt_fp8(m, T, k, A, sa, q, s, out.p, out.dt, beta);
+}
+
+extern "C" bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) {
+    return rows_gemm(y, x, w8.q.n[0], w8.q.p, (const float *)w8.s.p, 0.0f);
+}
+
+extern "C" bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) {
+    return rows_gemm(dx, dy, w8.q.n[1], w8.qt.p, (const float *)w8.st.p, accumulate ? 1.0f : 0.0f);
+}
+
+// dw (N, K) += dyᵀ·x over the T tokens: dyᵀ's codes (N, Tp) in 128 × 1 blocks (VEC128 along the tokens) and xᵀ's
+// (K, Tp) in 128 × 128 blocks (BLK128x128), Tp = T rounded up to 16 with zero codes.
+extern "C" bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
+    int64_t T = t_rows(x), K = t_cols(x), N = t_cols(dy), Tp = (T + 15) / 16 * 16, TB = (T + 127) / 128;
+    if (dw.dt != DT_F32 || !tc_fits(Tp, N, K, dw, x) || !aligned16(dy.p)) return false;
+    size_t bd = a256(N * Tp), bx = a256(K * Tp), bsd = a256(sizeof(float) * TB * N);
+    char *p = (char *)cuda_scratch(bd + bx + bsd + a256(sizeof(float) * ((K + 127) / 128) * up4(TB)));
+    uint8_t *dq = (uint8_t *)p, *xq = (uint8_t *)(p + bd);
+    float *ds = (float *)(p + bd + bx), *xs = (float *)(p + bd + bx + bsd);
+    cudaStream_t st0 = cuda_stream();
+    CUDA_CHECK(cudaMemsetAsync(xs, 0, sizeof(float) * ((K + 127) / 128) * up4(TB), st0)); // the padding of RB4
+    DT_SWITCH(dy.dt, T_, "fp8_quant_t",
+              fp8_quant_t_kernel<T_>
+              <<<TB *((N + 127) / 128), 128, 0, st0>>>(dq, ds, NULL, NULL, (const T_ *)dy.p, T, N, Tp, false, 0, 0));
+    CUDA_LAUNCH_CHECK();
+    DT_SWITCH(x.dt, T_, "fp8_quant_t",
+              fp8_quant_t_kernel<T_><<<TB *((K + 127) / 128), 128, 0, st0>>>(xq, xs, NULL, NULL, (const T_ *)x.p, T, K,
+                                                                             Tp, true, up4(TB), 0));
+    CUDA_LAUNCH_CHECK();
+    return lt_fp8(K, N, Tp, xq, xs, dq, ds, dw.p, DT_F32, 1.0f);
 }
