@@ -190,11 +190,12 @@ int cmd_train(int argc, char **argv) {
         if (d->ep > 1)
             printf(" | ep-load %.3f | %s %.0f rows", st.ep_load, cfg.parallel.ep_drop_tokens ? "ep-dropped" : "ep-over",
                    st.ep_over);
+        if (st.pipe_busy_s > 0) printf(" | bubble %.3f (busy %.3f s)", st.bubble, st.pipe_busy_s);
         printf("%s\n", st.nonfinite ? " | not finite: no update" : "");
         // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
         // comes right after loss, before the timings.
-        const char *keys[12] = {"loss"};
-        double vals[12] = {st.loss};
+        const char *keys[14] = {"loss"};
+        double vals[14] = {st.loss};
         int nkeys = 1;
         if (val) keys[nkeys] = "val_loss", vals[nkeys++] = val_loss;
         const char *rest[] = {"lb_loss",     "lr",       "grad_norm",   "tokens_per_s",
@@ -207,6 +208,10 @@ int cmd_train(int argc, char **argv) {
         if (d->ep > 1) { // expert capacity (docs/architecture.md, "Expert capacity")
             keys[nkeys] = "ep_load", vals[nkeys++] = st.ep_load;
             keys[nkeys] = cfg.parallel.ep_drop_tokens ? "ep_dropped_rows" : "ep_over_rows", vals[nkeys++] = st.ep_over;
+        }
+        if (st.pipe_busy_s > 0) { // the pipeline's idle share (docs/architecture.md, "Pipeline parallelism")
+            keys[nkeys] = "pipe_busy_s", vals[nkeys++] = st.pipe_busy_s;
+            keys[nkeys] = "bubble", vals[nkeys++] = st.bubble;
         }
         if (metrics) write_metrics(metrics, mpath, r.step, nkeys, keys, vals);
         if (tb.f) tboard_scalars(&tb, r.step, nkeys, keys, vals);

@@ -6,6 +6,9 @@
 #include "pipe/dualpipev.h"
 
 #include "base/base.h"
+#include "ops/ops.h"
+
+#include <time.h>
 
 typedef struct {
     PipeSchedule *s;
@@ -308,6 +311,11 @@ void dualpipev_run_init(PipeRun *run, const PipeSchedule *s, const Comm *pp, Are
     CHECK(pp->size == s->P && pp->rank == s->rank);
     memset(run, 0, sizeof *run);
     run->s = s, run->pp = pp;
+    const char *e = getenv("PITH_TEST_PIPE_DELAY");
+    int r = -2, us = 0;
+    if (e && (sscanf(e, "%d:%d", &r, &us) != 2 || us < 0))
+        die("PITH_TEST_PIPE_DELAY: \"%s\" is not RANK:MICROSECONDS", e);
+    if (e && (r == -1 || r == s->rank)) run->delay_us = us;
     for (int k = 0; k < PIPE_NTENSOR; k++)
         for (int p = 0; p < 2; p++) {
             int n = has_buffers(s, k, p) ? s->slots[slot_kind(k)][p] : 0;
@@ -335,6 +343,9 @@ static int msg_buffer(const PipeMsg *m) {
 void dualpipev_run(PipeRun *run, const PipeChunks *c) {
     const PipeSchedule *s = run->s;
     bool last = s->rank == s->P - 1;
+    ops_sync();
+    double t0 = now_seconds();
+    run->busy_s = 0;
     for (int i = 0; i < s->nsteps; i++) {
         const PipeStep *st = &s->steps[i];
         if (st->nmsg) { // the step's group, posted together and waited for before the compute
@@ -348,6 +359,9 @@ void dualpipev_run(PipeRun *run, const PipeChunks *c) {
             CommReq q = comm_p2p_start(run->pp, ops, st->nmsg);
             comm_wait(&q);
         }
+        if (st->kind == PIPE_SYNC) continue;
+        ops_sync(); // the receives are in: from here to the compute's end the rank is busy
+        double c0 = now_seconds();
         Tensor x = {0}, y = {0}, dy = {0}, dx = {0};
         int fp = st->fphase, fmb = st->fmb, bp = st->bphase, bmb = st->bmb;
         if (st->kind == PIPE_F || st->kind == PIPE_FB) { // the last rank's phase 0 writes phase 1's input
@@ -369,5 +383,10 @@ void dualpipev_run(PipeRun *run, const PipeChunks *c) {
                 c->backward(c->ctx, bp, bmb, s->slot[PIPE_REC][bp][bmb], dy, dx, st->zb);
         }
         if (st->kind == PIPE_W) c->weight(c->ctx, st->bphase, st->bmb, s->slot[PIPE_REC][st->bphase][st->bmb]);
+        if (run->delay_us)
+            nanosleep(&(struct timespec){run->delay_us / 1000000, run->delay_us % 1000000 * 1000L}, NULL);
+        ops_sync();
+        run->busy_s += now_seconds() - c0;
     }
+    run->pipe_s = now_seconds() - t0;
 }

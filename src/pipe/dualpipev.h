@@ -89,6 +89,12 @@ typedef struct {
     const PipeSchedule *s;
     const Comm *pp;             // the pipeline group: rank = pipeline rank
     Tensor *t[PIPE_NTENSOR][2]; // [kind][phase][slot]
+    // The last dualpipev_run's seconds: in the chunk computes (busy), and in all (the rank's pipeline time).
+    // Both wait for the compute stream (ops_sync) at each compute's ends, so on the GPU a receive's wait
+    // counts as idle; 1 − busy_s / pipe_s is the rank's bubble. PITH_TEST_PIPE_DELAY=R:US (tests) adds US
+    // microseconds of sleep to every compute of pipeline rank R (R = -1: every rank), counted as busy.
+    double busy_s, pipe_s;
+    int delay_us; // this rank's planted delay (0: none)
 } PipeRun;
 
 // Allocates the buffers from a (so a counting arena gives their exact size).

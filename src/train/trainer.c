@@ -474,13 +474,19 @@ StepStats run_step(Run *r) {
     double fwdbwd_seconds = now_seconds() - t0;
     // Sums over the global batch: every rank of the stage holds different tokens, every pipeline rank
     // different layers (the cross-entropy and the target count only pipeline rank 0); the rows above the
-    // expert capacity, of every rank's layers.
-    double sums[4] = {op_read_scalar(m->loss_sum), op_read_scalar(m->lb_sum), (double)targets,
-                      (double)(r->chunk[0].ep_over + r->chunk[1].ep_over)};
-    comm_allreduce(&d->world, tensor_make(sums, DT_F64, DEV_CPU, 1, 4, 1, 1, 1), COMM_SUM);
+    // expert capacity, of every rank's layers; each rank's busy and pipeline seconds (the engine's).
+    bool pipe = piped(c, d);
+    double sums[6] = {op_read_scalar(m->loss_sum),
+                      op_read_scalar(m->lb_sum),
+                      (double)targets,
+                      (double)(r->chunk[0].ep_over + r->chunk[1].ep_over),
+                      pipe ? r->pipe[0].busy_s : 0,
+                      pipe ? r->pipe[0].pipe_s : 0};
+    comm_allreduce(&d->world, tensor_make(sums, DT_F64, DEV_CPU, 1, 6, 1, 1, 1), COMM_SUM);
     double N = sums[2] < 1 ? 1 : sums[2];
     StepStats st = {0};
     st.fwdbwd_seconds = fwdbwd_seconds;
+    if (pipe) st.pipe_busy_s = sums[4] / d->world.size, st.bubble = 1 - sums[4] / sums[5];
     if (d->ep > 1) { // expert capacity: the rows above it, and the most one layer received in units of T·k
         double peak = (double)(r->chunk[0].ep_rows_peak > r->chunk[1].ep_rows_peak ? r->chunk[0].ep_rows_peak
                                                                                    : r->chunk[1].ep_rows_peak);

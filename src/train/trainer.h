@@ -65,6 +65,9 @@ typedef struct {
     bool nonfinite;        // loss or grad_norm is NaN/Inf: the update was not applied
     double ep_over;        // expert parallelism: (token, expert) rows received above the capacity, all ranks
     double ep_load;        // the most rows one rank received in one layer, in units of T·k (0: ep = 1)
+    // Through the DualPipeV engine: the mean over ranks of the seconds in chunk computes, and the bubble,
+    // 1 − Σ busy / Σ pipeline time (PipeRun.busy_s, pipe_s); both 0 without the engine.
+    double pipe_busy_s, bubble;
 } StepStats;
 
 // Builds everything from the config: mesh (the launched world), model (random init from the seed), plan,
