@@ -94,6 +94,15 @@ const char *write_text(const char *dir, const char *name, const char *text);
     "3,"                                                                                                               \
     " \"moe_intermediate_size\": 16, \"intermediate_size\": 24, \"mlp_only_layers\": [1], \"norm_topk_prob\": true}"
 
+// TINY_QWEN3_5_4: Qwen3.5-MoE, 4 layers: Gated DeltaNet and gated full attention in turn, a gated shared expert.
+#define TINY_QWEN3_5_4                                                                                                 \
+    "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 32, \"num_hidden_layers\": 4,"                            \
+    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64,"                    \
+    " \"num_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 16,"                                  \
+    " \"shared_expert_intermediate_size\": 12, \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4,"            \
+    " \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 6, \"layer_types\": [\"linear_attention\","               \
+    " \"full_attention\", \"linear_attention\", \"full_attention\"]}"
+
 // FP8_TEST_MODEL: TINY_MOE_EP widened to whole 128-column blocks (hidden 256, expert width 128, dense width 256).
 #define FP8_TEST_MODEL                                                                                                 \
     "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 256, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"      \

@@ -44,6 +44,7 @@ static const Layout data_layouts[] = {
     {"ep2", 2, "--set parallel.expert_parallel_size=2", false},
     {"ep2-dp2", 4, "--set parallel.expert_parallel_size=2", false},
     {"hsdp-dp2", 2, "--set parallel.sharding_strategy=hsdp", false},
+    {"cp2", 2, "--set parallel.context_parallel_size=2", false},
     {"gpu-ep2-dp2", 4, "--set parallel.expert_parallel_size=2 --set device=cuda --set compute_dtype=fp32", true},
 };
 
@@ -156,14 +157,7 @@ TEST(dist_pipeline_families) {
          " \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 150000.0,"
          " \"factor\": 4.0, \"truncate\": false, \"original_max_position_embeddings\": 8}}",
          ""},
-        {"qwen3_5_moe",
-         "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 32, \"num_hidden_layers\": 4,"
-         " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64,"
-         " \"num_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 16,"
-         " \"shared_expert_intermediate_size\": 12, \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4,"
-         " \"linear_key_head_dim\": 8, \"linear_value_head_dim\": 6, \"layer_types\": [\"linear_attention\","
-         " \"full_attention\", \"linear_attention\", \"full_attention\"]}",
-         ""},
+        {"qwen3_5_moe", TINY_QWEN3_5_4, ""},
     };
     static const Layout pp[] = {
         {"pp2", 2, "--set parallel.pipeline_parallel_size=2", false},
@@ -236,6 +230,33 @@ TEST(dist_pipeline_eval) {
     snprintf(fmt, sizeof fmt, MPIRUN " 4 %%s %s --pp 4 --batch 7", eval);
     ASSERT(run_cmd(out, sizeof out, fmt, PITH_BIN, d, d) != 0 &&
            strstr(out, "eval: --pp 4 with --batch 7: DualPipeV needs at least 2 × 4 = 8 micro-batches"));
+}
+
+// pith eval --cp C: each rank keeps its zigzag chunks of every sample (the hybrid Qwen3.5-MoE: ring attention and
+// the DeltaNet layers' contiguous layout), alone and inside a pipeline: the loss equals one process's within 1e-6
+// (the ring and the ranks' sums add in another order). A sequence that 2C does not divide is refused.
+TEST(dist_cp_eval) {
+    const char *d = make_run_of(TINY_QWEN3_5_4, 16, 2);
+    char out[1 << 14], one[4096], fmt[512];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d) == 0);
+    const char *eval = "eval --model %s/ck/step-00000002 --data %s/val.bin --seq 16 --batch 9";
+    snprintf(fmt, sizeof fmt, "%%s %s", eval);
+    ASSERT(run_cmd(one, sizeof one, fmt, PITH_BIN, d, d) == 0 && strstr(one, "loss "));
+    double ref = atof(strstr(one, "loss ") + 5);
+    static const struct {
+        int np;
+        const char *opts;
+    } runs[] = {{2, "--cp 2"}, {4, "--cp 2 --pp 2"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(fmt, sizeof fmt, MPIRUN " %d %%s %s %s", runs[i].np, eval, runs[i].opts);
+        ASSERT_MSG(run_cmd(out, sizeof out, fmt, PITH_BIN, d, d) == 0 && strstr(out, "loss "), "%s", out);
+        double l = atof(strstr(out, "loss ") + 5);
+        printf("     %-14s loss %.9g, one process %.9g (%.1e)\n", runs[i].opts, l, ref, fabs(l - ref) / ref);
+        ASSERT_MSG(fabs(l - ref) <= 1e-6 * ref, "%s: loss %.17g vs one process %.17g", runs[i].opts, l, ref);
+    }
+    snprintf(fmt, sizeof fmt, MPIRUN " 2 %%s %s --cp 2 --seq 18", eval);
+    ASSERT(run_cmd(out, sizeof out, fmt, PITH_BIN, d, d) != 0 &&
+           strstr(out, "eval: --cp 2: --seq 18 is not a multiple of 2 × cp = 4"));
 }
 
 // The schedule's conditions are config errors naming the key: the layers must cut into 2P chunks, and each

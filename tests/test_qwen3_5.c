@@ -41,6 +41,7 @@ static void check_grad(RefFn f, double **in, int j, int64_t n, const double *G, 
 }
 static Tensor t3(float *p, int64_t a, int64_t b, int64_t c) { return tensor_make(p, DT_F32, DEV_CPU, 3, a, b, c, 1); }
 static double sigm(double x) { return 1 / (1 + exp(-x)); }
+static const Tensor NONE = {0};
 
 // ---- norms and the gate ----
 typedef struct {
@@ -110,33 +111,43 @@ TEST(op_sigmoid_gate) { check_gate(10), check_gate(1); }
 // ---- causal depthwise conv1d + SiLU, and the DeltaNet gates ----
 typedef struct {
     int64_t B, S, C, K;
+    bool halo; // in[2]: (B·(K−1), C) the rows before each sequence (else zeros)
 } ConvCtx;
-static void ref_conv(double **in, double *out, const void *c) { // in: x (B·S, C), w (C, K)
+static void ref_conv(double **in, double *out, const void *c) { // in: x (B·S, C), w (C, K) [, halo]
     const ConvCtx *p = c;
     for (int64_t b = 0; b < p->B; b++)
         for (int64_t s = 0; s < p->S; s++)
             for (int64_t ch = 0; ch < p->C; ch++) {
                 double u = 0;
-                for (int64_t j = 0; j < p->K; j++)
-                    if (s - p->K + 1 + j >= 0)
-                        u += in[1][ch * p->K + j] * in[0][(b * p->S + s - p->K + 1 + j) * p->C + ch];
+                for (int64_t j = 0; j < p->K; j++) {
+                    int64_t src = s - p->K + 1 + j;
+                    if (src >= 0) u += in[1][ch * p->K + j] * in[0][(b * p->S + src) * p->C + ch];
+                    else if (p->halo) u += in[1][ch * p->K + j] * in[2][(b * (p->K - 1) + p->K - 1 + src) * p->C + ch];
+                }
                 out[(b * p->S + s) * p->C + ch] = u * sigm(u);
             }
 }
-TEST(op_conv1d_silu) {
-    ConvCtx c = {2, 7, 5, 4};
-    int64_t n = c.B * c.S * c.C;
-    float *x = rnd(n, 1), *w = rnd(c.C * c.K, 0.7f), *y = nans(n), *G = rnd(n, 1);
-    double *in[2] = {f64(x, n), f64(w, c.C * c.K)}, *yr = xmalloc(n * 8), *Gd = f64(G, n);
+// Without a halo and with one (context parallelism: the previous rank's last K − 1 rows), S < K − 1 too (a halo
+// row then reaches past the sequence's end in the backward's sum).
+static void check_conv(ConvCtx c) {
+    int64_t n = c.B * c.S * c.C, nh = c.B * (c.K - 1) * c.C;
+    float *x = rnd(n, 1), *w = rnd(c.C * c.K, 0.7f), *y = nans(n), *G = rnd(n, 1), *h = rnd(nh, 1);
+    double *in[3] = {f64(x, n), f64(w, c.C * c.K), f64(h, nh)}, *yr = xmalloc(n * 8), *Gd = f64(G, n);
     ref_conv(in, yr, &c);
-    Tensor X = tf32_2(x, c.B * c.S, c.C), W = tf32_2(w, c.C, c.K);
-    op_conv1d_silu_forward(tf32_2(y, c.B * c.S, c.C), X, W, (int)c.B);
+    Tensor X = tf32_2(x, c.B * c.S, c.C), W = tf32_2(w, c.C, c.K), Hl = c.halo ? tf32_2(h, nh / c.C, c.C) : NONE;
+    op_conv1d_silu_forward(tf32_2(y, c.B * c.S, c.C), X, W, Hl, (int)c.B);
     ASSERT(err(y, yr, n) < 1e-6);
-    float *dx = nans(n), *dw = xcalloc(c.C * c.K, 4);
-    op_conv1d_silu_backward(tf32_2(dx, c.B * c.S, c.C), tf32_2(dw, c.C, c.K), tf32_2(G, c.B * c.S, c.C), X, W,
-                            (int)c.B);
+    float *dx = nans(n), *dw = xcalloc(c.C * c.K, 4), *dh = nans(nh);
+    op_conv1d_silu_backward(tf32_2(dx, c.B * c.S, c.C), c.halo ? tf32_2(dh, nh / c.C, c.C) : NONE, tf32_2(dw, c.C, c.K),
+                            tf32_2(G, c.B * c.S, c.C), X, W, Hl, (int)c.B);
     check_grad(ref_conv, in, 0, n, Gd, n, dx, &c, 1e-5, "dx");
     check_grad(ref_conv, in, 1, c.C * c.K, Gd, n, dw, &c, 1e-5, "dw");
+    if (c.halo) check_grad(ref_conv, in, 2, nh, Gd, n, dh, &c, 1e-5, "dhalo");
+}
+TEST(op_conv1d_silu) {
+    check_conv((ConvCtx){2, 7, 5, 4, false});
+    check_conv((ConvCtx){2, 7, 5, 4, true});
+    check_conv((ConvCtx){3, 2, 3, 4, true});
 }
 
 typedef struct {

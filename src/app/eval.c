@@ -2,11 +2,13 @@
 // in file order with no shuffle (sample i = tokens[i·S : i·S+S], labels shifted by one; docs/reference.md §18).
 // On one rank the samples go through the model (a Chunk of all its layers) in micro-batches of M, as in training;
 // a last micro-batch of fewer samples is filled up with rows whose labels are all ignored (-100), which add
-// neither loss nor targets.
+// neither loss nor targets. With --cp C every rank of the cp group reads the same samples and keeps its zigzag
+// chunks of each (as training does); the sums over the ranks give the one-rank loss.
 #include <getopt.h>
 
 #include "app/app.h"
 #include "parallel/mesh.h"
+#include "parallel/ring.h"
 #include "pipe/chunk.h"
 #include "pipe/dualpipev.h"
 #include "train/ckpt.h"
@@ -14,14 +16,16 @@
 
 static void eval_usage(FILE *f) {
     fprintf(f, "usage: pith eval --model DIR --data PATH --seq S --batch B [--micro-batch M] [--device auto|cpu|cuda]\n"
-               "                 [--dtype fp32|bf16] [--pp P]\n"
+               "                 [--dtype fp32|bf16] [--pp P] [--cp C]\n"
                "  DIR: an HF folder, a pith checkpoint folder (config.json + safetensors), or a save_location (its\n"
                "       newest checkpoint). PATH: a folder of .bin token files or one file.\n"
                "  Prints the mean token cross-entropy over samples 0..B-1 as its last line: loss <value>.\n"
                "  --micro-batch M  samples per forward pass on one rank (default: B, at most 8)\n"
                "  --device         auto (default): the GPU when there is one\n"
                "  --pp P  run the samples through a DualPipeV pipeline of P ranks, forward only (start it under\n"
-               "          mpirun/srun with P ranks; each holds its two chunks' weights; B >= 2P)\n");
+               "          mpirun/srun with P ranks; each holds its two chunks' weights; B >= 2P)\n"
+               "  --cp C  context parallelism over C ranks (P × C ranks in all; 2C divides S): each holds its zigzag\n"
+               "          chunks of every sample\n");
 }
 
 // The pipeline's forward (pp > 1): sample mb is a micro-batch of one sequence; the model's first chunk reads
@@ -29,7 +33,8 @@ static void eval_usage(FILE *f) {
 typedef struct {
     Chunk chunk[2];
     Dataset *ds;
-    int32_t *tok, *lab;
+    const Comm *cp;
+    int32_t *tok, *lab; // a whole sample (S), of which this cp rank keeps its chunks
     int64_t targets;
 } EvalPipe;
 
@@ -39,18 +44,21 @@ static void eval_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y)
     bool last = c->l1 == c->m->cfg.layers;
     if (c->l0 == 0 || last) {
         dataset_sample(e->ds, mb, e->tok, e->lab);
+        int S = c->S * e->cp->size;
+        dataset_zigzag(e->tok, 1, S, e->cp->size, e->cp->rank), dataset_zigzag(e->lab, 1, S, e->cp->size, e->cp->rank);
         chunk_load(c, slot, e->tok, e->lab);
         for (int t = 0; last && t < c->S; t++) e->targets += e->lab[t] != -100;
     }
     chunk_pipe_forward(c, slot, x, y, false);
 }
 
-// Σ CE of samples 0..B-1 into m->loss_sum through the forward-only schedule of pipeline rank pp->rank;
-// returns the targets this rank counted (rank 0's are all of them).
-static int64_t eval_pipeline(Model *m, Dataset *ds, int S, int B, const Comm *pp) {
+// Σ CE of samples 0..B-1 (S local rows of each) into m->loss_sum through the forward-only schedule of pipeline rank
+// pp->rank; returns the targets this rank counted (pipeline rank 0's are all of its cp rank's).
+static int64_t eval_pipeline(Model *m, Dataset *ds, int S, int B, const Comm *pp, const Comm *cp) {
     PipeSchedule s;
     dualpipev_build(&s, pp->size, B, pp->rank, true);
-    EvalPipe e = {.ds = ds, .tok = xmalloc(S * sizeof(int32_t)), .lab = xmalloc(S * sizeof(int32_t))};
+    size_t whole = (size_t)S * cp->size * sizeof(int32_t);
+    EvalPipe e = {.ds = ds, .cp = cp, .tok = xmalloc(whole), .lab = xmalloc(whole)};
     int n = m->cfg.layers / (2 * pp->size);
     for (int p = 0; p < 2; p++) {
         int k = dualpipev_chunk(pp->size, pp->rank, p);
@@ -70,13 +78,19 @@ static int64_t eval_pipeline(Model *m, Dataset *ds, int S, int B, const Comm *pp
 }
 
 int cmd_eval(int argc, char **argv) {
-    static struct option opts[] = {{"model", 1, 0, 'm'},       {"data", 1, 0, 'd'},
-                                   {"seq", 1, 0, 's'},         {"batch", 1, 0, 'b'},
-                                   {"micro-batch", 1, 0, 'u'}, {"device", 1, 0, 'v'},
-                                   {"dtype", 1, 0, 't'},       {"pp", 1, 0, 'p'},
-                                   {"help", 0, 0, 'h'},        {0}};
+    static struct option opts[] = {{"model", 1, 0, 'm'},
+                                   {"data", 1, 0, 'd'},
+                                   {"seq", 1, 0, 's'},
+                                   {"batch", 1, 0, 'b'},
+                                   {"micro-batch", 1, 0, 'u'},
+                                   {"device", 1, 0, 'v'},
+                                   {"dtype", 1, 0, 't'},
+                                   {"pp", 1, 0, 'p'},
+                                   {"cp", 1, 0, 'c'},
+                                   {"help", 0, 0, 'h'},
+                                   {0}};
     const char *model = NULL, *data = NULL, *device = "auto", *dtype = "fp32";
-    int64_t S = 0, B = 0, M = 0, P = 1;
+    int64_t S = 0, B = 0, M = 0, P = 1, C = 1;
     int c;
     optind = 1;
     dist_launch(); // MPI_Init when mpirun/srun started this process
@@ -90,6 +104,7 @@ int cmd_eval(int argc, char **argv) {
         case 'v': device = optarg; break;
         case 't': dtype = optarg; break;
         case 'p': P = arg_int("eval", "--pp", optarg, 1, 1 << 20); break;
+        case 'c': C = arg_int("eval", "--cp", optarg, 1, 1 << 20); break;
         case 'h': eval_usage(stdout); return 0;
         default: eval_usage(stderr); return 2;
         }
@@ -105,13 +120,17 @@ int cmd_eval(int argc, char **argv) {
     if (strcmp(device, "auto") && strcmp(device, "cpu") && strcmp(device, "cuda"))
         die("eval: --device must be auto, cpu or cuda (got '%s')", device);
     if (strcmp(dtype, "fp32") && strcmp(dtype, "bf16")) die("eval: --dtype must be fp32 or bf16 (got '%s')", dtype);
-    if (P != dist_world_size())
-        die("eval: --pp %lld: the pipeline needs as many ranks as started (%d); start --pp P under mpirun -np P",
-            (long long)P, dist_world_size());
+    if (P * C != dist_world_size())
+        die("eval: --pp %lld × --cp %lld: the layout needs as many ranks as started (%d); start it under mpirun -np "
+            "P·C",
+            (long long)P, (long long)C, dist_world_size());
+    if (S % (2 * C))
+        die("eval: --cp %lld: --seq %lld is not a multiple of 2 × cp = %lld (the zigzag layout)", (long long)C,
+            (long long)S, (long long)(2 * C));
     if (dist_world_rank() != 0 && !freopen("/dev/null", "w", stdout))
         die("cannot silence stdout of rank %d", dist_world_rank());
     Dist d;
-    dist_mesh_init(&d, (int)P, 1, 1, false, 900, "eval");
+    dist_mesh_init(&d, (int)P, (int)C, 1, false, 900, "eval");
     Device dev = DEV_CPU;
     if (!strcmp(device, "cuda") && !ops_cuda_available())
         die("eval: --device cuda: no usable GPU or no CUDA backend in this build");
@@ -134,8 +153,14 @@ int cmd_eval(int argc, char **argv) {
         if (why) die("eval: --pp %lld with --batch %lld: %s", (long long)P, (long long)B, why);
         mc.pp_rank = d.pp_g.rank, mc.pp_size = (int)P;
     }
+    char why_cp[256];
+    if (ring_check(&mc, (int)S, (int)C, why_cp, sizeof why_cp)) die("eval: --cp %lld: %s", (long long)C, why_cp);
+    mc.cp_size = (int)C;
+    int Sl = (int)(S / C); // this rank's rows of a sample
     Model m;
     model_create(&m, fam, &mc, dev, compute_dt(dev, strcmp(dtype, "bf16") ? COMPUTE_FP32 : COMPUTE_BF16), (int)S);
+    Ring ring = {0};
+    if (C > 1) ring_init(&ring, &d.cp_g, dev, ring_plan_bytes(&mc, dev, m.cdt, P > 1 ? 1 : (int)M, Sl)), m.ring = &ring;
     float *w[NGROUPS];
     for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m.params.numel[g] * sizeof(float) + 1);
     ParamTable all;
@@ -154,30 +179,35 @@ int cmd_eval(int argc, char **argv) {
             (long long)B, (long long)ds.total, (long long)S);
     op_zero(m.loss_sum);
     int64_t targets = 0;
-    if (P > 1) targets = eval_pipeline(&m, &ds, (int)S, (int)B, &d.pp_g);
+    if (P > 1) targets = eval_pipeline(&m, &ds, Sl, (int)B, &d.pp_g, &d.cp_g);
     else {
         Chunk e;
-        chunk_init_model(&e, &m, (int)M, (int)S);
+        chunk_init_model(&e, &m, (int)M, Sl);
         int32_t *tok = xmalloc(M * S * sizeof(int32_t)), *lab = xmalloc(M * S * sizeof(int32_t));
         for (int64_t i = 0; i < B; i += M) {
             int64_t n = B - i < M ? B - i : M;
             for (int64_t b = 0; b < n; b++) dataset_sample(&ds, i + b, tok + b * S, lab + b * S);
             for (int64_t t = n * S; t < M * S; t++) tok[t] = 0, lab[t] = -100; // filler rows: no targets
-            for (int64_t t = 0; t < n * S; t++) targets += lab[t] != -100;
+            dataset_zigzag(tok, (int)M, (int)S, (int)C, d.cp_g.rank),
+                dataset_zigzag(lab, (int)M, (int)S, (int)C, d.cp_g.rank);
+            for (int64_t t = 0; t < M * Sl; t++) targets += lab[t] != -100;
             chunk_load(&e, 0, tok, lab);
             chunk_forward(&e, 0, false);
         }
         free(tok), free(lab), chunk_free(&e);
     }
-    // The cross-entropy and the targets live on pipeline rank 0; the sum over the ranks brings them to all.
+    // The cross-entropy and the targets live on pipeline rank 0, each cp rank's of its chunks; the sum over the ranks
+    // brings them to all.
     double sums[2] = {op_read_scalar(m.loss_sum), (double)targets};
     comm_allreduce(&d.world, tensor_make(sums, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
     int64_t nmb = (B + M - 1) / M;
     printf("eval: %lld samples of %lld tokens (%lld targets) in %lld micro-batch%s of %lld", (long long)B, (long long)S,
            (long long)sums[1], (long long)nmb, nmb == 1 ? "" : "es", (long long)M);
     if (P > 1) printf(" through a pipeline of %lld ranks", (long long)P);
+    if (C > 1) printf(" at cp %lld", (long long)C);
     printf(" on %s (%s)\n", dev == DEV_CUDA ? "cuda" : "cpu", dtype);
     printf("loss %.17g\n", sums[0] / (sums[1] ? sums[1] : 1));
+    if (C > 1) ring_free(&ring);
     dataset_close(&ds), model_free(&m), dist_mesh_free(&d);
     dist_finalize();
     return 0;

@@ -217,9 +217,11 @@ static void dsv2_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, 
     r->ckv = arena_tensor(a, dt, 2, T, d->kv_lora, 0, 0);
     r->ckvn = arena_tensor(a, dt, 2, T, d->kv_lora, 0, 0);
     r->rkv = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
-    r->kv = arena_tensor(a, dt, 3, T, nh, d->nope + d->vdim, 0);
-    r->k = arena_tensor(a, dt, 3, T, nh, dq, 0);
-    r->v = arena_tensor(a, dt, 3, T, nh, d->vdim, 0);
+    if (c->cp_size == 1) { // under context parallelism the latent travels and each hop decompresses its own
+        r->kv = arena_tensor(a, dt, 3, T, nh, d->nope + d->vdim, 0);
+        r->k = arena_tensor(a, dt, 3, T, nh, dq, 0);
+        r->v = arena_tensor(a, dt, 3, T, nh, d->vdim, 0);
+    }
     r->att = arena_tensor(a, dt, 3, T, nh, d->vdim, 0);
     r->lse = arena_tensor(a, DT_F32, 3, B, nh, S, 0);
     r->h1a = arena_tensor(a, dt, 2, T, H, 0, 0);
@@ -249,10 +251,12 @@ static void dsv2_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, i
         r->dqa = arena_tensor(ws, dt, 2, T, d->q_lora, 0, 0);
     }
     r->dq = arena_tensor(ws, dt, 3, T, nh, dq, 0);
-    r->dk = arena_tensor(ws, dt, 3, T, nh, dq, 0);
-    r->dv = arena_tensor(ws, dt, 3, T, nh, d->vdim, 0);
+    if (c->cp_size == 1) { // the one-rank path's scratch (the ring has its own)
+        r->dk = arena_tensor(ws, dt, 3, T, nh, dq, 0);
+        r->dv = arena_tensor(ws, dt, 3, T, nh, d->vdim, 0);
+        r->dkv = arena_tensor(ws, dt, 3, T, nh, d->nope + d->vdim, 0);
+    }
     r->datt = arena_tensor(ws, dt, 3, T, nh, d->vdim, 0);
-    r->dkv = arena_tensor(ws, dt, 3, T, nh, d->nope + d->vdim, 0);
     r->dckvn = arena_tensor(ws, dt, 2, T, d->kv_lora, 0, 0);
     r->dckv = arena_tensor(ws, dt, 2, T, d->kv_lora, 0, 0);
     r->dkva = arena_tensor(ws, dt, 2, T, d->kv_lora + rd, 0, 0);

@@ -25,15 +25,19 @@ typedef struct {
     RopeSpec rope; // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
     // The softmax attention's shape as ring attention moves it (parallel/ring.h): query and kv heads, q·k and v
     // head dims; for multi-head latent attention the latent's columns dc and the dn of dqk made from it (else 0).
-    // A family that leaves it 0 does not run under context parallelism (a config error).
+    // A family that leaves it 0 does not run under context parallelism (a config error). Gated DeltaNet layers
+    // (contiguous layout, ring.h): conv channels cc of kernel ck and the recurrent state's fp32 elements per sequence
+    // (ck 0: none).
     struct {
-        int nh, nkv, dqk, dv, dc, dn;
+        int nh, nkv, dqk, dv, dc, dn, cc, ck;
+        int64_t state;
     } ring;
     bool router_sigmoid; // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
     // elements (the FSDP shard count).
     int ep_rank, ep_size;
+    int cp_size; // context parallelism: records hold what the cp hooks of model.c need (1: none)
     // Pipeline rank pp_rank of pp_size holds its two DualPipeV chunks' layers (model_holds_layer) and, on
     // rank 0, the embedding, final norm and LM head; params_build lists everything, model_create keeps those.
     int pp_rank, pp_size;
@@ -362,3 +366,23 @@ void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Te
                                   Tensor o, Tensor lse, Tensor dk, Tensor dv, Tensor dkv, const MlaLatent *ml,
                                   const AttnArgs *a);
 void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws); // the shared final RMSNorm and LM head
+
+// ---- Gated DeltaNet under context parallelism (docs/architecture.md, "Context parallelism") ----
+// The mixer runs on the contiguous layout (cp rank r holds chunks 2r and 2r + 1 of each sequence; parallel/ring.h):
+// model_cp_contiguous converts its input rows from the zigzag layout and model_cp_zigzag its output back; without
+// m->ring both are nothing (dst must be src). B sequences of (B·S, ·) rows.
+void model_cp_contiguous(Model *m, Tensor dst, Tensor src, int B);
+void model_cp_zigzag(Model *m, Tensor dst, Tensor src, int B);
+// op_conv1d_silu_* whose halo (B·(K−1), C), kept in the record, holds the previous rank's last K − 1 rows of x
+// (m->ring; rank 0: zeros; without m->ring halo.p is NULL); the backward sends the halo's gradient back to that rank
+// and adds the next rank's to dx's last K − 1 rows of each sequence.
+void model_conv1d_silu_forward(Model *m, Tensor y, Tensor x, Tensor w, Tensor halo, int B);
+void model_conv1d_silu_backward(Model *m, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B);
+// op_delta_rule_* with the state passed along the cp ranks (m->ring): the forward receives the previous rank's final
+// state into s0: (B, nv, dk, dv) fp32 (kept in the record; rank 0 starts from zeros) and sends its own on; the
+// backward receives the next rank's ∂/∂s0 as its dsT and sends its ∂/∂s0 back. Sequential: rank r waits for r − 1
+// (forward) and r + 1 (backward). a's s0, sT, dsT, ds0 are the wrapper's.
+void model_delta_rule_forward(Model *m, Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, DeltaArgs a,
+                              Tensor s0);
+void model_delta_rule_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout,
+                               Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, DeltaArgs a, Tensor s0);

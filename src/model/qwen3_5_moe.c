@@ -48,19 +48,22 @@ typedef struct {
     Tensor att, lse;   // (T, nh, hd), (B, nh, S)
     Tensor gated;      // (T, nh, hd) att · σ(gate)
     // Gated DeltaNet
-    Tensor qkv, cv;           // (T, Cc) projection and conv1d_silu of it
-    Tensor lq, lk, lv;        // (T, nk, dk), (T, nk, dk), (T, nv, dv) split of cv
-    Tensor z, pa, pb;         // (T, nv·dv), (T, nv), (T, nv) projections
-    Tensor g, beta;           // (T, nv) fp32
-    Tensor core, rg, gn;      // (T, nv, dv) delta rule output, (T·nv) rstd, gated norm output
-    Tensor h1a;               // (T, H) residual stream after the mixer (the post-attention norm's input)
-    Tensor n2, rstd2;         // (T, H) post-attention norm (= the tokens to dispatch), (T)
-    Tensor logits, probs;     // (T, E) router logits and softmax
-    Tensor lb_grad;           // (B, E) load-balancing gradient w.r.t. probs
-    Tensor sgu, sact, so, sg; // (T, 2Is), (T, Is), (T, H) shared expert; (T, 1) its gate logit
+    Tensor qkv, cv;      // (T, Cc) projection and conv1d_silu of it
+    Tensor lq, lk, lv;   // (T, nk, dk), (T, nk, dk), (T, nv, dv) split of cv
+    Tensor z, pa, pb;    // (T, nv·dv), (T, nv), (T, nv) projections
+    Tensor g, beta;      // (T, nv) fp32
+    Tensor core, rg, gn; // (T, nv, dv) delta rule output, (T·nv) rstd, gated norm output
+    Tensor h1a;          // (T, H) residual stream after the mixer (the post-attention norm's input)
+    // Gated DeltaNet under context parallelism (model.h): the mixer's input and output on the contiguous layout
+    // (n1 and h1a themselves at cp 1; h1c borrows mlp.h1, written later), the conv halo and the entering state
+    Tensor n1c, h1c, halo, s0; // (T, H), (T, H), (B·(K−1), Cc), (B, nv, dk, dv) fp32
+    Tensor n2, rstd2;          // (T, H) post-attention norm (= the tokens to dispatch), (T)
+    Tensor logits, probs;      // (T, E) router logits and softmax
+    Tensor lb_grad;            // (B, E) load-balancing gradient w.r.t. probs
+    Tensor sgu, sact, so, sg;  // (T, 2Is), (T, Is), (T, H) shared expert; (T, 1) its gate logit
     // backward workspace
     Tensor dh1, dn1, dqg, dqp, dgate, dkp, dq, dk, dv, datt, dgated;
-    Tensor dqkv, dcv, dlq, dlk, dlv, dz, dpa, dpb, dg, dbeta, dcore, dgn;
+    Tensor dqkv, dcv, dlq, dlk, dlv, dz, dpa, dpb, dg, dbeta, dcore, dgn, dh1c, dn1c;
     Tensor dlogits, dsgu, dsact, dso, dsg;
     Tensor dws; // (n) fp32 scratch of the GPU's delta-rule backward (op_delta_rule_workspace; none on the CPU)
 } Q35Rec;
@@ -117,6 +120,10 @@ static void q35_config_parse(ModelConfig *c, JObj o) {
         c->is_moe[l] = true; // transformers gives every Qwen3.5-MoE layer the sparse block
     }
     moe_config_check(c, o, "num_experts");
+    // context parallelism: the full-attention layers' ring, the DeltaNet layers' conv halo and state
+    int64_t cc = 2 * (int64_t)q->nk * q->dk + (int64_t)q->nv * q->dv;
+    c->ring.nh = c->heads, c->ring.nkv = q->kv_heads, c->ring.dqk = c->ring.dv = q->head_dim;
+    c->ring.cc = (int)cc, c->ring.ck = q->conv_k, c->ring.state = (int64_t)q->nv * q->dk * q->dv;
 }
 
 static void q35_params_build(ParamTable *t, const ModelConfig *c) {
@@ -235,6 +242,12 @@ static void q35_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, S
         r->core = arena_tensor(a, dt, 3, T, q->nv, q->dv, 0);
         r->rg = arena_tensor(a, DT_F32, 1, T * q->nv, 0, 0, 0);
         r->gn = arena_tensor(a, dt, 2, T, vd, 0, 0);
+        r->n1c = r->n1;
+        if (c->cp_size > 1) {
+            r->n1c = arena_tensor(a, dt, 2, T, H, 0, 0);
+            r->halo = arena_tensor(a, dt, 2, (int64_t)B * (q->conv_k - 1), 2 * kd + vd, 0, 0);
+            r->s0 = arena_tensor(a, DT_F32, 4, B, q->nv, q->dk, q->dv);
+        }
     } else {
         r->qg = arena_tensor(a, dt, 3, T, nh, 2 * hd, 0);
         r->qp = arena_tensor(a, dt, 3, T, nh, hd, 0);
@@ -260,6 +273,7 @@ static void q35_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, S
     r->sact = arena_tensor(a, dt, 2, T, q->shared_inter, 0, 0);
     r->so = arena_tensor(a, dt, 2, T, H, 0, 0);
     r->sg = arena_tensor(a, dt, 2, T, 1, 0, 0);
+    r->h1c = c->cp_size > 1 ? r->mlp.h1 : r->h1a;
     io->xd = r->n2;
 }
 
@@ -288,6 +302,8 @@ static void q35_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, in
         r->dbeta = arena_tensor(ws, DT_F32, 2, T, q->nv, 0, 0);
         r->dcore = arena_tensor(ws, dt, 3, T, q->nv, q->dv, 0);
         r->dgn = arena_tensor(ws, dt, 2, T, vd, 0, 0);
+        r->dh1c = c->cp_size > 1 ? arena_tensor(ws, dt, 2, T, H, 0, 0) : r->dh1;
+        r->dn1c = c->cp_size > 1 ? arena_tensor(ws, dt, 2, T, H, 0, 0) : r->dn1;
         DeltaArgs da = q35_delta_args(m, B);
         size_t n = op_delta_rule_workspace(r->dlq, r->dlv, &da, true);
         r->dws = n ? arena_tensor(ws, DT_F32, 1, (int64_t)n, 0, 0, 0) : NONE;
@@ -330,21 +346,22 @@ static RouterArgs q35_router_args(const Model *m) {
 static void delta_forward(Model *m, const Q35Layer *W, Q35Rec *r, MicroBatch *mb) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
-    op_linear_forward(r->qkv, r->n1, W->wqkv, NONE);
-    op_linear_forward(r->z, r->n1, W->wz, NONE);
-    op_linear_forward(r->pb, r->n1, W->wb, NONE);
-    op_linear_forward(r->pa, r->n1, W->wa, NONE);
-    op_conv1d_silu_forward(r->cv, r->qkv, W->conv, mb->B);
+    model_cp_contiguous(m, r->n1c, r->n1, mb->B);
+    op_linear_forward(r->qkv, r->n1c, W->wqkv, NONE);
+    op_linear_forward(r->z, r->n1c, W->wz, NONE);
+    op_linear_forward(r->pb, r->n1c, W->wb, NONE);
+    op_linear_forward(r->pa, r->n1c, W->wa, NONE);
+    model_conv1d_silu_forward(m, r->cv, r->qkv, W->conv, r->halo, mb->B);
     op_copy_cols(tensor_reshape2(r->lq, T, kd), 0, r->cv, 0, kd, false);
     op_copy_cols(tensor_reshape2(r->lk, T, kd), 0, r->cv, kd, kd, false);
     op_copy_cols(tensor_reshape2(r->lv, T, vd), 0, r->cv, 2 * kd, vd, false);
     op_delta_gates_forward(r->g, r->beta, r->pa, r->pb, W->A_log, W->dt_bias);
-    DeltaArgs da = q35_delta_args(m, mb->B);
-    op_delta_rule_forward(r->core, r->lq, r->lk, r->lv, r->g, r->beta, &da);
+    model_delta_rule_forward(m, r->core, r->lq, r->lk, r->lv, r->g, r->beta, q35_delta_args(m, mb->B), r->s0);
     op_rmsnorm_gated_forward(tensor_reshape2(r->gn, T * q->nv, q->dv), r->rg,
                              tensor_reshape2(r->core, T * q->nv, q->dv), tensor_reshape2(r->z, T * q->nv, q->dv),
                              W->gnorm, (float)m->cfg.eps);
-    op_linear_forward(r->h1a, r->gn, W->wout, NONE);
+    op_linear_forward(r->h1c, r->gn, W->wout, NONE);
+    model_cp_zigzag(m, r->h1a, r->h1c, mb->B);
 }
 
 // Gated full attention: n1 → h1a (without the residual).
@@ -401,27 +418,30 @@ static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
 static void delta_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv, Rv = T * q->nv;
-    op_linear_backward_input(r->dgn, r->dh1, W->wout, false);
-    op_linear_backward_weight(G->wout, NONE, r->dh1, r->gn);
+    model_cp_contiguous(m, r->dh1c, r->dh1, mb->B);
+    op_linear_backward_input(r->dgn, r->dh1c, W->wout, false);
+    op_linear_backward_weight(G->wout, NONE, r->dh1c, r->gn);
     op_rmsnorm_gated_backward(tensor_reshape2(r->dcore, Rv, q->dv), tensor_reshape2(r->dz, Rv, q->dv), G->gnorm,
                               tensor_reshape2(r->dgn, Rv, q->dv), tensor_reshape2(r->core, Rv, q->dv),
                               tensor_reshape2(r->z, Rv, q->dv), W->gnorm, r->rg);
     DeltaArgs da = q35_delta_args(m, mb->B);
     da.ws = r->dws;
-    op_delta_rule_backward(r->dlq, r->dlk, r->dlv, r->dg, r->dbeta, r->dcore, r->lq, r->lk, r->lv, r->g, r->beta, &da);
+    model_delta_rule_backward(m, r->dlq, r->dlk, r->dlv, r->dg, r->dbeta, r->dcore, r->lq, r->lk, r->lv, r->g, r->beta,
+                              da, r->s0);
     op_delta_gates_backward(r->dpa, r->dpb, G->A_log, G->dt_bias, r->dg, r->dbeta, r->pa, r->pb, W->A_log, W->dt_bias);
     op_copy_cols(r->dcv, 0, tensor_reshape2(r->dlq, T, kd), 0, kd, false);
     op_copy_cols(r->dcv, kd, tensor_reshape2(r->dlk, T, kd), 0, kd, false);
     op_copy_cols(r->dcv, 2 * kd, tensor_reshape2(r->dlv, T, vd), 0, vd, false);
-    op_conv1d_silu_backward(r->dqkv, G->conv, r->dcv, r->qkv, W->conv, mb->B);
-    op_linear_backward_input(r->dn1, r->dqkv, W->wqkv, false);
-    op_linear_backward_input(r->dn1, r->dz, W->wz, true);
-    op_linear_backward_input(r->dn1, r->dpb, W->wb, true);
-    op_linear_backward_input(r->dn1, r->dpa, W->wa, true);
-    op_linear_backward_weight(G->wqkv, NONE, r->dqkv, r->n1);
-    op_linear_backward_weight(G->wz, NONE, r->dz, r->n1);
-    op_linear_backward_weight(G->wb, NONE, r->dpb, r->n1);
-    op_linear_backward_weight(G->wa, NONE, r->dpa, r->n1);
+    model_conv1d_silu_backward(m, r->dqkv, G->conv, r->dcv, r->qkv, W->conv, r->halo, mb->B);
+    op_linear_backward_input(r->dn1c, r->dqkv, W->wqkv, false);
+    op_linear_backward_input(r->dn1c, r->dz, W->wz, true);
+    op_linear_backward_input(r->dn1c, r->dpb, W->wb, true);
+    op_linear_backward_input(r->dn1c, r->dpa, W->wa, true);
+    op_linear_backward_weight(G->wqkv, NONE, r->dqkv, r->n1c);
+    op_linear_backward_weight(G->wz, NONE, r->dz, r->n1c);
+    op_linear_backward_weight(G->wb, NONE, r->dpb, r->n1c);
+    op_linear_backward_weight(G->wa, NONE, r->dpa, r->n1c);
+    model_cp_zigzag(m, r->dn1, r->dn1c, mb->B);
 }
 
 static void attention_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb) {
@@ -434,7 +454,7 @@ static void attention_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q
                              tensor_reshape2(r->dgated, T * nh, hd), tensor_reshape2(r->att, T * nh, hd),
                              tensor_reshape2(r->gate, T * nh, hd), false);
     AttnArgs aa = q35_attn_args(m, mb);
-    op_attention_backward(r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
+    model_attention_backward(m, r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
     op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rmsnorm1p_backward(tensor_reshape2(r->dqp, T * nh, hd), G->qn, tensor_reshape2(r->dq, T * nh, hd),

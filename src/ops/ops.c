@@ -136,9 +136,11 @@ void op_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate) { DISPATCH(x.dev, 
 void op_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Tensor gate, bool acc) {
     DISPATCH(x.dev, sigmoid_gate_backward(dx, dgate, dy, x, gate, acc));
 }
-void op_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B) { DISPATCH(x.dev, conv1d_silu_forward(y, x, w, B)); }
-void op_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B) {
-    DISPATCH(x.dev, conv1d_silu_backward(dx, dw, dy, x, w, B));
+void op_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
+    DISPATCH(x.dev, conv1d_silu_forward(y, x, w, halo, B));
+}
+void op_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
+    DISPATCH(x.dev, conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, B));
 }
 void op_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
     DISPATCH(a.dev, delta_gates_forward(g, beta, a, b, A_log, dt_bias));

@@ -183,10 +183,12 @@ void op_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tenso
 void op_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate);
 void op_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Tensor gate, bool accumulate);
 // Causal depthwise conv1d then SiLU over each of B sequences: x, y: (B·S, C), w: (C, K);
-// y[t, c] = silu(Σ_j w[c, j] · x[t − K + 1 + j, c]), rows before the sequence's start count as 0.
-// Backward: dx written, dw: (C, K) fp32 +=.
-void op_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B);
-void op_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B);
+// y[t, c] = silu(Σ_j w[c, j] · x[t − K + 1 + j, c]); rows before the sequence's start are the halo's — halo:
+// (B·(K−1), C), row b·(K−1) + i the input at position i − (K−1) of sequence b (context parallelism: the previous
+// rank's last rows) — or 0 without one (p NULL). Backward: dx written, dhalo (when given) written with ∂/∂halo,
+// dw: (C, K) fp32 +=.
+void op_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B);
+void op_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B);
 // DeltaNet gates from the projections a, b: (T, nv): g = −exp(A_log) · softplus(a + dt_bias) (the log decay) and
 // beta = σ(b), both (T, nv) fp32; A_log, dt_bias: (nv). Backward: da, db written; dA_log, ddt_bias fp32 +=.
 void op_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias);

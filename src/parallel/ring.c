@@ -305,3 +305,120 @@ void ring_mla_backward(Ring *R, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, T
     reorder_rows(dc, b.home[h][0], z.B, z.blk, true);
     reorder(dpe, ml->pe_col, ml->dr, b.home[h][1], z.B, z.blk, true);
 }
+
+// ---- Gated DeltaNet layers: the contiguous layout, the conv halo, the state pass ----
+
+// Chunk c's zigzag holder and the half it sits in there.
+static int holder_of(int c, int cp) { return c < cp ? c : 2 * cp - 1 - c; }
+static int half_in_holder(int c, int cp) { return c < cp ? 0 : 1; }
+
+// Posts the n transfers of ops (none: nothing) and waits for them.
+static void exchange(const Comm *c, const CommP2p *ops, int n) {
+    if (!n) return;
+    CommReq q = comm_p2p_start(c, ops, n);
+    comm_wait(&q);
+}
+
+// dst ← src in the other layout. Both sides go half-major (half, b, i) so a half is one message: zigzag half h holds
+// chunk chunk_of(r, cp, h), contiguous slot h chunk 2r + h. Every rank sends its two halves and receives two, in
+// increasing chunk order on both ends (two messages between one pair of ranks pair up in that order).
+static void relayout(Ring *R, Tensor dst, Tensor src, int B, bool to_contiguous) {
+    const Comm *c = R->cp;
+    int cp = c->size, r = c->rank, blk = (int)(src.n[0] / (2 * B)), n = 0;
+    CHECK(src.n[0] == 2 * (int64_t)B * blk && tensor_numel(dst) == tensor_numel(src));
+    arena_reset(&R->mem, 0);
+    Tensor out = arena_tensor(&R->mem, src.dt, 2, src.n[0], t_cols(src), 0, 0),
+           in = arena_tensor(&R->mem, src.dt, 2, src.n[0], t_cols(src), 0, 0);
+    reorder_rows(src, out, B, blk, false);
+    CommP2p ops[4];
+    for (int h = 0; h < 2; h++) { // my half h: where it goes, where its replacement comes from
+        int mine = to_contiguous ? chunk_of(r, cp, h) : 2 * r + h,
+            want = to_contiguous ? 2 * r + h : chunk_of(r, cp, h);
+        int to = to_contiguous ? mine / 2 : holder_of(mine, cp), from = to_contiguous ? holder_of(want, cp) : want / 2;
+        int slot = to_contiguous ? mine % 2 : half_in_holder(mine, cp);
+        if (to == r) op_copy(half(in, slot), half(out, h));
+        else ops[n++] = (CommP2p){true, half(out, h), to};
+        if (from != r) ops[n++] = (CommP2p){false, half(in, h), from};
+    }
+    exchange(c, ops, n);
+    reorder_rows(dst, in, B, blk, true);
+}
+
+void ring_to_contiguous(Ring *R, Tensor dst, Tensor src, int B) { relayout(R, dst, src, B, true); }
+void ring_to_zigzag(Ring *R, Tensor dst, Tensor src, int B) { relayout(R, dst, src, B, false); }
+
+void ring_halo_forward(Ring *R, Tensor halo, Tensor x, int B) {
+    const Comm *c = R->cp;
+    int64_t K1 = halo.n[0] / B, S = x.n[0] / B;
+    CHECK(halo.n[0] == B * K1 && S >= K1 && t_cols(halo) == t_cols(x));
+    arena_reset(&R->mem, 0);
+    Tensor out = arena_tensor(&R->mem, x.dt, 2, halo.n[0], t_cols(x), 0, 0);
+    for (int b = 0; b < B; b++) op_copy(tensor_rows(out, b * K1, K1), tensor_rows(x, b * S + S - K1, K1));
+    CommP2p ops[2];
+    int n = 0;
+    if (c->rank < c->size - 1) ops[n++] = (CommP2p){true, out, c->rank + 1};
+    if (c->rank > 0) ops[n++] = (CommP2p){false, halo, c->rank - 1};
+    else op_zero(halo); // the sequences' first rows: nothing before them
+    exchange(c, ops, n);
+}
+
+void ring_halo_backward(Ring *R, Tensor dx, Tensor dhalo, int B) {
+    const Comm *c = R->cp;
+    int64_t K1 = dhalo.n[0] / B, S = dx.n[0] / B;
+    Tensor in = arena_tensor(&R->mem, dx.dt, 2, dhalo.n[0], t_cols(dx), 0, 0);
+    CommP2p ops[2];
+    int n = 0;
+    if (c->rank > 0) ops[n++] = (CommP2p){true, dhalo, c->rank - 1};
+    if (c->rank < c->size - 1) ops[n++] = (CommP2p){false, in, c->rank + 1};
+    exchange(c, ops, n);
+    if (c->rank < c->size - 1)
+        for (int b = 0; b < B; b++) op_add(tensor_rows(dx, b * S + S - K1, K1), tensor_rows(in, b * K1, K1));
+}
+
+bool ring_state_recv(Ring *R, Tensor s, bool forward) {
+    const Comm *c = R->cp;
+    int from = forward ? c->rank - 1 : c->rank + 1;
+    if (from < 0 || from >= c->size) return false;
+    exchange(c, &(CommP2p){false, s, from}, 1);
+    return true;
+}
+
+void ring_state_send(Ring *R, Tensor s, bool forward) {
+    const Comm *c = R->cp;
+    int to = forward ? c->rank + 1 : c->rank - 1;
+    if (to >= 0 && to < c->size) exchange(c, &(CommP2p){true, s, to}, 1);
+}
+
+size_t ring_linear_bytes(Device dev, DType dt, int B, int S, int H, int cc, int ck, int64_t state) {
+    Arena a = arena_counting("ring attention", dev);
+    arena_tensor(&a, dt, 2, (int64_t)B * S, H, 0, 0), arena_tensor(&a, dt, 2, (int64_t)B * S, H, 0, 0); // the layout
+    arena_reset(&a, 0);
+    arena_tensor(&a, dt, 2, (int64_t)B * (ck - 1), cc, 0, 0), arena_tensor(&a, dt, 2, (int64_t)B * (ck - 1), cc, 0, 0);
+    arena_reset(&a, 0);
+    arena_tensor(&a, DT_F32, 2, B, state, 0, 0), arena_tensor(&a, DT_F32, 2, B, state, 0, 0); // sT, or dsT and ds0
+    return a.peak + ARENA_ALIGN;
+}
+
+size_t ring_plan_bytes(const ModelConfig *mc, Device dev, DType dt, int B, int S) {
+    size_t att = ring_bytes(dev, dt, B, S / 2, mc->ring.nh, mc->ring.nkv, mc->ring.dqk, mc->ring.dv, mc->ring.dc,
+                            mc->ring.dn),
+           lin =
+               mc->ring.ck ? ring_linear_bytes(dev, dt, B, S, mc->hidden, mc->ring.cc, mc->ring.ck, mc->ring.state) : 0;
+    return att > lin ? att : lin;
+}
+
+const char *ring_check(const ModelConfig *mc, int S, int cp, char *buf, size_t n) {
+    if (cp == 1) return NULL;
+    if (!mc->ring.nh) // GPT-OSS (sliding windows, sinks)
+        snprintf(buf, n,
+                 "%s does not run under context parallelism (ring attention covers causal softmax attention without "
+                 "sliding windows or sinks: qwen3_moe, deepseek_v2, qwen3_5_moe_text)",
+                 mc->model_type);
+    else if (mc->ring.ck && S / cp < mc->ring.ck - 1) // the conv halo comes from one rank
+        snprintf(buf, n,
+                 "sequence_length / context_parallel_size = %d / %d rows per rank are fewer than the conv halo's "
+                 "linear_conv_kernel_dim − 1 = %d",
+                 S, cp, mc->ring.ck - 1);
+    else return NULL;
+    return buf;
+}

@@ -39,3 +39,28 @@ void ring_attention_backward(Ring *r, Tensor dq, Tensor dk, Tensor dv, Tensor do
 void ring_mla_forward(Ring *r, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, const AttnArgs *a);
 void ring_mla_backward(Ring *r, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor o, Tensor lse,
                        const MlaLatent *ml, const AttnArgs *a);
+
+// Gated DeltaNet layers (Qwen3.5) run on the contiguous layout: cp rank r holds chunks 2r and 2r + 1 of each sequence,
+// rows [b, slot, i] like the zigzag ones. x: (B·2·blk, cols) in the compute dtype, any cols.
+void ring_to_contiguous(Ring *r, Tensor dst, Tensor src, int B);
+void ring_to_zigzag(Ring *r, Tensor dst, Tensor src, int B);
+// The causal conv's halo, on the contiguous layout: halo: (B·(K−1), C) ← the last K − 1 rows of each sequence of
+// rank r − 1's x: (B·S, C) (rank 0: zeros). Backward: dhalo (this rank's ∂/∂halo) goes back to rank r − 1, and what
+// rank r + 1 sends is added to the last K − 1 rows of each sequence of dx (its receive buffer: the ring's scratch
+// after what the caller took, dhalo there too).
+void ring_halo_forward(Ring *r, Tensor halo, Tensor x, int B);
+void ring_halo_backward(Ring *r, Tensor dx, Tensor dhalo, int B);
+// The delta rule's state pass, sequential over the ranks: the forward receives s from rank r − 1 and sends to
+// r + 1; the backward (forward false) receives from r + 1 and sends to r − 1. recv returns false (nothing
+// received) at the end of the chain; send to no one does nothing.
+bool ring_state_recv(Ring *r, Tensor s, bool forward);
+void ring_state_send(Ring *r, Tensor s, bool forward);
+// Bytes of the scratch those calls take for B sequences of S local rows: the layout of H columns, the halo of
+// (K − 1) × cc, two states of `state` fp32 elements per sequence.
+size_t ring_linear_bytes(Device dev, DType dt, int B, int S, int H, int cc, int ck, int64_t state);
+// The ring's scratch for a model (mc->ring's shapes) and micro-batches of B sequences of S local rows: the larger of
+// ring_bytes and, with Gated DeltaNet layers, ring_linear_bytes.
+size_t ring_plan_bytes(const ModelConfig *mc, Device dev, DType dt, int B, int S);
+// Why the model cannot run sequences of S tokens at cp (its message, written into buf), or NULL when it can: the
+// family has no ring shape (GPT-OSS), or the conv halo needs more rows than a rank holds. S % (2·cp) is the caller's.
+const char *ring_check(const ModelConfig *mc, int S, int cp, char *buf, size_t n);

@@ -363,7 +363,8 @@ static const ConfigKey parallel_keys[] = {
      .lo = 1,
      .hi = 1 << 20,
      .doc = "CP (zigzag ring attention): each sequence in 2·CP chunks, rank *r* holding chunks *r* and "
-            "2CP−1−*r*; divides the ranks, 2·CP divides `sequence_length`; Qwen3-MoE and DeepSeek-V2 only"},
+            "2CP−1−*r*; divides the ranks, 2·CP divides `sequence_length`; not GPT-OSS; Qwen3.5-MoE's DeltaNet "
+            "layers need `sequence_length` / CP ≥ `linear_conv_kernel_dim` − 1"},
 };
 
 // An optional section: absent, there is no validation (batches = 0).

@@ -56,10 +56,9 @@ static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, Mod
     if (mc->experts % d->ep)
         die("%s: parallel.expert_parallel_size: %d does not divide the model's %d experts", c->file, d->ep,
             mc->experts);
-    if (d->cp > 1 && !mc->ring.nh) // GPT-OSS (sliding windows, sinks), Qwen3.5 (Gated DeltaNet layers)
-        die("%s: parallel.context_parallel_size: %s does not run under context parallelism (ring attention covers "
-            "causal softmax attention without sliding windows or sinks: qwen3_moe, deepseek_v2)",
-            c->file, mc->model_type);
+    char why_cp[256];
+    if (ring_check(mc, c->sequence_length, d->cp, why_cp, sizeof why_cp))
+        die("%s: parallel.context_parallel_size: %s", c->file, why_cp);
     if (piped(c, d)) {
         const char *why = dualpipev_check(d->pp, 2 * d->pp, mc->layers);
         if (why) die("%s: parallel.pipeline_parallel_size: %s", c->file, why);
@@ -69,6 +68,7 @@ static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, Mod
     }
     mc->pp_rank = d->pp_g.rank, mc->pp_size = d->pp;
     mc->ep_rank = d->ep_g.rank, mc->ep_size = d->ep;
+    mc->cp_size = d->cp;
     for (int g = 0; g < NGROUPS; g++) mc->pad[g] = fsdp_shards(d, g);
     return fam;
 }
@@ -82,12 +82,11 @@ static void model_layout(Model *m, const TrainConfig *c, const Dist *d) {
     m->recompute = c->recompute;
 }
 
-// cp > 1: the scratch of one ring attention call (the zigzag halves of a micro-batch's sequences).
+// cp > 1: the scratch of one ring attention call (the zigzag halves of a micro-batch's sequences), or of a Gated
+// DeltaNet layer's layout, halo and state passes, whichever is larger.
 static size_t ring_plan(const Model *m, const TrainConfig *c, const Dist *d) {
     if (d->cp == 1) return 0;
-    const ModelConfig *mc = &m->cfg;
-    return ring_bytes(m->dev, m->cdt, c->micro_batch_size, c->sequence_length / (2 * d->cp), mc->ring.nh, mc->ring.nkv,
-                      mc->ring.dqk, mc->ring.dv, mc->ring.dc, mc->ring.dn);
+    return ring_plan_bytes(&m->cfg, m->dev, m->cdt, c->micro_batch_size, c->sequence_length / d->cp);
 }
 
 // Bytes of everything but the engine, from the model's tensors and the counted shard arena (which also

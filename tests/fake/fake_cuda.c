@@ -648,13 +648,13 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
     OP(sigmoid_gate_backward, &dx, &dgate, &dy, &x, &gate);
     cpu_sigmoid_gate_backward(dx, dgate, dy, x, gate, acc);
 }
-void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B) {
-    OP(conv1d_silu_forward, &y, &x, &w);
-    cpu_conv1d_silu_forward(y, x, w, B);
+void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
+    OP(conv1d_silu_forward, &y, &x, &w, &halo);
+    cpu_conv1d_silu_forward(y, x, w, halo, B);
 }
-void cuda_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B) {
-    OP(conv1d_silu_backward, &dx, &dw, &dy, &x, &w);
-    cpu_conv1d_silu_backward(dx, dw, dy, x, w, B);
+void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
+    OP(conv1d_silu_backward, &dx, &dhalo, &dw, &dy, &x, &w, &halo);
+    cpu_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, B);
 }
 void cuda_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
     OP(delta_gates_forward, &g, &beta, &a, &b, &A_log, &dt_bias);

@@ -45,15 +45,19 @@ static void check_gate(DType dt, double tol, int64_t R, int64_t D, int64_t G) {
     EXPECT_CLOSE(dg, tol);
 }
 
-static void check_conv(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K) {
+// halo: the K − 1 rows before each sequence (context parallelism) and their gradient, else zeros.
+static void check_conv(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo) {
     Pair x = pair_rand(dt, 1, 2, B * S, C, 0, 0), w = pair_rand(dt, 0.5f, 2, C, K, 0, 0),
          y = pair_nan(dt, 2, B * S, C, 0, 0), dy = pair_rand(dt, 1, 2, B * S, C, 0, 0),
-         dx = pair_nan(dt, 2, B * S, C, 0, 0), dw = pair_rand(DT_F32, 1, 2, C, K, 0, 0);
-    op_conv1d_silu_forward(y.c, x.c, w.c, B), op_conv1d_silu_forward(y.d, x.d, w.d, B);
+         dx = pair_nan(dt, 2, B * S, C, 0, 0), dw = pair_rand(DT_F32, 1, 2, C, K, 0, 0), h = NOPAIR, dh = NOPAIR;
+    if (halo) h = pair_rand(dt, 1, 2, B * (K - 1), C, 0, 0), dh = pair_nan(dt, 2, B * (K - 1), C, 0, 0);
+    op_conv1d_silu_forward(y.c, x.c, w.c, h.c, B), op_conv1d_silu_forward(y.d, x.d, w.d, h.d, B);
     EXPECT_CLOSE(y, tol);
-    op_conv1d_silu_backward(dx.c, dw.c, dy.c, x.c, w.c, B), op_conv1d_silu_backward(dx.d, dw.d, dy.d, x.d, w.d, B);
+    op_conv1d_silu_backward(dx.c, dh.c, dw.c, dy.c, x.c, w.c, h.c, B);
+    op_conv1d_silu_backward(dx.d, dh.d, dw.d, dy.d, x.d, w.d, h.d, B);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
+    if (halo) EXPECT_CLOSE(dh, tol);
 }
 
 static void check_gates(DType dt, double tol, int64_t T, int64_t nv) {
@@ -83,11 +87,12 @@ TEST(gpu_op_qwen3_5_elementwise) {
         check_norms(MODE_DT, TOL, 16, 2048); // the block norms' rows (8-column vectors, 8 per lane)
         check_norms(MODE_DT, TOL, 9, 36);    // rows that split into no 8-column vectors: one column per lane
         check_gate(MODE_DT, TOL, 50, 256, 256);
-        check_gate(MODE_DT, TOL, 70, 96, 1);       // the shared expert's per-token gate
-        check_conv(MODE_DT, TOL, 2, 100, 40, 4);   // runs of 32 positions: the last one partial
-        check_conv(MODE_DT, TOL, 3, 37, 300, 3);   // kernel 3; channels past a block of 128
-        check_conv(MODE_DT, TOL, 1, 20, 16, 8);    // the widest kernel, a sequence shorter than a run
-        check_conv(MODE_DT, TOL, 2, 1100, 256, 4); // 70 runs over grid.y 64: some threads take two
+        check_gate(MODE_DT, TOL, 70, 96, 1); // the shared expert's per-token gate
+        check_conv(MODE_DT, TOL, 2, 100, 40, 4, false);
+        check_conv(MODE_DT, TOL, 2, 100, 40, 4, true); // the halo of context parallelism
+        check_conv(MODE_DT, TOL, 3, 2, 40, 4, true);   // sequences shorter than the halo
+        check_conv(MODE_DT, TOL, 3, 37, 300, 3, true); // kernel 3, channels past a block of 128
+        check_conv(MODE_DT, TOL, 1, 20, 16, 8, false); // the widest kernel
         check_gates(MODE_DT, TOL, 300, 6);
     }
     gpu_report();

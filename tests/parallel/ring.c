@@ -7,6 +7,9 @@
 // Multi-head latent attention (the latent travels, each hop makes K and V with kv_b_proj): o, lse, dq, the
 // latent's gradients (dc, dk_pe) of this rank's rows and kv_b_proj's weight gradient summed over the ranks against
 // one rank's decompression and attention over the whole sequences.
+// Gated DeltaNet's pieces (Qwen3.5): the zigzag ↔ contiguous layout, the conv with the previous rank's halo and the
+// delta rule with the state passed along the ranks, forward and backward, against one rank; controls without the
+// halo or without the state must be far off.
 // On -gpu every tensor the ring sees is device memory (fake GPUs in make test: NCCL over MPI, stream order
 // checked against the transfers in flight).
 #include <math.h>
@@ -186,35 +189,151 @@ static void ring_mla_case(const Comm *c, Device dev, int B, int blk, double err[
     for (size_t i = 0; i < sizeof frees / sizeof *frees; i++) free(frees[i].p);
 }
 
+// Rows of the chunks rank r holds on the contiguous layout (chunks 2r and 2r + 1), from a whole-sequence tensor.
+static void take_contiguous(Tensor local, Tensor whole, int B, int cp, int blk, int r) {
+    int64_t S = 2 * (int64_t)cp * blk;
+    for (int b = 0; b < B; b++)
+        op_copy(tensor_rows(local, (int64_t)b * 2 * blk, 2 * blk),
+                tensor_rows(whole, b * S + 2 * (int64_t)r * blk, 2 * blk));
+}
+
+static void fill(Tensor t, uint64_t seed, float scale) {
+    for (int64_t j = 0; j < tensor_numel(t); j++) ((float *)t.p)[j] = (float)rng_normal(seed, 0, (uint64_t)j) * scale;
+}
+static Tensor host2(int64_t n0, int64_t n1) {
+    Tensor t = hostt(n0, n1, 1);
+    t.nd = 2;
+    return t;
+}
+static Tensor back(Tensor d, Tensor like) { // a device tensor's values in a new host tensor shaped like `like`
+    Tensor h = hostt(like.n[0], like.n[1], like.nd > 2 ? like.n[2] : 1);
+    h.nd = like.nd;
+    op_copy(h, d);
+    return h;
+}
+
+// Gated DeltaNet's pieces under context parallelism (model.h): the zigzag rows of every rank to the contiguous layout
+// and back, the causal conv with the previous rank's halo and its backward (dx with the next rank's halo gradient,
+// dw summed over the ranks), and the delta rule with the state passed along the ranks, forward and backward, against
+// one rank over the whole sequences (C conv channels of kernel K; nk key heads of dk, nv value heads of dv; chunk 4
+// over 2·blk local rows). plant: 0 = as the model runs it, 1 = no halo (every rank's conv starts from zeros), 2 = no
+// state (every rank's delta rule from zeros). err: layout, conv y, dx, dw, delta o, dq, dk, dv, dg, dbeta.
+static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, double err[10]) {
+    int cp = c->size, r = c->rank, S = 2 * cp * blk, C = 5, K = 4, nk = 1, nv = 2, dk = 4, dv = 3;
+    int64_t T = (int64_t)B * S, Tl = (int64_t)B * 2 * blk;
+    Tensor x = host2(T, C), w = host2(C, K), dy = host2(T, C), q = hostt(T, nk, dk), k = hostt(T, nk, dk),
+           v = hostt(T, nv, dv), g = host2(T, nv), be = host2(T, nv), dout = hostt(T, nv, dv);
+    Tensor ins[] = {x, w, dy, q, k, v, g, be, dout};
+    for (int i = 0; i < 9; i++) fill(ins[i], 300 + (uint64_t)i + 10 * (uint64_t)blk, i == 1 ? 0.6f : 1);
+    for (int64_t j = 0; j < T * nv; j++) // decays in (−0.5, 0), β in (0, 1)
+        ((float *)g.p)[j] = -0.25f * (1 + tanhf(((float *)g.p)[j])),
+                ((float *)be.p)[j] = 0.5f * (1 + tanhf(((float *)be.p)[j]));
+    // the reference over the whole sequences
+    Tensor y = host2(T, C), dx = host2(T, C), dw = host2(C, K), o = hostt(T, nv, dv), dq = hostt(T, nk, dk),
+           dkk = hostt(T, nk, dk), dvv = hostt(T, nv, dv), dg = host2(T, nv), dbe = host2(T, nv);
+    DeltaArgs da = {.B = B, .scale = 0.5f, .qk_l2norm = true, .chunk = 4};
+    op_conv1d_silu_forward(y, x, w, (Tensor){0}, B);
+    op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, (Tensor){0}, B);
+    op_delta_rule_forward(o, q, k, v, g, be, &da);
+    op_delta_rule_backward(dq, dkk, dvv, dg, dbe, dout, q, k, v, g, be, &da);
+    // this rank: the zigzag rows of x to the contiguous layout, the rest of the inputs there already
+    Arena mem = arena_create("ring test", dev, (size_t)16 << 20);
+    Ring ring;
+    ring_init(&ring, c, dev, ring_linear_bytes(dev, DT_F32, B, 2 * blk, C, C, K, (int64_t)nv * dk * dv));
+    static Model m;
+    memset(&m, 0, sizeof m);
+    m.ring = &ring;
+    Tensor lx = host2(Tl, C), want = host2(Tl, C);
+    take_rows(lx, x, B, cp, blk, r, false), take_contiguous(want, x, B, cp, blk, r);
+    Tensor gx = on(dev, lx, &mem), gxc = on(dev, host2(Tl, C), &mem), gzz = on(dev, host2(Tl, C), &mem);
+    ring_to_contiguous(&ring, gxc, gx, B);
+    ring_to_zigzag(&ring, gzz, gxc, B);
+    Tensor hc = back(gxc, want), hz = back(gzz, lx);
+    err[0] = fmax(rel(hc, want), rel(hz, lx));
+    // the conv on the contiguous rows
+    Tensor halo = on(dev, host2((int64_t)B * (K - 1), C), &mem), gw = on(dev, w, &mem),
+           gy = on(dev, host2(Tl, C), &mem), ldy = host2(Tl, C), gdx = on(dev, host2(Tl, C), &mem), zw = host2(C, K),
+           gdw = on(dev, zw, &mem);
+    take_contiguous(ldy, dy, B, cp, blk, r);
+    Tensor gdy = on(dev, ldy, &mem);
+    if (plant == 1) op_conv1d_silu_forward(gy, gxc, gw, (Tensor){0}, B);
+    else model_conv1d_silu_forward(&m, gy, gxc, gw, halo, B);
+    if (plant == 1) op_conv1d_silu_backward(gdx, (Tensor){0}, gdw, gdy, gxc, gw, (Tensor){0}, B);
+    else model_conv1d_silu_backward(&m, gdx, gdw, gdy, gxc, gw, halo, B);
+    Tensor ry = host2(Tl, C), rdx = host2(Tl, C);
+    take_contiguous(ry, y, B, cp, blk, r), take_contiguous(rdx, dx, B, cp, blk, r);
+    Tensor hy = back(gy, ry), hdx = back(gdx, rdx), hdw = back(gdw, dw);
+    comm_allreduce(c, hdw, COMM_SUM);
+    err[1] = rel(hy, ry), err[2] = rel(hdx, rdx), err[3] = rel(hdw, dw);
+    // the delta rule with the state passed along
+    Tensor lin[6] = {hostt(Tl, nk, dk), hostt(Tl, nk, dk), hostt(Tl, nv, dv),
+                     host2(Tl, nv),     host2(Tl, nv),     hostt(Tl, nv, dv)},
+           whole[6] = {q, k, v, g, be, dout}, gin[6];
+    for (int i = 0; i < 6; i++) take_contiguous(lin[i], whole[i], B, cp, blk, r), gin[i] = on(dev, lin[i], &mem);
+    Tensor s0 = arena_tensor(&mem, DT_F32, 4, B, nv, dk, dv), go = on(dev, hostt(Tl, nv, dv), &mem),
+           gq = on(dev, hostt(Tl, nk, dk), &mem), gk = on(dev, hostt(Tl, nk, dk), &mem),
+           gvv = on(dev, hostt(Tl, nv, dv), &mem), gg = on(dev, host2(Tl, nv), &mem), gb = on(dev, host2(Tl, nv), &mem);
+    if (plant == 2) {
+        op_delta_rule_forward(go, gin[0], gin[1], gin[2], gin[3], gin[4], &da);
+        op_delta_rule_backward(gq, gk, gvv, gg, gb, gin[5], gin[0], gin[1], gin[2], gin[3], gin[4], &da);
+    } else {
+        model_delta_rule_forward(&m, go, gin[0], gin[1], gin[2], gin[3], gin[4], da, s0);
+        model_delta_rule_backward(&m, gq, gk, gvv, gg, gb, gin[5], gin[0], gin[1], gin[2], gin[3], gin[4], da, s0);
+    }
+    Tensor refs[6] = {o, dq, dkk, dvv, dg, dbe}, gots[6] = {go, gq, gk, gvv, gg, gb};
+    for (int i = 0; i < 6; i++) {
+        Tensor rr = refs[i].nd == 3 ? hostt(Tl, refs[i].n[1], refs[i].n[2]) : host2(Tl, refs[i].n[1]);
+        take_contiguous(rr, refs[i], B, cp, blk, r);
+        Tensor hg = back(gots[i], rr);
+        err[4 + i] = rel(hg, rr);
+        free(rr.p), free(hg.p);
+    }
+    ring_free(&ring);
+    arena_destroy(&mem);
+    Tensor frees[] = {x,  w,   dy,  q,   k,   v,      g,      be,     dout,   y,      dx,    dw,
+                      o,  dq,  dkk, dvv, dg,  dbe,    lx,     want,   hc,     hz,     ldy,   zw,
+                      ry, rdx, hy,  hdx, hdw, lin[0], lin[1], lin[2], lin[3], lin[4], lin[5]};
+    for (size_t i = 0; i < sizeof frees / sizeof *frees; i++) free(frees[i].p);
+}
+
+// Every error of one case (names[i]: err[i]) within 1e-5 on every rank; rank 0 prints the worst.
+static void expect_small(const Comm *c, const char *what, int blk, const double *err, const char *const *names, int n) {
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        if (err[i] > 1e-5)
+            die("%s: cp %d, blk %d: %s differs from one rank by %.3g", what, c->size, blk, names[i], err[i]);
+        worst = err[i] > worst ? err[i] : worst;
+    }
+    comm_allreduce(c, tensor_make(&worst, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_MAX);
+    if (c->rank == 0) printf("%s: cp %d, B 2, blk %d: worst relative error %.3g\n", what, c->size, blk, worst);
+}
+
 void suite_ring(const Dist *d, bool gpu) {
     const Comm *c = &d->world;
     if (c->size < 2) return;
     Device dev = gpu ? DEV_CUDA : DEV_CPU;
-    const char *name[5] = {"o", "lse", "dq", "dk", "dv"};
+    static const char *const name[5] = {"o", "lse", "dq", "dk", "dv"},
+                             *mname[6] = {"o", "lse", "dq", "dc", "dk_pe", "dW (kv_b_proj)"},
+                             *lname[10] = {"layout",   "conv y", "conv dx", "conv dw", "delta o",
+                                           "delta dq", "dk",     "dv",      "dg",      "dbeta"};
     for (int blk = 3; blk <= 4; blk++) {
-        double err[5], worst = 0;
+        double err[10];
         ring_case(c, dev, 2, blk, 0, err);
-        for (int i = 0; i < 5; i++) {
-            if (err[i] > 1e-5)
-                die("ring: cp %d, blk %d: %s differs from one-rank attention by %.3g", c->size, blk, name[i], err[i]);
-            worst = err[i] > worst ? err[i] : worst;
-        }
-        comm_allreduce(c, tensor_make(&worst, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_MAX);
-        if (c->rank == 0) printf("ring: cp %d, B 2, blk %d: worst relative error %.3g\n", c->size, blk, worst);
-    }
-    const char *mname[6] = {"o", "lse", "dq", "dc", "dk_pe", "dW (kv_b_proj)"};
-    for (int blk = 3; blk <= 4; blk++) {
-        double err[6], worst = 0;
+        expect_small(c, "ring", blk, err, name, 5);
         ring_mla_case(c, dev, 2, blk, err);
-        for (int i = 0; i < 6; i++) {
-            if (err[i] > 1e-5)
-                die("ring (MLA): cp %d, blk %d: %s differs from one-rank attention by %.3g", c->size, blk, mname[i],
-                    err[i]);
-            worst = err[i] > worst ? err[i] : worst;
-        }
+        expect_small(c, "ring (MLA latent)", blk, err, mname, 6);
+        linear_case(c, dev, 2, blk - 1, 0, err);
+        expect_small(c, "ring (DeltaNet: layout, conv halo, state)", blk - 1, err, lname, 10);
+    }
+    for (int plant = 1; plant <= 2; plant++) { // controls: without the halo, or without the state, it must show
+        double err[10];
+        linear_case(c, dev, 2, 2, plant, err);
+        double worst = plant == 1 ? fmax(err[1], err[2]) : fmax(err[4], err[5]);
         comm_allreduce(c, tensor_make(&worst, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_MAX);
+        if (!(worst > 1e-2))
+            die("ring: the control (no %s) went unnoticed: %.3g", plant == 1 ? "halo" : "state", worst);
         if (c->rank == 0)
-            printf("ring (MLA latent): cp %d, B 2, blk %d: worst relative error %.3g\n", c->size, blk, worst);
+            printf("ring: control no %s: error %.3g (must be large)\n", plant == 1 ? "halo" : "state", worst);
     }
     for (int shard = 1; shard <= 2; shard++) { // controls: a wrong shard must show
         double err[5], least = INFINITY;

@@ -130,39 +130,54 @@ void cpu_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Ten
 
 // ---- causal depthwise conv1d + SiLU ----
 
-// Pre-activation of row t (position p of its sequence) and channel c.
-static double conv_pre(Tensor x, Tensor w, int64_t t, int64_t p, int64_t c) {
-    int64_t C = t_cols(x), K = t_cols(w);
+// The input of sequence b (of S rows) at position src ≥ −(K−1), channel c: x's row, or before the sequence's start the
+// halo's row b·(K−1) + K−1 + src (0 without a halo).
+static double conv_in(Tensor x, Tensor halo, int64_t b, int64_t src, int64_t c, int64_t S, int64_t K) {
+    int64_t C = t_cols(x);
+    if (src >= 0) return F(x)[(b * S + src) * C + c];
+    return halo.p ? F(halo)[(b * (K - 1) + K - 1 + src) * C + c] : 0;
+}
+
+// Pre-activation of row t and channel c.
+static double conv_pre(Tensor x, Tensor w, Tensor halo, int64_t t, int64_t c, int64_t S) {
+    int64_t K = t_cols(w), p = t % S;
     double s = 0;
-    for (int64_t j = 0; j < K; j++) {
-        int64_t src = p - K + 1 + j; // position inside the sequence
-        if (src >= 0) s += (double)F(w)[c * K + j] * F(x)[(t - p + src) * C + c];
-    }
+    for (int64_t j = 0; j < K; j++) s += (double)F(w)[c * K + j] * conv_in(x, halo, t / S, p - K + 1 + j, c, S, K);
     return s;
 }
 
-void cpu_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B) {
+static void conv_check(Tensor x, Tensor w, Tensor halo, int B) {
     CPU_F32(x);
-    CPU_F32(y);
     CPU_F32(w);
+    CHECK(t_rows(x) % B == 0 && t_rows(w) == t_cols(x));
+    if (!halo.p) return;
+    CPU_F32(halo);
+    CHECK(t_rows(halo) == B * (t_cols(w) - 1) && t_cols(halo) == t_cols(x));
+}
+
+void cpu_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
+    CPU_F32(y);
+    conv_check(x, w, halo, B);
     int64_t T = t_rows(x), C = t_cols(x), S = T / B;
-    CHECK(T % B == 0 && t_rows(w) == C && tensor_numel(y) == T * C);
+    CHECK(tensor_numel(y) == T * C);
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++)
         for (int64_t c = 0; c < C; c++) {
-            double u = conv_pre(x, w, t, t % S, c);
+            double u = conv_pre(x, w, halo, t, c, S);
             F(y)[t * C + c] = (float)(u * sigm(u));
         }
 }
 
-// dpre = dy·silu'(pre); dx[t', c] = Σ_j w[c, j]·dpre[t' + K − 1 − j, c]; dw[c, j] += Σ_t dpre[t, c]·x[t − K + 1 + j, c].
-void cpu_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B) {
+// dpre = dy·silu'(pre); dx[t', c] = Σ_j w[c, j]·dpre[t' + K − 1 − j, c]; dw[c, j] += Σ_t dpre[t, c]·x[t − K + 1 + j, c]
+// (the halo's rows where t − K + 1 + j falls before the sequence); dhalo the same sum as dx for the halo's rows.
+void cpu_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
+    conv_check(x, w, halo, B);
     int64_t T = t_rows(x), C = t_cols(x), S = T / B, K = t_cols(w);
     float *dpre = xmalloc(T * C * sizeof(float));
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++)
         for (int64_t c = 0; c < C; c++)
-            dpre[t * C + c] = (float)(F(dy)[t * C + c] * silu_grad(conv_pre(x, w, t, t % S, c)));
+            dpre[t * C + c] = (float)(F(dy)[t * C + c] * silu_grad(conv_pre(x, w, halo, t, c, S)));
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++) {
         int64_t p = t % S;
@@ -173,14 +188,23 @@ void cpu_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor 
             F(dx)[t * C + c] = (float)s;
         }
     }
+    if (dhalo.p) { // halo row i of sequence b is at position i − (K − 1): output position i − j reads it through tap j
+        CHECK(halo.p && tensor_numel(dhalo) == tensor_numel(halo));
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < K - 1; i++)
+                for (int64_t c = 0; c < C; c++) {
+                    double s = 0;
+                    for (int64_t j = 0; j <= i; j++)
+                        if (i - j < S) s += (double)F(w)[c * K + j] * dpre[(b * S + i - j) * C + c];
+                    F(dhalo)[(b * (K - 1) + i) * C + c] = (float)s;
+                }
+    }
 #pragma omp parallel for
     for (int64_t c = 0; c < C; c++)
         for (int64_t j = 0; j < K; j++) {
             double s = 0;
-            for (int64_t t = 0; t < T; t++) {
-                int64_t src = t % S - K + 1 + j;
-                if (src >= 0) s += (double)dpre[t * C + c] * F(x)[(t - K + 1 + j) * C + c];
-            }
+            for (int64_t t = 0; t < T; t++)
+                s += (double)dpre[t * C + c] * conv_in(x, halo, t / S, t % S - K + 1 + j, c, S, K);
             F(dw)[c * K + j] += (float)s;
         }
     free(dpre);

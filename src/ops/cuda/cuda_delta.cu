@@ -228,116 +228,115 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 }
 
 // ---- causal depthwise conv1d + SiLU ----
-// A thread takes one channel c over runs of CONV_RUN positions of one sequence, the inputs it slides over in
-// registers: each x and dy is read once per run (plus a halo of CONV_MAX_K − 1), where the per-element kernels read
-// each K to K² times. The K taps sit right-aligned in CONV_MAX_K (zeros before them), so every register index is a
-// constant: u[p] = Σ_j w'[j]·x[p − CONV_MAX_K + 1 + j], the zero taps adding exact zeros in the CPU's order. Runs
-// are grid-strided (grid.y), so that a thread's weight-gradient sums span several runs before one atomic add per tap.
-#define CONV_RUN 32
+
+// Pre-activation of row t (position p = t mod S) and channel c; rows before the sequence's start are the halo's
+// (B·(K−1), C) rows of sequence t / S, or 0 without one.
+template <typename T, typename TW>
+__device__ __forceinline__ float conv_pre(const T *x, const TW *w, const T *halo, int64_t t, int64_t p, int64_t c,
+                                          int64_t C, int K, int64_t S) {
+    float s = 0;
+    for (int j = 0; j < K; j++) {
+        int64_t src = p - K + 1 + j;
+        if (src >= 0) s += ld(w, c * K + j) * ld(x, (t - p + src) * C + c);
+        else if (halo) s += ld(w, c * K + j) * ld(halo, (t / S * (K - 1) + K - 1 + src) * C + c);
+    }
+    return s;
+}
+
+template <typename T, typename TW>
+__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, int64_t T_, int64_t C, int64_t S,
+                                    int K) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T_ * C; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / C, c = i % C;
+        float u = conv_pre(x, w, halo, t, t % S, c, C, K, S);
+        st(y, i, u * sigm(u));
+    }
+}
+
+// dx[t, c] = Σ_j w[c, j]·dpre[t + K − 1 − j, c] with dpre = dy·silu'(pre) recomputed per tap; the halo's rows
+// (dhalo, when given: row b·(K−1) + i at position i − (K−1)) the same sum.
+template <typename T, typename TW>
+__global__ void conv_backward_dx_kernel(T *dx, T *dhalo, const T *dy, const T *x, const TW *w, const T *halo,
+                                        int64_t T_, int64_t C, int64_t S, int K) {
+    int64_t B = T_ / S, nh = dhalo ? B * (K - 1) * C : 0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T_ * C + nh;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        bool in_halo = i >= T_ * C;
+        int64_t r = in_halo ? (i - T_ * C) / C : i / C, c = i % C;
+        int64_t b = in_halo ? r / (K - 1) : r / S, p = in_halo ? r % (K - 1) - (K - 1) : r % S;
+        float s = 0;
+        for (int j = 0; j < K; j++) {
+            int64_t po = p + K - 1 - j; // the output position that reads this row through tap j
+            if (po < 0 || po >= S) continue;
+            int64_t to = b * S + po;
+            s += ld(w, c * K + j) * ld(dy, to * C + c) * silu_grad(conv_pre(x, w, halo, to, po, c, C, K, S));
+        }
+        if (in_halo) st(dhalo, r * C + c, s);
+        else st(dx, i, s);
+    }
+}
+
+// dw[c, j] += Σ_t dpre[t, c]·x[t − K + 1 + j, c] (the halo's rows before the start): thread per channel, grid.y
+// splits the rows, taps in registers.
 #define CONV_MAX_K 8
-#define CONV_THREADS 128
-
-static dim3 conv_grid(int64_t C, int64_t runs) {
-    return dim3((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)(runs < 64 ? runs : 64));
-}
-template <typename TW>
-__device__ __forceinline__ void conv_taps(float (&wk)[CONV_MAX_K], const TW *w, int64_t c, int K) {
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_K; j++) wk[j] = j >= CONV_MAX_K - K ? ld(w, c * K + j - (CONV_MAX_K - K)) : 0.0f;
-}
-
-// xw[i] = x[q0 + i] of one channel (xs: its column in the sequence; outside 0 .. S − 1: 0).
-template <int N, typename T>
-__device__ __forceinline__ void conv_window(float (&xw)[N], const T *xs, int64_t q0, int64_t S, int64_t C) {
-#pragma unroll
-    for (int i = 0; i < N; i++) xw[i] = q0 + i >= 0 && q0 + i < S ? ld(xs, (q0 + i) * C) : 0.0f;
-}
-// The pre-activation at window offset i: Σ_j w'[j]·xw[i + j].
-template <int N> __device__ __forceinline__ float conv_u(const float (&wk)[CONV_MAX_K], const float (&xw)[N], int i) {
-    float u = 0;
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_K; j++) u += wk[j] * xw[i + j];
-    return u;
-}
-
-// y[p] = silu(u[p]) for the run's positions p0 .. p0 + CONV_RUN − 1 (x before the sequence: 0).
 template <typename T, typename TW>
-__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, int64_t C, int64_t S, int K, int64_t runs) {
-    const int NX = CONV_RUN + CONV_MAX_K - 1; // x[p0 − CONV_MAX_K + 1 .. p0 + CONV_RUN − 1]
-    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
+__global__ void conv_backward_dw_kernel(float *dw, const T *dy, const T *x, const TW *w, const T *halo, int64_t T_,
+                                        int64_t C, int64_t S, int K) {
+    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (c >= C) return;
-    float wk[CONV_MAX_K], xw[NX];
-    conv_taps(wk, w, c, K);
-    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
-        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
-        conv_window(xw, x + b * S * C + c, q0, S, C);
-#pragma unroll
-        for (int i = 0; i < CONV_RUN; i++) {
-            float u = conv_u(wk, xw, i);
-            if (p0 + i < S) st(y + b * S * C + c, (p0 + i) * C, u * sigm(u));
+    float acc[CONV_MAX_K] = {0};
+    for (int64_t t = blockIdx.y; t < T_; t += gridDim.y) {
+        int64_t p = t % S;
+        float d = ld(dy, t * C + c) * silu_grad(conv_pre(x, w, halo, t, p, c, C, K, S));
+        for (int j = 0; j < K; j++) {
+            int64_t src = p - K + 1 + j;
+            if (src >= 0) acc[j] += d * ld(x, (t - K + 1 + j) * C + c);
+            else if (halo) acc[j] += d * ld(halo, (t / S * (K - 1) + K - 1 + src) * C + c);
         }
     }
+    for (int j = 0; j < K; j++) atomicAdd(dw + c * K + j, acc[j]);
 }
 
-// dpre[p] = dy[p]·silu'(u[p]) over p0 .. p0 + CONV_RUN + CONV_MAX_K − 2 (past the sequence: 0);
-// dx[p] = Σ_j w'[j]·dpre[p + CONV_MAX_K − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p.
-template <typename T, typename TW>
-__global__ void conv_backward_kernel(T *dx, float *dw, const T *dy, const T *x, const TW *w, int64_t C, int64_t S,
-                                     int K, int64_t runs) {
-    const int ND = CONV_RUN + CONV_MAX_K - 1, NX = ND + CONV_MAX_K - 1; // x from p0 − CONV_MAX_K + 1
-    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
-    if (c >= C) return;
-    float wk[CONV_MAX_K], dwk[CONV_MAX_K] = {0}, xw[NX], dp[ND];
-    conv_taps(wk, w, c, K);
-    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
-        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
-        const T *dys = dy + b * S * C + c;
-        conv_window(xw, x + b * S * C + c, q0, S, C);
-#pragma unroll
-        for (int i = 0; i < ND; i++) dp[i] = p0 + i < S ? ld(dys, (p0 + i) * C) * silu_grad(conv_u(wk, xw, i)) : 0.0f;
-#pragma unroll
-        for (int i = 0; i < CONV_RUN; i++) {
-            if (p0 + i >= S) break;
-            float s = 0;
-#pragma unroll
-            for (int j = 0; j < CONV_MAX_K; j++) s += wk[j] * dp[i + CONV_MAX_K - 1 - j];
-            st(dx + b * S * C + c, (p0 + i) * C, s);
-#pragma unroll
-            for (int j = 0; j < CONV_MAX_K; j++) dwk[j] += dp[i] * xw[i + j];
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_K; j++)
-        if (j >= CONV_MAX_K - K) atomicAdd(dw + c * K + j - (CONV_MAX_K - K), dwk[j]);
+static void conv_check_halo(Tensor halo, Tensor x, int64_t B, int K, const char *what) {
+    if (!halo.p) return;
+    CHECK(t_rows(halo) == B * (K - 1) && t_cols(halo) == t_cols(x));
+    same_dt(halo, x, what);
 }
 
-void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B) {
-    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B, runs = B * ((S + CONV_RUN - 1) / CONV_RUN);
+void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
+    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B;
     int K = (int)t_cols(w);
     CHECK(T_ % B == 0 && t_rows(w) == C && tensor_numel(y) == T_ * C);
-    if (K > CONV_MAX_K) die("conv1d_silu_forward: kernel %d is past the GPU kernels' %d", K, CONV_MAX_K);
     same_dt(y, x, "conv1d_silu_forward");
+    conv_check_halo(halo, x, B, K, "conv1d_silu_forward");
     if (T_ == 0) return;
     DT_SWITCH(x.dt, T, "conv1d_silu_forward",
               DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
-                        conv_forward_kernel<T, TW><<<conv_grid(C, runs), CONV_THREADS, 0, cuda_stream()>>>(
-                            (T *)y.p, (const T *)x.p, (const TW *)w.p, C, S, K, runs)));
+                        conv_forward_kernel<T, TW><<<grid_for(T_ * C, 256), 256, 0, cuda_stream()>>>(
+                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, T_, C, S, K)));
     CUDA_LAUNCH_CHECK();
 }
 
-void cuda_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B) {
-    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B, runs = B * ((S + CONV_RUN - 1) / CONV_RUN);
+void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
+    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B;
     int K = (int)t_cols(w);
-    if (K > CONV_MAX_K) die("conv1d_silu_backward: kernel %d is past the GPU kernels' %d", K, CONV_MAX_K);
+    CHECK(K <= CONV_MAX_K && (!dhalo.p || (halo.p && tensor_numel(dhalo) == tensor_numel(halo))));
     same_dt(dx, x, "conv1d_silu_backward");
     same_dt(dy, x, "conv1d_silu_backward");
     IS_F32(dw, "conv1d_silu_backward");
+    conv_check_halo(halo, x, B, K, "conv1d_silu_backward");
+    if (dhalo.p) same_dt(dhalo, x, "conv1d_silu_backward");
     if (T_ == 0) return;
-    DT_SWITCH(
-        x.dt, T, "conv1d_silu_backward",
-        DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
-                  conv_backward_kernel<T, TW><<<conv_grid(C, runs), CONV_THREADS, 0, cuda_stream()>>>(
-                      (T *)dx.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p, C, S, K, runs)));
+    int64_t gy = T_ / 64, n = T_ * C + (dhalo.p ? (int64_t)B * (K - 1) * C : 0);
+    dim3 gdw((unsigned)((C + 127) / 128), (unsigned)(gy > 256 ? 256 : gy < 1 ? 1 : gy));
+    DT_SWITCH(x.dt, T, "conv1d_silu_backward",
+              DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
+                        conv_backward_dx_kernel<T, TW><<<grid_for(n, 256), 256, 0, cuda_stream()>>>(
+                            (T *)dx.p, (T *)dhalo.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
+                            (const T *)halo.p, T_, C, S, K);
+                        conv_backward_dw_kernel<T, TW>
+                        <<<gdw, 128, 0, cuda_stream()>>>((float *)dw.p, (const T *)dy.p, (const T *)x.p,
+                                                         (const TW *)w.p, (const T *)halo.p, T_, C, S, K)));
     CUDA_LAUNCH_CHECK();
 }
 

@@ -80,8 +80,8 @@ void cuda_rmsnorm_gated_forward(Tensor y, Tensor rstd, Tensor x, Tensor z, Tenso
 void cuda_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, Tensor z, Tensor w, Tensor rstd);
 void cuda_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate);
 void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Tensor gate, bool accumulate);
-void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, int B);
-void cuda_conv1d_silu_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, int B);
+void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B);
+void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B);
 void cuda_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias);
 void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bias, Tensor dg, Tensor dbeta, Tensor a,
                                Tensor b, Tensor A_log, Tensor dt_bias);
