@@ -68,6 +68,15 @@ const char *write_text(const char *dir, const char *name, const char *text);
     " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 48, \"num_experts\": 4, \"num_experts_per_tok\": "  \
     "2,"                                                                                                               \
     " \"moe_intermediate_size\": 8, \"norm_topk_prob\": true, \"rms_norm_eps\": 1e-6, \"rope_theta\": 10000.0}"
+// TINY_Q35_GPU: Qwen3.5-MoE's GPU-against-CPU model (tests/gpu/test_gpu_qwen3_5.c) and its conditioning check
+// (tests/test_qwen3_5.c): both layer types, 2 value heads per key head, partial RoPE, a gated shared expert.
+#define TINY_Q35_GPU                                                                                                   \
+    "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": "  \
+    "4,"                                                                                                               \
+    " \"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 64, \"num_experts\": 8, \"num_experts_per_tok\": " \
+    "2, \"moe_intermediate_size\": 16, \"shared_expert_intermediate_size\": 24, \"linear_num_key_heads\": 2,"          \
+    " \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 16, \"linear_value_head_dim\": 8,"                       \
+    " \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"]}"
 // TINY_MOE_B: biases, a dense first layer, tied embeddings, no renormalisation, rope theta in rope_parameters.
 #define TINY_MOE_B                                                                                                     \
     "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"       \

@@ -207,6 +207,7 @@ void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, T
     if (m->cfg.router_sigmoid && ra.softmax_topk)
         die("scoring_func sigmoid: %s's router takes a softmax over the selected logits", m->cfg.model_type);
     ra.sigmoid = m->cfg.router_sigmoid;
+    ra.given = m->route_given[l];
     op_router_forward(probs, idx, w, logits, &ra);
     if (!m->router_bias.p || m->replay) return; // a replayed forward was counted the first time
     int64_t n = tensor_numel(idx);

@@ -243,6 +243,9 @@ struct Model {
     bool fp8;
     Tensor fp8_w;
     int64_t fp8_version, fp8_made[2][MAX_LAYERS], fp8_off[2][MAX_LAYERS];
+    // Tests (CPU only, one micro-batch): layer l's router takes route_given[l] (T·k) instead of its own top-k
+    // (RouterArgs.given); NULL: its own.
+    const int32_t *route_given[MAX_LAYERS];
 };
 
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported

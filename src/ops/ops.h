@@ -95,6 +95,8 @@ void op_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, b
 // replaces the choice by idx[t, j] = (t + j·(E/k)) mod E (benchmark routing). Weights w: (T, k) fp32:
 // softmax_topk (GPT-OSS): softmax over the k selected logits; else probs of the selected experts, divided by
 // their sum when renorm; then × scale (routed_scaling_factor). bias (E) fp32 only selects (aux-loss-free balancing).
+// given (the CPU's only): these (T·k) host int32 experts instead of the selection (tests/gpu/test_gpu_model.c: the
+// CPU reference takes the GPU's routing, so that a near-tie decided otherwise in bf16 cannot move every gradient).
 typedef struct {
     int k;
     bool renorm, softmax_topk;
@@ -102,7 +104,8 @@ typedef struct {
     int n_group, topk_group; // n_group ≤ 1: every expert competes
     Tensor bias;             // (E) fp32; p == NULL: none
     bool force_balance;
-    bool sigmoid; // scores = sigmoid(logits) instead of the softmax
+    bool sigmoid;         // scores = sigmoid(logits) instead of the softmax
+    const int32_t *given; // (T·k) host or NULL: the experts to take
 } RouterArgs;
 void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a);
 // dlogits: (T, E) = ∂/∂logits of (Σ dw·w + Σ_t,e lb_grad[e]·probs[t, e]); lb_grad: (E) fp32 or p == NULL.

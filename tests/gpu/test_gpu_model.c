@@ -69,22 +69,22 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     }
     side_run(&cpu, tok, lab);
     side_run(&gpu, tok, lab);
-    // routing decisions. In bf16 a near-tie can pick another expert on the GPU than on the CPU; an expert
-    // gaining or losing a token then has a different gradient altogether (its few rows are other rows), so
-    // the experts a flip touched are left out of the gradient comparison (and counted).
-    int flips = 0, slots = 0, skipped = 0;
-    bool *touched = xcalloc((size_t)mc.layers * mc.experts, sizeof(bool));
+    // Routing decisions. In bf16 a near-tie can pick another expert on the GPU than on the CPU; the token then sees
+    // another expert's output, which moves every later layer's activations and, through the backward, every
+    // gradient, not only the two experts' (Qwen3.5's bf16 case at init 0.2: 22 flips of 960 slots, worst calc_diff
+    // 5.7e-2 with the touched experts left out, 2.5e-2 with the GPU's routing on both sides). So the flips are counted
+    // against the CPU's own choice (more than 1 in 20 is no near-tie), and the CPU reruns the micro-batch with the
+    // GPU's choice (RouterArgs.given): every gradient is then one smooth function of bf16-rounded inputs on both
+    // sides, and all of them are compared.
+    int flips = 0, slots = 0;
+    int32_t *given[MAX_LAYERS] = {0};
     for (int l = 0; l < mc.layers; l++) {
         if (!mc.is_moe[l]) continue;
-        int32_t *gi = gpu_down_i32(gpu.e.rec[0].io[l].idx), *ci = cpu.e.rec[0].io[l].idx.p;
-        for (int64_t i = 0; i < tensor_numel(cpu.e.rec[0].io[l].idx); i++) {
-            slots++;
-            if (gi[i] == ci[i]) continue;
-            flips++;
-            touched[l * mc.experts + gi[i]] = touched[l * mc.experts + ci[i]] = true;
-        }
-        free(gi);
+        int32_t *gi = given[l] = gpu_down_i32(gpu.e.rec[0].io[l].idx), *ci = cpu.e.rec[0].io[l].idx.p;
+        for (int64_t i = 0; i < tensor_numel(cpu.e.rec[0].io[l].idx); i++) slots++, flips += gi[i] != ci[i];
+        cpu.m.route_given[l] = gi;
     }
+    if (flips) side_run(&cpu, tok, lab);
     double lc = op_read_scalar(cpu.m.loss_sum), lg = op_read_scalar(gpu.m.loss_sum);
     double bc = op_read_scalar(cpu.m.lb_sum), bg = op_read_scalar(gpu.m.lb_sum);
     double loss_err = fabs(lg - lc) / fabs(lc), lb_err = lb_coef > 0 ? fabs(bg - bc) / fabs(bc) : 0;
@@ -96,11 +96,6 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     for (int g = 0; g < NGROUPS; g++) gg[g] = gpu_down(gpu.m.g[g]);
     for (int i = 0; i < cpu.m.params.n; i++) {
         const ParamInfo *p = &cpu.m.params.p[i];
-        int pl, pe;
-        if (sscanf(p->name, "layers.%d.mlp.experts.%d.", &pl, &pe) == 2 && touched[pl * mc.experts + pe]) {
-            skipped++;
-            continue;
-        }
         const float *a = gg[p->group] + p->off, *b = (const float *)cpu.m.g[p->group].p + p->off;
         int64_t n = params_numel(p);
         double e = cdt == DT_BF16 ? calc_diff(a, b, n) : rel_err_f32(a, b, n);
@@ -109,12 +104,12 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
         if (e >= worst) second = worst, second_name = worst_name, worst = e, worst_name = p->name;
         else if (e >= second) second = e, second_name = p->name;
     }
-    printf("     %s %s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (%d expert tensors left out), "
+    printf("     %s %s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (the CPU reran with the GPU's), "
            "worst grad %s %.2e (%s), next %.2e (%s)\n",
-           is_path ? config : "inline", dtype_name(cdt), lg, lc, loss_err, lb_err, flips, slots, skipped,
+           is_path ? config : "inline", dtype_name(cdt), lg, lc, loss_err, lb_err, flips, slots,
            cdt == DT_BF16 ? "calc_diff" : "rel err", worst, worst_name, second, second_name);
     ASSERT_MSG(flips * 20 <= slots, "routing flips %d of %d slots: more than near-ties explain", flips, slots);
-    free(touched);
+    for (int l = 0; l < mc.layers; l++) free(given[l]), cpu.m.route_given[l] = NULL;
     record_err(worst, worst_name);
     ASSERT_MSG(loss_err <= loss_tol, "loss: gpu %.9g cpu %.9g (rel %.3g)", lg, lc, loss_err);
     ASSERT_MSG(lb_err <= loss_tol, "lb loss: gpu %.9g cpu %.9g (rel %.3g)", bg, bc, lb_err);

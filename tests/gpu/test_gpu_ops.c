@@ -305,6 +305,11 @@ TEST(gpu_op_attention_forms) {
         check_attention_args(MODE_DT, TOL, 48, 96, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .q_off = 96}, false);
         check_attention_args(MODE_DT, TOL, 50, 80, 4, 4, 192, 128, (AttnArgs){.B = 1, .scale = s192, .k_off = 40},
                              false);
+        // Qwen3.5's gated full attention: head dim 256, 8 query heads per kv head, causal (cuDNN takes d ≤ 256 on
+        // Hopper forward and backward)
+        check_attention_args(MODE_DT, TOL, 150, 150, 16, 2, 256, 256,
+                             (AttnArgs){.B = 2, .scale = 0.0625f, .causal = true}, false);
+        expect_attention_paths(mode_, "head dim 256");
     }
     gpu_report();
 }

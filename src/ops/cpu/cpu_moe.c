@@ -69,7 +69,9 @@ void cpu_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const
                 for (int64_t e = 0; e < E; e++) p[e] = (float)(exp((double)l[e] - m) / sum);
             }
             int32_t *ix = I32(idx) + t * k;
-            if (a->force_balance) {
+            if (a->given) {
+                for (int j = 0; j < k; j++) ix[j] = a->given[t * k + j];
+            } else if (a->force_balance) {
                 for (int j = 0; j < k; j++) ix[j] = (int32_t)((t + j * (E / k)) % E);
             } else {
                 for (int64_t e = 0; e < E; e++) score[e] = a->bias.p ? p[e] + F(a->bias)[e] : p[e];

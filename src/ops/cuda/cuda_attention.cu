@@ -347,8 +347,8 @@ static AttnParams attention_params(Tensor q, Tensor k, Tensor v, const AttnArgs 
     return p;
 }
 
-// The form cuDNN's graphs take: causal self-attention, a sliding window or none (cuDNN checks its head dims
-// itself), sinks by a correction after the forward; our tensor-core kernels: the plain form, one head dim.
+// The form cuDNN's graphs take: causal self-attention, a sliding window or none (cuda_cudnn.cu checks the head
+// dims and the dtype), sinks by a correction after the forward; our tensor-core kernels: the plain form, one head dim.
 static bool attention_cudnn_form(Tensor q, Tensor k, const AttnArgs *a) {
     return a->causal && !a->q_off && !a->k_off && k.n[0] == q.n[0];
 }
@@ -388,7 +388,7 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
     int B = a->B, DQK = (int)q.n[2], DV = (int)v.n[2];
     if (p.Sq == 0) return;
     if (attention_cudnn_form(q, k, a)) {
-        last_path = "cudnn"; // cuDNN's fused kernel (bf16, d ≤ 128 or 192/128), window and sinks included
+        last_path = "cudnn"; // cuDNN's fused kernel (bf16, d ≤ 128, 256 or 192/128), window and sinks included
         if (cudnn_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale, p.window)) {
             if (!p.sinks) return;
             int64_t threads = (int64_t)B * p.Sq * p.nh * 32;

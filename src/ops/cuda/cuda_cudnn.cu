@@ -433,10 +433,11 @@ static void execute(Plan *p, int n, const int64_t *uids, void *const *ptrs, void
     if (st != CUDNN_STATUS_SUCCESS) die("cudnn attention: execution failed: %s", cudnnGetErrorString(st));
 }
 
-// The variant this path takes: bf16, one head dim that is a multiple of 8 up to 128 or MLA's q·k 192 / v 128,
-// 16-byte aligned rows.
+// The variant this path takes: bf16, one head dim that is a multiple of 8 up to 128 or 256 (Qwen3.5's gated
+// attention; cuDNN's Hopper engines take d ≤ 256 forward and backward), or MLA's q·k 192 / v 128, 16-byte aligned
+// rows.
 static bool usable(Tensor q, int D, int DV, float scale) {
-    bool dims = (D == DV && D % 8 == 0 && D <= 128) || (D == 192 && DV == 128);
+    bool dims = (D == DV && D % 8 == 0 && (D <= 128 || D == 256)) || (D == 192 && DV == 128);
     if (dnn_off || q.dt != DT_BF16 || !dims || !(scale > 0)) return false;
     const char *e = getenv("PITH_ATTENTION");
     return !(e && !strcmp(e, "own"));

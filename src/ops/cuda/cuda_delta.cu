@@ -23,47 +23,77 @@ static dim3 row_grid(int64_t R) { return dim3((unsigned)((R + ROWS_PER_BLOCK - 1
 static const dim3 ROW_BLOCK(32, ROWS_PER_BLOCK);
 
 // ---- zero-centred (GATED false) and gated (GATED true) RMSNorm ----
-// 1p: y = x·r·(1 + w); gated: y = x·r·w·silu(z).
+// 1p: y = x·r·(1 + w); gated: y = x·r·w·silu(z). A warp takes a row, each lane V consecutive columns at a time
+// (V = 8: 16-byte loads, when the row splits into 8-element vectors and the pointers are aligned; else 1).
 
-template <typename T, typename TW, bool GATED>
+template <int V, typename T> __device__ __forceinline__ void ldv(const T *p, float (&v)[V]) {
+    if constexpr (V == 8) ld8(p, v);
+    else v[0] = ld(p, 0);
+}
+template <int V, typename T> __device__ __forceinline__ void stv(T *p, const float (&v)[V]) {
+    if constexpr (V == 8) st8(p, v);
+    else st(p, 0, v[0]);
+}
+// u = 1 + w (1p) or w·silu(z) (gated) for V columns from j; zz: z there (gated).
+template <int V, bool GATED, typename T, typename TW>
+__device__ __forceinline__ void norm_u(float (&u)[V], float (&zz)[V], const TW *w, const T *z) {
+    ldv<V>(w, u);
+    if (GATED) ldv<V>(z, zz);
+#pragma unroll
+    for (int k = 0; k < V; k++) u[k] = GATED ? u[k] * zz[k] * sigm(zz[k]) : 1.0f + u[k];
+}
+
+template <typename T, typename TW, bool GATED, int V>
 __global__ void norm_forward_kernel(T *y, float *rstd, const T *x, const T *z, const TW *w, int64_t R, int64_t D,
                                     float eps) {
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
     if (row >= R) return;
-    float ss = 0;
-    for (int64_t j = threadIdx.x; j < D; j += 32) ss += ld(x, row * D + j) * ld(x, row * D + j);
+    const T *xr = x + row * D;
+    float ss = 0, v[V], u[V], zz[V];
+    for (int64_t j = threadIdx.x * V; j < D; j += 32 * V) {
+        ldv<V>(xr + j, v);
+#pragma unroll
+        for (int k = 0; k < V; k++) ss += v[k] * v[k];
+    }
     float r = rsqrtf(warp_sum(ss) / (float)D + eps);
     if (threadIdx.x == 0) rstd[row] = r;
-    for (int64_t j = threadIdx.x; j < D; j += 32) {
-        float v = ld(x, row * D + j) * r;
-        if (GATED) {
-            float zz = ld(z, row * D + j);
-            st(y, row * D + j, v * ld(w, j) * zz * sigm(zz));
-        } else {
-            st(y, row * D + j, v * (1.0f + ld(w, j)));
-        }
+    for (int64_t j = threadIdx.x * V; j < D; j += 32 * V) {
+        ldv<V>(xr + j, v);
+        norm_u<V, GATED>(u, zz, w + j, z + row * D + j);
+#pragma unroll
+        for (int k = 0; k < V; k++) v[k] *= r * u[k];
+        stv<V>(y + row * D + j, v);
     }
 }
 
-// u_j = 1 + w_j (1p) or w_j·silu(z_j) (gated): ∂x = r·u·dy − x·r³/D·Σ(dy·u·x); gated ∂z = dy·x·r·w·silu'(z).
-template <typename T, typename TW, bool GATED>
+// ∂x = r·u·dy − x·r³/D·Σ(dy·u·x); gated ∂z = dy·x·r·w·silu'(z).
+template <typename T, typename TW, bool GATED, int V>
 __global__ void norm_backward_kernel(T *dx, T *dz, const T *dy, const T *x, const T *z, const TW *w, const float *rstd,
                                      int64_t R, int64_t D, bool acc) {
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
     if (row >= R) return;
-    float dot = 0, r = rstd[row];
-    for (int64_t j = threadIdx.x; j < D; j += 32) {
-        int64_t i = row * D + j;
-        float u = GATED ? ld(w, j) * ld(z, i) * sigm(ld(z, i)) : 1.0f + ld(w, j);
-        dot += ld(dy, i) * u * ld(x, i);
+    int64_t o = row * D;
+    float dot = 0, r = rstd[row], g[V], xv[V], u[V], zz[V], a[V];
+    for (int64_t j = threadIdx.x * V; j < D; j += 32 * V) {
+        ldv<V>(dy + o + j, g), ldv<V>(x + o + j, xv);
+        norm_u<V, GATED>(u, zz, w + j, z + o + j);
+#pragma unroll
+        for (int k = 0; k < V; k++) dot += g[k] * u[k] * xv[k];
     }
     float c = warp_sum(dot) * r * r * r / (float)D;
-    for (int64_t j = threadIdx.x; j < D; j += 32) {
-        int64_t i = row * D + j;
-        float zz = GATED ? ld(z, i) : 0.0f, u = GATED ? ld(w, j) * zz * sigm(zz) : 1.0f + ld(w, j);
-        float g = r * u * ld(dy, i) - ld(x, i) * c;
-        st(dx, i, acc ? ld(dx, i) + g : g);
-        if (GATED) st(dz, i, ld(dy, i) * ld(x, i) * r * ld(w, j) * silu_grad(zz));
+    for (int64_t j = threadIdx.x * V; j < D; j += 32 * V) {
+        ldv<V>(dy + o + j, g), ldv<V>(x + o + j, xv);
+        norm_u<V, GATED>(u, zz, w + j, z + o + j);
+        if (acc) ldv<V>(dx + o + j, a);
+#pragma unroll
+        for (int k = 0; k < V; k++) a[k] = (acc ? a[k] : 0.0f) + (r * u[k] * g[k] - xv[k] * c);
+        stv<V>(dx + o + j, a);
+        if (GATED) {
+            ldv<V>(w + j, u);
+#pragma unroll
+            for (int k = 0; k < V; k++) a[k] = g[k] * xv[k] * r * u[k] * silu_grad(zz[k]);
+            stv<V>(dz + o + j, a);
+        }
     }
 }
 
@@ -101,10 +131,13 @@ template <bool GATED> static void norm_forward(Tensor y, Tensor rstd, Tensor x, 
     IS_F32(rstd, "rmsnorm1p/gated forward");
     if (GATED) same_dt(z, x, "rmsnorm_gated_forward");
     if (R == 0) return;
+    bool v8 = vec8_fits(D, y.p, x.p, z.p, w.p);
+#define FWD(V)                                                                                                         \
+    norm_forward_kernel<T, TW, GATED, V><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(                                \
+        (T *)y.p, (float *)rstd.p, (const T *)x.p, (const T *)z.p, (const TW *)w.p, R, D, eps)
     DT_SWITCH(x.dt, T, "rmsnorm1p/gated forward",
-              DT_SWITCH(w.dt, TW, "rmsnorm1p/gated forward",
-                        norm_forward_kernel<T, TW, GATED><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(
-                            (T *)y.p, (float *)rstd.p, (const T *)x.p, (const T *)z.p, (const TW *)w.p, R, D, eps)));
+              DT_SWITCH(w.dt, TW, "rmsnorm1p/gated forward", if (v8) FWD(8); else FWD(1)));
+#undef FWD
     CUDA_LAUNCH_CHECK();
 }
 
@@ -116,13 +149,16 @@ static void norm_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, 
     same_dt(dy, x, "rmsnorm1p/gated backward");
     IS_F32(dw, "rmsnorm1p/gated backward");
     if (R == 0) return;
+    bool v8 = vec8_fits(D, dx.p, dy.p, x.p, w.p) && aligned16(z.p, dz.p);
+#define BWD(V)                                                                                                         \
+    norm_backward_kernel<T, TW, GATED, V><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(                               \
+        (T *)dx.p, (T *)dz.p, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const TW *)w.p, (const float *)rstd.p, \
+        R, D, acc)
     DT_SWITCH(x.dt, T, "rmsnorm1p/gated backward",
-              DT_SWITCH(w.dt, TW, "rmsnorm1p/gated backward",
-                        norm_backward_kernel<T, TW, GATED><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(
-                            (T *)dx.p, (T *)dz.p, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const TW *)w.p,
-                            (const float *)rstd.p, R, D, acc));
+              DT_SWITCH(w.dt, TW, "rmsnorm1p/gated backward", if (v8) BWD(8); else BWD(1));
               norm_dw_kernel<T, GATED><<<colsum_grid(R, D), dim3(32, 8), 0, cuda_stream()>>>(
                   (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const float *)rstd.p, R, D));
+#undef BWD
     CUDA_LAUNCH_CHECK();
 }
 

@@ -383,6 +383,7 @@ void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, cons
     IS_F32(logits, "router_forward");
     IS_F32(probs, "router_forward");
     IS_F32(w, "router_forward");
+    if (a->given) die("router_forward: given routing is the CPU reference's only");
     if (!T_) return;
     size_t smem = (size_t)MOE_WARPS * (2 * E + rp.n_group) * sizeof(float);
     if (smem > 48 * 1024) die("router_forward: %lld experts exceed this kernel's shared memory", (long long)E);
