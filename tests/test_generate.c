@@ -28,15 +28,14 @@ static void full_forward_logits(Model *m, const int32_t *tokens, int n, float *o
     arena_destroy(&ws), chunk_free(&e), free(labels);
 }
 
-// Greedy continuation of a 7-token prompt by 9 tokens with the KV cache; at every step the logits equal those of a
-// full forward over the whole sequence so far (positions, masks and the cached keys and values all matter).
-// Also used by tests/test_gpt_oss.c.
-void cache_equals_full_forwards(const char *dir) {
-    enum { P = 7, N = 9 };
+// Greedy continuation of a P-token prompt by N tokens with the KV cache; at every step the logits equal those of a
+// full forward over the whole sequence so far (positions, masks, the cached keys and values, and for Gated DeltaNet
+// the cached state and conv halo all matter).
+static void cache_equals(const char *dir, int P, int N) {
     Model m;
     load_fixture(&m, dir, P + N);
     int V = m.cfg.vocab;
-    int32_t seq[P + N];
+    int32_t *seq = xmalloc(sizeof(int32_t) * (size_t)(P + N));
     for (int i = 0; i < P; i++) seq[i] = (i * 37 + 11) % V;
     float *ref = xmalloc(sizeof(float) * V);
     Generator g;
@@ -51,14 +50,24 @@ void cache_equals_full_forwards(const char *dir) {
         if (i + 1 < P + N) gen_feed(&g, &seq[i], 1);
     }
     ASSERT(g.kv.len == P + N - 1 && scale > 0.05); // every position went through the cache; logits are not ~0
-    printf("     %s: %d greedy tokens, cached vs full logits within %.1e (largest |logit| %.2f)\n", dir, N, worst,
-           scale);
-    gen_free(&g), model_free(&m), free(ref);
+    printf("     %s: a %d-token prompt, %d greedy tokens, cached vs full logits within %.1e (largest |logit| %.2f)\n",
+           dir, P, N, worst, scale);
+    gen_free(&g), model_free(&m), free(ref), free(seq);
 }
+
+// A 7-token prompt and 9 more tokens. Also used by tests/test_gpt_oss.c.
+void cache_equals_full_forwards(const char *dir) { cache_equals(dir, 7, 9); }
 
 TEST(generate_cache_equals_full_forwards_qwen3_moe) { cache_equals_full_forwards("tests/hf/qwen3_moe"); }
 TEST(generate_cache_equals_full_forwards_deepseek_v2) { cache_equals_full_forwards("tests/hf/deepseek_v2"); }
 TEST(generate_cache_equals_full_forwards_deepseek_v2_lite) { cache_equals_full_forwards("tests/hf/deepseek_v2_lite"); }
+// Qwen3.5: Gated DeltaNet layers around a full-attention one, conv kernel K = 4, delta chunks of 64. A 2-token
+// prompt is shorter than the K − 1 = 3 rows the halo holds (the halo then keeps zeros and the prompt's rows, and
+// each later token shifts it); a 70-token prompt spans two delta chunks, so its final state leaves the chunked path.
+TEST(generate_cache_equals_full_forwards_qwen3_5_moe) {
+    cache_equals("tests/hf/qwen3_5_moe", 2, 9);
+    cache_equals("tests/hf/qwen3_5_moe", 70, 9);
+}
 
 TEST(generate_sampler_temperature_top_p_seed) {
     // p = (0.5, 0.3, 0.15, 0.05) as logits; argmax at temperature 0, lowest id on a tie.
@@ -192,6 +201,51 @@ TEST(generate_applies_router_bias) {
     write_text(d, "m/run.json", "{\"step\": 5, \"router_bias\": [[1, 2]]}");
     ASSERT(run_cmd(out, sizeof out, gen, PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "m/run.json: router_bias: expected 3 rows of 8 numbers"), "%s", out);
+}
+
+// `pith generate` on Qwen3.5 from the HF fixture folder and from its hf2pith conversion prints the prompt and the
+// greedy continuation the Generator gives in process (the fixture's 128 ids are bytes 0..127 of the byte tokenizer,
+// each decoding to itself).
+TEST(generate_qwen3_5_command_line) {
+    enum { N = 12 };
+    const char *d = test_tmpdir(), *prompt = "abcdefgh";
+    int P = (int)strlen(prompt);
+    write_byte_tokenizer(d);
+    Model m;
+    load_fixture(&m, "tests/hf/qwen3_5_moe", P + N);
+    int32_t seq[64];
+    char want[64];
+    for (int i = 0; i < P; i++) seq[i] = (unsigned char)prompt[i], want[i] = prompt[i];
+    Generator g;
+    gen_init(&g, &m, P, P + N);
+    gen_feed(&g, seq, P);
+    for (int i = P; i < P + N; i++) {
+        seq[i] = gen_sample(g.logits, m.cfg.vocab, 0, 1, NULL), want[i] = (char)seq[i];
+        if (i + 1 < P + N) gen_feed(&g, &seq[i], 1);
+    }
+    want[P + N] = '\n';
+    gen_free(&g), model_free(&m);
+    char out[8192];
+    ASSERT(run_cmd(out, sizeof out, "%s convert hf2pith tests/hf/qwen3_5_moe %s/ck", PITH_BIN, d) == 0);
+    const char *models[2] = {"tests/hf/qwen3_5_moe", "ck"};
+    for (int k = 0; k < 2; k++) {
+        char path[600], model[600], got[64] = {0};
+        snprintf(path, sizeof path, "%s/out.txt", d);
+        snprintf(model, sizeof model, k ? "%s/%s" : "%.0s%s", d, models[k]);
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "%s generate --model %s --tokenizer %s/tok --prompt %s -n %d --temperature 0 "
+                           "> %s",
+                           PITH_BIN, model, d, prompt, N, path) == 0,
+                   "%s", out);
+        FILE *f = fopen(path, "rb");
+        ASSERT(f);
+        size_t n = fread(got, 1, sizeof got, f);
+        fclose(f);
+        ASSERT_MSG(n == (size_t)(P + N + 1) && !memcmp(got, want, n),
+                   "%s: generated %zu bytes, not the %d in-process "
+                   "ones",
+                   model, n, P + N + 1);
+    }
 }
 
 TEST(generate_errors) {

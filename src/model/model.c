@@ -397,6 +397,30 @@ void kv_cache_free(KvCache *kv) {
     memset(kv, 0, sizeof *kv);
 }
 
+Tensor kv_cache_delta(KvCache *kv, int l, Tensor x, int K, int64_t nv, int64_t dk, int64_t dv, DeltaArgs *a) {
+    CHECK(!kv->k[l].p && a->B == 1 && K >= 2);
+    int64_t C = t_cols(x), K1 = K - 1;
+    if (!kv->state[l].p) {
+        size_t bytes = (size_t)(2 * nv * dk * dv) * sizeof(float) + (size_t)(2 * K1 * C) * dtype_size(x.dt);
+        kv->mem[l] = arena_create("kv cache", x.dev, bytes + 2 * ARENA_ALIGN);
+        kv->state[l] = arena_tensor(&kv->mem[l], DT_F32, 4, 2, nv, dk, dv);
+        kv->halo[l] = arena_tensor(&kv->mem[l], x.dt, 2, 2 * K1, C, 0, 0);
+        op_zero(kv->state[l]), op_zero(kv->halo[l]);
+    }
+    CHECK(kv->halo[l].n[0] == 2 * K1 && t_cols(kv->halo[l]) == C && kv->halo[l].dt == x.dt);
+    a->s0 = tensor_rows(kv->state[l], 0, 1), a->sT = tensor_rows(kv->state[l], 1, 1);
+    return tensor_rows(kv->halo[l], 0, K1);
+}
+
+void kv_cache_delta_advance(KvCache *kv, int l, Tensor x) {
+    int64_t K1 = kv->halo[l].n[0] / 2, S = t_rows(x), keep = S < K1 ? K1 - S : 0; // halo rows that stay
+    Tensor cur = tensor_rows(kv->halo[l], 0, K1), next = tensor_rows(kv->halo[l], K1, K1);
+    if (keep) op_copy(tensor_rows(next, 0, keep), tensor_rows(cur, K1 - keep, keep));
+    op_copy(tensor_rows(next, keep, K1 - keep), tensor_rows(x, S - (K1 - keep), K1 - keep));
+    op_copy(cur, next);
+    op_copy(tensor_rows(kv->state[l], 0, 1), tensor_rows(kv->state[l], 1, 1));
+}
+
 void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
     KvCache *kv = m->kv;
     if (m->ring) { // context parallelism: this rank's zigzag rows against the whole sequences

@@ -230,7 +230,7 @@ struct Model {
     bool replay;             // a forward rerun in backward (full recompute): no loss sums or counts are added
     SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
     void *views;             // the family's own weight and gradient views
-    struct KvCache *kv;      // generation: attention reads and extends this cache (NULL: training, evaluation)
+    struct KvCache *kv;      // generation: attention and DeltaNet read and extend it (NULL: training, evaluation)
     struct Ring *ring;       // context parallelism (parallel/ring.h): attention is zigzag ring attention (NULL: cp 1)
     // Layer l's expert weight gradients hold the last step's values: the step's first weight gradient writes them
     // instead of adding (moe_stage3_backward_weight). model_zero_grads zeroes the expert group only the first time
@@ -332,8 +332,17 @@ typedef struct KvCache {
     int cap, len;                        // positions it can hold, positions filled
     Arena mem[MAX_LAYERS];               // one block per layer, made at the layer's first call
     Tensor k[MAX_LAYERS], v[MAX_LAYERS]; // (cap, nkv, dqk), (cap, nkv, dv) in the compute dtype
+    // A Gated DeltaNet layer caches its recurrent state and its conv's last K−1 input rows instead, each followed
+    // by a second buffer of the same size that the call writes and kv_cache_delta_advance copies back.
+    Tensor state[MAX_LAYERS], halo[MAX_LAYERS]; // (2, nv, dk, dv) fp32, (2(K−1), C) in the compute dtype
 } KvCache;
 void kv_cache_free(KvCache *kv);
+// Layer l's DeltaNet cache for a call whose conv input is x: (S, C), made at the layer's first call (zeros: nothing
+// came before): a->s0 the entering state (1, nv, dk, dv), a->sT the buffer the delta rule writes the leaving one
+// into; returns the halo: (K−1, C), the conv input at positions len − (K−1) .. len − 1 (zeros before position 0).
+Tensor kv_cache_delta(KvCache *kv, int l, Tensor x, int K, int64_t nv, int64_t dk, int64_t dv, DeltaArgs *a);
+// After the call: sT becomes the state and the last K−1 rows of [halo; x] the halo (x may have fewer than K−1 rows).
+void kv_cache_delta_advance(KvCache *kv, int l, Tensor x);
 void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
 // The position of row t of a micro-batch of sequences of S rows: t mod S, or under context parallelism (m->ring)
 // the global position of local row t mod S of this rank's zigzag chunks.

@@ -343,11 +343,14 @@ static RouterArgs q35_router_args(const Model *m) {
 }
 
 // Gated DeltaNet: n1 → h1a (without the residual).
-static void delta_forward(Model *m, const Q35Layer *W, Q35Rec *r, MicroBatch *mb) {
+// Generation (m->kv): the cache's halo and state enter, and the call's last conv inputs and final state stay.
+static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBatch *mb) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+    DeltaArgs da = q35_delta_args(m, mb->B);
     model_cp_contiguous(m, r->n1c, r->n1, mb->B);
     op_linear_forward(r->qkv, r->n1c, W->wqkv, NONE);
+    if (m->kv) r->halo = kv_cache_delta(m->kv, l, r->qkv, q->conv_k, q->nv, q->dk, q->dv, &da);
     op_linear_forward(r->z, r->n1c, W->wz, NONE);
     op_linear_forward(r->pb, r->n1c, W->wb, NONE);
     op_linear_forward(r->pa, r->n1c, W->wa, NONE);
@@ -356,7 +359,9 @@ static void delta_forward(Model *m, const Q35Layer *W, Q35Rec *r, MicroBatch *mb
     op_copy_cols(tensor_reshape2(r->lk, T, kd), 0, r->cv, kd, kd, false);
     op_copy_cols(tensor_reshape2(r->lv, T, vd), 0, r->cv, 2 * kd, vd, false);
     op_delta_gates_forward(r->g, r->beta, r->pa, r->pb, W->A_log, W->dt_bias);
-    model_delta_rule_forward(m, r->core, r->lq, r->lk, r->lv, r->g, r->beta, q35_delta_args(m, mb->B), r->s0);
+    if (m->kv) op_delta_rule_forward(r->core, r->lq, r->lk, r->lv, r->g, r->beta, &da);
+    else model_delta_rule_forward(m, r->core, r->lq, r->lk, r->lv, r->g, r->beta, da, r->s0);
+    if (m->kv) kv_cache_delta_advance(m->kv, l, r->qkv);
     op_rmsnorm_gated_forward(tensor_reshape2(r->gn, T * q->nv, q->dv), r->rg,
                              tensor_reshape2(r->core, T * q->nv, q->dv), tensor_reshape2(r->z, T * q->nv, q->dv),
                              W->gnorm, (float)m->cfg.eps);
@@ -394,7 +399,7 @@ static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
     Q35Rec *r = rp;
     r->x = x;
     op_rmsnorm1p_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
-    if (is_linear(c, l)) delta_forward(m, W, r, mb);
+    if (is_linear(c, l)) delta_forward(m, l, W, r, mb);
     else attention_forward(m, l, W, r, mb);
     op_add(r->h1a, x);
     op_rmsnorm1p_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
@@ -523,4 +528,5 @@ const ModelFamily qwen3_5_moe_family = {
     .epilog_alloc = moe_epilog_alloc,
     .epilog_forward = moe_epilog_forward,
     .epilog_backward = moe_epilog_backward,
+    .logits = moe_logits,
 };

@@ -1,6 +1,7 @@
 // test_gpu_generate.c — generation on the GPU: the KV-cache path (prompt through cuDNN/flash or the generic kernels,
 // then one query against the cache through the generic kernels) gives the CPU's logits, token after token, for
-// every family's HF fixture: fp32 within 1e-4, bf16 by calc_diff within 1e-2.
+// every family's HF fixture (Qwen3.5: its DeltaNet state and conv halo cached too): fp32 within 1e-4, bf16 by
+// calc_diff within 1e-2.
 #include "app/generate.h"
 #include "gpu_test.h"
 #include "train/ckpt.h"
@@ -20,9 +21,10 @@ static void load_fixture_on(Model *m, const char *dir, Device dev, DType dt, int
 
 TEST(gpu_generate_cache_matches_cpu) {
     gpu_begin();
-    static const char *fixtures[] = {"tests/hf/qwen3_moe", "tests/hf/deepseek_v2", "tests/hf/deepseek_v2_lite"};
+    static const char *fixtures[] = {"tests/hf/qwen3_moe", "tests/hf/deepseek_v2", "tests/hf/deepseek_v2_lite",
+                                     "tests/hf/qwen3_5_moe"};
     enum { P = 7, N = 9 };
-    for (int f = 0; f < 3; f++)
+    for (int f = 0; f < 4; f++)
         for (int mode = 0; mode < 2; mode++) {
             DType dt = mode ? DT_BF16 : DT_F32;
             gpu_mode(dt);
