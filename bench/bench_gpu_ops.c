@@ -90,8 +90,8 @@ static void skewed_offs(int64_t *offs, int64_t R, int64_t E) {
 // the largest experts beside it, cuda_grouped.cu's weight gradient when near balanced) and cuBLAS alone.
 // Row names match bench/peer_grouped.py's. Weight-gradient rows count the fp32 accumulation into dw (the
 // peer writes a bf16 dw); their floor is E·N·K·8 bytes read and written once at the copy rate. The "store" rows
-// write the fp32 dw instead (a step's first micro-batch): E·N·K·4 bytes.
-static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, int k, int64_t I) {
+// write the fp32 dw instead (a step's first micro-batch): E·N·K·4 bytes. nimpl: the first 1 (wgmma) or all 3.
+static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, int k, int64_t I, int nimpl) {
     Arena save = A;
     int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
     DType bf = DT_BF16;
@@ -109,7 +109,7 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
         const char *rt = bal ? "balanced" : "skewed";
         for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, offs); // clocks up
         cuda_sync();
-        for (int v = 0; v < 3; v++) {
+        for (int v = 0; v < nimpl; v++) {
             setenv("PITH_GROUPED_KERNEL", impl[v], 1);
             char nm[112];
 #define GROUPED_ROW(what, work, call)                                                                                  \
@@ -129,6 +129,26 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
                         op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, false));
 #undef GROUPED_ROW
         }
+        // the weight gradient's variants of cuda_wgmma.cu side by side (PITH_WG_VARIANTS="0 3 …")
+        char list[64];
+        snprintf(list, sizeof list, "%s", getenv("PITH_WG_VARIANTS") ? getenv("PITH_WG_VARIANTS") : "");
+        setenv("PITH_GROUPED_KERNEL", "wgmma", 1);
+        for (char *v = strtok(list, " "); v; v = strtok(NULL, " ")) {
+            setenv("PITH_WG_VARIANT", v, 1);
+            char nm[112];
+#define VARIANT_ROW(what, work, call)                                                                                  \
+    snprintf(nm, sizeof nm, "%s %s (T=%lld, %s, wgmma v%s)", model, what, (long long)T, rt, v);                        \
+    TIME(nm, 20, work, "TFLOP/s", call)
+            VARIANT_ROW("gate_up bwd weight fp32", fg,
+                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true));
+            VARIANT_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true));
+            VARIANT_ROW("gate_up bwd weight fp32 store", fg,
+                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, false));
+            VARIANT_ROW("down bwd weight fp32 store", fdn,
+                        op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, false));
+#undef VARIANT_ROW
+        }
+        unsetenv("PITH_WG_VARIANT");
     }
     unsetenv("PITH_GROUPED_KERNEL");
     printf("(%s dw floor at 4.0 TB/s: gate_up %.3f ms, down %.3f ms)\n", model, E * 2 * I * H * 8 / 4.0e9,
@@ -265,9 +285,10 @@ int main(int argc, char **argv) {
         arena_destroy(&A);
         return 0;
     }
-    if (argc > 1 && !strcmp(argv[1], "--grouped")) { // the expert GEMMs alone, at the training micro-batch
-        bench_grouped("qwen3", 8192, 2048, 128, 8, 768);
-        bench_grouped("dsv2", 8192, 2048, 64, 6, 1408);
+    if (argc > 1 && !strcmp(argv[1], "--grouped")) {             // the expert GEMMs alone, at the training micro-batch
+        bool wgmma_only = argc > 2 && !strcmp(argv[2], "wgmma"); // (--grouped wgmma: Qwen3's wgmma rows only)
+        bench_grouped("qwen3", 8192, 2048, 128, 8, 768, wgmma_only ? 1 : 3);
+        if (!wgmma_only) bench_grouped("dsv2", 8192, 2048, 64, 6, 1408, 3);
         arena_destroy(&A);
         return 0;
     }
@@ -357,7 +378,7 @@ int main(int argc, char **argv) {
         }
         unsetenv("PITH_GROUPED_GEMM");
     }
-    bench_grouped("qwen3", 2 * T, H, E, (int)k, I); // every implementation at the training micro-batch (8192)
+    bench_grouped("qwen3", 2 * T, H, E, (int)k, I, 3); // every implementation at the training micro-batch (8192)
     TIME("swiglu fwd (32768 x 768)", 20, (double)R * 3 * I * 2, "GB/s", op_swiglu_forward(act, gu));
     TIME("swiglu bwd", 20, (double)R * 5 * I * 2, "GB/s", op_swiglu_backward(gu, act, gu));
     // attention, causal: 4·S²·d·nh/2 flops forward, 2.5× that backward

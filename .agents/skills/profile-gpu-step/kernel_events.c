@@ -128,11 +128,24 @@ static int kernel_entry(const void *k) {
     const char *name = NULL;
     char buf[160];
     if (RT(cudaFuncGetName)(&name, k) != cudaSuccess || !name) name = "(unnamed kernel)";
-    // _Z<len><identifier>...: the identifier (template arguments and parameter types dropped)
+    // _Z<len><identifier>...: the identifier and its integer template arguments (I Li3E Li128E … E, shown as
+    // <3,128,…>: the instances of one template apart), parameter types dropped
     if (name[0] == '_' && name[1] == 'Z') {
-        char *e;
+        char *e, *q;
         long n = strtol(name + 2, &e, 10);
-        if (n > 0 && n < (long)sizeof buf) snprintf(buf, sizeof buf, "%.*s", (int)n, e), name = buf;
+        if (n > 0 && n < 100) {
+            int len = snprintf(buf, sizeof buf, "%.*s", (int)n, e);
+            const char *t = e + n;
+            int k = 0;
+            if (*t == 'I')
+                for (t++; t[0] == 'L' && t[1] == 'i' && len < 140; t = q + 1, k++) {
+                    long v = strtol(t + 2, &q, 10);
+                    if (*q != 'E') break;
+                    len += snprintf(buf + len, sizeof buf - len, "%c%ld", k ? ',' : '<', v);
+                }
+            if (k) snprintf(buf + len, sizeof buf - len, ">");
+            name = buf;
+        }
     }
     int i = entry_of(k, name);
     pthread_mutex_unlock(&mu);
