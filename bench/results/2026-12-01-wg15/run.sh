@@ -3,7 +3,7 @@
 # breakdown), from the repository root as `OUT=<dir> bash .dev-wg15/run.sh`, the environment set up by the lead
 # (LD_LIBRARY_PATH, PITH_TEST_GPU=1, CS = compute-sanitizer). Budget 240 s; each phase is skipped when too little
 # of it is left. Phases:
-#   1. test_gpu gpu_op_grouped_wgmma with PITH_WG_VARIANTS="0 1 2 3 4 5": every case, each variant's weight
+#   1. test_gpu gpu_op_grouped_wgmma with PITH_WG_VARIANTS="0 … 6": every case, each variant's weight
 #      gradients (accumulate twice bit for bit, store over NaN) against the same CPU results
 #   2. bench_gpu_ops --grouped wgmma: Qwen3's wgmma rows, then the four weight-gradient rows of each variant
 #   3. bench/peer_grouped.py (wg15's copy, with fp32-output store rows): F.grouped_mm at the same shapes
@@ -16,7 +16,7 @@ mkdir -p $O $B
 left() { echo $((240 - ($(date +%s) - T0))); }
 for f in $D/bin/*.gz; do gunzip -c $f >$B/$(basename $f .gz); chmod +x $B/$(basename $f .gz); done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader >$O/summary.txt
-VARS="0 1 2 3 4 5"
+VARS="0 1 2 3 4 5 6"
 PITH_WG_VARIANTS="$VARS" timeout 70 $B/test_gpu gpu_op_grouped_wgmma >$O/test_wgmma.txt 2>&1
 echo "rc=$?" >>$O/test_wgmma.txt
 echo "test: $(grep -E 'passed|rc=' $O/test_wgmma.txt | tr '\n' ' ') ($((240 - $(left))) s)" >>$O/summary.txt
@@ -110,7 +110,7 @@ head -25 $O/step_kernels.md >>$O/summary.txt
 # memcheck on the register-store variants, the sanitizer's shorter case list
 l=$(left)
 if [ $l -gt 30 ]; then
-    PITH_TEST_SANITIZE=1 PITH_WG_VARIANTS="1 2 3 5" timeout $((l - 5)) ${CS:-compute-sanitizer} --tool memcheck \
+    PITH_TEST_SANITIZE=1 PITH_WG_VARIANTS="1 2 3 5 6" timeout $((l - 5)) ${CS:-compute-sanitizer} --tool memcheck \
         $B/test_gpu gpu_op_grouped_wgmma >$O/memcheck_wgmma.txt 2>&1
     echo "rc=$?" >>$O/memcheck_wgmma.txt
     echo "memcheck: $(grep -E 'ERROR SUMMARY|passed|rc=' $O/memcheck_wgmma.txt | tr '\n' ' ')" >>$O/summary.txt

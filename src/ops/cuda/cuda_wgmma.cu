@@ -45,7 +45,8 @@ enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD, WG_WEIGHT_STORE };
 //   3  as 1, the stores deferred into the next tile's first two reduction blocks (a second register set)
 //   4  as 3 over the first four blocks
 //   5  as 3, and the accumulating mode too: fp32 adds from registers (red.global.add) instead of TMA adds
-// The weight gradient writes from registers: the store mode in variants 1-5, the accumulating mode in 5.
+//   6  as 3 with 128 × 192 tiles (m64n128 + m64n64 products; the last column tile clipped where 192 ∤ K)
+// The weight gradient writes from registers: the store mode in variants 1-6, the accumulating mode in 5.
 template <int KIND, int V> struct WgDirect {
     static constexpr bool on = (KIND == WG_WEIGHT_STORE && V >= 1) || (KIND == WG_WEIGHT_GRAD && V == 5);
 };
@@ -90,6 +91,20 @@ static __device__ __forceinline__ void wgmma_128(float *d, uint64_t da, uint64_t
                    "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
                    "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
                    "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
+
+// d (64 × 64 fp32, this thread's 32) = A·B + (acc ? d : 0): the m64n64 product (variant 6's last 64 columns).
+template <int TA, int TB> static __device__ __forceinline__ void wgmma_64(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
                  : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
 
@@ -197,8 +212,9 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
     }
 }
 
-// The store-mode weight gradient's epilogue from registers (variants 1-3): consumer warpgroup g's 64 rows of the
-// tile at (row, col) of dw_e, columns 8q.. of each 128 for q in [q0, q1), straight to global memory. A warp's
+// The weight gradient's epilogue from registers (variants 1-6): consumer warpgroup g's 64 rows of the tile at
+// (row, col) of dw_e, the 8-column groups q in [q0, q1) of BN/8, straight to global memory (stored, or added by
+// red.global.add). A warp's
 // 8-byte stores cover 8 rows × 32 bytes, whole 32-byte sectors. Nothing passes through shared memory or the copy
 // engine, so the TMA unit goes on loading the next tile's operands. Rows at or past N (the next expert's) and
 // columns past K are left out.
@@ -209,20 +225,19 @@ static __device__ __forceinline__ void store_direct(const float *d, float *dw, c
     if (row0 >= gt.N) return;
     int warp = tid / 32, lane = tid % 32;
     float *o = dw + ((int64_t)e * gt.N + row0 + 16 * warp + lane / 4) * gt.K + col + 2 * (lane % 4);
+    // group q of the m64n128 (or last m64n64) accumulators j = q / 16: d[64j + 4(q % 16) + 2h + 0, 1]
 #pragma unroll
-    for (int j = 0; j < BN / 128; j++)
+    for (int q = 0; q < BN / 8; q++) {
+        if (q < q0 || q >= q1 || col + q * 8 >= gt.K) continue;
 #pragma unroll
-        for (int q = 0; q < 16; q++) {
-            if (q < q0 || q >= q1 || col + j * 128 + q * 8 >= gt.K) continue;
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float *p = o + (int64_t)8 * h * gt.K + j * 128 + q * 8, v0 = d[64 * j + 4 * q + 2 * h],
-                      v1 = d[64 * j + 4 * q + 2 * h + 1];
-                if (KIND == WG_WEIGHT_GRAD)
-                    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(v0), "f"(v1) : "memory");
-                else *(float2 *)p = make_float2(v0, v1);
-            }
+        for (int h = 0; h < 2; h++) {
+            float *p = o + (int64_t)8 * h * gt.K + q * 8, v0 = d[64 * (q / 16) + 4 * (q % 16) + 2 * h],
+                  v1 = d[64 * (q / 16) + 4 * (q % 16) + 2 * h + 1];
+            if (KIND == WG_WEIGHT_GRAD)
+                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(v0), "f"(v1) : "memory");
+            else *(float2 *)p = make_float2(v0, v1);
         }
+    }
 }
 
 // grid: min(tiles, SMs) CTAs of 384 threads; WG_SMEM + 1 KB bytes of dynamic shared memory. ma, mb: the operands'
@@ -264,10 +279,10 @@ __global__ void __launch_bounds__(384, 1)
     int g = wg - 1, tid = threadIdx.x - 128 * wg, lane = threadIdx.x % 32; // consumer g owns rows 64g..64g+63
     uint32_t epi = epi0 + g * S::EPI;
     float d[BN / 2]; // BN/128 blocks of 64: the m64n128 accumulators
-    constexpr bool DEFER = WgDirect<KIND, V>::on && V >= 3 && BN == 128;
-    constexpr int PARTS = V == 4 ? 4 : 2; // (variant 3-5) blocks the deferred stores spread over
-    float c[DEFER ? BN / 2 : 1];          // (variant 3) the previous tile's accumulators, stored during this tile
-    int pe = -1, prow = 0, pcol = 0;      // (variant 3) that tile's expert (-1: none pending), row and column
+    constexpr bool DEFER = WgDirect<KIND, V>::on && V >= 3 && BN <= 192;
+    constexpr int PARTS = V == 4 ? 4 : 2; // (variants 3-6) blocks the deferred stores spread over
+    float c[DEFER ? BN / 2 : 1];          // (variants 3-6) the previous tile's accumulators, stored during this tile
+    int pe = -1, prow = 0, pcol = 0;      // (variants 3-6) that tile's expert (-1: none pending), row and column
     int it = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
         Tile ti = tile_of<KIND, BN>(gt, t);
@@ -277,11 +292,11 @@ __global__ void __launch_bounds__(384, 1)
             mbar_wait(full + 8 * s, it / STAGES & 1);
             int valid = ti.m - kb * WG_BK; // weight gradient: rows of the expert in this block
             if (KIND >= WG_WEIGHT_GRAD && valid < WG_BK) {
-                // zero rows valid..63 of A box g and of B boxes g, g + 2, …; then make the writes visible to
-                // the tensor cores (async proxy) and to the other consumer warpgroup
-                int chunks = (WG_BK - valid) * 8; // 16-byte chunks per box
-                for (int c = tid; c < chunks * (1 + BN / 128); c += 128) {
-                    int box = c / chunks, off = (valid * 8 + c % chunks) * 16;
+                // zero rows valid..63 of A box g and of B boxes g, g + 2, … (of BN/64); then make the writes
+                // visible to the tensor cores (async proxy) and to the other consumer warpgroup
+                int chunks = (WG_BK - valid) * 8, boxes = 1 + (BN / 64 + 1 - g) / 2; // 16-byte chunks per box
+                for (int ch = tid; ch < chunks * boxes; ch += 128) {
+                    int box = ch / chunks, off = (valid * 8 + ch % chunks) * 16;
                     uint32_t a = box == 0 ? sa + g * WG_BOX : sb + (2 * (box - 1) + g) * WG_BOX;
                     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a + off), "r"(0) : "memory");
                 }
@@ -295,18 +310,19 @@ __global__ void __launch_bounds__(384, 1)
                 uint64_t da = TA ? smem_desc(sa + g * WG_BOX + k16 * 2048, 8192, 1024)
                                  : smem_desc(sa + g * WG_BOX + k16 * 32, 16, 1024);
 #pragma unroll
-                for (int j = 0; j < BN / 128; j++) {
+                for (int j = 0; j < (BN + 64) / 128; j++) { // m64n128 products, and an m64n64 for BN = 192
                     uint64_t db = TB ? smem_desc(sb + j * 2 * WG_BOX + k16 * 2048, 8192, 1024)
                                      : smem_desc(sb + j * 2 * WG_BOX + k16 * 32, 16, 1024);
-                    wgmma_128<TA, TB>(d + 64 * j, da, db, kb > 0 || k16 > 0);
+                    if (128 * j + 64 == BN) wgmma_64<TA, TB>(d + 64 * j, da, db, kb > 0 || k16 > 0);
+                    else wgmma_128<TA, TB>(d + 64 * j, da, db, kb > 0 || k16 > 0);
                 }
             }
             wgmma_commit();
             fence_regs<BN / 2>(d);
             if (DEFER && pe >= 0) { // a part of the previous tile per block while the tensor cores run
                 int parts = ti.nkb < PARTS ? ti.nkb : PARTS;
-                store_direct<KIND, BN>(c, (float *)out, gt, pe, prow, pcol, g, tid, 16 * kb / parts,
-                                       16 * (kb + 1) / parts);
+                store_direct<KIND, BN>(c, (float *)out, gt, pe, prow, pcol, g, tid, BN / 8 * kb / parts,
+                                       BN / 8 * (kb + 1) / parts);
                 if (kb + 1 == parts) pe = -1;
             }
             if (kb > 0) { // the previous block's products are done: its stage goes back to the producer
@@ -318,15 +334,15 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
         fence_regs<BN / 2>(d);
         if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
-        if (DEFER) {
+        if constexpr (DEFER) {
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) c[i] = d[i];
             pe = ti.e, prow = ti.row, pcol = ti.col;
-        } else if (WgDirect<KIND, V>::on)
-            store_direct<KIND, BN>(d, (float *)out, gt, ti.e, ti.row, ti.col, g, tid, 0, 16);
+        } else if constexpr (WgDirect<KIND, V>::on)
+            store_direct<KIND, BN>(d, (float *)out, gt, ti.e, ti.row, ti.col, g, tid, 0, BN / 8);
         else epilogue<KIND, BN>(d, &mo, out, gt, ti, g, tid, epi);
     }
-    if (DEFER && pe >= 0) store_direct<KIND, BN>(c, (float *)out, gt, pe, prow, pcol, g, tid, 0, 16);
+    if (DEFER && pe >= 0) store_direct<KIND, BN>(c, (float *)out, gt, pe, prow, pcol, g, tid, 0, BN / 8);
     if (!WgDirect<KIND, V>::on && tid == 0) bulk_wait<false>(); // the stores are done before shared memory goes
 }
 
@@ -402,7 +418,7 @@ static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w
     // 256-wide tiles where they divide; not for a weight gradient through shared memory (its fp32 tiles of 256
     // would leave too few stages)
     bool wide = C % 256 == 0 && (!wgrad || (kind == WG_WEIGHT_STORE && V == 2));
-    int bn = wide ? 256 : 128;
+    int bn = kind == WG_WEIGHT_STORE && V == 6 ? 192 : wide ? 256 : 128;
     WgTable gt;
     gt.E = (int)E, gt.N = (int)N, gt.K = (int)K, gt.ntn = (int)((C + bn - 1) / bn);
     for (int64_t e = 0; e <= E; e++) {
@@ -450,6 +466,7 @@ static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w
     else if (V == 3) wgmma_launch<WG_WEIGHT_STORE, 128, 3>(&ma, &mb, &mo, out.p, &gt, nt);
     else if (V == 4) wgmma_launch<WG_WEIGHT_STORE, 128, 4>(&ma, &mb, &mo, out.p, &gt, nt);
     else if (V == 5) wgmma_launch<WG_WEIGHT_STORE, 128, 5>(&ma, &mb, &mo, out.p, &gt, nt);
+    else if (V == 6) wgmma_launch<WG_WEIGHT_STORE, 192, 6>(&ma, &mb, &mo, out.p, &gt, nt);
     else wgmma_launch<WG_WEIGHT_STORE, 128, 1>(&ma, &mb, &mo, out.p, &gt, nt);
     return true;
 }
