@@ -129,26 +129,6 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
                         op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, false));
 #undef GROUPED_ROW
         }
-        // the weight gradient's variants of cuda_wgmma.cu side by side (PITH_WG_VARIANTS="0 3 …")
-        char list[64];
-        snprintf(list, sizeof list, "%s", getenv("PITH_WG_VARIANTS") ? getenv("PITH_WG_VARIANTS") : "");
-        setenv("PITH_GROUPED_KERNEL", "wgmma", 1);
-        for (char *v = strtok(list, " "); v; v = strtok(NULL, " ")) {
-            setenv("PITH_WG_VARIANT", v, 1);
-            char nm[112];
-#define VARIANT_ROW(what, work, call)                                                                                  \
-    snprintf(nm, sizeof nm, "%s %s (T=%lld, %s, wgmma v%s)", model, what, (long long)T, rt, v);                        \
-    TIME(nm, 20, work, "TFLOP/s", call)
-            VARIANT_ROW("gate_up bwd weight fp32", fg,
-                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true));
-            VARIANT_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true));
-            VARIANT_ROW("gate_up bwd weight fp32 store", fg,
-                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, false));
-            VARIANT_ROW("down bwd weight fp32 store", fdn,
-                        op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, false));
-#undef VARIANT_ROW
-        }
-        unsetenv("PITH_WG_VARIANT");
     }
     unsetenv("PITH_GROUPED_KERNEL");
     printf("(%s dw floor at 4.0 TB/s: gate_up %.3f ms, down %.3f ms)\n", model, E * 2 * I * H * 8 / 4.0e9,

@@ -14,6 +14,11 @@
 // wgmma m64n128k16 (bf16 in, fp32 accumulators in registers) over it and, once the tensor cores are done with
 // it, arrives on the stage's "empty" mbarrier so the producer refills it. After the last block the consumers
 // write the tile from registers while the producer already loads the next tile's blocks.
+// The weight gradient's output is large against its products: a 128 × 128 tile of dw_e reduces over the expert's
+// rows only (512 = 8 blocks at Qwen3's balanced routing: 16.8 MFLOP) and writes 64 KB of fp32, so gate_up's 1.61 GB
+// of dw take ≈ 0.40 ms at 4 TB/s beside ≈ 0.63 ms of products. The measured time is about the sum of the two, and
+// stores straight from registers (at once, deferred into the next tile's products, or from 128 × 192 and 128 × 256
+// tiles) were no faster than this path through shared memory and the copy engine (bench/cuda_ops.md, round 6).
 // Persistent scheduling: min(tiles, SMs) CTAs; CTA b runs tiles b, b + grid, b + 2·grid, … of one list that holds
 // every expert's tiles, the experts ordered by rows, most first, so skewed routing needs no side streams and an
 // empty expert costs nothing.
@@ -34,26 +39,7 @@
 // expert in shared memory before the products read them.
 #include "ops/cuda/cuda_wgmma.cuh"
 
-// WG_WEIGHT_GRAD adds onto dw, WG_WEIGHT_STORE writes it (a step's first micro-batch); both are "weight
-// gradient" (KIND >= WG_WEIGHT_GRAD) everywhere but in the epilogue.
-enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD, WG_WEIGHT_STORE };
-
-// The weight gradient's variants V (PITH_WG_VARIANT, default 1), measured side by side (bench/cuda_ops.md):
-//   0  the fp32 tile through shared memory and TMA stores, like the accumulating mode
-//   1  each thread stores its accumulators straight to dw_e, no shared epilogue tile (more pipeline stages)
-//   2  as 1 with 128 × 256 tiles where K is a multiple of 256
-//   3  as 1, the stores deferred into the next tile's first two reduction blocks (a second register set)
-//   4  as 3 over the first four blocks
-//   5  as 3, and the accumulating mode too: fp32 adds from registers (red.global.add) instead of TMA adds
-//   6  as 3 with 128 × 192 tiles (m64n128 + m64n64 products; the last column tile clipped where 192 ∤ K)
-//   7  as 0, both modes, CTA b's producer starting (b mod 4)/4 of a tile late: the CTAs' epilogues (all at once
-//      under balanced routing, every tile the same length) spread over the tile's time
-//   8  as 7 over 2 phases
-//   9  as 0 without any output (a diagnostic: the products alone; fails the test)
-// The weight gradient writes from registers: the store mode in variants 1-6, the accumulating mode in 5.
-template <int KIND, int V> struct WgDirect {
-    static constexpr bool on = (KIND == WG_WEIGHT_STORE && V >= 1 && V <= 6) || (KIND == WG_WEIGHT_GRAD && V == 5);
-};
+enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
 
 #define WG_MAX_E 256
 #define WG_BM 128
@@ -63,9 +49,9 @@ template <int KIND, int V> struct WgDirect {
 
 // Shared memory of one configuration: STAGES pipeline stages (A: 2 boxes, B: BN/64 boxes) and, per consumer
 // warpgroup, an epilogue tile of 64 rows × BN outputs (bf16, or fp32 for the weight gradient).
-template <int KIND, int BN, int V> struct WgShape {
+template <int KIND, int BN> struct WgShape {
     static constexpr int SA = 2 * WG_BOX, SB = BN / 64 * WG_BOX;
-    static constexpr int EPI = WgDirect<KIND, V>::on ? 0 : 64 * BN * (KIND >= WG_WEIGHT_GRAD ? 4 : 2);
+    static constexpr int EPI = 64 * BN * (KIND == WG_WEIGHT_GRAD ? 4 : 2);
     static constexpr int STAGES = (WG_SMEM - 256 - 2 * EPI) / (SA + SB);
 };
 
@@ -98,20 +84,6 @@ static __device__ __forceinline__ void wgmma_128(float *d, uint64_t da, uint64_t
                  : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
 
-// d (64 × 64 fp32, this thread's 32) = A·B + (acc ? d : 0): the m64n64 product (variant 6's last 64 columns).
-template <int TA, int TB> static __device__ __forceinline__ void wgmma_64(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-                 "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
-                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
-}
-
 // ---- the tile list ----
 typedef struct {
     int e, r0, m, nkb; // expert, its first row, its rows, reduction blocks of this tile
@@ -129,7 +101,7 @@ template <int KIND, int BN> static __device__ __forceinline__ Tile tile_of(const
     int local = t - gt.tiles[lo];
     ti.e = gt.ord[lo], ti.r0 = gt.offs[ti.e], ti.m = gt.offs[ti.e + 1] - ti.r0;
     ti.col = local % gt.ntn * BN;
-    if (KIND >= WG_WEIGHT_GRAD) ti.row = local / gt.ntn * WG_BM, ti.nkb = (ti.m + WG_BK - 1) / WG_BK;
+    if (KIND == WG_WEIGHT_GRAD) ti.row = local / gt.ntn * WG_BM, ti.nkb = (ti.m + WG_BK - 1) / WG_BK;
     else ti.row = ti.r0 + local / gt.ntn * WG_BM, ti.nkb = (KIND == WG_FORWARD ? gt.K : gt.N) / WG_BK;
     return ti;
 }
@@ -141,7 +113,7 @@ static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const C
     int k = kb * WG_BK;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        if (KIND >= WG_WEIGHT_GRAD) tma_box(sa + i * WG_BOX, ma, bar, ti.row + 64 * i, ti.r0 + k); // dy cols, rows
+        if (KIND == WG_WEIGHT_GRAD) tma_box(sa + i * WG_BOX, ma, bar, ti.row + 64 * i, ti.r0 + k); // dy cols, rows
         else tma_box(sa + i * WG_BOX, ma, bar, k, ti.row + 64 * i);                                // x or dy rows
     }
 #pragma unroll
@@ -159,8 +131,8 @@ static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const C
 // expert). tid: the thread's index in the warpgroup.
 template <int KIND, int BN>
 static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMap *mo, void *out, const WgTable &gt,
-                                                const Tile &ti, int g, int tid, uint32_t epi) {
-    constexpr bool F32 = KIND >= WG_WEIGHT_GRAD;
+                                                const Tile &ti, int g, int tid, uint32_t epi, bool accumulate) {
+    constexpr bool F32 = KIND == WG_WEIGHT_GRAD;
     int warp = tid / 32, lane = tid % 32;
     if (tid == 0) bulk_wait<true>(); // the previous tile's stores have read epi
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
@@ -193,8 +165,7 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
             constexpr int COLS = F32 ? 32 : 64; // outputs per box row
 #pragma unroll
             for (int b = 0; b < BN / COLS; b++) {
-                if (KIND == WG_WEIGHT_GRAD)
-                    tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
+                if (F32 && accumulate) tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
                 else if (F32) tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
                 else tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, row0);
             }
@@ -216,44 +187,16 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
     }
 }
 
-// The weight gradient's epilogue from registers (variants 1-6): consumer warpgroup g's 64 rows of the tile at
-// (row, col) of dw_e, the 8-column groups q in [q0, q1) of BN/8, straight to global memory (stored, or added by
-// red.global.add). A warp's
-// 8-byte stores cover 8 rows × 32 bytes, whole 32-byte sectors. Nothing passes through shared memory or the copy
-// engine, so the TMA unit goes on loading the next tile's operands. Rows at or past N (the next expert's) and
-// columns past K are left out.
-template <int KIND, int BN>
-static __device__ __forceinline__ void store_direct(const float *d, float *dw, const WgTable &gt, int e, int row,
-                                                    int col, int g, int tid, int q0, int q1) {
-    int row0 = row + 64 * g;
-    if (row0 >= gt.N) return;
-    int warp = tid / 32, lane = tid % 32;
-    float *o = dw + ((int64_t)e * gt.N + row0 + 16 * warp + lane / 4) * gt.K + col + 2 * (lane % 4);
-    // group q of the m64n128 (or last m64n64) accumulators j = q / 16: d[64j + 4(q % 16) + 2h + 0, 1]
-#pragma unroll
-    for (int q = 0; q < BN / 8; q++) {
-        if (q < q0 || q >= q1 || col + q * 8 >= gt.K) continue;
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float *p = o + (int64_t)8 * h * gt.K + q * 8, v0 = d[64 * (q / 16) + 4 * (q % 16) + 2 * h],
-                  v1 = d[64 * (q / 16) + 4 * (q % 16) + 2 * h + 1];
-            if (KIND == WG_WEIGHT_GRAD)
-                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(v0), "f"(v1) : "memory");
-            else *(float2 *)p = make_float2(v0, v1);
-        }
-    }
-}
-
 // grid: min(tiles, SMs) CTAs of 384 threads; WG_SMEM + 1 KB bytes of dynamic shared memory. ma, mb: the operands'
 // maps (64 × 64 bf16 boxes); mo: the output's (bf16 64 × 64, or fp32 32 × 64 boxes).
-template <int KIND, int BN, int V>
+template <int KIND, int BN>
 __global__ void __launch_bounds__(384, 1)
     wgmma_grouped_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                          const __grid_constant__ CUtensorMap mo, void *out, const __grid_constant__ WgTable gt,
-                         int ntiles) {
-    typedef WgShape<KIND, BN, V> S;
+                         int ntiles, int accumulate) {
+    typedef WgShape<KIND, BN> S;
     constexpr int SA = S::SA, SB = S::SB, STAGES = S::STAGES;
-    constexpr int TA = KIND >= WG_WEIGHT_GRAD, TB = KIND != WG_FORWARD; // MN-major operands
+    constexpr int TA = KIND == WG_WEIGHT_GRAD, TB = KIND != WG_FORWARD; // MN-major operands
     extern __shared__ unsigned char wg_shared[];
     uint32_t base = (sh_addr(wg_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
     uint32_t epi0 = base + STAGES * (SA + SB), full = epi0 + 2 * S::EPI, empty = full + 8 * STAGES;
@@ -266,12 +209,6 @@ __global__ void __launch_bounds__(384, 1)
     if (wg == 0) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x != 0) return;
-        if ((V == 7 || V == 8) && blockIdx.x < ntiles) { // (variants 7, 8) the stagger: ≈ 1200 cycles a block
-            int P = V == 7 ? 4 : 2;
-            int nkb = tile_of<KIND, BN>(gt, blockIdx.x).nkb;
-            long long wait = (long long)(blockIdx.x % P) * (nkb < 8 ? nkb : 8) * 1200 / P, t0 = clock64();
-            while (clock64() - t0 < wait) {}
-        }
         int it = 0;
         for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
             Tile ti = tile_of<KIND, BN>(gt, t);
@@ -289,10 +226,6 @@ __global__ void __launch_bounds__(384, 1)
     int g = wg - 1, tid = threadIdx.x - 128 * wg, lane = threadIdx.x % 32; // consumer g owns rows 64g..64g+63
     uint32_t epi = epi0 + g * S::EPI;
     float d[BN / 2]; // BN/128 blocks of 64: the m64n128 accumulators
-    constexpr bool DEFER = WgDirect<KIND, V>::on && V >= 3 && BN <= 192;
-    constexpr int PARTS = V == 4 ? 4 : 2; // (variants 3-6) blocks the deferred stores spread over
-    float c[DEFER ? BN / 2 : 1];          // (variants 3-6) the previous tile's accumulators, stored during this tile
-    int pe = -1, prow = 0, pcol = 0;      // (variants 3-6) that tile's expert (-1: none pending), row and column
     int it = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
         Tile ti = tile_of<KIND, BN>(gt, t);
@@ -301,12 +234,12 @@ __global__ void __launch_bounds__(384, 1)
             uint32_t sa = base + s * (SA + SB), sb = sa + SA;
             mbar_wait(full + 8 * s, it / STAGES & 1);
             int valid = ti.m - kb * WG_BK; // weight gradient: rows of the expert in this block
-            if (KIND >= WG_WEIGHT_GRAD && valid < WG_BK) {
-                // zero rows valid..63 of A box g and of B boxes g, g + 2, … (of BN/64); then make the writes
-                // visible to the tensor cores (async proxy) and to the other consumer warpgroup
-                int chunks = (WG_BK - valid) * 8, boxes = 1 + (BN / 64 + 1 - g) / 2; // 16-byte chunks per box
-                for (int ch = tid; ch < chunks * boxes; ch += 128) {
-                    int box = ch / chunks, off = (valid * 8 + ch % chunks) * 16;
+            if (KIND == WG_WEIGHT_GRAD && valid < WG_BK) {
+                // zero rows valid..63 of A box g and of B boxes g, g + 2, …; then make the writes visible to
+                // the tensor cores (async proxy) and to the other consumer warpgroup
+                int chunks = (WG_BK - valid) * 8; // 16-byte chunks per box
+                for (int c = tid; c < chunks * (1 + BN / 128); c += 128) {
+                    int box = c / chunks, off = (valid * 8 + c % chunks) * 16;
                     uint32_t a = box == 0 ? sa + g * WG_BOX : sb + (2 * (box - 1) + g) * WG_BOX;
                     asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a + off), "r"(0) : "memory");
                 }
@@ -320,21 +253,14 @@ __global__ void __launch_bounds__(384, 1)
                 uint64_t da = TA ? smem_desc(sa + g * WG_BOX + k16 * 2048, 8192, 1024)
                                  : smem_desc(sa + g * WG_BOX + k16 * 32, 16, 1024);
 #pragma unroll
-                for (int j = 0; j < (BN + 64) / 128; j++) { // m64n128 products, and an m64n64 for BN = 192
+                for (int j = 0; j < BN / 128; j++) {
                     uint64_t db = TB ? smem_desc(sb + j * 2 * WG_BOX + k16 * 2048, 8192, 1024)
                                      : smem_desc(sb + j * 2 * WG_BOX + k16 * 32, 16, 1024);
-                    if (128 * j + 64 == BN) wgmma_64<TA, TB>(d + 64 * j, da, db, kb > 0 || k16 > 0);
-                    else wgmma_128<TA, TB>(d + 64 * j, da, db, kb > 0 || k16 > 0);
+                    wgmma_128<TA, TB>(d + 64 * j, da, db, kb > 0 || k16 > 0);
                 }
             }
             wgmma_commit();
             fence_regs<BN / 2>(d);
-            if (DEFER && pe >= 0) { // a part of the previous tile per block while the tensor cores run
-                int parts = ti.nkb < PARTS ? ti.nkb : PARTS;
-                store_direct<KIND, BN>(c, (float *)out, gt, pe, prow, pcol, g, tid, BN / 8 * kb / parts,
-                                       BN / 8 * (kb + 1) / parts);
-                if (kb + 1 == parts) pe = -1;
-            }
             if (kb > 0) { // the previous block's products are done: its stage goes back to the producer
                 wgmma_wait<1>();
                 fence_regs<BN / 2>(d);
@@ -344,18 +270,9 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
         fence_regs<BN / 2>(d);
         if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
-        if constexpr (DEFER) {
-#pragma unroll
-            for (int i = 0; i < BN / 2; i++) c[i] = d[i];
-            pe = ti.e, prow = ti.row, pcol = ti.col;
-        } else if constexpr (WgDirect<KIND, V>::on)
-            store_direct<KIND, BN>(d, (float *)out, gt, ti.e, ti.row, ti.col, g, tid, 0, BN / 8);
-        else if constexpr (V == 9) {
-            if (d[0] == 1234.5f && tid == 0) *(float *)out = d[1]; // (keeps the products from being dropped)
-        } else epilogue<KIND, BN>(d, &mo, out, gt, ti, g, tid, epi);
+        epilogue<KIND, BN>(d, &mo, out, gt, ti, g, tid, epi, accumulate);
     }
-    if (DEFER && pe >= 0) store_direct<KIND, BN>(c, (float *)out, gt, pe, prow, pcol, g, tid, 0, BN / 8);
-    if (!WgDirect<KIND, V>::on && tid == 0) bulk_wait<false>(); // the stores are done before shared memory goes
+    if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
 
 // ---- host side ----
@@ -397,40 +314,36 @@ bool wgmma_available(void) {
 
 static int64_t wgmma_calls; // products run here (cuda_grouped_calls("wgmma"))
 
-template <int KIND, int BN, int V = 0>
+template <int KIND, int BN>
 static void wgmma_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, void *out,
-                         const WgTable *gt, int ntiles) {
+                         const WgTable *gt, int ntiles, bool accumulate) {
     static bool attr;
     size_t smem = WG_SMEM + 1024; // stages, epilogue tiles, barriers; alignment slack
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_grouped_kernel<KIND, BN, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_grouped_kernel<KIND, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
         attr = true;
     }
     int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
-    wgmma_grouped_kernel<KIND, BN, V><<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, *mo, out, *gt, ntiles);
+    wgmma_grouped_kernel<KIND, BN><<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, *mo, out, *gt, ntiles, accumulate);
     CUDA_LAUNCH_CHECK();
 }
 
 // One expert product on the wgmma kernels: kind WG_FORWARD (out y (R, N), a x (R, K), b w), WG_INPUT_GRAD
-// (out dx (R, K), a dy (R, N), b w), WG_WEIGHT_GRAD (out dw (E, N, K) fp32 +=, a dy (R, N), b x (R, K)) or
-// WG_WEIGHT_STORE (the same written, the empty experts' zeroed).
+// (out dx (R, K), a dy (R, N), b w) or WG_WEIGHT_GRAD (out dw (E, N, K) fp32 (+)=, a dy (R, N), b x (R, K);
+// accumulate false: written, the empty experts' zeroed).
 // False when the inputs do not fit (not a Hopper GPU, dtypes, N or K not multiples of 64, more than 256
 // experts, unaligned pointers, sizes past int), and the caller runs another path.
-static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w, const int64_t *offs) {
-    int V = getenv("PITH_WG_VARIANT") ? atoi(getenv("PITH_WG_VARIANT")) : 1; // the weight gradient's variant
+static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w, const int64_t *offs,
+                              bool accumulate) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
-    bool wgrad = kind >= WG_WEIGHT_GRAD;
-    if (a.dt != DT_BF16 || b.dt != DT_BF16 || out.dt != (wgrad ? DT_F32 : DT_BF16)) return false;
+    if (a.dt != DT_BF16 || b.dt != DT_BF16 || out.dt != (kind == WG_WEIGHT_GRAD ? DT_F32 : DT_BF16)) return false;
     if (E < 1 || E > WG_MAX_E || N % WG_BK || K % WG_BK || E * N > 0x7fffffff || K > 0x7fffffff) return false;
     if (!aligned16(out.p, a.p, b.p) || offs[0] < 0 || offs[E] > 0x7fffffff - 256) return false;
-    if (t_rows(a) + 256 > 0x7fffffff || (wgrad && t_rows(b) + 256 > 0x7fffffff)) return false;
+    if (t_rows(a) + 256 > 0x7fffffff || (kind == WG_WEIGHT_GRAD && t_rows(b) + 256 > 0x7fffffff)) return false;
     if (!wgmma_available()) return false;
-    int64_t C = kind == WG_FORWARD ? N : K; // the output's columns
-    // 256-wide tiles where they divide; not for a weight gradient through shared memory (its fp32 tiles of 256
-    // would leave too few stages)
-    bool wide = C % 256 == 0 && (!wgrad || (kind == WG_WEIGHT_STORE && V == 2));
-    int bn = kind == WG_WEIGHT_STORE && V == 6 ? 192 : wide ? 256 : 128;
+    int64_t C = kind == WG_FORWARD ? N : K;                      // the output's columns
+    int bn = kind != WG_WEIGHT_GRAD && C % 256 == 0 ? 256 : 128; // (the fp32 epilogue tiles of 256 would not fit)
     WgTable gt;
     gt.E = (int)E, gt.N = (int)N, gt.K = (int)K, gt.ntn = (int)((C + bn - 1) / bn);
     for (int64_t e = 0; e <= E; e++) {
@@ -447,19 +360,20 @@ static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w
     gt.tiles[0] = 0;
     for (int s = 0; s < E; s++) {
         int64_t m = gt.offs[gt.ord[s] + 1] - gt.offs[gt.ord[s]];
-        ntiles += wgrad ? (m > 0 ? (N + WG_BM - 1) / WG_BM * gt.ntn : 0) : (m + WG_BM - 1) / WG_BM * gt.ntn;
+        ntiles +=
+            kind == WG_WEIGHT_GRAD ? (m > 0 ? (N + WG_BM - 1) / WG_BM * gt.ntn : 0) : (m + WG_BM - 1) / WG_BM * gt.ntn;
         if (ntiles > 0x7fffffff) return false;
         gt.tiles[s + 1] = (int)ntiles;
     }
     wgmma_calls++;
-    if (kind == WG_WEIGHT_STORE) // written, not added to: an empty expert's dw_e (no tiles) is 0
+    if (kind == WG_WEIGHT_GRAD && !accumulate) // written, not added to: an empty expert's dw_e (no tiles) is 0
         for (int64_t e = 0; e < E; e++)
             if (offs[e + 1] == offs[e])
                 CUDA_CHECK(
                     cudaMemsetAsync((float *)out.p + e * N * K, 0, (size_t)N * K * sizeof(float), cuda_stream()));
     if (ntiles == 0) return true; // no rows: nothing (more) to write or add
     CUtensorMap ma, mb, mo;
-    if (wgrad) {
+    if (kind == WG_WEIGHT_GRAD) {
         tensor_map(&ma, a.p, DT_BF16, t_rows(a), N), tensor_map(&mb, b.p, DT_BF16, t_rows(b), K);
         tensor_map(&mo, out.p, DT_F32, E * N, K);
     } else {
@@ -467,35 +381,22 @@ static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w
         tensor_map(&mo, out.p, DT_BF16, t_rows(out), C);
     }
     int nt = (int)ntiles;
-    if (kind == WG_FORWARD && bn == 256) wgmma_launch<WG_FORWARD, 256>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (kind == WG_FORWARD) wgmma_launch<WG_FORWARD, 128>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (kind == WG_INPUT_GRAD && bn == 256) wgmma_launch<WG_INPUT_GRAD, 256>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (kind == WG_INPUT_GRAD) wgmma_launch<WG_INPUT_GRAD, 128>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (kind == WG_WEIGHT_GRAD && V == 5) wgmma_launch<WG_WEIGHT_GRAD, 128, 5>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (kind == WG_WEIGHT_GRAD && V == 7) wgmma_launch<WG_WEIGHT_GRAD, 128, 7>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (kind == WG_WEIGHT_GRAD && V == 8) wgmma_launch<WG_WEIGHT_GRAD, 128, 8>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (kind == WG_WEIGHT_GRAD && V == 9) wgmma_launch<WG_WEIGHT_GRAD, 128, 9>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (kind == WG_WEIGHT_GRAD) wgmma_launch<WG_WEIGHT_GRAD, 128>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (V == 0) wgmma_launch<WG_WEIGHT_STORE, 128, 0>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (V == 2 && bn == 256) wgmma_launch<WG_WEIGHT_STORE, 256, 2>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (V == 3) wgmma_launch<WG_WEIGHT_STORE, 128, 3>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (V == 4) wgmma_launch<WG_WEIGHT_STORE, 128, 4>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (V == 5) wgmma_launch<WG_WEIGHT_STORE, 128, 5>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (V == 6) wgmma_launch<WG_WEIGHT_STORE, 192, 6>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (V == 7) wgmma_launch<WG_WEIGHT_STORE, 128, 7>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (V == 8) wgmma_launch<WG_WEIGHT_STORE, 128, 8>(&ma, &mb, &mo, out.p, &gt, nt);
-    else if (V == 9) wgmma_launch<WG_WEIGHT_STORE, 128, 9>(&ma, &mb, &mo, out.p, &gt, nt);
-    else wgmma_launch<WG_WEIGHT_STORE, 128, 1>(&ma, &mb, &mo, out.p, &gt, nt);
+    if (kind == WG_FORWARD && bn == 256) wgmma_launch<WG_FORWARD, 256>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
+    else if (kind == WG_FORWARD) wgmma_launch<WG_FORWARD, 128>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
+    else if (kind == WG_INPUT_GRAD && bn == 256)
+        wgmma_launch<WG_INPUT_GRAD, 256>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
+    else if (kind == WG_INPUT_GRAD) wgmma_launch<WG_INPUT_GRAD, 128>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
+    else wgmma_launch<WG_WEIGHT_GRAD, 128>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
     return true;
 }
 
 bool wgmma_grouped_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) {
-    return wgmma_grouped_run(WG_FORWARD, y, x, w, w, offs);
+    return wgmma_grouped_run(WG_FORWARD, y, x, w, w, offs, false);
 }
 bool wgmma_grouped_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
-    return wgmma_grouped_run(WG_INPUT_GRAD, dx, dy, w, w, offs);
+    return wgmma_grouped_run(WG_INPUT_GRAD, dx, dy, w, w, offs, false);
 }
 bool wgmma_grouped_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
-    return wgmma_grouped_run(accumulate ? WG_WEIGHT_GRAD : WG_WEIGHT_STORE, dw, dy, x, dw, offs);
+    return wgmma_grouped_run(WG_WEIGHT_GRAD, dw, dy, x, dw, offs, accumulate);
 }
 int64_t wgmma_grouped_calls(void) { return wgmma_calls; }
