@@ -11,8 +11,9 @@
 #   bench       pith train, 8 steps, on each NAME:ROUTING:BIN in RUNS (BIN main|cand; 2 × 4096 tokens)
 #   peer35      HF transformers on bench/qwen3_5_8l's shapes, balanced: PEER35_MODES (default eager; also compile,
 #               compile-layers), each under timeout PEER35_T
-#   peerbg      starts the Qwen3.5 peer PEERBG_MODE (default compile-layers) in the background: it compiles and warms
-#               up beside what follows, then waits for /tmp/quiet before its timed steps (PEER_WAIT_FILE)
+#   peerbg      starts the peer PEERBG (a bench/peer_*.py with its arguments; default the Qwen3.5 one, per-layer
+#               compile, balanced) in the background: it compiles and warms up beside what follows, then waits for
+#               /tmp/quiet before its timed steps (PEER_WAIT_FILE)
 #   peerwait    waits up to PEERWAIT_T s for that peer's warm-up, then lets it time its steps alone (or stops it)
 #   fp8loss     bench/run_fp8_loss.sh on .gpu/kjv/tokens (the King James Bible, Qwen3 tokens) with force-balanced
 #               routing (EXTRA="--set benchmark=true"), 300 steps bf16 and FP8
@@ -98,20 +99,19 @@ peer35)
     done
     grep -E '^\{|rc=' $OUT/peer35.txt | tee -a $OUT/summary.txt ;;
 peerbg)
-    rm -f /tmp/quiet; m=${PEERBG_MODE:-compile-layers}; t0=$(date +%s)
-    PEER_WAIT_FILE=/tmp/quiet timeout 900 python3 bench/peer_hf_qwen3_5.py --$m --balanced \
-        >$OUT/peer35_$m.txt 2>&1 &
+    rm -f /tmp/quiet; t0=$(date +%s); echo "peerbg: ${PEERBG:=bench/peer_hf_qwen3_5.py --compile-layers --balanced}" >$OUT/peerbg.txt
+    (cd bench && PEER_WAIT_FILE=/tmp/quiet exec timeout 900 python3 ${PEERBG#bench/}) >>$OUT/peerbg.txt 2>&1 &
     PEERBG_PID=$! ;;
 peerwait)
-    for i in $(seq ${PEERWAIT_T:-60}); do grep -q "warm-up done" $OUT/peer35_*.txt && break; sleep 1; done
-    if grep -q "warm-up done" $OUT/peer35_*.txt; then
+    for i in $(seq ${PEERWAIT_T:-60}); do grep -q "warm-up done" $OUT/peerbg.txt && break; sleep 1; done
+    if grep -q "warm-up done" $OUT/peerbg.txt; then
         echo "peer warm-up (compile) done $(( $(date +%s) - t0 )) s after its start" | tee -a $OUT/summary.txt
         touch /tmp/quiet; timeout 120 tail --pid=$PEERBG_PID -f /dev/null
     else
         echo "peer: compile and warm-up not done $(( $(date +%s) - t0 )) s after its start: stopped" | tee -a $OUT/summary.txt
         kill $PEERBG_PID 2>/dev/null; wait $PEERBG_PID 2>/dev/null
     fi
-    grep -E '^\{|Error|error' $OUT/peer35_*.txt | tail -3 | tee -a $OUT/summary.txt ;;
+    grep -E '^\{|Error|error' $OUT/peerbg.txt | tail -3 | tee -a $OUT/summary.txt ;;
 fp8loss)
     EXTRA="--set benchmark=true" timeout ${FP8LOSS_T:-150} bash bench/run_fp8_loss.sh .gpu/kjv/tokens $OUT/fp8loss \
         >$OUT/fp8loss.txt 2>&1; echo "rc=$?" >>$OUT/fp8loss.txt
