@@ -29,11 +29,11 @@ for f in $D/cand/*.gz; do b=build-cand/$(basename "$f" .gz); gunzip -c "$f" >"$b
 for f in $D/lib/*.gz; do gunzip -c "$f" >/tmp/pithlib-$(basename "$f" .gz); done
 export LD_LIBRARY_PATH=/tmp/pl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for i in 1 2 3 4 5; do # only the libraries the device lacks
-    for m in $(ldd build/pith build/test_gpu build/bench_gpu_ops | awk '/not found/ {print $1}' | sort -u); do
+    for m in $(ldd build/test_gpu | awk '/not found/ {print $1}' | sort -u); do
         [ -e /tmp/pithlib-$m ] && cp /tmp/pithlib-$m /tmp/pl/$m
     done
 done
-if ldd build/pith | grep -q "libmpi.so.40 => not found"; then
+if ldd build/test_gpu | grep -q "libmpi.so.40 => not found"; then
     export LD_LIBRARY_PATH=$(dirname "$(readlink -f "$(command -v mpirun)")")/../lib:$LD_LIBRARY_PATH
 fi
 if [ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]; then
