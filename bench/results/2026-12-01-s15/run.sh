@@ -18,7 +18,7 @@
 #   fp8loss     bench/run_fp8_loss.sh on .gpu/kjv/tokens (the King James Bible, Qwen3 tokens) with force-balanced
 #               routing (EXTRA="--set benchmark=true"), 300 steps bf16 and FP8
 #   helpers     each helper's staged script, HELPERS="NAME:SECONDS …": OUT=/tmp/h/NAME timeout SECONDS bash
-#               .dev-NAME/run.sh, returned as $OUT/NAME.tgz (with the environment set here)
+#               .dev-NAME/run.sh, returned as $OUT/NAME.tgz (with the environment set here); h:NAME:SECONDS one
 set -u
 RET=${OUT:-/tmp/out}; OUT=/tmp/logs; D=.gpu; mkdir -p "$RET" "$OUT" build build-cand /tmp/pl
 cat $D/BUILT 2>/dev/null | tee $OUT/summary.txt
@@ -58,6 +58,14 @@ peak = max((r.get('gpu_peak_gb') or 0) for r in R)
 print(f"{sys.argv[1]}: fwd+bwd {fb*1e3:.1f} ms = {8192/fb:,.0f} tokens/s; optimizer {(st-fb)*1e3:.1f} ms; "
       f"GPU peak {peak:.1f} GB; loss {R[0]['loss']:.3f} -> {R[-1]['loss']:.3f}")
 PY
+}
+helper() { # helper NAME SECONDS: .dev-NAME/run.sh under a time limit, its $OUT returned as $RET/NAME.tgz
+    local n=$1 t=$2 s0=$(date +%s); mkdir -p /tmp/h/$n
+    [ -e .dev-$n/run.sh ] || { echo "helper $n: no .dev-$n/run.sh" | tee -a $OUT/summary.txt; return; }
+    OUT=/tmp/h/$n CS=$CS timeout -k 5 $t bash .dev-$n/run.sh >/tmp/h/$n/stdout.txt 2>&1
+    echo "helper $n: rc=$? in $(( $(date +%s) - s0 )) s" | tee -a $OUT/summary.txt
+    tail -25 /tmp/h/$n/stdout.txt | sed "s/^/  $n| /" >>$OUT/summary.txt
+    tar czf $RET/$n.tgz -C /tmp/h $n; ret
 }
 for mode in "$@"; do case $mode in
 test)
@@ -116,15 +124,7 @@ fp8loss)
     EXTRA="--set benchmark=true" timeout ${FP8LOSS_T:-150} bash bench/run_fp8_loss.sh .gpu/kjv/tokens $OUT/fp8loss \
         >$OUT/fp8loss.txt 2>&1; echo "rc=$?" >>$OUT/fp8loss.txt
     tail -3 $OUT/fp8loss.txt | tee -a $OUT/summary.txt ;;
-helpers)
-    export CS
-    for nt in ${HELPERS:-}; do
-        n=${nt%%:*} t=${nt#*:}; mkdir -p /tmp/h/$n
-        [ -e .dev-$n/run.sh ] || { echo "helper $n: no .dev-$n/run.sh" | tee -a $OUT/summary.txt; continue; }
-        s0=$(date +%s); OUT=/tmp/h/$n timeout -k 5 $t bash .dev-$n/run.sh >/tmp/h/$n/stdout.txt 2>&1
-        echo "helper $n: rc=$? in $(( $(date +%s) - s0 )) s" | tee -a $OUT/summary.txt
-        tail -25 /tmp/h/$n/stdout.txt | sed "s/^/  $n| /" >>$OUT/summary.txt
-        tar czf $RET/$n.tgz -C /tmp/h $n; ret
-    done ;;
+helpers) for nt in ${HELPERS:-}; do helper ${nt%%:*} ${nt#*:}; done ;;
+h:*) nt=${mode#h:}; helper ${nt%%:*} ${nt#*:} ;;
 esac; ret; done
 echo "== summary"; cat $OUT/summary.txt
