@@ -199,13 +199,13 @@ static void act_backward(const ModelConfig *c, Tensor dgu, Tensor dact, Tensor g
 // weight-gradient ones round their own operands), else in the compute dtype. which: 0 gate_up, 1 down.
 static void mlp_forward(Model *m, int l, int which, Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     if (m->fp8 && offs) op_fp8_grouped_linear_forward(y, x, model_fp8_weight(m, l, which), offs);
-    else if (m->fp8) op_fp8_linear_forward(y, x, model_fp8_dense(m, l, which));
+    else if (m->fp8) op_fp8_linear_forward(y, x, model_fp8_weight(m, l, which));
     else if (offs) op_grouped_linear_forward(y, x, w, b, offs);
     else op_linear_forward(y, x, w, b);
 }
 static void mlp_backward_input(Model *m, int l, int which, Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
     if (m->fp8 && offs) op_fp8_grouped_linear_backward_input(dx, dy, model_fp8_weight(m, l, which), offs);
-    else if (m->fp8) op_fp8_linear_backward_input(dx, dy, model_fp8_dense(m, l, which), false);
+    else if (m->fp8) op_fp8_linear_backward_input(dx, dy, model_fp8_weight(m, l, which), false);
     else if (offs) op_grouped_linear_backward_input(dx, dy, w, offs);
     else op_linear_backward_input(dx, dy, w, false);
 }

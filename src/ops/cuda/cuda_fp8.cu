@@ -155,11 +155,14 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t 
 // → qt (C, ldq): qt[c·ldq + r], staged through shared memory so that the stores run along qt's rows; qt's columns
 // r1 .. min(r0 + 128, ldq) are written 0 (the padding of the contraction to a multiple of 16). For a weight also its
 // codes q (R, C) and the scales of q's layout s2[rb·CB4 + cb] (q, s2 NULL: not written).
+// grid.y: E matrices of R rows one after another (a weight's experts), each with its own codes and scale tables.
 template <typename T>
 __global__ void fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t R, int64_t C,
                                    int64_t ldq, bool whole, int64_t RB4, int64_t CB4) {
     __shared__ uint8_t tile[128][129];
-    int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks;
+    int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks, e = blockIdx.y;
+    x += e * R * C, qt += e * C * ldq, s += whole ? e * nchunks * RB4 : 0;
+    if (q) q += e * R * C, s2 += e * ((R + 127) / 128) * CB4;
     int64_t r0 = rb * 128, r1 = min(R, r0 + 128), c = cb * 128 + threadIdx.x;
     bool in = c < C;
     float sc = column_block_scale(x, C, c, in, r0, r1, whole), inv = 1.0f / sc;
@@ -179,39 +182,42 @@ __global__ void fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2,
     }
 }
 
-// y (N, K) = q·s from a weight's codes and BLK scales (the GEMMs off the tensor cores).
+// y (E, N, K) = q·s from a weight's codes and BLK scales (the GEMMs off the tensor cores); E = 1: a dense weight.
 template <typename T>
-__global__ void fp8_weight_values_kernel(T *y, const uint8_t *q, const float *s, int64_t N, int64_t K, int64_t KB4) {
-    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (i < N * K) st(y, i, fp8_decode(q[i]) * s[i / K / 128 * KB4 + i % K / 128]);
+__global__ void fp8_weight_values_kernel(T *y, const uint8_t *q, const float *s, int64_t E, int64_t N, int64_t K,
+                                         int64_t KB4) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, r = i / K; // r: a row of all E·N
+    if (i < E * N * K) st(y, i, fp8_decode(q[i]) * s[(r / N * ((N + 127) / 128) + r % N / 128) * KB4 + i % K / 128]);
 }
 
 static int64_t up4(int64_t n) { return (n + 3) / 4 * 4; }
 
 extern "C" void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
     ON_GPU(w, "fp8_weight");
-    int64_t N = t_rows(w), K = t_cols(w), NB = (N + 127) / 128, KB = (K + 127) / 128;
-    CHECK(fw.q.n[0] == N && fw.q.n[1] == K && fw.s.n[1] == up4(KB) && fw.st.n[1] == up4(NB));
-    if (N == 0 || K == 0) return;
+    int64_t E = w.nd == 3 ? w.n[0] : 1, N = w.nd == 3 ? w.n[1] : t_rows(w), K = t_cols(w);
+    int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
+    CHECK(tensor_numel(fw.q) == E * N * K && fw.q.n[fw.q.nd - 1] == K && fw.s.n[0] == E * NB && fw.s.n[1] == up4(KB) &&
+          fw.st.n[1] == up4(NB));
+    if (E == 0 || N == 0 || K == 0) return;
     cudaStream_t st0 = cuda_stream();
     CUDA_CHECK(cudaMemsetAsync(fw.s.p, 0, tensor_bytes(fw.s), st0));
     CUDA_CHECK(cudaMemsetAsync(fw.st.p, 0, tensor_bytes(fw.st), st0));
-    // the CTA of block (nb, kb) writes its codes into q and qt and its scale into s and st
+    // the CTA of block (nb, kb) of expert e writes its codes into q and qt and its scale into s and st
     DT_SWITCH(w.dt, T, "fp8_weight",
-              fp8_quant_t_kernel<T>
-              <<<NB * KB, 128, 0, st0>>>((uint8_t *)fw.qt.p, (float *)fw.st.p, (uint8_t *)fw.q.p, (float *)fw.s.p,
-                                         (const T *)w.p, N, K, N, true, up4(NB), up4(KB)));
+              fp8_quant_t_kernel<T><<<dim3((unsigned)(NB * KB), (unsigned)E), 128, 0, st0>>>(
+                  (uint8_t *)fw.qt.p, (float *)fw.st.p, (uint8_t *)fw.q.p, (float *)fw.s.p, (const T *)w.p, N, K, N,
+                  true, up4(NB), up4(KB)));
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
     ON_GPU(y, "fp8_weight_values");
-    int64_t N = fw.q.n[0], K = fw.q.n[1], n = N * K;
+    int64_t E = fw.q.nd == 3 ? fw.q.n[0] : 1, N = fw.q.n[fw.q.nd - 2], K = fw.q.n[fw.q.nd - 1], n = E * N * K;
     CHECK(tensor_numel(y) == n);
     if (n == 0) return;
     DT_SWITCH(y.dt, T, "fp8_weight_values",
               fp8_weight_values_kernel<T><<<(n + 255) / 256, 256, 0, cuda_stream()>>>(
-                  (T *)y.p, (const uint8_t *)fw.q.p, (const float *)fw.s.p, N, K, fw.s.n[1]));
+                  (T *)y.p, (const uint8_t *)fw.q.p, (const float *)fw.s.p, E, N, K, fw.s.n[1]));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -311,4 +317,31 @@ extern "C" bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) 
                                                                              Tp, true, up4(TB), 0));
     CUDA_LAUNCH_CHECK();
     return lt_fp8(K, N, Tp, xq, xs, dq, ds, dw.p, DT_F32, 1.0f);
+}
+
+// The experts' forward (y = x_e·w_eᵀ: the codes q and scales s) or input gradient (dx = dy_e·w_e: qt and st) on the
+// wgmma E4M3 kernel: x quantised 1 × 128 along its rows (codes and VEC128 scales in the op scratch), then one
+// grouped product. y (R, C); x (R, Kx), Kx the reduction.
+bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K);
+bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t R, const void *wq, const float *ws,
+                       int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs);
+
+extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs, bool input_grad) {
+    if (w8.q.nd != 3) return false;
+    int64_t E = w8.q.n[0], C = w8.q.n[input_grad ? 2 : 1], Kx = w8.q.n[input_grad ? 1 : 2], R = t_rows(x);
+    CHECK(t_cols(x) == Kx && t_cols(y) == C && t_rows(y) >= offs[E]);
+    if ((x.dt != DT_F32 && x.dt != DT_BF16) || !wgmma_fp8_takes(y, R, E, C, Kx)) return false;
+    if (R == 0) return true;
+    int64_t nchunks = Kx / 128;
+    char *p = (char *)cuda_scratch(a256(R * Kx) + a256(sizeof(float) * R * nchunks));
+    uint8_t *q = (uint8_t *)p;
+    float *s = (float *)(p + a256(R * Kx));
+    DT_SWITCH(x.dt, TI, "fp8_quant_rows",
+              fp8_quant_rows_kernel<TI>
+              <<<(R * nchunks + 7) / 8, 256, 0, cuda_stream()>>>(q, s, (const TI *)x.p, R, Kx, nchunks));
+    CUDA_LAUNCH_CHECK();
+    Tensor wq = input_grad ? w8.qt : w8.q, ws = input_grad ? w8.st : w8.s;
+    bool ok = wgmma_fp8_grouped(y, q, s, R, wq.p, (const float *)ws.p, ws.n[1], E, C, Kx, offs);
+    tc_gemms += ok;
+    return ok;
 }
