@@ -95,7 +95,8 @@ static __device__ __forceinline__ void w8_epilogue(const float *d, TO *y, const 
 template <typename TO>
 __global__ void __launch_bounds__(384, 1)
     wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, TO *y,
-                     const float *xs, const float *ws, int R, int ldws, const __grid_constant__ WgTable gt, int ntiles) {
+                     const float *xs, const float *ws, int R, int ldws, const __grid_constant__ WgTable gt,
+                     int ntiles) {
     typedef W8Shape<TO> S;
     constexpr int SA = S::SA, SB = S::SB, STAGES = S::STAGES;
     extern __shared__ unsigned char w8_shared[];
