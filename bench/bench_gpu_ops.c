@@ -172,18 +172,29 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     FP8_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, offs),
             op_fp8_grouped_linear_backward_input(xe, gu, qgu, offs));
     FP8_ROW("gate_up bwd weight fp32", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true),
-            op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, offs));
+            op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, offs, true));
     FP8_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, offs),
             op_fp8_grouped_linear_forward(ye, act, qd, offs));
     FP8_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, offs),
             op_fp8_grouped_linear_backward_input(act, ye, qd, offs));
     FP8_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true),
-            op_fp8_grouped_linear_backward_weight(dwd, ye, act, offs));
+            op_fp8_grouped_linear_backward_weight(dwd, ye, act, offs, true));
 #undef FP8_ROW
     printf("(%lld of the FP8 GEMMs above ran on the tensor cores)\n", (long long)(cuda_fp8_tensor_core_gemms() - tc0));
     snprintf(nm, sizeof nm, "%s fp8 expert weight codes+scales (%lld x %lld x %lld bf16)", model, (long long)E,
              (long long)(2 * I), (long long)H);
     TIME(nm, 10, (double)E * 2 * I * H * 4, "GB/s", op_fp8_weight_make(qgu, wgu));
+    // the forward's and input gradient's first step alone (their rows above include it)
+    int64_t Cm = H > 2 * I ? H : 2 * I;
+    Tensor codes = dev(DT_U8, 2, R, Cm, 0), scales = dev(DT_F32, 2, (Cm + 127) / 128, R, 0);
+    Tensor qx = tensor_make(codes.p, DT_U8, DEV_CUDA, 2, R, H, 1, 1),
+           sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, (H + 127) / 128, R, 1, 1);
+    snprintf(nm, sizeof nm, "%s fp8 quantize 1x128 codes (%lld x %lld bf16)", model, (long long)R, (long long)H);
+    TIME(nm, 10, (double)R * H * 3, "GB/s", cuda_fp8_quantize_rows(qx, sx, xe));
+    qx = tensor_make(codes.p, DT_U8, DEV_CUDA, 2, R, 2 * I, 1, 1);
+    sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, (2 * I + 127) / 128, R, 1, 1);
+    snprintf(nm, sizeof nm, "%s fp8 quantize 1x128 codes (%lld x %lld bf16)", model, (long long)R, (long long)(2 * I));
+    TIME(nm, 10, (double)R * 2 * I * 3, "GB/s", cuda_fp8_quantize_rows(qx, sx, gu));
     snprintf(nm, sizeof nm, "%s fp8_round 1x128 (%lld x %lld bf16)", model, (long long)R, (long long)H);
     TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_ROWS, NULL, 0));
     snprintf(nm, sizeof nm, "%s fp8_round 128x1 per expert (%lld x %lld bf16)", model, (long long)R, (long long)H);

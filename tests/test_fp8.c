@@ -213,7 +213,7 @@ static void check_fp8_linear(int64_t M, int64_t N, int64_t K, const int64_t *off
         op_fp8_grouped_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), w8, offs);
         op_fp8_grouped_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), w8, offs);
         op_fp8_grouped_linear_backward_weight(tensor_make(dw, DT_F32, DEV_CPU, 3, E, N, K, 1), tf32_2(dy, M, N),
-                                              tf32_2(x, M, K), offs);
+                                              tf32_2(x, M, K), offs, true);
     } else {
         op_fp8_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), w8);
         op_fp8_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), w8, false);

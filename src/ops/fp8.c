@@ -1,8 +1,8 @@
 // fp8.c — the FP8 linear layers (docs/architecture.md, "FP8"): each GEMM quantises its operands through E4M3 with
 // the blocks DeepSeek-V3's recipe gives its contraction (ops/cpu/cpu_fp8.c, ops/cuda/cuda_fp8.cu). On the GPU the dense
 // GEMMs run on the FP8 tensor cores (cuBLASLt's block-scaled E4M3 products, cuda_fp8.cu) where the shapes fit, the
-// experts' forward and input gradient on our wgmma E4M3 kernel (cuda_wgmma_fp8.cu); the others, the experts' weight
-// gradient and every CPU one, run the ordinary GEMM op on the rounded values (op_fp8_round) with fp32 accumulation. The rounded values are exact in bf16, so both are the FP8 product up to the order of the fp32 sums.
+// experts' forward, input and weight gradient on our wgmma E4M3 kernel (cuda_wgmma_fp8.cu); the others, and every CPU
+// one, run the ordinary GEMM op on the rounded values (op_fp8_round) with fp32 accumulation. The rounded values are exact in bf16, so both are the FP8 product up to the order of the fp32 sums.
 #include "ops/ops.h"
 
 #include "ops/cpu/cpu_ops.h"
@@ -138,8 +138,11 @@ void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, co
     op_grouped_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NULL, 0), weight_values(w8, dy.dt), offs);
 }
 
-void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
+void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
+#ifdef PITH_CUDA
+    if (x.dev == DEV_CUDA && cuda_fp8_grouped_linear_backward_weight(dw, dy, x, offs, accumulate)) return;
+#endif
     int E = (int)dw.n[0];
     op_grouped_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, offs, E), rounded(1, x, FP8_COLS, offs, E),
-                                      offs, true);
+                                      offs, accumulate);
 }

@@ -250,13 +250,14 @@ void op_fp8_weight_make(Fp8Weight fw, Tensor w);
 // The FP8 linear layers (DeepSeek-V3's recipe): every GEMM multiplies operands quantised through E4M3, each with the
 // blocks of its own contraction, and accumulates in fp32. The weight comes quantised with FP8_TILES (the model caches
 // it per step as an Fp8Weight); x and dy are quantised here. Forward: x 1 × 128. Input gradient: dy 1 × 128 against
-// the weight. Weight gradient (dw fp32 +=): dense dy 128 × 1 and x 128 × 128; grouped dy and x 128 × 1 within each
-// expert. Shapes and offs as op_linear_* and op_grouped_linear_* (no biases). On the GPU the dense GEMMs run on the
-// FP8 tensor cores (cuBLASLt) where T, N and K are multiples of 16, the experts' forward and input gradient (our wgmma
-// E4M3 kernel) where N and K are multiples of 128; the others are the compute dtype's GEMMs on the rounded values.
+// the weight. Weight gradient (dw fp32 +=; grouped with accumulate false: written, an empty expert's zeroed): dense dy
+// 128 × 1 and x 128 × 128; grouped dy and x 128 × 1 within each expert. Shapes and offs as op_linear_* and
+// op_grouped_linear_* (no biases). On the GPU the dense GEMMs run on the FP8 tensor cores (cuBLASLt) where T, N and K
+// are multiples of 16, the experts' three (our wgmma E4M3 kernel) where N and K are multiples of 128; the others are
+// the compute dtype's GEMMs on the rounded values.
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs);
 void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, const int64_t *offs);
-void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);
+void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);

@@ -525,6 +525,9 @@ bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) { return false; }
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) { return false; }
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) { return false; }
 bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs, bool input_grad) { return false; }
+bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
+    return false;
+}
 int64_t cuda_fp8_tensor_core_gemms(void) { return 0; }
 void cuda_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit) {
     OP(swiglu_clamped_forward, &act, &gu);

@@ -38,10 +38,12 @@ TEST(gpu_op_fp8_round) {
 
 // The FP8 layers of M rows, N outputs, K inputs (offs: E experts) on both devices from equal inputs. The dense ones
 // run on the FP8 tensor cores where M (the weight gradient: M rounded up to 16), N and K are multiples of 16, the
-// experts' forward and input gradient where N and K are multiples of 128 (tc: how many of the three do in bf16,
+// experts' where N and K are multiples of 128 (tc: how many of the three do in bf16,
 // asserted from the count of tensor-core GEMMs); the weight's codes, transposed codes and scales are the CPU's bit for
 // bit.
-static void check_fp8_gemms(DType dt, double tol, int64_t M, int64_t N, int64_t K, const int64_t *offs, int E, int tc) {
+// acc false: the grouped weight gradient is written, not added to.
+static void check_fp8_gemms(DType dt, double tol, int64_t M, int64_t N, int64_t K, const int64_t *offs, int E, int tc,
+                            bool acc) {
     Pair x = pair_rand(dt, 1, 2, M, K, 0, 0), dy = pair_rand(dt, 1, 2, M, N, 0, 0);
     Pair w = offs ? pair_rand(dt, 0.5f, 3, E, N, K, 0) : pair_rand(dt, 0.5f, 2, N, K, 0, 0);
     Pair y = pair_nan(dt, 2, M, N, 0, 0), dx = pair_nan(dt, 2, M, K, 0, 0);
@@ -65,8 +67,8 @@ static void check_fp8_gemms(DType dt, double tol, int64_t M, int64_t N, int64_t 
         op_fp8_grouped_linear_forward(y.c, x.c, w8c, offs), op_fp8_grouped_linear_forward(y.d, x.d, w8d, offs);
         op_fp8_grouped_linear_backward_input(dx.c, dy.c, w8c, offs);
         op_fp8_grouped_linear_backward_input(dx.d, dy.d, w8d, offs);
-        op_fp8_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs);
-        op_fp8_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+        op_fp8_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs, acc);
+        op_fp8_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs, acc);
     } else {
         op_fp8_linear_forward(y.c, x.c, w8c), op_fp8_linear_forward(y.d, x.d, w8d);
         op_fp8_linear_backward_input(dx.c, dy.c, w8c, false), op_fp8_linear_backward_input(dx.d, dy.d, w8d, false);
@@ -95,19 +97,19 @@ TEST(gpu_op_fp8_linear) {
         DType dt = m ? DT_BF16 : DT_F32;
         double tol = m ? 1e-2 : 1e-5, tol_tc = m ? 1e-2 : 1e-3;
         gpu_mode(dt);
-        check_fp8_gemms(dt, tol, 150, 136, 200, NULL, 0, 0); // off the tensor cores: 150, 200 not multiples of 16
-        check_fp8_gemms(dt, tol_tc, 1024, 768, 512, NULL, 0, 3);
-        check_fp8_gemms(dt, tol_tc, 208, 400, 336, NULL, 0, 3); // ragged 128-blocks in every dimension
-        check_fp8_gemms(dt, tol_tc, 200, 400, 336, NULL, 0, 1); // T = 200: the weight gradient alone (Tp = 208)
-        check_fp8_gemms(dt, tol, 200, 72, 136, ragged, 4, 0);   // off the tensor cores: N, K not multiples of 128
+        check_fp8_gemms(dt, tol, 150, 136, 200, NULL, 0, 0, true); // off the tensor cores: 150, 200 not multiples of 16
+        check_fp8_gemms(dt, tol_tc, 1024, 768, 512, NULL, 0, 3, true);
+        check_fp8_gemms(dt, tol_tc, 208, 400, 336, NULL, 0, 3, true); // ragged 128-blocks in every dimension
+        check_fp8_gemms(dt, tol_tc, 200, 400, 336, NULL, 0, 1, true); // T = 200: the weight gradient alone (Tp = 208)
+        check_fp8_gemms(dt, tol, 200, 72, 136, ragged, 4, 0, true);   // off the tensor cores: N, K not multiples of 128
     }
     gpu_report();
 }
 
-// The experts' forward and input gradient on the wgmma E4M3 kernel against the CPU's rounded-operand GEMMs (the
-// weight gradient, still on rounded operands, beside them) for balanced, skewed, empty and ragged experts: rows not
-// multiples of 128, experts with 0 rows, one expert with nearly all rows, K of one and of many 128-blocks. Bounds as
-// gpu_op_fp8_linear's tensor-core cases: 1e-3 in fp32 outputs, 1e-2 in bf16.
+// The experts' forward, input and weight gradient on the wgmma E4M3 kernel against the CPU's rounded-operand GEMMs
+// for balanced, skewed, empty and ragged experts: rows not multiples of 128 (the weight gradient's padded token
+// blocks), experts with 0 rows, one expert with nearly all rows, K of one and of many 128-blocks. Bounds as
+// gpu_op_fp8_linear's tensor-core cases: 1e-3 in fp32 outputs (the weight gradient's always), 1e-2 in bf16.
 TEST(gpu_op_fp8_grouped) {
     gpu_begin();
     int64_t wide[5] = {0, 700, 1100, 1100, 1536}, bal[9] = {0, 128, 256, 384, 512, 640, 768, 896, 1024};
@@ -116,10 +118,11 @@ TEST(gpu_op_fp8_grouped) {
         DType dt = m ? DT_BF16 : DT_F32;
         double tol = m ? 1e-2 : 1e-3;
         gpu_mode(dt);
-        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 2);  // an empty expert, ragged row tiles
-        check_fp8_gemms(dt, tol, 1024, 384, 256, bal, 8, 2);   // balanced, 128 rows each
-        check_fp8_gemms(dt, tol, 1000, 128, 1024, skew, 4, 2); // one row, 900 rows, none, 99
-        check_fp8_gemms(dt, tol, 300, 256, 128, tail, 3, 2);   // the rows all in the last expert
+        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 3, true);  // an empty expert, ragged row tiles
+        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 3, false); // dw written: the empty expert's zeroed
+        check_fp8_gemms(dt, tol, 1024, 384, 256, bal, 8, 3, true);   // balanced, 128 rows each
+        check_fp8_gemms(dt, tol, 1000, 128, 1024, skew, 4, 3, true); // one row, 900 rows, none, 99
+        check_fp8_gemms(dt, tol, 300, 256, 128, tail, 3, 3, true);   // the rows all in the last expert
     }
     gpu_report();
 }

@@ -4,8 +4,11 @@
 //   y (R, N) = x_e (R_e, K) · w_eᵀ,  x's codes (R, K) with 1 × 128 scales xs (KB, R): xs[kb·R + r],
 //                                     w's codes (E, N, K) with 128 × 128 scales ws (E·NB, ldws): ws[(e·NB + nb)·ldws + kb]
 // The input gradient dx_e = dy_e · w_e is the same product against the weight's transposed codes (E, K, N) and their
-// transposed scales (Fp8Weight's qt and st), dy quantised 1 × 128 along N. Letters: R rows, E experts, N outputs, K
-// the reduction (both multiples of 128), NB = N / 128, KB = K / 128.
+// transposed scales (Fp8Weight's qt and st), dy quantised 1 × 128 along N. The weight gradient dw_e (N, K) += dy_eᵀ·x_e
+// (kind WG_WEIGHT_GRAD) contracts over the expert's tokens: A = dyᵀ's codes (N, Tp), B = xᵀ's (K, Tp), both quantised
+// 128 × 1 along the tokens with each expert's rows padded to whole 128-token blocks (Tp their sum), so its scales vary
+// along both output dimensions. Letters: R rows, E experts, N outputs, K the reduction (both multiples of 128),
+// NB = N / 128, KB = K / 128, TB = Tp / 128.
 //
 // Structure as cuda_wgmma.cu's kernels (cuda_wgmma.cuh: the TMA, mbarrier and descriptor wrappers, the tile list): a
 // CTA of three warpgroups, warpgroup 0 the producer loading per reduction block of BK = 128 codes two 64 × 128-byte
@@ -14,10 +17,12 @@
 // rows are the swizzled 128-byte rows the descriptors walk 32 codes (32 bytes) at a time, as for bf16's 16 values.
 // Scales per block (DeepGEMM's promotion): the four k32 products of block kb go into a block accumulator b (fp32 in
 // the tensor core's narrower internal adds), which the consumer then adds into the tile's accumulator d as
-// d += b · xs(row, kb) · ws(nb, kb) — each product scaled exactly once by its own blocks' scales. The wait for the
-// block's products before that add is what the second consumer warpgroup's products overlap.
+// d += b · xs(row, kb) · ws(nb, kb) (weight gradient: b · sdy(tb, n) · sx(tb, k)) — each product scaled exactly once
+// by its own blocks' scales. The wait for the block's products before that add is what the second consumer
+// warpgroup's products overlap.
 // Epilogue: d through a padded shared-memory tile to 16-byte stores of the rows of the tile's expert (rows past it
-// belong to the next expert and are not stored).
+// belong to the next expert and are not stored), or for the weight gradient 16-byte fp32 reductions (red.add) onto
+// dw_e.
 #include "ops/cuda/cuda_wgmma.cuh"
 
 #define W8_BK 128      // E4M3 codes of one reduction block: a scale block, a 128-byte box row
@@ -30,7 +35,6 @@
 template <typename TO> struct W8Shape {
     static constexpr int SA = 2 * W8_BOX, SB = 2 * W8_BOX;
     static constexpr int ROW = (W8_BN + 8) * (int)sizeof(TO), EPI = 64 * ROW;
-    static constexpr int STAGES = (W8_SMEM - 256 - 2 * EPI) / (SA + SB);
 };
 
 // d (64 × 128 fp32, this thread's 64) = A·B + (acc ? d : 0) over 32 E4M3 codes of the reduction.
@@ -53,12 +57,12 @@ static __device__ __forceinline__ void wgmma_e4m3_128(float *d, uint64_t da, uin
                  : "l"(da), "l"(db), "r"(acc));
 }
 
-// The consumer warpgroup g's epilogue of tile ti: its 64 rows of d into the shared tile epi, then rows
-// row0 .. min(row0 + 64, the expert's end) out as 16-byte stores into y (R, N). tid: the thread's index in the
-// warpgroup.
+// The consumer warpgroup g's epilogue: its 64 rows of d into the shared tile epi, then its first `rows` rows out as
+// 16-byte stores (add: added to what is there) into out at row row0, column col, ldo columns a row. tid: the thread's
+// index in the warpgroup.
 template <typename TO>
-static __device__ __forceinline__ void w8_epilogue(const float *d, TO *y, const WgTable &gt, const Tile &ti, int g,
-                                                   int tid, uint32_t epi) {
+static __device__ __forceinline__ void w8_epilogue(const float *d, TO *out, int64_t ldo, int64_t row0, int rows,
+                                                   int col, bool add, int g, int tid, uint32_t epi) {
     constexpr int ROW = W8Shape<TO>::ROW, CPR = W8_BN * (int)sizeof(TO) / 16; // 16-byte chunks of a row
     int warp = tid / 32, lane = tid % 32;
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory"); // the previous tile's reads of epi are done
@@ -78,30 +82,45 @@ static __device__ __forceinline__ void w8_epilogue(const float *d, TO *y, const 
             }
         }
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
-    int row0 = ti.row + 64 * g, end = ti.r0 + ti.m;
-    for (int i = tid; i < 64 * CPR; i += 128) {
+    for (int i = tid; i < rows * CPR; i += 128) {
         int r = i / CPR, cc = i % CPR;
-        if (row0 + r >= end) break; // (rows are in order: every later chunk of this thread is past the end too)
         uint4 v;
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                      : "r"(epi + r * ROW + cc * 16));
-        *(uint4 *)(y + (int64_t)(row0 + r) * gt.N + ti.col + cc * (16 / (int)sizeof(TO))) = v;
+        uint4 *o = (uint4 *)(out + (row0 + r) * ldo + col + cc * (16 / (int)sizeof(TO)));
+        if (add) // fp32 only (the weight gradient): a reduction at the L2, so no thread waits for a read
+            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(o), "r"(v.x), "r"(v.y), "r"(v.z),
+                         "r"(v.w)
+                         : "memory");
+        else *o = v;
     }
 }
 
-// grid: min(tiles, SMs) CTAs of 384 threads; W8_SMEM + 1 KB of dynamic shared memory. ma: x's codes (R, K), mb: w's
-// (E·N, K), both in 64-row × 128-code boxes.
-template <typename TO>
+// The weight gradient's token blocks: expert e's transposed codes begin at padded block tb0[e] (each expert's rows
+// in whole blocks of 128).
+typedef struct {
+    int tb0[WG_MAX_E];
+} W8Blocks;
+
+// grid: min(tiles, SMs) CTAs of 384 threads; W8_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes.
+// KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); sa x's scales (KB, R), sb w's (E·NB, ldb); out y (R, N).
+// KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens; sa dyᵀ's scales (TB, N), sb
+// xᵀ's (TB, K), one per token block and column, which the producer copies into each stage beside the boxes (a scale
+// per output row and per output column of the tile: 2 × 512 bytes); out dw (E, N, K) fp32, added to when R is
+// nonzero, else written.
+template <int KIND, typename TO>
 __global__ void __launch_bounds__(384, 1)
-    wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, TO *y,
-                     const float *xs, const float *ws, int R, int ldws, const __grid_constant__ WgTable gt,
-                     int ntiles) {
+    wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, TO *out,
+                     const float *sa_, const float *sb_, int R, int ldb, const __grid_constant__ WgTable gt,
+                     const __grid_constant__ W8Blocks blocks, int ntiles) {
     typedef W8Shape<TO> S;
-    constexpr int SA = S::SA, SB = S::SB, STAGES = S::STAGES;
+    constexpr bool WGRAD = KIND == WG_WEIGHT_GRAD;
+    constexpr int SA = S::SA, SB = S::SB, SC = WGRAD ? 1024 : 0, ST = SA + SB + SC;
+    constexpr int STAGES = (W8_SMEM - 256 - 2 * S::EPI) / ST;
     extern __shared__ unsigned char w8_shared[];
     uint32_t base = (sh_addr(w8_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
-    uint32_t epi0 = base + STAGES * (SA + SB), full = epi0 + 2 * S::EPI, empty = full + 8 * STAGES;
+    uint32_t epi0 = base + STAGES * ST, full = epi0 + 2 * S::EPI, empty = full + 8 * STAGES;
     int wg = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8); // 8 consumer warps
@@ -113,15 +132,33 @@ __global__ void __launch_bounds__(384, 1)
         if (threadIdx.x != 0) return;
         int it = 0;
         for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
-            Tile ti = tile_of<WG_FORWARD, W8_BN, W8_BK>(gt, t);
+            Tile ti = tile_of<KIND, W8_BN, W8_BK>(gt, t);
+            int tb = WGRAD ? blocks.tb0[ti.e] : 0;
             for (int kb = 0; kb < ti.nkb; kb++, it++) {
                 int s = it % STAGES;
                 mbar_wait(empty + 8 * s, (it / STAGES & 1) ^ 1);
-                mbar_expect(full + 8 * s, SA + SB);
-                uint32_t sa = base + s * (SA + SB), sb = sa + SA, bar = full + 8 * s;
+                mbar_expect(full + 8 * s, ST);
+                uint32_t sa = base + s * ST, sb = sa + SA, bar = full + 8 * s;
                 for (int i = 0; i < 2; i++) {
-                    tma_box(sa + i * W8_BOX, &ma, bar, kb * W8_BK, ti.row + 64 * i);               // x rows
-                    tma_box(sb + i * W8_BOX, &mb, bar, kb * W8_BK, ti.e * gt.N + ti.col + 64 * i); // w_e rows n
+                    if (WGRAD) {
+                        tma_box(sa + i * W8_BOX, &ma, bar, (tb + kb) * W8_BK, ti.row + 64 * i); // dyᵀ rows n
+                        tma_box(sb + i * W8_BOX, &mb, bar, (tb + kb) * W8_BK, ti.col + 64 * i); // xᵀ rows k
+                    } else {
+                        tma_box(sa + i * W8_BOX, &ma, bar, kb * W8_BK, ti.row + 64 * i);               // x rows
+                        tma_box(sb + i * W8_BOX, &mb, bar, kb * W8_BK, ti.e * gt.N + ti.col + 64 * i); // w_e rows n
+                    }
+                }
+                if (WGRAD) { // the block's scales of the tile's 128 rows and 128 columns
+                    const float *pa = sa_ + (int64_t)(tb + kb) * gt.N + ti.row,
+                                *pb = sb_ + (int64_t)(tb + kb) * gt.K + ti.col;
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 512, "
+                                 "[%2];\n" ::"r"(sb + SB),
+                                 "l"(pa), "r"(bar)
+                                 : "memory");
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 512, "
+                                 "[%2];\n" ::"r"(sb + SB + 512),
+                                 "l"(pb), "r"(bar)
+                                 : "memory");
                 }
             }
         }
@@ -129,20 +166,25 @@ __global__ void __launch_bounds__(384, 1)
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     int g = wg - 1, tid = threadIdx.x - 128 * wg, lane = threadIdx.x % 32; // consumer g owns rows 64g..64g+63
+    int rl = 64 * g + 16 * (tid / 32) + lane / 4;                          // this thread's rows rl, rl + 8 of the tile
     uint32_t epi = epi0 + g * S::EPI;
     float d[64], b[64]; // the tile's accumulators and one block's
     int it = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
-        Tile ti = tile_of<WG_FORWARD, W8_BN, W8_BK>(gt, t);
-        int r0 = ti.row + 64 * g + 16 * (tid / 32) + lane / 4, r1 = r0 + 8; // this thread's two rows
-        const float *wsb = ws + (int64_t)(ti.e * (gt.N / W8_BN) + ti.col / W8_BN) * ldws;
+        Tile ti = tile_of<KIND, W8_BN, W8_BK>(gt, t);
+        int r0 = ti.row + rl, r1 = r0 + 8;
+        const float *wsb = sb_ + (int64_t)(ti.e * (gt.N / W8_BN) + ti.col / W8_BN) * ldb; // (forward)
 #pragma unroll
         for (int i = 0; i < 64; i++) d[i] = 0;
         for (int kb = 0; kb < ti.nkb; kb++, it++) {
             int s = it % STAGES;
-            uint32_t sa = base + s * (SA + SB), sb = sa + SA;
-            // the scales load while the stage fills and the products run (rows past R: not stored, scale 0)
-            float sw = wsb[kb], s0 = r0 < R ? xs[(int64_t)kb * R + r0] : 0, s1 = r1 < R ? xs[(int64_t)kb * R + r1] : 0;
+            uint32_t sa = base + s * ST, sb = sa + SA, sc = sb + SB;
+            // forward: the scales load while the stage fills and the products run (rows past R: not stored, 0)
+            float s0 = 0, s1 = 0;
+            if (!WGRAD) {
+                float sw = wsb[kb];
+                s0 = r0 < R ? sa_[(int64_t)kb * R + r0] * sw : 0, s1 = r1 < R ? sa_[(int64_t)kb * R + r1] * sw : 0;
+            }
             mbar_wait(full + 8 * s, it / STAGES & 1);
             fence_regs<64>(b);
             wgmma_fence();
@@ -153,29 +195,47 @@ __global__ void __launch_bounds__(384, 1)
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs<64>(b);
-            if (lane == 0) mbar_arrive(empty + 8 * s); // the stage goes back to the producer
-            s0 *= sw, s1 *= sw;
+            if (WGRAD) {
+                // d += b · sdy(row) · sx(column), the column scales read from the stage before it goes back
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s0) : "r"(sc + 4 * rl));
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s1) : "r"(sc + 4 * (rl + 8)));
 #pragma unroll
-            for (int i = 0; i < 64; i++) d[i] += b[i] * (i & 2 ? s1 : s0); // elements 2, 3 of each 4: row r + 8
+                for (int q = 0; q < 16; q++) {
+                    float c0, c1;
+                    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                                 : "=f"(c0), "=f"(c1)
+                                 : "r"(sc + 512 + 4 * (8 * q + 2 * (lane % 4))));
+                    d[4 * q] += b[4 * q] * s0 * c0, d[4 * q + 1] += b[4 * q + 1] * s0 * c1;
+                    d[4 * q + 2] += b[4 * q + 2] * s1 * c0, d[4 * q + 3] += b[4 * q + 3] * s1 * c1;
+                }
+                if (lane == 0) mbar_arrive(empty + 8 * s);
+            } else {
+                if (lane == 0) mbar_arrive(empty + 8 * s); // the stage goes back to the producer
+#pragma unroll
+                for (int i = 0; i < 64; i++) d[i] += b[i] * (i & 2 ? s1 : s0); // elements 2, 3 of each 4: row r + 8
+            }
         }
-        w8_epilogue<TO>(d, y, gt, ti, g, tid, epi);
+        int row0 = ti.row + 64 * g;
+        if (WGRAD) w8_epilogue<TO>(d, out, gt.K, (int64_t)ti.e * gt.N + row0, 64, ti.col, R, g, tid, epi);
+        else w8_epilogue<TO>(d, out, gt.N, row0, max(0, min(64, ti.r0 + ti.m - row0)), ti.col, false, g, tid, epi);
     }
 }
 
 // ---- host side ----
 static int64_t w8_calls; // products run here
 
-template <typename TO>
-static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, TO *y, const float *xs, const float *ws, int R,
-                      int ldws, const WgTable *gt, int ntiles) {
+template <int KIND, typename TO>
+static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, TO *out, const float *sa, const float *sb, int R,
+                      int ldb, const WgTable *gt, const W8Blocks *blocks, int ntiles) {
     static bool attr;
     size_t smem = W8_SMEM + 1024; // stages, epilogue tiles, barriers; alignment slack
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_fp8_kernel<TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(
+            cudaFuncSetAttribute(wgmma_fp8_kernel<KIND, TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
     int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
-    wgmma_fp8_kernel<TO><<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, y, xs, ws, R, ldws, *gt, ntiles);
+    wgmma_fp8_kernel<KIND, TO><<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, out, sa, sb, R, ldb, *gt, *blocks, ntiles);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -200,8 +260,31 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t R, con
     CUtensorMap ma, mb;
     wgmma_tensor_map(&ma, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, R, K);
     wgmma_tensor_map(&mb, wq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, E * N, K);
-    if (y.dt == DT_F32) w8_launch<float>(&ma, &mb, (float *)y.p, xs, ws, (int)R, (int)ldws, &gt, (int)ntiles);
-    else w8_launch<bf16>(&ma, &mb, (bf16 *)y.p, xs, ws, (int)R, (int)ldws, &gt, (int)ntiles);
+    static W8Blocks none; // (the forward reads no token blocks)
+    if (y.dt == DT_F32)
+        w8_launch<WG_FORWARD, float>(&ma, &mb, (float *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
+    else w8_launch<WG_FORWARD, bf16>(&ma, &mb, (bf16 *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
+    return true;
+}
+
+// dw (E, N, K) fp32 (+)= dy_eᵀ · x_e per expert (accumulate false: written; the caller zeroes empty experts) on the E4M3 tensor cores: dq (N, Tp) and xq (K, Tp) the transposed
+// codes of dy and x, each expert's rows padded to whole 128-token blocks (expert e's from block Σ_{j<e} ⌈m_j/128⌉,
+// zero codes in the padding), ds (TB, N) and xs (TB, K) their 128 × 1 scales per token block. The caller checked
+// wgmma_fp8_takes (on dw, with N and K); false when offs decrease.
+bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
+                             int64_t E, int64_t N, int64_t K, const int64_t *offs, bool accumulate) {
+    if (dw.dt != DT_F32 || offs[0] != 0 || !aligned16(dq, xq, ds, xs)) return false;
+    WgTable gt;
+    int64_t ntiles = wg_table_build(&gt, WG_WEIGHT_GRAD, E, N, K, W8_BN, offs);
+    if (ntiles < 0) return false;
+    w8_calls++;
+    if (ntiles == 0) return true;
+    CUtensorMap ma, mb;
+    wgmma_tensor_map(&ma, dq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, N, Tp);
+    wgmma_tensor_map(&mb, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, K, Tp);
+    W8Blocks blocks;
+    for (int64_t e = 0, tb = 0; e < E; e++) blocks.tb0[e] = (int)tb, tb += (offs[e + 1] - offs[e] + W8_BK - 1) / W8_BK;
+    w8_launch<WG_WEIGHT_GRAD, float>(&ma, &mb, (float *)dw.p, ds, xs, accumulate, 0, &gt, &blocks, (int)ntiles);
     return true;
 }
 
