@@ -1,0 +1,90 @@
+// cuda_wgmma.cuh — Hopper's asynchronous primitives shared by the warpgroup-MMA kernels (cuda_wgmma.cu's bf16
+// grouped GEMMs and any other wgmma kernel): mbarriers, TMA box loads and stores (cp.async.bulk.tensor), the
+// 128-byte swizzle, shared-memory matrix descriptors and the wgmma fence / commit / wait, and on the host the
+// tensor maps the TMA reads through. The layouts are described at the top of cuda_wgmma.cu.
+#pragma once
+#include "ops/cuda/cuda_common.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+// ---- PTX wrappers ----
+static __device__ __forceinline__ uint32_t sh_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+static __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+// Arms the barrier's current phase for `bytes` of TMA traffic (and counts this thread's arrival).
+static __device__ __forceinline__ void mbar_expect(uint32_t bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of the given parity has completed (a fresh barrier counts parity 1 as completed).
+static __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+    uint32_t done = 0;
+    while (!done)
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+}
+// One 64 × 64 box at (column c0, row c1) of the map's tensor into shared memory, completing on bar.
+static __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
+                 "[%2];\n" ::"r"(dst),
+                 "l"(map), "r"(bar), "r"(c0), "r"(c1)
+                 : "memory");
+}
+// One box from shared memory into the map's tensor at (c0, c1): a plain store, or (ADD) an fp32 add onto what is
+// there, done by the copy engine at the L2; both complete asynchronously as one bulk group per commit.
+template <bool ADD>
+static __device__ __forceinline__ void tma_store_box(const CUtensorMap *map, uint32_t src, int c0, int c1) {
+    if (ADD)
+        asm volatile(
+            "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+            "r"(src), "r"(c0), "r"(c1)
+            : "memory");
+    else
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(map),
+                     "r"(src), "r"(c0), "r"(c1)
+                     : "memory");
+}
+static __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until this thread's bulk stores have read their shared memory (READ) or completed.
+template <bool READ> static __device__ __forceinline__ void bulk_wait() {
+    if (READ) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    else asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+// The byte of element (row, byte col) in a box of 64 rows × 128 bytes in the 128-byte swizzle: the 16-byte chunk
+// index is XORed with the row's index mod 8 (the layout the TMA writes and reads).
+static __device__ __forceinline__ uint32_t swz(uint32_t box, int row, int byte) {
+    return box + row * 128 + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
+}
+
+// A shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets.
+// K-major: rows of 128 bytes, 8-row groups SBO = 1024 apart (LBO unused). MN-major: 64 output indices per
+// 128-byte row, the next 64 LBO bytes on, 8-row groups of the reduction SBO apart.
+static __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 | 1ull << 62;
+}
+static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across a wgmma wait.
+template <int N> static __device__ __forceinline__ void fence_regs(float *d) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// ---- host side (cuda_wgmma.cu) ----
+// True once on a Hopper GPU whose driver gives cuTensorMapEncodeTiled.
+bool wgmma_available(void);
+// A 2D map over a row-major (rows, cols) tensor of `es` bytes per element (type: CU_TENSOR_MAP_DATA_TYPE_*), boxes of
+// 64 rows × 128 bytes in the 128-byte swizzle; boxes past the last row read zeros (and are not written).
+void wgmma_tensor_map(CUtensorMap *map, const void *p, CUtensorMapDataType type, int es, int64_t rows, int64_t cols);
