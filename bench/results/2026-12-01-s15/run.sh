@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# run.sh MODE... — session 15's device calls, from the repository root with .gpu carried: main's stripped binaries
+# (.gpu/bin/*.gz), a candidate tree's (.gpu/cand/*.gz: main + the unlanded diffs named in .gpu/BUILT) and the
+# libraries the device lacks (.gpu/lib, scripts/pack_libs.sh). Logs go to /tmp/logs; $OUT/summary.txt and
+# $OUT/logs.tgz are rewritten after every mode, so a call cut short still returns what it finished.
+# MODEs, in the order given:
+#   test        main's whole GPU suite (build/test_gpu)
+#   ctest       the candidate's GPU tests of what its diffs change (CFILTERS: test-name substrings)
+#   csan        compute-sanitizer memcheck + racecheck on the candidate's changed kernels
+#   ops         bench_gpu_ops --delta and --grouped, main and candidate, + bench/peer_grouped.py
+#   bench       pith train, 8 steps, on each NAME:ROUTING:BIN in RUNS (BIN main|cand; 2 × 4096 tokens)
+#   peer35      HF transformers eager (balanced) on bench/qwen3_5_8l; PEER35_COMPILE=1 adds + torch.compile
+set -u
+RET=${OUT:-/tmp/out}; OUT=/tmp/logs; D=.gpu; mkdir -p "$RET" "$OUT" build build-cand /tmp/pl
+cat $D/BUILT 2>/dev/null | tee $OUT/summary.txt
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee -a $OUT/summary.txt
+date -u | tee -a $OUT/summary.txt
+for f in $D/bin/*.gz; do b=build/$(basename "$f" .gz); gunzip -c "$f" >"$b"; chmod +x "$b"; done
+for f in $D/cand/*.gz; do b=build-cand/$(basename "$f" .gz); gunzip -c "$f" >"$b"; chmod +x "$b"; done
+for f in $D/lib/*.gz; do gunzip -c "$f" >/tmp/pithlib-$(basename "$f" .gz); done
+export LD_LIBRARY_PATH=/tmp/pl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+for i in 1 2 3 4 5; do # only the libraries the device lacks
+    for m in $(ldd build/pith build/test_gpu build/bench_gpu_ops | awk '/not found/ {print $1}' | sort -u); do
+        [ -e /tmp/pithlib-$m ] && cp /tmp/pithlib-$m /tmp/pl/$m
+    done
+done
+if ldd build/pith | grep -q "libmpi.so.40 => not found"; then
+    export LD_LIBRARY_PATH=$(dirname "$(readlink -f "$(command -v mpirun)")")/../lib:$LD_LIBRARY_PATH
+fi
+if [ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]; then
+    for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib; do export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; done
+fi
+ldd build/test_gpu | grep "not found"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0 PITH_TEST_GPU=1 PYTHONUNBUFFERED=1
+CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+ret() { cp $OUT/summary.txt $RET/; tar czf $RET/logs.tgz -C /tmp logs; }
+train() { # train NAME BIN DIR VOCAB EXTRA...: 8 steps; fwd+bwd and optimizer medians over steps >= 3, the GPU peak
+    local n=$1 bin=$2 dir=$3 vocab=$4; shift 4
+    [ -e $dir/train.json ] || { echo "$n: no $dir" | tee -a $OUT/summary.txt; return; }
+    rm -rf /tmp/pith-bench-run /tmp/pith-bench-data; mkdir -p /tmp/pith-bench-data
+    $bin/pith synth --output /tmp/pith-bench-data/tokens.bin --vocab $vocab --tokens 200000 --seed 1 >/dev/null
+    timeout 150 $bin/pith train $dir/train.json --set max_steps=8 "$@" >$OUT/train_$n.txt 2>&1
+    echo "rc=$?" >>$OUT/train_$n.txt; cat /tmp/pith-bench-run/metrics.jsonl >>$OUT/train_$n.txt 2>/dev/null
+    python3 - "$n" <<'PY' 2>&1 | tail -1 | tee -a $OUT/summary.txt
+import json, statistics, sys
+R = [json.loads(l) for l in open('/tmp/pith-bench-run/metrics.jsonl')]
+S = R[2:]; fb = statistics.median(r['fwdbwd_s'] for r in S); st = statistics.median(r['step_time_s'] for r in S)
+peak = max((r.get('gpu_peak_gb') or 0) for r in R)
+print(f"{sys.argv[1]}: fwd+bwd {fb*1e3:.1f} ms = {8192/fb:,.0f} tokens/s; optimizer {(st-fb)*1e3:.1f} ms; "
+      f"GPU peak {peak:.1f} GB; loss {R[0]['loss']:.3f} -> {R[-1]['loss']:.3f}")
+PY
+}
+for mode in "$@"; do case $mode in
+test)
+    timeout ${TEST_T:-300} build/test_gpu ${FILTER:-} >$OUT/test_gpu.txt 2>&1; echo "rc=$?" >>$OUT/test_gpu.txt
+    grep -E "^FAIL|passed|rc=" $OUT/test_gpu.txt | tee -a $OUT/summary.txt ;;
+ctest)
+    for f in ${CFILTERS:-gpu_op_delta_rule gpu_op_qwen3_5 gpu_model_qwen3_5 gpu_op_grouped_wgmma gpu_op_elementwise gpu_model_bf16 gpu_train_tracks_cpu}; do
+        timeout 120 build-cand/test_gpu $f >$OUT/ctest_$f.txt 2>&1; echo "rc=$?" >>$OUT/ctest_$f.txt
+        grep -E "^FAIL|passed|rc=" $OUT/ctest_$f.txt | sed "s/^/cand $f: /" | tee -a $OUT/summary.txt
+    done ;;
+csan)
+    for t in ${CSAN:-gpu_op_delta_rule gpu_op_grouped_wgmma}; do for tool in memcheck racecheck; do
+        timeout 90 $CS --tool $tool build-cand/test_gpu $t >$OUT/${tool}_$t.txt 2>&1; echo "rc=$?" >>$OUT/${tool}_$t.txt
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=" $OUT/${tool}_$t.txt | sed "s/^/cand $tool $t: /" | tee -a $OUT/summary.txt
+    done; done ;;
+ops)
+    for b in build build-cand; do for w in --delta --grouped; do
+        timeout 60 $b/bench_gpu_ops $w >$OUT/ops_${b}$w.txt 2>&1; echo "rc=$?" >>$OUT/ops_${b}$w.txt
+        grep -v BENCH $OUT/ops_${b}$w.txt | sed "s|^|$b $w: |" | tee -a $OUT/summary.txt
+    done; done
+    (cd bench && timeout 90 python3 peer_grouped.py >$OUT/peer_grouped.txt 2>&1; echo "rc=$?" >>$OUT/peer_grouped.txt)
+    tail -12 $OUT/peer_grouped.txt | sed 's/^/peer_grouped: /' | tee -a $OUT/summary.txt ;;
+bench)
+    declare -A dir=([qwen3]=bench/qwen3_30b_a3b_8l [gpt_oss]=bench/gpt_oss_20b_4l [qwen3_5]=bench/qwen3_5_8l
+        [dsv2]=bench/deepseek_v2_lite_8l)
+    declare -A vocab=([qwen3]=151936 [gpt_oss]=201088 [qwen3_5]=248320 [dsv2]=102400)
+    for nrb in ${RUNS:-qwen3:balanced:main qwen3:natural:main}; do
+        IFS=: read n r b x <<<"$nrb"; a=(); [ $r = balanced ] && a=(--set benchmark=true)
+        [ "$x" = fp8 ] && a+=(--set fp8=true)
+        bin=build; [ $b = cand ] && bin=build-cand
+        train ${n}_${r}_$b${x:+_$x} $bin ${dir[$n]} ${vocab[$n]} "${a[@]}"
+        ret
+    done ;;
+peer35)
+    for c in "" ${PEER35_COMPILE:+--compile}; do
+        timeout ${PEER35_T:-200} python3 bench/peer_hf_qwen3_5.py $c --balanced >>$OUT/peer35.txt 2>&1
+        echo "rc=$? ($c --balanced)" >>$OUT/peer35.txt
+    done
+    grep -E '^\{|rc=' $OUT/peer35.txt | tee -a $OUT/summary.txt ;;
+esac; ret; done
+echo "== summary"; cat $OUT/summary.txt
