@@ -167,6 +167,8 @@ TEST(gpu_op_delta_rule_128) {
         check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1, false);
         check_delta(MODE_DT, tol, 2, 128, 2, 4, 128, 128, 64, 1, false);
         check_delta(MODE_DT, tol, 1, 150, 1, 1, 128, 128, 64, 20, false);
+        // dg's last 2 positions here are differences of state terms 9× their size: bf16 data moved by its own
+        // rounding (2^-9) move the fp64 dg by up to 5.8e-3 (bench/results/2026-12-01-tcd3/README.md)
         check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1, true);
         check_delta(MODE_DT, tol, 2, 70, 1, 2, 128, 128, 0, 1, true);
     }

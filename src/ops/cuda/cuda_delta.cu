@@ -771,9 +771,12 @@ __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg,
 // ---- the tensor-core form (bf16 data, dk = dv = 128, chunk 64) ----
 // The same terms as the SIMT kernels above, with every product on mma.sync m16n8k16 (bf16 operands in shared memory,
 // fp32 accumulators; cuda_mma.cuh has the fragment layouts). The state and its gradient stay fp32 in registers and
-// enter products as bf16 copies; the per-chunk intermediates are bf16 in the scratch (q̂, k̂, U, W, M, Tm, S₀, dS₁, V',
-// dV', in the SIMT kernels' places and orders), so that every tile comes in by cp.async. Per chunk the products are
-// 64 × 128 × 128 at most: the 8 warps of a block split each one (warp tiles of 16 rows).
+// enter products as bf16 copies; the per-chunk intermediates are bf16 in the scratch (q̂, k̂, W, M, Tm, S₀, dS₁, V',
+// dV', in the SIMT kernels' places and orders), so that every tile comes in by cp.async — all but U, which the state
+// pass reads in fp32: V' = U − W S cancels (the state predicts v), and a bf16 U put dg 1.1e-2 off the fp64 reference
+// at the end of a sequence with states (dg there the difference of e^{c_L} ⟨S₀, dS₁⟩ and k dS₁ V' terms 9× its
+// size); tc_grad's product takes a bf16 copy.
+// Per chunk the products are 64 × 128 × 128 at most: the 8 warps of a block split each one (warp tiles of 16 rows).
 // The inter-chunk pass is sequential over chunks per (sequence, value head, 64 value columns) with those columns of
 // the state in registers (warp w holds rows 16w..16w+15), the next chunk's tiles loading while this one computes.
 // Why not the two-pass form (chunk-local states in parallel, then a scan): a chunk's map
@@ -866,10 +869,11 @@ __device__ __forceinline__ float bf(const bf16 *p, int i) { return __bfloat162fl
 
 // Per chunk, every chunk at once: c (fp64), A = β (k kᵀ) e^{c_i − c_j} (j < i), Tm = (I + A)⁻¹ by forward
 // substitution (fp32), U = (Tm diag β) v, W = (Tm diag(β e^c)) k, M = (q kᵀ) e^{c_i − c_j} (j ≤ i), all written
-// whole as bf16 (zeros outside the chunk's Le positions). Grid (NC, B·nv).
+// whole (zeros outside the chunk's Le positions): U in fp32 (and in bf16 into Ub when not NULL), the rest in bf16.
+// Grid (NC, B·nv).
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_prep_kernel(double *cs, bf16 *U, bf16 *W, bf16 *M, bf16 *Tg, const bf16 *qh, const bf16 *kh, const bf16 *v,
-                   const float *g, const float *beta, ChunkDims d) {
+    tc_prep_kernel(double *cs, float *U, bf16 *Ub, bf16 *W, bf16 *M, bf16 *Tg, const bf16 *qh, const bf16 *kh,
+                   const bf16 *v, const float *g, const float *beta, ChunkDims d) {
     extern __shared__ __align__(16) unsigned char smb[];
     int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -932,7 +936,10 @@ __global__ void __launch_bounds__(TC_THREADS)
     float acc[TcTile<64, 128>::NT][4];
     tc_zero<64, 128>(acc);
     tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Tv, Vs);
-    tc_each<64, 128>(acc, [&](int r, int c, float &x) { U[(row0 + r) * TC_D + c] = __float2bfloat16(x); });
+    tc_each<64, 128>(acc, [&](int r, int c, float &x) {
+        U[(row0 + r) * TC_D + c] = x;
+        if (Ub) Ub[(row0 + r) * TC_D + c] = __float2bfloat16(x);
+    });
     tc_zero<64, 128>(acc);
     tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Tk, Ks);
     tc_each<64, 128>(acc, [&](int r, int c, float &x) { W[(row0 + r) * TC_D + c] = __float2bfloat16(x); });
@@ -948,8 +955,8 @@ __device__ __forceinline__ void tc_decays(float *ec, float *eL, const double *c,
         ec[i] = i < Le ? expf((float)c[i]) : 0.0f, eL[i] = i < Le ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
 }
 
-// One chunk's tiles of the state passes (one of two stages): W, q, k (64 × 128), M (64 × 64), and X: the chunk's U
-// (forward) or dO (backward) columns y0.. (64 × 64).
+// One chunk's tiles of the state passes (one of two stages): W, q, k (64 × 128), M (64 × 64), and X: the chunk's dO
+// columns y0.. (64 × 64; the backward's).
 typedef struct {
     bf16 *W, *Q, *K, *M, *X;
 } TcStage;
@@ -959,7 +966,7 @@ __device__ __forceinline__ TcStage tc_stage(bf16 *p) {
 }
 #define TC_STAGE (3 * TC_L * LDD + 2 * TC_L * LDL) // elements
 
-// Starts chunk n's copies into stage s; X from x (rows xs apart, columns y0..).
+// Starts chunk n's copies into stage s; X from x (rows xs apart, columns y0..) when x is not NULL.
 __device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int hk, const bf16 *W, const bf16 *M,
                                               const bf16 *qh, const bf16 *kh, const bf16 *x, int64_t xs,
                                               const ChunkDims &d) {
@@ -969,17 +976,18 @@ __device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int 
     tc_copy<TC_D, LDD>(s.Q, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
     tc_copy<TC_D, LDD>(s.K, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
     tc_copy<TC_L, LDL>(s.M, M + ((int64_t)bh * d.NC + n) * TC_L * TC_L, TC_L, TC_L, TC_L);
-    tc_copy<TC_VT, LDL>(s.X, x, xs, TC_L, Le);
+    if (x) tc_copy<TC_VT, LDL>(s.X, x, xs, TC_L, Le);
     cp_async_commit();
 }
 
 // The state pass from s0 (zeros when NULL) to sT (when not NULL). Grid (B·nv, dv / TC_VT). Per chunk, with the
-// state's columns S in registers and Sb their bf16 copy: V' = U − W Sb, o = e^c (q Sb) + M V' (when o is not NULL;
+// state's columns S in registers and Sb their bf16 copy: V' = U − W Sb (U fp32, read into registers while the
+// chunk's tiles arrive), o = e^c (q Sb) + M V' (when o is not NULL;
 // else S₀ of every chunk, in bf16 for tc_grad's products and in fp32 for sd, and V' are written),
 // S ← e^{c_L} S + kᵀ (e^{c_L − c} V').
 __global__ void __launch_bounds__(TC_THREADS)
     tc_state_kernel(bf16 *o, bf16 *S0, float *S0f, bf16 *Vp, float *sT, const float *s0, const double *cs,
-                    const bf16 *U, const bf16 *W, const bf16 *M, const bf16 *qh, const bf16 *kh, ChunkDims d) {
+                    const float *U, const bf16 *W, const bf16 *M, const bf16 *qh, const bf16 *kh, ChunkDims d) {
     extern __shared__ __align__(16) unsigned char smb[];
     int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv;
@@ -988,7 +996,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     float S[TcTile<128, TC_VT>::NT][4]; // rows x, columns y0 + y
     const float *sb0 = s0 ? s0 + (int64_t)bh * TC_D * TC_D + y0 : NULL;
     tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { s = sb0 ? sb0[x * TC_D + y] : 0.0f; });
-    tc_stage_load(tc_stage((bf16 *)smb), 0, bh, hk, W, M, qh, kh, U + (int64_t)bh * d.NL * TC_D + y0, TC_D, d);
+    tc_stage_load(tc_stage((bf16 *)smb), 0, bh, hk, W, M, qh, kh, NULL, 0, d);
     for (int64_t n = 0; n < d.NC; n++) {
         int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
@@ -999,17 +1007,22 @@ __global__ void __launch_bounds__(TC_THREADS)
             Sb[x * LDL + y] = __float2bfloat16(s);
             if (S0) S0[sc + x * TC_D + y] = __float2bfloat16(s), S0f[sc + x * TC_D + y] = s;
         });
+        float u[TcTile<64, TC_VT>::NT][4]; // U in the accumulator's layout
+        tc_each<64, TC_VT>(u, [&](int i, int y, float &x) { x = U[(row0 + i) * TC_D + y0 + y]; });
         if (n + 1 < d.NC) { // the last chunk's reads of that stage ended at the previous iteration's barrier
-            tc_stage_load(tc_stage((bf16 *)smb + ((n + 1) & 1) * TC_STAGE), n + 1, bh, hk, W, M, qh, kh,
-                          U + (row0 + TC_L) * TC_D + y0, TC_D, d);
+            tc_stage_load(tc_stage((bf16 *)smb + ((n + 1) & 1) * TC_STAGE), n + 1, bh, hk, W, M, qh, kh, NULL, 0, d);
             cp_async_wait<1>();
         } else cp_async_wait<0>();
         __syncthreads();
         float acc[TcTile<64, TC_VT>::NT][4];
         tc_zero<64, TC_VT>(acc);
         tc_mma<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.W, Sb);
+#pragma unroll
+        for (int j = 0; j < TcTile<64, TC_VT>::NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[j][q] = u[j][q] - acc[j][q];
         tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-            float vp = i < Le ? bf(c.X, i * LDL + y) - x : 0.0f;
+            float vp = i < Le ? x : 0.0f;
             Vb[i * LDL + y] = __float2bfloat16(vp), Vl[i * LDL + y] = __float2bfloat16(eL[i] * vp);
             if (Vp) Vp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(vp);
         });
@@ -1331,19 +1344,20 @@ static bool delta_tc(DType dt, const ChunkDims *d) {
     return dt == DT_BF16 && d->L == TC_L && d->dk == TC_D && d->dv == TC_D;
 }
 
-// Normalised q and k, then c, U, W, M (and Tm when Tg is not NULL) of every chunk.
+// Normalised q and k, then c, U, W, M (and Tm when Tg is not NULL) of every chunk; the tensor cores' bf16 copy of U
+// into Ub when not NULL.
 template <typename T>
-static void delta_front(const DeltaBufs *f, float *Tg, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta,
+static void delta_front(const DeltaBufs *f, float *Tg, bf16 *Ub, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta,
                         const DeltaShape *s, const ChunkDims *d, const DeltaArgs *a) {
     int64_t rows = s->T * s->nk;
-    if (delta_tc(q.dt, d)) { // bf16 q̂, k̂, U, W, M, Tm in the fp32 buffers' places
+    if (delta_tc(q.dt, d)) { // bf16 q̂, k̂, W, M, Tm in the fp32 buffers' places
         delta_prep_kernel<bf16, bf16><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
             (bf16 *)f->qh, (bf16 *)f->kh, f->rq, f->rk, (const bf16 *)q.p, (const bf16 *)k.p, rows, (int)s->dk,
             a->scale, a->qk_l2norm);
         CUDA_LAUNCH_CHECK();
         set_smem(tc_prep_kernel, tc_prep_smem());
         tc_prep_kernel<<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), TC_THREADS, tc_prep_smem(), cuda_stream()>>>(
-            f->cs, (bf16 *)f->U, (bf16 *)f->W, (bf16 *)f->M, (bf16 *)Tg, (const bf16 *)f->qh, (const bf16 *)f->kh,
+            f->cs, f->U, Ub, (bf16 *)f->W, (bf16 *)f->M, (bf16 *)Tg, (const bf16 *)f->qh, (const bf16 *)f->kh,
             (const bf16 *)v.p, (const float *)g.p, (const float *)beta.p, *d);
         CUDA_LAUNCH_CHECK();
         return;
@@ -1372,16 +1386,16 @@ void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, T
     DeltaBufs f;
     delta_bufs(&f, q, v, &s, &d, false, a);
     if (delta_tc(q.dt, &d)) {
-        delta_front<bf16>(&f, NULL, q, k, v, g, beta, &s, &d, a);
+        delta_front<bf16>(&f, NULL, NULL, q, k, v, g, beta, &s, &d, a);
         set_smem(tc_state_kernel, tc_state_smem());
         tc_state_kernel<<<dim3((unsigned)(s.B * s.nv), TC_D / TC_VT), TC_THREADS, tc_state_smem(), cuda_stream()>>>(
-            (bf16 *)o.p, NULL, NULL, NULL, (float *)a->sT.p, (const float *)a->s0.p, f.cs, (const bf16 *)f.U,
-            (const bf16 *)f.W, (const bf16 *)f.M, (const bf16 *)f.qh, (const bf16 *)f.kh, d);
+            (bf16 *)o.p, NULL, NULL, NULL, (float *)a->sT.p, (const float *)a->s0.p, f.cs, f.U, (const bf16 *)f.W,
+            (const bf16 *)f.M, (const bf16 *)f.qh, (const bf16 *)f.kh, d);
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(q.dt, T, "delta_rule_forward", {
-        delta_front<T>(&f, NULL, q, k, v, g, beta, &s, &d, a);
+        delta_front<T>(&f, NULL, NULL, q, k, v, g, beta, &s, &d, a);
         size_t sm = state_smem(&d);
         set_smem(delta_chunk_state_kernel<T>, sm);
         delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
@@ -1409,15 +1423,17 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
     bool tc = delta_tc(q.dt, &d);
     dim3 sg((unsigned)BH, TC_D / TC_VT), cg((unsigned)d.NC, (unsigned)BH);
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
-        delta_front<T>(&f, Tg, q, k, v, g, beta, &s, &d, a);
-        if (tc) { // bf16 buffers in the fp32 ones' places (S₀ in bf16 after dS₁, in fp32 in S₀'s); sd (B·nv, NC) in dBv's
-            const bf16 *U = (const bf16 *)f.U, *W = (const bf16 *)f.W, *M = (const bf16 *)f.M, *Tb = (const bf16 *)Tg;
+        // tensor cores: bf16 buffers in the fp32 ones' places (S₀ in bf16 after dS₁, in fp32 in S₀'s), U's bf16 copy
+        // in dW's, sd (B·nv, NC) in dBv's
+        delta_front<T>(&f, Tg, tc ? (bf16 *)dW : NULL, q, k, v, g, beta, &s, &d, a);
+        if (tc) {
+            const bf16 *U = (const bf16 *)dW, *W = (const bf16 *)f.W, *M = (const bf16 *)f.M, *Tb = (const bf16 *)Tg;
             const bf16 *qb = (const bf16 *)f.qh, *kb = (const bf16 *)f.kh;
             bf16 *dS1b = (bf16 *)dS1, *S0b = dS1b + BH * d.NC * kv, *Vpb = (bf16 *)Vp, *dVpb = (bf16 *)dVp;
             CUDA_CHECK(cudaMemsetAsync(dBv, 0, BH * d.NC * sizeof(float), cuda_stream()));
             set_smem(tc_state_kernel, tc_state_smem());
             tc_state_kernel<<<sg, TC_THREADS, tc_state_smem(), cuda_stream()>>>(
-                NULL, S0b, S0, Vpb, NULL, (const float *)a->s0.p, f.cs, U, W, M, qb, kb, d);
+                NULL, S0b, S0, Vpb, NULL, (const float *)a->s0.p, f.cs, f.U, W, M, qb, kb, d);
             CUDA_LAUNCH_CHECK();
             set_smem(tc_dstate_kernel, tc_dstate_smem());
             tc_dstate_kernel<<<sg, TC_THREADS, tc_dstate_smem(), cuda_stream()>>>(
