@@ -138,7 +138,9 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
 }
 
 // FP8 (docs/architecture.md, "FP8") beside bf16 at the same expert shapes, balanced routing: the FP8 GEMMs as they run
-// now (operands rounded through E4M3 by op_fp8_round, then the bf16 kernels), and the rounding alone.
+// now (forward and input gradient on the wgmma E4M3 kernel, activation quantisation included; the weight gradient
+// on operands rounded through E4M3 by op_fp8_round, then the bf16 kernels), each row's FP8/bf16 speed ratio, and the
+// rounding and weight quantisation alone.
 static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E, int k, int64_t I) {
     Arena save = A;
     int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
@@ -146,8 +148,13 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0),
            act = dev(bf, 2, R, I, 0), wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0),
            dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I), xq = dev(bf, 2, R, H, 0);
+    Tensor bgu = dev(DT_U8, 1, (int64_t)op_fp8_experts_bytes(E, 2 * I, H), 0, 0),
+           bd = dev(DT_U8, 1, (int64_t)op_fp8_experts_bytes(E, H, I), 0, 0);
+    Fp8Weight qgu = op_fp8_experts_view(bgu.p, DEV_CUDA, E, 2 * I, H),
+              qd = op_fp8_experts_view(bd.p, DEV_CUDA, E, H, I);
     fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), fill(ye, 1, 59),
-        op_zero(dwgu), op_zero(dwd);
+        op_zero(dwgu), op_zero(dwd), op_fp8_weight_make(qgu, wgu), op_fp8_weight_make(qd, wd);
+    int64_t tc0 = cuda_fp8_tensor_core_gemms();
     routing_offs(offs, T, H, E, k, true);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H, by = (double)R * H * 4;
     char nm[112];
@@ -155,21 +162,39 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
 #define FP8_ROW(what, work, bf16_call, fp8_call)                                                                       \
     snprintf(nm, sizeof nm, "%s %s (T=%lld, balanced, bf16)", model, what, (long long)T);                              \
     TIME(nm, 10, work, "TFLOP/s", bf16_call);                                                                          \
+    ms16 = last_ms;                                                                                                    \
     snprintf(nm, sizeof nm, "%s %s (T=%lld, balanced, fp8)", model, what, (long long)T);                               \
-    TIME(nm, 10, work, "TFLOP/s", fp8_call)
+    TIME(nm, 10, work, "TFLOP/s", fp8_call);                                                                           \
+    printf("%s %s: FP8/bf16 speed %.2fx\n", model, what, ms16 / last_ms)
+    double ms16;
     FP8_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, wgu, NONE, offs),
-            op_fp8_grouped_linear_forward(gu, xe, wgu, offs));
+            op_fp8_grouped_linear_forward(gu, xe, qgu, offs));
     FP8_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, offs),
-            op_fp8_grouped_linear_backward_input(xe, gu, wgu, offs));
+            op_fp8_grouped_linear_backward_input(xe, gu, qgu, offs));
     FP8_ROW("gate_up bwd weight fp32", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true),
-            op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, offs));
+            op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, offs, true));
     FP8_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, offs),
-            op_fp8_grouped_linear_forward(ye, act, wd, offs));
+            op_fp8_grouped_linear_forward(ye, act, qd, offs));
     FP8_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, offs),
-            op_fp8_grouped_linear_backward_input(act, ye, wd, offs));
+            op_fp8_grouped_linear_backward_input(act, ye, qd, offs));
     FP8_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true),
-            op_fp8_grouped_linear_backward_weight(dwd, ye, act, offs));
+            op_fp8_grouped_linear_backward_weight(dwd, ye, act, offs, true));
 #undef FP8_ROW
+    printf("(%lld of the FP8 GEMMs above ran on the tensor cores)\n", (long long)(cuda_fp8_tensor_core_gemms() - tc0));
+    snprintf(nm, sizeof nm, "%s fp8 expert weight codes+scales (%lld x %lld x %lld bf16)", model, (long long)E,
+             (long long)(2 * I), (long long)H);
+    TIME(nm, 10, (double)E * 2 * I * H * 4, "GB/s", op_fp8_weight_make(qgu, wgu));
+    // the forward's and input gradient's first step alone (their rows above include it)
+    int64_t Cm = H > 2 * I ? H : 2 * I;
+    Tensor codes = dev(DT_U8, 2, R, Cm, 0), scales = dev(DT_F32, 2, (Cm + 127) / 128, R, 0);
+    Tensor qx = tensor_make(codes.p, DT_U8, DEV_CUDA, 2, R, H, 1, 1),
+           sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, (H + 127) / 128, R, 1, 1);
+    snprintf(nm, sizeof nm, "%s fp8 quantize 1x128 codes (%lld x %lld bf16)", model, (long long)R, (long long)H);
+    TIME(nm, 10, (double)R * H * 3, "GB/s", cuda_fp8_quantize_rows(qx, sx, xe));
+    qx = tensor_make(codes.p, DT_U8, DEV_CUDA, 2, R, 2 * I, 1, 1);
+    sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, (2 * I + 127) / 128, R, 1, 1);
+    snprintf(nm, sizeof nm, "%s fp8 quantize 1x128 codes (%lld x %lld bf16)", model, (long long)R, (long long)(2 * I));
+    TIME(nm, 10, (double)R * 2 * I * 3, "GB/s", cuda_fp8_quantize_rows(qx, sx, gu));
     snprintf(nm, sizeof nm, "%s fp8_round 1x128 (%lld x %lld bf16)", model, (long long)R, (long long)H);
     TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_ROWS, NULL, 0));
     snprintf(nm, sizeof nm, "%s fp8_round 128x1 per expert (%lld x %lld bf16)", model, (long long)R, (long long)H);

@@ -4,7 +4,8 @@
 # layers (3 linear : 1 full) and --experts experts (128: bench/qwen3_5_8l/README.md says why), as
 # bench/qwen3_5_8l/model.json.
 # Usage on the GPU machine: python3 peer_hf_qwen3_5.py [--layers 8] [--experts 128] [--mbs 2] [--seq 4096] [--compile]
-#   [--balanced]
+#   [--compile-layers] [--balanced]
+# --compile compiles the whole model; --compile-layers each decoder layer (a common way to bound compile time).
 # --balanced routes token t to experts (t + j·E/k) mod E (pith's benchmark: true), replacing the router's choice.
 import argparse, json, torch
 from peer_common import time_fwd_bwd
@@ -12,6 +13,7 @@ from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 ap = argparse.ArgumentParser()
 ap.add_argument("--layers", type=int, default=8); ap.add_argument("--mbs", type=int, default=2)
 ap.add_argument("--seq", type=int, default=4096); ap.add_argument("--compile", action="store_true")
+ap.add_argument("--compile-layers", action="store_true")  # torch.compile per decoder layer (one graph per layer kind)
 ap.add_argument("--balanced", action="store_true"); ap.add_argument("--iters", type=int, default=5)
 ap.add_argument("--experts", type=int, default=128)
 a = ap.parse_args()
@@ -42,9 +44,13 @@ la = next(l.linear_attn for l in model.model.layers if hasattr(l, "linear_attn")
 rule = getattr(la, "chunk_gated_delta_rule", None)  # transformers' own path, or flash-linear-attention's kernel
 delta_path = getattr(rule, "__module__", "?") + "." + getattr(rule, "__name__", "?")
 fwd = torch.compile(model) if a.compile else model
+if a.compile_layers:  # a graph per layer, each far smaller than the whole model's
+    for layer in model.model.layers: layer.compile()
 t, peak = time_fwd_bwd(fwd, cfg.vocab_size, a.mbs, a.seq, a.iters)
-print(json.dumps({"peer": "hf-transformers" + ("+compile" if a.compile else "") + (" balanced" if a.balanced else ""),
+mode = "+compile" if a.compile else "+compile-layers" if a.compile_layers else ""
+print(json.dumps({"peer": "hf-transformers" + mode + (" balanced" if a.balanced else ""),
     "model": "qwen3.5-35b-a3b", "layers": a.layers, "experts": a.experts, "delta_rule": delta_path,
+    "experts_implementation": getattr(model.config, "_experts_implementation", None),
     "mbs": a.mbs, "seq": a.seq, "step_s": t,
     "tokens_per_s": a.mbs * a.seq / t, "peak_gb": peak,
     "params": sum(p.numel() for p in model.parameters())}))

@@ -195,15 +195,25 @@ static void check_fp8_linear(int64_t M, int64_t N, int64_t K, const int64_t *off
     Tensor twq = tw;
     twq.p = wq;
     op_fp8_round(twq, tw, FP8_TILES, NULL, 0);
-    void *w8b = xmalloc(op_fp8_weight_bytes(N, K));
-    Fp8Weight w8 = op_fp8_weight_view(w8b, DEV_CPU, N, K);
-    if (!offs) op_fp8_weight_make(w8, tw);
+    void *w8b = xmalloc(offs ? op_fp8_experts_bytes(E, N, K) : op_fp8_weight_bytes(N, K));
+    Fp8Weight w8 = offs ? op_fp8_experts_view(w8b, DEV_CPU, E, N, K) : op_fp8_weight_view(w8b, DEV_CPU, N, K);
+    op_fp8_weight_make(w8, tw);
+    // the experts' transposed codes and scales (the GPU's input gradient reads them) are each expert's own
+    const uint8_t *q8 = w8.q.p, *qt8 = w8.qt.p;
+    const float *s8 = w8.s.p, *st8 = w8.st.p;
+    int64_t NB = (N + 127) / 128, KB = (K + 127) / 128, KB4 = w8.s.n[1], NB4 = w8.st.n[1];
+    for (int64_t e = 0; e < En; e++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) {
+                ASSERT(qt8[(e * K + k) * N + n] == q8[(e * N + n) * K + k]);
+                ASSERT(st8[(e * KB + k / 128) * NB4 + n / 128] == s8[(e * NB + n / 128) * KB4 + k / 128]);
+            }
     float *y = xmalloc(M * N * 4), *dx = xmalloc(M * K * 4), *dw = xcalloc(En * N * K, 4);
     if (offs) {
-        op_fp8_grouped_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), twq, offs);
-        op_fp8_grouped_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), twq, offs);
+        op_fp8_grouped_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), w8, offs);
+        op_fp8_grouped_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), w8, offs);
         op_fp8_grouped_linear_backward_weight(tensor_make(dw, DT_F32, DEV_CPU, 3, E, N, K, 1), tf32_2(dy, M, N),
-                                              tf32_2(x, M, K), offs);
+                                              tf32_2(x, M, K), offs, true);
     } else {
         op_fp8_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), w8);
         op_fp8_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), w8, false);
@@ -314,10 +324,10 @@ TEST(fp8_model_step_against_fp32_and_ep2) {
     char cmd[400], a[300], b[300];
     snprintf(cmd, sizeof cmd, "%s train", PITH_BIN), one = cmd;
     double plan32 = train_one(d, "f32", one, ""), plan8 = train_one(d, "fp8", one, "--set fp8=true");
-    // the plan counts the weight cache: the experts' rounded weights (fp32 on the CPU), 2 MoE layers of 8 (gate_up
-    // 256 × 256, down 256 × 128), and the dense layer's codes and scales (512 × 256, 256 × 256)
-    ASSERT_MSG(plan8 - plan32 == 2 * 8 * (256 * 256 + 256 * 128) * 4.0 + op_fp8_weight_bytes(512, 256) +
-                                     op_fp8_weight_bytes(256, 256),
+    // the plan counts the weight cache: the codes and scales of the experts', 2 MoE layers of 8 (gate_up 256 × 256,
+    // down 256 × 128), and of the dense layer's (512 × 256, 256 × 256)
+    ASSERT_MSG(plan8 - plan32 == 2.0 * (op_fp8_experts_bytes(8, 256, 256) + op_fp8_experts_bytes(8, 256, 128)) +
+                                     op_fp8_weight_bytes(512, 256) + op_fp8_weight_bytes(256, 256),
                "%.0f vs %.0f", plan8, plan32);
     train_one(d, "f32-bal", one, "--set benchmark=true");
     train_one(d, "fp8-bal", one, "--set benchmark=true --set fp8=true");

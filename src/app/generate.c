@@ -28,6 +28,7 @@ void gen_init(Generator *g, Model *m, int prompt, int cap) {
 
 void gen_feed(Generator *g, const int32_t *tokens, int n) {
     Model *m = g->m;
+    if (g->kv.len && g->first.m) chunk_free(&g->first); // the prompt's records are not needed again
     Chunk *e = g->kv.len == 0 ? &g->first : &g->next;
     CHECK(n == e->S && g->kv.len + n <= g->kv.cap);
     int32_t *labels = xmalloc(sizeof(int32_t) * n);
@@ -44,7 +45,6 @@ void gen_feed(Generator *g, const int32_t *tokens, int n) {
     g->kv.len += n;
     m->fam->logits(m, tensor_make(g->logits, DT_F32, DEV_CPU, 2, 1, m->cfg.vocab, 1, 1),
                    tensor_rows(chunk_output(e, 0), n - 1, 1), &g->ws);
-    if (e == &g->first) chunk_free(&g->first); // the prompt's records are not needed again
 }
 
 void gen_free(Generator *g) {

@@ -6,7 +6,8 @@
 typedef struct {
     Model *m;
     KvCache kv;
-    Chunk first, next; // the prompt's chunk (1 × prompt tokens, freed after it ran) and the one-token chunk
+    Chunk first, next; // the prompt's chunk (1 × prompt tokens, freed when the next token is fed) and the one-token
+                       // chunk; the last one fed keeps its records (its routing: tests/gpu/test_gpu_generate.c)
     Arena ws;          // the logits' temporaries
     float *logits;     // (V) host fp32: the logits of the token after the last one fed
 } Generator;

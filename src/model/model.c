@@ -344,8 +344,8 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
-// The cache holds, per layer and weight, a dense weight's FP8 codes and scales (op_fp8_weight_bytes) or the experts'
-// weights rounded through E4M3 in the compute dtype (their GEMMs run on the rounded values), 256-byte aligned.
+// The cache holds, per layer and weight, the FP8 codes and scales of a dense weight (op_fp8_weight_bytes) or of the
+// experts' (op_fp8_experts_bytes, blocks within each expert).
 void model_fp8_setup(Model *m, const char *file) {
     if (m->cfg.swiglu_limit > 0) die("%s: fp8: not built for experts with biases (%s)", file, m->cfg.model_type);
     size_t n = 0;
@@ -354,7 +354,7 @@ void model_fp8_setup(Model *m, const char *file) {
         for (int j = 0; j < 2; j++) {
             m->fp8_off[j][l] = (int64_t)n;
             if (w[j].nd == 2) n += op_fp8_weight_bytes(w[j].n[0], w[j].n[1]);
-            else if (w[j].nd == 3) n += (tensor_bytes(w[j]) + 255) & ~(size_t)255; // nd 0: not held here
+            else if (w[j].nd == 3) n += op_fp8_experts_bytes(w[j].n[0], w[j].n[1], w[j].n[2]); // nd 0: not held here
         }
     }
     m->fp8 = true, m->fp8_version = 1;
@@ -369,16 +369,11 @@ static bool fp8_stale(Model *m, int l, int which) {
     return stale;
 }
 
-Tensor model_fp8_weight(Model *m, int l, int which) {
-    Tensor w = which ? m->sw->down[l] : m->sw->gate_up[l], q = w;
-    q.p = (char *)m->fp8_w.p + m->fp8_off[which][l];
-    if (fp8_stale(m, l, which)) op_fp8_round(q, w, FP8_TILES, NULL, 0);
-    return q;
-}
-
-Fp8Weight model_fp8_dense(Model *m, int l, int which) {
+Fp8Weight model_fp8_weight(Model *m, int l, int which) {
     Tensor w = which ? m->sw->down[l] : m->sw->gate_up[l];
-    Fp8Weight fw = op_fp8_weight_view((char *)m->fp8_w.p + m->fp8_off[which][l], w.dev, w.n[0], w.n[1]);
+    char *p = (char *)m->fp8_w.p + m->fp8_off[which][l];
+    Fp8Weight fw = w.nd == 3 ? op_fp8_experts_view(p, w.dev, w.n[0], w.n[1], w.n[2])
+                             : op_fp8_weight_view(p, w.dev, w.n[0], w.n[1]);
     if (fp8_stale(m, l, which)) op_fp8_weight_make(fw, w);
     return fw;
 }

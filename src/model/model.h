@@ -238,7 +238,7 @@ struct Model {
     bool expert_grads_fresh[MAX_LAYERS], expert_grads_zeroed;
     // FP8 (docs/architecture.md, "FP8"; model_fp8_setup): stage 3's GEMMs run through op_fp8_*; their weights
     // quantised through E4M3 are cached in the bytes of fp8_w (each layer's gate_up, then down, from byte fp8_off: a
-    // dense weight's codes and scales, the experts' rounded values), a layer's remade at its first use after the
+    // dense weight's or the experts' codes and scales), a layer's remade at its first use after the
     // optimizer's update bumps fp8_version.
     bool fp8;
     Tensor fp8_w;
@@ -301,9 +301,8 @@ void model_free(Model *m);
 // shape only when it is a plan). Dies naming the config when the model's experts have biases (GPT-OSS).
 void model_fp8_setup(Model *m, const char *file);
 // Layer l's gate_up (which 0) or down (1) weight quantised with FP8_TILES, from the cache (remade when stale): the
-// experts' (E, N, K) rounded values, or a dense weight's codes and scales.
-Tensor model_fp8_weight(Model *m, int l, int which);
-Fp8Weight model_fp8_dense(Model *m, int l, int which);
+// codes and scales of a dense weight (N, K) or of the experts' (E, N, K).
+Fp8Weight model_fp8_weight(Model *m, int l, int which);
 // Chooses the form; global-batch (micro-batches of at most T tokens) all-gathers counts over `replicas`.
 void model_lb_setup(Model *m, LbForm form, const struct Comm *replicas, int T);
 void model_lb_step_begin(Model *m); // a new step: the global-batch counts start from zero

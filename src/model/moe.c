@@ -199,19 +199,19 @@ static void act_backward(const ModelConfig *c, Tensor dgu, Tensor dact, Tensor g
 // weight-gradient ones round their own operands), else in the compute dtype. which: 0 gate_up, 1 down.
 static void mlp_forward(Model *m, int l, int which, Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     if (m->fp8 && offs) op_fp8_grouped_linear_forward(y, x, model_fp8_weight(m, l, which), offs);
-    else if (m->fp8) op_fp8_linear_forward(y, x, model_fp8_dense(m, l, which));
+    else if (m->fp8) op_fp8_linear_forward(y, x, model_fp8_weight(m, l, which));
     else if (offs) op_grouped_linear_forward(y, x, w, b, offs);
     else op_linear_forward(y, x, w, b);
 }
 static void mlp_backward_input(Model *m, int l, int which, Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
     if (m->fp8 && offs) op_fp8_grouped_linear_backward_input(dx, dy, model_fp8_weight(m, l, which), offs);
-    else if (m->fp8) op_fp8_linear_backward_input(dx, dy, model_fp8_dense(m, l, which), false);
+    else if (m->fp8) op_fp8_linear_backward_input(dx, dy, model_fp8_weight(m, l, which), false);
     else if (offs) op_grouped_linear_backward_input(dx, dy, w, offs);
     else op_linear_backward_input(dx, dy, w, false);
 }
-// acc false (grouped, bf16/fp32 path): dw and db are written, not added to (the FP8 path always adds).
+// acc false (grouped): dw and db are written, not added to (the dense FP8 path always adds).
 static void mlp_backward_weight(Model *m, Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs, bool acc) {
-    if (m->fp8 && offs) op_fp8_grouped_linear_backward_weight(dw, dy, x, offs);
+    if (m->fp8 && offs) op_fp8_grouped_linear_backward_weight(dw, dy, x, offs, acc);
     else if (m->fp8) op_fp8_linear_backward_weight(dw, dy, x);
     else if (offs) op_grouped_linear_backward_weight(dw, db, dy, x, offs, acc);
     else op_linear_backward_weight(dw, db, dy, x);
@@ -263,11 +263,11 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
         return;
     }
     // The step's first weight gradient writes the layer's expert gradients (they hold the last step's: Model,
-    // expert_grads_fresh); with no rows, or through FP8 (which adds), they are zeroed first.
+    // expert_grads_fresh); with no rows they are zeroed.
     int64_t R = io->offs[model_experts_local(&m->cfg)];
     bool acc = !m->expert_grads_fresh[l];
     m->expert_grads_fresh[l] = false;
-    if (!acc && (!R || m->fp8)) {
+    if (!acc && !R) {
         op_zero(G->gate_up[l]), op_zero(G->down[l]);
         if (G->gate_up_b[l].p) op_zero(G->gate_up_b[l]), op_zero(G->down_b[l]);
     }

@@ -1,8 +1,8 @@
 // fp8.c — the FP8 linear layers (docs/architecture.md, "FP8"): each GEMM quantises its operands through E4M3 with
 // the blocks DeepSeek-V3's recipe gives its contraction (ops/cpu/cpu_fp8.c, ops/cuda/cuda_fp8.cu). On the GPU the dense
-// GEMMs run on the FP8 tensor cores (cuBLASLt's block-scaled E4M3 products, cuda_fp8.cu) where the shapes fit; the
-// others, the experts' and every CPU one, run the ordinary GEMM op on the rounded values (op_fp8_round) with fp32
-// accumulation. The rounded values are exact in bf16, so both are the FP8 product up to the order of the fp32 sums.
+// GEMMs run on the FP8 tensor cores (cuBLASLt's block-scaled E4M3 products, cuda_fp8.cu) where the shapes fit, the
+// experts' forward, input and weight gradient on our wgmma E4M3 kernel (cuda_wgmma_fp8.cu); the others, and every CPU
+// one, run the ordinary GEMM op on the rounded values (op_fp8_round) with fp32 accumulation. The rounded values are exact in bf16, so both are the FP8 product up to the order of the fp32 sums.
 #include "ops/ops.h"
 
 #include "ops/cpu/cpu_ops.h"
@@ -56,21 +56,29 @@ static Tensor rounded(int slot, Tensor x, Fp8Blocks b, const int64_t *offs, int 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 static int64_t up4(int64_t n) { return (n + 3) / 4 * 4; }
 
-size_t op_fp8_weight_bytes(int64_t N, int64_t K) {
+size_t op_fp8_experts_bytes(int64_t E, int64_t N, int64_t K) {
     int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
-    return 2 * align256((size_t)(N * K)) + align256(sizeof(float) * NB * up4(KB)) +
-           align256(sizeof(float) * KB * up4(NB));
+    return 2 * align256((size_t)(E * N * K)) + align256(sizeof(float) * E * NB * up4(KB)) +
+           align256(sizeof(float) * E * KB * up4(NB));
 }
+size_t op_fp8_weight_bytes(int64_t N, int64_t K) { return op_fp8_experts_bytes(1, N, K); }
 
-Fp8Weight op_fp8_weight_view(void *p, Device dev, int64_t N, int64_t K) {
+Fp8Weight op_fp8_experts_view(void *p, Device dev, int64_t E, int64_t N, int64_t K) {
     int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
     char *c = p;
-    size_t o[4] = {0, align256((size_t)(N * K))};
-    o[2] = 2 * o[1], o[3] = o[2] + align256(sizeof(float) * NB * up4(KB));
-    Fp8Weight fw = {tensor_make(c ? c + o[0] : NULL, DT_U8, dev, 2, N, K, 1, 1),
-                    tensor_make(c ? c + o[1] : NULL, DT_U8, dev, 2, K, N, 1, 1),
-                    tensor_make(c ? c + o[2] : NULL, DT_F32, dev, 2, NB, up4(KB), 1, 1),
-                    tensor_make(c ? c + o[3] : NULL, DT_F32, dev, 2, KB, up4(NB), 1, 1)};
+    size_t o[4] = {0, align256((size_t)(E * N * K))};
+    o[2] = 2 * o[1], o[3] = o[2] + align256(sizeof(float) * E * NB * up4(KB));
+    Fp8Weight fw = {tensor_make(c ? c + o[0] : NULL, DT_U8, dev, 3, E, N, K, 1),
+                    tensor_make(c ? c + o[1] : NULL, DT_U8, dev, 3, E, K, N, 1),
+                    tensor_make(c ? c + o[2] : NULL, DT_F32, dev, 2, E * NB, up4(KB), 1, 1),
+                    tensor_make(c ? c + o[3] : NULL, DT_F32, dev, 2, E * KB, up4(NB), 1, 1)};
+    return fw;
+}
+
+// The dense weight: one expert's parts, the codes 2-D.
+Fp8Weight op_fp8_weight_view(void *p, Device dev, int64_t N, int64_t K) {
+    Fp8Weight fw = op_fp8_experts_view(p, dev, 1, N, K);
+    fw.q = tensor_make(fw.q.p, DT_U8, dev, 2, N, K, 1, 1), fw.qt = tensor_make(fw.qt.p, DT_U8, dev, 2, K, N, 1, 1);
     return fw;
 }
 
@@ -82,9 +90,12 @@ void op_fp8_weight_make(Fp8Weight fw, Tensor w) {
     cpu_fp8_weight(fw, w);
 }
 
-// The weight's values q·s (N, K) in dtype dt, in scratch slot 1: the operand of the GEMMs off the tensor cores.
+// The weight's values q·s ((N, K) or (E, N, K)) in dtype dt, in scratch slot 1: the operand of the GEMMs off the
+// tensor cores.
 static Tensor weight_values(Fp8Weight fw, DType dt) {
-    Tensor y = scratch_like(1, tensor_make(NULL, dt, fw.q.dev, 2, fw.q.n[0], fw.q.n[1], 1, 1));
+    Tensor shape = fw.q;
+    shape.dt = dt;
+    Tensor y = scratch_like(1, shape);
 #ifdef PITH_CUDA
     if (y.dev == DEV_CUDA) return cuda_fp8_weight_values(y, fw), y;
 #endif
@@ -113,16 +124,25 @@ void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
     op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NULL, 0), rounded(1, x, FP8_TILES, NULL, 0));
 }
 
-void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Tensor wq, const int64_t *offs) {
-    op_grouped_linear_forward(y, rounded(0, x, FP8_ROWS, NULL, 0), wq, NONE, offs);
+void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs) {
+#ifdef PITH_CUDA
+    if (x.dev == DEV_CUDA && cuda_fp8_grouped_linear(y, x, w8, offs, false)) return;
+#endif
+    op_grouped_linear_forward(y, rounded(0, x, FP8_ROWS, NULL, 0), weight_values(w8, x.dt), NONE, offs);
 }
 
-void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor wq, const int64_t *offs) {
-    op_grouped_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NULL, 0), wq, offs);
+void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, const int64_t *offs) {
+#ifdef PITH_CUDA
+    if (dy.dev == DEV_CUDA && cuda_fp8_grouped_linear(dx, dy, w8, offs, true)) return;
+#endif
+    op_grouped_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NULL, 0), weight_values(w8, dy.dt), offs);
 }
 
-void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs) {
+void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
+#ifdef PITH_CUDA
+    if (x.dev == DEV_CUDA && cuda_fp8_grouped_linear_backward_weight(dw, dy, x, offs, accumulate)) return;
+#endif
     int E = (int)dw.n[0];
     op_grouped_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, offs, E), rounded(1, x, FP8_COLS, offs, E),
-                                      offs, true);
+                                      offs, accumulate);
 }

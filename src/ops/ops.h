@@ -236,24 +236,28 @@ void op_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int grou
 // qt (K, N) (the tensor cores read both operands along the contraction, so the input gradient needs wᵀ's codes), with
 // the fp32 128 × 128 block scales s (NB, KB4) of q and st (KB, NB4) of qt, row-major, a row per block row, padded
 // with zeros to KB4 = 4⌈KB/4⌉ (NB4) columns (NB = ⌈N/128⌉, KB = ⌈K/128⌉): cuBLASLt's BLK128x128_32F layout.
+// The experts' w (E, N, K), blocks within each expert: q (E, N, K), qt (E, K, N), s (E·NB, KB4), st (E·KB, NB4).
 typedef struct {
     Tensor q, qt, s, st;
 } Fp8Weight;
-// Bytes of an Fp8Weight of w (N, K) (its four parts, each 256-byte aligned), its views over bytes at p (NULL: the
-// shapes alone, for the memory plan), and w quantised into it (w fp32 or bf16 on fw's device).
+// Bytes of an Fp8Weight of w (N, K) or (E, N, K) (its four parts, each 256-byte aligned), its views over bytes at p
+// (NULL: the shapes alone, for the memory plan), and w quantised into it (w fp32 or bf16 on fw's device).
 size_t op_fp8_weight_bytes(int64_t N, int64_t K);
+size_t op_fp8_experts_bytes(int64_t E, int64_t N, int64_t K);
 Fp8Weight op_fp8_weight_view(void *p, Device dev, int64_t N, int64_t K);
+Fp8Weight op_fp8_experts_view(void *p, Device dev, int64_t E, int64_t N, int64_t K);
 void op_fp8_weight_make(Fp8Weight fw, Tensor w);
 // The FP8 linear layers (DeepSeek-V3's recipe): every GEMM multiplies operands quantised through E4M3, each with the
 // blocks of its own contraction, and accumulates in fp32. The weight comes quantised with FP8_TILES (the model caches
-// it per step: w8 for the dense layer, wq, its values rounded in the compute dtype, for the experts); x and dy are
-// quantised here. Forward: x 1 × 128. Input gradient: dy 1 × 128 against the weight. Weight gradient (dw fp32 +=):
-// dense dy 128 × 1 and x 128 × 128; grouped dy and x 128 × 1 within each expert. Shapes and offs as op_linear_* and
+// it per step as an Fp8Weight); x and dy are quantised here. Forward: x 1 × 128. Input gradient: dy 1 × 128 against
+// the weight. Weight gradient (dw fp32 +=; grouped with accumulate false: written, an empty expert's zeroed): dense dy
+// 128 × 1 and x 128 × 128; grouped dy and x 128 × 1 within each expert. Shapes and offs as op_linear_* and
 // op_grouped_linear_* (no biases). On the GPU the dense GEMMs run on the FP8 tensor cores (cuBLASLt) where T, N and K
-// are multiples of 16; elsewhere, and for the experts, they are the compute dtype's GEMMs on the rounded values.
+// are multiples of 16, the experts' three (our wgmma E4M3 kernel) where N and K are multiples of 128; the others are
+// the compute dtype's GEMMs on the rounded values.
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
-void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Tensor wq, const int64_t *offs);
-void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor wq, const int64_t *offs);
-void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs);
+void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs);
+void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, const int64_t *offs);
+void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);

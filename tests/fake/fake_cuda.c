@@ -520,10 +520,14 @@ void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
     OP(fp8_weight_values, &y, &fw.q, &fw.s);
     cpu_fp8_weight_values(y, fw);
 }
-// No FP8 tensor cores here: the dense FP8 GEMMs take the rounded-operand path.
+// No FP8 tensor cores here: the dense and expert FP8 GEMMs take the rounded-operand path.
 bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) { return false; }
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) { return false; }
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) { return false; }
+bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs, bool input_grad) { return false; }
+bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
+    return false;
+}
 int64_t cuda_fp8_tensor_core_gemms(void) { return 0; }
 void cuda_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit) {
     OP(swiglu_clamped_forward, &act, &gu);

@@ -37,43 +37,44 @@ TEST(gpu_op_fp8_round) {
 }
 
 // The FP8 layers of M rows, N outputs, K inputs (offs: E experts) on both devices from equal inputs. The dense ones
-// run on the FP8 tensor cores where M (the weight gradient: M rounded up to 16), N and K are multiples of 16 (tc: how
-// many of the three do in bf16, asserted from the count of tensor-core GEMMs);
-// the dense weight's codes, transposed codes and scales are the CPU's bit for bit.
-static void check_fp8_gemms(DType dt, double tol, int64_t M, int64_t N, int64_t K, const int64_t *offs, int E, int tc) {
+// run on the FP8 tensor cores where M (the weight gradient: M rounded up to 16), N and K are multiples of 16, the
+// experts' where N and K are multiples of 128 (tc: how many of the three do in bf16,
+// asserted from the count of tensor-core GEMMs); the weight's codes, transposed codes and scales are the CPU's bit for
+// bit.
+// acc false: the grouped weight gradient is written, not added to.
+static void check_fp8_gemms(DType dt, double tol, int64_t M, int64_t N, int64_t K, const int64_t *offs, int E, int tc,
+                            bool acc) {
     Pair x = pair_rand(dt, 1, 2, M, K, 0, 0), dy = pair_rand(dt, 1, 2, M, N, 0, 0);
     Pair w = offs ? pair_rand(dt, 0.5f, 3, E, N, K, 0) : pair_rand(dt, 0.5f, 2, N, K, 0, 0);
-    Pair wq = offs ? pair_nan(dt, 3, E, N, K, 0) : pair_nan(dt, 2, N, K, 0, 0);
-    op_fp8_round(wq.c, w.c, FP8_TILES, NULL, 0), op_fp8_round(wq.d, w.d, FP8_TILES, NULL, 0);
-    EXPECT_CLOSE(wq, 0);
     Pair y = pair_nan(dt, 2, M, N, 0, 0), dx = pair_nan(dt, 2, M, K, 0, 0);
     Pair dw = offs ? pair_rand(DT_F32, 1, 3, E, N, K, 0) : pair_rand(DT_F32, 1, 2, N, K, 0, 0);
+    size_t bytes = offs ? op_fp8_experts_bytes(E, N, K) : op_fp8_weight_bytes(N, K);
+    void *hb = xmalloc(bytes);
+    Tensor db = gpu_tensor(DT_U8, 1, (int64_t)bytes, 0, 0, 0);
+    Fp8Weight w8c = offs ? op_fp8_experts_view(hb, DEV_CPU, E, N, K) : op_fp8_weight_view(hb, DEV_CPU, N, K);
+    Fp8Weight w8d = offs ? op_fp8_experts_view(db.p, DEV_CUDA, E, N, K) : op_fp8_weight_view(db.p, DEV_CUDA, N, K);
+    op_fp8_weight_make(w8c, w.c), op_fp8_weight_make(w8d, w.d);
+    Tensor parts[4][2] = {{w8c.q, w8d.q}, {w8c.qt, w8d.qt}, {w8c.s, w8d.s}, {w8c.st, w8d.st}};
+    for (int i = 0; i < 4; i++) {
+        Tensor back = parts[i][0];
+        back.p = xmalloc(tensor_bytes(back));
+        op_copy(back, parts[i][1]);
+        ASSERT_MSG(!memcmp(back.p, parts[i][0].p, tensor_bytes(back)), "part %d of the weight differs", i);
+        free(back.p);
+    }
     int64_t tc0 = cuda_fp8_tensor_core_gemms();
     if (offs) {
-        op_fp8_grouped_linear_forward(y.c, x.c, wq.c, offs), op_fp8_grouped_linear_forward(y.d, x.d, wq.d, offs);
-        op_fp8_grouped_linear_backward_input(dx.c, dy.c, wq.c, offs);
-        op_fp8_grouped_linear_backward_input(dx.d, dy.d, wq.d, offs);
-        op_fp8_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs);
-        op_fp8_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs);
+        op_fp8_grouped_linear_forward(y.c, x.c, w8c, offs), op_fp8_grouped_linear_forward(y.d, x.d, w8d, offs);
+        op_fp8_grouped_linear_backward_input(dx.c, dy.c, w8c, offs);
+        op_fp8_grouped_linear_backward_input(dx.d, dy.d, w8d, offs);
+        op_fp8_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs, acc);
+        op_fp8_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs, acc);
     } else {
-        size_t bytes = op_fp8_weight_bytes(N, K);
-        void *hb = xmalloc(bytes);
-        Tensor db = gpu_tensor(DT_U8, 1, (int64_t)bytes, 0, 0, 0);
-        Fp8Weight w8c = op_fp8_weight_view(hb, DEV_CPU, N, K), w8d = op_fp8_weight_view(db.p, DEV_CUDA, N, K);
-        op_fp8_weight_make(w8c, w.c), op_fp8_weight_make(w8d, w.d);
-        Tensor parts[4][2] = {{w8c.q, w8d.q}, {w8c.qt, w8d.qt}, {w8c.s, w8d.s}, {w8c.st, w8d.st}};
-        for (int i = 0; i < 4; i++) {
-            Tensor back = parts[i][0];
-            back.p = xmalloc(tensor_bytes(back));
-            op_copy(back, parts[i][1]);
-            ASSERT_MSG(!memcmp(back.p, parts[i][0].p, tensor_bytes(back)), "part %d of the dense weight differs", i);
-            free(back.p);
-        }
         op_fp8_linear_forward(y.c, x.c, w8c), op_fp8_linear_forward(y.d, x.d, w8d);
         op_fp8_linear_backward_input(dx.c, dy.c, w8c, false), op_fp8_linear_backward_input(dx.d, dy.d, w8d, false);
         op_fp8_linear_backward_weight(dw.c, dy.c, x.c), op_fp8_linear_backward_weight(dw.d, dy.d, x.d);
-        free(hb);
     }
+    free(hb);
     int64_t ran = cuda_fp8_tensor_core_gemms() - tc0;
     printf("     %s %s M %lld N %lld K %lld: %lld of 3 GEMMs on the FP8 tensor cores\n", dtype_name(dt),
            offs ? "grouped" : "dense", (long long)M, (long long)N, (long long)K, (long long)ran);
@@ -84,24 +85,44 @@ static void check_fp8_gemms(DType dt, double tol, int64_t M, int64_t N, int64_t 
 }
 
 // Tolerances: the rounded operands are equal on both devices, so in fp32 only the order of the sums differs (1e-5);
-// the tensor cores add each 128-long block of E4M3 products in a narrower accumulator before cuBLASLt scales the
-// block into the fp32 sum (docs/reference.md §20; the H200 gave 1.3e-4 on the 1024 × 768 × 512 forward,
-// bench/results/2026-12-01-fp8b): 1e-3; bf16 outputs round each element (1e-2). The bf16 cases
-// (training's) on the tensor cores must run all three GEMMs there; in fp32 they run where cuBLASLt offers an fp32
-// output (the H200's cuBLAS 13.1 does).
+// the tensor cores add each 128-long block of E4M3 products in a narrower accumulator before cuBLASLt (or our wgmma
+// kernel) scales the block into the fp32 sum (docs/reference.md §20; the H200 gave 1.3e-4 on the 1024 × 768 × 512
+// forward, bench/results/2026-12-01-fp8b): 1e-3; bf16 outputs round each element (1e-2). The bf16 cases
+// (training's) on the tensor cores must run all their GEMMs there; in fp32 the dense ones run where cuBLASLt offers
+// an fp32 output (the H200's cuBLAS 13.1 does).
 TEST(gpu_op_fp8_linear) {
     gpu_begin();
-    int64_t ragged[5] = {0, 40, 40, 190, 200}, wide[5] = {0, 700, 1100, 1100, 1536};
+    int64_t ragged[5] = {0, 40, 40, 190, 200};
     for (int m = 0; m < 2; m++) {
         DType dt = m ? DT_BF16 : DT_F32;
         double tol = m ? 1e-2 : 1e-5, tol_tc = m ? 1e-2 : 1e-3;
         gpu_mode(dt);
-        check_fp8_gemms(dt, tol, 150, 136, 200, NULL, 0, 0); // off the tensor cores: 150, 200 not multiples of 16
-        check_fp8_gemms(dt, tol_tc, 1024, 768, 512, NULL, 0, 3);
-        check_fp8_gemms(dt, tol_tc, 208, 400, 336, NULL, 0, 3); // ragged 128-blocks in every dimension
-        check_fp8_gemms(dt, tol_tc, 200, 400, 336, NULL, 0, 1); // T = 200: the weight gradient alone (Tp = 208)
-        check_fp8_gemms(dt, tol, 200, 72, 136, ragged, 4, 0);
-        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 0); // bf16: N, K multiples of 128 (the wgmma kernels)
+        check_fp8_gemms(dt, tol, 150, 136, 200, NULL, 0, 0, true); // off the tensor cores: 150, 200 not multiples of 16
+        check_fp8_gemms(dt, tol_tc, 1024, 768, 512, NULL, 0, 3, true);
+        check_fp8_gemms(dt, tol_tc, 208, 400, 336, NULL, 0, 3, true); // ragged 128-blocks in every dimension
+        check_fp8_gemms(dt, tol_tc, 200, 400, 336, NULL, 0, 1, true); // T = 200: the weight gradient alone (Tp = 208)
+        check_fp8_gemms(dt, tol, 200, 72, 136, ragged, 4, 0, true);   // off the tensor cores: N, K not multiples of 128
+    }
+    gpu_report();
+}
+
+// The experts' forward, input and weight gradient on the wgmma E4M3 kernel against the CPU's rounded-operand GEMMs
+// for balanced, skewed, empty and ragged experts: rows not multiples of 128 (the weight gradient's padded token
+// blocks), experts with 0 rows, one expert with nearly all rows, K of one and of many 128-blocks. Bounds as
+// gpu_op_fp8_linear's tensor-core cases: 1e-3 in fp32 outputs (the weight gradient's always), 1e-2 in bf16.
+TEST(gpu_op_fp8_grouped) {
+    gpu_begin();
+    int64_t wide[5] = {0, 700, 1100, 1100, 1536}, bal[9] = {0, 128, 256, 384, 512, 640, 768, 896, 1024};
+    int64_t skew[5] = {0, 1, 901, 901, 1000}, tail[4] = {0, 0, 0, 300};
+    for (int m = 0; m < 2; m++) {
+        DType dt = m ? DT_BF16 : DT_F32;
+        double tol = m ? 1e-2 : 1e-3;
+        gpu_mode(dt);
+        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 3, true);  // an empty expert, ragged row tiles
+        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 3, false); // dw written: the empty expert's zeroed
+        check_fp8_gemms(dt, tol, 1024, 384, 256, bal, 8, 3, true);   // balanced, 128 rows each
+        check_fp8_gemms(dt, tol, 1000, 128, 1024, skew, 4, 3, true); // one row, 900 rows, none, 99
+        check_fp8_gemms(dt, tol, 300, 256, 128, tail, 3, 3, true);   // the rows all in the last expert
     }
     gpu_report();
 }

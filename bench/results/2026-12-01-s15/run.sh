@@ -9,7 +9,16 @@
 #   csan        compute-sanitizer memcheck + racecheck on the candidate's changed kernels
 #   ops         bench_gpu_ops --delta and --grouped, main and candidate, + bench/peer_grouped.py
 #   bench       pith train, 8 steps, on each NAME:ROUTING:BIN in RUNS (BIN main|cand; 2 × 4096 tokens)
-#   peer35      HF transformers eager (balanced) on bench/qwen3_5_8l; PEER35_COMPILE=1 adds + torch.compile
+#   peer35      HF transformers on bench/qwen3_5_8l's shapes, balanced: PEER35_MODES (default eager; also compile,
+#               compile-layers), each under timeout PEER35_T
+#   peerbg      starts the peer PEERBG (a bench/peer_*.py with its arguments; default the Qwen3.5 one, per-layer
+#               compile, balanced) in the background: it compiles and warms up beside what follows, then waits for
+#               /tmp/quiet before its timed steps (PEER_WAIT_FILE)
+#   peerwait    waits up to PEERWAIT_T s for that peer's warm-up, then lets it time its steps alone (or stops it)
+#   fp8loss     bench/run_fp8_loss.sh on .gpu/kjv/tokens (the King James Bible, Qwen3 tokens) with force-balanced
+#               routing (EXTRA="--set benchmark=true"), 300 steps bf16 and FP8
+#   helpers     each helper's staged script, HELPERS="NAME:SECONDS …": OUT=/tmp/h/NAME timeout SECONDS bash
+#               .dev-NAME/run.sh, returned as $OUT/NAME.tgz (with the environment set here); h:NAME:SECONDS one
 set -u
 RET=${OUT:-/tmp/out}; OUT=/tmp/logs; D=.gpu; mkdir -p "$RET" "$OUT" build build-cand /tmp/pl
 cat $D/BUILT 2>/dev/null | tee $OUT/summary.txt
@@ -20,11 +29,11 @@ for f in $D/cand/*.gz; do b=build-cand/$(basename "$f" .gz); gunzip -c "$f" >"$b
 for f in $D/lib/*.gz; do gunzip -c "$f" >/tmp/pithlib-$(basename "$f" .gz); done
 export LD_LIBRARY_PATH=/tmp/pl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for i in 1 2 3 4 5; do # only the libraries the device lacks
-    for m in $(ldd build/pith build/test_gpu build/bench_gpu_ops | awk '/not found/ {print $1}' | sort -u); do
+    for m in $(ldd build/test_gpu | awk '/not found/ {print $1}' | sort -u); do
         [ -e /tmp/pithlib-$m ] && cp /tmp/pithlib-$m /tmp/pl/$m
     done
 done
-if ldd build/pith | grep -q "libmpi.so.40 => not found"; then
+if ldd build/test_gpu | grep -q "libmpi.so.40 => not found"; then
     export LD_LIBRARY_PATH=$(dirname "$(readlink -f "$(command -v mpirun)")")/../lib:$LD_LIBRARY_PATH
 fi
 if [ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]; then
@@ -49,6 +58,14 @@ peak = max((r.get('gpu_peak_gb') or 0) for r in R)
 print(f"{sys.argv[1]}: fwd+bwd {fb*1e3:.1f} ms = {8192/fb:,.0f} tokens/s; optimizer {(st-fb)*1e3:.1f} ms; "
       f"GPU peak {peak:.1f} GB; loss {R[0]['loss']:.3f} -> {R[-1]['loss']:.3f}")
 PY
+}
+helper() { # helper NAME SECONDS: .dev-NAME/run.sh under a time limit, its $OUT returned as $RET/NAME.tgz
+    local n=$1 t=$2 s0=$(date +%s); mkdir -p /tmp/h/$n
+    [ -e .dev-$n/run.sh ] || { echo "helper $n: no .dev-$n/run.sh" | tee -a $OUT/summary.txt; return; }
+    OUT=/tmp/h/$n CS=$CS timeout -k 5 $t bash .dev-$n/run.sh >/tmp/h/$n/stdout.txt 2>&1
+    echo "helper $n: rc=$? in $(( $(date +%s) - s0 )) s" | tee -a $OUT/summary.txt
+    tail -25 /tmp/h/$n/stdout.txt | sed "s/^/  $n| /" >>$OUT/summary.txt
+    tar czf $RET/$n.tgz -C /tmp/h $n; ret
 }
 for mode in "$@"; do case $mode in
 test)
@@ -83,10 +100,31 @@ bench)
         ret
     done ;;
 peer35)
-    for c in "" ${PEER35_COMPILE:+--compile}; do
-        timeout ${PEER35_T:-200} python3 bench/peer_hf_qwen3_5.py $c --balanced >>$OUT/peer35.txt 2>&1
+    for c in ${PEER35_MODES:-eager}; do
+        f=--$c; [ $c = eager ] && f=
+        timeout ${PEER35_T:-200} python3 bench/peer_hf_qwen3_5.py $f --balanced >>$OUT/peer35.txt 2>&1
         echo "rc=$? ($c --balanced)" >>$OUT/peer35.txt
     done
     grep -E '^\{|rc=' $OUT/peer35.txt | tee -a $OUT/summary.txt ;;
+peerbg)
+    rm -f /tmp/quiet; t0=$(date +%s); echo "peerbg: ${PEERBG:=bench/peer_hf_qwen3_5.py --compile-layers --balanced}" >$OUT/peerbg.txt
+    (cd bench && PEER_WAIT_FILE=/tmp/quiet exec timeout 900 python3 ${PEERBG#bench/}) >>$OUT/peerbg.txt 2>&1 &
+    PEERBG_PID=$! ;;
+peerwait)
+    for i in $(seq ${PEERWAIT_T:-60}); do grep -q "warm-up done" $OUT/peerbg.txt && break; sleep 1; done
+    if grep -q "warm-up done" $OUT/peerbg.txt; then
+        echo "peer warm-up (compile) done $(( $(date +%s) - t0 )) s after its start" | tee -a $OUT/summary.txt
+        touch /tmp/quiet; timeout 120 tail --pid=$PEERBG_PID -f /dev/null
+    else
+        echo "peer: compile and warm-up not done $(( $(date +%s) - t0 )) s after its start: stopped" | tee -a $OUT/summary.txt
+        kill $PEERBG_PID 2>/dev/null; wait $PEERBG_PID 2>/dev/null
+    fi
+    grep -E '^\{|Error|error' $OUT/peerbg.txt | tail -3 | tee -a $OUT/summary.txt ;;
+fp8loss)
+    EXTRA="--set benchmark=true" timeout ${FP8LOSS_T:-150} bash bench/run_fp8_loss.sh .gpu/kjv/tokens $OUT/fp8loss \
+        >$OUT/fp8loss.txt 2>&1; echo "rc=$?" >>$OUT/fp8loss.txt
+    tail -3 $OUT/fp8loss.txt | tee -a $OUT/summary.txt ;;
+helpers) for nt in ${HELPERS:-}; do helper ${nt%%:*} ${nt#*:}; done ;;
+h:*) nt=${mode#h:}; helper ${nt%%:*} ${nt#*:} ;;
 esac; ret; done
 echo "== summary"; cat $OUT/summary.txt

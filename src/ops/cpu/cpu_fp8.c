@@ -123,7 +123,7 @@ void cpu_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int gro
 
 // fw from w (N, K): the codes and natural scales (NB, KB) of the 128 × 128 blocks, then qt = qᵀ and the scales in
 // the padded layouts of s (NB, KB4) and st (KB, NB4) (ops.h, Fp8Weight).
-void cpu_fp8_weight(Fp8Weight fw, Tensor w) {
+static void weight_2d(Fp8Weight fw, Tensor w) {
     int64_t N = t_rows(w), K = t_cols(w), NB = (N + 127) / 128, KB = (K + 127) / 128, KB4 = fw.s.n[1], NB4 = fw.st.n[1];
     CHECK(fw.q.n[0] == N && fw.q.n[1] == K && fw.s.n[0] == NB && fw.st.n[0] == KB);
     float *s = xmalloc(sizeof(float) * NB * KB);
@@ -139,13 +139,32 @@ void cpu_fp8_weight(Fp8Weight fw, Tensor w) {
     free(s);
 }
 
+// A dense weight, or the experts' (E, N, K) one expert at a time: the parts of expert e are its rows of each.
+void cpu_fp8_weight(Fp8Weight fw, Tensor w) {
+    CPU_F32(w);
+    if (w.nd != 3) {
+        weight_2d(fw, w);
+        return;
+    }
+    int64_t E = w.n[0], N = w.n[1], K = w.n[2], NB = (N + 127) / 128, KB = (K + 127) / 128;
+    CHECK(fw.q.nd == 3 && fw.q.n[0] == E && fw.s.n[0] == E * NB && fw.st.n[0] == E * KB);
+    for (int64_t e = 0; e < E; e++) {
+        Fp8Weight f = {tensor_make((uint8_t *)fw.q.p + e * N * K, DT_U8, DEV_CPU, 2, N, K, 1, 1),
+                       tensor_make((uint8_t *)fw.qt.p + e * N * K, DT_U8, DEV_CPU, 2, K, N, 1, 1),
+                       tensor_make(F(fw.s) + e * NB * fw.s.n[1], DT_F32, DEV_CPU, 2, NB, fw.s.n[1], 1, 1),
+                       tensor_make(F(fw.st) + e * KB * fw.st.n[1], DT_F32, DEV_CPU, 2, KB, fw.st.n[1], 1, 1)};
+        weight_2d(f, tensor_make(F(w) + e * N * K, DT_F32, DEV_CPU, 2, N, K, 1, 1));
+    }
+}
+
 void cpu_fp8_weight_values(Tensor y, Fp8Weight fw) {
     CPU_F32(y);
-    int64_t N = fw.q.n[0], K = fw.q.n[1], KB4 = fw.s.n[1];
-    CHECK(tensor_numel(y) == N * K);
+    int64_t E = fw.q.nd == 3 ? fw.q.n[0] : 1, N = fw.q.n[fw.q.nd - 2], K = fw.q.n[fw.q.nd - 1], KB4 = fw.s.n[1];
+    int64_t NB = (N + 127) / 128;
+    CHECK(tensor_numel(y) == E * N * K);
     const uint8_t *q = fw.q.p;
 #pragma omp parallel for
-    for (int64_t n = 0; n < N; n++)
+    for (int64_t r = 0; r < E * N; r++) // r: a row of all E·N; expert r / N, its row r % N
         for (int64_t k = 0; k < K; k++)
-            F(y)[n * K + k] = fp8_e4m3_decode(q[n * K + k]) * F(fw.s)[n / 128 * KB4 + k / 128];
+            F(y)[r * K + k] = fp8_e4m3_decode(q[r * K + k]) * F(fw.s)[(r / N * NB + r % N / 128) * KB4 + k / 128];
 }

@@ -77,17 +77,22 @@ template <typename T> __device__ float row_block_scale(const T *x, int64_t C, in
     return bad ? NAN : fp8_scale(amax);
 }
 
-// grid: (row blocks × column chunks of 128); blockDim 128. whole: one scale per CTA (tiles), else per column (cols).
-template <typename T>
-__global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, Fp8Groups gr, bool whole) {
-    int64_t rb = blockIdx.x / nchunks, c = (blockIdx.x % nchunks) * 128 + threadIdx.x;
+// The rows r0..r1 of row block rb (of all groups' blocks, in order).
+__device__ __forceinline__ void group_rows(const Fp8Groups &gr, int64_t rb, int64_t *r0, int64_t *r1) {
     int lo = 0, hi = gr.n - 1; // the group holding row block rb
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
         if (gr.rb0[mid] <= rb) lo = mid;
         else hi = mid - 1;
     }
-    int64_t r0 = gr.offs[lo] + (rb - gr.rb0[lo]) * gr.bh, r1 = min((int64_t)gr.offs[lo + 1], r0 + gr.bh);
+    *r0 = gr.offs[lo] + (rb - gr.rb0[lo]) * gr.bh, *r1 = min((int64_t)gr.offs[lo + 1], *r0 + gr.bh);
+}
+
+// grid: (row blocks × column chunks of 128); blockDim 128. whole: one scale per CTA (tiles), else per column (cols).
+template <typename T>
+__global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, Fp8Groups gr, bool whole) {
+    int64_t rb = blockIdx.x / nchunks, c = (blockIdx.x % nchunks) * 128 + threadIdx.x, r0, r1;
+    group_rows(gr, rb, &r0, &r1);
     bool in = c < C;
     float s = column_block_scale(x, C, c, in, r0, r1, whole), inv = 1.0f / s;
     for (int64_t r = r0; in && r < r1; r++) st(y, r * C + c, fp8_value(ld(x, r * C + c), s, inv));
@@ -150,17 +155,17 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t 
         if (c0 + 32 * i < C) q[r * C + c0 + 32 * i] = fp8_code(v[i], inv);
 }
 
-// The transposed codes of one block row: x (R, C) rows r0..r1 (≤ 128) and the CTA's 128 columns, 128 × 1 blocks
-// (whole false: a scale per column, VEC128 s[rb·C + c]) or one 128 × 128 block (whole: BLK128x128 s[cb·RB4 + rb])
-// → qt (C, ldq): qt[c·ldq + r], staged through shared memory so that the stores run along qt's rows; qt's columns
-// r1 .. min(r0 + 128, ldq) are written 0 (the padding of the contraction to a multiple of 16). For a weight also its
-// codes q (R, C) and the scales of q's layout s2[rb·CB4 + cb] (q, s2 NULL: not written).
+// The transposed codes of block row rb: x (R, C) rows r0..r1 (≤ 128) and column chunk cb (the CTA's 128 columns),
+// 128 × 1 blocks (whole false: a scale per column, VEC128 s[rb·C + c]) or one 128 × 128 block (whole: BLK128x128
+// s[cb·RB4 + rb]) → qt (C, ldq): qt[c·ldq + p0 + r − r0], staged through shared memory so that the stores run along
+// qt's rows; qt's columns p0 + r1 − r0 .. min(p0 + 128, ldq) are written 0 (the padding of the contraction). For a
+// weight also its codes q (R, C) and the scales of q's layout s2[rb·CB4 + cb] (q, s2 NULL: not written).
 template <typename T>
-__global__ void fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t R, int64_t C,
-                                   int64_t ldq, bool whole, int64_t RB4, int64_t CB4) {
+__device__ void quant_t_block(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t C, int64_t ldq,
+                              bool whole, int64_t RB4, int64_t CB4, int64_t rb, int64_t cb, int64_t r0, int64_t r1,
+                              int64_t p0) {
     __shared__ uint8_t tile[128][129];
-    int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks;
-    int64_t r0 = rb * 128, r1 = min(R, r0 + 128), c = cb * 128 + threadIdx.x;
+    int64_t c = cb * 128 + threadIdx.x;
     bool in = c < C;
     float sc = column_block_scale(x, C, c, in, r0, r1, whole), inv = 1.0f / sc;
     if (whole && threadIdx.x == 0) s[cb * RB4 + rb] = sc;
@@ -172,46 +177,69 @@ __global__ void fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2,
         if (q && in && r < r1) q[r * C + c] = code;
     }
     __syncthreads();
-    int64_t rend = min(ldq, r0 + 128);
-    for (int i = threadIdx.x; i < 128 * 128; i += 128) { // qt row cb·128 + i / 128, column r0 + i % 128
-        int64_t cc = cb * 128 + i / 128, r = r0 + i % 128;
-        if (cc < C && r < rend) qt[cc * ldq + r] = tile[i / 128][i % 128];
+    int64_t pend = min(ldq, p0 + 128);
+    for (int i = threadIdx.x; i < 128 * 128; i += 128) { // qt row cb·128 + i / 128, column p0 + i % 128
+        int64_t cc = cb * 128 + i / 128, p = p0 + i % 128;
+        if (cc < C && p < pend) qt[cc * ldq + p] = tile[i / 128][i % 128];
     }
 }
 
-// y (N, K) = q·s from a weight's codes and BLK scales (the GEMMs off the tensor cores).
+// One matrix x (R, C) in blocks of 128 rows, a CTA per (block row, column chunk); grid.y: E matrices of R rows one
+// after another (a weight's experts), each with its own codes and scale tables.
 template <typename T>
-__global__ void fp8_weight_values_kernel(T *y, const uint8_t *q, const float *s, int64_t N, int64_t K, int64_t KB4) {
-    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (i < N * K) st(y, i, fp8_decode(q[i]) * s[i / K / 128 * KB4 + i % K / 128]);
+__global__ void fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t R, int64_t C,
+                                   int64_t ldq, bool whole, int64_t RB4, int64_t CB4) {
+    int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks, e = blockIdx.y;
+    x += e * R * C, qt += e * C * ldq, s += whole ? e * nchunks * RB4 : 0;
+    if (q) q += e * R * C, s2 += e * ((R + 127) / 128) * CB4;
+    quant_t_block(qt, s, q, s2, x, C, ldq, whole, RB4, CB4, rb, cb, rb * 128, min(R, rb * 128 + 128), rb * 128);
+}
+
+// The groups' rows (an expert's tokens) in 128 × 1 blocks from each group's first row: block row rb at qt's columns
+// rb·128 .. (each group padded to whole blocks with zero codes), scales s[rb·C + c].
+template <typename T>
+__global__ void fp8_quant_t_groups_kernel(uint8_t *qt, float *s, const T *x, int64_t C, int64_t ldq, Fp8Groups gr) {
+    int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks, r0, r1;
+    group_rows(gr, rb, &r0, &r1);
+    quant_t_block(qt, s, (uint8_t *)NULL, (float *)NULL, x, C, ldq, false, 0, 0, rb, cb, r0, r1, rb * 128);
+}
+
+// y (E, N, K) = q·s from a weight's codes and BLK scales (the GEMMs off the tensor cores); E = 1: a dense weight.
+template <typename T>
+__global__ void fp8_weight_values_kernel(T *y, const uint8_t *q, const float *s, int64_t E, int64_t N, int64_t K,
+                                         int64_t KB4) {
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, r = i / K; // r: a row of all E·N
+    if (i < E * N * K) st(y, i, fp8_decode(q[i]) * s[(r / N * ((N + 127) / 128) + r % N / 128) * KB4 + i % K / 128]);
 }
 
 static int64_t up4(int64_t n) { return (n + 3) / 4 * 4; }
 
 extern "C" void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
     ON_GPU(w, "fp8_weight");
-    int64_t N = t_rows(w), K = t_cols(w), NB = (N + 127) / 128, KB = (K + 127) / 128;
-    CHECK(fw.q.n[0] == N && fw.q.n[1] == K && fw.s.n[1] == up4(KB) && fw.st.n[1] == up4(NB));
-    if (N == 0 || K == 0) return;
+    int64_t E = w.nd == 3 ? w.n[0] : 1, N = w.nd == 3 ? w.n[1] : t_rows(w), K = t_cols(w);
+    int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
+    CHECK(tensor_numel(fw.q) == E * N * K && fw.q.n[fw.q.nd - 1] == K && fw.s.n[0] == E * NB && fw.s.n[1] == up4(KB) &&
+          fw.st.n[1] == up4(NB));
+    if (E == 0 || N == 0 || K == 0) return;
     cudaStream_t st0 = cuda_stream();
     CUDA_CHECK(cudaMemsetAsync(fw.s.p, 0, tensor_bytes(fw.s), st0));
     CUDA_CHECK(cudaMemsetAsync(fw.st.p, 0, tensor_bytes(fw.st), st0));
-    // the CTA of block (nb, kb) writes its codes into q and qt and its scale into s and st
+    // the CTA of block (nb, kb) of expert e writes its codes into q and qt and its scale into s and st
     DT_SWITCH(w.dt, T, "fp8_weight",
-              fp8_quant_t_kernel<T>
-              <<<NB * KB, 128, 0, st0>>>((uint8_t *)fw.qt.p, (float *)fw.st.p, (uint8_t *)fw.q.p, (float *)fw.s.p,
-                                         (const T *)w.p, N, K, N, true, up4(NB), up4(KB)));
+              fp8_quant_t_kernel<T><<<dim3((unsigned)(NB * KB), (unsigned)E), 128, 0, st0>>>(
+                  (uint8_t *)fw.qt.p, (float *)fw.st.p, (uint8_t *)fw.q.p, (float *)fw.s.p, (const T *)w.p, N, K, N,
+                  true, up4(NB), up4(KB)));
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
     ON_GPU(y, "fp8_weight_values");
-    int64_t N = fw.q.n[0], K = fw.q.n[1], n = N * K;
+    int64_t E = fw.q.nd == 3 ? fw.q.n[0] : 1, N = fw.q.n[fw.q.nd - 2], K = fw.q.n[fw.q.nd - 1], n = E * N * K;
     CHECK(tensor_numel(y) == n);
     if (n == 0) return;
     DT_SWITCH(y.dt, T, "fp8_weight_values",
               fp8_weight_values_kernel<T><<<(n + 255) / 256, 256, 0, cuda_stream()>>>(
-                  (T *)y.p, (const uint8_t *)fw.q.p, (const float *)fw.s.p, N, K, fw.s.n[1]));
+                  (T *)y.p, (const uint8_t *)fw.q.p, (const float *)fw.s.p, E, N, K, fw.s.n[1]));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -268,18 +296,37 @@ static bool tc_fits(int64_t T, int64_t N, int64_t K, Tensor out, Tensor in) {
 // 256-byte aligned pieces of the op scratch (cuda_scratch), n bytes each.
 static size_t a256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+// x (R, C) quantised in 1 × 128 blocks: codes q (R, C) and VEC128 scales s (⌈C/128⌉, R); q, s NULL: into the op
+// scratch, where *qp and *sp then point.
+static void quant_rows(Tensor x, uint8_t *q, float *s, uint8_t **qp, float **sp) {
+    int64_t R = t_rows(x), C = t_cols(x), nchunks = (C + 127) / 128;
+    if (!q) {
+        char *p = (char *)cuda_scratch(a256(R * C) + a256(sizeof(float) * R * nchunks));
+        q = (uint8_t *)p, s = (float *)(p + a256(R * C));
+    }
+    if (qp) *qp = q, *sp = s;
+    if (R * nchunks == 0) return;
+    DT_SWITCH(x.dt, T, "fp8_quant_rows",
+              fp8_quant_rows_kernel<T>
+              <<<(R * nchunks + 7) / 8, 256, 0, cuda_stream()>>>(q, s, (const T *)x.p, R, C, nchunks));
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_fp8_quantize_rows(Tensor q, Tensor s, Tensor x) {
+    ON_GPU(x, "fp8_quantize_rows");
+    CHECK(q.dt == DT_U8 && tensor_numel(q) == tensor_numel(x) && s.dt == DT_F32 &&
+          tensor_numel(s) == t_rows(x) * ((t_cols(x) + 127) / 128));
+    quant_rows(x, (uint8_t *)q.p, (float *)s.p, NULL, NULL);
+}
+
 // out (T, m) (+)= in (T, k) · Aᵀ on the tensor cores: in quantised in 1 × 128 blocks (codes and VEC128 scales in the
 // op scratch) against a weight's codes A (m rows of k) with their BLK128x128 scales sa.
 static bool rows_gemm(Tensor out, Tensor in, int64_t m, const void *A, const float *sa, float beta) {
-    int64_t T = t_rows(in), k = t_cols(in), nchunks = (k + 127) / 128;
+    int64_t T = t_rows(in), k = t_cols(in);
     if (!tc_fits(T, m, k, out, in)) return false;
-    char *p = (char *)cuda_scratch(a256(T * k) + a256(sizeof(float) * T * nchunks));
-    uint8_t *q = (uint8_t *)p;
-    float *s = (float *)(p + a256(T * k));
-    DT_SWITCH(in.dt, TI, "fp8_quant_rows",
-              fp8_quant_rows_kernel<TI>
-              <<<(T * nchunks + 7) / 8, 256, 0, cuda_stream()>>>(q, s, (const TI *)in.p, T, k, nchunks));
-    CUDA_LAUNCH_CHECK();
+    uint8_t *q;
+    float *s;
+    quant_rows(in, NULL, NULL, &q, &s);
     return lt_fp8(m, T, k, A, sa, q, s, out.p, out.dt, beta);
 }
 
@@ -311,4 +358,70 @@ extern "C" bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) 
                                                                              Tp, true, up4(TB), 0));
     CUDA_LAUNCH_CHECK();
     return lt_fp8(K, N, Tp, xq, xs, dq, ds, dw.p, DT_F32, 1.0f);
+}
+
+// The experts' forward (y = x_e·w_eᵀ: the codes q and scales s) or input gradient (dx = dy_e·w_e: qt and st) on the
+// wgmma E4M3 kernel: x quantised 1 × 128 along its rows (codes and VEC128 scales in the op scratch), then one
+// grouped product. y (R, C); x (R, Kx), Kx the reduction.
+bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K);
+bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t R, const void *wq, const float *ws,
+                       int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs);
+bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
+                             int64_t E, int64_t N, int64_t K, const int64_t *offs, bool accumulate);
+
+extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs, bool input_grad) {
+    if (w8.q.nd != 3) return false;
+    int64_t E = w8.q.n[0], C = w8.q.n[input_grad ? 2 : 1], Kx = w8.q.n[input_grad ? 1 : 2], R = t_rows(x);
+    CHECK(t_cols(x) == Kx && t_cols(y) == C && t_rows(y) >= offs[E]);
+    if ((x.dt != DT_F32 && x.dt != DT_BF16) || !wgmma_fp8_takes(y, R, E, C, Kx)) return false;
+    if (R == 0) return true;
+    uint8_t *q;
+    float *s;
+    quant_rows(x, NULL, NULL, &q, &s);
+    Tensor wq = input_grad ? w8.qt : w8.q, ws = input_grad ? w8.st : w8.s;
+    bool ok = wgmma_fp8_grouped(y, q, s, R, wq.p, (const float *)ws.p, ws.n[1], E, C, Kx, offs);
+    tc_gemms += ok;
+    return ok;
+}
+
+// The experts' weight gradient dw (E, N, K) fp32 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false: written,
+// an empty expert's zeroed): dy and x quantised 128 × 1 along each expert's tokens, their codes transposed while
+// quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole 128-token blocks, Tp their sum) with a scale
+// per token block and column, in the op scratch.
+extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs,
+                                                        bool accumulate) {
+    if (dw.nd != 3) return false;
+    int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
+    CHECK(t_cols(dy) == N && t_cols(x) == K && t_rows(dy) == t_rows(x) && t_rows(x) >= offs[E]);
+    if ((x.dt != DT_F32 && x.dt != DT_BF16) || dy.dt != x.dt || !aligned16(x.p, dy.p) || E > FP8_MAX_GROUPS ||
+        offs[0] != 0 || !wgmma_fp8_takes(dw, t_rows(x), E, N, K))
+        return false;
+    static Fp8Groups gr; // static: 8 KB of launch parameters
+    gr.n = (int)E, gr.bh = 128, gr.rb0[0] = 0;
+    for (int64_t e = 0; e <= E; e++) {
+        if (e > 0 && offs[e] < offs[e - 1]) return false;
+        gr.offs[e] = (int)offs[e];
+    }
+    for (int64_t e = 0; e < E; e++) gr.rb0[e + 1] = gr.rb0[e] + (gr.offs[e + 1] - gr.offs[e] + 127) / 128;
+    int64_t TB = gr.rb0[E], Tp = TB * 128;
+    if (!accumulate) // an empty expert has no tiles: its dw_e is zeroed here
+        for (int64_t e = 0; e < E; e++)
+            if (offs[e + 1] == offs[e])
+                CUDA_CHECK(cudaMemsetAsync((float *)dw.p + e * N * K, 0, sizeof(float) * N * K, cuda_stream()));
+    if (TB == 0) return true; // no rows: nothing (more) to write
+    size_t bd = a256(N * Tp), bx = a256(K * Tp), bsd = a256(sizeof(float) * TB * N);
+    char *p = (char *)cuda_scratch(bd + bx + bsd + a256(sizeof(float) * TB * K));
+    uint8_t *dq = (uint8_t *)p, *xq = (uint8_t *)(p + bd);
+    float *ds = (float *)(p + bd + bx), *xs = (float *)(p + bd + bx + bsd);
+    DT_SWITCH(x.dt, T_, "fp8_quant_t_groups",
+              fp8_quant_t_groups_kernel<T_>
+              <<<TB *(N / 128), 128, 0, cuda_stream()>>>(dq, ds, (const T_ *)dy.p, N, Tp, gr));
+    CUDA_LAUNCH_CHECK();
+    DT_SWITCH(x.dt, T_, "fp8_quant_t_groups",
+              fp8_quant_t_groups_kernel<T_>
+              <<<TB *(K / 128), 128, 0, cuda_stream()>>>(xq, xs, (const T_ *)x.p, K, Tp, gr));
+    CUDA_LAUNCH_CHECK();
+    bool ok = wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, accumulate);
+    tc_gemms += ok;
+    return ok;
 }

@@ -88,14 +88,20 @@ void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_b
 void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                               Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
-// FP8 (cuda_fp8.cu): op_fp8_round on fp32 or bf16 tensors; the dense weight's codes and scales (op_fp8_weight_make)
-// and their values (y (N, K) = q·s, for the GEMMs the tensor cores do not take); the dense FP8 GEMMs on the tensor
-// cores (cuBLASLt block-scaled E4M3), false (nothing done) where the shapes or alignment do not fit them, and the
-// count of those that ran.
+// FP8 (cuda_fp8.cu): op_fp8_round on fp32 or bf16 tensors; a dense or expert weight's codes and scales
+// (op_fp8_weight_make) and their values (y = q·s, for the GEMMs the tensor cores do not take); the dense FP8 GEMMs on
+// the tensor cores (cuBLASLt block-scaled E4M3) and the experts' forward (input_grad false: y = x_e·w_eᵀ), input
+// gradient (dx = dy_e·w_e) and weight gradient (dw_e += dy_eᵀ·x_e) on the wgmma E4M3 kernel (cuda_wgmma_fp8.cu), false
+// (nothing done) where the shapes or alignment do not fit them, and the count of those that ran.
 void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups);
 void cuda_fp8_weight(Fp8Weight fw, Tensor w);
 void cuda_fp8_weight_values(Tensor y, Fp8Weight fw);
 bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
+bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs, bool input_grad);
+// x (R, C) into E4M3 codes q (R, C) and 1 × 128 scales s (⌈C/128⌉, R) (the tensor-core GEMMs' first step; the bench
+// times it alone).
+void cuda_fp8_quantize_rows(Tensor q, Tensor s, Tensor x);
+bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);
 int64_t cuda_fp8_tensor_core_gemms(void);

@@ -34,10 +34,6 @@
 // expert in shared memory before the products read them.
 #include "ops/cuda/cuda_wgmma.cuh"
 
-enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
-
-#define WG_MAX_E 256
-#define WG_BM 128
 #define WG_BK 64
 #define WG_BOX 8192    // bytes of one TMA box: 64 rows of 128 bytes (64 bf16 or 32 fp32)
 #define WG_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
@@ -49,14 +45,6 @@ template <int KIND, int BN> struct WgShape {
     static constexpr int EPI = 64 * BN * (KIND == WG_WEIGHT_GRAD ? 4 : 2);
     static constexpr int STAGES = (WG_SMEM - 256 - 2 * EPI) / (SA + SB);
 };
-
-// The tile list, by value in the parameters: slot s (expert ord[s]) owns tiles tiles[s]..tiles[s+1]-1.
-typedef struct {
-    int offs[WG_MAX_E + 1];
-    int tiles[WG_MAX_E + 1];
-    int ord[WG_MAX_E];
-    int E, N, K, ntn; // ntn: tiles along the output's columns
-} WgTable;
 
 // d (64 × 128 fp32, this thread's 64) = A·B + (acc ? d : 0); TA, TB: the operands are MN-major.
 template <int TA, int TB>
@@ -77,28 +65,6 @@ static __device__ __forceinline__ void wgmma_128(float *d, uint64_t da, uint64_t
                    "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
                    "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
-}
-
-// ---- the tile list ----
-typedef struct {
-    int e, r0, m, nkb; // expert, its first row, its rows, reduction blocks of this tile
-    int row, col;      // the tile's first output row (in y/dx: absolute; in dw_e: of N) and column
-} Tile;
-
-template <int KIND, int BN> static __device__ __forceinline__ Tile tile_of(const WgTable &gt, int t) {
-    int lo = 0, hi = gt.E; // the slot s with tiles[s] <= t < tiles[s + 1]
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (gt.tiles[mid] <= t) lo = mid;
-        else hi = mid;
-    }
-    Tile ti;
-    int local = t - gt.tiles[lo];
-    ti.e = gt.ord[lo], ti.r0 = gt.offs[ti.e], ti.m = gt.offs[ti.e + 1] - ti.r0;
-    ti.col = local % gt.ntn * BN;
-    if (KIND == WG_WEIGHT_GRAD) ti.row = local / gt.ntn * WG_BM, ti.nkb = (ti.m + WG_BK - 1) / WG_BK;
-    else ti.row = ti.r0 + local / gt.ntn * WG_BM, ti.nkb = (KIND == WG_FORWARD ? gt.K : gt.N) / WG_BK;
-    return ti;
 }
 
 // The producer's loads of reduction block kb of tile ti into stage (sa: 2 A boxes, sb: BN/64 B boxes).
@@ -340,26 +306,8 @@ static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w
     int64_t C = kind == WG_FORWARD ? N : K;                      // the output's columns
     int bn = kind != WG_WEIGHT_GRAD && C % 256 == 0 ? 256 : 128; // (the fp32 epilogue tiles of 256 would not fit)
     WgTable gt;
-    gt.E = (int)E, gt.N = (int)N, gt.K = (int)K, gt.ntn = (int)((C + bn - 1) / bn);
-    for (int64_t e = 0; e <= E; e++) {
-        if (e > 0 && offs[e] < offs[e - 1]) return false;
-        gt.offs[e] = (int)offs[e];
-    }
-    // slots: experts by rows, most first (insertion sort of at most 256, stable)
-    for (int e = 0; e < E; e++) {
-        int m = gt.offs[e + 1] - gt.offs[e], s = e;
-        while (s > 0 && gt.offs[gt.ord[s - 1] + 1] - gt.offs[gt.ord[s - 1]] < m) gt.ord[s] = gt.ord[s - 1], s--;
-        gt.ord[s] = e;
-    }
-    int64_t ntiles = 0;
-    gt.tiles[0] = 0;
-    for (int s = 0; s < E; s++) {
-        int64_t m = gt.offs[gt.ord[s] + 1] - gt.offs[gt.ord[s]];
-        ntiles +=
-            kind == WG_WEIGHT_GRAD ? (m > 0 ? (N + WG_BM - 1) / WG_BM * gt.ntn : 0) : (m + WG_BM - 1) / WG_BM * gt.ntn;
-        if (ntiles > 0x7fffffff) return false;
-        gt.tiles[s + 1] = (int)ntiles;
-    }
+    int64_t ntiles = wg_table_build(&gt, kind, E, N, K, bn, offs);
+    if (ntiles < 0) return false;
     wgmma_calls++;
     if (kind == WG_WEIGHT_GRAD && !accumulate) // written, not added to: an empty expert's dw_e (no tiles) is 0
         for (int64_t e = 0; e < E; e++)

@@ -82,6 +82,73 @@ template <int N> static __device__ __forceinline__ void fence_regs(float *d) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// ---- the persistent tile list (cuda_wgmma.cu's kernels and cuda_wgmma_fp8.cu's) ----
+// Kinds of product; experts at most; a tile's output rows.
+enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
+#define WG_MAX_E 256
+#define WG_BM 128
+
+// The tile list, by value in the parameters: slot s (expert ord[s]) owns tiles tiles[s]..tiles[s+1]-1.
+typedef struct {
+    int offs[WG_MAX_E + 1];
+    int tiles[WG_MAX_E + 1];
+    int ord[WG_MAX_E];
+    int E, N, K, ntn; // ntn: tiles along the output's columns
+} WgTable;
+
+// One tile of the list.
+typedef struct {
+    int e, r0, m, nkb; // expert, its first row, its rows, reduction blocks of this tile
+    int row, col;      // the tile's first output row (in y/dx: absolute; in dw_e: of N) and column
+} Tile;
+
+// Tile t of the list; BK: the reduction block (64 bf16 or 128 E4M3 values: 128 bytes either way).
+template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile tile_of(const WgTable &gt, int t) {
+    int lo = 0, hi = gt.E; // the slot s with tiles[s] <= t < tiles[s + 1]
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (gt.tiles[mid] <= t) lo = mid;
+        else hi = mid;
+    }
+    Tile ti;
+    int local = t - gt.tiles[lo];
+    ti.e = gt.ord[lo], ti.r0 = gt.offs[ti.e], ti.m = gt.offs[ti.e + 1] - ti.r0;
+    ti.col = local % gt.ntn * BN;
+    if (KIND == WG_WEIGHT_GRAD) ti.row = local / gt.ntn * WG_BM, ti.nkb = (ti.m + BK - 1) / BK;
+    else ti.row = ti.r0 + local / gt.ntn * WG_BM, ti.nkb = (KIND == WG_FORWARD ? gt.K : gt.N) / BK;
+    return ti;
+}
+
+// The tile list of one product (kind WG_*; bn: the tile's output columns; C: the output's columns, N in the forward,
+// K otherwise): the experts ordered by rows, most first, and each one's tiles — forward and input gradient ⌈rows/128⌉
+// row tiles of its rows, weight gradient ⌈N/128⌉ row tiles of dw_e when it has rows — times ⌈C/bn⌉ column tiles.
+// The tile count, or −1 when offs decrease or the count passes int.
+static inline int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, int bn,
+                                     const int64_t *offs) {
+    int64_t C = kind == WG_FORWARD ? N : K;
+    gt->E = (int)E, gt->N = (int)N, gt->K = (int)K, gt->ntn = (int)((C + bn - 1) / bn);
+    for (int64_t e = 0; e <= E; e++) {
+        if (e > 0 && offs[e] < offs[e - 1]) return -1;
+        gt->offs[e] = (int)offs[e];
+    }
+    // slots: experts by rows, most first (insertion sort of at most 256, stable)
+    for (int e = 0; e < E; e++) {
+        int m = gt->offs[e + 1] - gt->offs[e], s = e;
+        while (s > 0 && gt->offs[gt->ord[s - 1] + 1] - gt->offs[gt->ord[s - 1]] < m) gt->ord[s] = gt->ord[s - 1], s--;
+        gt->ord[s] = e;
+    }
+    int64_t ntiles = 0;
+    gt->tiles[0] = 0;
+    for (int s = 0; s < E; s++) {
+        int64_t m = gt->offs[gt->ord[s] + 1] - gt->offs[gt->ord[s]];
+        ntiles += kind == WG_WEIGHT_GRAD ? (m > 0 ? (N + WG_BM - 1) / WG_BM * gt->ntn : 0)
+                                         : (m + WG_BM - 1) / WG_BM * gt->ntn;
+        if (ntiles > 0x7fffffff) return -1;
+        gt->tiles[s + 1] = (int)ntiles;
+    }
+    return ntiles;
+}
+
 // ---- host side (cuda_wgmma.cu) ----
 // True once on a Hopper GPU whose driver gives cuTensorMapEncodeTiled.
 bool wgmma_available(void);

@@ -1,0 +1,291 @@
+// cuda_wgmma_fp8.cu — the experts' FP8 GEMMs on Hopper's E4M3 warpgroup MMA (wgmma m64n128k32 .e4m3.e4m3, fp32
+// accumulators), one persistent launch over every expert's output tiles, in DeepSeek-V3's block-scaled form
+// (docs/architecture.md, "FP8"):
+//   y (R, N) = x_e (R_e, K) · w_eᵀ,  x's codes (R, K) with 1 × 128 scales xs (KB, R): xs[kb·R + r],
+//                                     w's codes (E, N, K) with 128 × 128 scales ws (E·NB, ldws): ws[(e·NB + nb)·ldws + kb]
+// The input gradient dx_e = dy_e · w_e is the same product against the weight's transposed codes (E, K, N) and their
+// transposed scales (Fp8Weight's qt and st), dy quantised 1 × 128 along N. The weight gradient dw_e (N, K) += dy_eᵀ·x_e
+// (kind WG_WEIGHT_GRAD) contracts over the expert's tokens: A = dyᵀ's codes (N, Tp), B = xᵀ's (K, Tp), both quantised
+// 128 × 1 along the tokens with each expert's rows padded to whole 128-token blocks (Tp their sum), so its scales vary
+// along both output dimensions. Letters: R rows, E experts, N outputs, K the reduction (both multiples of 128),
+// NB = N / 128, KB = K / 128, TB = Tp / 128.
+//
+// Structure as cuda_wgmma.cu's kernels (cuda_wgmma.cuh: the TMA, mbarrier and descriptor wrappers, the tile list): a
+// CTA of three warpgroups, warpgroup 0 the producer loading per reduction block of BK = 128 codes two 64 × 128-byte
+// boxes of x rows and two of w_e rows (one box row = 128 codes = one scale block) into a ring of stages; warpgroups 1
+// and 2 each own 64 of the tile's 128 rows. Both operands are K-major (FP8 wgmma has no transposed form), so a box's
+// rows are the swizzled 128-byte rows the descriptors walk 32 codes (32 bytes) at a time, as for bf16's 16 values.
+// Scales per block (DeepGEMM's promotion): the four k32 products of block kb go into a block accumulator b (fp32 in
+// the tensor core's narrower internal adds), which the consumer then adds into the tile's accumulator d as
+// d += b · xs(row, kb) · ws(nb, kb) (weight gradient: b · sdy(tb, n) · sx(tb, k)) — each product scaled exactly once
+// by its own blocks' scales. The wait for the block's products before that add is what the second consumer
+// warpgroup's products overlap.
+// Epilogue: d through a padded shared-memory tile to 16-byte stores of the rows of the tile's expert (rows past it
+// belong to the next expert and are not stored), or for the weight gradient 16-byte fp32 reductions (red.add) onto
+// dw_e.
+#include "ops/cuda/cuda_wgmma.cuh"
+
+#define W8_BK 128      // E4M3 codes of one reduction block: a scale block, a 128-byte box row
+#define W8_BN 128      // output columns of a tile: one weight scale block
+#define W8_BOX 8192    // bytes of one TMA box: 64 rows of 128 codes
+#define W8_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
+
+// Shared memory for output type TO: the stages (A and B: 2 boxes each) and, per consumer warpgroup, an epilogue tile
+// of 64 rows × 128 outputs, each row padded by 16 (bf16) or 32 (fp32) bytes so the fragment stores miss no banks.
+template <typename TO> struct W8Shape {
+    static constexpr int SA = 2 * W8_BOX, SB = 2 * W8_BOX;
+    static constexpr int ROW = (W8_BN + 8) * (int)sizeof(TO), EPI = 64 * ROW;
+};
+
+// d (64 × 128 fp32, this thread's 64) = A·B + (acc ? d : 0) over 32 E4M3 codes of the reduction.
+static __device__ __forceinline__ void wgmma_e4m3_128(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
+                 "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, "
+                 "%41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
+                 "%61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+                   "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+                   "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+                   "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+// The consumer warpgroup g's epilogue: its 64 rows of d into the shared tile epi, then its first `rows` rows out as
+// 16-byte stores (add: added to what is there) into out at row row0, column col, ldo columns a row. tid: the thread's
+// index in the warpgroup.
+template <typename TO>
+static __device__ __forceinline__ void w8_epilogue(const float *d, TO *out, int64_t ldo, int64_t row0, int rows,
+                                                   int col, bool add, int g, int tid, uint32_t epi) {
+    constexpr int ROW = W8Shape<TO>::ROW, CPR = W8_BN * (int)sizeof(TO) / 16; // 16-byte chunks of a row
+    int warp = tid / 32, lane = tid % 32;
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory"); // the previous tile's reads of epi are done
+    // thread (warp w, lane l) holds rows r, r + 8 (r = 16w + l/4) at columns 8q + 2(l%4), +1
+#pragma unroll
+    for (int q = 0; q < 16; q++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = 16 * warp + lane / 4 + 8 * h, c = q * 8 + 2 * (lane % 4);
+            float v0 = d[4 * q + 2 * h], v1 = d[4 * q + 2 * h + 1];
+            uint32_t a = epi + r * ROW + c * (int)sizeof(TO);
+            if (sizeof(TO) == 4) {
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(v0), "f"(v1) : "memory");
+            } else {
+                __nv_bfloat162 p = __floats2bfloat162_rn(v0, v1);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(*(uint32_t *)&p) : "memory");
+            }
+        }
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
+    for (int i = tid; i < rows * CPR; i += 128) {
+        int r = i / CPR, cc = i % CPR;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(epi + r * ROW + cc * 16));
+        uint4 *o = (uint4 *)(out + (row0 + r) * ldo + col + cc * (16 / (int)sizeof(TO)));
+        if (add) // fp32 only (the weight gradient): a reduction at the L2, so no thread waits for a read
+            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(o), "r"(v.x), "r"(v.y), "r"(v.z),
+                         "r"(v.w)
+                         : "memory");
+        else *o = v;
+    }
+}
+
+// The weight gradient's token blocks: expert e's transposed codes begin at padded block tb0[e] (each expert's rows
+// in whole blocks of 128).
+typedef struct {
+    int tb0[WG_MAX_E];
+} W8Blocks;
+
+// grid: min(tiles, SMs) CTAs of 384 threads; W8_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes.
+// KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); sa x's scales (KB, R), sb w's (E·NB, ldb); out y (R, N).
+// KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens; sa dyᵀ's scales (TB, N), sb
+// xᵀ's (TB, K), one per token block and column, which the producer copies into each stage beside the boxes (a scale
+// per output row and per output column of the tile: 2 × 512 bytes); out dw (E, N, K) fp32, added to when R is
+// nonzero, else written.
+template <int KIND, typename TO>
+__global__ void __launch_bounds__(384, 1)
+    wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, TO *out,
+                     const float *sa_, const float *sb_, int R, int ldb, const __grid_constant__ WgTable gt,
+                     const __grid_constant__ W8Blocks blocks, int ntiles) {
+    typedef W8Shape<TO> S;
+    constexpr bool WGRAD = KIND == WG_WEIGHT_GRAD;
+    constexpr int SA = S::SA, SB = S::SB, SC = WGRAD ? 1024 : 0, ST = SA + SB + SC;
+    constexpr int STAGES = (W8_SMEM - 256 - 2 * S::EPI) / ST;
+    extern __shared__ unsigned char w8_shared[];
+    uint32_t base = (sh_addr(w8_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
+    uint32_t epi0 = base + STAGES * ST, full = epi0 + 2 * S::EPI, empty = full + 8 * STAGES;
+    int wg = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8); // 8 consumer warps
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) { // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x != 0) return;
+        int it = 0;
+        for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+            Tile ti = tile_of<KIND, W8_BN, W8_BK>(gt, t);
+            int tb = WGRAD ? blocks.tb0[ti.e] : 0;
+            for (int kb = 0; kb < ti.nkb; kb++, it++) {
+                int s = it % STAGES;
+                mbar_wait(empty + 8 * s, (it / STAGES & 1) ^ 1);
+                mbar_expect(full + 8 * s, ST);
+                uint32_t sa = base + s * ST, sb = sa + SA, bar = full + 8 * s;
+                for (int i = 0; i < 2; i++) {
+                    if (WGRAD) {
+                        tma_box(sa + i * W8_BOX, &ma, bar, (tb + kb) * W8_BK, ti.row + 64 * i); // dyᵀ rows n
+                        tma_box(sb + i * W8_BOX, &mb, bar, (tb + kb) * W8_BK, ti.col + 64 * i); // xᵀ rows k
+                    } else {
+                        tma_box(sa + i * W8_BOX, &ma, bar, kb * W8_BK, ti.row + 64 * i);               // x rows
+                        tma_box(sb + i * W8_BOX, &mb, bar, kb * W8_BK, ti.e * gt.N + ti.col + 64 * i); // w_e rows n
+                    }
+                }
+                if (WGRAD) { // the block's scales of the tile's 128 rows and 128 columns
+                    const float *pa = sa_ + (int64_t)(tb + kb) * gt.N + ti.row,
+                                *pb = sb_ + (int64_t)(tb + kb) * gt.K + ti.col;
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 512, "
+                                 "[%2];\n" ::"r"(sb + SB),
+                                 "l"(pa), "r"(bar)
+                                 : "memory");
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 512, "
+                                 "[%2];\n" ::"r"(sb + SB + 512),
+                                 "l"(pb), "r"(bar)
+                                 : "memory");
+                }
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    int g = wg - 1, tid = threadIdx.x - 128 * wg, lane = threadIdx.x % 32; // consumer g owns rows 64g..64g+63
+    int rl = 64 * g + 16 * (tid / 32) + lane / 4;                          // this thread's rows rl, rl + 8 of the tile
+    uint32_t epi = epi0 + g * S::EPI;
+    float d[64], b[64]; // the tile's accumulators and one block's
+    int it = 0;
+    for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
+        Tile ti = tile_of<KIND, W8_BN, W8_BK>(gt, t);
+        int r0 = ti.row + rl, r1 = r0 + 8;
+        const float *wsb = sb_ + (int64_t)(ti.e * (gt.N / W8_BN) + ti.col / W8_BN) * ldb; // (forward)
+#pragma unroll
+        for (int i = 0; i < 64; i++) d[i] = 0;
+        for (int kb = 0; kb < ti.nkb; kb++, it++) {
+            int s = it % STAGES;
+            uint32_t sa = base + s * ST, sb = sa + SA, sc = sb + SB;
+            // forward: the scales load while the stage fills and the products run (rows past R: not stored, 0)
+            float s0 = 0, s1 = 0;
+            if (!WGRAD) {
+                float sw = wsb[kb];
+                s0 = r0 < R ? sa_[(int64_t)kb * R + r0] * sw : 0, s1 = r1 < R ? sa_[(int64_t)kb * R + r1] * sw : 0;
+            }
+            mbar_wait(full + 8 * s, it / STAGES & 1);
+            fence_regs<64>(b);
+            wgmma_fence();
+#pragma unroll
+            for (int k32 = 0; k32 < W8_BK / 32; k32++)
+                wgmma_e4m3_128(b, smem_desc(sa + g * W8_BOX + k32 * 32, 16, 1024), smem_desc(sb + k32 * 32, 16, 1024),
+                               k32 > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs<64>(b);
+            if (WGRAD) {
+                // d += b · sdy(row) · sx(column), the column scales read from the stage before it goes back
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s0) : "r"(sc + 4 * rl));
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s1) : "r"(sc + 4 * (rl + 8)));
+#pragma unroll
+                for (int q = 0; q < 16; q++) {
+                    float c0, c1;
+                    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                                 : "=f"(c0), "=f"(c1)
+                                 : "r"(sc + 512 + 4 * (8 * q + 2 * (lane % 4))));
+                    d[4 * q] += b[4 * q] * s0 * c0, d[4 * q + 1] += b[4 * q + 1] * s0 * c1;
+                    d[4 * q + 2] += b[4 * q + 2] * s1 * c0, d[4 * q + 3] += b[4 * q + 3] * s1 * c1;
+                }
+                if (lane == 0) mbar_arrive(empty + 8 * s);
+            } else {
+                if (lane == 0) mbar_arrive(empty + 8 * s); // the stage goes back to the producer
+#pragma unroll
+                for (int i = 0; i < 64; i++) d[i] += b[i] * (i & 2 ? s1 : s0); // elements 2, 3 of each 4: row r + 8
+            }
+        }
+        int row0 = ti.row + 64 * g;
+        if (WGRAD) w8_epilogue<TO>(d, out, gt.K, (int64_t)ti.e * gt.N + row0, 64, ti.col, R, g, tid, epi);
+        else w8_epilogue<TO>(d, out, gt.N, row0, max(0, min(64, ti.r0 + ti.m - row0)), ti.col, false, g, tid, epi);
+    }
+}
+
+// ---- host side ----
+static int64_t w8_calls; // products run here
+
+template <int KIND, typename TO>
+static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, TO *out, const float *sa, const float *sb, int R,
+                      int ldb, const WgTable *gt, const W8Blocks *blocks, int ntiles) {
+    static bool attr;
+    size_t smem = W8_SMEM + 1024; // stages, epilogue tiles, barriers; alignment slack
+    if (!attr) {
+        CUDA_CHECK(
+            cudaFuncSetAttribute(wgmma_fp8_kernel<KIND, TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = true;
+    }
+    int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
+    wgmma_fp8_kernel<KIND, TO><<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, out, sa, sb, R, ldb, *gt, *blocks, ntiles);
+    CUDA_LAUNCH_CHECK();
+}
+
+// Whether the kernel takes y (R, N) from R rows against E experts' codes (E, N, K): a Hopper GPU, y bf16 or fp32 and
+// 16-byte aligned, N and K multiples of 128, at most 256 experts, sizes within int.
+bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K) {
+    return (y.dt == DT_BF16 || y.dt == DT_F32) && aligned16(y.p) && E >= 1 && E <= WG_MAX_E && N % W8_BN == 0 &&
+           K % W8_BK == 0 && E * N <= 0x7fffffff && K <= 0x7fffffff && R + 256 <= 0x7fffffff && wgmma_available();
+}
+
+// y (R, N) = x_e · w_eᵀ per expert on the E4M3 tensor cores (the layouts at the top): xq (R, K) codes and xs (KB, R)
+// scales of x, wq (E·N, K) codes and ws (E·N/128, ldws) scales of w, offs (E + 1) on the host with offs[E] ≤ R. The
+// caller checked wgmma_fp8_takes; false when offs decrease.
+bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t R, const void *wq, const float *ws,
+                       int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs) {
+    if (offs[0] < 0 || offs[E] > R || !aligned16(xq, wq)) return false;
+    WgTable gt;
+    int64_t ntiles = wg_table_build(&gt, WG_FORWARD, E, N, K, W8_BN, offs);
+    if (ntiles < 0) return false;
+    w8_calls++;
+    if (ntiles == 0) return true;
+    CUtensorMap ma, mb;
+    wgmma_tensor_map(&ma, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, R, K);
+    wgmma_tensor_map(&mb, wq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, E * N, K);
+    static W8Blocks none; // (the forward reads no token blocks)
+    if (y.dt == DT_F32)
+        w8_launch<WG_FORWARD, float>(&ma, &mb, (float *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
+    else w8_launch<WG_FORWARD, bf16>(&ma, &mb, (bf16 *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
+    return true;
+}
+
+// dw (E, N, K) fp32 (+)= dy_eᵀ · x_e per expert (accumulate false: written; the caller zeroes empty experts) on the E4M3 tensor cores: dq (N, Tp) and xq (K, Tp) the transposed
+// codes of dy and x, each expert's rows padded to whole 128-token blocks (expert e's from block Σ_{j<e} ⌈m_j/128⌉,
+// zero codes in the padding), ds (TB, N) and xs (TB, K) their 128 × 1 scales per token block. The caller checked
+// wgmma_fp8_takes (on dw, with N and K); false when offs decrease.
+bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
+                             int64_t E, int64_t N, int64_t K, const int64_t *offs, bool accumulate) {
+    if (dw.dt != DT_F32 || offs[0] != 0 || !aligned16(dq, xq, ds, xs)) return false;
+    WgTable gt;
+    int64_t ntiles = wg_table_build(&gt, WG_WEIGHT_GRAD, E, N, K, W8_BN, offs);
+    if (ntiles < 0) return false;
+    w8_calls++;
+    if (ntiles == 0) return true;
+    CUtensorMap ma, mb;
+    wgmma_tensor_map(&ma, dq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, N, Tp);
+    wgmma_tensor_map(&mb, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, K, Tp);
+    W8Blocks blocks;
+    for (int64_t e = 0, tb = 0; e < E; e++) blocks.tb0[e] = (int)tb, tb += (offs[e + 1] - offs[e] + W8_BK - 1) / W8_BK;
+    w8_launch<WG_WEIGHT_GRAD, float>(&ma, &mb, (float *)dw.p, ds, xs, accumulate, 0, &gt, &blocks, (int)ntiles);
+    return true;
+}
+
+int64_t wgmma_fp8_calls(void) { return w8_calls; }
