@@ -62,19 +62,34 @@ __device__ float column_block_scale(const T *x, int64_t C, int64_t c, bool in, i
     return bad ? NAN : fp8_scale(amax);
 }
 
-// A warp's 1 × 128 block of row r from column c0 (lane i holds columns c0 + i, + 32, + 64, + 96: coalesced): its
-// values in v (0 past C) and its scale (NaN when non-finite).
-template <typename T> __device__ float row_block_scale(const T *x, int64_t C, int64_t r, int64_t c0, float v[4]) {
+// The scale of a warp's block from each lane's 4 values v (NaN when one is non-finite).
+__device__ __forceinline__ float warp_block_scale(const float v[4]) {
     float amax = 0;
     int bad = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        v[i] = c0 + 32 * i < C ? ld(x, r * C + c0 + 32 * i) : 0.0f;
-        bad |= !isfinite(v[i]), amax = fmaxf(amax, fabsf(v[i]));
-    }
+    for (int i = 0; i < 4; i++) bad |= !isfinite(v[i]), amax = fmaxf(amax, fabsf(v[i]));
     for (int o = 16; o; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o)), bad |= __shfl_xor_sync(0xffffffff, bad, o);
     return bad ? NAN : fp8_scale(amax);
+}
+
+// A warp's 1 × 128 block of row r from column c0 (lane i holds columns c0 + i, + 32, + 64, + 96: coalesced): its
+// values in v (0 past C) and its scale (NaN when non-finite).
+template <typename T> __device__ float row_block_scale(const T *x, int64_t C, int64_t r, int64_t c0, float v[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = c0 + 32 * i < C ? ld(x, r * C + c0 + 32 * i) : 0.0f;
+    return warp_block_scale(v);
+}
+
+// Four consecutive values from a 8-byte (bf16) or 16-byte (fp32) aligned address.
+__device__ __forceinline__ void ld4(const float *p, float v[4]) {
+    float4 u = *(const float4 *)p;
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+}
+__device__ __forceinline__ void ld4(const bf16 *p, float v[4]) {
+    uint2 u = *(const uint2 *)p;
+    float2 a = __bfloat1622float2(*(__nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(__nv_bfloat162 *)&u.y);
+    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
 }
 
 // The rows r0..r1 of row block rb (of all groups' blocks, in order).
@@ -142,12 +157,27 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *o
 
 // ---- codes and scales for the tensor-core GEMMs ----
 
-// Rows: x (R, C) in 1 × 128 blocks → codes q (R, C) and VEC128 scales s[cb·R + r]; a warp per block, as above.
-template <typename T>
+// Rows: x (R, C) in 1 × 128 blocks → codes q (R, C) and VEC128 scales s[cb·R + r]; a warp per block, as above, or
+// (VEC: C a multiple of 128, x 16-byte aligned) lane i holding columns 4i .. 4i + 3 of the block: one vector load and
+// one 4-byte store of codes a lane.
+template <typename T, bool VEC>
 __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t R, int64_t C, int64_t nchunks) {
     int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     if (blk >= R * nchunks) return;
-    int64_t r = blk / nchunks, cb = blk % nchunks, c0 = cb * 128 + (threadIdx.x & 31);
+    int64_t r = blk / nchunks, cb = blk % nchunks;
+    if (VEC) {
+        int64_t c = cb * 128 + 4 * (threadIdx.x & 31);
+        float v[4];
+        ld4(x + r * C + c, v);
+        float sc = warp_block_scale(v), inv = 1.0f / sc;
+        if ((threadIdx.x & 31) == 0) s[cb * R + r] = sc;
+        uint32_t pk = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) pk |= (uint32_t)fp8_code(v[i], inv) << 8 * i;
+        *(uint32_t *)(q + r * C + c) = pk;
+        return;
+    }
+    int64_t c0 = cb * 128 + (threadIdx.x & 31);
     float v[4], sc = row_block_scale(x, C, r, c0, v), inv = 1.0f / sc;
     if ((threadIdx.x & 31) == 0) s[cb * R + r] = sc;
 #pragma unroll
@@ -306,9 +336,14 @@ static void quant_rows(Tensor x, uint8_t *q, float *s, uint8_t **qp, float **sp)
     }
     if (qp) *qp = q, *sp = s;
     if (R * nchunks == 0) return;
-    DT_SWITCH(x.dt, T, "fp8_quant_rows",
-              fp8_quant_rows_kernel<T>
-              <<<(R * nchunks + 7) / 8, 256, 0, cuda_stream()>>>(q, s, (const T *)x.p, R, C, nchunks));
+    unsigned grid = (unsigned)((R * nchunks + 7) / 8);
+    if (C % 128 == 0 && aligned16(x.p) && (uintptr_t)q % 4 == 0)
+        DT_SWITCH(x.dt, T, "fp8_quant_rows",
+                  fp8_quant_rows_kernel<T, true><<<grid, 256, 0, cuda_stream()>>>(q, s, (const T *)x.p, R, C, nchunks));
+    else
+        DT_SWITCH(x.dt, T, "fp8_quant_rows",
+                  fp8_quant_rows_kernel<T, false>
+                  <<<grid, 256, 0, cuda_stream()>>>(q, s, (const T *)x.p, R, C, nchunks));
     CUDA_LAUNCH_CHECK();
 }
 
