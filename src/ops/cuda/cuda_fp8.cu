@@ -419,6 +419,37 @@ extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const 
     return ok;
 }
 
+// Token blocks of E groups of rows offs[e]..offs[e+1]: each group in whole blocks of 128.
+static int64_t token_blocks(const int64_t *offs, int64_t E) {
+    int64_t tb = 0;
+    for (int64_t e = 0; e < E; e++) tb += (offs[e + 1] - offs[e] + 127) / 128;
+    return tb;
+}
+
+// x (R, C) (C a multiple of 128) in 128 × 1 blocks within each of E groups of rows → codes qt (C, Tp), each group's
+// rows padded to whole 128-row blocks (Tp = 128 · token_blocks), and scales s (TB, C).
+static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const int64_t *offs, int64_t E) {
+    static Fp8Groups gr; // static: 8 KB of launch parameters
+    CHECK(E <= FP8_MAX_GROUPS && t_cols(x) % 128 == 0);
+    gr.n = (int)E, gr.bh = 128, gr.rb0[0] = 0;
+    for (int64_t e = 0; e <= E; e++) gr.offs[e] = (int)offs[e];
+    for (int64_t e = 0; e < E; e++) gr.rb0[e + 1] = gr.rb0[e] + (gr.offs[e + 1] - gr.offs[e] + 127) / 128;
+    int64_t C = t_cols(x), TB = gr.rb0[E];
+    if (TB == 0) return;
+    DT_SWITCH(x.dt, T, "fp8_quant_t_groups",
+              fp8_quant_t_groups_kernel<T>
+              <<<TB *(C / 128), 128, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, TB * 128, gr));
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, const int64_t *offs, int groups) {
+    ON_GPU(x, "fp8_quantize_cols_t");
+    int64_t TB = token_blocks(offs, groups);
+    CHECK(qt.dt == DT_U8 && tensor_numel(qt) == t_cols(x) * TB * 128 && s.dt == DT_F32 &&
+          tensor_numel(s) == TB * t_cols(x));
+    quant_t_groups((uint8_t *)qt.p, (float *)s.p, x, offs, groups);
+}
+
 // The experts' weight gradient dw (E, N, K) fp32 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false: written,
 // an empty expert's zeroed): dy and x quantised 128 × 1 along each expert's tokens, their codes transposed while
 // quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole 128-token blocks, Tp their sum) with a scale
@@ -431,14 +462,9 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
     if ((x.dt != DT_F32 && x.dt != DT_BF16) || dy.dt != x.dt || !aligned16(x.p, dy.p) || E > FP8_MAX_GROUPS ||
         offs[0] != 0 || !wgmma_fp8_takes(dw, t_rows(x), E, N, K))
         return false;
-    static Fp8Groups gr; // static: 8 KB of launch parameters
-    gr.n = (int)E, gr.bh = 128, gr.rb0[0] = 0;
-    for (int64_t e = 0; e <= E; e++) {
-        if (e > 0 && offs[e] < offs[e - 1]) return false;
-        gr.offs[e] = (int)offs[e];
-    }
-    for (int64_t e = 0; e < E; e++) gr.rb0[e + 1] = gr.rb0[e] + (gr.offs[e + 1] - gr.offs[e] + 127) / 128;
-    int64_t TB = gr.rb0[E], Tp = TB * 128;
+    for (int64_t e = 0; e < E; e++)
+        if (offs[e + 1] < offs[e]) return false;
+    int64_t TB = token_blocks(offs, E), Tp = TB * 128;
     if (!accumulate) // an empty expert has no tiles: its dw_e is zeroed here
         for (int64_t e = 0; e < E; e++)
             if (offs[e + 1] == offs[e])
@@ -448,14 +474,7 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
     char *p = (char *)cuda_scratch(bd + bx + bsd + a256(sizeof(float) * TB * K));
     uint8_t *dq = (uint8_t *)p, *xq = (uint8_t *)(p + bd);
     float *ds = (float *)(p + bd + bx), *xs = (float *)(p + bd + bx + bsd);
-    DT_SWITCH(x.dt, T_, "fp8_quant_t_groups",
-              fp8_quant_t_groups_kernel<T_>
-              <<<TB *(N / 128), 128, 0, cuda_stream()>>>(dq, ds, (const T_ *)dy.p, N, Tp, gr));
-    CUDA_LAUNCH_CHECK();
-    DT_SWITCH(x.dt, T_, "fp8_quant_t_groups",
-              fp8_quant_t_groups_kernel<T_>
-              <<<TB *(K / 128), 128, 0, cuda_stream()>>>(xq, xs, (const T_ *)x.p, K, Tp, gr));
-    CUDA_LAUNCH_CHECK();
+    quant_t_groups(dq, ds, dy, offs, E), quant_t_groups(xq, xs, x, offs, E);
     bool ok = wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, accumulate);
     tc_gemms += ok;
     return ok;
