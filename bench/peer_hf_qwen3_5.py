@@ -50,6 +50,7 @@ t, peak = time_fwd_bwd(fwd, cfg.vocab_size, a.mbs, a.seq, a.iters)
 mode = "+compile" if a.compile else "+compile-layers" if a.compile_layers else ""
 print(json.dumps({"peer": "hf-transformers" + mode + (" balanced" if a.balanced else ""),
     "model": "qwen3.5-35b-a3b", "layers": a.layers, "experts": a.experts, "delta_rule": delta_path,
+    "experts_implementation": getattr(model.config, "_experts_implementation", None),
     "mbs": a.mbs, "seq": a.seq, "step_s": t,
     "tokens_per_s": a.mbs * a.seq / t, "peak_gb": peak,
     "params": sum(p.numel() for p in model.parameters())}))
