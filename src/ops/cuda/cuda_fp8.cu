@@ -246,7 +246,7 @@ static int64_t up4(int64_t n) { return (n + 3) / 4 * 4; }
 
 extern "C" void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
     ON_GPU(w, "fp8_weight");
-    int64_t E = w.nd == 3 ? w.n[0] : 1, N = w.nd == 3 ? w.n[1] : t_rows(w), K = t_cols(w);
+    int64_t E = w.nd == 3 ? w.n[0] : 1, N = w.nd == 3 ? w.n[1] : t_rows(w), K = w.nd == 3 ? w.n[2] : t_cols(w);
     int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
     CHECK(tensor_numel(fw.q) == E * N * K && fw.q.n[fw.q.nd - 1] == K && fw.s.n[0] == E * NB && fw.s.n[1] == up4(KB) &&
           fw.st.n[1] == up4(NB));
