@@ -149,14 +149,15 @@ void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bia
                              Tensor b, Tensor A_log, Tensor dt_bias) {
     DISPATCH(a.dev, delta_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias));
 }
-// cuda_delta.cu carves its scratch in this order: q̂, k̂ (T, nk, dk), their norms (T, nk), then per (b, h) over
-// NC chunks of L (NL = NC·L rows): c (NL, fp64), U (NL, dv), W (NL, dk), M (NC, L, L); the backward adds Tm (NC, L, L),
-// S₀ and dS₁ (NC, dk, dv), V', dV', dBv (NL, dv), dW, dBk (NL, dk) and gq, gk (T, nv, dk). The CPU needs none.
+// cuda_delta.cu carves its scratch in this order: q̂, k̂ (T, nk, dk), their norms (T, nk each, padded to 16 bytes),
+// then per (b, h) over NC chunks of L (NL = NC·L rows): c (NL, fp64), U (NL, dv), W (NL, dk), M (NC, L, L); the
+// backward adds Tm (NC, L, L), S₀ and dS₁ (NC, dk, dv), V', dV', dBv (NL, dv), dW, dBk (NL, dk) and gq, gk (T, nv, dk).
+// The CPU needs none.
 size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool backward) {
     if (q.dev != DEV_CUDA) return 0;
     int64_t T = q.n[0], S = T / a->B, nk = q.n[1], dk = q.n[2], nv = v.n[1], dv = v.n[2];
     int64_t L = a->chunk ? a->chunk : DELTA_MAX_CHUNK, NC = (S + L - 1) / L, NL = NC * L, BH = a->B * nv;
-    int64_t fwd = 2 * T * nk * dk + 2 * T * nk + BH * NL * (2 + dv + dk) + BH * NC * L * L;
+    int64_t fwd = 2 * T * nk * dk + (2 * T * nk + 3) / 4 * 4 + BH * NL * (2 + dv + dk) + BH * NC * L * L;
     if (!backward) return (size_t)fwd;
     return (size_t)(fwd + BH * NC * (L * L + 2 * dk * dv) + BH * NL * (3 * dv + 2 * dk) + 2 * T * nv * dk);
 }

@@ -228,73 +228,105 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 }
 
 // ---- causal depthwise conv1d + SiLU ----
-
-// Pre-activation of row t (position p = t mod S) and channel c; rows before the sequence's start are the halo's
-// (B·(K−1), C) rows of sequence t / S, or 0 without one.
-template <typename T, typename TW>
-__device__ __forceinline__ float conv_pre(const T *x, const TW *w, const T *halo, int64_t t, int64_t p, int64_t c,
-                                          int64_t C, int K, int64_t S) {
-    float s = 0;
-    for (int j = 0; j < K; j++) {
-        int64_t src = p - K + 1 + j;
-        if (src >= 0) s += ld(w, c * K + j) * ld(x, (t - p + src) * C + c);
-        else if (halo) s += ld(w, c * K + j) * ld(halo, (t / S * (K - 1) + K - 1 + src) * C + c);
-    }
-    return s;
-}
-
-template <typename T, typename TW>
-__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, int64_t T_, int64_t C, int64_t S,
-                                    int K) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T_ * C; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t = i / C, c = i % C;
-        float u = conv_pre(x, w, halo, t, t % S, c, C, K, S);
-        st(y, i, u * sigm(u));
-    }
-}
-
-// dx[t, c] = Σ_j w[c, j]·dpre[t + K − 1 − j, c] with dpre = dy·silu'(pre) recomputed per tap; the halo's rows
-// (dhalo, when given: row b·(K−1) + i at position i − (K−1)) the same sum.
-template <typename T, typename TW>
-__global__ void conv_backward_dx_kernel(T *dx, T *dhalo, const T *dy, const T *x, const TW *w, const T *halo,
-                                        int64_t T_, int64_t C, int64_t S, int K) {
-    int64_t B = T_ / S, nh = dhalo ? B * (K - 1) * C : 0;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < T_ * C + nh;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        bool in_halo = i >= T_ * C;
-        int64_t r = in_halo ? (i - T_ * C) / C : i / C, c = i % C;
-        int64_t b = in_halo ? r / (K - 1) : r / S, p = in_halo ? r % (K - 1) - (K - 1) : r % S;
-        float s = 0;
-        for (int j = 0; j < K; j++) {
-            int64_t po = p + K - 1 - j; // the output position that reads this row through tap j
-            if (po < 0 || po >= S) continue;
-            int64_t to = b * S + po;
-            s += ld(w, c * K + j) * ld(dy, to * C + c) * silu_grad(conv_pre(x, w, halo, to, po, c, C, K, S));
-        }
-        if (in_halo) st(dhalo, r * C + c, s);
-        else st(dx, i, s);
-    }
-}
-
-// dw[c, j] += Σ_t dpre[t, c]·x[t − K + 1 + j, c] (the halo's rows before the start): thread per channel, grid.y
-// splits the rows, taps in registers.
+// A thread takes one channel c over runs of CONV_RUN positions of one sequence, the inputs it slides over in
+// registers: each x and dy is read once per run (plus a halo of CONV_MAX_K − 1), where the per-element kernels read
+// each K to K² times. The K taps sit right-aligned in CONV_MAX_K (zeros before them), so every register index is a
+// constant: u[p] = Σ_j w'[j]·x[p − CONV_MAX_K + 1 + j], the zero taps adding exact zeros in the CPU's order. Runs
+// are grid-strided (grid.y), so that a thread's weight-gradient sums span several runs before one atomic add per tap.
+// The halo (context parallelism: the K − 1 rows before each sequence, (B·(K−1), C); NULL: zeros) stands in for the
+// positions −(K − 1) .. −1; its gradient is the first run's dx formula at those positions.
+#define CONV_RUN 32
 #define CONV_MAX_K 8
+#define CONV_THREADS 128
+
+static dim3 conv_grid(int64_t C, int64_t runs) {
+    return dim3((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)(runs < 64 ? runs : 64));
+}
+template <typename TW>
+__device__ __forceinline__ void conv_taps(float (&wk)[CONV_MAX_K], const TW *w, int64_t c, int K) {
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++) wk[j] = j >= CONV_MAX_K - K ? ld(w, c * K + j - (CONV_MAX_K - K)) : 0.0f;
+}
+
+// xw[i] = x[q0 + i] of one channel (xs: its column in the sequence; hs: its column in the sequence's K − 1 halo
+// rows, or NULL; elsewhere 0).
+template <int N, typename T>
+__device__ __forceinline__ void conv_window(float (&xw)[N], const T *xs, const T *hs, int K, int64_t q0, int64_t S,
+                                            int64_t C) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        int64_t q = q0 + i;
+        xw[i] = q >= 0 ? (q < S ? ld(xs, q * C) : 0.0f) : hs && q >= 1 - K ? ld(hs, (K - 1 + q) * C) : 0.0f;
+    }
+}
+// The pre-activation at window offset i: Σ_j w'[j]·xw[i + j].
+template <int N> __device__ __forceinline__ float conv_u(const float (&wk)[CONV_MAX_K], const float (&xw)[N], int i) {
+    float u = 0;
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++) u += wk[j] * xw[i + j];
+    return u;
+}
+
+// y[p] = silu(u[p]) for the run's positions p0 .. p0 + CONV_RUN − 1 (x before the sequence: 0).
 template <typename T, typename TW>
-__global__ void conv_backward_dw_kernel(float *dw, const T *dy, const T *x, const TW *w, const T *halo, int64_t T_,
-                                        int64_t C, int64_t S, int K) {
-    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, int64_t C, int64_t S, int K,
+                                    int64_t runs) {
+    const int NX = CONV_RUN + CONV_MAX_K - 1; // x[p0 − CONV_MAX_K + 1 .. p0 + CONV_RUN − 1]
+    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
     if (c >= C) return;
-    float acc[CONV_MAX_K] = {0};
-    for (int64_t t = blockIdx.y; t < T_; t += gridDim.y) {
-        int64_t p = t % S;
-        float d = ld(dy, t * C + c) * silu_grad(conv_pre(x, w, halo, t, p, c, C, K, S));
-        for (int j = 0; j < K; j++) {
-            int64_t src = p - K + 1 + j;
-            if (src >= 0) acc[j] += d * ld(x, (t - K + 1 + j) * C + c);
-            else if (halo) acc[j] += d * ld(halo, (t / S * (K - 1) + K - 1 + src) * C + c);
+    float wk[CONV_MAX_K], xw[NX];
+    conv_taps(wk, w, c, K);
+    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
+        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
+        conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
+#pragma unroll
+        for (int i = 0; i < CONV_RUN; i++) {
+            float u = conv_u(wk, xw, i);
+            if (p0 + i < S) st(y + b * S * C + c, (p0 + i) * C, u * sigm(u));
         }
     }
-    for (int j = 0; j < K; j++) atomicAdd(dw + c * K + j, acc[j]);
+}
+
+// dpre[p] = dy[p]·silu'(u[p]) over p0 .. p0 + CONV_RUN + CONV_MAX_K − 2 (past the sequence: 0);
+// dx[p] = Σ_j w'[j]·dpre[p + CONV_MAX_K − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p.
+template <typename T, typename TW>
+__global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, const T *x, const TW *w, const T *halo,
+                                     int64_t C, int64_t S, int K, int64_t runs) {
+    const int ND = CONV_RUN + CONV_MAX_K - 1, NX = ND + CONV_MAX_K - 1; // x from p0 − CONV_MAX_K + 1
+    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
+    if (c >= C) return;
+    float wk[CONV_MAX_K], dwk[CONV_MAX_K] = {0}, xw[NX], dp[ND];
+    conv_taps(wk, w, c, K);
+    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
+        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
+        const T *dys = dy + b * S * C + c;
+        conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
+#pragma unroll
+        for (int i = 0; i < ND; i++) dp[i] = p0 + i < S ? ld(dys, (p0 + i) * C) * silu_grad(conv_u(wk, xw, i)) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < CONV_RUN; i++) {
+            if (p0 + i >= S) break;
+            float s = 0;
+#pragma unroll
+            for (int j = 0; j < CONV_MAX_K; j++) s += wk[j] * dp[i + CONV_MAX_K - 1 - j];
+            st(dx + b * S * C + c, (p0 + i) * C, s);
+#pragma unroll
+            for (int j = 0; j < CONV_MAX_K; j++) dwk[j] += dp[i] * xw[i + j];
+        }
+        if (dhalo && p0 == 0) { // halo row K − 1 − h is position −h: Σ_j w'[j]·dpre[CONV_MAX_K − 1 − h − j]
+#pragma unroll
+            for (int h = 1; h < CONV_MAX_K; h++) {
+                float s = 0;
+#pragma unroll
+                for (int j = 0; j < CONV_MAX_K; j++)
+                    if (CONV_MAX_K - 1 - h - j >= 0) s += wk[j] * dp[CONV_MAX_K - 1 - h - j];
+                if (h <= K - 1) st(dhalo + b * (K - 1) * C + c, (K - 1 - h) * C, s);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++)
+        if (j >= CONV_MAX_K - K) atomicAdd(dw + c * K + j - (CONV_MAX_K - K), dwk[j]);
 }
 
 static void conv_check_halo(Tensor halo, Tensor x, int64_t B, int K, const char *what) {
@@ -304,39 +336,36 @@ static void conv_check_halo(Tensor halo, Tensor x, int64_t B, int K, const char 
 }
 
 void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
-    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B;
+    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B, runs = B * ((S + CONV_RUN - 1) / CONV_RUN);
     int K = (int)t_cols(w);
     CHECK(T_ % B == 0 && t_rows(w) == C && tensor_numel(y) == T_ * C);
+    if (K > CONV_MAX_K) die("conv1d_silu_forward: kernel %d is past the GPU kernels' %d", K, CONV_MAX_K);
     same_dt(y, x, "conv1d_silu_forward");
     conv_check_halo(halo, x, B, K, "conv1d_silu_forward");
     if (T_ == 0) return;
     DT_SWITCH(x.dt, T, "conv1d_silu_forward",
               DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
-                        conv_forward_kernel<T, TW><<<grid_for(T_ * C, 256), 256, 0, cuda_stream()>>>(
-                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, T_, C, S, K)));
+                        conv_forward_kernel<T, TW><<<conv_grid(C, runs), CONV_THREADS, 0, cuda_stream()>>>(
+                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, C, S, K, runs)));
     CUDA_LAUNCH_CHECK();
 }
 
 void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
-    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B;
+    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B, runs = B * ((S + CONV_RUN - 1) / CONV_RUN);
     int K = (int)t_cols(w);
-    CHECK(K <= CONV_MAX_K && (!dhalo.p || (halo.p && tensor_numel(dhalo) == tensor_numel(halo))));
+    if (K > CONV_MAX_K) die("conv1d_silu_backward: kernel %d is past the GPU kernels' %d", K, CONV_MAX_K);
+    CHECK(!dhalo.p || (halo.p && tensor_numel(dhalo) == tensor_numel(halo)));
     same_dt(dx, x, "conv1d_silu_backward");
     same_dt(dy, x, "conv1d_silu_backward");
     IS_F32(dw, "conv1d_silu_backward");
     conv_check_halo(halo, x, B, K, "conv1d_silu_backward");
     if (dhalo.p) same_dt(dhalo, x, "conv1d_silu_backward");
     if (T_ == 0) return;
-    int64_t gy = T_ / 64, n = T_ * C + (dhalo.p ? (int64_t)B * (K - 1) * C : 0);
-    dim3 gdw((unsigned)((C + 127) / 128), (unsigned)(gy > 256 ? 256 : gy < 1 ? 1 : gy));
     DT_SWITCH(x.dt, T, "conv1d_silu_backward",
               DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
-                        conv_backward_dx_kernel<T, TW><<<grid_for(n, 256), 256, 0, cuda_stream()>>>(
-                            (T *)dx.p, (T *)dhalo.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
-                            (const T *)halo.p, T_, C, S, K);
-                        conv_backward_dw_kernel<T, TW>
-                        <<<gdw, 128, 0, cuda_stream()>>>((float *)dw.p, (const T *)dy.p, (const T *)x.p,
-                                                         (const TW *)w.p, (const T *)halo.p, T_, C, S, K)));
+                        conv_backward_kernel<T, TW><<<conv_grid(C, runs), CONV_THREADS, 0, cuda_stream()>>>(
+                            (T *)dx.p, (T *)dhalo.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
+                            (const T *)halo.p, C, S, K, runs)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -408,10 +437,11 @@ void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_b
 
 // ---- the gated delta rule ----
 
-// One warp per (token, key head): qh = scale·q·rq, kh = k·rk (fp32), rq, rk = (Σ x² + 1e-6)^-½ (1 without l2).
-template <typename T>
-__global__ void delta_prep_kernel(float *qh, float *kh, float *rq, float *rk, const T *q, const T *k, int64_t rows,
-                                  int dk, float scale, bool l2) {
+// One warp per (token, key head): qh = scale·q·rq, kh = k·rk (fp32, or bf16 for the tensor cores), rq, rk =
+// (Σ x² + 1e-6)^-½ (1 without l2).
+template <typename T, typename TO>
+__global__ void delta_prep_kernel(TO *qh, TO *kh, float *rq, float *rk, const T *q, const T *k, int64_t rows, int dk,
+                                  float scale, bool l2) {
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
     if (row >= rows) return;
     float sq = 0, sk = 0;
@@ -423,7 +453,7 @@ __global__ void delta_prep_kernel(float *qh, float *kh, float *rq, float *rk, co
     float r1 = l2 ? rsqrtf(sq + 1e-6f) : 1.0f, r2 = l2 ? rsqrtf(sk + 1e-6f) : 1.0f;
     if (threadIdx.x == 0) rq[row] = r1, rk[row] = r2;
     for (int i = threadIdx.x; i < dk; i += 32)
-        qh[row * dk + i] = ld(q, row * dk + i) * r1 * scale, kh[row * dk + i] = ld(k, row * dk + i) * r2;
+        st(qh, row * dk + i, ld(q, row * dk + i) * r1 * scale), st(kh, row * dk + i, ld(k, row * dk + i) * r2);
 }
 
 // ---- the chunked form (the CPU's delta_chunk in src/ops/cpu/cpu_delta.c is its reference) ----
@@ -614,6 +644,16 @@ __global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, float *ds0, co
             ds0[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] = dSt[e];
 }
 
+// One thread's end of a chunk's backward: S₁'s decay e^{c_L} (sd = ⟨S₀, dS₁⟩, and the kg terms z) into the last dc,
+// then dg (row stride ds) = the reverse cumulative sum of dc over the chunk's Le positions.
+template <typename Z>
+__device__ void delta_dg(float *dg, int ds, double *dc, const double *cc, const Z *z, double sd, int Le) {
+    double s = expf((float)cc[Le - 1]) * sd;
+    for (int j = 0; j < Le; j++) s += z[j];
+    dc[Le - 1] += s, s = 0;
+    for (int i = Le - 1; i >= 0; i--) s += dc[i], dg[(int64_t)i * ds] = (float)s;
+}
+
 // The rest of the backward, every chunk at once. Grid (NC, B·nv). With D_ij = (dO_i·V'_j) e^{c_i − c_j} (j ≤ i):
 //   dq_i = e^{c_i} S₀ dO_i + Σ_j D_ij k_j;  dk_j = Σ_i D_ij q_i + e^{c_L − c_j} dS₁ V'_j + (the A and W terms);
 //   dW = −dV' S₀ᵀ, dBv = Tmᵀ dV', dBk = Tmᵀ dW (∂ of β v and β e^c k), dA_ij = −(dBv_i·U_j + dBk_i·W_j) (j < i),
@@ -711,12 +751,7 @@ __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg,
         z[i] = kg;
     }
     __syncthreads();
-    if (threadIdx.x == 0) { // S₁'s decay e^{c_L}; then dg = the reverse cumulative sum of dc
-        double s = expf((float)cc[Le - 1]) * sd;
-        for (int j = 0; j < Le; j++) s += z[j];
-        dc[Le - 1] += s, s = 0;
-        for (int i = Le - 1; i >= 0; i--) s += dc[i], dg[(tok0 + i) * nv + h] = (float)s;
-    }
+    if (threadIdx.x == 0) delta_dg(dg + tok0 * nv + h, nv, dc, cc, z, sd, Le);
     for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) {
         int i = e / dv, y = e % dv;
         st(dv_, ((tok0 + i) * nv + h) * dv + y, bb[i] * dBvg[(row0 + i) * dv + y]);
@@ -736,21 +771,24 @@ __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg,
 // ---- the tensor-core form (bf16 data, dk = dv = 128, chunk 64) ----
 // The same terms as the SIMT kernels above, with every product on mma.sync m16n8k16 (bf16 operands in shared memory,
 // fp32 accumulators; cuda_mma.cuh has the fragment layouts). The state and its gradient stay fp32 in registers and
-// enter products as bf16 copies; the per-chunk intermediates (U, W, M, Tm, S₀, dS₁, V', dV') are fp32 in the
-// scratch, laid out as for the SIMT kernels. Per chunk the products are 64 × 128 × 128 at most: the 8 warps of a
-// block split each one (warp tiles of 16 rows).
-// The inter-chunk pass is sequential over chunks per (sequence, value head, 32 value columns) with those columns of
-// the state in registers (warp w holds rows 16w..16w+15). Why not the two-pass form (chunk-local states in
-// parallel, then a scan): a chunk's map S ↦ (e^{c_L} I − kᵀ e^{c_L − c} W) S + kᵀ e^{c_L − c} U needs its dk × dk
-// matrix and the scan a dk × dk × dv product per combine — as many FLOPs as the sequential pass's own three
-// products (W S, q S, kᵀ V'), twice over for a log-depth scan — while the sequential pass's 256 blocks at
-// 2 × 4096 tokens already fill the 132 SMs and its per-chunk loads do not wait on the state.
+// enter products as bf16 copies; the per-chunk intermediates are bf16 in the scratch (q̂, k̂, W, M, Tm, S₀, dS₁, V',
+// dV', in the SIMT kernels' places and orders), so that every tile comes in by cp.async — all but U, which the state
+// pass reads in fp32: V' = U − W S cancels (the state predicts v), and a bf16 U put dg 1.1e-2 off the fp64 reference
+// at the end of a sequence with states (dg there the difference of e^{c_L} ⟨S₀, dS₁⟩ and k dS₁ V' terms 9× its
+// size); tc_grad's product takes a bf16 copy.
+// Per chunk the products are 64 × 128 × 128 at most: the 8 warps of a block split each one (warp tiles of 16 rows).
+// The inter-chunk pass is sequential over chunks per (sequence, value head, 64 value columns) with those columns of
+// the state in registers (warp w holds rows 16w..16w+15), the next chunk's tiles loading while this one computes.
+// Why not the two-pass form (chunk-local states in parallel, then a scan): a chunk's map
+// S ↦ (e^{c_L} I − kᵀ e^{c_L − c} W) S + kᵀ e^{c_L − c} U needs its dk × dk matrix (a 128 × 128 × 64 product) and the
+// scan a dk × dk × dv product per combine: 2 × 1 M multiply-adds per chunk and head against the sequential pass's
+// 1.8 M (W S, q S, M V', kᵀ V'), and twice that again for a log-depth scan, while the sequential pass's 128 blocks
+// at 2 × 4096 tokens already occupy every SM and its loads do not wait on the state.
 #define TC_L 64  // positions per chunk
 #define TC_D 128 // dk = dv
-#define TC_VT 32 // state columns per state-pass block
+#define TC_VT 64 // state columns per state-pass block
 #define LDD 136  // row stride (elements) of a 128-wide bf16 tile: 16 bytes of padding (cuda_mma.cuh)
 #define LDL 72   // of a 64-wide one
-#define LDV 40   // of a 32-wide one
 #define TC_THREADS 256
 
 // The warps' split of an M × N product: WM = M/16 warps along the rows, WN = 8/WM along the columns, each with NT
@@ -817,32 +855,37 @@ __device__ __forceinline__ void tc_rowsum(float *dst, float (&acc)[TcTile<M, N>:
     if ((lane & 3) == 0) atomicAdd(dst + r0, p[0]), atomicAdd(dst + r0 + 8, p[1]);
 }
 
-// A rows × W bf16 tile (row stride LD) from fp32 or bf16 global rows (row r at src + r·rs), row r times scale[r]
-// when scale is not NULL; rows from n on are zeros.
-template <int W, int LD, typename S>
-__device__ __forceinline__ void tc_load(bf16 *dst, const S *src, int64_t rs, int rows, int n, const float *scale) {
-    for (int e = threadIdx.x; e < rows * W; e += blockDim.x) {
-        int r = e / W, c = e % W;
-        float x = r < n ? ld(src, r * rs + c) * (scale ? scale[r] : 1.0f) : 0.0f;
-        dst[r * LD + c] = __float2bfloat16(x);
+// Starts the copy (cp.async, 16 bytes a piece) of a rows × W bf16 tile (row stride LD) from global rows r at
+// src + r·rs (16-byte aligned); rows from n on are zero-filled.
+template <int W, int LD>
+__device__ __forceinline__ void tc_copy(bf16 *dst, const bf16 *src, int64_t rs, int rows, int n) {
+    constexpr int P = W / 8; // pieces per row
+    for (int e = threadIdx.x; e < rows * P; e += blockDim.x) {
+        int r = e / P, c = (e % P) * 8;
+        cp_async16(smem_addr(dst + r * LD + c), src + (r < n ? r * rs + c : 0), r < n);
     }
 }
+__device__ __forceinline__ float bf(const bf16 *p, int i) { return __bfloat162float(p[i]); }
 
 // Per chunk, every chunk at once: c (fp64), A = β (k kᵀ) e^{c_i − c_j} (j < i), Tm = (I + A)⁻¹ by forward
-// substitution (fp32), U = Tm (β v), W = Tm (β e^c k), M = (q kᵀ) e^{c_i − c_j} (j ≤ i), all written whole (zeros
-// outside the chunk's Le positions). Grid (NC, B·nv).
+// substitution (fp32), U = (Tm diag β) v, W = (Tm diag(β e^c)) k, M = (q kᵀ) e^{c_i − c_j} (j ≤ i), all written
+// whole (zeros outside the chunk's Le positions): U in fp32 (and in bf16 into Ub when not NULL), the rest in bf16.
+// Grid (NC, B·nv).
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_prep_kernel(double *cs, float *U, float *W, float *M, float *Tg, const float *qh, const float *kh, const bf16 *v,
-                   const float *g, const float *beta, ChunkDims d) {
+    tc_prep_kernel(double *cs, float *U, bf16 *Ub, bf16 *W, bf16 *M, bf16 *Tg, const bf16 *qh, const bf16 *kh,
+                   const bf16 *v, const float *g, const float *beta, ChunkDims d) {
     extern __shared__ __align__(16) unsigned char smb[];
     int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
     int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
-    bf16 *Ks = (bf16 *)smb, *Qs = Ks + TC_L * LDD, *Vs = Qs + TC_L * LDD, *Ts = Vs + TC_L * LDD;
-    float *Am = (float *)(Ts + TC_L * LDL), *Ti = Am + TC_L * (TC_L + 1), *bb = Ti + TC_L * (TC_L + 1), *be = bb + TC_L;
+    bf16 *Ks = (bf16 *)smb, *Qs = Ks + TC_L * LDD, *Vs = Qs + TC_L * LDD, *Tv = Vs + TC_L * LDD, *Tk = Tv + TC_L * LDL;
+    float *Am = (float *)(Tk + TC_L * LDL), *Ti = Am + TC_L * (TC_L + 1), *bb = Ti + TC_L * (TC_L + 1), *be = bb + TC_L;
     double *cc = (double *)(be + TC_L);
     int64_t ks = (int64_t)d.nk * TC_D;
-    const float *k0 = kh + tok0 * ks + hk * TC_D, *q0 = qh + tok0 * ks + hk * TC_D;
+    tc_copy<TC_D, LDD>(Ks, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_D, LDD>(Qs, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_D, LDD>(Vs, v + (tok0 * nv + h) * TC_D, (int64_t)nv * TC_D, TC_L, Le);
+    cp_async_commit();
     if (threadIdx.x == 0) {
         double s = 0;
         for (int i = 0; i < TC_L; i++) {
@@ -850,10 +893,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             cc[i] = s, bb[i] = i < Le ? beta[(tok0 + i) * nv + h] : 0.0f, be[i] = bb[i] * expf((float)s);
         }
     }
-    __syncthreads();
-    tc_load<TC_D, LDD>(Ks, k0, ks, TC_L, Le, NULL);
-    tc_load<TC_D, LDD>(Qs, q0, ks, TC_L, Le, NULL);
-    tc_load<TC_D, LDD>(Vs, v + (tok0 * nv + h) * TC_D, (int64_t)nv * TC_D, TC_L, Le, bb);
+    cp_async_wait<0>();
     __syncthreads();
     {
         float acc[TcTile<64, 64>::NT][4];
@@ -864,40 +904,49 @@ __global__ void __launch_bounds__(TC_THREADS)
         });
         tc_zero<64, 64>(acc);
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
-        float *Mb = M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
+        bf16 *Mb = M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
-            Mb[r * TC_L + c] = c <= r && r < Le ? x * expf((float)(cc[r] - cc[c])) : 0.0f;
+            Mb[r * TC_L + c] = __float2bfloat16(c <= r && r < Le ? x * expf((float)(cc[r] - cc[c])) : 0.0f);
         });
     }
     __syncthreads();
-    // Forward substitution, a row at a time: Ti_i = e_i − Σ_{j<i} A_ij Ti_j (rows from Le on: zeros).
-    for (int i = 0; i < TC_L; i++) {
-        for (int m = threadIdx.x; m < TC_L; m += blockDim.x) {
-            float s = m == i ? 1.0f : 0.0f;
-            for (int j = m; j < i; j++) s -= Am[i * (TC_L + 1) + j] * Ti[j * (TC_L + 1) + m];
-            Ti[i * (TC_L + 1) + m] = m <= i && i < Le ? s : 0.0f;
+    // Forward substitution by columns: column m of Tm solves its own triangular system, Ti_im = δ_im −
+    // Σ_{j<i} A_ij Ti_jm (Ti_jm = 0 for j < m), so thread m takes it alone, the column in registers.
+    if (threadIdx.x < TC_L) {
+        int m = threadIdx.x;
+        float t[TC_L];
+#pragma unroll
+        for (int i = 0; i < TC_L; i++) {
+            float s = i == m ? 1.0f : 0.0f;
+#pragma unroll
+            for (int j = 0; j < i; j++) s -= Am[i * (TC_L + 1) + j] * t[j];
+            t[i] = i >= m && i < Le ? s : 0.0f;
+            Ti[i * (TC_L + 1) + m] = t[i];
         }
-        __syncthreads();
     }
-    float *Tb = Tg ? Tg + ((int64_t)bh * d.NC + n) * TC_L * TC_L : NULL;
+    __syncthreads();
+    bf16 *Tb = Tg ? Tg + ((int64_t)bh * d.NC + n) * TC_L * TC_L : NULL;
     for (int e = threadIdx.x; e < TC_L * TC_L; e += blockDim.x) {
-        float t = Ti[(e / TC_L) * (TC_L + 1) + e % TC_L];
-        Ts[(e / TC_L) * LDL + e % TC_L] = __float2bfloat16(t);
-        if (Tb) Tb[e] = t;
+        int i = e / TC_L, m = e % TC_L;
+        float t = Ti[i * (TC_L + 1) + m];
+        Tv[i * LDL + m] = __float2bfloat16(t * bb[m]), Tk[i * LDL + m] = __float2bfloat16(t * be[m]);
+        if (Tb) Tb[e] = __float2bfloat16(t);
     }
-    tc_load<TC_D, LDD>(Ks, k0, ks, TC_L, Le, be); // β e^c k
     __syncthreads();
     float acc[TcTile<64, 128>::NT][4];
     tc_zero<64, 128>(acc);
-    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Ts, Vs);
-    tc_each<64, 128>(acc, [&](int r, int c, float &x) { U[(row0 + r) * TC_D + c] = x; });
+    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Tv, Vs);
+    tc_each<64, 128>(acc, [&](int r, int c, float &x) {
+        U[(row0 + r) * TC_D + c] = x;
+        if (Ub) Ub[(row0 + r) * TC_D + c] = __float2bfloat16(x);
+    });
     tc_zero<64, 128>(acc);
-    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Ts, Ks);
-    tc_each<64, 128>(acc, [&](int r, int c, float &x) { W[(row0 + r) * TC_D + c] = x; });
+    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Tk, Ks);
+    tc_each<64, 128>(acc, [&](int r, int c, float &x) { W[(row0 + r) * TC_D + c] = __float2bfloat16(x); });
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) cs[row0 + i] = cc[i];
 }
 static size_t tc_prep_smem() {
-    return (3 * TC_L * LDD + TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8;
+    return (3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8;
 }
 
 // The chunk's decays for rows i < Le (zeros beyond): ec_i = e^{c_i}, eL_i = e^{c_L − c_i}.
@@ -906,128 +955,173 @@ __device__ __forceinline__ void tc_decays(float *ec, float *eL, const double *c,
         ec[i] = i < Le ? expf((float)c[i]) : 0.0f, eL[i] = i < Le ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
 }
 
+// One chunk's tiles of the state passes (one of two stages): W, q, k (64 × 128), M (64 × 64), and X: the chunk's dO
+// columns y0.. (64 × 64; the backward's).
+typedef struct {
+    bf16 *W, *Q, *K, *M, *X;
+} TcStage;
+__device__ __forceinline__ TcStage tc_stage(bf16 *p) {
+    TcStage s = {p, p + TC_L * LDD, p + 2 * TC_L * LDD, p + 3 * TC_L * LDD, p + 3 * TC_L * LDD + TC_L * LDL};
+    return s;
+}
+#define TC_STAGE (3 * TC_L * LDD + 2 * TC_L * LDL) // elements
+
+// Starts chunk n's copies into stage s; X from x (rows xs apart, columns y0..) when x is not NULL.
+__device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int hk, const bf16 *W, const bf16 *M,
+                                              const bf16 *qh, const bf16 *kh, const bf16 *x, int64_t xs,
+                                              const ChunkDims &d) {
+    int64_t p0 = n * TC_L, tok0 = (bh / d.nv) * d.S + p0, row0 = (int64_t)bh * d.NL + p0, ks = (int64_t)d.nk * TC_D;
+    int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
+    tc_copy<TC_D, LDD>(s.W, W + row0 * TC_D, TC_D, TC_L, Le);
+    tc_copy<TC_D, LDD>(s.Q, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_D, LDD>(s.K, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_L, LDL>(s.M, M + ((int64_t)bh * d.NC + n) * TC_L * TC_L, TC_L, TC_L, TC_L);
+    if (x) tc_copy<TC_VT, LDL>(s.X, x, xs, TC_L, Le);
+    cp_async_commit();
+}
+
 // The state pass from s0 (zeros when NULL) to sT (when not NULL). Grid (B·nv, dv / TC_VT). Per chunk, with the
-// state's columns S in registers and Sb their bf16 copy: V' = U − W Sb, o = (e^c q) Sb + M V' (when o is not NULL;
-// else S₀ of every chunk and V' are written), S ← e^{c_L} S + kᵀ (e^{c_L − c} V').
+// state's columns S in registers and Sb their bf16 copy: V' = U − W Sb (U fp32, read into registers while the
+// chunk's tiles arrive), o = e^c (q Sb) + M V' (when o is not NULL;
+// else S₀ of every chunk, in bf16 for tc_grad's products and in fp32 for sd, and V' are written),
+// S ← e^{c_L} S + kᵀ (e^{c_L − c} V').
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_state_kernel(bf16 *o, float *S0, float *Vp, float *sT, const float *s0, const double *cs, const float *U,
-                    const float *W, const float *M, const float *qh, const float *kh, ChunkDims d) {
+    tc_state_kernel(bf16 *o, bf16 *S0, float *S0f, bf16 *Vp, float *sT, const float *s0, const double *cs,
+                    const float *U, const bf16 *W, const bf16 *M, const bf16 *qh, const bf16 *kh, ChunkDims d) {
     extern __shared__ __align__(16) unsigned char smb[];
     int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
-    int64_t b = bh / nv, ks = (int64_t)d.nk * TC_D;
-    bf16 *Ws = (bf16 *)smb, *Qs = Ws + TC_L * LDD, *Ks = Qs + TC_L * LDD, *Ms = Ks + TC_L * LDD, *Sb = Ms + TC_L * LDL;
-    bf16 *Vb = Sb + TC_D * LDV, *Vl = Vb + TC_L * LDV;
-    float *ec = (float *)(Vl + TC_L * LDV), *eL = ec + TC_L;
+    int64_t b = bh / nv;
+    bf16 *Sb = (bf16 *)smb + 2 * TC_STAGE, *Vb = Sb + TC_D * LDL, *Vl = Vb + TC_L * LDL;
+    float *ec = (float *)(Vl + TC_L * LDL), *eL = ec + TC_L;
     float S[TcTile<128, TC_VT>::NT][4]; // rows x, columns y0 + y
     const float *sb0 = s0 ? s0 + (int64_t)bh * TC_D * TC_D + y0 : NULL;
     tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { s = sb0 ? sb0[x * TC_D + y] : 0.0f; });
+    tc_stage_load(tc_stage((bf16 *)smb), 0, bh, hk, W, M, qh, kh, NULL, 0, d);
     for (int64_t n = 0; n < d.NC; n++) {
         int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
+        TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
         tc_decays(ec, eL, cs + row0, Le);
-        __syncthreads(); // ec, eL written; the last chunk's tiles read
-        tc_load<TC_D, LDD>(Ws, W + row0 * TC_D, TC_D, TC_L, Le, NULL);
-        tc_load<TC_D, LDD>(Qs, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le, ec);
-        tc_load<TC_D, LDD>(Ks, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le, NULL);
-        if (o) tc_load<TC_L, LDL>(Ms, M + ((int64_t)bh * d.NC + n) * TC_L * TC_L, TC_L, TC_L, TC_L, NULL);
-        float *S0b = S0 ? S0 + ((int64_t)bh * d.NC + n) * TC_D * TC_D + y0 : NULL;
+        int64_t sc = ((int64_t)bh * d.NC + n) * TC_D * TC_D + y0;
         tc_each<128, TC_VT>(S, [&](int x, int y, float &s) {
-            Sb[x * LDV + y] = __float2bfloat16(s);
-            if (S0b) S0b[x * TC_D + y] = s;
+            Sb[x * LDL + y] = __float2bfloat16(s);
+            if (S0) S0[sc + x * TC_D + y] = __float2bfloat16(s), S0f[sc + x * TC_D + y] = s;
         });
+        float u[TcTile<64, TC_VT>::NT][4]; // U in the accumulator's layout
+        tc_each<64, TC_VT>(u, [&](int i, int y, float &x) { x = U[(row0 + i) * TC_D + y0 + y]; });
+        if (n + 1 < d.NC) { // the last chunk's reads of that stage ended at the previous iteration's barrier
+            tc_stage_load(tc_stage((bf16 *)smb + ((n + 1) & 1) * TC_STAGE), n + 1, bh, hk, W, M, qh, kh, NULL, 0, d);
+            cp_async_wait<1>();
+        } else cp_async_wait<0>();
         __syncthreads();
         float acc[TcTile<64, TC_VT>::NT][4];
         tc_zero<64, TC_VT>(acc);
-        tc_mma<64, TC_VT, TC_D, false, true, LDD, LDV>(acc, Ws, Sb);
+        tc_mma<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.W, Sb);
+#pragma unroll
+        for (int j = 0; j < TcTile<64, TC_VT>::NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[j][q] = u[j][q] - acc[j][q];
         tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-            float vp = i < Le ? U[(row0 + i) * TC_D + y0 + y] - x : 0.0f;
-            Vb[i * LDV + y] = __float2bfloat16(vp), Vl[i * LDV + y] = __float2bfloat16(eL[i] * vp);
-            if (Vp) Vp[(row0 + i) * TC_D + y0 + y] = vp;
+            float vp = i < Le ? x : 0.0f;
+            Vb[i * LDL + y] = __float2bfloat16(vp), Vl[i * LDL + y] = __float2bfloat16(eL[i] * vp);
+            if (Vp) Vp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(vp);
         });
         __syncthreads();
         if (o) {
             tc_zero<64, TC_VT>(acc);
-            tc_mma<64, TC_VT, TC_D, false, true, LDD, LDV>(acc, Qs, Sb);
-            tc_mma<64, TC_VT, TC_L, false, true, LDL, LDV>(acc, Ms, Vb);
+            tc_mma<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.Q, Sb);
+            tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= ec[i]; });
+            tc_mma<64, TC_VT, TC_L, false, true, LDL, LDL>(acc, c.M, Vb);
             tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
                 if (i < Le) st(o, ((tok0 + i) * nv + h) * TC_D + y0 + y, x);
             });
         }
         float eCL = expf((float)cs[row0 + Le - 1]);
         tc_each<128, TC_VT>(S, [&](int, int, float &s) { s *= eCL; });
-        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDV>(S, Ks, Vl);
+        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.K, Vl);
+        __syncthreads(); // every read of this chunk's tiles, Sb, Vb, Vl, ec and eL is done
     }
     if (sT)
         tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { sT[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
 }
-static size_t tc_state_smem() { return (3 * TC_L * LDD + TC_L * LDL + TC_D * LDV + 2 * TC_L * LDV) * 2 + 2 * TC_L * 4; }
+static size_t tc_state_smem() { return (2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + 2 * TC_L * 4; }
 
 // The backward state pass, chunks in reverse, from dsT (zeros when NULL) to ds0 (when not NULL). Grid (B·nv,
-// dv / TC_VT). Per chunk, dS (registers) first written as dS₁, then dV' = Mᵀ dO + (e^{c_L − c} k) dSb,
-// dS ← e^{c_L} dS + qᵀ (e^c dO) − Wᵀ dV'.
+// dv / TC_VT). Per chunk, dS (registers) first written as dS₁ (bf16) with its part of sd = ⟨S₀, dS₁⟩, then
+// dV' = e^{c_L − c} (k dSb) + Mᵀ dO, dS ← e^{c_L} dS + qᵀ (e^c dO) − Wᵀ dV'. sd from the fp32 S₀ and dS: dg's
+// terms cancel, and a bf16 S₀ there put dg 1.05e-2 off the fp64 reference in a bf16 test case (6.1e-3 in fp32).
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_dstate_kernel(float *dS1, float *dVp, float *ds0, const float *dsT, const bf16 *dout, const double *cs,
-                     const float *W, const float *M, const float *qh, const float *kh, ChunkDims d) {
+    tc_dstate_kernel(bf16 *dS1, bf16 *dVp, float *sd, float *ds0, const float *dsT, const float *S0f, const bf16 *dout,
+                     const double *cs, const bf16 *W, const bf16 *M, const bf16 *qh, const bf16 *kh, ChunkDims d) {
     extern __shared__ __align__(16) unsigned char smb[];
-    int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
-    int64_t b = bh / nv, ks = (int64_t)d.nk * TC_D;
-    bf16 *Ws = (bf16 *)smb, *Qs = Ws + TC_L * LDD, *Ks = Qs + TC_L * LDD, *Ms = Ks + TC_L * LDD, *Sb = Ms + TC_L * LDL;
-    bf16 *Ob = Sb + TC_D * LDV, *Oe = Ob + TC_L * LDV, *Vn = Oe + TC_L * LDV;
-    float *ec = (float *)(Vn + TC_L * LDV), *eL = ec + TC_L;
+    int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, hk = (bh % nv) / (nv / d.nk);
+    int64_t b = bh / nv, os = (int64_t)nv * TC_D;
+    bf16 *Sb = (bf16 *)smb + 2 * TC_STAGE, *Oe = Sb + TC_D * LDL, *Vn = Oe + TC_L * LDL;
+    float *ec = (float *)(Vn + TC_L * LDL), *eL = ec + TC_L, *red = eL + TC_L;
     float dS[TcTile<128, TC_VT>::NT][4];
     const float *dsb = dsT ? dsT + (int64_t)bh * TC_D * TC_D + y0 : NULL;
     tc_each<128, TC_VT>(dS, [&](int x, int y, float &s) { s = dsb ? dsb[x * TC_D + y] : 0.0f; });
-    for (int64_t n = d.NC - 1; n >= 0; n--) {
-        int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+    const bf16 *o0 = dout + (b * d.S * nv + bh % nv) * TC_D + y0; // position 0's dO columns
+    int64_t nl = d.NC - 1;
+    tc_stage_load(tc_stage((bf16 *)smb + (nl & 1) * TC_STAGE), nl, bh, hk, W, M, qh, kh, o0 + nl * TC_L * os, os, d);
+    for (int64_t n = nl; n >= 0; n--) {
+        int64_t p0 = n * TC_L, row0 = (int64_t)bh * d.NL + p0, cb = (int64_t)bh * d.NC + n;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
+        TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
         tc_decays(ec, eL, cs + row0, Le);
-        __syncthreads();
-        tc_load<TC_D, LDD>(Ws, W + row0 * TC_D, TC_D, TC_L, Le, NULL);
-        tc_load<TC_D, LDD>(Qs, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le, NULL);
-        tc_load<TC_D, LDD>(Ks, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le, eL);
-        tc_load<TC_L, LDL>(Ms, M + ((int64_t)bh * d.NC + n) * TC_L * TC_L, TC_L, TC_L, TC_L, NULL);
-        const bf16 *o0 = dout + (tok0 * nv + h) * TC_D + y0;
-        tc_load<TC_VT, LDV>(Ob, o0, (int64_t)nv * TC_D, TC_L, Le, NULL);
-        tc_load<TC_VT, LDV>(Oe, o0, (int64_t)nv * TC_D, TC_L, Le, ec);
-        float *dS1b = dS1 + ((int64_t)bh * d.NC + n) * TC_D * TC_D + y0;
+        bf16 *dS1b = dS1 + cb * TC_D * TC_D + y0;
+        const float *S0b = S0f + cb * TC_D * TC_D + y0;
+        float part = 0;
         tc_each<128, TC_VT>(dS, [&](int x, int y, float &s) {
-            Sb[x * LDV + y] = __float2bfloat16(s);
-            dS1b[x * TC_D + y] = s;
+            Sb[x * LDL + y] = __float2bfloat16(s), dS1b[x * TC_D + y] = __float2bfloat16(s);
+            part += s * S0b[x * TC_D + y];
         });
+        part = block_sum(part, red);
+        if (threadIdx.x == 0) atomicAdd(sd + cb, part);
+        if (n > 0) {
+            tc_stage_load(tc_stage((bf16 *)smb + ((n - 1) & 1) * TC_STAGE), n - 1, bh, hk, W, M, qh, kh,
+                          o0 + (n - 1) * TC_L * os, os, d);
+            cp_async_wait<1>();
+        } else cp_async_wait<0>();
         __syncthreads();
+        for (int e = threadIdx.x; e < TC_L * TC_VT; e += blockDim.x) { // e^c dO
+            int i = e / TC_VT, y = e % TC_VT;
+            Oe[i * LDL + y] = __float2bfloat16(ec[i] * bf(c.X, i * LDL + y));
+        }
         float acc[TcTile<64, TC_VT>::NT][4];
         tc_zero<64, TC_VT>(acc);
-        tc_mma<64, TC_VT, TC_L, true, true, LDL, LDV>(acc, Ms, Ob);
-        tc_mma<64, TC_VT, TC_D, false, true, LDD, LDV>(acc, Ks, Sb);
+        tc_mma<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.K, Sb);
+        tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= eL[i]; });
+        tc_mma<64, TC_VT, TC_L, true, true, LDL, LDL>(acc, c.M, c.X);
         tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
             float v = i < Le ? x : 0.0f;
-            dVp[(row0 + i) * TC_D + y0 + y] = v;
-            Vn[i * LDV + y] = __float2bfloat16(-v);
+            dVp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(v);
+            Vn[i * LDL + y] = __float2bfloat16(-v);
         });
         __syncthreads();
         float eCL = expf((float)cs[row0 + Le - 1]);
         tc_each<128, TC_VT>(dS, [&](int, int, float &s) { s *= eCL; });
-        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDV>(dS, Qs, Oe);
-        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDV>(dS, Ws, Vn);
+        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(dS, c.Q, Oe);
+        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(dS, c.W, Vn);
+        __syncthreads();
     }
     if (ds0)
         tc_each<128, TC_VT>(dS,
                             [&](int x, int y, float &s) { ds0[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
 }
-static size_t tc_dstate_smem() {
-    return (3 * TC_L * LDD + TC_L * LDL + TC_D * LDV + 3 * TC_L * LDV) * 2 + 2 * TC_L * 4;
-}
+static size_t tc_dstate_smem() { return (2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + (2 * TC_L + 32) * 4; }
 
 // The rest of the backward, every chunk at once, with the terms of delta_chunk_grad_kernel above. Grid (NC, B·nv).
 // gq and gk accumulate in registers through the phases: (1) dM = dO V'ᵀ (its dc terms with M, D = dM e^{c_i − c_j}),
 // gq = e^c (dO S₀ᵀ), dW = −dV' S₀ᵀ; (2) gk = e^{c_L − c} (V' dS₁ᵀ), dBv = Tmᵀ dV' (dv = β dBv), dBk = Tmᵀ dW
 // (gk += β e^c dBk); (3) dA = −(dBv Uᵀ + dBk Wᵀ) with k kᵀ into P = dA (k kᵀ) e, E = dA β e; (4) gq += D k,
-// gk += Dᵀ q + (E + Eᵀ) k; then dβ and dc from the row sums, dg the reverse cumulative sum of dc.
+// gk += Dᵀ q + (E + Eᵀ) k; then dβ and dc from the row sums, dg the reverse cumulative sum of dc. sd: ⟨S₀, dS₁⟩
+// per chunk (from tc_dstate_kernel).
 __global__ void __launch_bounds__(TC_THREADS)
-    tc_grad_kernel(float *gq, float *gk, bf16 *dv_, float *dg, float *dbeta, const double *cs, const float *U,
-                   const float *W, const float *M, const float *Tg, const float *S0, const float *dS1, const float *Vp,
-                   const float *dVp, const float *qh, const float *kh, const bf16 *v, const bf16 *dout,
-                   const float *beta, ChunkDims d) {
+    tc_grad_kernel(float *gq, float *gk, bf16 *dv_, float *dg, float *dbeta, const double *cs, const bf16 *U,
+                   const bf16 *W, const bf16 *Tg, const bf16 *S0, const bf16 *dS1, const bf16 *Vp, const bf16 *dVp,
+                   const float *sd, const bf16 *qh, const bf16 *kh, const bf16 *v, const bf16 *dout, const float *beta,
+                   ChunkDims d) {
     extern __shared__ __align__(16) unsigned char smb[];
     int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -1039,53 +1133,59 @@ __global__ void __launch_bounds__(TC_THREADS)
     float *Em = (float *)Big; // (64, 65) fp32 over Big once S₀ and dS₁ are done
     double *cc = (double *)(ES + TC_L * LDL), *dc = cc + TC_L;
     float *bb = (float *)(dc + TC_L), *r_pr = bb + TC_L, *r_pc = r_pr + TC_L, *r_bv = r_pc + TC_L, *r_bk = r_bv + TC_L,
-          *r_qg = r_bk + TC_L, *r_kg = r_qg + TC_L, *red = r_kg + TC_L;
-    const float *q0 = qh + tok0 * ks + hk * TC_D, *k0 = kh + tok0 * ks + hk * TC_D;
-    const float *S0b = S0 + cb * TC_D * TC_D, *dS1b = dS1 + cb * TC_D * TC_D, *Mb = M + cb * TC_L * TC_L;
+          *r_qg = r_bk + TC_L, *r_kg = r_qg + TC_L;
+    tc_copy<TC_D, LDD>(Qs, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_D, LDD>(Ks, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_D, LDD>(X2, dout + (tok0 * nv + h) * TC_D, vs, TC_L, Le);
+    tc_copy<TC_D, LDD>(X3, Vp + row0 * TC_D, TC_D, TC_L, Le);
+    tc_copy<TC_D, LDD>(dVs, dVp + row0 * TC_D, TC_D, TC_L, Le);
+    tc_copy<TC_D, LDD>(Big, S0 + cb * TC_D * TC_D, TC_D, TC_D, TC_D);
+    tc_copy<TC_L, LDL>(Tms, Tg + cb * TC_L * TC_L, TC_L, TC_L, TC_L);
+    cp_async_commit();
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) {
         cc[i] = i < Le ? cs[row0 + i] : 0.0, dc[i] = 0, bb[i] = i < Le ? beta[(tok0 + i) * nv + h] : 0.0f;
         r_pr[i] = r_pc[i] = r_bv[i] = r_bk[i] = r_qg[i] = r_kg[i] = 0.0f;
     }
-    float sd = 0; // ⟨S₀, dS₁⟩
-    for (int e = threadIdx.x; e < TC_D * TC_D; e += blockDim.x) sd += S0b[e] * dS1b[e];
-    sd = block_sum(sd, red);
-    tc_load<TC_D, LDD>(Qs, q0, ks, TC_L, Le, NULL);
-    tc_load<TC_D, LDD>(Ks, k0, ks, TC_L, Le, NULL);
-    tc_load<TC_D, LDD>(X2, dout + (tok0 * nv + h) * TC_D, vs, TC_L, Le, NULL);
-    tc_load<TC_D, LDD>(X3, Vp + row0 * TC_D, TC_D, TC_L, Le, NULL);
-    tc_load<TC_D, LDD>(dVs, dVp + row0 * TC_D, TC_D, TC_L, Le, NULL);
-    tc_load<TC_D, LDD>(Big, S0b, TC_D, TC_D, TC_D, NULL);
-    tc_load<TC_L, LDL>(Tms, Tg + cb * TC_L * TC_L, TC_L, TC_L, TC_L, NULL);
+    cp_async_wait<0>();
     __syncthreads();
     float aq[TcTile<64, 128>::NT][4], ak[TcTile<64, 128>::NT][4], t[TcTile<64, 128>::NT][4];
-    { // (1)
-        float dm[TcTile<64, 64>::NT][4];
-        tc_zero<64, 64>(dm);
+    {                                                               // (1)
+        float dm[TcTile<64, 64>::NT][4], qk[TcTile<64, 64>::NT][4]; // M = (q kᵀ) e recomputed in fp32 for dc
+        tc_zero<64, 64>(dm), tc_zero<64, 64>(qk);
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(dm, X2, X3);
-        tc_each<64, 64>(dm, [&](int i, int j, float &x) {
-            bool in = j <= i && i < Le;
-            if (in) {
-                double c = (double)x * Mb[i * TC_L + j];
+        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(qk, Qs, Ks);
+#pragma unroll
+        for (int j = 0; j < TcTile<64, 64>::NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) qk[j][q] *= dm[j][q]; // the layouts agree: dM_ij (q_i·k_j)
+        tc_each<64, 64>(qk, [&](int i, int j, float &x) {
+            if (j <= i && i < Le) {
+                double c = (double)x * expf((float)(cc[i] - cc[j]));
                 atomicAdd(dc + i, c), atomicAdd(dc + j, -c);
             }
-            Ds[i * LDL + j] = __float2bfloat16(in ? x * expf((float)(cc[i] - cc[j])) : 0.0f);
+        });
+        tc_each<64, 64>(dm, [&](int i, int j, float &x) {
+            Ds[i * LDL + j] = __float2bfloat16(j <= i && i < Le ? x * expf((float)(cc[i] - cc[j])) : 0.0f);
         });
         tc_zero<64, 128>(aq);
         tc_mma<64, 128, TC_D, false, false, LDD, LDD>(aq, X2, Big);
         tc_each<64, 128>(aq, [&](int i, int, float &x) { x *= i < Le ? expf((float)cc[i]) : 0.0f; });
-        tc_rowsum<64, 128>(r_qg, aq, [&](int i, int x, float g) { return i < Le ? g * q0[i * ks + x] : 0.0f; });
+        tc_rowsum<64, 128>(r_qg, aq, [&](int i, int x, float g) { return g * bf(Qs, i * LDD + x); });
         tc_zero<64, 128>(t);
         tc_mma<64, 128, TC_D, false, false, LDD, LDD>(t, dVs, Big);
         tc_each<64, 128>(t, [&](int i, int x, float &y) { dWs[i * LDD + x] = __float2bfloat16(-y); });
     }
     __syncthreads();
-    tc_load<TC_D, LDD>(Big, dS1b, TC_D, TC_D, TC_D, NULL);
+    tc_copy<TC_D, LDD>(Big, dS1 + cb * TC_D * TC_D, TC_D, TC_D, TC_D);
+    tc_copy<TC_D, LDD>(X2, U + row0 * TC_D, TC_D, TC_L, Le); // dO is done: U comes in for (3)
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
     { // (2)
         tc_zero<64, 128>(ak);
         tc_mma<64, 128, TC_D, false, false, LDD, LDD>(ak, X3, Big);
         tc_each<64, 128>(ak, [&](int i, int, float &x) { x *= i < Le ? expf((float)(cc[Le - 1] - cc[i])) : 0.0f; });
-        tc_rowsum<64, 128>(r_kg, ak, [&](int i, int x, float g) { return i < Le ? g * k0[i * ks + x] : 0.0f; });
+        tc_rowsum<64, 128>(r_kg, ak, [&](int i, int x, float g) { return g * bf(Ks, i * LDD + x); });
         tc_zero<64, 128>(t);
         tc_mma<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dVs);
         tc_each<64, 128>(t, [&](int i, int y, float &x) {
@@ -1096,30 +1196,31 @@ __global__ void __launch_bounds__(TC_THREADS)
             r_bv, t, [&](int i, int y, float x) { return i < Le ? x * ld(v, (tok0 + i) * vs + h * TC_D + y) : 0.0f; });
         tc_zero<64, 128>(t);
         tc_mma<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dWs);
-        tc_rowsum<64, 128>(r_bk, t, [&](int i, int x, float y) { return i < Le ? y * k0[i * ks + x] : 0.0f; });
-        tc_each<64, 128>(t, [&](int i, int x, float &y) { dBks[i * LDD + x] = __float2bfloat16(y); });
-        // t and ak share one layout: gk += β e^c dBk in registers
-        tc_each<64, 128>(t, [&](int i, int, float &y) { y *= i < Le ? bb[i] * expf((float)cc[i]) : 0.0f; });
+        tc_rowsum<64, 128>(r_bk, t, [&](int i, int x, float y) { return y * bf(Ks, i * LDD + x); });
+        tc_each<64, 128>(t, [&](int i, int x, float &y) {
+            dBks[i * LDD + x] = __float2bfloat16(y);
+            y *= i < Le ? bb[i] * expf((float)cc[i]) : 0.0f; // gk += β e^c dBk (t and ak share one layout)
+        });
 #pragma unroll
         for (int j = 0; j < TcTile<64, 128>::NT; j++)
 #pragma unroll
             for (int q = 0; q < 4; q++) ak[j][q] += t[j][q];
     }
     __syncthreads();
-    tc_load<TC_D, LDD>(X2, U + row0 * TC_D, TC_D, TC_L, Le, NULL);
-    tc_load<TC_D, LDD>(X3, W + row0 * TC_D, TC_D, TC_L, Le, NULL);
+    tc_copy<TC_D, LDD>(X3, W + row0 * TC_D, TC_D, TC_L, Le);
+    cp_async_commit();
+    cp_async_wait<0>();
     __syncthreads();
-    { // (3)
+    { // (3) P = dA (k kᵀ) e into kk, E = dA β e into Em (dA = −da)
         float da[TcTile<64, 64>::NT][4], kk[TcTile<64, 64>::NT][4];
         tc_zero<64, 64>(da), tc_zero<64, 64>(kk);
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(da, dBvs, X2);
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(da, dBks, X3);
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(kk, Ks, Ks);
-        // P = dA (k kᵀ) e into kk, E = dA β e into Em (dA = −da)
         tc_each<64, 64>(da, [&](int i, int j, float &x) {
             float dec = j < i && i < Le ? expf((float)(cc[i] - cc[j])) : 0.0f;
             Em[i * (TC_L + 1) + j] = -x * bb[i] * dec;
-            x = -x * dec; // dA e, times k kᵀ below
+            x = -x * dec;
         });
 #pragma unroll
         for (int j = 0; j < TcTile<64, 64>::NT; j++)
@@ -1151,15 +1252,10 @@ __global__ void __launch_bounds__(TC_THREADS)
         dc[i] += bb[i] * (double)r_pr[i] - r_pc[i] + bb[i] * eb + r_qg[i] - r_kg[i];
     }
     __syncthreads();
-    if (threadIdx.x == 0) { // S₁'s decay e^{c_L}; then dg = the reverse cumulative sum of dc
-        double s = expf((float)cc[Le - 1]) * sd;
-        for (int j = 0; j < Le; j++) s += r_kg[j];
-        dc[Le - 1] += s, s = 0;
-        for (int i = Le - 1; i >= 0; i--) s += dc[i], dg[(tok0 + i) * nv + h] = (float)s;
-    }
+    if (threadIdx.x == 0) delta_dg(dg + tok0 * nv + h, nv, dc, cc, r_kg, (double)sd[cb], Le);
 }
 static size_t tc_grad_smem() {
-    return (8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + (7 * TC_L + 32) * 4;
+    return (8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + 7 * TC_L * 4;
 }
 
 // One warp per (token, key head): sums the value heads' gradients w.r.t. the normalised vector and applies the
@@ -1227,7 +1323,7 @@ static float *delta_bufs(DeltaBufs *f, Tensor q, Tensor v, const DeltaShape *s, 
     } else p = (float *)cuda_scratch(need * sizeof(float));
     size_t nq = (size_t)(s->T * s->nk * s->dk), BH = (size_t)(s->B * s->nv), NL = (size_t)d->NL;
     f->qh = p, f->kh = f->qh + nq, f->rq = f->kh + nq, f->rk = f->rq + s->T * s->nk;
-    f->cs = (double *)(f->rk + s->T * s->nk); // an even number of floats in: 8-byte aligned
+    f->cs = (double *)(f->rq + (2 * s->T * s->nk + 3) / 4 * 4); // 16-byte aligned (the tensor cores' cp.async)
     f->U = (float *)(f->cs + BH * NL), f->W = f->U + BH * NL * s->dv, f->M = f->W + BH * NL * s->dk;
     return f->M + BH * d->NC * d->L * d->L;
 }
@@ -1248,22 +1344,27 @@ static bool delta_tc(DType dt, const ChunkDims *d) {
     return dt == DT_BF16 && d->L == TC_L && d->dk == TC_D && d->dv == TC_D;
 }
 
-// Normalised q and k, then c, U, W, M (and Tm when Tg is not NULL) of every chunk.
+// Normalised q and k, then c, U, W, M (and Tm when Tg is not NULL) of every chunk; the tensor cores' bf16 copy of U
+// into Ub when not NULL.
 template <typename T>
-static void delta_front(const DeltaBufs *f, float *Tg, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta,
+static void delta_front(const DeltaBufs *f, float *Tg, bf16 *Ub, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta,
                         const DeltaShape *s, const ChunkDims *d, const DeltaArgs *a) {
     int64_t rows = s->T * s->nk;
-    delta_prep_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-        f->qh, f->kh, f->rq, f->rk, (const T *)q.p, (const T *)k.p, rows, (int)s->dk, a->scale, a->qk_l2norm);
-    CUDA_LAUNCH_CHECK();
-    if (delta_tc(q.dt, d)) {
+    if (delta_tc(q.dt, d)) { // bf16 q̂, k̂, W, M, Tm in the fp32 buffers' places
+        delta_prep_kernel<bf16, bf16><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
+            (bf16 *)f->qh, (bf16 *)f->kh, f->rq, f->rk, (const bf16 *)q.p, (const bf16 *)k.p, rows, (int)s->dk,
+            a->scale, a->qk_l2norm);
+        CUDA_LAUNCH_CHECK();
         set_smem(tc_prep_kernel, tc_prep_smem());
         tc_prep_kernel<<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), TC_THREADS, tc_prep_smem(), cuda_stream()>>>(
-            f->cs, f->U, f->W, f->M, Tg, f->qh, f->kh, (const bf16 *)v.p, (const float *)g.p, (const float *)beta.p,
-            *d);
+            f->cs, f->U, Ub, (bf16 *)f->W, (bf16 *)f->M, (bf16 *)Tg, (const bf16 *)f->qh, (const bf16 *)f->kh,
+            (const bf16 *)v.p, (const float *)g.p, (const float *)beta.p, *d);
         CUDA_LAUNCH_CHECK();
         return;
     }
+    delta_prep_kernel<T, float><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
+        f->qh, f->kh, f->rq, f->rk, (const T *)q.p, (const T *)k.p, rows, (int)s->dk, a->scale, a->qk_l2norm);
+    CUDA_LAUNCH_CHECK();
     size_t sm = prep_smem(d);
     set_smem(delta_chunk_prep_kernel<T>, sm);
     delta_chunk_prep_kernel<T><<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), 256, sm, cuda_stream()>>>(
@@ -1285,15 +1386,16 @@ void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, T
     DeltaBufs f;
     delta_bufs(&f, q, v, &s, &d, false, a);
     if (delta_tc(q.dt, &d)) {
-        delta_front<bf16>(&f, NULL, q, k, v, g, beta, &s, &d, a);
+        delta_front<bf16>(&f, NULL, NULL, q, k, v, g, beta, &s, &d, a);
         set_smem(tc_state_kernel, tc_state_smem());
         tc_state_kernel<<<dim3((unsigned)(s.B * s.nv), TC_D / TC_VT), TC_THREADS, tc_state_smem(), cuda_stream()>>>(
-            (bf16 *)o.p, NULL, NULL, (float *)a->sT.p, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+            (bf16 *)o.p, NULL, NULL, NULL, (float *)a->sT.p, (const float *)a->s0.p, f.cs, f.U, (const bf16 *)f.W,
+            (const bf16 *)f.M, (const bf16 *)f.qh, (const bf16 *)f.kh, d);
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(q.dt, T, "delta_rule_forward", {
-        delta_front<T>(&f, NULL, q, k, v, g, beta, &s, &d, a);
+        delta_front<T>(&f, NULL, NULL, q, k, v, g, beta, &s, &d, a);
         size_t sm = state_smem(&d);
         set_smem(delta_chunk_state_kernel<T>, sm);
         delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
@@ -1321,21 +1423,27 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
     bool tc = delta_tc(q.dt, &d);
     dim3 sg((unsigned)BH, TC_D / TC_VT), cg((unsigned)d.NC, (unsigned)BH);
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
-        delta_front<T>(&f, Tg, q, k, v, g, beta, &s, &d, a);
+        // tensor cores: bf16 buffers in the fp32 ones' places (S₀ in bf16 after dS₁, in fp32 in S₀'s), U's bf16 copy
+        // in dW's, sd (B·nv, NC) in dBv's
+        delta_front<T>(&f, Tg, tc ? (bf16 *)dW : NULL, q, k, v, g, beta, &s, &d, a);
         if (tc) {
+            const bf16 *U = (const bf16 *)dW, *W = (const bf16 *)f.W, *M = (const bf16 *)f.M, *Tb = (const bf16 *)Tg;
+            const bf16 *qb = (const bf16 *)f.qh, *kb = (const bf16 *)f.kh;
+            bf16 *dS1b = (bf16 *)dS1, *S0b = dS1b + BH * d.NC * kv, *Vpb = (bf16 *)Vp, *dVpb = (bf16 *)dVp;
+            CUDA_CHECK(cudaMemsetAsync(dBv, 0, BH * d.NC * sizeof(float), cuda_stream()));
             set_smem(tc_state_kernel, tc_state_smem());
             tc_state_kernel<<<sg, TC_THREADS, tc_state_smem(), cuda_stream()>>>(
-                NULL, S0, Vp, NULL, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+                NULL, S0b, S0, Vpb, NULL, (const float *)a->s0.p, f.cs, f.U, W, M, qb, kb, d);
             CUDA_LAUNCH_CHECK();
             set_smem(tc_dstate_kernel, tc_dstate_smem());
             tc_dstate_kernel<<<sg, TC_THREADS, tc_dstate_smem(), cuda_stream()>>>(
-                dS1, dVp, (float *)a->ds0.p, (const float *)a->dsT.p, (const bf16 *)dout.p, f.cs, f.W, f.M, f.qh, f.kh,
-                d);
+                dS1b, dVpb, dBv, (float *)a->ds0.p, (const float *)a->dsT.p, S0, (const bf16 *)dout.p, f.cs, W, M, qb,
+                kb, d);
             CUDA_LAUNCH_CHECK();
             set_smem(tc_grad_kernel, tc_grad_smem());
             tc_grad_kernel<<<cg, TC_THREADS, tc_grad_smem(), cuda_stream()>>>(
-                gq, gk, (bf16 *)dv.p, (float *)dg.p, (float *)dbeta.p, f.cs, f.U, f.W, f.M, Tg, S0, dS1, Vp, dVp, f.qh,
-                f.kh, (const bf16 *)v.p, (const bf16 *)dout.p, (const float *)beta.p, d);
+                gq, gk, (bf16 *)dv.p, (float *)dg.p, (float *)dbeta.p, f.cs, U, W, Tb, S0b, dS1b, Vpb, dVpb, dBv, qb,
+                kb, (const bf16 *)v.p, (const bf16 *)dout.p, (const float *)beta.p, d);
             CUDA_LAUNCH_CHECK();
         } else {
             size_t sm = state_smem(&d);
