@@ -179,6 +179,11 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
             op_fp8_grouped_linear_backward_input(act, ye, qd, offs));
     FP8_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true),
             op_fp8_grouped_linear_backward_weight(dwd, ye, act, offs, true));
+    // a step's first micro-batch writes dw instead of adding (what the 8-layer benchmark runs)
+    FP8_ROW("gate_up bwd weight fp32 store", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, false),
+            op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, offs, false));
+    FP8_ROW("down bwd weight fp32 store", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, false),
+            op_fp8_grouped_linear_backward_weight(dwd, ye, act, offs, false));
 #undef FP8_ROW
     printf("(%lld of the FP8 GEMMs above ran on the tensor cores)\n", (long long)(cuda_fp8_tensor_core_gemms() - tc0));
     snprintf(nm, sizeof nm, "%s fp8 expert weight codes+scales (%lld x %lld x %lld bf16)", model, (long long)E,
@@ -195,6 +200,13 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, (2 * I + 127) / 128, R, 1, 1);
     snprintf(nm, sizeof nm, "%s fp8 quantize 1x128 codes (%lld x %lld bf16)", model, (long long)R, (long long)(2 * I));
     TIME(nm, 10, (double)R * 2 * I * 3, "GB/s", cuda_fp8_quantize_rows(qx, sx, gu));
+    // the weight gradient's first step alone: x's codes transposed per expert, each padded to whole 128-row blocks
+    int64_t TB = 0;
+    for (int64_t e = 0; e < E; e++) TB += (offs[e + 1] - offs[e] + 127) / 128;
+    qx = dev(DT_U8, 2, H, TB * 128, 0), sx = dev(DT_F32, 2, TB, H, 0);
+    snprintf(nm, sizeof nm, "%s fp8 quantize 128x1 codes transposed (%lld x %lld bf16)", model, (long long)R,
+             (long long)H);
+    TIME(nm, 10, (double)R * H * 3, "GB/s", cuda_fp8_quantize_cols_t(qx, sx, xe, offs, (int)E));
     snprintf(nm, sizeof nm, "%s fp8_round 1x128 (%lld x %lld bf16)", model, (long long)R, (long long)H);
     TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_ROWS, NULL, 0));
     snprintf(nm, sizeof nm, "%s fp8_round 128x1 per expert (%lld x %lld bf16)", model, (long long)R, (long long)H);

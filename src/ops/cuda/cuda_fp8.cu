@@ -62,19 +62,34 @@ __device__ float column_block_scale(const T *x, int64_t C, int64_t c, bool in, i
     return bad ? NAN : fp8_scale(amax);
 }
 
-// A warp's 1 × 128 block of row r from column c0 (lane i holds columns c0 + i, + 32, + 64, + 96: coalesced): its
-// values in v (0 past C) and its scale (NaN when non-finite).
-template <typename T> __device__ float row_block_scale(const T *x, int64_t C, int64_t r, int64_t c0, float v[4]) {
+// The scale of a warp's block from each lane's 4 values v (NaN when one is non-finite).
+__device__ __forceinline__ float warp_block_scale(const float v[4]) {
     float amax = 0;
     int bad = 0;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        v[i] = c0 + 32 * i < C ? ld(x, r * C + c0 + 32 * i) : 0.0f;
-        bad |= !isfinite(v[i]), amax = fmaxf(amax, fabsf(v[i]));
-    }
+    for (int i = 0; i < 4; i++) bad |= !isfinite(v[i]), amax = fmaxf(amax, fabsf(v[i]));
     for (int o = 16; o; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, o)), bad |= __shfl_xor_sync(0xffffffff, bad, o);
     return bad ? NAN : fp8_scale(amax);
+}
+
+// A warp's 1 × 128 block of row r from column c0 (lane i holds columns c0 + i, + 32, + 64, + 96: coalesced): its
+// values in v (0 past C) and its scale (NaN when non-finite).
+template <typename T> __device__ float row_block_scale(const T *x, int64_t C, int64_t r, int64_t c0, float v[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) v[i] = c0 + 32 * i < C ? ld(x, r * C + c0 + 32 * i) : 0.0f;
+    return warp_block_scale(v);
+}
+
+// Four consecutive values from a 8-byte (bf16) or 16-byte (fp32) aligned address.
+__device__ __forceinline__ void ld4(const float *p, float v[4]) {
+    float4 u = *(const float4 *)p;
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+}
+__device__ __forceinline__ void ld4(const bf16 *p, float v[4]) {
+    uint2 u = *(const uint2 *)p;
+    float2 a = __bfloat1622float2(*(__nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(__nv_bfloat162 *)&u.y);
+    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
 }
 
 // The rows r0..r1 of row block rb (of all groups' blocks, in order).
@@ -142,12 +157,27 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *o
 
 // ---- codes and scales for the tensor-core GEMMs ----
 
-// Rows: x (R, C) in 1 × 128 blocks → codes q (R, C) and VEC128 scales s[cb·R + r]; a warp per block, as above.
-template <typename T>
+// Rows: x (R, C) in 1 × 128 blocks → codes q (R, C) and VEC128 scales s[cb·R + r]; a warp per block, as above, or
+// (VEC: C a multiple of 128, x 16-byte aligned) lane i holding columns 4i .. 4i + 3 of the block: one vector load and
+// one 4-byte store of codes a lane.
+template <typename T, bool VEC>
 __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t R, int64_t C, int64_t nchunks) {
     int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
     if (blk >= R * nchunks) return;
-    int64_t r = blk / nchunks, cb = blk % nchunks, c0 = cb * 128 + (threadIdx.x & 31);
+    int64_t r = blk / nchunks, cb = blk % nchunks;
+    if (VEC) {
+        int64_t c = cb * 128 + 4 * (threadIdx.x & 31);
+        float v[4];
+        ld4(x + r * C + c, v);
+        float sc = warp_block_scale(v), inv = 1.0f / sc;
+        if ((threadIdx.x & 31) == 0) s[cb * R + r] = sc;
+        uint32_t pk = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) pk |= (uint32_t)fp8_code(v[i], inv) << 8 * i;
+        *(uint32_t *)(q + r * C + c) = pk;
+        return;
+    }
+    int64_t c0 = cb * 128 + (threadIdx.x & 31);
     float v[4], sc = row_block_scale(x, C, r, c0, v), inv = 1.0f / sc;
     if ((threadIdx.x & 31) == 0) s[cb * R + r] = sc;
 #pragma unroll
@@ -216,7 +246,7 @@ static int64_t up4(int64_t n) { return (n + 3) / 4 * 4; }
 
 extern "C" void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
     ON_GPU(w, "fp8_weight");
-    int64_t E = w.nd == 3 ? w.n[0] : 1, N = w.nd == 3 ? w.n[1] : t_rows(w), K = t_cols(w);
+    int64_t E = w.nd == 3 ? w.n[0] : 1, N = w.nd == 3 ? w.n[1] : t_rows(w), K = w.nd == 3 ? w.n[2] : t_cols(w);
     int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
     CHECK(tensor_numel(fw.q) == E * N * K && fw.q.n[fw.q.nd - 1] == K && fw.s.n[0] == E * NB && fw.s.n[1] == up4(KB) &&
           fw.st.n[1] == up4(NB));
@@ -306,9 +336,14 @@ static void quant_rows(Tensor x, uint8_t *q, float *s, uint8_t **qp, float **sp)
     }
     if (qp) *qp = q, *sp = s;
     if (R * nchunks == 0) return;
-    DT_SWITCH(x.dt, T, "fp8_quant_rows",
-              fp8_quant_rows_kernel<T>
-              <<<(R * nchunks + 7) / 8, 256, 0, cuda_stream()>>>(q, s, (const T *)x.p, R, C, nchunks));
+    unsigned grid = (unsigned)((R * nchunks + 7) / 8);
+    if (C % 128 == 0 && aligned16(x.p) && (uintptr_t)q % 4 == 0)
+        DT_SWITCH(x.dt, T, "fp8_quant_rows",
+                  fp8_quant_rows_kernel<T, true><<<grid, 256, 0, cuda_stream()>>>(q, s, (const T *)x.p, R, C, nchunks));
+    else
+        DT_SWITCH(x.dt, T, "fp8_quant_rows",
+                  fp8_quant_rows_kernel<T, false>
+                  <<<grid, 256, 0, cuda_stream()>>>(q, s, (const T *)x.p, R, C, nchunks));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -384,6 +419,37 @@ extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const 
     return ok;
 }
 
+// Token blocks of E groups of rows offs[e]..offs[e+1]: each group in whole blocks of 128.
+static int64_t token_blocks(const int64_t *offs, int64_t E) {
+    int64_t tb = 0;
+    for (int64_t e = 0; e < E; e++) tb += (offs[e + 1] - offs[e] + 127) / 128;
+    return tb;
+}
+
+// x (R, C) (C a multiple of 128) in 128 × 1 blocks within each of E groups of rows → codes qt (C, Tp), each group's
+// rows padded to whole 128-row blocks (Tp = 128 · token_blocks), and scales s (TB, C).
+static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const int64_t *offs, int64_t E) {
+    static Fp8Groups gr; // static: 8 KB of launch parameters
+    CHECK(E <= FP8_MAX_GROUPS && t_cols(x) % 128 == 0);
+    gr.n = (int)E, gr.bh = 128, gr.rb0[0] = 0;
+    for (int64_t e = 0; e <= E; e++) gr.offs[e] = (int)offs[e];
+    for (int64_t e = 0; e < E; e++) gr.rb0[e + 1] = gr.rb0[e] + (gr.offs[e + 1] - gr.offs[e] + 127) / 128;
+    int64_t C = t_cols(x), TB = gr.rb0[E];
+    if (TB == 0) return;
+    DT_SWITCH(x.dt, T, "fp8_quant_t_groups",
+              fp8_quant_t_groups_kernel<T>
+              <<<TB *(C / 128), 128, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, TB * 128, gr));
+    CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, const int64_t *offs, int groups) {
+    ON_GPU(x, "fp8_quantize_cols_t");
+    int64_t TB = token_blocks(offs, groups);
+    CHECK(qt.dt == DT_U8 && tensor_numel(qt) == t_cols(x) * TB * 128 && s.dt == DT_F32 &&
+          tensor_numel(s) == TB * t_cols(x));
+    quant_t_groups((uint8_t *)qt.p, (float *)s.p, x, offs, groups);
+}
+
 // The experts' weight gradient dw (E, N, K) fp32 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false: written,
 // an empty expert's zeroed): dy and x quantised 128 × 1 along each expert's tokens, their codes transposed while
 // quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole 128-token blocks, Tp their sum) with a scale
@@ -396,14 +462,9 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
     if ((x.dt != DT_F32 && x.dt != DT_BF16) || dy.dt != x.dt || !aligned16(x.p, dy.p) || E > FP8_MAX_GROUPS ||
         offs[0] != 0 || !wgmma_fp8_takes(dw, t_rows(x), E, N, K))
         return false;
-    static Fp8Groups gr; // static: 8 KB of launch parameters
-    gr.n = (int)E, gr.bh = 128, gr.rb0[0] = 0;
-    for (int64_t e = 0; e <= E; e++) {
-        if (e > 0 && offs[e] < offs[e - 1]) return false;
-        gr.offs[e] = (int)offs[e];
-    }
-    for (int64_t e = 0; e < E; e++) gr.rb0[e + 1] = gr.rb0[e] + (gr.offs[e + 1] - gr.offs[e] + 127) / 128;
-    int64_t TB = gr.rb0[E], Tp = TB * 128;
+    for (int64_t e = 0; e < E; e++)
+        if (offs[e + 1] < offs[e]) return false;
+    int64_t TB = token_blocks(offs, E), Tp = TB * 128;
     if (!accumulate) // an empty expert has no tiles: its dw_e is zeroed here
         for (int64_t e = 0; e < E; e++)
             if (offs[e + 1] == offs[e])
@@ -413,14 +474,7 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
     char *p = (char *)cuda_scratch(bd + bx + bsd + a256(sizeof(float) * TB * K));
     uint8_t *dq = (uint8_t *)p, *xq = (uint8_t *)(p + bd);
     float *ds = (float *)(p + bd + bx), *xs = (float *)(p + bd + bx + bsd);
-    DT_SWITCH(x.dt, T_, "fp8_quant_t_groups",
-              fp8_quant_t_groups_kernel<T_>
-              <<<TB *(N / 128), 128, 0, cuda_stream()>>>(dq, ds, (const T_ *)dy.p, N, Tp, gr));
-    CUDA_LAUNCH_CHECK();
-    DT_SWITCH(x.dt, T_, "fp8_quant_t_groups",
-              fp8_quant_t_groups_kernel<T_>
-              <<<TB *(K / 128), 128, 0, cuda_stream()>>>(xq, xs, (const T_ *)x.p, K, Tp, gr));
-    CUDA_LAUNCH_CHECK();
+    quant_t_groups(dq, ds, dy, offs, E), quant_t_groups(xq, xs, x, offs, E);
     bool ok = wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, accumulate);
     tc_gemms += ok;
     return ok;

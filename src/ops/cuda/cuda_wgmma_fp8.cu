@@ -90,8 +90,8 @@ static __device__ __forceinline__ void w8_epilogue(const float *d, TO *out, int6
                      : "r"(epi + r * ROW + cc * 16));
         uint4 *o = (uint4 *)(out + (row0 + r) * ldo + col + cc * (16 / (int)sizeof(TO)));
         if (add) // fp32 only (the weight gradient): a reduction at the L2, so no thread waits for a read
-            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(o), "r"(v.x), "r"(v.y), "r"(v.z),
-                         "r"(v.w)
+            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(o), "f"(__uint_as_float(v.x)),
+                         "f"(__uint_as_float(v.y)), "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
                          : "memory");
         else *o = v;
     }
