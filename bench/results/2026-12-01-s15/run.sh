@@ -25,7 +25,7 @@ cat $D/BUILT 2>/dev/null | tee $OUT/summary.txt
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee -a $OUT/summary.txt
 date -u | tee -a $OUT/summary.txt
 for f in $D/bin/*.gz; do b=build/$(basename "$f" .gz); gunzip -c "$f" >"$b"; chmod +x "$b"; done
-for f in $D/cand/*.gz; do b=build-cand/$(basename "$f" .gz); gunzip -c "$f" >"$b"; chmod +x "$b"; done
+[ -d $D/cand ] && for f in $D/cand/*.gz; do b=build-cand/$(basename "$f" .gz); gunzip -c "$f" >"$b"; chmod +x "$b"; done
 for f in $D/lib/*.gz; do gunzip -c "$f" >/tmp/pithlib-$(basename "$f" .gz); done
 export LD_LIBRARY_PATH=/tmp/pl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for i in 1 2 3 4 5; do # only the libraries the device lacks
