@@ -4,7 +4,7 @@
 # libraries the device lacks (.gpu/lib, scripts/pack_libs.sh). Logs go to /tmp/logs; $OUT/summary.txt and
 # $OUT/logs.tgz are rewritten after every mode, so a call cut short still returns what it finished.
 # MODEs, in the order given:
-#   test        main's whole GPU suite (build/test_gpu)
+#   test        main's whole GPU suite (build/test_gpu), also written as it runs to $OUT/test_gpu.txt
 #   ctest       the candidate's GPU tests of what its diffs change (CFILTERS: test-name substrings)
 #   csan        compute-sanitizer memcheck + racecheck on the candidate's changed kernels
 #   ops         bench_gpu_ops --delta and --grouped, main and candidate, + bench/peer_grouped.py
@@ -69,7 +69,9 @@ helper() { # helper NAME SECONDS: .dev-NAME/run.sh under a time limit, its $OUT 
 }
 for mode in "$@"; do case $mode in
 test)
-    timeout ${TEST_T:-300} build/test_gpu ${FILTER:-} >$OUT/test_gpu.txt 2>&1; echo "rc=$?" >>$OUT/test_gpu.txt
+    # straight into the returned folder as well, so a call cut short still brings back the tests that ran
+    timeout ${TEST_T:-300} build/test_gpu ${FILTER:-} 2>&1 | tee $RET/test_gpu.txt >$OUT/test_gpu.txt
+    echo "rc=${PIPESTATUS[0]}" | tee -a $RET/test_gpu.txt >>$OUT/test_gpu.txt
     grep -E "^FAIL|passed|rc=" $OUT/test_gpu.txt | tee -a $OUT/summary.txt ;;
 ctest)
     for f in ${CFILTERS:-gpu_op_delta_rule gpu_op_qwen3_5 gpu_model_qwen3_5 gpu_op_grouped_wgmma gpu_op_elementwise gpu_model_bf16 gpu_train_tracks_cpu}; do
