@@ -149,6 +149,35 @@ static inline int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N
     return ntiles;
 }
 
+// The stage ring of a producer/consumer CTA: stage s's "full" barrier at full + 8·s (the producer's one arrival and
+// its TMA bytes) and "empty" barrier at empty + 8·s (one arrival per consumer warp: 8); the whole CTA waits until
+// they are initialised.
+static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, int stages) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
+// The 64 fp32 accumulators of a wgmma m64n128 (this thread's share of a 64 × 128 tile) as inline-asm operands:
+// WG_D64 is the register list "{%0, …, %63}" (an instruction's further operands are %64 on), WG_D64_OUT(d) the
+// outputs d[0..63] it binds.
+#define WG_D64                                                                                                         \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, "  \
+    "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "   \
+    "%46, "                                                                                                            \
+    "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WG_D64_OUT(d)                                                                                                  \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),        \
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),         \
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),        \
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),        \
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),        \
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),        \
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),        \
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
 // ---- host side (cuda_wgmma.cu) ----
 // True once on a Hopper GPU whose driver gives cuTensorMapEncodeTiled.
 bool wgmma_available(void);
