@@ -1,7 +1,7 @@
 # peer_common.py — the timing loop both HF peers share (bench/peer_hf_*.py): two warm-up steps, then the median
 # of `iters` forward+backward steps timed by CUDA events, and the peak memory of the timed steps.
 # PEER_WAIT_FILE: the timed steps wait until that file exists, so a peer can compile beside other work on the GPU
-# machine and still be timed alone (bench/results/2026-12-01-s15/run.sh starts it in the background).
+# machine and still be timed alone (bench/session.sh starts it in the background).
 import os, time, torch
 
 def time_fwd_bwd(fwd, vocab, mbs, seq, iters):

@@ -4,8 +4,11 @@
 # layers (3 linear : 1 full) and --experts experts (128: bench/qwen3_5_8l/README.md says why), as
 # bench/qwen3_5_8l/model.json.
 # Usage on the GPU machine: python3 peer_hf_qwen3_5.py [--layers 8] [--experts 128] [--mbs 2] [--seq 4096] [--compile]
-#   [--compile-layers] [--balanced]
+#   [--compile-layers] [--eager-delta] [--balanced]
 # --compile compiles the whole model; --compile-layers each decoder layer (a common way to bound compile time).
+# --eager-delta keeps the delta rule itself out of the graph (torch.compiler.disable) while the rest compiles:
+# transformers' torch chunked form loops over chunks and chunk rows in Python, which dynamo unrolls (64 chunks of
+# 63 rows at 4096 tokens) and which did not finish compiling inside a device call (bench/qwen3_5_8l/README.md).
 # --balanced routes token t to experts (t + j·E/k) mod E (pith's benchmark: true), replacing the router's choice.
 import argparse, json, torch
 from peer_common import time_fwd_bwd
@@ -15,7 +18,7 @@ ap.add_argument("--layers", type=int, default=8); ap.add_argument("--mbs", type=
 ap.add_argument("--seq", type=int, default=4096); ap.add_argument("--compile", action="store_true")
 ap.add_argument("--compile-layers", action="store_true")  # torch.compile per decoder layer (one graph per layer kind)
 ap.add_argument("--balanced", action="store_true"); ap.add_argument("--iters", type=int, default=5)
-ap.add_argument("--experts", type=int, default=128)
+ap.add_argument("--experts", type=int, default=128); ap.add_argument("--eager-delta", action="store_true")
 a = ap.parse_args()
 cfg = Qwen3_5MoeTextConfig(vocab_size=248320, hidden_size=2048, num_hidden_layers=a.layers, num_attention_heads=16,
     num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
@@ -43,11 +46,16 @@ if a.balanced:  # the forced routing of pith's benchmark mode, weights from the 
 la = next(l.linear_attn for l in model.model.layers if hasattr(l, "linear_attn"))
 rule = getattr(la, "chunk_gated_delta_rule", None)  # transformers' own path, or flash-linear-attention's kernel
 delta_path = getattr(rule, "__module__", "?") + "." + getattr(rule, "__name__", "?")
+if a.eager_delta:  # a graph break around each call of the rule; everything else in the layer still compiles
+    for layer in model.model.layers:
+        if hasattr(layer, "linear_attn"):
+            layer.linear_attn.chunk_gated_delta_rule = torch.compiler.disable(layer.linear_attn.chunk_gated_delta_rule)
 fwd = torch.compile(model) if a.compile else model
 if a.compile_layers:  # a graph per layer, each far smaller than the whole model's
     for layer in model.model.layers: layer.compile()
 t, peak = time_fwd_bwd(fwd, cfg.vocab_size, a.mbs, a.seq, a.iters)
-mode = "+compile" if a.compile else "+compile-layers" if a.compile_layers else ""
+mode = ("+compile" if a.compile else "+compile-layers" if a.compile_layers else "") + \
+    (" (delta rule eager)" if a.eager_delta else "")
 print(json.dumps({"peer": "hf-transformers" + mode + (" balanced" if a.balanced else ""),
     "model": "qwen3.5-35b-a3b", "layers": a.layers, "experts": a.experts, "delta_rule": delta_path,
     "experts_implementation": getattr(model.config, "_experts_implementation", None),
