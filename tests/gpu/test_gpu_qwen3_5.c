@@ -1,7 +1,8 @@
 // test_gpu_qwen3_5.c — the Qwen3.5 ops on the GPU against the CPU reference (fp32: relative error ≤ 1e-5; bf16
-// storage: ≤ 1e-2), including the real head sizes (dk = dv = 128) and the chunked delta rule's edges (partial
-// chunks, several state tiles, chunk 16, strong decays), and the whole Qwen3.5-MoE model against the CPU (tests/gpu/test_gpu_model.c's comparison); the HF fixture
-// runs on the GPU in tests/gpu/test_gpu_hf.c.
+// storage: ≤ 1e-2; the delta rule's bf16 bound from its own fp64 sensitivity), including the real head sizes
+// (dk = dv = 128) and the chunked delta rule's edges (partial chunks, several state tiles, chunk 16, strong decays),
+// and the whole Qwen3.5-MoE model against the CPU (tests/gpu/test_gpu_model.c's comparison); the HF fixture runs on
+// the GPU in tests/gpu/test_gpu_hf.c.
 #include "gpu_test.h"
 
 #define MODES for (int mode_ = 0; mode_ < 2; mode_++)
@@ -98,11 +99,83 @@ TEST(gpu_op_qwen3_5_elementwise) {
     gpu_report();
 }
 
+// A host copy of x (p NULL stays NULL) moved by bf16-sized relative noise: each element × (1 + u·2^-8), u uniform
+// in [−1, 1] from rng stream `stream` (its own seed: the tests' fill_normal streams stay as they were).
+static Tensor moved(Tensor x, uint64_t stream) {
+    if (!x.p) return x;
+    Tensor y = x;
+    int64_t n = tensor_numel(x);
+    y.p = xmalloc((n ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        ((float *)y.p)[i] = ((const float *)x.p)[i] * (float)(1 + ldexp(2 * rng_uniform(20261202, stream, i) - 1, -8));
+    return y;
+}
+
+// The delta rule's quantities in one order: the outputs, the input gradients, the states (absent without them).
+enum { D_O, D_DQ, D_DK, D_DV, D_DG, D_DB, D_ST, D_DS0, D_N };
+static const char *const delta_names[D_N] = {"o", "dq", "dk", "dv", "dg", "dbeta", "sT", "ds0"};
+
+// How far bf16-sized noise moves the fp64 reference: the CPU's chunked delta rule again on the inputs the GPU holds
+// or rounds to bf16 (q, k, v, dout, beta and the states; not the log decays g, summed in fp32 / fp64 on the GPU:
+// 2^-8 of a cumulative decay of −2000 would be a factor e^8), each moved by moved(); sens[i] gets the RMS over
+// SENS_DRAWS draws of pair_err's measure between the moved and the unmoved outputs (ref: the CPU's outputs).
+// The noise is continuous, not a rounding to the bf16 grid: both sides already hold the same bf16 inputs, and what
+// moves the GPU's result is the roundings of its intermediates (the normalised q and k, W, V', the states as
+// operands), each a relative error of up to 2^-8 per element.
+#define SENS_DRAWS 4
+static void delta_sensitivity(double sens[D_N], const Tensor ref[D_N], Tensor q, Tensor k, Tensor v, Tensor g,
+                              Tensor be, Tensor dout, DeltaArgs a) {
+    for (int i = 0; i < D_N; i++) sens[i] = 0;
+    for (int r = 0; r < SENS_DRAWS; r++) {
+        uint64_t s = 16 * (uint64_t)r;
+        Tensor in[7] = {moved(q, s),        moved(k, s + 1),    moved(v, s + 2),    moved(be, s + 3),
+                        moved(dout, s + 4), moved(a.s0, s + 5), moved(a.dsT, s + 6)},
+               out[D_N];
+        for (int i = 0; i < D_N; i++) {
+            out[i] = ref[i];
+            if (ref[i].p) out[i].p = xmalloc(tensor_numel(ref[i]) * sizeof(float));
+        }
+        DeltaArgs m = a;
+        m.s0 = in[5], m.dsT = in[6], m.sT = out[D_ST], m.ds0 = out[D_DS0];
+        op_delta_rule_forward(out[D_O], in[0], in[1], in[2], g, in[3], &m);
+        op_delta_rule_backward(out[D_DQ], out[D_DK], out[D_DV], out[D_DG], out[D_DB], in[4], in[0], in[1], in[2], g,
+                               in[3], &m);
+        for (int i = 0; i < D_N; i++)
+            if (ref[i].p) {
+                double e = rel_err_f32(out[i].p, ref[i].p, tensor_numel(ref[i]));
+                sens[i] += e * e / SENS_DRAWS;
+                free(out[i].p);
+            }
+        for (int i = 0; i < 7; i++)
+            if (in[i].p) free(in[i].p);
+    }
+    for (int i = 0; i < D_N; i++) sens[i] = sqrt(sens[i]);
+}
+
+// pair_err's measure of x rounded to bf16: what storing an exact result in bf16 alone costs (at most 2^-8).
+static double bf16_rounding(Tensor x) {
+    int64_t n = tensor_numel(x);
+    float *r = xmalloc((n ? n : 1) * sizeof(float));
+    memcpy(r, x.p, n * sizeof(float));
+    round_bf16(r, n);
+    double e = rel_err_f32(r, x.p, n);
+    free(r);
+    return e;
+}
+
 // The delta rule (the GPU's chunked kernels against the CPU's chunked form in fp64, fp32 or bf16 data): o, then every
 // input gradient. gs scales the log decays: large values give cumulative decays of −1000 inside a chunk. With state,
 // from a random initial state s0 to the final sT, and back from a random dsT to ds0 (the states fp32 in every mode).
-static void check_delta(DType dt, double tol, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv,
-                        int chunk, float gs, bool state) {
+// fp32 data: every quantity within 1e-5. bf16 data: each within DELTA_C × its fp64 sensitivity to bf16-sized noise
+// (delta_sensitivity) + a floor: for the quantities stored in bf16 (o, dq, dk, dv) the reference's own bf16 rounding,
+// for the fp32 ones 1e-5. DELTA_C = 2: on the H200 (bench/results/2026-12-01-tcd3/, this data) the tensor-core
+// kernels' errors are 0.5–1.14 × the sensitivity (every case and quantity, the floor taken off), so 2 leaves each a
+// margin of ≥ 1.76 and fails an error twice what this data's conditioning explains; a fixed bound cannot, since the
+// sensitivity itself goes from 2.8e-3 to 9.6e-3 between quantities here. bench/results/2026-12-02-q20b/ has the
+// numbers and planted bugs it catches.
+#define DELTA_C 2.0
+static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv, int chunk, float gs,
+                        bool state) {
     int64_t T = B * S;
     Pair q = pair_rand(dt, 1, 3, T, nk, dk, 0), k = pair_rand(dt, 1, 3, T, nk, dk, 0),
          v = pair_rand(dt, 1, 3, T, nv, dv, 0);
@@ -125,34 +198,36 @@ static void check_delta(DType dt, double tol, int B, int64_t S, int64_t nk, int6
     op_delta_rule_forward(o.d, q.d, k.d, v.d, g.d, be.d, &ad);
     op_delta_rule_backward(dq.c, dk_.c, dv_.c, dg.c, db.c, dout.c, q.c, k.c, v.c, g.c, be.c, &ac);
     op_delta_rule_backward(dq.d, dk_.d, dv_.d, dg.d, db.d, dout.d, q.d, k.d, v.d, g.d, be.d, &ad);
-    printf(
-        "     %s B %d S %lld nk %lld nv %lld dk %lld dv %lld chunk %d gs %g%s: o %.1e dq %.1e dk %.1e dv %.1e dg %.1e "
-        "dbeta %.1e",
-        dtype_name(dt), B, (long long)S, (long long)nk, (long long)nv, (long long)dk, (long long)dv, chunk, gs,
-        state ? " s0" : "", pair_err(o), pair_err(dq), pair_err(dk_), pair_err(dv_), pair_err(dg), pair_err(db));
-    if (state) printf(" sT %.1e ds0 %.1e", pair_err(sT), pair_err(ds0));
+    Pair got[D_N] = {o, dq, dk_, dv_, dg, db, sT, ds0};
+    Tensor ref[D_N];
+    double err[D_N], sens[D_N] = {0}, tol[D_N];
+    for (int i = 0; i < D_N; i++) ref[i] = got[i].c;
+    bool bf = dt == DT_BF16;
+    if (bf) delta_sensitivity(sens, ref, q.c, k.c, v.c, g.c, be.c, dout.c, ac);
+    printf("     %s B %d S %lld nk %lld nv %lld dk %lld dv %lld chunk %d gs %g%s:", dtype_name(dt), B, (long long)S,
+           (long long)nk, (long long)nv, (long long)dk, (long long)dv, chunk, gs, state ? " s0" : "");
+    for (int i = 0; i < D_N; i++) {
+        if (!ref[i].p) continue;
+        err[i] = pair_err(got[i]);
+        tol[i] = bf ? DELTA_C * sens[i] + (got[i].d.dt == DT_BF16 ? bf16_rounding(ref[i]) : 1e-5) : 1e-5;
+        printf(" %s %.1e", delta_names[i], err[i]);
+        if (bf) printf(" (s %.1e ≤ %.1e)", sens[i], tol[i]);
+    }
     printf("\n");
-    EXPECT_CLOSE(o, tol);
-    if (state) EXPECT_CLOSE(sT, tol);
-    EXPECT_CLOSE(dq, tol);
-    EXPECT_CLOSE(dk_, tol);
-    EXPECT_CLOSE(dv_, tol);
-    EXPECT_CLOSE(dg, tol);
-    EXPECT_CLOSE(db, tol);
-    if (state) EXPECT_CLOSE(ds0, tol);
+    for (int i = 0; i < D_N; i++)
+        if (ref[i].p) expect_close(got[i], tol[i], delta_names[i], __FILE__, __LINE__);
 }
 
 TEST(gpu_op_delta_rule) {
     gpu_begin();
     MODES {
         gpu_mode(MODE_DT);
-        double tol = mode_ ? 1e-2 : 1e-5;
-        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 12, 64, 1, false);  // a chunk and a part, 2 value heads per key
-        check_delta(MODE_DT, tol, 2, 128, 1, 2, 16, 40, 64, 1, false); // whole chunks; 40 value columns: 2 tiles
-        check_delta(MODE_DT, tol, 1, 70, 2, 4, 8, 6, 16, 1, false);    // chunk 16: 4 chunks and a part
-        check_delta(MODE_DT, tol, 2, 90, 1, 3, 16, 8, 64, 20, false);  // strong decays: c down to −2000 in a chunk
-        check_delta(MODE_DT, tol, 1, 50, 1, 1, 4, 4, 0, 1, false);     // chunk 0 (the recurrence on the CPU)
-        check_delta(MODE_DT, tol, 2, 100, 2, 4, 8, 40, 64, 1, true);   // from s0 to sT and back
+        check_delta(MODE_DT, 2, 100, 2, 4, 8, 12, 64, 1, false);  // a chunk and a part, 2 value heads per key
+        check_delta(MODE_DT, 2, 128, 1, 2, 16, 40, 64, 1, false); // whole chunks; 40 value columns: 2 tiles
+        check_delta(MODE_DT, 1, 70, 2, 4, 8, 6, 16, 1, false);    // chunk 16: 4 chunks and a part
+        check_delta(MODE_DT, 2, 90, 1, 3, 16, 8, 64, 20, false);  // strong decays: c down to −2000 in a chunk
+        check_delta(MODE_DT, 1, 50, 1, 1, 4, 4, 0, 1, false);     // chunk 0 (the recurrence on the CPU)
+        check_delta(MODE_DT, 2, 100, 2, 4, 8, 40, 64, 1, true);   // from s0 to sT and back
     }
     gpu_report();
 }
@@ -163,14 +238,13 @@ TEST(gpu_op_delta_rule_128) {
     gpu_begin();
     MODES {
         gpu_mode(MODE_DT);
-        double tol = mode_ ? 1e-2 : 1e-5;
-        check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1, false);
-        check_delta(MODE_DT, tol, 2, 128, 2, 4, 128, 128, 64, 1, false);
-        check_delta(MODE_DT, tol, 1, 150, 1, 1, 128, 128, 64, 20, false);
-        // dg's last 2 positions here are differences of state terms 9× their size: bf16 data moved by its own
-        // rounding (2^-9) move the fp64 dg by up to 5.8e-3 (bench/results/2026-12-01-tcd3/README.md)
-        check_delta(MODE_DT, tol, 1, 130, 1, 2, 128, 128, 64, 1, true);
-        check_delta(MODE_DT, tol, 2, 70, 1, 2, 128, 128, 0, 1, true);
+        check_delta(MODE_DT, 1, 130, 1, 2, 128, 128, 64, 1, false);
+        check_delta(MODE_DT, 2, 128, 2, 4, 128, 128, 64, 1, false);
+        check_delta(MODE_DT, 1, 150, 1, 1, 128, 128, 64, 20, false);
+        // dg's last 2 positions here are differences of state terms 9× their size: its sensitivity is 9.6e-3, the
+        // other quantities' 3–5e-3 (bench/results/2026-12-02-q20b/)
+        check_delta(MODE_DT, 1, 130, 1, 2, 128, 128, 64, 1, true);
+        check_delta(MODE_DT, 2, 70, 1, 2, 128, 128, 0, 1, true);
     }
     gpu_report();
 }
