@@ -368,3 +368,45 @@ TEST(memory_offload_bit_identical) {
                    PITH_BIN, d) == 1 &&
            strstr(out, "optimizer.offload: is AdamW's"));
 }
+
+// The GPU's scratch in the plan, at bench/qwen3_5_8l's shapes (2 × 4096 tokens, 32 value heads of 128, 16 heads of
+// 256): one buffer at the bottom of the backward workspace (StageIO.opws) that the delta rule's forward and backward
+// (op_delta_rule_workspace) and the attention backward's D and dQ accumulator (op_attention_workspace: cuDNN's, in
+// builds with it) each hold while they run, the largest layer's: the delta rule backward's; none on the CPU. The plans
+// compared: the same model described on the GPU and on the CPU (both bf16), as it is and with every layer full
+// attention (the buffer is then the attention's).
+TEST(memory_plan_qwen3_5_gpu_scratch) {
+    enum { B = 2, S = 4096, T = B * S };
+    size_t len;
+    char *json = file_read_all("bench/qwen3_5_8l/model.json", &len), *at;
+    ChunkPlan p[2][2]; // [as it is, full attention][CPU, GPU]
+    for (int full = 0; full < 2; full++) {
+        while (full && (at = strstr(json, "\"linear_attention\""))) memcpy(at, "\"full_attention\"  ", 18);
+        ModelConfig mc;
+        const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", json));
+        for (int g = 0; g < 2; g++) {
+            Model m;
+            model_describe(&m, fam, &mc, g ? DEV_CUDA : DEV_CPU, DT_BF16, S);
+            p[full][g] = chunk_plan(&m, B, S, 0, mc.layers, 1, 0);
+            model_free(&m);
+        }
+    }
+    free(json);
+    Tensor q = tensor_make(NULL, DT_BF16, DEV_CUDA, 3, T, 16, 128, 0),
+           v = tensor_make(NULL, DT_BF16, DEV_CUDA, 3, T, 32, 128, 0),
+           aq = tensor_make(NULL, DT_BF16, DEV_CUDA, 3, T, 16, 256, 0),
+           ak = tensor_make(NULL, DT_BF16, DEV_CUDA, 3, T, 2, 256, 0);
+    DeltaArgs da = {.B = B, .chunk = 64};
+    AttnArgs aa = {.B = B, .causal = true};
+    size_t fwd = op_delta_rule_workspace(q, v, &da, false) * 4, bwd = op_delta_rule_workspace(q, v, &da, true) * 4,
+           att = op_attention_workspace(aq, ak, &aa) * 4;
+    printf("     the ops' scratch: delta rule forward %.3f GB, backward %.3f GB, attention backward %.3f GB: %.3f GB "
+           "planned (%.3f GB with full attention only)\n",
+           fwd / 1e9, bwd / 1e9, att / 1e9, (p[0][1].ws_bytes - p[0][0].ws_bytes) / 1e9,
+           (p[1][1].ws_bytes - p[1][0].ws_bytes) / 1e9);
+    ASSERT_MSG(fwd > 0.4e9 && bwd > fwd && bwd > att, "%zu %zu %zu", fwd, bwd, att);
+    for (int full = 0; full < 2; full++)
+        ASSERT_MSG(p[full][1].ws_bytes == p[full][0].ws_bytes + aligned(full ? att : bwd),
+                   "%s: workspace %zu on the GPU, %zu on the CPU", full ? "full attention" : "as it is",
+                   p[full][1].ws_bytes, p[full][0].ws_bytes);
+}

@@ -103,6 +103,7 @@ typedef struct {
     Tensor xe, dxe;        // (R, H) expert-ordered rows (dense: = xd)
     Tensor ye, dye;        // (R, H) expert outputs in the same order
     Tensor y, dy;          // (T·k, H) expert outputs back in slot order (dense: (T, H))
+    Tensor opws;           // fp32 scratch of the layer's ops (ModelFamily.op_ws; one for every layer), or p NULL
 } StageIO;
 
 typedef struct Model Model;
@@ -174,6 +175,10 @@ typedef struct {
     // Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd.
     void (*layer_alloc)(Model *m, int layer, void *rec, Arena *a, int B, int S, StageIO *io);
     void (*layer_grad_alloc)(Model *m, int layer, void *rec, Arena *ws, int B, int S, StageIO *io);
+    // fp32 elements of scratch that a layer's ops take from io->opws while each runs (the GPU delta rule's forward
+    // and backward, say): one buffer of the largest layer's at the bottom of the backward workspace, shared by every
+    // layer, record and op — ops run one at a time on the compute stream and keep nothing there. NULL: none.
+    size_t (*op_ws)(const Model *m, int layer, int B, int S);
     void (*stage3_alloc)(Model *m, int layer, void *rec, Arena *a, int64_t R); // R rows stage 3 can receive
     void (*stage3_grad_alloc)(Model *m, int layer, void *rec, Arena *ws);
     void (*prolog_forward)(Model *m, MicroBatch *mb, Tensor h);

@@ -65,7 +65,6 @@ typedef struct {
     Tensor dh1, dn1, dqg, dqp, dgate, dkp, dq, dk, dv, datt, dgated;
     Tensor dqkv, dcv, dlq, dlk, dlv, dz, dpa, dpb, dg, dbeta, dcore, dgn, dh1c, dn1c;
     Tensor dlogits, dsgu, dsact, dso, dsg;
-    Tensor dws; // (n) fp32 scratch of the GPU's delta-rule backward (op_delta_rule_workspace; none on the CPU)
 } Q35Rec;
 
 static const Tensor NONE = {0};
@@ -278,6 +277,26 @@ static void q35_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, S
 }
 
 static DeltaArgs q35_delta_args(const Model *m, int B);
+static AttnArgs q35_attn_args(const Model *m, const MicroBatch *mb);
+
+// The ops' planned scratch (io->opws): the GPU delta rule's (op_delta_rule_workspace; the backward's holds the
+// forward's) in a linear layer, the attention backward's (op_attention_workspace: cuDNN's D and dQ accumulator;
+// the ring attention of context parallelism has its own) in a full-attention layer. None on the CPU.
+static size_t q35_op_ws(const Model *m, int l, int B, int S) {
+    const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
+    int64_t T = (int64_t)B * S;
+    if (is_linear(&m->cfg, l)) {
+        DeltaArgs da = q35_delta_args(m, B);
+        return op_delta_rule_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, q->nk, q->dk, 0),
+                                       tensor_make(NULL, m->cdt, m->dev, 3, T, q->nv, q->dv, 0), &da, true);
+    }
+    MicroBatch mb = {.B = B, .S = S, .T = (int)T};
+    AttnArgs aa = q35_attn_args(m, &mb);
+    return m->cfg.cp_size > 1
+               ? 0
+               : op_attention_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, m->cfg.heads, q->head_dim, 0),
+                                        tensor_make(NULL, m->cdt, m->dev, 3, T, q->kv_heads, q->head_dim, 0), &aa);
+}
 
 static void q35_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {
     const ModelConfig *c = &m->cfg;
@@ -304,9 +323,6 @@ static void q35_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, in
         r->dgn = arena_tensor(ws, dt, 2, T, vd, 0, 0);
         r->dh1c = c->cp_size > 1 ? arena_tensor(ws, dt, 2, T, H, 0, 0) : r->dh1;
         r->dn1c = c->cp_size > 1 ? arena_tensor(ws, dt, 2, T, H, 0, 0) : r->dn1;
-        DeltaArgs da = q35_delta_args(m, B);
-        size_t n = op_delta_rule_workspace(r->dlq, r->dlv, &da, true);
-        r->dws = n ? arena_tensor(ws, DT_F32, 1, (int64_t)n, 0, 0, 0) : NONE;
     } else {
         r->dqg = arena_tensor(ws, dt, 3, T, nh, 2 * hd, 0);
         r->dqp = arena_tensor(ws, dt, 3, T, nh, hd, 0);
@@ -344,10 +360,11 @@ static RouterArgs q35_router_args(const Model *m) {
 
 // Gated DeltaNet: n1 → h1a (without the residual).
 // Generation (m->kv): the cache's halo and state enter, and the call's last conv inputs and final state stay.
-static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBatch *mb) {
+static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBatch *mb, Tensor opws) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     DeltaArgs da = q35_delta_args(m, mb->B);
+    da.ws = opws; // planned (the backward workspace's bottom), or none in generation: the op scratch
     model_cp_contiguous(m, r->n1c, r->n1, mb->B);
     op_linear_forward(r->qkv, r->n1c, W->wqkv, NONE);
     if (m->kv) r->halo = kv_cache_delta(m->kv, l, r->qkv, q->conv_k, q->nv, q->dk, q->dv, &da);
@@ -399,7 +416,7 @@ static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
     Q35Rec *r = rp;
     r->x = x;
     op_rmsnorm1p_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
-    if (is_linear(c, l)) delta_forward(m, l, W, r, mb);
+    if (is_linear(c, l)) delta_forward(m, l, W, r, mb, io->opws);
     else attention_forward(m, l, W, r, mb);
     op_add(r->h1a, x);
     op_rmsnorm1p_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
@@ -420,7 +437,7 @@ static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
 // ---- stage 1 backward ----
 
 // dh1 (∂/∂h1a) → dn1.
-static void delta_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb) {
+static void delta_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb, Tensor opws) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv, Rv = T * q->nv;
     model_cp_contiguous(m, r->dh1c, r->dh1, mb->B);
@@ -430,7 +447,7 @@ static void delta_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Re
                               tensor_reshape2(r->dgn, Rv, q->dv), tensor_reshape2(r->core, Rv, q->dv),
                               tensor_reshape2(r->z, Rv, q->dv), W->gnorm, r->rg);
     DeltaArgs da = q35_delta_args(m, mb->B);
-    da.ws = r->dws;
+    da.ws = opws;
     model_delta_rule_backward(m, r->dlq, r->dlk, r->dlv, r->dg, r->dbeta, r->dcore, r->lq, r->lk, r->lv, r->g, r->beta,
                               da, r->s0);
     op_delta_gates_backward(r->dpa, r->dpb, G->A_log, G->dt_bias, r->dg, r->dbeta, r->pa, r->pb, W->A_log, W->dt_bias);
@@ -449,7 +466,7 @@ static void delta_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Re
     model_cp_zigzag(m, r->dn1, r->dn1c, mb->B);
 }
 
-static void attention_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb) {
+static void attention_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb, Tensor opws) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
     int64_t T = mb->T, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads;
@@ -459,6 +476,7 @@ static void attention_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q
                              tensor_reshape2(r->dgated, T * nh, hd), tensor_reshape2(r->att, T * nh, hd),
                              tensor_reshape2(r->gate, T * nh, hd), false);
     AttnArgs aa = q35_attn_args(m, mb);
+    aa.ws = opws;
     model_attention_backward(m, r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
     op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
@@ -499,8 +517,8 @@ static void q35_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stage
     op_linear_backward_weight(G->shared_gu, NONE, r->dsgu, r->n2);
     op_copy(r->dh1, dout);
     op_rmsnorm1p_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true);
-    if (is_linear(c, l)) delta_backward(m, W, G, r, mb);
-    else attention_backward(m, W, G, r, mb);
+    if (is_linear(c, l)) delta_backward(m, W, G, r, mb, io->opws);
+    else attention_backward(m, W, G, r, mb, io->opws);
     op_copy(dx, r->dh1);
     op_rmsnorm1p_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
 }
@@ -514,6 +532,7 @@ const ModelFamily qwen3_5_moe_family = {
     .bind = q35_bind,
     .layer_alloc = q35_layer_alloc,
     .layer_grad_alloc = q35_layer_grad_alloc,
+    .op_ws = q35_op_ws,
     .stage3_alloc = moe_stage3_alloc,
     .stage3_grad_alloc = moe_stage3_grad_alloc,
     .prolog_forward = moe_prolog_forward,

@@ -149,6 +149,18 @@ void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bia
                              Tensor b, Tensor A_log, Tensor dt_bias) {
     DISPATCH(a.dev, delta_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias));
 }
+// cuda_cudnn.cu's D and dQ accumulator, 256-byte pieces (ops.h).
+size_t op_attention_workspace(Tensor q, Tensor k, const AttnArgs *a) {
+#ifdef PITH_CUDNN
+    if (q.dev != DEV_CUDA || q.dt != DT_BF16 || !a->causal || a->q_off || a->k_off || k.n[0] != q.n[0]) return 0;
+    size_t rows = (size_t)q.n[0] * q.n[1];
+    return (rows + 63) / 64 * 64 + (rows * q.n[2] + 63) / 64 * 64;
+#else
+    (void)q, (void)k, (void)a;
+    return 0;
+#endif
+}
+
 // cuda_delta.cu carves its scratch in this order: q̂, k̂ (T, nk, dk), their norms (T, nk each, padded to 16 bytes),
 // then per (b, h) over NC chunks of L (NL = NC·L rows): c (NL, fp64), U (NL, dv), W (NL, dk), M (NC, L, L); the
 // backward adds Tm (NC, L, L), S₀ and dS₁ (NC, dk, dv), V', dV', dBv (NL, dv), dW, dBk (NL, dk) and gq, gk (T, nv, dk).

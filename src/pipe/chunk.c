@@ -169,9 +169,25 @@ static void alloc_layer_grads(Chunk *c, ChunkRecord *k, int l, Arena *ws) {
     ep_grad_alloc(m, io, ws, (int64_t)c->B * c->S);
 }
 
+// The records' view of the ops' planned scratch (StageIO.opws).
+static void bind_op_ws(Chunk *c, Tensor t) {
+    c->opws = t;
+    for (int i = 0; i < c->nrec; i++)
+        for (int l = c->l0; l < c->l1; l++) c->rec[i].io[l].opws = t;
+}
+
+// The bottom of the workspace: the gradient ping-pong and the ops' scratch (ModelFamily.op_ws, the largest of the
+// model's layers: the same for both chunks of a pipeline rank, which share it).
 static void alloc_grad_buffers(Chunk *c, Arena *ws) {
+    Model *m = c->m;
     int T = c->B * c->S;
-    for (int i = 0; i < 2; i++) c->dh[i] = arena_tensor(ws, c->m->cdt, 2, T, c->m->cfg.hidden, 0, 0);
+    for (int i = 0; i < 2; i++) c->dh[i] = arena_tensor(ws, m->cdt, 2, T, m->cfg.hidden, 0, 0);
+    size_t n = 0;
+    for (int l = 0; l < m->cfg.layers && m->fam->op_ws; l++) {
+        size_t k = m->fam->op_ws(m, l, c->B, c->S);
+        n = k > n ? k : n;
+    }
+    bind_op_ws(c, n ? arena_tensor(ws, DT_F32, 1, (int64_t)n, 0, 0, 0) : (Tensor){0});
 }
 
 static void chunk_structs(Chunk *c, Model *m, int B, int S, ChunkShape sh, bool pipe_io) {
@@ -248,6 +264,7 @@ static void chunk_build(Chunk *c, Model *m, int B, int S, ChunkShape sh, bool pi
     if (share) {
         CHECK(share->ws->cap >= p.ws_bytes);
         c->ws = share->ws, c->dh[0] = share->dh[0], c->dh[1] = share->dh[1];
+        bind_op_ws(c, share->opws);
     } else {
         c->own_ws = arena_create("workspace", m->dev, ws_bytes ? ws_bytes : p.ws_bytes), c->ws = &c->own_ws;
         alloc_grad_buffers(c, c->ws);

@@ -51,6 +51,7 @@ typedef struct {
     bool pipe_io;         // records take input and output from the pipeline's buffers (chunk_pipe_*), own no copies
     EpBuffers epb;        // the expert-parallel transfer buffers (comm arena)
     Tensor dh[2];         // ping-pong gradient buffers (T, H) (workspace)
+    Tensor opws;          // the ops' planned scratch (workspace; ModelFamily.op_ws), or p NULL
     ExpertRows spill;     // the spill set (xe.n[0] = 0: none)
     int spill_owner;      // slot·L + layer whose stage 3 the spill set holds (−1: none)
     int region_owner;     // full recompute: slot·L + layer whose record the shared region holds (−1: none)

@@ -438,7 +438,7 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
     }
     if (attention_cudnn_form(q, k, a)) {
         last_path = "cudnn";
-        if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window)) return;
+        if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window, a->ws)) return;
     }
     if (attention_plain(q, k, a)) {
         last_path = "flash";

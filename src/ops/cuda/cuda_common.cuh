@@ -63,8 +63,9 @@ extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradi
 // cuDNN's fused attention (cuda_cudnn.cu), causal, in a sliding window of `window` keys when > 0; false when
 // not built with cuDNN, not this variant, or no plan.
 bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window);
+// ws: fp32 scratch for D and the dQ accumulator (op_attention_workspace elements) or p NULL (the op scratch).
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                              Tensor lse, int B, int S, float scale, int window);
+                              Tensor lse, int B, int S, float scale, int window, Tensor ws);
 // Tensor-core flash attention (cuda_flash.cu); false when the inputs do not fit it (dtype, head dim,
 // alignment), and the caller runs the generic kernels instead.
 bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale);

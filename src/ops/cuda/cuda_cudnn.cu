@@ -460,7 +460,7 @@ bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v,
 }
 
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                              Tensor lse, int B, int S, float scale, int window) {
+                              Tensor lse, int B, int S, float scale, int window, Tensor planned) {
     int D = (int)q.n[2], DV = (int)v.n[2];
     if (!usable(q, D, DV, scale)) return false;
     Tensor all[8] = {dq, dk, dv, dout, q, k, v, o};
@@ -469,11 +469,14 @@ bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tens
     Shape s = {B, S, q.n[1], k.n[1], D, DV, window};
     Plan *p = get_plan(&s, true);
     if (!p) return false;
-    // workspace: the plan's own, then D (B, nh, S) and the dQ accumulator (B, nh, S, d), fp32
+    // workspace: the plan's own, then D (B, nh, S) and the dQ accumulator (B, nh, S, d), fp32 — those two in the
+    // caller's planned scratch when it gives one (op_attention_workspace counts them the same way)
     size_t dbytes = up256((size_t)B * s.nh * S * sizeof(float)),
            accbytes = up256((size_t)B * s.nh * S * D * sizeof(float));
-    char *ws = (char *)cuda_scratch(up256((size_t)p->ws) + dbytes + accbytes);
-    float *Dp = (float *)(ws + up256((size_t)p->ws)), *acc = (float *)((char *)Dp + dbytes);
+    bool own = planned.p && tensor_bytes(planned) >= dbytes + accbytes;
+    if (planned.p) CHECK(planned.dev == DEV_CUDA && planned.dt == DT_F32 && own);
+    char *ws = (char *)cuda_scratch(up256((size_t)p->ws) + (own ? 0 : dbytes + accbytes));
+    float *Dp = own ? (float *)planned.p : (float *)(ws + up256((size_t)p->ws)), *acc = (float *)((char *)Dp + dbytes);
     if (cudnnGetVersion() < 90600)
         CUDA_CHECK(cudaMemsetAsync(acc, 0, accbytes, cuda_stream())); // later versions zero it themselves
     float lowest = -3.4028234663852886e38f, one = 1.0f, w = (float)window;
@@ -491,7 +494,7 @@ bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v,
     return false;
 }
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                              Tensor lse, int B, int S, float scale, int window) {
+                              Tensor lse, int B, int S, float scale, int window, Tensor ws) {
     return false;
 }
 
