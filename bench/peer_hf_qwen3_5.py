@@ -43,13 +43,16 @@ if a.balanced:  # the forced routing of pith's benchmark mode, weights from the 
             w = logits.float().softmax(-1).gather(1, idx)
             return logits, (w / w.sum(-1, keepdim=True)).to(logits.dtype), idx
         gate.forward = forced.__get__(gate)
-la = next(l.linear_attn for l in model.model.layers if hasattr(l, "linear_attn"))
-rule = getattr(la, "chunk_gated_delta_rule", None)  # transformers' own path, or flash-linear-attention's kernel
+import transformers.models.qwen3_5_moe.modeling_qwen3_5_moe as hf_q35
+rule = hf_q35.torch_chunk_gated_delta_rule  # transformers' own path, or flash-linear-attention's kernel
 delta_path = getattr(rule, "__module__", "?") + "." + getattr(rule, "__name__", "?")
-if a.eager_delta:  # a graph break around each call of the rule; everything else in the layer still compiles
-    for layer in model.model.layers:
-        if hasattr(layer, "linear_attn"):
-            layer.linear_attn.chunk_gated_delta_rule = torch.compiler.disable(layer.linear_attn.chunk_gated_delta_rule)
+eager_calls = [0]
+if a.eager_delta:  # a graph break around each call of the rule (the layer's forward looks it up in its module)
+    @torch.compiler.disable
+    def eager_rule(*args, **kw):
+        eager_calls[0] += 1  # counts only when the rule runs outside a graph, as intended
+        return rule(*args, **kw)
+    hf_q35.torch_chunk_gated_delta_rule = eager_rule
 fwd = torch.compile(model) if a.compile else model
 if a.compile_layers:  # a graph per layer, each far smaller than the whole model's
     for layer in model.model.layers: layer.compile()
@@ -58,6 +61,7 @@ mode = ("+compile" if a.compile else "+compile-layers" if a.compile_layers else 
     (" (delta rule eager)" if a.eager_delta else "")
 print(json.dumps({"peer": "hf-transformers" + mode + (" balanced" if a.balanced else ""),
     "model": "qwen3.5-35b-a3b", "layers": a.layers, "experts": a.experts, "delta_rule": delta_path,
+    "delta_rule_eager_calls": eager_calls[0],
     "experts_implementation": getattr(model.config, "_experts_implementation", None),
     "mbs": a.mbs, "seq": a.seq, "step_s": t,
     "tokens_per_s": a.mbs * a.seq / t, "peak_gb": peak,
