@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# run.sh — q20b (issue 20) in call 2: the delta rule's bf16 bound from its own fp64 sensitivity (gpu_op_delta_rule,
-# gpu_op_delta_rule_128), the Qwen3.5 model against the CPU, and the 8-layer Qwen3.5 step's GPU peak against its plan
-# now that the delta rule's forward scratch and cuDNN's attention dQ accumulator are planned (the ops' scratch at the
-# workspace's bottom). Run from the repository root as OUT=<dir> bash .dev-q20b/run.sh, the environment set up
-# (LD_LIBRARY_PATH, PITH_TEST_GPU=1). Whole script ≤ 200 s: each command gets min(its limit, what is left of 195 s).
+# run.sh — q20b (issue 20) in call 2, binaries of branch q20b at 25f962d (main merged): the delta rule's bf16 bound
+# from its own fp64 sensitivity (gpu_op_delta_rule, gpu_op_delta_rule_128), the Qwen3.5 model against the CPU, and
+# the 8-layer Qwen3.5 step's GPU peak against its plan now that the delta rule's forward scratch and cuDNN's
+# attention dQ accumulator are planned (the ops' scratch at the workspace's bottom). Run from the repository root as
+# OUT=<dir> bash .dev-q20b/run.sh, the environment set up (LD_LIBRARY_PATH, PITH_TEST_GPU=1). Whole script ≤ 200 s:
+# each command gets min(its limit, what is left of 195 s).
 set -u
 D=.dev-q20b; B=build-q20b; OUT=${OUT:-/tmp/out-q20b}; mkdir -p "$B" "$OUT"
 T0=$(date +%s); S=$OUT/summary.txt; : >"$S"
