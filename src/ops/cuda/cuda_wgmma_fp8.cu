@@ -20,21 +20,19 @@
 // d += b · xs(row, kb) · ws(nb, kb) (weight gradient: b · sdy(tb, n) · sx(tb, k)) — each product scaled exactly once
 // by its own blocks' scales. The wait for the block's products before that add is what the second consumer
 // warpgroup's products overlap.
-// Epilogue: d through a padded shared-memory tile to 16-byte stores of the rows of the tile's expert (rows past it
-// belong to the next expert and are not stored), or for the weight gradient 16-byte fp32 reductions (red.add) onto
-// dw_e.
+// Epilogue: cuda_wgmma.cuh's, as the bf16 kernels': d into swizzled shared boxes, then out by the copy engine (a TMA
+// store, or for the weight gradient an fp32 reduction onto dw_e) while the warpgroup starts its next tile; rows past
+// the tile's expert (they belong to the next expert) are left out by 16-byte stores of the warpgroup's own.
 #include "ops/cuda/cuda_wgmma.cuh"
 
 #define W8_BK 128      // E4M3 codes of one reduction block: a scale block, a 128-byte box row
 #define W8_BN 128      // output columns of a tile: one weight scale block
-#define W8_BOX 8192    // bytes of one TMA box: 64 rows of 128 codes
 #define W8_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
 
 // Shared memory for output type TO: the stages (A and B: 2 boxes each) and, per consumer warpgroup, an epilogue tile
-// of 64 rows × 128 outputs, each row padded by 16 (bf16) or 32 (fp32) bytes so the fragment stores miss no banks.
+// of 64 rows × 128 outputs in swizzled boxes (cuda_wgmma.cuh's epilogue).
 template <typename TO> struct W8Shape {
-    static constexpr int SA = 2 * W8_BOX, SB = 2 * W8_BOX;
-    static constexpr int ROW = (W8_BN + 8) * (int)sizeof(TO), EPI = 64 * ROW;
+    static constexpr int SA = 2 * WG_BOX, SB = 2 * WG_BOX, EPI = 64 * W8_BN * (int)sizeof(TO);
 };
 
 // d (64 × 128 fp32, this thread's 64) = A·B + (acc ? d : 0) over 32 E4M3 codes of the reduction.
@@ -43,46 +41,6 @@ static __device__ __forceinline__ void wgmma_e4m3_128(float *d, uint64_t da, uin
                  "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " WG_D64 ", %64, %65, p, 1, 1;\n}\n"
                  : WG_D64_OUT(d)
                  : "l"(da), "l"(db), "r"(acc));
-}
-
-// The consumer warpgroup g's epilogue: its 64 rows of d into the shared tile epi, then its first `rows` rows out as
-// 16-byte stores (add: added to what is there) into out at row row0, column col, ldo columns a row. tid: the thread's
-// index in the warpgroup.
-template <typename TO>
-static __device__ __forceinline__ void w8_epilogue(const float *d, TO *out, int64_t ldo, int64_t row0, int rows,
-                                                   int col, bool add, int g, int tid, uint32_t epi) {
-    constexpr int ROW = W8Shape<TO>::ROW, CPR = W8_BN * (int)sizeof(TO) / 16; // 16-byte chunks of a row
-    int warp = tid / 32, lane = tid % 32;
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory"); // the previous tile's reads of epi are done
-    // thread (warp w, lane l) holds rows r, r + 8 (r = 16w + l/4) at columns 8q + 2(l%4), +1
-#pragma unroll
-    for (int q = 0; q < 16; q++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int r = 16 * warp + lane / 4 + 8 * h, c = q * 8 + 2 * (lane % 4);
-            float v0 = d[4 * q + 2 * h], v1 = d[4 * q + 2 * h + 1];
-            uint32_t a = epi + r * ROW + c * (int)sizeof(TO);
-            if (sizeof(TO) == 4) {
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(v0), "f"(v1) : "memory");
-            } else {
-                __nv_bfloat162 p = __floats2bfloat162_rn(v0, v1);
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(*(uint32_t *)&p) : "memory");
-            }
-        }
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
-    for (int i = tid; i < rows * CPR; i += 128) {
-        int r = i / CPR, cc = i % CPR;
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(epi + r * ROW + cc * 16));
-        uint4 *o = (uint4 *)(out + (row0 + r) * ldo + col + cc * (16 / (int)sizeof(TO)));
-        if (add) // fp32 only (the weight gradient): a reduction at the L2, so no thread waits for a read
-            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(o), "f"(__uint_as_float(v.x)),
-                         "f"(__uint_as_float(v.y)), "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
-                         : "memory");
-        else *o = v;
-    }
 }
 
 // The weight gradient's token blocks: expert e's transposed codes begin at padded block tb0[e] (each expert's rows
@@ -99,9 +57,9 @@ typedef struct {
 // nonzero, else written.
 template <int KIND, typename TO>
 __global__ void __launch_bounds__(384, 1)
-    wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, TO *out,
-                     const float *sa_, const float *sb_, int R, int ldb, const __grid_constant__ WgTable gt,
-                     const __grid_constant__ W8Blocks blocks, int ntiles) {
+    wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
+                     const __grid_constant__ CUtensorMap mo, TO *out, const float *sa_, const float *sb_, int R,
+                     int ldb, const __grid_constant__ WgTable gt, const __grid_constant__ W8Blocks blocks, int ntiles) {
     typedef W8Shape<TO> S;
     constexpr bool WGRAD = KIND == WG_WEIGHT_GRAD;
     constexpr int SA = S::SA, SB = S::SB, SC = WGRAD ? 1024 : 0, ST = SA + SB + SC;
@@ -125,11 +83,11 @@ __global__ void __launch_bounds__(384, 1)
                 uint32_t sa = base + s * ST, sb = sa + SA, bar = full + 8 * s;
                 for (int i = 0; i < 2; i++) {
                     if (WGRAD) {
-                        tma_box(sa + i * W8_BOX, &ma, bar, (tb + kb) * W8_BK, ti.row + 64 * i); // dyᵀ rows n
-                        tma_box(sb + i * W8_BOX, &mb, bar, (tb + kb) * W8_BK, ti.col + 64 * i); // xᵀ rows k
+                        tma_box(sa + i * WG_BOX, &ma, bar, (tb + kb) * W8_BK, ti.row + 64 * i); // dyᵀ rows n
+                        tma_box(sb + i * WG_BOX, &mb, bar, (tb + kb) * W8_BK, ti.col + 64 * i); // xᵀ rows k
                     } else {
-                        tma_box(sa + i * W8_BOX, &ma, bar, kb * W8_BK, ti.row + 64 * i);               // x rows
-                        tma_box(sb + i * W8_BOX, &mb, bar, kb * W8_BK, ti.e * gt.N + ti.col + 64 * i); // w_e rows n
+                        tma_box(sa + i * WG_BOX, &ma, bar, kb * W8_BK, ti.row + 64 * i);               // x rows
+                        tma_box(sb + i * WG_BOX, &mb, bar, kb * W8_BK, ti.e * gt.N + ti.col + 64 * i); // w_e rows n
                     }
                 }
                 if (WGRAD) { // the block's scales of the tile's 128 rows and 128 columns
@@ -160,21 +118,26 @@ __global__ void __launch_bounds__(384, 1)
         const float *wsb = sb_ + (int64_t)(ti.e * (gt.N / W8_BN) + ti.col / W8_BN) * ldb; // (forward)
 #pragma unroll
         for (int i = 0; i < 64; i++) d[i] = 0;
+        // forward: block kb's scales (rows past R: not stored, 0) load one block ahead, so their latency from L2
+        // hides behind a whole block's products rather than the wait for its stage
+        float n0 = 0, n1 = 0, nw = 0;
+        if (!WGRAD && ti.nkb > 0) nw = wsb[0], n0 = r0 < R ? sa_[r0] : 0, n1 = r1 < R ? sa_[r1] : 0;
         for (int kb = 0; kb < ti.nkb; kb++, it++) {
             int s = it % STAGES;
             uint32_t sa = base + s * ST, sb = sa + SA, sc = sb + SB;
-            // forward: the scales load while the stage fills and the products run (rows past R: not stored, 0)
             float s0 = 0, s1 = 0;
             if (!WGRAD) {
-                float sw = wsb[kb];
-                s0 = r0 < R ? sa_[(int64_t)kb * R + r0] * sw : 0, s1 = r1 < R ? sa_[(int64_t)kb * R + r1] * sw : 0;
+                s0 = n0 * nw, s1 = n1 * nw;
+                if (kb + 1 < ti.nkb)
+                    nw = wsb[kb + 1], n0 = r0 < R ? sa_[(int64_t)(kb + 1) * R + r0] : 0,
+                    n1 = r1 < R ? sa_[(int64_t)(kb + 1) * R + r1] : 0;
             }
             mbar_wait(full + 8 * s, it / STAGES & 1);
             fence_regs<64>(b);
             wgmma_fence();
 #pragma unroll
             for (int k32 = 0; k32 < W8_BK / 32; k32++)
-                wgmma_e4m3_128(b, smem_desc(sa + g * W8_BOX + k32 * 32, 16, 1024), smem_desc(sb + k32 * 32, 16, 1024),
+                wgmma_e4m3_128(b, smem_desc(sa + g * WG_BOX + k32 * 32, 16, 1024), smem_desc(sb + k32 * 32, 16, 1024),
                                k32 > 0);
             wgmma_commit();
             wgmma_wait<0>();
@@ -199,18 +162,17 @@ __global__ void __launch_bounds__(384, 1)
                 for (int i = 0; i < 64; i++) d[i] += b[i] * (i & 2 ? s1 : s0); // elements 2, 3 of each 4: row r + 8
             }
         }
-        int row0 = ti.row + 64 * g;
-        if (WGRAD) w8_epilogue<TO>(d, out, gt.K, (int64_t)ti.e * gt.N + row0, 64, ti.col, R, g, tid, epi);
-        else w8_epilogue<TO>(d, out, gt.N, row0, max(0, min(64, ti.r0 + ti.m - row0)), ti.col, false, g, tid, epi);
+        epilogue<KIND, W8_BN, TO>(d, &mo, out, gt, ti, g, tid, epi, WGRAD && R);
     }
+    if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
 
 // ---- host side ----
 static int64_t w8_calls; // products run here
 
 template <int KIND, typename TO>
-static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, TO *out, const float *sa, const float *sb, int R,
-                      int ldb, const WgTable *gt, const W8Blocks *blocks, int ntiles) {
+static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, TO *out, const float *sa,
+                      const float *sb, int R, int ldb, const WgTable *gt, const W8Blocks *blocks, int ntiles) {
     static bool attr;
     size_t smem = W8_SMEM + 1024; // stages, epilogue tiles, barriers; alignment slack
     if (!attr) {
@@ -219,7 +181,8 @@ static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, TO *out, con
         attr = true;
     }
     int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
-    wgmma_fp8_kernel<KIND, TO><<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, out, sa, sb, R, ldb, *gt, *blocks, ntiles);
+    wgmma_fp8_kernel<KIND, TO>
+        <<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, *mo, out, sa, sb, R, ldb, *gt, *blocks, ntiles);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -241,13 +204,16 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t R, con
     if (ntiles < 0) return false;
     w8_calls++;
     if (ntiles == 0) return true;
-    CUtensorMap ma, mb;
+    CUtensorMap ma, mb, mo;
     wgmma_tensor_map(&ma, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, R, K);
     wgmma_tensor_map(&mb, wq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, E * N, K);
+    bool f32 = y.dt == DT_F32;
+    wgmma_tensor_map(&mo, y.p, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, f32 ? 4 : 2,
+                     t_rows(y), N);
     static W8Blocks none; // (the forward reads no token blocks)
-    if (y.dt == DT_F32)
-        w8_launch<WG_FORWARD, float>(&ma, &mb, (float *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
-    else w8_launch<WG_FORWARD, bf16>(&ma, &mb, (bf16 *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
+    if (f32)
+        w8_launch<WG_FORWARD, float>(&ma, &mb, &mo, (float *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
+    else w8_launch<WG_FORWARD, bf16>(&ma, &mb, &mo, (bf16 *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
     return true;
 }
 
@@ -263,12 +229,13 @@ bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const v
     if (ntiles < 0) return false;
     w8_calls++;
     if (ntiles == 0) return true;
-    CUtensorMap ma, mb;
+    CUtensorMap ma, mb, mo;
     wgmma_tensor_map(&ma, dq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, N, Tp);
     wgmma_tensor_map(&mb, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, K, Tp);
+    wgmma_tensor_map(&mo, dw.p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, E * N, K);
     W8Blocks blocks;
     for (int64_t e = 0, tb = 0; e < E; e++) blocks.tb0[e] = (int)tb, tb += (offs[e + 1] - offs[e] + W8_BK - 1) / W8_BK;
-    w8_launch<WG_WEIGHT_GRAD, float>(&ma, &mb, (float *)dw.p, ds, xs, accumulate, 0, &gt, &blocks, (int)ntiles);
+    w8_launch<WG_WEIGHT_GRAD, float>(&ma, &mb, &mo, (float *)dw.p, ds, xs, accumulate, 0, &gt, &blocks, (int)ntiles);
     return true;
 }
 
