@@ -81,30 +81,42 @@ template <typename T> __device__ float row_block_scale(const T *x, int64_t C, in
     return warp_block_scale(v);
 }
 
-// Eight consecutive values p[0..7] of which the first n exist (the rest 0): one 16-byte load (bf16; two for fp32)
-// when vec (p 16-byte aligned) and all eight exist.
-__device__ __forceinline__ void ld8(const bf16 *p, int64_t n, bool vec, float v[8]) {
+// Eight consecutive values as loaded: bf16 keeps its bit patterns (half the registers of floats, so a CTA can hold a
+// whole 128 × 128 block with room for more CTAs), fp32 its floats; v[k] is value k as a float.
+template <typename T> struct Pack8 {
+    float f[8];
+    __device__ __forceinline__ float operator[](int k) const { return f[k]; }
+};
+template <> struct Pack8<bf16> {
+    uint32_t w[4];
+    __device__ __forceinline__ float operator[](int k) const {
+        return __uint_as_float(k & 1 ? w[k >> 1] & 0xffff0000u : w[k >> 1] << 16);
+    }
+};
+
+// p[0..7], of which the first n exist (the rest 0): one 16-byte load (bf16; two for fp32) when vec (p 16-byte aligned)
+// and all eight exist.
+__device__ __forceinline__ void ld8(const bf16 *p, int64_t n, bool vec, Pack8<bf16> &v) {
     if (vec && n >= 8) {
         uint4 u = *(const uint4 *)p;
-        const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float2 f = __bfloat1622float2(h[i]);
-            v[2 * i] = f.x, v[2 * i + 1] = f.y;
-        }
+        v.w[0] = u.x, v.w[1] = u.y, v.w[2] = u.z, v.w[3] = u.w;
         return;
     }
 #pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = i < n ? ld(p, i) : 0.0f;
+    for (int i = 0; i < 4; i++) {
+        uint32_t lo = 2 * i < n ? __bfloat16_as_ushort(p[2 * i]) : 0,
+                 hi = 2 * i + 1 < n ? __bfloat16_as_ushort(p[2 * i + 1]) : 0;
+        v.w[i] = lo | hi << 16;
+    }
 }
-__device__ __forceinline__ void ld8(const float *p, int64_t n, bool vec, float v[8]) {
+__device__ __forceinline__ void ld8(const float *p, int64_t n, bool vec, Pack8<float> &v) {
     if (vec && n >= 8) {
         float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        v.f[0] = a.x, v.f[1] = a.y, v.f[2] = a.z, v.f[3] = a.w, v.f[4] = b.x, v.f[5] = b.y, v.f[6] = b.z, v.f[7] = b.w;
         return;
     }
 #pragma unroll
-    for (int i = 0; i < 8; i++) v[i] = i < n ? p[i] : 0.0f;
+    for (int i = 0; i < 8; i++) v.f[i] = i < n ? p[i] : 0.0f;
 }
 
 // |v| as ordered bits for an integer max (non-negative floats order as their bits); a non-finite value as NaN's
@@ -188,7 +200,7 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t 
     int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nb = R * nchunks;
     if (VEC) {
         int half = (threadIdx.x >> 4) & 1, hl = threadIdx.x & 15;
-        float v[2][8];
+        Pack8<T> v[2];
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             int64_t b = 4 * warp + 2 * j + half;
@@ -240,7 +252,7 @@ __device__ void quant_t_block(uint8_t *qt, float *s, uint8_t *q, float *s2, cons
     int64_t c0 = cb * 128, c = c0 + 8 * cg, nc = C - c;
     bool vec = C % 8 == 0 && (uintptr_t)x % 16 == 0;
     if (tid < 128) cmax[tid] = 0;
-    float v[2][4][8];
+    Pack8<T> v[2][4];
     unsigned m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < 2; j++)
@@ -315,8 +327,9 @@ __device__ void quant_t_block(uint8_t *qt, float *s, uint8_t *q, float *s2, cons
 // One matrix x (R, C) in blocks of 128 rows, a CTA per (block row, column chunk); grid.y: E matrices of R rows one
 // after another (a weight's experts), each with its own codes and scale tables.
 template <typename T>
-__global__ void fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t R, int64_t C,
-                                   int64_t ldq, bool whole, int64_t RB4, int64_t CB4) {
+__global__ void __launch_bounds__(256, 3)
+    fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t R, int64_t C, int64_t ldq,
+                       bool whole, int64_t RB4, int64_t CB4) {
     int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks, e = blockIdx.y;
     x += e * R * C, qt += e * C * ldq, s += whole ? e * nchunks * RB4 : 0;
     if (q) q += e * R * C, s2 += e * ((R + 127) / 128) * CB4;
@@ -326,7 +339,8 @@ __global__ void fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2,
 // The groups' rows (an expert's tokens) in 128 × 1 blocks from each group's first row: block row rb at qt's columns
 // rb·128 .. (each group padded to whole blocks with zero codes), scales s[rb·C + c].
 template <typename T>
-__global__ void fp8_quant_t_groups_kernel(uint8_t *qt, float *s, const T *x, int64_t C, int64_t ldq, Fp8Groups gr) {
+__global__ void __launch_bounds__(256, 4)
+    fp8_quant_t_groups_kernel(uint8_t *qt, float *s, const T *x, int64_t C, int64_t ldq, Fp8Groups gr) {
     int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks, r0, r1;
     group_rows(gr, rb, &r0, &r1);
     quant_t_block(qt, s, (uint8_t *)NULL, (float *)NULL, x, C, ldq, false, 0, 0, rb, cb, r0, r1, rb * 128);

@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(384, 1)
                     d[4 * q] += b[4 * q] * s0 * c0, d[4 * q + 1] += b[4 * q + 1] * s0 * c1;
                     d[4 * q + 2] += b[4 * q + 2] * s1 * c0, d[4 * q + 3] += b[4 * q + 3] * s1 * c1;
                 }
+                __syncwarp(); // every lane's reads of the stage's scales before lane 0 gives it back
                 if (lane == 0) mbar_arrive(empty + 8 * s);
             } else {
                 if (lane == 0) mbar_arrive(empty + 8 * s); // the stage goes back to the producer
