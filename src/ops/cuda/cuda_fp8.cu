@@ -119,9 +119,13 @@ __device__ __forceinline__ void ld8(const float *p, int64_t n, bool vec, Pack8<f
     for (int i = 0; i < 8; i++) v.f[i] = i < n ? p[i] : 0.0f;
 }
 
-// |v| as ordered bits for an integer max (non-negative floats order as their bits); a non-finite value as NaN's
-// bits, above every finite one, so the max says whether the block holds one.
-__device__ __forceinline__ unsigned amax_bits(float v) { return isfinite(v) ? __float_as_uint(fabsf(v)) : 0x7fc00000u; }
+// |v| as ordered bits for an integer max (non-negative floats order as their bits); a non-finite value's bits are at
+// least infinity's (0x7f800000), above every finite one, so the max says whether the block holds one.
+__device__ __forceinline__ unsigned amax_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+// The codes of a and b (a in the low byte): one conversion for the pair.
+__device__ __forceinline__ uint32_t fp8x2(float a, float b) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
 __device__ __forceinline__ float bits_scale(unsigned b) {
     return b >= 0x7f800000u ? NAN : fp8_scale(__uint_as_float(b));
 }
@@ -216,10 +220,8 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t 
             float sc = bits_scale(m), inv = 1.0f / sc;
             if (b >= nb) continue;
             if (hl == 0) s[cb * R + r] = sc;
-            uint32_t lo = 0, hi = 0;
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                lo |= (uint32_t)fp8_code(v[j][k], inv) << 8 * k, hi |= (uint32_t)fp8_code(v[j][k + 4], inv) << 8 * k;
+            uint32_t lo = fp8x2(v[j][0] * inv, v[j][1] * inv) | fp8x2(v[j][2] * inv, v[j][3] * inv) << 16,
+                     hi = fp8x2(v[j][4] * inv, v[j][5] * inv) | fp8x2(v[j][6] * inv, v[j][7] * inv) << 16;
             *(uint2 *)(q + r * C + cb * 128 + 8 * hl) = make_uint2(lo, hi);
         }
         return;
@@ -289,25 +291,27 @@ __device__ void quant_t_block(uint8_t *qt, float *s, uint8_t *q, float *s2, cons
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         int rg = rg0 + 16 * j;
-        uint32_t col[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t r = r0 + 4 * rg; // the piece's first row
+        // rows past r1 (the padding) get code 0 whatever the scale: a byte mask over the piece's 4 rows
+        uint32_t keep = r1 - r >= 4 ? 0xffffffffu : r1 - r <= 0 ? 0u : 0xffffffffu >> 8 * (4 - (r1 - r));
+        uint32_t col[8]; // column k's codes of the piece's rows 0..3, one a byte: the word the tile takes
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            int64_t r = r0 + 4 * rg + i;
-            uint32_t lo = 0, hi = 0; // the row's 8 codes; rows past r1 stay 0 (the padding), whatever the scale
+        for (int k = 0; k < 8; k++)
+            col[k] = (fp8x2(v[j][0][k] * inv[k], v[j][1][k] * inv[k]) | fp8x2(v[j][2][k] * inv[k], v[j][3][k] * inv[k])
+                                                                            << 16) &
+                     keep;
+        if (q)
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                uint32_t code = r < r1 ? fp8_code(v[j][i][k], inv[k]) : 0;
-                col[k] |= code << 8 * i;
-                if (k < 4) lo |= code << 8 * k;
-                else hi |= code << 8 * (k - 4);
-            }
-            if (q && r < r1) {
-                if (vq8 && nc >= 8) *(uint2 *)(q + r * C + c) = make_uint2(lo, hi);
+            for (int i = 0; i < 4; i++) { // row i's 8 codes: byte i of each column's word
+                if (r + i >= r1) break;
+                uint32_t sel = i | (4 + i) << 4,
+                         lo = __byte_perm(__byte_perm(col[0], col[1], sel), __byte_perm(col[2], col[3], sel), 0x5410),
+                         hi = __byte_perm(__byte_perm(col[4], col[5], sel), __byte_perm(col[6], col[7], sel), 0x5410);
+                if (vq8 && nc >= 8) *(uint2 *)(q + (r + i) * C + c) = make_uint2(lo, hi);
                 else
                     for (int k = 0; k < 8 && k < nc; k++)
-                        q[r * C + c + k] = (uint8_t)((k < 4 ? lo : hi) >> 8 * (k & 3));
+                        q[(r + i) * C + c + k] = (uint8_t)((k < 4 ? lo : hi) >> 8 * (k & 3));
             }
-        }
 #pragma unroll
         for (int k = 0; k < 8; k++) tile[8 * cg + k][rg] = col[k];
     }
