@@ -200,7 +200,8 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *o
 // bf16, one 8-byte store of codes), a warp taking 4 blocks two at a time (the second pair's loads in flight with the
 // first's); else a warp per block, lane i holding columns i, i + 32, i + 64, i + 96.
 template <typename T, bool VEC>
-__global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t R, int64_t C, int64_t nchunks) {
+__global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t R, int64_t C, int64_t nchunks,
+                                      int64_t ld) {
     int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nb = R * nchunks;
     if (VEC) {
         int half = (threadIdx.x >> 4) & 1, hl = threadIdx.x & 15;
@@ -219,7 +220,7 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t 
             for (int o = 8; o; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffff, m, o)); // within the half-warp
             float sc = bits_scale(m), inv = 1.0f / sc;
             if (b >= nb) continue;
-            if (hl == 0) s[cb * R + r] = sc;
+            if (hl == 0) s[cb * ld + r] = sc;
             uint32_t lo = fp8x2(v[j][0] * inv, v[j][1] * inv) | fp8x2(v[j][2] * inv, v[j][3] * inv) << 16,
                      hi = fp8x2(v[j][4] * inv, v[j][5] * inv) | fp8x2(v[j][6] * inv, v[j][7] * inv) << 16;
             *(uint2 *)(q + r * C + cb * 128 + 8 * hl) = make_uint2(lo, hi);
@@ -229,7 +230,7 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t 
     if (warp >= nb) return;
     int64_t r = warp / nchunks, cb = warp % nchunks, c0 = cb * 128 + (threadIdx.x & 31);
     float v[4], sc = row_block_scale(x, C, r, c0, v), inv = 1.0f / sc;
-    if ((threadIdx.x & 31) == 0) s[cb * R + r] = sc;
+    if ((threadIdx.x & 31) == 0) s[cb * ld + r] = sc;
 #pragma unroll
     for (int i = 0; i < 4; i++)
         if (c0 + 32 * i < C) q[r * C + c0 + 32 * i] = fp8_code(v[i], inv);
@@ -442,12 +443,13 @@ static bool tc_fits(int64_t T, int64_t N, int64_t K, Tensor out, Tensor in) {
 // 256-byte aligned pieces of the op scratch (cuda_scratch), n bytes each.
 static size_t a256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-// x (R, C) quantised in 1 × 128 blocks: codes q (R, C) and VEC128 scales s (⌈C/128⌉, R); q, s NULL: into the op
-// scratch, where *qp and *sp then point.
-static void quant_rows(Tensor x, uint8_t *q, float *s, uint8_t **qp, float **sp) {
+// x (R, C) quantised in 1 × 128 blocks: codes q (R, C) and scales s[cb·ld + r] (ld = R: cuBLASLt's VEC128 layout;
+// the grouped kernel takes ld a multiple of 4, so that each block's row of scales starts 16-byte aligned for its TMA
+// copies); q, s NULL: into the op scratch, where *qp and *sp then point.
+static void quant_rows(Tensor x, uint8_t *q, float *s, int64_t ld, uint8_t **qp, float **sp) {
     int64_t R = t_rows(x), C = t_cols(x), nchunks = (C + 127) / 128;
     if (!q) {
-        char *p = (char *)cuda_scratch(a256(R * C) + a256(sizeof(float) * R * nchunks));
+        char *p = (char *)cuda_scratch(a256(R * C) + a256(sizeof(float) * ld * nchunks));
         q = (uint8_t *)p, s = (float *)(p + a256(R * C));
     }
     if (qp) *qp = q, *sp = s;
@@ -455,11 +457,11 @@ static void quant_rows(Tensor x, uint8_t *q, float *s, uint8_t **qp, float **sp)
     if (C % 128 == 0 && aligned16(x.p) && (uintptr_t)q % 8 == 0) // 32 blocks a CTA of 8 warps
         DT_SWITCH(x.dt, T, "fp8_quant_rows",
                   fp8_quant_rows_kernel<T, true><<<(unsigned)((R * nchunks + 31) / 32), 256, 0, cuda_stream()>>>(
-                      q, s, (const T *)x.p, R, C, nchunks));
+                      q, s, (const T *)x.p, R, C, nchunks, ld));
     else // 8 blocks a CTA
         DT_SWITCH(x.dt, T, "fp8_quant_rows",
-                  fp8_quant_rows_kernel<T, false>
-                  <<<(unsigned)((R * nchunks + 7) / 8), 256, 0, cuda_stream()>>>(q, s, (const T *)x.p, R, C, nchunks));
+                  fp8_quant_rows_kernel<T, false><<<(unsigned)((R * nchunks + 7) / 8), 256, 0, cuda_stream()>>>(
+                      q, s, (const T *)x.p, R, C, nchunks, ld));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -467,7 +469,7 @@ extern "C" void cuda_fp8_quantize_rows(Tensor q, Tensor s, Tensor x) {
     ON_GPU(x, "fp8_quantize_rows");
     CHECK(q.dt == DT_U8 && tensor_numel(q) == tensor_numel(x) && s.dt == DT_F32 &&
           tensor_numel(s) == t_rows(x) * ((t_cols(x) + 127) / 128));
-    quant_rows(x, (uint8_t *)q.p, (float *)s.p, NULL, NULL);
+    quant_rows(x, (uint8_t *)q.p, (float *)s.p, t_rows(x), NULL, NULL);
 }
 
 // out (T, m) (+)= in (T, k) · Aᵀ on the tensor cores: in quantised in 1 × 128 blocks (codes and VEC128 scales in the
@@ -477,7 +479,7 @@ static bool rows_gemm(Tensor out, Tensor in, int64_t m, const void *A, const flo
     if (!tc_fits(T, m, k, out, in)) return false;
     uint8_t *q;
     float *s;
-    quant_rows(in, NULL, NULL, &q, &s);
+    quant_rows(in, NULL, NULL, T, &q, &s);
     return lt_fp8(m, T, k, A, sa, q, s, out.p, out.dt, beta);
 }
 
@@ -515,8 +517,8 @@ extern "C" bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) 
 // wgmma E4M3 kernel: x quantised 1 × 128 along its rows (codes and VEC128 scales in the op scratch), then one
 // grouped product. y (R, C); x (R, Kx), Kx the reduction.
 bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K);
-bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t R, const void *wq, const float *ws,
-                       int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs);
+bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, int64_t R, const void *wq,
+                       const float *ws, int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs);
 bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
                              int64_t E, int64_t N, int64_t K, const int64_t *offs, bool accumulate);
 
@@ -528,9 +530,10 @@ extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const 
     if (R == 0) return true;
     uint8_t *q;
     float *s;
-    quant_rows(x, NULL, NULL, &q, &s);
+    int64_t lds = up4(R);
+    quant_rows(x, NULL, NULL, lds, &q, &s);
     Tensor wq = input_grad ? w8.qt : w8.q, ws = input_grad ? w8.st : w8.s;
-    bool ok = wgmma_fp8_grouped(y, q, s, R, wq.p, (const float *)ws.p, ws.n[1], E, C, Kx, offs);
+    bool ok = wgmma_fp8_grouped(y, q, s, lds, R, wq.p, (const float *)ws.p, ws.n[1], E, C, Kx, offs);
     tc_gemms += ok;
     return ok;
 }

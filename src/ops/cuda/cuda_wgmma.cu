@@ -175,6 +175,17 @@ void wgmma_tensor_map(CUtensorMap *map, const void *p, CUtensorMapDataType type,
         die("wgmma: cuTensorMapEncodeTiled failed (%d) for (%lld, %lld)", (int)r, (long long)rows, (long long)cols);
 }
 
+void wgmma_scale_map(CUtensorMap *map, const float *p, int64_t rows, int64_t cols, int64_t ld, int box) {
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)(ld * 4)};
+    cuuint32_t bx[2] = {(cuuint32_t)box, 1}, estr[2] = {1, 1};
+    CUresult r = encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)p, dims, strides, bx, estr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        die("wgmma: cuTensorMapEncodeTiled failed (%d) for scales (%lld, %lld)", (int)r, (long long)rows,
+            (long long)cols);
+}
+
 // The bf16 or fp32 tensors of the grouped GEMMs.
 static void tensor_map(CUtensorMap *map, const void *p, DType dt, int64_t rows, int64_t cols) {
     wgmma_tensor_map(map, p, dt == DT_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,

@@ -30,7 +30,7 @@ static __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
             : "r"(bar), "r"(parity)
             : "memory");
 }
-// One 64 × 64 box at (column c0, row c1) of the map's tensor into shared memory, completing on bar.
+// One box at (column c0, row c1) of the map's tensor into shared memory, completing on bar.
 static __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
                  "[%2];\n" ::"r"(dst),
@@ -248,3 +248,6 @@ bool wgmma_available(void);
 // A 2D map over a row-major (rows, cols) tensor of `es` bytes per element (type: CU_TENSOR_MAP_DATA_TYPE_*), boxes of
 // 64 rows × 128 bytes in the 128-byte swizzle; boxes past the last row read zeros (and are not written).
 void wgmma_tensor_map(CUtensorMap *map, const void *p, CUtensorMapDataType type, int es, int64_t rows, int64_t cols);
+// A 2D map over fp32 scales (rows, cols) a row ld floats apart (ld a multiple of 4; p 16-byte aligned), boxes of one
+// row × `box` values, not swizzled; values past cols read 0.
+void wgmma_scale_map(CUtensorMap *map, const float *p, int64_t rows, int64_t cols, int64_t ld, int box);

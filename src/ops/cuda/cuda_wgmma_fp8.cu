@@ -19,7 +19,9 @@
 // the tensor core's narrower internal adds), which the consumer then adds into the tile's accumulator d as
 // d += b · xs(row, kb) · ws(nb, kb) (weight gradient: b · sdy(tb, n) · sx(tb, k)) — each product scaled exactly once
 // by its own blocks' scales. The wait for the block's products before that add is what the second consumer
-// warpgroup's products overlap.
+// warpgroup's products overlap. The block's scales arrive in its stage with its boxes (TMA copies of the tile's 128
+// row scales and the weight block's; for the weight gradient bulk copies of 2 × 128), so no consumer waits on a
+// global load (Nsight Compute put 40% of the forward's stalls there when they were read from global memory).
 // Epilogue: cuda_wgmma.cuh's, as the bf16 kernels': d into swizzled shared boxes, then out by the copy engine (a TMA
 // store, or for the weight gradient an fp32 reduction onto dw_e) while the warpgroup starts its next tile; rows past
 // the tile's expert (they belong to the next expert) are left out by 16-byte stores of the warpgroup's own.
@@ -49,20 +51,23 @@ typedef struct {
     int tb0[WG_MAX_E];
 } W8Blocks;
 
-// grid: min(tiles, SMs) CTAs of 384 threads; W8_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes.
-// KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); sa x's scales (KB, R), sb w's (E·NB, ldb); out y (R, N).
+// grid: min(tiles, SMs) CTAs of 384 threads; W8_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes; mo the
+// output's map (cuda_wgmma.cuh's epilogue). The producer copies each block's scales into its stage beside the boxes.
+// KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); msa x's scales (KB, R) in boxes of one block's 128 rows
+// (zeros past R), msb w's (E·NB, ldws) in boxes of 4 (a block's with its neighbours: 16 bytes); out y (R, N).
 // KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens; sa dyᵀ's scales (TB, N), sb
-// xᵀ's (TB, K), one per token block and column, which the producer copies into each stage beside the boxes (a scale
-// per output row and per output column of the tile: 2 × 512 bytes); out dw (E, N, K) fp32, added to when R is
-// nonzero, else written.
+// xᵀ's (TB, K), one per token block and column (a scale per output row and per output column of the tile: 2 × 512
+// bytes a stage); out dw (E, N, K) fp32, added to when accumulate, else written.
 template <int KIND, typename TO>
 __global__ void __launch_bounds__(384, 1)
     wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
-                     const __grid_constant__ CUtensorMap mo, TO *out, const float *sa_, const float *sb_, int R,
-                     int ldb, const __grid_constant__ WgTable gt, const __grid_constant__ W8Blocks blocks, int ntiles) {
+                     const __grid_constant__ CUtensorMap mo, const __grid_constant__ CUtensorMap msa,
+                     const __grid_constant__ CUtensorMap msb, TO *out, const float *sa_, const float *sb_,
+                     int accumulate, const __grid_constant__ WgTable gt, const __grid_constant__ W8Blocks blocks,
+                     int ntiles) {
     typedef W8Shape<TO> S;
     constexpr bool WGRAD = KIND == WG_WEIGHT_GRAD;
-    constexpr int SA = S::SA, SB = S::SB, SC = WGRAD ? 1024 : 0, ST = SA + SB + SC;
+    constexpr int SA = S::SA, SB = S::SB, SC = 1024, ST = SA + SB + SC; // SC: the stage's scales
     constexpr int STAGES = (W8_SMEM - 256 - 2 * S::EPI) / ST;
     extern __shared__ unsigned char w8_shared[];
     uint32_t base = (sh_addr(w8_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
@@ -79,7 +84,7 @@ __global__ void __launch_bounds__(384, 1)
             for (int kb = 0; kb < ti.nkb; kb++, it++) {
                 int s = it % STAGES;
                 mbar_wait(empty + 8 * s, (it / STAGES & 1) ^ 1);
-                mbar_expect(full + 8 * s, ST);
+                mbar_expect(full + 8 * s, WGRAD ? ST : SA + SB + 528);
                 uint32_t sa = base + s * ST, sb = sa + SA, bar = full + 8 * s;
                 for (int i = 0; i < 2; i++) {
                     if (WGRAD) {
@@ -89,6 +94,10 @@ __global__ void __launch_bounds__(384, 1)
                         tma_box(sa + i * WG_BOX, &ma, bar, kb * W8_BK, ti.row + 64 * i);               // x rows
                         tma_box(sb + i * WG_BOX, &mb, bar, kb * W8_BK, ti.e * gt.N + ti.col + 64 * i); // w_e rows n
                     }
+                }
+                if (!WGRAD) { // x's scales of the tile's 128 rows (0 past R) and w's of the block (its group of 4)
+                    tma_box(sb + SB, &msa, bar, ti.row, kb);
+                    tma_box(sb + SB + 512, &msb, bar, kb & ~3, ti.e * (gt.N / W8_BN) + ti.col / W8_BN);
                 }
                 if (WGRAD) { // the block's scales of the tile's 128 rows and 128 columns
                     const float *pa = sa_ + (int64_t)(tb + kb) * gt.N + ti.row,
@@ -114,25 +123,20 @@ __global__ void __launch_bounds__(384, 1)
     int it = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
         Tile ti = tile_of<KIND, W8_BN, W8_BK>(gt, t);
-        int r0 = ti.row + rl, r1 = r0 + 8;
-        const float *wsb = sb_ + (int64_t)(ti.e * (gt.N / W8_BN) + ti.col / W8_BN) * ldb; // (forward)
 #pragma unroll
         for (int i = 0; i < 64; i++) d[i] = 0;
-        // forward: block kb's scales (rows past R: not stored, 0) load one block ahead, so their latency from L2
-        // hides behind a whole block's products rather than the wait for its stage
-        float n0 = 0, n1 = 0, nw = 0;
-        if (!WGRAD && ti.nkb > 0) nw = wsb[0], n0 = r0 < R ? sa_[r0] : 0, n1 = r1 < R ? sa_[r1] : 0;
         for (int kb = 0; kb < ti.nkb; kb++, it++) {
             int s = it % STAGES;
             uint32_t sa = base + s * ST, sb = sa + SA, sc = sb + SB;
-            float s0 = 0, s1 = 0;
-            if (!WGRAD) {
-                s0 = n0 * nw, s1 = n1 * nw;
-                if (kb + 1 < ti.nkb)
-                    nw = wsb[kb + 1], n0 = r0 < R ? sa_[(int64_t)(kb + 1) * R + r0] : 0,
-                    n1 = r1 < R ? sa_[(int64_t)(kb + 1) * R + r1] : 0;
-            }
+            float s0, s1;
             mbar_wait(full + 8 * s, it / STAGES & 1);
+            if (!WGRAD) { // the rows' scales × the weight block's, from the stage (read before it goes back)
+                float sw;
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sw) : "r"(sc + 512 + 4 * (kb & 3)));
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s0) : "r"(sc + 4 * rl));
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s1) : "r"(sc + 4 * (rl + 8)));
+                s0 *= sw, s1 *= sw;
+            }
             fence_regs<64>(b);
             wgmma_fence();
 #pragma unroll
@@ -158,12 +162,13 @@ __global__ void __launch_bounds__(384, 1)
                 __syncwarp(); // every lane's reads of the stage's scales before lane 0 gives it back
                 if (lane == 0) mbar_arrive(empty + 8 * s);
             } else {
+                __syncwarp();
                 if (lane == 0) mbar_arrive(empty + 8 * s); // the stage goes back to the producer
 #pragma unroll
                 for (int i = 0; i < 64; i++) d[i] += b[i] * (i & 2 ? s1 : s0); // elements 2, 3 of each 4: row r + 8
             }
         }
-        epilogue<KIND, W8_BN, TO>(d, &mo, out, gt, ti, g, tid, epi, WGRAD && R);
+        epilogue<KIND, W8_BN, TO>(d, &mo, out, gt, ti, g, tid, epi, WGRAD && accumulate);
     }
     if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
@@ -172,8 +177,9 @@ __global__ void __launch_bounds__(384, 1)
 static int64_t w8_calls; // products run here
 
 template <int KIND, typename TO>
-static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, TO *out, const float *sa,
-                      const float *sb, int R, int ldb, const WgTable *gt, const W8Blocks *blocks, int ntiles) {
+static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, const CUtensorMap *msa,
+                      const CUtensorMap *msb, TO *out, const float *sa, const float *sb, bool accumulate,
+                      const WgTable *gt, const W8Blocks *blocks, int ntiles) {
     static bool attr;
     size_t smem = W8_SMEM + 1024; // stages, epilogue tiles, barriers; alignment slack
     if (!attr) {
@@ -183,7 +189,7 @@ static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtens
     }
     int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
     wgmma_fp8_kernel<KIND, TO>
-        <<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, *mo, out, sa, sb, R, ldb, *gt, *blocks, ntiles);
+        <<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, *mo, *msa, *msb, out, sa, sb, accumulate, *gt, *blocks, ntiles);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -194,27 +200,32 @@ bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K) {
            K % W8_BK == 0 && E * N <= 0x7fffffff && K <= 0x7fffffff && R + 256 <= 0x7fffffff && wgmma_available();
 }
 
-// y (R, N) = x_e · w_eᵀ per expert on the E4M3 tensor cores (the layouts at the top): xq (R, K) codes and xs (KB, R)
-// scales of x, wq (E·N, K) codes and ws (E·N/128, ldws) scales of w, offs (E + 1) on the host with offs[E] ≤ R. The
-// caller checked wgmma_fp8_takes; false when offs decrease.
-bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t R, const void *wq, const float *ws,
-                       int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs) {
-    if (offs[0] < 0 || offs[E] > R || !aligned16(xq, wq)) return false;
+// y (R, N) = x_e · w_eᵀ per expert on the E4M3 tensor cores (the layouts at the top): xq (R, K) codes and xs (KB, lds)
+// scales of x (lds ≥ R a multiple of 4: xs[kb·lds + r]), wq (E·N, K) codes and ws (E·N/128, ldws) scales of w (ldws a
+// multiple of 4), offs (E + 1) on the host with offs[E] ≤ R. The caller checked wgmma_fp8_takes; false when offs
+// decrease or a pointer is not 16-byte aligned.
+bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, int64_t R, const void *wq,
+                       const float *ws, int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs) {
+    if (offs[0] < 0 || offs[E] > R || !aligned16(xq, wq, xs, ws) || lds % 4 || ldws % 4 || lds < R) return false;
     WgTable gt;
     int64_t ntiles = wg_table_build(&gt, WG_FORWARD, E, N, K, W8_BN, offs);
     if (ntiles < 0) return false;
     w8_calls++;
     if (ntiles == 0) return true;
-    CUtensorMap ma, mb, mo;
+    CUtensorMap ma, mb, mo, msa, msb;
     wgmma_tensor_map(&ma, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, R, K);
     wgmma_tensor_map(&mb, wq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, E * N, K);
     bool f32 = y.dt == DT_F32;
     wgmma_tensor_map(&mo, y.p, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, f32 ? 4 : 2,
                      t_rows(y), N);
+    wgmma_scale_map(&msa, xs, K / W8_BK, R, lds, 128);
+    wgmma_scale_map(&msb, ws, E * N / W8_BN, ldws, ldws, 4);
     static W8Blocks none; // (the forward reads no token blocks)
     if (f32)
-        w8_launch<WG_FORWARD, float>(&ma, &mb, &mo, (float *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
-    else w8_launch<WG_FORWARD, bf16>(&ma, &mb, &mo, (bf16 *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
+        w8_launch<WG_FORWARD, float>(&ma, &mb, &mo, &msa, &msb, (float *)y.p, NULL, NULL, false, &gt, &none,
+                                     (int)ntiles);
+    else
+        w8_launch<WG_FORWARD, bf16>(&ma, &mb, &mo, &msa, &msb, (bf16 *)y.p, NULL, NULL, false, &gt, &none, (int)ntiles);
     return true;
 }
 
@@ -236,7 +247,8 @@ bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const v
     wgmma_tensor_map(&mo, dw.p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, E * N, K);
     W8Blocks blocks;
     for (int64_t e = 0, tb = 0; e < E; e++) blocks.tb0[e] = (int)tb, tb += (offs[e + 1] - offs[e] + W8_BK - 1) / W8_BK;
-    w8_launch<WG_WEIGHT_GRAD, float>(&ma, &mb, &mo, (float *)dw.p, ds, xs, accumulate, 0, &gt, &blocks, (int)ntiles);
+    w8_launch<WG_WEIGHT_GRAD, float>(&ma, &mb, &mo, &mo, &mo, (float *)dw.p, ds, xs, accumulate, &gt, &blocks,
+                                     (int)ntiles); // (msa, msb: not read)
     return true;
 }
 
