@@ -5,6 +5,7 @@
 
 #include "ops/cpu/cpu_ops.h"
 #include "base/safetensors.h"
+#include "pipe/chunk.h"
 #include "test.h"
 
 // The E4M3 value nearest to v by brute force over the 254 finite codes, ties to the even code (mantissa bit 0
@@ -288,6 +289,98 @@ TEST(fp8_linear_recipe_and_gradients) {
 
 // ---- the model in FP8 ----
 
+// One forward and backward (2 × 12 tokens, force-balanced routing) of a tiny model of config `json` on the CPU from
+// fixed weights; *loss gets Σ CE; returns the gradient (both groups, concatenated; the caller frees it). fp8: with
+// the FP8 weight cache, its GEMM counts in gemms.
+static float *fp8_family_step(const char *json, bool fp8, double *loss, int64_t *n, int64_t gemms[FP8_SLOTS]) {
+    enum { B = 2, S = 12 };
+    ModelConfig mc;
+    const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", json));
+    Model m;
+    model_create(&m, fam, &mc, DEV_CPU, DT_F32, S);
+    m.force_balance = true;
+    for (int g = 0; g < NGROUPS; g++) params_init(&m.params, g, m.w[g].p, 7, 0.05, mc.layers);
+    for (int i = 0; i < m.params.n; i++) { // norm weights away from their init, so every path carries signal
+        const ParamInfo *p = &m.params.p[i];
+        if (p->init == INIT_ONES || p->init == INIT_ZEROS)
+            for (int64_t j = 0; j < params_numel(p); j++)
+                ((float *)m.w[p->group].p)[p->off + j] += (float)(0.3 * rng_normal(99, rng_hash_str(p->name), j));
+    }
+    if (fp8) model_fp8_setup(&m, "config.json");
+    Chunk e;
+    chunk_init_model(&e, &m, B, S);
+    int32_t tok[B * S], lab[B * S];
+    for (int t = 0; t < B * S; t++)
+        tok[t] = (int32_t)(rng_u64(5, 1, t) % mc.vocab), lab[t] = (int32_t)(rng_u64(5, 2, t) % mc.vocab);
+    chunk_load(&e, 0, tok, lab);
+    model_zero_grads(&m);
+    op_zero(m.loss_sum), op_zero(m.lb_sum);
+    chunk_forward(&e, 0, true);
+    chunk_backward(&e, 0, false);
+    *loss = op_read_scalar(m.loss_sum);
+    int64_t n0 = tensor_numel(m.g[0]), n1 = tensor_numel(m.g[1]);
+    float *g = xmalloc((n0 + n1) * sizeof(float));
+    memcpy(g, m.g[0].p, n0 * sizeof(float)), memcpy(g + n0, m.g[1].p, n1 * sizeof(float));
+    *n = n0 + n1;
+    if (fp8) {
+        // every cached slot ran its three GEMMs (forward, input gradient, weight gradient) in each layer that has it
+        for (int s = 0; s < FP8_SLOTS; s++) {
+            int64_t held = 0;
+            for (int l = 0; l < mc.layers; l++) held += m.fp8_off[s][l] >= 0;
+            ASSERT_MSG(m.fp8_gemms[s] == 3 * held, "%s: slot %d ran %lld FP8 GEMMs, %lld layers hold it", json, s,
+                       (long long)m.fp8_gemms[s], (long long)held);
+            gemms[s] = m.fp8_gemms[s];
+        }
+    }
+    chunk_free(&e);
+    model_free(&m);
+    return g;
+}
+
+// Every projection spec §3.5 lists runs in FP8 on each family (counted per slot: a call left on op_linear_* or a slot
+// the family does not name fails), and the FP8 model's loss and gradient are the fp32 model's within the FP8 error
+// (whose own gradient test_model.c checks against finite differences; the emulation's rounding is piecewise
+// constant, so finite differences of it measure the rounding steps, not a gradient). want: the slots each family has.
+TEST(fp8_family_projections_run_in_fp8) {
+    static const char *const dsv2_lora =
+        "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"
+        " \"q_lora_rank\": 10, \"kv_lora_rank\": 8, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": "
+        "6,"
+        " \"vocab_size\": 40, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 6,"
+        " \"n_shared_experts\": 2, \"intermediate_size\": 12, \"first_k_dense_replace\": 1, \"attention_bias\": true}";
+    static const char *const dsv2_q =
+        "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 16, \"num_hidden_layers\": 2, \"num_attention_heads\": 2,"
+        " \"q_lora_rank\": null, \"kv_lora_rank\": 8, \"qk_nope_head_dim\": 4, \"qk_rope_head_dim\": 4, "
+        "\"v_head_dim\": 8,"
+        " \"vocab_size\": 40, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 6,"
+        " \"n_shared_experts\": 1, \"intermediate_size\": 12, \"first_k_dense_replace\": 1}";
+    enum { GU = 1 << FP8_GATE_UP, DN = 1 << FP8_DOWN, QKVO = 1 << FP8_Q | 1 << FP8_K | 1 << FP8_V | 1 << FP8_O };
+    enum { SH = 1 << FP8_SHARED_GU | 1 << FP8_SHARED_DOWN, MLA = 1 << FP8_KV_A | 1 << FP8_KV_B | 1 << FP8_O };
+    static const struct {
+        const char *json;
+        int want;
+    } fams[] = {{TINY_MOE_B, GU | DN | QKVO}, // attention biases, a dense layer
+                {dsv2_lora, GU | DN | MLA | 1 << FP8_Q_A | 1 << FP8_Q_B | SH},
+                {dsv2_q, GU | DN | MLA | 1 << FP8_Q | SH},
+                {TINY_Q35_GPU, GU | DN | QKVO | 1 << FP8_QKV | 1 << FP8_Z | 1 << FP8_OUT | SH}};
+    for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+        double l32, l8;
+        int64_t n, gemms[FP8_SLOTS];
+        float *g32 = fp8_family_step(fams[f].json, false, &l32, &n, NULL),
+              *g8 = fp8_family_step(fams[f].json, true, &l8, &n, gemms);
+        int have = 0;
+        for (int s = 0; s < FP8_SLOTS; s++) have |= (gemms[s] > 0) << s;
+        ASSERT_MSG(have == fams[f].want, "%s: FP8 slots 0x%x, expected 0x%x", fams[f].json, have, fams[f].want);
+        double *g64 = xmalloc(n * sizeof(double));
+        for (int64_t i = 0; i < n; i++) g64[i] = g32[i];
+        double cd = calc_diff(g8, g64, n);
+        printf("     %.40s…: loss %.6f vs fp32 %.6f (%.1e), gradient calc_diff %.1e\n", fams[f].json, l8, l32,
+               fabs(l8 - l32) / l32, cd);
+        ASSERT(fabs(l8 - l32) <= 0.01 * l32 && l8 != l32 && cd <= 5e-2 && cd > 0);
+        free(g32), free(g8), free(g64);
+    }
+}
+
 // A run folder with FP8_TEST_MODEL: one step, micro-batches of 2 × 32 tokens, global batch 4.
 static const char *make_fp8_run(void) {
     static char d[256];
@@ -325,9 +418,11 @@ TEST(fp8_model_step_against_fp32_and_ep2) {
     snprintf(cmd, sizeof cmd, "%s train", PITH_BIN), one = cmd;
     double plan32 = train_one(d, "f32", one, ""), plan8 = train_one(d, "fp8", one, "--set fp8=true");
     // the plan counts the weight cache: the codes and scales of the experts', 2 MoE layers of 8 (gate_up 256 × 256,
-    // down 256 × 128), and of the dense layer's (512 × 256, 256 × 256)
+    // down 256 × 128), of the dense layer's (512 × 256, 256 × 256) and of each layer's q, k, v (128 × 256, 64 × 256
+    // twice) and o (256 × 128)
+    double attn = op_fp8_weight_bytes(128, 256) + 2.0 * op_fp8_weight_bytes(64, 256) + op_fp8_weight_bytes(256, 128);
     ASSERT_MSG(plan8 - plan32 == 2.0 * (op_fp8_experts_bytes(8, 256, 256) + op_fp8_experts_bytes(8, 256, 128)) +
-                                     op_fp8_weight_bytes(512, 256) + op_fp8_weight_bytes(256, 256),
+                                     op_fp8_weight_bytes(512, 256) + op_fp8_weight_bytes(256, 256) + 3 * attn,
                "%.0f vs %.0f", plan8, plan32);
     train_one(d, "f32-bal", one, "--set benchmark=true");
     train_one(d, "fp8-bal", one, "--set benchmark=true --set fp8=true");

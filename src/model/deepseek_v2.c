@@ -192,6 +192,20 @@ static void dsv2_bind(Model *m) {
     bind_layers(m, m->g, v->g);
 }
 
+// The FP8 projections (Fp8Slot): q (or q_a, q_b), kv_a_with_mqa, kv_b, o and the shared experts.
+static Tensor dsv2_fp8_weight(const Model *m, int l, Fp8Slot s) {
+    const Dsv2Layer *W = &((const Dsv2Views *)m->views)->w[l];
+    Tensor w[FP8_SLOTS] = {[FP8_Q] = W->wq,
+                           [FP8_Q_A] = W->wqa,
+                           [FP8_Q_B] = W->wqb,
+                           [FP8_KV_A] = W->wkva,
+                           [FP8_KV_B] = W->wkvb,
+                           [FP8_O] = W->wo,
+                           [FP8_SHARED_GU] = W->shared_gu,
+                           [FP8_SHARED_DOWN] = W->shared_down};
+    return w[s];
+}
+
 // ---- records ----
 
 static bool has_shared(const Model *m, int l) {
@@ -287,7 +301,9 @@ static RouterArgs dsv2_router_args(const Model *m) {
 static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
     const Dsv2Config *d = model_family_config(const Dsv2Config, &m->cfg);
     Dsv2Views *v = m->views;
-    return (MlaLatent){.c = r->ckvn,
+    return (MlaLatent){.m = m,
+                       .layer = l,
+                       .c = r->ckvn,
                        .pe = r->kva,
                        .wkvb = v->w[l].wkvb,
                        .dwkvb = v->g[l].wkvb,
@@ -308,13 +324,13 @@ static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     r->x = x;
     op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
     if (!d->q_lora) {
-        op_linear_forward(q2, r->n1, W->wq, NONE);
+        model_proj_forward(m, l, FP8_Q, q2, r->n1, W->wq, NONE);
     } else {
-        op_linear_forward(r->qa, r->n1, W->wqa, W->bqa);
+        model_proj_forward(m, l, FP8_Q_A, r->qa, r->n1, W->wqa, W->bqa);
         op_rmsnorm_forward(r->qan, r->rqa, r->qa, W->qan, LORA_NORM_EPS);
-        op_linear_forward(q2, r->qan, W->wqb, NONE);
+        model_proj_forward(m, l, FP8_Q_B, q2, r->qan, W->wqb, NONE);
     }
-    op_linear_forward(r->kva, r->n1, W->wkva, W->bkva);
+    model_proj_forward(m, l, FP8_KV_A, r->kva, r->n1, W->wkva, W->bkva);
     op_copy_cols(r->ckv, 0, r->kva, 0, ckv, false);
     op_rmsnorm_forward(r->ckvn, r->rkv, r->ckv, W->kvan, LORA_NORM_EPS);
     // RoPE: dims [dn, dq) of every query head, and the one k_pe (columns [ckv, ckv + dr) of kva as a
@@ -327,7 +343,7 @@ static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     MlaLatent ml = dsv2_latent(m, l, r);
     AttnArgs aa = dsv2_attn_args(m, mb);
     model_mla_attention_forward(m, l, r->att, r->lse, r->q, &ml, r->kv, r->k, r->v, &aa);
-    op_linear_forward(r->h1a, tensor_reshape2(r->att, T, nh * dv), W->wo, W->bo);
+    model_proj_forward(m, l, FP8_O, r->h1a, tensor_reshape2(r->att, T, nh * dv), W->wo, W->bo);
     op_add(r->h1a, x);
     op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
     if (io->dense) return;
@@ -338,9 +354,9 @@ static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T, mb->B);
     if (!has_shared(m, l)) return;
     // Shared experts on every token, added to the residual that stage 5 adds the routed experts to.
-    op_linear_forward(r->sgu, r->n2, W->shared_gu, NONE);
+    model_proj_forward(m, l, FP8_SHARED_GU, r->sgu, r->n2, W->shared_gu, NONE);
     op_swiglu_forward(r->sact, r->sgu);
-    op_linear_forward(r->mlp.h1, r->sact, W->shared_down, NONE);
+    model_proj_forward(m, l, FP8_SHARED_DOWN, r->mlp.h1, r->sact, W->shared_down, NONE);
     op_add(r->mlp.h1, r->h1a);
 }
 
@@ -361,16 +377,16 @@ static void dsv2_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stag
         op_linear_backward_weight(G->router, NONE, r->dlogits, r->n2);
     }
     if (has_shared(m, l)) {
-        op_linear_backward_input(r->dsact, dout, W->shared_down, false);
-        op_linear_backward_weight(G->shared_down, NONE, dout, r->sact);
+        model_proj_backward_input(m, l, FP8_SHARED_DOWN, r->dsact, dout, W->shared_down, false);
+        model_proj_backward_weight(m, l, FP8_SHARED_DOWN, G->shared_down, NONE, dout, r->sact);
         op_swiglu_backward(r->dsgu, r->dsact, r->sgu);
-        op_linear_backward_input(dn2, r->dsgu, W->shared_gu, true);
-        op_linear_backward_weight(G->shared_gu, NONE, r->dsgu, r->n2);
+        model_proj_backward_input(m, l, FP8_SHARED_GU, dn2, r->dsgu, W->shared_gu, true);
+        model_proj_backward_weight(m, l, FP8_SHARED_GU, G->shared_gu, NONE, r->dsgu, r->n2);
     }
     op_copy(r->dh1, dout);
     op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true);
-    op_linear_backward_input(tensor_reshape2(r->datt, T, nh * dv), r->dh1, W->wo, false);
-    op_linear_backward_weight(G->wo, G->bo, r->dh1, tensor_reshape2(r->att, T, nh * dv));
+    model_proj_backward_input(m, l, FP8_O, tensor_reshape2(r->datt, T, nh * dv), r->dh1, W->wo, false);
+    model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, tensor_reshape2(r->att, T, nh * dv));
     AttnArgs aa = dsv2_attn_args(m, mb);
     // attention and kv_b_proj: dq, the latent's gradient (dckvn and k_pe's, the sum over the heads that share it, in
     // dkva's columns) and kv_b_proj's weight gradient
@@ -383,19 +399,19 @@ static void dsv2_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stag
     // kv_a_layernorm, kv_a_proj_with_mqa
     op_rmsnorm_backward(r->dckv, G->kvan, r->dckvn, r->ckv, W->kvan, r->rkv, false);
     op_copy_cols(r->dkva, 0, r->dckv, 0, ckv, false);
-    op_linear_backward_input(r->dn1, r->dkva, W->wkva, false);
-    op_linear_backward_weight(G->wkva, G->bkva, r->dkva, r->n1);
+    model_proj_backward_input(m, l, FP8_KV_A, r->dn1, r->dkva, W->wkva, false);
+    model_proj_backward_weight(m, l, FP8_KV_A, G->wkva, G->bkva, r->dkva, r->n1);
     // the query projection(s)
     Tensor dq2 = tensor_reshape2(r->dq, T, nh * dq);
     if (!d->q_lora) {
-        op_linear_backward_input(r->dn1, dq2, W->wq, true);
-        op_linear_backward_weight(G->wq, NONE, dq2, r->n1);
+        model_proj_backward_input(m, l, FP8_Q, r->dn1, dq2, W->wq, true);
+        model_proj_backward_weight(m, l, FP8_Q, G->wq, NONE, dq2, r->n1);
     } else {
-        op_linear_backward_input(r->dqan, dq2, W->wqb, false);
-        op_linear_backward_weight(G->wqb, NONE, dq2, r->qan);
+        model_proj_backward_input(m, l, FP8_Q_B, r->dqan, dq2, W->wqb, false);
+        model_proj_backward_weight(m, l, FP8_Q_B, G->wqb, NONE, dq2, r->qan);
         op_rmsnorm_backward(r->dqa, G->qan, r->dqan, r->qa, W->qan, r->rqa, false);
-        op_linear_backward_input(r->dn1, r->dqa, W->wqa, true);
-        op_linear_backward_weight(G->wqa, G->bqa, r->dqa, r->n1);
+        model_proj_backward_input(m, l, FP8_Q_A, r->dn1, r->dqa, W->wqa, true);
+        model_proj_backward_weight(m, l, FP8_Q_A, G->wqa, G->bqa, r->dqa, r->n1);
     }
     op_copy(dx, r->dh1);
     op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
@@ -478,6 +494,7 @@ const ModelFamily deepseek_v2_family = {
     .config_parse = dsv2_config_parse,
     .params_build = dsv2_params_build,
     .bind = dsv2_bind,
+    .fp8_weight = dsv2_fp8_weight,
     .layer_alloc = dsv2_layer_alloc,
     .layer_grad_alloc = dsv2_layer_grad_alloc,
     .stage3_alloc = moe_stage3_alloc,

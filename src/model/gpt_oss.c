@@ -167,6 +167,13 @@ static void gpt_oss_bind(Model *m) {
     bind_layers(m, m->g, v->g);
 }
 
+// The FP8 projections (Fp8Slot): attention's q, k, v, o, with their biases.
+static Tensor gpt_oss_fp8_weight(const Model *m, int l, Fp8Slot s) {
+    const GptOssLayer *W = &((const GptOssViews *)m->views)->w[l];
+    Tensor w[FP8_SLOTS] = {[FP8_Q] = W->wq, [FP8_K] = W->wk, [FP8_V] = W->wv, [FP8_O] = W->wo};
+    return w[s];
+}
+
 // ---- records ----
 
 static void gpt_oss_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
@@ -232,15 +239,15 @@ static void gpt_oss_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Te
     Tensor h1 = r->mlp.h1;
     r->x = x;
     op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
-    op_linear_forward(tensor_reshape2(r->q, T, nh * d), r->n1, W->wq, W->bq);
-    op_linear_forward(tensor_reshape2(r->k, T, nkv * d), r->n1, W->wk, W->bk);
-    op_linear_forward(tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
+    model_proj_forward(m, l, FP8_Q, tensor_reshape2(r->q, T, nh * d), r->n1, W->wq, W->bq);
+    model_proj_forward(m, l, FP8_K, tensor_reshape2(r->k, T, nkv * d), r->n1, W->wk, W->bk);
+    model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
     op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_copy(r->sinks, W->sinks);
     AttnArgs aa = gpt_oss_attn_args(m, l, mb, r);
     model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa); // the op, or through a KV cache
-    op_linear_forward(h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
+    model_proj_forward(m, l, FP8_O, h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
     op_add(h1, x);
     op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps);
     op_linear_forward(r->logits, r->n2, W->router, W->router_b);
@@ -267,20 +274,20 @@ static void gpt_oss_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, S
     op_copy(r->dh1, dout);
     op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->mlp.h1, W->ln2, r->rstd2, true);
     Tensor att2 = tensor_reshape2(r->att, T, nh * d), datt2 = tensor_reshape2(r->datt, T, nh * d);
-    op_linear_backward_input(datt2, r->dh1, W->wo, false);
-    op_linear_backward_weight(G->wo, G->bo, r->dh1, att2);
+    model_proj_backward_input(m, l, FP8_O, datt2, r->dh1, W->wo, false);
+    model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, att2);
     AttnArgs aa = gpt_oss_attn_args(m, l, mb, r);
     op_attention_backward(r->dq, r->dk, r->dv, G->sinks, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
     op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     Tensor dq = tensor_reshape2(r->dq, T, nh * d), dk = tensor_reshape2(r->dk, T, nkv * d),
            dv = tensor_reshape2(r->dv, T, nkv * d);
-    op_linear_backward_input(r->dn1, dq, W->wq, false);
-    op_linear_backward_input(r->dn1, dk, W->wk, true);
-    op_linear_backward_input(r->dn1, dv, W->wv, true);
-    op_linear_backward_weight(G->wq, G->bq, dq, r->n1);
-    op_linear_backward_weight(G->wk, G->bk, dk, r->n1);
-    op_linear_backward_weight(G->wv, G->bv, dv, r->n1);
+    model_proj_backward_input(m, l, FP8_Q, r->dn1, dq, W->wq, false);
+    model_proj_backward_input(m, l, FP8_K, r->dn1, dk, W->wk, true);
+    model_proj_backward_input(m, l, FP8_V, r->dn1, dv, W->wv, true);
+    model_proj_backward_weight(m, l, FP8_Q, G->wq, G->bq, dq, r->n1);
+    model_proj_backward_weight(m, l, FP8_K, G->wk, G->bk, dk, r->n1);
+    model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, r->n1);
     op_copy(dx, r->dh1);
     op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
 }
@@ -504,6 +511,7 @@ const ModelFamily gpt_oss_family = {
     .config_parse = gpt_oss_config_parse,
     .params_build = gpt_oss_params_build,
     .bind = gpt_oss_bind,
+    .fp8_weight = gpt_oss_fp8_weight,
     .layer_alloc = gpt_oss_layer_alloc,
     .layer_grad_alloc = gpt_oss_layer_grad_alloc,
     .stage3_alloc = moe_stage3_alloc,

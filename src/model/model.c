@@ -344,38 +344,73 @@ void model_free(Model *m) {
     memset(m, 0, sizeof *m);
 }
 
-// The cache holds, per layer and weight, the FP8 codes and scales of a dense weight (op_fp8_weight_bytes) or of the
+// Layer l's compute weight of slot s: stage 3's from SharedWeights, the others from the family ({0}: none here).
+static Tensor fp8_source(const Model *m, int l, Fp8Slot s) {
+    if (s == FP8_GATE_UP) return m->sw->gate_up[l];
+    if (s == FP8_DOWN) return m->sw->down[l];
+    return m->fam->fp8_weight ? m->fam->fp8_weight(m, l, s) : (Tensor){0};
+}
+
+// The cache holds, per layer and slot, the FP8 codes and scales of a dense weight (op_fp8_weight_bytes) or of the
 // experts' (op_fp8_experts_bytes, blocks within each expert).
 void model_fp8_setup(Model *m, const char *file) {
     if (m->cfg.swiglu_limit > 0) die("%s: fp8: not built for experts with biases (%s)", file, m->cfg.model_type);
     size_t n = 0;
-    for (int l = 0; l < m->cfg.layers; l++) {
-        Tensor w[2] = {m->sw->gate_up[l], m->sw->down[l]};
-        for (int j = 0; j < 2; j++) {
-            m->fp8_off[j][l] = (int64_t)n;
-            if (w[j].nd == 2) n += op_fp8_weight_bytes(w[j].n[0], w[j].n[1]);
-            else if (w[j].nd == 3) n += op_fp8_experts_bytes(w[j].n[0], w[j].n[1], w[j].n[2]); // nd 0: not held here
+    for (int l = 0; l < m->cfg.layers; l++)
+        for (int s = 0; s < FP8_SLOTS; s++) {
+            Tensor w = fp8_source(m, l, (Fp8Slot)s);
+            m->fp8_off[s][l] = w.nd ? (int64_t)n : -1; // nd 0: not held here, or not in this layer
+            if (w.nd == 2) n += op_fp8_weight_bytes(w.n[0], w.n[1]);
+            else if (w.nd == 3) n += op_fp8_experts_bytes(w.n[0], w.n[1], w.n[2]);
         }
-    }
     m->fp8 = true, m->fp8_version = 1;
-    memset(m->fp8_made, 0, sizeof m->fp8_made);
+    memset(m->fp8_made, 0, sizeof m->fp8_made), memset(m->fp8_gemms, 0, sizeof m->fp8_gemms);
     m->fp8_w = (m->w[0].p ? alloc_tensor : shape_tensor)(m->dev, DT_U8, n ? (int64_t)n : 1);
 }
 
 // Remade when stale: the first use after the optimizer's update bumped fp8_version.
-static bool fp8_stale(Model *m, int l, int which) {
-    bool stale = m->fp8_made[which][l] != m->fp8_version;
-    m->fp8_made[which][l] = m->fp8_version;
+static bool fp8_stale(Model *m, int l, Fp8Slot s) {
+    bool stale = m->fp8_made[s][l] != m->fp8_version;
+    m->fp8_made[s][l] = m->fp8_version;
     return stale;
 }
 
-Fp8Weight model_fp8_weight(Model *m, int l, int which) {
-    Tensor w = which ? m->sw->down[l] : m->sw->gate_up[l];
-    char *p = (char *)m->fp8_w.p + m->fp8_off[which][l];
+Fp8Weight model_fp8_weight(Model *m, int l, Fp8Slot s) {
+    Tensor w = fp8_source(m, l, s);
+    CHECK(m->fp8 && m->fp8_off[s][l] >= 0);
+    char *p = (char *)m->fp8_w.p + m->fp8_off[s][l];
     Fp8Weight fw = w.nd == 3 ? op_fp8_experts_view(p, w.dev, w.n[0], w.n[1], w.n[2])
                              : op_fp8_weight_view(p, w.dev, w.n[0], w.n[1]);
-    if (fp8_stale(m, l, which)) op_fp8_weight_make(fw, w);
+    if (fp8_stale(m, l, s)) op_fp8_weight_make(fw, w);
     return fw;
+}
+
+// Slot s of layer l runs in FP8: the cache holds it (counted in fp8_gemms).
+static bool fp8_proj(Model *m, int l, Fp8Slot s) {
+    if (!m->fp8 || m->fp8_off[s][l] < 0) return false;
+    m->fp8_gemms[s]++;
+    return true;
+}
+
+// w must be the slot's weight: a family passing another slot would multiply by the wrong codes.
+void model_proj_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w, Tensor b) {
+    if (!fp8_proj(m, l, s)) return op_linear_forward(y, x, w, b);
+    CHECK(fp8_source(m, l, s).p == w.p);
+    op_fp8_linear_forward(y, x, model_fp8_weight(m, l, s));
+    if (b.p) op_linear_bias_forward(y, b);
+}
+
+void model_proj_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, bool accumulate) {
+    if (!fp8_proj(m, l, s)) return op_linear_backward_input(dx, dy, w, accumulate);
+    CHECK(fp8_source(m, l, s).p == w.p);
+    op_fp8_linear_backward_input(dx, dy, model_fp8_weight(m, l, s), accumulate);
+}
+
+void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x) {
+    if (!fp8_proj(m, l, s)) return op_linear_backward_weight(dw, db, dy, x);
+    CHECK(tensor_numel(fp8_source(m, l, s)) == tensor_numel(dw));
+    op_fp8_linear_backward_weight(dw, dy, x);
+    if (db.p) op_linear_bias_backward(db, dy);
 }
 
 void model_zero_grads(Model *m) {
@@ -458,7 +493,9 @@ int model_position(const Model *m, int S, int t) {
 
 void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v) {
     int64_t R = c.n[0], nh = ml->nh, dn = ml->dn, dv = ml->dv, dq = dn + ml->dr;
-    op_linear_forward(tensor_reshape2(kv, R, nh * (dn + dv)), c, ml->wkvb, (Tensor){0});
+    Tensor kv2 = tensor_reshape2(kv, R, nh * (dn + dv));
+    if (ml->m) model_proj_forward(ml->m, ml->layer, FP8_KV_B, kv2, c, ml->wkvb, (Tensor){0}); // FP8 slot of the layer
+    else op_linear_forward(kv2, c, ml->wkvb, (Tensor){0});
     Tensor kvh = tensor_reshape2(kv, R * nh, dn + dv), kh = tensor_reshape2(k, R * nh, dq),
            k2 = tensor_reshape2(k, R, nh * dq), pe2 = tensor_reshape2(pe, R, t_cols(pe));
     if (dn) op_copy_cols(kh, 0, kvh, 0, dn, false);
@@ -475,8 +512,13 @@ void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Ten
     op_copy_cols(dkvh, dn, tensor_reshape2(dv, R * nh, dvd), 0, dvd, false);
     for (int64_t h = 0; h < nh; h++) op_copy_cols(dpe2, dpe_col, dk2, h * dq + dn, ml->dr, h > 0);
     Tensor dkv2 = tensor_reshape2(dkv, R, nh * (dn + dvd));
-    op_linear_backward_input(dc, dkv2, ml->wkvb, false);
-    op_linear_backward_weight(ml->dwkvb, (Tensor){0}, dkv2, c);
+    if (!ml->m) {
+        op_linear_backward_input(dc, dkv2, ml->wkvb, false);
+        op_linear_backward_weight(ml->dwkvb, (Tensor){0}, dkv2, c);
+        return;
+    }
+    model_proj_backward_input(ml->m, ml->layer, FP8_KV_B, dc, dkv2, ml->wkvb, false);
+    model_proj_backward_weight(ml->m, ml->layer, FP8_KV_B, ml->dwkvb, (Tensor){0}, dkv2, c);
 }
 
 void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,

@@ -161,6 +161,27 @@ typedef struct {
 void *hf_buffer(HfBuffers *k, size_t bytes);
 void hf_buffers_free(HfBuffers *k);
 
+// A layer's weights on the FP8 path (docs/architecture.md, "FP8"): the projections PithTrain runs as FP8Linear (spec
+// §3.5). Never the router, the LM head, the embedding, DeltaNet's in_proj_a/b or the shared expert's gate.
+typedef enum {
+    FP8_GATE_UP,
+    FP8_DOWN, // stage 3: the experts' or the dense MLP's (SharedWeights)
+    FP8_Q,
+    FP8_K,
+    FP8_V,
+    FP8_O, // attention q/k/v/o
+    FP8_Q_A,
+    FP8_Q_B,
+    FP8_KV_A,
+    FP8_KV_B, // MLA's q_a, q_b, kv_a_with_mqa, kv_b
+    FP8_QKV,
+    FP8_Z,
+    FP8_OUT, // Gated DeltaNet's in_proj_qkv, in_proj_z, out_proj
+    FP8_SHARED_GU,
+    FP8_SHARED_DOWN, // the shared expert
+    FP8_SLOTS
+} Fp8Slot;
+
 // The per-family function table of the layer protocol. Records are family-defined structs that begin with
 // an MlpRec; the engine only stores their pointers and allocates the stage buffers (StageIO, expert rows).
 // *_alloc functions take all memory from an arena, so running them on a counting arena gives the exact
@@ -171,6 +192,8 @@ typedef struct {
     void (*config_parse)(ModelConfig *c, JObj hf);
     void (*params_build)(ParamTable *t, const ModelConfig *c);
     void (*bind)(Model *m); // make weight/grad views
+    // Layer l's compute weight of FP8 slot s ≥ FP8_Q ({0}: none; the stage-3 slots are SharedWeights'). NULL: none.
+    Tensor (*fp8_weight)(const Model *m, int layer, Fp8Slot s);
     // Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd.
     void (*layer_alloc)(Model *m, int layer, void *rec, Arena *a, int B, int S, StageIO *io);
     void (*layer_grad_alloc)(Model *m, int layer, void *rec, Arena *ws, int B, int S, StageIO *io);
@@ -236,13 +259,13 @@ struct Model {
     // instead of adding (moe_stage3_backward_weight). model_zero_grads zeroes the expert group only the first time
     // (expert_grads_zeroed), so its padding is zero and each step saves a pass over the largest gradient buffer.
     bool expert_grads_fresh[MAX_LAYERS], expert_grads_zeroed;
-    // FP8 (docs/architecture.md, "FP8"; model_fp8_setup): stage 3's GEMMs run through op_fp8_*; their weights
-    // quantised through E4M3 are cached in the bytes of fp8_w (each layer's gate_up, then down, from byte fp8_off: a
-    // dense weight's or the experts' codes and scales), a layer's remade at its first use after the
-    // optimizer's update bumps fp8_version.
+    // FP8 (docs/architecture.md, "FP8"; model_fp8_setup): the layers' FP8 weights (Fp8Slot) run through op_fp8_*;
+    // quantised through E4M3 they are cached in the bytes of fp8_w (slot s of layer l from byte fp8_off[s][l], −1:
+    // the layer has no such weight here; a dense weight's or the experts' codes and scales), each remade at its first
+    // use after the optimizer's update bumps fp8_version. fp8_gemms counts the FP8 GEMMs run per slot (tests).
     bool fp8;
     Tensor fp8_w;
-    int64_t fp8_version, fp8_made[2][MAX_LAYERS], fp8_off[2][MAX_LAYERS];
+    int64_t fp8_version, fp8_made[FP8_SLOTS][MAX_LAYERS], fp8_off[FP8_SLOTS][MAX_LAYERS], fp8_gemms[FP8_SLOTS];
     // Tests (CPU only, one micro-batch): layer l's router takes route_given[l] (T·k) instead of its own top-k
     // (RouterArgs.given); NULL: its own.
     const int32_t *route_given[MAX_LAYERS];
@@ -300,9 +323,15 @@ void model_free(Model *m);
 // FP8 on (docs/architecture.md, "FP8"): the weight cache for this rank's layers (allocated when the model is, a
 // shape only when it is a plan). Dies naming the config when the model's experts have biases (GPT-OSS).
 void model_fp8_setup(Model *m, const char *file);
-// Layer l's gate_up (which 0) or down (1) weight quantised with FP8_TILES, from the cache (remade when stale): the
-// codes and scales of a dense weight (N, K) or of the experts' (E, N, K).
-Fp8Weight model_fp8_weight(Model *m, int l, int which);
+// Layer l's weight of slot s quantised with FP8_TILES, from the cache (remade when stale): the codes and scales of a
+// dense weight (N, K) or of the experts' (E, N, K).
+Fp8Weight model_fp8_weight(Model *m, int l, Fp8Slot s);
+// Layer l's projection with the weight w of slot s: y = x·wᵀ + b, dx (+)= dy·w, dw += dyᵀ·x and db += Σ_rows dy
+// (op_linear_*) — through FP8 on the slot's cached weight when m->fp8 holds one (the bias added after the FP8
+// product, its gradient from the unrounded dy), else in the compute dtype. b, db: {0} for none.
+void model_proj_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w, Tensor b);
+void model_proj_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, bool accumulate);
+void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x);
 // Chooses the form; global-batch (micro-batches of at most T tokens) all-gathers counts over `replicas`.
 void model_lb_setup(Model *m, LbForm form, const struct Comm *replicas, int T);
 void model_lb_step_begin(Model *m); // a new step: the global-batch counts start from zero
@@ -352,8 +381,11 @@ void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor 
 
 // Multi-head latent attention's latent (DeepSeek-V2, docs/reference.md §11): c: (T, dc) kv_a_layernorm's output,
 // k_pe (after RoPE) in columns [pe_col, pe_col + dr) of pe: (T, ·); kv_b_proj's weight wkvb: (nh·(dn + dv), dc)
-// and its fp32 gradient dwkvb; nh heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim, dv = v_head_dim.
+// and its fp32 gradient dwkvb; nh heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim, dv = v_head_dim. m, layer:
+// kv_b_proj is FP8 slot FP8_KV_B of that layer (model_proj_*; m NULL: op_linear_*).
 typedef struct {
+    Model *m;
+    int layer;
     Tensor c, pe, wkvb, dwkvb;
     int pe_col, nh, dn, dr, dv;
 } MlaLatent;

@@ -195,60 +195,58 @@ static void act_backward(const ModelConfig *c, Tensor dgu, Tensor dact, Tensor g
     else op_swiglu_backward(dgu, dact, gu);
 }
 
-// Stage 3's GEMMs (offs NULL: the dense MLP): through FP8 on the layer's cached quantised weights when m->fp8 (the
-// weight-gradient ones round their own operands), else in the compute dtype. which: 0 gate_up, 1 down.
-static void mlp_forward(Model *m, int l, int which, Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
-    if (m->fp8 && offs) op_fp8_grouped_linear_forward(y, x, model_fp8_weight(m, l, which), offs);
-    else if (m->fp8) op_fp8_linear_forward(y, x, model_fp8_weight(m, l, which));
-    else if (offs) op_grouped_linear_forward(y, x, w, b, offs);
-    else op_linear_forward(y, x, w, b);
+// Stage 3's GEMMs (offs NULL: the dense MLP, a projection of slot s): the experts' through FP8 on the layer's cached
+// quantised weights when m->fp8 (the weight-gradient ones round their own operands), else in the compute dtype.
+static void mlp_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
+    if (!offs) model_proj_forward(m, l, s, y, x, w, b);
+    else if (m->fp8) m->fp8_gemms[s]++, op_fp8_grouped_linear_forward(y, x, model_fp8_weight(m, l, s), offs);
+    else op_grouped_linear_forward(y, x, w, b, offs);
 }
-static void mlp_backward_input(Model *m, int l, int which, Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
-    if (m->fp8 && offs) op_fp8_grouped_linear_backward_input(dx, dy, model_fp8_weight(m, l, which), offs);
-    else if (m->fp8) op_fp8_linear_backward_input(dx, dy, model_fp8_weight(m, l, which), false);
-    else if (offs) op_grouped_linear_backward_input(dx, dy, w, offs);
-    else op_linear_backward_input(dx, dy, w, false);
+static void mlp_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
+    if (!offs) model_proj_backward_input(m, l, s, dx, dy, w, false);
+    else if (m->fp8) m->fp8_gemms[s]++, op_fp8_grouped_linear_backward_input(dx, dy, model_fp8_weight(m, l, s), offs);
+    else op_grouped_linear_backward_input(dx, dy, w, offs);
 }
-// acc false (grouped): dw and db are written, not added to (the dense FP8 path always adds).
-static void mlp_backward_weight(Model *m, Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs, bool acc) {
-    if (m->fp8 && offs) op_fp8_grouped_linear_backward_weight(dw, dy, x, offs, acc);
-    else if (m->fp8) op_fp8_linear_backward_weight(dw, dy, x);
-    else if (offs) op_grouped_linear_backward_weight(dw, db, dy, x, offs, acc);
-    else op_linear_backward_weight(dw, db, dy, x);
+// acc false (grouped): dw and db are written, not added to (the dense path always adds).
+static void mlp_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x,
+                                const int64_t *offs, bool acc) {
+    if (!offs) model_proj_backward_weight(m, l, s, dw, db, dy, x);
+    else if (m->fp8) m->fp8_gemms[s]++, op_fp8_grouped_linear_backward_weight(dw, dy, x, offs, acc);
+    else op_grouped_linear_backward_weight(dw, db, dy, x, offs, acc);
 }
 
 void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *W = m->sw;
     MlpRec *r = rp;
     if (io->dense) {
-        mlp_forward(m, l, 0, r->gu, io->xe, W->gate_up[l], NONE, NULL);
+        mlp_forward(m, l, FP8_GATE_UP, r->gu, io->xe, W->gate_up[l], NONE, NULL);
         act_forward(&m->cfg, r->act, r->gu);
-        mlp_forward(m, l, 1, io->ye, r->act, W->down[l], NONE, NULL);
+        mlp_forward(m, l, FP8_DOWN, io->ye, r->act, W->down[l], NONE, NULL);
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received (none when routing skips this rank)
     if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
-    mlp_forward(m, l, 0, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], io->offs);
+    mlp_forward(m, l, FP8_GATE_UP, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], io->offs);
     act_forward(&m->cfg, act, gu);
-    mlp_forward(m, l, 1, tensor_rows(io->ye, 0, R), act, W->down[l], W->down_b[l], io->offs);
+    mlp_forward(m, l, FP8_DOWN, tensor_rows(io->ye, 0, R), act, W->down[l], W->down_b[l], io->offs);
 }
 
 void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *W = m->sw;
     MlpRec *r = rp;
     if (io->dense) {
-        mlp_backward_input(m, l, 1, r->dact, io->dye, W->down[l], NULL);
+        mlp_backward_input(m, l, FP8_DOWN, r->dact, io->dye, W->down[l], NULL);
         act_backward(&m->cfg, r->dgu, r->dact, r->gu);
-        mlp_backward_input(m, l, 0, io->dxe, r->dgu, W->gate_up[l], NULL);
+        mlp_backward_input(m, l, FP8_GATE_UP, io->dxe, r->dgu, W->gate_up[l], NULL);
         return;
     }
     int64_t R = io->offs[model_experts_local(&m->cfg)];
     if (!R) return;
     Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R);
-    mlp_backward_input(m, l, 1, dact, tensor_rows(io->dye, 0, R), W->down[l], io->offs);
+    mlp_backward_input(m, l, FP8_DOWN, dact, tensor_rows(io->dye, 0, R), W->down[l], io->offs);
     act_backward(&m->cfg, dgu, dact, tensor_rows(r->gu, 0, R));
-    mlp_backward_input(m, l, 0, tensor_rows(io->dxe, 0, R), dgu, W->gate_up[l], io->offs);
+    mlp_backward_input(m, l, FP8_GATE_UP, tensor_rows(io->dxe, 0, R), dgu, W->gate_up[l], io->offs);
 }
 
 // The expert weight gradients, separable from the input gradients so a pipeline can defer them.
@@ -258,8 +256,8 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
     bool again = m->recompute == RECOMPUTE_SELECTIVE; // act was not kept: recompute it from gu
     if (io->dense) {
         if (again) op_swiglu_forward(r->act, r->gu);
-        mlp_backward_weight(m, G->down[l], NONE, io->dye, r->act, NULL, true);
-        mlp_backward_weight(m, G->gate_up[l], NONE, r->dgu, io->xe, NULL, true);
+        mlp_backward_weight(m, l, FP8_DOWN, G->down[l], NONE, io->dye, r->act, NULL, true);
+        mlp_backward_weight(m, l, FP8_GATE_UP, G->gate_up[l], NONE, r->dgu, io->xe, NULL, true);
         return;
     }
     // The step's first weight gradient writes the layer's expert gradients (they hold the last step's: Model,
@@ -273,10 +271,10 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
     }
     if (!R) return;
     if (again) act_forward(&m->cfg, tensor_rows(r->act, 0, R), tensor_rows(r->gu, 0, R));
-    mlp_backward_weight(m, G->down[l], G->down_b[l], tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R), io->offs,
-                        acc);
-    mlp_backward_weight(m, G->gate_up[l], G->gate_up_b[l], tensor_rows(r->dgu, 0, R), tensor_rows(io->xe, 0, R),
+    mlp_backward_weight(m, l, FP8_DOWN, G->down[l], G->down_b[l], tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R),
                         io->offs, acc);
+    mlp_backward_weight(m, l, FP8_GATE_UP, G->gate_up[l], G->gate_up_b[l], tensor_rows(r->dgu, 0, R),
+                        tensor_rows(io->xe, 0, R), io->offs, acc);
 }
 
 // ---- stage 5: weighted sum of the expert outputs + residual ----

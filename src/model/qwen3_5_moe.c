@@ -216,6 +216,22 @@ static void q35_bind(Model *m) {
     bind_layers(m, m->g, v->g);
 }
 
+// The FP8 projections (Fp8Slot): DeltaNet's in_proj_qkv, in_proj_z and out_proj, full attention's q, k, v, o and the
+// shared expert (never in_proj_a/b or the shared expert's gate).
+static Tensor q35_fp8_weight(const Model *m, int l, Fp8Slot s) {
+    const Q35Layer *W = &((const Q35Views *)m->views)->w[l];
+    Tensor w[FP8_SLOTS] = {[FP8_QKV] = W->wqkv,
+                           [FP8_Z] = W->wz,
+                           [FP8_OUT] = W->wout,
+                           [FP8_Q] = W->wq,
+                           [FP8_K] = W->wk,
+                           [FP8_V] = W->wv,
+                           [FP8_O] = W->wo,
+                           [FP8_SHARED_GU] = W->shared_gu,
+                           [FP8_SHARED_DOWN] = W->shared_down};
+    return w[s];
+}
+
 // ---- records ----
 
 static void q35_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
@@ -349,9 +365,9 @@ static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBa
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     DeltaArgs da = q35_delta_args(m, mb->B);
     model_cp_contiguous(m, r->n1c, r->n1, mb->B);
-    op_linear_forward(r->qkv, r->n1c, W->wqkv, NONE);
+    model_proj_forward(m, l, FP8_QKV, r->qkv, r->n1c, W->wqkv, NONE);
     if (m->kv) r->halo = kv_cache_delta(m->kv, l, r->qkv, q->conv_k, q->nv, q->dk, q->dv, &da);
-    op_linear_forward(r->z, r->n1c, W->wz, NONE);
+    model_proj_forward(m, l, FP8_Z, r->z, r->n1c, W->wz, NONE);
     op_linear_forward(r->pb, r->n1c, W->wb, NONE);
     op_linear_forward(r->pa, r->n1c, W->wa, NONE);
     model_conv1d_silu_forward(m, r->cv, r->qkv, W->conv, r->halo, mb->B);
@@ -365,7 +381,7 @@ static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBa
     op_rmsnorm_gated_forward(tensor_reshape2(r->gn, T * q->nv, q->dv), r->rg,
                              tensor_reshape2(r->core, T * q->nv, q->dv), tensor_reshape2(r->z, T * q->nv, q->dv),
                              W->gnorm, (float)m->cfg.eps);
-    op_linear_forward(r->h1c, r->gn, W->wout, NONE);
+    model_proj_forward(m, l, FP8_OUT, r->h1c, r->gn, W->wout, NONE);
     model_cp_zigzag(m, r->h1a, r->h1c, mb->B);
 }
 
@@ -375,11 +391,11 @@ static void attention_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, Mic
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
     int64_t T = mb->T, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads;
     Tensor qg2 = tensor_reshape2(r->qg, T * nh, 2 * hd);
-    op_linear_forward(tensor_reshape2(r->qg, T, nh * 2 * hd), r->n1, W->wq, W->bq);
+    model_proj_forward(m, l, FP8_Q, tensor_reshape2(r->qg, T, nh * 2 * hd), r->n1, W->wq, W->bq);
     op_copy_cols(tensor_reshape2(r->qp, T * nh, hd), 0, qg2, 0, hd, false);
     op_copy_cols(tensor_reshape2(r->gate, T * nh, hd), 0, qg2, hd, hd, false);
-    op_linear_forward(tensor_reshape2(r->kp, T, nkv * hd), r->n1, W->wk, W->bk);
-    op_linear_forward(tensor_reshape2(r->v, T, nkv * hd), r->n1, W->wv, W->bv);
+    model_proj_forward(m, l, FP8_K, tensor_reshape2(r->kp, T, nkv * hd), r->n1, W->wk, W->bk);
+    model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * hd), r->n1, W->wv, W->bv);
     op_rmsnorm1p_forward(tensor_reshape2(r->q, T * nh, hd), r->rq, tensor_reshape2(r->qp, T * nh, hd), W->qn,
                          (float)c->eps);
     op_rmsnorm1p_forward(tensor_reshape2(r->k, T * nkv, hd), r->rk, tensor_reshape2(r->kp, T * nkv, hd), W->kn,
@@ -390,7 +406,7 @@ static void attention_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, Mic
     model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa);
     op_sigmoid_gate_forward(tensor_reshape2(r->gated, T * nh, hd), tensor_reshape2(r->att, T * nh, hd),
                             tensor_reshape2(r->gate, T * nh, hd));
-    op_linear_forward(r->h1a, tensor_reshape2(r->gated, T, nh * hd), W->wo, W->bo);
+    model_proj_forward(m, l, FP8_O, r->h1a, tensor_reshape2(r->gated, T, nh * hd), W->wo, W->bo);
 }
 
 static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
@@ -409,9 +425,9 @@ static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
     // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
     if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)mb->T, mb->B);
     // The shared expert on every token, gated per token, added to the residual stage 5 adds the routed experts to.
-    op_linear_forward(r->sgu, r->n2, W->shared_gu, NONE);
+    model_proj_forward(m, l, FP8_SHARED_GU, r->sgu, r->n2, W->shared_gu, NONE);
     op_swiglu_forward(r->sact, r->sgu);
-    op_linear_forward(r->so, r->sact, W->shared_down, NONE);
+    model_proj_forward(m, l, FP8_SHARED_DOWN, r->so, r->sact, W->shared_down, NONE);
     op_linear_forward(r->sg, r->n2, W->shared_gate, NONE);
     op_sigmoid_gate_forward(r->mlp.h1, r->so, r->sg);
     op_add(r->mlp.h1, r->h1a);
@@ -420,12 +436,12 @@ static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
 // ---- stage 1 backward ----
 
 // dh1 (∂/∂h1a) → dn1.
-static void delta_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb) {
+static void delta_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv, Rv = T * q->nv;
     model_cp_contiguous(m, r->dh1c, r->dh1, mb->B);
-    op_linear_backward_input(r->dgn, r->dh1c, W->wout, false);
-    op_linear_backward_weight(G->wout, NONE, r->dh1c, r->gn);
+    model_proj_backward_input(m, l, FP8_OUT, r->dgn, r->dh1c, W->wout, false);
+    model_proj_backward_weight(m, l, FP8_OUT, G->wout, NONE, r->dh1c, r->gn);
     op_rmsnorm_gated_backward(tensor_reshape2(r->dcore, Rv, q->dv), tensor_reshape2(r->dz, Rv, q->dv), G->gnorm,
                               tensor_reshape2(r->dgn, Rv, q->dv), tensor_reshape2(r->core, Rv, q->dv),
                               tensor_reshape2(r->z, Rv, q->dv), W->gnorm, r->rg);
@@ -438,23 +454,23 @@ static void delta_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Re
     op_copy_cols(r->dcv, kd, tensor_reshape2(r->dlk, T, kd), 0, kd, false);
     op_copy_cols(r->dcv, 2 * kd, tensor_reshape2(r->dlv, T, vd), 0, vd, false);
     model_conv1d_silu_backward(m, r->dqkv, G->conv, r->dcv, r->qkv, W->conv, r->halo, mb->B);
-    op_linear_backward_input(r->dn1c, r->dqkv, W->wqkv, false);
-    op_linear_backward_input(r->dn1c, r->dz, W->wz, true);
+    model_proj_backward_input(m, l, FP8_QKV, r->dn1c, r->dqkv, W->wqkv, false);
+    model_proj_backward_input(m, l, FP8_Z, r->dn1c, r->dz, W->wz, true);
     op_linear_backward_input(r->dn1c, r->dpb, W->wb, true);
     op_linear_backward_input(r->dn1c, r->dpa, W->wa, true);
-    op_linear_backward_weight(G->wqkv, NONE, r->dqkv, r->n1c);
-    op_linear_backward_weight(G->wz, NONE, r->dz, r->n1c);
+    model_proj_backward_weight(m, l, FP8_QKV, G->wqkv, NONE, r->dqkv, r->n1c);
+    model_proj_backward_weight(m, l, FP8_Z, G->wz, NONE, r->dz, r->n1c);
     op_linear_backward_weight(G->wb, NONE, r->dpb, r->n1c);
     op_linear_backward_weight(G->wa, NONE, r->dpa, r->n1c);
     model_cp_zigzag(m, r->dn1, r->dn1c, mb->B);
 }
 
-static void attention_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb) {
+static void attention_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
     int64_t T = mb->T, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads;
-    op_linear_backward_input(tensor_reshape2(r->dgated, T, nh * hd), r->dh1, W->wo, false);
-    op_linear_backward_weight(G->wo, G->bo, r->dh1, tensor_reshape2(r->gated, T, nh * hd));
+    model_proj_backward_input(m, l, FP8_O, tensor_reshape2(r->dgated, T, nh * hd), r->dh1, W->wo, false);
+    model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, tensor_reshape2(r->gated, T, nh * hd));
     op_sigmoid_gate_backward(tensor_reshape2(r->datt, T * nh, hd), tensor_reshape2(r->dgate, T * nh, hd),
                              tensor_reshape2(r->dgated, T * nh, hd), tensor_reshape2(r->att, T * nh, hd),
                              tensor_reshape2(r->gate, T * nh, hd), false);
@@ -470,12 +486,12 @@ static void attention_backward(Model *m, const Q35Layer *W, const Q35Layer *G, Q
            dkp = tensor_reshape2(r->dkp, T, nkv * hd), dv = tensor_reshape2(r->dv, T, nkv * hd);
     op_copy_cols(dqg2, 0, tensor_reshape2(r->dqp, T * nh, hd), 0, hd, false);
     op_copy_cols(dqg2, hd, tensor_reshape2(r->dgate, T * nh, hd), 0, hd, false);
-    op_linear_backward_input(r->dn1, dqg, W->wq, false);
-    op_linear_backward_input(r->dn1, dkp, W->wk, true);
-    op_linear_backward_input(r->dn1, dv, W->wv, true);
-    op_linear_backward_weight(G->wq, G->bq, dqg, r->n1);
-    op_linear_backward_weight(G->wk, G->bk, dkp, r->n1);
-    op_linear_backward_weight(G->wv, G->bv, dv, r->n1);
+    model_proj_backward_input(m, l, FP8_Q, r->dn1, dqg, W->wq, false);
+    model_proj_backward_input(m, l, FP8_K, r->dn1, dkp, W->wk, true);
+    model_proj_backward_input(m, l, FP8_V, r->dn1, dv, W->wv, true);
+    model_proj_backward_weight(m, l, FP8_Q, G->wq, G->bq, dqg, r->n1);
+    model_proj_backward_weight(m, l, FP8_K, G->wk, G->bk, dkp, r->n1);
+    model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, r->n1);
 }
 
 // dout: ∂/∂(layer output), which reaches h1 (and through it h1a) directly; dx: ∂/∂(layer input), written.
@@ -492,15 +508,15 @@ static void q35_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stage
     op_sigmoid_gate_backward(r->dso, r->dsg, dout, r->so, r->sg, false);
     op_linear_backward_input(dn2, r->dsg, W->shared_gate, true);
     op_linear_backward_weight(G->shared_gate, NONE, r->dsg, r->n2);
-    op_linear_backward_input(r->dsact, r->dso, W->shared_down, false);
-    op_linear_backward_weight(G->shared_down, NONE, r->dso, r->sact);
+    model_proj_backward_input(m, l, FP8_SHARED_DOWN, r->dsact, r->dso, W->shared_down, false);
+    model_proj_backward_weight(m, l, FP8_SHARED_DOWN, G->shared_down, NONE, r->dso, r->sact);
     op_swiglu_backward(r->dsgu, r->dsact, r->sgu);
-    op_linear_backward_input(dn2, r->dsgu, W->shared_gu, true);
-    op_linear_backward_weight(G->shared_gu, NONE, r->dsgu, r->n2);
+    model_proj_backward_input(m, l, FP8_SHARED_GU, dn2, r->dsgu, W->shared_gu, true);
+    model_proj_backward_weight(m, l, FP8_SHARED_GU, G->shared_gu, NONE, r->dsgu, r->n2);
     op_copy(r->dh1, dout);
     op_rmsnorm1p_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true);
-    if (is_linear(c, l)) delta_backward(m, W, G, r, mb);
-    else attention_backward(m, W, G, r, mb);
+    if (is_linear(c, l)) delta_backward(m, l, W, G, r, mb);
+    else attention_backward(m, l, W, G, r, mb);
     op_copy(dx, r->dh1);
     op_rmsnorm1p_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
 }
@@ -512,6 +528,7 @@ const ModelFamily qwen3_5_moe_family = {
     .config_parse = q35_config_parse,
     .params_build = q35_params_build,
     .bind = q35_bind,
+    .fp8_weight = q35_fp8_weight,
     .layer_alloc = q35_layer_alloc,
     .layer_grad_alloc = q35_layer_grad_alloc,
     .stage3_alloc = moe_stage3_alloc,

@@ -144,6 +144,13 @@ static void qwen3_bind(Model *m) {
     bind_layers(m, m->g, v->g);
 }
 
+// The FP8 projections (Fp8Slot): attention's q, k, v, o.
+static Tensor qwen3_fp8_weight(const Model *m, int l, Fp8Slot s) {
+    const Qwen3Layer *W = &((const Qwen3Views *)m->views)->w[l];
+    Tensor w[FP8_SLOTS] = {[FP8_Q] = W->wq, [FP8_K] = W->wk, [FP8_V] = W->wv, [FP8_O] = W->wo};
+    return w[s];
+}
+
 // ---- records ----
 
 static void qwen3_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
@@ -215,9 +222,9 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     Tensor h1 = r->mlp.h1;
     r->x = x;
     op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
-    op_linear_forward(tensor_reshape2(r->qp, T, nh * d), r->n1, W->wq, W->bq);
-    op_linear_forward(tensor_reshape2(r->kp, T, nkv * d), r->n1, W->wk, W->bk);
-    op_linear_forward(tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
+    model_proj_forward(m, l, FP8_Q, tensor_reshape2(r->qp, T, nh * d), r->n1, W->wq, W->bq);
+    model_proj_forward(m, l, FP8_K, tensor_reshape2(r->kp, T, nkv * d), r->n1, W->wk, W->bk);
+    model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
     op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, d), r->rq, tensor_reshape2(r->qp, T * nh, d), W->qn,
                        (float)c->eps);
     op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, d), r->rk, tensor_reshape2(r->kp, T * nkv, d), W->kn,
@@ -226,7 +233,7 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     AttnArgs aa = qwen3_attn_args(m, mb);
     model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa);
-    op_linear_forward(h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
+    model_proj_forward(m, l, FP8_O, h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
     op_add(h1, x);
     op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps);
     if (io->dense) return;
@@ -256,8 +263,8 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     op_copy(r->dh1, dout);
     op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->mlp.h1, W->ln2, r->rstd2, true);
     Tensor att2 = tensor_reshape2(r->att, T, nh * d), datt2 = tensor_reshape2(r->datt, T, nh * d);
-    op_linear_backward_input(datt2, r->dh1, W->wo, false);
-    op_linear_backward_weight(G->wo, G->bo, r->dh1, att2);
+    model_proj_backward_input(m, l, FP8_O, datt2, r->dh1, W->wo, false);
+    model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, att2);
     AttnArgs aa = qwen3_attn_args(m, mb);
     model_attention_backward(m, r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
     op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
@@ -268,12 +275,12 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
                         tensor_reshape2(r->kp, T * nkv, d), W->kn, r->rk, false);
     Tensor dqp = tensor_reshape2(r->dqp, T, nh * d), dkp = tensor_reshape2(r->dkp, T, nkv * d),
            dv = tensor_reshape2(r->dv, T, nkv * d);
-    op_linear_backward_input(r->dn1, dqp, W->wq, false);
-    op_linear_backward_input(r->dn1, dkp, W->wk, true);
-    op_linear_backward_input(r->dn1, dv, W->wv, true);
-    op_linear_backward_weight(G->wq, G->bq, dqp, r->n1);
-    op_linear_backward_weight(G->wk, G->bk, dkp, r->n1);
-    op_linear_backward_weight(G->wv, G->bv, dv, r->n1);
+    model_proj_backward_input(m, l, FP8_Q, r->dn1, dqp, W->wq, false);
+    model_proj_backward_input(m, l, FP8_K, r->dn1, dkp, W->wk, true);
+    model_proj_backward_input(m, l, FP8_V, r->dn1, dv, W->wv, true);
+    model_proj_backward_weight(m, l, FP8_Q, G->wq, G->bq, dqp, r->n1);
+    model_proj_backward_weight(m, l, FP8_K, G->wk, G->bk, dkp, r->n1);
+    model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, r->n1);
     op_copy(dx, r->dh1);
     op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
 }
@@ -285,6 +292,7 @@ const ModelFamily qwen3_moe_family = {
     .config_parse = qwen3_config_parse,
     .params_build = qwen3_params_build,
     .bind = qwen3_bind,
+    .fp8_weight = qwen3_fp8_weight,
     .layer_alloc = qwen3_layer_alloc,
     .layer_grad_alloc = qwen3_layer_grad_alloc,
     .stage3_alloc = moe_stage3_alloc,

@@ -124,6 +124,20 @@ void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
     op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NULL, 0), rounded(1, x, FP8_TILES, NULL, 0));
 }
 
+void op_linear_bias_forward(Tensor y, Tensor b) {
+#ifdef PITH_CUDA
+    if (y.dev == DEV_CUDA) return cuda_linear_bias_forward(y, b);
+#endif
+    cpu_linear_bias_forward(y, b);
+}
+
+void op_linear_bias_backward(Tensor db, Tensor dy) {
+#ifdef PITH_CUDA
+    if (dy.dev == DEV_CUDA) return cuda_linear_bias_backward(db, dy);
+#endif
+    cpu_linear_bias_backward(db, dy);
+}
+
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs) {
 #ifdef PITH_CUDA
     if (x.dev == DEV_CUDA && cuda_fp8_grouped_linear(y, x, w8, offs, false)) return;

@@ -475,6 +475,14 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     OP(linear_backward_weight, &dw, &db, &dy, &x);
     cpu_linear_backward_weight(dw, db, dy, x);
 }
+void cuda_linear_bias_forward(Tensor y, Tensor b) {
+    OP(linear_bias_forward, &y, &b);
+    cpu_linear_bias_forward(y, b);
+}
+void cuda_linear_bias_backward(Tensor db, Tensor dy) {
+    OP(linear_bias_backward, &db, &dy);
+    cpu_linear_bias_backward(db, dy);
+}
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     OP(grouped_linear_forward, &y, &x, &w, &b);
     cpu_grouped_linear_forward(y, x, w, b, offs);

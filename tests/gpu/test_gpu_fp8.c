@@ -128,33 +128,45 @@ TEST(gpu_op_fp8_grouped) {
     gpu_report();
 }
 
-// One step of FP8_TEST_MODEL on the GPU in FP8 and in bf16 (learned and force-balanced routing): the loss within
-// 1%, the gradient within calc_diff 5e-2 (every tensor's with balanced routing, the whole with learned routing).
+// One step of FP8_TEST_MODEL on the GPU in FP8 and in bf16 (learned and force-balanced routing, and with attention
+// biases, force-balanced): the loss within 1%, the gradient within calc_diff 5e-2 (every tensor's with balanced
+// routing, the whole with learned routing). FP8 covers the experts, the dense MLP and attention's q/k/v/o (the biases
+// added after the FP8 product, their gradients from the unrounded dy).
 TEST(gpu_model_fp8) {
     gpu_begin();
-    static char d[256], out[1 << 16], a[300], b[300];
+    static char d[256], out[1 << 16], a[300], b[300], model[sizeof FP8_TEST_MODEL + 32], *p;
     snprintf(d, sizeof d, "%s", test_tmpdir());
     write_text(d, "model.json", FP8_TEST_MODEL);
+    snprintf(model, sizeof model, "%s", FP8_TEST_MODEL);
+    ASSERT((p = strrchr(model, '}')));
+    snprintf(p, sizeof model - (size_t)(p - model), ", \"attention_bias\": true}");
+    write_text(d, "model-bias.json", model);
     ASSERT(run_cmd(out, sizeof out, "%s synth --output %s/data.bin --vocab 64 --tokens 20000", PITH_BIN, d) == 0);
     write_text(d, "train.json",
                "{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 32, "
                "\"micro_batch_size\": 2, \"global_batch_size\": 4, \"max_steps\": 1, \"device\": \"cuda\", "
                "\"init_std\": 0.05, \"optimizer\": {\"lr\": 0.01}}");
-    static const char *const runs[4][2] = {{"bf16", ""},
-                                           {"fp8", "--set fp8=true"},
-                                           {"bf16-bal", "--set benchmark=true"},
-                                           {"fp8-bal", "--set benchmark=true --set fp8=true"}};
-    for (int i = 0; i < 4; i++)
+    char bias[400];
+    snprintf(bias, sizeof bias, "--set benchmark=true --set model=%s/model-bias.json", d);
+    char bias8[440];
+    snprintf(bias8, sizeof bias8, "%s --set fp8=true", bias);
+    const char *const runs[6][2] = {{"bf16", ""},
+                                    {"fp8", "--set fp8=true"},
+                                    {"bf16-bal", "--set benchmark=true"},
+                                    {"fp8-bal", "--set benchmark=true --set fp8=true"},
+                                    {"bf16-bias", bias},
+                                    {"fp8-bias", bias8}};
+    for (int i = 0; i < 6; i++)
         ASSERT_MSG(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/%s --dump-grads %s/%s/g",
                            PITH_BIN, d, runs[i][1], d, runs[i][0], d, runs[i][0]) == 0,
                    "%s: %s", runs[i][0], out);
-    for (int i = 0; i < 4; i += 2) {
+    for (int i = 0; i < 6; i += 2) {
         snprintf(a, sizeof a, "%s/%s", d, runs[i + 1][0]), snprintf(b, sizeof b, "%s/%s", d, runs[i][0]);
         double l8 = run_metric(a, 1, "loss"), l16 = run_metric(b, 1, "loss"), all;
         snprintf(a, sizeof a, "%s/%s/g", d, runs[i + 1][0]), snprintf(b, sizeof b, "%s/%s/g", d, runs[i][0]);
         const char *wn;
         double worst = grad_calc_diff(a, b, &wn, &all);
-        printf("     %-7s loss %.6f vs bf16 %.6f (%.1e); gradient calc_diff %.1e, worst tensor %.1e (%s)\n",
+        printf("     %-9s loss %.6f vs bf16 %.6f (%.1e); gradient calc_diff %.1e, worst tensor %.1e (%s)\n",
                runs[i + 1][0], l8, l16, fabs(l8 - l16) / l16, all, worst, wn);
         gpu_mode(DT_BF16), record_err(fabs(l8 - l16) / l16, "loss"), record_err(all, "gradient calc_diff");
         ASSERT(fabs(l8 - l16) <= 0.01 * l16 && all <= 5e-2 && (i == 0 || worst <= 5e-2));

@@ -23,11 +23,25 @@ void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
     int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w);
     CHECK(t_cols(w) == K && t_rows(y) == M && t_cols(y) == N);
     sgemm(false, true, M, N, K, 1, F(x), F(w), 0, F(y));
-    if (b.p) {
-        CHECK(tensor_numel(b) == N);
+    if (b.p) cpu_linear_bias_forward(y, b);
+}
+
+void cpu_linear_bias_forward(Tensor y, Tensor b) {
+    int64_t M = t_rows(y), N = t_cols(y);
+    CHECK(tensor_numel(b) == N);
 #pragma omp parallel for
-        for (int64_t i = 0; i < M; i++)
-            for (int64_t j = 0; j < N; j++) F(y)[i * N + j] += F(b)[j];
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) F(y)[i * N + j] += F(b)[j];
+}
+
+void cpu_linear_bias_backward(Tensor db, Tensor dy) {
+    int64_t M = t_rows(dy), N = t_cols(dy);
+    CHECK(tensor_numel(db) == N);
+#pragma omp parallel for
+    for (int64_t j = 0; j < N; j++) {
+        double s = 0;
+        for (int64_t i = 0; i < M; i++) s += F(dy)[i * N + j];
+        F(db)[j] += (float)s;
     }
 }
 
@@ -41,14 +55,7 @@ void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(x);
     CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K);
     sgemm(true, false, N, K, M, 1, F(dy), F(x), 1, F(dw));
-    if (db.p) {
-#pragma omp parallel for
-        for (int64_t j = 0; j < N; j++) {
-            double s = 0;
-            for (int64_t i = 0; i < M; i++) s += F(dy)[i * N + j];
-            F(db)[j] += (float)s;
-        }
-    }
+    if (db.p) cpu_linear_bias_backward(db, dy);
 }
 
 void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {

@@ -6,6 +6,8 @@
 void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
 void cpu_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
 void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
+void cpu_linear_bias_forward(Tensor y, Tensor b);    // y: (M, N) += b: (N) per row
+void cpu_linear_bias_backward(Tensor db, Tensor dy); // db: (N) += Σ_rows dy: (M, N)
 void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs);
 void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
 void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,

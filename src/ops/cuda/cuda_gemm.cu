@@ -359,14 +359,31 @@ void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
                        (char *)y.p + r0 * N * dtype_size(y.dt), y.dt);
         }
     }
-    if (b.p && M > 0) {
-        CHECK(tensor_numel(b) == N);
-        DT_SWITCH(y.dt, TY, "linear_forward",
-                  DT_SWITCH(b.dt, TB, "linear_forward",
-                            linear_bias_forward_kernel<TY, TB>
-                            <<<grid_for(M * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, M, N)));
-        CUDA_LAUNCH_CHECK();
-    }
+    if (b.p) cuda_linear_bias_forward(y, b);
+}
+
+void cuda_linear_bias_forward(Tensor y, Tensor b) {
+    int64_t M = t_rows(y), N = t_cols(y);
+    CHECK(tensor_numel(b) == N);
+    if (M == 0) return;
+    DT_SWITCH(y.dt, TY, "linear_forward",
+              DT_SWITCH(b.dt, TB, "linear_forward",
+                        linear_bias_forward_kernel<TY, TB>
+                        <<<grid_for(M * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, M, N)));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_linear_bias_backward(Tensor db, Tensor dy) {
+    int64_t M = t_rows(dy), N = t_cols(dy);
+    IS_F32(db, "linear_backward_weight");
+    CHECK(tensor_numel(db) == N);
+    if (M == 0) return;
+    int64_t gy = (M + 255) / 256;
+    dim3 grid((unsigned)((N + 31) / 32), (unsigned)(gy > 64 ? 64 : gy));
+    DT_SWITCH(dy.dt, T, "linear_backward_weight",
+              linear_bias_backward_kernel<T>
+              <<<grid, dim3(32, 8), 0, cuda_stream()>>>((float *)db.p, (const T *)dy.p, M, N));
+    CUDA_LAUNCH_CHECK();
 }
 
 void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
@@ -403,16 +420,7 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
             mm_backward_weight(n, N, K, dyp, xp, DT_BF16, dw.p, DT_F32);
         }
     }
-    if (db.p && M > 0) {
-        IS_F32(db, "linear_backward_weight");
-        CHECK(tensor_numel(db) == N);
-        int64_t gy = (M + 255) / 256;
-        dim3 grid((unsigned)((N + 31) / 32), (unsigned)(gy > 64 ? 64 : gy));
-        DT_SWITCH(dy.dt, T, "linear_backward_weight",
-                  linear_bias_backward_kernel<T>
-                  <<<grid, dim3(32, 8), 0, cuda_stream()>>>((float *)db.p, (const T *)dy.p, M, N));
-        CUDA_LAUNCH_CHECK();
-    }
+    if (db.p) cuda_linear_bias_backward(db, dy);
 }
 
 } // extern "C"
