@@ -20,7 +20,7 @@
 // d += b · xs(row, kb) · ws(nb, kb) (weight gradient: b · sdy(tb, n) · sx(tb, k)) — each product scaled exactly once
 // by its own blocks' scales. The wait for the block's products before that add is what the second consumer
 // warpgroup's products overlap. The block's scales arrive in its stage with its boxes (TMA copies of the tile's 128
-// row scales and the weight block's; for the weight gradient bulk copies of 2 × 128), so no consumer waits on a
+// row scales, from the row below it on a 16-byte boundary since a TMA box starts only there, and the weight block's; for the weight gradient bulk copies of 2 × 128), so no consumer waits on a
 // global load (Nsight Compute put 40% of the forward's stalls there when they were read from global memory).
 // Epilogue: cuda_wgmma.cuh's, as the bf16 kernels': d into swizzled shared boxes, then out by the copy engine (a TMA
 // store, or for the weight gradient an fp32 reduction onto dw_e) while the warpgroup starts its next tile; rows past
@@ -53,8 +53,8 @@ typedef struct {
 
 // grid: min(tiles, SMs) CTAs of 384 threads; W8_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes; mo the
 // output's map (cuda_wgmma.cuh's epilogue). The producer copies each block's scales into its stage beside the boxes.
-// KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); msa x's scales (KB, R) in boxes of one block's 128 rows
-// (zeros past R), msb w's (E·NB, ldws) in boxes of 4 (a block's with its neighbours: 16 bytes); out y (R, N).
+// KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); msa x's scales (KB, R) in boxes of 132 from the tile's first
+// row rounded down to 4 (zeros past R), msb w's (E·NB, ldws) in boxes of 4 (a block's with its neighbours: 16 bytes); out y (R, N).
 // KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens; sa dyᵀ's scales (TB, N), sb
 // xᵀ's (TB, K), one per token block and column (a scale per output row and per output column of the tile: 2 × 512
 // bytes a stage); out dw (E, N, K) fp32, added to when accumulate, else written.
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(384, 1)
             for (int kb = 0; kb < ti.nkb; kb++, it++) {
                 int s = it % STAGES;
                 mbar_wait(empty + 8 * s, (it / STAGES & 1) ^ 1);
-                mbar_expect(full + 8 * s, WGRAD ? ST : SA + SB + 528);
+                mbar_expect(full + 8 * s, WGRAD ? ST : SA + SB + 544);
                 uint32_t sa = base + s * ST, sb = sa + SA, bar = full + 8 * s;
                 for (int i = 0; i < 2; i++) {
                     if (WGRAD) {
@@ -95,9 +95,10 @@ __global__ void __launch_bounds__(384, 1)
                         tma_box(sb + i * WG_BOX, &mb, bar, kb * W8_BK, ti.e * gt.N + ti.col + 64 * i); // w_e rows n
                     }
                 }
-                if (!WGRAD) { // x's scales of the tile's 128 rows (0 past R) and w's of the block (its group of 4)
-                    tma_box(sb + SB, &msa, bar, ti.row, kb);
-                    tma_box(sb + SB + 512, &msb, bar, kb & ~3, ti.e * (gt.N / W8_BN) + ti.col / W8_BN);
+                if (!WGRAD) { // x's scales of the tile's 128 rows (0 past R) and w's of the block (its group of 4),
+                    // each box starting 16-byte aligned in its row (the TMA takes no other start): from row ti.row & ~3
+                    tma_box(sb + SB, &msa, bar, ti.row & ~3, kb);
+                    tma_box(sb + SB + 640, &msb, bar, kb & ~3, ti.e * (gt.N / W8_BN) + ti.col / W8_BN);
                 }
                 if (WGRAD) { // the block's scales of the tile's 128 rows and 128 columns
                     const float *pa = sa_ + (int64_t)(tb + kb) * gt.N + ti.row,
@@ -132,9 +133,10 @@ __global__ void __launch_bounds__(384, 1)
             mbar_wait(full + 8 * s, it / STAGES & 1);
             if (!WGRAD) { // the rows' scales × the weight block's, from the stage (read before it goes back)
                 float sw;
-                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sw) : "r"(sc + 512 + 4 * (kb & 3)));
-                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s0) : "r"(sc + 4 * rl));
-                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s1) : "r"(sc + 4 * (rl + 8)));
+                int o = ti.row & 3; // the tile's first row in the copied box
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sw) : "r"(sc + 640 + 4 * (kb & 3)));
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s0) : "r"(sc + 4 * (o + rl)));
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s1) : "r"(sc + 4 * (o + rl + 8)));
                 s0 *= sw, s1 *= sw;
             }
             fence_regs<64>(b);
@@ -218,7 +220,7 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
     bool f32 = y.dt == DT_F32;
     wgmma_tensor_map(&mo, y.p, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, f32 ? 4 : 2,
                      t_rows(y), N);
-    wgmma_scale_map(&msa, xs, K / W8_BK, R, lds, 128);
+    wgmma_scale_map(&msa, xs, K / W8_BK, R, lds, 132); // 128 rows from a 16-byte boundary: 132
     wgmma_scale_map(&msb, ws, E * N / W8_BN, ldws, ldws, 4);
     static W8Blocks none; // (the forward reads no token blocks)
     if (f32)
