@@ -353,8 +353,7 @@ static Tensor fp8_source(const Model *m, int l, Fp8Slot s) {
 
 // The cache holds, per layer and slot, the FP8 codes and scales of a dense weight (op_fp8_weight_bytes) or of the
 // experts' (op_fp8_experts_bytes, blocks within each expert).
-void model_fp8_setup(Model *m, const char *file) {
-    if (m->cfg.swiglu_limit > 0) die("%s: fp8: not built for experts with biases (%s)", file, m->cfg.model_type);
+void model_fp8_setup(Model *m) {
     size_t n = 0;
     for (int l = 0; l < m->cfg.layers; l++)
         for (int s = 0; s < FP8_SLOTS; s++) {
@@ -397,7 +396,7 @@ void model_proj_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w
     if (!fp8_proj(m, l, s)) return op_linear_forward(y, x, w, b);
     CHECK(fp8_source(m, l, s).p == w.p);
     op_fp8_linear_forward(y, x, model_fp8_weight(m, l, s));
-    if (b.p) op_linear_bias_forward(y, b);
+    if (b.p) op_linear_bias_forward(y, b, NULL);
 }
 
 void model_proj_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, bool accumulate) {
@@ -410,7 +409,7 @@ void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db
     if (!fp8_proj(m, l, s)) return op_linear_backward_weight(dw, db, dy, x);
     CHECK(tensor_numel(fp8_source(m, l, s)) == tensor_numel(dw));
     op_fp8_linear_backward_weight(dw, dy, x);
-    if (db.p) op_linear_bias_backward(db, dy);
+    if (db.p) op_linear_bias_backward(db, dy, NULL, true);
 }
 
 void model_zero_grads(Model *m) {

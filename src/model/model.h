@@ -321,8 +321,8 @@ void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, De
 void model_params_all(const Model *m, ParamTable *t);
 void model_free(Model *m);
 // FP8 on (docs/architecture.md, "FP8"): the weight cache for this rank's layers (allocated when the model is, a
-// shape only when it is a plan). Dies naming the config when the model's experts have biases (GPT-OSS).
-void model_fp8_setup(Model *m, const char *file);
+// shape only when it is a plan).
+void model_fp8_setup(Model *m);
 // Layer l's weight of slot s quantised with FP8_TILES, from the cache (remade when stale): the codes and scales of a
 // dense weight (N, K) or of the experts' (E, N, K).
 Fp8Weight model_fp8_weight(Model *m, int l, Fp8Slot s);

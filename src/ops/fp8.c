@@ -124,18 +124,18 @@ void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
     op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NULL, 0), rounded(1, x, FP8_TILES, NULL, 0));
 }
 
-void op_linear_bias_forward(Tensor y, Tensor b) {
+void op_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
 #ifdef PITH_CUDA
-    if (y.dev == DEV_CUDA) return cuda_linear_bias_forward(y, b);
+    if (y.dev == DEV_CUDA) return cuda_linear_bias_forward(y, b, offs);
 #endif
-    cpu_linear_bias_forward(y, b);
+    cpu_linear_bias_forward(y, b, offs);
 }
 
-void op_linear_bias_backward(Tensor db, Tensor dy) {
+void op_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate) {
 #ifdef PITH_CUDA
-    if (dy.dev == DEV_CUDA) return cuda_linear_bias_backward(db, dy);
+    if (dy.dev == DEV_CUDA) return cuda_linear_bias_backward(db, dy, offs, accumulate);
 #endif
-    cpu_linear_bias_backward(db, dy);
+    cpu_linear_bias_backward(db, dy, offs, accumulate);
 }
 
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs) {

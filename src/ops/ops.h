@@ -258,10 +258,11 @@ void op_fp8_weight_make(Fp8Weight fw, Tensor w);
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
-// The bias of an FP8 projection, outside its FP8 product (PithTrain adds it in the compute dtype): y: (M, N) += b: (N)
-// per row; db: (N) fp32 += Σ_rows dy: (M, N), of the unrounded dy.
-void op_linear_bias_forward(Tensor y, Tensor b);
-void op_linear_bias_backward(Tensor db, Tensor dy);
+// The bias of an FP8 product, outside it (PithTrain adds it in the compute dtype): y: (M, N) += b: (N) per row, or with
+// offs (the experts) b: (E, N), expert e's on its rows; db: (N) or (E, N) fp32 (+)= Σ_rows dy of the unrounded dy
+// likewise (accumulate false: written; dense: always added).
+void op_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs);
+void op_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate);
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs);
 void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, const int64_t *offs);
 void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);

@@ -184,7 +184,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     Model m;
     model_describe(&m, fam, &mc, dev, compute_dt(dev, c->compute_dtype), c->sequence_length);
     model_layout(&m, c, d);
-    if (c->fp8) model_fp8_setup(&m, c->file);
+    if (c->fp8) model_fp8_setup(&m);
     Fsdp f;
     fsdp_setup(&f, d, &m);
     Arena count = arena_counting("parameter shards and optimizer state", dev),
@@ -223,7 +223,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     Model *m = &r->model;
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     model_layout(m, c, d);
-    if (c->fp8) model_fp8_setup(m, c->file);
+    if (c->fp8) model_fp8_setup(m);
     if (d->cp > 1) { // before anything reads the layout: the load balancing's sums, the chunks' positions
         ring_init(&r->ring, &d->cp_g, dev, ring_plan(m, c, d));
         m->ring = &r->ring;

@@ -475,13 +475,13 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     OP(linear_backward_weight, &dw, &db, &dy, &x);
     cpu_linear_backward_weight(dw, db, dy, x);
 }
-void cuda_linear_bias_forward(Tensor y, Tensor b) {
+void cuda_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
     OP(linear_bias_forward, &y, &b);
-    cpu_linear_bias_forward(y, b);
+    cpu_linear_bias_forward(y, b, offs);
 }
-void cuda_linear_bias_backward(Tensor db, Tensor dy) {
+void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate) {
     OP(linear_bias_backward, &db, &dy);
-    cpu_linear_bias_backward(db, dy);
+    cpu_linear_bias_backward(db, dy, offs, accumulate);
 }
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     OP(grouped_linear_forward, &y, &x, &w, &b);

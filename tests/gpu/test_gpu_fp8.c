@@ -131,7 +131,8 @@ TEST(gpu_op_fp8_grouped) {
 // One step of FP8_TEST_MODEL on the GPU in FP8 and in bf16 (learned and force-balanced routing, and with attention
 // biases, force-balanced): the loss within 1%, the gradient within calc_diff 5e-2 (every tensor's with balanced
 // routing, the whole with learned routing). FP8 covers the experts, the dense MLP and attention's q/k/v/o (the biases
-// added after the FP8 product, their gradients from the unrounded dy).
+// added after the FP8 product, their gradients from the unrounded dy; the biases start at zero, so the biased pair
+// checks their gradients, gpu_op_linear their forward add). H200: loss 1.2e-3, calc_diff 1.0e-2 (learned routing).
 TEST(gpu_model_fp8) {
     gpu_begin();
     static char d[256], out[1 << 16], a[300], b[300], model[sizeof FP8_TEST_MODEL + 32], *p;

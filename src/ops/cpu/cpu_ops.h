@@ -6,8 +6,10 @@
 void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
 void cpu_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
 void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
-void cpu_linear_bias_forward(Tensor y, Tensor b);    // y: (M, N) += b: (N) per row
-void cpu_linear_bias_backward(Tensor db, Tensor dy); // db: (N) += Σ_rows dy: (M, N)
+// y: (M, N) += b: (N) per row, or with offs (grouped) b: (E, N), expert e's on its rows offs[e]..offs[e+1]; db:
+// (N) or (E, N) (+)= Σ_rows dy: (M, N) likewise (accumulate false: written).
+void cpu_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs);
+void cpu_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate);
 void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs);
 void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
 void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,

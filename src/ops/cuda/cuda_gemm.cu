@@ -359,31 +359,7 @@ void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
                        (char *)y.p + r0 * N * dtype_size(y.dt), y.dt);
         }
     }
-    if (b.p) cuda_linear_bias_forward(y, b);
-}
-
-void cuda_linear_bias_forward(Tensor y, Tensor b) {
-    int64_t M = t_rows(y), N = t_cols(y);
-    CHECK(tensor_numel(b) == N);
-    if (M == 0) return;
-    DT_SWITCH(y.dt, TY, "linear_forward",
-              DT_SWITCH(b.dt, TB, "linear_forward",
-                        linear_bias_forward_kernel<TY, TB>
-                        <<<grid_for(M * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, M, N)));
-    CUDA_LAUNCH_CHECK();
-}
-
-void cuda_linear_bias_backward(Tensor db, Tensor dy) {
-    int64_t M = t_rows(dy), N = t_cols(dy);
-    IS_F32(db, "linear_backward_weight");
-    CHECK(tensor_numel(db) == N);
-    if (M == 0) return;
-    int64_t gy = (M + 255) / 256;
-    dim3 grid((unsigned)((N + 31) / 32), (unsigned)(gy > 64 ? 64 : gy));
-    DT_SWITCH(dy.dt, T, "linear_backward_weight",
-              linear_bias_backward_kernel<T>
-              <<<grid, dim3(32, 8), 0, cuda_stream()>>>((float *)db.p, (const T *)dy.p, M, N));
-    CUDA_LAUNCH_CHECK();
+    if (b.p) cuda_linear_bias_forward(y, b, NULL);
 }
 
 void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
@@ -420,7 +396,7 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
             mm_backward_weight(n, N, K, dyp, xp, DT_BF16, dw.p, DT_F32);
         }
     }
-    if (db.p) cuda_linear_bias_backward(db, dy);
+    if (db.p) cuda_linear_bias_backward(db, dy, NULL, true);
 }
 
 } // extern "C"
@@ -758,15 +734,53 @@ int64_t cuda_grouped_calls(const char *path) {
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     grouped_rows_product(false, y, x, w, offs, "grouped_linear_forward");
-    int64_t E = w.n[0], N = w.n[1], R = offs[E];
-    if (!b.p || R == 0) return;
+    int64_t E = w.n[0], N = w.n[1];
+    if (!b.p) return;
     if (tensor_numel(b) != E * N)
         die("grouped_linear_forward: bias must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
-    GroupOffs g = group_offs(offs, E, "grouped_linear_forward");
-    DT_SWITCH(y.dt, TY, "grouped_linear_forward",
-              DT_SWITCH(b.dt, TB, "grouped_linear_forward",
-                        grouped_bias_forward_kernel<TY, TB><<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>(
-                            (TY *)y.p, (const TB *)b.p, g, (int)E, R, N)));
+    cuda_linear_bias_forward(tensor_rows(y, 0, offs[E]), b, offs);
+}
+
+// The bias kernels: dense (offs NULL) or per expert.
+void cuda_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
+    int64_t R = t_rows(y), N = t_cols(y), E = offs ? tensor_numel(b) / N : 1;
+    CHECK(tensor_numel(b) == E * N);
+    if (R == 0) return;
+    if (offs) {
+        GroupOffs g = group_offs(offs, E, "grouped_linear_forward");
+        DT_SWITCH(y.dt, TY, "grouped_linear_forward",
+                  DT_SWITCH(b.dt, TB, "grouped_linear_forward",
+                            grouped_bias_forward_kernel<TY, TB><<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>(
+                                (TY *)y.p, (const TB *)b.p, g, (int)E, R, N)));
+    } else {
+        DT_SWITCH(y.dt, TY, "linear_forward",
+                  DT_SWITCH(b.dt, TB, "linear_forward",
+                            linear_bias_forward_kernel<TY, TB>
+                            <<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, R, N)));
+    }
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate) {
+    int64_t M = t_rows(dy), N = t_cols(dy), E = offs ? tensor_numel(db) / N : 1;
+    IS_F32(db, "linear_backward_weight");
+    CHECK(tensor_numel(db) == E * N);
+    if (offs) { // one writer per (column tile, expert): written or added, empty experts included
+        if (E == 0) return;
+        GroupOffs g = group_offs(offs, E, "grouped_linear_backward_weight");
+        DT_SWITCH(dy.dt, T, "grouped_linear_backward_weight",
+                  grouped_bias_backward_kernel<T>
+                  <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
+                      (float *)db.p, (const T *)dy.p, g, N, accumulate));
+    } else { // atomic adds
+        CHECK(accumulate);
+        if (M == 0) return;
+        int64_t gy = (M + 255) / 256;
+        dim3 grid((unsigned)((N + 31) / 32), (unsigned)(gy > 64 ? 64 : gy));
+        DT_SWITCH(dy.dt, T, "linear_backward_weight",
+                  linear_bias_backward_kernel<T>
+                  <<<grid, dim3(32, 8), 0, cuda_stream()>>>((float *)db.p, (const T *)dy.p, M, N));
+    }
     CUDA_LAUNCH_CHECK();
 }
 
@@ -779,15 +793,9 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     if (db.p && E > 0) { // first: the weight paths below return early
-        IS_F32(db, "grouped_linear_backward_weight");
         if (tensor_numel(db) != E * N)
             die("grouped_linear_backward_weight: db must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
-        GroupOffs g = group_offs(offs, E, "grouped_linear_backward_weight");
-        DT_SWITCH(dy.dt, T, "grouped_linear_backward_weight",
-                  grouped_bias_backward_kernel<T>
-                  <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
-                      (float *)db.p, (const T *)dy.p, g, N, accumulate));
-        CUDA_LAUNCH_CHECK();
+        cuda_linear_bias_backward(db, dy, offs, accumulate);
     }
     IS_F32(dw, "grouped_linear_backward_weight");
     if (dy.dt != x.dt)

@@ -26,8 +26,10 @@ void cuda_stream_wait_event(void *stream, void *ev);
 void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
 void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
 void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
-void cuda_linear_bias_forward(Tensor y, Tensor b);    // y: (M, N) += b: (N) per row
-void cuda_linear_bias_backward(Tensor db, Tensor dy); // db: (N) fp32 += Σ_rows dy: (M, N)
+// y: (M, N) += b: (N) per row, or with offs (grouped) b: (E, N), expert e's on its rows offs[e]..offs[e+1]; db: fp32
+// (N) or (E, N) (+)= Σ_rows dy: (M, N) likewise (accumulate false: written).
+void cuda_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs);
+void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate);
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs);
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
 void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
