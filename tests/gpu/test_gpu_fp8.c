@@ -98,6 +98,7 @@ TEST(gpu_op_fp8_linear) {
         double tol = m ? 1e-2 : 1e-5, tol_tc = m ? 1e-2 : 1e-3;
         gpu_mode(dt);
         check_fp8_gemms(dt, tol, 150, 136, 200, NULL, 0, 0, true); // off the tensor cores: 150, 200 not multiples of 16
+        check_fp8_gemms(dt, tol, 150, 136, 202, NULL, 0, 0, true); // K = 202: the weight's codes without vector loads
         check_fp8_gemms(dt, tol_tc, 1024, 768, 512, NULL, 0, 3, true);
         check_fp8_gemms(dt, tol_tc, 208, 400, 336, NULL, 0, 3, true); // ragged 128-blocks in every dimension
         check_fp8_gemms(dt, tol_tc, 200, 400, 336, NULL, 0, 1, true); // T = 200: the weight gradient alone (Tp = 208)

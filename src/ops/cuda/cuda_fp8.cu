@@ -81,15 +81,53 @@ template <typename T> __device__ float row_block_scale(const T *x, int64_t C, in
     return warp_block_scale(v);
 }
 
-// Four consecutive values from a 8-byte (bf16) or 16-byte (fp32) aligned address.
-__device__ __forceinline__ void ld4(const float *p, float v[4]) {
-    float4 u = *(const float4 *)p;
-    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+// Eight consecutive values as loaded: bf16 keeps its bit patterns (half the registers of floats, so a CTA can hold a
+// whole 128 × 128 block with room for more CTAs), fp32 its floats; v[k] is value k as a float.
+template <typename T> struct Pack8 {
+    float f[8];
+    __device__ __forceinline__ float operator[](int k) const { return f[k]; }
+};
+template <> struct Pack8<bf16> {
+    uint32_t w[4];
+    __device__ __forceinline__ float operator[](int k) const {
+        return __uint_as_float(k & 1 ? w[k >> 1] & 0xffff0000u : w[k >> 1] << 16);
+    }
+};
+
+// p[0..7], of which the first n exist (the rest 0): one 16-byte load (bf16; two for fp32) when vec (p 16-byte aligned)
+// and all eight exist.
+__device__ __forceinline__ void ld8(const bf16 *p, int64_t n, bool vec, Pack8<bf16> &v) {
+    if (vec && n >= 8) {
+        uint4 u = *(const uint4 *)p;
+        v.w[0] = u.x, v.w[1] = u.y, v.w[2] = u.z, v.w[3] = u.w;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t lo = 2 * i < n ? __bfloat16_as_ushort(p[2 * i]) : 0,
+                 hi = 2 * i + 1 < n ? __bfloat16_as_ushort(p[2 * i + 1]) : 0;
+        v.w[i] = lo | hi << 16;
+    }
 }
-__device__ __forceinline__ void ld4(const bf16 *p, float v[4]) {
-    uint2 u = *(const uint2 *)p;
-    float2 a = __bfloat1622float2(*(__nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(__nv_bfloat162 *)&u.y);
-    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+__device__ __forceinline__ void ld8(const float *p, int64_t n, bool vec, Pack8<float> &v) {
+    if (vec && n >= 8) {
+        float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+        v.f[0] = a.x, v.f[1] = a.y, v.f[2] = a.z, v.f[3] = a.w, v.f[4] = b.x, v.f[5] = b.y, v.f[6] = b.z, v.f[7] = b.w;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) v.f[i] = i < n ? p[i] : 0.0f;
+}
+
+// |v| as ordered bits for an integer max (non-negative floats order as their bits); a non-finite value's bits are at
+// least infinity's (0x7f800000), above every finite one, so the max says whether the block holds one.
+__device__ __forceinline__ unsigned amax_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+// The codes of a and b (a in the low byte): one conversion for the pair.
+__device__ __forceinline__ uint32_t fp8x2(float a, float b) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float bits_scale(unsigned b) {
+    return b >= 0x7f800000u ? NAN : fp8_scale(__uint_as_float(b));
 }
 
 // The rows r0..r1 of row block rb (of all groups' blocks, in order).
@@ -157,29 +195,42 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *o
 
 // ---- codes and scales for the tensor-core GEMMs ----
 
-// Rows: x (R, C) in 1 × 128 blocks → codes q (R, C) and VEC128 scales s[cb·R + r]; a warp per block, as above, or
-// (VEC: C a multiple of 128, x 16-byte aligned) lane i holding columns 4i .. 4i + 3 of the block: one vector load and
-// one 4-byte store of codes a lane.
+// Rows: x (R, C) in 1 × 128 blocks → codes q (R, C) and VEC128 scales s[cb·R + r]. VEC (C a multiple of 128, x
+// 16-byte and q 8-byte aligned): a half-warp per block, lane i holding columns 8i .. 8i + 7 (one 16-byte load of
+// bf16, one 8-byte store of codes), a warp taking 4 blocks two at a time (the second pair's loads in flight with the
+// first's); else a warp per block, lane i holding columns i, i + 32, i + 64, i + 96.
 template <typename T, bool VEC>
-__global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t R, int64_t C, int64_t nchunks) {
-    int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
-    if (blk >= R * nchunks) return;
-    int64_t r = blk / nchunks, cb = blk % nchunks;
+__global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t R, int64_t C, int64_t nchunks,
+                                      int64_t ld) {
+    int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nb = R * nchunks;
     if (VEC) {
-        int64_t c = cb * 128 + 4 * (threadIdx.x & 31);
-        float v[4];
-        ld4(x + r * C + c, v);
-        float sc = warp_block_scale(v), inv = 1.0f / sc;
-        if ((threadIdx.x & 31) == 0) s[cb * R + r] = sc;
-        uint32_t pk = 0;
+        int half = (threadIdx.x >> 4) & 1, hl = threadIdx.x & 15;
+        Pack8<T> v[2];
 #pragma unroll
-        for (int i = 0; i < 4; i++) pk |= (uint32_t)fp8_code(v[i], inv) << 8 * i;
-        *(uint32_t *)(q + r * C + c) = pk;
+        for (int j = 0; j < 2; j++) {
+            int64_t b = 4 * warp + 2 * j + half;
+            ld8(x + b / nchunks * C + b % nchunks * 128 + 8 * hl, b < nb ? 8 : 0, true, v[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            int64_t b = 4 * warp + 2 * j + half, r = b / nchunks, cb = b % nchunks;
+            unsigned m = 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++) m = max(m, amax_bits(v[j][k]));
+            for (int o = 8; o; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffff, m, o)); // within the half-warp
+            float sc = bits_scale(m), inv = 1.0f / sc;
+            if (b >= nb) continue;
+            if (hl == 0) s[cb * ld + r] = sc;
+            uint32_t lo = fp8x2(v[j][0] * inv, v[j][1] * inv) | fp8x2(v[j][2] * inv, v[j][3] * inv) << 16,
+                     hi = fp8x2(v[j][4] * inv, v[j][5] * inv) | fp8x2(v[j][6] * inv, v[j][7] * inv) << 16;
+            *(uint2 *)(q + r * C + cb * 128 + 8 * hl) = make_uint2(lo, hi);
+        }
         return;
     }
-    int64_t c0 = cb * 128 + (threadIdx.x & 31);
+    if (warp >= nb) return;
+    int64_t r = warp / nchunks, cb = warp % nchunks, c0 = cb * 128 + (threadIdx.x & 31);
     float v[4], sc = row_block_scale(x, C, r, c0, v), inv = 1.0f / sc;
-    if ((threadIdx.x & 31) == 0) s[cb * R + r] = sc;
+    if ((threadIdx.x & 31) == 0) s[cb * ld + r] = sc;
 #pragma unroll
     for (int i = 0; i < 4; i++)
         if (c0 + 32 * i < C) q[r * C + c0 + 32 * i] = fp8_code(v[i], inv);
@@ -187,38 +238,103 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t 
 
 // The transposed codes of block row rb: x (R, C) rows r0..r1 (≤ 128) and column chunk cb (the CTA's 128 columns),
 // 128 × 1 blocks (whole false: a scale per column, VEC128 s[rb·C + c]) or one 128 × 128 block (whole: BLK128x128
-// s[cb·RB4 + rb]) → qt (C, ldq): qt[c·ldq + p0 + r − r0], staged through shared memory so that the stores run along
-// qt's rows; qt's columns p0 + r1 − r0 .. min(p0 + 128, ldq) are written 0 (the padding of the contraction). For a
-// weight also its codes q (R, C) and the scales of q's layout s2[rb·CB4 + cb] (q, s2 NULL: not written).
+// s[cb·RB4 + rb]) → qt (C, ldq): qt[c·ldq + p0 + r − r0]; qt's columns p0 + r1 − r0 .. min(p0 + 128, ldq) are written 0
+// (the padding of the contraction). For a weight also its codes q (R, C) and the scales of q's layout s2[rb·CB4 + cb]
+// (q, s2 NULL: not written). x is read once: 256 threads, each holding two pieces of 4 rows × 8 columns (a row's 8
+// columns one vector load); a warp's pieces are 4 column groups × 8 row groups, so that its 4-byte stores of 4 rows'
+// codes of a column into the transposed tile (33 words a row) fall in 32 different banks; the tile then leaves row by
+// row, a warp storing one qt row's 128 bytes.
 template <typename T>
 __device__ void quant_t_block(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t C, int64_t ldq,
                               bool whole, int64_t RB4, int64_t CB4, int64_t rb, int64_t cb, int64_t r0, int64_t r1,
                               int64_t p0) {
-    __shared__ uint8_t tile[128][129];
-    int64_t c = cb * 128 + threadIdx.x;
-    bool in = c < C;
-    float sc = column_block_scale(x, C, c, in, r0, r1, whole), inv = 1.0f / sc;
-    if (whole && threadIdx.x == 0) s[cb * RB4 + rb] = sc;
-    if (s2 && threadIdx.x == 0) s2[rb * CB4 + cb] = sc;
-    if (!whole && in) s[rb * C + c] = sc;
-    for (int64_t r = r0; r < r0 + 128; r++) {
-        uint8_t code = in && r < r1 ? fp8_code(ld(x, r * C + c), inv) : 0;
-        tile[threadIdx.x][r - r0] = code;
-        if (q && in && r < r1) q[r * C + c] = code;
+    __shared__ uint32_t tile[128][33]; // tile[c][w]: the codes of rows 4w .. 4w + 3 of the chunk's column c
+    __shared__ unsigned cmax[128];     // per column (whole: cmax[0] for the block) the amax bits
+    int tid = threadIdx.x, lane = tid & 31;
+    int cg = (tid & 3) + 4 * ((tid >> 5) & 3), rg0 = ((tid >> 2) & 7) + 8 * (tid >> 7); // pieces rg0 and rg0 + 16
+    int64_t c0 = cb * 128, c = c0 + 8 * cg, nc = C - c;
+    bool vec = C % 8 == 0 && (uintptr_t)x % 16 == 0;
+    if (tid < 128) cmax[tid] = 0;
+    Pack8<T> v[2][4];
+    unsigned m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int64_t r = r0 + 4 * (rg0 + 16 * j) + i;
+            ld8(x + r * C + c, r < r1 ? nc : 0, vec, v[j][i]);
+#pragma unroll
+            for (int k = 0; k < 8; k++) m[k] = max(m[k], amax_bits(v[j][i][k]));
+        }
+    if (whole) {
+#pragma unroll
+        for (int k = 1; k < 8; k++) m[0] = max(m[0], m[k]);
+        for (int o = 16; o; o >>= 1) m[0] = max(m[0], __shfl_xor_sync(0xffffffff, m[0], o));
+    } else // the warp's 8 row groups of a column: lanes apart by 4, 8, 16
+        for (int o = 4; o < 32; o <<= 1)
+#pragma unroll
+            for (int k = 0; k < 8; k++) m[k] = max(m[k], __shfl_xor_sync(0xffffffff, m[k], o));
+    __syncthreads(); // cmax zeroed
+    if (whole && lane == 0) atomicMax(&cmax[0], m[0]);
+    if (!whole && lane < 4)
+#pragma unroll
+        for (int k = 0; k < 8; k++) atomicMax(&cmax[8 * cg + k], m[k]);
+    __syncthreads();
+    float inv[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) inv[k] = 1.0f / bits_scale(cmax[whole ? 0 : 8 * cg + k]);
+    if (whole && tid == 0) {
+        s[cb * RB4 + rb] = bits_scale(cmax[0]);
+        if (s2) s2[rb * CB4 + cb] = bits_scale(cmax[0]);
+    }
+    if (!whole && tid < 128 && c0 + tid < C) s[rb * C + c0 + tid] = bits_scale(cmax[tid]);
+    bool vq8 = vec && (uintptr_t)q % 8 == 0;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int rg = rg0 + 16 * j;
+        int64_t r = r0 + 4 * rg; // the piece's first row
+        // rows past r1 (the padding) get code 0 whatever the scale: a byte mask over the piece's 4 rows
+        uint32_t keep = r1 - r >= 4 ? 0xffffffffu : r1 - r <= 0 ? 0u : 0xffffffffu >> 8 * (4 - (r1 - r));
+        uint32_t col[8]; // column k's codes of the piece's rows 0..3, one a byte: the word the tile takes
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            col[k] = (fp8x2(v[j][0][k] * inv[k], v[j][1][k] * inv[k]) | fp8x2(v[j][2][k] * inv[k], v[j][3][k] * inv[k])
+                                                                            << 16) &
+                     keep;
+        if (q)
+#pragma unroll
+            for (int i = 0; i < 4; i++) { // row i's 8 codes: byte i of each column's word
+                if (r + i >= r1) break;
+                uint32_t sel = i | (4 + i) << 4,
+                         lo = __byte_perm(__byte_perm(col[0], col[1], sel), __byte_perm(col[2], col[3], sel), 0x5410),
+                         hi = __byte_perm(__byte_perm(col[4], col[5], sel), __byte_perm(col[6], col[7], sel), 0x5410);
+                if (vq8 && nc >= 8) *(uint2 *)(q + (r + i) * C + c) = make_uint2(lo, hi);
+                else
+                    for (int k = 0; k < 8 && k < nc; k++)
+                        q[(r + i) * C + c + k] = (uint8_t)((k < 4 ? lo : hi) >> 8 * (k & 3));
+            }
+#pragma unroll
+        for (int k = 0; k < 8; k++) tile[8 * cg + k][rg] = col[k];
     }
     __syncthreads();
     int64_t pend = min(ldq, p0 + 128);
-    for (int i = threadIdx.x; i < 128 * 128; i += 128) { // qt row cb·128 + i / 128, column p0 + i % 128
-        int64_t cc = cb * 128 + i / 128, p = p0 + i % 128;
-        if (cc < C && p < pend) qt[cc * ldq + p] = tile[i / 128][i % 128];
+    bool vq = ldq % 4 == 0 && p0 % 4 == 0 && (uintptr_t)qt % 4 == 0;
+    for (int i = tid; i < 128 * 32; i += 256) { // qt row c0 + i / 32, columns p0 + 4·(i % 32) ..
+        int64_t cc = c0 + i / 32, p = p0 + 4 * (i % 32);
+        uint32_t w = tile[i / 32][i % 32];
+        if (cc >= C) continue;
+        if (vq && p + 4 <= pend) *(uint32_t *)(qt + cc * ldq + p) = w;
+        else
+            for (int b = 0; b < 4 && p + b < pend; b++) qt[cc * ldq + p + b] = (uint8_t)(w >> 8 * b);
     }
 }
 
 // One matrix x (R, C) in blocks of 128 rows, a CTA per (block row, column chunk); grid.y: E matrices of R rows one
 // after another (a weight's experts), each with its own codes and scale tables.
 template <typename T>
-__global__ void fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t R, int64_t C,
-                                   int64_t ldq, bool whole, int64_t RB4, int64_t CB4) {
+__global__ void __launch_bounds__(256, 3)
+    fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t R, int64_t C, int64_t ldq,
+                       bool whole, int64_t RB4, int64_t CB4) {
     int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks, e = blockIdx.y;
     x += e * R * C, qt += e * C * ldq, s += whole ? e * nchunks * RB4 : 0;
     if (q) q += e * R * C, s2 += e * ((R + 127) / 128) * CB4;
@@ -228,7 +344,8 @@ __global__ void fp8_quant_t_kernel(uint8_t *qt, float *s, uint8_t *q, float *s2,
 // The groups' rows (an expert's tokens) in 128 × 1 blocks from each group's first row: block row rb at qt's columns
 // rb·128 .. (each group padded to whole blocks with zero codes), scales s[rb·C + c].
 template <typename T>
-__global__ void fp8_quant_t_groups_kernel(uint8_t *qt, float *s, const T *x, int64_t C, int64_t ldq, Fp8Groups gr) {
+__global__ void __launch_bounds__(256, 4)
+    fp8_quant_t_groups_kernel(uint8_t *qt, float *s, const T *x, int64_t C, int64_t ldq, Fp8Groups gr) {
     int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks, r0, r1;
     group_rows(gr, rb, &r0, &r1);
     quant_t_block(qt, s, (uint8_t *)NULL, (float *)NULL, x, C, ldq, false, 0, 0, rb, cb, r0, r1, rb * 128);
@@ -256,7 +373,7 @@ extern "C" void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
     CUDA_CHECK(cudaMemsetAsync(fw.st.p, 0, tensor_bytes(fw.st), st0));
     // the CTA of block (nb, kb) of expert e writes its codes into q and qt and its scale into s and st
     DT_SWITCH(w.dt, T, "fp8_weight",
-              fp8_quant_t_kernel<T><<<dim3((unsigned)(NB * KB), (unsigned)E), 128, 0, st0>>>(
+              fp8_quant_t_kernel<T><<<dim3((unsigned)(NB * KB), (unsigned)E), 256, 0, st0>>>(
                   (uint8_t *)fw.qt.p, (float *)fw.st.p, (uint8_t *)fw.q.p, (float *)fw.s.p, (const T *)w.p, N, K, N,
                   true, up4(NB), up4(KB)));
     CUDA_LAUNCH_CHECK();
@@ -326,24 +443,25 @@ static bool tc_fits(int64_t T, int64_t N, int64_t K, Tensor out, Tensor in) {
 // 256-byte aligned pieces of the op scratch (cuda_scratch), n bytes each.
 static size_t a256(size_t n) { return (n + 255) & ~(size_t)255; }
 
-// x (R, C) quantised in 1 × 128 blocks: codes q (R, C) and VEC128 scales s (⌈C/128⌉, R); q, s NULL: into the op
-// scratch, where *qp and *sp then point.
-static void quant_rows(Tensor x, uint8_t *q, float *s, uint8_t **qp, float **sp) {
+// x (R, C) quantised in 1 × 128 blocks: codes q (R, C) and scales s[cb·ld + r] (ld = R: cuBLASLt's VEC128 layout;
+// the grouped kernel takes ld a multiple of 4, so that each block's row of scales starts 16-byte aligned for its TMA
+// copies); q, s NULL: into the op scratch, where *qp and *sp then point.
+static void quant_rows(Tensor x, uint8_t *q, float *s, int64_t ld, uint8_t **qp, float **sp) {
     int64_t R = t_rows(x), C = t_cols(x), nchunks = (C + 127) / 128;
     if (!q) {
-        char *p = (char *)cuda_scratch(a256(R * C) + a256(sizeof(float) * R * nchunks));
+        char *p = (char *)cuda_scratch(a256(R * C) + a256(sizeof(float) * ld * nchunks));
         q = (uint8_t *)p, s = (float *)(p + a256(R * C));
     }
     if (qp) *qp = q, *sp = s;
     if (R * nchunks == 0) return;
-    unsigned grid = (unsigned)((R * nchunks + 7) / 8);
-    if (C % 128 == 0 && aligned16(x.p) && (uintptr_t)q % 4 == 0)
+    if (C % 128 == 0 && aligned16(x.p) && (uintptr_t)q % 8 == 0) // 32 blocks a CTA of 8 warps
         DT_SWITCH(x.dt, T, "fp8_quant_rows",
-                  fp8_quant_rows_kernel<T, true><<<grid, 256, 0, cuda_stream()>>>(q, s, (const T *)x.p, R, C, nchunks));
-    else
+                  fp8_quant_rows_kernel<T, true><<<(unsigned)((R * nchunks + 31) / 32), 256, 0, cuda_stream()>>>(
+                      q, s, (const T *)x.p, R, C, nchunks, ld));
+    else // 8 blocks a CTA
         DT_SWITCH(x.dt, T, "fp8_quant_rows",
-                  fp8_quant_rows_kernel<T, false>
-                  <<<grid, 256, 0, cuda_stream()>>>(q, s, (const T *)x.p, R, C, nchunks));
+                  fp8_quant_rows_kernel<T, false><<<(unsigned)((R * nchunks + 7) / 8), 256, 0, cuda_stream()>>>(
+                      q, s, (const T *)x.p, R, C, nchunks, ld));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -351,7 +469,7 @@ extern "C" void cuda_fp8_quantize_rows(Tensor q, Tensor s, Tensor x) {
     ON_GPU(x, "fp8_quantize_rows");
     CHECK(q.dt == DT_U8 && tensor_numel(q) == tensor_numel(x) && s.dt == DT_F32 &&
           tensor_numel(s) == t_rows(x) * ((t_cols(x) + 127) / 128));
-    quant_rows(x, (uint8_t *)q.p, (float *)s.p, NULL, NULL);
+    quant_rows(x, (uint8_t *)q.p, (float *)s.p, t_rows(x), NULL, NULL);
 }
 
 // out (T, m) (+)= in (T, k) · Aᵀ on the tensor cores: in quantised in 1 × 128 blocks (codes and VEC128 scales in the
@@ -361,7 +479,7 @@ static bool rows_gemm(Tensor out, Tensor in, int64_t m, const void *A, const flo
     if (!tc_fits(T, m, k, out, in)) return false;
     uint8_t *q;
     float *s;
-    quant_rows(in, NULL, NULL, &q, &s);
+    quant_rows(in, NULL, NULL, T, &q, &s);
     return lt_fp8(m, T, k, A, sa, q, s, out.p, out.dt, beta);
 }
 
@@ -386,10 +504,10 @@ extern "C" bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) 
     CUDA_CHECK(cudaMemsetAsync(xs, 0, sizeof(float) * ((K + 127) / 128) * up4(TB), st0)); // the padding of RB4
     DT_SWITCH(dy.dt, T_, "fp8_quant_t",
               fp8_quant_t_kernel<T_>
-              <<<TB *((N + 127) / 128), 128, 0, st0>>>(dq, ds, NULL, NULL, (const T_ *)dy.p, T, N, Tp, false, 0, 0));
+              <<<TB *((N + 127) / 128), 256, 0, st0>>>(dq, ds, NULL, NULL, (const T_ *)dy.p, T, N, Tp, false, 0, 0));
     CUDA_LAUNCH_CHECK();
     DT_SWITCH(x.dt, T_, "fp8_quant_t",
-              fp8_quant_t_kernel<T_><<<TB *((K + 127) / 128), 128, 0, st0>>>(xq, xs, NULL, NULL, (const T_ *)x.p, T, K,
+              fp8_quant_t_kernel<T_><<<TB *((K + 127) / 128), 256, 0, st0>>>(xq, xs, NULL, NULL, (const T_ *)x.p, T, K,
                                                                              Tp, true, up4(TB), 0));
     CUDA_LAUNCH_CHECK();
     return lt_fp8(K, N, Tp, xq, xs, dq, ds, dw.p, DT_F32, 1.0f);
@@ -399,8 +517,8 @@ extern "C" bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) 
 // wgmma E4M3 kernel: x quantised 1 × 128 along its rows (codes and VEC128 scales in the op scratch), then one
 // grouped product. y (R, C); x (R, Kx), Kx the reduction.
 bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K);
-bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t R, const void *wq, const float *ws,
-                       int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs);
+bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, int64_t R, const void *wq,
+                       const float *ws, int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs);
 bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
                              int64_t E, int64_t N, int64_t K, const int64_t *offs, bool accumulate);
 
@@ -412,9 +530,10 @@ extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const 
     if (R == 0) return true;
     uint8_t *q;
     float *s;
-    quant_rows(x, NULL, NULL, &q, &s);
+    int64_t lds = up4(R);
+    quant_rows(x, NULL, NULL, lds, &q, &s);
     Tensor wq = input_grad ? w8.qt : w8.q, ws = input_grad ? w8.st : w8.s;
-    bool ok = wgmma_fp8_grouped(y, q, s, R, wq.p, (const float *)ws.p, ws.n[1], E, C, Kx, offs);
+    bool ok = wgmma_fp8_grouped(y, q, s, lds, R, wq.p, (const float *)ws.p, ws.n[1], E, C, Kx, offs);
     tc_gemms += ok;
     return ok;
 }
@@ -438,7 +557,7 @@ static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const int64_t *offs,
     if (TB == 0) return;
     DT_SWITCH(x.dt, T, "fp8_quant_t_groups",
               fp8_quant_t_groups_kernel<T>
-              <<<TB *(C / 128), 128, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, TB * 128, gr));
+              <<<TB *(C / 128), 256, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, TB * 128, gr));
     CUDA_LAUNCH_CHECK();
 }
 

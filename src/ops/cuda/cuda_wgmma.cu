@@ -40,7 +40,6 @@
 #include "ops/cuda/cuda_wgmma.cuh"
 
 #define WG_BK 64
-#define WG_BOX 8192    // bytes of one TMA box: 64 rows of 128 bytes (64 bf16 or 32 fp32)
 #define WG_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
 
 // Shared memory of one configuration: STAGES pipeline stages (A: 2 boxes, B: BN/64 boxes) and, per consumer
@@ -75,69 +74,6 @@ static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const C
         if (KIND == WG_FORWARD) tma_box(sb + c * WG_BOX, mb, bar, k, ti.e * gt.N + ti.col + 64 * c); // w_e rows n
         else if (KIND == WG_INPUT_GRAD) tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.e * gt.N + k);
         else tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.r0 + k); // x rows of the expert
-    }
-}
-
-// The consumer warpgroup g's epilogue of tile ti: its 64 rows of accumulators into its shared tile epi (swizzled
-// boxes of 64 rows × 128 bytes), then out by the copy engine — an fp32 add onto dw_e (weight gradient with
-// accumulate), else a store — while the warpgroup goes on to its next tile. A forward or input-gradient tile whose
-// rows pass the expert's end is written by the warpgroup itself, those rows left out (they belong to the next
-// expert). tid: the thread's index in the warpgroup.
-template <int KIND, int BN>
-static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMap *mo, void *out, const WgTable &gt,
-                                                const Tile &ti, int g, int tid, uint32_t epi, bool accumulate) {
-    constexpr bool F32 = KIND == WG_WEIGHT_GRAD;
-    int warp = tid / 32, lane = tid % 32;
-    if (tid == 0) bulk_wait<true>(); // the previous tile's stores have read epi
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
-    // thread (warp w, lane l) holds rows r, r + 8 (r = 16w + l/4) at columns 8q + 2(l%4), +1 of each 128
-#pragma unroll
-    for (int j = 0; j < BN / 128; j++)
-#pragma unroll
-        for (int q = 0; q < 16; q++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int r = 16 * warp + lane / 4 + 8 * h, c = j * 128 + q * 8 + 2 * (lane % 4);
-                float v0 = d[64 * j + 4 * q + 2 * h], v1 = d[64 * j + 4 * q + 2 * h + 1];
-                if (F32)
-                    asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(swz(epi + c / 32 * WG_BOX, r, c % 32 * 4)),
-                                 "f"(v0), "f"(v1)
-                                 : "memory");
-                else {
-                    __nv_bfloat162 p = __floats2bfloat162_rn(v0, v1);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(swz(epi + c / 64 * WG_BOX, r, c % 64 * 2)),
-                                 "r"(*(uint32_t *)&p)
-                                 : "memory");
-                }
-            }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copy engine reads what st.shared wrote
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
-    int row0 = ti.row + 64 * g, end = ti.r0 + ti.m; // the warpgroup's first output row; the expert's end
-    if (F32 && row0 >= gt.N) return;                // the rows past dw_e's last (N a multiple of 64, not of 128)
-    if (F32 || row0 + 64 <= end) {
-        if (tid == 0) {
-            constexpr int COLS = F32 ? 32 : 64; // outputs per box row
-#pragma unroll
-            for (int b = 0; b < BN / COLS; b++) {
-                if (F32 && accumulate) tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
-                else if (F32) tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
-                else tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, row0);
-            }
-            bulk_commit();
-        }
-        return;
-    }
-    // the rows of this expert only, the columns before C, 16 bytes (8 bf16) a thread at a time
-    int C = KIND == WG_FORWARD ? gt.N : gt.K;
-    for (int c = tid; c < 64 * BN / 8; c += 128) {
-        int r = c / (BN / 8), cc = c % (BN / 8);
-        if (row0 + r >= end) break; // (rows are in order: every later chunk of this thread is past the end too)
-        if (ti.col + cc * 8 >= C) continue;
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(swz(epi + cc / 8 * WG_BOX, r, cc % 8 * 16)));
-        *(uint4 *)((bf16 *)out + (int64_t)(row0 + r) * C + ti.col + cc * 8) = v;
     }
 }
 
@@ -220,7 +156,8 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
         fence_regs<BN / 2>(d);
         if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
-        epilogue<KIND, BN>(d, &mo, out, gt, ti, g, tid, epi, accumulate);
+        if (KIND == WG_WEIGHT_GRAD) epilogue<KIND, BN, float>(d, &mo, (float *)out, gt, ti, g, tid, epi, accumulate);
+        else epilogue<KIND, BN, bf16>(d, &mo, (bf16 *)out, gt, ti, g, tid, epi, accumulate);
     }
     if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
@@ -236,6 +173,17 @@ void wgmma_tensor_map(CUtensorMap *map, const void *p, CUtensorMapDataType type,
                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         die("wgmma: cuTensorMapEncodeTiled failed (%d) for (%lld, %lld)", (int)r, (long long)rows, (long long)cols);
+}
+
+void wgmma_scale_map(CUtensorMap *map, const float *p, int64_t rows, int64_t cols, int64_t ld, int box) {
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)(ld * 4)};
+    cuuint32_t bx[2] = {(cuuint32_t)box, 1}, estr[2] = {1, 1};
+    CUresult r = encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)p, dims, strides, bx, estr,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        die("wgmma: cuTensorMapEncodeTiled failed (%d) for scales (%lld, %lld)", (int)r, (long long)rows,
+            (long long)cols);
 }
 
 // The bf16 or fp32 tensors of the grouped GEMMs.

@@ -30,7 +30,7 @@ static __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
             : "r"(bar), "r"(parity)
             : "memory");
 }
-// One 64 × 64 box at (column c0, row c1) of the map's tensor into shared memory, completing on bar.
+// One box at (column c0, row c1) of the map's tensor into shared memory, completing on bar.
 static __device__ __forceinline__ void tma_box(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0, int c1) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], "
                  "[%2];\n" ::"r"(dst),
@@ -178,9 +178,76 @@ static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, 
         "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),        \
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
+#define WG_BOX 8192 // bytes of one TMA box: 64 rows of 128 bytes (64 bf16, 32 fp32 or 128 E4M3 values)
+
+// The consumer warpgroup g's epilogue of tile ti, BN outputs of type TO (bf16 or fp32) a row: its 64 rows of
+// accumulators d into its shared tile epi (BN·sizeof(TO)/128 swizzled boxes of 64 rows × 128 bytes), then out by the
+// copy engine through the output's map mo — an fp32 add onto dw_e (weight gradient with accumulate), else a store —
+// while the warpgroup goes on to its next tile. A forward or input-gradient tile whose rows pass the expert's end is
+// written by the warpgroup itself into out, those rows left out (they belong to the next expert). tid: the thread's
+// index in the warpgroup. The kernel ends with bulk_wait<false>() in each warpgroup's thread 0.
+template <int KIND, int BN, typename TO>
+static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMap *mo, TO *out, const WgTable &gt,
+                                                const Tile &ti, int g, int tid, uint32_t epi, bool accumulate) {
+    constexpr int ES = (int)sizeof(TO), COLS = 128 / ES; // outputs per box row
+    int warp = tid / 32, lane = tid % 32;
+    if (tid == 0) bulk_wait<true>(); // the previous tile's stores have read epi
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
+    // thread (warp w, lane l) holds rows r, r + 8 (r = 16w + l/4) at columns 8q + 2(l%4), +1 of each 128
+#pragma unroll
+    for (int j = 0; j < BN / 128; j++)
+#pragma unroll
+        for (int q = 0; q < 16; q++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int r = 16 * warp + lane / 4 + 8 * h, c = j * 128 + q * 8 + 2 * (lane % 4);
+                float v0 = d[64 * j + 4 * q + 2 * h], v1 = d[64 * j + 4 * q + 2 * h + 1];
+                uint32_t a = swz(epi + c / COLS * WG_BOX, r, c % COLS * ES);
+                if (ES == 4) asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(v0), "f"(v1) : "memory");
+                else {
+                    __nv_bfloat162 p = __floats2bfloat162_rn(v0, v1);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(*(uint32_t *)&p) : "memory");
+                }
+            }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copy engine reads what st.shared wrote
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
+    int row0 = ti.row + 64 * g, end = ti.r0 + ti.m;     // the warpgroup's first output row; the expert's end
+    if (KIND == WG_WEIGHT_GRAD && row0 >= gt.N) return; // the rows past dw_e's last (N a multiple of 64, not 128)
+    if (KIND == WG_WEIGHT_GRAD || row0 + 64 <= end) {
+        if (tid == 0) {
+#pragma unroll
+            for (int b = 0; b < BN / COLS; b++) {
+                if (KIND == WG_WEIGHT_GRAD && accumulate)
+                    tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
+                else if (KIND == WG_WEIGHT_GRAD)
+                    tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
+                else tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, row0);
+            }
+            bulk_commit();
+        }
+        return;
+    }
+    // the rows of this expert only, the columns before C, 16 bytes a thread at a time
+    constexpr int CH = BN * ES / 16; // 16-byte chunks of a row
+    int C = KIND == WG_FORWARD ? gt.N : gt.K;
+    for (int c = tid; c < 64 * CH; c += 128) {
+        int r = c / CH, cc = c % CH, col = ti.col + cc * (16 / ES);
+        if (row0 + r >= end) break; // (rows are in order: every later chunk of this thread is past the end too)
+        if (col >= C) continue;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(swz(epi + cc / 8 * WG_BOX, r, cc % 8 * 16)));
+        *(uint4 *)(out + (int64_t)(row0 + r) * C + col) = v;
+    }
+}
+
 // ---- host side (cuda_wgmma.cu) ----
 // True once on a Hopper GPU whose driver gives cuTensorMapEncodeTiled.
 bool wgmma_available(void);
 // A 2D map over a row-major (rows, cols) tensor of `es` bytes per element (type: CU_TENSOR_MAP_DATA_TYPE_*), boxes of
 // 64 rows × 128 bytes in the 128-byte swizzle; boxes past the last row read zeros (and are not written).
 void wgmma_tensor_map(CUtensorMap *map, const void *p, CUtensorMapDataType type, int es, int64_t rows, int64_t cols);
+// A 2D map over fp32 scales (rows, cols) a row ld floats apart (ld a multiple of 4; p 16-byte aligned), boxes of one
+// row × `box` values, not swizzled; values past cols read 0.
+void wgmma_scale_map(CUtensorMap *map, const float *p, int64_t rows, int64_t cols, int64_t ld, int box);

@@ -19,22 +19,22 @@
 // the tensor core's narrower internal adds), which the consumer then adds into the tile's accumulator d as
 // d += b · xs(row, kb) · ws(nb, kb) (weight gradient: b · sdy(tb, n) · sx(tb, k)) — each product scaled exactly once
 // by its own blocks' scales. The wait for the block's products before that add is what the second consumer
-// warpgroup's products overlap.
-// Epilogue: d through a padded shared-memory tile to 16-byte stores of the rows of the tile's expert (rows past it
-// belong to the next expert and are not stored), or for the weight gradient 16-byte fp32 reductions (red.add) onto
-// dw_e.
+// warpgroup's products overlap. The block's scales arrive in its stage with its boxes (TMA copies of the tile's 128
+// row scales, from the row below it on a 16-byte boundary since a TMA box starts only there, and the weight block's; for the weight gradient bulk copies of 2 × 128), so no consumer waits on a
+// global load (Nsight Compute put 40% of the forward's stalls there when they were read from global memory).
+// Epilogue: cuda_wgmma.cuh's, as the bf16 kernels': d into swizzled shared boxes, then out by the copy engine (a TMA
+// store, or for the weight gradient an fp32 reduction onto dw_e) while the warpgroup starts its next tile; rows past
+// the tile's expert (they belong to the next expert) are left out by 16-byte stores of the warpgroup's own.
 #include "ops/cuda/cuda_wgmma.cuh"
 
 #define W8_BK 128      // E4M3 codes of one reduction block: a scale block, a 128-byte box row
 #define W8_BN 128      // output columns of a tile: one weight scale block
-#define W8_BOX 8192    // bytes of one TMA box: 64 rows of 128 codes
 #define W8_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
 
 // Shared memory for output type TO: the stages (A and B: 2 boxes each) and, per consumer warpgroup, an epilogue tile
-// of 64 rows × 128 outputs, each row padded by 16 (bf16) or 32 (fp32) bytes so the fragment stores miss no banks.
+// of 64 rows × 128 outputs in swizzled boxes (cuda_wgmma.cuh's epilogue).
 template <typename TO> struct W8Shape {
-    static constexpr int SA = 2 * W8_BOX, SB = 2 * W8_BOX;
-    static constexpr int ROW = (W8_BN + 8) * (int)sizeof(TO), EPI = 64 * ROW;
+    static constexpr int SA = 2 * WG_BOX, SB = 2 * WG_BOX, EPI = 64 * W8_BN * (int)sizeof(TO);
 };
 
 // d (64 × 128 fp32, this thread's 64) = A·B + (acc ? d : 0) over 32 E4M3 codes of the reduction.
@@ -45,66 +45,29 @@ static __device__ __forceinline__ void wgmma_e4m3_128(float *d, uint64_t da, uin
                  : "l"(da), "l"(db), "r"(acc));
 }
 
-// The consumer warpgroup g's epilogue: its 64 rows of d into the shared tile epi, then its first `rows` rows out as
-// 16-byte stores (add: added to what is there) into out at row row0, column col, ldo columns a row. tid: the thread's
-// index in the warpgroup.
-template <typename TO>
-static __device__ __forceinline__ void w8_epilogue(const float *d, TO *out, int64_t ldo, int64_t row0, int rows,
-                                                   int col, bool add, int g, int tid, uint32_t epi) {
-    constexpr int ROW = W8Shape<TO>::ROW, CPR = W8_BN * (int)sizeof(TO) / 16; // 16-byte chunks of a row
-    int warp = tid / 32, lane = tid % 32;
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory"); // the previous tile's reads of epi are done
-    // thread (warp w, lane l) holds rows r, r + 8 (r = 16w + l/4) at columns 8q + 2(l%4), +1
-#pragma unroll
-    for (int q = 0; q < 16; q++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int r = 16 * warp + lane / 4 + 8 * h, c = q * 8 + 2 * (lane % 4);
-            float v0 = d[4 * q + 2 * h], v1 = d[4 * q + 2 * h + 1];
-            uint32_t a = epi + r * ROW + c * (int)sizeof(TO);
-            if (sizeof(TO) == 4) {
-                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(v0), "f"(v1) : "memory");
-            } else {
-                __nv_bfloat162 p = __floats2bfloat162_rn(v0, v1);
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(*(uint32_t *)&p) : "memory");
-            }
-        }
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
-    for (int i = tid; i < rows * CPR; i += 128) {
-        int r = i / CPR, cc = i % CPR;
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(epi + r * ROW + cc * 16));
-        uint4 *o = (uint4 *)(out + (row0 + r) * ldo + col + cc * (16 / (int)sizeof(TO)));
-        if (add) // fp32 only (the weight gradient): a reduction at the L2, so no thread waits for a read
-            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(o), "f"(__uint_as_float(v.x)),
-                         "f"(__uint_as_float(v.y)), "f"(__uint_as_float(v.z)), "f"(__uint_as_float(v.w))
-                         : "memory");
-        else *o = v;
-    }
-}
-
 // The weight gradient's token blocks: expert e's transposed codes begin at padded block tb0[e] (each expert's rows
 // in whole blocks of 128).
 typedef struct {
     int tb0[WG_MAX_E];
 } W8Blocks;
 
-// grid: min(tiles, SMs) CTAs of 384 threads; W8_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes.
-// KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); sa x's scales (KB, R), sb w's (E·NB, ldb); out y (R, N).
+// grid: min(tiles, SMs) CTAs of 384 threads; W8_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes; mo the
+// output's map (cuda_wgmma.cuh's epilogue). The producer copies each block's scales into its stage beside the boxes.
+// KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); msa x's scales (KB, R) in boxes of 132 from the tile's first
+// row rounded down to 4 (zeros past R), msb w's (E·NB, ldws) in boxes of 4 (a block's with its neighbours: 16 bytes); out y (R, N).
 // KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens; sa dyᵀ's scales (TB, N), sb
-// xᵀ's (TB, K), one per token block and column, which the producer copies into each stage beside the boxes (a scale
-// per output row and per output column of the tile: 2 × 512 bytes); out dw (E, N, K) fp32, added to when R is
-// nonzero, else written.
+// xᵀ's (TB, K), one per token block and column (a scale per output row and per output column of the tile: 2 × 512
+// bytes a stage); out dw (E, N, K) fp32, added to when accumulate, else written.
 template <int KIND, typename TO>
 __global__ void __launch_bounds__(384, 1)
-    wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb, TO *out,
-                     const float *sa_, const float *sb_, int R, int ldb, const __grid_constant__ WgTable gt,
-                     const __grid_constant__ W8Blocks blocks, int ntiles) {
+    wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
+                     const __grid_constant__ CUtensorMap mo, const __grid_constant__ CUtensorMap msa,
+                     const __grid_constant__ CUtensorMap msb, TO *out, const float *sa_, const float *sb_,
+                     int accumulate, const __grid_constant__ WgTable gt, const __grid_constant__ W8Blocks blocks,
+                     int ntiles) {
     typedef W8Shape<TO> S;
     constexpr bool WGRAD = KIND == WG_WEIGHT_GRAD;
-    constexpr int SA = S::SA, SB = S::SB, SC = WGRAD ? 1024 : 0, ST = SA + SB + SC;
+    constexpr int SA = S::SA, SB = S::SB, SC = 1024, ST = SA + SB + SC; // SC: the stage's scales
     constexpr int STAGES = (W8_SMEM - 256 - 2 * S::EPI) / ST;
     extern __shared__ unsigned char w8_shared[];
     uint32_t base = (sh_addr(w8_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
@@ -121,16 +84,21 @@ __global__ void __launch_bounds__(384, 1)
             for (int kb = 0; kb < ti.nkb; kb++, it++) {
                 int s = it % STAGES;
                 mbar_wait(empty + 8 * s, (it / STAGES & 1) ^ 1);
-                mbar_expect(full + 8 * s, ST);
+                mbar_expect(full + 8 * s, WGRAD ? ST : SA + SB + 544);
                 uint32_t sa = base + s * ST, sb = sa + SA, bar = full + 8 * s;
                 for (int i = 0; i < 2; i++) {
                     if (WGRAD) {
-                        tma_box(sa + i * W8_BOX, &ma, bar, (tb + kb) * W8_BK, ti.row + 64 * i); // dyᵀ rows n
-                        tma_box(sb + i * W8_BOX, &mb, bar, (tb + kb) * W8_BK, ti.col + 64 * i); // xᵀ rows k
+                        tma_box(sa + i * WG_BOX, &ma, bar, (tb + kb) * W8_BK, ti.row + 64 * i); // dyᵀ rows n
+                        tma_box(sb + i * WG_BOX, &mb, bar, (tb + kb) * W8_BK, ti.col + 64 * i); // xᵀ rows k
                     } else {
-                        tma_box(sa + i * W8_BOX, &ma, bar, kb * W8_BK, ti.row + 64 * i);               // x rows
-                        tma_box(sb + i * W8_BOX, &mb, bar, kb * W8_BK, ti.e * gt.N + ti.col + 64 * i); // w_e rows n
+                        tma_box(sa + i * WG_BOX, &ma, bar, kb * W8_BK, ti.row + 64 * i);               // x rows
+                        tma_box(sb + i * WG_BOX, &mb, bar, kb * W8_BK, ti.e * gt.N + ti.col + 64 * i); // w_e rows n
                     }
+                }
+                if (!WGRAD) { // x's scales of the tile's 128 rows (0 past R) and w's of the block (its group of 4),
+                    // each box starting 16-byte aligned in its row (the TMA takes no other start): from row ti.row & ~3
+                    tma_box(sb + SB, &msa, bar, ti.row & ~3, kb);
+                    tma_box(sb + SB + 640, &msb, bar, kb & ~3, ti.e * (gt.N / W8_BN) + ti.col / W8_BN);
                 }
                 if (WGRAD) { // the block's scales of the tile's 128 rows and 128 columns
                     const float *pa = sa_ + (int64_t)(tb + kb) * gt.N + ti.row,
@@ -156,25 +124,26 @@ __global__ void __launch_bounds__(384, 1)
     int it = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
         Tile ti = tile_of<KIND, W8_BN, W8_BK>(gt, t);
-        int r0 = ti.row + rl, r1 = r0 + 8;
-        const float *wsb = sb_ + (int64_t)(ti.e * (gt.N / W8_BN) + ti.col / W8_BN) * ldb; // (forward)
 #pragma unroll
         for (int i = 0; i < 64; i++) d[i] = 0;
         for (int kb = 0; kb < ti.nkb; kb++, it++) {
             int s = it % STAGES;
             uint32_t sa = base + s * ST, sb = sa + SA, sc = sb + SB;
-            // forward: the scales load while the stage fills and the products run (rows past R: not stored, 0)
-            float s0 = 0, s1 = 0;
-            if (!WGRAD) {
-                float sw = wsb[kb];
-                s0 = r0 < R ? sa_[(int64_t)kb * R + r0] * sw : 0, s1 = r1 < R ? sa_[(int64_t)kb * R + r1] * sw : 0;
-            }
+            float s0, s1;
             mbar_wait(full + 8 * s, it / STAGES & 1);
+            if (!WGRAD) { // the rows' scales × the weight block's, from the stage (read before it goes back)
+                float sw;
+                int o = ti.row & 3; // the tile's first row in the copied box
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sw) : "r"(sc + 640 + 4 * (kb & 3)));
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s0) : "r"(sc + 4 * (o + rl)));
+                asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(s1) : "r"(sc + 4 * (o + rl + 8)));
+                s0 *= sw, s1 *= sw;
+            }
             fence_regs<64>(b);
             wgmma_fence();
 #pragma unroll
             for (int k32 = 0; k32 < W8_BK / 32; k32++)
-                wgmma_e4m3_128(b, smem_desc(sa + g * W8_BOX + k32 * 32, 16, 1024), smem_desc(sb + k32 * 32, 16, 1024),
+                wgmma_e4m3_128(b, smem_desc(sa + g * WG_BOX + k32 * 32, 16, 1024), smem_desc(sb + k32 * 32, 16, 1024),
                                k32 > 0);
             wgmma_commit();
             wgmma_wait<0>();
@@ -192,25 +161,27 @@ __global__ void __launch_bounds__(384, 1)
                     d[4 * q] += b[4 * q] * s0 * c0, d[4 * q + 1] += b[4 * q + 1] * s0 * c1;
                     d[4 * q + 2] += b[4 * q + 2] * s1 * c0, d[4 * q + 3] += b[4 * q + 3] * s1 * c1;
                 }
+                __syncwarp(); // every lane's reads of the stage's scales before lane 0 gives it back
                 if (lane == 0) mbar_arrive(empty + 8 * s);
             } else {
+                __syncwarp();
                 if (lane == 0) mbar_arrive(empty + 8 * s); // the stage goes back to the producer
 #pragma unroll
                 for (int i = 0; i < 64; i++) d[i] += b[i] * (i & 2 ? s1 : s0); // elements 2, 3 of each 4: row r + 8
             }
         }
-        int row0 = ti.row + 64 * g;
-        if (WGRAD) w8_epilogue<TO>(d, out, gt.K, (int64_t)ti.e * gt.N + row0, 64, ti.col, R, g, tid, epi);
-        else w8_epilogue<TO>(d, out, gt.N, row0, max(0, min(64, ti.r0 + ti.m - row0)), ti.col, false, g, tid, epi);
+        epilogue<KIND, W8_BN, TO>(d, &mo, out, gt, ti, g, tid, epi, WGRAD && accumulate);
     }
+    if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
 
 // ---- host side ----
 static int64_t w8_calls; // products run here
 
 template <int KIND, typename TO>
-static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, TO *out, const float *sa, const float *sb, int R,
-                      int ldb, const WgTable *gt, const W8Blocks *blocks, int ntiles) {
+static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, const CUtensorMap *msa,
+                      const CUtensorMap *msb, TO *out, const float *sa, const float *sb, bool accumulate,
+                      const WgTable *gt, const W8Blocks *blocks, int ntiles) {
     static bool attr;
     size_t smem = W8_SMEM + 1024; // stages, epilogue tiles, barriers; alignment slack
     if (!attr) {
@@ -219,7 +190,8 @@ static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, TO *out, con
         attr = true;
     }
     int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
-    wgmma_fp8_kernel<KIND, TO><<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, out, sa, sb, R, ldb, *gt, *blocks, ntiles);
+    wgmma_fp8_kernel<KIND, TO>
+        <<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, *mo, *msa, *msb, out, sa, sb, accumulate, *gt, *blocks, ntiles);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -230,24 +202,32 @@ bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K) {
            K % W8_BK == 0 && E * N <= 0x7fffffff && K <= 0x7fffffff && R + 256 <= 0x7fffffff && wgmma_available();
 }
 
-// y (R, N) = x_e · w_eᵀ per expert on the E4M3 tensor cores (the layouts at the top): xq (R, K) codes and xs (KB, R)
-// scales of x, wq (E·N, K) codes and ws (E·N/128, ldws) scales of w, offs (E + 1) on the host with offs[E] ≤ R. The
-// caller checked wgmma_fp8_takes; false when offs decrease.
-bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t R, const void *wq, const float *ws,
-                       int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs) {
-    if (offs[0] < 0 || offs[E] > R || !aligned16(xq, wq)) return false;
+// y (R, N) = x_e · w_eᵀ per expert on the E4M3 tensor cores (the layouts at the top): xq (R, K) codes and xs (KB, lds)
+// scales of x (lds ≥ R a multiple of 4: xs[kb·lds + r]), wq (E·N, K) codes and ws (E·N/128, ldws) scales of w (ldws a
+// multiple of 4), offs (E + 1) on the host with offs[E] ≤ R. The caller checked wgmma_fp8_takes; false when offs
+// decrease or a pointer is not 16-byte aligned.
+bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, int64_t R, const void *wq,
+                       const float *ws, int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs) {
+    if (offs[0] < 0 || offs[E] > R || !aligned16(xq, wq, xs, ws) || lds % 4 || ldws % 4 || lds < R) return false;
     WgTable gt;
     int64_t ntiles = wg_table_build(&gt, WG_FORWARD, E, N, K, W8_BN, offs);
     if (ntiles < 0) return false;
     w8_calls++;
     if (ntiles == 0) return true;
-    CUtensorMap ma, mb;
+    CUtensorMap ma, mb, mo, msa, msb;
     wgmma_tensor_map(&ma, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, R, K);
     wgmma_tensor_map(&mb, wq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, E * N, K);
+    bool f32 = y.dt == DT_F32;
+    wgmma_tensor_map(&mo, y.p, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, f32 ? 4 : 2,
+                     t_rows(y), N);
+    wgmma_scale_map(&msa, xs, K / W8_BK, R, lds, 132); // 128 rows from a 16-byte boundary: 132
+    wgmma_scale_map(&msb, ws, E * N / W8_BN, ldws, ldws, 4);
     static W8Blocks none; // (the forward reads no token blocks)
-    if (y.dt == DT_F32)
-        w8_launch<WG_FORWARD, float>(&ma, &mb, (float *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
-    else w8_launch<WG_FORWARD, bf16>(&ma, &mb, (bf16 *)y.p, xs, ws, (int)R, (int)ldws, &gt, &none, (int)ntiles);
+    if (f32)
+        w8_launch<WG_FORWARD, float>(&ma, &mb, &mo, &msa, &msb, (float *)y.p, NULL, NULL, false, &gt, &none,
+                                     (int)ntiles);
+    else
+        w8_launch<WG_FORWARD, bf16>(&ma, &mb, &mo, &msa, &msb, (bf16 *)y.p, NULL, NULL, false, &gt, &none, (int)ntiles);
     return true;
 }
 
@@ -263,12 +243,14 @@ bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const v
     if (ntiles < 0) return false;
     w8_calls++;
     if (ntiles == 0) return true;
-    CUtensorMap ma, mb;
+    CUtensorMap ma, mb, mo;
     wgmma_tensor_map(&ma, dq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, N, Tp);
     wgmma_tensor_map(&mb, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, K, Tp);
+    wgmma_tensor_map(&mo, dw.p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, E * N, K);
     W8Blocks blocks;
     for (int64_t e = 0, tb = 0; e < E; e++) blocks.tb0[e] = (int)tb, tb += (offs[e + 1] - offs[e] + W8_BK - 1) / W8_BK;
-    w8_launch<WG_WEIGHT_GRAD, float>(&ma, &mb, (float *)dw.p, ds, xs, accumulate, 0, &gt, &blocks, (int)ntiles);
+    w8_launch<WG_WEIGHT_GRAD, float>(&ma, &mb, &mo, &mo, &mo, (float *)dw.p, ds, xs, accumulate, &gt, &blocks,
+                                     (int)ntiles); // (msa, msb: not read)
     return true;
 }
 
