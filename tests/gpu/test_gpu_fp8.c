@@ -174,3 +174,42 @@ TEST(gpu_model_fp8) {
     }
     gpu_report();
 }
+
+// Each family's model in FP8 on the GPU against the CPU's emulation (model_compare_fp8: one micro-batch, equal
+// weights, fp32 storage, the routing of near-ties shared), at widths where every projection the family caches
+// (tests/test_fp8.c: fp8_family_projections_run_in_fp8) takes the FP8 tensor cores (multiples of 16) and the experts
+// our wgmma E4M3 kernel (multiples of 128): Qwen3-MoE with a dense layer, DeepSeek-V2's MLA with a q LoRA and a
+// shared expert, Qwen3.5's DeltaNet projections, gated attention and shared expert, GPT-OSS's biases, sinks and
+// clamped SwiGLU. The quantised operands are the CPU's bit for bit, the products differ in the order of their fp32
+// sums (gpu_op_fp8_linear: 1e-3), and a code that lands on the other side of a rounding boundary carries that on.
+void model_compare_fp8(const char *config, int B, int S, double lb_coef, double init_std);
+TEST(gpu_model_fp8_families) {
+    gpu_begin();
+    static const char *const dsv2 =
+        "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 256, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+        " \"q_lora_rank\": 128, \"kv_lora_rank\": 128, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 16,"
+        " \"v_head_dim\": 16, \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3,"
+        " \"moe_intermediate_size\": 128, \"n_shared_experts\": 1, \"intermediate_size\": 256,"
+        " \"first_k_dense_replace\": 1}";
+    static const char *const q35 =
+        "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 256, \"num_hidden_layers\": 3,"
+        " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 32, \"vocab_size\": 64,"
+        " \"num_experts\": 8, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 128,"
+        " \"shared_expert_intermediate_size\": 128, \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4,"
+        " \"linear_key_head_dim\": 32, \"linear_value_head_dim\": 32,"
+        " \"layer_types\": [\"linear_attention\", \"full_attention\", \"linear_attention\"]}";
+    static const char *const oss =
+        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 256, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+        " \"num_key_value_heads\": 2, \"head_dim\": 64, \"vocab_size\": 64, \"num_local_experts\": 4,"
+        " \"num_experts_per_tok\": 2, \"intermediate_size\": 128, \"sliding_window\": 8, \"swiglu_limit\": 7.0,"
+        " \"layer_types\": [\"sliding_attention\", \"full_attention\"]}";
+    const char *const fams[4] = {FP8_TEST_MODEL, dsv2, q35, oss};
+    for (int f = 0; f < 4; f++) {
+        int64_t tc0 = cuda_fp8_tensor_core_gemms();
+        model_compare_fp8(fams[f], 2, 32, 0.05, 0.05);
+        int64_t tc = cuda_fp8_tensor_core_gemms() - tc0;
+        printf("     %.32s…: %lld FP8 GEMMs on the tensor cores\n", fams[f], (long long)tc);
+        ASSERT(tc > 0);
+    }
+    gpu_report();
+}
