@@ -189,24 +189,26 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     snprintf(nm, sizeof nm, "%s fp8 expert weight codes+scales (%lld x %lld x %lld bf16)", model, (long long)E,
              (long long)(2 * I), (long long)H);
     TIME(nm, 10, (double)E * 2 * I * H * 4, "GB/s", op_fp8_weight_make(qgu, wgu));
-    // the forward's and input gradient's first step alone (their rows above include it)
-    int64_t Cm = H > 2 * I ? H : 2 * I;
-    Tensor codes = dev(DT_U8, 2, R, Cm, 0), scales = dev(DT_F32, 2, (Cm + 127) / 128, R, 0);
-    Tensor qx = tensor_make(codes.p, DT_U8, DEV_CUDA, 2, R, H, 1, 1),
-           sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, (H + 127) / 128, R, 1, 1);
-    snprintf(nm, sizeof nm, "%s fp8 quantize 1x128 codes (%lld x %lld bf16)", model, (long long)R, (long long)H);
-    TIME(nm, 10, (double)R * H * 3, "GB/s", cuda_fp8_quantize_rows(qx, sx, xe));
-    qx = tensor_make(codes.p, DT_U8, DEV_CUDA, 2, R, 2 * I, 1, 1);
-    sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, (2 * I + 127) / 128, R, 1, 1);
-    snprintf(nm, sizeof nm, "%s fp8 quantize 1x128 codes (%lld x %lld bf16)", model, (long long)R, (long long)(2 * I));
-    TIME(nm, 10, (double)R * 2 * I * 3, "GB/s", cuda_fp8_quantize_rows(qx, sx, gu));
-    // the weight gradient's first step alone: x's codes transposed per expert, each padded to whole 128-row blocks
-    int64_t TB = 0;
+    // each GEMM's operand quantisers alone (the rows above include them; a row less its quantisers is its kernel):
+    // 1 × 128 rows (forward, input gradient) and 128 × 1 transposed per expert, each expert padded to whole 128-row
+    // blocks (weight gradient), at the operands' three widths (xe and dy of down: H; dgu: 2I; act: I)
+    int64_t TB = 0, Cm = H > 2 * I ? H : 2 * I;
     for (int64_t e = 0; e < E; e++) TB += (offs[e + 1] - offs[e] + 127) / 128;
-    qx = dev(DT_U8, 2, H, TB * 128, 0), sx = dev(DT_F32, 2, TB, H, 0);
-    snprintf(nm, sizeof nm, "%s fp8 quantize 128x1 codes transposed (%lld x %lld bf16)", model, (long long)R,
-             (long long)H);
-    TIME(nm, 10, (double)R * H * 3, "GB/s", cuda_fp8_quantize_cols_t(qx, sx, xe, offs, (int)E));
+    int64_t Rm = R > TB * 128 ? R : TB * 128;
+    Tensor codes = dev(DT_U8, 2, Rm, Cm, 0), scales = dev(DT_F32, 2, (Cm + 127) / 128, Rm, 0);
+    const Tensor opnd[3] = {xe, gu, act};
+    for (int i = 0; i < 3; i++) {
+        int64_t C = opnd[i].n[1];
+        Tensor qx = tensor_make(codes.p, DT_U8, DEV_CUDA, 2, R, C, 1, 1),
+               sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, (C + 127) / 128, R, 1, 1);
+        snprintf(nm, sizeof nm, "%s fp8 quantize 1x128 codes (%lld x %lld bf16)", model, (long long)R, (long long)C);
+        TIME(nm, 10, (double)R * C * 3, "GB/s", cuda_fp8_quantize_rows(qx, sx, opnd[i]));
+        qx = tensor_make(codes.p, DT_U8, DEV_CUDA, 2, C, TB * 128, 1, 1);
+        sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, TB, C, 1, 1);
+        snprintf(nm, sizeof nm, "%s fp8 quantize 128x1 codes transposed (%lld x %lld bf16)", model, (long long)R,
+                 (long long)C);
+        TIME(nm, 10, (double)R * C * 3, "GB/s", cuda_fp8_quantize_cols_t(qx, sx, opnd[i], offs, (int)E));
+    }
     snprintf(nm, sizeof nm, "%s fp8_round 1x128 (%lld x %lld bf16)", model, (long long)R, (long long)H);
     TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_ROWS, NULL, 0));
     snprintf(nm, sizeof nm, "%s fp8_round 128x1 per expert (%lld x %lld bf16)", model, (long long)R, (long long)H);

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # run_fp8_loss.sh TOKENS OUT [STEPS] — issue 22's loss comparison: the demo's Qwen3-MoE scaled up (hidden 512, 4
-# layers, 16 experts top-2 of width 256, layer 0 a dense MLP of 1024 so both FP8 paths train: the dense GEMMs on the
-# FP8 tensor cores, the experts on rounded operands) trained STEPS steps (default 300) of 4 × 512 tokens from the same
-# initialisation and data order in bf16 and in FP8 on TOKENS (a `pith tokenize` output folder of real text, e.g. the
-# King James Bible as scripts/demo.sh builds it). Writes OUT/{bf16,fp8}/metrics.jsonl, OUT/loss.png (pith plot, both
-# curves) and prints the final losses (the mean of the last 20 steps, and the last step's) with their relative gap.
-# EXTRA: more --set arguments for both runs ("--set benchmark=true": force-balanced routing, which keeps the two
-# runs' routing histories together). Needs build/pith and a GPU (DEVICE=cpu runs it on the CPU, to check the script).
+# layers, 16 experts top-2 of width 256, layer 0 a dense MLP of 1024; every projection and the experts in FP8 on the
+# tensor cores: cuBLASLt's block-scaled GEMMs and our wgmma E4M3 kernel) trained STEPS steps (default 300) of 4 × 512
+# tokens from the same initialisation and data order in bf16 and in FP8 on TOKENS (a `pith tokenize` output folder of
+# real text, e.g. the King James Bible as scripts/demo.sh builds it), for each seed in SEEDS (default 1234):
+# OUT/{bf16,fp8}-SEED/, and a second bf16 run of the first seed (OUT/bf16-SEED-again: how far two runs of one
+# configuration part on the GPU, whose attention backward and expert gradients add in no fixed order). Writes
+# OUT/loss.png (pith plot of the first seed's pair) and prints, per seed, the final losses (the mean of the last 20
+# steps' training loss, and the validation loss after the last step on the first 16 batches of TOKENS) and their
+# relative gaps, then each gap's mean over the seeds with its standard error, and the bf16 rerun's gaps.
+# EXTRA: more --set arguments for every run ("--set benchmark=true": force-balanced routing, which keeps the two
+# runs' routing histories together). PITH: the binary (default build/pith). Needs a GPU (DEVICE=cpu runs it on the
+# CPU, to check the script).
 set -euo pipefail
-tokens=$(realpath "$1") out=$2 steps=${3:-300} device=${DEVICE:-cuda}
+tokens=$(realpath "$1") out=$2 steps=${3:-300} device=${DEVICE:-cuda} pith=${PITH:-build/pith}
 mkdir -p "$out"
 cat >"$out/model.json" <<'JSON'
 {"model_type": "qwen3_moe", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
@@ -23,21 +28,40 @@ cat >"$out/train.json" <<JSON
  "global_batch_size": 4, "max_steps": $steps, "seed": 1234, "init_std": 0.02,
  "optimizer": {"type": "adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
  "scheduler": {"type": "wsd", "warmup_ratio": 0.05, "decay_ratio": 0.2, "decay_shape": "cosine"},
- "clip_grad_norm": 1.0, "moe_load_balance_coef": 0.001, "device": "$device", "compute_dtype": "bf16"}
+ "clip_grad_norm": 1.0, "moe_load_balance_coef": 0.001, "device": "$device", "compute_dtype": "bf16",
+ "validation": {"dataset": "$tokens", "batches": 16}}
 JSON
-for run in bf16 fp8; do
-    set=""
-    [ $run = fp8 ] && set="--set fp8=true"
+seeds=(${SEEDS:-1234})
+runs=()
+for seed in "${seeds[@]}"; do runs+=(bf16-$seed fp8-$seed); done
+runs+=(bf16-${seeds[0]}-again)
+for run in "${runs[@]}"; do
+    set="--set seed=$(echo $run | cut -d- -f2)"
+    [[ $run = fp8-* ]] && set="$set --set fp8=true"
     rm -rf "$out/$run"
-    build/pith train "$out/train.json" --set run_dir="$out/$run" $set ${EXTRA:-} >"$out/train_$run.txt" 2>&1
+    $pith train "$out/train.json" --set run_dir="$out/$run" $set ${EXTRA:-} >"$out/train_$run.txt" 2>&1
 done
-build/pith plot "$out/bf16" "$out/fp8" --output "$out/loss.png"
-python3 - "$out" <<'PY'
-import json, sys
-out = sys.argv[1]
-L = {r: [json.loads(l)['loss'] for l in open(f'{out}/{r}/metrics.jsonl')] for r in ('bf16', 'fp8')}
-m = {r: sum(v[-20:]) / len(v[-20:]) for r, v in L.items()}
-print(f"steps {len(L['bf16'])}: loss bf16 {L['bf16'][0]:.4f} -> {L['bf16'][-1]:.4f}, fp8 {L['fp8'][0]:.4f} -> "
-      f"{L['fp8'][-1]:.4f}; mean of the last 20: bf16 {m['bf16']:.4f}, fp8 {m['fp8']:.4f}, "
-      f"gap {(m['fp8'] - m['bf16']) / m['bf16'] * 100:+.3f}% (last step {(L['fp8'][-1] - L['bf16'][-1]) / L['bf16'][-1] * 100:+.3f}%)")
+$pith plot "$out/bf16-${seeds[0]}" "$out/fp8-${seeds[0]}" --output "$out/loss.png"
+python3 - "$out" "${seeds[@]}" <<'PY'
+import json, math, sys
+out, seeds = sys.argv[1], sys.argv[2:]
+def rows(r): return [json.loads(l) for l in open(f'{out}/{r}/metrics.jsonl')]
+def gap(a, b): return (a - b) / b * 100
+def final(r): # the mean of the last 20 steps' training loss, the validation loss after the last step
+    R = rows(r)
+    return sum(x['loss'] for x in R[-20:]) / 20, R[-1]['val_loss'], len(R)
+pairs = [(f'fp8-{s}', f'bf16-{s}') for s in seeds] + [(f'bf16-{seeds[0]}-again', f'bf16-{seeds[0]}')]
+G = []
+for a, b in pairs:
+    (ta, va, n), (tb, vb, _) = final(a), final(b)
+    G.append((gap(ta, tb), gap(va, vb)))
+    print(f"{a} vs {b}, {n} steps: last-20 train loss {ta:.4f} vs {tb:.4f} ({G[-1][0]:+.3f}%), validation {va:.4f} vs "
+          f"{vb:.4f} ({G[-1][1]:+.3f}%)")
+k = len(seeds)
+for i, what in ((0, "last-20 train loss"), (1, "validation loss")):
+    g = [x[i] for x in G[:k]]
+    m = sum(g) / k
+    se = math.sqrt(sum((x - m) ** 2 for x in g) / (k - 1) / k) if k > 1 else float('nan')
+    print(f"{what}: FP8 against bf16 over {k} seed(s): mean gap {m:+.3f}% ± {se:.3f}% (standard error); "
+          f"the bf16 rerun of seed {seeds[0]}: {G[-1][i]:+.3f}%")
 PY

@@ -16,7 +16,8 @@
 #               /tmp/quiet before its timed steps (PEER_WAIT_FILE)
 #   peerwait    waits up to PEERWAIT_T s for that peer's warm-up, then lets it time its steps alone (or stops it)
 #   fp8loss     bench/run_fp8_loss.sh on .gpu/kjv/tokens (the King James Bible, Qwen3 tokens) with force-balanced
-#               routing (EXTRA="--set benchmark=true"), 300 steps bf16 and FP8
+#               routing (EXTRA="--set benchmark=true $FP8LOSS_EXTRA"), 300 steps bf16 and FP8 for each of SEEDS
+#               (FP8LOSS_BIN=build-cand: the candidate's pith)
 #   helpers     each helper's staged script, HELPERS="NAME:SECONDS …": OUT=/tmp/h/NAME timeout SECONDS bash
 #               .dev-NAME/run.sh, returned as $OUT/NAME.tgz (with the environment set here); h:NAME:SECONDS one
 set -u
@@ -123,7 +124,7 @@ peerwait)
     fi
     grep -E '^\{|Error|error' $OUT/peerbg.txt | tail -3 | tee -a $OUT/summary.txt ;;
 fp8loss)
-    EXTRA="--set benchmark=true" timeout ${FP8LOSS_T:-150} bash bench/run_fp8_loss.sh .gpu/kjv/tokens $OUT/fp8loss \
+    PITH=${FP8LOSS_BIN:-build}/pith EXTRA="--set benchmark=true ${FP8LOSS_EXTRA:-}" timeout ${FP8LOSS_T:-150} bash bench/run_fp8_loss.sh .gpu/kjv/tokens $OUT/fp8loss \
         >$OUT/fp8loss.txt 2>&1; echo "rc=$?" >>$OUT/fp8loss.txt
     tail -3 $OUT/fp8loss.txt | tee -a $OUT/summary.txt ;;
 helpers) for nt in ${HELPERS:-}; do helper ${nt%%:*} ${nt#*:}; done ;;
