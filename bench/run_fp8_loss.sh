@@ -9,13 +9,25 @@
 # OUT/loss.png (pith plot of the first seed's pair) and prints, per seed, the final losses (the mean of the last 20
 # steps' training loss, and the validation loss after the last step on the first 16 batches of TOKENS) and their
 # relative gaps, then each gap's mean over the seeds with its standard error, and the bf16 rerun's gaps.
-# EXTRA: more --set arguments for every run ("--set benchmark=true": force-balanced routing, which keeps the two
+# MODEL: a benchmark's folder (e.g. bench/qwen3_30b_a3b_8l) whose model and recipe to train instead, with TOKENS,
+# STEPS and the validation set in place of its data and length. EXTRA: more --set arguments for every run ("--set benchmark=true": force-balanced routing, which keeps the two
 # runs' routing histories together). PITH: the binary (default build/pith). Needs a GPU (DEVICE=cpu runs it on the
 # CPU, to check the script).
 set -euo pipefail
 tokens=$(realpath "$1") out=$2 steps=${3:-300} device=${DEVICE:-cuda} pith=${PITH:-build/pith}
 mkdir -p "$out"
-cat >"$out/model.json" <<'JSON'
+if [ -n "${MODEL:-}" ]; then # a benchmark's model and recipe instead (its folder's model.json and train.json)
+    cp "$MODEL/model.json" "$out/model.json"
+    python3 - "$MODEL/train.json" "$out/train.json" "$tokens" "$steps" "$device" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(model="model.json", dataset=sys.argv[3], max_steps=int(sys.argv[4]), device=sys.argv[5],
+         validation={"dataset": sys.argv[3], "batches": 16})
+c.pop("run_dir", None)
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+else
+    cat >"$out/model.json" <<'JSON'
 {"model_type": "qwen3_moe", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
  "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-6,
  "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "vocab_size": 151936,
@@ -23,7 +35,7 @@ cat >"$out/model.json" <<'JSON'
  "norm_topk_prob": true, "attention_bias": false, "tie_word_embeddings": true, "decoder_sparse_step": 1,
  "mlp_only_layers": [0]}
 JSON
-cat >"$out/train.json" <<JSON
+    cat >"$out/train.json" <<JSON
 {"model": "model.json", "dataset": "$tokens", "sequence_length": 512, "micro_batch_size": 4,
  "global_batch_size": 4, "max_steps": $steps, "seed": 1234, "init_std": 0.02,
  "optimizer": {"type": "adamw", "lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
@@ -31,6 +43,7 @@ cat >"$out/train.json" <<JSON
  "clip_grad_norm": 1.0, "moe_load_balance_coef": 0.001, "device": "$device", "compute_dtype": "bf16",
  "validation": {"dataset": "$tokens", "batches": 16}}
 JSON
+fi
 seeds=(${SEEDS:-1234})
 runs=()
 for seed in "${seeds[@]}"; do runs+=(bf16-$seed fp8-$seed); done

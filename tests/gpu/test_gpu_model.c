@@ -93,8 +93,9 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     // FP8 (test_gpu_fp8.c, gpu_model_fp8_families): the tensor cores' narrower block sums (1e-3 a product) move some
     // codes of the next quantisation across a rounding boundary (2^-4 each); the H200 gave loss 1.5e-3, gradients
     // calc_diff 1.2e-2 and 31 routing flips of 384 slots (DeepSeek-V2).
-    double loss_tol = cdt == DT_BF16 || compare_fp8 ? 1e-2 : 1e-5,
-           grad_tol = compare_fp8 ? 3e-2 : cdt == DT_BF16 ? 1e-2 : 1e-5;
+    double loss_tol = cdt == DT_BF16 || compare_fp8 ? 1e-2 : 1e-5, grad_tol = compare_fp8      ? 3e-2
+                                                                              : cdt == DT_BF16 ? 1e-2
+                                                                                               : 1e-5;
     record_err(loss_err, "loss");
     double worst = 0, second = 0;
     const char *worst_name = "-", *second_name = "-";
@@ -110,10 +111,11 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
         if (e >= worst) second = worst, second_name = worst_name, worst = e, worst_name = p->name;
         else if (e >= second) second = e, second_name = p->name;
     }
-    printf("     %s %s%s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (the CPU reran with the GPU's), "
-           "worst grad %s %.2e (%s), next %.2e (%s)\n",
-           is_path ? config : "inline", dtype_name(cdt), compare_fp8 ? " fp8" : "", lg, lc, loss_err, lb_err, flips,
-           slots, cdt == DT_BF16 || compare_fp8 ? "calc_diff" : "rel err", worst, worst_name, second, second_name);
+    printf(
+        "     %s %s%s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (the CPU reran with the GPU's), "
+        "worst grad %s %.2e (%s), next %.2e (%s)\n",
+        is_path ? config : "inline", dtype_name(cdt), compare_fp8 ? " fp8" : "", lg, lc, loss_err, lb_err, flips, slots,
+        cdt == DT_BF16 || compare_fp8 ? "calc_diff" : "rel err", worst, worst_name, second, second_name);
     ASSERT_MSG(flips * (compare_fp8 ? 8 : 20) <= slots, "routing flips %d of %d slots: more than near-ties explain",
                flips, slots);
     for (int l = 0; l < mc.layers; l++) free(given[l]), cpu.m.route_given[l] = NULL;
