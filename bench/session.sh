@@ -124,8 +124,8 @@ peerwait)
     fi
     grep -E '^\{|Error|error' $OUT/peerbg.txt | tail -3 | tee -a $OUT/summary.txt ;;
 fp8loss)
-    PITH=${FP8LOSS_BIN:-build}/pith EXTRA="--set benchmark=true ${FP8LOSS_EXTRA:-}" timeout ${FP8LOSS_T:-150} bash bench/run_fp8_loss.sh .gpu/kjv/tokens $OUT/fp8loss \
-        >$OUT/fp8loss.txt 2>&1; echo "rc=$?" >>$OUT/fp8loss.txt
+    PITH=${FP8LOSS_BIN:-build}/pith EXTRA="--set benchmark=true ${FP8LOSS_EXTRA:-}" timeout ${FP8LOSS_T:-150} \
+        bash bench/run_fp8_loss.sh .gpu/kjv/tokens $OUT/fp8loss >$OUT/fp8loss.txt 2>&1; echo "rc=$?" >>$OUT/fp8loss.txt
     tail -3 $OUT/fp8loss.txt | tee -a $OUT/summary.txt ;;
 helpers) for nt in ${HELPERS:-}; do helper ${nt%%:*} ${nt#*:}; done ;;
 h:*) nt=${mode#h:}; helper ${nt%%:*} ${nt#*:} ;;

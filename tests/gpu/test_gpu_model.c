@@ -91,11 +91,9 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     double bc = op_read_scalar(cpu.m.lb_sum), bg = op_read_scalar(gpu.m.lb_sum);
     double loss_err = fabs(lg - lc) / fabs(lc), lb_err = lb_coef > 0 ? fabs(bg - bc) / fabs(bc) : 0;
     // FP8 (test_gpu_fp8.c, gpu_model_fp8_families): the tensor cores' narrower block sums (1e-3 a product) move some
-    // codes of the next quantisation across a rounding boundary (2^-4 each); the H200 gave loss 1.5e-3, gradients
-    // calc_diff 1.2e-2 and 31 routing flips of 384 slots (DeepSeek-V2).
-    double loss_tol = cdt == DT_BF16 || compare_fp8 ? 1e-2 : 1e-5, grad_tol = compare_fp8      ? 3e-2
-                                                                              : cdt == DT_BF16 ? 1e-2
-                                                                                               : 1e-5;
+    // codes of the next quantisation across a rounding boundary (2^-4 each); the H200 gave losses within 2.0e-3,
+    // gradients within calc_diff 1.8e-2 (GPT-OSS's sinks) and 31 routing flips of 384 slots (DeepSeek-V2).
+    double loss_tol = cdt == DT_BF16 || compare_fp8 ? 1e-2 : 1e-5, grad_tol = compare_fp8 ? 3e-2 : loss_tol;
     record_err(loss_err, "loss");
     double worst = 0, second = 0;
     const char *worst_name = "-", *second_name = "-";
