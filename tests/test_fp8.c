@@ -396,6 +396,35 @@ TEST(fp8_family_projections_run_in_fp8) {
     }
 }
 
+// The warning for cached weights the FP8 tensor cores do not take (model_fp8_warn_rounded; by shape, so no GPU is
+// needed to plan it): on the benchmarks' models for the GPU, GPT-OSS-20B's experts (2880 wide, not a multiple of 128)
+// in both slots and nothing else; nothing on the CPU, which emulates every GEMM.
+TEST(fp8_warns_of_weights_off_the_tensor_cores) {
+    static const struct {
+        const char *model;
+        int gpu;
+    } runs[] = {{"bench/gpt_oss_20b_4l/model.json", 2},
+                {"bench/qwen3_30b_a3b_8l/model.json", 0},
+                {"bench/deepseek_v2_lite_8l/model.json", 0},
+                {"bench/qwen3_5_8l/model.json", 0}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+        for (int g = 0; g < 2; g++) {
+            ModelConfig mc;
+            const ModelFamily *fam = model_config_load(&mc, runs[i].model);
+            Model m;
+            model_describe(&m, fam, &mc, g ? DEV_CUDA : DEV_CPU, DT_BF16, 4096);
+            model_fp8_setup(&m);
+            int n = model_fp8_warn_rounded(&m, runs[i].model);
+            int want = g ? runs[i].gpu : 0;
+#ifndef PITH_CUDA
+            if (g) want = n; // a build without CUDA cannot tell its tensor cores: the GPU rows say nothing there
+#endif
+            ASSERT_MSG(n == want, "%s on the %s: %d slots warned of, expected %d", runs[i].model, g ? "GPU" : "CPU", n,
+                       want);
+            model_free(&m);
+        }
+}
+
 // A run folder with FP8_TEST_MODEL: one step, micro-batches of 2 × 32 tokens, global batch 4.
 static const char *make_fp8_run(void) {
     static char d[256];

@@ -384,6 +384,41 @@ Fp8Weight model_fp8_weight(Model *m, int l, Fp8Slot s) {
     return fw;
 }
 
+int model_fp8_warn_rounded(const Model *m, const char *file) {
+    static const char *const name[FP8_SLOTS] = {[FP8_GATE_UP] = "gate_up",
+                                                [FP8_DOWN] = "down",
+                                                [FP8_Q] = "q_proj",
+                                                [FP8_K] = "k_proj",
+                                                [FP8_V] = "v_proj",
+                                                [FP8_O] = "o_proj",
+                                                [FP8_Q_A] = "q_a_proj",
+                                                [FP8_Q_B] = "q_b_proj",
+                                                [FP8_KV_A] = "kv_a_proj_with_mqa",
+                                                [FP8_KV_B] = "kv_b_proj",
+                                                [FP8_QKV] = "in_proj_qkv",
+                                                [FP8_Z] = "in_proj_z",
+                                                [FP8_OUT] = "out_proj",
+                                                [FP8_SHARED_GU] = "the shared expert's gate_up",
+                                                [FP8_SHARED_DOWN] = "the shared expert's down"};
+    int slots = 0;
+    if (!m->fp8 || m->dev != DEV_CUDA) return 0;
+    for (int s = 0; s < FP8_SLOTS; s++) {
+        int n = 0;
+        Tensor w = {0};
+        for (int l = 0; l < m->cfg.layers; l++) {
+            Tensor x = m->fp8_off[s][l] >= 0 ? fp8_source(m, l, (Fp8Slot)s) : (Tensor){0};
+            if (x.nd && !op_fp8_tensor_cores(m->dev, x.nd == 3 ? x.n[0] : 0, x.n[x.nd - 2], x.n[x.nd - 1])) n++, w = x;
+        }
+        if (!n) continue;
+        slots++;
+        warn("%s: fp8: %s (%lld × %lld%s) in %d layer(s) is not whole FP8 tensor-core tiles (multiples of %d): its "
+             "GEMMs multiply operands rounded through E4M3 in the compute dtype, FP8's numbers without its speed",
+             file, name[s], (long long)w.n[w.nd - 2], (long long)w.n[w.nd - 1], w.nd == 3 ? ", each expert" : "", n,
+             w.nd == 3 ? 128 : 16);
+    }
+    return slots;
+}
+
 // Slot s of layer l runs in FP8: the cache holds it (counted in fp8_gemms).
 static bool fp8_proj(Model *m, int l, Fp8Slot s) {
     if (!m->fp8 || m->fp8_off[s][l] < 0) return false;

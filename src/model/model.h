@@ -331,6 +331,10 @@ void model_fp8_setup(Model *m);
 // Layer l's weight of slot s quantised with FP8_TILES, from the cache (remade when stale): the codes and scales of a
 // dense weight (N, K) or of the experts' (E, N, K).
 Fp8Weight model_fp8_weight(Model *m, int l, Fp8Slot s);
+// One warning (naming `file`'s fp8 key) for each slot whose cached weights the FP8 tensor cores do not take on m's GPU
+// (op_fp8_tensor_cores): their GEMMs multiply operands rounded through E4M3 in the compute dtype, FP8's numbers at
+// below bf16's speed. Returns how many slots (0 on the CPU, which emulates every one).
+int model_fp8_warn_rounded(const Model *m, const char *file);
 // Layer l's projection with the weight w of slot s: y = x·wᵀ + b, dx (+)= dy·w, dw += dyᵀ·x and db += Σ_rows dy
 // (op_linear_*) — through FP8 on the slot's cached weight when m->fp8 holds one (the bias added after the FP8
 // product, its gradient from the unrounded dy), else in the compute dtype. b, db: {0} for none.

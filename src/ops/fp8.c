@@ -103,6 +103,13 @@ static Tensor weight_values(Fp8Weight fw, DType dt) {
     return y;
 }
 
+bool op_fp8_tensor_cores(Device dev, int64_t E, int64_t N, int64_t K) {
+#ifdef PITH_CUDA
+    if (dev == DEV_CUDA) return E ? cuda_fp8_experts_fit(E, N, K) : cuda_fp8_dense_fit(N, K);
+#endif
+    return false;
+}
+
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) {
 #ifdef PITH_CUDA
     if (x.dev == DEV_CUDA && cuda_fp8_linear_forward(y, x, w8)) return;

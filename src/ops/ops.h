@@ -261,6 +261,10 @@ void op_fp8_weight_make(Fp8Weight fw, Tensor w);
 // op_grouped_linear_* (no biases). On the GPU the dense GEMMs run on the FP8 tensor cores (cuBLASLt) where T, N and K
 // are multiples of 16, the experts' three (our wgmma E4M3 kernel) where N and K are multiples of 128; the others are
 // the compute dtype's GEMMs on the rounded values.
+// Whether a cached weight of these dims takes the FP8 tensor cores on dev — E ≥ 1: the experts' (E, N, K) on our wgmma
+// kernel; E = 0: a dense (N, K) on cuBLASLt (its tokens a multiple of 16) — by shape alone, so a machine without a GPU
+// can ask; false on the CPU.
+bool op_fp8_tensor_cores(Device dev, int64_t E, int64_t N, int64_t K);
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);

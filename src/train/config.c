@@ -149,8 +149,9 @@ static const ConfigKey top_keys[] = {
      .doc = "FP8 training (PithTrain's key): the expert GEMMs and the projections (attention, MLA, DeltaNet in/out, "
             "shared experts, dense MLPs) multiply operands rounded through E4M3 with block scales (1×128 activations "
             "and gradients, 128×128 weights, DeepSeek-V3's recipe) and accumulate in fp32; the attention core, norms, "
-            "router, embedding and LM head stay in the compute dtype, masters, gradients and moments fp32 "
-            "(docs/architecture.md, \"FP8\")"},
+            "router, embedding and LM head stay in the compute dtype, masters, gradients and moments fp32; on the GPU "
+            "a weight the FP8 tensor cores do not take (experts not whole 128-blocks, dense not multiples of 16) gets "
+            "a warning at the start (docs/architecture.md, \"FP8\")"},
     {.name = "recompute",
      .kind = K_CHOICE,
      .off = OFF(recompute),

@@ -224,6 +224,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     model_create(m, fam, &mc, dev, cdt, c->sequence_length);
     model_layout(m, c, d);
     if (c->fp8) model_fp8_setup(m);
+    if (c->fp8 && d->world.rank == 0) model_fp8_warn_rounded(m, c->file);
     if (d->cp > 1) { // before anything reads the layout: the load balancing's sums, the chunks' positions
         ring_init(&r->ring, &d->cp_g, dev, ring_plan(m, c, d));
         m->ring = &r->ring;

@@ -537,6 +537,8 @@ bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, con
     return false;
 }
 int64_t cuda_fp8_tensor_core_gemms(void) { return 0; }
+bool cuda_fp8_dense_fit(int64_t N, int64_t K) { return false; }
+bool cuda_fp8_experts_fit(int64_t E, int64_t N, int64_t K) { return false; }
 void cuda_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit) {
     OP(swiglu_clamped_forward, &act, &gu);
     cpu_swiglu_clamped_forward(act, gu, alpha, limit);

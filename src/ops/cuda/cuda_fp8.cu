@@ -434,9 +434,12 @@ static bool lt_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *
     return ok;
 }
 
+// A dense weight's shapes cuBLASLt's FP8 products take (also asked without a GPU: op_fp8_tensor_cores).
+extern "C" bool cuda_fp8_dense_fit(int64_t N, int64_t K) { return N % 16 == 0 && K % 16 == 0; }
+
 // Whether the tensor cores take a GEMM of these sizes, output and operand (fp32 or bf16, 16-byte aligned).
 static bool tc_fits(int64_t T, int64_t N, int64_t K, Tensor out, Tensor in) {
-    return T > 0 && T % 16 == 0 && N % 16 == 0 && K % 16 == 0 && (out.dt == DT_F32 || out.dt == DT_BF16) &&
+    return T > 0 && T % 16 == 0 && cuda_fp8_dense_fit(N, K) && (out.dt == DT_F32 || out.dt == DT_BF16) &&
            (in.dt == DT_F32 || in.dt == DT_BF16) && aligned16(out.p, in.p);
 }
 

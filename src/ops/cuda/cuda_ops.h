@@ -113,3 +113,5 @@ void cuda_fp8_quantize_rows(Tensor q, Tensor s, Tensor x);
 void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, const int64_t *offs, int groups);
 bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);
 int64_t cuda_fp8_tensor_core_gemms(void);
+bool cuda_fp8_dense_fit(int64_t N, int64_t K); // the shapes the tensor-core paths take (no GPU needed)
+bool cuda_fp8_experts_fit(int64_t E, int64_t N, int64_t K);

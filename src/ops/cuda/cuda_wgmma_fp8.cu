@@ -195,11 +195,16 @@ static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtens
     CUDA_LAUNCH_CHECK();
 }
 
+// The experts' shapes this kernel takes (its tiles' multiples; also asked without a GPU: op_fp8_tensor_cores).
+extern "C" bool cuda_fp8_experts_fit(int64_t E, int64_t N, int64_t K) {
+    return E >= 1 && E <= WG_MAX_E && N % W8_BN == 0 && K % W8_BK == 0 && E * N <= 0x7fffffff && K <= 0x7fffffff;
+}
+
 // Whether the kernel takes y (R, N) from R rows against E experts' codes (E, N, K): a Hopper GPU, y bf16 or fp32 and
 // 16-byte aligned, N and K multiples of 128, at most 256 experts, sizes within int.
 bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K) {
-    return (y.dt == DT_BF16 || y.dt == DT_F32) && aligned16(y.p) && E >= 1 && E <= WG_MAX_E && N % W8_BN == 0 &&
-           K % W8_BK == 0 && E * N <= 0x7fffffff && K <= 0x7fffffff && R + 256 <= 0x7fffffff && wgmma_available();
+    return (y.dt == DT_BF16 || y.dt == DT_F32) && aligned16(y.p) && cuda_fp8_experts_fit(E, N, K) &&
+           R + 256 <= 0x7fffffff && wgmma_available();
 }
 
 // y (R, N) = x_e · w_eᵀ per expert on the E4M3 tensor cores (the layouts at the top): xq (R, K) codes and xs (KB, lds)
