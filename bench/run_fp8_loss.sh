@@ -5,7 +5,7 @@
 # tokens from the same initialisation and data order in bf16 and in FP8 on TOKENS (a `pith tokenize` output folder of
 # real text, e.g. the King James Bible as scripts/demo.sh builds it), for each seed in SEEDS (default 1234):
 # OUT/{bf16,fp8}-SEED/, and a second bf16 run of the first seed (OUT/bf16-SEED-again: how far two runs of one
-# configuration part on the GPU, whose attention backward and expert gradients add in no fixed order). Writes
+# configuration part on the GPU, where cuDNN's attention backward adds with atomics in no fixed order). Writes
 # OUT/loss.png (pith plot of the first seed's pair) and prints, per seed, the final losses (the mean of the last 20
 # steps' training loss, and the validation loss after the last step on the first 16 batches of TOKENS) and their
 # relative gaps, then each gap's mean over the seeds with its standard error, and the bf16 rerun's gaps.
