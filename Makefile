@@ -54,7 +54,7 @@ PROTO_C  := $(PROTO:src/train/%.proto=$(BUILD)/gen/%.pb-c.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(PROTO_C:%.c=%.o) $(CU_OBJ)
 DEPS_OK  := $(BUILD)/.deps-ok
 
-.PHONY: all test test-asan test-gpu test-gpu2 fake-build bench-gpu demo clean format format-check
+.PHONY: all test test-portable test-asan test-gpu test-gpu2 fake-build bench-gpu demo clean clean-tests format format-check
 all: $(BUILD)/pith
 
 # scripts/deps.sh installs the Debian packages (and tokenizer data) the build needs; it is idempotent.
@@ -98,7 +98,16 @@ $(BUILD)/test_gpu: $(GPU_TEST_SRC:%.c=$(BUILD)/%.o) $(BUILD)/tests/main.o $(LIB_
 test: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_parallel fake-build $(if $(HAVE_NVCC),$(BUILD)/test_gpu)
 	@$(MAKE) --no-print-directory format-check
 	@$(BUILD)/test_pith
+	@$(MAKE) --no-print-directory test-portable
 	@$(MAKE) --no-print-directory fuzz
+
+# The tests that claim bit-identity (layouts against one process, resume, the pipeline, context parallelism, FP8
+# layouts, recompute, offload) once more with 3 OpenMP threads and another OpenBLAS kernel family than this CPU's
+# own: their results must depend on neither (docs/architecture.md, "Determinism on the CPU").
+PORTABLE_TESTS := dist_equivalence dist_cp_ dist_pipeline dist_reshard resume pipe_ fp8_model_ bit_identical
+test-portable: $(BUILD)/pith $(BUILD)/test_pith $(BUILD)/test_parallel fake-build
+	@core=$$($(BUILD)/test_pith --other-blas-core) && echo "test-portable: OMP_NUM_THREADS=3 OPENBLAS_CORETYPE=$$core" && \
+	  OMP_NUM_THREADS=3 OPENBLAS_CORETYPE=$$core $(BUILD)/test_pith $(PORTABLE_TESTS)
 
 # The CPU suite built with AddressSanitizer and UndefinedBehaviorSanitizer (in build-asan/). The suite also runs
 # the multi-rank worker (build/test_parallel) and the fake-GPU build (build-fake/), built first like `make test`.
@@ -141,6 +150,10 @@ demo: $(BUILD)/pith
 
 clean:
 	rm -rf $(BUILD) build-asan build-fake
+
+# The folders a failed test kept (the runner names them) and Open MPI session folders the suite made.
+clean-tests:
+	rm -rf $${TMPDIR:-/tmp}/pith-test-* $${TMPDIR:-/tmp}/pith-ompi-*
 
 # The C and CUDA sources under .clang-format: `make format` rewrites them, `make format-check` lists the files
 # it would change and fails when there are any.

@@ -3,6 +3,8 @@
 # pp, dp = ep = 1) on bench/pp_tiny (Qwen3-MoE, 8 layers, the first dense; global batch 32 × 64 tokens, so
 # one pipeline runs 16 micro-batches of 2 sequences per step). Plumbing only: CPU ranks share this
 # machine's cores with each other (and with whatever else runs), so the table is no speed claim.
+# Then the bubble of one pp2 step with a 30 ms sleep in every compute (PITH_TEST_PIPE_DELAY) of every rank, and
+# of rank 1 alone: the sleeps dominate, so a slow rank 1 shows as rank 0's wait (the second bubble is the larger).
 #   bash bench/run_pp_cpu.sh [STEPS]   (from the repository root; PITH=… overrides build/pith, OUT=… the logs)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,3 +31,10 @@ for pp in (1, 2, 4):
     fb = statistics.median(r["fwdbwd_s"] for r in late)
     print(f"| pp{pp} | {pp} | {st * 1000:.1f} ms | {fb * 1000:.1f} ms | {rows[-1]['loss']:.6f} |")
 PY
+for delay in -1:30000 1:30000; do
+    rm -rf "$out/delay"
+    PITH_TEST_PIPE_DELAY=$delay PITH=$pith "$root/scripts/launch.sh" -n 2 "$out/train.json" \
+        --set parallel.pipeline_parallel_size=2 --set max_steps=1 --set run_dir="$out/delay" >"$out/delay.log" 2>&1
+    python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).readline()); print(f'pp2, 30 ms sleep on rank(s) {sys.argv[2]}: bubble {r[\"bubble\"]:.3f}')" \
+        "$out/delay/metrics.jsonl" "$delay"
+done

@@ -73,11 +73,11 @@ test)
     # straight into the returned folder as well, so a call cut short still brings back the tests that ran
     timeout ${TEST_T:-300} build/test_gpu ${FILTER:-} 2>&1 | tee $RET/test_gpu.txt >$OUT/test_gpu.txt
     echo "rc=${PIPESTATUS[0]}" | tee -a $RET/test_gpu.txt >>$OUT/test_gpu.txt
-    grep -E "^FAIL|passed|rc=" $OUT/test_gpu.txt | tee -a $OUT/summary.txt ;;
+    grep -E "^FAIL|^SKIP|passed|rc=" $OUT/test_gpu.txt | tee -a $OUT/summary.txt ;;
 ctest)
     for f in ${CFILTERS:-gpu_op_delta_rule gpu_op_qwen3_5 gpu_model_qwen3_5 gpu_op_grouped_wgmma gpu_op_elementwise gpu_model_bf16 gpu_train_tracks_cpu}; do
         timeout 120 build-cand/test_gpu $f >$OUT/ctest_$f.txt 2>&1; echo "rc=$?" >>$OUT/ctest_$f.txt
-        grep -E "^FAIL|passed|rc=" $OUT/ctest_$f.txt | sed "s/^/cand $f: /" | tee -a $OUT/summary.txt
+        grep -E "^FAIL|^SKIP|passed|rc=" $OUT/ctest_$f.txt | sed "s/^/cand $f: /" | tee -a $OUT/summary.txt
     done ;;
 csan)
     for t in ${CSAN:-gpu_op_delta_rule gpu_op_grouped_wgmma}; do for tool in memcheck racecheck; do

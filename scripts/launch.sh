@@ -30,7 +30,7 @@ if [ -n "${SLURM_JOB_ID:-}" ]; then
 fi
 
 np=${n:-$((gpus > 0 ? gpus : 1))}
-cores=$(nproc)
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) # (nproc itself answers OMP_NUM_THREADS when set)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$((cores / np > 0 ? cores / np : 1))}
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-$OMP_NUM_THREADS}
 if [ "$np" -eq 1 ]; then exec "$pith" train "$@"; fi

@@ -1,8 +1,10 @@
-// main.c — the test runner. `build/test_pith [substring]` runs every test whose name contains substring.
+// main.c — the test runner. `build/test_pith [substring...]` runs every test whose name contains one of the
+// substrings (all tests when none is given).
 #include <errno.h>
 #include <execinfo.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -19,10 +21,20 @@ static TestCase tests[1024];
 static int ntests;
 static jmp_buf fail_jump;
 static char fail_msg[2048];
+static bool skipped;
 
 void test_register(const char *name, TestFn fn) {
     CHECK(ntests < 1024);
     tests[ntests++] = (TestCase){name, fn};
+}
+
+void test_skip(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fail_msg, sizeof fail_msg, fmt, ap);
+    va_end(ap);
+    skipped = true;
+    longjmp(fail_jump, 1);
 }
 
 void test_fail(const char *file, int line, const char *fmt, ...) {
@@ -126,15 +138,19 @@ const char *test_tmpdir(void) {
     return d;
 }
 
-static void tmpdirs_done(bool passed) {
+// A failed test's folders stay for a look; `make clean-tests` removes every pith-test-* folder.
+static int tmpdirs_done(bool keep) {
     for (int i = 0; i < ntmpdirs; i++) {
-        if (passed) remove_tree(tmpdirs[i]);
+        if (!keep) remove_tree(tmpdirs[i]);
         else printf("     kept %s\n", tmpdirs[i]);
     }
+    int n = keep ? ntmpdirs : 0;
     ntmpdirs = 0;
+    return n;
 }
 
 static bool run_one(int i) {
+    skipped = false;
     if (setjmp(fail_jump)) return false;
     tests[i].fn();
     return true;
@@ -162,8 +178,23 @@ static void on_crash(int sig) {
     raise(sig);
 }
 
+// An OpenBLAS kernel family other than the one it picked for this CPU, which this CPU runs: `make test` runs the
+// bit-identity tests again with OPENBLAS_CORETYPE set to it, so that they cannot rely on one family's rounding.
+const char *openblas_get_corename(void);
+static const char *other_blas_core(void) {
+    const char *own = openblas_get_corename(), *avx512[] = {"skylakex", "cooperlake", "sapphirerapids"};
+    for (int i = 0; i < 3; i++)
+        if (!strcasecmp(own, avx512[i])) return "Haswell";
+    if (__builtin_cpu_supports("avx512f")) return "SkylakeX";
+    return strcasecmp(own, "sandybridge") ? "Sandybridge" : "Nehalem";
+}
+
 int main(int argc, char **argv) {
-    int passed = 0, failed = 0;
+    if (argc == 2 && !strcmp(argv[1], "--other-blas-core")) {
+        printf("%s\n", other_blas_core());
+        return 0;
+    }
+    int passed = 0, failed = 0, nskipped = 0, kept = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (!SANITIZED) { // (the sanitizers report crashes themselves)
         int sigs[4] = {SIGSEGV, SIGBUS, SIGFPE, SIGABRT};
@@ -175,20 +206,26 @@ int main(int argc, char **argv) {
     snprintf(ompi, sizeof ompi, "/tmp/pith-ompi-%d", (int)getpid());
     if (!mkdir(ompi, 0700) || errno == EEXIST) setenv("OMPI_MCA_orte_tmpdir_base", ompi, 0);
     for (int i = 0; i < ntests; i++) {
-        if (argc > 1 && !strstr(tests[i].name, argv[1])) continue;
+        bool chosen = argc == 1;
+        for (int a = 1; a < argc && !chosen; a++) chosen = strstr(tests[i].name, argv[a]) != NULL;
+        if (!chosen) continue;
         double t0 = now_seconds();
         bool ok = run_one(i);
         if (ok) {
             printf("PASS %-48s %7.2fs\n", tests[i].name, now_seconds() - t0);
             passed++;
+        } else if (skipped) {
+            printf("SKIP %-48s %s\n", tests[i].name, fail_msg);
+            nskipped++;
         } else {
             printf("FAIL %-48s %s\n", tests[i].name, fail_msg);
             failed++;
         }
-        tmpdirs_done(ok);
+        kept += tmpdirs_done(!ok && !skipped);
     }
     run_cmd(fail_msg, sizeof fail_msg, "rm -rf %s", ompi);
-    printf("%d passed, %d failed\n", passed, failed);
+    printf("%d passed, %d failed, %d skipped\n", passed, failed, nskipped);
+    if (kept) printf("the failed tests' folders are kept (above); `make clean-tests` removes them\n");
     return failed ? 1 : 0;
 }
 

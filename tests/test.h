@@ -1,5 +1,5 @@
 // test.h — pith's test runner: TEST(name) { ... } registers a test; an ASSERT that fails ends the test.
-// The runner (tests/main.c) prints one line per test and closes with "N passed, N failed".
+// The runner (tests/main.c) prints one line per test and closes with "N passed, N failed, N skipped".
 #pragma once
 #include <math.h>
 #include <setjmp.h>
@@ -9,6 +9,8 @@
 typedef void (*TestFn)(void);
 void test_register(const char *name, TestFn fn);
 _Noreturn void test_fail(const char *file, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+// Ends the test as skipped (what it needs is not here, e.g. a second GPU): counted apart, never as passed.
+_Noreturn void test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define TEST(name)                                                                                                     \
     static void test_##name(void);                                                                                     \

@@ -120,8 +120,12 @@ TEST(model_gradcheck_gpt_oss) { gradcheck_seq(GPT_OSS_TINY, 0.0, LB_MICRO_BATCH,
 TEST(model_gradcheck_gpt_oss_load_balance) { gradcheck_seq(GPT_OSS_TINY, 0.05, LB_MICRO_BATCH, 8); }
 
 // The sliding window's edge, through the whole model: one sliding layer of window W, the loss of position t
-// alone. Changing the token at t − W leaves it bit for bit unchanged (no path reaches t); changing the token at
-// t − W + 1 (the window's oldest key) changes it; so does t − W under full attention.
+// alone. Changing the token at t − W reaches t through no attention path; it can still move t's loss by rounding,
+// because it may route token t − W to another expert, which changes the row counts of the experts' GEMMs and with
+// them the order in which OpenBLAS's kernels (on some CPUs) sum t's products. That rounding is bounded: every GEMM
+// here sums ≤ 16 fp32 products, so each of t's activations moves by ≤ 16·2⁻²⁴ of the sum of its products'
+// magnitudes, and the loss (a smooth function of a few such layers) by far less than 1e-5 relative. Changing the
+// token at t − W + 1 (the window's oldest key) moves the loss by ≈ 0.1 relative; so does t − W under full attention.
 static double loss_at(const char *layer_type, int t, int changed, int32_t token) {
     char json[2048];
     snprintf(json, sizeof json,
@@ -151,11 +155,14 @@ static double loss_at(const char *layer_type, int t, int changed, int32_t token)
 TEST(model_gpt_oss_sliding_window_edge) {
     const int t = 9, W = 3;
     double base = loss_at("sliding_attention", t, -1, 0), out = loss_at("sliding_attention", t, t - W, 31),
-           in = loss_at("sliding_attention", t, t - W + 1, 31);
-    printf("     loss at t: %.9f; token t−W changed: %.9f; token t−W+1 changed: %.9f\n", base, out, in);
-    ASSERT(out == base);
-    ASSERT(fabs(in - base) > 1e-6);
-    ASSERT(fabs(loss_at("full_attention", t, t - W, 31) - loss_at("full_attention", t, -1, 0)) > 1e-6);
+           in = loss_at("sliding_attention", t, t - W + 1, 31), full = loss_at("full_attention", t, -1, 0),
+           full_out = loss_at("full_attention", t, t - W, 31);
+    printf("     loss at t: %.9f; token t−W changed: %.9f; token t−W+1 changed: %.9f; full attention, t−W changed: "
+           "%.9f → %.9f\n",
+           base, out, in, full, full_out);
+    ASSERT(fabs(out - base) <= 1e-5 * fabs(base));
+    ASSERT(fabs(in - base) > 1e-3 * fabs(base));
+    ASSERT(fabs(full_out - full) > 1e-3 * fabs(full));
 }
 
 // ---- HF: parity, conversion, MXFP4 ----

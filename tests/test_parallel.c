@@ -250,16 +250,18 @@ static double curve_diff(const char *a, const char *b, const char *key) {
 
 // Context parallelism inside a DualPipeV pipeline, pp2 × cp2, on a 4-layer model: the first step's loss and every
 // gradient tensor equal one process, all 20 steps equal cp2 alone to the last bit the log keeps (the pipeline
-// changes no arithmetic), and the 20-step curve equals one process's.
-// The curve's tolerance: every layout sums in another fp32 order than one process, and training amplifies that
-// difference. How much depends on the learning rate, not on the layout — measured on these models with
-// sequence-form load balancing (whose objective does not depend on how a step's sequences are cut into
-// micro-batches), one process at micro_batch_size 2 against 1 (nothing but summation order differs) drifts
-// 6e-5 in gradient norm by step 20 at lr 0.01, where cp2 drifts 1.4e-4, and both stay within 1.1e-7 at lr 0.005.
-// So at lr 0.005 the curve must hold to 1e-6 (loss) and 1e-5 (gradient norm), 10–100× the rounding drift, and the
-// same one-process control runs here and must hold to the same bounds (else they do not measure rounding). A real
-// error (a missed hop, a wrong chunk) shows at step 1: the wrong-shard controls of dist_ring_attention are off by
-// more than 1.
+// changes no arithmetic: the same ops on the same rows, whatever the thread count), and the 20-step curve stays
+// with one process's.
+// The curve's tolerance: every layout sums in another fp32 order than one process (cp splits attention's rows,
+// and OpenBLAS's kernels round a row differently with the rows beside it on some CPUs), and training amplifies
+// that. While every token takes the same experts the drift stays near rounding (≈ 1e-8 here at lr 0.005, with
+// sequence-form load balancing, whose objective does not depend on how a step's sequences are cut into
+// micro-batches); once rounding tips a near-tie in a router's top-k, the curves part by the effect of one token's
+// route — measured on one process at micro_batch_size 1 against 2 (nothing but summation order differs), with
+// OpenBLAS's Haswell kernels on an AMD EPYC: DeepSeek-V2 1.4e-4 in loss and 2.0e-4 in gradient norm by step 20.
+// So the curves hold to 1e-3 (loss) and 1e-2 (norm), which a tipped route stays within, and the same control runs
+// here and must hold to them too. A real error (a missed hop, a wrong chunk) shows at step 1: the wrong-shard
+// controls of dist_ring_attention are off by more than 1.
 static void check_cp_pipeline(const char *model) {
     const char *d = make_run_of(model);
     char out[1 << 16], dir[4][300];
@@ -291,8 +293,8 @@ static void check_cp_pipeline(const char *model) {
     printf("     pp2-cp2        gradient %.1e (%s); 20 steps: loss %.1e, norm %.1e of one process (micro-batch 1: "
            "%.1e, %.1e); equal cp2's\n",
            gd, wn, pl, pg, cl, cg);
-    ASSERT_MSG(cl <= 1e-6 && cg <= 1e-5, "one process, micro-batch 1 vs 2: loss %.3g, norm %.3g", cl, cg);
-    ASSERT_MSG(pl <= 1e-6 && pg <= 1e-5, "pp2 × cp2 vs one process over 20 steps: loss %.3g, norm %.3g", pl, pg);
+    ASSERT_MSG(cl <= 1e-3 && cg <= 1e-2, "one process, micro-batch 1 vs 2: loss %.3g, norm %.3g", cl, cg);
+    ASSERT_MSG(pl <= 1e-3 && pg <= 1e-2, "pp2 × cp2 vs one process over 20 steps: loss %.3g, norm %.3g", pl, pg);
 }
 TEST(dist_cp_equivalence_pipeline) { check_cp_pipeline(TINY_MOE_EP_OF(4)); }
 TEST(dist_cp_equivalence_pipeline_deepseek_v2) { check_cp_pipeline(DSV2_OF(4)); }

@@ -29,8 +29,8 @@ static const char *test_parallel_bin(void) {
     return path;
 }
 
-// True with two GPUs or more; no CUDA context is made here (the ranks make their own).
-static bool two_gpus(void) {
+// Skips the test with fewer than two GPUs; no CUDA context is made here (the ranks make their own).
+static void need_two_gpus(void) {
     if (!getenv("PITH_TEST_GPU"))
         test_fail(__FILE__, __LINE__, "run the GPU suite through `make test-gpu2` (PITH_TEST_GPU=1)");
 #ifdef PITH_CUDA
@@ -38,18 +38,14 @@ static bool two_gpus(void) {
 #else
     int n = 0;
 #endif
-    if (n < 2) {
-        printf("     skipped: %d GPU(s) here, these tests need 2\n", n);
-        return false;
-    }
+    if (n < 2) test_skip("%d GPU(s) here, these tests need 2", n);
     char out[256];
     ASSERT_MSG(run_cmd(out, sizeof out, "test -x %s", test_parallel_bin()) == 0,
                "%s is missing: make test-gpu2 builds it", test_parallel_bin());
-    return true;
 }
 
 TEST(gpu2_collectives_and_ep) {
-    if (!two_gpus()) return;
+    need_two_gpus();
     static char out[1 << 16];
     const char *suites[] = {"comm-gpu", "ep-gpu", "ring-gpu"};
     for (int i = 0; i < 3; i++) {
@@ -61,7 +57,7 @@ TEST(gpu2_collectives_and_ep) {
 }
 
 TEST(gpu2_failures) {
-    if (!two_gpus()) return;
+    need_two_gpus();
     static char out[1 << 16];
     // rank 1 stops taking part: rank 0's watchdog ends the job at parallel.timeout_s (3 s) naming rank and call
     double t0 = now_seconds();
@@ -125,7 +121,7 @@ static double gpu_grad_diff(const char *a, const char *b, bool use_calc_diff, ch
 }
 
 TEST(gpu2_equivalence) {
-    if (!two_gpus()) return;
+    need_two_gpus();
     static char out[1 << 16];
     char d[256], dir[512], ref[512], name[200];
     snprintf(d, sizeof d, "%s", test_tmpdir());

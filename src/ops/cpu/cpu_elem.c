@@ -23,12 +23,13 @@ void cpu_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
 }
 
 // CE_r = lse(logits_r) − logits_r[label]; ∂CE_r/∂logits_r = softmax(logits_r) − onehot(label).
-// One pass of expf per logit: the exponentials are stored in place, then scaled by 1/Σ.
+// One pass of expf per logit: the exponentials are stored in place, then scaled by 1/Σ. The rows' losses are summed
+// in row order, so the sum does not depend on the thread count.
 void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
     CPU_F32(logits);
     int64_t R = t_rows(logits), V = t_cols(logits);
-    double total = 0;
-#pragma omp parallel for reduction(+ : total)
+    double *row = xcalloc(R ? R : 1, sizeof(double)), total = 0;
+#pragma omp parallel for
     for (int64_t r = 0; r < R; r++) {
         float *l = F(logits) + r * V;
         int32_t y = I32(labels)[r];
@@ -41,11 +42,13 @@ void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad
         for (int64_t c = 0; c < V; c++) m = fmaxf(m, l[c]);
         double sum = 0;
         for (int64_t c = 0; c < V; c++) sum += l[c] = expf(l[c] - m);
-        total += m + log(sum) - ly;
+        row[r] = m + log(sum) - ly;
         float scale = (float)(grad_scale / sum);
         for (int64_t c = 0; c < V; c++) l[c] *= scale;
         l[y] -= grad_scale;
     }
+    for (int64_t r = 0; r < R; r++) total += row[r];
+    free(row);
     ((double *)loss_sum.p)[0] += total;
 }
 
@@ -82,11 +85,21 @@ void cpu_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool
     }
 }
 
+// Σ x² over blocks of SUM_BLOCK elements, the blocks' sums added in block order: the same bits whatever the
+// thread count.
+enum { SUM_BLOCK = 1 << 14 };
 double cpu_sum_squares(Tensor x) {
-    int64_t n = tensor_numel(x);
-    double s = 0;
-#pragma omp parallel for reduction(+ : s)
-    for (int64_t i = 0; i < n; i++) s += (double)F(x)[i] * F(x)[i];
+    int64_t n = tensor_numel(x), nb = (n + SUM_BLOCK - 1) / SUM_BLOCK;
+    double *part = xcalloc(nb ? nb : 1, sizeof(double)), s = 0;
+#pragma omp parallel for if (nb > 1)
+    for (int64_t b = 0; b < nb; b++) {
+        int64_t end = (b + 1) * SUM_BLOCK < n ? (b + 1) * SUM_BLOCK : n;
+        double t = 0;
+        for (int64_t i = b * SUM_BLOCK; i < end; i++) t += (double)F(x)[i] * F(x)[i];
+        part[b] = t;
+    }
+    for (int64_t b = 0; b < nb; b++) s += part[b];
+    free(part);
     return s;
 }
 

@@ -1,19 +1,64 @@
 // cpu_gemm.c — dense and grouped (per-expert, optional per-expert bias) GEMMs on the CPU through OpenBLAS cblas_sgemm.
 // A linear weight is (N, K) = (out, in); y: (M, N) = x: (M, K) · wᵀ.
+//
+// Results do not depend on the thread count: OpenBLAS runs single-threaded (its threaded driver blocks K otherwise
+// than its serial one, so 1 and 2 threads round differently) and the parallelism is ours, over tiles of TILE output
+// columns whose boundaries follow from the shape alone. Each tile is one serial OpenBLAS call made the same way
+// whatever the number of threads; no tile splits the reduction dimension.
 #include <cblas.h>
+#include <pthread.h>
 
 #include "ops/cpu/cpu_ops.h"
 
-// C: (M, N) = alpha · op(A) · op(B) + beta · C, all row-major and dense.
-static void sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, const float *B,
-                  float beta, float *C) {
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        for (int64_t i = 0; i < M * N; i++) C[i] = beta == 0 ? 0 : beta * C[i];
-        return;
+void openblas_set_num_threads(int n); // OpenBLAS's own, not in every cblas.h
+
+enum { TILE = 128 };
+
+// One C: (M, N) = alpha · op(A) · op(B) + beta · C, row-major with leading dimensions lda, ldb, ldc.
+typedef struct {
+    bool ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+} Gemm;
+
+static void serial_blas(void) { openblas_set_num_threads(1); }
+
+// Runs g[0..n) as column tiles (tile j of g covers C's columns [j·TILE, (j+1)·TILE)), spread over the threads.
+static void gemm_run(const Gemm *g, int64_t n) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, serial_blas);
+    int64_t *first = xmalloc((n + 1) * sizeof(int64_t)), flops = 0; // first[i]: g[i]'s first tile in the joint list
+    first[0] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bool empty = g[i].M == 0 || g[i].N == 0;
+        first[i + 1] = first[i] + (empty ? 0 : (g[i].N + TILE - 1) / TILE);
+        flops += g[i].M * g[i].N * g[i].K;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                alpha, A, ta ? (int)M : (int)K, B, tb ? (int)K : (int)N, beta, C, (int)N);
+#pragma omp parallel for schedule(dynamic) if (flops > (1 << 20))
+    for (int64_t j = 0; j < first[n]; j++) {
+        int64_t i = 0;
+        while (first[i + 1] <= j) i++;
+        const Gemm *q = &g[i];
+        int64_t c0 = (j - first[i]) * TILE, nc = q->N - c0 < TILE ? q->N - c0 : TILE;
+        const float *B = q->B + (q->tb ? c0 * q->ldb : c0); // op(B)'s columns c0.. are B's rows (tb) or columns
+        float *C = q->C + c0;
+        if (q->K == 0) {
+            for (int64_t r = 0; r < q->M; r++)
+                for (int64_t c = 0; c < nc; c++) C[r * q->ldc + c] = q->beta == 0 ? 0 : q->beta * C[r * q->ldc + c];
+            continue;
+        }
+        cblas_sgemm(CblasRowMajor, q->ta ? CblasTrans : CblasNoTrans, q->tb ? CblasTrans : CblasNoTrans, (int)q->M,
+                    (int)nc, (int)q->K, q->alpha, q->A, (int)q->lda, B, (int)q->ldb, q->beta, C, (int)q->ldc);
+    }
+    free(first);
+}
+
+// C: (M, N) = alpha · op(A) · op(B) + beta · C, all dense.
+static Gemm dense(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, const float *B,
+                  float beta, float *C) {
+    return (Gemm){ta, tb, M, N, K, ta ? M : K, tb ? K : N, N, alpha, beta, A, B, C};
 }
 
 void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
@@ -22,7 +67,8 @@ void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
     CPU_F32(w);
     int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w);
     CHECK(t_cols(w) == K && t_rows(y) == M && t_cols(y) == N);
-    sgemm(false, true, M, N, K, 1, F(x), F(w), 0, F(y));
+    Gemm g = dense(false, true, M, N, K, 1, F(x), F(w), 0, F(y));
+    gemm_run(&g, 1);
     if (b.p) cpu_linear_bias_forward(y, b, NULL);
 }
 
@@ -59,13 +105,15 @@ void cpu_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool ac
 void cpu_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
     int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(w);
     CHECK(t_rows(w) == N && t_rows(dx) == M && t_cols(dx) == K);
-    sgemm(false, false, M, K, N, 1, F(dy), F(w), accumulate ? 1 : 0, F(dx));
+    Gemm g = dense(false, false, M, K, N, 1, F(dy), F(w), accumulate ? 1 : 0, F(dx));
+    gemm_run(&g, 1);
 }
 
 void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(x);
     CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K);
-    sgemm(true, false, N, K, M, 1, F(dy), F(x), 1, F(dw));
+    Gemm g = dense(true, false, N, K, M, 1, F(dy), F(x), 1, F(dw));
+    gemm_run(&g, 1);
     if (db.p) cpu_linear_bias_backward(db, dy, NULL, true);
 }
 
@@ -73,17 +121,24 @@ void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const in
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     CHECK(t_cols(x) == K && t_cols(y) == N && offs[E] <= t_rows(x));
     CHECK(!b.p || tensor_numel(b) == E * N);
+    Gemm *g = xmalloc(E * sizeof(Gemm));
     for (int64_t e = 0; e < E; e++)
-        sgemm(false, true, offs[e + 1] - offs[e], N, K, 1, F(x) + offs[e] * K, F(w) + e * N * K, 0, F(y) + offs[e] * N);
+        g[e] = dense(false, true, offs[e + 1] - offs[e], N, K, 1, F(x) + offs[e] * K, F(w) + e * N * K, 0,
+                     F(y) + offs[e] * N);
+    gemm_run(g, E);
+    free(g);
     if (b.p) cpu_linear_bias_forward(y, b, offs);
 }
 
 void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     CHECK(t_cols(dx) == K && t_cols(dy) == N);
+    Gemm *g = xmalloc(E * sizeof(Gemm));
     for (int64_t e = 0; e < E; e++)
-        sgemm(false, false, offs[e + 1] - offs[e], K, N, 1, F(dy) + offs[e] * N, F(w) + e * N * K, 0,
-              F(dx) + offs[e] * K);
+        g[e] = dense(false, false, offs[e + 1] - offs[e], K, N, 1, F(dy) + offs[e] * N, F(w) + e * N * K, 0,
+                     F(dx) + offs[e] * K);
+    gemm_run(g, E);
+    free(g);
 }
 
 void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
@@ -92,8 +147,11 @@ void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor 
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     CHECK(!db.p || tensor_numel(db) == E * N);
     if (!accumulate) memset(dw.p, 0, (size_t)E * N * K * sizeof(float)); // written: the sums below start from zero
+    Gemm *g = xmalloc(E * sizeof(Gemm));
     for (int64_t e = 0; e < E; e++)
-        sgemm(true, false, N, K, offs[e + 1] - offs[e], 1, F(dy) + offs[e] * N, F(x) + offs[e] * K, 1,
-              F(dw) + e * N * K);
+        g[e] = dense(true, false, N, K, offs[e + 1] - offs[e], 1, F(dy) + offs[e] * N, F(x) + offs[e] * K, 1,
+                     F(dw) + e * N * K);
+    gemm_run(g, E);
+    free(g);
     if (db.p) cpu_linear_bias_backward(db, dy, offs, accumulate);
 }
