@@ -63,7 +63,11 @@ TEST(train_cli_loss_falls_and_is_deterministic) {
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/r1", PITH_BIN, d, args, d) == 0);
     ASSERT(strstr(out, "step 00000030/00000030 | loss"));
     ASSERT(strstr(out, "| lb "));
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/r2", PITH_BIN, d, args, d) == 0);
+    ASSERT(!strstr(out, "deterministic:"));
+    // deterministic: true selects nothing on the CPU (it says so): the second run is the same either way
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/r2 --set deterministic=true", PITH_BIN,
+                   d, args, d) == 0);
+    ASSERT_MSG(strstr(out, "\ndeterministic: nothing to select on the CPU"), "%s", out);
     // Same seed, same data: identical losses, learning rates and grad norms (timings aside).
     ASSERT(run_cmd(a, sizeof a, "sed 's/, \"tokens_per_s.*//' %s/r1/metrics.jsonl", d) == 0);
     ASSERT(run_cmd(b, sizeof b, "sed 's/, \"tokens_per_s.*//' %s/r2/metrics.jsonl", d) == 0);

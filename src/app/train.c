@@ -136,6 +136,11 @@ int cmd_train(int argc, char **argv) {
     if (r.model.dev == DEV_CPU)
         printf("cpu: %d OpenMP threads per rank, OMP_WAIT_POLICY=%s\n", omp_get_max_threads(),
                getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "(runtime default)");
+    if (cfg.deterministic)
+        printf("deterministic: %s\n", r.model.dev == DEV_CUDA
+                                          ? "attention on pith's own kernels, not cuDNN's (whose backward adds into dQ "
+                                            "with atomics); every other GPU reduction runs in a fixed order in any run"
+                                          : "nothing to select on the CPU, whose runs are bit-reproducible already");
     printf("data: %d token files, %lld samples of %d tokens per epoch\n", r.data.nfiles, (long long)r.data.total,
            cfg.sequence_length);
     if (d->world.size > 1)

@@ -284,8 +284,10 @@ static void dsv2_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, i
 // ---- stage 1: norm → MLA → residual → norm → router and shared experts ----
 
 static AttnArgs dsv2_attn_args(const Model *m, const MicroBatch *mb) {
-    return (AttnArgs){
-        .B = mb->B, .scale = (float)model_family_config(const Dsv2Config, &m->cfg)->softmax_scale, .causal = true};
+    return (AttnArgs){.B = mb->B,
+                      .scale = (float)model_family_config(const Dsv2Config, &m->cfg)->softmax_scale,
+                      .causal = true,
+                      .deterministic = m->deterministic};
 }
 
 static RouterArgs dsv2_router_args(const Model *m) {

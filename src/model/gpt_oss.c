@@ -223,7 +223,8 @@ static AttnArgs gpt_oss_attn_args(const Model *m, int l, const MicroBatch *mb, c
                       .scale = (float)(1.0 / sqrt((double)g->head_dim)),
                       .causal = true,
                       .window = is_sliding(g, l) ? g->window : 0,
-                      .sinks = r->sinks};
+                      .sinks = r->sinks,
+                      .deterministic = m->deterministic};
 }
 
 static RouterArgs gpt_oss_router_args(const Model *m) {

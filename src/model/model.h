@@ -246,6 +246,7 @@ struct Model {
     double lb_coef;            // load-balancing loss coefficient (0: off)
     LoadBalance lb;            // its form (model_lb_setup; zeroed: micro-batch)
     bool force_balance;        // benchmark routing (docs/reference.md §2)
+    bool deterministic;        // config deterministic: the families' AttnArgs ask for pith's own attention kernels
     // Aux-loss-free balancing (set up by the trainer; router_bias.p == NULL: off): the selection bias and the
     // step's expert counts of this rank's tokens, which model_router_forward adds to.
     Tensor router_bias;      // (layers, E) fp32 on the model's device

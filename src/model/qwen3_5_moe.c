@@ -362,7 +362,8 @@ static void q35_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, in
 static AttnArgs q35_attn_args(const Model *m, const MicroBatch *mb) {
     return (AttnArgs){.B = mb->B,
                       .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->head_dim)),
-                      .causal = true};
+                      .causal = true,
+                      .deterministic = m->deterministic};
 }
 static DeltaArgs q35_delta_args(const Model *m, int B) {
     return (DeltaArgs){.B = B,

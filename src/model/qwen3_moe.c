@@ -204,7 +204,8 @@ static void qwen3_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, 
 static AttnArgs qwen3_attn_args(const Model *m, const MicroBatch *mb) {
     return (AttnArgs){.B = mb->B,
                       .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen3Config, &m->cfg)->head_dim)),
-                      .causal = true};
+                      .causal = true,
+                      .deterministic = m->deterministic};
 }
 static RouterArgs qwen3_router_args(const Model *m) {
     return (RouterArgs){.k = m->cfg.topk,

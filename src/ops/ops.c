@@ -152,7 +152,9 @@ void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bia
 // cuda_cudnn.cu's D and dQ accumulator, 256-byte pieces (ops.h).
 size_t op_attention_workspace(Tensor q, Tensor k, const AttnArgs *a) {
 #ifdef PITH_CUDNN
-    if (q.dev != DEV_CUDA || q.dt != DT_BF16 || !a->causal || a->q_off || a->k_off || k.n[0] != q.n[0]) return 0;
+    if (q.dev != DEV_CUDA || q.dt != DT_BF16 || a->deterministic || !a->causal || a->q_off || a->k_off ||
+        k.n[0] != q.n[0])
+        return 0;
     size_t rows = (size_t)q.n[0] * q.n[1];
     return (rows + 63) / 64 * 64 + (rows * q.n[2] + 63) / 64 * 64;
 #else

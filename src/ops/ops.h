@@ -77,13 +77,14 @@ typedef struct {
     int64_t q_off, k_off; // positions of row 0 of each sequence's q and k block
     Tensor sinks;         // (nh) fp32; p == NULL: none
     Tensor ws;            // the backward's fp32 scratch, op_attention_workspace elements (planned by the caller)
+    bool deterministic;   // GPU: pith's own kernels only (cuDNN's backward adds into dQ with atomics)
 } AttnArgs;
 void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
 // dq, dk, dv written; dsinks: (nh) fp32 += ∂/∂sinks (p == NULL: not wanted). o and lse as the forward wrote them.
 // op_attention_workspace: the fp32 elements of the backward's scratch that a caller can plan (a->ws; without it the
 // GPU takes the op scratch): cuDNN's fused backward (bf16 on the GPU, whole causal sequences) keeps D (B, nh, Sq)
 // and the dQ accumulator (B·Sq, nh, dqk) in fp32, each padded to 256 bytes; cuDNN's own workspace stays in the op
-// scratch (its size is the plan cuDNN picks). 0 on the CPU and in builds without cuDNN.
+// scratch (its size is the plan cuDNN picks). 0 on the CPU, with a->deterministic and in builds without cuDNN.
 size_t op_attention_workspace(Tensor q, Tensor k, const AttnArgs *a);
 void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
                            Tensor o, Tensor lse, const AttnArgs *a);

@@ -152,6 +152,13 @@ static const ConfigKey top_keys[] = {
             "router, embedding and LM head stay in the compute dtype, masters, gradients and moments fp32; on the GPU "
             "a weight the FP8 tensor cores do not take (experts not whole 128-blocks, dense not multiples of 16) gets "
             "a warning at the start (docs/architecture.md, \"FP8\")"},
+    {.name = "deterministic",
+     .kind = K_BOOL,
+     .off = OFF(deterministic),
+     .doc = "bit-reproducible GPU training run to run: attention on pith's own kernels instead of cuDNN's (whose "
+            "backward adds into dQ with atomics; the cost is in bench/results/2026-12-02-det); the other GPU "
+            "reductions run in a fixed order always, except Qwen3.5's delta rule and expert parallelism's per-rank "
+            "sums; the CPU is deterministic already (docs/architecture.md, \"Determinism\")"},
     {.name = "recompute",
      .kind = K_CHOICE,
      .off = OFF(recompute),

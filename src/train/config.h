@@ -67,6 +67,7 @@ typedef struct {
     bool fp8;                   // the MLP GEMMs on E4M3-rounded operands (docs/architecture.md, "FP8")
     RecomputeMode recompute;    // activation recomputation (docs/architecture.md, "Activation recomputation")
     bool benchmark;             // force-balanced routing
+    bool deterministic;         // GPU: pith's own attention kernels (bit-reproducible runs)
     bool tensorboard;           // rank 0 writes TensorBoard event files into run_dir (default true)
     json_t *json;               // the config as read (after overrides)
     bool allow_config_change;   // pith train --allow-config-change: resume even when data-order keys changed

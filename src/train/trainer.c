@@ -76,6 +76,7 @@ static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, Mod
 static void model_layout(Model *m, const TrainConfig *c, const Dist *d) {
     m->lb_coef = c->moe_load_balance_coef;
     m->force_balance = c->benchmark;
+    m->deterministic = c->deterministic;
     m->ep = &d->ep_g;
     m->ep_capacity = c->parallel.ep_capacity_factor;
     m->ep_drop = c->parallel.ep_drop_tokens;

@@ -349,11 +349,14 @@ static AttnParams attention_params(Tensor q, Tensor k, Tensor v, const AttnArgs 
 
 // The form cuDNN's graphs take: causal self-attention, a sliding window or none (cuda_cudnn.cu checks the head
 // dims and the dtype), sinks by a correction after the forward; our tensor-core kernels: the plain form, one head dim.
-static bool attention_cudnn_form(Tensor q, Tensor k, const AttnArgs *a) {
+static bool attention_self(Tensor q, Tensor k, const AttnArgs *a) {
     return a->causal && !a->q_off && !a->k_off && k.n[0] == q.n[0];
 }
+static bool attention_cudnn_form(Tensor q, Tensor k, const AttnArgs *a) {
+    return !a->deterministic && attention_self(q, k, a); // cuDNN's backward adds into dQ with atomics
+}
 static bool attention_plain(Tensor q, Tensor k, const AttnArgs *a) {
-    return attention_cudnn_form(q, k, a) && !a->window && !a->sinks.p;
+    return attention_self(q, k, a) && !a->window && !a->sinks.p;
 }
 
 static const char *last_path = "none";

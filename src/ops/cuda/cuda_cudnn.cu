@@ -18,8 +18,8 @@
 // and the backward graph, given that o and lse, computes the gradients with the sinks as they are.
 // A plan is built once per shape and kept (the first call can take a second: cuDNN compiles its kernel).
 // A shape cuDNN builds no plan for keeps to our kernels (one line on stderr). cuDNN's backward adds into
-// dQ with atomics (not bitwise reproducible run to run); PITH_ATTENTION=own selects our deterministic
-// kernels.
+// dQ with atomics (not bitwise reproducible run to run); AttnArgs.deterministic (config `deterministic`, checked
+// by cuda_attention.cu before it calls here) and the A/B switch PITH_ATTENTION=own select our deterministic kernels.
 #include "ops/cuda/cuda_common.cuh"
 
 #ifdef PITH_CUDNN

@@ -44,7 +44,7 @@ void cuda_swiglu_forward(Tensor act, Tensor gu);
 void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu);
 void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
 // The kernel family the last attention call ran: "cudnn", "flash" (ours, tensor cores) or "generic".
-// PITH_ATTENTION=own keeps attention on our kernels.
+// AttnArgs.deterministic (config `deterministic`) and PITH_ATTENTION=own (an A/B switch) keep attention on our kernels.
 const char *cuda_attention_last_path(void);
 void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
                              Tensor o, Tensor lse, const AttnArgs *a);
