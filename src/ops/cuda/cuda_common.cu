@@ -55,6 +55,33 @@ void *cuda_scratch(size_t bytes) {
     return scratch;
 }
 
+int colsum_groups(int64_t R, int64_t N) {
+    int64_t g = (R + 255) / 256, fit = (int64_t)(CUDA_SMALL_BYTES / sizeof(float)) / (N > 0 ? N : 1);
+    g = g > 128 ? 128 : g;
+    g = g > fit ? fit : g;
+    return g < 1 ? 1 : (int)g;
+}
+
+float *colsum_part(int64_t N, int G, const char *what) {
+    if ((size_t)N * G * sizeof(float) > CUDA_SMALL_BYTES)
+        die("%s: %lld columns exceed the small pool of the fixed-order sums", what, (long long)N);
+    return (float *)cuda_ctx()->small;
+}
+
+__global__ void colsum_finish_kernel(float *out, const float *part, int G, int64_t N) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < N; j += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0;
+        for (int g = 0; g < G; g++) s += part[g * N + j];
+        out[j] += s;
+    }
+}
+
+void colsum_finish(float *out, const float *part, int G, int64_t N) {
+    if (N == 0) return;
+    colsum_finish_kernel<<<grid_for(N, 256), 256, 0, cuda_stream()>>>(out, part, G, N);
+    CUDA_LAUNCH_CHECK();
+}
+
 extern "C" {
 
 // Number of usable GPUs; 0 when there is no driver or no device (a CUDA build on a machine without a GPU).

@@ -59,6 +59,15 @@ static inline cudaStream_t cuda_stream(void) { return cuda_ctx()->compute; }
 void *cuda_scratch(size_t bytes);
 extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradient side streams (cuda_gemm.cu)
 
+// ---- column sums in a fixed order: no float atomics, the same bits in every run ----
+// A column-sum kernel (a norm's weight gradient, a bias gradient) splits the R rows into G groups (grid.y) and
+// writes group g's sums of columns j to part[g·N + j]; colsum_finish then adds Σ_g part[g·N + j], g = 0, 1, … in
+// order, to out[j]. G (colsum_groups) follows the shape only — up to 128 groups of at least 256 rows, as many as fit
+// the small pool — and part is the small pool (colsum_part), so nothing is allocated.
+int colsum_groups(int64_t R, int64_t N);
+float *colsum_part(int64_t N, int G, const char *what);
+void colsum_finish(float *out, const float *part, int G, int64_t N);
+
 // ---- functions shared between the .cu files ----
 // cuDNN's fused attention (cuda_cudnn.cu), causal, in a sliding window of `window` keys when > 0; false when
 // not built with cuDNN, not this variant, or no plan.

@@ -97,11 +97,12 @@ __global__ void norm_backward_kernel(T *dx, T *dz, const T *dy, const T *x, cons
     }
 }
 
-// dw: (D) fp32 += Σ_rows dy·x·r (·silu(z) when gated). Block: 32 columns × 8 row lanes; grid.y splits the rows.
+// part: (G, D) fp32, row g = Σ over row group g of dy·x·r (·silu(z) when gated); colsum_finish adds the groups
+// to dw in order. Block: 32 columns × 8 row lanes; grid.y = G row groups.
 template <typename T, bool GATED>
-__global__ void norm_dw_kernel(float *dw, const T *dy, const T *x, const T *z, const float *rstd, int64_t R,
+__global__ void norm_dw_kernel(float *part, const T *dy, const T *x, const T *z, const float *rstd, int64_t R,
                                int64_t D) {
-    __shared__ float part[8][33];
+    __shared__ float sm[8][33];
     int64_t j = blockIdx.x * 32 + threadIdx.x;
     float s = 0;
     if (j < D)
@@ -110,18 +111,12 @@ __global__ void norm_dw_kernel(float *dw, const T *dy, const T *x, const T *z, c
             if (GATED) v *= ld(z, i * D + j) * sigm(ld(z, i * D + j));
             s += v;
         }
-    part[threadIdx.y][threadIdx.x] = s;
+    sm[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && j < D) {
-        for (int r = 1; r < 8; r++) s += part[r][threadIdx.x];
-        atomicAdd(dw + j, s);
+        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
+        part[blockIdx.y * D + j] = s;
     }
-}
-
-// Column-sum grid for R rows of D columns: 32-column blocks, up to 128 row slices.
-static dim3 colsum_grid(int64_t R, int64_t D) {
-    int64_t gy = (R + 255) / 256;
-    return dim3((unsigned)((D + 31) / 32), (unsigned)(gy > 128 ? 128 : gy < 1 ? 1 : gy));
 }
 
 template <bool GATED> static void norm_forward(Tensor y, Tensor rstd, Tensor x, Tensor z, Tensor w, float eps) {
@@ -150,16 +145,19 @@ static void norm_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, 
     IS_F32(dw, "rmsnorm1p/gated backward");
     if (R == 0) return;
     bool v8 = vec8_fits(D, dx.p, dy.p, x.p, w.p) && aligned16(z.p, dz.p);
+    int G = colsum_groups(R, D);
+    float *part = colsum_part(D, G, "rmsnorm1p/gated backward");
 #define BWD(V)                                                                                                         \
     norm_backward_kernel<T, TW, GATED, V><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(                               \
         (T *)dx.p, (T *)dz.p, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const TW *)w.p, (const float *)rstd.p, \
         R, D, acc)
     DT_SWITCH(x.dt, T, "rmsnorm1p/gated backward",
               DT_SWITCH(w.dt, TW, "rmsnorm1p/gated backward", if (v8) BWD(8); else BWD(1));
-              norm_dw_kernel<T, GATED><<<colsum_grid(R, D), dim3(32, 8), 0, cuda_stream()>>>(
-                  (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const float *)rstd.p, R, D));
+              norm_dw_kernel<T, GATED><<<dim3((unsigned)((D + 31) / 32), (unsigned)G), dim3(32, 8), 0, cuda_stream()>>>(
+                  part, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const float *)rstd.p, R, D));
 #undef BWD
     CUDA_LAUNCH_CHECK();
+    colsum_finish((float *)dw.p, part, G, D);
 }
 
 void cuda_rmsnorm1p_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {

@@ -8,7 +8,7 @@
 // Cross-entropy splits each row into slices of CE_SLICE logits so that a chunk of a few rows still fills
 // the GPU: pass 1 gives each slice's (max, Σ exp) in one read (online per thread), pass 2 combines a
 // row's slices into its lse and overwrites the slice with the gradient; logits are read twice, written
-// once. Elementwise kernels move 16-byte vectors where sizes and alignment allow.
+// once; pass 3 adds the rows' losses to loss_sum in a fixed order. Elementwise kernels move 16-byte vectors where sizes and alignment allow.
 #include "ops/cuda/cuda_common.cuh"
 
 #define ELEM_THREADS 256
@@ -23,11 +23,57 @@ __global__ void embedding_forward_kernel(TH *h, const TT *table, const int32_t *
     }
 }
 
+// dtable[v] += Σ_(t: tokens[t] = v) dh[t], t in order: one block per position t, which returns unless t is its
+// token's first position, and else adds the rows of every position of that token, in order, to the table row —
+// one writer per row, no atomics (tokens repeat), the same bits in every run. Each block scans the token list
+// (T int32, cached) in chunks of EMB_THREADS: which earlier positions hold its token, then which later ones do
+// (compacted in order into hit[]); a thread keeps EMB_COLS columns of the row in registers.
+#define EMB_THREADS 256
+#define EMB_COLS 8
 template <typename T>
 __global__ void embedding_backward_kernel(float *dtable, const T *dh, const int32_t *tokens, int64_t T_, int64_t H) {
-    GRID_STRIDE(e, T_ * H) {
-        int64_t t = e / H, c = e % H;
-        atomicAdd(dtable + (int64_t)tokens[t] * H + c, ld(dh, e)); // tokens repeat: rows collide
+    __shared__ int32_t hit[EMB_THREADS];
+    __shared__ int warp_n[EMB_THREADS / 32];
+    int64_t t = blockIdx.x;
+    int32_t v = tokens[t];
+    for (int64_t u0 = 0; u0 < t; u0 += EMB_THREADS) {
+        int64_t u = u0 + threadIdx.x;
+        if (__syncthreads_or(u < t && tokens[u] == v)) return; // an earlier position's block adds this row
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float *out = dtable + (int64_t)v * H;
+    for (int64_t c0 = 0; c0 < H; c0 += EMB_THREADS * EMB_COLS) {
+        float acc[EMB_COLS];
+#pragma unroll
+        for (int k = 0; k < EMB_COLS; k++) {
+            int64_t c = c0 + k * EMB_THREADS + threadIdx.x;
+            acc[k] = c < H ? out[c] : 0.0f;
+        }
+        for (int64_t u0 = t; u0 < T_; u0 += EMB_THREADS) {
+            int64_t u = u0 + threadIdx.x;
+            bool m = u < T_ && tokens[u] == v;
+            unsigned mask = __ballot_sync(0xffffffffu, m);
+            if (lane == 0) warp_n[warp] = __popc(mask);
+            __syncthreads();
+            int before = 0, n = 0;
+            for (int w = 0; w < EMB_THREADS / 32; w++) before += w < warp ? warp_n[w] : 0, n += warp_n[w];
+            if (m) hit[before + __popc(mask & ((1u << lane) - 1))] = (int32_t)(u - t);
+            __syncthreads();
+            for (int i = 0; i < n; i++) {
+                const T *row = dh + (t + hit[i]) * H;
+#pragma unroll
+                for (int k = 0; k < EMB_COLS; k++) {
+                    int64_t c = c0 + k * EMB_THREADS + threadIdx.x;
+                    if (c < H) acc[k] += ld(row, c);
+                }
+            }
+            __syncthreads(); // hit and warp_n are rewritten by the next chunk
+        }
+#pragma unroll
+        for (int k = 0; k < EMB_COLS; k++) {
+            int64_t c = c0 + k * EMB_THREADS + threadIdx.x;
+            if (c < H) out[c] = acc[k];
+        }
     }
 }
 
@@ -76,15 +122,16 @@ __global__ void cross_entropy_partial_kernel(float2 *part, const T *logits, cons
 }
 
 // Pass 2: lse of row r from its ns partials (fp64), then slice s ← grad_scale·(softmax − onehot) in the
-// logits' own dtype; the block holding the label adds lse − l[label] to loss_sum.
+// logits' own dtype; the block holding the label writes row_loss[r] = lse − l[label] (0 for an ignored row).
 template <typename T, bool VEC>
-__global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const int32_t *labels, double *loss_sum,
+__global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const int32_t *labels, double *row_loss,
                                           int64_t V, int ns, float grad_scale) {
     __shared__ double lse_s;
     int64_t r = blockIdx.x, c0 = (int64_t)blockIdx.y * CE_SLICE, c1 = min(c0 + CE_SLICE, V);
     T *l = logits + r * V;
     int32_t y = labels[r];
     if (y == -100) {
+        if (blockIdx.y == 0 && threadIdx.x == 0) row_loss[r] = 0;
         for (int64_t c = c0 + threadIdx.x; c < c1; c += CE_THREADS) st(l, c, 0.0f);
         return;
     }
@@ -94,7 +141,7 @@ __global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const i
         double sum = 0;
         for (int i = 0; i < ns; i++) sum += (double)part[r * ns + i].y * exp((double)part[r * ns + i].x - M);
         lse_s = M + log(sum);
-        if (y >= c0 && y < c1) atomicAdd(loss_sum, lse_s - ld(l, y)); // read before this block overwrites it
+        if (y >= c0 && y < c1) row_loss[r] = lse_s - ld(l, y); // read before this block overwrites it
     }
     __syncthreads();
     float lse = (float)lse_s;
@@ -113,6 +160,15 @@ __global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const i
             st(l, c, c == y ? p - grad_scale : p);
         }
     }
+}
+
+// Pass 3: loss_sum += Σ_r row_loss[r] in one block's fixed order (no atomics: the same bits in every run).
+__global__ void cross_entropy_sum_kernel(double *loss_sum, const double *row_loss, int64_t R) {
+    __shared__ double sd[32];
+    double s = 0;
+    for (int64_t r = threadIdx.x; r < R; r += blockDim.x) s += row_loss[r];
+    s = block_sum(s, sd);
+    if (threadIdx.x == 0) *loss_sum += s;
 }
 
 // The flat elementwise kernels run over n elements in 8-element (AdamW: 4-element) vectors when the launcher
@@ -204,7 +260,8 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, TW *w
     }
 }
 
-// Σ x² in fp64, one partial per block added into out; fp32 in float4 loads when vec (16-byte aligned), four
+// Σ x² in fp64, one partial per block into out[block] (the host adds them in block order: the same bits in every
+// run); fp32 in float4 loads when vec (16-byte aligned), four
 // of them issued before the first is used (64 bytes in flight per thread: one load at a time read the optimizer
 // step's 22 GB of gradients at 3.4 TB/s, short of the copy rate).
 __device__ __forceinline__ double sq4(float4 v) {
@@ -229,7 +286,7 @@ template <typename T> __global__ void sum_squares_kernel(double *out, const T *x
         s += v * v;
     }
     s = block_sum(s, sd);
-    if (threadIdx.x == 0) atomicAdd(out, s);
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
 // ---- host-side dtype conversion (for copies that cross devices and dtypes) ----
@@ -283,8 +340,9 @@ void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
     int64_t T_ = t_rows(dh), H = t_cols(dh);
     IS_F32(dtable, "embedding_backward");
     if (T_ * H == 0) return;
+    if (T_ > 0x7fffffff) die("embedding_backward: %lld positions exceed int32", (long long)T_);
     DT_SWITCH(dh.dt, T, "embedding_backward",
-              embedding_backward_kernel<T><<<grid_for(T_ * H, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+              embedding_backward_kernel<T><<<(unsigned)T_, EMB_THREADS, 0, cuda_stream()>>>(
                   (float *)dtable.p, (const T *)dh.p, (const int32_t *)tokens.p, T_, H));
     CUDA_LAUNCH_CHECK();
 }
@@ -297,7 +355,8 @@ void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float gra
     if (R > 65535 || ns > 65535)
         die("cross_entropy: a chunk of %lld rows of %lld logits is too large (at most 65535 rows)", (long long)R,
             (long long)V);
-    float2 *part = (float2 *)cuda_scratch((size_t)R * ns * sizeof(float2));
+    double *row_loss = (double *)cuda_scratch((size_t)R * sizeof(double) + (size_t)R * ns * sizeof(float2));
+    float2 *part = (float2 *)(row_loss + R);
     dim3 grid((unsigned)R, (unsigned)ns);
     const int32_t *lab = (const int32_t *)labels.p;
     DT_SWITCH(logits.dt, T, "cross_entropy", {
@@ -306,14 +365,16 @@ void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float gra
             cross_entropy_partial_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
             CUDA_LAUNCH_CHECK();
             cross_entropy_grad_kernel<T, true>
-                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
+                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, row_loss, V, ns, grad_scale);
         } else {
             cross_entropy_partial_kernel<T, false><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
             CUDA_LAUNCH_CHECK();
             cross_entropy_grad_kernel<T, false>
-                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, (double *)loss_sum.p, V, ns, grad_scale);
+                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, row_loss, V, ns, grad_scale);
         }
     });
+    CUDA_LAUNCH_CHECK();
+    cross_entropy_sum_kernel<<<1, 1024, 0, cuda_stream()>>>((double *)loss_sum.p, row_loss, R);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -387,16 +448,18 @@ double cuda_sum_squares(Tensor x) {
     int64_t n = tensor_numel(x);
     if (!n) return 0;
     CudaCtx *c = cuda_ctx();
-    CUDA_CHECK(cudaMemsetAsync(c->small, 0, sizeof(double), c->compute));
     unsigned grid = (unsigned)(c->sm_count * 4);
     if ((int64_t)grid * ELEM_THREADS > n) grid = grid_for(n, ELEM_THREADS);
+    CHECK(grid * sizeof(double) <= CUDA_SMALL_BYTES);
     DT_SWITCH(x.dt, T, "sum_squares",
               sum_squares_kernel<T>
               <<<grid, ELEM_THREADS, 0, c->compute>>>((double *)c->small, (const T *)x.p, n, aligned16(x.p)));
     CUDA_LAUNCH_CHECK();
-    CUDA_CHECK(cudaMemcpyAsync(c->host_small, c->small, sizeof(double), cudaMemcpyDeviceToHost, c->compute));
+    CUDA_CHECK(cudaMemcpyAsync(c->host_small, c->small, grid * sizeof(double), cudaMemcpyDeviceToHost, c->compute));
     CUDA_CHECK(cudaStreamSynchronize(c->compute));
-    return *(double *)c->host_small;
+    double s = 0;
+    for (unsigned b = 0; b < grid; b++) s += ((const double *)c->host_small)[b];
+    return s;
 }
 
 void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,

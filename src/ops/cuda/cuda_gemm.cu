@@ -327,18 +327,19 @@ __global__ void linear_bias_forward_kernel(TY *y, const TB *b, int64_t M, int64_
         st(y, i, ld(y, i) + ld(b, i % N));
 }
 
-// db: (N) fp32 += Σ_rows dy: (M, N). Block (32 columns × 8 row lanes); blocks along y split the rows.
-template <typename T> __global__ void linear_bias_backward_kernel(float *db, const T *dy, int64_t M, int64_t N) {
-    __shared__ float part[8][33];
+// part: (G, N) fp32, row g = Σ over row group g of dy: (M, N) (colsum_finish adds the groups to db in order).
+// Block (32 columns × 8 row lanes); grid.y = G row groups.
+template <typename T> __global__ void linear_bias_backward_kernel(float *part, const T *dy, int64_t M, int64_t N) {
+    __shared__ float sm[8][33];
     int64_t j = blockIdx.x * 32 + threadIdx.x;
     float s = 0;
     if (j < N)
         for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < M; i += (int64_t)gridDim.y * 8) s += ld(dy, i * N + j);
-    part[threadIdx.y][threadIdx.x] = s;
+    sm[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && j < N) {
-        for (int r = 1; r < 8; r++) s += part[r][threadIdx.x];
-        atomicAdd(db + j, s);
+        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
+        part[blockIdx.y * N + j] = s;
     }
 }
 
@@ -772,14 +773,18 @@ void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool a
                   grouped_bias_backward_kernel<T>
                   <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
                       (float *)db.p, (const T *)dy.p, g, N, accumulate));
-    } else { // atomic adds
+    } else { // row groups' sums, then added to db in order (colsum_finish)
         CHECK(accumulate);
         if (M == 0) return;
-        int64_t gy = (M + 255) / 256;
-        dim3 grid((unsigned)((N + 31) / 32), (unsigned)(gy > 64 ? 64 : gy));
+        int G = colsum_groups(M, N);
+        float *part = colsum_part(N, G, "linear_backward_weight");
         DT_SWITCH(dy.dt, T, "linear_backward_weight",
                   linear_bias_backward_kernel<T>
-                  <<<grid, dim3(32, 8), 0, cuda_stream()>>>((float *)db.p, (const T *)dy.p, M, N));
+                  <<<dim3((unsigned)((N + 31) / 32), (unsigned)G), dim3(32, 8), 0, cuda_stream()>>>(
+                      part, (const T *)dy.p, M, N));
+        CUDA_LAUNCH_CHECK();
+        colsum_finish((float *)db.p, part, G, N);
+        return;
     }
     CUDA_LAUNCH_CHECK();
 }

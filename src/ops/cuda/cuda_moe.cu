@@ -9,7 +9,8 @@
 // rows/perm int32; x, y (R, H) activations; combine y (T·k, H) in slot order.
 // The row movers (gather, scatter, combine) move 16-byte vectors (8 values) per thread when rows allow
 // it. scatter_add_rows inverts the row map once (a scratch of T·div int32) and sums each token's rows
-// in fp32 in one pass — no atomics, one rounding; a map that is not injective takes the atomic path.
+// in fp32 in one pass, in slot order — no atomics, one rounding, the same bits in every run; a map that is not
+// injective (expert parallelism's per-rank sums, where a token's kept slots share a row) takes the atomic path.
 #include "ops/cuda/cuda_common.cuh"
 
 #define MOE_WARPS 8 // tokens per block: one warp per token
@@ -139,30 +140,33 @@ __global__ void router_backward_kernel(float *dlogits, const float *dw, const fl
         for (int j = 0; j < k; j++) dl[ix[j]] += (float)(wt[j] * (g[j] - gw / c));
 }
 
-// Load balancing: cnt[e] = #slots routed to e, pm[e] = Σ_t probs[t, e] (fp64 atomics into the small pool).
+// Load balancing: cnt[e] = #slots routed to e (fp64 atomic adds of 1: whole numbers, exact in any order);
+// pm: (G, E), row g = Σ over token group g of probs[t, e] (one writer each; the finish adds the G rows in order).
+// Both in the small pool.
 __global__ void moe_lb_count_kernel(double *cnt, const int32_t *idx, int64_t n) {
     GRID_STRIDE(i, n) atomicAdd(cnt + idx[i], 1.0);
 }
 __global__ void moe_lb_colsum_kernel(double *pm, const float *probs, int64_t T_, int64_t E) {
-    __shared__ double part[8][33];
+    __shared__ double sm[8][33];
     int64_t e = blockIdx.x * 32 + threadIdx.x;
     double s = 0;
     if (e < E)
         for (int64_t t = blockIdx.y * 8 + threadIdx.y; t < T_; t += (int64_t)gridDim.y * 8) s += probs[t * E + e];
-    part[threadIdx.y][threadIdx.x] = s;
+    sm[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && e < E) {
-        for (int r = 1; r < 8; r++) s += part[r][threadIdx.x];
-        atomicAdd(pm + e, s);
+        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
+        pm[blockIdx.y * E + e] = s;
     }
 }
-__global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const double *cnt, const double *pm, int64_t T_,
-                                     int E, int k, float coef, float grad_scale) {
+__global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const double *cnt, const double *pm, int G,
+                                     int64_t T_, int E, int k, float coef, float grad_scale) {
     __shared__ double sd[32];
     double loss = 0;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        double f = T_ ? cnt[e] / (double)(T_ * k) : 0;
-        loss += (double)coef * E * f * (T_ ? pm[e] / T_ : 0);
+        double f = T_ ? cnt[e] / (double)(T_ * k) : 0, p = 0;
+        for (int g = 0; g < G; g++) p += pm[(int64_t)g * E + e];
+        loss += (double)coef * E * f * (T_ ? p / T_ : 0);
         lb_grad[e] = T_ ? (float)((double)grad_scale * coef * E * f / T_) : 0.0f;
     }
     loss = block_sum(loss, sd);
@@ -273,6 +277,21 @@ __global__ void scatter_add_rows_sum_kernel(TX *dx, const TY *dy, const int32_t 
             for (int q = 0; q < 8; q++) a[q] += v[q];
         }
         st8(dx + e * 8, a);
+    }
+}
+// The same one value at a time (rows that do not split into aligned 8-value vectors).
+template <typename TX, typename TY>
+__global__ void scatter_add_rows_sum_scalar_kernel(TX *dx, const TY *dy, const int32_t *inv, const int32_t *flag,
+                                                   int div, int64_t T_, int64_t H) {
+    if (*flag) return;
+    GRID_STRIDE(e, T_ * H) {
+        int64_t t = e / H, c = e % H;
+        float a = ld(dx, e);
+        for (int j = 0; j < div; j++) {
+            int32_t s = inv[t * div + j];
+            if (s >= 0) a += ld(dy, (int64_t)s * H + c);
+        }
+        st(dx, e, a);
     }
 }
 // The atomic form, run only when flag is set (a row map that is not a partial permutation).
@@ -413,20 +432,22 @@ void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx,
     IS_F32(lb_grad, "moe_lb_loss");
     CHECK(loss_sum.dt == DT_F64);
     CudaCtx *c = cuda_ctx();
-    if ((size_t)E * 2 * sizeof(double) > CUDA_SMALL_BYTES)
-        die("moe_lb_loss: %lld experts exceed the small pool", (long long)E);
+    // token groups of the column sums: up to 64 of at least 256 tokens, as many as fit the small pool
+    int64_t G = (T_ + 255) / 256, fit = (int64_t)(CUDA_SMALL_BYTES / sizeof(double)) / (E > 0 ? E : 1) - 1;
+    G = G > 64 ? 64 : G;
+    G = G > fit ? fit : G;
+    if (T_ > 0 && G < 1) die("moe_lb_loss: %lld experts exceed the small pool", (long long)E);
     double *cnt = (double *)c->small, *pm = cnt + E;
-    CUDA_CHECK(cudaMemsetAsync(cnt, 0, 2 * E * sizeof(double), c->compute));
+    CUDA_CHECK(cudaMemsetAsync(cnt, 0, E * sizeof(double), c->compute));
     if (T_ > 0) {
         moe_lb_count_kernel<<<grid_for(T_ * k, 256), 256, 0, c->compute>>>(cnt, (const int32_t *)idx.p, T_ * k);
         CUDA_LAUNCH_CHECK();
-        int64_t gy = (T_ + 255) / 256;
-        moe_lb_colsum_kernel<<<dim3((unsigned)((E + 31) / 32), (unsigned)(gy > 64 ? 64 : gy)), dim3(32, 8), 0,
-                               c->compute>>>(pm, (const float *)probs.p, T_, E);
+        moe_lb_colsum_kernel<<<dim3((unsigned)((E + 31) / 32), (unsigned)G), dim3(32, 8), 0, c->compute>>>(
+            pm, (const float *)probs.p, T_, E);
         CUDA_LAUNCH_CHECK();
     }
-    moe_lb_finish_kernel<<<1, 256, 0, c->compute>>>((double *)loss_sum.p, (float *)lb_grad.p, cnt, pm, T_, (int)E,
-                                                    (int)k, coef, grad_scale);
+    moe_lb_finish_kernel<<<1, 256, 0, c->compute>>>((double *)loss_sum.p, (float *)lb_grad.p, cnt, pm, (int)G, T_,
+                                                    (int)E, (int)k, coef, grad_scale);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -477,21 +498,25 @@ void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
 void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
     int64_t R = t_rows(dy), H = t_cols(dy), T_ = t_rows(dx), n = T_ * div;
     if (R * H == 0) return;
-    // The vector path also needs int32 inverse indices; other shapes take the one scalar scatter-add.
-    if (vec8_fits(H, dx.p, dy.p) && n < 0x7fffffff && div >= 1) {
+    // The inverse path needs int32 inverse indices; other shapes take the atomic scatter-add.
+    if (n < 0x7fffffff && div >= 1) {
+        bool vec = vec8_fits(H, dx.p, dy.p);
         CudaCtx *c = cuda_ctx();
         int32_t *inv = (int32_t *)cuda_scratch((size_t)(n + 1) * sizeof(int32_t)), *flag = inv + n;
         CUDA_CHECK(cudaMemsetAsync(inv, 0xff, n * sizeof(int32_t), c->compute));
         CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int32_t), c->compute));
         rows_invert_kernel<<<grid_for(R, 256), 256, 0, c->compute>>>(inv, flag, (const int32_t *)rows.p, R, n);
         CUDA_LAUNCH_CHECK();
-        DT_SWITCH(dx.dt, TX, "scatter_add_rows",
-                  DT_SWITCH(dy.dt, TY, "scatter_add_rows",
-                            scatter_add_rows_sum_kernel<TX, TY><<<grid_for(T_ * H / 8, 256), 256, 0, c->compute>>>(
-                                (TX *)dx.p, (const TY *)dy.p, inv, flag, div, T_, H / 8);
-                            CUDA_LAUNCH_CHECK();
-                            scatter_add_rows_flagged_kernel<TX, TY><<<(unsigned)c->sm_count * 4, 256, 0, c->compute>>>(
-                                (TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p, flag, div, R, H)));
+        DT_SWITCH(
+            dx.dt, TX, "scatter_add_rows",
+            DT_SWITCH(dy.dt, TY, "scatter_add_rows",
+                      if (vec) scatter_add_rows_sum_kernel<TX, TY><<<grid_for(T_ * H / 8, 256), 256, 0, c->compute>>>(
+                          (TX *)dx.p, (const TY *)dy.p, inv, flag, div, T_, H / 8);
+                      else scatter_add_rows_sum_scalar_kernel<TX, TY><<<grid_for(T_ * H, 256), 256, 0, c->compute>>>(
+                          (TX *)dx.p, (const TY *)dy.p, inv, flag, div, T_, H);
+                      CUDA_LAUNCH_CHECK(); scatter_add_rows_flagged_kernel<TX, TY>
+                      <<<(unsigned)c->sm_count * 4, 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p,
+                                                                          (const int32_t *)rows.p, flag, div, R, H)));
         CUDA_LAUNCH_CHECK();
         return;
     }

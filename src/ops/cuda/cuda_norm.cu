@@ -55,21 +55,22 @@ __global__ void rmsnorm_backward_kernel(T *dx, const T *dy, const T *x, const TW
     }
 }
 
-// dw: (D) fp32 += Σ_rows dy·x·rstd. Block (32 columns × 8 row lanes); blocks along y split the rows.
+// part: (G, D) fp32, row g = Σ over row group g of dy·x·rstd (colsum_finish adds the groups to dw in order).
+// Block (32 columns × 8 row lanes); grid.y = G row groups.
 template <typename T>
-__global__ void rmsnorm_backward_dw_kernel(float *dw, const T *dy, const T *x, const float *rstd, int64_t R,
+__global__ void rmsnorm_backward_dw_kernel(float *part, const T *dy, const T *x, const float *rstd, int64_t R,
                                            int64_t D) {
-    __shared__ float part[8][33];
+    __shared__ float sm[8][33];
     int64_t j = blockIdx.x * 32 + threadIdx.x;
     float s = 0;
     if (j < D)
         for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < R; i += (int64_t)gridDim.y * 8)
             s += ld(dy, i * D + j) * ld(x, i * D + j) * rstd[i];
-    part[threadIdx.y][threadIdx.x] = s;
+    sm[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && j < D) {
-        for (int r = 1; r < 8; r++) s += part[r][threadIdx.x];
-        atomicAdd(dw + j, s);
+        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
+        part[blockIdx.y * D + j] = s;
     }
 }
 
@@ -257,8 +258,8 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     if (R == 0) return;
     dim3 blk(32, NORM_WARPS);
     unsigned grid = (unsigned)((R + NORM_WARPS - 1) / NORM_WARPS);
-    int64_t gy = (R + 255) / 256;
-    dim3 gdw((unsigned)((D + 31) / 32), (unsigned)(gy > 128 ? 128 : gy));
+    int G = colsum_groups(R, D);
+    float *part = colsum_part(D, G, "rmsnorm_backward");
     // (vector or scalar kernel: as in the forward)
     if (vec8_fits(D, dx.p, dy.p, x.p, w.p)) {
         int lpr = norm_lanes(D / 8);
@@ -277,9 +278,11 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     }
     CUDA_LAUNCH_CHECK();
     DT_SWITCH(x.dt, T, "rmsnorm_backward",
-              rmsnorm_backward_dw_kernel<T><<<gdw, dim3(32, 8), 0, cuda_stream()>>>(
-                  (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const float *)rstd.p, R, D));
+              rmsnorm_backward_dw_kernel<T>
+              <<<dim3((unsigned)((D + 31) / 32), (unsigned)G), dim3(32, 8), 0, cuda_stream()>>>(
+                  part, (const T *)dy.p, (const T *)x.p, (const float *)rstd.p, R, D));
     CUDA_LAUNCH_CHECK();
+    colsum_finish((float *)dw.p, part, G, D);
 }
 
 void cuda_rope(Tensor x, int off, Tensor cos_t, Tensor sin_t, Tensor pos, RopeLayout layout, bool backward) {
