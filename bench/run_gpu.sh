@@ -44,7 +44,7 @@ if [ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]; then
     for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib; do export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; done
 fi
 if [ ! -x build/pith ] || [ ! -x build/bench_gpu_ops ]; then
-    make -j16 build/pith build/bench_gpu_ops >"$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
+    make -j16 GPU=1 build/pith build/bench_gpu_ops >"$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader

@@ -16,7 +16,7 @@ for a in "$@"; do
 done
 mkdir -p "$OUT"
 pith=${PITH:-build/pith}
-[ -x "$pith" ] || make -j16 build/pith >"$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
+[ -x "$pith" ] || make -j16 GPU=1 build/pith >"$OUT/build.txt" 2>&1 || { tail -20 "$OUT/build.txt"; exit 1; }
 if [ "$config" = bench/qwen3_30b_a3b_8l/train.json ]; then
     mkdir -p /tmp/pith-bench-data
     "$pith" synth --output /tmp/pith-bench-data/tokens.bin --vocab $vocab --tokens 200000 --seed 1 >/dev/null

@@ -31,10 +31,21 @@ echo "demo: corpus $(wc -l < "$data/corpus/kjv.jsonl") chapters, $(du -h "$data/
 
 $pith tokenize --tokenizer data/tokenizers/qwen3 --input "$data/corpus" --output "$data/tokens" --workers "$(nproc)"
 
-# A fresh demo each time: the run resumes from checkpoints only within one `make demo`.
-rm -rf "$runs"
+# A second `make demo` resumes an unfinished run from its newest checkpoint (pith train does that by itself); a
+# finished one is kept under a dated name and a new run starts.
+if [ -e "$runs/.demo-finished" ]; then
+    old="$runs.$(date -r "$runs/.demo-finished" +%Y%m%d-%H%M%S)"
+    mv "$runs" "$old"
+    echo "demo: the last demo finished; kept it as $old, starting a new run"
+fi
+if [ -d "$runs" ]; then
+    echo "demo: resuming the unfinished run in $runs from its newest checkpoint"
+else
+    : >"$data/train.log" # the step lines of this run alone (a resumed run adds to them)
+fi
 start=$(date +%s)
-$pith train examples/demo/train.json | tee "$data/train.log"
+$pith train examples/demo/train.json | tee -a "$data/train.log"
+touch "$runs/.demo-finished"
 echo
 echo "demo: trained in $(( $(date +%s) - start )) s; checkpoints:"; ls "$runs"
 awk -F'[ |]+' '/^step /{ split($2, s, "/"); n = s[1] + 0; loss[n] = $4; last = n }

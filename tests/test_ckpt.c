@@ -470,6 +470,27 @@ TEST(signals_checkpoint) {
     ASSERT(path_exists(ck));
 }
 
+// Ctrl-C (SIGINT) stops like SIGTERM: a checkpoint after the step under way, exit 0 (env --default-signal: a
+// shell's background job would otherwise start with SIGINT ignored, which pith keeps).
+TEST(signals_interrupt_checkpoints) {
+    const char *d = make_run();
+    char out[1 << 16];
+    int rc = run_cmd(out, sizeof out,
+                     "env --default-signal=INT %s train %s/train.json --set max_steps=100000 --set save_location=%s/ck "
+                     "> %s/a.log 2>&1 & "
+                     "p=$!; until grep -qs '^step ' %s/a.log; do sleep 0.05; done; kill -INT $p; wait $p; rc=$?; "
+                     "cat %s/a.log; exit $rc",
+                     PITH_BIN, d, d, d, d, d);
+    ASSERT_MSG(rc == 0 && strstr(out, "pith: interrupted: stopping after this step") &&
+                   strstr(out, "stopped by SIGINT"),
+               "exit %d: %s", rc, out);
+    int s = 0;
+    ASSERT(sscanf(strstr(out, "signal: SIGINT after step "), "signal: SIGINT after step %d", &s) == 1);
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/ck/step-%08d/run.json", d, s);
+    ASSERT_MSG(path_exists(ck), "%s", ck);
+}
+
 // Writers on a full disk: a file-size limit (ulimit -f; writes past it fail with EFBIG) and, where this
 // machine lets a test mount one, a 64 KB tmpfs (ENOSPC). Each names its file, exits 1 and leaves no
 // temporary and nothing truncated under a final name.

@@ -169,6 +169,13 @@ TEST(generate_greedy_reproduces_overfitted_text) {
                        d, pith) == 0,
                "%s", out);
     ASSERT_MSG(!strcmp(out, OVERFIT_TEXT "\n"), "generated '%s', want '" OVERFIT_TEXT "' and EOS", out);
+    // The save_location stands for its newest checkpoint (as in pith eval).
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "cd %s && %s generate --model ck --tokenizer tok --prompt 'pith learns' -n 40 --temperature 0 "
+                       "2>/dev/null",
+                       d, pith) == 0 &&
+                   !strcmp(out, OVERFIT_TEXT "\n"),
+               "from the save_location: '%s'", out);
     // -n stops it early; sampling at a low temperature from a model this sure gives the same text (--device auto:
     // the GPU where there is one).
     ASSERT(run_cmd(out, sizeof out,
@@ -263,7 +270,7 @@ TEST(generate_errors) {
         {"--model tests/hf/qwen3_moe --tokenizer T --prompt x --top-p 0", "--top-p must be above 0"},
         {"--model tests/hf/qwen3_moe --tokenizer T --prompt x --top-p 1.5", "--top-p needs a number in [0, 1]"},
         {"--model tests/hf/qwen3_moe --tokenizer T --prompt x --seed -2", "--seed needs an integer"},
-        {"--model tests/hf/qwen3_moe --tokenizer T --prompt x --device tpu", "--device must be cpu, cuda or auto"},
+        {"--model tests/hf/qwen3_moe --tokenizer T --prompt x --device tpu", "--device must be auto, cpu or cuda"},
         {"--model tests/hf/qwen3_moe --tokenizer T --prompt x --dtype fp8", "--dtype must be fp32 or bf16"},
         {"--model tests/hf/qwen3_moe --tokenizer T --prompt ''", "--prompt gives no tokens"},
         {"--model tests/hf/qwen3_moe --tokenizer T --prompt x extra", "unexpected argument 'extra'"},

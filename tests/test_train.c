@@ -93,6 +93,18 @@ TEST(train_cpu_threading_defaults) {
     ASSERT_MSG(strstr(out, "OMP_WAIT_POLICY=active"), "%s", out);
 }
 
+// After its restart with passive waiting the process is still called pith (ps, top, pgrep), not "exe".
+TEST(train_process_is_named_pith) {
+    const char *d = make_run(1000);
+    char out[16384];
+    run_cmd(out, sizeof out, // (the exit status is kill's)
+            "env -u OMP_WAIT_POLICY %s train %s/train.json --set max_steps=100000 --set run_dir=%s/r >/dev/null 2>&1 "
+            "& p=$!; for i in $(seq 600); do grep -qz OMP_WAIT_POLICY=PASSIVE /proc/$p/environ 2>/dev/null && break; "
+            "sleep 0.05; done; cat /proc/$p/comm; kill $p; wait $p 2>/dev/null",
+            PITH_BIN, d, d);
+    ASSERT_MSG(!strcmp(out, "pith\n"), "the restarted process is called '%s'", out);
+}
+
 TEST(train_continues_into_new_epochs) {
     // 4 samples per epoch, 4 per step, 3 steps: epochs 1 and 2 begin with fresh permutations.
     const char *d = make_run(65);

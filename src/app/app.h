@@ -13,3 +13,10 @@ int cmd_generate(int argc, char **argv);
 // The integer value of option opt of command cmd, in [lo, hi]; dies naming both otherwise (val NULL:
 // the option had no value).
 int64_t arg_int(const char *cmd, const char *opt, const char *val, int64_t lo, int64_t hi);
+
+#include "base/base.h"
+// The device of --device auto|cpu|cuda (auto: the GPU when this build has a usable one); dies naming cmd otherwise.
+Device arg_device(const char *cmd, const char *device);
+// The model folder --model names, into dir: the folder itself when it holds config.json, else a save_location's
+// newest checkpoint (said on stderr; read only: a run may be saving). Dies when it is neither.
+void arg_model_dir(const char *cmd, const char *model, char *dir, size_t cap);

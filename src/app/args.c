@@ -2,7 +2,8 @@
 #include <errno.h>
 
 #include "app/app.h"
-#include "base/base.h"
+#include "ops/ops.h"
+#include "train/ckpt.h"
 
 int64_t arg_int(const char *cmd, const char *opt, const char *val, int64_t lo, int64_t hi) {
     char *end;
@@ -12,4 +13,22 @@ int64_t arg_int(const char *cmd, const char *opt, const char *val, int64_t lo, i
         die("%s: %s needs an integer in [%lld, %lld] (got %s%s%s)", cmd, opt, (long long)lo, (long long)hi,
             val ? "'" : "", val ? val : "nothing", val ? "'" : "");
     return v;
+}
+
+Device arg_device(const char *cmd, const char *device) {
+    if (strcmp(device, "auto") && strcmp(device, "cpu") && strcmp(device, "cuda"))
+        die("%s: --device must be auto, cpu or cuda (got '%s')", cmd, device);
+    if (!strcmp(device, "cuda") && !ops_cuda_available())
+        die("%s: --device cuda: no usable GPU or no CUDA backend in this build", cmd);
+    return strcmp(device, "cpu") && ops_cuda_available() ? DEV_CUDA : DEV_CPU;
+}
+
+void arg_model_dir(const char *cmd, const char *model, char *dir, size_t cap) {
+    char cfg[4300];
+    snprintf(dir, cap, "%s", model);
+    snprintf(cfg, sizeof cfg, "%s/config.json", model);
+    if (!path_is_dir(model) || path_exists(cfg)) return;
+    if (!ckpt_find_latest(model, dir, cap, false))
+        die("%s: no config.json and no checkpoints (step-N folders): not a model folder or a save_location", model);
+    fprintf(stderr, "%s: %s is a save_location; its newest checkpoint is %s\n", cmd, model, dir);
 }

@@ -117,8 +117,6 @@ int cmd_eval(int argc, char **argv) {
     if (M > B) M = B;
     if (M * S > INT32_MAX)
         die("eval: --micro-batch × --seq = %lld tokens is more than a micro-batch can hold", (long long)(M * S));
-    if (strcmp(device, "auto") && strcmp(device, "cpu") && strcmp(device, "cuda"))
-        die("eval: --device must be auto, cpu or cuda (got '%s')", device);
     if (strcmp(dtype, "fp32") && strcmp(dtype, "bf16")) die("eval: --dtype must be fp32 or bf16 (got '%s')", dtype);
     if (P * C != dist_world_size())
         die("eval: --pp %lld × --cp %lld: the layout needs as many ranks as started (%d); start it under mpirun -np "
@@ -131,21 +129,12 @@ int cmd_eval(int argc, char **argv) {
         die("cannot silence stdout of rank %d", dist_world_rank());
     Dist d;
     dist_mesh_init(&d, (int)P, (int)C, 1, false, 900, "eval");
-    Device dev = DEV_CPU;
-    if (!strcmp(device, "cuda") && !ops_cuda_available())
-        die("eval: --device cuda: no usable GPU or no CUDA backend in this build");
-    if (strcmp(device, "cpu") && ops_cuda_available()) dev = DEV_CUDA, dist_mesh_gpu(&d);
+    Device dev = arg_device("eval", device);
+    if (dev == DEV_CUDA) dist_mesh_gpu(&d);
     if (!strcmp(dtype, "bf16") && dev == DEV_CPU) die("eval: --dtype bf16 needs the GPU (the CPU computes in fp32)");
 
-    // A folder without config.json may be a save_location: its newest checkpoint (read only: a run may be saving).
-    char dir[4200], cfg[4300];
-    snprintf(dir, sizeof dir, "%s", model);
-    snprintf(cfg, sizeof cfg, "%s/config.json", model);
-    if (path_is_dir(model) && !path_exists(cfg)) {
-        if (!ckpt_find_latest(model, dir, sizeof dir, false))
-            die("%s: no config.json and no checkpoints (step-N folders): not a model folder or a save_location", model);
-        printf("eval: %s is a save_location; its newest checkpoint is %s\n", model, dir);
-    }
+    char dir[4200];
+    arg_model_dir("eval", model, dir, sizeof dir);
     ModelConfig mc;
     const ModelFamily *fam = model_config_load(&mc, dir);
     if (P > 1) {

@@ -92,15 +92,14 @@ int gen_sample(const float *logits, int V, double temperature, double top_p, Rng
 // ---- the command ----
 
 static void generate_usage(FILE *f) {
-    fprintf(f,
-            "usage: pith generate --model DIR --tokenizer PATH --prompt TEXT [-n N] [--temperature T] [--top-p P]\n"
-            "                     [--seed S] [--device cpu|cuda|auto] [--dtype fp32|bf16]\n"
-            "  DIR: a pith checkpoint folder (step-N) or an HF folder (config.json + safetensors).\n"
-            "  PATH: tokenizer.json or a folder holding it. Writes the prompt and then each new token as it comes.\n"
-            "  -n N: at most N new tokens (default 64; generation stops early at the tokenizer's EOS).\n"
-            "  --temperature T: 0 is greedy (argmax); default 1. --top-p P in (0, 1]: sample only from the most\n"
-            "  likely tokens that together hold P of the probability (default 1). --seed S: the draws (default 0).\n"
-            "  --device: default cpu (auto: cuda when a GPU is usable). --dtype: GPU compute dtype (default fp32).\n");
+    fprintf(f, "usage: pith generate --model DIR --tokenizer PATH --prompt TEXT [-n N] [--temperature T] [--top-p P]\n"
+               "                     [--seed S] [--device auto|cpu|cuda] [--dtype fp32|bf16]\n"
+               "  DIR: a pith checkpoint folder (step-N), a save_location (its newest checkpoint) or an HF folder.\n"
+               "  PATH: tokenizer.json or a folder holding it. Writes the prompt and then each new token as it comes.\n"
+               "  -n N: at most N new tokens (default 64; generation stops early at the tokenizer's EOS).\n"
+               "  --temperature T: 0 is greedy (argmax); default 1. --top-p P in (0, 1]: sample only from the most\n"
+               "  likely tokens that together hold P of the probability (default 1). --seed S: the draws (default 0).\n"
+               "  --device: auto (default): the GPU when there is one. --dtype: GPU compute dtype (default fp32).\n");
 }
 
 // A number in [lo, hi] from option opt, or a one-line error naming it.
@@ -119,7 +118,7 @@ int cmd_generate(int argc, char **argv) {
                                    {"top-p", 1, 0, 'P'},  {"seed", 1, 0, 's'},
                                    {"device", 1, 0, 'v'}, {"dtype", 1, 0, 'd'},
                                    {"help", 0, 0, 'h'},   {0}};
-    const char *model = NULL, *tokenizer = NULL, *prompt = NULL, *device = "cpu", *dtype = "fp32";
+    const char *model = NULL, *tokenizer = NULL, *prompt = NULL, *device = "auto", *dtype = "fp32";
     int64_t n_new = 64, seed = 0;
     double temperature = 1, top_p = 1;
     int c;
@@ -143,13 +142,11 @@ int cmd_generate(int argc, char **argv) {
     if (!model || !tokenizer || !prompt)
         die("generate: --model, --tokenizer and --prompt are required (see pith generate --help)");
     if (!(top_p > 0)) die("generate: --top-p must be above 0 (got %g)", top_p);
-    if (strcmp(device, "cpu") && strcmp(device, "cuda") && strcmp(device, "auto"))
-        die("generate: --device must be cpu, cuda or auto (got '%s')", device);
     if (strcmp(dtype, "fp32") && strcmp(dtype, "bf16")) die("generate: --dtype must be fp32 or bf16 (got '%s')", dtype);
-    Device dev = DEV_CPU;
-    if (!strcmp(device, "cuda") && !ops_cuda_available())
-        die("generate: --device cuda: no usable GPU or no CUDA backend in this build");
-    if (strcmp(device, "cpu") && ops_cuda_available()) dev = DEV_CUDA;
+    Device dev = arg_device("generate", device);
+    char dir[4200];
+    arg_model_dir("generate", model, dir, sizeof dir);
+    model = dir;
 
     Bpe *tok = bpe_load(tokenizer);
     BpeScratch *scratch = bpe_scratch_new(tok);

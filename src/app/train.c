@@ -28,6 +28,14 @@ static void train_usage(FILE *f) {
 
 static volatile sig_atomic_t got_signal;
 static void on_signal(int sig) { got_signal = sig; }
+// Ctrl-C stops like SIGTERM, with a checkpoint after the step under way; a second Ctrl-C stops at once.
+static void on_interrupt(int sig) {
+    static const char msg[] =
+        "\npith: interrupted: stopping after this step with a checkpoint (Ctrl-C again: at once)\n";
+    if (got_signal == SIGINT) signal(SIGINT, SIG_DFL), raise(SIGINT);
+    got_signal = SIGINT;
+    (void)!write(2, msg, sizeof msg - 1);
+}
 
 // One line of metrics.jsonl, written whole or not at all: a failed write is cut back to the last full
 // line and ends the run naming the file. NaN and Inf are not JSON: a value that is not finite is null.
@@ -55,6 +63,12 @@ static void fmt_thousands(char *out, size_t cap, double v) {
         if (raw[i] != '-' && (n - i - 1) % 3 == 0 && i < n - 1) out[o++] = ',';
     }
     out[o] = 0;
+}
+
+// A duration as h:mm:ss.
+static void fmt_duration(char *out, size_t cap, double s) {
+    long t = s > 0 && s < 1e9 ? (long)(s + 0.5) : 0;
+    snprintf(out, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
 }
 
 // <run_dir>/metrics.jsonl for appending. A resumed run keeps the metrics of the steps it does not redo
@@ -176,21 +190,27 @@ int cmd_train(int argc, char **argv) {
     if (metrics && cfg.tensorboard) tboard_open(&tb, cfg.run_dir);
     if (!cfg.save_location[0]) warn("%s: no save_location: this run writes no checkpoints", cfg.file);
     signal(SIGTERM, on_signal), signal(SIGUSR1, on_signal);
+    if (signal(SIGINT, SIG_IGN) != SIG_IGN) signal(SIGINT, on_interrupt); // (a shell's background job ignores it)
     int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps, skipped = 0,
         in_a_row = 0; // skipped: steps whose update was skipped; in_a_row: of them, the latest consecutive ones
-    bool stopped_by_signal = false;
+    const char *stopped_by = NULL; // the signal that stopped the run
+    // Elapsed: since this process's first step; ETA: its mean step time so far times the steps left to max_steps.
+    double t_loop = now_seconds();
+    int first_step = r.step;
     while (r.step < stop) {
         StepStats st = run_step(&r);
-        char tps[32];
+        char tps[32], elapsed[32], eta[32];
         fmt_thousands(tps, sizeof tps, st.tokens / st.seconds);
+        double el = now_seconds() - t_loop, eta_s = el / (r.step - first_step) * (cfg.max_steps - r.step);
+        fmt_duration(elapsed, sizeof elapsed, el), fmt_duration(eta, sizeof eta, eta_s);
         double peak = peak_rss_bytes() / 1e9;
         bool val = run_validation_due(&r);
         double val_loss = val ? run_validate(&r) : 0;
         printf("step %08d/%08d | loss %.4f", r.step, cfg.max_steps, st.loss);
         if (val) printf(" | val-loss %.4f", val_loss);
         if (cfg.moe_load_balance_coef > 0) printf(" | lb %.6f", st.lb);
-        printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | peak-mem %.2f GB", st.lr, st.grad_norm,
-               tps, st.seconds, peak);
+        printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | elapsed %s | eta %s | peak-mem %.2f GB",
+               st.lr, st.grad_norm, tps, st.seconds, elapsed, eta, peak);
         if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
         if (d->ep > 1)
             printf(" | ep-load %.3f | %s %.0f rows", st.ep_load, cfg.parallel.ep_drop_tokens ? "ep-dropped" : "ep-over",
@@ -199,17 +219,18 @@ int cmd_train(int argc, char **argv) {
         printf("%s\n", st.nonfinite ? " | not finite: no update" : "");
         // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
         // comes right after loss, before the timings.
-        const char *keys[14] = {"loss"};
-        double vals[14] = {st.loss};
+        const char *keys[16] = {"loss"};
+        double vals[16] = {st.loss};
         int nkeys = 1;
         if (val) keys[nkeys] = "val_loss", vals[nkeys++] = val_loss;
-        const char *rest[] = {"lb_loss",     "lr",       "grad_norm",   "tokens_per_s",
-                              "step_time_s", "fwdbwd_s", "peak_mem_gb", "gpu_peak_gb"};
+        const char *rest[] = {"lb_loss",   "lr",    "grad_norm", "tokens_per_s", "step_time_s",
+                              "elapsed_s", "eta_s", "fwdbwd_s",  "peak_mem_gb",  "gpu_peak_gb"};
         double restv[] = {st.lb,        st.lr,
                           st.grad_norm, st.tokens / st.seconds,
-                          st.seconds,   st.fwdbwd_seconds,
+                          st.seconds,   el,
+                          eta_s,        st.fwdbwd_seconds,
                           peak,         gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
-        for (int k = 0; k < 8; k++) keys[nkeys] = rest[k], vals[nkeys++] = restv[k];
+        for (int k = 0; k < 10; k++) keys[nkeys] = rest[k], vals[nkeys++] = restv[k];
         if (d->ep > 1) { // expert capacity (docs/architecture.md, "Expert capacity")
             keys[nkeys] = "ep_load", vals[nkeys++] = st.ep_load;
             keys[nkeys] = cfg.parallel.ep_drop_tokens ? "ep_dropped_rows" : "ep_over_rows", vals[nkeys++] = st.ep_over;
@@ -238,28 +259,26 @@ int cmd_train(int argc, char **argv) {
                  isnan(v) ? "NaN" : "infinite");
             skipped++;
         } else in_a_row = 0;
-        // SIGTERM (SLURM's warning before the time limit) or SIGUSR1: checkpoint now; SIGTERM then stops.
-        // Every rank takes the same decision: the flags are summed over the world.
-        double sig[2] = {got_signal == SIGTERM, got_signal == SIGUSR1};
-        got_signal = 0;
+        // SIGTERM (SLURM's warning before the time limit), SIGINT (Ctrl-C) or SIGUSR1: checkpoint now; SIGTERM and
+        // SIGINT then stop. Every rank takes the same decision: the flags are summed over the world.
+        const char *name = got_signal == SIGINT ? "SIGINT" : got_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
+        double sig[2] = {got_signal == SIGTERM || got_signal == SIGINT, got_signal == SIGUSR1};
+        if (got_signal != SIGINT) got_signal = 0; // (an interrupt stays seen: a second one stops at once)
         comm_allreduce(&d->world, tensor_make(sig, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
         bool signalled = sig[0] > 0 || sig[1] > 0, save_now = signalled && cfg.save_location[0];
         if (signalled)
-            printf("signal: %s after step %d%s\n", sig[0] > 0 ? "SIGTERM" : "SIGUSR1", r.step,
+            printf("signal: %s after step %d%s\n", name, r.step,
                    save_now ? ": checkpointing" : " (no save_location: nothing to save)");
         if (run_save_due(&r) || (r.step == stop && cfg.save_location[0]) || save_now) ckpt_save(&r);
         if (sig[0] > 0) {
-            stopped_by_signal = true;
+            stopped_by = name;
             break;
         }
     }
     if (metrics && fclose(metrics)) die("%s: write failed: %s", mpath, strerror(errno));
     tboard_close(&tb);
-    printf("%s: %d of %d steps, metrics in %s\n",
-           r.step == cfg.max_steps ? "done"
-           : stopped_by_signal     ? "stopped by SIGTERM"
-                                   : "stopped",
-           r.step, cfg.max_steps, mpath);
+    printf("%s%s%s: %d of %d steps, metrics in %s\n", r.step == cfg.max_steps ? "done" : "stopped",
+           stopped_by ? " by " : "", stopped_by ? stopped_by : "", r.step, cfg.max_steps, mpath);
     if (skipped) printf("skipped: the updates of %d steps whose loss or gradient norm was not finite\n", skipped);
     run_free(&r);
     json_decref(cfg.json);

@@ -19,7 +19,7 @@ $(FUZZ_DIR)/fuzz_npy: tests/fuzz/fuzz_npy.c src/base/npy.c src/base/base.c src/b
 
 $(FUZZ_TARGETS:%=$(FUZZ_DIR)/%):
 	@mkdir -p $(FUZZ_DIR)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ -ljansson -lm
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) $(filter %.c,$^) -o $@ -ljansson -lm
 
 .PHONY: fuzz
 fuzz: $(FUZZ_TARGETS:%=$(FUZZ_DIR)/%)

@@ -8,7 +8,7 @@
 # `bash tests/gpu/run_device2.sh --x8` (eight GPUs: issue 8's run; data/demo/tokens is packed when present), or
 # `bash bench/run_x2.sh` (issue 23's whole two-GPU call).
 set -euo pipefail
-make -j"$(nproc)" build/pith build/test_gpu build/test_parallel build/bench_ep build/bench_ring >/dev/null
+make -j"$(nproc)" GPU=1 build/pith build/test_gpu build/test_parallel build/bench_ep build/bench_ring >/dev/null
 rm -rf .gpu2 && mkdir -p .gpu2/bin .gpu2/lib
 exclude=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"

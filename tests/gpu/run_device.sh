@@ -21,7 +21,7 @@ if [ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]; then # fall back to the CUD
 fi
 if [ -e /usr/include/cblas.h ] && [ -e /usr/include/jansson.h ] && [ ! -e build/pith ]; then
     log "building here"
-    make -j16 build/pith build/test_gpu >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
+    make -j16 GPU=1 build/pith build/test_gpu >"$OUT/build.txt" 2>&1 || { tail -30 "$OUT/build.txt"; exit 1; }
 else
     log "using the carried binaries"
     find build -type f -exec touch {} + && touch build/pith build/test_gpu

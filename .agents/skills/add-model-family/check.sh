@@ -57,7 +57,7 @@ fi
 layout_passes() { grep -q "^PASS $layout " <<<"$lout" && grep -q "^[1-9][0-9]* passed, 0 failed" <<<"$lout"; }
 item "the layout test $layout passes" layout_passes
 if [ -x /usr/local/cuda/bin/nvcc ]; then
-    item "the GPU suite compiles (make build/test_gpu)" make -j2 build/test_gpu
+    item "the GPU suite compiles (make cuda-check)" make -j2 cuda-check
 else
     echo "skipped  the GPU suite compiles (no nvcc here)"
 fi

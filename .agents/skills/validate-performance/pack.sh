@@ -32,7 +32,7 @@ for side in base feature; do
     want=(build/pith)
     [ $side = feature ] && want+=(build/bench_gpu_ops)
     echo "pack.sh: building $side ($ref) in $dir" >&2
-    make -C "$dir" -j2 "${want[@]}" >"$tmp-$side-build.txt" 2>&1 || { tail -20 "$tmp-$side-build.txt" >&2; exit 1; }
+    make -C "$dir" -j2 GPU=1 "${want[@]}" >"$tmp-$side-build.txt" 2>&1 || { tail -20 "$tmp-$side-build.txt" >&2; exit 1; }
     for b in "${want[@]}"; do
         strip -g -o "$out/$side/$(basename "$b")" "$dir/$b" && gzip -9 "$out/$side/$(basename "$b")"
         bins+=("$dir/$b")
