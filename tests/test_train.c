@@ -246,17 +246,44 @@ TEST(errors_config_values) {
     expect_error(d, "--set nsys_start=3", "--set: nsys_start: PithTrain's nsys_start is not supported yet");
 }
 
-// The README's table of keys is what `pith train --config-table` prints from the key tables.
-TEST(config_table_matches_readme) {
+// docs/usage.md's table of keys is what `pith train --config-table` prints from the key tables.
+TEST(config_table_matches_docs) {
     size_t n;
-    char *readme = file_read_all("README.md", &n), out[65536];
+    char *readme = file_read_all("docs/usage.md", &n), out[65536];
     ASSERT(readme);
     ASSERT(run_cmd(out, sizeof out, "%s train --config-table", PITH_BIN) == 0);
     const char *begin = strstr(readme, "<!-- config-table: "), *end = strstr(readme, "<!-- config-table end -->");
     ASSERT(begin && end && strchr(begin, '\n') < end);
     begin = strchr(begin, '\n') + 1;
     ASSERT_MSG((size_t)(end - begin) == strlen(out) && !memcmp(begin, out, end - begin),
-               "README.md's config table differs from `build/pith train --config-table`: regenerate it");
+               "docs/usage.md's config table differs from `build/pith train --config-table`: regenerate it");
+    free(readme);
+}
+
+// The README's layout block names every source file of src/ (a file of ops/cpu or ops/cuda by name or as cpu/*.c,
+// cuda/*.cu), and every x.c it names exists: no stale file list.
+TEST(readme_layout_matches_tree) {
+    size_t n;
+    char *readme = file_read_all("README.md", &n), out[1 << 16];
+    ASSERT(readme);
+    char *block = strstr(readme, "\nsrc/app/"), *end = block ? strstr(block, "```") : NULL;
+    ASSERT_MSG(block && end, "README.md has no layout block");
+    *end = 0;
+    ASSERT(run_cmd(out, sizeof out, "cd src && ls */*.c */*/*.c */*/*.cu") == 0);
+    for (char *f = strtok(out, "\n"); f; f = strtok(NULL, "\n")) {
+        char folder[64], wild[64];
+        const char *slash = strchr(f, '/'), *base = strrchr(f, '/') + 1;
+        snprintf(folder, sizeof folder, "src/%.*s", (int)(slash - f + 1), f);
+        snprintf(wild, sizeof wild, "%.*s*%s", (int)(base - slash - 1), slash + 1, strrchr(base, '.'));
+        ASSERT_MSG(strstr(block, folder), "README.md's layout has no line for %s", folder);
+        ASSERT_MSG(strstr(block, base) || (base != slash + 1 && strstr(block, wild)),
+                   "README.md's layout does not name src/%s", f);
+    }
+    for (char *w = strtok(block, " ,\n"); w; w = strtok(NULL, " ,\n")) { // every x.c it names exists
+        size_t len = strlen(w);
+        if (len < 3 || strcmp(w + len - 2, ".c") || strchr(w, '*')) continue;
+        ASSERT_MSG(run_cmd(out, sizeof out, "ls src/*/%s", w) == 0, "README.md's layout names %s, not in src/", w);
+    }
     free(readme);
 }
 

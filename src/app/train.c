@@ -13,12 +13,12 @@
 
 static void train_usage(FILE *f) {
     fprintf(f, "usage: pith train CONFIG.json [--set key=value ...] [--steps N] [--dump-grads DIR]\n"
-               "  Trains the model described by CONFIG.json (keys: see README.md, \"Training config\").\n"
+               "  Trains the model described by CONFIG.json (keys: see docs/usage.md, \"Training config\").\n"
                "  With save_location set, it resumes from the newest complete checkpoint there.\n"
                "  Several ranks: start it with mpirun/srun (scripts/launch.sh picks the line); rank 0 logs.\n"
                "  --steps N         take at most N steps in this invocation, then checkpoint and exit\n"
                "  --print-config    print the effective config (every key, defaults filled in) and exit\n"
-               "  --config-table    print README.md's tables of config keys (generated from config.c) and exit\n"
+               "  --config-table    print docs/usage.md's tables of config keys (generated from config.c) and exit\n"
                "  --allow-config-change  resume even when a data-order or schedule key differs from the checkpoint's\n"
                "  --dump-grads DIR  write the first step's gradient (reduced, before clipping) to DIR as\n"
                "                    whole tensors under canonical names (layout-equivalence checks)\n"

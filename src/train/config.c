@@ -3,7 +3,7 @@
 //
 // Every key is one row of its section's table below: the field it fills, its type, default, range and
 // meaning. Parsing, the unknown-key check, the effective config (--print-config, run.json), the resume
-// comparison and the README's table all walk these rows, so a key is written once.
+// comparison and docs/usage.md's table all walk these rows, so a key is written once.
 #include "train/config.h"
 
 #include <limits.h>
@@ -22,7 +22,7 @@ typedef struct {
     bool lo_open, hi_open;      // the range excludes lo, hi
     const char *const *choices; // K_CHOICE: the names in enum order, the default first
     int flags;
-    const char *def_text; // the README's default, where it is not the value of def
+    const char *def_text; // docs/usage.md's default, where it is not the value of def
     const char *doc;
 } ConfigKey;
 
@@ -735,7 +735,7 @@ void config_check_resume(const TrainConfig *c, const json_t *saved, const char *
             where, refused->name, refused->flags & KEY_DATA_ORDER ? "data order" : "learning-rate schedule");
 }
 
-// ---- the README's tables ----
+// ---- docs/usage.md's tables ----
 
 static void append(char **buf, size_t *len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void append(char **buf, size_t *len, const char *fmt, ...) {

@@ -1,6 +1,6 @@
 // config.h — the training config: a JSON file whose keys mirror PithTrain's TrainingCfg/DistributedCfg,
 // with `--set a.b=value` overrides. One table per section (config.c) says each key's type, default,
-// range and meaning; it drives parsing, the known keys, `pith train --print-config` and the README's
+// range and meaning; it drives parsing, the known keys, `pith train --print-config` and docs/usage.md's
 // table (a test compares them). Choices are parsed into enums once. Unknown keys, wrong types, values
 // out of range and impossible combinations stop with a one-line error naming the file (or --set) and key.
 #pragma once
@@ -81,7 +81,7 @@ json_t *config_effective(const TrainConfig *c);
 // difference on stdout and dies if one of them changes the data order or the learning-rate schedule,
 // unless allow is set.
 void config_check_resume(const TrainConfig *c, const json_t *saved, const char *where, bool allow);
-// The README's tables, generated from the key tables: training keys, then PithTrain's names. Caller frees.
+// docs/usage.md's tables, generated from the key tables: training keys, then PithTrain's names. Caller frees.
 char *config_markdown(void);
 const char *config_optimizer_name(OptimizerType t); // "adamw", "muon"
 // λ(s): the learning-rate multiplier of 0-based step s; lr of that step = optimizer.lr · λ(s).
