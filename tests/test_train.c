@@ -189,7 +189,12 @@ TEST(errors_config) {
     expect_error(d, "--set device=tpu", "--set: device: 'tpu' is not supported");
     expect_error(d, "--set max_steps=null", "--set: max_steps: missing required key");
     expect_error(d, "--set dataset=/nonexistent/x", "/nonexistent/x: dataset not found");
-    expect_error(d, "--bogus", "train: unknown option '--bogus'");
+    expect_error(d, "--bogus", "train: unknown option '--bogus' (see");
+    // a near miss gets a suggestion
+    expect_error(d, "--step 3", "train: unknown option '--step' (did you mean --steps?)");
+    expect_error(d, "--set max_step=3", "--set: max_step: unknown key (did you mean max_steps?)");
+    expect_error(d, "--set optimizer.learning_rate=1",
+                 "optimizer.learning_rate: unknown key (did you mean optimizer.lr?)");
     expect_error(d, "--set parallel.expert_parallel_size=2", "parallel");
     expect_error(d, "--steps 4294967297", "train: --steps needs an integer in [1, 1073741824] (got '4294967297')");
     // An error in the file names the file; one from the command line names --set.
@@ -645,7 +650,10 @@ TEST(cli_help_and_usage) {
     char out[8192];
     ASSERT(run_cmd(out, sizeof out, "%s --help", PITH_BIN) == 0 && strstr(out, "train") && strstr(out, "synth"));
     ASSERT(run_cmd(out, sizeof out, "%s train --help", PITH_BIN) == 0 && strstr(out, "--set key=value"));
-    ASSERT(run_cmd(out, sizeof out, "%s frobnicate", PITH_BIN) == 2 && strstr(out, "unknown command 'frobnicate'"));
+    ASSERT(run_cmd(out, sizeof out, "%s frobnicate", PITH_BIN) == 2 && strstr(out, "unknown command 'frobnicate'\n"));
+    ASSERT(run_cmd(out, sizeof out, "%s trian", PITH_BIN) == 2 &&
+           strstr(out, "unknown command 'trian' (did you mean train?)"));
+    ASSERT(run_cmd(out, sizeof out, "%s eval --modle x", PITH_BIN) == 2 && strstr(out, "did you mean --model?\n"));
     ASSERT(run_cmd(out, sizeof out, "%s --version", PITH_BIN) == 0 && !strncmp(out, "pith ", 5));
     ASSERT(run_cmd(out, sizeof out, "%s synth --output /proc/x/y.bin", PITH_BIN) == 1 &&
            strstr(out, "/proc/x: cannot create directory"));

@@ -15,6 +15,10 @@ int cmd_generate(int argc, char **argv);
 int64_t arg_int(const char *cmd, const char *opt, const char *val, int64_t lo, int64_t hi);
 
 #include "base/base.h"
+struct option;
+// After getopt_long answered '?' for argv[optind - 1] (it has said why): "did you mean --x?" when an option of opts
+// is a near miss, on stderr.
+void arg_suggest_option(const struct option *opts, char **argv);
 // The device of --device auto|cpu|cuda (auto: the GPU when this build has a usable one); dies naming cmd otherwise.
 Device arg_device(const char *cmd, const char *device);
 // The model folder --model names, into dir: the folder itself when it holds config.json, else a save_location's

@@ -1,5 +1,6 @@
 // args.c — command-line values shared by the subcommands (see app.h).
 #include <errno.h>
+#include <getopt.h>
 
 #include "app/app.h"
 #include "ops/ops.h"
@@ -31,4 +32,18 @@ void arg_model_dir(const char *cmd, const char *model, char *dir, size_t cap) {
     if (!ckpt_find_latest(model, dir, cap, false))
         die("%s: no config.json and no checkpoints (step-N folders): not a model folder or a save_location", model);
     fprintf(stderr, "%s: %s is a save_location; its newest checkpoint is %s\n", cmd, model, dir);
+}
+
+void arg_suggest_option(const struct option *opts, char **argv) {
+    const char *arg = argv[optind - 1], *names[64];
+    if (strncmp(arg, "--", 2)) return;
+    char word[128];
+    snprintf(word, sizeof word, "%.*s", (int)strcspn(arg + 2, "="), arg + 2);
+    int n = 0;
+    for (; opts[n].name && n < 64; n++) {
+        if (!strcmp(opts[n].name, word)) return; // a known option that lacks its value: getopt said so
+        names[n] = opts[n].name;
+    }
+    const char *near = closest_name(word, names, n);
+    if (near) fprintf(stderr, "did you mean --%s?\n", near);
 }

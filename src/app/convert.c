@@ -306,7 +306,7 @@ int cmd_convert(int argc, char **argv) {
         case 's': shard = parse_size(optarg); break;
         case 't': tokenizer = optarg; break;
         case 'h': convert_usage(stdout); return 0;
-        default: convert_usage(stderr); return 2;
+        default: arg_suggest_option(opts, argv), convert_usage(stderr); return 2;
         }
     }
     if (argc - optind != 3) {

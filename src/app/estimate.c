@@ -242,7 +242,7 @@ int cmd_estimate(int argc, char **argv) {
         case 'D': want_detail = true; break;
         case 'S': want_sweep = true; break;
         case 'h': estimate_usage(stdout); return 0;
-        default: estimate_usage(stderr); return 2;
+        default: arg_suggest_option(opts, argv), estimate_usage(stderr); return 2;
         }
     }
     if (optind != argc - 1 || !gpus) {

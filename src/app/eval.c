@@ -106,7 +106,7 @@ int cmd_eval(int argc, char **argv) {
         case 'p': P = arg_int("eval", "--pp", optarg, 1, 1 << 20); break;
         case 'c': C = arg_int("eval", "--cp", optarg, 1, 1 << 20); break;
         case 'h': eval_usage(stdout); return 0;
-        default: eval_usage(stderr); return 2;
+        default: arg_suggest_option(opts, argv), eval_usage(stderr); return 2;
         }
     }
     if (optind < argc) die("eval: unexpected argument '%s' (see pith eval --help)", argv[optind]);

@@ -135,7 +135,7 @@ int cmd_generate(int argc, char **argv) {
         case 'v': device = optarg; break;
         case 'd': dtype = optarg; break;
         case 'h': generate_usage(stdout); return 0;
-        default: generate_usage(stderr); return 2;
+        default: arg_suggest_option(opts, argv), generate_usage(stderr); return 2;
         }
     }
     if (optind < argc) die("generate: unexpected argument '%s' (see pith generate --help)", argv[optind]);

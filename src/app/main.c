@@ -54,7 +54,11 @@ int main(int argc, char **argv) {
         prefer_passive_waiting(argv);
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
-    fprintf(stderr, "pith: error: unknown command '%s'\n", argv[1]);
+    const char *names[sizeof commands / sizeof *commands], *near;
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) names[i] = commands[i].name;
+    near = closest_name(argv[1], names, (int)(sizeof commands / sizeof *commands));
+    fprintf(stderr, "pith: error: unknown command '%s'%s%s%s\n", argv[1], near ? " (did you mean " : "",
+            near ? near : "", near ? "?)" : "");
     usage(stderr);
     return 2;
 }

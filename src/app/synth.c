@@ -34,7 +34,7 @@ int cmd_synth(int argc, char **argv) {
         case 's': seed = arg_int("synth", "--seed", optarg, 0, INT64_MAX); break;
         case 'e': eos = arg_int("synth", "--eos", optarg, 0, (1LL << 32) - 1); break;
         case 'h': synth_usage(stdout); return 0;
-        default: synth_usage(stderr); return 2;
+        default: arg_suggest_option(opts, argv), synth_usage(stderr); return 2;
         }
     }
     if (!out) die("synth: --output is required");

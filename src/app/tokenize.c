@@ -660,7 +660,7 @@ int cmd_tokenize(int argc, char **argv) {
             if (forced_kind < 0) die("tokenize: --format must be jsonl, jsonl.zst, jsonl.gz or txt (got '%s')", optarg);
             break;
         case 'h': tokenize_usage(stdout), free(inputs); return 0;
-        default: tokenize_usage(stderr), free(inputs); return 2;
+        default: arg_suggest_option(opts, argv), tokenize_usage(stderr), free(inputs); return 2;
         }
     }
     for (int i = optind; i < argc; i++) inputs[ninputs++] = argv[i]; // the rest of --input PATH PATH ...

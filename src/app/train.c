@@ -117,8 +117,13 @@ int cmd_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--dump-grads")) {
             if (i + 1 >= argc) die("train: --dump-grads needs a folder");
             dump = argv[++i];
-        } else if (argv[i][0] == '-') die("train: unknown option '%s' (see pith train --help)", argv[i]);
-        else if (file) die("train: more than one config file given ('%s' and '%s')", file, argv[i]);
+        } else if (argv[i][0] == '-') {
+            static const char *const known[] = {"--help", "--config-table", "--print-config", "--allow-config-change",
+                                                "--set",  "--steps",        "--dump-grads"};
+            const char *near = closest_name(argv[i], known, sizeof known / sizeof *known);
+            die("train: unknown option '%s'%s%s%s (see pith train --help)", argv[i], near ? " (did you mean " : "",
+                near ? near : "", near ? "?)" : "");
+        } else if (file) die("train: more than one config file given ('%s' and '%s')", file, argv[i]);
         else file = argv[i];
     }
     if (!file) {

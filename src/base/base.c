@@ -63,6 +63,40 @@ char *xstrdup(const char *s) {
     return memcpy(xmalloc(n), s, n);
 }
 
+// Edit distance of a and b counting a swap of two neighbours as one edit (optimal string alignment): d[i][j] over
+// the prefixes a[0..i), b[0..j), three rows kept.
+static int edit_distance(const char *a, const char *b) {
+    int n = (int)strlen(a), m = (int)strlen(b), *d = xmalloc(3 * (m + 1) * sizeof(int));
+    int *pp = d, *p = d + m + 1, *c = d + 2 * (m + 1); // rows i − 2, i − 1, i
+    for (int j = 0; j <= m; j++) p[j] = j;
+    for (int i = 1; i <= n; i++) {
+        c[0] = i;
+        for (int j = 1; j <= m; j++) {
+            int best = p[j - 1] + (a[i - 1] != b[j - 1]);
+            if (p[j] + 1 < best) best = p[j] + 1;
+            if (c[j - 1] + 1 < best) best = c[j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && pp[j - 2] + 1 < best)
+                best = pp[j - 2] + 1;
+            c[j] = best;
+        }
+        int *t = pp;
+        pp = p, p = c, c = t;
+    }
+    int r = p[m];
+    free(d);
+    return r;
+}
+
+const char *closest_name(const char *word, const char *const *names, int n) {
+    int limit = (int)strlen(word) / 3, best = -1, bd = 0;
+    if (limit < 1) limit = 1;
+    for (int i = 0; i < n; i++) {
+        int d = edit_distance(word, names[i]);
+        if (d <= limit && (best < 0 || d < bd)) best = i, bd = d;
+    }
+    return best < 0 ? NULL : names[best];
+}
+
 double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

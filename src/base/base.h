@@ -18,6 +18,9 @@ _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 extern int die_rank;                 // -1: one process
 extern void (*die_hook)(int status); // NULL: exit(status)
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// For "did you mean": the name of names[0..n) closest to word in edit distance, when it is near enough to be a slip
+// (at most a third of the word's length, at least 1); else NULL.
+const char *closest_name(const char *word, const char *const *names, int n);
 #define CHECK(cond)                                                                                                    \
     do {                                                                                                               \
         if (!(cond)) {                                                                                                 \

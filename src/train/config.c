@@ -563,6 +563,15 @@ static void check_known(JObj o, const Origin *org, const ConfigSection *s, bool 
                 jdie(origin_of(o, org, key), key, "unknown key (renamed: PithTrain's %s is %s here)", key,
                      pithtrain_names[i].pith);
             }
+        const char *names[128], *near;
+        int n = 0;
+        for (int i = 0; i < s->n && n < 128; i++) names[n++] = s->keys[i].name;
+        for (int i = 1; top && i < LEN(sections) && n < 128; i++) names[n++] = sections[i].name;
+        near = !strcmp(s->name, "optimizer") && !strcmp(key, "learning_rate")
+                   ? "lr"
+                   : closest_name(key, names, n); // (a common name, not a slip)
+        if (near)
+            jdie(origin_of(o, org, key), key, "unknown key (did you mean %s%s%s?)", s->name, top ? "" : ".", near);
         jdie(origin_of(o, org, key), key, "unknown key");
     }
 }
