@@ -293,8 +293,8 @@ TEST(readme_layout_matches_tree) {
 }
 
 // --print-config: every key with its default, as JSON that config_load reads back to the same values (bit for
-// bit), under each schedule; reals print as the shortest decimal that reads back exactly (0.1, not
-// 0.10000000000000001), and a value that needs 17 digits gets them.
+// bit), under each schedule, from any folder (paths absolute); reals print as the shortest decimal that reads back
+// exactly (0.1, not 0.10000000000000001; 900.0, not 9e+02), and a value that needs 17 digits gets them.
 TEST(config_print_effective) {
     const char *d = make_run(1000);
     char out[16384], path[512];
@@ -309,14 +309,15 @@ TEST(config_print_effective) {
                        PITH_BIN, d, sch, rd) == 0);
         ASSERT_MSG(strstr(out, "\"weight_decay\": 0.1,") && strstr(out, "\"eps\": 1e-08,") &&
                        strstr(out, "\"init_std\": 0.02,") && strstr(out, "\"lr\": 0.30000000000000004,") &&
-                       strstr(out, "\"clip_grad_norm\": 1.0,") && strstr(out, "\"on_nonfinite\": \"fail\""),
+                       strstr(out, "\"clip_grad_norm\": 1.0,") && strstr(out, "\"on_nonfinite\": \"fail\"") &&
+                       strstr(out, "\"timeout_s\": 900.0,") && !strstr(out, "e+"),
                    "%s", out);
         ASSERT(i != 1 || strstr(out, "\"decay_ratio\": 1.0"));
-        if (i == 0) { // the default run_dir of a config in the current folder is named after that folder
+        if (i == 0) { // the default run_dir of a config in the current folder is named after that folder, absolute
             char cmd[600], want[300], bin[PATH_MAX];
             ASSERT(realpath(PITH_BIN, bin));
             ASSERT(run_cmd(cmd, sizeof cmd, "cd %s && %s train train.json --print-config", d, bin) == 0);
-            snprintf(want, sizeof want, "\"run_dir\": \"runs/%s-train\"", strrchr(d, '/') + 1);
+            snprintf(want, sizeof want, "\"run_dir\": \"%s/runs/%s-train\"", d, strrchr(d, '/') + 1);
             ASSERT_MSG(strstr(cmd, want), "no %s in %s", want, cmd);
         }
         snprintf(path, sizeof path, "%s/effective.json", d);

@@ -135,7 +135,7 @@ int cmd_train(int argc, char **argv) {
     free(sets);
     cfg.allow_config_change = allow_change;
     if (print_config) {
-        json_t *eff = config_effective(&cfg);
+        json_t *eff = config_printable(&cfg);
         char *text = json_text(eff, 2, false);
         puts(text);
         free(text), json_decref(eff), json_decref(cfg.json);

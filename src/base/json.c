@@ -102,6 +102,9 @@ char *json_real_text(char out[32], double v) {
         snprintf(out, 32, "%.*g", p, v);
         if (strtod(out, NULL) == v) break;
     }
+    char plain[32];
+    if (strchr(out, 'e') && v == floor(v) && fabs(v) < 1e6 && snprintf(plain, 32, "%.0f", v) <= (int)strlen(out))
+        strcpy(out, plain); // 900, not 9e+02 (as short, and as written)
     return out;
 }
 

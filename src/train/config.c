@@ -8,7 +8,9 @@
 
 #include <limits.h>
 #include <math.h>
+#include <errno.h>
 #include <stddef.h>
+#include <unistd.h>
 
 typedef enum { K_PATH, K_INT, K_SEED, K_NUM, K_BOOL, K_CHOICE, K_PAIR } KeyKind;
 enum { KEY_DATA_ORDER = 1, KEY_SCHEDULE = 2 }; // a change on resume is refused (KEY_SCHEDULE: unless constant)
@@ -704,6 +706,23 @@ json_t *config_effective(const TrainConfig *c) {
         for (int i = 0; i < sections[s].n; i++)
             json_object_set_new(obj, sections[s].keys[i].name, key_value(c, &sections[s].keys[i]));
         if (s) json_object_set_new(root, sections[s].name, obj);
+    }
+    return root;
+}
+
+json_t *config_printable(const TrainConfig *c) {
+    json_t *root = config_effective(c);
+    char cwd[PATH_MAX_LEN], abs[2 * PATH_MAX_LEN + 2];
+    if (!getcwd(cwd, sizeof cwd)) die("--print-config: cannot read the current folder: %s", strerror(errno));
+    for (int s = 0; s < LEN(sections); s++) {
+        json_t *obj = s ? json_object_get(root, sections[s].name) : root;
+        for (int i = 0; obj && i < sections[s].n; i++) {
+            json_t *v = json_object_get(obj, sections[s].keys[i].name);
+            if (sections[s].keys[i].kind != K_PATH || !json_is_string(v) || json_string_value(v)[0] == '/') continue;
+            path_join(abs, sizeof abs, cwd, json_string_value(v));
+            path_normalize(abs);
+            json_object_set_new(obj, sections[s].keys[i].name, json_string(abs));
+        }
     }
     return root;
 }

@@ -77,6 +77,9 @@ typedef struct {
 void config_load(TrainConfig *c, const char *file, char **sets, int nsets);
 // The effective config: every key of the tables with its value (defaults filled in). Caller decrefs.
 json_t *config_effective(const TrainConfig *c);
+// config_effective with every relative path made absolute: what --print-config prints, a config that reads back to
+// the same values from any folder.
+json_t *config_printable(const TrainConfig *c);
 // Compares a checkpoint's effective config (run.json "train_config", from `where`) with c: prints each
 // difference on stdout and dies if one of them changes the data order or the learning-rate schedule,
 // unless allow is set.
