@@ -5,6 +5,7 @@
 // factor, recompute, ep, micro-batch) by planning the changed config; --sweep plans every layout of N GPUs and
 // prints the ones that fit, best first (docs/architecture.md, "pith estimate").
 #include <getopt.h>
+#include <unistd.h>
 
 #include "app/app.h"
 #include "train/trainer.h"
@@ -162,8 +163,10 @@ static int layout_cmp(const void *pa, const void *pb) {
 // --sweep: ep over the divisors of the ranks that divide the experts, fsdp or hsdp (with dp > 1), capacity
 // factors (with ep > 1), the recompute modes, the config's micro-batch and 1, AdamW's moments on the device or
 // offloaded to the host; pp and cp as configured.
+// The candidates are listed first, then planned one by one with progress on stderr (a sweep of a large model takes a
+// minute).
 static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Device dev, double mem_gb) {
-    int n = 0, cap = 64, count[3] = {0};
+    int n = 0, cap = 64, nc = 0, count[3] = {0};
     Layout *all = xmalloc(cap * sizeof *all);
     static const double factors[] = {0, 2, 1.5, 1.25, 1};
     for (int ep = 1; ep <= gpus && ep <= mc->experts; ep++)
@@ -179,18 +182,31 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
                         long dp = gpus / ((long)c.parallel.pp * c.parallel.cp * ep);
                         if ((ep == 1 && f) || (mb & 1 && cfg->micro_batch_size == 1) || (sh && dp <= 1)) continue;
                         if (mb & 2 && (cfg->optimizer.offload || cfg->optimizer.type != OPTIMIZER_ADAMW)) continue;
-                        MemoryPlan p;
-                        if (!plan_layout(&c, mc, gpus, dev, &p)) continue;
-                        if (n == cap) all = xrealloc(all, (cap *= 2) * sizeof *all);
-                        size_t t = memory_plan_total(&p);
-                        all[n++] = (Layout){c, t, fit_of(t, mem_gb, dev == DEV_CUDA)};
+                        if (nc == cap) all = xrealloc(all, (cap *= 2) * sizeof *all);
+                        all[nc++] = (Layout){.c = c};
                     }
+    bool tty = isatty(2);
+    double t0 = now_seconds(), shown_at = t0;
+    for (int i = 0; i < nc; i++) {
+        MemoryPlan p;
+        if (now_seconds() - shown_at > (tty ? 0.2 : 10) || i == 0) { // on a terminal in place, else every 10 s
+            fprintf(stderr, "%ssweep: planning layout %d of %d (%.0f s)%s", tty ? "\r" : "", i + 1, nc,
+                    now_seconds() - t0, tty ? "" : "\n");
+            shown_at = now_seconds();
+        }
+        if (!plan_layout(&all[i].c, mc, gpus, dev, &p)) continue;
+        all[n].c = all[i].c, all[n].total = memory_plan_total(&p);
+        all[n].fit = fit_of(all[n].total, mem_gb, dev == DEV_CUDA), n++;
+    }
+    if (tty) fprintf(stderr, "\r%60s\r", "");
     qsort(all, n, sizeof *all, layout_cmp);
     for (int i = 0; i < n; i++) count[all[i].fit]++;
     printf("sweep: %d layouts of %ld %s of %g GB: %d OK, %d TIGHT, %d OOM", n, gpus,
            dev == DEV_CUDA ? "GPUs" : "CPU ranks", mem_gb, count[FIT_OK], count[FIT_TIGHT], count[FIT_OOM]);
     if (dev == DEV_CUDA) printf(" (with %g GB of runtime outside the plan)", RUNTIME_GB);
-    printf("\n");
+    printf(
+        "\nbest first: OK, TIGHT, then OOM; within each, the faster step (less recomputation, moments on the device, "
+        "the larger micro-batch, fewer ep ranks, more capacity), then less memory\n");
     int shown = 0;
     int show = count[FIT_OK] + count[FIT_TIGHT] ? 12 : 3;
     for (int i = 0; i < n && shown < show && (all[i].fit != FIT_OOM || !(count[FIT_OK] + count[FIT_TIGHT]));
@@ -245,10 +261,12 @@ int cmd_estimate(int argc, char **argv) {
         default: arg_suggest_option(opts, argv), estimate_usage(stderr); return 2;
         }
     }
-    if (optind != argc - 1 || !gpus) {
+    if (optind != argc - 1) {
+        fprintf(stderr, "pith: error: estimate: %s\n", optind == argc ? "no training config given" : "one config only");
         estimate_usage(stderr);
         return 2;
     }
+    if (!gpus) die("estimate: --gpus N is required: the number of GPUs (or CPU ranks, --device cpu) to plan for");
     TrainConfig cfg;
     config_load(&cfg, argv[optind], sets, nsets);
     free(sets);
@@ -311,11 +329,11 @@ int cmd_estimate(int argc, char **argv) {
         }
         printf(" bytes\n");
     }
-    if (dev == DEV_CUDA)
-        printf("%s in %g GB per GPU (%.1f%% used; %s with %g GB of runtime outside the plan: the CUDA context, NCCL "
-               "and cuBLASLt workspaces)\n",
-               total <= mem_gb * 1e9 ? "fits" : "does not fit", mem_gb, 100.0 * total / (mem_gb * 1e9),
-               fit_names[fit_of(total, mem_gb, true)], RUNTIME_GB);
+    if (dev == DEV_CUDA) // one verdict: the plan and the runtime outside it against the GPU's memory
+        printf("verdict: %s on %g GB GPUs: the plan's %.2f GB + %g GB of runtime outside it (the CUDA context, NCCL "
+               "and cuBLASLt workspaces) = %.2f%% of the memory (OK: 5%% or more left free; TIGHT: less; OOM: over)\n",
+               fit_names[fit_of(total, mem_gb, true)], mem_gb, total / 1e9, RUNTIME_GB,
+               100.0 * (total / 1e9 + RUNTIME_GB) / mem_gb);
     if (want_detail) detail(&cfg, &mc, &p, gpus, dev, mem_gb);
     if (want_sweep) sweep(&cfg, &mc, gpus, dev, mem_gb);
     json_decref(cfg.json);
