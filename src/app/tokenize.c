@@ -732,6 +732,12 @@ int cmd_tokenize(int argc, char **argv) {
         if (files[i].skip) nskip++;
         else total_in += files[i].size;
     }
+    if (nskip == nfiles) { // a rerun after a finished one: say so, rather than a progress line of zeros
+        printf("tokenize: all %d outputs already exist under %s: nothing to do (delete them to redo)\n", nfiles,
+               outdir);
+        bpe_free(tok), free(inputs);
+        return 0;
+    }
     if (nskip)
         fprintf(stderr, "tokenize: %d of %d outputs already exist; skipping them (delete them to redo)\n", nskip,
                 nfiles);
