@@ -297,25 +297,30 @@ TEST(convert_gpt_oss_mxfp4) {
     ASSERT(!path_exists(a));
 }
 
-// An HF folder of GPT-OSS (grouped experts, or MXFP4 blocks) given to eval or train: one line that names the
-// folder and says to convert it first, exit 1, no run folder. (The other families' HF layouts are pith's: their
-// HF parity tests eval and train from the HF folders.)
-TEST(gpt_oss_raw_hf_folder_error) {
-    char out[8192];
+// An HF folder of GPT-OSS (grouped, transposed experts; or MXFP4 blocks) reads directly in eval and as init_from:
+// the same loss, to the last digit printed, as the checkpoint `pith convert hf2pith` writes of it (its hf_import runs
+// in memory; the MXFP4 values are exact in bf16 and fp32 alike).
+TEST(gpt_oss_hf_folder_reads_directly) {
+    char out[8192], ref[8192];
     const char *d = test_tmpdir(), *fix[2] = {"tests/hf/gpt_oss", "tests/hf/gpt_oss_mxfp4"};
     for (int i = 0; i < 2; i++) {
-        char want[300];
-        snprintf(want, sizeof want, "pith: error: %s: an HF folder in a layout pith does not read directly", fix[i]);
-        ASSERT(run_cmd(out, sizeof out, "%s eval --model %s --data tests/hf/gpt_oss/tokens.bin --seq 16 --batch 2",
-                       PITH_BIN, fix[i]) == 1);
-        ASSERT_MSG(strstr(out, want) && strstr(out, "run `pith convert hf2pith "), "%s", out);
-        ASSERT(run_cmd(out, sizeof out,
-                       "%s train tests/hf/gpt_oss/train.json --set model=%s --set init_from=%s --set "
-                       "run_dir=%s/run",
-                       PITH_BIN, fix[i], fix[i], d) == 1);
-        ASSERT_MSG(strstr(out, want) && strstr(out, "run `pith convert hf2pith "), "%s", out);
-        char run[4200];
-        snprintf(run, sizeof run, "%s/run", d);
-        ASSERT(!path_exists(run));
+        const char *eval = "%s eval --model %s --data %s/tokens.bin --seq 16 --batch 2 --device cpu";
+        ASSERT_MSG(run_cmd(out, sizeof out, "%s convert hf2pith %s %s/ck%d", PITH_BIN, fix[i], d, i) == 0, "%s", out);
+        char ck[600];
+        snprintf(ck, sizeof ck, "%s/ck%d", d, i);
+        ASSERT_MSG(run_cmd(ref, sizeof ref, eval, PITH_BIN, ck, fix[i]) == 0, "%s", ref);
+        ASSERT_MSG(run_cmd(out, sizeof out, eval, PITH_BIN, fix[i], fix[i]) == 0, "%s", out);
+        const char *a = strstr(out, "\nloss "), *b = strstr(ref, "\nloss ");
+        ASSERT_MSG(a && b && !strcmp(a, b), "%s: from the HF folder %s, from its conversion %s", fix[i], out, ref);
+        for (int k = 0; k < 2; k++)
+            ASSERT_MSG(run_cmd(k ? out : ref, sizeof out,
+                               "%s train tests/hf/gpt_oss/train.json --set model=%s --set init_from=%s --set "
+                               "max_steps=1 --set run_dir=%s/run%d%d --set dataset=%s/tokens.bin",
+                               PITH_BIN, fix[i], k ? fix[i] : ck, d, i, k, fix[i]) == 0,
+                       "%s", k ? out : ref);
+        char ra[600], rb[600];
+        snprintf(ra, sizeof ra, "%s/run%d0", d, i), snprintf(rb, sizeof rb, "%s/run%d1", d, i);
+        ASSERT_MSG(run_metric(ra, 1, "loss") == run_metric(rb, 1, "loss"), "%s: init_from the HF folder: %s", fix[i],
+                   out);
     }
 }

@@ -407,6 +407,25 @@ const StTensor *st_set_find(const StSet *s, const char *name) {
     return r ? *r : NULL;
 }
 
+void st_set_from_writer(StSet *s, const StWriter *w, const char *name) {
+    *s = (StSet){.nfiles = 1, .files = xcalloc(1, sizeof(StFile))};
+    StFile *f = &s->files[0];
+    f->path = xstrdup(name), f->n = w->n, f->t = xcalloc(w->n ? w->n : 1, sizeof(StTensor));
+    for (int i = 0; i < w->n; i++) {
+        const StEntry *e = &w->e[i];
+        StTensor *t = &f->t[i];
+        *t = (StTensor){.name = e->name,
+                        .file = f->path,
+                        .dt = e->from_f32 ? ST_F32 : e->dt,
+                        .nd = e->nd,
+                        .numel = 1,
+                        .data = e->src};
+        for (int d = 0; d < e->nd; d++) t->shape[d] = e->shape[d], t->numel *= e->shape[d];
+        t->bytes = (size_t)t->numel * st_dtype_size(t->dt);
+    }
+    st_set_build_table(s);
+}
+
 void st_set_close(StSet *s) {
     for (int i = 0; i < s->nfiles; i++) st_close(&s->files[i]);
     free(s->files);

@@ -124,3 +124,7 @@ size_t st_writer_write_stream(const StWriter *w, FILE *out, const char *what);
 // with metadata.total_size and weight_map. A tensor larger than max_shard_bytes gets a shard of its own.
 // Returns the number of shard files written.
 int st_writer_write_sharded(const StWriter *w, const char *dir, size_t max_shard_bytes);
+// A set over w's entries, read in memory as a file of them would be read (an entry from fp32 reads as its fp32
+// source, which the file would round to its dtype); name stands for the file in messages. w and the memory its
+// entries point at must outlive s (st_set_close frees only s's own tables).
+void st_set_from_writer(StSet *s, const StWriter *w, const char *name);

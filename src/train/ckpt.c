@@ -14,13 +14,15 @@ static const char *canonical(const char *name) { return strncmp(name, "model.", 
 
 static int cmp_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-// Dies unless every tensor of s is <a prefix><a parameter of the whole model `all`> (and, with hf, HF's
-// "model." in front of that).
-static void check_known(const StSet *s, const ParamTable *all, int nprefix, const char *const *prefix, bool hf) {
+// The first tensor of s that is not <a prefix><a parameter of the whole model `all`> (with hf, HF's "model." may
+// stand in front of that); NULL when there is none.
+static const StTensor *first_unknown(const StSet *s, const ParamTable *all, int nprefix, const char *const *prefix,
+                                     bool hf) {
     const char **names = xmalloc(all->n * sizeof *names + 1);
+    const StTensor *bad = NULL;
     for (int i = 0; i < all->n; i++) names[i] = all->p[i].name;
     qsort(names, all->n, sizeof *names, cmp_name);
-    for (int i = 0; i < s->n; i++) {
+    for (int i = 0; i < s->n && !bad; i++) {
         bool known = false;
         for (int k = 0; k < nprefix && !known; k++) {
             size_t n = strlen(prefix[k]);
@@ -29,22 +31,46 @@ static void check_known(const StSet *s, const ParamTable *all, int nprefix, cons
             if (hf) rest = canonical(rest);
             known = bsearch(&rest, names, all->n, sizeof *names, cmp_name) != NULL;
         }
-        if (known) continue;
-        // HF's "model." names in the folder of a family whose HF layout differs from pith's (its hf_import hook:
-        // GPT-OSS's grouped experts, MXFP4 blocks), which only `pith convert hf2pith` reads
-        const char *f = s->t[i]->file, *slash = strrchr(f, '/');
-        char dir[4200];
-        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - f) : 1, slash ? f : ".");
-        char cfg[4300];
-        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-        ModelConfig mc;
-        if (hf && !strncmp(s->t[i]->name, "model.", 6) && path_exists(cfg) && model_config_load(&mc, cfg)->hf_import)
-            die("%s: an HF folder in a layout pith does not read directly (tensor '%s' of %s): run `pith convert "
-                "hf2pith %s OUT` first and use OUT",
-                dir, s->t[i]->name, f, dir);
-        die("%s: tensor '%s' is not a parameter of this model", f, s->t[i]->name);
+        if (!known) bad = s->t[i];
     }
     free(names);
+    return bad;
+}
+
+// Dies unless every tensor of s is a parameter of `all` (as first_unknown).
+static void check_known(const StSet *s, const ParamTable *all, int nprefix, const char *const *prefix, bool hf) {
+    const StTensor *bad = first_unknown(s, all, nprefix, prefix, hf);
+    if (bad) die("%s: tensor '%s' is not a parameter of this model", bad->file, bad->name);
+}
+
+// The weights of model folder dir: a pith checkpoint or an HF folder read as they are, or — an HF folder in a
+// family's own layout (GPT-OSS's grouped, transposed experts, MXFP4 blocks) — the canonical tensors its hf_import
+// makes in memory, as `pith convert hf2pith` would write them (MXFP4 dequantized exactly, in fp32).
+typedef struct {
+    StSet file, made; // the folder; the tensors made in memory (made.n == 0: none)
+    StWriter w;
+    HfBuffers keep;
+} ModelTensors;
+
+static const StSet *model_tensors_open(ModelTensors *mt, const char *dir, const ParamTable *all) {
+    *mt = (ModelTensors){0};
+    st_set_open_or_die(&mt->file, dir);
+    const StTensor *bad = first_unknown(&mt->file, all, 1, (const char *[]){""}, true);
+    if (!bad) return &mt->file;
+    char cfg[4300];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    ModelConfig mc;
+    const ModelFamily *fam = !strncmp(bad->name, "model.", 6) && path_exists(cfg) ? model_config_load(&mc, cfg) : NULL;
+    if (!fam || !fam->hf_import) die("%s: tensor '%s' is not a parameter of this model", bad->file, bad->name);
+    st_writer_init(&mt->w);
+    fam->hf_import(&mc, all, &mt->file, &mt->w, "fp32", &mt->keep);
+    st_set_from_writer(&mt->made, &mt->w, dir);
+    check_known(&mt->made, all, 1, (const char *[]){""}, false);
+    return &mt->made;
+}
+
+static void model_tensors_close(ModelTensors *mt) {
+    st_set_close(&mt->made), st_writer_free(&mt->w), hf_buffers_free(&mt->keep), st_set_close(&mt->file);
 }
 
 // Reads <prefix><name> (with hf also "model.<name>") of every parameter of t from s into flat: host fp32
@@ -71,11 +97,9 @@ void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir)
 }
 
 void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *flat[NGROUPS], const char *dir) {
-    StSet s;
-    st_set_open_or_die(&s, dir);
-    check_known(&s, all, 1, (const char *[]){""}, true);
-    read_params(&s, dir, t, "", true, flat);
-    st_set_close(&s);
+    ModelTensors mt;
+    read_params(model_tensors_open(&mt, dir, all), dir, t, "", true, flat);
+    model_tensors_close(&mt);
 }
 
 // This rank's shards (one per group) of the tensors <prefix><name> of its parameters in s.
@@ -332,14 +356,12 @@ void ckpt_save(Run *r) {
 
 // Weights from a checkpoint or HF folder into this rank's master shards and the compute copies.
 static void load_model(Run *r, const char *dir) {
-    StSet s;
-    st_set_open_or_die(&s, dir);
     ParamTable all;
+    ModelTensors mt;
     model_params_all(&r->model, &all);
-    check_known(&s, &all, 1, (const char *[]){""}, true);
+    load_shards(r, model_tensors_open(&mt, dir, &all), dir, "", true, r->master);
+    model_tensors_close(&mt);
     free(all.p);
-    load_shards(r, &s, dir, "", true, r->master);
-    st_set_close(&s);
     for (int g = 0; g < NGROUPS; g++) fsdp_gather(&r->fsdp, g, r->model.w[g], r->master[g]);
 }
 
