@@ -204,6 +204,12 @@ int cmd_train(int argc, char **argv) {
     int first_step = r.step;
     while (r.step < stop) {
         StepStats st = run_step(&r);
+        // An update whose result is not finite cannot be taken back (the moments moved with it): the run stops
+        // under either on_nonfinite before anything is logged, saved or pruned.
+        if (st.update_nonfinite)
+            die("%s: optimizer.lr: step %d's update (lr %.6e, loss %.4f, grad-norm %.4f, all finite) made weights or "
+                "second moments not finite: stopping; nothing is saved after step %d",
+                cfg.file, r.step, st.lr, st.loss, st.grad_norm, r.step - 1);
         char tps[32], elapsed[32], eta[32];
         fmt_thousands(tps, sizeof tps, st.tokens / st.seconds);
         double el = now_seconds() - t_loop, eta_s = el / (r.step - first_step) * (cfg.max_steps - r.step);

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <dirent.h>
@@ -256,8 +257,60 @@ uint64_t rng_below(Rng *r, uint64_t n) {
 
 // ---- files ----
 
+int file_open_read(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); // a FIFO opens at once instead of waiting for a writer
+    struct stat st;
+    if (fd < 0) return -1;
+    if (fstat(fd, &st)) {
+        int e = errno;
+        close(fd), errno = e;
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode))
+        die("%s: not a regular file (%s)", path,
+            S_ISDIR(st.st_mode)    ? "a folder"
+            : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                   : "a device or socket");
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+static inline uint64_t rotl64(uint64_t x, int r) { return x << r | x >> (64 - r); }
+
+uint64_t hash64(const void *data, size_t n) {
+    const uint64_t K1 = 0x9e3779b97f4a7c15ULL, K2 = 0xc2b2ae3d27d4eb4fULL;
+    const unsigned char *p = data;
+    uint64_t lane[4] = {K1, K2, ~K1, ~K2}, w, h;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++) {
+            memcpy(&w, p + i + 8 * k, 8);
+            lane[k] = rotl64(lane[k] + w * K2, 31) * K1;
+        }
+    h = n * K1;
+    for (int k = 0; k < 4; k++) h = rotl64(h ^ lane[k], 27) * K2 + K1;
+    for (; i + 8 <= n; i += 8) memcpy(&w, p + i, 8), h = rotl64(h ^ w * K2, 29) * K1;
+    for (; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    h ^= h >> 33, h *= 0xff51afd7ed558ccdULL, h ^= h >> 33, h *= 0xc4ceb9fe1a85ec53ULL, h ^= h >> 33;
+    return h;
+}
+
+bool file_hash64(const char *path, uint64_t *h) {
+    int fd = file_open_read(path);
+    struct stat st;
+    if (fd < 0) return false;
+    if (fstat(fd, &st)) return close(fd), false;
+    void *map = st.st_size ? mmap(NULL, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+    close(fd);
+    if (map == MAP_FAILED) return false;
+    *h = hash64(map, st.st_size);
+    if (map) munmap(map, st.st_size);
+    return true;
+}
+
 char *file_read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
+    int fd = file_open_read(path);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
     if (!f) return NULL;
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap);

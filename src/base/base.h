@@ -110,6 +110,15 @@ uint64_t rng_below(Rng *r, uint64_t n); // uniform in [0, n)
 
 // ---- small file helpers ---------------------------------------------------------------------------
 char *file_read_all(const char *path, size_t *len); // NULL if it cannot be read (errno set)
+// open(path, O_RDONLY) of a regular file: -1 (errno set) if it cannot be opened; dies naming the path when it is
+// a FIFO, a device or a folder (a FIFO would block the open or the read forever). Every file pith reads goes here.
+int file_open_read(const char *path);
+// A 64-bit checksum of n bytes (four lanes of 8-byte words, multiply and rotate, then a final avalanche): any
+// change of one byte, of the length or of the order of words changes it but for chance 2⁻⁶⁴. It catches
+// accidental corruption (a flipped bit, a torn or truncated copy); it is not a cryptographic hash.
+uint64_t hash64(const void *data, size_t n);
+// hash64 of a whole file (mapped): false (errno set) if it cannot be read.
+bool file_hash64(const char *path, uint64_t *h);
 bool path_is_dir(const char *path);
 bool path_exists(const char *path);
 void path_join(char *out, size_t cap, const char *dir, const char *name);

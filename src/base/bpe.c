@@ -626,7 +626,7 @@ Bpe *bpe_load(const char *path) {
     path_join(cfgfile, sizeof cfgfile, dir, "tokenizer_config.json");
     if (path_exists(cfgfile)) {
         json_error_t e; // INT_AS_REAL: model_max_length may be 1e30 written as an integer
-        json_t *cdoc = json_load_file(cfgfile, JSON_DECODE_INT_AS_REAL, &e);
+        json_t *cdoc = json_read_file(cfgfile, JSON_DECODE_INT_AS_REAL, &e);
         if (!cdoc) die("%s:%d:%d: invalid JSON: %s", cfgfile, e.line, e.column, e.text);
         JObj cfg = jobj_root(cdoc, cfgfile);
         t->bos = config_token(cfg, "bos_token"), t->eos = config_token(cfg, "eos_token");

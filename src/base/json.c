@@ -1,6 +1,7 @@
 // json.c — strict JSON readers: every error names the file and the dotted key.
 #include "base/json.h"
 
+#include <errno.h>
 #include <math.h>
 
 void jdie(JObj o, const char *key, const char *fmt, ...) {
@@ -15,8 +16,21 @@ void jdie(JObj o, const char *key, const char *fmt, ...) {
 json_t *json_load_or_die(const char *file) {
     json_error_t err;
     if (!path_exists(file)) die("%s: no such file", file);
-    json_t *root = json_load_file(file, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = json_read_file(file, JSON_REJECT_DUPLICATES, &err);
     if (!root) die("%s:%d:%d: invalid JSON: %s", file, err.line, err.column, err.text);
+    return root;
+}
+
+json_t *json_read_file(const char *file, size_t flags, json_error_t *err) {
+    size_t n;
+    char *text = file_read_all(file, &n);
+    if (!text) {
+        snprintf(err->text, sizeof err->text, "cannot read: %s", strerror(errno));
+        err->line = err->column = 0;
+        return NULL;
+    }
+    json_t *root = json_loadb(text, n, flags, err);
+    free(text);
     return root;
 }
 

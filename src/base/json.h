@@ -11,6 +11,8 @@ typedef struct {
     char path[128]; // dotted path of this object inside the file ("" at the top)
 } JObj;
 
+// json_load_file through file_open_read (a FIFO or folder dies naming it); NULL with err set otherwise.
+json_t *json_read_file(const char *file, size_t flags, json_error_t *err);
 json_t *json_load_or_die(const char *file);     // parse a file; dies with file:line:column on bad JSON
 JObj jobj_root(json_t *root, const char *file); // dies unless root is an object
 JObj jobj_child(JObj o, const char *key);       // a nested object; obj == NULL when the key is absent

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/half.h"
+#include "base/json.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian; so must the host be");
 
@@ -224,7 +225,7 @@ bool st_parse_buffer(StFile *f, const void *buf, size_t len, const char *name, c
 
 bool st_open(StFile *f, const char *path, char *err, size_t errcap) {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); // a FIFO opens at once (and is refused below)
     if (fd < 0) return fail(err, errcap, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
@@ -339,7 +340,7 @@ bool st_set_open(StSet *s, const char *path, char *err, size_t cap) {
     bool ok = false;
     const char **shard = NULL; // distinct shard names, in order of first appearance
     json_error_t je;
-    json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je), *wm = json_object_get(root, "weight_map"), *v;
+    json_t *root = json_read_file(index, JSON_REJECT_DUPLICATES, &je), *wm = json_object_get(root, "weight_map"), *v;
     const char *name;
     int total = 0;
     if (!root) {
@@ -355,6 +356,13 @@ bool st_set_open(StSet *s, const char *path, char *err, size_t cap) {
     json_object_foreach(wm, name, v) {
         if (!json_is_string(v)) {
             fail(err, cap, "%s: weight_map: tensor '%s': shard is not a string", index, name);
+            goto done;
+        }
+        // A shard is a file of the index's own folder: a plain name, never a path out of it.
+        const char *sv = json_string_value(v);
+        if (!sv[0] || strchr(sv, '/') || !strcmp(sv, ".") || !strcmp(sv, "..")) {
+            fail(err, cap, "%s: weight_map: tensor '%s': shard '%s' is not a file name of this folder", index, name,
+                 sv);
             goto done;
         }
         int k = 0;

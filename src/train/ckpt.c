@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -88,8 +89,52 @@ static void read_params(const StSet *s, const char *where, const ParamTable *t, 
         }
         if (!x) die("%s: tensor '%s%s' is missing", where, prefix, p->name);
         st_check_shape(x, p->nd, p->shape);
-        st_read_f32(x, flat[p->group] + p->off);
+        float *v = flat[p->group] + p->off;
+        st_read_f32(x, v);
+        // Weights and moments train only when finite; a second moment is a mean of squares, never negative.
+        bool second = !strncmp(prefix, "exp_avg_sq.", 11);
+        for (int64_t k = 0, n = params_numel(p); k < n; k++)
+            if (!isfinite(v[k]) || (second && v[k] < 0))
+                die("%s: tensor '%s': element %lld is %g (%s)", x->file, x->name, (long long)k, v[k],
+                    second ? "a second moment must be finite and not negative" : "weights must be finite");
     }
+}
+
+// run.json's format: pith-checkpoint-2 carries "checksums"; pith-checkpoint-1 (written before them) does not.
+#define CKPT_FORMAT "pith-checkpoint-2"
+
+// Dies unless dir/run.json (when there is one) names a format pith reads and every file of its "checksums"
+// hashes to the recorded value; this rank checks the files i ≡ rank (mod ranks) of the list.
+static void verify_folder(const char *dir, int rank, int ranks) {
+    char path[4200], file[4400];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    if (!path_exists(path)) return; // model only (`pith convert hf2pith`, an HF folder)
+    json_t *root = json_load_or_die(path);
+    JObj o = jobj_root(root, path);
+    const char *format = jstr(o, "format", true, "");
+    bool v1 = !strcmp(format, "pith-checkpoint-1");
+    if (!v1 && strcmp(format, CKPT_FORMAT))
+        jdie(o, "format", "'%s' is not a checkpoint format this pith reads (%s, or pith-checkpoint-1)", format,
+             CKPT_FORMAT);
+    json_t *sums = json_object_get(root, "checksums"), *v;
+    if (!v1 && !json_is_object(sums)) jdie(o, "checksums", "missing (every file's checksum, in %s)", CKPT_FORMAT);
+    const char *name;
+    int i = 0;
+    json_object_foreach(v1 ? NULL : sums, name, v) {
+        if (i++ % ranks != rank) continue;
+        unsigned long long want;
+        int used = 0;
+        if (!json_is_string(v) || sscanf(json_string_value(v), "%16llx%n", &want, &used) != 1 || used != 16 ||
+            strchr(name, '/') || !strcmp(name, ".."))
+            jdie(o, "checksums", "'%s': expected a file of the folder and 16 hex digits", name);
+        uint64_t got;
+        snprintf(file, sizeof file, "%s/%s", dir, name);
+        if (!file_hash64(file, &got)) die("%s: cannot read: %s (listed in %s)", file, strerror(errno), path);
+        if (got != want)
+            die("%s: checksum %016llx, %s records %016llx: the file changed after it was saved (corrupt)", file,
+                (unsigned long long)got, path, want);
+    }
+    json_decref(root);
 }
 
 void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir) {
@@ -97,6 +142,7 @@ void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir)
 }
 
 void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *flat[NGROUPS], const char *dir) {
+    if (path_is_dir(dir)) verify_folder(dir, 0, 1);
     ModelTensors mt;
     read_params(model_tensors_open(&mt, dir, all), dir, t, "", true, flat);
     model_tensors_close(&mt);
@@ -134,8 +180,15 @@ static void file_of(char *out, size_t cap, const char *base, int rank, int world
     else snprintf(out, cap, "%s-%05d-of-%05d.safetensors", base, rank + 1, world);
 }
 
+// run.json's "checksums": file name → hash64 of its bytes, 16 hex digits.
+static void checksum_add(json_t *sums, const char *name, uint64_t h) {
+    char hex[24];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    json_object_set_new(sums, name, json_string(hex));
+}
+
 // <base>.safetensors.index.json in HF's form: every tensor of the whole model → the file of its owner.
-static void write_index(const Run *r, const char *dir, const char *base, int nparts, const Part *parts) {
+static void write_index(const Run *r, const char *dir, const char *base, int nparts, const Part *parts, json_t *sums) {
     const Dist *d = &r->dist;
     json_t *map = json_object();
     int64_t total = 0;
@@ -161,12 +214,15 @@ static void write_index(const Run *r, const char *dir, const char *base, int npa
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
     snprintf(path, sizeof path, "%s/%s.safetensors.index.json", dir, base);
     file_write_atomic(path, text, strlen(text));
+    if (sums) checksum_add(sums, path + strlen(dir) + 1, hash64(text, strlen(text)));
     free(text), json_decref(root);
 }
 
 // Gathers the parts' shards into whole host buffers and writes the tensors this rank owns into
-// dir/<base>[-<rank+1>-of-<ranks>].safetensors; rank 0 writes the index. Collective over the world.
-static void write_parts(Run *r, const char *dir, const char *base, int nparts, const Part *parts, const char *format) {
+// dir/<base>[-<rank+1>-of-<ranks>].safetensors; rank 0 writes the index. Collective over the world. With sums,
+// rank 0 adds every file's checksum (each rank hashes what it wrote, from the page cache).
+static void write_parts(Run *r, const char *dir, const char *base, int nparts, const Part *parts, const char *format,
+                        json_t *sums) {
     const Dist *d = &r->dist;
     const ParamTable *t = &r->model.params;
     float *full[4][NGROUPS];
@@ -192,17 +248,27 @@ static void write_parts(Run *r, const char *dir, const char *base, int nparts, c
         snprintf(path, sizeof path, "%s/%s", dir, file);
         st_writer_write(&w, path);
     }
+    bool wrote = w.n > 0;
     st_writer_free(&w);
     for (int k = 0; k < nparts; k++)
         for (int g = 0; g < NGROUPS; g++) free(full[k][g]);
-    if (d->world.size > 1 && d->world.rank == 0) write_index(r, dir, base, nparts, parts);
-    comm_barrier(&d->world);
+    if (d->world.size > 1 && d->world.rank == 0) write_index(r, dir, base, nparts, parts, sums);
+    if (sums || d->world.size > 1) { // every rank's hash in its slot (0: it wrote no file), summed over the world
+        int64_t *h = xcalloc(d->world.size, sizeof(int64_t));
+        uint64_t mine = 0;
+        if (wrote && !file_hash64(path, &mine)) die("%s: cannot read back: %s", path, strerror(errno));
+        h[d->world.rank] = (int64_t)mine;
+        comm_allreduce(&d->world, tensor_make(h, DT_I64, DEV_CPU, 1, d->world.size, 1, 1, 1), COMM_SUM);
+        for (int k = 0; sums && k < d->world.size; k++)
+            if (h[k]) file_of(file, sizeof file, base, k, d->world.size), checksum_add(sums, file, (uint64_t)h[k]);
+        free(h);
+    } else comm_barrier(&d->world);
 }
 
 void ckpt_write_grads(Run *r, const char *dir) {
     if (r->dist.world.rank == 0) mkdir_p(dir);
     comm_barrier(&r->dist.world);
-    write_parts(r, dir, "model", 1, (Part[]){{"", r->grad}}, "pith-gradient");
+    write_parts(r, dir, "model", 1, (Part[]){{"", r->grad}}, "pith-gradient", NULL);
 }
 
 static bool parse_step_dir(const char *name, int *step) {
@@ -312,8 +378,9 @@ void ckpt_save(Run *r) {
         mkdir_p(tmp);
     }
     comm_barrier(&r->dist.world);
-    write_parts(r, tmp, "model", 1, (Part[]){{"", r->master}}, "pith");
-    write_parts(r, tmp, "optimizer", 2, (Part[]){{"exp_avg.", r->adam_m}, {"exp_avg_sq.", r->adam_v}}, NULL);
+    json_t *sums = json_object();
+    write_parts(r, tmp, "model", 1, (Part[]){{"", r->master}}, "pith", sums);
+    write_parts(r, tmp, "optimizer", 2, (Part[]){{"exp_avg.", r->adam_m}, {"exp_avg_sq.", r->adam_v}}, NULL, sums);
     if (lead) {
         // config.json: the model's own file, copied byte for byte
         char mcfg[4200];
@@ -324,11 +391,12 @@ void ckpt_save(Run *r) {
         if (!text) die("%s: cannot read: %s", mcfg, strerror(errno));
         snprintf(path, sizeof path, "%s/config.json", tmp);
         file_write_atomic(path, text, n);
+        checksum_add(sums, "config.json", hash64(text, n));
         free(text);
         json_t *run =
-            json_pack("{s:s, s:s, s:i, s:I, s:I, s:o}", "format", "pith-checkpoint-1", "pith_version", PITH_VERSION,
+            json_pack("{s:s, s:s, s:i, s:I, s:I, s:o, s:O}", "format", CKPT_FORMAT, "pith_version", PITH_VERSION,
                       "step", r->step, "samples_consumed", (json_int_t)r->step * c->global_batch_size, "seed",
-                      (json_int_t)c->seed, "train_config", config_effective(c));
+                      (json_int_t)c->seed, "train_config", config_effective(c), "checksums", sums);
         if (r->router_bias) { // aux-loss-free balancing: each layer's bias (shortest decimals: the floats exactly)
             json_t *rows = json_array();
             for (int l = 0; l < r->model.cfg.layers; l++) {
@@ -350,12 +418,14 @@ void ckpt_save(Run *r) {
         fsync_dir(c->save_location);
         if (c->keep_last) prune(c->save_location, c->keep_last);
     }
+    json_decref(sums);
     comm_barrier(&r->dist.world);
     printf("checkpoint: step %d saved to %s (%.2f s)\n", r->step, final, now_seconds() - t0);
 }
 
 // Weights from a checkpoint or HF folder into this rank's master shards and the compute copies.
 static void load_model(Run *r, const char *dir) {
+    verify_folder(dir, r->dist.world.rank, r->dist.world.size);
     ParamTable all;
     ModelTensors mt;
     model_params_all(&r->model, &all);
@@ -394,11 +464,28 @@ bool ckpt_load_router_bias(const char *dir, float *bias, int L, int E) {
     return true;
 }
 
+// Dies unless the checkpoint's config.json says what the model's own config file says (compared as JSON).
+static void check_model_config(const Run *r, const char *dir) {
+    char mine[4200], theirs[4200];
+    if (path_is_dir(r->cfg.model)) snprintf(mine, sizeof mine, "%s/config.json", r->cfg.model);
+    else snprintf(mine, sizeof mine, "%s", r->cfg.model);
+    snprintf(theirs, sizeof theirs, "%s/config.json", dir);
+    if (!path_exists(theirs)) return; // written before checkpoints kept it
+    json_t *a = json_load_or_die(mine), *b = json_load_or_die(theirs), *v;
+    const char *key, *differs = NULL;
+    json_object_foreach(a, key, v) if (!differs && !json_equal(v, json_object_get(b, key))) differs = key;
+    json_object_foreach(b, key, v) if (!differs && !json_object_get(a, key)) differs = key;
+    if (differs)
+        die("%s: %s: differs from the model's config %s (a checkpoint resumes only the model it was saved from)",
+            theirs, differs, mine);
+    json_decref(a), json_decref(b);
+}
+
 void ckpt_resume(Run *r, const char *dir) {
-    load_model(r, dir);
     char path[4200];
     snprintf(path, sizeof path, "%s/run.json", dir);
     if (!path_exists(path)) { // model-only (e.g. from `pith convert hf2pith`): fresh optimizer at step 0
+        load_model(r, dir);
         printf("resume: weights from %s (model only, optimizer starts fresh)\n", dir);
         return;
     }
@@ -407,6 +494,13 @@ void ckpt_resume(Run *r, const char *dir) {
     int64_t step = jint(o, "step", true, 0);
     if (step < 0 || step > r->cfg.max_steps)
         jdie(o, "step", "%lld is outside [0, max_steps = %d]", (long long)step, r->cfg.max_steps);
+    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    int folder_step;
+    if (!parse_step_dir(base, &folder_step) || folder_step != step)
+        jdie(o, "step", "%lld, but the folder is %s: run.json belongs to another checkpoint", (long long)step, base);
+    if (!json_is_object(json_object_get(root, "train_config")))
+        jdie(o, "train_config", "missing: a resume compares it with this run's config");
+    check_model_config(r, dir);
     r->step = (int)step;
     // absent: a run that starts balancing here starts from zero
     if (r->router_bias && ckpt_load_router_bias(dir, r->router_bias, r->model.cfg.layers, r->model.cfg.experts))
@@ -422,6 +516,7 @@ void ckpt_resume(Run *r, const char *dir) {
             path, was, now);
     config_check_resume(&r->cfg, json_object_get(root, "train_config"), path, r->cfg.allow_config_change);
     json_decref(root);
+    load_model(r, dir);
     snprintf(path, sizeof path, "%s/optimizer.safetensors.index.json", dir);
     if (!path_exists(path)) snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     StSet s;

@@ -30,7 +30,8 @@ static void warn_long_sequence(const TrainConfig *c) {
     char file[PATH_MAX_LEN + 16];
     if (path_is_dir(c->model)) path_join(file, sizeof file, c->model, "config.json");
     else snprintf(file, sizeof file, "%s", c->model);
-    json_t *root = json_load_file(file, 0, NULL);
+    json_error_t jerr;
+    json_t *root = json_read_file(file, 0, &jerr);
     json_t *mp = root ? json_object_get(root, "max_position_embeddings") : NULL;
     if (mp && json_is_integer(mp) && c->sequence_length > json_integer_value(mp))
         warn("%s: sequence_length %d is above the model's max_position_embeddings %lld (%s)", c->file,
@@ -533,6 +534,14 @@ StepStats run_step(Run *r) {
             own[g] = fsdp_own_rows(&r->fsdp, g, m->w[g], r->master[g]);
             adamw_group(r, g, own[g], (float)gscale, (float)st.lr);
         }
+    // The update's result, before anything can save it: Σ x² in fp64 of the fp32 masters and second moments is
+    // finite exactly when every element is (x² of a float cannot overflow a double). A first moment that is not
+    // finite makes its weight so. Summed over the world, so every rank takes the same decision.
+    st.update_nonfinite = !isfinite(fsdp_sum_squares(&r->fsdp, r->master) + fsdp_sum_squares(&r->fsdp, r->adam_v));
+    if (st.update_nonfinite) {
+        st.seconds = now_seconds() - t0;
+        return st;
+    }
     if (m->router_bias.p) run_router_bias_update(r);
     // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
     for (int g = 0; g < NGROUPS; g++)

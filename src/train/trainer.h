@@ -63,6 +63,7 @@ typedef struct {
     double tokens, seconds;
     double fwdbwd_seconds; // forward + backward of all micro-batches (the rest is the optimizer step)
     bool nonfinite;        // loss or grad_norm is NaN/Inf: the update was not applied
+    bool update_nonfinite; // the update left a weight or a second moment NaN/Inf (the run must stop)
     double ep_over;        // expert parallelism: (token, expert) rows received above the capacity, all ranks
     double ep_load;        // the most rows one rank received in one layer, in units of T·k (0: ep = 1)
     // Through the DualPipeV engine: the mean over ranks of the seconds in chunk computes, and the bubble,
@@ -79,7 +80,8 @@ MemoryPlan run_memory_plan(const TrainConfig *cfg, const Dist *d, Device dev);
 // One optimizer step over global_batch_size samples: this rank's micro-batches, then the gradient
 // reduce-scatter, the global norm, clipping and AdamW on the shards. A step whose loss or gradient norm
 // is not finite counts as taken (r->step advances, with its data) but leaves weights and moments as they
-// were; it says so in nonfinite.
+// were; it says so in nonfinite. An update that leaves a weight or second moment not finite is reported in
+// update_nonfinite (the weights hold it: the caller must stop without saving).
 StepStats run_step(Run *r);
 // Forward and backward of one micro-batch already loaded into r->chunk[0] (pp = 1), leaving ∂(Σ CE + T·Σ lb)/∂θ in the
 // gradient buffers (accumulated) and the sums in model.loss_sum / model.lb_sum. Used by run_step and tests.

@@ -1,0 +1,231 @@
+// test_reliability.c — what pith refuses to save or load: updates that are not finite, corrupt or mismatched
+// checkpoints, inputs that are not regular files, lock gaps, bad token ids and the smaller input checks.
+
+#include <math.h>
+
+#include "base/json.h"
+#include "base/safetensors.h"
+#include "test.h"
+
+#define FIX "tests/hf/qwen3_moe"
+
+static const char *tiny_model =
+    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
+    " \"moe_intermediate_size\": 16, \"norm_topk_prob\": true}";
+
+// A tiny run (model.json, data.bin, train.json: 6 steps) in a fresh folder.
+static const char *rel_run(void) {
+    static char d[256];
+    snprintf(d, sizeof d, "%s", test_tmpdir());
+    char out[4096];
+    ASSERT(run_cmd(out, sizeof out,
+                   "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 3000", tiny_model, d,
+                   PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, "
+                   "\"micro_batch_size\": 2, \"global_batch_size\": 4, \"max_steps\": 6, \"device\": \"cpu\", "
+                   "\"optimizer\": {\"lr\": 0.01}}' > %s/train.json",
+                   d) == 0);
+    return d;
+}
+
+// Rewrites tensor `name` of the safetensors file at path with element 0 set to v (other tensors as they are).
+static void poke_tensor(const char *path, const char *name, float v) {
+    StFile f;
+    st_open_or_die(&f, path);
+    StWriter w;
+    st_writer_init(&w);
+    bool found = false;
+    for (int i = 0; i < f.n; i++) {
+        const StTensor *t = &f.t[i];
+        void *copy = xmalloc(t->bytes + 1);
+        memcpy(copy, t->data, t->bytes);
+        if (!strcmp(t->name, name)) {
+            ASSERT(t->dt == ST_F32);
+            memcpy(copy, &v, 4), found = true;
+        }
+        st_writer_add_raw(&w, t->name, t->dt, t->nd, t->shape, copy);
+    }
+    ASSERT_MSG(found, "%s: no tensor %s", path, name);
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.new", path);
+    st_writer_write(&w, tmp);
+    st_writer_free(&w), st_close(&f);
+    ASSERT(rename(tmp, path) == 0);
+}
+
+// Records the current checksum of file `name` of checkpoint folder dir in its run.json (a consistent edit).
+static void reseal(const char *dir, const char *name) {
+    char path[600], run[600], hex[24];
+    snprintf(path, sizeof path, "%s/%s", dir, name), snprintf(run, sizeof run, "%s/run.json", dir);
+    uint64_t h;
+    ASSERT(file_hash64(path, &h));
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
+    json_t *root = json_load_or_die(run);
+    json_object_set_new(json_object_get(root, "checksums"), name, json_string(hex));
+    char *text = json_dumps(root, JSON_INDENT(1) | JSON_SORT_KEYS);
+    file_write_atomic(run, text, strlen(text));
+    free(text), json_decref(root);
+}
+
+// ---- 1. nothing non-finite is saved or loaded ----
+
+TEST(nonfinite_update_stops_and_saves_nothing) {
+    const char *d = rel_run();
+    char out[1 << 16];
+    static const char *const modes[] = {"fail", "skip"};
+    for (int k = 0; k < 2; k++) {
+        int rc = run_cmd(out, sizeof out,
+                         "%s train %s/train.json --set max_steps=1 --set optimizer.lr=1e300 --set "
+                         "'scheduler={\"type\":\"constant\"}' --set on_nonfinite=%s --set save_location=%s/ck%d",
+                         PITH_BIN, d, modes[k], d, k);
+        ASSERT_MSG(rc == 1 && strstr(out, "train.json: optimizer.lr: step 1's update") &&
+                       strstr(out, "not finite: stopping; nothing is saved after step 0") && !strstr(out, "done:"),
+                   "%s: exit %d: %s", modes[k], rc, out);
+        ASSERT(run_cmd(out, sizeof out, "ls -A %s/ck%d | grep -c step || true", d, k) == 0 && atoi(out) == 0);
+    }
+    // a good checkpoint is never pruned in favour of a bad one (keep_last = 1)
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/k --steps 2 --set keep_last=1",
+                   PITH_BIN, d, d) == 0);
+    int rc = run_cmd(out, sizeof out,
+                     "%s train %s/train.json --set save_location=%s/k --set keep_last=1 --set save_interval=1 "
+                     "--set optimizer.lr=1e300 --allow-config-change",
+                     PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "step 3's update"), "exit %d: %s", rc, out);
+    ASSERT(run_cmd(out, sizeof out, "ls -A %s/k | grep step", d) == 0 && !strcmp(out, "step-00000002\n"));
+}
+
+TEST(ckpt_load_refuses_nonfinite_weights_and_moments) {
+    const char *d = rel_run();
+    char out[1 << 16], ck[512], path[600];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --steps 2", PITH_BIN, d, d) == 0);
+    snprintf(ck, sizeof ck, "%s/ck/step-00000002", d);
+    // a second moment below zero: the resume refuses it, naming the file and tensor
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", ck);
+    poke_tensor(path, "exp_avg_sq.layers.0.self_attn.q_proj.weight", -1);
+    reseal(ck, "optimizer.safetensors");
+    int rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 &&
+                   strstr(out, "optimizer.safetensors: tensor 'exp_avg_sq.layers.0.self_attn.q_proj.weight': element "
+                               "0 is -1 (a second moment must be finite and not negative)"),
+               "exit %d: %s", rc, out);
+    // a NaN weight: eval refuses it
+    snprintf(path, sizeof path, "%s/model.safetensors", ck);
+    poke_tensor(path, "layers.1.self_attn.q_proj.weight", NAN);
+    reseal(ck, "model.safetensors");
+    rc = run_cmd(out, sizeof out, "%s eval --model %s --data %s/data.bin --seq 16 --batch 1", PITH_BIN, ck, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "model.safetensors: tensor 'layers.1.self_attn.q_proj.weight': element 0 is nan"),
+               "exit %d: %s", rc, out);
+}
+
+// ---- 2. a checkpoint proves it is the one it claims ----
+
+TEST(ckpt_checksums_and_run_json) {
+    const char *d = rel_run();
+    char out[1 << 16], ck[512], path[600];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --steps 2", PITH_BIN, d, d) == 0);
+    snprintf(ck, sizeof ck, "%s/ck/step-00000002", d);
+    ASSERT(run_cmd(out, sizeof out, "cp -r %s %s/good", ck, d) == 0);
+    // one flipped bit in the middle of the weights
+    ASSERT(run_cmd(out, sizeof out,
+                   "f=%s/model.safetensors; n=$(($(stat -c %%s $f) / 2)); b=$(od -An -tu1 -j$n -N1 $f); "
+                   "printf \"$(printf '\\\\%%03o' $((b ^ 4)))\" | dd of=$f bs=1 seek=$n conv=notrunc status=none",
+                   ck) == 0);
+    int rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "step-00000002/model.safetensors: checksum") && strstr(out, "corrupt"),
+               "exit %d: %s", rc, out);
+    rc = run_cmd(out, sizeof out, "%s eval --model %s --data %s/data.bin --seq 16 --batch 1", PITH_BIN, ck, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "checksum"), "eval: exit %d: %s", rc, out);
+    // run.json edits, each refused naming run.json and the key
+    static const char *const edits[][2] = {
+        {"s/\"step\": 2,/\"step\": 5,/", "run.json: step: 5, but the folder is step-00000002"},
+        {"s/pith-checkpoint-2/pith-checkpoint-9/", "run.json: format: 'pith-checkpoint-9' is not a checkpoint format"},
+        {"/\"checksums\"/,/}/d", "run.json: checksums: missing"},
+    };
+    for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
+        ASSERT(run_cmd(out, sizeof out, "rm -r %s && cp -r %s/good %s && sed -i '%s' %s/run.json", ck, d, ck,
+                       edits[i][0], ck) == 0);
+        rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d);
+        ASSERT_MSG(rc == 1 && strstr(out, edits[i][1]), "%s: exit %d: %s", edits[i][0], rc, out);
+    }
+    // no train_config; the model's config changed since the save
+    ASSERT(run_cmd(out, sizeof out, "rm -r %s && cp -r %s/good %s", ck, d, ck) == 0);
+    snprintf(path, sizeof path, "%s/run.json", ck);
+    json_t *root = json_load_or_die(path);
+    json_object_del(root, "train_config");
+    char *text = json_dumps(root, JSON_INDENT(1));
+    file_write_atomic(path, text, strlen(text));
+    free(text), json_decref(root);
+    rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "run.json: train_config: missing"), "exit %d: %s", rc, out);
+    ASSERT(run_cmd(out, sizeof out, "rm -r %s && cp -r %s/good %s", ck, d, ck) == 0);
+    ASSERT(run_cmd(out, sizeof out, "sed -i 's/\"norm_topk_prob\": true/\"norm_topk_prob\": false/' %s/model.json",
+                   d) == 0);
+    rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "step-00000002/config.json: norm_topk_prob: differs from the model's config"),
+               "exit %d: %s", rc, out);
+    // the untouched copy resumes
+    ASSERT(run_cmd(out, sizeof out, "sed -i 's/\"norm_topk_prob\": false/\"norm_topk_prob\": true/' %s/model.json",
+                   d) == 0);
+    rc = run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d);
+    ASSERT_MSG(rc == 0 && strstr(out, "resume: step 2 from") && strstr(out, "done: 6 of 6"), "exit %d: %s", rc, out);
+}
+
+TEST(ckpt_hash64_sees_every_byte) {
+    unsigned char buf[100];
+    for (int i = 0; i < 100; i++) buf[i] = (unsigned char)(i * 7);
+    uint64_t h = hash64(buf, sizeof buf);
+    for (int i = 0; i < 100; i++)
+        for (int b = 0; b < 8; b++) {
+            buf[i] ^= 1 << b;
+            ASSERT_MSG(hash64(buf, sizeof buf) != h, "byte %d bit %d", i, b);
+            buf[i] ^= 1 << b;
+        }
+    ASSERT(hash64(buf, 99) != hash64(buf, 100) && hash64(buf, 0) != hash64(buf, 1));
+    ASSERT(hash64(buf, sizeof buf) == h);
+}
+
+// ---- 4. only regular files are read; an index stays in its folder ----
+
+TEST(errors_fifo_inputs) {
+    const char *d = rel_run();
+    char out[1 << 16];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --steps 1", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "mkdir -p %s/m && cp " FIX "/config.json " FIX "/model.safetensors %s/m/", d, d) ==
+           0);
+    // each command with one input replaced by a FIFO; a hang would end by timeout (exit 124)
+    static const char *const cases[][2] = {
+        {"mkfifo %1$s/f.json; %2$s train %1$s/f.json", "f.json: not a regular file (a FIFO)"},
+        {"rm %1$s/m/model.safetensors; mkfifo %1$s/m/model.safetensors; %2$s eval --model %1$s/m --data %1$s/data.bin "
+         "--seq 16 --batch 1",
+         "m/model.safetensors: not a regular file"},
+        {"cp -r %1$s/m %1$s/m2; rm %1$s/m2/config.json; mkfifo %1$s/m2/config.json; %2$s eval --model %1$s/m2 --data "
+         "%1$s/data.bin --seq 16 --batch 1",
+         "m2/config.json: not a regular file (a FIFO)"},
+        {"o=%1$s/ck/step-00000001/optimizer.safetensors; rm $o; mkfifo $o; %2$s train %1$s/train.json --set "
+         "save_location=%1$s/ck",
+         "optimizer.safetensors"},
+        {"mkfifo %1$s/tok.json; echo hi > %1$s/in.txt; %2$s tokenize --tokenizer %1$s/tok.json --input %1$s/in.txt "
+         "--output %1$s/tk",
+         "tok.json: not a regular file (a FIFO)"},
+        {"mkdir -p %1$s/p; mkfifo %1$s/p/metrics.jsonl; %2$s plot %1$s/p", "metrics.jsonl: not a regular file"},
+        {"mkdir -p %1$s/tf; mkfifo %1$s/tf/a.bin; %2$s train %1$s/train.json --set dataset=%1$s/tf",
+         "a.bin: not a regular file"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, cases[i][0], d, PITH_BIN);
+        int rc = run_cmd(out, sizeof out, "timeout 30 sh -c '%s'", cmd);
+        ASSERT_MSG(rc == 1 && strstr(out, "pith: error: ") && strstr(out, cases[i][1]), "case %zu: exit %d: %s", i, rc,
+                   out);
+    }
+    // an index whose weight_map leads out of its folder
+    int rc = run_cmd(out, sizeof out,
+                     "mv %s/m/model.safetensors %s/outside.safetensors && echo '{\"weight_map\": "
+                     "{\"model.norm.weight\": \"../outside.safetensors\"}}' > %s/m/model.safetensors.index.json && "
+                     "%s eval --model %s/m --data %s/data.bin --seq 16 --batch 1",
+                     d, d, d, PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "shard '../outside.safetensors' is not a file name of this folder"), "exit %d: %s",
+               rc, out);
+}
