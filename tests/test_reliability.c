@@ -226,6 +226,51 @@ TEST(errors_fifo_inputs) {
                      "{\"model.norm.weight\": \"../outside.safetensors\"}}' > %s/m/model.safetensors.index.json && "
                      "%s eval --model %s/m --data %s/data.bin --seq 16 --batch 1",
                      d, d, d, PITH_BIN, d, d);
-    ASSERT_MSG(rc == 1 && strstr(out, "shard '../outside.safetensors' is not a file name of this folder"), "exit %d: %s",
-               rc, out);
+    ASSERT_MSG(rc == 1 && strstr(out, "shard '../outside.safetensors' is not a file name of this folder"),
+               "exit %d: %s", rc, out);
+}
+
+// ---- 5. the lock covers run_dir, and a removed lock stops its holder ----
+
+TEST(save_location_lock_run_dir_and_removed_lock) {
+    const char *d = rel_run();
+    char out[1 << 16];
+    // two runs with different save_locations and one run_dir: the second stops at once
+    int rc = run_cmd(out, sizeof out,
+                     "%s train %s/train.json --set max_steps=100000 --set save_location=%s/a --set run_dir=%s/r "
+                     "> %s/a.log 2>&1 & p=$!; "
+                     "until grep -qs '^step ' %s/a.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; "
+                     "%s train %s/train.json --set max_steps=100000 --set save_location=%s/b --set run_dir=%s/r; "
+                     "rc=$?; kill -9 $p; wait $p; exit $rc",
+                     PITH_BIN, d, d, d, d, d, PITH_BIN, d, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "/r: run_dir is in use by another pith train (pid "), "exit %d: %s", rc, out);
+    // .lock removed under a running job: the job stops at its next save, saving nothing more
+    rc = run_cmd(out, sizeof out,
+                 "%s train %s/train.json --set max_steps=100000 --set save_interval=20 --set save_location=%s/c "
+                 "> %s/c.log 2>&1 & p=$!; "
+                 "until grep -qs '^step ' %s/c.log || ! kill -0 $p 2>/dev/null; do sleep 0.05; done; "
+                 "rm %s/c/.lock; wait $p; rc=$?; cat %s/c.log; exit $rc",
+                 PITH_BIN, d, d, d, d, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "c/.lock: removed or replaced while this run held it") &&
+                   strstr(out, "stopping without saving"),
+               "exit %d: %s", rc, out);
+    // the save due at the last step taken was not written
+    ASSERT(run_cmd(out, sizeof out, "grep '^step ' %s/c.log | tail -1", d) == 0);
+    int last = atoi(out + 5);
+    char path[600];
+    snprintf(path, sizeof path, "%s/c/step-%08d", d, last);
+    ASSERT_MSG(last > 0 && last % 20 == 0 && !path_exists(path), "%s exists", path);
+}
+
+// ---- 6. the smaller ones ----
+
+TEST(write_failures_leave_no_tmp_step) {
+    const char *d = rel_run();
+    char out[1 << 16];
+    int rc = run_cmd(out, sizeof out,
+                     "ulimit -f 16; %s train %s/train.json --set save_location=%s/ck --set tensorboard=false --steps 1",
+                     PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "write failed: File too large"), "exit %d: %s", rc, out);
+    ASSERT(run_cmd(out, sizeof out, "ls -A %s/ck", d) == 0);
+    ASSERT_MSG(!strstr(out, "tmp") && !strstr(out, "step-"), "left behind: %s", out);
 }

@@ -13,6 +13,7 @@
 
 int die_rank = -1;
 void (*die_hook)(int status);
+void (*die_cleanup)(void);
 void *(*device_alloc)(size_t bytes, const char *what);
 void (*device_free)(void *p);
 void (*host_register)(void *p, size_t bytes);
@@ -28,6 +29,9 @@ void die(const char *fmt, ...) {
     if (die_rank >= 0) fprintf(stderr, "pith: error: rank %d: %s\n", die_rank, msg);
     else fprintf(stderr, "pith: error: %s\n", msg);
     fflush(stderr);
+    void (*cleanup)(void) = die_cleanup;
+    die_cleanup = NULL; // a cleanup that dies itself ends here
+    if (cleanup) cleanup();
     if (die_hook) die_hook(1);
     exit(1);
 }

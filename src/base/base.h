@@ -17,6 +17,9 @@ _Noreturn void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // ("pith: error: rank 3: ...") and calls die_hook (MPI_Abort) instead of exit, so every rank stops.
 extern int die_rank;                 // -1: one process
 extern void (*die_hook)(int status); // NULL: exit(status)
+// Called once by die() after its message, before the process ends: a writer's cleanup (ckpt.c removes the
+// temporary folder of a save that failed). NULL: none.
+extern void (*die_cleanup)(void);
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // For "did you mean": the name of names[0..n) closest to word in edit distance, when it is near enough to be a slip
 // (at most a third of the word's length, at least 1); else NULL.

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/safetensors.h"
@@ -316,34 +317,58 @@ bool ckpt_find_latest(const char *loc, char *out, size_t cap, bool tidy) {
     return true;
 }
 
-// The lock of a save_location: an exclusive flock on <loc>/.lock held for the life of the process (the
-// kernel releases it when the process ends, however it ends). Taking it also shows that loc is writable.
-static int lock_fd = -1;
+// The locks of the folders a run writes: an exclusive flock on <dir>/.lock held for the life of the process (the
+// kernel releases it when the process ends, however it ends). Taking it also shows that dir is writable. A .lock
+// removed or replaced under the holder lets another run take a new one: ckpt_save checks its own is still there.
+static struct {
+    int fd;
+    char path[4200], real[4200];
+    const char *what;
+} locks[2];
+static int nlocks;
 
-void ckpt_lock(const char *loc) {
-    mkdir_p(loc);
-    char path[4200], host[256] = "?", holder[512] = "";
-    snprintf(path, sizeof path, "%s/.lock", loc);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) die("%s: save_location is not writable: %s", loc, strerror(errno));
+void ckpt_lock(const char *dir, const char *what) {
+    mkdir_p(dir);
+    char path[4200], real[4200], host[256] = "?", holder[512] = "";
+    if (!realpath(dir, real)) die("%s: %s: cannot resolve: %s", dir, what, strerror(errno));
+    for (int i = 0; i < nlocks; i++)
+        if (!strcmp(locks[i].real, real)) return;
+    CHECK(nlocks < 2);
+    snprintf(path, sizeof path, "%s/.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd < 0) die("%s: %s is not writable: %s", dir, what, strerror(errno));
     if (flock(fd, LOCK_EX | LOCK_NB)) {
         if (errno != EWOULDBLOCK) die("%s: cannot lock: %s", path, strerror(errno));
         ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
         holder[n > 0 ? n : 0] = 0;
         holder[strcspn(holder, "\n")] = 0;
-        die("%s: save_location is in use by another pith train (%s); one run per save_location", loc,
-            holder[0] ? holder : "holder unknown");
+        die("%s: %s is in use by another pith train (%s); one run per %s", dir, what,
+            holder[0] ? holder : "holder unknown", what);
     }
     gethostname(host, sizeof host - 1);
     int len = snprintf(holder, sizeof holder, "pid %d on %s\n", (int)getpid(), host);
     if (ftruncate(fd, 0) || pwrite(fd, holder, len, 0) != len || fsync(fd))
-        die("%s: save_location is not writable: %s", path, strerror(errno));
-    lock_fd = fd;
+        die("%s: %s is not writable: %s", path, what, strerror(errno));
+    locks[nlocks].fd = fd, locks[nlocks].what = what;
+    snprintf(locks[nlocks].path, sizeof locks[nlocks].path, "%s", path);
+    snprintf(locks[nlocks].real, sizeof locks[nlocks].real, "%s", real);
+    nlocks++;
+}
+
+// Dies unless every lock of this process is still the file at its path (not removed, not replaced).
+static void locks_check(void) {
+    for (int i = 0; i < nlocks; i++) {
+        struct stat a, b;
+        if (fstat(locks[i].fd, &b) || stat(locks[i].path, &a) || a.st_dev != b.st_dev || a.st_ino != b.st_ino)
+            die("%s: removed or replaced while this run held it: another pith train may be using this %s; "
+                "stopping without saving",
+                locks[i].path, locks[i].what);
+    }
 }
 
 void ckpt_unlock(void) {
-    if (lock_fd >= 0) close(lock_fd);
-    lock_fd = -1;
+    for (int i = 0; i < nlocks; i++) close(locks[i].fd);
+    nlocks = 0;
 }
 
 static void prune(const char *loc, int keep_last) {
@@ -365,6 +390,11 @@ static void prune(const char *loc, int keep_last) {
     }
 }
 
+// The temporary folder of the save in progress on rank 0: a save that fails (a full disk, a write error) removes
+// it as it dies. (A rank killed outright leaves it to the next start's ckpt_find_latest.)
+static char saving[4200];
+static void save_failed(void) { remove_tree(saving); }
+
 void ckpt_save(Run *r) {
     const TrainConfig *c = &r->cfg;
     bool lead = r->dist.world.rank == 0;
@@ -373,9 +403,11 @@ void ckpt_save(Run *r) {
     snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08d", c->save_location, r->step);
     snprintf(final, sizeof final, "%s/step-%08d", c->save_location, r->step);
     if (lead) {
+        locks_check();
         mkdir_p(c->save_location);
         remove_tree(tmp);
         mkdir_p(tmp);
+        snprintf(saving, sizeof saving, "%s", tmp), die_cleanup = save_failed;
     }
     comm_barrier(&r->dist.world);
     json_t *sums = json_object();
@@ -415,6 +447,7 @@ void ckpt_save(Run *r) {
         fsync_dir(tmp);
         if (path_exists(final)) remove_step(c->save_location, final + strlen(c->save_location) + 1); // saved again
         if (rename(tmp, final)) die("%s: cannot rename to %s: %s", tmp, final, strerror(errno));
+        die_cleanup = NULL;
         fsync_dir(c->save_location);
         if (c->keep_last) prune(c->save_location, c->keep_last);
     }

@@ -18,10 +18,11 @@ void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir)
 // The same for a part t of the whole model's table `all` (a pipeline rank's tensors): the folder's
 // tensors are checked against all, those of t are read.
 void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *flat[NGROUPS], const char *dir);
-// Takes the save_location's lock (an flock on <save_location>/.lock, released when the process ends) or
-// dies naming the holder; creates the folder and so finds an unwritable one before step 1. Rank 0 only.
-void ckpt_lock(const char *save_location);
-void ckpt_unlock(void); // run_free: the lock of this process, if any
+// Takes the lock of a folder a run writes, `what` being "save_location" or "run_dir" (an flock on <dir>/.lock,
+// released when the process ends) or dies naming the holder; creates the folder and so finds an unwritable one
+// before step 1. A folder this process holds already (run_dir = save_location) is not locked twice. Rank 0 only.
+void ckpt_lock(const char *dir, const char *what);
+void ckpt_unlock(void); // run_free: the locks of this process, if any
 // The newest checkpoint under save_location (false if none): a step-N folder with run.json, or a
 // model-only step-00000000. With tidy (the run holding the lock) it removes the leftovers of saves and
 // removals that did not finish; without (pith eval, beside a run that may be saving) it only reads.
