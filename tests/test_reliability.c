@@ -1,9 +1,13 @@
 // test_reliability.c — what pith refuses to save or load: updates that are not finite, corrupt or mismatched
 // checkpoints, inputs that are not regular files, lock gaps, bad token ids and the smaller input checks.
 
+#include <fcntl.h>
 #include <math.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/json.h"
+#include "base/npy.h"
 #include "base/safetensors.h"
 #include "test.h"
 
@@ -273,4 +277,45 @@ TEST(write_failures_leave_no_tmp_step) {
     ASSERT_MSG(rc == 1 && strstr(out, "write failed: File too large"), "exit %d: %s", rc, out);
     ASSERT(run_cmd(out, sizeof out, "ls -A %s/ck", d) == 0);
     ASSERT_MSG(!strstr(out, "tmp") && !strstr(out, "step-"), "left behind: %s", out);
+}
+
+// ---- 3. token ids: the scan's cache follows the file's content; the embedding checks every id ----
+
+// Sets every 16th token of the token file at path (from position 5) to v in place, keeping its size and mtime.
+static void poke_tokens(const char *path, uint32_t v) {
+    size_t n;
+    char *buf = file_read_all(path, &n), err[300];
+    ASSERT(buf);
+    NpyRecord tok, ends;
+    ASSERT_MSG(npy_token_file_parse((const uint8_t *)buf, n, &tok, &ends, err, sizeof err), "%s", err);
+    size_t off = (size_t)((const char *)tok.data - buf), es = dtype_size(tok.dt);
+    struct stat st;
+    ASSERT(stat(path, &st) == 0);
+    int fd = open(path, O_WRONLY);
+    ASSERT(fd >= 0);
+    for (int64_t i = 5; i < tok.n; i += 16) ASSERT(pwrite(fd, &v, es, off + i * es) == (ssize_t)es);
+    close(fd), free(buf);
+    struct timespec ts[2] = {st.st_atim, st.st_mtim};
+    ASSERT(utimensat(AT_FDCWD, path, ts, 0) == 0);
+}
+
+TEST(data_token_cache_follows_content) {
+    const char *d = rel_run();
+    char out[1 << 16], data[512];
+    snprintf(data, sizeof data, "%s/data.bin", d);
+    ASSERT(run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1", d, PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "ls %s/cache | grep -c token-max", d) == 0 && atoi(out) == 1);
+    poke_tokens(data, 200);
+    int rc = run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1", d, PITH_BIN, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "data.bin: token 200 at position 5 is outside the model's vocabulary of 64"),
+               "exit %d: %s", rc, out);
+    // a cache that lies (written under this very file's key): the embedding stops the run, naming the id
+    ASSERT(run_cmd(out, sizeof out, "cd %s/cache && for f in token-max-*; do rm $f; done", d) == 0);
+    rc = run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1", d, PITH_BIN, d);
+    ASSERT(rc == 1);
+    ASSERT(run_cmd(out, sizeof out, "cd %s/cache && for f in token-max-*; do echo 5 > $f; done", d) == 0);
+    rc = run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1", d, PITH_BIN, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "pith: error: embedding: token id 200 (position ") &&
+                   strstr(out, "is outside the vocabulary of 64"),
+               "exit %d: %s", rc, out);
 }

@@ -40,7 +40,10 @@ static uint64_t token_at_raw(const TokenFile *f, int64_t i) {
 }
 
 // The largest token id of f: a max over the whole mapped record (vectorised), remembered in a cache file
-// named by the file's path, size and mtime so a second run over unchanged data skips the scan.
+// named by the file's path, inode, size, mtime and ctime so a second run over unchanged data skips the scan.
+// ctime is the kernel's: every write to the file (and every utimes that puts its mtime back) moves it, and no
+// call sets it, so a file rewritten in place with its size and mtime kept is scanned again. (A key on the
+// content itself would read every byte, which is the scan.) The embedding ops check each id as they read it.
 static uint64_t token_max_scan(const TokenFile *f) {
     uint64_t m = 0;
     int64_t n = f->ntok;
@@ -86,12 +89,14 @@ static uint64_t token_max(const TokenFile *f, const struct stat *st, bool *cache
     cache_dir(dir, sizeof dir);
     *cached = false;
     if (!dir[0] || !realpath(f->path, real)) return token_max_scan(f);
-    snprintf(path, sizeof path, "%s/token-max-%016llx-%lld-%lld.%09ld", dir, (unsigned long long)rng_hash_str(real),
-             (long long)st->st_size, (long long)st->st_mtim.tv_sec, (long)st->st_mtim.tv_nsec);
+    snprintf(path, sizeof path, "%s/token-max-%016llx-%llu-%lld-%lld.%09ld-%lld.%09ld", dir,
+             (unsigned long long)rng_hash_str(real), (unsigned long long)st->st_ino, (long long)st->st_size,
+             (long long)st->st_mtim.tv_sec, (long)st->st_mtim.tv_nsec, (long long)st->st_ctim.tv_sec,
+             (long)st->st_ctim.tv_nsec);
     unsigned long long m;
-    FILE *c = fopen(path, "r");
-    bool hit = c && fscanf(c, "%llu", &m) == 1;
-    if (c) fclose(c);
+    char *text_in = path_exists(path) ? file_read_all(path, NULL) : NULL;
+    bool hit = text_in && sscanf(text_in, "%llu", &m) == 1;
+    free(text_in);
     if (hit) return *cached = true, m;
     m = token_max_scan(f);
     // Best effort, written whole under a name of this process and renamed: ranks may race, never half-write.

@@ -4,18 +4,27 @@
 #include "base/half.h"
 #include "ops/cpu/cpu_ops.h"
 
-void cpu_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
-    int64_t T = t_rows(h), H = t_cols(h), V = t_rows(table);
-#pragma omp parallel for
+// Dies naming the first token id of tokens outside [0, V): the data checks ids when a file is opened; this is
+// the last line of defence (a file changed under a running job).
+static void embedding_ids_check(Tensor tokens, int64_t T, int64_t V) {
     for (int64_t t = 0; t < T; t++) {
         int32_t id = I32(tokens)[t];
-        CHECK(id >= 0 && id < V);
-        memcpy(F(h) + t * H, F(table) + (int64_t)id * H, H * sizeof(float));
+        if (id < 0 || id >= V)
+            die("embedding: token id %d (position %lld of the micro-batch) is outside the vocabulary of %lld", id,
+                (long long)t, (long long)V);
     }
+}
+
+void cpu_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
+    int64_t T = t_rows(h), H = t_cols(h), V = t_rows(table);
+    embedding_ids_check(tokens, T, V);
+#pragma omp parallel for
+    for (int64_t t = 0; t < T; t++) memcpy(F(h) + t * H, F(table) + (int64_t)I32(tokens)[t] * H, H * sizeof(float));
 }
 
 void cpu_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
     int64_t T = t_rows(dh), H = t_cols(dh);
+    embedding_ids_check(tokens, T, t_rows(dtable));
     for (int64_t t = 0; t < T; t++) {
         float *d = F(dtable) + (int64_t)I32(tokens)[t] * H;
         for (int64_t c = 0; c < H; c++) d[c] += F(dh)[t * H + c];
@@ -29,6 +38,10 @@ void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad
     CPU_F32(logits);
     int64_t R = t_rows(logits), V = t_cols(logits);
     double *row = xcalloc(R ? R : 1, sizeof(double)), total = 0;
+    for (int64_t r = 0; r < R; r++)
+        if (I32(labels)[r] != -100 && (I32(labels)[r] < 0 || I32(labels)[r] >= V))
+            die("cross_entropy: label %d (row %lld) is outside the vocabulary of %lld", I32(labels)[r], (long long)r,
+                (long long)V);
 #pragma omp parallel for
     for (int64_t r = 0; r < R; r++) {
         float *l = F(logits) + r * V;
@@ -37,7 +50,6 @@ void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad
             for (int64_t c = 0; c < V; c++) l[c] = 0;
             continue;
         }
-        CHECK(y >= 0 && y < V);
         float m = -INFINITY, ly = l[y];
         for (int64_t c = 0; c < V; c++) m = fmaxf(m, l[c]);
         double sum = 0;
