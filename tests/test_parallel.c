@@ -511,8 +511,8 @@ TEST(dist_config_errors) {
          "train.json: parallel.pipeline_parallel_size: DualPipeV cuts the model into 2 × 2 = 4 chunks: 3 layers do not "
          "divide evenly"},
         {1, "--set parallel.context_parallel_size=2",
-         "train.json: parallel.expert_parallel_size: 1 ranks are not divisible by pipeline_parallel_size × "
-         "context_parallel_size × expert_parallel_size = 2"},
+         "train.json: parallel.context_parallel_size: 1 ranks are not divisible by pipeline_parallel_size × "
+         "context_parallel_size × expert_parallel_size = 1 × 2 × 1 = 2"},
         {1, "--set parallel.sharding_strategy=zero3",
          "--set: parallel.sharding_strategy: 'zero3' is not supported (supported: \"fsdp\", \"hsdp\")"},
         {1, "--set parallel.timeout_s=0", "--set: parallel.timeout_s: must be in (0, 10000000] (got 0)"},

@@ -4,10 +4,12 @@
 #include <fcntl.h>
 #include <math.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/json.h"
 #include "base/npy.h"
+#include "ops/ops.h"
 #include "base/safetensors.h"
 #include "test.h"
 
@@ -316,6 +318,119 @@ TEST(data_token_cache_follows_content) {
     ASSERT(run_cmd(out, sizeof out, "cd %s/cache && for f in token-max-*; do echo 5 > $f; done", d) == 0);
     rc = run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1", d, PITH_BIN, d);
     ASSERT_MSG(rc == 1 && strstr(out, "pith: error: embedding: token id 200 (position ") &&
-                   strstr(out, "is outside the vocabulary of 64"),
+                   strstr(out, "is outside the vocabulary of 64 (during step 1)"),
                "exit %d: %s", rc, out);
+}
+
+TEST(data_symlink_to_parent_refused) {
+    const char *d = rel_run();
+    char out[1 << 16];
+    int rc = run_cmd(out, sizeof out,
+                     "mkdir -p %s/ds && cp %s/data.bin %s/ds/ && ln -s .. %s/ds/up && %s train %s/train.json --set "
+                     "dataset=%s/ds",
+                     d, d, d, d, PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "ds/up/ds: the same folder as ") &&
+                   strstr(out, "(a link): the dataset would read it more than once"),
+               "exit %d: %s", rc, out);
+    // a second link to one token file
+    rc = run_cmd(out, sizeof out,
+                 "rm %s/ds/up && ln -s data.bin %s/ds/again.bin && %s train %s/train.json --set dataset=%s/ds", d, d,
+                 PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "the same file as"), "exit %d: %s", rc, out);
+}
+
+// Qwen3's tokenizer in dir/tok with added_tokens[0].id set to id and tokenizer_config.json's eos_token to eos.
+static void qwen3_tokenizer(const char *dir, json_int_t id, const char *eos) {
+    char path[600];
+    json_t *t = json_load_or_die("data/tokenizers/qwen3/tokenizer.json");
+    json_object_set_new(json_array_get(json_object_get(t, "added_tokens"), 0), "id", json_integer(id));
+    snprintf(path, sizeof path, "%s/tok", dir);
+    mkdir_p(path);
+    snprintf(path, sizeof path, "%s/tok/tokenizer.json", dir);
+    ASSERT(json_dump_file(t, path, 0) == 0);
+    json_decref(t);
+    char text[256];
+    snprintf(text, sizeof text, "{\"eos_token\": \"%s\"}", eos);
+    snprintf(path, sizeof path, "%s/tok", dir);
+    write_text(path, "tokenizer_config.json", text);
+}
+
+TEST(tokenize_bad_eos_and_added_ids) {
+    ASSERT_MSG(path_exists("data/tokenizers/qwen3/tokenizer.json"), "run scripts/tokenizers.sh");
+    const char *d = test_tmpdir();
+    char out[1 << 16];
+    write_text(d, "in/a.txt", "ab");
+    write_text(d, "in/empty.txt", "");
+    qwen3_tokenizer(d, 151643, "<|nope|>");
+    int rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s/tok --input %s/in --output %s/o", PITH_BIN, d, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "tokenizer_config.json: eos_token: '<|nope|>' is not in the vocabulary"),
+               "exit %d: %s", rc, out);
+    qwen3_tokenizer(d, 1000000000, "<|im_end|>");
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s/tok --input %s/in --output %s/o", PITH_BIN, d, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "tokenizer.json: added_tokens[0].id: expected an id in [0, 2^24)"), "exit %d: %s",
+               rc, out);
+    // a good one; the empty file becomes a token file without documents (its ends record is empty)
+    qwen3_tokenizer(d, 151643, "<|im_end|>");
+    rc = run_cmd(out, sizeof out, "%s tokenize --tokenizer %s/tok --input %s/in --output %s/o", PITH_BIN, d, d, d);
+    ASSERT_MSG(rc == 0, "exit %d: %s", rc, out);
+    size_t n;
+    char path[600], err[300];
+    snprintf(path, sizeof path, "%s/o/empty.txt.bin", d);
+    char *buf = file_read_all(path, &n);
+    ASSERT_MSG(buf, "%s missing", path);
+    NpyRecord tok, ends;
+    ASSERT_MSG(npy_token_file_parse((const uint8_t *)buf, n, &tok, &ends, err, sizeof err), "%s", err);
+    ASSERT(tok.n == 0 && ends.n == 0);
+    free(buf);
+}
+
+TEST(errors_config_bounds_and_messages) {
+    const char *d = rel_run();
+    char out[1 << 16];
+    static const char *const cases[][2] = {
+        {"--set moe_router_bias_update_rate=1e300", "--set: moe_router_bias_update_rate: must be in [0, 1]"},
+        {"--set scheduler.type=wsd --set scheduler.final_lr=1e30",
+         "--set: scheduler.final_lr: 1e+30 is above optimizer.lr = 0.01"},
+        {"--set scheduler.type=cosine --set scheduler.start_lr=1",
+         "--set: scheduler.start_lr: 1 is above optimizer.lr = 0.01"},
+        {"--set optimizer..lr=1", "--set optimizer..lr=1: the key 'optimizer..lr' has an empty part"},
+        {"--set validation.interval=-1", "--set: validation.interval: must be in [0, "},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int rc = run_cmd(out, sizeof out, "%s train %s/train.json %s", PITH_BIN, d, cases[i][0]);
+        ASSERT_MSG(rc == 1 && strstr(out, cases[i][1]) && strchr(out, '\n') == out + strlen(out) - 1, "%s: exit %d: %s",
+                   cases[i][0], rc, out);
+    }
+    int rc = run_cmd(out, sizeof out, "%s convert foo %s/a %s/b", PITH_BIN, d, d);
+    ASSERT_MSG(rc == 1 && strstr(out, "convert: unknown direction 'foo' (hf2pith or pith2hf"), "exit %d: %s", rc, out);
+}
+
+static void quantise_nan(void) {
+    float x[128];
+    for (int i = 0; i < 128; i++) x[i] = 1;
+    x[7] = NAN;
+    snprintf(die_context, sizeof die_context, "step 7");
+    Tensor t = tensor_make(x, DT_F32, DEV_CPU, 2, 1, 128, 1, 1);
+    op_fp8_round(t, t, FP8_ROWS, NULL, 0);
+}
+
+TEST(fp8_nonfinite_names_the_step) {
+    const char *log = test_tmpdir();
+    char path[600];
+    snprintf(path, sizeof path, "%s/die.log", log);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        CHECK(freopen(path, "w", stderr));
+        quantise_nan();
+        _exit(0);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    char *msg = file_read_all(path, NULL);
+    ASSERT_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 1 && msg &&
+                   strstr(msg, "fp8: cannot quantise a non-finite value: x[0, 7] = nan") &&
+                   strstr(msg, " (during step 7)\n"),
+               "%s", msg ? msg : "");
+    free(msg);
 }

@@ -622,7 +622,7 @@ TEST(errors_token_files_structure) {
     expect_error(d, "", "a.bin: not a regular file");
 }
 
-// The token-id scan at open is cached per file by size and mtime: a second open of unchanged data reads
+// The token-id scan at open is cached per file by inode, size, mtime and ctime: a second open of unchanged data reads
 // the cache; touching the file makes a new key and a fresh scan; a cached maximum that would be an error
 // is checked by a scan (a forged or stale entry cannot stop a run).
 TEST(dataset_token_scan_cache) {

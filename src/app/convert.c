@@ -314,11 +314,12 @@ int cmd_convert(int argc, char **argv) {
         return 2;
     }
     const char *op = argv[optind], *src = argv[optind + 1], *dst = argv[optind + 2];
+    if (strcmp(op, "hf2pith") && strcmp(op, "pith2hf"))
+        die("convert: unknown direction '%s' (hf2pith or pith2hf; see pith convert --help)", op);
     if (!path_is_dir(src)) die("%s: not a folder", src);
     if (!strcmp(op, "hf2pith")) {
         if (tokenizer) die("convert: --tokenizer applies to pith2hf only");
         return hf2pith(src, dst, dtype);
     }
-    if (!strcmp(op, "pith2hf")) return pith2hf(src, dst, dtype, shard, tokenizer);
-    die("convert: unknown operation '%s' (hf2pith or pith2hf)", op);
+    return pith2hf(src, dst, dtype, shard, tokenizer);
 }

@@ -532,9 +532,9 @@ static void out_finish(InFile *f) {
         return;
     }
     if (!f->f) out_open(f);
-    if (!npy_write_header(f->f, DT_U64, (int64_t)f->nends) || fwrite(f->ends, 8, f->nends, f->f) != f->nends ||
-        fseek(f->f, 0, SEEK_SET) || !npy_write_header(f->f, DT_U32, (int64_t)f->ntok) || fflush(f->f) ||
-        fsync(fileno(f->f)))
+    if (!npy_write_header(f->f, DT_U64, (int64_t)f->nends) ||
+        (f->nends && fwrite(f->ends, 8, f->nends, f->f) != f->nends) || fseek(f->f, 0, SEEK_SET) ||
+        !npy_write_header(f->f, DT_U32, (int64_t)f->ntok) || fflush(f->f) || fsync(fileno(f->f)))
         out_die(f, "write failed");
     FILE *fp = f->f;
     f->f = NULL; // closed here whatever happens: the exit handler must not close it again

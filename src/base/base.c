@@ -14,6 +14,7 @@
 int die_rank = -1;
 void (*die_hook)(int status);
 void (*die_cleanup)(void);
+char die_context[64];
 void *(*device_alloc)(size_t bytes, const char *what);
 void (*device_free)(void *p);
 void (*host_register)(void *p, size_t bytes);
@@ -26,8 +27,10 @@ void die(const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     fflush(stdout);
-    if (die_rank >= 0) fprintf(stderr, "pith: error: rank %d: %s\n", die_rank, msg);
-    else fprintf(stderr, "pith: error: %s\n", msg);
+    char during[80] = "";
+    if (die_context[0]) snprintf(during, sizeof during, " (during %s)", die_context);
+    if (die_rank >= 0) fprintf(stderr, "pith: error: rank %d: %s%s\n", die_rank, msg, during);
+    else fprintf(stderr, "pith: error: %s%s\n", msg, during);
     fflush(stderr);
     void (*cleanup)(void) = die_cleanup;
     die_cleanup = NULL; // a cleanup that dies itself ends here

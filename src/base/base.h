@@ -20,6 +20,9 @@ extern void (*die_hook)(int status); // NULL: exit(status)
 // Called once by die() after its message, before the process ends: a writer's cleanup (ckpt.c removes the
 // temporary folder of a save that failed). NULL: none.
 extern void (*die_cleanup)(void);
+// What is running when it is not "" (the trainer sets "step 12" for the step's span): die() ends its line with
+// " (during step 12)", so an error deep in an op (FP8's quantiser, an embedding id) names the step.
+extern char die_context[64];
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 // For "did you mean": the name of names[0..n) closest to word in edit distance, when it is near enough to be a slip
 // (at most a third of the word's length, at least 1); else NULL.

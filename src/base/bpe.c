@@ -254,6 +254,10 @@ static inline bool merge_get(const Bpe *t, uint32_t a, uint32_t b, uint32_t *ran
     }
 }
 
+// Token ids are below 2^24 (the largest Hugging Face vocabularies hold a few hundred thousand): an id beyond it is
+// a mistake, not a vocabulary, and would size the id tables by it.
+#define BPE_MAX_IDS (1LL << 24)
+
 static void load_vocab_and_merges(Bpe *t, JObj model, json_t *added) {
     json_t *vocab = json_object_get(model.obj, "vocab"), *merges = json_object_get(model.obj, "merges");
     if (!json_is_object(vocab)) jdie(model, "vocab", "expected an object of token → id");
@@ -262,15 +266,16 @@ static void load_vocab_and_merges(Bpe *t, JObj model, json_t *added) {
     const char *key;
     json_t *val;
     json_object_foreach(vocab, key, val) {
-        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= (1LL << 32) - 1)
-            jdie(model, "vocab", "token '%s' has no valid id", key);
+        if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= BPE_MAX_IDS)
+            jdie(model, "vocab", "token '%s' has no valid id (expected an id in [0, 2^24))", key);
         if (json_integer_value(val) >= nids) nids = json_integer_value(val) + 1;
     }
     size_t i;
     json_array_foreach(added, i, val) {
         json_t *id = json_object_get(val, "id");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= (1LL << 32) - 1)
-            die("%s: added_tokens[%zu].id: expected an id in [0, 2^32-1)", t->file, i);
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= BPE_MAX_IDS)
+            die("%s: added_tokens[%zu].id: expected an id in [0, 2^24) (got %s)", t->file, i,
+                json_is_integer(id) ? "a larger one" : "no integer");
         if (json_integer_value(id) >= nids) nids = json_integer_value(id) + 1;
     }
     t->nids = nids;
@@ -630,6 +635,11 @@ Bpe *bpe_load(const char *path) {
         if (!cdoc) die("%s:%d:%d: invalid JSON: %s", cfgfile, e.line, e.column, e.text);
         JObj cfg = jobj_root(cdoc, cfgfile);
         t->bos = config_token(cfg, "bos_token"), t->eos = config_token(cfg, "eos_token");
+        for (int k = 0; k < 2; k++) { // named, they are tokens of this vocabulary
+            const char *name = k ? t->eos : t->bos;
+            if (name && bpe_token_to_id(t, name) < 0)
+                jdie(cfg, k ? "eos_token" : "bos_token", "'%s' is not in the vocabulary of %s", name, t->file);
+        }
         // transformers rebuilds the template from these flags when the config sets them (LlamaTokenizerFast et al.)
         if (jhas(cfg, "add_bos_token") || jhas(cfg, "add_eos_token")) {
             t->nprefix = t->nsuffix = 0;

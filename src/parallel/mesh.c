@@ -69,10 +69,14 @@ static void mesh_build(Dist *d, int world, int rank, int pp, int cp, int ep, boo
                        double timeout_s) {
     memset(d, 0, sizeof *d);
     if (world % (pp * cp * ep))
-        die("%s: parallel.expert_parallel_size: %d ranks are not divisible by pipeline_parallel_size × "
-            "context_parallel_size × "
-            "expert_parallel_size = %d",
-            file, world, pp * cp * ep);
+        die("%s: parallel%s: %d ranks are not divisible by pipeline_parallel_size × context_parallel_size × "
+            "expert_parallel_size = %d × %d × %d = %d",
+            file, // the key that asks for more than one rank, when one does
+            (pp > 1) + (cp > 1) + (ep > 1) != 1 ? ""
+            : pp > 1                            ? ".pipeline_parallel_size"
+            : cp > 1                            ? ".context_parallel_size"
+                                                : ".expert_parallel_size",
+            world, pp, cp, ep, pp * cp * ep);
     d->pp = pp, d->cp = cp, d->ep = ep, d->dp = world / (pp * cp * ep), d->hsdp = hsdp;
     int e = rank % ep, c = rank / ep % cp, p = rank / (ep * cp * d->dp), q = rank / (ep * cp) % d->dp, D = d->dp;
     d->world = group("world", world, 0, rank, split, timeout_s);

@@ -101,7 +101,7 @@ static void read_params(const StSet *s, const char *where, const ParamTable *t, 
     }
 }
 
-// run.json's format: pith-checkpoint-2 carries "checksums"; pith-checkpoint-1 (written before them) does not.
+// run.json's format: pith-checkpoint-2 carries "checksums"; pith-checkpoint-1, the format without them, loads unverified.
 #define CKPT_FORMAT "pith-checkpoint-2"
 
 // Dies unless dir/run.json (when there is one) names a format pith reads and every file of its "checksums"

@@ -120,7 +120,7 @@ static const ConfigKey top_keys[] = {
      .kind = K_NUM,
      .off = OFF(moe_router_bias_update_rate),
      .lo = 0,
-     .hi = INFINITY,
+     .hi = 1,
      .doc = "aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores that select the top-k (not "
             "to the weights), moved after every step by `rate · sign(mean load − load_e)` from the expert counts of "
             "the whole global batch (the same under every layout); kept in checkpoints (`run.json`, `router_bias`); "
@@ -206,7 +206,8 @@ static const ConfigKey top_keys[] = {
      .off = OFF(on_nonfinite),
      .choices = nonfinite_names,
      .doc = "a step whose loss or gradient norm is NaN/Inf: `fail` stops naming the step (nothing is saved after "
-            "it); `skip` leaves the weights and moments as they were and goes on"},
+            "it); `skip` leaves the weights and moments as they were and goes on. An update that makes a weight or "
+            "second moment NaN/Inf stops the run under either (nothing is saved after the step before)"},
     {.name = "nonfinite_skip_limit",
      .kind = K_INT,
      .off = OFF(nonfinite_skip_limit),
@@ -451,6 +452,8 @@ static void apply_set(json_t *root, const char *set) {
     json_t *val = json_loads(eq + 1, JSON_DECODE_ANY, NULL);
     if (!val) val = json_string(eq + 1);
     json_t *obj = root;
+    if (key[0] == '.' || key[strlen(key) - 1] == '.' || strstr(key, ".."))
+        die("--set %s: the key '%s' has an empty part (keys are names joined by single dots: optimizer.lr)", set, key);
     char *save, *part = strtok_r(key, ".", &save), *next;
     if (!part) die("--set %s: expected key=value", set);
     while ((next = strtok_r(NULL, ".", &save))) {
@@ -617,8 +620,11 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     for (int s = 0; s < LEN(sections); s++) {
         sec[s] = s ? jobj_child(o, sections[s].name) : o;
         check_known(sec[s], &org, &sections[s], s == 0);
-        for (int i = 0; i < sections[s].n; i++)
-            read_key(c, sec[s], s == SECTION_VALIDATION, &org, &sections[s].keys[i]);
+        // the keys given first (a bad value is named before a missing key of its section), then the rest
+        for (int given = 1; given >= 0; given--)
+            for (int i = 0; i < sections[s].n; i++)
+                if (jhas(sec[s], sections[s].keys[i].name) == given)
+                    read_key(c, sec[s], s == SECTION_VALIDATION, &org, &sections[s].keys[i]);
     }
     JObj top = sec[0], sch = sec[2];
     if (!sec[SECTION_VALIDATION].obj) c->validation.batches = 0;
@@ -668,6 +674,15 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
         jdie(origin_of(sch, &org, "warmup_ratio"), "warmup_ratio",
              "warmup_ratio + decay_ratio must be at most 1 (got %g + %g)", c->scheduler.warmup_ratio,
              c->scheduler.decay_ratio);
+
+    if (c->scheduler.type != SCHED_CONSTANT)
+        for (int i = 0; i < 2; i++) { // a warmup rises to lr and a decay falls from it
+            const char *name = i ? "final_lr" : "start_lr";
+            double v = i ? c->scheduler.final_lr : c->scheduler.start_lr;
+            if (v > c->optimizer.lr)
+                jdie(origin_of(sch, &org, name), name, "%g is above optimizer.lr = %g (the schedule's peak)", v,
+                     c->optimizer.lr);
+        }
 
     if (!jhas(top, "run_dir")) {
         if (c->save_location[0]) snprintf(c->run_dir, sizeof c->run_dir, "%s", c->save_location);

@@ -12,8 +12,33 @@
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-// Appends every regular *.bin file under dir (recursively) to *list.
-static void find_bins(const char *dir, char ***list, int *n, int *cap) {
+// The folders and token files a dataset walk has met, by (device, inode): a link back to a parent folder, or a
+// second path to one file, would read the same tokens more than once.
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+    char *path;
+} Seen;
+typedef struct {
+    Seen *v;
+    int n, cap;
+} SeenSet;
+
+// Dies when path (a folder or a token file) is one met already under another path; else records it.
+static void seen_add(SeenSet *s, const char *path) {
+    struct stat st;
+    if (stat(path, &st)) die("%s: cannot open: %s", path, strerror(errno));
+    for (int i = 0; i < s->n; i++)
+        if (s->v[i].dev == st.st_dev && s->v[i].ino == st.st_ino)
+            die("%s: the same %s as %s (a link): the dataset would read it more than once", path,
+                S_ISDIR(st.st_mode) ? "folder" : "file", s->v[i].path);
+    if (s->n == s->cap) s->v = xrealloc(s->v, (s->cap = s->cap ? 2 * s->cap : 64) * sizeof *s->v);
+    s->v[s->n++] = (Seen){st.st_dev, st.st_ino, xstrdup(path)};
+}
+
+// Appends every *.bin file under dir (recursively) to *list.
+static void find_bins(const char *dir, char ***list, int *n, int *cap, SeenSet *seen) {
+    seen_add(seen, dir);
     DIR *dp = opendir(dir);
     if (!dp) die("%s: cannot open dataset folder: %s", dir, strerror(errno));
     struct dirent *de;
@@ -21,8 +46,9 @@ static void find_bins(const char *dir, char ***list, int *n, int *cap) {
         if (de->d_name[0] == '.') continue;
         char path[4096];
         path_join(path, sizeof path, dir, de->d_name);
-        if (path_is_dir(path)) find_bins(path, list, n, cap);
+        if (path_is_dir(path)) find_bins(path, list, n, cap, seen);
         else if (strlen(de->d_name) > 4 && !strcmp(de->d_name + strlen(de->d_name) - 4, ".bin")) {
+            seen_add(seen, path);
             if (*n == *cap) *list = xrealloc(*list, (*cap = *cap ? 2 * *cap : 64) * sizeof **list);
             (*list)[(*n)++] = xstrdup(path);
         }
@@ -148,10 +174,13 @@ void dataset_open(Dataset *d, const char *path, int S, int vocab, uint64_t seed)
     if (!path[0]) die("config: dataset: missing (a folder of .bin token files)");
     char **list = NULL;
     int n = 0, cap = 0;
-    if (path_is_dir(path)) find_bins(path, &list, &n, &cap);
+    SeenSet seen = {0};
+    if (path_is_dir(path)) find_bins(path, &list, &n, &cap, &seen);
     else if (path_exists(path)) list = xmalloc(sizeof *list), list[n++] = xstrdup(path);
     else die("%s: dataset not found", path);
     if (!n) die("%s: no .bin token files found", path);
+    for (int i = 0; i < seen.n; i++) free(seen.v[i].path);
+    free(seen.v);
     qsort(list, n, sizeof *list, cmp_str);
     d->files = xcalloc(n, sizeof *d->files);
     d->first = xcalloc(n + 1, sizeof *d->first);

@@ -464,6 +464,7 @@ StepStats run_step(Run *r) {
     const Dist *d = &r->dist;
     Model *m = &r->model;
     double t0 = now_seconds();
+    snprintf(die_context, sizeof die_context, "step %d", r->step + 1);
     int nmb = microbatches(c, d), S = c->sequence_length, D = d->dp * d->ep;
     model_zero_grads(m);
     if (m->router_bias.p) memset(m->router_load, 0, sizeof(double) * m->cfg.layers * m->cfg.experts);
@@ -523,7 +524,7 @@ StepStats run_step(Run *r) {
     // the update is left out, the caller stops (on_nonfinite = fail) or goes on (skip).
     st.nonfinite = !isfinite(st.loss) || !isfinite(st.grad_norm);
     if (st.nonfinite) {
-        st.seconds = now_seconds() - t0;
+        st.seconds = now_seconds() - t0, die_context[0] = 0;
         return st;
     }
     Tensor own[NGROUPS] = {{0}}; // rows of the compute copies AdamW writes in its pass (fsdp_own_rows)
@@ -538,7 +539,7 @@ StepStats run_step(Run *r) {
     // finite makes its weight so. Summed over the world, so every rank takes the same decision.
     st.update_nonfinite = !isfinite(fsdp_sum_squares(&r->fsdp, r->master) + fsdp_sum_squares(&r->fsdp, r->adam_v));
     if (st.update_nonfinite) {
-        st.seconds = now_seconds() - t0;
+        st.seconds = now_seconds() - t0, die_context[0] = 0;
         return st;
     }
     if (m->router_bias.p) run_router_bias_update(r);
@@ -548,6 +549,6 @@ StepStats run_step(Run *r) {
         else fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
     m->fp8_version++; // the FP8 weight cache is stale: each layer's is remade at its next use
     ops_sync();
-    st.seconds = now_seconds() - t0;
+    st.seconds = now_seconds() - t0, die_context[0] = 0;
     return st;
 }
