@@ -100,6 +100,7 @@ void op_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
 void op_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
     DISPATCH(dh.dev, embedding_backward(dtable, dh, tokens));
 }
+int64_t op_embedding_bad_id(Device dev) { DISPATCH_RETURN(dev, embedding_bad_id()); }
 void op_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
     DISPATCH(logits.dev, cross_entropy(logits, labels, loss_sum, grad_scale));
 }

@@ -139,6 +139,9 @@ void op_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor
 // ---- embedding and loss ----
 void op_embedding_forward(Tensor h, Tensor table, Tensor tokens);    // h: (T, H) = table: (V, H)[tokens: (T) int32]
 void op_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens); // dtable[tokens[t]] += dh[t]
+// A token id outside the table that an embedding on dev met since the last call (-1: none). On the GPU the forward
+// writes NaN for it (the step's loss read-back sees it); the CPU ops die naming it at once.
+int64_t op_embedding_bad_id(Device dev);
 // Cross-entropy on a chunk of logits: (R, V) fp32 or bf16 (statistics in fp32, lse in fp64), labels: (R)
 // int32 (−100 = ignore). Adds Σ CE into loss_sum: (1) fp64 and overwrites logits with
 // grad_scale·∂(Σ CE)/∂logits (softmax − onehot) in their own dtype.

@@ -828,6 +828,39 @@ TEST(gpu_op_embedding) {
     gpu_report();
 }
 
+// A token id outside the table: the forward writes NaN in its row (the rest as the table), the backward leaves the
+// table alone for it, op_embedding_bad_id names it once and then reports none.
+TEST(gpu_op_embedding_bad_id) {
+    gpu_begin();
+    enum { V = 50, H = 16, T = 6 };
+    int32_t tok[T] = {1, 2, 57, 4, 5, 6};
+    float tab[V * H], h[T * H], dt[V * H], ones[T * H];
+    for (int i = 0; i < V * H; i++) tab[i] = (float)i;
+    for (int i = 0; i < T * H; i++) ones[i] = 1;
+    Tensor td = gpu_tensor(DT_F32, 2, V, H, 0, 0), hd = gpu_tensor(DT_F32, 2, T, H, 0, 0),
+           kd = gpu_tensor(DT_I32, 1, T, 0, 0, 0), dd = gpu_tensor(DT_F32, 2, T, H, 0, 0);
+    op_copy(td, tensor_make(tab, DT_F32, DEV_CPU, 2, V, H, 1, 1));
+    op_copy(kd, tensor_make(tok, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+    op_copy(dd, tensor_make(ones, DT_F32, DEV_CPU, 2, T, H, 1, 1));
+    ASSERT(op_embedding_bad_id(DEV_CUDA) == -1);
+    op_embedding_forward(hd, td, kd);
+    op_copy(tensor_make(h, DT_F32, DEV_CPU, 2, T, H, 1, 1), hd);
+    for (int t = 0; t < T; t++)
+        for (int c = 0; c < H; c++)
+            ASSERT_MSG(t == 2 ? isnan(h[t * H + c]) : h[t * H + c] == tab[tok[t] * H + c], "h[%d, %d] = %g", t, c,
+                       h[t * H + c]);
+    ASSERT(op_embedding_bad_id(DEV_CUDA) == 57);
+    ASSERT(op_embedding_bad_id(DEV_CUDA) == -1);
+    op_zero(td);
+    op_embedding_backward(td, dd, kd);
+    op_copy(tensor_make(dt, DT_F32, DEV_CPU, 2, V, H, 1, 1), td);
+    double sum = 0;
+    for (int i = 0; i < V * H; i++) sum += dt[i];
+    ASSERT_MSG(sum == (T - 1) * H, "the table's gradient sums to %g, expected %d", sum, (T - 1) * H);
+    ASSERT(op_embedding_bad_id(DEV_CUDA) == 57);
+    gpu_report();
+}
+
 // Cross-entropy on R × V logits of dtype dt in place (−100 rows ignored): gradients within tol, the loss
 // sum within loss_tol. bf16 logits are the LM head's output on the GPU (fp32 statistics).
 static void check_cross_entropy(DType dt, int64_t V, double tol, double loss_tol) {

@@ -35,6 +35,7 @@ void cpu_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w);
 void cpu_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w);
 void cpu_embedding_forward(Tensor h, Tensor table, Tensor tokens);
 void cpu_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens);
+static inline int64_t cpu_embedding_bad_id(void) { return -1; } // the CPU ops die at a bad id
 void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale);
 void cpu_zero(Tensor x);
 void cpu_add(Tensor y, Tensor x);

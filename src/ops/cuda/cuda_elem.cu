@@ -15,11 +15,22 @@
 #define GRID_STRIDE(i, n)                                                                                              \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
+// The first token id outside [0, V) an embedding kernel met, as (1 << 32 | id); 0: none. The forward writes NaN
+// in that row, so the step's own read-back of the loss finds it non-finite; only then does the host read this
+// (cuda_embedding_bad_id) to name the id: no read-back of its own.
+__device__ unsigned long long embedding_bad;
+__device__ __forceinline__ bool embedding_id_bad(int32_t id, int64_t V) {
+    if (id >= 0 && id < V) return false;
+    atomicCAS(&embedding_bad, 0ULL, 1ULL << 32 | (uint32_t)id);
+    return true;
+}
+
 template <typename TH, typename TT>
-__global__ void embedding_forward_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t H) {
+__global__ void embedding_forward_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t H,
+                                         int64_t V) {
     GRID_STRIDE(e, T_ * H) {
         int64_t t = e / H, c = e % H;
-        st(h, e, ld(table, (int64_t)tokens[t] * H + c));
+        st(h, e, embedding_id_bad(tokens[t], V) ? __int_as_float(0x7fc00000) : ld(table, (int64_t)tokens[t] * H + c));
     }
 }
 
@@ -31,11 +42,13 @@ __global__ void embedding_forward_kernel(TH *h, const TT *table, const int32_t *
 #define EMB_THREADS 256
 #define EMB_COLS 8
 template <typename T>
-__global__ void embedding_backward_kernel(float *dtable, const T *dh, const int32_t *tokens, int64_t T_, int64_t H) {
+__global__ void embedding_backward_kernel(float *dtable, const T *dh, const int32_t *tokens, int64_t T_, int64_t H,
+                                          int64_t V) {
     __shared__ int32_t hit[EMB_THREADS];
     __shared__ int warp_n[EMB_THREADS / 32];
     int64_t t = blockIdx.x;
     int32_t v = tokens[t];
+    if (embedding_id_bad(v, V)) return; // (the flag names it; its row of the forward was NaN)
     for (int64_t u0 = 0; u0 < t; u0 += EMB_THREADS) {
         int64_t u = u0 + threadIdx.x;
         if (__syncthreads_or(u < t && tokens[u] == v)) return; // an earlier position's block adds this row
@@ -217,11 +230,14 @@ template <typename T> __global__ void scale_kernel(T *x, float s, int64_t n, boo
     GRID_STRIDE(i, n - n8 * 8) st(x, n8 * 8 + i, ld(x, n8 * 8 + i) * s);
 }
 template <typename TH, typename TT>
-__global__ void embedding_forward_vec_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t C8) {
+__global__ void embedding_forward_vec_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t C8,
+                                             int64_t V) {
     GRID_STRIDE(e, T_ * C8) {
         int64_t t = e / C8, c = e % C8;
         float v[8];
-        ld8(table + ((int64_t)tokens[t] * C8 + c) * 8, v);
+        if (embedding_id_bad(tokens[t], V))
+            for (int k = 0; k < 8; k++) v[k] = __int_as_float(0x7fc00000);
+        else ld8(table + ((int64_t)tokens[t] * C8 + c) * 8, v);
         st8(h + e * 8, v);
     }
 }
@@ -314,7 +330,7 @@ static void host_convert(void *dst, DType ddt, const void *src, DType sdt, int64
 extern "C" {
 
 void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
-    int64_t T_ = t_rows(h), H = t_cols(h);
+    int64_t T_ = t_rows(h), H = t_cols(h), V = t_rows(table);
     CHECK(t_cols(table) == H && tensor_numel(tokens) == T_);
     if (T_ * H == 0) return;
     // The scalar kernel serves tables that are unaligned views (an unpadded offset of the flat parameter
@@ -324,7 +340,7 @@ void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
                   DT_SWITCH(table.dt, TT, "embedding_forward",
                             embedding_forward_vec_kernel<TH, TT>
                             <<<grid_for(T_ * H / 8, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
-                                (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H / 8)));
+                                (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H / 8, V)));
         CUDA_LAUNCH_CHECK();
         return;
     }
@@ -332,7 +348,7 @@ void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
               DT_SWITCH(table.dt, TT, "embedding_forward",
                         embedding_forward_kernel<TH, TT>
                         <<<grid_for(T_ * H, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
-                            (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H)));
+                            (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H, V)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -343,8 +359,16 @@ void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
     if (T_ > 0x7fffffff) die("embedding_backward: %lld positions exceed int32", (long long)T_);
     DT_SWITCH(dh.dt, T, "embedding_backward",
               embedding_backward_kernel<T><<<(unsigned)T_, EMB_THREADS, 0, cuda_stream()>>>(
-                  (float *)dtable.p, (const T *)dh.p, (const int32_t *)tokens.p, T_, H));
+                  (float *)dtable.p, (const T *)dh.p, (const int32_t *)tokens.p, T_, H, t_rows(dtable)));
     CUDA_LAUNCH_CHECK();
+}
+
+int64_t cuda_embedding_bad_id(void) {
+    unsigned long long bad = 0, zero = 0;
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&bad, embedding_bad, sizeof bad, 0, cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaMemcpyToSymbolAsync(embedding_bad, &zero, sizeof zero, 0, cudaMemcpyHostToDevice, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    return bad ? (int64_t)(int32_t)(uint32_t)bad : -1;
 }
 
 void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {

@@ -61,6 +61,7 @@ void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w);
 void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w);
 void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens);
 void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens);
+int64_t cuda_embedding_bad_id(void);
 void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale);
 void cuda_zero(Tensor x);
 void cuda_add(Tensor y, Tensor x);
