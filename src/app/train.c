@@ -190,6 +190,7 @@ int cmd_train(int argc, char **argv) {
     double plan_total = memory_plan_total(p) + (gpu ? ops_cuda_pool_bytes() : 0);
     char mpath[PATH_MAX_LEN + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
+    if (d->world.rank == 0) ckpt_lock(cfg.run_dir, "run_dir"); // one run's metrics.jsonl (kept if it is save_location)
     FILE *metrics = d->world.rank == 0 ? open_metrics(cfg.run_dir, mpath, r.step) : NULL; // rank 0 logs
     TbWriter tb = {0};
     if (metrics && cfg.tensorboard) tboard_open(&tb, cfg.run_dir);

@@ -291,7 +291,6 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     char latest[4200];
     bool found = false;
     if (d->world.rank == 0 && c->save_location[0]) ckpt_lock(c->save_location, "save_location");
-    if (d->world.rank == 0 && c->run_dir[0] && open_data) ckpt_lock(c->run_dir, "run_dir"); // metrics.jsonl's
     if (c->save_location[0]) {
         if (d->world.rank == 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest, true);
         comm_barrier(&d->world);
