@@ -13,7 +13,7 @@
 // Rank 0 prints one JSON line per T.
 #include <math.h>
 
-#include "parallel/ep.h"
+#include "model/ep.h"
 #include "parallel/mesh.h"
 
 static int64_t sum(const int64_t *x, int n) {

@@ -143,13 +143,16 @@ int cmd_eval(int argc, char **argv) {
         mc.pp_rank = d.pp_g.rank, mc.pp_size = (int)P;
     }
     char why_cp[256];
-    if (ring_check(&mc, (int)S, (int)C, why_cp, sizeof why_cp)) die("eval: --cp %lld: %s", (long long)C, why_cp);
+    if (ring_check(&mc.ring, mc.model_type, (int)S, (int)C, why_cp, sizeof why_cp))
+        die("eval: --cp %lld: %s", (long long)C, why_cp);
     mc.cp_size = (int)C;
     int Sl = (int)(S / C); // this rank's rows of a sample
     Model m;
     model_create(&m, fam, &mc, dev, compute_dt(dev, strcmp(dtype, "bf16") ? COMPUTE_FP32 : COMPUTE_BF16), (int)S);
     Ring ring = {0};
-    if (C > 1) ring_init(&ring, &d.cp_g, dev, ring_plan_bytes(&mc, dev, m.cdt, P > 1 ? 1 : (int)M, Sl)), m.ring = &ring;
+    if (C > 1)
+        ring_init(&ring, &d.cp_g, dev, ring_plan_bytes(&mc.ring, mc.hidden, dev, m.cdt, P > 1 ? 1 : (int)M, Sl)),
+            m.ring = &ring;
     float *w[NGROUPS];
     for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m.params.numel[g] * sizeof(float) + 1);
     ParamTable all;

@@ -303,17 +303,17 @@ static RouterArgs dsv2_router_args(const Model *m) {
 static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
     const Dsv2Config *d = model_family_config(const Dsv2Config, &m->cfg);
     Dsv2Views *v = m->views;
-    return (MlaLatent){.m = m,
+    return (MlaLatent){.r = {.c = r->ckvn,
+                             .pe = r->kva,
+                             .pe_col = d->kv_lora,
+                             .nh = m->cfg.heads,
+                             .dn = d->nope,
+                             .dr = m->cfg.rope.rd,
+                             .dv = d->vdim},
+                       .m = m,
                        .layer = l,
-                       .c = r->ckvn,
-                       .pe = r->kva,
                        .wkvb = v->w[l].wkvb,
-                       .dwkvb = v->g[l].wkvb,
-                       .pe_col = d->kv_lora,
-                       .nh = m->cfg.heads,
-                       .dn = d->nope,
-                       .dr = m->cfg.rope.rd,
-                       .dv = d->vdim};
+                       .dwkvb = v->g[l].wkvb};
 }
 
 static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {

@@ -526,7 +526,7 @@ int model_position(const Model *m, int S, int t) {
 }
 
 void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v) {
-    int64_t R = c.n[0], nh = ml->nh, dn = ml->dn, dv = ml->dv, dq = dn + ml->dr;
+    int64_t R = c.n[0], nh = ml->r.nh, dn = ml->r.dn, dv = ml->r.dv, dq = dn + ml->r.dr;
     Tensor kv2 = tensor_reshape2(kv, R, nh * (dn + dv));
     if (ml->m) model_proj_forward(ml->m, ml->layer, FP8_KV_B, kv2, c, ml->wkvb, (Tensor){0}); // FP8 slot of the layer
     else op_linear_forward(kv2, c, ml->wkvb, (Tensor){0});
@@ -534,17 +534,17 @@ void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, 
            k2 = tensor_reshape2(k, R, nh * dq), pe2 = tensor_reshape2(pe, R, t_cols(pe));
     if (dn) op_copy_cols(kh, 0, kvh, 0, dn, false);
     op_copy_cols(tensor_reshape2(v, R * nh, dv), 0, kvh, dn, dv, false);
-    for (int64_t h = 0; h < nh; h++) op_copy_cols(k2, h * dq + dn, pe2, pe_col, ml->dr, false);
+    for (int64_t h = 0; h < nh; h++) op_copy_cols(k2, h * dq + dn, pe2, pe_col, ml->r.dr, false);
 }
 
 void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv,
                                    Tensor dk, Tensor dv) {
-    int64_t R = c.n[0], nh = ml->nh, dn = ml->dn, dvd = ml->dv, dq = dn + ml->dr;
+    int64_t R = c.n[0], nh = ml->r.nh, dn = ml->r.dn, dvd = ml->r.dv, dq = dn + ml->r.dr;
     Tensor dkvh = tensor_reshape2(dkv, R * nh, dn + dvd), dkh = tensor_reshape2(dk, R * nh, dq),
            dk2 = tensor_reshape2(dk, R, nh * dq), dpe2 = tensor_reshape2(dpe, R, t_cols(dpe));
     if (dn) op_copy_cols(dkvh, 0, dkh, 0, dn, false);
     op_copy_cols(dkvh, dn, tensor_reshape2(dv, R * nh, dvd), 0, dvd, false);
-    for (int64_t h = 0; h < nh; h++) op_copy_cols(dpe2, dpe_col, dk2, h * dq + dn, ml->dr, h > 0);
+    for (int64_t h = 0; h < nh; h++) op_copy_cols(dpe2, dpe_col, dk2, h * dq + dn, ml->r.dr, h > 0);
     Tensor dkv2 = tensor_reshape2(dkv, R, nh * (dn + dvd));
     if (!ml->m) {
         op_linear_backward_input(dc, dkv2, ml->wkvb, false);
@@ -555,14 +555,30 @@ void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Ten
     model_proj_backward_weight(ml->m, ml->layer, FP8_KV_B, ml->dwkvb, (Tensor){0}, dkv2, c);
 }
 
+// The ring's hooks (ml begins with its RingLatent).
+static void mla_hook(const RingLatent *l, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v) {
+    model_mla_decompress((const MlaLatent *)l, c, pe, pe_col, kv, k, v);
+}
+static void mla_hook_backward(const RingLatent *l, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv, Tensor dk,
+                              Tensor dv) {
+    model_mla_decompress_backward((const MlaLatent *)l, c, dc, dpe, dpe_col, dkv, dk, dv);
+}
+
+MlaLatent model_mla_hooked(const MlaLatent *ml) {
+    MlaLatent h = *ml;
+    h.r.decompress = mla_hook, h.r.decompress_backward = mla_hook_backward;
+    return h;
+}
+
 void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,
                                  Tensor k, Tensor v, const AttnArgs *a) {
     if (m->ring) {
         CHECK(!m->kv);
-        ring_mla_forward(m->ring, o, lse, q, ml, a);
+        MlaLatent hooked = model_mla_hooked(ml);
+        ring_mla_forward(m->ring, o, lse, q, &hooked.r, a);
         return;
     }
-    model_mla_decompress(ml, ml->c, ml->pe, ml->pe_col, kv, k, v);
+    model_mla_decompress(ml, ml->r.c, ml->r.pe, ml->r.pe_col, kv, k, v);
     model_attention_forward(m, l, o, lse, q, k, v, a);
 }
 
@@ -570,11 +586,12 @@ void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Te
                                   Tensor o, Tensor lse, Tensor dk, Tensor dv, Tensor dkv, const MlaLatent *ml,
                                   const AttnArgs *a) {
     if (m->ring) {
-        ring_mla_backward(m->ring, dq, dc, dpe, dout, q, o, lse, ml, a);
+        MlaLatent hooked = model_mla_hooked(ml);
+        ring_mla_backward(m->ring, dq, dc, dpe, dout, q, o, lse, &hooked.r, a);
         return;
     }
     op_attention_backward(dq, dk, dv, (Tensor){0}, dout, q, k, v, o, lse, a);
-    model_mla_decompress_backward(ml, ml->c, dc, dpe, ml->pe_col, dkv, dk, dv);
+    model_mla_decompress_backward(ml, ml->r.c, dc, dpe, ml->r.pe_col, dkv, dk, dv);
 }
 
 // ---- Gated DeltaNet under context parallelism ----

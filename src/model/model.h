@@ -6,10 +6,10 @@
 #include "base/json.h"
 #include "base/safetensors.h"
 #include "ops/ops.h"
+#include "parallel/fsdp.h"
+#include "parallel/ring.h"
 
 #define MAX_LAYERS 256
-
-enum { GROUP_DENSE, GROUP_EXPERT, NGROUPS }; // parameter groups: non-expert parameters; expert parameters
 
 typedef struct {
     char model_type[32];
@@ -23,15 +23,9 @@ typedef struct {
     // interleaved (gate even, up odd) and op_swiglu_clamped_* with this limit and alpha as the activation.
     float swiglu_limit, swiglu_alpha;
     RopeSpec rope; // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
-    // The softmax attention's shape as ring attention moves it (parallel/ring.h): query and kv heads, q·k and v
-    // head dims; for multi-head latent attention the latent's columns dc and the dn of dqk made from it (else 0).
-    // A family that leaves it 0 does not run under context parallelism (a config error). Gated DeltaNet layers
-    // (contiguous layout, ring.h): conv channels cc of kernel ck and the recurrent state's fp32 elements per sequence
-    // (ck 0: none).
-    struct {
-        int nh, nkv, dqk, dv, dc, dn, cc, ck;
-        int64_t state;
-    } ring;
+    // The attention's shape as ring attention moves it (parallel/ring.h); a family that leaves it 0 does not run
+    // under context parallelism (a config error).
+    RingDims ring;
     bool router_sigmoid; // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
@@ -99,7 +93,7 @@ typedef struct {
     Tensor dw;             // (T, k) gradient of the routing weights
     Tensor perm;           // (T·k) int32 slot ids t·k + j in expert order
     int64_t *offs;         // (E_local + 1) host: rows offs[e]..offs[e+1] of xe belong to local expert e
-    struct EpRoute *route; // expert parallelism: where this layer's rows went (parallel/ep.h); NULL on one rank
+    struct EpRoute *route; // expert parallelism: where this layer's rows went (model/ep.h); NULL on one rank
     Tensor xe, dxe;        // (R, H) expert-ordered rows (dense: = xd)
     Tensor ye, dye;        // (R, H) expert outputs in the same order
     Tensor y, dy;          // (T·k, H) expert outputs back in slot order (dense: (T, H))
@@ -394,10 +388,10 @@ void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor 
 // and its fp32 gradient dwkvb; nh heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim, dv = v_head_dim. m, layer:
 // kv_b_proj is FP8 slot FP8_KV_B of that layer (model_proj_*; m NULL: op_linear_*).
 typedef struct {
+    RingLatent r; // c, pe, pe_col, nh, dn, dr, dv; model_mla_attention_* set the ring's hooks
     Model *m;
     int layer;
-    Tensor c, pe, wkvb, dwkvb;
-    int pe_col, nh, dn, dr, dv;
+    Tensor wkvb, dwkvb;
 } MlaLatent;
 // K and V of the latent rows c, pe: kv: (R, nh, dn + dv) = c·wkvbᵀ per head [k_nope | v]; k: (R, nh, dn + dr) =
 // [k_nope | k_pe] (a token's one k_pe in every head); v: (R, nh, dv).
@@ -406,6 +400,8 @@ void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, 
 // dpe = Σ over heads, dc = dkv·wkvb written, ml->dwkvb += dkvᵀ·c.
 void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv,
                                    Tensor dk, Tensor dv);
+// ml with the ring's hooks set to model_mla_decompress and its backward (ring_mla_*).
+MlaLatent model_mla_hooked(const MlaLatent *ml);
 // Attention from the latent: model_mla_decompress into kv, k, v, then model_attention_forward; under context
 // parallelism the latent travels the ring instead (kv, k, v are not written).
 void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,

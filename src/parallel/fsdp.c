@@ -8,19 +8,21 @@
 // ep× too large there).
 #include "parallel/fsdp.h"
 
+#include "ops/ops.h"
+
 int fsdp_shards(const Dist *d, int g) {
     if (g == GROUP_EXPERT) return d->hsdp ? d->cp : d->dp * d->cp;
     return d->hsdp ? d->cp * d->ep : d->dp * d->cp * d->ep;
 }
 
-void fsdp_setup(Fsdp *f, const Dist *d, const Model *m) {
+void fsdp_setup(Fsdp *f, const Dist *d, const Tensor w[NGROUPS]) {
     memset(f, 0, sizeof *f);
     for (int g = 0; g < NGROUPS; g++) {
         f->shard[g] = g == GROUP_EXPERT ? (d->hsdp ? &d->cp_g : &d->dp_cp) : (d->hsdp ? &d->cp_ep : &d->dp_cp_ep);
         f->replica[g] = d->hsdp ? &d->dp_g : NULL;
         int n = f->shard[g]->size;
         CHECK(n == fsdp_shards(d, g));
-        f->numel[g] = tensor_numel(m->w[g]);
+        f->numel[g] = tensor_numel(w[g]);
         CHECK(f->numel[g] % n == 0); // the model pads its groups to the shard count
         f->len[g] = f->numel[g] / n;
         f->off[g] = f->shard[g]->rank * f->len[g];
@@ -31,14 +33,13 @@ void fsdp_setup(Fsdp *f, const Dist *d, const Model *m) {
 
 static bool one_shard(const Fsdp *f, int g) { return f->shard[g]->size == 1; }
 
-void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Arena *moments, Tensor master[NGROUPS],
-                      Tensor grad[NGROUPS], Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]) {
+void fsdp_alloc_state(const Fsdp *f, const Tensor w[NGROUPS], const Tensor gr[NGROUPS], Arena *a, Arena *moments,
+                      Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]) {
     for (int g = 0; g < NGROUPS; g++) {
         bool whole = one_shard(f, g);
         master[g] =
-            whole && m->dev == DEV_CPU && m->cdt == DT_F32 ? m->w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
-        grad[g] =
-            whole ? m->g[g] : tensor_rows(m->g[g], 0, f->len[g]); // reduce-scatter in place: the sum lands in front
+            whole && w[g].dev == DEV_CPU && w[g].dt == DT_F32 ? w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
+        grad[g] = whole ? gr[g] : tensor_rows(gr[g], 0, f->len[g]); // reduce-scatter in place: the sum lands in front
         mom1[g] = arena_tensor(moments, DT_F32, 1, f->len[g], 0, 0, 0);
         mom2[g] = arena_tensor(moments, DT_F32, 1, f->len[g], 0, 0, 0);
     }

@@ -6,7 +6,8 @@
 // the compute copy (model.w) and the fp32 gradient accumulators (model.g) are whole, for one step.
 #pragma once
 #include "parallel/mesh.h"
-#include "model/model.h"
+
+enum { GROUP_DENSE, GROUP_EXPERT, NGROUPS }; // parameter groups: non-expert parameters; expert parameters
 
 typedef struct {
     int64_t numel[NGROUPS];             // padded elements of each group's flat buffer on this rank
@@ -19,13 +20,14 @@ typedef struct {
 
 // Shards of group g under the layout (the padding multiple for ModelConfig.pad).
 int fsdp_shards(const Dist *d, int g);
-void fsdp_setup(Fsdp *f, const Dist *d, const Model *m);
+// The shards of the groups whose whole flat compute copies are w.
+void fsdp_setup(Fsdp *f, const Dist *d, const Tensor w[NGROUPS]);
 // Allocates this rank's fp32 masters and AdamW moments from a (counting) arena and points the reduced
-// gradient shard at the front of model.g (the reduce-scatter runs in place). With one shard the master is
-// model.w itself on the CPU (fp32 compute).
+// gradient shard at the front of the whole fp32 gradient g (the reduce-scatter runs in place). With one shard the
+// master is the compute copy w itself where that is fp32 on the CPU.
 // The moments come from `moments` (the state arena, or a host arena when optimizer.offload holds them off the GPU).
-void fsdp_alloc_state(const Fsdp *f, const Model *m, Arena *a, Arena *moments, Tensor master[NGROUPS],
-                      Tensor grad[NGROUPS], Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]);
+void fsdp_alloc_state(const Fsdp *f, const Tensor w[NGROUPS], const Tensor g[NGROUPS], Arena *a, Arena *moments,
+                      Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]);
 // full: (numel) compute copy ← all-gather of the master shards: (len) (converted to full's dtype).
 void fsdp_gather(const Fsdp *f, int g, Tensor full, Tensor shard);
 // The rows of the compute copy `full` that this rank's shard fills (p == NULL when the copy is the shard itself

@@ -178,9 +178,9 @@ static int ring_blk(const Tensor q, const AttnArgs *a) {
 }
 
 // The resident keys and values of the pair in slot cur: the pair itself, or (MLA) made from the latent.
-static void resident(RingBufs *b, int cur, const MlaLatent *ml) {
+static void resident(RingBufs *b, int cur, const RingLatent *ml) {
     if (!ml) b->k = b->a[cur], b->v = b->b[cur];
-    else model_mla_decompress(ml, b->a[cur], b->b[cur], 0, b->kv, b->k, b->v);
+    else ml->decompress(ml, b->a[cur], b->b[cur], 0, b->kv, b->k, b->v);
 }
 
 // Posts the resident pair (through the leaving copy) to rank + 1 and the next one into the arriving slot.
@@ -189,8 +189,8 @@ static CommReq pass_on(const Comm *c, RingBufs *b, int cur) {
     return ring_post(c, b->a[2], b->b[2], b->a[1 - cur], b->b[1 - cur]);
 }
 
-static void forward(Ring *R, Tensor o, Tensor lse, Tensor q, const RingShape *z, const MlaLatent *ml, const AttnArgs *a,
-                    RingBufs *b) {
+static void forward(Ring *R, Tensor o, Tensor lse, Tensor q, const RingShape *z, const RingLatent *ml,
+                    const AttnArgs *a, RingBufs *b) {
     const Comm *c = R->cp;
     int B = z->B, blk = z->blk, cur = 0;
     bool seen[2] = {false, false};
@@ -211,7 +211,7 @@ static void forward(Ring *R, Tensor o, Tensor lse, Tensor q, const RingShape *z,
 }
 
 // The backward's hops; afterwards b->home[returned index] holds this rank's gradient of what travelled.
-static int backward(Ring *R, Tensor dq, Tensor dout, Tensor o, Tensor lse, const RingShape *z, const MlaLatent *ml,
+static int backward(Ring *R, Tensor dq, Tensor dout, Tensor o, Tensor lse, const RingShape *z, const RingLatent *ml,
                     const AttnArgs *a, RingBufs *b) {
     const Comm *c = R->cp;
     int B = z->B, blk = z->blk, cur = 0, acc = 0;
@@ -233,7 +233,7 @@ static int backward(Ring *R, Tensor dq, Tensor dout, Tensor o, Tensor lse, const
             add_into(half(b->gk, hk), b->dk_p), add_into(half(b->gv, hk), b->dv_p);
         }
         if (ml) { // back through the decompression: the latent's gradient, kv_b_proj's weight gradient
-            model_mla_decompress_backward(ml, b->a[cur], b->dc, b->gb, 0, b->dkv, b->gk, b->gv);
+            ml->decompress_backward(ml, b->a[cur], b->dc, b->gb, 0, b->dkv, b->gk, b->gv);
             op_copy(b->ga, b->dc);
         }
         if (s == 0) op_copy(b->home[acc][0], b->ga), op_copy(b->home[acc][1], b->gb);
@@ -250,7 +250,7 @@ static int backward(Ring *R, Tensor dq, Tensor dout, Tensor o, Tensor lse, const
     return acc;
 }
 
-static RingShape shape_of(Tensor q, Tensor k, Tensor v, const MlaLatent *ml, const AttnArgs *a) {
+static RingShape shape_of(Tensor q, Tensor k, Tensor v, const RingLatent *ml, const AttnArgs *a) {
     RingShape z = {q.dt, a->B, ring_blk(q, a), q.n[1], 0, q.n[2], 0, 0, 0};
     if (ml) z.nkv = ml->nh, z.dv = ml->dv, z.dc = ml->c.n[1], z.dn = ml->dn;
     else z.nkv = k.n[1], z.dv = v.n[2];
@@ -280,12 +280,12 @@ void ring_attention_backward(Ring *R, Tensor dq, Tensor dk, Tensor dv, Tensor do
 }
 
 // The latent into the first travelling pair: c, and k_pe from its columns of ml->pe.
-static void latent_in(RingBufs *b, const MlaLatent *ml, const RingShape *z) {
+static void latent_in(RingBufs *b, const RingLatent *ml, const RingShape *z) {
     reorder_rows(ml->c, b->a[0], z->B, z->blk, false);
     reorder(ml->pe, ml->pe_col, ml->dr, b->b[0], z->B, z->blk, false);
 }
 
-void ring_mla_forward(Ring *R, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, const AttnArgs *a) {
+void ring_mla_forward(Ring *R, Tensor o, Tensor lse, Tensor q, const RingLatent *ml, const AttnArgs *a) {
     RingShape z = shape_of(q, (Tensor){0}, (Tensor){0}, ml, a);
     RingBufs b;
     arena_reset(&R->mem, 0);
@@ -295,7 +295,7 @@ void ring_mla_forward(Ring *R, Tensor o, Tensor lse, Tensor q, const MlaLatent *
 }
 
 void ring_mla_backward(Ring *R, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor o, Tensor lse,
-                       const MlaLatent *ml, const AttnArgs *a) {
+                       const RingLatent *ml, const AttnArgs *a) {
     RingShape z = shape_of(q, (Tensor){0}, (Tensor){0}, ml, a);
     RingBufs b;
     arena_reset(&R->mem, 0);
@@ -399,26 +399,24 @@ size_t ring_linear_bytes(Device dev, DType dt, int B, int S, int H, int cc, int 
     return a.peak + ARENA_ALIGN;
 }
 
-size_t ring_plan_bytes(const ModelConfig *mc, Device dev, DType dt, int B, int S) {
-    size_t att = ring_bytes(dev, dt, B, S / 2, mc->ring.nh, mc->ring.nkv, mc->ring.dqk, mc->ring.dv, mc->ring.dc,
-                            mc->ring.dn),
-           lin =
-               mc->ring.ck ? ring_linear_bytes(dev, dt, B, S, mc->hidden, mc->ring.cc, mc->ring.ck, mc->ring.state) : 0;
+size_t ring_plan_bytes(const RingDims *rd, int H, Device dev, DType dt, int B, int S) {
+    size_t att = ring_bytes(dev, dt, B, S / 2, rd->nh, rd->nkv, rd->dqk, rd->dv, rd->dc, rd->dn),
+           lin = rd->ck ? ring_linear_bytes(dev, dt, B, S, H, rd->cc, rd->ck, rd->state) : 0;
     return att > lin ? att : lin;
 }
 
-const char *ring_check(const ModelConfig *mc, int S, int cp, char *buf, size_t n) {
+const char *ring_check(const RingDims *rd, const char *model_type, int S, int cp, char *buf, size_t n) {
     if (cp == 1) return NULL;
-    if (!mc->ring.nh) // GPT-OSS (sliding windows, sinks)
+    if (!rd->nh) // GPT-OSS (sliding windows, sinks)
         snprintf(buf, n,
                  "%s does not run under context parallelism (ring attention covers causal softmax attention without "
                  "sliding windows or sinks: qwen3_moe, deepseek_v2, qwen3_5_moe_text)",
-                 mc->model_type);
-    else if (mc->ring.ck && S / cp < mc->ring.ck - 1) // the conv halo comes from one rank
+                 model_type);
+    else if (rd->ck && S / cp < rd->ck - 1) // the conv halo comes from one rank
         snprintf(buf, n,
                  "sequence_length / context_parallel_size = %d / %d rows per rank are fewer than the conv halo's "
                  "linear_conv_kernel_dim − 1 = %d",
-                 S, cp, mc->ring.ck - 1);
+                 S, cp, rd->ck - 1);
     else return NULL;
     return buf;
 }

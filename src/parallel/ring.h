@@ -7,8 +7,31 @@
 // carries each rank's dK/dV accumulator home. Multi-head latent attention sends its latent instead and makes K
 // and V from it at every hop (ring_mla_*).
 #pragma once
-#include "model/model.h"
+#include "ops/ops.h"
 #include "parallel/comm.h"
+
+// A model's attention as the ring moves it: query and kv heads, q·k and v head dims; for multi-head latent
+// attention the latent's columns dc and the dn of dqk made from it (else 0). A model that leaves nh 0 does not run
+// under context parallelism. Gated DeltaNet layers (the contiguous layout, below): conv channels cc of kernel ck and
+// the recurrent state's fp32 elements per sequence (ck 0: none).
+typedef struct {
+    int nh, nkv, dqk, dv, dc, dn, cc, ck;
+    int64_t state;
+} RingDims;
+
+// Multi-head latent attention (DeepSeek-V2) sends its latent round the ring instead of k and v: c: (T, dc) and k_pe
+// in columns [pe_col, pe_col + dr) of pe: (T, ·); nh heads of dn (k_nope), dr (k_pe) and dv. The caller's hooks make
+// a hop's kv: (R, nh, dn + dv), k: (R, nh, dn + dr), v: (R, nh, dv) from latent rows, and take dk, dv back to dc and
+// the k_pe columns of dpe (dkv: scratch; the caller accumulates its weight's gradient). The caller's struct may
+// begin with a RingLatent and hold what the hooks need after it.
+typedef struct RingLatent RingLatent;
+struct RingLatent {
+    Tensor c, pe;
+    int pe_col, nh, dn, dr, dv;
+    void (*decompress)(const RingLatent *l, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v);
+    void (*decompress_backward)(const RingLatent *l, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv,
+                                Tensor dk, Tensor dv);
+};
 
 typedef struct Ring {
     const Comm *cp; // the cp group (size ≥ 2)
@@ -33,12 +56,12 @@ void ring_attention_forward(Ring *r, Tensor o, Tensor lse, Tensor q, Tensor k, T
 // dq, dk, dv written (this rank's rows of the gradients), from the forward's o and lse.
 void ring_attention_backward(Ring *r, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
                              Tensor o, Tensor lse, const AttnArgs *a);
-// The same for multi-head latent attention (model_mla_decompress makes k, v of each hop's latent): the latent
-// (ml->c and the k_pe columns of ml->pe) travels. Backward: dq, dc: (T, dc) and the k_pe columns of dpe written;
-// ml->dwkvb += kv_b_proj's gradient over every hop (this rank's queries against every key).
-void ring_mla_forward(Ring *r, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, const AttnArgs *a);
+// The same for multi-head latent attention (ml's hooks make k, v of each hop's latent): the latent (ml->c and the
+// k_pe columns of ml->pe) travels. Backward: dq, dc: (T, dc) and the k_pe columns of dpe written; the hooks'
+// weight gradient accumulates over every hop (this rank's queries against every key).
+void ring_mla_forward(Ring *r, Tensor o, Tensor lse, Tensor q, const RingLatent *ml, const AttnArgs *a);
 void ring_mla_backward(Ring *r, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor o, Tensor lse,
-                       const MlaLatent *ml, const AttnArgs *a);
+                       const RingLatent *ml, const AttnArgs *a);
 
 // Gated DeltaNet layers (Qwen3.5) run on the contiguous layout: cp rank r holds chunks 2r and 2r + 1 of each sequence,
 // rows [b, slot, i] like the zigzag ones. x: (B·2·blk, cols) in the compute dtype, any cols.
@@ -58,9 +81,9 @@ void ring_state_send(Ring *r, Tensor s, bool forward);
 // Bytes of the scratch those calls take for B sequences of S local rows: the layout of H columns, the halo of
 // (K − 1) × cc, two states of `state` fp32 elements per sequence.
 size_t ring_linear_bytes(Device dev, DType dt, int B, int S, int H, int cc, int ck, int64_t state);
-// The ring's scratch for a model (mc->ring's shapes) and micro-batches of B sequences of S local rows: the larger of
-// ring_bytes and, with Gated DeltaNet layers, ring_linear_bytes.
-size_t ring_plan_bytes(const ModelConfig *mc, Device dev, DType dt, int B, int S);
-// Why the model cannot run sequences of S tokens at cp (its message, written into buf), or NULL when it can: the
-// family has no ring shape (GPT-OSS), or the conv halo needs more rows than a rank holds. S % (2·cp) is the caller's.
-const char *ring_check(const ModelConfig *mc, int S, int cp, char *buf, size_t n);
+// The ring's scratch for a model of hidden size H and ring dims rd, and micro-batches of B sequences of S local
+// rows: the larger of ring_bytes and, with Gated DeltaNet layers, ring_linear_bytes.
+size_t ring_plan_bytes(const RingDims *rd, int H, Device dev, DType dt, int B, int S);
+// Why model_type cannot run sequences of S tokens at cp (its message, written into buf), or NULL when it can: it
+// has no ring dims (GPT-OSS), or the conv halo needs more rows than a rank holds. S % (2·cp) is the caller's.
+const char *ring_check(const RingDims *rd, const char *model_type, int S, int cp, char *buf, size_t n);

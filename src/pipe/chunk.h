@@ -4,7 +4,7 @@
 // the order of the 5-stage protocol; a backward may defer its stage-3 weight gradients to a later
 // chunk_weight (zero-bubble), keeping their inputs in one of the chunk's deferred sets.
 #pragma once
-#include "parallel/ep.h"
+#include "model/ep.h"
 #include "model/model.h"
 
 typedef struct {

@@ -58,7 +58,7 @@ static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, Mod
         die("%s: parallel.expert_parallel_size: %d does not divide the model's %d experts", c->file, d->ep,
             mc->experts);
     char why_cp[256];
-    if (ring_check(mc, c->sequence_length, d->cp, why_cp, sizeof why_cp))
+    if (ring_check(&mc->ring, mc->model_type, c->sequence_length, d->cp, why_cp, sizeof why_cp))
         die("%s: parallel.context_parallel_size: %s", c->file, why_cp);
     if (piped(c, d)) {
         const char *why = dualpipev_check(d->pp, 2 * d->pp, mc->layers);
@@ -88,7 +88,8 @@ static void model_layout(Model *m, const TrainConfig *c, const Dist *d) {
 // DeltaNet layer's layout, halo and state passes, whichever is larger.
 static size_t ring_plan(const Model *m, const TrainConfig *c, const Dist *d) {
     if (d->cp == 1) return 0;
-    return ring_plan_bytes(&m->cfg, m->dev, m->cdt, c->micro_batch_size, c->sequence_length / d->cp);
+    return ring_plan_bytes(&m->cfg.ring, m->cfg.hidden, m->dev, m->cdt, c->micro_batch_size,
+                           c->sequence_length / d->cp);
 }
 
 // Bytes of everything but the engine, from the model's tensors and the counted shard arena (which also
@@ -188,11 +189,11 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     model_layout(&m, c, d);
     if (c->fp8) model_fp8_setup(&m);
     Fsdp f;
-    fsdp_setup(&f, d, &m);
+    fsdp_setup(&f, d, m.w);
     Arena count = arena_counting("parameter shards and optimizer state", dev),
           host = arena_counting("offloaded optimizer state", DEV_CPU);
     Tensor master[NGROUPS], grad[NGROUPS], mom1[NGROUPS], mom2[NGROUPS], stage[2];
-    fsdp_alloc_state(&f, &m, &count, c->optimizer.offload ? &host : &count, master, grad, mom1, mom2);
+    fsdp_alloc_state(&f, m.w, m.g, &count, c->optimizer.offload ? &host : &count, master, grad, mom1, mom2);
     offload_stage_alloc(c, &f, &count, stage);
     Muon mu = {0};
     if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&mu, &m.params, &count);
@@ -234,11 +235,11 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length / d->cp);
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
     Fsdp *f = &r->fsdp;
-    fsdp_setup(f, d, m);
+    fsdp_setup(f, d, m->w);
     bool offload = c->optimizer.offload;
     Arena count = arena_counting("parameter shards and optimizer state", dev),
           host = arena_counting("offloaded optimizer state", DEV_CPU);
-    fsdp_alloc_state(f, m, &count, offload ? &host : &count, r->master, r->grad, r->adam_m, r->adam_v);
+    fsdp_alloc_state(f, m->w, m->g, &count, offload ? &host : &count, r->master, r->grad, r->adam_m, r->adam_v);
     offload_stage_alloc(c, f, &count, r->stage);
     bool muon = c->optimizer.type == OPTIMIZER_MUON;
     if (muon) muon_setup(&r->muon, &m->params, &count), muon_free(&r->muon);
@@ -248,7 +249,8 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
         r->offload = arena_create("offloaded optimizer state", DEV_CPU, host.peak);
         if (dev == DEV_CUDA && host_register) host_register(r->offload.base, r->offload.cap);
     }
-    fsdp_alloc_state(f, m, &r->state, offload ? &r->offload : &r->state, r->master, r->grad, r->adam_m, r->adam_v);
+    fsdp_alloc_state(f, m->w, m->g, &r->state, offload ? &r->offload : &r->state, r->master, r->grad, r->adam_m,
+                     r->adam_v);
     offload_stage_alloc(c, f, &r->state, r->stage);
     if (muon) muon_setup(&r->muon, &m->params, &r->state); // the momentum buffer lives in adam_m
     m->router_bias = router_bias_alloc(c, &mc, &r->state);

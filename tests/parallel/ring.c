@@ -15,6 +15,7 @@
 #include <math.h>
 
 #include "parallel/mesh.h"
+#include "model/model.h"
 #include "parallel/ring.h"
 
 void suite_ring(const Dist *d, bool gpu);
@@ -130,7 +131,8 @@ static void ring_mla_case(const Comm *c, Device dev, int B, int blk, double err[
            dkv = hostt(T, nh, dn + dv), dcr = hostt(T, dc, 1), dkva = hostt(T, dc + dr, 1),
            dw = hostt(nh * (dn + dv), dc, 1);
     dcr.nd = dkva.nd = dw.nd = 2;
-    MlaLatent ml = {.c = cl, .pe = kva, .wkvb = w, .dwkvb = dw, .pe_col = dc, .nh = nh, .dn = dn, .dr = dr, .dv = dv};
+    MlaLatent ml = {
+        .r = {.c = cl, .pe = kva, .pe_col = dc, .nh = nh, .dn = dn, .dr = dr, .dv = dv}, .wkvb = w, .dwkvb = dw};
     AttnArgs a = {.B = B, .scale = 0.3f, .causal = true};
     model_mla_decompress(&ml, cl, kva, dc, kv, k, v);
     op_attention_forward(o, lse, q, k, v, &a);
@@ -146,21 +148,22 @@ static void ring_mla_case(const Comm *c, Device dev, int B, int blk, double err[
     ring_init(&ring, c, dev, ring_bytes(dev, DT_F32, B, blk, nh, nh, dq, dv, dc, dn));
     Tensor zero_w = hostt(nh * (dn + dv), dc, 1);
     zero_w.nd = 2;
-    MlaLatent gl = {.c = on(dev, lc, &mem),
-                    .pe = on(dev, lkva, &mem),
-                    .wkvb = on(dev, w, &mem),
-                    .dwkvb = on(dev, zero_w, &mem),
-                    .pe_col = dc,
-                    .nh = nh,
-                    .dn = dn,
-                    .dr = dr,
-                    .dv = dv};
+    MlaLatent gl0 = {.r = {.c = on(dev, lc, &mem),
+                           .pe = on(dev, lkva, &mem),
+                           .pe_col = dc,
+                           .nh = nh,
+                           .dn = dn,
+                           .dr = dr,
+                           .dv = dv},
+                     .wkvb = on(dev, w, &mem),
+                     .dwkvb = on(dev, zero_w, &mem)},
+              gl = model_mla_hooked(&gl0);
     Tensor gq = on(dev, lq, &mem), gd = on(dev, ld, &mem), go = on(dev, hostt(Tl, nh, dv), &mem),
            gls = on(dev, hostt(B, nh, 2 * blk), &mem), gdq = on(dev, hostt(Tl, nh, dq), &mem), gdc = on(dev, lc, &mem),
            gdkva = on(dev, hostt(Tl, dc + dr, 1), &mem);
     gdkva.nd = 2;
-    ring_mla_forward(&ring, go, gls, gq, &gl, &a);
-    ring_mla_backward(&ring, gdq, gdc, gdkva, gd, gq, go, gls, &gl, &a);
+    ring_mla_forward(&ring, go, gls, gq, &gl.r, &a);
+    ring_mla_backward(&ring, gdq, gdc, gdkva, gd, gq, go, gls, &gl.r, &a);
     // the references' rows of this rank; dW summed over the ranks
     Tensor ro = hostt(Tl, nh, dv), rl = hostt(B, nh, 2 * blk), rdq = hostt(Tl, nh, dq), rdc = hostt(Tl, dc, 1),
            rdkva = hostt(Tl, dc + dr, 1);

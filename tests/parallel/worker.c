@@ -34,7 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "parallel/ep.h"
+#include "model/ep.h"
 #include "parallel/mesh.h"
 #include "pipe/dualpipev.h"
 #include "pipe/chunk.h"

@@ -13,7 +13,7 @@
 // Backward: combine⁻¹ is a dispatch of the output gradients in slot order; dispatch⁻¹ sums each received
 // token row's slot gradients, returns the sums, and adds them into the token rows (a token sent to several
 // ranks receives the sum over them). Orders are deterministic (no atomics), so results are reproducible.
-#include "parallel/ep.h"
+#include "model/ep.h"
 
 #include <math.h>
 
