@@ -76,7 +76,7 @@ PY
 final)
     tests test_qwen3_5 build/test_gpu qwen3_5
     tests test_attention build/test_gpu attention
-    for p in build/test_gpu_planted_*; do # each a build with one bf16-only bug (planted_bf16_bug_*.diff)
+    for p in build/test_gpu_planted_*; do # each a build with one bf16-only bug (README.md: the planted bugs)
         [ -e $p ] && tests ${p#build/test_gpu_} $p gpu_model_qwen3_5_moe
     done
     train balanced 8 --set benchmark=true
