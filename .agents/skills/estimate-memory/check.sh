@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # check.sh — a memory estimate and its two checks, from the repository root with build/pith built.
 #   bash .agents/skills/estimate-memory/check.sh CONFIG --gpus N [--gpu-memory GB] [--set key=value ...]
-#       `pith estimate` for CONFIG on N GPUs; PASS when the plan fits in GB (default 80) per GPU, else FAIL.
+#       `pith estimate` for CONFIG on N GPUs; PASS when the estimator's verdict is OK or TIGHT (the plan and the
+#       runtime outside it fit in GB, default 80, per GPU), FAIL when it is OOM, even where the plan alone fits.
 #   bash .agents/skills/estimate-memory/check.sh --verify CONFIG --gpus N [--set key=value ...]
 #       the estimate against what `pith train` allocates: N CPU ranks (`--device cpu`) run one step under
 #       mpirun (scripts/launch.sh) and print their plan; PASS when both totals are the same number of bytes.
@@ -13,10 +14,14 @@ if [ "${1:-}" = --verify ]; then verify=1 && shift; fi
 config=$1
 shift
 if [ $verify = 0 ]; then
-    out=$(build/pith estimate "$config" "$@")
+    out=$(build/pith estimate "$config" "$@") || { echo "$out"; echo "estimate-memory: FAIL (pith estimate stopped)"; exit 1; }
     echo "$out"
-    if grep -q "^fits in" <<<"$out"; then echo "estimate-memory: PASS (fits)"; else echo "estimate-memory: FAIL (does not fit)"; fi
-    grep -q "^fits in" <<<"$out"
+    verdict=$(sed -n 's/.* used; \(OK\|TIGHT\|OOM\) with .*/\1/p' <<<"$out" | tail -1)
+    case "$verdict" in
+    OK | TIGHT) echo "estimate-memory: PASS ($verdict)" ;;
+    OOM) echo "estimate-memory: FAIL (OOM)" && exit 1 ;;
+    *) echo "estimate-memory: FAIL (no verdict: a GPU plan ends with OK, TIGHT or OOM)" && exit 1 ;;
+    esac
     exit
 fi
 args=("$@") np="" sets=()
