@@ -11,6 +11,7 @@
 // Words with placeholders (<x>, *, $, {}) are not checked. `doc_check` returns the number of stale names and
 // describes each on a line of its report.
 #include <ctype.h>
+#include <unistd.h>
 
 #include "test.h"
 
@@ -473,4 +474,181 @@ TEST(docs_check_finds_stale_names) {
         int s = doc_check(ix, "x/SKILL.md", bad[i].text, report, sizeof report);
         ASSERT_MSG(s == 1 && strstr(report, bad[i].want), "%s: %d stale, report:\n%s", bad[i].text, s, report);
     }
+}
+
+// The map of AGENTS.md (its rows "| `folder/` | ..."): the row of each file under src/ and scripts/ (the row of the
+// longest folder that holds it) names the file, and every file name a row gives (`a.{c,h}` is a.c and a.h) is a
+// file of that folder.
+static void map_names(const char *row, Words *names) {
+    for (const char *p = row; (p = strchr(p, '`'));) {
+        const char *e = strchr(p + 1, '`');
+        if (!e) break;
+        char span[256];
+        snprintf(span, sizeof span, "%.*s", (int)(e - p - 1), p + 1);
+        p = e + 1;
+        char *brace = strchr(span, '{');
+        if (brace && brace[strlen(brace) - 1] == '}') { // a.{c,h}: one name per alternative
+            brace[strlen(brace) - 1] = 0, *brace = 0;
+            for (char *alt = strtok(brace + 1, ","); alt; alt = strtok(NULL, ",")) {
+                char full[256];
+                snprintf(full, sizeof full, "%s%s", span, alt);
+                words_add(names, full, strlen(full));
+            }
+        } else if (strchr(span, '.') && !strchr(span, '/') && !strchr(span, ' ') && !strchr(span, '('))
+            words_add(names, span, strlen(span));
+    }
+}
+
+static bool file_like(const char *name) {
+    static const char *const ext[] = {".c", ".h", ".cu", ".cuh", ".sh", ".mjs", ".proto", ".py"};
+    for (size_t i = 0; i < sizeof ext / sizeof *ext; i++)
+        if (ends_with(name, ext[i])) return true;
+    return false;
+}
+
+static int agents_map_check(const DocIndex *ix, const char *agents, char *report, size_t cap) {
+    Words folders = {0}, rows = {0};
+    FOR_LINES(agents, line, len, {
+        if (len > 4 && !strncmp(line, "| `", 3)) {
+            const char *e = memchr(line + 3, '`', len - 3);
+            if (e && e[-1] == '/') words_add(&folders, line + 3, e - line - 3), words_add(&rows, line, len);
+        }
+    });
+    int bad = 0;
+    size_t used = 0;
+    report[0] = 0;
+#define MAP_REPORT(...)                                                                                                \
+    do {                                                                                                               \
+        bad++;                                                                                                         \
+        int w_ = snprintf(report + used, cap - used, __VA_ARGS__);                                                     \
+        if (w_ > 0) used = used + w_ < cap ? used + w_ : cap - 1;                                                      \
+    } while (0)
+    for (int i = 0; i < ix->files.n; i++) { // the tree: each file named in its row
+        const char *f = ix->files.v[i];
+        if (strncmp(f, "src/", 4) && strncmp(f, "scripts/", 8)) continue;
+        int best = -1;
+        for (int r = 0; r < folders.n; r++)
+            if (!strncmp(f, folders.v[r], strlen(folders.v[r])) &&
+                (best < 0 || strlen(folders.v[r]) > strlen(folders.v[best])))
+                best = r;
+        if (best < 0) {
+            MAP_REPORT("AGENTS.md: no row of the map holds %s\n", f);
+            continue;
+        }
+        const char *base = f + strlen(folders.v[best]);
+        Words names = {0};
+        map_names(rows.v[best], &names);
+        if (words_find(&names, base) < 0) MAP_REPORT("AGENTS.md: the row `%s` does not name %s\n", folders.v[best], f);
+        for (int k = 0; k < names.n; k++) free(names.v[k]);
+        free(names.v);
+    }
+    for (int r = 0; r < folders.n; r++) { // the rows: each file they name exists in their folder
+        if (strncmp(folders.v[r], "src/", 4) && strncmp(folders.v[r], "scripts/", 8)) continue;
+        Words names = {0};
+        map_names(rows.v[r], &names);
+        for (int k = 0; k < names.n; k++) {
+            char path[512];
+            snprintf(path, sizeof path, "%s%s", folders.v[r], names.v[k]);
+            if (file_like(names.v[k]) && words_find(&ix->files, path) < 0)
+                MAP_REPORT("AGENTS.md: the row `%s` names %s, which does not exist\n", folders.v[r], path);
+            free(names.v[k]);
+        }
+        free(names.v);
+    }
+#undef MAP_REPORT
+    for (int k = 0; k < folders.n; k++) free(folders.v[k]), free(rows.v[k]);
+    free(folders.v), free(rows.v);
+    return bad;
+}
+
+TEST(docs_agents_map_names_every_file) {
+    const DocIndex *ix = doc_index();
+    static char report[1 << 14];
+    size_t n;
+    char *agents = file_read_all("AGENTS.md", &n);
+    ASSERT(agents);
+    int bad = agents_map_check(ix, agents, report, sizeof report);
+    ASSERT_MSG(bad == 0, "%d differences between AGENTS.md's map and the tree:\n%s", bad, report);
+    // The check can fail both ways: a row that loses a file, a row that names one the tree lacks.
+    char *broken = xstrdup(agents), *hit = strstr(broken, "`dualpipev.{c,h}`");
+    ASSERT(hit);
+    memcpy(hit, "`dualpipex.{c,h}`", 17);
+    ASSERT_MSG(agents_map_check(ix, broken, report, sizeof report) == 4 && strstr(report, "src/pipe/dualpipev.c") &&
+                   strstr(report, "src/pipe/dualpipex.h, which does not exist"),
+               "%s", report);
+    free(broken), free(agents);
+}
+
+// The skills' checks that run on the CPU, each as its SKILL.md says (from the repository root, build/pith and
+// build/test_pith built): they must print their PASS line and exit 0; a broken input must give FAIL.
+static const char *skill_run(int *status, const char *fmt, const char *arg) {
+    static char out[1 << 16];
+    *status = run_cmd(out, sizeof out, fmt, arg);
+    return out;
+}
+
+static void skill_needs_binaries(void) {
+    if (access("build/pith", X_OK) || access("build/test_pith", X_OK))
+        test_skip("the skills' checks run build/pith and build/test_pith, not built here");
+}
+
+// add-model-family --quick for every model_type of families[] (src/model/*.c), and FAIL for a family that is not.
+TEST(docs_skill_add_model_family_every_family) {
+    skill_needs_binaries();
+    int st, families = 0;
+    char types[1 << 12];
+    ASSERT(run_cmd(types, sizeof types, "sed -n 's/^ *\\.model_type = \"\\([a-z0-9_]*\\)\",.*/\\1/p' src/model/*.c") ==
+           0);
+    char *save = NULL;
+    for (char *t = strtok_r(types, "\n", &save); t; t = strtok_r(NULL, "\n", &save), families++) {
+        const char *out = skill_run(&st, "bash .agents/skills/add-model-family/check.sh --quick %s", t);
+        char want[128];
+        snprintf(want, sizeof want, "add-model-family %s: PASS", t);
+        ASSERT_MSG(st == 0 && strstr(out, want), "%s (exit %d):\n%s", t, st, out);
+    }
+    ASSERT_MSG(families >= 4, "%d model types in src/model/*.c", families);
+    const char *out = skill_run(&st, "bash .agents/skills/add-model-family/check.sh --quick %s", "no_such_family");
+    ASSERT_MSG(st == 1 && strstr(out, "add-model-family no_such_family: FAIL"), "exit %d:\n%s", st, out);
+}
+
+// estimate-memory: PASS follows the estimator's verdict (TIGHT passes; OOM fails even where the plan alone fits in
+// the budget), and --verify finds the estimate equal to what 2 CPU ranks allocate.
+TEST(docs_skill_estimate_memory_follows_the_verdict) {
+    skill_needs_binaries();
+    int st;
+    const char *cmd = "bash .agents/skills/estimate-memory/check.sh examples/qwen3-30b-a3b/train.json --gpus 64 "
+                      "--set parallel.expert_parallel_size=16 --set parallel.ep_capacity_factor=%s";
+    const char *out = skill_run(&st, cmd, "1.25");
+    ASSERT_MSG(st == 0 && strstr(out, "; TIGHT with") && strstr(out, "estimate-memory: PASS (TIGHT)"), "%s", out);
+    out = skill_run(&st, cmd, "1.3");
+    ASSERT_MSG(st == 1 && strstr(out, "\nfits in 80 GB") && strstr(out, "; OOM with") &&
+                   strstr(out, "estimate-memory: FAIL (OOM)"),
+               "%s", out);
+    const char *dir = test_tmpdir();
+    char synth[1024];
+    ASSERT_MSG(
+        run_cmd(synth, sizeof synth, "%s synth --output %s/tokens.bin --vocab 256 --tokens 20000", PITH_BIN, dir) == 0,
+        "%s", synth);
+    out = skill_run(&st,
+                    "bash .agents/skills/estimate-memory/check.sh --verify examples/tiny/train.json --gpus 2 --set "
+                    "parallel.expert_parallel_size=2 --set dataset=%s",
+                    dir);
+    ASSERT_MSG(st == 0 && strstr(out, "estimate-memory: PASS (estimate = training plan"), "%s", out);
+}
+
+// launch-on-slurm: launch.sh's srun branch on 2 CPU ranks, two allocations, against one process.
+TEST(docs_skill_launch_on_slurm_simulated) {
+    skill_needs_binaries();
+    int st;
+    const char *out = skill_run(&st, "WORK=%s bash .agents/skills/launch-on-slurm/simulate.sh", test_tmpdir());
+    ASSERT_MSG(st == 0 && strstr(out, "launch-on-slurm (simulated): PASS"), "exit %d:\n%s", st, out);
+}
+
+// validate-correctness on this checkout against itself, 4 steps: base = feature, and ep2, dp2 = one process.
+TEST(docs_skill_validate_correctness_same_tree) {
+    skill_needs_binaries();
+    int st;
+    const char *out =
+        skill_run(&st, "WORK=%s bash .agents/skills/validate-correctness/run.sh . . --steps 4", test_tmpdir());
+    ASSERT_MSG(st == 0 && strstr(out, "validate-correctness: PASS"), "exit %d:\n%s", st, out);
 }
