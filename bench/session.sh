@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # session.sh MODE... — a device call made of modes, from the repository root with .gpu carried: main's stripped binaries
-# (.gpu/bin/*.gz), a candidate tree's (.gpu/cand/*.gz: main + the unlanded diffs named in .gpu/BUILT) and the
+# (.gpu/bin/*.gz), a candidate tree's (.gpu/cand/*.gz: a candidate branch, named in .gpu/BUILT) and the
 # libraries the device lacks (.gpu/lib, scripts/pack_libs.sh). Logs go to /tmp/logs; $OUT/summary.txt and
 # $OUT/logs.tgz are rewritten after every mode, so a call cut short still returns what it finished.
 # MODEs, in the order given:

@@ -348,7 +348,7 @@ static float *fp8_family_step(const char *json, const float *ref, double *loss, 
     return g;
 }
 
-// Every projection spec §3.5 lists runs in FP8 on each family (counted per slot: a call left on op_linear_* or a slot
+// Every projection PithTrain runs in FP8 runs in FP8 on each family (counted per slot: a call left on op_linear_* or a slot
 // the family does not name fails), and the FP8 model's loss and gradient are the fp32 model's within the FP8 error
 // (whose own gradient test_model.c checks against finite differences; the emulation's rounding is piecewise
 // constant, so finite differences of it measure the rounding steps, not a gradient). want: the slots each family has.

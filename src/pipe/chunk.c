@@ -495,7 +495,7 @@ void chunk_weight(Chunk *c, int slot) {
 
 // ---- the overlapped pair ----
 // chunk_pair issues every all-to-all right after the compute that produces its rows, then runs the other
-// micro-batch's compute before the wait: on the comm stream the all-to-alls come in the order of spec §4.4
+// micro-batch's compute before the wait: on the comm stream the all-to-alls come in the order of PithTrain's overlapped step
 // (whose events, recorded after each compute, give the same overlap), and each runs beside the other side's
 // stages: combine⁻¹ ∥ F stage 5/1, dispatch ∥ B stage 3, dispatch⁻¹ ∥ B weight gradients and F stage 3,
 // combine ∥ B stage 1/5. The blocking collectives inside (the route's counts, the spill decision, a spilled

@@ -63,7 +63,7 @@ item "a GPU model test names $name (tests/gpu/)" grep -q "$name" tests/gpu/*.c t
 item "an example config of model_type $f (examples/)" test -n "$examples"
 item "a benchmark config of model_type $f (bench/*/model.json)" bash -c "grep -l '\"model_type\": *\"$f\"' bench/*/model.json"
 item "docs/architecture.md names model/$name.c" grep -q "model/$name.c" docs/architecture.md
-item "README.md lists model_type: $f" grep -q "model_type: $f" README.md
+item "docs/usage.md lists model_type: $f" grep -q "model_type: $f" docs/usage.md
 
 if [ $quick = 1 ]; then
     defined() { grep -q "^TEST($1" tests/*.c; }

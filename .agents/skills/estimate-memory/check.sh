@@ -16,7 +16,7 @@ shift
 if [ $verify = 0 ]; then
     out=$(build/pith estimate "$config" "$@") || { echo "$out"; echo "estimate-memory: FAIL (pith estimate stopped)"; exit 1; }
     echo "$out"
-    verdict=$(sed -n 's/.* used; \(OK\|TIGHT\|OOM\) with .*/\1/p' <<<"$out" | tail -1)
+    verdict=$(sed -n 's/^verdict: \(OK\|TIGHT\|OOM\) on .*/\1/p' <<<"$out" | tail -1)
     case "$verdict" in
     OK | TIGHT) echo "estimate-memory: PASS ($verdict)" ;;
     OOM) echo "estimate-memory: FAIL (OOM)" && exit 1 ;;
