@@ -68,6 +68,13 @@ TEST(convert_round_trip_bit_exact) {
     char a[512], b[512];
     snprintf(a, sizeof a, "%s/hf", d);
     assert_same_tensors(FIX, a);
+    // a save_location stands for its newest checkpoint
+    ASSERT(run_cmd(out, sizeof out, "mkdir -p %s/run && cp -r %s/ck %s/run/step-00000000", d, d, d) == 0);
+    ASSERT_MSG(run_cmd(out, sizeof out, "%s convert pith2hf %s/run %s/hf_run", PITH_BIN, d, d) == 0 &&
+                   strstr(out, "is a save_location; its newest checkpoint is "),
+               "%s", out);
+    snprintf(a, sizeof a, "%s/hf_run", d);
+    assert_same_tensors(FIX, a);
     // bf16 export in several shards with an index; it loads back and evaluates close to fp32
     ASSERT(run_cmd(out, sizeof out, "%s convert pith2hf %s/ck %s/hf16 --dtype bf16 --max-shard-size 40KB", PITH_BIN, d,
                    d) == 0);

@@ -193,6 +193,8 @@ TEST(errors_config) {
     // a near miss gets a suggestion
     expect_error(d, "--step 3", "train: unknown option '--step' (did you mean --steps?)");
     expect_error(d, "--set max_step=3", "--set: max_step: unknown key (did you mean max_steps?)");
+    expect_error(d, "--set model.num_hidden_layers=1",
+                 "'model' is a value, not a section, so it has no keys (model is the path of the model's config.json");
     expect_error(d, "--set optimizer.learning_rate=1",
                  "optimizer.learning_rate: unknown key (did you mean optimizer.lr?)");
     expect_error(d, "--set parallel.expert_parallel_size=2", "parallel");

@@ -24,7 +24,8 @@ static void convert_usage(FILE *f) {
         "  hf2pith: an HF folder (config.json + model.safetensors or shards with an index) becomes a model-only\n"
         "           pith checkpoint; name it <save_location>/step-00000000 to start `pith train` from it.\n"
         "           MXFP4 weights (the released GPT-OSS experts) are dequantized to --dtype (default bf16).\n"
-        "  pith2hf: a pith checkpoint becomes an HF folder (sharded when larger than SIZE, e.g. 5GB, 500MB;\n"
+        "  pith2hf: a pith checkpoint (or a save_location: its newest) becomes an HF folder (sharded when larger\n"
+        "           than SIZE, e.g. 5GB, 500MB;\n"
         "           default 5GB); --dtype converts (default: keep the stored dtype); config.json says which\n"
         "           dtype was written. --tokenizer: a folder holding tokenizer.json (or the file itself) whose\n"
         "           tokenizer.json, tokenizer_config.json and special_tokens_map.json are copied into HF_DIR.\n");
@@ -321,5 +322,7 @@ int cmd_convert(int argc, char **argv) {
         if (tokenizer) die("convert: --tokenizer applies to pith2hf only");
         return hf2pith(src, dst, dtype);
     }
-    return pith2hf(src, dst, dtype, shard, tokenizer);
+    char dir[4200]; // a save_location stands for its newest checkpoint, as in eval and generate
+    arg_model_dir("convert", src, dir, sizeof dir);
+    return pith2hf(dir, dst, dtype, shard, tokenizer);
 }

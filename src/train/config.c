@@ -459,7 +459,11 @@ static void apply_set(json_t *root, const char *set) {
     while ((next = strtok_r(NULL, ".", &save))) {
         json_t *child = json_object_get(obj, part);
         if (!child || json_is_null(child)) json_object_set_new(obj, part, child = json_object());
-        if (!json_is_object(child)) die("--set %s: '%s' is not an object", set, part);
+        if (!json_is_object(child))
+            die("--set %s: '%s' is a value, not a section, so it has no keys%s", set, part,
+                !strcmp(part, "model") ? " (model is the path of the model's config.json: change the key in that file, "
+                                         "or in a copy that model names)"
+                                       : "");
         obj = child, part = next;
     }
     json_object_set_new(obj, part, val);
