@@ -139,6 +139,24 @@ const char *test_tmpdir(void) {
 }
 
 // A failed test's folders stay for a look; `make clean-tests` removes every pith-test-* folder.
+const char *tiny_run(const char *extra) {
+    static char d[256];
+    snprintf(d, sizeof d, "%s", test_tmpdir());
+    char out[4096];
+    ASSERT(run_cmd(out, sizeof out,
+                   "echo '{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 2, "
+                   "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, "
+                   "\"num_experts\": 4, \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, \"norm_topk_prob\": "
+                   "true}' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 3000",
+                   d, PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, "
+                   "\"micro_batch_size\": 2, \"global_batch_size\": 4, \"max_steps\": 6, \"device\": \"cpu\", "
+                   "\"optimizer\": {\"lr\": 0.01}%s}' > %s/train.json",
+                   extra, d) == 0);
+    return d;
+}
+
 static int tmpdirs_done(bool keep) {
     for (int i = 0; i < ntmpdirs; i++) {
         if (!keep) remove_tree(tmpdirs[i]);

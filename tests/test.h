@@ -57,6 +57,10 @@ double grad_diff(const char *a, const char *b, const char **worst_name);
 double grad_calc_diff(const char *a, const char *b, const char **worst_name, double *all);
 // A fresh empty directory under /tmp for this test.
 const char *test_tmpdir(void);
+// A tiny CPU run in a fresh folder: model.json (Qwen3-MoE, 2 layers of 4 experts, vocabulary 64), data.bin (3000
+// synthetic tokens) and train.json (6 steps of 4 × 16 tokens, lr 0.01) with `extra` (", \"key\": value" pairs, or "")
+// added to its keys. Returns the folder (a static buffer).
+const char *tiny_run(const char *extra);
 
 // Writes n bytes (write_text: a string) to dir/name, making its folders, and returns the path (a static buffer,
 // valid until the next call); with dir NULL, name is the path.

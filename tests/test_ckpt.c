@@ -213,26 +213,9 @@ TEST(checkpoint_corrupt_inputs) {
     ASSERT_MSG(strstr(out, "more samples than the data holds"), "%s", out);
 }
 
-static const char *tiny_model =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
-    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
-    " \"moe_intermediate_size\": 16, \"norm_topk_prob\": true}";
-
 static const char *make_run(void) {
-    static char d[256];
-    snprintf(d, sizeof d, "%s", test_tmpdir());
-    char out[4096];
-    ASSERT(run_cmd(out, sizeof out,
-                   "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 3000", tiny_model, d,
-                   PITH_BIN, d) == 0);
-    ASSERT(run_cmd(out, sizeof out,
-                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, "
-                   "\"micro_batch_size\": 2,"
-                   " \"global_batch_size\": 4, \"max_steps\": 6, \"device\": \"cpu\", \"optimizer\": {\"lr\": 0.01},"
-                   " \"moe_load_balance_coef\": 0.01, \"scheduler\": {\"type\": \"wsd\", \"warmup_ratio\": 0.2, "
-                   "\"decay_ratio\": 0.5}}' > %s/train.json",
-                   d) == 0);
-    return d;
+    return tiny_run(", \"moe_load_balance_coef\": 0.01, \"scheduler\": {\"type\": \"wsd\", \"warmup_ratio\": 0.2, "
+                    "\"decay_ratio\": 0.5}");
 }
 
 static void metrics_without_timing(char *out, size_t cap, const char *dir) {

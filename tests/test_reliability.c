@@ -15,26 +15,8 @@
 
 #define FIX "tests/hf/qwen3_moe"
 
-static const char *tiny_model =
-    "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
-    " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 4, \"num_experts_per_tok\": 2,"
-    " \"moe_intermediate_size\": 16, \"norm_topk_prob\": true}";
-
 // A tiny run (model.json, data.bin, train.json: 6 steps) in a fresh folder.
-static const char *rel_run(void) {
-    static char d[256];
-    snprintf(d, sizeof d, "%s", test_tmpdir());
-    char out[4096];
-    ASSERT(run_cmd(out, sizeof out,
-                   "echo '%s' > %s/model.json && %s synth --output %s/data.bin --vocab 64 --tokens 3000", tiny_model, d,
-                   PITH_BIN, d) == 0);
-    ASSERT(run_cmd(out, sizeof out,
-                   "echo '{\"model\": \"model.json\", \"dataset\": \"data.bin\", \"sequence_length\": 16, "
-                   "\"micro_batch_size\": 2, \"global_batch_size\": 4, \"max_steps\": 6, \"device\": \"cpu\", "
-                   "\"optimizer\": {\"lr\": 0.01}}' > %s/train.json",
-                   d) == 0);
-    return d;
-}
+static const char *rel_run(void) { return tiny_run(""); }
 
 // Rewrites tensor `name` of the safetensors file at path with element 0 set to v (other tensors as they are).
 static void poke_tensor(const char *path, const char *name, float v) {
