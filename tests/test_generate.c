@@ -195,7 +195,8 @@ TEST(generate_applies_router_bias) {
     for (int l = 0; l < 3; l++) // 3 layers of 8 experts
         strcat(rows, l ? ", [0, 0, 0, 0, 0, 0, 9, 9]" : "[0, 0, 0, 0, 0, 0, 9, 9]");
     char runjson[1200];
-    snprintf(runjson, sizeof runjson, "{\"step\": 5, \"router_bias\": [%s]}", rows);
+    // (format pith-checkpoint-1: a run.json without checksums, which a load accepts unverified)
+    snprintf(runjson, sizeof runjson, "{\"format\": \"pith-checkpoint-1\", \"step\": 5, \"router_bias\": [%s]}", rows);
     const char *gen = "%s generate --model %s/m --tokenizer %s/tok --prompt abcdefgh -n 12 --temperature 0";
     ASSERT(run_cmd(out, sizeof out,
                    "mkdir -p %s/m && cp tests/hf/qwen3_moe/config.json "
@@ -205,7 +206,7 @@ TEST(generate_applies_router_bias) {
     write_text(d, "m/run.json", runjson);
     ASSERT(run_cmd(with, sizeof with, gen, PITH_BIN, d, d) == 0);
     ASSERT_MSG(strcmp(out, with), "the biases changed nothing: %s", out);
-    write_text(d, "m/run.json", "{\"step\": 5, \"router_bias\": [[1, 2]]}");
+    write_text(d, "m/run.json", "{\"format\": \"pith-checkpoint-1\", \"step\": 5, \"router_bias\": [[1, 2]]}");
     ASSERT(run_cmd(out, sizeof out, gen, PITH_BIN, d, d) == 1);
     ASSERT_MSG(strstr(out, "m/run.json: router_bias: expected 3 rows of 8 numbers"), "%s", out);
 }
