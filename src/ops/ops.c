@@ -118,6 +118,7 @@ void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, fl
         die("adamw: the compute copy must match the master's device and size");
     DISPATCH(p.dev, adamw(p, g, m, v, w, gscale, lr, b1, b2, eps, wd, t));
 }
+bool op_adamw_nonfinite(Device dev) { DISPATCH_RETURN(dev, adamw_nonfinite()); }
 double op_read_scalar(Tensor x) { DISPATCH_RETURN(x.dev, read_scalar(x)); }
 
 // ---- Qwen3.5 ----

@@ -162,6 +162,9 @@ double op_sum_squares(Tensor x); // Σ x² (fp32 tensor), returned on the host
 // same pass.
 void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
               float wd, int t);
+// Whether an op_adamw on dev wrote a weight or second moment that is not finite since the last call (which clears
+// it): a flag the update's own pass sets, so checking costs no extra read (on the GPU: one word read back).
+bool op_adamw_nonfinite(Device dev);
 // Muon (docs/architecture.md, "Muon"), on flat fp32 tensors: buf = β·buf + (1−β)·g, then g ← (1−β)·g + β·buf
 // (the Nesterov-style update, in place of the gradient).
 void op_muon_momentum(Tensor buf, Tensor g, float beta);

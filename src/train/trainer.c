@@ -537,10 +537,13 @@ StepStats run_step(Run *r) {
             own[g] = fsdp_own_rows(&r->fsdp, g, m->w[g], r->master[g]);
             adamw_group(r, g, own[g], (float)gscale, (float)st.lr);
         }
-    // The update's result, before anything can save it: Σ x² in fp64 of the fp32 masters and second moments is
-    // finite exactly when every element is (x² of a float cannot overflow a double). A first moment that is not
-    // finite makes its weight so. Summed over the world, so every rank takes the same decision.
-    st.update_nonfinite = !isfinite(fsdp_sum_squares(&r->fsdp, r->master) + fsdp_sum_squares(&r->fsdp, r->adam_v));
+    // The update's result, before anything can save it. AdamW's own pass flags a weight or second moment that is not
+    // finite (no extra read); Muon's orthogonalised update is checked by Σ x² in fp64 of the masters, finite exactly
+    // when every element is. A first moment that is not finite makes its weight so. Agreed over the world.
+    double upd = c->optimizer.type == OPTIMIZER_MUON ? !isfinite(fsdp_sum_squares(&r->fsdp, r->master)) : 0;
+    upd += op_adamw_nonfinite(m->dev); // (Muon updates the vectors with AdamW too)
+    comm_allreduce(&d->world, tensor_make(&upd, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_SUM);
+    st.update_nonfinite = upd > 0;
     if (st.update_nonfinite) {
         st.seconds = now_seconds() - t0, die_context[0] = 0;
         return st;

@@ -702,6 +702,7 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, 
     if (w.p) OP(adamw, &w);
     cpu_adamw(p, g, m, v, w, gscale, lr, b1, b2, eps, wd, t);
 }
+bool cuda_adamw_nonfinite(void) { return cpu_adamw_nonfinite(); }
 void cuda_muon_momentum(Tensor buf, Tensor g, float beta) {
     OP(muon_momentum, &buf, &g);
     cpu_muon_momentum(buf, g, beta);

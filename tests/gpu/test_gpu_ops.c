@@ -439,6 +439,11 @@ static void check_adamw(int64_t n) {
     EXPECT_CLOSE(p, 1e-5);
     EXPECT_CLOSE(m, 1e-5);
     EXPECT_CLOSE(v, 1e-5);
+    // the pass flags a weight it makes infinite (lr 3e38: the step overflows), once: reading clears it
+    ASSERT(!op_adamw_nonfinite(DEV_CUDA));
+    Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
+    op_adamw(p.d, gr.d, m.d, v.d, NONE, 1, 3e38f, 0.9f, 0.95f, 1e-30f, 0, 4);
+    ASSERT(op_adamw_nonfinite(DEV_CUDA) && !op_adamw_nonfinite(DEV_CUDA));
 }
 
 // The vector (16-byte) paths of the memory-bound ops at the model's sizes.

@@ -116,22 +116,34 @@ double cpu_sum_squares(Tensor x) {
 }
 
 // torch.optim.AdamW (single-tensor path) on gscale·g: p *= 1 − lr·wd; m.lerp_(g, 1 − b1); v = b2·v + (1 − b2)·g²;
-// p −= (lr / (1 − b1^t)) · m / (sqrt(v) / sqrt(1 − b2^t) + eps); then w = p in w's dtype.
+// p −= (lr / (1 − b1^t)) · m / (sqrt(v) / sqrt(1 − b2^t) + eps); then w = p in w's dtype. A p or v that is not finite
+// sets adamw_bad (an OR: the same whatever the thread count).
+static bool adamw_bad;
+
+bool cpu_adamw_nonfinite(void) {
+    bool b = adamw_bad;
+    adamw_bad = false;
+    return b;
+}
+
 void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
                float wd, int t) {
     int64_t n = tensor_numel(p);
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
     if (w.p && w.dt != DT_F32 && w.dt != DT_BF16) die("adamw: the compute copy is %s (fp32 or bf16)", dtype_name(w.dt));
-#pragma omp parallel for
+    bool bad = false;
+#pragma omp parallel for reduction(|| : bad)
     for (int64_t i = 0; i < n; i++) {
         float gi = gscale * F(g)[i];
         F(p)[i] *= decay;
         F(m)[i] += (1.0f - b1) * (gi - F(m)[i]);
         F(v)[i] = b2 * F(v)[i] + (1.0f - b2) * gi * gi;
         F(p)[i] -= step * F(m)[i] / (sqrtf(F(v)[i]) / bc2 + eps);
+        bad = bad || !isfinite(F(p)[i]) || !isfinite(F(v)[i]);
         if (w.p && w.dt == DT_F32) F(w)[i] = F(p)[i];
         else if (w.p) ((uint16_t *)w.p)[i] = f32_to_bf16(F(p)[i]);
     }
+    if (bad) adamw_bad = true;
 }
 
 double cpu_read_scalar(Tensor x) { return x.dt == DT_F64 ? ((double *)x.p)[0] : ((float *)x.p)[0]; }

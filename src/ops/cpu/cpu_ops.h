@@ -43,6 +43,7 @@ void cpu_scale(Tensor x, float s);
 void cpu_copy(Tensor dst, Tensor src);
 void cpu_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate);
 double cpu_sum_squares(Tensor x);
+bool cpu_adamw_nonfinite(void);
 void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
                float wd, int t);
 void cpu_muon_momentum(Tensor buf, Tensor g, float beta);

@@ -254,6 +254,10 @@ __device__ __forceinline__ void st4(bf16 *w, float4 p) {
     __nv_bfloat162 a = __floats2bfloat162_rn(p.x, p.y), b = __floats2bfloat162_rn(p.z, p.w);
     *(uint2 *)w = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
 }
+// Set by adamw_kernel when it writes a p or v that is not finite (every writer writes 1: no race that matters);
+// cuda_adamw_nonfinite reads and clears it.
+__device__ int adamw_bad;
+
 // One pass over the flat buffers: 4 parameters per thread (float4 loads of p, g, m, v) when vec, then the last
 // n % 4 one by one; the gradient is read as gscale·g; w (NULL: none) gets the new parameters in its dtype.
 // Bytes: 16 read and 12 written per parameter, + 2 or 4 for the compute copy (the floor of the step).
@@ -261,19 +265,25 @@ template <typename TW>
 __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, TW *w, int64_t n, bool vec, float gscale,
                              float b1, float b2, float eps, float step, float bc2, float decay) {
     int64_t n4 = vec ? n / 4 : 0;
+    bool bad = false;
     GRID_STRIDE(i, n4) {
         float4 P = ((float4 *)p)[i], G = ((const float4 *)g)[i], M = ((float4 *)m)[i], Vv = ((float4 *)v)[i];
         float *pp = &P.x, *gg = &G.x, *mm = &M.x, *vv = &Vv.x;
 #pragma unroll
-        for (int q = 0; q < 4; q++) adamw_one(pp[q], gscale * gg[q], mm[q], vv[q], b1, b2, eps, step, bc2, decay);
+        for (int q = 0; q < 4; q++) {
+            adamw_one(pp[q], gscale * gg[q], mm[q], vv[q], b1, b2, eps, step, bc2, decay);
+            bad |= !isfinite(pp[q]) || !isfinite(vv[q]);
+        }
         ((float4 *)p)[i] = P, ((float4 *)m)[i] = M, ((float4 *)v)[i] = Vv;
         if (w) st4(w + 4 * i, P);
     }
     GRID_STRIDE(i, n - n4 * 4) {
         int64_t j = n4 * 4 + i;
         adamw_one(p[j], gscale * g[j], m[j], v[j], b1, b2, eps, step, bc2, decay);
+        bad |= !isfinite(p[j]) || !isfinite(v[j]);
         if (w) st(w, j, p[j]);
     }
+    if (bad) adamw_bad = 1;
 }
 
 // Σ x² in fp64, one partial per block into out[block] (the host adds them in block order: the same bits in every
@@ -509,6 +519,16 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, 
                                                                       b2, eps, step, bc2, decay);
     }
     CUDA_LAUNCH_CHECK();
+}
+
+bool cuda_adamw_nonfinite(void) {
+    CudaCtx *c = cuda_ctx();
+    const int zero = 0;
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(c->host_small, adamw_bad, sizeof(int), 0, cudaMemcpyDeviceToHost, c->compute));
+    CUDA_CHECK(cudaStreamSynchronize(c->compute));
+    int bad = *(int *)c->host_small;
+    if (bad) CUDA_CHECK(cudaMemcpyToSymbol(adamw_bad, &zero, sizeof zero));
+    return bad != 0;
 }
 
 double cuda_read_scalar(Tensor x) {

@@ -69,6 +69,7 @@ void cuda_scale(Tensor x, float s);
 void cuda_copy(Tensor dst, Tensor src);
 void cuda_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate);
 double cuda_sum_squares(Tensor x);
+bool cuda_adamw_nonfinite(void);
 void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
                 float wd, int t);
 void cuda_muon_momentum(Tensor buf, Tensor g, float beta);
