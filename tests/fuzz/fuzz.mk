@@ -11,9 +11,10 @@ FUZZ_FLAGS := -std=c11 -g -O1 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE 
               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 FUZZ_TARGETS := fuzz_safetensors fuzz_config fuzz_npy
 
-# fuzz_config links json.c alone: the target supplies die() (a longjmp back into the target) and path_exists().
-$(FUZZ_DIR)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c src/base/safetensors.c src/base/base.c \
-                              src/base/safetensors.h src/base/half.h src/base/base.h
+# fuzz_config links json.c alone: the target supplies die() (a longjmp back into the target), path_exists() and
+# file_read_all() (it parses from memory, never from a file).
+$(FUZZ_DIR)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c src/base/safetensors.c src/base/base.c src/base/json.c \
+                              src/base/safetensors.h src/base/half.h src/base/base.h src/base/json.h
 $(FUZZ_DIR)/fuzz_config: tests/fuzz/fuzz_config.c src/base/json.c src/base/json.h src/base/base.h
 $(FUZZ_DIR)/fuzz_npy: tests/fuzz/fuzz_npy.c src/base/npy.c src/base/base.c src/base/npy.h src/base/base.h
 
