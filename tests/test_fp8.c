@@ -337,10 +337,10 @@ static float *fp8_family_step(const char *json, const float *ref, double *loss, 
         // every cached slot ran its three GEMMs (forward, input gradient, weight gradient) in each layer that has it
         for (int s = 0; s < FP8_SLOTS; s++) {
             int64_t held = 0;
-            for (int l = 0; l < mc.layers; l++) held += m.fp8_off[s][l] >= 0;
-            ASSERT_MSG(m.fp8_gemms[s] == 3 * held, "%s: slot %d ran %lld FP8 GEMMs, %lld layers hold it", json, s,
-                       (long long)m.fp8_gemms[s], (long long)held);
-            gemms[s] = m.fp8_gemms[s];
+            for (int l = 0; l < mc.layers; l++) held += m.fp8.off[s][l] >= 0;
+            ASSERT_MSG(m.fp8.gemms[s] == 3 * held, "%s: slot %d ran %lld FP8 GEMMs, %lld layers hold it", json, s,
+                       (long long)m.fp8.gemms[s], (long long)held);
+            gemms[s] = m.fp8.gemms[s];
         }
     }
     chunk_free(&e);

@@ -16,6 +16,7 @@
 #include <math.h>
 
 #include "model/model.h"
+#include "parallel/ring.h"
 
 typedef struct {
     int q_lora, kv_lora, nope, vdim; // q_lora_rank (0: a plain q_proj), kv_lora_rank, qk_nope_head_dim, v_head_dim
@@ -516,3 +517,74 @@ const ModelFamily deepseek_v2_family = {
     .logits = moe_logits,
     .hf_import = dsv2_hf_import,
 };
+
+// ---- multi-head latent attention: the latent decompressed, on one rank or around the ring ----
+
+void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v) {
+    int64_t R = c.n[0], nh = ml->r.nh, dn = ml->r.dn, dv = ml->r.dv, dq = dn + ml->r.dr;
+    Tensor kv2 = tensor_reshape2(kv, R, nh * (dn + dv));
+    if (ml->m) model_proj_forward(ml->m, ml->layer, FP8_KV_B, kv2, c, ml->wkvb, (Tensor){0}); // FP8 slot of the layer
+    else op_linear_forward(kv2, c, ml->wkvb, (Tensor){0});
+    Tensor kvh = tensor_reshape2(kv, R * nh, dn + dv), kh = tensor_reshape2(k, R * nh, dq),
+           k2 = tensor_reshape2(k, R, nh * dq), pe2 = tensor_reshape2(pe, R, t_cols(pe));
+    if (dn) op_copy_cols(kh, 0, kvh, 0, dn, false);
+    op_copy_cols(tensor_reshape2(v, R * nh, dv), 0, kvh, dn, dv, false);
+    for (int64_t h = 0; h < nh; h++) op_copy_cols(k2, h * dq + dn, pe2, pe_col, ml->r.dr, false);
+}
+
+void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv,
+                                   Tensor dk, Tensor dv) {
+    int64_t R = c.n[0], nh = ml->r.nh, dn = ml->r.dn, dvd = ml->r.dv, dq = dn + ml->r.dr;
+    Tensor dkvh = tensor_reshape2(dkv, R * nh, dn + dvd), dkh = tensor_reshape2(dk, R * nh, dq),
+           dk2 = tensor_reshape2(dk, R, nh * dq), dpe2 = tensor_reshape2(dpe, R, t_cols(dpe));
+    if (dn) op_copy_cols(dkvh, 0, dkh, 0, dn, false);
+    op_copy_cols(dkvh, dn, tensor_reshape2(dv, R * nh, dvd), 0, dvd, false);
+    for (int64_t h = 0; h < nh; h++) op_copy_cols(dpe2, dpe_col, dk2, h * dq + dn, ml->r.dr, h > 0);
+    Tensor dkv2 = tensor_reshape2(dkv, R, nh * (dn + dvd));
+    if (!ml->m) {
+        op_linear_backward_input(dc, dkv2, ml->wkvb, false);
+        op_linear_backward_weight(ml->dwkvb, (Tensor){0}, dkv2, c);
+        return;
+    }
+    model_proj_backward_input(ml->m, ml->layer, FP8_KV_B, dc, dkv2, ml->wkvb, false);
+    model_proj_backward_weight(ml->m, ml->layer, FP8_KV_B, ml->dwkvb, (Tensor){0}, dkv2, c);
+}
+
+// The ring's hooks (ml begins with its RingLatent).
+static void mla_hook(const RingLatent *l, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v) {
+    model_mla_decompress((const MlaLatent *)l, c, pe, pe_col, kv, k, v);
+}
+static void mla_hook_backward(const RingLatent *l, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv, Tensor dk,
+                              Tensor dv) {
+    model_mla_decompress_backward((const MlaLatent *)l, c, dc, dpe, dpe_col, dkv, dk, dv);
+}
+
+MlaLatent model_mla_hooked(const MlaLatent *ml) {
+    MlaLatent h = *ml;
+    h.r.decompress = mla_hook, h.r.decompress_backward = mla_hook_backward;
+    return h;
+}
+
+void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,
+                                 Tensor k, Tensor v, const AttnArgs *a) {
+    if (m->ring) {
+        CHECK(!m->kv);
+        MlaLatent hooked = model_mla_hooked(ml);
+        ring_mla_forward(m->ring, o, lse, q, &hooked.r, a);
+        return;
+    }
+    model_mla_decompress(ml, ml->r.c, ml->r.pe, ml->r.pe_col, kv, k, v);
+    model_attention_forward(m, l, o, lse, q, k, v, a);
+}
+
+void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor k, Tensor v,
+                                  Tensor o, Tensor lse, Tensor dk, Tensor dv, Tensor dkv, const MlaLatent *ml,
+                                  const AttnArgs *a) {
+    if (m->ring) {
+        MlaLatent hooked = model_mla_hooked(ml);
+        ring_mla_backward(m->ring, dq, dc, dpe, dout, q, o, lse, &hooked.r, a);
+        return;
+    }
+    op_attention_backward(dq, dk, dv, (Tensor){0}, dout, q, k, v, o, lse, a);
+    model_mla_decompress_backward(ml, ml->r.c, dc, dpe, ml->r.pe_col, dkv, dk, dv);
+}

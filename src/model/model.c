@@ -89,16 +89,15 @@ void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, dou
     }
 }
 
-static Tensor alloc_tensor(Device dev, DType dt, int64_t n) {
+Tensor model_tensor(Device dev, DType dt, int64_t n, bool alloc) {
     Tensor t = tensor_make(NULL, dt, dev, 1, n, 1, 1, 1);
+    if (!alloc) return t;
     Arena a = arena_create("parameters", dev, tensor_bytes(t)); // one block, owned by the model
     t.p = a.base;
     return t;
 }
 
-static Tensor shape_tensor(Device dev, DType dt, int64_t n) { return tensor_make(NULL, dt, dev, 1, n, 1, 1, 1); }
-
-static void free_tensor(Tensor t) {
+void model_tensor_free(Tensor t) {
     Arena a = {t.p, 0, tensor_bytes(t), 0, t.dev, ""};
     if (a.cap && t.p) arena_destroy(&a);
 }
@@ -128,21 +127,21 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
           (cfg->layers % (2 * cfg->pp_size) == 0 && cfg->pp_rank >= 0 && cfg->pp_rank < cfg->pp_size));
     fam->params_build(&m->params, cfg);
     if (cfg->pp_size > 1) params_keep_pipeline_rank(&m->params, cfg);
-    Tensor (*make)(Device, DType, int64_t) = alloc ? alloc_tensor : shape_tensor;
     for (int g = 0; g < NGROUPS; g++) {
         int64_t pad = cfg->pad[g] > 1 ? cfg->pad[g] : 1, n = (m->params.numel[g] + pad - 1) / pad * pad;
-        m->w[g] = make(dev, cdt, n);
-        m->g[g] = (grads ? make : shape_tensor)(dev, DT_F32, n);
+        m->w[g] = model_tensor(dev, cdt, n, alloc);
+        m->g[g] = model_tensor(dev, DT_F32, n, alloc && grads);
         if (alloc && n > m->params.numel[g]) { // the padding stays zero
             op_zero(m->w[g]);
             if (grads) op_zero(m->g[g]);
         }
     }
     int half = cfg->rope.rd / 2;
-    m->rope_cos = make(dev, DT_F32, (int64_t)max_seq * half), m->rope_sin = make(dev, DT_F32, (int64_t)max_seq * half);
+    m->rope_cos = model_tensor(dev, DT_F32, (int64_t)max_seq * half, alloc),
+    m->rope_sin = model_tensor(dev, DT_F32, (int64_t)max_seq * half, alloc);
     m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq,
     m->rope_cos.n[1] = m->rope_sin.n[1] = half;
-    m->loss_sum = make(dev, DT_F64, 1), m->lb_sum = make(dev, DT_F64, 1);
+    m->loss_sum = model_tensor(dev, DT_F64, 1, alloc), m->lb_sum = model_tensor(dev, DT_F64, 1, alloc);
     if (alloc) {
         float *c = xmalloc((size_t)max_seq * half * sizeof(float)),
               *s = xmalloc((size_t)max_seq * half * sizeof(float));
@@ -337,152 +336,17 @@ void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, fl
 
 void model_free(Model *m) {
     free(m->lb.counts), free(m->lb.probs), free(m->lb.idx), free(m->lb.sums);
-    for (int g = 0; g < NGROUPS; g++) free_tensor(m->w[g]), free_tensor(m->g[g]);
-    free_tensor(m->rope_cos), free_tensor(m->rope_sin), free_tensor(m->loss_sum), free_tensor(m->lb_sum);
-    if (m->fp8) free_tensor(m->fp8_w);
+    for (int g = 0; g < NGROUPS; g++) model_tensor_free(m->w[g]), model_tensor_free(m->g[g]);
+    model_tensor_free(m->rope_cos), model_tensor_free(m->rope_sin), model_tensor_free(m->loss_sum), model_tensor_free(m->lb_sum);
+    if (m->fp8.on) model_tensor_free(m->fp8.w);
     free(m->params.p), free(m->views), free(m->sw), free(m->sg);
     memset(m, 0, sizeof *m);
-}
-
-// Layer l's compute weight of slot s: stage 3's from SharedWeights, the others from the family ({0}: none here).
-static Tensor fp8_source(const Model *m, int l, Fp8Slot s) {
-    if (s == FP8_GATE_UP) return m->sw->gate_up[l];
-    if (s == FP8_DOWN) return m->sw->down[l];
-    return m->fam->fp8_weight ? m->fam->fp8_weight(m, l, s) : (Tensor){0};
-}
-
-// The cache holds, per layer and slot, the FP8 codes and scales of a dense weight (op_fp8_weight_bytes) or of the
-// experts' (op_fp8_experts_bytes, blocks within each expert).
-void model_fp8_setup(Model *m) {
-    size_t n = 0;
-    for (int l = 0; l < m->cfg.layers; l++)
-        for (int s = 0; s < FP8_SLOTS; s++) {
-            Tensor w = fp8_source(m, l, (Fp8Slot)s);
-            m->fp8_off[s][l] = w.nd ? (int64_t)n : -1; // nd 0: not held here, or not in this layer
-            if (w.nd == 2) n += op_fp8_weight_bytes(w.n[0], w.n[1]);
-            else if (w.nd == 3) n += op_fp8_experts_bytes(w.n[0], w.n[1], w.n[2]);
-        }
-    m->fp8 = true, m->fp8_version = 1;
-    memset(m->fp8_made, 0, sizeof m->fp8_made), memset(m->fp8_gemms, 0, sizeof m->fp8_gemms);
-    m->fp8_w = (m->w[0].p ? alloc_tensor : shape_tensor)(m->dev, DT_U8, n ? (int64_t)n : 1);
-}
-
-// Remade when stale: the first use after the optimizer's update bumped fp8_version.
-static bool fp8_stale(Model *m, int l, Fp8Slot s) {
-    bool stale = m->fp8_made[s][l] != m->fp8_version;
-    m->fp8_made[s][l] = m->fp8_version;
-    return stale;
-}
-
-Fp8Weight model_fp8_weight(Model *m, int l, Fp8Slot s) {
-    Tensor w = fp8_source(m, l, s);
-    CHECK(m->fp8 && m->fp8_off[s][l] >= 0);
-    char *p = (char *)m->fp8_w.p + m->fp8_off[s][l];
-    Fp8Weight fw = w.nd == 3 ? op_fp8_experts_view(p, w.dev, w.n[0], w.n[1], w.n[2])
-                             : op_fp8_weight_view(p, w.dev, w.n[0], w.n[1]);
-    if (fp8_stale(m, l, s)) op_fp8_weight_make(fw, w);
-    return fw;
-}
-
-int model_fp8_warn_rounded(const Model *m, const char *file) {
-    static const char *const name[FP8_SLOTS] = {[FP8_GATE_UP] = "gate_up",
-                                                [FP8_DOWN] = "down",
-                                                [FP8_Q] = "q_proj",
-                                                [FP8_K] = "k_proj",
-                                                [FP8_V] = "v_proj",
-                                                [FP8_O] = "o_proj",
-                                                [FP8_Q_A] = "q_a_proj",
-                                                [FP8_Q_B] = "q_b_proj",
-                                                [FP8_KV_A] = "kv_a_proj_with_mqa",
-                                                [FP8_KV_B] = "kv_b_proj",
-                                                [FP8_QKV] = "in_proj_qkv",
-                                                [FP8_Z] = "in_proj_z",
-                                                [FP8_OUT] = "out_proj",
-                                                [FP8_SHARED_GU] = "the shared expert's gate_up",
-                                                [FP8_SHARED_DOWN] = "the shared expert's down"};
-    int slots = 0;
-    if (!m->fp8 || m->dev != DEV_CUDA) return 0;
-    for (int s = 0; s < FP8_SLOTS; s++) {
-        int n = 0;
-        Tensor w = {0};
-        for (int l = 0; l < m->cfg.layers; l++) {
-            Tensor x = m->fp8_off[s][l] >= 0 ? fp8_source(m, l, (Fp8Slot)s) : (Tensor){0};
-            if (x.nd && !op_fp8_tensor_cores(m->dev, x.nd == 3 ? x.n[0] : 0, x.n[x.nd - 2], x.n[x.nd - 1])) n++, w = x;
-        }
-        if (!n) continue;
-        slots++;
-        warn("%s: fp8: %s (%lld × %lld%s) in %d layer(s) is not whole FP8 tensor-core tiles (multiples of %d): its "
-             "GEMMs multiply operands rounded through E4M3 in the compute dtype, FP8's numbers without its speed",
-             file, name[s], (long long)w.n[w.nd - 2], (long long)w.n[w.nd - 1], w.nd == 3 ? ", each expert" : "", n,
-             w.nd == 3 ? 128 : 16);
-    }
-    return slots;
-}
-
-// Slot s of layer l runs in FP8: the cache holds it (counted in fp8_gemms).
-static bool fp8_proj(Model *m, int l, Fp8Slot s) {
-    if (!m->fp8 || m->fp8_off[s][l] < 0) return false;
-    m->fp8_gemms[s]++;
-    return true;
-}
-
-// w must be the slot's weight: a family passing another slot would multiply by the wrong codes.
-void model_proj_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w, Tensor b) {
-    if (!fp8_proj(m, l, s)) return op_linear_forward(y, x, w, b);
-    CHECK(fp8_source(m, l, s).p == w.p);
-    op_fp8_linear_forward(y, x, model_fp8_weight(m, l, s));
-    if (b.p) op_linear_bias_forward(y, b, NULL);
-}
-
-void model_proj_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, bool accumulate) {
-    if (!fp8_proj(m, l, s)) return op_linear_backward_input(dx, dy, w, accumulate);
-    CHECK(fp8_source(m, l, s).p == w.p);
-    op_fp8_linear_backward_input(dx, dy, model_fp8_weight(m, l, s), accumulate);
-}
-
-void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x) {
-    if (!fp8_proj(m, l, s)) return op_linear_backward_weight(dw, db, dy, x);
-    CHECK(tensor_numel(fp8_source(m, l, s)) == tensor_numel(dw));
-    op_fp8_linear_backward_weight(dw, dy, x);
-    if (db.p) op_linear_bias_backward(db, dy, NULL, true);
 }
 
 void model_zero_grads(Model *m) {
     op_zero(m->g[GROUP_DENSE]);
     if (!m->expert_grads_zeroed) op_zero(m->g[GROUP_EXPERT]), m->expert_grads_zeroed = true;
     for (int l = 0; l < MAX_LAYERS; l++) m->expert_grads_fresh[l] = true;
-}
-
-// ---- generation ----
-
-void kv_cache_free(KvCache *kv) {
-    for (int l = 0; l < MAX_LAYERS; l++)
-        if (kv->mem[l].cap) arena_destroy(&kv->mem[l]);
-    memset(kv, 0, sizeof *kv);
-}
-
-Tensor kv_cache_delta(KvCache *kv, int l, Tensor x, int K, int64_t nv, int64_t dk, int64_t dv, DeltaArgs *a) {
-    CHECK(!kv->k[l].p && a->B == 1 && K >= 2);
-    int64_t C = t_cols(x), K1 = K - 1;
-    if (!kv->state[l].p) {
-        size_t bytes = (size_t)(2 * nv * dk * dv) * sizeof(float) + (size_t)(2 * K1 * C) * dtype_size(x.dt);
-        kv->mem[l] = arena_create("kv cache", x.dev, bytes + 2 * ARENA_ALIGN);
-        kv->state[l] = arena_tensor(&kv->mem[l], DT_F32, 4, 2, nv, dk, dv);
-        kv->halo[l] = arena_tensor(&kv->mem[l], x.dt, 2, 2 * K1, C, 0, 0);
-        op_zero(kv->state[l]), op_zero(kv->halo[l]);
-    }
-    CHECK(kv->halo[l].n[0] == 2 * K1 && t_cols(kv->halo[l]) == C && kv->halo[l].dt == x.dt);
-    a->s0 = tensor_rows(kv->state[l], 0, 1), a->sT = tensor_rows(kv->state[l], 1, 1);
-    return tensor_rows(kv->halo[l], 0, K1);
-}
-
-void kv_cache_delta_advance(KvCache *kv, int l, Tensor x) {
-    int64_t K1 = kv->halo[l].n[0] / 2, S = t_rows(x), keep = S < K1 ? K1 - S : 0; // halo rows that stay
-    Tensor cur = tensor_rows(kv->halo[l], 0, K1), next = tensor_rows(kv->halo[l], K1, K1);
-    if (keep) op_copy(tensor_rows(next, 0, keep), tensor_rows(cur, K1 - keep, keep));
-    op_copy(tensor_rows(next, keep, K1 - keep), tensor_rows(x, S - (K1 - keep), K1 - keep));
-    op_copy(cur, next);
-    op_copy(tensor_rows(kv->state[l], 0, 1), tensor_rows(kv->state[l], 1, 1));
 }
 
 void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
@@ -523,130 +387,4 @@ void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor 
 int model_position(const Model *m, int S, int t) {
     if (!m->ring) return t % S;
     return ring_position(m->ring->cp->rank, m->ring->cp->size, S / 2, t % S);
-}
-
-void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v) {
-    int64_t R = c.n[0], nh = ml->r.nh, dn = ml->r.dn, dv = ml->r.dv, dq = dn + ml->r.dr;
-    Tensor kv2 = tensor_reshape2(kv, R, nh * (dn + dv));
-    if (ml->m) model_proj_forward(ml->m, ml->layer, FP8_KV_B, kv2, c, ml->wkvb, (Tensor){0}); // FP8 slot of the layer
-    else op_linear_forward(kv2, c, ml->wkvb, (Tensor){0});
-    Tensor kvh = tensor_reshape2(kv, R * nh, dn + dv), kh = tensor_reshape2(k, R * nh, dq),
-           k2 = tensor_reshape2(k, R, nh * dq), pe2 = tensor_reshape2(pe, R, t_cols(pe));
-    if (dn) op_copy_cols(kh, 0, kvh, 0, dn, false);
-    op_copy_cols(tensor_reshape2(v, R * nh, dv), 0, kvh, dn, dv, false);
-    for (int64_t h = 0; h < nh; h++) op_copy_cols(k2, h * dq + dn, pe2, pe_col, ml->r.dr, false);
-}
-
-void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv,
-                                   Tensor dk, Tensor dv) {
-    int64_t R = c.n[0], nh = ml->r.nh, dn = ml->r.dn, dvd = ml->r.dv, dq = dn + ml->r.dr;
-    Tensor dkvh = tensor_reshape2(dkv, R * nh, dn + dvd), dkh = tensor_reshape2(dk, R * nh, dq),
-           dk2 = tensor_reshape2(dk, R, nh * dq), dpe2 = tensor_reshape2(dpe, R, t_cols(dpe));
-    if (dn) op_copy_cols(dkvh, 0, dkh, 0, dn, false);
-    op_copy_cols(dkvh, dn, tensor_reshape2(dv, R * nh, dvd), 0, dvd, false);
-    for (int64_t h = 0; h < nh; h++) op_copy_cols(dpe2, dpe_col, dk2, h * dq + dn, ml->r.dr, h > 0);
-    Tensor dkv2 = tensor_reshape2(dkv, R, nh * (dn + dvd));
-    if (!ml->m) {
-        op_linear_backward_input(dc, dkv2, ml->wkvb, false);
-        op_linear_backward_weight(ml->dwkvb, (Tensor){0}, dkv2, c);
-        return;
-    }
-    model_proj_backward_input(ml->m, ml->layer, FP8_KV_B, dc, dkv2, ml->wkvb, false);
-    model_proj_backward_weight(ml->m, ml->layer, FP8_KV_B, ml->dwkvb, (Tensor){0}, dkv2, c);
-}
-
-// The ring's hooks (ml begins with its RingLatent).
-static void mla_hook(const RingLatent *l, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v) {
-    model_mla_decompress((const MlaLatent *)l, c, pe, pe_col, kv, k, v);
-}
-static void mla_hook_backward(const RingLatent *l, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv, Tensor dk,
-                              Tensor dv) {
-    model_mla_decompress_backward((const MlaLatent *)l, c, dc, dpe, dpe_col, dkv, dk, dv);
-}
-
-MlaLatent model_mla_hooked(const MlaLatent *ml) {
-    MlaLatent h = *ml;
-    h.r.decompress = mla_hook, h.r.decompress_backward = mla_hook_backward;
-    return h;
-}
-
-void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,
-                                 Tensor k, Tensor v, const AttnArgs *a) {
-    if (m->ring) {
-        CHECK(!m->kv);
-        MlaLatent hooked = model_mla_hooked(ml);
-        ring_mla_forward(m->ring, o, lse, q, &hooked.r, a);
-        return;
-    }
-    model_mla_decompress(ml, ml->r.c, ml->r.pe, ml->r.pe_col, kv, k, v);
-    model_attention_forward(m, l, o, lse, q, k, v, a);
-}
-
-void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor k, Tensor v,
-                                  Tensor o, Tensor lse, Tensor dk, Tensor dv, Tensor dkv, const MlaLatent *ml,
-                                  const AttnArgs *a) {
-    if (m->ring) {
-        MlaLatent hooked = model_mla_hooked(ml);
-        ring_mla_backward(m->ring, dq, dc, dpe, dout, q, o, lse, &hooked.r, a);
-        return;
-    }
-    op_attention_backward(dq, dk, dv, (Tensor){0}, dout, q, k, v, o, lse, a);
-    model_mla_decompress_backward(ml, ml->r.c, dc, dpe, ml->r.pe_col, dkv, dk, dv);
-}
-
-// ---- Gated DeltaNet under context parallelism ----
-
-void model_cp_contiguous(Model *m, Tensor dst, Tensor src, int B) {
-    if (m->ring) ring_to_contiguous(m->ring, dst, src, B);
-    else CHECK(dst.p == src.p);
-}
-
-void model_cp_zigzag(Model *m, Tensor dst, Tensor src, int B) {
-    if (m->ring) ring_to_zigzag(m->ring, dst, src, B);
-    else CHECK(dst.p == src.p);
-}
-
-void model_conv1d_silu_forward(Model *m, Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
-    if (m->ring) ring_halo_forward(m->ring, halo, x, B);
-    op_conv1d_silu_forward(y, x, w, halo, B);
-}
-
-void model_conv1d_silu_backward(Model *m, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
-    if (!m->ring) {
-        op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, halo, B);
-        return;
-    }
-    Ring *R = m->ring;
-    arena_reset(&R->mem, 0); // this rank's ∂/∂halo, for rank r − 1, in the ring's scratch
-    Tensor dhalo = arena_tensor(&R->mem, halo.dt, 2, halo.n[0], t_cols(halo), 0, 0);
-    op_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, B);
-    ring_halo_backward(R, dx, dhalo, B);
-}
-
-void model_delta_rule_forward(Model *m, Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, DeltaArgs a,
-                              Tensor s0) {
-    Ring *R = m->ring;
-    a.s0 = a.sT = (Tensor){0};
-    if (R) {
-        arena_reset(&R->mem, 0);
-        if (ring_state_recv(R, s0, true)) a.s0 = s0; // rank 0 starts from zeros
-        if (R->cp->rank < R->cp->size - 1) a.sT = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
-    }
-    op_delta_rule_forward(o, q, k, v, g, beta, &a);
-    if (a.sT.p) ring_state_send(R, a.sT, true);
-}
-
-void model_delta_rule_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout,
-                               Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, DeltaArgs a, Tensor s0) {
-    Ring *R = m->ring;
-    a.s0 = a.sT = a.dsT = a.ds0 = (Tensor){0};
-    if (R) {
-        arena_reset(&R->mem, 0);
-        int r = R->cp->rank;
-        Tensor dsT = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
-        if (ring_state_recv(R, dsT, false)) a.dsT = dsT; // the last rank's final state reaches nothing
-        if (r > 0) a.s0 = s0, a.ds0 = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
-    }
-    op_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, &a);
-    if (a.ds0.p) ring_state_send(R, a.ds0, false);
 }

@@ -177,6 +177,16 @@ typedef enum {
     FP8_SLOTS
 } Fp8Slot;
 
+// The FP8 weight cache (cache.c; docs/architecture.md, "FP8"; model_fp8_setup): the layers' FP8 weights (Fp8Slot)
+// run through op_fp8_*; quantised through E4M3 they are cached in the bytes of w (slot s of layer l from byte
+// off[s][l], −1: the layer has no such weight here; a dense weight's or the experts' codes and scales), each remade at
+// its first use after the optimizer's update bumps version. gemms counts the FP8 GEMMs run per slot (tests).
+typedef struct {
+    bool on;
+    Tensor w;
+    int64_t version, made[FP8_SLOTS][MAX_LAYERS], off[FP8_SLOTS][MAX_LAYERS], gemms[FP8_SLOTS];
+} Fp8Cache;
+
 // The per-family function table of the layer protocol. Records are family-defined structs that begin with
 // an MlpRec; the engine only stores their pointers and allocates the stage buffers (StageIO, expert rows).
 // *_alloc functions take all memory from an arena, so running them on a counting arena gives the exact
@@ -259,13 +269,7 @@ struct Model {
     // instead of adding (moe_stage3_backward_weight). model_zero_grads zeroes the expert group only the first time
     // (expert_grads_zeroed), so its padding is zero and each step saves a pass over the largest gradient buffer.
     bool expert_grads_fresh[MAX_LAYERS], expert_grads_zeroed;
-    // FP8 (docs/architecture.md, "FP8"; model_fp8_setup): the layers' FP8 weights (Fp8Slot) run through op_fp8_*;
-    // quantised through E4M3 they are cached in the bytes of fp8_w (slot s of layer l from byte fp8_off[s][l], −1:
-    // the layer has no such weight here; a dense weight's or the experts' codes and scales), each remade at its first
-    // use after the optimizer's update bumps fp8_version. fp8_gemms counts the FP8 GEMMs run per slot (tests).
-    bool fp8;
-    Tensor fp8_w;
-    int64_t fp8_version, fp8_made[FP8_SLOTS][MAX_LAYERS], fp8_off[FP8_SLOTS][MAX_LAYERS], fp8_gemms[FP8_SLOTS];
+    Fp8Cache fp8;            // FP8 (cache.c): the layers' quantised projection weights
     // Tests (CPU only, one micro-batch): layer l's router takes route_given[l] (T·k) instead of its own top-k
     // (RouterArgs.given); NULL: its own.
     const int32_t *route_given[MAX_LAYERS];
@@ -320,6 +324,11 @@ void model_describe(Model *m, const ModelFamily *fam, const ModelConfig *cfg, De
 // The parameter table of the whole model (every expert), whatever this rank holds.
 void model_params_all(const Model *m, ParamTable *t);
 void model_free(Model *m);
+// A flat tensor of n elements in a block of its own, owned by the model (model_tensor_free); alloc false: its shape
+// only (NULL data), for memory plans.
+Tensor model_tensor(Device dev, DType dt, int64_t n, bool alloc);
+void model_tensor_free(Tensor t);
+// ---- caches (cache.c) ----
 // FP8 on (docs/architecture.md, "FP8"): the weight cache for this rank's layers (allocated when the model is, a
 // shape only when it is a plan).
 void model_fp8_setup(Model *m);
@@ -353,7 +362,8 @@ void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, 
                            const RouterArgs *ra, int B);
 void model_zero_grads(Model *m);
 
-// ---- generation: a forward-only incremental path through the layers (docs/architecture.md, "Generation") ----
+// ---- generation: a forward-only incremental path through the layers (docs/architecture.md, "Generation"; the KV
+// cache in cache.c, attention through it in model.c) ----
 // A KV cache holds each layer's keys and values after RoPE for the positions [0, len) of one sequence. A family's
 // stage 1 calls model_attention_forward where it would call op_attention_forward: without m->kv that is the op;
 // with it the call's keys and values (one sequence, B = 1, at positions len, len + 1, …) are appended to layer l's
@@ -383,7 +393,8 @@ int model_position(const Model *m, int S, int t);
 void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k,
                               Tensor v, Tensor o, Tensor lse, const AttnArgs *a);
 
-// Multi-head latent attention's latent (DeepSeek-V2, docs/reference.md §11): c: (T, dc) kv_a_layernorm's output,
+// ---- DeepSeek-V2's multi-head latent attention, on one rank or around the ring (deepseek_v2.c) ----
+// Multi-head latent attention's latent (docs/reference.md §11): c: (T, dc) kv_a_layernorm's output,
 // k_pe (after RoPE) in columns [pe_col, pe_col + dr) of pe: (T, ·); kv_b_proj's weight wkvb: (nh·(dn + dv), dc)
 // and its fp32 gradient dwkvb; nh heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim, dv = v_head_dim. m, layer:
 // kv_b_proj is FP8 slot FP8_KV_B of that layer (model_proj_*; m NULL: op_linear_*).
@@ -413,7 +424,8 @@ void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Te
                                   const AttnArgs *a);
 void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws); // the shared final RMSNorm and LM head
 
-// ---- Gated DeltaNet under context parallelism (docs/architecture.md, "Context parallelism") ----
+// ---- Qwen3.5's Gated DeltaNet under context parallelism (qwen3_5_moe.c; docs/architecture.md, "Context
+// parallelism") ----
 // The mixer runs on the contiguous layout (cp rank r holds chunks 2r and 2r + 1 of each sequence; parallel/ring.h):
 // model_cp_contiguous converts its input rows from the zigzag layout and model_cp_zigzag its output back; without
 // m->ring both are nothing (dst must be src). B sequences of (B·S, ·) rows.

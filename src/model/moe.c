@@ -196,25 +196,25 @@ static void act_backward(const ModelConfig *c, Tensor dgu, Tensor dact, Tensor g
 }
 
 // Stage 3's GEMMs (offs NULL: the dense MLP, a projection of slot s): the experts' through FP8 on the layer's cached
-// quantised weights when m->fp8 (the weight-gradient ones round their own operands; GPT-OSS's biases added after the
+// quantised weights when m->fp8.on (the weight-gradient ones round their own operands; GPT-OSS's biases added after the
 // product, their gradients from the unrounded dy), else in the compute dtype.
 static void mlp_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     if (!offs) return model_proj_forward(m, l, s, y, x, w, b);
-    if (!m->fp8) return op_grouped_linear_forward(y, x, w, b, offs);
-    m->fp8_gemms[s]++, op_fp8_grouped_linear_forward(y, x, model_fp8_weight(m, l, s), offs);
+    if (!m->fp8.on) return op_grouped_linear_forward(y, x, w, b, offs);
+    m->fp8.gemms[s]++, op_fp8_grouped_linear_forward(y, x, model_fp8_weight(m, l, s), offs);
     if (b.p) op_linear_bias_forward(y, b, offs);
 }
 static void mlp_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
     if (!offs) model_proj_backward_input(m, l, s, dx, dy, w, false);
-    else if (m->fp8) m->fp8_gemms[s]++, op_fp8_grouped_linear_backward_input(dx, dy, model_fp8_weight(m, l, s), offs);
+    else if (m->fp8.on) m->fp8.gemms[s]++, op_fp8_grouped_linear_backward_input(dx, dy, model_fp8_weight(m, l, s), offs);
     else op_grouped_linear_backward_input(dx, dy, w, offs);
 }
 // acc false (grouped): dw and db are written, not added to (the dense path always adds).
 static void mlp_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x,
                                 const int64_t *offs, bool acc) {
     if (!offs) return model_proj_backward_weight(m, l, s, dw, db, dy, x);
-    if (!m->fp8) return op_grouped_linear_backward_weight(dw, db, dy, x, offs, acc);
-    m->fp8_gemms[s]++, op_fp8_grouped_linear_backward_weight(dw, dy, x, offs, acc);
+    if (!m->fp8.on) return op_grouped_linear_backward_weight(dw, db, dy, x, offs, acc);
+    m->fp8.gemms[s]++, op_fp8_grouped_linear_backward_weight(dw, dy, x, offs, acc);
     if (db.p) op_linear_bias_backward(db, dy, offs, acc);
 }
 

@@ -105,7 +105,7 @@ static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2
         p.weights += tensor_bytes(m->w[g]), p.grads += tensor_bytes(m->g[g]);
         *(offload ? &p.host : &p.optim) += ROUNDED(mom1[g]) + ROUNDED(mom2[g]);
     }
-    if (m->fp8) p.weights += tensor_bytes(m->fp8_w); // the FP8 weight cache beside the compute copy
+    if (m->fp8.on) p.weights += tensor_bytes(m->fp8.w); // the FP8 weight cache beside the compute copy
     if (offload) p.optim += ROUNDED(stage[0]) + ROUNDED(stage[1]);
 #undef ROUNDED
     p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
@@ -553,7 +553,7 @@ StepStats run_step(Run *r) {
     for (int g = 0; g < NGROUPS; g++)
         if (own[g].p) fsdp_gather_rest(&r->fsdp, g, m->w[g], own[g]);
         else fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
-    m->fp8_version++; // the FP8 weight cache is stale: each layer's is remade at its next use
+    m->fp8.version++; // the FP8 weight cache is stale: each layer's is remade at its next use
     ops_sync();
     st.seconds = now_seconds() - t0, die_context[0] = 0;
     return st;
