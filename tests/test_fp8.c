@@ -310,16 +310,18 @@ static float *fp8_family_step(const char *json, const float *ref, double *loss, 
     }
     if (ref) model_fp8_setup(&m);
     Chunk e;
-    chunk_init_model(&e, &m, B, S);
+    StepSums st;
+    step_sums_create(&st, &m, true);
+    chunk_init_model(&e, &m, &st, B, S);
     int32_t tok[B * S], lab[B * S];
     for (int t = 0; t < B * S; t++)
         tok[t] = (int32_t)(rng_u64(5, 1, t) % mc.vocab), lab[t] = (int32_t)(rng_u64(5, 2, t) % mc.vocab);
     chunk_load(&e, 0, tok, lab);
     model_zero_grads(&m);
-    op_zero(m.loss_sum), op_zero(m.lb_sum);
+    step_sums_begin(&st, &m);
     chunk_forward(&e, 0, true);
     chunk_backward(&e, 0, false);
-    *loss = op_read_scalar(m.loss_sum);
+    *loss = op_read_scalar(st.loss_sum);
     int64_t n0 = tensor_numel(m.g[0]), n1 = tensor_numel(m.g[1]);
     float *g = xmalloc((n0 + n1) * sizeof(float));
     memcpy(g, m.g[0].p, n0 * sizeof(float)), memcpy(g + n0, m.g[1].p, n1 * sizeof(float));
@@ -343,7 +345,7 @@ static float *fp8_family_step(const char *json, const float *ref, double *loss, 
             gemms[s] = m.fp8.gemms[s];
         }
     }
-    chunk_free(&e);
+    chunk_free(&e), step_sums_free(&st);
     model_free(&m);
     return g;
 }

@@ -18,7 +18,7 @@ static void load_fixture(Model *m, const char *dir, int cap) {
 // The logits of the token after tokens[0..n) by one forward over all n tokens, no cache: (V) into out.
 static void full_forward_logits(Model *m, const int32_t *tokens, int n, float *out) {
     Chunk e;
-    chunk_init_model(&e, m, 1, n);
+    chunk_init_model(&e, m, NULL, 1, n);
     int32_t *labels = xmalloc(sizeof(int32_t) * n);
     for (int t = 0; t < n; t++) labels[t] = -100;
     chunk_load(&e, 0, tokens, labels);

@@ -136,19 +136,20 @@ static double loss_at(const char *layer_type, int t, int changed, int32_t token)
     ModelConfig mc;
     Model m;
     Chunk e;
+    StepSums st;
     const int S = 12;
     const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", json));
     model_create(&m, fam, &mc, DEV_CPU, DT_F32, S);
     for (int g = 0; g < NGROUPS; g++) params_init(&m.params, g, m.w[g].p, 3, 0.3, mc.layers);
-    chunk_init_model(&e, &m, 1, S);
+    step_sums_create(&st, &m, true);
+    chunk_init_model(&e, &m, &st, 1, S);
     int32_t tok[12], lab[12];
     for (int i = 0; i < S; i++) tok[i] = (int32_t)(rng_u64(9, 1, i) % 32), lab[i] = i == t ? 5 : -100;
     if (changed >= 0) tok[changed] = token;
     chunk_load(&e, 0, tok, lab);
-    op_zero(m.loss_sum);
     chunk_forward(&e, 0, false);
-    double loss = op_read_scalar(m.loss_sum);
-    chunk_free(&e), model_free(&m);
+    double loss = op_read_scalar(st.loss_sum);
+    chunk_free(&e), step_sums_free(&st), model_free(&m);
     return loss;
 }
 

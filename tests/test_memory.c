@@ -57,12 +57,13 @@ static void recompute_run(const char *model_json, LbForm form, RecomputeMode mod
     for (int g = 0; g < NGROUPS; g++) params_init(&m.params, g, m.w[g].p, 7, 0.2, mc.layers);
     int L = mc.layers, E = mc.experts;
     m.router_bias = tensor_make(xcalloc((size_t)L * E, sizeof(float)), DT_F32, DEV_CPU, 2, L, E, 1, 1);
-    m.router_load = xcalloc((size_t)L * E, sizeof(double));
     for (int i = 0; i < L * E; i++) ((float *)m.router_bias.p)[i] = (float)(0.05 * rng_normal(8, 0, i));
+    StepSums st;
+    step_sums_create(&st, &m, true);
     Chunk e;
-    chunk_init_model(&e, &m, B, S);
+    chunk_init_model(&e, &m, &st, B, S);
     o->act = chunk_plan(&m, B, S, 0, mc.layers, 1, 0).act_bytes;
-    model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum), model_lb_step_begin(&m);
+    model_zero_grads(&m), step_sums_begin(&st, &m), model_lb_step_begin(&m);
     int32_t tok[T], lab[T];
     for (int mb = 0; mb < 2; mb++) {
         for (int t = 0; t < T; t++)
@@ -71,15 +72,15 @@ static void recompute_run(const char *model_json, LbForm form, RecomputeMode mod
         chunk_forward(&e, 0, true);
         chunk_backward(&e, 0, false);
     }
-    o->loss = op_read_scalar(m.loss_sum), o->lb = op_read_scalar(m.lb_sum);
+    o->loss = op_read_scalar(st.loss_sum), o->lb = op_read_scalar(st.lb_sum);
     for (int g = 0; g < NGROUPS; g++)
         o->gbytes[g] = tensor_bytes(m.g[g]), o->g[g] = xmalloc(o->gbytes[g] + 1),
         memcpy(o->g[g], m.g[g].p, o->gbytes[g]);
     o->load = xmalloc((size_t)L * E * sizeof(double) + 1),
-    memcpy(o->load, m.router_load, (size_t)L * E * sizeof(double));
-    free(m.router_bias.p), free(m.router_load);
-    m.router_bias = (Tensor){0}, m.router_load = NULL;
-    chunk_free(&e), model_free(&m), dist_mesh_free(&d);
+    memcpy(o->load, st.router_load, (size_t)L * E * sizeof(double));
+    free(m.router_bias.p);
+    m.router_bias = (Tensor){0};
+    chunk_free(&e), step_sums_free(&st), model_free(&m), dist_mesh_free(&d);
 }
 
 // selective and full against none: the loss, load-balancing loss, every gradient element and the expert

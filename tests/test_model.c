@@ -7,6 +7,7 @@
 typedef struct {
     Model m;
     Chunk e;
+    StepSums st;
     int32_t tok[256], lab[256]; // B·S ≤ 256
     int targets;
 } Fixture;
@@ -26,7 +27,8 @@ static void fixture_make(Fixture *fx, const char *model_json, double lb_coef, Lb
                 ((float *)fx->m.w[p->group].p)[p->off + j] +=
                     (float)(0.3 * rng_normal(99, rng_hash_str(p->name), (uint64_t)j));
     }
-    chunk_init_model(&fx->e, &fx->m, B, S);
+    step_sums_create(&fx->st, &fx->m, true);
+    chunk_init_model(&fx->e, &fx->m, &fx->st, B, S);
     fx->targets = 0;
     for (int t = 0; t < B * S; t++) {
         fx->tok[t] = (int32_t)(rng_u64(5, 1, t) % mc.vocab);
@@ -38,14 +40,14 @@ static void fixture_make(Fixture *fx, const char *model_json, double lb_coef, Lb
 
 // J at the current weights; *route gets a hash of every routing decision.
 static double objective(Fixture *fx, uint64_t *route) {
-    op_zero(fx->m.loss_sum), op_zero(fx->m.lb_sum);
+    step_sums_begin(&fx->st, &fx->m);
     chunk_forward(&fx->e, 0, false);
     uint64_t h = 0;
     for (int l = 0; l < fx->m.cfg.layers; l++)
         for (int64_t i = 0; fx->m.cfg.is_moe[l] && i < tensor_numel(fx->e.rec[0].io[l].idx); i++)
             h = rng_mix(h ^ (uint64_t)((int32_t *)fx->e.rec[0].io[l].idx.p)[i]);
     *route = h;
-    return (op_read_scalar(fx->m.loss_sum) + fx->e.rec[0].mb.T * op_read_scalar(fx->m.lb_sum)) / fx->targets;
+    return (op_read_scalar(fx->st.loss_sum) + fx->e.rec[0].mb.T * op_read_scalar(fx->st.lb_sum)) / fx->targets;
 }
 
 // With gradcheck_settle (a family whose objective curves strongly), the step halves until two successive central
@@ -83,7 +85,7 @@ void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, int S) {
     double J0 = objective(&fx, &route0);
     ASSERT(isfinite(J0));
     model_zero_grads(m);
-    op_zero(m->loss_sum), op_zero(m->lb_sum);
+    step_sums_begin(&fx.st, m);
     chunk_forward(&fx.e, 0, true);
     chunk_backward(&fx.e, 0, false);
     for (int g = 0; g < NGROUPS; g++) op_scale(m->g[g], 1.0f / fx.targets);
@@ -115,7 +117,7 @@ void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, int S) {
         free(v);
     }
     printf("     gradcheck: %d tensors, worst relative error %.2e (%s)\n", m->params.n, worst, worst_name);
-    chunk_free(&fx.e);
+    chunk_free(&fx.e), step_sums_free(&fx.st);
     model_free(m);
 }
 
@@ -145,7 +147,7 @@ TEST(model_expert_grads_written_over_stale) {
         if (pass)
             for (int64_t j = 0; j < n; j++) g[j] = NAN; // the last step's gradients, poisoned
         model_zero_grads(m);
-        op_zero(m->loss_sum), op_zero(m->lb_sum);
+        step_sums_begin(&fx.st, m);
         chunk_forward(&fx.e, 0, true);
         chunk_backward(&fx.e, 0, false);
         if (!pass) memcpy(ref, g, n * sizeof(float));
@@ -160,7 +162,7 @@ TEST(model_expert_grads_written_over_stale) {
     }
     ASSERT_MSG(empty > 0, "no expert was left without rows: the test does not reach the empty-expert case");
     free(ref);
-    chunk_free(&fx.e);
+    chunk_free(&fx.e), step_sums_free(&fx.st);
     model_free(m);
 }
 

@@ -270,32 +270,34 @@ TEST(pipe_chunks_equal_whole_model) {
     int32_t tok[16], lab[16];
     for (int t = 0; t < T; t++) tok[t] = (int32_t)(rng_u64(5, 1, t) % 64), lab[t] = (int32_t)(rng_u64(5, 2, t) % 64);
     // the whole model
+    StepSums st;
+    step_sums_create(&st, &m, true);
     Chunk e;
-    chunk_init_model(&e, &m, B, S);
+    chunk_init_model(&e, &m, &st, B, S);
     chunk_load(&e, 0, tok, lab);
-    model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+    model_zero_grads(&m), step_sums_begin(&st, &m);
     chunk_forward(&e, 0, true), chunk_backward(&e, 0, false);
-    double loss = op_read_scalar(m.loss_sum), lb = op_read_scalar(m.lb_sum);
+    double loss = op_read_scalar(st.loss_sum), lb = op_read_scalar(st.lb_sum);
     float *g[NGROUPS];
     for (int k = 0; k < NGROUPS; k++)
         g[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(g[k], m.g[k].p, tensor_bytes(m.g[k]));
     chunk_free(&e);
     for (int cut = 1; cut < mc.layers; cut++) {
         Chunk a, b;
-        chunk_init(&a, &m, B, S, 0, cut, 1, 0), chunk_init(&b, &m, B, S, cut, mc.layers, 1, 0);
+        chunk_init(&a, &m, &st, B, S, 0, cut, 1, 0), chunk_init(&b, &m, &st, B, S, cut, mc.layers, 1, 0);
         ChunkPlan pa = chunk_plan(&m, B, S, 0, cut, 1, 0), pw = chunk_plan(&m, B, S, 0, mc.layers, 1, 0);
         ASSERT_MSG(pa.act_bytes < pw.act_bytes, "chunk of %d layers plans %zu activation bytes, the whole model %zu",
                    cut, pa.act_bytes, pw.act_bytes);
         chunk_load(&a, 0, tok, lab), chunk_load(&b, 0, tok, lab);
-        model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+        model_zero_grads(&m), step_sums_begin(&st, &m);
         chunk_forward(&a, 0, true);
         op_copy(chunk_input(&b, 0), chunk_output(&a, 0));
         chunk_forward(&b, 0, true);
         chunk_backward(&b, 0, false);
         op_copy(a.dh[0], chunk_input_grad(&b));
         chunk_backward(&a, 0, false);
-        ASSERT_MSG(op_read_scalar(m.loss_sum) == loss && op_read_scalar(m.lb_sum) == lb,
-                   "cut %d: loss %.9g lb %.9g vs %.9g %.9g", cut, op_read_scalar(m.loss_sum), op_read_scalar(m.lb_sum),
+        ASSERT_MSG(op_read_scalar(st.loss_sum) == loss && op_read_scalar(st.lb_sum) == lb,
+                   "cut %d: loss %.9g lb %.9g vs %.9g %.9g", cut, op_read_scalar(st.loss_sum), op_read_scalar(st.lb_sum),
                    loss, lb);
         for (int k = 0; k < NGROUPS; k++) {
             double err = rel_err_f32(m.g[k].p, g[k], tensor_numel(m.g[k]));
@@ -321,14 +323,14 @@ TEST(pipe_chunks_equal_whole_model) {
                        "cut %d full %d: rank plan ws %zu act %zu, chunks ws %zu %zu act %zu %zu", cut, full,
                        pr.ws_bytes, pr.act_bytes, pa.ws_bytes, pb.ws_bytes, pa.act_bytes, pb.act_bytes);
             Chunk c[2];
-            chunk_init_rank(c, &m, B, S, sh);
+            chunk_init_rank(c, &m, &st, B, S, sh);
             ASSERT(c[1].ws == c[0].ws && c[0].ws->cap == pr.ws_bytes && !chunk_input(&c[1], 0).p);
             chunk_load(&c[0], 0, tok, lab), chunk_load(&c[1], 0, tok, lab);
-            model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+            model_zero_grads(&m), step_sums_begin(&st, &m);
             chunk_pipe_forward(&c[0], 0, (Tensor){0}, x, true), chunk_pipe_forward(&c[1], 0, x, (Tensor){0}, true);
             chunk_pipe_backward(&c[1], 0, (Tensor){0}, dx, false),
                 chunk_pipe_backward(&c[0], 0, dx, (Tensor){0}, false);
-            ASSERT_MSG(op_read_scalar(m.loss_sum) == loss && op_read_scalar(m.lb_sum) == lb, "rank chunks, cut %d",
+            ASSERT_MSG(op_read_scalar(st.loss_sum) == loss && op_read_scalar(st.lb_sum) == lb, "rank chunks, cut %d",
                        cut);
             for (int k = 0; k < NGROUPS; k++)
                 ASSERT_MSG(!memcmp(m.g[k].p, g[k], tensor_bytes(m.g[k])), "rank chunks, cut %d full %d: group %d", cut,
@@ -341,11 +343,11 @@ TEST(pipe_chunks_equal_whole_model) {
     // backward of slot 0 deferring, of slot 1 deferring, of slot 2 at once, then the two deferred weight
     // halves in order. The sums are three times the one micro-batch's (up to fp32 summation order).
     Chunk fl;
-    chunk_init(&fl, &m, B, S, 0, mc.layers, 3, 2);
+    chunk_init(&fl, &m, &st, B, S, 0, mc.layers, 3, 2);
     ChunkPlan p3 = chunk_plan(&m, B, S, 0, mc.layers, 3, 2), p1 = chunk_plan(&m, B, S, 0, mc.layers, 1, 0);
     ASSERT_MSG(p3.act_bytes > 3 * (p1.act_bytes - ARENA_ALIGN) && p3.ws_bytes == p1.ws_bytes, "%zu vs %zu, %zu vs %zu",
                p3.act_bytes, p1.act_bytes, p3.ws_bytes, p1.ws_bytes);
-    model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+    model_zero_grads(&m), step_sums_begin(&st, &m);
     // (model_zero_grads leaves the expert gradients as the last step wrote them: the first weight gradient writes)
     float *stale = xmalloc(tensor_bytes(m.g[GROUP_EXPERT]) + 1), *before = xmalloc(tensor_bytes(m.g[GROUP_EXPERT]) + 1);
     memcpy(stale, m.g[GROUP_EXPERT].p, tensor_bytes(m.g[GROUP_EXPERT]));
@@ -354,8 +356,8 @@ TEST(pipe_chunks_equal_whole_model) {
     memcpy(before, m.g[GROUP_EXPERT].p, tensor_bytes(m.g[GROUP_EXPERT]));
     chunk_backward(&fl, 2, false);
     chunk_weight(&fl, 0), chunk_weight(&fl, 1);
-    ASSERT_NEAR(op_read_scalar(m.loss_sum), 3 * loss, 1e-9 * loss);
-    ASSERT_NEAR(op_read_scalar(m.lb_sum), 3 * lb, 1e-9 * lb);
+    ASSERT_NEAR(op_read_scalar(st.loss_sum), 3 * loss, 1e-9 * loss);
+    ASSERT_NEAR(op_read_scalar(st.lb_sum), 3 * lb, 1e-9 * lb);
     for (int k = 0; k < NGROUPS; k++) {
         float *x = m.g[k].p;
         for (int64_t i = 0; i < tensor_numel(m.g[k]); i++) x[i] /= 3;
@@ -367,7 +369,7 @@ TEST(pipe_chunks_equal_whole_model) {
     free(before), free(stale);
     chunk_free(&fl);
     for (int k = 0; k < NGROUPS; k++) free(g[k]);
-    model_free(&m);
+    step_sums_free(&st), model_free(&m);
 }
 
 // The bubble a step reports (pipe_busy_s, bubble in metrics.jsonl; dualpipev_run times each compute) on

@@ -362,6 +362,7 @@ static double q35_bf16_floor(double init_std) {
     const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", TINY_Q35_GPU));
     Model m[2];
     Chunk e[2];
+    StepSums st[2];
     int32_t *tok = xmalloc(T * sizeof(int32_t)), *lab = xmalloc(T * sizeof(int32_t));
     for (int t = 0; t < T; t++) {
         tok[t] = (int32_t)(rng_u64(5, 1, t) % mc.vocab);
@@ -383,7 +384,8 @@ static double q35_bf16_floor(double init_std) {
                 w[j] *= (float)(1 + ldexp(rng_normal(3, (uint64_t)g, (uint64_t)j), -9));
         }
         for (int l = 0; s && l < mc.layers; l++) m[s].route_given[l] = e[0].rec[0].io[l].idx.p;
-        chunk_init_model(&e[s], &m[s], B, S);
+        step_sums_create(&st[s], &m[s], true);
+        chunk_init_model(&e[s], &m[s], &st[s], B, S);
         chunk_load(&e[s], 0, tok, lab);
         model_zero_grads(&m[s]);
         chunk_forward(&e[s], 0, true);
@@ -402,7 +404,7 @@ static double q35_bf16_floor(double init_std) {
     }
     printf("     init std %.2f: bf16-sized weight noise moves the gradients by calc_diff %.2e (%s)\n", init_std, worst,
            name);
-    for (int s = 0; s < 2; s++) chunk_free(&e[s]), model_free(&m[s]);
+    for (int s = 0; s < 2; s++) chunk_free(&e[s]), step_sums_free(&st[s]), model_free(&m[s]);
     free(tok), free(lab);
     return worst;
 }

@@ -52,9 +52,9 @@ static void eval_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y)
     chunk_pipe_forward(c, slot, x, y, false);
 }
 
-// Σ CE of samples 0..B-1 (S local rows of each) into m->loss_sum through the forward-only schedule of pipeline rank
+// Σ CE of samples 0..B-1 (S local rows of each) into st->loss_sum through the forward-only schedule of pipeline rank
 // pp->rank; returns the targets this rank counted (pipeline rank 0's are all of its cp rank's).
-static int64_t eval_pipeline(Model *m, Dataset *ds, int S, int B, const Comm *pp, const Comm *cp) {
+static int64_t eval_pipeline(Model *m, StepSums *st, Dataset *ds, int S, int B, const Comm *pp, const Comm *cp) {
     PipeSchedule s;
     dualpipev_build(&s, pp->size, B, pp->rank, true);
     size_t whole = (size_t)S * cp->size * sizeof(int32_t);
@@ -62,7 +62,7 @@ static int64_t eval_pipeline(Model *m, Dataset *ds, int S, int B, const Comm *pp
     int n = m->cfg.layers / (2 * pp->size);
     for (int p = 0; p < 2; p++) {
         int k = dualpipev_chunk(pp->size, pp->rank, p);
-        chunk_init(&e.chunk[p], m, 1, S, k * n, (k + 1) * n, s.slots[PIPE_REC][p], 0);
+        chunk_init(&e.chunk[p], m, st, 1, S, k * n, (k + 1) * n, s.slots[PIPE_REC][p], 0);
     }
     Arena count = arena_counting("pipeline buffers", m->dev);
     PipeRun run;
@@ -169,12 +169,13 @@ int cmd_eval(int argc, char **argv) {
     if (B > ds.total)
         die("%s: --batch %lld asks for more samples than the data holds (%lld samples of %lld tokens)", data,
             (long long)B, (long long)ds.total, (long long)S);
-    op_zero(m.loss_sum);
+    StepSums st;
+    step_sums_create(&st, &m, true);
     int64_t targets = 0;
-    if (P > 1) targets = eval_pipeline(&m, &ds, Sl, (int)B, &d.pp_g, &d.cp_g);
+    if (P > 1) targets = eval_pipeline(&m, &st, &ds, Sl, (int)B, &d.pp_g, &d.cp_g);
     else {
         Chunk e;
-        chunk_init_model(&e, &m, (int)M, Sl);
+        chunk_init_model(&e, &m, &st, (int)M, Sl);
         int32_t *tok = xmalloc(M * S * sizeof(int32_t)), *lab = xmalloc(M * S * sizeof(int32_t));
         for (int64_t i = 0; i < B; i += M) {
             int64_t n = B - i < M ? B - i : M;
@@ -190,7 +191,8 @@ int cmd_eval(int argc, char **argv) {
     }
     // The cross-entropy and the targets live on pipeline rank 0, each cp rank's of its chunks; the sum over the ranks
     // brings them to all.
-    double sums[2] = {op_read_scalar(m.loss_sum), (double)targets};
+    double sums[2] = {op_read_scalar(st.loss_sum), (double)targets};
+    step_sums_free(&st);
     comm_allreduce(&d.world, tensor_make(sums, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
     int64_t nmb = (B + M - 1) / M;
     printf("eval: %lld samples of %lld tokens (%lld targets) in %lld micro-batch%s of %lld", (long long)B, (long long)S,

@@ -18,8 +18,8 @@ void gen_init(Generator *g, Model *m, int prompt, int cap) {
     memset(g, 0, sizeof *g);
     g->m = m;
     g->kv.cap = cap;
-    chunk_init_model(&g->first, m, 1, prompt);
-    chunk_init_model(&g->next, m, 1, 1);
+    chunk_init_model(&g->first, m, NULL, 1, prompt); // no losses or counts: no step
+    chunk_init_model(&g->next, m, NULL, 1, 1);
     // The logits of one row: its norm (H) and logits (V) in the compute dtype, rstd, their alignment.
     g->ws = arena_create("generation logits", m->dev,
                          (size_t)(m->cfg.hidden + m->cfg.vocab + 1) * sizeof(float) + 4 * ARENA_ALIGN);
@@ -178,8 +178,6 @@ int cmd_generate(int argc, char **argv) {
         bias_mem = arena_create("router bias", dev, sizeof(float) * mc.layers * mc.experts + ARENA_ALIGN);
         m.router_bias = arena_tensor(&bias_mem, DT_F32, 2, mc.layers, mc.experts, 0, 0);
         op_copy(m.router_bias, tensor_make(bias, DT_F32, DEV_CPU, 2, mc.layers, mc.experts, 1, 1));
-        m.router_load = xcalloc((size_t)mc.layers * mc.experts, sizeof(double)); // counted, not used
-        m.router_idx = xmalloc(sizeof(int32_t) * P * mc.topk);
     }
     free(bias);
     // Ids the tokenizer cannot decode (a vocabulary padded past the tokenizer's) are never drawn.
@@ -208,7 +206,6 @@ int cmd_generate(int argc, char **argv) {
     }
     printf("\n");
     if (bias_mem.cap) arena_destroy(&bias_mem);
-    free(m.router_load), free(m.router_idx);
     gen_free(&gen), model_free(&m), free(seq), idvec_free(&ids), bpe_scratch_free(scratch), bpe_free(tok);
     return 0;
 }

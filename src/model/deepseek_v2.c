@@ -16,7 +16,6 @@
 #include <math.h>
 
 #include "model/model.h"
-#include "parallel/ring.h"
 
 typedef struct {
     int q_lora, kv_lora, nope, vdim; // q_lora_rank (0: a plain q_proj), kv_lora_rank, qk_nope_head_dim, v_head_dim
@@ -304,7 +303,7 @@ static RouterArgs dsv2_router_args(const Model *m) {
 static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
     const Dsv2Config *d = model_family_config(const Dsv2Config, &m->cfg);
     Dsv2Views *v = m->views;
-    return (MlaLatent){.r = {.c = r->ckvn,
+    MlaLatent ml = {.r = {.c = r->ckvn,
                              .pe = r->kva,
                              .pe_col = d->kv_lora,
                              .nh = m->cfg.heads,
@@ -315,6 +314,7 @@ static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
                        .layer = l,
                        .wkvb = v->w[l].wkvb,
                        .dwkvb = v->g[l].wkvb};
+    return model_mla_hooked(&ml);
 }
 
 static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
@@ -351,10 +351,10 @@ static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
     if (io->dense) return;
     op_linear_forward(r->logits, r->n2, W->router, NONE);
-    model_router_forward(m, l, r->probs, io->idx, io->w, r->logits, dsv2_router_args(m));
+    model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, dsv2_router_args(m));
     // The load-balancing term enters the objective as lb·T per micro-batch, so its gradient w.r.t.
     // probs is scaled by T here; the engine divides all gradients by the step's token count.
-    if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T, mb->B);
+    if (m->lb_coef > 0) model_lb_loss(m, mb, l, r->lb_grad, r->probs, io->idx, (float)T);
     if (!has_shared(m, l)) return;
     // Shared experts on every token, added to the residual that stage 5 adds the routed experts to.
     model_proj_forward(m, l, FP8_SHARED_GU, r->sgu, r->n2, W->shared_gu, NONE);
@@ -518,7 +518,7 @@ const ModelFamily deepseek_v2_family = {
     .hf_import = dsv2_hf_import,
 };
 
-// ---- multi-head latent attention: the latent decompressed, on one rank or around the ring ----
+// ---- multi-head latent attention: the latent decompressed (the hooks model_mla_attention_* and the ring call) ----
 
 void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, Tensor kv, Tensor k, Tensor v) {
     int64_t R = c.n[0], nh = ml->r.nh, dn = ml->r.dn, dv = ml->r.dv, dq = dn + ml->r.dr;
@@ -563,28 +563,4 @@ MlaLatent model_mla_hooked(const MlaLatent *ml) {
     MlaLatent h = *ml;
     h.r.decompress = mla_hook, h.r.decompress_backward = mla_hook_backward;
     return h;
-}
-
-void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,
-                                 Tensor k, Tensor v, const AttnArgs *a) {
-    if (m->ring) {
-        CHECK(!m->kv);
-        MlaLatent hooked = model_mla_hooked(ml);
-        ring_mla_forward(m->ring, o, lse, q, &hooked.r, a);
-        return;
-    }
-    model_mla_decompress(ml, ml->r.c, ml->r.pe, ml->r.pe_col, kv, k, v);
-    model_attention_forward(m, l, o, lse, q, k, v, a);
-}
-
-void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor k, Tensor v,
-                                  Tensor o, Tensor lse, Tensor dk, Tensor dv, Tensor dkv, const MlaLatent *ml,
-                                  const AttnArgs *a) {
-    if (m->ring) {
-        MlaLatent hooked = model_mla_hooked(ml);
-        ring_mla_backward(m->ring, dq, dc, dpe, dout, q, o, lse, &hooked.r, a);
-        return;
-    }
-    op_attention_backward(dq, dk, dv, (Tensor){0}, dout, q, k, v, o, lse, a);
-    model_mla_decompress_backward(ml, ml->r.c, dc, dpe, ml->r.pe_col, dkv, dk, dv);
 }

@@ -141,8 +141,7 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
     m->rope_sin = model_tensor(dev, DT_F32, (int64_t)max_seq * half, alloc);
     m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq,
     m->rope_cos.n[1] = m->rope_sin.n[1] = half;
-    m->loss_sum = model_tensor(dev, DT_F64, 1, alloc), m->lb_sum = model_tensor(dev, DT_F64, 1, alloc);
-    if (alloc) {
+        if (alloc) {
         float *c = xmalloc((size_t)max_seq * half * sizeof(float)),
               *s = xmalloc((size_t)max_seq * half * sizeof(float));
         Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1),
@@ -150,7 +149,6 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
         op_rope_tables(hc, hs, &cfg->rope);
         op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
         free(c), free(s);
-        op_zero(m->loss_sum), op_zero(m->lb_sum);
     }
     fam->bind(m);
 }
@@ -196,10 +194,17 @@ void model_lb_step_begin(Model *m) {
     if (m->lb.global) memset(m->lb.counts, 0, ((size_t)m->lb.layers * m->lb.E + m->lb.layers) * sizeof(double));
 }
 
+// mb's step's Σ load-balancing loss += loss (computed on the host).
+static void lb_add(const MicroBatch *mb, double loss) {
+    double sum = op_read_scalar(mb->sums->lb_sum) + loss;
+    op_copy(mb->sums->lb_sum, tensor_make(&sum, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
+}
+
 // Row b of a (B, E) load-balancing gradient.
 static Tensor lb_row(Tensor lb_grad, int b) { return tensor_reshape2(tensor_rows(lb_grad, b, 1), 1, lb_grad.n[1]); }
 
-void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, Tensor logits, RouterArgs ra) {
+void model_router_forward(Model *m, const MicroBatch *mb, int l, Tensor probs, Tensor idx, Tensor w, Tensor logits,
+                          RouterArgs ra) {
     int E = m->cfg.experts;
     if (m->router_bias.p)
         ra.bias = tensor_make((float *)m->router_bias.p + (size_t)l * E, DT_F32, m->router_bias.dev, 1, E, 1, 1, 1);
@@ -208,11 +213,13 @@ void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, T
     ra.sigmoid = m->cfg.router_sigmoid;
     ra.given = m->route_given[l];
     op_router_forward(probs, idx, w, logits, &ra);
-    if (!m->router_bias.p || m->replay) return; // a replayed forward was counted the first time
+    double *load = mb->sums ? mb->sums->router_load : NULL;
+    if (!load || mb->replay) return; // a replayed forward was counted the first time
     int64_t n = tensor_numel(idx);
-    const int32_t *h = idx.p;
-    if (idx.dev != DEV_CPU) op_copy(tensor_make(m->router_idx, DT_I32, DEV_CPU, 1, n, 1, 1, 1), idx), h = m->router_idx;
-    for (int64_t i = 0; i < n; i++) m->router_load[(size_t)l * E + h[i]] += 1;
+    int32_t *h = idx.dev == DEV_CPU ? idx.p : xmalloc((size_t)n * sizeof(int32_t)); // the routing on the host
+    if (idx.dev != DEV_CPU) op_copy(tensor_make(h, DT_I32, DEV_CPU, 1, n, 1, 1, 1), idx);
+    for (int64_t i = 0; i < n; i++) load[(size_t)l * E + h[i]] += 1;
+    if (idx.dev != DEV_CPU) free(h);
 }
 
 void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
@@ -233,7 +240,9 @@ void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, 
 // each group's (the micro-batch's, or each sequence's) expert counts and probability sums are sums over the cp
 // group (one all-reduce of 2E per group). Every cp rank then writes the same gradient for its own tokens — the
 // micro-batch's weight T is cp × this rank's rows (grad_scale) — and cp rank 0 alone adds the loss.
-static void lb_loss_cp(Model *m, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale, int B) {
+static void lb_loss_cp(Model *m, const MicroBatch *mb, Tensor lb_grad, Tensor probs, Tensor idx, float coef,
+                       float grad_scale) {
+    int B = mb->B;
     LoadBalance *b = &m->lb;
     const Comm *cp = m->ring->cp;
     int64_t T = probs.n[0], E = probs.n[1], k = idx.n[1], G = b->form == LB_SEQUENCE ? B : 1, S = T / G;
@@ -255,28 +264,29 @@ static void lb_loss_cp(Model *m, Tensor lb_grad, Tensor probs, Tensor idx, float
             b->grad[g * E + e] = (float)((double)grad_scale * cp->size * c * E * f / Tg);
         }
     op_copy(tensor_rows(lb_grad, 0, G), tensor_make(b->grad, DT_F32, DEV_CPU, 2, G, E, 1, 1));
-    if (m->replay || cp->rank) return; // a replayed forward (full recompute) was counted the first time
-    double total = op_read_scalar(m->lb_sum) + loss;
-    op_copy(m->lb_sum, tensor_make(&total, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
+    if (mb->replay || cp->rank) return; // a replayed forward (full recompute) was counted the first time
+    lb_add(mb, loss);
 }
 
-void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B) {
+void model_lb_loss(Model *m, const MicroBatch *mb, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale) {
     float coef = (float)m->lb_coef;
+    int B = mb->B;
+    Tensor lb_sum = mb->sums->lb_sum;
     if (m->ring && m->lb.form != LB_GLOBAL_BATCH) {
-        lb_loss_cp(m, lb_grad, probs, idx, coef, grad_scale, B);
+        lb_loss_cp(m, mb, lb_grad, probs, idx, coef, grad_scale);
         return;
     }
     if (m->lb.form != LB_GLOBAL_BATCH) {
         // A replayed forward (full recompute) needs the gradient again, not the loss: the sum is put back.
-        double keep = m->replay ? op_read_scalar(m->lb_sum) : 0;
-        if (m->lb.form == LB_MICRO_BATCH) op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, 0), probs, idx, coef, grad_scale);
+        double keep = mb->replay ? op_read_scalar(lb_sum) : 0;
+        if (m->lb.form == LB_MICRO_BATCH) op_moe_lb_loss(lb_sum, lb_row(lb_grad, 0), probs, idx, coef, grad_scale);
         else { // sequence: the mean over the sequences of each one's micro-batch form
             int64_t S = probs.n[0] / B;
             for (int b = 0; b < B; b++)
-                op_moe_lb_loss(m->lb_sum, lb_row(lb_grad, b), tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S),
+                op_moe_lb_loss(lb_sum, lb_row(lb_grad, b), tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S),
                                coef / B, grad_scale);
         }
-        if (m->replay) op_copy(m->lb_sum, tensor_make(&keep, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
+        if (mb->replay) op_copy(lb_sum, tensor_make(&keep, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
         return;
     }
     lb_grad = lb_row(lb_grad, 0);
@@ -301,7 +311,7 @@ void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, fl
             for (int64_t e = 0; e < E; e++) psum[e] += b->probs[t * E + e];
         comm_allreduce(cp, tensor_make(psum, DT_F64, DEV_CPU, 1, E, 1, 1, 1), COMM_SUM);
     }
-    if (!m->replay) {
+    if (!mb->replay) {
         for (int64_t e = 0; e < E; e++) mine[e] = 0;
         for (int64_t i = 0; i < T * k; i++) mine[b->idx[i]] += 1;
         if (cp) comm_allreduce(cp, tensor_make(mine, DT_F64, DEV_CPU, 1, E, 1, 1, 1), COMM_SUM);
@@ -309,13 +319,13 @@ void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, fl
         comm_allgather(b->group, all, tensor_make(mine, DT_F64, DEV_CPU, 1, E, 1, 1, 1));
     }
     int64_t Tm = T * ncp; // the micro-batch's tokens
-    double round = (double)(Tm * k) * D, before = b->tokens[l] - (m->replay ? round : 0);
+    double round = (double)(Tm * k) * D, before = b->tokens[l] - (mb->replay ? round : 0);
     double tokens = before + (double)(Tm * k) * (q + 1); // blocks before this one, and this one
     for (int64_t e = 0; e < E; e++) {
         double seen = acc[e], pm = 0;
-        for (int r = 0; r < D && m->replay; r++) seen -= cnt[(size_t)r * E + e];
+        for (int r = 0; r < D && mb->replay; r++) seen -= cnt[(size_t)r * E + e];
         for (int r = 0; r <= q; r++) seen += cnt[(size_t)r * E + e];
-        for (int r = 0; r < D && !m->replay; r++) acc[e] += cnt[(size_t)r * E + e];
+        for (int r = 0; r < D && !mb->replay; r++) acc[e] += cnt[(size_t)r * E + e];
         double f = seen / tokens;
         if (cp) pm = psum[e];
         else
@@ -324,23 +334,34 @@ void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, fl
         b->grad[e] = T ? (float)(grad_scale * coef * E * f / T) : 0; // (grad_scale·cp)/(T·cp)
     }
     op_copy(lb_grad, tensor_make(b->grad, DT_F32, DEV_CPU, 1, E, 1, 1, 1));
-    if (m->replay) return;
-    if (cp && cp->rank) { // the loss once per micro-batch; the running counts on every cp rank
-        b->tokens[l] += round;
-        return;
-    }
-    b->tokens[l] += round;
-    double sum = op_read_scalar(m->lb_sum) + loss;
-    op_copy(m->lb_sum, tensor_make(&sum, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
+    if (mb->replay) return;
+    b->tokens[l] += round;                 // the running counts on every cp rank,
+    if (!cp || !cp->rank) lb_add(mb, loss); // the loss once per micro-batch
 }
 
 void model_free(Model *m) {
     free(m->lb.counts), free(m->lb.probs), free(m->lb.idx), free(m->lb.sums);
     for (int g = 0; g < NGROUPS; g++) model_tensor_free(m->w[g]), model_tensor_free(m->g[g]);
-    model_tensor_free(m->rope_cos), model_tensor_free(m->rope_sin), model_tensor_free(m->loss_sum), model_tensor_free(m->lb_sum);
+    model_tensor_free(m->rope_cos), model_tensor_free(m->rope_sin);
     if (m->fp8.on) model_tensor_free(m->fp8.w);
     free(m->params.p), free(m->views), free(m->sw), free(m->sg);
     memset(m, 0, sizeof *m);
+}
+
+void step_sums_create(StepSums *s, const Model *m, bool alloc) {
+    s->loss_sum = model_tensor(m->dev, DT_F64, 1, alloc), s->lb_sum = model_tensor(m->dev, DT_F64, 1, alloc);
+    s->router_load = m->router_bias.p && alloc ? xcalloc((size_t)m->cfg.layers * m->cfg.experts, sizeof(double)) : NULL;
+    if (alloc) step_sums_begin(s, m);
+}
+
+void step_sums_begin(StepSums *s, const Model *m) {
+    op_zero(s->loss_sum), op_zero(s->lb_sum);
+    if (s->router_load) memset(s->router_load, 0, (size_t)m->cfg.layers * m->cfg.experts * sizeof(double));
+}
+
+void step_sums_free(StepSums *s) {
+    model_tensor_free(s->loss_sum), model_tensor_free(s->lb_sum), free(s->router_load);
+    memset(s, 0, sizeof *s);
 }
 
 void model_zero_grads(Model *m) {
@@ -387,4 +408,86 @@ void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor 
 int model_position(const Model *m, int S, int t) {
     if (!m->ring) return t % S;
     return ring_position(m->ring->cp->rank, m->ring->cp->size, S / 2, t % S);
+}
+
+// ---- multi-head latent attention (the family's MlaLatent hooks decompress the latent) ----
+
+void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,
+                                 Tensor k, Tensor v, const AttnArgs *a) {
+    CHECK(ml->r.decompress && ml->r.decompress_backward);
+    if (m->ring) {
+        CHECK(!m->kv);
+        ring_mla_forward(m->ring, o, lse, q, &ml->r, a);
+        return;
+    }
+    ml->r.decompress(&ml->r, ml->r.c, ml->r.pe, ml->r.pe_col, kv, k, v);
+    model_attention_forward(m, l, o, lse, q, k, v, a);
+}
+
+void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor k, Tensor v,
+                                  Tensor o, Tensor lse, Tensor dk, Tensor dv, Tensor dkv, const MlaLatent *ml,
+                                  const AttnArgs *a) {
+    if (m->ring) {
+        ring_mla_backward(m->ring, dq, dc, dpe, dout, q, o, lse, &ml->r, a);
+        return;
+    }
+    op_attention_backward(dq, dk, dv, (Tensor){0}, dout, q, k, v, o, lse, a);
+    ml->r.decompress_backward(&ml->r, ml->r.c, dc, dpe, ml->r.pe_col, dkv, dk, dv);
+}
+
+// ---- Gated DeltaNet under context parallelism ----
+
+void model_cp_contiguous(Model *m, Tensor dst, Tensor src, int B) {
+    if (m->ring) ring_to_contiguous(m->ring, dst, src, B);
+    else CHECK(dst.p == src.p);
+}
+
+void model_cp_zigzag(Model *m, Tensor dst, Tensor src, int B) {
+    if (m->ring) ring_to_zigzag(m->ring, dst, src, B);
+    else CHECK(dst.p == src.p);
+}
+
+void model_conv1d_silu_forward(Model *m, Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
+    if (m->ring) ring_halo_forward(m->ring, halo, x, B);
+    op_conv1d_silu_forward(y, x, w, halo, B);
+}
+
+void model_conv1d_silu_backward(Model *m, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
+    if (!m->ring) {
+        op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, halo, B);
+        return;
+    }
+    Ring *R = m->ring;
+    arena_reset(&R->mem, 0); // this rank's ∂/∂halo, for rank r − 1, in the ring's scratch
+    Tensor dhalo = arena_tensor(&R->mem, halo.dt, 2, halo.n[0], t_cols(halo), 0, 0);
+    op_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, B);
+    ring_halo_backward(R, dx, dhalo, B);
+}
+
+void model_delta_rule_forward(Model *m, Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, DeltaArgs a,
+                              Tensor s0) {
+    Ring *R = m->ring;
+    a.s0 = a.sT = (Tensor){0};
+    if (R) {
+        arena_reset(&R->mem, 0);
+        if (ring_state_recv(R, s0, true)) a.s0 = s0; // rank 0 starts from zeros
+        if (R->cp->rank < R->cp->size - 1) a.sT = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
+    }
+    op_delta_rule_forward(o, q, k, v, g, beta, &a);
+    if (a.sT.p) ring_state_send(R, a.sT, true);
+}
+
+void model_delta_rule_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout,
+                               Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, DeltaArgs a, Tensor s0) {
+    Ring *R = m->ring;
+    a.s0 = a.sT = a.dsT = a.ds0 = (Tensor){0};
+    if (R) {
+        arena_reset(&R->mem, 0);
+        int r = R->cp->rank;
+        Tensor dsT = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
+        if (ring_state_recv(R, dsT, false)) a.dsT = dsT; // the last rank's final state reaches nothing
+        if (r > 0) a.s0 = s0, a.ds0 = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
+    }
+    op_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, &a);
+    if (a.ds0.p) ring_state_send(R, a.ds0, false);
 }

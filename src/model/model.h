@@ -78,11 +78,21 @@ int64_t params_numel(const ParamInfo *p);
 // counter-based draws keyed by (seed, canonical name), so they do not depend on layout.
 void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, double init_std, int layers);
 
-// ---- one micro-batch in flight ----
+// ---- one micro-batch in flight, and the step it belongs to ----
+// What a step adds up while its micro-batches run (step_sums_create; step_sums_begin clears it): the losses the
+// trainer reads at the step's end and, with aux-loss-free balancing, the expert counts. Each micro-batch carries a
+// pointer to it to the stages.
+typedef struct {
+    Tensor loss_sum, lb_sum; // (1) fp64 on the model's device: Σ CE and Σ load-balancing loss
+    double *router_load;     // (layers·E) host: the experts chosen (model_router_forward); NULL: not counted
+} StepSums;
+
 typedef struct {
     int B, S, T;           // T = B·S tokens
     Tensor tokens, labels; // (T) int32 on the model's device
     Tensor pos;            // (T) int32 positions
+    StepSums *sums;        // where its losses and counts add up (NULL: nowhere, generation)
+    bool replay;           // its forward rerun in backward (full recompute): nothing is added a second time
 } MicroBatch;
 
 // What the engine moves between stages 1 → 2 → 3 → 4 → 5 of one layer (forward and backward).
@@ -218,7 +228,7 @@ typedef struct {
     void (*stage3_backward_weight)(Model *m, int layer, void *rec, StageIO *io);
     void (*stage1_backward)(Model *m, int layer, void *rec, MicroBatch *mb, StageIO *io, Tensor dout_resid, Tensor dx);
     void (*epilog_alloc)(Model *m, void *rec, Arena *a, int T);
-    // Adds Σ CE over the micro-batch into m->loss_sum; with grad, also ∂/∂(final hidden) into dh.
+    // Adds Σ CE over the micro-batch into mb->sums->loss_sum; with grad, also ∂/∂(final hidden) into dh.
     void (*epilog_forward)(Model *m, void *rec, MicroBatch *mb, Tensor h, bool grad);
     void (*epilog_backward)(Model *m, void *rec, Tensor dh);
     // Final norm → LM head of rows h: (R, H) into logits: (R, V) (any dtype and device; converted), forward
@@ -246,21 +256,17 @@ struct Model {
     Tensor w[NGROUPS];         // flat compute copies of the parameters (padded: cfg.pad)
     Tensor g[NGROUPS];         // flat fp32 gradient accumulators (padded: cfg.pad)
     Tensor rope_cos, rope_sin; // (S, rope.rd/2) fp32 (op_rope_tables)
-    Tensor loss_sum, lb_sum;   // (1) fp64: Σ CE and Σ load-balancing loss of the step so far
     double lb_coef;            // load-balancing loss coefficient (0: off)
     LoadBalance lb;            // its form (model_lb_setup; zeroed: micro-batch)
     bool force_balance;        // benchmark routing (docs/reference.md §2)
     bool deterministic;        // config deterministic: the families' AttnArgs ask for pith's own attention kernels
-    // Aux-loss-free balancing (set up by the trainer; router_bias.p == NULL: off): the selection bias and the
-    // step's expert counts of this rank's tokens, which model_router_forward adds to.
+    // Aux-loss-free balancing (set up by the trainer; router_bias.p == NULL: off): the selection bias (the
+    // step adds up the expert counts in StepSums.router_load).
     Tensor router_bias;      // (layers, E) fp32 on the model's device
-    double *router_load;     // (layers·E) host
-    int32_t *router_idx;     // (T·k) host staging of the routing (GPU)
     const struct Comm *ep;   // expert-parallel group (parallel/comm.h); NULL: every expert is on this rank
     double ep_capacity;      // parallel.ep_capacity_factor: a layer's own stage-3 rows = factor·T·k (0: worst case)
     bool ep_drop;            // parallel.ep_drop_tokens: rows above the capacity are dropped (else they spill)
     RecomputeMode recompute; // what backward recomputes instead of keeping
-    bool replay;             // a forward rerun in backward (full recompute): no loss sums or counts are added
     SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
     void *views;             // the family's own weight and gradient views
     struct KvCache *kv;      // generation: attention and DeltaNet read and extend it (NULL: training, evaluation)
@@ -348,19 +354,24 @@ void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db
 // Chooses the form; global-batch (micro-batches of at most T tokens) all-gathers counts over `replicas`.
 void model_lb_setup(Model *m, LbForm form, const struct Comm *replicas, int T);
 void model_lb_step_begin(Model *m); // a new step: the global-batch counts start from zero
-// Stage 1's load-balancing term of layer l for a micro-batch of B sequences: adds coef·E·Σ f_e·P_e into
-// m->lb_sum and writes lb_grad: (B, E), the gradient w.r.t. each token's probs — row 0 for every token
+// Stage 1's load-balancing term of layer l for micro-batch mb of B sequences: adds coef·E·Σ f_e·P_e into
+// mb->sums->lb_sum (not when mb->replay) and writes lb_grad: (B, E), the gradient w.r.t. each token's probs — row 0 for every token
 // (micro- and global-batch forms) or row b for the tokens of sequence b (sequence form). probs: (T, E),
 // idx: (T, k).
-void model_lb_loss(Model *m, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale, int B);
+void model_lb_loss(Model *m, const MicroBatch *mb, int l, Tensor lb_grad, Tensor probs, Tensor idx, float grad_scale);
 // op_router_forward with layer l's selection bias (aux-loss-free balancing, when on) and the model's score function
-// (cfg.router_sigmoid), counting the chosen experts into m->router_load.
-void model_router_forward(Model *m, int l, Tensor probs, Tensor idx, Tensor w, Tensor logits, RouterArgs ra);
+// (cfg.router_sigmoid), counting the chosen experts into mb->sums->router_load (when set, and not in a replay).
+void model_router_forward(Model *m, const MicroBatch *mb, int l, Tensor probs, Tensor idx, Tensor w, Tensor logits,
+                          RouterArgs ra);
 // op_router_backward with the load-balancing gradient of model_lb_loss (lb_grad.p == NULL: none) and the model's
 // score function.
 void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
                            const RouterArgs *ra, int B);
 void model_zero_grads(Model *m);
+// A step's sums on m's device (alloc false: shapes only, for plans); router_load (host) when m->router_bias is set.
+void step_sums_create(StepSums *s, const Model *m, bool alloc);
+void step_sums_begin(StepSums *s, const Model *m); // zeroes the sums and counts
+void step_sums_free(StepSums *s);
 
 // ---- generation: a forward-only incremental path through the layers (docs/architecture.md, "Generation"; the KV
 // cache in cache.c, attention through it in model.c) ----
@@ -393,13 +404,14 @@ int model_position(const Model *m, int S, int t);
 void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k,
                               Tensor v, Tensor o, Tensor lse, const AttnArgs *a);
 
-// ---- DeepSeek-V2's multi-head latent attention, on one rank or around the ring (deepseek_v2.c) ----
+// ---- multi-head latent attention, on one rank or around the ring (model.c; DeepSeek-V2's decompression and hooks
+// in deepseek_v2.c) ----
 // Multi-head latent attention's latent (docs/reference.md §11): c: (T, dc) kv_a_layernorm's output,
 // k_pe (after RoPE) in columns [pe_col, pe_col + dr) of pe: (T, ·); kv_b_proj's weight wkvb: (nh·(dn + dv), dc)
 // and its fp32 gradient dwkvb; nh heads, dn = qk_nope_head_dim, dr = qk_rope_head_dim, dv = v_head_dim. m, layer:
 // kv_b_proj is FP8 slot FP8_KV_B of that layer (model_proj_*; m NULL: op_linear_*).
 typedef struct {
-    RingLatent r; // c, pe, pe_col, nh, dn, dr, dv; model_mla_attention_* set the ring's hooks
+    RingLatent r; // c, pe, pe_col, nh, dn, dr, dv, and the hooks (model_mla_hooked)
     Model *m;
     int layer;
     Tensor wkvb, dwkvb;
@@ -411,9 +423,9 @@ void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, 
 // dpe = Σ over heads, dc = dkv·wkvb written, ml->dwkvb += dkvᵀ·c.
 void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv,
                                    Tensor dk, Tensor dv);
-// ml with the ring's hooks set to model_mla_decompress and its backward (ring_mla_*).
+// ml with its hooks set to model_mla_decompress and its backward (what model_mla_attention_* and ring_mla_* call).
 MlaLatent model_mla_hooked(const MlaLatent *ml);
-// Attention from the latent: model_mla_decompress into kv, k, v, then model_attention_forward; under context
+// Attention from the latent of a hooked ml: its decompress into kv, k, v, then model_attention_forward; under context
 // parallelism the latent travels the ring instead (kv, k, v are not written).
 void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, const MlaLatent *ml, Tensor kv,
                                  Tensor k, Tensor v, const AttnArgs *a);
@@ -424,8 +436,7 @@ void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Te
                                   const AttnArgs *a);
 void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws); // the shared final RMSNorm and LM head
 
-// ---- Qwen3.5's Gated DeltaNet under context parallelism (qwen3_5_moe.c; docs/architecture.md, "Context
-// parallelism") ----
+// ---- Gated DeltaNet under context parallelism (docs/architecture.md, "Context parallelism") ----
 // The mixer runs on the contiguous layout (cp rank r holds chunks 2r and 2r + 1 of each sequence; parallel/ring.h):
 // model_cp_contiguous converts its input rows from the zigzag layout and model_cp_zigzag its output back; without
 // m->ring both are nothing (dst must be src). B sequences of (B·S, ·) rows.

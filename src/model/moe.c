@@ -323,7 +323,7 @@ void moe_epilog_forward(Model *m, void *rp, MicroBatch *mb, Tensor h, bool grad)
         int64_t n = mb->T - r0 < C ? mb->T - r0 : C;
         Tensor lg = tensor_rows(r->logits, 0, n), hn = tensor_rows(r->hn, r0, n);
         op_linear_forward(lg, hn, W->lm_head, NONE);
-        op_cross_entropy(lg, tensor_rows(mb->labels, r0, n), m->loss_sum, 1.0f); // lg ← ∂(Σ CE)/∂logits
+        op_cross_entropy(lg, tensor_rows(mb->labels, r0, n), mb->sums->loss_sum, 1.0f); // lg ← ∂(Σ CE)/∂logits
         if (!grad) continue;
         op_linear_backward_input(tensor_rows(r->dhn, r0, n), lg, W->lm_head, false);
         op_linear_backward_weight(G->lm_head, NONE, lg, hn);

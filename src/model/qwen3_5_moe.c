@@ -16,7 +16,6 @@
 #include <math.h>
 
 #include "model/model.h"
-#include "parallel/ring.h"
 
 typedef struct {
     int kv_heads, head_dim;           // full attention: nkv, hd
@@ -439,10 +438,10 @@ static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
     op_add(r->h1a, x);
     op_rmsnorm1p_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
     op_linear_forward(r->logits, r->n2, W->router, NONE);
-    model_router_forward(m, l, r->probs, io->idx, io->w, r->logits, q35_router_args(m));
+    model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, q35_router_args(m));
     // The load-balancing term enters the objective as lb·T per micro-batch (docs/reference.md §1), so its gradient
     // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
-    if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)mb->T, mb->B);
+    if (m->lb_coef > 0) model_lb_loss(m, mb, l, r->lb_grad, r->probs, io->idx, (float)mb->T);
     // The shared expert on every token, gated per token, added to the residual stage 5 adds the routed experts to.
     model_proj_forward(m, l, FP8_SHARED_GU, r->sgu, r->n2, W->shared_gu, NONE);
     op_swiglu_forward(r->sact, r->sgu);
@@ -570,60 +569,3 @@ const ModelFamily qwen3_5_moe_family = {
     .epilog_backward = moe_epilog_backward,
     .logits = moe_logits,
 };
-
-// ---- Gated DeltaNet under context parallelism ----
-
-void model_cp_contiguous(Model *m, Tensor dst, Tensor src, int B) {
-    if (m->ring) ring_to_contiguous(m->ring, dst, src, B);
-    else CHECK(dst.p == src.p);
-}
-
-void model_cp_zigzag(Model *m, Tensor dst, Tensor src, int B) {
-    if (m->ring) ring_to_zigzag(m->ring, dst, src, B);
-    else CHECK(dst.p == src.p);
-}
-
-void model_conv1d_silu_forward(Model *m, Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
-    if (m->ring) ring_halo_forward(m->ring, halo, x, B);
-    op_conv1d_silu_forward(y, x, w, halo, B);
-}
-
-void model_conv1d_silu_backward(Model *m, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
-    if (!m->ring) {
-        op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, halo, B);
-        return;
-    }
-    Ring *R = m->ring;
-    arena_reset(&R->mem, 0); // this rank's ∂/∂halo, for rank r − 1, in the ring's scratch
-    Tensor dhalo = arena_tensor(&R->mem, halo.dt, 2, halo.n[0], t_cols(halo), 0, 0);
-    op_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, B);
-    ring_halo_backward(R, dx, dhalo, B);
-}
-
-void model_delta_rule_forward(Model *m, Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, DeltaArgs a,
-                              Tensor s0) {
-    Ring *R = m->ring;
-    a.s0 = a.sT = (Tensor){0};
-    if (R) {
-        arena_reset(&R->mem, 0);
-        if (ring_state_recv(R, s0, true)) a.s0 = s0; // rank 0 starts from zeros
-        if (R->cp->rank < R->cp->size - 1) a.sT = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
-    }
-    op_delta_rule_forward(o, q, k, v, g, beta, &a);
-    if (a.sT.p) ring_state_send(R, a.sT, true);
-}
-
-void model_delta_rule_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout,
-                               Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, DeltaArgs a, Tensor s0) {
-    Ring *R = m->ring;
-    a.s0 = a.sT = a.dsT = a.ds0 = (Tensor){0};
-    if (R) {
-        arena_reset(&R->mem, 0);
-        int r = R->cp->rank;
-        Tensor dsT = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
-        if (ring_state_recv(R, dsT, false)) a.dsT = dsT; // the last rank's final state reaches nothing
-        if (r > 0) a.s0 = s0, a.ds0 = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
-    }
-    op_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, &a);
-    if (a.ds0.p) ring_state_send(R, a.ds0, false);
-}

@@ -239,10 +239,10 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps);
     if (io->dense) return;
     op_linear_forward(r->logits, r->n2, W->router, NONE);
-    model_router_forward(m, l, r->probs, io->idx, io->w, r->logits, qwen3_router_args(m));
+    model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, qwen3_router_args(m));
     // The load-balancing term enters the objective as lb·T per micro-batch (docs/reference.md §1), so its gradient
     // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
-    if (m->lb_coef > 0) model_lb_loss(m, l, r->lb_grad, r->probs, io->idx, (float)T, mb->B);
+    if (m->lb_coef > 0) model_lb_loss(m, mb, l, r->lb_grad, r->probs, io->idx, (float)T);
 }
 
 // ---- stage 1 backward: router → post-attention norm → residual → attention → input norm ----

@@ -76,7 +76,9 @@ static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a, ChunkPlan *p) {
                          T,
                          arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
                          arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
-                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0)};
+                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
+                         NULL,
+                         false};
     if (own_in) k->h[c->l0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     for (int l = c->l0; l < c->l1; l++) {
         StageIO *io = &k->io[l];
@@ -256,7 +258,8 @@ ChunkPlan chunk_plan_rank(Model *m, int B, int S, const ChunkShape sh[2]) {
 
 // chunk_init's allocation with the plan p; the workspace is a new one of ws_bytes, or share's (whose
 // gradient buffers dh then serve both: the same (T, H) at the bottom of the workspace).
-static void chunk_build(Chunk *c, Model *m, int B, int S, ChunkShape sh, bool pipe_io, size_t ws_bytes, Chunk *share) {
+static void chunk_build(Chunk *c, Model *m, StepSums *sums, int B, int S, ChunkShape sh, bool pipe_io, size_t ws_bytes,
+                        Chunk *share) {
     ChunkPlan p = plan_of(m, B, S, sh, pipe_io);
     chunk_structs(c, m, B, S, sh, pipe_io);
     c->act = arena_create("activations", m->dev, p.act_bytes);
@@ -276,20 +279,25 @@ static void chunk_build(Chunk *c, Model *m, int B, int S, ChunkShape sh, bool pi
     int T = B * S;
     int32_t *pos = xmalloc(T * sizeof(int32_t));
     for (int t = 0; t < T; t++) pos[t] = model_position(m, S, t);
-    for (int i = 0; i < sh.nrec; i++) op_copy(c->rec[i].mb.pos, tensor_make(pos, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+    for (int i = 0; i < sh.nrec; i++) {
+        op_copy(c->rec[i].mb.pos, tensor_make(pos, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+        c->rec[i].mb.sums = sums;
+    }
     free(pos);
 }
 
-void chunk_init(Chunk *c, Model *m, int B, int S, int l0, int l1, int nrec, int ndefer) {
-    chunk_build(c, m, B, S, (ChunkShape){l0, l1, nrec, ndefer}, false, 0, NULL);
+void chunk_init(Chunk *c, Model *m, StepSums *sums, int B, int S, int l0, int l1, int nrec, int ndefer) {
+    chunk_build(c, m, sums, B, S, (ChunkShape){l0, l1, nrec, ndefer}, false, 0, NULL);
 }
 
-void chunk_init_rank(Chunk c[2], Model *m, int B, int S, const ChunkShape sh[2]) {
-    chunk_build(&c[0], m, B, S, sh[0], true, chunk_plan_rank(m, B, S, sh).ws_bytes, NULL);
-    chunk_build(&c[1], m, B, S, sh[1], true, 0, &c[0]);
+void chunk_init_rank(Chunk c[2], Model *m, StepSums *sums, int B, int S, const ChunkShape sh[2]) {
+    chunk_build(&c[0], m, sums, B, S, sh[0], true, chunk_plan_rank(m, B, S, sh).ws_bytes, NULL);
+    chunk_build(&c[1], m, sums, B, S, sh[1], true, 0, &c[0]);
 }
 
-void chunk_init_model(Chunk *c, Model *m, int B, int S) { chunk_init(c, m, B, S, 0, m->cfg.layers, 1, 0); }
+void chunk_init_model(Chunk *c, Model *m, StepSums *sums, int B, int S) {
+    chunk_init(c, m, sums, B, S, 0, m->cfg.layers, 1, 0);
+}
 
 void chunk_free(Chunk *c) {
     for (int i = 0; i < c->nrec && c->rec; i++) {
@@ -339,10 +347,10 @@ static void *cur_rec(const Cursor *u) { return rec_of(u->c, u->k, u->l); }
 static StageIO *cur_io(const Cursor *u) { return &u->k->io[u->l]; }
 
 // Forward of layer l. A replay reruns it on the same input and weights, which gives the same bits;
-// m->replay keeps the load-balancing sums and expert counts from counting twice.
+// MicroBatch.replay keeps the load-balancing sums and expert counts from counting twice.
 static void f_stage1(Cursor *f) {
     Model *m = f->c->m;
-    m->replay = f->replay;
+    f->k->mb.replay = f->replay;
     m->fam->stage1_forward(m, f->l, cur_rec(f), &f->k->mb, f->k->h[f->l], cur_io(f));
 }
 // The route, the layer's stage-3 rows (its own, or the spill set when the group decided so), the dispatch.
@@ -368,7 +376,6 @@ static void f_stage5(Cursor *f) {
     ep_finish(c->m, cur_io(f));
     c->m->fam->stage5_forward(c->m, f->l, cur_rec(f), cur_io(f), f->k->h[f->l + 1]);
     if (c->m->recompute == RECOMPUTE_FULL) c->region_owner = f->slot * c->m->cfg.layers + f->l;
-    c->m->replay = false;
 }
 
 static void layer_forward(Chunk *c, int slot, int l, bool replay) {

@@ -72,21 +72,21 @@ typedef struct {
 // them) rather than copies, except the output under full recompute (the backward's replay rewrites it).
 ChunkPlan chunk_plan_rank(Model *m, int B, int S, const ChunkShape sh[2]);
 // c[1] uses c[0]'s workspace (c stays where it is while c[1] runs).
-void chunk_init_rank(Chunk c[2], Model *m, int B, int S, const ChunkShape sh[2]);
+void chunk_init_rank(Chunk c[2], Model *m, StepSums *sums, int B, int S, const ChunkShape sh[2]);
 // Layers [l0, l1) with nrec record slots and ndefer deferred sets. Without the prolog the caller writes
 // the chunk's input chunk_input(c, slot) before chunk_forward; without the epilog its output is
 // chunk_output(c, slot), the caller writes the output gradient into dh[0] before chunk_backward, and the
-// input gradient is chunk_input_grad afterwards.
-void chunk_init(Chunk *c, Model *m, int B, int S, int l0, int l1, int nrec, int ndefer);
+// input gradient is chunk_input_grad afterwards. The micro-batches' losses and counts add up in step.
+void chunk_init(Chunk *c, Model *m, StepSums *sums, int B, int S, int l0, int l1, int nrec, int ndefer);
 // The whole model with one record (pp = 1, evaluation, tests).
-void chunk_init_model(Chunk *c, Model *m, int B, int S);
+void chunk_init_model(Chunk *c, Model *m, StepSums *sums, int B, int S);
 void chunk_free(Chunk *c);
 // tokens, labels: (B·S) host int32 (labels −100 = no target), into record slot's micro-batch.
 void chunk_load(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels);
 Tensor chunk_input(const Chunk *c, int slot);  // (T, H) h[l0]
 Tensor chunk_output(const Chunk *c, int slot); // (T, H) h[l1]
 Tensor chunk_input_grad(const Chunk *c);       // (T, H) after chunk_backward
-// Adds Σ CE (and Σ load-balancing loss) into m->loss_sum (m->lb_sum); with grad, keeps what backward needs.
+// Adds Σ CE (and Σ load-balancing loss) into the loaded step's loss_sum (lb_sum); with grad, keeps what backward needs.
 void chunk_forward(Chunk *c, int slot, bool grad);
 // The forward without the epilog: the prolog (when l0 = 0) and the layers, leaving the output in h[l1]
 // (generation).

@@ -109,8 +109,7 @@ static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2
     if (offload) p.optim += ROUNDED(stage[0]) + ROUNDED(stage[1]);
 #undef ROUNDED
     p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
-    p.other =
-        tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + tensor_bytes(m->loss_sum) + tensor_bytes(m->lb_sum);
+    p.other = tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + 2 * sizeof(double); // and StepSums' two sums
     return p;
 }
 
@@ -144,10 +143,11 @@ static void schedules_build(PipeSchedule s[2], const TrainConfig *c, const Dist 
 // pp = 1: the whole model with one record. Piped: phase p's chunk, with record slots enough for either
 // schedule and the step's deferred sets; the two share a workspace and read and write the pipeline's
 // buffers in place (chunk_init_rank). With out NULL only the plan (the sum over the rank's chunks).
-static ChunkPlan chunks_setup(Chunk out[2], Model *m, const TrainConfig *c, const Dist *d, const PipeSchedule s[2]) {
+static ChunkPlan chunks_setup(Chunk out[2], Model *m, StepSums *sums, const TrainConfig *c, const Dist *d,
+                              const PipeSchedule s[2]) {
     int B = c->micro_batch_size, S = c->sequence_length / d->cp, L = m->cfg.layers;
     if (!piped(c, d)) {
-        if (out) chunk_init_model(&out[0], m, B, S);
+        if (out) chunk_init_model(&out[0], m, sums, B, S);
         return chunk_plan(m, B, S, 0, L, 1, 0);
     }
     ChunkShape sh[2];
@@ -157,7 +157,7 @@ static ChunkPlan chunks_setup(Chunk out[2], Model *m, const TrainConfig *c, cons
             s[0].slots[PIPE_REC][p] > s[1].slots[PIPE_REC][p] ? s[0].slots[PIPE_REC][p] : s[1].slots[PIPE_REC][p];
         sh[p] = (ChunkShape){k * n, (k + 1) * n, nrec, s[0].max_deferred_of[p]};
     }
-    if (out) chunk_init_rank(out, m, B, S, sh);
+    if (out) chunk_init_rank(out, m, sums, B, S, sh);
     return chunk_plan_rank(m, B, S, sh);
 }
 
@@ -203,7 +203,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     muon_free(&mu);
     PipeSchedule s[2];
     if (piped(c, d)) schedules_build(s, c, d);
-    p.chunks = chunks_setup(NULL, &m, c, d, s);
+    p.chunks = chunks_setup(NULL, &m, NULL, c, d, s);
     p.pipe = pipe_setup(NULL, NULL, &m, c, d, s);
     if (piped(c, d)) dualpipev_free(&s[0]), dualpipev_free(&s[1]);
     model_free(&m);
@@ -257,9 +257,8 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     if (m->router_bias.p) {
         op_zero(m->router_bias);
         r->router_bias = xcalloc((size_t)mc.layers * mc.experts, sizeof(float));
-        m->router_load = xcalloc((size_t)mc.layers * mc.experts, sizeof(double));
-        m->router_idx = xmalloc((size_t)c->micro_batch_size * c->sequence_length * mc.topk * sizeof(int32_t));
     }
+    step_sums_create(&r->sums, m, true);
     for (int g = 0; g < NGROUPS; g++) {
         // Initial values are drawn on the host for the whole group (they do not depend on the layout);
         // this rank keeps its shard.
@@ -273,7 +272,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     r->plan = plan_of(m, r->adam_m, r->adam_v, &r->muon, r->stage, count.peak);
     r->plan.other += ring_plan(m, c, d);
     if (piped(c, d)) schedules_build(r->sched, c, d);
-    r->plan.chunks = chunks_setup(r->chunk, m, c, d, r->sched);
+    r->plan.chunks = chunks_setup(r->chunk, m, &r->sums, c, d, r->sched);
     r->plan.pipe = pipe_setup(r->pipe, &r->pipe_mem, m, c, d, r->sched);
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
@@ -317,7 +316,7 @@ void run_free(Run *r) {
     }
     muon_free(&r->muon);
     if (r->ring.cp) ring_free(&r->ring);
-    free(r->router_bias), free(r->model.router_load), free(r->model.router_idx);
+    free(r->router_bias), step_sums_free(&r->sums);
     if (r->offload.cap) {
         if (r->state.dev == DEV_CUDA && host_unregister) host_unregister(r->offload.base);
         arena_destroy(&r->offload);
@@ -407,14 +406,14 @@ static int64_t run_microbatches(Run *r, Dataset *ds, int64_t batch, bool grad) {
 double run_validate(Run *r) {
     const TrainConfig *c = &r->cfg;
     Model *m = &r->model;
-    op_zero(m->loss_sum), op_zero(m->lb_sum);
+    step_sums_begin(&r->sums, m);
     int64_t targets = 0;
     for (int b = 0; b < c->validation.batches; b++) {
         model_lb_step_begin(m); // global-batch load balancing counts per global batch, as in a step
         targets += run_microbatches(r, &r->val, b, false);
     }
     // Every rank of the world holds different tokens or layers of the sum.
-    double sums[2] = {op_read_scalar(m->loss_sum), (double)targets};
+    double sums[2] = {op_read_scalar(r->sums.loss_sum), (double)targets};
     comm_allreduce(&r->dist.world, tensor_make(sums, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
     return sums[0] / (sums[1] < 1 ? 1 : sums[1]);
 }
@@ -424,10 +423,10 @@ void run_router_bias_update(Run *r) {
     int L = m->cfg.layers, E = m->cfg.experts;
     // Every rank of the stage routed different tokens of the global batch, every pipeline rank its own
     // layers (the others' counts are zero there): the sum over the world is the global count of each layer.
-    comm_allreduce(&r->dist.world, tensor_make(m->router_load, DT_F64, DEV_CPU, 1, (int64_t)L * E, 1, 1, 1), COMM_SUM);
+    comm_allreduce(&r->dist.world, tensor_make(r->sums.router_load, DT_F64, DEV_CPU, 1, (int64_t)L * E, 1, 1, 1), COMM_SUM);
     for (int l = 0; l < L; l++)
         if (m->cfg.is_moe[l])
-            router_bias_update(r->router_bias + (size_t)l * E, m->router_load + (size_t)l * E, E,
+            router_bias_update(r->router_bias + (size_t)l * E, r->sums.router_load + (size_t)l * E, E,
                                r->cfg.moe_router_bias_update_rate);
     op_copy(m->router_bias, tensor_make(r->router_bias, DT_F32, DEV_CPU, 2, L, E, 1, 1));
 }
@@ -468,8 +467,7 @@ StepStats run_step(Run *r) {
     snprintf(die_context, sizeof die_context, "step %d", r->step + 1);
     int nmb = microbatches(c, d), S = c->sequence_length, D = d->dp * d->ep;
     model_zero_grads(m);
-    if (m->router_bias.p) memset(m->router_load, 0, sizeof(double) * m->cfg.layers * m->cfg.experts);
-    op_zero(m->loss_sum), op_zero(m->lb_sum);
+    step_sums_begin(&r->sums, m);
     model_lb_step_begin(m);
     for (int p = 0; p < 2; p++) r->chunk[p].ep_over = 0, r->chunk[p].ep_rows_peak = 0;
     int64_t targets = run_microbatches(r, &r->data, r->step, true);
@@ -479,8 +477,8 @@ StepStats run_step(Run *r) {
     // different layers (the cross-entropy and the target count only pipeline rank 0); the rows above the
     // expert capacity, of every rank's layers; each rank's busy and pipeline seconds (the engine's).
     bool pipe = piped(c, d);
-    double sums[6] = {op_read_scalar(m->loss_sum),
-                      op_read_scalar(m->lb_sum),
+    double sums[6] = {op_read_scalar(r->sums.loss_sum),
+                      op_read_scalar(r->sums.lb_sum),
                       (double)targets,
                       (double)(r->chunk[0].ep_over + r->chunk[1].ep_over),
                       pipe ? r->pipe[0].busy_s : 0,

@@ -32,6 +32,7 @@ typedef struct {
     // chunk pp_rank, phase 1: chunk 2·pp − 1 − pp_rank), their schedules for a step and for validation
     // (forward only), and the pipeline buffers of both (one region: they never run at once).
     Chunk chunk[2];
+    StepSums sums; // the step's (or validation's) losses and expert counts
     PipeSchedule sched[2];
     PipeRun pipe[2];
     Arena pipe_mem;

@@ -29,7 +29,7 @@ typedef struct {
 static void side_run(Side *s, const int32_t *tok, const int32_t *lab) {
     chunk_load(&s->e, 0, tok, lab);
     model_zero_grads(&s->m);
-    op_zero(s->m.loss_sum), op_zero(s->m.lb_sum);
+    op_zero(s->st.loss_sum), op_zero(s->st.lb_sum);
     chunk_forward(&s->e, 0, true);
     chunk_backward(&s->e, 0, false);
 }
@@ -87,8 +87,8 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
         cpu.m.route_given[l] = gi;
     }
     if (flips) side_run(&cpu, tok, lab);
-    double lc = op_read_scalar(cpu.m.loss_sum), lg = op_read_scalar(gpu.m.loss_sum);
-    double bc = op_read_scalar(cpu.m.lb_sum), bg = op_read_scalar(gpu.m.lb_sum);
+    double lc = op_read_scalar(cpu.st.loss_sum), lg = op_read_scalar(gpu.st.loss_sum);
+    double bc = op_read_scalar(cpu.st.lb_sum), bg = op_read_scalar(gpu.st.lb_sum);
     double loss_err = fabs(lg - lc) / fabs(lc), lb_err = lb_coef > 0 ? fabs(bg - bc) / fabs(bc) : 0;
     // FP8 (test_gpu_fp8.c, gpu_model_fp8_families): the tensor cores' narrower block sums (1e-3 a product) move some
     // codes of the next quantisation across a rounding boundary (2^-4 each); the H200 gave losses within 2.0e-3,

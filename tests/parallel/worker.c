@@ -433,6 +433,8 @@ static void suite_pipe_model(const Dist *d, int N) {
     m.lb_coef = 0.01;
     model_lb_setup(&m, LB_MICRO_BATCH, NULL, T);
     for (int g = 0; g < NGROUPS; g++) params_init(&m.params, g, m.w[g].p, 7, 0.2, mc.layers);
+    StepSums st;
+    step_sums_create(&st, &m, true);
     ModelChunks c = {.tok = xmalloc(N * sizeof *c.tok), .lab = xmalloc(N * sizeof *c.lab)};
     for (int mb = 0; mb < N; mb++)
         for (int t = 0; t < T; t++)
@@ -443,7 +445,7 @@ static void suite_pipe_model(const Dist *d, int N) {
     dualpipev_build(&s, P, N, r, false);
     for (int p = 0; p < 2; p++) {
         int k = dualpipev_chunk(P, r, p);
-        chunk_init(&c.chunk[p], &m, MB_B, MB_S, 2 * k, 2 * k + 2, s.slots[PIPE_REC][p], s.max_deferred_of[p]);
+        chunk_init(&c.chunk[p], &m, &st, MB_B, MB_S, 2 * k, 2 * k + 2, s.slots[PIPE_REC][p], s.max_deferred_of[p]);
     }
     Arena cnt = arena_counting("pipeline", DEV_CPU);
     PipeRun run;
@@ -455,9 +457,9 @@ static void suite_pipe_model(const Dist *d, int N) {
     float *serial[NGROUPS];
     double sl = 0;
     for (int pair = 0; pair < 2; pair++) {
-        model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+        model_zero_grads(&m), step_sums_begin(&st, &m);
         dualpipev_run(&run, &(PipeChunks){&c, model_forward, model_backward, model_weight, pair ? model_pair : NULL});
-        if (!pair) sl = op_read_scalar(m.loss_sum);
+        if (!pair) sl = op_read_scalar(st.loss_sum);
         for (int k = 0; k < NGROUPS && !pair; k++)
             serial[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(serial[k], m.g[k].p, tensor_bytes(m.g[k]));
     }
@@ -465,21 +467,21 @@ static void suite_pipe_model(const Dist *d, int N) {
         EXPECT(!memcmp(serial[k], m.g[k].p, tensor_bytes(m.g[k])), "P=%d N=%d: paired gradients differ\n", P, N);
         free(serial[k]);
     }
-    EXPECT(sl == op_read_scalar(m.loss_sum), "P=%d N=%d: paired loss differs\n", P, N);
+    EXPECT(sl == op_read_scalar(st.loss_sum), "P=%d N=%d: paired loss differs\n", P, N);
     // every gradient is made on one rank: their sum is the pipeline's gradient
     for (int g = 0; g < NGROUPS; g++) comm_allreduce(w, m.g[g], COMM_SUM);
-    comm_allreduce(w, m.loss_sum, COMM_SUM), comm_allreduce(w, m.lb_sum, COMM_SUM);
-    double loss = op_read_scalar(m.loss_sum), lb = op_read_scalar(m.lb_sum);
+    comm_allreduce(w, st.loss_sum, COMM_SUM), comm_allreduce(w, st.lb_sum, COMM_SUM);
+    double loss = op_read_scalar(st.loss_sum), lb = op_read_scalar(st.lb_sum);
     float *g[NGROUPS];
     for (int k = 0; k < NGROUPS; k++)
         g[k] = xmalloc(tensor_bytes(m.g[k]) + 1), memcpy(g[k], m.g[k].p, tensor_bytes(m.g[k]));
     // one chunk of every layer, every micro-batch through it in turn
     Chunk e;
-    chunk_init_model(&e, &m, MB_B, MB_S);
-    model_zero_grads(&m), op_zero(m.loss_sum), op_zero(m.lb_sum);
+    chunk_init_model(&e, &m, &st, MB_B, MB_S);
+    model_zero_grads(&m), step_sums_begin(&st, &m);
     for (int mb = 0; mb < N; mb++)
         chunk_load(&e, 0, c.tok[mb], c.lab[mb]), chunk_forward(&e, 0, true), chunk_backward(&e, 0, false);
-    double rl = op_read_scalar(m.loss_sum), rlb = op_read_scalar(m.lb_sum);
+    double rl = op_read_scalar(st.loss_sum), rlb = op_read_scalar(st.lb_sum);
     EXPECT(fabs(loss - rl) <= 1e-6 * rl && fabs(lb - rlb) <= 1e-6 * rlb,
            "P=%d N=%d: loss %.9g lb %.9g vs one chunk %.9g %.9g\n", P, N, loss, lb, rl, rlb);
     for (int k = 0; k < NGROUPS; k++) {
@@ -493,7 +495,7 @@ static void suite_pipe_model(const Dist *d, int N) {
     if (r == 0) printf("pipe-model P=%d N=%d: loss %.9g (one chunk %.9g)\n", P, N, loss, rl);
     chunk_free(&e);
     for (int p = 0; p < 2; p++) chunk_free(&c.chunk[p]);
-    dualpipev_run_free(&run), dualpipev_free(&s), arena_destroy(&a), model_free(&m), free(c.tok), free(c.lab);
+    dualpipev_run_free(&run), dualpipev_free(&s), arena_destroy(&a), step_sums_free(&st), model_free(&m), free(c.tok), free(c.lab);
 }
 
 // ---- ep: dispatch and combine ----
@@ -562,13 +564,15 @@ typedef struct {
 static void pair_case(const Dist *d, Model *m, const PairCase *pc, int32_t (*tok)[MB_B * MB_S], Tensor *ref) {
     m->ep_capacity = pc->capacity, m->ep_drop = pc->drop, m->recompute = pc->recompute;
     Chunk a, b;
-    chunk_init(&a, m, MB_B, MB_S, 0, 2, 2, 0), chunk_init(&b, m, MB_B, MB_S, 2, 4, 1, 0);
+    StepSums st;
+    step_sums_create(&st, m, true);
+    chunk_init(&a, m, &st, MB_B, MB_S, 0, 2, 2, 0), chunk_init(&b, m, &st, MB_B, MB_S, 2, 4, 1, 0);
     Tensor out[2][NGROUPS + 3];
     double took[2];
     int64_t over[2] = {0, 0}, spilled = 0; // rows above the capacity in the paired forward; b's spilled layers
     long beside[2] = {0, 0};               // fake GPUs: compute ops issued while an all-to-all was in flight
     for (int pair = 0; pair < 2; pair++) {
-        model_zero_grads(m), op_zero(m->loss_sum), op_zero(m->lb_sum);
+        model_zero_grads(m), step_sums_begin(&st, m);
         chunk_load(&a, 0, tok[0], tok[1]), chunk_load(&b, 0, tok[0], tok[1]), chunk_load(&a, 1, tok[1], tok[0]);
         chunk_forward(&a, 0, true);
         op_copy(chunk_input(&b, 0), chunk_output(&a, 0));
@@ -584,7 +588,7 @@ static void pair_case(const Dist *d, Model *m, const PairCase *pc, int32_t (*tok
         over[pair] = a.ep_over;
         for (int g = 0; g < NGROUPS; g++) out[pair][g] = pull(m->g[g]);
         out[pair][NGROUPS] = pull(chunk_output(&a, 1)), out[pair][NGROUPS + 1] = pull(chunk_input_grad(&b));
-        out[pair][NGROUPS + 2] = pull(m->loss_sum);
+        out[pair][NGROUPS + 2] = pull(st.loss_sum);
     }
     for (int i = 0; i < NGROUPS + 3; i++) {
         EXPECT(!memcmp(out[0][i].p, out[1][i].p, tensor_bytes(out[0][i])), "%s: the pair's result %d differs\n",
@@ -614,7 +618,7 @@ static void pair_case(const Dist *d, Model *m, const PairCase *pc, int32_t (*tok
     if (COUNTS_OVERLAP)
         EXPECT(beside[1] > beside[0] && beside[1] >= 8,
                "%s: no overlap: %ld ops beside an all-to-all paired, %ld serial\n", pc->name, beside[1], beside[0]);
-    free(n.p), chunk_free(&a), chunk_free(&b);
+    free(n.p), chunk_free(&a), chunk_free(&b), step_sums_free(&st);
 }
 
 static void suite_pair(const Dist *d) {
@@ -811,10 +815,12 @@ static void capacity_run(const Dist *d, Model *m, double factor, bool drop, cons
     int P = d->ep, L = m->cfg.layers, k = m->cfg.topk, El = model_experts_local(&m->cfg);
     m->ep_capacity = factor, m->ep_drop = drop;
     Chunk e;
-    chunk_init_model(&e, m, CAP_B, CAP_S);
+    StepSums st;
+    step_sums_create(&st, m, true);
+    chunk_init_model(&e, m, &st, CAP_B, CAP_S);
     EXPECT((e.spill.xe.n[0] > 0) == (factor > 0 && !drop), "factor %g drop %d: spill set %lld rows\n", factor, drop,
            (long long)e.spill.xe.n[0]);
-    model_zero_grads(m), op_zero(m->loss_sum), op_zero(m->lb_sum);
+    model_zero_grads(m), step_sums_begin(&st, m);
     o->recv = xcalloc((size_t)CAP_MB * L * P, sizeof(int64_t));
     for (int mb = 0; mb < CAP_MB; mb++) {
         chunk_load(&e, 0, tok + mb * CAP_T, tok + (mb + CAP_MB) * CAP_T);
@@ -830,7 +836,7 @@ static void capacity_run(const Dist *d, Model *m, double factor, bool drop, cons
         }
         chunk_backward(&e, 0, false);
     }
-    o->loss = op_read_scalar(m->loss_sum), o->lb = op_read_scalar(m->lb_sum);
+    o->loss = op_read_scalar(st.loss_sum), o->lb = op_read_scalar(st.lb_sum);
     for (int g = 0; g < NGROUPS; g++)
         o->g[g] = xmalloc(tensor_bytes(m->g[g]) + 1), memcpy(o->g[g], m->g[g].p, tensor_bytes(m->g[g]));
     Tensor over = host(DT_I64, 1, 1);
@@ -838,7 +844,7 @@ static void capacity_run(const Dist *d, Model *m, double factor, bool drop, cons
     comm_allreduce(&d->ep_g, over, COMM_SUM);
     o->over = I64(over)[0];
     free(over.p);
-    chunk_free(&e);
+    chunk_free(&e), step_sums_free(&st);
 }
 
 static void suite_capacity(const Dist *d) {
@@ -865,7 +871,6 @@ static void suite_capacity(const Dist *d) {
     // Skewed routing: experts 0 and 1 (rank 0's) are chosen by every token (a selection bias, as aux-loss-free
     // balancing adds; the weights stay the probabilities).
     m.router_bias = host(DT_F32, mc.layers, E);
-    m.router_load = xcalloc((size_t)mc.layers * E, sizeof(double));
     for (int l = 0; l < mc.layers; l++) F(m.router_bias)[l * E] = F(m.router_bias)[l * E + 1] = 1;
     int32_t *tok = xmalloc(2 * CAP_MB * CAP_T * sizeof(int32_t)); // tokens, then labels, of every micro-batch
     for (int i = 0; i < CAP_MB * CAP_T; i++)
@@ -918,8 +923,8 @@ static void suite_capacity(const Dist *d) {
         for (int g = 0; g < NGROUPS; g++) free(runs[i]->g[g]);
         free(runs[i]->y0.p), free(runs[i]->recv);
     }
-    free(zeroed.p), free(tok), free(m.router_bias.p), free(m.router_load);
-    m.router_bias = (Tensor){0}, m.router_load = NULL;
+    free(zeroed.p), free(tok), free(m.router_bias.p);
+    m.router_bias = (Tensor){0};
     model_free(&m);
 }
 
