@@ -175,11 +175,27 @@ void cuda_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Ten
 
 // ---- the gated delta rule ----
 
+// The scratch as the kernels see it (DeltaScratch's pieces, ops.h), NULL where the call carved none (the forward's
+// has no backward pieces).
+typedef struct {
+    float *qh, *kh, *rq, *rk, *U, *W, *M, *Tm, *S0, *dS1, *Vp, *dVp, *dBv, *dW, *dBk, *gq, *gk;
+    double *cs;
+} DeltaBufs;
+
+// The op's tensors as the kernels see them (o, dv, v, dout of the data's type), NULL where the call has none.
+typedef struct {
+    void *o, *dv;
+    const void *v, *dout;
+    const float *g, *beta, *s0, *dsT;
+    float *sT, *ds0, *dg, *dbeta;
+} DeltaIO;
+
 // One warp per (token, key head): qh = scale·q·rq, kh = k·rk (fp32, or bf16 for the tensor cores), rq, rk =
 // (Σ x² + 1e-6)^-½ (1 without l2).
 template <typename T, typename TO>
-__global__ void delta_prep_kernel(TO *qh, TO *kh, float *rq, float *rk, const T *q, const T *k, int64_t rows, int dk,
-                                  float scale, bool l2) {
+__global__ void delta_prep_kernel(DeltaBufs f, const T *q, const T *k, int64_t rows, int dk, float scale, bool l2) {
+    TO *qh = (TO *)f.qh, *kh = (TO *)f.kh;
+    float *rq = f.rq, *rk = f.rk;
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
     if (row >= rows) return;
     float sq = 0, sk = 0;
@@ -209,14 +225,16 @@ __global__ void delta_prep_kernel(TO *qh, TO *kh, float *rq, float *rk, const T 
 #define DELTA_VT 32 // value columns per state-pass block
 
 typedef struct {
-    int64_t S, NC, NL; // sequence length, chunks, NC·L
+    int64_t B, S, NC, NL; // sequences, sequence length, chunks, NC·L
     int L, nk, nv, dk, dv;
 } ChunkDims;
 
 // Grid (NC, B·nv). Shared: cc (L, fp64), kc (L, dk), Am, Ti (L, L), bb, be = β e^c (L).
-template <typename T>
-__global__ void delta_chunk_prep_kernel(double *cs, float *U, float *W, float *M, float *Tg, const float *qh,
-                                        const float *kh, const T *v, const float *g, const float *beta, ChunkDims d) {
+template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
+    double *cs = f.cs;
+    float *U = f.U, *W = f.W, *M = f.M, *Tg = f.Tm;
+    const float *qh = f.qh, *kh = f.kh, *g = io.g, *beta = io.beta;
+    const T *v = (const T *)io.v;
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, n = blockIdx.x, bh = blockIdx.y, nv = d.nv;
     int64_t b = bh / nv, p0 = (int64_t)n * L, tok0 = b * d.S + p0;
@@ -276,10 +294,11 @@ __global__ void delta_chunk_prep_kernel(double *cs, float *U, float *W, float *M
 // The state pass from s0 (zeros when NULL) to sT (when not NULL), both (B·nv, dk, dv). Grid (B·nv, ⌈dv / DELTA_VT⌉).
 // Writes o (when o is not NULL), or S₀ of every chunk and V'.
 // Shared: St (dk, VT) the state's columns, Vt (L, VT), the chunk's decays e^c and e^{c_L − c} (L each).
-template <typename T>
-__global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, float *sT, const float *s0, const double *cs,
-                                         const float *U, const float *W, const float *M, const float *qh,
-                                         const float *kh, ChunkDims d) {
+template <typename T> __global__ void delta_chunk_state_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
+    T *o = (T *)io.o;
+    float *S0 = f.S0, *Vp = f.Vp, *sT = io.sT;
+    const float *s0 = io.s0, *U = f.U, *W = f.W, *M = f.M, *qh = f.qh, *kh = f.kh;
+    const double *cs = f.cs;
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
     int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
@@ -333,10 +352,11 @@ __global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, float *sT, 
 // The backward state pass, chunks in reverse, from dsT (zeros when NULL) to ds0 (when not NULL). Grid (B·nv,
 // ⌈dv / DELTA_VT⌉). Writes dS₁ of every chunk and dV'. Shared: dSt (dk, VT), dOt and dVt (L, VT), e^c and
 // e^{c_L − c} (L each).
-template <typename T>
-__global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, float *ds0, const float *dsT, const T *dout,
-                                          const double *cs, const float *W, const float *M, const float *qh,
-                                          const float *kh, ChunkDims d) {
+template <typename T> __global__ void delta_chunk_dstate_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
+    float *dS1 = f.dS1, *dVp = f.dVp, *ds0 = io.ds0;
+    const float *dsT = io.dsT, *W = f.W, *M = f.M, *qh = f.qh, *kh = f.kh;
+    const T *dout = (const T *)io.dout;
+    const double *cs = f.cs;
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
     int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
@@ -397,14 +417,15 @@ __device__ void delta_dg(float *dg, int ds, double *dc, const double *cc, const 
 //   dW = −dV' S₀ᵀ, dBv = Tmᵀ dV', dBk = Tmᵀ dW (∂ of β v and β e^c k), dA_ij = −(dBv_i·U_j + dBk_i·W_j) (j < i),
 //   dv = β dBv, dβ_i = Σ_j dA_ij (k_i·k_j) e^{c_i − c_j} + dBv_i·v_i + e^{c_i} dBk_i·k_i,
 //   and every e^{c_i − c_j} factor sends its log-derivative to dc_i (+) and dc_j (−); dg_m = Σ_{i≥m} dc_i.
-// dWg, dBvg, dBkg: (B·nv, NC·L, dk | dv) scratch. Shared: Tm, Dm, Pm (dA·(k_i·k_j)·e), Em (dA·β_i·e): (L, L);
+// dW, dBv, dBk: (B·nv, NC·L, dk | dv) scratch. Shared: Tm, Dm, Pm (dA·(k_i·k_j)·e), Em (dA·β_i·e): (L, L);
 // cc, dc, z (L, fp64); bb (L); 32 for block sums.
-template <typename T>
-__global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg, float *dbeta, float *dWg, float *dBvg,
-                                        float *dBkg, const double *cs, const float *U, const float *W, const float *M,
-                                        const float *Tg, const float *S0, const float *dS1, const float *Vp,
-                                        const float *dVp, const float *qh, const float *kh, const T *v, const T *dout,
-                                        const float *beta, ChunkDims d) {
+template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
+    float *gq = f.gq, *gk = f.gk, *dg = io.dg, *dbeta = io.dbeta, *dWg = f.dW, *dBvg = f.dBv, *dBkg = f.dBk;
+    const float *U = f.U, *W = f.W, *M = f.M, *Tg = f.Tm, *S0 = f.S0, *dS1 = f.dS1, *Vp = f.Vp, *dVp = f.dVp;
+    const float *qh = f.qh, *kh = f.kh, *beta = io.beta;
+    const double *cs = f.cs;
+    T *dv_ = (T *)io.dv;
+    const T *v = (const T *)io.v, *dout = (const T *)io.dout;
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, n = blockIdx.x, bh = blockIdx.y, nv = d.nv;
     int64_t b = bh / nv, p0 = (int64_t)n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -529,6 +550,14 @@ __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg,
 #define LDL 72   // of a 64-wide one
 #define TC_THREADS 256
 
+// The scratch as the tensor-core kernels see it: bf16 data in the fp32 pieces' places (S₀ in bf16 in the second half
+// of dS₁'s, in fp32 in S₀'s), U in fp32 and its bf16 copy in dW's place, sd = ⟨S₀, dS₁⟩ (B·nv, NC) in dBv's.
+typedef struct {
+    bf16 *qh, *kh, *W, *M, *Tm, *S0, *dS1, *Vp, *dVp, *Ub;
+    float *U, *S0f, *sd, *gq, *gk;
+    double *cs;
+} TcBufs;
+
 // The warps' split of an M × N product: WM = M/16 warps along the rows, WN = 8/WM along the columns, each with NT
 // n-tiles of 8 columns.
 template <int M, int N> struct TcTile { static constexpr int WM = M / 16, WN = 8 / WM, NT = N / WN / 8; };
@@ -609,9 +638,12 @@ __device__ __forceinline__ float bf(const bf16 *p, int i) { return __bfloat162fl
 // substitution (fp32), U = (Tm diag β) v, W = (Tm diag(β e^c)) k, M = (q kᵀ) e^{c_i − c_j} (j ≤ i), all written
 // whole (zeros outside the chunk's Le positions): U in fp32 (and in bf16 into Ub when not NULL), the rest in bf16.
 // Grid (NC, B·nv).
-__global__ void __launch_bounds__(TC_THREADS)
-    tc_prep_kernel(double *cs, float *U, bf16 *Ub, bf16 *W, bf16 *M, bf16 *Tg, const bf16 *qh, const bf16 *kh,
-                   const bf16 *v, const float *g, const float *beta, ChunkDims d) {
+__global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+    double *cs = f.cs;
+    float *U = f.U;
+    bf16 *Ub = f.Ub, *W = f.W, *M = f.M, *Tg = f.Tm;
+    const bf16 *qh = f.qh, *kh = f.kh, *v = (const bf16 *)io.v;
+    const float *g = io.g, *beta = io.beta;
     extern __shared__ __align__(16) unsigned char smb[];
     int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -705,9 +737,9 @@ __device__ __forceinline__ TcStage tc_stage(bf16 *p) {
 #define TC_STAGE (3 * TC_L * LDD + 2 * TC_L * LDL) // elements
 
 // Starts chunk n's copies into stage s; X from x (rows xs apart, columns y0..) when x is not NULL.
-__device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int hk, const bf16 *W, const bf16 *M,
-                                              const bf16 *qh, const bf16 *kh, const bf16 *x, int64_t xs,
-                                              const ChunkDims &d) {
+__device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int hk, const TcBufs &f, const bf16 *x,
+                                              int64_t xs, const ChunkDims &d) {
+    const bf16 *W = f.W, *M = f.M, *qh = f.qh, *kh = f.kh;
     int64_t p0 = n * TC_L, tok0 = (bh / d.nv) * d.S + p0, row0 = (int64_t)bh * d.NL + p0, ks = (int64_t)d.nk * TC_D;
     int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
     tc_copy<TC_D, LDD>(s.W, W + row0 * TC_D, TC_D, TC_L, Le);
@@ -723,9 +755,11 @@ __device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int 
 // chunk's tiles arrive), o = e^c (q Sb) + M V' (when o is not NULL;
 // else S₀ of every chunk, in bf16 for tc_grad's products and in fp32 for sd, and V' are written),
 // S ← e^{c_L} S + kᵀ (e^{c_L − c} V').
-__global__ void __launch_bounds__(TC_THREADS)
-    tc_state_kernel(bf16 *o, bf16 *S0, float *S0f, bf16 *Vp, float *sT, const float *s0, const double *cs,
-                    const float *U, const bf16 *W, const bf16 *M, const bf16 *qh, const bf16 *kh, ChunkDims d) {
+__global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+    bf16 *o = (bf16 *)io.o, *S0 = f.S0, *Vp = f.Vp;
+    float *S0f = f.S0f, *sT = io.sT;
+    const float *s0 = io.s0, *U = f.U;
+    const double *cs = f.cs;
     extern __shared__ __align__(16) unsigned char smb[];
     int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv;
@@ -734,7 +768,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     float S[TcTile<128, TC_VT>::NT][4]; // rows x, columns y0 + y
     const float *sb0 = s0 ? s0 + (int64_t)bh * TC_D * TC_D + y0 : NULL;
     tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { s = sb0 ? sb0[x * TC_D + y] : 0.0f; });
-    tc_stage_load(tc_stage((bf16 *)smb), 0, bh, hk, W, M, qh, kh, NULL, 0, d);
+    tc_stage_load(tc_stage((bf16 *)smb), 0, bh, hk, f, NULL, 0, d);
     for (int64_t n = 0; n < d.NC; n++) {
         int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
@@ -748,7 +782,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         float u[TcTile<64, TC_VT>::NT][4]; // U in the accumulator's layout
         tc_each<64, TC_VT>(u, [&](int i, int y, float &x) { x = U[(row0 + i) * TC_D + y0 + y]; });
         if (n + 1 < d.NC) { // the last chunk's reads of that stage ended at the previous iteration's barrier
-            tc_stage_load(tc_stage((bf16 *)smb + ((n + 1) & 1) * TC_STAGE), n + 1, bh, hk, W, M, qh, kh, NULL, 0, d);
+            tc_stage_load(tc_stage((bf16 *)smb + ((n + 1) & 1) * TC_STAGE), n + 1, bh, hk, f, NULL, 0, d);
             cp_async_wait<1>();
         } else cp_async_wait<0>();
         __syncthreads();
@@ -788,9 +822,12 @@ static size_t tc_state_smem() { return (2 * TC_STAGE + TC_D * LDL + 2 * TC_L * L
 // dv / TC_VT). Per chunk, dS (registers) first written as dS₁ (bf16) with its part of sd = ⟨S₀, dS₁⟩, then
 // dV' = e^{c_L − c} (k dSb) + Mᵀ dO, dS ← e^{c_L} dS + qᵀ (e^c dO) − Wᵀ dV'. sd from the fp32 S₀ and dS: dg's
 // terms cancel, and a bf16 S₀ there put dg 1.05e-2 off the fp64 reference in a bf16 test case (6.1e-3 in fp32).
-__global__ void __launch_bounds__(TC_THREADS)
-    tc_dstate_kernel(bf16 *dS1, bf16 *dVp, float *sd, float *ds0, const float *dsT, const float *S0f, const bf16 *dout,
-                     const double *cs, const bf16 *W, const bf16 *M, const bf16 *qh, const bf16 *kh, ChunkDims d) {
+__global__ void __launch_bounds__(TC_THREADS) tc_dstate_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+    bf16 *dS1 = f.dS1, *dVp = f.dVp;
+    float *sd = f.sd, *ds0 = io.ds0;
+    const float *dsT = io.dsT, *S0f = f.S0f;
+    const bf16 *dout = (const bf16 *)io.dout;
+    const double *cs = f.cs;
     extern __shared__ __align__(16) unsigned char smb[];
     int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, hk = (bh % nv) / (nv / d.nk);
     int64_t b = bh / nv, os = (int64_t)nv * TC_D;
@@ -801,7 +838,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     tc_each<128, TC_VT>(dS, [&](int x, int y, float &s) { s = dsb ? dsb[x * TC_D + y] : 0.0f; });
     const bf16 *o0 = dout + (b * d.S * nv + bh % nv) * TC_D + y0; // position 0's dO columns
     int64_t nl = d.NC - 1;
-    tc_stage_load(tc_stage((bf16 *)smb + (nl & 1) * TC_STAGE), nl, bh, hk, W, M, qh, kh, o0 + nl * TC_L * os, os, d);
+    tc_stage_load(tc_stage((bf16 *)smb + (nl & 1) * TC_STAGE), nl, bh, hk, f, o0 + nl * TC_L * os, os, d);
     for (int64_t n = nl; n >= 0; n--) {
         int64_t p0 = n * TC_L, row0 = (int64_t)bh * d.NL + p0, cb = (int64_t)bh * d.NC + n;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
@@ -817,8 +854,8 @@ __global__ void __launch_bounds__(TC_THREADS)
         part = block_sum(part, red);
         if (threadIdx.x == 0) atomicAdd(sd + cb, part);
         if (n > 0) {
-            tc_stage_load(tc_stage((bf16 *)smb + ((n - 1) & 1) * TC_STAGE), n - 1, bh, hk, W, M, qh, kh,
-                          o0 + (n - 1) * TC_L * os, os, d);
+            tc_stage_load(tc_stage((bf16 *)smb + ((n - 1) & 1) * TC_STAGE), n - 1, bh, hk, f, o0 + (n - 1) * TC_L * os,
+                          os, d);
             cp_async_wait<1>();
         } else cp_async_wait<0>();
         __syncthreads();
@@ -855,11 +892,14 @@ static size_t tc_dstate_smem() { return (2 * TC_STAGE + TC_D * LDL + 2 * TC_L * 
 // (gk += β e^c dBk); (3) dA = −(dBv Uᵀ + dBk Wᵀ) with k kᵀ into P = dA (k kᵀ) e, E = dA β e; (4) gq += D k,
 // gk += Dᵀ q + (E + Eᵀ) k; then dβ and dc from the row sums, dg the reverse cumulative sum of dc. sd: ⟨S₀, dS₁⟩
 // per chunk (from tc_dstate_kernel).
-__global__ void __launch_bounds__(TC_THREADS)
-    tc_grad_kernel(float *gq, float *gk, bf16 *dv_, float *dg, float *dbeta, const double *cs, const bf16 *U,
-                   const bf16 *W, const bf16 *Tg, const bf16 *S0, const bf16 *dS1, const bf16 *Vp, const bf16 *dVp,
-                   const float *sd, const bf16 *qh, const bf16 *kh, const bf16 *v, const bf16 *dout, const float *beta,
-                   ChunkDims d) {
+__global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+    float *gq = f.gq, *gk = f.gk, *dg = io.dg, *dbeta = io.dbeta;
+    bf16 *dv_ = (bf16 *)io.dv;
+    const double *cs = f.cs;
+    const bf16 *U = f.Ub, *W = f.W, *Tg = f.Tm, *S0 = f.S0, *dS1 = f.dS1, *Vp = f.Vp, *dVp = f.dVp, *qh = f.qh,
+               *kh = f.kh;
+    const bf16 *v = (const bf16 *)io.v, *dout = (const bf16 *)io.dout;
+    const float *sd = f.sd, *beta = io.beta;
     extern __shared__ __align__(16) unsigned char smb[];
     int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -999,8 +1039,10 @@ static size_t tc_grad_smem() {
 // One warp per (token, key head): sums the value heads' gradients w.r.t. the normalised vector and applies the
 // normalisation's backward: ∂x = c·(r·γ − x·r³·(x·γ)) (c·γ without l2).
 template <typename T>
-__global__ void delta_finish_kernel(T *dx, const float *gx, const T *x, const float *rx, int64_t rows, int nk, int G,
-                                    int dk, float c, bool l2) {
+__global__ void delta_finish_kernel(T *dx, const float *gx, const T *x, const float *rx, float c, bool l2,
+                                    ChunkDims d) {
+    int64_t rows = d.B * d.S * d.nk;
+    int nk = d.nk, G = d.nv / d.nk, dk = d.dk;
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y; // t·nk + hk
     if (row >= rows) return;
     int64_t t = row / nk;
@@ -1039,31 +1081,38 @@ static DeltaShape delta_shape(Tensor q, Tensor v, const DeltaArgs *a) {
 static ChunkDims chunk_dims(const DeltaShape *s, const DeltaArgs *a) {
     ChunkDims d;
     d.L = a->chunk ? a->chunk : DELTA_MAX_CHUNK; // chunk 0 (the recurrence) gives the same result in exact arithmetic
-    d.S = s->S, d.NC = (s->S + d.L - 1) / d.L, d.NL = d.NC * d.L;
+    d.B = s->B, d.S = s->S, d.NC = (s->S + d.L - 1) / d.L, d.NL = d.NC * d.L;
     d.nk = (int)s->nk, d.nv = (int)s->nv, d.dk = (int)s->dk, d.dv = (int)s->dv;
     return d;
 }
 
-// The forward's buffers (shared with the backward, which adds its own after them).
-typedef struct {
-    float *qh, *kh, *rq, *rk, *U, *W, *M;
-    double *cs;
-} DeltaBufs;
+// The call's scratch (op_delta_rule_scratch): carved from a->ws when the caller planned it, else from the op scratch.
+static DeltaBufs delta_bufs(Tensor q, Tensor v, const DeltaArgs *a, bool backward) {
+    size_t need = op_delta_rule_workspace(q, v, a, backward) * sizeof(float);
+    Arena arena = scratch_arena(a->ws, a->ws.p ? NULL : cuda_scratch(need), need, "delta_rule scratch");
+    DeltaScratch c = op_delta_rule_scratch(&arena, q, v, a, backward);
+    DeltaBufs f = {(float *)c.qh.p, (float *)c.kh.p,  (float *)c.rq.p,  (float *)c.rk.p, (float *)c.U.p,
+                   (float *)c.W.p,  (float *)c.M.p,   (float *)c.Tm.p,  (float *)c.S0.p, (float *)c.dS1.p,
+                   (float *)c.Vp.p, (float *)c.dVp.p, (float *)c.dBv.p, (float *)c.dW.p, (float *)c.dBk.p,
+                   (float *)c.gq.p, (float *)c.gk.p,  (double *)c.cs.p};
+    return f;
+}
 
-// The scratch: a->ws when the caller planned it, else the op scratch; carved as op_delta_rule_workspace counts it.
-static float *delta_bufs(DeltaBufs *f, Tensor q, Tensor v, const DeltaShape *s, const ChunkDims *d, bool backward,
-                         const DeltaArgs *a) {
-    size_t need = op_delta_rule_workspace(q, v, a, backward);
-    float *p;
-    if (a->ws.p) {
-        CHECK(a->ws.dev == DEV_CUDA && a->ws.dt == DT_F32 && (size_t)tensor_numel(a->ws) >= need);
-        p = (float *)a->ws.p;
-    } else p = (float *)cuda_scratch(need * sizeof(float));
-    size_t nq = (size_t)(s->T * s->nk * s->dk), BH = (size_t)(s->B * s->nv), NL = (size_t)d->NL;
-    f->qh = p, f->kh = f->qh + nq, f->rq = f->kh + nq, f->rk = f->rq + s->T * s->nk;
-    f->cs = (double *)(f->rq + (2 * s->T * s->nk + 3) / 4 * 4); // 16-byte aligned (the tensor cores' cp.async)
-    f->U = (float *)(f->cs + BH * NL), f->W = f->U + BH * NL * s->dv, f->M = f->W + BH * NL * s->dk;
-    return f->M + BH * d->NC * d->L * d->L;
+// The tensor cores' view of the scratch (TcBufs).
+static TcBufs tc_bufs(const DeltaBufs &f, const ChunkDims &d) {
+    size_t states = (size_t)(d.B * d.nv * d.NC) * d.dk * d.dv; // S₀ or dS₁ of every chunk
+    TcBufs t;
+    t.qh = (bf16 *)f.qh, t.kh = (bf16 *)f.kh, t.W = (bf16 *)f.W, t.M = (bf16 *)f.M, t.Tm = (bf16 *)f.Tm;
+    t.dS1 = (bf16 *)f.dS1, t.S0 = f.dS1 ? t.dS1 + states : NULL, t.Vp = (bf16 *)f.Vp, t.dVp = (bf16 *)f.dVp;
+    t.Ub = (bf16 *)f.dW, t.U = f.U, t.S0f = f.S0, t.sd = f.dBv, t.gq = f.gq, t.gk = f.gk, t.cs = f.cs;
+    return t;
+}
+
+// The op's inputs as the kernels see them; the forward adds o and sT, the backward the gradients.
+static DeltaIO delta_io(Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
+    DeltaIO io = {};
+    io.v = v.p, io.g = (const float *)g.p, io.beta = (const float *)beta.p, io.s0 = (const float *)a->s0.p;
+    return io;
 }
 
 static size_t prep_smem(const ChunkDims *d) { return ((size_t)d->L * d->dk + 2 * (size_t)d->L * d->L + 4 * d->L) * 4; }
@@ -1082,31 +1131,28 @@ static bool delta_tc(DType dt, const ChunkDims *d) {
     return dt == DT_BF16 && d->L == TC_L && d->dk == TC_D && d->dv == TC_D;
 }
 
-// Normalised q and k, then c, U, W, M (and Tm when Tg is not NULL) of every chunk; the tensor cores' bf16 copy of U
-// into Ub when not NULL.
+// Normalised q and k, then c, U, W, M (and Tm and, on the tensor cores, U's bf16 copy for the backward) of every
+// chunk.
 template <typename T>
-static void delta_front(const DeltaBufs *f, float *Tg, bf16 *Ub, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta,
-                        const DeltaShape *s, const ChunkDims *d, const DeltaArgs *a) {
+static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor k, const DeltaShape *s,
+                        const ChunkDims *d, const DeltaArgs *a) {
     int64_t rows = s->T * s->nk;
     if (delta_tc(q.dt, d)) { // bf16 q̂, k̂, W, M, Tm in the fp32 buffers' places
         delta_prep_kernel<bf16, bf16><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-            (bf16 *)f->qh, (bf16 *)f->kh, f->rq, f->rk, (const bf16 *)q.p, (const bf16 *)k.p, rows, (int)s->dk,
-            a->scale, a->qk_l2norm);
+            f, (const bf16 *)q.p, (const bf16 *)k.p, rows, (int)s->dk, a->scale, a->qk_l2norm);
         CUDA_LAUNCH_CHECK();
         set_smem(tc_prep_kernel, tc_prep_smem());
         tc_prep_kernel<<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), TC_THREADS, tc_prep_smem(), cuda_stream()>>>(
-            f->cs, f->U, Ub, (bf16 *)f->W, (bf16 *)f->M, (bf16 *)Tg, (const bf16 *)f->qh, (const bf16 *)f->kh,
-            (const bf16 *)v.p, (const float *)g.p, (const float *)beta.p, *d);
+            tc_bufs(f, *d), io, *d);
         CUDA_LAUNCH_CHECK();
         return;
     }
     delta_prep_kernel<T, float><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-        f->qh, f->kh, f->rq, f->rk, (const T *)q.p, (const T *)k.p, rows, (int)s->dk, a->scale, a->qk_l2norm);
+        f, (const T *)q.p, (const T *)k.p, rows, (int)s->dk, a->scale, a->qk_l2norm);
     CUDA_LAUNCH_CHECK();
     size_t sm = prep_smem(d);
     set_smem(delta_chunk_prep_kernel<T>, sm);
-    delta_chunk_prep_kernel<T><<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), 256, sm, cuda_stream()>>>(
-        f->cs, f->U, f->W, f->M, Tg, f->qh, f->kh, (const T *)v.p, (const float *)g.p, (const float *)beta.p, *d);
+    delta_chunk_prep_kernel<T><<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), 256, sm, cuda_stream()>>>(f, io, *d);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -1121,23 +1167,22 @@ void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, T
     IS_F32(beta, "delta_rule_forward");
     if (s.T == 0) return;
     ChunkDims d = chunk_dims(&s, a);
-    DeltaBufs f;
-    delta_bufs(&f, q, v, &s, &d, false, a);
+    DeltaBufs f = delta_bufs(q, v, a, false);
+    DeltaIO io = delta_io(v, g, beta, a);
+    io.o = o.p, io.sT = (float *)a->sT.p;
     if (delta_tc(q.dt, &d)) {
-        delta_front<bf16>(&f, NULL, NULL, q, k, v, g, beta, &s, &d, a);
+        delta_front<bf16>(f, io, q, k, &s, &d, a);
         set_smem(tc_state_kernel, tc_state_smem());
         tc_state_kernel<<<dim3((unsigned)(s.B * s.nv), TC_D / TC_VT), TC_THREADS, tc_state_smem(), cuda_stream()>>>(
-            (bf16 *)o.p, NULL, NULL, NULL, (float *)a->sT.p, (const float *)a->s0.p, f.cs, f.U, (const bf16 *)f.W,
-            (const bf16 *)f.M, (const bf16 *)f.qh, (const bf16 *)f.kh, d);
+            tc_bufs(f, d), io, d);
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(q.dt, T, "delta_rule_forward", {
-        delta_front<T>(&f, NULL, NULL, q, k, v, g, beta, &s, &d, a);
+        delta_front<T>(f, io, q, k, &s, &d, a);
         size_t sm = state_smem(&d);
         set_smem(delta_chunk_state_kernel<T>, sm);
-        delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
-            (T *)o.p, NULL, NULL, (float *)a->sT.p, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+        delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(f, io, d);
     });
     CUDA_LAUNCH_CHECK();
 }
@@ -1151,61 +1196,46 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
     IS_F32(dbeta, "delta_rule_backward");
     if (s.T == 0) return;
     ChunkDims d = chunk_dims(&s, a);
-    DeltaBufs f;
-    float *p = delta_bufs(&f, q, v, &s, &d, true, a);
-    size_t BH = (size_t)(s.B * s.nv), NL = (size_t)d.NL, kv = (size_t)(s.dk * s.dv);
-    float *Tg = p, *S0 = Tg + BH * d.NC * d.L * d.L, *dS1 = S0 + BH * d.NC * kv, *Vp = dS1 + BH * d.NC * kv,
-          *dVp = Vp + BH * NL * s.dv, *dBv = dVp + BH * NL * s.dv, *dW = dBv + BH * NL * s.dv,
-          *dBk = dW + BH * NL * s.dk, *gq = dBk + BH * NL * s.dk, *gk = gq + s.T * s.nv * s.dk;
+    DeltaBufs f = delta_bufs(q, v, a, true);
+    DeltaIO io = delta_io(v, g, beta, a);
+    io.dv = dv.p, io.dout = dout.p, io.dg = (float *)dg.p, io.dbeta = (float *)dbeta.p;
+    io.dsT = (const float *)a->dsT.p, io.ds0 = (float *)a->ds0.p;
+    size_t BH = (size_t)(s.B * s.nv);
     int64_t rows = s.T * s.nk;
     bool tc = delta_tc(q.dt, &d);
     dim3 sg((unsigned)BH, TC_D / TC_VT), cg((unsigned)d.NC, (unsigned)BH);
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
-        // tensor cores: bf16 buffers in the fp32 ones' places (S₀ in bf16 after dS₁, in fp32 in S₀'s), U's bf16 copy
-        // in dW's, sd (B·nv, NC) in dBv's
-        delta_front<T>(&f, Tg, tc ? (bf16 *)dW : NULL, q, k, v, g, beta, &s, &d, a);
+        delta_front<T>(f, io, q, k, &s, &d, a);
         if (tc) {
-            const bf16 *U = (const bf16 *)dW, *W = (const bf16 *)f.W, *M = (const bf16 *)f.M, *Tb = (const bf16 *)Tg;
-            const bf16 *qb = (const bf16 *)f.qh, *kb = (const bf16 *)f.kh;
-            bf16 *dS1b = (bf16 *)dS1, *S0b = dS1b + BH * d.NC * kv, *Vpb = (bf16 *)Vp, *dVpb = (bf16 *)dVp;
-            CUDA_CHECK(cudaMemsetAsync(dBv, 0, BH * d.NC * sizeof(float), cuda_stream()));
+            TcBufs t = tc_bufs(f, d);
+            CUDA_CHECK(cudaMemsetAsync(t.sd, 0, BH * d.NC * sizeof(float), cuda_stream()));
             set_smem(tc_state_kernel, tc_state_smem());
-            tc_state_kernel<<<sg, TC_THREADS, tc_state_smem(), cuda_stream()>>>(
-                NULL, S0b, S0, Vpb, NULL, (const float *)a->s0.p, f.cs, f.U, W, M, qb, kb, d);
+            tc_state_kernel<<<sg, TC_THREADS, tc_state_smem(), cuda_stream()>>>(t, io, d);
             CUDA_LAUNCH_CHECK();
             set_smem(tc_dstate_kernel, tc_dstate_smem());
-            tc_dstate_kernel<<<sg, TC_THREADS, tc_dstate_smem(), cuda_stream()>>>(
-                dS1b, dVpb, dBv, (float *)a->ds0.p, (const float *)a->dsT.p, S0, (const bf16 *)dout.p, f.cs, W, M, qb,
-                kb, d);
+            tc_dstate_kernel<<<sg, TC_THREADS, tc_dstate_smem(), cuda_stream()>>>(t, io, d);
             CUDA_LAUNCH_CHECK();
             set_smem(tc_grad_kernel, tc_grad_smem());
-            tc_grad_kernel<<<cg, TC_THREADS, tc_grad_smem(), cuda_stream()>>>(
-                gq, gk, (bf16 *)dv.p, (float *)dg.p, (float *)dbeta.p, f.cs, U, W, Tb, S0b, dS1b, Vpb, dVpb, dBv, qb,
-                kb, (const bf16 *)v.p, (const bf16 *)dout.p, (const float *)beta.p, d);
+            tc_grad_kernel<<<cg, TC_THREADS, tc_grad_smem(), cuda_stream()>>>(t, io, d);
             CUDA_LAUNCH_CHECK();
         } else {
             size_t sm = state_smem(&d);
             set_smem(delta_chunk_state_kernel<T>, sm);
-            delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
-                NULL, S0, Vp, NULL, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+            delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(f, io, d);
             CUDA_LAUNCH_CHECK();
             sm = dstate_smem(&d);
             set_smem(delta_chunk_dstate_kernel<T>, sm);
-            delta_chunk_dstate_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
-                dS1, dVp, (float *)a->ds0.p, (const float *)a->dsT.p, (const T *)dout.p, f.cs, f.W, f.M, f.qh, f.kh, d);
+            delta_chunk_dstate_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(f, io, d);
             CUDA_LAUNCH_CHECK();
             sm = grad_smem(&d);
             set_smem(delta_chunk_grad_kernel<T>, sm);
-            delta_chunk_grad_kernel<T><<<dim3((unsigned)d.NC, (unsigned)BH), 256, sm, cuda_stream()>>>(
-                gq, gk, (T *)dv.p, (float *)dg.p, (float *)dbeta.p, dW, dBv, dBk, f.cs, f.U, f.W, f.M, Tg, S0, dS1, Vp,
-                dVp, f.qh, f.kh, (const T *)v.p, (const T *)dout.p, (const float *)beta.p, d);
+            delta_chunk_grad_kernel<T><<<cg, 256, sm, cuda_stream()>>>(f, io, d);
             CUDA_LAUNCH_CHECK();
         }
-        delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>((T *)dq.p, gq, (const T *)q.p, f.rq,
-                                                                                rows, (int)s.nk, (int)(s.nv / s.nk),
-                                                                                (int)s.dk, a->scale, a->qk_l2norm);
-        delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-            (T *)dk.p, gk, (const T *)k.p, f.rk, rows, (int)s.nk, (int)(s.nv / s.nk), (int)s.dk, 1.0f, a->qk_l2norm);
+        delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>((T *)dq.p, f.gq, (const T *)q.p, f.rq,
+                                                                                a->scale, a->qk_l2norm, d);
+        delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>((T *)dk.p, f.gk, (const T *)k.p, f.rk,
+                                                                                1.0f, a->qk_l2norm, d);
     });
     CUDA_LAUNCH_CHECK();
 }
