@@ -79,6 +79,12 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 #define CONV_MAX_K 8
 #define CONV_THREADS 128
 
+// A call's shape: C channels, sequences of S, kernel K; runs = B·⌈S / CONV_RUN⌉.
+typedef struct {
+    int64_t C, S, runs;
+    int K;
+} ConvShape;
+
 static dim3 conv_grid(int64_t C, int64_t runs) {
     return dim3((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)(runs < 64 ? runs : 64));
 }
@@ -109,8 +115,9 @@ template <int N> __device__ __forceinline__ float conv_u(const float (&wk)[CONV_
 
 // y[p] = silu(u[p]) for the run's positions p0 .. p0 + CONV_RUN − 1 (x before the sequence: 0).
 template <typename T, typename TW>
-__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, int64_t C, int64_t S, int K,
-                                    int64_t runs) {
+__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, ConvShape sh) {
+    int64_t C = sh.C, S = sh.S, runs = sh.runs;
+    int K = sh.K;
     const int NX = CONV_RUN + CONV_MAX_K - 1; // x[p0 − CONV_MAX_K + 1 .. p0 + CONV_RUN − 1]
     int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
     if (c >= C) return;
@@ -131,7 +138,9 @@ __global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo
 // dx[p] = Σ_j w'[j]·dpre[p + CONV_MAX_K − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p.
 template <typename T, typename TW>
 __global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, const T *x, const TW *w, const T *halo,
-                                     int64_t C, int64_t S, int K, int64_t runs) {
+                                     ConvShape sh) {
+    int64_t C = sh.C, S = sh.S, runs = sh.runs;
+    int K = sh.K;
     const int ND = CONV_RUN + CONV_MAX_K - 1, NX = ND + CONV_MAX_K - 1; // x from p0 − CONV_MAX_K + 1
     int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
     if (c >= C) return;
@@ -169,51 +178,66 @@ __global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, co
         if (j >= CONV_MAX_K - K) atomicAdd(dw + c * K + j - (CONV_MAX_K - K), dwk[j]);
 }
 
-static void conv_check_halo(Tensor halo, Tensor x, int64_t B, int K, const char *what) {
-    if (!halo.p) return;
-    CHECK(t_rows(halo) == B * (K - 1) && t_cols(halo) == t_cols(x));
-    same_dt(halo, x, what);
+// The shape of x: (B·S, C) with w: (C, K), checked with the halo's.
+static ConvShape conv_shape(Tensor x, Tensor w, Tensor halo, int64_t B, const char *what) {
+    ConvShape s;
+    int64_t T_ = t_rows(x);
+    s.C = t_cols(x), s.S = T_ / B, s.runs = B * ((s.S + CONV_RUN - 1) / CONV_RUN), s.K = (int)t_cols(w);
+    CHECK(T_ % B == 0 && t_rows(w) == s.C);
+    if (s.K > CONV_MAX_K) die("%s: kernel %d is past the GPU kernels' %d", what, s.K, CONV_MAX_K);
+    if (halo.p) {
+        CHECK(t_rows(halo) == B * (s.K - 1) && t_cols(halo) == s.C);
+        same_dt(halo, x, what);
+    }
+    return s;
 }
 
 void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
-    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B, runs = B * ((S + CONV_RUN - 1) / CONV_RUN);
-    int K = (int)t_cols(w);
-    CHECK(T_ % B == 0 && t_rows(w) == C && tensor_numel(y) == T_ * C);
-    if (K > CONV_MAX_K) die("conv1d_silu_forward: kernel %d is past the GPU kernels' %d", K, CONV_MAX_K);
+    ConvShape s = conv_shape(x, w, halo, B, "conv1d_silu_forward");
+    CHECK(tensor_numel(y) == tensor_numel(x));
     same_dt(y, x, "conv1d_silu_forward");
-    conv_check_halo(halo, x, B, K, "conv1d_silu_forward");
-    if (T_ == 0) return;
+    if (t_rows(x) == 0) return;
     DT_SWITCH(x.dt, T, "conv1d_silu_forward",
               DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
-                        conv_forward_kernel<T, TW><<<conv_grid(C, runs), CONV_THREADS, 0, cuda_stream()>>>(
-                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, C, S, K, runs)));
+                        conv_forward_kernel<T, TW><<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
+                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, s)));
     CUDA_LAUNCH_CHECK();
 }
 
 void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
-    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B, runs = B * ((S + CONV_RUN - 1) / CONV_RUN);
-    int K = (int)t_cols(w);
-    if (K > CONV_MAX_K) die("conv1d_silu_backward: kernel %d is past the GPU kernels' %d", K, CONV_MAX_K);
+    ConvShape s = conv_shape(x, w, halo, B, "conv1d_silu_backward");
     CHECK(!dhalo.p || (halo.p && tensor_numel(dhalo) == tensor_numel(halo)));
     same_dt(dx, x, "conv1d_silu_backward");
     same_dt(dy, x, "conv1d_silu_backward");
     IS_F32(dw, "conv1d_silu_backward");
-    conv_check_halo(halo, x, B, K, "conv1d_silu_backward");
     if (dhalo.p) same_dt(dhalo, x, "conv1d_silu_backward");
-    if (T_ == 0) return;
+    if (t_rows(x) == 0) return;
     DT_SWITCH(x.dt, T, "conv1d_silu_backward",
               DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
-                        conv_backward_kernel<T, TW><<<conv_grid(C, runs), CONV_THREADS, 0, cuda_stream()>>>(
+                        conv_backward_kernel<T, TW><<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
                             (T *)dx.p, (T *)dhalo.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
-                            (const T *)halo.p, C, S, K, runs)));
+                            (const T *)halo.p, s)));
     CUDA_LAUNCH_CHECK();
 }
 
 // ---- the DeltaNet gates ----
 
-template <typename T, typename TW>
-__global__ void gates_forward_kernel(float *g, float *beta, const T *a, const T *b, const TW *A_log, const TW *dt_bias,
-                                     int64_t n, int64_t nv) {
+// The gates' inputs as the kernels see them: a, b (Tn, nv) of type T, A_log, dt_bias (nv) of type TW.
+template <typename T, typename TW> struct GateIn {
+    const T *a, *b;
+    const TW *A_log, *dt_bias;
+    int64_t Tn, nv;
+};
+template <typename T, typename TW> static GateIn<T, TW> gate_in(Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
+    GateIn<T, TW> in = {(const T *)a.p,        (const T *)b.p, (const TW *)A_log.p,
+                        (const TW *)dt_bias.p, t_rows(a),      t_cols(a)};
+    return in;
+}
+
+template <typename T, typename TW> __global__ void gates_forward_kernel(float *g, float *beta, GateIn<T, TW> in) {
+    const T *a = in.a, *b = in.b;
+    const TW *A_log = in.A_log, *dt_bias = in.dt_bias;
+    int64_t n = in.Tn * in.nv, nv = in.nv;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t h = i % nv;
         g[i] = -expf(ld(A_log, h)) * softplus_f(ld(a, i) + ld(dt_bias, h));
@@ -224,8 +248,10 @@ __global__ void gates_forward_kernel(float *g, float *beta, const T *a, const T 
 // da, db per element; dA_log[h] += Σ_t dg·g, ddt_bias[h] += Σ_t da (thread per head, grid.y splits the rows).
 template <typename T, typename TW>
 __global__ void gates_backward_kernel(T *da, T *db, float *dA_log, float *ddt_bias, const float *dg, const float *dbeta,
-                                      const T *a, const T *b, const TW *A_log, const TW *dt_bias, int64_t Tn,
-                                      int64_t nv) {
+                                      GateIn<T, TW> in) {
+    const T *a = in.a, *b = in.b;
+    const TW *A_log = in.A_log, *dt_bias = in.dt_bias;
+    int64_t Tn = in.Tn, nv = in.nv;
     int64_t h = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (h >= nv) return;
     float eA = expf(ld(A_log, h)), sA = 0, sdt = 0;
@@ -251,8 +277,7 @@ void cuda_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor 
     DT_SWITCH(a.dt, T, "delta_gates_forward",
               DT_SWITCH(A_log.dt, TW, "delta_gates_forward",
                         gates_forward_kernel<T, TW><<<grid_for(n, 256), 256, 0, cuda_stream()>>>(
-                            (float *)g.p, (float *)beta.p, (const T *)a.p, (const T *)b.p, (const TW *)A_log.p,
-                            (const TW *)dt_bias.p, n, nv)));
+                            (float *)g.p, (float *)beta.p, gate_in<T, TW>(a, b, A_log, dt_bias))));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -270,7 +295,6 @@ void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_b
               DT_SWITCH(A_log.dt, TW, "delta_gates_backward",
                         gates_backward_kernel<T, TW><<<grid, 32, 0, cuda_stream()>>>(
                             (T *)da.p, (T *)db.p, (float *)dA_log.p, (float *)ddt_bias.p, (const float *)dg.p,
-                            (const float *)dbeta.p, (const T *)a.p, (const T *)b.p, (const TW *)A_log.p,
-                            (const TW *)dt_bias.p, Tn, nv)));
+                            (const float *)dbeta.p, gate_in<T, TW>(a, b, A_log, dt_bias))));
     CUDA_LAUNCH_CHECK();
 }
