@@ -175,6 +175,12 @@ void cuda_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Ten
 
 // ---- the gated delta rule ----
 
+// A call's dims: the sequences fall into NC chunks of L positions (NL = NC·L rows of the scratch per value head).
+typedef struct {
+    int64_t B, S, NC, NL; // sequences, sequence length, chunks, NC·L
+    int L, nk, nv, dk, dv;
+} ChunkDims;
+
 // The scratch as the kernels see it (DeltaScratch's pieces, ops.h), NULL where the call carved none (the forward's
 // has no backward pieces).
 typedef struct {
@@ -193,9 +199,11 @@ typedef struct {
 // One warp per (token, key head): qh = scale·q·rq, kh = k·rk (fp32, or bf16 for the tensor cores), rq, rk =
 // (Σ x² + 1e-6)^-½ (1 without l2).
 template <typename T, typename TO>
-__global__ void delta_prep_kernel(DeltaBufs f, const T *q, const T *k, int64_t rows, int dk, float scale, bool l2) {
+__global__ void delta_prep_kernel(DeltaBufs f, const T *q, const T *k, float scale, bool l2, ChunkDims d) {
     TO *qh = (TO *)f.qh, *kh = (TO *)f.kh;
     float *rq = f.rq, *rk = f.rk;
+    int64_t rows = d.B * d.S * d.nk;
+    int dk = d.dk;
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
     if (row >= rows) return;
     float sq = 0, sk = 0;
@@ -223,11 +231,6 @@ __global__ void delta_prep_kernel(DeltaBufs f, const T *q, const T *k, int64_t r
 // then delta_chunk_grad_kernel takes every chunk at once through the rest (its comment has the terms).
 // Scratch rows are indexed by bh = b·nv + h and the position p < NC·L padded to whole chunks.
 #define DELTA_VT 32 // value columns per state-pass block
-
-typedef struct {
-    int64_t B, S, NC, NL; // sequences, sequence length, chunks, NC·L
-    int L, nk, nv, dk, dv;
-} ChunkDims;
 
 // Grid (NC, B·nv). Shared: cc (L, fp64), kc (L, dk), Am, Ti (L, L), bb, be = β e^c (L).
 template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
@@ -1061,28 +1064,20 @@ __global__ void delta_finish_kernel(T *dx, const float *gx, const T *x, const fl
     }
 }
 
-typedef struct {
-    int64_t B, S, T, nk, nv, dk, dv;
-} DeltaShape;
-
-static DeltaShape delta_shape(Tensor q, Tensor v, const DeltaArgs *a) {
-    DeltaShape d = {a->B, q.n[0] / a->B, q.n[0], q.n[1], v.n[1], q.n[2], v.n[2]};
-    CHECK(q.n[0] % a->B == 0 && v.n[0] == q.n[0] && d.nv % d.nk == 0);
+// The call's dims, checked with the states'.
+static ChunkDims delta_dims(Tensor q, Tensor v, const DeltaArgs *a) {
+    CHECK(q.n[0] % a->B == 0 && v.n[0] == q.n[0] && v.n[1] % q.n[1] == 0);
     CHECK(a->chunk >= 0 && a->chunk <= DELTA_MAX_CHUNK);
+    ChunkDims d;
+    d.L = a->chunk ? a->chunk : DELTA_MAX_CHUNK; // chunk 0 (the recurrence) gives the same result in exact arithmetic
+    d.B = a->B, d.S = q.n[0] / a->B, d.NC = (d.S + d.L - 1) / d.L, d.NL = d.NC * d.L;
+    d.nk = (int)q.n[1], d.nv = (int)v.n[1], d.dk = (int)q.n[2], d.dv = (int)v.n[2];
     const Tensor *st[4] = {&a->s0, &a->sT, &a->dsT, &a->ds0};
     for (int i = 0; i < 4; i++)
         if (st[i]->p) {
             IS_F32(*st[i], "delta_rule state");
             CHECK(st[i]->dev == DEV_CUDA && tensor_numel(*st[i]) == d.B * d.nv * d.dk * d.dv);
         }
-    return d;
-}
-
-static ChunkDims chunk_dims(const DeltaShape *s, const DeltaArgs *a) {
-    ChunkDims d;
-    d.L = a->chunk ? a->chunk : DELTA_MAX_CHUNK; // chunk 0 (the recurrence) gives the same result in exact arithmetic
-    d.B = s->B, d.S = s->S, d.NC = (s->S + d.L - 1) / d.L, d.NL = d.NC * d.L;
-    d.nk = (int)s->nk, d.nv = (int)s->nv, d.dk = (int)s->dk, d.dv = (int)s->dv;
     return d;
 }
 
@@ -1134,78 +1129,75 @@ static bool delta_tc(DType dt, const ChunkDims *d) {
 // Normalised q and k, then c, U, W, M (and Tm and, on the tensor cores, U's bf16 copy for the backward) of every
 // chunk.
 template <typename T>
-static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor k, const DeltaShape *s,
-                        const ChunkDims *d, const DeltaArgs *a) {
-    int64_t rows = s->T * s->nk;
+static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor k, const ChunkDims *d,
+                        const DeltaArgs *a) {
+    dim3 rg = row_grid(d->B * d->S * d->nk), cg((unsigned)d->NC, (unsigned)(d->B * d->nv));
     if (delta_tc(q.dt, d)) { // bf16 q̂, k̂, W, M, Tm in the fp32 buffers' places
-        delta_prep_kernel<bf16, bf16><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-            f, (const bf16 *)q.p, (const bf16 *)k.p, rows, (int)s->dk, a->scale, a->qk_l2norm);
+        delta_prep_kernel<bf16, bf16>
+            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>(f, (const bf16 *)q.p, (const bf16 *)k.p, a->scale, a->qk_l2norm, *d);
         CUDA_LAUNCH_CHECK();
         set_smem(tc_prep_kernel, tc_prep_smem());
-        tc_prep_kernel<<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), TC_THREADS, tc_prep_smem(), cuda_stream()>>>(
-            tc_bufs(f, *d), io, *d);
+        tc_prep_kernel<<<cg, TC_THREADS, tc_prep_smem(), cuda_stream()>>>(tc_bufs(f, *d), io, *d);
         CUDA_LAUNCH_CHECK();
         return;
     }
-    delta_prep_kernel<T, float><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-        f, (const T *)q.p, (const T *)k.p, rows, (int)s->dk, a->scale, a->qk_l2norm);
+    delta_prep_kernel<T, float>
+        <<<rg, ROW_BLOCK, 0, cuda_stream()>>>(f, (const T *)q.p, (const T *)k.p, a->scale, a->qk_l2norm, *d);
     CUDA_LAUNCH_CHECK();
     size_t sm = prep_smem(d);
     set_smem(delta_chunk_prep_kernel<T>, sm);
-    delta_chunk_prep_kernel<T><<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), 256, sm, cuda_stream()>>>(f, io, *d);
+    delta_chunk_prep_kernel<T><<<cg, 256, sm, cuda_stream()>>>(f, io, *d);
     CUDA_LAUNCH_CHECK();
 }
 
-static dim3 state_grid(const DeltaShape *s) {
-    return dim3((unsigned)(s->B * s->nv), (unsigned)((s->dv + DELTA_VT - 1) / DELTA_VT));
+static dim3 state_grid(const ChunkDims *d) {
+    return dim3((unsigned)(d->B * d->nv), (unsigned)((d->dv + DELTA_VT - 1) / DELTA_VT));
 }
 
 void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
-    DeltaShape s = delta_shape(q, v, a);
+    ChunkDims d = delta_dims(q, v, a);
     same_dt(k, q, "delta_rule_forward"), same_dt(v, q, "delta_rule_forward"), same_dt(o, q, "delta_rule_forward");
     IS_F32(g, "delta_rule_forward");
     IS_F32(beta, "delta_rule_forward");
-    if (s.T == 0) return;
-    ChunkDims d = chunk_dims(&s, a);
+    if (q.n[0] == 0) return;
     DeltaBufs f = delta_bufs(q, v, a, false);
     DeltaIO io = delta_io(v, g, beta, a);
     io.o = o.p, io.sT = (float *)a->sT.p;
     if (delta_tc(q.dt, &d)) {
-        delta_front<bf16>(f, io, q, k, &s, &d, a);
+        delta_front<bf16>(f, io, q, k, &d, a);
         set_smem(tc_state_kernel, tc_state_smem());
-        tc_state_kernel<<<dim3((unsigned)(s.B * s.nv), TC_D / TC_VT), TC_THREADS, tc_state_smem(), cuda_stream()>>>(
+        tc_state_kernel<<<dim3((unsigned)(d.B * d.nv), TC_D / TC_VT), TC_THREADS, tc_state_smem(), cuda_stream()>>>(
             tc_bufs(f, d), io, d);
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(q.dt, T, "delta_rule_forward", {
-        delta_front<T>(f, io, q, k, &s, &d, a);
+        delta_front<T>(f, io, q, k, &d, a);
         size_t sm = state_smem(&d);
         set_smem(delta_chunk_state_kernel<T>, sm);
-        delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(f, io, d);
+        delta_chunk_state_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
     });
     CUDA_LAUNCH_CHECK();
 }
 
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                               Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
-    DeltaShape s = delta_shape(q, v, a);
+    ChunkDims d = delta_dims(q, v, a);
     same_dt(dq, q, "delta_rule_backward"), same_dt(dk, q, "delta_rule_backward");
     same_dt(dv, v, "delta_rule_backward"), same_dt(dout, v, "delta_rule_backward");
     IS_F32(dg, "delta_rule_backward");
     IS_F32(dbeta, "delta_rule_backward");
-    if (s.T == 0) return;
-    ChunkDims d = chunk_dims(&s, a);
+    if (q.n[0] == 0) return;
     DeltaBufs f = delta_bufs(q, v, a, true);
     DeltaIO io = delta_io(v, g, beta, a);
     io.dv = dv.p, io.dout = dout.p, io.dg = (float *)dg.p, io.dbeta = (float *)dbeta.p;
     io.dsT = (const float *)a->dsT.p, io.ds0 = (float *)a->ds0.p;
-    size_t BH = (size_t)(s.B * s.nv);
-    int64_t rows = s.T * s.nk;
+    size_t BH = (size_t)(d.B * d.nv);
+    dim3 rg = row_grid(d.B * d.S * d.nk);
     bool tc = delta_tc(q.dt, &d);
     dim3 sg((unsigned)BH, TC_D / TC_VT), cg((unsigned)d.NC, (unsigned)BH);
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
-        delta_front<T>(f, io, q, k, &s, &d, a);
+        delta_front<T>(f, io, q, k, &d, a);
         if (tc) {
             TcBufs t = tc_bufs(f, d);
             CUDA_CHECK(cudaMemsetAsync(t.sd, 0, BH * d.NC * sizeof(float), cuda_stream()));
@@ -1221,21 +1213,21 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
         } else {
             size_t sm = state_smem(&d);
             set_smem(delta_chunk_state_kernel<T>, sm);
-            delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(f, io, d);
+            delta_chunk_state_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
             CUDA_LAUNCH_CHECK();
             sm = dstate_smem(&d);
             set_smem(delta_chunk_dstate_kernel<T>, sm);
-            delta_chunk_dstate_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(f, io, d);
+            delta_chunk_dstate_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
             CUDA_LAUNCH_CHECK();
             sm = grad_smem(&d);
             set_smem(delta_chunk_grad_kernel<T>, sm);
             delta_chunk_grad_kernel<T><<<cg, 256, sm, cuda_stream()>>>(f, io, d);
             CUDA_LAUNCH_CHECK();
         }
-        delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>((T *)dq.p, f.gq, (const T *)q.p, f.rq,
-                                                                                a->scale, a->qk_l2norm, d);
-        delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>((T *)dk.p, f.gk, (const T *)k.p, f.rk,
-                                                                                1.0f, a->qk_l2norm, d);
+        delta_finish_kernel<T>
+            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>((T *)dq.p, f.gq, (const T *)q.p, f.rq, a->scale, a->qk_l2norm, d);
+        delta_finish_kernel<T>
+            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>((T *)dk.p, f.gk, (const T *)k.p, f.rk, 1.0f, a->qk_l2norm, d);
     });
     CUDA_LAUNCH_CHECK();
 }
