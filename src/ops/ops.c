@@ -151,31 +151,47 @@ void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bia
                              Tensor b, Tensor A_log, Tensor dt_bias) {
     DISPATCH(a.dev, delta_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias));
 }
-// cuda_cudnn.cu's D and dQ accumulator, 256-byte pieces (ops.h).
+AttnScratch op_attention_scratch(Arena *a, Tensor q) {
+    return (AttnScratch){.D = arena_tensor(a, DT_F32, 2, q.n[0], q.n[1], 0, 0),
+                         .dq = arena_tensor(a, DT_F32, 3, q.n[0], q.n[1], q.n[2], 0)};
+}
 size_t op_attention_workspace(Tensor q, Tensor k, const AttnArgs *a) {
 #ifdef PITH_CUDNN
     if (q.dev != DEV_CUDA || q.dt != DT_BF16 || a->deterministic || !a->causal || a->q_off || a->k_off ||
         k.n[0] != q.n[0])
         return 0;
-    size_t rows = (size_t)q.n[0] * q.n[1];
-    return (rows + 63) / 64 * 64 + (rows * q.n[2] + 63) / 64 * 64;
+    Arena c = arena_counting("attention scratch", q.dev);
+    op_attention_scratch(&c, q);
+    return c.used / sizeof(float);
 #else
     (void)q, (void)k, (void)a;
     return 0;
 #endif
 }
 
-// cuda_delta.cu carves its scratch in this order: q̂, k̂ (T, nk, dk), their norms (T, nk each, padded to 16 bytes),
-// then per (b, h) over NC chunks of L (NL = NC·L rows): c (NL, fp64), U (NL, dv), W (NL, dk), M (NC, L, L); the
-// backward adds Tm (NC, L, L), S₀ and dS₁ (NC, dk, dv), V', dV', dBv (NL, dv), dW, dBk (NL, dk) and gq, gk (T, nv, dk).
-// The CPU needs none.
+DeltaScratch op_delta_rule_scratch(Arena *a, Tensor q, Tensor v, const DeltaArgs *da, bool backward) {
+    int64_t T = q.n[0], nk = q.n[1], dk = q.n[2], nv = v.n[1], dv = v.n[2], BH = da->B * nv;
+    int64_t L = da->chunk ? da->chunk : DELTA_MAX_CHUNK, NC = (T / da->B + L - 1) / L, NL = NC * L;
+    DeltaScratch s = {0};
+    s.qh = arena_tensor(a, DT_F32, 3, T, nk, dk, 0), s.kh = arena_tensor(a, DT_F32, 3, T, nk, dk, 0);
+    s.rq = arena_tensor(a, DT_F32, 2, T, nk, 0, 0), s.rk = arena_tensor(a, DT_F32, 2, T, nk, 0, 0);
+    s.cs = arena_tensor(a, DT_F64, 2, BH, NL, 0, 0);
+    s.U = arena_tensor(a, DT_F32, 3, BH, NL, dv, 0), s.W = arena_tensor(a, DT_F32, 3, BH, NL, dk, 0);
+    s.M = arena_tensor(a, DT_F32, 4, BH, NC, L, L);
+    if (!backward) return s;
+    s.Tm = arena_tensor(a, DT_F32, 4, BH, NC, L, L);
+    s.S0 = arena_tensor(a, DT_F32, 4, BH, NC, dk, dv), s.dS1 = arena_tensor(a, DT_F32, 4, BH, NC, dk, dv);
+    s.Vp = arena_tensor(a, DT_F32, 3, BH, NL, dv, 0), s.dVp = arena_tensor(a, DT_F32, 3, BH, NL, dv, 0);
+    s.dBv = arena_tensor(a, DT_F32, 3, BH, NL, dv, 0);
+    s.dW = arena_tensor(a, DT_F32, 3, BH, NL, dk, 0), s.dBk = arena_tensor(a, DT_F32, 3, BH, NL, dk, 0);
+    s.gq = arena_tensor(a, DT_F32, 3, T, nv, dk, 0), s.gk = arena_tensor(a, DT_F32, 3, T, nv, dk, 0);
+    return s;
+}
 size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool backward) {
     if (q.dev != DEV_CUDA) return 0;
-    int64_t T = q.n[0], S = T / a->B, nk = q.n[1], dk = q.n[2], nv = v.n[1], dv = v.n[2];
-    int64_t L = a->chunk ? a->chunk : DELTA_MAX_CHUNK, NC = (S + L - 1) / L, NL = NC * L, BH = a->B * nv;
-    int64_t fwd = 2 * T * nk * dk + (2 * T * nk + 3) / 4 * 4 + BH * NL * (2 + dv + dk) + BH * NC * L * L;
-    if (!backward) return (size_t)fwd;
-    return (size_t)(fwd + BH * NC * (L * L + 2 * dk * dv) + BH * NL * (3 * dv + 2 * dk) + 2 * T * nv * dk);
+    Arena c = arena_counting("delta_rule scratch", q.dev);
+    op_delta_rule_scratch(&c, q, v, a, backward);
+    return c.used / sizeof(float);
 }
 void op_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
     DISPATCH(q.dev, delta_rule_forward(o, q, k, v, g, beta, a));

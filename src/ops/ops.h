@@ -82,9 +82,14 @@ typedef struct {
 void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
 // dq, dk, dv written; dsinks: (nh) fp32 += ∂/∂sinks (p == NULL: not wanted). o and lse as the forward wrote them.
 // op_attention_workspace: the fp32 elements of the backward's scratch that a caller can plan (a->ws; without it the
-// GPU takes the op scratch): cuDNN's fused backward (bf16 on the GPU, whole causal sequences) keeps D (B, nh, Sq)
-// and the dQ accumulator (B·Sq, nh, dqk) in fp32, each padded to 256 bytes; cuDNN's own workspace stays in the op
-// scratch (its size is the plan cuDNN picks). 0 on the CPU, with a->deterministic and in builds without cuDNN.
+// GPU takes the op scratch): cuDNN's fused backward (bf16 on the GPU, whole causal sequences) keeps AttnScratch,
+// op_attention_scratch's carve counted; cuDNN's own workspace stays in the op scratch (its size is the plan cuDNN
+// picks). 0 on the CPU, with a->deterministic and in builds without cuDNN.
+typedef struct {
+    Tensor D;  // (B·Sq, nh) fp32: Σ_d dO∘O per query row and head
+    Tensor dq; // (B·Sq, nh, dqk) fp32: the dQ accumulator
+} AttnScratch;
+AttnScratch op_attention_scratch(Arena *a, Tensor q);
 size_t op_attention_workspace(Tensor q, Tensor k, const AttnArgs *a);
 void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
                            Tensor o, Tensor lse, const AttnArgs *a);
@@ -216,8 +221,9 @@ void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bia
 // gives the same result in exact arithmetic (the GPU always runs the chunked form, chunk 0 as DELTA_MAX_CHUNK).
 // Backward: dq, dk, dv, dg, dbeta written (dg, dbeta fp32), with dsT (the gradient arriving at sT; zero without it)
 // added to the outputs' and ds0 (when given) written with ∂/∂s0. ws: fp32 scratch of op_delta_rule_workspace elements
-// on the GPU (planned by the caller); without it the GPU takes the op scratch. The states pass a sequence's
-// recurrence across ranks (context parallelism) and across calls (generation).
+// (DeltaScratch, op_delta_rule_scratch's carve counted) on the GPU, planned by the caller; without it the GPU takes
+// the op scratch. The states pass a sequence's recurrence across ranks (context parallelism) and across calls
+// (generation).
 #define DELTA_MAX_CHUNK 64
 typedef struct {
     int B;
@@ -228,6 +234,21 @@ typedef struct {
     Tensor s0, sT;   // (B, nv, dk, dv) fp32 on q's device: the state entering / leaving each sequence (p NULL: none)
     Tensor dsT, ds0; // the backward's: ∂/∂sT in (p NULL: zero), ∂/∂s0 out (p NULL: not wanted)
 } DeltaArgs;
+// The GPU's scratch (fp32; the tensor-core kernels keep bf16 data in those places), carved from an arena (a counting
+// one plans it); the backward's pieces (Tm on) only for the backward. Rows bh = b·nv + h and positions p < NL = NC·L,
+// the sequence padded to NC whole chunks of L (chunk, or DELTA_MAX_CHUNK). The CPU needs none.
+typedef struct {
+    Tensor qh, kh;       // (T, nk, dk): q, k normalised (q scaled)
+    Tensor rq, rk;       // (T, nk): their norms' reciprocals
+    Tensor cs;           // (B·nv, NL) fp64: the cumulative log decays c per chunk
+    Tensor U, W;         // (B·nv, NL, dv | dk)
+    Tensor M, Tm;        // (B·nv, NC, L, L): M, and the backward's (I + A)⁻¹
+    Tensor S0, dS1;      // (B·nv, NC, dk, dv): the state entering each chunk, ∂ of the state leaving it
+    Tensor Vp, dVp, dBv; // (B·nv, NL, dv): V', ∂V', ∂(β v)
+    Tensor dW, dBk;      // (B·nv, NL, dk): ∂W, ∂(β e^c k)
+    Tensor gq, gk;       // (T, nv, dk): ∂ of the normalised q, k per value head
+} DeltaScratch;
+DeltaScratch op_delta_rule_scratch(Arena *a, Tensor q, Tensor v, const DeltaArgs *da, bool backward);
 size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool backward);
 void op_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
 void op_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,

@@ -57,6 +57,13 @@ static inline cudaStream_t cuda_stream(void) { return cuda_ctx()->compute; }
 // permutation of scatter_add_rows): one buffer, grown (after a device sync) when a call needs more
 // than any call before, so it settles at the first training step. Contents do not survive the next op.
 void *cuda_scratch(size_t bytes);
+// The arena an op carves its scratch from (ops.h: op_attention_scratch, op_delta_rule_scratch), as a counting arena
+// planned it: over ws, the caller's planned fp32 scratch, when it gives one, else over the bytes at p.
+static inline Arena scratch_arena(Tensor ws, void *p, size_t bytes, const char *name) {
+    if (ws.p) CHECK(ws.dev == DEV_CUDA && ws.dt == DT_F32);
+    Arena a = {(char *)(ws.p ? ws.p : p), 0, ws.p ? tensor_bytes(ws) : bytes, 0, DEV_CUDA, name};
+    return a;
+}
 extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradient side streams (cuda_gemm.cu)
 
 // ---- column sums in a fixed order: no float atomics, the same bits in every run ----

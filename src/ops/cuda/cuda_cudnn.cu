@@ -469,16 +469,17 @@ bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tens
     Shape s = {B, S, q.n[1], k.n[1], D, DV, window};
     Plan *p = get_plan(&s, true);
     if (!p) return false;
-    // workspace: the plan's own, then D (B, nh, S) and the dQ accumulator (B, nh, S, d), fp32 — those two in the
-    // caller's planned scratch when it gives one (op_attention_workspace counts them the same way)
-    size_t dbytes = up256((size_t)B * s.nh * S * sizeof(float)),
-           accbytes = up256((size_t)B * s.nh * S * D * sizeof(float));
-    bool own = planned.p && tensor_bytes(planned) >= dbytes + accbytes;
-    if (planned.p) CHECK(planned.dev == DEV_CUDA && planned.dt == DT_F32 && own);
-    char *ws = (char *)cuda_scratch(up256((size_t)p->ws) + (own ? 0 : dbytes + accbytes));
-    float *Dp = own ? (float *)planned.p : (float *)(ws + up256((size_t)p->ws)), *acc = (float *)((char *)Dp + dbytes);
+    // workspace: the plan's own, then D and the dQ accumulator (op_attention_scratch) — those two in the caller's
+    // planned scratch when it gives one
+    Arena count = arena_counting("attention scratch", DEV_CUDA);
+    op_attention_scratch(&count, q);
+    size_t own = up256((size_t)p->ws);
+    char *ws = (char *)cuda_scratch(own + (planned.p ? 0 : count.used));
+    Arena arena = scratch_arena(planned, ws + own, count.used, "attention scratch");
+    AttnScratch sc = op_attention_scratch(&arena, q);
+    float *Dp = (float *)sc.D.p, *acc = (float *)sc.dq.p;
     if (cudnnGetVersion() < 90600)
-        CUDA_CHECK(cudaMemsetAsync(acc, 0, accbytes, cuda_stream())); // later versions zero it themselves
+        CUDA_CHECK(cudaMemsetAsync(acc, 0, tensor_bytes(sc.dq), cuda_stream())); // later versions zero it themselves
     float lowest = -3.4028234663852886e38f, one = 1.0f, w = (float)window;
     int64_t uids[15] = {U_Q,  U_K,     U_V,      U_O,   U_LSE, U_DO,    U_DQ,    U_DK,
                         U_DV, U_SCALE, U_LOWEST, U_ONE, U_D,   U_DQACC, U_WINDOW};

@@ -1,13 +1,13 @@
 // cuda_delta.cu — the Qwen3.5 ops on the GPU (docs/reference.md §19), math as in ops/cpu/cpu_delta.c: zero-centred
-// and gated RMSNorm, the sigmoid output gate, the causal depthwise conv1d + SiLU, the DeltaNet gates and the gated
-// delta rule, each with its backward. fp32 arithmetic on fp32 or bf16 storage; the delta-rule state is fp32.
+// and gated RMSNorm and the gated delta rule, each with its backward (the gate, conv1d and DeltaNet gates: in
+// cuda_delta_conv.cu). fp32 arithmetic on fp32 or bf16 storage; the delta-rule state is fp32.
 // The delta rule runs the chunked WY / UT form (docs/architecture.md, "GPU kernels"; its terms are written
 // out above the kernels below): per-chunk work for every chunk at once, a state pass over the chunks per (sequence,
 // value head, 32 value columns), and in the backward a reverse state pass and a per-chunk gradient kernel; q and k
 // are normalised first and their gradients per value head summed onto the key heads last, through the
 // normalisation's backward. Two sets of those kernels: SIMT fp32 (fp32 data, and any head size or chunk), and
 // tensor-core mma.sync ones for bf16 data at Qwen3.5's head size 128 and chunk 64 ("the tensor-core form" below).
-// Shapes: R rows of D, T = B·S tokens, C conv channels of kernel K, nk/nv heads of dk/dv.
+// Shapes: R rows of D, T = B·S tokens, nk/nv heads of dk/dv.
 #include "ops/cuda/cuda_mma.cuh"
 
 #define ROWS_PER_BLOCK 8 // warp-per-row kernels: 8 warps of a block take 8 rows
@@ -17,7 +17,6 @@ __device__ __forceinline__ float silu_grad(float z) {
     float s = sigm(z);
     return s * (1.0f + z * (1.0f - s));
 }
-__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 static dim3 row_grid(int64_t R) { return dim3((unsigned)((R + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK)); }
 static const dim3 ROW_BLOCK(32, ROWS_PER_BLOCK);
@@ -174,272 +173,37 @@ void cuda_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Ten
     norm_backward<true>(dx, dz, dw, dy, x, z, w, rstd, false);
 }
 
-// ---- the sigmoid output gate: y = x·σ(gate), gate (R, D) or (R, 1) ----
-
-template <typename T>
-__global__ void gate_forward_kernel(T *y, const T *x, const T *gate, int64_t R, int64_t D, int64_t G) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < R * D; i += (int64_t)gridDim.x * blockDim.x)
-        st(y, i, ld(x, i) * sigm(ld(gate, G == 1 ? i / D : i)));
-}
-
-// One warp per row: dx (+)= dy·σ; dgate = dy·x·σ(1 − σ) per element, or its row sum for a per-row gate.
-template <typename T>
-__global__ void gate_backward_kernel(T *dx, T *dgate, const T *dy, const T *x, const T *gate, int64_t R, int64_t D,
-                                     int64_t G, bool acc) {
-    int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
-    if (row >= R) return;
-    float s1 = G == 1 ? sigm(ld(gate, row)) : 0.0f, sum = 0;
-    for (int64_t j = threadIdx.x; j < D; j += 32) {
-        int64_t i = row * D + j;
-        float s = G == 1 ? s1 : sigm(ld(gate, i)), d = ld(dy, i), g = d * ld(x, i) * s * (1.0f - s);
-        st(dx, i, acc ? ld(dx, i) + d * s : d * s);
-        if (G == 1) sum += g;
-        else st(dgate, i, g);
-    }
-    if (G == 1) {
-        sum = warp_sum(sum);
-        if (threadIdx.x == 0) st(dgate, row, sum);
-    }
-}
-
-void cuda_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate) {
-    int64_t R = t_rows(x), D = t_cols(x), G = t_cols(gate);
-    CHECK(t_rows(gate) == R && (G == D || G == 1) && tensor_numel(y) == R * D);
-    same_dt(y, x, "sigmoid_gate_forward");
-    same_dt(gate, x, "sigmoid_gate_forward");
-    if (R == 0) return;
-    DT_SWITCH(x.dt, T, "sigmoid_gate_forward",
-              gate_forward_kernel<T>
-              <<<grid_for(R * D, 256), 256, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, (const T *)gate.p, R, D, G));
-    CUDA_LAUNCH_CHECK();
-}
-
-void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Tensor gate, bool accumulate) {
-    int64_t R = t_rows(x), D = t_cols(x), G = t_cols(gate);
-    same_dt(dx, x, "sigmoid_gate_backward");
-    same_dt(dgate, gate, "sigmoid_gate_backward");
-    if (R == 0) return;
-    DT_SWITCH(x.dt, T, "sigmoid_gate_backward",
-              gate_backward_kernel<T><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(
-                  (T *)dx.p, (T *)dgate.p, (const T *)dy.p, (const T *)x.p, (const T *)gate.p, R, D, G, accumulate));
-    CUDA_LAUNCH_CHECK();
-}
-
-// ---- causal depthwise conv1d + SiLU ----
-// A thread takes one channel c over runs of CONV_RUN positions of one sequence, the inputs it slides over in
-// registers: each x and dy is read once per run (plus a halo of CONV_MAX_K − 1), where the per-element kernels read
-// each K to K² times. The K taps sit right-aligned in CONV_MAX_K (zeros before them), so every register index is a
-// constant: u[p] = Σ_j w'[j]·x[p − CONV_MAX_K + 1 + j], the zero taps adding exact zeros in the CPU's order. Runs
-// are grid-strided (grid.y), so that a thread's weight-gradient sums span several runs before one atomic add per tap.
-// The halo (context parallelism: the K − 1 rows before each sequence, (B·(K−1), C); NULL: zeros) stands in for the
-// positions −(K − 1) .. −1; its gradient is the first run's dx formula at those positions.
-#define CONV_RUN 32
-#define CONV_MAX_K 8
-#define CONV_THREADS 128
-
-static dim3 conv_grid(int64_t C, int64_t runs) {
-    return dim3((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)(runs < 64 ? runs : 64));
-}
-template <typename TW>
-__device__ __forceinline__ void conv_taps(float (&wk)[CONV_MAX_K], const TW *w, int64_t c, int K) {
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_K; j++) wk[j] = j >= CONV_MAX_K - K ? ld(w, c * K + j - (CONV_MAX_K - K)) : 0.0f;
-}
-
-// xw[i] = x[q0 + i] of one channel (xs: its column in the sequence; hs: its column in the sequence's K − 1 halo
-// rows, or NULL; elsewhere 0).
-template <int N, typename T>
-__device__ __forceinline__ void conv_window(float (&xw)[N], const T *xs, const T *hs, int K, int64_t q0, int64_t S,
-                                            int64_t C) {
-#pragma unroll
-    for (int i = 0; i < N; i++) {
-        int64_t q = q0 + i;
-        xw[i] = q >= 0 ? (q < S ? ld(xs, q * C) : 0.0f) : hs && q >= 1 - K ? ld(hs, (K - 1 + q) * C) : 0.0f;
-    }
-}
-// The pre-activation at window offset i: Σ_j w'[j]·xw[i + j].
-template <int N> __device__ __forceinline__ float conv_u(const float (&wk)[CONV_MAX_K], const float (&xw)[N], int i) {
-    float u = 0;
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_K; j++) u += wk[j] * xw[i + j];
-    return u;
-}
-
-// y[p] = silu(u[p]) for the run's positions p0 .. p0 + CONV_RUN − 1 (x before the sequence: 0).
-template <typename T, typename TW>
-__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, int64_t C, int64_t S, int K,
-                                    int64_t runs) {
-    const int NX = CONV_RUN + CONV_MAX_K - 1; // x[p0 − CONV_MAX_K + 1 .. p0 + CONV_RUN − 1]
-    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
-    if (c >= C) return;
-    float wk[CONV_MAX_K], xw[NX];
-    conv_taps(wk, w, c, K);
-    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
-        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
-        conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
-#pragma unroll
-        for (int i = 0; i < CONV_RUN; i++) {
-            float u = conv_u(wk, xw, i);
-            if (p0 + i < S) st(y + b * S * C + c, (p0 + i) * C, u * sigm(u));
-        }
-    }
-}
-
-// dpre[p] = dy[p]·silu'(u[p]) over p0 .. p0 + CONV_RUN + CONV_MAX_K − 2 (past the sequence: 0);
-// dx[p] = Σ_j w'[j]·dpre[p + CONV_MAX_K − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p.
-template <typename T, typename TW>
-__global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, const T *x, const TW *w, const T *halo,
-                                     int64_t C, int64_t S, int K, int64_t runs) {
-    const int ND = CONV_RUN + CONV_MAX_K - 1, NX = ND + CONV_MAX_K - 1; // x from p0 − CONV_MAX_K + 1
-    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
-    if (c >= C) return;
-    float wk[CONV_MAX_K], dwk[CONV_MAX_K] = {0}, xw[NX], dp[ND];
-    conv_taps(wk, w, c, K);
-    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
-        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
-        const T *dys = dy + b * S * C + c;
-        conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
-#pragma unroll
-        for (int i = 0; i < ND; i++) dp[i] = p0 + i < S ? ld(dys, (p0 + i) * C) * silu_grad(conv_u(wk, xw, i)) : 0.0f;
-#pragma unroll
-        for (int i = 0; i < CONV_RUN; i++) {
-            if (p0 + i >= S) break;
-            float s = 0;
-#pragma unroll
-            for (int j = 0; j < CONV_MAX_K; j++) s += wk[j] * dp[i + CONV_MAX_K - 1 - j];
-            st(dx + b * S * C + c, (p0 + i) * C, s);
-#pragma unroll
-            for (int j = 0; j < CONV_MAX_K; j++) dwk[j] += dp[i] * xw[i + j];
-        }
-        if (dhalo && p0 == 0) { // halo row K − 1 − h is position −h: Σ_j w'[j]·dpre[CONV_MAX_K − 1 − h − j]
-#pragma unroll
-            for (int h = 1; h < CONV_MAX_K; h++) {
-                float s = 0;
-#pragma unroll
-                for (int j = 0; j < CONV_MAX_K; j++)
-                    if (CONV_MAX_K - 1 - h - j >= 0) s += wk[j] * dp[CONV_MAX_K - 1 - h - j];
-                if (h <= K - 1) st(dhalo + b * (K - 1) * C + c, (K - 1 - h) * C, s);
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_K; j++)
-        if (j >= CONV_MAX_K - K) atomicAdd(dw + c * K + j - (CONV_MAX_K - K), dwk[j]);
-}
-
-static void conv_check_halo(Tensor halo, Tensor x, int64_t B, int K, const char *what) {
-    if (!halo.p) return;
-    CHECK(t_rows(halo) == B * (K - 1) && t_cols(halo) == t_cols(x));
-    same_dt(halo, x, what);
-}
-
-void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
-    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B, runs = B * ((S + CONV_RUN - 1) / CONV_RUN);
-    int K = (int)t_cols(w);
-    CHECK(T_ % B == 0 && t_rows(w) == C && tensor_numel(y) == T_ * C);
-    if (K > CONV_MAX_K) die("conv1d_silu_forward: kernel %d is past the GPU kernels' %d", K, CONV_MAX_K);
-    same_dt(y, x, "conv1d_silu_forward");
-    conv_check_halo(halo, x, B, K, "conv1d_silu_forward");
-    if (T_ == 0) return;
-    DT_SWITCH(x.dt, T, "conv1d_silu_forward",
-              DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
-                        conv_forward_kernel<T, TW><<<conv_grid(C, runs), CONV_THREADS, 0, cuda_stream()>>>(
-                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, C, S, K, runs)));
-    CUDA_LAUNCH_CHECK();
-}
-
-void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
-    int64_t T_ = t_rows(x), C = t_cols(x), S = T_ / B, runs = B * ((S + CONV_RUN - 1) / CONV_RUN);
-    int K = (int)t_cols(w);
-    if (K > CONV_MAX_K) die("conv1d_silu_backward: kernel %d is past the GPU kernels' %d", K, CONV_MAX_K);
-    CHECK(!dhalo.p || (halo.p && tensor_numel(dhalo) == tensor_numel(halo)));
-    same_dt(dx, x, "conv1d_silu_backward");
-    same_dt(dy, x, "conv1d_silu_backward");
-    IS_F32(dw, "conv1d_silu_backward");
-    conv_check_halo(halo, x, B, K, "conv1d_silu_backward");
-    if (dhalo.p) same_dt(dhalo, x, "conv1d_silu_backward");
-    if (T_ == 0) return;
-    DT_SWITCH(x.dt, T, "conv1d_silu_backward",
-              DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
-                        conv_backward_kernel<T, TW><<<conv_grid(C, runs), CONV_THREADS, 0, cuda_stream()>>>(
-                            (T *)dx.p, (T *)dhalo.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
-                            (const T *)halo.p, C, S, K, runs)));
-    CUDA_LAUNCH_CHECK();
-}
-
-// ---- the DeltaNet gates ----
-
-template <typename T, typename TW>
-__global__ void gates_forward_kernel(float *g, float *beta, const T *a, const T *b, const TW *A_log, const TW *dt_bias,
-                                     int64_t n, int64_t nv) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t h = i % nv;
-        g[i] = -expf(ld(A_log, h)) * softplus_f(ld(a, i) + ld(dt_bias, h));
-        beta[i] = sigm(ld(b, i));
-    }
-}
-
-// da, db per element; dA_log[h] += Σ_t dg·g, ddt_bias[h] += Σ_t da (thread per head, grid.y splits the rows).
-template <typename T, typename TW>
-__global__ void gates_backward_kernel(T *da, T *db, float *dA_log, float *ddt_bias, const float *dg, const float *dbeta,
-                                      const T *a, const T *b, const TW *A_log, const TW *dt_bias, int64_t Tn,
-                                      int64_t nv) {
-    int64_t h = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (h >= nv) return;
-    float eA = expf(ld(A_log, h)), sA = 0, sdt = 0;
-    for (int64_t t = blockIdx.y; t < Tn; t += gridDim.y) {
-        int64_t i = t * nv + h;
-        float x = ld(a, i) + ld(dt_bias, h), d = dg[i], s = sigm(ld(b, i)), ga = -eA * sigm(x) * d;
-        sA += -d * eA * softplus_f(x);
-        sdt += ga;
-        st(da, i, ga);
-        st(db, i, dbeta[i] * s * (1.0f - s));
-    }
-    atomicAdd(dA_log + h, sA);
-    atomicAdd(ddt_bias + h, sdt);
-}
-
-void cuda_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
-    int64_t n = tensor_numel(a), nv = t_cols(a);
-    IS_F32(g, "delta_gates_forward");
-    IS_F32(beta, "delta_gates_forward");
-    same_dt(a, b, "delta_gates_forward");
-    CHECK(tensor_numel(A_log) == nv && tensor_numel(dt_bias) == nv && tensor_numel(g) == n);
-    if (n == 0) return;
-    DT_SWITCH(a.dt, T, "delta_gates_forward",
-              DT_SWITCH(A_log.dt, TW, "delta_gates_forward",
-                        gates_forward_kernel<T, TW><<<grid_for(n, 256), 256, 0, cuda_stream()>>>(
-                            (float *)g.p, (float *)beta.p, (const T *)a.p, (const T *)b.p, (const TW *)A_log.p,
-                            (const TW *)dt_bias.p, n, nv)));
-    CUDA_LAUNCH_CHECK();
-}
-
-void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bias, Tensor dg, Tensor dbeta, Tensor a,
-                               Tensor b, Tensor A_log, Tensor dt_bias) {
-    int64_t Tn = t_rows(a), nv = t_cols(a);
-    IS_F32(dA_log, "delta_gates_backward");
-    IS_F32(ddt_bias, "delta_gates_backward");
-    same_dt(da, a, "delta_gates_backward");
-    same_dt(db, a, "delta_gates_backward");
-    if (Tn == 0) return;
-    int64_t gy = Tn / 32;
-    dim3 grid((unsigned)((nv + 31) / 32), (unsigned)(gy > 512 ? 512 : gy < 1 ? 1 : gy));
-    DT_SWITCH(a.dt, T, "delta_gates_backward",
-              DT_SWITCH(A_log.dt, TW, "delta_gates_backward",
-                        gates_backward_kernel<T, TW><<<grid, 32, 0, cuda_stream()>>>(
-                            (T *)da.p, (T *)db.p, (float *)dA_log.p, (float *)ddt_bias.p, (const float *)dg.p,
-                            (const float *)dbeta.p, (const T *)a.p, (const T *)b.p, (const TW *)A_log.p,
-                            (const TW *)dt_bias.p, Tn, nv)));
-    CUDA_LAUNCH_CHECK();
-}
-
 // ---- the gated delta rule ----
+
+// A call's dims: the sequences fall into NC chunks of L positions (NL = NC·L rows of the scratch per value head).
+typedef struct {
+    int64_t B, S, NC, NL; // sequences, sequence length, chunks, NC·L
+    int L, nk, nv, dk, dv;
+} ChunkDims;
+
+// The scratch as the kernels see it (DeltaScratch's pieces, ops.h), NULL where the call carved none (the forward's
+// has no backward pieces).
+typedef struct {
+    float *qh, *kh, *rq, *rk, *U, *W, *M, *Tm, *S0, *dS1, *Vp, *dVp, *dBv, *dW, *dBk, *gq, *gk;
+    double *cs;
+} DeltaBufs;
+
+// The op's tensors as the kernels see them (o, dv, v, dout of the data's type), NULL where the call has none.
+typedef struct {
+    void *o, *dv;
+    const void *v, *dout;
+    const float *g, *beta, *s0, *dsT;
+    float *sT, *ds0, *dg, *dbeta;
+} DeltaIO;
 
 // One warp per (token, key head): qh = scale·q·rq, kh = k·rk (fp32, or bf16 for the tensor cores), rq, rk =
 // (Σ x² + 1e-6)^-½ (1 without l2).
 template <typename T, typename TO>
-__global__ void delta_prep_kernel(TO *qh, TO *kh, float *rq, float *rk, const T *q, const T *k, int64_t rows, int dk,
-                                  float scale, bool l2) {
+__global__ void delta_prep_kernel(DeltaBufs f, const T *q, const T *k, float scale, bool l2, ChunkDims d) {
+    TO *qh = (TO *)f.qh, *kh = (TO *)f.kh;
+    float *rq = f.rq, *rk = f.rk;
+    int64_t rows = d.B * d.S * d.nk;
+    int dk = d.dk;
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
     if (row >= rows) return;
     float sq = 0, sk = 0;
@@ -468,15 +232,12 @@ __global__ void delta_prep_kernel(TO *qh, TO *kh, float *rq, float *rk, const T 
 // Scratch rows are indexed by bh = b·nv + h and the position p < NC·L padded to whole chunks.
 #define DELTA_VT 32 // value columns per state-pass block
 
-typedef struct {
-    int64_t S, NC, NL; // sequence length, chunks, NC·L
-    int L, nk, nv, dk, dv;
-} ChunkDims;
-
 // Grid (NC, B·nv). Shared: cc (L, fp64), kc (L, dk), Am, Ti (L, L), bb, be = β e^c (L).
-template <typename T>
-__global__ void delta_chunk_prep_kernel(double *cs, float *U, float *W, float *M, float *Tg, const float *qh,
-                                        const float *kh, const T *v, const float *g, const float *beta, ChunkDims d) {
+template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
+    double *cs = f.cs;
+    float *U = f.U, *W = f.W, *M = f.M, *Tg = f.Tm;
+    const float *qh = f.qh, *kh = f.kh, *g = io.g, *beta = io.beta;
+    const T *v = (const T *)io.v;
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, n = blockIdx.x, bh = blockIdx.y, nv = d.nv;
     int64_t b = bh / nv, p0 = (int64_t)n * L, tok0 = b * d.S + p0;
@@ -536,10 +297,11 @@ __global__ void delta_chunk_prep_kernel(double *cs, float *U, float *W, float *M
 // The state pass from s0 (zeros when NULL) to sT (when not NULL), both (B·nv, dk, dv). Grid (B·nv, ⌈dv / DELTA_VT⌉).
 // Writes o (when o is not NULL), or S₀ of every chunk and V'.
 // Shared: St (dk, VT) the state's columns, Vt (L, VT), the chunk's decays e^c and e^{c_L − c} (L each).
-template <typename T>
-__global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, float *sT, const float *s0, const double *cs,
-                                         const float *U, const float *W, const float *M, const float *qh,
-                                         const float *kh, ChunkDims d) {
+template <typename T> __global__ void delta_chunk_state_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
+    T *o = (T *)io.o;
+    float *S0 = f.S0, *Vp = f.Vp, *sT = io.sT;
+    const float *s0 = io.s0, *U = f.U, *W = f.W, *M = f.M, *qh = f.qh, *kh = f.kh;
+    const double *cs = f.cs;
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
     int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
@@ -593,10 +355,11 @@ __global__ void delta_chunk_state_kernel(T *o, float *S0, float *Vp, float *sT, 
 // The backward state pass, chunks in reverse, from dsT (zeros when NULL) to ds0 (when not NULL). Grid (B·nv,
 // ⌈dv / DELTA_VT⌉). Writes dS₁ of every chunk and dV'. Shared: dSt (dk, VT), dOt and dVt (L, VT), e^c and
 // e^{c_L − c} (L each).
-template <typename T>
-__global__ void delta_chunk_dstate_kernel(float *dS1, float *dVp, float *ds0, const float *dsT, const T *dout,
-                                          const double *cs, const float *W, const float *M, const float *qh,
-                                          const float *kh, ChunkDims d) {
+template <typename T> __global__ void delta_chunk_dstate_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
+    float *dS1 = f.dS1, *dVp = f.dVp, *ds0 = io.ds0;
+    const float *dsT = io.dsT, *W = f.W, *M = f.M, *qh = f.qh, *kh = f.kh;
+    const T *dout = (const T *)io.dout;
+    const double *cs = f.cs;
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
     int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
@@ -657,14 +420,15 @@ __device__ void delta_dg(float *dg, int ds, double *dc, const double *cc, const 
 //   dW = −dV' S₀ᵀ, dBv = Tmᵀ dV', dBk = Tmᵀ dW (∂ of β v and β e^c k), dA_ij = −(dBv_i·U_j + dBk_i·W_j) (j < i),
 //   dv = β dBv, dβ_i = Σ_j dA_ij (k_i·k_j) e^{c_i − c_j} + dBv_i·v_i + e^{c_i} dBk_i·k_i,
 //   and every e^{c_i − c_j} factor sends its log-derivative to dc_i (+) and dc_j (−); dg_m = Σ_{i≥m} dc_i.
-// dWg, dBvg, dBkg: (B·nv, NC·L, dk | dv) scratch. Shared: Tm, Dm, Pm (dA·(k_i·k_j)·e), Em (dA·β_i·e): (L, L);
+// dW, dBv, dBk: (B·nv, NC·L, dk | dv) scratch. Shared: Tm, Dm, Pm (dA·(k_i·k_j)·e), Em (dA·β_i·e): (L, L);
 // cc, dc, z (L, fp64); bb (L); 32 for block sums.
-template <typename T>
-__global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg, float *dbeta, float *dWg, float *dBvg,
-                                        float *dBkg, const double *cs, const float *U, const float *W, const float *M,
-                                        const float *Tg, const float *S0, const float *dS1, const float *Vp,
-                                        const float *dVp, const float *qh, const float *kh, const T *v, const T *dout,
-                                        const float *beta, ChunkDims d) {
+template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
+    float *gq = f.gq, *gk = f.gk, *dg = io.dg, *dbeta = io.dbeta, *dWg = f.dW, *dBvg = f.dBv, *dBkg = f.dBk;
+    const float *U = f.U, *W = f.W, *M = f.M, *Tg = f.Tm, *S0 = f.S0, *dS1 = f.dS1, *Vp = f.Vp, *dVp = f.dVp;
+    const float *qh = f.qh, *kh = f.kh, *beta = io.beta;
+    const double *cs = f.cs;
+    T *dv_ = (T *)io.dv;
+    const T *v = (const T *)io.v, *dout = (const T *)io.dout;
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, n = blockIdx.x, bh = blockIdx.y, nv = d.nv;
     int64_t b = bh / nv, p0 = (int64_t)n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -789,6 +553,14 @@ __global__ void delta_chunk_grad_kernel(float *gq, float *gk, T *dv_, float *dg,
 #define LDL 72   // of a 64-wide one
 #define TC_THREADS 256
 
+// The scratch as the tensor-core kernels see it: bf16 data in the fp32 pieces' places (S₀ in bf16 in the second half
+// of dS₁'s, in fp32 in S₀'s), U in fp32 and its bf16 copy in dW's place, sd = ⟨S₀, dS₁⟩ (B·nv, NC) in dBv's.
+typedef struct {
+    bf16 *qh, *kh, *W, *M, *Tm, *S0, *dS1, *Vp, *dVp, *Ub;
+    float *U, *S0f, *sd, *gq, *gk;
+    double *cs;
+} TcBufs;
+
 // The warps' split of an M × N product: WM = M/16 warps along the rows, WN = 8/WM along the columns, each with NT
 // n-tiles of 8 columns.
 template <int M, int N> struct TcTile { static constexpr int WM = M / 16, WN = 8 / WM, NT = N / WN / 8; };
@@ -869,9 +641,12 @@ __device__ __forceinline__ float bf(const bf16 *p, int i) { return __bfloat162fl
 // substitution (fp32), U = (Tm diag β) v, W = (Tm diag(β e^c)) k, M = (q kᵀ) e^{c_i − c_j} (j ≤ i), all written
 // whole (zeros outside the chunk's Le positions): U in fp32 (and in bf16 into Ub when not NULL), the rest in bf16.
 // Grid (NC, B·nv).
-__global__ void __launch_bounds__(TC_THREADS)
-    tc_prep_kernel(double *cs, float *U, bf16 *Ub, bf16 *W, bf16 *M, bf16 *Tg, const bf16 *qh, const bf16 *kh,
-                   const bf16 *v, const float *g, const float *beta, ChunkDims d) {
+__global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+    double *cs = f.cs;
+    float *U = f.U;
+    bf16 *Ub = f.Ub, *W = f.W, *M = f.M, *Tg = f.Tm;
+    const bf16 *qh = f.qh, *kh = f.kh, *v = (const bf16 *)io.v;
+    const float *g = io.g, *beta = io.beta;
     extern __shared__ __align__(16) unsigned char smb[];
     int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -965,9 +740,9 @@ __device__ __forceinline__ TcStage tc_stage(bf16 *p) {
 #define TC_STAGE (3 * TC_L * LDD + 2 * TC_L * LDL) // elements
 
 // Starts chunk n's copies into stage s; X from x (rows xs apart, columns y0..) when x is not NULL.
-__device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int hk, const bf16 *W, const bf16 *M,
-                                              const bf16 *qh, const bf16 *kh, const bf16 *x, int64_t xs,
-                                              const ChunkDims &d) {
+__device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int hk, const TcBufs &f, const bf16 *x,
+                                              int64_t xs, const ChunkDims &d) {
+    const bf16 *W = f.W, *M = f.M, *qh = f.qh, *kh = f.kh;
     int64_t p0 = n * TC_L, tok0 = (bh / d.nv) * d.S + p0, row0 = (int64_t)bh * d.NL + p0, ks = (int64_t)d.nk * TC_D;
     int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
     tc_copy<TC_D, LDD>(s.W, W + row0 * TC_D, TC_D, TC_L, Le);
@@ -983,9 +758,11 @@ __device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int 
 // chunk's tiles arrive), o = e^c (q Sb) + M V' (when o is not NULL;
 // else S₀ of every chunk, in bf16 for tc_grad's products and in fp32 for sd, and V' are written),
 // S ← e^{c_L} S + kᵀ (e^{c_L − c} V').
-__global__ void __launch_bounds__(TC_THREADS)
-    tc_state_kernel(bf16 *o, bf16 *S0, float *S0f, bf16 *Vp, float *sT, const float *s0, const double *cs,
-                    const float *U, const bf16 *W, const bf16 *M, const bf16 *qh, const bf16 *kh, ChunkDims d) {
+__global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+    bf16 *o = (bf16 *)io.o, *S0 = f.S0, *Vp = f.Vp;
+    float *S0f = f.S0f, *sT = io.sT;
+    const float *s0 = io.s0, *U = f.U;
+    const double *cs = f.cs;
     extern __shared__ __align__(16) unsigned char smb[];
     int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv;
@@ -994,7 +771,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     float S[TcTile<128, TC_VT>::NT][4]; // rows x, columns y0 + y
     const float *sb0 = s0 ? s0 + (int64_t)bh * TC_D * TC_D + y0 : NULL;
     tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { s = sb0 ? sb0[x * TC_D + y] : 0.0f; });
-    tc_stage_load(tc_stage((bf16 *)smb), 0, bh, hk, W, M, qh, kh, NULL, 0, d);
+    tc_stage_load(tc_stage((bf16 *)smb), 0, bh, hk, f, NULL, 0, d);
     for (int64_t n = 0; n < d.NC; n++) {
         int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
@@ -1008,7 +785,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         float u[TcTile<64, TC_VT>::NT][4]; // U in the accumulator's layout
         tc_each<64, TC_VT>(u, [&](int i, int y, float &x) { x = U[(row0 + i) * TC_D + y0 + y]; });
         if (n + 1 < d.NC) { // the last chunk's reads of that stage ended at the previous iteration's barrier
-            tc_stage_load(tc_stage((bf16 *)smb + ((n + 1) & 1) * TC_STAGE), n + 1, bh, hk, W, M, qh, kh, NULL, 0, d);
+            tc_stage_load(tc_stage((bf16 *)smb + ((n + 1) & 1) * TC_STAGE), n + 1, bh, hk, f, NULL, 0, d);
             cp_async_wait<1>();
         } else cp_async_wait<0>();
         __syncthreads();
@@ -1048,9 +825,12 @@ static size_t tc_state_smem() { return (2 * TC_STAGE + TC_D * LDL + 2 * TC_L * L
 // dv / TC_VT). Per chunk, dS (registers) first written as dS₁ (bf16) with its part of sd = ⟨S₀, dS₁⟩, then
 // dV' = e^{c_L − c} (k dSb) + Mᵀ dO, dS ← e^{c_L} dS + qᵀ (e^c dO) − Wᵀ dV'. sd from the fp32 S₀ and dS: dg's
 // terms cancel, and a bf16 S₀ there put dg 1.05e-2 off the fp64 reference in a bf16 test case (6.1e-3 in fp32).
-__global__ void __launch_bounds__(TC_THREADS)
-    tc_dstate_kernel(bf16 *dS1, bf16 *dVp, float *sd, float *ds0, const float *dsT, const float *S0f, const bf16 *dout,
-                     const double *cs, const bf16 *W, const bf16 *M, const bf16 *qh, const bf16 *kh, ChunkDims d) {
+__global__ void __launch_bounds__(TC_THREADS) tc_dstate_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+    bf16 *dS1 = f.dS1, *dVp = f.dVp;
+    float *sd = f.sd, *ds0 = io.ds0;
+    const float *dsT = io.dsT, *S0f = f.S0f;
+    const bf16 *dout = (const bf16 *)io.dout;
+    const double *cs = f.cs;
     extern __shared__ __align__(16) unsigned char smb[];
     int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, hk = (bh % nv) / (nv / d.nk);
     int64_t b = bh / nv, os = (int64_t)nv * TC_D;
@@ -1061,7 +841,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     tc_each<128, TC_VT>(dS, [&](int x, int y, float &s) { s = dsb ? dsb[x * TC_D + y] : 0.0f; });
     const bf16 *o0 = dout + (b * d.S * nv + bh % nv) * TC_D + y0; // position 0's dO columns
     int64_t nl = d.NC - 1;
-    tc_stage_load(tc_stage((bf16 *)smb + (nl & 1) * TC_STAGE), nl, bh, hk, W, M, qh, kh, o0 + nl * TC_L * os, os, d);
+    tc_stage_load(tc_stage((bf16 *)smb + (nl & 1) * TC_STAGE), nl, bh, hk, f, o0 + nl * TC_L * os, os, d);
     for (int64_t n = nl; n >= 0; n--) {
         int64_t p0 = n * TC_L, row0 = (int64_t)bh * d.NL + p0, cb = (int64_t)bh * d.NC + n;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
@@ -1077,8 +857,8 @@ __global__ void __launch_bounds__(TC_THREADS)
         part = block_sum(part, red);
         if (threadIdx.x == 0) atomicAdd(sd + cb, part);
         if (n > 0) {
-            tc_stage_load(tc_stage((bf16 *)smb + ((n - 1) & 1) * TC_STAGE), n - 1, bh, hk, W, M, qh, kh,
-                          o0 + (n - 1) * TC_L * os, os, d);
+            tc_stage_load(tc_stage((bf16 *)smb + ((n - 1) & 1) * TC_STAGE), n - 1, bh, hk, f, o0 + (n - 1) * TC_L * os,
+                          os, d);
             cp_async_wait<1>();
         } else cp_async_wait<0>();
         __syncthreads();
@@ -1115,11 +895,14 @@ static size_t tc_dstate_smem() { return (2 * TC_STAGE + TC_D * LDL + 2 * TC_L * 
 // (gk += β e^c dBk); (3) dA = −(dBv Uᵀ + dBk Wᵀ) with k kᵀ into P = dA (k kᵀ) e, E = dA β e; (4) gq += D k,
 // gk += Dᵀ q + (E + Eᵀ) k; then dβ and dc from the row sums, dg the reverse cumulative sum of dc. sd: ⟨S₀, dS₁⟩
 // per chunk (from tc_dstate_kernel).
-__global__ void __launch_bounds__(TC_THREADS)
-    tc_grad_kernel(float *gq, float *gk, bf16 *dv_, float *dg, float *dbeta, const double *cs, const bf16 *U,
-                   const bf16 *W, const bf16 *Tg, const bf16 *S0, const bf16 *dS1, const bf16 *Vp, const bf16 *dVp,
-                   const float *sd, const bf16 *qh, const bf16 *kh, const bf16 *v, const bf16 *dout, const float *beta,
-                   ChunkDims d) {
+__global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+    float *gq = f.gq, *gk = f.gk, *dg = io.dg, *dbeta = io.dbeta;
+    bf16 *dv_ = (bf16 *)io.dv;
+    const double *cs = f.cs;
+    const bf16 *U = f.Ub, *W = f.W, *Tg = f.Tm, *S0 = f.S0, *dS1 = f.dS1, *Vp = f.Vp, *dVp = f.dVp, *qh = f.qh,
+               *kh = f.kh;
+    const bf16 *v = (const bf16 *)io.v, *dout = (const bf16 *)io.dout;
+    const float *sd = f.sd, *beta = io.beta;
     extern __shared__ __align__(16) unsigned char smb[];
     int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -1259,8 +1042,10 @@ static size_t tc_grad_smem() {
 // One warp per (token, key head): sums the value heads' gradients w.r.t. the normalised vector and applies the
 // normalisation's backward: ∂x = c·(r·γ − x·r³·(x·γ)) (c·γ without l2).
 template <typename T>
-__global__ void delta_finish_kernel(T *dx, const float *gx, const T *x, const float *rx, int64_t rows, int nk, int G,
-                                    int dk, float c, bool l2) {
+__global__ void delta_finish_kernel(T *dx, const float *gx, const T *x, const float *rx, float c, bool l2,
+                                    ChunkDims d) {
+    int64_t rows = d.B * d.S * d.nk;
+    int nk = d.nk, G = d.nv / d.nk, dk = d.dk;
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y; // t·nk + hk
     if (row >= rows) return;
     int64_t t = row / nk;
@@ -1279,14 +1064,14 @@ __global__ void delta_finish_kernel(T *dx, const float *gx, const T *x, const fl
     }
 }
 
-typedef struct {
-    int64_t B, S, T, nk, nv, dk, dv;
-} DeltaShape;
-
-static DeltaShape delta_shape(Tensor q, Tensor v, const DeltaArgs *a) {
-    DeltaShape d = {a->B, q.n[0] / a->B, q.n[0], q.n[1], v.n[1], q.n[2], v.n[2]};
-    CHECK(q.n[0] % a->B == 0 && v.n[0] == q.n[0] && d.nv % d.nk == 0);
+// The call's dims, checked with the states'.
+static ChunkDims delta_dims(Tensor q, Tensor v, const DeltaArgs *a) {
+    CHECK(q.n[0] % a->B == 0 && v.n[0] == q.n[0] && v.n[1] % q.n[1] == 0);
     CHECK(a->chunk >= 0 && a->chunk <= DELTA_MAX_CHUNK);
+    ChunkDims d;
+    d.L = a->chunk ? a->chunk : DELTA_MAX_CHUNK; // chunk 0 (the recurrence) gives the same result in exact arithmetic
+    d.B = a->B, d.S = q.n[0] / a->B, d.NC = (d.S + d.L - 1) / d.L, d.NL = d.NC * d.L;
+    d.nk = (int)q.n[1], d.nv = (int)v.n[1], d.dk = (int)q.n[2], d.dv = (int)v.n[2];
     const Tensor *st[4] = {&a->s0, &a->sT, &a->dsT, &a->ds0};
     for (int i = 0; i < 4; i++)
         if (st[i]->p) {
@@ -1296,34 +1081,33 @@ static DeltaShape delta_shape(Tensor q, Tensor v, const DeltaArgs *a) {
     return d;
 }
 
-static ChunkDims chunk_dims(const DeltaShape *s, const DeltaArgs *a) {
-    ChunkDims d;
-    d.L = a->chunk ? a->chunk : DELTA_MAX_CHUNK; // chunk 0 (the recurrence) gives the same result in exact arithmetic
-    d.S = s->S, d.NC = (s->S + d.L - 1) / d.L, d.NL = d.NC * d.L;
-    d.nk = (int)s->nk, d.nv = (int)s->nv, d.dk = (int)s->dk, d.dv = (int)s->dv;
-    return d;
+// The call's scratch (op_delta_rule_scratch): carved from a->ws when the caller planned it, else from the op scratch.
+static DeltaBufs delta_bufs(Tensor q, Tensor v, const DeltaArgs *a, bool backward) {
+    size_t need = op_delta_rule_workspace(q, v, a, backward) * sizeof(float);
+    Arena arena = scratch_arena(a->ws, a->ws.p ? NULL : cuda_scratch(need), need, "delta_rule scratch");
+    DeltaScratch c = op_delta_rule_scratch(&arena, q, v, a, backward);
+    DeltaBufs f = {(float *)c.qh.p, (float *)c.kh.p,  (float *)c.rq.p,  (float *)c.rk.p, (float *)c.U.p,
+                   (float *)c.W.p,  (float *)c.M.p,   (float *)c.Tm.p,  (float *)c.S0.p, (float *)c.dS1.p,
+                   (float *)c.Vp.p, (float *)c.dVp.p, (float *)c.dBv.p, (float *)c.dW.p, (float *)c.dBk.p,
+                   (float *)c.gq.p, (float *)c.gk.p,  (double *)c.cs.p};
+    return f;
 }
 
-// The forward's buffers (shared with the backward, which adds its own after them).
-typedef struct {
-    float *qh, *kh, *rq, *rk, *U, *W, *M;
-    double *cs;
-} DeltaBufs;
+// The tensor cores' view of the scratch (TcBufs).
+static TcBufs tc_bufs(const DeltaBufs &f, const ChunkDims &d) {
+    size_t states = (size_t)(d.B * d.nv * d.NC) * d.dk * d.dv; // S₀ or dS₁ of every chunk
+    TcBufs t;
+    t.qh = (bf16 *)f.qh, t.kh = (bf16 *)f.kh, t.W = (bf16 *)f.W, t.M = (bf16 *)f.M, t.Tm = (bf16 *)f.Tm;
+    t.dS1 = (bf16 *)f.dS1, t.S0 = f.dS1 ? t.dS1 + states : NULL, t.Vp = (bf16 *)f.Vp, t.dVp = (bf16 *)f.dVp;
+    t.Ub = (bf16 *)f.dW, t.U = f.U, t.S0f = f.S0, t.sd = f.dBv, t.gq = f.gq, t.gk = f.gk, t.cs = f.cs;
+    return t;
+}
 
-// The scratch: a->ws when the caller planned it, else the op scratch; carved as op_delta_rule_workspace counts it.
-static float *delta_bufs(DeltaBufs *f, Tensor q, Tensor v, const DeltaShape *s, const ChunkDims *d, bool backward,
-                         const DeltaArgs *a) {
-    size_t need = op_delta_rule_workspace(q, v, a, backward);
-    float *p;
-    if (a->ws.p) {
-        CHECK(a->ws.dev == DEV_CUDA && a->ws.dt == DT_F32 && (size_t)tensor_numel(a->ws) >= need);
-        p = (float *)a->ws.p;
-    } else p = (float *)cuda_scratch(need * sizeof(float));
-    size_t nq = (size_t)(s->T * s->nk * s->dk), BH = (size_t)(s->B * s->nv), NL = (size_t)d->NL;
-    f->qh = p, f->kh = f->qh + nq, f->rq = f->kh + nq, f->rk = f->rq + s->T * s->nk;
-    f->cs = (double *)(f->rq + (2 * s->T * s->nk + 3) / 4 * 4); // 16-byte aligned (the tensor cores' cp.async)
-    f->U = (float *)(f->cs + BH * NL), f->W = f->U + BH * NL * s->dv, f->M = f->W + BH * NL * s->dk;
-    return f->M + BH * d->NC * d->L * d->L;
+// The op's inputs as the kernels see them; the forward adds o and sT, the backward the gradients.
+static DeltaIO delta_io(Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
+    DeltaIO io = {};
+    io.v = v.p, io.g = (const float *)g.p, io.beta = (const float *)beta.p, io.s0 = (const float *)a->s0.p;
+    return io;
 }
 
 static size_t prep_smem(const ChunkDims *d) { return ((size_t)d->L * d->dk + 2 * (size_t)d->L * d->L + 4 * d->L) * 4; }
@@ -1342,130 +1126,108 @@ static bool delta_tc(DType dt, const ChunkDims *d) {
     return dt == DT_BF16 && d->L == TC_L && d->dk == TC_D && d->dv == TC_D;
 }
 
-// Normalised q and k, then c, U, W, M (and Tm when Tg is not NULL) of every chunk; the tensor cores' bf16 copy of U
-// into Ub when not NULL.
+// Normalised q and k, then c, U, W, M (and Tm and, on the tensor cores, U's bf16 copy for the backward) of every
+// chunk.
 template <typename T>
-static void delta_front(const DeltaBufs *f, float *Tg, bf16 *Ub, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta,
-                        const DeltaShape *s, const ChunkDims *d, const DeltaArgs *a) {
-    int64_t rows = s->T * s->nk;
+static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor k, const ChunkDims *d,
+                        const DeltaArgs *a) {
+    dim3 rg = row_grid(d->B * d->S * d->nk), cg((unsigned)d->NC, (unsigned)(d->B * d->nv));
     if (delta_tc(q.dt, d)) { // bf16 q̂, k̂, W, M, Tm in the fp32 buffers' places
-        delta_prep_kernel<bf16, bf16><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-            (bf16 *)f->qh, (bf16 *)f->kh, f->rq, f->rk, (const bf16 *)q.p, (const bf16 *)k.p, rows, (int)s->dk,
-            a->scale, a->qk_l2norm);
+        delta_prep_kernel<bf16, bf16>
+            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>(f, (const bf16 *)q.p, (const bf16 *)k.p, a->scale, a->qk_l2norm, *d);
         CUDA_LAUNCH_CHECK();
         set_smem(tc_prep_kernel, tc_prep_smem());
-        tc_prep_kernel<<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), TC_THREADS, tc_prep_smem(), cuda_stream()>>>(
-            f->cs, f->U, Ub, (bf16 *)f->W, (bf16 *)f->M, (bf16 *)Tg, (const bf16 *)f->qh, (const bf16 *)f->kh,
-            (const bf16 *)v.p, (const float *)g.p, (const float *)beta.p, *d);
+        tc_prep_kernel<<<cg, TC_THREADS, tc_prep_smem(), cuda_stream()>>>(tc_bufs(f, *d), io, *d);
         CUDA_LAUNCH_CHECK();
         return;
     }
-    delta_prep_kernel<T, float><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-        f->qh, f->kh, f->rq, f->rk, (const T *)q.p, (const T *)k.p, rows, (int)s->dk, a->scale, a->qk_l2norm);
+    delta_prep_kernel<T, float>
+        <<<rg, ROW_BLOCK, 0, cuda_stream()>>>(f, (const T *)q.p, (const T *)k.p, a->scale, a->qk_l2norm, *d);
     CUDA_LAUNCH_CHECK();
     size_t sm = prep_smem(d);
     set_smem(delta_chunk_prep_kernel<T>, sm);
-    delta_chunk_prep_kernel<T><<<dim3((unsigned)d->NC, (unsigned)(s->B * s->nv)), 256, sm, cuda_stream()>>>(
-        f->cs, f->U, f->W, f->M, Tg, f->qh, f->kh, (const T *)v.p, (const float *)g.p, (const float *)beta.p, *d);
+    delta_chunk_prep_kernel<T><<<cg, 256, sm, cuda_stream()>>>(f, io, *d);
     CUDA_LAUNCH_CHECK();
 }
 
-static dim3 state_grid(const DeltaShape *s) {
-    return dim3((unsigned)(s->B * s->nv), (unsigned)((s->dv + DELTA_VT - 1) / DELTA_VT));
+static dim3 state_grid(const ChunkDims *d) {
+    return dim3((unsigned)(d->B * d->nv), (unsigned)((d->dv + DELTA_VT - 1) / DELTA_VT));
 }
 
 void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
-    DeltaShape s = delta_shape(q, v, a);
+    ChunkDims d = delta_dims(q, v, a);
     same_dt(k, q, "delta_rule_forward"), same_dt(v, q, "delta_rule_forward"), same_dt(o, q, "delta_rule_forward");
     IS_F32(g, "delta_rule_forward");
     IS_F32(beta, "delta_rule_forward");
-    if (s.T == 0) return;
-    ChunkDims d = chunk_dims(&s, a);
-    DeltaBufs f;
-    delta_bufs(&f, q, v, &s, &d, false, a);
+    if (q.n[0] == 0) return;
+    DeltaBufs f = delta_bufs(q, v, a, false);
+    DeltaIO io = delta_io(v, g, beta, a);
+    io.o = o.p, io.sT = (float *)a->sT.p;
     if (delta_tc(q.dt, &d)) {
-        delta_front<bf16>(&f, NULL, NULL, q, k, v, g, beta, &s, &d, a);
+        delta_front<bf16>(f, io, q, k, &d, a);
         set_smem(tc_state_kernel, tc_state_smem());
-        tc_state_kernel<<<dim3((unsigned)(s.B * s.nv), TC_D / TC_VT), TC_THREADS, tc_state_smem(), cuda_stream()>>>(
-            (bf16 *)o.p, NULL, NULL, NULL, (float *)a->sT.p, (const float *)a->s0.p, f.cs, f.U, (const bf16 *)f.W,
-            (const bf16 *)f.M, (const bf16 *)f.qh, (const bf16 *)f.kh, d);
+        tc_state_kernel<<<dim3((unsigned)(d.B * d.nv), TC_D / TC_VT), TC_THREADS, tc_state_smem(), cuda_stream()>>>(
+            tc_bufs(f, d), io, d);
         CUDA_LAUNCH_CHECK();
         return;
     }
     DT_SWITCH(q.dt, T, "delta_rule_forward", {
-        delta_front<T>(&f, NULL, NULL, q, k, v, g, beta, &s, &d, a);
+        delta_front<T>(f, io, q, k, &d, a);
         size_t sm = state_smem(&d);
         set_smem(delta_chunk_state_kernel<T>, sm);
-        delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
-            (T *)o.p, NULL, NULL, (float *)a->sT.p, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+        delta_chunk_state_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
     });
     CUDA_LAUNCH_CHECK();
 }
 
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                               Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
-    DeltaShape s = delta_shape(q, v, a);
+    ChunkDims d = delta_dims(q, v, a);
     same_dt(dq, q, "delta_rule_backward"), same_dt(dk, q, "delta_rule_backward");
     same_dt(dv, v, "delta_rule_backward"), same_dt(dout, v, "delta_rule_backward");
     IS_F32(dg, "delta_rule_backward");
     IS_F32(dbeta, "delta_rule_backward");
-    if (s.T == 0) return;
-    ChunkDims d = chunk_dims(&s, a);
-    DeltaBufs f;
-    float *p = delta_bufs(&f, q, v, &s, &d, true, a);
-    size_t BH = (size_t)(s.B * s.nv), NL = (size_t)d.NL, kv = (size_t)(s.dk * s.dv);
-    float *Tg = p, *S0 = Tg + BH * d.NC * d.L * d.L, *dS1 = S0 + BH * d.NC * kv, *Vp = dS1 + BH * d.NC * kv,
-          *dVp = Vp + BH * NL * s.dv, *dBv = dVp + BH * NL * s.dv, *dW = dBv + BH * NL * s.dv,
-          *dBk = dW + BH * NL * s.dk, *gq = dBk + BH * NL * s.dk, *gk = gq + s.T * s.nv * s.dk;
-    int64_t rows = s.T * s.nk;
+    if (q.n[0] == 0) return;
+    DeltaBufs f = delta_bufs(q, v, a, true);
+    DeltaIO io = delta_io(v, g, beta, a);
+    io.dv = dv.p, io.dout = dout.p, io.dg = (float *)dg.p, io.dbeta = (float *)dbeta.p;
+    io.dsT = (const float *)a->dsT.p, io.ds0 = (float *)a->ds0.p;
+    size_t BH = (size_t)(d.B * d.nv);
+    dim3 rg = row_grid(d.B * d.S * d.nk);
     bool tc = delta_tc(q.dt, &d);
     dim3 sg((unsigned)BH, TC_D / TC_VT), cg((unsigned)d.NC, (unsigned)BH);
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
-        // tensor cores: bf16 buffers in the fp32 ones' places (S₀ in bf16 after dS₁, in fp32 in S₀'s), U's bf16 copy
-        // in dW's, sd (B·nv, NC) in dBv's
-        delta_front<T>(&f, Tg, tc ? (bf16 *)dW : NULL, q, k, v, g, beta, &s, &d, a);
+        delta_front<T>(f, io, q, k, &d, a);
         if (tc) {
-            const bf16 *U = (const bf16 *)dW, *W = (const bf16 *)f.W, *M = (const bf16 *)f.M, *Tb = (const bf16 *)Tg;
-            const bf16 *qb = (const bf16 *)f.qh, *kb = (const bf16 *)f.kh;
-            bf16 *dS1b = (bf16 *)dS1, *S0b = dS1b + BH * d.NC * kv, *Vpb = (bf16 *)Vp, *dVpb = (bf16 *)dVp;
-            CUDA_CHECK(cudaMemsetAsync(dBv, 0, BH * d.NC * sizeof(float), cuda_stream()));
+            TcBufs t = tc_bufs(f, d);
+            CUDA_CHECK(cudaMemsetAsync(t.sd, 0, BH * d.NC * sizeof(float), cuda_stream()));
             set_smem(tc_state_kernel, tc_state_smem());
-            tc_state_kernel<<<sg, TC_THREADS, tc_state_smem(), cuda_stream()>>>(
-                NULL, S0b, S0, Vpb, NULL, (const float *)a->s0.p, f.cs, f.U, W, M, qb, kb, d);
+            tc_state_kernel<<<sg, TC_THREADS, tc_state_smem(), cuda_stream()>>>(t, io, d);
             CUDA_LAUNCH_CHECK();
             set_smem(tc_dstate_kernel, tc_dstate_smem());
-            tc_dstate_kernel<<<sg, TC_THREADS, tc_dstate_smem(), cuda_stream()>>>(
-                dS1b, dVpb, dBv, (float *)a->ds0.p, (const float *)a->dsT.p, S0, (const bf16 *)dout.p, f.cs, W, M, qb,
-                kb, d);
+            tc_dstate_kernel<<<sg, TC_THREADS, tc_dstate_smem(), cuda_stream()>>>(t, io, d);
             CUDA_LAUNCH_CHECK();
             set_smem(tc_grad_kernel, tc_grad_smem());
-            tc_grad_kernel<<<cg, TC_THREADS, tc_grad_smem(), cuda_stream()>>>(
-                gq, gk, (bf16 *)dv.p, (float *)dg.p, (float *)dbeta.p, f.cs, U, W, Tb, S0b, dS1b, Vpb, dVpb, dBv, qb,
-                kb, (const bf16 *)v.p, (const bf16 *)dout.p, (const float *)beta.p, d);
+            tc_grad_kernel<<<cg, TC_THREADS, tc_grad_smem(), cuda_stream()>>>(t, io, d);
             CUDA_LAUNCH_CHECK();
         } else {
             size_t sm = state_smem(&d);
             set_smem(delta_chunk_state_kernel<T>, sm);
-            delta_chunk_state_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
-                NULL, S0, Vp, NULL, (const float *)a->s0.p, f.cs, f.U, f.W, f.M, f.qh, f.kh, d);
+            delta_chunk_state_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
             CUDA_LAUNCH_CHECK();
             sm = dstate_smem(&d);
             set_smem(delta_chunk_dstate_kernel<T>, sm);
-            delta_chunk_dstate_kernel<T><<<state_grid(&s), 256, sm, cuda_stream()>>>(
-                dS1, dVp, (float *)a->ds0.p, (const float *)a->dsT.p, (const T *)dout.p, f.cs, f.W, f.M, f.qh, f.kh, d);
+            delta_chunk_dstate_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
             CUDA_LAUNCH_CHECK();
             sm = grad_smem(&d);
             set_smem(delta_chunk_grad_kernel<T>, sm);
-            delta_chunk_grad_kernel<T><<<dim3((unsigned)d.NC, (unsigned)BH), 256, sm, cuda_stream()>>>(
-                gq, gk, (T *)dv.p, (float *)dg.p, (float *)dbeta.p, dW, dBv, dBk, f.cs, f.U, f.W, f.M, Tg, S0, dS1, Vp,
-                dVp, f.qh, f.kh, (const T *)v.p, (const T *)dout.p, (const float *)beta.p, d);
+            delta_chunk_grad_kernel<T><<<cg, 256, sm, cuda_stream()>>>(f, io, d);
             CUDA_LAUNCH_CHECK();
         }
-        delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>((T *)dq.p, gq, (const T *)q.p, f.rq,
-                                                                                rows, (int)s.nk, (int)(s.nv / s.nk),
-                                                                                (int)s.dk, a->scale, a->qk_l2norm);
-        delta_finish_kernel<T><<<row_grid(rows), ROW_BLOCK, 0, cuda_stream()>>>(
-            (T *)dk.p, gk, (const T *)k.p, f.rk, rows, (int)s.nk, (int)(s.nv / s.nk), (int)s.dk, 1.0f, a->qk_l2norm);
+        delta_finish_kernel<T>
+            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>((T *)dq.p, f.gq, (const T *)q.p, f.rq, a->scale, a->qk_l2norm, d);
+        delta_finish_kernel<T>
+            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>((T *)dk.p, f.gk, (const T *)k.p, f.rk, 1.0f, a->qk_l2norm, d);
     });
     CUDA_LAUNCH_CHECK();
 }

@@ -1,0 +1,300 @@
+// cuda_delta_conv.cu — the Qwen3.5 ops around the delta rule on the GPU (docs/reference.md §19), math as in
+// ops/cpu/cpu_delta.c: the sigmoid output gate, the causal depthwise conv1d + SiLU and the DeltaNet gates, each with
+// its backward. fp32 arithmetic on fp32 or bf16 storage.
+// Shapes: R rows of D, T = B·S tokens, C conv channels of kernel K, nv value heads.
+#include "ops/cuda/cuda_common.cuh"
+
+#define ROWS_PER_BLOCK 8 // warp-per-row kernels: 8 warps of a block take 8 rows
+
+static __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float silu_grad(float z) {
+    float s = sigm(z);
+    return s * (1.0f + z * (1.0f - s));
+}
+static __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static dim3 row_grid(int64_t R) { return dim3((unsigned)((R + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK)); }
+static const dim3 ROW_BLOCK(32, ROWS_PER_BLOCK);
+
+// ---- the sigmoid output gate: y = x·σ(gate), gate (R, D) or (R, 1) ----
+
+template <typename T>
+__global__ void gate_forward_kernel(T *y, const T *x, const T *gate, int64_t R, int64_t D, int64_t G) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < R * D; i += (int64_t)gridDim.x * blockDim.x)
+        st(y, i, ld(x, i) * sigm(ld(gate, G == 1 ? i / D : i)));
+}
+
+// One warp per row: dx (+)= dy·σ; dgate = dy·x·σ(1 − σ) per element, or its row sum for a per-row gate.
+template <typename T>
+__global__ void gate_backward_kernel(T *dx, T *dgate, const T *dy, const T *x, const T *gate, int64_t R, int64_t D,
+                                     int64_t G, bool acc) {
+    int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
+    if (row >= R) return;
+    float s1 = G == 1 ? sigm(ld(gate, row)) : 0.0f, sum = 0;
+    for (int64_t j = threadIdx.x; j < D; j += 32) {
+        int64_t i = row * D + j;
+        float s = G == 1 ? s1 : sigm(ld(gate, i)), d = ld(dy, i), g = d * ld(x, i) * s * (1.0f - s);
+        st(dx, i, acc ? ld(dx, i) + d * s : d * s);
+        if (G == 1) sum += g;
+        else st(dgate, i, g);
+    }
+    if (G == 1) {
+        sum = warp_sum(sum);
+        if (threadIdx.x == 0) st(dgate, row, sum);
+    }
+}
+
+void cuda_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate) {
+    int64_t R = t_rows(x), D = t_cols(x), G = t_cols(gate);
+    CHECK(t_rows(gate) == R && (G == D || G == 1) && tensor_numel(y) == R * D);
+    same_dt(y, x, "sigmoid_gate_forward");
+    same_dt(gate, x, "sigmoid_gate_forward");
+    if (R == 0) return;
+    DT_SWITCH(x.dt, T, "sigmoid_gate_forward",
+              gate_forward_kernel<T>
+              <<<grid_for(R * D, 256), 256, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, (const T *)gate.p, R, D, G));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Tensor gate, bool accumulate) {
+    int64_t R = t_rows(x), D = t_cols(x), G = t_cols(gate);
+    same_dt(dx, x, "sigmoid_gate_backward");
+    same_dt(dgate, gate, "sigmoid_gate_backward");
+    if (R == 0) return;
+    DT_SWITCH(x.dt, T, "sigmoid_gate_backward",
+              gate_backward_kernel<T><<<row_grid(R), ROW_BLOCK, 0, cuda_stream()>>>(
+                  (T *)dx.p, (T *)dgate.p, (const T *)dy.p, (const T *)x.p, (const T *)gate.p, R, D, G, accumulate));
+    CUDA_LAUNCH_CHECK();
+}
+
+// ---- causal depthwise conv1d + SiLU ----
+// A thread takes one channel c over runs of CONV_RUN positions of one sequence, the inputs it slides over in
+// registers: each x and dy is read once per run (plus a halo of CONV_MAX_K − 1), where the per-element kernels read
+// each K to K² times. The K taps sit right-aligned in CONV_MAX_K (zeros before them), so every register index is a
+// constant: u[p] = Σ_j w'[j]·x[p − CONV_MAX_K + 1 + j], the zero taps adding exact zeros in the CPU's order. Runs
+// are grid-strided (grid.y), so that a thread's weight-gradient sums span several runs before one atomic add per tap.
+// The halo (context parallelism: the K − 1 rows before each sequence, (B·(K−1), C); NULL: zeros) stands in for the
+// positions −(K − 1) .. −1; its gradient is the first run's dx formula at those positions.
+#define CONV_RUN 32
+#define CONV_MAX_K 8
+#define CONV_THREADS 128
+
+// A call's shape: C channels, sequences of S, kernel K; runs = B·⌈S / CONV_RUN⌉.
+typedef struct {
+    int64_t C, S, runs;
+    int K;
+} ConvShape;
+
+static dim3 conv_grid(int64_t C, int64_t runs) {
+    return dim3((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)(runs < 64 ? runs : 64));
+}
+template <typename TW>
+__device__ __forceinline__ void conv_taps(float (&wk)[CONV_MAX_K], const TW *w, int64_t c, int K) {
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++) wk[j] = j >= CONV_MAX_K - K ? ld(w, c * K + j - (CONV_MAX_K - K)) : 0.0f;
+}
+
+// xw[i] = x[q0 + i] of one channel (xs: its column in the sequence; hs: its column in the sequence's K − 1 halo
+// rows, or NULL; elsewhere 0).
+template <int N, typename T>
+__device__ __forceinline__ void conv_window(float (&xw)[N], const T *xs, const T *hs, int K, int64_t q0, int64_t S,
+                                            int64_t C) {
+#pragma unroll
+    for (int i = 0; i < N; i++) {
+        int64_t q = q0 + i;
+        xw[i] = q >= 0 ? (q < S ? ld(xs, q * C) : 0.0f) : hs && q >= 1 - K ? ld(hs, (K - 1 + q) * C) : 0.0f;
+    }
+}
+// The pre-activation at window offset i: Σ_j w'[j]·xw[i + j].
+template <int N> __device__ __forceinline__ float conv_u(const float (&wk)[CONV_MAX_K], const float (&xw)[N], int i) {
+    float u = 0;
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++) u += wk[j] * xw[i + j];
+    return u;
+}
+
+// y[p] = silu(u[p]) for the run's positions p0 .. p0 + CONV_RUN − 1 (x before the sequence: 0).
+template <typename T, typename TW>
+__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, ConvShape sh) {
+    int64_t C = sh.C, S = sh.S, runs = sh.runs;
+    int K = sh.K;
+    const int NX = CONV_RUN + CONV_MAX_K - 1; // x[p0 − CONV_MAX_K + 1 .. p0 + CONV_RUN − 1]
+    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
+    if (c >= C) return;
+    float wk[CONV_MAX_K], xw[NX];
+    conv_taps(wk, w, c, K);
+    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
+        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
+        conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
+#pragma unroll
+        for (int i = 0; i < CONV_RUN; i++) {
+            float u = conv_u(wk, xw, i);
+            if (p0 + i < S) st(y + b * S * C + c, (p0 + i) * C, u * sigm(u));
+        }
+    }
+}
+
+// dpre[p] = dy[p]·silu'(u[p]) over p0 .. p0 + CONV_RUN + CONV_MAX_K − 2 (past the sequence: 0);
+// dx[p] = Σ_j w'[j]·dpre[p + CONV_MAX_K − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p.
+template <typename T, typename TW>
+__global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, const T *x, const TW *w, const T *halo,
+                                     ConvShape sh) {
+    int64_t C = sh.C, S = sh.S, runs = sh.runs;
+    int K = sh.K;
+    const int ND = CONV_RUN + CONV_MAX_K - 1, NX = ND + CONV_MAX_K - 1; // x from p0 − CONV_MAX_K + 1
+    int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
+    if (c >= C) return;
+    float wk[CONV_MAX_K], dwk[CONV_MAX_K] = {0}, xw[NX], dp[ND];
+    conv_taps(wk, w, c, K);
+    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
+        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
+        const T *dys = dy + b * S * C + c;
+        conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
+#pragma unroll
+        for (int i = 0; i < ND; i++) dp[i] = p0 + i < S ? ld(dys, (p0 + i) * C) * silu_grad(conv_u(wk, xw, i)) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < CONV_RUN; i++) {
+            if (p0 + i >= S) break;
+            float s = 0;
+#pragma unroll
+            for (int j = 0; j < CONV_MAX_K; j++) s += wk[j] * dp[i + CONV_MAX_K - 1 - j];
+            st(dx + b * S * C + c, (p0 + i) * C, s);
+#pragma unroll
+            for (int j = 0; j < CONV_MAX_K; j++) dwk[j] += dp[i] * xw[i + j];
+        }
+        if (dhalo && p0 == 0) { // halo row K − 1 − h is position −h: Σ_j w'[j]·dpre[CONV_MAX_K − 1 − h − j]
+#pragma unroll
+            for (int h = 1; h < CONV_MAX_K; h++) {
+                float s = 0;
+#pragma unroll
+                for (int j = 0; j < CONV_MAX_K; j++)
+                    if (CONV_MAX_K - 1 - h - j >= 0) s += wk[j] * dp[CONV_MAX_K - 1 - h - j];
+                if (h <= K - 1) st(dhalo + b * (K - 1) * C + c, (K - 1 - h) * C, s);
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K; j++)
+        if (j >= CONV_MAX_K - K) atomicAdd(dw + c * K + j - (CONV_MAX_K - K), dwk[j]);
+}
+
+// The shape of x: (B·S, C) with w: (C, K), checked with the halo's.
+static ConvShape conv_shape(Tensor x, Tensor w, Tensor halo, int64_t B, const char *what) {
+    ConvShape s;
+    int64_t T_ = t_rows(x);
+    s.C = t_cols(x), s.S = T_ / B, s.runs = B * ((s.S + CONV_RUN - 1) / CONV_RUN), s.K = (int)t_cols(w);
+    CHECK(T_ % B == 0 && t_rows(w) == s.C);
+    if (s.K > CONV_MAX_K) die("%s: kernel %d is past the GPU kernels' %d", what, s.K, CONV_MAX_K);
+    if (halo.p) {
+        CHECK(t_rows(halo) == B * (s.K - 1) && t_cols(halo) == s.C);
+        same_dt(halo, x, what);
+    }
+    return s;
+}
+
+void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
+    ConvShape s = conv_shape(x, w, halo, B, "conv1d_silu_forward");
+    CHECK(tensor_numel(y) == tensor_numel(x));
+    same_dt(y, x, "conv1d_silu_forward");
+    if (t_rows(x) == 0) return;
+    DT_SWITCH(x.dt, T, "conv1d_silu_forward",
+              DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
+                        conv_forward_kernel<T, TW><<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
+                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, s)));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
+    ConvShape s = conv_shape(x, w, halo, B, "conv1d_silu_backward");
+    CHECK(!dhalo.p || (halo.p && tensor_numel(dhalo) == tensor_numel(halo)));
+    same_dt(dx, x, "conv1d_silu_backward");
+    same_dt(dy, x, "conv1d_silu_backward");
+    IS_F32(dw, "conv1d_silu_backward");
+    if (dhalo.p) same_dt(dhalo, x, "conv1d_silu_backward");
+    if (t_rows(x) == 0) return;
+    DT_SWITCH(x.dt, T, "conv1d_silu_backward",
+              DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
+                        conv_backward_kernel<T, TW><<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
+                            (T *)dx.p, (T *)dhalo.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
+                            (const T *)halo.p, s)));
+    CUDA_LAUNCH_CHECK();
+}
+
+// ---- the DeltaNet gates ----
+
+// The gates' inputs as the kernels see them: a, b (Tn, nv) of type T, A_log, dt_bias (nv) of type TW.
+template <typename T, typename TW> struct GateIn {
+    const T *a, *b;
+    const TW *A_log, *dt_bias;
+    int64_t Tn, nv;
+};
+template <typename T, typename TW> static GateIn<T, TW> gate_in(Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
+    GateIn<T, TW> in = {(const T *)a.p,        (const T *)b.p, (const TW *)A_log.p,
+                        (const TW *)dt_bias.p, t_rows(a),      t_cols(a)};
+    return in;
+}
+
+template <typename T, typename TW> __global__ void gates_forward_kernel(float *g, float *beta, GateIn<T, TW> in) {
+    const T *a = in.a, *b = in.b;
+    const TW *A_log = in.A_log, *dt_bias = in.dt_bias;
+    int64_t n = in.Tn * in.nv, nv = in.nv;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t h = i % nv;
+        g[i] = -expf(ld(A_log, h)) * softplus_f(ld(a, i) + ld(dt_bias, h));
+        beta[i] = sigm(ld(b, i));
+    }
+}
+
+// da, db per element; dA_log[h] += Σ_t dg·g, ddt_bias[h] += Σ_t da (thread per head, grid.y splits the rows).
+template <typename T, typename TW>
+__global__ void gates_backward_kernel(T *da, T *db, float *dA_log, float *ddt_bias, const float *dg, const float *dbeta,
+                                      GateIn<T, TW> in) {
+    const T *a = in.a, *b = in.b;
+    const TW *A_log = in.A_log, *dt_bias = in.dt_bias;
+    int64_t Tn = in.Tn, nv = in.nv;
+    int64_t h = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (h >= nv) return;
+    float eA = expf(ld(A_log, h)), sA = 0, sdt = 0;
+    for (int64_t t = blockIdx.y; t < Tn; t += gridDim.y) {
+        int64_t i = t * nv + h;
+        float x = ld(a, i) + ld(dt_bias, h), d = dg[i], s = sigm(ld(b, i)), ga = -eA * sigm(x) * d;
+        sA += -d * eA * softplus_f(x);
+        sdt += ga;
+        st(da, i, ga);
+        st(db, i, dbeta[i] * s * (1.0f - s));
+    }
+    atomicAdd(dA_log + h, sA);
+    atomicAdd(ddt_bias + h, sdt);
+}
+
+void cuda_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
+    int64_t n = tensor_numel(a), nv = t_cols(a);
+    IS_F32(g, "delta_gates_forward");
+    IS_F32(beta, "delta_gates_forward");
+    same_dt(a, b, "delta_gates_forward");
+    CHECK(tensor_numel(A_log) == nv && tensor_numel(dt_bias) == nv && tensor_numel(g) == n);
+    if (n == 0) return;
+    DT_SWITCH(a.dt, T, "delta_gates_forward",
+              DT_SWITCH(A_log.dt, TW, "delta_gates_forward",
+                        gates_forward_kernel<T, TW><<<grid_for(n, 256), 256, 0, cuda_stream()>>>(
+                            (float *)g.p, (float *)beta.p, gate_in<T, TW>(a, b, A_log, dt_bias))));
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bias, Tensor dg, Tensor dbeta, Tensor a,
+                               Tensor b, Tensor A_log, Tensor dt_bias) {
+    int64_t Tn = t_rows(a), nv = t_cols(a);
+    IS_F32(dA_log, "delta_gates_backward");
+    IS_F32(ddt_bias, "delta_gates_backward");
+    same_dt(da, a, "delta_gates_backward");
+    same_dt(db, a, "delta_gates_backward");
+    if (Tn == 0) return;
+    int64_t gy = Tn / 32;
+    dim3 grid((unsigned)((nv + 31) / 32), (unsigned)(gy > 512 ? 512 : gy < 1 ? 1 : gy));
+    DT_SWITCH(a.dt, T, "delta_gates_backward",
+              DT_SWITCH(A_log.dt, TW, "delta_gates_backward",
+                        gates_backward_kernel<T, TW><<<grid, 32, 0, cuda_stream()>>>(
+                            (T *)da.p, (T *)db.p, (float *)dA_log.p, (float *)ddt_bias.p, (const float *)dg.p,
+                            (const float *)dbeta.p, gate_in<T, TW>(a, b, A_log, dt_bias))));
+    CUDA_LAUNCH_CHECK();
+}
