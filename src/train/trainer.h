@@ -35,9 +35,6 @@ typedef struct {
     PipeSchedule sched[2];
     PipeRun pipe[2];
     Arena pipe_mem;
-    Dataset *pipe_data;               // what the pipeline's chunk computes read: the data and global batch,
-    int64_t pipe_batch, pipe_targets; // the target tokens they loaded,
-    bool pipe_grad;                   // and whether they keep activations for a backward
     Dataset data;
     Dataset val;            // validation data (validation.batches > 0), read in file order
     Arena state;            // the shards below (counted first: MemoryPlan.shards + optim)
