@@ -144,25 +144,23 @@ static void state_alloc(Run *r, Arena *state, Arena *host) {
 }
 
 // ---- this rank's chunks and the pipeline ----
-
-// The DualPipeV schedules of this pipeline rank (piped): a step's, and validation's (forward only).
-static void schedules_build(PipeSchedule s[2], const TrainConfig *c, const Dist *d) {
-    for (int i = 0; i < 2; i++) dualpipev_build(&s[i], d->pp, microbatches(c, d), d->pp_g.rank, i == 1);
-}
-
-// pp = 1: the whole model with one record. Piped: phase p's chunk, with record slots enough for either
-// schedule and the step's deferred sets; the two share a workspace and read and write the pipeline's
-// buffers in place (chunk_init_rank). With plan only the plan (the sum over the rank's chunks).
-static ChunkPlan chunks_setup(Run *r, bool plan) {
+// pp = 1: the whole model with one record. Piped: this pipeline rank's DualPipeV schedules (a step's, and
+// validation's: forward only); phase p's chunk, with record slots enough for either schedule and the step's
+// deferred sets (the two share a workspace and read and write the pipeline's buffers in place: chunk_init_rank);
+// both schedules' pipeline buffers in one region, r->pipe_mem (a step and a validation never run at once).
+// With plan only their plans (r->plan.chunks: the sum over the rank's chunks; r->plan.pipe).
+static void engine_setup(Run *r, bool plan) {
     const TrainConfig *c = &r->cfg;
     const Dist *d = &r->dist;
     Model *m = &r->model;
-    const PipeSchedule *s = r->sched;
+    PipeSchedule *s = r->sched;
     int B = c->micro_batch_size, S = c->sequence_length / d->cp, L = m->cfg.layers;
     if (!piped(c, d)) {
         if (!plan) chunk_init_model(&r->chunk[0], m, B, S);
-        return chunk_plan(m, B, S, 0, L, 1, 0);
+        r->plan.chunks = chunk_plan(m, B, S, 0, L, 1, 0);
+        return;
     }
+    for (int i = 0; i < 2; i++) dualpipev_build(&s[i], d->pp, microbatches(c, d), d->pp_g.rank, i == 1);
     ChunkShape sh[2];
     for (int p = 0; p < 2; p++) {
         int k = dualpipev_chunk(d->pp, d->pp_g.rank, p), n = L / (2 * d->pp);
@@ -171,27 +169,17 @@ static ChunkPlan chunks_setup(Run *r, bool plan) {
         sh[p] = (ChunkShape){k * n, (k + 1) * n, nrec, s[0].max_deferred_of[p]};
     }
     if (!plan) chunk_init_rank(r->chunk, m, B, S, sh);
-    return chunk_plan_rank(m, B, S, sh);
-}
-
-// Piped: both schedules' pipeline buffers in one region, r->pipe_mem (a step and a validation never run at
-// once); with plan only its size.
-static size_t pipe_setup(Run *r, bool plan) {
-    const TrainConfig *c = &r->cfg;
-    const Dist *d = &r->dist;
-    const Model *m = &r->model;
-    if (!piped(c, d)) return 0;
-    int64_t T = (int64_t)c->micro_batch_size * (c->sequence_length / d->cp);
+    r->plan.chunks = chunk_plan_rank(m, B, S, sh);
     Arena count = arena_counting("pipeline buffers", m->dev), *a = &count;
     for (int pass = 0; pass < (plan ? 1 : 2); pass++) {
         if (pass == 1) r->pipe_mem = arena_create(count.name, m->dev, count.peak), a = &r->pipe_mem;
         for (int i = 0; i < 2; i++) {
             arena_reset(a, 0);
-            dualpipev_run_init(&r->pipe[i], &r->sched[i], &d->pp_g, a, m->cdt, T, m->cfg.hidden);
+            dualpipev_run_init(&r->pipe[i], &s[i], &d->pp_g, a, m->cdt, (int64_t)B * S, m->cfg.hidden);
             if (pass == 0) dualpipev_run_free(&r->pipe[i]);
         }
     }
-    return count.peak;
+    r->plan.pipe = count.peak;
 }
 
 // The sequence the run and its memory plan share, so `pith estimate` cannot drift from `pith train`: the model
@@ -207,13 +195,11 @@ static void setup_rank(Run *r, Device dev, bool plan) {
     (plan ? model_describe : model_create)(m, fam, &mc, dev, compute_dt(dev, c->compute_dtype), c->sequence_length);
     model_layout(m, c, d);
     if (c->fp8) model_fp8_setup(m);
-    if (!plan && c->fp8 && d->world.rank == 0) model_fp8_warn_rounded(m, c->file);
-    if (!plan && d->cp > 1) { // before anything reads the layout: the load balancing's sums, the chunks' positions
-        ring_init(&r->ring, &d->cp_g, dev, ring_plan(m, c, d));
-        m->ring = &r->ring;
-    }
-    if (!plan)
+    if (!plan) { // ring attention before anything reads the layout: the load balancing's sums, the chunks' positions
+        if (c->fp8 && d->world.rank == 0) model_fp8_warn_rounded(m, c->file);
+        if (d->cp > 1) ring_init(&r->ring, &d->cp_g, dev, ring_plan(m, c, d)), m->ring = &r->ring;
         model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length / d->cp);
+    }
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
     fsdp_setup(&r->fsdp, d, m->w);
     Arena count = arena_counting("parameter shards and optimizer state", dev),
@@ -229,9 +215,7 @@ static void setup_rank(Run *r, Device dev, bool plan) {
         state_alloc(r, &r->state, &r->offload);
     }
     r->plan = plan_of(r, count.peak);
-    if (piped(c, d)) schedules_build(r->sched, c, d);
-    r->plan.chunks = chunks_setup(r, plan);
-    r->plan.pipe = pipe_setup(r, plan);
+    engine_setup(r, plan);
 }
 
 MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
