@@ -340,8 +340,7 @@ int cmd_train(int argc, char **argv) {
     tboard_close(&lg.tb);
     printf("%s%s%s: %d of %d steps, metrics in %s\n", r.step == cfg.max_steps ? "done" : "stopped",
            lg.stopped_by ? " by " : "", lg.stopped_by ? lg.stopped_by : "", r.step, cfg.max_steps, lg.mpath);
-    if (lg.skipped)
-        printf("skipped: the updates of %d steps whose loss or gradient norm was not finite\n", lg.skipped);
+    if (lg.skipped) printf("skipped: the updates of %d steps whose loss or gradient norm was not finite\n", lg.skipped);
     run_free(&r);
     json_decref(cfg.json);
     dist_finalize();
