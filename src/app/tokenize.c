@@ -621,7 +621,7 @@ static void tokenize_usage(FILE *f) {
             "  named and the rest counted; a file whose every line is bad gets no output and the exit status is 1.\n");
 }
 
-// The command line, checked. Returns -1 to go on, else the exit status (--help, an unknown option).
+// The command line of pith tokenize.
 typedef struct {
     const char *tokpath, *outdir, *eos_arg, *field, *split, *on_error;
     const char **inputs;
@@ -629,6 +629,7 @@ typedef struct {
     long workers;
 } TokArgs;
 
+// Parses and checks the command line into a. Returns -1 to go on, else the exit status (--help, an unknown option).
 static int tokenize_args(TokArgs *a, int argc, char **argv) {
     static struct option opts[] = {{"tokenizer", 1, 0, 't'},
                                    {"input", 1, 0, 'i'},
@@ -697,8 +698,8 @@ static void collect_inputs(const TokArgs *a) {
             continue;
         }
         if (input_kind(in) < 0)
-            die("%s: unsupported input (expected .jsonl, .jsonl.zst, .jsonl.zstd, .jsonl.gz or .txt; --format says "
-                "which)",
+            die("%s: unsupported input (expected .jsonl, .jsonl.zst, .jsonl.zstd, .jsonl.gz or .txt; "
+                "--format says which)",
                 in);
         const char *base = strrchr(in, '/');
         add_file(in, base ? base + 1 : in, a->outdir);
@@ -890,9 +891,8 @@ static double tokenize_files(Shared *sh, long workers, uint64_t total_in, Totals
 
 // The summary line; bad lines beyond those named; a file whose every line was bad ends the run (status 1).
 static void report(const Totals *tot, int nskip, double dt, long workers) {
-    printf("tokenize: %d files written, %d skipped (output exists), %d failed; %llu documents, %llu tokens, %.1f MB of "
-           "text in %.2f s "
-           "(%.1f MB/s, %ld workers)",
+    printf("tokenize: %d files written, %d skipped (output exists), %d failed; %llu documents, %llu tokens, "
+           "%.1f MB of text in %.2f s (%.1f MB/s, %ld workers)",
            tot->written, nskip, tot->failed, (unsigned long long)tot->docs, (unsigned long long)tot->tokens,
            tot->text_bytes / 1e6, dt, tot->text_bytes / 1e6 / (dt > 1e-9 ? dt : 1e-9), workers);
     if (tot->bad) printf("; %llu bad lines skipped", (unsigned long long)tot->bad);

@@ -90,7 +90,7 @@ static FILE *open_metrics(const char *run_dir, const char *mpath, int step) {
     return metrics;
 }
 
-// The command line. Returns -1 to go on, else the exit status (--help, --config-table, no config file).
+// The command line of pith train.
 typedef struct {
     const char *file, *dump;
     char **sets;
@@ -98,6 +98,7 @@ typedef struct {
     bool print_config, allow_change;
 } TrainArgs;
 
+// Parses the command line into a. Returns -1 to go on, else the exit status (--help, --config-table, no config).
 static int train_args(TrainArgs *a, int argc, char **argv) {
     *a = (TrainArgs){.sets = xmalloc(argc * sizeof *a->sets), .max_now = -1};
     for (int i = 1; i < argc; i++) {
@@ -251,8 +252,7 @@ static void check_nonfinite(TrainLog *lg, const Run *r, const StepStats *st) {
     const char *what = isfinite(st->loss) ? "gradient norm" : "loss";
     double v = isfinite(st->loss) ? st->grad_norm : st->loss;
     if (cfg->on_nonfinite == NONFINITE_FAIL)
-        die("step %d: the %s is %s: stopping; nothing is saved after step %d (on_nonfinite = \"skip\" "
-            "would go on "
+        die("step %d: the %s is %s: stopping; nothing is saved after step %d (on_nonfinite = \"skip\" would go on "
             "without this step's update)",
             r->step, what, isnan(v) ? "NaN" : "infinite", r->step - 1);
     // A run that stays diverged must not skip its way to "done": a limit on skips in a row.

@@ -230,61 +230,6 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     return p;
 }
 
-// The initial weights, drawn on the host for the whole group (they do not depend on the layout) of which this rank
-// keeps its shard; the moments and the router bias start at zero.
-static void weights_init(Run *r) {
-    const TrainConfig *c = &r->cfg;
-    Model *m = &r->model;
-    const ModelConfig *mc = &m->cfg;
-    if (m->router_bias.p) {
-        op_zero(m->router_bias);
-        r->router_bias = xcalloc((size_t)mc->layers * mc->experts, sizeof(float));
-        m->router_load = xcalloc((size_t)mc->layers * mc->experts, sizeof(double));
-        m->router_idx = xmalloc((size_t)c->micro_batch_size * c->sequence_length * mc->topk * sizeof(int32_t));
-    }
-    for (int g = 0; g < NGROUPS; g++) {
-        float *init = xcalloc(r->fsdp.numel[g] + 1, sizeof(float));
-        params_init(&m->params, g, init, c->seed, c->init_std, mc->layers);
-        fsdp_take_shard(&r->fsdp, g, r->master[g], init);
-        free(init);
-        op_zero(r->adam_m[g]), op_zero(r->adam_v[g]);
-        fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
-    }
-}
-
-// The training data, and the validation data, read in file order: its first `batches` global batches, the same
-// every time.
-static void data_open(Run *r) {
-    const TrainConfig *c = &r->cfg;
-    int vocab = r->model.cfg.vocab;
-    dataset_open(&r->data, c->dataset, c->sequence_length, vocab, c->seed);
-    if (!c->validation.batches) return;
-    dataset_open(&r->val, c->validation.dataset, c->sequence_length, vocab, c->seed);
-    r->val.ordered = true;
-    int64_t need = (int64_t)c->validation.batches * c->global_batch_size;
-    if (need > r->val.total)
-        die("%s: validation.batches: %d global batches of %d samples need %lld samples; %s holds %lld", c->file,
-            c->validation.batches, c->global_batch_size, (long long)need, c->validation.dataset,
-            (long long)r->val.total);
-}
-
-// Automatic resume from the newest complete checkpoint; else the initial weights of init_from. Rank 0 looks
-// first: it removes the temporary folder of a save that did not finish.
-static void resume(Run *r) {
-    const TrainConfig *c = &r->cfg;
-    const Dist *d = &r->dist;
-    char latest[4200];
-    bool found = false;
-    if (d->world.rank == 0 && c->save_location[0]) ckpt_lock(c->save_location, "save_location");
-    if (c->save_location[0]) {
-        if (d->world.rank == 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest, true);
-        comm_barrier(&d->world);
-        if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest, false);
-    }
-    if (found) ckpt_resume(r, latest);
-    else if (c->init_from[0]) ckpt_init_from(r, c->init_from);
-}
-
 void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     memset(r, 0, sizeof *r);
     r->cfg = *cfg;
@@ -295,11 +240,49 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     Device dev = pick_device(c);
     if (dev == DEV_CUDA) dist_mesh_gpu(d); // one GPU per rank and NCCL communicators, before anything touches the GPU
     setup_rank(r, dev, false);
-    weights_init(r);
+    Model *m = &r->model;
+    const ModelConfig *mc = &m->cfg;
+    if (m->router_bias.p) {
+        op_zero(m->router_bias);
+        r->router_bias = xcalloc((size_t)mc->layers * mc->experts, sizeof(float));
+        m->router_load = xcalloc((size_t)mc->layers * mc->experts, sizeof(double));
+        m->router_idx = xmalloc((size_t)c->micro_batch_size * c->sequence_length * mc->topk * sizeof(int32_t));
+    }
+    for (int g = 0; g < NGROUPS; g++) {
+        // Initial values are drawn on the host for the whole group (they do not depend on the layout);
+        // this rank keeps its shard.
+        float *init = xcalloc(r->fsdp.numel[g] + 1, sizeof(float));
+        params_init(&m->params, g, init, c->seed, c->init_std, mc->layers);
+        fsdp_take_shard(&r->fsdp, g, r->master[g], init);
+        free(init);
+        op_zero(r->adam_m[g]), op_zero(r->adam_v[g]);
+        fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
+    }
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
-    if (open_data) data_open(r);
-    resume(r);
+    if (open_data) dataset_open(&r->data, c->dataset, c->sequence_length, mc->vocab, c->seed);
+    if (open_data && c->validation.batches) {
+        // Validation reads the first `batches` global batches of its data in file order, the same every time.
+        dataset_open(&r->val, c->validation.dataset, c->sequence_length, mc->vocab, c->seed);
+        r->val.ordered = true;
+        int64_t need = (int64_t)c->validation.batches * c->global_batch_size;
+        if (need > r->val.total)
+            die("%s: validation.batches: %d global batches of %d samples need %lld samples; %s holds %lld", c->file,
+                c->validation.batches, c->global_batch_size, (long long)need, c->validation.dataset,
+                (long long)r->val.total);
+    }
+    // Automatic resume from the newest complete checkpoint; else the initial weights of init_from. Rank 0
+    // looks first: it removes the temporary folder of a save that did not finish.
+    char latest[4200];
+    bool found = false;
+    if (d->world.rank == 0 && c->save_location[0]) ckpt_lock(c->save_location, "save_location");
+    if (c->save_location[0]) {
+        if (d->world.rank == 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest, true);
+        comm_barrier(&d->world);
+        if (d->world.rank != 0) found = ckpt_find_latest(c->save_location, latest, sizeof latest, false);
+    }
+    if (found) ckpt_resume(r, latest);
+    else if (c->init_from[0]) ckpt_init_from(r, c->init_from);
 }
 
 bool run_save_due(const Run *r) {
@@ -413,11 +396,9 @@ static int64_t run_microbatches(Run *r, Dataset *ds, int64_t batch, bool grad) {
 // different tokens, every pipeline rank different layers (the cross-entropy and the target count only pipeline
 // rank 0).
 typedef struct {
-    double loss;           // Σ token cross-entropy
-    double lb;             // Σ load-balancing loss of this rank's layers
-    double targets;        // the target tokens the loss covers
-    double ep_over;        // the rows above the expert capacity, of this rank's layers
-    double busy_s, pipe_s; // this rank's seconds in chunk computes and in the pipeline (the engine's; else 0)
+    double loss, lb, targets; // Σ token cross-entropy, Σ load-balancing loss, the target tokens of the loss
+    double ep_over;           // the rows above the expert capacity, of this rank's layers
+    double busy_s, pipe_s;    // this rank's seconds in chunk computes and in the pipeline (the engine's; else 0)
 } Sums;
 _Static_assert(sizeof(Sums) == 6 * sizeof(double), "Sums is all-reduced as an array of doubles");
 
