@@ -831,22 +831,9 @@ static void collect_done(Pump *p) {
     pthread_mutex_unlock(&sh->mu);
 }
 
-// A file whose chunks are all written: its failure ends the run (--on-error fail) or is counted, and its output
-// is finished.
-static void file_done(Pump *p, InFile *f) {
-    Totals *tot = &p->tot;
-    if (f->failed && p->sh->fail_fast) die("%s", f->error);
-    if (!f->failed && f->bad && !f->nends) { // --on-error skip, and not one line was good
-        f->failed = true, tot->all_bad++, tot->failed++;
-        if (!tot->first_all_bad) tot->first_all_bad = f->path;
-        warn("%s: every line (%llu) was bad: no output", f->path, (unsigned long long)f->bad);
-    } else if (f->failed) warn("%s (file skipped)", f->error), tot->failed++;
-    if (f->failed) tot->docs -= f->nends, tot->tokens -= f->ntok; // counted while its chunks were written
-    if (!f->skip) out_finish(f), tot->written += !f->failed;
-}
-
-// Writes the pending chunks in file order and chunk order.
+// Writes the pending chunks in file order and chunk order, and finishes each file whose chunks are all written.
 static void write_ready(Pump *p) {
+    Totals *tot = &p->tot;
     for (bool progressed = true; progressed && p->to_write < nfiles;) {
         progressed = false;
         InFile *f = &files[p->to_write];
@@ -854,12 +841,21 @@ static void write_ready(Pump *p) {
             if ((*pp)->file == p->to_write && (*pp)->seq == f->written) {
                 Chunk *ck = *pp;
                 *pp = ck->next;
-                write_chunk(f, ck, &p->tot, p->sh->fail_fast);
+                write_chunk(f, ck, tot, p->sh->fail_fast);
                 free(ck->errors), ck->next = p->free_chunks, p->free_chunks = ck, p->inflight--;
                 progressed = true;
                 break;
             }
-        if (f->read_done && f->written == f->nchunks) file_done(p, f), p->to_write++, progressed = true;
+        if (!f->read_done || f->written != f->nchunks) continue;
+        if (f->failed && p->sh->fail_fast) die("%s", f->error);
+        if (!f->failed && f->bad && !f->nends) { // --on-error skip, and not one line was good
+            f->failed = true, tot->all_bad++, tot->failed++;
+            if (!tot->first_all_bad) tot->first_all_bad = f->path;
+            warn("%s: every line (%llu) was bad: no output", f->path, (unsigned long long)f->bad);
+        } else if (f->failed) warn("%s (file skipped)", f->error), tot->failed++;
+        if (f->failed) tot->docs -= f->nends, tot->tokens -= f->ntok; // counted while its chunks were written
+        if (!f->skip) out_finish(f), tot->written += !f->failed;
+        p->to_write++, progressed = true;
     }
 }
 
