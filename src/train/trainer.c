@@ -464,6 +464,36 @@ static void adamw_group(Run *r, int g, Tensor own, float gscale, float lr) {
     }
 }
 
+// The optimizer's update of this rank's shards (AdamW reads the gradient as gscale·g) and the compute copies for
+// the next step. False when it left a weight or a second moment not finite: the weights hold it, and the copies
+// are not made.
+static bool update(Run *r, double gscale, double lr) {
+    const TrainConfig *c = &r->cfg;
+    Model *m = &r->model;
+    Tensor own[NGROUPS] = {{0}}; // rows of the compute copies AdamW writes in its pass (fsdp_own_rows)
+    if (r->muon.on) muon_step(&r->muon, &r->fsdp, m, c, lr, r->step, r->master, r->grad, r->adam_m, r->adam_v);
+    else
+        for (int g = 0; g < NGROUPS; g++) {
+            own[g] = fsdp_own_rows(&r->fsdp, g, m->w[g], r->master[g]);
+            adamw_group(r, g, own[g], (float)gscale, (float)lr);
+        }
+    // The update's result, before anything can save it. AdamW's own pass flags a weight or second moment that is not
+    // finite (no extra read); Muon's orthogonalised update is checked by Σ x² in fp64 of the masters, finite exactly
+    // when every element is. A first moment that is not finite makes its weight so. Agreed over the world.
+    double upd = c->optimizer.type == OPTIMIZER_MUON ? !isfinite(fsdp_sum_squares(&r->fsdp, r->master)) : 0;
+    upd += op_adamw_nonfinite(m->dev); // (Muon updates the vectors with AdamW too)
+    comm_allreduce(&r->dist.world, tensor_make(&upd, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_SUM);
+    if (upd > 0) return false;
+    if (m->router_bias.p) run_router_bias_update(r);
+    // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
+    for (int g = 0; g < NGROUPS; g++)
+        if (own[g].p) fsdp_gather_rest(&r->fsdp, g, m->w[g], own[g]);
+        else fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
+    m->fp8_version++; // the FP8 weight cache is stale: each layer's is remade at its next use
+    ops_sync();
+    return true;
+}
+
 StepStats run_step(Run *r) {
     const TrainConfig *c = &r->cfg;
     const Dist *d = &r->dist;
@@ -522,35 +552,7 @@ StepStats run_step(Run *r) {
     st.nonfinite = !isfinite(st.loss) || !isfinite(st.grad_norm);
     int64_t bad = st.nonfinite ? op_embedding_bad_id(m->dev) : -1; // read only when the loss already says so
     if (bad >= 0) die("embedding: token id %lld is outside the vocabulary of %d", (long long)bad, m->cfg.vocab);
-    if (st.nonfinite) {
-        st.seconds = now_seconds() - t0, die_context[0] = 0;
-        return st;
-    }
-    Tensor own[NGROUPS] = {{0}}; // rows of the compute copies AdamW writes in its pass (fsdp_own_rows)
-    if (r->muon.on) muon_step(&r->muon, &r->fsdp, m, c, st.lr, r->step, r->master, r->grad, r->adam_m, r->adam_v);
-    else
-        for (int g = 0; g < NGROUPS; g++) {
-            own[g] = fsdp_own_rows(&r->fsdp, g, m->w[g], r->master[g]);
-            adamw_group(r, g, own[g], (float)gscale, (float)st.lr);
-        }
-    // The update's result, before anything can save it. AdamW's own pass flags a weight or second moment that is not
-    // finite (no extra read); Muon's orthogonalised update is checked by Σ x² in fp64 of the masters, finite exactly
-    // when every element is. A first moment that is not finite makes its weight so. Agreed over the world.
-    double upd = c->optimizer.type == OPTIMIZER_MUON ? !isfinite(fsdp_sum_squares(&r->fsdp, r->master)) : 0;
-    upd += op_adamw_nonfinite(m->dev); // (Muon updates the vectors with AdamW too)
-    comm_allreduce(&d->world, tensor_make(&upd, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_SUM);
-    st.update_nonfinite = upd > 0;
-    if (st.update_nonfinite) {
-        st.seconds = now_seconds() - t0, die_context[0] = 0;
-        return st;
-    }
-    if (m->router_bias.p) run_router_bias_update(r);
-    // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
-    for (int g = 0; g < NGROUPS; g++)
-        if (own[g].p) fsdp_gather_rest(&r->fsdp, g, m->w[g], own[g]);
-        else fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
-    m->fp8_version++; // the FP8 weight cache is stale: each layer's is remade at its next use
-    ops_sync();
+    if (!st.nonfinite) st.update_nonfinite = !update(r, gscale, st.lr);
     st.seconds = now_seconds() - t0, die_context[0] = 0;
     return st;
 }
