@@ -747,6 +747,7 @@ static int64_t choose_eos(const Bpe *tok, const char *eos_arg, const char *tokpa
 
 // ---- the main thread: read, hand out, write in order ----------------------------------------------------------------
 
+// The main thread's reader, the chunks between it, the workers and the writer, and the totals written.
 typedef struct {
     Shared *sh;
     Reader r;
@@ -765,8 +766,8 @@ static void read_failed(Pump *p, const char *msg) {
     reader_close(&p->r);
 }
 
-// Opens the next file for reading; a skipped one (its output exists) is read at once, one that cannot be opened
-// fails. Either way the reader is then closed (r.file < 0).
+// Opens the next file for reading. A skipped one (its output exists) counts as read and one that cannot be opened
+// fails: the reader then stays closed (r.file < 0).
 static void open_next(Pump *p) {
     Reader *r = &p->r;
     InFile *f = &files[p->next_file];

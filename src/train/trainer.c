@@ -195,7 +195,9 @@ static void setup_rank(Run *r, Device dev, bool plan) {
     (plan ? model_describe : model_create)(m, fam, &mc, dev, compute_dt(dev, c->compute_dtype), c->sequence_length);
     model_layout(m, c, d);
     if (c->fp8) model_fp8_setup(m);
-    if (!plan) { // ring attention before anything reads the layout: the load balancing's sums, the chunks' positions
+    // The run's alone: FP8's rounding warning, ring attention (before anything reads the layout: the load
+    // balancing's sums, the chunks' positions) and the load balancing's form.
+    if (!plan) {
         if (c->fp8 && d->world.rank == 0) model_fp8_warn_rounded(m, c->file);
         if (d->cp > 1) ring_init(&r->ring, &d->cp_g, dev, ring_plan(m, c, d)), m->ring = &r->ring;
         model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length / d->cp);

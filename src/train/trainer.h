@@ -72,7 +72,7 @@ typedef struct {
 // arenas, data, optimizer. Every rank of the world calls it.
 void run_setup(Run *r, const TrainConfig *cfg, bool open_data);
 void run_free(Run *r);
-// The memory plan of one rank of a layout, without allocating anything (pith estimate).
+// The memory plan of one rank of a layout: run_setup's allocation sequence on counting arenas (pith estimate).
 MemoryPlan run_memory_plan(const TrainConfig *cfg, const Dist *d, Device dev);
 // One optimizer step over global_batch_size samples: this rank's micro-batches, then the gradient
 // reduce-scatter, the global norm, clipping and AdamW on the shards. A step whose loss or gradient norm
