@@ -227,6 +227,68 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
     free(all);
 }
 
+// The plan of rank 0 of layout d as a table, each pipeline rank's total, and the verdict on mem_gb GPUs.
+static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *d, const MemoryPlan *p, long gpus,
+                       Device dev, double mem_gb) {
+    bool bf16 = dev == DEV_CUDA && c->compute_dtype == COMPUTE_BF16;
+    char cap[96], act[96];
+    if (c->parallel.ep_capacity_factor > 0)
+        snprintf(cap, sizeof cap, "(capacity %g·T·k rows; transfers: the worst case of one layer)",
+                 c->parallel.ep_capacity_factor);
+    else snprintf(cap, sizeof cap, "(worst-case capacity: T·k·ep rows)");
+    bool piped = d->pp > 1 || c->parallel.pipeline_schedule;
+    snprintf(act, sizeof act, "%s, recompute %s",
+             piped ? "two chunks: the schedule's micro-batches in flight, deferred sets" : "one micro-batch in flight",
+             recompute_names[c->recompute]);
+    char whose[64] = "per rank";
+    if (d->pp > 1) snprintf(whose, sizeof whose, "per rank (these rows: pipeline rank 0 of %d)", d->pp);
+    printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); %s: %d of %d experts, micro-batch %d × "
+           "%d tokens, %s\n",
+           mc->model_type, gpus, dev == DEV_CUDA ? "GPUs" : "CPU ranks", d->pp, d->dp, d->cp, d->ep,
+           d->hsdp ? "hsdp" : "fsdp", whose, mc->experts / d->ep, mc->experts, c->micro_batch_size,
+           c->sequence_length / d->cp, bf16 ? "bf16 compute" : "fp32 compute");
+    row("weights (compute copy)", p->weights,
+        bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
+    row("gradient accumulators", p->grads, "fp32, reduce-scattered in place once per step");
+    row("master weight shards", p->shards, p->shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
+    row("optimizer state", p->optim,
+        c->optimizer.offload                  ? "staging: one chunk of m and v (the moments are on the host)"
+        : c->optimizer.type == OPTIMIZER_MUON ? "Muon momentum and AdamW moments, fp32 shards"
+                                              : "AdamW moments, fp32 shards");
+    row("activation records", p->chunks.act_bytes, act);
+    row("backward workspace", p->chunks.ws_bytes,
+        piped ? "one for both chunks: the larger backward's largest layer (a spilled layer's included)"
+              : "the largest layer's temporaries (a spilled layer's included)");
+    row("communication buffers", p->chunks.comm_bytes, d->ep > 1 ? cap : "(none: ep = 1)");
+    if (piped) row("pipeline buffers", p->pipe, "activations and gradients between the chunks (records point at them)");
+    row("other", p->other,
+        d->cp > 1 ? "rope tables, loss accumulators, ring attention's scratch" : "rope tables, loss accumulators");
+    size_t total = memory_plan_total(p);
+    char exact[96];
+    snprintf(exact, sizeof exact, "(%zu bytes)", total);
+    row("total", total, exact);
+    if (p->host) {
+        snprintf(exact, sizeof exact, "AdamW moments, pinned (optimizer.offload; %zu bytes)", p->host);
+        row("host memory (not above)", p->host, exact);
+    }
+    if (d->pp > 1) { // the pipeline ranks hold different layers and records: each one's total (the rows: rank 0)
+        printf("plan per pipeline rank:");
+        for (int k = 0; k < d->pp; k++) {
+            Dist dk;
+            dist_mesh_describe(&dk, (int)gpus, k * ((int)gpus / d->pp), c->parallel.pp, c->parallel.cp, c->parallel.ep,
+                               c->parallel.sharding == SHARD_HSDP, c->file);
+            MemoryPlan pk = run_memory_plan(c, &dk, dev);
+            printf(" %zu", memory_plan_total(&pk));
+        }
+        printf(" bytes\n");
+    }
+    if (dev == DEV_CUDA) // one verdict: the plan and the runtime outside it against the GPU's memory
+        printf("verdict: %s on %g GB GPUs: the plan's %.2f GB + %g GB of runtime outside it (the CUDA context, NCCL "
+               "and cuBLASLt workspaces) = %.2f%% of the memory (OK: 5%% or more left free; TIGHT: less; OOM: over)\n",
+               fit_names[fit_of(total, mem_gb, true)], mem_gb, total / 1e9, RUNTIME_GB,
+               100.0 * (total / 1e9 + RUNTIME_GB) / mem_gb);
+}
+
 int cmd_estimate(int argc, char **argv) {
     static struct option opts[] = {
         {"gpus", 1, 0, 'n'},   {"gpu-memory", 1, 0, 'm'}, {"device", 1, 0, 'd'}, {"set", 1, 0, 's'},
@@ -277,63 +339,7 @@ int cmd_estimate(int argc, char **argv) {
     MemoryPlan p = run_memory_plan(&cfg, &d, dev);
     ModelConfig mc;
     model_config_load(&mc, cfg.model);
-    bool bf16 = dev == DEV_CUDA && cfg.compute_dtype == COMPUTE_BF16;
-    char cap[96], act[96];
-    if (cfg.parallel.ep_capacity_factor > 0)
-        snprintf(cap, sizeof cap, "(capacity %g·T·k rows; transfers: the worst case of one layer)",
-                 cfg.parallel.ep_capacity_factor);
-    else snprintf(cap, sizeof cap, "(worst-case capacity: T·k·ep rows)");
-    bool piped = d.pp > 1 || cfg.parallel.pipeline_schedule;
-    snprintf(act, sizeof act, "%s, recompute %s",
-             piped ? "two chunks: the schedule's micro-batches in flight, deferred sets" : "one micro-batch in flight",
-             recompute_names[cfg.recompute]);
-    char whose[64] = "per rank";
-    if (d.pp > 1) snprintf(whose, sizeof whose, "per rank (these rows: pipeline rank 0 of %d)", d.pp);
-    printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); %s: %d of %d experts, micro-batch %d × "
-           "%d tokens, %s\n",
-           mc.model_type, gpus, dev == DEV_CUDA ? "GPUs" : "CPU ranks", d.pp, d.dp, d.cp, d.ep,
-           d.hsdp ? "hsdp" : "fsdp", whose, mc.experts / d.ep, mc.experts, cfg.micro_batch_size,
-           cfg.sequence_length / d.cp, bf16 ? "bf16 compute" : "fp32 compute");
-    row("weights (compute copy)", p.weights,
-        bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
-    row("gradient accumulators", p.grads, "fp32, reduce-scattered in place once per step");
-    row("master weight shards", p.shards, p.shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
-    row("optimizer state", p.optim,
-        cfg.optimizer.offload                  ? "staging: one chunk of m and v (the moments are on the host)"
-        : cfg.optimizer.type == OPTIMIZER_MUON ? "Muon momentum and AdamW moments, fp32 shards"
-                                               : "AdamW moments, fp32 shards");
-    row("activation records", p.chunks.act_bytes, act);
-    row("backward workspace", p.chunks.ws_bytes,
-        piped ? "one for both chunks: the larger backward's largest layer (a spilled layer's included)"
-              : "the largest layer's temporaries (a spilled layer's included)");
-    row("communication buffers", p.chunks.comm_bytes, d.ep > 1 ? cap : "(none: ep = 1)");
-    if (piped) row("pipeline buffers", p.pipe, "activations and gradients between the chunks (records point at them)");
-    row("other", p.other,
-        d.cp > 1 ? "rope tables, loss accumulators, ring attention's scratch" : "rope tables, loss accumulators");
-    size_t total = memory_plan_total(&p);
-    char exact[96];
-    snprintf(exact, sizeof exact, "(%zu bytes)", total);
-    row("total", total, exact);
-    if (p.host) {
-        snprintf(exact, sizeof exact, "AdamW moments, pinned (optimizer.offload; %zu bytes)", p.host);
-        row("host memory (not above)", p.host, exact);
-    }
-    if (d.pp > 1) { // the pipeline ranks hold different layers and records: each one's total (the rows: rank 0)
-        printf("plan per pipeline rank:");
-        for (int k = 0; k < d.pp; k++) {
-            Dist dk;
-            dist_mesh_describe(&dk, (int)gpus, k * ((int)gpus / d.pp), cfg.parallel.pp, cfg.parallel.cp,
-                               cfg.parallel.ep, cfg.parallel.sharding == SHARD_HSDP, cfg.file);
-            MemoryPlan pk = run_memory_plan(&cfg, &dk, dev);
-            printf(" %zu", memory_plan_total(&pk));
-        }
-        printf(" bytes\n");
-    }
-    if (dev == DEV_CUDA) // one verdict: the plan and the runtime outside it against the GPU's memory
-        printf("verdict: %s on %g GB GPUs: the plan's %.2f GB + %g GB of runtime outside it (the CUDA context, NCCL "
-               "and cuBLASLt workspaces) = %.2f%% of the memory (OK: 5%% or more left free; TIGHT: less; OOM: over)\n",
-               fit_names[fit_of(total, mem_gb, true)], mem_gb, total / 1e9, RUNTIME_GB,
-               100.0 * (total / 1e9 + RUNTIME_GB) / mem_gb);
+    print_plan(&cfg, &mc, &d, &p, gpus, dev, mem_gb);
     if (want_detail) detail(&cfg, &mc, &p, gpus, dev, mem_gb);
     if (want_sweep) sweep(&cfg, &mc, gpus, dev, mem_gb);
     json_decref(cfg.json);

@@ -621,7 +621,16 @@ static void tokenize_usage(FILE *f) {
             "  named and the rest counted; a file whose every line is bad gets no output and the exit status is 1.\n");
 }
 
-int cmd_tokenize(int argc, char **argv) {
+// The command line of pith tokenize.
+typedef struct {
+    const char *tokpath, *outdir, *eos_arg, *field, *split, *on_error;
+    const char **inputs;
+    int ninputs;
+    long workers;
+} TokArgs;
+
+// Parses and checks the command line into a. Returns -1 to go on, else the exit status (--help, an unknown option).
+static int tokenize_args(TokArgs *a, int argc, char **argv) {
     static struct option opts[] = {{"tokenizer", 1, 0, 't'},
                                    {"input", 1, 0, 'i'},
                                    {"output", 1, 0, 'o'},
@@ -633,70 +642,79 @@ int cmd_tokenize(int argc, char **argv) {
                                    {"format", 1, 0, 'F'},
                                    {"help", 0, 0, 'h'},
                                    {0}};
-    const char *tokpath = NULL, *outdir = NULL, *eos_arg = NULL, *field = "text", *split = "file", *on_error = "fail";
-    const char **inputs = xcalloc(argc + 1, sizeof *inputs);
-    int ninputs = 0, c;
-    long workers = sysconf(_SC_NPROCESSORS_ONLN);
+    *a = (TokArgs){.field = "text",
+                   .split = "file",
+                   .on_error = "fail",
+                   .inputs = xcalloc(argc + 1, sizeof *a->inputs),
+                   .workers = sysconf(_SC_NPROCESSORS_ONLN)};
+    int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 't': tokpath = optarg; break;
-        case 'i': inputs[ninputs++] = optarg; break;
-        case 'o': outdir = optarg; break;
+        case 't': a->tokpath = optarg; break;
+        case 'i': a->inputs[a->ninputs++] = optarg; break;
+        case 'o': a->outdir = optarg; break;
         case 'w': {
             char *end;
-            workers = strtol(optarg, &end, 10);
-            if (*end || workers < 1 || workers > 1024)
+            a->workers = strtol(optarg, &end, 10);
+            if (*end || a->workers < 1 || a->workers > 1024)
                 die("tokenize: --workers must be an integer in [1, 1024] (got '%s')", optarg);
             break;
         }
-        case 'e': eos_arg = optarg; break;
-        case 'f': field = optarg; break;
-        case 's': split = optarg; break;
-        case 'r': on_error = optarg; break;
+        case 'e': a->eos_arg = optarg; break;
+        case 'f': a->field = optarg; break;
+        case 's': a->split = optarg; break;
+        case 'r': a->on_error = optarg; break;
         case 'F':
             for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
                 if (!strcmp(formats[i].ext + 1, optarg)) forced_kind = formats[i].kind;
             if (forced_kind < 0) die("tokenize: --format must be jsonl, jsonl.zst, jsonl.gz or txt (got '%s')", optarg);
             break;
-        case 'h': tokenize_usage(stdout), free(inputs); return 0;
-        default: arg_suggest_option(opts, argv), tokenize_usage(stderr), free(inputs); return 2;
+        case 'h': tokenize_usage(stdout), free(a->inputs); return 0;
+        default: arg_suggest_option(opts, argv), tokenize_usage(stderr), free(a->inputs); return 2;
         }
     }
-    for (int i = optind; i < argc; i++) inputs[ninputs++] = argv[i]; // the rest of --input PATH PATH ...
-    if (!tokpath) die("tokenize: --tokenizer is required (pith tokenize --help)");
-    if (!ninputs) die("tokenize: --input is required (pith tokenize --help)");
-    if (!outdir) die("tokenize: --output is required (pith tokenize --help)");
-    if (strcmp(split, "file") && strcmp(split, "paragraph"))
-        die("tokenize: --txt-split must be file or paragraph (got '%s')", split);
-    if (strcmp(on_error, "fail") && strcmp(on_error, "skip"))
-        die("tokenize: --on-error must be fail or skip (got '%s')", on_error);
+    for (int i = optind; i < argc; i++) a->inputs[a->ninputs++] = argv[i]; // the rest of --input PATH PATH ...
+    if (!a->tokpath) die("tokenize: --tokenizer is required (pith tokenize --help)");
+    if (!a->ninputs) die("tokenize: --input is required (pith tokenize --help)");
+    if (!a->outdir) die("tokenize: --output is required (pith tokenize --help)");
+    if (strcmp(a->split, "file") && strcmp(a->split, "paragraph"))
+        die("tokenize: --txt-split must be file or paragraph (got '%s')", a->split);
+    if (strcmp(a->on_error, "fail") && strcmp(a->on_error, "skip"))
+        die("tokenize: --on-error must be fail or skip (got '%s')", a->on_error);
+    return -1;
+}
 
-    for (int i = 0; i < ninputs; i++) {
-        if (!path_exists(inputs[i])) die("%s: no such file or directory", inputs[i]);
-        if (path_is_dir(inputs[i])) {
+// The input files of every --input path (folders searched), in order of their relative paths, each with its own
+// output.
+static void collect_inputs(const TokArgs *a) {
+    for (int i = 0; i < a->ninputs; i++) {
+        const char *in = a->inputs[i];
+        if (!path_exists(in)) die("%s: no such file or directory", in);
+        if (path_is_dir(in)) {
             int before = nfiles;
-            walk_dir(inputs[i], "", outdir);
-            if (nfiles == before) warn("%s: no .jsonl, .jsonl.zst, .jsonl.gz or .txt files in this folder", inputs[i]);
+            walk_dir(in, "", a->outdir);
+            if (nfiles == before) warn("%s: no .jsonl, .jsonl.zst, .jsonl.gz or .txt files in this folder", in);
             continue;
         }
-        if (input_kind(inputs[i]) < 0)
-            die("%s: unsupported input (expected .jsonl, .jsonl.zst, .jsonl.zstd, .jsonl.gz or .txt; --format says "
-                "which)",
-                inputs[i]);
-        const char *base = strrchr(inputs[i], '/');
-        add_file(inputs[i], base ? base + 1 : inputs[i], outdir);
+        if (input_kind(in) < 0)
+            die("%s: unsupported input (expected .jsonl, .jsonl.zst, .jsonl.zstd, .jsonl.gz or .txt; "
+                "--format says which)",
+                in);
+        const char *base = strrchr(in, '/');
+        add_file(in, base ? base + 1 : in, a->outdir);
     }
     qsort(files, nfiles, sizeof *files, cmp_rel);
     for (int i = 1; i < nfiles; i++)
         if (!strcmp(files[i].rel, files[i - 1].rel))
             die("%s and %s would both be written to %s", files[i - 1].path, files[i].path, files[i].out);
+}
 
-    Bpe *tok = bpe_load(tokpath);
-    // The document separator. Base-model pretraining separates documents with <|endoftext|> where the
-    // vocabulary has it (Qwen, GPT-OSS): their tokenizer_config.json's eos_token is the end of a chat turn
-    // (<|im_end|>, <|return|>), which a base model should not learn between documents. Other vocabularies
-    // (DeepSeek's <｜end▁of▁sentence｜>) use tokenizer_config.json's eos_token, as PithTrain does.
+// The document separator. Base-model pretraining separates documents with <|endoftext|> where the
+// vocabulary has it (Qwen, GPT-OSS): their tokenizer_config.json's eos_token is the end of a chat turn
+// (<|im_end|>, <|return|>), which a base model should not learn between documents. Other vocabularies
+// (DeepSeek's <｜end▁of▁sentence｜>) use tokenizer_config.json's eos_token, as PithTrain does.
+static int64_t choose_eos(const Bpe *tok, const char *eos_arg, const char *tokpath) {
     int64_t eos = -1;
     if (eos_arg) {
         char *end;
@@ -724,7 +742,176 @@ int cmd_tokenize(int argc, char **argv) {
         eos = bpe_token_to_id(tok, name);
         if (eos < 0) die("tokenize: eos_token '%s' of tokenizer_config.json is not in the vocabulary", name);
     }
+    return eos;
+}
 
+// ---- the main thread: read, hand out, write in order ----------------------------------------------------------------
+
+// The main thread's reader, the chunks between it, the workers and the writer, and the totals written.
+typedef struct {
+    Shared *sh;
+    Reader r;
+    Chunk *pending, *free_chunks; // results waiting for their turn to be written; chunks to reuse
+    Totals tot;
+    // inflight: chunks made and not yet written (bounds memory even when one slow chunk holds up the writer);
+    // to_write: the first file not yet finished
+    int next_file, inflight, max_inflight, to_write;
+    bool stop_reading; // a file failed and --on-error fail
+} Pump;
+
+// The reader's file fails with msg (the writer reports it, in file order); under --on-error fail reading stops.
+static void read_failed(Pump *p, const char *msg) {
+    InFile *f = &files[p->r.file];
+    f->failed = true, f->error = xstrdup(msg), p->stop_reading = p->sh->fail_fast;
+    reader_close(&p->r);
+}
+
+// Opens the next file for reading. A skipped one (its output exists) counts as read and one that cannot be opened
+// fails: the reader then stays closed (r.file < 0).
+static void open_next(Pump *p) {
+    Reader *r = &p->r;
+    InFile *f = &files[p->next_file];
+    if (f->skip) {
+        f->read_done = true, p->next_file++;
+        return;
+    }
+    r->file = p->next_file++, r->seq = 0, r->line = 1, r->eof = false, r->zlast = 0,
+    r->in = (ZSTD_inBuffer){r->inbuf, 0, 0};
+    r->f = fopen(f->path, "rb");
+    if (r->f && f->kind == IN_JSONL_ZST) r->z = ZSTD_createDStream(), ZSTD_initDStream(r->z);
+    if (r->f && f->kind == IN_JSONL_GZ) { // 15 + 16: the largest window, gzip framing only
+        r->gz = xcalloc(1, sizeof *r->gz);
+        CHECK(inflateInit2(r->gz, 15 + 16) == Z_OK);
+    }
+    if (!r->f) {
+        char msg[4200];
+        snprintf(msg, sizeof msg, "%s: cannot read: %s", f->path, strerror(errno));
+        read_failed(p, msg);
+    }
+}
+
+// Cuts chunks and queues them for the workers until enough are in flight or nothing is left to read.
+static void read_chunks(Pump *p) {
+    Reader *r = &p->r;
+    Shared *sh = p->sh;
+    while (p->inflight < p->max_inflight && (r->file >= 0 || p->next_file < nfiles) && !p->stop_reading) {
+        if (r->file < 0 && (open_next(p), r->file < 0)) continue;
+        const char *err = NULL;
+        size_t cut = r->len >= CHUNK_BYTES ? cut_point(r->buf, r->len, files[r->file].kind, sh->paragraphs) : 0;
+        Chunk *ck = NULL;
+        if (cut) ck = make_chunk(r, cut, &p->free_chunks);
+        else if (r->eof) {
+            if (r->len) ck = make_chunk(r, r->len, &p->free_chunks);
+            reader_close(r);
+        } else if (!reader_fill(r, &err)) {
+            char msg[4200];
+            snprintf(msg, sizeof msg, "%s: %s (after line %lld)", files[r->file].path, err,
+                     (long long)(r->line + count_lines(r->buf, r->len) - 1));
+            read_failed(p, msg);
+        }
+        if (ck) {
+            pthread_mutex_lock(&sh->mu);
+            if (sh->work_tail) sh->work_tail->next = ck;
+            else sh->work_head = ck;
+            sh->work_tail = ck, p->inflight++;
+            pthread_cond_signal(&sh->work_cv);
+            pthread_mutex_unlock(&sh->mu);
+        }
+    }
+}
+
+// Takes the workers' finished chunks; waits for one when no more can be read now.
+static void collect_done(Pump *p) {
+    Shared *sh = p->sh;
+    bool can_read = (p->r.file >= 0 || p->next_file < nfiles) && !p->stop_reading;
+    pthread_mutex_lock(&sh->mu);
+    while (!sh->done && p->inflight > 0 && (p->inflight >= p->max_inflight || !can_read))
+        pthread_cond_wait(&sh->done_cv, &sh->mu);
+    for (Chunk *d = sh->done, *nx; d; d = nx) nx = d->next, d->next = p->pending, p->pending = d;
+    sh->done = NULL;
+    pthread_mutex_unlock(&sh->mu);
+}
+
+// Writes the pending chunks in file order and chunk order, and finishes each file whose chunks are all written.
+static void write_ready(Pump *p) {
+    Totals *tot = &p->tot;
+    for (bool progressed = true; progressed && p->to_write < nfiles;) {
+        progressed = false;
+        InFile *f = &files[p->to_write];
+        for (Chunk **pp = &p->pending; *pp; pp = &(*pp)->next)
+            if ((*pp)->file == p->to_write && (*pp)->seq == f->written) {
+                Chunk *ck = *pp;
+                *pp = ck->next;
+                write_chunk(f, ck, tot, p->sh->fail_fast);
+                free(ck->errors), ck->next = p->free_chunks, p->free_chunks = ck, p->inflight--;
+                progressed = true;
+                break;
+            }
+        if (!f->read_done || f->written != f->nchunks) continue;
+        if (f->failed && p->sh->fail_fast) die("%s", f->error);
+        if (!f->failed && f->bad && !f->nends) { // --on-error skip, and not one line was good
+            f->failed = true, tot->all_bad++, tot->failed++;
+            if (!tot->first_all_bad) tot->first_all_bad = f->path;
+            warn("%s: every line (%llu) was bad: no output", f->path, (unsigned long long)f->bad);
+        } else if (f->failed) warn("%s (file skipped)", f->error), tot->failed++;
+        if (f->failed) tot->docs -= f->nends, tot->tokens -= f->ntok; // counted while its chunks were written
+        if (!f->skip) out_finish(f), tot->written += !f->failed;
+        p->to_write++, progressed = true;
+    }
+}
+
+// Every file through `workers` tokenizer threads; returns the seconds it took, the totals in *tot.
+static double tokenize_files(Shared *sh, long workers, uint64_t total_in, Totals *tot) {
+    pthread_mutex_init(&sh->mu, NULL), pthread_cond_init(&sh->work_cv, NULL), pthread_cond_init(&sh->done_cv, NULL);
+    pthread_t *th = xmalloc(workers * sizeof *th);
+    for (long i = 0; i < workers; i++) CHECK(pthread_create(&th[i], NULL, worker_main, sh) == 0);
+    Pump p = {.sh = sh, .max_inflight = 2 * (int)workers + 2};
+    p.r = (Reader){.file = -1, .inbuf = xmalloc(ZSTD_DStreamInSize()), .inbuf_cap = ZSTD_DStreamInSize()};
+    bool tty = isatty(2);
+    double t0 = now_seconds();
+    while (p.to_write < nfiles) {
+        read_chunks(&p), collect_done(&p), write_ready(&p);
+        progress(&p.tot, total_in, t0, tty);
+    }
+    pthread_mutex_lock(&sh->mu);
+    sh->stop = true;
+    pthread_cond_broadcast(&sh->work_cv);
+    pthread_mutex_unlock(&sh->mu);
+    for (long i = 0; i < workers; i++) pthread_join(th[i], NULL);
+    if (tty) fprintf(stderr, "\r%100s\r", ""); // the summary replaces the progress line
+    for (Chunk *ck; (ck = p.free_chunks);)
+        p.free_chunks = ck->next, free(ck->data), idvec_free(&ck->ids), free(ck->ends), free(ck);
+    free(th), free(p.r.inbuf), free(p.r.buf);
+    *tot = p.tot;
+    return now_seconds() - t0;
+}
+
+// The summary line; bad lines beyond those named; a file whose every line was bad ends the run (status 1).
+static void report(const Totals *tot, int nskip, double dt, long workers) {
+    printf("tokenize: %d files written, %d skipped (output exists), %d failed; %llu documents, %llu tokens, "
+           "%.1f MB of text in %.2f s (%.1f MB/s, %ld workers)",
+           tot->written, nskip, tot->failed, (unsigned long long)tot->docs, (unsigned long long)tot->tokens,
+           tot->text_bytes / 1e6, dt, tot->text_bytes / 1e6 / (dt > 1e-9 ? dt : 1e-9), workers);
+    if (tot->bad) printf("; %llu bad lines skipped", (unsigned long long)tot->bad);
+    if (tot->repaired) printf("; invalid UTF-8 replaced in %llu documents", (unsigned long long)tot->repaired);
+    printf("\n");
+    fflush(stdout);
+    if (tot->bad > tot->warned)
+        warn("tokenize: ... and %llu more bad lines (the first %d are shown above; %llu in all)",
+             (unsigned long long)(tot->bad - tot->warned), WARN_CAP, (unsigned long long)tot->bad);
+    if (tot->all_bad)
+        die("tokenize: every line of %d input file%s was bad (%s%s): nothing was written for %s", tot->all_bad,
+            tot->all_bad == 1 ? "" : "s", tot->first_all_bad, tot->all_bad > 1 ? ", ..." : "",
+            tot->all_bad == 1 ? "it" : "them");
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    TokArgs a;
+    int rc = tokenize_args(&a, argc, argv);
+    if (rc >= 0) return rc;
+    collect_inputs(&a);
+    Bpe *tok = bpe_load(a.tokpath);
+    int64_t eos = choose_eos(tok, a.eos_arg, a.tokpath);
     uint64_t total_in = 0;
     int nskip = 0;
     for (int i = 0; i < nfiles; i++) {
@@ -734,140 +921,19 @@ int cmd_tokenize(int argc, char **argv) {
     }
     if (nskip == nfiles) { // a rerun after a finished one: say so, rather than a progress line of zeros
         printf("tokenize: all %d outputs already exist under %s: nothing to do (delete them to redo)\n", nfiles,
-               outdir);
-        bpe_free(tok), free(inputs);
+               a.outdir);
+        bpe_free(tok), free(a.inputs);
         return 0;
     }
     if (nskip)
         fprintf(stderr, "tokenize: %d of %d outputs already exist; skipping them (delete them to redo)\n", nskip,
                 nfiles);
     atexit(remove_partial_outputs);
-
-    Shared sh = {.tok = tok, .field = field, .eos = (uint32_t)eos};
-    sh.paragraphs = !strcmp(split, "paragraph"), sh.fail_fast = !strcmp(on_error, "fail");
-    pthread_mutex_init(&sh.mu, NULL), pthread_cond_init(&sh.work_cv, NULL), pthread_cond_init(&sh.done_cv, NULL);
-    pthread_t *th = xmalloc(workers * sizeof *th);
-    for (long i = 0; i < workers; i++) CHECK(pthread_create(&th[i], NULL, worker_main, &sh) == 0);
-
-    Reader r = {.file = -1, .inbuf = xmalloc(ZSTD_DStreamInSize()), .inbuf_cap = ZSTD_DStreamInSize()};
-    Chunk *pending = NULL, *free_chunks = NULL; // results waiting for their turn to be written; chunks to reuse
-    Totals tot = {0};
-    // inflight: chunks made and not yet written (bounds memory even when one slow chunk holds up the writer);
-    // to_write: the first file not yet finished
-    int next_file = 0, inflight = 0, max_inflight = 2 * (int)workers + 2, to_write = 0;
-    bool tty = isatty(2), stop_reading = false; // stop_reading: a file failed and --on-error fail
-    double t0 = now_seconds();
-    for (;;) {
-        // read: cut chunks until enough are in flight
-        while (inflight < max_inflight && (r.file >= 0 || next_file < nfiles) && !stop_reading) {
-            if (r.file < 0) {
-                InFile *f = &files[next_file];
-                if (f->skip) {
-                    f->read_done = true, next_file++;
-                    continue;
-                }
-                r.file = next_file++, r.seq = 0, r.line = 1, r.eof = false, r.zlast = 0,
-                r.in = (ZSTD_inBuffer){r.inbuf, 0, 0};
-                r.f = fopen(f->path, "rb");
-                if (r.f && f->kind == IN_JSONL_ZST) r.z = ZSTD_createDStream(), ZSTD_initDStream(r.z);
-                if (r.f && f->kind == IN_JSONL_GZ) { // 15 + 16: the largest window, gzip framing only
-                    r.gz = xcalloc(1, sizeof *r.gz);
-                    CHECK(inflateInit2(r.gz, 15 + 16) == Z_OK);
-                }
-                if (!r.f) {
-                    char msg[4200];
-                    snprintf(msg, sizeof msg, "%s: cannot read: %s", f->path, strerror(errno));
-                    f->failed = true, f->error = xstrdup(msg), stop_reading = sh.fail_fast;
-                    reader_close(&r);
-                    continue;
-                }
-            }
-            const char *err = NULL;
-            size_t cut = r.len >= CHUNK_BYTES ? cut_point(r.buf, r.len, files[r.file].kind, sh.paragraphs) : 0;
-            Chunk *ck = NULL;
-            if (cut) ck = make_chunk(&r, cut, &free_chunks);
-            else if (r.eof) {
-                if (r.len) ck = make_chunk(&r, r.len, &free_chunks);
-                reader_close(&r);
-            } else if (!reader_fill(&r, &err)) {
-                InFile *f = &files[r.file];
-                char msg[4200];
-                snprintf(msg, sizeof msg, "%s: %s (after line %lld)", f->path, err,
-                         (long long)(r.line + count_lines(r.buf, r.len) - 1));
-                f->failed = true, f->error = xstrdup(msg), stop_reading = sh.fail_fast;
-                reader_close(&r);
-            }
-            if (ck) {
-                pthread_mutex_lock(&sh.mu);
-                if (sh.work_tail) sh.work_tail->next = ck;
-                else sh.work_head = ck;
-                sh.work_tail = ck, inflight++;
-                pthread_cond_signal(&sh.work_cv);
-                pthread_mutex_unlock(&sh.mu);
-            }
-        }
-        // collect finished chunks; wait for one when no more can be read now
-        bool can_read = (r.file >= 0 || next_file < nfiles) && !stop_reading;
-        pthread_mutex_lock(&sh.mu);
-        while (!sh.done && inflight > 0 && (inflight >= max_inflight || !can_read))
-            pthread_cond_wait(&sh.done_cv, &sh.mu);
-        for (Chunk *d = sh.done, *nx; d; d = nx) nx = d->next, d->next = pending, pending = d;
-        sh.done = NULL;
-        pthread_mutex_unlock(&sh.mu);
-        // write, in file order and chunk order
-        for (bool progressed = true; progressed && to_write < nfiles;) {
-            progressed = false;
-            InFile *f = &files[to_write];
-            for (Chunk **pp = &pending; *pp; pp = &(*pp)->next)
-                if ((*pp)->file == to_write && (*pp)->seq == f->written) {
-                    Chunk *ck = *pp;
-                    *pp = ck->next;
-                    write_chunk(f, ck, &tot, sh.fail_fast);
-                    free(ck->errors), ck->next = free_chunks, free_chunks = ck, inflight--;
-                    progressed = true;
-                    break;
-                }
-            if (f->read_done && f->written == f->nchunks) {
-                if (f->failed && sh.fail_fast) die("%s", f->error);
-                if (!f->failed && f->bad && !f->nends) { // --on-error skip, and not one line was good
-                    f->failed = true, tot.all_bad++, tot.failed++;
-                    if (!tot.first_all_bad) tot.first_all_bad = f->path;
-                    warn("%s: every line (%llu) was bad: no output", f->path, (unsigned long long)f->bad);
-                } else if (f->failed) warn("%s (file skipped)", f->error), tot.failed++;
-                if (f->failed) tot.docs -= f->nends, tot.tokens -= f->ntok; // counted while its chunks were written
-                if (!f->skip) out_finish(f), tot.written += !f->failed;
-                to_write++, progressed = true;
-            }
-        }
-        progress(&tot, total_in, t0, tty);
-        if (to_write == nfiles) break;
-    }
-    pthread_mutex_lock(&sh.mu);
-    sh.stop = true;
-    pthread_cond_broadcast(&sh.work_cv);
-    pthread_mutex_unlock(&sh.mu);
-    for (long i = 0; i < workers; i++) pthread_join(th[i], NULL);
-    if (tty) fprintf(stderr, "\r%100s\r", ""); // the summary below replaces the progress line
-    double dt = now_seconds() - t0;
-    printf("tokenize: %d files written, %d skipped (output exists), %d failed; %llu documents, %llu tokens, %.1f MB of "
-           "text in %.2f s "
-           "(%.1f MB/s, %ld workers)",
-           tot.written, nskip, tot.failed, (unsigned long long)tot.docs, (unsigned long long)tot.tokens,
-           tot.text_bytes / 1e6, dt, tot.text_bytes / 1e6 / (dt > 1e-9 ? dt : 1e-9), workers);
-    if (tot.bad) printf("; %llu bad lines skipped", (unsigned long long)tot.bad);
-    if (tot.repaired) printf("; invalid UTF-8 replaced in %llu documents", (unsigned long long)tot.repaired);
-    printf("\n");
-    fflush(stdout);
-    if (tot.bad > tot.warned)
-        warn("tokenize: ... and %llu more bad lines (the first %d are shown above; %llu in all)",
-             (unsigned long long)(tot.bad - tot.warned), WARN_CAP, (unsigned long long)tot.bad);
-    if (tot.all_bad)
-        die("tokenize: every line of %d input file%s was bad (%s%s): nothing was written for %s", tot.all_bad,
-            tot.all_bad == 1 ? "" : "s", tot.first_all_bad, tot.all_bad > 1 ? ", ..." : "",
-            tot.all_bad == 1 ? "it" : "them");
-    for (Chunk *ck; (ck = free_chunks);)
-        free_chunks = ck->next, free(ck->data), idvec_free(&ck->ids), free(ck->ends), free(ck);
-    bpe_free(tok);
-    free(th), free(r.inbuf), free(r.buf), free(inputs);
+    Shared sh = {.tok = tok, .field = a.field, .eos = (uint32_t)eos};
+    sh.paragraphs = !strcmp(a.split, "paragraph"), sh.fail_fast = !strcmp(a.on_error, "fail");
+    Totals tot;
+    double dt = tokenize_files(&sh, a.workers, total_in, &tot);
+    report(&tot, nskip, dt, a.workers);
+    bpe_free(tok), free(a.inputs);
     return 0;
 }

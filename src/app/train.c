@@ -90,14 +90,17 @@ static FILE *open_metrics(const char *run_dir, const char *mpath, int step) {
     return metrics;
 }
 
-int cmd_train(int argc, char **argv) {
-    dist_launch(); // MPI_Init when mpirun/srun started this process
-    if (dist_world_rank() != 0 && !freopen("/dev/null", "w", stdout))
-        die("cannot silence stdout of rank %d", dist_world_rank());
-    const char *file = NULL, *dump = NULL;
-    char **sets = xmalloc(argc * sizeof *sets);
-    int nsets = 0, max_now = -1;
-    bool print_config = false, allow_change = false;
+// The command line of pith train.
+typedef struct {
+    const char *file, *dump;
+    char **sets;
+    int nsets, max_now;
+    bool print_config, allow_change;
+} TrainArgs;
+
+// Parses the command line into a. Returns -1 to go on, else the exit status (--help, --config-table, no config).
+static int train_args(TrainArgs *a, int argc, char **argv) {
+    *a = (TrainArgs){.sets = xmalloc(argc * sizeof *a->sets), .max_now = -1};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return train_usage(stdout), 0;
         if (!strcmp(argv[i], "--config-table")) {
@@ -106,72 +109,62 @@ int cmd_train(int argc, char **argv) {
             free(t);
             return 0;
         }
-        if (!strcmp(argv[i], "--print-config")) print_config = true;
-        else if (!strcmp(argv[i], "--allow-config-change")) allow_change = true;
+        if (!strcmp(argv[i], "--print-config")) a->print_config = true;
+        else if (!strcmp(argv[i], "--allow-config-change")) a->allow_change = true;
         else if (!strcmp(argv[i], "--set")) {
             if (i + 1 >= argc) die("train: --set needs key=value");
-            sets[nsets++] = argv[++i];
-        } else if (!strncmp(argv[i], "--set=", 6)) sets[nsets++] = argv[i] + 6;
+            a->sets[a->nsets++] = argv[++i];
+        } else if (!strncmp(argv[i], "--set=", 6)) a->sets[a->nsets++] = argv[i] + 6;
         else if (!strcmp(argv[i], "--steps"))
-            max_now = (int)arg_int("train", "--steps", i + 1 < argc ? argv[++i] : NULL, 1, 1 << 30);
+            a->max_now = (int)arg_int("train", "--steps", i + 1 < argc ? argv[++i] : NULL, 1, 1 << 30);
         else if (!strcmp(argv[i], "--dump-grads")) {
             if (i + 1 >= argc) die("train: --dump-grads needs a folder");
-            dump = argv[++i];
+            a->dump = argv[++i];
         } else if (argv[i][0] == '-') {
             static const char *const known[] = {"--help", "--config-table", "--print-config", "--allow-config-change",
                                                 "--set",  "--steps",        "--dump-grads"};
             const char *near = closest_name(argv[i], known, sizeof known / sizeof *known);
             die("train: unknown option '%s'%s%s%s (see pith train --help)", argv[i], near ? " (did you mean " : "",
                 near ? near : "", near ? "?)" : "");
-        } else if (file) die("train: more than one config file given ('%s' and '%s')", file, argv[i]);
-        else file = argv[i];
+        } else if (a->file) die("train: more than one config file given ('%s' and '%s')", a->file, argv[i]);
+        else a->file = argv[i];
     }
-    if (!file) {
-        train_usage(stderr);
-        return 2;
-    }
-    TrainConfig cfg;
-    config_load(&cfg, file, sets, nsets);
-    free(sets);
-    cfg.allow_config_change = allow_change;
-    if (print_config) {
-        json_t *eff = config_printable(&cfg);
-        char *text = json_text(eff, 2, false);
-        puts(text);
-        free(text), json_decref(eff), json_decref(cfg.json);
-        return 0;
-    }
-    Run r;
-    run_setup(&r, &cfg, true);
-    if (dump) snprintf(r.dump_grads, sizeof r.dump_grads, "%s", dump);
-    const Dist *d = &r.dist;
-    const ModelConfig *mc = &r.model.cfg;
+    if (a->file) return -1;
+    train_usage(stderr);
+    return 2;
+}
+
+// What the run is: the model, the CPU threads or determinism, the data, the mesh; and its memory plan. Returns
+// the plan's bytes, with the GPU backend's pools.
+static double print_run(const Run *r) {
+    const Dist *d = &r->dist;
+    const ModelConfig *mc = &r->model.cfg;
+    bool gpu = r->model.dev == DEV_CUDA;
     ParamTable all;
-    model_params_all(&r.model, &all);
+    model_params_all(&r->model, &all);
     int64_t nparam = all.numel[GROUP_DENSE] + all.numel[GROUP_EXPERT];
     free(all.p);
     printf("model: %s, %d layers (%d MoE), hidden %d, %d experts top-%d, vocab %d: %.3f M parameters\n", mc->model_type,
-           mc->layers, r.moe_layers, mc->hidden, mc->experts, mc->topk, mc->vocab, nparam / 1e6);
-    if (r.model.dev == DEV_CPU)
+           mc->layers, r->moe_layers, mc->hidden, mc->experts, mc->topk, mc->vocab, nparam / 1e6);
+    if (!gpu)
         printf("cpu: %d OpenMP threads per rank, OMP_WAIT_POLICY=%s\n", omp_get_max_threads(),
                getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "(runtime default)");
-    if (cfg.deterministic)
-        printf("deterministic: %s\n", r.model.dev == DEV_CUDA
-                                          ? "attention on pith's own kernels, not cuDNN's (whose backward adds into dQ "
+    if (r->cfg.deterministic)
+        printf("deterministic: %s\n", gpu ? "attention on pith's own kernels, not cuDNN's (whose backward adds into dQ "
                                             "with atomics); every other GPU reduction runs in a fixed order in any run"
                                           : "nothing to select on the CPU, whose runs are bit-reproducible already");
-    printf("data: %d token files, %lld samples of %d tokens per epoch\n", r.data.nfiles, (long long)r.data.total,
-           cfg.sequence_length);
+    printf("data: %d token files, %lld samples of %d tokens per epoch\n", r->data.nfiles, (long long)r->data.total,
+           r->cfg.sequence_length);
     if (d->world.size > 1)
         printf("mesh: %d ranks = pp %d × dp %d × cp %d × ep %d (%s), %d experts per ep rank\n", d->world.size, d->pp,
                d->dp, d->cp, d->ep, d->hsdp ? "hsdp" : "fsdp", mc->experts / d->ep);
-    const MemoryPlan *p = &r.plan;
+    const MemoryPlan *p = &r->plan;
     char pipe[48] = "";
     if (p->pipe) snprintf(pipe, sizeof pipe, "pipeline buffers %.1f MB, ", p->pipe / 1e6);
     printf("plan (%s, %s): weights %.1f MB, gradients %.1f MB, shards %.1f MB, optimizer %.1f MB, activations "
            "%.1f MB, workspace %.1f MB, communication %.1f MB, %sother %.1f MB: total %.1f MB (%zu bytes)\n",
-           r.model.dev == DEV_CUDA ? "cuda" : "cpu", d->pp > 1 ? "pipeline rank 0" : "per rank", p->weights / 1e6,
-           p->grads / 1e6, p->shards / 1e6, p->optim / 1e6, p->chunks.act_bytes / 1e6, p->chunks.ws_bytes / 1e6,
+           gpu ? "cuda" : "cpu", d->pp > 1 ? "pipeline rank 0" : "per rank", p->weights / 1e6, p->grads / 1e6,
+           p->shards / 1e6, p->optim / 1e6, p->chunks.act_bytes / 1e6, p->chunks.ws_bytes / 1e6,
            p->chunks.comm_bytes / 1e6, pipe, p->other / 1e6, memory_plan_total(p) / 1e6, memory_plan_total(p));
     if (d->pp > 1) { // the pipeline ranks hold different layers: each one's total, as pith estimate prints them
         int64_t *total = xcalloc(d->pp, sizeof(int64_t));
@@ -182,116 +175,172 @@ int cmd_train(int argc, char **argv) {
         printf(" bytes\n");
         free(total);
     }
-    bool gpu = r.model.dev == DEV_CUDA;
     if (gpu)
         printf("plan (cuda): plus %.1f MB of cuBLASLt workspace and conversion pools\n", ops_cuda_pool_bytes() / 1e6);
     if (p->host)
         printf("plan (host): %.1f MB of AdamW moments (optimizer.offload; %zu bytes)\n", p->host / 1e6, p->host);
-    double plan_total = memory_plan_total(p) + (gpu ? ops_cuda_pool_bytes() : 0);
+    return memory_plan_total(p) + (gpu ? ops_cuda_pool_bytes() : 0);
+}
+
+// The loop's log and state: rank 0 writes metrics.jsonl (and TensorBoard's file); elapsed counts from this
+// process's first step, the ETA is its mean step time so far times the steps left to max_steps.
+typedef struct {
     char mpath[PATH_MAX_LEN + 32];
-    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
-    if (d->world.rank == 0) ckpt_lock(cfg.run_dir, "run_dir"); // one run's metrics.jsonl (kept if it is save_location)
-    FILE *metrics = d->world.rank == 0 ? open_metrics(cfg.run_dir, mpath, r.step) : NULL; // rank 0 logs
-    TbWriter tb = {0};
-    if (metrics && cfg.tensorboard) tboard_open(&tb, cfg.run_dir);
-    if (!cfg.save_location[0]) warn("%s: no save_location: this run writes no checkpoints", cfg.file);
-    signal(SIGTERM, on_signal), signal(SIGUSR1, on_signal);
-    if (signal(SIGINT, SIG_IGN) != SIG_IGN) signal(SIGINT, on_interrupt); // (a shell's background job ignores it)
-    int stop = max_now > 0 && r.step + max_now < cfg.max_steps ? r.step + max_now : cfg.max_steps, skipped = 0,
-        in_a_row = 0; // skipped: steps whose update was skipped; in_a_row: of them, the latest consecutive ones
-    const char *stopped_by = NULL; // the signal that stopped the run
-    // Elapsed: since this process's first step; ETA: its mean step time so far times the steps left to max_steps.
-    double t_loop = now_seconds();
-    int first_step = r.step;
-    while (r.step < stop) {
-        StepStats st = run_step(&r);
+    FILE *metrics; // rank 0's (NULL elsewhere)
+    TbWriter tb;
+    double plan_total, t_loop;
+    int first_step, stop;
+    int skipped, in_a_row;  // steps whose update was skipped; of them, the latest consecutive ones
+    const char *stopped_by; // the signal that stopped the run
+} TrainLog;
+
+// One step's line on stdout and its scalars in metrics.jsonl and the TensorBoard file (val: its validation loss,
+// on validation steps).
+static void log_step(TrainLog *lg, const Run *r, const StepStats *st, bool val, double val_loss) {
+    const TrainConfig *cfg = &r->cfg;
+    bool gpu = r->model.dev == DEV_CUDA, ep = r->dist.ep > 1;
+    char tps[32], elapsed[32], eta[32];
+    fmt_thousands(tps, sizeof tps, st->tokens / st->seconds);
+    double el = now_seconds() - lg->t_loop, eta_s = el / (r->step - lg->first_step) * (cfg->max_steps - r->step);
+    fmt_duration(elapsed, sizeof elapsed, el), fmt_duration(eta, sizeof eta, eta_s);
+    double peak = peak_rss_bytes() / 1e9;
+    printf("step %08d/%08d | loss %.4f", r->step, cfg->max_steps, st->loss);
+    if (val) printf(" | val-loss %.4f", val_loss);
+    if (cfg->moe_load_balance_coef > 0) printf(" | lb %.6f", st->lb);
+    printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | elapsed %s | eta %s | peak-mem %.2f GB",
+           st->lr, st->grad_norm, tps, st->seconds, elapsed, eta, peak);
+    if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, lg->plan_total / 1e9);
+    if (ep)
+        printf(" | ep-load %.3f | %s %.0f rows", st->ep_load, cfg->parallel.ep_drop_tokens ? "ep-dropped" : "ep-over",
+               st->ep_over);
+    if (st->pipe_busy_s > 0) printf(" | bubble %.3f (busy %.3f s)", st->bubble, st->pipe_busy_s);
+    printf("%s\n", st->nonfinite ? " | not finite: no update" : "");
+    // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
+    // comes right after loss, before the timings.
+    const char *keys[16] = {"loss"};
+    double vals[16] = {st->loss};
+    int n = 1;
+    if (val) keys[n] = "val_loss", vals[n++] = val_loss;
+    const char *rest[] = {"lb_loss",   "lr",    "grad_norm", "tokens_per_s", "step_time_s",
+                          "elapsed_s", "eta_s", "fwdbwd_s",  "peak_mem_gb",  "gpu_peak_gb"};
+    double restv[] = {st->lb,        st->lr,
+                      st->grad_norm, st->tokens / st->seconds,
+                      st->seconds,   el,
+                      eta_s,         st->fwdbwd_seconds,
+                      peak,          gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
+    for (int k = 0; k < 10; k++) keys[n] = rest[k], vals[n++] = restv[k];
+    if (ep) { // expert capacity (docs/architecture.md, "Expert capacity")
+        keys[n] = "ep_load", vals[n++] = st->ep_load;
+        keys[n] = cfg->parallel.ep_drop_tokens ? "ep_dropped_rows" : "ep_over_rows", vals[n++] = st->ep_over;
+    }
+    if (st->pipe_busy_s > 0) { // the pipeline's idle share (docs/architecture.md, "Pipeline parallelism")
+        keys[n] = "pipe_busy_s", vals[n++] = st->pipe_busy_s;
+        keys[n] = "bubble", vals[n++] = st->bubble;
+    }
+    if (lg->metrics) write_metrics(lg->metrics, lg->mpath, r->step, n, keys, vals);
+    if (lg->tb.f) tboard_scalars(&lg->tb, r->step, n, keys, vals);
+}
+
+// A step whose loss or gradient norm is not finite: the run stops (on_nonfinite = fail, or more than
+// nonfinite_skip_limit in a row), else its update is skipped with a warning.
+static void check_nonfinite(TrainLog *lg, const Run *r, const StepStats *st) {
+    const TrainConfig *cfg = &r->cfg;
+    if (!st->nonfinite) {
+        lg->in_a_row = 0;
+        return;
+    }
+    const char *what = isfinite(st->loss) ? "gradient norm" : "loss";
+    double v = isfinite(st->loss) ? st->grad_norm : st->loss;
+    if (cfg->on_nonfinite == NONFINITE_FAIL)
+        die("step %d: the %s is %s: stopping; nothing is saved after step %d (on_nonfinite = \"skip\" would go on "
+            "without this step's update)",
+            r->step, what, isnan(v) ? "NaN" : "infinite", r->step - 1);
+    // A run that stays diverged must not skip its way to "done": a limit on skips in a row.
+    if (++lg->in_a_row > cfg->nonfinite_skip_limit)
+        die("step %d: the %s is %s, and steps %d to %d in a row were not finite: more than "
+            "nonfinite_skip_limit = %d skipped steps; stopping, nothing is saved after step %d",
+            r->step, what, isnan(v) ? "NaN" : "infinite", r->step - lg->in_a_row + 1, r->step,
+            cfg->nonfinite_skip_limit, r->step - 1);
+    warn("step %d: the %s is %s: this step's update is skipped (weights and moments unchanged)", r->step, what,
+         isnan(v) ? "NaN" : "infinite");
+    lg->skipped++;
+}
+
+// SIGTERM (SLURM's warning before the time limit), SIGINT (Ctrl-C) or SIGUSR1: checkpoint now; SIGTERM and
+// SIGINT then stop. Every rank takes the same decision: the flags are summed over the world. Saves when due;
+// returns true when the run stops here.
+static bool save_or_stop(TrainLog *lg, Run *r) {
+    const TrainConfig *cfg = &r->cfg;
+    const char *name = got_signal == SIGINT ? "SIGINT" : got_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
+    double sig[2] = {got_signal == SIGTERM || got_signal == SIGINT, got_signal == SIGUSR1};
+    if (got_signal != SIGINT) got_signal = 0; // (an interrupt stays seen: a second one stops at once)
+    comm_allreduce(&r->dist.world, tensor_make(sig, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
+    bool signalled = sig[0] > 0 || sig[1] > 0, save_now = signalled && cfg->save_location[0];
+    if (signalled)
+        printf("signal: %s after step %d%s\n", name, r->step,
+               save_now ? ": checkpointing" : " (no save_location: nothing to save)");
+    if (run_save_due(r) || (r->step == lg->stop && cfg->save_location[0]) || save_now) ckpt_save(r);
+    if (sig[0] > 0) lg->stopped_by = name;
+    return sig[0] > 0;
+}
+
+// Steps until max_steps, the --steps limit or a stopping signal.
+static void train_loop(TrainLog *lg, Run *r) {
+    const TrainConfig *cfg = &r->cfg;
+    lg->t_loop = now_seconds(), lg->first_step = r->step;
+    while (r->step < lg->stop) {
+        StepStats st = run_step(r);
         // An update whose result is not finite cannot be taken back (the moments moved with it): the run stops
         // under either on_nonfinite before anything is logged, saved or pruned.
         if (st.update_nonfinite)
             die("%s: optimizer.lr: step %d's update (lr %.6e, loss %.4f, grad-norm %.4f, all finite) made weights or "
                 "second moments not finite: stopping; nothing is saved after step %d",
-                cfg.file, r.step, st.lr, st.loss, st.grad_norm, r.step - 1);
-        char tps[32], elapsed[32], eta[32];
-        fmt_thousands(tps, sizeof tps, st.tokens / st.seconds);
-        double el = now_seconds() - t_loop, eta_s = el / (r.step - first_step) * (cfg.max_steps - r.step);
-        fmt_duration(elapsed, sizeof elapsed, el), fmt_duration(eta, sizeof eta, eta_s);
-        double peak = peak_rss_bytes() / 1e9;
-        bool val = run_validation_due(&r);
-        double val_loss = val ? run_validate(&r) : 0;
-        printf("step %08d/%08d | loss %.4f", r.step, cfg.max_steps, st.loss);
-        if (val) printf(" | val-loss %.4f", val_loss);
-        if (cfg.moe_load_balance_coef > 0) printf(" | lb %.6f", st.lb);
-        printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | elapsed %s | eta %s | peak-mem %.2f GB",
-               st.lr, st.grad_norm, tps, st.seconds, elapsed, eta, peak);
-        if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, plan_total / 1e9);
-        if (d->ep > 1)
-            printf(" | ep-load %.3f | %s %.0f rows", st.ep_load, cfg.parallel.ep_drop_tokens ? "ep-dropped" : "ep-over",
-                   st.ep_over);
-        if (st.pipe_busy_s > 0) printf(" | bubble %.3f (busy %.3f s)", st.bubble, st.pipe_busy_s);
-        printf("%s\n", st.nonfinite ? " | not finite: no update" : "");
-        // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
-        // comes right after loss, before the timings.
-        const char *keys[16] = {"loss"};
-        double vals[16] = {st.loss};
-        int nkeys = 1;
-        if (val) keys[nkeys] = "val_loss", vals[nkeys++] = val_loss;
-        const char *rest[] = {"lb_loss",   "lr",    "grad_norm", "tokens_per_s", "step_time_s",
-                              "elapsed_s", "eta_s", "fwdbwd_s",  "peak_mem_gb",  "gpu_peak_gb"};
-        double restv[] = {st.lb,        st.lr,
-                          st.grad_norm, st.tokens / st.seconds,
-                          st.seconds,   el,
-                          eta_s,        st.fwdbwd_seconds,
-                          peak,         gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
-        for (int k = 0; k < 10; k++) keys[nkeys] = rest[k], vals[nkeys++] = restv[k];
-        if (d->ep > 1) { // expert capacity (docs/architecture.md, "Expert capacity")
-            keys[nkeys] = "ep_load", vals[nkeys++] = st.ep_load;
-            keys[nkeys] = cfg.parallel.ep_drop_tokens ? "ep_dropped_rows" : "ep_over_rows", vals[nkeys++] = st.ep_over;
-        }
-        if (st.pipe_busy_s > 0) { // the pipeline's idle share (docs/architecture.md, "Pipeline parallelism")
-            keys[nkeys] = "pipe_busy_s", vals[nkeys++] = st.pipe_busy_s;
-            keys[nkeys] = "bubble", vals[nkeys++] = st.bubble;
-        }
-        if (metrics) write_metrics(metrics, mpath, r.step, nkeys, keys, vals);
-        if (tb.f) tboard_scalars(&tb, r.step, nkeys, keys, vals);
-        if (st.nonfinite) {
-            const char *what = isfinite(st.loss) ? "gradient norm" : "loss";
-            double v = isfinite(st.loss) ? st.grad_norm : st.loss;
-            if (cfg.on_nonfinite == NONFINITE_FAIL)
-                die("step %d: the %s is %s: stopping; nothing is saved after step %d (on_nonfinite = \"skip\" "
-                    "would go on "
-                    "without this step's update)",
-                    r.step, what, isnan(v) ? "NaN" : "infinite", r.step - 1);
-            // A run that stays diverged must not skip its way to "done": a limit on skips in a row.
-            if (++in_a_row > cfg.nonfinite_skip_limit)
-                die("step %d: the %s is %s, and steps %d to %d in a row were not finite: more than "
-                    "nonfinite_skip_limit = %d skipped steps; stopping, nothing is saved after step %d",
-                    r.step, what, isnan(v) ? "NaN" : "infinite", r.step - in_a_row + 1, r.step,
-                    cfg.nonfinite_skip_limit, r.step - 1);
-            warn("step %d: the %s is %s: this step's update is skipped (weights and moments unchanged)", r.step, what,
-                 isnan(v) ? "NaN" : "infinite");
-            skipped++;
-        } else in_a_row = 0;
-        // SIGTERM (SLURM's warning before the time limit), SIGINT (Ctrl-C) or SIGUSR1: checkpoint now; SIGTERM and
-        // SIGINT then stop. Every rank takes the same decision: the flags are summed over the world.
-        const char *name = got_signal == SIGINT ? "SIGINT" : got_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
-        double sig[2] = {got_signal == SIGTERM || got_signal == SIGINT, got_signal == SIGUSR1};
-        if (got_signal != SIGINT) got_signal = 0; // (an interrupt stays seen: a second one stops at once)
-        comm_allreduce(&d->world, tensor_make(sig, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
-        bool signalled = sig[0] > 0 || sig[1] > 0, save_now = signalled && cfg.save_location[0];
-        if (signalled)
-            printf("signal: %s after step %d%s\n", name, r.step,
-                   save_now ? ": checkpointing" : " (no save_location: nothing to save)");
-        if (run_save_due(&r) || (r.step == stop && cfg.save_location[0]) || save_now) ckpt_save(&r);
-        if (sig[0] > 0) {
-            stopped_by = name;
-            break;
-        }
+                cfg->file, r->step, st.lr, st.loss, st.grad_norm, r->step - 1);
+        bool val = run_validation_due(r);
+        double val_loss = val ? run_validate(r) : 0;
+        log_step(lg, r, &st, val, val_loss);
+        check_nonfinite(lg, r, &st);
+        if (save_or_stop(lg, r)) break;
     }
-    if (metrics && fclose(metrics)) die("%s: write failed: %s", mpath, strerror(errno));
-    tboard_close(&tb);
+}
+
+int cmd_train(int argc, char **argv) {
+    dist_launch(); // MPI_Init when mpirun/srun started this process
+    if (dist_world_rank() != 0 && !freopen("/dev/null", "w", stdout))
+        die("cannot silence stdout of rank %d", dist_world_rank());
+    TrainArgs a;
+    int rc = train_args(&a, argc, argv);
+    if (rc >= 0) return rc;
+    TrainConfig cfg;
+    config_load(&cfg, a.file, a.sets, a.nsets);
+    free(a.sets);
+    cfg.allow_config_change = a.allow_change;
+    if (a.print_config) {
+        json_t *eff = config_printable(&cfg);
+        char *text = json_text(eff, 2, false);
+        puts(text);
+        free(text), json_decref(eff), json_decref(cfg.json);
+        return 0;
+    }
+    Run r;
+    run_setup(&r, &cfg, true);
+    if (a.dump) snprintf(r.dump_grads, sizeof r.dump_grads, "%s", a.dump);
+    TrainLog lg = {.plan_total = print_run(&r)};
+    bool rank0 = r.dist.world.rank == 0;
+    snprintf(lg.mpath, sizeof lg.mpath, "%s/metrics.jsonl", cfg.run_dir);
+    if (rank0) ckpt_lock(cfg.run_dir, "run_dir"); // one run's metrics.jsonl (kept if it is save_location)
+    lg.metrics = rank0 ? open_metrics(cfg.run_dir, lg.mpath, r.step) : NULL; // rank 0 logs
+    if (lg.metrics && cfg.tensorboard) tboard_open(&lg.tb, cfg.run_dir);
+    if (!cfg.save_location[0]) warn("%s: no save_location: this run writes no checkpoints", cfg.file);
+    signal(SIGTERM, on_signal), signal(SIGUSR1, on_signal);
+    if (signal(SIGINT, SIG_IGN) != SIG_IGN) signal(SIGINT, on_interrupt); // (a shell's background job ignores it)
+    lg.stop = a.max_now > 0 && r.step + a.max_now < cfg.max_steps ? r.step + a.max_now : cfg.max_steps;
+    train_loop(&lg, &r);
+    if (lg.metrics && fclose(lg.metrics)) die("%s: write failed: %s", lg.mpath, strerror(errno));
+    tboard_close(&lg.tb);
     printf("%s%s%s: %d of %d steps, metrics in %s\n", r.step == cfg.max_steps ? "done" : "stopped",
-           stopped_by ? " by " : "", stopped_by ? stopped_by : "", r.step, cfg.max_steps, mpath);
-    if (skipped) printf("skipped: the updates of %d steps whose loss or gradient norm was not finite\n", skipped);
+           lg.stopped_by ? " by " : "", lg.stopped_by ? lg.stopped_by : "", r.step, cfg.max_steps, lg.mpath);
+    if (lg.skipped) printf("skipped: the updates of %d steps whose loss or gradient norm was not finite\n", lg.skipped);
     run_free(&r);
     json_decref(cfg.json);
     dist_finalize();

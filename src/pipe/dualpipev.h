@@ -72,7 +72,7 @@ char *dualpipev_format(const PipeSchedule *s);
 // runs pair() (the forward's arguments, then the backward's: the engine interleaves their stages), or
 // without one its forward, then its backward.
 typedef struct {
-    void *ctx;
+    void *ctx; // what this call's computes read (the trainer's: its chunks, the data and batch of this pass)
     void (*forward)(void *ctx, int phase, int mb, int slot, Tensor x, Tensor y);
     // defer: keep the expert weight gradients for a later weight() of the same (phase, mb)
     void (*backward)(void *ctx, int phase, int mb, int slot, Tensor dy, Tensor dx, bool defer);

@@ -92,31 +92,26 @@ static size_t ring_plan(const Model *m, const TrainConfig *c, const Dist *d) {
                            c->sequence_length / d->cp);
 }
 
-// Bytes of everything but the engine, from the model's tensors and the counted shard arena (which also
-// holds Muon's scratch, when Muon runs).
+// Bytes of everything but the engine, from the model's tensors and the counted state arena (which also
+// holds Muon's scratch, when Muon runs), and ring attention's scratch.
 // With optimizer.offload the moments are host memory (MemoryPlan.host) and the state arena holds their staging.
-static MemoryPlan plan_of(const Model *m, const Tensor *mom1, const Tensor *mom2, const Muon *mu, const Tensor *stage,
-                          size_t state_bytes) {
+static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
+    const Model *m = &r->model;
     MemoryPlan p = {0};
-    bool offload = stage[0].nd > 0;
+    bool offload = r->stage[0].nd > 0;
 #define ROUNDED(t) ((tensor_bytes(t) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
-    if (mu->on) p.optim += ROUNDED(mu->ws);
+    if (r->muon.on) p.optim += ROUNDED(r->muon.ws);
     for (int g = 0; g < NGROUPS; g++) {
         p.weights += tensor_bytes(m->w[g]), p.grads += tensor_bytes(m->g[g]);
-        *(offload ? &p.host : &p.optim) += ROUNDED(mom1[g]) + ROUNDED(mom2[g]);
+        *(offload ? &p.host : &p.optim) += ROUNDED(r->adam_m[g]) + ROUNDED(r->adam_v[g]);
     }
     if (m->fp8.on) p.weights += tensor_bytes(m->fp8.w); // the FP8 weight cache beside the compute copy
-    if (offload) p.optim += ROUNDED(stage[0]) + ROUNDED(stage[1]);
+    if (offload) p.optim += ROUNDED(r->stage[0]) + ROUNDED(r->stage[1]);
 #undef ROUNDED
     p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
-    p.other = tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + 2 * sizeof(double); // and StepSums' two sums
+    p.other = tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + 2 * sizeof(double) // and StepSums' two sums
+              + ring_plan(m, &r->cfg, &r->dist);
     return p;
-}
-
-// Aux-loss-free balancing's selection bias, (layers, E) fp32 from the state arena (none when the rate is 0).
-static Tensor router_bias_alloc(const TrainConfig *c, const ModelConfig *mc, Arena *a) {
-    if (!(c->moe_router_bias_update_rate > 0)) return (Tensor){0};
-    return arena_tensor(a, DT_F32, 2, mc->layers, mc->experts, 0, 0);
 }
 
 // optimizer.offload: the step streams the host-resident moments through two (chunk) fp32 device buffers, one chunk
@@ -133,23 +128,39 @@ static void offload_stage_alloc(const TrainConfig *c, const Fsdp *f, Arena *a, T
     for (int i = 0; i < 2; i++) stage[i] = arena_tensor(a, DT_F32, 1, chunk, 0, 0, 0);
 }
 
-// ---- this rank's chunks and the pipeline ----
-
-// The DualPipeV schedules of this pipeline rank (piped): a step's, and validation's (forward only).
-static void schedules_build(PipeSchedule s[2], const TrainConfig *c, const Dist *d) {
-    for (int i = 0; i < 2; i++) dualpipev_build(&s[i], d->pp, microbatches(c, d), d->pp_g.rank, i == 1);
+// The optimizer state, in one order from `state` (the moments from `host` under optimizer.offload): master and
+// gradient shards, moments, offload's staging, Muon's scratch (its momentum lives in adam_m) and aux-loss-free
+// balancing's selection bias, (layers, E) fp32 (none when its rate is 0).
+static void state_alloc(Run *r, Arena *state, Arena *host) {
+    const TrainConfig *c = &r->cfg;
+    Model *m = &r->model;
+    fsdp_alloc_state(&r->fsdp, m->w, m->g, state, c->optimizer.offload ? host : state, r->master, r->grad, r->adam_m,
+                     r->adam_v);
+    offload_stage_alloc(c, &r->fsdp, state, r->stage);
+    if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&r->muon, &m->params, state);
+    m->router_bias = c->moe_router_bias_update_rate > 0
+                         ? arena_tensor(state, DT_F32, 2, m->cfg.layers, m->cfg.experts, 0, 0)
+                         : (Tensor){0};
 }
 
-// pp = 1: the whole model with one record. Piped: phase p's chunk, with record slots enough for either
-// schedule and the step's deferred sets; the two share a workspace and read and write the pipeline's
-// buffers in place (chunk_init_rank). With out NULL only the plan (the sum over the rank's chunks).
-static ChunkPlan chunks_setup(Chunk out[2], Model *m, StepSums *sums, const TrainConfig *c, const Dist *d,
-                              const PipeSchedule s[2]) {
+// ---- this rank's chunks and the pipeline ----
+// pp = 1: the whole model with one record. Piped: this pipeline rank's DualPipeV schedules (a step's, and
+// validation's: forward only); phase p's chunk, with record slots enough for either schedule and the step's
+// deferred sets (the two share a workspace and read and write the pipeline's buffers in place: chunk_init_rank);
+// both schedules' pipeline buffers in one region, r->pipe_mem (a step and a validation never run at once).
+// With plan only their plans (r->plan.chunks: the sum over the rank's chunks; r->plan.pipe).
+static void engine_setup(Run *r, bool plan) {
+    const TrainConfig *c = &r->cfg;
+    const Dist *d = &r->dist;
+    Model *m = &r->model;
+    PipeSchedule *s = r->sched;
     int B = c->micro_batch_size, S = c->sequence_length / d->cp, L = m->cfg.layers;
     if (!piped(c, d)) {
-        if (out) chunk_init_model(&out[0], m, sums, B, S);
-        return chunk_plan(m, B, S, 0, L, 1, 0);
+        if (!plan) chunk_init_model(&r->chunk[0], m, &r->sums, B, S);
+        r->plan.chunks = chunk_plan(m, B, S, 0, L, 1, 0);
+        return;
     }
+    for (int i = 0; i < 2; i++) dualpipev_build(&s[i], d->pp, microbatches(c, d), d->pp_g.rank, i == 1);
     ChunkShape sh[2];
     for (int p = 0; p < 2; p++) {
         int k = dualpipev_chunk(d->pp, d->pp_g.rank, p), n = L / (2 * d->pp);
@@ -157,56 +168,67 @@ static ChunkPlan chunks_setup(Chunk out[2], Model *m, StepSums *sums, const Trai
             s[0].slots[PIPE_REC][p] > s[1].slots[PIPE_REC][p] ? s[0].slots[PIPE_REC][p] : s[1].slots[PIPE_REC][p];
         sh[p] = (ChunkShape){k * n, (k + 1) * n, nrec, s[0].max_deferred_of[p]};
     }
-    if (out) chunk_init_rank(out, m, sums, B, S, sh);
-    return chunk_plan_rank(m, B, S, sh);
-}
-
-// Piped: both schedules' pipeline buffers in one region of the arena *mem (a step and a validation never
-// run at once); with run and mem NULL only its size.
-static size_t pipe_setup(PipeRun run[2], Arena *mem, const Model *m, const TrainConfig *c, const Dist *d,
-                         const PipeSchedule s[2]) {
-    if (!piped(c, d)) return 0;
-    int64_t T = (int64_t)c->micro_batch_size * (c->sequence_length / d->cp);
-    PipeRun scratch[2];
-    if (!run) run = scratch;
+    if (!plan) chunk_init_rank(r->chunk, m, &r->sums, B, S, sh);
+    r->plan.chunks = chunk_plan_rank(m, B, S, sh);
     Arena count = arena_counting("pipeline buffers", m->dev), *a = &count;
-    for (int pass = 0; pass < (mem ? 2 : 1); pass++) {
-        if (pass == 1) *mem = arena_create("pipeline buffers", m->dev, count.peak), a = mem;
+    for (int pass = 0; pass < (plan ? 1 : 2); pass++) {
+        if (pass == 1) r->pipe_mem = arena_create(count.name, m->dev, count.peak), a = &r->pipe_mem;
         for (int i = 0; i < 2; i++) {
             arena_reset(a, 0);
-            dualpipev_run_init(&run[i], &s[i], &d->pp_g, a, m->cdt, T, m->cfg.hidden);
-            if (pass == 0) dualpipev_run_free(&run[i]);
+            dualpipev_run_init(&r->pipe[i], &s[i], &d->pp_g, a, m->cdt, (int64_t)B * S, m->cfg.hidden);
+            if (pass == 0) dualpipev_run_free(&r->pipe[i]);
         }
     }
-    return count.peak;
+    r->plan.pipe = count.peak;
+}
+
+// The sequence the run and its memory plan share, so `pith estimate` cannot drift from `pith train`: the model
+// of this rank's layout, the optimizer state counted and then allocated, the chunks and the pipeline buffers.
+// With plan nothing is allocated (the model is described: shapes only; every arena counts); r->plan is the plan.
+static void setup_rank(Run *r, Device dev, bool plan) {
+    const TrainConfig *c = &r->cfg;
+    Dist *d = &r->dist;
+    Model *m = &r->model;
+    ModelConfig mc;
+    const ModelFamily *fam = layout_config(c, d, &mc);
+    if (!plan && d->world.rank == 0) warn_long_sequence(c);
+    (plan ? model_describe : model_create)(m, fam, &mc, dev, compute_dt(dev, c->compute_dtype), c->sequence_length);
+    model_layout(m, c, d);
+    if (c->fp8) model_fp8_setup(m);
+    // The run's alone: FP8's rounding warning, ring attention (before anything reads the layout: the load
+    // balancing's sums, the chunks' positions) and the load balancing's form.
+    if (!plan) {
+        if (c->fp8 && d->world.rank == 0) model_fp8_warn_rounded(m, c->file);
+        if (d->cp > 1) ring_init(&r->ring, &d->cp_g, dev, ring_plan(m, c, d)), m->ring = &r->ring;
+        model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length / d->cp);
+    }
+    for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
+    fsdp_setup(&r->fsdp, d, m->w);
+    Arena count = arena_counting("parameter shards and optimizer state", dev),
+          host = arena_counting("offloaded optimizer state", DEV_CPU);
+    state_alloc(r, &count, &host);
+    if (!plan) { // arenas of the counted sizes; the moments pinned, so the step's copies run at the link's speed
+        muon_free(&r->muon);
+        r->state = arena_create(count.name, dev, count.peak);
+        if (c->optimizer.offload) {
+            r->offload = arena_create(host.name, DEV_CPU, host.peak);
+            if (dev == DEV_CUDA && host_register) host_register(r->offload.base, r->offload.cap);
+        }
+        state_alloc(r, &r->state, &r->offload);
+    }
+    r->plan = plan_of(r, count.peak);
+    engine_setup(r, plan);
 }
 
 MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
-    ModelConfig mc;
-    const ModelFamily *fam = layout_config(c, d, &mc);
-    Model m;
-    model_describe(&m, fam, &mc, dev, compute_dt(dev, c->compute_dtype), c->sequence_length);
-    model_layout(&m, c, d);
-    if (c->fp8) model_fp8_setup(&m);
-    Fsdp f;
-    fsdp_setup(&f, d, m.w);
-    Arena count = arena_counting("parameter shards and optimizer state", dev),
-          host = arena_counting("offloaded optimizer state", DEV_CPU);
-    Tensor master[NGROUPS], grad[NGROUPS], mom1[NGROUPS], mom2[NGROUPS], stage[2];
-    fsdp_alloc_state(&f, m.w, m.g, &count, c->optimizer.offload ? &host : &count, master, grad, mom1, mom2);
-    offload_stage_alloc(c, &f, &count, stage);
-    Muon mu = {0};
-    if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&mu, &m.params, &count);
-    router_bias_alloc(c, &mc, &count);
-    MemoryPlan p = plan_of(&m, mom1, mom2, &mu, stage, count.peak);
-    p.other += ring_plan(&m, c, d);
-    muon_free(&mu);
-    PipeSchedule s[2];
-    if (piped(c, d)) schedules_build(s, c, d);
-    p.chunks = chunks_setup(NULL, &m, NULL, c, d, s);
-    p.pipe = pipe_setup(NULL, NULL, &m, c, d, s);
-    if (piped(c, d)) dualpipev_free(&s[0]), dualpipev_free(&s[1]);
-    model_free(&m);
+    Run *r = xcalloc(1, sizeof *r);
+    r->cfg = *c, r->dist = *d;
+    setup_rank(r, dev, true);
+    MemoryPlan p = r->plan;
+    muon_free(&r->muon);
+    if (piped(c, d)) dualpipev_free(&r->sched[0]), dualpipev_free(&r->sched[1]);
+    model_free(&r->model);
+    free(r);
     return p;
 }
 
@@ -219,67 +241,30 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
                    c->parallel.timeout_s, c->file);
     Device dev = pick_device(c);
     if (dev == DEV_CUDA) dist_mesh_gpu(d); // one GPU per rank and NCCL communicators, before anything touches the GPU
-    DType cdt = compute_dt(dev, c->compute_dtype);
-    ModelConfig mc;
-    const ModelFamily *fam = layout_config(c, d, &mc);
-    if (d->world.rank == 0) warn_long_sequence(c);
+    setup_rank(r, dev, false);
     Model *m = &r->model;
-    model_create(m, fam, &mc, dev, cdt, c->sequence_length);
-    model_layout(m, c, d);
-    if (c->fp8) model_fp8_setup(m);
-    if (c->fp8 && d->world.rank == 0) model_fp8_warn_rounded(m, c->file);
-    if (d->cp > 1) { // before anything reads the layout: the load balancing's sums, the chunks' positions
-        ring_init(&r->ring, &d->cp_g, dev, ring_plan(m, c, d));
-        m->ring = &r->ring;
-    }
-    model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length / d->cp);
-    for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
-    Fsdp *f = &r->fsdp;
-    fsdp_setup(f, d, m->w);
-    bool offload = c->optimizer.offload;
-    Arena count = arena_counting("parameter shards and optimizer state", dev),
-          host = arena_counting("offloaded optimizer state", DEV_CPU);
-    fsdp_alloc_state(f, m->w, m->g, &count, offload ? &host : &count, r->master, r->grad, r->adam_m, r->adam_v);
-    offload_stage_alloc(c, f, &count, r->stage);
-    bool muon = c->optimizer.type == OPTIMIZER_MUON;
-    if (muon) muon_setup(&r->muon, &m->params, &count), muon_free(&r->muon);
-    router_bias_alloc(c, &mc, &count);
-    r->state = arena_create("parameter shards and optimizer state", dev, count.peak);
-    if (offload) { // pinned, so the step's copies run at the link's speed
-        r->offload = arena_create("offloaded optimizer state", DEV_CPU, host.peak);
-        if (dev == DEV_CUDA && host_register) host_register(r->offload.base, r->offload.cap);
-    }
-    fsdp_alloc_state(f, m->w, m->g, &r->state, offload ? &r->offload : &r->state, r->master, r->grad, r->adam_m,
-                     r->adam_v);
-    offload_stage_alloc(c, f, &r->state, r->stage);
-    if (muon) muon_setup(&r->muon, &m->params, &r->state); // the momentum buffer lives in adam_m
-    m->router_bias = router_bias_alloc(c, &mc, &r->state);
+    const ModelConfig *mc = &m->cfg;
     if (m->router_bias.p) {
         op_zero(m->router_bias);
-        r->router_bias = xcalloc((size_t)mc.layers * mc.experts, sizeof(float));
+        r->router_bias = xcalloc((size_t)mc->layers * mc->experts, sizeof(float));
     }
     step_sums_create(&r->sums, m, true);
     for (int g = 0; g < NGROUPS; g++) {
         // Initial values are drawn on the host for the whole group (they do not depend on the layout);
         // this rank keeps its shard.
-        float *init = xcalloc(f->numel[g] + 1, sizeof(float));
-        params_init(&m->params, g, init, c->seed, c->init_std, mc.layers);
-        fsdp_take_shard(f, g, r->master[g], init);
+        float *init = xcalloc(r->fsdp.numel[g] + 1, sizeof(float));
+        params_init(&m->params, g, init, c->seed, c->init_std, mc->layers);
+        fsdp_take_shard(&r->fsdp, g, r->master[g], init);
         free(init);
         op_zero(r->adam_m[g]), op_zero(r->adam_v[g]);
-        fsdp_gather(f, g, m->w[g], r->master[g]);
+        fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
     }
-    r->plan = plan_of(m, r->adam_m, r->adam_v, &r->muon, r->stage, count.peak);
-    r->plan.other += ring_plan(m, c, d);
-    if (piped(c, d)) schedules_build(r->sched, c, d);
-    r->plan.chunks = chunks_setup(r->chunk, m, &r->sums, c, d, r->sched);
-    r->plan.pipe = pipe_setup(r->pipe, &r->pipe_mem, m, c, d, r->sched);
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
-    if (open_data) dataset_open(&r->data, c->dataset, c->sequence_length, mc.vocab, c->seed);
+    if (open_data) dataset_open(&r->data, c->dataset, c->sequence_length, mc->vocab, c->seed);
     if (open_data && c->validation.batches) {
         // Validation reads the first `batches` global batches of its data in file order, the same every time.
-        dataset_open(&r->val, c->validation.dataset, c->sequence_length, mc.vocab, c->seed);
+        dataset_open(&r->val, c->validation.dataset, c->sequence_length, mc->vocab, c->seed);
         r->val.ordered = true;
         int64_t need = (int64_t)c->validation.batches * c->global_batch_size;
         if (need > r->val.total)
@@ -354,36 +339,41 @@ static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc, Chun
 }
 
 // ---- the pipeline's chunk computes (dualpipev_run, pp > 1) ----
-// The model's first chunk (the embedding) and its last (the loss) read micro-batch mb of the global
-// batch; the last counts its targets.
+// One pass of the pipeline over a global batch: the context dualpipev_run hands the chunk computes. The model's
+// first chunk (the embedding) and its last (the loss) read micro-batch mb of the global batch; the last counts
+// its targets.
+typedef struct {
+    Run *r;
+    Dataset *ds;     // the data
+    int64_t batch;   // the global batch of ds
+    int64_t targets; // the target tokens the model's last chunk loaded
+    bool grad;       // keep activations for a backward
+} PipePass;
 
-static Chunk *pipe_load(Run *r, int p, int mb, int slot) {
-    Chunk *c = &r->chunk[p];
-    bool last = c->l1 == r->model.cfg.layers;
+static Chunk *pipe_load(PipePass *pass, int p, int mb, int slot) {
+    Chunk *c = &pass->r->chunk[p];
+    bool last = c->l1 == pass->r->model.cfg.layers;
     if (c->l0 == 0 || last) {
-        int64_t targets = load_microbatch(r, r->pipe_data, r->pipe_batch, mb, c, slot);
-        if (last) r->pipe_targets += targets;
+        int64_t targets = load_microbatch(pass->r, pass->ds, pass->batch, mb, c, slot);
+        if (last) pass->targets += targets;
     }
     return c;
 }
 
 static void pipe_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
-    chunk_pipe_forward(pipe_load(ctx, p, mb, slot), slot, x, y, ((Run *)ctx)->pipe_grad);
+    chunk_pipe_forward(pipe_load(ctx, p, mb, slot), slot, x, y, ((PipePass *)ctx)->grad);
 }
 
 static void pipe_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor dx, bool defer) {
-    chunk_pipe_backward(&((Run *)ctx)->chunk[p], slot, dy, dx, defer);
+    chunk_pipe_backward(&((PipePass *)ctx)->r->chunk[p], slot, dy, dx, defer);
 }
 
 static void pipe_pair(void *ctx, int fp, int fmb, int fslot, Tensor x, Tensor y, int bp, int bmb, int bslot, Tensor dy,
                       Tensor dx) {
-    chunk_pipe_pair(pipe_load(ctx, fp, fmb, fslot), fslot, x, y, &((Run *)ctx)->chunk[bp], bslot, dy, dx);
+    chunk_pipe_pair(pipe_load(ctx, fp, fmb, fslot), fslot, x, y, &((PipePass *)ctx)->r->chunk[bp], bslot, dy, dx);
 }
 
-static void pipe_weight(void *ctx, int p, int mb, int slot) {
-    Run *r = ctx;
-    chunk_weight(&r->chunk[p], slot);
-}
+static void pipe_weight(void *ctx, int p, int mb, int slot) { chunk_weight(&((PipePass *)ctx)->r->chunk[p], slot); }
 
 // Every micro-batch of this rank for global batch `batch` of ds: forward (and with grad, backward) one
 // after another at pp = 1, through the DualPipeV schedule (a step's, or forward-only) at pp > 1. Returns
@@ -398,24 +388,40 @@ static int64_t run_microbatches(Run *r, Dataset *ds, int64_t batch, bool grad) {
         }
         return targets;
     }
-    r->pipe_data = ds, r->pipe_batch = batch, r->pipe_targets = 0, r->pipe_grad = grad;
-    dualpipev_run(&r->pipe[grad ? 0 : 1], &(PipeChunks){r, pipe_forward, pipe_backward, pipe_weight, pipe_pair});
-    return r->pipe_targets;
+    PipePass pass = {r, ds, batch, 0, grad};
+    dualpipev_run(&r->pipe[grad ? 0 : 1], &(PipeChunks){&pass, pipe_forward, pipe_backward, pipe_weight, pipe_pair});
+    return pass.targets;
 }
+
+// Sums over the global batch, all-reduced over the world as one array of doubles: every rank of the stage holds
+// different tokens, every pipeline rank different layers (the cross-entropy and the target count only pipeline
+// rank 0).
+typedef struct {
+    double loss, lb, targets; // Σ token cross-entropy, Σ load-balancing loss, the target tokens of the loss
+    double ep_over;           // the rows above the expert capacity, of this rank's layers
+    double busy_s, pipe_s;    // this rank's seconds in chunk computes and in the pipeline (the engine's; else 0)
+} Sums;
+_Static_assert(sizeof(Sums) == 6 * sizeof(double), "Sums is all-reduced as an array of doubles");
+
+static void sums_allreduce(const Dist *d, Sums *s) {
+    comm_allreduce(&d->world, tensor_make(s, DT_F64, DEV_CPU, 1, sizeof *s / sizeof(double), 1, 1, 1), COMM_SUM);
+}
+
+// The target tokens of the global batch, at least 1 (the divisor of the mean loss and the gradient).
+static double sums_targets(const Sums *s) { return s->targets < 1 ? 1 : s->targets; }
 
 double run_validate(Run *r) {
     const TrainConfig *c = &r->cfg;
     Model *m = &r->model;
     step_sums_begin(&r->sums, m);
-    int64_t targets = 0;
+    Sums s = {0};
     for (int b = 0; b < c->validation.batches; b++) {
         model_lb_step_begin(m); // global-batch load balancing counts per global batch, as in a step
-        targets += run_microbatches(r, &r->val, b, false);
+        s.targets += (double)run_microbatches(r, &r->val, b, false);
     }
-    // Every rank of the world holds different tokens or layers of the sum.
-    double sums[2] = {op_read_scalar(r->sums.loss_sum), (double)targets};
-    comm_allreduce(&r->dist.world, tensor_make(sums, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
-    return sums[0] / (sums[1] < 1 ? 1 : sums[1]);
+    s.loss = op_read_scalar(r->sums.loss_sum);
+    sums_allreduce(&r->dist, &s);
+    return s.loss / sums_targets(&s);
 }
 
 void run_router_bias_update(Run *r) {
@@ -459,6 +465,36 @@ static void adamw_group(Run *r, int g, Tensor own, float gscale, float lr) {
     }
 }
 
+// The optimizer's update of this rank's shards (AdamW reads the gradient as gscale·g) and the compute copies for
+// the next step. False when it left a weight or a second moment not finite: the weights hold it, and the copies
+// are not made.
+static bool update(Run *r, double gscale, double lr) {
+    const TrainConfig *c = &r->cfg;
+    Model *m = &r->model;
+    Tensor own[NGROUPS] = {{0}}; // rows of the compute copies AdamW writes in its pass (fsdp_own_rows)
+    if (r->muon.on) muon_step(&r->muon, &r->fsdp, m, c, lr, r->step, r->master, r->grad, r->adam_m, r->adam_v);
+    else
+        for (int g = 0; g < NGROUPS; g++) {
+            own[g] = fsdp_own_rows(&r->fsdp, g, m->w[g], r->master[g]);
+            adamw_group(r, g, own[g], (float)gscale, (float)lr);
+        }
+    // The update's result, before anything can save it. AdamW's own pass flags a weight or second moment that is not
+    // finite (no extra read); Muon's orthogonalised update is checked by Σ x² in fp64 of the masters, finite exactly
+    // when every element is. A first moment that is not finite makes its weight so. Agreed over the world.
+    double upd = c->optimizer.type == OPTIMIZER_MUON ? !isfinite(fsdp_sum_squares(&r->fsdp, r->master)) : 0;
+    upd += op_adamw_nonfinite(m->dev); // (Muon updates the vectors with AdamW too)
+    comm_allreduce(&r->dist.world, tensor_make(&upd, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_SUM);
+    if (upd > 0) return false;
+    if (m->router_bias.p) run_router_bias_update(r);
+    // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
+    for (int g = 0; g < NGROUPS; g++)
+        if (own[g].p) fsdp_gather_rest(&r->fsdp, g, m->w[g], own[g]);
+        else fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
+    m->fp8.version++; // the FP8 weight cache is stale: each layer's is remade at its next use
+    ops_sync();
+    return true;
+}
+
 StepStats run_step(Run *r) {
     const TrainConfig *c = &r->cfg;
     const Dist *d = &r->dist;
@@ -470,29 +506,21 @@ StepStats run_step(Run *r) {
     step_sums_begin(&r->sums, m);
     model_lb_step_begin(m);
     for (int p = 0; p < 2; p++) r->chunk[p].ep_over = 0, r->chunk[p].ep_rows_peak = 0;
-    int64_t targets = run_microbatches(r, &r->data, r->step, true);
+    Sums sums = {.targets = (double)run_microbatches(r, &r->data, r->step, true)};
     ops_sync();
-    double fwdbwd_seconds = now_seconds() - t0;
-    // Sums over the global batch: every rank of the stage holds different tokens, every pipeline rank
-    // different layers (the cross-entropy and the target count only pipeline rank 0); the rows above the
-    // expert capacity, of every rank's layers; each rank's busy and pipeline seconds (the engine's).
+    StepStats st = {.fwdbwd_seconds = now_seconds() - t0};
     bool pipe = piped(c, d);
-    double sums[6] = {op_read_scalar(r->sums.loss_sum),
-                      op_read_scalar(r->sums.lb_sum),
-                      (double)targets,
-                      (double)(r->chunk[0].ep_over + r->chunk[1].ep_over),
-                      pipe ? r->pipe[0].busy_s : 0,
-                      pipe ? r->pipe[0].pipe_s : 0};
-    comm_allreduce(&d->world, tensor_make(sums, DT_F64, DEV_CPU, 1, 6, 1, 1, 1), COMM_SUM);
-    double N = sums[2] < 1 ? 1 : sums[2];
-    StepStats st = {0};
-    st.fwdbwd_seconds = fwdbwd_seconds;
-    if (pipe) st.pipe_busy_s = sums[4] / d->world.size, st.bubble = 1 - sums[4] / sums[5];
+    sums.loss = op_read_scalar(r->sums.loss_sum), sums.lb = op_read_scalar(r->sums.lb_sum);
+    sums.ep_over = (double)(r->chunk[0].ep_over + r->chunk[1].ep_over);
+    if (pipe) sums.busy_s = r->pipe[0].busy_s, sums.pipe_s = r->pipe[0].pipe_s;
+    sums_allreduce(d, &sums);
+    double N = sums_targets(&sums);
+    if (pipe) st.pipe_busy_s = sums.busy_s / d->world.size, st.bubble = 1 - sums.busy_s / sums.pipe_s;
     if (d->ep > 1) { // expert capacity: the rows above it, and the most one layer received in units of T·k
         double peak = (double)(r->chunk[0].ep_rows_peak > r->chunk[1].ep_rows_peak ? r->chunk[0].ep_rows_peak
                                                                                    : r->chunk[1].ep_rows_peak);
         comm_allreduce(&d->world, tensor_make(&peak, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_MAX);
-        st.ep_over = sums[3], st.ep_load = peak / ((double)c->micro_batch_size * S * m->cfg.topk);
+        st.ep_over = sums.ep_over, st.ep_load = peak / ((double)c->micro_batch_size * S * m->cfg.topk);
     }
     // AdamW reads the gradient as gscale·g, the 1/N mean and the clip factor folded into its one pass over the
     // flat buffers (fold); Muon and a gradient dump take the scaled gradient itself.
@@ -515,8 +543,8 @@ StepStats run_step(Run *r) {
             for (int g = 0; g < NGROUPS; g++) op_scale(r->grad[g], (float)coef);
     }
     st.lr = c->optimizer.lr * config_lr_factor(c, r->step);
-    st.loss = sums[0] / N;
-    st.lb = r->moe_layers && m->lb_coef > 0 ? sums[1] / (m->lb_coef * r->moe_layers * nmb * D) : 0;
+    st.loss = sums.loss / N;
+    st.lb = r->moe_layers && m->lb_coef > 0 ? sums.lb / (m->lb_coef * r->moe_layers * nmb * D) : 0;
     st.tokens = (double)c->global_batch_size * S;
     r->step++;
     // A non-finite loss or norm (the same on every rank: both are global sums) never reaches the weights:
@@ -524,35 +552,7 @@ StepStats run_step(Run *r) {
     st.nonfinite = !isfinite(st.loss) || !isfinite(st.grad_norm);
     int64_t bad = st.nonfinite ? op_embedding_bad_id(m->dev) : -1; // read only when the loss already says so
     if (bad >= 0) die("embedding: token id %lld is outside the vocabulary of %d", (long long)bad, m->cfg.vocab);
-    if (st.nonfinite) {
-        st.seconds = now_seconds() - t0, die_context[0] = 0;
-        return st;
-    }
-    Tensor own[NGROUPS] = {{0}}; // rows of the compute copies AdamW writes in its pass (fsdp_own_rows)
-    if (r->muon.on) muon_step(&r->muon, &r->fsdp, m, c, st.lr, r->step, r->master, r->grad, r->adam_m, r->adam_v);
-    else
-        for (int g = 0; g < NGROUPS; g++) {
-            own[g] = fsdp_own_rows(&r->fsdp, g, m->w[g], r->master[g]);
-            adamw_group(r, g, own[g], (float)gscale, (float)st.lr);
-        }
-    // The update's result, before anything can save it. AdamW's own pass flags a weight or second moment that is not
-    // finite (no extra read); Muon's orthogonalised update is checked by Σ x² in fp64 of the masters, finite exactly
-    // when every element is. A first moment that is not finite makes its weight so. Agreed over the world.
-    double upd = c->optimizer.type == OPTIMIZER_MUON ? !isfinite(fsdp_sum_squares(&r->fsdp, r->master)) : 0;
-    upd += op_adamw_nonfinite(m->dev); // (Muon updates the vectors with AdamW too)
-    comm_allreduce(&d->world, tensor_make(&upd, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_SUM);
-    st.update_nonfinite = upd > 0;
-    if (st.update_nonfinite) {
-        st.seconds = now_seconds() - t0, die_context[0] = 0;
-        return st;
-    }
-    if (m->router_bias.p) run_router_bias_update(r);
-    // The compute copies for the next step (bf16 on the GPU; all-gathered from the shards when sharded).
-    for (int g = 0; g < NGROUPS; g++)
-        if (own[g].p) fsdp_gather_rest(&r->fsdp, g, m->w[g], own[g]);
-        else fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
-    m->fp8.version++; // the FP8 weight cache is stale: each layer's is remade at its next use
-    ops_sync();
+    if (!st.nonfinite) st.update_nonfinite = !update(r, gscale, st.lr);
     st.seconds = now_seconds() - t0, die_context[0] = 0;
     return st;
 }

@@ -36,9 +36,6 @@ typedef struct {
     PipeSchedule sched[2];
     PipeRun pipe[2];
     Arena pipe_mem;
-    Dataset *pipe_data;               // what the pipeline's chunk computes read: the data and global batch,
-    int64_t pipe_batch, pipe_targets; // the target tokens they loaded,
-    bool pipe_grad;                   // and whether they keep activations for a backward
     Dataset data;
     Dataset val;            // validation data (validation.batches > 0), read in file order
     Arena state;            // the shards below (counted first: MemoryPlan.shards + optim)
@@ -76,7 +73,7 @@ typedef struct {
 // arenas, data, optimizer. Every rank of the world calls it.
 void run_setup(Run *r, const TrainConfig *cfg, bool open_data);
 void run_free(Run *r);
-// The memory plan of one rank of a layout, without allocating anything (pith estimate).
+// The memory plan of one rank of a layout: run_setup's allocation sequence on counting arenas (pith estimate).
 MemoryPlan run_memory_plan(const TrainConfig *cfg, const Dist *d, Device dev);
 // One optimizer step over global_batch_size samples: this rank's micro-batches, then the gradient
 // reduce-scatter, the global norm, clipping and AdamW on the shards. A step whose loss or gradient norm
