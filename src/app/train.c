@@ -251,6 +251,8 @@ int cmd_train(int argc, char **argv) {
             keys[nkeys] = "pipe_busy_s", vals[nkeys++] = st.pipe_busy_s;
             keys[nkeys] = "bubble", vals[nkeys++] = st.bubble;
         }
+        double ckpt_s = ckpt_loop_seconds(); // the loop's time in the saves after the previous step
+        if (ckpt_s > 0) keys[nkeys] = "ckpt_s", vals[nkeys++] = ckpt_s;
         if (metrics) write_metrics(metrics, mpath, r.step, nkeys, keys, vals);
         if (tb.f) tboard_scalars(&tb, r.step, nkeys, keys, vals);
         if (st.nonfinite) {
@@ -287,6 +289,7 @@ int cmd_train(int argc, char **argv) {
             break;
         }
     }
+    ckpt_wait(&r); // checkpoint.async: the last save's files
     if (metrics && fclose(metrics)) die("%s: write failed: %s", mpath, strerror(errno));
     tboard_close(&tb);
     printf("%s%s%s: %d of %d steps, metrics in %s\n", r.step == cfg.max_steps ? "done" : "stopped",

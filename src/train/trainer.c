@@ -277,7 +277,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     r->plan.pipe = pipe_setup(r->pipe, &r->pipe_mem, m, c, d, r->sched);
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
-    if (open_data) dataset_open(&r->data, c->dataset, c->sequence_length, mc.vocab, c->seed);
+    if (open_data) dataset_open_config(&r->data, c, mc.vocab);
     if (open_data && c->validation.batches) {
         // Validation reads the first `batches` global batches of its data in file order, the same every time.
         dataset_open(&r->val, c->validation.dataset, c->sequence_length, mc.vocab, c->seed);
