@@ -215,6 +215,7 @@ void dataset_open_config(Dataset *d, const TrainConfig *c, int vocab) {
         const char *path = c->dataset[k].path;
         if (!path_exists(path)) die("%s: dataset[%d].path: %s: not found", c->file, k, path);
         dataset_open(&d->src[k], path, d->S, vocab, rng_u64(c->seed, MIX_STREAM + 1, (uint64_t)k));
+        d->src[k].source = true;
         d->weight[k] = c->dataset[k].weight;
         d->cum[k] = (k ? d->cum[k - 1] : 0) + c->dataset[k].weight / sum;
         d->nfiles += d->src[k].nfiles, d->total += d->src[k].total;
@@ -270,7 +271,10 @@ static void dataset_permute(Dataset *d, int64_t epoch) {
         int64_t j = (int64_t)rng_below(&r, (uint64_t)i + 1), t = d->perm[i];
         d->perm[i] = d->perm[j], d->perm[j] = t;
     }
-    if (epoch > 0)
+    if (epoch > 0 && d->source)
+        printf("data: %s: epoch %lld begins (%lld samples, fresh permutation)\n", d->path, (long long)epoch,
+               (long long)d->total);
+    else if (epoch > 0)
         printf("data: epoch %lld begins (%lld samples, fresh permutation)\n", (long long)epoch, (long long)d->total);
     d->epoch = epoch;
 }

@@ -29,6 +29,7 @@ typedef struct Dataset {
     int S, vocab;
     uint64_t seed;
     bool ordered;  // no permutation: sample i is the i-th of the concatenation (evaluation)
+    bool source;   // a mixture's source: its epoch messages name its path
     int64_t epoch; // epoch of the current permutation
     int64_t *perm; // (total) permutation of this epoch
     // A mixture (nsrc > 0); the draw counts of the sources at every MIX_BLOCK-th sample are kept as the run
