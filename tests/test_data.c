@@ -153,6 +153,17 @@ TEST(ckpt_async_resume_equals_sync) {
     ASSERT_MSG(strstr(out, "checkpoint: step 4: snapshot in") && strstr(out, "writing in the background") &&
                    strstr(out, "checkpoint: step 5 saved to") && strstr(out, "stopped: 5 of 8 steps"),
                "%s", out);
+    // The plan's snapshot: the weights and both moments of every tensor (one rank writes them all).
+    const char *plan = strstr(out, "MB of checkpoint snapshot (checkpoint.async; ");
+    ASSERT_MSG(plan, "%s", out);
+    snprintf(p, sizeof p, "%s/async/step-00000004/model.safetensors", d);
+    size_t n;
+    char *st = file_read_all(p, &n);
+    uint64_t header;
+    ASSERT(st && n > 8);
+    memcpy(&header, st, 8), free(st);
+    ASSERT_MSG(strtoull(plan + strlen("MB of checkpoint snapshot (checkpoint.async; "), NULL, 10) == 3 * (n - 8 - header),
+               "%s vs 3 × %zu bytes of weights", plan, (size_t)(n - 8 - header));
     ASSERT(run_cmd(out, sizeof out, "grep -c '\"ckpt_s\": ' %s/async/metrics.jsonl", d) == 0 && atoi(out) == 2);
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/async --set checkpoint.async=true",
                    PITH_BIN, d, d) == 0);

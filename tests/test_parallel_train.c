@@ -95,6 +95,22 @@ TEST(dist_validation_layouts) {
     check_layouts(make_layout_run(), data_layouts, sizeof data_layouts / sizeof *data_layouts, "", 6, false);
 }
 
+// A weighted mixture (data.bin and val.bin as sources, weights 3 and 1) reads the same samples under data
+// parallelism and under the pipeline (whose first rank reads micro-batches again for the loss, out of order) as
+// one process: losses, validation and first-step gradients.
+TEST(dist_mixture_layouts) {
+    static const Layout mix[] = {
+        {"dp2", 2, "", false},
+        {"pp2", 2, "--set parallel.pipeline_parallel_size=2", false},
+    };
+    const char *d = make_run_of(TINY_MOE_EP_OF(4), 8, 6);
+    char sets[1024];
+    snprintf(sets, sizeof sets,
+             "--set 'dataset=[{\"path\":\"%s/data.bin\",\"weight\":3},{\"path\":\"%s/val.bin\",\"weight\":1}]'", d,
+             d);
+    check_layouts(d, mix, sizeof mix / sizeof *mix, sets, 6, true);
+}
+
 // DualPipeV (pipeline_parallel_size > 1, and at pp 1 through parallel.pipeline_schedule) on 8 layers (the second
 // dense): every layout's 20 steps, validation (forward only through the schedule) and first-step gradients equal
 // one process's. One process runs 8

@@ -187,6 +187,9 @@ int cmd_train(int argc, char **argv) {
         printf("plan (cuda): plus %.1f MB of cuBLASLt workspace and conversion pools\n", ops_cuda_pool_bytes() / 1e6);
     if (p->host)
         printf("plan (host): %.1f MB of AdamW moments (optimizer.offload; %zu bytes)\n", p->host / 1e6, p->host);
+    if (p->snapshot)
+        printf("plan (host): %.1f MB of checkpoint snapshot (checkpoint.async; %zu bytes)\n", p->snapshot / 1e6,
+               p->snapshot);
     double plan_total = memory_plan_total(p) + (gpu ? ops_cuda_pool_bytes() : 0);
     char mpath[PATH_MAX_LEN + 32];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);

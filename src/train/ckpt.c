@@ -229,6 +229,16 @@ typedef struct {
     uint64_t hash; // of the file written (0: this rank writes none)
 } SaveFile;
 
+// The elements of the tensors of t this rank writes.
+static int64_t owned_numel(const ParamTable *t, const Dist *d) {
+    int64_t n = 0;
+    for (int i = 0; i < t->n; i++)
+        if (owner_of(d, t->p[i].group, i, d->pp_g.rank, d->ep_g.rank) == d->world.rank) n += params_numel(&t->p[i]);
+    return n;
+}
+
+size_t ckpt_snapshot_bytes(const ParamTable *t, const Dist *d) { return 3 * owned_numel(t, d) * sizeof(float); }
+
 // Gathers the parts' shards into whole host buffers and copies the tensors this rank owns into f's snapshot,
 // bound for dir/<base>[-<rank+1>-of-<ranks>].safetensors. Collective over the world.
 static void snapshot_parts(Run *r, SaveFile *f, const char *dir, const char *base, int nparts, const Part *parts,
@@ -242,10 +252,7 @@ static void snapshot_parts(Run *r, SaveFile *f, const char *dir, const char *bas
             full[k][g] = xmalloc(r->fsdp.numel[g] * sizeof(float) + 1);
             fsdp_gather_host(&r->fsdp, g, full[k][g], parts[k].shard[g]);
         }
-    int64_t n = 0;
-    for (int i = 0; i < t->n; i++)
-        if (owner_of(d, t->p[i].group, i, d->pp_g.rank, d->ep_g.rank) == d->world.rank) n += params_numel(&t->p[i]);
-    *f = (SaveFile){.data = xmalloc(n * nparts * sizeof(float) + 1)};
+    *f = (SaveFile){.data = xmalloc(owned_numel(t, d) * nparts * sizeof(float) + 1)};
     st_writer_init(&f->w);
     if (format) st_writer_meta(&f->w, "format", format);
     char name[200], file[80];

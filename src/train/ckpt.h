@@ -34,6 +34,9 @@ void ckpt_save(Run *r);
 // Completes the save in progress, if any (collective: every rank calls it at the same point): the next save and
 // the end of the run call it.
 void ckpt_wait(Run *r);
+// checkpoint.async: the host memory of a save's snapshot on this rank (the weights and two moments of the tensors
+// it writes), held while the files are written.
+size_t ckpt_snapshot_bytes(const ParamTable *t, const Dist *d);
 // The loop's time in saves (snapshots, writes, waits) since the last call, in seconds.
 double ckpt_loop_seconds(void);
 // Loads weights, optimizer state (when present) and step from a checkpoint folder into a set-up run.

@@ -200,6 +200,7 @@ MemoryPlan run_memory_plan(const TrainConfig *c, const Dist *d, Device dev) {
     router_bias_alloc(c, &mc, &count);
     MemoryPlan p = plan_of(&m, mom1, mom2, &mu, stage, count.peak);
     p.other += ring_plan(&m, c, d);
+    p.snapshot = c->checkpoint.async ? ckpt_snapshot_bytes(&m.params, d) : 0;
     muon_free(&mu);
     PipeSchedule s[2];
     if (piped(c, d)) schedules_build(s, c, d);
@@ -272,6 +273,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     }
     r->plan = plan_of(m, r->adam_m, r->adam_v, &r->muon, r->stage, count.peak);
     r->plan.other += ring_plan(m, c, d);
+    r->plan.snapshot = c->checkpoint.async ? ckpt_snapshot_bytes(&m->params, d) : 0;
     if (piped(c, d)) schedules_build(r->sched, c, d);
     r->plan.chunks = chunks_setup(r->chunk, m, c, d, r->sched);
     r->plan.pipe = pipe_setup(r->pipe, &r->pipe_mem, m, c, d, r->sched);
