@@ -48,7 +48,8 @@ static void open_mixture(Dataset *ds, const char *d, uint64_t seed) {
     TrainConfig c = {.sequence_length = 16, .seed = seed, .ndataset = 3, .mixture = true};
     const char *name[] = {"a.bin", "b.bin", "c"};
     const double w[] = {5, 3, 2};
-    for (int k = 0; k < 3; k++) snprintf(c.dataset[k].path, PATH_MAX_LEN, "%s/%s", d, name[k]), c.dataset[k].weight = w[k];
+    for (int k = 0; k < 3; k++)
+        snprintf(c.dataset[k].path, PATH_MAX_LEN, "%s/%s", d, name[k]), c.dataset[k].weight = w[k];
     dataset_open_config(ds, &c, 64);
 }
 
@@ -110,7 +111,8 @@ static int kill_and_resume(const char *d, const char *async, int trials) {
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s", PITH_BIN, d, refdir) == 0);
     metrics_of(ref, sizeof ref, refdir);
     double t0 = now_seconds();
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set save_location=%s/time", PITH_BIN, d, sets, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set save_location=%s/time", PITH_BIN, d, sets, d) ==
+           0);
     double run_s = now_seconds() - t0;
     int mid_save = 0;
     for (int trial = 0; trial < trials; trial++) {
@@ -139,17 +141,17 @@ static int kill_and_resume(const char *d, const char *async, int trials) {
 
 TEST(data_mixture_kill_9_resume_bit_exact) { kill_and_resume(mix_run(""), "", 8); }
 
-TEST(ckpt_async_kill_9_leaves_no_partial_step) {
-    kill_and_resume(mix_run(""), "--set checkpoint.async=true", 8);
-}
+TEST(ckpt_async_kill_9_leaves_no_partial_step) { kill_and_resume(mix_run(""), "--set checkpoint.async=true", 8); }
 
 // Asynchronous saves resume bit for bit like synchronous ones, and write the same tensor files.
 TEST(ckpt_async_resume_equals_sync) {
     const char *d = mix_run(", \"save_interval\": 2");
     char out[1 << 16], a[8192], b[8192], p[300];
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/sync", PITH_BIN, d, d) == 0);
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/async --set checkpoint.async=true "
-                   "--steps 5", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json --set save_location=%s/async --set checkpoint.async=true "
+                   "--steps 5",
+                   PITH_BIN, d, d) == 0);
     ASSERT_MSG(strstr(out, "checkpoint: step 4: snapshot in") && strstr(out, "writing in the background") &&
                    strstr(out, "checkpoint: step 5 saved to") && strstr(out, "stopped: 5 of 8 steps"),
                "%s", out);
@@ -162,7 +164,8 @@ TEST(ckpt_async_resume_equals_sync) {
     uint64_t header;
     ASSERT(st && n > 8);
     memcpy(&header, st, 8), free(st);
-    ASSERT_MSG(strtoull(plan + strlen("MB of checkpoint snapshot (checkpoint.async; "), NULL, 10) == 3 * (n - 8 - header),
+    ASSERT_MSG(strtoull(plan + strlen("MB of checkpoint snapshot (checkpoint.async; "), NULL, 10) ==
+                   3 * (n - 8 - header),
                "%s vs 3 × %zu bytes of weights", plan, (size_t)(n - 8 - header));
     ASSERT(run_cmd(out, sizeof out, "grep -c '\"ckpt_s\": ' %s/async/metrics.jsonl", d) == 0 && atoi(out) == 2);
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/async --set checkpoint.async=true",
@@ -195,14 +198,13 @@ TEST(data_mixture_recipe_checked_and_errors) {
                "%s", out);
     write_source(d, "b.bin", 1, 2999); // the same path and weights, other tokens
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d) == 1);
-    ASSERT_MSG(strstr(out, "resume: data.sources[1].files[0].bytes changed: ") &&
-                   strstr(out, "pith: error: ") &&
+    ASSERT_MSG(strstr(out, "resume: data.sources[1].files[0].bytes changed: ") && strstr(out, "pith: error: ") &&
                    strstr(out, "run.json: resuming with data.sources[1].files[0].bytes changed would change the data"),
                "%s", out);
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --allow-config-change", PITH_BIN,
                    d, d) == 0);
-    ASSERT_MSG(strstr(out, "resume: data.sources[1].files[0].fingerprint changed") && strstr(out, "done: 8 of 8"),
-               "%s", out);
+    ASSERT_MSG(strstr(out, "resume: data.sources[1].files[0].fingerprint changed") && strstr(out, "done: 8 of 8"), "%s",
+               out);
     static const struct {
         const char *list, *error;
     } bad[] = {

@@ -106,8 +106,7 @@ TEST(dist_mixture_layouts) {
     const char *d = make_run_of(TINY_MOE_EP_OF(4), 8, 6);
     char sets[1024];
     snprintf(sets, sizeof sets,
-             "--set 'dataset=[{\"path\":\"%s/data.bin\",\"weight\":3},{\"path\":\"%s/val.bin\",\"weight\":1}]'", d,
-             d);
+             "--set 'dataset=[{\"path\":\"%s/data.bin\",\"weight\":3},{\"path\":\"%s/val.bin\",\"weight\":1}]'", d, d);
     check_layouts(d, mix, sizeof mix / sizeof *mix, sets, 6, true);
 }
 

@@ -533,7 +533,8 @@ static void read_sources(TrainConfig *c, JObj o, const char *key) {
         json_object_foreach(e, name, x) if (strcmp(name, "path") && strcmp(name, "weight"))
             jdie(o, at, "%s: unknown key (a source has a path and a weight)", name);
         snprintf(at, sizeof at, "%s[%d].path", key, i);
-        if (!json_is_string(p) || !json_string_value(p)[0]) jdie(o, at, "missing (a folder or file of .bin token files)");
+        if (!json_is_string(p) || !json_string_value(p)[0])
+            jdie(o, at, "missing (a folder or file of .bin token files)");
         if (strlen(json_string_value(p)) >= PATH_MAX_LEN) jdie(o, at, "too long");
         snprintf(at, sizeof at, "%s[%d].weight", key, i);
         if (!json_is_number(w)) jdie(o, at, "%s (a number > 0)", w ? "not a number" : "missing");
@@ -655,7 +656,8 @@ static void resolve_paths(json_t *obj, const ConfigKey *k, const char *dir) {
     json_t *v = json_object_get(obj, k->name), *e;
     size_t i;
     if (k->kind == K_DATA && json_is_array(v))
-        json_array_foreach(v, i, e) if (json_is_object(e)) resolve_paths(e, &(ConfigKey){.name = "path", .kind = K_PATH}, dir);
+        json_array_foreach(v, i, e) if (json_is_object(e))
+            resolve_paths(e, &(ConfigKey){.name = "path", .kind = K_PATH}, dir);
     if (k->kind != K_PATH && k->kind != K_DATA) return;
     if (!json_is_string(v) || !json_string_value(v)[0] || json_string_value(v)[0] == '/') return;
     path_join(buf, sizeof buf, dir, json_string_value(v));
@@ -768,7 +770,8 @@ static json_t *key_value(const TrainConfig *c, const ConfigKey *k) {
         if (!c->mixture) return c->ndataset ? json_string(c->dataset[0].path) : json_null();
         json_t *list = json_array();
         for (int i = 0; i < c->ndataset; i++)
-            json_array_append_new(list, json_pack("{s:s, s:f}", "path", c->dataset[i].path, "weight", c->dataset[i].weight));
+            json_array_append_new(list,
+                                  json_pack("{s:s, s:f}", "path", c->dataset[i].path, "weight", c->dataset[i].weight));
         return list;
     }
     case K_INT: return json_integer(*(const int *)field);

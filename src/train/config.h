@@ -30,14 +30,14 @@ typedef enum { SHARD_FSDP, SHARD_HSDP } Sharding;
 typedef enum { NONFINITE_FAIL, NONFINITE_SKIP } NonfinitePolicy;
 
 typedef struct {
-    char file[PATH_MAX_LEN];          // the config file itself
-    char model[PATH_MAX_LEN];         // HF config.json or a folder holding one
+    char file[PATH_MAX_LEN];              // the config file itself
+    char model[PATH_MAX_LEN];             // HF config.json or a folder holding one
     DataSource dataset[DATA_MAX_SOURCES]; // `dataset`: one path, or the sources of a weighted mixture
     int ndataset;                         // 0: none given
     bool mixture;                         // dataset given as a list of {path, weight} (data.h: how it samples)
-    char run_dir[PATH_MAX_LEN];       // metrics.jsonl goes here (default: save_location, else runs/<config name>)
-    char save_location[PATH_MAX_LEN]; // checkpoints (empty: none)
-    char init_from[PATH_MAX_LEN];     // start from these weights (empty: random init)
+    char run_dir[PATH_MAX_LEN];           // metrics.jsonl goes here (default: save_location, else runs/<config name>)
+    char save_location[PATH_MAX_LEN];     // checkpoints (empty: none)
+    char init_from[PATH_MAX_LEN];         // start from these weights (empty: random init)
     int sequence_length, micro_batch_size, global_batch_size, max_steps;
     uint64_t seed;
     double init_std;

@@ -258,7 +258,8 @@ static int64_t mix_position(Dataset *d, int64_t index, int k) {
             for (int64_t i = (d->nblocks - 1) * MIX_BLOCK; i < d->nblocks * MIX_BLOCK; i++) row[mix_source(d, i)]++;
         }
     }
-    if (d->at > index || d->at < b * MIX_BLOCK) d->at = b * MIX_BLOCK, memcpy(d->now, d->drawn + b * n, n * sizeof *d->now);
+    if (d->at > index || d->at < b * MIX_BLOCK)
+        d->at = b * MIX_BLOCK, memcpy(d->now, d->drawn + b * n, n * sizeof *d->now);
     for (; d->at < index; d->at++) d->now[mix_source(d, d->at)]++;
     return d->now[k];
 }
@@ -370,7 +371,8 @@ void dataset_check_recipe(const Dataset *d, const json_t *saved, const char *whe
         const json_t *sa = json_object_get(saved, "sources"), *sb = json_object_get(now, "sources");
         static const char *const keys[] = {"bytes", "fingerprint"};
         if (json_array_size(sa) != json_array_size(sb)) {
-            json_t *na = json_integer((json_int_t)json_array_size(sa)), *nb = json_integer((json_int_t)json_array_size(sb));
+            json_t *na = json_integer((json_int_t)json_array_size(sa)),
+                   *nb = json_integer((json_int_t)json_array_size(sb));
             recipe_differs(first, sizeof first, "sources (count)", na, nb, where);
             json_decref(na), json_decref(nb);
         }
@@ -378,7 +380,8 @@ void dataset_check_recipe(const Dataset *d, const json_t *saved, const char *whe
             const json_t *a = json_array_get(sa, k), *b = json_array_get(sb, k);
             snprintf(field, sizeof field, "sources[%zu].weight", k);
             if (!json_equal(json_object_get(a, "weight"), json_object_get(b, "weight")))
-                recipe_differs(first, sizeof first, field, json_object_get(a, "weight"), json_object_get(b, "weight"), where);
+                recipe_differs(first, sizeof first, field, json_object_get(a, "weight"), json_object_get(b, "weight"),
+                               where);
             const json_t *fa = json_object_get(a, "files"), *fb = json_object_get(b, "files");
             for (size_t i = 0; i < json_array_size(fa) || i < json_array_size(fb); i++)
                 for (int j = 0; j < 2; j++) {
@@ -388,8 +391,9 @@ void dataset_check_recipe(const Dataset *d, const json_t *saved, const char *whe
                     if (!json_equal((json_t *)x, (json_t *)y)) recipe_differs(first, sizeof first, field, x, y, where);
                 }
         }
-        if (!first[0]) recipe_differs(first, sizeof first, "fingerprint", json_object_get(saved, "fingerprint"),
-                                      json_object_get(now, "fingerprint"), where);
+        if (!first[0])
+            recipe_differs(first, sizeof first, "fingerprint", json_object_get(saved, "fingerprint"),
+                           json_object_get(now, "fingerprint"), where);
     }
     json_decref(now);
     if (first[0] && !allow)

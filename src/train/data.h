@@ -36,10 +36,10 @@ typedef struct Dataset {
     // reads on, so sample i counts at most MIX_BLOCK draws (fewer going on from the previous sample).
     struct Dataset *src; // (nsrc) the sources
     int nsrc;
-    double *weight, *cum;    // (nsrc) the weights as given; the cumulative shares, the last 1
-    int64_t *drawn;          // (nblocks·nsrc) draws of each source among samples [0, b·MIX_BLOCK)
-    int64_t nblocks, at;     // rows of drawn; the cursor: now[k] = draws of source k among samples [0, at)
-    int64_t *now;            // (nsrc)
+    double *weight, *cum; // (nsrc) the weights as given; the cumulative shares, the last 1
+    int64_t *drawn;       // (nblocks·nsrc) draws of each source among samples [0, b·MIX_BLOCK)
+    int64_t nblocks, at;  // rows of drawn; the cursor: now[k] = draws of source k among samples [0, at)
+    int64_t *now;         // (nsrc)
 } Dataset;
 
 // Opens every .bin under path (a folder, searched recursively in sorted order, or one file).
