@@ -224,7 +224,8 @@ static void write_index(const Run *r, const char *dir, const char *base, int npa
 // written and hashed.
 typedef struct {
     StWriter w;
-    float *data; // the snapshot: the owned tensors one after another
+    float *data;             // the snapshot: the owned tensors one after another, or NULL
+    float *full[4][NGROUPS]; // when this rank writes every tensor: the gathered buffers themselves, no copy
     char path[4400];
     uint64_t hash; // of the file written (0: this rank writes none)
 } SaveFile;
@@ -252,7 +253,9 @@ static void snapshot_parts(Run *r, SaveFile *f, const char *dir, const char *bas
             full[k][g] = xmalloc(r->fsdp.numel[g] * sizeof(float) + 1);
             fsdp_gather_host(&r->fsdp, g, full[k][g], parts[k].shard[g]);
         }
-    *f = (SaveFile){.data = xmalloc(owned_numel(t, d) * nparts * sizeof(float) + 1)};
+    int64_t own = owned_numel(t, d), all = 0;
+    for (int i = 0; i < t->n; i++) all += params_numel(&t->p[i]);
+    *f = (SaveFile){.data = own < all ? xmalloc(own * nparts * sizeof(float) + 1) : NULL};
     st_writer_init(&f->w);
     if (format) st_writer_meta(&f->w, "format", format);
     char name[200], file[80];
@@ -260,33 +263,36 @@ static void snapshot_parts(Run *r, SaveFile *f, const char *dir, const char *bas
     for (int k = 0; k < nparts; k++)
         for (int i = 0; i < t->n; i++) {
             const ParamInfo *p = &t->p[i];
+            const float *src = full[k][p->group] + p->off;
             if (owner_of(d, p->group, i, d->pp_g.rank, d->ep_g.rank) != d->world.rank) continue;
+            if (f->data) src = memcpy(at, src, params_numel(p) * sizeof(float)), at += params_numel(p);
             snprintf(name, sizeof name, "%s%s", parts[k].prefix, p->name);
-            memcpy(at, full[k][p->group] + p->off, params_numel(p) * sizeof(float));
-            st_writer_add_f32(&f->w, name, ST_F32, p->nd, p->shape, at);
-            at += params_numel(p);
+            st_writer_add_f32(&f->w, name, ST_F32, p->nd, p->shape, src);
         }
     for (int k = 0; k < nparts; k++)
-        for (int g = 0; g < NGROUPS; g++) free(full[k][g]);
+        for (int g = 0; g < NGROUPS; g++)
+            if (f->data) free(full[k][g]);
+            else f->full[k][g] = full[k][g];
     file_of(file, sizeof file, base, d->world.rank, d->world.size);
     snprintf(f->path, sizeof f->path, "%s/%s", dir, file);
 }
 
-// Writes f's file (none when this rank owns no tensor) and hashes it (from the page cache). No communication:
-// it may run on a thread of its own.
+// Writes f's file (none when this rank owns no tensor), hashes it (from the page cache) and frees the snapshot.
+// No communication: it may run on a thread of its own.
 static void write_file(SaveFile *f) {
-    if (!f->w.n) return;
-    st_writer_write(&f->w, f->path);
-    if (!file_hash64(f->path, &f->hash)) die("%s: cannot read back: %s", f->path, strerror(errno));
+    if (f->w.n) st_writer_write(&f->w, f->path);
+    if (f->w.n && !file_hash64(f->path, &f->hash)) die("%s: cannot read back: %s", f->path, strerror(errno));
+    st_writer_free(&f->w), free(f->data);
+    for (int k = 0; k < 4; k++)
+        for (int g = 0; g < NGROUPS; g++) free(f->full[k][g]);
 }
 
-// After every rank's write_file: rank 0 writes the index; with sums, rank 0 adds every file's checksum. Frees f.
+// After every rank's write_file: rank 0 writes the index; with sums, rank 0 adds every file's checksum.
 // Collective over the world.
 static void finish_parts(Run *r, SaveFile *f, const char *dir, const char *base, int nparts, const Part *parts,
                          json_t *sums) {
     const Dist *d = &r->dist;
     char file[80];
-    st_writer_free(&f->w), free(f->data), f->data = NULL;
     if (d->world.size > 1 && d->world.rank == 0) write_index(r, dir, base, nparts, parts, sums);
     if (sums || d->world.size > 1) { // every rank's hash in its slot (0: it wrote no file), summed over the world
         int64_t *h = xcalloc(d->world.size, sizeof(int64_t));
@@ -451,6 +457,14 @@ static void *write_files(void *arg) {
     return NULL;
 }
 
+// The parts of file i of a save: the model (the masters) or the optimizer (both moments). Returns their count.
+static const char *const save_base[2] = {"model", "optimizer"};
+static int save_parts(Run *r, int i, Part p[2]) {
+    if (i == 0) return p[0] = (Part){"", r->master}, 1;
+    p[0] = (Part){"exp_avg.", r->adam_m}, p[1] = (Part){"exp_avg_sq.", r->adam_v};
+    return 2;
+}
+
 void ckpt_save(Run *r) {
     const TrainConfig *c = &r->cfg;
     ckpt_wait(r);
@@ -466,9 +480,12 @@ void ckpt_save(Run *r) {
         snprintf(saving, sizeof saving, "%s", save.tmp), die_cleanup = save_failed;
     }
     comm_barrier(&r->dist.world);
-    snapshot_parts(r, &save.file[0], save.tmp, "model", 1, (Part[]){{"", r->master}}, "pith");
-    snapshot_parts(r, &save.file[1], save.tmp, "optimizer", 2,
-                   (Part[]){{"exp_avg.", r->adam_m}, {"exp_avg_sq.", r->adam_v}}, NULL);
+    for (int i = 0; i < 2; i++) {
+        Part parts[2];
+        int n = save_parts(r, i, parts);
+        snapshot_parts(r, &save.file[i], save.tmp, save_base[i], n, parts, i ? NULL : "pith");
+        if (!c->checkpoint.async) write_file(&save.file[i]); // one snapshot at a time
+    }
     size_t nbias = (size_t)r->model.cfg.layers * r->model.cfg.experts * sizeof(float);
     if (r->router_bias) save.router_bias = memcpy(xmalloc(nbias), r->router_bias, nbias);
     if (c->checkpoint.async) {
@@ -479,7 +496,6 @@ void ckpt_save(Run *r) {
         printf("checkpoint: step %d: snapshot in %.3f s, writing in the background\n", r->step, save.loop_s);
         return;
     }
-    write_files(NULL);
     ckpt_wait(r);
 }
 
@@ -490,9 +506,11 @@ void ckpt_wait(Run *r) {
     double t_wait = now_seconds();
     if (save.threaded) pthread_join(save.thread, NULL);
     json_t *sums = json_object();
-    finish_parts(r, &save.file[0], save.tmp, "model", 1, (Part[]){{"", r->master}}, sums);
-    finish_parts(r, &save.file[1], save.tmp, "optimizer", 2,
-                 (Part[]){{"exp_avg.", r->adam_m}, {"exp_avg_sq.", r->adam_v}}, sums);
+    for (int i = 0; i < 2; i++) {
+        Part parts[2];
+        int n = save_parts(r, i, parts);
+        finish_parts(r, &save.file[i], save.tmp, save_base[i], n, parts, sums);
+    }
     if (lead) {
         // config.json: the model's own file, copied byte for byte
         char mcfg[4200], path[4400];
