@@ -218,6 +218,7 @@ TEST(data_mixture_recipe_checked_and_errors) {
          "bad.json: dataset[1].path: "},
         {"[{\"path\": \"a.bin\", \"weight\": 1, \"share\": 1}]", "bad.json: dataset[0]: share: unknown key"},
         {"{\"path\": \"a.bin\"}", "bad.json: dataset: expected a path or a list"},
+        {"\"a.bin\", \"checkpoint\": {\"async\": true}", "bad.json: checkpoint.async: needs save_location"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char cfg[2048];

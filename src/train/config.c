@@ -423,7 +423,7 @@ static const ConfigSection sections[] = {
     {"validation", validation_keys, LEN(validation_keys)},
     {"checkpoint", checkpoint_keys, LEN(checkpoint_keys)},
 };
-enum { SECTION_VALIDATION = 4 };
+enum { SECTION_VALIDATION = 4, SECTION_CHECKPOINT = 5 };
 
 // PithTrain's names that pith spells differently (pith: the key here) or does not have yet (pith: NULL).
 static const struct {
@@ -722,6 +722,8 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
              "has no effect with moe_load_balance_coef 0 (set the coefficient, or leave the type out)");
     if (c->save_interval && !c->save_location[0])
         jdie(origin_of(top, &org, "save_interval"), "save_interval", "needs save_location");
+    if (c->checkpoint.async && !c->save_location[0])
+        jdie(origin_of(sec[SECTION_CHECKPOINT], &org, "async"), "async", "needs save_location");
     if (c->scheduler.type == SCHED_CONSTANT) { // a schedule key on a constant schedule would be silently ignored
         for (int i = 1; i < LEN(scheduler_keys); i++)
             if (set_apart(sch, c, scheduler_keys[i].name, scheduler_keys, LEN(scheduler_keys)))
