@@ -354,46 +354,39 @@ json_t *dataset_recipe(const Dataset *d) {
     return json_pack("{s:o, s:s}", "sources", sources, "fingerprint", hex);
 }
 
-// Prints field (under data.) changed from a to b; the first such field is kept in *first.
-static void recipe_differs(char *first, size_t cap, const char *field, const json_t *a, const json_t *b,
-                           const char *where) {
-    char *ta = a ? json_text(a, 0, false) : xstrdup("(none)"), *tb = b ? json_text(b, 0, false) : xstrdup("(none)");
-    printf("resume: data.%s changed: %s -> %s (%s)\n", field, ta, tb, where);
-    free(ta), free(tb);
-    if (!first[0]) snprintf(first, cap, "data.%s", field);
+// Prints every value of recipe a that differs in b, at its place under `data.` (paths aside: moved data is the
+// same data); the first such place is kept in first.
+static void recipe_diff(char *first, size_t cap, const char *at, const json_t *a, const json_t *b, const char *where) {
+    char sub[160];
+    const char *key;
+    json_t *v;
+    if (json_is_object(a) && json_is_object(b)) {
+        json_object_foreach((json_t *)a, key, v) {
+            if (!strcmp(key, "path") || (!*at && !strcmp(key, "fingerprint"))) continue; // the whole's: see below
+            snprintf(sub, sizeof sub, "%s%s%s", at, *at ? "." : "", key);
+            recipe_diff(first, cap, sub, v, json_object_get(b, key), where);
+        }
+    } else if (json_is_array(a) && json_is_array(b)) {
+        for (size_t i = 0; i < json_array_size(a) || i < json_array_size(b); i++) {
+            snprintf(sub, sizeof sub, "%s[%zu]", at, i);
+            recipe_diff(first, cap, sub, json_array_get(a, i), json_array_get(b, i), where);
+        }
+    } else if (!json_equal((json_t *)a, (json_t *)b)) {
+        char *ta = a ? json_text(a, 0, false) : xstrdup("none"), *tb = b ? json_text(b, 0, false) : xstrdup("none");
+        printf("resume: data.%s changed: %s -> %s (%s)\n", at, ta, tb, where);
+        free(ta), free(tb);
+        if (!first[0]) snprintf(first, cap, "data.%s", at);
+    }
 }
 
 void dataset_check_recipe(const Dataset *d, const json_t *saved, const char *where, bool allow) {
     if (!json_is_object(saved)) return; // written before checkpoints recorded it
     json_t *now = dataset_recipe(d);
-    char first[128] = "", field[128];
-    if (!json_equal(json_object_get(saved, "fingerprint"), json_object_get(now, "fingerprint"))) {
-        const json_t *sa = json_object_get(saved, "sources"), *sb = json_object_get(now, "sources");
-        static const char *const keys[] = {"bytes", "fingerprint"};
-        if (json_array_size(sa) != json_array_size(sb)) {
-            json_t *na = json_integer((json_int_t)json_array_size(sa)),
-                   *nb = json_integer((json_int_t)json_array_size(sb));
-            recipe_differs(first, sizeof first, "sources (count)", na, nb, where);
-            json_decref(na), json_decref(nb);
-        }
-        for (size_t k = 0; k < json_array_size(sa) && k < json_array_size(sb); k++) {
-            const json_t *a = json_array_get(sa, k), *b = json_array_get(sb, k);
-            snprintf(field, sizeof field, "sources[%zu].weight", k);
-            if (!json_equal(json_object_get(a, "weight"), json_object_get(b, "weight")))
-                recipe_differs(first, sizeof first, field, json_object_get(a, "weight"), json_object_get(b, "weight"),
-                               where);
-            const json_t *fa = json_object_get(a, "files"), *fb = json_object_get(b, "files");
-            for (size_t i = 0; i < json_array_size(fa) || i < json_array_size(fb); i++)
-                for (int j = 0; j < 2; j++) {
-                    const json_t *x = json_object_get(json_array_get(fa, i), keys[j]),
-                                 *y = json_object_get(json_array_get(fb, i), keys[j]);
-                    snprintf(field, sizeof field, "sources[%zu].files[%zu].%s", k, i, keys[j]);
-                    if (!json_equal((json_t *)x, (json_t *)y)) recipe_differs(first, sizeof first, field, x, y, where);
-                }
-        }
-        if (!first[0])
-            recipe_differs(first, sizeof first, "fingerprint", json_object_get(saved, "fingerprint"),
-                           json_object_get(now, "fingerprint"), where);
+    char first[160] = "";
+    const json_t *fa = json_object_get(saved, "fingerprint"), *fb = json_object_get(now, "fingerprint");
+    if (!json_equal((json_t *)fa, (json_t *)fb)) {
+        recipe_diff(first, sizeof first, "", saved, now, where);
+        if (!first[0]) recipe_diff(first, sizeof first, "fingerprint", fa, fb, where);
     }
     json_decref(now);
     if (first[0] && !allow)
