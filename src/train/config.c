@@ -650,16 +650,17 @@ static bool set_apart(JObj o, const TrainConfig *c, const char *name, const Conf
     return true;
 }
 
-// The relative paths of key k of obj (a path, or each source's path of a dataset list) joined to dir.
-static void resolve_paths(json_t *obj, const ConfigKey *k, const char *dir) {
+// The relative paths of key k of obj (a path, or each source's path of a dataset list) joined to dir and normalised;
+// with all, the absolute ones normalised too.
+static void resolve_paths(json_t *obj, const ConfigKey *k, const char *dir, bool all) {
     char buf[2 * PATH_MAX_LEN + 2];
     json_t *v = json_object_get(obj, k->name), *e;
     size_t i;
     if (k->kind == K_DATA && json_is_array(v))
         json_array_foreach(v, i, e) if (json_is_object(e))
-            resolve_paths(e, &(ConfigKey){.name = "path", .kind = K_PATH}, dir);
+            resolve_paths(e, &(ConfigKey){.name = "path", .kind = K_PATH}, dir, all);
     if (k->kind != K_PATH && k->kind != K_DATA) return;
-    if (!json_is_string(v) || !json_string_value(v)[0] || json_string_value(v)[0] == '/') return;
+    if (!json_is_string(v) || !json_string_value(v)[0] || (!all && json_string_value(v)[0] == '/')) return;
     path_join(buf, sizeof buf, dir, json_string_value(v));
     path_normalize(buf);
     json_object_set_new(obj, k->name, json_string(buf));
@@ -675,7 +676,8 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     path_dirname(dir, sizeof dir, file);
     for (int s = 0; s < LEN(sections); s++) {
         json_t *obj = s ? json_object_get(root, sections[s].name) : root;
-        for (int i = 0; json_is_object(obj) && i < sections[s].n; i++) resolve_paths(obj, &sections[s].keys[i], dir);
+        for (int i = 0; json_is_object(obj) && i < sections[s].n; i++)
+            resolve_paths(obj, &sections[s].keys[i], dir, true);
     }
     for (int i = 0; i < nsets; i++) apply_set(root, sets[i]);
     Origin org = {sets, nsets};
@@ -804,7 +806,7 @@ json_t *config_printable(const TrainConfig *c) {
     if (!getcwd(cwd, sizeof cwd)) die("--print-config: cannot read the current folder: %s", strerror(errno));
     for (int s = 0; s < LEN(sections); s++) {
         json_t *obj = s ? json_object_get(root, sections[s].name) : root;
-        for (int i = 0; obj && i < sections[s].n; i++) resolve_paths(obj, &sections[s].keys[i], cwd);
+        for (int i = 0; obj && i < sections[s].n; i++) resolve_paths(obj, &sections[s].keys[i], cwd, false);
     }
     return root;
 }
