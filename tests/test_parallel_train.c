@@ -95,6 +95,51 @@ TEST(dist_validation_layouts) {
     check_layouts(make_layout_run(), data_layouts, sizeof data_layouts / sizeof *data_layouts, "", 6, false);
 }
 
+// A weighted mixture (data.bin and val.bin as sources, weights 3 and 1) reads the same samples under data
+// parallelism and under the pipeline (whose first rank reads micro-batches again for the loss, out of order) as
+// one process: losses, validation and first-step gradients.
+TEST(dist_mixture_layouts) {
+    static const Layout mix[] = {
+        {"dp2", 2, "", false},
+        {"pp2", 2, "--set parallel.pipeline_parallel_size=2", false},
+    };
+    const char *d = make_run_of(TINY_MOE_EP_OF(4), 8, 6);
+    char sets[1024];
+    snprintf(sets, sizeof sets,
+             "--set 'dataset=[{\"path\":\"%s/data.bin\",\"weight\":3},{\"path\":\"%s/val.bin\",\"weight\":1}]'", d, d);
+    check_layouts(d, mix, sizeof mix / sizeof *mix, sets, 6, true);
+}
+
+// checkpoint.async under two ranks (each writes its part from its own thread; the folder is completed together),
+// on CPU ranks and on fake GPUs (device shards copied to the host snapshot): the bytes of synchronous saving, and a
+// run stopped after async saves resumes to the same losses.
+TEST(dist_async_checkpoint_equals_sync) {
+    const char *d = make_run_of(TINY_MOE_EP, 8, 4);
+    char out[1 << 16], a[8192], b[8192];
+    for (int gpu = 0; gpu < 2; gpu++) {
+        const char *pith = gpu ? "build-fake/pith" : PITH_BIN,
+                   *sets = gpu ? "--set device=cuda --set compute_dtype=fp32" : "";
+        for (int async = 0; async < 3; async++) // sync; async stopped at step 3; async resumed
+            ASSERT_MSG(run_cmd(out, sizeof out,
+                               "PITH=%s scripts/launch.sh -n 2 %s/train.json %s --set save_location=%s/%s%d --set "
+                               "save_interval=1 --set checkpoint.async=%s %s",
+                               pith, d, sets, d, async ? "async" : "sync", gpu, async ? "true" : "false",
+                               async == 1 ? "--steps 3" : "") == 0 &&
+                           (async < 2 || strstr(out, "resume: step 3 from")),
+                       "%s", out);
+        for (int s = 1; s <= 4; s++)
+            ASSERT_MSG(run_cmd(out, sizeof out,
+                               "cd %s && for f in model optimizer; do for r in 1 2; do cmp sync%d/step-%08d/$f-0000$r-"
+                               "of-00002.safetensors async%d/step-%08d/$f-0000$r-of-00002.safetensors || exit 1; done; "
+                               "done",
+                               d, gpu, s, gpu, s) == 0,
+                       "%s step %d: %s", pith, s, out);
+        ASSERT(run_cmd(a, sizeof a, "sed 's/, \"tokens_per_s.*//' %s/sync%d/metrics.jsonl", d, gpu) == 0);
+        ASSERT(run_cmd(b, sizeof b, "sed 's/, \"tokens_per_s.*//' %s/async%d/metrics.jsonl", d, gpu) == 0);
+        ASSERT_MSG(!strcmp(a, b), "%s: sync:\n%s\nasync, resumed:\n%s", pith, a, b);
+    }
+}
+
 // DualPipeV (pipeline_parallel_size > 1, and at pp 1 through parallel.pipeline_schedule) on 8 layers (the second
 // dense): every layout's 20 steps, validation (forward only through the schedule) and first-step gradients equal
 // one process's. One process runs 8

@@ -271,6 +271,10 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
         snprintf(exact, sizeof exact, "AdamW moments, pinned (optimizer.offload; %zu bytes)", p->host);
         row("host memory (not above)", p->host, exact);
     }
+    if (p->snapshot) {
+        snprintf(exact, sizeof exact, "checkpoint snapshot (checkpoint.async; %zu bytes)", p->snapshot);
+        row("host memory (not above)", p->snapshot, exact);
+    }
     if (d->pp > 1) { // the pipeline ranks hold different layers and records: each one's total (the rows: rank 0)
         printf("plan per pipeline rank:");
         for (int k = 0; k < d->pp; k++) {

@@ -179,6 +179,9 @@ static double print_run(const Run *r) {
         printf("plan (cuda): plus %.1f MB of cuBLASLt workspace and conversion pools\n", ops_cuda_pool_bytes() / 1e6);
     if (p->host)
         printf("plan (host): %.1f MB of AdamW moments (optimizer.offload; %zu bytes)\n", p->host / 1e6, p->host);
+    if (p->snapshot)
+        printf("plan (host): %.1f MB of checkpoint snapshot (checkpoint.async; %zu bytes)\n", p->snapshot / 1e6,
+               p->snapshot);
     return memory_plan_total(p) + (gpu ? ops_cuda_pool_bytes() : 0);
 }
 
@@ -217,8 +220,8 @@ static void log_step(TrainLog *lg, const Run *r, const StepStats *st, bool val, 
     printf("%s\n", st->nonfinite ? " | not finite: no update" : "");
     // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
     // comes right after loss, before the timings.
-    const char *keys[16] = {"loss"};
-    double vals[16] = {st->loss};
+    const char *keys[20] = {"loss"};
+    double vals[20] = {st->loss};
     int n = 1;
     if (val) keys[n] = "val_loss", vals[n++] = val_loss;
     const char *rest[] = {"lb_loss",   "lr",    "grad_norm", "tokens_per_s", "step_time_s",
@@ -237,6 +240,8 @@ static void log_step(TrainLog *lg, const Run *r, const StepStats *st, bool val, 
         keys[n] = "pipe_busy_s", vals[n++] = st->pipe_busy_s;
         keys[n] = "bubble", vals[n++] = st->bubble;
     }
+    double ckpt_s = ckpt_loop_seconds(); // the loop's time in the saves after the previous step
+    if (ckpt_s > 0) keys[n] = "ckpt_s", vals[n++] = ckpt_s;
     if (lg->metrics) write_metrics(lg->metrics, lg->mpath, r->step, n, keys, vals);
     if (lg->tb.f) tboard_scalars(&lg->tb, r->step, n, keys, vals);
 }
@@ -336,6 +341,7 @@ int cmd_train(int argc, char **argv) {
     if (signal(SIGINT, SIG_IGN) != SIG_IGN) signal(SIGINT, on_interrupt); // (a shell's background job ignores it)
     lg.stop = a.max_now > 0 && r.step + a.max_now < cfg.max_steps ? r.step + a.max_now : cfg.max_steps;
     train_loop(&lg, &r);
+    ckpt_wait(&r); // checkpoint.async: the last save's files
     if (lg.metrics && fclose(lg.metrics)) die("%s: write failed: %s", lg.mpath, strerror(errno));
     tboard_close(&lg.tb);
     printf("%s%s%s: %d of %d steps, metrics in %s\n", r.step == cfg.max_steps ? "done" : "stopped",

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -219,11 +220,30 @@ static void write_index(const Run *r, const char *dir, const char *base, int npa
     free(text), json_decref(root);
 }
 
-// Gathers the parts' shards into whole host buffers and writes the tensors this rank owns into
-// dir/<base>[-<rank+1>-of-<ranks>].safetensors; rank 0 writes the index. Collective over the world. With sums,
-// rank 0 adds every file's checksum (each rank hashes what it wrote, from the page cache).
-static void write_parts(Run *r, const char *dir, const char *base, int nparts, const Part *parts, const char *format,
-                        json_t *sums) {
+// One file of a save on this rank: the tensors it owns, copied out of the run's state (the snapshot), then
+// written and hashed.
+typedef struct {
+    StWriter w;
+    float *data;             // the snapshot: the owned tensors one after another, or NULL
+    float *full[4][NGROUPS]; // when this rank writes every tensor: the gathered buffers themselves, no copy
+    char path[4400];
+    uint64_t hash; // of the file written (0: this rank writes none)
+} SaveFile;
+
+// The elements of the tensors of t this rank writes.
+static int64_t owned_numel(const ParamTable *t, const Dist *d) {
+    int64_t n = 0;
+    for (int i = 0; i < t->n; i++)
+        if (owner_of(d, t->p[i].group, i, d->pp_g.rank, d->ep_g.rank) == d->world.rank) n += params_numel(&t->p[i]);
+    return n;
+}
+
+size_t ckpt_snapshot_bytes(const ParamTable *t, const Dist *d) { return 3 * owned_numel(t, d) * sizeof(float); }
+
+// Gathers the parts' shards into whole host buffers and copies the tensors this rank owns into f's snapshot,
+// bound for dir/<base>[-<rank+1>-of-<ranks>].safetensors. Collective over the world.
+static void snapshot_parts(Run *r, SaveFile *f, const char *dir, const char *base, int nparts, const Part *parts,
+                           const char *format) {
     const Dist *d = &r->dist;
     const ParamTable *t = &r->model.params;
     float *full[4][NGROUPS];
@@ -233,32 +253,50 @@ static void write_parts(Run *r, const char *dir, const char *base, int nparts, c
             full[k][g] = xmalloc(r->fsdp.numel[g] * sizeof(float) + 1);
             fsdp_gather_host(&r->fsdp, g, full[k][g], parts[k].shard[g]);
         }
-    StWriter w;
-    st_writer_init(&w);
-    if (format) st_writer_meta(&w, "format", format);
-    char name[200], file[80], path[4400];
+    int64_t own = owned_numel(t, d), all = 0;
+    for (int i = 0; i < t->n; i++) all += params_numel(&t->p[i]);
+    *f = (SaveFile){.data = own < all ? xmalloc(own * nparts * sizeof(float) + 1) : NULL};
+    st_writer_init(&f->w);
+    if (format) st_writer_meta(&f->w, "format", format);
+    char name[200], file[80];
+    float *at = f->data;
     for (int k = 0; k < nparts; k++)
         for (int i = 0; i < t->n; i++) {
             const ParamInfo *p = &t->p[i];
+            const float *src = full[k][p->group] + p->off;
             if (owner_of(d, p->group, i, d->pp_g.rank, d->ep_g.rank) != d->world.rank) continue;
+            if (f->data) src = memcpy(at, src, params_numel(p) * sizeof(float)), at += params_numel(p);
             snprintf(name, sizeof name, "%s%s", parts[k].prefix, p->name);
-            st_writer_add_f32(&w, name, ST_F32, p->nd, p->shape, full[k][p->group] + p->off);
+            st_writer_add_f32(&f->w, name, ST_F32, p->nd, p->shape, src);
         }
-    if (w.n) {
-        file_of(file, sizeof file, base, d->world.rank, d->world.size);
-        snprintf(path, sizeof path, "%s/%s", dir, file);
-        st_writer_write(&w, path);
-    }
-    bool wrote = w.n > 0;
-    st_writer_free(&w);
     for (int k = 0; k < nparts; k++)
-        for (int g = 0; g < NGROUPS; g++) free(full[k][g]);
+        for (int g = 0; g < NGROUPS; g++)
+            if (f->data) free(full[k][g]);
+            else f->full[k][g] = full[k][g];
+    file_of(file, sizeof file, base, d->world.rank, d->world.size);
+    snprintf(f->path, sizeof f->path, "%s/%s", dir, file);
+}
+
+// Writes f's file (none when this rank owns no tensor), hashes it (from the page cache) and frees the snapshot.
+// No communication: it may run on a thread of its own.
+static void write_file(SaveFile *f) {
+    if (f->w.n) st_writer_write(&f->w, f->path);
+    if (f->w.n && !file_hash64(f->path, &f->hash)) die("%s: cannot read back: %s", f->path, strerror(errno));
+    st_writer_free(&f->w), free(f->data);
+    for (int k = 0; k < 4; k++)
+        for (int g = 0; g < NGROUPS; g++) free(f->full[k][g]);
+}
+
+// After every rank's write_file: rank 0 writes the index; with sums, rank 0 adds every file's checksum.
+// Collective over the world.
+static void finish_parts(Run *r, SaveFile *f, const char *dir, const char *base, int nparts, const Part *parts,
+                         json_t *sums) {
+    const Dist *d = &r->dist;
+    char file[80];
     if (d->world.size > 1 && d->world.rank == 0) write_index(r, dir, base, nparts, parts, sums);
     if (sums || d->world.size > 1) { // every rank's hash in its slot (0: it wrote no file), summed over the world
         int64_t *h = xcalloc(d->world.size, sizeof(int64_t));
-        uint64_t mine = 0;
-        if (wrote && !file_hash64(path, &mine)) die("%s: cannot read back: %s", path, strerror(errno));
-        h[d->world.rank] = (int64_t)mine;
+        h[d->world.rank] = (int64_t)f->hash;
         comm_allreduce(&d->world, tensor_make(h, DT_I64, DEV_CPU, 1, d->world.size, 1, 1, 1), COMM_SUM);
         for (int k = 0; sums && k < d->world.size; k++)
             if (h[k]) file_of(file, sizeof file, base, k, d->world.size), checksum_add(sums, file, (uint64_t)h[k]);
@@ -269,7 +307,11 @@ static void write_parts(Run *r, const char *dir, const char *base, int nparts, c
 void ckpt_write_grads(Run *r, const char *dir) {
     if (r->dist.world.rank == 0) mkdir_p(dir);
     comm_barrier(&r->dist.world);
-    write_parts(r, dir, "model", 1, (Part[]){{"", r->grad}}, "pith-gradient", NULL);
+    SaveFile f;
+    const Part part = {"", r->grad};
+    snapshot_parts(r, &f, dir, "model", 1, &part, "pith-gradient");
+    write_file(&f);
+    finish_parts(r, &f, dir, "model", 1, &part, NULL);
 }
 
 static bool parse_step_dir(const char *name, int *step) {
@@ -395,65 +437,138 @@ static void prune(const char *loc, int keep_last) {
 static char saving[4200];
 static void save_failed(void) { remove_tree(saving); }
 
+// The save in progress: its snapshot, taken by ckpt_save; its files, written inline or (checkpoint.async) by a
+// background thread; the folder, completed by ckpt_wait.
+typedef struct {
+    bool active, threaded;
+    pthread_t thread;
+    int step;
+    char tmp[4200], final[4200];
+    SaveFile file[2];   // model, optimizer
+    float *router_bias; // (layers·E) copy, or NULL
+    double t0, loop_s;  // when the save began; the loop's time in it
+} Save;
+static Save save;
+static double loop_unreported; // the loop's time in saves since ckpt_loop_seconds last asked
+
+static void *write_files(void *arg) {
+    (void)arg;
+    write_file(&save.file[0]), write_file(&save.file[1]);
+    return NULL;
+}
+
+// The parts of file i of a save: the model (the masters) or the optimizer (both moments). Returns their count.
+static const char *const save_base[2] = {"model", "optimizer"};
+static int save_parts(Run *r, int i, Part p[2]) {
+    if (i == 0) return p[0] = (Part){"", r->master}, 1;
+    p[0] = (Part){"exp_avg.", r->adam_m}, p[1] = (Part){"exp_avg_sq.", r->adam_v};
+    return 2;
+}
+
 void ckpt_save(Run *r) {
     const TrainConfig *c = &r->cfg;
+    ckpt_wait(r);
     bool lead = r->dist.world.rank == 0;
-    double t0 = now_seconds();
-    char tmp[4200], final[4200], path[4400];
-    snprintf(tmp, sizeof tmp, "%s/.tmp-step-%08d", c->save_location, r->step);
-    snprintf(final, sizeof final, "%s/step-%08d", c->save_location, r->step);
+    save = (Save){.active = true, .step = r->step, .t0 = now_seconds()};
+    snprintf(save.tmp, sizeof save.tmp, "%s/.tmp-step-%08d", c->save_location, r->step);
+    snprintf(save.final, sizeof save.final, "%s/step-%08d", c->save_location, r->step);
     if (lead) {
         locks_check();
         mkdir_p(c->save_location);
-        remove_tree(tmp);
-        mkdir_p(tmp);
-        snprintf(saving, sizeof saving, "%s", tmp), die_cleanup = save_failed;
+        remove_tree(save.tmp);
+        mkdir_p(save.tmp);
+        snprintf(saving, sizeof saving, "%s", save.tmp), die_cleanup = save_failed;
     }
     comm_barrier(&r->dist.world);
+    for (int i = 0; i < 2; i++) {
+        Part parts[2];
+        int n = save_parts(r, i, parts);
+        snapshot_parts(r, &save.file[i], save.tmp, save_base[i], n, parts, i ? NULL : "pith");
+        if (!c->checkpoint.async) write_file(&save.file[i]); // one snapshot at a time
+    }
+    size_t nbias = (size_t)r->model.cfg.layers * r->model.cfg.experts * sizeof(float);
+    if (r->router_bias) save.router_bias = memcpy(xmalloc(nbias), r->router_bias, nbias);
+    if (c->checkpoint.async) {
+        int err = pthread_create(&save.thread, NULL, write_files, NULL);
+        if (err) die("%s: cannot start the checkpoint writer thread: %s", save.tmp, strerror(err));
+        save.threaded = true, save.loop_s = now_seconds() - save.t0;
+        loop_unreported += save.loop_s;
+        printf("checkpoint: step %d: snapshot in %.3f s, writing in the background\n", r->step, save.loop_s);
+        return;
+    }
+    ckpt_wait(r);
+}
+
+void ckpt_wait(Run *r) {
+    if (!save.active) return;
+    const TrainConfig *c = &r->cfg;
+    bool lead = r->dist.world.rank == 0;
+    double t_wait = now_seconds();
+    if (save.threaded) pthread_join(save.thread, NULL);
     json_t *sums = json_object();
-    write_parts(r, tmp, "model", 1, (Part[]){{"", r->master}}, "pith", sums);
-    write_parts(r, tmp, "optimizer", 2, (Part[]){{"exp_avg.", r->adam_m}, {"exp_avg_sq.", r->adam_v}}, NULL, sums);
+    for (int i = 0; i < 2; i++) {
+        Part parts[2];
+        int n = save_parts(r, i, parts);
+        finish_parts(r, &save.file[i], save.tmp, save_base[i], n, parts, sums);
+    }
     if (lead) {
         // config.json: the model's own file, copied byte for byte
-        char mcfg[4200];
+        char mcfg[4200], path[4400];
         if (path_is_dir(c->model)) snprintf(mcfg, sizeof mcfg, "%s/config.json", c->model);
         else snprintf(mcfg, sizeof mcfg, "%s", c->model);
         size_t n;
         char *text = file_read_all(mcfg, &n);
         if (!text) die("%s: cannot read: %s", mcfg, strerror(errno));
-        snprintf(path, sizeof path, "%s/config.json", tmp);
+        snprintf(path, sizeof path, "%s/config.json", save.tmp);
         file_write_atomic(path, text, n);
         checksum_add(sums, "config.json", hash64(text, n));
         free(text);
         json_t *run =
             json_pack("{s:s, s:s, s:i, s:I, s:I, s:o, s:O}", "format", CKPT_FORMAT, "pith_version", PITH_VERSION,
-                      "step", r->step, "samples_consumed", (json_int_t)r->step * c->global_batch_size, "seed",
+                      "step", save.step, "samples_consumed", (json_int_t)save.step * c->global_batch_size, "seed",
                       (json_int_t)c->seed, "train_config", config_effective(c), "checksums", sums);
-        if (r->router_bias) { // aux-loss-free balancing: each layer's bias (shortest decimals: the floats exactly)
+        if (r->data.files) json_object_set_new(run, "data", dataset_recipe(&r->data));
+        if (save.router_bias) { // aux-loss-free balancing: each layer's bias (shortest decimals: the floats exactly)
             json_t *rows = json_array();
             for (int l = 0; l < r->model.cfg.layers; l++) {
                 json_t *row = json_array();
                 for (int e = 0; e < r->model.cfg.experts; e++)
                     json_array_append_new(row,
-                                          json_real(json_f32(r->router_bias[(size_t)l * r->model.cfg.experts + e])));
+                                          json_real(json_f32(save.router_bias[(size_t)l * r->model.cfg.experts + e])));
                 json_array_append_new(rows, row);
             }
             json_object_set_new(run, "router_bias", rows);
         }
         text = json_text(run, 1, true);
-        snprintf(path, sizeof path, "%s/run.json", tmp);
+        snprintf(path, sizeof path, "%s/run.json", save.tmp);
         file_write_atomic(path, text, strlen(text));
         free(text), json_decref(run);
-        fsync_dir(tmp);
-        if (path_exists(final)) remove_step(c->save_location, final + strlen(c->save_location) + 1); // saved again
-        if (rename(tmp, final)) die("%s: cannot rename to %s: %s", tmp, final, strerror(errno));
+        fsync_dir(save.tmp);
+        if (path_exists(save.final)) remove_step(c->save_location, save.final + strlen(c->save_location) + 1);
+        if (rename(save.tmp, save.final)) die("%s: cannot rename to %s: %s", save.tmp, save.final, strerror(errno));
         die_cleanup = NULL;
         fsync_dir(c->save_location);
         if (c->keep_last) prune(c->save_location, c->keep_last);
     }
     json_decref(sums);
+    free(save.router_bias);
     comm_barrier(&r->dist.world);
-    printf("checkpoint: step %d saved to %s (%.2f s)\n", r->step, final, now_seconds() - t0);
+    double now = now_seconds();
+    if (save.threaded) {
+        loop_unreported += now - t_wait;
+        printf("checkpoint: step %d saved to %s (%.2f s in the background; the loop spent %.3f s)\n", save.step,
+               save.final, now - save.t0, save.loop_s + now - t_wait);
+    } else {
+        loop_unreported += now - save.t0;
+        printf("checkpoint: step %d saved to %s (%.2f s)\n", save.step, save.final, now - save.t0);
+    }
+    save.active = false;
+}
+
+double ckpt_loop_seconds(void) {
+    double s = loop_unreported;
+    loop_unreported = 0;
+    return s;
 }
 
 // Weights from a checkpoint or HF folder into this rank's master shards and the compute copies.
@@ -548,6 +663,7 @@ void ckpt_resume(Run *r, const char *dir) {
             "(init_from starts from its weights alone)",
             path, was, now);
     config_check_resume(&r->cfg, json_object_get(root, "train_config"), path, r->cfg.allow_config_change);
+    if (r->data.files) dataset_check_recipe(&r->data, json_object_get(root, "data"), path, r->cfg.allow_config_change);
     json_decref(root);
     load_model(r, dir);
     snprintf(path, sizeof path, "%s/optimizer.safetensors.index.json", dir);

@@ -27,8 +27,18 @@ void ckpt_unlock(void); // run_free: the locks of this process, if any
 // model-only step-00000000. With tidy (the run holding the lock) it removes the leftovers of saves and
 // removals that did not finish; without (pith eval, beside a run that may be saving) it only reads.
 bool ckpt_find_latest(const char *save_location, char *out, size_t cap, bool tidy);
-// Writes the run's checkpoint for its current step; prunes to keep_last when set.
+// Writes the run's checkpoint for its current step; prunes to keep_last when set. It snapshots what this rank
+// writes into host memory first; with checkpoint.async a background thread writes the files and ckpt_wait
+// completes the folder (checksums, run.json, the rename), else ckpt_save does all. It waits for the save before.
 void ckpt_save(Run *r);
+// Completes the save in progress, if any (collective: every rank calls it at the same point): the next save and
+// the end of the run call it.
+void ckpt_wait(Run *r);
+// checkpoint.async: the host memory of a save's snapshot on this rank (the weights and two moments of the tensors
+// it writes), held while the files are written.
+size_t ckpt_snapshot_bytes(const ParamTable *t, const Dist *d);
+// The loop's time in saves (snapshots, writes, waits) since the last call, in seconds.
+double ckpt_loop_seconds(void);
 // Loads weights, optimizer state (when present) and step from a checkpoint folder into a set-up run.
 void ckpt_resume(Run *r, const char *dir);
 // Reads the aux-loss-free balancing biases (L layers × E experts) of a checkpoint's run.json into bias; false

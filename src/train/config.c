@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <unistd.h>
 
-typedef enum { K_PATH, K_INT, K_SEED, K_NUM, K_BOOL, K_CHOICE, K_PAIR } KeyKind;
+typedef enum { K_PATH, K_DATA, K_INT, K_SEED, K_NUM, K_BOOL, K_CHOICE, K_PAIR } KeyKind; // K_DATA: DataSource list
 enum { KEY_DATA_ORDER = 1, KEY_SCHEDULE = 2 }; // a change on resume is refused (KEY_SCHEDULE: unless constant)
 
 typedef struct {
@@ -54,11 +54,14 @@ static const ConfigKey top_keys[] = {
      .required = true,
      .doc = "HF `config.json` (or a folder holding one); `model_type` picks the family"},
     {.name = "dataset",
-     .kind = K_PATH,
+     .kind = K_DATA,
      .off = OFF(dataset),
      .flags = KEY_DATA_ORDER,
      .def_text = "required by `train`",
-     .doc = "folder of `.bin` token files (searched recursively) or one file"},
+     .doc = "folder of `.bin` token files (searched recursively) or one file; or a weighted mixture, a list of "
+            "`{\"path\": ..., \"weight\": ...}` (weight > 0): sample *i* draws its source from a hash of (seed, *i*) "
+            "against the cumulative shares and takes that source's next sample in its own seeded order, so the "
+            "order is a function of the seed alone (docs/usage.md, \"Data mixtures\")"},
     {.name = "sequence_length",
      .kind = K_INT,
      .off = OFF(sequence_length),
@@ -403,14 +406,24 @@ static const ConfigKey validation_keys[] = {
      .doc = "global batches of validation data"},
 };
 
+static const ConfigKey checkpoint_keys[] = {
+    {.name = "async",
+     .kind = K_BOOL,
+     .off = OFF(checkpoint.async),
+     .doc = "a save copies what this rank writes to host memory and writes it from a background thread while "
+            "training goes on; the next save and the end of the run (`--steps`, a signal) wait for it; the same "
+            "files, temporary name and rename; the loop's time in saves is `ckpt_s` in `metrics.jsonl`"},
+};
+
 static const ConfigSection sections[] = {
     {"", top_keys, LEN(top_keys)},
     {"optimizer", optimizer_keys, LEN(optimizer_keys)},
     {"scheduler", scheduler_keys, LEN(scheduler_keys)},
     {"parallel", parallel_keys, LEN(parallel_keys)},
     {"validation", validation_keys, LEN(validation_keys)},
+    {"checkpoint", checkpoint_keys, LEN(checkpoint_keys)},
 };
-enum { SECTION_VALIDATION = 4 };
+enum { SECTION_VALIDATION = 4, SECTION_CHECKPOINT = 5 };
 
 // PithTrain's names that pith spells differently (pith: the key here) or does not have yet (pith: NULL).
 static const struct {
@@ -496,6 +509,43 @@ static void check_range(JObj o, const ConfigKey *k, double v) {
     if (!in_range(k, v)) jdie(o, k->name, "must be in %s (got %.10g)", r, v);
 }
 
+// `dataset`: a path (one source of weight 1), or a list of {"path": ..., "weight": ...} (a mixture).
+static void read_sources(TrainConfig *c, JObj o, const char *key) {
+    json_t *v = o.obj ? json_object_get(o.obj, key) : NULL, *x;
+    char at[64];
+    const char *name;
+    c->ndataset = 0, c->mixture = false;
+    if (!v || json_is_null(v) || (json_is_string(v) && !json_string_value(v)[0])) return;
+    if (json_is_string(v)) {
+        if (strlen(json_string_value(v)) >= PATH_MAX_LEN) jdie(o, key, "too long");
+        snprintf(c->dataset[0].path, PATH_MAX_LEN, "%s", json_string_value(v));
+        c->dataset[0].weight = 1, c->ndataset = 1;
+        return;
+    }
+    if (!json_is_array(v)) jdie(o, key, "expected a path or a list of {\"path\": ..., \"weight\": ...}");
+    int n = (int)json_array_size(v);
+    if (!n) jdie(o, key, "an empty list (a mixture names at least one {\"path\": ..., \"weight\": ...})");
+    if (n > DATA_MAX_SOURCES) jdie(o, key, "%d sources, at most %d", n, DATA_MAX_SOURCES);
+    for (int i = 0; i < n; i++) {
+        json_t *e = json_array_get(v, i), *p = json_object_get(e, "path"), *w = json_object_get(e, "weight");
+        snprintf(at, sizeof at, "%s[%d]", key, i);
+        if (!json_is_object(e)) jdie(o, at, "expected {\"path\": ..., \"weight\": ...}");
+        json_object_foreach(e, name, x) if (strcmp(name, "path") && strcmp(name, "weight"))
+            jdie(o, at, "%s: unknown key (a source has a path and a weight)", name);
+        snprintf(at, sizeof at, "%s[%d].path", key, i);
+        if (!json_is_string(p) || !json_string_value(p)[0])
+            jdie(o, at, "missing (a folder or file of .bin token files)");
+        if (strlen(json_string_value(p)) >= PATH_MAX_LEN) jdie(o, at, "too long");
+        snprintf(at, sizeof at, "%s[%d].weight", key, i);
+        if (!json_is_number(w)) jdie(o, at, "%s (a number > 0)", w ? "not a number" : "missing");
+        if (!(json_number_value(w) > 0) || !isfinite(json_number_value(w)))
+            jdie(o, at, "must be > 0 (got %g)", json_number_value(w));
+        snprintf(c->dataset[i].path, PATH_MAX_LEN, "%s", json_string_value(p));
+        c->dataset[i].weight = json_number_value(w);
+    }
+    c->ndataset = n, c->mixture = true;
+}
+
 // Reads one key of section sec (a required key of an optional section is required when the section is there).
 static void read_key(TrainConfig *c, JObj sec, bool optional, const Origin *org, const ConfigKey *k) {
     JObj o = origin_of(sec, org, k->name);
@@ -508,6 +558,7 @@ static void read_key(TrainConfig *c, JObj sec, bool optional, const Origin *org,
         snprintf(field, PATH_MAX_LEN, "%s", s);
         break;
     }
+    case K_DATA: read_sources(c, o, k->name); break;
     case K_INT: { // read as int64 (an integer or an integral real), range-checked before it becomes an int
         int64_t v = jint(o, k->name, false, (int64_t)k->def);
         check_range(o, k, (double)v);
@@ -599,24 +650,34 @@ static bool set_apart(JObj o, const TrainConfig *c, const char *name, const Conf
     return true;
 }
 
+// The relative paths of key k of obj (a path, or each source's path of a dataset list) joined to dir and normalised;
+// with all, the absolute ones normalised too.
+static void resolve_paths(json_t *obj, const ConfigKey *k, const char *dir, bool all) {
+    char buf[2 * PATH_MAX_LEN + 2];
+    json_t *v = json_object_get(obj, k->name), *e;
+    size_t i;
+    if (k->kind == K_DATA && json_is_array(v))
+        json_array_foreach(v, i, e) if (json_is_object(e))
+            resolve_paths(e, &(ConfigKey){.name = "path", .kind = K_PATH}, dir, all);
+    if (k->kind != K_PATH && k->kind != K_DATA) return;
+    if (!json_is_string(v) || !json_string_value(v)[0] || (!all && json_string_value(v)[0] == '/')) return;
+    path_join(buf, sizeof buf, dir, json_string_value(v));
+    path_normalize(buf);
+    json_object_set_new(obj, k->name, json_string(buf));
+}
+
 void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     memset(c, 0, sizeof *c);
     snprintf(c->file, sizeof c->file, "%s", file);
     json_t *root = json_load_or_die(file);
     JObj o = jobj_root(root, file);
     // Paths written in the file are relative to the file's folder: resolve them before any override.
-    char dir[PATH_MAX_LEN], buf[PATH_MAX_LEN];
+    char dir[PATH_MAX_LEN];
     path_dirname(dir, sizeof dir, file);
     for (int s = 0; s < LEN(sections); s++) {
         json_t *obj = s ? json_object_get(root, sections[s].name) : root;
-        for (int i = 0; json_is_object(obj) && i < sections[s].n; i++) {
-            json_t *v = json_object_get(obj, sections[s].keys[i].name);
-            if (sections[s].keys[i].kind == K_PATH && v && json_is_string(v) && json_string_value(v)[0]) {
-                path_join(buf, sizeof buf, dir, json_string_value(v));
-                path_normalize(buf);
-                json_object_set_new(obj, sections[s].keys[i].name, json_string(buf));
-            }
-        }
+        for (int i = 0; json_is_object(obj) && i < sections[s].n; i++)
+            resolve_paths(obj, &sections[s].keys[i], dir, true);
     }
     for (int i = 0; i < nsets; i++) apply_set(root, sets[i]);
     Origin org = {sets, nsets};
@@ -663,6 +724,8 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
              "has no effect with moe_load_balance_coef 0 (set the coefficient, or leave the type out)");
     if (c->save_interval && !c->save_location[0])
         jdie(origin_of(top, &org, "save_interval"), "save_interval", "needs save_location");
+    if (c->checkpoint.async && !c->save_location[0])
+        jdie(origin_of(sec[SECTION_CHECKPOINT], &org, "async"), "async", "needs save_location");
     if (c->scheduler.type == SCHED_CONSTANT) { // a schedule key on a constant schedule would be silently ignored
         for (int i = 1; i < LEN(scheduler_keys); i++)
             if (set_apart(sch, c, scheduler_keys[i].name, scheduler_keys, LEN(scheduler_keys)))
@@ -707,6 +770,14 @@ static json_t *key_value(const TrainConfig *c, const ConfigKey *k) {
     const char *field = (const char *)c + k->off;
     switch (k->kind) {
     case K_PATH: return field[0] ? json_string(field) : json_null();
+    case K_DATA: {
+        if (!c->mixture) return c->ndataset ? json_string(c->dataset[0].path) : json_null();
+        json_t *list = json_array();
+        for (int i = 0; i < c->ndataset; i++)
+            json_array_append_new(list,
+                                  json_pack("{s:s, s:f}", "path", c->dataset[i].path, "weight", c->dataset[i].weight));
+        return list;
+    }
     case K_INT: return json_integer(*(const int *)field);
     case K_SEED: return json_integer((json_int_t) * (const uint64_t *)field);
     case K_NUM: return json_real(*(const double *)field);
@@ -731,26 +802,31 @@ json_t *config_effective(const TrainConfig *c) {
 
 json_t *config_printable(const TrainConfig *c) {
     json_t *root = config_effective(c);
-    char cwd[PATH_MAX_LEN], abs[2 * PATH_MAX_LEN + 2];
+    char cwd[PATH_MAX_LEN];
     if (!getcwd(cwd, sizeof cwd)) die("--print-config: cannot read the current folder: %s", strerror(errno));
     for (int s = 0; s < LEN(sections); s++) {
         json_t *obj = s ? json_object_get(root, sections[s].name) : root;
-        for (int i = 0; obj && i < sections[s].n; i++) {
-            json_t *v = json_object_get(obj, sections[s].keys[i].name);
-            if (sections[s].keys[i].kind != K_PATH || !json_is_string(v) || json_string_value(v)[0] == '/') continue;
-            path_join(abs, sizeof abs, cwd, json_string_value(v));
-            path_normalize(abs);
-            json_object_set_new(obj, sections[s].keys[i].name, json_string(abs));
-        }
+        for (int i = 0; obj && i < sections[s].n; i++) resolve_paths(obj, &sections[s].keys[i], cwd, false);
     }
     return root;
 }
 
-// Two values of a key are the same: equal JSON, or paths naming the same existing file.
+// Two values of a key are the same: equal JSON, or paths naming the same existing file (in a dataset list, each
+// source's path so, and its weight equal).
 static bool same_value(const ConfigKey *k, const json_t *a, const json_t *b) {
     if (json_equal((json_t *)a, (json_t *)b)) return true;
     if (k->kind == K_NUM && json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
-    if (k->kind != K_PATH || !json_is_string(a) || !json_is_string(b)) return false;
+    if (k->kind == K_DATA && json_is_array(a) && json_is_array(b) && json_array_size(a) == json_array_size(b)) {
+        static const ConfigKey path = {.name = "path", .kind = K_PATH}, weight = {.name = "weight", .kind = K_NUM};
+        bool same = true;
+        for (size_t i = 0; same && i < json_array_size(a); i++) {
+            const json_t *x = json_array_get(a, i), *y = json_array_get(b, i);
+            same = same_value(&path, json_object_get(x, "path"), json_object_get(y, "path")) &&
+                   same_value(&weight, json_object_get(x, "weight"), json_object_get(y, "weight"));
+        }
+        return same;
+    }
+    if ((k->kind != K_PATH && k->kind != K_DATA) || !json_is_string(a) || !json_is_string(b)) return false;
     char ra[PATH_MAX], rb[PATH_MAX];
     return realpath(json_string_value(a), ra) && realpath(json_string_value(b), rb) && !strcmp(ra, rb);
 }
@@ -812,6 +888,7 @@ char *config_markdown(void) {
             else append(&buf, &len, "%g", k->def);
             append(&buf, &len, " | ");
             if (k->kind == K_PATH) append(&buf, &len, "path");
+            else if (k->kind == K_DATA) append(&buf, &len, "path, or a list of `{\"path\", \"weight\"}`");
             else if (k->kind == K_BOOL) append(&buf, &len, "true, false");
             else if (k->kind == K_SEED) append(&buf, &len, "≥ 0");
             else if (k->kind == K_CHOICE)

@@ -8,6 +8,13 @@
 #include "model/model.h"
 
 #define PATH_MAX_LEN 4096
+#define DATA_MAX_SOURCES 16
+
+// One source of the training data: a folder (or file) of .bin token files and its share of the samples.
+typedef struct {
+    char path[PATH_MAX_LEN];
+    double weight; // > 0; source k's share is weight_k / Σ weights (a plain path: 1)
+} DataSource;
 
 // Choices, in the order of their names in config.c (the first is the default).
 typedef enum { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA } DeviceChoice;
@@ -23,12 +30,14 @@ typedef enum { SHARD_FSDP, SHARD_HSDP } Sharding;
 typedef enum { NONFINITE_FAIL, NONFINITE_SKIP } NonfinitePolicy;
 
 typedef struct {
-    char file[PATH_MAX_LEN];          // the config file itself
-    char model[PATH_MAX_LEN];         // HF config.json or a folder holding one
-    char dataset[PATH_MAX_LEN];       // folder (or file) of .bin token files
-    char run_dir[PATH_MAX_LEN];       // metrics.jsonl goes here (default: save_location, else runs/<config name>)
-    char save_location[PATH_MAX_LEN]; // checkpoints (empty: none)
-    char init_from[PATH_MAX_LEN];     // start from these weights (empty: random init)
+    char file[PATH_MAX_LEN];              // the config file itself
+    char model[PATH_MAX_LEN];             // HF config.json or a folder holding one
+    DataSource dataset[DATA_MAX_SOURCES]; // `dataset`: one path, or the sources of a weighted mixture
+    int ndataset;                         // 0: none given
+    bool mixture;                         // dataset given as a list of {path, weight} (data.h: how it samples)
+    char run_dir[PATH_MAX_LEN];           // metrics.jsonl goes here (default: save_location, else runs/<config name>)
+    char save_location[PATH_MAX_LEN];     // checkpoints (empty: none)
+    char init_from[PATH_MAX_LEN];         // start from these weights (empty: random init)
     int sequence_length, micro_batch_size, global_batch_size, max_steps;
     uint64_t seed;
     double init_std;
@@ -62,6 +71,9 @@ typedef struct {
         char dataset[PATH_MAX_LEN]; // token files of the validation data
         int interval, batches;      // every `interval` steps (0: only at the end), the first `batches` global batches
     } validation;                   // batches == 0: no validation (the section is absent)
+    struct {
+        bool async; // a save snapshots the state and writes it from a background thread while training goes on
+    } checkpoint;
     DeviceChoice device;
     ComputeDtype compute_dtype; // GPU only; the CPU computes in fp32
     bool fp8;                   // the MLP GEMMs on E4M3-rounded operands (docs/architecture.md, "FP8")

@@ -172,6 +172,7 @@ void dataset_open(Dataset *d, const char *path, int S, int vocab, uint64_t seed)
     memset(d, 0, sizeof *d);
     d->S = S, d->vocab = vocab, d->seed = seed, d->epoch = -1;
     if (!path[0]) die("config: dataset: missing (a folder of .bin token files)");
+    d->path = xstrdup(path);
     char **list = NULL;
     int n = 0, cap = 0;
     SeenSet seen = {0};
@@ -196,13 +197,71 @@ void dataset_open(Dataset *d, const char *path, int S, int vocab, uint64_t seed)
     d->perm = xmalloc(d->total * sizeof *d->perm);
 }
 
+enum { MIX_BLOCK = 4096 };
+#define MIX_STREAM 0x6d6978ULL // "mix": the source draws; MIX_STREAM + 1: the sources' seeds
+
+void dataset_open_config(Dataset *d, const TrainConfig *c, int vocab) {
+    if (!c->mixture) {
+        dataset_open(d, c->ndataset ? c->dataset[0].path : "", c->sequence_length, vocab, c->seed);
+        return;
+    }
+    memset(d, 0, sizeof *d);
+    d->S = c->sequence_length, d->vocab = vocab, d->seed = c->seed, d->epoch = -1, d->nsrc = c->ndataset;
+    d->src = xcalloc(d->nsrc, sizeof *d->src);
+    d->weight = xmalloc(d->nsrc * sizeof *d->weight), d->cum = xmalloc(d->nsrc * sizeof *d->cum);
+    double sum = 0;
+    for (int k = 0; k < d->nsrc; k++) sum += c->dataset[k].weight;
+    for (int k = 0; k < d->nsrc; k++) {
+        const char *path = c->dataset[k].path;
+        if (!path_exists(path)) die("%s: dataset[%d].path: %s: not found", c->file, k, path);
+        dataset_open(&d->src[k], path, d->S, vocab, rng_u64(c->seed, MIX_STREAM + 1, (uint64_t)k));
+        d->src[k].source = true;
+        d->weight[k] = c->dataset[k].weight;
+        d->cum[k] = (k ? d->cum[k - 1] : 0) + c->dataset[k].weight / sum;
+        d->nfiles += d->src[k].nfiles, d->total += d->src[k].total;
+    }
+    d->cum[d->nsrc - 1] = 1;
+    d->files = xmalloc(d->nfiles * sizeof *d->files);
+    for (int k = 0, i = 0; k < d->nsrc; i += d->src[k++].nfiles)
+        memcpy(d->files + i, d->src[k].files, d->src[k].nfiles * sizeof *d->files);
+    d->nblocks = 1, d->drawn = xcalloc(d->nsrc, sizeof *d->drawn), d->now = xcalloc(d->nsrc, sizeof *d->now);
+}
+
 void dataset_close(Dataset *d) {
-    for (int i = 0; i < d->nfiles; i++) {
+    for (int k = 0; k < d->nsrc; k++) dataset_close(&d->src[k]);
+    for (int i = 0; !d->nsrc && i < d->nfiles; i++) {
         if (d->files[i].map) munmap(d->files[i].map, d->files[i].size);
         free(d->files[i].path);
     }
-    free(d->files), free(d->first), free(d->perm);
+    free(d->path), free(d->files), free(d->first), free(d->perm);
+    free(d->src), free(d->weight), free(d->cum), free(d->drawn), free(d->now);
     memset(d, 0, sizeof *d);
+}
+
+// The source of mixture sample i: the first k whose cumulative share exceeds a uniform draw of (seed, i).
+static int mix_source(const Dataset *d, int64_t i) {
+    double u = rng_uniform(d->seed, MIX_STREAM, (uint64_t)i);
+    int k = 0;
+    while (k < d->nsrc - 1 && u >= d->cum[k]) k++;
+    return k;
+}
+
+// The draws of source k among mixture samples [0, index): from the cursor when index is at or after it in its
+// block, else from the counts kept at index's block start (filled forward from the last one kept).
+static int64_t mix_position(Dataset *d, int64_t index, int k) {
+    int64_t b = index / MIX_BLOCK, n = d->nsrc;
+    if (d->nblocks <= b) {
+        d->drawn = xrealloc(d->drawn, (b + 1) * n * sizeof *d->drawn);
+        for (; d->nblocks <= b; d->nblocks++) {
+            int64_t *row = d->drawn + d->nblocks * n;
+            memcpy(row, row - n, n * sizeof *row);
+            for (int64_t i = (d->nblocks - 1) * MIX_BLOCK; i < d->nblocks * MIX_BLOCK; i++) row[mix_source(d, i)]++;
+        }
+    }
+    if (d->at > index || d->at < b * MIX_BLOCK)
+        d->at = b * MIX_BLOCK, memcpy(d->now, d->drawn + b * n, n * sizeof *d->now);
+    for (; d->at < index; d->at++) d->now[mix_source(d, d->at)]++;
+    return d->now[k];
 }
 
 // Fisher–Yates with a generator seeded by (seed, epoch).
@@ -213,12 +272,20 @@ static void dataset_permute(Dataset *d, int64_t epoch) {
         int64_t j = (int64_t)rng_below(&r, (uint64_t)i + 1), t = d->perm[i];
         d->perm[i] = d->perm[j], d->perm[j] = t;
     }
-    if (epoch > 0)
+    if (epoch > 0 && d->source)
+        printf("data: %s: epoch %lld begins (%lld samples, fresh permutation)\n", d->path, (long long)epoch,
+               (long long)d->total);
+    else if (epoch > 0)
         printf("data: epoch %lld begins (%lld samples, fresh permutation)\n", (long long)epoch, (long long)d->total);
     d->epoch = epoch;
 }
 
 void dataset_sample(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels) {
+    if (d->nsrc) {
+        int k = mix_source(d, index);
+        dataset_sample(&d->src[k], mix_position(d, index, k), tokens, labels);
+        return;
+    }
     int64_t epoch = index / d->total, p;
     if (!d->ordered && epoch != d->epoch) dataset_permute(d, epoch);
     p = d->ordered ? index % d->total : d->perm[index % d->total];
@@ -246,4 +313,83 @@ void dataset_zigzag(int32_t *x, int B, int S, int cp, int r) {
         memmove(x + (size_t)b * 2 * blk, x + (size_t)b * S + (size_t)r * blk, blk * sizeof *x);
         memmove(x + (size_t)b * 2 * blk + blk, x + (size_t)b * S + (size_t)(2 * cp - 1 - r) * blk, blk * sizeof *x);
     }
+}
+
+// ---- the data recipe ----
+
+static void hex16(char out[17], uint64_t h) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
+
+static uint64_t token_file_fingerprint(const TokenFile *f) {
+    enum { BLOCKS = 16, BLOCK = 4096 };
+    uint64_t h = rng_mix(f->size);
+    for (int i = 0; f->size && i < BLOCKS; i++) {
+        size_t len = f->size < BLOCK ? f->size : BLOCK, at = (f->size - len) / (BLOCKS - 1) * i;
+        h = rng_mix(h ^ hash64((const char *)f->map + at, len));
+    }
+    return h;
+}
+
+json_t *dataset_recipe(const Dataset *d) {
+    json_t *sources = json_array();
+    uint64_t h = rng_mix(d->nsrc ? d->nsrc : 1);
+    char hex[17];
+    for (int k = 0; k < (d->nsrc ? d->nsrc : 1); k++) {
+        const Dataset *s = d->nsrc ? &d->src[k] : d;
+        double share = d->nsrc ? d->cum[k] - (k ? d->cum[k - 1] : 0) : 1;
+        uint64_t bits;
+        memcpy(&bits, &share, sizeof bits);
+        h = rng_mix(h ^ bits);
+        json_t *files = json_array();
+        for (int i = 0; i < s->nfiles; i++) {
+            uint64_t fp = token_file_fingerprint(&s->files[i]);
+            h = rng_mix(rng_mix(h ^ s->files[i].size) ^ fp);
+            hex16(hex, fp);
+            json_array_append_new(files, json_pack("{s:s, s:I, s:s}", "path", s->files[i].path, "bytes",
+                                                   (json_int_t)s->files[i].size, "fingerprint", hex));
+        }
+        json_array_append_new(sources, json_pack("{s:s, s:f, s:o}", "path", s->path, "weight",
+                                                 d->nsrc ? d->weight[k] : 1.0, "files", files));
+    }
+    hex16(hex, h);
+    return json_pack("{s:o, s:s}", "sources", sources, "fingerprint", hex);
+}
+
+// Prints every value of recipe a that differs in b, at its place under `data.` (paths aside: moved data is the
+// same data); the first such place is kept in first.
+static void recipe_diff(char *first, size_t cap, const char *at, const json_t *a, const json_t *b, const char *where) {
+    char sub[160];
+    const char *key;
+    json_t *v;
+    if (json_is_object(a) && json_is_object(b)) {
+        json_object_foreach((json_t *)a, key, v) {
+            if (!strcmp(key, "path") || (!*at && !strcmp(key, "fingerprint"))) continue; // the whole's: see below
+            snprintf(sub, sizeof sub, "%s%s%s", at, *at ? "." : "", key);
+            recipe_diff(first, cap, sub, v, json_object_get(b, key), where);
+        }
+    } else if (json_is_array(a) && json_is_array(b)) {
+        for (size_t i = 0; i < json_array_size(a) || i < json_array_size(b); i++) {
+            snprintf(sub, sizeof sub, "%s[%zu]", at, i);
+            recipe_diff(first, cap, sub, json_array_get(a, i), json_array_get(b, i), where);
+        }
+    } else if (!json_equal((json_t *)a, (json_t *)b)) {
+        char *ta = a ? json_text(a, 0, false) : xstrdup("none"), *tb = b ? json_text(b, 0, false) : xstrdup("none");
+        printf("resume: data.%s changed: %s -> %s (%s)\n", at, ta, tb, where);
+        free(ta), free(tb);
+        if (!first[0]) snprintf(first, cap, "data.%s", at);
+    }
+}
+
+void dataset_check_recipe(const Dataset *d, const json_t *saved, const char *where, bool allow) {
+    if (!json_is_object(saved)) return; // written before checkpoints recorded it
+    json_t *now = dataset_recipe(d);
+    char first[160] = "";
+    const json_t *fa = json_object_get(saved, "fingerprint"), *fb = json_object_get(now, "fingerprint");
+    if (!json_equal((json_t *)fa, (json_t *)fb)) {
+        recipe_diff(first, sizeof first, "", saved, now, where);
+        if (!first[0]) recipe_diff(first, sizeof first, "fingerprint", fa, fb, where);
+    }
+    json_decref(now);
+    if (first[0] && !allow)
+        die("%s: resuming with %s changed would change the data of the run; pass --allow-config-change to accept it",
+            where, first);
 }

@@ -111,6 +111,7 @@ static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
     p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
     p.other = tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + 2 * sizeof(double) // and StepSums' two sums
               + ring_plan(m, &r->cfg, &r->dist);
+    p.snapshot = r->cfg.checkpoint.async ? ckpt_snapshot_bytes(&m->params, &r->dist) : 0;
     return p;
 }
 
@@ -261,7 +262,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     }
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
-    if (open_data) dataset_open(&r->data, c->dataset, c->sequence_length, mc->vocab, c->seed);
+    if (open_data) dataset_open_config(&r->data, c, mc->vocab);
     if (open_data && c->validation.batches) {
         // Validation reads the first `batches` global batches of its data in file order, the same every time.
         dataset_open(&r->val, c->validation.dataset, c->sequence_length, mc->vocab, c->seed);

@@ -16,6 +16,7 @@ typedef struct {
     size_t shards;    // fp32 master shards (when not model.w itself; gradients are reduced in place in model.g)
     size_t optim;     // AdamW moments (shards), or their staging under optimizer.offload
     size_t host;      // optimizer.offload: the moments, in host memory (not in the total)
+    size_t snapshot;  // checkpoint.async: a save's host copy of what this rank writes (not in the total)
     size_t other;     // rope tables, loss accumulators, ring attention's scratch (cp > 1)
     ChunkPlan chunks; // this rank's chunks: activation records, backward workspaces, communication buffers
     size_t pipe;      // pp > 1: the pipeline's activation and gradient buffers between ranks
