@@ -415,9 +415,9 @@ static void attention_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, Mic
     model_proj_forward(m, l, FP8_K, tensor_reshape2(r->kp, T, nkv * hd), r->n1, W->wk, W->bk);
     model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * hd), r->n1, W->wv, W->bv);
     op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, hd), r->rq, tensor_reshape2(r->qp, T * nh, hd), W->qn,
-                         (float)c->eps, &ONE_P);
+                       (float)c->eps, &ONE_P);
     op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, hd), r->rk, tensor_reshape2(r->kp, T * nkv, hd), W->kn,
-                         (float)c->eps, &ONE_P);
+                       (float)c->eps, &ONE_P);
     op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     AttnArgs aa = q35_attn_args(m, mb);
@@ -500,9 +500,9 @@ static void attention_backward(Model *m, int l, const Q35Layer *W, const Q35Laye
     op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rmsnorm_backward(tensor_reshape2(r->dqp, T * nh, hd), G->qn, tensor_reshape2(r->dq, T * nh, hd),
-                          tensor_reshape2(r->qp, T * nh, hd), W->qn, r->rq, false, &ONE_P);
+                        tensor_reshape2(r->qp, T * nh, hd), W->qn, r->rq, false, &ONE_P);
     op_rmsnorm_backward(tensor_reshape2(r->dkp, T * nkv, hd), G->kn, tensor_reshape2(r->dk, T * nkv, hd),
-                          tensor_reshape2(r->kp, T * nkv, hd), W->kn, r->rk, false, &ONE_P);
+                        tensor_reshape2(r->kp, T * nkv, hd), W->kn, r->rk, false, &ONE_P);
     Tensor dqg2 = tensor_reshape2(r->dqg, T * nh, 2 * hd), dqg = tensor_reshape2(r->dqg, T, nh * 2 * hd),
            dkp = tensor_reshape2(r->dkp, T, nkv * hd), dv = tensor_reshape2(r->dv, T, nkv * hd);
     op_copy_cols(dqg2, 0, tensor_reshape2(r->dqp, T * nh, hd), 0, hd, false);

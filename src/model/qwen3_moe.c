@@ -226,8 +226,8 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     model_proj_forward(m, l, FP8_Q, tensor_reshape2(r->qp, T, nh * d), r->n1, W->wq, W->bq);
     model_proj_forward(m, l, FP8_K, tensor_reshape2(r->kp, T, nkv * d), r->n1, W->wk, W->bk);
     model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
-    op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, d), r->rq, tensor_reshape2(r->qp, T * nh, d), W->qn,
-                       (float)c->eps, NULL);
+    op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, d), r->rq, tensor_reshape2(r->qp, T * nh, d), W->qn, (float)c->eps,
+                       NULL);
     op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, d), r->rk, tensor_reshape2(r->kp, T * nkv, d), W->kn,
                        (float)c->eps, NULL);
     op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);

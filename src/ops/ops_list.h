@@ -97,8 +97,8 @@ OP(void, delta_gates_backward, a.dev,
     Tensor dt_bias),
    (da, db, dA_log, ddt_bias, dg, dbeta, a, b, A_log, dt_bias))
 // The gated delta rule (DeltaArgs: ops.h).
-OP(void, delta_rule_forward, q.dev,
-   (Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a), (o, q, k, v, g, beta, a))
+OP(void, delta_rule_forward, q.dev, (Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a),
+   (o, q, k, v, g, beta, a))
 OP(void, delta_rule_backward, q.dev,
    (Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor g,
     Tensor beta, const DeltaArgs *a),
@@ -114,7 +114,8 @@ OP(void, router_backward, probs.dev,
 // Micro-batch load-balancing loss (Switch form, docs/reference.md §2) and its gradient w.r.t. probs:
 // f_e = count_e/(T·k), P_e = mean_t probs[t,e], loss = coef·E·Σ f_e P_e; lb_grad[e] = grad_scale·coef·E·f_e/T.
 // Adds the loss into loss_sum: (1) fp64.
-OP(void, moe_lb_loss, probs.dev, (Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale),
+OP(void, moe_lb_loss, probs.dev,
+   (Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale),
    (loss_sum, lb_grad, probs, idx, coef, grad_scale))
 // Stable sort of the T·k (token, slot) pairs by expert: perm: (T·k) int32 lists slot ids t·k+j in expert
 // order; offs: (E+1) host array of group boundaries. Reads idx to the host on the GPU (the one sync).
@@ -143,7 +144,7 @@ OP(void, cross_entropy, logits.dev, (Tensor logits, Tensor labels, Tensor loss_s
 
 // ---- elementwise and optimizer ----
 OP(void, zero, x.dev, (Tensor x), (x))
-OP(void, add, y.dev, (Tensor y, Tensor x), (y, x))   // y += x
+OP(void, add, y.dev, (Tensor y, Tensor x), (y, x))  // y += x
 OP(void, scale, x.dev, (Tensor x, float s), (x, s)) // x *= s
 // same shape; converts dtype and crosses devices
 OP(void, copy, dst.dev == DEV_CUDA ? DEV_CUDA : src.dev, (Tensor dst, Tensor src), (dst, src))
