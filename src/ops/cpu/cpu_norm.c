@@ -11,11 +11,11 @@ static inline double silu_grad(double z) { // d silu(z)/dz
     return s * (1 + z * (1 - s));
 }
 
-// u of row i, column j: w, or 1 + w (fp32 as the weight is), times silu(z) in fp64.
-static inline double norm_u(Tensor w, const RmsArgs *a, int64_t i, int64_t j) {
+// u of element e = i·D + j: w[j], or 1 + w[j] (fp32 as the weight is), times silu(z[e]) in fp64.
+static inline double norm_u(Tensor w, const RmsArgs *a, int64_t e, int64_t j) {
     float u = a && a->one_plus ? 1 + F(w)[j] : F(w)[j];
     if (!a || !a->z.p) return u;
-    double z = F(a->z)[i * t_cols(a->z) + j];
+    double z = F(a->z)[e];
     return u * z * sigm(z);
 }
 
@@ -33,7 +33,7 @@ void cpu_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, c
         for (int64_t j = 0; j < D; j++) ss += (double)xi[j] * xi[j];
         float r = (float)(1.0 / sqrt(ss / D + eps));
         F(rstd)[i] = r;
-        for (int64_t j = 0; j < D; j++) F(y)[i * D + j] = (float)(xi[j] * r * norm_u(w, a, i, j));
+        for (int64_t j = 0; j < D; j++) F(y)[i * D + j] = (float)(xi[j] * r * norm_u(w, a, i * D + j, j));
     }
 }
 
@@ -48,10 +48,10 @@ void cpu_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, T
         const float *xi = F(x) + i * D, *gi = F(dy) + i * D;
         float r = F(rstd)[i];
         double dot = 0;
-        for (int64_t j = 0; j < D; j++) dot += (double)gi[j] * norm_u(w, a, i, j) * xi[j];
+        for (int64_t j = 0; j < D; j++) dot += (double)gi[j] * norm_u(w, a, i * D + j, j) * xi[j];
         float c = (float)(dot * r * r * r / D);
         for (int64_t j = 0; j < D; j++) {
-            float g = r * (float)norm_u(w, a, i, j) * gi[j] - xi[j] * c;
+            float g = r * (float)norm_u(w, a, i * D + j, j) * gi[j] - xi[j] * c;
             F(dx)[i * D + j] = accumulate ? F(dx)[i * D + j] + g : g;
             if (z) {
                 double zz = z[i * D + j], u = a->one_plus ? 1 + F(w)[j] : F(w)[j];

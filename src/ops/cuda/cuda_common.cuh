@@ -134,7 +134,8 @@ template <int V, typename T> __device__ __forceinline__ void stv(T *p, const flo
             __VA_ARGS__;                                                                                               \
         }                                                                                                              \
     } while (0)
-#define GRID_STRIDE_N(i, n)                                                                                            \
+// for (i …) over 0..n − 1, a grid-stride loop.
+#define GRID_STRIDE(i, n)                                                                                              \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 // True when every pointer is 16-byte aligned (NULL counts as aligned).
 static inline bool aligned16(const void *a, const void *b = NULL, const void *c = NULL, const void *d = NULL) {

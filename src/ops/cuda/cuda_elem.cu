@@ -12,8 +12,6 @@
 #include "ops/cuda/cuda_common.cuh"
 
 #define ELEM_THREADS 256
-#define GRID_STRIDE(i, n)                                                                                              \
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 // The first token id outside [0, V) an embedding kernel met, as (1 << 32 | id); 0: none. The forward writes NaN
 // in that row, so the step's own read-back of the loss finds it non-finite; only then does the host read this

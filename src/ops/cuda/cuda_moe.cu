@@ -14,8 +14,6 @@
 #include "ops/cuda/cuda_common.cuh"
 
 #define MOE_WARPS 8 // tokens per block: one warp per token
-#define GRID_STRIDE(i, n)                                                                                              \
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 // What the router kernels need of RouterArgs.
 typedef struct {

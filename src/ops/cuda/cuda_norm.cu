@@ -131,7 +131,7 @@ template <typename T, int V>
 __global__ void rope_kernel(T *x, const float *cos_t, const float *sin_t, const int32_t *pos, int64_t T_, int64_t nh,
                             int64_t half, int64_t d, int64_t off, bool pairs, float sgn) {
     int64_t hv = half / V;
-    GRID_STRIDE_N(e, T_ * nh * hv) {
+    GRID_STRIDE(e, T_ * nh * hv) {
         int64_t i = e % hv * V, th = e / hv, t = th / nh, p = (int64_t)pos[t] * half + i;
         int64_t ia = pairs ? 2 * i : i, ib = pairs ? 2 * i + 1 : i + half;
         T *v = x + th * d + off;
@@ -197,7 +197,7 @@ __device__ __forceinline__ void swiglu_st(T *gu, int64_t o, int64_t r, int64_t i
 // One thread per V outputs (a row of I splits into whole vectors, so a vector never spans rows).
 template <typename T, bool CLAMP, int V>
 __global__ void swiglu_forward_kernel(T *act, const T *gu, int64_t M, int64_t I, Swiglu<CLAMP> f) {
-    GRID_STRIDE_N(e, M * I / V) {
+    GRID_STRIDE(e, M * I / V) {
         int64_t o = e * V, r = o / I, i = o % I;
         float g[V], u[V], a[V];
         swiglu_ld<V, CLAMP>(gu, o, r, i, I, g, u);
@@ -208,7 +208,7 @@ __global__ void swiglu_forward_kernel(T *act, const T *gu, int64_t M, int64_t I,
 }
 template <typename T, bool CLAMP, int V>
 __global__ void swiglu_backward_kernel(T *dgu, const T *dact, const T *gu, int64_t M, int64_t I, Swiglu<CLAMP> f) {
-    GRID_STRIDE_N(e, M * I / V) {
+    GRID_STRIDE(e, M * I / V) {
         int64_t o = e * V, r = o / I, i = o % I;
         float g[V], u[V], da[V], dg[V], du[V];
         swiglu_ld<V, CLAMP>(gu, o, r, i, I, g, u);
