@@ -1,4 +1,4 @@
-// ops.c — dispatch of each op in ops.h to its CPU or CUDA implementation, by the device of its tensors.
+// ops.c — dispatch of each op in ops_list.h to its CPU or CUDA implementation, by the device of its tensors.
 #include "ops/ops.h"
 
 #include "ops/cpu/cpu_ops.h"
@@ -22,7 +22,8 @@ size_t ops_cuda_peak_bytes(void) { return 0; }
 void ops_sync(void) {}
 #endif
 
-// The ops of ops_list.h: each runs cuda_<name> or cpu_<name> by its device expression.
+// The ops of ops_list.h: each runs cuda_<name> or cpu_<name> by its device expression (OP_RETURN_<ret>: `return`
+// where the op returns a value); the OP_OWN ones are written out below.
 #define OP(ret, name, dev, params, args)                                                                               \
     ret op_##name params { OP_RETURN_##ret DISPATCH_CALL(dev, name, args); }
 #define OP_OWN(ret, name, dev, params, args)
