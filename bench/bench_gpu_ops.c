@@ -398,8 +398,8 @@ int main(int argc, char **argv) {
         unsetenv("PITH_GROUPED_GEMM");
     }
     bench_grouped("qwen3", 2 * T, H, E, (int)k, I, 3); // every implementation at the training micro-batch (8192)
-    TIME("swiglu fwd (32768 x 768)", 20, (double)R * 3 * I * 2, "GB/s", op_swiglu_forward(act, gu));
-    TIME("swiglu bwd", 20, (double)R * 5 * I * 2, "GB/s", op_swiglu_backward(gu, act, gu));
+    TIME("swiglu fwd (32768 x 768)", 20, (double)R * 3 * I * 2, "GB/s", op_swiglu_forward(act, gu, 0, 0));
+    TIME("swiglu bwd", 20, (double)R * 5 * I * 2, "GB/s", op_swiglu_backward(gu, act, gu, 0, 0));
     // attention, causal: 4·S²·d·nh/2 flops forward, 2.5× that backward
     Tensor q = dev(bf, 3, T, nh, d), kk = dev(bf, 3, T, nkv, d), v = dev(bf, 3, T, nkv, d), o = dev(bf, 3, T, nh, d);
     Tensor lse = dev(DT_F32, 3, 1, nh, T), dq = dev(bf, 3, T, nh, d), dk = dev(bf, 3, T, nkv, d),
@@ -465,13 +465,13 @@ int main(int argc, char **argv) {
     Tensor y = dev(bf, 2, T, H, 0), w = dev(bf, 1, H, 0, 0), rstd = dev(DT_F32, 1, T, 0, 0),
            dwn = dev(DT_F32, 1, H, 0, 0);
     fill(w, 1, 11);
-    TIME("rmsnorm fwd (4096, 2048)", 50, 2.0 * T * H * 2, "GB/s", op_rmsnorm_forward(y, rstd, x, w, 1e-6f));
-    TIME("rmsnorm bwd", 50, 4.0 * T * H * 2, "GB/s", op_rmsnorm_backward(y, dwn, x, x, w, rstd, false));
+    TIME("rmsnorm fwd (4096, 2048)", 50, 2.0 * T * H * 2, "GB/s", op_rmsnorm_forward(y, rstd, x, w, 1e-6f, NULL));
+    TIME("rmsnorm bwd", 50, 4.0 * T * H * 2, "GB/s", op_rmsnorm_backward(y, dwn, x, x, w, rstd, false, NULL));
     Tensor qn = tensor_reshape2(q, T * nh, d), qo = tensor_reshape2(dq, T * nh, d), rq = dev(DT_F32, 1, T * nh, 0, 0),
            wn = dev(bf, 1, d, 0, 0);
     fill(wn, 1, 12);
     TIME("rmsnorm fwd q-norm (131072, 128)", 50, 2.0 * T * nh * d * 2, "GB/s",
-         op_rmsnorm_forward(qo, rq, qn, wn, 1e-6f));
+         op_rmsnorm_forward(qo, rq, qn, wn, 1e-6f, NULL));
     {
         int64_t half = d / 2;
         Tensor cs = dev(DT_F32, 2, T, half, 0), sn = dev(DT_F32, 2, T, half, 0), pos = dev(DT_I32, 1, T, 0, 0);

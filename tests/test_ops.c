@@ -152,13 +152,13 @@ TEST(op_rmsnorm) {
     double *in[2] = {to_f64(x, n), to_f64(w, c.D)}, *yr = xmalloc(n * 8), *Gd = to_f64(G, n), *gx = xmalloc(n * 8),
            *gw = xmalloc(c.D * 8);
     ref_rmsnorm(in, yr, &c);
-    op_rmsnorm_forward(tf32_2(y, c.R, c.D), tf32_1(rstd, c.R), tf32_2(x, c.R, c.D), tf32_1(w, c.D), (float)c.eps);
+    op_rmsnorm_forward(tf32_2(y, c.R, c.D), tf32_1(rstd, c.R), tf32_2(x, c.R, c.D), tf32_1(w, c.D), (float)c.eps, NULL);
     ASSERT(rel_err_mixed(y, yr, n) < 1e-6);
     fd_grad(ref_rmsnorm, in, 0, n, Gd, n, gx, &c);
     fd_grad(ref_rmsnorm, in, 1, c.D, Gd, n, gw, &c);
     float *dx = poisoned(n), *dw = xcalloc(c.D, 4);
     op_rmsnorm_backward(tf32_2(dx, c.R, c.D), tf32_1(dw, c.D), tf32_2(G, c.R, c.D), tf32_2(x, c.R, c.D), tf32_1(w, c.D),
-                        tf32_1(rstd, c.R), false);
+                        tf32_1(rstd, c.R), false, NULL);
     ASSERT(rel_err_mixed(dx, gx, n) < 1e-5);
     ASSERT(rel_err_mixed(dw, gw, c.D) < 1e-5);
 }
@@ -289,10 +289,10 @@ TEST(op_swiglu) {
     float *gu = rnd(n, 2), *act = poisoned(m), *G = rnd(m, 1), *dgu = poisoned(n);
     double *in[1] = {to_f64(gu, n)}, *yr = xmalloc(m * 8), *Gd = to_f64(G, m), *g = xmalloc(n * 8);
     ref_swiglu(in, yr, &c);
-    op_swiglu_forward(tf32_2(act, c.M, c.I), tf32_2(gu, c.M, 2 * c.I));
+    op_swiglu_forward(tf32_2(act, c.M, c.I), tf32_2(gu, c.M, 2 * c.I), 0, 0);
     ASSERT(rel_err_mixed(act, yr, m) < 1e-6);
     fd_grad(ref_swiglu, in, 0, n, Gd, m, g, &c);
-    op_swiglu_backward(tf32_2(dgu, c.M, 2 * c.I), tf32_2(G, c.M, c.I), tf32_2(gu, c.M, 2 * c.I));
+    op_swiglu_backward(tf32_2(dgu, c.M, 2 * c.I), tf32_2(G, c.M, c.I), tf32_2(gu, c.M, 2 * c.I), 0, 0);
     ASSERT(rel_err_mixed(dgu, g, n) < 1e-6);
 }
 

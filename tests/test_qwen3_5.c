@@ -46,7 +46,7 @@ static const Tensor NONE = {0};
 // ---- norms and the gate ----
 typedef struct {
     int64_t R, D, G; // G: gate columns (D or 1)
-    bool gated;      // rmsnorm_gated (else rmsnorm1p)
+    bool gated;      // y = x·r·w·silu(z) (else x·r·(1 + w))
 } NormCtx;
 static void ref_norm(double **in, double *out, const void *c) { // in: x, w [, z]
     const NormCtx *p = c;
@@ -69,14 +69,11 @@ static void check_norm(bool gated) {
     ref_norm(in, yr, &c);
     Tensor X = tf32_2(x, c.R, c.D), W = tf32_1(w, c.D), Z = tf32_2(z, c.R, c.D), Y = tf32_2(y, c.R, c.D),
            RS = tf32_1(rstd, c.R);
-    if (gated) op_rmsnorm_gated_forward(Y, RS, X, Z, W, 1e-6f);
-    else op_rmsnorm1p_forward(Y, RS, X, W, 1e-6f);
-    ASSERT(err(y, yr, n) < 1e-6);
     float *dx = nans(n), *dz = nans(n), *dw = xcalloc(c.D, 4);
-    if (gated)
-        op_rmsnorm_gated_backward(tf32_2(dx, c.R, c.D), tf32_2(dz, c.R, c.D), tf32_1(dw, c.D), tf32_2(G, c.R, c.D), X,
-                                  Z, W, RS);
-    else op_rmsnorm1p_backward(tf32_2(dx, c.R, c.D), tf32_1(dw, c.D), tf32_2(G, c.R, c.D), X, W, RS, false);
+    RmsArgs a = gated ? (RmsArgs){.z = Z, .dz = tf32_2(dz, c.R, c.D)} : (RmsArgs){.one_plus = true};
+    op_rmsnorm_forward(Y, RS, X, W, 1e-6f, &a);
+    ASSERT(err(y, yr, n) < 1e-6);
+    op_rmsnorm_backward(tf32_2(dx, c.R, c.D), tf32_1(dw, c.D), tf32_2(G, c.R, c.D), X, W, RS, false, &a);
     check_grad(ref_norm, in, 0, n, Gd, n, dx, &c, 1e-5, "dx");
     check_grad(ref_norm, in, 1, c.D, Gd, n, dw, &c, 1e-5, "dw");
     if (gated) check_grad(ref_norm, in, 2, n, Gd, n, dz, &c, 1e-5, "dz");

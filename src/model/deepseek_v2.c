@@ -325,17 +325,17 @@ static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     int64_t T = mb->T, nh = c->heads, rd = c->rope.rd, dn = d->nope, dq = dn + rd, dv = d->vdim, ckv = d->kv_lora;
     Tensor q2 = tensor_reshape2(r->q, T, nh * dq);
     r->x = x;
-    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
+    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps, NULL);
     if (!d->q_lora) {
         model_proj_forward(m, l, FP8_Q, q2, r->n1, W->wq, NONE);
     } else {
         model_proj_forward(m, l, FP8_Q_A, r->qa, r->n1, W->wqa, W->bqa);
-        op_rmsnorm_forward(r->qan, r->rqa, r->qa, W->qan, LORA_NORM_EPS);
+        op_rmsnorm_forward(r->qan, r->rqa, r->qa, W->qan, LORA_NORM_EPS, NULL);
         model_proj_forward(m, l, FP8_Q_B, q2, r->qan, W->wqb, NONE);
     }
     model_proj_forward(m, l, FP8_KV_A, r->kva, r->n1, W->wkva, W->bkva);
     op_copy_cols(r->ckv, 0, r->kva, 0, ckv, false);
-    op_rmsnorm_forward(r->ckvn, r->rkv, r->ckv, W->kvan, LORA_NORM_EPS);
+    op_rmsnorm_forward(r->ckvn, r->rkv, r->ckv, W->kvan, LORA_NORM_EPS, NULL);
     // RoPE: dims [dn, dq) of every query head, and the one k_pe (columns [ckv, ckv + dr) of kva as a
     // (T, 1, ckv + dr) tensor).
     op_rope(r->q, (int)dn, m->rope_cos, m->rope_sin, mb->pos, ROPE_PAIRS, false);
@@ -348,7 +348,7 @@ static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     model_mla_attention_forward(m, l, r->att, r->lse, r->q, &ml, r->kv, r->k, r->v, &aa);
     model_proj_forward(m, l, FP8_O, r->h1a, tensor_reshape2(r->att, T, nh * dv), W->wo, W->bo);
     op_add(r->h1a, x);
-    op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
+    op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps, NULL);
     if (io->dense) return;
     op_linear_forward(r->logits, r->n2, W->router, NONE);
     model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, dsv2_router_args(m));
@@ -358,7 +358,7 @@ static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     if (!has_shared(m, l)) return;
     // Shared experts on every token, added to the residual that stage 5 adds the routed experts to.
     model_proj_forward(m, l, FP8_SHARED_GU, r->sgu, r->n2, W->shared_gu, NONE);
-    op_swiglu_forward(r->sact, r->sgu);
+    op_swiglu_forward(r->sact, r->sgu, 0, 0);
     model_proj_forward(m, l, FP8_SHARED_DOWN, r->mlp.h1, r->sact, W->shared_down, NONE);
     op_add(r->mlp.h1, r->h1a);
 }
@@ -382,12 +382,12 @@ static void dsv2_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stag
     if (has_shared(m, l)) {
         model_proj_backward_input(m, l, FP8_SHARED_DOWN, r->dsact, dout, W->shared_down, false);
         model_proj_backward_weight(m, l, FP8_SHARED_DOWN, G->shared_down, NONE, dout, r->sact);
-        op_swiglu_backward(r->dsgu, r->dsact, r->sgu);
+        op_swiglu_backward(r->dsgu, r->dsact, r->sgu, 0, 0);
         model_proj_backward_input(m, l, FP8_SHARED_GU, dn2, r->dsgu, W->shared_gu, true);
         model_proj_backward_weight(m, l, FP8_SHARED_GU, G->shared_gu, NONE, r->dsgu, r->n2);
     }
     op_copy(r->dh1, dout);
-    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true);
+    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true, NULL);
     model_proj_backward_input(m, l, FP8_O, tensor_reshape2(r->datt, T, nh * dv), r->dh1, W->wo, false);
     model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, tensor_reshape2(r->att, T, nh * dv));
     AttnArgs aa = dsv2_attn_args(m, mb);
@@ -400,7 +400,7 @@ static void dsv2_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stag
             mb->pos, ROPE_PAIRS, true);
     op_rope(r->dq, (int)dn, m->rope_cos, m->rope_sin, mb->pos, ROPE_PAIRS, true);
     // kv_a_layernorm, kv_a_proj_with_mqa
-    op_rmsnorm_backward(r->dckv, G->kvan, r->dckvn, r->ckv, W->kvan, r->rkv, false);
+    op_rmsnorm_backward(r->dckv, G->kvan, r->dckvn, r->ckv, W->kvan, r->rkv, false, NULL);
     op_copy_cols(r->dkva, 0, r->dckv, 0, ckv, false);
     model_proj_backward_input(m, l, FP8_KV_A, r->dn1, r->dkva, W->wkva, false);
     model_proj_backward_weight(m, l, FP8_KV_A, G->wkva, G->bkva, r->dkva, r->n1);
@@ -412,12 +412,12 @@ static void dsv2_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stag
     } else {
         model_proj_backward_input(m, l, FP8_Q_B, r->dqan, dq2, W->wqb, false);
         model_proj_backward_weight(m, l, FP8_Q_B, G->wqb, NONE, dq2, r->qan);
-        op_rmsnorm_backward(r->dqa, G->qan, r->dqan, r->qa, W->qan, r->rqa, false);
+        op_rmsnorm_backward(r->dqa, G->qan, r->dqan, r->qa, W->qan, r->rqa, false, NULL);
         model_proj_backward_input(m, l, FP8_Q_A, r->dn1, r->dqa, W->wqa, true);
         model_proj_backward_weight(m, l, FP8_Q_A, G->wqa, G->bqa, r->dqa, r->n1);
     }
     op_copy(dx, r->dh1);
-    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
+    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true, NULL);
 }
 
 // ---- HF import: per-expert keys (what transformers 5.17 writes) or each layer's experts grouped ----

@@ -5,7 +5,7 @@
 // layer_types[l] == "sliding_attention": only the query and the sliding_window − 1 keys before it) → + x = h1
 // → RMSNorm = n2 → router logits n2·Wᵀ + b (fp32) → top-k → softmax over the k selected logits → experts
 // down(act(gate_up(n2) + b) ) + b with GPT-OSS's clamped SwiGLU on interleaved gate/up rows (moe.c,
-// op_swiglu_clamped_*) → Σ_j w_j·expert_j + h1. No shared experts, no dense layers. Load balancing reads the
+// op_swiglu_* with a limit) → Σ_j w_j·expert_j + h1. No shared experts, no dense layers. Load balancing reads the
 // softmax over all E. Shapes: T = B·S tokens, H hidden, nh/nkv heads of d, E experts, k per token, I expert width.
 // HF layout: each layer's experts are grouped and stored transposed, gate_up_proj (E, H, 2I) and down_proj
 // (E, I, H), with gate_up_proj_bias (E, 2I) and down_proj_bias (E, H); the released checkpoints store the two
@@ -239,7 +239,7 @@ static void gpt_oss_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Te
     int64_t T = mb->T, d = g->head_dim, nh = c->heads, nkv = g->kv_heads;
     Tensor h1 = r->mlp.h1;
     r->x = x;
-    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
+    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps, NULL);
     model_proj_forward(m, l, FP8_Q, tensor_reshape2(r->q, T, nh * d), r->n1, W->wq, W->bq);
     model_proj_forward(m, l, FP8_K, tensor_reshape2(r->k, T, nkv * d), r->n1, W->wk, W->bk);
     model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
@@ -250,7 +250,7 @@ static void gpt_oss_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Te
     model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa); // the op, or through a KV cache
     model_proj_forward(m, l, FP8_O, h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
     op_add(h1, x);
-    op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps);
+    op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps, NULL);
     op_linear_forward(r->logits, r->n2, W->router, W->router_b);
     model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, gpt_oss_router_args(m));
     // The load-balancing term enters the objective as lb·T per micro-batch, so its gradient w.r.t. probs is
@@ -273,7 +273,7 @@ static void gpt_oss_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, S
     op_linear_backward_input(dn2, r->dlogits, W->router, true);
     op_linear_backward_weight(G->router, G->router_b, r->dlogits, r->n2);
     op_copy(r->dh1, dout);
-    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->mlp.h1, W->ln2, r->rstd2, true);
+    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->mlp.h1, W->ln2, r->rstd2, true, NULL);
     Tensor att2 = tensor_reshape2(r->att, T, nh * d), datt2 = tensor_reshape2(r->datt, T, nh * d);
     model_proj_backward_input(m, l, FP8_O, datt2, r->dh1, W->wo, false);
     model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, att2);
@@ -290,7 +290,7 @@ static void gpt_oss_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, S
     model_proj_backward_weight(m, l, FP8_K, G->wk, G->bk, dk, r->n1);
     model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, r->n1);
     op_copy(dx, r->dh1);
-    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
+    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true, NULL);
 }
 
 // ---- HF layout (pith convert) ----

@@ -20,7 +20,7 @@ typedef struct {
     bool norm_1p;            // the final norm is zero-centred: x·rstd·(1 + w), w starts at 0 (Qwen3.5)
     bool is_moe[MAX_LAYERS]; // false: the layer has a dense MLP (mlp_only_layers, first_k_dense_replace, …)
     // GPT-OSS experts when swiglu_limit > 0 (moe.c): biases on gate_up and down, each expert's gate_up rows
-    // interleaved (gate even, up odd) and op_swiglu_clamped_* with this limit and alpha as the activation.
+    // interleaved (gate even, up odd) and op_swiglu_* with this limit and alpha (the clamped form).
     float swiglu_limit, swiglu_alpha;
     RopeSpec rope; // rotary dims (the rope tables are (S, rope.rd/2)), theta, YaRN
     // The attention's shape as ring attention moves it (parallel/ring.h); a family that leaves it 0 does not run

@@ -185,14 +185,12 @@ void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh) { op_embedding_bac
 
 // ---- stage 3: experts (grouped GEMMs) or the dense MLP on the received rows ----
 
-// The activation: SwiGLU on [gate | up], or GPT-OSS's clamped SwiGLU on interleaved columns.
+// The activation: SwiGLU on [gate | up], or GPT-OSS's clamped SwiGLU on interleaved columns (swiglu_limit > 0).
 static void act_forward(const ModelConfig *c, Tensor act, Tensor gu) {
-    if (c->swiglu_limit > 0) op_swiglu_clamped_forward(act, gu, c->swiglu_alpha, c->swiglu_limit);
-    else op_swiglu_forward(act, gu);
+    op_swiglu_forward(act, gu, c->swiglu_alpha, c->swiglu_limit);
 }
 static void act_backward(const ModelConfig *c, Tensor dgu, Tensor dact, Tensor gu) {
-    if (c->swiglu_limit > 0) op_swiglu_clamped_backward(dgu, dact, gu, c->swiglu_alpha, c->swiglu_limit);
-    else op_swiglu_backward(dgu, dact, gu);
+    op_swiglu_backward(dgu, dact, gu, c->swiglu_alpha, c->swiglu_limit);
 }
 
 // Stage 3's GEMMs (offs NULL: the dense MLP, a projection of slot s): the experts' through FP8 on the layer's cached
@@ -258,7 +256,7 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
     MlpRec *r = rp;
     bool again = m->recompute == RECOMPUTE_SELECTIVE; // act was not kept: recompute it from gu
     if (io->dense) {
-        if (again) op_swiglu_forward(r->act, r->gu);
+        if (again) op_swiglu_forward(r->act, r->gu, 0, 0);
         mlp_backward_weight(m, l, FP8_DOWN, G->down[l], NONE, io->dye, r->act, NULL, true);
         mlp_backward_weight(m, l, FP8_GATE_UP, G->gate_up[l], NONE, r->dgu, io->xe, NULL, true);
         return;
@@ -316,8 +314,7 @@ void moe_epilog_forward(Model *m, void *rp, MicroBatch *mb, Tensor h, bool grad)
     const SharedWeights *W = m->sw, *G = m->sg;
     EpilogRec *r = rp;
     r->h = h;
-    if (m->cfg.norm_1p) op_rmsnorm1p_forward(r->hn, r->rstd, h, W->norm, (float)m->cfg.eps);
-    else op_rmsnorm_forward(r->hn, r->rstd, h, W->norm, (float)m->cfg.eps);
+    op_rmsnorm_forward(r->hn, r->rstd, h, W->norm, (float)m->cfg.eps, &(RmsArgs){.one_plus = m->cfg.norm_1p});
     int64_t C = r->logits.n[0];
     for (int64_t r0 = 0; r0 < mb->T; r0 += C) {
         int64_t n = mb->T - r0 < C ? mb->T - r0 : C;
@@ -335,8 +332,7 @@ void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws) {
     size_t mark = arena_mark(ws);
     Tensor hn = arena_tensor(ws, m->cdt, 2, R, m->cfg.hidden, 0, 0), rstd = arena_tensor(ws, DT_F32, 1, R, 0, 0, 0),
            lg = arena_tensor(ws, m->cdt, 2, R, m->cfg.vocab, 0, 0);
-    if (m->cfg.norm_1p) op_rmsnorm1p_forward(hn, rstd, h, m->sw->norm, (float)m->cfg.eps);
-    else op_rmsnorm_forward(hn, rstd, h, m->sw->norm, (float)m->cfg.eps);
+    op_rmsnorm_forward(hn, rstd, h, m->sw->norm, (float)m->cfg.eps, &(RmsArgs){.one_plus = m->cfg.norm_1p});
     op_linear_forward(lg, hn, m->sw->lm_head, NONE);
     op_copy(logits, lg);
     arena_reset(ws, mark);
@@ -344,8 +340,8 @@ void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws) {
 
 void moe_epilog_backward(Model *m, void *rp, Tensor dh) {
     EpilogRec *r = rp;
-    if (m->cfg.norm_1p) op_rmsnorm1p_backward(dh, m->sg->norm, r->dhn, r->h, m->sw->norm, r->rstd, false);
-    else op_rmsnorm_backward(dh, m->sg->norm, r->dhn, r->h, m->sw->norm, r->rstd, false);
+    op_rmsnorm_backward(dh, m->sg->norm, r->dhn, r->h, m->sw->norm, r->rstd, false,
+                        &(RmsArgs){.one_plus = m->cfg.norm_1p});
 }
 
 // ---- HF layout hooks' buffers ----

@@ -68,6 +68,7 @@ typedef struct {
 } Q35Rec;
 
 static const Tensor NONE = {0};
+static const RmsArgs ONE_P = {.one_plus = true}; // the zero-centred norms: y = x·rstd·(1 + w)
 
 static bool is_linear(const ModelConfig *c, int l) {
     return model_family_config(const Qwen35Config, c)->linear[l / 64] >> (l % 64) & 1;
@@ -396,9 +397,8 @@ static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBa
     if (m->kv) op_delta_rule_forward(r->core, r->lq, r->lk, r->lv, r->g, r->beta, &da);
     else model_delta_rule_forward(m, r->core, r->lq, r->lk, r->lv, r->g, r->beta, da, r->s0);
     if (m->kv) kv_cache_delta_advance(m->kv, l, r->qkv);
-    op_rmsnorm_gated_forward(tensor_reshape2(r->gn, T * q->nv, q->dv), r->rg,
-                             tensor_reshape2(r->core, T * q->nv, q->dv), tensor_reshape2(r->z, T * q->nv, q->dv),
-                             W->gnorm, (float)m->cfg.eps);
+    op_rmsnorm_forward(tensor_reshape2(r->gn, T * q->nv, q->dv), r->rg, tensor_reshape2(r->core, T * q->nv, q->dv),
+                       W->gnorm, (float)m->cfg.eps, &(RmsArgs){.z = tensor_reshape2(r->z, T * q->nv, q->dv)});
     model_proj_forward(m, l, FP8_OUT, r->h1c, r->gn, W->wout, NONE);
     model_cp_zigzag(m, r->h1a, r->h1c, mb->B);
 }
@@ -414,10 +414,10 @@ static void attention_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, Mic
     op_copy_cols(tensor_reshape2(r->gate, T * nh, hd), 0, qg2, hd, hd, false);
     model_proj_forward(m, l, FP8_K, tensor_reshape2(r->kp, T, nkv * hd), r->n1, W->wk, W->bk);
     model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * hd), r->n1, W->wv, W->bv);
-    op_rmsnorm1p_forward(tensor_reshape2(r->q, T * nh, hd), r->rq, tensor_reshape2(r->qp, T * nh, hd), W->qn,
-                         (float)c->eps);
-    op_rmsnorm1p_forward(tensor_reshape2(r->k, T * nkv, hd), r->rk, tensor_reshape2(r->kp, T * nkv, hd), W->kn,
-                         (float)c->eps);
+    op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, hd), r->rq, tensor_reshape2(r->qp, T * nh, hd), W->qn,
+                       (float)c->eps, &ONE_P);
+    op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, hd), r->rk, tensor_reshape2(r->kp, T * nkv, hd), W->kn,
+                       (float)c->eps, &ONE_P);
     op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     AttnArgs aa = q35_attn_args(m, mb);
@@ -432,11 +432,11 @@ static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
     const Q35Layer *W = &((Q35Views *)m->views)->w[l];
     Q35Rec *r = rp;
     r->x = x;
-    op_rmsnorm1p_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
+    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps, &ONE_P);
     if (is_linear(c, l)) delta_forward(m, l, W, r, mb, io->opws);
     else attention_forward(m, l, W, r, mb);
     op_add(r->h1a, x);
-    op_rmsnorm1p_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps);
+    op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps, &ONE_P);
     op_linear_forward(r->logits, r->n2, W->router, NONE);
     model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, q35_router_args(m));
     // The load-balancing term enters the objective as lb·T per micro-batch (docs/reference.md §1), so its gradient
@@ -444,7 +444,7 @@ static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
     if (m->lb_coef > 0) model_lb_loss(m, mb, l, r->lb_grad, r->probs, io->idx, (float)mb->T);
     // The shared expert on every token, gated per token, added to the residual stage 5 adds the routed experts to.
     model_proj_forward(m, l, FP8_SHARED_GU, r->sgu, r->n2, W->shared_gu, NONE);
-    op_swiglu_forward(r->sact, r->sgu);
+    op_swiglu_forward(r->sact, r->sgu, 0, 0);
     model_proj_forward(m, l, FP8_SHARED_DOWN, r->so, r->sact, W->shared_down, NONE);
     op_linear_forward(r->sg, r->n2, W->shared_gate, NONE);
     op_sigmoid_gate_forward(r->mlp.h1, r->so, r->sg);
@@ -461,9 +461,9 @@ static void delta_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G
     model_cp_contiguous(m, r->dh1c, r->dh1, mb->B);
     model_proj_backward_input(m, l, FP8_OUT, r->dgn, r->dh1c, W->wout, false);
     model_proj_backward_weight(m, l, FP8_OUT, G->wout, NONE, r->dh1c, r->gn);
-    op_rmsnorm_gated_backward(tensor_reshape2(r->dcore, Rv, q->dv), tensor_reshape2(r->dz, Rv, q->dv), G->gnorm,
-                              tensor_reshape2(r->dgn, Rv, q->dv), tensor_reshape2(r->core, Rv, q->dv),
-                              tensor_reshape2(r->z, Rv, q->dv), W->gnorm, r->rg);
+    op_rmsnorm_backward(tensor_reshape2(r->dcore, Rv, q->dv), G->gnorm, tensor_reshape2(r->dgn, Rv, q->dv),
+                        tensor_reshape2(r->core, Rv, q->dv), W->gnorm, r->rg, false,
+                        &(RmsArgs){.z = tensor_reshape2(r->z, Rv, q->dv), .dz = tensor_reshape2(r->dz, Rv, q->dv)});
     DeltaArgs da = q35_delta_args(m, mb->B);
     da.ws = opws;
     model_delta_rule_backward(m, r->dlq, r->dlk, r->dlv, r->dg, r->dbeta, r->dcore, r->lq, r->lk, r->lv, r->g, r->beta,
@@ -499,10 +499,10 @@ static void attention_backward(Model *m, int l, const Q35Layer *W, const Q35Laye
     model_attention_backward(m, r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
     op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
-    op_rmsnorm1p_backward(tensor_reshape2(r->dqp, T * nh, hd), G->qn, tensor_reshape2(r->dq, T * nh, hd),
-                          tensor_reshape2(r->qp, T * nh, hd), W->qn, r->rq, false);
-    op_rmsnorm1p_backward(tensor_reshape2(r->dkp, T * nkv, hd), G->kn, tensor_reshape2(r->dk, T * nkv, hd),
-                          tensor_reshape2(r->kp, T * nkv, hd), W->kn, r->rk, false);
+    op_rmsnorm_backward(tensor_reshape2(r->dqp, T * nh, hd), G->qn, tensor_reshape2(r->dq, T * nh, hd),
+                        tensor_reshape2(r->qp, T * nh, hd), W->qn, r->rq, false, &ONE_P);
+    op_rmsnorm_backward(tensor_reshape2(r->dkp, T * nkv, hd), G->kn, tensor_reshape2(r->dk, T * nkv, hd),
+                        tensor_reshape2(r->kp, T * nkv, hd), W->kn, r->rk, false, &ONE_P);
     Tensor dqg2 = tensor_reshape2(r->dqg, T * nh, 2 * hd), dqg = tensor_reshape2(r->dqg, T, nh * 2 * hd),
            dkp = tensor_reshape2(r->dkp, T, nkv * hd), dv = tensor_reshape2(r->dv, T, nkv * hd);
     op_copy_cols(dqg2, 0, tensor_reshape2(r->dqp, T * nh, hd), 0, hd, false);
@@ -531,15 +531,15 @@ static void q35_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stage
     op_linear_backward_weight(G->shared_gate, NONE, r->dsg, r->n2);
     model_proj_backward_input(m, l, FP8_SHARED_DOWN, r->dsact, r->dso, W->shared_down, false);
     model_proj_backward_weight(m, l, FP8_SHARED_DOWN, G->shared_down, NONE, r->dso, r->sact);
-    op_swiglu_backward(r->dsgu, r->dsact, r->sgu);
+    op_swiglu_backward(r->dsgu, r->dsact, r->sgu, 0, 0);
     model_proj_backward_input(m, l, FP8_SHARED_GU, dn2, r->dsgu, W->shared_gu, true);
     model_proj_backward_weight(m, l, FP8_SHARED_GU, G->shared_gu, NONE, r->dsgu, r->n2);
     op_copy(r->dh1, dout);
-    op_rmsnorm1p_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true);
+    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true, &ONE_P);
     if (is_linear(c, l)) delta_backward(m, l, W, G, r, mb, io->opws);
     else attention_backward(m, l, W, G, r, mb, io->opws);
     op_copy(dx, r->dh1);
-    op_rmsnorm1p_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
+    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true, &ONE_P);
 }
 
 const ModelFamily qwen3_5_moe_family = {

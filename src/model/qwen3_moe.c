@@ -222,21 +222,21 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
     int64_t T = mb->T, d = q->head_dim, nh = c->heads, nkv = q->kv_heads;
     Tensor h1 = r->mlp.h1;
     r->x = x;
-    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps);
+    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps, NULL);
     model_proj_forward(m, l, FP8_Q, tensor_reshape2(r->qp, T, nh * d), r->n1, W->wq, W->bq);
     model_proj_forward(m, l, FP8_K, tensor_reshape2(r->kp, T, nkv * d), r->n1, W->wk, W->bk);
     model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
-    op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, d), r->rq, tensor_reshape2(r->qp, T * nh, d), W->qn,
-                       (float)c->eps);
+    op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, d), r->rq, tensor_reshape2(r->qp, T * nh, d), W->qn, (float)c->eps,
+                       NULL);
     op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, d), r->rk, tensor_reshape2(r->kp, T * nkv, d), W->kn,
-                       (float)c->eps);
+                       (float)c->eps, NULL);
     op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     AttnArgs aa = qwen3_attn_args(m, mb);
     model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa);
     model_proj_forward(m, l, FP8_O, h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
     op_add(h1, x);
-    op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps);
+    op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps, NULL);
     if (io->dense) return;
     op_linear_forward(r->logits, r->n2, W->router, NONE);
     model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, qwen3_router_args(m));
@@ -262,7 +262,7 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
         op_linear_backward_weight(G->router, NONE, r->dlogits, r->n2);
     }
     op_copy(r->dh1, dout);
-    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->mlp.h1, W->ln2, r->rstd2, true);
+    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->mlp.h1, W->ln2, r->rstd2, true, NULL);
     Tensor att2 = tensor_reshape2(r->att, T, nh * d), datt2 = tensor_reshape2(r->datt, T, nh * d);
     model_proj_backward_input(m, l, FP8_O, datt2, r->dh1, W->wo, false);
     model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, att2);
@@ -271,9 +271,9 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     op_rmsnorm_backward(tensor_reshape2(r->dqp, T * nh, d), G->qn, tensor_reshape2(r->dq, T * nh, d),
-                        tensor_reshape2(r->qp, T * nh, d), W->qn, r->rq, false);
+                        tensor_reshape2(r->qp, T * nh, d), W->qn, r->rq, false, NULL);
     op_rmsnorm_backward(tensor_reshape2(r->dkp, T * nkv, d), G->kn, tensor_reshape2(r->dk, T * nkv, d),
-                        tensor_reshape2(r->kp, T * nkv, d), W->kn, r->rk, false);
+                        tensor_reshape2(r->kp, T * nkv, d), W->kn, r->rk, false, NULL);
     Tensor dqp = tensor_reshape2(r->dqp, T, nh * d), dkp = tensor_reshape2(r->dkp, T, nkv * d),
            dv = tensor_reshape2(r->dv, T, nkv * d);
     model_proj_backward_input(m, l, FP8_Q, r->dn1, dqp, W->wq, false);
@@ -283,7 +283,7 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     model_proj_backward_weight(m, l, FP8_K, G->wk, G->bk, dkp, r->n1);
     model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, r->n1);
     op_copy(dx, r->dh1);
-    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true);
+    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true, NULL);
 }
 
 const ModelFamily qwen3_moe_family = {

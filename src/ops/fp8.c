@@ -12,14 +12,6 @@
 
 static const Tensor NONE = {0};
 
-void op_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
-#ifdef PITH_CUDA
-    if (x.dev == DEV_CUDA) return cuda_fp8_round(y, x, b, offs, groups);
-#endif
-    CHECK(x.dev == DEV_CPU);
-    cpu_fp8_round(y, x, b, offs, groups);
-}
-
 // Two scratch buffers per device for the rounded operands, grown to their largest use (the first step) and kept;
 // like the GPU op scratch they are outside the memory plan. Growing a device buffer frees the old one, which
 // waits for the queued work that reads it.
@@ -129,20 +121,6 @@ void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
     if (x.dev == DEV_CUDA && cuda_fp8_linear_backward_weight(dw, dy, x)) return;
 #endif
     op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NULL, 0), rounded(1, x, FP8_TILES, NULL, 0));
-}
-
-void op_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
-#ifdef PITH_CUDA
-    if (y.dev == DEV_CUDA) return cuda_linear_bias_forward(y, b, offs);
-#endif
-    cpu_linear_bias_forward(y, b, offs);
-}
-
-void op_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate) {
-#ifdef PITH_CUDA
-    if (dy.dev == DEV_CUDA) return cuda_linear_bias_backward(db, dy, offs, accumulate);
-#endif
-    cpu_linear_bias_backward(db, dy, offs, accumulate);
 }
 
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs) {

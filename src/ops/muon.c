@@ -1,30 +1,8 @@
-// muon.c — the Muon optimizer's ops (spec of the update: docs/architecture.md, "Muon"): the Newton–Schulz
-// orthogonalisation built on the GEMM ops (so it runs on either device), and the dispatch of the two
-// elementwise ops (ops/cpu/cpu_muon.c, ops/cuda/cuda_muon.cu).
+// muon.c — the Muon optimizer's Newton–Schulz orthogonalisation (spec of the update: docs/architecture.md, "Muon"),
+// built on the GEMM ops so that it runs on either device; its two elementwise ops are in ops_list.h.
 #include "ops/ops.h"
 
 #include <math.h>
-
-#include "ops/cpu/cpu_ops.h"
-#ifdef PITH_CUDA
-#include "ops/cuda/cuda_ops.h"
-#endif
-
-void op_muon_momentum(Tensor buf, Tensor g, float beta) {
-#ifdef PITH_CUDA
-    if (buf.dev == DEV_CUDA) return cuda_muon_momentum(buf, g, beta);
-#endif
-    CHECK(buf.dev == DEV_CPU);
-    cpu_muon_momentum(buf, g, beta);
-}
-
-void op_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale) {
-#ifdef PITH_CUDA
-    if (p.dev == DEV_CUDA) return cuda_muon_apply(p, o, lr, wd, scale);
-#endif
-    CHECK(p.dev == DEV_CPU);
-    cpu_muon_apply(p, o, lr, wd, scale);
-}
 
 int64_t op_newton_schulz_workspace(int64_t n, int64_t m) {
     int64_t r = n < m ? n : m;

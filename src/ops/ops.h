@@ -1,5 +1,7 @@
 // ops.h — the operator layer: every op the models and the trainer use, declared once, device-agnostic.
-// Each op dispatches on its tensors' device to cpu_<op> (fp32 reference, ops/cpu/) or cuda_<op> (ops/cuda/).
+// Each op of ops_list.h (its signature and meaning, one entry per op, included at the end) dispatches on its tensors'
+// device to cpu_<op> (fp32 reference, ops/cpu/) or cuda_<op> (ops/cuda/); this file holds the types they take and
+// the ops written out in ops.c, muon.c, fp8.c and rope_tables.c.
 // Conventions: row-major tensors; a linear weight is (out, in) like torch.nn.Linear; T = tokens of a
 // micro-batch (B·S), H = hidden, E = experts, k = experts per token. "accumulate" means dst += result.
 // Weight and bias gradients always accumulate (gradient accumulation over micro-batches) in fp32.
@@ -15,35 +17,17 @@ size_t ops_cuda_pool_bytes(void);
 size_t ops_cuda_peak_bytes(void);
 void ops_sync(void); // waits for queued GPU work (for timing); nothing on the CPU
 
-// ---- dense GEMMs (linear layers) ----
-// y: (M, N) = x: (M, K) · w: (N, K)ᵀ [+ b: (N)]; b.p == NULL means no bias.
-void op_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b);
-// dx: (M, K) (+)= dy: (M, N) · w: (N, K)
-void op_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate);
-// dw: (N, K) += dy: (M, N)ᵀ · x: (M, K); db: (N) += Σ_rows dy (db.p == NULL: no bias)
-void op_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x);
-
-// ---- grouped GEMMs (experts): rows offs[e]..offs[e+1] of x belong to expert e; offs on the host ----
-// y: (R, N) = x_e: (R_e, K) · w_e: (N, K)ᵀ [+ b_e], w: (E, N, K), b: (E, N) or p == NULL; empty experts are allowed.
-void op_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs);
-void op_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs); // dx = dy·w_e
-// dw_e (+)= dy_eᵀ·x_e; db: (E, N) fp32 (+)= Σ_rows of e dy (db.p == NULL: no bias). accumulate false: dw and db
-// are written, not added to (empty experts' become 0): the first micro-batch into a zeroed gradient, where writing
-// equals adding and saves reading dw.
-void op_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);
-
-// ---- normalisation, position embedding, activation ----
-// RMSNorm over the last dim D of x: (R, D); y = x · rstd · w, rstd: (R) fp32 = 1/sqrt(mean(x²) + eps).
-void op_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
-// dx (+)= ∂/∂x; dw: (D) fp32 += ∂/∂w.
-void op_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
-// RoPE on dims [off, off + rd) of every head of x: (T, heads, d), in place; rd = 2·cos.n[1], the other dims pass
-// through (partial rotary: Qwen3.5 rotates the first quarter; MLA's rope part is the last 64 of 192).
-// ROPE_HALF pairs dims (i, i + rd/2) (rotate_half), ROPE_PAIRS pairs (2i, 2i + 1) (DeepSeek's complex form);
-// pair i of token t turns by table row pos[t]: (a, b) ← (a·c − b·s, b·c + a·s). cos, sin: (P, rd/2) fp32 (any
-// attention factor folded in); pos: (T) int32. backward applies the transpose.
+// ---- normalisation, position embedding ----
+// The RMSNorm's form (op_rmsnorm_*; NULL: plain, u = w): u = 1 + w with one_plus (a zero-centred weight that starts
+// at 0, Qwen3.5), times silu(z) when z is given (Qwen3.5's gated norm of the DeltaNet output).
+typedef struct {
+    bool one_plus;
+    Tensor z;  // (R, D) like x; p == NULL: not gated
+    Tensor dz; // the backward's ∂/∂z (written) when z is given
+} RmsArgs;
+// RoPE's pairs (op_rope): ROPE_HALF pairs dims (i, i + rd/2) (rotate_half), ROPE_PAIRS pairs (2i, 2i + 1)
+// (DeepSeek's complex form).
 typedef enum { ROPE_HALF, ROPE_PAIRS } RopeLayout;
-void op_rope(Tensor x, int off, Tensor cos, Tensor sin, Tensor pos, RopeLayout layout, bool backward);
 // The tables for positions 0..P−1 (cos, sin: (P, rd/2) fp32 on the CPU): cos = f·cos(p·inv_freq_i), sin likewise.
 // Default: inv_freq_i = theta^(−2i/rd), f = 1. YaRN (rope_tables.c, transformers' formulas): inv_freq blends
 // theta^(−2i/rd) and theta^(−2i/rd)/factor over the correction range of beta_fast..beta_slow rotations within
@@ -58,9 +42,6 @@ typedef struct {
     double attention_factor, mscale, mscale_all_dim;
 } RopeSpec;
 void op_rope_tables(Tensor cos, Tensor sin, const RopeSpec *r);
-// SwiGLU: gu: (M, 2I) = [gate | up]; act: (M, I) = silu(gate) · up.
-void op_swiglu_forward(Tensor act, Tensor gu);
-void op_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu);
 
 // ---- attention: GQA, q/k head dim dqk, v head dim dv (MLA: 192, 128), causal or a block against a block ----
 // q: (B·Sq, nh, dqk), k: (B·Sk, nkv, dqk), v: (B·Sk, nkv, dv), o: (B·Sq, nh, dv), lse: (B, nh, Sq) fp32;
@@ -79,8 +60,6 @@ typedef struct {
     Tensor ws;            // the backward's fp32 scratch, op_attention_workspace elements (planned by the caller)
     bool deterministic;   // GPU: pith's own kernels only (cuDNN's backward adds into dQ with atomics)
 } AttnArgs;
-void op_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
-// dq, dk, dv written; dsinks: (nh) fp32 += ∂/∂sinks (p == NULL: not wanted). o and lse as the forward wrote them.
 // op_attention_workspace: the fp32 elements of the backward's scratch that a caller can plan (a->ws; without it the
 // GPU takes the op scratch): cuDNN's fused backward (bf16 on the GPU, whole causal sequences) keeps AttnScratch,
 // op_attention_scratch's carve counted; cuDNN's own workspace stays in the op scratch (its size is the plan cuDNN
@@ -91,13 +70,6 @@ typedef struct {
 } AttnScratch;
 AttnScratch op_attention_scratch(Arena *a, Tensor q);
 size_t op_attention_workspace(Tensor q, Tensor k, const AttnArgs *a);
-void op_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
-                           Tensor o, Tensor lse, const AttnArgs *a);
-// The log-sum-exp merge of a partial attention result into an accumulator (ring attention), per query row and
-// head: lse' = log(e^lse + e^lse_p), o ← o·e^(lse − lse') + o_p·e^(lse_p − lse'), lse ← lse'. lse_p = −∞ (the
-// block saw nothing) leaves (o, lse) as they are, lse = −∞ takes the partial; init overwrites (o = o_p, lse =
-// lse_p). o: (B·Sq, nh, dv) fp32, lse: (B, nh, Sq) fp32; o_p: o's shape, fp32 or bf16; lse_p: lse's shape, fp32.
-void op_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, bool init);
 
 // ---- mixture of experts ----
 // Router on logits: (T, E) fp32. probs: (T, E) fp32 = softmax(logits) over all E, or with sigmoid (DeepSeek-V3)
@@ -119,99 +91,21 @@ typedef struct {
     bool sigmoid;         // scores = sigmoid(logits) instead of the softmax
     const int32_t *given; // (T·k) host or NULL: the experts to take
 } RouterArgs;
-void op_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a);
-// dlogits: (T, E) = ∂/∂logits of (Σ dw·w + Σ_t,e lb_grad[e]·probs[t, e]); lb_grad: (E) fp32 or p == NULL.
-void op_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
-                        const RouterArgs *a);
-// Micro-batch load-balancing loss (Switch form, docs/reference.md §2) and its gradient w.r.t. probs:
-// f_e = count_e/(T·k), P_e = mean_t probs[t,e], loss = coef·E·Σ f_e P_e; lb_grad[e] = grad_scale·coef·E·f_e/T.
-// Adds the loss into loss_sum: (1) fp64.
-void op_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale);
-// Stable sort of the T·k (token, slot) pairs by expert: perm: (T·k) int32 lists slot ids t·k+j in expert
-// order; offs: (E+1) host array of group boundaries. Reads idx to the host on the GPU (the one sync).
-void op_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E);
-// y[i] = x[rows[i] / div] (gather, y: (R, H)).
-void op_gather_rows(Tensor y, Tensor x, Tensor rows, int div);
-// dx[rows[i] / div] += dy[i] (scatter-add by index, dy: (R, H)): the backward of op_gather_rows.
-void op_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div);
-// y[rows[i]] = x[i] (a permutation scatter); its backward is op_gather_rows(dx, dy, rows, 1).
-void op_scatter_rows(Tensor y, Tensor x, Tensor rows);
-// out: (T, H) = resid + Σ_j w[t, j] · y[t·k + j]   (y: (T·k, H) in slot order)
-void op_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w);
-// dy[t·k+j] = w[t,j]·dout[t]; dw[t,j] = ⟨dout[t], y[t·k+j]⟩
-void op_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w);
 
-// ---- embedding and loss ----
-void op_embedding_forward(Tensor h, Tensor table, Tensor tokens);    // h: (T, H) = table: (V, H)[tokens: (T) int32]
-void op_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens); // dtable[tokens[t]] += dh[t]
+// ---- embedding and optimizer ----
 // A token id outside the table that an embedding on dev met since the last call (-1: none). On the GPU the forward
 // writes NaN for it (the step's loss read-back sees it); the CPU ops die naming it at once.
 int64_t op_embedding_bad_id(Device dev);
-// Cross-entropy on a chunk of logits: (R, V) fp32 or bf16 (statistics in fp32, lse in fp64), labels: (R)
-// int32 (−100 = ignore). Adds Σ CE into loss_sum: (1) fp64 and overwrites logits with
-// grad_scale·∂(Σ CE)/∂logits (softmax − onehot) in their own dtype.
-void op_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale);
-
-// ---- elementwise and optimizer ----
-void op_zero(Tensor x);
-void op_add(Tensor y, Tensor x);      // y += x
-void op_scale(Tensor x, float s);     // x *= s
-void op_copy(Tensor dst, Tensor src); // same shape; converts dtype and crosses devices
-// Column slice on 2-D views (rows × the rest): dst[:, a:a+n] (+)= src[:, b:b+n], converting dtype (fp32, bf16).
-// Tensors have no strides, so MLA splits and joins heads with it; its transpose is itself with roles swapped.
-void op_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate);
-double op_sum_squares(Tensor x); // Σ x² (fp32 tensor), returned on the host
-// torch.optim.AdamW on flat fp32 tensors, the gradient read as gscale·g (the 1/tokens mean and the clip factor
-// folded in): p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²; p −= lr/(1−b1^t) · m / (sqrt(v/(1−b2^t)) +
-// eps). w (bf16 or fp32, p's size; w.p == NULL: none) receives the new p in its dtype: the compute copy in the
-// same pass.
-void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
-              float wd, int t);
 // Whether an op_adamw on dev wrote a weight or second moment that is not finite since the last call (which clears
 // it): a flag the update's own pass sets, so checking costs no extra read (on the GPU: one word read back).
 bool op_adamw_nonfinite(Device dev);
-// Muon (docs/architecture.md, "Muon"), on flat fp32 tensors: buf = β·buf + (1−β)·g, then g ← (1−β)·g + β·buf
-// (the Nesterov-style update, in place of the gradient).
-void op_muon_momentum(Tensor buf, Tensor g, float beta);
-// p = p·(1 − lr·wd) − lr·scale·o (decoupled weight decay, then the scaled orthogonalised update).
-void op_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale);
 // x: (B, n, m) fp32, in place: each x[e] ← Newton–Schulz(x[e]): X = x[e] / (‖x[e]‖_F + 1e-7), then `steps`
 // times A = X Xᵀ, X ← a·X + (b·A + c·A²)·X with (a, b, c) = (3.4445, −4.7750, 2.0315), on Xᵀ when n > m.
 // ws: fp32 scratch of at least op_newton_schulz_workspace(n, m) elements on x's device.
 void op_newton_schulz(Tensor x, Tensor ws, int steps);
 int64_t op_newton_schulz_workspace(int64_t n, int64_t m);
-double op_read_scalar(Tensor x); // x: (1) fp32 or fp64, to the host
 
-// ---- GPT-OSS: the experts' clamped SwiGLU ----
-// gu: (M, 2I) interleaved as GPT-OSS's gate_up_proj writes it, [g_0, u_0, g_1, u_1, …] (gate even, up odd);
-// act: (M, I) = (uc + 1) · gc · σ(alpha · gc) with gc = min(g, limit), uc = clamp(u, −limit, limit). A clamp
-// passes the gradient where its input lies inside or on the bound (torch.clamp's rule); beyond it, none.
-void op_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit);
-void op_swiglu_clamped_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit);
-// ---- Qwen3.5: Gated DeltaNet linear attention, gated and zero-centred norms (docs/reference.md §19) ----
-// Zero-centred RMSNorm over the last dim D of x: (R, D): y = x · rstd · (1 + w) (w starts at 0), rstd: (R) fp32;
-// dx (+)= ∂/∂x, dw: (D) fp32 += ∂/∂w.
-void op_rmsnorm1p_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps);
-void op_rmsnorm1p_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate);
-// Gated RMSNorm: y = x · rstd · w · silu(z), x, z, y: (R, D), rstd: (R) fp32; dx, dz written, dw: (D) fp32 +=.
-void op_rmsnorm_gated_forward(Tensor y, Tensor rstd, Tensor x, Tensor z, Tensor w, float eps);
-void op_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, Tensor z, Tensor w, Tensor rstd);
-// Output gate: y: (R, D) = x · σ(gate), gate: (R, D) or (R, 1) (one gate per row). Backward: dx (+)= dy · σ(gate),
-// dgate = Σ over the columns a gate covers of dy · x · σ'(gate) (written).
-void op_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate);
-void op_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Tensor gate, bool accumulate);
-// Causal depthwise conv1d then SiLU over each of B sequences: x, y: (B·S, C), w: (C, K);
-// y[t, c] = silu(Σ_j w[c, j] · x[t − K + 1 + j, c]); rows before the sequence's start are the halo's — halo:
-// (B·(K−1), C), row b·(K−1) + i the input at position i − (K−1) of sequence b (context parallelism: the previous
-// rank's last rows) — or 0 without one (p NULL). Backward: dx written, dhalo (when given) written with ∂/∂halo,
-// dw: (C, K) fp32 +=.
-void op_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B);
-void op_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B);
-// DeltaNet gates from the projections a, b: (T, nv): g = −exp(A_log) · softplus(a + dt_bias) (the log decay) and
-// beta = σ(b), both (T, nv) fp32; A_log, dt_bias: (nv). Backward: da, db written; dA_log, ddt_bias fp32 +=.
-void op_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias);
-void op_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_bias, Tensor dg, Tensor dbeta, Tensor a,
-                             Tensor b, Tensor A_log, Tensor dt_bias);
+// ---- Gated DeltaNet linear attention (docs/reference.md §19) ----
 // The gated delta rule over each of B sequences, per value head h with key head h / (nv/nk) (key heads repeated):
 // q, k: (B·S, nk, dk), v: (B·S, nv, dv), g, beta: (B·S, nv) fp32, o: (B·S, nv, dv). With qk_l2norm, q and k are
 // first divided by sqrt(Σ x² + 1e-6) per head; then q ← scale·q. From S_0 (dk × dv per sequence and value head, fp32
@@ -250,9 +144,6 @@ typedef struct {
 } DeltaScratch;
 DeltaScratch op_delta_rule_scratch(Arena *a, Tensor q, Tensor v, const DeltaArgs *da, bool backward);
 size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool backward);
-void op_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
-void op_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
-                            Tensor v, Tensor g, Tensor beta, const DeltaArgs *a);
 
 // ---- FP8: E4M3 with block scales (docs/architecture.md, "FP8"; docs/reference.md §20) ----
 // Each block of x gets the scale s = 2^⌈log2(max(amax, 1e-4) / 448)⌉ (fp32, a power of two) and each element the
@@ -260,12 +151,6 @@ void op_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor d
 // FP8_ROWS 1 × 128 (along a row), FP8_COLS 128 × 1 (along a column), FP8_TILES 128 × 128. Blocks start at each group's
 // first row and column 0; the last block of a row or group holds what is left (the same as zero padding).
 typedef enum { FP8_ROWS, FP8_COLS, FP8_TILES } Fp8Blocks;
-// y = q·s (dequantised quantised x) in y's dtype, x, y: (R, C) fp32 or bf16 (y may be x); groups: rows offs[g] ..
-// offs[g+1] of x for g < groups (offs on the host; NULL: one group of all rows). A 3-D x: (E, N, K) is E groups of
-// N rows. q·s holds at most 4 significant bits and a power-of-two scale, so it is exact in bf16 and fp32.
-// A non-finite x is refused: the CPU stops naming the element; the GPU writes NaN over its block, which the step's
-// non-finite check then reports.
-void op_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups);
 // A dense weight w (N, K) quantised with FP8_TILES for the FP8 GEMMs: its E4M3 codes q (N, K) and their transpose
 // qt (K, N) (the tensor cores read both operands along the contraction, so the input gradient needs wᵀ's codes), with
 // the fp32 128 × 128 block scales s (NB, KB4) of q and st (KB, NB4) of qt, row-major, a row per block row, padded
@@ -296,11 +181,10 @@ bool op_fp8_tensor_cores(Device dev, int64_t E, int64_t N, int64_t K);
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
-// The bias of an FP8 product, outside it (PithTrain adds it in the compute dtype): y: (M, N) += b: (N) per row, or with
-// offs (the experts) b: (E, N), expert e's on its rows; db: (N) or (E, N) fp32 (+)= Σ_rows dy of the unrounded dy
-// likewise (accumulate false: written; dense: always added).
-void op_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs);
-void op_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate);
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs);
 void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, const int64_t *offs);
 void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);
+
+// ---- the ops of ops_list.h ----
+#define OP(ret, name, dev, params, args) ret op_##name params;
+#include "ops/ops_list.h"

@@ -496,25 +496,29 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     OP(grouped_linear_backward_weight, &dw, &db, &dy, &x);
     cpu_grouped_linear_backward_weight(dw, db, dy, x, offs, accumulate);
 }
-void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
-    OP(rmsnorm_forward, &y, &rstd, &x, &w);
-    cpu_rmsnorm_forward(y, rstd, x, w, eps);
+// RmsArgs carries z and dz, which the CPU op reads as host memory too.
+void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, const RmsArgs *a) {
+    RmsArgs c = a ? *a : (RmsArgs){0};
+    OP(rmsnorm_forward, &y, &rstd, &x, &w, &c.z);
+    cpu_rmsnorm_forward(y, rstd, x, w, eps, &c);
 }
-void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc) {
-    OP(rmsnorm_backward, &dx, &dw, &dy, &x, &w, &rstd);
-    cpu_rmsnorm_backward(dx, dw, dy, x, w, rstd, acc);
+void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc,
+                           const RmsArgs *a) {
+    RmsArgs c = a ? *a : (RmsArgs){0};
+    OP(rmsnorm_backward, &dx, &dw, &dy, &x, &w, &rstd, &c.z, &c.dz);
+    cpu_rmsnorm_backward(dx, dw, dy, x, w, rstd, acc, &c);
 }
 void cuda_rope(Tensor x, int off, Tensor cos, Tensor sin, Tensor pos, RopeLayout layout, bool backward) {
     OP(rope, &x, &cos, &sin, &pos);
     cpu_rope(x, off, cos, sin, pos, layout, backward);
 }
-void cuda_swiglu_forward(Tensor act, Tensor gu) {
+void cuda_swiglu_forward(Tensor act, Tensor gu, float alpha, float limit) {
     OP(swiglu_forward, &act, &gu);
-    cpu_swiglu_forward(act, gu);
+    cpu_swiglu_forward(act, gu, alpha, limit);
 }
-void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu) {
+void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit) {
     OP(swiglu_backward, &dgu, &dact, &gu);
-    cpu_swiglu_backward(dgu, dact, gu);
+    cpu_swiglu_backward(dgu, dact, gu, alpha, limit);
 }
 void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
     OP(fp8_round, &y, &x);
@@ -539,14 +543,6 @@ bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, con
 int64_t cuda_fp8_tensor_core_gemms(void) { return 0; }
 bool cuda_fp8_dense_fit(int64_t N, int64_t K) { return false; }
 bool cuda_fp8_experts_fit(int64_t E, int64_t N, int64_t K) { return false; }
-void cuda_swiglu_clamped_forward(Tensor act, Tensor gu, float alpha, float limit) {
-    OP(swiglu_clamped_forward, &act, &gu);
-    cpu_swiglu_clamped_forward(act, gu, alpha, limit);
-}
-void cuda_swiglu_clamped_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float limit) {
-    OP(swiglu_clamped_backward, &dgu, &dact, &gu);
-    cpu_swiglu_clamped_backward(dgu, dact, gu, alpha, limit);
-}
 // The args structs carry a tensor (sinks, bias) that the CPU op reads as host memory too.
 void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
     AttnArgs c = *a;
@@ -638,23 +634,6 @@ void cuda_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, boo
     cpu_copy_cols(dst, a, src, b, n, acc);
 }
 // Qwen3.5's ops (cpu_delta.c)
-void cuda_rmsnorm1p_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
-    OP(rmsnorm1p_forward, &y, &rstd, &x, &w);
-    cpu_rmsnorm1p_forward(y, rstd, x, w, eps);
-}
-void cuda_rmsnorm1p_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc) {
-    OP(rmsnorm1p_backward, &dx, &dw, &dy, &x, &w, &rstd);
-    cpu_rmsnorm1p_backward(dx, dw, dy, x, w, rstd, acc);
-}
-void cuda_rmsnorm_gated_forward(Tensor y, Tensor rstd, Tensor x, Tensor z, Tensor w, float eps) {
-    OP(rmsnorm_gated_forward, &y, &rstd, &x, &z, &w);
-    cpu_rmsnorm_gated_forward(y, rstd, x, z, w, eps);
-}
-void cuda_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, Tensor z, Tensor w,
-                                 Tensor rstd) {
-    OP(rmsnorm_gated_backward, &dx, &dz, &dw, &dy, &x, &z, &w, &rstd);
-    cpu_rmsnorm_gated_backward(dx, dz, dw, dy, x, z, w, rstd);
-}
 void cuda_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate) {
     OP(sigmoid_gate_forward, &y, &x, &gate);
     cpu_sigmoid_gate_forward(y, x, gate);

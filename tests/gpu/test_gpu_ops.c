@@ -96,17 +96,17 @@ TEST(gpu_op_grouped_linear_bias) {
 static void check_rmsnorm(DType dt, double tol, int64_t R, int64_t D) {
     Pair x = pair_rand(dt, 1.5f, 2, R, D, 0, 0), w = pair_rand(dt, 1, 1, D, 0, 0, 0), y = pair_nan(dt, 2, R, D, 0, 0);
     Pair rstd = pair_nan(DT_F32, 1, R, 0, 0, 0);
-    op_rmsnorm_forward(y.c, rstd.c, x.c, w.c, 1e-6f), op_rmsnorm_forward(y.d, rstd.d, x.d, w.d, 1e-6f);
+    op_rmsnorm_forward(y.c, rstd.c, x.c, w.c, 1e-6f, NULL), op_rmsnorm_forward(y.d, rstd.d, x.d, w.d, 1e-6f, NULL);
     EXPECT_CLOSE(y, tol);
     EXPECT_CLOSE(rstd, tol);
     Pair dy = pair_rand(dt, 1, 2, R, D, 0, 0), dx = pair_nan(dt, 2, R, D, 0, 0),
          dw = pair_rand(DT_F32, 1, 1, D, 0, 0, 0);
-    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, false),
-        op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, false);
+    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, false, NULL),
+        op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, false, NULL);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
-    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, true),
-        op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, true);
+    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, true, NULL),
+        op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, true, NULL);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
 }
@@ -185,10 +185,10 @@ TEST(gpu_op_swiglu) {
     MODES {
         gpu_mode(MODE_DT);
         Pair gu = pair_rand(MODE_DT, 2, 2, M, 2 * I, 0, 0), act = pair_nan(MODE_DT, 2, M, I, 0, 0);
-        op_swiglu_forward(act.c, gu.c), op_swiglu_forward(act.d, gu.d);
+        op_swiglu_forward(act.c, gu.c, 0, 0), op_swiglu_forward(act.d, gu.d, 0, 0);
         EXPECT_CLOSE(act, TOL);
         Pair da = pair_rand(MODE_DT, 1, 2, M, I, 0, 0), dgu = pair_nan(MODE_DT, 2, M, 2 * I, 0, 0);
-        op_swiglu_backward(dgu.c, da.c, gu.c), op_swiglu_backward(dgu.d, da.d, gu.d);
+        op_swiglu_backward(dgu.c, da.c, gu.c, 0, 0), op_swiglu_backward(dgu.d, da.d, gu.d, 0, 0);
         EXPECT_CLOSE(dgu, TOL);
     }
     gpu_report();
@@ -496,10 +496,10 @@ TEST(gpu_op_vector_paths) {
         EXPECT_CLOSE(dy, TOL);
         EXPECT_CLOSE(dw, TOL);
         Pair gu = pair_rand(MODE_DT, 2, 2, 50, 2 * 768, 0, 0), act = pair_nan(MODE_DT, 2, 50, 768, 0, 0);
-        op_swiglu_forward(act.c, gu.c), op_swiglu_forward(act.d, gu.d);
+        op_swiglu_forward(act.c, gu.c, 0, 0), op_swiglu_forward(act.d, gu.d, 0, 0);
         EXPECT_CLOSE(act, TOL);
         Pair da = pair_rand(MODE_DT, 1, 2, 50, 768, 0, 0), dgu = pair_nan(MODE_DT, 2, 50, 2 * 768, 0, 0);
-        op_swiglu_backward(dgu.c, da.c, gu.c), op_swiglu_backward(dgu.d, da.d, gu.d);
+        op_swiglu_backward(dgu.c, da.c, gu.c, 0, 0), op_swiglu_backward(dgu.d, da.d, gu.d, 0, 0);
         EXPECT_CLOSE(dgu, TOL);
         free(idx);
     }

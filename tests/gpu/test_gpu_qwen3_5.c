@@ -18,18 +18,18 @@ static void check_norms(DType dt, double tol, int64_t R, int64_t D) {
          rstd = pair_nan(DT_F32, 1, R, 0, 0, 0);
     Pair dy = pair_rand(dt, 1, 2, R, D, 0, 0), dx = pair_rand(dt, 1, 2, R, D, 0, 0), dz = pair_nan(dt, 2, R, D, 0, 0),
          dw = pair_rand(DT_F32, 1, 1, D, 0, 0, 0);
-    op_rmsnorm1p_forward(y.c, rstd.c, x.c, w.c, 1e-6f), op_rmsnorm1p_forward(y.d, rstd.d, x.d, w.d, 1e-6f);
+    RmsArgs p1 = {.one_plus = true}, gc = {.z = z.c, .dz = dz.c}, gd = {.z = z.d, .dz = dz.d};
+    op_rmsnorm_forward(y.c, rstd.c, x.c, w.c, 1e-6f, &p1), op_rmsnorm_forward(y.d, rstd.d, x.d, w.d, 1e-6f, &p1);
     EXPECT_CLOSE(y, tol);
     EXPECT_CLOSE(rstd, tol);
-    op_rmsnorm1p_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, true),
-        op_rmsnorm1p_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, true);
+    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, true, &p1),
+        op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, true, &p1);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
-    op_rmsnorm_gated_forward(y.c, rstd.c, x.c, z.c, w.c, 1e-6f),
-        op_rmsnorm_gated_forward(y.d, rstd.d, x.d, z.d, w.d, 1e-6f);
+    op_rmsnorm_forward(y.c, rstd.c, x.c, w.c, 1e-6f, &gc), op_rmsnorm_forward(y.d, rstd.d, x.d, w.d, 1e-6f, &gd);
     EXPECT_CLOSE(y, tol);
-    op_rmsnorm_gated_backward(dx.c, dz.c, dw.c, dy.c, x.c, z.c, w.c, rstd.c),
-        op_rmsnorm_gated_backward(dx.d, dz.d, dw.d, dy.d, x.d, z.d, w.d, rstd.d);
+    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, false, &gc),
+        op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, false, &gd);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dz, tol);
     EXPECT_CLOSE(dw, tol);

@@ -1,6 +1,6 @@
-// cpu_delta.c — the Qwen3.5 ops on the CPU (docs/reference.md §19): zero-centred and gated RMSNorm, the sigmoid
-// output gate, the causal depthwise conv1d + SiLU, the DeltaNet gates and the gated delta rule (the recurrence and
-// the chunked WY / UT-transform form), each with its backward. fp32 data; the delta rule runs in fp64 inside.
+// cpu_delta.c — the Qwen3.5 ops on the CPU (docs/reference.md §19): the sigmoid output gate, the causal depthwise
+// conv1d + SiLU, the DeltaNet gates and the gated delta rule (the recurrence and the chunked WY / UT-transform form),
+// each with its backward. fp32 data; the delta rule runs in fp64 inside.
 // Shapes: R rows, D features, T = B·S tokens, C conv channels of kernel K, nk/nv key/value heads of dk/dv.
 #include <math.h>
 
@@ -13,93 +13,7 @@ static inline double silu_grad(double z) { // d silu(z)/dz
 }
 static inline double softplus(double x) { return x > 20 ? x : log1p(exp(x)); } // torch's threshold 20
 
-// ---- norms and the gate ----
-
-// rstd of each row of x: (R, D) into rstd: (R).
-static void row_rstd(Tensor rstd, Tensor x, float eps) {
-    int64_t R = t_rows(x), D = t_cols(x);
-    CHECK(tensor_numel(rstd) == R);
-#pragma omp parallel for
-    for (int64_t i = 0; i < R; i++) {
-        double ss = 0;
-        for (int64_t j = 0; j < D; j++) ss += (double)F(x)[i * D + j] * F(x)[i * D + j];
-        F(rstd)[i] = (float)(1.0 / sqrt(ss / D + eps));
-    }
-}
-
-void cpu_rmsnorm1p_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
-    CPU_F32(x);
-    CPU_F32(y);
-    CPU_F32(w);
-    int64_t R = t_rows(x), D = t_cols(x);
-    CHECK(tensor_numel(w) == D);
-    row_rstd(rstd, x, eps);
-#pragma omp parallel for
-    for (int64_t i = 0; i < R; i++)
-        for (int64_t j = 0; j < D; j++) F(y)[i * D + j] = F(x)[i * D + j] * F(rstd)[i] * (1 + F(w)[j]);
-}
-
-// y = x·r·u with u = 1 + w: ∂x = r·u·dy − x·r³/D·Σ(dy·u·x); ∂w = Σ_rows dy·x·r.
-void cpu_rmsnorm1p_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate) {
-    int64_t R = t_rows(x), D = t_cols(x);
-#pragma omp parallel for
-    for (int64_t i = 0; i < R; i++) {
-        const float *xi = F(x) + i * D, *gi = F(dy) + i * D;
-        double r = F(rstd)[i], dot = 0;
-        for (int64_t j = 0; j < D; j++) dot += (double)gi[j] * (1 + F(w)[j]) * xi[j];
-        for (int64_t j = 0; j < D; j++) {
-            float g = (float)(r * (1 + F(w)[j]) * gi[j] - xi[j] * dot * r * r * r / D);
-            F(dx)[i * D + j] = accumulate ? F(dx)[i * D + j] + g : g;
-        }
-    }
-#pragma omp parallel for
-    for (int64_t j = 0; j < D; j++) {
-        double s = 0;
-        for (int64_t i = 0; i < R; i++) s += (double)F(dy)[i * D + j] * F(x)[i * D + j] * F(rstd)[i];
-        F(dw)[j] += (float)s;
-    }
-}
-
-void cpu_rmsnorm_gated_forward(Tensor y, Tensor rstd, Tensor x, Tensor z, Tensor w, float eps) {
-    CPU_F32(x);
-    CPU_F32(y);
-    CPU_F32(z);
-    CPU_F32(w);
-    int64_t R = t_rows(x), D = t_cols(x);
-    CHECK(tensor_numel(w) == D && tensor_numel(z) == R * D);
-    row_rstd(rstd, x, eps);
-#pragma omp parallel for
-    for (int64_t i = 0; i < R; i++)
-        for (int64_t j = 0; j < D; j++) {
-            double zz = F(z)[i * D + j];
-            F(y)[i * D + j] = (float)(F(x)[i * D + j] * F(rstd)[i] * F(w)[j] * zz * sigm(zz));
-        }
-}
-
-// y = x·r·w·s with s = silu(z): the RMSNorm backward with dy·s in place of dy; ∂z = dy·x·r·w·silu'(z).
-void cpu_rmsnorm_gated_backward(Tensor dx, Tensor dz, Tensor dw, Tensor dy, Tensor x, Tensor z, Tensor w, Tensor rstd) {
-    int64_t R = t_rows(x), D = t_cols(x);
-#pragma omp parallel for
-    for (int64_t i = 0; i < R; i++) {
-        const float *xi = F(x) + i * D, *gi = F(dy) + i * D, *zi = F(z) + i * D;
-        double r = F(rstd)[i], dot = 0;
-        for (int64_t j = 0; j < D; j++) dot += gi[j] * zi[j] * sigm(zi[j]) * F(w)[j] * xi[j];
-        for (int64_t j = 0; j < D; j++) {
-            double s = zi[j] * sigm(zi[j]);
-            F(dx)[i * D + j] = (float)(r * F(w)[j] * gi[j] * s - xi[j] * dot * r * r * r / D);
-            F(dz)[i * D + j] = (float)(gi[j] * xi[j] * r * F(w)[j] * silu_grad(zi[j]));
-        }
-    }
-#pragma omp parallel for
-    for (int64_t j = 0; j < D; j++) {
-        double s = 0;
-        for (int64_t i = 0; i < R; i++) {
-            double zz = F(z)[i * D + j];
-            s += (double)F(dy)[i * D + j] * F(x)[i * D + j] * F(rstd)[i] * zz * sigm(zz);
-        }
-        F(dw)[j] += (float)s;
-    }
-}
+// ---- the output gate ----
 
 void cpu_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate) {
     CPU_F32(x);

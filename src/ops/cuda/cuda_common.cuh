@@ -121,6 +121,29 @@ __device__ __forceinline__ void st8(float *p, const float (&v)[8]) {
     ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
     ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
+// The one vector style of the memory-bound kernels: each is templated on its width V, the values a thread moves at
+// a time, and launched (V_SWITCH) with V = 8 (ld8/st8: 16-byte accesses) where vec8_fits, else V = 1.
+template <int V, typename T> __device__ __forceinline__ void ldv(const T *p, float (&v)[V]) {
+    if constexpr (V == 8) ld8(p, v);
+    else v[0] = ld(p, 0);
+}
+template <int V, typename T> __device__ __forceinline__ void stv(T *p, const float (&v)[V]) {
+    if constexpr (V == 8) st8(p, v);
+    else st(p, 0, v[0]);
+}
+#define V_SWITCH(vec8, ...)                                                                                            \
+    do {                                                                                                               \
+        if (vec8) {                                                                                                    \
+            constexpr int V = 8;                                                                                       \
+            __VA_ARGS__;                                                                                               \
+        } else {                                                                                                       \
+            constexpr int V = 1;                                                                                       \
+            __VA_ARGS__;                                                                                               \
+        }                                                                                                              \
+    } while (0)
+// for (i …) over 0..n − 1, a grid-stride loop.
+#define GRID_STRIDE(i, n)                                                                                              \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 // True when every pointer is 16-byte aligned (NULL counts as aligned).
 static inline bool aligned16(const void *a, const void *b = NULL, const void *c = NULL, const void *d = NULL) {
     return !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d) & 15);

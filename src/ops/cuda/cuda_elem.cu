@@ -12,8 +12,6 @@
 #include "ops/cuda/cuda_common.cuh"
 
 #define ELEM_THREADS 256
-#define GRID_STRIDE(i, n)                                                                                              \
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 // The first token id outside [0, V) an embedding kernel met, as (1 << 32 | id); 0: none. The forward writes NaN
 // in that row, so the step's own read-back of the loss finds it non-finite; only then does the host read this
@@ -25,12 +23,17 @@ __device__ __forceinline__ bool embedding_id_bad(int32_t id, int64_t V) {
     return true;
 }
 
-template <typename TH, typename TT>
+// One thread per V values of h.
+template <typename TH, typename TT, int V>
 __global__ void embedding_forward_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t H,
-                                         int64_t V) {
-    GRID_STRIDE(e, T_ * H) {
-        int64_t t = e / H, c = e % H;
-        st(h, e, embedding_id_bad(tokens[t], V) ? __int_as_float(0x7fc00000) : ld(table, (int64_t)tokens[t] * H + c));
+                                         int64_t vocab) {
+    GRID_STRIDE(e, T_ * H / V) {
+        int64_t t = e * V / H, c = e * V % H;
+        float v[V];
+        if (embedding_id_bad(tokens[t], vocab))
+            for (int k = 0; k < V; k++) v[k] = __int_as_float(0x7fc00000);
+        else ldv<V>(table + (int64_t)tokens[t] * H + c, v);
+        stv<V>(h + e * V, v);
     }
 }
 
@@ -229,18 +232,6 @@ template <typename T> __global__ void scale_kernel(T *x, float s, int64_t n, boo
     }
     GRID_STRIDE(i, n - n8 * 8) st(x, n8 * 8 + i, ld(x, n8 * 8 + i) * s);
 }
-template <typename TH, typename TT>
-__global__ void embedding_forward_vec_kernel(TH *h, const TT *table, const int32_t *tokens, int64_t T_, int64_t C8,
-                                             int64_t V) {
-    GRID_STRIDE(e, T_ * C8) {
-        int64_t t = e / C8, c = e % C8;
-        float v[8];
-        if (embedding_id_bad(tokens[t], V))
-            for (int k = 0; k < 8; k++) v[k] = __int_as_float(0x7fc00000);
-        else ld8(table + ((int64_t)tokens[t] * C8 + c) * 8, v);
-        st8(h + e * 8, v);
-    }
-}
 // AdamW of one parameter (the update of ops/cpu/cpu_elem.c).
 __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, float b1, float b2, float eps,
                                           float step, float bc2, float decay) {
@@ -340,25 +331,16 @@ static void host_convert(void *dst, DType ddt, const void *src, DType sdt, int64
 extern "C" {
 
 void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
-    int64_t T_ = t_rows(h), H = t_cols(h), V = t_rows(table);
+    int64_t T_ = t_rows(h), H = t_cols(h), vocab = t_rows(table);
     CHECK(t_cols(table) == H && tensor_numel(tokens) == T_);
     if (T_ * H == 0) return;
-    // The scalar kernel serves tables that are unaligned views (an unpadded offset of the flat parameter
-    // buffer) or odd widths.
-    if (vec8_fits(H, h.p, table.p)) {
-        DT_SWITCH(h.dt, TH, "embedding_forward",
-                  DT_SWITCH(table.dt, TT, "embedding_forward",
-                            embedding_forward_vec_kernel<TH, TT>
-                            <<<grid_for(T_ * H / 8, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
-                                (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H / 8, V)));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    DT_SWITCH(h.dt, TH, "embedding_forward",
-              DT_SWITCH(table.dt, TT, "embedding_forward",
-                        embedding_forward_kernel<TH, TT>
-                        <<<grid_for(T_ * H, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
-                            (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H, V)));
+    // V = 1 serves tables that are unaligned views (an unpadded offset of the flat parameter buffer) or odd widths.
+    V_SWITCH(vec8_fits(H, h.p, table.p),
+             DT_SWITCH(h.dt, TH, "embedding_forward",
+                       DT_SWITCH(table.dt, TT, "embedding_forward",
+                                 embedding_forward_kernel<TH, TT, V>
+                                 <<<grid_for(T_ * H / V, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                                     (TH *)h.p, (const TT *)table.p, (const int32_t *)tokens.p, T_, H, vocab))));
     CUDA_LAUNCH_CHECK();
 }
 

@@ -14,8 +14,6 @@
 #include "ops/cuda/cuda_common.cuh"
 
 #define MOE_WARPS 8 // tokens per block: one warp per token
-#define GRID_STRIDE(i, n)                                                                                              \
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 // What the router kernels need of RouterArgs.
 typedef struct {
@@ -219,11 +217,23 @@ __global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx
 __device__ __forceinline__ void atomic_add(float *p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void atomic_add(bf16 *p, float v) { atomicAdd(p, __float2bfloat16(v)); }
 
-template <typename TY, typename TX>
+// One thread per V values of a row (H/V vectors per row).
+template <typename TY, typename TX, int V>
 __global__ void gather_rows_kernel(TY *y, const TX *x, const int32_t *rows, int div, int64_t R, int64_t H) {
-    GRID_STRIDE(e, R * H) {
-        int64_t i = e / H, c = e % H;
-        st(y, e, ld(x, (int64_t)(rows[i] / div) * H + c));
+    GRID_STRIDE(e, R * H / V) {
+        int64_t i = e * V / H, c = e * V % H;
+        float v[V];
+        ldv<V>(x + (int64_t)(rows[i] / div) * H + c, v);
+        stv<V>(y + e * V, v);
+    }
+}
+template <typename TY, typename TX, int V>
+__global__ void scatter_rows_kernel(TY *y, const TX *x, const int32_t *rows, int64_t R, int64_t H) {
+    GRID_STRIDE(e, R * H / V) {
+        int64_t i = e * V / H, c = e * V % H;
+        float v[V];
+        ldv<V>(x + e * V, v);
+        stv<V>(y + (int64_t)rows[i] * H + c, v);
     }
 }
 template <typename TX, typename TY>
@@ -231,25 +241,6 @@ __global__ void scatter_add_rows_kernel(TX *dx, const TY *dy, const int32_t *row
     GRID_STRIDE(e, R * H) {
         int64_t i = e / H, c = e % H;
         atomic_add(dx + (int64_t)(rows[i] / div) * H + c, ld(dy, e)); // several rows may land on one token
-    }
-}
-// Vector forms: one thread per 8 values of a row (C8 = H/8 vectors per row).
-template <typename TY, typename TX>
-__global__ void gather_rows_vec_kernel(TY *y, const TX *x, const int32_t *rows, int div, int64_t R, int64_t C8) {
-    GRID_STRIDE(e, R * C8) {
-        int64_t i = e / C8, c = e % C8;
-        float v[8];
-        ld8(x + ((int64_t)(rows[i] / div) * C8 + c) * 8, v);
-        st8(y + e * 8, v);
-    }
-}
-template <typename TY, typename TX>
-__global__ void scatter_rows_vec_kernel(TY *y, const TX *x, const int32_t *rows, int64_t R, int64_t C8) {
-    GRID_STRIDE(e, R * C8) {
-        int64_t i = e / C8, c = e % C8;
-        float v[8];
-        ld8(x + e * 8, v);
-        st8(y + ((int64_t)rows[i] * C8 + c) * 8, v);
     }
 }
 // inv[rows[i]] = i over the n = T·div slots; flag ← 1 if a row repeats or leaves [0, n).
@@ -261,37 +252,22 @@ __global__ void rows_invert_kernel(int32_t *inv, int32_t *flag, const int32_t *r
     }
 }
 // dx[t] += Σ_j dy[inv[t·div + j]] (slots nobody maps to add nothing); skipped when flag is set.
-template <typename TX, typename TY>
+template <typename TX, typename TY, int V>
 __global__ void scatter_add_rows_sum_kernel(TX *dx, const TY *dy, const int32_t *inv, const int32_t *flag, int div,
-                                            int64_t T_, int64_t C8) {
+                                            int64_t T_, int64_t H) {
     if (*flag) return;
-    GRID_STRIDE(e, T_ * C8) {
-        int64_t t = e / C8, c = e % C8;
-        float a[8], v[8];
-        ld8(dx + e * 8, a);
+    GRID_STRIDE(e, T_ * H / V) {
+        int64_t t = e * V / H, c = e * V % H;
+        float a[V], v[V];
+        ldv<V>(dx + e * V, a);
         for (int j = 0; j < div; j++) {
             int32_t s = inv[t * div + j];
             if (s < 0) continue;
-            ld8(dy + ((int64_t)s * C8 + c) * 8, v);
+            ldv<V>(dy + (int64_t)s * H + c, v);
 #pragma unroll
-            for (int q = 0; q < 8; q++) a[q] += v[q];
+            for (int q = 0; q < V; q++) a[q] += v[q];
         }
-        st8(dx + e * 8, a);
-    }
-}
-// The same one value at a time (rows that do not split into aligned 8-value vectors).
-template <typename TX, typename TY>
-__global__ void scatter_add_rows_sum_scalar_kernel(TX *dx, const TY *dy, const int32_t *inv, const int32_t *flag,
-                                                   int div, int64_t T_, int64_t H) {
-    if (*flag) return;
-    GRID_STRIDE(e, T_ * H) {
-        int64_t t = e / H, c = e % H;
-        float a = ld(dx, e);
-        for (int j = 0; j < div; j++) {
-            int32_t s = inv[t * div + j];
-            if (s >= 0) a += ld(dy, (int64_t)s * H + c);
-        }
-        st(dx, e, a);
+        stv<V>(dx + e * V, a);
     }
 }
 // The atomic form, run only when flag is set (a row map that is not a partial permutation).
@@ -304,62 +280,24 @@ __global__ void scatter_add_rows_flagged_kernel(TX *dx, const TY *dy, const int3
         atomic_add(dx + (int64_t)(rows[i] / div) * H + c, ld(dy, e));
     }
 }
-template <typename T>
-__global__ void moe_combine_forward_vec_kernel(T *out, const T *resid, const T *y, const float *w, int64_t T_,
-                                               int64_t C8, int k) {
-    GRID_STRIDE(e, T_ * C8) {
-        int64_t t = e / C8, c = e % C8;
-        float s[8], v[8];
-        ld8(resid + e * 8, s);
-        for (int j = 0; j < k; j++) {
-            float wj = w[t * k + j];
-            ld8(y + ((t * k + j) * C8 + c) * 8, v);
-#pragma unroll
-            for (int q = 0; q < 8; q++) s[q] += wj * v[q];
-        }
-        st8(out + e * 8, s);
-    }
-}
-template <typename T>
-__global__ void moe_combine_backward_vec_kernel(T *dy, float *dw, const T *dout, const T *y, const float *w, int64_t T_,
-                                                int64_t C8, int k) {
-    int64_t slot = blockIdx.x * (int64_t)MOE_WARPS + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (slot >= T_ * k) return;
-    int64_t t = slot / k;
-    float wj = w[slot], s = 0;
-    for (int64_t c = lane; c < C8; c += 32) {
-        float g[8], v[8], d[8];
-        ld8(dout + (t * C8 + c) * 8, g);
-        ld8(y + (slot * C8 + c) * 8, v);
-#pragma unroll
-        for (int q = 0; q < 8; q++) d[q] = wj * g[q], s += g[q] * v[q];
-        st8(dy + (slot * C8 + c) * 8, d);
-    }
-    s = warp_sum(s);
-    if (lane == 0) dw[slot] = s;
-}
-
-template <typename TY, typename TX>
-__global__ void scatter_rows_kernel(TY *y, const TX *x, const int32_t *rows, int64_t R, int64_t H) {
-    GRID_STRIDE(e, R * H) {
-        int64_t i = e / H, c = e % H;
-        st(y, (int64_t)rows[i] * H + c, ld(x, e));
-    }
-}
-
-template <typename T>
+template <typename T, int V>
 __global__ void moe_combine_forward_kernel(T *out, const T *resid, const T *y, const float *w, int64_t T_, int64_t H,
                                            int k) {
-    GRID_STRIDE(e, T_ * H) {
-        int64_t t = e / H, c = e % H;
-        float s = ld(resid, e);
-        for (int j = 0; j < k; j++) s += w[t * k + j] * ld(y, (t * k + j) * H + c);
-        st(out, e, s);
+    GRID_STRIDE(e, T_ * H / V) {
+        int64_t t = e * V / H, c = e * V % H;
+        float s[V], v[V];
+        ldv<V>(resid + e * V, s);
+        for (int j = 0; j < k; j++) {
+            float wj = w[t * k + j];
+            ldv<V>(y + (t * k + j) * H + c, v);
+#pragma unroll
+            for (int q = 0; q < V; q++) s[q] += wj * v[q];
+        }
+        stv<V>(out + e * V, s);
     }
 }
 // One warp per slot (t, j): dy row = w·dout[t], dw = ⟨dout[t], y row⟩.
-template <typename T>
+template <typename T, int V>
 __global__ void moe_combine_backward_kernel(T *dy, float *dw, const T *dout, const T *y, const float *w, int64_t T_,
                                             int64_t H, int k) {
     int64_t slot = blockIdx.x * (int64_t)MOE_WARPS + (threadIdx.x >> 5);
@@ -367,10 +305,13 @@ __global__ void moe_combine_backward_kernel(T *dy, float *dw, const T *dout, con
     if (slot >= T_ * k) return;
     int64_t t = slot / k;
     float wj = w[slot], s = 0;
-    for (int64_t c = lane; c < H; c += 32) {
-        float g = ld(dout, t * H + c);
-        st(dy, slot * H + c, wj * g);
-        s += g * ld(y, slot * H + c);
+    for (int64_t c = lane * V; c < H; c += 32 * V) {
+        float g[V], v[V], d[V];
+        ldv<V>(dout + t * H + c, g);
+        ldv<V>(y + slot * H + c, v);
+#pragma unroll
+        for (int q = 0; q < V; q++) d[q] = wj * g[q], s += g[q] * v[q];
+        stv<V>(dy + slot * H + c, d);
     }
     s = warp_sum(s);
     if (lane == 0) dw[slot] = s;
@@ -478,20 +419,13 @@ void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
     int64_t R = t_rows(y), H = t_cols(y);
     CHECK(t_cols(x) == H && tensor_numel(rows) == R);
     if (R * H == 0) return;
-    // Rows of a multiple of 8 aligned values take the vector kernel; the scalar one serves other widths (the op
-    // accepts any H, as the CPU op does: row ops in tests and tiny models use odd widths).
-    if (vec8_fits(H, y.p, x.p)) {
-        DT_SWITCH(y.dt, TY, "gather_rows",
-                  DT_SWITCH(x.dt, TX, "gather_rows",
-                            gather_rows_vec_kernel<TY, TX><<<grid_for(R * H / 8, 256), 256, 0, cuda_stream()>>>(
-                                (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, div, R, H / 8)));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    DT_SWITCH(y.dt, TY, "gather_rows",
-              DT_SWITCH(x.dt, TX, "gather_rows",
-                        gather_rows_kernel<TY, TX><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>(
-                            (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, div, R, H)));
+    // Rows of a multiple of 8 aligned values take V = 8; V = 1 serves other widths (the op accepts any H, as the CPU
+    // op does: row ops in tests and tiny models use odd widths).
+    V_SWITCH(vec8_fits(H, y.p, x.p),
+             DT_SWITCH(y.dt, TY, "gather_rows",
+                       DT_SWITCH(x.dt, TX, "gather_rows",
+                                 gather_rows_kernel<TY, TX, V><<<grid_for(R * H / V, 256), 256, 0, cuda_stream()>>>(
+                                     (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, div, R, H))));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -500,23 +434,21 @@ void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
     if (R * H == 0) return;
     // The inverse path needs int32 inverse indices; other shapes take the atomic scatter-add.
     if (n < 0x7fffffff && div >= 1) {
-        bool vec = vec8_fits(H, dx.p, dy.p);
         CudaCtx *c = cuda_ctx();
         int32_t *inv = (int32_t *)cuda_scratch((size_t)(n + 1) * sizeof(int32_t)), *flag = inv + n;
         CUDA_CHECK(cudaMemsetAsync(inv, 0xff, n * sizeof(int32_t), c->compute));
         CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int32_t), c->compute));
         rows_invert_kernel<<<grid_for(R, 256), 256, 0, c->compute>>>(inv, flag, (const int32_t *)rows.p, R, n);
         CUDA_LAUNCH_CHECK();
-        DT_SWITCH(
-            dx.dt, TX, "scatter_add_rows",
-            DT_SWITCH(dy.dt, TY, "scatter_add_rows",
-                      if (vec) scatter_add_rows_sum_kernel<TX, TY><<<grid_for(T_ * H / 8, 256), 256, 0, c->compute>>>(
-                          (TX *)dx.p, (const TY *)dy.p, inv, flag, div, T_, H / 8);
-                      else scatter_add_rows_sum_scalar_kernel<TX, TY><<<grid_for(T_ * H, 256), 256, 0, c->compute>>>(
-                          (TX *)dx.p, (const TY *)dy.p, inv, flag, div, T_, H);
-                      CUDA_LAUNCH_CHECK(); scatter_add_rows_flagged_kernel<TX, TY>
-                      <<<(unsigned)c->sm_count * 4, 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p,
-                                                                          (const int32_t *)rows.p, flag, div, R, H)));
+        V_SWITCH(vec8_fits(H, dx.p, dy.p),
+                 DT_SWITCH(dx.dt, TX, "scatter_add_rows",
+                           DT_SWITCH(dy.dt, TY, "scatter_add_rows",
+                                     scatter_add_rows_sum_kernel<TX, TY, V>
+                                     <<<grid_for(T_ * H / V, 256), 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p,
+                                                                                         inv, flag, div, T_, H);
+                                     CUDA_LAUNCH_CHECK(); scatter_add_rows_flagged_kernel<TX, TY>
+                                     <<<(unsigned)c->sm_count * 4, 256, 0, c->compute>>>(
+                                         (TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p, flag, div, R, H))));
         CUDA_LAUNCH_CHECK();
         return;
     }
@@ -530,19 +462,12 @@ void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
 void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) {
     int64_t R = t_rows(x), H = t_cols(x);
     if (R * H == 0) return;
-    // (vector or scalar kernel: as in gather_rows)
-    if (vec8_fits(H, y.p, x.p)) {
-        DT_SWITCH(y.dt, TY, "scatter_rows",
-                  DT_SWITCH(x.dt, TX, "scatter_rows",
-                            scatter_rows_vec_kernel<TY, TX><<<grid_for(R * H / 8, 256), 256, 0, cuda_stream()>>>(
-                                (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, R, H / 8)));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    DT_SWITCH(y.dt, TY, "scatter_rows",
-              DT_SWITCH(x.dt, TX, "scatter_rows",
-                        scatter_rows_kernel<TY, TX><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>(
-                            (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, R, H)));
+    // (V as in gather_rows)
+    V_SWITCH(vec8_fits(H, y.p, x.p),
+             DT_SWITCH(y.dt, TY, "scatter_rows",
+                       DT_SWITCH(x.dt, TX, "scatter_rows",
+                                 scatter_rows_kernel<TY, TX, V><<<grid_for(R * H / V, 256), 256, 0, cuda_stream()>>>(
+                                     (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, R, H))));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -552,17 +477,11 @@ void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
     same_dt(out, y, "moe_combine_forward"), same_dt(resid, y, "moe_combine_forward");
     IS_F32(w, "moe_combine_forward");
     if (T_ * H == 0) return;
-    // (vector or scalar kernel: as in gather_rows)
-    if (vec8_fits(H, out.p, resid.p, y.p)) {
-        DT_SWITCH(y.dt, T, "moe_combine_forward",
-                  moe_combine_forward_vec_kernel<T><<<grid_for(T_ * H / 8, 256), 256, 0, cuda_stream()>>>(
-                      (T *)out.p, (const T *)resid.p, (const T *)y.p, (const float *)w.p, T_, H / 8, (int)k));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    DT_SWITCH(y.dt, T, "moe_combine_forward",
-              moe_combine_forward_kernel<T><<<grid_for(T_ * H, 256), 256, 0, cuda_stream()>>>(
-                  (T *)out.p, (const T *)resid.p, (const T *)y.p, (const float *)w.p, T_, H, (int)k));
+    // (V as in gather_rows)
+    V_SWITCH(vec8_fits(H, out.p, resid.p, y.p),
+             DT_SWITCH(y.dt, T, "moe_combine_forward",
+                       moe_combine_forward_kernel<T, V><<<grid_for(T_ * H / V, 256), 256, 0, cuda_stream()>>>(
+                           (T *)out.p, (const T *)resid.p, (const T *)y.p, (const float *)w.p, T_, H, (int)k)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -571,20 +490,13 @@ void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tens
     same_dt(dy, y, "moe_combine_backward"), same_dt(dout, y, "moe_combine_backward");
     IS_F32(dw, "moe_combine_backward");
     if (T_ * k == 0) return;
-    // (vector or scalar kernel: as in gather_rows)
-    if (vec8_fits(H, dy.p, dout.p, y.p)) {
-        DT_SWITCH(
-            y.dt, T, "moe_combine_backward",
-            moe_combine_backward_vec_kernel<T>
-            <<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
-                (T *)dy.p, (float *)dw.p, (const T *)dout.p, (const T *)y.p, (const float *)w.p, T_, H / 8, (int)k));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    DT_SWITCH(y.dt, T, "moe_combine_backward",
-              moe_combine_backward_kernel<T>
-              <<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
-                  (T *)dy.p, (float *)dw.p, (const T *)dout.p, (const T *)y.p, (const float *)w.p, T_, H, (int)k));
+    // (V as in gather_rows)
+    V_SWITCH(
+        vec8_fits(H, dy.p, dout.p, y.p),
+        DT_SWITCH(y.dt, T, "moe_combine_backward",
+                  moe_combine_backward_kernel<T, V>
+                  <<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
+                      (T *)dy.p, (float *)dw.p, (const T *)dout.p, (const T *)y.p, (const float *)w.p, T_, H, (int)k)));
     CUDA_LAUNCH_CHECK();
 }
 
