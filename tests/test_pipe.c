@@ -297,8 +297,8 @@ TEST(pipe_chunks_equal_whole_model) {
         op_copy(a.dh[0], chunk_input_grad(&b));
         chunk_backward(&a, 0, false);
         ASSERT_MSG(op_read_scalar(st.loss_sum) == loss && op_read_scalar(st.lb_sum) == lb,
-                   "cut %d: loss %.9g lb %.9g vs %.9g %.9g", cut, op_read_scalar(st.loss_sum), op_read_scalar(st.lb_sum),
-                   loss, lb);
+                   "cut %d: loss %.9g lb %.9g vs %.9g %.9g", cut, op_read_scalar(st.loss_sum),
+                   op_read_scalar(st.lb_sum), loss, lb);
         for (int k = 0; k < NGROUPS; k++) {
             double err = rel_err_f32(m.g[k].p, g[k], tensor_numel(m.g[k]));
             ASSERT_MSG(err == 0, "cut %d: gradients of group %d differ by %.3g", cut, k, err);

@@ -304,16 +304,16 @@ static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
     const Dsv2Config *d = model_family_config(const Dsv2Config, &m->cfg);
     Dsv2Views *v = m->views;
     MlaLatent ml = {.r = {.c = r->ckvn,
-                             .pe = r->kva,
-                             .pe_col = d->kv_lora,
-                             .nh = m->cfg.heads,
-                             .dn = d->nope,
-                             .dr = m->cfg.rope.rd,
-                             .dv = d->vdim},
-                       .m = m,
-                       .layer = l,
-                       .wkvb = v->w[l].wkvb,
-                       .dwkvb = v->g[l].wkvb};
+                          .pe = r->kva,
+                          .pe_col = d->kv_lora,
+                          .nh = m->cfg.heads,
+                          .dn = d->nope,
+                          .dr = m->cfg.rope.rd,
+                          .dv = d->vdim},
+                    .m = m,
+                    .layer = l,
+                    .wkvb = v->w[l].wkvb,
+                    .dwkvb = v->g[l].wkvb};
     return model_mla_hooked(&ml);
 }
 

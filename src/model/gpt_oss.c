@@ -24,7 +24,8 @@ MODEL_FAMILY_CONFIG_FITS(GptOssConfig);
 _Static_assert(MAX_LAYERS <= 4 * 64, "GptOssConfig.sliding holds MAX_LAYERS bits");
 
 typedef struct {
-    Tensor ln1, wq, bq, wk, bk, wv, bv, wo, bo, sinks, ln2, router, router_b;
+    Tensor ln1, ln2, router, router_b;
+    GqaWeights att;
 } GptOssLayer;
 
 typedef struct {
@@ -35,14 +36,12 @@ typedef struct {
     MlpRec mlp;           // stage 3 and 5 (h1: the residual stream after attention)
     Tensor x;             // (T, H) layer input (owned by the previous layer)
     Tensor n1, rstd1;     // (T, H), (T)
-    Tensor q, k, v;       // (T, nh, d), (T, nkv, d), (T, nkv, d): projections, q and k roped
-    Tensor sinks;         // (nh) fp32 copy of the sinks (the attention op reads fp32 whatever the compute dtype)
-    Tensor att, lse;      // (T, nh, d), (B, nh, S)
+    GqaRec att;           // attention (sinks, RoPE)
     Tensor n2, rstd2;     // (T, H) post-attention norm (= the tokens to dispatch), (T)
     Tensor logits, probs; // (T, E) router logits and softmax over all E
     Tensor lb_grad;       // (B, E) load-balancing gradient w.r.t. probs
     // backward workspace
-    Tensor dh1, dn1, dq, dk, dv, datt, dlogits;
+    Tensor dh1, dn1, dlogits;
 } GptOssRec;
 
 static const Tensor NONE = {0};
@@ -109,24 +108,20 @@ static void gpt_oss_config_parse(ModelConfig *c, JObj o) {
     moe_config_check(c, o, "num_local_experts");
 }
 
-static void gpt_oss_params_build(ParamTable *t, const ModelConfig *c) {
+// Attention: biases when attention_bias, sinks, no q/k norm.
+static GqaShape gpt_oss_gqa(const ModelConfig *c) {
     const GptOssConfig *g = model_family_config(const GptOssConfig, c);
-    int64_t H = c->hidden, d = g->head_dim, nh = c->heads, nkv = g->kv_heads;
+    return (GqaShape){.nh = c->heads, .nkv = g->kv_heads, .d = g->head_dim, .bias = g->attn_bias, .sinks = true};
+}
+
+static void gpt_oss_params_build(ParamTable *t, const ModelConfig *c) {
+    int64_t H = c->hidden;
+    GqaShape shape = gpt_oss_gqa(c);
     moe_params_embed(t, c);
     for (int l = 0; l < c->layers; l++) {
 #define P(suffix, init, nd, a, b) params_add_layer(t, l, suffix, init, nd, a, b)
         P("input_layernorm.weight", INIT_ONES, 1, H, 0);
-        P("self_attn.q_proj.weight", INIT_NORMAL, 2, nh * d, H);
-        P("self_attn.k_proj.weight", INIT_NORMAL, 2, nkv * d, H);
-        P("self_attn.v_proj.weight", INIT_NORMAL, 2, nkv * d, H);
-        P("self_attn.o_proj.weight", INIT_NORMAL_OUT, 2, H, nh * d);
-        if (g->attn_bias) {
-            P("self_attn.q_proj.bias", INIT_ZEROS, 1, nh * d, 0);
-            P("self_attn.k_proj.bias", INIT_ZEROS, 1, nkv * d, 0);
-            P("self_attn.v_proj.bias", INIT_ZEROS, 1, nkv * d, 0);
-            P("self_attn.o_proj.bias", INIT_ZEROS, 1, H, 0);
-        }
-        P("self_attn.sinks", INIT_NORMAL, 1, nh, 0);
+        gqa_params(t, &shape, l, H);
         P("post_attention_layernorm.weight", INIT_ONES, 1, H, 0);
         P("mlp.router.weight", INIT_NORMAL, 2, c->experts, H);
         P("mlp.router.bias", INIT_NORMAL, 1, c->experts, 0);
@@ -138,21 +133,13 @@ static void gpt_oss_params_build(ParamTable *t, const ModelConfig *c) {
 
 static void bind_layers(Model *m, Tensor *flat, GptOssLayer *w) {
     const ModelConfig *c = &m->cfg;
-    const GptOssConfig *g = model_family_config(const GptOssConfig, c);
-    int64_t H = c->hidden, d = g->head_dim, nh = c->heads, nkv = g->kv_heads;
+    int64_t H = c->hidden;
+    GqaShape shape = gpt_oss_gqa(c);
     for (int l = 0; l < c->layers; l++) {
         GptOssLayer *L = &w[l];
 #define V(suffix, nd, a, b) model_view_layer(m, flat, l, suffix, nd, a, b)
         L->ln1 = V("input_layernorm.weight", 1, H, 0);
-        L->wq = V("self_attn.q_proj.weight", 2, nh * d, H);
-        L->wk = V("self_attn.k_proj.weight", 2, nkv * d, H);
-        L->wv = V("self_attn.v_proj.weight", 2, nkv * d, H);
-        L->wo = V("self_attn.o_proj.weight", 2, H, nh * d);
-        L->bq = V("self_attn.q_proj.bias", 1, nh * d, 0);
-        L->bk = V("self_attn.k_proj.bias", 1, nkv * d, 0);
-        L->bv = V("self_attn.v_proj.bias", 1, nkv * d, 0);
-        L->bo = V("self_attn.o_proj.bias", 1, H, 0);
-        L->sinks = V("self_attn.sinks", 1, nh, 0);
+        gqa_bind(m, flat, &shape, l, &L->att);
         L->ln2 = V("post_attention_layernorm.weight", 1, H, 0);
         L->router = V("mlp.router.weight", 2, c->experts, H);
         L->router_b = V("mlp.router.bias", 1, c->experts, 0);
@@ -169,28 +156,21 @@ static void gpt_oss_bind(Model *m) {
 
 // The FP8 projections (Fp8Slot): attention's q, k, v, o, with their biases.
 static Tensor gpt_oss_fp8_weight(const Model *m, int l, Fp8Slot s) {
-    const GptOssLayer *W = &((const GptOssViews *)m->views)->w[l];
-    Tensor w[FP8_SLOTS] = {[FP8_Q] = W->wq, [FP8_K] = W->wk, [FP8_V] = W->wv, [FP8_O] = W->wo};
-    return w[s];
+    return gqa_fp8_weight(&((const GptOssViews *)m->views)->w[l].att, s);
 }
 
 // ---- records ----
 
 static void gpt_oss_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
     const ModelConfig *c = &m->cfg;
-    const GptOssConfig *g = model_family_config(const GptOssConfig, c);
     GptOssRec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden, d = g->head_dim, nh = c->heads, nkv = g->kv_heads, E = c->experts;
+    int64_t T = (int64_t)B * S, H = c->hidden, E = c->experts;
     DType dt = m->cdt;
+    GqaShape shape = gpt_oss_gqa(c);
     memset(r, 0, sizeof *r);
     r->n1 = arena_tensor(a, dt, 2, T, H, 0, 0);
     r->rstd1 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
-    r->q = arena_tensor(a, dt, 3, T, nh, d, 0);
-    r->k = arena_tensor(a, dt, 3, T, nkv, d, 0);
-    r->v = arena_tensor(a, dt, 3, T, nkv, d, 0);
-    r->sinks = arena_tensor(a, DT_F32, 1, nh, 0, 0, 0);
-    r->att = arena_tensor(a, dt, 3, T, nh, d, 0);
-    r->lse = arena_tensor(a, DT_F32, 3, B, nh, S, 0);
+    gqa_alloc(&r->att, &shape, a, dt, B, S);
     r->mlp.h1 = arena_tensor(a, dt, 2, T, H, 0, 0);
     r->n2 = arena_tensor(a, dt, 2, T, H, 0, 0);
     r->rstd2 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
@@ -202,28 +182,23 @@ static void gpt_oss_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int 
 
 static void gpt_oss_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {
     const ModelConfig *c = &m->cfg;
-    const GptOssConfig *g = model_family_config(const GptOssConfig, c);
     GptOssRec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden, d = g->head_dim, nh = c->heads, nkv = g->kv_heads;
-    DType dt = m->cdt;
-    r->dh1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
-    r->dn1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
-    r->dq = arena_tensor(ws, dt, 3, T, nh, d, 0);
-    r->dk = arena_tensor(ws, dt, 3, T, nkv, d, 0);
-    r->dv = arena_tensor(ws, dt, 3, T, nkv, d, 0);
-    r->datt = arena_tensor(ws, dt, 3, T, nh, d, 0);
+    int64_t T = (int64_t)B * S, H = c->hidden;
+    GqaShape shape = gpt_oss_gqa(c);
+    r->dh1 = arena_tensor(ws, m->cdt, 2, T, H, 0, 0);
+    r->dn1 = arena_tensor(ws, m->cdt, 2, T, H, 0, 0);
+    gqa_grad_alloc(&r->att, &shape, ws, m->cdt, B, S);
     r->dlogits = arena_tensor(ws, DT_F32, 2, T, c->experts, 0, 0);
 }
 
 // ---- stage 1: norm → attention with sinks (sliding or full) → residual → norm → router ----
 
-static AttnArgs gpt_oss_attn_args(const Model *m, int l, const MicroBatch *mb, const GptOssRec *r) {
+static AttnArgs gpt_oss_attn_args(const Model *m, int l, const MicroBatch *mb) {
     const GptOssConfig *g = model_family_config(const GptOssConfig, &m->cfg);
     return (AttnArgs){.B = mb->B,
                       .scale = (float)(1.0 / sqrt((double)g->head_dim)),
                       .causal = true,
                       .window = is_sliding(g, l) ? g->window : 0,
-                      .sinks = r->sinks,
                       .deterministic = m->deterministic};
 }
 
@@ -233,22 +208,14 @@ static RouterArgs gpt_oss_router_args(const Model *m) {
 
 static void gpt_oss_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
     const ModelConfig *c = &m->cfg;
-    const GptOssConfig *g = model_family_config(const GptOssConfig, c);
     const GptOssLayer *W = &((GptOssViews *)m->views)->w[l];
     GptOssRec *r = rp;
-    int64_t T = mb->T, d = g->head_dim, nh = c->heads, nkv = g->kv_heads;
+    int64_t T = mb->T;
     Tensor h1 = r->mlp.h1;
+    GqaShape shape = gpt_oss_gqa(c);
     r->x = x;
     op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps, NULL);
-    model_proj_forward(m, l, FP8_Q, tensor_reshape2(r->q, T, nh * d), r->n1, W->wq, W->bq);
-    model_proj_forward(m, l, FP8_K, tensor_reshape2(r->k, T, nkv * d), r->n1, W->wk, W->bk);
-    model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
-    op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
-    op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
-    op_copy(r->sinks, W->sinks);
-    AttnArgs aa = gpt_oss_attn_args(m, l, mb, r);
-    model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa); // the op, or through a KV cache
-    model_proj_forward(m, l, FP8_O, h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
+    gqa_forward(m, l, &shape, &W->att, &r->att, mb, r->n1, h1, gpt_oss_attn_args(m, l, mb));
     op_add(h1, x);
     op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps, NULL);
     op_linear_forward(r->logits, r->n2, W->router, W->router_b);
@@ -262,10 +229,8 @@ static void gpt_oss_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Te
 // dout: ∂/∂(layer output) (its residual path reaches h1 directly); dx: ∂/∂(layer input), written.
 static void gpt_oss_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx) {
     const ModelConfig *c = &m->cfg;
-    const GptOssConfig *g = model_family_config(const GptOssConfig, c);
     const GptOssLayer *W = &((GptOssViews *)m->views)->w[l], *G = &((GptOssViews *)m->views)->g[l];
     GptOssRec *r = rp;
-    int64_t T = mb->T, d = g->head_dim, nh = c->heads, nkv = g->kv_heads;
     Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
     RouterArgs ra = gpt_oss_router_args(m);
     model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
@@ -274,21 +239,8 @@ static void gpt_oss_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, S
     op_linear_backward_weight(G->router, G->router_b, r->dlogits, r->n2);
     op_copy(r->dh1, dout);
     op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->mlp.h1, W->ln2, r->rstd2, true, NULL);
-    Tensor att2 = tensor_reshape2(r->att, T, nh * d), datt2 = tensor_reshape2(r->datt, T, nh * d);
-    model_proj_backward_input(m, l, FP8_O, datt2, r->dh1, W->wo, false);
-    model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, att2);
-    AttnArgs aa = gpt_oss_attn_args(m, l, mb, r);
-    op_attention_backward(r->dq, r->dk, r->dv, G->sinks, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
-    op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
-    op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
-    Tensor dq = tensor_reshape2(r->dq, T, nh * d), dk = tensor_reshape2(r->dk, T, nkv * d),
-           dv = tensor_reshape2(r->dv, T, nkv * d);
-    model_proj_backward_input(m, l, FP8_Q, r->dn1, dq, W->wq, false);
-    model_proj_backward_input(m, l, FP8_K, r->dn1, dk, W->wk, true);
-    model_proj_backward_input(m, l, FP8_V, r->dn1, dv, W->wv, true);
-    model_proj_backward_weight(m, l, FP8_Q, G->wq, G->bq, dq, r->n1);
-    model_proj_backward_weight(m, l, FP8_K, G->wk, G->bk, dk, r->n1);
-    model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, r->n1);
+    GqaShape shape = gpt_oss_gqa(c);
+    gqa_backward(m, l, &shape, &W->att, &G->att, &r->att, mb, r->n1, r->dh1, r->dn1, gpt_oss_attn_args(m, l, mb));
     op_copy(dx, r->dh1);
     op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true, NULL);
 }

@@ -141,7 +141,7 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
     m->rope_sin = model_tensor(dev, DT_F32, (int64_t)max_seq * half, alloc);
     m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq,
     m->rope_cos.n[1] = m->rope_sin.n[1] = half;
-        if (alloc) {
+    if (alloc) {
         float *c = xmalloc((size_t)max_seq * half * sizeof(float)),
               *s = xmalloc((size_t)max_seq * half * sizeof(float));
         Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1),
@@ -335,7 +335,7 @@ void model_lb_loss(Model *m, const MicroBatch *mb, int l, Tensor lb_grad, Tensor
     }
     op_copy(lb_grad, tensor_make(b->grad, DT_F32, DEV_CPU, 1, E, 1, 1, 1));
     if (mb->replay) return;
-    b->tokens[l] += round;                 // the running counts on every cp rank,
+    b->tokens[l] += round;                  // the running counts on every cp rank,
     if (!cp || !cp->rank) lb_add(mb, loss); // the loss once per micro-batch
 }
 

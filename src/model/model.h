@@ -275,7 +275,7 @@ struct Model {
     // instead of adding (moe_stage3_backward_weight). model_zero_grads zeroes the expert group only the first time
     // (expert_grads_zeroed), so its padding is zero and each step saves a pass over the largest gradient buffer.
     bool expert_grads_fresh[MAX_LAYERS], expert_grads_zeroed;
-    Fp8Cache fp8;            // FP8 (cache.c): the layers' quantised projection weights
+    Fp8Cache fp8; // FP8 (cache.c): the layers' quantised projection weights
     // Tests (CPU only, one micro-batch): layer l's router takes route_given[l] (T·k) instead of its own top-k
     // (RouterArgs.given); NULL: its own.
     const int32_t *route_given[MAX_LAYERS];
@@ -403,6 +403,41 @@ int model_position(const Model *m, int S, int t);
 // op_attention_backward, or with m->ring the ring's backward (context parallelism): families call this one.
 void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k,
                               Tensor v, Tensor o, Tensor lse, const AttnArgs *a);
+
+// ---- grouped-query attention (gqa.c): the mixer of Qwen3, GPT-OSS and Qwen3.5's full-attention layers ----
+// out = o_proj(attention(RoPE(norm(q_proj(n1))), RoPE(norm(k_proj(n1))), v_proj(n1))) over nh query heads and nkv
+// key/value heads of d: projection biases when bias; the per-head q/k RMSNorm of qk_norm; rotate-half RoPE on the
+// model's tables; the family's AttnArgs (scale, window; sinks: GPT-OSS's learned per-head logit); gated (Qwen3.5):
+// q_proj gives per head [q | gate] and o_proj reads attention · σ(gate). HF names self_attn.{q,k,v,o}_proj.*,
+// self_attn.{q,k}_norm.weight, self_attn.sinks.
+typedef enum { QK_NORM_NONE, QK_NORM_W, QK_NORM_1P } QkNorm; // none, x·rstd·w, x·rstd·(1 + w)
+typedef struct {
+    int64_t nh, nkv, d;
+    QkNorm qk_norm;
+    bool bias, gated, sinks;
+} GqaShape;
+typedef struct {
+    Tensor wq, bq, wk, bk, wv, bv, wo, bo, qn, kn, sinks; // absent ones {0}
+} GqaWeights;
+typedef struct {
+    Tensor qg, qp, gate;    // gated: (T, nh, 2d) q_proj's output and its halves; qp: q before its norm
+    Tensor kp, rq, rk;      // qk_norm: (T, nkv, d) k before its norm, (T·nh), (T·nkv) rstd
+    Tensor q, k, v;         // after norm and RoPE: (T, nh, d), (T, nkv, d), (T, nkv, d)
+    Tensor sinks;           // (nh) fp32 copy of the sinks (the attention op reads fp32)
+    Tensor att, lse, gated; // (T, nh, d), (B, nh, S), att · σ(gate)
+    Tensor dqg, dqp, dgate, dkp, dq, dk, dv, datt, dgated; // backward workspace
+} GqaRec;
+void gqa_params(ParamTable *t, const GqaShape *s, int l, int64_t H); // layer l's, in this order
+void gqa_bind(Model *m, Tensor *flat, const GqaShape *s, int l, GqaWeights *w);
+void gqa_alloc(GqaRec *r, const GqaShape *s, Arena *a, DType dt, int B, int S);
+void gqa_grad_alloc(GqaRec *r, const GqaShape *s, Arena *ws, DType dt, int B, int S);
+// n1: (T, H) the normed input; out: (T, H) written. FP8 slots FP8_Q, FP8_K, FP8_V, FP8_O of layer l.
+void gqa_forward(Model *m, int l, const GqaShape *s, const GqaWeights *W, GqaRec *r, const MicroBatch *mb, Tensor n1,
+                 Tensor out, AttnArgs aa);
+// dout: ∂/∂out; dn1: ∂/∂n1 written; G: the fp32 gradients (accumulated).
+void gqa_backward(Model *m, int l, const GqaShape *s, const GqaWeights *W, const GqaWeights *G, GqaRec *r,
+                  const MicroBatch *mb, Tensor n1, Tensor dout, Tensor dn1, AttnArgs aa);
+Tensor gqa_fp8_weight(const GqaWeights *W, Fp8Slot s); // the weight of slot s ({0} but for q, k, v, o)
 
 // ---- multi-head latent attention, on one rank or around the ring (model.c; DeepSeek-V2's decompression and hooks
 // in deepseek_v2.c) ----

@@ -204,7 +204,8 @@ static void mlp_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w
 }
 static void mlp_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
     if (!offs) model_proj_backward_input(m, l, s, dx, dy, w, false);
-    else if (m->fp8.on) m->fp8.gemms[s]++, op_fp8_grouped_linear_backward_input(dx, dy, model_fp8_weight(m, l, s), offs);
+    else if (m->fp8.on)
+        m->fp8.gemms[s]++, op_fp8_grouped_linear_backward_input(dx, dy, model_fp8_weight(m, l, s), offs);
     else op_grouped_linear_backward_input(dx, dy, w, offs);
 }
 // acc false (grouped): dw and db are written, not added to (the dense path always adds).

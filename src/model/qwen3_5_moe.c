@@ -28,7 +28,7 @@ MODEL_FAMILY_CONFIG_FITS(Qwen35Config);
 
 typedef struct {
     Tensor ln1, ln2, router, shared_gu, shared_down, shared_gate; // (H), (H), (E, H), (2Is, H), (H, Is), (1, H)
-    Tensor wq, bq, wk, bk, wv, bv, wo, bo, qn, kn;                // full attention
+    GqaWeights att;                                               // full attention
     Tensor wqkv, wz, wb, wa, conv, dt_bias, A_log, gnorm, wout;   // Gated DeltaNet; conv: (Cc, K)
 } Q35Layer;
 
@@ -40,13 +40,7 @@ typedef struct {
     MlpRec mlp;       // stage 3 and 5 (h1: after the token mixer and the shared expert)
     Tensor x;         // (T, H) layer input (owned by the previous layer)
     Tensor n1, rstd1; // (T, H), (T)
-    // full attention
-    Tensor qg;         // (T, nh, 2hd) q_proj output, per head [q | gate]
-    Tensor qp, gate;   // (T, nh, hd) its two halves
-    Tensor kp, rq, rk; // (T, nkv, hd) k before its norm; (T·nh), (T·nkv) norm rstd
-    Tensor q, k, v;    // after norm and RoPE; v: (T, nkv, hd)
-    Tensor att, lse;   // (T, nh, hd), (B, nh, S)
-    Tensor gated;      // (T, nh, hd) att · σ(gate)
+    GqaRec att;       // full attention (gated, q/k norm 1 + w, partial RoPE)
     // Gated DeltaNet
     Tensor qkv, cv;      // (T, Cc) projection and conv1d_silu of it
     Tensor lq, lk, lv;   // (T, nk, dk), (T, nk, dk), (T, nv, dv) split of cv
@@ -62,12 +56,13 @@ typedef struct {
     Tensor lb_grad;            // (B, E) load-balancing gradient w.r.t. probs
     Tensor sgu, sact, so, sg;  // (T, 2Is), (T, Is), (T, H) shared expert; (T, 1) its gate logit
     // backward workspace
-    Tensor dh1, dn1, dqg, dqp, dgate, dkp, dq, dk, dv, datt, dgated;
+    Tensor dh1, dn1;
     Tensor dqkv, dcv, dlq, dlk, dlv, dz, dpa, dpb, dg, dbeta, dcore, dgn, dh1c, dn1c;
     Tensor dlogits, dsgu, dsact, dso, dsg;
 } Q35Rec;
 
 static const Tensor NONE = {0};
+
 static const RmsArgs ONE_P = {.one_plus = true}; // the zero-centred norms: y = x·rstd·(1 + w)
 
 static bool is_linear(const ModelConfig *c, int l) {
@@ -126,9 +121,21 @@ static void q35_config_parse(ModelConfig *c, JObj o) {
     c->ring.cc = (int)cc, c->ring.ck = q->conv_k, c->ring.state = (int64_t)q->nv * q->dk * q->dv;
 }
 
+// Full attention: gated q, q/k norm 1 + w, biases when attention_bias.
+static GqaShape q35_gqa(const ModelConfig *c) {
+    const Qwen35Config *q = model_family_config(const Qwen35Config, c);
+    return (GqaShape){.nh = c->heads,
+                      .nkv = q->kv_heads,
+                      .d = q->head_dim,
+                      .qk_norm = QK_NORM_1P,
+                      .bias = q->attn_bias,
+                      .gated = true};
+}
+
 static void q35_params_build(ParamTable *t, const ModelConfig *c) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
-    int64_t H = c->hidden, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads, Is = q->shared_inter;
+    int64_t H = c->hidden, Is = q->shared_inter;
+    GqaShape shape = q35_gqa(c);
     int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     moe_params_embed(t, c);
     for (int l = 0; l < c->layers; l++) {
@@ -147,18 +154,7 @@ static void q35_params_build(ParamTable *t, const ModelConfig *c) {
             P("linear_attn.norm.weight", INIT_ONES, 1, q->dv, 0);
             P("linear_attn.out_proj.weight", INIT_NORMAL, 2, H, vd);
         } else {
-            P("self_attn.q_proj.weight", INIT_NORMAL, 2, nh * 2 * hd, H);
-            P("self_attn.k_proj.weight", INIT_NORMAL, 2, nkv * hd, H);
-            P("self_attn.v_proj.weight", INIT_NORMAL, 2, nkv * hd, H);
-            P("self_attn.o_proj.weight", INIT_NORMAL_OUT, 2, H, nh * hd);
-            if (q->attn_bias) {
-                P("self_attn.q_proj.bias", INIT_ZEROS, 1, nh * 2 * hd, 0);
-                P("self_attn.k_proj.bias", INIT_ZEROS, 1, nkv * hd, 0);
-                P("self_attn.v_proj.bias", INIT_ZEROS, 1, nkv * hd, 0);
-                P("self_attn.o_proj.bias", INIT_ZEROS, 1, H, 0);
-            }
-            P("self_attn.q_norm.weight", INIT_ZEROS, 1, hd, 0);
-            P("self_attn.k_norm.weight", INIT_ZEROS, 1, hd, 0);
+            gqa_params(t, &shape, l, H);
         }
         P("post_attention_layernorm.weight", INIT_ZEROS, 1, H, 0);
         P("mlp.gate.weight", INIT_NORMAL, 2, c->experts, H);
@@ -175,7 +171,8 @@ static void q35_params_build(ParamTable *t, const ModelConfig *c) {
 static void bind_layers(Model *m, Tensor *flat, Q35Layer *w) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
-    int64_t H = c->hidden, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads, Is = q->shared_inter;
+    int64_t H = c->hidden, Is = q->shared_inter;
+    GqaShape shape = q35_gqa(c);
     int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     for (int l = 0; l < c->layers; l++) {
         Q35Layer *L = &w[l];
@@ -186,16 +183,7 @@ static void bind_layers(Model *m, Tensor *flat, Q35Layer *w) {
         L->shared_gu = V("mlp.shared_expert.gate_proj.weight", 2, 2 * Is, H);
         L->shared_down = V("mlp.shared_expert.down_proj.weight", 2, H, Is);
         L->shared_gate = V("mlp.shared_expert_gate.weight", 2, 1, H);
-        L->wq = V("self_attn.q_proj.weight", 2, nh * 2 * hd, H);
-        L->bq = V("self_attn.q_proj.bias", 1, nh * 2 * hd, 0);
-        L->wk = V("self_attn.k_proj.weight", 2, nkv * hd, H);
-        L->bk = V("self_attn.k_proj.bias", 1, nkv * hd, 0);
-        L->wv = V("self_attn.v_proj.weight", 2, nkv * hd, H);
-        L->bv = V("self_attn.v_proj.bias", 1, nkv * hd, 0);
-        L->wo = V("self_attn.o_proj.weight", 2, H, nh * hd);
-        L->bo = V("self_attn.o_proj.bias", 1, H, 0);
-        L->qn = V("self_attn.q_norm.weight", 1, hd, 0);
-        L->kn = V("self_attn.k_norm.weight", 1, hd, 0);
+        gqa_bind(m, flat, &shape, l, &L->att);
         L->wqkv = V("linear_attn.in_proj_qkv.weight", 2, 2 * kd + vd, H);
         L->wz = V("linear_attn.in_proj_z.weight", 2, vd, H);
         L->wb = V("linear_attn.in_proj_b.weight", 2, q->nv, H);
@@ -223,10 +211,10 @@ static Tensor q35_fp8_weight(const Model *m, int l, Fp8Slot s) {
     Tensor w[FP8_SLOTS] = {[FP8_QKV] = W->wqkv,
                            [FP8_Z] = W->wz,
                            [FP8_OUT] = W->wout,
-                           [FP8_Q] = W->wq,
-                           [FP8_K] = W->wk,
-                           [FP8_V] = W->wv,
-                           [FP8_O] = W->wo,
+                           [FP8_Q] = W->att.wq,
+                           [FP8_K] = W->att.wk,
+                           [FP8_V] = W->att.wv,
+                           [FP8_O] = W->att.wo,
                            [FP8_SHARED_GU] = W->shared_gu,
                            [FP8_SHARED_DOWN] = W->shared_down};
     return w[s];
@@ -238,7 +226,8 @@ static void q35_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, S
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
     Q35Rec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads, E = c->experts;
+    int64_t T = (int64_t)B * S, H = c->hidden, E = c->experts;
+    GqaShape shape = q35_gqa(c);
     int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     DType dt = m->cdt;
     memset(r, 0, sizeof *r);
@@ -265,18 +254,7 @@ static void q35_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, S
             r->s0 = arena_tensor(a, DT_F32, 4, B, q->nv, q->dk, q->dv);
         }
     } else {
-        r->qg = arena_tensor(a, dt, 3, T, nh, 2 * hd, 0);
-        r->qp = arena_tensor(a, dt, 3, T, nh, hd, 0);
-        r->gate = arena_tensor(a, dt, 3, T, nh, hd, 0);
-        r->kp = arena_tensor(a, dt, 3, T, nkv, hd, 0);
-        r->rq = arena_tensor(a, DT_F32, 1, T * nh, 0, 0, 0);
-        r->rk = arena_tensor(a, DT_F32, 1, T * nkv, 0, 0, 0);
-        r->q = arena_tensor(a, dt, 3, T, nh, hd, 0);
-        r->k = arena_tensor(a, dt, 3, T, nkv, hd, 0);
-        r->v = arena_tensor(a, dt, 3, T, nkv, hd, 0);
-        r->att = arena_tensor(a, dt, 3, T, nh, hd, 0);
-        r->lse = arena_tensor(a, DT_F32, 3, B, nh, S, 0);
-        r->gated = arena_tensor(a, dt, 3, T, nh, hd, 0);
+        gqa_alloc(&r->att, &shape, a, dt, B, S);
     }
     r->h1a = arena_tensor(a, dt, 2, T, H, 0, 0);
     r->mlp.h1 = arena_tensor(a, dt, 2, T, H, 0, 0);
@@ -319,7 +297,8 @@ static void q35_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, in
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
     Q35Rec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads;
+    int64_t T = (int64_t)B * S, H = c->hidden;
+    GqaShape shape = q35_gqa(c);
     int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     DType dt = m->cdt;
     (void)io;
@@ -341,15 +320,7 @@ static void q35_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, in
         r->dh1c = c->cp_size > 1 ? arena_tensor(ws, dt, 2, T, H, 0, 0) : r->dh1;
         r->dn1c = c->cp_size > 1 ? arena_tensor(ws, dt, 2, T, H, 0, 0) : r->dn1;
     } else {
-        r->dqg = arena_tensor(ws, dt, 3, T, nh, 2 * hd, 0);
-        r->dqp = arena_tensor(ws, dt, 3, T, nh, hd, 0);
-        r->dgate = arena_tensor(ws, dt, 3, T, nh, hd, 0);
-        r->dkp = arena_tensor(ws, dt, 3, T, nkv, hd, 0);
-        r->dq = arena_tensor(ws, dt, 3, T, nh, hd, 0);
-        r->dk = arena_tensor(ws, dt, 3, T, nkv, hd, 0);
-        r->dv = arena_tensor(ws, dt, 3, T, nkv, hd, 0);
-        r->datt = arena_tensor(ws, dt, 3, T, nh, hd, 0);
-        r->dgated = arena_tensor(ws, dt, 3, T, nh, hd, 0);
+        gqa_grad_alloc(&r->att, &shape, ws, dt, B, S);
     }
     r->dlogits = arena_tensor(ws, DT_F32, 2, T, c->experts, 0, 0);
     r->dsgu = arena_tensor(ws, dt, 2, T, 2 * (int64_t)q->shared_inter, 0, 0);
@@ -403,38 +374,15 @@ static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBa
     model_cp_zigzag(m, r->h1a, r->h1c, mb->B);
 }
 
-// Gated full attention: n1 → h1a (without the residual).
-static void attention_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBatch *mb) {
-    const ModelConfig *c = &m->cfg;
-    const Qwen35Config *q = model_family_config(const Qwen35Config, c);
-    int64_t T = mb->T, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads;
-    Tensor qg2 = tensor_reshape2(r->qg, T * nh, 2 * hd);
-    model_proj_forward(m, l, FP8_Q, tensor_reshape2(r->qg, T, nh * 2 * hd), r->n1, W->wq, W->bq);
-    op_copy_cols(tensor_reshape2(r->qp, T * nh, hd), 0, qg2, 0, hd, false);
-    op_copy_cols(tensor_reshape2(r->gate, T * nh, hd), 0, qg2, hd, hd, false);
-    model_proj_forward(m, l, FP8_K, tensor_reshape2(r->kp, T, nkv * hd), r->n1, W->wk, W->bk);
-    model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * hd), r->n1, W->wv, W->bv);
-    op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, hd), r->rq, tensor_reshape2(r->qp, T * nh, hd), W->qn,
-                       (float)c->eps, &ONE_P);
-    op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, hd), r->rk, tensor_reshape2(r->kp, T * nkv, hd), W->kn,
-                       (float)c->eps, &ONE_P);
-    op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
-    op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
-    AttnArgs aa = q35_attn_args(m, mb);
-    model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa);
-    op_sigmoid_gate_forward(tensor_reshape2(r->gated, T * nh, hd), tensor_reshape2(r->att, T * nh, hd),
-                            tensor_reshape2(r->gate, T * nh, hd));
-    model_proj_forward(m, l, FP8_O, r->h1a, tensor_reshape2(r->gated, T, nh * hd), W->wo, W->bo);
-}
-
 static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
     const ModelConfig *c = &m->cfg;
+    GqaShape shape = q35_gqa(c);
     const Q35Layer *W = &((Q35Views *)m->views)->w[l];
     Q35Rec *r = rp;
     r->x = x;
     op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps, &ONE_P);
     if (is_linear(c, l)) delta_forward(m, l, W, r, mb, io->opws);
-    else attention_forward(m, l, W, r, mb);
+    else gqa_forward(m, l, &shape, &W->att, &r->att, mb, r->n1, r->h1a, q35_attn_args(m, mb));
     op_add(r->h1a, x);
     op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps, &ONE_P);
     op_linear_forward(r->logits, r->n2, W->router, NONE);
@@ -484,40 +432,10 @@ static void delta_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G
     model_cp_zigzag(m, r->dn1, r->dn1c, mb->B);
 }
 
-static void attention_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb,
-                               Tensor opws) {
-    const ModelConfig *c = &m->cfg;
-    const Qwen35Config *q = model_family_config(const Qwen35Config, c);
-    int64_t T = mb->T, hd = q->head_dim, nh = c->heads, nkv = q->kv_heads;
-    model_proj_backward_input(m, l, FP8_O, tensor_reshape2(r->dgated, T, nh * hd), r->dh1, W->wo, false);
-    model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, tensor_reshape2(r->gated, T, nh * hd));
-    op_sigmoid_gate_backward(tensor_reshape2(r->datt, T * nh, hd), tensor_reshape2(r->dgate, T * nh, hd),
-                             tensor_reshape2(r->dgated, T * nh, hd), tensor_reshape2(r->att, T * nh, hd),
-                             tensor_reshape2(r->gate, T * nh, hd), false);
-    AttnArgs aa = q35_attn_args(m, mb);
-    aa.ws = opws;
-    model_attention_backward(m, r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
-    op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
-    op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
-    op_rmsnorm_backward(tensor_reshape2(r->dqp, T * nh, hd), G->qn, tensor_reshape2(r->dq, T * nh, hd),
-                        tensor_reshape2(r->qp, T * nh, hd), W->qn, r->rq, false, &ONE_P);
-    op_rmsnorm_backward(tensor_reshape2(r->dkp, T * nkv, hd), G->kn, tensor_reshape2(r->dk, T * nkv, hd),
-                        tensor_reshape2(r->kp, T * nkv, hd), W->kn, r->rk, false, &ONE_P);
-    Tensor dqg2 = tensor_reshape2(r->dqg, T * nh, 2 * hd), dqg = tensor_reshape2(r->dqg, T, nh * 2 * hd),
-           dkp = tensor_reshape2(r->dkp, T, nkv * hd), dv = tensor_reshape2(r->dv, T, nkv * hd);
-    op_copy_cols(dqg2, 0, tensor_reshape2(r->dqp, T * nh, hd), 0, hd, false);
-    op_copy_cols(dqg2, hd, tensor_reshape2(r->dgate, T * nh, hd), 0, hd, false);
-    model_proj_backward_input(m, l, FP8_Q, r->dn1, dqg, W->wq, false);
-    model_proj_backward_input(m, l, FP8_K, r->dn1, dkp, W->wk, true);
-    model_proj_backward_input(m, l, FP8_V, r->dn1, dv, W->wv, true);
-    model_proj_backward_weight(m, l, FP8_Q, G->wq, G->bq, dqg, r->n1);
-    model_proj_backward_weight(m, l, FP8_K, G->wk, G->bk, dkp, r->n1);
-    model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, r->n1);
-}
-
 // dout: ∂/∂(layer output), which reaches h1 (and through it h1a) directly; dx: ∂/∂(layer input), written.
 static void q35_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx) {
     const ModelConfig *c = &m->cfg;
+    GqaShape shape = q35_gqa(c);
     const Q35Layer *W = &((Q35Views *)m->views)->w[l], *G = &((Q35Views *)m->views)->g[l];
     Q35Rec *r = rp;
     Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
@@ -537,7 +455,11 @@ static void q35_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stage
     op_copy(r->dh1, dout);
     op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true, &ONE_P);
     if (is_linear(c, l)) delta_backward(m, l, W, G, r, mb, io->opws);
-    else attention_backward(m, l, W, G, r, mb, io->opws);
+    else {
+        AttnArgs aa = q35_attn_args(m, mb);
+        aa.ws = io->opws;
+        gqa_backward(m, l, &shape, &W->att, &G->att, &r->att, mb, r->n1, r->dh1, r->dn1, aa);
+    }
     op_copy(dx, r->dh1);
     op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true, &ONE_P);
 }

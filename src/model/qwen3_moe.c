@@ -16,7 +16,8 @@ typedef struct {
 MODEL_FAMILY_CONFIG_FITS(Qwen3Config);
 
 typedef struct {
-    Tensor ln1, wq, bq, wk, bk, wv, bv, wo, bo, qn, kn, ln2, router;
+    Tensor ln1, ln2, router;
+    GqaWeights att;
 } Qwen3Layer;
 
 typedef struct {
@@ -27,15 +28,12 @@ typedef struct {
     MlpRec mlp;           // stage 3 and 5 (h1: the residual stream after attention)
     Tensor x;             // (T, H) layer input (owned by the previous layer)
     Tensor n1, rstd1;     // (T, H), (T)
-    Tensor qp, kp;        // (T, nh, d), (T, nkv, d) projections before the q/k norm
-    Tensor rq, rk;        // (T·nh), (T·nkv) rstd of the q/k norm
-    Tensor q, k, v;       // after norm and RoPE; v: (T, nkv, d)
-    Tensor att, lse;      // (T, nh, d), (B, nh, S)
+    GqaRec att;           // attention (q/k norm, RoPE)
     Tensor n2, rstd2;     // (T, H) post-attention norm (= the tokens to dispatch), (T)
     Tensor logits, probs; // (T, E) router logits and softmax
     Tensor lb_grad;       // (B, E) load-balancing gradient w.r.t. probs (model_lb_loss)
     // backward workspace
-    Tensor dh1, dn1, dqp, dkp, dq, dk, dv, datt, dlogits;
+    Tensor dh1, dn1, dlogits;
 } Qwen3Rec;
 
 static const Tensor NONE = {0};
@@ -86,28 +84,21 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
     moe_config_check(c, o, "num_experts");
 }
 
-static void qwen3_params_build(ParamTable *t, const ModelConfig *c) {
+// Attention: q/k norm, biases when attention_bias.
+static GqaShape qwen3_gqa(const ModelConfig *c) {
     const Qwen3Config *q = model_family_config(const Qwen3Config, c);
-    int64_t H = c->hidden, d = q->head_dim, nh = c->heads, nkv = q->kv_heads;
+    return (GqaShape){.nh = c->heads, .nkv = q->kv_heads, .d = q->head_dim, .qk_norm = QK_NORM_W, .bias = q->attn_bias};
+}
+
+static void qwen3_params_build(ParamTable *t, const ModelConfig *c) {
+    int64_t H = c->hidden;
+    GqaShape shape = qwen3_gqa(c);
     moe_params_embed(t, c);
     for (int l = 0; l < c->layers; l++) {
-#define P(suffix, init, nd, a, b) params_add_layer(t, l, suffix, init, nd, a, b)
-        P("input_layernorm.weight", INIT_ONES, 1, H, 0);
-        P("self_attn.q_proj.weight", INIT_NORMAL, 2, nh * d, H);
-        P("self_attn.k_proj.weight", INIT_NORMAL, 2, nkv * d, H);
-        P("self_attn.v_proj.weight", INIT_NORMAL, 2, nkv * d, H);
-        P("self_attn.o_proj.weight", INIT_NORMAL_OUT, 2, H, nh * d);
-        if (q->attn_bias) {
-            P("self_attn.q_proj.bias", INIT_ZEROS, 1, nh * d, 0);
-            P("self_attn.k_proj.bias", INIT_ZEROS, 1, nkv * d, 0);
-            P("self_attn.v_proj.bias", INIT_ZEROS, 1, nkv * d, 0);
-            P("self_attn.o_proj.bias", INIT_ZEROS, 1, H, 0);
-        }
-        P("self_attn.q_norm.weight", INIT_ONES, 1, d, 0);
-        P("self_attn.k_norm.weight", INIT_ONES, 1, d, 0);
-        P("post_attention_layernorm.weight", INIT_ONES, 1, H, 0);
-        if (c->is_moe[l]) P("mlp.gate.weight", INIT_NORMAL, 2, c->experts, H);
-#undef P
+        params_add_layer(t, l, "input_layernorm.weight", INIT_ONES, 1, H, 0);
+        gqa_params(t, &shape, l, H);
+        params_add_layer(t, l, "post_attention_layernorm.weight", INIT_ONES, 1, H, 0);
+        if (c->is_moe[l]) params_add_layer(t, l, "mlp.gate.weight", INIT_NORMAL, 2, c->experts, H);
         moe_params_mlp(t, c, l);
     }
     moe_params_head(t, c);
@@ -115,25 +106,12 @@ static void qwen3_params_build(ParamTable *t, const ModelConfig *c) {
 
 static void bind_layers(Model *m, Tensor *flat, Qwen3Layer *w) {
     const ModelConfig *c = &m->cfg;
-    const Qwen3Config *q = model_family_config(const Qwen3Config, c);
-    int64_t H = c->hidden, d = q->head_dim, nh = c->heads, nkv = q->kv_heads;
+    GqaShape shape = qwen3_gqa(c);
     for (int l = 0; l < c->layers; l++) {
-        Qwen3Layer *L = &w[l];
-#define V(suffix, nd, a, b) model_view_layer(m, flat, l, suffix, nd, a, b)
-        L->ln1 = V("input_layernorm.weight", 1, H, 0);
-        L->wq = V("self_attn.q_proj.weight", 2, nh * d, H);
-        L->wk = V("self_attn.k_proj.weight", 2, nkv * d, H);
-        L->wv = V("self_attn.v_proj.weight", 2, nkv * d, H);
-        L->wo = V("self_attn.o_proj.weight", 2, H, nh * d);
-        L->bq = V("self_attn.q_proj.bias", 1, nh * d, 0);
-        L->bk = V("self_attn.k_proj.bias", 1, nkv * d, 0);
-        L->bv = V("self_attn.v_proj.bias", 1, nkv * d, 0);
-        L->bo = V("self_attn.o_proj.bias", 1, H, 0);
-        L->qn = V("self_attn.q_norm.weight", 1, d, 0);
-        L->kn = V("self_attn.k_norm.weight", 1, d, 0);
-        L->ln2 = V("post_attention_layernorm.weight", 1, H, 0);
-        L->router = V("mlp.gate.weight", 2, c->experts, H);
-#undef V
+        w[l].ln1 = model_view_layer(m, flat, l, "input_layernorm.weight", 1, c->hidden, 0);
+        gqa_bind(m, flat, &shape, l, &w[l].att);
+        w[l].ln2 = model_view_layer(m, flat, l, "post_attention_layernorm.weight", 1, c->hidden, 0);
+        w[l].router = model_view_layer(m, flat, l, "mlp.gate.weight", 2, c->experts, c->hidden);
     }
 }
 
@@ -146,31 +124,21 @@ static void qwen3_bind(Model *m) {
 
 // The FP8 projections (Fp8Slot): attention's q, k, v, o.
 static Tensor qwen3_fp8_weight(const Model *m, int l, Fp8Slot s) {
-    const Qwen3Layer *W = &((const Qwen3Views *)m->views)->w[l];
-    Tensor w[FP8_SLOTS] = {[FP8_Q] = W->wq, [FP8_K] = W->wk, [FP8_V] = W->wv, [FP8_O] = W->wo};
-    return w[s];
+    return gqa_fp8_weight(&((const Qwen3Views *)m->views)->w[l].att, s);
 }
 
 // ---- records ----
 
 static void qwen3_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
     const ModelConfig *c = &m->cfg;
-    const Qwen3Config *q = model_family_config(const Qwen3Config, c);
     Qwen3Rec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden, d = q->head_dim, nh = c->heads, nkv = q->kv_heads, E = c->experts;
+    int64_t T = (int64_t)B * S, H = c->hidden, E = c->experts;
     DType dt = m->cdt;
+    GqaShape shape = qwen3_gqa(c);
     memset(r, 0, sizeof *r);
     r->n1 = arena_tensor(a, dt, 2, T, H, 0, 0);
     r->rstd1 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
-    r->qp = arena_tensor(a, dt, 3, T, nh, d, 0);
-    r->kp = arena_tensor(a, dt, 3, T, nkv, d, 0);
-    r->rq = arena_tensor(a, DT_F32, 1, T * nh, 0, 0, 0);
-    r->rk = arena_tensor(a, DT_F32, 1, T * nkv, 0, 0, 0);
-    r->q = arena_tensor(a, dt, 3, T, nh, d, 0);
-    r->k = arena_tensor(a, dt, 3, T, nkv, d, 0);
-    r->v = arena_tensor(a, dt, 3, T, nkv, d, 0);
-    r->att = arena_tensor(a, dt, 3, T, nh, d, 0);
-    r->lse = arena_tensor(a, DT_F32, 3, B, nh, S, 0);
+    gqa_alloc(&r->att, &shape, a, dt, B, S);
     r->mlp.h1 = arena_tensor(a, dt, 2, T, H, 0, 0);
     r->n2 = arena_tensor(a, dt, 2, T, H, 0, 0);
     r->rstd2 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
@@ -183,18 +151,12 @@ static void qwen3_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S,
 
 static void qwen3_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {
     const ModelConfig *c = &m->cfg;
-    const Qwen3Config *q = model_family_config(const Qwen3Config, c);
     Qwen3Rec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden, d = q->head_dim, nh = c->heads, nkv = q->kv_heads;
-    DType dt = m->cdt;
-    r->dh1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
-    r->dn1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
-    r->dqp = arena_tensor(ws, dt, 3, T, nh, d, 0);
-    r->dkp = arena_tensor(ws, dt, 3, T, nkv, d, 0);
-    r->dq = arena_tensor(ws, dt, 3, T, nh, d, 0);
-    r->dk = arena_tensor(ws, dt, 3, T, nkv, d, 0);
-    r->dv = arena_tensor(ws, dt, 3, T, nkv, d, 0);
-    r->datt = arena_tensor(ws, dt, 3, T, nh, d, 0);
+    int64_t T = (int64_t)B * S, H = c->hidden;
+    GqaShape shape = qwen3_gqa(c);
+    r->dh1 = arena_tensor(ws, m->cdt, 2, T, H, 0, 0);
+    r->dn1 = arena_tensor(ws, m->cdt, 2, T, H, 0, 0);
+    gqa_grad_alloc(&r->att, &shape, ws, m->cdt, B, S);
     if (!io->dense) r->dlogits = arena_tensor(ws, DT_F32, 2, T, c->experts, 0, 0);
 }
 
@@ -216,25 +178,14 @@ static RouterArgs qwen3_router_args(const Model *m) {
 
 static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
     const ModelConfig *c = &m->cfg;
-    const Qwen3Config *q = model_family_config(const Qwen3Config, c);
     const Qwen3Layer *W = &((Qwen3Views *)m->views)->w[l];
     Qwen3Rec *r = rp;
-    int64_t T = mb->T, d = q->head_dim, nh = c->heads, nkv = q->kv_heads;
+    int64_t T = mb->T;
     Tensor h1 = r->mlp.h1;
+    GqaShape shape = qwen3_gqa(c);
     r->x = x;
     op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps, NULL);
-    model_proj_forward(m, l, FP8_Q, tensor_reshape2(r->qp, T, nh * d), r->n1, W->wq, W->bq);
-    model_proj_forward(m, l, FP8_K, tensor_reshape2(r->kp, T, nkv * d), r->n1, W->wk, W->bk);
-    model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * d), r->n1, W->wv, W->bv);
-    op_rmsnorm_forward(tensor_reshape2(r->q, T * nh, d), r->rq, tensor_reshape2(r->qp, T * nh, d), W->qn, (float)c->eps,
-                       NULL);
-    op_rmsnorm_forward(tensor_reshape2(r->k, T * nkv, d), r->rk, tensor_reshape2(r->kp, T * nkv, d), W->kn,
-                       (float)c->eps, NULL);
-    op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
-    op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
-    AttnArgs aa = qwen3_attn_args(m, mb);
-    model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa);
-    model_proj_forward(m, l, FP8_O, h1, tensor_reshape2(r->att, T, nh * d), W->wo, W->bo);
+    gqa_forward(m, l, &shape, &W->att, &r->att, mb, r->n1, h1, qwen3_attn_args(m, mb));
     op_add(h1, x);
     op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps, NULL);
     if (io->dense) return;
@@ -249,10 +200,8 @@ static void qwen3_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tens
 // dout: ∂/∂(layer output) (its residual path reaches h1 directly); dx: ∂/∂(layer input), written.
 static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx) {
     const ModelConfig *c = &m->cfg;
-    const Qwen3Config *q = model_family_config(const Qwen3Config, c);
     const Qwen3Layer *W = &((Qwen3Views *)m->views)->w[l], *G = &((Qwen3Views *)m->views)->g[l];
     Qwen3Rec *r = rp;
-    int64_t T = mb->T, d = q->head_dim, nh = c->heads, nkv = q->kv_heads;
     Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
     if (!io->dense) {
         RouterArgs ra = qwen3_router_args(m);
@@ -263,25 +212,8 @@ static void qwen3_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Sta
     }
     op_copy(r->dh1, dout);
     op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->mlp.h1, W->ln2, r->rstd2, true, NULL);
-    Tensor att2 = tensor_reshape2(r->att, T, nh * d), datt2 = tensor_reshape2(r->datt, T, nh * d);
-    model_proj_backward_input(m, l, FP8_O, datt2, r->dh1, W->wo, false);
-    model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, att2);
-    AttnArgs aa = qwen3_attn_args(m, mb);
-    model_attention_backward(m, r->dq, r->dk, r->dv, NONE, r->datt, r->q, r->k, r->v, r->att, r->lse, &aa);
-    op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
-    op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
-    op_rmsnorm_backward(tensor_reshape2(r->dqp, T * nh, d), G->qn, tensor_reshape2(r->dq, T * nh, d),
-                        tensor_reshape2(r->qp, T * nh, d), W->qn, r->rq, false, NULL);
-    op_rmsnorm_backward(tensor_reshape2(r->dkp, T * nkv, d), G->kn, tensor_reshape2(r->dk, T * nkv, d),
-                        tensor_reshape2(r->kp, T * nkv, d), W->kn, r->rk, false, NULL);
-    Tensor dqp = tensor_reshape2(r->dqp, T, nh * d), dkp = tensor_reshape2(r->dkp, T, nkv * d),
-           dv = tensor_reshape2(r->dv, T, nkv * d);
-    model_proj_backward_input(m, l, FP8_Q, r->dn1, dqp, W->wq, false);
-    model_proj_backward_input(m, l, FP8_K, r->dn1, dkp, W->wk, true);
-    model_proj_backward_input(m, l, FP8_V, r->dn1, dv, W->wv, true);
-    model_proj_backward_weight(m, l, FP8_Q, G->wq, G->bq, dqp, r->n1);
-    model_proj_backward_weight(m, l, FP8_K, G->wk, G->bk, dkp, r->n1);
-    model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, r->n1);
+    GqaShape shape = qwen3_gqa(c);
+    gqa_backward(m, l, &shape, &W->att, &G->att, &r->att, mb, r->n1, r->dh1, r->dn1, qwen3_attn_args(m, mb));
     op_copy(dx, r->dh1);
     op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true, NULL);
 }

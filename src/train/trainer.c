@@ -430,7 +430,8 @@ void run_router_bias_update(Run *r) {
     int L = m->cfg.layers, E = m->cfg.experts;
     // Every rank of the stage routed different tokens of the global batch, every pipeline rank its own
     // layers (the others' counts are zero there): the sum over the world is the global count of each layer.
-    comm_allreduce(&r->dist.world, tensor_make(r->sums.router_load, DT_F64, DEV_CPU, 1, (int64_t)L * E, 1, 1, 1), COMM_SUM);
+    comm_allreduce(&r->dist.world, tensor_make(r->sums.router_load, DT_F64, DEV_CPU, 1, (int64_t)L * E, 1, 1, 1),
+                   COMM_SUM);
     for (int l = 0; l < L; l++)
         if (m->cfg.is_moe[l])
             router_bias_update(r->router_bias + (size_t)l * E, r->sums.router_load + (size_t)l * E, E,

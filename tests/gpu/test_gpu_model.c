@@ -24,12 +24,13 @@ static const char *config_dsv2 =
 typedef struct {
     Model m;
     Chunk e;
+    StepSums st;
 } Side;
 
 static void side_run(Side *s, const int32_t *tok, const int32_t *lab) {
     chunk_load(&s->e, 0, tok, lab);
     model_zero_grads(&s->m);
-    op_zero(s->st.loss_sum), op_zero(s->st.lb_sum);
+    step_sums_begin(&s->st, &s->m);
     chunk_forward(&s->e, 0, true);
     chunk_backward(&s->e, 0, false);
 }
@@ -61,8 +62,9 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
         op_copy(gpu.m.w[g], cpu.m.w[g]);
     }
     if (compare_fp8) model_fp8_setup(&cpu.m), model_fp8_setup(&gpu.m);
-    chunk_init_model(&cpu.e, &cpu.m, B, S);
-    chunk_init_model(&gpu.e, &gpu.m, B, S);
+    step_sums_create(&cpu.st, &cpu.m, true), step_sums_create(&gpu.st, &gpu.m, true);
+    chunk_init_model(&cpu.e, &cpu.m, &cpu.st, B, S);
+    chunk_init_model(&gpu.e, &gpu.m, &gpu.st, B, S);
     int T = B * S;
     int32_t *tok = xmalloc(T * sizeof(int32_t)), *lab = xmalloc(T * sizeof(int32_t));
     for (int t = 0; t < T; t++) {
@@ -123,7 +125,7 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     ASSERT_MSG(worst <= grad_tol, "gradient %s: %.3g > %.3g", worst_name, worst, grad_tol);
     for (int g = 0; g < NGROUPS; g++) free(gg[g]);
     free(tok), free(lab);
-    chunk_free(&cpu.e), chunk_free(&gpu.e);
+    chunk_free(&cpu.e), chunk_free(&gpu.e), step_sums_free(&cpu.st), step_sums_free(&gpu.st);
     model_free(&cpu.m), model_free(&gpu.m);
 }
 

@@ -495,7 +495,8 @@ static void suite_pipe_model(const Dist *d, int N) {
     if (r == 0) printf("pipe-model P=%d N=%d: loss %.9g (one chunk %.9g)\n", P, N, loss, rl);
     chunk_free(&e);
     for (int p = 0; p < 2; p++) chunk_free(&c.chunk[p]);
-    dualpipev_run_free(&run), dualpipev_free(&s), arena_destroy(&a), step_sums_free(&st), model_free(&m), free(c.tok), free(c.lab);
+    dualpipev_run_free(&run), dualpipev_free(&s), arena_destroy(&a), step_sums_free(&st), model_free(&m), free(c.tok),
+        free(c.lab);
 }
 
 // ---- ep: dispatch and combine ----
