@@ -141,6 +141,15 @@ template <int V, typename T> __device__ __forceinline__ void stv(T *p, const flo
             __VA_ARGS__;                                                                                               \
         }                                                                                                              \
     } while (0)
+// Warp-per-row kernels: ROWS_PER_BLOCK warps of a block take as many rows (launch row_grid(R) blocks of ROW_BLOCK).
+#define ROWS_PER_BLOCK 8
+static inline dim3 row_grid(int64_t R) { return dim3((unsigned)((R + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK)); }
+static const dim3 ROW_BLOCK(32, ROWS_PER_BLOCK);
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_grad_f(float z) { // d/dz of z·σ(z)
+    float s = sigmoid_f(z);
+    return s * (1.0f + z * (1.0f - s));
+}
 // for (i …) over 0..n − 1, a grid-stride loop.
 #define GRID_STRIDE(i, n)                                                                                              \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)

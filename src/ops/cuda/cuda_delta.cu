@@ -10,11 +10,6 @@
 // Shapes: R rows of D, T = B·S tokens, nk/nv heads of dk/dv.
 #include "ops/cuda/cuda_mma.cuh"
 
-#define ROWS_PER_BLOCK 8 // warp-per-row kernels: 8 warps of a block take 8 rows
-
-static dim3 row_grid(int64_t R) { return dim3((unsigned)((R + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK)); }
-static const dim3 ROW_BLOCK(32, ROWS_PER_BLOCK);
-
 // ---- the gated delta rule ----
 
 // A call's dims: the sequences fall into NC chunks of L positions (NL = NC·L rows of the scratch per value head).

@@ -4,24 +4,14 @@
 // Shapes: R rows of D, T = B·S tokens, C conv channels of kernel K, nv value heads.
 #include "ops/cuda/cuda_common.cuh"
 
-#define ROWS_PER_BLOCK 8 // warp-per-row kernels: 8 warps of a block take 8 rows
-
-static __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-static __device__ __forceinline__ float silu_grad(float z) {
-    float s = sigm(z);
-    return s * (1.0f + z * (1.0f - s));
-}
 static __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-static dim3 row_grid(int64_t R) { return dim3((unsigned)((R + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK)); }
-static const dim3 ROW_BLOCK(32, ROWS_PER_BLOCK);
 
 // ---- the sigmoid output gate: y = x·σ(gate), gate (R, D) or (R, 1) ----
 
 template <typename T>
 __global__ void gate_forward_kernel(T *y, const T *x, const T *gate, int64_t R, int64_t D, int64_t G) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < R * D; i += (int64_t)gridDim.x * blockDim.x)
-        st(y, i, ld(x, i) * sigm(ld(gate, G == 1 ? i / D : i)));
+        st(y, i, ld(x, i) * sigmoid_f(ld(gate, G == 1 ? i / D : i)));
 }
 
 // One warp per row: dx (+)= dy·σ; dgate = dy·x·σ(1 − σ) per element, or its row sum for a per-row gate.
@@ -30,10 +20,10 @@ __global__ void gate_backward_kernel(T *dx, T *dgate, const T *dy, const T *x, c
                                      int64_t G, bool acc) {
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
     if (row >= R) return;
-    float s1 = G == 1 ? sigm(ld(gate, row)) : 0.0f, sum = 0;
+    float s1 = G == 1 ? sigmoid_f(ld(gate, row)) : 0.0f, sum = 0;
     for (int64_t j = threadIdx.x; j < D; j += 32) {
         int64_t i = row * D + j;
-        float s = G == 1 ? s1 : sigm(ld(gate, i)), d = ld(dy, i), g = d * ld(x, i) * s * (1.0f - s);
+        float s = G == 1 ? s1 : sigmoid_f(ld(gate, i)), d = ld(dy, i), g = d * ld(x, i) * s * (1.0f - s);
         st(dx, i, acc ? ld(dx, i) + d * s : d * s);
         if (G == 1) sum += g;
         else st(dgate, i, g);
@@ -129,7 +119,7 @@ __global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo
 #pragma unroll
         for (int i = 0; i < CONV_RUN; i++) {
             float u = conv_u(wk, xw, i);
-            if (p0 + i < S) st(y + b * S * C + c, (p0 + i) * C, u * sigm(u));
+            if (p0 + i < S) st(y + b * S * C + c, (p0 + i) * C, u * sigmoid_f(u));
         }
     }
 }
@@ -151,7 +141,7 @@ __global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, co
         const T *dys = dy + b * S * C + c;
         conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
 #pragma unroll
-        for (int i = 0; i < ND; i++) dp[i] = p0 + i < S ? ld(dys, (p0 + i) * C) * silu_grad(conv_u(wk, xw, i)) : 0.0f;
+        for (int i = 0; i < ND; i++) dp[i] = p0 + i < S ? ld(dys, (p0 + i) * C) * silu_grad_f(conv_u(wk, xw, i)) : 0.0f;
 #pragma unroll
         for (int i = 0; i < CONV_RUN; i++) {
             if (p0 + i >= S) break;
@@ -241,7 +231,7 @@ template <typename T, typename TW> __global__ void gates_forward_kernel(float *g
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t h = i % nv;
         g[i] = -expf(ld(A_log, h)) * softplus_f(ld(a, i) + ld(dt_bias, h));
-        beta[i] = sigm(ld(b, i));
+        beta[i] = sigmoid_f(ld(b, i));
     }
 }
 
@@ -257,7 +247,7 @@ __global__ void gates_backward_kernel(T *da, T *db, float *dA_log, float *ddt_bi
     float eA = expf(ld(A_log, h)), sA = 0, sdt = 0;
     for (int64_t t = blockIdx.y; t < Tn; t += gridDim.y) {
         int64_t i = t * nv + h;
-        float x = ld(a, i) + ld(dt_bias, h), d = dg[i], s = sigm(ld(b, i)), ga = -eA * sigm(x) * d;
+        float x = ld(a, i) + ld(dt_bias, h), d = dg[i], s = sigmoid_f(ld(b, i)), ga = -eA * sigmoid_f(x) * d;
         sA += -d * eA * softplus_f(x);
         sdt += ga;
         st(da, i, ga);

@@ -11,12 +11,6 @@
 // V = 8 the largest power of two ≤ min(32, D/8)), RoPE and SwiGLU one thread per V pairs or outputs.
 #include "ops/cuda/cuda_common.cuh"
 
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float silu_grad_f(float z) {
-    float s = sigmoid_f(z);
-    return s * (1.0f + z * (1.0f - s));
-}
-
 // Lanes per row: 32, or for 8-wide vectors the largest power of two ≤ min(32, D/8).
 static int norm_lanes(int64_t D, int width) {
     if (width == 1) return 32;
