@@ -34,14 +34,15 @@ void fsdp_setup(Fsdp *f, const Dist *d, const Tensor w[NGROUPS]) {
 static bool one_shard(const Fsdp *f, int g) { return f->shard[g]->size == 1; }
 
 void fsdp_alloc_state(const Fsdp *f, const Tensor w[NGROUPS], const Tensor gr[NGROUPS], Arena *a, Arena *moments,
-                      Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]) {
+                      DType mdt, Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS],
+                      Tensor mom2[NGROUPS]) {
     for (int g = 0; g < NGROUPS; g++) {
         bool whole = one_shard(f, g);
         master[g] =
             whole && w[g].dev == DEV_CPU && w[g].dt == DT_F32 ? w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
         grad[g] = whole ? gr[g] : tensor_rows(gr[g], 0, f->len[g]); // reduce-scatter in place: the sum lands in front
-        mom1[g] = arena_tensor(moments, DT_F32, 1, f->len[g], 0, 0, 0);
-        mom2[g] = arena_tensor(moments, DT_F32, 1, f->len[g], 0, 0, 0);
+        mom1[g] = arena_tensor(moments, mdt, 1, f->len[g], 0, 0, 0);
+        mom2[g] = arena_tensor(moments, mdt, 1, f->len[g], 0, 0, 0);
     }
 }
 
@@ -77,8 +78,8 @@ void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full) {
 void fsdp_gather_host(const Fsdp *f, int g, float *full, Tensor shard) {
     Tensor host = tensor_make(full, DT_F32, DEV_CPU, 1, f->numel[g], 1, 1, 1);
     if (one_shard(f, g)) op_copy(host, shard);
-    else if (shard.dev == DEV_CPU) comm_allgather(f->shard[g], host, shard);
-    else { // a device shard goes through the host
+    else if (shard.dev == DEV_CPU && shard.dt == DT_F32) comm_allgather(f->shard[g], host, shard);
+    else { // a device or bf16 shard goes through an fp32 host copy
         Tensor mine = tensor_make(xmalloc(f->len[g] * sizeof(float) + 1), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1);
         op_copy(mine, shard);
         comm_allgather(f->shard[g], host, mine);
