@@ -149,8 +149,9 @@ static const ConfigKey optimizer_keys[] = {
             "update bit for bit, 8 bytes per parameter of this rank's shards off the GPU, 16 bytes per such "
             "parameter of host↔device traffic per step (adamw)"},
     {.name = "state_dtype", .kind = K_CHOICE, .off = OFF(optimizer.state_dtype), .choices = state_dtype_names,
-     .doc = "AdamW's moments stored in `bf16`: read into fp32, updated in fp32, rounded to nearest even when stored; "
-            "4 bytes per parameter of this rank's shards less (adamw; with `offload` too)"},
+     .doc = "AdamW's moments stored in `bf16`: masters stay fp32, the update computes in fp32 and rounds the new m "
+            "and v to nearest even; 4 of the 8 bytes per parameter of this rank's shards saved; a resume converts "
+            "the checkpoint's moments to this dtype (adamw; with `offload` too)"},
 };
 // clang-format on
 
