@@ -681,7 +681,8 @@ TEST(op_adamw_bf16_moments) {
     float *p = rnd(N, 1);
     uint16_t *mv[2] = {xcalloc(N, 2), xcalloc(N, 2)};
     double *pe = to_f64(p, N), *ex[2] = {xcalloc(N, 8), xcalloc(N, 8)}, norms[2][T], *st = xmalloc(N * 8);
-    Tensor m = tensor_make(mv[0], DT_BF16, DEV_CPU, 1, N, 1, 1, 1), v = tensor_make(mv[1], DT_BF16, DEV_CPU, 1, N, 1, 1, 1);
+    Tensor m = tensor_make(mv[0], DT_BF16, DEV_CPU, 1, N, 1, 1, 1),
+           v = tensor_make(mv[1], DT_BF16, DEV_CPU, 1, N, 1, 1, 1);
     for (int t = 1; t <= T; t++) {
         float *g = rnd(N, 1);
         double *pd = to_f64(p, N), md[N], vd[N];
@@ -698,7 +699,8 @@ TEST(op_adamw_bf16_moments) {
                            k ? "v" : "m", (long long)i, got, want);
                 ex[k][i] = b[k] * ex[k][i] + (1 - b[k]) * (k ? gi * gi : gi);
             }
-            pe[i] = pe[i] * (1 - lr * wd) - lr / (1 - pow(b[0], t)) * ex[0][i] / (sqrt(ex[1][i] / (1 - pow(b[1], t))) + eps);
+            pe[i] = pe[i] * (1 - lr * wd) -
+                    lr / (1 - pow(b[0], t)) * ex[0][i] / (sqrt(ex[1][i] / (1 - pow(b[1], t))) + eps);
         }
         ASSERT(rel_err_mixed(p, pd, N) < 1e-6);
         for (int k = 0; k < 2; k++) {

@@ -73,13 +73,13 @@ static void check_layouts(const char *d, const Layout *layouts, size_t n, const 
             worst = fmax(worst, fabs(l - r) / r);
             ASSERT_MSG(fabs(l - r) <= (s == 1 ? 1e-6 : 1e-5) * k * r, "%s: step %d loss %.9g vs one process %.9g",
                        layouts[i].name, s, l, r);
-            ASSERT_MSG(fabs(g - rg) <= 1e-4 * k * rg, "%s: step %d grad norm %.9g vs one process %.9g",
-                       layouts[i].name, s, g, rg);
+            ASSERT_MSG(fabs(g - rg) <= 1e-4 * k * rg, "%s: step %d grad norm %.9g vs one process %.9g", layouts[i].name,
+                       s, g, rg);
             if (s % 2) continue;
             double v = metric_of(dir, s, "val_loss"), rv = metric_of(one, s, "val_loss");
             worst = fmax(worst, fabs(v - rv) / rv);
-            ASSERT_MSG(fabs(v - rv) <= 1e-5 * k * rv, "%s: step %d val_loss %.9g vs one process %.9g",
-                       layouts[i].name, s, v, rv);
+            ASSERT_MSG(fabs(v - rv) <= 1e-5 * k * rv, "%s: step %d val_loss %.9g vs one process %.9g", layouts[i].name,
+                       s, v, rv);
         }
         printf("     %-14s %s: loss and val_loss (%d steps) within %.1e of one process", layouts[i].name,
                strstr(sets, "muon") ? "muon" : "adamw", steps, worst);

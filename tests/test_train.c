@@ -703,8 +703,8 @@ TEST(train_state_dtype_bf16_loss) {
     for (int s = 1; s <= 6; s++) {
         double la = run_metric(a, s, "loss"), lb = run_metric(b, s, "loss");
         if (s <= 2) ASSERT_MSG(la == lb, "step %d: %.17g vs %.17g", s, lb, la);
-        ASSERT_MSG(fabs(lb - la) <= ldexp(fabs(la - l1), -7), "step %d: loss %.9g with bf16 moments, %.9g with fp32",
-                   s, lb, la);
+        ASSERT_MSG(fabs(lb - la) <= ldexp(fabs(la - l1), -7), "step %d: loss %.9g with bf16 moments, %.9g with fp32", s,
+                   lb, la);
         worst = fmax(worst, fabs(lb - la)), moved |= la != lb;
     }
     ASSERT_MSG(moved, "bf16 moments gave fp32's losses bit for bit: the option did nothing");

@@ -105,7 +105,8 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
         TrainConfig c = *cfg;
         char what[96];
         if (i >= 12) { // the moments to host memory, or in bf16
-            if (cfg->optimizer.type != OPTIMIZER_ADAMW || (i == 12 ? cfg->optimizer.offload : cfg->optimizer.state_dtype))
+            if (cfg->optimizer.type != OPTIMIZER_ADAMW ||
+                (i == 12 ? cfg->optimizer.offload : cfg->optimizer.state_dtype))
                 continue;
             if (i == 12) c.optimizer.offload = true;
             else c.optimizer.state_dtype = STATE_BF16;
@@ -255,8 +256,8 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
     row("gradient accumulators", p->grads, "fp32, reduce-scattered in place once per step");
     row("master weight shards", p->shards, p->shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
     row("optimizer state", p->optim,
-        c->optimizer.offload                  ? "staging: one chunk of m and v (the moments are on the host)"
-        : c->optimizer.type == OPTIMIZER_MUON ? "Muon momentum and AdamW moments, fp32 shards"
+        c->optimizer.offload                     ? "staging: one chunk of m and v (the moments are on the host)"
+        : c->optimizer.type == OPTIMIZER_MUON    ? "Muon momentum and AdamW moments, fp32 shards"
         : c->optimizer.state_dtype == STATE_BF16 ? "AdamW moments, bf16 shards (optimizer.state_dtype)"
                                                  : "AdamW moments, fp32 shards");
     row("activation records", p->chunks.act_bytes, act);

@@ -45,8 +45,8 @@ typedef struct {
     struct {
         OptimizerType type; // Muon for 2-D+ weights with AdamW (betas, eps) for the rest, or AdamW for all
         double lr, betas[2], eps, weight_decay;
-        double momentum; // Muon's β (default 0.95)
-        bool offload;    // AdamW's moments in host memory, streamed through the device by the step
+        double momentum;        // Muon's β (default 0.95)
+        bool offload;           // AdamW's moments in host memory, streamed through the device by the step
         StateDtype state_dtype; // AdamW's moments stored in fp32 or bf16 (the update computes in fp32)
     } optimizer;
     struct {

@@ -136,7 +136,8 @@ void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, f
     uint16_t *m16 = m.p, *v16 = v.p;
 #pragma omp parallel for reduction(|| : bad)
     for (int64_t i = 0; i < n; i++) {
-        float gi = gscale * F(g)[i], mi = half ? bf16_to_f32(m16[i]) : F(m)[i], vi = half ? bf16_to_f32(v16[i]) : F(v)[i];
+        float gi = gscale * F(g)[i], mi = half ? bf16_to_f32(m16[i]) : F(m)[i],
+              vi = half ? bf16_to_f32(v16[i]) : F(v)[i];
         F(p)[i] *= decay;
         mi += (1.0f - b1) * (gi - mi);
         vi = b2 * vi + (1.0f - b2) * gi * gi;

@@ -296,14 +296,14 @@ static void adamw_launch(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, int64
     bool vec = aligned16(p.p, g.p, m.p, v.p) && (!w.p || aligned16(w.p));
     unsigned grid = grid_for(vec ? n / 4 : n, ELEM_THREADS);
     if (w.p && w.dt == DT_BF16)
-        adamw_kernel<TM, bf16><<<grid, ELEM_THREADS, 0, cuda_stream()>>>(
-            (float *)p.p, (const float *)g.p, (TM *)m.p, (TM *)v.p, (bf16 *)w.p, n, vec, gscale, b1, b2, eps, step, bc2,
-            decay);
+        adamw_kernel<TM, bf16><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (TM *)m.p,
+                                                                         (TM *)v.p, (bf16 *)w.p, n, vec, gscale, b1, b2,
+                                                                         eps, step, bc2, decay);
     else {
         if (w.p) IS_F32(w, "adamw");
-        adamw_kernel<TM, float><<<grid, ELEM_THREADS, 0, cuda_stream()>>>(
-            (float *)p.p, (const float *)g.p, (TM *)m.p, (TM *)v.p, (float *)w.p, n, vec, gscale, b1, b2, eps, step,
-            bc2, decay);
+        adamw_kernel<TM, float><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (TM *)m.p,
+                                                                          (TM *)v.p, (float *)w.p, n, vec, gscale, b1,
+                                                                          b2, eps, step, bc2, decay);
     }
 }
 
