@@ -59,10 +59,11 @@ static const char *const recompute_names[] = {"none", "selective", "full"};
 static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
     snprintf(buf, cap,
              "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
-             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s",
+             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s",
              c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
              recompute_names[c->recompute], c->micro_batch_size,
-             c->optimizer.offload ? " --set optimizer.offload=true" : "");
+             c->optimizer.offload ? " --set optimizer.offload=true" : "",
+             c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "");
 }
 
 // --detail: the activation records by part, the largest term of the plan, and each lever's plan.

@@ -75,7 +75,10 @@ void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {
 // dst ← src (the same length): fp32 ↔ bf16 on the host here (the CPU backend's op_copy keeps the dtype; the
 // moments may be bf16: optimizer.state_dtype), the rest through op_copy. bf16 ← fp32 rounds to nearest even.
 static void copy_moments(Tensor dst, Tensor src) {
-    if (dst.dt == src.dt || dst.dev != DEV_CPU || src.dev != DEV_CPU) return op_copy(dst, src);
+    if (dst.dt == src.dt || dst.dev != DEV_CPU || src.dev != DEV_CPU) {
+        op_copy(dst, src);
+        return;
+    }
     int64_t n = tensor_numel(src);
     CHECK(tensor_numel(dst) == n && (dst.dt == DT_BF16 ? src.dt == DT_F32 : dst.dt == DT_F32 && src.dt == DT_BF16));
     for (int64_t i = 0; i < n; i++)
