@@ -516,3 +516,40 @@ TEST(write_failures_name_the_file) {
                "exit %d: %s / %s", rc, out, ls);
     printf("     tmpfs of 64 KB: synth stops with ENOSPC, nothing left behind\n");
 }
+
+// Killed (-9) after its step-3 checkpoint, then resumed: the uninterrupted run's metrics bit for bit; the checkpoint
+// holds the moments as bf16 tensors. A checkpoint of the other dtype resumes converted, saying so (bf16 → fp32 is
+// exact, fp32 → bf16 rounds to nearest even).
+#define BF16 "--set optimizer.state_dtype=bf16"
+TEST(resume_state_dtype_bf16_kill_9) {
+    const char *d = tiny_run(", \"moe_load_balance_coef\": 0.01");
+    char out[16384], a[8192], b[8192], full[300], ck[300];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json " BF16 " --set run_dir=%s/full", PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json " BF16 " --set save_location=%s/ck --set save_interval=3 --set max_steps=60 "
+                   "--set scheduler.type=constant > %s/a.log 2>&1 & p=$!; "
+                   "until [ -e %s/ck/step-00000003/run.json ] || ! kill -0 $p 2>/dev/null; do sleep 0.01; done; "
+                   "kill -9 $p; wait $p; true",
+                   PITH_BIN, d, d, d, d) == 0);
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "ls %s/ck/step-00000003/run.json && rm -rf %s/ck/step-0000000[4-9]* %s/ck/step-000000[1-9]*", d,
+                       d, d) == 0,
+               "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "grep -c BF16 %s/ck/step-00000003/optimizer.safetensors", d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json " BF16 " --set save_location=%s/ck", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "resume: step 3 from"), "%s", out);
+    snprintf(full, sizeof full, "%s/full", d), snprintf(ck, sizeof ck, "%s/ck", d);
+    metrics_without_timing(a, sizeof a, full), metrics_without_timing(b, sizeof b, ck);
+    ASSERT_MSG(!strcmp(a, b), "uninterrupted:\n%s\nresumed:\n%s", a, b);
+    // bf16 → fp32, then fp32 → bf16
+    ASSERT(run_cmd(
+               out, sizeof out,
+               "mkdir -p %s/up && cp -r %s/ck/step-00000003 %s/up/ && %s train %s/train.json --set save_location=%s/up "
+               "--steps 4",
+               d, d, d, PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "resume: optimizer.state_dtype changed: \"bf16\" -> \"fp32\""), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json " BF16 " --set save_location=%s/up", PITH_BIN, d, d) == 0);
+    ASSERT_MSG(strstr(out, "resume: optimizer.state_dtype changed: \"fp32\" -> \"bf16\"") &&
+                   strstr(out, "done: 6 of 6"),
+               "%s", out);
+}

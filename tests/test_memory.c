@@ -411,3 +411,39 @@ TEST(memory_plan_qwen3_5_gpu_scratch) {
                    "%s: workspace %zu on the GPU, %zu on the CPU", full ? "full attention" : "as it is",
                    p[full][1].ws_bytes, p[full][0].ws_bytes);
 }
+
+// ---- optimizer.state_dtype: bf16 AdamW moments ----
+
+// The plan counts 2 bytes a moment element: with the moments on the host (optimizer.offload) the host line is the
+// moments alone, half of fp32's up to the arena's alignment; the device plan without offload is smaller by as much
+// as the host line. offload with bf16 moments trains as bf16 moments on the device, bit for bit. Muon refuses it.
+TEST(memory_state_dtype_bf16) {
+    const char *d = tiny_run("");
+    char out[16384];
+    long long host[2], total[2];
+    for (int i = 0; i < 2; i++) {
+        const char *dt = i ? "bf16" : "fp32";
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "PITH_OFFLOAD_CHUNK=100 %s train %s/train.json --set optimizer.state_dtype=%s "
+                           "--set optimizer.offload=true --set run_dir=%s/off%d",
+                           PITH_BIN, d, dt, d, i) == 0,
+                   "%s", out);
+        host[i] = plan_bytes(out, "plan (host)");
+        ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set optimizer.state_dtype=%s --set run_dir=%s/on%d",
+                       PITH_BIN, d, dt, d, i) == 0);
+        total[i] = plan_bytes(out, "plan (");
+    }
+    ASSERT_MSG(llabs(host[0] - 2 * host[1]) <= 4 * NGROUPS * ARENA_ALIGN, "host moments %lld (fp32) vs %lld (bf16)",
+               host[0], host[1]);
+    ASSERT_MSG(llabs(total[0] - total[1] - (host[0] - host[1])) <= 4 * NGROUPS * ARENA_ALIGN,
+               "device plan %lld (fp32) vs %lld (bf16), moments %lld vs %lld", total[0], total[1], host[0], host[1]);
+    char on[300], off[300];
+    snprintf(on, sizeof on, "%s/on1", d), snprintf(off, sizeof off, "%s/off1", d);
+    for (int s = 1; s <= 6; s++)
+        ASSERT_MSG(run_metric(on, s, "loss") == run_metric(off, s, "loss") &&
+                       run_metric(on, s, "grad_norm") == run_metric(off, s, "grad_norm"),
+                   "step %d differs with the bf16 moments on the host", s);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set optimizer.type=muon --set optimizer.state_dtype=bf16",
+                   PITH_BIN, d) == 1 &&
+           strstr(out, "optimizer.state_dtype: is AdamW's"));
+}

@@ -669,6 +669,63 @@ TEST(op_adamw) {
     free(g), free(p), free(m), free(v), free(w32), free(w16), free(pd), free(md), free(vd);
 }
 
+// AdamW with bf16 moments (optimizer.state_dtype), five steps. Each step against fp64 from the same state: p within
+// 1e-6 (the update uses the moments' fp32 values before rounding); m and v are the fp64 values rounded to nearest
+// into bf16: within half an ulp, 2^-8 relative (at a tie fp32's last bits may pick the other neighbour, as far).
+// Over the run against fp64 AdamW with exact moments: rounding adds at most u = 2^-9 relative a step and the older
+// errors decay by b, so ‖m − m_exact‖ ≤ u·Σ_j b1^j·‖m_exact(T−j)‖ (v likewise with b2), with 1% slack for the
+// second-order terms; p within 1e-3: T·lr = 0.05 of movement, each step's off by about the moments' 2^-8.
+TEST(op_adamw_bf16_moments) {
+    enum { N = 1000, T = 5 };
+    double lr = 1e-2, b[2] = {0.9, 0.95}, eps = 1e-8, wd = 0.1, gs = 0.37, u = ldexp(1, -9);
+    float *p = rnd(N, 1);
+    uint16_t *mv[2] = {xcalloc(N, 2), xcalloc(N, 2)};
+    double *pe = to_f64(p, N), *ex[2] = {xcalloc(N, 8), xcalloc(N, 8)}, norms[2][T], *st = xmalloc(N * 8);
+    Tensor m = tensor_make(mv[0], DT_BF16, DEV_CPU, 1, N, 1, 1, 1),
+           v = tensor_make(mv[1], DT_BF16, DEV_CPU, 1, N, 1, 1, 1);
+    for (int t = 1; t <= T; t++) {
+        float *g = rnd(N, 1);
+        double *pd = to_f64(p, N), md[N], vd[N];
+        for (int64_t i = 0; i < N; i++) md[i] = bf16_to_f32(mv[0][i]), vd[i] = bf16_to_f32(mv[1][i]);
+        op_adamw(tf32_1(p, N), tf32_1(g, N), m, v, (Tensor){0}, (float)gs, (float)lr, (float)b[0], (float)b[1],
+                 (float)eps, (float)wd, t);
+        for (int64_t i = 0; i < N; i++) {
+            double gi = gs * g[i];
+            md[i] = b[0] * md[i] + (1 - b[0]) * gi, vd[i] = b[1] * vd[i] + (1 - b[1]) * gi * gi;
+            pd[i] = pd[i] * (1 - lr * wd) - lr / (1 - pow(b[0], t)) * md[i] / (sqrt(vd[i] / (1 - pow(b[1], t))) + eps);
+            for (int k = 0; k < 2; k++) {
+                double want = k ? vd[i] : md[i], got = bf16_to_f32(mv[k][i]);
+                ASSERT_MSG(fabs(got - want) <= ldexp(fabs(want), -8), "step %d, %s[%lld]: %.9g, fp64 %.9g", t,
+                           k ? "v" : "m", (long long)i, got, want);
+                ex[k][i] = b[k] * ex[k][i] + (1 - b[k]) * (k ? gi * gi : gi);
+            }
+            pe[i] = pe[i] * (1 - lr * wd) -
+                    lr / (1 - pow(b[0], t)) * ex[0][i] / (sqrt(ex[1][i] / (1 - pow(b[1], t))) + eps);
+        }
+        ASSERT(rel_err_mixed(p, pd, N) < 1e-6);
+        for (int k = 0; k < 2; k++) {
+            norms[k][t - 1] = 0;
+            for (int64_t i = 0; i < N; i++) norms[k][t - 1] += ex[k][i] * ex[k][i];
+            norms[k][t - 1] = sqrt(norms[k][t - 1]);
+        }
+        free(g), free(pd);
+    }
+    for (int k = 0; k < 2; k++) {
+        double bound = 0;
+        for (int j = 0; j < T; j++) bound += pow(b[k], j) * norms[k][T - 1 - j];
+        for (int64_t i = 0; i < N; i++) st[i] = bf16_to_f32(mv[k][i]) - ex[k][i];
+        double err = 0;
+        for (int64_t i = 0; i < N; i++) err += st[i] * st[i];
+        ASSERT_MSG(sqrt(err) <= 1.01 * u * bound, "%s: ‖error‖ %.3g over the bound %.3g", k ? "v" : "m", sqrt(err),
+                   u * bound);
+        printf("     %s after %d steps: ‖bf16 − exact‖/‖exact‖ %.2e (bound %.2e)\n", k ? "v" : "m", T,
+               sqrt(err) / norms[k][T - 1], u * bound / norms[k][T - 1]);
+    }
+    printf("     p against exact-moment AdamW: %.2e\n", rel_err_mixed(p, pe, N));
+    ASSERT(rel_err_mixed(p, pe, N) < 1e-3);
+    free(p), free(mv[0]), free(mv[1]), free(pe), free(ex[0]), free(ex[1]), free(st);
+}
+
 // Column slices: dst[:, a:a+n] (+)= src[:, b:b+n]; the other columns stay as they were.
 TEST(op_copy_cols) {
     int64_t R = 4, Cd = 7, Cs = 5, a = 2, b = 1, n = 3;

@@ -682,3 +682,32 @@ TEST(path_normalize_cases) {
         ASSERT_MSG(!strcmp(p, cases[i][1]), "%s -> %s, expected %s", cases[i][0], p, cases[i][1]);
     }
 }
+
+// ---- optimizer.state_dtype: bf16 AdamW moments (tests/test_ops.c: the op; test_ckpt.c: resume; test_memory.c: the plan) ----
+
+// bf16 moments against fp32 on tiny_run (6 steps, betas 0.9, 0.999). Step 1's update uses the fp32 values of the
+// fresh moments, so step 2's loss is the same bits; later ones move. The moments are those of fp32 to ≤ 2^-8 relative
+// an element (op_adamw_bf16_moments), v's error halved by its root, so each update is fp32's to ≤ 2^-7 of itself, and
+// to first order the loss moves by that fraction of what the updates moved it: |ΔL_t| ≤ 2^-7·|L_t − L_1|.
+TEST(train_state_dtype_bf16_loss) {
+    const char *d = tiny_run("");
+    char out[16384];
+    for (int i = 0; i < 2; i++)
+        ASSERT_MSG(run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/%s --set optimizer.state_dtype=%s",
+                           PITH_BIN, d, d, i ? "bf16" : "fp32", i ? "bf16" : "fp32") == 0,
+                   "%s", out);
+    char a[300], b[300];
+    snprintf(a, sizeof a, "%s/fp32", d), snprintf(b, sizeof b, "%s/bf16", d);
+    double l1 = run_metric(a, 1, "loss"), worst = 0;
+    bool moved = false;
+    for (int s = 1; s <= 6; s++) {
+        double la = run_metric(a, s, "loss"), lb = run_metric(b, s, "loss");
+        if (s <= 2) ASSERT_MSG(la == lb, "step %d: %.17g vs %.17g", s, lb, la);
+        ASSERT_MSG(fabs(lb - la) <= ldexp(fabs(la - l1), -7), "step %d: loss %.9g with bf16 moments, %.9g with fp32", s,
+                   lb, la);
+        worst = fmax(worst, fabs(lb - la)), moved |= la != lb;
+    }
+    ASSERT_MSG(moved, "bf16 moments gave fp32's losses bit for bit: the option did nothing");
+    printf("     6 steps: loss within %.2e of fp32 moments (loss moved %.3f)\n", worst,
+           fabs(run_metric(a, 6, "loss") - l1));
+}

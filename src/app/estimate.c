@@ -59,10 +59,11 @@ static const char *const recompute_names[] = {"none", "selective", "full"};
 static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
     snprintf(buf, cap,
              "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
-             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s",
+             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s",
              c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
              recompute_names[c->recompute], c->micro_batch_size,
-             c->optimizer.offload ? " --set optimizer.offload=true" : "");
+             c->optimizer.offload ? " --set optimizer.offload=true" : "",
+             c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "");
 }
 
 // --detail: the activation records by part, the largest term of the plan, and each lever's plan.
@@ -101,13 +102,16 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     printf("largest term: %s, %.2f GB (%.0f%% of %.2f GB)\n", terms[big].name, terms[big].bytes / 1e9,
            100.0 * terms[big].bytes / total, total / 1e9);
     printf("levers (each alone, from this config):\n");
-    for (int i = 0; i < 13; i++) {
+    for (int i = 0; i < 14; i++) {
         TrainConfig c = *cfg;
         char what[96];
-        if (i == 12) { // the moments to host memory
-            if (cfg->optimizer.offload || cfg->optimizer.type != OPTIMIZER_ADAMW) continue;
-            c.optimizer.offload = true;
-            snprintf(what, sizeof what, "optimizer.offload=true");
+        if (i >= 12) { // the moments to host memory, or in bf16
+            if (cfg->optimizer.type != OPTIMIZER_ADAMW ||
+                (i == 12 ? cfg->optimizer.offload : cfg->optimizer.state_dtype))
+                continue;
+            if (i == 12) c.optimizer.offload = true;
+            else c.optimizer.state_dtype = STATE_BF16;
+            snprintf(what, sizeof what, i == 12 ? "optimizer.offload=true" : "optimizer.state_dtype=bf16");
         } else if (i < 5) { // capacity factors (with expert parallelism)
             static const double f[] = {0, 2, 1.5, 1.25, 1};
             if (cfg->parallel.ep == 1 || f[i] == cfg->parallel.ep_capacity_factor) continue;
@@ -216,10 +220,11 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         char sets[400], fac[32];
         layout_sets(sets, sizeof sets, c);
         snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
-        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s\n        %s\n",
+        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s\n        %s\n",
                fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
                c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, recompute_names[c->recompute],
-               c->micro_batch_size, c->optimizer.offload ? ", moments on the host" : "", sets);
+               c->micro_batch_size, c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
+               c->optimizer.offload ? ", moments on the host" : "", sets);
     }
     if (!count[FIT_OK] && !count[FIT_TIGHT]) printf("sweep: nothing fits; the smallest plans are above\n");
     else if (shown < count[FIT_OK] + count[FIT_TIGHT])
@@ -252,9 +257,10 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
     row("gradient accumulators", p->grads, "fp32, reduce-scattered in place once per step");
     row("master weight shards", p->shards, p->shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
     row("optimizer state", p->optim,
-        c->optimizer.offload                  ? "staging: one chunk of m and v (the moments are on the host)"
-        : c->optimizer.type == OPTIMIZER_MUON ? "Muon momentum and AdamW moments, fp32 shards"
-                                              : "AdamW moments, fp32 shards");
+        c->optimizer.offload                     ? "staging: one chunk of m and v (the moments are on the host)"
+        : c->optimizer.type == OPTIMIZER_MUON    ? "Muon momentum and AdamW moments, fp32 shards"
+        : c->optimizer.state_dtype == STATE_BF16 ? "AdamW moments, bf16 shards (optimizer.state_dtype)"
+                                                 : "AdamW moments, fp32 shards");
     row("activation records", p->chunks.act_bytes, act);
     row("backward workspace", p->chunks.ws_bytes,
         piped ? "one for both chunks: the larger backward's largest layer (a spilled layer's included)"
@@ -268,7 +274,8 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
     snprintf(exact, sizeof exact, "(%zu bytes)", total);
     row("total", total, exact);
     if (p->host) {
-        snprintf(exact, sizeof exact, "AdamW moments, pinned (optimizer.offload; %zu bytes)", p->host);
+        snprintf(exact, sizeof exact, "AdamW moments, %s pinned (optimizer.offload; %zu bytes)",
+                 c->optimizer.state_dtype == STATE_BF16 ? "bf16," : "fp32,", p->host);
         row("host memory (not above)", p->host, exact);
     }
     if (p->snapshot) {

@@ -37,6 +37,8 @@ void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, fl
               float wd, int t) {
     if (w.p && (w.dev != p.dev || tensor_numel(w) != tensor_numel(p)))
         die("adamw: the compute copy must match the master's device and size");
+    if (m.dt != v.dt || (m.dt != DT_F32 && m.dt != DT_BF16))
+        die("adamw: the moments are %s and %s (both fp32 or both bf16)", dtype_name(m.dt), dtype_name(v.dt));
     DISPATCH_CALL(p.dev, adamw, (p, g, m, v, w, gscale, lr, b1, b2, eps, wd, t));
 }
 

@@ -154,10 +154,11 @@ OP(void, copy_cols, dst.dev, (Tensor dst, int64_t a, Tensor src, int64_t b, int6
    (dst, a, src, b, n, accumulate))
 OP(double, sum_squares, x.dev, (Tensor x), (x)) // Σ x² (fp32 tensor), returned on the host
 OP(double, read_scalar, x.dev, (Tensor x), (x)) // x: (1) fp32 or fp64, to the host
-// torch.optim.AdamW on flat fp32 tensors, the gradient read as gscale·g (the 1/tokens mean and the clip factor
+// torch.optim.AdamW on flat tensors (p, g fp32), the gradient read as gscale·g (the 1/tokens mean and the clip factor
 // folded in): p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²; p −= lr/(1−b1^t) · m / (sqrt(v/(1−b2^t)) +
 // eps). w (bf16 or fp32, p's size; w.p == NULL: none) receives the new p in its dtype: the compute copy in the
-// same pass.
+// same pass. m and v: fp32, or both bf16 (optimizer.state_dtype): read into fp32, the update from their fp32 values,
+// stored rounded to nearest even.
 OP_OWN(void, adamw, p.dev,
        (Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
         float wd, int t),

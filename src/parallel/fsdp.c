@@ -8,6 +8,7 @@
 // ep× too large there).
 #include "parallel/fsdp.h"
 
+#include "base/half.h"
 #include "ops/ops.h"
 
 int fsdp_shards(const Dist *d, int g) {
@@ -34,14 +35,15 @@ void fsdp_setup(Fsdp *f, const Dist *d, const Tensor w[NGROUPS]) {
 static bool one_shard(const Fsdp *f, int g) { return f->shard[g]->size == 1; }
 
 void fsdp_alloc_state(const Fsdp *f, const Tensor w[NGROUPS], const Tensor gr[NGROUPS], Arena *a, Arena *moments,
-                      Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]) {
+                      DType mdt, Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS],
+                      Tensor mom2[NGROUPS]) {
     for (int g = 0; g < NGROUPS; g++) {
         bool whole = one_shard(f, g);
         master[g] =
             whole && w[g].dev == DEV_CPU && w[g].dt == DT_F32 ? w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
         grad[g] = whole ? gr[g] : tensor_rows(gr[g], 0, f->len[g]); // reduce-scatter in place: the sum lands in front
-        mom1[g] = arena_tensor(moments, DT_F32, 1, f->len[g], 0, 0, 0);
-        mom2[g] = arena_tensor(moments, DT_F32, 1, f->len[g], 0, 0, 0);
+        mom1[g] = arena_tensor(moments, mdt, 1, f->len[g], 0, 0, 0);
+        mom2[g] = arena_tensor(moments, mdt, 1, f->len[g], 0, 0, 0);
     }
 }
 
@@ -70,17 +72,31 @@ void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {
     if (f->replica[g]) comm_allreduce(f->replica[g], shard, COMM_SUM);
 }
 
+// dst ← src (the same length): fp32 ↔ bf16 on the host here (the CPU backend's op_copy keeps the dtype; the
+// moments may be bf16: optimizer.state_dtype), the rest through op_copy. bf16 ← fp32 rounds to nearest even.
+static void copy_moments(Tensor dst, Tensor src) {
+    if (dst.dt == src.dt || dst.dev != DEV_CPU || src.dev != DEV_CPU) {
+        op_copy(dst, src);
+        return;
+    }
+    int64_t n = tensor_numel(src);
+    CHECK(tensor_numel(dst) == n && (dst.dt == DT_BF16 ? src.dt == DT_F32 : dst.dt == DT_F32 && src.dt == DT_BF16));
+    for (int64_t i = 0; i < n; i++)
+        if (dst.dt == DT_BF16) ((uint16_t *)dst.p)[i] = f32_to_bf16(((const float *)src.p)[i]);
+        else ((float *)dst.p)[i] = bf16_to_f32(((const uint16_t *)src.p)[i]);
+}
+
 void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full) {
-    op_copy(shard, tensor_make((void *)(full + f->off[g]), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1));
+    copy_moments(shard, tensor_make((void *)(full + f->off[g]), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1));
 }
 
 void fsdp_gather_host(const Fsdp *f, int g, float *full, Tensor shard) {
     Tensor host = tensor_make(full, DT_F32, DEV_CPU, 1, f->numel[g], 1, 1, 1);
-    if (one_shard(f, g)) op_copy(host, shard);
-    else if (shard.dev == DEV_CPU) comm_allgather(f->shard[g], host, shard);
-    else { // a device shard goes through the host
+    if (one_shard(f, g)) copy_moments(host, shard);
+    else if (shard.dev == DEV_CPU && shard.dt == DT_F32) comm_allgather(f->shard[g], host, shard);
+    else { // a device or bf16 shard goes through an fp32 host copy
         Tensor mine = tensor_make(xmalloc(f->len[g] * sizeof(float) + 1), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1);
-        op_copy(mine, shard);
+        copy_moments(mine, shard);
         comm_allgather(f->shard[g], host, mine);
         free(mine.p);
     }

@@ -25,9 +25,11 @@ void fsdp_setup(Fsdp *f, const Dist *d, const Tensor w[NGROUPS]);
 // Allocates this rank's fp32 masters and AdamW moments from a (counting) arena and points the reduced
 // gradient shard at the front of the whole fp32 gradient g (the reduce-scatter runs in place). With one shard the
 // master is the compute copy w itself where that is fp32 on the CPU.
-// The moments come from `moments` (the state arena, or a host arena when optimizer.offload holds them off the GPU).
+// The moments, in dtype mdt (fp32 or bf16), come from `moments` (the state arena, or a host arena when
+// optimizer.offload holds them off the GPU).
 void fsdp_alloc_state(const Fsdp *f, const Tensor w[NGROUPS], const Tensor g[NGROUPS], Arena *a, Arena *moments,
-                      Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS], Tensor mom2[NGROUPS]);
+                      DType mdt, Tensor master[NGROUPS], Tensor grad[NGROUPS], Tensor mom1[NGROUPS],
+                      Tensor mom2[NGROUPS]);
 // full: (numel) compute copy ← all-gather of the master shards: (len) (converted to full's dtype).
 void fsdp_gather(const Fsdp *f, int g, Tensor full, Tensor shard);
 // The rows of the compute copy `full` that this rank's shard fills (p == NULL when the copy is the shard itself

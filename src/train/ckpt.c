@@ -267,7 +267,9 @@ static void snapshot_parts(Run *r, SaveFile *f, const char *dir, const char *bas
             if (owner_of(d, p->group, i, d->pp_g.rank, d->ep_g.rank) != d->world.rank) continue;
             if (f->data) src = memcpy(at, src, params_numel(p) * sizeof(float)), at += params_numel(p);
             snprintf(name, sizeof name, "%s%s", parts[k].prefix, p->name);
-            st_writer_add_f32(&f->w, name, ST_F32, p->nd, p->shape, src);
+            // bf16 moments (optimizer.state_dtype) are stored as bf16: the fp32 gather holds them exactly
+            st_writer_add_f32(&f->w, name, parts[k].shard[p->group].dt == DT_BF16 ? ST_BF16 : ST_F32, p->nd, p->shape,
+                              src);
         }
     for (int k = 0; k < nparts; k++)
         for (int g = 0; g < NGROUPS; g++)

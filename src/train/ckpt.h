@@ -1,6 +1,8 @@
 // ckpt.h — checkpoints (docs/reference.md §16–17): `<save_location>/step-%08d/` holding
 //   model.safetensors      fp32 master weights under canonical names (HF names without "model.")
-//   optimizer.safetensors  AdamW moments "exp_avg.<name>", "exp_avg_sq.<name>" (absent: model-only)
+//   optimizer.safetensors  AdamW moments "exp_avg.<name>", "exp_avg_sq.<name>" (absent: model-only), in
+//                          optimizer.state_dtype (fp32 or bf16); a resume converts them to this run's dtype
+//                          (bf16 ← fp32 rounds to nearest even, fp32 ← bf16 is exact)
 //   config.json            the HF model config
 //   run.json               step, samples consumed, seed, the training config used, pith version
 // written under a temporary name, fsynced, then renamed: a folder named step-N is always complete.

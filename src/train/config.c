@@ -42,6 +42,7 @@ static const char *const dtype_names[] = {"bf16", "fp32", NULL};
 static const char *const lb_names[] = {"micro-batch", "global-batch", "sequence", NULL}; // LbForm order
 static const char *const nonfinite_names[] = {"fail", "skip", NULL};
 static const char *const optimizer_names[] = {"adamw", "muon", NULL};
+static const char *const state_dtype_names[] = {"fp32", "bf16", NULL}; // StateDtype order
 static const char *const scheduler_names[] = {"constant", "wsd", "cosine", NULL};
 static const char *const decay_names[] = {"cosine", "linear", NULL};
 static const char *const sharding_names[] = {"fsdp", "hsdp", NULL};
@@ -147,6 +148,10 @@ static const ConfigKey optimizer_keys[] = {
      .doc = "AdamW's moments in host memory (pinned), streamed through the device in chunks by the step: the same "
             "update bit for bit, 8 bytes per parameter of this rank's shards off the GPU, 16 bytes per such "
             "parameter of host↔device traffic per step (adamw)"},
+    {.name = "state_dtype", .kind = K_CHOICE, .off = OFF(optimizer.state_dtype), .choices = state_dtype_names,
+     .doc = "AdamW's moments stored in `bf16`: masters stay fp32, the update computes in fp32 and rounds the new m "
+            "and v to nearest even; 4 of the 8 bytes per parameter of this rank's shards saved; a resume converts "
+            "the checkpoint's moments to this dtype (adamw; with `offload` too)"},
 };
 // clang-format on
 
@@ -524,6 +529,9 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     if (c->optimizer.type == OPTIMIZER_MUON && c->optimizer.offload)
         jdie(origin_of(sec[1], &org, "offload"), "offload",
              "is AdamW's (Muon orthogonalises whole matrices of its momentum, which stays on the device)");
+    if (c->optimizer.type == OPTIMIZER_MUON && c->optimizer.state_dtype != STATE_FP32)
+        jdie(origin_of(sec[1], &org, "state_dtype"), "state_dtype",
+             "is AdamW's (Muon's momentum and Newton–Schulz run on fp32 buffers)");
     if (c->benchmark && c->moe_router_bias_update_rate > 0)
         jdie(origin_of(top, &org, "moe_router_bias_update_rate"), "moe_router_bias_update_rate",
              "has no effect with benchmark = true (the routing is forced, the bias would select nothing)");

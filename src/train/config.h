@@ -24,6 +24,7 @@ static inline DType compute_dt(Device dev, ComputeDtype c) {
     return dev == DEV_CUDA && c == COMPUTE_BF16 ? DT_BF16 : DT_F32;
 }
 typedef enum { OPTIMIZER_ADAMW, OPTIMIZER_MUON } OptimizerType;
+typedef enum { STATE_FP32, STATE_BF16 } StateDtype; // AdamW's moments in storage
 typedef enum { SCHED_CONSTANT, SCHED_WSD, SCHED_COSINE } SchedulerType;
 typedef enum { DECAY_COSINE, DECAY_LINEAR } DecayShape;
 typedef enum { SHARD_FSDP, SHARD_HSDP } Sharding;
@@ -44,8 +45,9 @@ typedef struct {
     struct {
         OptimizerType type; // Muon for 2-D+ weights with AdamW (betas, eps) for the rest, or AdamW for all
         double lr, betas[2], eps, weight_decay;
-        double momentum; // Muon's β (default 0.95)
-        bool offload;    // AdamW's moments in host memory, streamed through the device by the step
+        double momentum;        // Muon's β (default 0.95)
+        bool offload;           // AdamW's moments in host memory, streamed through the device by the step
+        StateDtype state_dtype; // AdamW's moments stored in fp32 or bf16 (the update computes in fp32)
     } optimizer;
     struct {
         SchedulerType type;

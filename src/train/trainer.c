@@ -115,8 +115,11 @@ static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
     return p;
 }
 
-// optimizer.offload: the step streams the host-resident moments through two (chunk) fp32 device buffers, one chunk
-// of m and of v at a time (chunk: 2^26 elements, or PITH_OFFLOAD_CHUNK for tests, or the largest shard if smaller).
+static DType moment_dtype(const TrainConfig *c) { return c->optimizer.state_dtype == STATE_BF16 ? DT_BF16 : DT_F32; }
+
+// optimizer.offload: the step streams the host-resident moments through two (chunk) device buffers in the moments'
+// dtype, one chunk of m and of v at a time (chunk: 2^26 elements, or PITH_OFFLOAD_CHUNK for tests, or the largest
+// shard if smaller).
 // Without offload none (zero-size tensors).
 static void offload_stage_alloc(const TrainConfig *c, const Fsdp *f, Arena *a, Tensor stage[2]) {
     stage[0] = stage[1] = (Tensor){0};
@@ -126,7 +129,7 @@ static void offload_stage_alloc(const TrainConfig *c, const Fsdp *f, Arena *a, T
     if (env && atoll(env) > 0) chunk = atoll(env);
     for (int g = 0; g < NGROUPS; g++) most = f->len[g] > most ? f->len[g] : most;
     chunk = chunk < most ? chunk : most;
-    for (int i = 0; i < 2; i++) stage[i] = arena_tensor(a, DT_F32, 1, chunk, 0, 0, 0);
+    for (int i = 0; i < 2; i++) stage[i] = arena_tensor(a, moment_dtype(c), 1, chunk, 0, 0, 0);
 }
 
 // The optimizer state, in one order from `state` (the moments from `host` under optimizer.offload): master and
@@ -135,8 +138,8 @@ static void offload_stage_alloc(const TrainConfig *c, const Fsdp *f, Arena *a, T
 static void state_alloc(Run *r, Arena *state, Arena *host) {
     const TrainConfig *c = &r->cfg;
     Model *m = &r->model;
-    fsdp_alloc_state(&r->fsdp, m->w, m->g, state, c->optimizer.offload ? host : state, r->master, r->grad, r->adam_m,
-                     r->adam_v);
+    fsdp_alloc_state(&r->fsdp, m->w, m->g, state, c->optimizer.offload ? host : state, moment_dtype(c), r->master,
+                     r->grad, r->adam_m, r->adam_v);
     offload_stage_alloc(c, &r->fsdp, state, r->stage);
     if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&r->muon, &m->params, state);
     m->router_bias = c->moe_router_bias_update_rate > 0

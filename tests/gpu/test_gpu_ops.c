@@ -422,23 +422,32 @@ TEST(gpu_op_attention_flash) {
     gpu_report();
 }
 
-// Three AdamW steps on n fp32 parameters (fresh moments, v ≥ 0), the gradient scaled by 0.37, GPU against CPU;
-// the compute copy: none, fp32, then bf16 (on the CPU the new p is rounded the same way).
-static void check_adamw(int64_t n) {
-    Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0),
-         v = pair_rand(DT_F32, 0.1f, 1, n, 0, 0, 0);
+// Three AdamW steps on n fp32 parameters (fresh moments, v ≥ 0) with moments in mdt (fp32 or bf16), the gradient
+// scaled by 0.37, GPU against CPU; the compute copy: none, fp32, then bf16 (on the CPU the new p is rounded the same
+// way). The GPU fuses multiply-adds the CPU rounds apart, so its fp32 moments differ in their last bits; bf16 moments
+// then differ by one bf16 ulp (at most 2^-7 relative) where that crosses a rounding tie, and the next steps' p by at
+// most lr·2^-7·|m̂/√v̂| an element: the bf16 bounds 1e-2 (moments) and 1e-3 (p, ~1 an element).
+static void check_adamw(int64_t n, DType mdt) {
+    Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(mdt, 0.1f, 1, n, 0, 0, 0),
+         v = pair_rand(mdt, 0.1f, 1, n, 0, 0, 0);
     for (int64_t i = 0; i < n; i++) ((float *)v.c.p)[i] = fabsf(((float *)v.c.p)[i]);
     op_copy(v.d, v.c);
+    Tensor mc = m.c, vc = v.c; // the CPU's moments in mdt (a Pair's CPU side is fp32)
+    if (mdt == DT_BF16) {
+        mc = tensor_make(xmalloc(n * 2), DT_BF16, DEV_CPU, 1, n, 1, 1, 1), op_copy(mc, m.c);
+        vc = tensor_make(xmalloc(n * 2), DT_BF16, DEV_CPU, 1, n, 1, 1, 1), op_copy(vc, v.c);
+    }
     for (int t = 1; t <= 3; t++) {
         Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), w = pair_nan(t == 3 ? DT_BF16 : DT_F32, 1, n, 0, 0, 0);
         Tensor wc = t == 1 ? NONE : w.c, wd = t == 1 ? NONE : w.d;
-        op_adamw(p.c, gr.c, m.c, v.c, wc, 0.37f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t),
+        op_adamw(p.c, gr.c, mc, vc, wc, 0.37f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t),
             op_adamw(p.d, gr.d, m.d, v.d, wd, 0.37f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
-        if (t > 1) EXPECT_CLOSE(w, t == 3 ? 1e-2 : 1e-5);
+        if (t > 1) EXPECT_CLOSE(w, t == 3 ? 1e-2 : mdt == DT_F32 ? 1e-5 : 1e-3);
     }
-    EXPECT_CLOSE(p, 1e-5);
-    EXPECT_CLOSE(m, 1e-5);
-    EXPECT_CLOSE(v, 1e-5);
+    if (mdt == DT_BF16) op_copy(m.c, mc), op_copy(v.c, vc), free(mc.p), free(vc.p);
+    EXPECT_CLOSE(p, mdt == DT_F32 ? 1e-5 : 1e-3);
+    EXPECT_CLOSE(m, mdt == DT_F32 ? 1e-5 : 1e-2);
+    EXPECT_CLOSE(v, mdt == DT_F32 ? 1e-5 : 1e-2);
     // the pass flags a weight it makes infinite (lr 3e38: the step overflows), once: reading clears it
     ASSERT(!op_adamw_nonfinite(DEV_CUDA));
     Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0);
@@ -503,9 +512,10 @@ TEST(gpu_op_vector_paths) {
         EXPECT_CLOSE(dgu, TOL);
         free(idx);
     }
-    // AdamW on a multiple of 4 (the float4 path)
+    // AdamW on a multiple of 4 (the float4 path), fp32 and bf16 moments
     gpu_mode(DT_F32);
-    check_adamw(10000);
+    check_adamw(10000, DT_F32);
+    check_adamw(10000, DT_BF16);
     // cross-entropy over several slices of a row (float4 path) and the scalar path
     int64_t R = 7, V = 20000;
     int32_t lab[7] = {5, -100, 19999, 8191, 8192, 0, 12345};
@@ -936,9 +946,10 @@ TEST(gpu_op_elementwise) {
     float *same = gpu_down(b32);
     ASSERT(!memcmp(same, a.c.p, n * sizeof(float)));
     free(back), free(ref), free(same);
-    // AdamW, three steps
+    // AdamW, three steps, fp32 and bf16 moments
     gpu_mode(DT_F32);
-    check_adamw(n);
+    check_adamw(n, DT_F32);
+    check_adamw(n, DT_BF16);
     // Σ x² over more values than one pass of the grid's threads: the loop of four loads a thread, its tail, n % 4
     Pair big = pair_rand(DT_F32, 1, 1, (3 << 20) + 5, 0, 0, 0);
     double bc = op_sum_squares(big.c), bg = op_sum_squares(big.d);

@@ -116,8 +116,9 @@ double cpu_sum_squares(Tensor x) {
 }
 
 // torch.optim.AdamW (single-tensor path) on gscale·g: p *= 1 − lr·wd; m.lerp_(g, 1 − b1); v = b2·v + (1 − b2)·g²;
-// p −= (lr / (1 − b1^t)) · m / (sqrt(v) / sqrt(1 − b2^t) + eps); then w = p in w's dtype. A p or v that is not finite
-// sets adamw_bad (an OR: the same whatever the thread count).
+// p −= (lr / (1 − b1^t)) · m / (sqrt(v) / sqrt(1 − b2^t) + eps); then w = p in w's dtype. m and v are read into fp32
+// and the update uses their fp32 values; bf16 moments are stored rounded to nearest even. A p or stored v that is not
+// finite sets adamw_bad (an OR: the same whatever the thread count).
 static bool adamw_bad;
 
 bool cpu_adamw_nonfinite(void) {
@@ -131,15 +132,19 @@ void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, f
     int64_t n = tensor_numel(p);
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
     if (w.p && w.dt != DT_F32 && w.dt != DT_BF16) die("adamw: the compute copy is %s (fp32 or bf16)", dtype_name(w.dt));
-    bool bad = false;
+    bool half = m.dt == DT_BF16, bad = false;
+    uint16_t *m16 = m.p, *v16 = v.p;
 #pragma omp parallel for reduction(|| : bad)
     for (int64_t i = 0; i < n; i++) {
-        float gi = gscale * F(g)[i];
+        float gi = gscale * F(g)[i], mi = half ? bf16_to_f32(m16[i]) : F(m)[i],
+              vi = half ? bf16_to_f32(v16[i]) : F(v)[i];
         F(p)[i] *= decay;
-        F(m)[i] += (1.0f - b1) * (gi - F(m)[i]);
-        F(v)[i] = b2 * F(v)[i] + (1.0f - b2) * gi * gi;
-        F(p)[i] -= step * F(m)[i] / (sqrtf(F(v)[i]) / bc2 + eps);
-        bad = bad || !isfinite(F(p)[i]) || !isfinite(F(v)[i]);
+        mi += (1.0f - b1) * (gi - mi);
+        vi = b2 * vi + (1.0f - b2) * gi * gi;
+        F(p)[i] -= step * mi / (sqrtf(vi) / bc2 + eps);
+        if (half) m16[i] = f32_to_bf16(mi), v16[i] = f32_to_bf16(vi), vi = bf16_to_f32(v16[i]);
+        else F(m)[i] = mi, F(v)[i] = vi;
+        bad = bad || !isfinite(F(p)[i]) || !isfinite(vi);
         if (w.p && w.dt == DT_F32) F(w)[i] = F(p)[i];
         else if (w.p) ((uint16_t *)w.p)[i] = f32_to_bf16(F(p)[i]);
     }

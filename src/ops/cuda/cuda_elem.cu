@@ -4,7 +4,7 @@
 //   AdamW (torch.optim.AdamW, single-tensor): p *= 1 − lr·wd; m += (1 − b1)(g − m); v = b2·v + (1 − b2)·g²;
 //   p −= lr/(1 − b1^t) · m / (sqrt(v)/sqrt(1 − b2^t) + eps).
 // Shapes: embedding table (V, H), tokens (T) int32, h (T, H); CE logits (R, V) fp32 in place, labels (R)
-// int32, loss_sum (1) fp64; AdamW p, g, m, v flat fp32.
+// int32, loss_sum (1) fp64; AdamW p, g flat fp32, m, v flat fp32 or bf16.
 // Cross-entropy splits each row into slices of CE_SLICE logits so that a chunk of a few rows still fills
 // the GPU: pass 1 gives each slice's (max, Σ exp) in one read (online per thread), pass 2 combines a
 // row's slices into its lse and overwrites the slice with the gradient; logits are read twice, written
@@ -245,36 +245,66 @@ __device__ __forceinline__ void st4(bf16 *w, float4 p) {
     __nv_bfloat162 a = __floats2bfloat162_rn(p.x, p.y), b = __floats2bfloat162_rn(p.z, p.w);
     *(uint2 *)w = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
 }
+// Four moments as fp32 (m, v: fp32 or bf16, 16-byte aligned when vec), and the value a moment keeps once stored.
+__device__ __forceinline__ float4 ld4(const float *m) { return *(const float4 *)m; }
+__device__ __forceinline__ float4 ld4(const bf16 *m) {
+    uint2 u = *(const uint2 *)m;
+    float2 a = __bfloat1622float2(*(__nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(__nv_bfloat162 *)&u.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ float kept(const float *, float x) { return x; }
+__device__ __forceinline__ float kept(const bf16 *, float x) { return __bfloat162float(__float2bfloat16(x)); }
 // Set by adamw_kernel when it writes a p or v that is not finite (every writer writes 1: no race that matters);
 // cuda_adamw_nonfinite reads and clears it.
 __device__ int adamw_bad;
 
-// One pass over the flat buffers: 4 parameters per thread (float4 loads of p, g, m, v) when vec, then the last
-// n % 4 one by one; the gradient is read as gscale·g; w (NULL: none) gets the new parameters in its dtype.
-// Bytes: 16 read and 12 written per parameter, + 2 or 4 for the compute copy (the floor of the step).
-template <typename TW>
-__global__ void adamw_kernel(float *p, const float *g, float *m, float *v, TW *w, int64_t n, bool vec, float gscale,
-                             float b1, float b2, float eps, float step, float bc2, float decay) {
+// One pass over the flat buffers: 4 parameters per thread (float4 loads of p, g; 4 moments of m, v) when vec, then
+// the last n % 4 one by one; the gradient is read as gscale·g; m, v (TM: fp32 or bf16) are stored in their dtype;
+// w (NULL: none) gets the new parameters in its dtype.
+// Bytes: 16 read and 12 written per parameter with fp32 moments (12 and 8 with bf16), + 2 or 4 for the compute copy
+// (the floor of the step).
+template <typename TM, typename TW>
+__global__ void adamw_kernel(float *p, const float *g, TM *m, TM *v, TW *w, int64_t n, bool vec, float gscale, float b1,
+                             float b2, float eps, float step, float bc2, float decay) {
     int64_t n4 = vec ? n / 4 : 0;
     bool bad = false;
     GRID_STRIDE(i, n4) {
-        float4 P = ((float4 *)p)[i], G = ((const float4 *)g)[i], M = ((float4 *)m)[i], Vv = ((float4 *)v)[i];
+        float4 P = ((float4 *)p)[i], G = ((const float4 *)g)[i], M = ld4(m + 4 * i), Vv = ld4(v + 4 * i);
         float *pp = &P.x, *gg = &G.x, *mm = &M.x, *vv = &Vv.x;
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             adamw_one(pp[q], gscale * gg[q], mm[q], vv[q], b1, b2, eps, step, bc2, decay);
-            bad |= !isfinite(pp[q]) || !isfinite(vv[q]);
+            bad |= !isfinite(pp[q]) || !isfinite(kept(v, vv[q]));
         }
-        ((float4 *)p)[i] = P, ((float4 *)m)[i] = M, ((float4 *)v)[i] = Vv;
+        ((float4 *)p)[i] = P;
+        st4(m + 4 * i, M), st4(v + 4 * i, Vv);
         if (w) st4(w + 4 * i, P);
     }
     GRID_STRIDE(i, n - n4 * 4) {
         int64_t j = n4 * 4 + i;
-        adamw_one(p[j], gscale * g[j], m[j], v[j], b1, b2, eps, step, bc2, decay);
-        bad |= !isfinite(p[j]) || !isfinite(v[j]);
+        float mj = ld(m, j), vj = ld(v, j);
+        adamw_one(p[j], gscale * g[j], mj, vj, b1, b2, eps, step, bc2, decay);
+        st(m, j, mj), st(v, j, vj);
+        bad |= !isfinite(p[j]) || !isfinite(kept(v, vj));
         if (w) st(w, j, p[j]);
     }
     if (bad) adamw_bad = 1;
+}
+template <typename TM>
+static void adamw_launch(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, int64_t n, float gscale, float b1, float b2,
+                         float eps, float step, float bc2, float decay) {
+    bool vec = aligned16(p.p, g.p, m.p, v.p) && (!w.p || aligned16(w.p));
+    unsigned grid = grid_for(vec ? n / 4 : n, ELEM_THREADS);
+    if (w.p && w.dt == DT_BF16)
+        adamw_kernel<TM, bf16><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (TM *)m.p,
+                                                                         (TM *)v.p, (bf16 *)w.p, n, vec, gscale, b1, b2,
+                                                                         eps, step, bc2, decay);
+    else {
+        if (w.p) IS_F32(w, "adamw");
+        adamw_kernel<TM, float><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (TM *)m.p,
+                                                                          (TM *)v.p, (float *)w.p, n, vec, gscale, b1,
+                                                                          b2, eps, step, bc2, decay);
+    }
 }
 
 // Σ x² in fp64, one partial per block into out[block] (the host adds them in block order: the same bits in every
@@ -483,23 +513,11 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, 
     int64_t n = tensor_numel(p);
     IS_F32(p, "adamw");
     IS_F32(g, "adamw");
-    IS_F32(m, "adamw");
-    IS_F32(v, "adamw");
     CHECK(tensor_numel(g) == n && tensor_numel(m) == n && tensor_numel(v) == n);
     if (!n) return;
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
-    bool vec = aligned16(p.p, g.p, m.p, v.p) && (!w.p || aligned16(w.p));
-    unsigned grid = grid_for(vec ? n / 4 : n, ELEM_THREADS);
-    if (w.p && w.dt == DT_BF16)
-        adamw_kernel<bf16><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (float *)m.p,
-                                                                     (float *)v.p, (bf16 *)w.p, n, vec, gscale, b1, b2,
-                                                                     eps, step, bc2, decay);
-    else {
-        if (w.p) IS_F32(w, "adamw");
-        adamw_kernel<float><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (float *)m.p,
-                                                                      (float *)v.p, (float *)w.p, n, vec, gscale, b1,
-                                                                      b2, eps, step, bc2, decay);
-    }
+    if (m.dt == DT_BF16) adamw_launch<bf16>(p, g, m, v, w, n, gscale, b1, b2, eps, step, bc2, decay);
+    else adamw_launch<float>(p, g, m, v, w, n, gscale, b1, b2, eps, step, bc2, decay);
     CUDA_LAUNCH_CHECK();
 }
 
