@@ -72,31 +72,17 @@ void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {
     if (f->replica[g]) comm_allreduce(f->replica[g], shard, COMM_SUM);
 }
 
-// dst ← src (the same length): fp32 ↔ bf16 on the host here (the CPU backend's op_copy keeps the dtype; the
-// moments may be bf16: optimizer.state_dtype), the rest through op_copy. bf16 ← fp32 rounds to nearest even.
-static void copy_moments(Tensor dst, Tensor src) {
-    if (dst.dt == src.dt || dst.dev != DEV_CPU || src.dev != DEV_CPU) {
-        op_copy(dst, src);
-        return;
-    }
-    int64_t n = tensor_numel(src);
-    CHECK(tensor_numel(dst) == n && (dst.dt == DT_BF16 ? src.dt == DT_F32 : dst.dt == DT_F32 && src.dt == DT_BF16));
-    for (int64_t i = 0; i < n; i++)
-        if (dst.dt == DT_BF16) ((uint16_t *)dst.p)[i] = f32_to_bf16(((const float *)src.p)[i]);
-        else ((float *)dst.p)[i] = bf16_to_f32(((const uint16_t *)src.p)[i]);
-}
-
 void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full) {
-    copy_moments(shard, tensor_make((void *)(full + f->off[g]), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1));
+    op_copy(shard, tensor_make((void *)(full + f->off[g]), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1));
 }
 
 void fsdp_gather_host(const Fsdp *f, int g, float *full, Tensor shard) {
     Tensor host = tensor_make(full, DT_F32, DEV_CPU, 1, f->numel[g], 1, 1, 1);
-    if (one_shard(f, g)) copy_moments(host, shard);
+    if (one_shard(f, g)) op_copy(host, shard);
     else if (shard.dev == DEV_CPU && shard.dt == DT_F32) comm_allgather(f->shard[g], host, shard);
     else { // a device or bf16 shard goes through an fp32 host copy
         Tensor mine = tensor_make(xmalloc(f->len[g] * sizeof(float) + 1), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1);
-        copy_moments(mine, shard);
+        op_copy(mine, shard);
         comm_allgather(f->shard[g], host, mine);
         free(mine.p);
     }

@@ -79,9 +79,16 @@ void cpu_scale(Tensor x, float s) {
     for (int64_t i = 0; i < n; i++) F(x)[i] *= s;
 }
 
+// The same dtype, or fp32 ↔ bf16 (rounding to nearest even).
 void cpu_copy(Tensor dst, Tensor src) {
-    CHECK(tensor_numel(dst) == tensor_numel(src) && dst.dt == src.dt);
-    memmove(dst.p, src.p, tensor_bytes(src));
+    int64_t n = tensor_numel(src);
+    CHECK(tensor_numel(dst) == n);
+    if (dst.dt == src.dt) memmove(dst.p, src.p, tensor_bytes(src));
+    else if (dst.dt == DT_BF16 && src.dt == DT_F32)
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst.p)[i] = f32_to_bf16(F(src)[i]);
+    else if (dst.dt == DT_F32 && src.dt == DT_BF16)
+        for (int64_t i = 0; i < n; i++) F(dst)[i] = bf16_to_f32(((const uint16_t *)src.p)[i]);
+    else die("copy: %s to %s is not a conversion the CPU makes", dtype_name(src.dt), dtype_name(dst.dt));
 }
 
 void cpu_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate) {
