@@ -78,8 +78,10 @@ bool npy_parse(const uint8_t *buf, size_t len, NpyRecord *rec, char *err, size_t
     return true;
 }
 
-bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRecord *ends, char *err, size_t cap) {
+bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRecord *ends, NpyRecord *mask, char *err,
+                          size_t cap) {
     char why[200];
+    *mask = (NpyRecord){0};
     if (!npy_parse(buf, len, tok, why, sizeof why)) return snprintf(err, cap, "token record: %s", why), false;
     if (tok->dt != DT_U8 && tok->dt != DT_U16 && tok->dt != DT_U32 && tok->dt != DT_U64)
         return snprintf(err, cap, "token record: dtype %s, expected an unsigned integer type", dtype_name(tok->dt)),
@@ -88,10 +90,26 @@ bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRec
         return snprintf(err, cap, "document-end record: %s", why), false;
     if (ends->dt != DT_U64)
         return snprintf(err, cap, "document-end record: dtype %s, expected uint64", dtype_name(ends->dt)), false;
-    if (tok->record_len + ends->record_len != len)
-        return snprintf(err, cap, "%zu bytes after the document-end record (a token file is exactly two .npy records)",
-                        len - tok->record_len - ends->record_len),
-               false;
+    size_t at = tok->record_len + ends->record_len;
+    if (at < len) { // format 2: the loss mask
+        if (!npy_parse(buf + at, len - at, mask, why, sizeof why))
+            return snprintf(err, cap, "%zu bytes after the document-end record, not a loss-mask record: %s", len - at, why),
+                   false;
+        if (mask->dt != DT_U8 || mask->n != tok->n)
+            return snprintf(err, cap, "loss-mask record: %s of %lld, expected uint8 of %lld (one per token)",
+                            dtype_name(mask->dt), (long long)mask->n, (long long)tok->n),
+                   false;
+        if (at + mask->record_len != len)
+            return snprintf(err, cap, "%zu bytes after the loss-mask record (a token file is two or three .npy records)",
+                            len - at - mask->record_len),
+                   false;
+        const uint8_t *v = mask->data, *bad = NULL;
+        for (int64_t i = 0; !bad && i < mask->n; i++) bad = v[i] > 1 ? v + i : NULL;
+        if (bad)
+            return snprintf(err, cap, "loss-mask record: value %u at token %lld (0: not a target, 1: a target)", *bad,
+                            (long long)(bad - v)),
+                   false;
+    }
     // Ends rise strictly to the token count. The record follows the tokens, so it need not be 8-byte
     // aligned: read through memcpy.
     uint64_t prev = 0, e = 0;
