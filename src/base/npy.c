@@ -128,14 +128,14 @@ bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRec
     return true;
 }
 
-bool npy_write_header(FILE *f, DType dt, int64_t n) {
+// shape: "(n,)" or "(rows, cols)".
+static bool write_header(FILE *f, DType dt, const char *shape) {
     const char *descr = NULL;
     for (size_t i = 0; i < sizeof npy_types / sizeof *npy_types; i++)
         if (npy_types[i].dt == dt) descr = npy_types[i].descr;
     CHECK(descr);
     char hdr[256];
-    int len = snprintf(hdr + 10, sizeof hdr - 10, "{'descr': '%s', 'fortran_order': False, 'shape': (%lld,), }", descr,
-                       (long long)n);
+    int len = snprintf(hdr + 10, sizeof hdr - 10, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
     int total = (10 + len + 1 + 63) / 64 * 64; // preamble + dict + '\n', padded to 64
     CHECK(total <= (int)sizeof hdr);
     unsigned hlen = (unsigned)(total - 10);
@@ -144,4 +144,16 @@ bool npy_write_header(FILE *f, DType dt, int64_t n) {
     memset(hdr + 10 + len, ' ', total - 10 - len - 1);
     hdr[total - 1] = '\n';
     return fwrite(hdr, 1, total, f) == (size_t)total;
+}
+
+bool npy_write_header(FILE *f, DType dt, int64_t n) {
+    char shape[32];
+    snprintf(shape, sizeof shape, "(%lld,)", (long long)n);
+    return write_header(f, dt, shape);
+}
+
+bool npy_write_header_2d(FILE *f, DType dt, int64_t rows, int64_t cols) {
+    char shape[48];
+    snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)rows, (long long)cols);
+    return write_header(f, dt, shape);
 }

@@ -22,3 +22,5 @@ bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRec
 // Writes the header of a 1-D little-endian array of n elements of dt (version 1.0, 64-byte aligned);
 // false when the write fails (errno set).
 bool npy_write_header(FILE *f, DType dt, int64_t n);
+// The same for a C-order (rows, cols) array.
+bool npy_write_header_2d(FILE *f, DType dt, int64_t rows, int64_t cols);
