@@ -96,8 +96,8 @@ bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRec
             return snprintf(err, cap, "%zu bytes after the document-end record, not a loss-mask record: %s", len - at, why),
                    false;
         if (mask->dt != DT_U8 || mask->n != tok->n)
-            return snprintf(err, cap, "loss-mask record: %s of %lld, expected uint8 of %lld (one per token)",
-                            dtype_name(mask->dt), (long long)mask->n, (long long)tok->n),
+            return snprintf(err, cap, "loss-mask record: %lld values of dtype %s, expected %lld uint8 (one per token)",
+                            (long long)mask->n, dtype_name(mask->dt), (long long)tok->n),
                    false;
         if (at + mask->record_len != len)
             return snprintf(err, cap, "%zu bytes after the loss-mask record (a token file is two or three .npy records)",
