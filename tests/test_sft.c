@@ -124,3 +124,74 @@ TEST(sft_eval_per_token_mean) {
     ASSERT_MSG(n == B * 11 && strstr(out, "(44 targets)"), "%s", out);
     free(v);
 }
+
+// --format prompt-completion: per line one document, the prompt's ids (BOS first, as DeepSeek-V3 asks) masked, the
+// completion's and EOS targets; the data reads the prompt's labels as −100. Bad lines and inputs are one-line errors
+// naming file:line and the field.
+TEST(sft_tokenize_prompt_completion) {
+    ASSERT_MSG(path_exists(DSV3 "/tokenizer.json"), "tokenizer files are missing: run scripts/tokenizers.sh");
+    const char *dir = test_tmpdir();
+    char in[512], o[512], bin[600];
+    snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);
+    write_text(in, "pairs.jsonl",
+               "{\"prompt\": \"Hello\", \"completion\": \" world\", \"id\": 1}\n\n{\"completion\": \"x\", \"prompt\": \"\"}\n");
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "%s tokenize --tokenizer " DSV3 " --format prompt-completion --input %s/pairs.jsonl --output %s",
+                       PITH_BIN, in, o) == 0 &&
+                   strstr(out, "2 documents"),
+               "%s", out);
+    Bpe *tk = bpe_load(DSV3);
+    BpeScratch *sc = bpe_scratch_new(tk);
+    IdVec want = {0};
+    uint8_t mask[64];
+    static const char *pairs[2][2] = {{"Hello", " world"}, {"", "x"}};
+    uint64_t ends[2];
+    for (int i = 0; i < 2; i++) {
+        size_t n0 = want.n;
+        bpe_encode(tk, sc, pairs[i][0], strlen(pairs[i][0]), true, &want);
+        memset(mask + n0, 0, want.n - n0), n0 = want.n;
+        bpe_encode(tk, sc, pairs[i][1], strlen(pairs[i][1]), false, &want);
+        idvec_push(&want, 1); // EOS <｜end▁of▁sentence｜>
+        memset(mask + n0, 1, want.n - n0), ends[i] = want.n;
+    }
+    snprintf(bin, sizeof bin, "%s/pairs.jsonl.bin", o);
+    size_t n;
+    uint8_t *b = (uint8_t *)file_read_all(bin, &n);
+    NpyRecord tok, en, mk;
+    char err[300];
+    ASSERT_MSG(b && npy_token_file_parse(b, n, &tok, &en, &mk, err, sizeof err), "%s", err);
+    ASSERT(tok.dt == DT_U32 && tok.n == (int64_t)want.n && !memcmp(tok.data, want.p, 4 * want.n));
+    ASSERT(en.n == 2 && !memcmp(en.data, ends, sizeof ends) && mk.n == tok.n && !memcmp(mk.data, mask, want.n));
+    ASSERT(mask[0] == 0 && mask[1] == 0 && mask[2] == 1); // BOS "Hello" | " world" EOS
+    Dataset ds;
+    dataset_open(&ds, bin, (int)want.n - 1, bpe_num_ids(tk), 1);
+    ds.ordered = true;
+    int32_t t[64], l[64];
+    dataset_sample(&ds, 0, t, l);
+    for (size_t j = 1; j < want.n; j++) ASSERT(l[j - 1] == (mask[j] ? (int32_t)want.p[j] : -100));
+    dataset_close(&ds), free(b), idvec_free(&want), bpe_scratch_free(sc), bpe_free(tk);
+    write_text(in, "not_json.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n{\"prompt\": \"a\", \n");
+    write_text(in, "no_prompt.jsonl", "{\"completion\": \"b\"}\n");
+    write_text(in, "no_completion.jsonl", "{\"prompt\": \"a\", \"completion\": \"b\"}\n\n{\"prompt\": \"a\"}\n");
+    write_text(in, "not_string.jsonl", "{\"prompt\": \"a\", \"completion\": [\"b\"]}\n");
+    write_text(in, "doc.txt", "text\n");
+    static const struct {
+        const char *file, *extra, *msg;
+    } cases[] = {
+        {"not_json.jsonl", "", "not_json.jsonl:2: malformed JSON"},
+        {"no_prompt.jsonl", "", "no_prompt.jsonl:1: no field \"prompt\""},
+        {"no_completion.jsonl", "", "no_completion.jsonl:3: no field \"completion\""},
+        {"not_string.jsonl", "", "not_string.jsonl:1: field \"completion\" is not a string"},
+        {"doc.txt", "", "doc.txt: --format prompt-completion reads JSON lines"},
+        {"no_prompt.jsonl", "--field body", "--field does not apply to --format prompt-completion"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int rc = run_cmd(out, sizeof out,
+                         "%s tokenize --tokenizer " DSV3 " --format prompt-completion --input %s/%s --output %s %s",
+                         PITH_BIN, in, cases[i].file, o, cases[i].extra);
+        ASSERT_MSG(rc == 1 && strstr(out, cases[i].msg), "case %zu: exit %d, output: %s", i, rc, out);
+        ASSERT_MSG(strchr(out, '\n') == out + strlen(out) - 1, "case %zu: more than one line: %s", i, out);
+        snprintf(bin, sizeof bin, "%s/%s.bin", o, cases[i].file);
+        ASSERT(!path_exists(bin));
+    }
+}
