@@ -710,7 +710,8 @@ static int tokenize_args(TokArgs *a, int argc, char **argv) {
                 if (!strcmp(formats[i].ext + 1, optarg)) forced_kind = formats[i].kind;
             prompt_completion = !strcmp(optarg, "prompt-completion");
             if (forced_kind < 0 && !prompt_completion)
-                die("tokenize: --format must be jsonl, jsonl.zst, jsonl.gz, txt or prompt-completion (got '%s')",
+                die("tokenize: --format must be jsonl, jsonl.zst, jsonl.gz or txt (got '%s'), or prompt-completion for "
+                    "prompt/completion pairs",
                     optarg);
             break;
         case 'h': tokenize_usage(stdout), free(a->inputs); return 0;
