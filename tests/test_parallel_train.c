@@ -130,8 +130,7 @@ TEST(dist_sft_layouts) {
     d = make_run_of(TINY_MOE_EP_OF(4), 8, 6);
     snprintf(path, sizeof path, "%s/data.bin", d), token_file_mask(path, 5);
     snprintf(sets, sizeof sets,
-             "--set 'dataset=[{\"path\":\"%s/data.bin\",\"weight\":3},{\"path\":\"%s/val.bin\",\"weight\":1}]'", d,
-             d);
+             "--set 'dataset=[{\"path\":\"%s/data.bin\",\"weight\":3},{\"path\":\"%s/val.bin\",\"weight\":1}]'", d, d);
     check_layouts(d, sft, 2, sets, 6, true);
 }
 

@@ -106,8 +106,9 @@ TEST(sft_eval_per_token_mean) {
     ASSERT(run_cmd(out, sizeof out, "cp " FIX "/tokens.bin %s", data) == 0);
     token_file_mask(data, 5);
     int B = 4, S = 16;
-    ASSERT_MSG(run_cmd(out, sizeof out, "%s eval --model " FIX " --data %s --seq 16 --batch 4 --micro-batch 3 --per-token %s",
-                       PITH_BIN, data, npy) == 0,
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "%s eval --model " FIX " --data %s --seq 16 --batch 4 --micro-batch 3 --per-token %s", PITH_BIN,
+                       data, npy) == 0,
                "%s", out);
     double want = atof(strstr(out, "loss ") + 5), sum = 0;
     float *v = npy_read_f32_2d(npy, B, S);
@@ -134,7 +135,8 @@ TEST(sft_tokenize_prompt_completion) {
     char in[512], o[512], bin[600];
     snprintf(in, sizeof in, "%s/in", dir), snprintf(o, sizeof o, "%s/out", dir);
     write_text(in, "pairs.jsonl",
-               "{\"prompt\": \"Hello\", \"completion\": \" world\", \"id\": 1}\n\n{\"completion\": \"x\", \"prompt\": \"\"}\n");
+               "{\"prompt\": \"Hello\", \"completion\": \" world\", \"id\": 1}\n\n{\"completion\": \"x\", \"prompt\": "
+               "\"\"}\n");
     ASSERT_MSG(run_cmd(out, sizeof out,
                        "%s tokenize --tokenizer " DSV3 " --format prompt-completion --input %s/pairs.jsonl --output %s",
                        PITH_BIN, in, o) == 0 &&

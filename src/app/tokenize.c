@@ -31,7 +31,7 @@ static const struct {
                {".jsonl.zstd", IN_JSONL_ZST},
                {".jsonl.gz", IN_JSONL_GZ},
                {".txt", IN_TXT}};
-static int forced_kind = -1; // --format: every input is read as this kind, whatever its name
+static int forced_kind = -1;   // --format: every input is read as this kind, whatever its name
 static bool prompt_completion; // --format prompt-completion: JSONL of prompt/completion pairs, masked prompts
 
 typedef struct {
@@ -55,8 +55,8 @@ typedef struct Chunk {
     char *data;
     size_t len, cap, in_bytes; // bytes of data; input bytes (compressed for .zst) it came from, for progress
     IdVec ids;
-    uint64_t *ends;                                    // cumulative document ends within the chunk
-    uint8_t *mask;                                     // (ids.n) prompt-completion: 1 a loss target, 0 a prompt token
+    uint64_t *ends; // cumulative document ends within the chunk
+    uint8_t *mask;  // (ids.n) prompt-completion: 1 a loss target, 0 a prompt token
     size_t mask_cap;
     size_t ndocs, ends_cap, repaired, bad, text_bytes; // repaired: documents with invalid UTF-8; bad: lines skipped
     char *errors; // one message per line; in fail mode the first error stops the chunk
@@ -568,8 +568,8 @@ static void out_finish(InFile *f) {
         (f->nends && fwrite(f->ends, 8, f->nends, f->f) != f->nends) ||
         (prompt_completion && (!npy_write_header(f->f, DT_U8, (int64_t)f->ntok) ||
                                (f->ntok && fwrite(f->mask, 1, f->ntok, f->f) != f->ntok))) ||
-        fseek(f->f, 0, SEEK_SET) ||
-        !npy_write_header(f->f, DT_U32, (int64_t)f->ntok) || fflush(f->f) || fsync(fileno(f->f)))
+        fseek(f->f, 0, SEEK_SET) || !npy_write_header(f->f, DT_U32, (int64_t)f->ntok) || fflush(f->f) ||
+        fsync(fileno(f->f)))
         out_die(f, "write failed");
     FILE *fp = f->f;
     f->f = NULL; // closed here whatever happens: the exit handler must not close it again

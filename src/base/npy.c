@@ -93,14 +93,16 @@ bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRec
     size_t at = tok->record_len + ends->record_len;
     if (at < len) { // format 2: the loss mask
         if (!npy_parse(buf + at, len - at, mask, why, sizeof why))
-            return snprintf(err, cap, "%zu bytes after the document-end record, not a loss-mask record: %s", len - at, why),
+            return snprintf(err, cap, "%zu bytes after the document-end record, not a loss-mask record: %s", len - at,
+                            why),
                    false;
         if (mask->dt != DT_U8 || mask->n != tok->n)
             return snprintf(err, cap, "loss-mask record: %lld values of dtype %s, expected %lld uint8 (one per token)",
                             (long long)mask->n, dtype_name(mask->dt), (long long)tok->n),
                    false;
         if (at + mask->record_len != len)
-            return snprintf(err, cap, "%zu bytes after the loss-mask record (a token file is two or three .npy records)",
+            return snprintf(err, cap,
+                            "%zu bytes after the loss-mask record (a token file is two or three .npy records)",
                             len - at - mask->record_len),
                    false;
         const uint8_t *v = mask->data, *bad = NULL;
@@ -135,7 +137,8 @@ static bool write_header(FILE *f, DType dt, const char *shape) {
         if (npy_types[i].dt == dt) descr = npy_types[i].descr;
     CHECK(descr);
     char hdr[256];
-    int len = snprintf(hdr + 10, sizeof hdr - 10, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
+    int len =
+        snprintf(hdr + 10, sizeof hdr - 10, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
     int total = (10 + len + 1 + 63) / 64 * 64; // preamble + dict + '\n', padded to 64
     CHECK(total <= (int)sizeof hdr);
     unsigned hlen = (unsigned)(total - 10);

@@ -15,8 +15,8 @@ typedef struct {
     char *path;
     void *map;
     size_t size;
-    const void *tokens; // inside map
-    DType dt;           // DT_U8, DT_U16, DT_U32 or DT_U64
+    const void *tokens;  // inside map
+    DType dt;            // DT_U8, DT_U16, DT_U32 or DT_U64
     const uint8_t *mask; // (ntok) inside map: 1 the token is a loss target, 0 not (format 2; NULL: every one is)
     int64_t ntok, nsamples;
     bool max_cached; // the largest token id came from the cache (size and mtime unchanged), not a scan

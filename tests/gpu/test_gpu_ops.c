@@ -898,8 +898,8 @@ static void check_cross_entropy(DType dt, int64_t V, double tol, double loss_tol
     for (int r = 0; r < R; r++) {
         double e = fabs(rg[r] - rc[r]) / fmax(fabs(rc[r]), 1);
         record_err(e, "row_loss");
-        ASSERT_MSG(lab[r] == -100 ? rg[r] == 0 : e <= loss_tol * 10, "V %lld row %d: gpu %.12g cpu %.12g",
-                   (long long)V, r, rg[r], rc[r]);
+        ASSERT_MSG(lab[r] == -100 ? rg[r] == 0 : e <= loss_tol * 10, "V %lld row %d: gpu %.12g cpu %.12g", (long long)V,
+                   r, rg[r], rc[r]);
     }
 }
 

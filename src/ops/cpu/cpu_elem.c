@@ -38,7 +38,8 @@ void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, Tensor row
     CPU_F32(logits);
     int64_t R = t_rows(logits), V = t_cols(logits);
     CHECK(!row_loss.p || (row_loss.dt == DT_F64 && tensor_numel(row_loss) == R));
-    double *row = row_loss.p ? memset(row_loss.p, 0, R * sizeof(double)) : xcalloc(R ? R : 1, sizeof(double)), total = 0;
+    double *row = row_loss.p ? memset(row_loss.p, 0, R * sizeof(double)) : xcalloc(R ? R : 1, sizeof(double)),
+           total = 0;
     for (int64_t r = 0; r < R; r++)
         if (I32(labels)[r] != -100 && (I32(labels)[r] < 0 || I32(labels)[r] >= V))
             die("cross_entropy: label %d (row %lld) is outside the vocabulary of %lld", I32(labels)[r], (long long)r,
