@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include "base/npy.h"
 #include "base/safetensors.h"
 #include "test.h"
 
@@ -128,6 +129,34 @@ const char *write_bytes(const char *dir, const char *name, const void *data, siz
 }
 const char *write_text(const char *dir, const char *name, const char *text) {
     return write_bytes(dir, name, text, strlen(text));
+}
+
+void token_file_mask(const char *path, int masked) {
+    size_t n;
+    uint8_t *b = (uint8_t *)file_read_all(path, &n);
+    NpyRecord tok, ends, mask;
+    char err[300];
+    CHECK(b && npy_token_file_parse(b, n, &tok, &ends, &mask, err, sizeof err) && !mask.data);
+    FILE *f = fopen(path, "ab");
+    CHECK(f && npy_write_header(f, DT_U8, tok.n));
+    for (int64_t j = 0; j < tok.n; j++) CHECK(fputc(j % 16 >= masked, f) != EOF);
+    CHECK(!fclose(f));
+    free(b);
+}
+
+float *npy_read_f32_2d(const char *path, int64_t rows, int64_t cols) {
+    size_t n;
+    char *b = file_read_all(path, &n), want[128];
+    ASSERT_MSG(b && n >= 10 && !memcmp(b, "\x93NUMPY\x01\x00", 8), "%s: not a .npy file", path);
+    size_t hlen = (uint8_t)b[8] | (size_t)(uint8_t)b[9] << 8;
+    snprintf(want, sizeof want, "{'descr': '<f4', 'fortran_order': False, 'shape': (%lld, %lld), }", (long long)rows,
+             (long long)cols);
+    ASSERT_MSG(10 + hlen <= n && !strncmp(b + 10, want, strlen(want)), "%s: header is not %s", path, want);
+    ASSERT_MSG(n == 10 + hlen + (size_t)(rows * cols) * 4, "%s: %zu bytes", path, n);
+    float *v = xmalloc(rows * cols * 4 + 1);
+    memcpy(v, b + 10 + hlen, rows * cols * 4);
+    free(b);
+    return v;
 }
 
 const char *test_tmpdir(void) {

@@ -62,6 +62,12 @@ const char *test_tmpdir(void);
 // added to its keys. Returns the folder (a static buffer).
 const char *tiny_run(const char *extra);
 
+// Appends a loss mask (token file format 2) to the token file at path: token j is a target unless j % 16 < masked
+// (a masked "prompt" at the start of every 16 tokens).
+void token_file_mask(const char *path, int masked);
+// The float32 (rows, cols) array of the .npy file at path (`pith eval --per-token`), checked header and size; xmalloc'd.
+float *npy_read_f32_2d(const char *path, int64_t rows, int64_t cols);
+
 // Writes n bytes (write_text: a string) to dir/name, making its folders, and returns the path (a static buffer,
 // valid until the next call); with dir NULL, name is the path.
 const char *write_bytes(const char *dir, const char *name, const void *data, size_t n);

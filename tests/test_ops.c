@@ -612,11 +612,27 @@ TEST(op_cross_entropy) {
     double *in[1] = {to_f64(l, n)}, want, G = 0.25, *g = xmalloc(n * 8), loss = 1.5;
     ref_ce(in, &want, &c);
     fd_grad(ref_ce, in, 0, n, &G, 1, g, &c);
-    op_cross_entropy(tf32_2(l, c.R, c.V), tensor_make(lab, DT_I32, DEV_CPU, 1, 4, 1, 1, 1),
-                     tensor_make(&loss, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), 0.25f);
+    float *l2 = xmalloc(n * sizeof *l2);
+    memcpy(l2, l, n * sizeof *l2);
+    Tensor lb = tensor_make(lab, DT_I32, DEV_CPU, 1, 4, 1, 1, 1);
+    op_cross_entropy(tf32_2(l, c.R, c.V), lb, tensor_make(&loss, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), (Tensor){0}, 0.25f);
     ASSERT_NEAR(loss, 1.5 + want, 1e-5);
     ASSERT(rel_err_mixed(l, g, n) < 1e-5);
     for (int v = 0; v < 7; v++) ASSERT(l[7 + v] == 0); // ignored row
+    // The per-row output: each row's CE (0 for the ignored row), the sum and the gradients unchanged bit for bit.
+    double rows[4] = {9, 9, 9, 9}, loss2 = 1.5, sum = 1.5;
+    op_cross_entropy(tf32_2(l2, c.R, c.V), lb, tensor_make(&loss2, DT_F64, DEV_CPU, 1, 1, 1, 1, 1),
+                     tensor_make(rows, DT_F64, DEV_CPU, 1, 4, 1, 1, 1), 0.25f);
+    ASSERT(loss2 == loss && !memcmp(l, l2, n * sizeof *l));
+    for (int r = 0; r < 4; r++) {
+        CeCtx one = {1, 7, lab + r};
+        double *in1[1] = {in[0] + r * 7}, w1 = 0;
+        if (lab[r] != -100) ref_ce(in1, &w1, &one);
+        ASSERT_NEAR(rows[r], w1, 1e-5);
+        sum += rows[r];
+    }
+    ASSERT(rows[1] == 0 && sum == loss);
+    free(l2);
 }
 
 TEST(op_embedding) {

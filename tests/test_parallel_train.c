@@ -113,6 +113,56 @@ TEST(dist_mixture_layouts) {
     check_layouts(d, mix, sizeof mix / sizeof *mix, sets, 6, true, 1);
 }
 
+// Supervised fine-tuning data (a loss mask on the training and validation files: 5 of every 16 targets masked)
+// under data, pipeline and context parallelism: the targets counted over the ranks and divided once give one
+// process's losses, validation and first-step gradients; the same for a mixture of a masked file and an unmasked one
+// under dp2 and pp2.
+TEST(dist_sft_layouts) {
+    static const Layout sft[] = {
+        {"dp2", 2, "", false},
+        {"pp2", 2, "--set parallel.pipeline_parallel_size=2", false},
+        {"cp2", 2, "--set parallel.context_parallel_size=2", false},
+    };
+    const char *d = make_run_of(TINY_MOE_EP_OF(4), 8, 6);
+    char path[300];
+    snprintf(path, sizeof path, "%s/data.bin", d), token_file_mask(path, 5);
+    snprintf(path, sizeof path, "%s/val.bin", d), token_file_mask(path, 5);
+    check_layouts(d, sft, sizeof sft / sizeof *sft, "", 6, true);
+    // A mixture of a masked file and an unmasked one (a fresh run folder: data.bin masked, val.bin not).
+    char sets[1024];
+    d = make_run_of(TINY_MOE_EP_OF(4), 8, 6);
+    snprintf(path, sizeof path, "%s/data.bin", d), token_file_mask(path, 5);
+    snprintf(sets, sizeof sets,
+             "--set 'dataset=[{\"path\":\"%s/data.bin\",\"weight\":3},{\"path\":\"%s/val.bin\",\"weight\":1}]'", d, d);
+    check_layouts(d, sft, 2, sets, 6, true);
+}
+
+// pith eval --per-token under --pp 2 and --cp 2: every target's loss at its place, NaN at the same masked labels,
+// within 1e-6 of one process's.
+TEST(dist_sft_eval_per_token) {
+    const char *d = make_run_of(TINY_MOE_EP_OF(4), 8, 2);
+    char out[1 << 14], fmt[512], path[300];
+    snprintf(path, sizeof path, "%s/val.bin", d), token_file_mask(path, 5);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck", PITH_BIN, d, d) == 0);
+    const char *eval = "eval --model %s/ck/step-00000002 --data %s/val.bin --seq 16 --batch 8 --per-token %s/%s.npy";
+    snprintf(fmt, sizeof fmt, "%%s %s", eval);
+    ASSERT_MSG(run_cmd(out, sizeof out, fmt, PITH_BIN, d, d, d, "one") == 0, "%s", out);
+    snprintf(path, sizeof path, "%s/one.npy", d);
+    float *one = npy_read_f32_2d(path, 8, 16);
+    static const char *opts[] = {"--pp 2", "--cp 2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(fmt, sizeof fmt, MPIRUN " 2 %%s %s %s", eval, opts[i]);
+        ASSERT_MSG(run_cmd(out, sizeof out, fmt, PITH_BIN, d, d, d, "layout") == 0, "%s: %s", opts[i], out);
+        snprintf(path, sizeof path, "%s/layout.npy", d);
+        float *v = npy_read_f32_2d(path, 8, 16);
+        for (int j = 0; j < 8 * 16; j++)
+            ASSERT_MSG(isnan(one[j]) ? isnan(v[j]) : fabsf(v[j] - one[j]) <= 1e-6f * one[j], "%s: [%d, %d] %g vs %g",
+                       opts[i], j / 16, j % 16, v[j], one[j]);
+        free(v);
+    }
+    free(one);
+}
+
 // checkpoint.async under two ranks (each writes its part from its own thread; the folder is completed together),
 // on CPU ranks and on fake GPUs (device shards copied to the host snapshot): the bytes of synchronous saving, and a
 // run stopped after async saves resumes to the same losses.

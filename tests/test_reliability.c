@@ -271,7 +271,7 @@ static void poke_tokens(const char *path, uint32_t v) {
     char *buf = file_read_all(path, &n), err[300];
     ASSERT(buf);
     NpyRecord tok, ends;
-    ASSERT_MSG(npy_token_file_parse((const uint8_t *)buf, n, &tok, &ends, err, sizeof err), "%s", err);
+    ASSERT_MSG(npy_token_file_parse((const uint8_t *)buf, n, &tok, &ends, &(NpyRecord){0}, err, sizeof err), "%s", err);
     size_t off = (size_t)((const char *)tok.data - buf), es = dtype_size(tok.dt);
     struct stat st;
     ASSERT(stat(path, &st) == 0);
@@ -361,7 +361,7 @@ TEST(tokenize_bad_eos_and_added_ids) {
     char *buf = file_read_all(path, &n);
     ASSERT_MSG(buf, "%s missing", path);
     NpyRecord tok, ends;
-    ASSERT_MSG(npy_token_file_parse((const uint8_t *)buf, n, &tok, &ends, err, sizeof err), "%s", err);
+    ASSERT_MSG(npy_token_file_parse((const uint8_t *)buf, n, &tok, &ends, &(NpyRecord){0}, err, sizeof err), "%s", err);
     ASSERT(tok.n == 0 && ends.n == 0);
     free(buf);
 }

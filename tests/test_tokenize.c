@@ -535,7 +535,8 @@ TEST(tokenize_default_eos_per_tokenizer) {
         uint8_t *b = (uint8_t *)file_read_all(bin, &n);
         NpyRecord tr, er;
         char err[300];
-        ASSERT(b && npy_token_file_parse(b, n, &tr, &er, err, sizeof err) && tr.dt == DT_U32 && tr.n > 0);
+        ASSERT(b && npy_token_file_parse(b, n, &tr, &er, &(NpyRecord){0}, err, sizeof err) && tr.dt == DT_U32 &&
+               tr.n > 0);
         uint32_t last = ((const uint32_t *)tr.data)[tr.n - 1];
         ASSERT_MSG(want >= 0 && last == (uint32_t)want, "%s: last token %u, expected %s = %lld", cases[i].tok, last,
                    cases[i].eos, (long long)want);

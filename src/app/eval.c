@@ -3,10 +3,15 @@
 // On one rank the samples go through the model (a Chunk of all its layers) in micro-batches of M, as in training;
 // a last micro-batch of fewer samples is filled up with rows whose labels are all ignored (-100), which add
 // neither loss nor targets. With --cp C every rank of the cp group reads the same samples and keeps its zigzag
-// chunks of each (as training does); the sums over the ranks give the one-rank loss.
+// chunks of each (as training does); the sums over the ranks give the one-rank loss. With --per-token each target's
+// loss is kept (the epilog's per-row output), put back at its place in its sample and summed over the ranks.
+#include <errno.h>
 #include <getopt.h>
+#include <math.h>
+#include <unistd.h>
 
 #include "app/app.h"
+#include "base/npy.h"
 #include "parallel/mesh.h"
 #include "parallel/ring.h"
 #include "pipe/chunk.h"
@@ -15,17 +20,20 @@
 #include "train/data.h"
 
 static void eval_usage(FILE *f) {
-    fprintf(f, "usage: pith eval --model DIR --data PATH --seq S --batch B [--micro-batch M] [--device auto|cpu|cuda]\n"
-               "                 [--dtype fp32|bf16] [--pp P] [--cp C]\n"
-               "  DIR: an HF folder, a pith checkpoint folder (config.json + safetensors), or a save_location (its\n"
-               "       newest checkpoint). PATH: a folder of .bin token files or one file.\n"
-               "  Prints the mean token cross-entropy over samples 0..B-1 as its last line: loss <value>.\n"
-               "  --micro-batch M  samples per forward pass on one rank (default: B, at most 8)\n"
-               "  --device         auto (default): the GPU when there is one\n"
-               "  --pp P  run the samples through a DualPipeV pipeline of P ranks, forward only (start it under\n"
-               "          mpirun/srun with P ranks; each holds its two chunks' weights; B >= 2P)\n"
-               "  --cp C  context parallelism over C ranks (P × C ranks in all; 2C divides S): each holds its zigzag\n"
-               "          chunks of every sample\n");
+    fprintf(f,
+            "usage: pith eval --model DIR --data PATH --seq S --batch B [--micro-batch M] [--device auto|cpu|cuda]\n"
+            "                 [--dtype fp32|bf16] [--pp P] [--cp C] [--per-token FILE]\n"
+            "  DIR: an HF folder, a pith checkpoint folder (config.json + safetensors), or a save_location (its\n"
+            "       newest checkpoint). PATH: a folder of .bin token files or one file.\n"
+            "  Prints the mean token cross-entropy over samples 0..B-1 as its last line: loss <value>.\n"
+            "  --micro-batch M  samples per forward pass on one rank (default: B, at most 8)\n"
+            "  --device         auto (default): the GPU when there is one\n"
+            "  --pp P  run the samples through a DualPipeV pipeline of P ranks, forward only (start it under\n"
+            "          mpirun/srun with P ranks; each holds its two chunks' weights; B >= 2P)\n"
+            "  --cp C  context parallelism over C ranks (P × C ranks in all; 2C divides S): each holds its zigzag\n"
+            "          chunks of every sample\n"
+            "  --per-token FILE  writes each target's loss as a float32 .npy of shape (B, S): row i is sample i,\n"
+            "          column t the loss of its label t (token t + 1 of the sample); NaN where the label is masked\n");
 }
 
 // The pipeline's forward (pp > 1): sample mb is a micro-batch of one sequence; the model's first chunk reads
@@ -36,7 +44,23 @@ typedef struct {
     const Comm *cp;
     int32_t *tok, *lab; // a whole sample (S), of which this cp rank keeps its chunks
     int64_t targets;
+    StepSums *st;
+    double *per_token; // (B, S) --per-token: the rows' losses at their places (NULL: not kept)
 } EvalPipe;
+
+// Adds the epilog's row losses of n samples (Sl rows each, this cp rank's zigzag chunks) into per_token's rows of
+// samples i0.., at each row's place in the whole sample.
+static void keep_rows(const StepSums *st, double *per_token, int64_t i0, int64_t n, int Sl, const Comm *cp) {
+    double *rows = xmalloc(n * Sl * sizeof *rows);
+    op_copy(tensor_make(rows, DT_F64, DEV_CPU, 1, n * Sl, 1, 1, 1), tensor_rows(st->row_loss, 0, n * Sl));
+    int blk = Sl / 2, S = Sl * cp->size;
+    for (int64_t b = 0; b < n; b++)
+        for (int t = 0; t < Sl; t++) { // local chunk 0 is chunk r of the sample, 1 is chunk 2·cp − 1 − r
+            int chunk = cp->size == 1 ? 0 : t < blk ? cp->rank : 2 * cp->size - 1 - cp->rank;
+            per_token[(i0 + b) * S + (cp->size == 1 ? t : chunk * blk + t % blk)] += rows[b * Sl + t];
+        }
+    free(rows);
+}
 
 static void eval_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y) {
     EvalPipe *e = ctx;
@@ -50,15 +74,17 @@ static void eval_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y)
         for (int t = 0; last && t < c->S; t++) e->targets += e->lab[t] != -100;
     }
     chunk_pipe_forward(c, slot, x, y, false);
+    if (last && e->per_token) keep_rows(e->st, e->per_token, mb, 1, c->S, e->cp);
 }
 
 // Σ CE of samples 0..B-1 (S local rows of each) into st->loss_sum through the forward-only schedule of pipeline rank
 // pp->rank; returns the targets this rank counted (pipeline rank 0's are all of its cp rank's).
-static int64_t eval_pipeline(Model *m, StepSums *st, Dataset *ds, int S, int B, const Comm *pp, const Comm *cp) {
+static int64_t eval_pipeline(Model *m, StepSums *st, Dataset *ds, int S, int B, const Comm *pp, const Comm *cp,
+                             double *per_token) {
     PipeSchedule s;
     dualpipev_build(&s, pp->size, B, pp->rank, true);
     size_t whole = (size_t)S * cp->size * sizeof(int32_t);
-    EvalPipe e = {.ds = ds, .cp = cp, .tok = xmalloc(whole), .lab = xmalloc(whole)};
+    EvalPipe e = {.ds = ds, .cp = cp, .tok = xmalloc(whole), .lab = xmalloc(whole), .st = st, .per_token = per_token};
     int n = m->cfg.layers / (2 * pp->size);
     for (int p = 0; p < 2; p++) {
         int k = dualpipev_chunk(pp->size, pp->rank, p);
@@ -77,19 +103,33 @@ static int64_t eval_pipeline(Model *m, StepSums *st, Dataset *ds, int S, int B, 
     return e.targets;
 }
 
+// The ranks' row losses summed (each position is one rank's), then on rank 0 as float32 with NaN where sample i's
+// label t is masked, written under a temporary name and renamed.
+static void write_per_token(const char *path, double *per_token, Dataset *ds, int64_t B, int64_t S, const Comm *world) {
+    comm_allreduce(world, tensor_make(per_token, DT_F64, DEV_CPU, 1, B * S, 1, 1, 1), COMM_SUM);
+    if (world->rank) return;
+    float *out = xmalloc(B * S * sizeof *out);
+    int32_t *tok = xmalloc(S * sizeof *tok), *lab = xmalloc(S * sizeof *lab);
+    for (int64_t i = 0; i < B; i++) {
+        dataset_sample(ds, i, tok, lab);
+        for (int64_t t = 0; t < S; t++) out[i * S + t] = lab[t] == -100 ? NAN : (float)per_token[i * S + t];
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) die("%s: cannot write: %s", tmp, strerror(errno));
+    bool ok = npy_write_header_2d(f, DT_F32, B, S) && fwrite(out, sizeof *out, B * S, f) == (size_t)(B * S);
+    if (fclose(f) || !ok || rename(tmp, path)) unlink(tmp), die("%s: cannot write: %s", path, strerror(errno));
+    printf("eval: per-token losses (%lld, %lld) float32 in %s\n", (long long)B, (long long)S, path);
+    free(out), free(tok), free(lab);
+}
+
 int cmd_eval(int argc, char **argv) {
-    static struct option opts[] = {{"model", 1, 0, 'm'},
-                                   {"data", 1, 0, 'd'},
-                                   {"seq", 1, 0, 's'},
-                                   {"batch", 1, 0, 'b'},
-                                   {"micro-batch", 1, 0, 'u'},
-                                   {"device", 1, 0, 'v'},
-                                   {"dtype", 1, 0, 't'},
-                                   {"pp", 1, 0, 'p'},
-                                   {"cp", 1, 0, 'c'},
-                                   {"help", 0, 0, 'h'},
-                                   {0}};
-    const char *model = NULL, *data = NULL, *device = "auto", *dtype = "fp32";
+    static struct option opts[] = {{"model", 1, 0, 'm'},     {"data", 1, 0, 'd'},        {"seq", 1, 0, 's'},
+                                   {"batch", 1, 0, 'b'},     {"micro-batch", 1, 0, 'u'}, {"device", 1, 0, 'v'},
+                                   {"dtype", 1, 0, 't'},     {"pp", 1, 0, 'p'},          {"cp", 1, 0, 'c'},
+                                   {"per-token", 1, 0, 'k'}, {"help", 0, 0, 'h'},        {0}};
+    const char *model = NULL, *data = NULL, *device = "auto", *dtype = "fp32", *per_token_path = NULL;
     int64_t S = 0, B = 0, M = 0, P = 1, C = 1;
     int c;
     optind = 1;
@@ -105,6 +145,7 @@ int cmd_eval(int argc, char **argv) {
         case 't': dtype = optarg; break;
         case 'p': P = arg_int("eval", "--pp", optarg, 1, 1 << 20); break;
         case 'c': C = arg_int("eval", "--cp", optarg, 1, 1 << 20); break;
+        case 'k': per_token_path = optarg; break;
         case 'h': eval_usage(stdout); return 0;
         default: arg_suggest_option(opts, argv), eval_usage(stderr); return 2;
         }
@@ -171,8 +212,10 @@ int cmd_eval(int argc, char **argv) {
             (long long)B, (long long)ds.total, (long long)S);
     StepSums st;
     step_sums_create(&st, &m, true);
+    double *per_token = per_token_path ? xcalloc(B * S, sizeof *per_token) : NULL;
+    if (per_token) st.row_loss = model_tensor(dev, DT_F64, (P > 1 ? 1 : M) * Sl, true);
     int64_t targets = 0;
-    if (P > 1) targets = eval_pipeline(&m, &st, &ds, Sl, (int)B, &d.pp_g, &d.cp_g);
+    if (P > 1) targets = eval_pipeline(&m, &st, &ds, Sl, (int)B, &d.pp_g, &d.cp_g, per_token);
     else {
         Chunk e;
         chunk_init_model(&e, &m, &st, (int)M, Sl);
@@ -186,6 +229,7 @@ int cmd_eval(int argc, char **argv) {
             for (int64_t t = 0; t < M * Sl; t++) targets += lab[t] != -100;
             chunk_load(&e, 0, tok, lab);
             chunk_forward(&e, 0, false);
+            if (per_token) keep_rows(&st, per_token, i, n, Sl, &d.cp_g);
         }
         free(tok), free(lab), chunk_free(&e);
     }
@@ -194,6 +238,7 @@ int cmd_eval(int argc, char **argv) {
     double sums[2] = {op_read_scalar(st.loss_sum), (double)targets};
     step_sums_free(&st);
     comm_allreduce(&d.world, tensor_make(sums, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
+    if (per_token) write_per_token(per_token_path, per_token, &ds, B, S, &d.world), free(per_token);
     int64_t nmb = (B + M - 1) / M;
     printf("eval: %lld samples of %lld tokens (%lld targets) in %lld micro-batch%s of %lld", (long long)B, (long long)S,
            (long long)sums[1], (long long)nmb, nmb == 1 ? "" : "es", (long long)M);

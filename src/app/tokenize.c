@@ -1,7 +1,7 @@
 // tokenize.c — `pith tokenize`: turns text corpora into PithTrain token files (docs/reference.md §18).
 // Each input file (.jsonl, .jsonl.zst/.jsonl.zstd, .jsonl.gz, .txt) becomes <output>/<relative path>.bin: a uint32
 // .npy record of all documents' ids, each document followed by EOS, then a uint64 .npy record of cumulative document
-// ends. Threads: the main thread reads files (zstd or zlib streaming) and cuts them into chunks of whole lines (or
+// ends; with --format prompt-completion a third, the uint8 loss mask (0 on prompt tokens). Threads: the main thread reads files (zstd or zlib streaming) and cuts them into chunks of whole lines (or
 // paragraphs) of about 1 MB; worker threads parse and tokenize chunks; the main thread writes chunk results in
 // file order, so the output does not depend on the number of workers. A file is written under <name>.tmp and
 // renamed when complete; a re-run skips outputs that exist.
@@ -31,7 +31,8 @@ static const struct {
                {".jsonl.zstd", IN_JSONL_ZST},
                {".jsonl.gz", IN_JSONL_GZ},
                {".txt", IN_TXT}};
-static int forced_kind = -1; // --format: every input is read as this kind, whatever its name
+static int forced_kind = -1;   // --format: every input is read as this kind, whatever its name
+static bool prompt_completion; // --format prompt-completion: JSONL of prompt/completion pairs, masked prompts
 
 typedef struct {
     char *path, *rel, *out, *tmp;
@@ -45,6 +46,7 @@ typedef struct {
     int64_t nchunks, written; // chunks made by the reader (final once read_done) and written so far
     uint64_t ntok, *ends;
     size_t nends, ends_cap;
+    uint8_t *mask; // (ntok) prompt-completion: 1 a loss target, 0 a prompt token
 } InFile;
 
 typedef struct Chunk {
@@ -53,7 +55,9 @@ typedef struct Chunk {
     char *data;
     size_t len, cap, in_bytes; // bytes of data; input bytes (compressed for .zst) it came from, for progress
     IdVec ids;
-    uint64_t *ends;                                    // cumulative document ends within the chunk
+    uint64_t *ends; // cumulative document ends within the chunk
+    uint8_t *mask;  // (ids.n) prompt-completion: 1 a loss target, 0 a prompt token
+    size_t mask_cap;
     size_t ndocs, ends_cap, repaired, bad, text_bytes; // repaired: documents with invalid UTF-8; bad: lines skipped
     char *errors; // one message per line; in fail mode the first error stops the chunk
     size_t errors_len;
@@ -296,13 +300,18 @@ static void chunk_error(Chunk *c, const char *fmt, ...) {
     c->bad++;
 }
 
-static void chunk_document(Shared *sh, BpeScratch *s, Chunk *c, const char *text, size_t len) {
-    bpe_encode(sh->tok, s, text, len, true, &c->ids);
-    c->text_bytes += len;
+// Ends the chunk's last document: EOS, and its end kept.
+static void chunk_end_document(Shared *sh, Chunk *c) {
     idvec_push(&c->ids, sh->eos);
     if (c->ndocs == c->ends_cap)
         c->ends_cap = c->ends_cap ? 2 * c->ends_cap : 1024, c->ends = xrealloc(c->ends, c->ends_cap * 8);
     c->ends[c->ndocs++] = c->ids.n;
+}
+
+static void chunk_document(Shared *sh, BpeScratch *s, Chunk *c, const char *text, size_t len) {
+    bpe_encode(sh->tok, s, text, len, true, &c->ids);
+    c->text_bytes += len;
+    chunk_end_document(sh, c);
 }
 
 // A .txt document: its invalid UTF-8 is counted here (bpe_encode would replace it anyway).
@@ -322,8 +331,29 @@ static bool blank(const char *p, size_t n) {
 
 typedef struct {
     BpeScratch *s;
-    Buf text, key;
+    Buf text, key, completion;
 } Worker;
+
+// A prompt-completion pair: the prompt's ids (not targets), then the completion's and EOS (targets), one document.
+static void chunk_pair(Shared *sh, BpeScratch *s, Chunk *c, const Buf *prompt, const Buf *completion) {
+    size_t n0 = c->ids.n;
+    bpe_encode(sh->tok, s, prompt->p, prompt->n, true, &c->ids);
+    size_t n1 = c->ids.n;
+    bpe_encode(sh->tok, s, completion->p, completion->n, false, &c->ids);
+    chunk_end_document(sh, c);
+    c->text_bytes += prompt->n + completion->n;
+    if (c->ids.n > c->mask_cap) c->mask_cap = 2 * c->ids.n, c->mask = xrealloc(c->mask, c->mask_cap);
+    memset(c->mask + n0, 0, n1 - n0), memset(c->mask + n1, 1, c->ids.n - n1);
+}
+
+// Names line `line`'s error err of field `field` in the chunk's errors (json_line_field's messages).
+static void line_error(Chunk *c, const char *name, int64_t line, const char *field, const char *err, size_t col) {
+    if (!strcmp(err, "no field")) chunk_error(c, "%s:%lld: no field \"%s\"", name, (long long)line, field);
+    else if (!strcmp(err, "not a string"))
+        chunk_error(c, "%s:%lld: field \"%s\" is not a string", name, (long long)line, field);
+    else if (col == 1) chunk_error(c, "%s:%lld: %s", name, (long long)line, err);
+    else chunk_error(c, "%s:%lld: malformed JSON: %s at column %zu", name, (long long)line, err, col);
+}
 
 static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
     BpeScratch *s = ws->s;
@@ -341,15 +371,15 @@ static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
         } else if (!blank(p, e - p)) {
             size_t n = e - p, fixed_len, col;
             char *fixed = bpe_utf8_repair(p, n, &fixed_len);
-            const char *err =
-                json_line_field(fixed ? fixed : p, fixed ? fixed_len : n, sh->field, &ws->text, &ws->key, &col);
-            if (!err) chunk_document(sh, s, c, ws->text.p, ws->text.n), c->repaired += fixed != NULL;
-            else if (!strcmp(err, "no field"))
-                chunk_error(c, "%s:%lld: no field \"%s\"", name, (long long)line, sh->field);
-            else if (!strcmp(err, "not a string"))
-                chunk_error(c, "%s:%lld: field \"%s\" is not a string", name, (long long)line, sh->field);
-            else if (col == 1) chunk_error(c, "%s:%lld: %s", name, (long long)line, err);
-            else chunk_error(c, "%s:%lld: malformed JSON: %s at column %zu", name, (long long)line, err, col);
+            const char *text = fixed ? fixed : p, *field = prompt_completion ? "prompt" : sh->field;
+            n = fixed ? fixed_len : n;
+            const char *err = json_line_field(text, n, field, &ws->text, &ws->key, &col);
+            if (!err && prompt_completion)
+                err = json_line_field(text, n, field = "completion", &ws->completion, &ws->key, &col);
+            if (err) line_error(c, name, line, field, err, col);
+            else if (prompt_completion) chunk_pair(sh, s, c, &ws->text, &ws->completion);
+            else chunk_document(sh, s, c, ws->text.p, ws->text.n);
+            c->repaired += !err && fixed;
             free(fixed);
             if (c->bad && sh->fail_fast) return;
         }
@@ -360,7 +390,7 @@ static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
 
 static void *worker_main(void *arg) {
     Shared *sh = arg;
-    Worker ws = {bpe_scratch_new(sh->tok), {xmalloc(256), 0, 256}, {xmalloc(256), 0, 256}};
+    Worker ws = {bpe_scratch_new(sh->tok), {xmalloc(256), 0, 256}, {xmalloc(256), 0, 256}, {xmalloc(256), 0, 256}};
     pthread_mutex_lock(&sh->mu);
     for (;;) {
         while (!sh->work_head && !sh->stop) pthread_cond_wait(&sh->work_cv, &sh->mu);
@@ -375,7 +405,7 @@ static void *worker_main(void *arg) {
         pthread_cond_signal(&sh->done_cv);
     }
     pthread_mutex_unlock(&sh->mu);
-    bpe_scratch_free(ws.s), free(ws.text.p), free(ws.key.p);
+    bpe_scratch_free(ws.s), free(ws.text.p), free(ws.key.p), free(ws.completion.p);
     return NULL;
 }
 
@@ -484,7 +514,9 @@ static Chunk *make_chunk(Reader *r, size_t n, Chunk **free_list) {
                  .cap = keep.cap,
                  .ids = {keep.ids.p, 0, keep.ids.cap},
                  .ends = keep.ends,
-                 .ends_cap = keep.ends_cap};
+                 .ends_cap = keep.ends_cap,
+                 .mask = keep.mask,
+                 .mask_cap = keep.mask_cap};
     c->file = r->file, c->seq = r->seq++, c->line0 = r->line, c->len = n, c->in_bytes = r->in_used;
     if (n + 1 > c->cap) c->cap = n + n / 4 + 1, c->data = xrealloc(c->data, c->cap);
     memcpy(c->data, r->buf, n), c->data[n] = 0;
@@ -533,14 +565,17 @@ static void out_finish(InFile *f) {
     }
     if (!f->f) out_open(f);
     if (!npy_write_header(f->f, DT_U64, (int64_t)f->nends) ||
-        (f->nends && fwrite(f->ends, 8, f->nends, f->f) != f->nends) || fseek(f->f, 0, SEEK_SET) ||
-        !npy_write_header(f->f, DT_U32, (int64_t)f->ntok) || fflush(f->f) || fsync(fileno(f->f)))
+        (f->nends && fwrite(f->ends, 8, f->nends, f->f) != f->nends) ||
+        (prompt_completion && (!npy_write_header(f->f, DT_U8, (int64_t)f->ntok) ||
+                               (f->ntok && fwrite(f->mask, 1, f->ntok, f->f) != f->ntok))) ||
+        fseek(f->f, 0, SEEK_SET) || !npy_write_header(f->f, DT_U32, (int64_t)f->ntok) || fflush(f->f) ||
+        fsync(fileno(f->f)))
         out_die(f, "write failed");
     FILE *fp = f->f;
     f->f = NULL; // closed here whatever happens: the exit handler must not close it again
     if (fclose(fp)) out_die(f, "write failed");
     if (rename(f->tmp, f->out)) out_die(f, "cannot rename to its final name");
-    free(f->ends), f->ends = NULL;
+    free(f->ends), free(f->mask), f->ends = NULL, f->mask = NULL;
 }
 
 typedef struct {
@@ -567,6 +602,8 @@ static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
         if (f->nends + c->ndocs > f->ends_cap)
             f->ends_cap = 2 * (f->nends + c->ndocs), f->ends = xrealloc(f->ends, f->ends_cap * 8);
         for (size_t i = 0; i < c->ndocs; i++) f->ends[f->nends++] = f->ntok + c->ends[i];
+        if (prompt_completion && c->ids.n)
+            f->mask = xrealloc(f->mask, f->ntok + c->ids.n), memcpy(f->mask + f->ntok, c->mask, c->ids.n);
         f->ntok += c->ids.n;
         tot->docs += c->ndocs, tot->tokens += c->ids.n, tot->bad += c->bad, tot->repaired += c->repaired;
     }
@@ -603,7 +640,10 @@ static void tokenize_usage(FILE *f) {
             "  --input PATH ...   files or folders (searched recursively; hidden entries skipped) of .jsonl,\n"
             "                     .jsonl.zst/.jsonl.zstd, .jsonl.gz (one JSON object per line) and .txt files\n"
             "  --format FORMAT    jsonl, jsonl.zst, jsonl.gz or txt: read every input file as FORMAT whatever its\n"
-            "                     name (folders then give all their files), instead of by extension\n"
+            "                     name (folders then give all their files), instead of by extension;\n"
+            "                     prompt-completion: JSON lines (by extension) with string fields prompt and\n"
+            "                     completion, one document each; a third record, the uint8 loss mask, marks the\n"
+            "                     prompt's tokens 0 (not targets), the completion's and EOS 1\n"
             "  --output DIR       where the .bin files go (mirroring paths relative to each input folder)\n"
             "  --workers N        tokenizer threads (default: all CPUs); the output does not depend on N\n"
             "  --eos TOKEN        end-of-document token, as a token string or an integer id\n"
@@ -668,7 +708,11 @@ static int tokenize_args(TokArgs *a, int argc, char **argv) {
         case 'F':
             for (size_t i = 0; i < sizeof formats / sizeof *formats; i++)
                 if (!strcmp(formats[i].ext + 1, optarg)) forced_kind = formats[i].kind;
-            if (forced_kind < 0) die("tokenize: --format must be jsonl, jsonl.zst, jsonl.gz or txt (got '%s')", optarg);
+            prompt_completion = !strcmp(optarg, "prompt-completion");
+            if (forced_kind < 0 && !prompt_completion)
+                die("tokenize: --format must be jsonl, jsonl.zst, jsonl.gz or txt (got '%s'), or prompt-completion for "
+                    "prompt/completion pairs",
+                    optarg);
             break;
         case 'h': tokenize_usage(stdout), free(a->inputs); return 0;
         default: arg_suggest_option(opts, argv), tokenize_usage(stderr), free(a->inputs); return 2;
@@ -682,6 +726,8 @@ static int tokenize_args(TokArgs *a, int argc, char **argv) {
         die("tokenize: --txt-split must be file or paragraph (got '%s')", a->split);
     if (strcmp(a->on_error, "fail") && strcmp(a->on_error, "skip"))
         die("tokenize: --on-error must be fail or skip (got '%s')", a->on_error);
+    if (prompt_completion && strcmp(a->field, "text"))
+        die("tokenize: --field does not apply to --format prompt-completion (its fields are prompt and completion)");
     return -1;
 }
 
@@ -705,6 +751,10 @@ static void collect_inputs(const TokArgs *a) {
         add_file(in, base ? base + 1 : in, a->outdir);
     }
     qsort(files, nfiles, sizeof *files, cmp_rel);
+    for (int i = 0; i < nfiles && prompt_completion; i++)
+        if (files[i].kind == IN_TXT)
+            die("%s: --format prompt-completion reads JSON lines (.jsonl, .jsonl.zst, .jsonl.gz), not .txt",
+                files[i].path);
     for (int i = 1; i < nfiles; i++)
         if (!strcmp(files[i].rel, files[i - 1].rel))
             die("%s and %s would both be written to %s", files[i - 1].path, files[i].path, files[i].out);
@@ -880,7 +930,7 @@ static double tokenize_files(Shared *sh, long workers, uint64_t total_in, Totals
     for (long i = 0; i < workers; i++) pthread_join(th[i], NULL);
     if (tty) fprintf(stderr, "\r%100s\r", ""); // the summary replaces the progress line
     for (Chunk *ck; (ck = p.free_chunks);)
-        p.free_chunks = ck->next, free(ck->data), idvec_free(&ck->ids), free(ck->ends), free(ck);
+        p.free_chunks = ck->next, free(ck->data), idvec_free(&ck->ids), free(ck->ends), free(ck->mask), free(ck);
     free(th), free(p.r.inbuf), free(p.r.buf);
     *tot = p.tot;
     return now_seconds() - t0;

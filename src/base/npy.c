@@ -78,8 +78,10 @@ bool npy_parse(const uint8_t *buf, size_t len, NpyRecord *rec, char *err, size_t
     return true;
 }
 
-bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRecord *ends, char *err, size_t cap) {
+bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRecord *ends, NpyRecord *mask, char *err,
+                          size_t cap) {
     char why[200];
+    *mask = (NpyRecord){0};
     if (!npy_parse(buf, len, tok, why, sizeof why)) return snprintf(err, cap, "token record: %s", why), false;
     if (tok->dt != DT_U8 && tok->dt != DT_U16 && tok->dt != DT_U32 && tok->dt != DT_U64)
         return snprintf(err, cap, "token record: dtype %s, expected an unsigned integer type", dtype_name(tok->dt)),
@@ -88,10 +90,28 @@ bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRec
         return snprintf(err, cap, "document-end record: %s", why), false;
     if (ends->dt != DT_U64)
         return snprintf(err, cap, "document-end record: dtype %s, expected uint64", dtype_name(ends->dt)), false;
-    if (tok->record_len + ends->record_len != len)
-        return snprintf(err, cap, "%zu bytes after the document-end record (a token file is exactly two .npy records)",
-                        len - tok->record_len - ends->record_len),
-               false;
+    size_t at = tok->record_len + ends->record_len;
+    if (at < len) { // format 2: the loss mask
+        if (!npy_parse(buf + at, len - at, mask, why, sizeof why))
+            return snprintf(err, cap, "%zu bytes after the document-end record, not a loss-mask record: %s", len - at,
+                            why),
+                   false;
+        if (mask->dt != DT_U8 || mask->n != tok->n)
+            return snprintf(err, cap, "loss-mask record: %lld values of dtype %s, expected %lld uint8 (one per token)",
+                            (long long)mask->n, dtype_name(mask->dt), (long long)tok->n),
+                   false;
+        if (at + mask->record_len != len)
+            return snprintf(err, cap,
+                            "%zu bytes after the loss-mask record (a token file is two or three .npy records)",
+                            len - at - mask->record_len),
+                   false;
+        const uint8_t *v = mask->data, *bad = NULL;
+        for (int64_t i = 0; !bad && i < mask->n; i++) bad = v[i] > 1 ? v + i : NULL;
+        if (bad)
+            return snprintf(err, cap, "loss-mask record: value %u at token %lld (0: not a target, 1: a target)", *bad,
+                            (long long)(bad - v)),
+                   false;
+    }
     // Ends rise strictly to the token count. The record follows the tokens, so it need not be 8-byte
     // aligned: read through memcpy.
     uint64_t prev = 0, e = 0;
@@ -110,14 +130,15 @@ bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRec
     return true;
 }
 
-bool npy_write_header(FILE *f, DType dt, int64_t n) {
+// shape: "(n,)" or "(rows, cols)".
+static bool write_header(FILE *f, DType dt, const char *shape) {
     const char *descr = NULL;
     for (size_t i = 0; i < sizeof npy_types / sizeof *npy_types; i++)
         if (npy_types[i].dt == dt) descr = npy_types[i].descr;
     CHECK(descr);
     char hdr[256];
-    int len = snprintf(hdr + 10, sizeof hdr - 10, "{'descr': '%s', 'fortran_order': False, 'shape': (%lld,), }", descr,
-                       (long long)n);
+    int len =
+        snprintf(hdr + 10, sizeof hdr - 10, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }", descr, shape);
     int total = (10 + len + 1 + 63) / 64 * 64; // preamble + dict + '\n', padded to 64
     CHECK(total <= (int)sizeof hdr);
     unsigned hlen = (unsigned)(total - 10);
@@ -126,4 +147,16 @@ bool npy_write_header(FILE *f, DType dt, int64_t n) {
     memset(hdr + 10 + len, ' ', total - 10 - len - 1);
     hdr[total - 1] = '\n';
     return fwrite(hdr, 1, total, f) == (size_t)total;
+}
+
+bool npy_write_header(FILE *f, DType dt, int64_t n) {
+    char shape[32];
+    snprintf(shape, sizeof shape, "(%lld,)", (long long)n);
+    return write_header(f, dt, shape);
+}
+
+bool npy_write_header_2d(FILE *f, DType dt, int64_t rows, int64_t cols) {
+    char shape[48];
+    snprintf(shape, sizeof shape, "(%lld, %lld)", (long long)rows, (long long)cols);
+    return write_header(f, dt, shape);
 }

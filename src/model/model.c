@@ -351,6 +351,7 @@ void model_free(Model *m) {
 void step_sums_create(StepSums *s, const Model *m, bool alloc) {
     s->loss_sum = model_tensor(m->dev, DT_F64, 1, alloc), s->lb_sum = model_tensor(m->dev, DT_F64, 1, alloc);
     s->router_load = m->router_bias.p && alloc ? xcalloc((size_t)m->cfg.layers * m->cfg.experts, sizeof(double)) : NULL;
+    s->row_loss = (Tensor){0};
     if (alloc) step_sums_begin(s, m);
 }
 
@@ -360,7 +361,7 @@ void step_sums_begin(StepSums *s, const Model *m) {
 }
 
 void step_sums_free(StepSums *s) {
-    model_tensor_free(s->loss_sum), model_tensor_free(s->lb_sum), free(s->router_load);
+    model_tensor_free(s->loss_sum), model_tensor_free(s->lb_sum), model_tensor_free(s->row_loss), free(s->router_load);
     memset(s, 0, sizeof *s);
 }
 

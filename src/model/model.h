@@ -85,6 +85,7 @@ void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, dou
 typedef struct {
     Tensor loss_sum, lb_sum; // (1) fp64 on the model's device: Σ CE and Σ load-balancing loss
     double *router_load;     // (layers·E) host: the experts chosen (model_router_forward); NULL: not counted
+    Tensor row_loss;         // (T) fp64 on the model's device: the last micro-batch's CE per row (p NULL: not kept)
 } StepSums;
 
 typedef struct {

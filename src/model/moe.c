@@ -321,7 +321,8 @@ void moe_epilog_forward(Model *m, void *rp, MicroBatch *mb, Tensor h, bool grad)
         int64_t n = mb->T - r0 < C ? mb->T - r0 : C;
         Tensor lg = tensor_rows(r->logits, 0, n), hn = tensor_rows(r->hn, r0, n);
         op_linear_forward(lg, hn, W->lm_head, NONE);
-        op_cross_entropy(lg, tensor_rows(mb->labels, r0, n), mb->sums->loss_sum, 1.0f); // lg ← ∂(Σ CE)/∂logits
+        Tensor rows = mb->sums->row_loss.p ? tensor_rows(mb->sums->row_loss, r0, n) : (Tensor){0};
+        op_cross_entropy(lg, tensor_rows(mb->labels, r0, n), mb->sums->loss_sum, rows, 1.0f); // lg ← ∂(Σ CE)/∂logits
         if (!grad) continue;
         op_linear_backward_input(tensor_rows(r->dhn, r0, n), lg, W->lm_head, false);
         op_linear_backward_weight(G->lm_head, NONE, lg, hn);

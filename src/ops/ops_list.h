@@ -137,10 +137,11 @@ OP(void, embedding_forward, h.dev, (Tensor h, Tensor table, Tensor tokens), (h, 
 // dtable[tokens[t]] += dh[t]
 OP(void, embedding_backward, dh.dev, (Tensor dtable, Tensor dh, Tensor tokens), (dtable, dh, tokens))
 // Cross-entropy on a chunk of logits: (R, V) fp32 or bf16 (statistics in fp32, lse in fp64), labels: (R)
-// int32 (−100 = ignore). Adds Σ CE into loss_sum: (1) fp64 and overwrites logits with
-// grad_scale·∂(Σ CE)/∂logits (softmax − onehot) in their own dtype.
-OP(void, cross_entropy, logits.dev, (Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale),
-   (logits, labels, loss_sum, grad_scale))
+// int32 (−100 = ignore). Adds Σ CE into loss_sum: (1) fp64, writes each row's CE into row_loss: (R) fp64 (0 for an
+// ignored row; p == NULL: not wanted) and overwrites logits with grad_scale·∂(Σ CE)/∂logits (softmax − onehot) in
+// their own dtype.
+OP(void, cross_entropy, logits.dev, (Tensor logits, Tensor labels, Tensor loss_sum, Tensor row_loss, float grad_scale),
+   (logits, labels, loss_sum, row_loss, grad_scale))
 
 // ---- elementwise and optimizer ----
 OP(void, zero, x.dev, (Tensor x), (x))

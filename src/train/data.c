@@ -145,7 +145,7 @@ static void token_file_open(TokenFile *f, const char *path, int S, int vocab) {
     struct stat st;
     // A FIFO or device named *.bin would block open() or read forever: only regular files are data.
     if (stat(path, &st)) die("%s: cannot open: %s", path, strerror(errno));
-    if (!S_ISREG(st.st_mode)) die("%s: not a regular file (a token file is two .npy records)", path);
+    if (!S_ISREG(st.st_mode)) die("%s: not a regular file (a token file is two or three .npy records)", path);
     int fd = open(path, O_RDONLY | O_NONBLOCK);
     if (fd < 0) die("%s: cannot open: %s", path, strerror(errno));
     if (fstat(fd, &st)) die("%s: cannot stat: %s", path, strerror(errno));
@@ -153,10 +153,10 @@ static void token_file_open(TokenFile *f, const char *path, int S, int vocab) {
     f->map = f->size ? mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     close(fd);
     if (f->size && f->map == MAP_FAILED) die("%s: cannot mmap: %s", path, strerror(errno));
-    NpyRecord tok, ends;
+    NpyRecord tok, ends, mask;
     char err[300];
-    if (!npy_token_file_parse(f->map, f->size, &tok, &ends, err, sizeof err)) die("%s: %s", path, err);
-    f->tokens = tok.data, f->dt = tok.dt, f->ntok = tok.n;
+    if (!npy_token_file_parse(f->map, f->size, &tok, &ends, &mask, err, sizeof err)) die("%s: %s", path, err);
+    f->tokens = tok.data, f->dt = tok.dt, f->ntok = tok.n, f->mask = mask.data;
     f->nsamples = tok.n > 0 ? (tok.n - 1) / S : 0;
     uint64_t m = tok.n ? token_max(f, &st, &f->max_cached) : 0;
     if (m >= (uint64_t)vocab && f->max_cached) m = token_max_scan(f), f->max_cached = false; // an error: make sure
@@ -300,7 +300,7 @@ void dataset_sample(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels)
     for (int i = 0; i <= d->S; i++) {
         uint64_t t = token_at_raw(f, start + i); // below vocab: checked when the file was opened
         if (i < d->S) tokens[i] = (int32_t)t;
-        if (i > 0) labels[i - 1] = (int32_t)t;
+        if (i > 0) labels[i - 1] = f->mask && !f->mask[start + i] ? -100 : (int32_t)t;
     }
 }
 

@@ -1,6 +1,7 @@
 // data.h — the training data: every *.bin token file under the dataset folder (PithTrain's format,
 // docs/reference.md §18), memory-mapped. Sample i of the concatenation is tokens[i·S : i·S+S] of its file
-// with labels shifted by one; samples never cross files. Each epoch visits all samples in a fresh seeded
+// with labels shifted by one (−100 where the file's loss mask says the token is not a target); samples never
+// cross files. Each epoch visits all samples in a fresh seeded
 // permutation, so a run longer than one epoch continues instead of failing.
 // A weighted mixture of sources (each a dataset as above, with a seed of its own): sample i draws its source k
 // from u = rng_uniform(seed, stream, i) against the cumulative shares, and is the n-th sample of source k's own
@@ -14,8 +15,9 @@ typedef struct {
     char *path;
     void *map;
     size_t size;
-    const void *tokens; // inside map
-    DType dt;           // DT_U8, DT_U16, DT_U32 or DT_U64
+    const void *tokens;  // inside map
+    DType dt;            // DT_U8, DT_U16, DT_U32 or DT_U64
+    const uint8_t *mask; // (ntok) inside map: 1 the token is a loss target, 0 not (format 2; NULL: every one is)
     int64_t ntok, nsamples;
     bool max_cached; // the largest token id came from the cache (size and mtime unchanged), not a scan
 } TokenFile;

@@ -607,9 +607,9 @@ void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
     cpu_embedding_backward(dtable, dh, tokens);
 }
 int64_t cuda_embedding_bad_id(void) { return -1; } // the CPU op it runs dies at a bad id
-void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float gs) {
+void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, Tensor row_loss, float gs) {
     OP(cross_entropy, &logits, &labels, &loss_sum);
-    cpu_cross_entropy(logits, labels, loss_sum, gs);
+    cpu_cross_entropy(logits, labels, loss_sum, row_loss, gs);
 }
 void cuda_zero(Tensor x) {
     OP(zero, &x);

@@ -1,4 +1,4 @@
-# fuzz.mk — libFuzzer targets (safetensors files, JSON configs, token files of two .npy records), included from the
+# fuzz.mk — libFuzzer targets (safetensors files, JSON configs, token files of two or three .npy records), included from the
 # Makefile. `make fuzz` builds each target with clang
 # (-fsanitize=fuzzer,address,undefined) and runs it for FUZZ_RUNS executions over its committed seed corpus
 # tests/fuzz/corpus/<target>/. New inputs libFuzzer finds go to build/fuzz/corpus-<target>/, never into the seeds;

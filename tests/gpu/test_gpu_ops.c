@@ -523,7 +523,7 @@ TEST(gpu_op_vector_paths) {
     double s0 = 0.5;
     Tensor sc = tensor_make(&s0, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), sd = gpu_tensor(DT_F64, 1, 1, 0, 0, 0);
     op_copy(sd, sc);
-    op_cross_entropy(l.c, lb.c, sc, 0.25f), op_cross_entropy(l.d, lb.d, sd, 0.25f);
+    op_cross_entropy(l.c, lb.c, sc, (Tensor){0}, 0.25f), op_cross_entropy(l.d, lb.d, sd, (Tensor){0}, 0.25f);
     EXPECT_CLOSE(l, 1e-5);
     double sg = op_read_scalar(sd), err = fabs(sg - s0) / fabs(s0);
     record_err(err, "loss_sum");
@@ -882,15 +882,35 @@ static void check_cross_entropy(DType dt, int64_t V, double tol, double loss_tol
     int64_t R = 13;
     int32_t lab[13];
     for (int r = 0; r < R; r++) lab[r] = r % 5 == 2 ? -100 : (int32_t)(rng_u64(8, (uint64_t)V, r) % V);
-    Pair l = pair_rand(dt, 3, 2, R, V, 0, 0), lb = pair_i32(lab, R);
+    Pair l = pair_rand(dt, 3, 2, R, V, 0, 0), lb = pair_i32(lab, R), l2 = pair_from(dt, l.c.p, 2, R, V, 0, 0);
     double s0 = 1.25;
     Tensor sc = tensor_make(&s0, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), sd = gpu_tensor(DT_F64, 1, 1, 0, 0, 0);
     op_copy(sd, sc);
-    op_cross_entropy(l.c, lb.c, sc, 0.37f), op_cross_entropy(l.d, lb.d, sd, 0.37f);
+    op_cross_entropy(l.c, lb.c, sc, (Tensor){0}, 0.37f), op_cross_entropy(l.d, lb.d, sd, (Tensor){0}, 0.37f);
     EXPECT_CLOSE(l, tol);
     double sg = op_read_scalar(sd), err = fabs(sg - s0) / fabs(s0);
     record_err(err, "loss_sum");
     ASSERT_MSG(err <= loss_tol, "V %lld loss_sum: gpu %.12g cpu %.12g", (long long)V, sg, s0);
+    // Again with the per-row output (the same logits): each row's CE near the CPU's (0 where ignored), and the sum
+    // and the gradients the same bits as without it.
+    double c0 = 0, rc[13], rg[13], s2 = 1.25;
+    Tensor rd = gpu_tensor(DT_F64, 1, R, 0, 0, 0), sd2 = gpu_tensor(DT_F64, 1, 1, 0, 0, 0);
+    op_copy(sd2, tensor_make(&s2, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
+    op_cross_entropy(l2.c, lb.c, tensor_make(&c0, DT_F64, DEV_CPU, 1, 1, 1, 1, 1),
+                     tensor_make(rc, DT_F64, DEV_CPU, 1, R, 1, 1, 1), 0.37f);
+    op_cross_entropy(l2.d, lb.d, sd2, rd, 0.37f);
+    op_copy(tensor_make(rg, DT_F64, DEV_CPU, 1, R, 1, 1, 1), rd);
+    ASSERT_MSG(op_read_scalar(sd2) == sg, "V %lld loss_sum with rows: %.17g, without: %.17g", (long long)V,
+               op_read_scalar(sd2), sg);
+    float *g1 = gpu_down(l.d), *g2 = gpu_down(l2.d);
+    ASSERT(!memcmp(g1, g2, R * V * sizeof *g1));
+    free(g1), free(g2);
+    for (int r = 0; r < R; r++) {
+        double e = fabs(rg[r] - rc[r]) / fmax(fabs(rc[r]), 1);
+        record_err(e, "row_loss");
+        ASSERT_MSG(lab[r] == -100 ? rg[r] == 0 : e <= loss_tol * 10, "V %lld row %d: gpu %.12g cpu %.12g", (long long)V,
+                   r, rg[r], rc[r]);
+    }
 }
 
 TEST(gpu_op_cross_entropy) {

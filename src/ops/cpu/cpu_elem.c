@@ -34,10 +34,12 @@ void cpu_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
 // CE_r = lse(logits_r) − logits_r[label]; ∂CE_r/∂logits_r = softmax(logits_r) − onehot(label).
 // One pass of expf per logit: the exponentials are stored in place, then scaled by 1/Σ. The rows' losses are summed
 // in row order, so the sum does not depend on the thread count.
-void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
+void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, Tensor row_loss, float grad_scale) {
     CPU_F32(logits);
     int64_t R = t_rows(logits), V = t_cols(logits);
-    double *row = xcalloc(R ? R : 1, sizeof(double)), total = 0;
+    CHECK(!row_loss.p || (row_loss.dt == DT_F64 && tensor_numel(row_loss) == R));
+    double *row = row_loss.p ? memset(row_loss.p, 0, R * sizeof(double)) : xcalloc(R ? R : 1, sizeof(double)),
+           total = 0;
     for (int64_t r = 0; r < R; r++)
         if (I32(labels)[r] != -100 && (I32(labels)[r] < 0 || I32(labels)[r] >= V))
             die("cross_entropy: label %d (row %lld) is outside the vocabulary of %lld", I32(labels)[r], (long long)r,
@@ -60,7 +62,7 @@ void cpu_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad
         l[y] -= grad_scale;
     }
     for (int64_t r = 0; r < R; r++) total += row[r];
-    free(row);
+    if (!row_loss.p) free(row);
     ((double *)loss_sum.p)[0] += total;
 }
 

@@ -393,16 +393,19 @@ int64_t cuda_embedding_bad_id(void) {
     return bad ? (int64_t)(int32_t)(uint32_t)bad : -1;
 }
 
-void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float grad_scale) {
+void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, Tensor row_loss, float grad_scale) {
     int64_t R = t_rows(logits), V = t_cols(logits);
     CHECK(loss_sum.dt == DT_F64 && tensor_numel(labels) == R);
+    CHECK(!row_loss.p || (row_loss.dt == DT_F64 && row_loss.dev == DEV_CUDA && tensor_numel(row_loss) == R));
     if (R == 0 || V == 0) return;
     int ns = (int)((V + CE_SLICE - 1) / CE_SLICE);
     if (R > 65535 || ns > 65535)
         die("cross_entropy: a chunk of %lld rows of %lld logits is too large (at most 65535 rows)", (long long)R,
             (long long)V);
-    double *row_loss = (double *)cuda_scratch((size_t)R * sizeof(double) + (size_t)R * ns * sizeof(float2));
-    float2 *part = (float2 *)(row_loss + R);
+    // The rows' losses go to row_loss when it is wanted, else to scratch before the partials.
+    double *rows = (double *)cuda_scratch((size_t)R * sizeof(double) + (size_t)R * ns * sizeof(float2));
+    float2 *part = (float2 *)(rows + R);
+    if (row_loss.p) rows = (double *)row_loss.p;
     dim3 grid((unsigned)R, (unsigned)ns);
     const int32_t *lab = (const int32_t *)labels.p;
     DT_SWITCH(logits.dt, T, "cross_entropy", {
@@ -411,16 +414,16 @@ void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, float gra
             cross_entropy_partial_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
             CUDA_LAUNCH_CHECK();
             cross_entropy_grad_kernel<T, true>
-                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, row_loss, V, ns, grad_scale);
+                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, rows, V, ns, grad_scale);
         } else {
             cross_entropy_partial_kernel<T, false><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
             CUDA_LAUNCH_CHECK();
             cross_entropy_grad_kernel<T, false>
-                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, row_loss, V, ns, grad_scale);
+                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, rows, V, ns, grad_scale);
         }
     });
     CUDA_LAUNCH_CHECK();
-    cross_entropy_sum_kernel<<<1, 1024, 0, cuda_stream()>>>((double *)loss_sum.p, row_loss, R);
+    cross_entropy_sum_kernel<<<1, 1024, 0, cuda_stream()>>>((double *)loss_sum.p, rows, R);
     CUDA_LAUNCH_CHECK();
 }
 
