@@ -127,14 +127,14 @@ TEST(dist_sft_layouts) {
     char path[300];
     snprintf(path, sizeof path, "%s/data.bin", d), token_file_mask(path, 5);
     snprintf(path, sizeof path, "%s/val.bin", d), token_file_mask(path, 5);
-    check_layouts(d, sft, sizeof sft / sizeof *sft, "", 6, true);
+    check_layouts(d, sft, sizeof sft / sizeof *sft, "", 6, true, 1);
     // A mixture of a masked file and an unmasked one (a fresh run folder: data.bin masked, val.bin not).
     char sets[1024];
     d = make_run_of(TINY_MOE_EP_OF(4), 8, 6);
     snprintf(path, sizeof path, "%s/data.bin", d), token_file_mask(path, 5);
     snprintf(sets, sizeof sets,
              "--set 'dataset=[{\"path\":\"%s/data.bin\",\"weight\":3},{\"path\":\"%s/val.bin\",\"weight\":1}]'", d, d);
-    check_layouts(d, sft, 2, sets, 6, true);
+    check_layouts(d, sft, 2, sets, 6, true, 1);
 }
 
 // pith eval --per-token under --pp 2 and --cp 2: every target's loss at its place, NaN at the same masked labels,
