@@ -51,14 +51,16 @@ TEST(sft_token_file_mask_and_old_files) {
     char *bytes = file_read_all(masked, &n);
     bytes[n - 3] = 2;
     write_bytes(d, "bad/two.bin", bytes, n);
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set dataset=%s/bad/two.bin", PITH_BIN, d, d) == 1);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set dataset=%s/bad/two.bin --set run_dir=%s/r", PITH_BIN,
+                   d, d, d) == 1);
     ASSERT_MSG(strstr(out, "two.bin: loss-mask record: value 2 at token"), "%s", out);
     NpyRecord tok, ends, mask;
     char err[300];
     ASSERT(npy_token_file_parse((uint8_t *)bytes, n, &tok, &ends, &mask, err, sizeof err) == false);
     FILE *f = fopen(write_bytes(d, "bad/short.bin", bytes, tok.record_len + ends.record_len), "ab");
     ASSERT(f && npy_write_header(f, DT_U8, 3) && fwrite("\1\1\1", 1, 3, f) == 3 && !fclose(f));
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set dataset=%s/bad/short.bin", PITH_BIN, d, d) == 1);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set dataset=%s/bad/short.bin --set run_dir=%s/r",
+                   PITH_BIN, d, d, d) == 1);
     ASSERT_MSG(strstr(out, "short.bin: loss-mask record: 3 values of dtype U8, expected 3000 uint8"), "%s", out);
     free(bytes);
 }
