@@ -10,11 +10,14 @@
 # steps' training loss, and the validation loss after the last step on the first 16 batches of TOKENS) and their
 # relative gaps, then each gap's mean over the seeds with its standard error, and the bf16 rerun's gaps.
 # MODEL: a benchmark's folder (e.g. bench/qwen3_30b_a3b_8l) whose model and recipe to train instead, with TOKENS,
-# STEPS and the validation set in place of its data and length. EXTRA: more --set arguments for every run ("--set benchmark=true": force-balanced routing, which keeps the two
+# STEPS and the validation set in place of its data and length. VARIANT, VNAME: the setting compared with bf16 and its
+# name (default "fp8=true", fp8; e.g. "optimizer.state_dtype=bf16", bf16m). EXTRA: more --set arguments for every
+# run ("--set benchmark=true": force-balanced routing, which keeps the two
 # runs' routing histories together). PITH: the binary (default build/pith). Needs a GPU (DEVICE=cpu runs it on the
 # CPU, to check the script).
 set -euo pipefail
 tokens=$(realpath "$1") out=$2 steps=${3:-300} device=${DEVICE:-cuda} pith=${PITH:-build/pith}
+variant=${VARIANT:-fp8=true} vname=${VNAME:-fp8}
 mkdir -p "$out"
 if [ -n "${MODEL:-}" ]; then # a benchmark's model and recipe instead (its folder's model.json and train.json)
     cp "$MODEL/model.json" "$out/model.json"
@@ -46,24 +49,24 @@ JSON
 fi
 seeds=(${SEEDS:-1234})
 runs=()
-for seed in "${seeds[@]}"; do runs+=(bf16-$seed fp8-$seed); done
+for seed in "${seeds[@]}"; do runs+=(bf16-$seed $vname-$seed); done
 runs+=(bf16-${seeds[0]}-again)
 for run in "${runs[@]}"; do
     set="--set seed=$(echo $run | cut -d- -f2)"
-    [[ $run = fp8-* ]] && set="$set --set fp8=true"
+    [[ $run = $vname-* ]] && set="$set --set $variant"
     rm -rf "$out/$run"
     $pith train "$out/train.json" --set run_dir="$out/$run" $set ${EXTRA:-} >"$out/train_$run.txt" 2>&1
 done
-$pith plot "$out/bf16-${seeds[0]}" "$out/fp8-${seeds[0]}" --output "$out/loss.png"
-python3 - "$out" "${seeds[@]}" <<'PY'
+$pith plot "$out/bf16-${seeds[0]}" "$out/$vname-${seeds[0]}" --output "$out/loss.png"
+python3 - "$out" "$vname" "${seeds[@]}" <<'PY'
 import json, math, sys
-out, seeds = sys.argv[1], sys.argv[2:]
+out, vname, seeds = sys.argv[1], sys.argv[2], sys.argv[3:]
 def rows(r): return [json.loads(l) for l in open(f'{out}/{r}/metrics.jsonl')]
 def gap(a, b): return (a - b) / b * 100
 def final(r): # the mean of the last 20 steps' training loss, the validation loss after the last step
     R = rows(r)
     return sum(x['loss'] for x in R[-20:]) / 20, R[-1]['val_loss'], len(R)
-pairs = [(f'fp8-{s}', f'bf16-{s}') for s in seeds] + [(f'bf16-{seeds[0]}-again', f'bf16-{seeds[0]}')]
+pairs = [(f'{vname}-{s}', f'bf16-{s}') for s in seeds] + [(f'bf16-{seeds[0]}-again', f'bf16-{seeds[0]}')]
 G = []
 for a, b in pairs:
     (ta, va, n), (tb, vb, _) = final(a), final(b)
@@ -75,6 +78,6 @@ for i, what in ((0, "last-20 train loss"), (1, "validation loss")):
     g = [x[i] for x in G[:k]]
     m = sum(g) / k
     se = math.sqrt(sum((x - m) ** 2 for x in g) / (k - 1) / k) if k > 1 else float('nan')
-    print(f"{what}: FP8 against bf16 over {k} seed(s): mean gap {m:+.3f}% ± {se:.3f}% (standard error); "
+    print(f"{what}: {vname} against bf16 over {k} seed(s): mean gap {m:+.3f}% ± {se:.3f}% (standard error); "
           f"the bf16 rerun of seed {seeds[0]}: {G[-1][i]:+.3f}%")
 PY
