@@ -48,23 +48,24 @@ static Tensor rounded(int slot, Tensor x, Fp8Blocks b, const int64_t *offs, int 
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 static int64_t up4(int64_t n) { return (n + 3) / 4 * 4; }
 
-size_t op_fp8_experts_bytes(int64_t E, int64_t N, int64_t K) {
+// E experts' (N, K) weight on the FP8 path: codes, transposed codes, row-block and column-block scales, carved in
+// this order from a (each part 256-byte aligned). The one layout: op_fp8_experts_bytes runs it on a counting arena.
+static Fp8Weight fp8_carve(Arena *a, int64_t E, int64_t N, int64_t K) {
     int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
-    return 2 * align256((size_t)(E * N * K)) + align256(sizeof(float) * E * NB * up4(KB)) +
-           align256(sizeof(float) * E * KB * up4(NB));
+    return (Fp8Weight){arena_tensor(a, DT_U8, 3, E, N, K, 1), arena_tensor(a, DT_U8, 3, E, K, N, 1),
+                       arena_tensor(a, DT_F32, 2, E * NB, up4(KB), 1, 1),
+                       arena_tensor(a, DT_F32, 2, E * KB, up4(NB), 1, 1)};
+}
+size_t op_fp8_experts_bytes(int64_t E, int64_t N, int64_t K) {
+    Arena c = arena_counting("fp8 weight", DEV_CPU);
+    fp8_carve(&c, E, N, K);
+    return align256(c.used); // whole 256-byte units, so weights placed one after another stay aligned
 }
 size_t op_fp8_weight_bytes(int64_t N, int64_t K) { return op_fp8_experts_bytes(1, N, K); }
 
 Fp8Weight op_fp8_experts_view(void *p, Device dev, int64_t E, int64_t N, int64_t K) {
-    int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
-    char *c = p;
-    size_t o[4] = {0, align256((size_t)(E * N * K))};
-    o[2] = 2 * o[1], o[3] = o[2] + align256(sizeof(float) * E * NB * up4(KB));
-    Fp8Weight fw = {tensor_make(c ? c + o[0] : NULL, DT_U8, dev, 3, E, N, K, 1),
-                    tensor_make(c ? c + o[1] : NULL, DT_U8, dev, 3, E, K, N, 1),
-                    tensor_make(c ? c + o[2] : NULL, DT_F32, dev, 2, E * NB, up4(KB), 1, 1),
-                    tensor_make(c ? c + o[3] : NULL, DT_F32, dev, 2, E * KB, up4(NB), 1, 1)};
-    return fw;
+    Arena a = {p, 0, p ? op_fp8_experts_bytes(E, N, K) : 0, 0, dev, "fp8 weight"}; // p NULL: the shapes only
+    return fp8_carve(&a, E, N, K);
 }
 
 // The dense weight: one expert's parts, the codes 2-D.
