@@ -287,18 +287,22 @@ TEST(data_token_cache_follows_content) {
     const char *d = rel_run();
     char out[1 << 16], data[512];
     snprintf(data, sizeof data, "%s/data.bin", d);
-    ASSERT(run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1 --set run_dir=%s/r", d, PITH_BIN, d, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1 --set run_dir=%s/r", d,
+                   PITH_BIN, d, d) == 0);
     ASSERT(run_cmd(out, sizeof out, "ls %s/cache | grep -c token-max", d) == 0 && atoi(out) == 1);
     poke_tokens(data, 200);
-    int rc = run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1 --set run_dir=%s/r", d, PITH_BIN, d, d);
+    int rc = run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1 --set run_dir=%s/r", d,
+                     PITH_BIN, d, d);
     ASSERT_MSG(rc == 1 && strstr(out, "data.bin: token 200 at position 5 is outside the model's vocabulary of 64"),
                "exit %d: %s", rc, out);
     // a cache that lies (written under this very file's key): the embedding stops the run, naming the id
     ASSERT(run_cmd(out, sizeof out, "cd %s/cache && for f in token-max-*; do rm $f; done", d) == 0);
-    rc = run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1 --set run_dir=%s/r", d, PITH_BIN, d, d);
+    rc = run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1 --set run_dir=%s/r", d,
+                 PITH_BIN, d, d);
     ASSERT(rc == 1);
     ASSERT(run_cmd(out, sizeof out, "cd %s/cache && for f in token-max-*; do echo 5 > $f; done", d) == 0);
-    rc = run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1 --set run_dir=%s/r", d, PITH_BIN, d, d);
+    rc = run_cmd(out, sizeof out, "PITH_CACHE_DIR=%s/cache %s train %s/train.json --steps 1 --set run_dir=%s/r", d,
+                 PITH_BIN, d, d);
     ASSERT_MSG(rc == 1 && strstr(out, "pith: error: embedding: token id 200 (position ") &&
                    strstr(out, "is outside the vocabulary of 64 (during step 1)"),
                "exit %d: %s", rc, out);
