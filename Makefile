@@ -64,7 +64,7 @@ endif
 PROTO    := $(wildcard src/train/*.proto)
 PROTO_C  := $(PROTO:src/train/%.proto=$(BUILD)/gen/%.pb-c.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(PROTO_C:%.c=%.o) $(CU_OBJ)
-DEPS_OK  := $(BUILD)/.deps-ok
+DEPS_OK  := build/.deps-ok # one stamp for every build folder: deps.sh installs for the machine and the checkout
 BACKEND  := $(if $(HAVE_NVCC),CPU + CUDA,$(if $(filter 1,$(FAKE_CUDA)),CPU + fake GPUs,CPU only))
 define LINK
 @echo "  link $@ ($(BACKEND))"
@@ -83,7 +83,7 @@ $(BUILD)/.config: FORCE
 # scripts/deps.sh installs the Debian packages (and tokenizer data) the build needs; it is idempotent.
 $(DEPS_OK): scripts/deps.sh
 	@bash scripts/deps.sh
-	@mkdir -p $(BUILD) && touch $@
+	@mkdir -p $(dir $@) && touch $@
 
 $(BUILD)/%.o: %.c $(BUILD)/.config | $(DEPS_OK)
 	@mkdir -p $(dir $@)
@@ -151,13 +151,13 @@ test-gpu2: $(BUILD)/pith $(BUILD)/test_gpu $(BUILD)/test_parallel
 
 # Every CUDA source and the GPU suite compiled and linked (into build-cuda/) where nvcc exists, GPU or not: CI runs
 # it (.ci/run), so a kernel that stops compiling fails CI on a machine with no GPU.
-cuda-check:
+cuda-check: | $(DEPS_OK) # before the sub-make, so that make -j2 test runs deps.sh once
 	@$(MAKE) --no-print-directory BUILD=build-cuda GPU=1 build-cuda/pith build-cuda/test_gpu
 
 # The NCCL transport on a machine without a GPU: pith and test_parallel built with FAKE_CUDA=1 into
 # build-fake/ (tests/fake/fake_cuda.c: device memory is host memory, NCCL is MPI, stream order is checked);
 # tests/test_parallel.c runs them.
-fake-build:
+fake-build: | $(DEPS_OK)
 	@$(MAKE) --no-print-directory BUILD=build-fake FAKE_CUDA=1 build-fake/pith build-fake/test_parallel
 
 # Kernel timings at Qwen3-30B-A3B sizes (GPU machine only).
