@@ -216,10 +216,14 @@ void model_router_forward(Model *m, const MicroBatch *mb, int l, Tensor probs, T
     double *load = mb->sums ? mb->sums->router_load : NULL;
     if (!load || mb->replay) return; // a replayed forward was counted the first time
     int64_t n = tensor_numel(idx);
-    int32_t *h = idx.dev == DEV_CPU ? idx.p : xmalloc((size_t)n * sizeof(int32_t)); // the routing on the host
-    if (idx.dev != DEV_CPU) op_copy(tensor_make(h, DT_I32, DEV_CPU, 1, n, 1, 1, 1), idx);
+    const int32_t *h = idx.p;
+    if (idx.dev != DEV_CPU) { // the routing on the host, in the step's staging buffer
+        StepSums *s = mb->sums;
+        if (n > s->router_idx_cap)
+            free(s->router_idx), s->router_idx = xmalloc(n * sizeof(int32_t)), s->router_idx_cap = n;
+        op_copy(tensor_make(s->router_idx, DT_I32, DEV_CPU, 1, n, 1, 1, 1), idx), h = s->router_idx;
+    }
     for (int64_t i = 0; i < n; i++) load[(size_t)l * E + h[i]] += 1;
-    if (idx.dev != DEV_CPU) free(h);
 }
 
 void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
@@ -349,9 +353,9 @@ void model_free(Model *m) {
 }
 
 void step_sums_create(StepSums *s, const Model *m, bool alloc) {
+    memset(s, 0, sizeof *s);
     s->loss_sum = model_tensor(m->dev, DT_F64, 1, alloc), s->lb_sum = model_tensor(m->dev, DT_F64, 1, alloc);
     s->router_load = m->router_bias.p && alloc ? xcalloc((size_t)m->cfg.layers * m->cfg.experts, sizeof(double)) : NULL;
-    s->row_loss = (Tensor){0};
     if (alloc) step_sums_begin(s, m);
 }
 
@@ -361,7 +365,8 @@ void step_sums_begin(StepSums *s, const Model *m) {
 }
 
 void step_sums_free(StepSums *s) {
-    model_tensor_free(s->loss_sum), model_tensor_free(s->lb_sum), model_tensor_free(s->row_loss), free(s->router_load);
+    model_tensor_free(s->loss_sum), model_tensor_free(s->lb_sum), model_tensor_free(s->row_loss), free(s->router_load),
+        free(s->router_idx);
     memset(s, 0, sizeof *s);
 }
 

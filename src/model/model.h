@@ -85,7 +85,9 @@ void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, dou
 typedef struct {
     Tensor loss_sum, lb_sum; // (1) fp64 on the model's device: Σ CE and Σ load-balancing loss
     double *router_load;     // (layers·E) host: the experts chosen (model_router_forward); NULL: not counted
-    Tensor row_loss;         // (T) fp64 on the model's device: the last micro-batch's CE per row (p NULL: not kept)
+    int32_t *router_idx;     // host staging of a GPU routing for the count (grown to router_idx_cap entries)
+    int64_t router_idx_cap;
+    Tensor row_loss; // (T) fp64 on the model's device: the last micro-batch's CE per row (p NULL: not kept)
 } StepSums;
 
 typedef struct {

@@ -64,7 +64,7 @@ size_t op_fp8_experts_bytes(int64_t E, int64_t N, int64_t K) {
 size_t op_fp8_weight_bytes(int64_t N, int64_t K) { return op_fp8_experts_bytes(1, N, K); }
 
 Fp8Weight op_fp8_experts_view(void *p, Device dev, int64_t E, int64_t N, int64_t K) {
-    Arena a = {p, 0, p ? op_fp8_experts_bytes(E, N, K) : 0, 0, dev, "fp8 weight"}; // p NULL: the shapes only
+    Arena a = {p, 0, SIZE_MAX, 0, dev, "fp8 weight"}; // the caller holds op_fp8_experts_bytes; p NULL: shapes only
     return fp8_carve(&a, E, N, K);
 }
 
