@@ -93,7 +93,8 @@ typedef struct {
 typedef struct {
     int B, S, T;           // T = B·S tokens
     Tensor tokens, labels; // (T) int32 on the model's device
-    Tensor pos;            // (T) int32 positions
+    Tensor pos;            // (T) int32 positions (document masking: inside each document, 0 at its first token)
+    bool docs;             // document masking: attention, DeltaNet and conv1d see only the token's own document
     StepSums *sums;        // where its losses and counts add up (NULL: nowhere, generation)
     bool replay;           // its forward rerun in backward (full recompute): nothing is added a second time
 } MicroBatch;

@@ -46,7 +46,8 @@ void op_rope_tables(Tensor cos, Tensor sin, const RopeSpec *r);
 // ---- attention: GQA, q/k head dim dqk, v head dim dv (MLA: 192, 128), causal or a block against a block ----
 // q: (B·Sq, nh, dqk), k: (B·Sk, nkv, dqk), v: (B·Sk, nkv, dv), o: (B·Sq, nh, dv), lse: (B, nh, Sq) fp32;
 // query head h reads kv head h / (nh/nkv). Query i of a sequence sits at position q_off + i, key j at k_off + j;
-// key j is visible to query i when (!causal or kpos ≤ qpos) and (window == 0 or kpos > qpos − window).
+// key j is visible to query i when (!causal or kpos ≤ qpos) and (window == 0 or kpos > qpos − window) and, with
+// document masking, kpos ≥ qpos − docpos[i] (the keys of the query's own document).
 // s_ij = scale·q_i·k_j; a sink (GPT-OSS) is a per-head logit in the softmax denominator with no value:
 // lse_i = log(exp(sinks[h]) + Σ_visible exp(s_ij)), o_i = Σ_visible exp(s_ij − lse_i)·v_j. A query that sees no key
 // and has no sink gets o = 0, lse = −∞ (what the log-sum-exp merge of ring attention expects).
@@ -59,6 +60,10 @@ typedef struct {
     Tensor sinks;         // (nh) fp32; p == NULL: none
     Tensor ws;            // the backward's fp32 scratch, op_attention_workspace elements (planned by the caller)
     bool deterministic;   // GPU: pith's own kernels only (cuDNN's backward adds into dQ with atomics)
+    // Document masking: (B·Sq) int32 on q's device, each query's position inside its document (0 at a document's
+    // first token); p == NULL: none. Documents are contiguous, so qpos − docpos[i] never decreases along a
+    // sequence: a block of queries [i0, i1) needs no key before qpos(i0) − docpos[i0].
+    Tensor docpos;
 } AttnArgs;
 // op_attention_workspace: the fp32 elements of the backward's scratch that a caller can plan (a->ws; without it the
 // GPU takes the op scratch): cuDNN's fused backward (bf16 on the GPU, whole causal sequences) keeps AttnScratch,

@@ -1,7 +1,7 @@
 // cpu_attention.c — grouped-query attention on the CPU, the reference for the flash kernels.
 // q: (B·Sq, nh, dqk), k: (B·Sk, nkv, dqk), v: (B·Sk, nkv, dv); query head h reads kv head h / (nh/nkv).
 // Visibility (ops.h): key j of a sequence is seen by query i when (!causal or kpos ≤ qpos) and (window == 0 or
-// kpos > qpos − window), qpos = q_off + i, kpos = k_off + j.
+// kpos > qpos − window) and (no docpos or kpos ≥ qpos − docpos[i]), qpos = q_off + i, kpos = k_off + j.
 // Forward: s_ij = scale·q_i·k_j, lse_i = log(exp(sink) + Σ_j exp(s_ij)), o_i = Σ_j exp(s_ij − lse_i)·v_j.
 // Backward: p = exp(s − lse), D_i = do_i·o_i, ds = p·(do_i·v_j − D_i); dq = scale·ds·k, dk = scale·dsᵀ·q,
 // dv = pᵀ·do; the sink's probability exp(sink − lse_i) has no value, so ∂sink = −Σ_i exp(sink − lse_i)·D_i.
@@ -15,11 +15,13 @@ static inline float dotf(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-// The keys [*j0, *j1) query i sees.
-static void visible(const AttnArgs *a, int64_t i, int64_t Sk, int64_t *j0, int64_t *j1) {
+// The keys [*j0, *j1) query i of sequence b sees.
+static void visible(const AttnArgs *a, int64_t b, int64_t i, int64_t Sq, int64_t Sk, int64_t *j0, int64_t *j1) {
     int64_t qp = a->q_off + i, lo = 0, hi = Sk; // as key indices: kpos = k_off + j
     if (a->causal && qp - a->k_off + 1 < hi) hi = qp - a->k_off + 1;
     if (a->window > 0 && qp - a->window + 1 - a->k_off > lo) lo = qp - a->window + 1 - a->k_off;
+    if (a->docpos.p && qp - ((const int32_t *)a->docpos.p)[b * Sq + i] - a->k_off > lo)
+        lo = qp - ((const int32_t *)a->docpos.p)[b * Sq + i] - a->k_off;
     *j0 = lo, *j1 = hi > lo ? hi : lo;
 }
 
@@ -32,6 +34,7 @@ static AttShape attention_shape(Tensor q, Tensor k, Tensor v, const AttnArgs *a)
     CHECK(a->B >= 1 && s.Sq * a->B == q.n[0] && s.Sk * a->B == k.n[0] && v.n[0] == k.n[0] && s.nh % s.nkv == 0 &&
           k.n[2] == s.dqk && v.n[1] == s.nkv && a->window >= 0);
     CHECK(!a->sinks.p || tensor_numel(a->sinks) == s.nh);
+    CHECK(!a->docpos.p || (a->docpos.dt == DT_I32 && tensor_numel(a->docpos) == q.n[0]));
     s.grp = s.nh / s.nkv;
     return s;
 }
@@ -53,7 +56,7 @@ void cpu_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, c
                 for (int64_t i = 0; i < Sq; i++) {
                     const float *qi = F(q) + ((b * Sq + i) * nh + h) * dqk;
                     int64_t j0, j1;
-                    visible(a, i, Sk, &j0, &j1);
+                    visible(a, b, i, Sq, Sk, &j0, &j1);
                     float m = a->sinks.p ? F(a->sinks)[h] : -INFINITY;
                     for (int64_t j = j0; j < j1; j++) {
                         s[j] = a->scale * dotf(qi, F(k) + ((b * Sk + j) * nkv + h / z.grp) * dqk, dqk);
@@ -98,7 +101,7 @@ void cpu_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tens
                     if (L == -INFINITY) continue; // the query saw nothing: o = 0 does not depend on anything
                     if (a->sinks.p) ds_sink[b * nh + h] -= exp((double)F(a->sinks)[h] - L) * Di;
                     int64_t j0, j1;
-                    visible(a, i, Sk, &j0, &j1);
+                    visible(a, b, i, Sq, Sk, &j0, &j1);
                     for (int64_t j = j0; j < j1; j++) {
                         int64_t kr = (b * Sk + j) * nkv + g;
                         const float *kj = F(k) + kr * dqk;
