@@ -5,6 +5,7 @@
 // neither loss nor targets. With --cp C every rank of the cp group reads the same samples and keeps its zigzag
 // chunks of each (as training does); the sums over the ranks give the one-rank loss. With --per-token each target's
 // loss is kept (the epilog's per-row output), put back at its place in its sample and summed over the ranks.
+// With --document-masking the token files' document ends bound attention and positions, as in training.
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -22,7 +23,7 @@
 static void eval_usage(FILE *f) {
     fprintf(f,
             "usage: pith eval --model DIR --data PATH --seq S --batch B [--micro-batch M] [--device auto|cpu|cuda]\n"
-            "                 [--dtype fp32|bf16] [--pp P] [--cp C] [--per-token FILE]\n"
+            "                 [--dtype fp32|bf16] [--pp P] [--cp C] [--per-token FILE] [--document-masking]\n"
             "  DIR: an HF folder, a pith checkpoint folder (config.json + safetensors), or a save_location (its\n"
             "       newest checkpoint). PATH: a folder of .bin token files or one file.\n"
             "  Prints the mean token cross-entropy over samples 0..B-1 as its last line: loss <value>.\n"
@@ -34,15 +35,19 @@ static void eval_usage(FILE *f) {
             "          chunks of every sample\n"
             "  --per-token FILE  writes each target's loss as a float32 .npy of shape (B, S): row i is sample i,\n"
             "          column t the loss of its label t (token t + 1 of the sample); NaN where the label is masked\n");
+    fputs("  --document-masking  each token attends only to its own document (the files' document ends) and\n"
+          "          counts its position from the document's first token (as document_masking trains)\n",
+          f);
 }
 
 // The pipeline's forward (pp > 1): sample mb is a micro-batch of one sequence; the model's first chunk reads
-// its tokens, the last its labels and counts its targets.
+// its tokens, the last its labels and counts its targets; with document masking every chunk reads its positions.
 typedef struct {
     Chunk chunk[2];
     Dataset *ds;
     const Comm *cp;
     int32_t *tok, *lab; // a whole sample (S), of which this cp rank keeps its chunks
+    int32_t *docpos;    // its document positions (document masking; else NULL)
     int64_t targets;
     StepSums *st;
     double *per_token; // (B, S) --per-token: the rows' losses at their places (NULL: not kept)
@@ -66,11 +71,12 @@ static void eval_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y)
     EvalPipe *e = ctx;
     Chunk *c = &e->chunk[p];
     bool last = c->l1 == c->m->cfg.layers;
-    if (c->l0 == 0 || last) {
-        dataset_sample(e->ds, mb, e->tok, e->lab);
+    if (c->l0 == 0 || last || e->docpos) {
+        dataset_sample_docs(e->ds, mb, e->tok, e->lab, e->docpos);
         int S = c->S * e->cp->size;
         dataset_zigzag(e->tok, 1, S, e->cp->size, e->cp->rank), dataset_zigzag(e->lab, 1, S, e->cp->size, e->cp->rank);
-        chunk_load(c, slot, e->tok, e->lab);
+        if (e->docpos) dataset_zigzag(e->docpos, 1, S, e->cp->size, e->cp->rank);
+        chunk_load_docs(c, slot, e->tok, e->lab, e->docpos);
         for (int t = 0; last && t < c->S; t++) e->targets += e->lab[t] != -100;
     }
     chunk_pipe_forward(c, slot, x, y, false);
@@ -80,11 +86,17 @@ static void eval_forward(void *ctx, int p, int mb, int slot, Tensor x, Tensor y)
 // Σ CE of samples 0..B-1 (S local rows of each) into st->loss_sum through the forward-only schedule of pipeline rank
 // pp->rank; returns the targets this rank counted (pipeline rank 0's are all of its cp rank's).
 static int64_t eval_pipeline(Model *m, StepSums *st, Dataset *ds, int S, int B, const Comm *pp, const Comm *cp,
-                             double *per_token) {
+                             double *per_token, bool docs) {
     PipeSchedule s;
     dualpipev_build(&s, pp->size, B, pp->rank, true);
     size_t whole = (size_t)S * cp->size * sizeof(int32_t);
-    EvalPipe e = {.ds = ds, .cp = cp, .tok = xmalloc(whole), .lab = xmalloc(whole), .st = st, .per_token = per_token};
+    EvalPipe e = {.ds = ds,
+                  .cp = cp,
+                  .tok = xmalloc(whole),
+                  .lab = xmalloc(whole),
+                  .st = st,
+                  .per_token = per_token,
+                  .docpos = docs ? xmalloc(whole) : NULL};
     int n = m->cfg.layers / (2 * pp->size);
     for (int p = 0; p < 2; p++) {
         int k = dualpipev_chunk(pp->size, pp->rank, p);
@@ -99,7 +111,7 @@ static int64_t eval_pipeline(Model *m, StepSums *st, Dataset *ds, int S, int B, 
     dualpipev_run(&run, &(PipeChunks){&e, eval_forward, NULL, NULL, NULL});
     dualpipev_run_free(&run), arena_destroy(&mem), dualpipev_free(&s);
     for (int p = 0; p < 2; p++) chunk_free(&e.chunk[p]);
-    free(e.tok), free(e.lab);
+    free(e.tok), free(e.lab), free(e.docpos);
     return e.targets;
 }
 
@@ -125,12 +137,22 @@ static void write_per_token(const char *path, double *per_token, Dataset *ds, in
 }
 
 int cmd_eval(int argc, char **argv) {
-    static struct option opts[] = {{"model", 1, 0, 'm'},     {"data", 1, 0, 'd'},        {"seq", 1, 0, 's'},
-                                   {"batch", 1, 0, 'b'},     {"micro-batch", 1, 0, 'u'}, {"device", 1, 0, 'v'},
-                                   {"dtype", 1, 0, 't'},     {"pp", 1, 0, 'p'},          {"cp", 1, 0, 'c'},
-                                   {"per-token", 1, 0, 'k'}, {"help", 0, 0, 'h'},        {0}};
+    static struct option opts[] = {{"model", 1, 0, 'm'},
+                                   {"data", 1, 0, 'd'},
+                                   {"seq", 1, 0, 's'},
+                                   {"batch", 1, 0, 'b'},
+                                   {"micro-batch", 1, 0, 'u'},
+                                   {"device", 1, 0, 'v'},
+                                   {"dtype", 1, 0, 't'},
+                                   {"pp", 1, 0, 'p'},
+                                   {"cp", 1, 0, 'c'},
+                                   {"per-token", 1, 0, 'k'},
+                                   {"document-masking", 0, 0, 'D'},
+                                   {"help", 0, 0, 'h'},
+                                   {0}};
     const char *model = NULL, *data = NULL, *device = "auto", *dtype = "fp32", *per_token_path = NULL;
     int64_t S = 0, B = 0, M = 0, P = 1, C = 1;
+    bool docs = false;
     int c;
     optind = 1;
     dist_launch(); // MPI_Init when mpirun/srun started this process
@@ -146,6 +168,7 @@ int cmd_eval(int argc, char **argv) {
         case 'p': P = arg_int("eval", "--pp", optarg, 1, 1 << 20); break;
         case 'c': C = arg_int("eval", "--cp", optarg, 1, 1 << 20); break;
         case 'k': per_token_path = optarg; break;
+        case 'D': docs = true; break;
         case 'h': eval_usage(stdout); return 0;
         default: arg_suggest_option(opts, argv), eval_usage(stderr); return 2;
         }
@@ -215,23 +238,29 @@ int cmd_eval(int argc, char **argv) {
     double *per_token = per_token_path ? xcalloc(B * S, sizeof *per_token) : NULL;
     if (per_token) st.row_loss = model_tensor(dev, DT_F64, (P > 1 ? 1 : M) * Sl, true);
     int64_t targets = 0;
-    if (P > 1) targets = eval_pipeline(&m, &st, &ds, Sl, (int)B, &d.pp_g, &d.cp_g, per_token);
+    if (P > 1) targets = eval_pipeline(&m, &st, &ds, Sl, (int)B, &d.pp_g, &d.cp_g, per_token, docs);
     else {
         Chunk e;
         chunk_init_model(&e, &m, &st, (int)M, Sl);
         int32_t *tok = xmalloc(M * S * sizeof(int32_t)), *lab = xmalloc(M * S * sizeof(int32_t));
+        int32_t *docpos = docs ? xmalloc(M * S * sizeof(int32_t)) : NULL;
         for (int64_t i = 0; i < B; i += M) {
             int64_t n = B - i < M ? B - i : M;
-            for (int64_t b = 0; b < n; b++) dataset_sample(&ds, i + b, tok + b * S, lab + b * S);
-            for (int64_t t = n * S; t < M * S; t++) tok[t] = 0, lab[t] = -100; // filler rows: no targets
+            for (int64_t b = 0; b < n; b++)
+                dataset_sample_docs(&ds, i + b, tok + b * S, lab + b * S, docpos ? docpos + b * S : NULL);
+            for (int64_t t = n * S; t < M * S; t++) { // filler rows: no targets, one document each
+                tok[t] = 0, lab[t] = -100;
+                if (docpos) docpos[t] = (int32_t)(t % S);
+            }
             dataset_zigzag(tok, (int)M, (int)S, (int)C, d.cp_g.rank),
                 dataset_zigzag(lab, (int)M, (int)S, (int)C, d.cp_g.rank);
+            if (docpos) dataset_zigzag(docpos, (int)M, (int)S, (int)C, d.cp_g.rank);
             for (int64_t t = 0; t < M * Sl; t++) targets += lab[t] != -100;
-            chunk_load(&e, 0, tok, lab);
+            chunk_load_docs(&e, 0, tok, lab, docpos);
             chunk_forward(&e, 0, false);
             if (per_token) keep_rows(&st, per_token, i, n, Sl, &d.cp_g);
         }
-        free(tok), free(lab), chunk_free(&e);
+        free(tok), free(lab), free(docpos), chunk_free(&e);
     }
     // The cross-entropy and the targets live on pipeline rank 0, each cp rank's of its chunks; the sum over the ranks
     // brings them to all.
@@ -244,6 +273,7 @@ int cmd_eval(int argc, char **argv) {
            (long long)sums[1], (long long)nmb, nmb == 1 ? "" : "es", (long long)M);
     if (P > 1) printf(" through a pipeline of %lld ranks", (long long)P);
     if (C > 1) printf(" at cp %lld", (long long)C);
+    if (docs) printf(" with document masking");
     printf(" on %s (%s)\n", dev == DEV_CUDA ? "cuda" : "cpu", dtype);
     printf("loss %.17g\n", sums[0] / (sums[1] ? sums[1] : 1));
     if (C > 1) ring_free(&ring);

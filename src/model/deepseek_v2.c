@@ -287,7 +287,8 @@ static AttnArgs dsv2_attn_args(const Model *m, const MicroBatch *mb) {
     return (AttnArgs){.B = mb->B,
                       .scale = (float)model_family_config(const Dsv2Config, &m->cfg)->softmax_scale,
                       .causal = true,
-                      .deterministic = m->deterministic};
+                      .deterministic = m->deterministic,
+                      .docpos = mb->docs ? mb->pos : (Tensor){0}};
 }
 
 static RouterArgs dsv2_router_args(const Model *m) {

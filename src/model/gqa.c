@@ -105,6 +105,7 @@ void gqa_forward(Model *m, int l, const GqaShape *s, const GqaWeights *W, GqaRec
     op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     if (s->sinks) op_copy(r->sinks, W->sinks), aa.sinks = r->sinks;       // the op reads fp32 sinks
+    if (mb->docs) aa.docpos = mb->pos;                                    // document masking
     model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa); // the op, a KV cache or the ring
     Tensor o = r->att;
     if (s->gated)
@@ -126,6 +127,7 @@ void gqa_backward(Model *m, int l, const GqaShape *s, const GqaWeights *W, const
                                  tensor_reshape2(r->dgated, T * nh, d), tensor_reshape2(r->att, T * nh, d),
                                  tensor_reshape2(r->gate, T * nh, d), false);
     if (s->sinks) aa.sinks = r->sinks;
+    if (mb->docs) aa.docpos = mb->pos;
     model_attention_backward(m, r->dq, r->dk, r->dv, s->sinks ? G->sinks : NONE, r->datt, r->q, r->k, r->v, r->att,
                              r->lse, &aa);
     op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);

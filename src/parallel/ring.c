@@ -17,6 +17,7 @@
 
 typedef struct {
     int B, blk;
+    Tensor docpos;           // half-major AttnArgs.docpos (R) int32 (document masking; else p NULL)
     Tensor q, a[3], b[3];    // half-major q; what travels (k and v, or MLA's latent c and k_pe): resident and arriving
                              // (0, 1 alternate), leaving (2)
     Tensor k, v;             // the resident keys and values (MLA: made from the latent each hop; else a, b)
@@ -46,6 +47,7 @@ static void ring_alloc(RingBufs *b, Arena *a, const RingShape *z, bool backward)
     int64_t R = 2 * (int64_t)z->B * z->blk, H = (int64_t)z->B * z->blk, nh = z->nh, nkv = z->nkv, dqk = z->dqk,
             dv = z->dv, dr = dqk - z->dn;
     b->B = z->B, b->blk = z->blk;
+    b->docpos = arena_tensor(a, DT_I32, 1, R, 0, 0, 0);
     b->q = arena_tensor(a, dt, 3, R, nh, dqk, 0);
     for (int i = 0; i < 3; i++) {
         b->a[i] = z->dc ? arena_tensor(a, dt, 2, R, z->dc, 0, 0) : arena_tensor(a, dt, 3, R, nkv, dqk, 0);
@@ -157,7 +159,9 @@ typedef struct {
     AttnArgs args[3];
 } HopBlocks;
 
-static HopBlocks hop_blocks(const Comm *c, int s, const AttnArgs *a) {
+// Under document masking (docpos: half-major, p NULL: off) a block takes its query half's document positions and
+// its chunks' global offsets, which the mask compares.
+static HopBlocks hop_blocks(const Comm *c, int s, const AttnArgs *a, Tensor docpos) {
     HopBlocks hb = {0};
     int cp = c->size, r = c->rank, j = ((r - s) % cp + cp) % cp;
     for (int hq = 0; hq < 2; hq++)
@@ -166,14 +170,29 @@ static HopBlocks hop_blocks(const Comm *c, int s, const AttnArgs *a) {
             if (cq < ck) continue;
             CHECK(hb.n < 3);
             hb.hq[hb.n] = hq, hb.hk[hb.n] = hk;
-            hb.args[hb.n++] = (AttnArgs){.B = a->B, .scale = a->scale, .causal = cq == ck};
+            AttnArgs *b = &hb.args[hb.n++];
+            *b = (AttnArgs){.B = a->B, .scale = a->scale, .causal = cq == ck};
+            if (docpos.p) {
+                int blk = (int)(docpos.n[0] / (2 * a->B));
+                b->docpos = half(docpos, hq), b->q_off = cq * blk, b->k_off = ck * blk;
+            }
         }
     return hb;
 }
 
+// The half-major copy of a->docpos (its record rows (b, half, i)), or p NULL without document masking.
+static Tensor docpos_in(RingBufs *b, const AttnArgs *a) {
+    if (!a->docpos.p) return (Tensor){0};
+    for (int s = 0; s < b->B; s++)
+        for (int h = 0; h < 2; h++)
+            op_copy(tensor_rows(b->docpos, ((int64_t)h * b->B + s) * b->blk, b->blk),
+                    tensor_rows(a->docpos, (2 * (int64_t)s + h) * b->blk, b->blk));
+    return b->docpos;
+}
+
 static int ring_blk(const Tensor q, const AttnArgs *a) {
     CHECK(a->causal && !a->window && !a->sinks.p && !a->q_off && !a->k_off && a->B >= 1);
-    CHECK(q.n[0] % (2 * a->B) == 0);
+    CHECK(q.n[0] % (2 * a->B) == 0 && (!a->docpos.p || a->docpos.n[0] == q.n[0]));
     return (int)(q.n[0] / (2 * a->B));
 }
 
@@ -194,11 +213,12 @@ static void forward(Ring *R, Tensor o, Tensor lse, Tensor q, const RingShape *z,
     const Comm *c = R->cp;
     int B = z->B, blk = z->blk, cur = 0;
     bool seen[2] = {false, false};
+    Tensor docpos = docpos_in(b, a);
     for (int s = 0; s < c->size; s++) {
         bool more = s < c->size - 1;
         CommReq req = more ? pass_on(c, b, cur) : (CommReq){0};
         resident(b, cur, ml);
-        HopBlocks hb = hop_blocks(c, s, a);
+        HopBlocks hb = hop_blocks(c, s, a, docpos);
         for (int i = 0; i < hb.n; i++) {
             int hq = hb.hq[i], hk = hb.hk[i];
             op_attention_forward(b->o_p, b->lse_p, half(b->q, hq), half(b->k, hk), half(b->v, hk), &hb.args[i]);
@@ -218,13 +238,14 @@ static int backward(Ring *R, Tensor dq, Tensor dout, Tensor o, Tensor lse, const
     reorder_rows(o, b->o, B, blk, false), reorder_rows(dout, b->dout, B, blk, false);
     reorder_lse(lse, b->lse, B, blk, false);
     op_zero(b->dq);
+    Tensor docpos = docpos_in(b, a);
     CommReq home = {0}; // the gradient accumulator on its way round
     for (int s = 0; s < c->size; s++) {
         bool more = s < c->size - 1;
         CommReq req = more ? pass_on(c, b, cur) : (CommReq){0};
         resident(b, cur, ml); // MLA recomputes this hop's keys and values
         op_zero(b->gk), op_zero(b->gv);
-        HopBlocks hb = hop_blocks(c, s, a);
+        HopBlocks hb = hop_blocks(c, s, a, docpos);
         for (int i = 0; i < hb.n; i++) {
             int hq = hb.hq[i], hk = hb.hk[i];
             op_attention_backward(b->dq_p, b->dk_p, b->dv_p, (Tensor){0}, half(b->dout, hq), half(b->q, hq),

@@ -50,8 +50,8 @@ size_t ring_bytes(Device dev, DType dt, int B, int blk, int nh, int nkv, int dqk
 void ring_init(Ring *r, const Comm *cp, Device dev, size_t bytes);
 void ring_free(Ring *r);
 
-// Causal self-attention of the zigzag layout (a->causal, no window, no sinks, offsets 0): o and lse as one rank
-// would compute them over the whole sequences, for this rank's rows.
+// Causal self-attention of the zigzag layout (a->causal, no window, no sinks, offsets 0; a->docpos, this rank's rows,
+// for document masking): o and lse as one rank would compute them over the whole sequences, for this rank's rows.
 void ring_attention_forward(Ring *r, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a);
 // dq, dk, dv written (this rank's rows of the gradients), from the forward's o and lse.
 void ring_attention_backward(Ring *r, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,

@@ -71,14 +71,9 @@ static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a, ChunkPlan *p) {
     // a pipeline rank's chunks read their input from, and write their output into, the pipeline's buffers
     bool own_in = !c->pipe_io || c->l0 == 0, own_out = !c->pipe_io || c->l1 == m->cfg.layers || full;
     size_t m0 = arena_mark(a);
-    k->mb = (MicroBatch){c->B,
-                         c->S,
-                         T,
-                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
-                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
-                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
-                         NULL,
-                         false};
+    k->mb = (MicroBatch){.B = c->B, .S = c->S, .T = T};
+    k->mb.tokens = arena_tensor(a, DT_I32, 1, T, 0, 0, 0), k->mb.labels = arena_tensor(a, DT_I32, 1, T, 0, 0, 0);
+    k->mb.pos = arena_tensor(a, DT_I32, 1, T, 0, 0, 0);
     if (own_in) k->h[c->l0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     for (int l = c->l0; l < c->l1; l++) {
         StageIO *io = &k->io[l];
@@ -256,6 +251,17 @@ ChunkPlan chunk_plan_rank(Model *m, int B, int S, const ChunkShape sh[2]) {
     return sum;
 }
 
+// Record slot's positions: docpos (document masking), or with NULL each sequence's from 0 (its zigzag chunks' global
+// positions under context parallelism).
+static void set_positions(Chunk *c, int slot, const int32_t *docpos) {
+    MicroBatch *mb = &c->rec[slot].mb;
+    int32_t *pos = docpos ? NULL : xmalloc(mb->T * sizeof(int32_t));
+    for (int t = 0; !docpos && t < mb->T; t++) pos[t] = model_position(c->m, c->S, t);
+    op_copy(mb->pos, tensor_make(docpos ? (void *)docpos : pos, DT_I32, DEV_CPU, 1, mb->T, 1, 1, 1));
+    mb->docs = docpos != NULL;
+    free(pos);
+}
+
 // chunk_init's allocation with the plan p; the workspace is a new one of ws_bytes, or share's (whose
 // gradient buffers dh then serve both: the same (T, H) at the bottom of the workspace).
 static void chunk_build(Chunk *c, Model *m, StepSums *sums, int B, int S, ChunkShape sh, bool pipe_io, size_t ws_bytes,
@@ -275,15 +281,7 @@ static void chunk_build(Chunk *c, Model *m, StepSums *sums, int B, int S, ChunkS
     ep_buffers_alloc(m, &c->epb, &c->comm, (int64_t)B * S);
     ChunkPlan parts = {0};
     alloc_activations(c, &c->act, &parts);
-    // Positions restart in every sequence of the micro-batch (its zigzag chunks under context parallelism).
-    int T = B * S;
-    int32_t *pos = xmalloc(T * sizeof(int32_t));
-    for (int t = 0; t < T; t++) pos[t] = model_position(m, S, t);
-    for (int i = 0; i < sh.nrec; i++) {
-        op_copy(c->rec[i].mb.pos, tensor_make(pos, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
-        c->rec[i].mb.sums = sums;
-    }
-    free(pos);
+    for (int i = 0; i < sh.nrec; i++) set_positions(c, i, NULL), c->rec[i].mb.sums = sums;
 }
 
 void chunk_init(Chunk *c, Model *m, StepSums *sums, int B, int S, int l0, int l1, int nrec, int ndefer) {
@@ -314,9 +312,14 @@ void chunk_free(Chunk *c) {
 }
 
 void chunk_load(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels) {
+    chunk_load_docs(c, slot, tokens, labels, NULL);
+}
+
+void chunk_load_docs(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels, const int32_t *docpos) {
     MicroBatch *mb = &c->rec[slot].mb;
     op_copy(mb->tokens, tensor_make((void *)tokens, DT_I32, DEV_CPU, 1, mb->T, 1, 1, 1));
     op_copy(mb->labels, tensor_make((void *)labels, DT_I32, DEV_CPU, 1, mb->T, 1, 1, 1));
+    if (docpos || mb->docs) set_positions(c, slot, docpos); // off after on: chunk_init's positions back
 }
 
 Tensor chunk_input(const Chunk *c, int slot) { return c->rec[slot].h[c->l0]; }

@@ -83,6 +83,9 @@ void chunk_init_model(Chunk *c, Model *m, StepSums *sums, int B, int S);
 void chunk_free(Chunk *c);
 // tokens, labels: (B·S) host int32 (labels −100 = no target), into record slot's micro-batch.
 void chunk_load(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels);
+// chunk_load with document masking: docpos (B·S) host int32, each token's position inside its document (the
+// micro-batch's positions, MicroBatch.docs on); NULL: off, the positions of chunk_init (model_position).
+void chunk_load_docs(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels, const int32_t *docpos);
 Tensor chunk_input(const Chunk *c, int slot);  // (T, H) h[l0]
 Tensor chunk_output(const Chunk *c, int slot); // (T, H) h[l1]
 Tensor chunk_input_grad(const Chunk *c);       // (T, H) after chunk_backward

@@ -100,6 +100,11 @@ static const ConfigKey top_keys[] = {
             "backward adds into dQ with atomics; the cost is in bench/results/2026-12-02-det); the other GPU "
             "reductions run in a fixed order always, except Qwen3.5's delta rule and expert parallelism's per-rank "
             "sums; the CPU is deterministic already (docs/architecture.md, \"Determinism\")"},
+    {.name = "document_masking", .kind = K_BOOL, .off = OFF(document_masking),
+     .doc = "packed samples keep their documents apart: a token attends only to earlier tokens of its own document "
+            "(the token files' document ends; a document begun before the sample starts at the sample's first "
+            "token), RoPE positions and Qwen3.5's DeltaNet state and conv window restart at each document's first "
+            "token; the targets are unchanged (a document's last token predicts the next one's first)"},
     {.name = "recompute", .kind = K_CHOICE, .off = OFF(recompute), .choices = recompute_names,
      .doc = "activation recomputation: `selective` keeps no SwiGLU outputs (recomputed from the gate/up products in "
             "backward); `full` keeps only each layer's input and routing and reruns its forward in backward; the "

@@ -82,6 +82,7 @@ typedef struct {
     RecomputeMode recompute;    // activation recomputation (docs/architecture.md, "Activation recomputation")
     bool benchmark;             // force-balanced routing
     bool deterministic;         // GPU: pith's own attention kernels (bit-reproducible runs)
+    bool document_masking;      // attention and positions bounded by the token files' document ends
     bool tensorboard;           // rank 0 writes TensorBoard event files into run_dir (default true)
     json_t *json;               // the config as read (after overrides)
     bool allow_config_change;   // pith train --allow-config-change: resume even when data-order keys changed

@@ -157,6 +157,7 @@ static void token_file_open(TokenFile *f, const char *path, int S, int vocab) {
     char err[300];
     if (!npy_token_file_parse(f->map, f->size, &tok, &ends, &mask, err, sizeof err)) die("%s: %s", path, err);
     f->tokens = tok.data, f->dt = tok.dt, f->ntok = tok.n, f->mask = mask.data;
+    f->ends = ends.data, f->nends = ends.n;
     f->nsamples = tok.n > 0 ? (tok.n - 1) / S : 0;
     uint64_t m = tok.n ? token_max(f, &st, &f->max_cached) : 0;
     if (m >= (uint64_t)vocab && f->max_cached) m = token_max_scan(f), f->max_cached = false; // an error: make sure
@@ -280,10 +281,37 @@ static void dataset_permute(Dataset *d, int64_t epoch) {
     d->epoch = epoch;
 }
 
+static uint64_t end_at(const TokenFile *f, int64_t i) {
+    uint64_t e;
+    memcpy(&e, (const uint8_t *)f->ends + 8 * i, sizeof e);
+    return e;
+}
+
+// docpos[i] of tokens [start, start + S) of f: the distance to the later of the sample's start and the start of the
+// token's document (the last end at or before it).
+static void doc_positions(const TokenFile *f, int64_t start, int S, int32_t *docpos) {
+    int64_t lo = 0, hi = f->nends; // the first end above start: ends[lo] > start (lo = nends: none)
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (end_at(f, mid) > (uint64_t)start) hi = mid;
+        else lo = mid + 1;
+    }
+    int64_t begin = start, next = lo < f->nends ? (int64_t)end_at(f, lo) : INT64_MAX;
+    for (int i = 0; i < S; i++) {
+        int64_t t = start + i;
+        if (t == next) begin = t, lo++, next = lo < f->nends ? (int64_t)end_at(f, lo) : INT64_MAX;
+        docpos[i] = (int32_t)(t - begin);
+    }
+}
+
 void dataset_sample(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels) {
+    dataset_sample_docs(d, index, tokens, labels, NULL);
+}
+
+void dataset_sample_docs(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels, int32_t *docpos) {
     if (d->nsrc) {
         int k = mix_source(d, index);
-        dataset_sample(&d->src[k], mix_position(d, index, k), tokens, labels);
+        dataset_sample_docs(&d->src[k], mix_position(d, index, k), tokens, labels, docpos);
         return;
     }
     int64_t epoch = index / d->total, p;
@@ -302,6 +330,7 @@ void dataset_sample(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels)
         if (i < d->S) tokens[i] = (int32_t)t;
         if (i > 0) labels[i - 1] = f->mask && !f->mask[start + i] ? -100 : (int32_t)t;
     }
+    if (docpos) doc_positions(f, start, d->S, docpos);
 }
 
 void dataset_zigzag(int32_t *x, int B, int S, int cp, int r) {

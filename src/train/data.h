@@ -18,6 +18,8 @@ typedef struct {
     const void *tokens;  // inside map
     DType dt;            // DT_U8, DT_U16, DT_U32 or DT_U64
     const uint8_t *mask; // (ntok) inside map: 1 the token is a loss target, 0 not (format 2; NULL: every one is)
+    const void *ends;    // (nends) uint64 inside map, maybe unaligned: the cumulative document ends, the last = ntok
+    int64_t nends;       // 0: the file is one document
     int64_t ntok, nsamples;
     bool max_cached; // the largest token id came from the cache (size and mtime unchanged), not a scan
 } TokenFile;
@@ -61,6 +63,11 @@ void dataset_check_recipe(const Dataset *d, const json_t *saved, const char *whe
 // Sample `index` of the endless stream epoch 0, epoch 1, … (index = epoch·total + position):
 // tokens and labels, each S int32. Says so on stdout when a new epoch begins.
 void dataset_sample(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels);
+// The same and, unless docpos is NULL, each token's position inside its document (S int32, document masking): 0 at
+// a document's first token and at the sample's first (a document begun before the sample counts from there). The
+// labels are dataset_sample's: a document's last token has the next document's first as its target.
+void dataset_sample_docs(Dataset *d, int64_t index, int32_t *tokens, int32_t *labels, int32_t *docpos);
 // Context parallelism's zigzag layout, in place: x holds B sequences of S values; afterwards its front holds, per
 // sequence, chunks r and 2·cp − 1 − r of the 2·cp chunks of S/(2·cp) (B·S/cp values). cp = 1 changes nothing.
+// Document positions take it like the tokens: each value stays the position inside its document.
 void dataset_zigzag(int32_t *x, int B, int S, int cp, int r);

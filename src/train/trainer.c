@@ -265,6 +265,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     }
     int T = c->micro_batch_size * c->sequence_length;
     r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
+    r->docpos = c->document_masking ? xmalloc(T * sizeof(int32_t)) : NULL;
     if (open_data) dataset_open_config(&r->data, c, mc->vocab);
     if (open_data && c->validation.batches) {
         // Validation reads the first `batches` global batches of its data in file order, the same every time.
@@ -314,7 +315,7 @@ void run_free(Run *r) {
     model_free(&r->model);
     if (r->data.files) dataset_close(&r->data);
     if (r->val.files) dataset_close(&r->val);
-    free(r->tokens), free(r->labels);
+    free(r->tokens), free(r->labels), free(r->docpos);
     dist_mesh_free(&r->dist);
 }
 
@@ -334,18 +335,19 @@ static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc, Chun
     int64_t targets = 0;
     for (int b = 0; b < mbs; b++) {
         int64_t index = batch * cf->global_batch_size + (int64_t)q * mbs + (int64_t)acc * mbs * D + b;
-        dataset_sample(ds, index, r->tokens + b * S, r->labels + b * S);
+        dataset_sample_docs(ds, index, r->tokens + b * S, r->labels + b * S, r->docpos ? r->docpos + b * S : NULL);
     }
     dataset_zigzag(r->tokens, mbs, S, d->cp, d->cp_g.rank), dataset_zigzag(r->labels, mbs, S, d->cp, d->cp_g.rank);
+    if (r->docpos) dataset_zigzag(r->docpos, mbs, S, d->cp, d->cp_g.rank);
     for (int t = 0; t < mbs * (S / d->cp); t++) targets += r->labels[t] != -100;
-    chunk_load(c, slot, r->tokens, r->labels);
+    chunk_load_docs(c, slot, r->tokens, r->labels, r->docpos);
     return targets;
 }
 
 // ---- the pipeline's chunk computes (dualpipev_run, pp > 1) ----
 // One pass of the pipeline over a global batch: the context dualpipev_run hands the chunk computes. The model's
 // first chunk (the embedding) and its last (the loss) read micro-batch mb of the global batch; the last counts
-// its targets.
+// its targets; under document masking every chunk reads its micro-batch (its attention needs the documents).
 typedef struct {
     Run *r;
     Dataset *ds;     // the data
@@ -357,7 +359,7 @@ typedef struct {
 static Chunk *pipe_load(PipePass *pass, int p, int mb, int slot) {
     Chunk *c = &pass->r->chunk[p];
     bool last = c->l1 == pass->r->model.cfg.layers;
-    if (c->l0 == 0 || last) {
+    if (c->l0 == 0 || last || pass->r->docpos) {
         int64_t targets = load_microbatch(pass->r, pass->ds, pass->batch, mb, c, slot);
         if (last) pass->targets += targets;
     }

@@ -49,6 +49,7 @@ typedef struct {
     Muon muon;                // optimizer.type "muon": parameter classes, batches, scratch (else muon.on is false)
     int step;                 // optimizer steps taken
     int32_t *tokens, *labels; // host staging for one micro-batch
+    int32_t *docpos;          // its document positions (document_masking; else NULL)
     MemoryPlan plan;
     int moe_layers;
     char dump_grads[PATH_MAX_LEN]; // when set, the next step writes its gradient there (pith train --dump-grads)
