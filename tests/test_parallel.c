@@ -6,6 +6,8 @@
 // tests/fake/fake_cuda.c): the same collectives, dispatch/combine, timeout and layout equivalence.
 #include <jansson.h>
 
+#include "base/npy.h"
+
 #include "test.h"
 
 // TINY_MOE_EP (tests/test.h), load balancing on.
@@ -733,4 +735,57 @@ TEST(dist_nccl_equivalence_fake) {
         double l = metric(dir, s, "loss"), r = metric(ref, s, "loss");
         ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "resumed: step %d loss %.9g vs one process %.9g", s, l, r);
     }
+}
+
+// ---- document masking ----
+
+// Replaces d/data.bin with 20000 tokens over 64 ids in documents of 1 to 12 tokens (a sample of 16 holds several
+// and cuts some), so every micro-batch packs documents.
+static void write_short_documents(const char *d) {
+    enum { N = 20000 };
+    char path[300];
+    snprintf(path, sizeof path, "%s/data.bin", d);
+    uint64_t *ends = xmalloc(N * sizeof *ends);
+    int nends = 0;
+    for (uint64_t at = 0; at < N;) {
+        at += 1 + rng_u64(11, 1, (uint64_t)nends) % 12;
+        ends[nends++] = at < N ? at : N, at = ends[nends - 1];
+    }
+    FILE *f = fopen(path, "wb");
+    ASSERT(f && npy_write_header(f, DT_U16, N));
+    for (int i = 0; i < N; i++) {
+        uint16_t t = (uint16_t)(rng_u64(11, 2, (uint64_t)i) % 64);
+        ASSERT(fwrite(&t, 2, 1, f) == 1);
+    }
+    ASSERT(npy_write_header(f, DT_U64, nends) && fwrite(ends, 8, nends, f) == (size_t)nends && !fclose(f));
+    free(ends);
+}
+
+// Document masking under expert, context and pipeline parallelism (4-layer models: each pipeline rank's chunks
+// load the micro-batch's document positions; the ring's hops take their query rows' positions) against one
+// process, 20 steps of packed documents: losses and the first step's every gradient tensor (check_layouts). That a
+// packed micro-batch equals its documents apart, and masking off differs: tests/test_docmask.c.
+static const Layout doc_layouts[] = {
+    {"ep2", 2, EP2},
+    {"pp2", 2, "--set parallel.pipeline_parallel_size=2"},
+    {"cp2", 2, "--set parallel.context_parallel_size=2"},
+};
+static void check_docmask(const char *model, int n, const char *sets) {
+    const char *d = make_run_of(model);
+    write_short_documents(d);
+    char all[512];
+    snprintf(all, sizeof all, "--set document_masking=true --set optimizer.lr=0.002 %s", sets);
+    check_layouts(d, doc_layouts, n, all);
+}
+TEST(dist_docmask_layouts) { check_docmask(TINY_MOE_EP_OF(4), 3, ""); }
+TEST(dist_docmask_layouts_deepseek_v2) { check_docmask(DSV2_OF(4), 3, "--set moe_load_balance_type=sequence"); }
+// GPT-OSS (no context parallelism): its sliding window and sinks with the documents' mask at ep2 and pp2.
+TEST(dist_docmask_layouts_gpt_oss) {
+    check_docmask(
+        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": "
+        "4, \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 8,"
+        " \"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0,"
+        " \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", "
+        "\"full_attention\"], \"max_position_embeddings\": 64}",
+        2, "");
 }
