@@ -789,3 +789,38 @@ TEST(dist_docmask_layouts_gpt_oss) {
         "\"full_attention\"], \"max_position_embeddings\": 64}",
         2, "");
 }
+
+// pith eval --document-masking over packed short documents (a checkpoint trained with masking for 2 steps): one
+// process, --cp 2, --pp 2 and both give one loss within 1e-6 (the ring and the ranks' sums add in another order),
+// and masking off gives another.
+TEST(dist_docmask_eval) {
+    const char *d = make_run_of(TINY_MOE_EP_OF(4));
+    write_short_documents(d);
+    char out[1 << 14], fmt[512];
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "%s train %s/train.json --set document_masking=true --set max_steps=2 --set save_location=%s/ck",
+                       PITH_BIN, d, d) == 0,
+               "%s", out);
+    const char *eval = "eval --model %s/ck/step-00000002 --data %s/data.bin --seq 16 --batch 8";
+    static const struct {
+        int np;
+        const char *opts;
+    } runs[] = {{1, "--document-masking"},
+                {1, ""},
+                {2, "--document-masking --cp 2"},
+                {2, "--document-masking --pp 2"},
+                {4, "--document-masking --cp 2 --pp 2"}};
+    double loss[5];
+    for (int i = 0; i < 5; i++) {
+        if (runs[i].np == 1) snprintf(fmt, sizeof fmt, "%%s %s %s", eval, runs[i].opts);
+        else snprintf(fmt, sizeof fmt, MPIRUN " %d %%s %s %s", runs[i].np, eval, runs[i].opts);
+        ASSERT_MSG(run_cmd(out, sizeof out, fmt, PITH_BIN, d, d) == 0 && strstr(out, "loss "), "%s", out);
+        ASSERT(!runs[i].opts[0] || strstr(out, "with document masking"));
+        loss[i] = atof(strstr(out, "loss ") + 5);
+        printf("     %-34s loss %.9g\n", runs[i].opts[0] ? runs[i].opts : "(masking off)", loss[i]);
+    }
+    ASSERT_MSG(fabs(loss[1] - loss[0]) > 1e-4 * loss[0], "masking on %.9g, off %.9g", loss[0], loss[1]);
+    for (int i = 2; i < 5; i++)
+        ASSERT_MSG(fabs(loss[i] - loss[0]) <= 1e-6 * loss[0], "%s: loss %.17g vs one process %.17g", runs[i].opts,
+                   loss[i], loss[0]);
+}
