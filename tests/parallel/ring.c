@@ -10,6 +10,8 @@
 // Gated DeltaNet's pieces (Qwen3.5): the zigzag ↔ contiguous layout, the conv with the previous rank's halo and the
 // delta rule with the state passed along the ranks, forward and backward, against one rank; controls without the
 // halo or without the state must be far off.
+// Document masking: both forms again with documents of 1 to 7 tokens (AttnArgs.docpos: the reference's whole rows,
+// the ring's this rank's), whose edges fall inside and on the chunks' edges.
 // On -gpu every tensor the ring sees is device memory (fake GPUs in make test: NCCL over MPI, stream order
 // checked against the transfers in flight).
 #include <math.h>
@@ -58,6 +60,32 @@ static void take_lse(Tensor local, Tensor whole, int B, int cp, int blk, int r) 
         }
 }
 
+// With docs, (B·S) int32 positions inside documents of 1 to 7 tokens (lengths cycling from a per-sequence start),
+// else a tensor with p NULL.
+static Tensor doc_positions(bool docs, int B, int S) {
+    if (!docs) return (Tensor){0};
+    static const int len[5] = {5, 1, 3, 7, 2};
+    Tensor t = tensor_make(xmalloc((size_t)B * S * sizeof(int32_t)), DT_I32, DEV_CPU, 1, (int64_t)B * S, 1, 1, 1);
+    for (int b = 0; b < B; b++)
+        for (int i = 0, d = b, at = 0; i < S; i++, at++) {
+            if (at == len[d % 5]) at = 0, d++;
+            ((int32_t *)t.p)[b * S + i] = at;
+        }
+    return t;
+}
+
+// This rank's rows of whole-sequence document positions (p NULL: none), on dev.
+static Tensor take_docpos(Device dev, Tensor whole, int B, int cp, int blk, int r, Arena *a) {
+    if (!whole.p) return whole;
+    Tensor local =
+        tensor_make(xmalloc((size_t)B * 2 * blk * sizeof(int32_t)), DT_I32, DEV_CPU, 1, (int64_t)B * 2 * blk, 1, 1, 1);
+    take_rows(local, whole, B, cp, blk, r, false);
+    if (dev == DEV_CPU) return local;
+    Tensor t = arena_tensor(a, DT_I32, 1, local.n[0], 0, 0, 0);
+    op_copy(t, local), free(local.p);
+    return t;
+}
+
 static Tensor on(Device dev, Tensor h, Arena *a) {
     if (dev == DEV_CPU) return h;
     Tensor t = arena_tensor(a, h.dt, h.nd, h.n[0], h.n[1], h.n[2], 0);
@@ -66,8 +94,8 @@ static Tensor on(Device dev, Tensor h, Arena *a) {
 }
 
 // One case: errors of (o, lse, dq, dk, dv) on this rank; shard: 0 = the right one, 1 = rank r + 1's, 2 = the
-// halves swapped (rank 0 only).
-static void ring_case(const Comm *c, Device dev, int B, int blk, int shard, double err[5]) {
+// halves swapped (rank 0 only); docs: document masking.
+static void ring_case(const Comm *c, Device dev, int B, int blk, int shard, bool docs, double err[5]) {
     int cp = c->size, r = c->rank, S = 2 * cp * blk, nh = 4, nkv = 2, dqk = 8, dv = 6;
     int64_t T = (int64_t)B * S, Tl = (int64_t)B * 2 * blk;
     Tensor q = hostt(T, nh, dqk), k = hostt(T, nkv, dqk), v = hostt(T, nkv, dv), dout = hostt(T, nh, dv);
@@ -77,7 +105,7 @@ static void ring_case(const Comm *c, Device dev, int B, int blk, int shard, doub
             ((float *)all[i]->p)[j] = (float)rng_normal(77 + (uint64_t)blk, (uint64_t)i, (uint64_t)j);
     Tensor o = hostt(T, nh, dv), lse = hostt(B, nh, S), dq = hostt(T, nh, dqk), dk = hostt(T, nkv, dqk),
            dvv = hostt(T, nkv, dv);
-    AttnArgs a = {.B = B, .scale = 0.35f, .causal = true};
+    AttnArgs a = {.B = B, .scale = 0.35f, .causal = true, .docpos = doc_positions(docs, B, S)};
     op_attention_forward(o, lse, q, k, v, &a);
     op_attention_backward(dq, dk, dvv, (Tensor){0}, dout, q, k, v, o, lse, &a);
     // this rank's shard of the inputs, and the reference's rows of its chunks
@@ -99,8 +127,12 @@ static void ring_case(const Comm *c, Device dev, int B, int blk, int shard, doub
     Tensor go = on(dev, hostt(Tl, nh, dv), &mem), gl = on(dev, hostt(B, nh, 2 * blk), &mem),
            gdq = on(dev, hostt(Tl, nh, dqk), &mem), gdk = on(dev, hostt(Tl, nkv, dqk), &mem),
            gdv = on(dev, hostt(Tl, nkv, dv), &mem);
+    Tensor whole = a.docpos;
+    a.docpos = take_docpos(dev, whole, B, cp, blk, r, &mem);
     ring_attention_forward(&ring, go, gl, gq, gk, gv, &a);
     ring_attention_backward(&ring, gdq, gdk, gdv, gd, gq, gk, gv, go, gl, &a);
+    if (dev == DEV_CPU) free(a.docpos.p);
+    free(whole.p);
     Tensor got[5] = {hostt(Tl, nh, dv), hostt(B, nh, 2 * blk), hostt(Tl, nh, dqk), hostt(Tl, nkv, dqk),
                      hostt(Tl, nkv, dv)},
            dev_t[5] = {go, gl, gdq, gdk, gdv}, want[5] = {ro, rl, rdq, rdk, rdv};
@@ -114,7 +146,7 @@ static void ring_case(const Comm *c, Device dev, int B, int blk, int shard, doub
 
 // MLA: nh heads, dn = 8 nope + dr = 4 rope dims of q·k, dv = 6, latent dc = 10; k_pe in columns [dc, dc + dr) of
 // a kva-like (T, dc + dr) tensor as DeepSeek-V2 keeps it. err: o, lse, dq, dc, dk_pe, dW.
-static void ring_mla_case(const Comm *c, Device dev, int B, int blk, double err[6]) {
+static void ring_mla_case(const Comm *c, Device dev, int B, int blk, bool docs, double err[6]) {
     int cp = c->size, r = c->rank, S = 2 * cp * blk, nh = 4, dn = 8, dr = 4, dv = 6, dc = 10, dq = dn + dr;
     int64_t T = (int64_t)B * S, Tl = (int64_t)B * 2 * blk;
     Tensor q = hostt(T, nh, dq), cl = hostt(T, dc, 1), kva = hostt(T, dc + dr, 1), w = hostt(nh * (dn + dv), dc, 1),
@@ -133,7 +165,7 @@ static void ring_mla_case(const Comm *c, Device dev, int B, int blk, double err[
     dcr.nd = dkva.nd = dw.nd = 2;
     MlaLatent ml = {
         .r = {.c = cl, .pe = kva, .pe_col = dc, .nh = nh, .dn = dn, .dr = dr, .dv = dv}, .wkvb = w, .dwkvb = dw};
-    AttnArgs a = {.B = B, .scale = 0.3f, .causal = true};
+    AttnArgs a = {.B = B, .scale = 0.3f, .causal = true, .docpos = doc_positions(docs, B, S)};
     model_mla_decompress(&ml, cl, kva, dc, kv, k, v);
     op_attention_forward(o, lse, q, k, v, &a);
     op_attention_backward(dqr, dk, dvv, (Tensor){0}, dout, q, k, v, o, lse, &a);
@@ -162,8 +194,12 @@ static void ring_mla_case(const Comm *c, Device dev, int B, int blk, double err[
            gls = on(dev, hostt(B, nh, 2 * blk), &mem), gdq = on(dev, hostt(Tl, nh, dq), &mem), gdc = on(dev, lc, &mem),
            gdkva = on(dev, hostt(Tl, dc + dr, 1), &mem);
     gdkva.nd = 2;
+    Tensor whole = a.docpos;
+    a.docpos = take_docpos(dev, whole, B, cp, blk, r, &mem);
     ring_mla_forward(&ring, go, gls, gq, &gl.r, &a);
     ring_mla_backward(&ring, gdq, gdc, gdkva, gd, gq, go, gls, &gl.r, &a);
+    if (dev == DEV_CPU) free(a.docpos.p);
+    free(whole.p);
     // the references' rows of this rank; dW summed over the ranks
     Tensor ro = hostt(Tl, nh, dv), rl = hostt(B, nh, 2 * blk), rdq = hostt(Tl, nh, dq), rdc = hostt(Tl, dc, 1),
            rdkva = hostt(Tl, dc + dr, 1);
@@ -321,10 +357,12 @@ void suite_ring(const Dist *d, bool gpu) {
                                            "delta dq", "dk",     "dv",      "dg",      "dbeta"};
     for (int blk = 3; blk <= 4; blk++) {
         double err[10];
-        ring_case(c, dev, 2, blk, 0, err);
-        expect_small(c, "ring", blk, err, name, 5);
-        ring_mla_case(c, dev, 2, blk, err);
-        expect_small(c, "ring (MLA latent)", blk, err, mname, 6);
+        for (int docs = 0; docs < 2; docs++) {
+            ring_case(c, dev, 2, blk, 0, docs, err);
+            expect_small(c, docs ? "ring (document masking)" : "ring", blk, err, name, 5);
+            ring_mla_case(c, dev, 2, blk, docs, err);
+            expect_small(c, docs ? "ring (MLA latent, document masking)" : "ring (MLA latent)", blk, err, mname, 6);
+        }
         linear_case(c, dev, 2, blk - 1, 0, err);
         expect_small(c, "ring (DeltaNet: layout, conv halo, state)", blk - 1, err, lname, 10);
     }
@@ -340,7 +378,7 @@ void suite_ring(const Dist *d, bool gpu) {
     }
     for (int shard = 1; shard <= 2; shard++) { // controls: a wrong shard must show
         double err[5], least = INFINITY;
-        ring_case(c, dev, 2, 3, shard, err);
+        ring_case(c, dev, 2, 3, shard, false, err);
         for (int i = 0; i < 5; i++) least = err[i] < least ? err[i] : least;
         double worst = err[0] > err[2] ? err[0] : err[2]; // o or dq of this rank
         comm_allreduce(c, tensor_make(&worst, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_MAX);
