@@ -144,6 +144,24 @@ void token_file_mask(const char *path, int masked) {
     free(b);
 }
 
+void token_file_short_documents(const char *path, int64_t n, int vocab) {
+    uint64_t *ends = xmalloc(n * sizeof *ends);
+    int64_t nends = 0;
+    for (uint64_t at = 0; at < (uint64_t)n; nends++) {
+        at += 1 + rng_u64(11, 1, (uint64_t)nends) % 12;
+        if (at > (uint64_t)n) at = (uint64_t)n;
+        ends[nends] = at;
+    }
+    FILE *f = fopen(path, "wb");
+    CHECK(f && npy_write_header(f, DT_U16, n));
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t t = (uint16_t)(rng_u64(11, 2, (uint64_t)i) % (uint64_t)vocab);
+        CHECK(fwrite(&t, 2, 1, f) == 1);
+    }
+    CHECK(npy_write_header(f, DT_U64, nends) && fwrite(ends, 8, nends, f) == (size_t)nends && !fclose(f));
+    free(ends);
+}
+
 float *npy_read_f32_2d(const char *path, int64_t rows, int64_t cols) {
     size_t n;
     char *b = file_read_all(path, &n), want[128];

@@ -65,6 +65,9 @@ const char *tiny_run(const char *extra);
 // Appends a loss mask (token file format 2) to the token file at path: token j is a target unless j % 16 < masked
 // (a masked "prompt" at the start of every 16 tokens).
 void token_file_mask(const char *path, int masked);
+// Writes a token file of n uint16 tokens below vocab (seeded) in documents of 1 to 12 tokens, so that every sample
+// of 16 packs several and cuts some (document masking).
+void token_file_short_documents(const char *path, int64_t n, int vocab);
 // The float32 (rows, cols) array of the .npy file at path (`pith eval --per-token`), checked header and size; xmalloc'd.
 float *npy_read_f32_2d(const char *path, int64_t rows, int64_t cols);
 

@@ -6,8 +6,6 @@
 // tests/fake/fake_cuda.c): the same collectives, dispatch/combine, timeout and layout equivalence.
 #include <jansson.h>
 
-#include "base/npy.h"
-
 #include "test.h"
 
 // TINY_MOE_EP (tests/test.h), load balancing on.
@@ -739,28 +737,6 @@ TEST(dist_nccl_equivalence_fake) {
 
 // ---- document masking ----
 
-// Replaces d/data.bin with 20000 tokens over 64 ids in documents of 1 to 12 tokens (a sample of 16 holds several
-// and cuts some), so every micro-batch packs documents.
-static void write_short_documents(const char *d) {
-    enum { N = 20000 };
-    char path[300];
-    snprintf(path, sizeof path, "%s/data.bin", d);
-    uint64_t *ends = xmalloc(N * sizeof *ends);
-    int nends = 0;
-    for (uint64_t at = 0; at < N;) {
-        at += 1 + rng_u64(11, 1, (uint64_t)nends) % 12;
-        ends[nends++] = at < N ? at : N, at = ends[nends - 1];
-    }
-    FILE *f = fopen(path, "wb");
-    ASSERT(f && npy_write_header(f, DT_U16, N));
-    for (int i = 0; i < N; i++) {
-        uint16_t t = (uint16_t)(rng_u64(11, 2, (uint64_t)i) % 64);
-        ASSERT(fwrite(&t, 2, 1, f) == 1);
-    }
-    ASSERT(npy_write_header(f, DT_U64, nends) && fwrite(ends, 8, nends, f) == (size_t)nends && !fclose(f));
-    free(ends);
-}
-
 // Document masking under expert, context and pipeline parallelism (4-layer models: each pipeline rank's chunks
 // load the micro-batch's document positions; the ring's hops take their query rows' positions) against one
 // process, 20 steps of packed documents: losses and the first step's every gradient tensor (check_layouts). That a
@@ -772,13 +748,18 @@ static const Layout doc_layouts[] = {
 };
 static void check_docmask(const char *model, int n, const char *sets) {
     const char *d = make_run_of(model);
-    write_short_documents(d);
+    char path[300];
+    snprintf(path, sizeof path, "%s/data.bin", d);
+    token_file_short_documents(path, 20000, 64);
     char all[512];
     snprintf(all, sizeof all, "--set document_masking=true --set optimizer.lr=0.002 %s", sets);
     check_layouts(d, doc_layouts, n, all);
 }
 TEST(dist_docmask_layouts) { check_docmask(TINY_MOE_EP_OF(4), 3, ""); }
 TEST(dist_docmask_layouts_deepseek_v2) { check_docmask(DSV2_OF(4), 3, "--set moe_load_balance_type=sequence"); }
+// Qwen3.5-MoE: its gated full-attention layers on the ring, its DeltaNet layers on the contiguous layout, with the
+// documents' positions.
+TEST(dist_docmask_layouts_qwen3_5_moe) { check_docmask(TINY_QWEN3_5_4, 3, ""); }
 // GPT-OSS (no context parallelism): its sliding window and sinks with the documents' mask at ep2 and pp2.
 TEST(dist_docmask_layouts_gpt_oss) {
     check_docmask(
@@ -795,8 +776,9 @@ TEST(dist_docmask_layouts_gpt_oss) {
 // and masking off gives another.
 TEST(dist_docmask_eval) {
     const char *d = make_run_of(TINY_MOE_EP_OF(4));
-    write_short_documents(d);
     char out[1 << 14], fmt[512];
+    snprintf(fmt, sizeof fmt, "%s/data.bin", d);
+    token_file_short_documents(fmt, 20000, 64);
     ASSERT_MSG(run_cmd(out, sizeof out,
                        "%s train %s/train.json --set document_masking=true --set max_steps=2 --set save_location=%s/ck",
                        PITH_BIN, d, d) == 0,

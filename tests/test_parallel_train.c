@@ -464,3 +464,18 @@ TEST(dist_router_bias_layouts) {
     ASSERT(moved > 0);
     free(ref);
 }
+
+// Document masking through the CUDA host code (fake GPUs: the chunk's positions copied to the device, the attention
+// ops' docpos) at ep2 × dp2, and on CPU ranks at dp2 with validation, against one process: losses, validation and
+// the first step's gradients (packed short documents in the training and validation files).
+TEST(dist_docmask_fake_gpu) {
+    static const Layout docs[] = {
+        {"dp2", 2, "", false},
+        {"gpu-ep2-dp2", 4, "--set parallel.expert_parallel_size=2 --set device=cuda --set compute_dtype=fp32", true},
+    };
+    const char *d = make_run_of(TINY_MOE_EP, 8, 6);
+    char path[300];
+    snprintf(path, sizeof path, "%s/data.bin", d), token_file_short_documents(path, 20000, 64);
+    snprintf(path, sizeof path, "%s/val.bin", d), token_file_short_documents(path, 2000, 64);
+    check_layouts(d, docs, 2, "--set document_masking=true", 6, true, 1);
+}
