@@ -235,8 +235,8 @@ static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, do
     Tensor y = host2(T, C), dx = host2(T, C), dw = host2(C, K), o = hostt(T, nv, dv), dq = hostt(T, nk, dk),
            dkk = hostt(T, nk, dk), dvv = hostt(T, nv, dv), dg = host2(T, nv), dbe = host2(T, nv);
     DeltaArgs da = {.B = B, .scale = 0.5f, .qk_l2norm = true, .chunk = 4};
-    op_conv1d_silu_forward(y, x, w, (Tensor){0}, B);
-    op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, (Tensor){0}, B);
+    op_conv1d_silu_forward(y, x, w, (Tensor){0}, (Tensor){0}, B);
+    op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, (Tensor){0}, (Tensor){0}, B);
     op_delta_rule_forward(o, q, k, v, g, be, &da);
     op_delta_rule_backward(dq, dkk, dvv, dg, dbe, dout, q, k, v, g, be, &da);
     // this rank: the zigzag rows of x to the contiguous layout, the rest of the inputs there already
@@ -259,10 +259,10 @@ static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, do
            gdw = on(dev, zw, &mem);
     take_contiguous(ldy, dy, B, cp, blk, r);
     Tensor gdy = on(dev, ldy, &mem);
-    if (plant == 1) op_conv1d_silu_forward(gy, gxc, gw, (Tensor){0}, B);
-    else model_conv1d_silu_forward(&m, gy, gxc, gw, halo, B);
-    if (plant == 1) op_conv1d_silu_backward(gdx, (Tensor){0}, gdw, gdy, gxc, gw, (Tensor){0}, B);
-    else model_conv1d_silu_backward(&m, gdx, gdw, gdy, gxc, gw, halo, B);
+    if (plant == 1) op_conv1d_silu_forward(gy, gxc, gw, (Tensor){0}, (Tensor){0}, B);
+    else model_conv1d_silu_forward(&m, gy, gxc, gw, halo, (Tensor){0}, B);
+    if (plant == 1) op_conv1d_silu_backward(gdx, (Tensor){0}, gdw, gdy, gxc, gw, (Tensor){0}, (Tensor){0}, B);
+    else model_conv1d_silu_backward(&m, gdx, gdw, gdy, gxc, gw, halo, (Tensor){0}, B);
     Tensor ry = host2(Tl, C), rdx = host2(Tl, C);
     take_contiguous(ry, y, B, cp, blk, r), take_contiguous(rdx, dx, B, cp, blk, r);
     Tensor hy = back(gy, ry), hdx = back(gdx, rdx), hdw = back(gdw, dw);
