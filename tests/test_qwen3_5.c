@@ -432,6 +432,104 @@ static const char *config_q35 = "{" TINY_Q35_TEXT "}";
 TEST(model_gradcheck_qwen3_5_moe) { gradcheck_q35(config_q35, 0.0, 80); }
 TEST(model_gradcheck_qwen3_5_moe_load_balance) { gradcheck_q35(config_q35, 0.05, 16); }
 
+// ---- document masking on the whole model ----
+
+// The Gated DeltaNet layers only (three of them): the full-attention layers' masking is gqa.c's, and the families'
+// packed-equals-apart test covers them (tests/test_docmask.c).
+#define TINY_Q35_LINEAR                                                                                                \
+    "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 16, \"num_hidden_layers\": 3,"                            \
+    " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 40, \"num_experts\": "  \
+    "4,"                                                                                                               \
+    " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 6, \"shared_expert_intermediate_size\": 5,"               \
+    " \"linear_num_key_heads\": 1, \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 4,"                         \
+    " \"linear_value_head_dim\": 6, \"linear_conv_kernel_dim\": 4,"                                                    \
+    " \"layer_types\": [\"linear_attention\", \"linear_attention\", \"linear_attention\"]}"
+
+// Σ CE of B sequences of S tokens (tok, lab from row 0) through a fresh chunk of m, the gradients added into m->g;
+// with pos (B·S host, not NULL) the micro-batch is under document masking with those positions.
+static double q35_run(Model *m, int B, int S, const int32_t *tok, const int32_t *lab, const int32_t *pos) {
+    StepSums st;
+    Chunk e;
+    step_sums_create(&st, m, true);
+    step_sums_begin(&st, m);
+    chunk_init_model(&e, m, &st, B, S);
+    chunk_load(&e, 0, tok, lab);
+    if (pos) memcpy(e.rec[0].mb.pos.p, pos, (size_t)(B * S) * sizeof(int32_t)), e.rec[0].mb.docs = true;
+    chunk_forward(&e, 0, true);
+    chunk_backward(&e, 0, false);
+    double loss = op_read_scalar(st.loss_sum);
+    chunk_free(&e);
+    step_sums_free(&st);
+    return loss;
+}
+
+static float *copy_f32(Tensor t) {
+    float *c = xmalloc((size_t)tensor_numel(t) * sizeof(float));
+    memcpy(c, t.p, (size_t)tensor_numel(t) * sizeof(float));
+    return c;
+}
+
+// The worst relative difference ‖a − b‖/‖b‖ over m's parameter tensors between two gradient copies; *name: where.
+static double q35_grad_diff(const Model *m, float *const a[NGROUPS], float *const b[NGROUPS], const char **name) {
+    double worst = 0;
+    for (int i = 0; i < m->params.n; i++) {
+        const ParamInfo *p = &m->params.p[i];
+        int64_t n = params_numel(p);
+        double *bd = f64(b[p->group] + p->off, n), e = err(a[p->group] + p->off, bd, n);
+        free(bd);
+        if (e > worst) worst = e, *name = p->name;
+    }
+    return worst;
+}
+
+// A sample packing three documents (30, 1 and 49 tokens: the last crosses the delta rule's chunk of 64 and the CPU
+// backward's block of 64) against the three evaluated apart as sequences of their own, on the same weights: Σ CE and
+// every gradient tensor. Inside the DeltaNet ops the packed rows see what the apart ones see, in the same order (the
+// conv skips the taps that apart's zero rows fill; the recurrence restarts from a zero state): with the delta rule's
+// forward as the recurrence the results do not move at all. What differs is fp32 summation order in the GEMMs — a
+// call of 1 row takes OpenBLAS's gemv, 30 and 49 rows its edge kernels, and the weight gradients sum the documents'
+// rows in one product instead of three added — each a relative change near 2^-24. How far such a change moves this
+// model's gradients depends on its conditioning: at init std 0.2 by up to 1e-4 (many gated-norm outputs near zero,
+// where ε dominates; tests/gpu/test_gpu_qwen3_5.c has the measurement), at 0.05 by about 1e-6. So init std 0.05 and
+// 1e-5 per gradient tensor, 1e-6 on the loss; without masking the packed sample must be off by more than 1e-3.
+TEST(model_qwen3_5_moe_docs_packed_equals_apart) {
+    enum { S = 80 };
+    static const int len[3] = {30, 1, 49};
+    ModelConfig mc;
+    const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", TINY_Q35_LINEAR));
+    Model m;
+    model_create(&m, fam, &mc, DEV_CPU, DT_F32, S);
+    for (int g = 0; g < NGROUPS; g++) params_init(&m.params, g, m.w[g].p, 11, 0.05, mc.layers);
+    int32_t tok[S], lab[S], pos[S];
+    for (int t = 0, d = 0, at = 0; t < S; t++, at++) {
+        if (at == len[d]) d++, at = 0;
+        tok[t] = (int32_t)(rng_u64(8, 1, t) % mc.vocab);
+        lab[t] = t % 9 == 4 ? -100 : (int32_t)(rng_u64(8, 2, t) % mc.vocab);
+        pos[t] = at;
+    }
+    float *ga[NGROUPS], *gp[NGROUPS], *go[NGROUPS];
+    double la = 0;
+    model_zero_grads(&m);
+    for (int d = 0, t0 = 0; d < 3; t0 += len[d++]) la += q35_run(&m, 1, len[d], tok + t0, lab + t0, NULL);
+    for (int g = 0; g < NGROUPS; g++) ga[g] = copy_f32(m.g[g]);
+    model_zero_grads(&m);
+    double lp = q35_run(&m, 1, S, tok, lab, pos);
+    for (int g = 0; g < NGROUPS; g++) gp[g] = copy_f32(m.g[g]);
+    model_zero_grads(&m);
+    double lo = q35_run(&m, 1, S, tok, lab, NULL);
+    for (int g = 0; g < NGROUPS; g++) go[g] = copy_f32(m.g[g]);
+    const char *wn = "-", *wo = "-";
+    double gd = q35_grad_diff(&m, gp, ga, &wn), god = q35_grad_diff(&m, go, ga, &wo);
+    printf("     loss %.9g packed, %.9g apart (%.1e); gradient %.1e (%s); without masking: loss %.1e, gradient %.1e "
+           "(%s)\n",
+           lp, la, fabs(lp - la) / la, gd, wn, fabs(lo - la) / la, god, wo);
+    ASSERT_MSG(fabs(lp - la) <= 1e-6 * la && gd <= 1e-5, "packed vs apart: loss %.3g, gradient of %s %.3g",
+               fabs(lp - la) / la, wn, gd);
+    ASSERT_MSG(god > 1e-3, "without masking the packed sample should differ (gradient %.3g)", god);
+    for (int g = 0; g < NGROUPS; g++) free(ga[g]), free(gp[g]), free(go[g]);
+    model_free(&m);
+}
+
 // Whether the GPU's bf16 model comparison (tests/gpu/test_gpu_qwen3_5.c: calc_diff ≤ 1e-2 per gradient tensor) can
 // tell a GPU error from the model's own sensitivity: the CPU in fp32 on the comparison's weights (init_std, the norm
 // weights moved by 0.3 as tests/gpu/test_gpu_model.c does), then again on weights moved by relative N(0, 2^-9) noise

@@ -46,19 +46,48 @@ static void check_gate(DType dt, double tol, int64_t R, int64_t D, int64_t G) {
     EXPECT_CLOSE(dg, tol);
 }
 
-// halo: the K − 1 rows before each sequence (context parallelism) and their gradient, else zeros.
-static void check_conv(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo) {
+// Document positions (document masking) of B sequences of S rows: documents of the lengths in lens[] (cycled, from
+// entry b) after a first one of 3 + 11·b rows. Sequence 0's first document starts at its row 0 (an entering state or
+// halo reaches nothing there) and it has a document of exactly rows 64 .. 127 (a chunk); later sequences' first one
+// continues from 5 rows before theirs.
+static int32_t *doc_positions(int B, int64_t S) {
+    static const int lens[] = {1, 2, 17, 1, 40, 64, 3, 30, 70};
+    int32_t *pos = xmalloc((size_t)(B * S) * sizeof(int32_t));
+    for (int b = 0; b < B; b++) {
+        int64_t start = b ? -5 : 0, next = 3 + 11 * b;
+        for (int64_t p = 0, k = b; p < S; p++) {
+            if (p == next) start = p, next = p + lens[k++ % 9];
+            pos[b * S + p] = (int32_t)(p - start);
+        }
+    }
+    return pos;
+}
+static Pair pos_pair(int B, int64_t S, bool docs) {
+    if (!docs) return NOPAIR;
+    int32_t *h = doc_positions(B, S);
+    Pair p = pair_i32(h, B * S);
+    free(h);
+    return p;
+}
+
+// halo: the K − 1 rows before each sequence (context parallelism) and their gradient, else zeros. docs: document
+// masking with doc_positions.
+static void check_conv_docs(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo, bool docs) {
     Pair x = pair_rand(dt, 1, 2, B * S, C, 0, 0), w = pair_rand(dt, 0.5f, 2, C, K, 0, 0),
          y = pair_nan(dt, 2, B * S, C, 0, 0), dy = pair_rand(dt, 1, 2, B * S, C, 0, 0),
          dx = pair_nan(dt, 2, B * S, C, 0, 0), dw = pair_rand(DT_F32, 1, 2, C, K, 0, 0), h = NOPAIR, dh = NOPAIR;
     if (halo) h = pair_rand(dt, 1, 2, B * (K - 1), C, 0, 0), dh = pair_nan(dt, 2, B * (K - 1), C, 0, 0);
-    op_conv1d_silu_forward(y.c, x.c, w.c, h.c, B), op_conv1d_silu_forward(y.d, x.d, w.d, h.d, B);
+    Pair pos = pos_pair(B, S, docs);
+    op_conv1d_silu_forward(y.c, x.c, w.c, h.c, pos.c, B), op_conv1d_silu_forward(y.d, x.d, w.d, h.d, pos.d, B);
     EXPECT_CLOSE(y, tol);
-    op_conv1d_silu_backward(dx.c, dh.c, dw.c, dy.c, x.c, w.c, h.c, B);
-    op_conv1d_silu_backward(dx.d, dh.d, dw.d, dy.d, x.d, w.d, h.d, B);
+    op_conv1d_silu_backward(dx.c, dh.c, dw.c, dy.c, x.c, w.c, h.c, pos.c, B);
+    op_conv1d_silu_backward(dx.d, dh.d, dw.d, dy.d, x.d, w.d, h.d, pos.d, B);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
     if (halo) EXPECT_CLOSE(dh, tol);
+}
+static void check_conv(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo) {
+    check_conv_docs(dt, tol, B, S, C, K, halo, false);
 }
 
 static void check_gates(DType dt, double tol, int64_t T, int64_t nv) {
@@ -174,8 +203,9 @@ static double bf16_rounding(Tensor x) {
 // sensitivity itself goes from 2.8e-3 to 9.6e-3 between quantities here. bench/results/2026-12-02-q20b/ has the
 // numbers and planted bugs it catches.
 #define DELTA_C 2.0
-static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv, int chunk, float gs,
-                        bool state) {
+// docs: document masking with doc_positions.
+static void check_delta_docs(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv, int chunk,
+                             float gs, bool state, bool docs) {
     int64_t T = B * S;
     Pair q = pair_rand(dt, 1, 3, T, nk, dk, 0), k = pair_rand(dt, 1, 3, T, nk, dk, 0),
          v = pair_rand(dt, 1, 3, T, nv, dv, 0);
@@ -194,6 +224,8 @@ static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int6
     DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)dk)), .qk_l2norm = true, .chunk = chunk}, ac = a, ad = a;
     ac.s0 = s0.c, ac.sT = sT.c, ac.dsT = dsT.c, ac.ds0 = ds0.c;
     ad.s0 = s0.d, ad.sT = sT.d, ad.dsT = dsT.d, ad.ds0 = ds0.d;
+    Pair pos = pos_pair(B, S, docs);
+    ac.pos = pos.c, ad.pos = pos.d;
     op_delta_rule_forward(o.c, q.c, k.c, v.c, g.c, be.c, &ac);
     op_delta_rule_forward(o.d, q.d, k.d, v.d, g.d, be.d, &ad);
     op_delta_rule_backward(dq.c, dk_.c, dv_.c, dg.c, db.c, dout.c, q.c, k.c, v.c, g.c, be.c, &ac);
@@ -204,8 +236,9 @@ static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int6
     for (int i = 0; i < D_N; i++) ref[i] = got[i].c;
     bool bf = dt == DT_BF16;
     if (bf) delta_sensitivity(sens, ref, q.c, k.c, v.c, g.c, be.c, dout.c, ac);
-    printf("     %s B %d S %lld nk %lld nv %lld dk %lld dv %lld chunk %d gs %g%s:", dtype_name(dt), B, (long long)S,
-           (long long)nk, (long long)nv, (long long)dk, (long long)dv, chunk, gs, state ? " s0" : "");
+    printf("     %s B %d S %lld nk %lld nv %lld dk %lld dv %lld chunk %d gs %g%s%s:", dtype_name(dt), B, (long long)S,
+           (long long)nk, (long long)nv, (long long)dk, (long long)dv, chunk, gs, state ? " s0" : "",
+           docs ? " docs" : "");
     for (int i = 0; i < D_N; i++) {
         if (!ref[i].p) continue;
         err[i] = pair_err(got[i]);
@@ -216,6 +249,10 @@ static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int6
     printf("\n");
     for (int i = 0; i < D_N; i++)
         if (ref[i].p) expect_close(got[i], tol[i], delta_names[i], __FILE__, __LINE__);
+}
+static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv, int chunk, float gs,
+                        bool state) {
+    check_delta_docs(dt, B, S, nk, nv, dk, dv, chunk, gs, state, false);
 }
 
 TEST(gpu_op_delta_rule) {
@@ -228,6 +265,40 @@ TEST(gpu_op_delta_rule) {
         check_delta(MODE_DT, 2, 90, 1, 3, 16, 8, 64, 20, false);  // strong decays: c down to −2000 in a chunk
         check_delta(MODE_DT, 1, 50, 1, 1, 4, 4, 0, 1, false);     // chunk 0 (the recurrence on the CPU)
         check_delta(MODE_DT, 2, 100, 2, 4, 8, 40, 64, 1, true);   // from s0 to sT and back
+    }
+    gpu_report();
+}
+
+// Document masking (doc_positions: documents of 1 row, ones that cross chunk edges, one of exactly a chunk, a first
+// one that continues from before the sequence), on the SIMT kernels (fp32, and bf16 at these head sizes) against the
+// CPU's chunked form (chunk 0: its recurrence), the same bounds as gpu_op_delta_rule; and conv1d + SiLU with masks.
+TEST(gpu_op_delta_rule_docs) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        check_delta_docs(MODE_DT, 2, 200, 2, 4, 8, 12, 64, 1, false, true);
+        check_delta_docs(MODE_DT, 2, 200, 2, 4, 8, 40, 64, 1, true, true);   // s0 reaches sequence 1's first rows
+        check_delta_docs(MODE_DT, 2, 90, 1, 2, 8, 6, 16, 1, true, true);     // chunk 16
+        check_delta_docs(MODE_DT, 2, 150, 1, 3, 16, 8, 64, 20, false, true); // strong decays
+        check_delta_docs(MODE_DT, 2, 90, 1, 1, 4, 4, 0, 1, true, true);      // chunk 0 (the recurrence on the CPU)
+        check_conv_docs(MODE_DT, TOL, 2, 100, 40, 4, false, true);
+        check_conv_docs(MODE_DT, TOL, 2, 100, 40, 4, true, true); // the halo counts only for sequence 1
+        check_conv_docs(MODE_DT, TOL, 3, 37, 300, 3, true, true);
+        check_conv_docs(MODE_DT, TOL, 1, 20, 16, 8, false, true);
+    }
+    gpu_report();
+}
+
+// The tensor-core kernels (bf16, head size 128) with document masking: resets inside chunks, at a chunk's first row
+// and across the state tiles; the states; chunk 0.
+TEST(gpu_op_delta_rule_128_docs) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        check_delta_docs(MODE_DT, 2, 200, 1, 2, 128, 128, 64, 1, false, true);
+        check_delta_docs(MODE_DT, 2, 150, 2, 4, 128, 128, 64, 1, true, true);
+        check_delta_docs(MODE_DT, 2, 130, 1, 1, 128, 128, 64, 20, false, true);
+        check_delta_docs(MODE_DT, 2, 70, 1, 2, 128, 128, 0, 1, true, true);
     }
     gpu_report();
 }
