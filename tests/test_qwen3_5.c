@@ -42,6 +42,16 @@ static void check_grad(RefFn f, double **in, int j, int64_t n, const double *G, 
 static Tensor t3(float *p, int64_t a, int64_t b, int64_t c) { return tensor_make(p, DT_F32, DEV_CPU, 3, a, b, c, 1); }
 static double sigm(double x) { return 1 / (1 + exp(-x)); }
 static const Tensor NONE = {0};
+static Tensor ti32(int32_t *p, int64_t n) { return p ? tensor_make(p, DT_I32, DEV_CPU, 1, n, 0, 0, 0) : NONE; }
+
+// Document positions of one sequence of S tokens (document masking): its first document continues one that started
+// `first` tokens before the sequence (0: it starts at row 0), and a document starts at each of the n rows starts[].
+static void doc_pos(int32_t *pos, int64_t S, int first, const int *starts, int n) {
+    for (int64_t p = 0, k = 0, s0 = -first; p < S; p++) {
+        if (k < n && starts[k] == p) s0 = p, k++;
+        pos[p] = (int32_t)(p - s0);
+    }
+}
 
 // ---- norms and the gate ----
 typedef struct {
@@ -108,7 +118,8 @@ TEST(op_sigmoid_gate) { check_gate(10), check_gate(1); }
 // ---- causal depthwise conv1d + SiLU, and the DeltaNet gates ----
 typedef struct {
     int64_t B, S, C, K;
-    bool halo; // in[2]: (B·(K−1), C) the rows before each sequence (else zeros)
+    bool halo;          // in[2]: (B·(K−1), C) the rows before each sequence (else zeros)
+    const int32_t *pos; // (B·S) document positions: a tap i rows back counts while i ≤ pos (NULL: always)
 } ConvCtx;
 static void ref_conv(double **in, double *out, const void *c) { // in: x (B·S, C), w (C, K) [, halo]
     const ConvCtx *p = c;
@@ -118,6 +129,7 @@ static void ref_conv(double **in, double *out, const void *c) { // in: x (B·S, 
                 double u = 0;
                 for (int64_t j = 0; j < p->K; j++) {
                     int64_t src = s - p->K + 1 + j;
+                    if (p->pos && p->K - 1 - j > p->pos[b * p->S + s]) continue; // before the token's document
                     if (src >= 0) u += in[1][ch * p->K + j] * in[0][(b * p->S + src) * p->C + ch];
                     else if (p->halo) u += in[1][ch * p->K + j] * in[2][(b * (p->K - 1) + p->K - 1 + src) * p->C + ch];
                 }
@@ -132,19 +144,47 @@ static void check_conv(ConvCtx c) {
     double *in[3] = {f64(x, n), f64(w, c.C * c.K), f64(h, nh)}, *yr = xmalloc(n * 8), *Gd = f64(G, n);
     ref_conv(in, yr, &c);
     Tensor X = tf32_2(x, c.B * c.S, c.C), W = tf32_2(w, c.C, c.K), Hl = c.halo ? tf32_2(h, nh / c.C, c.C) : NONE;
-    op_conv1d_silu_forward(tf32_2(y, c.B * c.S, c.C), X, W, Hl, (int)c.B);
+    Tensor P = ti32((int32_t *)c.pos, c.B * c.S);
+    op_conv1d_silu_forward(tf32_2(y, c.B * c.S, c.C), X, W, Hl, P, (int)c.B);
     ASSERT(err(y, yr, n) < 1e-6);
     float *dx = nans(n), *dw = xcalloc(c.C * c.K, 4), *dh = nans(nh);
     op_conv1d_silu_backward(tf32_2(dx, c.B * c.S, c.C), c.halo ? tf32_2(dh, nh / c.C, c.C) : NONE, tf32_2(dw, c.C, c.K),
-                            tf32_2(G, c.B * c.S, c.C), X, W, Hl, (int)c.B);
+                            tf32_2(G, c.B * c.S, c.C), X, W, Hl, P, (int)c.B);
     check_grad(ref_conv, in, 0, n, Gd, n, dx, &c, 1e-5, "dx");
     check_grad(ref_conv, in, 1, c.C * c.K, Gd, n, dw, &c, 1e-5, "dw");
     if (c.halo) check_grad(ref_conv, in, 2, nh, Gd, n, dh, &c, 1e-5, "dhalo");
 }
 TEST(op_conv1d_silu) {
-    check_conv((ConvCtx){2, 7, 5, 4, false});
-    check_conv((ConvCtx){2, 7, 5, 4, true});
-    check_conv((ConvCtx){3, 2, 3, 4, true});
+    check_conv((ConvCtx){2, 7, 5, 4, false, NULL});
+    check_conv((ConvCtx){2, 7, 5, 4, true, NULL});
+    check_conv((ConvCtx){3, 2, 3, 4, true, NULL});
+}
+
+// Document masking: documents of 1 and 2 rows, one that crosses the window, and a first document that continues
+// from 1 row (sequence 0: one halo row counts) or 5 rows (sequence 1: the whole halo) before the sequence. One
+// document per sequence from far before gives the unmasked result bit for bit (the same sums).
+TEST(op_conv1d_silu_docs) {
+    int32_t pos[18];
+    doc_pos(pos, 9, 1, (const int[]){1, 2, 4, 8}, 4);
+    doc_pos(pos + 9, 9, 5, (const int[]){3}, 1);
+    check_conv((ConvCtx){2, 9, 5, 4, false, pos});
+    check_conv((ConvCtx){2, 9, 5, 4, true, pos});
+    doc_pos(pos, 9, 0, (const int[]){0, 1, 2, 3, 4, 5, 6, 7, 8}, 9); // every row its own document
+    doc_pos(pos + 9, 9, 0, (const int[]){0, 5}, 2);
+    check_conv((ConvCtx){2, 9, 3, 4, true, pos});
+    int64_t n = 2 * 9 * 5, nh = 2 * 3 * 5;
+    float *x = rnd(n, 1), *w = rnd(5 * 4, 0.7f), *h = rnd(nh, 1), *y0 = nans(n), *y1 = nans(n), *dy = rnd(n, 1);
+    float *dx0 = nans(n), *dx1 = nans(n), *dh0 = nans(nh), *dh1 = nans(nh), *dw0 = xcalloc(20, 4),
+          *dw1 = xcalloc(20, 4);
+    for (int i = 0; i < 18; i++) pos[i] = 3 + i % 9;
+    Tensor X = tf32_2(x, 18, 5), W = tf32_2(w, 5, 4), Hl = tf32_2(h, 6, 5), P = ti32(pos, 18);
+    op_conv1d_silu_forward(tf32_2(y0, 18, 5), X, W, Hl, NONE, 2);
+    op_conv1d_silu_forward(tf32_2(y1, 18, 5), X, W, Hl, P, 2);
+    op_conv1d_silu_backward(tf32_2(dx0, 18, 5), tf32_2(dh0, 6, 5), tf32_2(dw0, 5, 4), tf32_2(dy, 18, 5), X, W, Hl, NONE,
+                            2);
+    op_conv1d_silu_backward(tf32_2(dx1, 18, 5), tf32_2(dh1, 6, 5), tf32_2(dw1, 5, 4), tf32_2(dy, 18, 5), X, W, Hl, P,
+                            2);
+    ASSERT(!memcmp(y0, y1, n * 4) && !memcmp(dx0, dx1, n * 4) && !memcmp(dh0, dh1, nh * 4) && !memcmp(dw0, dw1, 80));
 }
 
 typedef struct {
@@ -182,7 +222,8 @@ TEST(op_delta_gates) {
 typedef struct {
     int64_t B, S, nk, nv, dk, dv;
     DeltaArgs a;
-    bool state; // an initial state s0 comes in and the final state sT goes out
+    bool state;         // an initial state s0 comes in and the final state sT goes out
+    const int32_t *pos; // (B·S) document positions: the state is zeroed before each pos 0 (NULL: never)
 } DeltaCtx;
 // The recurrence in fp64, written from the formula: per value head h (key head h/(nv/nk)), S_t = e^g S_{t−1},
 // S_t += k (β (v − S_tᵀ k))ᵀ, o = S_tᵀ q with q, k normalised (and q scaled). in: q, k, v, g, beta [, s0];
@@ -203,7 +244,7 @@ static void ref_delta(double **in, double *out, const void *c) {
                 for (int64_t i = 0; i < dk; i++) nq += q[i] * q[i], nk += k[i] * k[i];
                 nq = p->a.qk_l2norm ? 1 / sqrt(nq + 1e-6) : 1, nk = p->a.qk_l2norm ? 1 / sqrt(nk + 1e-6) : 1;
                 for (int64_t i = 0; i < dk; i++) qh[i] = q[i] * nq * p->a.scale, kh[i] = k[i] * nk;
-                for (int64_t i = 0; i < dk * dv; i++) St[i] *= exp(g);
+                for (int64_t i = 0; i < dk * dv; i++) St[i] = p->pos && p->pos[t] == 0 ? 0.0 : St[i] * exp(g);
                 for (int64_t j = 0; j < dv; j++) {
                     double m = 0;
                     for (int64_t i = 0; i < dk; i++) m += St[i * dv + j] * kh[i];
@@ -238,6 +279,7 @@ static void delta_forward(const DeltaCtx *c, const DeltaIn *x, float *s0, float 
     int64_t T = c->B * c->S, no = T * c->nv * c->dv;
     DeltaArgs a = c->a;
     a.chunk = chunk;
+    a.pos = ti32((int32_t *)c->pos, T);
     if (c->state) {
         Tensor st = tensor_make(s0, DT_F32, DEV_CPU, 4, c->B, c->nv, c->dk, c->dv);
         a.s0 = st, a.sT = st, a.sT.p = out + no;
@@ -274,13 +316,43 @@ static void check_delta_forms(DeltaCtx c) {
 }
 TEST(op_delta_rule_chunked_equals_recurrence) {
     DeltaArgs a = {.B = 2, .scale = 0.35f, .qk_l2norm = true};
-    check_delta_forms((DeltaCtx){2, 128, 2, 4, 8, 6, a, false}); // two whole chunks
-    check_delta_forms((DeltaCtx){2, 100, 2, 4, 8, 6, a, false}); // one and a part
-    check_delta_forms((DeltaCtx){2, 5, 1, 2, 4, 4, a, false});   // shorter than a chunk
-    check_delta_forms((DeltaCtx){2, 100, 2, 4, 8, 6, a, true});  // from an initial state
-    check_delta_forms((DeltaCtx){2, 5, 1, 2, 4, 4, a, true});
+    check_delta_forms((DeltaCtx){2, 128, 2, 4, 8, 6, a, false, NULL}); // two whole chunks
+    check_delta_forms((DeltaCtx){2, 100, 2, 4, 8, 6, a, false, NULL}); // one and a part
+    check_delta_forms((DeltaCtx){2, 5, 1, 2, 4, 4, a, false, NULL});   // shorter than a chunk
+    check_delta_forms((DeltaCtx){2, 100, 2, 4, 8, 6, a, true, NULL});  // from an initial state
+    check_delta_forms((DeltaCtx){2, 5, 1, 2, 4, 4, a, true, NULL});
     a.qk_l2norm = false;
-    check_delta_forms((DeltaCtx){2, 70, 2, 2, 6, 8, a, false});
+    check_delta_forms((DeltaCtx){2, 70, 2, 2, 6, 8, a, false, NULL});
+}
+
+// Document masking, S = 100 against chunks of 64 and 16: sequence 0 starts a document at row 0 (so s0 reaches
+// nothing), has documents of 1 row (rows 0, 1, 99, and 64: a chunk's first row), one that crosses chunk edges (17 .. 39)
+// and one that ends at a chunk edge (40 .. 63); sequence 1 continues a document from 7 rows before it (s0 reaches
+// rows 0 .. 29) and starts documents at rows 30, 31 and 80.
+static int32_t *delta_doc_pos(int64_t S) {
+    int32_t *pos = xmalloc(2 * S * sizeof(int32_t));
+    doc_pos(pos, S, 0, (const int[]){0, 1, 2, 17, 40, 64, 65, 99}, S == 100 ? 8 : 1);
+    doc_pos(pos + S, S, 7, (const int[]){30, 31, 80}, S == 100 ? 3 : 0);
+    return pos;
+}
+TEST(op_delta_rule_docs) {
+    int32_t *pos = delta_doc_pos(100);
+    DeltaArgs a = {.B = 2, .scale = 0.35f, .qk_l2norm = true};
+    check_delta_forms((DeltaCtx){2, 100, 2, 4, 8, 6, a, false, pos});
+    check_delta_forms((DeltaCtx){2, 100, 2, 4, 8, 6, a, true, pos});
+    // One document per sequence, continuing from before it (s0 reaches every row): the same bits as no masking, in
+    // the recurrence and the chunked form alike (the masks only pass the same factors).
+    DeltaCtx c = {2, 100, 2, 4, 8, 6, a, true, NULL};
+    int64_t T = 200, no = T * c.nv * c.dv + c.B * c.nv * c.dk * c.dv;
+    for (int i = 0; i < T; i++) pos[i] = 3 + i % 100;
+    DeltaIn x = delta_inputs(&c);
+    float *s0 = rnd(no, 0.5f), *off = nans(no), *on = nans(no);
+    for (int chunk = 0; chunk <= 64; chunk += 16) {
+        c.pos = NULL, delta_forward(&c, &x, s0, off, chunk);
+        c.pos = pos, delta_forward(&c, &x, s0, on, chunk);
+        ASSERT(!memcmp(off, on, no * sizeof(float)));
+    }
+    free(pos);
 }
 
 // Backward against finite differences of the fp64 recurrence, for every input; S = 70 crosses the backward's
@@ -294,6 +366,7 @@ static void check_delta_backward(DeltaCtx c) {
     float *G = rnd(nvv + ns, 1), *dq = nans(nq), *dk = nans(nq), *dv = nans(nvv), *dg = nans(ng), *db = nans(ng);
     double *Gd = f64(G, nvv + ns);
     DeltaArgs a = c.a;
+    a.pos = ti32((int32_t *)c.pos, T);
     if (c.state) {
         a.s0 = tensor_make(s0, DT_F32, DEV_CPU, 4, c.B, c.nv, c.dk, c.dv);
         a.dsT = a.s0, a.dsT.p = G + nvv, a.ds0 = a.s0, a.ds0.p = ds0;
@@ -309,9 +382,20 @@ static void check_delta_backward(DeltaCtx c) {
     if (c.state) check_grad(ref_delta, in, 5, ns, Gd, nvv + ns, ds0, &c, 1e-5, "ds0");
 }
 TEST(op_delta_rule_backward) {
-    check_delta_backward((DeltaCtx){2, 70, 2, 4, 6, 5, {.B = 2, .scale = 0.4f, .qk_l2norm = true}, false});
-    check_delta_backward((DeltaCtx){1, 9, 1, 1, 4, 3, {.B = 1, .scale = 1.0f, .qk_l2norm = false}, false});
-    check_delta_backward((DeltaCtx){2, 70, 1, 2, 4, 3, {.B = 2, .scale = 0.5f, .qk_l2norm = true}, true}); // s0, sT
+    check_delta_backward((DeltaCtx){2, 70, 2, 4, 6, 5, {.B = 2, .scale = 0.4f, .qk_l2norm = true}, false, NULL});
+    check_delta_backward((DeltaCtx){1, 9, 1, 1, 4, 3, {.B = 1, .scale = 1.0f, .qk_l2norm = false}, false, NULL});
+    check_delta_backward(
+        (DeltaCtx){2, 70, 1, 2, 4, 3, {.B = 2, .scale = 0.5f, .qk_l2norm = true}, true, NULL}); // s0, sT
+}
+// With document masking (delta_doc_pos's documents; S = 70 keeps only their starts before row 70); the backward
+// recomputes blocks of 64 steps, so a reset inside the second block is crossed by its recomputation.
+TEST(op_delta_rule_backward_docs) {
+    int32_t *pos = xmalloc(140 * sizeof(int32_t));
+    doc_pos(pos, 70, 0, (const int[]){0, 1, 2, 17, 40, 64, 65}, 7);
+    doc_pos(pos + 70, 70, 7, (const int[]){30, 31}, 2);
+    check_delta_backward((DeltaCtx){2, 70, 1, 2, 4, 3, {.B = 2, .scale = 0.5f, .qk_l2norm = true}, true, pos});
+    check_delta_backward((DeltaCtx){2, 70, 2, 4, 6, 5, {.B = 2, .scale = 0.4f, .qk_l2norm = true}, false, pos});
+    free(pos);
 }
 
 // ---- the model ----
@@ -347,6 +431,104 @@ static const char *config_q35 = "{" TINY_Q35_TEXT "}";
 // previous block without its decay passes at 16 tokens and fails at 80 (embed_tokens off by 78%).
 TEST(model_gradcheck_qwen3_5_moe) { gradcheck_q35(config_q35, 0.0, 80); }
 TEST(model_gradcheck_qwen3_5_moe_load_balance) { gradcheck_q35(config_q35, 0.05, 16); }
+
+// ---- document masking on the whole model ----
+
+// The Gated DeltaNet layers only (three of them): the full-attention layers' masking is gqa.c's, and the families'
+// packed-equals-apart test covers them (tests/test_docmask.c).
+#define TINY_Q35_LINEAR                                                                                                \
+    "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 16, \"num_hidden_layers\": 3,"                            \
+    " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 8, \"vocab_size\": 40, \"num_experts\": "  \
+    "4,"                                                                                                               \
+    " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 6, \"shared_expert_intermediate_size\": 5,"               \
+    " \"linear_num_key_heads\": 1, \"linear_num_value_heads\": 2, \"linear_key_head_dim\": 4,"                         \
+    " \"linear_value_head_dim\": 6, \"linear_conv_kernel_dim\": 4,"                                                    \
+    " \"layer_types\": [\"linear_attention\", \"linear_attention\", \"linear_attention\"]}"
+
+// Σ CE of B sequences of S tokens (tok, lab from row 0) through a fresh chunk of m, the gradients added into m->g;
+// with pos (B·S host, not NULL) the micro-batch is under document masking with those positions.
+static double q35_run(Model *m, int B, int S, const int32_t *tok, const int32_t *lab, const int32_t *pos) {
+    StepSums st;
+    Chunk e;
+    step_sums_create(&st, m, true);
+    step_sums_begin(&st, m);
+    chunk_init_model(&e, m, &st, B, S);
+    chunk_load(&e, 0, tok, lab);
+    if (pos) memcpy(e.rec[0].mb.pos.p, pos, (size_t)(B * S) * sizeof(int32_t)), e.rec[0].mb.docs = true;
+    chunk_forward(&e, 0, true);
+    chunk_backward(&e, 0, false);
+    double loss = op_read_scalar(st.loss_sum);
+    chunk_free(&e);
+    step_sums_free(&st);
+    return loss;
+}
+
+static float *copy_f32(Tensor t) {
+    float *c = xmalloc((size_t)tensor_numel(t) * sizeof(float));
+    memcpy(c, t.p, (size_t)tensor_numel(t) * sizeof(float));
+    return c;
+}
+
+// The worst relative difference ‖a − b‖/‖b‖ over m's parameter tensors between two gradient copies; *name: where.
+static double q35_grad_diff(const Model *m, float *const a[NGROUPS], float *const b[NGROUPS], const char **name) {
+    double worst = 0;
+    for (int i = 0; i < m->params.n; i++) {
+        const ParamInfo *p = &m->params.p[i];
+        int64_t n = params_numel(p);
+        double *bd = f64(b[p->group] + p->off, n), e = err(a[p->group] + p->off, bd, n);
+        free(bd);
+        if (e > worst) worst = e, *name = p->name;
+    }
+    return worst;
+}
+
+// A sample packing three documents (30, 1 and 49 tokens: the last crosses the delta rule's chunk of 64 and the CPU
+// backward's block of 64) against the three evaluated apart as sequences of their own, on the same weights: Σ CE and
+// every gradient tensor. Inside the DeltaNet ops the packed rows see what the apart ones see, in the same order (the
+// conv skips the taps that apart's zero rows fill; the recurrence restarts from a zero state): with the delta rule's
+// forward as the recurrence the results do not move at all. What differs is fp32 summation order in the GEMMs — a
+// call of 1 row takes OpenBLAS's gemv, 30 and 49 rows its edge kernels, and the weight gradients sum the documents'
+// rows in one product instead of three added — each a relative change near 2^-24. How far such a change moves this
+// model's gradients depends on its conditioning: at init std 0.2 by up to 1e-4 (many gated-norm outputs near zero,
+// where ε dominates; tests/gpu/test_gpu_qwen3_5.c has the measurement), at 0.05 by about 1e-6. So init std 0.05 and
+// 1e-5 per gradient tensor, 1e-6 on the loss; without masking the packed sample must be off by more than 1e-3.
+TEST(model_qwen3_5_moe_docs_packed_equals_apart) {
+    enum { S = 80 };
+    static const int len[3] = {30, 1, 49};
+    ModelConfig mc;
+    const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", TINY_Q35_LINEAR));
+    Model m;
+    model_create(&m, fam, &mc, DEV_CPU, DT_F32, S);
+    for (int g = 0; g < NGROUPS; g++) params_init(&m.params, g, m.w[g].p, 11, 0.05, mc.layers);
+    int32_t tok[S], lab[S], pos[S];
+    for (int t = 0, d = 0, at = 0; t < S; t++, at++) {
+        if (at == len[d]) d++, at = 0;
+        tok[t] = (int32_t)(rng_u64(8, 1, t) % mc.vocab);
+        lab[t] = t % 9 == 4 ? -100 : (int32_t)(rng_u64(8, 2, t) % mc.vocab);
+        pos[t] = at;
+    }
+    float *ga[NGROUPS], *gp[NGROUPS], *go[NGROUPS];
+    double la = 0;
+    model_zero_grads(&m);
+    for (int d = 0, t0 = 0; d < 3; t0 += len[d++]) la += q35_run(&m, 1, len[d], tok + t0, lab + t0, NULL);
+    for (int g = 0; g < NGROUPS; g++) ga[g] = copy_f32(m.g[g]);
+    model_zero_grads(&m);
+    double lp = q35_run(&m, 1, S, tok, lab, pos);
+    for (int g = 0; g < NGROUPS; g++) gp[g] = copy_f32(m.g[g]);
+    model_zero_grads(&m);
+    double lo = q35_run(&m, 1, S, tok, lab, NULL);
+    for (int g = 0; g < NGROUPS; g++) go[g] = copy_f32(m.g[g]);
+    const char *wn = "-", *wo = "-";
+    double gd = q35_grad_diff(&m, gp, ga, &wn), god = q35_grad_diff(&m, go, ga, &wo);
+    printf("     loss %.9g packed, %.9g apart (%.1e); gradient %.1e (%s); without masking: loss %.1e, gradient %.1e "
+           "(%s)\n",
+           lp, la, fabs(lp - la) / la, gd, wn, fabs(lo - la) / la, god, wo);
+    ASSERT_MSG(fabs(lp - la) <= 1e-6 * la && gd <= 1e-5, "packed vs apart: loss %.3g, gradient of %s %.3g",
+               fabs(lp - la) / la, wn, gd);
+    ASSERT_MSG(god > 1e-3, "without masking the packed sample should differ (gradient %.3g)", god);
+    for (int g = 0; g < NGROUPS; g++) free(ga[g]), free(gp[g]), free(go[g]);
+    model_free(&m);
+}
 
 // Whether the GPU's bf16 model comparison (tests/gpu/test_gpu_qwen3_5.c: calc_diff ≤ 1e-2 per gradient tensor) can
 // tell a GPU error from the model's own sensitivity: the CPU in fp32 on the comparison's weights (init_std, the norm

@@ -453,20 +453,21 @@ void model_cp_zigzag(Model *m, Tensor dst, Tensor src, int B) {
     else CHECK(dst.p == src.p);
 }
 
-void model_conv1d_silu_forward(Model *m, Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
+void model_conv1d_silu_forward(Model *m, Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
     if (m->ring) ring_halo_forward(m->ring, halo, x, B);
-    op_conv1d_silu_forward(y, x, w, halo, B);
+    op_conv1d_silu_forward(y, x, w, halo, pos, B);
 }
 
-void model_conv1d_silu_backward(Model *m, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
+void model_conv1d_silu_backward(Model *m, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, Tensor pos,
+                                int B) {
     if (!m->ring) {
-        op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, halo, B);
+        op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, halo, pos, B);
         return;
     }
     Ring *R = m->ring;
     arena_reset(&R->mem, 0); // this rank's ∂/∂halo, for rank r − 1, in the ring's scratch
     Tensor dhalo = arena_tensor(&R->mem, halo.dt, 2, halo.n[0], t_cols(halo), 0, 0);
-    op_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, B);
+    op_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, pos, B);
     ring_halo_backward(R, dx, dhalo, B);
 }
 

@@ -51,6 +51,7 @@ typedef struct {
     // Gated DeltaNet under context parallelism (model.h): the mixer's input and output on the contiguous layout
     // (n1 and h1a themselves at cp 1; h1c borrows mlp.h1, written later), the conv halo and the entering state
     Tensor n1c, h1c, halo, s0; // (T, H), (T, H), (B·(K−1), Cc), (B, nv, dk, dv) fp32
+    Tensor posc;               // (T) int32: MicroBatch.pos on the contiguous layout (document masking)
     Tensor n2, rstd2;          // (T, H) post-attention norm (= the tokens to dispatch), (T)
     Tensor logits, probs;      // (T, E) router logits and softmax
     Tensor lb_grad;            // (B, E) load-balancing gradient w.r.t. probs
@@ -252,6 +253,7 @@ static void q35_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, S
             r->n1c = arena_tensor(a, dt, 2, T, H, 0, 0);
             r->halo = arena_tensor(a, dt, 2, (int64_t)B * (q->conv_k - 1), 2 * kd + vd, 0, 0);
             r->s0 = arena_tensor(a, DT_F32, 4, B, q->nv, q->dk, q->dv);
+            r->posc = arena_tensor(a, DT_I32, 1, T, 0, 0, 0);
         }
     } else {
         gqa_alloc(&r->att, &shape, a, dt, B, S);
@@ -347,6 +349,20 @@ static RouterArgs q35_router_args(const Model *m) {
     return (RouterArgs){.k = m->cfg.topk, .renorm = true, .scale = 1, .force_balance = m->force_balance};
 }
 
+// The document positions the conv1d and the delta rule take (document masking; p NULL without it): mb->pos, or under
+// context parallelism its contiguous layout in the record, made by the forward (fwd) and read by the backward. The
+// relayout moves the int32 words as fp32 ones: copies and transfers keep their bits.
+static Tensor delta_pos(Model *m, Q35Rec *r, const MicroBatch *mb, bool fwd) {
+    if (!mb->docs) return NONE;
+    if (m->cfg.cp_size == 1) return mb->pos;
+    if (fwd) {
+        Tensor src = mb->pos, dst = r->posc;
+        src.dt = dst.dt = DT_F32;
+        model_cp_contiguous(m, tensor_reshape2(dst, mb->T, 1), tensor_reshape2(src, mb->T, 1), mb->B);
+    }
+    return r->posc;
+}
+
 // Gated DeltaNet: n1 → h1a (without the residual).
 // Generation (m->kv): the cache's halo and state enter, and the call's last conv inputs and final state stay.
 static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBatch *mb, Tensor opws) {
@@ -354,13 +370,14 @@ static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBa
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     DeltaArgs da = q35_delta_args(m, mb->B);
     da.ws = opws; // planned (the backward workspace's bottom), or none in generation: the op scratch
+    da.pos = delta_pos(m, r, mb, true);
     model_cp_contiguous(m, r->n1c, r->n1, mb->B);
     model_proj_forward(m, l, FP8_QKV, r->qkv, r->n1c, W->wqkv, NONE);
     if (m->kv) r->halo = kv_cache_delta(m->kv, l, r->qkv, q->conv_k, q->nv, q->dk, q->dv, &da);
     model_proj_forward(m, l, FP8_Z, r->z, r->n1c, W->wz, NONE);
     op_linear_forward(r->pb, r->n1c, W->wb, NONE);
     op_linear_forward(r->pa, r->n1c, W->wa, NONE);
-    model_conv1d_silu_forward(m, r->cv, r->qkv, W->conv, r->halo, mb->B);
+    model_conv1d_silu_forward(m, r->cv, r->qkv, W->conv, r->halo, da.pos, mb->B);
     op_copy_cols(tensor_reshape2(r->lq, T, kd), 0, r->cv, 0, kd, false);
     op_copy_cols(tensor_reshape2(r->lk, T, kd), 0, r->cv, kd, kd, false);
     op_copy_cols(tensor_reshape2(r->lv, T, vd), 0, r->cv, 2 * kd, vd, false);
@@ -414,13 +431,14 @@ static void delta_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G
                         &(RmsArgs){.z = tensor_reshape2(r->z, Rv, q->dv), .dz = tensor_reshape2(r->dz, Rv, q->dv)});
     DeltaArgs da = q35_delta_args(m, mb->B);
     da.ws = opws;
+    da.pos = delta_pos(m, r, mb, false);
     model_delta_rule_backward(m, r->dlq, r->dlk, r->dlv, r->dg, r->dbeta, r->dcore, r->lq, r->lk, r->lv, r->g, r->beta,
                               da, r->s0);
     op_delta_gates_backward(r->dpa, r->dpb, G->A_log, G->dt_bias, r->dg, r->dbeta, r->pa, r->pb, W->A_log, W->dt_bias);
     op_copy_cols(r->dcv, 0, tensor_reshape2(r->dlq, T, kd), 0, kd, false);
     op_copy_cols(r->dcv, kd, tensor_reshape2(r->dlk, T, kd), 0, kd, false);
     op_copy_cols(r->dcv, 2 * kd, tensor_reshape2(r->dlv, T, vd), 0, vd, false);
-    model_conv1d_silu_backward(m, r->dqkv, G->conv, r->dcv, r->qkv, W->conv, r->halo, mb->B);
+    model_conv1d_silu_backward(m, r->dqkv, G->conv, r->dcv, r->qkv, W->conv, r->halo, da.pos, mb->B);
     model_proj_backward_input(m, l, FP8_QKV, r->dn1c, r->dqkv, W->wqkv, false);
     model_proj_backward_input(m, l, FP8_Z, r->dn1c, r->dz, W->wz, true);
     op_linear_backward_input(r->dn1c, r->dpb, W->wb, true);

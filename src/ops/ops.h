@@ -123,6 +123,11 @@ int64_t op_newton_schulz_workspace(int64_t n, int64_t m);
 // (DeltaScratch, op_delta_rule_scratch's carve counted) on the GPU, planned by the caller; without it the GPU takes
 // the op scratch. The states pass a sequence's recurrence across ranks (context parallelism) and across calls
 // (generation).
+// Document masking (pos, p NULL: none): the state is zeroed before every token with pos 0 (a document's first), so a
+// token sees only its own document's keys and the entering state s0 reaches only the tokens before the sequence's
+// first document start; the backward's gradient does not cross a reset (ds0 gets the first document's share). pos
+// counts up by one inside a document, so that the chunked form reads the resets off pos alone: within a chunk, row
+// i's document starts at row i − pos_i (docs/architecture.md, "Gated DeltaNet").
 #define DELTA_MAX_CHUNK 64
 typedef struct {
     int B;
@@ -132,6 +137,7 @@ typedef struct {
     Tensor ws;
     Tensor s0, sT;   // (B, nv, dk, dv) fp32 on q's device: the state entering / leaving each sequence (p NULL: none)
     Tensor dsT, ds0; // the backward's: ∂/∂sT in (p NULL: zero), ∂/∂s0 out (p NULL: not wanted)
+    Tensor pos;      // (B·S) int32 on q's device: each token's position inside its document (p NULL: no masking)
 } DeltaArgs;
 // The GPU's scratch (fp32; the tensor-core kernels keep bf16 data in those places), carved from an arena (a counting
 // one plans it); the backward's pieces (Tm on) only for the backward. Rows bh = b·nv + h and positions p < NL = NC·L,

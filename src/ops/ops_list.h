@@ -82,12 +82,15 @@ OP(void, attention_merge, o.dev, (Tensor o, Tensor lse, Tensor o_p, Tensor lse_p
 // Causal depthwise conv1d then SiLU over each of B sequences: x, y: (B·S, C), w: (C, K);
 // y[t, c] = silu(Σ_j w[c, j] · x[t − K + 1 + j, c]); rows before the sequence's start are the halo's — halo:
 // (B·(K−1), C), row b·(K−1) + i the input at position i − (K−1) of sequence b (context parallelism: the previous
-// rank's last rows) — or 0 without one (p NULL). Backward: dx written, dhalo (when given) written with ∂/∂halo,
-// dw: (C, K) fp32 +=.
-OP(void, conv1d_silu_forward, x.dev, (Tensor y, Tensor x, Tensor w, Tensor halo, int B), (y, x, w, halo, B))
+// rank's last rows) — or 0 without one (p NULL). Document masking: pos (B·S) int32, each token's position inside its
+// document (p NULL: none); the tap reading K − 1 − j rows back is 0 where K − 1 − j > pos[t] (a window never reaches
+// before its document's first token; a halo row counts only for the tokens whose pos reaches it). Backward: dx
+// written, dhalo (when given) written with ∂/∂halo, dw: (C, K) fp32 +=.
+OP(void, conv1d_silu_forward, x.dev, (Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B),
+   (y, x, w, halo, pos, B))
 OP(void, conv1d_silu_backward, x.dev,
-   (Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B),
-   (dx, dhalo, dw, dy, x, w, halo, B))
+   (Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, Tensor pos, int B),
+   (dx, dhalo, dw, dy, x, w, halo, pos, B))
 // DeltaNet gates from the projections a, b: (T, nv): g = −exp(A_log) · softplus(a + dt_bias) (the log decay) and
 // beta = σ(b), both (T, nv) fp32; A_log, dt_bias: (nv). Backward: da, db written; dA_log, ddt_bias fp32 +=.
 OP(void, delta_gates_forward, a.dev, (Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias),

@@ -641,13 +641,14 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
     OP(sigmoid_gate_backward, &dx, &dgate, &dy, &x, &gate);
     cpu_sigmoid_gate_backward(dx, dgate, dy, x, gate, acc);
 }
-void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
-    OP(conv1d_silu_forward, &y, &x, &w, &halo);
-    cpu_conv1d_silu_forward(y, x, w, halo, B);
+void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
+    OP(conv1d_silu_forward, &y, &x, &w, &halo, &pos);
+    cpu_conv1d_silu_forward(y, x, w, halo, pos, B);
 }
-void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
-    OP(conv1d_silu_backward, &dx, &dhalo, &dw, &dy, &x, &w, &halo);
-    cpu_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, B);
+void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo,
+                               Tensor pos, int B) {
+    OP(conv1d_silu_backward, &dx, &dhalo, &dw, &dy, &x, &w, &halo, &pos);
+    cpu_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, pos, B);
 }
 void cuda_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
     OP(delta_gates_forward, &g, &beta, &a, &b, &A_log, &dt_bias);
@@ -661,13 +662,13 @@ void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_b
 // The states in DeltaArgs are device tensors too: a copy of the arguments carries them as host tensors.
 void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
     DeltaArgs h = *a;
-    OP(delta_rule_forward, &o, &q, &k, &v, &g, &beta, &h.s0, &h.sT);
+    OP(delta_rule_forward, &o, &q, &k, &v, &g, &beta, &h.s0, &h.sT, &h.pos);
     cpu_delta_rule_forward(o, q, k, v, g, beta, &h);
 }
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                               Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
     DeltaArgs h = *a;
-    OP(delta_rule_backward, &dq, &dk, &dv, &dg, &dbeta, &dout, &q, &k, &v, &g, &beta, &h.s0, &h.dsT, &h.ds0);
+    OP(delta_rule_backward, &dq, &dk, &dv, &dg, &dbeta, &dout, &q, &k, &v, &g, &beta, &h.s0, &h.dsT, &h.ds0, &h.pos);
     cpu_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, &h);
 }
 double cuda_sum_squares(Tensor x) {

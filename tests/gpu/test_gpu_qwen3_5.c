@@ -4,6 +4,7 @@
 // and the whole Qwen3.5-MoE model against the CPU (tests/gpu/test_gpu_model.c's comparison); the HF fixture runs on
 // the GPU in tests/gpu/test_gpu_hf.c.
 #include "gpu_test.h"
+#include "pipe/chunk.h"
 
 #define MODES for (int mode_ = 0; mode_ < 2; mode_++)
 #define MODE_DT (mode_ ? DT_BF16 : DT_F32)
@@ -46,19 +47,48 @@ static void check_gate(DType dt, double tol, int64_t R, int64_t D, int64_t G) {
     EXPECT_CLOSE(dg, tol);
 }
 
-// halo: the K − 1 rows before each sequence (context parallelism) and their gradient, else zeros.
-static void check_conv(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo) {
+// Document positions (document masking) of B sequences of S rows: documents of the lengths in lens[] (cycled, from
+// entry b) after a first one of 3 + 11·b rows. Sequence 0's first document starts at its row 0 (an entering state or
+// halo reaches nothing there) and it has a document of exactly rows 64 .. 127 (a chunk); later sequences' first one
+// continues from 5 rows before theirs.
+static int32_t *doc_positions(int B, int64_t S) {
+    static const int lens[] = {1, 2, 17, 1, 40, 64, 3, 30, 70};
+    int32_t *pos = xmalloc((size_t)(B * S) * sizeof(int32_t));
+    for (int b = 0; b < B; b++) {
+        int64_t start = b ? -5 : 0, next = 3 + 11 * b;
+        for (int64_t p = 0, k = b; p < S; p++) {
+            if (p == next) start = p, next = p + lens[k++ % 9];
+            pos[b * S + p] = (int32_t)(p - start);
+        }
+    }
+    return pos;
+}
+static Pair pos_pair(int B, int64_t S, bool docs) {
+    if (!docs) return NOPAIR;
+    int32_t *h = doc_positions(B, S);
+    Pair p = pair_i32(h, B * S);
+    free(h);
+    return p;
+}
+
+// halo: the K − 1 rows before each sequence (context parallelism) and their gradient, else zeros. docs: document
+// masking with doc_positions.
+static void check_conv_docs(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo, bool docs) {
     Pair x = pair_rand(dt, 1, 2, B * S, C, 0, 0), w = pair_rand(dt, 0.5f, 2, C, K, 0, 0),
          y = pair_nan(dt, 2, B * S, C, 0, 0), dy = pair_rand(dt, 1, 2, B * S, C, 0, 0),
          dx = pair_nan(dt, 2, B * S, C, 0, 0), dw = pair_rand(DT_F32, 1, 2, C, K, 0, 0), h = NOPAIR, dh = NOPAIR;
     if (halo) h = pair_rand(dt, 1, 2, B * (K - 1), C, 0, 0), dh = pair_nan(dt, 2, B * (K - 1), C, 0, 0);
-    op_conv1d_silu_forward(y.c, x.c, w.c, h.c, B), op_conv1d_silu_forward(y.d, x.d, w.d, h.d, B);
+    Pair pos = pos_pair(B, S, docs);
+    op_conv1d_silu_forward(y.c, x.c, w.c, h.c, pos.c, B), op_conv1d_silu_forward(y.d, x.d, w.d, h.d, pos.d, B);
     EXPECT_CLOSE(y, tol);
-    op_conv1d_silu_backward(dx.c, dh.c, dw.c, dy.c, x.c, w.c, h.c, B);
-    op_conv1d_silu_backward(dx.d, dh.d, dw.d, dy.d, x.d, w.d, h.d, B);
+    op_conv1d_silu_backward(dx.c, dh.c, dw.c, dy.c, x.c, w.c, h.c, pos.c, B);
+    op_conv1d_silu_backward(dx.d, dh.d, dw.d, dy.d, x.d, w.d, h.d, pos.d, B);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
     if (halo) EXPECT_CLOSE(dh, tol);
+}
+static void check_conv(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo) {
+    check_conv_docs(dt, tol, B, S, C, K, halo, false);
 }
 
 static void check_gates(DType dt, double tol, int64_t T, int64_t nv) {
@@ -174,8 +204,9 @@ static double bf16_rounding(Tensor x) {
 // sensitivity itself goes from 2.8e-3 to 9.6e-3 between quantities here. bench/results/2026-12-02-q20b/ has the
 // numbers and planted bugs it catches.
 #define DELTA_C 2.0
-static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv, int chunk, float gs,
-                        bool state) {
+// docs: document masking with doc_positions.
+static void check_delta_docs(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv, int chunk,
+                             float gs, bool state, bool docs) {
     int64_t T = B * S;
     Pair q = pair_rand(dt, 1, 3, T, nk, dk, 0), k = pair_rand(dt, 1, 3, T, nk, dk, 0),
          v = pair_rand(dt, 1, 3, T, nv, dv, 0);
@@ -194,6 +225,8 @@ static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int6
     DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)dk)), .qk_l2norm = true, .chunk = chunk}, ac = a, ad = a;
     ac.s0 = s0.c, ac.sT = sT.c, ac.dsT = dsT.c, ac.ds0 = ds0.c;
     ad.s0 = s0.d, ad.sT = sT.d, ad.dsT = dsT.d, ad.ds0 = ds0.d;
+    Pair pos = pos_pair(B, S, docs);
+    ac.pos = pos.c, ad.pos = pos.d;
     op_delta_rule_forward(o.c, q.c, k.c, v.c, g.c, be.c, &ac);
     op_delta_rule_forward(o.d, q.d, k.d, v.d, g.d, be.d, &ad);
     op_delta_rule_backward(dq.c, dk_.c, dv_.c, dg.c, db.c, dout.c, q.c, k.c, v.c, g.c, be.c, &ac);
@@ -204,8 +237,9 @@ static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int6
     for (int i = 0; i < D_N; i++) ref[i] = got[i].c;
     bool bf = dt == DT_BF16;
     if (bf) delta_sensitivity(sens, ref, q.c, k.c, v.c, g.c, be.c, dout.c, ac);
-    printf("     %s B %d S %lld nk %lld nv %lld dk %lld dv %lld chunk %d gs %g%s:", dtype_name(dt), B, (long long)S,
-           (long long)nk, (long long)nv, (long long)dk, (long long)dv, chunk, gs, state ? " s0" : "");
+    printf("     %s B %d S %lld nk %lld nv %lld dk %lld dv %lld chunk %d gs %g%s%s:", dtype_name(dt), B, (long long)S,
+           (long long)nk, (long long)nv, (long long)dk, (long long)dv, chunk, gs, state ? " s0" : "",
+           docs ? " docs" : "");
     for (int i = 0; i < D_N; i++) {
         if (!ref[i].p) continue;
         err[i] = pair_err(got[i]);
@@ -216,6 +250,10 @@ static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int6
     printf("\n");
     for (int i = 0; i < D_N; i++)
         if (ref[i].p) expect_close(got[i], tol[i], delta_names[i], __FILE__, __LINE__);
+}
+static void check_delta(DType dt, int B, int64_t S, int64_t nk, int64_t nv, int64_t dk, int64_t dv, int chunk, float gs,
+                        bool state) {
+    check_delta_docs(dt, B, S, nk, nv, dk, dv, chunk, gs, state, false);
 }
 
 TEST(gpu_op_delta_rule) {
@@ -228,6 +266,40 @@ TEST(gpu_op_delta_rule) {
         check_delta(MODE_DT, 2, 90, 1, 3, 16, 8, 64, 20, false);  // strong decays: c down to −2000 in a chunk
         check_delta(MODE_DT, 1, 50, 1, 1, 4, 4, 0, 1, false);     // chunk 0 (the recurrence on the CPU)
         check_delta(MODE_DT, 2, 100, 2, 4, 8, 40, 64, 1, true);   // from s0 to sT and back
+    }
+    gpu_report();
+}
+
+// Document masking (doc_positions: documents of 1 row, ones that cross chunk edges, one of exactly a chunk, a first
+// one that continues from before the sequence), on the SIMT kernels (fp32, and bf16 at these head sizes) against the
+// CPU's chunked form (chunk 0: its recurrence), the same bounds as gpu_op_delta_rule; and conv1d + SiLU with masks.
+TEST(gpu_op_delta_rule_docs) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        check_delta_docs(MODE_DT, 2, 200, 2, 4, 8, 12, 64, 1, false, true);
+        check_delta_docs(MODE_DT, 2, 200, 2, 4, 8, 40, 64, 1, true, true);   // s0 reaches sequence 1's first rows
+        check_delta_docs(MODE_DT, 2, 90, 1, 2, 8, 6, 16, 1, true, true);     // chunk 16
+        check_delta_docs(MODE_DT, 2, 150, 1, 3, 16, 8, 64, 20, false, true); // strong decays
+        check_delta_docs(MODE_DT, 2, 90, 1, 1, 4, 4, 0, 1, true, true);      // chunk 0 (the recurrence on the CPU)
+        check_conv_docs(MODE_DT, TOL, 2, 100, 40, 4, false, true);
+        check_conv_docs(MODE_DT, TOL, 2, 100, 40, 4, true, true); // the halo counts only for sequence 1
+        check_conv_docs(MODE_DT, TOL, 3, 37, 300, 3, true, true);
+        check_conv_docs(MODE_DT, TOL, 1, 20, 16, 8, false, true);
+    }
+    gpu_report();
+}
+
+// The tensor-core kernels (bf16, head size 128) with document masking: resets inside chunks, at a chunk's first row
+// and across the state tiles; the states; chunk 0.
+TEST(gpu_op_delta_rule_128_docs) {
+    gpu_begin();
+    MODES {
+        gpu_mode(MODE_DT);
+        check_delta_docs(MODE_DT, 2, 200, 1, 2, 128, 128, 64, 1, false, true);
+        check_delta_docs(MODE_DT, 2, 150, 2, 4, 128, 128, 64, 1, true, true);
+        check_delta_docs(MODE_DT, 2, 130, 1, 1, 128, 128, 64, 20, false, true);
+        check_delta_docs(MODE_DT, 2, 70, 1, 2, 128, 128, 0, 1, true, true);
     }
     gpu_report();
 }
@@ -261,5 +333,91 @@ TEST(gpu_model_qwen3_5_moe) {
     gpu_begin();
     model_compare(TINY_Q35_GPU, false, DT_F32, 2, 80, 0.05, 0.1);
     model_compare(TINY_Q35_GPU, false, DT_BF16, 2, 80, 0.05, 0.05);
+    gpu_report();
+}
+
+// TINY_Q35_GPU's shapes with Gated DeltaNet layers only: the full-attention layers' masking on the GPU is the
+// attention kernels' (AttnArgs.docpos), not tested here.
+#define TINY_Q35_GPU_LINEAR                                                                                            \
+    "{\"model_type\": \"qwen3_5_moe_text\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": "  \
+    "4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 64, \"num_experts\": 8,"                         \
+    " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 16, \"shared_expert_intermediate_size\": 24,"             \
+    " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 16,"                        \
+    " \"linear_value_head_dim\": 8,"                                                                                   \
+    " \"layer_types\": [\"linear_attention\", \"linear_attention\", \"linear_attention\"]}"
+
+// The whole model under document masking (MicroBatch.docs, doc_positions over 2 sequences of 80), the GPU in fp32
+// against the CPU on the same weights, tokens and positions: the loss and every gradient tensor within 1e-5 relative
+// (gpu_model_qwen3_5_moe's fp32 bound, at its init std 0.1 for the same conditioning reason). Where a near-tie routed
+// a token otherwise, the CPU reruns with the GPU's routing (RouterArgs.given), as model_compare does.
+typedef struct {
+    Model m;
+    Chunk e;
+    StepSums st;
+} DocSide;
+static double docs_run(DocSide *s, const int32_t *tok, const int32_t *lab, const int32_t *pos, int T) {
+    chunk_load(&s->e, 0, tok, lab);
+    op_copy(s->e.rec[0].mb.pos, tensor_make((void *)pos, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+    s->e.rec[0].mb.docs = true;
+    model_zero_grads(&s->m);
+    step_sums_begin(&s->st, &s->m);
+    chunk_forward(&s->e, 0, true);
+    chunk_backward(&s->e, 0, false);
+    return op_read_scalar(s->st.loss_sum);
+}
+TEST(gpu_model_qwen3_5_moe_docs) {
+    gpu_begin();
+    gpu_mode(DT_F32);
+    const int B = 2, S = 80, T = B * S;
+    ModelConfig mc;
+    const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", TINY_Q35_GPU_LINEAR));
+    static DocSide cpu, gpu;
+    model_create(&cpu.m, fam, &mc, DEV_CPU, DT_F32, S);
+    model_create(&gpu.m, fam, &mc, DEV_CUDA, DT_F32, S);
+    cpu.m.lb_coef = gpu.m.lb_coef = 0;
+    for (int g = 0; g < NGROUPS; g++) {
+        params_init(&cpu.m.params, g, cpu.m.w[g].p, 7, 0.1, mc.layers);
+        op_copy(gpu.m.w[g], cpu.m.w[g]);
+    }
+    step_sums_create(&cpu.st, &cpu.m, true), step_sums_create(&gpu.st, &gpu.m, true);
+    chunk_init_model(&cpu.e, &cpu.m, &cpu.st, B, S), chunk_init_model(&gpu.e, &gpu.m, &gpu.st, B, S);
+    int32_t *tok = xmalloc(T * sizeof(int32_t)), *lab = xmalloc(T * sizeof(int32_t)), *pos = doc_positions(B, S);
+    for (int t = 0; t < T; t++) {
+        tok[t] = (int32_t)(rng_u64(6, 1, t) % mc.vocab);
+        lab[t] = t % 7 == 3 ? -100 : (int32_t)(rng_u64(6, 2, t) % mc.vocab);
+    }
+    double lg = docs_run(&gpu, tok, lab, pos, T), lc = docs_run(&cpu, tok, lab, pos, T), worst = 0;
+    int flips = 0, slots = 0;
+    int32_t *given[MAX_LAYERS] = {0};
+    for (int l = 0; l < mc.layers; l++) {
+        if (!mc.is_moe[l]) continue;
+        given[l] = gpu_down_i32(gpu.e.rec[0].io[l].idx);
+        for (int64_t i = 0; i < tensor_numel(cpu.e.rec[0].io[l].idx); i++)
+            slots++, flips += given[l][i] != ((int32_t *)cpu.e.rec[0].io[l].idx.p)[i];
+        cpu.m.route_given[l] = given[l];
+    }
+    if (flips) lc = docs_run(&cpu, tok, lab, pos, T);
+    double le = fabs(lg - lc) / fabs(lc);
+    const char *wn = "-";
+    for (int g = 0; g < NGROUPS; g++) {
+        float *gg = gpu_down(gpu.m.g[g]);
+        for (int i = 0; i < cpu.m.params.n; i++) {
+            const ParamInfo *p = &cpu.m.params.p[i];
+            if (p->group != g) continue;
+            double e = rel_err_f32(gg + p->off, (const float *)cpu.m.g[g].p + p->off, params_numel(p));
+            if (e >= worst) worst = e, wn = p->name;
+        }
+        free(gg);
+    }
+    printf("     loss %.9g vs %.9g (rel %.2e), routing flips %d/%d, worst gradient %.2e (%s)\n", lg, lc, le, flips,
+           slots, worst, wn);
+    record_err(worst, wn);
+    ASSERT_MSG(flips * 20 <= slots, "routing flips %d of %d slots: more than near-ties explain", flips, slots);
+    ASSERT_MSG(le <= 1e-5, "loss: gpu %.9g cpu %.9g", lg, lc);
+    ASSERT_MSG(worst <= 1e-5, "gradient %s: %.3g", wn, worst);
+    for (int l = 0; l < mc.layers; l++) free(given[l]), cpu.m.route_given[l] = NULL;
+    free(tok), free(lab), free(pos);
+    chunk_free(&cpu.e), chunk_free(&gpu.e), step_sums_free(&cpu.st), step_sums_free(&gpu.st);
+    model_free(&cpu.m), model_free(&gpu.m);
     gpu_report();
 }

@@ -256,8 +256,11 @@ static Tensor back(Tensor d, Tensor like) { // a device tensor's values in a new
 // dw summed over the ranks), and the delta rule with the state passed along the ranks, forward and backward, against
 // one rank over the whole sequences (C conv channels of kernel K; nk key heads of dk, nv value heads of dv; chunk 4
 // over 2·blk local rows). plant: 0 = as the model runs it, 1 = no halo (every rank's conv starts from zeros), 2 = no
-// state (every rank's delta rule from zeros). err: layout, conv y, dx, dw, delta o, dq, dk, dv, dg, dbeta.
-static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, double err[10]) {
+// state (every rank's delta rule from zeros), 3 = docs without the ranks' positions. docs: document masking, documents
+// of 1 to 5 rows whose edges fall inside and on the ranks' edges; each rank's positions come from its zigzag rows
+// through ring_to_contiguous as fp32 words, as Qwen3.5's layer moves them. err: layout, conv y, dx, dw, delta o, dq,
+// dk, dv, dg, dbeta.
+static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, bool docs, double err[10]) {
     int cp = c->size, r = c->rank, S = 2 * cp * blk, C = 5, K = 4, nk = 1, nv = 2, dk = 4, dv = 3;
     int64_t T = (int64_t)B * S, Tl = (int64_t)B * 2 * blk;
     Tensor x = host2(T, C), w = host2(C, K), dy = host2(T, C), q = hostt(T, nk, dk), k = hostt(T, nk, dk),
@@ -270,9 +273,19 @@ static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, do
     // the reference over the whole sequences
     Tensor y = host2(T, C), dx = host2(T, C), dw = host2(C, K), o = hostt(T, nv, dv), dq = hostt(T, nk, dk),
            dkk = hostt(T, nk, dk), dvv = hostt(T, nv, dv), dg = host2(T, nv), dbe = host2(T, nv);
-    DeltaArgs da = {.B = B, .scale = 0.5f, .qk_l2norm = true, .chunk = 4};
-    op_conv1d_silu_forward(y, x, w, (Tensor){0}, B);
-    op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, (Tensor){0}, B);
+    Tensor pos = {0};
+    if (docs) {
+        static const int len[5] = {3, 1, 5, 2, 4};
+        pos = tensor_make(xmalloc((size_t)T * sizeof(int32_t)), DT_I32, DEV_CPU, 1, T, 1, 1, 1);
+        for (int b = 0; b < B; b++)
+            for (int i = 0, d = b, at = 0; i < S; i++, at++) {
+                if (at == len[d % 5]) at = 0, d++;
+                ((int32_t *)pos.p)[b * S + i] = at;
+            }
+    }
+    DeltaArgs da = {.B = B, .scale = 0.5f, .qk_l2norm = true, .chunk = 4, .pos = pos};
+    op_conv1d_silu_forward(y, x, w, (Tensor){0}, pos, B);
+    op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, (Tensor){0}, pos, B);
     op_delta_rule_forward(o, q, k, v, g, be, &da);
     op_delta_rule_backward(dq, dkk, dvv, dg, dbe, dout, q, k, v, g, be, &da);
     // this rank: the zigzag rows of x to the contiguous layout, the rest of the inputs there already
@@ -289,16 +302,30 @@ static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, do
     ring_to_zigzag(&ring, gzz, gxc, B);
     Tensor hc = back(gxc, want), hz = back(gzz, lx);
     err[0] = fmax(rel(hc, want), rel(hz, lx));
+    Tensor lpos = {0}, zpos = {0};
+    if (docs && plant != 3) { // this rank's zigzag rows of pos, to the contiguous layout as fp32 words
+        zpos = tensor_make(xmalloc((size_t)Tl * sizeof(int32_t)), DT_I32, DEV_CPU, 1, Tl, 1, 1, 1);
+        take_rows(zpos, pos, B, cp, blk, r, false);
+        Tensor gz = on(dev, zpos, &mem), gl = arena_tensor(&mem, DT_I32, 1, Tl, 0, 0, 0);
+        lpos = gl, gz.dt = gl.dt = DT_F32;
+        ring_to_contiguous(&ring, tensor_reshape2(gl, Tl, 1), tensor_reshape2(gz, Tl, 1), B);
+        Tensor want_pos = tensor_make(xmalloc((size_t)Tl * sizeof(int32_t)), DT_I32, DEV_CPU, 1, Tl, 1, 1, 1),
+               got_pos = want_pos;
+        got_pos.p = xmalloc((size_t)Tl * sizeof(int32_t));
+        take_contiguous(want_pos, pos, B, cp, blk, r), op_copy(got_pos, lpos);
+        if (memcmp(want_pos.p, got_pos.p, (size_t)Tl * sizeof(int32_t))) err[0] = INFINITY;
+        free(want_pos.p), free(got_pos.p);
+    }
     // the conv on the contiguous rows
     Tensor halo = on(dev, host2((int64_t)B * (K - 1), C), &mem), gw = on(dev, w, &mem),
            gy = on(dev, host2(Tl, C), &mem), ldy = host2(Tl, C), gdx = on(dev, host2(Tl, C), &mem), zw = host2(C, K),
            gdw = on(dev, zw, &mem);
     take_contiguous(ldy, dy, B, cp, blk, r);
     Tensor gdy = on(dev, ldy, &mem);
-    if (plant == 1) op_conv1d_silu_forward(gy, gxc, gw, (Tensor){0}, B);
-    else model_conv1d_silu_forward(&m, gy, gxc, gw, halo, B);
-    if (plant == 1) op_conv1d_silu_backward(gdx, (Tensor){0}, gdw, gdy, gxc, gw, (Tensor){0}, B);
-    else model_conv1d_silu_backward(&m, gdx, gdw, gdy, gxc, gw, halo, B);
+    if (plant == 1) op_conv1d_silu_forward(gy, gxc, gw, (Tensor){0}, lpos, B);
+    else model_conv1d_silu_forward(&m, gy, gxc, gw, halo, lpos, B);
+    if (plant == 1) op_conv1d_silu_backward(gdx, (Tensor){0}, gdw, gdy, gxc, gw, (Tensor){0}, lpos, B);
+    else model_conv1d_silu_backward(&m, gdx, gdw, gdy, gxc, gw, halo, lpos, B);
     Tensor ry = host2(Tl, C), rdx = host2(Tl, C);
     take_contiguous(ry, y, B, cp, blk, r), take_contiguous(rdx, dx, B, cp, blk, r);
     Tensor hy = back(gy, ry), hdx = back(gdx, rdx), hdw = back(gdw, dw);
@@ -312,6 +339,7 @@ static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, do
     Tensor s0 = arena_tensor(&mem, DT_F32, 4, B, nv, dk, dv), go = on(dev, hostt(Tl, nv, dv), &mem),
            gq = on(dev, hostt(Tl, nk, dk), &mem), gk = on(dev, hostt(Tl, nk, dk), &mem),
            gvv = on(dev, hostt(Tl, nv, dv), &mem), gg = on(dev, host2(Tl, nv), &mem), gb = on(dev, host2(Tl, nv), &mem);
+    da.pos = lpos;
     if (plant == 2) {
         op_delta_rule_forward(go, gin[0], gin[1], gin[2], gin[3], gin[4], &da);
         op_delta_rule_backward(gq, gk, gvv, gg, gb, gin[5], gin[0], gin[1], gin[2], gin[3], gin[4], &da);
@@ -329,6 +357,8 @@ static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, do
     }
     ring_free(&ring);
     arena_destroy(&mem);
+    if (pos.p) free(pos.p);
+    if (zpos.p) free(zpos.p);
     Tensor frees[] = {x,  w,   dy,  q,   k,   v,      g,      be,     dout,   y,      dx,    dw,
                       o,  dq,  dkk, dvv, dg,  dbe,    lx,     want,   hc,     hz,     ldy,   zw,
                       ry, rdx, hy,  hdx, hdw, lin[0], lin[1], lin[2], lin[3], lin[4], lin[5]};
@@ -363,18 +393,19 @@ void suite_ring(const Dist *d, bool gpu) {
             ring_mla_case(c, dev, 2, blk, docs, err);
             expect_small(c, docs ? "ring (MLA latent, document masking)" : "ring (MLA latent)", blk, err, mname, 6);
         }
-        linear_case(c, dev, 2, blk - 1, 0, err);
+        linear_case(c, dev, 2, blk - 1, 0, false, err);
         expect_small(c, "ring (DeltaNet: layout, conv halo, state)", blk - 1, err, lname, 10);
+        linear_case(c, dev, 2, blk - 1, 0, true, err);
+        expect_small(c, "ring (DeltaNet, document masking)", blk - 1, err, lname, 10);
     }
-    for (int plant = 1; plant <= 2; plant++) { // controls: without the halo, or without the state, it must show
+    for (int plant = 1; plant <= 3; plant++) { // controls: without the halo, the state or the positions it must show
+        static const char *const what[4] = {"", "halo", "state", "document positions"};
         double err[10];
-        linear_case(c, dev, 2, 2, plant, err);
-        double worst = plant == 1 ? fmax(err[1], err[2]) : fmax(err[4], err[5]);
+        linear_case(c, dev, 2, 2, plant, plant == 3, err);
+        double worst = plant == 1 ? fmax(err[1], err[2]) : plant == 2 ? fmax(err[4], err[5]) : fmax(err[1], err[4]);
         comm_allreduce(c, tensor_make(&worst, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_MAX);
-        if (!(worst > 1e-2))
-            die("ring: the control (no %s) went unnoticed: %.3g", plant == 1 ? "halo" : "state", worst);
-        if (c->rank == 0)
-            printf("ring: control no %s: error %.3g (must be large)\n", plant == 1 ? "halo" : "state", worst);
+        if (!(worst > 1e-2)) die("ring: the control (no %s) went unnoticed: %.3g", what[plant], worst);
+        if (c->rank == 0) printf("ring: control no %s: error %.3g (must be large)\n", what[plant], worst);
     }
     for (int shard = 1; shard <= 2; shard++) { // controls: a wrong shard must show
         double err[5], least = INFINITY;

@@ -52,53 +52,61 @@ static double conv_in(Tensor x, Tensor halo, int64_t b, int64_t src, int64_t c, 
     return halo.p ? F(halo)[(b * (K - 1) + K - 1 + src) * C + c] : 0;
 }
 
+// Whether the tap reading i rows back counts for row t: always without document masking, else while i ≤ pos[t].
+static inline bool tap_on(Tensor pos, int64_t t, int64_t i) { return !pos.p || i <= ((const int32_t *)pos.p)[t]; }
+
 // Pre-activation of row t and channel c.
-static double conv_pre(Tensor x, Tensor w, Tensor halo, int64_t t, int64_t c, int64_t S) {
+static double conv_pre(Tensor x, Tensor w, Tensor halo, Tensor pos, int64_t t, int64_t c, int64_t S) {
     int64_t K = t_cols(w), p = t % S;
     double s = 0;
-    for (int64_t j = 0; j < K; j++) s += (double)F(w)[c * K + j] * conv_in(x, halo, t / S, p - K + 1 + j, c, S, K);
+    for (int64_t j = 0; j < K; j++)
+        if (tap_on(pos, t, K - 1 - j)) s += (double)F(w)[c * K + j] * conv_in(x, halo, t / S, p - K + 1 + j, c, S, K);
     return s;
 }
 
-static void conv_check(Tensor x, Tensor w, Tensor halo, int B) {
+static void conv_check(Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
     CPU_F32(x);
     CPU_F32(w);
     CHECK(t_rows(x) % B == 0 && t_rows(w) == t_cols(x));
+    if (pos.p) CHECK(pos.dev == DEV_CPU && pos.dt == DT_I32 && tensor_numel(pos) == t_rows(x));
     if (!halo.p) return;
     CPU_F32(halo);
     CHECK(t_rows(halo) == B * (t_cols(w) - 1) && t_cols(halo) == t_cols(x));
 }
 
-void cpu_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
+void cpu_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
     CPU_F32(y);
-    conv_check(x, w, halo, B);
+    conv_check(x, w, halo, pos, B);
     int64_t T = t_rows(x), C = t_cols(x), S = T / B;
     CHECK(tensor_numel(y) == T * C);
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++)
         for (int64_t c = 0; c < C; c++) {
-            double u = conv_pre(x, w, halo, t, c, S);
+            double u = conv_pre(x, w, halo, pos, t, c, S);
             F(y)[t * C + c] = (float)(u * sigm(u));
         }
 }
 
 // dpre = dy·silu'(pre); dx[t', c] = Σ_j w[c, j]·dpre[t' + K − 1 − j, c]; dw[c, j] += Σ_t dpre[t, c]·x[t − K + 1 + j, c]
-// (the halo's rows where t − K + 1 + j falls before the sequence); dhalo the same sum as dx for the halo's rows.
-void cpu_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
-    conv_check(x, w, halo, B);
+// (the halo's rows where t − K + 1 + j falls before the sequence); dhalo the same sum as dx for the halo's rows. Each
+// term only where its tap counts for the output row (tap_on).
+void cpu_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo,
+                              Tensor pos, int B) {
+    conv_check(x, w, halo, pos, B);
     int64_t T = t_rows(x), C = t_cols(x), S = T / B, K = t_cols(w);
     float *dpre = xmalloc(T * C * sizeof(float));
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++)
         for (int64_t c = 0; c < C; c++)
-            dpre[t * C + c] = (float)(F(dy)[t * C + c] * silu_grad(conv_pre(x, w, halo, t, c, S)));
+            dpre[t * C + c] = (float)(F(dy)[t * C + c] * silu_grad(conv_pre(x, w, halo, pos, t, c, S)));
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++) {
         int64_t p = t % S;
         for (int64_t c = 0; c < C; c++) {
             double s = 0;
             for (int64_t j = 0; j < K; j++)
-                if (p + K - 1 - j < S) s += (double)F(w)[c * K + j] * dpre[(t + K - 1 - j) * C + c];
+                if (p + K - 1 - j < S && tap_on(pos, t + K - 1 - j, K - 1 - j))
+                    s += (double)F(w)[c * K + j] * dpre[(t + K - 1 - j) * C + c];
             F(dx)[t * C + c] = (float)s;
         }
     }
@@ -109,7 +117,8 @@ void cpu_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Ten
                 for (int64_t c = 0; c < C; c++) {
                     double s = 0;
                     for (int64_t j = 0; j <= i; j++)
-                        if (i - j < S) s += (double)F(w)[c * K + j] * dpre[(b * S + i - j) * C + c];
+                        if (i - j < S && tap_on(pos, b * S + i - j, K - 1 - j))
+                            s += (double)F(w)[c * K + j] * dpre[(b * S + i - j) * C + c];
                     F(dhalo)[(b * (K - 1) + i) * C + c] = (float)s;
                 }
     }
@@ -118,7 +127,8 @@ void cpu_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Ten
         for (int64_t j = 0; j < K; j++) {
             double s = 0;
             for (int64_t t = 0; t < T; t++)
-                s += (double)dpre[t * C + c] * conv_in(x, halo, t / S, t % S - K + 1 + j, c, S, K);
+                if (tap_on(pos, t, K - 1 - j))
+                    s += (double)dpre[t * C + c] * conv_in(x, halo, t / S, t % S - K + 1 + j, c, S, K);
             F(dw)[c * K + j] += (float)s;
         }
     free(dpre);
@@ -189,9 +199,11 @@ static void load_head(double *dst, double *r, Tensor x, int64_t t, int64_t h, do
     for (int64_t i = 0; i < d; i++) dst[i] = p[i] * *r * scale;
 }
 
-// One step of the recurrence: St ← e^g St + k (β (v − e^g Stᵀ k))ᵀ; o = Stᵀ q. delta: (dv) scratch.
+// One step of the recurrence: St ← e^g St + k (β (v − e^g Stᵀ k))ᵀ; o = Stᵀ q; at a document's first token (reset)
+// St is zeroed first. delta: (dv) scratch.
 static void delta_step(double *St, double *o, const double *q, const double *k, const double *v, double g, double beta,
-                       double *delta, int64_t dk, int64_t dv) {
+                       bool reset, double *delta, int64_t dk, int64_t dv) {
+    if (reset) memset(St, 0, (size_t)(dk * dv) * sizeof(double));
     double e = exp(g);
     for (int64_t j = 0; j < dv; j++) {
         double m = 0;
@@ -212,21 +224,29 @@ static void delta_step(double *St, double *o, const double *q, const double *k, 
 //   A_ij = β_i (k_i·k_j) e^{c_i − c_j} (j < i), U = (I + A)⁻¹ (β v), W = (I + A)⁻¹ (β e^{c} k),
 //   v' = U − W St, o_i = e^{c_i} q_iᵀ St + Σ_{j≤i} (q_i·k_j) e^{c_i − c_j} v'_j,
 //   St ← e^{c_L} St + Σ_j e^{c_L − c_j} k_j v'_jᵀ.
-// q, k: (L, dk), v: (L, dv), o: (L, dv); ws: L² + L·(dv + dk + 1) doubles.
+// Document masking (ps, the rows' positions in their documents, or NULL): row i's document starts at row
+// sg_i = max(i − ps_i, −1) of the chunk (−1: before it). A pair (i, j) counts only for j ≥ sg_i (no reset between
+// them), the entering state only for rows with sg_i = −1 (e^{c_i} → 0 in W and o) and in St's update only without a
+// reset in the chunk (e^{c_L} → 0), and St's sum runs over j ≥ sg_{L−1}: each factor is the decay or 0, so the
+// same formulas hold, with no −∞ in c (docs/architecture.md, "Gated DeltaNet").
+// q, k: (L, dk), v: (L, dv), o: (L, dv); ws: L² + L·(dv + dk + 2) doubles.
 static void delta_chunk(double *St, double *o, const double *q, const double *k, const double *v, const double *g,
-                        const double *beta, int64_t L, int64_t dk, int64_t dv, double *ws) {
-    double *A = ws, *U = A + L * L, *W = U + L * dv, *c = W + L * dk;
+                        const double *beta, const int32_t *ps, int64_t L, int64_t dk, int64_t dv, double *ws) {
+    double *A = ws, *U = A + L * L, *W = U + L * dv, *c = W + L * dk, *sg = c + L;
     for (int64_t i = 0; i < L; i++) c[i] = g[i] + (i ? c[i - 1] : 0);
+    for (int64_t i = 0; i < L; i++) sg[i] = ps && i - ps[i] > -1 ? (double)(i - ps[i]) : -1.0;
+#define PAIR(i, j) ((double)(j) >= sg[i] ? exp(c[i] - c[j]) : 0.0) // e^{c_i − c_j} within a document, else 0
+#define ENTER(i) (sg[i] < 0 ? exp(c[i]) : 0.0)                     // e^{c_i} while the entering state reaches row i
     for (int64_t i = 0; i < L; i++)
         for (int64_t j = 0; j < i; j++) {
             double s = 0;
             for (int64_t x = 0; x < dk; x++) s += k[i * dk + x] * k[j * dk + x];
-            A[i * L + j] = beta[i] * s * exp(c[i] - c[j]);
+            A[i * L + j] = beta[i] * s * PAIR(i, j);
         }
     // Forward substitution: row i of U (W) = its right-hand side − Σ_{j<i} A_ij · row j.
     for (int64_t i = 0; i < L; i++) {
         for (int64_t y = 0; y < dv; y++) U[i * dv + y] = beta[i] * v[i * dv + y];
-        for (int64_t x = 0; x < dk; x++) W[i * dk + x] = beta[i] * exp(c[i]) * k[i * dk + x];
+        for (int64_t x = 0; x < dk; x++) W[i * dk + x] = beta[i] * ENTER(i) * k[i * dk + x];
         for (int64_t j = 0; j < i; j++) {
             for (int64_t y = 0; y < dv; y++) U[i * dv + y] -= A[i * L + j] * U[j * dv + y];
             for (int64_t x = 0; x < dk; x++) W[i * dk + x] -= A[i * L + j] * W[j * dk + x];
@@ -242,22 +262,23 @@ static void delta_chunk(double *St, double *o, const double *q, const double *k,
         for (int64_t y = 0; y < dv; y++) {
             double s = 0;
             for (int64_t x = 0; x < dk; x++) s += q[i * dk + x] * St[x * dv + y];
-            o[i * dv + y] = exp(c[i]) * s;
+            o[i * dv + y] = ENTER(i) * s;
         }
     for (int64_t i = 0; i < L; i++)
         for (int64_t j = 0; j <= i; j++) {
             double s = 0;
             for (int64_t x = 0; x < dk; x++) s += q[i * dk + x] * k[j * dk + x];
-            s *= exp(c[i] - c[j]);
+            s *= PAIR(i, j);
             for (int64_t y = 0; y < dv; y++) o[i * dv + y] += s * U[j * dv + y];
         }
-    double cL = c[L - 1];
     for (int64_t x = 0; x < dk; x++)
         for (int64_t y = 0; y < dv; y++) {
-            double s = exp(cL) * St[x * dv + y];
-            for (int64_t j = 0; j < L; j++) s += exp(cL - c[j]) * k[j * dk + x] * U[j * dv + y];
+            double s = ENTER(L - 1) * St[x * dv + y];
+            for (int64_t j = 0; j < L; j++) s += PAIR(L - 1, j) * k[j * dk + x] * U[j * dv + y];
             St[x * dv + y] = s;
         }
+#undef PAIR
+#undef ENTER
 }
 
 // Inputs of one (sequence b, value head h) as fp64 arrays: q, k (S, dk) normalised and scaled, v (S, dv), g, beta (S),
@@ -296,6 +317,8 @@ static void state_store(Tensor x, const double *St, int64_t bh, int64_t dkv) {
 }
 
 // s0, sT, dsT, ds0 each absent or (B, nv, dk, dv) fp32 on the CPU.
+// pos, when given: (B·S) int32 on the CPU that counts up by one inside a document (or restarts at 0), what the
+// chunked form relies on.
 static void check_states(const DeltaArgs *a, const DeltaDims *d) {
     const Tensor *st[4] = {&a->s0, &a->sT, &a->dsT, &a->ds0};
     for (int i = 0; i < 4; i++)
@@ -303,7 +326,20 @@ static void check_states(const DeltaArgs *a, const DeltaDims *d) {
             CPU_F32(*st[i]);
             CHECK(tensor_numel(*st[i]) == a->B * d->nv * d->dk * d->dv);
         }
+    if (!a->pos.p) return;
+    CHECK(a->pos.dev == DEV_CPU && a->pos.dt == DT_I32 && tensor_numel(a->pos) == a->B * d->S);
+    const int32_t *ps = a->pos.p;
+    for (int64_t t = 0; t < a->B * d->S; t++)
+        if (ps[t] < 0 || (t % d->S && ps[t] && ps[t] != ps[t - 1] + 1))
+            die("delta_rule: pos[%lld] = %d does not follow pos[%lld] = %d inside a document", (long long)t, ps[t],
+                (long long)t - 1, t ? ps[t - 1] : 0);
 }
+
+// The positions of sequence b in its documents (NULL without document masking), and whether row p starts one.
+static const int32_t *seq_pos(const DeltaArgs *a, int64_t b, int64_t S) {
+    return a->pos.p ? (const int32_t *)a->pos.p + b * S : NULL;
+}
+static inline bool doc_start(const int32_t *ps, int64_t p) { return ps && ps[p] == 0; }
 
 void cpu_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
     CPU_F32(q);
@@ -322,17 +358,18 @@ void cpu_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Te
         DeltaSeq s;
         double *mem = delta_seq_alloc(&s, &d);
         delta_seq_load(&s, &d, q, k, v, g, beta, b, h, a);
-        double *St = xcalloc((size_t)(d.dk * d.dv + d.S * d.dv + C * C + C * (d.dv + d.dk + 1)), sizeof(double));
+        double *St = xcalloc((size_t)(d.dk * d.dv + d.S * d.dv + C * C + C * (d.dv + d.dk + 2)), sizeof(double));
+        const int32_t *ps = seq_pos(a, b, d.S);
         double *out = St + d.dk * d.dv, *ws = out + d.S * d.dv;
         state_load(St, a->s0, bh, d.dk * d.dv);
         for (int64_t p0 = 0; p0 < d.S; p0 += C) {
             int64_t L = d.S - p0 < C ? d.S - p0 : C;
             if (a->chunk)
                 delta_chunk(St, out + p0 * d.dv, s.q + p0 * d.dk, s.k + p0 * d.dk, s.v + p0 * d.dv, s.g + p0,
-                            s.beta + p0, L, d.dk, d.dv, ws);
+                            s.beta + p0, ps ? ps + p0 : NULL, L, d.dk, d.dv, ws);
             else
                 delta_step(St, out + p0 * d.dv, s.q + p0 * d.dk, s.k + p0 * d.dk, s.v + p0 * d.dv, s.g[p0], s.beta[p0],
-                           ws, d.dk, d.dv);
+                           doc_start(ps, p0), ws, d.dk, d.dv);
         }
         for (int64_t p = 0; p < d.S; p++)
             for (int64_t y = 0; y < d.dv; y++) F(o)[((b * d.S + p) * d.nv + h) * d.dv + y] = (float)out[p * d.dv + y];
@@ -347,6 +384,7 @@ void cpu_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Te
 //   P = e^g S_{t−1}, δ = β (v − Pᵀk), S_t = P + k δᵀ, o = S_tᵀ q
 //   dSt += q doᵀ, dq = S_t do; dδ = dStᵀ k, dk = dSt δ; dv = β dδ, dβ = dδ·(v − Pᵀk); e = −β dδ: dk += P e,
 //   dP = dSt + k eᵀ; dg = ⟨P, dP⟩; dS_{t−1} = e^g dP.
+// At a document's first token S_{t−1} reads as 0 (P = 0, so dg = 0) and dS_{t−1} = 0: nothing flows across it.
 // Key heads collect the gradients of the G value heads they serve, so one task takes a (sequence, key head).
 void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
                              Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
@@ -356,6 +394,7 @@ void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor 
 #pragma omp parallel for
     for (int64_t bk = 0; bk < a->B * d.nk; bk++) {
         int64_t b = bk / d.nk, hk = bk % d.nk, S = d.S;
+        const int32_t *ps = seq_pos(a, b, S);
         DeltaSeq s;
         double *mem = delta_seq_alloc(&s, &d);
         int64_t nblk = (S + BL - 1) / BL;
@@ -370,7 +409,7 @@ void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor 
                 memcpy(ckpt + (blk + 1) * dkv, ckpt + blk * dkv, (size_t)dkv * 8);
                 for (int64_t p = blk * BL; p < (blk + 1) * BL; p++)
                     delta_step(ckpt + (blk + 1) * dkv, e, s.q + p * d.dk, s.k + p * d.dk, s.v + p * d.dv, s.g[p],
-                               s.beta[p], dlt, d.dk, d.dv);
+                               s.beta[p], doc_start(ps, p), dlt, d.dk, d.dv);
             }
             state_load(dSt, a->dsT, b * d.nv + h, dkv); // ∂/∂S_S
             for (int64_t blk = nblk - 1; blk >= 0; blk--) {
@@ -380,14 +419,14 @@ void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor 
                     memcpy(Sb + (i + 1) * dkv, Sb + i * dkv, (size_t)dkv * 8);
                     int64_t p = p0 + i;
                     delta_step(Sb + (i + 1) * dkv, e, s.q + p * d.dk, s.k + p * d.dk, s.v + p * d.dv, s.g[p], s.beta[p],
-                               dlt, d.dk, d.dv);
+                               doc_start(ps, p), dlt, d.dk, d.dv);
                 }
                 for (int64_t i = L - 1; i >= 0; i--) {
                     int64_t p = p0 + i, t = b * S + p;
                     const double *kp = s.k + p * d.dk, *qp = s.q + p * d.dk, *vp = s.v + p * d.dv,
                                  *Sn = Sb + (i + 1) * dkv;
                     const float *dop = F(dout) + (t * d.nv + h) * d.dv;
-                    double eg = exp(s.g[p]), bt = s.beta[p], dgs = 0, dbs = 0;
+                    double eg = doc_start(ps, p) ? 0.0 : exp(s.g[p]), bt = s.beta[p], dgs = 0, dbs = 0;
                     for (int64_t x = 0; x < dkv; x++) P[x] = eg * Sb[i * dkv + x];
                     for (int64_t y = 0; y < d.dv; y++) { // δ and the predicted value Pᵀk (in e for now)
                         double m = 0;

@@ -31,6 +31,7 @@ typedef struct {
     const void *v, *dout;
     const float *g, *beta, *s0, *dsT;
     float *sT, *ds0, *dg, *dbeta;
+    const int *pos; // (T) document positions (NULL: no masking)
 } DeltaIO;
 
 // One warp per (token, key head): qh = scale·q·rq, kh = k·rk (fp32, or bf16 for the tensor cores), rq, rk =
@@ -67,7 +68,28 @@ __global__ void delta_prep_kernel(DeltaBufs f, const T *q, const T *k, float sca
 // dS (dS₁ kept per chunk, dV' = Mᵀ dO + diag(e^{c_L − c}) k dS₁, dS₀ = e^{c_L} dS₁ + qᵀ diag(e^c) dO − Wᵀ dV'),
 // then delta_chunk_grad_kernel takes every chunk at once through the rest (its comment has the terms).
 // Scratch rows are indexed by bh = b·nv + h and the position p < NC·L padded to whole chunks.
+// Document masking (io.pos): row i of a chunk belongs to the document that starts at its row sg_i = i − pos_i (−1:
+// before the chunk). A pair (i, j ≤ i) counts only for j ≥ sg_i, the entering state S₀ reaches row i only for
+// sg_i = −1 (its e^{c_i} becomes 0: in W's β e^c k, in o and in their gradients) and S₁ only when the chunk has no
+// reset (e^{c_L} → 0), and S₁'s sum runs over j ≥ sg_{L−1} (e^{c_L − c_j} → 0 before). So every decay factor is
+// either itself or an exact 0: c stays finite (no −∞ − −∞) and keeps its digits, and without masking the same
+// factors, bit for bit, come out. dg restarts its reverse cumulative sum at each reset: the dc of a document's rows
+// sum to 0 (every term with their c is a difference within the document), and a reset token's g meets a zeroed state.
 #define DELTA_VT 32 // value columns per state-pass block
+
+// sg_i of row i of the chunk whose first token is tok0 (−1 without masking).
+__device__ __forceinline__ int seg_start(const int *pos, int64_t tok0, int i) {
+    if (!pos) return -1;
+    int s = i - pos[tok0 + i];
+    return s > -1 ? s : -1;
+}
+// The decay factors under the masks: e^{c_i − c_j} (j ≤ i), e^{c_i} and e^{c_L − c_j} from c in fp64.
+__device__ __forceinline__ float pair_decay(const double *c, const int *sg, int i, int j) {
+    return j <= i && j >= sg[i] ? expf((float)(c[i] - c[j])) : 0.0f;
+}
+__device__ __forceinline__ float enter_decay(const double *c, const int *sg, int i) {
+    return sg[i] < 0 ? expf((float)c[i]) : 0.0f;
+}
 
 // Grid (NC, B·nv). Shared: cc (L, fp64), kc (L, dk), Am, Ti (L, L), bb, be = β e^c (L).
 template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
@@ -81,11 +103,13 @@ template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, Delta
     int h = bh % nv, hk = h / (nv / d.nk), Le = (int)(d.S - p0 < L ? d.S - p0 : L);
     double *cc = (double *)sm; // c in fp64: differences of large cumulative decays keep their digits
     float *kc = (float *)(cc + L), *Am = kc + L * dk, *Ti = Am + L * L, *bb = Ti + L * L, *be = bb + L;
+    int *sg = (int *)(be + L);
     for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) kc[e] = kh[((tok0 + e / dk) * d.nk + hk) * dk + e % dk];
     if (threadIdx.x == 0) {
         double s = 0;
         for (int i = 0; i < Le; i++)
-            s += g[(tok0 + i) * nv + h], cc[i] = s, bb[i] = beta[(tok0 + i) * nv + h], be[i] = bb[i] * expf((float)s);
+            s += g[(tok0 + i) * nv + h], cc[i] = s, bb[i] = beta[(tok0 + i) * nv + h],
+                                         sg[i] = seg_start(io.pos, tok0, i), be[i] = bb[i] * enter_decay(cc, sg, i);
     }
     __syncthreads();
     for (int e = threadIdx.x; e < Le * Le; e += blockDim.x) {
@@ -93,7 +117,7 @@ template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, Delta
         float s = 0;
         if (j < i)
             for (int x = 0; x < dk; x++) s += kc[i * dk + x] * kc[j * dk + x];
-        Am[i * L + j] = j < i ? bb[i] * s * expf((float)(cc[i] - cc[j])) : 0.0f;
+        Am[i * L + j] = j < i ? bb[i] * s * pair_decay(cc, sg, i, j) : 0.0f;
     }
     __syncthreads();
     // Forward substitution, a row at a time: Ti_i = e_i − Σ_{j<i} A_ij Ti_j.
@@ -124,11 +148,20 @@ template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, Delta
         float s = 0;
         if (j <= i)
             for (int x = 0; x < dk; x++) s += qh[((tok0 + i) * d.nk + hk) * dk + x] * kc[j * dk + x];
-        Mb[i * L + j] = j <= i ? s * expf((float)(cc[i] - cc[j])) : 0.0f;
+        Mb[i * L + j] = s * pair_decay(cc, sg, i, j);
     }
     for (int i = threadIdx.x; i < Le; i += blockDim.x) cs[(int64_t)bh * d.NL + p0 + i] = cc[i];
     if (Tg)
         for (int e = threadIdx.x; e < L * L; e += blockDim.x) Tg[((int64_t)bh * d.NC + n) * L * L + e] = Ti[e];
+}
+
+// The chunk's decays for rows i < Le under the masks: ec_i = e^{c_i}, eL_i = e^{c_L − c_i} (so ec_{Le−1} is e^{c_L}).
+__device__ __forceinline__ void simt_decays(float *ec, float *eL, const double *c, int Le, const int *pos,
+                                            int64_t tok0) {
+    int sL = seg_start(pos, tok0, Le - 1);
+    for (int i = threadIdx.x; i < Le; i += blockDim.x)
+        ec[i] = seg_start(pos, tok0, i) < 0 ? expf((float)c[i]) : 0.0f,
+        eL[i] = i >= sL ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
 }
 
 // The state pass from s0 (zeros when NULL) to sT (when not NULL), both (B·nv, dk, dv). Grid (B·nv, ⌈dv / DELTA_VT⌉).
@@ -153,8 +186,7 @@ template <typename T> __global__ void delta_chunk_state_kernel(DeltaBufs f, Delt
         const double *c = cs + row0;
         const float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
         const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
-        for (int i = threadIdx.x; i < Le; i += blockDim.x)
-            ec[i] = expf((float)c[i]), eL[i] = expf((float)(c[Le - 1] - c[i]));
+        simt_decays(ec, eL, c, Le, io.pos, tok0);
         if (S0)
             for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
                 S0[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = St[e];
@@ -211,8 +243,7 @@ template <typename T> __global__ void delta_chunk_dstate_kernel(DeltaBufs f, Del
         const double *c = cs + row0;
         const float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
         const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
-        for (int i = threadIdx.x; i < Le; i += blockDim.x)
-            ec[i] = expf((float)c[i]), eL[i] = expf((float)(c[Le - 1] - c[i]));
+        simt_decays(ec, eL, c, Le, io.pos, tok0);
         for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
             dS1[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = dSt[e];
         for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
@@ -243,13 +274,19 @@ template <typename T> __global__ void delta_chunk_dstate_kernel(DeltaBufs f, Del
 }
 
 // One thread's end of a chunk's backward: S₁'s decay e^{c_L} (sd = ⟨S₀, dS₁⟩, and the kg terms z) into the last dc,
-// then dg (row stride ds) = the reverse cumulative sum of dc over the chunk's Le positions.
+// then dg (row stride ds) = the reverse cumulative sum of dc over the chunk's Le positions, restarted at each
+// document start (sg_i = i; its own dg is 0).
 template <typename Z>
-__device__ void delta_dg(float *dg, int ds, double *dc, const double *cc, const Z *z, double sd, int Le) {
-    double s = expf((float)cc[Le - 1]) * sd;
+__device__ void delta_dg(float *dg, int ds, double *dc, const double *cc, const int *sg, const Z *z, double sd,
+                         int Le) {
+    double s = enter_decay(cc, sg, Le - 1) * sd;
     for (int j = 0; j < Le; j++) s += z[j];
     dc[Le - 1] += s, s = 0;
-    for (int i = Le - 1; i >= 0; i--) s += dc[i], dg[(int64_t)i * ds] = (float)s;
+    for (int i = Le - 1; i >= 0; i--) {
+        s += dc[i];
+        if (sg[i] == i) s = 0;
+        dg[(int64_t)i * ds] = (float)s;
+    }
 }
 
 // The rest of the backward, every chunk at once. Grid (NC, B·nv). With D_ij = (dO_i·V'_j) e^{c_i − c_j} (j ≤ i):
@@ -272,13 +309,14 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
     int h = bh % nv, hk = h / (nv / d.nk), Le = (int)(d.S - p0 < L ? d.S - p0 : L), LL = L * L;
     double *cc = (double *)sm, *dc = cc + L, *z = dc + L; // dc in fp64: its terms cancel in dg's cumulative sums
     float *Tm = (float *)(z + L), *Dm = Tm + LL, *Pm = Dm + LL, *Em = Pm + LL, *bb = Em + LL, *red = bb + L;
+    int *sg = (int *)(red + 32);
     const float *Mb = M + ((int64_t)bh * d.NC + n) * LL, *S0b = S0 + ((int64_t)bh * d.NC + n) * dk * dv,
                 *dS1b = dS1 + ((int64_t)bh * d.NC + n) * dk * dv;
     const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
     int64_t ks = (int64_t)d.nk * dk; // row stride of q0, k0
     for (int e = threadIdx.x; e < LL; e += blockDim.x) Tm[e] = Tg[((int64_t)bh * d.NC + n) * LL + e];
     for (int i = threadIdx.x; i < Le; i += blockDim.x)
-        cc[i] = cs[row0 + i], bb[i] = beta[(tok0 + i) * nv + h], dc[i] = 0;
+        cc[i] = cs[row0 + i], bb[i] = beta[(tok0 + i) * nv + h], dc[i] = 0, sg[i] = seg_start(io.pos, tok0, i);
     float sd = 0; // ⟨S₀, dS₁⟩
     for (int e = threadIdx.x; e < dk * dv; e += blockDim.x) sd += S0b[e] * dS1b[e];
     sd = block_sum(sd, red);
@@ -316,7 +354,7 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
     __syncthreads();
     for (int e = threadIdx.x; e < Le * Le; e += blockDim.x) { // D = dM·e^{c_i − c_j}; dA → Pm, Em
         int i = e / Le, j = e % Le;
-        float dec = j <= i ? expf((float)(cc[i] - cc[j])) : 0.0f, kk = 0, dA = 0;
+        float dec = pair_decay(cc, sg, i, j), kk = 0, dA = 0;
         Dm[i * L + j] *= dec;
         if (j < i) {
             for (int x = 0; x < dk; x++) kk += k0[i * ks + x] * k0[j * ks + x];
@@ -331,8 +369,8 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
         for (int y = 0; y < dv; y++)
             s += S0b[x * dv + y] * ld(dout, ((tok0 + i) * nv + h) * dv + y),
                 u += dS1b[x * dv + y] * Vp[(row0 + i) * dv + y];
-        gq[((tok0 + i) * nv + h) * dk + x] = expf((float)cc[i]) * s;
-        gk[((tok0 + i) * nv + h) * dk + x] = expf((float)(cc[Le - 1] - cc[i])) * u;
+        gq[((tok0 + i) * nv + h) * dk + x] = enter_decay(cc, sg, i) * s;
+        gk[((tok0 + i) * nv + h) * dk + x] = pair_decay(cc, sg, Le - 1, i) * u;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < Le; i += blockDim.x) {
@@ -344,13 +382,13 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
             qg += q0[i * ks + x] * gq[((tok0 + i) * nv + h) * dk + x];
             kg += k0[i * ks + x] * gk[((tok0 + i) * nv + h) * dk + x];
         }
-        double eb = expf((float)cc[i]) * bk;
+        double eb = enter_decay(cc, sg, i) * bk;
         dbeta[(tok0 + i) * nv + h] = (float)(pr + bv + eb);
         dc[i] += bb[i] * pr - pc + bb[i] * eb + qg - kg;
         z[i] = kg;
     }
     __syncthreads();
-    if (threadIdx.x == 0) delta_dg(dg + tok0 * nv + h, nv, dc, cc, z, sd, Le);
+    if (threadIdx.x == 0) delta_dg(dg + tok0 * nv + h, nv, dc, cc, sg, z, sd, Le);
     for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) {
         int i = e / dv, y = e % dv;
         st(dv_, ((tok0 + i) * nv + h) * dv + y, bb[i] * dBvg[(row0 + i) * dv + y]);
@@ -363,7 +401,7 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
             sk += Dm[j * L + i] * q0[j * ks + x] + (Em[i * L + j] + Em[j * L + i]) * k0[j * ks + x];
         }
         gq[((tok0 + i) * nv + h) * dk + x] += sq;
-        gk[((tok0 + i) * nv + h) * dk + x] += sk + bb[i] * expf((float)cc[i]) * dBkg[(row0 + i) * dk + x];
+        gk[((tok0 + i) * nv + h) * dk + x] += sk + bb[i] * enter_decay(cc, sg, i) * dBkg[(row0 + i) * dk + x];
     }
 }
 
@@ -491,6 +529,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
     bf16 *Ks = (bf16 *)smb, *Qs = Ks + TC_L * LDD, *Vs = Qs + TC_L * LDD, *Tv = Vs + TC_L * LDD, *Tk = Tv + TC_L * LDL;
     float *Am = (float *)(Tk + TC_L * LDL), *Ti = Am + TC_L * (TC_L + 1), *bb = Ti + TC_L * (TC_L + 1), *be = bb + TC_L;
     double *cc = (double *)(be + TC_L);
+    int *sg = (int *)(cc + TC_L);
     int64_t ks = (int64_t)d.nk * TC_D;
     tc_copy<TC_D, LDD>(Ks, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
     tc_copy<TC_D, LDD>(Qs, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
@@ -500,7 +539,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
         double s = 0;
         for (int i = 0; i < TC_L; i++) {
             if (i < Le) s += g[(tok0 + i) * nv + h];
-            cc[i] = s, bb[i] = i < Le ? beta[(tok0 + i) * nv + h] : 0.0f, be[i] = bb[i] * expf((float)s);
+            cc[i] = s, bb[i] = i < Le ? beta[(tok0 + i) * nv + h] : 0.0f,
+            sg[i] = i < Le ? seg_start(io.pos, tok0, i) : -1;
+            be[i] = bb[i] * enter_decay(cc, sg, i);
         }
     }
     cp_async_wait<0>();
@@ -510,13 +551,13 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
         tc_zero<64, 64>(acc);
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(acc, Ks, Ks);
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
-            Am[r * (TC_L + 1) + c] = c < r && r < Le ? bb[r] * x * expf((float)(cc[r] - cc[c])) : 0.0f;
+            Am[r * (TC_L + 1) + c] = c < r && r < Le ? bb[r] * x * pair_decay(cc, sg, r, c) : 0.0f;
         });
         tc_zero<64, 64>(acc);
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
         bf16 *Mb = M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
-            Mb[r * TC_L + c] = __float2bfloat16(c <= r && r < Le ? x * expf((float)(cc[r] - cc[c])) : 0.0f);
+            Mb[r * TC_L + c] = __float2bfloat16(r < Le ? x * pair_decay(cc, sg, r, c) : 0.0f);
         });
     }
     __syncthreads();
@@ -556,13 +597,16 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) cs[row0 + i] = cc[i];
 }
 static size_t tc_prep_smem() {
-    return (3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8;
+    return (3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 + TC_L * 4;
 }
 
-// The chunk's decays for rows i < Le (zeros beyond): ec_i = e^{c_i}, eL_i = e^{c_L − c_i}.
-__device__ __forceinline__ void tc_decays(float *ec, float *eL, const double *c, int Le) {
+// The chunk's decays for rows i < Le (zeros beyond) under the masks: ec_i = e^{c_i}, eL_i = e^{c_L − c_i} (so
+// ec_{Le−1} is S₁'s e^{c_L}).
+__device__ __forceinline__ void tc_decays(float *ec, float *eL, const double *c, int Le, const int *pos, int64_t tok0) {
+    int sL = seg_start(pos, tok0, Le - 1);
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x)
-        ec[i] = i < Le ? expf((float)c[i]) : 0.0f, eL[i] = i < Le ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
+        ec[i] = i < Le && seg_start(pos, tok0, i) < 0 ? expf((float)c[i]) : 0.0f,
+        eL[i] = i < Le && i >= sL ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
 }
 
 // One chunk's tiles of the state passes (one of two stages): W, q, k (64 × 128), M (64 × 64), and X: the chunk's dO
@@ -613,7 +657,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
         int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
         TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
-        tc_decays(ec, eL, cs + row0, Le);
+        tc_decays(ec, eL, cs + row0, Le, io.pos, tok0);
         int64_t sc = ((int64_t)bh * d.NC + n) * TC_D * TC_D + y0;
         tc_each<128, TC_VT>(S, [&](int x, int y, float &s) {
             Sb[x * LDL + y] = __float2bfloat16(s);
@@ -648,7 +692,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
                 if (i < Le) st(o, ((tok0 + i) * nv + h) * TC_D + y0 + y, x);
             });
         }
-        float eCL = expf((float)cs[row0 + Le - 1]);
+        float eCL = ec[Le - 1];
         tc_each<128, TC_VT>(S, [&](int, int, float &s) { s *= eCL; });
         tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.K, Vl);
         __syncthreads(); // every read of this chunk's tiles, Sb, Vb, Vl, ec and eL is done
@@ -683,7 +727,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dstate_kernel(TcBufs f, DeltaIO
         int64_t p0 = n * TC_L, row0 = (int64_t)bh * d.NL + p0, cb = (int64_t)bh * d.NC + n;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
         TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
-        tc_decays(ec, eL, cs + row0, Le);
+        tc_decays(ec, eL, cs + row0, Le, io.pos, b * d.S + p0);
         bf16 *dS1b = dS1 + cb * TC_D * TC_D + y0;
         const float *S0b = S0f + cb * TC_D * TC_D + y0;
         float part = 0;
@@ -714,7 +758,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dstate_kernel(TcBufs f, DeltaIO
             Vn[i * LDL + y] = __float2bfloat16(-v);
         });
         __syncthreads();
-        float eCL = expf((float)cs[row0 + Le - 1]);
+        float eCL = ec[Le - 1];
         tc_each<128, TC_VT>(dS, [&](int, int, float &s) { s *= eCL; });
         tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(dS, c.Q, Oe);
         tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(dS, c.W, Vn);
@@ -752,6 +796,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     double *cc = (double *)(ES + TC_L * LDL), *dc = cc + TC_L;
     float *bb = (float *)(dc + TC_L), *r_pr = bb + TC_L, *r_pc = r_pr + TC_L, *r_bv = r_pc + TC_L, *r_bk = r_bv + TC_L,
           *r_qg = r_bk + TC_L, *r_kg = r_qg + TC_L;
+    int *sg = (int *)(r_kg + TC_L);
     tc_copy<TC_D, LDD>(Qs, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
     tc_copy<TC_D, LDD>(Ks, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
     tc_copy<TC_D, LDD>(X2, dout + (tok0 * nv + h) * TC_D, vs, TC_L, Le);
@@ -762,6 +807,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     cp_async_commit();
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) {
         cc[i] = i < Le ? cs[row0 + i] : 0.0, dc[i] = 0, bb[i] = i < Le ? beta[(tok0 + i) * nv + h] : 0.0f;
+        sg[i] = i < Le ? seg_start(io.pos, tok0, i) : -1;
         r_pr[i] = r_pc[i] = r_bv[i] = r_bk[i] = r_qg[i] = r_kg[i] = 0.0f;
     }
     cp_async_wait<0>();
@@ -777,17 +823,17 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
 #pragma unroll
             for (int q = 0; q < 4; q++) qk[j][q] *= dm[j][q]; // the layouts agree: dM_ij (q_i·k_j)
         tc_each<64, 64>(qk, [&](int i, int j, float &x) {
-            if (j <= i && i < Le) {
+            if (j <= i && i < Le && j >= sg[i]) {
                 double c = (double)x * expf((float)(cc[i] - cc[j]));
                 atomicAdd(dc + i, c), atomicAdd(dc + j, -c);
             }
         });
         tc_each<64, 64>(dm, [&](int i, int j, float &x) {
-            Ds[i * LDL + j] = __float2bfloat16(j <= i && i < Le ? x * expf((float)(cc[i] - cc[j])) : 0.0f);
+            Ds[i * LDL + j] = __float2bfloat16(i < Le ? x * pair_decay(cc, sg, i, j) : 0.0f);
         });
         tc_zero<64, 128>(aq);
         tc_mma<64, 128, TC_D, false, false, LDD, LDD>(aq, X2, Big);
-        tc_each<64, 128>(aq, [&](int i, int, float &x) { x *= i < Le ? expf((float)cc[i]) : 0.0f; });
+        tc_each<64, 128>(aq, [&](int i, int, float &x) { x *= i < Le ? enter_decay(cc, sg, i) : 0.0f; });
         tc_rowsum<64, 128>(r_qg, aq, [&](int i, int x, float g) { return g * bf(Qs, i * LDD + x); });
         tc_zero<64, 128>(t);
         tc_mma<64, 128, TC_D, false, false, LDD, LDD>(t, dVs, Big);
@@ -802,7 +848,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     { // (2)
         tc_zero<64, 128>(ak);
         tc_mma<64, 128, TC_D, false, false, LDD, LDD>(ak, X3, Big);
-        tc_each<64, 128>(ak, [&](int i, int, float &x) { x *= i < Le ? expf((float)(cc[Le - 1] - cc[i])) : 0.0f; });
+        tc_each<64, 128>(ak, [&](int i, int, float &x) { x *= i < Le ? pair_decay(cc, sg, Le - 1, i) : 0.0f; });
         tc_rowsum<64, 128>(r_kg, ak, [&](int i, int x, float g) { return g * bf(Ks, i * LDD + x); });
         tc_zero<64, 128>(t);
         tc_mma<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dVs);
@@ -817,7 +863,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
         tc_rowsum<64, 128>(r_bk, t, [&](int i, int x, float y) { return y * bf(Ks, i * LDD + x); });
         tc_each<64, 128>(t, [&](int i, int x, float &y) {
             dBks[i * LDD + x] = __float2bfloat16(y);
-            y *= i < Le ? bb[i] * expf((float)cc[i]) : 0.0f; // gk += β e^c dBk (t and ak share one layout)
+            y *= i < Le ? bb[i] * enter_decay(cc, sg, i) : 0.0f; // gk += β e^c dBk (t and ak share one layout)
         });
 #pragma unroll
         for (int j = 0; j < TcTile<64, 128>::NT; j++)
@@ -836,7 +882,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(da, dBks, X3);
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(kk, Ks, Ks);
         tc_each<64, 64>(da, [&](int i, int j, float &x) {
-            float dec = j < i && i < Le ? expf((float)(cc[i] - cc[j])) : 0.0f;
+            float dec = j < i && i < Le ? pair_decay(cc, sg, i, j) : 0.0f;
             Em[i * (TC_L + 1) + j] = -x * bb[i] * dec;
             x = -x * dec;
         });
@@ -865,15 +911,15 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     });
     __syncthreads();
     for (int i = threadIdx.x; i < Le; i += blockDim.x) {
-        double eb = expf((float)cc[i]) * (double)r_bk[i];
+        double eb = enter_decay(cc, sg, i) * (double)r_bk[i];
         dbeta[(tok0 + i) * nv + h] = (float)(r_pr[i] + r_bv[i] + eb);
         dc[i] += bb[i] * (double)r_pr[i] - r_pc[i] + bb[i] * eb + r_qg[i] - r_kg[i];
     }
     __syncthreads();
-    if (threadIdx.x == 0) delta_dg(dg + tok0 * nv + h, nv, dc, cc, r_kg, (double)sd[cb], Le);
+    if (threadIdx.x == 0) delta_dg(dg + tok0 * nv + h, nv, dc, cc, sg, r_kg, (double)sd[cb], Le);
 }
 static size_t tc_grad_smem() {
-    return (8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + 7 * TC_L * 4;
+    return (8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + 8 * TC_L * 4;
 }
 
 // One warp per (token, key head): sums the value heads' gradients w.r.t. the normalised vector and applies the
@@ -915,6 +961,7 @@ static ChunkDims delta_dims(Tensor q, Tensor v, const DeltaArgs *a) {
             IS_F32(*st[i], "delta_rule state");
             CHECK(st[i]->dev == DEV_CUDA && tensor_numel(*st[i]) == d.B * d.nv * d.dk * d.dv);
         }
+    if (a->pos.p) CHECK(a->pos.dev == DEV_CUDA && a->pos.dt == DT_I32 && tensor_numel(a->pos) == q.n[0]);
     return d;
 }
 
@@ -944,13 +991,14 @@ static TcBufs tc_bufs(const DeltaBufs &f, const ChunkDims &d) {
 static DeltaIO delta_io(Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
     DeltaIO io = {};
     io.v = v.p, io.g = (const float *)g.p, io.beta = (const float *)beta.p, io.s0 = (const float *)a->s0.p;
+    io.pos = (const int *)a->pos.p;
     return io;
 }
 
-static size_t prep_smem(const ChunkDims *d) { return ((size_t)d->L * d->dk + 2 * (size_t)d->L * d->L + 4 * d->L) * 4; }
+static size_t prep_smem(const ChunkDims *d) { return ((size_t)d->L * d->dk + 2 * (size_t)d->L * d->L + 5 * d->L) * 4; }
 static size_t state_smem(const ChunkDims *d) { return (((size_t)d->dk + d->L) * DELTA_VT + 2 * d->L) * 4; }
 static size_t dstate_smem(const ChunkDims *d) { return (((size_t)d->dk + 2 * d->L) * DELTA_VT + 2 * d->L) * 4; }
-static size_t grad_smem(const ChunkDims *d) { return (4 * (size_t)d->L * d->L + 7 * d->L + 32) * 4; }
+static size_t grad_smem(const ChunkDims *d) { return (4 * (size_t)d->L * d->L + 8 * d->L + 32) * 4; }
 
 template <typename K> static void set_smem(K kernel, size_t bytes) {
     CHECK(bytes <= 227 * 1024);

@@ -65,6 +65,8 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 // are grid-strided (grid.y), so that a thread's weight-gradient sums span several runs before one atomic add per tap.
 // The halo (context parallelism: the K − 1 rows before each sequence, (B·(K−1), C); NULL: zeros) stands in for the
 // positions −(K − 1) .. −1; its gradient is the first run's dx formula at those positions.
+// Document masking (pos, NULL: none): tap j (CONV_MAX_K − 1 − j rows back) of output p counts while its distance is at
+// most pos[p]; each output's limit sits in a register beside its dpre, and every sum term tests it.
 #define CONV_RUN 32
 #define CONV_MAX_K 8
 #define CONV_THREADS 128
@@ -95,62 +97,78 @@ __device__ __forceinline__ void conv_window(float (&xw)[N], const T *xs, const T
         xw[i] = q >= 0 ? (q < S ? ld(xs, q * C) : 0.0f) : hs && q >= 1 - K ? ld(hs, (K - 1 + q) * C) : 0.0f;
     }
 }
-// The pre-activation at window offset i: Σ_j w'[j]·xw[i + j].
-template <int N> __device__ __forceinline__ float conv_u(const float (&wk)[CONV_MAX_K], const float (&xw)[N], int i) {
+// The pre-activation at window offset i: Σ_j w'[j]·xw[i + j] over the taps within lim rows back.
+template <int N>
+__device__ __forceinline__ float conv_u(const float (&wk)[CONV_MAX_K], const float (&xw)[N], int i, int lim) {
     float u = 0;
 #pragma unroll
-    for (int j = 0; j < CONV_MAX_K; j++) u += wk[j] * xw[i + j];
+    for (int j = 0; j < CONV_MAX_K; j++)
+        if (CONV_MAX_K - 1 - j <= lim) u += wk[j] * xw[i + j];
     return u;
+}
+#define CONV_ALL (1 << 30) // the limit without document masking
+// lp[i] = pos[q0 + i] of one sequence (ps), or CONV_ALL without masking or past the sequence.
+template <int N> __device__ __forceinline__ void conv_limits(int (&lp)[N], const int *ps, int64_t q0, int64_t S) {
+#pragma unroll
+    for (int i = 0; i < N; i++) lp[i] = ps && q0 + i < S ? ps[q0 + i] : CONV_ALL;
 }
 
 // y[p] = silu(u[p]) for the run's positions p0 .. p0 + CONV_RUN − 1 (x before the sequence: 0).
 template <typename T, typename TW>
-__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, ConvShape sh) {
+__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, const int *pos, ConvShape sh) {
     int64_t C = sh.C, S = sh.S, runs = sh.runs;
     int K = sh.K;
     const int NX = CONV_RUN + CONV_MAX_K - 1; // x[p0 − CONV_MAX_K + 1 .. p0 + CONV_RUN − 1]
     int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
     if (c >= C) return;
     float wk[CONV_MAX_K], xw[NX];
+    int lp[CONV_RUN];
     conv_taps(wk, w, c, K);
     for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
         int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
         conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
+        conv_limits(lp, pos ? pos + b * S : NULL, p0, S);
 #pragma unroll
         for (int i = 0; i < CONV_RUN; i++) {
-            float u = conv_u(wk, xw, i);
+            float u = conv_u(wk, xw, i, lp[i]);
             if (p0 + i < S) st(y + b * S * C + c, (p0 + i) * C, u * sigmoid_f(u));
         }
     }
 }
 
 // dpre[p] = dy[p]·silu'(u[p]) over p0 .. p0 + CONV_RUN + CONV_MAX_K − 2 (past the sequence: 0);
-// dx[p] = Σ_j w'[j]·dpre[p + CONV_MAX_K − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p.
+// dx[p] = Σ_j w'[j]·dpre[p + CONV_MAX_K − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p;
+// each term only where tap j counts for its output (lp).
 template <typename T, typename TW>
 __global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, const T *x, const TW *w, const T *halo,
-                                     ConvShape sh) {
+                                     const int *pos, ConvShape sh) {
     int64_t C = sh.C, S = sh.S, runs = sh.runs;
     int K = sh.K;
     const int ND = CONV_RUN + CONV_MAX_K - 1, NX = ND + CONV_MAX_K - 1; // x from p0 − CONV_MAX_K + 1
     int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
     if (c >= C) return;
     float wk[CONV_MAX_K], dwk[CONV_MAX_K] = {0}, xw[NX], dp[ND];
+    int lp[ND];
     conv_taps(wk, w, c, K);
     for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
         int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
         const T *dys = dy + b * S * C + c;
         conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
+        conv_limits(lp, pos ? pos + b * S : NULL, p0, S);
 #pragma unroll
-        for (int i = 0; i < ND; i++) dp[i] = p0 + i < S ? ld(dys, (p0 + i) * C) * silu_grad_f(conv_u(wk, xw, i)) : 0.0f;
+        for (int i = 0; i < ND; i++)
+            dp[i] = p0 + i < S ? ld(dys, (p0 + i) * C) * silu_grad_f(conv_u(wk, xw, i, lp[i])) : 0.0f;
 #pragma unroll
         for (int i = 0; i < CONV_RUN; i++) {
             if (p0 + i >= S) break;
             float s = 0;
 #pragma unroll
-            for (int j = 0; j < CONV_MAX_K; j++) s += wk[j] * dp[i + CONV_MAX_K - 1 - j];
+            for (int j = 0; j < CONV_MAX_K; j++)
+                if (CONV_MAX_K - 1 - j <= lp[i + CONV_MAX_K - 1 - j]) s += wk[j] * dp[i + CONV_MAX_K - 1 - j];
             st(dx + b * S * C + c, (p0 + i) * C, s);
 #pragma unroll
-            for (int j = 0; j < CONV_MAX_K; j++) dwk[j] += dp[i] * xw[i + j];
+            for (int j = 0; j < CONV_MAX_K; j++)
+                if (CONV_MAX_K - 1 - j <= lp[i]) dwk[j] += dp[i] * xw[i + j];
         }
         if (dhalo && p0 == 0) { // halo row K − 1 − h is position −h: Σ_j w'[j]·dpre[CONV_MAX_K − 1 − h − j]
 #pragma unroll
@@ -158,7 +176,8 @@ __global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, co
                 float s = 0;
 #pragma unroll
                 for (int j = 0; j < CONV_MAX_K; j++)
-                    if (CONV_MAX_K - 1 - h - j >= 0) s += wk[j] * dp[CONV_MAX_K - 1 - h - j];
+                    if (CONV_MAX_K - 1 - h - j >= 0 && CONV_MAX_K - 1 - j <= lp[CONV_MAX_K - 1 - h - j])
+                        s += wk[j] * dp[CONV_MAX_K - 1 - h - j];
                 if (h <= K - 1) st(dhalo + b * (K - 1) * C + c, (K - 1 - h) * C, s);
             }
         }
@@ -168,8 +187,8 @@ __global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, co
         if (j >= CONV_MAX_K - K) atomicAdd(dw + c * K + j - (CONV_MAX_K - K), dwk[j]);
 }
 
-// The shape of x: (B·S, C) with w: (C, K), checked with the halo's.
-static ConvShape conv_shape(Tensor x, Tensor w, Tensor halo, int64_t B, const char *what) {
+// The shape of x: (B·S, C) with w: (C, K), checked with the halo's and pos's.
+static ConvShape conv_shape(Tensor x, Tensor w, Tensor halo, Tensor pos, int64_t B, const char *what) {
     ConvShape s;
     int64_t T_ = t_rows(x);
     s.C = t_cols(x), s.S = T_ / B, s.runs = B * ((s.S + CONV_RUN - 1) / CONV_RUN), s.K = (int)t_cols(w);
@@ -179,23 +198,25 @@ static ConvShape conv_shape(Tensor x, Tensor w, Tensor halo, int64_t B, const ch
         CHECK(t_rows(halo) == B * (s.K - 1) && t_cols(halo) == s.C);
         same_dt(halo, x, what);
     }
+    if (pos.p) CHECK(pos.dev == DEV_CUDA && pos.dt == DT_I32 && tensor_numel(pos) == T_);
     return s;
 }
 
-void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, int B) {
-    ConvShape s = conv_shape(x, w, halo, B, "conv1d_silu_forward");
+void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
+    ConvShape s = conv_shape(x, w, halo, pos, B, "conv1d_silu_forward");
     CHECK(tensor_numel(y) == tensor_numel(x));
     same_dt(y, x, "conv1d_silu_forward");
     if (t_rows(x) == 0) return;
     DT_SWITCH(x.dt, T, "conv1d_silu_forward",
               DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
                         conv_forward_kernel<T, TW><<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
-                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, s)));
+                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, (const int *)pos.p, s)));
     CUDA_LAUNCH_CHECK();
 }
 
-void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, int B) {
-    ConvShape s = conv_shape(x, w, halo, B, "conv1d_silu_backward");
+void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo,
+                               Tensor pos, int B) {
+    ConvShape s = conv_shape(x, w, halo, pos, B, "conv1d_silu_backward");
     CHECK(!dhalo.p || (halo.p && tensor_numel(dhalo) == tensor_numel(halo)));
     same_dt(dx, x, "conv1d_silu_backward");
     same_dt(dy, x, "conv1d_silu_backward");
@@ -206,7 +227,7 @@ void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Te
               DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
                         conv_backward_kernel<T, TW><<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
                             (T *)dx.p, (T *)dhalo.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
-                            (const T *)halo.p, s)));
+                            (const T *)halo.p, (const int *)pos.p, s)));
     CUDA_LAUNCH_CHECK();
 }
 
