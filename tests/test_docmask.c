@@ -255,3 +255,24 @@ TEST(docmask_packed_equals_apart_qwen3_5_moe) {
     if (!DOCMASK_DELTA) test_skip("Qwen3.5's DeltaNet restart at document starts is docmask-delta's (DOCMASK_DELTA)");
     check_family(TINY_QWEN3_5_4, "qwen3_5_moe");
 }
+
+// A record slot loaded with masking and then without it gets chunk_init's positions back: the loss equals the first
+// load's bit for bit (the same ops on the same values), and the masked load's differs.
+TEST(docmask_chunk_reload_off) {
+    Net n;
+    net_make(&n, TINY_MOE_A, PS);
+    int32_t tok[PB * PS], lab[PB * PS], docpos[PB * PS];
+    packed_sample(n.m.cfg.vocab, tok, lab, docpos);
+    Chunk c;
+    chunk_init_model(&c, &n.m, &n.st, PB, PS);
+    double loss[3];
+    for (int i = 0; i < 3; i++) {
+        chunk_load_docs(&c, 0, tok, lab, i == 1 ? docpos : NULL);
+        ASSERT(c.rec[0].mb.docs == (i == 1));
+        step_sums_begin(&n.st, &n.m), chunk_forward(&c, 0, false);
+        loss[i] = op_read_scalar(n.st.loss_sum);
+    }
+    ASSERT_MSG(loss[2] == loss[0] && loss[1] != loss[0], "off %.17g, on %.17g, off again %.17g", loss[0], loss[1],
+               loss[2]);
+    chunk_free(&c), net_free(&n);
+}
