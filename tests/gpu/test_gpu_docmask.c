@@ -1,9 +1,9 @@
 // test_gpu_docmask.c — document masking (AttnArgs.docpos) on the GPU's attention kernels against the CPU reference
 // (src/ops/cpu/cpu_attention.c): forward o and lse, backward dq, dk, dv (and dsinks), in fp32 (tolerance 1e-5) and
 // bf16 (1e-2; the CPU runs on the same bf16-rounded inputs), for every form pith's kernels take: the tensor-core
-// kernels (bf16 causal self-attention, head dim 128 and 64: path "flash"), and the generic kernels (fp32; MLA's
-// 192/128, GPT-OSS's 64 with sinks and a window, Qwen3.5's 256, blocks at offsets: path "generic"). cuDNN never runs
-// with documents. The documents have several lengths: 1-token documents, documents that cross a 64-row tile edge,
+// kernels (bf16 causal self-attention, head dim 128 and 64, GPT-OSS's window and sinks: path "flash"), and the
+// generic kernels (fp32; MLA's 192/128, Qwen3.5's 256, blocks at offsets: path "generic"). cuDNN never runs with
+// documents. The tensor-core kernels' window and sinks without documents are here too (PITH_ATTENTION=own). The documents have several lengths: 1-token documents, documents that cross a 64-row tile edge,
 // a sequence whose first document began before it (docpos[0] > 0), query blocks whose documents start after every
 // key of the block (lse −∞). Shapes: q (B·Sq, nh, dqk), k (B·Sk, nkv, dqk), v (B·Sk, nkv, dv), docpos (B·Sq).
 #include "gpu_test.h"
@@ -56,8 +56,8 @@ static void expect_lse_docs(Pair lse, double tol) {
     ASSERT_MSG(err <= tol, "lse: relative error %.3g > %.3g", err, tol);
 }
 
-// One form with documents: docpos (B·Sq) host values, GPU against CPU forward and backward; the path both GPU
-// directions ran must be `want`.
+// One form with documents: docpos (B·Sq) host values (NULL: none), GPU against CPU forward and backward; the path
+// both GPU directions ran must be `want`.
 static void check_docs(DType dt, double tol, int Sq, int Sk, int nh, int nkv, int dqk, int dv, AttnArgs a, bool sinks,
                        const int32_t *docpos, const char *want, const char *what) {
     int B = a.B;
@@ -65,7 +65,7 @@ static void check_docs(DType dt, double tol, int Sq, int Sk, int nh, int nkv, in
     Pair q = pair_rand(dt, 1, 3, Tq, nh, dqk, 0), k = pair_rand(dt, 1, 3, Tk, nkv, dqk, 0),
          v = pair_rand(dt, 1, 3, Tk, nkv, dv, 0);
     Pair sk = pair_rand(DT_F32, 1, 1, nh, 0, 0, 0), o = pair_nan(dt, 3, Tq, nh, dv, 0),
-         lse = pair_nan(DT_F32, 3, B, nh, Sq, 0), dp = pair_i32(docpos, Tq);
+         lse = pair_nan(DT_F32, 3, B, nh, Sq, 0), dp = docpos ? pair_i32(docpos, Tq) : NOPAIR;
     AttnArgs ac = a, ad = a;
     ac.docpos = dp.c, ad.docpos = dp.d;
     if (sinks) ac.sinks = sk.c, ad.sinks = sk.d;
@@ -114,6 +114,20 @@ TEST(gpu_op_attention_docs_flash) {
                         docs300, want, "d 128, GQA 4");
         check_self_docs(MODE_DT, TOL, 300, 4, 4, 64, 64, (AttnArgs){.B = 2, .scale = 0.125f, .causal = true}, false,
                         docs300, want, "d 64");
+        // GPT-OSS's forms: head dim 64, 8 query heads per kv head, sinks, its sliding layers' window 128 (more than a
+        // tile) and a window of 37 (less than one), its full layers causal; a window at head dim 128
+        float s64 = 0.125f;
+        check_self_docs(MODE_DT, TOL, 300, 16, 2, 64, 64,
+                        (AttnArgs){.B = 2, .scale = s64, .causal = true, .window = 128}, true, docs300, want,
+                        "GPT-OSS window 128 + sinks");
+        check_self_docs(MODE_DT, TOL, 300, 16, 2, 64, 64,
+                        (AttnArgs){.B = 2, .scale = s64, .causal = true, .window = 37}, true, docs300, want,
+                        "window 37 + sinks");
+        check_self_docs(MODE_DT, TOL, 300, 16, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true}, true,
+                        docs300, want, "GPT-OSS causal + sinks");
+        check_self_docs(MODE_DT, TOL, 300, 8, 2, 128, 128,
+                        (AttnArgs){.B = 2, .scale = 0.0884f, .causal = true, .window = 100}, false, docs300, want,
+                        "d 128 window 100");
         // every token its own document: each query sees itself only
         int32_t dp[70] = {0};
         check_docs(MODE_DT, TOL, 70, 70, 4, 2, 128, 128, (AttnArgs){.B = 1, .scale = 0.0884f, .causal = true}, false,
@@ -130,9 +144,33 @@ TEST(gpu_op_attention_docs_flash) {
     gpu_report();
 }
 
-// The generic kernels' forms with documents: MLA 192/128 (DeepSeek-V2), GPT-OSS's head dim 64 with sinks, with and
-// without a window, Qwen3.5's head dim 256, the tiny models' 32/16, a block of queries against a block of keys at
-// offsets (ring attention's hops: queries whose document starts after every key see nothing).
+// The tensor-core kernels' window and sinks without documents (PITH_ATTENTION=own: cuDNN takes these forms by
+// default), bf16: GPT-OSS's shapes (window 128 over 300 and 129 tokens, causal with sinks), a window of 37 and one of
+// 100 at head dim 128.
+TEST(gpu_op_attention_flash_window) {
+    gpu_begin();
+    gpu_mode(DT_BF16);
+    setenv("PITH_ATTENTION", "own", 1);
+    double tol = 1e-2;
+    float s64 = 0.125f;
+    check_docs(DT_BF16, tol, 300, 300, 16, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true, .window = 128},
+               true, NULL, "flash", "window 128 + sinks");
+    check_docs(DT_BF16, tol, 129, 129, 16, 2, 64, 64, (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 128},
+               true, NULL, "flash", "window 128 + sinks, 129 tokens");
+    check_docs(DT_BF16, tol, 300, 300, 16, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true}, true, NULL,
+               "flash", "causal + sinks");
+    check_docs(DT_BF16, tol, 200, 200, 8, 2, 64, 64, (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 37},
+               false, NULL, "flash", "window 37");
+    check_docs(DT_BF16, tol, 300, 300, 8, 2, 128, 128,
+               (AttnArgs){.B = 2, .scale = 0.0884f, .causal = true, .window = 100}, true, NULL, "flash",
+               "d 128 window 100 + sinks");
+    unsetenv("PITH_ATTENTION");
+    gpu_report();
+}
+
+// The generic kernels' forms with documents: MLA 192/128 (DeepSeek-V2), Qwen3.5's head dim 256, the tiny models'
+// 32/16, a block of queries against a block of keys at offsets (ring attention's hops: queries whose document starts
+// after every key see nothing).
 TEST(gpu_op_attention_docs_forms) {
     gpu_begin();
     MODES {
@@ -140,14 +178,6 @@ TEST(gpu_op_attention_docs_forms) {
         float s192 = 1.0f / sqrtf(192.0f), s64 = 0.125f;
         check_self_docs(MODE_DT, TOL, 300, 4, 4, 192, 128, (AttnArgs){.B = 2, .scale = s192, .causal = true}, false,
                         docs300, "generic", "MLA 192/128");
-        check_self_docs(MODE_DT, TOL, 300, 16, 2, 64, 64,
-                        (AttnArgs){.B = 2, .scale = s64, .causal = true, .window = 128}, true, docs300, "generic",
-                        "GPT-OSS window 128 + sinks");
-        check_self_docs(MODE_DT, TOL, 300, 16, 2, 64, 64,
-                        (AttnArgs){.B = 2, .scale = s64, .causal = true, .window = 37}, true, docs300, "generic",
-                        "window 37 + sinks");
-        check_self_docs(MODE_DT, TOL, 300, 16, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true}, true,
-                        docs300, "generic", "GPT-OSS causal + sinks");
         check_self_docs(MODE_DT, TOL, 300, 8, 2, 256, 256, (AttnArgs){.B = 2, .scale = 0.0625f, .causal = true}, false,
                         docs300, "generic", "head dim 256");
         check_self_docs(MODE_DT, TOL, 300, 4, 2, 32, 16, (AttnArgs){.B = 2, .scale = 0.2f, .causal = true}, false,

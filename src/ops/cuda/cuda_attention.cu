@@ -383,17 +383,15 @@ static AttnParams attention_params(Tensor q, Tensor k, Tensor v, const AttnArgs 
 
 // The form cuDNN's graphs take: causal self-attention, a sliding window or none (cuda_cudnn.cu checks the head
 // dims and the dtype), sinks by a correction after the forward, no document masking (its graphs have no per-query
-// bound: pith's kernels skip the masked tiles); our tensor-core kernels: the plain form, one head dim, documents
-// or none.
+// bound: pith's kernels skip the masked tiles); our tensor-core kernels: causal self-attention with one head dim,
+// a window, sinks and documents or none of them.
 static bool attention_self(Tensor q, Tensor k, const AttnArgs *a) {
     return a->causal && !a->q_off && !a->k_off && k.n[0] == q.n[0];
 }
 static bool attention_cudnn_form(Tensor q, Tensor k, const AttnArgs *a) {
     return !a->deterministic && !a->docpos.p && attention_self(q, k, a); // cuDNN's backward adds into dQ atomically
 }
-static bool attention_plain(Tensor q, Tensor k, const AttnArgs *a) {
-    return attention_self(q, k, a) && !a->window && !a->sinks.p;
-}
+static bool attention_flash_form(Tensor q, Tensor k, const AttnArgs *a) { return attention_self(q, k, a); }
 
 static const char *last_path = "none";
 
@@ -438,9 +436,10 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
             return;
         }
     }
-    if (attention_plain(q, k, a)) {
+    if (attention_flash_form(q, k, a)) {
         last_path = "flash"; // our tensor-core kernel (bf16, d 64/128)
-        if (DQK == DV && flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale, p.docpos)) return;
+        if (DQK == DV && flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale, p.window, p.sinks, p.docpos))
+            return;
     }
     last_path = "generic";
 #define FWD(dqk, dv, tpr)                                                                                              \
@@ -479,9 +478,10 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
         last_path = "cudnn";
         if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window, a->ws)) return;
     }
-    if (attention_plain(q, k, a)) {
+    if (attention_flash_form(q, k, a)) {
         last_path = "flash";
-        if (DQK == DV && flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.docpos))
+        if (DQK == DV &&
+            flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window, p.docpos))
             return;
     }
     last_path = "generic";
