@@ -3,9 +3,10 @@
 // bf16 (1e-2; the CPU runs on the same bf16-rounded inputs), for every form pith's kernels take: the tensor-core
 // kernels (bf16 causal self-attention, head dim 128 and 64, GPT-OSS's window and sinks: path "flash"), and the
 // generic kernels (fp32; MLA's 192/128, Qwen3.5's 256, blocks at offsets: path "generic"). cuDNN never runs with
-// documents. The tensor-core kernels' window and sinks without documents are here too (PITH_ATTENTION=own). The documents have several lengths: 1-token documents, documents that cross a 64-row tile edge,
-// a sequence whose first document began before it (docpos[0] > 0), query blocks whose documents start after every
-// key of the block (lse −∞). Shapes: q (B·Sq, nh, dqk), k (B·Sk, nkv, dqk), v (B·Sk, nkv, dv), docpos (B·Sq).
+// documents. The tensor-core kernels' window and sinks without documents are here too (PITH_ATTENTION=own). The
+// documents have several lengths: 1-token documents, documents that cross a 64-row tile edge, a sequence whose first
+// document began before it (docpos[0] > 0), query blocks whose documents start after every key of the block
+// (lse −∞). Shapes: q (B·Sq, nh, dqk), k (B·Sk, nkv, dqk), v (B·Sk, nkv, dv), docpos (B·Sq).
 #include "gpu_test.h"
 #include "ops/cuda/cuda_ops.h"
 

@@ -1,5 +1,6 @@
 // cuda_flash.cu — flash attention on the tensor cores: bf16, head dim 64 or 128, causal grouped-query
-// self-attention with an LSE output, documents (AttnArgs.docpos), a sliding window and sinks (Dao, "FlashAttention-2", 2023: Algorithm 1 forward, Algorithm 2 backward
+// self-attention with an LSE output, documents (AttnArgs.docpos), a sliding window and sinks (Dao,
+// "FlashAttention-2", 2023: Algorithm 1 forward, Algorithm 2 backward
 // with a D_i pre-pass). Shapes as in cuda_attention.cu: q, o, dq, dout (B·S, nh, D); k, v, dk, dv
 // (B·S, nkv, D); lse (B, nh, S) fp32; query head h reads kv head h / (nh/nkv).
 //   forward  per block 64 query rows (4 warps × 16 rows), key tiles of 64 in shared memory:
@@ -17,8 +18,8 @@
 // sequence. The forward and dq kernels start their key loop at the tile of their first row's lo and mask per
 // element only in the tiles before their last row's lo; the dk/dv kernel stops its query loop before the first query
 // tile whose first row's lo lies past the key tile (counted once per block) and masks per element only in query
-// tiles whose last row's lo lies past its first key. With LO false the kernels are the plain causal ones (no docpos
-// loads). Sinks (GPT-OSS) start the forward's running max at the sink's logit and its sum at 1 (the backward reads
+// tiles whose last row's lo lies past its first key. LO is a template argument (bit 0: documents, bit 1: a window, so
+// each kernel keeps only what it uses); with LO 0 the kernels are the plain causal ones (no docpos loads). Sinks (GPT-OSS) start the forward's running max at the sink's logit and its sum at 1 (the backward reads
 // the lse that includes them; the sink's own gradient is cuda_attention.cu's kernel).
 // Tensor cores (cuda_mma.cuh has the fragment layouts): a row-major [m][k] tile feeds A directly, a [n][k]
 // tile (K for Q·Kᵀ) feeds B directly, and a [k][n] tile (V for P·V) feeds B through ldmatrix .trans. An S
@@ -89,11 +90,13 @@ __device__ __forceinline__ void lo_rows(const int32_t *dp, int window, int S, in
 }
 
 // ---- forward ----
-template <int D, bool LO>
+template <int D, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_forward_kernel(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int S, int nh, int nkv,
-                         float scale, const int32_t *docpos, int window, const float *sinks) {
+                         float scale, const int32_t *docpos_, int window_, const float *sinks) {
     constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    const int32_t *docpos = LO & 1 ? docpos_ : NULL; // what LO leaves out folds away
+    const int window = LO & 2 ? window_ : 0;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *qs = (bf16 *)fa_smem, *ks = qs + TS, *vs = ks + 2 * TS; // Q; K and V in two stages each
     int b = blockIdx.x / nh, h = blockIdx.x % nh, grp = h / (nh / nkv);
@@ -197,12 +200,14 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 }
 
 // ---- backward, kernel 1: D_i and dq ----
-template <int D, bool LO>
+template <int D, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_backward_dq_kernel(bf16 *dq, float *Dg, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                              const bf16 *o, const float *lse, int S, int nh, int nkv, float scale,
-                             const int32_t *docpos, int window) {
+                             const int32_t *docpos_, int window_) {
     constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    const int32_t *docpos = LO & 1 ? docpos_ : NULL;
+    const int window = LO & 2 ? window_ : 0;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *qs = (bf16 *)fa_smem, *dos = qs + TS, *ks = dos + TS, *vs = ks + 2 * TS;
     float *Ds = (float *)(vs + 2 * TS);
@@ -330,7 +335,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 // ---- backward, kernel 2: dk, dv ----
 // Starts the loads of iteration it (query head and query tile) into stage st: Q, dO, lse and D rows (and docpos
 // rows into ps when there are documents).
-template <int D, bool LO>
+template <int D, int LO>
 __device__ __forceinline__ void
 dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, float *ds, int32_t *ps, const bf16 *q, const bf16 *dout, const float *lse,
               const float *Dg, const int32_t *docpos, int it, int nq, int qt0, int b, int g, int grp, int S, int nh) {
@@ -342,15 +347,17 @@ dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, float *ds, int32_t *ps, const bf16
     bool ok = qb + t < S;
     if (threadIdx.x < 64) cp_async4(smem_addr(ls + t), lse + roff + (ok ? t : 0), ok);
     else cp_async4(smem_addr(ds + t), Dg + roff + (ok ? t : 0), ok);
-    if (LO && docpos && threadIdx.x < 64) cp_async4(smem_addr(ps + t), docpos + (int64_t)b * S + qb + (ok ? t : 0), ok);
+    if ((LO & 1) && threadIdx.x < 64) cp_async4(smem_addr(ps + t), docpos + (int64_t)b * S + qb + (ok ? t : 0), ok);
 }
 
-template <int D, bool LO>
+template <int D, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_backward_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                const float *lse, const float *Dg, int S, int nh, int nkv, float scale,
-                               const int32_t *docpos, int window) {
+                               const int32_t *docpos_, int window_) {
     constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    const int32_t *docpos = LO & 1 ? docpos_ : NULL;
+    const int window = LO & 2 ? window_ : 0;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *ks = (bf16 *)fa_smem, *vs = ks + TS, *qs = vs + TS, *dos = qs + 2 * TS; // K, V; Q and dO in two stages
     float *ls = (float *)(dos + 2 * TS), *ds = ls + 2 * FA_TILE;                  // lse and D rows, two stages
@@ -420,15 +427,17 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
             }
         if (LO) { // queries whose bound lies past a key of this tile: only where the tile's last one's does
             const int32_t *pt = ps + st * FA_TILE;
-            bool doc = docpos != NULL;
+            constexpr bool doc = LO & 1;
             int last = min(FA_TILE, S - qb) - 1;
             if (fa_row_lo(qb + last, doc ? pt[last] : 0, doc, window) > k0)
 #pragma unroll
                 for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int qi = nt * 8 + 2 * tq + (e & 1), key = k0 + warp * 16 + gq + (e >> 1) * 8;
-                        if (key < fa_row_lo(qb + qi, doc ? pt[qi] : 0, doc, window)) s[nt][e] = 0.0f;
+                    for (int c = 0; c < 2; c++) { // query column qi against this thread's keys key and key + 8
+                        int qi = nt * 8 + 2 * tq + c, key = k0 + warp * 16 + gq;
+                        int bound = fa_row_lo(qb + qi, doc ? pt[qi] : 0, doc, window);
+                        if (key < bound) s[nt][c] = 0.0f;
+                        if (key + 8 < bound) s[nt][2 + c] = 0.0f;
                     }
         }
         mma_acc_rows_tile<ND, LD>(dva, s, dot, lane); // dV += Pᵀ·dO, 16 queries at a time
@@ -470,7 +479,7 @@ template <typename K> static void fa_smem_opt_in(K kernel, size_t bytes) {
 }
 static size_t fa_tile_bytes(int D) { return (size_t)FA_ROWS * (D + 8) * sizeof(bf16); }
 
-template <int D, bool LO>
+template <int D, int LO>
 static void flash_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale,
                                  const int32_t *docpos, int window, const float *sinks) {
     int nh = (int)q.n[1], nkv = (int)k.n[1];
@@ -483,13 +492,13 @@ static void flash_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tenso
     CUDA_LAUNCH_CHECK();
 }
 
-template <int D, bool LO>
+template <int D, int LO>
 static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
                                   Tensor lse, int B, int S, float scale, const int32_t *docpos, int window) {
     int nh = (int)q.n[1], nkv = (int)k.n[1];
     float *Dg = (float *)cuda_scratch((size_t)B * nh * S * sizeof(float)); // D_i, from kernel 1 to kernel 2
     size_t smem1 = 6 * fa_tile_bytes(D) + FA_ROWS * sizeof(float),
-           smem2 = 6 * fa_tile_bytes(D) + 4 * FA_TILE * sizeof(float) + (LO ? 2 * FA_TILE * sizeof(int32_t) : 0);
+           smem2 = 6 * fa_tile_bytes(D) + 4 * FA_TILE * sizeof(float) + (LO & 1 ? 2 * FA_TILE * sizeof(int32_t) : 0);
     fa_smem_opt_in(flash_backward_dq_kernel<D, LO>, smem1);
     fa_smem_opt_in(flash_backward_dkdv_kernel<D, LO>, smem2);
     unsigned tiles = (unsigned)((S + FA_ROWS - 1) / FA_ROWS);
@@ -504,33 +513,33 @@ static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, 
 }
 
 // The tensor-core path takes bf16, head dim 64 or 128 and 16-byte aligned tensors; anything else goes
-// to the generic kernels of cuda_attention.cu. LO (the per-row lower bound) is on with documents or a window.
+// to the generic kernels of cuda_attention.cu. Each (head dim, LO) pair has its kernels; LO (the per-row lower bound):
+// bit 0 documents, bit 1 a window.
+// (clang-format does not settle on one layout for this list.)
+// clang-format off
+#define FA_FORMS(X) X(64, 0) X(64, 1) X(64, 2) X(64, 3) X(128, 0) X(128, 1) X(128, 2) X(128, 3)
+// clang-format on
+
 bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window,
                              const float *sinks, const int32_t *docpos) {
-    int D = (int)q.n[2];
+    int D = (int)q.n[2], lo = (docpos ? 1 : 0) | (window ? 2 : 0);
     if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0) || window < 0) return false;
     if (!aligned16(o.p, q.p, k.p, v.p)) return false;
-    if (docpos || window) {
-        if (D == 64) flash_forward_launch<64, true>(o, lse, q, k, v, B, S, scale, docpos, window, sinks);
-        else flash_forward_launch<128, true>(o, lse, q, k, v, B, S, scale, docpos, window, sinks);
-    } else {
-        if (D == 64) flash_forward_launch<64, false>(o, lse, q, k, v, B, S, scale, NULL, 0, sinks);
-        else flash_forward_launch<128, false>(o, lse, q, k, v, B, S, scale, NULL, 0, sinks);
-    }
+#define FWD(d, l)                                                                                                      \
+    if (D == d && lo == l) flash_forward_launch<d, l>(o, lse, q, k, v, B, S, scale, docpos, window, sinks);
+    FA_FORMS(FWD)
+#undef FWD
     return true;
 }
 
 bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
                               Tensor lse, int B, int S, float scale, int window, const int32_t *docpos) {
-    int D = (int)q.n[2];
+    int D = (int)q.n[2], lo = (docpos ? 1 : 0) | (window ? 2 : 0);
     if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0) || window < 0) return false;
     if (!aligned16(dq.p, dk.p, dv.p, dout.p) || !aligned16(q.p, k.p, v.p, o.p)) return false;
-    if (docpos || window) {
-        if (D == 64) flash_backward_launch<64, true>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale, docpos, window);
-        else flash_backward_launch<128, true>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale, docpos, window);
-    } else {
-        if (D == 64) flash_backward_launch<64, false>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale, NULL, 0);
-        else flash_backward_launch<128, false>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale, NULL, 0);
-    }
+#define BWD(d, l)                                                                                                      \
+    if (D == d && lo == l) flash_backward_launch<d, l>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale, docpos, window);
+    FA_FORMS(BWD)
+#undef BWD
     return true;
 }
