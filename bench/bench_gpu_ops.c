@@ -289,6 +289,92 @@ static void bench_delta(void) {
            lim_ms, fwd_ms + last_ms, (fwd_ms + last_ms) / lim_ms);
 }
 
+// Document masking (AttnArgs.docpos) at the training call: attention fwd+bwd, B = 2 sequences of S = 4096 tokens,
+// Qwen3's 32 query / 4 kv heads of 128, bf16: no documents on the default path (cuDNN where built with it) and on
+// pith's kernels (PITH_ATTENTION=own), then documents of about 1,000 tokens (positions restart at each sequence
+// start) on pith's kernels, which skip the key tiles before a query tile's document. Rates count the whole causal
+// work (4·S²·d·nh/2 a sequence forward, 2.5× that backward), so a packed run at the unpacked run's time reads as the
+// same rate; the work inside the documents alone is printed beside. `bench_gpu_ops --docs` (session.sh mode docs).
+static void bench_docs(void) {
+    const int64_t B = 2, S = 4096, T = B * S, nh = 32, nkv = 4, d = 128;
+    DType bf = DT_BF16;
+    Tensor q = dev(bf, 3, T, nh, d), kk = dev(bf, 3, T, nkv, d), v = dev(bf, 3, T, nkv, d), o = dev(bf, 3, T, nh, d);
+    Tensor lse = dev(DT_F32, 3, B, nh, S), dq = dev(bf, 3, T, nh, d), dk = dev(bf, 3, T, nkv, d),
+           dv = dev(bf, 3, T, nkv, d), dp = dev(DT_I32, 1, T, 0, 0);
+    fill(q, 1, 60), fill(kk, 1, 61), fill(v, 1, 62), fill(o, 1, 63);
+    // document lengths cycled along the packed stream: mean 1,000, not tile multiples
+    const int len[6] = {1000, 937, 1063, 1000, 1011, 989};
+    int32_t *hp = xmalloc(T * sizeof(int32_t));
+    double useful = 0; // causal FLOPs inside the documents, forward
+    for (int64_t b = 0, di = 0; b < B; b++)
+        for (int64_t i = 0; i < S;) {
+            int64_t n = len[di++ % 6];
+            if (n > S - i) n = S - i;
+            for (int64_t j = 0; j < n; j++) hp[b * S + i + j] = (int32_t)j;
+            useful += 4.0 * n * n * d * nh / 2, i += n;
+        }
+    op_copy(dp, tensor_make(hp, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+    free(hp);
+    double fa = B * 4.0 * S * S * d * nh / 2;
+    float sc = 1.0f / sqrtf((float)d);
+    const char *name[3] = {"no documents, default", "no documents, own", "documents ~1000, own"};
+    double total[3];
+    for (int c = 0; c < 3; c++) {
+        if (c > 0) setenv("PITH_ATTENTION", "own", 1);
+        AttnArgs a = {.B = (int)B, .scale = sc, .causal = true, .docpos = c == 2 ? dp : NONE};
+        char nm[128];
+        snprintf(nm, sizeof nm, "attention fwd B=2 S=4096 (%s)", name[c]);
+        TIME(nm, 10, fa, "TFLOP/s", op_attention_forward(o, lse, q, kk, v, &a));
+        const char *path = cuda_attention_last_path();
+        double tf = last_ms;
+        snprintf(nm, sizeof nm, "attention bwd B=2 S=4096 (%s)", name[c]);
+        TIME(nm, 10, 2.5 * fa, "TFLOP/s", op_attention_backward(dq, dk, dv, NONE, o, q, kk, v, o, lse, &a));
+        snprintf(nm, sizeof nm, "attention fwd+bwd B=2 S=4096 (%s)", name[c]);
+        report(nm, tf + last_ms, 3.5 * fa, "TFLOP/s");
+        total[c] = tf + last_ms;
+        printf("  (ran: %s; work inside the documents: %.1f%% of the causal work, %.1f TFLOP/s of it)\n", path,
+               c == 2 ? 100 * useful / fa : 100.0, (c == 2 ? useful : fa) * 3.5 / ((tf + last_ms) / 1e3) / 1e12);
+    }
+    unsetenv("PITH_ATTENTION");
+    printf("packed / unpacked attention fwd+bwd: %.2fx the default path's, %.2fx pith's kernels' (issue 38: <= 1)\n",
+           total[2] / total[0], total[2] / total[1]);
+    // the other families' forms, no documents (default path) and the same documents (pith's generic kernels): MLA
+    // 192/128 with 16 heads (DeepSeek-V2-Lite), GPT-OSS's sliding layers (64/8 heads of 64, window 128, sinks)
+    struct {
+        int nh, nkv, dqk, dv, window;
+        bool sinks;
+        const char *what;
+    } f[2] = {{16, 16, 192, 128, 0, false, "MLA 192/128"}, {64, 8, 64, 64, 128, true, "GPT-OSS window 128 + sinks"}};
+    for (int c = 0; c < 2; c++) {
+        Arena save = A;
+        Tensor qf = dev(bf, 3, T, f[c].nh, f[c].dqk), kf = dev(bf, 3, T, f[c].nkv, f[c].dqk),
+               vf = dev(bf, 3, T, f[c].nkv, f[c].dv), of = dev(bf, 3, T, f[c].nh, f[c].dv);
+        Tensor lf = dev(DT_F32, 3, B, f[c].nh, S), dqf = dev(bf, 3, T, f[c].nh, f[c].dqk),
+               dkf = dev(bf, 3, T, f[c].nkv, f[c].dqk), dvf = dev(bf, 3, T, f[c].nkv, f[c].dv),
+               sk = dev(DT_F32, 1, f[c].nh, 0, 0), dsk = dev(DT_F32, 1, f[c].nh, 0, 0);
+        fill(qf, 1, 70), fill(kf, 1, 71), fill(vf, 1, 72), fill(of, 1, 73), fill(sk, 1, 74), fill(dsk, 1, 75);
+        // causal work, or the window's band
+        double ff = B * 2.0 * S * (f[c].window ? f[c].window : S / 2.0) * (f[c].dqk + f[c].dv) * f[c].nh;
+        for (int docs = 0; docs < 2; docs++) {
+            AttnArgs a = {.B = (int)B, .scale = 1.0f / sqrtf((float)f[c].dqk), .causal = true, .window = f[c].window};
+            if (f[c].sinks) a.sinks = sk;
+            if (docs) a.docpos = dp;
+            char nm[128];
+            snprintf(nm, sizeof nm, "attention fwd B=2 S=4096 %s (%s)", f[c].what, docs ? "documents" : "default");
+            TIME(nm, 5, ff, "TFLOP/s", op_attention_forward(of, lf, qf, kf, vf, &a));
+            const char *path = cuda_attention_last_path();
+            double tf = last_ms;
+            snprintf(nm, sizeof nm, "attention bwd B=2 S=4096 %s (%s)", f[c].what, docs ? "documents" : "default");
+            TIME(nm, 3, 2.5 * ff, "TFLOP/s",
+                 op_attention_backward(dqf, dkf, dvf, f[c].sinks ? dsk : NONE, of, qf, kf, vf, of, lf, &a));
+            snprintf(nm, sizeof nm, "attention fwd+bwd B=2 S=4096 %s (%s)", f[c].what, docs ? "documents" : "default");
+            report(nm, tf + last_ms, 3.5 * ff, "TFLOP/s");
+            printf("  (ran: %s)\n", path);
+        }
+        A = save;
+    }
+}
+
 int main(int argc, char **argv) {
     if (!ops_cuda_available()) die("bench_gpu_ops: no GPU");
     bool quick = argc > 1 && !strcmp(argv[1], "--quick");
@@ -296,6 +382,11 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--fp8")) { // the expert and dense GEMMs in FP8 beside bf16
         bench_grouped_fp8("qwen3", 8192, 2048, 128, 8, 768);
         bench_dense_fp8(8192, 2048, 6144);
+        arena_destroy(&A);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--docs")) { // attention with and without document masking
+        bench_docs();
         arena_destroy(&A);
         return 0;
     }
@@ -344,7 +435,7 @@ int main(int argc, char **argv) {
             TIME(nm, 10, fl, "TFLOP/s", op_linear_forward(l, h, wl, (Tensor){0}));
             tot += last_ms;
             snprintf(nm, sizeof nm, "cross-entropy chunk %lld rows", (long long)n);
-            TIME(nm, 10, 3.0 * n * V * 4, "GB/s", op_cross_entropy(l, lb, ls, 1.0f));
+            TIME(nm, 10, 3.0 * n * V * 4, "GB/s", op_cross_entropy(l, lb, ls, NONE, 1.0f));
             tot += last_ms;
             snprintf(nm, sizeof nm, "lm_head bwd input chunk %lld", (long long)n);
             TIME(nm, 10, fl, "TFLOP/s", op_linear_backward_input(dhc, l, wl, false));

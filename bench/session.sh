@@ -8,6 +8,7 @@
 #   ctest       the candidate's GPU tests of what its diffs change (CFILTERS: test-name substrings)
 #   csan        compute-sanitizer memcheck + racecheck on the candidate's changed kernels
 #   ops         bench_gpu_ops --delta and --grouped, main and candidate, + bench/peer_grouped.py
+#   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
 #   bench       pith train, 8 steps, on each NAME:ROUTING:BIN[:fp8|:KEY=VALUE] in RUNS (BIN main|cand; 2 × 4096 tokens)
 #   peer35      HF transformers on bench/qwen3_5_8l's shapes, balanced: PEER35_MODES (default eager; also compile,
 #               compile-layers), each under timeout PEER35_T
@@ -91,6 +92,9 @@ ops)
     done; done
     (cd bench && timeout 90 python3 peer_grouped.py >$OUT/peer_grouped.txt 2>&1; echo "rc=$?" >>$OUT/peer_grouped.txt)
     tail -12 $OUT/peer_grouped.txt | sed 's/^/peer_grouped: /' | tee -a $OUT/summary.txt ;;
+docs)
+    timeout ${DOCS_T:-180} build-cand/bench_gpu_ops --docs >$OUT/docs.txt 2>&1; echo "rc=$?" >>$OUT/docs.txt
+    grep -v BENCH $OUT/docs.txt | sed 's/^/docs: /' | tee -a $OUT/summary.txt ;;
 bench)
     declare -A dir=([qwen3]=bench/qwen3_30b_a3b_8l [gpt_oss]=bench/gpt_oss_20b_4l [qwen3_5]=bench/qwen3_5_8l
         [dsv2]=bench/deepseek_v2_lite_8l)

@@ -543,16 +543,16 @@ bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, con
 int64_t cuda_fp8_tensor_core_gemms(void) { return 0; }
 bool cuda_fp8_dense_fit(int64_t N, int64_t K) { return false; }
 bool cuda_fp8_experts_fit(int64_t E, int64_t N, int64_t K) { return false; }
-// The args structs carry a tensor (sinks, bias) that the CPU op reads as host memory too.
+// The args structs carry tensors (sinks, docpos, bias) that the CPU op reads as host memory too.
 void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
     AttnArgs c = *a;
-    OP(attention_forward, &o, &lse, &q, &k, &v, &c.sinks);
+    OP(attention_forward, &o, &lse, &q, &k, &v, &c.sinks, &c.docpos);
     cpu_attention_forward(o, lse, q, k, v, &c);
 }
 void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Tensor dout, Tensor q, Tensor k, Tensor v,
                              Tensor o, Tensor lse, const AttnArgs *a) {
     AttnArgs c = *a;
-    OP(attention_backward, &dq, &dk, &dv, &dsinks, &dout, &q, &k, &v, &o, &lse, &c.sinks);
+    OP(attention_backward, &dq, &dk, &dv, &dsinks, &dout, &q, &k, &v, &o, &lse, &c.sinks, &c.docpos);
     cpu_attention_backward(dq, dk, dv, dsinks, dout, q, k, v, o, lse, &c);
 }
 void cuda_attention_merge(Tensor o, Tensor lse, Tensor o_p, Tensor lse_p, int B, bool init) {

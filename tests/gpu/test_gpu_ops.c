@@ -261,11 +261,15 @@ TEST(gpu_op_attention) {
 }
 
 // GPT-OSS's forms run cuDNN's fused kernels in bf16 (where the build has cuDNN: the window as a mask, the sinks
-// as a correction), our generic kernels in fp32; both directions of the last check_attention_args.
-static void expect_attention_paths(int bf16, const char *what) {
+// as a correction; without it our tensor-core kernels at head dims 64 and 128, tc), our generic kernels in fp32;
+// both directions of the last check_attention_args.
+static void expect_attention_paths(int bf16, bool tc, const char *what) {
     const char *bwd = cuda_attention_last_path(), *want = "generic";
 #ifdef PITH_CUDNN
     if (bf16) want = "cudnn";
+    (void)tc;
+#else
+    if (bf16 && tc) want = "flash";
 #endif
     printf("     %s %s: forward %s, backward %s\n", what, bf16 ? "bf16" : "fp32", attention_fwd_path, bwd);
     ASSERT_MSG(!strcmp(attention_fwd_path, want) && !strcmp(bwd, want), "%s ran %s/%s, not %s", what,
@@ -293,13 +297,13 @@ TEST(gpu_op_attention_forms) {
         // 300 tokens (not a tile multiple), its full layers causal
         check_attention_args(MODE_DT, TOL, 300, 300, 16, 2, 64, 64,
                              (AttnArgs){.B = 2, .scale = s64, .causal = true, .window = 128}, true);
-        expect_attention_paths(mode_, "window 128 + sinks");
+        expect_attention_paths(mode_, true, "window 128 + sinks");
         check_attention_args(MODE_DT, TOL, 300, 300, 16, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .causal = true},
                              true);
-        expect_attention_paths(mode_, "causal + sinks");
+        expect_attention_paths(mode_, true, "causal + sinks");
         check_attention_args(MODE_DT, TOL, 129, 129, 16, 2, 64, 64,
                              (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 128}, true);
-        expect_attention_paths(mode_, "window 128 + sinks, 129 tokens");
+        expect_attention_paths(mode_, true, "window 128 + sinks, 129 tokens");
         check_attention_args(MODE_DT, TOL, 64, 64, 4, 2, 64, 64,
                              (AttnArgs){.B = 2, .scale = s64, .causal = true, .q_off = 64, .k_off = 100}, false);
         check_attention_args(MODE_DT, TOL, 48, 96, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .q_off = 96}, false);
@@ -309,7 +313,7 @@ TEST(gpu_op_attention_forms) {
         // Hopper forward and backward)
         check_attention_args(MODE_DT, TOL, 150, 150, 16, 2, 256, 256,
                              (AttnArgs){.B = 2, .scale = 0.0625f, .causal = true}, false);
-        expect_attention_paths(mode_, "head dim 256");
+        expect_attention_paths(mode_, false, "head dim 256");
     }
     gpu_report();
 }

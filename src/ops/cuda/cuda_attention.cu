@@ -18,6 +18,11 @@
 // so a dot product is a register loop plus a log2(TPR)-step shuffle. The other side (keys, or queries)
 // streams through shared memory in tiles of ATT_TILE rows, converted to fp32 on load. Visibility is one
 // function (attn_visible) and the tile range of a block two bounds (attn_key_range, attn_query_range).
+// Document masking (AttnArgs.docpos): query i also needs kpos ≥ qpos − docpos[i], as the key index
+// attn_doc_lo(i), which never decreases along a sequence; the key range of a query block starts at its first row's
+// bound, the query range of a key block ends before the first query whose bound lies past the block's last key (a
+// binary search), and each row's bound joins attn_visible (the dk/dv kernel keeps a query tile's bounds in shared
+// memory). Without docpos none of this loads anything.
 // These scalar-FMA kernels serve fp32 (parity runs) and every form the tensor-core kernels of cuda_flash.cu
 // and cuDNN (cuda_cudnn.cu: causal, a window or none, sinks through attention_sinks_correct_kernel) do not cover.
 #include "ops/cuda/cuda_common.cuh"
@@ -31,26 +36,42 @@ typedef struct {
     bool causal;
     float scale;
     int64_t q_off, k_off;
-    const float *sinks; // (nh) or NULL
+    const float *sinks;    // (nh) or NULL
+    const int32_t *docpos; // (B·Sq) or NULL
 } AttnParams;
 
-// Key j is visible to query i (indices within their blocks).
+// Key j is visible to query i (indices within their blocks), by causality and the window.
 __device__ __forceinline__ bool attn_visible(const AttnParams &p, int i, int j) {
     int64_t qp = p.q_off + i, kp = p.k_off + j;
     return (!p.causal || kp <= qp) && (p.window == 0 || kp > qp - p.window);
 }
-// The keys [*lo, *hi) any of the queries q0..q0+n−1 can see.
-__device__ __forceinline__ void attn_key_range(const AttnParams &p, int q0, int n, int *lo, int *hi) {
+// With docpos: the first key index query i of sequence b sees by its document, clamped to [0, Sk].
+__device__ __forceinline__ int attn_doc_lo(const AttnParams &p, int b, int i) {
+    int64_t l = p.q_off + i - p.docpos[(int64_t)b * p.Sq + i] - p.k_off;
+    return (int)min(max(l, (int64_t)0), (int64_t)p.Sk);
+}
+// The keys [*lo, *hi) any of the queries q0..q0+n−1 (q0 < Sq) of sequence b can see.
+__device__ __forceinline__ void attn_key_range(const AttnParams &p, int b, int q0, int n, int *lo, int *hi) {
     int64_t l = 0, h = p.Sk;
     if (p.causal) h = min(h, p.q_off + q0 + n - p.k_off);
     if (p.window) l = max(l, p.q_off + q0 - p.window + 1 - p.k_off);
+    if (p.docpos) l = max(l, (int64_t)attn_doc_lo(p, b, q0));
     *lo = (int)l, *hi = (int)max(h, l);
 }
-// The queries [*lo, *hi) that can see any of the keys k0..k0+n−1.
-__device__ __forceinline__ void attn_query_range(const AttnParams &p, int k0, int n, int *lo, int *hi) {
+// The queries [*lo, *hi) of sequence b that can see any of the keys k0..k0+n−1 (k0 < Sk).
+__device__ __forceinline__ void attn_query_range(const AttnParams &p, int b, int k0, int n, int *lo, int *hi) {
     int64_t l = 0, h = p.Sq;
     if (p.causal) l = max(l, p.k_off + k0 - p.q_off);
     if (p.window) h = min(h, p.k_off + k0 + n - 1 + p.window - p.q_off);
+    if (p.docpos && l < h) { // the first query in [l, h) whose document starts after the last key
+        int kmax = min(k0 + n, p.Sk) - 1, a = (int)l, z = (int)h;
+        while (a < z) {
+            int mid = a + (z - a) / 2;
+            if (attn_doc_lo(p, b, mid) > kmax) z = mid;
+            else a = mid + 1;
+        }
+        h = a;
+    }
     *lo = (int)l, *hi = (int)max(h, l);
 }
 
@@ -86,8 +107,8 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
 #pragma unroll
     for (int c = 0; c < VPT; c++) acc[c] = 0.0f;
     float m = p.sinks ? p.sinks[h] : -INFINITY, l = p.sinks ? 1.0f : 0.0f;
-    int jlo, jhi;
-    attn_key_range(p, q0, ATT_ROWS, &jlo, &jhi);
+    int jlo, jhi, dlo = p.docpos && valid ? attn_doc_lo(p, b, i) : 0; // this row's first key by its document
+    attn_key_range(p, b, q0, ATT_ROWS, &jlo, &jhi);
     for (int j0 = jlo / ATT_TILE * ATT_TILE; j0 < jhi; j0 += ATT_TILE) {
         __syncthreads(); // the previous tile is consumed
         load_tile<T, DQK>(ks, k, b, p.Sk, p.nkv, g, j0);
@@ -101,7 +122,7 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
             for (int c = 0; c < QPT; c++) part += qr[c] * ks[jj * DQK + c * TPR + sub];
             part = row_sum<TPR>(part);
             int j = j0 + jj;
-            s[jj] = j < p.Sk && attn_visible(p, i, j) ? p.scale * part : -INFINITY;
+            s[jj] = j < p.Sk && j >= dlo && attn_visible(p, i, j) ? p.scale * part : -INFINITY;
             mt = fmaxf(mt, s[jj]);
         }
         float mn = fmaxf(m, mt);
@@ -149,8 +170,8 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
     Di = row_sum<TPR>(Di);
     float L = valid ? lse[((int64_t)b * p.nh + h) * p.Sq + i] : -INFINITY;
     bool live = L != -INFINITY; // a query that saw nothing has no gradient
-    int jlo, jhi;
-    attn_key_range(p, q0, ATT_ROWS, &jlo, &jhi);
+    int jlo, jhi, dlo = p.docpos && valid ? attn_doc_lo(p, b, i) : 0;
+    attn_key_range(p, b, q0, ATT_ROWS, &jlo, &jhi);
     for (int j0 = jlo / ATT_TILE * ATT_TILE; j0 < jhi; j0 += ATT_TILE) {
         __syncthreads();
         load_tile<T, DQK>(ks, k, b, p.Sk, p.nkv, g, j0);
@@ -166,7 +187,7 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
             sp = row_sum<TPR>(sp);
             dp = row_sum<TPR>(dp);
             int j = j0 + jj;
-            float pj = live && j < p.Sk && attn_visible(p, i, j) ? expf(p.scale * sp - L) : 0.0f;
+            float pj = live && j < p.Sk && j >= dlo && attn_visible(p, i, j) ? expf(p.scale * sp - L) : 0.0f;
             float ds = p.scale * pj * (dp - Di);
 #pragma unroll
             for (int c = 0; c < QPT; c++) dqa[c] += ds * ks[jj * DQK + c * TPR + sub];
@@ -186,6 +207,7 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
     constexpr int QPT = DQK / TPR, VPT = DV / TPR;
     extern __shared__ float smem[];
     float *qs = smem, *dos = smem + ATT_TILE * DQK, *Ls = dos + ATT_TILE * DV, *Ds = Ls + ATT_TILE;
+    int *Ps = (int *)(Ds + ATT_TILE); // the tile's queries' first keys by their documents (0 without docpos)
     int bg = blockIdx.y, b = bg / p.nkv, g = bg % p.nkv, grp = p.nh / p.nkv;
     int r = threadIdx.x / TPR, sub = threadIdx.x % TPR, k0 = blockIdx.x * ATT_ROWS, j = k0 + r;
     bool valid = j < p.Sk;
@@ -197,14 +219,16 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
     for (int c = 0; c < VPT; c++) vr[c] = valid ? ld(v, krow * DV + c * TPR + sub) : 0.0f, dva[c] = 0.0f;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     int ilo, ihi;
-    attn_query_range(p, k0, ATT_ROWS, &ilo, &ihi);
+    attn_query_range(p, b, k0, ATT_ROWS, &ilo, &ihi);
     for (int h = g * grp; h < (g + 1) * grp; h++) {
         for (int i0 = ilo / ATT_TILE * ATT_TILE; i0 < ihi; i0 += ATT_TILE) {
             __syncthreads();
             load_tile<T, DQK>(qs, q, b, p.Sq, p.nh, h, i0);
             load_tile<T, DV>(dos, dout, b, p.Sq, p.nh, h, i0);
-            for (int ii = threadIdx.x; ii < ATT_TILE; ii += blockDim.x)
+            for (int ii = threadIdx.x; ii < ATT_TILE; ii += blockDim.x) {
                 Ls[ii] = i0 + ii < p.Sq ? lse[((int64_t)b * p.nh + h) * p.Sq + i0 + ii] : -INFINITY;
+                Ps[ii] = p.docpos && i0 + ii < p.Sq ? attn_doc_lo(p, b, i0 + ii) : 0;
+            }
             __syncthreads();
             for (int ii = warp; ii < ATT_TILE; ii += nwarps) { // D_i = dout_i·o_i, one warp per query row
                 float part = 0.0f;
@@ -225,7 +249,7 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
                 sp = row_sum<TPR>(sp);
                 dp = row_sum<TPR>(dp);
                 int i = i0 + ii;
-                bool vis = valid && i < p.Sq && Ls[ii] != -INFINITY && attn_visible(p, i, j);
+                bool vis = valid && i < p.Sq && Ls[ii] != -INFINITY && j >= Ps[ii] && attn_visible(p, i, j);
                 float pj = vis ? expf(p.scale * sp - Ls[ii]) : 0.0f;
                 float ds = p.scale * pj * (dp - Ds[ii]);
 #pragma unroll
@@ -303,7 +327,7 @@ template <typename T, int DQK, int DV, int TPR>
 static void attention_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
                                       Tensor o, Tensor lse, int B, AttnParams p) {
     size_t smem_dq = ATT_TILE * (DQK + DV) * sizeof(float),
-           smem_kv = (ATT_TILE * (DQK + DV) + 2 * ATT_TILE) * sizeof(float);
+           smem_kv = (ATT_TILE * (DQK + DV) + 3 * ATT_TILE) * sizeof(float);
     smem_opt_in(attention_backward_dq_kernel<T, DQK, DV, TPR>, smem_dq);
     smem_opt_in(attention_backward_dkdv_kernel<T, DQK, DV, TPR>, smem_kv);
     if (p.Sq > 0) {
@@ -341,23 +365,33 @@ static AttnParams attention_params(Tensor q, Tensor k, Tensor v, const AttnArgs 
     if (q.dt != k.dt || q.dt != v.dt) die("%s: q, k, v must share a dtype", what);
     if (a->sinks.p && (a->sinks.dt != DT_F32 || tensor_numel(a->sinks) != q.n[1]))
         die("%s: sinks must be (nh) fp32", what);
-    AttnParams p = {
-        (int)(q.n[0] / B), (int)(k.n[0] / B), (int)q.n[1], (int)k.n[1], a->window,
-        a->causal,         a->scale,          a->q_off,    a->k_off,    a->sinks.p ? (const float *)a->sinks.p : NULL};
+    if (a->docpos.p && (a->docpos.dt != DT_I32 || tensor_numel(a->docpos) != q.n[0] || a->docpos.dev != DEV_CUDA))
+        die("%s: docpos must be (B·Sq) = (%lld) int32 on the GPU", what, (long long)q.n[0]);
+    AttnParams p = {(int)(q.n[0] / B),
+                    (int)(k.n[0] / B),
+                    (int)q.n[1],
+                    (int)k.n[1],
+                    a->window,
+                    a->causal,
+                    a->scale,
+                    a->q_off,
+                    a->k_off,
+                    a->sinks.p ? (const float *)a->sinks.p : NULL,
+                    a->docpos.p ? (const int32_t *)a->docpos.p : NULL};
     return p;
 }
 
 // The form cuDNN's graphs take: causal self-attention, a sliding window or none (cuda_cudnn.cu checks the head
-// dims and the dtype), sinks by a correction after the forward; our tensor-core kernels: the plain form, one head dim.
+// dims and the dtype), sinks by a correction after the forward, no document masking (its graphs have no per-query
+// bound: pith's kernels skip the masked tiles); our tensor-core kernels: causal self-attention with one head dim,
+// a window, sinks and documents or none of them.
 static bool attention_self(Tensor q, Tensor k, const AttnArgs *a) {
     return a->causal && !a->q_off && !a->k_off && k.n[0] == q.n[0];
 }
 static bool attention_cudnn_form(Tensor q, Tensor k, const AttnArgs *a) {
-    return !a->deterministic && attention_self(q, k, a); // cuDNN's backward adds into dQ with atomics
+    return !a->deterministic && !a->docpos.p && attention_self(q, k, a); // cuDNN's backward adds into dQ atomically
 }
-static bool attention_plain(Tensor q, Tensor k, const AttnArgs *a) {
-    return attention_self(q, k, a) && !a->window && !a->sinks.p;
-}
+static bool attention_flash_form(Tensor q, Tensor k, const AttnArgs *a) { return attention_self(q, k, a); }
 
 static const char *last_path = "none";
 
@@ -402,9 +436,10 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
             return;
         }
     }
-    if (attention_plain(q, k, a)) {
+    if (attention_flash_form(q, k, a)) {
         last_path = "flash"; // our tensor-core kernel (bf16, d 64/128)
-        if (DQK == DV && flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale)) return;
+        if (DQK == DV && flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale, p.window, p.sinks, p.docpos))
+            return;
     }
     last_path = "generic";
 #define FWD(dqk, dv, tpr)                                                                                              \
@@ -443,9 +478,11 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
         last_path = "cudnn";
         if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window, a->ws)) return;
     }
-    if (attention_plain(q, k, a)) {
+    if (attention_flash_form(q, k, a)) {
         last_path = "flash";
-        if (DQK == DV && flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale)) return;
+        if (DQK == DV &&
+            flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window, p.docpos))
+            return;
     }
     last_path = "generic";
 #define BWD(dqk, dv_, tpr)                                                                                             \

@@ -83,10 +83,13 @@ bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v,
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
                               Tensor lse, int B, int S, float scale, int window, Tensor ws);
 // Tensor-core flash attention (cuda_flash.cu); false when the inputs do not fit it (dtype, head dim,
-// alignment), and the caller runs the generic kernels instead.
-bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale);
+// alignment), and the caller runs the generic kernels instead. Causal self-attention; window: AttnArgs.window;
+// sinks: (nh) fp32 on the device or NULL (the backward takes the lse that includes them); docpos: (B·S) int32 on the
+// device, each query's position in its document (AttnArgs.docpos), or NULL.
+bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window,
+                             const float *sinks, const int32_t *docpos);
 bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                              Tensor lse, int B, int S, float scale);
+                              Tensor lse, int B, int S, float scale, int window, const int32_t *docpos);
 
 // ---- element access: every kernel computes in fp32 whatever the storage dtype ----
 typedef __nv_bfloat16 bf16;

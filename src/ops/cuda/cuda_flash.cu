@@ -1,5 +1,6 @@
 // cuda_flash.cu — flash attention on the tensor cores: bf16, head dim 64 or 128, causal grouped-query
-// attention with an LSE output (Dao, "FlashAttention-2", 2023: Algorithm 1 forward, Algorithm 2 backward
+// self-attention with an LSE output, documents (AttnArgs.docpos), a sliding window and sinks (Dao,
+// "FlashAttention-2", 2023: Algorithm 1 forward, Algorithm 2 backward
 // with a D_i pre-pass). Shapes as in cuda_attention.cu: q, o, dq, dout (B·S, nh, D); k, v, dk, dv
 // (B·S, nkv, D); lse (B, nh, S) fp32; query head h reads kv head h / (nh/nkv).
 //   forward  per block 64 query rows (4 warps × 16 rows), key tiles of 64 in shared memory:
@@ -12,6 +13,14 @@
 //            dK += dSᵀ·Q; dk = scale·dK. Each output has one writer: no atomics, deterministic.
 //   (The two kernels are deterministic and were faster than a fused backward with dq atomics on the H200:
 //   bench/cuda_ops.md, round 2.)
+// A lower bound per row (LO): documents (AttnArgs.docpos, each query's position in its document) and a sliding
+// window W let query i see keys from lo_i = max(i − docpos[i], i − W + 1, 0) on, and lo_i never decreases along a
+// sequence. The forward and dq kernels start their key loop at the tile of their first row's lo and mask per
+// element only in the tiles before their last row's lo; the dk/dv kernel stops its query loop before the first query
+// tile whose first row's lo lies past the key tile (counted once per block) and masks per element only in query
+// tiles whose last row's lo lies past its first key. LO is a template argument (bit 0: documents, bit 1: a window, so
+// each kernel keeps only what it uses); with LO 0 the kernels are the plain causal ones (no docpos loads). Sinks (GPT-OSS) start the forward's running max at the sink's logit and its sum at 1 (the backward reads
+// the lse that includes them; the sink's own gradient is cuda_attention.cu's kernel).
 // Tensor cores (cuda_mma.cuh has the fragment layouts): a row-major [m][k] tile feeds A directly, a [n][k]
 // tile (K for Q·Kᵀ) feeds B directly, and a [k][n] tile (V for P·V) feeds B through ldmatrix .trans. An S
 // accumulator (C layout) re-packed to bf16 pairs is the A fragment of the next product (P·V, dS·K), so P
@@ -56,12 +65,38 @@ template <int D> __device__ __forceinline__ void tile_load(bf16 *tile, const bf1
     }
 }
 
+// LO: the first key query `row` sees, given its docpos value dpos (doc: documents on) and the window (0: none).
+__device__ __forceinline__ int fa_row_lo(int row, int dpos, bool doc, int window) {
+    int l = doc ? row - dpos : 0; // a document that began before the sequence: from key 0
+    if (window) l = max(l, row - window + 1);
+    return max(l, 0);
+}
+__device__ __forceinline__ int fa_row_lo(const int32_t *dp, int window, int row) { // dp: the sequence's docpos
+    return fa_row_lo(row, dp ? dp[row] : 0, dp != NULL, window);
+}
+
+// LO: for the block of query rows [q0, q0 + FA_ROWS) of one sequence (dp: its docpos, S long, or NULL), the first
+// key tile any row sees (*kt0), the last valid row's bound (*lmax: key tiles from it on need no mask) and the
+// bounds of rows r and r + 8 (lo; rows past S: 0).
+__device__ __forceinline__ void lo_rows(const int32_t *dp, int window, int S, int q0, int r, int *kt0, int *lmax,
+                                        int lo[2]) {
+    *kt0 = fa_row_lo(dp, window, q0) / FA_TILE;
+    *lmax = fa_row_lo(dp, window, min(S, q0 + FA_ROWS) - 1);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int row = q0 + r + h * 8;
+        lo[h] = row < S ? fa_row_lo(dp, window, row) : 0;
+    }
+}
+
 // ---- forward ----
-template <int D>
+template <int D, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_forward_kernel(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int S, int nh, int nkv,
-                         float scale) {
+                         float scale, const int32_t *docpos_, int window_, const float *sinks) {
     constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    const int32_t *docpos = LO & 1 ? docpos_ : NULL; // what LO leaves out folds away
+    const int window = LO & 2 ? window_ : 0;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *qs = (bf16 *)fa_smem, *ks = qs + TS, *vs = ks + 2 * TS; // Q; K and V in two stages each
     int b = blockIdx.x / nh, h = blockIdx.x % nh, grp = h / (nh / nkv);
@@ -70,10 +105,12 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     int64_t qld = (int64_t)nh * D, kld = (int64_t)nkv * D;
     const bf16 *kg = k + (int64_t)b * S * kld + grp * D, *vg = v + (int64_t)b * S * kld + grp * D;
     int nkt = (min(S, q0 + FA_ROWS) + FA_TILE - 1) / FA_TILE; // key tiles that any row of the block sees
+    int kt0 = 0, lmax = 0, lo[2] = {0, 0}; // LO: the first key tile, the last row's bound, this thread's rows'
+    if (LO) lo_rows(docpos ? docpos + (int64_t)b * S : NULL, window, S, q0, warp * 16 + gq, &kt0, &lmax, lo);
     tile_load<D>(qs, q + ((int64_t)b * S + q0) * qld + h * D, qld, S - q0);
     cp_async_commit();
-    tile_load<D>(ks, kg, kld, S);
-    tile_load<D>(vs, vg, kld, S);
+    tile_load<D>(ks, kg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
+    tile_load<D>(vs, vg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -82,10 +119,14 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     for (int kk = 0; kk < KD; kk++) ldsm_x4(qf[kk], frag_a_mk<LD>(qs, warp * 16, kk * 16, lane));
     const float sl2 = scale * FA_LOG2E;
     float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    if (sinks) { // a key of logit sinks[h] (sinks[h]/scale in the units of m) and no value; l is the quad's sum
+        m[0] = m[1] = sinks[h] / scale;
+        l[0] = l[1] = tq == 0 ? 1.0f : 0.0f;
+    }
 #pragma unroll
     for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    for (int j = 0; j < nkt; j++) {
-        int st = j & 1, j0 = j * FA_TILE;
+    for (int j = kt0; j < nkt; j++) {
+        int st = (j - kt0) & 1, j0 = j * FA_TILE;
         if (j + 1 < nkt) {
             tile_load<D>(ks + (st ^ 1) * TS, kg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
             tile_load<D>(vs + (st ^ 1) * TS, vg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
@@ -115,6 +156,12 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
                     if (key > row || key >= S) s[nt][e] = -INFINITY;
                 }
         }
+        if (LO && j0 < lmax) // keys before a row's bound
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (j0 + nt * 8 + 2 * tq + (e & 1) < lo[e >> 1]) s[nt][e] = -INFINITY;
 #pragma unroll
         for (int r = 0; r < 2; r++) { // online softmax of rows gq (r = 0) and gq + 8 (r = 1)
             float mx = m[r];
@@ -153,11 +200,14 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 }
 
 // ---- backward, kernel 1: D_i and dq ----
-template <int D>
+template <int D, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_backward_dq_kernel(bf16 *dq, float *Dg, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
-                             const bf16 *o, const float *lse, int S, int nh, int nkv, float scale) {
+                             const bf16 *o, const float *lse, int S, int nh, int nkv, float scale,
+                             const int32_t *docpos_, int window_) {
     constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    const int32_t *docpos = LO & 1 ? docpos_ : NULL;
+    const int window = LO & 2 ? window_ : 0;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *qs = (bf16 *)fa_smem, *dos = qs + TS, *ks = dos + TS, *vs = ks + 2 * TS;
     float *Ds = (float *)(vs + 2 * TS);
@@ -167,11 +217,13 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     int64_t qld = (int64_t)nh * D, kld = (int64_t)nkv * D, qoff = ((int64_t)b * S + q0) * qld + h * D;
     const bf16 *kg = k + (int64_t)b * S * kld + grp * D, *vg = v + (int64_t)b * S * kld + grp * D;
     int nkt = (min(S, q0 + FA_ROWS) + FA_TILE - 1) / FA_TILE;
+    int kt0 = 0, lmax = 0, lo[2] = {0, 0}; // LO: as in the forward
+    if (LO) lo_rows(docpos ? docpos + (int64_t)b * S : NULL, window, S, q0, warp * 16 + gq, &kt0, &lmax, lo);
     tile_load<D>(qs, q + qoff, qld, S - q0);
     tile_load<D>(dos, dout + qoff, qld, S - q0);
     cp_async_commit();
-    tile_load<D>(ks, kg, kld, S);
-    tile_load<D>(vs, vg, kld, S);
+    tile_load<D>(ks, kg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
+    tile_load<D>(vs, vg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
     cp_async_commit();
     { // D_i = dout_i·o_i: two threads per row, D/2 elements each, read straight from global memory
         int r = threadIdx.x >> 1, half = threadIdx.x & 1;
@@ -215,8 +267,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     float acc[ND][4];
 #pragma unroll
     for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    for (int j = 0; j < nkt; j++) {
-        int st = j & 1, j0 = j * FA_TILE;
+    for (int j = kt0; j < nkt; j++) {
+        int st = (j - kt0) & 1, j0 = j * FA_TILE;
         if (j + 1 < nkt) {
             tile_load<D>(ks + (st ^ 1) * TS, kg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
             tile_load<D>(vs + (st ^ 1) * TS, vg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
@@ -247,6 +299,12 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
                 float p = exp2f(s[nt][e] * sl2 - L2[e >> 1]);
                 s[nt][e] = edge && (key > row || key >= S) ? 0.0f : p;
             }
+        if (LO && j0 < lmax)
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (j0 + nt * 8 + 2 * tq + (e & 1) < lo[e >> 1]) s[nt][e] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) // dP = dO·Vᵀ
 #pragma unroll
@@ -275,11 +333,12 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 }
 
 // ---- backward, kernel 2: dk, dv ----
-// Starts the loads of iteration it (query head and query tile) into stage st: Q, dO, lse and D rows.
-template <int D>
-__device__ __forceinline__ void dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, float *ds, const bf16 *q,
-                                              const bf16 *dout, const float *lse, const float *Dg, int it, int nq,
-                                              int qt0, int b, int g, int grp, int S, int nh) {
+// Starts the loads of iteration it (query head and query tile) into stage st: Q, dO, lse and D rows (and docpos
+// rows into ps when there are documents).
+template <int D, int LO>
+__device__ __forceinline__ void
+dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, float *ds, int32_t *ps, const bf16 *q, const bf16 *dout, const float *lse,
+              const float *Dg, const int32_t *docpos, int it, int nq, int qt0, int b, int g, int grp, int S, int nh) {
     int h = g * grp + it / nq, qb = (qt0 + it % nq) * FA_TILE;
     int64_t qld = (int64_t)nh * D, off = ((int64_t)b * S + qb) * qld + h * D, roff = ((int64_t)b * nh + h) * S + qb;
     tile_load<D>(qs, q + off, qld, S - qb);
@@ -288,24 +347,40 @@ __device__ __forceinline__ void dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, fl
     bool ok = qb + t < S;
     if (threadIdx.x < 64) cp_async4(smem_addr(ls + t), lse + roff + (ok ? t : 0), ok);
     else cp_async4(smem_addr(ds + t), Dg + roff + (ok ? t : 0), ok);
+    if ((LO & 1) && threadIdx.x < 64) cp_async4(smem_addr(ps + t), docpos + (int64_t)b * S + qb + (ok ? t : 0), ok);
 }
 
-template <int D>
+template <int D, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_backward_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
-                               const float *lse, const float *Dg, int S, int nh, int nkv, float scale) {
+                               const float *lse, const float *Dg, int S, int nh, int nkv, float scale,
+                               const int32_t *docpos_, int window_) {
     constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    const int32_t *docpos = LO & 1 ? docpos_ : NULL;
+    const int window = LO & 2 ? window_ : 0;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *ks = (bf16 *)fa_smem, *vs = ks + TS, *qs = vs + TS, *dos = qs + 2 * TS; // K, V; Q and dO in two stages
     float *ls = (float *)(dos + 2 * TS), *ds = ls + 2 * FA_TILE;                  // lse and D rows, two stages
+    int32_t *ps = (int32_t *)(ds + 2 * FA_TILE);                                  // docpos rows, two stages
     int b = blockIdx.x / nkv, g = blockIdx.x % nkv, grp = nh / nkv;
     int k0 = blockIdx.y * FA_ROWS; // key tile 0 (the most query tiles) first
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     int64_t kld = (int64_t)nkv * D, koff = ((int64_t)b * S + k0) * kld + g * D;
-    int nqt = (S + FA_TILE - 1) / FA_TILE, qt0 = k0 / FA_TILE, nq = nqt - qt0, total = grp * nq;
+    int nqt = (S + FA_TILE - 1) / FA_TILE, qt0 = k0 / FA_TILE, nq = nqt - qt0;
+    if (LO) { // the query tiles whose first row's bound is at or before the tile's last key: a prefix
+        const int32_t *dp = docpos ? docpos + (int64_t)b * S : NULL;
+        int kmax = min(S, k0 + FA_ROWS) - 1;
+        nq = 0;
+        for (int t0 = qt0; t0 < nqt; t0 += FA_THREADS) {
+            int t = t0 + threadIdx.x, c = __syncthreads_count(t < nqt && fa_row_lo(dp, window, t * FA_TILE) <= kmax);
+            nq += c;
+            if (c < FA_THREADS) break; // c is the block's: every thread leaves together
+        }
+    }
+    int total = grp * nq;
     tile_load<D>(ks, k + koff, kld, S - k0);
     tile_load<D>(vs, v + koff, kld, S - k0);
-    dkdv_prefetch<D>(qs, dos, ls, ds, q, dout, lse, Dg, 0, nq, qt0, b, g, grp, S, nh);
+    dkdv_prefetch<D, LO>(qs, dos, ls, ds, ps, q, dout, lse, Dg, docpos, 0, nq, qt0, b, g, grp, S, nh);
     cp_async_commit();
     const float sl2 = scale * FA_LOG2E;
     float dka[ND][4], dva[ND][4];
@@ -316,8 +391,9 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     for (int it = 0; it < total; it++) {
         int st = it & 1;
         if (it + 1 < total)
-            dkdv_prefetch<D>(qs + (st ^ 1) * TS, dos + (st ^ 1) * TS, ls + (st ^ 1) * FA_TILE, ds + (st ^ 1) * FA_TILE,
-                             q, dout, lse, Dg, it + 1, nq, qt0, b, g, grp, S, nh);
+            dkdv_prefetch<D, LO>(qs + (st ^ 1) * TS, dos + (st ^ 1) * TS, ls + (st ^ 1) * FA_TILE,
+                                 ds + (st ^ 1) * FA_TILE, ps + (st ^ 1) * FA_TILE, q, dout, lse, Dg, docpos, it + 1, nq,
+                                 qt0, b, g, grp, S, nh);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -349,6 +425,21 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
                 float p = exp2f(s[nt][e] * sl2 - lt[qi] * FA_LOG2E);
                 s[nt][e] = edge && (key > qb + qi || qb + qi >= S) ? 0.0f : p;
             }
+        if (LO) { // queries whose bound lies past a key of this tile: only where the tile's last one's does
+            const int32_t *pt = ps + st * FA_TILE;
+            constexpr bool doc = LO & 1;
+            int last = min(FA_TILE, S - qb) - 1;
+            if (fa_row_lo(qb + last, doc ? pt[last] : 0, doc, window) > k0)
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) { // query column qi against this thread's keys key and key + 8
+                        int qi = nt * 8 + 2 * tq + c, key = k0 + warp * 16 + gq;
+                        int bound = fa_row_lo(qb + qi, doc ? pt[qi] : 0, doc, window);
+                        if (key < bound) s[nt][c] = 0.0f;
+                        if (key + 8 < bound) s[nt][2 + c] = 0.0f;
+                    }
+        }
         mma_acc_rows_tile<ND, LD>(dva, s, dot, lane); // dV += Pᵀ·dO, 16 queries at a time
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) { // dPᵀ = V·dOᵀ
@@ -388,55 +479,67 @@ template <typename K> static void fa_smem_opt_in(K kernel, size_t bytes) {
 }
 static size_t fa_tile_bytes(int D) { return (size_t)FA_ROWS * (D + 8) * sizeof(bf16); }
 
-template <int D>
-static void flash_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
+template <int D, int LO>
+static void flash_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale,
+                                 const int32_t *docpos, int window, const float *sinks) {
     int nh = (int)q.n[1], nkv = (int)k.n[1];
     size_t smem = 5 * fa_tile_bytes(D);
-    fa_smem_opt_in(flash_forward_kernel<D>, smem);
+    fa_smem_opt_in(flash_forward_kernel<D, LO>, smem);
     dim3 grid((unsigned)(B * nh), (unsigned)((S + FA_ROWS - 1) / FA_ROWS));
-    flash_forward_kernel<D><<<grid, FA_THREADS, smem, cuda_stream()>>>(
-        (bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, S, nh, nkv, scale);
+    flash_forward_kernel<D, LO>
+        <<<grid, FA_THREADS, smem, cuda_stream()>>>((bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p,
+                                                    (const bf16 *)v.p, S, nh, nkv, scale, docpos, window, sinks);
     CUDA_LAUNCH_CHECK();
 }
 
-template <int D>
+template <int D, int LO>
 static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                                  Tensor lse, int B, int S, float scale) {
+                                  Tensor lse, int B, int S, float scale, const int32_t *docpos, int window) {
     int nh = (int)q.n[1], nkv = (int)k.n[1];
     float *Dg = (float *)cuda_scratch((size_t)B * nh * S * sizeof(float)); // D_i, from kernel 1 to kernel 2
     size_t smem1 = 6 * fa_tile_bytes(D) + FA_ROWS * sizeof(float),
-           smem2 = 6 * fa_tile_bytes(D) + 4 * FA_TILE * sizeof(float);
-    fa_smem_opt_in(flash_backward_dq_kernel<D>, smem1);
-    fa_smem_opt_in(flash_backward_dkdv_kernel<D>, smem2);
+           smem2 = 6 * fa_tile_bytes(D) + 4 * FA_TILE * sizeof(float) + (LO & 1 ? 2 * FA_TILE * sizeof(int32_t) : 0);
+    fa_smem_opt_in(flash_backward_dq_kernel<D, LO>, smem1);
+    fa_smem_opt_in(flash_backward_dkdv_kernel<D, LO>, smem2);
     unsigned tiles = (unsigned)((S + FA_ROWS - 1) / FA_ROWS);
-    flash_backward_dq_kernel<D><<<dim3((unsigned)(B * nh), tiles), FA_THREADS, smem1, cuda_stream()>>>(
+    flash_backward_dq_kernel<D, LO><<<dim3((unsigned)(B * nh), tiles), FA_THREADS, smem1, cuda_stream()>>>(
         (bf16 *)dq.p, Dg, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
-        (const bf16 *)o.p, (const float *)lse.p, S, nh, nkv, scale);
+        (const bf16 *)o.p, (const float *)lse.p, S, nh, nkv, scale, docpos, window);
     CUDA_LAUNCH_CHECK();
-    flash_backward_dkdv_kernel<D><<<dim3((unsigned)(B * nkv), tiles), FA_THREADS, smem2, cuda_stream()>>>(
+    flash_backward_dkdv_kernel<D, LO><<<dim3((unsigned)(B * nkv), tiles), FA_THREADS, smem2, cuda_stream()>>>(
         (bf16 *)dk.p, (bf16 *)dv.p, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
-        (const float *)lse.p, Dg, S, nh, nkv, scale);
+        (const float *)lse.p, Dg, S, nh, nkv, scale, docpos, window);
     CUDA_LAUNCH_CHECK();
 }
 
 // The tensor-core path takes bf16, head dim 64 or 128 and 16-byte aligned tensors; anything else goes
-// to the generic kernels of cuda_attention.cu.
+// to the generic kernels of cuda_attention.cu. Each (head dim, LO) pair has its kernels; LO (the per-row lower bound):
+// bit 0 documents, bit 1 a window.
+// (clang-format does not settle on one layout for this list.)
+// clang-format off
+#define FA_FORMS(X) X(64, 0) X(64, 1) X(64, 2) X(64, 3) X(128, 0) X(128, 1) X(128, 2) X(128, 3)
+// clang-format on
 
-bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale) {
-    int D = (int)q.n[2];
-    if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0)) return false;
+bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window,
+                             const float *sinks, const int32_t *docpos) {
+    int D = (int)q.n[2], lo = (docpos ? 1 : 0) | (window ? 2 : 0);
+    if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0) || window < 0) return false;
     if (!aligned16(o.p, q.p, k.p, v.p)) return false;
-    if (D == 64) flash_forward_launch<64>(o, lse, q, k, v, B, S, scale);
-    else flash_forward_launch<128>(o, lse, q, k, v, B, S, scale);
+#define FWD(d, l)                                                                                                      \
+    if (D == d && lo == l) flash_forward_launch<d, l>(o, lse, q, k, v, B, S, scale, docpos, window, sinks);
+    FA_FORMS(FWD)
+#undef FWD
     return true;
 }
 
 bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
-                              Tensor lse, int B, int S, float scale) {
-    int D = (int)q.n[2];
-    if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0)) return false;
+                              Tensor lse, int B, int S, float scale, int window, const int32_t *docpos) {
+    int D = (int)q.n[2], lo = (docpos ? 1 : 0) | (window ? 2 : 0);
+    if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0) || window < 0) return false;
     if (!aligned16(dq.p, dk.p, dv.p, dout.p) || !aligned16(q.p, k.p, v.p, o.p)) return false;
-    if (D == 64) flash_backward_launch<64>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
-    else flash_backward_launch<128>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale);
+#define BWD(d, l)                                                                                                      \
+    if (D == d && lo == l) flash_backward_launch<d, l>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale, docpos, window);
+    FA_FORMS(BWD)
+#undef BWD
     return true;
 }
