@@ -11,6 +11,10 @@
 // once; pass 3 adds the rows' losses to loss_sum in a fixed order. Elementwise kernels move 16-byte vectors where sizes and alignment allow.
 #include "ops/cuda/cuda_common.cuh"
 
+extern "C" {
+#include "base/half.h"
+}
+
 #define ELEM_THREADS 256
 
 // The first token id outside [0, V) an embedding kernel met, as (1 << 32 | id); 0: none. The forward writes NaN
@@ -187,50 +191,37 @@ __global__ void cross_entropy_sum_kernel(double *loss_sum, const double *row_los
     if (threadIdx.x == 0) *loss_sum += s;
 }
 
-// The flat elementwise kernels run over n elements in 8-element (AdamW: 4-element) vectors when the launcher
-// found every pointer 16-byte aligned (vec), then the last n % 8 one by one; unaligned views (a tensor at an
-// odd offset of a flat parameter buffer) run element by element. One kernel serves both.
-template <typename TD, typename TS> __global__ void copy_convert_kernel(TD *dst, const TS *src, int64_t n, bool vec) {
+// The flat elementwise ops over n elements, dst ← src (EL_COPY, converting dtype), dst + src (EL_ADD) or dst·s
+// (EL_SCALE, src unread): 8-element vectors when the launcher found every pointer 16-byte aligned (vec), then the last
+// n % 8 one by one; unaligned views (a tensor at an odd offset of a flat parameter buffer) run element by element.
+enum { EL_COPY, EL_ADD, EL_SCALE };
+template <int OP> __device__ __forceinline__ float el_op(float d, float x, float s) {
+    return OP == EL_COPY ? x : OP == EL_ADD ? d + x : d * s;
+}
+template <int OP, typename TD, typename TS>
+__global__ void elementwise_kernel(TD *dst, const TS *src, float s, int64_t n, bool vec) {
     int64_t n8 = vec ? n / 8 : 0;
     GRID_STRIDE(i, n8) {
-        float v[8];
-        ld8(src + i * 8, v);
-        st8(dst + i * 8, v);
+        float a[8] = {0}, b[8] = {0};
+        if (OP != EL_COPY) ld8(dst + i * 8, a);
+        if (OP != EL_SCALE) ld8(src + i * 8, b);
+#pragma unroll
+        for (int q = 0; q < 8; q++) a[q] = el_op<OP>(a[q], b[q], s);
+        st8(dst + i * 8, a);
     }
-    GRID_STRIDE(i, n - n8 * 8) st(dst, n8 * 8 + i, ld(src, n8 * 8 + i));
+    GRID_STRIDE(i, n - n8 * 8) {
+        int64_t j = n8 * 8 + i;
+        st(dst, j, el_op<OP>(OP == EL_COPY ? 0.0f : ld(dst, j), OP == EL_SCALE ? 0.0f : ld(src, j), s));
+    }
 }
 // dst[r·Cd + c] (+)= src[r·Cs + c] for c < n (pointers already at the slices' first columns).
 template <typename TD, typename TS>
 __global__ void copy_cols_kernel(TD *dst, int64_t Cd, const TS *src, int64_t Cs, int64_t R, int64_t n, bool acc) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < R * n; i += (int64_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, R * n) {
         int64_t r = i / n, c = i % n;
         float v = ld(src, r * Cs + c);
         st(dst, r * Cd + c, acc ? ld(dst, r * Cd + c) + v : v);
     }
-}
-
-template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *x, int64_t n, bool vec) {
-    int64_t n8 = vec ? n / 8 : 0;
-    GRID_STRIDE(i, n8) {
-        float a[8], b[8];
-        ld8(y + i * 8, a);
-        ld8(x + i * 8, b);
-#pragma unroll
-        for (int q = 0; q < 8; q++) a[q] += b[q];
-        st8(y + i * 8, a);
-    }
-    GRID_STRIDE(i, n - n8 * 8) st(y, n8 * 8 + i, ld(y, n8 * 8 + i) + ld(x, n8 * 8 + i));
-}
-template <typename T> __global__ void scale_kernel(T *x, float s, int64_t n, bool vec) {
-    int64_t n8 = vec ? n / 8 : 0;
-    GRID_STRIDE(i, n8) {
-        float a[8];
-        ld8(x + i * 8, a);
-#pragma unroll
-        for (int q = 0; q < 8; q++) a[q] *= s;
-        st8(x + i * 8, a);
-    }
-    GRID_STRIDE(i, n - n8 * 8) st(x, n8 * 8 + i, ld(x, n8 * 8 + i) * s);
 }
 // AdamW of one parameter (the update of ops/cpu/cpu_elem.c).
 __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, float b1, float b2, float eps,
@@ -336,26 +327,26 @@ template <typename T> __global__ void sum_squares_kernel(double *out, const T *x
     if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-// ---- host-side dtype conversion (for copies that cross devices and dtypes) ----
-static uint16_t host_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); // NaN stays a quiet NaN
-    u += 0x7fffu + ((u >> 16) & 1);                                           // round to nearest even
-    return (uint16_t)(u >> 16);
-}
-static float host_bf16_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+// fp32 ↔ bf16 on the host, for copies that cross devices and dtypes (base/half.h's rounding, as cpu_copy).
 static void host_convert(void *dst, DType ddt, const void *src, DType sdt, int64_t n) {
     if (ddt == DT_BF16 && sdt == DT_F32)
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = host_f32_to_bf16(((const float *)src)[i]);
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = f32_to_bf16(((const float *)src)[i]);
     else if (ddt == DT_F32 && sdt == DT_BF16)
-        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = host_bf16_to_f32(((const uint16_t *)src)[i]);
+        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = bf16_to_f32(((const uint16_t *)src)[i]);
     else die("copy: no conversion from %s to %s", dtype_name(sdt), dtype_name(ddt));
+}
+
+template <int OP> static void elementwise(Tensor dst, Tensor src, float s, const char *what) {
+    int64_t n = tensor_numel(dst);
+    CHECK(tensor_numel(src) == n);
+    if (!n) return;
+    bool vec = aligned16(dst.p, src.p);
+    DT_SWITCH(dst.dt, TD, what,
+              DT_SWITCH(src.dt, TS, what,
+                        elementwise_kernel<OP, TD, TS>
+                        <<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                            (TD *)dst.p, (const TS *)src.p, s, n, vec)));
+    CUDA_LAUNCH_CHECK();
 }
 
 extern "C" {
@@ -431,27 +422,8 @@ void cuda_zero(Tensor x) {
     if (tensor_bytes(x)) CUDA_CHECK(cudaMemsetAsync(x.p, 0, tensor_bytes(x), cuda_stream()));
 }
 
-void cuda_add(Tensor y, Tensor x) {
-    int64_t n = tensor_numel(y);
-    CHECK(tensor_numel(x) == n);
-    if (!n) return;
-    bool vec = aligned16(y.p, x.p);
-    DT_SWITCH(y.dt, TY, "add",
-              DT_SWITCH(x.dt, TX, "add",
-                        add_kernel<TY, TX><<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
-                            (TY *)y.p, (const TX *)x.p, n, vec)));
-    CUDA_LAUNCH_CHECK();
-}
-
-void cuda_scale(Tensor x, float s) {
-    int64_t n = tensor_numel(x);
-    if (!n) return;
-    bool vec = aligned16(x.p);
-    DT_SWITCH(x.dt, T, "scale",
-              scale_kernel<T>
-              <<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((T *)x.p, s, n, vec));
-    CUDA_LAUNCH_CHECK();
-}
+void cuda_add(Tensor y, Tensor x) { elementwise<EL_ADD>(y, x, 0.0f, "add"); }
+void cuda_scale(Tensor x, float s) { elementwise<EL_SCALE>(x, x, s, "scale"); }
 
 // Same shape; any direction between host and device. Dtype conversion fp32 ↔ bf16 on the device for
 // device → device copies, on the host otherwise. Copies that touch host memory wait for the stream, so the
@@ -470,16 +442,7 @@ void cuda_copy(Tensor dst, Tensor src) {
         if (!dd) CUDA_CHECK(cudaStreamSynchronize(s));
         return;
     }
-    if (dd) {
-        bool vec = aligned16(dst.p, src.p);
-        DT_SWITCH(dst.dt, TD, "copy",
-                  DT_SWITCH(src.dt, TS, "copy",
-                            copy_convert_kernel<TD, TS>
-                            <<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(
-                                (TD *)dst.p, (const TS *)src.p, n, vec)));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
+    if (dd) return elementwise<EL_COPY>(dst, src, 0.0f, "copy");
     void *tmp = xmalloc((size_t)n * dtype_size(dst.dev == DEV_CUDA ? dst.dt : src.dt));
     if (dst.dev == DEV_CUDA) { // host src → convert on the host → device dst
         host_convert(tmp, dst.dt, src.p, src.dt, n);
