@@ -74,6 +74,21 @@ extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradi
 int colsum_groups(int64_t R, int64_t N);
 float *colsum_part(int64_t N, int G, const char *what);
 void colsum_finish(float *out, const float *part, int G, int64_t N);
+// The body of a column-sum kernel: a block of 32 columns × 8 row lanes, grid (⌈N/32⌉, G); part[g·N + j] (TA: fp32 or
+// fp64) = Σ of f(i, j) over the rows i of group g (lane-strided), lane 0 adding the 8 lanes' sums in order.
+template <typename TA, typename Fn> __device__ __forceinline__ void colsum_block(TA *part, int64_t R, int64_t N, Fn f) {
+    __shared__ TA sm[8][33];
+    int64_t j = blockIdx.x * 32 + threadIdx.x;
+    TA s = 0;
+    if (j < N)
+        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < R; i += (int64_t)gridDim.y * 8) s += f(i, j);
+    sm[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < N) {
+        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
+        part[blockIdx.y * N + j] = s;
+    }
+}
 
 // ---- functions shared between the .cu files ----
 // cuDNN's fused attention (cuda_cudnn.cu), causal, in a sliding window of `window` keys when > 0; false when

@@ -328,19 +328,8 @@ __global__ void linear_bias_forward_kernel(TY *y, const TB *b, int64_t M, int64_
 }
 
 // part: (G, N) fp32, row g = Σ over row group g of dy: (M, N) (colsum_finish adds the groups to db in order).
-// Block (32 columns × 8 row lanes); grid.y = G row groups.
 template <typename T> __global__ void linear_bias_backward_kernel(float *part, const T *dy, int64_t M, int64_t N) {
-    __shared__ float sm[8][33];
-    int64_t j = blockIdx.x * 32 + threadIdx.x;
-    float s = 0;
-    if (j < N)
-        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < M; i += (int64_t)gridDim.y * 8) s += ld(dy, i * N + j);
-    sm[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < N) {
-        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
-        part[blockIdx.y * N + j] = s;
-    }
+    colsum_block(part, M, N, [=](int64_t i, int64_t j) { return ld(dy, i * N + j); });
 }
 
 extern "C" {

@@ -145,17 +145,7 @@ __global__ void moe_lb_count_kernel(double *cnt, const int32_t *idx, int64_t n) 
     GRID_STRIDE(i, n) atomicAdd(cnt + idx[i], 1.0);
 }
 __global__ void moe_lb_colsum_kernel(double *pm, const float *probs, int64_t T_, int64_t E) {
-    __shared__ double sm[8][33];
-    int64_t e = blockIdx.x * 32 + threadIdx.x;
-    double s = 0;
-    if (e < E)
-        for (int64_t t = blockIdx.y * 8 + threadIdx.y; t < T_; t += (int64_t)gridDim.y * 8) s += probs[t * E + e];
-    sm[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && e < E) {
-        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
-        pm[blockIdx.y * E + e] = s;
-    }
+    colsum_block(pm, T_, E, [=](int64_t t, int64_t e) { return probs[t * E + e]; });
 }
 __global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const double *cnt, const double *pm, int G,
                                      int64_t T_, int E, int k, float coef, float grad_scale) {

@@ -98,25 +98,15 @@ __global__ void rmsnorm_backward_kernel(T *dx, T *dz, const T *dy, const T *x, c
 }
 
 // part: (G, D) fp32, row g = Σ over row group g of dy·x·r (·silu(z) when gated); colsum_finish adds the groups
-// to dw in order. Block: 32 columns × 8 row lanes; grid.y = G row groups.
+// to dw in order (colsum_block).
 template <typename T, bool GATED>
 __global__ void rmsnorm_dw_kernel(float *part, const T *dy, const T *x, const T *z, const float *rstd, int64_t R,
                                   int64_t D) {
-    __shared__ float sm[8][33];
-    int64_t j = blockIdx.x * 32 + threadIdx.x;
-    float s = 0;
-    if (j < D)
-        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < R; i += (int64_t)gridDim.y * 8) {
-            float v = ld(dy, i * D + j) * ld(x, i * D + j) * rstd[i];
-            if (GATED) v *= ld(z, i * D + j) * sigmoid_f(ld(z, i * D + j));
-            s += v;
-        }
-    sm[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < D) {
-        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
-        part[blockIdx.y * D + j] = s;
-    }
+    colsum_block(part, R, D, [=](int64_t i, int64_t j) {
+        float v = ld(dy, i * D + j) * ld(x, i * D + j) * rstd[i];
+        if (GATED) v *= ld(z, i * D + j) * sigmoid_f(ld(z, i * D + j));
+        return v;
+    });
 }
 
 // RoPE on dims [off, off + 2·half) of each (token, head) row of d elements (ops_list.h): one thread per V pairs
