@@ -186,19 +186,6 @@ static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const v
     lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, k, A, lda, B, ldb, abt, beta, D, ldd, dt, ONE);
 }
 
-// ---- row-major products on raw pointers (all dense) ----
-static void mm_forward(int64_t M, int64_t N, int64_t K, const void *x, const void *w, DType abt, void *y, DType ydt) {
-    lt_matmul(true, false, N, M, K, w, K, x, K, abt, 0.0f, y, N, ydt);
-}
-static void mm_backward_input(int64_t M, int64_t N, int64_t K, const void *dy, const void *w, DType abt, void *dx,
-                              DType dxdt, bool acc) {
-    lt_matmul(false, false, K, M, N, w, K, dy, N, abt, acc ? 1.0f : 0.0f, dx, K, dxdt);
-}
-static void mm_backward_weight(int64_t M, int64_t N, int64_t K, const void *dy, const void *x, DType abt, void *dw,
-                               DType dwdt) {
-    lt_matmul(false, true, K, N, M, x, K, dy, N, abt, 1.0f, dw, K, dwdt);
-}
-
 // ---- side streams for the per-expert weight gradients ----
 // cuBLAS has no grouped GEMM with bf16 operands and an fp32 output, so the expert weight gradients are one
 // cuBLASLt call per expert. Each is small (e.g. 2048 × 1536 × ~256 tokens: fewer output tiles than SMs)
@@ -303,18 +290,26 @@ __global__ void gemm_round_bf16_kernel(bf16 *dst, const float *src, int64_t n, b
     for (int64_t i = n8 * 8 + i0; i < n; i += stride) dst[i] = __float2bfloat16(src[i]);
 }
 
-// Rows of an fp32 (., cols) matrix that fit the pool as bf16.
-static int64_t convert_chunk_rows(int64_t cols, const char *what) {
-    int64_t r = (int64_t)(CUDA_CONVERT_BYTES / 2) / (cols ? cols : 1);
+// The rows per product of an operand t against operands of dtype abt: all of them when t is of dtype abt, else as
+// many as the conversion pool holds as bf16 (t fp32, abt bf16; another pair dies naming the operands tn and an).
+static int64_t chunk_rows(Tensor t, DType abt, const char *what, const char *tn, const char *an) {
+    if (t.dt == abt) return INT64_MAX;
+    if (t.dt != DT_F32 || abt != DT_BF16)
+        die("%s: %s %s with %s %s is not supported", what, tn, dtype_name(t.dt), an, dtype_name(abt));
+    int64_t r = (int64_t)(CUDA_CONVERT_BYTES / 2) / (t_cols(t) ? t_cols(t) : 1);
     if (r < 1)
-        die("%s: a row of %lld fp32 values does not fit the %zu-byte conversion pool", what, (long long)cols,
+        die("%s: a row of %lld fp32 values does not fit the %zu-byte conversion pool", what, (long long)t_cols(t),
             CUDA_CONVERT_BYTES);
     return r;
 }
-static const void *round_rows(const float *src, int64_t rows, int64_t cols) {
+// Rows r0..r0 + n of t as an operand of dtype abt: t's own, or its fp32 rows rounded to bf16 in the conversion pool.
+static const void *operand_rows(Tensor t, int64_t r0, int64_t n, DType abt) {
+    int64_t cols = t_cols(t);
+    if (t.dt == abt) return (const char *)t.p + r0 * cols * dtype_size(t.dt);
     CudaCtx *c = cuda_ctx();
-    int64_t n = rows * cols;
+    const float *src = (const float *)t.p + r0 * cols;
     bool vec = aligned16(src, c->convert);
+    n *= cols;
     gemm_round_bf16_kernel<<<grid_for(vec ? n / 8 : n, 256), 256, 0, c->compute>>>((bf16 *)c->convert, src, n, vec);
     CUDA_LAUNCH_CHECK();
     return c->convert;
@@ -334,57 +329,40 @@ template <typename T> __global__ void linear_bias_backward_kernel(float *part, c
 
 extern "C" {
 
+// The products in row chunks (chunk_rows), as the column-major calls of the table at the top.
 void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
-    int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w);
+    int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w), C = chunk_rows(x, w.dt, "linear_forward", "x", "w");
     CHECK(t_cols(w) == K && t_rows(y) == M && t_cols(y) == N);
-    if (x.dt == w.dt) {
-        mm_forward(M, N, K, x.p, w.p, w.dt, y.p, y.dt);
-    } else {
-        if (x.dt != DT_F32 || w.dt != DT_BF16)
-            die("linear_forward: x %s with w %s is not supported", dtype_name(x.dt), dtype_name(w.dt));
-        int64_t C = convert_chunk_rows(K, "linear_forward");
-        for (int64_t r0 = 0; r0 < M; r0 += C) {
-            int64_t n = M - r0 < C ? M - r0 : C;
-            mm_forward(n, N, K, round_rows((const float *)x.p + r0 * K, n, K), w.p, DT_BF16,
-                       (char *)y.p + r0 * N * dtype_size(y.dt), y.dt);
-        }
+    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
+        n = M - r0 < C ? M - r0 : C;
+        lt_matmul(true, false, N, n, K, w.p, K, operand_rows(x, r0, n, w.dt), K, w.dt, 0.0f,
+                  (char *)y.p + r0 * N * dtype_size(y.dt), N, y.dt);
     }
     if (b.p) cuda_linear_bias_forward(y, b, NULL);
 }
 
 void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
-    int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(w);
+    int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(w), C = chunk_rows(dy, w.dt, "linear_backward_input", "dy", "w");
     CHECK(t_rows(w) == N && t_rows(dx) == M && t_cols(dx) == K);
-    if (dy.dt == w.dt) {
-        mm_backward_input(M, N, K, dy.p, w.p, w.dt, dx.p, dx.dt, accumulate);
-        return;
-    }
-    if (dy.dt != DT_F32 || w.dt != DT_BF16)
-        die("linear_backward_input: dy %s with w %s is not supported", dtype_name(dy.dt), dtype_name(w.dt));
-    int64_t C = convert_chunk_rows(N, "linear_backward_input");
-    for (int64_t r0 = 0; r0 < M; r0 += C) {
-        int64_t n = M - r0 < C ? M - r0 : C;
-        mm_backward_input(n, N, K, round_rows((const float *)dy.p + r0 * N, n, N), w.p, DT_BF16,
-                          (char *)dx.p + r0 * K * dtype_size(dx.dt), dx.dt, accumulate);
+    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
+        n = M - r0 < C ? M - r0 : C;
+        lt_matmul(false, false, K, n, N, w.p, K, operand_rows(dy, r0, n, w.dt), N, w.dt, accumulate ? 1.0f : 0.0f,
+                  (char *)dx.p + r0 * K * dtype_size(dx.dt), K, dx.dt);
     }
 }
 
+// Mixed dtypes: the fp32 one of dy, x is rounded to bf16, a chunk of rows (the reduction dim) at a time.
 void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(x);
     CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K);
     IS_F32(dw, "linear_backward_weight");
-    if (dy.dt == x.dt) {
-        mm_backward_weight(M, N, K, dy.p, x.p, x.dt, dw.p, DT_F32);
-    } else { // round the fp32 one of dy, x to bf16, a chunk of rows (the reduction dim) at a time
-        bool conv_dy = dy.dt == DT_F32;
-        int64_t C = convert_chunk_rows(conv_dy ? N : K, "linear_backward_weight");
-        for (int64_t r0 = 0; r0 < M; r0 += C) {
-            int64_t n = M - r0 < C ? M - r0 : C;
-            const void *dyp =
-                conv_dy ? round_rows((const float *)dy.p + r0 * N, n, N) : (const char *)dy.p + r0 * N * 2;
-            const void *xp = conv_dy ? (const char *)x.p + r0 * K * 2 : round_rows((const float *)x.p + r0 * K, n, K);
-            mm_backward_weight(n, N, K, dyp, xp, DT_BF16, dw.p, DT_F32);
-        }
+    DType abt = dy.dt == x.dt ? x.dt : DT_BF16;
+    int64_t C = dy.dt == abt ? chunk_rows(x, abt, "linear_backward_weight", "x", "dy")
+                             : chunk_rows(dy, abt, "linear_backward_weight", "dy", "x");
+    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
+        n = M - r0 < C ? M - r0 : C;
+        lt_matmul(false, true, K, N, n, operand_rows(x, r0, n, abt), K, operand_rows(dy, r0, n, abt), N, abt, 1.0f,
+                  dw.p, K, DT_F32);
     }
     if (db.p) cuda_linear_bias_backward(db, dy, NULL, true);
 }
