@@ -237,23 +237,6 @@ static void side_join(int ns) {
     }
 }
 
-// dw_e (N, K) fp32 += dy_eᵀ · x_e for every expert with rows, the experts dealt to the streams in turn.
-static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64_t K, const void *dy, const void *x,
-                                DType abt, float *dw) {
-    int ns = side_fork();
-    size_t s = dtype_size(abt);
-    int next = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int64_t M = offs[e + 1] - offs[e];
-        if (!M) continue;
-        int i = next;
-        next = (next + 1) % ns;
-        lt_matmul_on(wgrad_stream[i], wgrad_ws[i], false, true, K, N, M, (const char *)x + offs[e] * K * s, K,
-                     (const char *)dy + offs[e] * N * s, N, abt, 1.0f, dw + e * N * K, K, DT_F32, ONE);
-    }
-    side_join(ns);
-}
-
 // ---- the largest experts beside the grouped call ----
 // Routing can be skewed (at initialisation the largest of 128 experts holds about 10× the mean), and cuBLAS's
 // grouped GEMM runs such mixed sizes well below the rate of one large dense product (bench/cuda_ops.md,
@@ -377,22 +360,36 @@ static cudaEvent_t ptr_done[GROUPED_SLOTS];
 static int ptr_cap, ptr_next;
 static bool grouped_unsupported[2][2]; // [A/B is bf16][C is bf16]: cuBLAS refused the combination once
 
-typedef struct { // the per-problem arrays of one grouped call (host memory, grown as needed)
-    int cap;
+// The problems of one grouped call (host arrays, grown as needed): G of them, column-major C (m × n) = op(A) (m × k)
+// · op(B) (k × n), n, k and the operands per problem (grouped_add), the rest the same for all (grouped_run).
+typedef struct {
+    int G, cap;
     cublasOperation_t *ta, *tb;
     int *m, *n, *k, *lda, *ldb, *ldc, *gsize;
     float *alpha, *beta;
+    const void **A, **B;
+    void **C;
 } GroupedArgs;
 static GroupedArgs ga;
 
-static void grouped_args_reserve(int G) {
-    if (G <= ga.cap) return;
-    ga.cap = G;
+// Empties the list, with room for E problems.
+static void grouped_reset(int64_t E) {
+    ga.G = 0;
+    if (E <= ga.cap) return;
+    int G = ga.cap = (int)E;
     ga.ta = (cublasOperation_t *)xrealloc(ga.ta, G * sizeof(cublasOperation_t));
     ga.tb = (cublasOperation_t *)xrealloc(ga.tb, G * sizeof(cublasOperation_t));
     int **ints[] = {&ga.m, &ga.n, &ga.k, &ga.lda, &ga.ldb, &ga.ldc, &ga.gsize};
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) *ints[i] = (int *)xrealloc(*ints[i], G * sizeof(int));
     ga.alpha = (float *)xrealloc(ga.alpha, G * sizeof(float)), ga.beta = (float *)xrealloc(ga.beta, G * sizeof(float));
+    ga.A = (const void **)xrealloc(ga.A, G * sizeof(void *)), ga.B = (const void **)xrealloc(ga.B, G * sizeof(void *));
+    ga.C = (void **)xrealloc(ga.C, G * sizeof(void *));
+}
+static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
+static void grouped_add(int64_t n, int64_t k, const void *A, const void *B, void *C) {
+    CHECK(fits_int(n) && fits_int(k));
+    int i = ga.G++;
+    ga.n[i] = (int)n, ga.k[i] = (int)k, ga.A[i] = A, ga.B[i] = B, ga.C[i] = C;
 }
 
 static bool grouped_enabled(void) {
@@ -400,11 +397,13 @@ static bool grouped_enabled(void) {
     return !e || strcmp(e, "0");
 }
 
-// Runs the G problems in ga (ta, tb, m, n, k, lda, ldb, ldc filled; A/B/C pointers given) as one grouped
-// call with alpha 1 and the given beta. False when cuBLAS cannot, and the caller loops instead.
-static bool grouped_run(int G, const void *const *A, const void *const *B, void *const *C, DType abt, float beta,
+// Runs the problems added as one grouped call, each with op(A) of ta, op(B) of tb, m rows, leading dimensions lda,
+// ldb, ldc, alpha 1 and this beta. False when cuBLAS cannot (or a size passes int), and the caller loops instead.
+static bool grouped_run(bool ta, bool tb, int64_t m, int64_t lda, int64_t ldb, int64_t ldc, DType abt, float beta,
                         DType cdt) {
+    int G = ga.G;
     if (G == 0) return true;
+    if (m <= 0 || !fits_int(m) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc)) return false;
     int ia = abt == DT_BF16, ic = cdt == DT_BF16;
     if (!grouped_enabled() || grouped_unsupported[ia][ic] || G > 65536) return false;
     CudaCtx *c = cuda_ctx();
@@ -431,10 +430,14 @@ static bool grouped_run(int G, const void *const *A, const void *const *B, void 
     ptr_next = (ptr_next + 1) % GROUPED_SLOTS;
     CUDA_CHECK(cudaEventSynchronize(ptr_done[slot])); // the slot's previous upload has been read
     void **h = ptr_host[slot], **d = ptr_dev[slot];
-    for (int i = 0; i < G; i++) h[i] = (void *)A[i], h[G + i] = (void *)B[i], h[2 * G + i] = C[i];
+    for (int i = 0; i < G; i++) {
+        h[i] = (void *)ga.A[i], h[G + i] = (void *)ga.B[i], h[2 * G + i] = ga.C[i];
+        ga.ta[i] = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ga.tb[i] = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        ga.m[i] = (int)m, ga.lda[i] = (int)lda, ga.ldb[i] = (int)ldb, ga.ldc[i] = (int)ldc;
+        ga.alpha[i] = 1.0f, ga.beta[i] = beta, ga.gsize[i] = 1;
+    }
     CUDA_CHECK(cudaMemcpyAsync(d, h, 3 * G * sizeof(void *), cudaMemcpyHostToDevice, c->compute));
     CUDA_CHECK(cudaEventRecord(ptr_done[slot], c->compute));
-    for (int i = 0; i < G; i++) ga.alpha[i] = 1.0f, ga.beta[i] = beta, ga.gsize[i] = 1;
     cublasStatus_t st =
         cublasGemmGroupedBatchedEx(blas, ga.ta, ga.tb, ga.m, ga.n, ga.k, ga.alpha, (const void *const *)d, lt_type(abt),
                                    ga.lda, (const void *const *)(d + G), lt_type(abt), ga.ldb, ga.beta,
@@ -450,28 +453,6 @@ static bool grouped_run(int G, const void *const *A, const void *const *B, void 
     CUDA_CHECK(st);
     return true;
 }
-
-// The non-empty experts of offs, and their pointer lists.
-typedef struct {
-    int G;
-    const void **A, **B;
-    void **C;
-    int64_t *rows;
-} ExpertList;
-static ExpertList el;
-static void expert_list(const int64_t *offs, int64_t E) {
-    static int cap;
-    if (E > cap) {
-        cap = (int)E;
-        el.A = (const void **)xrealloc(el.A, cap * sizeof(void *)),
-        el.B = (const void **)xrealloc(el.B, cap * sizeof(void *));
-        el.C = (void **)xrealloc(el.C, cap * sizeof(void *)),
-        el.rows = (int64_t *)xrealloc(el.rows, cap * sizeof(int64_t));
-    }
-    grouped_args_reserve((int)E);
-    el.G = 0;
-}
-static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
 
 // ---- expert products as one strided batch over padded copies ----
 // One strided-batched product beats cuBLAS's grouped GEMM on near-balanced Qwen3 expert shapes even counting
@@ -615,33 +596,20 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     bool ta = !input_grad;
     int ns = side_fork(), side = 0;
     int64_t big = big_rows(ns);
-    for (int64_t e = 0; e < E; e++)
-        if (big_expert(big, offs[e + 1] - offs[e])) {
+    grouped_reset(E);
+    for (int64_t e = 0; e < E; e++) { // the largest experts on the side streams, the others into the list
+        int64_t M = offs[e + 1] - offs[e];
+        const void *A = (const char *)w.p + e * N * K * is, *B = (const char *)in.p + offs[e] * D * is;
+        void *O = (char *)out.p + offs[e] * C * os;
+        if (big_expert(big, M)) {
             side = next_side(ns, side), big_calls++;
-            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], ta, false, C, offs[e + 1] - offs[e], D,
-                         (const char *)w.p + e * N * K * is, K, (const char *)in.p + offs[e] * D * is, D, w.dt, 0.0f,
-                         (char *)out.p + offs[e] * C * os, C, out.dt, ONE);
-        }
-    bool done = false;
-    if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) { // (K = 0 or N = 0: the loop below)
-        expert_list(offs, E);
-        for (int64_t e = 0; e < E; e++) {
-            int64_t M = offs[e + 1] - offs[e];
-            if (!M || big_expert(big, M)) continue;
-            int i = el.G++;
-            ga.ta[i] = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)C, ga.n[i] = (int)M,
-            ga.k[i] = (int)D;
-            ga.lda[i] = (int)K, ga.ldb[i] = (int)D, ga.ldc[i] = (int)C;
-            el.A[i] = (const char *)w.p + e * N * K * is, el.B[i] = (const char *)in.p + offs[e] * D * is,
-            el.C[i] = (char *)out.p + offs[e] * C * os;
-        }
-        done = el.G == 0 || grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, out.dt);
+            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], ta, false, C, M, D, A, K, B, D, w.dt, 0.0f, O, C, out.dt,
+                         ONE);
+        } else if (M) grouped_add(M, D, A, B, O);
     }
-    for (int64_t e = 0; e < E && !done; e++)
-        if (offs[e + 1] > offs[e] && !big_expert(big, offs[e + 1] - offs[e]))
-            lt_matmul(ta, false, C, offs[e + 1] - offs[e], D, (const char *)w.p + e * N * K * is, K,
-                      (const char *)in.p + offs[e] * D * is, D, w.dt, 0.0f, (char *)out.p + offs[e] * C * os, C,
-                      out.dt);
+    if (D == 0 || !grouped_run(ta, false, C, K, D, C, w.dt, 0.0f, out.dt)) // (D = 0: the loop below writes zeros)
+        for (int i = 0; i < ga.G; i++)
+            lt_matmul(ta, false, C, ga.n[i], D, ga.A[i], K, ga.B[i], D, w.dt, 0.0f, ga.C[i], C, out.dt);
     side_join(ns);
 }
 
@@ -776,20 +744,17 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     if (grouped_wgmma_on() && wgmma_grouped_backward_weight(dw, dy, x, offs, accumulate)) return;
     if (!accumulate) cuda_zero(dw); // the paths below add
     if (padded_grouped(PAD_BACKWARD_WEIGHT, dw, dy, x, offs, E, N, K)) return;
-    if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) {
-        expert_list(offs, E);
-        for (int64_t e = 0; e < E; e++) { // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e)
-            int64_t M = offs[e + 1] - offs[e];
-            if (!M) continue; // nothing to add
-            int i = el.G++;
-            ga.ta[i] = CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_T, ga.m[i] = (int)K, ga.n[i] = (int)N, ga.k[i] = (int)M;
-            ga.lda[i] = (int)K, ga.ldb[i] = (int)N, ga.ldc[i] = (int)K;
-            el.A[i] = (const char *)x.p + offs[e] * K * s, el.B[i] = (const char *)dy.p + offs[e] * N * s,
-            el.C[i] = (float *)dw.p + e * N * K;
-        }
-        if (grouped_run(el.G, el.A, el.B, el.C, x.dt, 1.0f, DT_F32)) return;
-    }
-    expert_weight_grads(offs, E, N, K, dy.p, x.p, x.dt, (float *)dw.p);
+    grouped_reset(E);
+    for (int64_t e = 0; e < E; e++) // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing
+        if (offs[e + 1] > offs[e])
+            grouped_add(N, offs[e + 1] - offs[e], (const char *)x.p + offs[e] * K * s,
+                        (const char *)dy.p + offs[e] * N * s, (float *)dw.p + e * N * K);
+    if (N > 0 && grouped_run(false, true, K, K, N, K, x.dt, 1.0f, DT_F32)) return;
+    int ns = side_fork(); // one cuBLASLt product per expert, dealt to the streams in turn
+    for (int i = 0; i < ga.G; i++)
+        lt_matmul_on(wgrad_stream[i % ns], wgrad_ws[i % ns], false, true, K, N, ga.k[i], ga.A[i], K, ga.B[i], N, x.dt,
+                     1.0f, ga.C[i], K, DT_F32, ONE);
+    side_join(ns);
 }
 
 } // extern "C"
