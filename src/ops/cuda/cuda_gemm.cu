@@ -10,13 +10,8 @@
 // (the fp32 LM-head / router logits gradients against bf16 weights and activations), the fp32 operand is
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
 // tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
-// Grouped (expert) GEMMs run on our wgmma kernels (cuda_wgmma.cu) where they fit (bf16, N and K multiples of
-// 64); elsewhere they are chosen per call by the routing's shape (pad_rows_for): near-balanced experts run as
-// one strided-batched cuBLASLt product over padded copies of their rows; skewed ones run as one
-// cublasGemmGroupedBatchedEx call (cuBLAS ≥ 12.5) with the largest experts as dense products on side
-// streams beside it. The grouped call's pointer arrays travel to the device through a ring of pinned host
-// slots. Where cuBLAS does not support a dtype combination (bf16 operands with an fp32 output: the weight
-// gradient; or PITH_GROUPED_GEMM=0), the experts loop over cuBLASLt calls, dealt to the side streams.
+// Grouped (expert) GEMMs: the wgmma kernels (cuda_wgmma.cu) where they fit, else a path chosen per call by the
+// routing's shape ("Which implementation runs an expert product", below).
 #include "ops/cuda/cuda_common.cuh"
 
 #include <cublas_v2.h>
@@ -98,14 +93,11 @@ static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataTy
     CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = CUDA_LT_WS_BYTES;
     CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al[0],
-                                                    sizeof(uint32_t)));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al[1],
-                                                    sizeof(uint32_t)));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al[2],
-                                                    sizeof(uint32_t)));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al[2],
-                                                    sizeof(uint32_t)));
+    const cublasLtMatmulPreferenceAttributes_t align[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++) // C and D are the one output
+        CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, align[i], &key->al[i < 3 ? i : 2], sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     cublasStatus_t st =
@@ -568,12 +560,13 @@ static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64
 
 // Which implementation runs an expert product. First the wgmma kernels (cuda_wgmma.cu: bf16, N and K multiples of
 // 64, one persistent launch for any routing). Where they do not fit, or PITH_GROUPED_KERNEL names another path —
-// "batched" (the padded strided batch above), "cublas" (cuBLAS's grouped GEMM, the largest experts as dense
-// products beside it) or "auto" (the choice below, for A/B runs) — the routing's shape decides (bench/cuda_ops.md
+// "batched" (the padded strided batch above), "cublas" (cuBLAS's grouped GEMM, cublasGemmGroupedBatchedEx, its
+// pointer arrays uploaded through a ring of pinned host slots; the largest experts as dense products on the side
+// streams beside it) or "auto" (the choice below, for A/B runs) — the routing's shape decides (bench/cuda_ops.md
 // has the measurements): the padded batch when the experts are near balanced (its waste within PAD_WASTE), else
-// cuBLAS; the weight gradient, which cuBLAS's grouped GEMM refuses (bf16 operands, fp32 output), then runs as
-// cuBLASLt products per expert on the side streams. Read on every call (a getenv costs well under a microsecond),
-// so a benchmark can switch it in-process.
+// cuBLAS. Where cuBLAS refuses a dtype combination (bf16 operands with an fp32 output: the weight gradient) or
+// PITH_GROUPED_GEMM=0, the experts loop over cuBLASLt products, dealt to the side streams. Read on every call (a
+// getenv costs well under a microsecond), so a benchmark can switch it in-process.
 
 // The forward and the input gradient are one product with different operand roles (w: (E, N, K)):
 //   forward         out y (R, N)  = in x (R, K) · w_eᵀ   col-major y_e (N×M_e) = op_T(w_e: K×N) · op_N(x_e: K×M_e)
