@@ -156,6 +156,17 @@ template <int V, typename T> __device__ __forceinline__ void stv(T *p, const flo
             __VA_ARGS__;                                                                                               \
         }                                                                                                              \
     } while (0)
+// Runs BODY with NAME a constexpr bool of cond's value: a kernel's compile-time flag from a runtime test.
+#define BOOL_SWITCH(cond, NAME, ...)                                                                                   \
+    do {                                                                                                               \
+        if (cond) {                                                                                                    \
+            constexpr bool NAME = true;                                                                                \
+            __VA_ARGS__;                                                                                               \
+        } else {                                                                                                       \
+            constexpr bool NAME = false;                                                                               \
+            __VA_ARGS__;                                                                                               \
+        }                                                                                                              \
+    } while (0)
 // Warp-per-row kernels: ROWS_PER_BLOCK warps of a block take as many rows (launch row_grid(R) blocks of ROW_BLOCK).
 #define ROWS_PER_BLOCK 8
 static inline dim3 row_grid(int64_t R) { return dim3((unsigned)((R + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK)); }

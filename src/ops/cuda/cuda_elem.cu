@@ -401,17 +401,13 @@ void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, Tensor ro
     const int32_t *lab = (const int32_t *)labels.p;
     DT_SWITCH(logits.dt, T, "cross_entropy", {
         T *l = (T *)logits.p;
-        if (vec8_fits(V, l)) { // one kernel source; the scalar instance serves ragged vocabularies (50257, 3001)
-            cross_entropy_partial_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
+        // one kernel source; the scalar instance serves ragged vocabularies (50257, 3001)
+        BOOL_SWITCH(vec8_fits(V, l), VEC, {
+            cross_entropy_partial_kernel<T, VEC><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
             CUDA_LAUNCH_CHECK();
-            cross_entropy_grad_kernel<T, true>
+            cross_entropy_grad_kernel<T, VEC>
                 <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, rows, V, ns, grad_scale);
-        } else {
-            cross_entropy_partial_kernel<T, false><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
-            CUDA_LAUNCH_CHECK();
-            cross_entropy_grad_kernel<T, false>
-                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, rows, V, ns, grad_scale);
-        }
+        });
     });
     CUDA_LAUNCH_CHECK();
     cross_entropy_sum_kernel<<<1, 1024, 0, cuda_stream()>>>((double *)loss_sum.p, rows, R);

@@ -457,14 +457,12 @@ static void quant_rows(Tensor x, uint8_t *q, float *s, int64_t ld, uint8_t **qp,
     }
     if (qp) *qp = q, *sp = s;
     if (R * nchunks == 0) return;
-    if (C % 128 == 0 && aligned16(x.p) && (uintptr_t)q % 8 == 0) // 32 blocks a CTA of 8 warps
-        DT_SWITCH(x.dt, T, "fp8_quant_rows",
-                  fp8_quant_rows_kernel<T, true><<<(unsigned)((R * nchunks + 31) / 32), 256, 0, cuda_stream()>>>(
-                      q, s, (const T *)x.p, R, C, nchunks, ld));
-    else // 8 blocks a CTA
-        DT_SWITCH(x.dt, T, "fp8_quant_rows",
-                  fp8_quant_rows_kernel<T, false><<<(unsigned)((R * nchunks + 7) / 8), 256, 0, cuda_stream()>>>(
-                      q, s, (const T *)x.p, R, C, nchunks, ld));
+    // VEC: 32 blocks a CTA of 8 warps, else 8
+    BOOL_SWITCH(C % 128 == 0 && aligned16(x.p) && (uintptr_t)q % 8 == 0, VEC,
+                DT_SWITCH(x.dt, T, "fp8_quant_rows",
+                          fp8_quant_rows_kernel<T, VEC>
+                          <<<(unsigned)((R * nchunks + (VEC ? 31 : 7)) / (VEC ? 32 : 8)), 256, 0, cuda_stream()>>>(
+                              q, s, (const T *)x.p, R, C, nchunks, ld)));
     CUDA_LAUNCH_CHECK();
 }
 

@@ -203,25 +203,6 @@ __global__ void swiglu_backward_kernel(T *dgu, const T *dact, const T *gu, int64
     }
 }
 
-// Runs BODY with the constants ONE_P and GATED of a RmsArgs (NULL: plain).
-#define RMS_SWITCH(a, ...)                                                                                             \
-    do {                                                                                                               \
-        bool one_p_ = (a) && (a)->one_plus, gated_ = (a) && (a)->z.p;                                                  \
-        if (one_p_ && gated_) {                                                                                        \
-            constexpr bool ONE_P = true, GATED = true;                                                                 \
-            __VA_ARGS__;                                                                                               \
-        } else if (one_p_) {                                                                                           \
-            constexpr bool ONE_P = true, GATED = false;                                                                \
-            __VA_ARGS__;                                                                                               \
-        } else if (gated_) {                                                                                           \
-            constexpr bool ONE_P = false, GATED = true;                                                                \
-            __VA_ARGS__;                                                                                               \
-        } else {                                                                                                       \
-            constexpr bool ONE_P = false, GATED = false;                                                               \
-            __VA_ARGS__;                                                                                               \
-        }                                                                                                              \
-    } while (0)
-
 extern "C" {
 
 void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, const RmsArgs *a) {
@@ -237,12 +218,15 @@ void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, 
     // at an unpadded offset of the flat parameter buffer, so it can be unaligned.
     bool v8 = vec8_fits(D, y.p, x.p, z.p, w.p);
     int lpr = norm_lanes(D, v8 ? 8 : 1);
-    V_SWITCH(v8, RMS_SWITCH(a, DT_SWITCH(x.dt, T, "rmsnorm_forward",
-                                         DT_SWITCH(w.dt, TW, "rmsnorm_forward",
-                                                   rmsnorm_forward_kernel<T, TW, ONE_P, GATED, V>
-                                                   <<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
-                                                       (T *)y.p, (float *)rstd.p, (const T *)x.p, (const T *)z.p,
-                                                       (const TW *)w.p, R, D, lpr, eps)))));
+    V_SWITCH(v8,
+             BOOL_SWITCH(a && a->one_plus, ONE_P,
+                         BOOL_SWITCH(z.p, GATED,
+                                     DT_SWITCH(x.dt, T, "rmsnorm_forward",
+                                               DT_SWITCH(w.dt, TW, "rmsnorm_forward",
+                                                         rmsnorm_forward_kernel<T, TW, ONE_P, GATED, V>
+                                                         <<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
+                                                             (T *)y.p, (float *)rstd.p, (const T *)x.p, (const T *)z.p,
+                                                             (const TW *)w.p, R, D, lpr, eps))))));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -259,19 +243,22 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     float *part = colsum_part(D, G, "rmsnorm_backward");
     bool v8 = vec8_fits(D, dx.p, dy.p, x.p, w.p) && aligned16(z.p, dz.p);
     int lpr = norm_lanes(D, v8 ? 8 : 1);
-    V_SWITCH(
-        v8, RMS_SWITCH(a, DT_SWITCH(x.dt, T, "rmsnorm_backward",
-                                    DT_SWITCH(w.dt, TW, "rmsnorm_backward",
-                                              rmsnorm_backward_kernel<T, TW, ONE_P, GATED, V>
-                                              <<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
-                                                  (T *)dx.p, (T *)dz.p, (const T *)dy.p, (const T *)x.p, (const T *)z.p,
-                                                  (const TW *)w.p, (const float *)rstd.p, R, D, lpr, accumulate)))));
+    V_SWITCH(v8,
+             BOOL_SWITCH(a && a->one_plus, ONE_P,
+                         BOOL_SWITCH(z.p, GATED,
+                                     DT_SWITCH(x.dt, T, "rmsnorm_backward",
+                                               DT_SWITCH(w.dt, TW, "rmsnorm_backward",
+                                                         rmsnorm_backward_kernel<T, TW, ONE_P, GATED, V>
+                                                         <<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
+                                                             (T *)dx.p, (T *)dz.p, (const T *)dy.p, (const T *)x.p,
+                                                             (const T *)z.p, (const TW *)w.p, (const float *)rstd.p, R,
+                                                             D, lpr, accumulate))))));
     CUDA_LAUNCH_CHECK();
-    DT_SWITCH(x.dt, T, "rmsnorm_backward", dim3 grid((unsigned)((D + 31) / 32), (unsigned)G);
-              if (z.p) rmsnorm_dw_kernel<T, true><<<grid, dim3(32, 8), 0, cuda_stream()>>>(
-                  part, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const float *)rstd.p, R, D);
-              else rmsnorm_dw_kernel<T, false><<<grid, dim3(32, 8), 0, cuda_stream()>>>(
-                  part, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const float *)rstd.p, R, D));
+    BOOL_SWITCH(z.p, GATED,
+                DT_SWITCH(x.dt, T, "rmsnorm_backward",
+                          rmsnorm_dw_kernel<T, GATED>
+                          <<<dim3((unsigned)((D + 31) / 32), (unsigned)G), dim3(32, 8), 0, cuda_stream()>>>(
+                              part, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const float *)rstd.p, R, D)));
     CUDA_LAUNCH_CHECK();
     colsum_finish((float *)dw.p, part, G, D);
 }
@@ -302,12 +289,11 @@ void cuda_swiglu_forward(Tensor act, Tensor gu, float alpha, float limit) {
     CHECK(t_cols(gu) == 2 * I && t_cols(act) == I && t_rows(act) == M);
     same_dt(act, gu, "swiglu_forward");
     if (n == 0) return;
-#define FWD(CLAMP)                                                                                                     \
-    swiglu_forward_kernel<T, CLAMP, V><<<grid_for(n / V, 256), 256, 0, cuda_stream()>>>(                               \
-        (T *)act.p, (const T *)gu.p, M, I, Swiglu<CLAMP>{alpha, limit})
     V_SWITCH(vec8_fits(I, act.p, gu.p),
-             DT_SWITCH(gu.dt, T, "swiglu_forward", if (limit > 0) FWD(true); else FWD(false)));
-#undef FWD
+             BOOL_SWITCH(limit > 0, CLAMP,
+                         DT_SWITCH(gu.dt, T, "swiglu_forward",
+                                   swiglu_forward_kernel<T, CLAMP, V><<<grid_for(n / V, 256), 256, 0, cuda_stream()>>>(
+                                       (T *)act.p, (const T *)gu.p, M, I, Swiglu<CLAMP>{alpha, limit}))));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -317,12 +303,12 @@ void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float
     same_dt(dgu, gu, "swiglu_backward");
     same_dt(dact, gu, "swiglu_backward");
     if (n == 0) return;
-#define BWD(CLAMP)                                                                                                     \
-    swiglu_backward_kernel<T, CLAMP, V><<<grid_for(n / V, 256), 256, 0, cuda_stream()>>>(                              \
-        (T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M, I, Swiglu<CLAMP>{alpha, limit})
-    V_SWITCH(vec8_fits(I, dgu.p, dact.p, gu.p),
-             DT_SWITCH(gu.dt, T, "swiglu_backward", if (limit > 0) BWD(true); else BWD(false)));
-#undef BWD
+    V_SWITCH(
+        vec8_fits(I, dgu.p, dact.p, gu.p),
+        BOOL_SWITCH(limit > 0, CLAMP,
+                    DT_SWITCH(gu.dt, T, "swiglu_backward",
+                              swiglu_backward_kernel<T, CLAMP, V><<<grid_for(n / V, 256), 256, 0, cuda_stream()>>>(
+                                  (T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M, I, Swiglu<CLAMP>{alpha, limit}))));
     CUDA_LAUNCH_CHECK();
 }
 
