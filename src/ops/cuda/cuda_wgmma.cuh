@@ -243,6 +243,17 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
 }
 
 // ---- host side (cuda_wgmma.cu) ----
+#define WG_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
+// Launches a persistent wgmma kernel: min(tiles, SMs) CTAs of 384 threads with WG_SMEM + 1 KB of dynamic shared
+// memory (the 1 KB: alignment slack), allowed once per kernel (attr: the caller's flag for it).
+template <typename... P, typename... A> static void wg_launch(void (*kernel)(P...), bool *attr, int ntiles, A... args) {
+    size_t smem = WG_SMEM + 1024;
+    if (!*attr) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    *attr = true;
+    int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
+    kernel<<<grid, 384, smem, cuda_stream()>>>(args...);
+    CUDA_LAUNCH_CHECK();
+}
 // True once on a Hopper GPU whose driver gives cuTensorMapEncodeTiled.
 bool wgmma_available(void);
 // A 2D map over a row-major (rows, cols) tensor of `es` bytes per element (type: CU_TENSOR_MAP_DATA_TYPE_*), boxes of
