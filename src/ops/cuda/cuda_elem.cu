@@ -281,22 +281,6 @@ __global__ void adamw_kernel(float *p, const float *g, TM *m, TM *v, TW *w, int6
     }
     if (bad) adamw_bad = 1;
 }
-template <typename TM>
-static void adamw_launch(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, int64_t n, float gscale, float b1, float b2,
-                         float eps, float step, float bc2, float decay) {
-    bool vec = aligned16(p.p, g.p, m.p, v.p) && (!w.p || aligned16(w.p));
-    unsigned grid = grid_for(vec ? n / 4 : n, ELEM_THREADS);
-    if (w.p && w.dt == DT_BF16)
-        adamw_kernel<TM, bf16><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (TM *)m.p,
-                                                                         (TM *)v.p, (bf16 *)w.p, n, vec, gscale, b1, b2,
-                                                                         eps, step, bc2, decay);
-    else {
-        if (w.p) IS_F32(w, "adamw");
-        adamw_kernel<TM, float><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (TM *)m.p,
-                                                                          (TM *)v.p, (float *)w.p, n, vec, gscale, b1,
-                                                                          b2, eps, step, bc2, decay);
-    }
-}
 
 // Σ x² in fp64, one partial per block into out[block] (the host adds them in block order: the same bits in every
 // run); fp32 in float4 loads when vec (16-byte aligned), four
@@ -334,6 +318,15 @@ static void host_convert(void *dst, DType ddt, const void *src, DType sdt, int64
     else if (ddt == DT_F32 && sdt == DT_BF16)
         for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = bf16_to_f32(((const uint16_t *)src)[i]);
     else die("copy: no conversion from %s to %s", dtype_name(sdt), dtype_name(ddt));
+}
+
+// A device flag's value, read back (a sync), and the flag cleared.
+template <typename T> static T take_flag(T &flag) {
+    T v = 0, zero = 0;
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&v, flag, sizeof v, 0, cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaMemcpyToSymbolAsync(flag, &zero, sizeof zero, 0, cudaMemcpyHostToDevice, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    return v;
 }
 
 template <int OP> static void elementwise(Tensor dst, Tensor src, float s, const char *what) {
@@ -377,10 +370,7 @@ void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
 }
 
 int64_t cuda_embedding_bad_id(void) {
-    unsigned long long bad = 0, zero = 0;
-    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&bad, embedding_bad, sizeof bad, 0, cudaMemcpyDeviceToHost, cuda_stream()));
-    CUDA_CHECK(cudaMemcpyToSymbolAsync(embedding_bad, &zero, sizeof zero, 0, cudaMemcpyHostToDevice, cuda_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    unsigned long long bad = take_flag(embedding_bad);
     return bad ? (int64_t)(int32_t)(uint32_t)bad : -1;
 }
 
@@ -478,20 +468,17 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, 
     CHECK(tensor_numel(g) == n && tensor_numel(m) == n && tensor_numel(v) == n);
     if (!n) return;
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
-    if (m.dt == DT_BF16) adamw_launch<bf16>(p, g, m, v, w, n, gscale, b1, b2, eps, step, bc2, decay);
-    else adamw_launch<float>(p, g, m, v, w, n, gscale, b1, b2, eps, step, bc2, decay);
+    bool vec = aligned16(p.p, g.p, m.p, v.p) && aligned16(w.p);
+    DT_SWITCH(m.dt, TM, "adamw",
+              DT_SWITCH(w.p ? w.dt : DT_F32, TW, "adamw", // (no compute copy: w NULL, typed fp32)
+                        adamw_kernel<TM, TW>
+                        <<<grid_for(vec ? n / 4 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                            (float *)p.p, (const float *)g.p, (TM *)m.p, (TM *)v.p, (TW *)w.p, n, vec, gscale, b1, b2,
+                            eps, step, bc2, decay)));
     CUDA_LAUNCH_CHECK();
 }
 
-bool cuda_adamw_nonfinite(void) {
-    CudaCtx *c = cuda_ctx();
-    const int zero = 0;
-    CUDA_CHECK(cudaMemcpyFromSymbolAsync(c->host_small, adamw_bad, sizeof(int), 0, cudaMemcpyDeviceToHost, c->compute));
-    CUDA_CHECK(cudaStreamSynchronize(c->compute));
-    int bad = *(int *)c->host_small;
-    if (bad) CUDA_CHECK(cudaMemcpyToSymbol(adamw_bad, &zero, sizeof zero));
-    return bad != 0;
-}
+bool cuda_adamw_nonfinite(void) { return take_flag(adamw_bad) != 0; }
 
 double cuda_read_scalar(Tensor x) {
     CudaCtx *c = cuda_ctx();

@@ -175,7 +175,6 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 // ---- host side ----
-static int64_t w8_calls; // products run here
 
 template <int KIND, typename TO>
 static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, const CUtensorMap *msa,
@@ -208,7 +207,6 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
     WgTable gt;
     int64_t ntiles = wg_table_build(&gt, WG_FORWARD, E, N, K, W8_BN, offs);
     if (ntiles < 0) return false;
-    w8_calls++;
     if (ntiles == 0) return true;
     CUtensorMap ma, mb, mo, msa, msb;
     wgmma_tensor_map(&ma, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, R, K);
@@ -237,7 +235,6 @@ bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const v
     WgTable gt;
     int64_t ntiles = wg_table_build(&gt, WG_WEIGHT_GRAD, E, N, K, W8_BN, offs);
     if (ntiles < 0) return false;
-    w8_calls++;
     if (ntiles == 0) return true;
     CUtensorMap ma, mb, mo;
     wgmma_tensor_map(&ma, dq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, N, Tp);
@@ -249,5 +246,3 @@ bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const v
                                      (int)ntiles); // (msa, msb: not read)
     return true;
 }
-
-int64_t wgmma_fp8_calls(void) { return w8_calls; }
