@@ -236,20 +236,12 @@ static void side_join(int ns) {
 // concurrently with the grouped call that takes the others on the compute stream.
 // PITH_GROUPED_BIG_ROWS sets the threshold (0: none; for A/B runs).
 #define BIG_ROWS 1024
-// The threshold for a call on ns streams: 0 (no expert runs beside) with no side streams.
+// The threshold for a call on ns streams: none (INT64_MAX) without side streams.
 static int64_t big_rows(int ns) {
     const char *e = getenv("PITH_GROUPED_BIG_ROWS");
     int64_t big = e ? atoll(e) : BIG_ROWS;
-    return ns > 1 && big > 0 ? big : 0;
+    return ns > 1 && big > 0 ? big : INT64_MAX;
 }
-static bool big_expert(int64_t big, int64_t rows) { return big > 0 && rows >= big; }
-// The most rows any expert holds.
-static int64_t max_rows(const int64_t *offs, int64_t E) {
-    int64_t mx = 0;
-    for (int64_t i = 0; i < E; i++) mx = offs[i + 1] - offs[i] > mx ? offs[i + 1] - offs[i] : mx;
-    return mx;
-}
-static int next_side(int ns, int i) { return i % (ns - 1) + 1; } // the side streams 1..ns-1 in turn
 
 // ---- fp32 → bf16 operand rounding through the conversion pool ----
 // dst = bf16(src) over n elements: 8-element vectors when both are 16-byte aligned (vec), then the last n % 8
@@ -384,11 +376,6 @@ static void grouped_add(int64_t n, int64_t k, const void *A, const void *B, void
     ga.n[i] = (int)n, ga.k[i] = (int)k, ga.A[i] = A, ga.B[i] = B, ga.C[i] = C;
 }
 
-static bool grouped_enabled(void) {
-    const char *e = getenv("PITH_GROUPED_GEMM"); // "0": the per-expert loop (for benchmarks and bisection)
-    return !e || strcmp(e, "0");
-}
-
 // Runs the problems added as one grouped call, each with op(A) of ta, op(B) of tb, m rows, leading dimensions lda,
 // ldb, ldc, alpha 1 and this beta. False when cuBLAS cannot (or a size passes int), and the caller loops instead.
 static bool grouped_run(bool ta, bool tb, int64_t m, int64_t lda, int64_t ldb, int64_t ldc, DType abt, float beta,
@@ -397,7 +384,8 @@ static bool grouped_run(bool ta, bool tb, int64_t m, int64_t lda, int64_t ldb, i
     if (G == 0) return true;
     if (m <= 0 || !fits_int(m) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc)) return false;
     int ia = abt == DT_BF16, ic = cdt == DT_BF16;
-    if (!grouped_enabled() || grouped_unsupported[ia][ic] || G > 65536) return false;
+    const char *e = getenv("PITH_GROUPED_GEMM"); // "0": the per-expert loop (for benchmarks and bisection)
+    if ((e && !strcmp(e, "0")) || grouped_unsupported[ia][ic] || G > 65536) return false;
     CudaCtx *c = cuda_ctx();
     if (!blas) {
         CUDA_CHECK(cublasCreate(&blas));
@@ -487,12 +475,6 @@ enum { PAD_FORWARD, PAD_BACKWARD_INPUT, PAD_BACKWARD_WEIGHT };
 static int64_t padded_calls,
     big_calls; // products run as a padded batch; experts run as dense products beside a grouped call
 
-// PITH_GROUPED_KERNEL as the paths after the wgmma kernels read it: unset, "wgmma" (the default) and "auto" all
-// mean "choose by shape".
-static const char *grouped_env(void) {
-    const char *e = getenv("PITH_GROUPED_KERNEL");
-    return e && strcmp(e, "wgmma") && strcmp(e, "auto") ? e : NULL;
-}
 // The wgmma kernels (cuda_wgmma.cu) run first unless PITH_GROUPED_KERNEL names another path.
 static bool grouped_wgmma_on(void) {
     const char *e = getenv("PITH_GROUPED_KERNEL");
@@ -505,12 +487,15 @@ int64_t wgmma_grouped_calls(void);
 
 // The padded row count for these experts, or 0 when this path does not fit (dtype, sizes, skew, env).
 static int64_t pad_rows_for(const int64_t *offs, int64_t E, int64_t N, int64_t K, DType dt) {
-    const char *e = grouped_env();
-    if (e && strcmp(e, "batched")) return 0; // cublas / pith: the other paths
+    // PITH_GROUPED_KERNEL unset, "wgmma" or "auto": choose by shape; "batched": this path; another: not this path
+    const char *e = getenv("PITH_GROUPED_KERNEL");
+    bool forced = e && !strcmp(e, "batched");
+    if (e && !forced && strcmp(e, "wgmma") && strcmp(e, "auto")) return 0;
     if (dt != DT_BF16 || E < 2 || E > PAD_MAX_E || N % 8 || K % 8 || offs[E] == 0) return 0;
-    int64_t Mp = (max_rows(offs, E) + 63) / 64 * 64;
-    if (!(e && !strcmp(e, "batched")) && (double)E * Mp > PAD_WASTE * offs[E]) return 0;
-    return Mp;
+    int64_t Mp = 0; // the most rows of an expert, rounded up to 64
+    for (int64_t i = 0; i < E; i++) Mp = offs[i + 1] - offs[i] > Mp ? offs[i + 1] - offs[i] : Mp;
+    Mp = (Mp + 63) / 64 * 64;
+    return forced || (double)E * Mp <= PAD_WASTE * offs[E] ? Mp : 0;
 }
 
 static void pad_copy(bf16 *dst, const void *src, const PadOffs *po, int64_t E, int64_t Mp, int64_t C, bool zero) {
@@ -594,8 +579,8 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
         int64_t M = offs[e + 1] - offs[e];
         const void *A = (const char *)w.p + e * N * K * is, *B = (const char *)in.p + offs[e] * D * is;
         void *O = (char *)out.p + offs[e] * C * os;
-        if (big_expert(big, M)) {
-            side = next_side(ns, side), big_calls++;
+        if (M >= big) {
+            side = side % (ns - 1) + 1, big_calls++; // the side streams 1..ns-1 in turn
             lt_matmul_on(wgrad_stream[side], wgrad_ws[side], ta, false, C, M, D, A, K, B, D, w.dt, 0.0f, O, C, out.dt,
                          ONE);
         } else if (M) grouped_add(M, D, A, B, O);
