@@ -163,6 +163,17 @@ __global__ void fp8_round_rows_kernel(T *y, const T *x, int64_t C, int64_t nchun
         if (c0 + 32 * i < C) st(y, r * C + c0 + 32 * i, fp8_value(v[i], s, inv));
 }
 
+// The row blocks of bh rows in each of n groups of rows offs[g]..offs[g+1] (offs NULL: N rows each), rb0[n] in all, in
+// one static table (8 KB of launch parameters).
+static const Fp8Groups *fp8_groups(const int64_t *offs, int n, int64_t N, int bh) {
+    static Fp8Groups gr;
+    CHECK(n <= FP8_MAX_GROUPS);
+    gr.n = n, gr.bh = bh, gr.rb0[0] = 0;
+    for (int g = 0; g <= n; g++) gr.offs[g] = (int)(offs ? offs[g] : g * N);
+    for (int g = 0; g < n; g++) gr.rb0[g + 1] = gr.rb0[g] + (gr.offs[g + 1] - gr.offs[g] + bh - 1) / bh;
+    return &gr;
+}
+
 extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
     ON_GPU(x, "fp8_round");
     ON_GPU(y, "fp8_round");
@@ -173,12 +184,9 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *o
     else if (!offs) groups = 1, N = R;
     if (groups > FP8_MAX_GROUPS) die("fp8_round: at most %d groups (got %d)", FP8_MAX_GROUPS, groups);
     if (R > 0x7fffffff) die("fp8_round: at most 2^31 rows (got %lld)", (long long)R);
-    static Fp8Groups gr; // static: 8 KB of launch parameters
-    gr.n = groups, gr.bh = b == FP8_ROWS ? 1 : 128, gr.rb0[0] = 0;
-    for (int g = 0; g <= groups; g++) gr.offs[g] = (int)(offs ? offs[g] : g * N);
-    CHECK(gr.offs[0] == 0 && gr.offs[groups] == R);
-    for (int g = 0; g < groups; g++) gr.rb0[g + 1] = gr.rb0[g] + (gr.offs[g + 1] - gr.offs[g] + gr.bh - 1) / gr.bh;
-    int64_t nchunks = (C + 127) / 128, blocks = gr.rb0[groups] * nchunks;
+    const Fp8Groups *gr = fp8_groups(offs, groups, N, b == FP8_ROWS ? 1 : 128);
+    CHECK(gr->offs[0] == 0 && gr->offs[groups] == R);
+    int64_t nchunks = (C + 127) / 128, blocks = gr->rb0[groups] * nchunks;
     if (blocks == 0) return;
     if (b == FP8_ROWS) { // rows do not depend on the groups
         DT_SWITCH(x.dt, T, "fp8_round",
@@ -189,7 +197,7 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *o
     }
     DT_SWITCH(x.dt, T, "fp8_round",
               fp8_round_kernel<T>
-              <<<blocks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, gr, b == FP8_TILES));
+              <<<blocks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, *gr, b == FP8_TILES));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -539,35 +547,25 @@ extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const 
     return ok;
 }
 
-// Token blocks of E groups of rows offs[e]..offs[e+1]: each group in whole blocks of 128.
-static int64_t token_blocks(const int64_t *offs, int64_t E) {
-    int64_t tb = 0;
-    for (int64_t e = 0; e < E; e++) tb += (offs[e + 1] - offs[e] + 127) / 128;
-    return tb;
-}
-
-// x (R, C) (C a multiple of 128) in 128 × 1 blocks within each of E groups of rows → codes qt (C, Tp), each group's
-// rows padded to whole 128-row blocks (Tp = 128 · token_blocks), and scales s (TB, C).
-static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const int64_t *offs, int64_t E) {
-    static Fp8Groups gr; // static: 8 KB of launch parameters
-    CHECK(E <= FP8_MAX_GROUPS && t_cols(x) % 128 == 0);
-    gr.n = (int)E, gr.bh = 128, gr.rb0[0] = 0;
-    for (int64_t e = 0; e <= E; e++) gr.offs[e] = (int)offs[e];
-    for (int64_t e = 0; e < E; e++) gr.rb0[e + 1] = gr.rb0[e] + (gr.offs[e + 1] - gr.offs[e] + 127) / 128;
-    int64_t C = t_cols(x), TB = gr.rb0[E];
+// x (R, C) (C a multiple of 128) in 128 × 1 blocks within each group of rows of gr (fp8_groups with bh 128) → codes
+// qt (C, Tp), each group's rows padded to whole 128-row blocks (Tp = 128 · their count TB), and scales s (TB, C).
+static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const Fp8Groups *gr) {
+    CHECK(t_cols(x) % 128 == 0 && gr->bh == 128);
+    int64_t C = t_cols(x), TB = gr->rb0[gr->n];
     if (TB == 0) return;
     DT_SWITCH(x.dt, T, "fp8_quant_t_groups",
               fp8_quant_t_groups_kernel<T>
-              <<<TB *(C / 128), 256, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, TB * 128, gr));
+              <<<TB *(C / 128), 256, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, TB * 128, *gr));
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, const int64_t *offs, int groups) {
     ON_GPU(x, "fp8_quantize_cols_t");
-    int64_t TB = token_blocks(offs, groups);
+    const Fp8Groups *gr = fp8_groups(offs, groups, 0, 128);
+    int64_t TB = gr->rb0[groups];
     CHECK(qt.dt == DT_U8 && tensor_numel(qt) == t_cols(x) * TB * 128 && s.dt == DT_F32 &&
           tensor_numel(s) == TB * t_cols(x));
-    quant_t_groups((uint8_t *)qt.p, (float *)s.p, x, offs, groups);
+    quant_t_groups((uint8_t *)qt.p, (float *)s.p, x, gr);
 }
 
 // The experts' weight gradient dw (E, N, K) fp32 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false: written,
@@ -584,7 +582,8 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
         return false;
     for (int64_t e = 0; e < E; e++)
         if (offs[e + 1] < offs[e]) return false;
-    int64_t TB = token_blocks(offs, E), Tp = TB * 128;
+    const Fp8Groups *gr = fp8_groups(offs, (int)E, 0, 128);
+    int64_t TB = gr->rb0[E], Tp = TB * 128;
     if (!accumulate) // an empty expert has no tiles: its dw_e is zeroed here
         for (int64_t e = 0; e < E; e++)
             if (offs[e + 1] == offs[e])
@@ -594,7 +593,7 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
     char *p = (char *)cuda_scratch(bd + bx + bsd + a256(sizeof(float) * TB * K));
     uint8_t *dq = (uint8_t *)p, *xq = (uint8_t *)(p + bd);
     float *ds = (float *)(p + bd + bx), *xs = (float *)(p + bd + bx + bsd);
-    quant_t_groups(dq, ds, dy, offs, E), quant_t_groups(xq, xs, x, offs, E);
+    quant_t_groups(dq, ds, dy, gr), quant_t_groups(xq, xs, x, gr);
     bool ok = wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, accumulate);
     tc_gemms += ok;
     return ok;
