@@ -283,12 +283,6 @@ static const void *operand_rows(Tensor t, int64_t r0, int64_t n, DType abt) {
 }
 
 // ---- bias ----
-template <typename TY, typename TB>
-__global__ void linear_bias_forward_kernel(TY *y, const TB *b, int64_t M, int64_t N) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < M * N; i += (int64_t)gridDim.x * blockDim.x)
-        st(y, i, ld(y, i) + ld(b, i % N));
-}
-
 // part: (G, N) fp32, row g = Σ over row group g of dy: (M, N) (colsum_finish adds the groups to db in order).
 template <typename T> __global__ void linear_bias_backward_kernel(float *part, const T *dy, int64_t M, int64_t N) {
     colsum_block(part, M, N, [=](int64_t i, int64_t j) { return ld(dy, i * N + j); });
@@ -605,14 +599,14 @@ static GroupOffs group_offs(const int64_t *offs, int64_t E, const char *what) {
     return g;
 }
 
-// y[i, j] += b[e, j] for the expert e whose rows hold i (the last e with o[e] ≤ i: empty experts skip).
+// y[i, j] += b[e, j] for the expert e whose rows hold i (the last e with o[e] ≤ i: empty experts skip); dense: E 1.
 template <typename TY, typename TB>
-__global__ void grouped_bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int E, int64_t R, int64_t N) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < R * N; i += (int64_t)gridDim.x * blockDim.x) {
-        int row = (int)(i / N), lo = 0, hi = E; // o[lo] ≤ row < o[hi]
+__global__ void bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int E, int64_t R, int64_t N) {
+    GRID_STRIDE(i, R * N) {
+        int lo = 0, hi = E; // o[lo] ≤ i / N < o[hi]
         while (hi - lo > 1) {
             int mid = (lo + hi) / 2;
-            if (g.o[mid] <= row) lo = mid;
+            if (g.o[mid] <= (int)(i / N)) lo = mid;
             else hi = mid;
         }
         st(y, i, ld(y, i) + ld(b, (int64_t)lo * N + i % N));
@@ -660,18 +654,12 @@ void cuda_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
     int64_t R = t_rows(y), N = t_cols(y), E = offs ? tensor_numel(b) / N : 1;
     CHECK(tensor_numel(b) == E * N);
     if (R == 0) return;
-    if (offs) {
-        GroupOffs g = group_offs(offs, E, "grouped_linear_forward");
-        DT_SWITCH(y.dt, TY, "grouped_linear_forward",
-                  DT_SWITCH(b.dt, TB, "grouped_linear_forward",
-                            grouped_bias_forward_kernel<TY, TB><<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>(
-                                (TY *)y.p, (const TB *)b.p, g, (int)E, R, N)));
-    } else {
-        DT_SWITCH(y.dt, TY, "linear_forward",
-                  DT_SWITCH(b.dt, TB, "linear_forward",
-                            linear_bias_forward_kernel<TY, TB>
-                            <<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, R, N)));
-    }
+    int64_t rows[2] = {0, R}; // dense: one group of every row
+    GroupOffs g = group_offs(offs ? offs : rows, E, "linear_bias_forward");
+    DT_SWITCH(y.dt, TY, "linear_bias_forward",
+              DT_SWITCH(b.dt, TB, "linear_bias_forward",
+                        bias_forward_kernel<TY, TB><<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>(
+                            (TY *)y.p, (const TB *)b.p, g, (int)E, R, N)));
     CUDA_LAUNCH_CHECK();
 }
 
