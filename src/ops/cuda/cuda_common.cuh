@@ -239,12 +239,3 @@ template <typename V> __device__ V block_sum(V v, V *shared32) {
     V s = lane < nw ? shared32[lane] : (V)0;
     return warp_sum(s);
 }
-__device__ __forceinline__ float block_max(float v, float *shared32) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) shared32[warp] = v;
-    __syncthreads();
-    float s = lane < nw ? shared32[lane] : -INFINITY;
-    return warp_max(s);
-}
