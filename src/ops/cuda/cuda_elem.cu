@@ -1,8 +1,5 @@
 // cuda_elem.cu — embedding, cross-entropy, elementwise helpers, copies across devices and dtypes, the
-// squared-norm reduction and AdamW. Math as in ops/cpu/cpu_elem.c:
-//   CE_r = lse(logits_r) − logits_r[label]; ∂CE_r/∂logits_r = softmax(logits_r) − onehot(label).
-//   AdamW (torch.optim.AdamW, single-tensor): p *= 1 − lr·wd; m += (1 − b1)(g − m); v = b2·v + (1 − b2)·g²;
-//   p −= lr/(1 − b1^t) · m / (sqrt(v)/sqrt(1 − b2^t) + eps).
+// squared-norm reduction and AdamW. Math as in ops/cpu/cpu_elem.c (and ops_list.h).
 // Shapes: embedding table (V, H), tokens (T) int32, h (T, H); CE logits (R, V) fp32 in place, labels (R)
 // int32, loss_sum (1) fp64; AdamW p, g flat fp32, m, v flat fp32 or bf16.
 // Cross-entropy splits each row into slices of CE_SLICE logits so that a chunk of a few rows still fills

@@ -1,10 +1,6 @@
 // cuda_moe.cu — router (every RouterArgs form), load-balancing loss, the expert sort, row gather/scatter
-// and the weighted combine. Math as in ops/cpu/cpu_moe.c:
-//   probs = softmax(logits) (fp64 exponentials and sums, as the CPU, so both pick the same experts);
-//   top-k of probs + bias with ties → lower expert index, group-limited when asked; w = c·chosen probs
-//   (/ Σ when renorm) or c·softmax of the chosen logits.
-//   backward: ∂p_j = (c·∂w_j − Σ_l ∂w_l·w_l)/Σp (renorm) or c·∂w_j, plus lb_grad; ∂logit = p·(∂p − Σ p·∂p);
-//   softmax_topk adds w_j·(∂w_j − Σ_l w_l·∂w_l / c) at the chosen logits.
+// and the weighted combine. Math as in ops/cpu/cpu_moe.c, in the same order of operations (the softmax's
+// exponentials and sums in fp64, as the CPU's, so both pick the same experts).
 // Shapes: logits, probs, dlogits (T, E) fp32; idx (T, k) int32; w, dw (T, k) fp32; lb_grad (E) fp32;
 // rows/perm int32; x, y (R, H) activations; combine y (T·k, H) in slot order.
 // The row movers (gather, scatter, combine) move 16-byte vectors (8 values) per thread when rows allow

@@ -1,10 +1,6 @@
 // cuda_norm.cu — RMSNorm (plain, 1 + w, gated), RoPE and SwiGLU (plain, clamped): memory-bound kernels, fp32
-// arithmetic on fp32 or bf16 storage. Math as in ops/cpu/cpu_norm.c:
-//   RMSNorm  y = x·r·u, r = (mean(x²) + eps)^(-1/2), u = w or 1 + w (ONE_P), times silu(z) (GATED);
-//            ∂x = r·u·dy − x·r³/D·Σ(dy·u·x); ∂w = Σ_rows dy·x·r (·silu(z)); ∂z = dy·x·r·w·silu'(z).
-//   RoPE     pair (x[i], x[i+d/2]) or (x[2i], x[2i+1]) rotates by θ = pos·inv_freq[i]; backward rotates by −θ.
-//   SwiGLU   act = silu(g)·u; ∂g = da·u·σ(g)·(1 + g·(1 − σ(g))), ∂u = da·silu(g); the clamped form (CLAMP) as
-//            in ops_list.h.
+// arithmetic on fp32 or bf16 storage. Math as in ops/cpu/cpu_norm.c and ops_list.h; RMSNorm's forms are the
+// kernels' flags ONE_P (u = 1 + w) and GATED (u times silu(z)), SwiGLU's clamped form CLAMP.
 // Shapes: x, y, dy, dx, z, dz: (R, D); w: (D); rstd: (R) fp32; RoPE x: (T, heads, d), cos/sin (P, d/2) fp32,
 // pos (T) int32; SwiGLU gu: (M, 2I) = [gate | up] (interleaved [g_0, u_0, …] when clamped), act: (M, I).
 // Each kernel moves V values at a time (cuda_common.cuh): RMSNorm gives a row lpr lanes of one warp (32, or with
