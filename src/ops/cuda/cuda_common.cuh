@@ -91,6 +91,13 @@ template <typename TA, typename Fn> __device__ __forceinline__ void colsum_block
 }
 
 // ---- functions shared between the .cu files ----
+// The expert products (kinds): forward y = x_e·w_eᵀ, input gradient dx = dy_e·w_e, weight gradient dw_e (+)= dy_eᵀ·x_e.
+enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
+// One on the wgmma kernels (cuda_wgmma.cu): out y or dx (R, ·), a x or dy (R, ·), b w (E, N, K); or for the weight
+// gradient out dw (E, N, K) fp32, a dy, b x (accumulate false: written, the empty experts' zeroed). False when they do
+// not fit, and the caller runs another path; wgmma_grouped_calls counts those that ran.
+bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate);
+int64_t wgmma_grouped_calls(void);
 // cuDNN's fused attention (cuda_cudnn.cu), causal, in a sliding window of `window` keys when > 0; false when
 // not built with cuDNN, not this variant, or no plan.
 bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window);

@@ -465,7 +465,6 @@ __global__ void unpad_rows_kernel(bf16 *dst, const bf16 *src, PadOffs po, int E,
     for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) d[c] = sp[c];
 }
 
-enum { PAD_FORWARD, PAD_BACKWARD_INPUT, PAD_BACKWARD_WEIGHT };
 static int64_t padded_calls,
     big_calls; // products run as a padded batch; experts run as dense products beside a grouped call
 
@@ -474,10 +473,6 @@ static bool grouped_wgmma_on(void) {
     const char *e = getenv("PITH_GROUPED_KERNEL");
     return !e || !strcmp(e, "wgmma");
 }
-bool wgmma_grouped_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs);
-bool wgmma_grouped_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
-bool wgmma_grouped_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);
-int64_t wgmma_grouped_calls(void);
 
 // The padded row count for these experts, or 0 when this path does not fit (dtype, sizes, skew, env).
 static int64_t pad_rows_for(const int64_t *offs, int64_t E, int64_t N, int64_t K, DType dt) {
@@ -509,20 +504,20 @@ static void unpad_copy(void *dst, const bf16 *src, const PadOffs *po, int64_t E,
 static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, int64_t E, int64_t N,
                            int64_t K) {
     int64_t Mp = pad_rows_for(offs, E, N, K, a.dt);
-    if (!Mp || (kind != PAD_BACKWARD_WEIGHT && out.dt != DT_BF16)) return false;
+    if (!Mp || (kind != WG_WEIGHT_GRAD && out.dt != DT_BF16)) return false;
     if (!aligned16(out.p, a.p, b.p)) return false;
     PadOffs po;
     for (int64_t i = 0; i <= E; i++) po.o[i] = offs[i];
     int64_t R = offs[E], EM = E * Mp;
     CudaCtx *c = cuda_ctx();
     bf16 *buf = (bf16 *)cuda_scratch((size_t)EM * (N + K) * sizeof(bf16)), *pk = buf,
-         *pn = buf + EM * K;   // (E, Mp, K) and (E, Mp, N)
-    if (kind == PAD_FORWARD) { // out y (R, N) = a x (R, K) · b w (E, N, K)ᵀ per expert
+         *pn = buf + EM * K;  // (E, Mp, K) and (E, Mp, N)
+    if (kind == WG_FORWARD) { // out y (R, N) = a x (R, K) · b w (E, N, K)ᵀ per expert
         pad_copy(pk, a.p, &po, E, Mp, K, false);
         Batch bt = {E, N * K, Mp * K, Mp * N};
         lt_matmul_on(c->compute, c->lt_ws, true, false, N, Mp, K, b.p, K, pk, K, DT_BF16, 0.0f, pn, N, DT_BF16, bt);
         unpad_copy(out.p, pn, &po, E, Mp, R, N);
-    } else if (kind == PAD_BACKWARD_INPUT) { // out dx (R, K) = a dy (R, N) · b w (E, N, K)
+    } else if (kind == WG_INPUT_GRAD) { // out dx (R, K) = a dy (R, N) · b w (E, N, K)
         pad_copy(pn, a.p, &po, E, Mp, N, false);
         Batch bt = {E, N * K, Mp * N, Mp * K};
         lt_matmul_on(c->compute, c->lt_ws, false, false, K, Mp, N, b.p, K, pn, N, DT_BF16, 0.0f, pk, K, DT_BF16, bt);
@@ -560,10 +555,8 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
-    if (grouped_wgmma_on() &&
-        (input_grad ? wgmma_grouped_backward_input(out, in, w, offs) : wgmma_grouped_forward(out, in, w, offs)))
-        return;
-    if (padded_grouped(input_grad ? PAD_BACKWARD_INPUT : PAD_FORWARD, out, in, w, offs, E, N, K)) return;
+    if (grouped_wgmma_on() && wgmma_grouped(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, false)) return;
+    if (padded_grouped(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, E, N, K)) return;
     size_t is = dtype_size(in.dt), os = dtype_size(out.dt);
     bool ta = !input_grad;
     int ns = side_fork(), side = 0;
@@ -707,9 +700,9 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     if (dy.dt != x.dt)
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);
-    if (grouped_wgmma_on() && wgmma_grouped_backward_weight(dw, dy, x, offs, accumulate)) return;
+    if (grouped_wgmma_on() && wgmma_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate)) return;
     if (!accumulate) cuda_zero(dw); // the paths below add
-    if (padded_grouped(PAD_BACKWARD_WEIGHT, dw, dy, x, offs, E, N, K)) return;
+    if (padded_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, E, N, K)) return;
     grouped_reset(E);
     for (int64_t e = 0; e < E; e++) // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing
         if (offs[e + 1] > offs[e])

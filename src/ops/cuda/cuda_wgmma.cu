@@ -216,13 +216,10 @@ static void wgmma_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUt
     wg_launch(wgmma_grouped_kernel<KIND, BN>, &attr, ntiles, *ma, *mb, *mo, out, *gt, ntiles, (int)accumulate);
 }
 
-// One expert product on the wgmma kernels: kind WG_FORWARD (out y (R, N), a x (R, K), b w), WG_INPUT_GRAD
-// (out dx (R, K), a dy (R, N), b w) or WG_WEIGHT_GRAD (out dw (E, N, K) fp32 (+)=, a dy (R, N), b x (R, K);
-// accumulate false: written, the empty experts' zeroed).
-// False when the inputs do not fit (not a Hopper GPU, dtypes, N or K not multiples of 64, more than 256
-// experts, unaligned pointers, sizes past int), and the caller runs another path.
-static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w, const int64_t *offs,
-                              bool accumulate) {
+// One expert product (cuda_common.cuh). Not fitting: not a Hopper GPU, dtypes, N or K not multiples of 64, more than
+// 256 experts, unaligned pointers, sizes past int.
+bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate) {
+    Tensor w = kind == WG_WEIGHT_GRAD ? out : b; // (E, N, K)
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     if (a.dt != DT_BF16 || b.dt != DT_BF16 || out.dt != (kind == WG_WEIGHT_GRAD ? DT_F32 : DT_BF16)) return false;
     if (E < 1 || E > WG_MAX_E || N % WG_BK || K % WG_BK || E * N > 0x7fffffff || K > 0x7fffffff) return false;
@@ -258,13 +255,4 @@ static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w
     return true;
 }
 
-bool wgmma_grouped_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) {
-    return wgmma_grouped_run(WG_FORWARD, y, x, w, w, offs, false);
-}
-bool wgmma_grouped_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
-    return wgmma_grouped_run(WG_INPUT_GRAD, dx, dy, w, w, offs, false);
-}
-bool wgmma_grouped_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
-    return wgmma_grouped_run(WG_WEIGHT_GRAD, dw, dy, x, dw, offs, accumulate);
-}
 int64_t wgmma_grouped_calls(void) { return wgmma_calls; }

@@ -83,8 +83,7 @@ template <int N> static __device__ __forceinline__ void fence_regs(float *d) {
 }
 
 // ---- the persistent tile list (cuda_wgmma.cu's kernels and cuda_wgmma_fp8.cu's) ----
-// Kinds of product; experts at most; a tile's output rows.
-enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
+// Experts at most; a tile's output rows (the kinds of product: cuda_common.cuh).
 #define WG_MAX_E 256
 #define WG_BM 128
 
