@@ -9,7 +9,7 @@
 #include "ops/cuda/cuda_common.cuh"
 
 extern "C" {
-#include "base/half.h"
+#include "ops/cpu/cpu_ops.h" // cpu_copy: the host side of a copy that crosses devices and dtypes
 }
 
 #define ELEM_THREADS 256
@@ -308,15 +308,6 @@ template <typename T> __global__ void sum_squares_kernel(double *out, const T *x
     if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-// fp32 ↔ bf16 on the host, for copies that cross devices and dtypes (base/half.h's rounding, as cpu_copy).
-static void host_convert(void *dst, DType ddt, const void *src, DType sdt, int64_t n) {
-    if (ddt == DT_BF16 && sdt == DT_F32)
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = f32_to_bf16(((const float *)src)[i]);
-    else if (ddt == DT_F32 && sdt == DT_BF16)
-        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = bf16_to_f32(((const uint16_t *)src)[i]);
-    else die("copy: no conversion from %s to %s", dtype_name(sdt), dtype_name(ddt));
-}
-
 // A device flag's value, read back (a sync), and the flag cleared.
 template <typename T> static T take_flag(T &flag) {
     T v = 0, zero = 0;
@@ -426,17 +417,14 @@ void cuda_copy(Tensor dst, Tensor src) {
         return;
     }
     if (dd) return elementwise<EL_COPY>(dst, src, 0.0f, "copy");
-    void *tmp = xmalloc((size_t)n * dtype_size(dst.dev == DEV_CUDA ? dst.dt : src.dt));
-    if (dst.dev == DEV_CUDA) { // host src → convert on the host → device dst
-        host_convert(tmp, dst.dt, src.p, src.dt, n);
-        CUDA_CHECK(cudaMemcpyAsync(dst.p, tmp, tensor_bytes(dst), cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
-    } else { // device src → host → convert into host dst
-        CUDA_CHECK(cudaMemcpyAsync(tmp, src.p, tensor_bytes(src), cudaMemcpyDeviceToHost, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
-        host_convert(dst.p, dst.dt, tmp, src.dt, n);
-    }
-    free(tmp);
+    Tensor h = dst.dev == DEV_CUDA ? dst : src; // the device side's contents on the host, converted there
+    h.dev = DEV_CPU, h.p = xmalloc(tensor_bytes(h));
+    if (dst.dev == DEV_CUDA) cpu_copy(h, src);
+    CUDA_CHECK(dst.dev == DEV_CUDA ? cudaMemcpyAsync(dst.p, h.p, tensor_bytes(h), cudaMemcpyHostToDevice, s)
+                                   : cudaMemcpyAsync(h.p, src.p, tensor_bytes(h), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    if (src.dev == DEV_CUDA) cpu_copy(dst, h);
+    free(h.p);
 }
 
 double cuda_sum_squares(Tensor x) {
