@@ -217,11 +217,9 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
     wgmma_scale_map(&msa, xs, K / W8_BK, R, lds, 132); // 128 rows from a 16-byte boundary: 132
     wgmma_scale_map(&msb, ws, E * N / W8_BN, ldws, ldws, 4);
     static W8Blocks none; // (the forward reads no token blocks)
-    if (f32)
-        w8_launch<WG_FORWARD, float>(&ma, &mb, &mo, &msa, &msb, (float *)y.p, NULL, NULL, false, &gt, &none,
-                                     (int)ntiles);
-    else
-        w8_launch<WG_FORWARD, bf16>(&ma, &mb, &mo, &msa, &msb, (bf16 *)y.p, NULL, NULL, false, &gt, &none, (int)ntiles);
+    DT_SWITCH(
+        y.dt, TO, "fp8_grouped_linear",
+        w8_launch<WG_FORWARD, TO>(&ma, &mb, &mo, &msa, &msb, (TO *)y.p, NULL, NULL, false, &gt, &none, (int)ntiles));
     return true;
 }
 
