@@ -214,13 +214,12 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
     if (KIND == WG_WEIGHT_GRAD && row0 >= gt.N) return; // the rows past dw_e's last (N a multiple of 64, not 128)
     if (KIND == WG_WEIGHT_GRAD || row0 + 64 <= end) {
         if (tid == 0) {
+            int orow = KIND == WG_WEIGHT_GRAD ? ti.e * gt.N + row0 : row0; // dw's rows: expert e's from e·N
 #pragma unroll
             for (int b = 0; b < BN / COLS; b++) {
                 if (KIND == WG_WEIGHT_GRAD && accumulate)
-                    tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
-                else if (KIND == WG_WEIGHT_GRAD)
-                    tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
-                else tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, row0);
+                    tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, orow);
+                else tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, orow);
             }
             bulk_commit();
         }
