@@ -236,6 +236,17 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+// Stream compaction over a block of NT threads: this thread's rank among those with hit (in thread order), and in
+// *count how many have it. warp_n: NT/32 shared ints, rewritten by the next call (a __syncthreads between).
+template <int NT> __device__ __forceinline__ int block_rank(bool hit, int *warp_n, int *count) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, before = 0;
+    unsigned mask = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) warp_n[warp] = __popc(mask);
+    __syncthreads();
+    *count = 0;
+    for (int w = 0; w < NT / 32; w++) before += w < warp ? warp_n[w] : 0, *count += warp_n[w];
+    return before + __popc(mask & ((1u << lane) - 1));
+}
 // Sum over a block of blockDim.x (a multiple of 32, ≤ 1024) threads; the result is valid in every thread.
 template <typename V> __device__ V block_sum(V v, V *shared32) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;

@@ -57,7 +57,6 @@ __global__ void embedding_backward_kernel(float *dtable, const T *dh, const int3
         int64_t u = u0 + threadIdx.x;
         if (__syncthreads_or(u < t && tokens[u] == v)) return; // an earlier position's block adds this row
     }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float *out = dtable + (int64_t)v * H;
     for (int64_t c0 = 0; c0 < H; c0 += EMB_THREADS * EMB_COLS) {
         float acc[EMB_COLS];
@@ -69,12 +68,8 @@ __global__ void embedding_backward_kernel(float *dtable, const T *dh, const int3
         for (int64_t u0 = t; u0 < T_; u0 += EMB_THREADS) {
             int64_t u = u0 + threadIdx.x;
             bool m = u < T_ && tokens[u] == v;
-            unsigned mask = __ballot_sync(0xffffffffu, m);
-            if (lane == 0) warp_n[warp] = __popc(mask);
-            __syncthreads();
-            int before = 0, n = 0;
-            for (int w = 0; w < EMB_THREADS / 32; w++) before += w < warp ? warp_n[w] : 0, n += warp_n[w];
-            if (m) hit[before + __popc(mask & ((1u << lane) - 1))] = (int32_t)(u - t);
+            int n, at = block_rank<EMB_THREADS>(m, warp_n, &n);
+            if (m) hit[at] = (int32_t)(u - t);
             __syncthreads();
             for (int i = 0; i < n; i++) {
                 const T *row = dh + (t + hit[i]) * H;

@@ -188,12 +188,8 @@ __global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx
     for (int64_t i0 = 0; i0 < n; i0 += MOE_SORT_THREADS) {
         int64_t i = i0 + threadIdx.x;
         bool hit = i < n && idx[i] == e;
-        unsigned mask = __ballot_sync(0xffffffffu, hit);
-        if (lane == 0) warp_n[warp] = __popc(mask);
-        __syncthreads();
-        int before = 0, total = 0;
-        for (int w = 0; w < MOE_SORT_THREADS / 32; w++) before += w < warp ? warp_n[w] : 0, total += warp_n[w];
-        if (hit) perm[pos + before + __popc(mask & ((1u << lane) - 1))] = (int32_t)i;
+        int total, at = block_rank<MOE_SORT_THREADS>(hit, warp_n, &total);
+        if (hit) perm[pos + at] = (int32_t)i;
         pos += total;
         __syncthreads(); // warp_n is rewritten by the next chunk
     }
