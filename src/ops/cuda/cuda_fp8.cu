@@ -110,11 +110,7 @@ __device__ __forceinline__ void ld8(const bf16 *p, int64_t n, bool vec, Pack8<bf
     }
 }
 __device__ __forceinline__ void ld8(const float *p, int64_t n, bool vec, Pack8<float> &v) {
-    if (vec && n >= 8) {
-        float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
-        v.f[0] = a.x, v.f[1] = a.y, v.f[2] = a.z, v.f[3] = a.w, v.f[4] = b.x, v.f[5] = b.y, v.f[6] = b.z, v.f[7] = b.w;
-        return;
-    }
+    if (vec && n >= 8) return ld8(p, v.f); // (cuda_common.cuh's)
 #pragma unroll
     for (int i = 0; i < 8; i++) v.f[i] = i < n ? p[i] : 0.0f;
 }
