@@ -12,6 +12,13 @@
 
 static const Tensor NONE = {0};
 
+// Whether call (a cuda_* op that returns whether it ran) ran: only for tensors on the GPU of a CUDA build.
+#ifdef PITH_CUDA
+#define RAN_ON_CUDA(dev, call) ((dev) == DEV_CUDA && (call))
+#else
+#define RAN_ON_CUDA(dev, call) false
+#endif
+
 // Two scratch buffers per device for the rounded operands, grown to their largest use (the first step) and kept;
 // like the GPU op scratch they are outside the memory plan. Growing a device buffer frees the old one, which
 // waits for the queued work that reads it.
@@ -104,44 +111,32 @@ bool op_fp8_tensor_cores(Device dev, int64_t E, int64_t N, int64_t K) {
 }
 
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) {
-#ifdef PITH_CUDA
-    if (x.dev == DEV_CUDA && cuda_fp8_linear_forward(y, x, w8)) return;
-#endif
+    if (RAN_ON_CUDA(x.dev, cuda_fp8_linear_forward(y, x, w8))) return;
     op_linear_forward(y, rounded(0, x, FP8_ROWS, NULL, 0), weight_values(w8, x.dt), NONE);
 }
 
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) {
-#ifdef PITH_CUDA
-    if (dy.dev == DEV_CUDA && cuda_fp8_linear_backward_input(dx, dy, w8, accumulate)) return;
-#endif
+    if (RAN_ON_CUDA(dy.dev, cuda_fp8_linear_backward_input(dx, dy, w8, accumulate))) return;
     op_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NULL, 0), weight_values(w8, dy.dt), accumulate);
 }
 
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
-#ifdef PITH_CUDA
-    if (x.dev == DEV_CUDA && cuda_fp8_linear_backward_weight(dw, dy, x)) return;
-#endif
+    if (RAN_ON_CUDA(x.dev, cuda_fp8_linear_backward_weight(dw, dy, x))) return;
     op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NULL, 0), rounded(1, x, FP8_TILES, NULL, 0));
 }
 
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs) {
-#ifdef PITH_CUDA
-    if (x.dev == DEV_CUDA && cuda_fp8_grouped_linear(y, x, w8, offs, false)) return;
-#endif
+    if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear(y, x, w8, offs, false))) return;
     op_grouped_linear_forward(y, rounded(0, x, FP8_ROWS, NULL, 0), weight_values(w8, x.dt), NONE, offs);
 }
 
 void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, const int64_t *offs) {
-#ifdef PITH_CUDA
-    if (dy.dev == DEV_CUDA && cuda_fp8_grouped_linear(dx, dy, w8, offs, true)) return;
-#endif
+    if (RAN_ON_CUDA(dy.dev, cuda_fp8_grouped_linear(dx, dy, w8, offs, true))) return;
     op_grouped_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NULL, 0), weight_values(w8, dy.dt), offs);
 }
 
 void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
-#ifdef PITH_CUDA
-    if (x.dev == DEV_CUDA && cuda_fp8_grouped_linear_backward_weight(dw, dy, x, offs, accumulate)) return;
-#endif
+    if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear_backward_weight(dw, dy, x, offs, accumulate))) return;
     int E = (int)dw.n[0];
     op_grouped_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, offs, E), rounded(1, x, FP8_COLS, offs, E),
                                       offs, accumulate);

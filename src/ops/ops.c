@@ -7,20 +7,18 @@
 #include "ops/cuda/cuda_ops.h"
 // cuda_<name> args on a GPU, else cpu_<name> args: an expression of their type (void included).
 #define DISPATCH_CALL(dev, name, args) ((dev) == DEV_CUDA ? cuda_##name args : cpu_##name args)
-bool ops_cuda_available(void) { return cuda_device_count() > 0; }
-size_t ops_cuda_pool_bytes(void) { return cuda_pool_bytes(); }
-size_t ops_cuda_peak_bytes(void) { return cuda_mem_peak_bytes(); }
-void ops_sync(void) {
-    if (ops_cuda_available()) cuda_sync();
-}
+#define CUDA_OR(cuda, none) (cuda) // the value with the CUDA backend, and without it
 #else
 #define DISPATCH_CALL(dev, name, args) ((dev) == DEV_CUDA ? no_cuda() : (void)0, cpu_##name args)
+#define CUDA_OR(cuda, none) (none)
 static void no_cuda(void) { die("a GPU tensor reached the op layer, but this build has no CUDA backend"); }
-bool ops_cuda_available(void) { return false; }
-size_t ops_cuda_pool_bytes(void) { return 0; }
-size_t ops_cuda_peak_bytes(void) { return 0; }
-void ops_sync(void) {}
 #endif
+bool ops_cuda_available(void) { return CUDA_OR(cuda_device_count() > 0, false); }
+size_t ops_cuda_pool_bytes(void) { return CUDA_OR(cuda_pool_bytes(), 0); }
+size_t ops_cuda_peak_bytes(void) { return CUDA_OR(cuda_mem_peak_bytes(), 0); }
+void ops_sync(void) {
+    if (ops_cuda_available()) CUDA_OR(cuda_sync(), (void)0);
+}
 
 // The ops of ops_list.h: each runs cuda_<name> or cpu_<name> by its device expression (OP_RETURN_<ret>: `return`
 // where the op returns a value); the OP_OWN ones are written out below.

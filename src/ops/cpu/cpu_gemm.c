@@ -67,8 +67,7 @@ void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
     CPU_F32(w);
     int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w);
     CHECK(t_cols(w) == K && t_rows(y) == M && t_cols(y) == N);
-    Gemm g = dense(false, true, M, N, K, 1, F(x), F(w), 0, F(y));
-    gemm_run(&g, 1);
+    gemm_run((Gemm[]){dense(false, true, M, N, K, 1, F(x), F(w), 0, F(y))}, 1);
     if (b.p) cpu_linear_bias_forward(y, b, NULL);
 }
 
@@ -105,40 +104,44 @@ void cpu_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool ac
 void cpu_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
     int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(w);
     CHECK(t_rows(w) == N && t_rows(dx) == M && t_cols(dx) == K);
-    Gemm g = dense(false, false, M, K, N, 1, F(dy), F(w), accumulate ? 1 : 0, F(dx));
-    gemm_run(&g, 1);
+    gemm_run((Gemm[]){dense(false, false, M, K, N, 1, F(dy), F(w), accumulate ? 1 : 0, F(dx))}, 1);
 }
 
 void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(x);
     CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K);
-    Gemm g = dense(true, false, N, K, M, 1, F(dy), F(x), 1, F(dw));
-    gemm_run(&g, 1);
+    gemm_run((Gemm[]){dense(true, false, N, K, M, 1, F(dy), F(x), 1, F(dw))}, 1);
     if (db.p) cpu_linear_bias_backward(db, dy, NULL, true);
+}
+
+// One product per expert e (its rows offs[e]..offs[e+1] of the activations), run together: kind 0 the forward
+// out y_e = a x_e · b w_eᵀ, 1 the input gradient dx_e = dy_e · w_e, 2 the weight gradient dw_e += dy_eᵀ · x_e (b x).
+static void experts_run(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, int64_t E, int64_t N,
+                        int64_t K) {
+    Gemm *g = xmalloc(E * sizeof(Gemm));
+    for (int64_t e = 0; e < E; e++) {
+        int64_t M = offs[e + 1] - offs[e];
+        const float *A = F(a) + offs[e] * (kind == 0 ? K : N), *W = F(b) + e * N * K;
+        g[e] = kind == 0   ? dense(false, true, M, N, K, 1, A, W, 0, F(out) + offs[e] * N)
+               : kind == 1 ? dense(false, false, M, K, N, 1, A, W, 0, F(out) + offs[e] * K)
+                           : dense(true, false, N, K, M, 1, A, F(b) + offs[e] * K, 1, F(out) + e * N * K);
+    }
+    gemm_run(g, E);
+    free(g);
 }
 
 void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     CHECK(t_cols(x) == K && t_cols(y) == N && offs[E] <= t_rows(x));
     CHECK(!b.p || tensor_numel(b) == E * N);
-    Gemm *g = xmalloc(E * sizeof(Gemm));
-    for (int64_t e = 0; e < E; e++)
-        g[e] = dense(false, true, offs[e + 1] - offs[e], N, K, 1, F(x) + offs[e] * K, F(w) + e * N * K, 0,
-                     F(y) + offs[e] * N);
-    gemm_run(g, E);
-    free(g);
+    experts_run(0, y, x, w, offs, E, N, K);
     if (b.p) cpu_linear_bias_forward(y, b, offs);
 }
 
 void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     CHECK(t_cols(dx) == K && t_cols(dy) == N);
-    Gemm *g = xmalloc(E * sizeof(Gemm));
-    for (int64_t e = 0; e < E; e++)
-        g[e] = dense(false, false, offs[e + 1] - offs[e], K, N, 1, F(dy) + offs[e] * N, F(w) + e * N * K, 0,
-                     F(dx) + offs[e] * K);
-    gemm_run(g, E);
-    free(g);
+    experts_run(1, dx, dy, w, offs, E, N, K);
 }
 
 void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
@@ -147,11 +150,6 @@ void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor 
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     CHECK(!db.p || tensor_numel(db) == E * N);
     if (!accumulate) memset(dw.p, 0, (size_t)E * N * K * sizeof(float)); // written: the sums below start from zero
-    Gemm *g = xmalloc(E * sizeof(Gemm));
-    for (int64_t e = 0; e < E; e++)
-        g[e] = dense(true, false, N, K, offs[e + 1] - offs[e], 1, F(dy) + offs[e] * N, F(x) + offs[e] * K, 1,
-                     F(dw) + e * N * K);
-    gemm_run(g, E);
-    free(g);
+    experts_run(2, dw, dy, x, offs, E, N, K);
     if (db.p) cpu_linear_bias_backward(db, dy, offs, accumulate);
 }

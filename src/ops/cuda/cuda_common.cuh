@@ -74,8 +74,30 @@ extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradi
 int colsum_groups(int64_t R, int64_t N);
 float *colsum_part(int64_t N, int G, const char *what);
 void colsum_finish(float *out, const float *part, int G, int64_t N);
+// The body of a column-sum kernel: a block of 32 columns × 8 row lanes, grid (⌈N/32⌉, G); part[g·N + j] (TA: fp32 or
+// fp64) = Σ of f(i, j) over the rows i of group g (lane-strided), lane 0 adding the 8 lanes' sums in order.
+template <typename TA, typename Fn> __device__ __forceinline__ void colsum_block(TA *part, int64_t R, int64_t N, Fn f) {
+    __shared__ TA sm[8][33];
+    int64_t j = blockIdx.x * 32 + threadIdx.x;
+    TA s = 0;
+    if (j < N)
+        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < R; i += (int64_t)gridDim.y * 8) s += f(i, j);
+    sm[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < N) {
+        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
+        part[blockIdx.y * N + j] = s;
+    }
+}
 
 // ---- functions shared between the .cu files ----
+// The expert products (kinds): forward y = x_e·w_eᵀ, input gradient dx = dy_e·w_e, weight gradient dw_e (+)= dy_eᵀ·x_e.
+enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
+// One on the wgmma kernels (cuda_wgmma.cu): out y or dx (R, ·), a x or dy (R, ·), b w (E, N, K); or for the weight
+// gradient out dw (E, N, K) fp32, a dy, b x (accumulate false: written, the empty experts' zeroed). False when they do
+// not fit, and the caller runs another path; wgmma_grouped_calls counts those that ran.
+bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate);
+int64_t wgmma_grouped_calls(void);
 // cuDNN's fused attention (cuda_cudnn.cu), causal, in a sliding window of `window` keys when > 0; false when
 // not built with cuDNN, not this variant, or no plan.
 bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window);
@@ -144,6 +166,17 @@ template <int V, typename T> __device__ __forceinline__ void stv(T *p, const flo
             __VA_ARGS__;                                                                                               \
         }                                                                                                              \
     } while (0)
+// Runs BODY with NAME a constexpr bool of cond's value: a kernel's compile-time flag from a runtime test.
+#define BOOL_SWITCH(cond, NAME, ...)                                                                                   \
+    do {                                                                                                               \
+        if (cond) {                                                                                                    \
+            constexpr bool NAME = true;                                                                                \
+            __VA_ARGS__;                                                                                               \
+        } else {                                                                                                       \
+            constexpr bool NAME = false;                                                                               \
+            __VA_ARGS__;                                                                                               \
+        }                                                                                                              \
+    } while (0)
 // Warp-per-row kernels: ROWS_PER_BLOCK warps of a block take as many rows (launch row_grid(R) blocks of ROW_BLOCK).
 #define ROWS_PER_BLOCK 8
 static inline dim3 row_grid(int64_t R) { return dim3((unsigned)((R + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK)); }
@@ -206,6 +239,17 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+// Stream compaction over a block of NT threads: this thread's rank among those with hit (in thread order), and in
+// *count how many have it. warp_n: NT/32 shared ints, rewritten by the next call (a __syncthreads between).
+template <int NT> __device__ __forceinline__ int block_rank(bool hit, int *warp_n, int *count) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, before = 0;
+    unsigned mask = __ballot_sync(0xffffffffu, hit);
+    if (lane == 0) warp_n[warp] = __popc(mask);
+    __syncthreads();
+    *count = 0;
+    for (int w = 0; w < NT / 32; w++) before += w < warp ? warp_n[w] : 0, *count += warp_n[w];
+    return before + __popc(mask & ((1u << lane) - 1));
+}
 // Sum over a block of blockDim.x (a multiple of 32, ≤ 1024) threads; the result is valid in every thread.
 template <typename V> __device__ V block_sum(V v, V *shared32) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
@@ -215,13 +259,4 @@ template <typename V> __device__ V block_sum(V v, V *shared32) {
     __syncthreads();
     V s = lane < nw ? shared32[lane] : (V)0;
     return warp_sum(s);
-}
-__device__ __forceinline__ float block_max(float v, float *shared32) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) shared32[warp] = v;
-    __syncthreads();
-    float s = lane < nw ? shared32[lane] : -INFINITY;
-    return warp_max(s);
 }

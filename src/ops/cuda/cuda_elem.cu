@@ -1,8 +1,5 @@
 // cuda_elem.cu — embedding, cross-entropy, elementwise helpers, copies across devices and dtypes, the
-// squared-norm reduction and AdamW. Math as in ops/cpu/cpu_elem.c:
-//   CE_r = lse(logits_r) − logits_r[label]; ∂CE_r/∂logits_r = softmax(logits_r) − onehot(label).
-//   AdamW (torch.optim.AdamW, single-tensor): p *= 1 − lr·wd; m += (1 − b1)(g − m); v = b2·v + (1 − b2)·g²;
-//   p −= lr/(1 − b1^t) · m / (sqrt(v)/sqrt(1 − b2^t) + eps).
+// squared-norm reduction and AdamW. Math as in ops/cpu/cpu_elem.c (and ops_list.h).
 // Shapes: embedding table (V, H), tokens (T) int32, h (T, H); CE logits (R, V) fp32 in place, labels (R)
 // int32, loss_sum (1) fp64; AdamW p, g flat fp32, m, v flat fp32 or bf16.
 // Cross-entropy splits each row into slices of CE_SLICE logits so that a chunk of a few rows still fills
@@ -10,6 +7,10 @@
 // row's slices into its lse and overwrites the slice with the gradient; logits are read twice, written
 // once; pass 3 adds the rows' losses to loss_sum in a fixed order. Elementwise kernels move 16-byte vectors where sizes and alignment allow.
 #include "ops/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "ops/cpu/cpu_ops.h" // cpu_copy: the host side of a copy that crosses devices and dtypes
+}
 
 #define ELEM_THREADS 256
 
@@ -56,7 +57,6 @@ __global__ void embedding_backward_kernel(float *dtable, const T *dh, const int3
         int64_t u = u0 + threadIdx.x;
         if (__syncthreads_or(u < t && tokens[u] == v)) return; // an earlier position's block adds this row
     }
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float *out = dtable + (int64_t)v * H;
     for (int64_t c0 = 0; c0 < H; c0 += EMB_THREADS * EMB_COLS) {
         float acc[EMB_COLS];
@@ -68,12 +68,8 @@ __global__ void embedding_backward_kernel(float *dtable, const T *dh, const int3
         for (int64_t u0 = t; u0 < T_; u0 += EMB_THREADS) {
             int64_t u = u0 + threadIdx.x;
             bool m = u < T_ && tokens[u] == v;
-            unsigned mask = __ballot_sync(0xffffffffu, m);
-            if (lane == 0) warp_n[warp] = __popc(mask);
-            __syncthreads();
-            int before = 0, n = 0;
-            for (int w = 0; w < EMB_THREADS / 32; w++) before += w < warp ? warp_n[w] : 0, n += warp_n[w];
-            if (m) hit[before + __popc(mask & ((1u << lane) - 1))] = (int32_t)(u - t);
+            int n, at = block_rank<EMB_THREADS>(m, warp_n, &n);
+            if (m) hit[at] = (int32_t)(u - t);
             __syncthreads();
             for (int i = 0; i < n; i++) {
                 const T *row = dh + (t + hit[i]) * H;
@@ -187,50 +183,37 @@ __global__ void cross_entropy_sum_kernel(double *loss_sum, const double *row_los
     if (threadIdx.x == 0) *loss_sum += s;
 }
 
-// The flat elementwise kernels run over n elements in 8-element (AdamW: 4-element) vectors when the launcher
-// found every pointer 16-byte aligned (vec), then the last n % 8 one by one; unaligned views (a tensor at an
-// odd offset of a flat parameter buffer) run element by element. One kernel serves both.
-template <typename TD, typename TS> __global__ void copy_convert_kernel(TD *dst, const TS *src, int64_t n, bool vec) {
+// The flat elementwise ops over n elements, dst ← src (EL_COPY, converting dtype), dst + src (EL_ADD) or dst·s
+// (EL_SCALE, src unread): 8-element vectors when the launcher found every pointer 16-byte aligned (vec), then the last
+// n % 8 one by one; unaligned views (a tensor at an odd offset of a flat parameter buffer) run element by element.
+enum { EL_COPY, EL_ADD, EL_SCALE };
+template <int OP> __device__ __forceinline__ float el_op(float d, float x, float s) {
+    return OP == EL_COPY ? x : OP == EL_ADD ? d + x : d * s;
+}
+template <int OP, typename TD, typename TS>
+__global__ void elementwise_kernel(TD *dst, const TS *src, float s, int64_t n, bool vec) {
     int64_t n8 = vec ? n / 8 : 0;
     GRID_STRIDE(i, n8) {
-        float v[8];
-        ld8(src + i * 8, v);
-        st8(dst + i * 8, v);
+        float a[8] = {0}, b[8] = {0};
+        if (OP != EL_COPY) ld8(dst + i * 8, a);
+        if (OP != EL_SCALE) ld8(src + i * 8, b);
+#pragma unroll
+        for (int q = 0; q < 8; q++) a[q] = el_op<OP>(a[q], b[q], s);
+        st8(dst + i * 8, a);
     }
-    GRID_STRIDE(i, n - n8 * 8) st(dst, n8 * 8 + i, ld(src, n8 * 8 + i));
+    GRID_STRIDE(i, n - n8 * 8) {
+        int64_t j = n8 * 8 + i;
+        st(dst, j, el_op<OP>(OP == EL_COPY ? 0.0f : ld(dst, j), OP == EL_SCALE ? 0.0f : ld(src, j), s));
+    }
 }
 // dst[r·Cd + c] (+)= src[r·Cs + c] for c < n (pointers already at the slices' first columns).
 template <typename TD, typename TS>
 __global__ void copy_cols_kernel(TD *dst, int64_t Cd, const TS *src, int64_t Cs, int64_t R, int64_t n, bool acc) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < R * n; i += (int64_t)gridDim.x * blockDim.x) {
+    GRID_STRIDE(i, R * n) {
         int64_t r = i / n, c = i % n;
         float v = ld(src, r * Cs + c);
         st(dst, r * Cd + c, acc ? ld(dst, r * Cd + c) + v : v);
     }
-}
-
-template <typename TY, typename TX> __global__ void add_kernel(TY *y, const TX *x, int64_t n, bool vec) {
-    int64_t n8 = vec ? n / 8 : 0;
-    GRID_STRIDE(i, n8) {
-        float a[8], b[8];
-        ld8(y + i * 8, a);
-        ld8(x + i * 8, b);
-#pragma unroll
-        for (int q = 0; q < 8; q++) a[q] += b[q];
-        st8(y + i * 8, a);
-    }
-    GRID_STRIDE(i, n - n8 * 8) st(y, n8 * 8 + i, ld(y, n8 * 8 + i) + ld(x, n8 * 8 + i));
-}
-template <typename T> __global__ void scale_kernel(T *x, float s, int64_t n, bool vec) {
-    int64_t n8 = vec ? n / 8 : 0;
-    GRID_STRIDE(i, n8) {
-        float a[8];
-        ld8(x + i * 8, a);
-#pragma unroll
-        for (int q = 0; q < 8; q++) a[q] *= s;
-        st8(x + i * 8, a);
-    }
-    GRID_STRIDE(i, n - n8 * 8) st(x, n8 * 8 + i, ld(x, n8 * 8 + i) * s);
 }
 // AdamW of one parameter (the update of ops/cpu/cpu_elem.c).
 __device__ __forceinline__ void adamw_one(float &p, float g, float &m, float &v, float b1, float b2, float eps,
@@ -290,22 +273,6 @@ __global__ void adamw_kernel(float *p, const float *g, TM *m, TM *v, TW *w, int6
     }
     if (bad) adamw_bad = 1;
 }
-template <typename TM>
-static void adamw_launch(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, int64_t n, float gscale, float b1, float b2,
-                         float eps, float step, float bc2, float decay) {
-    bool vec = aligned16(p.p, g.p, m.p, v.p) && (!w.p || aligned16(w.p));
-    unsigned grid = grid_for(vec ? n / 4 : n, ELEM_THREADS);
-    if (w.p && w.dt == DT_BF16)
-        adamw_kernel<TM, bf16><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (TM *)m.p,
-                                                                         (TM *)v.p, (bf16 *)w.p, n, vec, gscale, b1, b2,
-                                                                         eps, step, bc2, decay);
-    else {
-        if (w.p) IS_F32(w, "adamw");
-        adamw_kernel<TM, float><<<grid, ELEM_THREADS, 0, cuda_stream()>>>((float *)p.p, (const float *)g.p, (TM *)m.p,
-                                                                          (TM *)v.p, (float *)w.p, n, vec, gscale, b1,
-                                                                          b2, eps, step, bc2, decay);
-    }
-}
 
 // Σ x² in fp64, one partial per block into out[block] (the host adds them in block order: the same bits in every
 // run); fp32 in float4 loads when vec (16-byte aligned), four
@@ -336,26 +303,26 @@ template <typename T> __global__ void sum_squares_kernel(double *out, const T *x
     if (threadIdx.x == 0) out[blockIdx.x] = s;
 }
 
-// ---- host-side dtype conversion (for copies that cross devices and dtypes) ----
-static uint16_t host_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); // NaN stays a quiet NaN
-    u += 0x7fffu + ((u >> 16) & 1);                                           // round to nearest even
-    return (uint16_t)(u >> 16);
+// A device flag's value, read back (a sync), and the flag cleared.
+template <typename T> static T take_flag(T &flag) {
+    T v = 0, zero = 0;
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&v, flag, sizeof v, 0, cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaMemcpyToSymbolAsync(flag, &zero, sizeof zero, 0, cudaMemcpyHostToDevice, cuda_stream()));
+    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    return v;
 }
-static float host_bf16_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static void host_convert(void *dst, DType ddt, const void *src, DType sdt, int64_t n) {
-    if (ddt == DT_BF16 && sdt == DT_F32)
-        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = host_f32_to_bf16(((const float *)src)[i]);
-    else if (ddt == DT_F32 && sdt == DT_BF16)
-        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = host_bf16_to_f32(((const uint16_t *)src)[i]);
-    else die("copy: no conversion from %s to %s", dtype_name(sdt), dtype_name(ddt));
+
+template <int OP> static void elementwise(Tensor dst, Tensor src, float s, const char *what) {
+    int64_t n = tensor_numel(dst);
+    CHECK(tensor_numel(src) == n);
+    if (!n) return;
+    bool vec = aligned16(dst.p, src.p);
+    DT_SWITCH(dst.dt, TD, what,
+              DT_SWITCH(src.dt, TS, what,
+                        elementwise_kernel<OP, TD, TS>
+                        <<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                            (TD *)dst.p, (const TS *)src.p, s, n, vec)));
+    CUDA_LAUNCH_CHECK();
 }
 
 extern "C" {
@@ -386,10 +353,7 @@ void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
 }
 
 int64_t cuda_embedding_bad_id(void) {
-    unsigned long long bad = 0, zero = 0;
-    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&bad, embedding_bad, sizeof bad, 0, cudaMemcpyDeviceToHost, cuda_stream()));
-    CUDA_CHECK(cudaMemcpyToSymbolAsync(embedding_bad, &zero, sizeof zero, 0, cudaMemcpyHostToDevice, cuda_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    unsigned long long bad = take_flag(embedding_bad);
     return bad ? (int64_t)(int32_t)(uint32_t)bad : -1;
 }
 
@@ -410,17 +374,13 @@ void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, Tensor ro
     const int32_t *lab = (const int32_t *)labels.p;
     DT_SWITCH(logits.dt, T, "cross_entropy", {
         T *l = (T *)logits.p;
-        if (vec8_fits(V, l)) { // one kernel source; the scalar instance serves ragged vocabularies (50257, 3001)
-            cross_entropy_partial_kernel<T, true><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
+        // one kernel source; the scalar instance serves ragged vocabularies (50257, 3001)
+        BOOL_SWITCH(vec8_fits(V, l), VEC, {
+            cross_entropy_partial_kernel<T, VEC><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
             CUDA_LAUNCH_CHECK();
-            cross_entropy_grad_kernel<T, true>
+            cross_entropy_grad_kernel<T, VEC>
                 <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, rows, V, ns, grad_scale);
-        } else {
-            cross_entropy_partial_kernel<T, false><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
-            CUDA_LAUNCH_CHECK();
-            cross_entropy_grad_kernel<T, false>
-                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, rows, V, ns, grad_scale);
-        }
+        });
     });
     CUDA_LAUNCH_CHECK();
     cross_entropy_sum_kernel<<<1, 1024, 0, cuda_stream()>>>((double *)loss_sum.p, rows, R);
@@ -431,27 +391,8 @@ void cuda_zero(Tensor x) {
     if (tensor_bytes(x)) CUDA_CHECK(cudaMemsetAsync(x.p, 0, tensor_bytes(x), cuda_stream()));
 }
 
-void cuda_add(Tensor y, Tensor x) {
-    int64_t n = tensor_numel(y);
-    CHECK(tensor_numel(x) == n);
-    if (!n) return;
-    bool vec = aligned16(y.p, x.p);
-    DT_SWITCH(y.dt, TY, "add",
-              DT_SWITCH(x.dt, TX, "add",
-                        add_kernel<TY, TX><<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
-                            (TY *)y.p, (const TX *)x.p, n, vec)));
-    CUDA_LAUNCH_CHECK();
-}
-
-void cuda_scale(Tensor x, float s) {
-    int64_t n = tensor_numel(x);
-    if (!n) return;
-    bool vec = aligned16(x.p);
-    DT_SWITCH(x.dt, T, "scale",
-              scale_kernel<T>
-              <<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>((T *)x.p, s, n, vec));
-    CUDA_LAUNCH_CHECK();
-}
+void cuda_add(Tensor y, Tensor x) { elementwise<EL_ADD>(y, x, 0.0f, "add"); }
+void cuda_scale(Tensor x, float s) { elementwise<EL_SCALE>(x, x, s, "scale"); }
 
 // Same shape; any direction between host and device. Dtype conversion fp32 ↔ bf16 on the device for
 // device → device copies, on the host otherwise. Copies that touch host memory wait for the stream, so the
@@ -470,27 +411,15 @@ void cuda_copy(Tensor dst, Tensor src) {
         if (!dd) CUDA_CHECK(cudaStreamSynchronize(s));
         return;
     }
-    if (dd) {
-        bool vec = aligned16(dst.p, src.p);
-        DT_SWITCH(dst.dt, TD, "copy",
-                  DT_SWITCH(src.dt, TS, "copy",
-                            copy_convert_kernel<TD, TS>
-                            <<<grid_for(vec ? n / 8 : n, ELEM_THREADS), ELEM_THREADS, 0, s>>>(
-                                (TD *)dst.p, (const TS *)src.p, n, vec)));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    void *tmp = xmalloc((size_t)n * dtype_size(dst.dev == DEV_CUDA ? dst.dt : src.dt));
-    if (dst.dev == DEV_CUDA) { // host src → convert on the host → device dst
-        host_convert(tmp, dst.dt, src.p, src.dt, n);
-        CUDA_CHECK(cudaMemcpyAsync(dst.p, tmp, tensor_bytes(dst), cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
-    } else { // device src → host → convert into host dst
-        CUDA_CHECK(cudaMemcpyAsync(tmp, src.p, tensor_bytes(src), cudaMemcpyDeviceToHost, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
-        host_convert(dst.p, dst.dt, tmp, src.dt, n);
-    }
-    free(tmp);
+    if (dd) return elementwise<EL_COPY>(dst, src, 0.0f, "copy");
+    Tensor h = dst.dev == DEV_CUDA ? dst : src; // the device side's contents on the host, converted there
+    h.dev = DEV_CPU, h.p = xmalloc(tensor_bytes(h));
+    if (dst.dev == DEV_CUDA) cpu_copy(h, src);
+    CUDA_CHECK(dst.dev == DEV_CUDA ? cudaMemcpyAsync(dst.p, h.p, tensor_bytes(h), cudaMemcpyHostToDevice, s)
+                                   : cudaMemcpyAsync(h.p, src.p, tensor_bytes(h), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    if (src.dev == DEV_CUDA) cpu_copy(dst, h);
+    free(h.p);
 }
 
 double cuda_sum_squares(Tensor x) {
@@ -519,20 +448,17 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, 
     CHECK(tensor_numel(g) == n && tensor_numel(m) == n && tensor_numel(v) == n);
     if (!n) return;
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
-    if (m.dt == DT_BF16) adamw_launch<bf16>(p, g, m, v, w, n, gscale, b1, b2, eps, step, bc2, decay);
-    else adamw_launch<float>(p, g, m, v, w, n, gscale, b1, b2, eps, step, bc2, decay);
+    bool vec = aligned16(p.p, g.p, m.p, v.p) && aligned16(w.p);
+    DT_SWITCH(m.dt, TM, "adamw",
+              DT_SWITCH(w.p ? w.dt : DT_F32, TW, "adamw", // (no compute copy: w NULL, typed fp32)
+                        adamw_kernel<TM, TW>
+                        <<<grid_for(vec ? n / 4 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                            (float *)p.p, (const float *)g.p, (TM *)m.p, (TM *)v.p, (TW *)w.p, n, vec, gscale, b1, b2,
+                            eps, step, bc2, decay)));
     CUDA_LAUNCH_CHECK();
 }
 
-bool cuda_adamw_nonfinite(void) {
-    CudaCtx *c = cuda_ctx();
-    const int zero = 0;
-    CUDA_CHECK(cudaMemcpyFromSymbolAsync(c->host_small, adamw_bad, sizeof(int), 0, cudaMemcpyDeviceToHost, c->compute));
-    CUDA_CHECK(cudaStreamSynchronize(c->compute));
-    int bad = *(int *)c->host_small;
-    if (bad) CUDA_CHECK(cudaMemcpyToSymbol(adamw_bad, &zero, sizeof zero));
-    return bad != 0;
-}
+bool cuda_adamw_nonfinite(void) { return take_flag(adamw_bad) != 0; }
 
 double cuda_read_scalar(Tensor x) {
     CudaCtx *c = cuda_ctx();

@@ -110,11 +110,7 @@ __device__ __forceinline__ void ld8(const bf16 *p, int64_t n, bool vec, Pack8<bf
     }
 }
 __device__ __forceinline__ void ld8(const float *p, int64_t n, bool vec, Pack8<float> &v) {
-    if (vec && n >= 8) {
-        float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
-        v.f[0] = a.x, v.f[1] = a.y, v.f[2] = a.z, v.f[3] = a.w, v.f[4] = b.x, v.f[5] = b.y, v.f[6] = b.z, v.f[7] = b.w;
-        return;
-    }
+    if (vec && n >= 8) return ld8(p, v.f); // (cuda_common.cuh's)
 #pragma unroll
     for (int i = 0; i < 8; i++) v.f[i] = i < n ? p[i] : 0.0f;
 }
@@ -151,56 +147,13 @@ __global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, F
     for (int64_t r = r0; in && r < r1; r++) st(y, r * C + c, fp8_value(ld(x, r * C + c), s, inv));
 }
 
-// FP8_ROWS: a warp per 1 × 128 block (lane i holds columns i, i + 32, i + 64, i + 96: coalesced), 8 warps a CTA.
-template <typename T>
-__global__ void fp8_round_rows_kernel(T *y, const T *x, int64_t C, int64_t nchunks, int64_t nblocks) {
-    int64_t blk = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5;
-    if (blk >= nblocks) return; // a whole warp: blk is the warp's
-    int64_t r = blk / nchunks, c0 = (blk % nchunks) * 128 + (threadIdx.x & 31);
-    float v[4], s = row_block_scale(x, C, r, c0, v), inv = 1.0f / s;
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-        if (c0 + 32 * i < C) st(y, r * C + c0 + 32 * i, fp8_value(v[i], s, inv));
-}
-
-extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
-    ON_GPU(x, "fp8_round");
-    ON_GPU(y, "fp8_round");
-    same_dt(x, y, "fp8_round");
-    CHECK(tensor_numel(x) == tensor_numel(y));
-    int64_t R = t_rows(x), C = t_cols(x), N = 0;
-    if (x.nd == 3) R = x.n[0] * x.n[1], C = x.n[2], N = x.n[1], groups = (int)x.n[0], offs = NULL;
-    else if (!offs) groups = 1, N = R;
-    if (groups > FP8_MAX_GROUPS) die("fp8_round: at most %d groups (got %d)", FP8_MAX_GROUPS, groups);
-    if (R > 0x7fffffff) die("fp8_round: at most 2^31 rows (got %lld)", (long long)R);
-    static Fp8Groups gr; // static: 8 KB of launch parameters
-    gr.n = groups, gr.bh = b == FP8_ROWS ? 1 : 128, gr.rb0[0] = 0;
-    for (int g = 0; g <= groups; g++) gr.offs[g] = (int)(offs ? offs[g] : g * N);
-    CHECK(gr.offs[0] == 0 && gr.offs[groups] == R);
-    for (int g = 0; g < groups; g++) gr.rb0[g + 1] = gr.rb0[g] + (gr.offs[g + 1] - gr.offs[g] + gr.bh - 1) / gr.bh;
-    int64_t nchunks = (C + 127) / 128, blocks = gr.rb0[groups] * nchunks;
-    if (blocks == 0) return;
-    if (b == FP8_ROWS) { // rows do not depend on the groups
-        DT_SWITCH(x.dt, T, "fp8_round",
-                  fp8_round_rows_kernel<T>
-                  <<<(blocks + 7) / 8, 256, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, blocks));
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    DT_SWITCH(x.dt, T, "fp8_round",
-              fp8_round_kernel<T>
-              <<<blocks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, gr, b == FP8_TILES));
-    CUDA_LAUNCH_CHECK();
-}
-
-// ---- codes and scales for the tensor-core GEMMs ----
-
 // Rows: x (R, C) in 1 × 128 blocks → codes q (R, C) and VEC128 scales s[cb·R + r]. VEC (C a multiple of 128, x
 // 16-byte and q 8-byte aligned): a half-warp per block, lane i holding columns 8i .. 8i + 7 (one 16-byte load of
 // bf16, one 8-byte store of codes), a warp taking 4 blocks two at a time (the second pair's loads in flight with the
-// first's); else a warp per block, lane i holding columns i, i + 32, i + 64, i + 96.
+// first's); else a warp per block, lane i holding columns i, i + 32, i + 64, i + 96 (coalesced). With y (q and s
+// NULL, not VEC: FP8_ROWS rounding) the values q·s into y instead.
 template <typename T, bool VEC>
-__global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t R, int64_t C, int64_t nchunks,
+__global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, T *y, const T *x, int64_t R, int64_t C, int64_t nchunks,
                                       int64_t ld) {
     int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nb = R * nchunks;
     if (VEC) {
@@ -230,11 +183,55 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, const T *x, int64_t 
     if (warp >= nb) return;
     int64_t r = warp / nchunks, cb = warp % nchunks, c0 = cb * 128 + (threadIdx.x & 31);
     float v[4], sc = row_block_scale(x, C, r, c0, v), inv = 1.0f / sc;
-    if ((threadIdx.x & 31) == 0) s[cb * ld + r] = sc;
+    if (s && (threadIdx.x & 31) == 0) s[cb * ld + r] = sc;
 #pragma unroll
     for (int i = 0; i < 4; i++)
-        if (c0 + 32 * i < C) q[r * C + c0 + 32 * i] = fp8_code(v[i], inv);
+        if (c0 + 32 * i < C) {
+            uint8_t code = fp8_code(v[i], inv);
+            if (y) st(y, r * C + c0 + 32 * i, fp8_decode(code) * sc);
+            else q[r * C + c0 + 32 * i] = code;
+        }
 }
+
+// The row blocks of bh rows in each of n groups of rows offs[g]..offs[g+1] (offs NULL: N rows each), rb0[n] in all, in
+// one static table (8 KB of launch parameters).
+static const Fp8Groups *fp8_groups(const int64_t *offs, int n, int64_t N, int bh) {
+    static Fp8Groups gr;
+    CHECK(n <= FP8_MAX_GROUPS);
+    gr.n = n, gr.bh = bh, gr.rb0[0] = 0;
+    for (int g = 0; g <= n; g++) gr.offs[g] = (int)(offs ? offs[g] : g * N);
+    for (int g = 0; g < n; g++) gr.rb0[g + 1] = gr.rb0[g] + (gr.offs[g + 1] - gr.offs[g] + bh - 1) / bh;
+    return &gr;
+}
+
+extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
+    ON_GPU(x, "fp8_round");
+    ON_GPU(y, "fp8_round");
+    same_dt(x, y, "fp8_round");
+    CHECK(tensor_numel(x) == tensor_numel(y));
+    int64_t R = t_rows(x), C = t_cols(x), N = 0;
+    if (x.nd == 3) R = x.n[0] * x.n[1], C = x.n[2], N = x.n[1], groups = (int)x.n[0], offs = NULL;
+    else if (!offs) groups = 1, N = R;
+    if (groups > FP8_MAX_GROUPS) die("fp8_round: at most %d groups (got %d)", FP8_MAX_GROUPS, groups);
+    if (R > 0x7fffffff) die("fp8_round: at most 2^31 rows (got %lld)", (long long)R);
+    const Fp8Groups *gr = fp8_groups(offs, groups, N, b == FP8_ROWS ? 1 : 128);
+    CHECK(gr->offs[0] == 0 && gr->offs[groups] == R);
+    int64_t nchunks = (C + 127) / 128, blocks = gr->rb0[groups] * nchunks;
+    if (blocks == 0) return;
+    if (b == FP8_ROWS) { // rows do not depend on the groups
+        DT_SWITCH(x.dt, T, "fp8_round",
+                  fp8_quant_rows_kernel<T, false><<<(blocks + 7) / 8, 256, 0, cuda_stream()>>>(
+                      NULL, NULL, (T *)y.p, (const T *)x.p, R, C, nchunks, 0));
+        CUDA_LAUNCH_CHECK();
+        return;
+    }
+    DT_SWITCH(x.dt, T, "fp8_round",
+              fp8_round_kernel<T>
+              <<<blocks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, *gr, b == FP8_TILES));
+    CUDA_LAUNCH_CHECK();
+}
+
+// ---- codes and scales for the tensor-core GEMMs ----
 
 // The transposed codes of block row rb: x (R, C) rows r0..r1 (≤ 128) and column chunk cb (the CTA's 128 columns),
 // 128 × 1 blocks (whole false: a scale per column, VEC128 s[rb·C + c]) or one 128 × 128 block (whole: BLK128x128
@@ -457,14 +454,12 @@ static void quant_rows(Tensor x, uint8_t *q, float *s, int64_t ld, uint8_t **qp,
     }
     if (qp) *qp = q, *sp = s;
     if (R * nchunks == 0) return;
-    if (C % 128 == 0 && aligned16(x.p) && (uintptr_t)q % 8 == 0) // 32 blocks a CTA of 8 warps
-        DT_SWITCH(x.dt, T, "fp8_quant_rows",
-                  fp8_quant_rows_kernel<T, true><<<(unsigned)((R * nchunks + 31) / 32), 256, 0, cuda_stream()>>>(
-                      q, s, (const T *)x.p, R, C, nchunks, ld));
-    else // 8 blocks a CTA
-        DT_SWITCH(x.dt, T, "fp8_quant_rows",
-                  fp8_quant_rows_kernel<T, false><<<(unsigned)((R * nchunks + 7) / 8), 256, 0, cuda_stream()>>>(
-                      q, s, (const T *)x.p, R, C, nchunks, ld));
+    // VEC: 32 blocks a CTA of 8 warps, else 8
+    BOOL_SWITCH(C % 128 == 0 && aligned16(x.p) && (uintptr_t)q % 8 == 0, VEC,
+                DT_SWITCH(x.dt, T, "fp8_quant_rows",
+                          fp8_quant_rows_kernel<T, VEC>
+                          <<<(unsigned)((R * nchunks + (VEC ? 31 : 7)) / (VEC ? 32 : 8)), 256, 0, cuda_stream()>>>(
+                              q, s, (T *)NULL, (const T *)x.p, R, C, nchunks, ld)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -541,35 +536,25 @@ extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const 
     return ok;
 }
 
-// Token blocks of E groups of rows offs[e]..offs[e+1]: each group in whole blocks of 128.
-static int64_t token_blocks(const int64_t *offs, int64_t E) {
-    int64_t tb = 0;
-    for (int64_t e = 0; e < E; e++) tb += (offs[e + 1] - offs[e] + 127) / 128;
-    return tb;
-}
-
-// x (R, C) (C a multiple of 128) in 128 × 1 blocks within each of E groups of rows → codes qt (C, Tp), each group's
-// rows padded to whole 128-row blocks (Tp = 128 · token_blocks), and scales s (TB, C).
-static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const int64_t *offs, int64_t E) {
-    static Fp8Groups gr; // static: 8 KB of launch parameters
-    CHECK(E <= FP8_MAX_GROUPS && t_cols(x) % 128 == 0);
-    gr.n = (int)E, gr.bh = 128, gr.rb0[0] = 0;
-    for (int64_t e = 0; e <= E; e++) gr.offs[e] = (int)offs[e];
-    for (int64_t e = 0; e < E; e++) gr.rb0[e + 1] = gr.rb0[e] + (gr.offs[e + 1] - gr.offs[e] + 127) / 128;
-    int64_t C = t_cols(x), TB = gr.rb0[E];
+// x (R, C) (C a multiple of 128) in 128 × 1 blocks within each group of rows of gr (fp8_groups with bh 128) → codes
+// qt (C, Tp), each group's rows padded to whole 128-row blocks (Tp = 128 · their count TB), and scales s (TB, C).
+static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const Fp8Groups *gr) {
+    CHECK(t_cols(x) % 128 == 0 && gr->bh == 128);
+    int64_t C = t_cols(x), TB = gr->rb0[gr->n];
     if (TB == 0) return;
     DT_SWITCH(x.dt, T, "fp8_quant_t_groups",
               fp8_quant_t_groups_kernel<T>
-              <<<TB *(C / 128), 256, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, TB * 128, gr));
+              <<<TB *(C / 128), 256, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, TB * 128, *gr));
     CUDA_LAUNCH_CHECK();
 }
 
 extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, const int64_t *offs, int groups) {
     ON_GPU(x, "fp8_quantize_cols_t");
-    int64_t TB = token_blocks(offs, groups);
+    const Fp8Groups *gr = fp8_groups(offs, groups, 0, 128);
+    int64_t TB = gr->rb0[groups];
     CHECK(qt.dt == DT_U8 && tensor_numel(qt) == t_cols(x) * TB * 128 && s.dt == DT_F32 &&
           tensor_numel(s) == TB * t_cols(x));
-    quant_t_groups((uint8_t *)qt.p, (float *)s.p, x, offs, groups);
+    quant_t_groups((uint8_t *)qt.p, (float *)s.p, x, gr);
 }
 
 // The experts' weight gradient dw (E, N, K) fp32 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false: written,
@@ -586,7 +571,8 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
         return false;
     for (int64_t e = 0; e < E; e++)
         if (offs[e + 1] < offs[e]) return false;
-    int64_t TB = token_blocks(offs, E), Tp = TB * 128;
+    const Fp8Groups *gr = fp8_groups(offs, (int)E, 0, 128);
+    int64_t TB = gr->rb0[E], Tp = TB * 128;
     if (!accumulate) // an empty expert has no tiles: its dw_e is zeroed here
         for (int64_t e = 0; e < E; e++)
             if (offs[e + 1] == offs[e])
@@ -596,7 +582,7 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
     char *p = (char *)cuda_scratch(bd + bx + bsd + a256(sizeof(float) * TB * K));
     uint8_t *dq = (uint8_t *)p, *xq = (uint8_t *)(p + bd);
     float *ds = (float *)(p + bd + bx), *xs = (float *)(p + bd + bx + bsd);
-    quant_t_groups(dq, ds, dy, offs, E), quant_t_groups(xq, xs, x, offs, E);
+    quant_t_groups(dq, ds, dy, gr), quant_t_groups(xq, xs, x, gr);
     bool ok = wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, accumulate);
     tc_gemms += ok;
     return ok;

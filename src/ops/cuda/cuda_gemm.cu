@@ -10,13 +10,8 @@
 // (the fp32 LM-head / router logits gradients against bf16 weights and activations), the fp32 operand is
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
 // tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
-// Grouped (expert) GEMMs run on our wgmma kernels (cuda_wgmma.cu) where they fit (bf16, N and K multiples of
-// 64); elsewhere they are chosen per call by the routing's shape (pad_rows_for): near-balanced experts run as
-// one strided-batched cuBLASLt product over padded copies of their rows; skewed ones run as one
-// cublasGemmGroupedBatchedEx call (cuBLAS ≥ 12.5) with the largest experts as dense products on side
-// streams beside it. The grouped call's pointer arrays travel to the device through a ring of pinned host
-// slots. Where cuBLAS does not support a dtype combination (bf16 operands with an fp32 output: the weight
-// gradient; or PITH_GROUPED_GEMM=0), the experts loop over cuBLASLt calls, dealt to the side streams.
+// Grouped (expert) GEMMs: the wgmma kernels (cuda_wgmma.cu) where they fit, else a path chosen per call by the
+// routing's shape ("Which implementation runs an expert product", below).
 #include "ops/cuda/cuda_common.cuh"
 
 #include <cublas_v2.h>
@@ -98,14 +93,11 @@ static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataTy
     CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = CUDA_LT_WS_BYTES;
     CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->al[0],
-                                                    sizeof(uint32_t)));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->al[1],
-                                                    sizeof(uint32_t)));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->al[2],
-                                                    sizeof(uint32_t)));
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->al[2],
-                                                    sizeof(uint32_t)));
+    const cublasLtMatmulPreferenceAttributes_t align[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++) // C and D are the one output
+        CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, align[i], &key->al[i < 3 ? i : 2], sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     cublasStatus_t st =
@@ -186,19 +178,6 @@ static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const v
     lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, k, A, lda, B, ldb, abt, beta, D, ldd, dt, ONE);
 }
 
-// ---- row-major products on raw pointers (all dense) ----
-static void mm_forward(int64_t M, int64_t N, int64_t K, const void *x, const void *w, DType abt, void *y, DType ydt) {
-    lt_matmul(true, false, N, M, K, w, K, x, K, abt, 0.0f, y, N, ydt);
-}
-static void mm_backward_input(int64_t M, int64_t N, int64_t K, const void *dy, const void *w, DType abt, void *dx,
-                              DType dxdt, bool acc) {
-    lt_matmul(false, false, K, M, N, w, K, dy, N, abt, acc ? 1.0f : 0.0f, dx, K, dxdt);
-}
-static void mm_backward_weight(int64_t M, int64_t N, int64_t K, const void *dy, const void *x, DType abt, void *dw,
-                               DType dwdt) {
-    lt_matmul(false, true, K, N, M, x, K, dy, N, abt, 1.0f, dw, K, dwdt);
-}
-
 // ---- side streams for the per-expert weight gradients ----
 // cuBLAS has no grouped GEMM with bf16 operands and an fp32 output, so the expert weight gradients are one
 // cuBLASLt call per expert. Each is small (e.g. 2048 × 1536 × ~256 tokens: fewer output tiles than SMs)
@@ -250,23 +229,6 @@ static void side_join(int ns) {
     }
 }
 
-// dw_e (N, K) fp32 += dy_eᵀ · x_e for every expert with rows, the experts dealt to the streams in turn.
-static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64_t K, const void *dy, const void *x,
-                                DType abt, float *dw) {
-    int ns = side_fork();
-    size_t s = dtype_size(abt);
-    int next = 0;
-    for (int64_t e = 0; e < E; e++) {
-        int64_t M = offs[e + 1] - offs[e];
-        if (!M) continue;
-        int i = next;
-        next = (next + 1) % ns;
-        lt_matmul_on(wgrad_stream[i], wgrad_ws[i], false, true, K, N, M, (const char *)x + offs[e] * K * s, K,
-                     (const char *)dy + offs[e] * N * s, N, abt, 1.0f, dw + e * N * K, K, DT_F32, ONE);
-    }
-    side_join(ns);
-}
-
 // ---- the largest experts beside the grouped call ----
 // Routing can be skewed (at initialisation the largest of 128 experts holds about 10× the mean), and cuBLAS's
 // grouped GEMM runs such mixed sizes well below the rate of one large dense product (bench/cuda_ops.md,
@@ -274,20 +236,12 @@ static void expert_weight_grads(const int64_t *offs, int64_t E, int64_t N, int64
 // concurrently with the grouped call that takes the others on the compute stream.
 // PITH_GROUPED_BIG_ROWS sets the threshold (0: none; for A/B runs).
 #define BIG_ROWS 1024
-// The threshold for a call on ns streams: 0 (no expert runs beside) with no side streams.
+// The threshold for a call on ns streams: none (INT64_MAX) without side streams.
 static int64_t big_rows(int ns) {
     const char *e = getenv("PITH_GROUPED_BIG_ROWS");
     int64_t big = e ? atoll(e) : BIG_ROWS;
-    return ns > 1 && big > 0 ? big : 0;
+    return ns > 1 && big > 0 ? big : INT64_MAX;
 }
-static bool big_expert(int64_t big, int64_t rows) { return big > 0 && rows >= big; }
-// The most rows any expert holds.
-static int64_t max_rows(const int64_t *offs, int64_t E) {
-    int64_t mx = 0;
-    for (int64_t i = 0; i < E; i++) mx = offs[i + 1] - offs[i] > mx ? offs[i + 1] - offs[i] : mx;
-    return mx;
-}
-static int next_side(int ns, int i) { return i % (ns - 1) + 1; } // the side streams 1..ns-1 in turn
 
 // ---- fp32 → bf16 operand rounding through the conversion pool ----
 // dst = bf16(src) over n elements: 8-element vectors when both are 16-byte aligned (vec), then the last n % 8
@@ -303,99 +257,73 @@ __global__ void gemm_round_bf16_kernel(bf16 *dst, const float *src, int64_t n, b
     for (int64_t i = n8 * 8 + i0; i < n; i += stride) dst[i] = __float2bfloat16(src[i]);
 }
 
-// Rows of an fp32 (., cols) matrix that fit the pool as bf16.
-static int64_t convert_chunk_rows(int64_t cols, const char *what) {
-    int64_t r = (int64_t)(CUDA_CONVERT_BYTES / 2) / (cols ? cols : 1);
+// The rows per product of an operand t against operands of dtype abt: all of them when t is of dtype abt, else as
+// many as the conversion pool holds as bf16 (t fp32, abt bf16; another pair dies naming the operands tn and an).
+static int64_t chunk_rows(Tensor t, DType abt, const char *what, const char *tn, const char *an) {
+    if (t.dt == abt) return INT64_MAX;
+    if (t.dt != DT_F32 || abt != DT_BF16)
+        die("%s: %s %s with %s %s is not supported", what, tn, dtype_name(t.dt), an, dtype_name(abt));
+    int64_t r = (int64_t)(CUDA_CONVERT_BYTES / 2) / (t_cols(t) ? t_cols(t) : 1);
     if (r < 1)
-        die("%s: a row of %lld fp32 values does not fit the %zu-byte conversion pool", what, (long long)cols,
+        die("%s: a row of %lld fp32 values does not fit the %zu-byte conversion pool", what, (long long)t_cols(t),
             CUDA_CONVERT_BYTES);
     return r;
 }
-static const void *round_rows(const float *src, int64_t rows, int64_t cols) {
+// Rows r0..r0 + n of t as an operand of dtype abt: t's own, or its fp32 rows rounded to bf16 in the conversion pool.
+static const void *operand_rows(Tensor t, int64_t r0, int64_t n, DType abt) {
+    int64_t cols = t_cols(t);
+    if (t.dt == abt) return (const char *)t.p + r0 * cols * dtype_size(t.dt);
     CudaCtx *c = cuda_ctx();
-    int64_t n = rows * cols;
+    const float *src = (const float *)t.p + r0 * cols;
     bool vec = aligned16(src, c->convert);
+    n *= cols;
     gemm_round_bf16_kernel<<<grid_for(vec ? n / 8 : n, 256), 256, 0, c->compute>>>((bf16 *)c->convert, src, n, vec);
     CUDA_LAUNCH_CHECK();
     return c->convert;
 }
 
 // ---- bias ----
-template <typename TY, typename TB>
-__global__ void linear_bias_forward_kernel(TY *y, const TB *b, int64_t M, int64_t N) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < M * N; i += (int64_t)gridDim.x * blockDim.x)
-        st(y, i, ld(y, i) + ld(b, i % N));
-}
-
 // part: (G, N) fp32, row g = Σ over row group g of dy: (M, N) (colsum_finish adds the groups to db in order).
-// Block (32 columns × 8 row lanes); grid.y = G row groups.
 template <typename T> __global__ void linear_bias_backward_kernel(float *part, const T *dy, int64_t M, int64_t N) {
-    __shared__ float sm[8][33];
-    int64_t j = blockIdx.x * 32 + threadIdx.x;
-    float s = 0;
-    if (j < N)
-        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < M; i += (int64_t)gridDim.y * 8) s += ld(dy, i * N + j);
-    sm[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < N) {
-        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
-        part[blockIdx.y * N + j] = s;
-    }
+    colsum_block(part, M, N, [=](int64_t i, int64_t j) { return ld(dy, i * N + j); });
 }
 
 extern "C" {
 
+// The products in row chunks (chunk_rows), as the column-major calls of the table at the top.
 void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
-    int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w);
+    int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w), C = chunk_rows(x, w.dt, "linear_forward", "x", "w");
     CHECK(t_cols(w) == K && t_rows(y) == M && t_cols(y) == N);
-    if (x.dt == w.dt) {
-        mm_forward(M, N, K, x.p, w.p, w.dt, y.p, y.dt);
-    } else {
-        if (x.dt != DT_F32 || w.dt != DT_BF16)
-            die("linear_forward: x %s with w %s is not supported", dtype_name(x.dt), dtype_name(w.dt));
-        int64_t C = convert_chunk_rows(K, "linear_forward");
-        for (int64_t r0 = 0; r0 < M; r0 += C) {
-            int64_t n = M - r0 < C ? M - r0 : C;
-            mm_forward(n, N, K, round_rows((const float *)x.p + r0 * K, n, K), w.p, DT_BF16,
-                       (char *)y.p + r0 * N * dtype_size(y.dt), y.dt);
-        }
+    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
+        n = M - r0 < C ? M - r0 : C;
+        lt_matmul(true, false, N, n, K, w.p, K, operand_rows(x, r0, n, w.dt), K, w.dt, 0.0f,
+                  (char *)y.p + r0 * N * dtype_size(y.dt), N, y.dt);
     }
     if (b.p) cuda_linear_bias_forward(y, b, NULL);
 }
 
 void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
-    int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(w);
+    int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(w), C = chunk_rows(dy, w.dt, "linear_backward_input", "dy", "w");
     CHECK(t_rows(w) == N && t_rows(dx) == M && t_cols(dx) == K);
-    if (dy.dt == w.dt) {
-        mm_backward_input(M, N, K, dy.p, w.p, w.dt, dx.p, dx.dt, accumulate);
-        return;
-    }
-    if (dy.dt != DT_F32 || w.dt != DT_BF16)
-        die("linear_backward_input: dy %s with w %s is not supported", dtype_name(dy.dt), dtype_name(w.dt));
-    int64_t C = convert_chunk_rows(N, "linear_backward_input");
-    for (int64_t r0 = 0; r0 < M; r0 += C) {
-        int64_t n = M - r0 < C ? M - r0 : C;
-        mm_backward_input(n, N, K, round_rows((const float *)dy.p + r0 * N, n, N), w.p, DT_BF16,
-                          (char *)dx.p + r0 * K * dtype_size(dx.dt), dx.dt, accumulate);
+    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
+        n = M - r0 < C ? M - r0 : C;
+        lt_matmul(false, false, K, n, N, w.p, K, operand_rows(dy, r0, n, w.dt), N, w.dt, accumulate ? 1.0f : 0.0f,
+                  (char *)dx.p + r0 * K * dtype_size(dx.dt), K, dx.dt);
     }
 }
 
+// Mixed dtypes: the fp32 one of dy, x is rounded to bf16, a chunk of rows (the reduction dim) at a time.
 void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(x);
     CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K);
     IS_F32(dw, "linear_backward_weight");
-    if (dy.dt == x.dt) {
-        mm_backward_weight(M, N, K, dy.p, x.p, x.dt, dw.p, DT_F32);
-    } else { // round the fp32 one of dy, x to bf16, a chunk of rows (the reduction dim) at a time
-        bool conv_dy = dy.dt == DT_F32;
-        int64_t C = convert_chunk_rows(conv_dy ? N : K, "linear_backward_weight");
-        for (int64_t r0 = 0; r0 < M; r0 += C) {
-            int64_t n = M - r0 < C ? M - r0 : C;
-            const void *dyp =
-                conv_dy ? round_rows((const float *)dy.p + r0 * N, n, N) : (const char *)dy.p + r0 * N * 2;
-            const void *xp = conv_dy ? (const char *)x.p + r0 * K * 2 : round_rows((const float *)x.p + r0 * K, n, K);
-            mm_backward_weight(n, N, K, dyp, xp, DT_BF16, dw.p, DT_F32);
-        }
+    DType abt = dy.dt == x.dt ? x.dt : DT_BF16;
+    int64_t C = dy.dt == abt ? chunk_rows(x, abt, "linear_backward_weight", "x", "dy")
+                             : chunk_rows(dy, abt, "linear_backward_weight", "dy", "x");
+    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
+        n = M - r0 < C ? M - r0 : C;
+        lt_matmul(false, true, K, N, n, operand_rows(x, r0, n, abt), K, operand_rows(dy, r0, n, abt), N, abt, 1.0f,
+                  dw.p, K, DT_F32);
     }
     if (db.p) cuda_linear_bias_backward(db, dy, NULL, true);
 }
@@ -410,36 +338,48 @@ static cudaEvent_t ptr_done[GROUPED_SLOTS];
 static int ptr_cap, ptr_next;
 static bool grouped_unsupported[2][2]; // [A/B is bf16][C is bf16]: cuBLAS refused the combination once
 
-typedef struct { // the per-problem arrays of one grouped call (host memory, grown as needed)
-    int cap;
+// The problems of one grouped call (host arrays, grown as needed): G of them, column-major C (m × n) = op(A) (m × k)
+// · op(B) (k × n), n, k and the operands per problem (grouped_add), the rest the same for all (grouped_run).
+typedef struct {
+    int G, cap;
     cublasOperation_t *ta, *tb;
     int *m, *n, *k, *lda, *ldb, *ldc, *gsize;
     float *alpha, *beta;
+    const void **A, **B;
+    void **C;
 } GroupedArgs;
 static GroupedArgs ga;
 
-static void grouped_args_reserve(int G) {
-    if (G <= ga.cap) return;
-    ga.cap = G;
+// Empties the list, with room for E problems.
+static void grouped_reset(int64_t E) {
+    ga.G = 0;
+    if (E <= ga.cap) return;
+    int G = ga.cap = (int)E;
     ga.ta = (cublasOperation_t *)xrealloc(ga.ta, G * sizeof(cublasOperation_t));
     ga.tb = (cublasOperation_t *)xrealloc(ga.tb, G * sizeof(cublasOperation_t));
     int **ints[] = {&ga.m, &ga.n, &ga.k, &ga.lda, &ga.ldb, &ga.ldc, &ga.gsize};
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) *ints[i] = (int *)xrealloc(*ints[i], G * sizeof(int));
     ga.alpha = (float *)xrealloc(ga.alpha, G * sizeof(float)), ga.beta = (float *)xrealloc(ga.beta, G * sizeof(float));
+    ga.A = (const void **)xrealloc(ga.A, G * sizeof(void *)), ga.B = (const void **)xrealloc(ga.B, G * sizeof(void *));
+    ga.C = (void **)xrealloc(ga.C, G * sizeof(void *));
+}
+static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
+static void grouped_add(int64_t n, int64_t k, const void *A, const void *B, void *C) {
+    CHECK(fits_int(n) && fits_int(k));
+    int i = ga.G++;
+    ga.n[i] = (int)n, ga.k[i] = (int)k, ga.A[i] = A, ga.B[i] = B, ga.C[i] = C;
 }
 
-static bool grouped_enabled(void) {
-    const char *e = getenv("PITH_GROUPED_GEMM"); // "0": the per-expert loop (for benchmarks and bisection)
-    return !e || strcmp(e, "0");
-}
-
-// Runs the G problems in ga (ta, tb, m, n, k, lda, ldb, ldc filled; A/B/C pointers given) as one grouped
-// call with alpha 1 and the given beta. False when cuBLAS cannot, and the caller loops instead.
-static bool grouped_run(int G, const void *const *A, const void *const *B, void *const *C, DType abt, float beta,
+// Runs the problems added as one grouped call, each with op(A) of ta, op(B) of tb, m rows, leading dimensions lda,
+// ldb, ldc, alpha 1 and this beta. False when cuBLAS cannot (or a size passes int), and the caller loops instead.
+static bool grouped_run(bool ta, bool tb, int64_t m, int64_t lda, int64_t ldb, int64_t ldc, DType abt, float beta,
                         DType cdt) {
+    int G = ga.G;
     if (G == 0) return true;
+    if (m <= 0 || !fits_int(m) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc)) return false;
     int ia = abt == DT_BF16, ic = cdt == DT_BF16;
-    if (!grouped_enabled() || grouped_unsupported[ia][ic] || G > 65536) return false;
+    const char *e = getenv("PITH_GROUPED_GEMM"); // "0": the per-expert loop (for benchmarks and bisection)
+    if ((e && !strcmp(e, "0")) || grouped_unsupported[ia][ic] || G > 65536) return false;
     CudaCtx *c = cuda_ctx();
     if (!blas) {
         CUDA_CHECK(cublasCreate(&blas));
@@ -464,10 +404,14 @@ static bool grouped_run(int G, const void *const *A, const void *const *B, void 
     ptr_next = (ptr_next + 1) % GROUPED_SLOTS;
     CUDA_CHECK(cudaEventSynchronize(ptr_done[slot])); // the slot's previous upload has been read
     void **h = ptr_host[slot], **d = ptr_dev[slot];
-    for (int i = 0; i < G; i++) h[i] = (void *)A[i], h[G + i] = (void *)B[i], h[2 * G + i] = C[i];
+    for (int i = 0; i < G; i++) {
+        h[i] = (void *)ga.A[i], h[G + i] = (void *)ga.B[i], h[2 * G + i] = ga.C[i];
+        ga.ta[i] = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ga.tb[i] = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        ga.m[i] = (int)m, ga.lda[i] = (int)lda, ga.ldb[i] = (int)ldb, ga.ldc[i] = (int)ldc;
+        ga.alpha[i] = 1.0f, ga.beta[i] = beta, ga.gsize[i] = 1;
+    }
     CUDA_CHECK(cudaMemcpyAsync(d, h, 3 * G * sizeof(void *), cudaMemcpyHostToDevice, c->compute));
     CUDA_CHECK(cudaEventRecord(ptr_done[slot], c->compute));
-    for (int i = 0; i < G; i++) ga.alpha[i] = 1.0f, ga.beta[i] = beta, ga.gsize[i] = 1;
     cublasStatus_t st =
         cublasGemmGroupedBatchedEx(blas, ga.ta, ga.tb, ga.m, ga.n, ga.k, ga.alpha, (const void *const *)d, lt_type(abt),
                                    ga.lda, (const void *const *)(d + G), lt_type(abt), ga.ldb, ga.beta,
@@ -483,28 +427,6 @@ static bool grouped_run(int G, const void *const *A, const void *const *B, void 
     CUDA_CHECK(st);
     return true;
 }
-
-// The non-empty experts of offs, and their pointer lists.
-typedef struct {
-    int G;
-    const void **A, **B;
-    void **C;
-    int64_t *rows;
-} ExpertList;
-static ExpertList el;
-static void expert_list(const int64_t *offs, int64_t E) {
-    static int cap;
-    if (E > cap) {
-        cap = (int)E;
-        el.A = (const void **)xrealloc(el.A, cap * sizeof(void *)),
-        el.B = (const void **)xrealloc(el.B, cap * sizeof(void *));
-        el.C = (void **)xrealloc(el.C, cap * sizeof(void *)),
-        el.rows = (int64_t *)xrealloc(el.rows, cap * sizeof(int64_t));
-    }
-    grouped_args_reserve((int)E);
-    el.G = 0;
-}
-static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
 
 // ---- expert products as one strided batch over padded copies ----
 // One strided-batched product beats cuBLAS's grouped GEMM on near-balanced Qwen3 expert shapes even counting
@@ -543,34 +465,26 @@ __global__ void unpad_rows_kernel(bf16 *dst, const bf16 *src, PadOffs po, int E,
     for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) d[c] = sp[c];
 }
 
-enum { PAD_FORWARD, PAD_BACKWARD_INPUT, PAD_BACKWARD_WEIGHT };
 static int64_t padded_calls,
     big_calls; // products run as a padded batch; experts run as dense products beside a grouped call
 
-// PITH_GROUPED_KERNEL as the paths after the wgmma kernels read it: unset, "wgmma" (the default) and "auto" all
-// mean "choose by shape".
-static const char *grouped_env(void) {
-    const char *e = getenv("PITH_GROUPED_KERNEL");
-    return e && strcmp(e, "wgmma") && strcmp(e, "auto") ? e : NULL;
-}
 // The wgmma kernels (cuda_wgmma.cu) run first unless PITH_GROUPED_KERNEL names another path.
 static bool grouped_wgmma_on(void) {
     const char *e = getenv("PITH_GROUPED_KERNEL");
     return !e || !strcmp(e, "wgmma");
 }
-bool wgmma_grouped_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs);
-bool wgmma_grouped_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs);
-bool wgmma_grouped_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);
-int64_t wgmma_grouped_calls(void);
 
 // The padded row count for these experts, or 0 when this path does not fit (dtype, sizes, skew, env).
 static int64_t pad_rows_for(const int64_t *offs, int64_t E, int64_t N, int64_t K, DType dt) {
-    const char *e = grouped_env();
-    if (e && strcmp(e, "batched")) return 0; // cublas / pith: the other paths
+    // PITH_GROUPED_KERNEL unset, "wgmma" or "auto": choose by shape; "batched": this path; another: not this path
+    const char *e = getenv("PITH_GROUPED_KERNEL");
+    bool forced = e && !strcmp(e, "batched");
+    if (e && !forced && strcmp(e, "wgmma") && strcmp(e, "auto")) return 0;
     if (dt != DT_BF16 || E < 2 || E > PAD_MAX_E || N % 8 || K % 8 || offs[E] == 0) return 0;
-    int64_t Mp = (max_rows(offs, E) + 63) / 64 * 64;
-    if (!(e && !strcmp(e, "batched")) && (double)E * Mp > PAD_WASTE * offs[E]) return 0;
-    return Mp;
+    int64_t Mp = 0; // the most rows of an expert, rounded up to 64
+    for (int64_t i = 0; i < E; i++) Mp = offs[i + 1] - offs[i] > Mp ? offs[i + 1] - offs[i] : Mp;
+    Mp = (Mp + 63) / 64 * 64;
+    return forced || (double)E * Mp <= PAD_WASTE * offs[E] ? Mp : 0;
 }
 
 static void pad_copy(bf16 *dst, const void *src, const PadOffs *po, int64_t E, int64_t Mp, int64_t C, bool zero) {
@@ -590,20 +504,20 @@ static void unpad_copy(void *dst, const bf16 *src, const PadOffs *po, int64_t E,
 static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, int64_t E, int64_t N,
                            int64_t K) {
     int64_t Mp = pad_rows_for(offs, E, N, K, a.dt);
-    if (!Mp || (kind != PAD_BACKWARD_WEIGHT && out.dt != DT_BF16)) return false;
+    if (!Mp || (kind != WG_WEIGHT_GRAD && out.dt != DT_BF16)) return false;
     if (!aligned16(out.p, a.p, b.p)) return false;
     PadOffs po;
     for (int64_t i = 0; i <= E; i++) po.o[i] = offs[i];
     int64_t R = offs[E], EM = E * Mp;
     CudaCtx *c = cuda_ctx();
     bf16 *buf = (bf16 *)cuda_scratch((size_t)EM * (N + K) * sizeof(bf16)), *pk = buf,
-         *pn = buf + EM * K;   // (E, Mp, K) and (E, Mp, N)
-    if (kind == PAD_FORWARD) { // out y (R, N) = a x (R, K) · b w (E, N, K)ᵀ per expert
+         *pn = buf + EM * K;  // (E, Mp, K) and (E, Mp, N)
+    if (kind == WG_FORWARD) { // out y (R, N) = a x (R, K) · b w (E, N, K)ᵀ per expert
         pad_copy(pk, a.p, &po, E, Mp, K, false);
         Batch bt = {E, N * K, Mp * K, Mp * N};
         lt_matmul_on(c->compute, c->lt_ws, true, false, N, Mp, K, b.p, K, pk, K, DT_BF16, 0.0f, pn, N, DT_BF16, bt);
         unpad_copy(out.p, pn, &po, E, Mp, R, N);
-    } else if (kind == PAD_BACKWARD_INPUT) { // out dx (R, K) = a dy (R, N) · b w (E, N, K)
+    } else if (kind == WG_INPUT_GRAD) { // out dx (R, K) = a dy (R, N) · b w (E, N, K)
         pad_copy(pn, a.p, &po, E, Mp, N, false);
         Batch bt = {E, N * K, Mp * N, Mp * K};
         lt_matmul_on(c->compute, c->lt_ws, false, false, K, Mp, N, b.p, K, pn, N, DT_BF16, 0.0f, pk, K, DT_BF16, bt);
@@ -620,12 +534,13 @@ static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64
 
 // Which implementation runs an expert product. First the wgmma kernels (cuda_wgmma.cu: bf16, N and K multiples of
 // 64, one persistent launch for any routing). Where they do not fit, or PITH_GROUPED_KERNEL names another path —
-// "batched" (the padded strided batch above), "cublas" (cuBLAS's grouped GEMM, the largest experts as dense
-// products beside it) or "auto" (the choice below, for A/B runs) — the routing's shape decides (bench/cuda_ops.md
+// "batched" (the padded strided batch above), "cublas" (cuBLAS's grouped GEMM, cublasGemmGroupedBatchedEx, its
+// pointer arrays uploaded through a ring of pinned host slots; the largest experts as dense products on the side
+// streams beside it) or "auto" (the choice below, for A/B runs) — the routing's shape decides (bench/cuda_ops.md
 // has the measurements): the padded batch when the experts are near balanced (its waste within PAD_WASTE), else
-// cuBLAS; the weight gradient, which cuBLAS's grouped GEMM refuses (bf16 operands, fp32 output), then runs as
-// cuBLASLt products per expert on the side streams. Read on every call (a getenv costs well under a microsecond),
-// so a benchmark can switch it in-process.
+// cuBLAS. Where cuBLAS refuses a dtype combination (bf16 operands with an fp32 output: the weight gradient) or
+// PITH_GROUPED_GEMM=0, the experts loop over cuBLASLt products, dealt to the side streams. Read on every call (a
+// getenv costs well under a microsecond), so a benchmark can switch it in-process.
 
 // The forward and the input gradient are one product with different operand roles (w: (E, N, K)):
 //   forward         out y (R, N)  = in x (R, K) · w_eᵀ   col-major y_e (N×M_e) = op_T(w_e: K×N) · op_N(x_e: K×M_e)
@@ -640,41 +555,26 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
-    if (grouped_wgmma_on() &&
-        (input_grad ? wgmma_grouped_backward_input(out, in, w, offs) : wgmma_grouped_forward(out, in, w, offs)))
-        return;
-    if (padded_grouped(input_grad ? PAD_BACKWARD_INPUT : PAD_FORWARD, out, in, w, offs, E, N, K)) return;
+    if (grouped_wgmma_on() && wgmma_grouped(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, false)) return;
+    if (padded_grouped(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, E, N, K)) return;
     size_t is = dtype_size(in.dt), os = dtype_size(out.dt);
     bool ta = !input_grad;
     int ns = side_fork(), side = 0;
     int64_t big = big_rows(ns);
-    for (int64_t e = 0; e < E; e++)
-        if (big_expert(big, offs[e + 1] - offs[e])) {
-            side = next_side(ns, side), big_calls++;
-            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], ta, false, C, offs[e + 1] - offs[e], D,
-                         (const char *)w.p + e * N * K * is, K, (const char *)in.p + offs[e] * D * is, D, w.dt, 0.0f,
-                         (char *)out.p + offs[e] * C * os, C, out.dt, ONE);
-        }
-    bool done = false;
-    if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) { // (K = 0 or N = 0: the loop below)
-        expert_list(offs, E);
-        for (int64_t e = 0; e < E; e++) {
-            int64_t M = offs[e + 1] - offs[e];
-            if (!M || big_expert(big, M)) continue;
-            int i = el.G++;
-            ga.ta[i] = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_N, ga.m[i] = (int)C, ga.n[i] = (int)M,
-            ga.k[i] = (int)D;
-            ga.lda[i] = (int)K, ga.ldb[i] = (int)D, ga.ldc[i] = (int)C;
-            el.A[i] = (const char *)w.p + e * N * K * is, el.B[i] = (const char *)in.p + offs[e] * D * is,
-            el.C[i] = (char *)out.p + offs[e] * C * os;
-        }
-        done = el.G == 0 || grouped_run(el.G, el.A, el.B, el.C, w.dt, 0.0f, out.dt);
+    grouped_reset(E);
+    for (int64_t e = 0; e < E; e++) { // the largest experts on the side streams, the others into the list
+        int64_t M = offs[e + 1] - offs[e];
+        const void *A = (const char *)w.p + e * N * K * is, *B = (const char *)in.p + offs[e] * D * is;
+        void *O = (char *)out.p + offs[e] * C * os;
+        if (M >= big) {
+            side = side % (ns - 1) + 1, big_calls++; // the side streams 1..ns-1 in turn
+            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], ta, false, C, M, D, A, K, B, D, w.dt, 0.0f, O, C, out.dt,
+                         ONE);
+        } else if (M) grouped_add(M, D, A, B, O);
     }
-    for (int64_t e = 0; e < E && !done; e++)
-        if (offs[e + 1] > offs[e] && !big_expert(big, offs[e + 1] - offs[e]))
-            lt_matmul(ta, false, C, offs[e + 1] - offs[e], D, (const char *)w.p + e * N * K * is, K,
-                      (const char *)in.p + offs[e] * D * is, D, w.dt, 0.0f, (char *)out.p + offs[e] * C * os, C,
-                      out.dt);
+    if (D == 0 || !grouped_run(ta, false, C, K, D, C, w.dt, 0.0f, out.dt)) // (D = 0: the loop below writes zeros)
+        for (int i = 0; i < ga.G; i++)
+            lt_matmul(ta, false, C, ga.n[i], D, ga.A[i], K, ga.B[i], D, w.dt, 0.0f, ga.C[i], C, out.dt);
     side_join(ns);
 }
 
@@ -692,14 +592,14 @@ static GroupOffs group_offs(const int64_t *offs, int64_t E, const char *what) {
     return g;
 }
 
-// y[i, j] += b[e, j] for the expert e whose rows hold i (the last e with o[e] ≤ i: empty experts skip).
+// y[i, j] += b[e, j] for the expert e whose rows hold i (the last e with o[e] ≤ i: empty experts skip); dense: E 1.
 template <typename TY, typename TB>
-__global__ void grouped_bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int E, int64_t R, int64_t N) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < R * N; i += (int64_t)gridDim.x * blockDim.x) {
-        int row = (int)(i / N), lo = 0, hi = E; // o[lo] ≤ row < o[hi]
+__global__ void bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int E, int64_t R, int64_t N) {
+    GRID_STRIDE(i, R * N) {
+        int lo = 0, hi = E; // o[lo] ≤ i / N < o[hi]
         while (hi - lo > 1) {
             int mid = (lo + hi) / 2;
-            if (g.o[mid] <= row) lo = mid;
+            if (g.o[mid] <= (int)(i / N)) lo = mid;
             else hi = mid;
         }
         st(y, i, ld(y, i) + ld(b, (int64_t)lo * N + i % N));
@@ -747,18 +647,12 @@ void cuda_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
     int64_t R = t_rows(y), N = t_cols(y), E = offs ? tensor_numel(b) / N : 1;
     CHECK(tensor_numel(b) == E * N);
     if (R == 0) return;
-    if (offs) {
-        GroupOffs g = group_offs(offs, E, "grouped_linear_forward");
-        DT_SWITCH(y.dt, TY, "grouped_linear_forward",
-                  DT_SWITCH(b.dt, TB, "grouped_linear_forward",
-                            grouped_bias_forward_kernel<TY, TB><<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>(
-                                (TY *)y.p, (const TB *)b.p, g, (int)E, R, N)));
-    } else {
-        DT_SWITCH(y.dt, TY, "linear_forward",
-                  DT_SWITCH(b.dt, TB, "linear_forward",
-                            linear_bias_forward_kernel<TY, TB>
-                            <<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>((TY *)y.p, (const TB *)b.p, R, N)));
-    }
+    int64_t rows[2] = {0, R}; // dense: one group of every row
+    GroupOffs g = group_offs(offs ? offs : rows, E, "linear_bias_forward");
+    DT_SWITCH(y.dt, TY, "linear_bias_forward",
+              DT_SWITCH(b.dt, TB, "linear_bias_forward",
+                        bias_forward_kernel<TY, TB><<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>(
+                            (TY *)y.p, (const TB *)b.p, g, (int)E, R, N)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -806,23 +700,20 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     if (dy.dt != x.dt)
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);
-    if (grouped_wgmma_on() && wgmma_grouped_backward_weight(dw, dy, x, offs, accumulate)) return;
+    if (grouped_wgmma_on() && wgmma_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate)) return;
     if (!accumulate) cuda_zero(dw); // the paths below add
-    if (padded_grouped(PAD_BACKWARD_WEIGHT, dw, dy, x, offs, E, N, K)) return;
-    if (K > 0 && N > 0 && fits_int(N) && fits_int(K) && fits_int(offs[E])) {
-        expert_list(offs, E);
-        for (int64_t e = 0; e < E; e++) { // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e)
-            int64_t M = offs[e + 1] - offs[e];
-            if (!M) continue; // nothing to add
-            int i = el.G++;
-            ga.ta[i] = CUBLAS_OP_N, ga.tb[i] = CUBLAS_OP_T, ga.m[i] = (int)K, ga.n[i] = (int)N, ga.k[i] = (int)M;
-            ga.lda[i] = (int)K, ga.ldb[i] = (int)N, ga.ldc[i] = (int)K;
-            el.A[i] = (const char *)x.p + offs[e] * K * s, el.B[i] = (const char *)dy.p + offs[e] * N * s,
-            el.C[i] = (float *)dw.p + e * N * K;
-        }
-        if (grouped_run(el.G, el.A, el.B, el.C, x.dt, 1.0f, DT_F32)) return;
-    }
-    expert_weight_grads(offs, E, N, K, dy.p, x.p, x.dt, (float *)dw.p);
+    if (padded_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, E, N, K)) return;
+    grouped_reset(E);
+    for (int64_t e = 0; e < E; e++) // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing
+        if (offs[e + 1] > offs[e])
+            grouped_add(N, offs[e + 1] - offs[e], (const char *)x.p + offs[e] * K * s,
+                        (const char *)dy.p + offs[e] * N * s, (float *)dw.p + e * N * K);
+    if (N > 0 && grouped_run(false, true, K, K, N, K, x.dt, 1.0f, DT_F32)) return;
+    int ns = side_fork(); // one cuBLASLt product per expert, dealt to the streams in turn
+    for (int i = 0; i < ga.G; i++)
+        lt_matmul_on(wgrad_stream[i % ns], wgrad_ws[i % ns], false, true, K, N, ga.k[i], ga.A[i], K, ga.B[i], N, x.dt,
+                     1.0f, ga.C[i], K, DT_F32, ONE);
+    side_join(ns);
 }
 
 } // extern "C"

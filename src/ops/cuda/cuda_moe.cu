@@ -1,10 +1,6 @@
 // cuda_moe.cu — router (every RouterArgs form), load-balancing loss, the expert sort, row gather/scatter
-// and the weighted combine. Math as in ops/cpu/cpu_moe.c:
-//   probs = softmax(logits) (fp64 exponentials and sums, as the CPU, so both pick the same experts);
-//   top-k of probs + bias with ties → lower expert index, group-limited when asked; w = c·chosen probs
-//   (/ Σ when renorm) or c·softmax of the chosen logits.
-//   backward: ∂p_j = (c·∂w_j − Σ_l ∂w_l·w_l)/Σp (renorm) or c·∂w_j, plus lb_grad; ∂logit = p·(∂p − Σ p·∂p);
-//   softmax_topk adds w_j·(∂w_j − Σ_l w_l·∂w_l / c) at the chosen logits.
+// and the weighted combine. Math as in ops/cpu/cpu_moe.c, in the same order of operations (the softmax's
+// exponentials and sums in fp64, as the CPU's, so both pick the same experts).
 // Shapes: logits, probs, dlogits (T, E) fp32; idx (T, k) int32; w, dw (T, k) fp32; lb_grad (E) fp32;
 // rows/perm int32; x, y (R, H) activations; combine y (T·k, H) in slot order.
 // The row movers (gather, scatter, combine) move 16-byte vectors (8 values) per thread when rows allow
@@ -145,17 +141,7 @@ __global__ void moe_lb_count_kernel(double *cnt, const int32_t *idx, int64_t n) 
     GRID_STRIDE(i, n) atomicAdd(cnt + idx[i], 1.0);
 }
 __global__ void moe_lb_colsum_kernel(double *pm, const float *probs, int64_t T_, int64_t E) {
-    __shared__ double sm[8][33];
-    int64_t e = blockIdx.x * 32 + threadIdx.x;
-    double s = 0;
-    if (e < E)
-        for (int64_t t = blockIdx.y * 8 + threadIdx.y; t < T_; t += (int64_t)gridDim.y * 8) s += probs[t * E + e];
-    sm[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && e < E) {
-        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
-        pm[blockIdx.y * E + e] = s;
-    }
+    colsum_block(pm, T_, E, [=](int64_t t, int64_t e) { return probs[t * E + e]; });
 }
 __global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const double *cnt, const double *pm, int G,
                                      int64_t T_, int E, int k, float coef, float grad_scale) {
@@ -202,12 +188,8 @@ __global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx
     for (int64_t i0 = 0; i0 < n; i0 += MOE_SORT_THREADS) {
         int64_t i = i0 + threadIdx.x;
         bool hit = i < n && idx[i] == e;
-        unsigned mask = __ballot_sync(0xffffffffu, hit);
-        if (lane == 0) warp_n[warp] = __popc(mask);
-        __syncthreads();
-        int before = 0, total = 0;
-        for (int w = 0; w < MOE_SORT_THREADS / 32; w++) before += w < warp ? warp_n[w] : 0, total += warp_n[w];
-        if (hit) perm[pos + before + __popc(mask & ((1u << lane) - 1))] = (int32_t)i;
+        int total, at = block_rank<MOE_SORT_THREADS>(hit, warp_n, &total);
+        if (hit) perm[pos + at] = (int32_t)i;
         pos += total;
         __syncthreads(); // warp_n is rewritten by the next chunk
     }
@@ -217,30 +199,25 @@ __global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx
 __device__ __forceinline__ void atomic_add(float *p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void atomic_add(bf16 *p, float v) { atomicAdd(p, __float2bfloat16(v)); }
 
-// One thread per V values of a row (H/V vectors per row).
+// Gather y[i] = x[rows[i] / div] or scatter y[rows[i] / div] = x[i], i < R: one thread per V values of a row.
 template <typename TY, typename TX, int V>
-__global__ void gather_rows_kernel(TY *y, const TX *x, const int32_t *rows, int div, int64_t R, int64_t H) {
+__global__ void move_rows_kernel(TY *y, const TX *x, const int32_t *rows, int div, bool scatter, int64_t R, int64_t H) {
     GRID_STRIDE(e, R * H / V) {
-        int64_t i = e * V / H, c = e * V % H;
+        int64_t i = e * V / H, c = e * V % H, r = (int64_t)(rows[i] / div) * H + c;
         float v[V];
-        ldv<V>(x + (int64_t)(rows[i] / div) * H + c, v);
-        stv<V>(y + e * V, v);
+        ldv<V>(x + (scatter ? e * V : r), v);
+        stv<V>(y + (scatter ? r : e * V), v);
     }
 }
-template <typename TY, typename TX, int V>
-__global__ void scatter_rows_kernel(TY *y, const TX *x, const int32_t *rows, int64_t R, int64_t H) {
-    GRID_STRIDE(e, R * H / V) {
-        int64_t i = e * V / H, c = e * V % H;
-        float v[V];
-        ldv<V>(x + e * V, v);
-        stv<V>(y + (int64_t)rows[i] * H + c, v);
-    }
-}
+// dx[rows[i] / div] += dy[i] by atomic adds (several rows may land on one token); with flag, only when it is set (a
+// row map that is not a partial permutation).
 template <typename TX, typename TY>
-__global__ void scatter_add_rows_kernel(TX *dx, const TY *dy, const int32_t *rows, int div, int64_t R, int64_t H) {
+__global__ void scatter_add_rows_kernel(TX *dx, const TY *dy, const int32_t *rows, const int32_t *flag, int div,
+                                        int64_t R, int64_t H) {
+    if (flag && !*flag) return;
     GRID_STRIDE(e, R * H) {
         int64_t i = e / H, c = e % H;
-        atomic_add(dx + (int64_t)(rows[i] / div) * H + c, ld(dy, e)); // several rows may land on one token
+        atomic_add(dx + (int64_t)(rows[i] / div) * H + c, ld(dy, e));
     }
 }
 // inv[rows[i]] = i over the n = T·div slots; flag ← 1 if a row repeats or leaves [0, n).
@@ -268,16 +245,6 @@ __global__ void scatter_add_rows_sum_kernel(TX *dx, const TY *dy, const int32_t 
             for (int q = 0; q < V; q++) a[q] += v[q];
         }
         stv<V>(dx + e * V, a);
-    }
-}
-// The atomic form, run only when flag is set (a row map that is not a partial permutation).
-template <typename TX, typename TY>
-__global__ void scatter_add_rows_flagged_kernel(TX *dx, const TY *dy, const int32_t *rows, const int32_t *flag, int div,
-                                                int64_t R, int64_t H) {
-    if (!*flag) return;
-    GRID_STRIDE(e, R * H) {
-        int64_t i = e / H, c = e % H;
-        atomic_add(dx + (int64_t)(rows[i] / div) * H + c, ld(dy, e));
     }
 }
 template <typename T, int V>
@@ -415,27 +382,36 @@ void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) {
     memcpy(offs, h, (E + 1) * sizeof(int64_t));
 }
 
-void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
-    int64_t R = t_rows(y), H = t_cols(y);
-    CHECK(t_cols(x) == H && tensor_numel(rows) == R);
+// Rows of a multiple of 8 aligned values take V = 8; V = 1 serves other widths (the row ops accept any H, as the CPU
+// ops do: row ops in tests and tiny models use odd widths). R rows of x (scatter) or y (gather) move.
+static void move_rows(Tensor y, Tensor x, Tensor rows, int div, bool scatter, int64_t R, int64_t H, const char *what) {
     if (R * H == 0) return;
-    // Rows of a multiple of 8 aligned values take V = 8; V = 1 serves other widths (the op accepts any H, as the CPU
-    // op does: row ops in tests and tiny models use odd widths).
     V_SWITCH(vec8_fits(H, y.p, x.p),
-             DT_SWITCH(y.dt, TY, "gather_rows",
-                       DT_SWITCH(x.dt, TX, "gather_rows",
-                                 gather_rows_kernel<TY, TX, V><<<grid_for(R * H / V, 256), 256, 0, cuda_stream()>>>(
-                                     (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, div, R, H))));
+             DT_SWITCH(y.dt, TY, what,
+                       DT_SWITCH(x.dt, TX, what,
+                                 move_rows_kernel<TY, TX, V><<<grid_for(R * H / V, 256), 256, 0, cuda_stream()>>>(
+                                     (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, div, scatter, R, H))));
     CUDA_LAUNCH_CHECK();
+}
+
+void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
+    CHECK(t_cols(x) == t_cols(y) && tensor_numel(rows) == t_rows(y));
+    move_rows(y, x, rows, div, false, t_rows(y), t_cols(y), "gather_rows");
+}
+
+void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) {
+    move_rows(y, x, rows, 1, true, t_rows(x), t_cols(x), "scatter_rows");
 }
 
 void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
     int64_t R = t_rows(dy), H = t_cols(dy), T_ = t_rows(dx), n = T_ * div;
     if (R * H == 0) return;
-    // The inverse path needs int32 inverse indices; other shapes take the atomic scatter-add.
+    CudaCtx *c = cuda_ctx();
+    int32_t *flag = NULL; // the atomic scatter-add runs when flag is NULL, or set by the inversion
+    // The inverse path needs int32 inverse indices; other shapes take the atomic scatter-add alone.
     if (n < 0x7fffffff && div >= 1) {
-        CudaCtx *c = cuda_ctx();
-        int32_t *inv = (int32_t *)cuda_scratch((size_t)(n + 1) * sizeof(int32_t)), *flag = inv + n;
+        int32_t *inv = (int32_t *)cuda_scratch((size_t)(n + 1) * sizeof(int32_t));
+        flag = inv + n;
         CUDA_CHECK(cudaMemsetAsync(inv, 0xff, n * sizeof(int32_t), c->compute));
         CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int32_t), c->compute));
         rows_invert_kernel<<<grid_for(R, 256), 256, 0, c->compute>>>(inv, flag, (const int32_t *)rows.p, R, n);
@@ -445,29 +421,14 @@ void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
                            DT_SWITCH(dy.dt, TY, "scatter_add_rows",
                                      scatter_add_rows_sum_kernel<TX, TY, V>
                                      <<<grid_for(T_ * H / V, 256), 256, 0, c->compute>>>((TX *)dx.p, (const TY *)dy.p,
-                                                                                         inv, flag, div, T_, H);
-                                     CUDA_LAUNCH_CHECK(); scatter_add_rows_flagged_kernel<TX, TY>
-                                     <<<(unsigned)c->sm_count * 4, 256, 0, c->compute>>>(
-                                         (TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p, flag, div, R, H))));
+                                                                                         inv, flag, div, T_, H))));
         CUDA_LAUNCH_CHECK();
-        return;
     }
+    unsigned grid = flag ? (unsigned)c->sm_count * 4 : grid_for(R * H, 256);
     DT_SWITCH(dx.dt, TX, "scatter_add_rows",
               DT_SWITCH(dy.dt, TY, "scatter_add_rows",
-                        scatter_add_rows_kernel<TX, TY><<<grid_for(R * H, 256), 256, 0, cuda_stream()>>>(
-                            (TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p, div, R, H)));
-    CUDA_LAUNCH_CHECK();
-}
-
-void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) {
-    int64_t R = t_rows(x), H = t_cols(x);
-    if (R * H == 0) return;
-    // (V as in gather_rows)
-    V_SWITCH(vec8_fits(H, y.p, x.p),
-             DT_SWITCH(y.dt, TY, "scatter_rows",
-                       DT_SWITCH(x.dt, TX, "scatter_rows",
-                                 scatter_rows_kernel<TY, TX, V><<<grid_for(R * H / V, 256), 256, 0, cuda_stream()>>>(
-                                     (TY *)y.p, (const TX *)x.p, (const int32_t *)rows.p, R, H))));
+                        scatter_add_rows_kernel<TX, TY><<<grid, 256, 0, c->compute>>>(
+                            (TX *)dx.p, (const TY *)dy.p, (const int32_t *)rows.p, flag, div, R, H)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -477,7 +438,7 @@ void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
     same_dt(out, y, "moe_combine_forward"), same_dt(resid, y, "moe_combine_forward");
     IS_F32(w, "moe_combine_forward");
     if (T_ * H == 0) return;
-    // (V as in gather_rows)
+    // (V as in move_rows)
     V_SWITCH(vec8_fits(H, out.p, resid.p, y.p),
              DT_SWITCH(y.dt, T, "moe_combine_forward",
                        moe_combine_forward_kernel<T, V><<<grid_for(T_ * H / V, 256), 256, 0, cuda_stream()>>>(
@@ -490,7 +451,7 @@ void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tens
     same_dt(dy, y, "moe_combine_backward"), same_dt(dout, y, "moe_combine_backward");
     IS_F32(dw, "moe_combine_backward");
     if (T_ * k == 0) return;
-    // (V as in gather_rows)
+    // (V as in move_rows)
     V_SWITCH(
         vec8_fits(H, dy.p, dout.p, y.p),
         DT_SWITCH(y.dt, T, "moe_combine_backward",

@@ -1,10 +1,6 @@
 // cuda_norm.cu — RMSNorm (plain, 1 + w, gated), RoPE and SwiGLU (plain, clamped): memory-bound kernels, fp32
-// arithmetic on fp32 or bf16 storage. Math as in ops/cpu/cpu_norm.c:
-//   RMSNorm  y = x·r·u, r = (mean(x²) + eps)^(-1/2), u = w or 1 + w (ONE_P), times silu(z) (GATED);
-//            ∂x = r·u·dy − x·r³/D·Σ(dy·u·x); ∂w = Σ_rows dy·x·r (·silu(z)); ∂z = dy·x·r·w·silu'(z).
-//   RoPE     pair (x[i], x[i+d/2]) or (x[2i], x[2i+1]) rotates by θ = pos·inv_freq[i]; backward rotates by −θ.
-//   SwiGLU   act = silu(g)·u; ∂g = da·u·σ(g)·(1 + g·(1 − σ(g))), ∂u = da·silu(g); the clamped form (CLAMP) as
-//            in ops_list.h.
+// arithmetic on fp32 or bf16 storage. Math as in ops/cpu/cpu_norm.c and ops_list.h; RMSNorm's forms are the
+// kernels' flags ONE_P (u = 1 + w) and GATED (u times silu(z)), SwiGLU's clamped form CLAMP.
 // Shapes: x, y, dy, dx, z, dz: (R, D); w: (D); rstd: (R) fp32; RoPE x: (T, heads, d), cos/sin (P, d/2) fp32,
 // pos (T) int32; SwiGLU gu: (M, 2I) = [gate | up] (interleaved [g_0, u_0, …] when clamped), act: (M, I).
 // Each kernel moves V values at a time (cuda_common.cuh): RMSNorm gives a row lpr lanes of one warp (32, or with
@@ -98,25 +94,15 @@ __global__ void rmsnorm_backward_kernel(T *dx, T *dz, const T *dy, const T *x, c
 }
 
 // part: (G, D) fp32, row g = Σ over row group g of dy·x·r (·silu(z) when gated); colsum_finish adds the groups
-// to dw in order. Block: 32 columns × 8 row lanes; grid.y = G row groups.
+// to dw in order (colsum_block).
 template <typename T, bool GATED>
 __global__ void rmsnorm_dw_kernel(float *part, const T *dy, const T *x, const T *z, const float *rstd, int64_t R,
                                   int64_t D) {
-    __shared__ float sm[8][33];
-    int64_t j = blockIdx.x * 32 + threadIdx.x;
-    float s = 0;
-    if (j < D)
-        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < R; i += (int64_t)gridDim.y * 8) {
-            float v = ld(dy, i * D + j) * ld(x, i * D + j) * rstd[i];
-            if (GATED) v *= ld(z, i * D + j) * sigmoid_f(ld(z, i * D + j));
-            s += v;
-        }
-    sm[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < D) {
-        for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
-        part[blockIdx.y * D + j] = s;
-    }
+    colsum_block(part, R, D, [=](int64_t i, int64_t j) {
+        float v = ld(dy, i * D + j) * ld(x, i * D + j) * rstd[i];
+        if (GATED) v *= ld(z, i * D + j) * sigmoid_f(ld(z, i * D + j));
+        return v;
+    });
 }
 
 // RoPE on dims [off, off + 2·half) of each (token, head) row of d elements (ops_list.h): one thread per V pairs
@@ -213,25 +199,6 @@ __global__ void swiglu_backward_kernel(T *dgu, const T *dact, const T *gu, int64
     }
 }
 
-// Runs BODY with the constants ONE_P and GATED of a RmsArgs (NULL: plain).
-#define RMS_SWITCH(a, ...)                                                                                             \
-    do {                                                                                                               \
-        bool one_p_ = (a) && (a)->one_plus, gated_ = (a) && (a)->z.p;                                                  \
-        if (one_p_ && gated_) {                                                                                        \
-            constexpr bool ONE_P = true, GATED = true;                                                                 \
-            __VA_ARGS__;                                                                                               \
-        } else if (one_p_) {                                                                                           \
-            constexpr bool ONE_P = true, GATED = false;                                                                \
-            __VA_ARGS__;                                                                                               \
-        } else if (gated_) {                                                                                           \
-            constexpr bool ONE_P = false, GATED = true;                                                                \
-            __VA_ARGS__;                                                                                               \
-        } else {                                                                                                       \
-            constexpr bool ONE_P = false, GATED = false;                                                               \
-            __VA_ARGS__;                                                                                               \
-        }                                                                                                              \
-    } while (0)
-
 extern "C" {
 
 void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, const RmsArgs *a) {
@@ -247,12 +214,15 @@ void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, 
     // at an unpadded offset of the flat parameter buffer, so it can be unaligned.
     bool v8 = vec8_fits(D, y.p, x.p, z.p, w.p);
     int lpr = norm_lanes(D, v8 ? 8 : 1);
-    V_SWITCH(v8, RMS_SWITCH(a, DT_SWITCH(x.dt, T, "rmsnorm_forward",
-                                         DT_SWITCH(w.dt, TW, "rmsnorm_forward",
-                                                   rmsnorm_forward_kernel<T, TW, ONE_P, GATED, V>
-                                                   <<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
-                                                       (T *)y.p, (float *)rstd.p, (const T *)x.p, (const T *)z.p,
-                                                       (const TW *)w.p, R, D, lpr, eps)))));
+    V_SWITCH(v8,
+             BOOL_SWITCH(a && a->one_plus, ONE_P,
+                         BOOL_SWITCH(z.p, GATED,
+                                     DT_SWITCH(x.dt, T, "rmsnorm_forward",
+                                               DT_SWITCH(w.dt, TW, "rmsnorm_forward",
+                                                         rmsnorm_forward_kernel<T, TW, ONE_P, GATED, V>
+                                                         <<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
+                                                             (T *)y.p, (float *)rstd.p, (const T *)x.p, (const T *)z.p,
+                                                             (const TW *)w.p, R, D, lpr, eps))))));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -269,19 +239,22 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     float *part = colsum_part(D, G, "rmsnorm_backward");
     bool v8 = vec8_fits(D, dx.p, dy.p, x.p, w.p) && aligned16(z.p, dz.p);
     int lpr = norm_lanes(D, v8 ? 8 : 1);
-    V_SWITCH(
-        v8, RMS_SWITCH(a, DT_SWITCH(x.dt, T, "rmsnorm_backward",
-                                    DT_SWITCH(w.dt, TW, "rmsnorm_backward",
-                                              rmsnorm_backward_kernel<T, TW, ONE_P, GATED, V>
-                                              <<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
-                                                  (T *)dx.p, (T *)dz.p, (const T *)dy.p, (const T *)x.p, (const T *)z.p,
-                                                  (const TW *)w.p, (const float *)rstd.p, R, D, lpr, accumulate)))));
+    V_SWITCH(v8,
+             BOOL_SWITCH(a && a->one_plus, ONE_P,
+                         BOOL_SWITCH(z.p, GATED,
+                                     DT_SWITCH(x.dt, T, "rmsnorm_backward",
+                                               DT_SWITCH(w.dt, TW, "rmsnorm_backward",
+                                                         rmsnorm_backward_kernel<T, TW, ONE_P, GATED, V>
+                                                         <<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
+                                                             (T *)dx.p, (T *)dz.p, (const T *)dy.p, (const T *)x.p,
+                                                             (const T *)z.p, (const TW *)w.p, (const float *)rstd.p, R,
+                                                             D, lpr, accumulate))))));
     CUDA_LAUNCH_CHECK();
-    DT_SWITCH(x.dt, T, "rmsnorm_backward", dim3 grid((unsigned)((D + 31) / 32), (unsigned)G);
-              if (z.p) rmsnorm_dw_kernel<T, true><<<grid, dim3(32, 8), 0, cuda_stream()>>>(
-                  part, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const float *)rstd.p, R, D);
-              else rmsnorm_dw_kernel<T, false><<<grid, dim3(32, 8), 0, cuda_stream()>>>(
-                  part, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const float *)rstd.p, R, D));
+    BOOL_SWITCH(z.p, GATED,
+                DT_SWITCH(x.dt, T, "rmsnorm_backward",
+                          rmsnorm_dw_kernel<T, GATED>
+                          <<<dim3((unsigned)((D + 31) / 32), (unsigned)G), dim3(32, 8), 0, cuda_stream()>>>(
+                              part, (const T *)dy.p, (const T *)x.p, (const T *)z.p, (const float *)rstd.p, R, D)));
     CUDA_LAUNCH_CHECK();
     colsum_finish((float *)dw.p, part, G, D);
 }
@@ -312,12 +285,11 @@ void cuda_swiglu_forward(Tensor act, Tensor gu, float alpha, float limit) {
     CHECK(t_cols(gu) == 2 * I && t_cols(act) == I && t_rows(act) == M);
     same_dt(act, gu, "swiglu_forward");
     if (n == 0) return;
-#define FWD(CLAMP)                                                                                                     \
-    swiglu_forward_kernel<T, CLAMP, V><<<grid_for(n / V, 256), 256, 0, cuda_stream()>>>(                               \
-        (T *)act.p, (const T *)gu.p, M, I, Swiglu<CLAMP>{alpha, limit})
     V_SWITCH(vec8_fits(I, act.p, gu.p),
-             DT_SWITCH(gu.dt, T, "swiglu_forward", if (limit > 0) FWD(true); else FWD(false)));
-#undef FWD
+             BOOL_SWITCH(limit > 0, CLAMP,
+                         DT_SWITCH(gu.dt, T, "swiglu_forward",
+                                   swiglu_forward_kernel<T, CLAMP, V><<<grid_for(n / V, 256), 256, 0, cuda_stream()>>>(
+                                       (T *)act.p, (const T *)gu.p, M, I, Swiglu<CLAMP>{alpha, limit}))));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -327,12 +299,12 @@ void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float
     same_dt(dgu, gu, "swiglu_backward");
     same_dt(dact, gu, "swiglu_backward");
     if (n == 0) return;
-#define BWD(CLAMP)                                                                                                     \
-    swiglu_backward_kernel<T, CLAMP, V><<<grid_for(n / V, 256), 256, 0, cuda_stream()>>>(                              \
-        (T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M, I, Swiglu<CLAMP>{alpha, limit})
-    V_SWITCH(vec8_fits(I, dgu.p, dact.p, gu.p),
-             DT_SWITCH(gu.dt, T, "swiglu_backward", if (limit > 0) BWD(true); else BWD(false)));
-#undef BWD
+    V_SWITCH(
+        vec8_fits(I, dgu.p, dact.p, gu.p),
+        BOOL_SWITCH(limit > 0, CLAMP,
+                    DT_SWITCH(gu.dt, T, "swiglu_backward",
+                              swiglu_backward_kernel<T, CLAMP, V><<<grid_for(n / V, 256), 256, 0, cuda_stream()>>>(
+                                  (T *)dgu.p, (const T *)dact.p, (const T *)gu.p, M, I, Swiglu<CLAMP>{alpha, limit}))));
     CUDA_LAUNCH_CHECK();
 }
 

@@ -14,11 +14,9 @@
 // wgmma m64n128k16 (bf16 in, fp32 accumulators in registers) over it and, once the tensor cores are done with
 // it, arrives on the stage's "empty" mbarrier so the producer refills it. After the last block the consumers
 // write the tile from registers while the producer already loads the next tile's blocks.
-// The weight gradient's output is large against its products: a 128 × 128 tile of dw_e reduces over the expert's
-// rows only (512 = 8 blocks at Qwen3's balanced routing: 16.8 MFLOP) and writes 64 KB of fp32, so gate_up's 1.61 GB
-// of dw take ≈ 0.40 ms at 4 TB/s beside ≈ 0.63 ms of products. The measured time is about the sum of the two, and
-// stores straight from registers (at once, deferred into the next tile's products, or from 128 × 192 and 128 × 256
-// tiles) were no faster than this path through shared memory and the copy engine (bench/cuda_ops.md, round 6).
+// The weight gradient's output is large against its products (a tile of dw_e reduces over one expert's rows only);
+// stores straight from registers were no faster than this path through shared memory and the copy engine
+// (bench/cuda_ops.md, round 6, has the figures).
 // Persistent scheduling: min(tiles, SMs) CTAs; CTA b runs tiles b, b + grid, b + 2·grid, … of one list that holds
 // every expert's tiles, the experts ordered by rows, most first, so skewed routing needs no side streams and an
 // empty expert costs nothing.
@@ -40,7 +38,6 @@
 #include "ops/cuda/cuda_wgmma.cuh"
 
 #define WG_BK 64
-#define WG_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
 
 // Shared memory of one configuration: STAGES pipeline stages (A: 2 boxes, B: BN/64 boxes) and, per consumer
 // warpgroup, an epilogue tile of 64 rows × BN outputs (bf16, or fp32 for the weight gradient).
@@ -216,24 +213,13 @@ template <int KIND, int BN>
 static void wgmma_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, void *out,
                          const WgTable *gt, int ntiles, bool accumulate) {
     static bool attr;
-    size_t smem = WG_SMEM + 1024; // stages, epilogue tiles, barriers; alignment slack
-    if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_grouped_kernel<KIND, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)smem));
-        attr = true;
-    }
-    int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
-    wgmma_grouped_kernel<KIND, BN><<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, *mo, out, *gt, ntiles, accumulate);
-    CUDA_LAUNCH_CHECK();
+    wg_launch(wgmma_grouped_kernel<KIND, BN>, &attr, ntiles, *ma, *mb, *mo, out, *gt, ntiles, (int)accumulate);
 }
 
-// One expert product on the wgmma kernels: kind WG_FORWARD (out y (R, N), a x (R, K), b w), WG_INPUT_GRAD
-// (out dx (R, K), a dy (R, N), b w) or WG_WEIGHT_GRAD (out dw (E, N, K) fp32 (+)=, a dy (R, N), b x (R, K);
-// accumulate false: written, the empty experts' zeroed).
-// False when the inputs do not fit (not a Hopper GPU, dtypes, N or K not multiples of 64, more than 256
-// experts, unaligned pointers, sizes past int), and the caller runs another path.
-static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w, const int64_t *offs,
-                              bool accumulate) {
+// One expert product (cuda_common.cuh). Not fitting: not a Hopper GPU, dtypes, N or K not multiples of 64, more than
+// 256 experts, unaligned pointers, sizes past int.
+bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate) {
+    Tensor w = kind == WG_WEIGHT_GRAD ? out : b; // (E, N, K)
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     if (a.dt != DT_BF16 || b.dt != DT_BF16 || out.dt != (kind == WG_WEIGHT_GRAD ? DT_F32 : DT_BF16)) return false;
     if (E < 1 || E > WG_MAX_E || N % WG_BK || K % WG_BK || E * N > 0x7fffffff || K > 0x7fffffff) return false;
@@ -260,23 +246,13 @@ static bool wgmma_grouped_run(int kind, Tensor out, Tensor a, Tensor b, Tensor w
         tensor_map(&ma, a.p, DT_BF16, t_rows(a), kind == WG_FORWARD ? K : N), tensor_map(&mb, w.p, DT_BF16, E * N, K);
         tensor_map(&mo, out.p, DT_BF16, t_rows(out), C);
     }
-    int nt = (int)ntiles;
-    if (kind == WG_FORWARD && bn == 256) wgmma_launch<WG_FORWARD, 256>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
-    else if (kind == WG_FORWARD) wgmma_launch<WG_FORWARD, 128>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
-    else if (kind == WG_INPUT_GRAD && bn == 256)
-        wgmma_launch<WG_INPUT_GRAD, 256>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
-    else if (kind == WG_INPUT_GRAD) wgmma_launch<WG_INPUT_GRAD, 128>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
-    else wgmma_launch<WG_WEIGHT_GRAD, 128>(&ma, &mb, &mo, out.p, &gt, nt, accumulate);
+    typedef void (*Launch)(const CUtensorMap *, const CUtensorMap *, const CUtensorMap *, void *, const WgTable *, int,
+                           bool);
+    static const Launch launch[3][2] = {{wgmma_launch<WG_FORWARD, 128>, wgmma_launch<WG_FORWARD, 256>},
+                                        {wgmma_launch<WG_INPUT_GRAD, 128>, wgmma_launch<WG_INPUT_GRAD, 256>},
+                                        {wgmma_launch<WG_WEIGHT_GRAD, 128>, NULL}};
+    launch[kind][bn == 256](&ma, &mb, &mo, out.p, &gt, (int)ntiles, accumulate);
     return true;
 }
 
-bool wgmma_grouped_forward(Tensor y, Tensor x, Tensor w, const int64_t *offs) {
-    return wgmma_grouped_run(WG_FORWARD, y, x, w, w, offs, false);
-}
-bool wgmma_grouped_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
-    return wgmma_grouped_run(WG_INPUT_GRAD, dx, dy, w, w, offs, false);
-}
-bool wgmma_grouped_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
-    return wgmma_grouped_run(WG_WEIGHT_GRAD, dw, dy, x, dw, offs, accumulate);
-}
 int64_t wgmma_grouped_calls(void) { return wgmma_calls; }

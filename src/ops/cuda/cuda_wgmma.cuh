@@ -83,8 +83,7 @@ template <int N> static __device__ __forceinline__ void fence_regs(float *d) {
 }
 
 // ---- the persistent tile list (cuda_wgmma.cu's kernels and cuda_wgmma_fp8.cu's) ----
-// Kinds of product; experts at most; a tile's output rows.
-enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
+// Experts at most; a tile's output rows (the kinds of product: cuda_common.cuh).
 #define WG_MAX_E 256
 #define WG_BM 128
 
@@ -215,13 +214,12 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
     if (KIND == WG_WEIGHT_GRAD && row0 >= gt.N) return; // the rows past dw_e's last (N a multiple of 64, not 128)
     if (KIND == WG_WEIGHT_GRAD || row0 + 64 <= end) {
         if (tid == 0) {
+            int orow = KIND == WG_WEIGHT_GRAD ? ti.e * gt.N + row0 : row0; // dw's rows: expert e's from e·N
 #pragma unroll
             for (int b = 0; b < BN / COLS; b++) {
                 if (KIND == WG_WEIGHT_GRAD && accumulate)
-                    tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
-                else if (KIND == WG_WEIGHT_GRAD)
-                    tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, ti.e * gt.N + row0);
-                else tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, row0);
+                    tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, orow);
+                else tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, orow);
             }
             bulk_commit();
         }
@@ -243,6 +241,17 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
 }
 
 // ---- host side (cuda_wgmma.cu) ----
+#define WG_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
+// Launches a persistent wgmma kernel: min(tiles, SMs) CTAs of 384 threads with WG_SMEM + 1 KB of dynamic shared
+// memory (the 1 KB: alignment slack), allowed once per kernel (attr: the caller's flag for it).
+template <typename... P, typename... A> static void wg_launch(void (*kernel)(P...), bool *attr, int ntiles, A... args) {
+    size_t smem = WG_SMEM + 1024;
+    if (!*attr) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    *attr = true;
+    int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
+    kernel<<<grid, 384, smem, cuda_stream()>>>(args...);
+    CUDA_LAUNCH_CHECK();
+}
 // True once on a Hopper GPU whose driver gives cuTensorMapEncodeTiled.
 bool wgmma_available(void);
 // A 2D map over a row-major (rows, cols) tensor of `es` bytes per element (type: CU_TENSOR_MAP_DATA_TYPE_*), boxes of

@@ -20,16 +20,15 @@
 // d += b · xs(row, kb) · ws(nb, kb) (weight gradient: b · sdy(tb, n) · sx(tb, k)) — each product scaled exactly once
 // by its own blocks' scales. The wait for the block's products before that add is what the second consumer
 // warpgroup's products overlap. The block's scales arrive in its stage with its boxes (TMA copies of the tile's 128
-// row scales, from the row below it on a 16-byte boundary since a TMA box starts only there, and the weight block's; for the weight gradient bulk copies of 2 × 128), so no consumer waits on a
-// global load (Nsight Compute put 40% of the forward's stalls there when they were read from global memory).
+// row scales, from the row below it on a 16-byte boundary where a TMA box must start, and the weight block's; for the
+// weight gradient bulk copies of 2 × 128), so no consumer waits on a global load.
 // Epilogue: cuda_wgmma.cuh's, as the bf16 kernels': d into swizzled shared boxes, then out by the copy engine (a TMA
 // store, or for the weight gradient an fp32 reduction onto dw_e) while the warpgroup starts its next tile; rows past
 // the tile's expert (they belong to the next expert) are left out by 16-byte stores of the warpgroup's own.
 #include "ops/cuda/cuda_wgmma.cuh"
 
-#define W8_BK 128      // E4M3 codes of one reduction block: a scale block, a 128-byte box row
-#define W8_BN 128      // output columns of a tile: one weight scale block
-#define W8_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
+#define W8_BK 128 // E4M3 codes of one reduction block: a scale block, a 128-byte box row
+#define W8_BN 128 // output columns of a tile: one weight scale block
 
 // Shared memory for output type TO: the stages (A and B: 2 boxes each) and, per consumer warpgroup, an epilogue tile
 // of 64 rows × 128 outputs in swizzled boxes (cuda_wgmma.cuh's epilogue).
@@ -51,7 +50,7 @@ typedef struct {
     int tb0[WG_MAX_E];
 } W8Blocks;
 
-// grid: min(tiles, SMs) CTAs of 384 threads; W8_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes; mo the
+// grid: min(tiles, SMs) CTAs of 384 threads; WG_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes; mo the
 // output's map (cuda_wgmma.cuh's epilogue). The producer copies each block's scales into its stage beside the boxes.
 // KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); msa x's scales (KB, R) in boxes of 132 from the tile's first
 // row rounded down to 4 (zeros past R), msb w's (E·NB, ldws) in boxes of 4 (a block's with its neighbours: 16 bytes); out y (R, N).
@@ -68,7 +67,7 @@ __global__ void __launch_bounds__(384, 1)
     typedef W8Shape<TO> S;
     constexpr bool WGRAD = KIND == WG_WEIGHT_GRAD;
     constexpr int SA = S::SA, SB = S::SB, SC = 1024, ST = SA + SB + SC; // SC: the stage's scales
-    constexpr int STAGES = (W8_SMEM - 256 - 2 * S::EPI) / ST;
+    constexpr int STAGES = (WG_SMEM - 256 - 2 * S::EPI) / ST;
     extern __shared__ unsigned char w8_shared[];
     uint32_t base = (sh_addr(w8_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
     uint32_t epi0 = base + STAGES * ST, full = epi0 + 2 * S::EPI, empty = full + 8 * STAGES;
@@ -176,23 +175,14 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 // ---- host side ----
-static int64_t w8_calls; // products run here
 
 template <int KIND, typename TO>
 static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, const CUtensorMap *msa,
                       const CUtensorMap *msb, TO *out, const float *sa, const float *sb, bool accumulate,
                       const WgTable *gt, const W8Blocks *blocks, int ntiles) {
     static bool attr;
-    size_t smem = W8_SMEM + 1024; // stages, epilogue tiles, barriers; alignment slack
-    if (!attr) {
-        CUDA_CHECK(
-            cudaFuncSetAttribute(wgmma_fp8_kernel<KIND, TO>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr = true;
-    }
-    int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
-    wgmma_fp8_kernel<KIND, TO>
-        <<<grid, 384, smem, cuda_stream()>>>(*ma, *mb, *mo, *msa, *msb, out, sa, sb, accumulate, *gt, *blocks, ntiles);
-    CUDA_LAUNCH_CHECK();
+    wg_launch(wgmma_fp8_kernel<KIND, TO>, &attr, ntiles, *ma, *mb, *mo, *msa, *msb, out, sa, sb, (int)accumulate, *gt,
+              *blocks, ntiles);
 }
 
 // The experts' shapes this kernel takes (its tiles' multiples; also asked without a GPU: op_fp8_tensor_cores).
@@ -217,7 +207,6 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
     WgTable gt;
     int64_t ntiles = wg_table_build(&gt, WG_FORWARD, E, N, K, W8_BN, offs);
     if (ntiles < 0) return false;
-    w8_calls++;
     if (ntiles == 0) return true;
     CUtensorMap ma, mb, mo, msa, msb;
     wgmma_tensor_map(&ma, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, R, K);
@@ -228,11 +217,9 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
     wgmma_scale_map(&msa, xs, K / W8_BK, R, lds, 132); // 128 rows from a 16-byte boundary: 132
     wgmma_scale_map(&msb, ws, E * N / W8_BN, ldws, ldws, 4);
     static W8Blocks none; // (the forward reads no token blocks)
-    if (f32)
-        w8_launch<WG_FORWARD, float>(&ma, &mb, &mo, &msa, &msb, (float *)y.p, NULL, NULL, false, &gt, &none,
-                                     (int)ntiles);
-    else
-        w8_launch<WG_FORWARD, bf16>(&ma, &mb, &mo, &msa, &msb, (bf16 *)y.p, NULL, NULL, false, &gt, &none, (int)ntiles);
+    DT_SWITCH(
+        y.dt, TO, "fp8_grouped_linear",
+        w8_launch<WG_FORWARD, TO>(&ma, &mb, &mo, &msa, &msb, (TO *)y.p, NULL, NULL, false, &gt, &none, (int)ntiles));
     return true;
 }
 
@@ -246,7 +233,6 @@ bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const v
     WgTable gt;
     int64_t ntiles = wg_table_build(&gt, WG_WEIGHT_GRAD, E, N, K, W8_BN, offs);
     if (ntiles < 0) return false;
-    w8_calls++;
     if (ntiles == 0) return true;
     CUtensorMap ma, mb, mo;
     wgmma_tensor_map(&ma, dq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, N, Tp);
@@ -258,5 +244,3 @@ bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const v
                                      (int)ntiles); // (msa, msb: not read)
     return true;
 }
-
-int64_t wgmma_fp8_calls(void) { return w8_calls; }
