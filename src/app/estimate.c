@@ -38,6 +38,13 @@ static Fit fit_of(size_t total, double mem_gb, bool gpu) {
     return need <= 0.95 * mem_gb ? FIT_OK : need <= mem_gb ? FIT_TIGHT : FIT_OOM;
 }
 
+// The plan of world rank `rank` of c's layout on `gpus` ranks; its mesh in *d.
+static MemoryPlan plan_rank(const TrainConfig *c, long gpus, int rank, Device dev, Dist *d) {
+    dist_mesh_describe(d, (int)gpus, rank, c->parallel.pp, c->parallel.cp, c->parallel.ep,
+                       c->parallel.sharding == SHARD_HSDP, c->file);
+    return run_memory_plan(c, d, dev);
+}
+
 // The plan of c on `gpus` ranks, or false (nothing planned) when the layout does not divide: ranks by
 // pp·cp·ep, experts by ep, the global batch by micro-batch × dp × ep (into 2·pp or more micro-batches with a
 // pipeline).
@@ -48,8 +55,7 @@ static bool plan_layout(const TrainConfig *c, const ModelConfig *mc, long gpus, 
     if (c->global_batch_size % (c->micro_batch_size * dp * ep)) return false;
     if (pp > 1 && c->global_batch_size / (c->micro_batch_size * dp * ep) < 2 * pp) return false; // DualPipeV: N ≥ 2P
     Dist d;
-    dist_mesh_describe(&d, (int)gpus, 0, pp, cp, ep, c->parallel.sharding == SHARD_HSDP, c->file);
-    *p = run_memory_plan(c, &d, dev);
+    *p = plan_rank(c, gpus, 0, dev, &d);
     return true;
 }
 
@@ -286,9 +292,7 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
         printf("plan per pipeline rank:");
         for (int k = 0; k < d->pp; k++) {
             Dist dk;
-            dist_mesh_describe(&dk, (int)gpus, k * ((int)gpus / d->pp), c->parallel.pp, c->parallel.cp, c->parallel.ep,
-                               c->parallel.sharding == SHARD_HSDP, c->file);
-            MemoryPlan pk = run_memory_plan(c, &dk, dev);
+            MemoryPlan pk = plan_rank(c, gpus, k * ((int)gpus / d->pp), dev, &dk);
             printf(" %zu", memory_plan_total(&pk));
         }
         printf(" bytes\n");
@@ -345,9 +349,7 @@ int cmd_estimate(int argc, char **argv) {
     free(sets);
     Device dev = strcmp(device, "cpu") ? DEV_CUDA : DEV_CPU;
     Dist d;
-    dist_mesh_describe(&d, (int)gpus, 0, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep,
-                       cfg.parallel.sharding == SHARD_HSDP, cfg.file);
-    MemoryPlan p = run_memory_plan(&cfg, &d, dev);
+    MemoryPlan p = plan_rank(&cfg, gpus, 0, dev, &d);
     ModelConfig mc;
     model_config_load(&mc, cfg.model);
     print_plan(&cfg, &mc, &d, &p, gpus, dev, mem_gb);

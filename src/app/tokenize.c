@@ -426,39 +426,11 @@ typedef struct {
     bool eof;
 } Reader;
 
-// reader_fill for .gz files: inflates into r->buf (which has room for CHUNK_BYTES more) until it grows.
-static bool gz_fill(Reader *r, const char **err) {
-    size_t before = r->len;
-    while (r->len == before) {
-        if (r->gz->avail_in == 0) {
-            size_t n = fread(r->inbuf, 1, r->inbuf_cap, r->f);
-            r->in_used += n;
-            if (ferror(r->f)) return *err = strerror(errno), false;
-            if (n == 0) {
-                r->eof = true;
-                if (!r->gz_end) return *err = "truncated gzip data (the file ends inside a member)", false;
-                return true;
-            }
-            r->gz->next_in = (Bytef *)r->inbuf, r->gz->avail_in = (uInt)n;
-        }
-        if (r->gz_end) { // the next member
-            CHECK(inflateReset(r->gz) == Z_OK);
-            r->gz_end = false;
-        }
-        r->gz->next_out = (Bytef *)r->buf + r->len, r->gz->avail_out = CHUNK_BYTES;
-        int rc = inflate(r->gz, Z_NO_FLUSH);
-        r->len = (char *)r->gz->next_out - r->buf;
-        if (rc == Z_STREAM_END) r->gz_end = true;
-        else if (rc != Z_OK && rc != Z_BUF_ERROR) return *err = r->gz->msg ? r->gz->msg : "invalid gzip data", false;
-    }
-    return true;
-}
-
-// Reads more text into r->buf; false with *err set on a read or decompression error.
+// Reads more text into r->buf; false with *err set on a read or decompression error. A compressed file is read
+// into r->inbuf and decoded (zstd, or zlib's gzip) until the text grows.
 static bool reader_fill(Reader *r, const char **err) {
     if (r->len + CHUNK_BYTES + 1 > r->cap) r->cap = 2 * (r->len + CHUNK_BYTES + 1), r->buf = xrealloc(r->buf, r->cap);
-    if (r->gz) return gz_fill(r, err);
-    if (!r->z) {
+    if (!r->z && !r->gz) {
         size_t n = fread(r->buf + r->len, 1, CHUNK_BYTES, r->f);
         r->len += n, r->in_used += n;
         if (n == 0) r->eof = true;
@@ -467,20 +439,35 @@ static bool reader_fill(Reader *r, const char **err) {
     }
     size_t before = r->len;
     while (r->len == before) {
-        if (r->in.pos == r->in.size) {
-            r->in.size = fread(r->inbuf, 1, r->inbuf_cap, r->f), r->in.pos = 0;
-            r->in_used += r->in.size;
+        if (r->gz ? r->gz->avail_in == 0 : r->in.pos == r->in.size) {
+            size_t n = fread(r->inbuf, 1, r->inbuf_cap, r->f);
+            r->in_used += n;
             if (ferror(r->f)) return *err = strerror(errno), false;
-            if (r->in.size == 0) {
+            if (n == 0) {
                 r->eof = true;
-                if (r->zlast != 0) return *err = "truncated zstd data (the file ends inside a frame)", false;
+                if (r->gz && !r->gz_end) return *err = "truncated gzip data (the file ends inside a member)", false;
+                if (r->z && r->zlast) return *err = "truncated zstd data (the file ends inside a frame)", false;
                 return true;
             }
+            if (r->gz) r->gz->next_in = (Bytef *)r->inbuf, r->gz->avail_in = (uInt)n;
+            else r->in.size = n, r->in.pos = 0;
         }
-        ZSTD_outBuffer out = {r->buf, r->len + CHUNK_BYTES, r->len};
-        r->zlast = ZSTD_decompressStream(r->z, &out, &r->in);
-        if (ZSTD_isError(r->zlast)) return *err = ZSTD_getErrorName(r->zlast), false;
-        r->len = out.pos;
+        if (r->z) {
+            ZSTD_outBuffer out = {r->buf, r->len + CHUNK_BYTES, r->len};
+            r->zlast = ZSTD_decompressStream(r->z, &out, &r->in);
+            if (ZSTD_isError(r->zlast)) return *err = ZSTD_getErrorName(r->zlast), false;
+            r->len = out.pos;
+            continue;
+        }
+        if (r->gz_end) { // the next member (another may follow, as `cat a.gz b.gz` makes)
+            CHECK(inflateReset(r->gz) == Z_OK);
+            r->gz_end = false;
+        }
+        r->gz->next_out = (Bytef *)r->buf + r->len, r->gz->avail_out = CHUNK_BYTES;
+        int rc = inflate(r->gz, Z_NO_FLUSH);
+        r->len = (char *)r->gz->next_out - r->buf;
+        if (rc == Z_STREAM_END) r->gz_end = true;
+        else if (rc != Z_OK && rc != Z_BUF_ERROR) return *err = r->gz->msg ? r->gz->msg : "invalid gzip data", false;
     }
     return true;
 }

@@ -18,32 +18,18 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is l
 static const struct {
     const char *name;
     size_t size;
-    int dt; // DType, or -1
     int rank;
 } st_types[ST_NDTYPE] = {
-    [ST_F64] = {"F64", 8, DT_F64, 13},    [ST_F32] = {"F32", 4, DT_F32, 12},    [ST_F16] = {"F16", 2, DT_F16, 8},
-    [ST_BF16] = {"BF16", 2, DT_BF16, 9},  [ST_I64] = {"I64", 8, DT_I64, 14},    [ST_I32] = {"I32", 4, DT_I32, 10},
-    [ST_I16] = {"I16", 2, -1, 6},         [ST_I8] = {"I8", 1, -1, 2},           [ST_U64] = {"U64", 8, DT_U64, 15},
-    [ST_U32] = {"U32", 4, DT_U32, 11},    [ST_U16] = {"U16", 2, DT_U16, 7},     [ST_U8] = {"U8", 1, DT_U8, 1},
-    [ST_BOOL] = {"BOOL", 1, -1, 0},       [ST_F8_E4M3] = {"F8_E4M3", 1, -1, 4}, [ST_F8_E5M2] = {"F8_E5M2", 1, -1, 3},
-    [ST_F8_E8M0] = {"F8_E8M0", 1, -1, 5},
+    [ST_F64] = {"F64", 8, 13},        [ST_F32] = {"F32", 4, 12},        [ST_F16] = {"F16", 2, 8},
+    [ST_BF16] = {"BF16", 2, 9},       [ST_I64] = {"I64", 8, 14},        [ST_I32] = {"I32", 4, 10},
+    [ST_I16] = {"I16", 2, 6},         [ST_I8] = {"I8", 1, 2},           [ST_U64] = {"U64", 8, 15},
+    [ST_U32] = {"U32", 4, 11},        [ST_U16] = {"U16", 2, 7},         [ST_U8] = {"U8", 1, 1},
+    [ST_BOOL] = {"BOOL", 1, 0},       [ST_F8_E4M3] = {"F8_E4M3", 1, 4}, [ST_F8_E5M2] = {"F8_E5M2", 1, 3},
+    [ST_F8_E8M0] = {"F8_E8M0", 1, 5},
 };
 
 const char *st_dtype_name(StDType dt) { return st_types[dt].name; }
 size_t st_dtype_size(StDType dt) { return st_types[dt].size; }
-
-bool st_dtype_to_dt(StDType sdt, DType *dt) {
-    if (st_types[sdt].dt < 0) return false;
-    *dt = (DType)st_types[sdt].dt;
-    return true;
-}
-
-StDType st_dtype_from_dt(DType dt) {
-    for (int i = 0; i < ST_NDTYPE; i++)
-        if (st_types[i].dt == (int)dt) return (StDType)i;
-    CHECK(!"every DType has a safetensors name");
-    return ST_F32;
-}
 
 static bool fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 // Writes one line into err: control characters (from names in a hostile header) become '?'.
