@@ -318,10 +318,7 @@ int cmd_estimate(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         char *end;
         switch (c) {
-        case 'n':
-            gpus = strtol(optarg, &end, 10);
-            if (*end || gpus < 1 || gpus > 1 << 20) die("estimate: --gpus needs a positive integer (got '%s')", optarg);
-            break;
+        case 'n': gpus = arg_int("estimate", "--gpus", optarg, 1, 1 << 20); break;
         case 'm':
             mem_gb = strtod(optarg, &end);
             if (*end || !(mem_gb > 0)) die("estimate: --gpu-memory needs a positive number of GB (got '%s')", optarg);

@@ -681,13 +681,7 @@ static int tokenize_args(TokArgs *a, int argc, char **argv) {
         case 't': a->tokpath = optarg; break;
         case 'i': a->inputs[a->ninputs++] = optarg; break;
         case 'o': a->outdir = optarg; break;
-        case 'w': {
-            char *end;
-            a->workers = strtol(optarg, &end, 10);
-            if (*end || a->workers < 1 || a->workers > 1024)
-                die("tokenize: --workers must be an integer in [1, 1024] (got '%s')", optarg);
-            break;
-        }
+        case 'w': a->workers = arg_int("tokenize", "--workers", optarg, 1, 1024); break;
         case 'e': a->eos_arg = optarg; break;
         case 'f': a->field = optarg; break;
         case 's': a->split = optarg; break;

@@ -71,6 +71,11 @@ char *xstrdup(const char *s) {
     return memcpy(xmalloc(n), s, n);
 }
 
+bool str_ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
 // Edit distance of a and b counting a swap of two neighbours as one edit (optimal string alignment): d[i][j] over
 // the prefixes a[0..i), b[0..j), three rows kept.
 static int edit_distance(const char *a, const char *b) {

@@ -39,6 +39,7 @@ void *xmalloc(size_t n);
 void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
+bool str_ends_with(const char *s, const char *suffix);
 double now_seconds(void); // monotonic clock
 size_t peak_rss_bytes(void);
 

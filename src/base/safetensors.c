@@ -293,11 +293,6 @@ static void st_set_build_table(StSet *s) {
     qsort(s->t, (size_t)s->n, sizeof *s->t, cmp_tensor_ptr);
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
-}
-
 bool st_set_open(StSet *s, const char *path, char *err, size_t cap) {
     memset(s, 0, sizeof *s);
     char index[4096] = "", dir[4096] = "", file[4096] = "";
@@ -305,7 +300,7 @@ bool st_set_open(StSet *s, const char *path, char *err, size_t cap) {
         path_join(index, sizeof index, path, "model.safetensors.index.json");
         snprintf(dir, sizeof dir, "%s", path);
         if (!path_exists(index)) index[0] = 0, path_join(file, sizeof file, path, "model.safetensors");
-    } else if (ends_with(path, ".json")) {
+    } else if (str_ends_with(path, ".json")) {
         snprintf(index, sizeof index, "%s", path);
         path_dirname(dir, sizeof dir, path);
         if (!path_exists(index)) return fail(err, cap, "%s: no such file", index);
