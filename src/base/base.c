@@ -48,6 +48,16 @@ void warn(const char *fmt, ...) {
     va_end(ap);
 }
 
+bool fail(char *err, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (cap) vsnprintf(err, cap, fmt, ap);
+    va_end(ap);
+    for (char *c = err; cap && *c; c++)
+        if ((unsigned char)*c < 0x20) *c = '?';
+    return false;
+}
+
 void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) die("out of host memory allocating %zu bytes", n);

@@ -24,6 +24,9 @@ extern void (*die_cleanup)(void);
 // " (during step 12)", so an error deep in an op (FP8's quantiser, an embedding id) names the step.
 extern char die_context[64];
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// One line into err[0..cap) (control characters, as from names in a hostile file, become '?'); returns false, for
+// `return fail(err, cap, ...)` in readers that report rather than die.
+bool fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 // For "did you mean": the name of names[0..n) closest to word in edit distance, when it is near enough to be a slip
 // (at most a third of the word's length, at least 1); else NULL.
 const char *closest_name(const char *word, const char *const *names, int n);

@@ -31,18 +31,6 @@ static const struct {
 const char *st_dtype_name(StDType dt) { return st_types[dt].name; }
 size_t st_dtype_size(StDType dt) { return st_types[dt].size; }
 
-static bool fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-// Writes one line into err: control characters (from names in a hostile header) become '?'.
-static bool fail(char *err, size_t cap, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (cap) vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-    for (char *c = err; cap && *c; c++)
-        if ((unsigned char)*c < 0x20) *c = '?';
-    return false;
-}
-
 static void shape_str(char *buf, size_t cap, int nd, const int64_t *shape) {
     size_t k = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < nd && k < cap; i++)
