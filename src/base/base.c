@@ -81,6 +81,18 @@ char *xstrdup(const char *s) {
     return memcpy(xmalloc(n), s, n);
 }
 
+void str_printf(Str *s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (s->n + n + 1 > s->cap) s->cap = 2 * (s->n + n + 1), s->p = xrealloc(s->p, s->cap);
+    va_start(ap, fmt);
+    vsnprintf(s->p + s->n, n + 1, fmt, ap);
+    va_end(ap);
+    s->n += n;
+}
+
 bool str_ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && !strcmp(s + n - m, suffix);

@@ -38,6 +38,21 @@ const char *closest_name(const char *word, const char *const *names, int n);
         }                                                                                                              \
     } while (0)
 
+// A growing string: p[0..n), NUL-terminated once anything is put. realloc and CHECK rather than xrealloc: json.c
+// links alone into a fuzz target.
+typedef struct {
+    char *p;
+    size_t n, cap;
+} Str;
+static inline void str_put(Str *s, const char *p, size_t n) {
+    if (s->n + n + 1 > s->cap) {
+        s->cap = 2 * (s->n + n + 1), s->p = realloc(s->p, s->cap);
+        CHECK(s->p);
+    }
+    memcpy(s->p + s->n, p, n), s->n += n, s->p[s->n] = 0;
+}
+void str_printf(Str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 void *xmalloc(size_t n);
 void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t n);
