@@ -223,7 +223,7 @@ void arena_destroy(Arena *a) {
     *a = (Arena){0};
 }
 
-void *arena_alloc(Arena *a, size_t bytes) {
+static void *arena_alloc(Arena *a, size_t bytes) {
     size_t off = (a->used + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     a->used = off + bytes;
     if (a->used > a->peak) a->peak = a->used;

@@ -112,7 +112,6 @@ extern void (*host_unregister)(void *p);
 Arena arena_counting(const char *name, Device dev);
 Arena arena_create(const char *name, Device dev, size_t cap); // allocates (host or device memory)
 void arena_destroy(Arena *a);
-void *arena_alloc(Arena *a, size_t bytes);
 Tensor arena_tensor(Arena *a, DType dt, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
 static inline size_t arena_mark(const Arena *a) { return a->used; }
 static inline void arena_reset(Arena *a, size_t mark) { a->used = mark; }
