@@ -5,6 +5,7 @@
 // factor, recompute, ep, micro-batch) by planning the changed config; --sweep plans every layout of N GPUs and
 // prints the ones that fit, best first (docs/architecture.md, "pith estimate").
 #include <getopt.h>
+#include <math.h>
 #include <unistd.h>
 
 #include "app/app.h"
@@ -316,12 +317,11 @@ int cmd_estimate(int argc, char **argv) {
     const char *device = "cuda";
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        char *end;
         switch (c) {
         case 'n': gpus = arg_int("estimate", "--gpus", optarg, 1, 1 << 20); break;
         case 'm':
-            mem_gb = strtod(optarg, &end);
-            if (*end || !(mem_gb > 0)) die("estimate: --gpu-memory needs a positive number of GB (got '%s')", optarg);
+            if (!((mem_gb = arg_num("estimate", "--gpu-memory", optarg, 0, INFINITY)) > 0))
+                die("estimate: --gpu-memory needs a positive number of GB (got '%s')", optarg);
             break;
         case 'd':
             if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu"))
