@@ -39,14 +39,14 @@ const char *closest_name(const char *word, const char *const *names, int n);
     } while (0)
 
 // A growing string: p[0..n), NUL-terminated once anything is put. realloc and CHECK rather than xrealloc: json.c
-// links alone into a fuzz target.
+// links alone into a fuzz target (the cast: CUDA sources include this as C++).
 typedef struct {
     char *p;
     size_t n, cap;
 } Str;
 static inline void str_put(Str *s, const char *p, size_t n) {
     if (s->n + n + 1 > s->cap) {
-        s->cap = 2 * (s->n + n + 1), s->p = realloc(s->p, s->cap);
+        s->cap = 2 * (s->n + n + 1), s->p = (char *)realloc(s->p, s->cap);
         CHECK(s->p);
     }
     memcpy(s->p + s->n, p, n), s->n += n, s->p[s->n] = 0;
