@@ -13,6 +13,8 @@ int cmd_generate(int argc, char **argv);
 // The integer value of option opt of command cmd, in [lo, hi]; dies naming both otherwise (val NULL:
 // the option had no value).
 int64_t arg_int(const char *cmd, const char *opt, const char *val, int64_t lo, int64_t hi);
+// The number value of option opt of command cmd, in [lo, hi]; dies naming both otherwise.
+double arg_num(const char *cmd, const char *opt, const char *val, double lo, double hi);
 
 #include "base/base.h"
 struct option;

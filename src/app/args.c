@@ -16,6 +16,15 @@ int64_t arg_int(const char *cmd, const char *opt, const char *val, int64_t lo, i
     return v;
 }
 
+double arg_num(const char *cmd, const char *opt, const char *val, double lo, double hi) {
+    char *end;
+    errno = 0;
+    double v = strtod(val, &end);
+    if (!val[0] || *end || errno == ERANGE || !(v >= lo && v <= hi))
+        die("%s: %s needs a number in [%g, %g] (got '%s')", cmd, opt, lo, hi, val);
+    return v;
+}
+
 Device arg_device(const char *cmd, const char *device) {
     if (strcmp(device, "auto") && strcmp(device, "cpu") && strcmp(device, "cuda"))
         die("%s: --device must be auto, cpu or cuda (got '%s')", cmd, device);

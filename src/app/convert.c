@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <getopt.h>
+#include <math.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -32,18 +33,14 @@ static void convert_usage(FILE *f) {
 }
 
 static size_t parse_size(const char *s) {
+    static const char *const units[] = {"", "KB", "MB", "GB", "", "KiB", "MiB", "GiB"};
     char *end;
     double v = strtod(s, &end);
-    size_t mul = 1;
-    if (!strcasecmp(end, "KB")) mul = 1000;
-    else if (!strcasecmp(end, "MB")) mul = 1000 * 1000;
-    else if (!strcasecmp(end, "GB")) mul = 1000 * 1000 * 1000;
-    else if (!strcasecmp(end, "KiB")) mul = 1024;
-    else if (!strcasecmp(end, "MiB")) mul = 1024 * 1024;
-    else if (!strcasecmp(end, "GiB")) mul = 1024 * 1024 * 1024;
-    else if (*end) die("convert: --max-shard-size: cannot read '%s' (examples: 5GB, 500MB, 1048576)", s);
+    int k = 0;
+    while (k < 8 && strcasecmp(end, units[k])) k++;
+    if (k == 8) die("convert: --max-shard-size: cannot read '%s' (examples: 5GB, 500MB, 1048576)", s);
     if (!(v > 0)) die("convert: --max-shard-size: must be positive (got '%s')", s);
-    return (size_t)(v * mul);
+    return (size_t)(v * pow(k < 4 ? 1000 : 1024, k % 4));
 }
 
 // The temporary output folder while it is being written: removed at exit unless it was renamed, so a run

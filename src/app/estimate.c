@@ -5,6 +5,7 @@
 // factor, recompute, ep, micro-batch) by planning the changed config; --sweep plans every layout of N GPUs and
 // prints the ones that fit, best first (docs/architecture.md, "pith estimate").
 #include <getopt.h>
+#include <math.h>
 #include <unistd.h>
 
 #include "app/app.h"
@@ -38,6 +39,13 @@ static Fit fit_of(size_t total, double mem_gb, bool gpu) {
     return need <= 0.95 * mem_gb ? FIT_OK : need <= mem_gb ? FIT_TIGHT : FIT_OOM;
 }
 
+// The plan of world rank `rank` of c's layout on `gpus` ranks; its mesh in *d.
+static MemoryPlan plan_rank(const TrainConfig *c, long gpus, int rank, Device dev, Dist *d) {
+    dist_mesh_describe(d, (int)gpus, rank, c->parallel.pp, c->parallel.cp, c->parallel.ep,
+                       c->parallel.sharding == SHARD_HSDP, c->file);
+    return run_memory_plan(c, d, dev);
+}
+
 // The plan of c on `gpus` ranks, or false (nothing planned) when the layout does not divide: ranks by
 // pp·cp·ep, experts by ep, the global batch by micro-batch × dp × ep (into 2·pp or more micro-batches with a
 // pipeline).
@@ -48,8 +56,7 @@ static bool plan_layout(const TrainConfig *c, const ModelConfig *mc, long gpus, 
     if (c->global_batch_size % (c->micro_batch_size * dp * ep)) return false;
     if (pp > 1 && c->global_batch_size / (c->micro_batch_size * dp * ep) < 2 * pp) return false; // DualPipeV: N ≥ 2P
     Dist d;
-    dist_mesh_describe(&d, (int)gpus, 0, pp, cp, ep, c->parallel.sharding == SHARD_HSDP, c->file);
-    *p = run_memory_plan(c, &d, dev);
+    *p = plan_rank(c, gpus, 0, dev, &d);
     return true;
 }
 
@@ -286,9 +293,7 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
         printf("plan per pipeline rank:");
         for (int k = 0; k < d->pp; k++) {
             Dist dk;
-            dist_mesh_describe(&dk, (int)gpus, k * ((int)gpus / d->pp), c->parallel.pp, c->parallel.cp, c->parallel.ep,
-                               c->parallel.sharding == SHARD_HSDP, c->file);
-            MemoryPlan pk = run_memory_plan(c, &dk, dev);
+            MemoryPlan pk = plan_rank(c, gpus, k * ((int)gpus / d->pp), dev, &dk);
             printf(" %zu", memory_plan_total(&pk));
         }
         printf(" bytes\n");
@@ -312,15 +317,11 @@ int cmd_estimate(int argc, char **argv) {
     const char *device = "cuda";
     optind = 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        char *end;
         switch (c) {
-        case 'n':
-            gpus = strtol(optarg, &end, 10);
-            if (*end || gpus < 1 || gpus > 1 << 20) die("estimate: --gpus needs a positive integer (got '%s')", optarg);
-            break;
+        case 'n': gpus = arg_int("estimate", "--gpus", optarg, 1, 1 << 20); break;
         case 'm':
-            mem_gb = strtod(optarg, &end);
-            if (*end || !(mem_gb > 0)) die("estimate: --gpu-memory needs a positive number of GB (got '%s')", optarg);
+            if (!((mem_gb = arg_num("estimate", "--gpu-memory", optarg, 0, INFINITY)) > 0))
+                die("estimate: --gpu-memory needs a positive number of GB (got '%s')", optarg);
             break;
         case 'd':
             if (strcmp(optarg, "cuda") && strcmp(optarg, "cpu"))
@@ -345,9 +346,7 @@ int cmd_estimate(int argc, char **argv) {
     free(sets);
     Device dev = strcmp(device, "cpu") ? DEV_CUDA : DEV_CPU;
     Dist d;
-    dist_mesh_describe(&d, (int)gpus, 0, cfg.parallel.pp, cfg.parallel.cp, cfg.parallel.ep,
-                       cfg.parallel.sharding == SHARD_HSDP, cfg.file);
-    MemoryPlan p = run_memory_plan(&cfg, &d, dev);
+    MemoryPlan p = plan_rank(&cfg, gpus, 0, dev, &d);
     ModelConfig mc;
     model_config_load(&mc, cfg.model);
     print_plan(&cfg, &mc, &d, &p, gpus, dev, mem_gb);

@@ -4,7 +4,6 @@
 // gen_sample draws the next token from. Tokens are decoded as they come and written to stdout.
 #include "app/generate.h"
 
-#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 
@@ -102,16 +101,6 @@ static void generate_usage(FILE *f) {
                "  --device: auto (default): the GPU when there is one. --dtype: GPU compute dtype (default fp32).\n");
 }
 
-// A number in [lo, hi] from option opt, or a one-line error naming it.
-static double arg_num(const char *opt, const char *val, double lo, double hi) {
-    char *end;
-    errno = 0;
-    double v = strtod(val, &end);
-    if (!val[0] || *end || errno == ERANGE || !(v >= lo && v <= hi))
-        die("generate: %s needs a number in [%g, %g] (got '%s')", opt, lo, hi, val);
-    return v;
-}
-
 int cmd_generate(int argc, char **argv) {
     static struct option opts[] = {{"model", 1, 0, 'm'},  {"tokenizer", 1, 0, 'k'},
                                    {"prompt", 1, 0, 'p'}, {"temperature", 1, 0, 't'},
@@ -129,8 +118,8 @@ int cmd_generate(int argc, char **argv) {
         case 'k': tokenizer = optarg; break;
         case 'p': prompt = optarg; break;
         case 'n': n_new = arg_int("generate", "-n", optarg, 1, 1 << 20); break;
-        case 't': temperature = arg_num("--temperature", optarg, 0, 1e6); break;
-        case 'P': top_p = arg_num("--top-p", optarg, 0, 1); break;
+        case 't': temperature = arg_num("generate", "--temperature", optarg, 0, 1e6); break;
+        case 'P': top_p = arg_num("generate", "--top-p", optarg, 0, 1); break;
         case 's': seed = arg_int("generate", "--seed", optarg, 0, INT64_MAX); break;
         case 'v': device = optarg; break;
         case 'd': dtype = optarg; break;

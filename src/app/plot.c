@@ -218,11 +218,6 @@ static void plot_usage(FILE *f) {
             PLOT_W, PLOT_H);
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
-}
-
 int cmd_plot(int argc, char **argv) {
     const char *dirs[MAX_RUNS], *output = NULL;
     int nruns = 0;
@@ -241,8 +236,8 @@ int cmd_plot(int argc, char **argv) {
     }
     char def[4200], tmp[4300];
     if (!output) snprintf(def, sizeof def, "%s/loss.png", dirs[0]), output = def;
-    bool svg = ends_with(output, ".svg");
-    if (!svg && !ends_with(output, ".png")) die("plot: --output %s: the name must end in .png or .svg", output);
+    bool svg = str_ends_with(output, ".svg");
+    if (!svg && !str_ends_with(output, ".png")) die("plot: --output %s: the name must end in .png or .svg", output);
     Series runs[MAX_RUNS] = {0};
     for (int r = 0; r < nruns; r++) series_read(&runs[r], dirs[r]);
     // Drawn under a temporary name and renamed: a failed plot leaves no half-written picture.

@@ -59,8 +59,7 @@ typedef struct Chunk {
     uint8_t *mask;  // (ids.n) prompt-completion: 1 a loss target, 0 a prompt token
     size_t mask_cap;
     size_t ndocs, ends_cap, repaired, bad, text_bytes; // repaired: documents with invalid UTF-8; bad: lines skipped
-    char *errors; // one message per line; in fail mode the first error stops the chunk
-    size_t errors_len;
+    Str errors; // one message per line; in fail mode the first error stops the chunk
     struct Chunk *next;
 } Chunk;
 
@@ -135,16 +134,6 @@ static void remove_partial_outputs(void) {
 // tokenizer; this runs at memory speed. A lone surrogate escape (\ud800) decodes to U+FFFD.
 
 typedef struct {
-    char *p;
-    size_t n, cap;
-} Buf;
-
-static void buf_put(Buf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) b->cap = 2 * (b->n + n + 1), b->p = xrealloc(b->p, b->cap);
-    memcpy(b->p + b->n, s, n), b->n += n;
-}
-
-typedef struct {
     const char *p, *end;
     const char *err;
     int depth;
@@ -173,13 +162,13 @@ static int js_hex4(const char *q) {
 }
 
 // A string at s->p (a '"'); its decoded UTF-8 goes to out unless out is NULL.
-static bool js_string(JScan *s, Buf *out) {
+static bool js_string(JScan *s, Str *out) {
     if (s->p >= s->end || *s->p != '"') return js_fail(s, "expected a string");
     s->p++;
     for (;;) {
         const char *q = s->p;
         while (q < s->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) q++;
-        if (out) buf_put(out, s->p, q - s->p);
+        if (out) str_put(out, s->p, q - s->p);
         s->p = q;
         if (q >= s->end) return js_fail(s, "unterminated string");
         if (*q == '"') return s->p++, true;
@@ -189,7 +178,7 @@ static bool js_string(JScan *s, Buf *out) {
         s->p = q + 2;
         const char *esc = strchr("\"\\/bfnrt", c);
         if (c && esc) {
-            if (out) buf_put(out, &"\"\\/\b\f\n\r\t"[esc - "\"\\/bfnrt"], 1);
+            if (out) str_put(out, &"\"\\/\b\f\n\r\t"[esc - "\"\\/bfnrt"], 1);
             continue;
         }
         if (c != 'u') return js_fail(s, "invalid escape in a string");
@@ -207,13 +196,13 @@ static bool js_string(JScan *s, Buf *out) {
             for (int i = k - 1; i > 0; i--) u[i] = (char)(0x80 | (cp & 63)), cp >>= 6;
             u[0] = (char)((k == 2 ? 0xC0 : k == 3 ? 0xE0 : 0xF0) | cp);
         }
-        if (out) buf_put(out, u, k);
+        if (out) str_put(out, u, k);
     }
 }
 
 // Any value at s->p. With field != NULL (the top-level object), the string value of that key goes to out and *state
 // says what the key held: 0 absent, 1 a string, 2 something else.
-static bool js_value(JScan *s, const char *field, Buf *out, Buf *key, int *state) {
+static bool js_value(JScan *s, const char *field, Str *out, Str *key, int *state) {
     js_ws(s);
     if (s->p >= s->end) return js_fail(s, "unexpected end of line");
     char c = *s->p;
@@ -272,7 +261,7 @@ static bool js_value(JScan *s, const char *field, Buf *out, Buf *key, int *state
 }
 
 // The string value of top-level `field` of the JSON object line[0..n) into out; else an error message (with *col).
-static const char *json_line_field(const char *line, size_t n, const char *field, Buf *out, Buf *key, size_t *col) {
+static const char *json_line_field(const char *line, size_t n, const char *field, Str *out, Str *key, size_t *col) {
     JScan s = {line, line + n, NULL, 0};
     int state = 0;
     js_ws(&s);
@@ -283,21 +272,6 @@ static const char *json_line_field(const char *line, size_t n, const char *field
     }
     *col = (size_t)(s.p - line) + 1;
     return s.err ? s.err : state == 0 ? "no field" : state == 2 ? "not a string" : NULL;
-}
-
-static void chunk_error(Chunk *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void chunk_error(Chunk *c, const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(msg, sizeof msg - 1, fmt, ap);
-    va_end(ap);
-    n = n < (int)sizeof msg - 1 ? n : (int)sizeof msg - 2;
-    msg[n++] = '\n';
-    c->errors = xrealloc(c->errors, c->errors_len + n + 1);
-    memcpy(c->errors + c->errors_len, msg, n);
-    c->errors_len += n, c->errors[c->errors_len] = 0;
-    c->bad++;
 }
 
 // Ends the chunk's last document: EOS, and its end kept.
@@ -331,11 +305,11 @@ static bool blank(const char *p, size_t n) {
 
 typedef struct {
     BpeScratch *s;
-    Buf text, key, completion;
+    Str text, key, completion;
 } Worker;
 
 // A prompt-completion pair: the prompt's ids (not targets), then the completion's and EOS (targets), one document.
-static void chunk_pair(Shared *sh, BpeScratch *s, Chunk *c, const Buf *prompt, const Buf *completion) {
+static void chunk_pair(Shared *sh, BpeScratch *s, Chunk *c, const Str *prompt, const Str *completion) {
     size_t n0 = c->ids.n;
     bpe_encode(sh->tok, s, prompt->p, prompt->n, true, &c->ids);
     size_t n1 = c->ids.n;
@@ -348,11 +322,13 @@ static void chunk_pair(Shared *sh, BpeScratch *s, Chunk *c, const Buf *prompt, c
 
 // Names line `line`'s error err of field `field` in the chunk's errors (json_line_field's messages).
 static void line_error(Chunk *c, const char *name, int64_t line, const char *field, const char *err, size_t col) {
-    if (!strcmp(err, "no field")) chunk_error(c, "%s:%lld: no field \"%s\"", name, (long long)line, field);
+    Str *e = &c->errors;
+    if (!strcmp(err, "no field")) str_printf(e, "%s:%lld: no field \"%s\"\n", name, (long long)line, field);
     else if (!strcmp(err, "not a string"))
-        chunk_error(c, "%s:%lld: field \"%s\" is not a string", name, (long long)line, field);
-    else if (col == 1) chunk_error(c, "%s:%lld: %s", name, (long long)line, err);
-    else chunk_error(c, "%s:%lld: malformed JSON: %s at column %zu", name, (long long)line, err, col);
+        str_printf(e, "%s:%lld: field \"%s\" is not a string\n", name, (long long)line, field);
+    else if (col == 1) str_printf(e, "%s:%lld: %s\n", name, (long long)line, err);
+    else str_printf(e, "%s:%lld: malformed JSON: %s at column %zu\n", name, (long long)line, err, col);
+    c->bad++;
 }
 
 static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
@@ -390,7 +366,7 @@ static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
 
 static void *worker_main(void *arg) {
     Shared *sh = arg;
-    Worker ws = {bpe_scratch_new(sh->tok), {xmalloc(256), 0, 256}, {xmalloc(256), 0, 256}, {xmalloc(256), 0, 256}};
+    Worker ws = {.s = bpe_scratch_new(sh->tok)};
     pthread_mutex_lock(&sh->mu);
     for (;;) {
         while (!sh->work_head && !sh->stop) pthread_cond_wait(&sh->work_cv, &sh->mu);
@@ -426,39 +402,11 @@ typedef struct {
     bool eof;
 } Reader;
 
-// reader_fill for .gz files: inflates into r->buf (which has room for CHUNK_BYTES more) until it grows.
-static bool gz_fill(Reader *r, const char **err) {
-    size_t before = r->len;
-    while (r->len == before) {
-        if (r->gz->avail_in == 0) {
-            size_t n = fread(r->inbuf, 1, r->inbuf_cap, r->f);
-            r->in_used += n;
-            if (ferror(r->f)) return *err = strerror(errno), false;
-            if (n == 0) {
-                r->eof = true;
-                if (!r->gz_end) return *err = "truncated gzip data (the file ends inside a member)", false;
-                return true;
-            }
-            r->gz->next_in = (Bytef *)r->inbuf, r->gz->avail_in = (uInt)n;
-        }
-        if (r->gz_end) { // the next member
-            CHECK(inflateReset(r->gz) == Z_OK);
-            r->gz_end = false;
-        }
-        r->gz->next_out = (Bytef *)r->buf + r->len, r->gz->avail_out = CHUNK_BYTES;
-        int rc = inflate(r->gz, Z_NO_FLUSH);
-        r->len = (char *)r->gz->next_out - r->buf;
-        if (rc == Z_STREAM_END) r->gz_end = true;
-        else if (rc != Z_OK && rc != Z_BUF_ERROR) return *err = r->gz->msg ? r->gz->msg : "invalid gzip data", false;
-    }
-    return true;
-}
-
-// Reads more text into r->buf; false with *err set on a read or decompression error.
+// Reads more text into r->buf; false with *err set on a read or decompression error. A compressed file is read
+// into r->inbuf and decoded (zstd, or zlib's gzip) until the text grows.
 static bool reader_fill(Reader *r, const char **err) {
     if (r->len + CHUNK_BYTES + 1 > r->cap) r->cap = 2 * (r->len + CHUNK_BYTES + 1), r->buf = xrealloc(r->buf, r->cap);
-    if (r->gz) return gz_fill(r, err);
-    if (!r->z) {
+    if (!r->z && !r->gz) {
         size_t n = fread(r->buf + r->len, 1, CHUNK_BYTES, r->f);
         r->len += n, r->in_used += n;
         if (n == 0) r->eof = true;
@@ -467,20 +415,35 @@ static bool reader_fill(Reader *r, const char **err) {
     }
     size_t before = r->len;
     while (r->len == before) {
-        if (r->in.pos == r->in.size) {
-            r->in.size = fread(r->inbuf, 1, r->inbuf_cap, r->f), r->in.pos = 0;
-            r->in_used += r->in.size;
+        if (r->gz ? r->gz->avail_in == 0 : r->in.pos == r->in.size) {
+            size_t n = fread(r->inbuf, 1, r->inbuf_cap, r->f);
+            r->in_used += n;
             if (ferror(r->f)) return *err = strerror(errno), false;
-            if (r->in.size == 0) {
+            if (n == 0) {
                 r->eof = true;
-                if (r->zlast != 0) return *err = "truncated zstd data (the file ends inside a frame)", false;
+                if (r->gz && !r->gz_end) return *err = "truncated gzip data (the file ends inside a member)", false;
+                if (r->z && r->zlast) return *err = "truncated zstd data (the file ends inside a frame)", false;
                 return true;
             }
+            if (r->gz) r->gz->next_in = (Bytef *)r->inbuf, r->gz->avail_in = (uInt)n;
+            else r->in.size = n, r->in.pos = 0;
         }
-        ZSTD_outBuffer out = {r->buf, r->len + CHUNK_BYTES, r->len};
-        r->zlast = ZSTD_decompressStream(r->z, &out, &r->in);
-        if (ZSTD_isError(r->zlast)) return *err = ZSTD_getErrorName(r->zlast), false;
-        r->len = out.pos;
+        if (r->z) {
+            ZSTD_outBuffer out = {r->buf, r->len + CHUNK_BYTES, r->len};
+            r->zlast = ZSTD_decompressStream(r->z, &out, &r->in);
+            if (ZSTD_isError(r->zlast)) return *err = ZSTD_getErrorName(r->zlast), false;
+            r->len = out.pos;
+            continue;
+        }
+        if (r->gz_end) { // the next member (another may follow, as `cat a.gz b.gz` makes)
+            CHECK(inflateReset(r->gz) == Z_OK);
+            r->gz_end = false;
+        }
+        r->gz->next_out = (Bytef *)r->buf + r->len, r->gz->avail_out = CHUNK_BYTES;
+        int rc = inflate(r->gz, Z_NO_FLUSH);
+        r->len = (char *)r->gz->next_out - r->buf;
+        if (rc == Z_STREAM_END) r->gz_end = true;
+        else if (rc != Z_OK && rc != Z_BUF_ERROR) return *err = r->gz->msg ? r->gz->msg : "invalid gzip data", false;
     }
     return true;
 }
@@ -586,13 +549,12 @@ typedef struct {
 } Totals;
 
 static void write_chunk(InFile *f, Chunk *c, Totals *tot, bool fail_fast) {
-    if (c->errors_len) {
+    if (c->errors.n) {
         if (fail_fast) { // one line: the first error
-            char *nl = strchr(c->errors, '\n');
-            *nl = 0;
-            die("%s (--on-error skip skips bad documents)", c->errors);
+            *strchr(c->errors.p, '\n') = 0;
+            die("%s (--on-error skip skips bad documents)", c->errors.p);
         }
-        for (char *m = c->errors, *nl; (nl = strchr(m, '\n')) && tot->warned < WARN_CAP; m = nl + 1)
+        for (char *m = c->errors.p, *nl; (nl = strchr(m, '\n')) && tot->warned < WARN_CAP; m = nl + 1)
             *nl = 0, warn("%s (skipped)", m), tot->warned++;
     }
     f->bad += c->bad;
@@ -694,13 +656,7 @@ static int tokenize_args(TokArgs *a, int argc, char **argv) {
         case 't': a->tokpath = optarg; break;
         case 'i': a->inputs[a->ninputs++] = optarg; break;
         case 'o': a->outdir = optarg; break;
-        case 'w': {
-            char *end;
-            a->workers = strtol(optarg, &end, 10);
-            if (*end || a->workers < 1 || a->workers > 1024)
-                die("tokenize: --workers must be an integer in [1, 1024] (got '%s')", optarg);
-            break;
-        }
+        case 'w': a->workers = arg_int("tokenize", "--workers", optarg, 1, 1024); break;
         case 'e': a->eos_arg = optarg; break;
         case 'f': a->field = optarg; break;
         case 's': a->split = optarg; break;
@@ -893,7 +849,7 @@ static void write_ready(Pump *p) {
                 Chunk *ck = *pp;
                 *pp = ck->next;
                 write_chunk(f, ck, tot, p->sh->fail_fast);
-                free(ck->errors), ck->next = p->free_chunks, p->free_chunks = ck, p->inflight--;
+                free(ck->errors.p), ck->next = p->free_chunks, p->free_chunks = ck, p->inflight--;
                 progressed = true;
                 break;
             }

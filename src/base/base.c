@@ -48,6 +48,16 @@ void warn(const char *fmt, ...) {
     va_end(ap);
 }
 
+bool fail(char *err, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (cap) vsnprintf(err, cap, fmt, ap);
+    va_end(ap);
+    for (char *c = err; cap && *c; c++)
+        if ((unsigned char)*c < 0x20) *c = '?';
+    return false;
+}
+
 void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) die("out of host memory allocating %zu bytes", n);
@@ -69,6 +79,23 @@ void *xrealloc(void *p, size_t n) {
 char *xstrdup(const char *s) {
     size_t n = strlen(s) + 1;
     return memcpy(xmalloc(n), s, n);
+}
+
+void str_printf(Str *s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (s->n + n + 1 > s->cap) s->cap = 2 * (s->n + n + 1), s->p = xrealloc(s->p, s->cap);
+    va_start(ap, fmt);
+    vsnprintf(s->p + s->n, n + 1, fmt, ap);
+    va_end(ap);
+    s->n += n;
+}
+
+bool str_ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
 }
 
 // Edit distance of a and b counting a swap of two neighbours as one edit (optimal string alignment): d[i][j] over
@@ -196,7 +223,7 @@ void arena_destroy(Arena *a) {
     *a = (Arena){0};
 }
 
-void *arena_alloc(Arena *a, size_t bytes) {
+static void *arena_alloc(Arena *a, size_t bytes) {
     size_t off = (a->used + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
     a->used = off + bytes;
     if (a->used > a->peak) a->peak = a->used;

@@ -24,6 +24,9 @@ extern void (*die_cleanup)(void);
 // " (during step 12)", so an error deep in an op (FP8's quantiser, an embedding id) names the step.
 extern char die_context[64];
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// One line into err[0..cap) (control characters, as from names in a hostile file, become '?'); returns false, for
+// `return fail(err, cap, ...)` in readers that report rather than die.
+bool fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 // For "did you mean": the name of names[0..n) closest to word in edit distance, when it is near enough to be a slip
 // (at most a third of the word's length, at least 1); else NULL.
 const char *closest_name(const char *word, const char *const *names, int n);
@@ -35,10 +38,26 @@ const char *closest_name(const char *word, const char *const *names, int n);
         }                                                                                                              \
     } while (0)
 
+// A growing string: p[0..n), NUL-terminated once anything is put. realloc and CHECK rather than xrealloc: json.c
+// links alone into a fuzz target (the cast: CUDA sources include this as C++).
+typedef struct {
+    char *p;
+    size_t n, cap;
+} Str;
+static inline void str_put(Str *s, const char *p, size_t n) {
+    if (s->n + n + 1 > s->cap) {
+        s->cap = 2 * (s->n + n + 1), s->p = (char *)realloc(s->p, s->cap);
+        CHECK(s->p);
+    }
+    memcpy(s->p + s->n, p, n), s->n += n, s->p[s->n] = 0;
+}
+void str_printf(Str *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 void *xmalloc(size_t n);
 void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
+bool str_ends_with(const char *s, const char *suffix);
 double now_seconds(void); // monotonic clock
 size_t peak_rss_bytes(void);
 
@@ -93,7 +112,6 @@ extern void (*host_unregister)(void *p);
 Arena arena_counting(const char *name, Device dev);
 Arena arena_create(const char *name, Device dev, size_t cap); // allocates (host or device memory)
 void arena_destroy(Arena *a);
-void *arena_alloc(Arena *a, size_t bytes);
 Tensor arena_tensor(Arena *a, DType dt, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
 static inline size_t arena_mark(const Arena *a) { return a->used; }
 static inline void arena_reset(Arena *a, size_t mark) { a->used = mark; }

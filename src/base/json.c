@@ -132,22 +132,9 @@ double json_f32(float f) {
     return strtod(s, NULL);
 }
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-} Text;
+static void text_str(Str *t, const char *s) { str_put(t, s, strlen(s)); }
 
-// (malloc and CHECK rather than base.c's xmalloc: json.c links alone into the config fuzz target)
-static void text_put(Text *t, const char *s, size_t n) {
-    if (t->n + n + 1 > t->cap) {
-        t->cap = 2 * (t->n + n + 1), t->p = realloc(t->p, t->cap);
-        CHECK(t->p);
-    }
-    memcpy(t->p + t->n, s, n), t->n += n, t->p[t->n] = 0;
-}
-static void text_str(Text *t, const char *s) { text_put(t, s, strlen(s)); }
-
-static void text_newline(Text *t, int indent, int depth) {
+static void text_newline(Str *t, int indent, int depth) {
     if (!indent) return;
     text_str(t, "\n");
     for (int i = 0; i < indent * depth; i++) text_str(t, " ");
@@ -155,7 +142,7 @@ static void text_newline(Text *t, int indent, int depth) {
 
 static int cmp_keys(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-static void text_value(Text *t, const json_t *v, int indent, bool sort, int depth) {
+static void text_value(Str *t, const json_t *v, int indent, bool sort, int depth) {
     char num[40];
     if (json_is_real(v)) {
         json_real_text(num, json_real_value(v));
@@ -205,7 +192,7 @@ static void text_value(Text *t, const json_t *v, int indent, bool sort, int dept
 }
 
 char *json_text(const json_t *v, int indent, bool sort_keys) {
-    Text t = {0};
+    Str t = {0};
     text_value(&t, v, indent, sort_keys, 0);
     return t.p;
 }

@@ -15,11 +15,6 @@ static const struct {
     {"<i8", DT_I64}, {"<f4", DT_F32}, {"<f8", DT_F64}, {"<f2", DT_F16},
 };
 
-static bool fail(char *err, size_t cap, const char *msg) {
-    snprintf(err, cap, "%s", msg);
-    return false;
-}
-
 // Finds the value text after 'key': inside the header dict.
 static const char *dict_value(const char *hdr, const char *key) {
     char pat[32];
@@ -82,35 +77,28 @@ bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRec
                           size_t cap) {
     char why[200];
     *mask = (NpyRecord){0};
-    if (!npy_parse(buf, len, tok, why, sizeof why)) return snprintf(err, cap, "token record: %s", why), false;
+    if (!npy_parse(buf, len, tok, why, sizeof why)) return fail(err, cap, "token record: %s", why);
     if (tok->dt != DT_U8 && tok->dt != DT_U16 && tok->dt != DT_U32 && tok->dt != DT_U64)
-        return snprintf(err, cap, "token record: dtype %s, expected an unsigned integer type", dtype_name(tok->dt)),
-               false;
+        return fail(err, cap, "token record: dtype %s, expected an unsigned integer type", dtype_name(tok->dt));
     if (!npy_parse(buf + tok->record_len, len - tok->record_len, ends, why, sizeof why))
-        return snprintf(err, cap, "document-end record: %s", why), false;
+        return fail(err, cap, "document-end record: %s", why);
     if (ends->dt != DT_U64)
-        return snprintf(err, cap, "document-end record: dtype %s, expected uint64", dtype_name(ends->dt)), false;
+        return fail(err, cap, "document-end record: dtype %s, expected uint64", dtype_name(ends->dt));
     size_t at = tok->record_len + ends->record_len;
     if (at < len) { // format 2: the loss mask
         if (!npy_parse(buf + at, len - at, mask, why, sizeof why))
-            return snprintf(err, cap, "%zu bytes after the document-end record, not a loss-mask record: %s", len - at,
-                            why),
-                   false;
+            return fail(err, cap, "%zu bytes after the document-end record, not a loss-mask record: %s", len - at, why);
         if (mask->dt != DT_U8 || mask->n != tok->n)
-            return snprintf(err, cap, "loss-mask record: %lld values of dtype %s, expected %lld uint8 (one per token)",
-                            (long long)mask->n, dtype_name(mask->dt), (long long)tok->n),
-                   false;
+            return fail(err, cap, "loss-mask record: %lld values of dtype %s, expected %lld uint8 (one per token)",
+                        (long long)mask->n, dtype_name(mask->dt), (long long)tok->n);
         if (at + mask->record_len != len)
-            return snprintf(err, cap,
-                            "%zu bytes after the loss-mask record (a token file is two or three .npy records)",
-                            len - at - mask->record_len),
-                   false;
+            return fail(err, cap, "%zu bytes after the loss-mask record (a token file is two or three .npy records)",
+                        len - at - mask->record_len);
         const uint8_t *v = mask->data, *bad = NULL;
         for (int64_t i = 0; !bad && i < mask->n; i++) bad = v[i] > 1 ? v + i : NULL;
         if (bad)
-            return snprintf(err, cap, "loss-mask record: value %u at token %lld (0: not a target, 1: a target)", *bad,
-                            (long long)(bad - v)),
-                   false;
+            return fail(err, cap, "loss-mask record: value %u at token %lld (0: not a target, 1: a target)", *bad,
+                        (long long)(bad - v));
     }
     // Ends rise strictly to the token count. The record follows the tokens, so it need not be 8-byte
     // aligned: read through memcpy.
@@ -118,15 +106,13 @@ bool npy_token_file_parse(const uint8_t *buf, size_t len, NpyRecord *tok, NpyRec
     for (int64_t i = 0; i < ends->n; i++) {
         memcpy(&e, (const uint8_t *)ends->data + 8 * i, sizeof e);
         if (e <= prev && (i > 0 || e == 0))
-            return snprintf(err, cap, "document-end record: end %lld is %llu, not above the one before (%llu)",
-                            (long long)i, (unsigned long long)e, (unsigned long long)prev),
-                   false;
+            return fail(err, cap, "document-end record: end %lld is %llu, not above the one before (%llu)",
+                        (long long)i, (unsigned long long)e, (unsigned long long)prev);
         prev = e;
     }
     if (ends->n && e != (uint64_t)tok->n)
-        return snprintf(err, cap, "document-end record: last end is %llu but the file has %lld tokens",
-                        (unsigned long long)e, (long long)tok->n),
-               false;
+        return fail(err, cap, "document-end record: last end is %llu but the file has %lld tokens",
+                    (unsigned long long)e, (long long)tok->n);
     return true;
 }
 

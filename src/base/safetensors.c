@@ -18,44 +18,18 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is l
 static const struct {
     const char *name;
     size_t size;
-    int dt; // DType, or -1
     int rank;
 } st_types[ST_NDTYPE] = {
-    [ST_F64] = {"F64", 8, DT_F64, 13},    [ST_F32] = {"F32", 4, DT_F32, 12},    [ST_F16] = {"F16", 2, DT_F16, 8},
-    [ST_BF16] = {"BF16", 2, DT_BF16, 9},  [ST_I64] = {"I64", 8, DT_I64, 14},    [ST_I32] = {"I32", 4, DT_I32, 10},
-    [ST_I16] = {"I16", 2, -1, 6},         [ST_I8] = {"I8", 1, -1, 2},           [ST_U64] = {"U64", 8, DT_U64, 15},
-    [ST_U32] = {"U32", 4, DT_U32, 11},    [ST_U16] = {"U16", 2, DT_U16, 7},     [ST_U8] = {"U8", 1, DT_U8, 1},
-    [ST_BOOL] = {"BOOL", 1, -1, 0},       [ST_F8_E4M3] = {"F8_E4M3", 1, -1, 4}, [ST_F8_E5M2] = {"F8_E5M2", 1, -1, 3},
-    [ST_F8_E8M0] = {"F8_E8M0", 1, -1, 5},
+    [ST_F64] = {"F64", 8, 13},        [ST_F32] = {"F32", 4, 12},        [ST_F16] = {"F16", 2, 8},
+    [ST_BF16] = {"BF16", 2, 9},       [ST_I64] = {"I64", 8, 14},        [ST_I32] = {"I32", 4, 10},
+    [ST_I16] = {"I16", 2, 6},         [ST_I8] = {"I8", 1, 2},           [ST_U64] = {"U64", 8, 15},
+    [ST_U32] = {"U32", 4, 11},        [ST_U16] = {"U16", 2, 7},         [ST_U8] = {"U8", 1, 1},
+    [ST_BOOL] = {"BOOL", 1, 0},       [ST_F8_E4M3] = {"F8_E4M3", 1, 4}, [ST_F8_E5M2] = {"F8_E5M2", 1, 3},
+    [ST_F8_E8M0] = {"F8_E8M0", 1, 5},
 };
 
 const char *st_dtype_name(StDType dt) { return st_types[dt].name; }
 size_t st_dtype_size(StDType dt) { return st_types[dt].size; }
-
-bool st_dtype_to_dt(StDType sdt, DType *dt) {
-    if (st_types[sdt].dt < 0) return false;
-    *dt = (DType)st_types[sdt].dt;
-    return true;
-}
-
-StDType st_dtype_from_dt(DType dt) {
-    for (int i = 0; i < ST_NDTYPE; i++)
-        if (st_types[i].dt == (int)dt) return (StDType)i;
-    CHECK(!"every DType has a safetensors name");
-    return ST_F32;
-}
-
-static bool fail(char *err, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-// Writes one line into err: control characters (from names in a hostile header) become '?'.
-static bool fail(char *err, size_t cap, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (cap) vsnprintf(err, cap, fmt, ap);
-    va_end(ap);
-    for (char *c = err; cap && *c; c++)
-        if ((unsigned char)*c < 0x20) *c = '?';
-    return false;
-}
 
 static void shape_str(char *buf, size_t cap, int nd, const int64_t *shape) {
     size_t k = (size_t)snprintf(buf, cap, "[");
@@ -307,9 +281,47 @@ static void st_set_build_table(StSet *s) {
     qsort(s->t, (size_t)s->n, sizeof *s->t, cmp_tensor_ptr);
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
+// The shards of an index's weight_map wm (files of the index's folder dir) into s->files; shard[k] names file k.
+// Every tensor must be in the shard the map names, and every shard tensor in the map.
+static bool open_shards(StSet *s, const char *index, const char *dir, json_t *wm, const char **shard, char *err,
+                        size_t cap) {
+    char file[4096];
+    const char *name;
+    json_t *v;
+    int total = 0;
+    json_object_foreach(wm, name, v) {
+        if (!json_is_string(v))
+            return fail(err, cap, "%s: weight_map: tensor '%s': shard is not a string", index, name);
+        // A shard is a file of the index's own folder: a plain name, never a path out of it.
+        const char *sv = json_string_value(v);
+        if (!sv[0] || strchr(sv, '/') || !strcmp(sv, ".") || !strcmp(sv, ".."))
+            return fail(err, cap, "%s: weight_map: tensor '%s': shard '%s' is not a file name of this folder", index,
+                        name, sv);
+        int k = 0;
+        while (k < s->nfiles && strcmp(shard[k], sv)) k++;
+        if (k < s->nfiles) continue;
+        shard[k] = sv;
+        path_join(file, sizeof file, dir, sv);
+        if (!path_exists(file))
+            return fail(err, cap, "%s: shard '%s' (holding tensor '%s') does not exist", index, sv, name);
+        if (!st_open(&s->files[s->nfiles++], file, err, cap)) return false;
+    }
+    json_object_foreach(wm, name, v) {
+        int k = 0;
+        while (strcmp(shard[k], json_string_value(v))) k++;
+        if (!st_find(&s->files[k], name))
+            return fail(err, cap, "%s: weight_map puts tensor '%s' in shard '%s', which has no such tensor", index,
+                        name, shard[k]);
+    }
+    for (int k = 0; k < s->nfiles; k++) total += s->files[k].n;
+    for (int k = 0; k < s->nfiles && total != (int)json_object_size(wm); k++)
+        for (int i = 0; i < s->files[k].n; i++) {
+            const char *nm = s->files[k].t[i].name, *w = json_string_value(json_object_get(wm, nm));
+            if (!w || strcmp(w, shard[k]))
+                return fail(err, cap, "%s: tensor '%s' in shard '%s' is %s", index, nm, shard[k],
+                            w ? "mapped to another shard" : "missing from weight_map");
+        }
+    return true;
 }
 
 bool st_set_open(StSet *s, const char *path, char *err, size_t cap) {
@@ -319,88 +331,30 @@ bool st_set_open(StSet *s, const char *path, char *err, size_t cap) {
         path_join(index, sizeof index, path, "model.safetensors.index.json");
         snprintf(dir, sizeof dir, "%s", path);
         if (!path_exists(index)) index[0] = 0, path_join(file, sizeof file, path, "model.safetensors");
-    } else if (ends_with(path, ".json")) {
+    } else if (str_ends_with(path, ".json")) {
         snprintf(index, sizeof index, "%s", path);
         path_dirname(dir, sizeof dir, path);
         if (!path_exists(index)) return fail(err, cap, "%s: no such file", index);
     } else {
         snprintf(file, sizeof file, "%s", path);
     }
+    bool ok;
     if (!index[0]) {
         s->files = xcalloc(1, sizeof(StFile));
-        if (!st_open(&s->files[0], file, err, cap)) {
-            st_set_close(s);
-            return false;
-        }
-        s->nfiles = 1;
-        st_set_build_table(s);
-        return true;
+        ok = st_open(&s->files[0], file, err, cap);
+        s->nfiles = ok;
+    } else {
+        json_error_t je;
+        json_t *root = json_read_file(index, JSON_REJECT_DUPLICATES, &je), *wm = json_object_get(root, "weight_map");
+        const char **shard = xmalloc(json_object_size(wm) * sizeof *shard + 1); // distinct shards, by first use
+        s->files = xcalloc(json_object_size(wm) + 1, sizeof(StFile));
+        if (!root) ok = fail(err, cap, "%s:%d:%d: invalid JSON: %s", index, je.line, je.column, je.text);
+        else if (!json_is_object(wm)) ok = fail(err, cap, "%s: weight_map missing or not an object", index);
+        else ok = open_shards(s, index, dir, wm, shard, err, cap);
+        free(shard), json_decref(root);
     }
-
-    bool ok = false;
-    const char **shard = NULL; // distinct shard names, in order of first appearance
-    json_error_t je;
-    json_t *root = json_read_file(index, JSON_REJECT_DUPLICATES, &je), *wm = json_object_get(root, "weight_map"), *v;
-    const char *name;
-    int total = 0;
-    if (!root) {
-        fail(err, cap, "%s:%d:%d: invalid JSON: %s", index, je.line, je.column, je.text);
-        goto done;
-    }
-    if (!json_is_object(wm)) {
-        fail(err, cap, "%s: weight_map missing or not an object", index);
-        goto done;
-    }
-    shard = xmalloc(json_object_size(wm) * sizeof *shard + 1);
-    s->files = xcalloc(json_object_size(wm) + 1, sizeof(StFile));
-    json_object_foreach(wm, name, v) {
-        if (!json_is_string(v)) {
-            fail(err, cap, "%s: weight_map: tensor '%s': shard is not a string", index, name);
-            goto done;
-        }
-        // A shard is a file of the index's own folder: a plain name, never a path out of it.
-        const char *sv = json_string_value(v);
-        if (!sv[0] || strchr(sv, '/') || !strcmp(sv, ".") || !strcmp(sv, "..")) {
-            fail(err, cap, "%s: weight_map: tensor '%s': shard '%s' is not a file name of this folder", index, name,
-                 sv);
-            goto done;
-        }
-        int k = 0;
-        while (k < s->nfiles && strcmp(shard[k], json_string_value(v))) k++;
-        if (k < s->nfiles) continue;
-        shard[s->nfiles] = json_string_value(v);
-        path_join(file, sizeof file, dir, shard[k]);
-        if (!path_exists(file)) {
-            fail(err, cap, "%s: shard '%s' (holding tensor '%s') does not exist", index, shard[k], name);
-            goto done;
-        }
-        if (!st_open(&s->files[s->nfiles++], file, err, cap)) goto done;
-    }
-    json_object_foreach(wm, name, v) {
-        int k = 0;
-        while (strcmp(shard[k], json_string_value(v))) k++;
-        if (!st_find(&s->files[k], name)) {
-            fail(err, cap, "%s: weight_map puts tensor '%s' in shard '%s', which has no such tensor", index, name,
-                 shard[k]);
-            goto done;
-        }
-    }
-    for (int k = 0; k < s->nfiles; k++) total += s->files[k].n;
-    for (int k = 0; k < s->nfiles && total != (int)json_object_size(wm); k++)
-        for (int i = 0; i < s->files[k].n; i++) {
-            const char *nm = s->files[k].t[i].name, *w = json_string_value(json_object_get(wm, nm));
-            if (!w || strcmp(w, shard[k])) {
-                fail(err, cap, "%s: tensor '%s' in shard '%s' is %s", index, nm, shard[k],
-                     w ? "mapped to another shard" : "missing from weight_map");
-                goto done;
-            }
-        }
-    st_set_build_table(s);
-    ok = true;
-done:
-    free(shard);
-    json_decref(root);
-    if (!ok) st_set_close(s);
+    if (ok) st_set_build_table(s);
+    else st_set_close(s);
     return ok;
 }
 

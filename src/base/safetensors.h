@@ -30,10 +30,8 @@ typedef enum {
     ST_F8_E8M0,
     ST_NDTYPE
 } StDType;
-const char *st_dtype_name(StDType dt);       // "BF16"
-size_t st_dtype_size(StDType dt);            // bytes per element
-bool st_dtype_to_dt(StDType sdt, DType *dt); // false when pith's DType has no such type
-StDType st_dtype_from_dt(DType dt);
+const char *st_dtype_name(StDType dt); // "BF16"
+size_t st_dtype_size(StDType dt);      // bytes per element
 
 #define ST_MAX_DIMS 8
 #define ST_MAX_HEADER 100000000 // bytes, as in the HF reference

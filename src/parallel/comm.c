@@ -143,16 +143,6 @@ void comm_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor i
     comm_wait(&r);
 }
 
-void comm_send(const Comm *c, Tensor x, int peer) {
-    CommReq r = comm_isend(c, x, peer);
-    comm_wait(&r);
-}
-
-void comm_recv(const Comm *c, Tensor x, int peer) {
-    CommReq r = comm_irecv(c, x, peer);
-    comm_wait(&r);
-}
-
 void comm_broadcast(const Comm *c, Tensor x, int root) {
     CHECK(root >= 0 && root < c->size);
     if (c->size == 1) return;
@@ -195,11 +185,9 @@ CommReq comm_p2p_start(const Comm *c, const CommP2p *ops, int n) {
     return r;
 }
 
-CommReq comm_isend(const Comm *c, Tensor x, int peer) { return comm_p2p_start(c, &(CommP2p){true, x, peer}, 1); }
-CommReq comm_irecv(const Comm *c, Tensor x, int peer) { return comm_p2p_start(c, &(CommP2p){false, x, peer}, 1); }
-
-void comm_sendrecv(const Comm *c, Tensor x, int to, Tensor y, int from) {
-    CommReq r = comm_p2p_start(c, (CommP2p[]){{true, x, to}, {false, y, from}}, 2);
+void comm_exchange(const Comm *c, const CommP2p *ops, int n) {
+    if (!n) return;
+    CommReq r = comm_p2p_start(c, ops, n);
     comm_wait(&r);
 }
 

@@ -40,8 +40,6 @@ void comm_alltoall(const Comm *c, Tensor out, Tensor in);
 // Rows (dim 0) in rank blocks: in_rows[p] rows of in go to rank p, out_rows[p] rows of out come from rank p,
 // blocks back to back in rank order. Row = all trailing dims.
 void comm_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows);
-void comm_send(const Comm *c, Tensor x, int peer);
-void comm_recv(const Comm *c, Tensor x, int peer);
 void comm_broadcast(const Comm *c, Tensor x, int root);
 void comm_barrier(const Comm *c);
 
@@ -69,15 +67,13 @@ typedef struct {
 // waited for — so an exchange in both directions, or around a ring, cannot deadlock. n ≤ COMM_MAX_P2P;
 // empty tensors are skipped (their partner's are empty too).
 CommReq comm_p2p_start(const Comm *c, const CommP2p *ops, int n);
-CommReq comm_isend(const Comm *c, Tensor x, int peer);
-CommReq comm_irecv(const Comm *c, Tensor x, int peer);
 // comm_alltoallv, issued now.
 CommReq comm_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows);
 // Finishes r. Host requests are polled against the group's deadline, counted from the start of the wait;
 // a device request's deadline is the watchdog's, counted from its issue.
 void comm_wait(CommReq *r);
-// x to rank `to` and y from rank `from`, both posted before either is waited for.
-void comm_sendrecv(const Comm *c, Tensor x, int to, Tensor y, int from);
+// comm_p2p_start's ops, then their wait (n = 0: nothing).
+void comm_exchange(const Comm *c, const CommP2p *ops, int n);
 
 // Every MPI call goes through MPI_CHECK: a failure dies naming the call and file:line.
 #define MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)

@@ -37,7 +37,6 @@ void dist_launch(void) {
 
 int dist_world_size(void) { return world_size; }
 int dist_world_rank(void) { return world_rank; }
-int dist_local_rank(void) { return local_rank; }
 
 void dist_finalize(void) {
     if (!launched) return;

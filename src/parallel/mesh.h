@@ -22,8 +22,7 @@ typedef struct {
 void dist_launch(void);
 int dist_world_size(void);
 int dist_world_rank(void);
-int dist_local_rank(void); // index among the ranks of this node (GPU selection)
-void dist_finalize(void);  // MPI_Finalize when launched
+void dist_finalize(void); // MPI_Finalize when launched
 
 // The mesh of the launched world for these parallel sizes: validates them (dies naming the config file
 // and key) and creates the group communicators. timeout_s bounds every collective (0: none).

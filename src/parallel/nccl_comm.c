@@ -367,10 +367,6 @@ void nccl_alltoall(const Comm *c, Tensor out, Tensor in) {
     free(rows);
 }
 
-void nccl_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {
-    nccl_wait(nccl_alltoallv_start(c, out, out_rows, in, in_rows));
-}
-
 void *nccl_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {
     int64_t row = 1;
     for (int d = 1; d < in.nd; d++) row *= in.n[d];

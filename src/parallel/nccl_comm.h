@@ -25,7 +25,6 @@ void nccl_allreduce(const Comm *c, Tensor x, CommOp op);
 void nccl_reduce_scatter(const Comm *c, Tensor out, Tensor in);
 void nccl_allgather(const Comm *c, Tensor out, Tensor in);
 void nccl_alltoall(const Comm *c, Tensor out, Tensor in);
-void nccl_alltoallv(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows);
 void nccl_broadcast(const Comm *c, Tensor x, int root);
 // Issued like the calls above, but the compute stream waits only in nccl_wait: each returns a completion
 // event (from a pool) that nccl_wait makes the compute stream wait for and then takes back. The watchdog

@@ -334,12 +334,6 @@ static int holder_of(int c, int cp) { return c < cp ? c : 2 * cp - 1 - c; }
 static int half_in_holder(int c, int cp) { return c < cp ? 0 : 1; }
 
 // Posts the n transfers of ops (none: nothing) and waits for them.
-static void exchange(const Comm *c, const CommP2p *ops, int n) {
-    if (!n) return;
-    CommReq q = comm_p2p_start(c, ops, n);
-    comm_wait(&q);
-}
-
 // dst ← src in the other layout. Both sides go half-major (half, b, i) so a half is one message: zigzag half h holds
 // chunk chunk_of(r, cp, h), contiguous slot h chunk 2r + h. Every rank sends its two halves and receives two, in
 // increasing chunk order on both ends (two messages between one pair of ranks pair up in that order).
@@ -361,7 +355,7 @@ static void relayout(Ring *R, Tensor dst, Tensor src, int B, bool to_contiguous)
         else ops[n++] = (CommP2p){true, half(out, h), to};
         if (from != r) ops[n++] = (CommP2p){false, half(in, h), from};
     }
-    exchange(c, ops, n);
+    comm_exchange(c, ops, n);
     reorder_rows(dst, in, B, blk, true);
 }
 
@@ -380,7 +374,7 @@ void ring_halo_forward(Ring *R, Tensor halo, Tensor x, int B) {
     if (c->rank < c->size - 1) ops[n++] = (CommP2p){true, out, c->rank + 1};
     if (c->rank > 0) ops[n++] = (CommP2p){false, halo, c->rank - 1};
     else op_zero(halo); // the sequences' first rows: nothing before them
-    exchange(c, ops, n);
+    comm_exchange(c, ops, n);
 }
 
 void ring_halo_backward(Ring *R, Tensor dx, Tensor dhalo, int B) {
@@ -391,7 +385,7 @@ void ring_halo_backward(Ring *R, Tensor dx, Tensor dhalo, int B) {
     int n = 0;
     if (c->rank > 0) ops[n++] = (CommP2p){true, dhalo, c->rank - 1};
     if (c->rank < c->size - 1) ops[n++] = (CommP2p){false, in, c->rank + 1};
-    exchange(c, ops, n);
+    comm_exchange(c, ops, n);
     if (c->rank < c->size - 1)
         for (int b = 0; b < B; b++) op_add(tensor_rows(dx, b * S + S - K1, K1), tensor_rows(in, b * K1, K1));
 }
@@ -400,14 +394,14 @@ bool ring_state_recv(Ring *R, Tensor s, bool forward) {
     const Comm *c = R->cp;
     int from = forward ? c->rank - 1 : c->rank + 1;
     if (from < 0 || from >= c->size) return false;
-    exchange(c, &(CommP2p){false, s, from}, 1);
+    comm_exchange(c, &(CommP2p){false, s, from}, 1);
     return true;
 }
 
 void ring_state_send(Ring *R, Tensor s, bool forward) {
     const Comm *c = R->cp;
     int to = forward ? c->rank + 1 : c->rank - 1;
-    if (to >= 0 && to < c->size) exchange(c, &(CommP2p){true, s, to}, 1);
+    if (to >= 0 && to < c->size) comm_exchange(c, &(CommP2p){true, s, to}, 1);
 }
 
 size_t ring_linear_bytes(Device dev, DType dt, int B, int S, int H, int cc, int ck, int64_t state) {

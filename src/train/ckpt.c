@@ -668,17 +668,18 @@ void ckpt_resume(Run *r, const char *dir) {
     if (r->data.files) dataset_check_recipe(&r->data, json_object_get(root, "data"), path, r->cfg.allow_config_change);
     json_decref(root);
     load_model(r, dir);
-    snprintf(path, sizeof path, "%s/optimizer.safetensors.index.json", dir);
-    if (!path_exists(path)) snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    // the optimizer's file as ckpt_save writes it
+    Part parts[2];
+    int nparts = save_parts(r, 1, parts);
+    snprintf(path, sizeof path, "%s/%s.safetensors.index.json", dir, save_base[1]);
+    if (!path_exists(path)) snprintf(path, sizeof path, "%s/%s.safetensors", dir, save_base[1]);
     StSet s;
     st_set_open_or_die(&s, path);
     ParamTable all;
     model_params_all(&r->model, &all);
-    const char *prefix[] = {"exp_avg.", "exp_avg_sq."};
-    check_known(&s, &all, 2, prefix, false);
+    check_known(&s, &all, nparts, (const char *[]){parts[0].prefix, parts[1].prefix}, false);
     free(all.p);
-    load_shards(r, &s, path, prefix[0], false, r->adam_m);
-    load_shards(r, &s, path, prefix[1], false, r->adam_v);
+    for (int k = 0; k < nparts; k++) load_shards(r, &s, path, parts[k].prefix, false, parts[k].shard);
     st_set_close(&s);
     printf("resume: step %d from %s\n", r->step, dir);
 }

@@ -681,50 +681,37 @@ void config_check_resume(const TrainConfig *c, const json_t *saved, const char *
 
 // ---- docs/usage.md's tables ----
 
-static void append(char **buf, size_t *len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char **buf, size_t *len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    *buf = xrealloc(*buf, *len + n + 1);
-    va_start(ap, fmt);
-    vsnprintf(*buf + *len, n + 1, fmt, ap);
-    va_end(ap);
-    *len += n;
-}
-
 char *config_markdown(void) {
-    char *buf = NULL, r[64];
-    size_t len = 0;
-    append(&buf, &len, "| key | default | values | meaning |\n|---|---|---|---|\n");
+    Str b = {0};
+    char r[64];
+    str_printf(&b, "| key | default | values | meaning |\n|---|---|---|---|\n");
     for (int s = 0; s < LEN(sections); s++)
         for (int i = 0; i < sections[s].n; i++) {
             const ConfigKey *k = &sections[s].keys[i];
-            append(&buf, &len, "| `%s%s%s` | ", sections[s].name, s ? "." : "", k->name);
-            if (k->required) append(&buf, &len, "required");
-            else if (k->def_text) append(&buf, &len, "%s", k->def_text);
-            else if (k->kind == K_CHOICE) append(&buf, &len, "`%s`", k->choices[0]);
-            else if (k->kind == K_BOOL) append(&buf, &len, "%s", k->def ? "true" : "false");
-            else append(&buf, &len, "%g", k->def);
-            append(&buf, &len, " | ");
-            if (k->kind == K_PATH) append(&buf, &len, "path");
-            else if (k->kind == K_DATA) append(&buf, &len, "path, or a list of `{\"path\", \"weight\"}`");
-            else if (k->kind == K_BOOL) append(&buf, &len, "true, false");
-            else if (k->kind == K_SEED) append(&buf, &len, "≥ 0");
+            str_printf(&b, "| `%s%s%s` | ", sections[s].name, s ? "." : "", k->name);
+            if (k->required) str_printf(&b, "required");
+            else if (k->def_text) str_printf(&b, "%s", k->def_text);
+            else if (k->kind == K_CHOICE) str_printf(&b, "`%s`", k->choices[0]);
+            else if (k->kind == K_BOOL) str_printf(&b, "%s", k->def ? "true" : "false");
+            else str_printf(&b, "%g", k->def);
+            str_printf(&b, " | ");
+            if (k->kind == K_PATH) str_printf(&b, "path");
+            else if (k->kind == K_DATA) str_printf(&b, "path, or a list of `{\"path\", \"weight\"}`");
+            else if (k->kind == K_BOOL) str_printf(&b, "true, false");
+            else if (k->kind == K_SEED) str_printf(&b, "≥ 0");
             else if (k->kind == K_CHOICE)
-                for (int j = 0; k->choices[j]; j++) append(&buf, &len, "%s`%s`", j ? ", " : "", k->choices[j]);
-            else range_text(r, sizeof r, k), append(&buf, &len, "%s%s", k->kind == K_INT ? "integer " : "", r);
-            append(&buf, &len, " | %s |\n", k->doc);
+                for (int j = 0; k->choices[j]; j++) str_printf(&b, "%s`%s`", j ? ", " : "", k->choices[j]);
+            else range_text(r, sizeof r, k), str_printf(&b, "%s%s", k->kind == K_INT ? "integer " : "", r);
+            str_printf(&b, " | %s |\n", k->doc);
         }
-    append(&buf, &len, "\n| PithTrain | pith |\n|---|---|\n");
+    str_printf(&b, "\n| PithTrain | pith |\n|---|---|\n");
     for (int i = 0; i < LEN(pithtrain_names); i++) {
         const char *p = pithtrain_names[i].pith;
-        if (!p) append(&buf, &len, "| `%s` | not supported yet |\n", pithtrain_names[i].name);
-        else if (strchr(p, ' ')) append(&buf, &len, "| `%s` | %s |\n", pithtrain_names[i].name, p);
-        else append(&buf, &len, "| `%s` | `%s` |\n", pithtrain_names[i].name, p);
+        if (!p) str_printf(&b, "| `%s` | not supported yet |\n", pithtrain_names[i].name);
+        else if (strchr(p, ' ')) str_printf(&b, "| `%s` | %s |\n", pithtrain_names[i].name, p);
+        else str_printf(&b, "| `%s` | `%s` |\n", pithtrain_names[i].name, p);
     }
-    return buf;
+    return b.p;
 }
 
 const char *config_optimizer_name(OptimizerType t) { return optimizer_names[t]; }

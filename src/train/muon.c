@@ -8,14 +8,9 @@
 
 #include <math.h>
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
-
 bool muon_param(const char *name, int nd) {
-    if (nd < 2 || ends_with(name, ".bias") || ends_with(name, "_bias")) return false;
-    if (ends_with(name, "embed_tokens.weight") || ends_with(name, "lm_head.weight")) return false;
+    if (nd < 2 || str_ends_with(name, ".bias") || str_ends_with(name, "_bias")) return false;
+    if (str_ends_with(name, "embed_tokens.weight") || str_ends_with(name, "lm_head.weight")) return false;
     return !strstr(name, ".gate.weight") && !strstr(name, ".router.weight");
 }
 

@@ -25,7 +25,8 @@ uint32_t tboard_crc32c(const void *data, size_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
-uint32_t tboard_masked_crc(const void *data, size_t n) {
+// TensorBoard's masked CRC: (c >> 15 | c << 17) + 0xa282ead8.
+static uint32_t masked_crc(const void *data, size_t n) {
     uint32_t c = tboard_crc32c(data, n);
     return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
@@ -39,9 +40,9 @@ static void write_event(TbWriter *w, const TbEvent *ev) {
     size_t n = tb_event__get_packed_size(ev);
     uint8_t *rec = xmalloc(n + 16);
     put_le(rec, n, 8);
-    put_le(rec + 8, tboard_masked_crc(rec, 8), 4);
+    put_le(rec + 8, masked_crc(rec, 8), 4);
     tb_event__pack(ev, rec + 12);
-    put_le(rec + 12 + n, tboard_masked_crc(rec + 12, n), 4);
+    put_le(rec + 12 + n, masked_crc(rec + 12, n), 4);
     if (fwrite(rec, 1, n + 16, w->f) != n + 16 || fflush(w->f)) die("%s: cannot write: %s", w->path, strerror(errno));
     free(rec);
 }

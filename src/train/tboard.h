@@ -15,6 +15,5 @@ void tboard_open(TbWriter *w, const char *run_dir);
 // so that a run killed later leaves every step before it readable.
 void tboard_scalars(TbWriter *w, int64_t step, int n, const char *const *tags, const double *values);
 void tboard_close(TbWriter *w);
-// CRC-32C (Castagnoli) of n bytes, and TensorBoard's masked form ((c >> 15 | c << 17) + 0xa282ead8).
+// CRC-32C (Castagnoli) of n bytes.
 uint32_t tboard_crc32c(const void *data, size_t n);
-uint32_t tboard_masked_crc(const void *data, size_t n);

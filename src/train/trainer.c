@@ -319,7 +319,9 @@ void run_free(Run *r) {
     dist_mesh_free(&r->dist);
 }
 
-void run_microbatch(Run *r) {
+// Forward and backward of one micro-batch already loaded into r->chunk[0] (pp = 1), leaving ∂(Σ CE + T·Σ lb)/∂θ in the
+// gradient buffers (accumulated) and the sums in model.loss_sum / model.lb_sum.
+static void run_microbatch(Run *r) {
     chunk_forward(&r->chunk[0], 0, true);
     chunk_backward(&r->chunk[0], 0, false);
 }
@@ -430,7 +432,9 @@ double run_validate(Run *r) {
     return s.loss / sums_targets(&s);
 }
 
-void run_router_bias_update(Run *r) {
+// Aux-loss-free balancing, once per step: the global batch's expert counts (model.router_load summed over the
+// stage) move each MoE layer's bias by rate · sign(mean − load_e) (train/router_bias.h).
+static void run_router_bias_update(Run *r) {
     Model *m = &r->model;
     int L = m->cfg.layers, E = m->cfg.experts;
     // Every rank of the stage routed different tokens of the global batch, every pipeline rank its own

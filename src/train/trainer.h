@@ -83,15 +83,9 @@ MemoryPlan run_memory_plan(const TrainConfig *cfg, const Dist *d, Device dev);
 // were; it says so in nonfinite. An update that leaves a weight or second moment not finite is reported in
 // update_nonfinite (the weights hold it: the caller must stop without saving).
 StepStats run_step(Run *r);
-// Forward and backward of one micro-batch already loaded into r->chunk[0] (pp = 1), leaving ∂(Σ CE + T·Σ lb)/∂θ in the
-// gradient buffers (accumulated) and the sums in model.loss_sum / model.lb_sum. Used by run_step and tests.
-void run_microbatch(Run *r);
 // The mean token cross-entropy over the first validation.batches global batches of the validation data
 // (forward only, every rank of the layout; the same value under every layout and as `pith eval`).
 double run_validate(Run *r);
-// Aux-loss-free balancing, once per step: the global batch's expert counts (model.router_load summed over the
-// stage) move each MoE layer's bias by rate · sign(mean − load_e) (train/router_bias.h).
-void run_router_bias_update(Run *r);
 // True when the step just taken is followed by validation (every validation.interval steps and the last).
 bool run_validation_due(const Run *r);
 // True when the step just taken should be checkpointed (every save_interval steps and the last one).

@@ -9,7 +9,7 @@
 //              gradients bit for bit and counts the rows above the capacity; dropping zeroes exactly the counted
 //              (token, expert) outputs and leaves every other one as it was; ranks that receive no rows run
 //   hang       rank 1 stops taking part: the others must stop at parallel.timeout_s with a message
-//   p2p        requests (comm_p2p_start, isend/irecv, sendrecv, all-to-all-v issued and waited apart): a
+//   p2p        requests (comm_p2p_start, comm_exchange, all-to-all-v issued and waited apart): a
 //              ring of one group per rank, both pipeline directions at once, compute between issue and wait
 //   hang-p2p   rank 1 never posts: the others' receives from it must stop at parallel.timeout_s
 //   comm-gpu, ep-gpu, hang-gpu, p2p-gpu, hang-p2p-gpu   the same on device buffers over NCCL (one GPU per
@@ -150,9 +150,9 @@ static void suite_comm(const Dist *d) {
     Tensor v = host(DT_I64, 1, 1), vd = up(v);
     if (P > 1) {
         for (int turn = 0; turn < 2; turn++) {
-            if ((me % 2) == turn) I64(v)[0] = me, comm_send(w, vd = up(v), (me + 1) % P);
+            if ((me % 2) == turn) I64(v)[0] = me, comm_exchange(w, &(CommP2p){true, vd = up(v), (me + 1) % P}, 1);
             else {
-                comm_recv(w, vd, (me + P - 1) % P);
+                comm_exchange(w, &(CommP2p){false, vd, (me + P - 1) % P}, 1);
                 down(v, vd);
                 EXPECT(I64(v)[0] == (me + P - 1) % P, "ring\n");
             }
@@ -229,8 +229,8 @@ static void suite_p2p(const Dist *d) {
     // the pipeline's two directions (activations forward, gradients back) with sendrecv, and a group with
     // an empty transfer, which both ends skip
     Tensor r2 = host(DT_F32, n, 1), r2d;
-    comm_sendrecv(w, sd, next, rd = up(r), prev);
-    comm_sendrecv(w, sd, prev, r2d = up(r2), next);
+    comm_exchange(w, (CommP2p[]){{true, sd, next}, {false, rd = up(r), prev}}, 2);
+    comm_exchange(w, (CommP2p[]){{true, sd, prev}, {false, r2d = up(r2), next}}, 2);
     down(r, rd), down(r2, r2d);
     for (int i = 0; i < n; i++) EXPECT(F(r)[i] == ringval(prev, i) && F(r2)[i] == ringval(next, i), "sendrecv %d\n", i);
     Tensor empty = tensor_rows(sd, 0, 0);
@@ -243,8 +243,10 @@ static void suite_p2p(const Dist *d) {
     // host buffers: receives and sends as separate requests, waited in another order than issued (on the
     // GPU one exchange must be one group: calls on the comm stream run in issue order)
     if (dev == DEV_CPU) {
-        CommReq q1 = comm_irecv(w, r, prev), q2 = comm_irecv(w, r2, next), q3 = comm_isend(w, s, next),
-                q4 = comm_isend(w, s, prev);
+        CommReq q1 = comm_p2p_start(w, &(CommP2p){false, r, prev}, 1),
+                q2 = comm_p2p_start(w, &(CommP2p){false, r2, next}, 1),
+                q3 = comm_p2p_start(w, &(CommP2p){true, s, next}, 1),
+                q4 = comm_p2p_start(w, &(CommP2p){true, s, prev}, 1);
         comm_wait(&q4), comm_wait(&q2), comm_wait(&q3), comm_wait(&q1);
         for (int i = 0; i < n; i++)
             EXPECT(F(r)[i] == ringval(prev, i) && F(r2)[i] == ringval(next, i), "separate requests %d\n", i);
@@ -969,8 +971,7 @@ int main(int argc, char **argv) {
         Tensor x = host(DT_F32, 4, 1), xd = up(x);
         if (d.world.rank == 1) sleep(30);
         else {
-            CommReq q = comm_irecv(&d.world, xd, 1);
-            comm_wait(&q);
+            comm_exchange(&d.world, &(CommP2p){false, xd, 1}, 1);
             down(x, xd);
         }
     } else if (!strcmp(suite, "overlap") && gpu) {
