@@ -150,8 +150,3 @@ void gqa_backward(Model *m, int l, const GqaShape *s, const GqaWeights *W, const
     model_proj_backward_weight(m, l, FP8_K, G->wk, G->bk, dk, n1);
     model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, n1);
 }
-
-Tensor gqa_fp8_weight(const GqaWeights *W, Fp8Slot s) {
-    Tensor w[FP8_SLOTS] = {[FP8_Q] = W->wq, [FP8_K] = W->wk, [FP8_V] = W->wv, [FP8_O] = W->wo};
-    return w[s];
-}
