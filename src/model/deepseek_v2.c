@@ -19,8 +19,6 @@
 
 typedef struct {
     int q_lora, kv_lora, nope, vdim; // q_lora_rank (0: a plain q_proj), kv_lora_rank, qk_nope_head_dim, v_head_dim
-    int n_group, topk_group;         // group-limited greedy top-k (n_group 0: greedy)
-    double routed_scale;             // routed_scaling_factor
     double softmax_scale;
     bool attn_bias; // biases on q_a_proj, kv_a_proj_with_mqa, o_proj
 } Dsv2Config;
@@ -32,10 +30,6 @@ MODEL_FAMILY_CONFIG_FITS(Dsv2Config);
 typedef struct {
     Tensor wq, wqa, bqa, qan, wqb, wkva, bkva, kvan, wkvb, wo, bo; // absent ones {0}
 } Dsv2Layer;
-
-typedef struct {
-    Dsv2Layer w[MAX_LAYERS], g[MAX_LAYERS]; // compute weights and fp32 gradients
-} Dsv2Views;
 
 typedef struct {
     LAYER_FIELDS;          // h1: after attention and the shared experts
@@ -71,7 +65,7 @@ static void dsv2_config_parse(ModelConfig *c, JObj o) {
     d->nope = (int)jint(o, "qk_nope_head_dim", true, 0);
     d->vdim = (int)jint(o, "v_head_dim", true, 0);
     c->shared_inter = c->moe_inter * (int)jint(o, "n_shared_experts", false, 0);
-    d->routed_scale = jnum(o, "routed_scaling_factor", false, 1.0);
+    double routed_scale = jnum(o, "routed_scaling_factor", false, 1.0);
     d->attn_bias = jbool(o, "attention_bias", false, false);
     int rd = (int)jint(o, "qk_rope_head_dim", true, 0);
     if (d->q_lora < 0 || d->kv_lora <= 0 || d->nope < 0 || d->vdim <= 0 || rd <= 0 || c->shared_inter < 0)
@@ -85,17 +79,19 @@ static void dsv2_config_parse(ModelConfig *c, JObj o) {
     if (jbool(o, "mlp_bias", false, false)) jdie(o, "mlp_bias", "MLP biases are not supported for deepseek_v2");
     if (jint(o, "moe_layer_freq", false, 1) != 1)
         jdie(o, "moe_layer_freq", "only 1 is supported (every layer from first_k_dense_replace on is MoE)");
-    if (!(d->routed_scale > 0)) jdie(o, "routed_scaling_factor", "must be positive");
+    if (!(routed_scale > 0)) jdie(o, "routed_scaling_factor", "must be positive");
+    c->router = (RouterArgs){.scale = (float)routed_scale};
     const char *method = jstr(o, "topk_method", false, "greedy");
     if (!strcmp(method, "group_limited_greedy")) {
-        d->n_group = (int)jint(o, "n_group", true, 0), d->topk_group = (int)jint(o, "topk_group", true, 0);
-        if (d->n_group < 1 || c->experts % d->n_group)
+        c->router.n_group = (int)jint(o, "n_group", true, 0),
+        c->router.topk_group = (int)jint(o, "topk_group", true, 0);
+        if (c->router.n_group < 1 || c->experts % c->router.n_group)
             jdie(o, "n_group", "must divide n_routed_experts (%d)", c->experts);
-        if (d->topk_group < 1 || d->topk_group > d->n_group)
-            jdie(o, "topk_group", "must be in [1, n_group = %d]", d->n_group);
-        if (c->topk > d->topk_group * (c->experts / d->n_group))
+        if (c->router.topk_group < 1 || c->router.topk_group > c->router.n_group)
+            jdie(o, "topk_group", "must be in [1, n_group = %d]", c->router.n_group);
+        if (c->topk > c->router.topk_group * (c->experts / c->router.n_group))
             jdie(o, "num_experts_per_tok", "must be at most topk_group × n_routed_experts / n_group = %d",
-                 d->topk_group * (c->experts / d->n_group));
+                 c->router.topk_group * (c->experts / c->router.n_group));
     } else if (strcmp(method, "greedy")) {
         jdie(o, "topk_method", "'%s' is not supported (greedy or group_limited_greedy)", method);
     }
@@ -135,37 +131,30 @@ static void dsv2_mixer_params(ParamTable *t, const ModelConfig *c, int l) {
 #undef P
 }
 
-static void bind_layers(Model *m, Tensor *flat, Dsv2Layer *w) {
+// MLA's weight (or gradient) views of layer l.
+static void dsv2_bind_layer(Model *m, Tensor *flat, int l, void *views) {
     const ModelConfig *c = &m->cfg;
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
     int64_t H = c->hidden, nh = c->heads, dq = d->nope + c->rope.rd, rd = c->rope.rd;
-    for (int l = 0; l < c->layers; l++) {
-        Dsv2Layer *L = &w[l];
+    Dsv2Layer *L = views;
 #define V(suffix, nd, a, b) model_view_layer(m, flat, l, "self_attn." suffix, nd, a, b)
-        L->wq = V("q_proj.weight", 2, nh * dq, H);
-        L->wqa = V("q_a_proj.weight", 2, d->q_lora, H);
-        L->bqa = V("q_a_proj.bias", 1, d->q_lora, 0);
-        L->qan = V("q_a_layernorm.weight", 1, d->q_lora, 0);
-        L->wqb = V("q_b_proj.weight", 2, nh * dq, d->q_lora);
-        L->wkva = V("kv_a_proj_with_mqa.weight", 2, d->kv_lora + rd, H);
-        L->bkva = V("kv_a_proj_with_mqa.bias", 1, d->kv_lora + rd, 0);
-        L->kvan = V("kv_a_layernorm.weight", 1, d->kv_lora, 0);
-        L->wkvb = V("kv_b_proj.weight", 2, nh * (d->nope + d->vdim), d->kv_lora);
-        L->wo = V("o_proj.weight", 2, H, nh * d->vdim);
-        L->bo = V("o_proj.bias", 1, H, 0);
+    L->wq = V("q_proj.weight", 2, nh * dq, H);
+    L->wqa = V("q_a_proj.weight", 2, d->q_lora, H);
+    L->bqa = V("q_a_proj.bias", 1, d->q_lora, 0);
+    L->qan = V("q_a_layernorm.weight", 1, d->q_lora, 0);
+    L->wqb = V("q_b_proj.weight", 2, nh * dq, d->q_lora);
+    L->wkva = V("kv_a_proj_with_mqa.weight", 2, d->kv_lora + rd, H);
+    L->bkva = V("kv_a_proj_with_mqa.bias", 1, d->kv_lora + rd, 0);
+    L->kvan = V("kv_a_layernorm.weight", 1, d->kv_lora, 0);
+    L->wkvb = V("kv_b_proj.weight", 2, nh * (d->nope + d->vdim), d->kv_lora);
+    L->wo = V("o_proj.weight", 2, H, nh * d->vdim);
+    L->bo = V("o_proj.bias", 1, H, 0);
 #undef V
-    }
-}
-
-static void dsv2_bind(Model *m) {
-    Dsv2Views *v = m->views = m->views ? m->views : xcalloc(1, sizeof(Dsv2Views));
-    bind_layers(m, m->w, v->w);
-    bind_layers(m, m->g, v->g);
 }
 
 // MLA's FP8 projections (Fp8Slot): q (or q_a, q_b), kv_a_with_mqa, kv_b, o.
 static Tensor dsv2_fp8_weight(const Model *m, int l, Fp8Slot s) {
-    const Dsv2Layer *W = &((const Dsv2Views *)m->views)->w[l];
+    const Dsv2Layer *W = model_layer_views(m, l, false);
     Tensor w[FP8_SLOTS] = {[FP8_Q] = W->wq,      [FP8_Q_A] = W->wqa,   [FP8_Q_B] = W->wqb,
                            [FP8_KV_A] = W->wkva, [FP8_KV_B] = W->wkvb, [FP8_O] = W->wo};
     return w[s];
@@ -229,19 +218,9 @@ static AttnArgs dsv2_attn_args(const Model *m, const MicroBatch *mb) {
                       .deterministic = m->deterministic};
 }
 
-static RouterArgs dsv2_router_args(const Model *m) {
-    const Dsv2Config *d = model_family_config(const Dsv2Config, &m->cfg);
-    return (RouterArgs){.k = m->cfg.topk,
-                        .scale = (float)d->routed_scale,
-                        .n_group = d->n_group,
-                        .topk_group = d->topk_group,
-                        .force_balance = m->force_balance};
-}
-
 // The latent of layer l's record: kv_a_layernorm's output and k_pe (columns [ckv, ckv + dr) of kva), kv_b_proj.
 static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
     const Dsv2Config *d = model_family_config(const Dsv2Config, &m->cfg);
-    Dsv2Views *v = m->views;
     MlaLatent ml = {.r = {.c = r->ckvn,
                           .pe = r->kva,
                           .pe_col = d->kv_lora,
@@ -251,8 +230,8 @@ static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
                           .dv = d->vdim},
                     .m = m,
                     .layer = l,
-                    .wkvb = v->w[l].wkvb,
-                    .dwkvb = v->g[l].wkvb};
+                    .wkvb = ((const Dsv2Layer *)model_layer_views(m, l, false))->wkvb,
+                    .dwkvb = ((const Dsv2Layer *)model_layer_views(m, l, true))->wkvb};
     return model_mla_hooked(&ml);
 }
 
@@ -260,7 +239,7 @@ static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
 static void dsv2_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
     const ModelConfig *c = &m->cfg;
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
-    const Dsv2Layer *W = &((Dsv2Views *)m->views)->w[l];
+    const Dsv2Layer *W = model_layer_views(m, l, false);
     Dsv2Rec *r = rp;
     int64_t T = mb->T, nh = c->heads, rd = c->rope.rd, dn = d->nope, dq = dn + rd, dv = d->vdim, ckv = d->kv_lora;
     Tensor q2 = tensor_reshape2(r->q, T, nh * dq);
@@ -291,7 +270,7 @@ static void dsv2_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
 static void dsv2_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
     const ModelConfig *c = &m->cfg;
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
-    const Dsv2Layer *W = &((Dsv2Views *)m->views)->w[l], *G = &((Dsv2Views *)m->views)->g[l];
+    const Dsv2Layer *W = model_layer_views(m, l, false), *G = model_layer_views(m, l, true);
     Dsv2Rec *r = rp;
     int64_t T = mb->T, nh = c->heads, rd = c->rope.rd, dn = d->nope, dq = dn + rd, dv = d->vdim, ckv = d->kv_lora;
     model_proj_backward_input(m, l, FP8_O, tensor_reshape2(r->datt, T, nh * dv), r->dh1, W->wo, false);
@@ -393,9 +372,9 @@ const ModelFamily deepseek_v2_family = {
     .router = "mlp.gate",
     .shared = "mlp.shared_experts",
     .config_parse = dsv2_config_parse,
-    .router_args = dsv2_router_args,
     .mixer_params = dsv2_mixer_params,
-    .bind = dsv2_bind,
+    .layer_views = sizeof(Dsv2Layer),
+    .bind_layer = dsv2_bind_layer,
     .fp8_weight = dsv2_fp8_weight,
     .mixer_alloc = dsv2_mixer_alloc,
     .mixer_grad_alloc = dsv2_mixer_grad_alloc,

@@ -82,26 +82,19 @@ static void gpt_oss_config_parse(ModelConfig *c, JObj o) {
         c->rope.beta_slow = 1, c->rope.truncate = false;
     }
     for (int l = 0; l < c->layers; l++) c->is_moe[l] = true;
+    c->router = (RouterArgs){.softmax_topk = true, .scale = 1};
     moe_config_check(c, o, "num_local_experts");
 }
 
-// Attention: biases when attention_bias, sinks, no q/k norm; causal, scaled by 1/√d, sliding or full.
+// Attention: biases when attention_bias, sinks, no q/k norm; sliding or full.
 static GqaShape gpt_oss_gqa(const ModelConfig *c, int l) {
     const GptOssConfig *g = model_family_config(const GptOssConfig, c);
-    return (GqaShape){.nh = c->heads, .nkv = g->kv_heads, .d = g->head_dim, .bias = g->attn_bias, .sinks = true};
-}
-
-static AttnArgs gpt_oss_attn_args(const Model *m, int l, const MicroBatch *mb) {
-    const GptOssConfig *g = model_family_config(const GptOssConfig, &m->cfg);
-    return (AttnArgs){.B = mb->B,
-                      .scale = (float)(1.0 / sqrt((double)g->head_dim)),
-                      .causal = true,
-                      .window = is_sliding(g, l) ? g->window : 0,
-                      .deterministic = m->deterministic};
-}
-
-static RouterArgs gpt_oss_router_args(const Model *m) {
-    return (RouterArgs){.k = m->cfg.topk, .softmax_topk = true, .scale = 1, .force_balance = m->force_balance};
+    return (GqaShape){.nh = c->heads,
+                      .nkv = g->kv_heads,
+                      .d = g->head_dim,
+                      .bias = g->attn_bias,
+                      .sinks = true,
+                      .window = is_sliding(g, l) ? g->window : 0};
 }
 
 // ---- HF layout (pith convert) ----
@@ -315,9 +308,7 @@ const ModelFamily gpt_oss_family = {
     .router = "mlp.router",
     .router_bias = true,
     .config_parse = gpt_oss_config_parse,
-    .router_args = gpt_oss_router_args,
     .gqa = gpt_oss_gqa,
-    .attn_args = gpt_oss_attn_args,
     .hf_import = gpt_oss_hf_import,
     .hf_export = gpt_oss_hf_export,
 };

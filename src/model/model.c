@@ -151,7 +151,6 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
         free(c), free(s);
     }
     moe_bind(m);
-    if (fam->bind) fam->bind(m);
 }
 
 void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {

@@ -28,6 +28,7 @@ typedef struct {
     // under context parallelism (a config error).
     RingDims ring;
     bool router_sigmoid; // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
+    RouterArgs router;   // the router's options from the HF config (renorm, softmax_topk, scale, groups)
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
     // elements (the FSDP shard count).
@@ -146,6 +147,7 @@ typedef struct {
     int64_t nh, nkv, d;
     QkNorm qk_norm;
     bool bias, gated, sinks;
+    int window; // sliding window (AttnArgs.window; 0: full causal attention)
 } GqaShape;
 typedef struct {
     Tensor wq, bq, wk, bk, wv, bv, wo, bo, qn, kn, sinks; // absent ones {0}
@@ -249,16 +251,16 @@ typedef struct {
     const char *router, *shared;
     bool router_bias, shared_gate;
     void (*config_parse)(ModelConfig *c, JObj hf);
-    RouterArgs (*router_args)(const Model *m);
-    // Layer l's mixer is grouped-query attention of gqa(c, l) with attn_args(m, l, mb) when its nh > 0 (gqa NULL:
-    // never), else the family's own (mixer_*).
+    // Layer l's mixer is grouped-query attention of shape gqa(c, l) when its nh > 0 (gqa NULL: never), else the
+    // family's own (mixer_*).
     GqaShape (*gqa)(const ModelConfig *c, int layer);
-    AttnArgs (*attn_args)(const Model *m, int layer, const MicroBatch *mb);
-    // The family's own mixer: its parameters (after input_layernorm), weight and gradient views (bind: m->views),
-    // record fields and backward workspace; forward reads r->n1 and writes r->h1a (the residual is the skeleton's),
-    // backward reads r->dh1 (∂/∂h1a) and writes r->dn1. opws: the layer's op scratch (StageIO.opws).
+    // The family's own mixer: its parameters (after input_layernorm), weight and gradient views (bind_layer fills a
+    // struct of layer_views bytes from the flat buffers; model_layer_views), record fields and backward workspace;
+    // forward reads r->n1 and writes r->h1a (the residual is the skeleton's), backward reads r->dh1 (∂/∂h1a) and
+    // writes r->dn1. opws: the layer's op scratch (StageIO.opws).
     void (*mixer_params)(ParamTable *t, const ModelConfig *c, int layer);
-    void (*bind)(Model *m);
+    size_t layer_views;
+    void (*bind_layer)(Model *m, Tensor *flat, int layer, void *views);
     Tensor (*fp8_weight)(const Model *m, int layer, Fp8Slot s); // its FP8 slots' weights ({0}: none; NULL: none)
     void (*mixer_alloc)(Model *m, int layer, void *rec, Arena *a, int B, int S);
     void (*mixer_grad_alloc)(Model *m, int layer, void *rec, Arena *ws, int B, int S);
@@ -302,7 +304,7 @@ struct Model {
     bool ep_drop;            // parallel.ep_drop_tokens: rows above the capacity are dropped (else they spill)
     RecomputeMode recompute; // what backward recomputes instead of keeping
     SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
-    void *views;             // the family's own weight and gradient views
+    void *views;             // the family mixer's views: (2, MAX_LAYERS) of fam->layer_views bytes (model_layer_views)
     struct KvCache *kv;      // generation: attention and DeltaNet read and extend it (NULL: training, evaluation)
     struct Ring *ring;       // context parallelism (parallel/ring.h): attention is zigzag ring attention (NULL: cp 1)
     // Layer l's expert weight gradients hold the last step's values: the step's first weight gradient writes them
@@ -314,6 +316,11 @@ struct Model {
     // (RouterArgs.given); NULL: its own.
     const int32_t *route_given[MAX_LAYERS];
 };
+
+// The family mixer's views of layer l: its compute weights, or (grad) its fp32 gradients.
+static inline void *model_layer_views(const Model *m, int l, bool grad) {
+    return (char *)m->views + ((size_t)grad * MAX_LAYERS + l) * m->fam->layer_views;
+}
 
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported
 // Reads an HF config.json (or a folder holding one) into c; dies naming the file and field.
@@ -338,7 +345,7 @@ Tensor model_view_layer(Model *m, Tensor *flat, int l, const char *suffix, int n
 // expert adjacent) or the dense MLP under the HF names layers.l.mlp.[experts.e.]{gate,up,down}_proj.weight (GPT-OSS
 // experts, swiglu_limit > 0: layers.l.mlp.experts.e.{gate_up,down}_proj.{weight,bias}); the final norm and LM head.
 void model_params_build(const ModelFamily *fam, ParamTable *t, const ModelConfig *c);
-void moe_bind(Model *m); // m->sw, m->sg for the parameters above but the family mixer's
+void moe_bind(Model *m); // m->sw, m->sg for the parameters above, and the family mixer's views (m->views)
 // Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd.
 void moe_layer_alloc(Model *m, int l, void *rec, Arena *a, int B, int S, StageIO *io);
 void moe_layer_grad_alloc(Model *m, int l, void *rec, Arena *ws, int B, int S, StageIO *io);
@@ -462,6 +469,8 @@ void gqa_forward(Model *m, int l, const GqaShape *s, const GqaWeights *W, GqaRec
 // dout: ∂/∂out; dn1: ∂/∂n1 written; G: the fp32 gradients (accumulated).
 void gqa_backward(Model *m, int l, const GqaShape *s, const GqaWeights *W, const GqaWeights *G, GqaRec *r,
                   const MicroBatch *mb, Tensor n1, Tensor dout, Tensor dn1, AttnArgs aa);
+// The attention's AttnArgs for B sequences: causal, scaled by 1/√d, s's window.
+AttnArgs gqa_attn_args(const Model *m, const GqaShape *s, int B);
 
 // ---- multi-head latent attention, on one rank or around the ring (model.c; DeepSeek-V2's decompression and hooks
 // in deepseek_v2.c) ----

@@ -101,7 +101,7 @@ static GqaShape layer_gqa(const ModelFamily *fam, const ModelConfig *c, int l) {
     return fam->gqa ? fam->gqa(c, l) : (GqaShape){0};
 }
 
-// "<prefix><suffix>" of layer l, prefix a ModelFamily name.
+// "<prefix><suffix>" in nm: a layer tensor's suffix under a ModelFamily name (router, shared).
 #define NAME(prefix, suffix) (snprintf(nm, sizeof nm, "%s%s", prefix, suffix), nm)
 
 void model_params_build(const ModelFamily *fam, ParamTable *t, const ModelConfig *c) {
@@ -160,11 +160,11 @@ static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
     w->embed = model_view(m, flat, "embed_tokens.weight", 2, c->vocab, H, 0);
     w->norm = model_view(m, flat, "norm.weight", 1, H, 0, 0);
     w->lm_head = c->tie_embed ? w->embed : model_view(m, flat, "lm_head.weight", 2, c->vocab, H, 0);
+    const ModelFamily *fam = m->fam;
+    int64_t Is = c->shared_inter;
+    char nm[48];
     for (int l = 0; l < c->layers; l++) {
-        const ModelFamily *fam = m->fam;
-        char nm[48];
         GqaShape g = layer_gqa(fam, c, l);
-        int64_t Is = c->shared_inter;
         w->ln1[l] = model_view_layer(m, flat, l, "input_layernorm.weight", 1, H, 0);
         w->ln2[l] = model_view_layer(m, flat, l, "post_attention_layernorm.weight", 1, H, 0);
         if (g.nh) gqa_bind(m, flat, &g, l, &w->att[l]);
@@ -195,9 +195,16 @@ static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
 }
 
 void moe_bind(Model *m) {
-    if (!m->sw) m->sw = xcalloc(1, sizeof *m->sw), m->sg = xcalloc(1, sizeof *m->sg);
+    const ModelFamily *fam = m->fam;
+    m->sw = xcalloc(1, sizeof *m->sw), m->sg = xcalloc(1, sizeof *m->sg);
     bind_shared(m, m->w, m->sw);
     bind_shared(m, m->g, m->sg);
+    if (!fam->bind_layer) return;
+    m->views = xcalloc(2 * MAX_LAYERS, fam->layer_views);
+    for (int l = 0; l < m->cfg.layers; l++) {
+        fam->bind_layer(m, m->w, l, model_layer_views(m, l, false));
+        fam->bind_layer(m, m->g, l, model_layer_views(m, l, true));
+    }
 }
 
 // ---- records ----
@@ -274,6 +281,12 @@ void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh) { op_embedding_bac
 
 // ---- stage 1: norm → mixer → residual → norm → router (and the shared expert) ----
 
+static RouterArgs router_args(const Model *m) {
+    RouterArgs ra = m->cfg.router;
+    ra.k = m->cfg.topk, ra.force_balance = m->force_balance;
+    return ra;
+}
+
 void moe_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
     const ModelConfig *c = &m->cfg;
     const SharedWeights *W = m->sw;
@@ -282,13 +295,13 @@ void moe_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, Sta
     GqaShape g = layer_gqa(m->fam, c, l);
     r->x = x;
     op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1[l], (float)c->eps, &na);
-    if (g.nh) gqa_forward(m, l, &g, &W->att[l], &r->gqa, mb, r->n1, r->h1a, m->fam->attn_args(m, l, mb));
+    if (g.nh) gqa_forward(m, l, &g, &W->att[l], &r->gqa, mb, r->n1, r->h1a, gqa_attn_args(m, &g, mb->B));
     else m->fam->mixer_forward(m, l, rp, mb, io->opws);
     op_add(r->h1a, x);
     op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2[l], (float)c->eps, &na);
     if (io->dense) return;
     op_linear_forward(r->logits, r->n2, W->router[l], W->router_b[l]);
-    model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, m->fam->router_args(m));
+    model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, router_args(m));
     // The load-balancing term enters the objective as lb·T per micro-batch (docs/reference.md §1), so its gradient
     // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
     if (m->lb_coef > 0) model_lb_loss(m, mb, l, r->lb_grad, r->probs, io->idx, (float)mb->T);
@@ -313,7 +326,7 @@ void moe_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io,
     GqaShape g = layer_gqa(m->fam, c, l);
     Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
     if (!io->dense) {
-        RouterArgs ra = m->fam->router_args(m);
+        RouterArgs ra = router_args(m);
         model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
                               mb->B);
         op_linear_backward_input(dn2, r->dlogits, W->router[l], true);
@@ -336,7 +349,7 @@ void moe_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io,
     op_copy(r->dh1, dout);
     op_rmsnorm_backward(r->dh1, G->ln2[l], dn2, r->h1a, W->ln2[l], r->rstd2, true, &na);
     if (g.nh) {
-        AttnArgs aa = m->fam->attn_args(m, l, mb);
+        AttnArgs aa = gqa_attn_args(m, &g, mb->B);
         aa.ws = io->opws;
         gqa_backward(m, l, &g, &W->att[l], &G->att[l], &r->gqa, mb, r->n1, r->dh1, r->dn1, aa);
     } else {

@@ -30,10 +30,6 @@ typedef struct {
 } Q35Layer;
 
 typedef struct {
-    Q35Layer w[MAX_LAYERS], g[MAX_LAYERS]; // compute weights and fp32 gradients
-} Q35Views;
-
-typedef struct {
     LAYER_FIELDS; // h1: after the token mixer and the shared expert; gqa: full attention
     // Gated DeltaNet
     Tensor qkv, cv;      // (T, Cc) projection and conv1d_silu of it
@@ -99,6 +95,7 @@ static void q35_config_parse(ModelConfig *c, JObj o) {
         if (!strcmp(t, "linear_attention")) q->linear[l / 64] |= 1ull << (l % 64);
         c->is_moe[l] = true; // transformers gives every Qwen3.5-MoE layer the sparse block
     }
+    c->router = (RouterArgs){.renorm = true, .scale = 1};
     moe_config_check(c, o, "num_experts");
     // context parallelism: the full-attention layers' ring, the DeltaNet layers' conv halo and state
     int64_t cc = 2 * (int64_t)q->nk * q->dk + (int64_t)q->nv * q->dv;
@@ -137,35 +134,28 @@ static void q35_mixer_params(ParamTable *t, const ModelConfig *c, int l) {
 #undef P
 }
 
-static void bind_layers(Model *m, Tensor *flat, Q35Layer *w) {
+// Gated DeltaNet's weight (or gradient) views of layer l.
+static void q35_bind_layer(Model *m, Tensor *flat, int l, void *views) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
     int64_t H = c->hidden, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
-    for (int l = 0; l < c->layers; l++) {
-        Q35Layer *L = &w[l];
+    Q35Layer *L = views;
 #define V(suffix, nd, a, b) model_view_layer(m, flat, l, "linear_attn." suffix, nd, a, b)
-        L->wqkv = V("in_proj_qkv.weight", 2, 2 * kd + vd, H);
-        L->wz = V("in_proj_z.weight", 2, vd, H);
-        L->wb = V("in_proj_b.weight", 2, q->nv, H);
-        L->wa = V("in_proj_a.weight", 2, q->nv, H);
-        L->conv = V("conv1d.weight", 2, 2 * kd + vd, q->conv_k);
-        L->dt_bias = V("dt_bias", 1, q->nv, 0);
-        L->A_log = V("A_log", 1, q->nv, 0);
-        L->gnorm = V("norm.weight", 1, q->dv, 0);
-        L->wout = V("out_proj.weight", 2, H, vd);
+    L->wqkv = V("in_proj_qkv.weight", 2, 2 * kd + vd, H);
+    L->wz = V("in_proj_z.weight", 2, vd, H);
+    L->wb = V("in_proj_b.weight", 2, q->nv, H);
+    L->wa = V("in_proj_a.weight", 2, q->nv, H);
+    L->conv = V("conv1d.weight", 2, 2 * kd + vd, q->conv_k);
+    L->dt_bias = V("dt_bias", 1, q->nv, 0);
+    L->A_log = V("A_log", 1, q->nv, 0);
+    L->gnorm = V("norm.weight", 1, q->dv, 0);
+    L->wout = V("out_proj.weight", 2, H, vd);
 #undef V
-    }
-}
-
-static void q35_bind(Model *m) {
-    Q35Views *v = m->views = m->views ? m->views : xcalloc(1, sizeof(Q35Views));
-    bind_layers(m, m->w, v->w);
-    bind_layers(m, m->g, v->g);
 }
 
 // Gated DeltaNet's FP8 projections (Fp8Slot): in_proj_qkv, in_proj_z and out_proj (never in_proj_a/b).
 static Tensor q35_fp8_weight(const Model *m, int l, Fp8Slot s) {
-    const Q35Layer *W = &((const Q35Views *)m->views)->w[l];
+    const Q35Layer *W = model_layer_views(m, l, false);
     Tensor w[FP8_SLOTS] = {[FP8_QKV] = W->wqkv, [FP8_Z] = W->wz, [FP8_OUT] = W->wout};
     return w[s];
 }
@@ -200,7 +190,6 @@ static void q35_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
 }
 
 static DeltaArgs q35_delta_args(const Model *m, int B);
-static AttnArgs q35_attn_args(const Model *m, int l, const MicroBatch *mb);
 
 // The ops' planned scratch (io->opws): the GPU delta rule's (op_delta_rule_workspace; the backward's holds the
 // forward's) in a linear layer, the attention backward's (op_attention_workspace: cuDNN's D and dQ accumulator;
@@ -213,8 +202,8 @@ static size_t q35_op_ws(const Model *m, int l, int B, int S) {
         return op_delta_rule_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, q->nk, q->dk, 0),
                                        tensor_make(NULL, m->cdt, m->dev, 3, T, q->nv, q->dv, 0), &da, true);
     }
-    MicroBatch mb = {.B = B, .S = S, .T = (int)T};
-    AttnArgs aa = q35_attn_args(m, l, &mb);
+    GqaShape g = q35_gqa(&m->cfg, l);
+    AttnArgs aa = gqa_attn_args(m, &g, B);
     return m->cfg.cp_size > 1
                ? 0
                : op_attention_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, m->cfg.heads, q->head_dim, 0),
@@ -245,22 +234,12 @@ static void q35_mixer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, in
 
 // ---- the mixer: Gated DeltaNet (the full-attention layers' is gqa.c's) ----
 
-static AttnArgs q35_attn_args(const Model *m, int l, const MicroBatch *mb) {
-    return (AttnArgs){.B = mb->B,
-                      .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->head_dim)),
-                      .causal = true,
-                      .deterministic = m->deterministic};
-}
 static DeltaArgs q35_delta_args(const Model *m, int B) {
     return (DeltaArgs){.B = B,
                        .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->dk)),
                        .qk_l2norm = true,
                        .chunk = 64};
 }
-static RouterArgs q35_router_args(const Model *m) {
-    return (RouterArgs){.k = m->cfg.topk, .renorm = true, .scale = 1, .force_balance = m->force_balance};
-}
-
 // Gated DeltaNet: n1 → h1a (without the residual).
 // Generation (m->kv): the cache's halo and state enter, and the call's last conv inputs and final state stay.
 static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBatch *mb, Tensor opws) {
@@ -291,7 +270,7 @@ static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBa
 static void q35_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
     Q35Rec *r = rp;
     r->h1c = m->cfg.cp_size > 1 ? r->h1 : r->h1a;
-    delta_forward(m, l, &((Q35Views *)m->views)->w[l], r, mb, opws);
+    delta_forward(m, l, model_layer_views(m, l, false), r, mb, opws);
 }
 
 // dh1 (∂/∂h1a) → dn1.
@@ -326,8 +305,7 @@ static void delta_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G
 }
 
 static void q35_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
-    const Q35Views *v = m->views;
-    delta_backward(m, l, &v->w[l], &v->g[l], rp, mb, opws);
+    delta_backward(m, l, model_layer_views(m, l, false), model_layer_views(m, l, true), rp, mb, opws);
 }
 
 const ModelFamily qwen3_5_moe_family = {
@@ -337,11 +315,10 @@ const ModelFamily qwen3_5_moe_family = {
     .shared = "mlp.shared_expert",
     .shared_gate = true,
     .config_parse = q35_config_parse,
-    .router_args = q35_router_args,
     .gqa = q35_gqa,
-    .attn_args = q35_attn_args,
     .mixer_params = q35_mixer_params,
-    .bind = q35_bind,
+    .layer_views = sizeof(Q35Layer),
+    .bind_layer = q35_bind_layer,
     .fp8_weight = q35_fp8_weight,
     .mixer_alloc = q35_mixer_alloc,
     .mixer_grad_alloc = q35_mixer_grad_alloc,

@@ -10,7 +10,7 @@
 
 typedef struct {
     int kv_heads, head_dim;
-    bool norm_topk, attn_bias;
+    bool attn_bias;
 } Qwen3Config;
 MODEL_FAMILY_CONFIG_FITS(Qwen3Config);
 
@@ -31,7 +31,7 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
     c->topk = jint_in(o, "num_experts_per_tok", true, 0, 0, 1 << 20);
     c->moe_inter = jint_in(o, "moe_intermediate_size", true, 0, 0, 1 << 30);
     c->dense_inter = jint_in(o, "intermediate_size", false, 0, 0, 1 << 30);
-    q->norm_topk = jbool(o, "norm_topk_prob", false, false);
+    c->router = (RouterArgs){.renorm = jbool(o, "norm_topk_prob", false, false), .scale = 1};
     q->attn_bias = jbool(o, "attention_bias", false, false);
     c->tie_embed = jbool(o, "tie_word_embeddings", false, false);
     if (jbool(o, "use_sliding_window", false, false))
@@ -60,32 +60,15 @@ static void qwen3_config_parse(ModelConfig *c, JObj o) {
     moe_config_check(c, o, "num_experts");
 }
 
-// Attention: q/k norm, biases when attention_bias; causal, scaled by 1/√d.
+// Attention: q/k norm, biases when attention_bias.
 static GqaShape qwen3_gqa(const ModelConfig *c, int l) {
     const Qwen3Config *q = model_family_config(const Qwen3Config, c);
     return (GqaShape){.nh = c->heads, .nkv = q->kv_heads, .d = q->head_dim, .qk_norm = QK_NORM_W, .bias = q->attn_bias};
 }
-static AttnArgs qwen3_attn_args(const Model *m, int l, const MicroBatch *mb) {
-    return (AttnArgs){.B = mb->B,
-                      .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen3Config, &m->cfg)->head_dim)),
-                      .causal = true,
-                      .deterministic = m->deterministic};
-}
-
-// Softmax → top-k routing, renormalised when norm_topk_prob.
-static RouterArgs qwen3_router_args(const Model *m) {
-    return (RouterArgs){.k = m->cfg.topk,
-                        .renorm = model_family_config(const Qwen3Config, &m->cfg)->norm_topk,
-                        .scale = 1,
-                        .force_balance = m->force_balance};
-}
-
 const ModelFamily qwen3_moe_family = {
     .model_type = "qwen3_moe",
     .rec_size = sizeof(LayerRec),
     .router = "mlp.gate",
     .config_parse = qwen3_config_parse,
-    .router_args = qwen3_router_args,
     .gqa = qwen3_gqa,
-    .attn_args = qwen3_attn_args,
 };
