@@ -16,12 +16,11 @@
 
 typedef struct {
     int kv_heads, head_dim;
-    int window;          // sliding_window: a sliding layer's query sees itself and window − 1 earlier keys
-    bool attn_bias;      // attention_bias: biases on q, k, v and o
-    uint64_t sliding[4]; // bit l: layer_types[l] is "sliding_attention" (MAX_LAYERS bits)
+    int window;     // sliding_window: a sliding layer's query sees itself and window − 1 earlier keys
+    bool attn_bias; // attention_bias: biases on q, k, v and o
+    uint64_t sliding[MAX_LAYERS / 64]; // bit l: layer_types[l] is "sliding_attention"
 } GptOssConfig;
 MODEL_FAMILY_CONFIG_FITS(GptOssConfig);
-_Static_assert(MAX_LAYERS <= 4 * 64, "GptOssConfig.sliding holds MAX_LAYERS bits");
 
 static bool is_sliding(const GptOssConfig *g, int l) { return g->sliding[l / 64] >> (l % 64) & 1; }
 
@@ -57,20 +56,7 @@ static void gpt_oss_config_parse(ModelConfig *c, JObj o) {
         jdie(jobj_child(o, "quantization_config"), "quant_method",
              "only mxfp4 (the released experts, dequantized by pith convert hf2pith) is supported");
     // layer_types: absent, transformers alternates sliding (even layers) and full (odd layers)
-    memset(g->sliding, 0, sizeof g->sliding);
-    json_t *lt = json_object_get(o.obj, "layer_types");
-    if (lt && !json_is_null(lt)) {
-        if (!json_is_array(lt) || (int)json_array_size(lt) != c->layers)
-            jdie(o, "layer_types", "expected an array of num_hidden_layers = %d strings", c->layers);
-        for (int l = 0; l < c->layers; l++) {
-            const char *s = json_string_value(json_array_get(lt, l));
-            if (!s || (strcmp(s, "sliding_attention") && strcmp(s, "full_attention")))
-                jdie(o, "layer_types", "entry %d must be \"sliding_attention\" or \"full_attention\"", l);
-            if (!strcmp(s, "sliding_attention")) g->sliding[l / 64] |= 1ull << (l % 64);
-        }
-    } else {
-        for (int l = 0; l < c->layers; l += 2) g->sliding[l / 64] |= 1ull << (l % 64);
-    }
+    moe_layer_types(c, o, "sliding_attention", 2, g->sliding);
     // RoPE: what the config says (default or yarn), else GPT-OSS's own default (transformers' GptOssConfig):
     // YaRN, factor 32 over an original context of 4096, beta 32/1, truncate false, theta 150000.
     bool has_rope = jhas(o, "rope_parameters") || jhas(o, "rope_scaling");

@@ -335,6 +335,9 @@ void moe_rope_parse(ModelConfig *c, JObj hf, int rd, bool yarn_ok);
 // Checks of the generic fields after a family's config_parse (dies naming the field); experts_key: the
 // family's HF name of the expert count.
 void moe_config_check(const ModelConfig *c, JObj hf, const char *experts_key);
+// layer_types (one `kind` or "full_attention" per layer; absent: every every-th layer is full attention) into bits:
+// bit l set when layer l is `kind`. Dies naming the field.
+void moe_layer_types(const ModelConfig *c, JObj hf, const char *kind, int every, uint64_t bits[MAX_LAYERS / 64]);
 // A view of nd dims starting at parameter `name` inside the flat buffers ({0} if the model lacks it).
 Tensor model_view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0, int64_t n1, int64_t n2);
 // Layer l's tensor "layers.<l>.<suffix>" of the dense group: its parameter, and its view (the families' names).

@@ -26,6 +26,20 @@ void moe_config_check(const ModelConfig *c, JObj o, const char *experts_key) {
             jdie(o, "intermediate_size", "must be positive: layer %d has a dense MLP", l);
 }
 
+void moe_layer_types(const ModelConfig *c, JObj o, const char *kind, int every, uint64_t bits[MAX_LAYERS / 64]) {
+    json_t *lt = json_object_get(o.obj, "layer_types");
+    bool given = lt && !json_is_null(lt);
+    if (given && (!json_is_array(lt) || (int)json_array_size(lt) != c->layers))
+        jdie(o, "layer_types", "expected an array of num_hidden_layers = %d strings", c->layers);
+    memset(bits, 0, MAX_LAYERS / 8);
+    for (int l = 0; l < c->layers; l++) {
+        const char *t = given ? json_string_value(json_array_get(lt, l)) : (l + 1) % every ? kind : "full_attention";
+        if (!t || (strcmp(t, kind) && strcmp(t, "full_attention")))
+            jdie(o, "layer_types", "entry %d must be \"%s\" or \"full_attention\"", l, kind);
+        if (!strcmp(t, kind)) bits[l / 64] |= 1ull << (l % 64);
+    }
+}
+
 void moe_rope_parse(ModelConfig *c, JObj o, int rd, bool yarn_ok) {
     JObj rp = jobj_child(o, "rope_parameters");
     if (!rp.obj) rp = jobj_child(o, "rope_scaling");

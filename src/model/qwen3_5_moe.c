@@ -83,18 +83,8 @@ static void q35_config_parse(ModelConfig *c, JObj o) {
     moe_rope_parse(c, o, (int)(q->head_dim * prf), false); // int(): transformers truncates too
     // layer_types: one "linear_attention" or "full_attention" per layer; without it every full_attention_interval-th
     // layer is full attention (transformers' default pattern).
-    json_t *lt = json_object_get(o.obj, "layer_types");
-    int interval = jint_in(o, "full_attention_interval", false, 4, 1, 1 << 20);
-    if (lt && !json_is_null(lt) && (!json_is_array(lt) || (int)json_array_size(lt) != c->layers))
-        jdie(o, "layer_types", "expected an array of num_hidden_layers = %d strings", c->layers);
-    for (int l = 0; l < c->layers; l++) {
-        const char *t = lt && !json_is_null(lt) ? json_string_value(json_array_get(lt, l))
-                                                : ((l + 1) % interval ? "linear_attention" : "full_attention");
-        if (!t || (strcmp(t, "linear_attention") && strcmp(t, "full_attention")))
-            jdie(o, "layer_types", "entry %d must be \"linear_attention\" or \"full_attention\"", l);
-        if (!strcmp(t, "linear_attention")) q->linear[l / 64] |= 1ull << (l % 64);
-        c->is_moe[l] = true; // transformers gives every Qwen3.5-MoE layer the sparse block
-    }
+    moe_layer_types(c, o, "linear_attention", jint_in(o, "full_attention_interval", false, 4, 1, 1 << 20), q->linear);
+    for (int l = 0; l < c->layers; l++) c->is_moe[l] = true; // transformers gives every layer the sparse block
     c->router = (RouterArgs){.renorm = true, .scale = 1};
     moe_config_check(c, o, "num_experts");
     // context parallelism: the full-attention layers' ring, the DeltaNet layers' conv halo and state

@@ -4,8 +4,6 @@
 // → experts down(silu(gate(n2))·up(n2)) → Σ_j w_j·expert_j + h1. Layers listed in mlp_only_layers or
 // off the decoder_sparse_step grid use a dense SwiGLU MLP instead. Everything but the HF config, the attention's shape
 // and the router's options is the shared layer (moe.c, gqa.c).
-#include <math.h>
-
 #include "model/model.h"
 
 typedef struct {
