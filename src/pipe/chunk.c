@@ -71,12 +71,14 @@ static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a, ChunkPlan *p) {
     // a pipeline rank's chunks read their input from, and write their output into, the pipeline's buffers
     bool own_in = !c->pipe_io || c->l0 == 0, own_out = !c->pipe_io || c->l1 == m->cfg.layers || full;
     size_t m0 = arena_mark(a);
-    k->mb = (MicroBatch){.B = c->B,
-                         .S = c->S,
-                         .T = T,
-                         .tokens = arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
-                         .labels = arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
-                         .pos = arena_tensor(a, DT_I32, 1, T, 0, 0, 0)};
+    k->mb = (MicroBatch){c->B,
+                         c->S,
+                         T,
+                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
+                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
+                         arena_tensor(a, DT_I32, 1, T, 0, 0, 0),
+                         NULL,
+                         false};
     if (own_in) k->h[c->l0] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     for (int l = c->l0; l < c->l1; l++) {
         StageIO *io = &k->io[l];
