@@ -24,7 +24,7 @@ static void full_forward_logits(Model *m, const int32_t *tokens, int n, float *o
     chunk_load(&e, 0, tokens, labels);
     chunk_forward_layers(&e, 0);
     Arena ws = arena_create("test logits", DEV_CPU, 1 << 20);
-    m->fam->logits(m, tf32_2(out, 1, m->cfg.vocab), tensor_rows(chunk_output(&e, 0), n - 1, 1), &ws);
+    moe_logits(m, tf32_2(out, 1, m->cfg.vocab), tensor_rows(chunk_output(&e, 0), n - 1, 1), &ws);
     arena_destroy(&ws), chunk_free(&e), free(labels);
 }
 

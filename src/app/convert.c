@@ -116,7 +116,7 @@ static bool other_tower(const char *hf) { return !strncmp(hf, "model.visual.", 1
 static const ModelFamily *open_model(const char *dir, ModelConfig *mc, ParamTable *t, StSet *s, bool hf) {
     const ModelFamily *fam = model_config_load(mc, dir);
     memset(t, 0, sizeof *t);
-    fam->params_build(t, mc);
+    model_params_build(fam, t, mc);
     st_set_open_or_die(s, dir);
     if (hf && fam->hf_import) return fam; // the family's layout: its hook checks the tensors
     int others = 0;

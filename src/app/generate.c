@@ -13,7 +13,7 @@
 #include "train/config.h"
 
 void gen_init(Generator *g, Model *m, int prompt, int cap) {
-    CHECK(m->fam->logits && prompt >= 1 && prompt <= cap);
+    CHECK(prompt >= 1 && prompt <= cap);
     memset(g, 0, sizeof *g);
     g->m = m;
     g->kv.cap = cap;
@@ -42,8 +42,8 @@ void gen_feed(Generator *g, const int32_t *tokens, int n) {
     chunk_forward_layers(e, 0);
     m->kv = NULL;
     g->kv.len += n;
-    m->fam->logits(m, tensor_make(g->logits, DT_F32, DEV_CPU, 2, 1, m->cfg.vocab, 1, 1),
-                   tensor_rows(chunk_output(e, 0), n - 1, 1), &g->ws);
+    moe_logits(m, tensor_make(g->logits, DT_F32, DEV_CPU, 2, 1, m->cfg.vocab, 1, 1),
+               tensor_rows(chunk_output(e, 0), n - 1, 1), &g->ws);
 }
 
 void gen_free(Generator *g) {
@@ -144,7 +144,6 @@ int cmd_generate(int argc, char **argv) {
     if (!ids.n) die("generate: --prompt gives no tokens (an empty prompt has nothing to continue)");
     ModelConfig mc;
     const ModelFamily *fam = model_config_load(&mc, model);
-    if (!fam->logits) die("%s: model_type %s: pith generate does not support this family", model, mc.model_type);
     for (size_t i = 0; i < ids.n; i++)
         if (ids.p[i] >= (uint32_t)mc.vocab)
             die("%s: the prompt's token %u is outside the model's vocabulary (vocab_size %d in %s): not this model's "

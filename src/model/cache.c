@@ -3,11 +3,21 @@
 // and values, or a Gated DeltaNet layer's recurrent state and conv halo). docs/architecture.md, "FP8" and "Generation".
 #include "model/model.h"
 
-// Layer l's compute weight of slot s: stage 3's from SharedWeights, the others from the family ({0}: none here).
+// Layer l's compute weight of slot s: the shared layer's from SharedWeights, the family mixer's from the family ({0}:
+// none here).
 static Tensor fp8_source(const Model *m, int l, Fp8Slot s) {
-    if (s == FP8_GATE_UP) return m->sw->gate_up[l];
-    if (s == FP8_DOWN) return m->sw->down[l];
-    return m->fam->fp8_weight ? m->fam->fp8_weight(m, l, s) : (Tensor){0};
+    const SharedWeights *w = m->sw;
+    const GqaWeights *a = &w->att[l];
+    Tensor shared[FP8_SLOTS] = {[FP8_GATE_UP] = w->gate_up[l],
+                                [FP8_DOWN] = w->down[l],
+                                [FP8_Q] = a->wq,
+                                [FP8_K] = a->wk,
+                                [FP8_V] = a->wv,
+                                [FP8_O] = a->wo,
+                                [FP8_SHARED_GU] = w->shared_gu[l],
+                                [FP8_SHARED_DOWN] = w->shared_down[l]};
+    if (shared[s].nd || !m->fam->fp8_weight) return shared[s];
+    return m->fam->fp8_weight(m, l, s);
 }
 
 // The cache holds, per layer and slot, the FP8 codes and scales of a dense weight (op_fp8_weight_bytes) or of the

@@ -19,9 +19,6 @@
 
 typedef struct {
     int q_lora, kv_lora, nope, vdim; // q_lora_rank (0: a plain q_proj), kv_lora_rank, qk_nope_head_dim, v_head_dim
-    int shared_inter;                // Is (0: no shared experts)
-    int n_group, topk_group;         // group-limited greedy top-k (n_group 0: greedy)
-    double routed_scale;             // routed_scaling_factor
     double softmax_scale;
     bool attn_bias; // biases on q_a_proj, kv_a_proj_with_mqa, o_proj
 } Dsv2Config;
@@ -31,18 +28,11 @@ MODEL_FAMILY_CONFIG_FITS(Dsv2Config);
 #define LORA_NORM_EPS 1e-6f
 
 typedef struct {
-    Tensor ln1, wq, wqa, bqa, qan, wqb, wkva, bkva, kvan, wkvb, wo, bo, ln2, router;
-    Tensor shared_gu, shared_down; // (2Is, H) = [gate_proj; up_proj], (H, Is)
+    Tensor wq, wqa, bqa, qan, wqb, wkva, bkva, kvan, wkvb, wo, bo; // absent ones {0}
 } Dsv2Layer;
 
 typedef struct {
-    Dsv2Layer w[MAX_LAYERS], g[MAX_LAYERS]; // compute weights and fp32 gradients
-} Dsv2Views;
-
-typedef struct {
-    MlpRec mlp;            // stage 3 and 5 (h1: after attention and the shared experts)
-    Tensor x;              // (T, H) layer input (owned by the previous layer)
-    Tensor n1, rstd1;      // (T, H), (T)
+    LAYER_FIELDS;          // h1: after attention and the shared experts
     Tensor qa, qan, rqa;   // q LoRA: (T, q_lora) projection, its norm, (T) rstd
     Tensor q;              // (T, nh, dq) queries, q_pe roped
     Tensor kva;            // (T, ckv + dr) [compressed kv | k_pe], k_pe roped in place
@@ -50,13 +40,8 @@ typedef struct {
     Tensor kv;             // (T, nh, dn + dv) per head [k_nope | v]
     Tensor k, v;           // (T, nh, dq), (T, nh, dv)
     Tensor att, lse;       // (T, nh, dv), (B, nh, S)
-    Tensor h1a;            // (T, H) residual stream after attention (the post-attention norm's input)
-    Tensor n2, rstd2;      // (T, H) post-attention norm (= the tokens to dispatch), (T)
-    Tensor logits, probs;  // (T, E) router logits and softmax
-    Tensor lb_grad;        // (B, E) load-balancing gradient w.r.t. probs
-    Tensor sgu, sact;      // (T, 2Is), (T, Is) shared experts
     // backward workspace
-    Tensor dh1, dn1, dqa, dqan, dq, dk, dv, datt, dkv, dckvn, dckv, dkva, dlogits, dsgu, dsact;
+    Tensor dqa, dqan, dq, dk, dv, datt, dkv, dckvn, dckv, dkva;
 } Dsv2Rec;
 
 static const Tensor NONE = {0};
@@ -79,11 +64,11 @@ static void dsv2_config_parse(ModelConfig *c, JObj o) {
     d->kv_lora = (int)jint(o, "kv_lora_rank", true, 0);
     d->nope = (int)jint(o, "qk_nope_head_dim", true, 0);
     d->vdim = (int)jint(o, "v_head_dim", true, 0);
-    d->shared_inter = c->moe_inter * (int)jint(o, "n_shared_experts", false, 0);
-    d->routed_scale = jnum(o, "routed_scaling_factor", false, 1.0);
+    c->shared_inter = c->moe_inter * (int)jint(o, "n_shared_experts", false, 0);
+    double routed_scale = jnum(o, "routed_scaling_factor", false, 1.0);
     d->attn_bias = jbool(o, "attention_bias", false, false);
     int rd = (int)jint(o, "qk_rope_head_dim", true, 0);
-    if (d->q_lora < 0 || d->kv_lora <= 0 || d->nope < 0 || d->vdim <= 0 || rd <= 0 || d->shared_inter < 0)
+    if (d->q_lora < 0 || d->kv_lora <= 0 || d->nope < 0 || d->vdim <= 0 || rd <= 0 || c->shared_inter < 0)
         jdie(o, NULL,
              "q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim and n_shared_experts must be "
              "valid sizes");
@@ -94,17 +79,19 @@ static void dsv2_config_parse(ModelConfig *c, JObj o) {
     if (jbool(o, "mlp_bias", false, false)) jdie(o, "mlp_bias", "MLP biases are not supported for deepseek_v2");
     if (jint(o, "moe_layer_freq", false, 1) != 1)
         jdie(o, "moe_layer_freq", "only 1 is supported (every layer from first_k_dense_replace on is MoE)");
-    if (!(d->routed_scale > 0)) jdie(o, "routed_scaling_factor", "must be positive");
+    if (!(routed_scale > 0)) jdie(o, "routed_scaling_factor", "must be positive");
+    c->router = (RouterArgs){.scale = (float)routed_scale};
     const char *method = jstr(o, "topk_method", false, "greedy");
     if (!strcmp(method, "group_limited_greedy")) {
-        d->n_group = (int)jint(o, "n_group", true, 0), d->topk_group = (int)jint(o, "topk_group", true, 0);
-        if (d->n_group < 1 || c->experts % d->n_group)
+        c->router.n_group = (int)jint(o, "n_group", true, 0),
+        c->router.topk_group = (int)jint(o, "topk_group", true, 0);
+        if (c->router.n_group < 1 || c->experts % c->router.n_group)
             jdie(o, "n_group", "must divide n_routed_experts (%d)", c->experts);
-        if (d->topk_group < 1 || d->topk_group > d->n_group)
-            jdie(o, "topk_group", "must be in [1, n_group = %d]", d->n_group);
-        if (c->topk > d->topk_group * (c->experts / d->n_group))
+        if (c->router.topk_group < 1 || c->router.topk_group > c->router.n_group)
+            jdie(o, "topk_group", "must be in [1, n_group = %d]", c->router.n_group);
+        if (c->topk > c->router.topk_group * (c->experts / c->router.n_group))
             jdie(o, "num_experts_per_tok", "must be at most topk_group × n_routed_experts / n_group = %d",
-                 d->topk_group * (c->experts / d->n_group));
+                 c->router.topk_group * (c->experts / c->router.n_group));
     } else if (strcmp(method, "greedy")) {
         jdie(o, "topk_method", "'%s' is not supported (greedy or group_limited_greedy)", method);
     }
@@ -122,105 +109,65 @@ static void dsv2_config_parse(ModelConfig *c, JObj o) {
     moe_config_check(c, o, "n_routed_experts");
 }
 
-static void dsv2_params_build(ParamTable *t, const ModelConfig *c) {
+// MLA's parameters, after input_layernorm.
+static void dsv2_mixer_params(ParamTable *t, const ModelConfig *c, int l) {
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
-    int64_t H = c->hidden, nh = c->heads, dq = d->nope + c->rope.rd, rd = c->rope.rd, Is = d->shared_inter;
-    moe_params_embed(t, c);
-    for (int l = 0; l < c->layers; l++) {
-#define P(suffix, init, nd, a, b) params_add_layer(t, l, suffix, init, nd, a, b)
-        P("input_layernorm.weight", INIT_ONES, 1, H, 0);
-        if (!d->q_lora) {
-            P("self_attn.q_proj.weight", INIT_NORMAL, 2, nh * dq, H);
-        } else {
-            P("self_attn.q_a_proj.weight", INIT_NORMAL, 2, d->q_lora, H);
-            if (d->attn_bias) P("self_attn.q_a_proj.bias", INIT_ZEROS, 1, d->q_lora, 0);
-            P("self_attn.q_a_layernorm.weight", INIT_ONES, 1, d->q_lora, 0);
-            P("self_attn.q_b_proj.weight", INIT_NORMAL, 2, nh * dq, d->q_lora);
-        }
-        P("self_attn.kv_a_proj_with_mqa.weight", INIT_NORMAL, 2, d->kv_lora + rd, H);
-        if (d->attn_bias) P("self_attn.kv_a_proj_with_mqa.bias", INIT_ZEROS, 1, d->kv_lora + rd, 0);
-        P("self_attn.kv_a_layernorm.weight", INIT_ONES, 1, d->kv_lora, 0);
-        P("self_attn.kv_b_proj.weight", INIT_NORMAL, 2, nh * (d->nope + d->vdim), d->kv_lora);
-        P("self_attn.o_proj.weight", INIT_NORMAL_OUT, 2, H, nh * d->vdim);
-        if (d->attn_bias) P("self_attn.o_proj.bias", INIT_ZEROS, 1, H, 0);
-        P("post_attention_layernorm.weight", INIT_ONES, 1, H, 0);
-        if (c->is_moe[l]) {
-            P("mlp.gate.weight", INIT_NORMAL, 2, c->experts, H);
-            if (Is) { // gate_proj and up_proj adjacent: one (2Is, H) tensor
-                P("mlp.shared_experts.gate_proj.weight", INIT_NORMAL, 2, Is, H);
-                P("mlp.shared_experts.up_proj.weight", INIT_NORMAL, 2, Is, H);
-                P("mlp.shared_experts.down_proj.weight", INIT_NORMAL_OUT, 2, H, Is);
-            }
-        }
-#undef P
-        moe_params_mlp(t, c, l);
+    int64_t H = c->hidden, nh = c->heads, dq = d->nope + c->rope.rd, rd = c->rope.rd;
+#define P(suffix, init, nd, a, b) params_add_layer(t, l, "self_attn." suffix, init, nd, a, b)
+    if (!d->q_lora) {
+        P("q_proj.weight", INIT_NORMAL, 2, nh * dq, H);
+    } else {
+        P("q_a_proj.weight", INIT_NORMAL, 2, d->q_lora, H);
+        if (d->attn_bias) P("q_a_proj.bias", INIT_ZEROS, 1, d->q_lora, 0);
+        P("q_a_layernorm.weight", INIT_ONES, 1, d->q_lora, 0);
+        P("q_b_proj.weight", INIT_NORMAL, 2, nh * dq, d->q_lora);
     }
-    moe_params_head(t, c);
+    P("kv_a_proj_with_mqa.weight", INIT_NORMAL, 2, d->kv_lora + rd, H);
+    if (d->attn_bias) P("kv_a_proj_with_mqa.bias", INIT_ZEROS, 1, d->kv_lora + rd, 0);
+    P("kv_a_layernorm.weight", INIT_ONES, 1, d->kv_lora, 0);
+    P("kv_b_proj.weight", INIT_NORMAL, 2, nh * (d->nope + d->vdim), d->kv_lora);
+    P("o_proj.weight", INIT_NORMAL_OUT, 2, H, nh * d->vdim);
+    if (d->attn_bias) P("o_proj.bias", INIT_ZEROS, 1, H, 0);
+#undef P
 }
 
-static void bind_layers(Model *m, Tensor *flat, Dsv2Layer *w) {
+// MLA's weight (or gradient) views of layer l.
+static void dsv2_bind_layer(Model *m, Tensor *flat, int l, void *views) {
     const ModelConfig *c = &m->cfg;
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
-    int64_t H = c->hidden, nh = c->heads, dq = d->nope + c->rope.rd, rd = c->rope.rd, Is = d->shared_inter;
-    for (int l = 0; l < c->layers; l++) {
-        Dsv2Layer *L = &w[l];
-#define V(suffix, nd, a, b) model_view_layer(m, flat, l, suffix, nd, a, b)
-        L->ln1 = V("input_layernorm.weight", 1, H, 0);
-        L->wq = V("self_attn.q_proj.weight", 2, nh * dq, H);
-        L->wqa = V("self_attn.q_a_proj.weight", 2, d->q_lora, H);
-        L->bqa = V("self_attn.q_a_proj.bias", 1, d->q_lora, 0);
-        L->qan = V("self_attn.q_a_layernorm.weight", 1, d->q_lora, 0);
-        L->wqb = V("self_attn.q_b_proj.weight", 2, nh * dq, d->q_lora);
-        L->wkva = V("self_attn.kv_a_proj_with_mqa.weight", 2, d->kv_lora + rd, H);
-        L->bkva = V("self_attn.kv_a_proj_with_mqa.bias", 1, d->kv_lora + rd, 0);
-        L->kvan = V("self_attn.kv_a_layernorm.weight", 1, d->kv_lora, 0);
-        L->wkvb = V("self_attn.kv_b_proj.weight", 2, nh * (d->nope + d->vdim), d->kv_lora);
-        L->wo = V("self_attn.o_proj.weight", 2, H, nh * d->vdim);
-        L->bo = V("self_attn.o_proj.bias", 1, H, 0);
-        L->ln2 = V("post_attention_layernorm.weight", 1, H, 0);
-        L->router = V("mlp.gate.weight", 2, c->experts, H);
-        L->shared_gu = V("mlp.shared_experts.gate_proj.weight", 2, 2 * Is, H);
-        L->shared_down = V("mlp.shared_experts.down_proj.weight", 2, H, Is);
+    int64_t H = c->hidden, nh = c->heads, dq = d->nope + c->rope.rd, rd = c->rope.rd;
+    Dsv2Layer *L = views;
+#define V(suffix, nd, a, b) model_view_layer(m, flat, l, "self_attn." suffix, nd, a, b)
+    L->wq = V("q_proj.weight", 2, nh * dq, H);
+    L->wqa = V("q_a_proj.weight", 2, d->q_lora, H);
+    L->bqa = V("q_a_proj.bias", 1, d->q_lora, 0);
+    L->qan = V("q_a_layernorm.weight", 1, d->q_lora, 0);
+    L->wqb = V("q_b_proj.weight", 2, nh * dq, d->q_lora);
+    L->wkva = V("kv_a_proj_with_mqa.weight", 2, d->kv_lora + rd, H);
+    L->bkva = V("kv_a_proj_with_mqa.bias", 1, d->kv_lora + rd, 0);
+    L->kvan = V("kv_a_layernorm.weight", 1, d->kv_lora, 0);
+    L->wkvb = V("kv_b_proj.weight", 2, nh * (d->nope + d->vdim), d->kv_lora);
+    L->wo = V("o_proj.weight", 2, H, nh * d->vdim);
+    L->bo = V("o_proj.bias", 1, H, 0);
 #undef V
-    }
 }
 
-static void dsv2_bind(Model *m) {
-    Dsv2Views *v = m->views = m->views ? m->views : xcalloc(1, sizeof(Dsv2Views));
-    moe_bind(m);
-    bind_layers(m, m->w, v->w);
-    bind_layers(m, m->g, v->g);
-}
-
-// The FP8 projections (Fp8Slot): q (or q_a, q_b), kv_a_with_mqa, kv_b, o and the shared experts.
+// MLA's FP8 projections (Fp8Slot): q (or q_a, q_b), kv_a_with_mqa, kv_b, o.
 static Tensor dsv2_fp8_weight(const Model *m, int l, Fp8Slot s) {
-    const Dsv2Layer *W = &((const Dsv2Views *)m->views)->w[l];
-    Tensor w[FP8_SLOTS] = {[FP8_Q] = W->wq,
-                           [FP8_Q_A] = W->wqa,
-                           [FP8_Q_B] = W->wqb,
-                           [FP8_KV_A] = W->wkva,
-                           [FP8_KV_B] = W->wkvb,
-                           [FP8_O] = W->wo,
-                           [FP8_SHARED_GU] = W->shared_gu,
-                           [FP8_SHARED_DOWN] = W->shared_down};
+    const Dsv2Layer *W = model_layer_views(m, l, false);
+    Tensor w[FP8_SLOTS] = {[FP8_Q] = W->wq,      [FP8_Q_A] = W->wqa,   [FP8_Q_B] = W->wqb,
+                           [FP8_KV_A] = W->wkva, [FP8_KV_B] = W->wkvb, [FP8_O] = W->wo};
     return w[s];
 }
 
 // ---- records ----
 
-static bool has_shared(const Model *m, int l) {
-    return m->cfg.is_moe[l] && model_family_config(const Dsv2Config, &m->cfg)->shared_inter;
-}
-
-static void dsv2_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
+static void dsv2_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
     const ModelConfig *c = &m->cfg;
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
     Dsv2Rec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden, nh = c->heads, rd = c->rope.rd, dq = d->nope + rd, E = c->experts;
+    int64_t T = (int64_t)B * S, nh = c->heads, rd = c->rope.rd, dq = d->nope + rd;
     DType dt = m->cdt;
-    memset(r, 0, sizeof *r);
-    r->n1 = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->rstd1 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
     if (d->q_lora) {
         r->qa = arena_tensor(a, dt, 2, T, d->q_lora, 0, 0);
         r->qan = arena_tensor(a, dt, 2, T, d->q_lora, 0, 0);
@@ -238,28 +185,14 @@ static void dsv2_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, 
     }
     r->att = arena_tensor(a, dt, 3, T, nh, d->vdim, 0);
     r->lse = arena_tensor(a, DT_F32, 3, B, nh, S, 0);
-    r->h1a = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->mlp.h1 = has_shared(m, l) ? arena_tensor(a, dt, 2, T, H, 0, 0) : r->h1a;
-    r->n2 = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->rstd2 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
-    io->xd = r->n2;
-    if (io->dense) return;
-    r->logits = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
-    r->probs = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
-    r->lb_grad = arena_tensor(a, DT_F32, 2, B, E, 0, 0);
-    if (!has_shared(m, l)) return;
-    r->sgu = arena_tensor(a, dt, 2, T, 2 * (int64_t)d->shared_inter, 0, 0);
-    r->sact = arena_tensor(a, dt, 2, T, d->shared_inter, 0, 0);
 }
 
-static void dsv2_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {
+static void dsv2_mixer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S) {
     const ModelConfig *c = &m->cfg;
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
     Dsv2Rec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden, nh = c->heads, rd = c->rope.rd, dq = d->nope + rd;
+    int64_t T = (int64_t)B * S, nh = c->heads, rd = c->rope.rd, dq = d->nope + rd;
     DType dt = m->cdt;
-    r->dh1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
-    r->dn1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
     if (d->q_lora) {
         r->dqan = arena_tensor(ws, dt, 2, T, d->q_lora, 0, 0);
         r->dqa = arena_tensor(ws, dt, 2, T, d->q_lora, 0, 0);
@@ -274,14 +207,9 @@ static void dsv2_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, i
     r->dckvn = arena_tensor(ws, dt, 2, T, d->kv_lora, 0, 0);
     r->dckv = arena_tensor(ws, dt, 2, T, d->kv_lora, 0, 0);
     r->dkva = arena_tensor(ws, dt, 2, T, d->kv_lora + rd, 0, 0);
-    if (io->dense) return;
-    r->dlogits = arena_tensor(ws, DT_F32, 2, T, c->experts, 0, 0);
-    if (!has_shared(m, l)) return;
-    r->dsgu = arena_tensor(ws, dt, 2, T, 2 * (int64_t)d->shared_inter, 0, 0);
-    r->dsact = arena_tensor(ws, dt, 2, T, d->shared_inter, 0, 0);
 }
 
-// ---- stage 1: norm → MLA → residual → norm → router and shared experts ----
+// ---- the mixer: multi-head latent attention ----
 
 static AttnArgs dsv2_attn_args(const Model *m, const MicroBatch *mb) {
     return (AttnArgs){.B = mb->B,
@@ -291,19 +219,9 @@ static AttnArgs dsv2_attn_args(const Model *m, const MicroBatch *mb) {
                       .docpos = mb->docs ? mb->pos : (Tensor){0}};
 }
 
-static RouterArgs dsv2_router_args(const Model *m) {
-    const Dsv2Config *d = model_family_config(const Dsv2Config, &m->cfg);
-    return (RouterArgs){.k = m->cfg.topk,
-                        .scale = (float)d->routed_scale,
-                        .n_group = d->n_group,
-                        .topk_group = d->topk_group,
-                        .force_balance = m->force_balance};
-}
-
 // The latent of layer l's record: kv_a_layernorm's output and k_pe (columns [ckv, ckv + dr) of kva), kv_b_proj.
 static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
     const Dsv2Config *d = model_family_config(const Dsv2Config, &m->cfg);
-    Dsv2Views *v = m->views;
     MlaLatent ml = {.r = {.c = r->ckvn,
                           .pe = r->kva,
                           .pe_col = d->kv_lora,
@@ -313,20 +231,19 @@ static MlaLatent dsv2_latent(Model *m, int l, Dsv2Rec *r) {
                           .dv = d->vdim},
                     .m = m,
                     .layer = l,
-                    .wkvb = v->w[l].wkvb,
-                    .dwkvb = v->g[l].wkvb};
+                    .wkvb = ((const Dsv2Layer *)model_layer_views(m, l, false))->wkvb,
+                    .dwkvb = ((const Dsv2Layer *)model_layer_views(m, l, true))->wkvb};
     return model_mla_hooked(&ml);
 }
 
-static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
+// n1 → h1a (without the residual).
+static void dsv2_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
     const ModelConfig *c = &m->cfg;
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
-    const Dsv2Layer *W = &((Dsv2Views *)m->views)->w[l];
+    const Dsv2Layer *W = model_layer_views(m, l, false);
     Dsv2Rec *r = rp;
     int64_t T = mb->T, nh = c->heads, rd = c->rope.rd, dn = d->nope, dq = dn + rd, dv = d->vdim, ckv = d->kv_lora;
     Tensor q2 = tensor_reshape2(r->q, T, nh * dq);
-    r->x = x;
-    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps, NULL);
     if (!d->q_lora) {
         model_proj_forward(m, l, FP8_Q, q2, r->n1, W->wq, NONE);
     } else {
@@ -348,47 +265,15 @@ static void dsv2_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     AttnArgs aa = dsv2_attn_args(m, mb);
     model_mla_attention_forward(m, l, r->att, r->lse, r->q, &ml, r->kv, r->k, r->v, &aa);
     model_proj_forward(m, l, FP8_O, r->h1a, tensor_reshape2(r->att, T, nh * dv), W->wo, W->bo);
-    op_add(r->h1a, x);
-    op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps, NULL);
-    if (io->dense) return;
-    op_linear_forward(r->logits, r->n2, W->router, NONE);
-    model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, dsv2_router_args(m));
-    // The load-balancing term enters the objective as lb·T per micro-batch, so its gradient w.r.t.
-    // probs is scaled by T here; the engine divides all gradients by the step's token count.
-    if (m->lb_coef > 0) model_lb_loss(m, mb, l, r->lb_grad, r->probs, io->idx, (float)T);
-    if (!has_shared(m, l)) return;
-    // Shared experts on every token, added to the residual that stage 5 adds the routed experts to.
-    model_proj_forward(m, l, FP8_SHARED_GU, r->sgu, r->n2, W->shared_gu, NONE);
-    op_swiglu_forward(r->sact, r->sgu, 0, 0);
-    model_proj_forward(m, l, FP8_SHARED_DOWN, r->mlp.h1, r->sact, W->shared_down, NONE);
-    op_add(r->mlp.h1, r->h1a);
 }
 
-// ---- stage 1 backward: shared experts, router → post-attention norm → residual → MLA → input norm ----
-// dout: ∂/∂(layer output), which reaches h1 (and through it h1a) directly; dx: ∂/∂(layer input), written.
-static void dsv2_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx) {
+// dh1 (∂/∂h1a) → dn1.
+static void dsv2_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
     const ModelConfig *c = &m->cfg;
     const Dsv2Config *d = model_family_config(const Dsv2Config, c);
-    const Dsv2Layer *W = &((Dsv2Views *)m->views)->w[l], *G = &((Dsv2Views *)m->views)->g[l];
+    const Dsv2Layer *W = model_layer_views(m, l, false), *G = model_layer_views(m, l, true);
     Dsv2Rec *r = rp;
     int64_t T = mb->T, nh = c->heads, rd = c->rope.rd, dn = d->nope, dq = dn + rd, dv = d->vdim, ckv = d->kv_lora;
-    Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
-    if (!io->dense) {
-        RouterArgs ra = dsv2_router_args(m);
-        model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
-                              mb->B);
-        op_linear_backward_input(dn2, r->dlogits, W->router, true);
-        op_linear_backward_weight(G->router, NONE, r->dlogits, r->n2);
-    }
-    if (has_shared(m, l)) {
-        model_proj_backward_input(m, l, FP8_SHARED_DOWN, r->dsact, dout, W->shared_down, false);
-        model_proj_backward_weight(m, l, FP8_SHARED_DOWN, G->shared_down, NONE, dout, r->sact);
-        op_swiglu_backward(r->dsgu, r->dsact, r->sgu, 0, 0);
-        model_proj_backward_input(m, l, FP8_SHARED_GU, dn2, r->dsgu, W->shared_gu, true);
-        model_proj_backward_weight(m, l, FP8_SHARED_GU, G->shared_gu, NONE, r->dsgu, r->n2);
-    }
-    op_copy(r->dh1, dout);
-    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true, NULL);
     model_proj_backward_input(m, l, FP8_O, tensor_reshape2(r->datt, T, nh * dv), r->dh1, W->wo, false);
     model_proj_backward_weight(m, l, FP8_O, G->wo, G->bo, r->dh1, tensor_reshape2(r->att, T, nh * dv));
     AttnArgs aa = dsv2_attn_args(m, mb);
@@ -417,21 +302,12 @@ static void dsv2_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, Stag
         model_proj_backward_input(m, l, FP8_Q_A, r->dn1, r->dqa, W->wqa, true);
         model_proj_backward_weight(m, l, FP8_Q_A, G->wqa, G->bqa, r->dqa, r->n1);
     }
-    op_copy(dx, r->dh1);
-    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true, NULL);
 }
 
 // ---- HF import: per-expert keys (what transformers 5.17 writes) or each layer's experts grouped ----
 // Grouped, as transformers holds them in memory: layers.L.mlp.experts.gate_up_proj (E, 2I, H) with expert
 // e's [gate_proj; up_proj] rows, and layers.L.mlp.experts.down_proj (E, H, I). A canonical expert tensor
 // is a contiguous slice of those, so import slices without copying. Export writes per expert (the rename).
-
-static const StTensor *hf_find(const StSet *hf, const char *name) {
-    char n[160];
-    snprintf(n, sizeof n, "model.%s", name);
-    const StTensor *x = st_set_find(hf, n);
-    return x ? x : st_set_find(hf, name);
-}
 
 // The grouped tensor of layer l ("gate_up_proj" or "down_proj") with its shape checked, or NULL.
 static const StTensor *hf_grouped(const ModelConfig *c, const StSet *hf, int l, const char *which) {
@@ -494,28 +370,17 @@ static int dsv2_hf_import(const ModelConfig *c, const ParamTable *t, const StSet
 const ModelFamily deepseek_v2_family = {
     .model_type = "deepseek_v2",
     .rec_size = sizeof(Dsv2Rec),
-    .epilog_size = sizeof(EpilogRec),
+    .router = "mlp.gate",
+    .shared = "mlp.shared_experts",
     .config_parse = dsv2_config_parse,
-    .params_build = dsv2_params_build,
-    .bind = dsv2_bind,
+    .mixer_params = dsv2_mixer_params,
+    .layer_views = sizeof(Dsv2Layer),
+    .bind_layer = dsv2_bind_layer,
     .fp8_weight = dsv2_fp8_weight,
-    .layer_alloc = dsv2_layer_alloc,
-    .layer_grad_alloc = dsv2_layer_grad_alloc,
-    .stage3_alloc = moe_stage3_alloc,
-    .stage3_grad_alloc = moe_stage3_grad_alloc,
-    .prolog_forward = moe_prolog_forward,
-    .prolog_backward = moe_prolog_backward,
-    .stage1_forward = dsv2_stage1_forward,
-    .stage3_forward = moe_stage3_forward,
-    .stage5_forward = moe_stage5_forward,
-    .stage5_backward = moe_stage5_backward,
-    .stage3_backward_input = moe_stage3_backward_input,
-    .stage3_backward_weight = moe_stage3_backward_weight,
-    .stage1_backward = dsv2_stage1_backward,
-    .epilog_alloc = moe_epilog_alloc,
-    .epilog_forward = moe_epilog_forward,
-    .epilog_backward = moe_epilog_backward,
-    .logits = moe_logits,
+    .mixer_alloc = dsv2_mixer_alloc,
+    .mixer_grad_alloc = dsv2_mixer_grad_alloc,
+    .mixer_forward = dsv2_mixer_forward,
+    .mixer_backward = dsv2_mixer_backward,
     .hf_import = dsv2_hf_import,
 };
 

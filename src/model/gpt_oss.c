@@ -16,35 +16,11 @@
 
 typedef struct {
     int kv_heads, head_dim;
-    int window;          // sliding_window: a sliding layer's query sees itself and window − 1 earlier keys
-    bool attn_bias;      // attention_bias: biases on q, k, v and o
-    uint64_t sliding[4]; // bit l: layer_types[l] is "sliding_attention" (MAX_LAYERS bits)
+    int window;     // sliding_window: a sliding layer's query sees itself and window − 1 earlier keys
+    bool attn_bias; // attention_bias: biases on q, k, v and o
+    uint64_t sliding[MAX_LAYERS / 64]; // bit l: layer_types[l] is "sliding_attention"
 } GptOssConfig;
 MODEL_FAMILY_CONFIG_FITS(GptOssConfig);
-_Static_assert(MAX_LAYERS <= 4 * 64, "GptOssConfig.sliding holds MAX_LAYERS bits");
-
-typedef struct {
-    Tensor ln1, ln2, router, router_b;
-    GqaWeights att;
-} GptOssLayer;
-
-typedef struct {
-    GptOssLayer w[MAX_LAYERS], g[MAX_LAYERS]; // compute weights and fp32 gradients
-} GptOssViews;
-
-typedef struct {
-    MlpRec mlp;           // stage 3 and 5 (h1: the residual stream after attention)
-    Tensor x;             // (T, H) layer input (owned by the previous layer)
-    Tensor n1, rstd1;     // (T, H), (T)
-    GqaRec att;           // attention (sinks, RoPE)
-    Tensor n2, rstd2;     // (T, H) post-attention norm (= the tokens to dispatch), (T)
-    Tensor logits, probs; // (T, E) router logits and softmax over all E
-    Tensor lb_grad;       // (B, E) load-balancing gradient w.r.t. probs
-    // backward workspace
-    Tensor dh1, dn1, dlogits;
-} GptOssRec;
-
-static const Tensor NONE = {0};
 
 static bool is_sliding(const GptOssConfig *g, int l) { return g->sliding[l / 64] >> (l % 64) & 1; }
 
@@ -80,20 +56,7 @@ static void gpt_oss_config_parse(ModelConfig *c, JObj o) {
         jdie(jobj_child(o, "quantization_config"), "quant_method",
              "only mxfp4 (the released experts, dequantized by pith convert hf2pith) is supported");
     // layer_types: absent, transformers alternates sliding (even layers) and full (odd layers)
-    memset(g->sliding, 0, sizeof g->sliding);
-    json_t *lt = json_object_get(o.obj, "layer_types");
-    if (lt && !json_is_null(lt)) {
-        if (!json_is_array(lt) || (int)json_array_size(lt) != c->layers)
-            jdie(o, "layer_types", "expected an array of num_hidden_layers = %d strings", c->layers);
-        for (int l = 0; l < c->layers; l++) {
-            const char *s = json_string_value(json_array_get(lt, l));
-            if (!s || (strcmp(s, "sliding_attention") && strcmp(s, "full_attention")))
-                jdie(o, "layer_types", "entry %d must be \"sliding_attention\" or \"full_attention\"", l);
-            if (!strcmp(s, "sliding_attention")) g->sliding[l / 64] |= 1ull << (l % 64);
-        }
-    } else {
-        for (int l = 0; l < c->layers; l += 2) g->sliding[l / 64] |= 1ull << (l % 64);
-    }
+    moe_layer_types(c, o, "sliding_attention", 2, g->sliding);
     // RoPE: what the config says (default or yarn), else GPT-OSS's own default (transformers' GptOssConfig):
     // YaRN, factor 32 over an original context of 4096, beta 32/1, truncate false, theta 150000.
     bool has_rope = jhas(o, "rope_parameters") || jhas(o, "rope_scaling");
@@ -105,144 +68,19 @@ static void gpt_oss_config_parse(ModelConfig *c, JObj o) {
         c->rope.beta_slow = 1, c->rope.truncate = false;
     }
     for (int l = 0; l < c->layers; l++) c->is_moe[l] = true;
+    c->router = (RouterArgs){.softmax_topk = true, .scale = 1};
     moe_config_check(c, o, "num_local_experts");
 }
 
-// Attention: biases when attention_bias, sinks, no q/k norm.
-static GqaShape gpt_oss_gqa(const ModelConfig *c) {
+// Attention: biases when attention_bias, sinks, no q/k norm; sliding or full.
+static GqaShape gpt_oss_gqa(const ModelConfig *c, int l) {
     const GptOssConfig *g = model_family_config(const GptOssConfig, c);
-    return (GqaShape){.nh = c->heads, .nkv = g->kv_heads, .d = g->head_dim, .bias = g->attn_bias, .sinks = true};
-}
-
-static void gpt_oss_params_build(ParamTable *t, const ModelConfig *c) {
-    int64_t H = c->hidden;
-    GqaShape shape = gpt_oss_gqa(c);
-    moe_params_embed(t, c);
-    for (int l = 0; l < c->layers; l++) {
-#define P(suffix, init, nd, a, b) params_add_layer(t, l, suffix, init, nd, a, b)
-        P("input_layernorm.weight", INIT_ONES, 1, H, 0);
-        gqa_params(t, &shape, l, H);
-        P("post_attention_layernorm.weight", INIT_ONES, 1, H, 0);
-        P("mlp.router.weight", INIT_NORMAL, 2, c->experts, H);
-        P("mlp.router.bias", INIT_NORMAL, 1, c->experts, 0);
-#undef P
-        moe_params_mlp(t, c, l);
-    }
-    moe_params_head(t, c);
-}
-
-static void bind_layers(Model *m, Tensor *flat, GptOssLayer *w) {
-    const ModelConfig *c = &m->cfg;
-    int64_t H = c->hidden;
-    GqaShape shape = gpt_oss_gqa(c);
-    for (int l = 0; l < c->layers; l++) {
-        GptOssLayer *L = &w[l];
-#define V(suffix, nd, a, b) model_view_layer(m, flat, l, suffix, nd, a, b)
-        L->ln1 = V("input_layernorm.weight", 1, H, 0);
-        gqa_bind(m, flat, &shape, l, &L->att);
-        L->ln2 = V("post_attention_layernorm.weight", 1, H, 0);
-        L->router = V("mlp.router.weight", 2, c->experts, H);
-        L->router_b = V("mlp.router.bias", 1, c->experts, 0);
-#undef V
-    }
-}
-
-static void gpt_oss_bind(Model *m) {
-    GptOssViews *v = m->views = m->views ? m->views : xcalloc(1, sizeof(GptOssViews));
-    moe_bind(m);
-    bind_layers(m, m->w, v->w);
-    bind_layers(m, m->g, v->g);
-}
-
-// The FP8 projections (Fp8Slot): attention's q, k, v, o, with their biases.
-static Tensor gpt_oss_fp8_weight(const Model *m, int l, Fp8Slot s) {
-    return gqa_fp8_weight(&((const GptOssViews *)m->views)->w[l].att, s);
-}
-
-// ---- records ----
-
-static void gpt_oss_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
-    const ModelConfig *c = &m->cfg;
-    GptOssRec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden, E = c->experts;
-    DType dt = m->cdt;
-    GqaShape shape = gpt_oss_gqa(c);
-    memset(r, 0, sizeof *r);
-    r->n1 = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->rstd1 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
-    gqa_alloc(&r->att, &shape, a, dt, B, S);
-    r->mlp.h1 = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->n2 = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->rstd2 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
-    io->xd = r->n2;
-    r->logits = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
-    r->probs = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
-    r->lb_grad = arena_tensor(a, DT_F32, 2, B, E, 0, 0);
-}
-
-static void gpt_oss_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {
-    const ModelConfig *c = &m->cfg;
-    GptOssRec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden;
-    GqaShape shape = gpt_oss_gqa(c);
-    r->dh1 = arena_tensor(ws, m->cdt, 2, T, H, 0, 0);
-    r->dn1 = arena_tensor(ws, m->cdt, 2, T, H, 0, 0);
-    gqa_grad_alloc(&r->att, &shape, ws, m->cdt, B, S);
-    r->dlogits = arena_tensor(ws, DT_F32, 2, T, c->experts, 0, 0);
-}
-
-// ---- stage 1: norm → attention with sinks (sliding or full) → residual → norm → router ----
-
-static AttnArgs gpt_oss_attn_args(const Model *m, int l, const MicroBatch *mb) {
-    const GptOssConfig *g = model_family_config(const GptOssConfig, &m->cfg);
-    return (AttnArgs){.B = mb->B,
-                      .scale = (float)(1.0 / sqrt((double)g->head_dim)),
-                      .causal = true,
-                      .window = is_sliding(g, l) ? g->window : 0,
-                      .deterministic = m->deterministic};
-}
-
-static RouterArgs gpt_oss_router_args(const Model *m) {
-    return (RouterArgs){.k = m->cfg.topk, .softmax_topk = true, .scale = 1, .force_balance = m->force_balance};
-}
-
-static void gpt_oss_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
-    const ModelConfig *c = &m->cfg;
-    const GptOssLayer *W = &((GptOssViews *)m->views)->w[l];
-    GptOssRec *r = rp;
-    int64_t T = mb->T;
-    Tensor h1 = r->mlp.h1;
-    GqaShape shape = gpt_oss_gqa(c);
-    r->x = x;
-    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps, NULL);
-    gqa_forward(m, l, &shape, &W->att, &r->att, mb, r->n1, h1, gpt_oss_attn_args(m, l, mb));
-    op_add(h1, x);
-    op_rmsnorm_forward(r->n2, r->rstd2, h1, W->ln2, (float)c->eps, NULL);
-    op_linear_forward(r->logits, r->n2, W->router, W->router_b);
-    model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, gpt_oss_router_args(m));
-    // The load-balancing term enters the objective as lb·T per micro-batch, so its gradient w.r.t. probs is
-    // scaled by T here; the engine divides all gradients by the step's token count.
-    if (m->lb_coef > 0) model_lb_loss(m, mb, l, r->lb_grad, r->probs, io->idx, (float)T);
-}
-
-// ---- stage 1 backward: router → post-attention norm → residual → attention (and sinks) → input norm ----
-// dout: ∂/∂(layer output) (its residual path reaches h1 directly); dx: ∂/∂(layer input), written.
-static void gpt_oss_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx) {
-    const ModelConfig *c = &m->cfg;
-    const GptOssLayer *W = &((GptOssViews *)m->views)->w[l], *G = &((GptOssViews *)m->views)->g[l];
-    GptOssRec *r = rp;
-    Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
-    RouterArgs ra = gpt_oss_router_args(m);
-    model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
-                          mb->B);
-    op_linear_backward_input(dn2, r->dlogits, W->router, true);
-    op_linear_backward_weight(G->router, G->router_b, r->dlogits, r->n2);
-    op_copy(r->dh1, dout);
-    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->mlp.h1, W->ln2, r->rstd2, true, NULL);
-    GqaShape shape = gpt_oss_gqa(c);
-    gqa_backward(m, l, &shape, &W->att, &G->att, &r->att, mb, r->n1, r->dh1, r->dn1, gpt_oss_attn_args(m, l, mb));
-    op_copy(dx, r->dh1);
-    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true, NULL);
+    return (GqaShape){.nh = c->heads,
+                      .nkv = g->kv_heads,
+                      .d = g->head_dim,
+                      .bias = g->attn_bias,
+                      .sinks = true,
+                      .window = is_sliding(g, l) ? g->window : 0};
 }
 
 // ---- HF layout (pith convert) ----
@@ -253,13 +91,6 @@ static void gpt_oss_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, S
 // _scales, …), stored untransposed: (E, 2I, ·) and (E, H, ·) rows of packed codes.
 
 static const char *const EXPERT_PART[4] = {"gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"};
-
-static const StTensor *hf_find(const StSet *hf, const char *name) {
-    char n[160];
-    snprintf(n, sizeof n, "model.%s", name);
-    const StTensor *x = st_set_find(hf, n);
-    return x ? x : st_set_find(hf, name);
-}
 
 // Layer l's HF expert tensor "<part><suffix>" (suffix "", "_blocks" or "_scales"), or NULL.
 static const StTensor *hf_expert(const StSet *hf, int l, const char *part, const char *suffix) {
@@ -459,29 +290,11 @@ static void gpt_oss_hf_export(const ModelConfig *c, const ParamTable *t, const S
 
 const ModelFamily gpt_oss_family = {
     .model_type = "gpt_oss",
-    .rec_size = sizeof(GptOssRec),
-    .epilog_size = sizeof(EpilogRec),
+    .rec_size = sizeof(LayerRec),
+    .router = "mlp.router",
+    .router_bias = true,
     .config_parse = gpt_oss_config_parse,
-    .params_build = gpt_oss_params_build,
-    .bind = gpt_oss_bind,
-    .fp8_weight = gpt_oss_fp8_weight,
-    .layer_alloc = gpt_oss_layer_alloc,
-    .layer_grad_alloc = gpt_oss_layer_grad_alloc,
-    .stage3_alloc = moe_stage3_alloc,
-    .stage3_grad_alloc = moe_stage3_grad_alloc,
-    .prolog_forward = moe_prolog_forward,
-    .prolog_backward = moe_prolog_backward,
-    .stage1_forward = gpt_oss_stage1_forward,
-    .stage3_forward = moe_stage3_forward,
-    .stage5_forward = moe_stage5_forward,
-    .stage5_backward = moe_stage5_backward,
-    .stage3_backward_input = moe_stage3_backward_input,
-    .stage3_backward_weight = moe_stage3_backward_weight,
-    .stage1_backward = gpt_oss_stage1_backward,
-    .epilog_alloc = moe_epilog_alloc,
-    .epilog_forward = moe_epilog_forward,
-    .epilog_backward = moe_epilog_backward,
-    .logits = moe_logits,
+    .gqa = gpt_oss_gqa,
     .hf_import = gpt_oss_hf_import,
     .hf_export = gpt_oss_hf_export,
 };

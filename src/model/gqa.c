@@ -2,6 +2,8 @@
 // the q, k, v projections of the normed input, per-head RMSNorm of q and k, rotate-half RoPE, attention with the
 // family's AttnArgs, o_proj; Qwen3.5's gate and GPT-OSS's sinks as options. Its records and parameters are laid
 // out in the order the three families had them, so plans, checkpoints and initial values are unchanged.
+#include <math.h>
+
 #include "model/model.h"
 
 static const Tensor NONE = {0};
@@ -153,7 +155,10 @@ void gqa_backward(Model *m, int l, const GqaShape *s, const GqaWeights *W, const
     model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, n1);
 }
 
-Tensor gqa_fp8_weight(const GqaWeights *W, Fp8Slot s) {
-    Tensor w[FP8_SLOTS] = {[FP8_Q] = W->wq, [FP8_K] = W->wk, [FP8_V] = W->wv, [FP8_O] = W->wo};
-    return w[s];
+AttnArgs gqa_attn_args(const Model *m, const GqaShape *s, int B) {
+    return (AttnArgs){.B = B,
+                      .scale = (float)(1.0 / sqrt((double)s->d)),
+                      .causal = true,
+                      .window = s->window,
+                      .deterministic = m->deterministic};
 }

@@ -125,7 +125,7 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
     CHECK(cfg->ep_size >= 1 && cfg->experts % cfg->ep_size == 0 && cfg->ep_rank >= 0 && cfg->ep_rank < cfg->ep_size);
     CHECK(cfg->pp_size == 1 ||
           (cfg->layers % (2 * cfg->pp_size) == 0 && cfg->pp_rank >= 0 && cfg->pp_rank < cfg->pp_size));
-    fam->params_build(&m->params, cfg);
+    model_params_build(fam, &m->params, cfg);
     if (cfg->pp_size > 1) params_keep_pipeline_rank(&m->params, cfg);
     for (int g = 0; g < NGROUPS; g++) {
         int64_t pad = cfg->pad[g] > 1 ? cfg->pad[g] : 1, n = (m->params.numel[g] + pad - 1) / pad * pad;
@@ -150,7 +150,7 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
         op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
         free(c), free(s);
     }
-    fam->bind(m);
+    moe_bind(m);
 }
 
 void model_create(Model *m, const ModelFamily *fam, const ModelConfig *cfg, Device dev, DType cdt, int max_seq) {
@@ -170,7 +170,7 @@ void model_params_all(const Model *m, ParamTable *t) {
     ModelConfig c = m->cfg;
     c.ep_rank = 0, c.ep_size = 1, c.pp_rank = 0, c.pp_size = 1;
     memset(t, 0, sizeof *t);
-    m->fam->params_build(t, &c);
+    model_params_build(m->fam, t, &c);
 }
 
 void model_lb_setup(Model *m, LbForm form, const Comm *replicas, int T) {

@@ -17,7 +17,8 @@ typedef struct {
     int experts, topk, moe_inter, dense_inter;
     double eps;
     bool tie_embed;
-    bool norm_1p;            // the final norm is zero-centred: x·rstd·(1 + w), w starts at 0 (Qwen3.5)
+    bool norm_1p;            // the block and final norms are zero-centred: x·rstd·(1 + w), w starts at 0 (Qwen3.5)
+    int shared_inter;        // Is: the MoE layers' shared expert width (0: none; ModelFamily.shared)
     bool is_moe[MAX_LAYERS]; // false: the layer has a dense MLP (mlp_only_layers, first_k_dense_replace, …)
     // GPT-OSS experts when swiglu_limit > 0 (moe.c): biases on gate_up and down, each expert's gate_up rows
     // interleaved (gate even, up odd) and op_swiglu_* with this limit and alpha (the clamped form).
@@ -27,6 +28,7 @@ typedef struct {
     // under context parallelism (a config error).
     RingDims ring;
     bool router_sigmoid; // scoring_func "sigmoid" (DeepSeek-V3): routing scores sigmoid(logits), not the softmax
+    RouterArgs router;   // the router's options from the HF config (renorm, softmax_topk, scale, groups)
     // Layout, set by the trainer (model_config_load: one rank). This rank holds experts
     // [ep_rank·E/ep_size, (ep_rank+1)·E/ep_size); group g's flat buffers are padded to a multiple of pad[g]
     // elements (the FSDP shard count).
@@ -139,14 +141,43 @@ typedef struct {
     double *sums;             // context parallelism: (groups, 2E) counts and probability sums over the cp ranks
 } LoadBalance;
 
-// What every family shares (moe.c) and the engine allocates around the family's record:
-// stage 3 (experts or the dense MLP on the received rows) and stage 5 (weighted sum + residual) read a
-// family record through its first member, an MlpRec.
+// Grouped-query attention's shape, weights and record (gqa.c, below).
+typedef enum { QK_NORM_NONE, QK_NORM_W, QK_NORM_1P } QkNorm; // none, x·rstd·w, x·rstd·(1 + w)
 typedef struct {
-    Tensor h1;        // (T, H) the residual stream stage 5 adds to (after attention and what stage 1 adds)
-    Tensor gu, act;   // (R, 2I), (R, I) expert (or dense MLP) activations, R = rows stage 3 can receive
-    Tensor dgu, dact; // their gradients (backward workspace)
-} MlpRec;
+    int64_t nh, nkv, d;
+    QkNorm qk_norm;
+    bool bias, gated, sinks;
+    int window; // sliding window (AttnArgs.window; 0: full causal attention)
+} GqaShape;
+typedef struct {
+    Tensor wq, bq, wk, bk, wv, bv, wo, bo, qn, kn, sinks; // absent ones {0}
+} GqaWeights;
+typedef struct {
+    Tensor qg, qp, gate;    // gated: (T, nh, 2d) q_proj's output and its halves; qp: q before its norm
+    Tensor kp, rq, rk;      // qk_norm: (T, nkv, d) k before its norm, (T·nh), (T·nkv) rstd
+    Tensor q, k, v;         // after norm and RoPE: (T, nh, d), (T, nkv, d), (T, nkv, d)
+    Tensor sinks;           // (nh) fp32 copy of the sinks (the attention op reads fp32)
+    Tensor att, lse, gated; // (T, nh, d), (B, nh, S), att · σ(gate)
+    Tensor dqg, dqp, dgate, dkp, dq, dk, dv, datt, dgated; // backward workspace
+} GqaRec;
+
+// The fields every layer record begins with: a family's own record is `typedef struct { LAYER_FIELDS; …its own } X;`,
+// so the family and moe.c (through LayerRec: stage 1's skeleton, stages 3 and 5) name them alike (r->n1, …).
+#define LAYER_FIELDS                                                                                                   \
+    Tensor x;                 /* (T, H) layer input (owned by the previous layer) */                                   \
+    Tensor n1, rstd1;         /* (T, H), (T) input norm */                                                             \
+    GqaRec gqa;               /* grouped-query attention (gqa.c), when the layer's mixer is */                         \
+    Tensor h1a;               /* (T, H) residual stream after the mixer (the post-attention norm's input) */           \
+    Tensor h1;                /* (T, H) what stage 5 adds to: h1a (+ the shared expert) */                             \
+    Tensor n2, rstd2;         /* (T, H) post-attention norm (= the tokens to dispatch), (T) */                         \
+    Tensor logits, probs;     /* (T, E) router logits and scores */                                                    \
+    Tensor lb_grad;           /* (B, E) load-balancing gradient w.r.t. probs (model_lb_loss) */                        \
+    Tensor sgu, sact, so, sg; /* shared expert: (T, 2Is), (T, Is); gated: (T, H) output, (T, 1) gate logit */          \
+    Tensor gu, act;           /* (R, 2I), (R, I) stage 3's activations, R = rows stage 3 can receive */                \
+    Tensor dh1, dn1, dlogits, dsgu, dsact, dso, dsg, dgu, dact /* backward workspace */
+typedef struct {
+    LAYER_FIELDS;
+} LayerRec;
 
 // The epilog record (final norm → LM head → cross-entropy in row chunks).
 typedef struct {
@@ -154,11 +185,15 @@ typedef struct {
     Tensor logits;           // (C, V) logits of C rows at a time, compute dtype
 } EpilogRec;
 
-// Weight (or gradient) views of the parts every family shares, into the flat group buffers.
+// Weight (or gradient) views of the parts every family shares, into the flat group buffers (absent ones {0}).
 typedef struct {
-    Tensor embed, norm, lm_head; // (V, H), (H), (V, H) (lm_head = embed when tied)
-    Tensor gate_up[MAX_LAYERS];  // MoE: (E_l, 2I, H) = per expert [gate_proj; up_proj]; dense: (2I, H)
-    Tensor down[MAX_LAYERS];     // MoE: (E_l, H, I); dense: (H, I)
+    Tensor embed, norm, lm_head;                     // (V, H), (H), (V, H) (lm_head = embed when tied)
+    Tensor ln1[MAX_LAYERS], ln2[MAX_LAYERS];         // (H) input and post-attention norms
+    Tensor router[MAX_LAYERS], router_b[MAX_LAYERS]; // (E, H), (E)
+    Tensor shared_gu[MAX_LAYERS], shared_down[MAX_LAYERS], shared_gate[MAX_LAYERS]; // (2Is, H), (H, Is), (1, H)
+    GqaWeights att[MAX_LAYERS];                                                     // a grouped-query attention layer's
+    Tensor gate_up[MAX_LAYERS]; // MoE: (E_l, 2I, H) = per expert [gate_proj; up_proj]; dense: (2I, H)
+    Tensor down[MAX_LAYERS];    // MoE: (E_l, H, I); dense: (H, I)
     Tensor gate_up_b[MAX_LAYERS], down_b[MAX_LAYERS]; // GPT-OSS experts: (E_l, 2I), (E_l, H); else p == NULL
 } SharedWeights;
 
@@ -169,6 +204,7 @@ typedef struct {
 } HfBuffers;
 void *hf_buffer(HfBuffers *k, size_t bytes);
 void hf_buffers_free(HfBuffers *k);
+const StTensor *hf_find(const StSet *hf, const char *name); // HF tensor "model.<name>", else "<name>"; NULL: neither
 
 // A layer's weights on the FP8 path (docs/architecture.md, "FP8"): the projections PithTrain runs as FP8Linear (spec
 // §3.5). Never the router, the LM head, the embedding, DeltaNet's in_proj_a/b or the shared expert's gate.
@@ -201,43 +237,39 @@ typedef struct {
     int64_t version, made[FP8_SLOTS][MAX_LAYERS], off[FP8_SLOTS][MAX_LAYERS], gemms[FP8_SLOTS];
 } Fp8Cache;
 
-// The per-family function table of the layer protocol. Records are family-defined structs that begin with
-// an MlpRec; the engine only stores their pointers and allocates the stage buffers (StageIO, expert rows).
-// *_alloc functions take all memory from an arena, so running them on a counting arena gives the exact
-// activation plan. A family fills the shared parts with the moe_* functions below.
+// The per-family function table. Every family's layer is one skeleton (moe.c): x → RMSNorm = n1 → mixer → + x = h1a
+// → RMSNorm = n2 → router (and the shared expert: h1 = h1a + shared(n2)); stage 3 the experts (or the dense MLP),
+// stage 5 h1 + Σ_j w_j·expert_j. A family names its parts and supplies the mixer: grouped-query attention (gqa.c) or
+// its own. *_alloc functions take all memory from an arena, so running them on a counting arena gives the exact
+// activation plan; the engine allocates the stage buffers (StageIO, expert rows).
 typedef struct {
     const char *model_type;
-    size_t rec_size, epilog_size; // bytes of one layer record and of the epilog record
+    size_t rec_size; // bytes of one layer record: a LayerRec, or the family's struct beginning with LAYER_FIELDS
+    // HF names after "layers.<l>.": the router "<router>.weight" (and ".bias" when router_bias); the shared expert
+    // (ModelConfig.shared_inter > 0) "<shared>.{gate,up,down}_proj.weight", and "<shared>_gate.weight" when
+    // shared_gate (its output times σ(n2·w)).
+    const char *router, *shared;
+    bool router_bias, shared_gate;
     void (*config_parse)(ModelConfig *c, JObj hf);
-    void (*params_build)(ParamTable *t, const ModelConfig *c);
-    void (*bind)(Model *m); // make weight/grad views
-    // Layer l's compute weight of FP8 slot s ≥ FP8_Q ({0}: none; the stage-3 slots are SharedWeights'). NULL: none.
-    Tensor (*fp8_weight)(const Model *m, int layer, Fp8Slot s);
-    // Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd.
-    void (*layer_alloc)(Model *m, int layer, void *rec, Arena *a, int B, int S, StageIO *io);
-    void (*layer_grad_alloc)(Model *m, int layer, void *rec, Arena *ws, int B, int S, StageIO *io);
+    // Layer l's mixer is grouped-query attention of shape gqa(c, l) when its nh > 0 (gqa NULL: never), else the
+    // family's own (mixer_*).
+    GqaShape (*gqa)(const ModelConfig *c, int layer);
+    // The family's own mixer: its parameters (after input_layernorm), weight and gradient views (bind_layer fills a
+    // struct of layer_views bytes from the flat buffers; model_layer_views), record fields and backward workspace;
+    // forward reads r->n1 and writes r->h1a (the residual is the skeleton's), backward reads r->dh1 (∂/∂h1a) and
+    // writes r->dn1. opws: the layer's op scratch (StageIO.opws).
+    void (*mixer_params)(ParamTable *t, const ModelConfig *c, int layer);
+    size_t layer_views;
+    void (*bind_layer)(Model *m, Tensor *flat, int layer, void *views);
+    Tensor (*fp8_weight)(const Model *m, int layer, Fp8Slot s); // its FP8 slots' weights ({0}: none; NULL: none)
+    void (*mixer_alloc)(Model *m, int layer, void *rec, Arena *a, int B, int S);
+    void (*mixer_grad_alloc)(Model *m, int layer, void *rec, Arena *ws, int B, int S);
+    void (*mixer_forward)(Model *m, int layer, void *rec, MicroBatch *mb, Tensor opws);
+    void (*mixer_backward)(Model *m, int layer, void *rec, MicroBatch *mb, Tensor opws);
     // fp32 elements of scratch that a layer's ops take from io->opws while each runs (the GPU delta rule's forward
     // and backward, say): one buffer of the largest layer's at the bottom of the backward workspace, shared by every
     // layer, record and op — ops run one at a time on the compute stream and keep nothing there. NULL: none.
     size_t (*op_ws)(const Model *m, int layer, int B, int S);
-    void (*stage3_alloc)(Model *m, int layer, void *rec, Arena *a, int64_t R); // R rows stage 3 can receive
-    void (*stage3_grad_alloc)(Model *m, int layer, void *rec, Arena *ws);
-    void (*prolog_forward)(Model *m, MicroBatch *mb, Tensor h);
-    void (*prolog_backward)(Model *m, MicroBatch *mb, Tensor dh);
-    void (*stage1_forward)(Model *m, int layer, void *rec, MicroBatch *mb, Tensor x, StageIO *io);
-    void (*stage3_forward)(Model *m, int layer, void *rec, StageIO *io);
-    void (*stage5_forward)(Model *m, int layer, void *rec, StageIO *io, Tensor out);
-    void (*stage5_backward)(Model *m, int layer, void *rec, StageIO *io, Tensor dout);
-    void (*stage3_backward_input)(Model *m, int layer, void *rec, StageIO *io);
-    void (*stage3_backward_weight)(Model *m, int layer, void *rec, StageIO *io);
-    void (*stage1_backward)(Model *m, int layer, void *rec, MicroBatch *mb, StageIO *io, Tensor dout_resid, Tensor dx);
-    void (*epilog_alloc)(Model *m, void *rec, Arena *a, int T);
-    // Adds Σ CE over the micro-batch into mb->sums->loss_sum; with grad, also ∂/∂(final hidden) into dh.
-    void (*epilog_forward)(Model *m, void *rec, MicroBatch *mb, Tensor h, bool grad);
-    void (*epilog_backward)(Model *m, void *rec, Tensor dh);
-    // Final norm → LM head of rows h: (R, H) into logits: (R, V) (any dtype and device; converted), forward
-    // only, temporaries from ws (generation). NULL: the family cannot generate.
-    void (*logits)(Model *m, Tensor logits, Tensor h, Arena *ws);
     // HF layout (pith convert): NULL when an HF folder holds one tensor per canonical parameter under its
     // canonical name with "model." in front (lm_head.* without), so import and export rename. Otherwise
     // hf_import writes every canonical tensor of t, made from the HF tensors of hf, into w (in hf's
@@ -272,7 +304,7 @@ struct Model {
     bool ep_drop;            // parallel.ep_drop_tokens: rows above the capacity are dropped (else they spill)
     RecomputeMode recompute; // what backward recomputes instead of keeping
     SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
-    void *views;             // the family's own weight and gradient views
+    void *views;             // the family mixer's views: (2, MAX_LAYERS) of fam->layer_views bytes (model_layer_views)
     struct KvCache *kv;      // generation: attention and DeltaNet read and extend it (NULL: training, evaluation)
     struct Ring *ring;       // context parallelism (parallel/ring.h): attention is zigzag ring attention (NULL: cp 1)
     // Layer l's expert weight gradients hold the last step's values: the step's first weight gradient writes them
@@ -284,6 +316,11 @@ struct Model {
     // (RouterArgs.given); NULL: its own.
     const int32_t *route_given[MAX_LAYERS];
 };
+
+// The family mixer's views of layer l: its compute weights, or (grad) its fp32 gradients.
+static inline void *model_layer_views(const Model *m, int l, bool grad) {
+    return (char *)m->views + ((size_t)grad * MAX_LAYERS + l) * m->fam->layer_views;
+}
 
 const ModelFamily *model_family_find(const char *model_type); // NULL if unsupported
 // Reads an HF config.json (or a folder holding one) into c; dies naming the file and field.
@@ -298,31 +335,42 @@ void moe_rope_parse(ModelConfig *c, JObj hf, int rd, bool yarn_ok);
 // Checks of the generic fields after a family's config_parse (dies naming the field); experts_key: the
 // family's HF name of the expert count.
 void moe_config_check(const ModelConfig *c, JObj hf, const char *experts_key);
+// layer_types (one `kind` or "full_attention" per layer; absent: every every-th layer is full attention) into bits:
+// bit l set when layer l is `kind`. Dies naming the field.
+void moe_layer_types(const ModelConfig *c, JObj hf, const char *kind, int every, uint64_t bits[MAX_LAYERS / 64]);
 // A view of nd dims starting at parameter `name` inside the flat buffers ({0} if the model lacks it).
 Tensor model_view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0, int64_t n1, int64_t n2);
 // Layer l's tensor "layers.<l>.<suffix>" of the dense group: its parameter, and its view (the families' names).
 void params_add_layer(ParamTable *t, int l, const char *suffix, int init, int nd, int64_t n0, int64_t n1);
 Tensor model_view_layer(Model *m, Tensor *flat, int l, const char *suffix, int nd, int64_t n0, int64_t n1);
-// Parameters: the token embedding; layer l's experts (this rank's, gate_proj and up_proj of an expert
-// adjacent) or its dense MLP under the HF names layers.l.mlp.[experts.e.]{gate,up,down}_proj.weight
-// (GPT-OSS experts, swiglu_limit > 0: layers.l.mlp.experts.e.{gate_up,down}_proj.{weight,bias});
-// the final norm and LM head.
-void moe_params_embed(ParamTable *t, const ModelConfig *c);
-void moe_params_mlp(ParamTable *t, const ModelConfig *c, int l);
-void moe_params_head(ParamTable *t, const ModelConfig *c);
-void moe_bind(Model *m); // m->sw, m->sg for the parameters above
-void moe_stage3_alloc(Model *m, int l, void *rec, Arena *a, int64_t R);
+// The parameter table of fam's layers on c: the token embedding; per layer input_layernorm, the mixer's,
+// post_attention_layernorm, the router, the shared expert, and the experts (this rank's, gate_proj and up_proj of an
+// expert adjacent) or the dense MLP under the HF names layers.l.mlp.[experts.e.]{gate,up,down}_proj.weight (GPT-OSS
+// experts, swiglu_limit > 0: layers.l.mlp.experts.e.{gate_up,down}_proj.{weight,bias}); the final norm and LM head.
+void model_params_build(const ModelFamily *fam, ParamTable *t, const ModelConfig *c);
+void moe_bind(Model *m); // m->sw, m->sg for the parameters above, and the family mixer's views (m->views)
+// Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd.
+void moe_layer_alloc(Model *m, int l, void *rec, Arena *a, int B, int S, StageIO *io);
+void moe_layer_grad_alloc(Model *m, int l, void *rec, Arena *ws, int B, int S, StageIO *io);
+void moe_stage3_alloc(Model *m, int l, void *rec, Arena *a, int64_t R); // R rows stage 3 can receive
 void moe_stage3_grad_alloc(Model *m, int l, void *rec, Arena *ws);
 void moe_prolog_forward(Model *m, MicroBatch *mb, Tensor h);
 void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh);
+void moe_stage1_forward(Model *m, int l, void *rec, MicroBatch *mb, Tensor x, StageIO *io);
 void moe_stage3_forward(Model *m, int l, void *rec, StageIO *io);
 void moe_stage3_backward_input(Model *m, int l, void *rec, StageIO *io);
 void moe_stage3_backward_weight(Model *m, int l, void *rec, StageIO *io);
 void moe_stage5_forward(Model *m, int l, void *rec, StageIO *io, Tensor out);
 void moe_stage5_backward(Model *m, int l, void *rec, StageIO *io, Tensor dout);
-void moe_epilog_alloc(Model *m, void *rec, Arena *a, int T);
-void moe_epilog_forward(Model *m, void *rec, MicroBatch *mb, Tensor h, bool grad);
-void moe_epilog_backward(Model *m, void *rec, Tensor dh);
+// dout: ∂/∂(layer output) (its residual path reaches h1 directly); dx: ∂/∂(layer input), written.
+void moe_stage1_backward(Model *m, int l, void *rec, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx);
+void moe_epilog_alloc(Model *m, EpilogRec *r, Arena *a, int T);
+// Adds Σ CE over the micro-batch into mb->sums->loss_sum; with grad, also ∂/∂(final hidden) into dh.
+void moe_epilog_forward(Model *m, EpilogRec *r, MicroBatch *mb, Tensor h, bool grad);
+void moe_epilog_backward(Model *m, EpilogRec *r, Tensor dh);
+// Final norm → LM head of rows h: (R, H) into logits: (R, V) (any dtype and device; converted), forward only,
+// temporaries from ws (generation).
+void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws);
 
 // Builds the parameter table and allocates fp32-or-compute-dtype weights, fp32 gradients, rope tables
 // for positions < max_seq, and the loss accumulators on dev. Weights are left uninitialised.
@@ -414,23 +462,6 @@ void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor 
 // model's tables; the family's AttnArgs (scale, window; sinks: GPT-OSS's learned per-head logit); gated (Qwen3.5):
 // q_proj gives per head [q | gate] and o_proj reads attention · σ(gate). HF names self_attn.{q,k,v,o}_proj.*,
 // self_attn.{q,k}_norm.weight, self_attn.sinks.
-typedef enum { QK_NORM_NONE, QK_NORM_W, QK_NORM_1P } QkNorm; // none, x·rstd·w, x·rstd·(1 + w)
-typedef struct {
-    int64_t nh, nkv, d;
-    QkNorm qk_norm;
-    bool bias, gated, sinks;
-} GqaShape;
-typedef struct {
-    Tensor wq, bq, wk, bk, wv, bv, wo, bo, qn, kn, sinks; // absent ones {0}
-} GqaWeights;
-typedef struct {
-    Tensor qg, qp, gate;    // gated: (T, nh, 2d) q_proj's output and its halves; qp: q before its norm
-    Tensor kp, rq, rk;      // qk_norm: (T, nkv, d) k before its norm, (T·nh), (T·nkv) rstd
-    Tensor q, k, v;         // after norm and RoPE: (T, nh, d), (T, nkv, d), (T, nkv, d)
-    Tensor sinks;           // (nh) fp32 copy of the sinks (the attention op reads fp32)
-    Tensor att, lse, gated; // (T, nh, d), (B, nh, S), att · σ(gate)
-    Tensor dqg, dqp, dgate, dkp, dq, dk, dv, datt, dgated; // backward workspace
-} GqaRec;
 void gqa_params(ParamTable *t, const GqaShape *s, int l, int64_t H); // layer l's, in this order
 void gqa_bind(Model *m, Tensor *flat, const GqaShape *s, int l, GqaWeights *w);
 void gqa_alloc(GqaRec *r, const GqaShape *s, Arena *a, DType dt, int B, int S);
@@ -441,7 +472,8 @@ void gqa_forward(Model *m, int l, const GqaShape *s, const GqaWeights *W, GqaRec
 // dout: ∂/∂out; dn1: ∂/∂n1 written; G: the fp32 gradients (accumulated).
 void gqa_backward(Model *m, int l, const GqaShape *s, const GqaWeights *W, const GqaWeights *G, GqaRec *r,
                   const MicroBatch *mb, Tensor n1, Tensor dout, Tensor dn1, AttnArgs aa);
-Tensor gqa_fp8_weight(const GqaWeights *W, Fp8Slot s); // the weight of slot s ({0} but for q, k, v, o)
+// The attention's AttnArgs for B sequences: causal, scaled by 1/√d, s's window.
+AttnArgs gqa_attn_args(const Model *m, const GqaShape *s, int B);
 
 // ---- multi-head latent attention, on one rank or around the ring (model.c; DeepSeek-V2's decompression and hooks
 // in deepseek_v2.c) ----
@@ -473,7 +505,6 @@ void model_mla_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q
 void model_mla_attention_backward(Model *m, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor k, Tensor v,
                                   Tensor o, Tensor lse, Tensor dk, Tensor dv, Tensor dkv, const MlaLatent *ml,
                                   const AttnArgs *a);
-void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws); // the shared final RMSNorm and LM head
 
 // ---- Gated DeltaNet under context parallelism (docs/architecture.md, "Context parallelism") ----
 // The mixer runs on the contiguous layout (cp rank r holds chunks 2r and 2r + 1 of each sequence; parallel/ring.h):

@@ -26,6 +26,20 @@ void moe_config_check(const ModelConfig *c, JObj o, const char *experts_key) {
             jdie(o, "intermediate_size", "must be positive: layer %d has a dense MLP", l);
 }
 
+void moe_layer_types(const ModelConfig *c, JObj o, const char *kind, int every, uint64_t bits[MAX_LAYERS / 64]) {
+    json_t *lt = json_object_get(o.obj, "layer_types");
+    bool given = lt && !json_is_null(lt);
+    if (given && (!json_is_array(lt) || (int)json_array_size(lt) != c->layers))
+        jdie(o, "layer_types", "expected an array of num_hidden_layers = %d strings", c->layers);
+    memset(bits, 0, MAX_LAYERS / 8);
+    for (int l = 0; l < c->layers; l++) {
+        const char *t = given ? json_string_value(json_array_get(lt, l)) : (l + 1) % every ? kind : "full_attention";
+        if (!t || (strcmp(t, kind) && strcmp(t, "full_attention")))
+            jdie(o, "layer_types", "entry %d must be \"%s\" or \"full_attention\"", l, kind);
+        if (!strcmp(t, kind)) bits[l / 64] |= 1ull << (l % 64);
+    }
+}
+
 void moe_rope_parse(ModelConfig *c, JObj o, int rd, bool yarn_ok) {
     JObj rp = jobj_child(o, "rope_parameters");
     if (!rp.obj) rp = jobj_child(o, "rope_scaling");
@@ -54,11 +68,7 @@ void moe_rope_parse(ModelConfig *c, JObj o, int rd, bool yarn_ok) {
     r->mscale = jnum(rp, "mscale", false, 0), r->mscale_all_dim = jnum(rp, "mscale_all_dim", false, 0);
 }
 
-void moe_params_embed(ParamTable *t, const ModelConfig *c) {
-    params_add(t, "embed_tokens.weight", GROUP_DENSE, INIT_NORMAL, 2, c->vocab, c->hidden, 0);
-}
-
-void moe_params_mlp(ParamTable *t, const ModelConfig *c, int l) {
+static void params_mlp(ParamTable *t, const ModelConfig *c, int l) {
     int64_t H = c->hidden, I = c->moe_inter, D = c->dense_inter;
     int e0 = model_expert_first(c), e1 = e0 + model_experts_local(c); // the experts this rank holds
     char n[96];
@@ -101,9 +111,38 @@ void moe_params_mlp(ParamTable *t, const ModelConfig *c, int l) {
     }
 }
 
-void moe_params_head(ParamTable *t, const ModelConfig *c) {
-    params_add(t, "norm.weight", GROUP_DENSE, c->norm_1p ? INIT_ZEROS : INIT_ONES, 1, c->hidden, 0, 0);
-    if (!c->tie_embed) params_add(t, "lm_head.weight", GROUP_DENSE, INIT_NORMAL, 2, c->vocab, c->hidden, 0);
+static GqaShape layer_gqa(const ModelFamily *fam, const ModelConfig *c, int l) {
+    return fam->gqa ? fam->gqa(c, l) : (GqaShape){0};
+}
+
+// "<prefix><suffix>" in nm: a layer tensor's suffix under a ModelFamily name (router, shared).
+#define NAME(prefix, suffix) (snprintf(nm, sizeof nm, "%s%s", prefix, suffix), nm)
+
+void model_params_build(const ModelFamily *fam, ParamTable *t, const ModelConfig *c) {
+    int64_t H = c->hidden, Is = c->shared_inter;
+    int norm = c->norm_1p ? INIT_ZEROS : INIT_ONES;
+    char nm[48];
+    params_add(t, "embed_tokens.weight", GROUP_DENSE, INIT_NORMAL, 2, c->vocab, H, 0);
+    for (int l = 0; l < c->layers; l++) {
+        GqaShape g = layer_gqa(fam, c, l);
+        params_add_layer(t, l, "input_layernorm.weight", norm, 1, H, 0);
+        if (g.nh) gqa_params(t, &g, l, H);
+        else fam->mixer_params(t, c, l);
+        params_add_layer(t, l, "post_attention_layernorm.weight", norm, 1, H, 0);
+        if (c->is_moe[l]) {
+            params_add_layer(t, l, NAME(fam->router, ".weight"), INIT_NORMAL, 2, c->experts, H);
+            if (fam->router_bias) params_add_layer(t, l, NAME(fam->router, ".bias"), INIT_NORMAL, 1, c->experts, 0);
+        }
+        if (c->is_moe[l] && Is) { // gate_proj and up_proj adjacent: one (2Is, H) tensor
+            params_add_layer(t, l, NAME(fam->shared, ".gate_proj.weight"), INIT_NORMAL, 2, Is, H);
+            params_add_layer(t, l, NAME(fam->shared, ".up_proj.weight"), INIT_NORMAL, 2, Is, H);
+            params_add_layer(t, l, NAME(fam->shared, ".down_proj.weight"), INIT_NORMAL_OUT, 2, H, Is);
+            if (fam->shared_gate) params_add_layer(t, l, NAME(fam->shared, "_gate.weight"), INIT_NORMAL, 2, 1, H);
+        }
+        params_mlp(t, c, l);
+    }
+    params_add(t, "norm.weight", GROUP_DENSE, norm, 1, H, 0, 0);
+    if (!c->tie_embed) params_add(t, "lm_head.weight", GROUP_DENSE, INIT_NORMAL, 2, c->vocab, H, 0);
 }
 
 Tensor model_view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0, int64_t n1, int64_t n2) {
@@ -135,7 +174,21 @@ static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
     w->embed = model_view(m, flat, "embed_tokens.weight", 2, c->vocab, H, 0);
     w->norm = model_view(m, flat, "norm.weight", 1, H, 0, 0);
     w->lm_head = c->tie_embed ? w->embed : model_view(m, flat, "lm_head.weight", 2, c->vocab, H, 0);
+    const ModelFamily *fam = m->fam;
+    int64_t Is = c->shared_inter;
+    char nm[48];
     for (int l = 0; l < c->layers; l++) {
+        GqaShape g = layer_gqa(fam, c, l);
+        w->ln1[l] = model_view_layer(m, flat, l, "input_layernorm.weight", 1, H, 0);
+        w->ln2[l] = model_view_layer(m, flat, l, "post_attention_layernorm.weight", 1, H, 0);
+        if (g.nh) gqa_bind(m, flat, &g, l, &w->att[l]);
+        w->router[l] = model_view_layer(m, flat, l, NAME(fam->router, ".weight"), 2, c->experts, H);
+        w->router_b[l] = model_view_layer(m, flat, l, NAME(fam->router, ".bias"), 1, c->experts, 0);
+        if (fam->shared) {
+            w->shared_gu[l] = model_view_layer(m, flat, l, NAME(fam->shared, ".gate_proj.weight"), 2, 2 * Is, H);
+            w->shared_down[l] = model_view_layer(m, flat, l, NAME(fam->shared, ".down_proj.weight"), 2, H, Is);
+            w->shared_gate[l] = model_view_layer(m, flat, l, NAME(fam->shared, "_gate.weight"), 2, 1, H);
+        }
         if (c->is_moe[l]) {
             bool oss = c->swiglu_limit > 0;
             int e0 = model_expert_first(c);
@@ -156,15 +209,72 @@ static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
 }
 
 void moe_bind(Model *m) {
-    if (!m->sw) m->sw = xcalloc(1, sizeof *m->sw), m->sg = xcalloc(1, sizeof *m->sg);
+    const ModelFamily *fam = m->fam;
+    m->sw = xcalloc(1, sizeof *m->sw), m->sg = xcalloc(1, sizeof *m->sg);
     bind_shared(m, m->w, m->sw);
     bind_shared(m, m->g, m->sg);
+    if (!fam->bind_layer) return;
+    m->views = xcalloc(2 * MAX_LAYERS, fam->layer_views);
+    for (int l = 0; l < m->cfg.layers; l++) {
+        fam->bind_layer(m, m->w, l, model_layer_views(m, l, false));
+        fam->bind_layer(m, m->g, l, model_layer_views(m, l, true));
+    }
 }
 
 // ---- records ----
 
+static bool has_shared(const Model *m, int l) { return m->cfg.is_moe[l] && m->cfg.shared_inter; }
+
+void moe_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
+    const ModelConfig *c = &m->cfg;
+    LayerRec *r = rp;
+    int64_t T = (int64_t)B * S, H = c->hidden, E = c->experts, Is = c->shared_inter;
+    DType dt = m->cdt;
+    GqaShape g = layer_gqa(m->fam, c, l);
+    memset(r, 0, m->fam->rec_size);
+    r->n1 = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->rstd1 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
+    if (g.nh) gqa_alloc(&r->gqa, &g, a, dt, B, S);
+    else m->fam->mixer_alloc(m, l, rp, a, B, S);
+    r->h1a = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->h1 = has_shared(m, l) ? arena_tensor(a, dt, 2, T, H, 0, 0) : r->h1a;
+    r->n2 = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->rstd2 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
+    io->xd = r->n2;
+    if (io->dense) return;
+    r->logits = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
+    r->probs = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
+    r->lb_grad = arena_tensor(a, DT_F32, 2, B, E, 0, 0);
+    if (!has_shared(m, l)) return;
+    r->sgu = arena_tensor(a, dt, 2, T, 2 * Is, 0, 0);
+    r->sact = arena_tensor(a, dt, 2, T, Is, 0, 0);
+    if (!m->fam->shared_gate) return;
+    r->so = arena_tensor(a, dt, 2, T, H, 0, 0);
+    r->sg = arena_tensor(a, dt, 2, T, 1, 0, 0);
+}
+
+void moe_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {
+    const ModelConfig *c = &m->cfg;
+    LayerRec *r = rp;
+    int64_t T = (int64_t)B * S, H = c->hidden, Is = c->shared_inter;
+    DType dt = m->cdt;
+    GqaShape g = layer_gqa(m->fam, c, l);
+    r->dh1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
+    r->dn1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
+    if (g.nh) gqa_grad_alloc(&r->gqa, &g, ws, dt, B, S);
+    else m->fam->mixer_grad_alloc(m, l, rp, ws, B, S);
+    if (io->dense) return;
+    r->dlogits = arena_tensor(ws, DT_F32, 2, T, c->experts, 0, 0);
+    if (!has_shared(m, l)) return;
+    r->dsgu = arena_tensor(ws, dt, 2, T, 2 * Is, 0, 0);
+    r->dsact = arena_tensor(ws, dt, 2, T, Is, 0, 0);
+    if (!m->fam->shared_gate) return;
+    r->dso = arena_tensor(ws, dt, 2, T, H, 0, 0);
+    r->dsg = arena_tensor(ws, dt, 2, T, 1, 0, 0);
+}
+
 void moe_stage3_alloc(Model *m, int l, void *rp, Arena *a, int64_t R) {
-    MlpRec *r = rp;
+    LayerRec *r = rp;
     int64_t I = m->cfg.is_moe[l] ? m->cfg.moe_inter : m->cfg.dense_inter;
     r->gu = arena_tensor(a, m->cdt, 2, R, 2 * I, 0, 0);
     // selective recompute: the SwiGLU output is the engine's staging buffer, recomputed for the weight gradient
@@ -172,7 +282,7 @@ void moe_stage3_alloc(Model *m, int l, void *rp, Arena *a, int64_t R) {
 }
 
 void moe_stage3_grad_alloc(Model *m, int l, void *rp, Arena *ws) {
-    MlpRec *r = rp;
+    LayerRec *r = rp;
     r->dact = arena_tensor(ws, m->cdt, 2, r->act.n[0], r->act.n[1], 0, 0);
     r->dgu = arena_tensor(ws, m->cdt, 2, r->gu.n[0], r->gu.n[1], 0, 0);
 }
@@ -182,6 +292,86 @@ void moe_stage3_grad_alloc(Model *m, int l, void *rp, Arena *ws) {
 void moe_prolog_forward(Model *m, MicroBatch *mb, Tensor h) { op_embedding_forward(h, m->sw->embed, mb->tokens); }
 
 void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh) { op_embedding_backward(m->sg->embed, dh, mb->tokens); }
+
+// ---- stage 1: norm → mixer → residual → norm → router (and the shared expert) ----
+
+static RouterArgs router_args(const Model *m) {
+    RouterArgs ra = m->cfg.router;
+    ra.k = m->cfg.topk, ra.force_balance = m->force_balance;
+    return ra;
+}
+
+void moe_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
+    const ModelConfig *c = &m->cfg;
+    const SharedWeights *W = m->sw;
+    LayerRec *r = rp;
+    const RmsArgs na = {.one_plus = c->norm_1p};
+    GqaShape g = layer_gqa(m->fam, c, l);
+    r->x = x;
+    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1[l], (float)c->eps, &na);
+    if (g.nh) gqa_forward(m, l, &g, &W->att[l], &r->gqa, mb, r->n1, r->h1a, gqa_attn_args(m, &g, mb->B));
+    else m->fam->mixer_forward(m, l, rp, mb, io->opws);
+    op_add(r->h1a, x);
+    op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2[l], (float)c->eps, &na);
+    if (io->dense) return;
+    op_linear_forward(r->logits, r->n2, W->router[l], W->router_b[l]);
+    model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, router_args(m));
+    // The load-balancing term enters the objective as lb·T per micro-batch (docs/reference.md §1), so its gradient
+    // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
+    if (m->lb_coef > 0) model_lb_loss(m, mb, l, r->lb_grad, r->probs, io->idx, (float)mb->T);
+    if (!has_shared(m, l)) return;
+    // The shared expert on every token (gated per token), added to the residual stage 5 adds the routed experts to.
+    bool gated = m->fam->shared_gate;
+    model_proj_forward(m, l, FP8_SHARED_GU, r->sgu, r->n2, W->shared_gu[l], NONE);
+    op_swiglu_forward(r->sact, r->sgu, 0, 0);
+    model_proj_forward(m, l, FP8_SHARED_DOWN, gated ? r->so : r->h1, r->sact, W->shared_down[l], NONE);
+    if (gated) {
+        op_linear_forward(r->sg, r->n2, W->shared_gate[l], NONE);
+        op_sigmoid_gate_forward(r->h1, r->so, r->sg);
+    }
+    op_add(r->h1, r->h1a);
+}
+
+void moe_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx) {
+    const ModelConfig *c = &m->cfg;
+    const SharedWeights *W = m->sw, *G = m->sg;
+    LayerRec *r = rp;
+    const RmsArgs na = {.one_plus = c->norm_1p};
+    GqaShape g = layer_gqa(m->fam, c, l);
+    Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
+    if (!io->dense) {
+        RouterArgs ra = router_args(m);
+        model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
+                              mb->B);
+        op_linear_backward_input(dn2, r->dlogits, W->router[l], true);
+        op_linear_backward_weight(G->router[l], G->router_b[l], r->dlogits, r->n2);
+    }
+    if (has_shared(m, l)) {
+        bool gated = m->fam->shared_gate;
+        if (gated) {
+            op_sigmoid_gate_backward(r->dso, r->dsg, dout, r->so, r->sg, false);
+            op_linear_backward_input(dn2, r->dsg, W->shared_gate[l], true);
+            op_linear_backward_weight(G->shared_gate[l], NONE, r->dsg, r->n2);
+        }
+        Tensor dso = gated ? r->dso : dout;
+        model_proj_backward_input(m, l, FP8_SHARED_DOWN, r->dsact, dso, W->shared_down[l], false);
+        model_proj_backward_weight(m, l, FP8_SHARED_DOWN, G->shared_down[l], NONE, dso, r->sact);
+        op_swiglu_backward(r->dsgu, r->dsact, r->sgu, 0, 0);
+        model_proj_backward_input(m, l, FP8_SHARED_GU, dn2, r->dsgu, W->shared_gu[l], true);
+        model_proj_backward_weight(m, l, FP8_SHARED_GU, G->shared_gu[l], NONE, r->dsgu, r->n2);
+    }
+    op_copy(r->dh1, dout);
+    op_rmsnorm_backward(r->dh1, G->ln2[l], dn2, r->h1a, W->ln2[l], r->rstd2, true, &na);
+    if (g.nh) {
+        AttnArgs aa = gqa_attn_args(m, &g, mb->B);
+        aa.ws = io->opws;
+        gqa_backward(m, l, &g, &W->att[l], &G->att[l], &r->gqa, mb, r->n1, r->dh1, r->dn1, aa);
+    } else {
+        m->fam->mixer_backward(m, l, rp, mb, io->opws);
+    }
+    op_copy(dx, r->dh1);
+    op_rmsnorm_backward(dx, G->ln1[l], r->dn1, r->x, W->ln1[l], r->rstd1, true, &na);
+}
 
 // ---- stage 3: experts (grouped GEMMs) or the dense MLP on the received rows ----
 
@@ -219,7 +409,7 @@ static void mlp_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db
 
 void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *W = m->sw;
-    MlpRec *r = rp;
+    LayerRec *r = rp;
     if (io->dense) {
         mlp_forward(m, l, FP8_GATE_UP, r->gu, io->xe, W->gate_up[l], NONE, NULL);
         act_forward(&m->cfg, r->act, r->gu);
@@ -236,7 +426,7 @@ void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
 
 void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *W = m->sw;
-    MlpRec *r = rp;
+    LayerRec *r = rp;
     if (io->dense) {
         mlp_backward_input(m, l, FP8_DOWN, r->dact, io->dye, W->down[l], NULL);
         act_backward(&m->cfg, r->dgu, r->dact, r->gu);
@@ -254,7 +444,7 @@ void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
 // The expert weight gradients, separable from the input gradients so a pipeline can defer them.
 void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *G = m->sg;
-    MlpRec *r = rp;
+    LayerRec *r = rp;
     bool again = m->recompute == RECOMPUTE_SELECTIVE; // act was not kept: recompute it from gu
     if (io->dense) {
         if (again) op_swiglu_forward(r->act, r->gu, 0, 0);
@@ -282,7 +472,7 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
 // ---- stage 5: weighted sum of the expert outputs + residual ----
 
 void moe_stage5_forward(Model *m, int l, void *rp, StageIO *io, Tensor out) {
-    MlpRec *r = rp;
+    LayerRec *r = rp;
     if (io->dense) {
         op_copy(out, r->h1);
         op_add(out, io->y);
@@ -298,8 +488,7 @@ void moe_stage5_backward(Model *m, int l, void *rp, StageIO *io, Tensor dout) {
 
 // ---- epilog: final norm → LM head → cross-entropy, in row chunks so (T, V) logits never exist ----
 
-void moe_epilog_alloc(Model *m, void *rp, Arena *a, int T) {
-    EpilogRec *r = rp;
+void moe_epilog_alloc(Model *m, EpilogRec *r, Arena *a, int T) {
     // Logits in the compute dtype (bf16 on the GPU, like HF's LM head), C rows at a time: ≤ 64 MB on the
     // CPU (cache-friendly), ≤ 512 MB on the GPU (large enough that the LM-head GEMMs run at full rate).
     int64_t budget = m->dev == DEV_CUDA ? 512 << 20 : 64 << 20,
@@ -311,9 +500,8 @@ void moe_epilog_alloc(Model *m, void *rp, Arena *a, int T) {
     r->logits = arena_tensor(a, m->cdt, 2, C, m->cfg.vocab, 0, 0);
 }
 
-void moe_epilog_forward(Model *m, void *rp, MicroBatch *mb, Tensor h, bool grad) {
+void moe_epilog_forward(Model *m, EpilogRec *r, MicroBatch *mb, Tensor h, bool grad) {
     const SharedWeights *W = m->sw, *G = m->sg;
-    EpilogRec *r = rp;
     r->h = h;
     op_rmsnorm_forward(r->hn, r->rstd, h, W->norm, (float)m->cfg.eps, &(RmsArgs){.one_plus = m->cfg.norm_1p});
     int64_t C = r->logits.n[0];
@@ -340,13 +528,19 @@ void moe_logits(Model *m, Tensor logits, Tensor h, Arena *ws) {
     arena_reset(ws, mark);
 }
 
-void moe_epilog_backward(Model *m, void *rp, Tensor dh) {
-    EpilogRec *r = rp;
+void moe_epilog_backward(Model *m, EpilogRec *r, Tensor dh) {
     op_rmsnorm_backward(dh, m->sg->norm, r->dhn, r->h, m->sw->norm, r->rstd, false,
                         &(RmsArgs){.one_plus = m->cfg.norm_1p});
 }
 
-// ---- HF layout hooks' buffers ----
+// ---- HF layout hooks' helpers ----
+
+const StTensor *hf_find(const StSet *hf, const char *name) {
+    char n[160];
+    snprintf(n, sizeof n, "model.%s", name);
+    const StTensor *x = st_set_find(hf, n);
+    return x ? x : st_set_find(hf, name);
+}
 
 void *hf_buffer(HfBuffers *k, size_t bytes) {
     if (k->n == k->cap) k->p = xrealloc(k->p, (k->cap = k->cap ? 2 * k->cap : 64) * sizeof *k->p);

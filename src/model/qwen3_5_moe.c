@@ -20,51 +20,32 @@
 typedef struct {
     int kv_heads, head_dim;           // full attention: nkv, hd
     int nk, nv, dk, dv, conv_k;       // Gated DeltaNet: linear_num_{key,value}_heads, linear_{key,value}_head_dim, K
-    int shared_inter;                 // Is
     bool attn_bias;                   // biases on q/k/v/o_proj
     uint64_t linear[MAX_LAYERS / 64]; // bit l: layer l is linear_attention
 } Qwen35Config;
 MODEL_FAMILY_CONFIG_FITS(Qwen35Config);
 
 typedef struct {
-    Tensor ln1, ln2, router, shared_gu, shared_down, shared_gate; // (H), (H), (E, H), (2Is, H), (H, Is), (1, H)
-    GqaWeights att;                                               // full attention
-    Tensor wqkv, wz, wb, wa, conv, dt_bias, A_log, gnorm, wout;   // Gated DeltaNet; conv: (Cc, K)
+    Tensor wqkv, wz, wb, wa, conv, dt_bias, A_log, gnorm, wout; // Gated DeltaNet; conv: (Cc, K)
 } Q35Layer;
 
 typedef struct {
-    Q35Layer w[MAX_LAYERS], g[MAX_LAYERS]; // compute weights and fp32 gradients
-} Q35Views;
-
-typedef struct {
-    MlpRec mlp;       // stage 3 and 5 (h1: after the token mixer and the shared expert)
-    Tensor x;         // (T, H) layer input (owned by the previous layer)
-    Tensor n1, rstd1; // (T, H), (T)
-    GqaRec att;       // full attention (gated, q/k norm 1 + w, partial RoPE)
+    LAYER_FIELDS; // h1: after the token mixer and the shared expert; gqa: full attention
     // Gated DeltaNet
     Tensor qkv, cv;      // (T, Cc) projection and conv1d_silu of it
     Tensor lq, lk, lv;   // (T, nk, dk), (T, nk, dk), (T, nv, dv) split of cv
     Tensor z, pa, pb;    // (T, nv·dv), (T, nv), (T, nv) projections
     Tensor g, beta;      // (T, nv) fp32
     Tensor core, rg, gn; // (T, nv, dv) delta rule output, (T·nv) rstd, gated norm output
-    Tensor h1a;          // (T, H) residual stream after the mixer (the post-attention norm's input)
     // Gated DeltaNet under context parallelism (model.h): the mixer's input and output on the contiguous layout
-    // (n1 and h1a themselves at cp 1; h1c borrows mlp.h1, written later), the conv halo and the entering state
+    // (n1 and h1a themselves at cp 1; h1c borrows h1, written later), the conv halo and the entering state
     Tensor n1c, h1c, halo, s0; // (T, H), (T, H), (B·(K−1), Cc), (B, nv, dk, dv) fp32
     Tensor posc;               // (T) int32: MicroBatch.pos on the contiguous layout (document masking)
-    Tensor n2, rstd2;          // (T, H) post-attention norm (= the tokens to dispatch), (T)
-    Tensor logits, probs;      // (T, E) router logits and softmax
-    Tensor lb_grad;            // (B, E) load-balancing gradient w.r.t. probs
-    Tensor sgu, sact, so, sg;  // (T, 2Is), (T, Is), (T, H) shared expert; (T, 1) its gate logit
     // backward workspace
-    Tensor dh1, dn1;
     Tensor dqkv, dcv, dlq, dlk, dlv, dz, dpa, dpb, dg, dbeta, dcore, dgn, dh1c, dn1c;
-    Tensor dlogits, dsgu, dsact, dso, dsg;
 } Q35Rec;
 
 static const Tensor NONE = {0};
-
-static const RmsArgs ONE_P = {.one_plus = true}; // the zero-centred norms: y = x·rstd·(1 + w)
 
 static bool is_linear(const ModelConfig *c, int l) {
     return model_family_config(const Qwen35Config, c)->linear[l / 64] >> (l % 64) & 1;
@@ -84,7 +65,7 @@ static void q35_config_parse(ModelConfig *c, JObj o) {
     c->experts = jint_in(o, "num_experts", true, 0, 1, 1 << 20);
     c->topk = jint_in(o, "num_experts_per_tok", true, 0, 1, 1 << 20);
     c->moe_inter = jint_in(o, "moe_intermediate_size", true, 0, 1, 1 << 30);
-    q->shared_inter = jint_in(o, "shared_expert_intermediate_size", true, 0, 1, 1 << 30);
+    c->shared_inter = jint_in(o, "shared_expert_intermediate_size", true, 0, 1, 1 << 30);
     q->nk = jint_in(o, "linear_num_key_heads", false, 16, 1, 1 << 20);
     q->nv = jint_in(o, "linear_num_value_heads", false, 32, 1, 1 << 20);
     q->dk = jint_in(o, "linear_key_head_dim", false, 128, 1, 1 << 20);
@@ -103,18 +84,9 @@ static void q35_config_parse(ModelConfig *c, JObj o) {
     moe_rope_parse(c, o, (int)(q->head_dim * prf), false); // int(): transformers truncates too
     // layer_types: one "linear_attention" or "full_attention" per layer; without it every full_attention_interval-th
     // layer is full attention (transformers' default pattern).
-    json_t *lt = json_object_get(o.obj, "layer_types");
-    int interval = jint_in(o, "full_attention_interval", false, 4, 1, 1 << 20);
-    if (lt && !json_is_null(lt) && (!json_is_array(lt) || (int)json_array_size(lt) != c->layers))
-        jdie(o, "layer_types", "expected an array of num_hidden_layers = %d strings", c->layers);
-    for (int l = 0; l < c->layers; l++) {
-        const char *t = lt && !json_is_null(lt) ? json_string_value(json_array_get(lt, l))
-                                                : ((l + 1) % interval ? "linear_attention" : "full_attention");
-        if (!t || (strcmp(t, "linear_attention") && strcmp(t, "full_attention")))
-            jdie(o, "layer_types", "entry %d must be \"linear_attention\" or \"full_attention\"", l);
-        if (!strcmp(t, "linear_attention")) q->linear[l / 64] |= 1ull << (l % 64);
-        c->is_moe[l] = true; // transformers gives every Qwen3.5-MoE layer the sparse block
-    }
+    moe_layer_types(c, o, "linear_attention", jint_in(o, "full_attention_interval", false, 4, 1, 1 << 20), q->linear);
+    for (int l = 0; l < c->layers; l++) c->is_moe[l] = true; // transformers gives every layer the sparse block
+    c->router = (RouterArgs){.renorm = true, .scale = 1};
     moe_config_check(c, o, "num_experts");
     // context parallelism: the full-attention layers' ring, the DeltaNet layers' conv halo and state
     int64_t cc = 2 * (int64_t)q->nk * q->dk + (int64_t)q->nv * q->dv;
@@ -122,9 +94,10 @@ static void q35_config_parse(ModelConfig *c, JObj o) {
     c->ring.cc = (int)cc, c->ring.ck = q->conv_k, c->ring.state = (int64_t)q->nv * q->dk * q->dv;
 }
 
-// Full attention: gated q, q/k norm 1 + w, biases when attention_bias.
-static GqaShape q35_gqa(const ModelConfig *c) {
+// Full attention (nh 0 in a Gated DeltaNet layer): gated q, q/k norm 1 + w, biases when attention_bias.
+static GqaShape q35_gqa(const ModelConfig *c, int l) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
+    if (is_linear(c, l)) return (GqaShape){0};
     return (GqaShape){.nh = c->heads,
                       .nkv = q->kv_heads,
                       .d = q->head_dim,
@@ -133,148 +106,82 @@ static GqaShape q35_gqa(const ModelConfig *c) {
                       .gated = true};
 }
 
-static void q35_params_build(ParamTable *t, const ModelConfig *c) {
+// Gated DeltaNet's parameters, after input_layernorm.
+static void q35_mixer_params(ParamTable *t, const ModelConfig *c, int l) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
-    int64_t H = c->hidden, Is = q->shared_inter;
-    GqaShape shape = q35_gqa(c);
-    int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
-    moe_params_embed(t, c);
-    for (int l = 0; l < c->layers; l++) {
-#define P(suffix, init, nd, a, b) params_add_layer(t, l, suffix, init, nd, a, b)
-        P("input_layernorm.weight", INIT_ZEROS, 1, H, 0);
-        if (is_linear(c, l)) {
-            P("linear_attn.in_proj_qkv.weight", INIT_NORMAL, 2, 2 * kd + vd, H);
-            P("linear_attn.in_proj_z.weight", INIT_NORMAL, 2, vd, H);
-            P("linear_attn.in_proj_b.weight", INIT_NORMAL, 2, q->nv, H);
-            P("linear_attn.in_proj_a.weight", INIT_NORMAL, 2, q->nv, H);
-            char n[96]; // HF's depthwise Conv1d weight: (Cc, 1, K)
-            snprintf(n, sizeof n, "layers.%d.linear_attn.conv1d.weight", l);
-            params_add(t, n, GROUP_DENSE, INIT_NORMAL, 3, 2 * kd + vd, 1, q->conv_k);
-            P("linear_attn.dt_bias", INIT_ONES, 1, q->nv, 0);
-            P("linear_attn.A_log", INIT_LOG_UNIFORM, 1, q->nv, 0);
-            P("linear_attn.norm.weight", INIT_ONES, 1, q->dv, 0);
-            P("linear_attn.out_proj.weight", INIT_NORMAL, 2, H, vd);
-        } else {
-            gqa_params(t, &shape, l, H);
-        }
-        P("post_attention_layernorm.weight", INIT_ZEROS, 1, H, 0);
-        P("mlp.gate.weight", INIT_NORMAL, 2, c->experts, H);
-        P("mlp.shared_expert.gate_proj.weight", INIT_NORMAL, 2, Is, H); // gate_proj and up_proj adjacent: (2Is, H)
-        P("mlp.shared_expert.up_proj.weight", INIT_NORMAL, 2, Is, H);
-        P("mlp.shared_expert.down_proj.weight", INIT_NORMAL_OUT, 2, H, Is);
-        P("mlp.shared_expert_gate.weight", INIT_NORMAL, 2, 1, H);
+    int64_t H = c->hidden, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+#define P(suffix, init, nd, a, b) params_add_layer(t, l, "linear_attn." suffix, init, nd, a, b)
+    P("in_proj_qkv.weight", INIT_NORMAL, 2, 2 * kd + vd, H);
+    P("in_proj_z.weight", INIT_NORMAL, 2, vd, H);
+    P("in_proj_b.weight", INIT_NORMAL, 2, q->nv, H);
+    P("in_proj_a.weight", INIT_NORMAL, 2, q->nv, H);
+    char n[96]; // HF's depthwise Conv1d weight: (Cc, 1, K)
+    snprintf(n, sizeof n, "layers.%d.linear_attn.conv1d.weight", l);
+    params_add(t, n, GROUP_DENSE, INIT_NORMAL, 3, 2 * kd + vd, 1, q->conv_k);
+    P("dt_bias", INIT_ONES, 1, q->nv, 0);
+    P("A_log", INIT_LOG_UNIFORM, 1, q->nv, 0);
+    P("norm.weight", INIT_ONES, 1, q->dv, 0);
+    P("out_proj.weight", INIT_NORMAL, 2, H, vd);
 #undef P
-        moe_params_mlp(t, c, l);
-    }
-    moe_params_head(t, c);
 }
 
-static void bind_layers(Model *m, Tensor *flat, Q35Layer *w) {
+// Gated DeltaNet's weight (or gradient) views of layer l.
+static void q35_bind_layer(Model *m, Tensor *flat, int l, void *views) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
-    int64_t H = c->hidden, Is = q->shared_inter;
-    GqaShape shape = q35_gqa(c);
-    int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
-    for (int l = 0; l < c->layers; l++) {
-        Q35Layer *L = &w[l];
-#define V(suffix, nd, a, b) model_view_layer(m, flat, l, suffix, nd, a, b)
-        L->ln1 = V("input_layernorm.weight", 1, H, 0);
-        L->ln2 = V("post_attention_layernorm.weight", 1, H, 0);
-        L->router = V("mlp.gate.weight", 2, c->experts, H);
-        L->shared_gu = V("mlp.shared_expert.gate_proj.weight", 2, 2 * Is, H);
-        L->shared_down = V("mlp.shared_expert.down_proj.weight", 2, H, Is);
-        L->shared_gate = V("mlp.shared_expert_gate.weight", 2, 1, H);
-        gqa_bind(m, flat, &shape, l, &L->att);
-        L->wqkv = V("linear_attn.in_proj_qkv.weight", 2, 2 * kd + vd, H);
-        L->wz = V("linear_attn.in_proj_z.weight", 2, vd, H);
-        L->wb = V("linear_attn.in_proj_b.weight", 2, q->nv, H);
-        L->wa = V("linear_attn.in_proj_a.weight", 2, q->nv, H);
-        L->conv = V("linear_attn.conv1d.weight", 2, 2 * kd + vd, q->conv_k);
-        L->dt_bias = V("linear_attn.dt_bias", 1, q->nv, 0);
-        L->A_log = V("linear_attn.A_log", 1, q->nv, 0);
-        L->gnorm = V("linear_attn.norm.weight", 1, q->dv, 0);
-        L->wout = V("linear_attn.out_proj.weight", 2, H, vd);
+    int64_t H = c->hidden, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+    Q35Layer *L = views;
+#define V(suffix, nd, a, b) model_view_layer(m, flat, l, "linear_attn." suffix, nd, a, b)
+    L->wqkv = V("in_proj_qkv.weight", 2, 2 * kd + vd, H);
+    L->wz = V("in_proj_z.weight", 2, vd, H);
+    L->wb = V("in_proj_b.weight", 2, q->nv, H);
+    L->wa = V("in_proj_a.weight", 2, q->nv, H);
+    L->conv = V("conv1d.weight", 2, 2 * kd + vd, q->conv_k);
+    L->dt_bias = V("dt_bias", 1, q->nv, 0);
+    L->A_log = V("A_log", 1, q->nv, 0);
+    L->gnorm = V("norm.weight", 1, q->dv, 0);
+    L->wout = V("out_proj.weight", 2, H, vd);
 #undef V
-    }
 }
 
-static void q35_bind(Model *m) {
-    Q35Views *v = m->views = m->views ? m->views : xcalloc(1, sizeof(Q35Views));
-    moe_bind(m);
-    bind_layers(m, m->w, v->w);
-    bind_layers(m, m->g, v->g);
-}
-
-// The FP8 projections (Fp8Slot): DeltaNet's in_proj_qkv, in_proj_z and out_proj, full attention's q, k, v, o and the
-// shared expert (never in_proj_a/b or the shared expert's gate).
+// Gated DeltaNet's FP8 projections (Fp8Slot): in_proj_qkv, in_proj_z and out_proj (never in_proj_a/b).
 static Tensor q35_fp8_weight(const Model *m, int l, Fp8Slot s) {
-    const Q35Layer *W = &((const Q35Views *)m->views)->w[l];
-    Tensor w[FP8_SLOTS] = {[FP8_QKV] = W->wqkv,
-                           [FP8_Z] = W->wz,
-                           [FP8_OUT] = W->wout,
-                           [FP8_Q] = W->att.wq,
-                           [FP8_K] = W->att.wk,
-                           [FP8_V] = W->att.wv,
-                           [FP8_O] = W->att.wo,
-                           [FP8_SHARED_GU] = W->shared_gu,
-                           [FP8_SHARED_DOWN] = W->shared_down};
+    const Q35Layer *W = model_layer_views(m, l, false);
+    Tensor w[FP8_SLOTS] = {[FP8_QKV] = W->wqkv, [FP8_Z] = W->wz, [FP8_OUT] = W->wout};
     return w[s];
 }
 
 // ---- records ----
 
-static void q35_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
+static void q35_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
     Q35Rec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden, E = c->experts;
-    GqaShape shape = q35_gqa(c);
-    int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+    int64_t T = (int64_t)B * S, H = c->hidden, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     DType dt = m->cdt;
-    memset(r, 0, sizeof *r);
-    r->n1 = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->rstd1 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
-    if (is_linear(c, l)) {
-        r->qkv = arena_tensor(a, dt, 2, T, 2 * kd + vd, 0, 0);
-        r->cv = arena_tensor(a, dt, 2, T, 2 * kd + vd, 0, 0);
-        r->lq = arena_tensor(a, dt, 3, T, q->nk, q->dk, 0);
-        r->lk = arena_tensor(a, dt, 3, T, q->nk, q->dk, 0);
-        r->lv = arena_tensor(a, dt, 3, T, q->nv, q->dv, 0);
-        r->z = arena_tensor(a, dt, 2, T, vd, 0, 0);
-        r->pa = arena_tensor(a, dt, 2, T, q->nv, 0, 0);
-        r->pb = arena_tensor(a, dt, 2, T, q->nv, 0, 0);
-        r->g = arena_tensor(a, DT_F32, 2, T, q->nv, 0, 0);
-        r->beta = arena_tensor(a, DT_F32, 2, T, q->nv, 0, 0);
-        r->core = arena_tensor(a, dt, 3, T, q->nv, q->dv, 0);
-        r->rg = arena_tensor(a, DT_F32, 1, T * q->nv, 0, 0, 0);
-        r->gn = arena_tensor(a, dt, 2, T, vd, 0, 0);
-        r->n1c = r->n1;
-        if (c->cp_size > 1) {
-            r->n1c = arena_tensor(a, dt, 2, T, H, 0, 0);
-            r->halo = arena_tensor(a, dt, 2, (int64_t)B * (q->conv_k - 1), 2 * kd + vd, 0, 0);
-            r->s0 = arena_tensor(a, DT_F32, 4, B, q->nv, q->dk, q->dv);
-            r->posc = arena_tensor(a, DT_I32, 1, T, 0, 0, 0);
-        }
-    } else {
-        gqa_alloc(&r->att, &shape, a, dt, B, S);
+    r->qkv = arena_tensor(a, dt, 2, T, 2 * kd + vd, 0, 0);
+    r->cv = arena_tensor(a, dt, 2, T, 2 * kd + vd, 0, 0);
+    r->lq = arena_tensor(a, dt, 3, T, q->nk, q->dk, 0);
+    r->lk = arena_tensor(a, dt, 3, T, q->nk, q->dk, 0);
+    r->lv = arena_tensor(a, dt, 3, T, q->nv, q->dv, 0);
+    r->z = arena_tensor(a, dt, 2, T, vd, 0, 0);
+    r->pa = arena_tensor(a, dt, 2, T, q->nv, 0, 0);
+    r->pb = arena_tensor(a, dt, 2, T, q->nv, 0, 0);
+    r->g = arena_tensor(a, DT_F32, 2, T, q->nv, 0, 0);
+    r->beta = arena_tensor(a, DT_F32, 2, T, q->nv, 0, 0);
+    r->core = arena_tensor(a, dt, 3, T, q->nv, q->dv, 0);
+    r->rg = arena_tensor(a, DT_F32, 1, T * q->nv, 0, 0, 0);
+    r->gn = arena_tensor(a, dt, 2, T, vd, 0, 0);
+    r->n1c = r->n1;
+    if (c->cp_size > 1) {
+        r->n1c = arena_tensor(a, dt, 2, T, H, 0, 0);
+        r->halo = arena_tensor(a, dt, 2, (int64_t)B * (q->conv_k - 1), 2 * kd + vd, 0, 0);
+        r->s0 = arena_tensor(a, DT_F32, 4, B, q->nv, q->dk, q->dv);
+        r->posc = arena_tensor(a, DT_I32, 1, T, 0, 0, 0);
     }
-    r->h1a = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->mlp.h1 = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->n2 = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->rstd2 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
-    r->logits = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
-    r->probs = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
-    r->lb_grad = arena_tensor(a, DT_F32, 2, B, E, 0, 0);
-    r->sgu = arena_tensor(a, dt, 2, T, 2 * (int64_t)q->shared_inter, 0, 0);
-    r->sact = arena_tensor(a, dt, 2, T, q->shared_inter, 0, 0);
-    r->so = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->sg = arena_tensor(a, dt, 2, T, 1, 0, 0);
-    r->h1c = c->cp_size > 1 ? r->mlp.h1 : r->h1a;
-    io->xd = r->n2;
 }
 
 static DeltaArgs q35_delta_args(const Model *m, int B);
-static AttnArgs q35_attn_args(const Model *m, const MicroBatch *mb);
 
 // The ops' planned scratch (io->opws): the GPU delta rule's (op_delta_rule_workspace; the backward's holds the
 // forward's) in a linear layer, the attention backward's (op_attention_workspace: cuDNN's D and dQ accumulator;
@@ -287,68 +194,44 @@ static size_t q35_op_ws(const Model *m, int l, int B, int S) {
         return op_delta_rule_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, q->nk, q->dk, 0),
                                        tensor_make(NULL, m->cdt, m->dev, 3, T, q->nv, q->dv, 0), &da, true);
     }
-    MicroBatch mb = {.B = B, .S = S, .T = (int)T};
-    AttnArgs aa = q35_attn_args(m, &mb);
+    GqaShape g = q35_gqa(&m->cfg, l);
+    AttnArgs aa = gqa_attn_args(m, &g, B);
     return m->cfg.cp_size > 1
                ? 0
                : op_attention_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, m->cfg.heads, q->head_dim, 0),
                                         tensor_make(NULL, m->cdt, m->dev, 3, T, q->kv_heads, q->head_dim, 0), &aa);
 }
 
-static void q35_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {
+static void q35_mixer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
     Q35Rec *r = rp;
-    int64_t T = (int64_t)B * S, H = c->hidden;
-    GqaShape shape = q35_gqa(c);
-    int64_t kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+    int64_t T = (int64_t)B * S, H = c->hidden, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     DType dt = m->cdt;
-    (void)io;
-    r->dh1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
-    r->dn1 = arena_tensor(ws, dt, 2, T, H, 0, 0);
-    if (is_linear(c, l)) {
-        r->dqkv = arena_tensor(ws, dt, 2, T, 2 * kd + vd, 0, 0);
-        r->dcv = arena_tensor(ws, dt, 2, T, 2 * kd + vd, 0, 0);
-        r->dlq = arena_tensor(ws, dt, 3, T, q->nk, q->dk, 0);
-        r->dlk = arena_tensor(ws, dt, 3, T, q->nk, q->dk, 0);
-        r->dlv = arena_tensor(ws, dt, 3, T, q->nv, q->dv, 0);
-        r->dz = arena_tensor(ws, dt, 2, T, vd, 0, 0);
-        r->dpa = arena_tensor(ws, dt, 2, T, q->nv, 0, 0);
-        r->dpb = arena_tensor(ws, dt, 2, T, q->nv, 0, 0);
-        r->dg = arena_tensor(ws, DT_F32, 2, T, q->nv, 0, 0);
-        r->dbeta = arena_tensor(ws, DT_F32, 2, T, q->nv, 0, 0);
-        r->dcore = arena_tensor(ws, dt, 3, T, q->nv, q->dv, 0);
-        r->dgn = arena_tensor(ws, dt, 2, T, vd, 0, 0);
-        r->dh1c = c->cp_size > 1 ? arena_tensor(ws, dt, 2, T, H, 0, 0) : r->dh1;
-        r->dn1c = c->cp_size > 1 ? arena_tensor(ws, dt, 2, T, H, 0, 0) : r->dn1;
-    } else {
-        gqa_grad_alloc(&r->att, &shape, ws, dt, B, S);
-    }
-    r->dlogits = arena_tensor(ws, DT_F32, 2, T, c->experts, 0, 0);
-    r->dsgu = arena_tensor(ws, dt, 2, T, 2 * (int64_t)q->shared_inter, 0, 0);
-    r->dsact = arena_tensor(ws, dt, 2, T, q->shared_inter, 0, 0);
-    r->dso = arena_tensor(ws, dt, 2, T, H, 0, 0);
-    r->dsg = arena_tensor(ws, dt, 2, T, 1, 0, 0);
+    r->dqkv = arena_tensor(ws, dt, 2, T, 2 * kd + vd, 0, 0);
+    r->dcv = arena_tensor(ws, dt, 2, T, 2 * kd + vd, 0, 0);
+    r->dlq = arena_tensor(ws, dt, 3, T, q->nk, q->dk, 0);
+    r->dlk = arena_tensor(ws, dt, 3, T, q->nk, q->dk, 0);
+    r->dlv = arena_tensor(ws, dt, 3, T, q->nv, q->dv, 0);
+    r->dz = arena_tensor(ws, dt, 2, T, vd, 0, 0);
+    r->dpa = arena_tensor(ws, dt, 2, T, q->nv, 0, 0);
+    r->dpb = arena_tensor(ws, dt, 2, T, q->nv, 0, 0);
+    r->dg = arena_tensor(ws, DT_F32, 2, T, q->nv, 0, 0);
+    r->dbeta = arena_tensor(ws, DT_F32, 2, T, q->nv, 0, 0);
+    r->dcore = arena_tensor(ws, dt, 3, T, q->nv, q->dv, 0);
+    r->dgn = arena_tensor(ws, dt, 2, T, vd, 0, 0);
+    r->dh1c = c->cp_size > 1 ? arena_tensor(ws, dt, 2, T, H, 0, 0) : r->dh1;
+    r->dn1c = c->cp_size > 1 ? arena_tensor(ws, dt, 2, T, H, 0, 0) : r->dn1;
 }
 
-// ---- stage 1: norm → token mixer → residual → norm → router and shared expert ----
+// ---- the mixer: Gated DeltaNet (the full-attention layers' is gqa.c's) ----
 
-static AttnArgs q35_attn_args(const Model *m, const MicroBatch *mb) {
-    return (AttnArgs){.B = mb->B,
-                      .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->head_dim)),
-                      .causal = true,
-                      .deterministic = m->deterministic};
-}
 static DeltaArgs q35_delta_args(const Model *m, int B) {
     return (DeltaArgs){.B = B,
                        .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->dk)),
                        .qk_l2norm = true,
                        .chunk = 64};
 }
-static RouterArgs q35_router_args(const Model *m) {
-    return (RouterArgs){.k = m->cfg.topk, .renorm = true, .scale = 1, .force_balance = m->force_balance};
-}
-
 // The document positions the conv1d and the delta rule take (document masking; p NULL without it): mb->pos, or under
 // context parallelism its contiguous layout in the record, made by the forward (fwd) and read by the backward. The
 // relayout moves the int32 words as fp32 ones: copies and transfers keep their bits.
@@ -391,32 +274,11 @@ static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBa
     model_cp_zigzag(m, r->h1a, r->h1c, mb->B);
 }
 
-static void q35_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, StageIO *io) {
-    const ModelConfig *c = &m->cfg;
-    GqaShape shape = q35_gqa(c);
-    const Q35Layer *W = &((Q35Views *)m->views)->w[l];
+static void q35_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
     Q35Rec *r = rp;
-    r->x = x;
-    op_rmsnorm_forward(r->n1, r->rstd1, x, W->ln1, (float)c->eps, &ONE_P);
-    if (is_linear(c, l)) delta_forward(m, l, W, r, mb, io->opws);
-    else gqa_forward(m, l, &shape, &W->att, &r->att, mb, r->n1, r->h1a, q35_attn_args(m, mb));
-    op_add(r->h1a, x);
-    op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2, (float)c->eps, &ONE_P);
-    op_linear_forward(r->logits, r->n2, W->router, NONE);
-    model_router_forward(m, mb, l, r->probs, io->idx, io->w, r->logits, q35_router_args(m));
-    // The load-balancing term enters the objective as lb·T per micro-batch (docs/reference.md §1), so its gradient
-    // w.r.t. probs is scaled by T here; the engine divides all gradients by the step's token count.
-    if (m->lb_coef > 0) model_lb_loss(m, mb, l, r->lb_grad, r->probs, io->idx, (float)mb->T);
-    // The shared expert on every token, gated per token, added to the residual stage 5 adds the routed experts to.
-    model_proj_forward(m, l, FP8_SHARED_GU, r->sgu, r->n2, W->shared_gu, NONE);
-    op_swiglu_forward(r->sact, r->sgu, 0, 0);
-    model_proj_forward(m, l, FP8_SHARED_DOWN, r->so, r->sact, W->shared_down, NONE);
-    op_linear_forward(r->sg, r->n2, W->shared_gate, NONE);
-    op_sigmoid_gate_forward(r->mlp.h1, r->so, r->sg);
-    op_add(r->mlp.h1, r->h1a);
+    r->h1c = m->cfg.cp_size > 1 ? r->h1 : r->h1a;
+    delta_forward(m, l, model_layer_views(m, l, false), r, mb, opws);
 }
-
-// ---- stage 1 backward ----
 
 // dh1 (∂/∂h1a) → dn1.
 static void delta_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb,
@@ -450,62 +312,25 @@ static void delta_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G
     model_cp_zigzag(m, r->dn1, r->dn1c, mb->B);
 }
 
-// dout: ∂/∂(layer output), which reaches h1 (and through it h1a) directly; dx: ∂/∂(layer input), written.
-static void q35_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx) {
-    const ModelConfig *c = &m->cfg;
-    GqaShape shape = q35_gqa(c);
-    const Q35Layer *W = &((Q35Views *)m->views)->w[l], *G = &((Q35Views *)m->views)->g[l];
-    Q35Rec *r = rp;
-    Tensor dn2 = io->dxd; // gradient of the dispatched tokens, from stage 2's backward
-    RouterArgs ra = q35_router_args(m);
-    model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
-                          mb->B);
-    op_linear_backward_input(dn2, r->dlogits, W->router, true);
-    op_linear_backward_weight(G->router, NONE, r->dlogits, r->n2);
-    op_sigmoid_gate_backward(r->dso, r->dsg, dout, r->so, r->sg, false);
-    op_linear_backward_input(dn2, r->dsg, W->shared_gate, true);
-    op_linear_backward_weight(G->shared_gate, NONE, r->dsg, r->n2);
-    model_proj_backward_input(m, l, FP8_SHARED_DOWN, r->dsact, r->dso, W->shared_down, false);
-    model_proj_backward_weight(m, l, FP8_SHARED_DOWN, G->shared_down, NONE, r->dso, r->sact);
-    op_swiglu_backward(r->dsgu, r->dsact, r->sgu, 0, 0);
-    model_proj_backward_input(m, l, FP8_SHARED_GU, dn2, r->dsgu, W->shared_gu, true);
-    model_proj_backward_weight(m, l, FP8_SHARED_GU, G->shared_gu, NONE, r->dsgu, r->n2);
-    op_copy(r->dh1, dout);
-    op_rmsnorm_backward(r->dh1, G->ln2, dn2, r->h1a, W->ln2, r->rstd2, true, &ONE_P);
-    if (is_linear(c, l)) delta_backward(m, l, W, G, r, mb, io->opws);
-    else {
-        AttnArgs aa = q35_attn_args(m, mb);
-        aa.ws = io->opws;
-        gqa_backward(m, l, &shape, &W->att, &G->att, &r->att, mb, r->n1, r->dh1, r->dn1, aa);
-    }
-    op_copy(dx, r->dh1);
-    op_rmsnorm_backward(dx, G->ln1, r->dn1, r->x, W->ln1, r->rstd1, true, &ONE_P);
+static void q35_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
+    delta_backward(m, l, model_layer_views(m, l, false), model_layer_views(m, l, true), rp, mb, opws);
 }
 
 const ModelFamily qwen3_5_moe_family = {
     .model_type = "qwen3_5_moe_text",
     .rec_size = sizeof(Q35Rec),
-    .epilog_size = sizeof(EpilogRec),
+    .router = "mlp.gate",
+    .shared = "mlp.shared_expert",
+    .shared_gate = true,
     .config_parse = q35_config_parse,
-    .params_build = q35_params_build,
-    .bind = q35_bind,
+    .gqa = q35_gqa,
+    .mixer_params = q35_mixer_params,
+    .layer_views = sizeof(Q35Layer),
+    .bind_layer = q35_bind_layer,
     .fp8_weight = q35_fp8_weight,
-    .layer_alloc = q35_layer_alloc,
-    .layer_grad_alloc = q35_layer_grad_alloc,
+    .mixer_alloc = q35_mixer_alloc,
+    .mixer_grad_alloc = q35_mixer_grad_alloc,
+    .mixer_forward = q35_mixer_forward,
+    .mixer_backward = q35_mixer_backward,
     .op_ws = q35_op_ws,
-    .stage3_alloc = moe_stage3_alloc,
-    .stage3_grad_alloc = moe_stage3_grad_alloc,
-    .prolog_forward = moe_prolog_forward,
-    .prolog_backward = moe_prolog_backward,
-    .stage1_forward = q35_stage1_forward,
-    .stage3_forward = moe_stage3_forward,
-    .stage5_forward = moe_stage5_forward,
-    .stage5_backward = moe_stage5_backward,
-    .stage3_backward_input = moe_stage3_backward_input,
-    .stage3_backward_weight = moe_stage3_backward_weight,
-    .stage1_backward = q35_stage1_backward,
-    .epilog_alloc = moe_epilog_alloc,
-    .epilog_forward = moe_epilog_forward,
-    .epilog_backward = moe_epilog_backward,
-    .logits = moe_logits,
 };

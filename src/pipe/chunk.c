@@ -17,14 +17,14 @@ static void *rec_of(const Chunk *c, const ChunkRecord *k, int l) { return k->rec
 // Points layer l's stage-3 rows (expert-ordered inputs, activations, route permutations) at b.
 static void use_rows(Chunk *c, ChunkRecord *k, int l, const ExpertRows *b) {
     StageIO *io = &k->io[l];
-    MlpRec *r = rec_of(c, k, l); // a family record begins with its MlpRec
+    LayerRec *r = rec_of(c, k, l); // a family record begins with a LayerRec's fields
     io->xe = b->xe, r->gu = b->gu, r->act = b->act;
     if (io->route) io->route->perm_r = b->perm_r, io->route->xrow = b->xrow;
 }
 
 static ExpertRows rows_of(Chunk *c, ChunkRecord *k, int l) {
     StageIO *io = &k->io[l];
-    MlpRec *r = rec_of(c, k, l);
+    LayerRec *r = rec_of(c, k, l);
     return (ExpertRows){io->xe, r->gu, r->act, io->route ? io->route->perm_r : (Tensor){0},
                         io->route ? io->route->xrow : (Tensor){0}};
 }
@@ -36,8 +36,8 @@ static void alloc_spill(Chunk *c, int l, Arena *a) {
     ChunkRecord *k = &c->rec[0];
     int64_t W = ep_rows_worst(m, (int64_t)c->B * c->S);
     ExpertRows own = rows_of(c, k, l);
-    m->fam->stage3_alloc(m, l, rec_of(c, k, l), a, W);
-    const MlpRec *r = rec_of(c, k, l);
+    moe_stage3_alloc(m, l, rec_of(c, k, l), a, W);
+    const LayerRec *r = rec_of(c, k, l);
     c->spill = (ExpertRows){arena_tensor(a, m->cdt, 2, W, m->cfg.hidden, 0, 0), r->gu, r->act,
                             arena_tensor(a, DT_I32, 1, W, 0, 0, 0), arena_tensor(a, DT_I32, 1, W, 0, 0, 0)};
     use_rows(c, k, l, &own);
@@ -54,9 +54,9 @@ static void alloc_layer(Chunk *c, ChunkRecord *k, int l, Arena *a, ChunkPlan *p)
     int T = c->B * c->S;
     StageIO *io = &k->io[l];
     size_t m0 = arena_mark(a);
-    m->fam->layer_alloc(m, l, rec_of(c, k, l), a, c->B, c->S, io);
+    moe_layer_alloc(m, l, rec_of(c, k, l), a, c->B, c->S, io);
     size_t m1 = arena_mark(a);
-    m->fam->stage3_alloc(m, l, rec_of(c, k, l), a, io->dense ? T : ep_rows_capacity(m, T));
+    moe_stage3_alloc(m, l, rec_of(c, k, l), a, io->dense ? T : ep_rows_capacity(m, T));
     ep_alloc(m, io, a, T);
     k->own[l] = rows_of(c, k, l);
     if (p) p->act_stage1 += m1 - m0, p->act_experts += arena_mark(a) - m1;
@@ -92,7 +92,7 @@ static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a, ChunkPlan *p) {
         p->act_hidden += arena_mark(a) - m1;
     }
     size_t m2 = arena_mark(a);
-    if (c->l1 == m->cfg.layers) m->fam->epilog_alloc(m, k->epilog, a, T);
+    if (c->l1 == m->cfg.layers) moe_epilog_alloc(m, &k->epilog, a, T);
     p->act_epilog += arena_mark(a) - m2;
 }
 
@@ -149,7 +149,7 @@ static void alloc_activations(Chunk *c, Arena *a, ChunkPlan *p) {
     for (int s = 0; s < c->ndefer; s++)
         for (int l = c->l0; l < c->l1; l++) {
             const StageIO *io = &c->rec[0].io[l];
-            const MlpRec *r = rec_of(c, &c->rec[0], l);
+            const LayerRec *r = rec_of(c, &c->rec[0], l);
             c->dye[s * L + l] = arena_tensor(a, c->m->cdt, 2, io->xe.n[0], io->xe.n[1], 0, 0);
             c->dgu[s * L + l] = arena_tensor(a, c->m->cdt, 2, r->gu.n[0], r->gu.n[1], 0, 0);
         }
@@ -160,9 +160,9 @@ static void alloc_activations(Chunk *c, Arena *a, ChunkPlan *p) {
 static void alloc_layer_grads(Chunk *c, ChunkRecord *k, int l, Arena *ws) {
     Model *m = c->m;
     StageIO *io = &k->io[l];
-    m->fam->layer_grad_alloc(m, l, rec_of(c, k, l), ws, c->B, c->S, io);
+    moe_layer_grad_alloc(m, l, rec_of(c, k, l), ws, c->B, c->S, io);
     if (!io->dense) io->dw = arena_tensor(ws, DT_F32, 2, (int64_t)c->B * c->S, m->cfg.topk, 0, 0);
-    m->fam->stage3_grad_alloc(m, l, rec_of(c, k, l), ws);
+    moe_stage3_grad_alloc(m, l, rec_of(c, k, l), ws);
     ep_grad_alloc(m, io, ws, (int64_t)c->B * c->S);
 }
 
@@ -197,7 +197,6 @@ static void chunk_structs(Chunk *c, Model *m, int B, int S, ChunkShape sh, bool 
     for (int i = 0; i < nrec; i++) {
         ChunkRecord *k = &c->rec[i];
         k->recs = xcalloc(L, m->fam->rec_size);
-        k->epilog = xcalloc(1, m->fam->epilog_size);
         k->io = xcalloc(L, sizeof(StageIO));
         k->h = xcalloc(L + 1, sizeof(Tensor));
         k->own = xcalloc(L, sizeof(ExpertRows));
@@ -301,7 +300,7 @@ void chunk_free(Chunk *c) {
     for (int i = 0; i < c->nrec && c->rec; i++) {
         ChunkRecord *k = &c->rec[i];
         for (int l = 0; k->io && l < c->m->cfg.layers; l++) free(k->io[l].offs), ep_route_free(k->io[l].route);
-        free(k->recs), free(k->epilog), free(k->io), free(k->h), free(k->own);
+        free(k->recs), free(k->io), free(k->h), free(k->own);
     }
     ep_buffers_free(&c->epb);
     free(c->rec), free(c->dye), free(c->dgu);
@@ -354,7 +353,7 @@ static StageIO *cur_io(const Cursor *u) { return &u->k->io[u->l]; }
 static void f_stage1(Cursor *f) {
     Model *m = f->c->m;
     f->k->mb.replay = f->replay;
-    m->fam->stage1_forward(m, f->l, cur_rec(f), &f->k->mb, f->k->h[f->l], cur_io(f));
+    moe_stage1_forward(m, f->l, cur_rec(f), &f->k->mb, f->k->h[f->l], cur_io(f));
 }
 // The route, the layer's stage-3 rows (its own, or the spill set when the group decided so), the dispatch.
 static void f_dispatch(Cursor *f) {
@@ -371,13 +370,13 @@ static void f_dispatch(Cursor *f) {
 }
 static void f_stage3(Cursor *f) {
     ep_finish(f->c->m, cur_io(f));
-    f->c->m->fam->stage3_forward(f->c->m, f->l, cur_rec(f), cur_io(f));
+    moe_stage3_forward(f->c->m, f->l, cur_rec(f), cur_io(f));
 }
 static void f_combine(Cursor *f) { ep_issue(f->c->m, cur_io(f), EP_COMBINE); }
 static void f_stage5(Cursor *f) {
     Chunk *c = f->c;
     ep_finish(c->m, cur_io(f));
-    c->m->fam->stage5_forward(c->m, f->l, cur_rec(f), cur_io(f), f->k->h[f->l + 1]);
+    moe_stage5_forward(c->m, f->l, cur_rec(f), cur_io(f), f->k->h[f->l + 1]);
     if (c->m->recompute == RECOMPUTE_FULL) c->region_owner = f->slot * c->m->cfg.layers + f->l;
 }
 
@@ -390,14 +389,14 @@ static void layer_forward(Chunk *c, int slot, int l, bool replay) {
 void chunk_forward_layers(Chunk *c, int slot) {
     Model *m = c->m;
     ChunkRecord *k = &c->rec[slot];
-    if (c->l0 == 0) m->fam->prolog_forward(m, &k->mb, k->h[0]);
+    if (c->l0 == 0) moe_prolog_forward(m, &k->mb, k->h[0]);
     for (int l = c->l0; l < c->l1; l++) layer_forward(c, slot, l, false);
 }
 
 void chunk_forward(Chunk *c, int slot, bool grad) {
     chunk_forward_layers(c, slot);
     ChunkRecord *k = &c->rec[slot];
-    if (c->l1 == c->m->cfg.layers) c->m->fam->epilog_forward(c->m, k->epilog, &k->mb, k->h[c->m->cfg.layers], grad);
+    if (c->l1 == c->m->cfg.layers) moe_epilog_forward(c->m, &k->epilog, &k->mb, k->h[c->m->cfg.layers], grad);
 }
 
 // Makes record slot's layer l whole again where others have used the shared buffers since its forward: under
@@ -413,7 +412,7 @@ static void layer_restore(Chunk *c, int slot, int l) {
         if (c->region_owner != at) layer_forward(c, slot, l, true);
     } else if (io->route && io->route->spill && c->spill_owner != at) {
         ep_dispatch_forward(m, io);
-        m->fam->stage3_forward(m, l, rec_of(c, k, l), io);
+        moe_stage3_forward(m, l, rec_of(c, k, l), io);
         c->spill_owner = at;
     }
 }
@@ -440,27 +439,27 @@ static void b_stage5(Cursor *b) {
     b->mark = arena_mark(c->ws);
     layer_restore(c, b->slot, b->l);
     alloc_layer_grads(c, b->k, b->l, c->ws);
-    c->m->fam->stage5_backward(c->m, b->l, cur_rec(b), cur_io(b), b_dy(b));
+    moe_stage5_backward(c->m, b->l, cur_rec(b), cur_io(b), b_dy(b));
 }
 static void b_combine(Cursor *b) { ep_issue(b->c->m, cur_io(b), EP_COMBINE_BACKWARD); }
 static void b_stage3(Cursor *b) {
     ep_finish(b->c->m, cur_io(b));
-    b->c->m->fam->stage3_backward_input(b->c->m, b->l, cur_rec(b), cur_io(b));
+    moe_stage3_backward_input(b->c->m, b->l, cur_rec(b), cur_io(b));
 }
 static void b_dispatch(Cursor *b) { ep_issue(b->c->m, cur_io(b), EP_DISPATCH_BACKWARD); }
 static void b_weight(Cursor *b) { // now, or the inputs kept in the deferred set (the workspace is reset)
     Model *m = b->c->m;
     StageIO *io = cur_io(b);
     int64_t R = stage3_rows(m, io), at = (int64_t)b->set * m->cfg.layers + b->l;
-    if (b->set < 0 || !weight_can_wait(m, io)) return m->fam->stage3_backward_weight(m, b->l, cur_rec(b), io);
+    if (b->set < 0 || !weight_can_wait(m, io)) return moe_stage3_backward_weight(m, b->l, cur_rec(b), io);
     if (R == 0) return;
     op_copy(tensor_rows(b->c->dye[at], 0, R), tensor_rows(io->dye, 0, R));
-    op_copy(tensor_rows(b->c->dgu[at], 0, R), tensor_rows(((MlpRec *)cur_rec(b))->dgu, 0, R));
+    op_copy(tensor_rows(b->c->dgu[at], 0, R), tensor_rows(((LayerRec *)cur_rec(b))->dgu, 0, R));
 }
 static void b_stage1(Cursor *b) {
     Chunk *c = b->c;
     ep_finish(c->m, cur_io(b));
-    c->m->fam->stage1_backward(c->m, b->l, cur_rec(b), &b->k->mb, cur_io(b), b_dy(b), b_dx(b));
+    moe_stage1_backward(c->m, b->l, cur_rec(b), &b->k->mb, cur_io(b), b_dy(b), b_dx(b));
     arena_reset(c->ws, b->mark);
     b->cur = 1 - b->cur;
 }
@@ -475,14 +474,14 @@ static Cursor backward_begin(Chunk *c, int slot, bool defer, Tensor dy, Tensor d
         CHECK(c->defer_tail - c->defer_head < c->ndefer && b.k->defer_set < 0);
         b.set = b.k->defer_set = c->defer_tail++ % c->ndefer;
     }
-    if (c->l1 == c->m->cfg.layers) c->m->fam->epilog_backward(c->m, b.k->epilog, c->dh[0]);
+    if (c->l1 == c->m->cfg.layers) moe_epilog_backward(c->m, &b.k->epilog, c->dh[0]);
     return b;
 }
 
 static void backward(Chunk *c, int slot, bool defer, Tensor dy, Tensor dx) {
     Cursor b = backward_begin(c, slot, defer, dy, dx);
     for (; b.l >= c->l0; b.l--) b_stage5(&b), b_combine(&b), b_stage3(&b), b_dispatch(&b), b_weight(&b), b_stage1(&b);
-    if (c->l0 == 0) c->m->fam->prolog_backward(c->m, &b.k->mb, c->dh[b.cur]);
+    if (c->l0 == 0) moe_prolog_backward(c->m, &b.k->mb, c->dh[b.cur]);
 }
 
 void chunk_backward(Chunk *c, int slot, bool defer) { backward(c, slot, defer, (Tensor){0}, (Tensor){0}); }
@@ -493,12 +492,12 @@ void chunk_weight(Chunk *c, int slot) {
     int L = m->cfg.layers, set = k->defer_set;
     CHECK(set >= 0 && set == c->defer_head % c->ndefer); // FIFO: the oldest deferred backward
     for (int l = c->l0; l < c->l1; l++) {
-        MlpRec *r = rec_of(c, k, l);
+        LayerRec *r = rec_of(c, k, l);
         StageIO *io = &k->io[l];
         if (!weight_can_wait(m, io)) continue; // done in the backward
         io->dye = c->dye[set * L + l], r->dgu = c->dgu[set * L + l];
         if (io->dense) io->dy = io->dye;
-        m->fam->stage3_backward_weight(m, l, r, io);
+        moe_stage3_backward_weight(m, l, r, io);
     }
     k->defer_set = -1, c->defer_head++;
 }
@@ -515,7 +514,7 @@ static void pair(Chunk *fc, int fslot, Chunk *bc, int bslot, Tensor dy, Tensor d
     Model *m = fc->m;
     Cursor f = cursor(fc, fslot, fc->l0), b = backward_begin(bc, bslot, false, dy, dx);
     b_stage5(&b), b_combine(&b);
-    if (fc->l0 == 0) m->fam->prolog_forward(m, &f.k->mb, f.k->h[0]);
+    if (fc->l0 == 0) moe_prolog_forward(m, &f.k->mb, f.k->h[0]);
     f_stage1(&f), f_dispatch(&f);
     for (int i = 0; i < fc->l1 - fc->l0; i++) {
         if (i > 0) {
@@ -525,9 +524,9 @@ static void pair(Chunk *fc, int fslot, Chunk *bc, int bslot, Tensor dy, Tensor d
         b_stage3(&b), b_dispatch(&b), b_weight(&b), f_stage3(&f), f_combine(&f);
     }
     b_stage1(&b);
-    if (bc->l0 == 0) m->fam->prolog_backward(m, &b.k->mb, bc->dh[b.cur]);
+    if (bc->l0 == 0) moe_prolog_backward(m, &b.k->mb, bc->dh[b.cur]);
     f_stage5(&f);
-    if (fc->l1 == m->cfg.layers) m->fam->epilog_forward(m, f.k->epilog, &f.k->mb, f.k->h[fc->l1], true);
+    if (fc->l1 == m->cfg.layers) moe_epilog_forward(m, &f.k->epilog, &f.k->mb, f.k->h[fc->l1], true);
 }
 
 void chunk_pair(Chunk *fc, int fslot, Chunk *bc, int bslot) { pair(fc, fslot, bc, bslot, (Tensor){0}, (Tensor){0}); }

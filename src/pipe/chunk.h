@@ -18,7 +18,7 @@ typedef struct {
     size_t act_hidden, act_stage1, act_experts, act_staging, act_spill, act_epilog, act_defer;
 } ChunkPlan;
 
-// The stage-3 rows of a MoE layer: expert-ordered inputs (R, H), activations (R, 2I) and (R, I) (MlpRec),
+// The stage-3 rows of a MoE layer: expert-ordered inputs (R, H), activations (R, 2I) and (R, I) (LayerRec),
 // and the route's permutations (R) int32; R = the capacity (a layer's own) or the worst case (the spill set).
 typedef struct {
     Tensor xe, gu, act, perm_r, xrow;
@@ -27,12 +27,12 @@ typedef struct {
 // One micro-batch in flight: what its forward keeps for its backward (PithTrain's ChunkRecord).
 typedef struct {
     MicroBatch mb;
-    char *recs;      // L records of m->fam->rec_size bytes (l0..l1 used)
-    void *epilog;    // the epilog record
-    StageIO *io;     // L
-    Tensor *h;       // L + 1 hidden states (T, H): h[l0] = the chunk's input, h[l + 1] = output of layer l
-    int defer_set;   // the deferred set holding this record's stage-3 weight-gradient inputs (−1: none)
-    ExpertRows *own; // L: each layer's own stage-3 rows (under full recompute, in the shared region)
+    char *recs;       // L records of m->fam->rec_size bytes (l0..l1 used)
+    EpilogRec epilog; // the epilog record
+    StageIO *io;      // L
+    Tensor *h;        // L + 1 hidden states (T, H): h[l0] = the chunk's input, h[l + 1] = output of layer l
+    int defer_set;    // the deferred set holding this record's stage-3 weight-gradient inputs (−1: none)
+    ExpertRows *own;  // L: each layer's own stage-3 rows (under full recompute, in the shared region)
 } ChunkRecord;
 
 typedef struct {
