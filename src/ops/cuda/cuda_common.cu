@@ -94,21 +94,50 @@ int cuda_device_count(void) {
     return n;
 }
 
+// The device allocations held through cuda_alloc_or_die (arenas and FP8 scratch), so that an out-of-memory error
+// can say what holds the device: these, and the used memory outside them (context, libraries' workspaces, scratch).
+#define HELD_MAX 64
+static struct {
+    void *p;
+    size_t bytes;
+    char what[48];
+} held[HELD_MAX];
+
 void *cuda_alloc_or_die(size_t bytes, const char *what) {
     cuda_ctx();
     void *p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) {
-        size_t free_b = 0, total_b = 0;
+        size_t free_b = 0, total_b = 0, sum = 0;
         cudaMemGetInfo(&free_b, &total_b);
-        die("out of GPU memory: %s needs %.3f GiB, %.3f GiB free of %.3f GiB", what, bytes / 1073741824.0,
-            free_b / 1073741824.0, total_b / 1073741824.0);
+        char list[1024] = "";
+        for (int i = 0; i < HELD_MAX; i++)
+            if (held[i].p) {
+                size_t n = strlen(list);
+                snprintf(list + n, sizeof list - n, "%s%s %.3f", n ? ", " : "", held[i].what,
+                         held[i].bytes / 1073741824.0);
+                sum += held[i].bytes;
+            }
+        die("out of GPU memory: %s needs %.3f GiB, %.3f GiB free of %.3f GiB; pith holds %.3f GiB (%s) and %.3f GiB "
+            "more is in use (the CUDA context, library workspaces, the op scratch)",
+            what, bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0, sum / 1073741824.0, list,
+            (total_b - free_b - sum) / 1073741824.0);
     }
+    for (int i = 0; i < HELD_MAX; i++)
+        if (!held[i].p) {
+            held[i].p = p, held[i].bytes = bytes;
+            snprintf(held[i].what, sizeof held[i].what, "%s", what);
+            break;
+        }
     mem_sample();
     return p;
 }
 
-void cuda_free(void *p) { CUDA_CHECK(cudaFree(p)); }
+void cuda_free(void *p) {
+    for (int i = 0; i < HELD_MAX; i++)
+        if (held[i].p == p) held[i].p = NULL;
+    CUDA_CHECK(cudaFree(p));
+}
 
 static void cuda_host_register(void *p, size_t bytes) {
     cuda_ctx();
