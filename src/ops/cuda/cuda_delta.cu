@@ -596,9 +596,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
     tc_each<64, 128>(acc, [&](int r, int c, float &x) { W[(row0 + r) * TC_D + c] = __float2bfloat16(x); });
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) cs[row0 + i] = cc[i];
 }
-static size_t tc_prep_smem() {
-    return (3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 + TC_L * 4;
-}
+#define TC_PREP_SMEM                                                                                                   \
+    ((3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 + TC_L * 4)
 
 // The chunk's decays for rows i < Le (zeros beyond) under the masks: ec_i = e^{c_i}, eL_i = e^{c_L − c_i} (so
 // ec_{Le−1} is S₁'s e^{c_L}).
@@ -700,7 +699,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
     if (sT)
         tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { sT[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
 }
-static size_t tc_state_smem() { return (2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + 2 * TC_L * 4; }
+#define TC_STATE_SMEM ((2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + 2 * TC_L * 4)
 
 // The backward state pass, chunks in reverse, from dsT (zeros when NULL) to ds0 (when not NULL). Grid (B·nv,
 // dv / TC_VT). Per chunk, dS (registers) first written as dS₁ (bf16) with its part of sd = ⟨S₀, dS₁⟩, then
@@ -768,7 +767,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dstate_kernel(TcBufs f, DeltaIO
         tc_each<128, TC_VT>(dS,
                             [&](int x, int y, float &s) { ds0[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
 }
-static size_t tc_dstate_smem() { return (2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + (2 * TC_L + 32) * 4; }
+#define TC_DSTATE_SMEM ((2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + (2 * TC_L + 32) * 4)
 
 // The rest of the backward, every chunk at once, with the terms of delta_chunk_grad_kernel above. Grid (NC, B·nv).
 // gq and gk accumulate in registers through the phases: (1) dM = dO V'ᵀ (its dc terms with M, D = dM e^{c_i − c_j}),
@@ -918,9 +917,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     __syncthreads();
     if (threadIdx.x == 0) delta_dg(dg + tok0 * nv + h, nv, dc, cc, sg, r_kg, (double)sd[cb], Le);
 }
-static size_t tc_grad_smem() {
-    return (8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + 8 * TC_L * 4;
-}
+#define TC_GRAD_SMEM ((8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + 8 * TC_L * 4)
 
 // One warp per (token, key head): sums the value heads' gradients w.r.t. the normalised vector and applies the
 // normalisation's backward: ∂x = c·(r·γ − x·r³·(x·γ)) (c·γ without l2).
@@ -1000,9 +997,12 @@ static size_t state_smem(const ChunkDims *d) { return (((size_t)d->dk + d->L) * 
 static size_t dstate_smem(const ChunkDims *d) { return (((size_t)d->dk + 2 * d->L) * DELTA_VT + 2 * d->L) * 4; }
 static size_t grad_smem(const ChunkDims *d) { return (4 * (size_t)d->L * d->L + 8 * d->L + 32) * 4; }
 
-template <typename K> static void set_smem(K kernel, size_t bytes) {
-    CHECK(bytes <= 227 * 1024);
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+// Launches kernel on the op stream with smem bytes of dynamic shared memory.
+template <typename K, typename... A> static void launch(K kernel, dim3 grid, dim3 block, size_t smem, A... args) {
+    CHECK(smem <= 227 * 1024);
+    if (smem) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, block, smem, cuda_stream()>>>(args...);
+    CUDA_LAUNCH_CHECK();
 }
 
 // bf16 data at Qwen3.5's head size and chunk 64 take the tensor cores; fp32 (parity runs) and other shapes the SIMT
@@ -1012,31 +1012,21 @@ static bool delta_tc(DType dt, const ChunkDims *d) {
 }
 
 // Normalised q and k, then c, U, W, M (and Tm and, on the tensor cores, U's bf16 copy for the backward) of every
-// chunk.
+// chunk; then the state pass, which writes o and sT (forward), or S₀ and V' of every chunk (backward).
 template <typename T>
-static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor k, const ChunkDims *d,
+static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor k, const ChunkDims &d,
                         const DeltaArgs *a) {
-    dim3 rg = row_grid(d->B * d->S * d->nk), cg((unsigned)d->NC, (unsigned)(d->B * d->nv));
-    if (delta_tc(q.dt, d)) { // bf16 q̂, k̂, W, M, Tm in the fp32 buffers' places
-        delta_prep_kernel<bf16, bf16>
-            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>(f, (const bf16 *)q.p, (const bf16 *)k.p, a->scale, a->qk_l2norm, *d);
-        CUDA_LAUNCH_CHECK();
-        set_smem(tc_prep_kernel, tc_prep_smem());
-        tc_prep_kernel<<<cg, TC_THREADS, tc_prep_smem(), cuda_stream()>>>(tc_bufs(f, *d), io, *d);
-        CUDA_LAUNCH_CHECK();
+    dim3 rg = row_grid(d.B * d.S * d.nk), cg((unsigned)d.NC, (unsigned)(d.B * d.nv)), sg((unsigned)(d.B * d.nv));
+    if (delta_tc(q.dt, &d)) { // bf16 q̂, k̂, W, M, Tm in the fp32 buffers' places
+        launch(delta_prep_kernel<bf16, bf16>, rg, ROW_BLOCK, 0, f, (const bf16 *)q.p, (const bf16 *)k.p, a->scale,
+               a->qk_l2norm, d);
+        launch(tc_prep_kernel, cg, TC_THREADS, TC_PREP_SMEM, tc_bufs(f, d), io, d);
+        launch(tc_state_kernel, dim3(sg.x, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d), io, d);
         return;
     }
-    delta_prep_kernel<T, float>
-        <<<rg, ROW_BLOCK, 0, cuda_stream()>>>(f, (const T *)q.p, (const T *)k.p, a->scale, a->qk_l2norm, *d);
-    CUDA_LAUNCH_CHECK();
-    size_t sm = prep_smem(d);
-    set_smem(delta_chunk_prep_kernel<T>, sm);
-    delta_chunk_prep_kernel<T><<<cg, 256, sm, cuda_stream()>>>(f, io, *d);
-    CUDA_LAUNCH_CHECK();
-}
-
-static dim3 state_grid(const ChunkDims *d) {
-    return dim3((unsigned)(d->B * d->nv), (unsigned)((d->dv + DELTA_VT - 1) / DELTA_VT));
+    launch(delta_prep_kernel<T, float>, rg, ROW_BLOCK, 0, f, (const T *)q.p, (const T *)k.p, a->scale, a->qk_l2norm, d);
+    launch(delta_chunk_prep_kernel<T>, cg, 256, prep_smem(&d), f, io, d);
+    launch(delta_chunk_state_kernel<T>, dim3(sg.x, (d.dv + DELTA_VT - 1) / DELTA_VT), 256, state_smem(&d), f, io, d);
 }
 
 void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
@@ -1045,24 +1035,9 @@ void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, T
     IS_F32(g, "delta_rule_forward");
     IS_F32(beta, "delta_rule_forward");
     if (q.n[0] == 0) return;
-    DeltaBufs f = delta_bufs(q, v, a, false);
     DeltaIO io = delta_io(v, g, beta, a);
     io.o = o.p, io.sT = (float *)a->sT.p;
-    if (delta_tc(q.dt, &d)) {
-        delta_front<bf16>(f, io, q, k, &d, a);
-        set_smem(tc_state_kernel, tc_state_smem());
-        tc_state_kernel<<<dim3((unsigned)(d.B * d.nv), TC_D / TC_VT), TC_THREADS, tc_state_smem(), cuda_stream()>>>(
-            tc_bufs(f, d), io, d);
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    DT_SWITCH(q.dt, T, "delta_rule_forward", {
-        delta_front<T>(f, io, q, k, &d, a);
-        size_t sm = state_smem(&d);
-        set_smem(delta_chunk_state_kernel<T>, sm);
-        delta_chunk_state_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
-    });
-    CUDA_LAUNCH_CHECK();
+    DT_SWITCH(q.dt, T, "delta_rule_forward", delta_front<T>(delta_bufs(q, v, a, false), io, q, k, d, a));
 }
 
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
@@ -1077,42 +1052,22 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
     DeltaIO io = delta_io(v, g, beta, a);
     io.dv = dv.p, io.dout = dout.p, io.dg = (float *)dg.p, io.dbeta = (float *)dbeta.p;
     io.dsT = (const float *)a->dsT.p, io.ds0 = (float *)a->ds0.p;
-    size_t BH = (size_t)(d.B * d.nv);
-    dim3 rg = row_grid(d.B * d.S * d.nk);
+    unsigned BH = (unsigned)(d.B * d.nv);
+    dim3 rg = row_grid(d.B * d.S * d.nk), cg((unsigned)d.NC, BH);
     bool tc = delta_tc(q.dt, &d);
-    dim3 sg((unsigned)BH, TC_D / TC_VT), cg((unsigned)d.NC, (unsigned)BH);
+    if (tc) CUDA_CHECK(cudaMemsetAsync(tc_bufs(f, d).sd, 0, (size_t)BH * d.NC * sizeof(float), cuda_stream()));
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
-        delta_front<T>(f, io, q, k, &d, a);
+        delta_front<T>(f, io, q, k, d, a);
         if (tc) {
-            TcBufs t = tc_bufs(f, d);
-            CUDA_CHECK(cudaMemsetAsync(t.sd, 0, BH * d.NC * sizeof(float), cuda_stream()));
-            set_smem(tc_state_kernel, tc_state_smem());
-            tc_state_kernel<<<sg, TC_THREADS, tc_state_smem(), cuda_stream()>>>(t, io, d);
-            CUDA_LAUNCH_CHECK();
-            set_smem(tc_dstate_kernel, tc_dstate_smem());
-            tc_dstate_kernel<<<sg, TC_THREADS, tc_dstate_smem(), cuda_stream()>>>(t, io, d);
-            CUDA_LAUNCH_CHECK();
-            set_smem(tc_grad_kernel, tc_grad_smem());
-            tc_grad_kernel<<<cg, TC_THREADS, tc_grad_smem(), cuda_stream()>>>(t, io, d);
-            CUDA_LAUNCH_CHECK();
+            launch(tc_dstate_kernel, dim3(BH, TC_D / TC_VT), TC_THREADS, TC_DSTATE_SMEM, tc_bufs(f, d), io, d);
+            launch(tc_grad_kernel, cg, TC_THREADS, TC_GRAD_SMEM, tc_bufs(f, d), io, d);
         } else {
-            size_t sm = state_smem(&d);
-            set_smem(delta_chunk_state_kernel<T>, sm);
-            delta_chunk_state_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
-            CUDA_LAUNCH_CHECK();
-            sm = dstate_smem(&d);
-            set_smem(delta_chunk_dstate_kernel<T>, sm);
-            delta_chunk_dstate_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
-            CUDA_LAUNCH_CHECK();
-            sm = grad_smem(&d);
-            set_smem(delta_chunk_grad_kernel<T>, sm);
-            delta_chunk_grad_kernel<T><<<cg, 256, sm, cuda_stream()>>>(f, io, d);
-            CUDA_LAUNCH_CHECK();
+            launch(delta_chunk_dstate_kernel<T>, dim3(BH, (d.dv + DELTA_VT - 1) / DELTA_VT), 256, dstate_smem(&d), f,
+                   io, d);
+            launch(delta_chunk_grad_kernel<T>, cg, 256, grad_smem(&d), f, io, d);
         }
-        delta_finish_kernel<T>
-            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>((T *)dq.p, f.gq, (const T *)q.p, f.rq, a->scale, a->qk_l2norm, d);
-        delta_finish_kernel<T>
-            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>((T *)dk.p, f.gk, (const T *)k.p, f.rk, 1.0f, a->qk_l2norm, d);
+        launch(delta_finish_kernel<T>, rg, ROW_BLOCK, 0, (T *)dq.p, f.gq, (const T *)q.p, f.rq, a->scale, a->qk_l2norm,
+               d);
+        launch(delta_finish_kernel<T>, rg, ROW_BLOCK, 0, (T *)dk.p, f.gk, (const T *)k.p, f.rk, 1.0f, a->qk_l2norm, d);
     });
-    CUDA_LAUNCH_CHECK();
 }
