@@ -150,13 +150,14 @@ template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, Delta
         for (int e = threadIdx.x; e < L * L; e += blockDim.x) f.Tm[((int64_t)bh * d.NC + n) * L * L + e] = Ti[e];
 }
 
-// The chunk's decays for rows i < Le under the masks: ec_i = e^{c_i}, eL_i = e^{c_L − c_i} (so ec_{Le−1} is e^{c_L}).
-__device__ __forceinline__ void simt_decays(float *ec, float *eL, const double *c, int Le, const int *pos,
-                                            int64_t tok0) {
+// The chunk's decays for rows i < Le (zeros from there to n) under the masks: ec_i = e^{c_i}, eL_i = e^{c_L − c_i}
+// (so ec_{Le−1} is S₁'s e^{c_L}).
+__device__ __forceinline__ void chunk_decays(float *ec, float *eL, const double *c, int Le, int n, const int *pos,
+                                             int64_t tok0) {
     int sL = seg_start(pos, tok0, Le - 1);
-    for (int i = threadIdx.x; i < Le; i += blockDim.x)
-        ec[i] = seg_start(pos, tok0, i) < 0 ? expf((float)c[i]) : 0.0f,
-        eL[i] = i >= sL ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        ec[i] = i < Le && seg_start(pos, tok0, i) < 0 ? expf((float)c[i]) : 0.0f,
+        eL[i] = i < Le && i >= sL ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
 }
 
 // The state pass from s0 (zeros when NULL) to sT (when not NULL), both (B·nv, dk, dv). Grid (B·nv, ⌈dv / DELTA_VT⌉).
@@ -178,7 +179,7 @@ template <typename T> __global__ void delta_chunk_state_kernel(DeltaBufs f, Delt
         const double *c = f.cs + row0;
         const float *Mb = f.M + ((int64_t)bh * d.NC + n) * L * L;
         const float *q0 = f.qh + (tok0 * d.nk + hk) * dk, *k0 = f.kh + (tok0 * d.nk + hk) * dk;
-        simt_decays(ec, eL, c, Le, io.pos, tok0);
+        chunk_decays(ec, eL, c, Le, Le, io.pos, tok0);
         if (f.S0)
             for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
                 f.S0[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = St[e];
@@ -232,7 +233,7 @@ template <typename T> __global__ void delta_chunk_dstate_kernel(DeltaBufs f, Del
         const double *c = f.cs + row0;
         const float *Mb = f.M + ((int64_t)bh * d.NC + n) * L * L;
         const float *q0 = f.qh + (tok0 * d.nk + hk) * dk, *k0 = f.kh + (tok0 * d.nk + hk) * dk;
-        simt_decays(ec, eL, c, Le, io.pos, tok0);
+        chunk_decays(ec, eL, c, Le, Le, io.pos, tok0);
         for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
             f.dS1[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = dSt[e];
         for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
@@ -425,12 +426,6 @@ typedef struct {
 // n-tiles of 8 columns.
 template <int M, int N> struct TcTile { static constexpr int WM = M / 16, WN = 8 / WM, NT = N / WN / 8; };
 
-template <int M, int N> __device__ __forceinline__ void tc_zero(float (&acc)[TcTile<M, N>::NT][4]) {
-#pragma unroll
-    for (int j = 0; j < TcTile<M, N>::NT; j++)
-        for (int q = 0; q < 4; q++) acc[j][q] = 0.0f;
-}
-
 // acc += A·B over this warp's block of the M × N product, K a multiple of 16. A stored [m][k] (AKM: [k][m]),
 // B stored [n][k] (BKN: [k][n]), bf16 shared tiles of row strides LDA, LDB.
 template <int M, int N, int K, bool AKM, bool BKN, int LDA, int LDB>
@@ -452,6 +447,15 @@ __device__ __forceinline__ void tc_mma(float (&acc)[TcTile<M, N>::NT][4], const 
             mma_bf16(acc[2 * j + 1], a, b[2], b[3]);
         }
     }
+}
+
+// acc = A·B (tc_mma from zeros).
+template <int M, int N, int K, bool AKM, bool BKN, int LDA, int LDB>
+__device__ __forceinline__ void tc_mm(float (&acc)[TcTile<M, N>::NT][4], const bf16 *A, const bf16 *B) {
+#pragma unroll
+    for (int j = 0; j < TcTile<M, N>::NT; j++)
+        for (int q = 0; q < 4; q++) acc[j][q] = 0.0f;
+    tc_mma<M, N, K, AKM, BKN, LDA, LDB>(acc, A, B);
 }
 
 // f(row, column, value) for each accumulator element of this warp (value by reference: f may rewrite it).
@@ -529,13 +533,11 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
     __syncthreads();
     {
         float acc[TcTile<64, 64>::NT][4];
-        tc_zero<64, 64>(acc);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(acc, Ks, Ks);
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Ks, Ks);
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
             Am[r * (TC_L + 1) + c] = c < r && r < Le ? bb[r] * x * pair_decay(cc, sg, r, c) : 0.0f;
         });
-        tc_zero<64, 64>(acc);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
         bf16 *Mb = f.M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
             Mb[r * TC_L + c] = __float2bfloat16(r < Le ? x * pair_decay(cc, sg, r, c) : 0.0f);
@@ -566,28 +568,17 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
     }
     __syncthreads();
     float acc[TcTile<64, 128>::NT][4];
-    tc_zero<64, 128>(acc);
-    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Tv, Vs);
+    tc_mm<64, 128, TC_L, false, true, LDL, LDD>(acc, Tv, Vs);
     tc_each<64, 128>(acc, [&](int r, int c, float &x) {
         f.U[(row0 + r) * TC_D + c] = x;
         if (f.Ub) f.Ub[(row0 + r) * TC_D + c] = __float2bfloat16(x);
     });
-    tc_zero<64, 128>(acc);
-    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Tk, Ks);
+    tc_mm<64, 128, TC_L, false, true, LDL, LDD>(acc, Tk, Ks);
     tc_each<64, 128>(acc, [&](int r, int c, float &x) { f.W[(row0 + r) * TC_D + c] = __float2bfloat16(x); });
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) f.cs[row0 + i] = cc[i];
 }
 #define TC_PREP_SMEM                                                                                                   \
     ((3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 + TC_L * 4)
-
-// The chunk's decays for rows i < Le (zeros beyond) under the masks: ec_i = e^{c_i}, eL_i = e^{c_L − c_i} (so
-// ec_{Le−1} is S₁'s e^{c_L}).
-__device__ __forceinline__ void tc_decays(float *ec, float *eL, const double *c, int Le, const int *pos, int64_t tok0) {
-    int sL = seg_start(pos, tok0, Le - 1);
-    for (int i = threadIdx.x; i < TC_L; i += blockDim.x)
-        ec[i] = i < Le && seg_start(pos, tok0, i) < 0 ? expf((float)c[i]) : 0.0f,
-        eL[i] = i < Le && i >= sL ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
-}
 
 // One chunk's tiles of the state passes (one of two stages): W, q, k (64 × 128), M (64 × 64), and X: the chunk's dO
 // columns y0.. (64 × 64; the backward's).
@@ -633,7 +624,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
         int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
         TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
-        tc_decays(ec, eL, f.cs + row0, Le, io.pos, tok0);
+        chunk_decays(ec, eL, f.cs + row0, Le, TC_L, io.pos, tok0);
         int64_t sc = ((int64_t)bh * d.NC + n) * TC_D * TC_D + y0;
         tc_each<128, TC_VT>(S, [&](int x, int y, float &s) {
             Sb[x * LDL + y] = __float2bfloat16(s);
@@ -647,8 +638,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
         } else cp_async_wait<0>();
         __syncthreads();
         float acc[TcTile<64, TC_VT>::NT][4];
-        tc_zero<64, TC_VT>(acc);
-        tc_mma<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.W, Sb);
+        tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.W, Sb);
 #pragma unroll
         for (int j = 0; j < TcTile<64, TC_VT>::NT; j++)
 #pragma unroll
@@ -660,8 +650,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
         });
         __syncthreads();
         if (o) {
-            tc_zero<64, TC_VT>(acc);
-            tc_mma<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.Q, Sb);
+            tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.Q, Sb);
             tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= ec[i]; });
             tc_mma<64, TC_VT, TC_L, false, true, LDL, LDL>(acc, c.M, Vb);
             tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
@@ -700,7 +689,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dstate_kernel(TcBufs f, DeltaIO
         int64_t p0 = n * TC_L, row0 = (int64_t)bh * d.NL + p0, cb = (int64_t)bh * d.NC + n;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
         TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
-        tc_decays(ec, eL, f.cs + row0, Le, io.pos, b * d.S + p0);
+        chunk_decays(ec, eL, f.cs + row0, Le, TC_L, io.pos, b * d.S + p0);
         bf16 *dS1b = f.dS1 + cb * TC_D * TC_D + y0;
         const float *S0b = f.S0f + cb * TC_D * TC_D + y0;
         float part = 0;
@@ -721,8 +710,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_dstate_kernel(TcBufs f, DeltaIO
             Oe[i * LDL + y] = __float2bfloat16(ec[i] * bf(c.X, i * LDL + y));
         }
         float acc[TcTile<64, TC_VT>::NT][4];
-        tc_zero<64, TC_VT>(acc);
-        tc_mma<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.K, Sb);
+        tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.K, Sb);
         tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= eL[i]; });
         tc_mma<64, TC_VT, TC_L, true, true, LDL, LDL>(acc, c.M, c.X);
         tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
@@ -783,9 +771,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     float aq[TcTile<64, 128>::NT][4], ak[TcTile<64, 128>::NT][4], t[TcTile<64, 128>::NT][4];
     {                                                               // (1)
         float dm[TcTile<64, 64>::NT][4], qk[TcTile<64, 64>::NT][4]; // M = (q kᵀ) e recomputed in fp32 for dc
-        tc_zero<64, 64>(dm), tc_zero<64, 64>(qk);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(dm, X2, X3);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(qk, Qs, Ks);
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(dm, X2, X3);
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(qk, Qs, Ks);
 #pragma unroll
         for (int j = 0; j < TcTile<64, 64>::NT; j++)
 #pragma unroll
@@ -799,12 +786,10 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
         tc_each<64, 64>(dm, [&](int i, int j, float &x) {
             Ds[i * LDL + j] = __float2bfloat16(i < Le ? x * pair_decay(cc, sg, i, j) : 0.0f);
         });
-        tc_zero<64, 128>(aq);
-        tc_mma<64, 128, TC_D, false, false, LDD, LDD>(aq, X2, Big);
+        tc_mm<64, 128, TC_D, false, false, LDD, LDD>(aq, X2, Big);
         tc_each<64, 128>(aq, [&](int i, int, float &x) { x *= i < Le ? enter_decay(cc, sg, i) : 0.0f; });
         tc_rowsum<64, 128>(r_qg, aq, [&](int i, int x, float g) { return g * bf(Qs, i * LDD + x); });
-        tc_zero<64, 128>(t);
-        tc_mma<64, 128, TC_D, false, false, LDD, LDD>(t, dVs, Big);
+        tc_mm<64, 128, TC_D, false, false, LDD, LDD>(t, dVs, Big);
         tc_each<64, 128>(t, [&](int i, int x, float &y) { dWs[i * LDD + x] = __float2bfloat16(-y); });
     }
     __syncthreads();
@@ -814,20 +799,17 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     cp_async_wait<0>();
     __syncthreads();
     { // (2)
-        tc_zero<64, 128>(ak);
-        tc_mma<64, 128, TC_D, false, false, LDD, LDD>(ak, X3, Big);
+        tc_mm<64, 128, TC_D, false, false, LDD, LDD>(ak, X3, Big);
         tc_each<64, 128>(ak, [&](int i, int, float &x) { x *= i < Le ? pair_decay(cc, sg, Le - 1, i) : 0.0f; });
         tc_rowsum<64, 128>(r_kg, ak, [&](int i, int x, float g) { return g * bf(Ks, i * LDD + x); });
-        tc_zero<64, 128>(t);
-        tc_mma<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dVs);
+        tc_mm<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dVs);
         tc_each<64, 128>(t, [&](int i, int y, float &x) {
             if (i < Le) st(dv_, ((tok0 + i) * nv + h) * TC_D + y, bb[i] * x);
             dBvs[i * LDD + y] = __float2bfloat16(x);
         });
         tc_rowsum<64, 128>(
             r_bv, t, [&](int i, int y, float x) { return i < Le ? x * ld(v, (tok0 + i) * vs + h * TC_D + y) : 0.0f; });
-        tc_zero<64, 128>(t);
-        tc_mma<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dWs);
+        tc_mm<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dWs);
         tc_rowsum<64, 128>(r_bk, t, [&](int i, int x, float y) { return y * bf(Ks, i * LDD + x); });
         tc_each<64, 128>(t, [&](int i, int x, float &y) {
             dBks[i * LDD + x] = __float2bfloat16(y);
@@ -845,10 +827,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     __syncthreads();
     { // (3) P = dA (k kᵀ) e into kk, E = dA β e into Em (dA = −da)
         float da[TcTile<64, 64>::NT][4], kk[TcTile<64, 64>::NT][4];
-        tc_zero<64, 64>(da), tc_zero<64, 64>(kk);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(da, dBvs, X2);
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(da, dBvs, X2);
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(da, dBks, X3);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(kk, Ks, Ks);
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(kk, Ks, Ks);
         tc_each<64, 64>(da, [&](int i, int j, float &x) {
             float dec = j < i && i < Le ? pair_decay(cc, sg, i, j) : 0.0f;
             Em[i * (TC_L + 1) + j] = -x * bb[i] * dec;
