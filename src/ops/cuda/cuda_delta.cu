@@ -160,107 +160,84 @@ __device__ __forceinline__ void chunk_decays(float *ec, float *eL, const double 
         eL[i] = i < Le && i >= sL ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
 }
 
-// The state pass from s0 (zeros when NULL) to sT (when not NULL), both (B·nv, dk, dv). Grid (B·nv, ⌈dv / DELTA_VT⌉).
-// Writes o (when o is not NULL), or S₀ of every chunk and V'.
-// Shared: St (dk, VT) the state's columns, Vt (L, VT), the chunk's decays e^c and e^{c_L − c} (L each).
-template <typename T> __global__ void delta_chunk_state_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
-    T *o = (T *)io.o;
+// The state pass (BWD false) from s0 (zeros when NULL) to sT (when not NULL), both (B·nv, dk, dv), or its backward
+// (BWD true), the chunks in reverse, from dsT to ds0. Grid (B·nv, ⌈dv / DELTA_VT⌉). The forward writes o (when o is
+// not NULL), or S₀ of every chunk and V'; the backward dS₁ of every chunk and dV'. Shared: St (dk, VT) the state's (its
+// gradient's) columns, Vt (L, VT) V' (dV'), Ot (L, VT) dO, the chunk's decays e^c and e^{c_L − c} (L each).
+template <typename T, bool BWD> __global__ void delta_chunk_state_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
     int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv;
-    float *St = sm, *Vt = St + dk * DELTA_VT, *ec = Vt + L * DELTA_VT, *eL = ec + L;
+    float *St = sm, *Vt = St + dk * DELTA_VT, *Ot = Vt + L * DELTA_VT, *ec = Ot + (BWD ? L * DELTA_VT : 0),
+          *eL = ec + L;
+    const float *in = BWD ? io.dsT : io.s0;
+    float *keep = BWD ? f.dS1 : f.S0, *out = BWD ? io.ds0 : io.sT;
     for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-        St[e] = io.s0 ? io.s0[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] : 0.0f;
+        St[e] = in ? in[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] : 0.0f;
     __syncthreads();
-    for (int64_t n = 0; n < d.NC; n++) {
-        int64_t p0 = n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+    for (int64_t m = 0; m < d.NC; m++) {
+        int64_t n = BWD ? d.NC - 1 - m : m, p0 = n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
         int Le = (int)(d.S - p0 < L ? d.S - p0 : L);
-        const double *c = f.cs + row0;
         const float *Mb = f.M + ((int64_t)bh * d.NC + n) * L * L;
         const float *q0 = f.qh + (tok0 * d.nk + hk) * dk, *k0 = f.kh + (tok0 * d.nk + hk) * dk;
-        chunk_decays(ec, eL, c, Le, Le, io.pos, tok0);
-        if (f.S0)
+        chunk_decays(ec, eL, f.cs + row0, Le, Le, io.pos, tok0);
+        if (keep)
             for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-                f.S0[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = St[e];
-        for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // V' = U − W S₀
-            int i = e / VT, y = e % VT;
-            float s = 0;
-            for (int x = 0; x < dk; x++) s += f.W[(row0 + i) * dk + x] * St[x * VT + y];
-            Vt[e] = f.U[(row0 + i) * dv + y0 + y] - s;
-        }
-        __syncthreads();
-        if (o)
-            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // o = e^c (q S₀) + M V'
+                keep[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = St[e];
+        if (BWD) {
+            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
+                Ot[e] = ld((const T *)io.dout, ((tok0 + e / VT) * nv + h) * dv + y0 + e % VT);
+            __syncthreads();
+            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // dV' = Mᵀ dO + diag(e^{c_L − c}) k dS₁
                 int i = e / VT, y = e % VT;
                 float s = 0, u = 0;
-                for (int x = 0; x < dk; x++) s += q0[(int64_t)i * d.nk * dk + x] * St[x * VT + y];
-                for (int j = 0; j <= i; j++) u += Mb[i * L + j] * Vt[j * VT + y];
-                st(o, ((tok0 + i) * nv + h) * dv + y0 + y, ec[i] * s + u);
+                for (int j = i; j < Le; j++) s += Mb[j * L + i] * Ot[j * VT + y];
+                for (int x = 0; x < dk; x++) u += k0[(int64_t)i * d.nk * dk + x] * St[x * VT + y];
+                Vt[e] = s + eL[i] * u;
+                f.dVp[(row0 + i) * dv + y0 + y] = Vt[e];
             }
-        else
-            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) f.Vp[(row0 + e / VT) * dv + y0 + e % VT] = Vt[e];
-        __syncthreads();
-        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // S₁ = e^{c_L} S₀ + kᵀ diag(e^{c_L − c}) V'
-            int x = e / VT, y = e % VT;
-            float s = ec[Le - 1] * St[e];
-            for (int j = 0; j < Le; j++) s += eL[j] * k0[(int64_t)j * d.nk * dk + x] * Vt[j * VT + y];
-            St[e] = s;
+            __syncthreads();
+            for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // dS₀ = e^{c_L} dS₁ + qᵀ diag(e^c) dO − Wᵀ dV'
+                int x = e / VT, y = e % VT;
+                float s = ec[Le - 1] * St[e];
+                for (int i = 0; i < Le; i++)
+                    s += ec[i] * q0[(int64_t)i * d.nk * dk + x] * Ot[i * VT + y] -
+                         f.W[(row0 + i) * dk + x] * Vt[i * VT + y];
+                St[e] = s;
+            }
+        } else {
+            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // V' = U − W S₀
+                int i = e / VT, y = e % VT;
+                float s = 0;
+                for (int x = 0; x < dk; x++) s += f.W[(row0 + i) * dk + x] * St[x * VT + y];
+                Vt[e] = f.U[(row0 + i) * dv + y0 + y] - s;
+            }
+            __syncthreads();
+            if (io.o)
+                for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // o = e^c (q S₀) + M V'
+                    int i = e / VT, y = e % VT;
+                    float s = 0, u = 0;
+                    for (int x = 0; x < dk; x++) s += q0[(int64_t)i * d.nk * dk + x] * St[x * VT + y];
+                    for (int j = 0; j <= i; j++) u += Mb[i * L + j] * Vt[j * VT + y];
+                    st((T *)io.o, ((tok0 + i) * nv + h) * dv + y0 + y, ec[i] * s + u);
+                }
+            else
+                for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
+                    f.Vp[(row0 + e / VT) * dv + y0 + e % VT] = Vt[e];
+            __syncthreads();
+            for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // S₁ = e^{c_L} S₀ + kᵀ diag(e^{c_L − c}) V'
+                int x = e / VT, y = e % VT;
+                float s = ec[Le - 1] * St[e];
+                for (int j = 0; j < Le; j++) s += eL[j] * k0[(int64_t)j * d.nk * dk + x] * Vt[j * VT + y];
+                St[e] = s;
+            }
         }
         __syncthreads();
     }
-    if (io.sT)
+    if (out)
         for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-            io.sT[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] = St[e];
-}
-
-// The backward state pass, chunks in reverse, from dsT (zeros when NULL) to ds0 (when not NULL). Grid (B·nv,
-// ⌈dv / DELTA_VT⌉). Writes dS₁ of every chunk and dV'. Shared: dSt (dk, VT), dOt and dVt (L, VT), e^c and
-// e^{c_L − c} (L each).
-template <typename T> __global__ void delta_chunk_dstate_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
-    const T *dout = (const T *)io.dout;
-    extern __shared__ float sm[];
-    int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
-    int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
-    int64_t b = bh / nv;
-    float *dSt = sm, *dOt = dSt + dk * DELTA_VT, *dVt = dOt + L * DELTA_VT, *ec = dVt + L * DELTA_VT, *eL = ec + L;
-    for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-        dSt[e] = io.dsT ? io.dsT[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] : 0.0f;
-    __syncthreads();
-    for (int64_t n = d.NC - 1; n >= 0; n--) {
-        int64_t p0 = n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
-        int Le = (int)(d.S - p0 < L ? d.S - p0 : L);
-        const double *c = f.cs + row0;
-        const float *Mb = f.M + ((int64_t)bh * d.NC + n) * L * L;
-        const float *q0 = f.qh + (tok0 * d.nk + hk) * dk, *k0 = f.kh + (tok0 * d.nk + hk) * dk;
-        chunk_decays(ec, eL, c, Le, Le, io.pos, tok0);
-        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-            f.dS1[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = dSt[e];
-        for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
-            dOt[e] = ld(dout, ((tok0 + e / VT) * nv + h) * dv + y0 + e % VT);
-        __syncthreads();
-        for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // dV' = Mᵀ dO + diag(e^{c_L − c}) k dS₁
-            int i = e / VT, y = e % VT;
-            float s = 0, u = 0;
-            for (int j = i; j < Le; j++) s += Mb[j * L + i] * dOt[j * VT + y];
-            for (int x = 0; x < dk; x++) u += k0[(int64_t)i * d.nk * dk + x] * dSt[x * VT + y];
-            dVt[e] = s + eL[i] * u;
-            f.dVp[(row0 + i) * dv + y0 + y] = dVt[e];
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // dS₀ = e^{c_L} dS₁ + qᵀ diag(e^c) dO − Wᵀ dV'
-            int x = e / VT, y = e % VT;
-            float s = ec[Le - 1] * dSt[e];
-            for (int i = 0; i < Le; i++)
-                s += ec[i] * q0[(int64_t)i * d.nk * dk + x] * dOt[i * VT + y] -
-                     f.W[(row0 + i) * dk + x] * dVt[i * VT + y];
-            dSt[e] = s;
-        }
-        __syncthreads();
-    }
-    if (io.ds0)
-        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-            io.ds0[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] = dSt[e];
+            out[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] = St[e];
 }
 
 // One thread's end of a chunk's backward: S₁'s decay e^{c_L} (sd = ⟨S₀, dS₁⟩, and the kg terms z) into the last dc,
@@ -938,8 +915,9 @@ static DeltaIO delta_io(Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
 }
 
 static size_t prep_smem(const ChunkDims *d) { return ((size_t)d->L * d->dk + 2 * (size_t)d->L * d->L + 5 * d->L) * 4; }
-static size_t state_smem(const ChunkDims *d) { return (((size_t)d->dk + d->L) * DELTA_VT + 2 * d->L) * 4; }
-static size_t dstate_smem(const ChunkDims *d) { return (((size_t)d->dk + 2 * d->L) * DELTA_VT + 2 * d->L) * 4; }
+static size_t state_smem(const ChunkDims *d, bool bwd) {
+    return (((size_t)d->dk + (bwd ? 2 : 1) * d->L) * DELTA_VT + 2 * d->L) * 4;
+}
 static size_t grad_smem(const ChunkDims *d) { return (4 * (size_t)d->L * d->L + 8 * d->L + 32) * 4; }
 
 // Launches kernel on the op stream with smem bytes of dynamic shared memory.
@@ -971,7 +949,8 @@ static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor 
     }
     launch(delta_prep_kernel<T, float>, rg, ROW_BLOCK, 0, f, (const T *)q.p, (const T *)k.p, a->scale, a->qk_l2norm, d);
     launch(delta_chunk_prep_kernel<T>, cg, 256, prep_smem(&d), f, io, d);
-    launch(delta_chunk_state_kernel<T>, dim3(sg.x, (d.dv + DELTA_VT - 1) / DELTA_VT), 256, state_smem(&d), f, io, d);
+    launch(delta_chunk_state_kernel<T, false>, dim3(sg.x, (d.dv + DELTA_VT - 1) / DELTA_VT), 256, state_smem(&d, false),
+           f, io, d);
 }
 
 void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
@@ -1007,8 +986,8 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
             launch(tc_dstate_kernel, dim3(BH, TC_D / TC_VT), TC_THREADS, TC_DSTATE_SMEM, tc_bufs(f, d), io, d);
             launch(tc_grad_kernel, cg, TC_THREADS, TC_GRAD_SMEM, tc_bufs(f, d), io, d);
         } else {
-            launch(delta_chunk_dstate_kernel<T>, dim3(BH, (d.dv + DELTA_VT - 1) / DELTA_VT), 256, dstate_smem(&d), f,
-                   io, d);
+            launch(delta_chunk_state_kernel<T, true>, dim3(BH, (d.dv + DELTA_VT - 1) / DELTA_VT), 256,
+                   state_smem(&d, true), f, io, d);
             launch(delta_chunk_grad_kernel<T>, cg, 256, grad_smem(&d), f, io, d);
         }
         launch(delta_finish_kernel<T>, rg, ROW_BLOCK, 0, (T *)dq.p, f.gq, (const T *)q.p, f.rq, a->scale, a->qk_l2norm,
