@@ -576,139 +576,106 @@ __device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int 
     cp_async_commit();
 }
 
-// The state pass from s0 (zeros when NULL) to sT (when not NULL). Grid (B·nv, dv / TC_VT). Per chunk, with the
-// state's columns S in registers and Sb their bf16 copy: V' = U − W Sb (U fp32, read into registers while the
-// chunk's tiles arrive), o = e^c (q Sb) + M V' (when o is not NULL;
-// else S₀ of every chunk, in bf16 for tc_grad's products and in fp32 for sd, and V' are written),
-// S ← e^{c_L} S + kᵀ (e^{c_L − c} V').
-__global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
-    bf16 *o = (bf16 *)io.o;
+// The state pass (BWD false) from s0 (zeros when NULL) to sT (when not NULL), or its backward (BWD true), the chunks
+// in reverse, from dsT to ds0. Grid (B·nv, dv / TC_VT). S: the state's (its gradient's) columns in registers, Sb their
+// bf16 copy. Forward, per chunk: V' = U − W Sb (U fp32, read into registers while the chunk's tiles arrive),
+// o = e^c (q Sb) + M V' (when o is not NULL; else S₀ of every chunk, in bf16 for tc_grad's products and in fp32 for
+// sd, and V' are written), S ← e^{c_L} S + kᵀ (e^{c_L − c} V'). Backward: dS first written as dS₁ (bf16) with its part
+// of sd = ⟨S₀, dS₁⟩, then dV' = e^{c_L − c} (k dSb) + Mᵀ dO, dS ← e^{c_L} dS + qᵀ (e^c dO) − Wᵀ dV'. sd from the fp32
+// S₀ and dS: dg's terms cancel (a bf16 S₀ there moves dg well off the fp64 reference).
+template <bool BWD> __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
     extern __shared__ __align__(16) unsigned char smb[];
     int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
-    int64_t b = bh / nv;
-    bf16 *Sb = (bf16 *)smb + 2 * TC_STAGE, *Vb = Sb + TC_D * LDL, *Vl = Vb + TC_L * LDL;
-    float *ec = (float *)(Vl + TC_L * LDL), *eL = ec + TC_L;
+    int64_t b = bh / nv, os = (int64_t)nv * TC_D;
+    // X1, X2 (64 × 64): V' and e^{c_L − c} V' (forward), e^c dO and −dV' (backward)
+    bf16 *Sb = (bf16 *)smb + 2 * TC_STAGE, *X1 = Sb + TC_D * LDL, *X2 = X1 + TC_L * LDL;
+    float *ec = (float *)(X2 + TC_L * LDL), *eL = ec + TC_L, *red = eL + TC_L;
     float S[TcTile<128, TC_VT>::NT][4]; // rows x, columns y0 + y
-    const float *sb0 = io.s0 ? io.s0 + (int64_t)bh * TC_D * TC_D + y0 : NULL;
+    const float *in = BWD ? io.dsT : io.s0, *sb0 = in ? in + (int64_t)bh * TC_D * TC_D + y0 : NULL;
+    float *out = BWD ? io.ds0 : io.sT;
     tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { s = sb0 ? sb0[x * TC_D + y] : 0.0f; });
-    tc_stage_load(tc_stage((bf16 *)smb), 0, bh, hk, f, NULL, 0, d);
-    for (int64_t n = 0; n < d.NC; n++) {
-        int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+    const bf16 *o0 = BWD ? (const bf16 *)io.dout + (b * d.S * nv + h) * TC_D + y0 : NULL; // position 0's dO columns
+    auto load = [&](int64_t n) { // chunk n's tiles into its stage
+        tc_stage_load(tc_stage((bf16 *)smb + (n & 1) * TC_STAGE), n, bh, hk, f, BWD ? o0 + n * TC_L * os : NULL, os, d);
+    };
+    load(BWD ? d.NC - 1 : 0);
+    for (int64_t m = 0; m < d.NC; m++) {
+        int64_t n = BWD ? d.NC - 1 - m : m, p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+        int64_t cb = (int64_t)bh * d.NC + n, sc = cb * TC_D * TC_D + y0;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
         TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
         chunk_decays(ec, eL, f.cs + row0, Le, TC_L, io.pos, tok0);
-        int64_t sc = ((int64_t)bh * d.NC + n) * TC_D * TC_D + y0;
+        float part = 0, u[TcTile<64, TC_VT>::NT][4]; // u: U in the accumulator's layout
         tc_each<128, TC_VT>(S, [&](int x, int y, float &s) {
             Sb[x * LDL + y] = __float2bfloat16(s);
-            if (f.S0) f.S0[sc + x * TC_D + y] = __float2bfloat16(s), f.S0f[sc + x * TC_D + y] = s;
+            if (BWD) f.dS1[sc + x * TC_D + y] = __float2bfloat16(s), part += s * f.S0f[sc + x * TC_D + y];
+            else if (f.S0) f.S0[sc + x * TC_D + y] = __float2bfloat16(s), f.S0f[sc + x * TC_D + y] = s;
         });
-        float u[TcTile<64, TC_VT>::NT][4]; // U in the accumulator's layout
-        tc_each<64, TC_VT>(u, [&](int i, int y, float &x) { x = f.U[(row0 + i) * TC_D + y0 + y]; });
-        if (n + 1 < d.NC) { // the last chunk's reads of that stage ended at the previous iteration's barrier
-            tc_stage_load(tc_stage((bf16 *)smb + ((n + 1) & 1) * TC_STAGE), n + 1, bh, hk, f, NULL, 0, d);
+        if (BWD) {
+            part = block_sum(part, red);
+            if (threadIdx.x == 0) atomicAdd(f.sd + cb, part);
+        } else tc_each<64, TC_VT>(u, [&](int i, int y, float &x) { x = f.U[(row0 + i) * TC_D + y0 + y]; });
+        if (m + 1 < d.NC) { // the last chunk's reads of that stage ended at the previous iteration's barrier
+            load(BWD ? n - 1 : n + 1);
             cp_async_wait<1>();
         } else cp_async_wait<0>();
         __syncthreads();
         float acc[TcTile<64, TC_VT>::NT][4];
-        tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.W, Sb);
-#pragma unroll
-        for (int j = 0; j < TcTile<64, TC_VT>::NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[j][q] = u[j][q] - acc[j][q];
-        tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-            float vp = i < Le ? x : 0.0f;
-            Vb[i * LDL + y] = __float2bfloat16(vp), Vl[i * LDL + y] = __float2bfloat16(eL[i] * vp);
-            if (f.Vp) f.Vp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(vp);
-        });
-        __syncthreads();
-        if (o) {
-            tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.Q, Sb);
-            tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= ec[i]; });
-            tc_mma<64, TC_VT, TC_L, false, true, LDL, LDL>(acc, c.M, Vb);
+        if (BWD) {
+            for (int e = threadIdx.x; e < TC_L * TC_VT; e += blockDim.x) { // e^c dO
+                int i = e / TC_VT, y = e % TC_VT;
+                X1[i * LDL + y] = __float2bfloat16(ec[i] * bf(c.X, i * LDL + y));
+            }
+            tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.K, Sb);
+            tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= eL[i]; });
+            tc_mma<64, TC_VT, TC_L, true, true, LDL, LDL>(acc, c.M, c.X);
             tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-                if (i < Le) st(o, ((tok0 + i) * nv + h) * TC_D + y0 + y, x);
+                float v = i < Le ? x : 0.0f;
+                f.dVp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(v);
+                X2[i * LDL + y] = __float2bfloat16(-v);
             });
+            __syncthreads();
+            float eCL = ec[Le - 1];
+            tc_each<128, TC_VT>(S, [&](int, int, float &s) { s *= eCL; });
+            tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.Q, X1);
+            tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.W, X2);
+        } else {
+            tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.W, Sb);
+#pragma unroll
+            for (int j = 0; j < TcTile<64, TC_VT>::NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) acc[j][q] = u[j][q] - acc[j][q];
+            tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
+                float vp = i < Le ? x : 0.0f;
+                X1[i * LDL + y] = __float2bfloat16(vp), X2[i * LDL + y] = __float2bfloat16(eL[i] * vp);
+                if (f.Vp) f.Vp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(vp);
+            });
+            __syncthreads();
+            if (io.o) {
+                tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.Q, Sb);
+                tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= ec[i]; });
+                tc_mma<64, TC_VT, TC_L, false, true, LDL, LDL>(acc, c.M, X1);
+                tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
+                    if (i < Le) st((bf16 *)io.o, ((tok0 + i) * nv + h) * TC_D + y0 + y, x);
+                });
+            }
+            float eCL = ec[Le - 1];
+            tc_each<128, TC_VT>(S, [&](int, int, float &s) { s *= eCL; });
+            tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.K, X2);
         }
-        float eCL = ec[Le - 1];
-        tc_each<128, TC_VT>(S, [&](int, int, float &s) { s *= eCL; });
-        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.K, Vl);
-        __syncthreads(); // every read of this chunk's tiles, Sb, Vb, Vl, ec and eL is done
+        __syncthreads(); // every read of this chunk's tiles, Sb, X1, X2, ec and eL is done
     }
-    if (io.sT)
-        tc_each<128, TC_VT>(S,
-                            [&](int x, int y, float &s) { io.sT[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
+    if (out)
+        tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { out[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
 }
-#define TC_STATE_SMEM ((2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + 2 * TC_L * 4)
-
-// The backward state pass, chunks in reverse, from dsT (zeros when NULL) to ds0 (when not NULL). Grid (B·nv,
-// dv / TC_VT). Per chunk, dS (registers) first written as dS₁ (bf16) with its part of sd = ⟨S₀, dS₁⟩, then
-// dV' = e^{c_L − c} (k dSb) + Mᵀ dO, dS ← e^{c_L} dS + qᵀ (e^c dO) − Wᵀ dV'. sd from the fp32 S₀ and dS: dg's
-// terms cancel (a bf16 S₀ there moves dg well off the fp64 reference).
-__global__ void __launch_bounds__(TC_THREADS) tc_dstate_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
-    const bf16 *dout = (const bf16 *)io.dout;
-    extern __shared__ __align__(16) unsigned char smb[];
-    int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, hk = (bh % nv) / (nv / d.nk);
-    int64_t b = bh / nv, os = (int64_t)nv * TC_D;
-    bf16 *Sb = (bf16 *)smb + 2 * TC_STAGE, *Oe = Sb + TC_D * LDL, *Vn = Oe + TC_L * LDL;
-    float *ec = (float *)(Vn + TC_L * LDL), *eL = ec + TC_L, *red = eL + TC_L;
-    float dS[TcTile<128, TC_VT>::NT][4];
-    const float *dsb = io.dsT ? io.dsT + (int64_t)bh * TC_D * TC_D + y0 : NULL;
-    tc_each<128, TC_VT>(dS, [&](int x, int y, float &s) { s = dsb ? dsb[x * TC_D + y] : 0.0f; });
-    const bf16 *o0 = dout + (b * d.S * nv + bh % nv) * TC_D + y0; // position 0's dO columns
-    int64_t nl = d.NC - 1;
-    tc_stage_load(tc_stage((bf16 *)smb + (nl & 1) * TC_STAGE), nl, bh, hk, f, o0 + nl * TC_L * os, os, d);
-    for (int64_t n = nl; n >= 0; n--) {
-        int64_t p0 = n * TC_L, row0 = (int64_t)bh * d.NL + p0, cb = (int64_t)bh * d.NC + n;
-        int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
-        TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
-        chunk_decays(ec, eL, f.cs + row0, Le, TC_L, io.pos, b * d.S + p0);
-        bf16 *dS1b = f.dS1 + cb * TC_D * TC_D + y0;
-        const float *S0b = f.S0f + cb * TC_D * TC_D + y0;
-        float part = 0;
-        tc_each<128, TC_VT>(dS, [&](int x, int y, float &s) {
-            Sb[x * LDL + y] = __float2bfloat16(s), dS1b[x * TC_D + y] = __float2bfloat16(s);
-            part += s * S0b[x * TC_D + y];
-        });
-        part = block_sum(part, red);
-        if (threadIdx.x == 0) atomicAdd(f.sd + cb, part);
-        if (n > 0) {
-            tc_stage_load(tc_stage((bf16 *)smb + ((n - 1) & 1) * TC_STAGE), n - 1, bh, hk, f, o0 + (n - 1) * TC_L * os,
-                          os, d);
-            cp_async_wait<1>();
-        } else cp_async_wait<0>();
-        __syncthreads();
-        for (int e = threadIdx.x; e < TC_L * TC_VT; e += blockDim.x) { // e^c dO
-            int i = e / TC_VT, y = e % TC_VT;
-            Oe[i * LDL + y] = __float2bfloat16(ec[i] * bf(c.X, i * LDL + y));
-        }
-        float acc[TcTile<64, TC_VT>::NT][4];
-        tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.K, Sb);
-        tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= eL[i]; });
-        tc_mma<64, TC_VT, TC_L, true, true, LDL, LDL>(acc, c.M, c.X);
-        tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-            float v = i < Le ? x : 0.0f;
-            f.dVp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(v);
-            Vn[i * LDL + y] = __float2bfloat16(-v);
-        });
-        __syncthreads();
-        float eCL = ec[Le - 1];
-        tc_each<128, TC_VT>(dS, [&](int, int, float &s) { s *= eCL; });
-        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(dS, c.Q, Oe);
-        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(dS, c.W, Vn);
-        __syncthreads();
-    }
-    if (io.ds0)
-        tc_each<128, TC_VT>(dS,
-                            [&](int x, int y, float &s) { io.ds0[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
-}
-#define TC_DSTATE_SMEM ((2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + (2 * TC_L + 32) * 4)
+#define TC_STATE_SMEM ((2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + (2 * TC_L + 32) * 4)
 
 // The rest of the backward, every chunk at once, with the terms of delta_chunk_grad_kernel above. Grid (NC, B·nv).
 // gq and gk accumulate in registers through the phases: (1) dM = dO V'ᵀ (its dc terms with M, D = dM e^{c_i − c_j}),
 // gq = e^c (dO S₀ᵀ), dW = −dV' S₀ᵀ; (2) gk = e^{c_L − c} (V' dS₁ᵀ), dBv = Tmᵀ dV' (dv = β dBv), dBk = Tmᵀ dW
 // (gk += β e^c dBk); (3) dA = −(dBv Uᵀ + dBk Wᵀ) with k kᵀ into P = dA (k kᵀ) e, E = dA β e; (4) gq += D k,
 // gk += Dᵀ q + (E + Eᵀ) k; then dβ and dc from the row sums, dg the reverse cumulative sum of dc. sd: ⟨S₀, dS₁⟩
-// per chunk (from tc_dstate_kernel).
+// per chunk (from tc_state_kernel<true>).
 __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
     bf16 *dv_ = (bf16 *)io.dv;
     const bf16 *v = (const bf16 *)io.v, *dout = (const bf16 *)io.dout;
@@ -944,7 +911,7 @@ static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor 
         launch(delta_prep_kernel<bf16, bf16>, rg, ROW_BLOCK, 0, f, (const bf16 *)q.p, (const bf16 *)k.p, a->scale,
                a->qk_l2norm, d);
         launch(tc_prep_kernel, cg, TC_THREADS, TC_PREP_SMEM, tc_bufs(f, d), io, d);
-        launch(tc_state_kernel, dim3(sg.x, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d), io, d);
+        launch(tc_state_kernel<false>, dim3(sg.x, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d), io, d);
         return;
     }
     launch(delta_prep_kernel<T, float>, rg, ROW_BLOCK, 0, f, (const T *)q.p, (const T *)k.p, a->scale, a->qk_l2norm, d);
@@ -983,7 +950,7 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
         delta_front<T>(f, io, q, k, d, a);
         if (tc) {
-            launch(tc_dstate_kernel, dim3(BH, TC_D / TC_VT), TC_THREADS, TC_DSTATE_SMEM, tc_bufs(f, d), io, d);
+            launch(tc_state_kernel<true>, dim3(BH, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d), io, d);
             launch(tc_grad_kernel, cg, TC_THREADS, TC_GRAD_SMEM, tc_bufs(f, d), io, d);
         } else {
             launch(delta_chunk_state_kernel<T, true>, dim3(BH, (d.dv + DELTA_VT - 1) / DELTA_VT), 256,
