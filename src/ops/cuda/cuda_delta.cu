@@ -445,14 +445,9 @@ template <int M, int N, class F> __device__ __forceinline__ void tc_each(float (
 // shared atomic per warp and row.
 template <int M, int N, class F>
 __device__ __forceinline__ void tc_rowsum(float *dst, float (&acc)[TcTile<M, N>::NT][4], F f) {
-    typedef TcTile<M, N> Tl;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r0 = (warp % Tl::WM) * 16 + (lane >> 2), n0 = (warp / Tl::WM) * (N / Tl::WN) + 2 * (lane & 3);
+    int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) % TcTile<M, N>::WM * 16 + (lane >> 2);
     float p[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < Tl::NT; j++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) p[q >> 1] += f(r0 + (q >> 1) * 8, n0 + 8 * j + (q & 1), acc[j][q]);
+    tc_each<M, N>(acc, [&](int r, int c, float &x) { p[(r - r0) >> 3] += f(r, c, x); });
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         p[i] += __shfl_xor_sync(0xffffffffu, p[i], 1);
