@@ -430,6 +430,15 @@ __device__ __forceinline__ void tc_mm(float (&acc)[TcTile<M, N>::NT][4], const b
     tc_mma<M, N, K, AKM, BKN, LDA, LDB>(acc, A, B);
 }
 
+// a[j][q] = f(a[j][q], b[j][q]) over two accumulators of one layout.
+template <int M, int N, class F>
+__device__ __forceinline__ void tc_zip(float (&a)[TcTile<M, N>::NT][4], const float (&b)[TcTile<M, N>::NT][4], F f) {
+#pragma unroll
+    for (int j = 0; j < TcTile<M, N>::NT; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) a[j][q] = f(a[j][q], b[j][q]);
+}
+
 // f(row, column, value) for each accumulator element of this warp (value by reference: f may rewrite it).
 template <int M, int N, class F> __device__ __forceinline__ void tc_each(float (&acc)[TcTile<M, N>::NT][4], F f) {
     typedef TcTile<M, N> Tl;
@@ -636,10 +645,7 @@ template <bool BWD> __global__ void __launch_bounds__(TC_THREADS) tc_state_kerne
             tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.W, X2);
         } else {
             tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.W, Sb);
-#pragma unroll
-            for (int j = 0; j < TcTile<64, TC_VT>::NT; j++)
-#pragma unroll
-                for (int q = 0; q < 4; q++) acc[j][q] = u[j][q] - acc[j][q];
+            tc_zip<64, TC_VT>(acc, u, [](float x, float y) { return y - x; });
             tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
                 float vp = i < Le ? x : 0.0f;
                 X1[i * LDL + y] = __float2bfloat16(vp), X2[i * LDL + y] = __float2bfloat16(eL[i] * vp);
@@ -707,10 +713,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
         float dm[TcTile<64, 64>::NT][4], qk[TcTile<64, 64>::NT][4]; // M = (q kᵀ) e recomputed in fp32 for dc
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(dm, X2, X3);
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(qk, Qs, Ks);
-#pragma unroll
-        for (int j = 0; j < TcTile<64, 64>::NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) qk[j][q] *= dm[j][q]; // the layouts agree: dM_ij (q_i·k_j)
+        tc_zip<64, 64>(qk, dm, [](float x, float y) { return x * y; }); // the layouts agree: dM_ij (q_i·k_j)
         tc_each<64, 64>(qk, [&](int i, int j, float &x) {
             if (j <= i && i < Le && j >= sg[i]) {
                 double c = (double)x * expf((float)(cc[i] - cc[j]));
@@ -749,10 +752,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
             dBks[i * LDD + x] = __float2bfloat16(y);
             y *= i < Le ? bb[i] * enter_decay(cc, sg, i) : 0.0f; // gk += β e^c dBk (t and ak share one layout)
         });
-#pragma unroll
-        for (int j = 0; j < TcTile<64, 128>::NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) ak[j][q] += t[j][q];
+        tc_zip<64, 128>(ak, t, [](float x, float y) { return x + y; });
     }
     __syncthreads();
     tc_copy<TC_D, LDD>(X3, f.W + row0 * TC_D, TC_D, TC_L, Le);
@@ -769,10 +769,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
             Em[i * (TC_L + 1) + j] = -x * bb[i] * dec;
             x = -x * dec;
         });
-#pragma unroll
-        for (int j = 0; j < TcTile<64, 64>::NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) kk[j][q] *= da[j][q];
+        tc_zip<64, 64>(kk, da, [](float x, float y) { return x * y; });
         tc_rowsum<64, 64>(r_pr, kk, [&](int, int, float p) { return p; });
         tc_each<64, 64>(kk, [&](int i, int j, float &p) { atomicAdd(r_pc + j, bb[i] * p); });
     }
