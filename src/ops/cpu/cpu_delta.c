@@ -252,17 +252,11 @@ static void delta_chunk(double *St, double *o, const double *q, const double *k,
             for (int64_t x = 0; x < dk; x++) W[i * dk + x] -= A[i * L + j] * W[j * dk + x];
         }
     }
-    for (int64_t i = 0; i < L; i++) // v' = U − W·St, in U
+    for (int64_t i = 0; i < L; i++) // v' = U − W·St (in U), o = e^c q·St
         for (int64_t y = 0; y < dv; y++) {
-            double s = 0;
-            for (int64_t x = 0; x < dk; x++) s += W[i * dk + x] * St[x * dv + y];
-            U[i * dv + y] -= s;
-        }
-    for (int64_t i = 0; i < L; i++)
-        for (int64_t y = 0; y < dv; y++) {
-            double s = 0;
-            for (int64_t x = 0; x < dk; x++) s += q[i * dk + x] * St[x * dv + y];
-            o[i * dv + y] = ENTER(i) * s;
+            double s = 0, u = 0;
+            for (int64_t x = 0; x < dk; x++) s += W[i * dk + x] * St[x * dv + y], u += q[i * dk + x] * St[x * dv + y];
+            U[i * dv + y] -= s, o[i * dv + y] = ENTER(i) * u;
         }
     for (int64_t i = 0; i < L; i++)
         for (int64_t j = 0; j <= i; j++) {
@@ -399,9 +393,9 @@ void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor 
         double *mem = delta_seq_alloc(&s, &d);
         int64_t nblk = (S + BL - 1) / BL;
         double *ckpt = xmalloc((size_t)(nblk * dkv) * sizeof(double)), *Sb = xmalloc((size_t)((BL + 1) * dkv) * 8),
-               *dSt = xmalloc((size_t)dkv * 8), *P = xmalloc((size_t)dkv * 8), *tmp = xmalloc((size_t)(3 * d.dv) * 8);
+               *dSt = xmalloc((size_t)dkv * 8), *P = xmalloc((size_t)dkv * 8), *tmp = xmalloc((size_t)(2 * d.dv) * 8);
         double *gq = xcalloc((size_t)(S * d.dk), 8), *gk = xcalloc((size_t)(S * d.dk), 8); // ∂/∂ normalised q, k
-        double *dlt = tmp, *ddl = tmp + d.dv, *e = tmp + 2 * d.dv;
+        double *dlt = tmp, *e = tmp + d.dv;
         for (int64_t h = hk * d.G; h < (hk + 1) * d.G; h++) {
             delta_seq_load(&s, &d, q, k, v, g, beta, b, h, a);
             state_load(ckpt, a->s0, b * d.nv + h, dkv); // S_0
@@ -442,7 +436,6 @@ void cpu_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor 
                     for (int64_t y = 0; y < d.dv; y++) {
                         double s2 = 0;
                         for (int64_t x = 0; x < d.dk; x++) s2 += dSt[x * d.dv + y] * kp[x];
-                        ddl[y] = s2;
                         F(dv)[(t * d.nv + h) * d.dv + y] = (float)(bt * s2);
                         dbs += s2 * (vp[y] - e[y]);
                         e[y] = -bt * s2;

@@ -39,11 +39,9 @@ typedef struct {
 template <typename T, typename TO>
 __global__ void delta_prep_kernel(DeltaBufs f, const T *q, const T *k, float scale, bool l2, ChunkDims d) {
     TO *qh = (TO *)f.qh, *kh = (TO *)f.kh;
-    float *rq = f.rq, *rk = f.rk;
-    int64_t rows = d.B * d.S * d.nk;
     int dk = d.dk;
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y;
-    if (row >= rows) return;
+    if (row >= d.B * d.S * d.nk) return;
     float sq = 0, sk = 0;
     for (int i = threadIdx.x; i < dk; i += 32) {
         float a = ld(q, row * dk + i), b = ld(k, row * dk + i);
@@ -51,7 +49,7 @@ __global__ void delta_prep_kernel(DeltaBufs f, const T *q, const T *k, float sca
     }
     sq = warp_sum(sq), sk = warp_sum(sk);
     float r1 = l2 ? rsqrtf(sq + 1e-6f) : 1.0f, r2 = l2 ? rsqrtf(sk + 1e-6f) : 1.0f;
-    if (threadIdx.x == 0) rq[row] = r1, rk[row] = r2;
+    if (threadIdx.x == 0) f.rq[row] = r1, f.rk[row] = r2;
     for (int i = threadIdx.x; i < dk; i += 32)
         st(qh, row * dk + i, ld(q, row * dk + i) * r1 * scale), st(kh, row * dk + i, ld(k, row * dk + i) * r2);
 }
@@ -93,9 +91,6 @@ __device__ __forceinline__ float enter_decay(const double *c, const int *sg, int
 
 // Grid (NC, B·nv). Shared: cc (L, fp64), kc (L, dk), Am, Ti (L, L), bb, be = β e^c (L).
 template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
-    double *cs = f.cs;
-    float *U = f.U, *W = f.W, *M = f.M, *Tg = f.Tm;
-    const float *qh = f.qh, *kh = f.kh, *g = io.g, *beta = io.beta;
     const T *v = (const T *)io.v;
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, n = blockIdx.x, bh = blockIdx.y, nv = d.nv;
@@ -104,12 +99,12 @@ template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, Delta
     double *cc = (double *)sm; // c in fp64: differences of large cumulative decays keep their digits
     float *kc = (float *)(cc + L), *Am = kc + L * dk, *Ti = Am + L * L, *bb = Ti + L * L, *be = bb + L;
     int *sg = (int *)(be + L);
-    for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) kc[e] = kh[((tok0 + e / dk) * d.nk + hk) * dk + e % dk];
+    for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) kc[e] = f.kh[((tok0 + e / dk) * d.nk + hk) * dk + e % dk];
     if (threadIdx.x == 0) {
         double s = 0;
         for (int i = 0; i < Le; i++)
-            s += g[(tok0 + i) * nv + h], cc[i] = s, bb[i] = beta[(tok0 + i) * nv + h],
-                                         sg[i] = seg_start(io.pos, tok0, i), be[i] = bb[i] * enter_decay(cc, sg, i);
+            s += io.g[(tok0 + i) * nv + h], cc[i] = s, bb[i] = io.beta[(tok0 + i) * nv + h],
+                                            sg[i] = seg_start(io.pos, tok0, i), be[i] = bb[i] * enter_decay(cc, sg, i);
     }
     __syncthreads();
     for (int e = threadIdx.x; e < Le * Le; e += blockDim.x) {
@@ -129,7 +124,7 @@ template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, Delta
         }
         __syncthreads();
     }
-    float *Ub = U + ((int64_t)bh * d.NL + p0) * dv, *Wb = W + ((int64_t)bh * d.NL + p0) * dk;
+    float *Ub = f.U + ((int64_t)bh * d.NL + p0) * dv, *Wb = f.W + ((int64_t)bh * d.NL + p0) * dk;
     for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) {
         int i = e / dv, y = e % dv;
         float s = 0;
@@ -142,135 +137,107 @@ template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, Delta
         for (int m = 0; m <= i; m++) s += Ti[i * L + m] * be[m] * kc[m * dk + x];
         Wb[e] = s;
     }
-    float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
+    float *Mb = f.M + ((int64_t)bh * d.NC + n) * L * L;
     for (int e = threadIdx.x; e < Le * Le; e += blockDim.x) {
         int i = e / Le, j = e % Le;
         float s = 0;
         if (j <= i)
-            for (int x = 0; x < dk; x++) s += qh[((tok0 + i) * d.nk + hk) * dk + x] * kc[j * dk + x];
+            for (int x = 0; x < dk; x++) s += f.qh[((tok0 + i) * d.nk + hk) * dk + x] * kc[j * dk + x];
         Mb[i * L + j] = s * pair_decay(cc, sg, i, j);
     }
-    for (int i = threadIdx.x; i < Le; i += blockDim.x) cs[(int64_t)bh * d.NL + p0 + i] = cc[i];
-    if (Tg)
-        for (int e = threadIdx.x; e < L * L; e += blockDim.x) Tg[((int64_t)bh * d.NC + n) * L * L + e] = Ti[e];
+    for (int i = threadIdx.x; i < Le; i += blockDim.x) f.cs[(int64_t)bh * d.NL + p0 + i] = cc[i];
+    if (f.Tm)
+        for (int e = threadIdx.x; e < L * L; e += blockDim.x) f.Tm[((int64_t)bh * d.NC + n) * L * L + e] = Ti[e];
 }
 
-// The chunk's decays for rows i < Le under the masks: ec_i = e^{c_i}, eL_i = e^{c_L − c_i} (so ec_{Le−1} is e^{c_L}).
-__device__ __forceinline__ void simt_decays(float *ec, float *eL, const double *c, int Le, const int *pos,
-                                            int64_t tok0) {
+// The chunk's decays for rows i < Le (zeros from there to n) under the masks: ec_i = e^{c_i}, eL_i = e^{c_L − c_i}
+// (so ec_{Le−1} is S₁'s e^{c_L}).
+__device__ __forceinline__ void chunk_decays(float *ec, float *eL, const double *c, int Le, int n, const int *pos,
+                                             int64_t tok0) {
     int sL = seg_start(pos, tok0, Le - 1);
-    for (int i = threadIdx.x; i < Le; i += blockDim.x)
-        ec[i] = seg_start(pos, tok0, i) < 0 ? expf((float)c[i]) : 0.0f,
-        eL[i] = i >= sL ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        ec[i] = i < Le && seg_start(pos, tok0, i) < 0 ? expf((float)c[i]) : 0.0f,
+        eL[i] = i < Le && i >= sL ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
 }
 
-// The state pass from s0 (zeros when NULL) to sT (when not NULL), both (B·nv, dk, dv). Grid (B·nv, ⌈dv / DELTA_VT⌉).
-// Writes o (when o is not NULL), or S₀ of every chunk and V'.
-// Shared: St (dk, VT) the state's columns, Vt (L, VT), the chunk's decays e^c and e^{c_L − c} (L each).
-template <typename T> __global__ void delta_chunk_state_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
-    T *o = (T *)io.o;
-    float *S0 = f.S0, *Vp = f.Vp, *sT = io.sT;
-    const float *s0 = io.s0, *U = f.U, *W = f.W, *M = f.M, *qh = f.qh, *kh = f.kh;
-    const double *cs = f.cs;
+// The state pass (BWD false) from s0 (zeros when NULL) to sT (when not NULL), both (B·nv, dk, dv), or its backward
+// (BWD true), the chunks in reverse, from dsT to ds0. Grid (B·nv, ⌈dv / DELTA_VT⌉). The forward writes o (when o is
+// not NULL), or S₀ of every chunk and V'; the backward dS₁ of every chunk and dV'. Shared: St (dk, VT) the state's (its
+// gradient's) columns, Vt (L, VT) V' (dV'), Ot (L, VT) dO, the chunk's decays e^c and e^{c_L − c} (L each).
+template <typename T, bool BWD> __global__ void delta_chunk_state_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
     extern __shared__ float sm[];
     int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
     int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv;
-    float *St = sm, *Vt = St + dk * DELTA_VT, *ec = Vt + L * DELTA_VT, *eL = ec + L;
+    float *St = sm, *Vt = St + dk * DELTA_VT, *Ot = Vt + L * DELTA_VT, *ec = Ot + (BWD ? L * DELTA_VT : 0),
+          *eL = ec + L;
+    const float *in = BWD ? io.dsT : io.s0;
+    float *keep = BWD ? f.dS1 : f.S0, *out = BWD ? io.ds0 : io.sT;
     for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-        St[e] = s0 ? s0[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] : 0.0f;
+        St[e] = in ? in[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] : 0.0f;
     __syncthreads();
-    for (int64_t n = 0; n < d.NC; n++) {
-        int64_t p0 = n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+    for (int64_t m = 0; m < d.NC; m++) {
+        int64_t n = BWD ? d.NC - 1 - m : m, p0 = n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
         int Le = (int)(d.S - p0 < L ? d.S - p0 : L);
-        const double *c = cs + row0;
-        const float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
-        const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
-        simt_decays(ec, eL, c, Le, io.pos, tok0);
-        if (S0)
+        const float *Mb = f.M + ((int64_t)bh * d.NC + n) * L * L;
+        const float *q0 = f.qh + (tok0 * d.nk + hk) * dk, *k0 = f.kh + (tok0 * d.nk + hk) * dk;
+        chunk_decays(ec, eL, f.cs + row0, Le, Le, io.pos, tok0);
+        if (keep)
             for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-                S0[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = St[e];
-        for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // V' = U − W S₀
-            int i = e / VT, y = e % VT;
-            float s = 0;
-            for (int x = 0; x < dk; x++) s += W[(row0 + i) * dk + x] * St[x * VT + y];
-            Vt[e] = U[(row0 + i) * dv + y0 + y] - s;
-        }
-        __syncthreads();
-        if (o)
-            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // o = e^c (q S₀) + M V'
+                keep[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = St[e];
+        if (BWD) {
+            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
+                Ot[e] = ld((const T *)io.dout, ((tok0 + e / VT) * nv + h) * dv + y0 + e % VT);
+            __syncthreads();
+            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // dV' = Mᵀ dO + diag(e^{c_L − c}) k dS₁
                 int i = e / VT, y = e % VT;
                 float s = 0, u = 0;
-                for (int x = 0; x < dk; x++) s += q0[(int64_t)i * d.nk * dk + x] * St[x * VT + y];
-                for (int j = 0; j <= i; j++) u += Mb[i * L + j] * Vt[j * VT + y];
-                st(o, ((tok0 + i) * nv + h) * dv + y0 + y, ec[i] * s + u);
+                for (int j = i; j < Le; j++) s += Mb[j * L + i] * Ot[j * VT + y];
+                for (int x = 0; x < dk; x++) u += k0[(int64_t)i * d.nk * dk + x] * St[x * VT + y];
+                Vt[e] = s + eL[i] * u;
+                f.dVp[(row0 + i) * dv + y0 + y] = Vt[e];
             }
-        else
-            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) Vp[(row0 + e / VT) * dv + y0 + e % VT] = Vt[e];
-        __syncthreads();
-        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // S₁ = e^{c_L} S₀ + kᵀ diag(e^{c_L − c}) V'
-            int x = e / VT, y = e % VT;
-            float s = ec[Le - 1] * St[e];
-            for (int j = 0; j < Le; j++) s += eL[j] * k0[(int64_t)j * d.nk * dk + x] * Vt[j * VT + y];
-            St[e] = s;
+            __syncthreads();
+            for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // dS₀ = e^{c_L} dS₁ + qᵀ diag(e^c) dO − Wᵀ dV'
+                int x = e / VT, y = e % VT;
+                float s = ec[Le - 1] * St[e];
+                for (int i = 0; i < Le; i++)
+                    s += ec[i] * q0[(int64_t)i * d.nk * dk + x] * Ot[i * VT + y] -
+                         f.W[(row0 + i) * dk + x] * Vt[i * VT + y];
+                St[e] = s;
+            }
+        } else {
+            for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // V' = U − W S₀
+                int i = e / VT, y = e % VT;
+                float s = 0;
+                for (int x = 0; x < dk; x++) s += f.W[(row0 + i) * dk + x] * St[x * VT + y];
+                Vt[e] = f.U[(row0 + i) * dv + y0 + y] - s;
+            }
+            __syncthreads();
+            if (io.o)
+                for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // o = e^c (q S₀) + M V'
+                    int i = e / VT, y = e % VT;
+                    float s = 0, u = 0;
+                    for (int x = 0; x < dk; x++) s += q0[(int64_t)i * d.nk * dk + x] * St[x * VT + y];
+                    for (int j = 0; j <= i; j++) u += Mb[i * L + j] * Vt[j * VT + y];
+                    st((T *)io.o, ((tok0 + i) * nv + h) * dv + y0 + y, ec[i] * s + u);
+                }
+            else
+                for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
+                    f.Vp[(row0 + e / VT) * dv + y0 + e % VT] = Vt[e];
+            __syncthreads();
+            for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // S₁ = e^{c_L} S₀ + kᵀ diag(e^{c_L − c}) V'
+                int x = e / VT, y = e % VT;
+                float s = ec[Le - 1] * St[e];
+                for (int j = 0; j < Le; j++) s += eL[j] * k0[(int64_t)j * d.nk * dk + x] * Vt[j * VT + y];
+                St[e] = s;
+            }
         }
         __syncthreads();
     }
-    if (sT)
+    if (out)
         for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-            sT[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] = St[e];
-}
-
-// The backward state pass, chunks in reverse, from dsT (zeros when NULL) to ds0 (when not NULL). Grid (B·nv,
-// ⌈dv / DELTA_VT⌉). Writes dS₁ of every chunk and dV'. Shared: dSt (dk, VT), dOt and dVt (L, VT), e^c and
-// e^{c_L − c} (L each).
-template <typename T> __global__ void delta_chunk_dstate_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
-    float *dS1 = f.dS1, *dVp = f.dVp, *ds0 = io.ds0;
-    const float *dsT = io.dsT, *W = f.W, *M = f.M, *qh = f.qh, *kh = f.kh;
-    const T *dout = (const T *)io.dout;
-    const double *cs = f.cs;
-    extern __shared__ float sm[];
-    int L = d.L, dk = d.dk, dv = d.dv, nv = d.nv, bh = blockIdx.x, y0 = blockIdx.y * DELTA_VT;
-    int VT = dv - y0 < DELTA_VT ? dv - y0 : DELTA_VT, h = bh % nv, hk = h / (nv / d.nk);
-    int64_t b = bh / nv;
-    float *dSt = sm, *dOt = dSt + dk * DELTA_VT, *dVt = dOt + L * DELTA_VT, *ec = dVt + L * DELTA_VT, *eL = ec + L;
-    for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-        dSt[e] = dsT ? dsT[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] : 0.0f;
-    __syncthreads();
-    for (int64_t n = d.NC - 1; n >= 0; n--) {
-        int64_t p0 = n * L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
-        int Le = (int)(d.S - p0 < L ? d.S - p0 : L);
-        const double *c = cs + row0;
-        const float *Mb = M + ((int64_t)bh * d.NC + n) * L * L;
-        const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
-        simt_decays(ec, eL, c, Le, io.pos, tok0);
-        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-            dS1[(((int64_t)bh * d.NC + n) * dk + e / VT) * dv + y0 + e % VT] = dSt[e];
-        for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
-            dOt[e] = ld(dout, ((tok0 + e / VT) * nv + h) * dv + y0 + e % VT);
-        __syncthreads();
-        for (int e = threadIdx.x; e < Le * VT; e += blockDim.x) { // dV' = Mᵀ dO + diag(e^{c_L − c}) k dS₁
-            int i = e / VT, y = e % VT;
-            float s = 0, u = 0;
-            for (int j = i; j < Le; j++) s += Mb[j * L + i] * dOt[j * VT + y];
-            for (int x = 0; x < dk; x++) u += k0[(int64_t)i * d.nk * dk + x] * dSt[x * VT + y];
-            dVt[e] = s + eL[i] * u;
-            dVp[(row0 + i) * dv + y0 + y] = dVt[e];
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x) { // dS₀ = e^{c_L} dS₁ + qᵀ diag(e^c) dO − Wᵀ dV'
-            int x = e / VT, y = e % VT;
-            float s = ec[Le - 1] * dSt[e];
-            for (int i = 0; i < Le; i++)
-                s +=
-                    ec[i] * q0[(int64_t)i * d.nk * dk + x] * dOt[i * VT + y] - W[(row0 + i) * dk + x] * dVt[i * VT + y];
-            dSt[e] = s;
-        }
-        __syncthreads();
-    }
-    if (ds0)
-        for (int e = threadIdx.x; e < dk * VT; e += blockDim.x)
-            ds0[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] = dSt[e];
+            out[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] = St[e];
 }
 
 // One thread's end of a chunk's backward: S₁'s decay e^{c_L} (sd = ⟨S₀, dS₁⟩, and the kg terms z) into the last dc,
@@ -297,10 +264,6 @@ __device__ void delta_dg(float *dg, int ds, double *dc, const double *cc, const 
 // dW, dBv, dBk: (B·nv, NC·L, dk | dv) scratch. Shared: Tm, Dm, Pm (dA·(k_i·k_j)·e), Em (dA·β_i·e): (L, L);
 // cc, dc, z (L, fp64); bb (L); 32 for block sums.
 template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
-    float *gq = f.gq, *gk = f.gk, *dg = io.dg, *dbeta = io.dbeta, *dWg = f.dW, *dBvg = f.dBv, *dBkg = f.dBk;
-    const float *U = f.U, *W = f.W, *M = f.M, *Tg = f.Tm, *S0 = f.S0, *dS1 = f.dS1, *Vp = f.Vp, *dVp = f.dVp;
-    const float *qh = f.qh, *kh = f.kh, *beta = io.beta;
-    const double *cs = f.cs;
     T *dv_ = (T *)io.dv;
     const T *v = (const T *)io.v, *dout = (const T *)io.dout;
     extern __shared__ float sm[];
@@ -310,13 +273,13 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
     double *cc = (double *)sm, *dc = cc + L, *z = dc + L; // dc in fp64: its terms cancel in dg's cumulative sums
     float *Tm = (float *)(z + L), *Dm = Tm + LL, *Pm = Dm + LL, *Em = Pm + LL, *bb = Em + LL, *red = bb + L;
     int *sg = (int *)(red + 32);
-    const float *Mb = M + ((int64_t)bh * d.NC + n) * LL, *S0b = S0 + ((int64_t)bh * d.NC + n) * dk * dv,
-                *dS1b = dS1 + ((int64_t)bh * d.NC + n) * dk * dv;
-    const float *q0 = qh + (tok0 * d.nk + hk) * dk, *k0 = kh + (tok0 * d.nk + hk) * dk;
+    const float *Mb = f.M + ((int64_t)bh * d.NC + n) * LL, *S0b = f.S0 + ((int64_t)bh * d.NC + n) * dk * dv,
+                *dS1b = f.dS1 + ((int64_t)bh * d.NC + n) * dk * dv;
+    const float *q0 = f.qh + (tok0 * d.nk + hk) * dk, *k0 = f.kh + (tok0 * d.nk + hk) * dk;
     int64_t ks = (int64_t)d.nk * dk; // row stride of q0, k0
-    for (int e = threadIdx.x; e < LL; e += blockDim.x) Tm[e] = Tg[((int64_t)bh * d.NC + n) * LL + e];
+    for (int e = threadIdx.x; e < LL; e += blockDim.x) Tm[e] = f.Tm[((int64_t)bh * d.NC + n) * LL + e];
     for (int i = threadIdx.x; i < Le; i += blockDim.x)
-        cc[i] = cs[row0 + i], bb[i] = beta[(tok0 + i) * nv + h], dc[i] = 0, sg[i] = seg_start(io.pos, tok0, i);
+        cc[i] = f.cs[row0 + i], bb[i] = io.beta[(tok0 + i) * nv + h], dc[i] = 0, sg[i] = seg_start(io.pos, tok0, i);
     float sd = 0; // ⟨S₀, dS₁⟩
     for (int e = threadIdx.x; e < dk * dv; e += blockDim.x) sd += S0b[e] * dS1b[e];
     sd = block_sum(sd, red);
@@ -324,14 +287,14 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
         int i = e / Le, j = e % Le;
         float s = 0;
         if (j <= i)
-            for (int y = 0; y < dv; y++) s += ld(dout, ((tok0 + i) * nv + h) * dv + y) * Vp[(row0 + j) * dv + y];
+            for (int y = 0; y < dv; y++) s += ld(dout, ((tok0 + i) * nv + h) * dv + y) * f.Vp[(row0 + j) * dv + y];
         Dm[i * L + j] = s;
     }
     for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) { // dW = −dV' S₀ᵀ
         int i = e / dk, x = e % dk;
         float s = 0;
-        for (int y = 0; y < dv; y++) s += dVp[(row0 + i) * dv + y] * S0b[x * dv + y];
-        dWg[(row0 + i) * dk + x] = -s;
+        for (int y = 0; y < dv; y++) s += f.dVp[(row0 + i) * dv + y] * S0b[x * dv + y];
+        f.dW[(row0 + i) * dk + x] = -s;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < Le; i += blockDim.x) { // dc from M: Σ_j dM_ij M_ij − Σ_j dM_ji M_ji
@@ -342,14 +305,14 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
     for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) { // dBv = Tmᵀ dV'
         int m = e / dv, y = e % dv;
         float s = 0;
-        for (int i = m; i < Le; i++) s += Tm[i * L + m] * dVp[(row0 + i) * dv + y];
-        dBvg[(row0 + m) * dv + y] = s;
+        for (int i = m; i < Le; i++) s += Tm[i * L + m] * f.dVp[(row0 + i) * dv + y];
+        f.dBv[(row0 + m) * dv + y] = s;
     }
     for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) { // dBk = Tmᵀ dW
         int m = e / dk, x = e % dk;
         float s = 0;
-        for (int i = m; i < Le; i++) s += Tm[i * L + m] * dWg[(row0 + i) * dk + x];
-        dBkg[(row0 + m) * dk + x] = s;
+        for (int i = m; i < Le; i++) s += Tm[i * L + m] * f.dW[(row0 + i) * dk + x];
+        f.dBk[(row0 + m) * dk + x] = s;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < Le * Le; e += blockDim.x) { // D = dM·e^{c_i − c_j}; dA → Pm, Em
@@ -358,8 +321,8 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
         Dm[i * L + j] *= dec;
         if (j < i) {
             for (int x = 0; x < dk; x++) kk += k0[i * ks + x] * k0[j * ks + x];
-            for (int y = 0; y < dv; y++) dA -= dBvg[(row0 + i) * dv + y] * U[(row0 + j) * dv + y];
-            for (int x = 0; x < dk; x++) dA -= dBkg[(row0 + i) * dk + x] * W[(row0 + j) * dk + x];
+            for (int y = 0; y < dv; y++) dA -= f.dBv[(row0 + i) * dv + y] * f.U[(row0 + j) * dv + y];
+            for (int x = 0; x < dk; x++) dA -= f.dBk[(row0 + i) * dk + x] * f.W[(row0 + j) * dk + x];
         }
         Pm[i * L + j] = dA * kk * dec, Em[i * L + j] = dA * bb[i] * dec;
     }
@@ -368,30 +331,30 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
         float s = 0, u = 0;
         for (int y = 0; y < dv; y++)
             s += S0b[x * dv + y] * ld(dout, ((tok0 + i) * nv + h) * dv + y),
-                u += dS1b[x * dv + y] * Vp[(row0 + i) * dv + y];
-        gq[((tok0 + i) * nv + h) * dk + x] = enter_decay(cc, sg, i) * s;
-        gk[((tok0 + i) * nv + h) * dk + x] = pair_decay(cc, sg, Le - 1, i) * u;
+                u += dS1b[x * dv + y] * f.Vp[(row0 + i) * dv + y];
+        f.gq[((tok0 + i) * nv + h) * dk + x] = enter_decay(cc, sg, i) * s;
+        f.gk[((tok0 + i) * nv + h) * dk + x] = pair_decay(cc, sg, Le - 1, i) * u;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < Le; i += blockDim.x) {
         double pr = 0, pc = 0, bv = 0, bk = 0, qg = 0, kg = 0;
         for (int j = 0; j < Le; j++) pr += Pm[i * L + j], pc += bb[j] * Pm[j * L + i];
-        for (int y = 0; y < dv; y++) bv += dBvg[(row0 + i) * dv + y] * ld(v, ((tok0 + i) * nv + h) * dv + y);
+        for (int y = 0; y < dv; y++) bv += f.dBv[(row0 + i) * dv + y] * ld(v, ((tok0 + i) * nv + h) * dv + y);
         for (int x = 0; x < dk; x++) {
-            bk += dBkg[(row0 + i) * dk + x] * k0[i * ks + x];
-            qg += q0[i * ks + x] * gq[((tok0 + i) * nv + h) * dk + x];
-            kg += k0[i * ks + x] * gk[((tok0 + i) * nv + h) * dk + x];
+            bk += f.dBk[(row0 + i) * dk + x] * k0[i * ks + x];
+            qg += q0[i * ks + x] * f.gq[((tok0 + i) * nv + h) * dk + x];
+            kg += k0[i * ks + x] * f.gk[((tok0 + i) * nv + h) * dk + x];
         }
         double eb = enter_decay(cc, sg, i) * bk;
-        dbeta[(tok0 + i) * nv + h] = (float)(pr + bv + eb);
+        io.dbeta[(tok0 + i) * nv + h] = (float)(pr + bv + eb);
         dc[i] += bb[i] * pr - pc + bb[i] * eb + qg - kg;
         z[i] = kg;
     }
     __syncthreads();
-    if (threadIdx.x == 0) delta_dg(dg + tok0 * nv + h, nv, dc, cc, sg, z, sd, Le);
+    if (threadIdx.x == 0) delta_dg(io.dg + tok0 * nv + h, nv, dc, cc, sg, z, sd, Le);
     for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) {
         int i = e / dv, y = e % dv;
-        st(dv_, ((tok0 + i) * nv + h) * dv + y, bb[i] * dBvg[(row0 + i) * dv + y]);
+        st(dv_, ((tok0 + i) * nv + h) * dv + y, bb[i] * f.dBv[(row0 + i) * dv + y]);
     }
     for (int e = threadIdx.x; e < Le * dk; e += blockDim.x) { // the M, A and W terms of dq, dk
         int i = e / dk, x = e % dk;
@@ -400,27 +363,22 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
             sq += Dm[i * L + j] * k0[j * ks + x];
             sk += Dm[j * L + i] * q0[j * ks + x] + (Em[i * L + j] + Em[j * L + i]) * k0[j * ks + x];
         }
-        gq[((tok0 + i) * nv + h) * dk + x] += sq;
-        gk[((tok0 + i) * nv + h) * dk + x] += sk + bb[i] * enter_decay(cc, sg, i) * dBkg[(row0 + i) * dk + x];
+        f.gq[((tok0 + i) * nv + h) * dk + x] += sq;
+        f.gk[((tok0 + i) * nv + h) * dk + x] += sk + bb[i] * enter_decay(cc, sg, i) * f.dBk[(row0 + i) * dk + x];
     }
 }
 
 // ---- the tensor-core form (bf16 data, dk = dv = 128, chunk 64) ----
-// The same terms as the SIMT kernels above, with every product on mma.sync m16n8k16 (bf16 operands in shared memory,
-// fp32 accumulators; cuda_mma.cuh has the fragment layouts). The state and its gradient stay fp32 in registers and
-// enter products as bf16 copies; the per-chunk intermediates are bf16 in the scratch (q̂, k̂, W, M, Tm, S₀, dS₁, V',
-// dV', in the SIMT kernels' places and orders), so that every tile comes in by cp.async — all but U, which the state
-// pass reads in fp32: V' = U − W S cancels (the state predicts v), and a bf16 U put dg 1.1e-2 off the fp64 reference
-// at the end of a sequence with states (dg there the difference of e^{c_L} ⟨S₀, dS₁⟩ and k dS₁ V' terms 9× its
-// size); tc_grad's product takes a bf16 copy.
-// Per chunk the products are 64 × 128 × 128 at most: the 8 warps of a block split each one (warp tiles of 16 rows).
-// The inter-chunk pass is sequential over chunks per (sequence, value head, 64 value columns) with those columns of
-// the state in registers (warp w holds rows 16w..16w+15), the next chunk's tiles loading while this one computes.
-// Why not the two-pass form (chunk-local states in parallel, then a scan): a chunk's map
-// S ↦ (e^{c_L} I − kᵀ e^{c_L − c} W) S + kᵀ e^{c_L − c} U needs its dk × dk matrix (a 128 × 128 × 64 product) and the
-// scan a dk × dk × dv product per combine: 2 × 1 M multiply-adds per chunk and head against the sequential pass's
-// 1.8 M (W S, q S, M V', kᵀ V'), and twice that again for a log-depth scan, while the sequential pass's 128 blocks
-// at 2 × 4096 tokens already occupy every SM and its loads do not wait on the state.
+// The SIMT kernels' terms with every product on mma.sync m16n8k16 (bf16 operands in shared memory, fp32
+// accumulators; cuda_mma.cuh has the fragment layouts). The state and its gradient stay fp32 in registers and enter
+// products as bf16 copies; the per-chunk intermediates are bf16 in the scratch (in the SIMT kernels' places), so that
+// every tile comes in by cp.async — all but U, which the state pass reads in fp32: V' = U − W S cancels (the state
+// predicts v), and a bf16 U there moves dg well off the fp64 reference; tc_grad's product takes a bf16 copy.
+// The 8 warps of a block split each product (warp tiles of 16 rows). The state pass is sequential over chunks per
+// (sequence, value head, 64 value columns), those columns of the state in registers (warp w holds rows 16w..16w+15)
+// and the next chunk's tiles loading while this one computes. A two-pass form (chunk-local states in parallel, then
+// a scan) would need each chunk's dk × dk map S ↦ (e^{c_L} I − kᵀ e^{c_L − c} W) S + kᵀ e^{c_L − c} U and a
+// dk × dk × dv product per combine, more work than the whole sequential pass, which already fills every SM.
 #define TC_L 64  // positions per chunk
 #define TC_D 128 // dk = dv
 #define TC_VT 64 // state columns per state-pass block
@@ -439,12 +397,6 @@ typedef struct {
 // The warps' split of an M × N product: WM = M/16 warps along the rows, WN = 8/WM along the columns, each with NT
 // n-tiles of 8 columns.
 template <int M, int N> struct TcTile { static constexpr int WM = M / 16, WN = 8 / WM, NT = N / WN / 8; };
-
-template <int M, int N> __device__ __forceinline__ void tc_zero(float (&acc)[TcTile<M, N>::NT][4]) {
-#pragma unroll
-    for (int j = 0; j < TcTile<M, N>::NT; j++)
-        for (int q = 0; q < 4; q++) acc[j][q] = 0.0f;
-}
 
 // acc += A·B over this warp's block of the M × N product, K a multiple of 16. A stored [m][k] (AKM: [k][m]),
 // B stored [n][k] (BKN: [k][n]), bf16 shared tiles of row strides LDA, LDB.
@@ -469,6 +421,24 @@ __device__ __forceinline__ void tc_mma(float (&acc)[TcTile<M, N>::NT][4], const 
     }
 }
 
+// acc = A·B (tc_mma from zeros).
+template <int M, int N, int K, bool AKM, bool BKN, int LDA, int LDB>
+__device__ __forceinline__ void tc_mm(float (&acc)[TcTile<M, N>::NT][4], const bf16 *A, const bf16 *B) {
+#pragma unroll
+    for (int j = 0; j < TcTile<M, N>::NT; j++)
+        for (int q = 0; q < 4; q++) acc[j][q] = 0.0f;
+    tc_mma<M, N, K, AKM, BKN, LDA, LDB>(acc, A, B);
+}
+
+// a[j][q] = f(a[j][q], b[j][q]) over two accumulators of one layout.
+template <int M, int N, class F>
+__device__ __forceinline__ void tc_zip(float (&a)[TcTile<M, N>::NT][4], const float (&b)[TcTile<M, N>::NT][4], F f) {
+#pragma unroll
+    for (int j = 0; j < TcTile<M, N>::NT; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++) a[j][q] = f(a[j][q], b[j][q]);
+}
+
 // f(row, column, value) for each accumulator element of this warp (value by reference: f may rewrite it).
 template <int M, int N, class F> __device__ __forceinline__ void tc_each(float (&acc)[TcTile<M, N>::NT][4], F f) {
     typedef TcTile<M, N> Tl;
@@ -484,14 +454,9 @@ template <int M, int N, class F> __device__ __forceinline__ void tc_each(float (
 // shared atomic per warp and row.
 template <int M, int N, class F>
 __device__ __forceinline__ void tc_rowsum(float *dst, float (&acc)[TcTile<M, N>::NT][4], F f) {
-    typedef TcTile<M, N> Tl;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int r0 = (warp % Tl::WM) * 16 + (lane >> 2), n0 = (warp / Tl::WM) * (N / Tl::WN) + 2 * (lane & 3);
+    int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) % TcTile<M, N>::WM * 16 + (lane >> 2);
     float p[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < Tl::NT; j++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) p[q >> 1] += f(r0 + (q >> 1) * 8, n0 + 8 * j + (q & 1), acc[j][q]);
+    tc_each<M, N>(acc, [&](int r, int c, float &x) { p[(r - r0) >> 3] += f(r, c, x); });
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         p[i] += __shfl_xor_sync(0xffffffffu, p[i], 1);
@@ -517,11 +482,7 @@ __device__ __forceinline__ float bf(const bf16 *p, int i) { return __bfloat162fl
 // whole (zeros outside the chunk's Le positions): U in fp32 (and in bf16 into Ub when not NULL), the rest in bf16.
 // Grid (NC, B·nv).
 __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
-    double *cs = f.cs;
-    float *U = f.U;
-    bf16 *Ub = f.Ub, *W = f.W, *M = f.M, *Tg = f.Tm;
-    const bf16 *qh = f.qh, *kh = f.kh, *v = (const bf16 *)io.v;
-    const float *g = io.g, *beta = io.beta;
+    const bf16 *v = (const bf16 *)io.v;
     extern __shared__ __align__(16) unsigned char smb[];
     int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -531,15 +492,15 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
     double *cc = (double *)(be + TC_L);
     int *sg = (int *)(cc + TC_L);
     int64_t ks = (int64_t)d.nk * TC_D;
-    tc_copy<TC_D, LDD>(Ks, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
-    tc_copy<TC_D, LDD>(Qs, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_D, LDD>(Ks, f.kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_D, LDD>(Qs, f.qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
     tc_copy<TC_D, LDD>(Vs, v + (tok0 * nv + h) * TC_D, (int64_t)nv * TC_D, TC_L, Le);
     cp_async_commit();
     if (threadIdx.x == 0) {
         double s = 0;
         for (int i = 0; i < TC_L; i++) {
-            if (i < Le) s += g[(tok0 + i) * nv + h];
-            cc[i] = s, bb[i] = i < Le ? beta[(tok0 + i) * nv + h] : 0.0f,
+            if (i < Le) s += io.g[(tok0 + i) * nv + h];
+            cc[i] = s, bb[i] = i < Le ? io.beta[(tok0 + i) * nv + h] : 0.0f,
             sg[i] = i < Le ? seg_start(io.pos, tok0, i) : -1;
             be[i] = bb[i] * enter_decay(cc, sg, i);
         }
@@ -548,14 +509,12 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
     __syncthreads();
     {
         float acc[TcTile<64, 64>::NT][4];
-        tc_zero<64, 64>(acc);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(acc, Ks, Ks);
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Ks, Ks);
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
             Am[r * (TC_L + 1) + c] = c < r && r < Le ? bb[r] * x * pair_decay(cc, sg, r, c) : 0.0f;
         });
-        tc_zero<64, 64>(acc);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
-        bf16 *Mb = M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
+        bf16 *Mb = f.M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
             Mb[r * TC_L + c] = __float2bfloat16(r < Le ? x * pair_decay(cc, sg, r, c) : 0.0f);
         });
@@ -576,7 +535,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
         }
     }
     __syncthreads();
-    bf16 *Tb = Tg ? Tg + ((int64_t)bh * d.NC + n) * TC_L * TC_L : NULL;
+    bf16 *Tb = f.Tm ? f.Tm + ((int64_t)bh * d.NC + n) * TC_L * TC_L : NULL;
     for (int e = threadIdx.x; e < TC_L * TC_L; e += blockDim.x) {
         int i = e / TC_L, m = e % TC_L;
         float t = Ti[i * (TC_L + 1) + m];
@@ -585,29 +544,17 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
     }
     __syncthreads();
     float acc[TcTile<64, 128>::NT][4];
-    tc_zero<64, 128>(acc);
-    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Tv, Vs);
+    tc_mm<64, 128, TC_L, false, true, LDL, LDD>(acc, Tv, Vs);
     tc_each<64, 128>(acc, [&](int r, int c, float &x) {
-        U[(row0 + r) * TC_D + c] = x;
-        if (Ub) Ub[(row0 + r) * TC_D + c] = __float2bfloat16(x);
+        f.U[(row0 + r) * TC_D + c] = x;
+        if (f.Ub) f.Ub[(row0 + r) * TC_D + c] = __float2bfloat16(x);
     });
-    tc_zero<64, 128>(acc);
-    tc_mma<64, 128, TC_L, false, true, LDL, LDD>(acc, Tk, Ks);
-    tc_each<64, 128>(acc, [&](int r, int c, float &x) { W[(row0 + r) * TC_D + c] = __float2bfloat16(x); });
-    for (int i = threadIdx.x; i < TC_L; i += blockDim.x) cs[row0 + i] = cc[i];
+    tc_mm<64, 128, TC_L, false, true, LDL, LDD>(acc, Tk, Ks);
+    tc_each<64, 128>(acc, [&](int r, int c, float &x) { f.W[(row0 + r) * TC_D + c] = __float2bfloat16(x); });
+    for (int i = threadIdx.x; i < TC_L; i += blockDim.x) f.cs[row0 + i] = cc[i];
 }
-static size_t tc_prep_smem() {
-    return (3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 + TC_L * 4;
-}
-
-// The chunk's decays for rows i < Le (zeros beyond) under the masks: ec_i = e^{c_i}, eL_i = e^{c_L − c_i} (so
-// ec_{Le−1} is S₁'s e^{c_L}).
-__device__ __forceinline__ void tc_decays(float *ec, float *eL, const double *c, int Le, const int *pos, int64_t tok0) {
-    int sL = seg_start(pos, tok0, Le - 1);
-    for (int i = threadIdx.x; i < TC_L; i += blockDim.x)
-        ec[i] = i < Le && seg_start(pos, tok0, i) < 0 ? expf((float)c[i]) : 0.0f,
-        eL[i] = i < Le && i >= sL ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
-}
+#define TC_PREP_SMEM                                                                                                   \
+    ((3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 + TC_L * 4)
 
 // One chunk's tiles of the state passes (one of two stages): W, q, k (64 × 128), M (64 × 64), and X: the chunk's dO
 // columns y0.. (64 × 64; the backward's).
@@ -623,167 +570,116 @@ __device__ __forceinline__ TcStage tc_stage(bf16 *p) {
 // Starts chunk n's copies into stage s; X from x (rows xs apart, columns y0..) when x is not NULL.
 __device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int hk, const TcBufs &f, const bf16 *x,
                                               int64_t xs, const ChunkDims &d) {
-    const bf16 *W = f.W, *M = f.M, *qh = f.qh, *kh = f.kh;
     int64_t p0 = n * TC_L, tok0 = (bh / d.nv) * d.S + p0, row0 = (int64_t)bh * d.NL + p0, ks = (int64_t)d.nk * TC_D;
     int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
-    tc_copy<TC_D, LDD>(s.W, W + row0 * TC_D, TC_D, TC_L, Le);
-    tc_copy<TC_D, LDD>(s.Q, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
-    tc_copy<TC_D, LDD>(s.K, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
-    tc_copy<TC_L, LDL>(s.M, M + ((int64_t)bh * d.NC + n) * TC_L * TC_L, TC_L, TC_L, TC_L);
+    tc_copy<TC_D, LDD>(s.W, f.W + row0 * TC_D, TC_D, TC_L, Le);
+    tc_copy<TC_D, LDD>(s.Q, f.qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_D, LDD>(s.K, f.kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_L, LDL>(s.M, f.M + ((int64_t)bh * d.NC + n) * TC_L * TC_L, TC_L, TC_L, TC_L);
     if (x) tc_copy<TC_VT, LDL>(s.X, x, xs, TC_L, Le);
     cp_async_commit();
 }
 
-// The state pass from s0 (zeros when NULL) to sT (when not NULL). Grid (B·nv, dv / TC_VT). Per chunk, with the
-// state's columns S in registers and Sb their bf16 copy: V' = U − W Sb (U fp32, read into registers while the
-// chunk's tiles arrive), o = e^c (q Sb) + M V' (when o is not NULL;
-// else S₀ of every chunk, in bf16 for tc_grad's products and in fp32 for sd, and V' are written),
-// S ← e^{c_L} S + kᵀ (e^{c_L − c} V').
-__global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
-    bf16 *o = (bf16 *)io.o, *S0 = f.S0, *Vp = f.Vp;
-    float *S0f = f.S0f, *sT = io.sT;
-    const float *s0 = io.s0, *U = f.U;
-    const double *cs = f.cs;
+// The state pass (BWD false) from s0 (zeros when NULL) to sT (when not NULL), or its backward (BWD true), the chunks
+// in reverse, from dsT to ds0. Grid (B·nv, dv / TC_VT). S: the state's (its gradient's) columns in registers, Sb their
+// bf16 copy. Forward, per chunk: V' = U − W Sb (U fp32, read into registers while the chunk's tiles arrive),
+// o = e^c (q Sb) + M V' (when o is not NULL; else S₀ of every chunk, in bf16 for tc_grad's products and in fp32 for
+// sd, and V' are written), S ← e^{c_L} S + kᵀ (e^{c_L − c} V'). Backward: dS first written as dS₁ (bf16) with its part
+// of sd = ⟨S₀, dS₁⟩, then dV' = e^{c_L − c} (k dSb) + Mᵀ dO, dS ← e^{c_L} dS + qᵀ (e^c dO) − Wᵀ dV'. sd from the fp32
+// S₀ and dS: dg's terms cancel (a bf16 S₀ there moves dg well off the fp64 reference).
+template <bool BWD> __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
     extern __shared__ __align__(16) unsigned char smb[];
     int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
-    int64_t b = bh / nv;
-    bf16 *Sb = (bf16 *)smb + 2 * TC_STAGE, *Vb = Sb + TC_D * LDL, *Vl = Vb + TC_L * LDL;
-    float *ec = (float *)(Vl + TC_L * LDL), *eL = ec + TC_L;
+    int64_t b = bh / nv, os = (int64_t)nv * TC_D;
+    // X1, X2 (64 × 64): V' and e^{c_L − c} V' (forward), e^c dO and −dV' (backward)
+    bf16 *Sb = (bf16 *)smb + 2 * TC_STAGE, *X1 = Sb + TC_D * LDL, *X2 = X1 + TC_L * LDL;
+    float *ec = (float *)(X2 + TC_L * LDL), *eL = ec + TC_L, *red = eL + TC_L;
     float S[TcTile<128, TC_VT>::NT][4]; // rows x, columns y0 + y
-    const float *sb0 = s0 ? s0 + (int64_t)bh * TC_D * TC_D + y0 : NULL;
+    const float *in = BWD ? io.dsT : io.s0, *sb0 = in ? in + (int64_t)bh * TC_D * TC_D + y0 : NULL;
+    float *out = BWD ? io.ds0 : io.sT;
     tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { s = sb0 ? sb0[x * TC_D + y] : 0.0f; });
-    tc_stage_load(tc_stage((bf16 *)smb), 0, bh, hk, f, NULL, 0, d);
-    for (int64_t n = 0; n < d.NC; n++) {
-        int64_t p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+    const bf16 *o0 = BWD ? (const bf16 *)io.dout + (b * d.S * nv + h) * TC_D + y0 : NULL; // position 0's dO columns
+    auto load = [&](int64_t n) { // chunk n's tiles into its stage
+        tc_stage_load(tc_stage((bf16 *)smb + (n & 1) * TC_STAGE), n, bh, hk, f, BWD ? o0 + n * TC_L * os : NULL, os, d);
+    };
+    load(BWD ? d.NC - 1 : 0);
+    for (int64_t m = 0; m < d.NC; m++) {
+        int64_t n = BWD ? d.NC - 1 - m : m, p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
+        int64_t cb = (int64_t)bh * d.NC + n, sc = cb * TC_D * TC_D + y0;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
         TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
-        tc_decays(ec, eL, cs + row0, Le, io.pos, tok0);
-        int64_t sc = ((int64_t)bh * d.NC + n) * TC_D * TC_D + y0;
+        chunk_decays(ec, eL, f.cs + row0, Le, TC_L, io.pos, tok0);
+        float part = 0, u[TcTile<64, TC_VT>::NT][4]; // u: U in the accumulator's layout
         tc_each<128, TC_VT>(S, [&](int x, int y, float &s) {
             Sb[x * LDL + y] = __float2bfloat16(s);
-            if (S0) S0[sc + x * TC_D + y] = __float2bfloat16(s), S0f[sc + x * TC_D + y] = s;
+            if (BWD) f.dS1[sc + x * TC_D + y] = __float2bfloat16(s), part += s * f.S0f[sc + x * TC_D + y];
+            else if (f.S0) f.S0[sc + x * TC_D + y] = __float2bfloat16(s), f.S0f[sc + x * TC_D + y] = s;
         });
-        float u[TcTile<64, TC_VT>::NT][4]; // U in the accumulator's layout
-        tc_each<64, TC_VT>(u, [&](int i, int y, float &x) { x = U[(row0 + i) * TC_D + y0 + y]; });
-        if (n + 1 < d.NC) { // the last chunk's reads of that stage ended at the previous iteration's barrier
-            tc_stage_load(tc_stage((bf16 *)smb + ((n + 1) & 1) * TC_STAGE), n + 1, bh, hk, f, NULL, 0, d);
+        if (BWD) {
+            part = block_sum(part, red);
+            if (threadIdx.x == 0) atomicAdd(f.sd + cb, part);
+        } else tc_each<64, TC_VT>(u, [&](int i, int y, float &x) { x = f.U[(row0 + i) * TC_D + y0 + y]; });
+        if (m + 1 < d.NC) { // the last chunk's reads of that stage ended at the previous iteration's barrier
+            load(BWD ? n - 1 : n + 1);
             cp_async_wait<1>();
         } else cp_async_wait<0>();
         __syncthreads();
         float acc[TcTile<64, TC_VT>::NT][4];
-        tc_zero<64, TC_VT>(acc);
-        tc_mma<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.W, Sb);
-#pragma unroll
-        for (int j = 0; j < TcTile<64, TC_VT>::NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) acc[j][q] = u[j][q] - acc[j][q];
-        tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-            float vp = i < Le ? x : 0.0f;
-            Vb[i * LDL + y] = __float2bfloat16(vp), Vl[i * LDL + y] = __float2bfloat16(eL[i] * vp);
-            if (Vp) Vp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(vp);
-        });
-        __syncthreads();
-        if (o) {
-            tc_zero<64, TC_VT>(acc);
-            tc_mma<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.Q, Sb);
-            tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= ec[i]; });
-            tc_mma<64, TC_VT, TC_L, false, true, LDL, LDL>(acc, c.M, Vb);
+        if (BWD) {
+            for (int e = threadIdx.x; e < TC_L * TC_VT; e += blockDim.x) { // e^c dO
+                int i = e / TC_VT, y = e % TC_VT;
+                X1[i * LDL + y] = __float2bfloat16(ec[i] * bf(c.X, i * LDL + y));
+            }
+            tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.K, Sb);
+            tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= eL[i]; });
+            tc_mma<64, TC_VT, TC_L, true, true, LDL, LDL>(acc, c.M, c.X);
             tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-                if (i < Le) st(o, ((tok0 + i) * nv + h) * TC_D + y0 + y, x);
+                float v = i < Le ? x : 0.0f;
+                f.dVp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(v);
+                X2[i * LDL + y] = __float2bfloat16(-v);
             });
+            __syncthreads();
+            float eCL = ec[Le - 1];
+            tc_each<128, TC_VT>(S, [&](int, int, float &s) { s *= eCL; });
+            tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.Q, X1);
+            tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.W, X2);
+        } else {
+            tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.W, Sb);
+            tc_zip<64, TC_VT>(acc, u, [](float x, float y) { return y - x; });
+            tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
+                float vp = i < Le ? x : 0.0f;
+                X1[i * LDL + y] = __float2bfloat16(vp), X2[i * LDL + y] = __float2bfloat16(eL[i] * vp);
+                if (f.Vp) f.Vp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(vp);
+            });
+            __syncthreads();
+            if (io.o) {
+                tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.Q, Sb);
+                tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= ec[i]; });
+                tc_mma<64, TC_VT, TC_L, false, true, LDL, LDL>(acc, c.M, X1);
+                tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
+                    if (i < Le) st((bf16 *)io.o, ((tok0 + i) * nv + h) * TC_D + y0 + y, x);
+                });
+            }
+            float eCL = ec[Le - 1];
+            tc_each<128, TC_VT>(S, [&](int, int, float &s) { s *= eCL; });
+            tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.K, X2);
         }
-        float eCL = ec[Le - 1];
-        tc_each<128, TC_VT>(S, [&](int, int, float &s) { s *= eCL; });
-        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(S, c.K, Vl);
-        __syncthreads(); // every read of this chunk's tiles, Sb, Vb, Vl, ec and eL is done
+        __syncthreads(); // every read of this chunk's tiles, Sb, X1, X2, ec and eL is done
     }
-    if (sT)
-        tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { sT[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
+    if (out)
+        tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { out[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
 }
-static size_t tc_state_smem() { return (2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + 2 * TC_L * 4; }
-
-// The backward state pass, chunks in reverse, from dsT (zeros when NULL) to ds0 (when not NULL). Grid (B·nv,
-// dv / TC_VT). Per chunk, dS (registers) first written as dS₁ (bf16) with its part of sd = ⟨S₀, dS₁⟩, then
-// dV' = e^{c_L − c} (k dSb) + Mᵀ dO, dS ← e^{c_L} dS + qᵀ (e^c dO) − Wᵀ dV'. sd from the fp32 S₀ and dS: dg's
-// terms cancel, and a bf16 S₀ there put dg 1.05e-2 off the fp64 reference in a bf16 test case (6.1e-3 in fp32).
-__global__ void __launch_bounds__(TC_THREADS) tc_dstate_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
-    bf16 *dS1 = f.dS1, *dVp = f.dVp;
-    float *sd = f.sd, *ds0 = io.ds0;
-    const float *dsT = io.dsT, *S0f = f.S0f;
-    const bf16 *dout = (const bf16 *)io.dout;
-    const double *cs = f.cs;
-    extern __shared__ __align__(16) unsigned char smb[];
-    int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, hk = (bh % nv) / (nv / d.nk);
-    int64_t b = bh / nv, os = (int64_t)nv * TC_D;
-    bf16 *Sb = (bf16 *)smb + 2 * TC_STAGE, *Oe = Sb + TC_D * LDL, *Vn = Oe + TC_L * LDL;
-    float *ec = (float *)(Vn + TC_L * LDL), *eL = ec + TC_L, *red = eL + TC_L;
-    float dS[TcTile<128, TC_VT>::NT][4];
-    const float *dsb = dsT ? dsT + (int64_t)bh * TC_D * TC_D + y0 : NULL;
-    tc_each<128, TC_VT>(dS, [&](int x, int y, float &s) { s = dsb ? dsb[x * TC_D + y] : 0.0f; });
-    const bf16 *o0 = dout + (b * d.S * nv + bh % nv) * TC_D + y0; // position 0's dO columns
-    int64_t nl = d.NC - 1;
-    tc_stage_load(tc_stage((bf16 *)smb + (nl & 1) * TC_STAGE), nl, bh, hk, f, o0 + nl * TC_L * os, os, d);
-    for (int64_t n = nl; n >= 0; n--) {
-        int64_t p0 = n * TC_L, row0 = (int64_t)bh * d.NL + p0, cb = (int64_t)bh * d.NC + n;
-        int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
-        TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
-        tc_decays(ec, eL, cs + row0, Le, io.pos, b * d.S + p0);
-        bf16 *dS1b = dS1 + cb * TC_D * TC_D + y0;
-        const float *S0b = S0f + cb * TC_D * TC_D + y0;
-        float part = 0;
-        tc_each<128, TC_VT>(dS, [&](int x, int y, float &s) {
-            Sb[x * LDL + y] = __float2bfloat16(s), dS1b[x * TC_D + y] = __float2bfloat16(s);
-            part += s * S0b[x * TC_D + y];
-        });
-        part = block_sum(part, red);
-        if (threadIdx.x == 0) atomicAdd(sd + cb, part);
-        if (n > 0) {
-            tc_stage_load(tc_stage((bf16 *)smb + ((n - 1) & 1) * TC_STAGE), n - 1, bh, hk, f, o0 + (n - 1) * TC_L * os,
-                          os, d);
-            cp_async_wait<1>();
-        } else cp_async_wait<0>();
-        __syncthreads();
-        for (int e = threadIdx.x; e < TC_L * TC_VT; e += blockDim.x) { // e^c dO
-            int i = e / TC_VT, y = e % TC_VT;
-            Oe[i * LDL + y] = __float2bfloat16(ec[i] * bf(c.X, i * LDL + y));
-        }
-        float acc[TcTile<64, TC_VT>::NT][4];
-        tc_zero<64, TC_VT>(acc);
-        tc_mma<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.K, Sb);
-        tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= eL[i]; });
-        tc_mma<64, TC_VT, TC_L, true, true, LDL, LDL>(acc, c.M, c.X);
-        tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-            float v = i < Le ? x : 0.0f;
-            dVp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(v);
-            Vn[i * LDL + y] = __float2bfloat16(-v);
-        });
-        __syncthreads();
-        float eCL = ec[Le - 1];
-        tc_each<128, TC_VT>(dS, [&](int, int, float &s) { s *= eCL; });
-        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(dS, c.Q, Oe);
-        tc_mma<128, TC_VT, TC_L, true, true, LDD, LDL>(dS, c.W, Vn);
-        __syncthreads();
-    }
-    if (ds0)
-        tc_each<128, TC_VT>(dS,
-                            [&](int x, int y, float &s) { ds0[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
-}
-static size_t tc_dstate_smem() { return (2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + (2 * TC_L + 32) * 4; }
+#define TC_STATE_SMEM ((2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + (2 * TC_L + 32) * 4)
 
 // The rest of the backward, every chunk at once, with the terms of delta_chunk_grad_kernel above. Grid (NC, B·nv).
 // gq and gk accumulate in registers through the phases: (1) dM = dO V'ᵀ (its dc terms with M, D = dM e^{c_i − c_j}),
 // gq = e^c (dO S₀ᵀ), dW = −dV' S₀ᵀ; (2) gk = e^{c_L − c} (V' dS₁ᵀ), dBv = Tmᵀ dV' (dv = β dBv), dBk = Tmᵀ dW
 // (gk += β e^c dBk); (3) dA = −(dBv Uᵀ + dBk Wᵀ) with k kᵀ into P = dA (k kᵀ) e, E = dA β e; (4) gq += D k,
 // gk += Dᵀ q + (E + Eᵀ) k; then dβ and dc from the row sums, dg the reverse cumulative sum of dc. sd: ⟨S₀, dS₁⟩
-// per chunk (from tc_dstate_kernel).
+// per chunk (from tc_state_kernel<true>).
 __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
-    float *gq = f.gq, *gk = f.gk, *dg = io.dg, *dbeta = io.dbeta;
     bf16 *dv_ = (bf16 *)io.dv;
-    const double *cs = f.cs;
-    const bf16 *U = f.Ub, *W = f.W, *Tg = f.Tm, *S0 = f.S0, *dS1 = f.dS1, *Vp = f.Vp, *dVp = f.dVp, *qh = f.qh,
-               *kh = f.kh;
     const bf16 *v = (const bf16 *)io.v, *dout = (const bf16 *)io.dout;
-    const float *sd = f.sd, *beta = io.beta;
     extern __shared__ __align__(16) unsigned char smb[];
     int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
@@ -797,16 +693,16 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     float *bb = (float *)(dc + TC_L), *r_pr = bb + TC_L, *r_pc = r_pr + TC_L, *r_bv = r_pc + TC_L, *r_bk = r_bv + TC_L,
           *r_qg = r_bk + TC_L, *r_kg = r_qg + TC_L;
     int *sg = (int *)(r_kg + TC_L);
-    tc_copy<TC_D, LDD>(Qs, qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
-    tc_copy<TC_D, LDD>(Ks, kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_D, LDD>(Qs, f.qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
+    tc_copy<TC_D, LDD>(Ks, f.kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
     tc_copy<TC_D, LDD>(X2, dout + (tok0 * nv + h) * TC_D, vs, TC_L, Le);
-    tc_copy<TC_D, LDD>(X3, Vp + row0 * TC_D, TC_D, TC_L, Le);
-    tc_copy<TC_D, LDD>(dVs, dVp + row0 * TC_D, TC_D, TC_L, Le);
-    tc_copy<TC_D, LDD>(Big, S0 + cb * TC_D * TC_D, TC_D, TC_D, TC_D);
-    tc_copy<TC_L, LDL>(Tms, Tg + cb * TC_L * TC_L, TC_L, TC_L, TC_L);
+    tc_copy<TC_D, LDD>(X3, f.Vp + row0 * TC_D, TC_D, TC_L, Le);
+    tc_copy<TC_D, LDD>(dVs, f.dVp + row0 * TC_D, TC_D, TC_L, Le);
+    tc_copy<TC_D, LDD>(Big, f.S0 + cb * TC_D * TC_D, TC_D, TC_D, TC_D);
+    tc_copy<TC_L, LDL>(Tms, f.Tm + cb * TC_L * TC_L, TC_L, TC_L, TC_L);
     cp_async_commit();
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) {
-        cc[i] = i < Le ? cs[row0 + i] : 0.0, dc[i] = 0, bb[i] = i < Le ? beta[(tok0 + i) * nv + h] : 0.0f;
+        cc[i] = i < Le ? f.cs[row0 + i] : 0.0, dc[i] = 0, bb[i] = i < Le ? io.beta[(tok0 + i) * nv + h] : 0.0f;
         sg[i] = i < Le ? seg_start(io.pos, tok0, i) : -1;
         r_pr[i] = r_pc[i] = r_bv[i] = r_bk[i] = r_qg[i] = r_kg[i] = 0.0f;
     }
@@ -815,13 +711,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     float aq[TcTile<64, 128>::NT][4], ak[TcTile<64, 128>::NT][4], t[TcTile<64, 128>::NT][4];
     {                                                               // (1)
         float dm[TcTile<64, 64>::NT][4], qk[TcTile<64, 64>::NT][4]; // M = (q kᵀ) e recomputed in fp32 for dc
-        tc_zero<64, 64>(dm), tc_zero<64, 64>(qk);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(dm, X2, X3);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(qk, Qs, Ks);
-#pragma unroll
-        for (int j = 0; j < TcTile<64, 64>::NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) qk[j][q] *= dm[j][q]; // the layouts agree: dM_ij (q_i·k_j)
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(dm, X2, X3);
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(qk, Qs, Ks);
+        tc_zip<64, 64>(qk, dm, [](float x, float y) { return x * y; }); // the layouts agree: dM_ij (q_i·k_j)
         tc_each<64, 64>(qk, [&](int i, int j, float &x) {
             if (j <= i && i < Le && j >= sg[i]) {
                 double c = (double)x * expf((float)(cc[i] - cc[j]));
@@ -831,65 +723,53 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
         tc_each<64, 64>(dm, [&](int i, int j, float &x) {
             Ds[i * LDL + j] = __float2bfloat16(i < Le ? x * pair_decay(cc, sg, i, j) : 0.0f);
         });
-        tc_zero<64, 128>(aq);
-        tc_mma<64, 128, TC_D, false, false, LDD, LDD>(aq, X2, Big);
+        tc_mm<64, 128, TC_D, false, false, LDD, LDD>(aq, X2, Big);
         tc_each<64, 128>(aq, [&](int i, int, float &x) { x *= i < Le ? enter_decay(cc, sg, i) : 0.0f; });
         tc_rowsum<64, 128>(r_qg, aq, [&](int i, int x, float g) { return g * bf(Qs, i * LDD + x); });
-        tc_zero<64, 128>(t);
-        tc_mma<64, 128, TC_D, false, false, LDD, LDD>(t, dVs, Big);
+        tc_mm<64, 128, TC_D, false, false, LDD, LDD>(t, dVs, Big);
         tc_each<64, 128>(t, [&](int i, int x, float &y) { dWs[i * LDD + x] = __float2bfloat16(-y); });
     }
     __syncthreads();
-    tc_copy<TC_D, LDD>(Big, dS1 + cb * TC_D * TC_D, TC_D, TC_D, TC_D);
-    tc_copy<TC_D, LDD>(X2, U + row0 * TC_D, TC_D, TC_L, Le); // dO is done: U comes in for (3)
+    tc_copy<TC_D, LDD>(Big, f.dS1 + cb * TC_D * TC_D, TC_D, TC_D, TC_D);
+    tc_copy<TC_D, LDD>(X2, f.Ub + row0 * TC_D, TC_D, TC_L, Le); // dO is done: U comes in for (3)
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
     { // (2)
-        tc_zero<64, 128>(ak);
-        tc_mma<64, 128, TC_D, false, false, LDD, LDD>(ak, X3, Big);
+        tc_mm<64, 128, TC_D, false, false, LDD, LDD>(ak, X3, Big);
         tc_each<64, 128>(ak, [&](int i, int, float &x) { x *= i < Le ? pair_decay(cc, sg, Le - 1, i) : 0.0f; });
         tc_rowsum<64, 128>(r_kg, ak, [&](int i, int x, float g) { return g * bf(Ks, i * LDD + x); });
-        tc_zero<64, 128>(t);
-        tc_mma<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dVs);
+        tc_mm<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dVs);
         tc_each<64, 128>(t, [&](int i, int y, float &x) {
             if (i < Le) st(dv_, ((tok0 + i) * nv + h) * TC_D + y, bb[i] * x);
             dBvs[i * LDD + y] = __float2bfloat16(x);
         });
         tc_rowsum<64, 128>(
             r_bv, t, [&](int i, int y, float x) { return i < Le ? x * ld(v, (tok0 + i) * vs + h * TC_D + y) : 0.0f; });
-        tc_zero<64, 128>(t);
-        tc_mma<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dWs);
+        tc_mm<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dWs);
         tc_rowsum<64, 128>(r_bk, t, [&](int i, int x, float y) { return y * bf(Ks, i * LDD + x); });
         tc_each<64, 128>(t, [&](int i, int x, float &y) {
             dBks[i * LDD + x] = __float2bfloat16(y);
             y *= i < Le ? bb[i] * enter_decay(cc, sg, i) : 0.0f; // gk += β e^c dBk (t and ak share one layout)
         });
-#pragma unroll
-        for (int j = 0; j < TcTile<64, 128>::NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) ak[j][q] += t[j][q];
+        tc_zip<64, 128>(ak, t, [](float x, float y) { return x + y; });
     }
     __syncthreads();
-    tc_copy<TC_D, LDD>(X3, W + row0 * TC_D, TC_D, TC_L, Le);
+    tc_copy<TC_D, LDD>(X3, f.W + row0 * TC_D, TC_D, TC_L, Le);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
     { // (3) P = dA (k kᵀ) e into kk, E = dA β e into Em (dA = −da)
         float da[TcTile<64, 64>::NT][4], kk[TcTile<64, 64>::NT][4];
-        tc_zero<64, 64>(da), tc_zero<64, 64>(kk);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(da, dBvs, X2);
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(da, dBvs, X2);
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(da, dBks, X3);
-        tc_mma<64, 64, TC_D, false, false, LDD, LDD>(kk, Ks, Ks);
+        tc_mm<64, 64, TC_D, false, false, LDD, LDD>(kk, Ks, Ks);
         tc_each<64, 64>(da, [&](int i, int j, float &x) {
             float dec = j < i && i < Le ? pair_decay(cc, sg, i, j) : 0.0f;
             Em[i * (TC_L + 1) + j] = -x * bb[i] * dec;
             x = -x * dec;
         });
-#pragma unroll
-        for (int j = 0; j < TcTile<64, 64>::NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) kk[j][q] *= da[j][q];
+        tc_zip<64, 64>(kk, da, [](float x, float y) { return x * y; });
         tc_rowsum<64, 64>(r_pr, kk, [&](int, int, float p) { return p; });
         tc_each<64, 64>(kk, [&](int i, int j, float &p) { atomicAdd(r_pc + j, bb[i] * p); });
     }
@@ -904,23 +784,21 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     tc_mma<64, 128, TC_L, true, true, LDL, LDD>(ak, Ds, Qs);
     tc_mma<64, 128, TC_L, false, true, LDL, LDD>(ak, ES, Ks);
     tc_each<64, 128>(aq, [&](int i, int x, float &y) {
-        if (i < Le) gq[((tok0 + i) * nv + h) * TC_D + x] = y;
+        if (i < Le) f.gq[((tok0 + i) * nv + h) * TC_D + x] = y;
     });
     tc_each<64, 128>(ak, [&](int i, int x, float &y) {
-        if (i < Le) gk[((tok0 + i) * nv + h) * TC_D + x] = y;
+        if (i < Le) f.gk[((tok0 + i) * nv + h) * TC_D + x] = y;
     });
     __syncthreads();
     for (int i = threadIdx.x; i < Le; i += blockDim.x) {
         double eb = enter_decay(cc, sg, i) * (double)r_bk[i];
-        dbeta[(tok0 + i) * nv + h] = (float)(r_pr[i] + r_bv[i] + eb);
+        io.dbeta[(tok0 + i) * nv + h] = (float)(r_pr[i] + r_bv[i] + eb);
         dc[i] += bb[i] * (double)r_pr[i] - r_pc[i] + bb[i] * eb + r_qg[i] - r_kg[i];
     }
     __syncthreads();
-    if (threadIdx.x == 0) delta_dg(dg + tok0 * nv + h, nv, dc, cc, sg, r_kg, (double)sd[cb], Le);
+    if (threadIdx.x == 0) delta_dg(io.dg + tok0 * nv + h, nv, dc, cc, sg, r_kg, (double)f.sd[cb], Le);
 }
-static size_t tc_grad_smem() {
-    return (8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + 8 * TC_L * 4;
-}
+#define TC_GRAD_SMEM ((8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + 8 * TC_L * 4)
 
 // One warp per (token, key head): sums the value heads' gradients w.r.t. the normalised vector and applies the
 // normalisation's backward: ∂x = c·(r·γ − x·r³·(x·γ)) (c·γ without l2).
@@ -996,13 +874,17 @@ static DeltaIO delta_io(Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
 }
 
 static size_t prep_smem(const ChunkDims *d) { return ((size_t)d->L * d->dk + 2 * (size_t)d->L * d->L + 5 * d->L) * 4; }
-static size_t state_smem(const ChunkDims *d) { return (((size_t)d->dk + d->L) * DELTA_VT + 2 * d->L) * 4; }
-static size_t dstate_smem(const ChunkDims *d) { return (((size_t)d->dk + 2 * d->L) * DELTA_VT + 2 * d->L) * 4; }
+static size_t state_smem(const ChunkDims *d, bool bwd) {
+    return (((size_t)d->dk + (bwd ? 2 : 1) * d->L) * DELTA_VT + 2 * d->L) * 4;
+}
 static size_t grad_smem(const ChunkDims *d) { return (4 * (size_t)d->L * d->L + 8 * d->L + 32) * 4; }
 
-template <typename K> static void set_smem(K kernel, size_t bytes) {
-    CHECK(bytes <= 227 * 1024);
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+// Launches kernel on the op stream with smem bytes of dynamic shared memory.
+template <typename K, typename... A> static void launch(K kernel, dim3 grid, dim3 block, size_t smem, A... args) {
+    CHECK(smem <= 227 * 1024);
+    if (smem) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, block, smem, cuda_stream()>>>(args...);
+    CUDA_LAUNCH_CHECK();
 }
 
 // bf16 data at Qwen3.5's head size and chunk 64 take the tensor cores; fp32 (parity runs) and other shapes the SIMT
@@ -1012,31 +894,22 @@ static bool delta_tc(DType dt, const ChunkDims *d) {
 }
 
 // Normalised q and k, then c, U, W, M (and Tm and, on the tensor cores, U's bf16 copy for the backward) of every
-// chunk.
+// chunk; then the state pass, which writes o and sT (forward), or S₀ and V' of every chunk (backward).
 template <typename T>
-static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor k, const ChunkDims *d,
+static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor k, const ChunkDims &d,
                         const DeltaArgs *a) {
-    dim3 rg = row_grid(d->B * d->S * d->nk), cg((unsigned)d->NC, (unsigned)(d->B * d->nv));
-    if (delta_tc(q.dt, d)) { // bf16 q̂, k̂, W, M, Tm in the fp32 buffers' places
-        delta_prep_kernel<bf16, bf16>
-            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>(f, (const bf16 *)q.p, (const bf16 *)k.p, a->scale, a->qk_l2norm, *d);
-        CUDA_LAUNCH_CHECK();
-        set_smem(tc_prep_kernel, tc_prep_smem());
-        tc_prep_kernel<<<cg, TC_THREADS, tc_prep_smem(), cuda_stream()>>>(tc_bufs(f, *d), io, *d);
-        CUDA_LAUNCH_CHECK();
+    dim3 rg = row_grid(d.B * d.S * d.nk), cg((unsigned)d.NC, (unsigned)(d.B * d.nv)), sg((unsigned)(d.B * d.nv));
+    if (delta_tc(q.dt, &d)) { // bf16 q̂, k̂, W, M, Tm in the fp32 buffers' places
+        launch(delta_prep_kernel<bf16, bf16>, rg, ROW_BLOCK, 0, f, (const bf16 *)q.p, (const bf16 *)k.p, a->scale,
+               a->qk_l2norm, d);
+        launch(tc_prep_kernel, cg, TC_THREADS, TC_PREP_SMEM, tc_bufs(f, d), io, d);
+        launch(tc_state_kernel<false>, dim3(sg.x, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d), io, d);
         return;
     }
-    delta_prep_kernel<T, float>
-        <<<rg, ROW_BLOCK, 0, cuda_stream()>>>(f, (const T *)q.p, (const T *)k.p, a->scale, a->qk_l2norm, *d);
-    CUDA_LAUNCH_CHECK();
-    size_t sm = prep_smem(d);
-    set_smem(delta_chunk_prep_kernel<T>, sm);
-    delta_chunk_prep_kernel<T><<<cg, 256, sm, cuda_stream()>>>(f, io, *d);
-    CUDA_LAUNCH_CHECK();
-}
-
-static dim3 state_grid(const ChunkDims *d) {
-    return dim3((unsigned)(d->B * d->nv), (unsigned)((d->dv + DELTA_VT - 1) / DELTA_VT));
+    launch(delta_prep_kernel<T, float>, rg, ROW_BLOCK, 0, f, (const T *)q.p, (const T *)k.p, a->scale, a->qk_l2norm, d);
+    launch(delta_chunk_prep_kernel<T>, cg, 256, prep_smem(&d), f, io, d);
+    launch(delta_chunk_state_kernel<T, false>, dim3(sg.x, (d.dv + DELTA_VT - 1) / DELTA_VT), 256, state_smem(&d, false),
+           f, io, d);
 }
 
 void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, const DeltaArgs *a) {
@@ -1045,24 +918,9 @@ void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, T
     IS_F32(g, "delta_rule_forward");
     IS_F32(beta, "delta_rule_forward");
     if (q.n[0] == 0) return;
-    DeltaBufs f = delta_bufs(q, v, a, false);
     DeltaIO io = delta_io(v, g, beta, a);
     io.o = o.p, io.sT = (float *)a->sT.p;
-    if (delta_tc(q.dt, &d)) {
-        delta_front<bf16>(f, io, q, k, &d, a);
-        set_smem(tc_state_kernel, tc_state_smem());
-        tc_state_kernel<<<dim3((unsigned)(d.B * d.nv), TC_D / TC_VT), TC_THREADS, tc_state_smem(), cuda_stream()>>>(
-            tc_bufs(f, d), io, d);
-        CUDA_LAUNCH_CHECK();
-        return;
-    }
-    DT_SWITCH(q.dt, T, "delta_rule_forward", {
-        delta_front<T>(f, io, q, k, &d, a);
-        size_t sm = state_smem(&d);
-        set_smem(delta_chunk_state_kernel<T>, sm);
-        delta_chunk_state_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
-    });
-    CUDA_LAUNCH_CHECK();
+    DT_SWITCH(q.dt, T, "delta_rule_forward", delta_front<T>(delta_bufs(q, v, a, false), io, q, k, d, a));
 }
 
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
@@ -1077,42 +935,22 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
     DeltaIO io = delta_io(v, g, beta, a);
     io.dv = dv.p, io.dout = dout.p, io.dg = (float *)dg.p, io.dbeta = (float *)dbeta.p;
     io.dsT = (const float *)a->dsT.p, io.ds0 = (float *)a->ds0.p;
-    size_t BH = (size_t)(d.B * d.nv);
-    dim3 rg = row_grid(d.B * d.S * d.nk);
+    unsigned BH = (unsigned)(d.B * d.nv);
+    dim3 rg = row_grid(d.B * d.S * d.nk), cg((unsigned)d.NC, BH);
     bool tc = delta_tc(q.dt, &d);
-    dim3 sg((unsigned)BH, TC_D / TC_VT), cg((unsigned)d.NC, (unsigned)BH);
+    if (tc) CUDA_CHECK(cudaMemsetAsync(tc_bufs(f, d).sd, 0, (size_t)BH * d.NC * sizeof(float), cuda_stream()));
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
-        delta_front<T>(f, io, q, k, &d, a);
+        delta_front<T>(f, io, q, k, d, a);
         if (tc) {
-            TcBufs t = tc_bufs(f, d);
-            CUDA_CHECK(cudaMemsetAsync(t.sd, 0, BH * d.NC * sizeof(float), cuda_stream()));
-            set_smem(tc_state_kernel, tc_state_smem());
-            tc_state_kernel<<<sg, TC_THREADS, tc_state_smem(), cuda_stream()>>>(t, io, d);
-            CUDA_LAUNCH_CHECK();
-            set_smem(tc_dstate_kernel, tc_dstate_smem());
-            tc_dstate_kernel<<<sg, TC_THREADS, tc_dstate_smem(), cuda_stream()>>>(t, io, d);
-            CUDA_LAUNCH_CHECK();
-            set_smem(tc_grad_kernel, tc_grad_smem());
-            tc_grad_kernel<<<cg, TC_THREADS, tc_grad_smem(), cuda_stream()>>>(t, io, d);
-            CUDA_LAUNCH_CHECK();
+            launch(tc_state_kernel<true>, dim3(BH, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d), io, d);
+            launch(tc_grad_kernel, cg, TC_THREADS, TC_GRAD_SMEM, tc_bufs(f, d), io, d);
         } else {
-            size_t sm = state_smem(&d);
-            set_smem(delta_chunk_state_kernel<T>, sm);
-            delta_chunk_state_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
-            CUDA_LAUNCH_CHECK();
-            sm = dstate_smem(&d);
-            set_smem(delta_chunk_dstate_kernel<T>, sm);
-            delta_chunk_dstate_kernel<T><<<state_grid(&d), 256, sm, cuda_stream()>>>(f, io, d);
-            CUDA_LAUNCH_CHECK();
-            sm = grad_smem(&d);
-            set_smem(delta_chunk_grad_kernel<T>, sm);
-            delta_chunk_grad_kernel<T><<<cg, 256, sm, cuda_stream()>>>(f, io, d);
-            CUDA_LAUNCH_CHECK();
+            launch(delta_chunk_state_kernel<T, true>, dim3(BH, (d.dv + DELTA_VT - 1) / DELTA_VT), 256,
+                   state_smem(&d, true), f, io, d);
+            launch(delta_chunk_grad_kernel<T>, cg, 256, grad_smem(&d), f, io, d);
         }
-        delta_finish_kernel<T>
-            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>((T *)dq.p, f.gq, (const T *)q.p, f.rq, a->scale, a->qk_l2norm, d);
-        delta_finish_kernel<T>
-            <<<rg, ROW_BLOCK, 0, cuda_stream()>>>((T *)dk.p, f.gk, (const T *)k.p, f.rk, 1.0f, a->qk_l2norm, d);
+        launch(delta_finish_kernel<T>, rg, ROW_BLOCK, 0, (T *)dq.p, f.gq, (const T *)q.p, f.rq, a->scale, a->qk_l2norm,
+               d);
+        launch(delta_finish_kernel<T>, rg, ROW_BLOCK, 0, (T *)dk.p, f.gk, (const T *)k.p, f.rk, 1.0f, a->qk_l2norm, d);
     });
-    CUDA_LAUNCH_CHECK();
 }

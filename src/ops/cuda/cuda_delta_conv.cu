@@ -246,13 +246,11 @@ template <typename T, typename TW> static GateIn<T, TW> gate_in(Tensor a, Tensor
 }
 
 template <typename T, typename TW> __global__ void gates_forward_kernel(float *g, float *beta, GateIn<T, TW> in) {
-    const T *a = in.a, *b = in.b;
-    const TW *A_log = in.A_log, *dt_bias = in.dt_bias;
-    int64_t n = in.Tn * in.nv, nv = in.nv;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t h = i % nv;
-        g[i] = -expf(ld(A_log, h)) * softplus_f(ld(a, i) + ld(dt_bias, h));
-        beta[i] = sigmoid_f(ld(b, i));
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < in.Tn * in.nv;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t h = i % in.nv;
+        g[i] = -expf(ld(in.A_log, h)) * softplus_f(ld(in.a, i) + ld(in.dt_bias, h));
+        beta[i] = sigmoid_f(ld(in.b, i));
     }
 }
 
@@ -260,15 +258,12 @@ template <typename T, typename TW> __global__ void gates_forward_kernel(float *g
 template <typename T, typename TW>
 __global__ void gates_backward_kernel(T *da, T *db, float *dA_log, float *ddt_bias, const float *dg, const float *dbeta,
                                       GateIn<T, TW> in) {
-    const T *a = in.a, *b = in.b;
-    const TW *A_log = in.A_log, *dt_bias = in.dt_bias;
-    int64_t Tn = in.Tn, nv = in.nv;
     int64_t h = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (h >= nv) return;
-    float eA = expf(ld(A_log, h)), sA = 0, sdt = 0;
-    for (int64_t t = blockIdx.y; t < Tn; t += gridDim.y) {
-        int64_t i = t * nv + h;
-        float x = ld(a, i) + ld(dt_bias, h), d = dg[i], s = sigmoid_f(ld(b, i)), ga = -eA * sigmoid_f(x) * d;
+    if (h >= in.nv) return;
+    float eA = expf(ld(in.A_log, h)), sA = 0, sdt = 0;
+    for (int64_t t = blockIdx.y; t < in.Tn; t += gridDim.y) {
+        int64_t i = t * in.nv + h;
+        float x = ld(in.a, i) + ld(in.dt_bias, h), d = dg[i], s = sigmoid_f(ld(in.b, i)), ga = -eA * sigmoid_f(x) * d;
         sA += -d * eA * softplus_f(x);
         sdt += ga;
         st(da, i, ga);
