@@ -162,31 +162,28 @@ __global__ void __launch_bounds__(384, 1)
 // ---- host side ----
 static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled;
 
-void wgmma_tensor_map(CUtensorMap *map, const void *p, CUtensorMapDataType type, int es, int64_t rows, int64_t cols) {
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)(cols * es)};
-    cuuint32_t box[2] = {(cuuint32_t)(128 / es), 64}, estr[2] = {1, 1};
-    CUresult r =
-        encode_tiled(map, type, 2, (void *)p, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+// A 2D map over (rows, cols) elements of `es` bytes, a row ld_bytes apart, in boxes of bw × bh; what (for the error).
+static void encode_map(CUtensorMap *map, const void *p, CUtensorMapDataType type, int64_t rows, int64_t cols,
+                       int64_t ld_bytes, int bw, int bh, bool swizzle, const char *what) {
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld_bytes};
+    cuuint32_t box[2] = {(cuuint32_t)bw, (cuuint32_t)bh}, estr[2] = {1, 1};
+    CUresult r = encode_tiled(map, type, 2, (void *)p, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                              swizzle ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
-        die("wgmma: cuTensorMapEncodeTiled failed (%d) for (%lld, %lld)", (int)r, (long long)rows, (long long)cols);
-}
-
-void wgmma_scale_map(CUtensorMap *map, const float *p, int64_t rows, int64_t cols, int64_t ld, int box) {
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)(ld * 4)};
-    cuuint32_t bx[2] = {(cuuint32_t)box, 1}, estr[2] = {1, 1};
-    CUresult r = encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)p, dims, strides, bx, estr,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        die("wgmma: cuTensorMapEncodeTiled failed (%d) for scales (%lld, %lld)", (int)r, (long long)rows,
+        die("wgmma: cuTensorMapEncodeTiled failed (%d) for %s(%lld, %lld)", (int)r, what, (long long)rows,
             (long long)cols);
 }
-
-// The bf16 or fp32 tensors of the grouped GEMMs.
-static void tensor_map(CUtensorMap *map, const void *p, DType dt, int64_t rows, int64_t cols) {
-    wgmma_tensor_map(map, p, dt == DT_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                     (int)dtype_size(dt), rows, cols);
+void wgmma_tensor_map(CUtensorMap *map, const void *p, DType dt, int64_t rows, int64_t cols) {
+    CUtensorMapDataType type = dt == DT_F32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                               : dt == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                               : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    int64_t es = (int64_t)dtype_size(dt);
+    encode_map(map, p, type, rows, cols, cols * es, (int)(128 / es), 64, true, "");
+}
+void wgmma_scale_map(CUtensorMap *map, const float *p, int64_t rows, int64_t cols, int64_t ld, int box) {
+    encode_map(map, p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rows, cols, ld * 4, box, 1, false, "scales ");
 }
 
 bool wgmma_available(void) {
@@ -232,19 +229,16 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     int64_t ntiles = wg_table_build(&gt, kind, E, N, K, bn, offs);
     if (ntiles < 0) return false;
     wgmma_calls++;
-    if (kind == WG_WEIGHT_GRAD && !accumulate) // written, not added to: an empty expert's dw_e (no tiles) is 0
-        for (int64_t e = 0; e < E; e++)
-            if (offs[e + 1] == offs[e])
-                CUDA_CHECK(
-                    cudaMemsetAsync((float *)out.p + e * N * K, 0, (size_t)N * K * sizeof(float), cuda_stream()));
+    if (kind == WG_WEIGHT_GRAD && !accumulate) zero_empty_experts((float *)out.p, offs, E, N * K); // (no tiles)
     if (ntiles == 0) return true; // no rows: nothing (more) to write or add
     CUtensorMap ma, mb, mo;
     if (kind == WG_WEIGHT_GRAD) {
-        tensor_map(&ma, a.p, DT_BF16, t_rows(a), N), tensor_map(&mb, b.p, DT_BF16, t_rows(b), K);
-        tensor_map(&mo, out.p, DT_F32, E * N, K);
+        wgmma_tensor_map(&ma, a.p, DT_BF16, t_rows(a), N), wgmma_tensor_map(&mb, b.p, DT_BF16, t_rows(b), K);
+        wgmma_tensor_map(&mo, out.p, DT_F32, E * N, K);
     } else {
-        tensor_map(&ma, a.p, DT_BF16, t_rows(a), kind == WG_FORWARD ? K : N), tensor_map(&mb, w.p, DT_BF16, E * N, K);
-        tensor_map(&mo, out.p, DT_BF16, t_rows(out), C);
+        wgmma_tensor_map(&ma, a.p, DT_BF16, t_rows(a), kind == WG_FORWARD ? K : N),
+            wgmma_tensor_map(&mb, w.p, DT_BF16, E * N, K);
+        wgmma_tensor_map(&mo, out.p, DT_BF16, t_rows(out), C);
     }
     typedef void (*Launch)(const CUtensorMap *, const CUtensorMap *, const CUtensorMap *, void *, const WgTable *, int,
                            bool);
