@@ -36,13 +36,15 @@ typedef struct {
 } Batch;
 static const Batch ONE = {1, 0, 0, 0};
 
-// The heuristic's choice for one problem description, cached (the query costs tens of microseconds).
+// The heuristic's choice for one problem description, cached (the query costs tens of microseconds); hashed and
+// compared as bytes, so it has no padding.
 typedef struct {
     int64_t m, n, k, lda, ldb, ldd;
     Batch bt;
     int ta, tb, adt, ddt, beta0;
     uint32_t al[3];
 } GemmKey;
+static_assert(sizeof(GemmKey) == 10 * 8 + 8 * 4, "GemmKey has padding");
 typedef struct {
     GemmKey key;
     cublasLtMatmulAlgo_t algo;
@@ -82,10 +84,10 @@ static void lt_layouts_destroy(cublasLtMatrixLayout_t lay[3]) {
     for (int i = 0; i < 3; i++) CUDA_CHECK(cublasLtMatrixLayoutDestroy(lay[i]));
 }
 
-// The heuristic's first algorithm for the problem in key (its sizes, leading dims, batch, alignments);
-// false when it has none.
+// The heuristic's first algorithm for the problem in key (its sizes, leading dims, batch, alignments); false when it
+// has none, or with must a one-line error.
 static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataType_t at, cudaDataType_t dtt,
-                         cublasLtMatmulAlgo_t *algo) {
+                         cublasLtMatmulAlgo_t *algo, bool must) {
     CudaCtx *c = cuda_ctx();
     cublasLtMatrixLayout_t lay[3];
     lt_layouts(at, dtt, key->ta, key->tb, key->m, key->n, key->k, key->lda, key->ldb, key->ldd, key->bt, lay);
@@ -104,17 +106,11 @@ static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataTy
         cublasLtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &found);
     CUDA_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     lt_layouts_destroy(lay);
-    if (st != CUBLAS_STATUS_SUCCESS || found < 1) return false;
-    *algo = res.algo;
-    return true;
-}
-static cublasLtMatmulAlgo_t lt_heuristic_or_die(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataType_t at,
-                                                cudaDataType_t dtt) {
-    cublasLtMatmulAlgo_t algo;
-    if (!lt_heuristic(op, key, at, dtt, &algo))
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) return *algo = res.algo, true;
+    if (must)
         die("gemm: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s operands, %s output)", (long long)key->m,
             (long long)key->n, (long long)key->k, dtype_name((DType)key->adt), dtype_name((DType)key->ddt));
-    return algo;
+    return false;
 }
 
 // The operation of a product: op(A) = Aᵀ when ta, op(B) = Bᵀ when tb, fp32 accumulation.
@@ -145,25 +141,21 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
     cublasLtMatrixLayout_t lay[3];
     lt_layouts(at, dtt, ta, tb, m, n, k, lda, ldb, ldd, bt, lay);
     cublasLtMatrixLayout_t la = lay[0], lb = lay[1], ld = lay[2];
-    GemmKey key;
-    memset(&key, 0, sizeof key);
-    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd, key.ta = ta, key.tb = tb;
-    if (bt.count ==
-        1) { // bucket n and k where no leading dimension bounds them (ta: lda ≥ k; !tb: ldb ≥ k; tb: ldb ≥ n)
+    uint32_t al[3] = {align_of(A), align_of(B), align_of(D)};
+    GemmKey key = {m, n, k, lda, ldb, ldd, bt, ta, tb, (int)abt, (int)dt, beta == 0, {al[0], al[1], al[2]}};
+    // a single product buckets n and k where no leading dimension bounds them (ta: lda ≥ k; !tb: ldb ≥ k; tb: ldb ≥ n)
+    if (bt.count == 1) {
         int64_t nb = size_bucket(n), kb = size_bucket(k);
         if (!(tb && nb > ldb)) key.n = nb;
         if (!(ta && kb > lda) && !(!tb && kb > ldb)) key.k = kb;
     }
-    key.adt = (int)abt, key.ddt = (int)dt, key.beta0 = beta == 0, key.bt = bt;
-    key.al[0] = align_of(A), key.al[1] = align_of(B), key.al[2] = align_of(D);
     uint64_t h = 0;
-    const unsigned char *kb = (const unsigned char *)&key;
-    for (size_t i = 0; i < sizeof key; i++) h = (h ^ kb[i]) * 0x100000001b3ULL;
+    for (size_t i = 0; i < sizeof key; i++) h = (h ^ ((const unsigned char *)&key)[i]) * 0x100000001b3ULL;
     GemmCacheEntry *ce = &gemm_cache[h % 256];
     if (!ce->used || memcmp(&ce->key, &key, sizeof key)) {
         GemmKey exact = key;
         exact.n = n, exact.k = k;
-        if (!lt_heuristic(op, &key, at, dtt, &ce->algo)) ce->algo = lt_heuristic_or_die(op, &exact, at, dtt);
+        if (!lt_heuristic(op, &key, at, dtt, &ce->algo, false)) lt_heuristic(op, &exact, at, dtt, &ce->algo, true);
         ce->key = key, ce->used = true;
     }
     float alpha = 1.0f;
@@ -171,7 +163,8 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
                                        CUDA_LT_WS_BYTES, stream);
     if (st != CUBLAS_STATUS_SUCCESS) { // the bucket's algorithm does not take this size: ask for this exact one
         key.n = n, key.k = k;
-        cublasLtMatmulAlgo_t algo = lt_heuristic_or_die(op, &key, at, dtt);
+        cublasLtMatmulAlgo_t algo;
+        lt_heuristic(op, &key, at, dtt, &algo, true);
         CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algo, ws_mem, CUDA_LT_WS_BYTES,
                                   stream));
     }
@@ -191,7 +184,7 @@ bool lt_matmul_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *
     CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
     GemmKey key = {m, n, k, k, k, m, ONE, true, false, DT_U8, ddt, beta == 0, {256, 256, 256}};
     cublasLtMatmulAlgo_t algo;
-    bool ok = lt_heuristic(op, &key, CUDA_R_8F_E4M3, lt_type(ddt), &algo);
+    bool ok = lt_heuristic(op, &key, CUDA_R_8F_E4M3, lt_type(ddt), &algo, false);
     if (ok) {
         cublasLtMatrixLayout_t lay[3];
         lt_layouts(CUDA_R_8F_E4M3, lt_type(ddt), true, false, m, n, k, k, k, m, ONE, lay);
@@ -307,28 +300,28 @@ template <typename T> __global__ void linear_bias_backward_kernel(float *part, c
     colsum_block(part, M, N, [=](int64_t i, int64_t j) { return ld(dy, i * N + j); });
 }
 
+// The products in row chunks (chunk_rows), as the column-major calls of the table at the top: out (M, C) (+)= in (M, D)
+// · op(w), w (N, K), the forward (op T: C = N, D = K) or the input gradient (C = K, D = N).
+static void rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, float beta, const char *what) {
+    int64_t M = t_rows(in), N = t_rows(w), K = t_cols(w), C = input_grad ? K : N, D = input_grad ? N : K;
+    int64_t rows = chunk_rows(in, w.dt, what, input_grad ? "dy" : "x", "w");
+    CHECK(t_cols(in) == D && t_rows(out) == M && t_cols(out) == C);
+    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
+        n = M - r0 < rows ? M - r0 : rows;
+        lt_matmul(!input_grad, false, C, n, D, w.p, K, operand_rows(in, r0, n, w.dt), D, w.dt, beta,
+                  (char *)out.p + r0 * C * dtype_size(out.dt), C, out.dt);
+    }
+}
+
 extern "C" {
 
-// The products in row chunks (chunk_rows), as the column-major calls of the table at the top.
 void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
-    int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w), C = chunk_rows(x, w.dt, "linear_forward", "x", "w");
-    CHECK(t_cols(w) == K && t_rows(y) == M && t_cols(y) == N);
-    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
-        n = M - r0 < C ? M - r0 : C;
-        lt_matmul(true, false, N, n, K, w.p, K, operand_rows(x, r0, n, w.dt), K, w.dt, 0.0f,
-                  (char *)y.p + r0 * N * dtype_size(y.dt), N, y.dt);
-    }
+    rows_product(false, y, x, w, 0.0f, "linear_forward");
     if (b.p) cuda_linear_bias_forward(y, b, NULL);
 }
 
 void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
-    int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(w), C = chunk_rows(dy, w.dt, "linear_backward_input", "dy", "w");
-    CHECK(t_rows(w) == N && t_rows(dx) == M && t_cols(dx) == K);
-    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
-        n = M - r0 < C ? M - r0 : C;
-        lt_matmul(false, false, K, n, N, w.p, K, operand_rows(dy, r0, n, w.dt), N, w.dt, accumulate ? 1.0f : 0.0f,
-                  (char *)dx.p + r0 * K * dtype_size(dx.dt), K, dx.dt);
-    }
+    rows_product(true, dx, dy, w, accumulate ? 1.0f : 0.0f, "linear_backward_input");
 }
 
 // Mixed dtypes: the fp32 one of dy, x is rounded to bf16, a chunk of rows (the reduction dim) at a time.
@@ -515,12 +508,6 @@ static void pad_copy(bf16 *dst, const void *src, const GroupOffs *po, int64_t E,
     pad_rows_kernel<<<(unsigned)(E * Mp), threads, 0, cuda_stream()>>>(dst, (const bf16 *)src, *po, Mp, C / 8, zero);
     CUDA_LAUNCH_CHECK();
 }
-static void unpad_copy(void *dst, const bf16 *src, const GroupOffs *po, int64_t E, int64_t Mp, int64_t R, int64_t C) {
-    if (R == 0) return;
-    int threads = C / 8 < 256 ? (int)(C / 8) : 256;
-    unpad_rows_kernel<<<(unsigned)R, threads, 0, cuda_stream()>>>((bf16 *)dst, src, *po, (int)E, Mp, C / 8);
-    CUDA_LAUNCH_CHECK();
-}
 
 // One of the three expert products through the padded batch; false when it does not fit (the caller
 // then runs the grouped paths). a, b: the op's two inputs as named in each case below; out its output.
@@ -546,7 +533,9 @@ static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64
         pad_copy(pin, a.p, &po, E, Mp, D, false);
         Batch bt = {E, N * K, Mp * D, Mp * C};
         lt_matmul_on(c->compute, c->lt_ws, fwd, false, C, Mp, D, b.p, K, pin, D, DT_BF16, 0.0f, pout, C, DT_BF16, bt);
-        unpad_copy(out.p, pout, &po, E, Mp, R, C);
+        unpad_rows_kernel<<<(unsigned)R, C / 8 < 256 ? (int)(C / 8) : 256, 0, cuda_stream()>>>((bf16 *)out.p, pout, po,
+                                                                                               (int)E, Mp, C / 8);
+        CUDA_LAUNCH_CHECK(); // (R > 0: pad_rows_for)
     }
     padded_calls++;
     return true;
@@ -663,20 +652,19 @@ void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool a
                   grouped_bias_backward_kernel<T>
                   <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
                       (float *)db.p, (const T *)dy.p, g, N, accumulate));
-    } else { // row groups' sums, then added to db in order (colsum_finish)
-        CHECK(accumulate);
-        if (M == 0) return;
-        int G = colsum_groups(M, N);
-        float *part = colsum_part(N, G, "linear_backward_weight");
-        DT_SWITCH(dy.dt, T, "linear_backward_weight",
-                  linear_bias_backward_kernel<T>
-                  <<<dim3((unsigned)((N + 31) / 32), (unsigned)G), dim3(32, 8), 0, cuda_stream()>>>(
-                      part, (const T *)dy.p, M, N));
         CUDA_LAUNCH_CHECK();
-        colsum_finish((float *)db.p, part, G, N);
         return;
     }
+    CHECK(accumulate); // dense: row groups' sums, then added to db in order (colsum_finish)
+    if (M == 0) return;
+    int G = colsum_groups(M, N);
+    float *part = colsum_part(N, G, "linear_backward_weight");
+    DT_SWITCH(
+        dy.dt, T, "linear_backward_weight",
+        linear_bias_backward_kernel<T>
+        <<<dim3((unsigned)((N + 31) / 32), (unsigned)G), dim3(32, 8), 0, cuda_stream()>>>(part, (const T *)dy.p, M, N));
     CUDA_LAUNCH_CHECK();
+    colsum_finish((float *)db.p, part, G, N);
 }
 
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
