@@ -36,15 +36,14 @@ typedef struct {
 } Batch;
 static const Batch ONE = {1, 0, 0, 0};
 
-// The heuristic's choice for one problem description, cached (the query costs tens of microseconds); hashed and
-// compared as bytes, so it has no padding.
+// The heuristic's choice for one problem description, cached (the query costs tens of microseconds).
 typedef struct {
     int64_t m, n, k, lda, ldb, ldd;
     Batch bt;
     int ta, tb, adt, ddt, beta0;
     uint32_t al[3];
 } GemmKey;
-static_assert(sizeof(GemmKey) == 10 * 8 + 8 * 4, "GemmKey has padding");
+static_assert(sizeof(GemmKey) == 10 * 8 + 8 * 4, "GemmKey is hashed and compared as bytes: no padding");
 typedef struct {
     GemmKey key;
     cublasLtMatmulAlgo_t algo;
@@ -171,8 +170,7 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
     lt_layouts_destroy(lay);
     CUDA_CHECK(cublasLtMatmulDescDestroy(op));
 }
-// The FP8 product (cuda_fp8.cu; cuda_common.cuh): the layouts as in lt_matmul_on, A and B E4M3 with their scale modes,
-// the heuristic asked with its default alignments (256 bytes) and not cached.
+// The FP8 product (cuda_common.cuh): the heuristic asked with its default alignments (256 bytes), not cached.
 bool lt_matmul_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *sa, const void *B, const float *sb,
                    void *D, DType ddt, float beta) {
     CudaCtx *c = cuda_ctx();
@@ -482,8 +480,7 @@ __global__ void unpad_rows_kernel(bf16 *dst, const bf16 *src, GroupOffs po, int 
     for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) d[c] = sp[c];
 }
 
-static int64_t padded_calls,
-    big_calls; // products run as a padded batch; experts run as dense products beside a grouped call
+static int64_t padded_calls, big_calls; // products run as a padded batch; experts run beside a grouped call
 
 // PITH_GROUPED_KERNEL (unset: "wgmma", the wgmma kernels first): the path of an expert product (below).
 static const char *grouped_kernel(void) {
@@ -592,7 +589,6 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
 }
 
 // ---- per-expert biases (GPT-OSS) ----
-
 // y[i, j] += b[e, j] for the expert e whose rows hold i (the last e with o[e] ≤ i: empty experts skip); dense: E 1.
 template <typename TY, typename TB>
 __global__ void bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int E, int64_t R, int64_t N) {
