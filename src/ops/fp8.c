@@ -22,7 +22,7 @@ static const Tensor NONE = {0};
 // Two scratch buffers per device for the rounded operands, grown to their largest use (the first step) and kept;
 // like the GPU op scratch they are outside the memory plan. Growing a device buffer frees the old one, which
 // waits for the queued work that reads it.
-static struct {
+static struct Scratch {
     void *p;
     size_t bytes;
 } scratch[2][2];
@@ -30,18 +30,15 @@ static struct {
 // A tensor of x's shape and dtype in scratch slot `slot` of x's device.
 static Tensor scratch_like(int slot, Tensor x) {
     int d = x.dev == DEV_CUDA;
+    struct Scratch *sc = &scratch[d][slot];
     size_t need = tensor_bytes(x);
-    if (need > scratch[d][slot].bytes) {
-        if (d) {
-            if (scratch[d][slot].p) device_free(scratch[d][slot].p);
-            scratch[d][slot].p = device_alloc(need, "the FP8 operand scratch");
-        } else {
-            scratch[d][slot].p = xrealloc(scratch[d][slot].p, need);
-        }
-        scratch[d][slot].bytes = need;
+    if (need > sc->bytes) {
+        if (d && sc->p) device_free(sc->p);
+        sc->p = d ? device_alloc(need, "the FP8 operand scratch") : xrealloc(sc->p, need);
+        sc->bytes = need;
     }
     Tensor y = x;
-    y.p = scratch[d][slot].p;
+    y.p = sc->p;
     return y;
 }
 

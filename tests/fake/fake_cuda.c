@@ -426,18 +426,9 @@ __attribute__((constructor)) static void fake_install_device_memory(void) {
 }
 void cuda_sync(void) {}
 size_t cuda_pool_bytes(void) { return 0; }
-size_t cuda_mem_used_bytes(void) { return 0; }
 size_t cuda_mem_peak_bytes(void) { return 0; }
 void *cuda_compute_stream(void) { return COMPUTE; }
 void *cuda_comm_stream(void) { return COMM; }
-void *cuda_event_create(void) {
-    cudaEvent_t ev;
-    cudaEventCreateWithFlags(&ev, 0);
-    return ev;
-}
-void cuda_event_destroy(void *ev) { cudaEventDestroy(ev); }
-void cuda_event_record(void *ev, void *stream) { cudaEventRecord(ev, stream); }
-void cuda_stream_wait_event(void *stream, void *ev) { cudaStreamWaitEvent(stream, ev, 0); }
 
 static void op_delay(void) {
     static double d = -1;

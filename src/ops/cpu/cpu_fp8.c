@@ -121,40 +121,28 @@ void cpu_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int gro
     blocks_run(x, b, offs, groups, NULL, NULL, y.p); // an element is read before it is written: y may be x
 }
 
-// fw from w (N, K): the codes and natural scales (NB, KB) of the 128 × 128 blocks, then qt = qᵀ and the scales in
-// the padded layouts of s (NB, KB4) and st (KB, NB4) (ops.h, Fp8Weight).
-static void weight_2d(Fp8Weight fw, Tensor w) {
-    int64_t N = t_rows(w), K = t_cols(w), NB = (N + 127) / 128, KB = (K + 127) / 128, KB4 = fw.s.n[1], NB4 = fw.st.n[1];
-    CHECK(fw.q.n[0] == N && fw.q.n[1] == K && fw.s.n[0] == NB && fw.st.n[0] == KB);
-    float *s = xmalloc(sizeof(float) * NB * KB);
-    cpu_fp8_quantize(fw.q, tensor_make(s, DT_F32, DEV_CPU, 2, NB, KB, 1, 1), w, FP8_TILES, NULL, 0);
-    const uint8_t *q = fw.q.p;
-    uint8_t *qt = fw.qt.p;
-#pragma omp parallel for
-    for (int64_t k = 0; k < K; k++)
-        for (int64_t n = 0; n < N; n++) qt[k * N + n] = q[n * K + k];
-    memset(fw.s.p, 0, tensor_bytes(fw.s)), memset(fw.st.p, 0, tensor_bytes(fw.st));
-    for (int64_t nb = 0; nb < NB; nb++)
-        for (int64_t kb = 0; kb < KB; kb++) F(fw.s)[nb * KB4 + kb] = F(fw.st)[kb * NB4 + nb] = s[nb * KB + kb];
-    free(s);
-}
-
-// A dense weight, or the experts' (E, N, K) one expert at a time: the parts of expert e are its rows of each.
+// fw from w, a dense (N, K) weight or the experts' (E, N, K): the codes and natural scales (E·NB, KB) of each
+// expert's 128 × 128 blocks, then each expert's qt = qᵀ and the scales in the padded layouts of s (E·NB, KB4) and
+// st (E·KB, NB4) (ops.h, Fp8Weight).
 void cpu_fp8_weight(Fp8Weight fw, Tensor w) {
     CPU_F32(w);
-    if (w.nd != 3) {
-        weight_2d(fw, w);
-        return;
-    }
-    int64_t E = w.n[0], N = w.n[1], K = w.n[2], NB = (N + 127) / 128, KB = (K + 127) / 128;
-    CHECK(fw.q.nd == 3 && fw.q.n[0] == E && fw.s.n[0] == E * NB && fw.st.n[0] == E * KB);
-    for (int64_t e = 0; e < E; e++) {
-        Fp8Weight f = {tensor_make((uint8_t *)fw.q.p + e * N * K, DT_U8, DEV_CPU, 2, N, K, 1, 1),
-                       tensor_make((uint8_t *)fw.qt.p + e * N * K, DT_U8, DEV_CPU, 2, K, N, 1, 1),
-                       tensor_make(F(fw.s) + e * NB * fw.s.n[1], DT_F32, DEV_CPU, 2, NB, fw.s.n[1], 1, 1),
-                       tensor_make(F(fw.st) + e * KB * fw.st.n[1], DT_F32, DEV_CPU, 2, KB, fw.st.n[1], 1, 1)};
-        weight_2d(f, tensor_make(F(w) + e * N * K, DT_F32, DEV_CPU, 2, N, K, 1, 1));
-    }
+    int64_t E = w.nd == 3 ? w.n[0] : 1, N = w.n[w.nd - 2], K = w.n[w.nd - 1], NB = (N + 127) / 128,
+            KB = (K + 127) / 128, KB4 = fw.s.n[1], NB4 = fw.st.n[1];
+    CHECK(fw.q.n[fw.q.nd - 2] == N && fw.q.n[fw.q.nd - 1] == K && fw.s.n[0] == E * NB && fw.st.n[0] == E * KB);
+    float *s = xmalloc(sizeof(float) * E * NB * KB);
+    cpu_fp8_quantize(fw.q, tensor_make(s, DT_F32, DEV_CPU, 2, E * NB, KB, 1, 1), w, FP8_TILES, NULL, 0);
+    const uint8_t *q = fw.q.p;
+    uint8_t *qt = fw.qt.p;
+    for (int64_t e = 0; e < E; e++)
+#pragma omp parallel for
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t n = 0; n < N; n++) qt[(e * K + k) * N + n] = q[(e * N + n) * K + k];
+    memset(fw.s.p, 0, tensor_bytes(fw.s)), memset(fw.st.p, 0, tensor_bytes(fw.st));
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t nb = 0; nb < NB; nb++)
+            for (int64_t kb = 0; kb < KB; kb++)
+                F(fw.s)[(e * NB + nb) * KB4 + kb] = F(fw.st)[(e * KB + kb) * NB4 + nb] = s[(e * NB + nb) * KB + kb];
+    free(s);
 }
 
 void cpu_fp8_weight_values(Tensor y, Fp8Weight fw) {

@@ -71,34 +71,27 @@ void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
     if (b.p) cpu_linear_bias_forward(y, b, NULL);
 }
 
-// Rows [r0, r1) of expert e (offs NULL: every row, e 0).
-static void rows_of(const int64_t *offs, int64_t e, int64_t M, int64_t *r0, int64_t *r1) {
-    *r0 = offs ? offs[e] : 0, *r1 = offs ? offs[e + 1] : M;
-}
-
 void cpu_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
-    int64_t M = t_rows(y), N = t_cols(y), E = offs ? tensor_numel(b) / N : 1, r0, r1;
+    int64_t N = t_cols(y), E = offs ? tensor_numel(b) / N : 1, all[2] = {0, t_rows(y)}; // dense: one group
     CHECK(tensor_numel(b) == E * N);
-    for (int64_t e = 0; e < E; e++) {
-        rows_of(offs, e, M, &r0, &r1);
+    if (!offs) offs = all;
+    for (int64_t e = 0; e < E; e++)
 #pragma omp parallel for
-        for (int64_t i = r0; i < r1; i++)
+        for (int64_t i = offs[e]; i < offs[e + 1]; i++)
             for (int64_t j = 0; j < N; j++) F(y)[i * N + j] += F(b)[e * N + j];
-    }
 }
 
 void cpu_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate) {
-    int64_t M = t_rows(dy), N = t_cols(dy), E = offs ? tensor_numel(db) / N : 1, r0, r1;
+    int64_t N = t_cols(dy), E = offs ? tensor_numel(db) / N : 1, all[2] = {0, t_rows(dy)};
     CHECK(tensor_numel(db) == E * N);
-    for (int64_t e = 0; e < E; e++) {
-        rows_of(offs, e, M, &r0, &r1);
+    if (!offs) offs = all;
+    for (int64_t e = 0; e < E; e++)
 #pragma omp parallel for
         for (int64_t j = 0; j < N; j++) {
             double s = 0;
-            for (int64_t i = r0; i < r1; i++) s += F(dy)[i * N + j];
+            for (int64_t i = offs[e]; i < offs[e + 1]; i++) s += F(dy)[i * N + j];
             F(db)[e * N + j] = (accumulate ? F(db)[e * N + j] : 0) + (float)s;
         }
-    }
 }
 
 void cpu_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {

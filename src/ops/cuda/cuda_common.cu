@@ -158,12 +158,6 @@ size_t cuda_pool_bytes(void) {
     return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES + scratch_bytes + gemm_side_bytes;
 }
 
-size_t cuda_mem_used_bytes(void) {
-    cuda_ctx();
-    size_t u = mem_in_use();
-    return u > mem_base ? u - mem_base : 0;
-}
-
 size_t cuda_mem_peak_bytes(void) {
     cuda_ctx();
     mem_sample();
@@ -172,16 +166,5 @@ size_t cuda_mem_peak_bytes(void) {
 
 void *cuda_compute_stream(void) { return cuda_ctx()->compute; }
 void *cuda_comm_stream(void) { return cuda_ctx()->comm; }
-
-void *cuda_event_create(void) {
-    cudaEvent_t ev;
-    CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    return ev;
-}
-void cuda_event_destroy(void *ev) { CUDA_CHECK(cudaEventDestroy((cudaEvent_t)ev)); }
-void cuda_event_record(void *ev, void *stream) { CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream)); }
-void cuda_stream_wait_event(void *stream, void *ev) {
-    CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0));
-}
 
 } // extern "C"

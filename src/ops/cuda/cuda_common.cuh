@@ -74,23 +74,46 @@ extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradi
 int colsum_groups(int64_t R, int64_t N);
 float *colsum_part(int64_t N, int G, const char *what);
 void colsum_finish(float *out, const float *part, int G, int64_t N);
-// The body of a column-sum kernel: a block of 32 columns × 8 row lanes, grid (⌈N/32⌉, G); part[g·N + j] (TA: fp32 or
-// fp64) = Σ of f(i, j) over the rows i of group g (lane-strided), lane 0 adding the 8 lanes' sums in order.
-template <typename TA, typename Fn> __device__ __forceinline__ void colsum_block(TA *part, int64_t R, int64_t N, Fn f) {
+// The body of a column-sum kernel: a block of 32 columns × 8 row lanes, column j = blockIdx.x·32 + threadIdx.x summing
+// f(i, j) (TA: fp32 or fp64) over the rows i = i0 + threadIdx.y, + step, … < i1 (lane-strided), lane 0 then adding the
+// 8 lanes' sums in order; the sum is returned in lane 0 (threadIdx.y 0) where j < N.
+template <typename TA, typename Fn>
+__device__ __forceinline__ TA colsum_rows(int64_t i0, int64_t i1, int64_t step, int64_t N, Fn f) {
     __shared__ TA sm[8][33];
     int64_t j = blockIdx.x * 32 + threadIdx.x;
     TA s = 0;
     if (j < N)
-        for (int64_t i = blockIdx.y * 8 + threadIdx.y; i < R; i += (int64_t)gridDim.y * 8) s += f(i, j);
+        for (int64_t i = i0 + threadIdx.y; i < i1; i += step) s += f(i, j);
     sm[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
-    if (threadIdx.y == 0 && j < N) {
+    if (threadIdx.y == 0 && j < N)
         for (int r = 1; r < 8; r++) s += sm[r][threadIdx.x];
-        part[blockIdx.y * N + j] = s;
+    return s;
+}
+// Grid (⌈N/32⌉, G): part[g·N + j] = Σ of f(i, j) over the rows i of group g (lane-strided).
+template <typename TA, typename Fn> __device__ __forceinline__ void colsum_block(TA *part, int64_t R, int64_t N, Fn f) {
+    int64_t j = blockIdx.x * 32 + threadIdx.x;
+    TA s = colsum_rows<TA>(blockIdx.y * 8, R, (int64_t)gridDim.y * 8, N, f);
+    if (threadIdx.y == 0 && j < N) part[blockIdx.y * N + j] = s;
+}
+
+// The group (an expert) of row i: the last g < n with o[g] ≤ i (o ascending, o[0] ≤ i), passing over empty groups.
+__device__ __forceinline__ int group_of(const int *o, int n, int64_t i) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (o[mid] <= i) lo = mid;
+        else hi = mid - 1;
     }
+    return lo;
 }
 
 // ---- functions shared between the .cu files ----
+// A weight gradient written, not added to (dw (E, N, K) fp32, nk = N·K): the experts without rows get zeros.
+static inline void zero_empty_experts(float *dw, const int64_t *offs, int64_t E, int64_t nk) {
+    for (int64_t e = 0; e < E; e++)
+        if (offs[e + 1] == offs[e]) CUDA_CHECK(cudaMemsetAsync(dw + e * nk, 0, nk * sizeof(float), cuda_stream()));
+}
 // The expert products (kinds): forward y = x_e·w_eᵀ, input gradient dx = dy_e·w_e, weight gradient dw_e (+)= dy_eᵀ·x_e.
 enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
 // One on the wgmma kernels (cuda_wgmma.cu): out y or dx (R, ·), a x or dy (R, ·), b w (E, N, K); or for the weight
@@ -98,6 +121,11 @@ enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
 // not fit, and the caller runs another path; wgmma_grouped_calls counts those that ran.
 bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate);
 int64_t wgmma_grouped_calls(void);
+// cuBLASLt's block-scaled E4M3 product (cuda_gemm.cu), column-major D (m × n, ldd m) = op_T(A)·op_N(B) + beta·D: A codes
+// (k × m, lda k) with BLK128x128 scales sa, B codes (k × n, ldb k) with VEC128 scales sb (cuda_fp8.cu has the layouts),
+// D of dtype ddt (fp32 or bf16). False when cuBLASLt has no algorithm.
+bool lt_matmul_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *sa, const void *B, const float *sb,
+                   void *D, DType ddt, float beta);
 // cuDNN's fused attention (cuda_cudnn.cu), causal, in a sliding window of `window` keys when > 0; false when
 // not built with cuDNN, not this variant, or no plan.
 bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window);

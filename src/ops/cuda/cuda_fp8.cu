@@ -9,7 +9,6 @@
 // A with BLK128x128_32F scales and B with VEC128_32F ones, fp32 accumulation, D bf16 or fp32. Their layouts:
 // BLK128x128 for an operand of R rows (outer) of contraction length k: s[rb·KB4 + kb], KB4 = 4⌈⌈k/128⌉/4⌉;
 // VEC128: s[kb·R + r]. Every dimension a multiple of 16 and every pointer 16-byte aligned; other shapes return false.
-#include <cublasLt.h>
 #include <cuda_fp8.h>
 
 #include "ops/cuda/cuda_common.cuh"
@@ -128,12 +127,7 @@ __device__ __forceinline__ float bits_scale(unsigned b) {
 
 // The rows r0..r1 of row block rb (of all groups' blocks, in order).
 __device__ __forceinline__ void group_rows(const Fp8Groups &gr, int64_t rb, int64_t *r0, int64_t *r1) {
-    int lo = 0, hi = gr.n - 1; // the group holding row block rb
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (gr.rb0[mid] <= rb) lo = mid;
-        else hi = mid - 1;
-    }
+    int lo = group_of(gr.rb0, gr.n, rb); // the group holding row block rb
     *r0 = gr.offs[lo] + (rb - gr.rb0[lo]) * gr.bh, *r1 = min((int64_t)gr.offs[lo + 1], *r0 + gr.bh);
 }
 
@@ -389,47 +383,7 @@ extern "C" void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
 
 static int64_t tc_gemms; // tensor-core GEMMs run (cuda_fp8_tensor_core_gemms)
 extern "C" int64_t cuda_fp8_tensor_core_gemms(void) { return tc_gemms; }
-
-// D (m × n column-major, ldd m) = op_T(A)·op_N(B) + beta·D: A codes (k × m, lda k) with BLK128x128 scales sa, B codes
-// (k × n, ldb k) with VEC128 scales sb (the layouts above), D of dtype ddt. False when cuBLASLt has no algorithm.
-static bool lt_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *sa, const void *B, const float *sb,
-                   void *D, DType ddt, float beta) {
-    CudaCtx *c = cuda_ctx();
-    cublasLtMatmulDesc_t op;
-    CUDA_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    int32_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
-    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
-    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
-    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
-    cudaDataType_t dt = ddt == DT_F32 ? CUDA_R_32F : CUDA_R_16BF;
-    cublasLtMatrixLayout_t la, lb, ld;
-    CUDA_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k));
-    CUDA_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k));
-    CUDA_CHECK(cublasLtMatrixLayoutCreate(&ld, dt, m, n, m));
-    cublasLtMatmulPreference_t pref;
-    CUDA_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = CUDA_LT_WS_BYTES;
-    CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    cublasStatus_t stt = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, ld, ld, pref, 1, &res, &found);
-    bool ok = stt == CUBLAS_STATUS_SUCCESS && found > 0;
-    float alpha = 1.0f;
-    if (ok)
-        CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &res.algo, c->lt_ws,
-                                  CUDA_LT_WS_BYTES, c->compute));
-    CUDA_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    CUDA_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUDA_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUDA_CHECK(cublasLtMatrixLayoutDestroy(ld));
-    CUDA_CHECK(cublasLtMatmulDescDestroy(op));
-    tc_gemms += ok;
-    return ok;
-}
+static bool counted(bool ran) { return tc_gemms += ran, ran; }
 
 // A dense weight's shapes cuBLASLt's FP8 products take (also asked without a GPU: op_fp8_tensor_cores).
 extern "C" bool cuda_fp8_dense_fit(int64_t N, int64_t K) { return N % 16 == 0 && K % 16 == 0; }
@@ -478,7 +432,7 @@ static bool rows_gemm(Tensor out, Tensor in, int64_t m, const void *A, const flo
     uint8_t *q;
     float *s;
     quant_rows(in, NULL, NULL, T, &q, &s);
-    return lt_fp8(m, T, k, A, sa, q, s, out.p, out.dt, beta);
+    return counted(lt_matmul_fp8(m, T, k, A, sa, q, s, out.p, out.dt, beta));
 }
 
 extern "C" bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) {
@@ -508,7 +462,7 @@ extern "C" bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) 
               fp8_quant_t_kernel<T_><<<TB *((K + 127) / 128), 256, 0, st0>>>(xq, xs, NULL, NULL, (const T_ *)x.p, T, K,
                                                                              Tp, true, up4(TB), 0));
     CUDA_LAUNCH_CHECK();
-    return lt_fp8(K, N, Tp, xq, xs, dq, ds, dw.p, DT_F32, 1.0f);
+    return counted(lt_matmul_fp8(K, N, Tp, xq, xs, dq, ds, dw.p, DT_F32, 1.0f));
 }
 
 // The experts' forward (y = x_e·w_eᵀ: the codes q and scales s) or input gradient (dx = dy_e·w_e: qt and st) on the
@@ -531,9 +485,7 @@ extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const 
     int64_t lds = up4(R);
     quant_rows(x, NULL, NULL, lds, &q, &s);
     Tensor wq = input_grad ? w8.qt : w8.q, ws = input_grad ? w8.st : w8.s;
-    bool ok = wgmma_fp8_grouped(y, q, s, lds, R, wq.p, (const float *)ws.p, ws.n[1], E, C, Kx, offs);
-    tc_gemms += ok;
-    return ok;
+    return counted(wgmma_fp8_grouped(y, q, s, lds, R, wq.p, (const float *)ws.p, ws.n[1], E, C, Kx, offs));
 }
 
 // x (R, C) (C a multiple of 128) in 128 × 1 blocks within each group of rows of gr (fp8_groups with bh 128) → codes
@@ -573,17 +525,12 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
         if (offs[e + 1] < offs[e]) return false;
     const Fp8Groups *gr = fp8_groups(offs, (int)E, 0, 128);
     int64_t TB = gr->rb0[E], Tp = TB * 128;
-    if (!accumulate) // an empty expert has no tiles: its dw_e is zeroed here
-        for (int64_t e = 0; e < E; e++)
-            if (offs[e + 1] == offs[e])
-                CUDA_CHECK(cudaMemsetAsync((float *)dw.p + e * N * K, 0, sizeof(float) * N * K, cuda_stream()));
-    if (TB == 0) return true; // no rows: nothing (more) to write
+    if (!accumulate) zero_empty_experts((float *)dw.p, offs, E, N * K); // they have no tiles
+    if (TB == 0) return true;                                           // no rows: nothing (more) to write
     size_t bd = a256(N * Tp), bx = a256(K * Tp), bsd = a256(sizeof(float) * TB * N);
     char *p = (char *)cuda_scratch(bd + bx + bsd + a256(sizeof(float) * TB * K));
     uint8_t *dq = (uint8_t *)p, *xq = (uint8_t *)(p + bd);
     float *ds = (float *)(p + bd + bx), *xs = (float *)(p + bd + bx + bsd);
     quant_t_groups(dq, ds, dy, gr), quant_t_groups(xq, xs, x, gr);
-    bool ok = wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, accumulate);
-    tc_gemms += ok;
-    return ok;
+    return counted(wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, accumulate));
 }

@@ -43,6 +43,7 @@ typedef struct {
     int ta, tb, adt, ddt, beta0;
     uint32_t al[3];
 } GemmKey;
+static_assert(sizeof(GemmKey) == 10 * 8 + 8 * 4, "GemmKey is hashed and compared as bytes: no padding");
 typedef struct {
     GemmKey key;
     cublasLtMatmulAlgo_t algo;
@@ -82,10 +83,10 @@ static void lt_layouts_destroy(cublasLtMatrixLayout_t lay[3]) {
     for (int i = 0; i < 3; i++) CUDA_CHECK(cublasLtMatrixLayoutDestroy(lay[i]));
 }
 
-// The heuristic's first algorithm for the problem in key (its sizes, leading dims, batch, alignments);
-// false when it has none.
+// The heuristic's first algorithm for the problem in key (its sizes, leading dims, batch, alignments); false when it
+// has none, or with must a one-line error.
 static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataType_t at, cudaDataType_t dtt,
-                         cublasLtMatmulAlgo_t *algo) {
+                         cublasLtMatmulAlgo_t *algo, bool must) {
     CudaCtx *c = cuda_ctx();
     cublasLtMatrixLayout_t lay[3];
     lt_layouts(at, dtt, key->ta, key->tb, key->m, key->n, key->k, key->lda, key->ldb, key->ldd, key->bt, lay);
@@ -104,17 +105,21 @@ static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataTy
         cublasLtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &found);
     CUDA_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     lt_layouts_destroy(lay);
-    if (st != CUBLAS_STATUS_SUCCESS || found < 1) return false;
-    *algo = res.algo;
-    return true;
-}
-static cublasLtMatmulAlgo_t lt_heuristic_or_die(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataType_t at,
-                                                cudaDataType_t dtt) {
-    cublasLtMatmulAlgo_t algo;
-    if (!lt_heuristic(op, key, at, dtt, &algo))
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0) return *algo = res.algo, true;
+    if (must)
         die("gemm: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s operands, %s output)", (long long)key->m,
             (long long)key->n, (long long)key->k, dtype_name((DType)key->adt), dtype_name((DType)key->ddt));
-    return algo;
+    return false;
+}
+
+// The operation of a product: op(A) = Aᵀ when ta, op(B) = Bᵀ when tb, fp32 accumulation.
+static cublasLtMatmulDesc_t lt_desc(bool ta, bool tb) {
+    cublasLtMatmulDesc_t op;
+    CUDA_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    return op;
 }
 
 // Column-major D(m×n) = op(A)(m×k) · op(B)(k×n) + beta·D; A stored (k×m if ta else m×k) with lda, B stored
@@ -131,33 +136,25 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
     }
     if (abt == DT_F32 && dt != DT_F32) die("gemm: fp32 operands need an fp32 output (got %s)", dtype_name(dt));
     cudaDataType_t at = lt_type(abt), dtt = lt_type(dt);
-    cublasLtMatmulDesc_t op;
-    CUDA_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    cublasLtMatmulDesc_t op = lt_desc(ta, tb);
     cublasLtMatrixLayout_t lay[3];
     lt_layouts(at, dtt, ta, tb, m, n, k, lda, ldb, ldd, bt, lay);
     cublasLtMatrixLayout_t la = lay[0], lb = lay[1], ld = lay[2];
-    GemmKey key;
-    memset(&key, 0, sizeof key);
-    key.m = m, key.n = n, key.k = k, key.lda = lda, key.ldb = ldb, key.ldd = ldd, key.ta = ta, key.tb = tb;
-    if (bt.count ==
-        1) { // bucket n and k where no leading dimension bounds them (ta: lda ≥ k; !tb: ldb ≥ k; tb: ldb ≥ n)
+    uint32_t al[3] = {align_of(A), align_of(B), align_of(D)};
+    GemmKey key = {m, n, k, lda, ldb, ldd, bt, ta, tb, (int)abt, (int)dt, beta == 0, {al[0], al[1], al[2]}};
+    // a single product buckets n and k where no leading dimension bounds them (ta: lda ≥ k; !tb: ldb ≥ k; tb: ldb ≥ n)
+    if (bt.count == 1) {
         int64_t nb = size_bucket(n), kb = size_bucket(k);
         if (!(tb && nb > ldb)) key.n = nb;
         if (!(ta && kb > lda) && !(!tb && kb > ldb)) key.k = kb;
     }
-    key.adt = (int)abt, key.ddt = (int)dt, key.beta0 = beta == 0, key.bt = bt;
-    key.al[0] = align_of(A), key.al[1] = align_of(B), key.al[2] = align_of(D);
     uint64_t h = 0;
-    const unsigned char *kb = (const unsigned char *)&key;
-    for (size_t i = 0; i < sizeof key; i++) h = (h ^ kb[i]) * 0x100000001b3ULL;
+    for (size_t i = 0; i < sizeof key; i++) h = (h ^ ((const unsigned char *)&key)[i]) * 0x100000001b3ULL;
     GemmCacheEntry *ce = &gemm_cache[h % 256];
     if (!ce->used || memcmp(&ce->key, &key, sizeof key)) {
         GemmKey exact = key;
         exact.n = n, exact.k = k;
-        if (!lt_heuristic(op, &key, at, dtt, &ce->algo)) ce->algo = lt_heuristic_or_die(op, &exact, at, dtt);
+        if (!lt_heuristic(op, &key, at, dtt, &ce->algo, false)) lt_heuristic(op, &exact, at, dtt, &ce->algo, true);
         ce->key = key, ce->used = true;
     }
     float alpha = 1.0f;
@@ -165,13 +162,39 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
                                        CUDA_LT_WS_BYTES, stream);
     if (st != CUBLAS_STATUS_SUCCESS) { // the bucket's algorithm does not take this size: ask for this exact one
         key.n = n, key.k = k;
-        cublasLtMatmulAlgo_t algo = lt_heuristic_or_die(op, &key, at, dtt);
+        cublasLtMatmulAlgo_t algo;
+        lt_heuristic(op, &key, at, dtt, &algo, true);
         CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algo, ws_mem, CUDA_LT_WS_BYTES,
                                   stream));
     }
     lt_layouts_destroy(lay);
     CUDA_CHECK(cublasLtMatmulDescDestroy(op));
 }
+// The FP8 product (cuda_common.cuh): the heuristic asked with its default alignments (256 bytes), not cached.
+bool lt_matmul_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *sa, const void *B, const float *sb,
+                   void *D, DType ddt, float beta) {
+    CudaCtx *c = cuda_ctx();
+    cublasLtMatmulDesc_t op = lt_desc(true, false);
+    int32_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+    CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    GemmKey key = {m, n, k, k, k, m, ONE, true, false, DT_U8, ddt, beta == 0, {256, 256, 256}};
+    cublasLtMatmulAlgo_t algo;
+    bool ok = lt_heuristic(op, &key, CUDA_R_8F_E4M3, lt_type(ddt), &algo, false);
+    if (ok) {
+        cublasLtMatrixLayout_t lay[3];
+        lt_layouts(CUDA_R_8F_E4M3, lt_type(ddt), true, false, m, n, k, k, k, m, ONE, lay);
+        float alpha = 1.0f;
+        CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, lay[0], B, lay[1], &beta, D, lay[2], D, lay[2], &algo, c->lt_ws,
+                                  CUDA_LT_WS_BYTES, c->compute));
+        lt_layouts_destroy(lay);
+    }
+    CUDA_CHECK(cublasLtMatmulDescDestroy(op));
+    return ok;
+}
+
 static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
                       int64_t ldb, DType abt, float beta, void *D, int64_t ldd, DType dt) {
     CudaCtx *c = cuda_ctx();
@@ -191,30 +214,23 @@ static void *wgrad_ws[WGRAD_STREAMS_MAX];
 static cudaEvent_t wgrad_fork, wgrad_join[WGRAD_STREAMS_MAX];
 size_t gemm_side_bytes; // the side workspaces, counted by cuda_pool_bytes
 
-// The stream count for this call (PITH_WGRAD_STREAMS, default 4), setting up any not made yet.
-static int wgrad_streams(void) {
+// The side streams start after the work queued so far on the compute stream (side_fork returns how many streams
+// there are, PITH_WGRAD_STREAMS, default 4, the compute stream included, setting up any not made yet), and the
+// compute stream continues after everything queued on them (side_join).
+static int side_fork(void) {
     const char *e = getenv("PITH_WGRAD_STREAMS");
-    int n = e ? atoi(e) : 4;
-    n = n < 1 ? 1 : n > WGRAD_STREAMS_MAX ? WGRAD_STREAMS_MAX : n;
+    int ns = e ? atoi(e) : 4;
+    ns = ns < 1 ? 1 : ns > WGRAD_STREAMS_MAX ? WGRAD_STREAMS_MAX : ns;
     CudaCtx *c = cuda_ctx();
     wgrad_stream[0] = c->compute, wgrad_ws[0] = c->lt_ws;
-    if (n > 1 && !wgrad_fork) CUDA_CHECK(cudaEventCreateWithFlags(&wgrad_fork, cudaEventDisableTiming));
-    for (; wgrad_made < n; wgrad_made++) {
+    if (ns > 1 && !wgrad_fork) CUDA_CHECK(cudaEventCreateWithFlags(&wgrad_fork, cudaEventDisableTiming));
+    for (; wgrad_made < ns; wgrad_made++) {
         int i = wgrad_made;
         CUDA_CHECK(cudaStreamCreateWithFlags(&wgrad_stream[i], cudaStreamNonBlocking));
         CUDA_CHECK(cudaMalloc(&wgrad_ws[i], CUDA_LT_WS_BYTES));
         CUDA_CHECK(cudaEventCreateWithFlags(&wgrad_join[i], cudaEventDisableTiming));
         gemm_side_bytes += CUDA_LT_WS_BYTES;
     }
-    return n;
-}
-
-// The side streams start after the work queued so far on the compute stream (side_fork returns how many
-// streams there are, the compute stream included), and the compute stream continues after everything
-// queued on them (side_join).
-static int side_fork(void) {
-    int ns = wgrad_streams();
-    CudaCtx *c = cuda_ctx();
     if (ns > 1) {
         CUDA_CHECK(cudaEventRecord(wgrad_fork, c->compute));
         for (int i = 1; i < ns; i++) CUDA_CHECK(cudaStreamWaitEvent(wgrad_stream[i], wgrad_fork, 0));
@@ -234,14 +250,8 @@ static void side_join(int ns) {
 // grouped GEMM runs such mixed sizes well below the rate of one large dense product (bench/cuda_ops.md,
 // round 3). So experts of at least BIG_ROWS rows run as dense cuBLASLt products on the side streams,
 // concurrently with the grouped call that takes the others on the compute stream.
-// PITH_GROUPED_BIG_ROWS sets the threshold (0: none; for A/B runs).
+// PITH_GROUPED_BIG_ROWS sets the threshold (0: none; for A/B runs); without side streams there is none.
 #define BIG_ROWS 1024
-// The threshold for a call on ns streams: none (INT64_MAX) without side streams.
-static int64_t big_rows(int ns) {
-    const char *e = getenv("PITH_GROUPED_BIG_ROWS");
-    int64_t big = e ? atoll(e) : BIG_ROWS;
-    return ns > 1 && big > 0 ? big : INT64_MAX;
-}
 
 // ---- fp32 → bf16 operand rounding through the conversion pool ----
 // dst = bf16(src) over n elements: 8-element vectors when both are 16-byte aligned (vec), then the last n % 8
@@ -288,28 +298,28 @@ template <typename T> __global__ void linear_bias_backward_kernel(float *part, c
     colsum_block(part, M, N, [=](int64_t i, int64_t j) { return ld(dy, i * N + j); });
 }
 
+// The products in row chunks (chunk_rows), as the column-major calls of the table at the top: out (M, C) (+)= in (M, D)
+// · op(w), w (N, K), the forward (op T: C = N, D = K) or the input gradient (C = K, D = N).
+static void rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, float beta, const char *what) {
+    int64_t M = t_rows(in), N = t_rows(w), K = t_cols(w), C = input_grad ? K : N, D = input_grad ? N : K;
+    int64_t rows = chunk_rows(in, w.dt, what, input_grad ? "dy" : "x", "w");
+    CHECK(t_cols(in) == D && t_rows(out) == M && t_cols(out) == C);
+    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
+        n = M - r0 < rows ? M - r0 : rows;
+        lt_matmul(!input_grad, false, C, n, D, w.p, K, operand_rows(in, r0, n, w.dt), D, w.dt, beta,
+                  (char *)out.p + r0 * C * dtype_size(out.dt), C, out.dt);
+    }
+}
+
 extern "C" {
 
-// The products in row chunks (chunk_rows), as the column-major calls of the table at the top.
 void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
-    int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w), C = chunk_rows(x, w.dt, "linear_forward", "x", "w");
-    CHECK(t_cols(w) == K && t_rows(y) == M && t_cols(y) == N);
-    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
-        n = M - r0 < C ? M - r0 : C;
-        lt_matmul(true, false, N, n, K, w.p, K, operand_rows(x, r0, n, w.dt), K, w.dt, 0.0f,
-                  (char *)y.p + r0 * N * dtype_size(y.dt), N, y.dt);
-    }
+    rows_product(false, y, x, w, 0.0f, "linear_forward");
     if (b.p) cuda_linear_bias_forward(y, b, NULL);
 }
 
 void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
-    int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(w), C = chunk_rows(dy, w.dt, "linear_backward_input", "dy", "w");
-    CHECK(t_rows(w) == N && t_rows(dx) == M && t_cols(dx) == K);
-    for (int64_t r0 = 0, n; r0 < M; r0 += n) {
-        n = M - r0 < C ? M - r0 : C;
-        lt_matmul(false, false, K, n, N, w.p, K, operand_rows(dy, r0, n, w.dt), N, w.dt, accumulate ? 1.0f : 0.0f,
-                  (char *)dx.p + r0 * K * dtype_size(dx.dt), K, dx.dt);
-    }
+    rows_product(true, dx, dy, w, accumulate ? 1.0f : 0.0f, "linear_backward_input");
 }
 
 // Mixed dtypes: the fp32 one of dy, x is rounded to bf16, a chunk of rows (the reduction dim) at a time.
@@ -437,12 +447,22 @@ static bool grouped_run(bool ta, bool tb, int64_t m, int64_t lda, int64_t ldb, i
 // product (never copied back); for the weight gradient they are zeros. Buffers come from the op scratch.
 #define PAD_WASTE 1.5
 #define PAD_MAX_E 256
+
+// The experts' row offsets by value in a kernel's parameters (the padded copies, the per-expert biases).
+#define GB_MAX_E 512
 typedef struct {
-    int64_t o[PAD_MAX_E + 1];
-} PadOffs; // the experts' row offsets, by value (2 KB)
+    int32_t o[GB_MAX_E + 1];
+} GroupOffs;
+static GroupOffs group_offs(const int64_t *offs, int64_t E, const char *what) {
+    if (E > GB_MAX_E || offs[E] > INT32_MAX)
+        die("%s: a bias over %lld experts (at most %d) or %lld rows", what, (long long)E, GB_MAX_E, (long long)offs[E]);
+    GroupOffs g;
+    for (int64_t e = 0; e <= E; e++) g.o[e] = (int32_t)offs[e];
+    return g;
+}
 
 // dst (E, Mp, C) ← the rows of src grouped by offs; rows past an expert's count are zeroed when zero.
-__global__ void pad_rows_kernel(bf16 *dst, const bf16 *src, PadOffs po, int64_t Mp, int64_t C8, bool zero) {
+__global__ void pad_rows_kernel(bf16 *dst, const bf16 *src, GroupOffs po, int64_t Mp, int64_t C8, bool zero) {
     int64_t r = blockIdx.x, e = r / Mp, i = r % Mp;
     int64_t src_row = po.o[e] + i;
     bool real = src_row < po.o[e + 1];
@@ -452,50 +472,37 @@ __global__ void pad_rows_kernel(bf16 *dst, const bf16 *src, PadOffs po, int64_t 
     for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) d[c] = real ? sp[c] : make_uint4(0, 0, 0, 0);
 }
 // dst rows (R, C) ← the real rows of src (E, Mp, C).
-__global__ void unpad_rows_kernel(bf16 *dst, const bf16 *src, PadOffs po, int E, int64_t Mp, int64_t C8) {
+__global__ void unpad_rows_kernel(bf16 *dst, const bf16 *src, GroupOffs po, int E, int64_t Mp, int64_t C8) {
     int64_t j = blockIdx.x;
-    int lo = 0, hi = E - 1; // the expert of row j: the last e with o[e] <= j
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (po.o[mid] <= j) lo = mid;
-        else hi = mid - 1;
-    }
+    int lo = group_of(po.o, E, j); // the expert of row j
     const uint4 *sp = (const uint4 *)(src + (lo * Mp + j - po.o[lo]) * C8 * 8);
     uint4 *d = (uint4 *)(dst + j * C8 * 8);
     for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) d[c] = sp[c];
 }
 
-static int64_t padded_calls,
-    big_calls; // products run as a padded batch; experts run as dense products beside a grouped call
+static int64_t padded_calls, big_calls; // products run as a padded batch; experts run beside a grouped call
 
-// The wgmma kernels (cuda_wgmma.cu) run first unless PITH_GROUPED_KERNEL names another path.
-static bool grouped_wgmma_on(void) {
+// PITH_GROUPED_KERNEL (unset: "wgmma", the wgmma kernels first): the path of an expert product (below).
+static const char *grouped_kernel(void) {
     const char *e = getenv("PITH_GROUPED_KERNEL");
-    return !e || !strcmp(e, "wgmma");
+    return e ? e : "wgmma";
 }
 
 // The padded row count for these experts, or 0 when this path does not fit (dtype, sizes, skew, env).
 static int64_t pad_rows_for(const int64_t *offs, int64_t E, int64_t N, int64_t K, DType dt) {
-    // PITH_GROUPED_KERNEL unset, "wgmma" or "auto": choose by shape; "batched": this path; another: not this path
-    const char *e = getenv("PITH_GROUPED_KERNEL");
-    bool forced = e && !strcmp(e, "batched");
-    if (e && !forced && strcmp(e, "wgmma") && strcmp(e, "auto")) return 0;
-    if (dt != DT_BF16 || E < 2 || E > PAD_MAX_E || N % 8 || K % 8 || offs[E] == 0) return 0;
+    const char *e = grouped_kernel(); // "wgmma" or "auto": choose by shape; "batched": this path; another: not it
+    bool forced = !strcmp(e, "batched");
+    if (!forced && strcmp(e, "wgmma") && strcmp(e, "auto")) return 0;
+    if (dt != DT_BF16 || E < 2 || E > PAD_MAX_E || N % 8 || K % 8 || offs[E] == 0 || offs[E] > INT32_MAX) return 0;
     int64_t Mp = 0; // the most rows of an expert, rounded up to 64
     for (int64_t i = 0; i < E; i++) Mp = offs[i + 1] - offs[i] > Mp ? offs[i + 1] - offs[i] : Mp;
     Mp = (Mp + 63) / 64 * 64;
     return forced || (double)E * Mp <= PAD_WASTE * offs[E] ? Mp : 0;
 }
 
-static void pad_copy(bf16 *dst, const void *src, const PadOffs *po, int64_t E, int64_t Mp, int64_t C, bool zero) {
+static void pad_copy(bf16 *dst, const void *src, const GroupOffs *po, int64_t E, int64_t Mp, int64_t C, bool zero) {
     int threads = C / 8 < 256 ? (int)(C / 8) : 256;
     pad_rows_kernel<<<(unsigned)(E * Mp), threads, 0, cuda_stream()>>>(dst, (const bf16 *)src, *po, Mp, C / 8, zero);
-    CUDA_LAUNCH_CHECK();
-}
-static void unpad_copy(void *dst, const bf16 *src, const PadOffs *po, int64_t E, int64_t Mp, int64_t R, int64_t C) {
-    if (R == 0) return;
-    int threads = C / 8 < 256 ? (int)(C / 8) : 256;
-    unpad_rows_kernel<<<(unsigned)R, threads, 0, cuda_stream()>>>((bf16 *)dst, src, *po, (int)E, Mp, C / 8);
     CUDA_LAUNCH_CHECK();
 }
 
@@ -506,27 +513,26 @@ static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64
     int64_t Mp = pad_rows_for(offs, E, N, K, a.dt);
     if (!Mp || (kind != WG_WEIGHT_GRAD && out.dt != DT_BF16)) return false;
     if (!aligned16(out.p, a.p, b.p)) return false;
-    PadOffs po;
-    for (int64_t i = 0; i <= E; i++) po.o[i] = offs[i];
+    GroupOffs po = group_offs(offs, E, "grouped_linear");
     int64_t R = offs[E], EM = E * Mp;
     CudaCtx *c = cuda_ctx();
     bf16 *buf = (bf16 *)cuda_scratch((size_t)EM * (N + K) * sizeof(bf16)), *pk = buf,
-         *pn = buf + EM * K;  // (E, Mp, K) and (E, Mp, N)
-    if (kind == WG_FORWARD) { // out y (R, N) = a x (R, K) · b w (E, N, K)ᵀ per expert
-        pad_copy(pk, a.p, &po, E, Mp, K, false);
-        Batch bt = {E, N * K, Mp * K, Mp * N};
-        lt_matmul_on(c->compute, c->lt_ws, true, false, N, Mp, K, b.p, K, pk, K, DT_BF16, 0.0f, pn, N, DT_BF16, bt);
-        unpad_copy(out.p, pn, &po, E, Mp, R, N);
-    } else if (kind == WG_INPUT_GRAD) { // out dx (R, K) = a dy (R, N) · b w (E, N, K)
-        pad_copy(pn, a.p, &po, E, Mp, N, false);
-        Batch bt = {E, N * K, Mp * N, Mp * K};
-        lt_matmul_on(c->compute, c->lt_ws, false, false, K, Mp, N, b.p, K, pn, N, DT_BF16, 0.0f, pk, K, DT_BF16, bt);
-        unpad_copy(out.p, pk, &po, E, Mp, R, K);
-    } else { // out dw (E, N, K) fp32 += a dyᵀ (N, R) · b x (R, K) per expert
+         *pn = buf + EM * K;      // (E, Mp, K) and (E, Mp, N)
+    if (kind == WG_WEIGHT_GRAD) { // out dw (E, N, K) fp32 += a dyᵀ (N, R) · b x (R, K) per expert
         pad_copy(pn, a.p, &po, E, Mp, N, true);
         pad_copy(pk, b.p, &po, E, Mp, K, true);
         Batch bt = {E, Mp * K, Mp * N, N * K};
         lt_matmul_on(c->compute, c->lt_ws, false, true, K, N, Mp, pk, K, pn, N, DT_BF16, 1.0f, out.p, K, DT_F32, bt);
+    } else { // out (R, C) = a (R, D) · op(b w_e) per expert, as in grouped_rows_product: the forward C = N, D = K, op T
+        bool fwd = kind == WG_FORWARD;
+        int64_t C = fwd ? N : K, D = fwd ? K : N;
+        bf16 *pin = fwd ? pk : pn, *pout = fwd ? pn : pk;
+        pad_copy(pin, a.p, &po, E, Mp, D, false);
+        Batch bt = {E, N * K, Mp * D, Mp * C};
+        lt_matmul_on(c->compute, c->lt_ws, fwd, false, C, Mp, D, b.p, K, pin, D, DT_BF16, 0.0f, pout, C, DT_BF16, bt);
+        unpad_rows_kernel<<<(unsigned)R, C / 8 < 256 ? (int)(C / 8) : 256, 0, cuda_stream()>>>((bf16 *)out.p, pout, po,
+                                                                                               (int)E, Mp, C / 8);
+        CUDA_LAUNCH_CHECK(); // (R > 0: pad_rows_for)
     }
     padded_calls++;
     return true;
@@ -555,12 +561,16 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
-    if (grouped_wgmma_on() && wgmma_grouped(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, false)) return;
+    if (!strcmp(grouped_kernel(), "wgmma") &&
+        wgmma_grouped(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, false))
+        return;
     if (padded_grouped(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, E, N, K)) return;
     size_t is = dtype_size(in.dt), os = dtype_size(out.dt);
     bool ta = !input_grad;
+    const char *env = getenv("PITH_GROUPED_BIG_ROWS");
     int ns = side_fork(), side = 0;
-    int64_t big = big_rows(ns);
+    int64_t big = env ? atoll(env) : BIG_ROWS;
+    big = ns > 1 && big > 0 ? big : INT64_MAX;
     grouped_reset(E);
     for (int64_t e = 0; e < E; e++) { // the largest experts on the side streams, the others into the list
         int64_t M = offs[e + 1] - offs[e];
@@ -578,49 +588,20 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     side_join(ns);
 }
 
-// ---- per-expert biases (GPT-OSS): the expert boundaries travel by value ----
-#define GB_MAX_E 512
-typedef struct {
-    int32_t o[GB_MAX_E + 1];
-} GroupOffs;
-
-static GroupOffs group_offs(const int64_t *offs, int64_t E, const char *what) {
-    if (E > GB_MAX_E || offs[E] > INT32_MAX)
-        die("%s: a bias over %lld experts (at most %d) or %lld rows", what, (long long)E, GB_MAX_E, (long long)offs[E]);
-    GroupOffs g;
-    for (int64_t e = 0; e <= E; e++) g.o[e] = (int32_t)offs[e];
-    return g;
-}
-
+// ---- per-expert biases (GPT-OSS) ----
 // y[i, j] += b[e, j] for the expert e whose rows hold i (the last e with o[e] ≤ i: empty experts skip); dense: E 1.
 template <typename TY, typename TB>
 __global__ void bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int E, int64_t R, int64_t N) {
-    GRID_STRIDE(i, R * N) {
-        int lo = 0, hi = E; // o[lo] ≤ i / N < o[hi]
-        while (hi - lo > 1) {
-            int mid = (lo + hi) / 2;
-            if (g.o[mid] <= (int)(i / N)) lo = mid;
-            else hi = mid;
-        }
-        st(y, i, ld(y, i) + ld(b, (int64_t)lo * N + i % N));
-    }
+    GRID_STRIDE(i, R * N) st(y, i, ld(y, i) + ld(b, (int64_t)group_of(g.o, E, i / N) * N + i % N));
 }
 
-// db[e, j] (+)= Σ_(rows of e) dy[row, j]: block (32 columns × 8 row lanes) per (column tile, expert), one writer.
+// db[e, j] (+)= Σ_(rows of e) dy[row, j]: a block (colsum_rows) per (column tile, expert), one writer.
 template <typename T>
 __global__ void grouped_bias_backward_kernel(float *db, const T *dy, GroupOffs g, int64_t N, int accumulate) {
-    __shared__ float part[8][33];
     int e = blockIdx.y;
     int64_t j = blockIdx.x * 32 + threadIdx.x;
-    float s = 0;
-    if (j < N)
-        for (int64_t i = g.o[e] + threadIdx.y; i < g.o[e + 1]; i += 8) s += ld(dy, i * N + j);
-    part[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < N) {
-        for (int r = 1; r < 8; r++) s += part[r][threadIdx.x];
-        db[e * N + j] = (accumulate ? db[e * N + j] : 0.0f) + s;
-    }
+    float s = colsum_rows<float>(g.o[e], g.o[e + 1], 8, N, [=](int64_t i, int64_t c) { return ld(dy, i * N + c); });
+    if (threadIdx.y == 0 && j < N) db[e * N + j] = (accumulate ? db[e * N + j] : 0.0f) + s;
 }
 
 extern "C" {
@@ -667,20 +648,19 @@ void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool a
                   grouped_bias_backward_kernel<T>
                   <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
                       (float *)db.p, (const T *)dy.p, g, N, accumulate));
-    } else { // row groups' sums, then added to db in order (colsum_finish)
-        CHECK(accumulate);
-        if (M == 0) return;
-        int G = colsum_groups(M, N);
-        float *part = colsum_part(N, G, "linear_backward_weight");
-        DT_SWITCH(dy.dt, T, "linear_backward_weight",
-                  linear_bias_backward_kernel<T>
-                  <<<dim3((unsigned)((N + 31) / 32), (unsigned)G), dim3(32, 8), 0, cuda_stream()>>>(
-                      part, (const T *)dy.p, M, N));
         CUDA_LAUNCH_CHECK();
-        colsum_finish((float *)db.p, part, G, N);
         return;
     }
+    CHECK(accumulate); // dense: row groups' sums, then added to db in order (colsum_finish)
+    if (M == 0) return;
+    int G = colsum_groups(M, N);
+    float *part = colsum_part(N, G, "linear_backward_weight");
+    DT_SWITCH(
+        dy.dt, T, "linear_backward_weight",
+        linear_bias_backward_kernel<T>
+        <<<dim3((unsigned)((N + 31) / 32), (unsigned)G), dim3(32, 8), 0, cuda_stream()>>>(part, (const T *)dy.p, M, N));
     CUDA_LAUNCH_CHECK();
+    colsum_finish((float *)db.p, part, G, N);
 }
 
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
@@ -700,7 +680,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     if (dy.dt != x.dt)
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);
-    if (grouped_wgmma_on() && wgmma_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate)) return;
+    if (!strcmp(grouped_kernel(), "wgmma") && wgmma_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate)) return;
     if (!accumulate) cuda_zero(dw); // the paths below add
     if (padded_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, E, N, K)) return;
     grouped_reset(E);

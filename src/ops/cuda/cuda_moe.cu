@@ -297,11 +297,8 @@ static RouterParams router_params(Tensor logits, Tensor idx, const RouterArgs *a
             a->topk_group, a->k);
     if (a->bias.p && (a->bias.dt != DT_F32 || tensor_numel(a->bias) != E)) die("%s: bias must be (E) fp32", what);
     if (a->sigmoid && a->softmax_topk) die("%s: sigmoid scores and softmax_topk do not combine", what);
-    RouterParams p = {(int)E,           a->k,      G,
-                      a->topk_group,    a->renorm, a->softmax_topk,
-                      a->force_balance, a->scale,  a->bias.p ? (const float *)a->bias.p : NULL,
-                      a->sigmoid};
-    return p;
+    const float *bias = a->bias.p ? (const float *)a->bias.p : NULL;
+    return {(int)E, a->k, G, a->topk_group, a->renorm, a->softmax_topk, a->force_balance, a->scale, bias, a->sigmoid};
 }
 
 void cuda_router_forward(Tensor probs, Tensor idx, Tensor w, Tensor logits, const RouterArgs *a) {

@@ -11,15 +11,10 @@ void *cuda_alloc_or_die(size_t bytes, const char *what);
 void cuda_free(void *p);
 void cuda_sync(void);             // waits for the compute stream
 size_t cuda_pool_bytes(void);     // device memory the backend itself holds (workspace, pools)
-size_t cuda_mem_used_bytes(void); // device memory in use by this process since its CUDA start
-size_t cuda_mem_peak_bytes(void); // the largest cuda_mem_used_bytes seen (sampled at each alloc and call)
-// Streams and events for overlapping communication with compute (used by the multi-GPU engine).
+size_t cuda_mem_peak_bytes(void); // the most device memory in use since its CUDA start (sampled at each alloc and call)
+// The streams for overlapping communication with compute (used by the multi-GPU engine).
 void *cuda_compute_stream(void); // cudaStream_t
 void *cuda_comm_stream(void);    // cudaStream_t
-void *cuda_event_create(void);   // cudaEvent_t (timing disabled)
-void cuda_event_destroy(void *ev);
-void cuda_event_record(void *ev, void *stream);
-void cuda_stream_wait_event(void *stream, void *ev);
 
 // ---- ops: each of ops_list.h as cuda_<name> (the comments there hold) ----
 #define OP(ret, name, dev, params, args) ret cuda_##name params;

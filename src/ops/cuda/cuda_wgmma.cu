@@ -162,31 +162,28 @@ __global__ void __launch_bounds__(384, 1)
 // ---- host side ----
 static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled;
 
-void wgmma_tensor_map(CUtensorMap *map, const void *p, CUtensorMapDataType type, int es, int64_t rows, int64_t cols) {
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)(cols * es)};
-    cuuint32_t box[2] = {(cuuint32_t)(128 / es), 64}, estr[2] = {1, 1};
-    CUresult r =
-        encode_tiled(map, type, 2, (void *)p, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+// A 2D map over (rows, cols) elements of `es` bytes, a row ld_bytes apart, in boxes of bw × bh; what (for the error).
+static void encode_map(CUtensorMap *map, const void *p, CUtensorMapDataType type, int64_t rows, int64_t cols,
+                       int64_t ld_bytes, int bw, int bh, bool swizzle, const char *what) {
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld_bytes};
+    cuuint32_t box[2] = {(cuuint32_t)bw, (cuuint32_t)bh}, estr[2] = {1, 1};
+    CUresult r = encode_tiled(map, type, 2, (void *)p, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                              swizzle ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
-        die("wgmma: cuTensorMapEncodeTiled failed (%d) for (%lld, %lld)", (int)r, (long long)rows, (long long)cols);
-}
-
-void wgmma_scale_map(CUtensorMap *map, const float *p, int64_t rows, int64_t cols, int64_t ld, int box) {
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)(ld * 4)};
-    cuuint32_t bx[2] = {(cuuint32_t)box, 1}, estr[2] = {1, 1};
-    CUresult r = encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, (void *)p, dims, strides, bx, estr,
-                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        die("wgmma: cuTensorMapEncodeTiled failed (%d) for scales (%lld, %lld)", (int)r, (long long)rows,
+        die("wgmma: cuTensorMapEncodeTiled failed (%d) for %s(%lld, %lld)", (int)r, what, (long long)rows,
             (long long)cols);
 }
-
-// The bf16 or fp32 tensors of the grouped GEMMs.
-static void tensor_map(CUtensorMap *map, const void *p, DType dt, int64_t rows, int64_t cols) {
-    wgmma_tensor_map(map, p, dt == DT_F32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                     (int)dtype_size(dt), rows, cols);
+void wgmma_tensor_map(CUtensorMap *map, const void *p, DType dt, int64_t rows, int64_t cols) {
+    CUtensorMapDataType type = dt == DT_F32    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                               : dt == DT_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                               : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    int64_t es = (int64_t)dtype_size(dt);
+    encode_map(map, p, type, rows, cols, cols * es, (int)(128 / es), 64, true, "");
+}
+void wgmma_scale_map(CUtensorMap *map, const float *p, int64_t rows, int64_t cols, int64_t ld, int box) {
+    encode_map(map, p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rows, cols, ld * 4, box, 1, false, "scales ");
 }
 
 bool wgmma_available(void) {
@@ -209,49 +206,38 @@ bool wgmma_available(void) {
 
 static int64_t wgmma_calls; // products run here (cuda_grouped_calls("wgmma"))
 
-template <int KIND, int BN>
-static void wgmma_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, void *out,
-                         const WgTable *gt, int ntiles, bool accumulate) {
-    static bool attr;
-    wg_launch(wgmma_grouped_kernel<KIND, BN>, &attr, ntiles, *ma, *mb, *mo, out, *gt, ntiles, (int)accumulate);
-}
-
 // One expert product (cuda_common.cuh). Not fitting: not a Hopper GPU, dtypes, N or K not multiples of 64, more than
 // 256 experts, unaligned pointers, sizes past int.
 bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate) {
-    Tensor w = kind == WG_WEIGHT_GRAD ? out : b; // (E, N, K)
+    bool wgrad = kind == WG_WEIGHT_GRAD;
+    Tensor w = wgrad ? out : b; // (E, N, K)
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
-    if (a.dt != DT_BF16 || b.dt != DT_BF16 || out.dt != (kind == WG_WEIGHT_GRAD ? DT_F32 : DT_BF16)) return false;
+    if (a.dt != DT_BF16 || b.dt != DT_BF16 || out.dt != (wgrad ? DT_F32 : DT_BF16)) return false;
     if (E < 1 || E > WG_MAX_E || N % WG_BK || K % WG_BK || E * N > 0x7fffffff || K > 0x7fffffff) return false;
     if (!aligned16(out.p, a.p, b.p) || offs[0] < 0 || offs[E] > 0x7fffffff - 256) return false;
-    if (t_rows(a) + 256 > 0x7fffffff || (kind == WG_WEIGHT_GRAD && t_rows(b) + 256 > 0x7fffffff)) return false;
+    if (t_rows(a) + 256 > 0x7fffffff || (wgrad && t_rows(b) + 256 > 0x7fffffff)) return false;
     if (!wgmma_available()) return false;
-    int64_t C = kind == WG_FORWARD ? N : K;                      // the output's columns
-    int bn = kind != WG_WEIGHT_GRAD && C % 256 == 0 ? 256 : 128; // (the fp32 epilogue tiles of 256 would not fit)
+    int64_t C = kind == WG_FORWARD ? N : K;      // the output's columns
+    int bn = !wgrad && C % 256 == 0 ? 256 : 128; // (the fp32 epilogue tiles of 256 would not fit)
     WgTable gt;
     int64_t ntiles = wg_table_build(&gt, kind, E, N, K, bn, offs);
     if (ntiles < 0) return false;
     wgmma_calls++;
-    if (kind == WG_WEIGHT_GRAD && !accumulate) // written, not added to: an empty expert's dw_e (no tiles) is 0
-        for (int64_t e = 0; e < E; e++)
-            if (offs[e + 1] == offs[e])
-                CUDA_CHECK(
-                    cudaMemsetAsync((float *)out.p + e * N * K, 0, (size_t)N * K * sizeof(float), cuda_stream()));
+    if (wgrad && !accumulate) zero_empty_experts((float *)out.p, offs, E, N * K); // (no tiles)
     if (ntiles == 0) return true; // no rows: nothing (more) to write or add
-    CUtensorMap ma, mb, mo;
-    if (kind == WG_WEIGHT_GRAD) {
-        tensor_map(&ma, a.p, DT_BF16, t_rows(a), N), tensor_map(&mb, b.p, DT_BF16, t_rows(b), K);
-        tensor_map(&mo, out.p, DT_F32, E * N, K);
-    } else {
-        tensor_map(&ma, a.p, DT_BF16, t_rows(a), kind == WG_FORWARD ? K : N), tensor_map(&mb, w.p, DT_BF16, E * N, K);
-        tensor_map(&mo, out.p, DT_BF16, t_rows(out), C);
-    }
-    typedef void (*Launch)(const CUtensorMap *, const CUtensorMap *, const CUtensorMap *, void *, const WgTable *, int,
-                           bool);
-    static const Launch launch[3][2] = {{wgmma_launch<WG_FORWARD, 128>, wgmma_launch<WG_FORWARD, 256>},
-                                        {wgmma_launch<WG_INPUT_GRAD, 128>, wgmma_launch<WG_INPUT_GRAD, 256>},
-                                        {wgmma_launch<WG_WEIGHT_GRAD, 128>, NULL}};
-    launch[kind][bn == 256](&ma, &mb, &mo, out.p, &gt, (int)ntiles, accumulate);
+    CUtensorMap ma, mb, mo;       // a's (x or dy), b's (w, or x for the weight gradient), out's
+    wgmma_tensor_map(&ma, a.p, DT_BF16, t_rows(a), kind == WG_FORWARD ? K : N);
+    wgmma_tensor_map(&mb, b.p, DT_BF16, wgrad ? t_rows(b) : E * N, K);
+    wgmma_tensor_map(&mo, out.p, out.dt, wgrad ? E * N : t_rows(out), C);
+    static bool attr[3][2]; // wg_launch's flag per kernel
+    auto run = [&](auto kernel) {
+        wg_launch(kernel, &attr[kind][bn == 256], (int)ntiles, ma, mb, mo, out.p, gt, (int)ntiles, (int)accumulate);
+    };
+    if (wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128>);
+    else if (kind == WG_FORWARD && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256>);
+    else if (kind == WG_FORWARD) run(wgmma_grouped_kernel<WG_FORWARD, 128>);
+    else if (bn == 256) run(wgmma_grouped_kernel<WG_INPUT_GRAD, 256>);
+    else run(wgmma_grouped_kernel<WG_INPUT_GRAD, 128>);
     return true;
 }
 

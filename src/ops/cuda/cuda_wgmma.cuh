@@ -103,12 +103,7 @@ typedef struct {
 
 // Tile t of the list; BK: the reduction block (64 bf16 or 128 E4M3 values: 128 bytes either way).
 template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile tile_of(const WgTable &gt, int t) {
-    int lo = 0, hi = gt.E; // the slot s with tiles[s] <= t < tiles[s + 1]
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (gt.tiles[mid] <= t) lo = mid;
-        else hi = mid;
-    }
+    int lo = group_of(gt.tiles, gt.E, t); // the slot s with tiles[s] <= t < tiles[s + 1]
     Tile ti;
     int local = t - gt.tiles[lo];
     ti.e = gt.ord[lo], ti.r0 = gt.offs[ti.e], ti.m = gt.offs[ti.e + 1] - ti.r0;
@@ -254,9 +249,9 @@ template <typename... P, typename... A> static void wg_launch(void (*kernel)(P..
 }
 // True once on a Hopper GPU whose driver gives cuTensorMapEncodeTiled.
 bool wgmma_available(void);
-// A 2D map over a row-major (rows, cols) tensor of `es` bytes per element (type: CU_TENSOR_MAP_DATA_TYPE_*), boxes of
-// 64 rows × 128 bytes in the 128-byte swizzle; boxes past the last row read zeros (and are not written).
-void wgmma_tensor_map(CUtensorMap *map, const void *p, CUtensorMapDataType type, int es, int64_t rows, int64_t cols);
+// A 2D map over a row-major (rows, cols) tensor of dtype dt (fp32, bf16, or DT_U8: E4M3 codes), boxes of 64 rows × 128
+// bytes in the 128-byte swizzle; boxes past the last row read zeros (and are not written).
+void wgmma_tensor_map(CUtensorMap *map, const void *p, DType dt, int64_t rows, int64_t cols);
 // A 2D map over fp32 scales (rows, cols) a row ld floats apart (ld a multiple of 4; p 16-byte aligned), boxes of one
 // row × `box` values, not swizzled; values past cols read 0.
 void wgmma_scale_map(CUtensorMap *map, const float *p, int64_t rows, int64_t cols, int64_t ld, int box);

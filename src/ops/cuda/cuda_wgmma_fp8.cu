@@ -176,15 +176,6 @@ __global__ void __launch_bounds__(384, 1)
 
 // ---- host side ----
 
-template <int KIND, typename TO>
-static void w8_launch(const CUtensorMap *ma, const CUtensorMap *mb, const CUtensorMap *mo, const CUtensorMap *msa,
-                      const CUtensorMap *msb, TO *out, const float *sa, const float *sb, bool accumulate,
-                      const WgTable *gt, const W8Blocks *blocks, int ntiles) {
-    static bool attr;
-    wg_launch(wgmma_fp8_kernel<KIND, TO>, &attr, ntiles, *ma, *mb, *mo, *msa, *msb, out, sa, sb, (int)accumulate, *gt,
-              *blocks, ntiles);
-}
-
 // The experts' shapes this kernel takes (its tiles' multiples; also asked without a GPU: op_fp8_tensor_cores).
 extern "C" bool cuda_fp8_experts_fit(int64_t E, int64_t N, int64_t K) {
     return E >= 1 && E <= WG_MAX_E && N % W8_BN == 0 && K % W8_BK == 0 && E * N <= 0x7fffffff && K <= 0x7fffffff;
@@ -209,17 +200,16 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
     if (ntiles < 0) return false;
     if (ntiles == 0) return true;
     CUtensorMap ma, mb, mo, msa, msb;
-    wgmma_tensor_map(&ma, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, R, K);
-    wgmma_tensor_map(&mb, wq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, E * N, K);
-    bool f32 = y.dt == DT_F32;
-    wgmma_tensor_map(&mo, y.p, f32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, f32 ? 4 : 2,
-                     t_rows(y), N);
+    wgmma_tensor_map(&ma, xq, DT_U8, R, K);
+    wgmma_tensor_map(&mb, wq, DT_U8, E * N, K);
+    wgmma_tensor_map(&mo, y.p, y.dt, t_rows(y), N);
     wgmma_scale_map(&msa, xs, K / W8_BK, R, lds, 132); // 128 rows from a 16-byte boundary: 132
     wgmma_scale_map(&msb, ws, E * N / W8_BN, ldws, ldws, 4);
     static W8Blocks none; // (the forward reads no token blocks)
-    DT_SWITCH(
-        y.dt, TO, "fp8_grouped_linear",
-        w8_launch<WG_FORWARD, TO>(&ma, &mb, &mo, &msa, &msb, (TO *)y.p, NULL, NULL, false, &gt, &none, (int)ntiles));
+    static bool attr[2];  // wg_launch's flag per kernel
+    DT_SWITCH(y.dt, TO, "fp8_grouped_linear",
+              wg_launch(wgmma_fp8_kernel<WG_FORWARD, TO>, &attr[y.dt == DT_F32], (int)ntiles, ma, mb, mo, msa, msb,
+                        (TO *)y.p, (const float *)NULL, (const float *)NULL, 0, gt, none, (int)ntiles));
     return true;
 }
 
@@ -235,12 +225,13 @@ bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const v
     if (ntiles < 0) return false;
     if (ntiles == 0) return true;
     CUtensorMap ma, mb, mo;
-    wgmma_tensor_map(&ma, dq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, N, Tp);
-    wgmma_tensor_map(&mb, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, K, Tp);
-    wgmma_tensor_map(&mo, dw.p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, E * N, K);
+    wgmma_tensor_map(&ma, dq, DT_U8, N, Tp);
+    wgmma_tensor_map(&mb, xq, DT_U8, K, Tp);
+    wgmma_tensor_map(&mo, dw.p, DT_F32, E * N, K);
     W8Blocks blocks;
     for (int64_t e = 0, tb = 0; e < E; e++) blocks.tb0[e] = (int)tb, tb += (offs[e + 1] - offs[e] + W8_BK - 1) / W8_BK;
-    w8_launch<WG_WEIGHT_GRAD, float>(&ma, &mb, &mo, &mo, &mo, (float *)dw.p, ds, xs, accumulate, &gt, &blocks,
-                                     (int)ntiles); // (msa, msb: not read)
+    static bool attr; // (msa, msb: not read)
+    wg_launch(wgmma_fp8_kernel<WG_WEIGHT_GRAD, float>, &attr, (int)ntiles, ma, mb, mo, mo, mo, (float *)dw.p, ds, xs,
+              (int)accumulate, gt, blocks, (int)ntiles);
     return true;
 }
