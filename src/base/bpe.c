@@ -553,12 +553,6 @@ static void load_pre_tokenizer(Bpe *t, json_t *p, JObj root) {
     } else jdie(root, "pre_tokenizer", "type '%s' is not supported (supported: Split, ByteLevel, Sequence)", type);
 }
 
-static int64_t special_id(Bpe *t, JObj where, const char *tok) {
-    int64_t id = bpe_token_to_id(t, tok);
-    if (id < 0) jdie(where, "", "token '%s' is not in the vocabulary", tok);
-    return id;
-}
-
 // The "single" template of a TemplateProcessing post-processor (possibly inside a Sequence): specials around $A.
 static void load_template(Bpe *t, json_t *p, JObj root) {
     const char *type = json_string_value(json_object_get(p, "type"));
@@ -585,13 +579,13 @@ static void load_template(Bpe *t, json_t *p, JObj root) {
     }
 }
 
-static char *config_token(JObj cfg, const char *key) {
-    json_t *v = json_object_get(cfg.obj, key);
-    if (json_is_string(v)) return xstrdup(json_string_value(v));
-    json_t *content = json_object_get(v, "content");
-    if (json_is_object(v) && json_is_string(content)) return xstrdup(json_string_value(content));
-    if (v && !json_is_null(v)) jdie(cfg, key, "expected a token string or {\"content\": ...}");
-    return NULL;
+// tokenizer_config.json's key (a token string or {"content": ...}), a token of this vocabulary; NULL if absent.
+static char *config_token(const Bpe *t, JObj cfg, const char *key) {
+    json_t *v = json_object_get(cfg.obj, key), *content = json_object_get(v, "content");
+    const char *tok = json_is_string(v) ? json_string_value(v) : json_string_value(content); // NULL if not a string
+    if (!tok && v && !json_is_null(v)) jdie(cfg, key, "expected a token string or {\"content\": ...}");
+    if (tok && bpe_token_to_id(t, tok) < 0) jdie(cfg, key, "'%s' is not in the vocabulary of %s", tok, t->file);
+    return tok ? xstrdup(tok) : NULL;
 }
 
 Bpe *bpe_load(const char *path) {
@@ -627,22 +621,17 @@ Bpe *bpe_load(const char *path) {
         json_t *cdoc = json_read_file(cfgfile, JSON_DECODE_INT_AS_REAL, &e);
         if (!cdoc) die("%s:%d:%d: invalid JSON: %s", cfgfile, e.line, e.column, e.text);
         JObj cfg = jobj_root(cdoc, cfgfile);
-        t->bos = config_token(cfg, "bos_token"), t->eos = config_token(cfg, "eos_token");
-        for (int k = 0; k < 2; k++) { // named, they are tokens of this vocabulary
-            const char *name = k ? t->eos : t->bos;
-            if (name && bpe_token_to_id(t, name) < 0)
-                jdie(cfg, k ? "eos_token" : "bos_token", "'%s' is not in the vocabulary of %s", name, t->file);
-        }
+        t->bos = config_token(t, cfg, "bos_token"), t->eos = config_token(t, cfg, "eos_token");
         // transformers rebuilds the template from these flags when the config sets them (LlamaTokenizerFast et al.)
         if (jhas(cfg, "add_bos_token") || jhas(cfg, "add_eos_token")) {
             t->nprefix = t->nsuffix = 0;
             if (jbool(cfg, "add_bos_token", false, false)) {
                 if (!t->bos) jdie(cfg, "add_bos_token", "is true but there is no bos_token");
-                t->prefix[t->nprefix++] = (uint32_t)special_id(t, cfg, t->bos);
+                t->prefix[t->nprefix++] = (uint32_t)bpe_token_to_id(t, t->bos);
             }
             if (jbool(cfg, "add_eos_token", false, false)) {
                 if (!t->eos) jdie(cfg, "add_eos_token", "is true but there is no eos_token");
-                t->suffix[t->nsuffix++] = (uint32_t)special_id(t, cfg, t->eos);
+                t->suffix[t->nsuffix++] = (uint32_t)bpe_token_to_id(t, t->eos);
             }
         }
         json_decref(cdoc);
@@ -1032,35 +1021,32 @@ char *bpe_normalize(const Bpe *t, const char *text, size_t len, size_t *out_len)
     return c;
 }
 
+// Encodes txt[0..n) split at the added tokens of class c, each one id. Between them, class 0's text is normalized
+// and split at class 1's; class 1's is pre-tokenized and encoded.
+static void encode_split(const Bpe *t, BpeScratch *s, int c, const uint8_t *txt, size_t n, IdVec *out) {
+    size_t pos = 0, ms, me, nn;
+    uint32_t id;
+    for (;;) {
+        bool hit = find_added(t, c, txt, n, pos, &ms, &me, &id);
+        size_t end = hit ? ms : n;
+        if (c == 1) encode_piece(t, s, txt + pos, end - pos, out);
+        else if (end > pos) {
+            uint8_t *norm = normalize(t, txt + pos, end - pos, &nn);
+            encode_split(t, s, 1, norm ? norm : txt + pos, nn, out);
+            free(norm);
+        }
+        if (!hit) return;
+        idvec_push(out, id);
+        pos = me;
+    }
+}
+
 void bpe_encode(const Bpe *t, BpeScratch *s, const char *text, size_t len, bool add_special, IdVec *out) {
     if (add_special)
         for (int i = 0; i < t->nprefix; i++) idvec_push(out, t->prefix[i]);
     size_t n = len;
     char *fixed = bpe_utf8_repair(text, len, &n);
-    const uint8_t *raw = (const uint8_t *)(fixed ? fixed : text);
-    size_t pos = 0, ms, me;
-    uint32_t id;
-    while (pos <= n) {
-        bool hit = find_added(t, 0, raw, n, pos, &ms, &me, &id);
-        size_t end = hit ? ms : n, nn;
-        if (end > pos) {
-            uint8_t *norm = normalize(t, raw + pos, end - pos, &nn);
-            const uint8_t *seg = norm ? norm : raw + pos;
-            size_t p2 = 0, ms2, me2;
-            uint32_t id2;
-            while (p2 < nn) {
-                bool hit2 = find_added(t, 1, seg, nn, p2, &ms2, &me2, &id2);
-                encode_piece(t, s, seg + p2, (hit2 ? ms2 : nn) - p2, out);
-                if (!hit2) break;
-                idvec_push(out, id2);
-                p2 = me2;
-            }
-            free(norm);
-        }
-        if (!hit) break;
-        idvec_push(out, id);
-        pos = me;
-    }
+    encode_split(t, s, 0, (const uint8_t *)(fixed ? fixed : text), n, out);
     free(fixed);
     if (add_special)
         for (int i = 0; i < t->nsuffix; i++) idvec_push(out, t->suffix[i]);
