@@ -5,6 +5,7 @@
 // paragraphs) of about 1 MB; worker threads parse and tokenize chunks; the main thread writes chunk results in
 // file order, so the output does not depend on the number of workers. A file is written under <name>.tmp and
 // renamed when complete; a re-run skips outputs that exist.
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
@@ -149,15 +150,11 @@ static void js_ws(JScan *s) {
     while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r')) s->p++;
 }
 
-static int js_hex4(const char *q) {
+static int js_hex4(const char *q) { // four hex digits, or -1
     int v = 0;
     for (int i = 0; i < 4; i++) {
-        int c = q[i], d = c >= '0' && c <= '9'   ? c - '0'
-                          : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                          : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                                 : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
+        if (!isxdigit((unsigned char)q[i])) return -1;
+        v = v * 16 + (q[i] <= '9' ? q[i] - '0' : (q[i] | 0x20) - 'a' + 10);
     }
     return v;
 }
