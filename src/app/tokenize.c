@@ -5,12 +5,14 @@
 // paragraphs) of about 1 MB; worker threads parse and tokenize chunks; the main thread writes chunk results in
 // file order, so the output does not depend on the number of workers. A file is written under <name>.tmp and
 // renamed when complete; a re-run skips outputs that exist.
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <utf8proc.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -148,15 +150,11 @@ static void js_ws(JScan *s) {
     while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r')) s->p++;
 }
 
-static int js_hex4(const char *q) {
+static int js_hex4(const char *q) { // four hex digits, or -1
     int v = 0;
     for (int i = 0; i < 4; i++) {
-        int c = q[i], d = c >= '0' && c <= '9'   ? c - '0'
-                          : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                          : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                                 : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
+        if (!isxdigit((unsigned char)q[i])) return -1;
+        v = v * 16 + (q[i] <= '9' ? q[i] - '0' : (q[i] | 0x20) - 'a' + 10);
     }
     return v;
 }
@@ -190,13 +188,7 @@ static bool js_string(JScan *s, Str *out) {
             if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00), s->p += 6;
         }
         if (cp >= 0xD800 && cp < 0xE000) cp = 0xFFFD;
-        int k = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
-        if (k == 1) u[0] = (char)cp;
-        else {
-            for (int i = k - 1; i > 0; i--) u[i] = (char)(0x80 | (cp & 63)), cp >>= 6;
-            u[0] = (char)((k == 2 ? 0xC0 : k == 3 ? 0xE0 : 0xF0) | cp);
-        }
-        if (out) str_put(out, u, k);
+        if (out) str_put(out, u, (size_t)utf8proc_encode_char(cp, (utf8proc_uint8_t *)u));
     }
 }
 
@@ -274,25 +266,27 @@ static const char *json_line_field(const char *line, size_t n, const char *field
     return s.err ? s.err : state == 0 ? "no field" : state == 2 ? "not a string" : NULL;
 }
 
-// Ends the chunk's last document: EOS, and its end kept.
-static void chunk_end_document(Shared *sh, Chunk *c) {
+// One document: text's ids (under prompt-completion the prompt's: not targets), completion's if any, EOS; its end.
+static void chunk_document(Shared *sh, BpeScratch *s, Chunk *c, const char *text, size_t len, const Str *completion) {
+    size_t n0 = c->ids.n;
+    bpe_encode(sh->tok, s, text, len, true, &c->ids);
+    size_t n1 = c->ids.n;
+    if (completion) bpe_encode(sh->tok, s, completion->p, completion->n, false, &c->ids);
     idvec_push(&c->ids, sh->eos);
     if (c->ndocs == c->ends_cap)
         c->ends_cap = c->ends_cap ? 2 * c->ends_cap : 1024, c->ends = xrealloc(c->ends, c->ends_cap * 8);
     c->ends[c->ndocs++] = c->ids.n;
-}
-
-static void chunk_document(Shared *sh, BpeScratch *s, Chunk *c, const char *text, size_t len) {
-    bpe_encode(sh->tok, s, text, len, true, &c->ids);
-    c->text_bytes += len;
-    chunk_end_document(sh, c);
+    c->text_bytes += len + (completion ? completion->n : 0);
+    if (!prompt_completion) return;
+    if (c->ids.n > c->mask_cap) c->mask_cap = 2 * c->ids.n, c->mask = xrealloc(c->mask, c->mask_cap);
+    memset(c->mask + n0, 0, n1 - n0), memset(c->mask + n1, 1, c->ids.n - n1);
 }
 
 // A .txt document: its invalid UTF-8 is counted here (bpe_encode would replace it anyway).
 static void txt_document(Shared *sh, BpeScratch *s, Chunk *c, const char *text, size_t len) {
     size_t n;
     char *fixed = bpe_utf8_repair(text, len, &n);
-    chunk_document(sh, s, c, fixed ? fixed : text, fixed ? n : len);
+    chunk_document(sh, s, c, fixed ? fixed : text, fixed ? n : len, NULL);
     c->repaired += fixed != NULL;
     free(fixed);
 }
@@ -307,18 +301,6 @@ typedef struct {
     BpeScratch *s;
     Str text, key, completion;
 } Worker;
-
-// A prompt-completion pair: the prompt's ids (not targets), then the completion's and EOS (targets), one document.
-static void chunk_pair(Shared *sh, BpeScratch *s, Chunk *c, const Str *prompt, const Str *completion) {
-    size_t n0 = c->ids.n;
-    bpe_encode(sh->tok, s, prompt->p, prompt->n, true, &c->ids);
-    size_t n1 = c->ids.n;
-    bpe_encode(sh->tok, s, completion->p, completion->n, false, &c->ids);
-    chunk_end_document(sh, c);
-    c->text_bytes += prompt->n + completion->n;
-    if (c->ids.n > c->mask_cap) c->mask_cap = 2 * c->ids.n, c->mask = xrealloc(c->mask, c->mask_cap);
-    memset(c->mask + n0, 0, n1 - n0), memset(c->mask + n1, 1, c->ids.n - n1);
-}
 
 // Names line `line`'s error err of field `field` in the chunk's errors (json_line_field's messages).
 static void line_error(Chunk *c, const char *name, int64_t line, const char *field, const char *err, size_t col) {
@@ -353,8 +335,7 @@ static void chunk_process(Shared *sh, Worker *ws, Chunk *c, const char *name) {
             if (!err && prompt_completion)
                 err = json_line_field(text, n, field = "completion", &ws->completion, &ws->key, &col);
             if (err) line_error(c, name, line, field, err, col);
-            else if (prompt_completion) chunk_pair(sh, s, c, &ws->text, &ws->completion);
-            else chunk_document(sh, s, c, ws->text.p, ws->text.n);
+            else chunk_document(sh, s, c, ws->text.p, ws->text.n, prompt_completion ? &ws->completion : NULL);
             c->repaired += !err && fixed;
             free(fixed);
             if (c->bad && sh->fail_fast) return;
@@ -472,14 +453,7 @@ static Chunk *make_chunk(Reader *r, size_t n, Chunk **free_list) {
     Chunk *c = *free_list;
     if (c) *free_list = c->next;
     else c = xcalloc(1, sizeof *c);
-    Chunk keep = *c;
-    *c = (Chunk){.data = keep.data,
-                 .cap = keep.cap,
-                 .ids = {keep.ids.p, 0, keep.ids.cap},
-                 .ends = keep.ends,
-                 .ends_cap = keep.ends_cap,
-                 .mask = keep.mask,
-                 .mask_cap = keep.mask_cap};
+    c->ids.n = c->ndocs = c->repaired = c->bad = c->text_bytes = 0, c->errors = (Str){0}, c->next = NULL;
     c->file = r->file, c->seq = r->seq++, c->line0 = r->line, c->len = n, c->in_bytes = r->in_used;
     if (n + 1 > c->cap) c->cap = n + n / 4 + 1, c->data = xrealloc(c->data, c->cap);
     memcpy(c->data, r->buf, n), c->data[n] = 0;

@@ -146,26 +146,14 @@ size_t peak_rss_bytes(void) {
 
 // ---- tensors ----
 
-size_t dtype_size(DType dt) {
-    switch (dt) {
-    case DT_F64:
-    case DT_I64:
-    case DT_U64: return 8;
-    case DT_F32:
-    case DT_I32:
-    case DT_U32: return 4;
-    case DT_BF16:
-    case DT_F16:
-    case DT_U16: return 2;
-    case DT_U8: return 1;
-    }
-    return 0;
-}
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[] = {{"F32", 4}, {"BF16", 2}, {"F16", 2}, {"F64", 8}, {"I32", 4},
+              {"I64", 8}, {"U8", 1},   {"U16", 2}, {"U32", 4}, {"U64", 8}}; // in DType's order
 
-const char *dtype_name(DType dt) {
-    static const char *names[] = {"F32", "BF16", "F16", "F64", "I32", "I64", "U8", "U16", "U32", "U64"};
-    return names[dt];
-}
+size_t dtype_size(DType dt) { return dtypes[dt].size; }
+const char *dtype_name(DType dt) { return dtypes[dt].name; }
 
 int64_t tensor_numel(Tensor t) {
     int64_t n = 1;
@@ -242,6 +230,8 @@ Tensor arena_tensor(Arena *a, DType dt, int nd, int64_t n0, int64_t n1, int64_t 
 
 // ---- random numbers ----
 
+static inline uint64_t rotl64(uint64_t x, int r) { return x << r | x >> (64 - r); }
+
 uint64_t rng_mix(uint64_t x) {
     x += 0x9e3779b97f4a7c15ULL;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -266,8 +256,6 @@ double rng_normal(uint64_t seed, uint64_t stream, uint64_t i) {
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
 Rng rng_seeded(uint64_t seed, uint64_t stream) {
     Rng r;
     for (int i = 0; i < 4; i++) r.s[i] = rng_u64(seed, stream, (uint64_t)i);
@@ -275,8 +263,8 @@ Rng rng_seeded(uint64_t seed, uint64_t stream) {
 }
 
 uint64_t rng_next(Rng *r) {
-    uint64_t *s = r->s, out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t, s[3] = rotl(s[3], 45);
+    uint64_t *s = r->s, out = rotl64(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t, s[3] = rotl64(s[3], 45);
     return out;
 }
 
@@ -308,8 +296,6 @@ int file_open_read(const char *path) {
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     return fd;
 }
-
-static inline uint64_t rotl64(uint64_t x, int r) { return x << r | x >> (64 - r); }
 
 uint64_t hash64(const void *data, size_t n) {
     const uint64_t K1 = 0x9e3779b97f4a7c15ULL, K2 = 0xc2b2ae3d27d4eb4fULL;
@@ -379,6 +365,11 @@ bool path_exists(const char *path) {
 void path_join(char *out, size_t cap, const char *dir, const char *name) {
     if (name[0] == '/' || !dir[0]) snprintf(out, cap, "%s", name);
     else snprintf(out, cap, "%s/%s", dir, name);
+}
+
+void path_in_folder(char *out, size_t cap, const char *path, const char *name) {
+    if (path_is_dir(path)) path_join(out, cap, path, name);
+    else snprintf(out, cap, "%s", path);
 }
 
 void path_dirname(char *out, size_t cap, const char *path) {

@@ -146,6 +146,7 @@ bool file_hash64(const char *path, uint64_t *h);
 bool path_is_dir(const char *path);
 bool path_exists(const char *path);
 void path_join(char *out, size_t cap, const char *dir, const char *name);
+void path_in_folder(char *out, size_t cap, const char *path, const char *name); // path/name for a folder, else path
 void path_dirname(char *out, size_t cap, const char *path);
 void path_normalize(char *path); // lexically, in place: "a/./b/../c" → "a/c" (leading ".." kept)
 void mkdir_p(const char *path);  // dies naming the path on failure

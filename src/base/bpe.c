@@ -57,7 +57,7 @@ struct Bpe {
     // Merges: key (left << 32 | right) → rank, merged id, in one 16-byte slot (one cache miss per lookup).
     MergeSlot *merges;
     uint64_t mmask;
-    bool ignore_merges;
+    bool ignore_merges, bytelevel; // bytelevel: the pre-tokenizer has a ByteLevel step
     // Added tokens; per class (0: normalized=false, 1: normalized=true) sorted by (first byte, length desc).
     Added *added;
     int nadded;
@@ -98,6 +98,14 @@ void idvec_free(IdVec *v) {
     *v = (IdVec){0};
 }
 
+// Length of the ASCII prefix of s[0..n), 8 bytes at a time.
+static size_t ascii_prefix(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    for (uint64_t w; i + 8 <= n && (memcpy(&w, s + i, 8), !(w & 0x8080808080808080ull));) i += 8;
+    while (i < n && s[i] < 0x80) i++;
+    return i;
+}
+
 // GPT-2's byte ↔ character map of ByteLevel: printable bytes map to themselves, the others to U+0100 + k in order.
 static int byte_char[256], char_byte[512];
 static void bytelevel_tables(void) {
@@ -130,13 +138,8 @@ static size_t utf8_seq(const uint8_t *s, size_t n, size_t *bad) {
 char *bpe_utf8_repair(const char *text, size_t n, size_t *out_len) {
     const uint8_t *s = (const uint8_t *)text;
     size_t i = 0, bad, k;
-    while (i < n) { // the common case: valid, mostly ASCII (8 bytes at a time)
-        uint64_t w;
-        if (i + 8 <= n && (memcpy(&w, s + i, 8), !(w & 0x8080808080808080ull))) i += 8;
-        else if (s[i] < 0x80) i++;
-        else if ((k = utf8_seq(s + i, n - i, &bad))) i += k;
-        else break;
-    }
+    // the common case: valid UTF-8, mostly ASCII
+    while ((i += ascii_prefix(s + i, n - i)) < n && (k = utf8_seq(s + i, n - i, &bad))) i += k;
     if (i == n) return NULL;
     char *out = xmalloc(3 * n + 1);
     size_t o = i;
@@ -192,17 +195,12 @@ static void nfc_tables(void) {
 
 // True if NFC leaves s[0..n) (valid UTF-8) unchanged by the quick check; false means "maybe not".
 static bool nfc_quick(const uint8_t *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        uint64_t w;
-        if (i + 8 <= n && (memcpy(&w, s + i, 8), !(w & 0x8080808080808080ull))) { // ASCII
-            i += 8;
-            continue;
-        }
-        if (s[i] < 0xCC) { // below U+0300 every character is safe
-            i++;
-            continue;
-        }
+    for (size_t i = ascii_prefix(s, n); i < n; i += ascii_prefix(s + i, n - i)) {
         int32_t cp;
+        if (s[i] < 0xCC) { // below U+0300 every character is safe
+            i += 2;
+            continue;
+        }
         i += (size_t)utf8_decode(s + i, &cp);
         if (!(nfc_safe[cp >> 3] >> (cp & 7) & 1)) return false;
     }
@@ -380,16 +378,21 @@ static void load_added(Bpe *t, JObj root) {
     }
 }
 
+// A component of type "Sequence": loads each of its `items` with load; false for any other type.
+static bool load_sequence(Bpe *t, json_t *c, JObj root, const char *type, const char *items,
+                          void (*load)(Bpe *, json_t *, JObj)) {
+    if (strcmp(type, "Sequence")) return false;
+    size_t i;
+    json_t *x;
+    json_array_foreach(json_object_get(c, items), i, x) load(t, x, root);
+    return true;
+}
+
 static void load_normalizer(Bpe *t, json_t *n, JObj root) {
     if (!n || json_is_null(n)) return;
     const char *type = json_string_value(json_object_get(n, "type"));
     if (!type) jdie(root, "normalizer", "has no type");
-    if (!strcmp(type, "Sequence")) {
-        size_t i;
-        json_t *x;
-        json_array_foreach(json_object_get(n, "normalizers"), i, x) load_normalizer(t, x, root);
-        return;
-    }
+    if (load_sequence(t, n, root, type, "normalizers", load_normalizer)) return;
     static const struct {
         const char *name;
         int opts;
@@ -521,15 +524,12 @@ static void add_regex_step(Bpe *t, JObj root, const char *pat, bool literal, int
     free(a), free(p);
 }
 
-static void load_pre_tokenizer(Bpe *t, json_t *p, JObj root, bool *bytelevel) {
+static void load_pre_tokenizer(Bpe *t, json_t *p, JObj root) {
     if (!p || json_is_null(p)) return;
     const char *type = json_string_value(json_object_get(p, "type"));
     if (!type) jdie(root, "pre_tokenizer", "has no type");
-    if (!strcmp(type, "Sequence")) {
-        size_t i;
-        json_t *x;
-        json_array_foreach(json_object_get(p, "pretokenizers"), i, x) load_pre_tokenizer(t, x, root, bytelevel);
-    } else if (!strcmp(type, "Split")) {
+    if (load_sequence(t, p, root, type, "pretokenizers", load_pre_tokenizer)) return;
+    if (!strcmp(type, "Split")) {
         static const char *names[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
         const char *beh = json_string_value(json_object_get(p, "behavior"));
         int b = -1;
@@ -549,26 +549,15 @@ static void load_pre_tokenizer(Bpe *t, json_t *p, JObj root, bool *bytelevel) {
             add_regex_step(t, root,
                            "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+", false,
                            SPLIT_ISOLATED, false);
-        *bytelevel = true;
+        t->bytelevel = true;
     } else jdie(root, "pre_tokenizer", "type '%s' is not supported (supported: Split, ByteLevel, Sequence)", type);
-}
-
-static int64_t special_id(Bpe *t, JObj where, const char *tok) {
-    int64_t id = bpe_token_to_id(t, tok);
-    if (id < 0) jdie(where, "", "token '%s' is not in the vocabulary", tok);
-    return id;
 }
 
 // The "single" template of a TemplateProcessing post-processor (possibly inside a Sequence): specials around $A.
 static void load_template(Bpe *t, json_t *p, JObj root) {
     const char *type = json_string_value(json_object_get(p, "type"));
-    if (!type) return;
-    if (!strcmp(type, "Sequence")) {
-        size_t i;
-        json_t *x;
-        json_array_foreach(json_object_get(p, "processors"), i, x) load_template(t, x, root);
-    }
-    if (strcmp(type, "TemplateProcessing")) return;
+    if (!type || load_sequence(t, p, root, type, "processors", load_template) || strcmp(type, "TemplateProcessing"))
+        return;
     size_t i;
     json_t *x;
     bool after = false;
@@ -590,21 +579,20 @@ static void load_template(Bpe *t, json_t *p, JObj root) {
     }
 }
 
-static char *config_token(JObj cfg, const char *key) {
-    json_t *v = json_object_get(cfg.obj, key);
-    if (json_is_string(v)) return xstrdup(json_string_value(v));
-    json_t *content = json_object_get(v, "content");
-    if (json_is_object(v) && json_is_string(content)) return xstrdup(json_string_value(content));
-    if (v && !json_is_null(v)) jdie(cfg, key, "expected a token string or {\"content\": ...}");
-    return NULL;
+// tokenizer_config.json's key (a token string or {"content": ...}), a token of this vocabulary; NULL if absent.
+static char *config_token(const Bpe *t, JObj cfg, const char *key) {
+    json_t *v = json_object_get(cfg.obj, key), *content = json_object_get(v, "content");
+    const char *tok = json_is_string(v) ? json_string_value(v) : json_string_value(content); // NULL if not a string
+    if (!tok && v && !json_is_null(v)) jdie(cfg, key, "expected a token string or {\"content\": ...}");
+    if (tok && bpe_token_to_id(t, tok) < 0) jdie(cfg, key, "'%s' is not in the vocabulary of %s", tok, t->file);
+    return tok ? xstrdup(tok) : NULL;
 }
 
 Bpe *bpe_load(const char *path) {
     static bool tables;
     if (!tables) bytelevel_tables(), tables = true;
     Bpe *t = xcalloc(1, sizeof *t);
-    if (path_is_dir(path)) path_join(t->file, sizeof t->file, path, "tokenizer.json");
-    else snprintf(t->file, sizeof t->file, "%s", path);
+    path_in_folder(t->file, sizeof t->file, path, "tokenizer.json");
     if (!path_exists(t->file)) die("%s: no such tokenizer file", t->file);
     json_t *doc = json_load_or_die(t->file);
     JObj root = jobj_root(doc, t->file), model = jobj_child(root, "model");
@@ -620,9 +608,8 @@ Bpe *bpe_load(const char *path) {
     load_vocab_and_merges(t, model, json_object_get(root.obj, "added_tokens"));
     load_added(t, root);
     load_normalizer(t, json_object_get(root.obj, "normalizer"), root);
-    bool bytelevel = false;
-    load_pre_tokenizer(t, json_object_get(root.obj, "pre_tokenizer"), root, &bytelevel);
-    if (!bytelevel) jdie(root, "pre_tokenizer", "has no ByteLevel step (only byte-level BPE is supported)");
+    load_pre_tokenizer(t, json_object_get(root.obj, "pre_tokenizer"), root);
+    if (!t->bytelevel) jdie(root, "pre_tokenizer", "has no ByteLevel step (only byte-level BPE is supported)");
     json_t *post = json_object_get(root.obj, "post_processor");
     if (post && !json_is_null(post)) load_template(t, post, root);
 
@@ -634,22 +621,17 @@ Bpe *bpe_load(const char *path) {
         json_t *cdoc = json_read_file(cfgfile, JSON_DECODE_INT_AS_REAL, &e);
         if (!cdoc) die("%s:%d:%d: invalid JSON: %s", cfgfile, e.line, e.column, e.text);
         JObj cfg = jobj_root(cdoc, cfgfile);
-        t->bos = config_token(cfg, "bos_token"), t->eos = config_token(cfg, "eos_token");
-        for (int k = 0; k < 2; k++) { // named, they are tokens of this vocabulary
-            const char *name = k ? t->eos : t->bos;
-            if (name && bpe_token_to_id(t, name) < 0)
-                jdie(cfg, k ? "eos_token" : "bos_token", "'%s' is not in the vocabulary of %s", name, t->file);
-        }
+        t->bos = config_token(t, cfg, "bos_token"), t->eos = config_token(t, cfg, "eos_token");
         // transformers rebuilds the template from these flags when the config sets them (LlamaTokenizerFast et al.)
         if (jhas(cfg, "add_bos_token") || jhas(cfg, "add_eos_token")) {
             t->nprefix = t->nsuffix = 0;
             if (jbool(cfg, "add_bos_token", false, false)) {
                 if (!t->bos) jdie(cfg, "add_bos_token", "is true but there is no bos_token");
-                t->prefix[t->nprefix++] = (uint32_t)special_id(t, cfg, t->bos);
+                t->prefix[t->nprefix++] = (uint32_t)bpe_token_to_id(t, t->bos);
             }
             if (jbool(cfg, "add_eos_token", false, false)) {
                 if (!t->eos) jdie(cfg, "add_eos_token", "is true but there is no eos_token");
-                t->suffix[t->nsuffix++] = (uint32_t)special_id(t, cfg, t->eos);
+                t->suffix[t->nsuffix++] = (uint32_t)bpe_token_to_id(t, t->eos);
             }
         }
         json_decref(cdoc);
@@ -891,14 +873,6 @@ static void bpe_word(const Bpe *t, BpeScratch *s, const uint8_t *w, size_t n, Id
 
 // ---- pre-tokenization ---------------------------------------------------------------------------------------------
 
-static bool is_ascii(const uint8_t *s, size_t n) {
-    uint64_t w, acc = 0;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) memcpy(&w, s + i, 8), acc |= w;
-    for (; i < n; i++) acc |= s[i];
-    return !(acc & 0x8080808080808080ull);
-}
-
 // Runs one step over the spans in list `from`, writing the list `1 - from`; returns its length.
 static size_t pre_step(const PreStep *st, BpeScratch *s, const uint8_t *txt, int from, size_t nin) {
     size_t nout = 0;
@@ -906,7 +880,7 @@ static size_t pre_step(const PreStep *st, BpeScratch *s, const uint8_t *txt, int
     for (size_t k = 0; k < nin; k++) {
         Span sp = s->spans[from][k];
         const uint8_t *subj = txt + sp.off;
-        bool ascii = st->ascii && bpe_ascii_regex && is_ascii(subj, sp.len);
+        bool ascii = st->ascii && bpe_ascii_regex && ascii_prefix(subj, sp.len) == sp.len;
         size_t pos = 0, last = 0, first = nout;
         bool prev_match = false, pending = false;
         size_t pend_off = 0;
@@ -939,13 +913,9 @@ static size_t pre_step(const PreStep *st, BpeScratch *s, const uint8_t *txt, int
                 case SPLIT_REMOVED:
                     if (!is_match) span_push(s, to, &nout, sp.off + a, b - a);
                     break;
-                case SPLIT_MERGED_PREV:
-                    if (is_match && !prev_match && nout > first)
-                        s->spans[to][nout - 1].len = sp.off + b - s->spans[to][nout - 1].off;
-                    else span_push(s, to, &nout, sp.off + a, b - a);
-                    break;
+                case SPLIT_MERGED_PREV: // MergedWithPrevious: a match joins the gap before it; Contiguous: adjacent matches are one piece
                 case SPLIT_CONTIGUOUS:
-                    if (is_match && prev_match && nout > first)
+                    if (is_match && prev_match == (st->behavior == SPLIT_CONTIGUOUS) && nout > first)
                         s->spans[to][nout - 1].len = sp.off + b - s->spans[to][nout - 1].off;
                     else span_push(s, to, &nout, sp.off + a, b - a);
                     break;
@@ -1031,8 +1001,7 @@ static uint8_t *normalize(const Bpe *t, const uint8_t *s, size_t n, size_t *out_
     for (int k = 0; k < t->nnorm; k++) {
         bool quick = true; // NFC: the quick check; the other forms leave only ASCII alone for sure
         if (t->norm[k] == (UTF8PROC_STABLE | UTF8PROC_COMPOSE)) quick = nfc_quick(s, n);
-        else
-            for (size_t i = 0; i < n && quick; i++) quick = s[i] < 0x80;
+        else quick = ascii_prefix(s, n) == n;
         if (quick) continue;
         uint8_t *dst = NULL;
         utf8proc_ssize_t r = utf8proc_map(s, (utf8proc_ssize_t)n, &dst, t->norm[k]);
@@ -1052,35 +1021,32 @@ char *bpe_normalize(const Bpe *t, const char *text, size_t len, size_t *out_len)
     return c;
 }
 
+// Encodes txt[0..n) split at the added tokens of class c, each one id. Between them, class 0's text is normalized
+// and split at class 1's; class 1's is pre-tokenized and encoded.
+static void encode_split(const Bpe *t, BpeScratch *s, int c, const uint8_t *txt, size_t n, IdVec *out) {
+    size_t pos = 0, ms, me, nn;
+    uint32_t id;
+    for (;;) {
+        bool hit = find_added(t, c, txt, n, pos, &ms, &me, &id);
+        size_t end = hit ? ms : n;
+        if (c == 1) encode_piece(t, s, txt + pos, end - pos, out);
+        else if (end > pos) {
+            uint8_t *norm = normalize(t, txt + pos, end - pos, &nn);
+            encode_split(t, s, 1, norm ? norm : txt + pos, nn, out);
+            free(norm);
+        }
+        if (!hit) return;
+        idvec_push(out, id);
+        pos = me;
+    }
+}
+
 void bpe_encode(const Bpe *t, BpeScratch *s, const char *text, size_t len, bool add_special, IdVec *out) {
     if (add_special)
         for (int i = 0; i < t->nprefix; i++) idvec_push(out, t->prefix[i]);
     size_t n = len;
     char *fixed = bpe_utf8_repair(text, len, &n);
-    const uint8_t *raw = (const uint8_t *)(fixed ? fixed : text);
-    size_t pos = 0, ms, me;
-    uint32_t id;
-    while (pos <= n) {
-        bool hit = find_added(t, 0, raw, n, pos, &ms, &me, &id);
-        size_t end = hit ? ms : n, nn;
-        if (end > pos) {
-            uint8_t *norm = normalize(t, raw + pos, end - pos, &nn);
-            const uint8_t *seg = norm ? norm : raw + pos;
-            size_t p2 = 0, ms2, me2;
-            uint32_t id2;
-            while (p2 < nn) {
-                bool hit2 = find_added(t, 1, seg, nn, p2, &ms2, &me2, &id2);
-                encode_piece(t, s, seg + p2, (hit2 ? ms2 : nn) - p2, out);
-                if (!hit2) break;
-                idvec_push(out, id2);
-                p2 = me2;
-            }
-            free(norm);
-        }
-        if (!hit) break;
-        idvec_push(out, id);
-        pos = me;
-    }
+    encode_split(t, s, 0, (const uint8_t *)(fixed ? fixed : text), n, out);
     free(fixed);
     if (add_special)
         for (int i = 0; i < t->nsuffix; i++) idvec_push(out, t->suffix[i]);

@@ -151,39 +151,29 @@ static void text_value(Str *t, const json_t *v, int indent, bool sort, int depth
     }
     if (json_is_integer(v))
         return snprintf(num, sizeof num, "%" JSON_INTEGER_FORMAT, json_integer_value(v)), text_str(t, num);
-    if (json_is_array(v)) {
-        size_t n = json_array_size(v);
-        if (!n) return text_str(t, "[]");
-        text_str(t, "[");
-        for (size_t i = 0; i < n; i++) {
-            if (i) text_str(t, indent ? "," : ", ");
-            text_newline(t, indent, depth + 1);
-            text_value(t, json_array_get(v, i), indent, sort, depth + 1);
-        }
-        text_newline(t, indent, depth);
-        return text_str(t, "]");
-    }
-    if (json_is_object(v)) {
-        size_t n = json_object_size(v), i = 0;
-        if (!n) return text_str(t, "{}");
-        const char **keys = malloc(n * sizeof *keys), *key;
-        CHECK(keys);
+    if (json_is_array(v) || json_is_object(v)) {
+        bool obj = json_is_object(v);
+        size_t n = obj ? json_object_size(v) : json_array_size(v), i = 0;
+        if (!n) return text_str(t, obj ? "{}" : "[]");
+        const char **keys = malloc(n * sizeof *keys), *key; // malloc: json.c links alone into a fuzz target
         json_t *x;
-        json_object_foreach((json_t *)v, key, x) keys[i++] = key;
-        if (sort) qsort(keys, n, sizeof *keys, cmp_keys);
-        text_str(t, "{");
+        CHECK(keys);
+        if (obj) json_object_foreach((json_t *)v, key, x) keys[i++] = key;
+        if (obj && sort) qsort(keys, n, sizeof *keys, cmp_keys);
+        text_str(t, obj ? "{" : "[");
         for (i = 0; i < n; i++) {
             if (i) text_str(t, indent ? "," : ", ");
             text_newline(t, indent, depth + 1);
-            json_t *k = json_string(keys[i]);
-            text_value(t, k, indent, sort, depth + 1);
-            json_decref(k);
-            text_str(t, ": ");
-            text_value(t, json_object_get(v, keys[i]), indent, sort, depth + 1);
+            if (obj) { // the key, escaped as a string value is
+                json_t *k = json_string(keys[i]);
+                text_value(t, k, indent, sort, depth + 1), text_str(t, ": ");
+                json_decref(k);
+            }
+            text_value(t, obj ? json_object_get(v, keys[i]) : json_array_get(v, i), indent, sort, depth + 1);
         }
         free(keys);
         text_newline(t, indent, depth);
-        return text_str(t, "}");
+        return text_str(t, obj ? "}" : "]");
     }
     char *s = json_dumps(v, JSON_ENCODE_ANY); // strings (escaped as jansson escapes them), true, false, null
     CHECK(s);

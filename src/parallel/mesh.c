@@ -99,6 +99,10 @@ void dist_mesh_describe(Dist *d, int world, int rank, int pp, int cp, int ep, bo
     mesh_build(d, world, rank, pp, cp, ep, hsdp, file, false, 0);
 }
 
+// Every group of d, world first.
+#define ALL_GROUPS(d)                                                                                                  \
+    { &d->world, &d->pp_g, &d->dp_g, &d->cp_g, &d->ep_g, &d->dp_cp, &d->dp_cp_ep, &d->cp_ep, &d->dp_ep }
+
 void dist_mesh_gpu(Dist *d) {
     if (d->world.size == 1) return;
 #ifdef PITH_NCCL
@@ -106,7 +110,7 @@ void dist_mesh_gpu(Dist *d) {
     // Groups with the same ranks in the same order share one communicator (at ep = world size, world, ep,
     // dp×cp×ep, cp×ep and dp×ep are one set). Every rank makes the same choices in the same order: the
     // groups of one kind partition the world alike, so NCCL's collective set-ups pair up.
-    Comm *all[] = {&d->world, &d->pp_g, &d->dp_g, &d->cp_g, &d->ep_g, &d->dp_cp, &d->dp_cp_ep, &d->cp_ep, &d->dp_ep};
+    Comm *all[] = ALL_GROUPS(d);
     int n = (int)(sizeof all / sizeof *all);
     for (int i = 0; i < n; i++) {
         if (all[i]->size == 1) continue;
@@ -124,7 +128,7 @@ void dist_mesh_gpu(Dist *d) {
 }
 
 void dist_mesh_free(Dist *d) {
-    Comm *all[] = {&d->world, &d->pp_g, &d->dp_g, &d->cp_g, &d->ep_g, &d->dp_cp, &d->dp_cp_ep, &d->cp_ep, &d->dp_ep};
+    Comm *all[] = ALL_GROUPS(d);
     int n = (int)(sizeof all / sizeof *all);
 #ifdef PITH_NCCL
     bool gpu = false;

@@ -516,8 +516,7 @@ void ckpt_wait(Run *r) {
     if (lead) {
         // config.json: the model's own file, copied byte for byte
         char mcfg[4200], path[4400];
-        if (path_is_dir(c->model)) snprintf(mcfg, sizeof mcfg, "%s/config.json", c->model);
-        else snprintf(mcfg, sizeof mcfg, "%s", c->model);
+        path_in_folder(mcfg, sizeof mcfg, c->model, "config.json");
         size_t n;
         char *text = file_read_all(mcfg, &n);
         if (!text) die("%s: cannot read: %s", mcfg, strerror(errno));
@@ -617,8 +616,7 @@ bool ckpt_load_router_bias(const char *dir, float *bias, int L, int E) {
 // Dies unless the checkpoint's config.json says what the model's own config file says (compared as JSON).
 static void check_model_config(const Run *r, const char *dir) {
     char mine[4200], theirs[4200];
-    if (path_is_dir(r->cfg.model)) snprintf(mine, sizeof mine, "%s/config.json", r->cfg.model);
-    else snprintf(mine, sizeof mine, "%s", r->cfg.model);
+    path_in_folder(mine, sizeof mine, r->cfg.model, "config.json");
     snprintf(theirs, sizeof theirs, "%s/config.json", dir);
     if (!path_exists(theirs)) return; // written before checkpoints kept it
     json_t *a = json_load_or_die(mine), *b = json_load_or_die(theirs), *v;

@@ -28,8 +28,7 @@ static Device pick_device(const TrainConfig *c) {
 // allowed (RoPE extrapolates), said once.
 static void warn_long_sequence(const TrainConfig *c) {
     char file[PATH_MAX_LEN + 16];
-    if (path_is_dir(c->model)) path_join(file, sizeof file, c->model, "config.json");
-    else snprintf(file, sizeof file, "%s", c->model);
+    path_in_folder(file, sizeof file, c->model, "config.json");
     json_error_t jerr;
     json_t *root = json_read_file(file, 0, &jerr);
     json_t *mp = root ? json_object_get(root, "max_position_embeddings") : NULL;
