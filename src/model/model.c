@@ -464,11 +464,10 @@ void model_conv1d_silu_backward(Model *m, Tensor dx, Tensor dw, Tensor dy, Tenso
         op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, halo, pos, B);
         return;
     }
-    Ring *R = m->ring;
-    arena_reset(&R->mem, 0); // this rank's ∂/∂halo, for rank r − 1, in the ring's scratch
-    Tensor dhalo = arena_tensor(&R->mem, halo.dt, 2, halo.n[0], t_cols(halo), 0, 0);
-    op_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, pos, B);
-    ring_halo_backward(R, dx, dhalo, B);
+    Tensor buf[2]; // this rank's ∂/∂halo, for rank r − 1, and rank r + 1's, in the ring's scratch
+    ring_pair(&m->ring->mem, halo, buf);
+    op_conv1d_silu_backward(dx, buf[0], dw, dy, x, w, halo, pos, B);
+    ring_halo_backward(m->ring, dx, buf[0], buf[1], B);
 }
 
 void model_delta_rule_forward(Model *m, Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, DeltaArgs a,
@@ -476,9 +475,10 @@ void model_delta_rule_forward(Model *m, Tensor o, Tensor q, Tensor k, Tensor v, 
     Ring *R = m->ring;
     a.s0 = a.sT = (Tensor){0};
     if (R) {
-        arena_reset(&R->mem, 0);
+        Tensor buf[2];
+        ring_pair(&R->mem, s0, buf);
         if (ring_state_recv(R, s0, true)) a.s0 = s0; // rank 0 starts from zeros
-        if (R->cp->rank < R->cp->size - 1) a.sT = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
+        if (R->cp->rank < R->cp->size - 1) a.sT = buf[0];
     }
     op_delta_rule_forward(o, q, k, v, g, beta, &a);
     if (a.sT.p) ring_state_send(R, a.sT, true);
@@ -489,11 +489,10 @@ void model_delta_rule_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor
     Ring *R = m->ring;
     a.s0 = a.sT = a.dsT = a.ds0 = (Tensor){0};
     if (R) {
-        arena_reset(&R->mem, 0);
-        int r = R->cp->rank;
-        Tensor dsT = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
-        if (ring_state_recv(R, dsT, false)) a.dsT = dsT; // the last rank's final state reaches nothing
-        if (r > 0) a.s0 = s0, a.ds0 = arena_tensor(&R->mem, DT_F32, 4, s0.n[0], s0.n[1], s0.n[2], s0.n[3]);
+        Tensor buf[2]; // ∂/∂sT from rank r + 1, ∂/∂s0 for rank r − 1
+        ring_pair(&R->mem, s0, buf);
+        if (ring_state_recv(R, buf[0], false)) a.dsT = buf[0]; // the last rank's final state reaches nothing
+        if (R->cp->rank > 0) a.s0 = s0, a.ds0 = buf[1];
     }
     op_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, &a);
     if (a.ds0.p) ring_state_send(R, a.ds0, false);

@@ -341,9 +341,9 @@ static void relayout(Ring *R, Tensor dst, Tensor src, int B, bool to_contiguous)
     const Comm *c = R->cp;
     int cp = c->size, r = c->rank, blk = (int)(src.n[0] / (2 * B)), n = 0;
     CHECK(src.n[0] == 2 * (int64_t)B * blk && tensor_numel(dst) == tensor_numel(src));
-    arena_reset(&R->mem, 0);
-    Tensor out = arena_tensor(&R->mem, src.dt, 2, src.n[0], t_cols(src), 0, 0),
-           in = arena_tensor(&R->mem, src.dt, 2, src.n[0], t_cols(src), 0, 0);
+    Tensor buf[2];
+    ring_pair(&R->mem, tensor_reshape2(src, src.n[0], t_cols(src)), buf);
+    Tensor out = buf[0], in = buf[1];
     reorder_rows(src, out, B, blk, false);
     CommP2p ops[4];
     for (int h = 0; h < 2; h++) { // my half h: where it goes, where its replacement comes from
@@ -366,8 +366,9 @@ void ring_halo_forward(Ring *R, Tensor halo, Tensor x, int B) {
     const Comm *c = R->cp;
     int64_t K1 = halo.n[0] / B, S = x.n[0] / B;
     CHECK(halo.n[0] == B * K1 && S >= K1 && t_cols(halo) == t_cols(x));
-    arena_reset(&R->mem, 0);
-    Tensor out = arena_tensor(&R->mem, x.dt, 2, halo.n[0], t_cols(x), 0, 0);
+    Tensor buf[2];
+    ring_pair(&R->mem, halo, buf);
+    Tensor out = buf[0];
     for (int b = 0; b < B; b++) op_copy(tensor_rows(out, b * K1, K1), tensor_rows(x, b * S + S - K1, K1));
     CommP2p ops[2];
     int n = 0;
@@ -377,10 +378,9 @@ void ring_halo_forward(Ring *R, Tensor halo, Tensor x, int B) {
     comm_exchange(c, ops, n);
 }
 
-void ring_halo_backward(Ring *R, Tensor dx, Tensor dhalo, int B) {
+void ring_halo_backward(Ring *R, Tensor dx, Tensor dhalo, Tensor in, int B) {
     const Comm *c = R->cp;
     int64_t K1 = dhalo.n[0] / B, S = dx.n[0] / B;
-    Tensor in = arena_tensor(&R->mem, dx.dt, 2, dhalo.n[0], t_cols(dx), 0, 0);
     CommP2p ops[2];
     int n = 0;
     if (c->rank > 0) ops[n++] = (CommP2p){true, dhalo, c->rank - 1};
@@ -404,13 +404,17 @@ void ring_state_send(Ring *R, Tensor s, bool forward) {
     if (to >= 0 && to < c->size) comm_exchange(c, &(CommP2p){true, s, to}, 1);
 }
 
+void ring_pair(Arena *a, Tensor like, Tensor two[2]) {
+    arena_reset(a, 0);
+    for (int i = 0; i < 2; i++) two[i] = arena_tensor(a, like.dt, like.nd, like.n[0], like.n[1], like.n[2], like.n[3]);
+}
+
 size_t ring_linear_bytes(Device dev, DType dt, int B, int S, int H, int cc, int ck, int64_t state) {
     Arena a = arena_counting("ring attention", dev);
-    arena_tensor(&a, dt, 2, (int64_t)B * S, H, 0, 0), arena_tensor(&a, dt, 2, (int64_t)B * S, H, 0, 0); // the layout
-    arena_reset(&a, 0);
-    arena_tensor(&a, dt, 2, (int64_t)B * (ck - 1), cc, 0, 0), arena_tensor(&a, dt, 2, (int64_t)B * (ck - 1), cc, 0, 0);
-    arena_reset(&a, 0);
-    arena_tensor(&a, DT_F32, 2, B, state, 0, 0), arena_tensor(&a, DT_F32, 2, B, state, 0, 0); // sT, or dsT and ds0
+    Tensor two[2];
+    ring_pair(&a, tensor_make(NULL, dt, dev, 2, (int64_t)B * S, H, 0, 0), two);         // the layout
+    ring_pair(&a, tensor_make(NULL, dt, dev, 2, (int64_t)B * (ck - 1), cc, 0, 0), two); // the halo
+    ring_pair(&a, tensor_make(NULL, DT_F32, dev, 2, B, state, 0, 0), two);              // the states
     return a.peak + ARENA_ALIGN;
 }
 

@@ -72,14 +72,18 @@ void ring_to_zigzag(Ring *r, Tensor dst, Tensor src, int B);
 // rank r + 1 sends is added to the last K − 1 rows of each sequence of dx (its receive buffer: the ring's scratch
 // after what the caller took, dhalo there too).
 void ring_halo_forward(Ring *r, Tensor halo, Tensor x, int B);
-void ring_halo_backward(Ring *r, Tensor dx, Tensor dhalo, int B);
+void ring_halo_backward(Ring *r, Tensor dx, Tensor dhalo, Tensor in, int B);
+// The scratch of one of those calls: two buffers shaped like `like` at the bottom of a (reset first) — the layout's
+// send and receive rows; the halo's rows, or its gradient's two; the state pass's one or two states. The ring's
+// own arena holds them in a run; ring_linear_bytes runs the same carves on a counting one.
+void ring_pair(Arena *a, Tensor like, Tensor two[2]);
 // The delta rule's state pass, sequential over the ranks: the forward receives s from rank r − 1 and sends to
 // r + 1; the backward (forward false) receives from r + 1 and sends to r − 1. recv returns false (nothing
 // received) at the end of the chain; send to no one does nothing.
 bool ring_state_recv(Ring *r, Tensor s, bool forward);
 void ring_state_send(Ring *r, Tensor s, bool forward);
-// Bytes of the scratch those calls take for B sequences of S local rows: the layout of H columns, the halo of
-// (K − 1) × cc, two states of `state` fp32 elements per sequence.
+// Bytes of the scratch those calls take for B sequences of S local rows (ring_pair's carves): the layout of H
+// columns, the halo of (K − 1) × cc, the states of `state` fp32 elements per sequence.
 size_t ring_linear_bytes(Device dev, DType dt, int B, int S, int H, int cc, int ck, int64_t state);
 // The ring's scratch for a model of hidden size H and ring dims rd, and micro-batches of B sequences of S local
 // rows: the larger of ring_bytes and, with Gated DeltaNet layers, ring_linear_bytes.
