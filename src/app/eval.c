@@ -17,7 +17,6 @@
 #include "parallel/ring.h"
 #include "pipe/chunk.h"
 #include "pipe/dualpipev.h"
-#include "train/ckpt.h"
 #include "train/data.h"
 
 static void eval_usage(FILE *f) {
@@ -217,16 +216,7 @@ int cmd_eval(int argc, char **argv) {
     if (C > 1)
         ring_init(&ring, &d.cp_g, dev, ring_plan_bytes(&mc.ring, mc.hidden, dev, m.cdt, P > 1 ? 1 : (int)M, Sl)),
             m.ring = &ring;
-    float *w[NGROUPS];
-    for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m.params.numel[g] * sizeof(float) + 1);
-    ParamTable all;
-    model_params_all(&m, &all);
-    ckpt_load_model_part(&all, &m.params, w, dir);
-    free(all.p);
-    for (int g = 0; g < NGROUPS; g++) {
-        op_copy(m.w[g], tensor_make(w[g], DT_F32, DEV_CPU, 1, m.params.numel[g], 1, 1, 1));
-        free(w[g]);
-    }
+    arg_load_weights(&m, dir);
     Dataset ds;
     dataset_open(&ds, data, (int)S, mc.vocab, 0);
     ds.ordered = true;
