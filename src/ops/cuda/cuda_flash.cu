@@ -54,6 +54,19 @@ __device__ __forceinline__ void mma_acc_rows_tile(float (&acc)[ND][4], const flo
     }
 }
 
+// c (16 × 64, eight 16×8 C-layout accumulators) += a (16 × 16, an A fragment) · tileᵀ's columns kc .. kc + 15 (tile
+// 64 × D, row-major [n][k] in shared memory): one 16-wide k step of S = Q·Kᵀ, dP = dO·Vᵀ, Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ.
+template <int LD>
+__device__ __forceinline__ void mma_x64(float (&c)[8][4], const uint32_t (&a)[4], const bf16 *tile, int kc, int lane) {
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+        uint32_t bb[4];
+        ldsm_x4(bb, frag_b_nk<LD>(tile, np * 16, kc, lane));
+        mma_bf16(c[2 * np], a, bb[0], bb[1]);
+        mma_bf16(c[2 * np + 1], a, bb[2], bb[3]);
+    }
+}
+
 // Starts the copy of 64 rows × D of one head into a padded tile: g points at the first row, rows are
 // ld elements apart, rows from nvalid on are zero-filled.
 template <int D> __device__ __forceinline__ void tile_load(bf16 *tile, const bf16 *g, int64_t ld, int nvalid) {
@@ -118,13 +131,11 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) ldsm_x4(qf[kk], frag_a_mk<LD>(qs, warp * 16, kk * 16, lane));
     const float sl2 = scale * FA_LOG2E;
-    float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float acc[ND][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     if (sinks) { // a key of logit sinks[h] (sinks[h]/scale in the units of m) and no value; l is the quad's sum
         m[0] = m[1] = sinks[h] / scale;
         l[0] = l[1] = tq == 0 ? 1.0f : 0.0f;
     }
-#pragma unroll
-    for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     for (int j = kt0; j < nkt; j++) {
         int st = (j - kt0) & 1, j0 = j * FA_TILE;
         if (j + 1 < nkt) {
@@ -135,18 +146,9 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         cp_async_wait<1>();
         __syncthreads();
         const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
-        float s[8][4];
+        float s[8][4] = {};
 #pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(kt, np * 16, kk * 16, lane));
-                mma_bf16(s[2 * np], qf[kk], bb[0], bb[1]);
-                mma_bf16(s[2 * np + 1], qf[kk], bb[2], bb[3]);
-            }
+        for (int kk = 0; kk < KD; kk++) mma_x64<LD>(s, qf[kk], kt, kk * 16, lane);
         if (j == nkt - 1) { // the tile with the diagonal and the sequence end; earlier tiles are all visible
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
@@ -264,9 +266,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         L2[r] = row < S ? lse[((int64_t)b * nh + h) * S + row] * FA_LOG2E : INFINITY; // rows past S: P = 0
         Dr[r] = Ds[warp * 16 + gq + r * 8];
     }
-    float acc[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float acc[ND][4] = {};
     for (int j = kt0; j < nkt; j++) {
         int st = (j - kt0) & 1, j0 = j * FA_TILE;
         if (j + 1 < nkt) {
@@ -277,19 +277,9 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         cp_async_wait<1>();
         __syncthreads();
         const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
-        float s[8][4], dp[8][4];
+        float s[8][4] = {}, dp[8][4] = {};
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(kt, np * 16, kk * 16, lane));
-                mma_bf16(s[2 * np], qf[kk], bb[0], bb[1]);
-                mma_bf16(s[2 * np + 1], qf[kk], bb[2], bb[3]);
-            }
+        for (int kk = 0; kk < KD; kk++) mma_x64<LD>(s, qf[kk], kt, kk * 16, lane);
         bool edge = j == nkt - 1;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
@@ -306,14 +296,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
                 for (int e = 0; e < 4; e++)
                     if (j0 + nt * 8 + 2 * tq + (e & 1) < lo[e >> 1]) s[nt][e] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++) // dP = dO·Vᵀ
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(vt, np * 16, kk * 16, lane));
-                mma_bf16(dp[2 * np], df[kk], bb[0], bb[1]);
-                mma_bf16(dp[2 * np + 1], df[kk], bb[2], bb[3]);
-            }
+        for (int kk = 0; kk < KD; kk++) mma_x64<LD>(dp, df[kk], vt, kk * 16, lane); // dP = dO·Vᵀ
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -383,11 +366,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     dkdv_prefetch<D, LO>(qs, dos, ls, ds, ps, q, dout, lse, Dg, docpos, 0, nq, qt0, b, g, grp, S, nh);
     cp_async_commit();
     const float sl2 = scale * FA_LOG2E;
-    float dka[ND][4], dva[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.0f;
+    float dka[ND][4] = {}, dva[ND][4] = {};
     for (int it = 0; it < total; it++) {
         int st = it & 1;
         if (it + 1 < total)
@@ -400,21 +379,12 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         const bf16 *qt = qs + st * TS, *dot = dos + st * TS;
         const float *lt = ls + st * FA_TILE, *dt = ds + st * FA_TILE;
         int qb = (qt0 + it % nq) * FA_TILE;
-        float s[8][4], dp[8][4]; // Sᵀ and dPᵀ: rows = this warp's 16 keys, columns = the tile's 64 queries
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+        float s[8][4] = {}, dp[8][4] = {}; // Sᵀ and dPᵀ: rows = this warp's 16 keys, columns = the tile's 64 queries
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) { // Sᵀ = K·Qᵀ
             uint32_t ka[4];
             ldsm_x4(ka, frag_a_mk<LD>(ks, warp * 16, kk * 16, lane));
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(qt, np * 16, kk * 16, lane));
-                mma_bf16(s[2 * np], ka, bb[0], bb[1]);
-                mma_bf16(s[2 * np + 1], ka, bb[2], bb[3]);
-            }
+            mma_x64<LD>(s, ka, qt, kk * 16, lane);
         }
         bool edge = qb == k0 || qb + FA_TILE > S; // the diagonal tile, or the one with the sequence end
 #pragma unroll
@@ -445,13 +415,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         for (int kk = 0; kk < KD; kk++) { // dPᵀ = V·dOᵀ
             uint32_t va[4];
             ldsm_x4(va, frag_a_mk<LD>(vs, warp * 16, kk * 16, lane));
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(dot, np * 16, kk * 16, lane));
-                mma_bf16(dp[2 * np], va, bb[0], bb[1]);
-                mma_bf16(dp[2 * np + 1], va, bb[2], bb[3]);
-            }
+            mma_x64<LD>(dp, va, dot, kk * 16, lane);
         }
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
