@@ -304,23 +304,20 @@ static Desc build_plan(Graph *g, int64_t *ws) {
         DN(g, cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, MAXCFG, &n,
                                        cfg));
         for (int64_t i = 0; i < n && g->st == CUDNN_STATUS_SUCCESS; i++) {
+            Graph t = {}; // a configuration that fails is skipped, not the graph's failure
             Desc plan = NULL;
-            if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
-                continue;
-            bool ok = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &dnn) ==
-                          CUDNN_STATUS_SUCCESS &&
-                      cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]) == CUDNN_STATUS_SUCCESS &&
-                      cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS;
             int64_t cnt = 0;
-            if (ok)
-                ok = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt,
-                                              ws) == CUDNN_STATUS_SUCCESS;
-            if (ok) {
+            DN(&t, cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan));
+            set(&t, plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &dnn);
+            set_desc(&t, plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg[i]);
+            finish(&t, plan);
+            DN(&t,
+               cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, ws));
+            if (t.st == CUDNN_STATUS_SUCCESS) {
                 if (g->n_all < (int)(sizeof g->all / sizeof g->all[0])) g->all[g->n_all++] = plan;
                 return plan;
             }
-            cudnnBackendDestroyDescriptor(plan);
+            if (plan) cudnnBackendDestroyDescriptor(plan);
         }
     }
     if (g->st == CUDNN_STATUS_SUCCESS) g->st = CUDNN_STATUS_NOT_SUPPORTED, g->line = __LINE__;
@@ -401,7 +398,7 @@ static Plan *get_plan(const Shape *s, bool backward) {
 
 // The plan run on pith's stream with the variant pack of these uids and pointers (each call its own descriptor).
 static void execute(Plan *p, int n, const int64_t *uids, void *const *ptrs, void *ws) {
-    Graph g = {0}; // only for its failure record
+    Graph g = {}; // only for its failure record
     Desc vp = NULL;
     DN(&g, cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
     set(&g, vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);

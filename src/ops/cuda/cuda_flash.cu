@@ -102,6 +102,21 @@ __device__ __forceinline__ void lo_rows(const int32_t *dp, int window, int S, in
     }
 }
 
+// Sets to `masked` the scores (C layout) of the keys from j0 that rows row0 and row0 + 8 do not see: past the
+// diagonal or the sequence end in the tile that holds them (edge), before a row's bound lo (low: LO's tiles before
+// the last row's bound).
+__device__ __forceinline__ void fa_mask(float (&s)[8][4], float masked, bool edge, bool low, int j0, int row0, int S,
+                                        int tq, const int (&lo)[2]) {
+    if (!edge && !low) return; // earlier tiles are all visible
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = j0 + nt * 8 + 2 * tq + (e & 1), row = row0 + (e >> 1) * 8;
+            if ((edge && (key > row || key >= S)) || (low && key < lo[e >> 1])) s[nt][e] = masked;
+        }
+}
+
 // ---- forward ----
 template <int D, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
@@ -149,21 +164,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         float s[8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) mma_x64<LD>(s, qf[kk], kt, kk * 16, lane);
-        if (j == nkt - 1) { // the tile with the diagonal and the sequence end; earlier tiles are all visible
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = j0 + nt * 8 + 2 * tq + (e & 1), row = q0 + warp * 16 + gq + (e >> 1) * 8;
-                    if (key > row || key >= S) s[nt][e] = -INFINITY;
-                }
-        }
-        if (LO && j0 < lmax) // keys before a row's bound
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (j0 + nt * 8 + 2 * tq + (e & 1) < lo[e >> 1]) s[nt][e] = -INFINITY;
+        fa_mask(s, -INFINITY, j == nkt - 1, LO && j0 < lmax, j0, q0 + warp * 16 + gq, S, tq, lo);
 #pragma unroll
         for (int r = 0; r < 2; r++) { // online softmax of rows gq (r = 0) and gq + 8 (r = 1)
             float mx = m[r];
@@ -280,21 +281,11 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         float s[8][4] = {}, dp[8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) mma_x64<LD>(s, qf[kk], kt, kk * 16, lane);
-        bool edge = j == nkt - 1;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = j0 + nt * 8 + 2 * tq + (e & 1), row = q0 + warp * 16 + gq + (e >> 1) * 8;
-                float p = exp2f(s[nt][e] * sl2 - L2[e >> 1]);
-                s[nt][e] = edge && (key > row || key >= S) ? 0.0f : p;
-            }
-        if (LO && j0 < lmax)
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (j0 + nt * 8 + 2 * tq + (e & 1) < lo[e >> 1]) s[nt][e] = 0.0f;
+            for (int e = 0; e < 4; e++) s[nt][e] = exp2f(s[nt][e] * sl2 - L2[e >> 1]); // P
+        fa_mask(s, 0.0f, j == nkt - 1, LO && j0 < lmax, j0, q0 + warp * 16 + gq, S, tq, lo);
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) mma_x64<LD>(dp, df[kk], vt, kk * 16, lane); // dP = dO·Vᵀ
 #pragma unroll
