@@ -67,6 +67,12 @@ __device__ __forceinline__ void mma_x64(float (&c)[8][4], const uint32_t (&a)[4]
     }
 }
 
+// Row r (0: gq, 1: gq + 8) of a C-layout accumulator (16 × 8·ND) times f, as bf16 at out (this thread's column 2·tq).
+template <int ND> __device__ __forceinline__ void store_row(bf16 *out, const float (&acc)[ND][4], int r, float f) {
+#pragma unroll
+    for (int i = 0; i < ND; i++) *(uint32_t *)(out + i * 8) = pack_bf16(acc[i][2 * r] * f, acc[i][2 * r + 1] * f);
+}
+
 // Starts the copy of 64 rows × D of one head into a padded tile: g points at the first row, rows are
 // ld elements apart, rows from nvalid on are zero-filled.
 template <int D> __device__ __forceinline__ void tile_load(bf16 *tile, const bf16 *g, int64_t ld, int nvalid) {
@@ -193,11 +199,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
         int row = q0 + warp * 16 + gq + r * 8;
         if (row >= S) continue;
-        float inv = 1.0f / l[r];
-        bf16 *orow = o + ((int64_t)b * S + row) * qld + h * D + 2 * tq;
-#pragma unroll
-        for (int i = 0; i < ND; i++)
-            *(uint32_t *)(orow + i * 8) = pack_bf16(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
+        store_row<ND>(o + ((int64_t)b * S + row) * qld + h * D + 2 * tq, acc, r, 1.0f / l[r]);
         if (tq == 0) lse[((int64_t)b * nh + h) * S + row] = m[r] * scale + logf(l[r]);
     }
 }
@@ -299,10 +301,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     for (int r = 0; r < 2; r++) {
         int row = q0 + warp * 16 + gq + r * 8;
         if (row >= S) continue;
-        bf16 *drow = dq + ((int64_t)b * S + row) * qld + h * D + 2 * tq;
-#pragma unroll
-        for (int i = 0; i < ND; i++)
-            *(uint32_t *)(drow + i * 8) = pack_bf16(acc[i][2 * r] * scale, acc[i][2 * r + 1] * scale);
+        store_row<ND>(dq + ((int64_t)b * S + row) * qld + h * D + 2 * tq, acc, r, scale);
     }
 }
 
@@ -420,11 +419,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         int key = k0 + warp * 16 + gq + r * 8;
         if (key >= S) continue;
         int64_t off = ((int64_t)b * S + key) * kld + g * D + 2 * tq;
-#pragma unroll
-        for (int i = 0; i < ND; i++) {
-            *(uint32_t *)(dk + off + i * 8) = pack_bf16(dka[i][2 * r] * scale, dka[i][2 * r + 1] * scale);
-            *(uint32_t *)(dv + off + i * 8) = pack_bf16(dva[i][2 * r], dva[i][2 * r + 1]);
-        }
+        store_row<ND>(dk + off, dka, r, scale), store_row<ND>(dv + off, dva, r, 1.0f);
     }
 }
 
