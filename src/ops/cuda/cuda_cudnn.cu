@@ -413,21 +413,22 @@ static void execute(Plan *p, int n, const int64_t *uids, void *const *ptrs, void
 
 // The variant this path takes: bf16, one head dim that is a multiple of 8 up to 128 or 256 (Qwen3.5's gated
 // attention; cuDNN's Hopper engines take d ≤ 256 forward and backward), or MLA's q·k 192 / v 128, 16-byte aligned
-// rows.
-static bool usable(Tensor q, int D, int DV, float scale) {
+// rows (aligned: the caller's check); its plan for this shape and direction, or NULL.
+static Plan *usable_plan(Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window, bool aligned,
+                         bool backward) {
+    int64_t D = q.n[2], DV = v.n[2];
     bool dims = (D == DV && D % 8 == 0 && (D <= 128 || D == 256)) || (D == 192 && DV == 128);
-    if (dnn_off || q.dt != DT_BF16 || !dims || !(scale > 0)) return false;
+    if (dnn_off || q.dt != DT_BF16 || !dims || !(scale > 0) || !aligned) return NULL;
     const char *e = getenv("PITH_ATTENTION");
-    return !(e && !strcmp(e, "own"));
+    if (e && !strcmp(e, "own")) return NULL;
+    Shape s = {B, S, q.n[1], k.n[1], D, DV, window};
+    return get_plan(&s, backward);
 }
 static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale,
                              int window) {
-    int D = (int)q.n[2], DV = (int)v.n[2];
-    if (!usable(q, D, DV, scale) || !aligned16(o.p, q.p, k.p, v.p)) return false;
-    Shape s = {B, S, q.n[1], k.n[1], D, DV, window};
-    Plan *p = get_plan(&s, false);
+    Plan *p = usable_plan(q, k, v, B, S, scale, window, aligned16(o.p, q.p, k.p, v.p), false);
     if (!p) return false;
     float lowest = -3.4028234663852886e38f, w = (float)window;
     int64_t uids[8] = {U_Q, U_K, U_V, U_O, U_LSE, U_SCALE, U_LOWEST, U_WINDOW};
@@ -438,11 +439,8 @@ bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v,
 
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
                               Tensor lse, int B, int S, float scale, int window, Tensor planned) {
-    int D = (int)q.n[2], DV = (int)v.n[2];
-    if (!usable(q, D, DV, scale) || !aligned16(dq.p, dk.p, dv.p, dout.p) || !aligned16(q.p, k.p, v.p, o.p))
-        return false;
-    Shape s = {B, S, q.n[1], k.n[1], D, DV, window};
-    Plan *p = get_plan(&s, true);
+    bool aligned = aligned16(dq.p, dk.p, dv.p, dout.p) && aligned16(q.p, k.p, v.p, o.p);
+    Plan *p = usable_plan(q, k, v, B, S, scale, window, aligned, true);
     if (!p) return false;
     // workspace: the plan's own, then D and the dQ accumulator (op_attention_scratch) — those two in the caller's
     // planned scratch when it gives one
