@@ -84,6 +84,13 @@ template <int D> __device__ __forceinline__ void tile_load(bf16 *tile, const bf1
     }
 }
 
+// Starts the copy of key tile j of K and V (kg, vg: row 0 of the sequence's kv head) into ks and vs.
+template <int D>
+__device__ __forceinline__ void kv_load(bf16 *ks, bf16 *vs, const bf16 *kg, const bf16 *vg, int64_t kld, int S, int j) {
+    tile_load<D>(ks, kg + (int64_t)j * FA_TILE * kld, kld, S - j * FA_TILE);
+    tile_load<D>(vs, vg + (int64_t)j * FA_TILE * kld, kld, S - j * FA_TILE);
+}
+
 // LO: the first key query `row` sees, given its docpos value dpos (doc: documents on) and the window (0: none).
 __device__ __forceinline__ int fa_row_lo(int row, int dpos, bool doc, int window) {
     int l = doc ? row - dpos : 0; // a document that began before the sequence: from key 0
@@ -143,8 +150,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     if (LO) lo_rows(docpos ? docpos + (int64_t)b * S : NULL, window, S, q0, warp * 16 + gq, &kt0, &lmax, lo);
     tile_load<D>(qs, q + ((int64_t)b * S + q0) * qld + h * D, qld, S - q0);
     cp_async_commit();
-    tile_load<D>(ks, kg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
-    tile_load<D>(vs, vg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
+    kv_load<D>(ks, vs, kg, vg, kld, S, kt0);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -159,10 +165,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     }
     for (int j = kt0; j < nkt; j++) {
         int st = (j - kt0) & 1, j0 = j * FA_TILE;
-        if (j + 1 < nkt) {
-            tile_load<D>(ks + (st ^ 1) * TS, kg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
-            tile_load<D>(vs + (st ^ 1) * TS, vg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
-        }
+        if (j + 1 < nkt) kv_load<D>(ks + (st ^ 1) * TS, vs + (st ^ 1) * TS, kg, vg, kld, S, j + 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -227,8 +230,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     tile_load<D>(qs, q + qoff, qld, S - q0);
     tile_load<D>(dos, dout + qoff, qld, S - q0);
     cp_async_commit();
-    tile_load<D>(ks, kg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
-    tile_load<D>(vs, vg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
+    kv_load<D>(ks, vs, kg, vg, kld, S, kt0);
     cp_async_commit();
     { // D_i = dout_i·o_i: two threads per row, D/2 elements each, read straight from global memory
         int r = threadIdx.x >> 1, half = threadIdx.x & 1;
@@ -272,10 +274,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     float acc[ND][4] = {};
     for (int j = kt0; j < nkt; j++) {
         int st = (j - kt0) & 1, j0 = j * FA_TILE;
-        if (j + 1 < nkt) {
-            tile_load<D>(ks + (st ^ 1) * TS, kg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
-            tile_load<D>(vs + (st ^ 1) * TS, vg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
-        }
+        if (j + 1 < nkt) kv_load<D>(ks + (st ^ 1) * TS, vs + (st ^ 1) * TS, kg, vg, kld, S, j + 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
