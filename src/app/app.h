@@ -26,3 +26,6 @@ Device arg_device(const char *cmd, const char *device);
 // The model folder --model names, into dir: the folder itself when it holds config.json, else a save_location's
 // newest checkpoint (said on stderr; read only: a run may be saving). Dies when it is neither.
 void arg_model_dir(const char *cmd, const char *model, char *dir, size_t cap);
+typedef struct Model Model;
+// m's weights (this rank's part of the model) from the model folder dir, into its compute dtype.
+void arg_load_weights(Model *m, const char *dir);

@@ -43,6 +43,19 @@ void arg_model_dir(const char *cmd, const char *model, char *dir, size_t cap) {
     fprintf(stderr, "%s: %s is a save_location; its newest checkpoint is %s\n", cmd, model, dir);
 }
 
+void arg_load_weights(Model *m, const char *dir) {
+    ParamTable all;
+    model_params_all(m, &all);
+    float *w[NGROUPS];
+    for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m->params.numel[g] * sizeof(float) + 1);
+    ckpt_load_model_part(&all, &m->params, w, dir);
+    free(all.p);
+    for (int g = 0; g < NGROUPS; g++) {
+        op_copy(m->w[g], tensor_make(w[g], DT_F32, DEV_CPU, 1, m->params.numel[g], 1, 1, 1));
+        free(w[g]);
+    }
+}
+
 void arg_suggest_option(const struct option *opts, char **argv) {
     const char *arg = argv[optind - 1], *names[64];
     if (strncmp(arg, "--", 2)) return;

@@ -17,27 +17,24 @@
 #include "parallel/ring.h"
 #include "pipe/chunk.h"
 #include "pipe/dualpipev.h"
-#include "train/ckpt.h"
 #include "train/data.h"
 
 static void eval_usage(FILE *f) {
-    fprintf(f,
-            "usage: pith eval --model DIR --data PATH --seq S --batch B [--micro-batch M] [--device auto|cpu|cuda]\n"
-            "                 [--dtype fp32|bf16] [--pp P] [--cp C] [--per-token FILE] [--document-masking]\n"
-            "  DIR: an HF folder, a pith checkpoint folder (config.json + safetensors), or a save_location (its\n"
-            "       newest checkpoint). PATH: a folder of .bin token files or one file.\n"
-            "  Prints the mean token cross-entropy over samples 0..B-1 as its last line: loss <value>.\n"
-            "  --micro-batch M  samples per forward pass on one rank (default: B, at most 8)\n"
-            "  --device         auto (default): the GPU when there is one\n"
-            "  --pp P  run the samples through a DualPipeV pipeline of P ranks, forward only (start it under\n"
-            "          mpirun/srun with P ranks; each holds its two chunks' weights; B >= 2P)\n"
-            "  --cp C  context parallelism over C ranks (P × C ranks in all; 2C divides S): each holds its zigzag\n"
-            "          chunks of every sample\n"
-            "  --per-token FILE  writes each target's loss as a float32 .npy of shape (B, S): row i is sample i,\n"
-            "          column t the loss of its label t (token t + 1 of the sample); NaN where the label is masked\n");
-    fputs("  --document-masking  each token attends only to its own document (the files' document ends) and\n"
-          "          counts its position from the document's first token (as document_masking trains)\n",
-          f);
+    fprintf(f, "usage: pith eval --model DIR --data PATH --seq S --batch B [--micro-batch M] [--device auto|cpu|cuda]\n"
+               "                 [--dtype fp32|bf16] [--pp P] [--cp C] [--per-token FILE] [--document-masking]\n"
+               "  DIR: an HF folder, a pith checkpoint folder (config.json + safetensors), or a save_location (its\n"
+               "       newest checkpoint). PATH: a folder of .bin token files or one file.\n"
+               "  Prints the mean token cross-entropy over samples 0..B-1 as its last line: loss <value>.\n"
+               "  --micro-batch M  samples per forward pass on one rank (default: B, at most 8)\n"
+               "  --device         auto (default): the GPU when there is one\n"
+               "  --pp P  run the samples through a DualPipeV pipeline of P ranks, forward only (start it under\n"
+               "          mpirun/srun with P ranks; each holds its two chunks' weights; B >= 2P)\n"
+               "  --cp C  context parallelism over C ranks (P × C ranks in all; 2C divides S): each holds its zigzag\n"
+               "          chunks of every sample\n"
+               "  --per-token FILE  writes each target's loss as a float32 .npy of shape (B, S): row i is sample i,\n"
+               "          column t the loss of its label t (token t + 1 of the sample); NaN where the label is masked\n"
+               "  --document-masking  each token attends only to its own document (the files' document ends) and\n"
+               "          counts its position from the document's first token (as document_masking trains)\n");
 }
 
 // The pipeline's forward (pp > 1): sample mb is a micro-batch of one sequence; the model's first chunk reads
@@ -217,16 +214,7 @@ int cmd_eval(int argc, char **argv) {
     if (C > 1)
         ring_init(&ring, &d.cp_g, dev, ring_plan_bytes(&mc.ring, mc.hidden, dev, m.cdt, P > 1 ? 1 : (int)M, Sl)),
             m.ring = &ring;
-    float *w[NGROUPS];
-    for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m.params.numel[g] * sizeof(float) + 1);
-    ParamTable all;
-    model_params_all(&m, &all);
-    ckpt_load_model_part(&all, &m.params, w, dir);
-    free(all.p);
-    for (int g = 0; g < NGROUPS; g++) {
-        op_copy(m.w[g], tensor_make(w[g], DT_F32, DEV_CPU, 1, m.params.numel[g], 1, 1, 1));
-        free(w[g]);
-    }
+    arg_load_weights(&m, dir);
     Dataset ds;
     dataset_open(&ds, data, (int)S, mc.vocab, 0);
     ds.ordered = true;

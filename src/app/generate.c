@@ -152,13 +152,7 @@ int cmd_generate(int argc, char **argv) {
     int P = (int)ids.n, cap = P + (int)n_new;
     Model m;
     model_create_forward(&m, fam, &mc, dev, compute_dt(dev, strcmp(dtype, "bf16") ? COMPUTE_FP32 : COMPUTE_BF16), cap);
-    float *w[NGROUPS];
-    for (int g = 0; g < NGROUPS; g++) w[g] = xmalloc(m.params.numel[g] * sizeof(float) + 1);
-    ckpt_load_model(&m.params, w, model);
-    for (int g = 0; g < NGROUPS; g++) {
-        op_copy(m.w[g], tensor_make(w[g], DT_F32, DEV_CPU, 1, m.params.numel[g], 1, 1, 1));
-        free(w[g]);
-    }
+    arg_load_weights(&m, model);
     // A checkpoint trained with aux-loss-free balancing routes with its selection biases (run.json).
     float *bias = xmalloc(sizeof(float) * mc.layers * mc.experts);
     Arena bias_mem = {0};

@@ -36,20 +36,14 @@ void model_fp8_setup(Model *m) {
     m->fp8.w = model_tensor(m->dev, DT_U8, n ? (int64_t)n : 1, m->w[0].p != NULL);
 }
 
-// Remade when stale: the first use after the optimizer's update bumped fp8_version.
-static bool fp8_stale(Model *m, int l, Fp8Slot s) {
-    bool stale = m->fp8.made[s][l] != m->fp8.version;
-    m->fp8.made[s][l] = m->fp8.version;
-    return stale;
-}
-
 Fp8Weight model_fp8_weight(Model *m, int l, Fp8Slot s) {
     Tensor w = fp8_source(m, l, s);
     CHECK(m->fp8.on && m->fp8.off[s][l] >= 0);
     char *p = (char *)m->fp8.w.p + m->fp8.off[s][l];
     Fp8Weight fw = w.nd == 3 ? op_fp8_experts_view(p, w.dev, w.n[0], w.n[1], w.n[2])
                              : op_fp8_weight_view(p, w.dev, w.n[0], w.n[1]);
-    if (fp8_stale(m, l, s)) op_fp8_weight_make(fw, w);
+    if (m->fp8.made[s][l] != m->fp8.version) // stale: the first use after the optimizer's update bumped the version
+        m->fp8.made[s][l] = m->fp8.version, op_fp8_weight_make(fw, w);
     return fw;
 }
 

@@ -80,6 +80,14 @@ template <int TPR> __device__ __forceinline__ float row_sum(float v) {
     for (int o = TPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// The dot product of a row's N·TPR elements: this thread's N in registers (r) with its elements c·TPR + sub of a
+// shared-memory row (t), summed over the row's lanes.
+template <int N, int TPR> __device__ __forceinline__ float row_dot(const float *r, const float *t, int sub) {
+    float v = 0.0f;
+#pragma unroll
+    for (int c = 0; c < N; c++) v += r[c] * t[c * TPR + sub];
+    return row_sum<TPR>(v);
+}
 
 // Loads rows r0..r0+ATT_TILE of one head of a (B·S, heads, D) tensor into tile (ATT_TILE × D fp32);
 // rows outside 0..S read as 0.
@@ -117,10 +125,7 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
         float s[ATT_TILE], mt = -INFINITY;
 #pragma unroll
         for (int jj = 0; jj < ATT_TILE; jj++) {
-            float part = 0.0f;
-#pragma unroll
-            for (int c = 0; c < QPT; c++) part += qr[c] * ks[jj * DQK + c * TPR + sub];
-            part = row_sum<TPR>(part);
+            float part = row_dot<QPT, TPR>(qr, ks + jj * DQK, sub);
             int j = j0 + jj;
             s[jj] = j < p.Sk && j >= dlo && attn_visible(p, i, j) ? p.scale * part : -INFINITY;
             mt = fmaxf(mt, s[jj]);
@@ -179,13 +184,7 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
         __syncthreads();
 #pragma unroll 4
         for (int jj = 0; jj < ATT_TILE; jj++) {
-            float sp = 0.0f, dp = 0.0f;
-#pragma unroll
-            for (int c = 0; c < QPT; c++) sp += qr[c] * ks[jj * DQK + c * TPR + sub];
-#pragma unroll
-            for (int c = 0; c < VPT; c++) dp += dor[c] * vs[jj * DV + c * TPR + sub];
-            sp = row_sum<TPR>(sp);
-            dp = row_sum<TPR>(dp);
+            float sp = row_dot<QPT, TPR>(qr, ks + jj * DQK, sub), dp = row_dot<VPT, TPR>(dor, vs + jj * DV, sub);
             int j = j0 + jj;
             float pj = live && j < p.Sk && j >= dlo && attn_visible(p, i, j) ? expf(p.scale * sp - L) : 0.0f;
             float ds = p.scale * pj * (dp - Di);
@@ -241,13 +240,7 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
             __syncthreads();
 #pragma unroll 4
             for (int ii = 0; ii < ATT_TILE; ii++) {
-                float sp = 0.0f, dp = 0.0f;
-#pragma unroll
-                for (int c = 0; c < QPT; c++) sp += kr[c] * qs[ii * DQK + c * TPR + sub];
-#pragma unroll
-                for (int c = 0; c < VPT; c++) dp += vr[c] * dos[ii * DV + c * TPR + sub];
-                sp = row_sum<TPR>(sp);
-                dp = row_sum<TPR>(dp);
+                float sp = row_dot<QPT, TPR>(kr, qs + ii * DQK, sub), dp = row_dot<VPT, TPR>(vr, dos + ii * DV, sub);
                 int i = i0 + ii;
                 bool vis = valid && i < p.Sq && Ls[ii] != -INFINITY && j >= Ps[ii] && attn_visible(p, i, j);
                 float pj = vis ? expf(p.scale * sp - Ls[ii]) : 0.0f;
@@ -391,7 +384,6 @@ static bool attention_self(Tensor q, Tensor k, const AttnArgs *a) {
 static bool attention_cudnn_form(Tensor q, Tensor k, const AttnArgs *a) {
     return !a->deterministic && !a->docpos.p && attention_self(q, k, a); // cuDNN's backward adds into dQ atomically
 }
-static bool attention_flash_form(Tensor q, Tensor k, const AttnArgs *a) { return attention_self(q, k, a); }
 
 static const char *last_path = "none";
 
@@ -436,7 +428,7 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
             return;
         }
     }
-    if (attention_flash_form(q, k, a)) {
+    if (attention_self(q, k, a)) {
         last_path = "flash"; // our tensor-core kernel (bf16, d 64/128)
         if (DQK == DV && flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale, p.window, p.sinks, p.docpos))
             return;
@@ -478,7 +470,7 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
         last_path = "cudnn";
         if (cudnn_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window, a->ws)) return;
     }
-    if (attention_flash_form(q, k, a)) {
+    if (attention_self(q, k, a)) {
         last_path = "flash";
         if (DQK == DV &&
             flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window, p.docpos))

@@ -66,8 +66,10 @@ static void set_desc(Graph *g, Desc d, cudnnBackendAttributeName_t name, Desc v)
 }
 static void finish(Graph *g, Desc d) { DN(g, cudnnBackendFinalize(d)); }
 
-// A 4-D tensor; uid 0 makes a virtual one (an intermediate that never reaches memory).
-static Desc tensor(Graph *g, int64_t uid, cudnnDataType_t dt, const int64_t dim[4], const int64_t str[4]) {
+// A 4-D tensor; uid 0 makes a virtual one (an intermediate that never reaches memory). by_value: a scalar the
+// variant pack passes in host memory instead.
+static Desc tensor_of(Graph *g, int64_t uid, cudnnDataType_t dt, const int64_t dim[4], const int64_t str[4],
+                      bool by_value) {
     Desc t = make(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
     bool virt = uid == 0;
     if (virt) uid = g->next_uid++;
@@ -77,25 +79,19 @@ static Desc tensor(Graph *g, int64_t uid, cudnnDataType_t dt, const int64_t dim[
     set(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, str);
     set(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
     set(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-    set(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt);
+    if (by_value) set(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+    else set(g, t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt);
     finish(g, t);
     return t;
 }
-// A scalar passed by value in the variant pack (host memory): the scale, the masked value, 1.
+static Desc tensor(Graph *g, int64_t uid, cudnnDataType_t dt, const int64_t dim[4], const int64_t str[4]) {
+    return tensor_of(g, uid, dt, dim, str, false);
+}
+// The scalars by value (fp32, one descriptor per uid): the scale, the masked value, 1, the window.
 static Desc scalar(Graph *g, int64_t uid) {
-    if (g->scalars[uid]) return g->scalars[uid];
-    Desc t = g->scalars[uid] = make(g, CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-    cudnnDataType_t dt = CUDNN_DATA_FLOAT;
-    int64_t one[4] = {1, 1, 1, 1}, align = 16;
-    bool by_value = true;
-    set(g, t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
-    set(g, t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, one);
-    set(g, t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, one);
-    set(g, t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-    set(g, t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-    set(g, t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
-    finish(g, t);
-    return t;
+    static const int64_t one[4] = {1, 1, 1, 1};
+    if (!g->scalars[uid]) g->scalars[uid] = tensor_of(g, uid, CUDNN_DATA_FLOAT, one, one, true);
+    return g->scalars[uid];
 }
 
 static void add_op(Graph *g, Desc op) {
@@ -163,14 +159,11 @@ typedef struct {
     int64_t B, S, nh, nkv, d, dv, window;
 } Shape; // d: q·k head dim, dv: v head dim; window 0: none
 
-// Views of pith's rows (B·S, heads, d) as (B, heads, S, d), and transposed as (B, heads, d, S).
-static void rows_view(const Shape *s, int64_t heads, int64_t d, int64_t dim[4], int64_t str[4]) {
-    int64_t d4[4] = {s->B, heads, s->S, d}, s4[4] = {s->S * heads * d, d, heads * d, 1};
-    memcpy(dim, d4, sizeof d4), memcpy(str, s4, sizeof s4);
-}
-static void rows_view_t(const Shape *s, int64_t heads, int64_t d, int64_t dim[4], int64_t str[4]) {
-    int64_t d4[4] = {s->B, heads, d, s->S}, s4[4] = {s->S * heads * d, d, 1, heads * d};
-    memcpy(dim, d4, sizeof d4), memcpy(str, s4, sizeof s4);
+// A view of pith's rows (B·S, heads, d) as (B, heads, S, d), or transposed (t) as (B, heads, d, S).
+static Desc rows(Graph *g, const Shape *s, int64_t uid, cudnnDataType_t dt, int64_t heads, int64_t d, bool t) {
+    int64_t dim[4] = {s->B, heads, t ? d : s->S, t ? s->S : d},
+            str[4] = {s->S * heads * d, d, t ? 1 : heads * d, t ? heads * d : 1};
+    return tensor(g, uid, dt, dim, str);
 }
 // Packed (B, heads, rows, cols).
 static void packed(int64_t B, int64_t heads, int64_t rows, int64_t cols, int64_t dim[4], int64_t str[4]) {
@@ -208,15 +201,10 @@ static Desc masked_scores(Graph *g, const Shape *s, Desc q, Desc kt) {
 }
 
 static void build_forward(Graph *g, const Shape *s) {
-    int64_t dim[4], str[4], sd[4], ss[4], rd[4], rs[4];
-    rows_view(s, s->nh, s->d, dim, str);
-    Desc q = tensor(g, U_Q, CUDNN_DATA_BFLOAT16, dim, str);
-    rows_view(s, s->nh, s->dv, dim, str);
-    Desc o = tensor(g, U_O, CUDNN_DATA_BFLOAT16, dim, str);
-    rows_view_t(s, s->nkv, s->d, dim, str);
-    Desc kt = tensor(g, U_K, CUDNN_DATA_BFLOAT16, dim, str);
-    rows_view(s, s->nkv, s->dv, dim, str);
-    Desc v = tensor(g, U_V, CUDNN_DATA_BFLOAT16, dim, str);
+    const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16;
+    int64_t sd[4], ss[4], rd[4], rs[4];
+    Desc q = rows(g, s, U_Q, bf, s->nh, s->d, false), o = rows(g, s, U_O, bf, s->nh, s->dv, false);
+    Desc kt = rows(g, s, U_K, bf, s->nkv, s->d, true), v = rows(g, s, U_V, bf, s->nkv, s->dv, false);
     Desc sc = masked_scores(g, s, q, kt);
     packed(s->B, s->nh, s->S, s->S, sd, ss);
     packed(s->B, s->nh, s->S, 1, rd, rs);
@@ -251,22 +239,16 @@ static void product_into(Graph *g, const Shape *s, Desc a, Desc b, Desc out, int
 }
 
 static void build_backward(Graph *g, const Shape *s) {
-    int64_t dim[4], str[4], sd[4], ss[4], rd[4], rs[4], td[4], ts[4];
-    rows_view(s, s->nh, s->d, dim, str);
-    Desc q = tensor(g, U_Q, CUDNN_DATA_BFLOAT16, dim, str), dq = tensor(g, U_DQ, CUDNN_DATA_BFLOAT16, dim, str);
-    rows_view(s, s->nh, s->dv, dim, str);
-    Desc o = tensor(g, U_O, CUDNN_DATA_BFLOAT16, dim, str), dout = tensor(g, U_DO, CUDNN_DATA_BFLOAT16, dim, str);
-    Desc dodo = tensor(g, 0, CUDNN_DATA_FLOAT, dim, str);
+    const cudnnDataType_t bf = CUDNN_DATA_BFLOAT16;
+    int64_t sd[4], ss[4], rd[4], rs[4], td[4], ts[4];
+    Desc q = rows(g, s, U_Q, bf, s->nh, s->d, false), dq = rows(g, s, U_DQ, bf, s->nh, s->d, false);
+    Desc o = rows(g, s, U_O, bf, s->nh, s->dv, false), dout = rows(g, s, U_DO, bf, s->nh, s->dv, false);
+    Desc dodo = rows(g, s, 0, CUDNN_DATA_FLOAT, s->nh, s->dv, false);
     packed(s->B, s->nh, s->S, s->d, td, ts);
     Desc dqacc = tensor(g, U_DQACC, CUDNN_DATA_FLOAT, td, ts);
-    rows_view_t(s, s->nkv, s->d, dim, str);
-    Desc kt = tensor(g, U_K, CUDNN_DATA_BFLOAT16, dim, str);
-    rows_view_t(s, s->nkv, s->dv, dim, str);
-    Desc vt = tensor(g, U_V, CUDNN_DATA_BFLOAT16, dim, str);
-    rows_view(s, s->nkv, s->d, dim, str);
-    Desc k = tensor(g, 0, CUDNN_DATA_BFLOAT16, dim, str), dk = tensor(g, U_DK, CUDNN_DATA_BFLOAT16, dim, str);
-    rows_view(s, s->nkv, s->dv, dim, str);
-    Desc dv = tensor(g, U_DV, CUDNN_DATA_BFLOAT16, dim, str);
+    Desc kt = rows(g, s, U_K, bf, s->nkv, s->d, true), vt = rows(g, s, U_V, bf, s->nkv, s->dv, true);
+    Desc k = rows(g, s, 0, bf, s->nkv, s->d, false), dk = rows(g, s, U_DK, bf, s->nkv, s->d, false);
+    Desc dv = rows(g, s, U_DV, bf, s->nkv, s->dv, false);
     packed(s->B, s->nh, s->S, 1, rd, rs);
     Desc lse = tensor(g, U_LSE, CUDNN_DATA_FLOAT, rd, rs), D = tensor(g, U_D, CUDNN_DATA_FLOAT, rd, rs);
     Desc dsum = tensor(g, 0, CUDNN_DATA_FLOAT, rd, rs);
@@ -322,23 +304,20 @@ static Desc build_plan(Graph *g, int64_t *ws) {
         DN(g, cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, MAXCFG, &n,
                                        cfg));
         for (int64_t i = 0; i < n && g->st == CUDNN_STATUS_SUCCESS; i++) {
+            Graph t = {}; // a configuration that fails is skipped, not the graph's failure
             Desc plan = NULL;
-            if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
-                continue;
-            bool ok = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &dnn) ==
-                          CUDNN_STATUS_SUCCESS &&
-                      cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfg[i]) == CUDNN_STATUS_SUCCESS &&
-                      cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS;
             int64_t cnt = 0;
-            if (ok)
-                ok = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt,
-                                              ws) == CUDNN_STATUS_SUCCESS;
-            if (ok) {
+            DN(&t, cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan));
+            set(&t, plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &dnn);
+            set_desc(&t, plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg[i]);
+            finish(&t, plan);
+            DN(&t,
+               cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, ws));
+            if (t.st == CUDNN_STATUS_SUCCESS) {
                 if (g->n_all < (int)(sizeof g->all / sizeof g->all[0])) g->all[g->n_all++] = plan;
                 return plan;
             }
-            cudnnBackendDestroyDescriptor(plan);
+            if (plan) cudnnBackendDestroyDescriptor(plan);
         }
     }
     if (g->st == CUDNN_STATUS_SUCCESS) g->st = CUDNN_STATUS_NOT_SUPPORTED, g->line = __LINE__;
@@ -417,40 +396,39 @@ static Plan *get_plan(const Shape *s, bool backward) {
     return plan ? p : NULL;
 }
 
+// The plan run on pith's stream with the variant pack of these uids and pointers (each call its own descriptor).
 static void execute(Plan *p, int n, const int64_t *uids, void *const *ptrs, void *ws) {
+    Graph g = {}; // only for its failure record
     Desc vp = NULL;
-    cudnnStatus_t st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendFinalize(vp);
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnSetStream(dnn, cuda_stream());
-    if (st == CUDNN_STATUS_SUCCESS) st = cudnnBackendExecute(dnn, p->plan, vp);
+    DN(&g, cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
+    set(&g, vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+    set(&g, vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
+    set(&g, vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    finish(&g, vp);
+    DN(&g, cudnnSetStream(dnn, cuda_stream()));
+    DN(&g, cudnnBackendExecute(dnn, p->plan, vp));
     if (vp) cudnnBackendDestroyDescriptor(vp);
-    if (st != CUDNN_STATUS_SUCCESS) die("cudnn attention: execution failed: %s", cudnnGetErrorString(st));
+    if (g.st != CUDNN_STATUS_SUCCESS) die("cudnn attention: execution failed: %s", cudnnGetErrorString(g.st));
 }
 
 // The variant this path takes: bf16, one head dim that is a multiple of 8 up to 128 or 256 (Qwen3.5's gated
 // attention; cuDNN's Hopper engines take d ≤ 256 forward and backward), or MLA's q·k 192 / v 128, 16-byte aligned
-// rows.
-static bool usable(Tensor q, int D, int DV, float scale) {
+// rows (aligned: the caller's check); its plan for this shape and direction, or NULL.
+static Plan *usable_plan(Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window, bool aligned,
+                         bool backward) {
+    int64_t D = q.n[2], DV = v.n[2];
     bool dims = (D == DV && D % 8 == 0 && (D <= 128 || D == 256)) || (D == 192 && DV == 128);
-    if (dnn_off || q.dt != DT_BF16 || !dims || !(scale > 0)) return false;
+    if (dnn_off || q.dt != DT_BF16 || !dims || !(scale > 0) || !aligned) return NULL;
     const char *e = getenv("PITH_ATTENTION");
-    return !(e && !strcmp(e, "own"));
+    if (e && !strcmp(e, "own")) return NULL;
+    Shape s = {B, S, q.n[1], k.n[1], D, DV, window};
+    return get_plan(&s, backward);
 }
-static bool al16(Tensor t) { return (uintptr_t)t.p % 16 == 0; }
 static size_t up256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale,
                              int window) {
-    int D = (int)q.n[2], DV = (int)v.n[2];
-    if (!usable(q, D, DV, scale) || !al16(o) || !al16(q) || !al16(k) || !al16(v)) return false;
-    Shape s = {B, S, q.n[1], k.n[1], D, DV, window};
-    Plan *p = get_plan(&s, false);
+    Plan *p = usable_plan(q, k, v, B, S, scale, window, aligned16(o.p, q.p, k.p, v.p), false);
     if (!p) return false;
     float lowest = -3.4028234663852886e38f, w = (float)window;
     int64_t uids[8] = {U_Q, U_K, U_V, U_O, U_LSE, U_SCALE, U_LOWEST, U_WINDOW};
@@ -461,13 +439,8 @@ bool cudnn_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v,
 
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
                               Tensor lse, int B, int S, float scale, int window, Tensor planned) {
-    int D = (int)q.n[2], DV = (int)v.n[2];
-    if (!usable(q, D, DV, scale)) return false;
-    Tensor all[8] = {dq, dk, dv, dout, q, k, v, o};
-    for (int i = 0; i < 8; i++)
-        if (!al16(all[i])) return false;
-    Shape s = {B, S, q.n[1], k.n[1], D, DV, window};
-    Plan *p = get_plan(&s, true);
+    bool aligned = aligned16(dq.p, dk.p, dv.p, dout.p) && aligned16(q.p, k.p, v.p, o.p);
+    Plan *p = usable_plan(q, k, v, B, S, scale, window, aligned, true);
     if (!p) return false;
     // workspace: the plan's own, then D and the dQ accumulator (op_attention_scratch) — those two in the caller's
     // planned scratch when it gives one

@@ -54,6 +54,25 @@ __device__ __forceinline__ void mma_acc_rows_tile(float (&acc)[ND][4], const flo
     }
 }
 
+// c (16 × 64, eight 16×8 C-layout accumulators) += a (16 × 16, an A fragment) · tileᵀ's columns kc .. kc + 15 (tile
+// 64 × D, row-major [n][k] in shared memory): one 16-wide k step of S = Q·Kᵀ, dP = dO·Vᵀ, Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ.
+template <int LD>
+__device__ __forceinline__ void mma_x64(float (&c)[8][4], const uint32_t (&a)[4], const bf16 *tile, int kc, int lane) {
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+        uint32_t bb[4];
+        ldsm_x4(bb, frag_b_nk<LD>(tile, np * 16, kc, lane));
+        mma_bf16(c[2 * np], a, bb[0], bb[1]);
+        mma_bf16(c[2 * np + 1], a, bb[2], bb[3]);
+    }
+}
+
+// Row r (0: gq, 1: gq + 8) of a C-layout accumulator (16 × 8·ND) times f, as bf16 at out (this thread's column 2·tq).
+template <int ND> __device__ __forceinline__ void store_row(bf16 *out, const float (&acc)[ND][4], int r, float f) {
+#pragma unroll
+    for (int i = 0; i < ND; i++) *(uint32_t *)(out + i * 8) = pack_bf16(acc[i][2 * r] * f, acc[i][2 * r + 1] * f);
+}
+
 // Starts the copy of 64 rows × D of one head into a padded tile: g points at the first row, rows are
 // ld elements apart, rows from nvalid on are zero-filled.
 template <int D> __device__ __forceinline__ void tile_load(bf16 *tile, const bf16 *g, int64_t ld, int nvalid) {
@@ -63,6 +82,13 @@ template <int D> __device__ __forceinline__ void tile_load(bf16 *tile, const bf1
         bool ok = r < nvalid;
         cp_async16(smem_addr(tile + r * (D + 8) + cc * 8), g + (ok ? r * ld + cc * 8 : 0), ok);
     }
+}
+
+// Starts the copy of key tile j of K and V (kg, vg: row 0 of the sequence's kv head) into ks and vs.
+template <int D>
+__device__ __forceinline__ void kv_load(bf16 *ks, bf16 *vs, const bf16 *kg, const bf16 *vg, int64_t kld, int S, int j) {
+    tile_load<D>(ks, kg + (int64_t)j * FA_TILE * kld, kld, S - j * FA_TILE);
+    tile_load<D>(vs, vg + (int64_t)j * FA_TILE * kld, kld, S - j * FA_TILE);
 }
 
 // LO: the first key query `row` sees, given its docpos value dpos (doc: documents on) and the window (0: none).
@@ -89,6 +115,21 @@ __device__ __forceinline__ void lo_rows(const int32_t *dp, int window, int S, in
     }
 }
 
+// Sets to `masked` the scores (C layout) of the keys from j0 that rows row0 and row0 + 8 do not see: past the
+// diagonal or the sequence end in the tile that holds them (edge), before a row's bound lo (low: LO's tiles before
+// the last row's bound).
+__device__ __forceinline__ void fa_mask(float (&s)[8][4], float masked, bool edge, bool low, int j0, int row0, int S,
+                                        int tq, const int (&lo)[2]) {
+    if (!edge && !low) return; // earlier tiles are all visible
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int key = j0 + nt * 8 + 2 * tq + (e & 1), row = row0 + (e >> 1) * 8;
+            if ((edge && (key > row || key >= S)) || (low && key < lo[e >> 1])) s[nt][e] = masked;
+        }
+}
+
 // ---- forward ----
 template <int D, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
@@ -109,8 +150,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     if (LO) lo_rows(docpos ? docpos + (int64_t)b * S : NULL, window, S, q0, warp * 16 + gq, &kt0, &lmax, lo);
     tile_load<D>(qs, q + ((int64_t)b * S + q0) * qld + h * D, qld, S - q0);
     cp_async_commit();
-    tile_load<D>(ks, kg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
-    tile_load<D>(vs, vg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
+    kv_load<D>(ks, vs, kg, vg, kld, S, kt0);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -118,50 +158,22 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) ldsm_x4(qf[kk], frag_a_mk<LD>(qs, warp * 16, kk * 16, lane));
     const float sl2 = scale * FA_LOG2E;
-    float acc[ND][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float acc[ND][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     if (sinks) { // a key of logit sinks[h] (sinks[h]/scale in the units of m) and no value; l is the quad's sum
         m[0] = m[1] = sinks[h] / scale;
         l[0] = l[1] = tq == 0 ? 1.0f : 0.0f;
     }
-#pragma unroll
-    for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     for (int j = kt0; j < nkt; j++) {
         int st = (j - kt0) & 1, j0 = j * FA_TILE;
-        if (j + 1 < nkt) {
-            tile_load<D>(ks + (st ^ 1) * TS, kg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
-            tile_load<D>(vs + (st ^ 1) * TS, vg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
-        }
+        if (j + 1 < nkt) kv_load<D>(ks + (st ^ 1) * TS, vs + (st ^ 1) * TS, kg, vg, kld, S, j + 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
         const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
-        float s[8][4];
+        float s[8][4] = {};
 #pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(kt, np * 16, kk * 16, lane));
-                mma_bf16(s[2 * np], qf[kk], bb[0], bb[1]);
-                mma_bf16(s[2 * np + 1], qf[kk], bb[2], bb[3]);
-            }
-        if (j == nkt - 1) { // the tile with the diagonal and the sequence end; earlier tiles are all visible
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int key = j0 + nt * 8 + 2 * tq + (e & 1), row = q0 + warp * 16 + gq + (e >> 1) * 8;
-                    if (key > row || key >= S) s[nt][e] = -INFINITY;
-                }
-        }
-        if (LO && j0 < lmax) // keys before a row's bound
-#pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (j0 + nt * 8 + 2 * tq + (e & 1) < lo[e >> 1]) s[nt][e] = -INFINITY;
+        for (int kk = 0; kk < KD; kk++) mma_x64<LD>(s, qf[kk], kt, kk * 16, lane);
+        fa_mask(s, -INFINITY, j == nkt - 1, LO && j0 < lmax, j0, q0 + warp * 16 + gq, S, tq, lo);
 #pragma unroll
         for (int r = 0; r < 2; r++) { // online softmax of rows gq (r = 0) and gq + 8 (r = 1)
             float mx = m[r];
@@ -190,11 +202,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
         int row = q0 + warp * 16 + gq + r * 8;
         if (row >= S) continue;
-        float inv = 1.0f / l[r];
-        bf16 *orow = o + ((int64_t)b * S + row) * qld + h * D + 2 * tq;
-#pragma unroll
-        for (int i = 0; i < ND; i++)
-            *(uint32_t *)(orow + i * 8) = pack_bf16(acc[i][2 * r] * inv, acc[i][2 * r + 1] * inv);
+        store_row<ND>(o + ((int64_t)b * S + row) * qld + h * D + 2 * tq, acc, r, 1.0f / l[r]);
         if (tq == 0) lse[((int64_t)b * nh + h) * S + row] = m[r] * scale + logf(l[r]);
     }
 }
@@ -222,8 +230,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     tile_load<D>(qs, q + qoff, qld, S - q0);
     tile_load<D>(dos, dout + qoff, qld, S - q0);
     cp_async_commit();
-    tile_load<D>(ks, kg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
-    tile_load<D>(vs, vg + (int64_t)kt0 * FA_TILE * kld, kld, S - kt0 * FA_TILE);
+    kv_load<D>(ks, vs, kg, vg, kld, S, kt0);
     cp_async_commit();
     { // D_i = dout_i·o_i: two threads per row, D/2 elements each, read straight from global memory
         int r = threadIdx.x >> 1, half = threadIdx.x & 1;
@@ -264,56 +271,24 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         L2[r] = row < S ? lse[((int64_t)b * nh + h) * S + row] * FA_LOG2E : INFINITY; // rows past S: P = 0
         Dr[r] = Ds[warp * 16 + gq + r * 8];
     }
-    float acc[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float acc[ND][4] = {};
     for (int j = kt0; j < nkt; j++) {
         int st = (j - kt0) & 1, j0 = j * FA_TILE;
-        if (j + 1 < nkt) {
-            tile_load<D>(ks + (st ^ 1) * TS, kg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
-            tile_load<D>(vs + (st ^ 1) * TS, vg + (int64_t)(j0 + FA_TILE) * kld, kld, S - j0 - FA_TILE);
-        }
+        if (j + 1 < nkt) kv_load<D>(ks + (st ^ 1) * TS, vs + (st ^ 1) * TS, kg, vg, kld, S, j + 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
         const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
-        float s[8][4], dp[8][4];
+        float s[8][4] = {}, dp[8][4] = {};
 #pragma unroll
-        for (int i = 0; i < 8; i++)
-            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++)
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(kt, np * 16, kk * 16, lane));
-                mma_bf16(s[2 * np], qf[kk], bb[0], bb[1]);
-                mma_bf16(s[2 * np + 1], qf[kk], bb[2], bb[3]);
-            }
-        bool edge = j == nkt - 1;
+        for (int kk = 0; kk < KD; kk++) mma_x64<LD>(s, qf[kk], kt, kk * 16, lane);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int key = j0 + nt * 8 + 2 * tq + (e & 1), row = q0 + warp * 16 + gq + (e >> 1) * 8;
-                float p = exp2f(s[nt][e] * sl2 - L2[e >> 1]);
-                s[nt][e] = edge && (key > row || key >= S) ? 0.0f : p;
-            }
-        if (LO && j0 < lmax)
+            for (int e = 0; e < 4; e++) s[nt][e] = exp2f(s[nt][e] * sl2 - L2[e >> 1]); // P
+        fa_mask(s, 0.0f, j == nkt - 1, LO && j0 < lmax, j0, q0 + warp * 16 + gq, S, tq, lo);
 #pragma unroll
-            for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    if (j0 + nt * 8 + 2 * tq + (e & 1) < lo[e >> 1]) s[nt][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KD; kk++) // dP = dO·Vᵀ
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(vt, np * 16, kk * 16, lane));
-                mma_bf16(dp[2 * np], df[kk], bb[0], bb[1]);
-                mma_bf16(dp[2 * np + 1], df[kk], bb[2], bb[3]);
-            }
+        for (int kk = 0; kk < KD; kk++) mma_x64<LD>(dp, df[kk], vt, kk * 16, lane); // dP = dO·Vᵀ
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -325,10 +300,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     for (int r = 0; r < 2; r++) {
         int row = q0 + warp * 16 + gq + r * 8;
         if (row >= S) continue;
-        bf16 *drow = dq + ((int64_t)b * S + row) * qld + h * D + 2 * tq;
-#pragma unroll
-        for (int i = 0; i < ND; i++)
-            *(uint32_t *)(drow + i * 8) = pack_bf16(acc[i][2 * r] * scale, acc[i][2 * r + 1] * scale);
+        store_row<ND>(dq + ((int64_t)b * S + row) * qld + h * D + 2 * tq, acc, r, scale);
     }
 }
 
@@ -383,11 +355,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     dkdv_prefetch<D, LO>(qs, dos, ls, ds, ps, q, dout, lse, Dg, docpos, 0, nq, qt0, b, g, grp, S, nh);
     cp_async_commit();
     const float sl2 = scale * FA_LOG2E;
-    float dka[ND][4], dva[ND][4];
-#pragma unroll
-    for (int i = 0; i < ND; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) dka[i][e] = dva[i][e] = 0.0f;
+    float dka[ND][4] = {}, dva[ND][4] = {};
     for (int it = 0; it < total; it++) {
         int st = it & 1;
         if (it + 1 < total)
@@ -400,21 +368,12 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         const bf16 *qt = qs + st * TS, *dot = dos + st * TS;
         const float *lt = ls + st * FA_TILE, *dt = ds + st * FA_TILE;
         int qb = (qt0 + it % nq) * FA_TILE;
-        float s[8][4], dp[8][4]; // Sᵀ and dPᵀ: rows = this warp's 16 keys, columns = the tile's 64 queries
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
+        float s[8][4] = {}, dp[8][4] = {}; // Sᵀ and dPᵀ: rows = this warp's 16 keys, columns = the tile's 64 queries
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) { // Sᵀ = K·Qᵀ
             uint32_t ka[4];
             ldsm_x4(ka, frag_a_mk<LD>(ks, warp * 16, kk * 16, lane));
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(qt, np * 16, kk * 16, lane));
-                mma_bf16(s[2 * np], ka, bb[0], bb[1]);
-                mma_bf16(s[2 * np + 1], ka, bb[2], bb[3]);
-            }
+            mma_x64<LD>(s, ka, qt, kk * 16, lane);
         }
         bool edge = qb == k0 || qb + FA_TILE > S; // the diagonal tile, or the one with the sequence end
 #pragma unroll
@@ -445,13 +404,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         for (int kk = 0; kk < KD; kk++) { // dPᵀ = V·dOᵀ
             uint32_t va[4];
             ldsm_x4(va, frag_a_mk<LD>(vs, warp * 16, kk * 16, lane));
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                ldsm_x4(bb, frag_b_nk<LD>(dot, np * 16, kk * 16, lane));
-                mma_bf16(dp[2 * np], va, bb[0], bb[1]);
-                mma_bf16(dp[2 * np + 1], va, bb[2], bb[3]);
-            }
+            mma_x64<LD>(dp, va, dot, kk * 16, lane);
         }
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
@@ -465,11 +418,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         int key = k0 + warp * 16 + gq + r * 8;
         if (key >= S) continue;
         int64_t off = ((int64_t)b * S + key) * kld + g * D + 2 * tq;
-#pragma unroll
-        for (int i = 0; i < ND; i++) {
-            *(uint32_t *)(dk + off + i * 8) = pack_bf16(dka[i][2 * r] * scale, dka[i][2 * r + 1] * scale);
-            *(uint32_t *)(dv + off + i * 8) = pack_bf16(dva[i][2 * r], dva[i][2 * r + 1]);
-        }
+        store_row<ND>(dk + off, dka, r, scale), store_row<ND>(dv + off, dva, r, 1.0f);
     }
 }
 
