@@ -18,8 +18,7 @@ const ModelFamily *model_family_find(const char *model_type) {
 
 const ModelFamily *model_config_load(ModelConfig *c, const char *path) {
     char file[4096];
-    if (path_is_dir(path)) path_join(file, sizeof file, path, "config.json");
-    else snprintf(file, sizeof file, "%s", path);
+    path_in_folder(file, sizeof file, path, "config.json");
     json_t *root = json_load_or_die(file);
     JObj o = jobj_root(root, file);
     memset(c, 0, sizeof *c);

@@ -300,20 +300,11 @@ __global__ void attention_sinks_correct_kernel(T *o, float *lse, int B, int Sq, 
     }
 }
 
-// Shared memory above the 48 KB default needs an opt-in per kernel, once.
-template <typename K> static void smem_opt_in(K kernel, size_t bytes) {
-    if (bytes > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
 template <typename T, int DQK, int DV, int TPR>
 static void attention_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, AttnParams p) {
-    size_t smem = ATT_TILE * (DQK + DV) * sizeof(float);
-    smem_opt_in(attention_forward_kernel<T, DQK, DV, TPR>, smem);
-    dim3 grid((p.Sq + ATT_ROWS - 1) / ATT_ROWS, B * p.nh);
-    attention_forward_kernel<T, DQK, DV, TPR><<<grid, ATT_ROWS * TPR, smem, cuda_stream()>>>(
-        (T *)o.p, (float *)lse.p, (const T *)q.p, (const T *)k.p, (const T *)v.p, p);
-    CUDA_LAUNCH_CHECK();
+    launch(attention_forward_kernel<T, DQK, DV, TPR>, dim3((p.Sq + ATT_ROWS - 1) / ATT_ROWS, B * p.nh), ATT_ROWS * TPR,
+           ATT_TILE * (DQK + DV) * sizeof(float), (T *)o.p, (float *)lse.p, (const T *)q.p, (const T *)k.p,
+           (const T *)v.p, p);
 }
 
 template <typename T, int DQK, int DV, int TPR>
@@ -321,22 +312,14 @@ static void attention_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor do
                                       Tensor o, Tensor lse, int B, AttnParams p) {
     size_t smem_dq = ATT_TILE * (DQK + DV) * sizeof(float),
            smem_kv = (ATT_TILE * (DQK + DV) + 3 * ATT_TILE) * sizeof(float);
-    smem_opt_in(attention_backward_dq_kernel<T, DQK, DV, TPR>, smem_dq);
-    smem_opt_in(attention_backward_dkdv_kernel<T, DQK, DV, TPR>, smem_kv);
-    if (p.Sq > 0) {
-        attention_backward_dq_kernel<T, DQK, DV, TPR>
-            <<<dim3((p.Sq + ATT_ROWS - 1) / ATT_ROWS, B * p.nh), ATT_ROWS * TPR, smem_dq, cuda_stream()>>>(
-                (T *)dq.p, (const T *)dout.p, (const T *)q.p, (const T *)k.p, (const T *)v.p, (const T *)o.p,
-                (const float *)lse.p, p);
-        CUDA_LAUNCH_CHECK();
-    }
-    if (p.Sk > 0) {
-        attention_backward_dkdv_kernel<T, DQK, DV, TPR>
-            <<<dim3((p.Sk + ATT_ROWS - 1) / ATT_ROWS, B * p.nkv), ATT_ROWS * TPR, smem_kv, cuda_stream()>>>(
-                (T *)dk.p, (T *)dv.p, (const T *)dout.p, (const T *)q.p, (const T *)k.p, (const T *)v.p, (const T *)o.p,
-                (const float *)lse.p, p);
-        CUDA_LAUNCH_CHECK();
-    }
+    if (p.Sq > 0)
+        launch(attention_backward_dq_kernel<T, DQK, DV, TPR>, dim3((p.Sq + ATT_ROWS - 1) / ATT_ROWS, B * p.nh),
+               ATT_ROWS * TPR, smem_dq, (T *)dq.p, (const T *)dout.p, (const T *)q.p, (const T *)k.p, (const T *)v.p,
+               (const T *)o.p, (const float *)lse.p, p);
+    if (p.Sk > 0)
+        launch(attention_backward_dkdv_kernel<T, DQK, DV, TPR>, dim3((p.Sk + ATT_ROWS - 1) / ATT_ROWS, B * p.nkv),
+               ATT_ROWS * TPR, smem_kv, (T *)dk.p, (T *)dv.p, (const T *)dout.p, (const T *)q.p, (const T *)k.p,
+               (const T *)v.p, (const T *)o.p, (const float *)lse.p, p);
 }
 
 // The (q·k, v) head dims with a compiled kernel, and the threads that own one row for each (24/16 and 32/24:

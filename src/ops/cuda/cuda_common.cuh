@@ -288,3 +288,12 @@ template <typename V> __device__ V block_sum(V v, V *shared32) {
     V s = lane < nw ? shared32[lane] : (V)0;
     return warp_sum(s);
 }
+
+// Launches kernel on the op stream with smem bytes of dynamic shared memory (the opt-in above the 48 KB default set
+// first, per call: it costs nothing next to a launch).
+template <typename K, typename... A> static void launch(K kernel, dim3 grid, dim3 block, size_t smem, A... args) {
+    CHECK(smem <= 227 * 1024);
+    if (smem) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kernel<<<grid, block, smem, cuda_stream()>>>(args...);
+    CUDA_LAUNCH_CHECK();
+}

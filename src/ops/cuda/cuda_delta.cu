@@ -879,14 +879,6 @@ static size_t state_smem(const ChunkDims *d, bool bwd) {
 }
 static size_t grad_smem(const ChunkDims *d) { return (4 * (size_t)d->L * d->L + 8 * d->L + 32) * 4; }
 
-// Launches kernel on the op stream with smem bytes of dynamic shared memory.
-template <typename K, typename... A> static void launch(K kernel, dim3 grid, dim3 block, size_t smem, A... args) {
-    CHECK(smem <= 227 * 1024);
-    if (smem) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kernel<<<grid, block, smem, cuda_stream()>>>(args...);
-    CUDA_LAUNCH_CHECK();
-}
-
 // bf16 data at Qwen3.5's head size and chunk 64 take the tensor cores; fp32 (parity runs) and other shapes the SIMT
 // kernels.
 static bool delta_tc(DType dt, const ChunkDims *d) {

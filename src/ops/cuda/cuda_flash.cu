@@ -19,8 +19,9 @@
 // element only in the tiles before their last row's lo; the dk/dv kernel stops its query loop before the first query
 // tile whose first row's lo lies past the key tile (counted once per block) and masks per element only in query
 // tiles whose last row's lo lies past its first key. LO is a template argument (bit 0: documents, bit 1: a window, so
-// each kernel keeps only what it uses); with LO 0 the kernels are the plain causal ones (no docpos loads). Sinks (GPT-OSS) start the forward's running max at the sink's logit and its sum at 1 (the backward reads
-// the lse that includes them; the sink's own gradient is cuda_attention.cu's kernel).
+// each kernel keeps only what it uses); with LO 0 the kernels are the plain causal ones (no docpos loads). Sinks
+// (GPT-OSS) start the forward's running max at the sink's logit and its sum at 1 (the backward reads the lse that
+// includes them; the sink's own gradient is cuda_attention.cu's kernel).
 // Tensor cores (cuda_mma.cuh has the fragment layouts): a row-major [m][k] tile feeds A directly, a [n][k]
 // tile (K for Q·Kᵀ) feeds B directly, and a [k][n] tile (V for P·V) feeds B through ldmatrix .trans. An S
 // accumulator (C layout) re-packed to bf16 pairs is the A fragment of the next product (P·V, dS·K), so P
@@ -423,22 +424,15 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 }
 
 // ---- launchers ----
-template <typename K> static void fa_smem_opt_in(K kernel, size_t bytes) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
 static size_t fa_tile_bytes(int D) { return (size_t)FA_ROWS * (D + 8) * sizeof(bf16); }
 
 template <int D, int LO>
 static void flash_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale,
                                  const int32_t *docpos, int window, const float *sinks) {
     int nh = (int)q.n[1], nkv = (int)k.n[1];
-    size_t smem = 5 * fa_tile_bytes(D);
-    fa_smem_opt_in(flash_forward_kernel<D, LO>, smem);
-    dim3 grid((unsigned)(B * nh), (unsigned)((S + FA_ROWS - 1) / FA_ROWS));
-    flash_forward_kernel<D, LO>
-        <<<grid, FA_THREADS, smem, cuda_stream()>>>((bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p,
-                                                    (const bf16 *)v.p, S, nh, nkv, scale, docpos, window, sinks);
-    CUDA_LAUNCH_CHECK();
+    launch(flash_forward_kernel<D, LO>, dim3((unsigned)(B * nh), (unsigned)((S + FA_ROWS - 1) / FA_ROWS)), FA_THREADS,
+           5 * fa_tile_bytes(D), (bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
+           S, nh, nkv, scale, docpos, window, sinks);
 }
 
 template <int D, int LO>
@@ -448,17 +442,13 @@ static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, 
     float *Dg = (float *)cuda_scratch((size_t)B * nh * S * sizeof(float)); // D_i, from kernel 1 to kernel 2
     size_t smem1 = 6 * fa_tile_bytes(D) + FA_ROWS * sizeof(float),
            smem2 = 6 * fa_tile_bytes(D) + 4 * FA_TILE * sizeof(float) + (LO & 1 ? 2 * FA_TILE * sizeof(int32_t) : 0);
-    fa_smem_opt_in(flash_backward_dq_kernel<D, LO>, smem1);
-    fa_smem_opt_in(flash_backward_dkdv_kernel<D, LO>, smem2);
     unsigned tiles = (unsigned)((S + FA_ROWS - 1) / FA_ROWS);
-    flash_backward_dq_kernel<D, LO><<<dim3((unsigned)(B * nh), tiles), FA_THREADS, smem1, cuda_stream()>>>(
-        (bf16 *)dq.p, Dg, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
-        (const bf16 *)o.p, (const float *)lse.p, S, nh, nkv, scale, docpos, window);
-    CUDA_LAUNCH_CHECK();
-    flash_backward_dkdv_kernel<D, LO><<<dim3((unsigned)(B * nkv), tiles), FA_THREADS, smem2, cuda_stream()>>>(
-        (bf16 *)dk.p, (bf16 *)dv.p, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
-        (const float *)lse.p, Dg, S, nh, nkv, scale, docpos, window);
-    CUDA_LAUNCH_CHECK();
+    launch(flash_backward_dq_kernel<D, LO>, dim3((unsigned)(B * nh), tiles), FA_THREADS, smem1, (bf16 *)dq.p, Dg,
+           (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, (const bf16 *)o.p,
+           (const float *)lse.p, S, nh, nkv, scale, docpos, window);
+    launch(flash_backward_dkdv_kernel<D, LO>, dim3((unsigned)(B * nkv), tiles), FA_THREADS, smem2, (bf16 *)dk.p,
+           (bf16 *)dv.p, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
+           (const float *)lse.p, Dg, S, nh, nkv, scale, docpos, window);
 }
 
 // The tensor-core path takes bf16, head dim 64 or 128 and 16-byte aligned tensors; anything else goes
