@@ -33,5 +33,7 @@ void round_bf16(float *x, int64_t n);
 #define EXPECT_CLOSE(p, tol) expect_close((p), (tol), #p, __FILE__, __LINE__)
 void expect_close(Pair p, double tol, const char *name, const char *file, int line);
 void record_err(double err, const char *name);
+// An attention's lse: −∞ (a query that sees nothing) must match exactly, the rest within tol (relative).
+void expect_lse(Pair lse, double tol);
 
 #define NOPAIR ((Pair){{0}, {0}})

@@ -118,3 +118,19 @@ void expect_close(Pair p, double tol, const char *name, const char *file, int li
     record_err(e, name);
     if (!(e <= tol)) test_fail(file, line, "%s (%s): relative error %.3g > %.3g", name, dtype_name(p.d.dt), e, tol);
 }
+
+void expect_lse(Pair lse, double tol) {
+    float *g = gpu_down(lse.d), *c = lse.c.p;
+    int64_t n = tensor_numel(lse.c);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bool ci = isinf(c[i]) && c[i] < 0, gi = isinf(g[i]) && g[i] < 0;
+        ASSERT_MSG(ci == gi, "lse[%lld]: gpu %g cpu %g", (long long)i, g[i], c[i]);
+        if (!ci) num += ((double)g[i] - c[i]) * ((double)g[i] - c[i]), den += (double)c[i] * c[i];
+    }
+    double err = den > 0 ? sqrt(num / den) : sqrt(num);
+    if (isnan(err)) err = INFINITY;
+    free(g);
+    record_err(err, "lse");
+    ASSERT_MSG(err <= tol, "lse: relative error %.3g > %.3g", err, tol);
+}
