@@ -66,6 +66,7 @@ helper() { # helper NAME SECONDS: .dev-NAME/run.sh under a time limit, its $OUT 
     [ -e .dev-$n/run.sh ] || { echo "helper $n: no .dev-$n/run.sh" | tee -a $OUT/summary.txt; return; }
     OUT=/tmp/h/$n CS=$CS timeout -k 5 $t bash .dev-$n/run.sh >/tmp/h/$n/stdout.txt 2>&1
     echo "helper $n: rc=$? in $(( $(date +%s) - s0 )) s" | tee -a $OUT/summary.txt
+    pkill -9 -x pith && sleep 2 # a timed-out run's pith checkpoints on SIGTERM and outlives the script: free its GPU
     tail -25 /tmp/h/$n/stdout.txt | sed "s/^/  $n| /" >>$OUT/summary.txt
     tar czf $RET/$n.tgz -C /tmp/h $n; ret
 }
