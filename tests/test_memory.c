@@ -63,7 +63,7 @@ static void recompute_run(const char *model_json, LbForm form, RecomputeMode mod
     Chunk e;
     chunk_init_model(&e, &m, &st, B, S);
     o->act = chunk_plan(&m, B, S, 0, mc.layers, 1, 0).act_bytes;
-    model_zero_grads(&m), step_sums_begin(&st, &m), model_lb_step_begin(&m);
+    model_zero_grads(&m), step_sums_begin(&st, &m);
     int32_t tok[T], lab[T];
     for (int mb = 0; mb < 2; mb++) {
         for (int t = 0; t < T; t++)

@@ -445,21 +445,20 @@ TEST(model_gradcheck_qwen3_5_moe_load_balance) { gradcheck_q35(config_q35, 0.05,
     " \"linear_value_head_dim\": 6, \"linear_conv_kernel_dim\": 4,"                                                    \
     " \"layer_types\": [\"linear_attention\", \"linear_attention\", \"linear_attention\"]}"
 
-// Σ CE of B sequences of S tokens (tok, lab from row 0) through a fresh chunk of m, the gradients added into m->g;
-// with pos (B·S host, not NULL) the micro-batch is under document masking with those positions.
-static double q35_run(Model *m, int B, int S, const int32_t *tok, const int32_t *lab, const int32_t *pos) {
-    StepSums st;
+// Σ CE of B sequences of S tokens (tok, lab from row 0) through a fresh chunk of m, the gradients added into m->g
+// (a micro-batch of st's step); with pos (B·S host, not NULL) the micro-batch is under document masking with those
+// positions.
+static double q35_run(Model *m, StepSums *st, int B, int S, const int32_t *tok, const int32_t *lab,
+                      const int32_t *pos) {
     Chunk e;
-    step_sums_create(&st, m, true);
-    step_sums_begin(&st, m);
-    chunk_init_model(&e, m, &st, B, S);
+    op_zero(st->loss_sum);
+    chunk_init_model(&e, m, st, B, S);
     chunk_load(&e, 0, tok, lab);
     if (pos) memcpy(e.rec[0].mb.pos.p, pos, (size_t)(B * S) * sizeof(int32_t)), e.rec[0].mb.docs = true;
     chunk_forward(&e, 0, true);
     chunk_backward(&e, 0, false);
-    double loss = op_read_scalar(st.loss_sum);
+    double loss = op_read_scalar(st->loss_sum);
     chunk_free(&e);
-    step_sums_free(&st);
     return loss;
 }
 
@@ -509,14 +508,17 @@ TEST(model_qwen3_5_moe_docs_packed_equals_apart) {
     }
     float *ga[NGROUPS], *gp[NGROUPS], *go[NGROUPS];
     double la = 0;
-    model_zero_grads(&m);
-    for (int d = 0, t0 = 0; d < 3; t0 += len[d++]) la += q35_run(&m, 1, len[d], tok + t0, lab + t0, NULL);
+    StepSums st;
+    step_sums_create(&st, &m, true);
+    model_zero_grads(&m); // one step of three micro-batches: the documents apart
+    for (int d = 0, t0 = 0; d < 3; t0 += len[d++]) la += q35_run(&m, &st, 1, len[d], tok + t0, lab + t0, NULL);
     for (int g = 0; g < NGROUPS; g++) ga[g] = copy_f32(m.g[g]);
-    model_zero_grads(&m);
-    double lp = q35_run(&m, 1, S, tok, lab, pos);
+    model_zero_grads(&m), step_sums_begin(&st, &m);
+    double lp = q35_run(&m, &st, 1, S, tok, lab, pos);
     for (int g = 0; g < NGROUPS; g++) gp[g] = copy_f32(m.g[g]);
-    model_zero_grads(&m);
-    double lo = q35_run(&m, 1, S, tok, lab, NULL);
+    model_zero_grads(&m), step_sums_begin(&st, &m);
+    double lo = q35_run(&m, &st, 1, S, tok, lab, NULL);
+    step_sums_free(&st);
     for (int g = 0; g < NGROUPS; g++) go[g] = copy_f32(m.g[g]);
     const char *wn = "-", *wo = "-";
     double gd = q35_grad_diff(&m, gp, ga, &wn), god = q35_grad_diff(&m, go, ga, &wo);

@@ -178,19 +178,11 @@ void model_lb_setup(Model *m, LbForm form, const Comm *replicas, int T) {
     b->form = form, b->global = form == LB_GLOBAL_BATCH, b->group = replicas, b->T = T, b->E = E, b->k = k,
     b->layers = L;
     if (!b->global && !m->ring) return;
-    if (b->global) {
-        b->counts = xcalloc((size_t)L * E + L + (size_t)L * replicas->size * E, sizeof(double)); // cnt: per layer
-        b->tokens = b->counts + (size_t)L * E, b->cnt = b->tokens + L;
-    }
     // The host copies of probs and idx; under context parallelism the per-group sums (up to T sequences) too.
     int64_t groups = m->ring ? T : 1;
     b->probs = xmalloc(((size_t)T * E + (size_t)groups * E) * sizeof(float)), b->grad = b->probs + (size_t)T * E;
     b->idx = xmalloc((size_t)T * k * sizeof(int32_t));
     if (m->ring) b->sums = xmalloc((size_t)groups * 2 * E * sizeof(double));
-}
-
-void model_lb_step_begin(Model *m) {
-    if (m->lb.global) memset(m->lb.counts, 0, ((size_t)m->lb.layers * m->lb.E + m->lb.layers) * sizeof(double));
 }
 
 // mb's step's Σ load-balancing loss += loss (computed on the host).
@@ -307,7 +299,8 @@ void model_lb_loss(Model *m, const MicroBatch *mb, int l, Tensor lb_grad, Tensor
     int D = b->group->size, q = b->group->rank;
     // cnt: this round's counts of every replica for layer l (kept per layer, so a replayed forward — full
     // recompute — finds them: it takes the round back out of acc and tokens, exact since counts are integers).
-    double *cnt = b->cnt + (size_t)l * D * E, *mine = cnt + (size_t)q * E, *acc = b->counts + l * E, loss = 0;
+    StepSums *st = mb->sums;
+    double *cnt = st->lb_cnt + (size_t)l * D * E, *mine = cnt + (size_t)q * E, *acc = st->lb_counts + l * E, loss = 0;
     if (cp) { // this micro-batch's probability sums over the cp ranks
         for (int64_t e = 0; e < E; e++) psum[e] = 0;
         for (int64_t t = 0; t < T; t++)
@@ -322,7 +315,7 @@ void model_lb_loss(Model *m, const MicroBatch *mb, int l, Tensor lb_grad, Tensor
         comm_allgather(b->group, all, tensor_make(mine, DT_F64, DEV_CPU, 1, E, 1, 1, 1));
     }
     int64_t Tm = T * ncp; // the micro-batch's tokens
-    double round = (double)(Tm * k) * D, before = b->tokens[l] - (mb->replay ? round : 0);
+    double round = (double)(Tm * k) * D, before = st->lb_tokens[l] - (mb->replay ? round : 0);
     double tokens = before + (double)(Tm * k) * (q + 1); // blocks before this one, and this one
     for (int64_t e = 0; e < E; e++) {
         double seen = acc[e], pm = 0;
@@ -338,12 +331,12 @@ void model_lb_loss(Model *m, const MicroBatch *mb, int l, Tensor lb_grad, Tensor
     }
     op_copy(lb_grad, tensor_make(b->grad, DT_F32, DEV_CPU, 1, E, 1, 1, 1));
     if (mb->replay) return;
-    b->tokens[l] += round;                  // the running counts on every cp rank,
+    st->lb_tokens[l] += round;              // the running counts on every cp rank,
     if (!cp || !cp->rank) lb_add(mb, loss); // the loss once per micro-batch
 }
 
 void model_free(Model *m) {
-    free(m->lb.counts), free(m->lb.probs), free(m->lb.idx), free(m->lb.sums);
+    free(m->lb.probs), free(m->lb.idx), free(m->lb.sums);
     for (int g = 0; g < NGROUPS; g++) model_tensor_free(m->w[g]), model_tensor_free(m->g[g]);
     model_tensor_free(m->rope_cos), model_tensor_free(m->rope_sin);
     if (m->fp8.on) model_tensor_free(m->fp8.w);
@@ -355,24 +348,35 @@ void step_sums_create(StepSums *s, const Model *m, bool alloc) {
     memset(s, 0, sizeof *s);
     s->loss_sum = model_tensor(m->dev, DT_F64, 1, alloc), s->lb_sum = model_tensor(m->dev, DT_F64, 1, alloc);
     s->router_load = m->router_bias.p && alloc ? xcalloc((size_t)m->cfg.layers * m->cfg.experts, sizeof(double)) : NULL;
+    const LoadBalance *b = &m->lb;
+    if (b->global && alloc) { // lb_cnt: per layer, so a replayed forward (full recompute) finds its round
+        s->lb_counts =
+            xcalloc((size_t)b->layers * b->E + b->layers + (size_t)b->layers * b->group->size * b->E, sizeof(double));
+        s->lb_tokens = s->lb_counts + (size_t)b->layers * b->E, s->lb_cnt = s->lb_tokens + b->layers;
+    }
     if (alloc) step_sums_begin(s, m);
 }
 
 void step_sums_begin(StepSums *s, const Model *m) {
     op_zero(s->loss_sum), op_zero(s->lb_sum);
     if (s->router_load) memset(s->router_load, 0, (size_t)m->cfg.layers * m->cfg.experts * sizeof(double));
+    step_sums_lb_begin(s, m);
+    memset(s->experts_written, 0, sizeof s->experts_written);
+}
+
+void step_sums_lb_begin(StepSums *s, const Model *m) {
+    if (s->lb_counts) memset(s->lb_counts, 0, ((size_t)m->lb.layers * m->lb.E + m->lb.layers) * sizeof(double));
 }
 
 void step_sums_free(StepSums *s) {
     model_tensor_free(s->loss_sum), model_tensor_free(s->lb_sum), model_tensor_free(s->row_loss), free(s->router_load),
-        free(s->router_idx);
+        free(s->router_idx), free(s->lb_counts);
     memset(s, 0, sizeof *s);
 }
 
 void model_zero_grads(Model *m) {
     op_zero(m->g[GROUP_DENSE]);
     if (!m->expert_grads_zeroed) op_zero(m->g[GROUP_EXPERT]), m->expert_grads_zeroed = true;
-    for (int l = 0; l < MAX_LAYERS; l++) m->expert_grads_fresh[l] = true;
 }
 
 void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {

@@ -90,6 +90,12 @@ typedef struct {
     int32_t *router_idx;     // host staging of a GPU routing for the count (grown to router_idx_cap entries)
     int64_t router_idx_cap;
     Tensor row_loss; // (T) fp64 on the model's device: the last micro-batch's CE per row (p NULL: not kept)
+    // Global-batch load balancing (NULL in the other forms): the step's earlier rounds' expert counts (layers, E) and
+    // tokens (layers), and this round's counts of every replica (layers, D, E).
+    double *lb_counts, *lb_tokens, *lb_cnt;
+    // Layer l's expert weight gradients are written in this step: its first weight gradient writes them (they hold
+    // the last step's values) and later ones add (moe_stage3_backward_weight).
+    bool experts_written[MAX_LAYERS];
 } StepSums;
 
 typedef struct {
@@ -133,9 +139,7 @@ typedef struct {
     LbForm form;
     bool global;              // form == LB_GLOBAL_BATCH
     const struct Comm *group; // the data replicas, rank = replica index q = dp·EP + ep
-    int T, E, k, layers;      // capacity of the host scratch
-    double *counts, *tokens;  // (layers, E), (layers): the step's earlier rounds
-    double *cnt;              // (layers, D, E) this round's counts of every replica
+    int T, E, k, layers;      // capacity of the host scratch (the step's counts: StepSums.lb_counts)
     float *probs, *grad;      // (T, E), (E) host scratch
     int32_t *idx;             // (T, k)
     double *sums;             // context parallelism: (groups, 2E) counts and probability sums over the cp ranks
@@ -307,10 +311,9 @@ struct Model {
     void *views;             // the family mixer's views: (2, MAX_LAYERS) of fam->layer_views bytes (model_layer_views)
     struct KvCache *kv;      // generation: attention and DeltaNet read and extend it (NULL: training, evaluation)
     struct Ring *ring;       // context parallelism (parallel/ring.h): attention is zigzag ring attention (NULL: cp 1)
-    // Layer l's expert weight gradients hold the last step's values: the step's first weight gradient writes them
-    // instead of adding (moe_stage3_backward_weight). model_zero_grads zeroes the expert group only the first time
-    // (expert_grads_zeroed), so its padding is zero and each step saves a pass over the largest gradient buffer.
-    bool expert_grads_fresh[MAX_LAYERS], expert_grads_zeroed;
+    // model_zero_grads zeroes the expert group only the first time, so its padding is zero and each step saves a
+    // pass over the largest gradient buffer (the step's first weight gradient writes: StepSums.experts_written).
+    bool expert_grads_zeroed;
     Fp8Cache fp8; // FP8 (cache.c): the layers' quantised projection weights
     // Tests (CPU only, one micro-batch): layer l's router takes route_given[l] (T·k) instead of its own top-k
     // (RouterArgs.given); NULL: its own.
@@ -359,7 +362,7 @@ void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh);
 void moe_stage1_forward(Model *m, int l, void *rec, MicroBatch *mb, Tensor x, StageIO *io);
 void moe_stage3_forward(Model *m, int l, void *rec, StageIO *io);
 void moe_stage3_backward_input(Model *m, int l, void *rec, StageIO *io);
-void moe_stage3_backward_weight(Model *m, int l, void *rec, StageIO *io);
+void moe_stage3_backward_weight(Model *m, int l, void *rec, const MicroBatch *mb, StageIO *io);
 void moe_stage5_forward(Model *m, int l, void *rec, StageIO *io, Tensor out);
 void moe_stage5_backward(Model *m, int l, void *rec, StageIO *io, Tensor dout);
 // dout: ∂/∂(layer output) (its residual path reaches h1 directly); dx: ∂/∂(layer input), written.
@@ -405,7 +408,6 @@ void model_proj_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy,
 void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x);
 // Chooses the form; global-batch (micro-batches of at most T tokens) all-gathers counts over `replicas`.
 void model_lb_setup(Model *m, LbForm form, const struct Comm *replicas, int T);
-void model_lb_step_begin(Model *m); // a new step: the global-batch counts start from zero
 // Stage 1's load-balancing term of layer l for micro-batch mb of B sequences: adds coef·E·Σ f_e·P_e into
 // mb->sums->lb_sum (not when mb->replay) and writes lb_grad: (B, E), the gradient w.r.t. each token's probs — row 0 for every token
 // (micro- and global-batch forms) or row b for the tokens of sequence b (sequence form). probs: (T, E),
@@ -422,7 +424,8 @@ void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, 
 void model_zero_grads(Model *m);
 // A step's sums on m's device (alloc false: shapes only, for plans); router_load (host) when m->router_bias is set.
 void step_sums_create(StepSums *s, const Model *m, bool alloc);
-void step_sums_begin(StepSums *s, const Model *m); // zeroes the sums and counts
+void step_sums_begin(StepSums *s, const Model *m);    // a new step: zeroes the sums and counts, experts_written
+void step_sums_lb_begin(StepSums *s, const Model *m); // a new global batch: the load-balancing counts from zero
 void step_sums_free(StepSums *s);
 
 // ---- generation: a forward-only incremental path through the layers (docs/architecture.md, "Generation"; the KV

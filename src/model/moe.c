@@ -442,7 +442,7 @@ void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
 }
 
 // The expert weight gradients, separable from the input gradients so a pipeline can defer them.
-void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
+void moe_stage3_backward_weight(Model *m, int l, void *rp, const MicroBatch *mb, StageIO *io) {
     const SharedWeights *G = m->sg;
     LayerRec *r = rp;
     bool again = m->recompute == RECOMPUTE_SELECTIVE; // act was not kept: recompute it from gu
@@ -452,11 +452,11 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, StageIO *io) {
         mlp_backward_weight(m, l, FP8_GATE_UP, G->gate_up[l], NONE, r->dgu, io->xe, NULL, true);
         return;
     }
-    // The step's first weight gradient writes the layer's expert gradients (they hold the last step's: Model,
-    // expert_grads_fresh); with no rows they are zeroed.
+    // The step's first weight gradient writes the layer's expert gradients (they hold the last step's:
+    // StepSums.experts_written); with no rows they are zeroed.
     int64_t R = io->offs[model_experts_local(&m->cfg)];
-    bool acc = !m->expert_grads_fresh[l];
-    m->expert_grads_fresh[l] = false;
+    bool acc = mb->sums->experts_written[l];
+    mb->sums->experts_written[l] = true;
     if (!acc && !R) {
         op_zero(G->gate_up[l]), op_zero(G->down[l]);
         if (G->gate_up_b[l].p) op_zero(G->gate_up_b[l]), op_zero(G->down_b[l]);

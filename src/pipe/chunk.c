@@ -451,7 +451,7 @@ static void b_weight(Cursor *b) { // now, or the inputs kept in the deferred set
     Model *m = b->c->m;
     StageIO *io = cur_io(b);
     int64_t R = stage3_rows(m, io), at = (int64_t)b->set * m->cfg.layers + b->l;
-    if (b->set < 0 || !weight_can_wait(m, io)) return moe_stage3_backward_weight(m, b->l, cur_rec(b), io);
+    if (b->set < 0 || !weight_can_wait(m, io)) return moe_stage3_backward_weight(m, b->l, cur_rec(b), &b->k->mb, io);
     if (R == 0) return;
     op_copy(tensor_rows(b->c->dye[at], 0, R), tensor_rows(io->dye, 0, R));
     op_copy(tensor_rows(b->c->dgu[at], 0, R), tensor_rows(((LayerRec *)cur_rec(b))->dgu, 0, R));
@@ -497,7 +497,7 @@ void chunk_weight(Chunk *c, int slot) {
         if (!weight_can_wait(m, io)) continue; // done in the backward
         io->dye = c->dye[set * L + l], r->dgu = c->dgu[set * L + l];
         if (io->dense) io->dy = io->dye;
-        moe_stage3_backward_weight(m, l, r, io);
+        moe_stage3_backward_weight(m, l, r, &k->mb, io);
     }
     k->defer_set = -1, c->defer_head++;
 }

@@ -319,7 +319,7 @@ void run_free(Run *r) {
 }
 
 // Forward and backward of one micro-batch already loaded into r->chunk[0] (pp = 1), leaving ∂(Σ CE + T·Σ lb)/∂θ in the
-// gradient buffers (accumulated) and the sums in model.loss_sum / model.lb_sum.
+// gradient buffers (accumulated) and the sums in r->sums (StepSums).
 static void run_microbatch(Run *r) {
     chunk_forward(&r->chunk[0], 0, true);
     chunk_backward(&r->chunk[0], 0, false);
@@ -423,7 +423,7 @@ double run_validate(Run *r) {
     step_sums_begin(&r->sums, m);
     Sums s = {0};
     for (int b = 0; b < c->validation.batches; b++) {
-        model_lb_step_begin(m); // global-batch load balancing counts per global batch, as in a step
+        step_sums_lb_begin(&r->sums, m); // global-batch load balancing counts per global batch, as in a step
         s.targets += (double)run_microbatches(r, &r->val, b, false);
     }
     s.loss = op_read_scalar(r->sums.loss_sum);
@@ -514,7 +514,6 @@ StepStats run_step(Run *r) {
     int nmb = microbatches(c, d), S = c->sequence_length, D = d->dp * d->ep;
     model_zero_grads(m);
     step_sums_begin(&r->sums, m);
-    model_lb_step_begin(m);
     for (int p = 0; p < 2; p++) r->chunk[p].ep_over = 0, r->chunk[p].ep_rows_peak = 0;
     Sums sums = {.targets = (double)run_microbatches(r, &r->data, r->step, true)};
     ops_sync();
