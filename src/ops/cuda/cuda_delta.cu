@@ -75,18 +75,20 @@ __global__ void delta_prep_kernel(DeltaBufs f, const T *q, const T *k, float sca
 // sum to 0 (every term with their c is a difference within the document), and a reset token's g meets a zeroed state.
 #define DELTA_VT 32 // value columns per state-pass block
 
+// DOCS false (the tensor-core kernels' template flag where the call has no masks; the SIMT kernels test pos at run
+// time): the decays are the plain expressions, with no reads of sg.
 // sg_i of row i of the chunk whose first token is tok0 (−1 without masking).
-__device__ __forceinline__ int seg_start(const int *pos, int64_t tok0, int i) {
-    if (!pos) return -1;
+template <bool DOCS = true> __device__ __forceinline__ int seg_start(const int *pos, int64_t tok0, int i) {
+    if (!DOCS || !pos) return -1;
     int s = i - pos[tok0 + i];
     return s > -1 ? s : -1;
 }
 // The decay factors under the masks: e^{c_i − c_j} (j ≤ i), e^{c_i} and e^{c_L − c_j} from c in fp64.
-__device__ __forceinline__ float pair_decay(const double *c, const int *sg, int i, int j) {
-    return j <= i && j >= sg[i] ? expf((float)(c[i] - c[j])) : 0.0f;
+template <bool DOCS = true> __device__ __forceinline__ float pair_decay(const double *c, const int *sg, int i, int j) {
+    return j <= i && (!DOCS || j >= sg[i]) ? expf((float)(c[i] - c[j])) : 0.0f;
 }
-__device__ __forceinline__ float enter_decay(const double *c, const int *sg, int i) {
-    return sg[i] < 0 ? expf((float)c[i]) : 0.0f;
+template <bool DOCS = true> __device__ __forceinline__ float enter_decay(const double *c, const int *sg, int i) {
+    return !DOCS || sg[i] < 0 ? expf((float)c[i]) : 0.0f;
 }
 
 // Grid (NC, B·nv). Shared: cc (L, fp64), kc (L, dk), Am, Ti (L, L), bb, be = β e^c (L).
@@ -152,11 +154,12 @@ template <typename T> __global__ void delta_chunk_prep_kernel(DeltaBufs f, Delta
 
 // The chunk's decays for rows i < Le (zeros from there to n) under the masks: ec_i = e^{c_i}, eL_i = e^{c_L − c_i}
 // (so ec_{Le−1} is S₁'s e^{c_L}).
+template <bool DOCS = true>
 __device__ __forceinline__ void chunk_decays(float *ec, float *eL, const double *c, int Le, int n, const int *pos,
                                              int64_t tok0) {
-    int sL = seg_start(pos, tok0, Le - 1);
+    int sL = seg_start<DOCS>(pos, tok0, Le - 1);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
-        ec[i] = i < Le && seg_start(pos, tok0, i) < 0 ? expf((float)c[i]) : 0.0f,
+        ec[i] = i < Le && seg_start<DOCS>(pos, tok0, i) < 0 ? expf((float)c[i]) : 0.0f,
         eL[i] = i < Le && i >= sL ? expf((float)(c[Le - 1] - c[i])) : 0.0f;
 }
 
@@ -243,15 +246,15 @@ template <typename T, bool BWD> __global__ void delta_chunk_state_kernel(DeltaBu
 // One thread's end of a chunk's backward: S₁'s decay e^{c_L} (sd = ⟨S₀, dS₁⟩, and the kg terms z) into the last dc,
 // then dg (row stride ds) = the reverse cumulative sum of dc over the chunk's Le positions, restarted at each
 // document start (sg_i = i; its own dg is 0).
-template <typename Z>
+template <bool DOCS = true, typename Z>
 __device__ void delta_dg(float *dg, int ds, double *dc, const double *cc, const int *sg, const Z *z, double sd,
                          int Le) {
-    double s = enter_decay(cc, sg, Le - 1) * sd;
+    double s = enter_decay<DOCS>(cc, sg, Le - 1) * sd;
     for (int j = 0; j < Le; j++) s += z[j];
     dc[Le - 1] += s, s = 0;
     for (int i = Le - 1; i >= 0; i--) {
         s += dc[i];
-        if (sg[i] == i) s = 0;
+        if (DOCS && sg[i] == i) s = 0;
         dg[(int64_t)i * ds] = (float)s;
     }
 }
@@ -481,7 +484,7 @@ __device__ __forceinline__ float bf(const bf16 *p, int i) { return __bfloat162fl
 // substitution (fp32), U = (Tm diag β) v, W = (Tm diag(β e^c)) k, M = (q kᵀ) e^{c_i − c_j} (j ≤ i), all written
 // whole (zeros outside the chunk's Le positions): U in fp32 (and in bf16 into Ub when not NULL), the rest in bf16.
 // Grid (NC, B·nv).
-__global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
     const bf16 *v = (const bf16 *)io.v;
     extern __shared__ __align__(16) unsigned char smb[];
     int n = blockIdx.x, bh = blockIdx.y, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
@@ -501,8 +504,8 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
         for (int i = 0; i < TC_L; i++) {
             if (i < Le) s += io.g[(tok0 + i) * nv + h];
             cc[i] = s, bb[i] = i < Le ? io.beta[(tok0 + i) * nv + h] : 0.0f,
-            sg[i] = i < Le ? seg_start(io.pos, tok0, i) : -1;
-            be[i] = bb[i] * enter_decay(cc, sg, i);
+            sg[i] = i < Le ? seg_start<DOCS>(io.pos, tok0, i) : -1;
+            be[i] = bb[i] * enter_decay<DOCS>(cc, sg, i);
         }
     }
     cp_async_wait<0>();
@@ -511,12 +514,12 @@ __global__ void __launch_bounds__(TC_THREADS) tc_prep_kernel(TcBufs f, DeltaIO i
         float acc[TcTile<64, 64>::NT][4];
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Ks, Ks);
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
-            Am[r * (TC_L + 1) + c] = c < r && r < Le ? bb[r] * x * pair_decay(cc, sg, r, c) : 0.0f;
+            Am[r * (TC_L + 1) + c] = c < r && r < Le ? bb[r] * x * pair_decay<DOCS>(cc, sg, r, c) : 0.0f;
         });
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
         bf16 *Mb = f.M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
-            Mb[r * TC_L + c] = __float2bfloat16(r < Le ? x * pair_decay(cc, sg, r, c) : 0.0f);
+            Mb[r * TC_L + c] = __float2bfloat16(r < Le ? x * pair_decay<DOCS>(cc, sg, r, c) : 0.0f);
         });
     }
     __syncthreads();
@@ -587,7 +590,8 @@ __device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int 
 // sd, and V' are written), S ← e^{c_L} S + kᵀ (e^{c_L − c} V'). Backward: dS first written as dS₁ (bf16) with its part
 // of sd = ⟨S₀, dS₁⟩, then dV' = e^{c_L − c} (k dSb) + Mᵀ dO, dS ← e^{c_L} dS + qᵀ (e^c dO) − Wᵀ dV'. sd from the fp32
 // S₀ and dS: dg's terms cancel (a bf16 S₀ there moves dg well off the fp64 reference).
-template <bool BWD> __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+template <bool BWD, bool DOCS>
+__global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
     extern __shared__ __align__(16) unsigned char smb[];
     int bh = blockIdx.x, y0 = blockIdx.y * TC_VT, nv = d.nv, h = bh % nv, hk = h / (nv / d.nk);
     int64_t b = bh / nv, os = (int64_t)nv * TC_D;
@@ -608,7 +612,7 @@ template <bool BWD> __global__ void __launch_bounds__(TC_THREADS) tc_state_kerne
         int64_t cb = (int64_t)bh * d.NC + n, sc = cb * TC_D * TC_D + y0;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
         TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
-        chunk_decays(ec, eL, f.cs + row0, Le, TC_L, io.pos, tok0);
+        chunk_decays<DOCS>(ec, eL, f.cs + row0, Le, TC_L, io.pos, tok0);
         float part = 0, u[TcTile<64, TC_VT>::NT][4]; // u: U in the accumulator's layout
         tc_each<128, TC_VT>(S, [&](int x, int y, float &s) {
             Sb[x * LDL + y] = __float2bfloat16(s);
@@ -677,7 +681,7 @@ template <bool BWD> __global__ void __launch_bounds__(TC_THREADS) tc_state_kerne
 // (gk += β e^c dBk); (3) dA = −(dBv Uᵀ + dBk Wᵀ) with k kᵀ into P = dA (k kᵀ) e, E = dA β e; (4) gq += D k,
 // gk += Dᵀ q + (E + Eᵀ) k; then dβ and dc from the row sums, dg the reverse cumulative sum of dc. sd: ⟨S₀, dS₁⟩
 // per chunk (from tc_state_kernel<true>).
-__global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
+template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO io, ChunkDims d) {
     bf16 *dv_ = (bf16 *)io.dv;
     const bf16 *v = (const bf16 *)io.v, *dout = (const bf16 *)io.dout;
     extern __shared__ __align__(16) unsigned char smb[];
@@ -703,7 +707,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     cp_async_commit();
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) {
         cc[i] = i < Le ? f.cs[row0 + i] : 0.0, dc[i] = 0, bb[i] = i < Le ? io.beta[(tok0 + i) * nv + h] : 0.0f;
-        sg[i] = i < Le ? seg_start(io.pos, tok0, i) : -1;
+        sg[i] = i < Le ? seg_start<DOCS>(io.pos, tok0, i) : -1;
         r_pr[i] = r_pc[i] = r_bv[i] = r_bk[i] = r_qg[i] = r_kg[i] = 0.0f;
     }
     cp_async_wait<0>();
@@ -715,16 +719,16 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(qk, Qs, Ks);
         tc_zip<64, 64>(qk, dm, [](float x, float y) { return x * y; }); // the layouts agree: dM_ij (q_i·k_j)
         tc_each<64, 64>(qk, [&](int i, int j, float &x) {
-            if (j <= i && i < Le && j >= sg[i]) {
+            if (j <= i && i < Le && (!DOCS || j >= sg[i])) {
                 double c = (double)x * expf((float)(cc[i] - cc[j]));
                 atomicAdd(dc + i, c), atomicAdd(dc + j, -c);
             }
         });
         tc_each<64, 64>(dm, [&](int i, int j, float &x) {
-            Ds[i * LDL + j] = __float2bfloat16(i < Le ? x * pair_decay(cc, sg, i, j) : 0.0f);
+            Ds[i * LDL + j] = __float2bfloat16(i < Le ? x * pair_decay<DOCS>(cc, sg, i, j) : 0.0f);
         });
         tc_mm<64, 128, TC_D, false, false, LDD, LDD>(aq, X2, Big);
-        tc_each<64, 128>(aq, [&](int i, int, float &x) { x *= i < Le ? enter_decay(cc, sg, i) : 0.0f; });
+        tc_each<64, 128>(aq, [&](int i, int, float &x) { x *= i < Le ? enter_decay<DOCS>(cc, sg, i) : 0.0f; });
         tc_rowsum<64, 128>(r_qg, aq, [&](int i, int x, float g) { return g * bf(Qs, i * LDD + x); });
         tc_mm<64, 128, TC_D, false, false, LDD, LDD>(t, dVs, Big);
         tc_each<64, 128>(t, [&](int i, int x, float &y) { dWs[i * LDD + x] = __float2bfloat16(-y); });
@@ -737,7 +741,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     __syncthreads();
     { // (2)
         tc_mm<64, 128, TC_D, false, false, LDD, LDD>(ak, X3, Big);
-        tc_each<64, 128>(ak, [&](int i, int, float &x) { x *= i < Le ? pair_decay(cc, sg, Le - 1, i) : 0.0f; });
+        tc_each<64, 128>(ak, [&](int i, int, float &x) { x *= i < Le ? pair_decay<DOCS>(cc, sg, Le - 1, i) : 0.0f; });
         tc_rowsum<64, 128>(r_kg, ak, [&](int i, int x, float g) { return g * bf(Ks, i * LDD + x); });
         tc_mm<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dVs);
         tc_each<64, 128>(t, [&](int i, int y, float &x) {
@@ -750,7 +754,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
         tc_rowsum<64, 128>(r_bk, t, [&](int i, int x, float y) { return y * bf(Ks, i * LDD + x); });
         tc_each<64, 128>(t, [&](int i, int x, float &y) {
             dBks[i * LDD + x] = __float2bfloat16(y);
-            y *= i < Le ? bb[i] * enter_decay(cc, sg, i) : 0.0f; // gk += β e^c dBk (t and ak share one layout)
+            y *= i < Le ? bb[i] * enter_decay<DOCS>(cc, sg, i) : 0.0f; // gk += β e^c dBk (t and ak share one layout)
         });
         tc_zip<64, 128>(ak, t, [](float x, float y) { return x + y; });
     }
@@ -765,7 +769,7 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
         tc_mma<64, 64, TC_D, false, false, LDD, LDD>(da, dBks, X3);
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(kk, Ks, Ks);
         tc_each<64, 64>(da, [&](int i, int j, float &x) {
-            float dec = j < i && i < Le ? pair_decay(cc, sg, i, j) : 0.0f;
+            float dec = j < i && i < Le ? pair_decay<DOCS>(cc, sg, i, j) : 0.0f;
             Em[i * (TC_L + 1) + j] = -x * bb[i] * dec;
             x = -x * dec;
         });
@@ -791,12 +795,12 @@ __global__ void __launch_bounds__(TC_THREADS) tc_grad_kernel(TcBufs f, DeltaIO i
     });
     __syncthreads();
     for (int i = threadIdx.x; i < Le; i += blockDim.x) {
-        double eb = enter_decay(cc, sg, i) * (double)r_bk[i];
+        double eb = enter_decay<DOCS>(cc, sg, i) * (double)r_bk[i];
         io.dbeta[(tok0 + i) * nv + h] = (float)(r_pr[i] + r_bv[i] + eb);
         dc[i] += bb[i] * (double)r_pr[i] - r_pc[i] + bb[i] * eb + r_qg[i] - r_kg[i];
     }
     __syncthreads();
-    if (threadIdx.x == 0) delta_dg(io.dg + tok0 * nv + h, nv, dc, cc, sg, r_kg, (double)f.sd[cb], Le);
+    if (threadIdx.x == 0) delta_dg<DOCS>(io.dg + tok0 * nv + h, nv, dc, cc, sg, r_kg, (double)f.sd[cb], Le);
 }
 #define TC_GRAD_SMEM ((8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + 8 * TC_L * 4)
 
@@ -894,8 +898,11 @@ static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor 
     if (delta_tc(q.dt, &d)) { // bf16 q̂, k̂, W, M, Tm in the fp32 buffers' places
         launch(delta_prep_kernel<bf16, bf16>, rg, ROW_BLOCK, 0, f, (const bf16 *)q.p, (const bf16 *)k.p, a->scale,
                a->qk_l2norm, d);
-        launch(tc_prep_kernel, cg, TC_THREADS, TC_PREP_SMEM, tc_bufs(f, d), io, d);
-        launch(tc_state_kernel<false>, dim3(sg.x, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d), io, d);
+        BOOL_SWITCH(io.pos, DOCS, {
+            launch(tc_prep_kernel<DOCS>, cg, TC_THREADS, TC_PREP_SMEM, tc_bufs(f, d), io, d);
+            launch(tc_state_kernel<false, DOCS>, dim3(sg.x, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d), io,
+                   d);
+        });
         return;
     }
     launch(delta_prep_kernel<T, float>, rg, ROW_BLOCK, 0, f, (const T *)q.p, (const T *)k.p, a->scale, a->qk_l2norm, d);
@@ -934,8 +941,11 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
         delta_front<T>(f, io, q, k, d, a);
         if (tc) {
-            launch(tc_state_kernel<true>, dim3(BH, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d), io, d);
-            launch(tc_grad_kernel, cg, TC_THREADS, TC_GRAD_SMEM, tc_bufs(f, d), io, d);
+            BOOL_SWITCH(io.pos, DOCS, {
+                launch(tc_state_kernel<true, DOCS>, dim3(BH, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d),
+                       io, d);
+                launch(tc_grad_kernel<DOCS>, cg, TC_THREADS, TC_GRAD_SMEM, tc_bufs(f, d), io, d);
+            });
         } else {
             launch(delta_chunk_state_kernel<T, true>, dim3(BH, (d.dv + DELTA_VT - 1) / DELTA_VT), 256,
                    state_smem(&d, true), f, io, d);

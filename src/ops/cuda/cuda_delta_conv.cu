@@ -66,7 +66,8 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 // The halo (context parallelism: the K − 1 rows before each sequence, (B·(K−1), C); NULL: zeros) stands in for the
 // positions −(K − 1) .. −1; its gradient is the first run's dx formula at those positions.
 // Document masking (pos, NULL: none): tap j (CONV_MAX_K − 1 − j rows back) of output p counts while its distance is at
-// most pos[p]; each output's limit sits in a register beside its dpre, and every sum term tests it.
+// most pos[p]; each output's limit sits in a register beside its dpre, and every sum term tests it. The kernels take
+// DOCS as a template flag, so without masking the limits are constants and the tests fold away.
 #define CONV_RUN 32
 #define CONV_MAX_K 8
 #define CONV_THREADS 128
@@ -108,13 +109,14 @@ __device__ __forceinline__ float conv_u(const float (&wk)[CONV_MAX_K], const flo
 }
 #define CONV_ALL (1 << 30) // the limit without document masking
 // lp[i] = pos[q0 + i] of one sequence (ps), or CONV_ALL without masking or past the sequence.
-template <int N> __device__ __forceinline__ void conv_limits(int (&lp)[N], const int *ps, int64_t q0, int64_t S) {
+template <bool DOCS, int N>
+__device__ __forceinline__ void conv_limits(int (&lp)[N], const int *ps, int64_t q0, int64_t S) {
 #pragma unroll
-    for (int i = 0; i < N; i++) lp[i] = ps && q0 + i < S ? ps[q0 + i] : CONV_ALL;
+    for (int i = 0; i < N; i++) lp[i] = DOCS && q0 + i < S ? ps[q0 + i] : CONV_ALL;
 }
 
 // y[p] = silu(u[p]) for the run's positions p0 .. p0 + CONV_RUN − 1 (x before the sequence: 0).
-template <typename T, typename TW>
+template <typename T, typename TW, bool DOCS>
 __global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, const int *pos, ConvShape sh) {
     int64_t C = sh.C, S = sh.S, runs = sh.runs;
     int K = sh.K;
@@ -127,7 +129,7 @@ __global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo
     for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
         int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
         conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
-        conv_limits(lp, pos ? pos + b * S : NULL, p0, S);
+        conv_limits<DOCS>(lp, pos + b * S, p0, S);
 #pragma unroll
         for (int i = 0; i < CONV_RUN; i++) {
             float u = conv_u(wk, xw, i, lp[i]);
@@ -139,7 +141,7 @@ __global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo
 // dpre[p] = dy[p]·silu'(u[p]) over p0 .. p0 + CONV_RUN + CONV_MAX_K − 2 (past the sequence: 0);
 // dx[p] = Σ_j w'[j]·dpre[p + CONV_MAX_K − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p;
 // each term only where tap j counts for its output (lp).
-template <typename T, typename TW>
+template <typename T, typename TW, bool DOCS>
 __global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, const T *x, const TW *w, const T *halo,
                                      const int *pos, ConvShape sh) {
     int64_t C = sh.C, S = sh.S, runs = sh.runs;
@@ -154,7 +156,7 @@ __global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, co
         int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
         const T *dys = dy + b * S * C + c;
         conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
-        conv_limits(lp, pos ? pos + b * S : NULL, p0, S);
+        conv_limits<DOCS>(lp, pos + b * S, p0, S);
 #pragma unroll
         for (int i = 0; i < ND; i++)
             dp[i] = p0 + i < S ? ld(dys, (p0 + i) * C) * silu_grad_f(conv_u(wk, xw, i, lp[i])) : 0.0f;
@@ -207,10 +209,13 @@ void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor 
     CHECK(tensor_numel(y) == tensor_numel(x));
     same_dt(y, x, "conv1d_silu_forward");
     if (t_rows(x) == 0) return;
-    DT_SWITCH(x.dt, T, "conv1d_silu_forward",
-              DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
-                        conv_forward_kernel<T, TW><<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
-                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, (const int *)pos.p, s)));
+    DT_SWITCH(
+        x.dt, T, "conv1d_silu_forward",
+        DT_SWITCH(
+            w.dt, TW, "conv1d_silu_forward",
+            BOOL_SWITCH(pos.p, DOCS,
+                        conv_forward_kernel<T, TW, DOCS><<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
+                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, (const int *)pos.p, s))));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -225,9 +230,11 @@ void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Te
     if (t_rows(x) == 0) return;
     DT_SWITCH(x.dt, T, "conv1d_silu_backward",
               DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
-                        conv_backward_kernel<T, TW><<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
-                            (T *)dx.p, (T *)dhalo.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
-                            (const T *)halo.p, (const int *)pos.p, s)));
+                        BOOL_SWITCH(pos.p, DOCS,
+                                    conv_backward_kernel<T, TW, DOCS>
+                                    <<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
+                                        (T *)dx.p, (T *)dhalo.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p,
+                                        (const TW *)w.p, (const T *)halo.p, (const int *)pos.p, s))));
     CUDA_LAUNCH_CHECK();
 }
 
