@@ -45,7 +45,7 @@ PARALLEL_TEST_SRC := $(wildcard tests/parallel/*.c)
 ifeq ($(HAVE_NVCC),1)
   CFLAGS += -DPITH_CUDA
   CU_OBJ := $(CU_SRC:%.cu=$(BUILD)/%.o)
-  LDLIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lcublas -lstdc++
+  LDLIBS += -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublasLt -lstdc++
   ifeq ($(HAVE_CUDNN),1)
     NVFLAGS += -DPITH_CUDNN
     CFLAGS += -DPITH_CUDNN

@@ -86,11 +86,10 @@ static void skewed_offs(int64_t *offs, int64_t R, int64_t E) {
 
 // The expert GEMMs of one MoE layer at T tokens, top-k of E experts of width I, both projections: gate_up
 // (E, 2I, H) and down (E, H, I), under balanced and skewed routing, for each implementation: the wgmma kernels
-// (cuda_wgmma.cu, the default), "auto" (the older choice by routing shape: padded batch or cuBLAS grouped with
-// the largest experts beside it, cuda_grouped.cu's weight gradient when near balanced) and cuBLAS alone.
+// (cuda_wgmma.cu, the default) and "loop" (one cuBLASLt product per expert on the side streams, cuda_gemm.cu).
 // Row names match bench/peer_grouped.py's. Weight-gradient rows count the fp32 accumulation into dw (the
 // peer writes a bf16 dw); their floor is E·N·K·8 bytes read and written once at the copy rate. The "store" rows
-// write the fp32 dw instead (a step's first micro-batch): E·N·K·4 bytes. nimpl: the first 1 (wgmma) or all 3.
+// write the fp32 dw instead (a step's first micro-batch): E·N·K·4 bytes. nimpl: the first 1 (wgmma) or both.
 static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, int k, int64_t I, int nimpl) {
     Arena save = A;
     int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
@@ -102,7 +101,7 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
     fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), fill(ye, 1, 59),
         op_zero(dwgu), op_zero(dwd);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
-    const char *impl[3] = {"wgmma", "auto", "cublas"};
+    const char *impl[2] = {"wgmma", "loop"};
     for (int bal = 1; bal >= 0; bal--) {
         if (bal) routing_offs(offs, T, H, E, k, true);
         else skewed_offs(offs, R, E);
@@ -397,8 +396,8 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && !strcmp(argv[1], "--grouped")) {             // the expert GEMMs alone, at the training micro-batch
         bool wgmma_only = argc > 2 && !strcmp(argv[2], "wgmma"); // (--grouped wgmma: Qwen3's wgmma rows only)
-        bench_grouped("qwen3", 8192, 2048, 128, 8, 768, wgmma_only ? 1 : 3);
-        if (!wgmma_only) bench_grouped("dsv2", 8192, 2048, 64, 6, 1408, 3);
+        bench_grouped("qwen3", 8192, 2048, 128, 8, 768, wgmma_only ? 1 : 2);
+        if (!wgmma_only) bench_grouped("dsv2", 8192, 2048, 64, 6, 1408, 2);
         arena_destroy(&A);
         return 0;
     }
@@ -460,7 +459,7 @@ int main(int argc, char **argv) {
     for (int pass = 0; pass < (quick ? 2 : 3); pass++) {
         bool bal = pass == 0, loop = pass == 2;
         routing_offs(offs, T, H, E, (int)k, bal);
-        if (loop) setenv("PITH_GROUPED_GEMM", "0", 1);
+        if (loop) setenv("PITH_GROUPED_KERNEL", "loop", 1);
         const char *tag = bal ? "balanced" : loop ? "natural, loop" : "natural";
         char nm[96];
         snprintf(nm, sizeof nm, "grouped gate_up fwd (%s)", tag);
@@ -474,7 +473,7 @@ int main(int argc, char **argv) {
         snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (%s)", tag);
         TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true));
         if (pass == 1) { // cuBLASLt's per-expert weight gradients on 1, 2 and 8 streams (its default is 4)
-            setenv("PITH_GROUPED_KERNEL", "cublas", 1);
+            setenv("PITH_GROUPED_KERNEL", "loop", 1);
             const char *ns[3] = {"1", "2", "8"};
             for (int i = 0; i < 3; i++) {
                 setenv("PITH_WGRAD_STREAMS", ns[i], 1);
@@ -486,9 +485,9 @@ int main(int argc, char **argv) {
             unsetenv("PITH_WGRAD_STREAMS");
             unsetenv("PITH_GROUPED_KERNEL");
         }
-        unsetenv("PITH_GROUPED_GEMM");
+        unsetenv("PITH_GROUPED_KERNEL");
     }
-    bench_grouped("qwen3", 2 * T, H, E, (int)k, I, 3); // every implementation at the training micro-batch (8192)
+    bench_grouped("qwen3", 2 * T, H, E, (int)k, I, 2); // every implementation at the training micro-batch (8192)
     TIME("swiglu fwd (32768 x 768)", 20, (double)R * 3 * I * 2, "GB/s", op_swiglu_forward(act, gu, 0, 0));
     TIME("swiglu bwd", 20, (double)R * 5 * I * 2, "GB/s", op_swiglu_backward(gu, act, gu, 0, 0));
     // attention, causal: 4·S²·d·nh/2 flops forward, 2.5× that backward

@@ -10,11 +10,9 @@
 // (the fp32 LM-head / router logits gradients against bf16 weights and activations), the fp32 operand is
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
 // tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
-// Grouped (expert) GEMMs: the wgmma kernels (cuda_wgmma.cu) where they fit, else a path chosen per call by the
-// routing's shape ("Which implementation runs an expert product", below).
+// Grouped (expert) GEMMs: the wgmma kernels (cuda_wgmma.cu) where they fit, else one cuBLASLt product per expert
+// ("Which implementation runs an expert product", below).
 #include "ops/cuda/cuda_common.cuh"
-
-#include <cublas_v2.h>
 
 static cudaDataType_t lt_type(DType dt) {
     if (dt == DT_F32) return CUDA_R_32F;
@@ -201,12 +199,11 @@ static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const v
     lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, k, A, lda, B, ldb, abt, beta, D, ldd, dt, ONE);
 }
 
-// ---- side streams for the per-expert weight gradients ----
-// cuBLAS has no grouped GEMM with bf16 operands and an fp32 output, so the expert weight gradients are one
-// cuBLASLt call per expert. Each is small (e.g. 2048 × 1536 × ~256 tokens: fewer output tiles than SMs)
-// and back to back they leave most of the GPU idle between and inside them; spread over WGRAD_STREAMS
-// streams (the compute stream and side streams forked from it and joined back by events) they overlap.
-// Each side stream has its own cuBLASLt workspace. PITH_WGRAD_STREAMS=1 keeps the serial loop.
+// ---- side streams for the per-expert products ----
+// Where the wgmma kernels do not fit, an expert product is one cuBLASLt call per expert. Each is small (fewer output
+// tiles than SMs) and back to back they leave most of the GPU idle; spread over the streams (the compute stream and
+// side streams forked from it and joined back by events) they overlap. Each side stream has its own cuBLASLt
+// workspace. PITH_WGRAD_STREAMS=1 keeps the serial loop.
 #define WGRAD_STREAMS_MAX 8
 static int wgrad_made = 1; // streams set up so far (stream 0 is the compute stream)
 static cudaStream_t wgrad_stream[WGRAD_STREAMS_MAX];
@@ -244,14 +241,6 @@ static void side_join(int ns) {
         CUDA_CHECK(cudaStreamWaitEvent(c->compute, wgrad_join[i], 0));
     }
 }
-
-// ---- the largest experts beside the grouped call ----
-// Routing can be skewed (at initialisation the largest of 128 experts holds about 10× the mean), and cuBLAS's
-// grouped GEMM runs such mixed sizes well below the rate of one large dense product (bench/cuda_ops.md,
-// round 3). So experts of at least BIG_ROWS rows run as dense cuBLASLt products on the side streams,
-// concurrently with the grouped call that takes the others on the compute stream.
-// PITH_GROUPED_BIG_ROWS sets the threshold (0: none; for A/B runs); without side streams there is none.
-#define BIG_ROWS 1024
 
 // ---- fp32 → bf16 operand rounding through the conversion pool ----
 // dst = bf16(src) over n elements: 8-element vectors when both are 16-byte aligned (vec), then the last n % 8
@@ -341,114 +330,7 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
 } // extern "C"
 
 // ---- grouped products ----
-#define GROUPED_SLOTS 8 // pinned pointer-array slots in flight
-static cublasHandle_t blas;
-static void **ptr_dev[GROUPED_SLOTS], **ptr_host[GROUPED_SLOTS];
-static cudaEvent_t ptr_done[GROUPED_SLOTS];
-static int ptr_cap, ptr_next;
-static bool grouped_unsupported[2][2]; // [A/B is bf16][C is bf16]: cuBLAS refused the combination once
-
-// The problems of one grouped call (host arrays, grown as needed): G of them, column-major C (m × n) = op(A) (m × k)
-// · op(B) (k × n), n, k and the operands per problem (grouped_add), the rest the same for all (grouped_run).
-typedef struct {
-    int G, cap;
-    cublasOperation_t *ta, *tb;
-    int *m, *n, *k, *lda, *ldb, *ldc, *gsize;
-    float *alpha, *beta;
-    const void **A, **B;
-    void **C;
-} GroupedArgs;
-static GroupedArgs ga;
-
-// Empties the list, with room for E problems.
-static void grouped_reset(int64_t E) {
-    ga.G = 0;
-    if (E <= ga.cap) return;
-    int G = ga.cap = (int)E;
-    ga.ta = (cublasOperation_t *)xrealloc(ga.ta, G * sizeof(cublasOperation_t));
-    ga.tb = (cublasOperation_t *)xrealloc(ga.tb, G * sizeof(cublasOperation_t));
-    int **ints[] = {&ga.m, &ga.n, &ga.k, &ga.lda, &ga.ldb, &ga.ldc, &ga.gsize};
-    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) *ints[i] = (int *)xrealloc(*ints[i], G * sizeof(int));
-    ga.alpha = (float *)xrealloc(ga.alpha, G * sizeof(float)), ga.beta = (float *)xrealloc(ga.beta, G * sizeof(float));
-    ga.A = (const void **)xrealloc(ga.A, G * sizeof(void *)), ga.B = (const void **)xrealloc(ga.B, G * sizeof(void *));
-    ga.C = (void **)xrealloc(ga.C, G * sizeof(void *));
-}
-static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
-static void grouped_add(int64_t n, int64_t k, const void *A, const void *B, void *C) {
-    CHECK(fits_int(n) && fits_int(k));
-    int i = ga.G++;
-    ga.n[i] = (int)n, ga.k[i] = (int)k, ga.A[i] = A, ga.B[i] = B, ga.C[i] = C;
-}
-
-// Runs the problems added as one grouped call, each with op(A) of ta, op(B) of tb, m rows, leading dimensions lda,
-// ldb, ldc, alpha 1 and this beta. False when cuBLAS cannot (or a size passes int), and the caller loops instead.
-static bool grouped_run(bool ta, bool tb, int64_t m, int64_t lda, int64_t ldb, int64_t ldc, DType abt, float beta,
-                        DType cdt) {
-    int G = ga.G;
-    if (G == 0) return true;
-    if (m <= 0 || !fits_int(m) || !fits_int(lda) || !fits_int(ldb) || !fits_int(ldc)) return false;
-    int ia = abt == DT_BF16, ic = cdt == DT_BF16;
-    const char *e = getenv("PITH_GROUPED_GEMM"); // "0": the per-expert loop (for benchmarks and bisection)
-    if ((e && !strcmp(e, "0")) || grouped_unsupported[ia][ic] || G > 65536) return false;
-    CudaCtx *c = cuda_ctx();
-    if (!blas) {
-        CUDA_CHECK(cublasCreate(&blas));
-        CUDA_CHECK(cublasSetStream(blas, c->compute));
-        CUDA_CHECK(cublasSetWorkspace(blas, c->lt_ws, CUDA_LT_WS_BYTES)); // stream-ordered with the cuBLASLt calls
-        for (int i = 0; i < GROUPED_SLOTS; i++)
-            CUDA_CHECK(cudaEventCreateWithFlags(&ptr_done[i], cudaEventDisableTiming));
-    }
-    if (3 * G > ptr_cap) { // grow every slot (rare: the expert count of the model)
-        CUDA_CHECK(cudaStreamSynchronize(c->compute));
-        ptr_cap = 3 * G;
-        for (int i = 0; i < GROUPED_SLOTS; i++) {
-            if (ptr_dev[i]) {
-                CUDA_CHECK(cudaFree(ptr_dev[i]));
-                CUDA_CHECK(cudaFreeHost(ptr_host[i]));
-            }
-            CUDA_CHECK(cudaMalloc(&ptr_dev[i], ptr_cap * sizeof(void *)));
-            CUDA_CHECK(cudaMallocHost(&ptr_host[i], ptr_cap * sizeof(void *)));
-        }
-    }
-    int slot = ptr_next;
-    ptr_next = (ptr_next + 1) % GROUPED_SLOTS;
-    CUDA_CHECK(cudaEventSynchronize(ptr_done[slot])); // the slot's previous upload has been read
-    void **h = ptr_host[slot], **d = ptr_dev[slot];
-    for (int i = 0; i < G; i++) {
-        h[i] = (void *)ga.A[i], h[G + i] = (void *)ga.B[i], h[2 * G + i] = ga.C[i];
-        ga.ta[i] = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ga.tb[i] = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-        ga.m[i] = (int)m, ga.lda[i] = (int)lda, ga.ldb[i] = (int)ldb, ga.ldc[i] = (int)ldc;
-        ga.alpha[i] = 1.0f, ga.beta[i] = beta, ga.gsize[i] = 1;
-    }
-    CUDA_CHECK(cudaMemcpyAsync(d, h, 3 * G * sizeof(void *), cudaMemcpyHostToDevice, c->compute));
-    CUDA_CHECK(cudaEventRecord(ptr_done[slot], c->compute));
-    cublasStatus_t st =
-        cublasGemmGroupedBatchedEx(blas, ga.ta, ga.tb, ga.m, ga.n, ga.k, ga.alpha, (const void *const *)d, lt_type(abt),
-                                   ga.lda, (const void *const *)(d + G), lt_type(abt), ga.ldb, ga.beta,
-                                   (void *const *)(d + 2 * G), lt_type(cdt), ga.ldc, G, ga.gsize, CUBLAS_COMPUTE_32F);
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE || st == CUBLAS_STATUS_ARCH_MISMATCH) {
-        fprintf(stderr,
-                "pith: note: cublasGemmGroupedBatchedEx refused %s operands with %s output (%s); experts loop over "
-                "cuBLASLt instead\n",
-                dtype_name(abt), dtype_name(cdt), cublasLtGetStatusString(st));
-        grouped_unsupported[ia][ic] = true;
-        return false;
-    }
-    CUDA_CHECK(st);
-    return true;
-}
-
-// ---- expert products as one strided batch over padded copies ----
-// One strided-batched product beats cuBLAS's grouped GEMM on near-balanced Qwen3 expert shapes even counting
-// the copies (bench/cuda_ops.md, round 3). So when the experts' row counts are close enough (E·Mp ≤
-// PAD_WASTE·R rows, Mp the largest count rounded up to 64), the rows are copied into (E, Mp, C) buffers, one
-// batched call runs every expert, and the result rows are copied back. The copies move ≈ 2 bytes ×
-// (R·K + R·N) each way. Padding rows feed only padding rows of a forward or input-gradient
-// product (never copied back); for the weight gradient they are zeros. Buffers come from the op scratch.
-#define PAD_WASTE 1.5
-#define PAD_MAX_E 256
-
-// The experts' row offsets by value in a kernel's parameters (the padded copies, the per-expert biases).
+// The experts' row offsets by value in a kernel's parameters (the per-expert biases).
 #define GB_MAX_E 512
 typedef struct {
     int32_t o[GB_MAX_E + 1];
@@ -461,99 +343,19 @@ static GroupOffs group_offs(const int64_t *offs, int64_t E, const char *what) {
     return g;
 }
 
-// dst (E, Mp, C) ← the rows of src grouped by offs; rows past an expert's count are zeroed when zero.
-__global__ void pad_rows_kernel(bf16 *dst, const bf16 *src, GroupOffs po, int64_t Mp, int64_t C8, bool zero) {
-    int64_t r = blockIdx.x, e = r / Mp, i = r % Mp;
-    int64_t src_row = po.o[e] + i;
-    bool real = src_row < po.o[e + 1];
-    if (!real && !zero) return;
-    uint4 *d = (uint4 *)(dst + r * C8 * 8);
-    const uint4 *sp = (const uint4 *)(src + src_row * C8 * 8);
-    for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) d[c] = real ? sp[c] : make_uint4(0, 0, 0, 0);
-}
-// dst rows (R, C) ← the real rows of src (E, Mp, C).
-__global__ void unpad_rows_kernel(bf16 *dst, const bf16 *src, GroupOffs po, int E, int64_t Mp, int64_t C8) {
-    int64_t j = blockIdx.x;
-    int lo = group_of(po.o, E, j); // the expert of row j
-    const uint4 *sp = (const uint4 *)(src + (lo * Mp + j - po.o[lo]) * C8 * 8);
-    uint4 *d = (uint4 *)(dst + j * C8 * 8);
-    for (int64_t c = threadIdx.x; c < C8; c += blockDim.x) d[c] = sp[c];
-}
-
-static int64_t padded_calls, big_calls; // products run as a padded batch; experts run beside a grouped call
-
-// PITH_GROUPED_KERNEL (unset: "wgmma", the wgmma kernels first): the path of an expert product (below).
-static const char *grouped_kernel(void) {
+// Which implementation runs an expert product: the wgmma kernels (cuda_wgmma.cu: bf16, N and K multiples of 64, one
+// persistent launch for any routing), else (fp32, other sizes, PITH_GROUPED_KERNEL=loop) one cuBLASLt product per
+// expert, dealt to the side streams in turn. Read on every call, so a test or benchmark can switch it in-process.
+static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate) {
     const char *e = getenv("PITH_GROUPED_KERNEL");
-    return e ? e : "wgmma";
+    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, offs, accumulate);
 }
-
-// The padded row count for these experts, or 0 when this path does not fit (dtype, sizes, skew, env).
-static int64_t pad_rows_for(const int64_t *offs, int64_t E, int64_t N, int64_t K, DType dt) {
-    const char *e = grouped_kernel(); // "wgmma" or "auto": choose by shape; "batched": this path; another: not it
-    bool forced = !strcmp(e, "batched");
-    if (!forced && strcmp(e, "wgmma") && strcmp(e, "auto")) return 0;
-    if (dt != DT_BF16 || E < 2 || E > PAD_MAX_E || N % 8 || K % 8 || offs[E] == 0 || offs[E] > INT32_MAX) return 0;
-    int64_t Mp = 0; // the most rows of an expert, rounded up to 64
-    for (int64_t i = 0; i < E; i++) Mp = offs[i + 1] - offs[i] > Mp ? offs[i + 1] - offs[i] : Mp;
-    Mp = (Mp + 63) / 64 * 64;
-    return forced || (double)E * Mp <= PAD_WASTE * offs[E] ? Mp : 0;
-}
-
-static void pad_copy(bf16 *dst, const void *src, const GroupOffs *po, int64_t E, int64_t Mp, int64_t C, bool zero) {
-    int threads = C / 8 < 256 ? (int)(C / 8) : 256;
-    pad_rows_kernel<<<(unsigned)(E * Mp), threads, 0, cuda_stream()>>>(dst, (const bf16 *)src, *po, Mp, C / 8, zero);
-    CUDA_LAUNCH_CHECK();
-}
-
-// One of the three expert products through the padded batch; false when it does not fit (the caller
-// then runs the grouped paths). a, b: the op's two inputs as named in each case below; out its output.
-static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, int64_t E, int64_t N,
-                           int64_t K) {
-    int64_t Mp = pad_rows_for(offs, E, N, K, a.dt);
-    if (!Mp || (kind != WG_WEIGHT_GRAD && out.dt != DT_BF16)) return false;
-    if (!aligned16(out.p, a.p, b.p)) return false;
-    GroupOffs po = group_offs(offs, E, "grouped_linear");
-    int64_t R = offs[E], EM = E * Mp;
-    CudaCtx *c = cuda_ctx();
-    bf16 *buf = (bf16 *)cuda_scratch((size_t)EM * (N + K) * sizeof(bf16)), *pk = buf,
-         *pn = buf + EM * K;      // (E, Mp, K) and (E, Mp, N)
-    if (kind == WG_WEIGHT_GRAD) { // out dw (E, N, K) fp32 += a dyᵀ (N, R) · b x (R, K) per expert
-        pad_copy(pn, a.p, &po, E, Mp, N, true);
-        pad_copy(pk, b.p, &po, E, Mp, K, true);
-        Batch bt = {E, Mp * K, Mp * N, N * K};
-        lt_matmul_on(c->compute, c->lt_ws, false, true, K, N, Mp, pk, K, pn, N, DT_BF16, 1.0f, out.p, K, DT_F32, bt);
-    } else { // out (R, C) = a (R, D) · op(b w_e) per expert, as in grouped_rows_product: the forward C = N, D = K, op T
-        bool fwd = kind == WG_FORWARD;
-        int64_t C = fwd ? N : K, D = fwd ? K : N;
-        bf16 *pin = fwd ? pk : pn, *pout = fwd ? pn : pk;
-        pad_copy(pin, a.p, &po, E, Mp, D, false);
-        Batch bt = {E, N * K, Mp * D, Mp * C};
-        lt_matmul_on(c->compute, c->lt_ws, fwd, false, C, Mp, D, b.p, K, pin, D, DT_BF16, 0.0f, pout, C, DT_BF16, bt);
-        unpad_rows_kernel<<<(unsigned)R, C / 8 < 256 ? (int)(C / 8) : 256, 0, cuda_stream()>>>((bf16 *)out.p, pout, po,
-                                                                                               (int)E, Mp, C / 8);
-        CUDA_LAUNCH_CHECK(); // (R > 0: pad_rows_for)
-    }
-    padded_calls++;
-    return true;
-}
-
-// Which implementation runs an expert product. First the wgmma kernels (cuda_wgmma.cu: bf16, N and K multiples of
-// 64, one persistent launch for any routing). Where they do not fit, or PITH_GROUPED_KERNEL names another path —
-// "batched" (the padded strided batch above), "cublas" (cuBLAS's grouped GEMM, cublasGemmGroupedBatchedEx, its
-// pointer arrays uploaded through a ring of pinned host slots; the largest experts as dense products on the side
-// streams beside it) or "auto" (the choice below, for A/B runs) — the routing's shape decides (bench/cuda_ops.md
-// has the measurements): the padded batch when the experts are near balanced (its waste within PAD_WASTE), else
-// cuBLAS. Where cuBLAS refuses a dtype combination (bf16 operands with an fp32 output: the weight gradient) or
-// PITH_GROUPED_GEMM=0, the experts loop over cuBLASLt products, dealt to the side streams. Read on every call (a
-// getenv costs well under a microsecond), so a benchmark can switch it in-process.
 
 // The forward and the input gradient are one product with different operand roles (w: (E, N, K)):
 //   forward         out y (R, N)  = in x (R, K) · w_eᵀ   col-major y_e (N×M_e) = op_T(w_e: K×N) · op_N(x_e: K×M_e)
 //   input gradient  out dx (R, K) = in dy (R, N) · w_e   col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
 // So with C = out's columns and D = in's columns, out_e (C×M_e) = op(w_e) (lda K) · in_e (D×M_e), op = T for
-// the forward. The largest experts run as dense products on the side streams, the rest as one cuBLAS
-// grouped call, or (when cuBLAS refuses) one dense product each.
+// the forward.
 static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, const int64_t *offs,
                                  const char *what) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2], C = input_grad ? K : N, D = input_grad ? N : K;
@@ -561,30 +363,16 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
-    if (!strcmp(grouped_kernel(), "wgmma") &&
-        wgmma_grouped(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, false))
-        return;
-    if (padded_grouped(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, E, N, K)) return;
+    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, false)) return;
     size_t is = dtype_size(in.dt), os = dtype_size(out.dt);
-    bool ta = !input_grad;
-    const char *env = getenv("PITH_GROUPED_BIG_ROWS");
-    int ns = side_fork(), side = 0;
-    int64_t big = env ? atoll(env) : BIG_ROWS;
-    big = ns > 1 && big > 0 ? big : INT64_MAX;
-    grouped_reset(E);
-    for (int64_t e = 0; e < E; e++) { // the largest experts on the side streams, the others into the list
-        int64_t M = offs[e + 1] - offs[e];
-        const void *A = (const char *)w.p + e * N * K * is, *B = (const char *)in.p + offs[e] * D * is;
-        void *O = (char *)out.p + offs[e] * C * os;
-        if (M >= big) {
-            side = side % (ns - 1) + 1, big_calls++; // the side streams 1..ns-1 in turn
-            lt_matmul_on(wgrad_stream[side], wgrad_ws[side], ta, false, C, M, D, A, K, B, D, w.dt, 0.0f, O, C, out.dt,
-                         ONE);
-        } else if (M) grouped_add(M, D, A, B, O);
+    int ns = side_fork();
+    for (int64_t e = 0, i = 0; e < E; e++) { // (D = 0: a product of depth 0 writes zeros)
+        int64_t M = offs[e + 1] - offs[e], s = i++ % ns;
+        if (M)
+            lt_matmul_on(wgrad_stream[s], wgrad_ws[s], !input_grad, false, C, M, D, (const char *)w.p + e * N * K * is,
+                         K, (const char *)in.p + offs[e] * D * is, D, w.dt, 0.0f, (char *)out.p + offs[e] * C * os, C,
+                         out.dt, ONE);
     }
-    if (D == 0 || !grouped_run(ta, false, C, K, D, C, w.dt, 0.0f, out.dt)) // (D = 0: the loop below writes zeros)
-        for (int i = 0; i < ga.G; i++)
-            lt_matmul(ta, false, C, ga.n[i], D, ga.A[i], K, ga.B[i], D, w.dt, 0.0f, ga.C[i], C, out.dt);
     side_join(ns);
 }
 
@@ -606,12 +394,7 @@ __global__ void grouped_bias_backward_kernel(float *db, const T *dy, GroupOffs g
 
 extern "C" {
 
-int64_t cuda_grouped_calls(const char *path) {
-    return !strcmp(path, "batched") ? padded_calls
-           : !strcmp(path, "big")   ? big_calls
-           : !strcmp(path, "wgmma") ? wgmma_grouped_calls()
-                                    : 0;
-}
+int64_t cuda_grouped_calls(const char *path) { return !strcmp(path, "wgmma") ? wgmma_grouped_calls() : 0; }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
@@ -680,19 +463,16 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     if (dy.dt != x.dt)
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     size_t s = dtype_size(x.dt);
-    if (!strcmp(grouped_kernel(), "wgmma") && wgmma_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate)) return;
-    if (!accumulate) cuda_zero(dw); // the paths below add
-    if (padded_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, E, N, K)) return;
-    grouped_reset(E);
-    for (int64_t e = 0; e < E; e++) // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing
-        if (offs[e + 1] > offs[e])
-            grouped_add(N, offs[e + 1] - offs[e], (const char *)x.p + offs[e] * K * s,
-                        (const char *)dy.p + offs[e] * N * s, (float *)dw.p + e * N * K);
-    if (N > 0 && grouped_run(false, true, K, K, N, K, x.dt, 1.0f, DT_F32)) return;
-    int ns = side_fork(); // one cuBLASLt product per expert, dealt to the streams in turn
-    for (int i = 0; i < ga.G; i++)
-        lt_matmul_on(wgrad_stream[i % ns], wgrad_ws[i % ns], false, true, K, N, ga.k[i], ga.A[i], K, ga.B[i], N, x.dt,
-                     1.0f, ga.C[i], K, DT_F32, ONE);
+    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate)) return;
+    if (!accumulate) cuda_zero(dw); // the products below add
+    int ns = side_fork();           // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing
+    for (int64_t e = 0, i = 0; e < E; e++) {
+        int64_t M = offs[e + 1] - offs[e], st = i++ % ns;
+        if (M)
+            lt_matmul_on(wgrad_stream[st], wgrad_ws[st], false, true, K, N, M, (const char *)x.p + offs[e] * K * s, K,
+                         (const char *)dy.p + offs[e] * N * s, N, x.dt, 1.0f, (float *)dw.p + e * N * K, K, DT_F32,
+                         ONE);
+    }
     side_join(ns);
 }
 
