@@ -2,7 +2,9 @@
 // bad input (config, data, model config, command line) by message and exit code.
 #include <limits.h>
 
+#include "base/half.h"
 #include "base/npy.h"
+#include "base/safetensors.h"
 #include "test.h"
 #include "train/trainer.h"
 
@@ -710,4 +712,103 @@ TEST(train_state_dtype_bf16_loss) {
     ASSERT_MSG(moved, "bf16 moments gave fp32's losses bit for bit: the option did nothing");
     printf("     6 steps: loss within %.2e of fp32 moments (loss moved %.3f)\n", worst,
            fabs(run_metric(a, 6, "loss") - l1));
+}
+
+// ---- gradient_dtype: bf16 expert gradient accumulators (test_memory.c: the plan; test_parallel_train.c: layouts) ----
+
+// Checks every tensor of gradient dump b (bf16 expert gradients) against f (fp32) of the same step-1 batch: the dense
+// ones bit for bit (they stay fp32, and step 1's forward does not read gradients); each expert element within
+// 2^-8·(1 + 2^-7)·(|f| + |f1|/2), f1 the fp32 dump of the batch's first micro-batch alone (NULL: one micro-batch, and
+// then b must be f rounded to bf16 exactly). Returns the worst expert element's error over its bound; *rounded counts
+// the expert elements that moved.
+static double check_bf16_grads(const char *b, const char *f, const char *f1, int64_t *rounded) {
+    StSet x, y, z;
+    st_set_open_or_die(&x, b), st_set_open_or_die(&y, f);
+    if (f1) st_set_open_or_die(&z, f1);
+    double worst = 0;
+    *rounded = 0;
+    for (int i = 0; i < x.n; i++) {
+        const StTensor *t = x.t[i], *u = st_set_find(&y, t->name), *v = f1 ? st_set_find(&z, t->name) : NULL;
+        ASSERT_MSG(u && u->numel == t->numel && (!f1 || v), "%s: missing in a dump", t->name);
+        int64_t n = t->numel;
+        float *gb = xmalloc(3 * n * sizeof(float) + 1), *gf = gb + n, *g1 = gf + n;
+        st_read_f32(t, gb), st_read_f32(u, gf);
+        if (v) st_read_f32(v, g1);
+        bool expert = strstr(t->name, ".experts.") != NULL;
+        for (int64_t j = 0; j < n; j++) {
+            if (!expert) {
+                ASSERT_MSG(gb[j] == gf[j], "%s[%lld]: %.9g, fp32 run %.9g (dense gradients stay fp32)", t->name,
+                           (long long)j, gb[j], gf[j]);
+                continue;
+            }
+            *rounded += gb[j] != gf[j];
+            if (!f1) {
+                ASSERT_MSG(gb[j] == bf16_to_f32(f32_to_bf16(gf[j])), "%s[%lld]: %.9g, fp32 %.9g rounds to %.9g",
+                           t->name, (long long)j, gb[j], gf[j], bf16_to_f32(f32_to_bf16(gf[j])));
+                continue;
+            }
+            double bound = ldexp(1 + ldexp(1, -7), -8) * (fabs(gf[j]) + fabs(g1[j]) / 2), err = fabs(gb[j] - gf[j]);
+            ASSERT_MSG(err <= bound, "%s[%lld]: %.9g, fp32 %.9g (first micro-batch %.9g): error %.3g above %.3g",
+                       t->name, (long long)j, gb[j], gf[j], g1[j], err, bound);
+            if (bound > 0) worst = fmax(worst, err / bound);
+        }
+        free(gb);
+    }
+    st_set_close(&x), st_set_close(&y);
+    if (f1) st_set_close(&z);
+    return worst;
+}
+
+// tiny_run with fp32 and bf16 expert gradients. Step 1's gradient (micro-batches of 2 × 16 tokens: N = 32 targets, a
+// power of two, so the dump's 1/N scaling is exact):
+// - one micro-batch a step: each expert element is written once, its fp32 sum rounded to nearest even, so the bf16
+//   dump equals the fp32 dump rounded, bit for bit;
+// - two: after the first the element holds rd(s1), after the second rd(rd(s1) + s2); each rounding is within 2^-8 of
+//   what it rounds, so |rd(rd(s1) + s2) − (s1 + s2)| ≤ 2^-8·|s1 + s2| + 2^-8·(1 + 2^-8)·|s1|; s1 / N is half the
+//   one-micro-batch run's dump f1 (N doubles), and fp32's own rounding of s1 + s2 (2^-24) fits in the 2^-7 slack.
+// The losses over 6 steps at one micro-batch: step 1's is the same bits; each gradient element is fp32's to 2^-8
+// relative, so (as for bf16 moments, train_state_dtype_bf16_loss) AdamW's update is fp32's to 2^-7 of itself (m to
+// 2^-8, √v to 2^-8) and, to first order, |ΔL_t| ≤ 2^-7·|L_t − L_1|.
+TEST(train_gradient_dtype_bf16) {
+    const char *d = tiny_run("");
+    char out[16384], a[300], b[300], c[300];
+    static const char *const runs[][3] = {{"f1", "fp32", "2"}, {"b1", "bf16", "2"}, {"f2", "fp32", "4"},
+                                          {"b2", "bf16", "4"}};
+    for (int i = 0; i < 4; i++)
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "%s train %s/train.json --set run_dir=%s/%s --set gradient_dtype=%s "
+                           "--set global_batch_size=%s --dump-grads %s/%s/g",
+                           PITH_BIN, d, d, runs[i][0], runs[i][1], runs[i][2], d, runs[i][0]) == 0,
+                   "%s", out);
+    int64_t moved1, moved2;
+    snprintf(a, sizeof a, "%s/b1/g", d), snprintf(b, sizeof b, "%s/f1/g", d);
+    check_bf16_grads(a, b, NULL, &moved1);
+    snprintf(a, sizeof a, "%s/b2/g", d), snprintf(b, sizeof b, "%s/f2/g", d), snprintf(c, sizeof c, "%s/f1/g", d);
+    double worst = check_bf16_grads(a, b, c, &moved2);
+    ASSERT_MSG(moved1 > 0 && moved2 > 0, "bf16 gradients equal fp32's bit for bit: the option did nothing");
+    snprintf(a, sizeof a, "%s/f1", d), snprintf(b, sizeof b, "%s/b1", d);
+    double l1 = run_metric(a, 1, "loss"), lworst = 0;
+    for (int s = 1; s <= 6; s++) {
+        double la = run_metric(a, s, "loss"), lb = run_metric(b, s, "loss");
+        if (s == 1) ASSERT_MSG(la == lb, "step 1: %.17g vs %.17g", lb, la);
+        ASSERT_MSG(fabs(lb - la) <= ldexp(fabs(la - l1), -7), "step %d: loss %.9g with bf16 gradients, %.9g with fp32",
+                   s, lb, la);
+        lworst = fmax(lworst, fabs(lb - la));
+    }
+    printf("     step 1: one micro-batch %lld expert elements rounded (each fp32's rounding); two: worst %.2f of the "
+           "bound; 6 steps: loss within %.2e of fp32\n",
+           (long long)moved1, worst, lworst);
+}
+
+// gradient_dtype takes fp32 or bf16, and bf16 is AdamW's: other values and Muon are refused naming the field.
+TEST(config_gradient_dtype_errors) {
+    const char *d = tiny_run("");
+    char out[8192];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=fp16", PITH_BIN, d) != 0);
+    ASSERT_MSG(strstr(out, "gradient_dtype") && strstr(out, "bf16"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=bf16 --set optimizer.type=muon",
+                   PITH_BIN, d) != 0);
+    ASSERT_MSG(strstr(out, "gradient_dtype: bf16 is AdamW's"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=bf16 --print-config", PITH_BIN, d) == 0);
+    ASSERT_MSG(strstr(out, "\"gradient_dtype\": \"bf16\""), "%s", out);
 }

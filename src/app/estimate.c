@@ -66,11 +66,12 @@ static const char *const recompute_names[] = {"none", "selective", "full"};
 static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
     snprintf(buf, cap,
              "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
-             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s",
+             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s%s",
              c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
              recompute_names[c->recompute], c->micro_batch_size,
              c->optimizer.offload ? " --set optimizer.offload=true" : "",
-             c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "");
+             c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "",
+             c->gradient_dtype == STATE_BF16 ? " --set gradient_dtype=bf16" : "");
 }
 
 // --detail: the activation records by part, the largest term of the plan, and each lever's plan.
@@ -109,16 +110,18 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     printf("largest term: %s, %.2f GB (%.0f%% of %.2f GB)\n", terms[big].name, terms[big].bytes / 1e9,
            100.0 * terms[big].bytes / total, total / 1e9);
     printf("levers (each alone, from this config):\n");
-    for (int i = 0; i < 14; i++) {
+    for (int i = 0; i < 15; i++) {
         TrainConfig c = *cfg;
         char what[96];
-        if (i >= 12) { // the moments to host memory, or in bf16
+        if (i >= 12) { // the moments to host memory, or in bf16; the expert gradients in bf16
             if (cfg->optimizer.type != OPTIMIZER_ADAMW ||
-                (i == 12 ? cfg->optimizer.offload : cfg->optimizer.state_dtype))
+                (i == 12 ? cfg->optimizer.offload : i == 13 ? cfg->optimizer.state_dtype : cfg->gradient_dtype))
                 continue;
             if (i == 12) c.optimizer.offload = true;
-            else c.optimizer.state_dtype = STATE_BF16;
-            snprintf(what, sizeof what, i == 12 ? "optimizer.offload=true" : "optimizer.state_dtype=bf16");
+            else if (i == 13) c.optimizer.state_dtype = STATE_BF16;
+            else c.gradient_dtype = STATE_BF16;
+            snprintf(what, sizeof what, "%s",
+                     i == 12 ? "optimizer.offload=true" : i == 13 ? "optimizer.state_dtype=bf16" : "gradient_dtype=bf16");
         } else if (i < 5) { // capacity factors (with expert parallelism)
             static const double f[] = {0, 2, 1.5, 1.25, 1};
             if (cfg->parallel.ep == 1 || f[i] == cfg->parallel.ep_capacity_factor) continue;
@@ -154,9 +157,14 @@ typedef struct {
     Fit fit;
 } Layout;
 
+// The storage precision a layout gives up: 0 none, 1 bf16 moments, 2 bf16 expert gradients, 3 both.
+static int rounded_state(const TrainConfig *c) {
+    return (c->optimizer.state_dtype == STATE_BF16) + 2 * (c->gradient_dtype == STATE_BF16);
+}
+
 // Best first: fits before tight before out of memory (those by size); then the cheaper step: less
-// recomputation, a larger micro-batch, fewer ep ranks, a capacity that spills less (0 = the worst case:
-// never); then less memory.
+// recomputation, moments on the device; then fp32 storage before bf16 (rounded_state); then a larger micro-batch,
+// fewer ep ranks, a capacity that spills less (0 = the worst case: never); then less memory.
 static int layout_cmp(const void *pa, const void *pb) {
     const Layout *a = pa, *b = pb;
     double fa = a->c.parallel.ep_capacity_factor, fb = b->c.parallel.ep_capacity_factor;
@@ -165,15 +173,32 @@ static int layout_cmp(const void *pa, const void *pb) {
     if (a->fit == FIT_OOM) return a->total < b->total ? -1 : a->total > b->total; // the nearest to fitting first
     if (a->c.recompute != b->c.recompute) return a->c.recompute < b->c.recompute ? -1 : 1;
     if (a->c.optimizer.offload != b->c.optimizer.offload) return a->c.optimizer.offload ? 1 : -1;
+    if (rounded_state(&a->c) != rounded_state(&b->c)) return rounded_state(&a->c) < rounded_state(&b->c) ? -1 : 1;
     if (a->c.micro_batch_size != b->c.micro_batch_size) return a->c.micro_batch_size > b->c.micro_batch_size ? -1 : 1;
     if (a->c.parallel.ep != b->c.parallel.ep) return a->c.parallel.ep < b->c.parallel.ep ? -1 : 1;
     if (fa != fb) return fa > fb ? -1 : 1;
     return a->total < b->total ? -1 : a->total > b->total;
 }
 
+// Whether the planned layouts all[0..n) hold c in the config's state dtypes (c's own fp32 state, where c rounds some)
+// fitting OK: then c, later in the order, is not planned.
+static bool plain_ok(const Layout *all, int n, const TrainConfig *c) {
+    if (!rounded_state(c)) return false;
+    for (int i = n - 1; i >= 0 && i >= n - 4; i--) { // the variants of one layout are planned one after another
+        const TrainConfig *a = &all[i].c;
+        if (all[i].fit == FIT_OK && !rounded_state(a) && a->parallel.ep == c->parallel.ep &&
+            a->parallel.sharding == c->parallel.sharding && a->recompute == c->recompute &&
+            a->parallel.ep_capacity_factor == c->parallel.ep_capacity_factor &&
+            a->micro_batch_size == c->micro_batch_size && a->optimizer.offload == c->optimizer.offload)
+            return true;
+    }
+    return false;
+}
+
 // --sweep: ep over the divisors of the ranks that divide the experts, fsdp or hsdp (with dp > 1), capacity
 // factors (with ep > 1), the recompute modes, the config's micro-batch and 1, AdamW's moments on the device or
-// offloaded to the host; pp and cp as configured.
+// offloaded to the host, AdamW's moments and the expert gradients in bf16 (each tried only where the layout without
+// it does not fit: it would come later in the order); pp and cp as configured.
 // The candidates are listed first, then planned one by one with progress on stderr (a sweep of a large model takes a
 // minute).
 static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Device dev, double mem_gb) {
@@ -184,7 +209,8 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         for (int sh = 0; sh < 2; sh++)
             for (int f = 0; f < 5; f++)
                 for (int rc = 0; rc < 3; rc++)
-                    for (int mb = 0; mb < 4; mb++) { // mb & 1: micro-batch 1; mb & 2: optimizer.offload
+                    for (int v = 0; v < 16; v++) { // the state dtypes innermost: a layout's variants in a row
+                        int mb = v >> 2 | (v & 3) << 2; // & 1: micro-batch 1; & 2: offload; & 4, & 8: bf16 state
                         TrainConfig c = *cfg;
                         c.parallel.ep = ep, c.parallel.sharding = sh ? SHARD_HSDP : SHARD_FSDP;
                         c.parallel.ep_capacity_factor = factors[f], c.recompute = (RecomputeMode)rc;
@@ -193,6 +219,10 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
                         long dp = gpus / ((long)c.parallel.pp * c.parallel.cp * ep);
                         if ((ep == 1 && f) || (mb & 1 && cfg->micro_batch_size == 1) || (sh && dp <= 1)) continue;
                         if (mb & 2 && (cfg->optimizer.offload || cfg->optimizer.type != OPTIMIZER_ADAMW)) continue;
+                        if (mb & 12 && cfg->optimizer.type != OPTIMIZER_ADAMW) continue;
+                        if ((mb & 4 && cfg->optimizer.state_dtype) || (mb & 8 && cfg->gradient_dtype)) continue;
+                        if (mb & 4) c.optimizer.state_dtype = STATE_BF16;
+                        if (mb & 8) c.gradient_dtype = STATE_BF16;
                         if (nc == cap) all = xrealloc(all, (cap *= 2) * sizeof *all);
                         all[nc++] = (Layout){.c = c};
                     }
@@ -205,6 +235,7 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
                     now_seconds() - t0, tty ? "" : "\n");
             shown_at = now_seconds();
         }
+        if (plain_ok(all, n, &all[i].c)) continue; // this layout in the config's dtypes fits
         if (!plan_layout(&all[i].c, mc, gpus, dev, &p)) continue;
         all[n].c = all[i].c, all[n].total = memory_plan_total(&p);
         all[n].fit = fit_of(all[n].total, mem_gb, dev == DEV_CUDA), n++;
@@ -227,10 +258,11 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         char sets[400], fac[32];
         layout_sets(sets, sizeof sets, c);
         snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
-        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s\n        %s\n",
+        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s%s\n        %s\n",
                fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
                c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, recompute_names[c->recompute],
                c->micro_batch_size, c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
+               c->gradient_dtype == STATE_BF16 ? ", bf16 expert gradients" : "",
                c->optimizer.offload ? ", moments on the host" : "", sets);
     }
     if (!count[FIT_OK] && !count[FIT_TIGHT]) printf("sweep: nothing fits; the smallest plans are above\n");
@@ -261,7 +293,9 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
            c->sequence_length / d->cp, bf16 ? "bf16 compute" : "fp32 compute");
     row("weights (compute copy)", p->weights,
         bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
-    row("gradient accumulators", p->grads, "fp32, reduce-scattered in place once per step");
+    row("gradient accumulators", p->grads,
+        c->gradient_dtype == STATE_BF16 ? "dense fp32, experts bf16 (gradient_dtype), reduce-scattered once per step"
+                                        : "fp32, reduce-scattered in place once per step");
     row("master weight shards", p->shards, p->shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
     row("optimizer state", p->optim,
         c->optimizer.offload                     ? "staging: one chunk of m and v (the moments are on the host)"

@@ -88,6 +88,10 @@ static const ConfigKey top_keys[] = {
      .doc = "`auto`: the GPU when there is one"},
     {.name = "compute_dtype", .kind = K_CHOICE, .off = OFF(compute_dtype), .choices = dtype_names,
      .doc = "GPU compute dtype (the CPU computes in fp32)"},
+    {.name = "gradient_dtype", .kind = K_CHOICE, .off = OFF(gradient_dtype), .choices = state_dtype_names,
+     .doc = "the expert gradient accumulators stored in `bf16`: each weight gradient's sum in fp32, added to the "
+            "stored value in fp32 and rounded once to nearest even; 2 bytes per expert parameter of this rank less "
+            "(the dense group stays fp32; adamw)"},
     {.name = "fp8", .kind = K_BOOL, .off = OFF(fp8),
      .doc = "FP8 training (PithTrain's key): the expert GEMMs and the projections (attention, MLA, DeltaNet in/out, "
             "shared experts, dense MLPs) multiply operands rounded through E4M3 with block scales (1×128 activations "
@@ -537,6 +541,9 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     if (c->optimizer.type == OPTIMIZER_MUON && c->optimizer.state_dtype != STATE_FP32)
         jdie(origin_of(sec[1], &org, "state_dtype"), "state_dtype",
              "is AdamW's (Muon's momentum and Newton–Schulz run on fp32 buffers)");
+    if (c->optimizer.type == OPTIMIZER_MUON && c->gradient_dtype != STATE_FP32)
+        jdie(origin_of(top, &org, "gradient_dtype"), "gradient_dtype",
+             "bf16 is AdamW's (Muon orthogonalises fp32 gradient matrices)");
     if (c->benchmark && c->moe_router_bias_update_rate > 0)
         jdie(origin_of(top, &org, "moe_router_bias_update_rate"), "moe_router_bias_update_rate",
              "has no effect with benchmark = true (the routing is forced, the bias would select nothing)");

@@ -518,11 +518,11 @@ static bool padded_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64
     CudaCtx *c = cuda_ctx();
     bf16 *buf = (bf16 *)cuda_scratch((size_t)EM * (N + K) * sizeof(bf16)), *pk = buf,
          *pn = buf + EM * K;      // (E, Mp, K) and (E, Mp, N)
-    if (kind == WG_WEIGHT_GRAD) { // out dw (E, N, K) fp32 += a dyᵀ (N, R) · b x (R, K) per expert
+    if (kind == WG_WEIGHT_GRAD) { // out dw (E, N, K) fp32 or bf16 += a dyᵀ (N, R) · b x (R, K) per expert
         pad_copy(pn, a.p, &po, E, Mp, N, true);
         pad_copy(pk, b.p, &po, E, Mp, K, true);
         Batch bt = {E, Mp * K, Mp * N, N * K};
-        lt_matmul_on(c->compute, c->lt_ws, false, true, K, N, Mp, pk, K, pn, N, DT_BF16, 1.0f, out.p, K, DT_F32, bt);
+        lt_matmul_on(c->compute, c->lt_ws, false, true, K, N, Mp, pk, K, pn, N, DT_BF16, 1.0f, out.p, K, out.dt, bt);
     } else { // out (R, C) = a (R, D) · op(b w_e) per expert, as in grouped_rows_product: the forward C = N, D = K, op T
         bool fwd = kind == WG_FORWARD;
         int64_t C = fwd ? N : K, D = fwd ? K : N;
@@ -595,13 +595,14 @@ __global__ void bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int E, int6
     GRID_STRIDE(i, R * N) st(y, i, ld(y, i) + ld(b, (int64_t)group_of(g.o, E, i / N) * N + i % N));
 }
 
-// db[e, j] (+)= Σ_(rows of e) dy[row, j]: a block (colsum_rows) per (column tile, expert), one writer.
-template <typename T>
-__global__ void grouped_bias_backward_kernel(float *db, const T *dy, GroupOffs g, int64_t N, int accumulate) {
+// db[e, j] (+)= Σ_(rows of e) dy[row, j]: a block (colsum_rows) per (column tile, expert), one writer; db fp32 or bf16
+// (the sum in fp32, the stored value added in fp32, one rounding).
+template <typename T, typename TD>
+__global__ void grouped_bias_backward_kernel(TD *db, const T *dy, GroupOffs g, int64_t N, int accumulate) {
     int e = blockIdx.y;
     int64_t j = blockIdx.x * 32 + threadIdx.x;
     float s = colsum_rows<float>(g.o[e], g.o[e + 1], 8, N, [=](int64_t i, int64_t c) { return ld(dy, i * N + c); });
-    if (threadIdx.y == 0 && j < N) db[e * N + j] = (accumulate ? db[e * N + j] : 0.0f) + s;
+    if (threadIdx.y == 0 && j < N) st(db, e * N + j, (accumulate ? ld(db, e * N + j) : 0.0f) + s);
 }
 
 extern "C" {
@@ -639,18 +640,19 @@ void cuda_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
 
 void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate) {
     int64_t M = t_rows(dy), N = t_cols(dy), E = offs ? tensor_numel(db) / N : 1;
-    IS_F32(db, "linear_backward_weight");
     CHECK(tensor_numel(db) == E * N);
     if (offs) { // one writer per (column tile, expert): written or added, empty experts included
         if (E == 0) return;
         GroupOffs g = group_offs(offs, E, "grouped_linear_backward_weight");
         DT_SWITCH(dy.dt, T, "grouped_linear_backward_weight",
-                  grouped_bias_backward_kernel<T>
-                  <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
-                      (float *)db.p, (const T *)dy.p, g, N, accumulate));
+                  DT_SWITCH(db.dt, TD, "grouped_linear_backward_weight",
+                            grouped_bias_backward_kernel<T, TD>
+                            <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
+                                (TD *)db.p, (const T *)dy.p, g, N, accumulate)));
         CUDA_LAUNCH_CHECK();
         return;
     }
+    IS_F32(db, "linear_backward_weight");
     CHECK(accumulate); // dense: row groups' sums, then added to db in order (colsum_finish)
     if (M == 0) return;
     int G = colsum_groups(M, N);
@@ -676,10 +678,19 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
             die("grouped_linear_backward_weight: db must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
         cuda_linear_bias_backward(db, dy, offs, accumulate);
     }
-    IS_F32(dw, "grouped_linear_backward_weight");
     if (dy.dt != x.dt)
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
-    size_t s = dtype_size(x.dt);
+    if (dw.dt != DT_F32 && dw.dt != DT_BF16)
+        die("grouped_linear_backward_weight: dw is %s (fp32 or bf16)", dtype_name(dw.dt));
+    if (dw.dt == DT_BF16 && x.dt == DT_F32) { // fp32 operands: the fp32 sums in the op scratch, then added (one rounding)
+        Tensor sum = tensor_make(cuda_scratch(E * N * K * sizeof(float)), DT_F32, DEV_CUDA, 3, E, N, K, 1);
+        cuda_grouped_linear_backward_weight(sum, (Tensor){0}, dy, x, offs, false);
+        if (!accumulate) cuda_zero(dw);
+        return cuda_add(dw, sum);
+    }
+    // bf16 dw (gradient_dtype): the wgmma kernels decline it; cuBLAS sums in fp32 and adds C in fp32 (beta 1), one
+    // rounding
+    size_t s = dtype_size(x.dt), os = dtype_size(dw.dt);
     if (!strcmp(grouped_kernel(), "wgmma") && wgmma_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate)) return;
     if (!accumulate) cuda_zero(dw); // the paths below add
     if (padded_grouped(WG_WEIGHT_GRAD, dw, dy, x, offs, E, N, K)) return;
@@ -687,12 +698,12 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     for (int64_t e = 0; e < E; e++) // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing
         if (offs[e + 1] > offs[e])
             grouped_add(N, offs[e + 1] - offs[e], (const char *)x.p + offs[e] * K * s,
-                        (const char *)dy.p + offs[e] * N * s, (float *)dw.p + e * N * K);
-    if (N > 0 && grouped_run(false, true, K, K, N, K, x.dt, 1.0f, DT_F32)) return;
+                        (const char *)dy.p + offs[e] * N * s, (char *)dw.p + e * N * K * os);
+    if (N > 0 && grouped_run(false, true, K, K, N, K, x.dt, 1.0f, dw.dt)) return;
     int ns = side_fork(); // one cuBLASLt product per expert, dealt to the streams in turn
     for (int i = 0; i < ga.G; i++)
         lt_matmul_on(wgrad_stream[i % ns], wgrad_ws[i % ns], false, true, K, N, ga.k[i], ga.A[i], K, ga.B[i], N, x.dt,
-                     1.0f, ga.C[i], K, DT_F32, ONE);
+                     1.0f, ga.C[i], K, dw.dt, ONE);
     side_join(ns);
 }
 
