@@ -2,9 +2,7 @@
 // bad input (config, data, model config, command line) by message and exit code.
 #include <limits.h>
 
-#include "base/half.h"
 #include "base/npy.h"
-#include "base/safetensors.h"
 #include "test.h"
 #include "train/trainer.h"
 
@@ -716,49 +714,6 @@ TEST(train_state_dtype_bf16_loss) {
 
 // ---- gradient_dtype: bf16 expert gradient accumulators (test_memory.c: the plan; test_parallel_train.c: layouts) ----
 
-// Checks every tensor of gradient dump b (bf16 expert gradients) against f (fp32) of the same step-1 batch: the dense
-// ones bit for bit (they stay fp32, and step 1's forward does not read gradients); each expert element within
-// 2^-8·(1 + 2^-7)·(|f| + |f1|/2), f1 the fp32 dump of the batch's first micro-batch alone (NULL: one micro-batch, and
-// then b must be f rounded to bf16 exactly). Returns the worst expert element's error over its bound; *rounded counts
-// the expert elements that moved.
-static double check_bf16_grads(const char *b, const char *f, const char *f1, int64_t *rounded) {
-    StSet x, y, z;
-    st_set_open_or_die(&x, b), st_set_open_or_die(&y, f);
-    if (f1) st_set_open_or_die(&z, f1);
-    double worst = 0;
-    *rounded = 0;
-    for (int i = 0; i < x.n; i++) {
-        const StTensor *t = x.t[i], *u = st_set_find(&y, t->name), *v = f1 ? st_set_find(&z, t->name) : NULL;
-        ASSERT_MSG(u && u->numel == t->numel && (!f1 || v), "%s: missing in a dump", t->name);
-        int64_t n = t->numel;
-        float *gb = xmalloc(3 * n * sizeof(float) + 1), *gf = gb + n, *g1 = gf + n;
-        st_read_f32(t, gb), st_read_f32(u, gf);
-        if (v) st_read_f32(v, g1);
-        bool expert = strstr(t->name, ".experts.") != NULL;
-        for (int64_t j = 0; j < n; j++) {
-            if (!expert) {
-                ASSERT_MSG(gb[j] == gf[j], "%s[%lld]: %.9g, fp32 run %.9g (dense gradients stay fp32)", t->name,
-                           (long long)j, gb[j], gf[j]);
-                continue;
-            }
-            *rounded += gb[j] != gf[j];
-            if (!f1) {
-                ASSERT_MSG(gb[j] == bf16_to_f32(f32_to_bf16(gf[j])), "%s[%lld]: %.9g, fp32 %.9g rounds to %.9g",
-                           t->name, (long long)j, gb[j], gf[j], bf16_to_f32(f32_to_bf16(gf[j])));
-                continue;
-            }
-            double bound = ldexp(1 + ldexp(1, -7), -8) * (fabs(gf[j]) + fabs(g1[j]) / 2), err = fabs(gb[j] - gf[j]);
-            ASSERT_MSG(err <= bound, "%s[%lld]: %.9g, fp32 %.9g (first micro-batch %.9g): error %.3g above %.3g",
-                       t->name, (long long)j, gb[j], gf[j], g1[j], err, bound);
-            if (bound > 0) worst = fmax(worst, err / bound);
-        }
-        free(gb);
-    }
-    st_set_close(&x), st_set_close(&y);
-    if (f1) st_set_close(&z);
-    return worst;
-}
-
 // tiny_run with fp32 and bf16 expert gradients. Step 1's gradient (micro-batches of 2 × 16 tokens: N = 32 targets, a
 // power of two, so the dump's 1/N scaling is exact):
 // - one micro-batch a step: each expert element is written once, its fp32 sum rounded to nearest even, so the bf16
@@ -782,9 +737,9 @@ TEST(train_gradient_dtype_bf16) {
                    "%s", out);
     int64_t moved1, moved2;
     snprintf(a, sizeof a, "%s/b1/g", d), snprintf(b, sizeof b, "%s/f1/g", d);
-    check_bf16_grads(a, b, NULL, &moved1);
+    grad_bf16_check(a, b, b, NULL, 1, 0, &moved1);
     snprintf(a, sizeof a, "%s/b2/g", d), snprintf(b, sizeof b, "%s/f2/g", d), snprintf(c, sizeof c, "%s/f1/g", d);
-    double worst = check_bf16_grads(a, b, c, &moved2);
+    double worst = grad_bf16_check(a, b, b, c, 1, 0, &moved2);
     ASSERT_MSG(moved1 > 0 && moved2 > 0, "bf16 gradients equal fp32's bit for bit: the option did nothing");
     snprintf(a, sizeof a, "%s/f1", d), snprintf(b, sizeof b, "%s/b1", d);
     double l1 = run_metric(a, 1, "loss"), lworst = 0;

@@ -243,17 +243,6 @@ static MPI_Datatype mpi_of(ncclDataType_t t) {
     default: fake_fail("reduction over NCCL datatype %d is not faked", (int)t);
     }
 }
-// NCCL sums bf16 too; MPI has no bf16 type: the fake sums the values in fp32 and rounds the result once (as
-// NCCL's one hop between two ranks does).
-static void bf16_sum(const void *send, void *recv, size_t count, int ranks, ncclComm_t comm) {
-    size_t n = count * ranks; // all-reduce: ranks 1
-    float *w = malloc(n * sizeof(float) + 1);
-    for (size_t i = 0; i < n; i++) w[i] = bf16_to_f32(((const uint16_t *)send)[i]);
-    if (ranks == 1) MPI_OK(MPI_Allreduce(MPI_IN_PLACE, w, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi));
-    else MPI_OK(MPI_Reduce_scatter_block(MPI_IN_PLACE, w, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi));
-    for (size_t i = 0; i < count; i++) ((uint16_t *)recv)[i] = f32_to_bf16(w[i]);
-    free(w);
-}
 static void nccl_buf(const void *p, size_t bytes, const char *what, cudaStream_t s) {
     if (bytes && !is_device(p, bytes)) fake_fail("%s: buffer %p (%zu bytes) is not device memory", what, p, bytes);
     if (s != COMM) fake_fail("%s: not on the comm stream", what);
@@ -269,6 +258,17 @@ static bool overlap(const void *a, size_t na, const void *b, size_t nb) {
     do {                                                                                                               \
         if ((call) != MPI_SUCCESS) fake_fail("MPI call failed: %s", #call);                                            \
     } while (0)
+// NCCL sums bf16 too; MPI has no bf16 type: the fake sums the values in fp32 and rounds the result once (as
+// NCCL's one hop between two ranks does).
+static void bf16_sum(const void *send, void *recv, size_t count, int ranks, ncclComm_t comm) {
+    size_t n = count * ranks; // all-reduce: ranks 1
+    float *w = malloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++) w[i] = bf16_to_f32(((const uint16_t *)send)[i]);
+    if (ranks == 1) MPI_OK(MPI_Allreduce(MPI_IN_PLACE, w, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi));
+    else MPI_OK(MPI_Reduce_scatter_block(MPI_IN_PLACE, w, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi));
+    for (size_t i = 0; i < count; i++) ((uint16_t *)recv)[i] = f32_to_bf16(w[i]);
+    free(w);
+}
 
 static int id_counter;
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
