@@ -260,7 +260,7 @@ TEST(memory_estimate_detail) {
 // trains a step on 8 CPU ranks at a scaled-down size (TINY_MOE_EP) with the plan `pith estimate` gives it.
 TEST(memory_estimate_sweep_layout_trains) {
     char out[1 << 16], est[1 << 15];
-    static const int gb[] = {141, 80}; // 8 × 80 GB needs the moments on the host (optimizer.offload)
+    static const int gb[] = {141, 80}; // 8 × 80 GB needs full recompute and bf16 moments (or moments on the host)
     for (int i = 0; i < 2; i++) {
         ASSERT(run_cmd(out, sizeof out,
                        "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8 --gpu-memory %d --sweep", PITH_BIN,

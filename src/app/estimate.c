@@ -180,25 +180,18 @@ static int layout_cmp(const void *pa, const void *pb) {
     return a->total < b->total ? -1 : a->total > b->total;
 }
 
-// Whether the planned layouts all[0..n) hold c in the config's state dtypes (c's own fp32 state, where c rounds some)
-// fitting OK: then c, later in the order, is not planned.
-static bool plain_ok(const Layout *all, int n, const TrainConfig *c) {
-    if (!rounded_state(c)) return false;
-    for (int i = n - 1; i >= 0 && i >= n - 4; i--) { // the variants of one layout are planned one after another
-        const TrainConfig *a = &all[i].c;
-        if (all[i].fit == FIT_OK && !rounded_state(a) && a->parallel.ep == c->parallel.ep &&
-            a->parallel.sharding == c->parallel.sharding && a->recompute == c->recompute &&
-            a->parallel.ep_capacity_factor == c->parallel.ep_capacity_factor &&
-            a->micro_batch_size == c->micro_batch_size && a->optimizer.offload == c->optimizer.offload)
-            return true;
-    }
-    return false;
+// Whether a and b are one layout, their state dtypes aside.
+static bool same_layout(const TrainConfig *a, const TrainConfig *b) {
+    return a->parallel.ep == b->parallel.ep && a->parallel.sharding == b->parallel.sharding &&
+           a->recompute == b->recompute && a->parallel.ep_capacity_factor == b->parallel.ep_capacity_factor &&
+           a->micro_batch_size == b->micro_batch_size && a->optimizer.offload == b->optimizer.offload;
 }
 
 // --sweep: ep over the divisors of the ranks that divide the experts, fsdp or hsdp (with dp > 1), capacity
 // factors (with ep > 1), the recompute modes, the config's micro-batch and 1, AdamW's moments on the device or
-// offloaded to the host, AdamW's moments and the expert gradients in bf16 (each tried only where the layout without
-// it does not fit: it would come later in the order); pp and cp as configured.
+// offloaded to the host, AdamW's moments and the expert gradients in bf16; pp and cp as configured. A layout's state
+// dtypes are planned smallest first (both bf16): when that is out of memory, so are the others, and they are left out;
+// else in the order from fp32 up to the first that fits OK (the rest would come after it).
 // The candidates are listed first, then planned one by one with progress on stderr (a sweep of a large model takes a
 // minute).
 static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Device dev, double mem_gb) {
@@ -228,17 +221,25 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
                     }
     bool tty = isatty(2);
     double t0 = now_seconds(), shown_at = t0;
-    for (int i = 0; i < nc; i++) {
-        MemoryPlan p;
+    for (int i = 0, j; i < nc; i = j) {
+        Layout g[4]; // the layout's state dtypes, the most rounded last
+        for (j = i + 1; j < nc && same_layout(&all[i].c, &all[j].c); j++) {}
+        memcpy(g, all + i, (j - i) * sizeof *g);
         if (now_seconds() - shown_at > (tty ? 0.2 : 10) || i == 0) { // on a terminal in place, else every 10 s
             fprintf(stderr, "%ssweep: planning layout %d of %d (%.0f s)%s", tty ? "\r" : "", i + 1, nc,
                     now_seconds() - t0, tty ? "" : "\n");
             shown_at = now_seconds();
         }
-        if (plain_ok(all, n, &all[i].c)) continue; // this layout in the config's dtypes fits
-        if (!plan_layout(&all[i].c, mc, gpus, dev, &p)) continue;
-        all[n].c = all[i].c, all[n].total = memory_plan_total(&p);
-        all[n].fit = fit_of(all[n].total, mem_gb, dev == DEV_CUDA), n++;
+        int last = j - i - 1;
+        MemoryPlan p;
+        if (!plan_layout(&g[last].c, mc, gpus, dev, &p)) continue;
+        g[last].total = memory_plan_total(&p), g[last].fit = fit_of(g[last].total, mem_gb, dev == DEV_CUDA);
+        bool alone = last == 0 || g[last].fit == FIT_OOM, ok = false; // the only one, or the others are larger
+        for (int k = 0; k < last && !alone && !ok && plan_layout(&g[k].c, mc, gpus, dev, &p); k++) {
+            g[k].total = memory_plan_total(&p), g[k].fit = fit_of(g[k].total, mem_gb, dev == DEV_CUDA);
+            all[n++] = g[k], ok = g[k].fit == FIT_OK;
+        }
+        if (!ok) all[n++] = g[last];
     }
     if (tty) fprintf(stderr, "\r%60s\r", "");
     qsort(all, n, sizeof *all, layout_cmp);
@@ -247,8 +248,8 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
            dev == DEV_CUDA ? "GPUs" : "CPU ranks", mem_gb, count[FIT_OK], count[FIT_TIGHT], count[FIT_OOM]);
     if (dev == DEV_CUDA) printf(" (with %g GB of runtime outside the plan)", RUNTIME_GB);
     printf(
-        "\nbest first: OK, TIGHT, then OOM; within each, the faster step (less recomputation, moments on the device, "
-        "the larger micro-batch, fewer ep ranks, more capacity), then less memory\n");
+        "\nbest first: OK, TIGHT, then OOM; within each, the faster step (less recomputation, moments on the device), "
+        "fp32 state before bf16, the larger micro-batch, fewer ep ranks, more capacity, then less memory\n");
     int shown = 0;
     int show = count[FIT_OK] + count[FIT_TIGHT] ? 12 : 3;
     for (int i = 0; i < n && shown < show && (all[i].fit != FIT_OOM || !(count[FIT_OK] + count[FIT_TIGHT]));
