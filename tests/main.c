@@ -347,7 +347,8 @@ double grad_bf16_check(const char *b, const char *ref, const char *f, const char
                 }
                 double bound = k * ldexp(1 + ldexp(1, -7), -8) * (fabs(gf[j]) + fabs(g1[j]) / 2),
                        err = fabs(gb[j] - gr[j]);
-                ASSERT_MSG(err <= bound, "%s[%lld]: %.9g, reference %.9g (fp32 %.9g, first micro-batch %.9g): %.3g "
+                ASSERT_MSG(err <= bound,
+                           "%s[%lld]: %.9g, reference %.9g (fp32 %.9g, first micro-batch %.9g): %.3g "
                            "above the bound %.3g",
                            t->name, (long long)j, gb[j], gr[j], gf[j], g1[j], err, bound);
                 if (bound > 0) worst = fmax(worst, err / bound);

@@ -451,12 +451,13 @@ TEST(dist_gradient_dtype_bf16_layouts) {
     const char *d = make_run_of(TINY_MOE_EP, 4, 1);
     char out[1 << 16], b[300], one[300], f[300], f1[300], dir[300];
     for (size_t i = 0; i < sizeof runs / sizeof *runs; i++)
-        ASSERT_MSG(run_cmd(out, sizeof out,
-                           "PITH=%s scripts/launch.sh -n %d %s/train.json --set gradient_dtype=bf16 %s --set run_dir=%s/%s "
-                           "--dump-grads %s/%s/g",
-                           runs[i].fake_gpu ? "build-fake/pith" : PITH_BIN, runs[i].np, d, runs[i].sets, d,
-                           runs[i].name, d, runs[i].name) == 0,
-                   "%s: %s", runs[i].name, out);
+        ASSERT_MSG(
+            run_cmd(out, sizeof out,
+                    "PITH=%s scripts/launch.sh -n %d %s/train.json --set gradient_dtype=bf16 %s --set run_dir=%s/%s "
+                    "--dump-grads %s/%s/g",
+                    runs[i].fake_gpu ? "build-fake/pith" : PITH_BIN, runs[i].np, d, runs[i].sets, d, runs[i].name, d,
+                    runs[i].name) == 0,
+            "%s: %s", runs[i].name, out);
     snprintf(one, sizeof one, "%s/one/g", d), snprintf(f, sizeof f, "%s/f32/g", d);
     snprintf(f1, sizeof f1, "%s/f32-mb1/g", d);
     for (int i = 0; i < 5; i++) {
@@ -473,12 +474,13 @@ TEST(dist_gradient_dtype_bf16_layouts) {
     }
     d = make_run_of(TINY_MOE_EP_OF(4), 8, 4);
     for (int i = 0; i < 2; i++)
-        ASSERT_MSG(run_cmd(out, sizeof out,
-                           "PITH=%s scripts/launch.sh -n %d %s/train.json --set gradient_dtype=bf16 %s --set run_dir=%s/%s "
-                           "--dump-grads %s/%s/g",
-                           PITH_BIN, i + 1, d, i ? "--set parallel.pipeline_parallel_size=2" : "", d, i ? "pp2" : "one",
-                           d, i ? "pp2" : "one") == 0,
-                   "%s", out);
+        ASSERT_MSG(
+            run_cmd(out, sizeof out,
+                    "PITH=%s scripts/launch.sh -n %d %s/train.json --set gradient_dtype=bf16 %s --set run_dir=%s/%s "
+                    "--dump-grads %s/%s/g",
+                    PITH_BIN, i + 1, d, i ? "--set parallel.pipeline_parallel_size=2" : "", d, i ? "pp2" : "one", d,
+                    i ? "pp2" : "one") == 0,
+            "%s", out);
     const char *wn;
     snprintf(b, sizeof b, "%s/pp2/g", d), snprintf(one, sizeof one, "%s/one/g", d);
     double gd = grad_diff(b, one, &wn);

@@ -727,8 +727,8 @@ TEST(train_state_dtype_bf16_loss) {
 TEST(train_gradient_dtype_bf16) {
     const char *d = tiny_run("");
     char out[16384], a[300], b[300], c[300];
-    static const char *const runs[][3] = {{"f1", "fp32", "2"}, {"b1", "bf16", "2"}, {"f2", "fp32", "4"},
-                                          {"b2", "bf16", "4"}};
+    static const char *const runs[][3] = {
+        {"f1", "fp32", "2"}, {"b1", "bf16", "2"}, {"f2", "fp32", "4"}, {"b2", "bf16", "4"}};
     for (int i = 0; i < 4; i++)
         ASSERT_MSG(run_cmd(out, sizeof out,
                            "%s train %s/train.json --set run_dir=%s/%s --set gradient_dtype=%s "
@@ -742,17 +742,19 @@ TEST(train_gradient_dtype_bf16) {
     double worst = grad_bf16_check(a, b, b, c, 1, 0, &moved2);
     ASSERT_MSG(moved1 > 0 && moved2 > 0, "bf16 gradients equal fp32's bit for bit: the option did nothing");
     // GPT-OSS: its expert biases' sums (grouped_linear_backward_weight's db) round once too
-    write_text(d, "oss.json",
-               "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
-               "\"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 4, "
-               "\"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0, "
-               "\"layer_types\": [\"sliding_attention\", \"full_attention\"], \"max_position_embeddings\": 64}");
+    write_text(
+        d, "oss.json",
+        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 4, "
+        "\"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0, "
+        "\"layer_types\": [\"sliding_attention\", \"full_attention\"], \"max_position_embeddings\": 64}");
     for (int i = 0; i < 2; i++)
-        ASSERT_MSG(run_cmd(out, sizeof out,
-                           "%s train %s/train.json --set model=%s/oss.json --set run_dir=%s/o%d --set gradient_dtype=%s "
-                           "--set global_batch_size=2 --dump-grads %s/o%d/g",
-                           PITH_BIN, d, d, d, i, i ? "bf16" : "fp32", d, i) == 0,
-                   "%s", out);
+        ASSERT_MSG(
+            run_cmd(out, sizeof out,
+                    "%s train %s/train.json --set model=%s/oss.json --set run_dir=%s/o%d --set gradient_dtype=%s "
+                    "--set global_batch_size=2 --dump-grads %s/o%d/g",
+                    PITH_BIN, d, d, d, i, i ? "bf16" : "fp32", d, i) == 0,
+            "%s", out);
     snprintf(a, sizeof a, "%s/o1/g", d), snprintf(b, sizeof b, "%s/o0/g", d);
     grad_bf16_check(a, b, b, NULL, 1, 0, &moved1);
     ASSERT(moved1 > 0);
@@ -779,6 +781,7 @@ TEST(config_gradient_dtype_errors) {
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=bf16 --set optimizer.type=muon",
                    PITH_BIN, d) != 0);
     ASSERT_MSG(strstr(out, "gradient_dtype: bf16 is AdamW's"), "%s", out);
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=bf16 --print-config", PITH_BIN, d) == 0);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=bf16 --print-config", PITH_BIN, d) ==
+           0);
     ASSERT_MSG(strstr(out, "\"gradient_dtype\": \"bf16\""), "%s", out);
 }

@@ -114,14 +114,14 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
         TrainConfig c = *cfg;
         char what[96];
         if (i >= 12) { // the moments to host memory, or in bf16; the expert gradients in bf16
-            if (cfg->optimizer.type != OPTIMIZER_ADAMW ||
-                (i == 12 ? cfg->optimizer.offload : i == 13 ? cfg->optimizer.state_dtype : cfg->gradient_dtype))
-                continue;
+            static const char *const set[] = {"optimizer.offload=true", "optimizer.state_dtype=bf16",
+                                              "gradient_dtype=bf16"};
+            bool on[] = {cfg->optimizer.offload, cfg->optimizer.state_dtype, cfg->gradient_dtype};
+            if (cfg->optimizer.type != OPTIMIZER_ADAMW || on[i - 12]) continue;
             if (i == 12) c.optimizer.offload = true;
             else if (i == 13) c.optimizer.state_dtype = STATE_BF16;
             else c.gradient_dtype = STATE_BF16;
-            snprintf(what, sizeof what, "%s",
-                     i == 12 ? "optimizer.offload=true" : i == 13 ? "optimizer.state_dtype=bf16" : "gradient_dtype=bf16");
+            snprintf(what, sizeof what, "%s", set[i - 12]);
         } else if (i < 5) { // capacity factors (with expert parallelism)
             static const double f[] = {0, 2, 1.5, 1.25, 1};
             if (cfg->parallel.ep == 1 || f[i] == cfg->parallel.ep_capacity_factor) continue;
@@ -155,6 +155,7 @@ typedef struct {
     TrainConfig c;
     size_t total;
     Fit fit;
+    int layout; // the candidates of one layout in other state dtypes share it
 } Layout;
 
 // The storage precision a layout gives up: 0 none, 1 bf16 moments, 2 bf16 expert gradients, 3 both.
@@ -180,13 +181,6 @@ static int layout_cmp(const void *pa, const void *pb) {
     return a->total < b->total ? -1 : a->total > b->total;
 }
 
-// Whether a and b are one layout, their state dtypes aside.
-static bool same_layout(const TrainConfig *a, const TrainConfig *b) {
-    return a->parallel.ep == b->parallel.ep && a->parallel.sharding == b->parallel.sharding &&
-           a->recompute == b->recompute && a->parallel.ep_capacity_factor == b->parallel.ep_capacity_factor &&
-           a->micro_batch_size == b->micro_batch_size && a->optimizer.offload == b->optimizer.offload;
-}
-
 // --sweep: ep over the divisors of the ranks that divide the experts, fsdp or hsdp (with dp > 1), capacity
 // factors (with ep > 1), the recompute modes, the config's micro-batch and 1, AdamW's moments on the device or
 // offloaded to the host, AdamW's moments and the expert gradients in bf16; pp and cp as configured. A layout's state
@@ -202,7 +196,7 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         for (int sh = 0; sh < 2; sh++)
             for (int f = 0; f < 5; f++)
                 for (int rc = 0; rc < 3; rc++)
-                    for (int v = 0; v < 16; v++) { // the state dtypes innermost: a layout's variants in a row
+                    for (int v = 0; v < 16; v++) {      // the state dtypes innermost: a layout's variants in a row
                         int mb = v >> 2 | (v & 3) << 2; // & 1: micro-batch 1; & 2: offload; & 4, & 8: bf16 state
                         TrainConfig c = *cfg;
                         c.parallel.ep = ep, c.parallel.sharding = sh ? SHARD_HSDP : SHARD_FSDP;
@@ -211,19 +205,19 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
                         c.optimizer.offload = mb & 2 ? true : cfg->optimizer.offload;
                         long dp = gpus / ((long)c.parallel.pp * c.parallel.cp * ep);
                         if ((ep == 1 && f) || (mb & 1 && cfg->micro_batch_size == 1) || (sh && dp <= 1)) continue;
-                        if (mb & 2 && (cfg->optimizer.offload || cfg->optimizer.type != OPTIMIZER_ADAMW)) continue;
-                        if (mb & 12 && cfg->optimizer.type != OPTIMIZER_ADAMW) continue;
-                        if ((mb & 4 && cfg->optimizer.state_dtype) || (mb & 8 && cfg->gradient_dtype)) continue;
-                        if (mb & 4) c.optimizer.state_dtype = STATE_BF16;
-                        if (mb & 8) c.gradient_dtype = STATE_BF16;
+                        if (mb & 14 && cfg->optimizer.type != OPTIMIZER_ADAMW) continue;
+                        if ((mb & 2 && cfg->optimizer.offload) || (mb & 4 && cfg->optimizer.state_dtype) ||
+                            (mb & 8 && cfg->gradient_dtype))
+                            continue;
+                        c.optimizer.state_dtype |= mb & 4 ? STATE_BF16 : 0, c.gradient_dtype |= mb & 8 ? STATE_BF16 : 0;
                         if (nc == cap) all = xrealloc(all, (cap *= 2) * sizeof *all);
-                        all[nc++] = (Layout){.c = c};
+                        all[nc++] = (Layout){.c = c, .layout = ((ep * 2 + sh) * 5 + f) * 12 + rc * 4 + (v >> 2)};
                     }
     bool tty = isatty(2);
     double t0 = now_seconds(), shown_at = t0;
     for (int i = 0, j; i < nc; i = j) {
         Layout g[4]; // the layout's state dtypes, the most rounded last
-        for (j = i + 1; j < nc && same_layout(&all[i].c, &all[j].c); j++) {}
+        for (j = i + 1; j < nc && all[j].layout == all[i].layout; j++) {}
         memcpy(g, all + i, (j - i) * sizeof *g);
         if (now_seconds() - shown_at > (tty ? 0.2 : 10) || i == 0) { // on a terminal in place, else every 10 s
             fprintf(stderr, "%ssweep: planning layout %d of %d (%.0f s)%s", tty ? "\r" : "", i + 1, nc,

@@ -103,8 +103,10 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     // bf16 expert gradients in fp32 compute: each side rounds nearly the same fp32 sums (2^-8 relative each), so
     // |a − b| ≤ 2^-7·|b| and calc_diff ≤ 2^-14 / 2 ≤ 3e-5.
     bool cd = cdt == DT_BF16 || compare_fp8 || compare_grad_bf16;
-    double loss_tol = cdt == DT_BF16 || compare_fp8 ? 1e-2 : 1e-5,
-           grad_tol = compare_fp8 ? 3e-2 : compare_grad_bf16 && cdt == DT_F32 ? 3e-5 : loss_tol;
+    double loss_tol = cdt == DT_BF16 || compare_fp8 ? 1e-2 : 1e-5, grad_tol = compare_fp8 ? 3e-2
+                                                                              : compare_grad_bf16 && cdt == DT_F32
+                                                                                  ? 3e-5
+                                                                                  : loss_tol;
     record_err(loss_err, "loss");
     double worst = 0, second = 0;
     const char *worst_name = "-", *second_name = "-";
@@ -120,12 +122,12 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
         if (e >= worst) second = worst, second_name = worst_name, worst = e, worst_name = p->name;
         else if (e >= second) second = e, second_name = p->name;
     }
-    printf(
-        "     %s %s%s%s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (the CPU reran with the GPU's), "
-        "worst grad %s %.2e (%s), next %.2e (%s)\n",
-        is_path ? config : "inline", dtype_name(cdt), compare_fp8 ? " fp8" : "",
-        compare_grad_bf16 ? " bf16 expert gradients" : "", lg, lc, loss_err, lb_err, flips, slots,
-        cd ? "calc_diff" : "rel err", worst, worst_name, second, second_name);
+    printf("     %s %s%s%s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (the CPU reran with the "
+           "GPU's), "
+           "worst grad %s %.2e (%s), next %.2e (%s)\n",
+           is_path ? config : "inline", dtype_name(cdt), compare_fp8 ? " fp8" : "",
+           compare_grad_bf16 ? " bf16 expert gradients" : "", lg, lc, loss_err, lb_err, flips, slots,
+           cd ? "calc_diff" : "rel err", worst, worst_name, second, second_name);
     ASSERT_MSG(flips * (compare_fp8 ? 8 : 20) <= slots, "routing flips %d of %d slots: more than near-ties explain",
                flips, slots);
     for (int l = 0; l < mc.layers; l++) free(given[l]), cpu.m.route_given[l] = NULL;

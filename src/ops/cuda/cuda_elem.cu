@@ -284,7 +284,8 @@ __device__ __forceinline__ double sq4(float4 v) {
 template <typename T> __global__ void sum_squares_kernel(double *out, const T *x, int64_t n, bool vec) {
     __shared__ double sd[32];
     double s = 0;
-    int64_t n4 = vec ? n / 4 : 0, stride = (int64_t)gridDim.x * blockDim.x, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int64_t n4 = vec ? n / 4 : 0, stride = (int64_t)gridDim.x * blockDim.x,
+            i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (; i + 3 * stride < n4; i += 4 * stride) {
         float4 a = ld4(x + 4 * i), b = ld4(x + 4 * (i + stride)), c = ld4(x + 4 * (i + 2 * stride)),
                d = ld4(x + 4 * (i + 3 * stride));

@@ -682,7 +682,8 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     if (dw.dt != DT_F32 && dw.dt != DT_BF16)
         die("grouped_linear_backward_weight: dw is %s (fp32 or bf16)", dtype_name(dw.dt));
-    if (dw.dt == DT_BF16 && x.dt == DT_F32) { // fp32 operands: the fp32 sums in the op scratch, then added (one rounding)
+    if (dw.dt == DT_BF16 &&
+        x.dt == DT_F32) { // fp32 operands: the fp32 sums in the op scratch, then added (one rounding)
         Tensor sum = tensor_make(cuda_scratch(E * N * K * sizeof(float)), DT_F32, DEV_CUDA, 3, E, N, K, 1);
         cuda_grouped_linear_backward_weight(sum, (Tensor){0}, dy, x, offs, false);
         if (!accumulate) cuda_zero(dw);
