@@ -9,7 +9,8 @@
 // parity runs match the CPU). A and B must share a dtype: when one operand is fp32 and the other bf16
 // (the fp32 LM-head / router logits gradients against bf16 weights and activations), the fp32 operand is
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
-// tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
+// tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators; bf16 expert gradients add
+// their stored value in fp32 through beta = 1 and round once).
 // Grouped (expert) GEMMs: the wgmma kernels (cuda_wgmma.cu) where they fit, else a path chosen per call by the
 // routing's shape ("Which implementation runs an expert product", below).
 #include "ops/cuda/cuda_common.cuh"
