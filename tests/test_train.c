@@ -780,7 +780,7 @@ TEST(config_gradient_dtype_errors) {
     ASSERT_MSG(strstr(out, "gradient_dtype") && strstr(out, "bf16"), "%s", out);
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=bf16 --set optimizer.type=muon",
                    PITH_BIN, d) != 0);
-    ASSERT_MSG(strstr(out, "gradient_dtype: bf16 is AdamW's"), "%s", out);
+    ASSERT_MSG(strstr(out, "gradient_dtype: is AdamW's"), "%s", out);
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=bf16 --print-config", PITH_BIN, d) ==
            0);
     ASSERT_MSG(strstr(out, "\"gradient_dtype\": \"bf16\""), "%s", out);
