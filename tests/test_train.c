@@ -316,7 +316,7 @@ TEST(config_print_effective) {
                    "%s", out);
         ASSERT(i != 1 || strstr(out, "\"decay_ratio\": 1.0"));
         if (i == 0) { // the default run_dir of a config in the current folder is named after that folder, absolute
-            char cmd[600], want[300], bin[PATH_MAX];
+            char cmd[4096], want[300], bin[PATH_MAX];
             ASSERT(realpath(PITH_BIN, bin));
             ASSERT(run_cmd(cmd, sizeof cmd, "cd %s && %s train train.json --print-config", d, bin) == 0);
             snprintf(want, sizeof want, "\"run_dir\": \"%s/runs/%s-train\"", d, strrchr(d, '/') + 1);
