@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 
+#include "base/half.h"
 #include "base/npy.h"
 #include "base/safetensors.h"
 #include "test.h"
@@ -313,6 +314,49 @@ double grad_diff(const char *a, const char *b, const char **worst_name) {
     }
     st_set_close(&x), st_set_close(&y);
     *worst_name = name;
+    return worst;
+}
+
+double grad_bf16_check(const char *b, const char *ref, const char *f, const char *f1, double k, double dense_tol,
+                       int64_t *moved) {
+    StSet x, y, z, w;
+    st_set_open_or_die(&x, b), st_set_open_or_die(&y, ref), st_set_open_or_die(&z, f);
+    if (f1) st_set_open_or_die(&w, f1);
+    double worst = 0;
+    *moved = 0;
+    for (int i = 0; i < x.n; i++) {
+        const StTensor *t = x.t[i], *u = st_set_find(&y, t->name), *v = st_set_find(&z, t->name),
+                       *q = f1 ? st_set_find(&w, t->name) : NULL;
+        ASSERT_MSG(u && v && u->numel == t->numel && (!f1 || q), "%s: missing in a dump", t->name);
+        int64_t n = t->numel;
+        float *gb = xmalloc(4 * n * sizeof(float) + 1), *gr = gb + n, *gf = gr + n, *g1 = gf + n;
+        st_read_f32(t, gb), st_read_f32(u, gr), st_read_f32(v, gf);
+        if (q) st_read_f32(q, g1);
+        if (!strstr(t->name, ".experts.")) { // dense: fp32 gradients in both
+            double e = rel_err_f32(gb, gr, n);
+            ASSERT_MSG(dense_tol ? e <= dense_tol : !memcmp(gb, gr, n * sizeof(float)),
+                       "%s: the dense gradient differs by %.3g", t->name, e);
+        } else
+            for (int64_t j = 0; j < n; j++) {
+                *moved += gb[j] != gr[j];
+                if (!f1) {
+                    float r = bf16_to_f32(f32_to_bf16(gr[j]));
+                    ASSERT_MSG(gb[j] == r, "%s[%lld]: %.9g, fp32 %.9g rounds to %.9g", t->name, (long long)j, gb[j],
+                               gr[j], r);
+                    continue;
+                }
+                double bound = k * ldexp(1 + ldexp(1, -7), -8) * (fabs(gf[j]) + fabs(g1[j]) / 2),
+                       err = fabs(gb[j] - gr[j]);
+                ASSERT_MSG(err <= bound,
+                           "%s[%lld]: %.9g, reference %.9g (fp32 %.9g, first micro-batch %.9g): %.3g "
+                           "above the bound %.3g",
+                           t->name, (long long)j, gb[j], gr[j], gf[j], g1[j], err, bound);
+                if (bound > 0) worst = fmax(worst, err / bound);
+            }
+        free(gb);
+    }
+    st_set_close(&x), st_set_close(&y), st_set_close(&z);
+    if (f1) st_set_close(&w);
     return worst;
 }
 

@@ -55,6 +55,13 @@ double grad_diff(const char *a, const char *b, const char **worst_name);
 // calc_diff = 1 − 2Σab/Σ(a² + b²) over two gradient dumps: the worst tensor's (*worst_name) and, in *all, that of
 // every tensor at once.
 double grad_calc_diff(const char *a, const char *b, const char **worst_name, double *all);
+// Gradient dump b (bf16 expert gradients, gradient_dtype) against dump ref, both of one step-1 batch: each expert
+// element within k·2^-8·(1 + 2^-7)·(|f| + |f1|/2), f and f1 the fp32 dumps of the batch and of its first micro-batch
+// alone (f1 NULL: b must be ref rounded to bf16 exactly); the dense tensors bit for bit (dense_tol 0) or within
+// dense_tol in ‖b − ref‖/‖ref‖. Returns the worst expert element's error over its bound; *moved counts the expert
+// elements that differ from ref.
+double grad_bf16_check(const char *b, const char *ref, const char *f, const char *f1, double k, double dense_tol,
+                       int64_t *moved);
 // A fresh empty directory under /tmp for this test.
 const char *test_tmpdir(void);
 // A tiny CPU run in a fresh folder: model.json (Qwen3-MoE, 2 layers of 4 experts, vocabulary 64), data.bin (3000

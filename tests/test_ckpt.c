@@ -553,3 +553,25 @@ TEST(resume_state_dtype_bf16_kill_9) {
                    strstr(out, "done: 6 of 6"),
                "%s", out);
 }
+
+// Gradients are not checkpointed (each step starts them from zero): with bf16 expert gradients (gradient_dtype) a run
+// saved at step 3 and resumed gives the uninterrupted run's metrics bit for bit, and resuming in the other gradient
+// dtype is allowed, saying so.
+TEST(resume_gradient_dtype_bf16) {
+    const char *d = tiny_run("");
+    char out[16384], a[8192], b[8192], full[300], ck[300];
+    const char *g = "--set gradient_dtype=bf16";
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set run_dir=%s/full", PITH_BIN, d, g, d) == 0);
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s train %s/train.json %s --set save_location=%s/ck --steps 3 && %s train %s/train.json %s "
+                   "--set save_location=%s/ck",
+                   PITH_BIN, d, g, d, PITH_BIN, d, g, d) == 0);
+    ASSERT_MSG(strstr(out, "resume: step 3 from"), "%s", out);
+    snprintf(full, sizeof full, "%s/full", d), snprintf(ck, sizeof ck, "%s/ck", d);
+    metrics_without_timing(a, sizeof a, full), metrics_without_timing(b, sizeof b, ck);
+    ASSERT_MSG(!strcmp(a, b), "uninterrupted:\n%s\nresumed:\n%s", a, b);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/ck --set max_steps=7", PITH_BIN, d,
+                   d) == 0);
+    ASSERT_MSG(strstr(out, "resume: gradient_dtype changed: \"bf16\" -> \"fp32\"") && strstr(out, "done: 7 of 7"), "%s",
+               out);
+}

@@ -260,7 +260,7 @@ TEST(memory_estimate_detail) {
 // trains a step on 8 CPU ranks at a scaled-down size (TINY_MOE_EP) with the plan `pith estimate` gives it.
 TEST(memory_estimate_sweep_layout_trains) {
     char out[1 << 16], est[1 << 15];
-    static const int gb[] = {141, 80}; // 8 × 80 GB needs the moments on the host (optimizer.offload)
+    static const int gb[] = {141, 80}; // 8 × 80 GB needs full recompute and bf16 moments (or moments on the host)
     for (int i = 0; i < 2; i++) {
         ASSERT(run_cmd(out, sizeof out,
                        "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8 --gpu-memory %d --sweep", PITH_BIN,
@@ -446,4 +446,29 @@ TEST(memory_state_dtype_bf16) {
     ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set optimizer.type=muon --set optimizer.state_dtype=bf16",
                    PITH_BIN, d) == 1 &&
            strstr(out, "optimizer.state_dtype: is AdamW's"));
+}
+
+// ---- gradient_dtype: bf16 expert gradient accumulators ----
+
+// The plan counts 2 bytes an expert gradient element: tiny_run's 2 layers of 4 experts (gate_up 32 × 32, down 32 × 16
+// each: 12288 elements) plan 24576 bytes less than with fp32, the rest the same; the estimate equals what training
+// allocates, and --detail prices the lever.
+TEST(memory_gradient_dtype_bf16) {
+    const char *d = tiny_run("");
+    char out[16384];
+    long long total[2], est = 0;
+    for (int i = 0; i < 2; i++) {
+        const char *dt = i ? "bf16" : "fp32";
+        ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=%s --set run_dir=%s/r%d --steps 1",
+                       PITH_BIN, d, dt, d, i) == 0);
+        total[i] = plan_bytes(out, "plan (");
+    }
+    ASSERT_MSG(total[0] - total[1] == 2 * 12288, "plan %lld (fp32) vs %lld (bf16)", total[0], total[1]);
+    ASSERT(run_cmd(out, sizeof out, "%s estimate %s/train.json --gpus 1 --device cpu --set gradient_dtype=bf16",
+                   PITH_BIN, d) == 0);
+    est = plan_bytes(out, "total");
+    ASSERT_MSG(est == total[1] && strstr(out, "experts bf16 (gradient_dtype)"), "estimate %lld vs train %lld: %s", est,
+               total[1], out);
+    ASSERT(run_cmd(out, sizeof out, "%s estimate %s/train.json --gpus 1 --device cpu --detail", PITH_BIN, d) == 0);
+    ASSERT_MSG(strstr(out, "gradient_dtype=bf16"), "%s", out);
 }

@@ -574,6 +574,7 @@ TEST(dist_estimate_matches_training) {
                    {4, "--set parallel.context_parallel_size=2 --set parallel.expert_parallel_size=2"}};
     for (size_t i = 0; i < sizeof layouts / sizeof *layouts; i++)
         check_estimate(d, layouts[i].np, layouts[i].sets, (int)i);
+    check_estimate(d, 4, "--set parallel.expert_parallel_size=2 --set gradient_dtype=bf16", 6); // 2-byte expert grads
     // Qwen3-30B-A3B: not on 8 GPUs of 80 GB; on 64 with ep 16 and a capacity factor
     ASSERT(run_cmd(out, sizeof out, "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8", PITH_BIN) == 0);
     ASSERT_MSG(strstr(out, "pp 1 × dp 1 × cp 1 × ep 8") && strstr(out, "\nverdict: OOM on 80 GB GPUs"), "%s", out);

@@ -427,6 +427,70 @@ TEST(dist_state_dtype_bf16_layouts) {
     check_reshard_resume(d, sets);
 }
 
+// bf16 expert gradients (gradient_dtype) under dp2 (fsdp, hsdp), ep2, and on fake GPUs ep2 and dp2 (NCCL's bf16
+// reduce-scatter) against one process
+// with bf16 gradients, step 1 of a global batch of 2 micro-batches (each rank one): one process rounds rd(rd(s1) + s2)
+// (within 2^-8·|s| + 2^-8·(1 + 2^-8)·|s1|, s = s1 + s2, train_gradient_dtype_bf16); ep2's expert GEMMs take both
+// micro-batches' rows at once, rd(s1 + s2) (within 2^-8·|s|); dp2 rounds each rank's sum, then MPI's fp32 sum once,
+// within 2^-8·(|s1| + |s2| + |s|(1 + 2^-7)) ≤ 2^-8·(1 + 2^-7)·(2|s| + 2|s1|) as |s2| ≤ |s| + |s1|. So a layout and one
+// process differ by at most 3·2^-8·(1 + 2^-7)·(|s| + |s1|) an element (fp32's reordering, 2^-22 of these, fits the
+// slack); s and s1 from one process's fp32 dumps of the batch and of its first micro-batch. The dense gradients are
+// fp32: within 1e-5 as in check_layouts. Step 1's loss within 1e-6. pp2 (4 layers, 8 micro-batches) adds each
+// micro-batch's gradient in one process's order: bit-identical losses and gradients over 4 steps.
+TEST(dist_gradient_dtype_bf16_layouts) {
+    static const Layout runs[] = {
+        {"fsdp-dp2", 2, "", false},
+        {"hsdp-dp2", 2, "--set parallel.sharding_strategy=hsdp", false},
+        {"ep2", 2, "--set parallel.expert_parallel_size=2", false},
+        {"gpu-ep2", 2, "--set parallel.expert_parallel_size=2 --set device=cuda --set compute_dtype=fp32", true},
+        {"gpu-dp2", 2, "--set device=cuda --set compute_dtype=fp32", true},
+        {"one", 1, "", false},
+        {"f32", 1, "--set gradient_dtype=fp32", false},
+        {"f32-mb1", 1, "--set gradient_dtype=fp32 --set global_batch_size=2", false},
+    };
+    const char *d = make_run_of(TINY_MOE_EP, 4, 1);
+    char out[1 << 16], b[300], one[300], f[300], f1[300], dir[300];
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++)
+        ASSERT_MSG(
+            run_cmd(out, sizeof out,
+                    "PITH=%s scripts/launch.sh -n %d %s/train.json --set gradient_dtype=bf16 %s --set run_dir=%s/%s "
+                    "--dump-grads %s/%s/g",
+                    runs[i].fake_gpu ? "build-fake/pith" : PITH_BIN, runs[i].np, d, runs[i].sets, d, runs[i].name, d,
+                    runs[i].name) == 0,
+            "%s: %s", runs[i].name, out);
+    snprintf(one, sizeof one, "%s/one/g", d), snprintf(f, sizeof f, "%s/f32/g", d);
+    snprintf(f1, sizeof f1, "%s/f32-mb1/g", d);
+    for (int i = 0; i < 5; i++) {
+        snprintf(b, sizeof b, "%s/%s/g", d, runs[i].name);
+        int64_t moved;
+        double worst = grad_bf16_check(b, one, f, f1, 3, 1e-5, &moved);
+        snprintf(dir, sizeof dir, "%s/%s", d, runs[i].name);
+        double l = metric_of(dir, 1, "loss");
+        snprintf(dir, sizeof dir, "%s/one", d);
+        double r = metric_of(dir, 1, "loss");
+        ASSERT_MSG(fabs(l - r) <= 1e-6 * r, "%s: step 1 loss %.9g vs one process %.9g", runs[i].name, l, r);
+        printf("     %-9s step 1: %lld expert elements differ from one process's, the worst at %.2f of the bound\n",
+               runs[i].name, (long long)moved, worst);
+    }
+    d = make_run_of(TINY_MOE_EP_OF(4), 8, 4);
+    for (int i = 0; i < 2; i++)
+        ASSERT_MSG(
+            run_cmd(out, sizeof out,
+                    "PITH=%s scripts/launch.sh -n %d %s/train.json --set gradient_dtype=bf16 %s --set run_dir=%s/%s "
+                    "--dump-grads %s/%s/g",
+                    PITH_BIN, i + 1, d, i ? "--set parallel.pipeline_parallel_size=2" : "", d, i ? "pp2" : "one", d,
+                    i ? "pp2" : "one") == 0,
+            "%s", out);
+    const char *wn;
+    snprintf(b, sizeof b, "%s/pp2/g", d), snprintf(one, sizeof one, "%s/one/g", d);
+    double gd = grad_diff(b, one, &wn);
+    ASSERT_MSG(gd == 0, "pp2: the gradient of %s differs from one process's by %.3g", wn, gd);
+    for (int s = 1; s <= 4; s++) {
+        snprintf(b, sizeof b, "%s/pp2", d), snprintf(one, sizeof one, "%s/one", d);
+        ASSERT_MSG(metric_of(b, s, "loss") == metric_of(one, s, "loss"), "pp2: step %d loss differs", s);
+    }
+}
+
 double *read_router_bias(const char *ckpt, int *n); // tests/test_balance.c
 
 // Aux-loss-free balancing counts the experts of the whole global batch: the biases after 6 steps are the same

@@ -316,7 +316,7 @@ TEST(config_print_effective) {
                    "%s", out);
         ASSERT(i != 1 || strstr(out, "\"decay_ratio\": 1.0"));
         if (i == 0) { // the default run_dir of a config in the current folder is named after that folder, absolute
-            char cmd[600], want[300], bin[PATH_MAX];
+            char cmd[4096], want[300], bin[PATH_MAX];
             ASSERT(realpath(PITH_BIN, bin));
             ASSERT(run_cmd(cmd, sizeof cmd, "cd %s && %s train train.json --print-config", d, bin) == 0);
             snprintf(want, sizeof want, "\"run_dir\": \"%s/runs/%s-train\"", d, strrchr(d, '/') + 1);
@@ -710,4 +710,78 @@ TEST(train_state_dtype_bf16_loss) {
     ASSERT_MSG(moved, "bf16 moments gave fp32's losses bit for bit: the option did nothing");
     printf("     6 steps: loss within %.2e of fp32 moments (loss moved %.3f)\n", worst,
            fabs(run_metric(a, 6, "loss") - l1));
+}
+
+// ---- gradient_dtype: bf16 expert gradient accumulators (test_memory.c: the plan; test_parallel_train.c: layouts) ----
+
+// tiny_run with fp32 and bf16 expert gradients. Step 1's gradient (micro-batches of 2 × 16 tokens: N = 32 targets, a
+// power of two, so the dump's 1/N scaling is exact):
+// - one micro-batch a step: each expert element is written once, its fp32 sum rounded to nearest even, so the bf16
+//   dump equals the fp32 dump rounded, bit for bit;
+// - two: after the first the element holds rd(s1), after the second rd(rd(s1) + s2); each rounding is within 2^-8 of
+//   what it rounds, so |rd(rd(s1) + s2) − (s1 + s2)| ≤ 2^-8·|s1 + s2| + 2^-8·(1 + 2^-8)·|s1|; s1 / N is half the
+//   one-micro-batch run's dump f1 (N doubles), and fp32's own rounding of s1 + s2 (2^-24) fits in the 2^-7 slack.
+// The losses over 6 steps at one micro-batch: step 1's is the same bits; each gradient element is fp32's to 2^-8
+// relative, so (as for bf16 moments, train_state_dtype_bf16_loss) AdamW's update is fp32's to 2^-7 of itself (m to
+// 2^-8, √v to 2^-8) and, to first order, |ΔL_t| ≤ 2^-7·|L_t − L_1|.
+TEST(train_gradient_dtype_bf16) {
+    const char *d = tiny_run("");
+    char out[16384], a[300], b[300], c[300];
+    static const char *const runs[][3] = {
+        {"f1", "fp32", "2"}, {"b1", "bf16", "2"}, {"f2", "fp32", "4"}, {"b2", "bf16", "4"}};
+    for (int i = 0; i < 4; i++)
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "%s train %s/train.json --set run_dir=%s/%s --set gradient_dtype=%s "
+                           "--set global_batch_size=%s --dump-grads %s/%s/g",
+                           PITH_BIN, d, d, runs[i][0], runs[i][1], runs[i][2], d, runs[i][0]) == 0,
+                   "%s", out);
+    int64_t moved1, moved2;
+    snprintf(a, sizeof a, "%s/b1/g", d), snprintf(b, sizeof b, "%s/f1/g", d);
+    grad_bf16_check(a, b, b, NULL, 1, 0, &moved1);
+    snprintf(a, sizeof a, "%s/b2/g", d), snprintf(b, sizeof b, "%s/f2/g", d), snprintf(c, sizeof c, "%s/f1/g", d);
+    double worst = grad_bf16_check(a, b, b, c, 1, 0, &moved2);
+    ASSERT_MSG(moved1 > 0 && moved2 > 0, "bf16 gradients equal fp32's bit for bit: the option did nothing");
+    // GPT-OSS: its expert biases' sums (grouped_linear_backward_weight's db) round once too
+    write_text(
+        d, "oss.json",
+        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 4, "
+        "\"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0, "
+        "\"layer_types\": [\"sliding_attention\", \"full_attention\"], \"max_position_embeddings\": 64}");
+    for (int i = 0; i < 2; i++)
+        ASSERT_MSG(
+            run_cmd(out, sizeof out,
+                    "%s train %s/train.json --set model=%s/oss.json --set run_dir=%s/o%d --set gradient_dtype=%s "
+                    "--set global_batch_size=2 --dump-grads %s/o%d/g",
+                    PITH_BIN, d, d, d, i, i ? "bf16" : "fp32", d, i) == 0,
+            "%s", out);
+    snprintf(a, sizeof a, "%s/o1/g", d), snprintf(b, sizeof b, "%s/o0/g", d);
+    grad_bf16_check(a, b, b, NULL, 1, 0, &moved1);
+    ASSERT(moved1 > 0);
+    snprintf(a, sizeof a, "%s/f1", d), snprintf(b, sizeof b, "%s/b1", d);
+    double l1 = run_metric(a, 1, "loss"), lworst = 0;
+    for (int s = 1; s <= 6; s++) {
+        double la = run_metric(a, s, "loss"), lb = run_metric(b, s, "loss");
+        if (s == 1) ASSERT_MSG(la == lb, "step 1: %.17g vs %.17g", lb, la);
+        ASSERT_MSG(fabs(lb - la) <= ldexp(fabs(la - l1), -7), "step %d: loss %.9g with bf16 gradients, %.9g with fp32",
+                   s, lb, la);
+        lworst = fmax(lworst, fabs(lb - la));
+    }
+    printf("     step 1: one micro-batch %lld expert elements rounded (each fp32's rounding); two: worst %.2f of the "
+           "bound; 6 steps: loss within %.2e of fp32\n",
+           (long long)moved1, worst, lworst);
+}
+
+// gradient_dtype takes fp32 or bf16, and bf16 is AdamW's: other values and Muon are refused naming the field.
+TEST(config_gradient_dtype_errors) {
+    const char *d = tiny_run("");
+    char out[8192];
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=fp16", PITH_BIN, d) != 0);
+    ASSERT_MSG(strstr(out, "gradient_dtype") && strstr(out, "bf16"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=bf16 --set optimizer.type=muon",
+                   PITH_BIN, d) != 0);
+    ASSERT_MSG(strstr(out, "gradient_dtype: is AdamW's"), "%s", out);
+    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set gradient_dtype=bf16 --print-config", PITH_BIN, d) ==
+           0);
+    ASSERT_MSG(strstr(out, "\"gradient_dtype\": \"bf16\""), "%s", out);
 }

@@ -66,11 +66,12 @@ static const char *const recompute_names[] = {"none", "selective", "full"};
 static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
     snprintf(buf, cap,
              "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
-             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s",
+             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s%s",
              c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
              recompute_names[c->recompute], c->micro_batch_size,
              c->optimizer.offload ? " --set optimizer.offload=true" : "",
-             c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "");
+             c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "",
+             c->gradient_dtype == STATE_BF16 ? " --set gradient_dtype=bf16" : "");
 }
 
 // --detail: the activation records by part, the largest term of the plan, and each lever's plan.
@@ -109,16 +110,18 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     printf("largest term: %s, %.2f GB (%.0f%% of %.2f GB)\n", terms[big].name, terms[big].bytes / 1e9,
            100.0 * terms[big].bytes / total, total / 1e9);
     printf("levers (each alone, from this config):\n");
-    for (int i = 0; i < 14; i++) {
+    for (int i = 0; i < 15; i++) {
         TrainConfig c = *cfg;
         char what[96];
-        if (i >= 12) { // the moments to host memory, or in bf16
-            if (cfg->optimizer.type != OPTIMIZER_ADAMW ||
-                (i == 12 ? cfg->optimizer.offload : cfg->optimizer.state_dtype))
-                continue;
+        if (i >= 12) { // the moments to host memory, or in bf16; the expert gradients in bf16
+            static const char *const set[] = {"optimizer.offload=true", "optimizer.state_dtype=bf16",
+                                              "gradient_dtype=bf16"};
+            bool on[] = {cfg->optimizer.offload, cfg->optimizer.state_dtype, cfg->gradient_dtype};
+            if (cfg->optimizer.type != OPTIMIZER_ADAMW || on[i - 12]) continue;
             if (i == 12) c.optimizer.offload = true;
-            else c.optimizer.state_dtype = STATE_BF16;
-            snprintf(what, sizeof what, i == 12 ? "optimizer.offload=true" : "optimizer.state_dtype=bf16");
+            else if (i == 13) c.optimizer.state_dtype = STATE_BF16;
+            else c.gradient_dtype = STATE_BF16;
+            snprintf(what, sizeof what, "%s", set[i - 12]);
         } else if (i < 5) { // capacity factors (with expert parallelism)
             static const double f[] = {0, 2, 1.5, 1.25, 1};
             if (cfg->parallel.ep == 1 || f[i] == cfg->parallel.ep_capacity_factor) continue;
@@ -152,11 +155,17 @@ typedef struct {
     TrainConfig c;
     size_t total;
     Fit fit;
+    int layout; // the candidates of one layout in other state dtypes share it
 } Layout;
 
+// The storage precision a layout gives up: 0 none, 1 bf16 moments, 2 bf16 expert gradients, 3 both.
+static int rounded_state(const TrainConfig *c) {
+    return (c->optimizer.state_dtype == STATE_BF16) + 2 * (c->gradient_dtype == STATE_BF16);
+}
+
 // Best first: fits before tight before out of memory (those by size); then the cheaper step: less
-// recomputation, a larger micro-batch, fewer ep ranks, a capacity that spills less (0 = the worst case:
-// never); then less memory.
+// recomputation, moments on the device; then fp32 storage before bf16 (rounded_state); then a larger micro-batch,
+// fewer ep ranks, a capacity that spills less (0 = the worst case: never); then less memory.
 static int layout_cmp(const void *pa, const void *pb) {
     const Layout *a = pa, *b = pb;
     double fa = a->c.parallel.ep_capacity_factor, fb = b->c.parallel.ep_capacity_factor;
@@ -165,6 +174,7 @@ static int layout_cmp(const void *pa, const void *pb) {
     if (a->fit == FIT_OOM) return a->total < b->total ? -1 : a->total > b->total; // the nearest to fitting first
     if (a->c.recompute != b->c.recompute) return a->c.recompute < b->c.recompute ? -1 : 1;
     if (a->c.optimizer.offload != b->c.optimizer.offload) return a->c.optimizer.offload ? 1 : -1;
+    if (rounded_state(&a->c) != rounded_state(&b->c)) return rounded_state(&a->c) < rounded_state(&b->c) ? -1 : 1;
     if (a->c.micro_batch_size != b->c.micro_batch_size) return a->c.micro_batch_size > b->c.micro_batch_size ? -1 : 1;
     if (a->c.parallel.ep != b->c.parallel.ep) return a->c.parallel.ep < b->c.parallel.ep ? -1 : 1;
     if (fa != fb) return fa > fb ? -1 : 1;
@@ -173,7 +183,9 @@ static int layout_cmp(const void *pa, const void *pb) {
 
 // --sweep: ep over the divisors of the ranks that divide the experts, fsdp or hsdp (with dp > 1), capacity
 // factors (with ep > 1), the recompute modes, the config's micro-batch and 1, AdamW's moments on the device or
-// offloaded to the host; pp and cp as configured.
+// offloaded to the host, AdamW's moments and the expert gradients in bf16; pp and cp as configured. A layout's state
+// dtypes are planned smallest first (both bf16): when that is out of memory, so are the others, and they are left out;
+// else in the order from fp32 up to the first that fits OK (the rest would come after it).
 // The candidates are listed first, then planned one by one with progress on stderr (a sweep of a large model takes a
 // minute).
 static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Device dev, double mem_gb) {
@@ -184,7 +196,8 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         for (int sh = 0; sh < 2; sh++)
             for (int f = 0; f < 5; f++)
                 for (int rc = 0; rc < 3; rc++)
-                    for (int mb = 0; mb < 4; mb++) { // mb & 1: micro-batch 1; mb & 2: optimizer.offload
+                    for (int v = 0; v < 16; v++) {      // the state dtypes innermost: a layout's variants in a row
+                        int mb = v >> 2 | (v & 3) << 2; // & 1: micro-batch 1; & 2: offload; & 4, & 8: bf16 state
                         TrainConfig c = *cfg;
                         c.parallel.ep = ep, c.parallel.sharding = sh ? SHARD_HSDP : SHARD_FSDP;
                         c.parallel.ep_capacity_factor = factors[f], c.recompute = (RecomputeMode)rc;
@@ -192,22 +205,35 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
                         c.optimizer.offload = mb & 2 ? true : cfg->optimizer.offload;
                         long dp = gpus / ((long)c.parallel.pp * c.parallel.cp * ep);
                         if ((ep == 1 && f) || (mb & 1 && cfg->micro_batch_size == 1) || (sh && dp <= 1)) continue;
-                        if (mb & 2 && (cfg->optimizer.offload || cfg->optimizer.type != OPTIMIZER_ADAMW)) continue;
+                        if (mb & 14 && cfg->optimizer.type != OPTIMIZER_ADAMW) continue;
+                        if ((mb & 2 && cfg->optimizer.offload) || (mb & 4 && cfg->optimizer.state_dtype) ||
+                            (mb & 8 && cfg->gradient_dtype))
+                            continue;
+                        c.optimizer.state_dtype |= mb & 4 ? STATE_BF16 : 0, c.gradient_dtype |= mb & 8 ? STATE_BF16 : 0;
                         if (nc == cap) all = xrealloc(all, (cap *= 2) * sizeof *all);
-                        all[nc++] = (Layout){.c = c};
+                        all[nc++] = (Layout){.c = c, .layout = ((ep * 2 + sh) * 5 + f) * 12 + rc * 4 + (v >> 2)};
                     }
     bool tty = isatty(2);
     double t0 = now_seconds(), shown_at = t0;
-    for (int i = 0; i < nc; i++) {
-        MemoryPlan p;
+    for (int i = 0, j; i < nc; i = j) {
+        Layout g[4]; // the layout's state dtypes, the most rounded last
+        for (j = i + 1; j < nc && all[j].layout == all[i].layout; j++) {}
+        memcpy(g, all + i, (j - i) * sizeof *g);
         if (now_seconds() - shown_at > (tty ? 0.2 : 10) || i == 0) { // on a terminal in place, else every 10 s
             fprintf(stderr, "%ssweep: planning layout %d of %d (%.0f s)%s", tty ? "\r" : "", i + 1, nc,
                     now_seconds() - t0, tty ? "" : "\n");
             shown_at = now_seconds();
         }
-        if (!plan_layout(&all[i].c, mc, gpus, dev, &p)) continue;
-        all[n].c = all[i].c, all[n].total = memory_plan_total(&p);
-        all[n].fit = fit_of(all[n].total, mem_gb, dev == DEV_CUDA), n++;
+        int last = j - i - 1;
+        MemoryPlan p;
+        if (!plan_layout(&g[last].c, mc, gpus, dev, &p)) continue;
+        g[last].total = memory_plan_total(&p), g[last].fit = fit_of(g[last].total, mem_gb, dev == DEV_CUDA);
+        bool alone = last == 0 || g[last].fit == FIT_OOM, ok = false; // the only one, or the others are larger
+        for (int k = 0; k < last && !alone && !ok && plan_layout(&g[k].c, mc, gpus, dev, &p); k++) {
+            g[k].total = memory_plan_total(&p), g[k].fit = fit_of(g[k].total, mem_gb, dev == DEV_CUDA);
+            all[n++] = g[k], ok = g[k].fit == FIT_OK;
+        }
+        if (!ok) all[n++] = g[last];
     }
     if (tty) fprintf(stderr, "\r%60s\r", "");
     qsort(all, n, sizeof *all, layout_cmp);
@@ -216,8 +242,8 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
            dev == DEV_CUDA ? "GPUs" : "CPU ranks", mem_gb, count[FIT_OK], count[FIT_TIGHT], count[FIT_OOM]);
     if (dev == DEV_CUDA) printf(" (with %g GB of runtime outside the plan)", RUNTIME_GB);
     printf(
-        "\nbest first: OK, TIGHT, then OOM; within each, the faster step (less recomputation, moments on the device, "
-        "the larger micro-batch, fewer ep ranks, more capacity), then less memory\n");
+        "\nbest first: OK, TIGHT, then OOM; within each, the faster step (less recomputation, moments on the device), "
+        "fp32 state before bf16, the larger micro-batch, fewer ep ranks, more capacity, then less memory\n");
     int shown = 0;
     int show = count[FIT_OK] + count[FIT_TIGHT] ? 12 : 3;
     for (int i = 0; i < n && shown < show && (all[i].fit != FIT_OOM || !(count[FIT_OK] + count[FIT_TIGHT]));
@@ -227,10 +253,11 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         char sets[400], fac[32];
         layout_sets(sets, sizeof sets, c);
         snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
-        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s\n        %s\n",
+        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s%s\n        %s\n",
                fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
                c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, recompute_names[c->recompute],
                c->micro_batch_size, c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
+               c->gradient_dtype == STATE_BF16 ? ", bf16 expert gradients" : "",
                c->optimizer.offload ? ", moments on the host" : "", sets);
     }
     if (!count[FIT_OK] && !count[FIT_TIGHT]) printf("sweep: nothing fits; the smallest plans are above\n");
@@ -261,7 +288,9 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
            c->sequence_length / d->cp, bf16 ? "bf16 compute" : "fp32 compute");
     row("weights (compute copy)", p->weights,
         bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
-    row("gradient accumulators", p->grads, "fp32, reduce-scattered in place once per step");
+    row("gradient accumulators", p->grads,
+        c->gradient_dtype == STATE_BF16 ? "dense fp32, experts bf16 (gradient_dtype), reduce-scattered once per step"
+                                        : "fp32, reduce-scattered in place once per step");
     row("master weight shards", p->shards, p->shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
     row("optimizer state", p->optim,
         c->optimizer.offload                     ? "staging: one chunk of m and v (the moments are on the host)"

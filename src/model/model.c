@@ -129,7 +129,7 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
     for (int g = 0; g < NGROUPS; g++) {
         int64_t pad = cfg->pad[g] > 1 ? cfg->pad[g] : 1, n = (m->params.numel[g] + pad - 1) / pad * pad;
         m->w[g] = model_tensor(dev, cdt, n, alloc);
-        m->g[g] = model_tensor(dev, DT_F32, n, alloc && grads);
+        m->g[g] = model_tensor(dev, cfg->grad_dt[g], n, alloc && grads);
         if (alloc && n > m->params.numel[g]) { // the padding stays zero
             op_zero(m->w[g]);
             if (grads) op_zero(m->g[g]);

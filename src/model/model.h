@@ -38,6 +38,7 @@ typedef struct {
     // rank 0, the embedding, final norm and LM head; params_build lists everything, model_create keeps those.
     int pp_rank, pp_size;
     int pad[NGROUPS];
+    DType grad_dt[NGROUPS]; // group g's gradient accumulators: fp32, or bf16 for the experts (gradient_dtype)
     // The family's own fields (Qwen3Config, Dsv2Config): a struct of at most this size that only the family
     // file reads (through model_family_config). Inline, so a ModelConfig copies by value.
     _Alignas(8) unsigned char family[256];

@@ -37,6 +37,7 @@ void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, fl
         die("adamw: the compute copy must match the master's device and size");
     if (m.dt != v.dt || (m.dt != DT_F32 && m.dt != DT_BF16))
         die("adamw: the moments are %s and %s (both fp32 or both bf16)", dtype_name(m.dt), dtype_name(v.dt));
+    if (g.dt != DT_F32 && g.dt != DT_BF16) die("adamw: the gradient is %s (fp32 or bf16)", dtype_name(g.dt));
     DISPATCH_CALL(p.dev, adamw, (p, g, m, v, w, gscale, lr, b1, b2, eps, wd, t));
 }
 

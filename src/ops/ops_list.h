@@ -29,9 +29,10 @@ OP(void, grouped_linear_forward, x.dev, (Tensor y, Tensor x, Tensor w, Tensor b,
 // dx = dy·w_e
 OP(void, grouped_linear_backward_input, dy.dev, (Tensor dx, Tensor dy, Tensor w, const int64_t *offs),
    (dx, dy, w, offs))
-// dw_e (+)= dy_eᵀ·x_e; db: (E, N) fp32 (+)= Σ_rows of e dy (db.p == NULL: no bias). accumulate false: dw and db
+// dw_e (+)= dy_eᵀ·x_e; db: (E, N) (+)= Σ_rows of e dy (db.p == NULL: no bias). accumulate false: dw and db
 // are written, not added to (empty experts' become 0): the first micro-batch into a zeroed gradient, where writing
-// equals adding and saves reading dw.
+// equals adding and saves reading dw. dw, db fp32, or bf16 (gradient_dtype): each element's sum in fp32, the stored
+// value added in fp32, rounded once to nearest even.
 OP(void, grouped_linear_backward_weight, dy.dev,
    (Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs, bool accumulate), (dw, db, dy, x, offs, accumulate))
 
@@ -156,9 +157,9 @@ OP(void, copy, dst.dev == DEV_CUDA ? DEV_CUDA : src.dev, (Tensor dst, Tensor src
 // Tensors have no strides, so MLA splits and joins heads with it; its transpose is itself with roles swapped.
 OP(void, copy_cols, dst.dev, (Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate),
    (dst, a, src, b, n, accumulate))
-OP(double, sum_squares, x.dev, (Tensor x), (x)) // Σ x² (fp32 tensor), returned on the host
+OP(double, sum_squares, x.dev, (Tensor x), (x)) // Σ x² (fp32 or bf16 tensor) in fp64, returned on the host
 OP(double, read_scalar, x.dev, (Tensor x), (x)) // x: (1) fp32 or fp64, to the host
-// torch.optim.AdamW on flat tensors (p, g fp32), the gradient read as gscale·g (the 1/tokens mean and the clip factor
+// torch.optim.AdamW on flat tensors (p fp32, g fp32 or bf16), the gradient read as gscale·g (the 1/tokens mean and the clip factor
 // folded in): p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²; p −= lr/(1−b1^t) · m / (sqrt(v/(1−b2^t)) +
 // eps). w (bf16 or fp32, p's size; w.p == NULL: none) receives the new p in its dtype: the compute copy in the
 // same pass. m and v: fp32, or both bf16 (optimizer.state_dtype): read into fp32, the update from their fp32 values,

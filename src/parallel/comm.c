@@ -98,9 +98,22 @@ static void local_copy(Tensor out, Tensor in) {
 #define DEVICE_CALL(call) CHECK(!"unreachable: on_device dies without NCCL")
 #endif
 
+// MPI has no bf16 sum: a bf16 host reduction runs on an fp32 copy of in (each value exact), MPI sums the fp32 values,
+// and this rank's part of the sum is rounded once to nearest even into out.
+static void bf16_reduce(const Comm *c, Tensor out, Tensor in, bool scatter) {
+    Tensor w =
+        tensor_make(xmalloc(tensor_numel(in) * sizeof(float) + 1), DT_F32, DEV_CPU, 1, tensor_numel(in), 1, 1, 1);
+    op_copy(w, in);
+    if (scatter) comm_reduce_scatter(c, tensor_rows(w, 0, tensor_numel(out)), w);
+    else comm_allreduce(c, w, COMM_SUM);
+    op_copy(out, tensor_rows(w, 0, tensor_numel(out)));
+    free(w.p);
+}
+
 void comm_allreduce(const Comm *c, Tensor x, CommOp op) {
     if (c->size == 1) return;
     if (on_device(c, "all-reduce", x, (Tensor){0})) DEVICE_CALL(nccl_allreduce(c, x, op));
+    if (x.dt == DT_BF16 && op == COMM_SUM) return bf16_reduce(c, x, x, false);
     MPI_Request req;
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, x.p, (int)tensor_numel(x), mpi_type(x.dt),
                              op == COMM_SUM ? MPI_SUM : MPI_MAX, c->mpi, &req));
@@ -111,6 +124,7 @@ void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
     CHECK(tensor_numel(in) == c->size * tensor_numel(out) && in.dt == out.dt);
     if (c->size == 1) return local_copy(out, in);
     if (on_device(c, "reduce-scatter", in, out)) DEVICE_CALL(nccl_reduce_scatter(c, out, in));
+    if (in.dt == DT_BF16) return bf16_reduce(c, out, in, true);
     MPI_Request req;
     MPI_CHECK(MPI_Ireduce_scatter_block(in.p == out.p ? MPI_IN_PLACE : in.p, out.p, (int)tensor_numel(out),
                                         mpi_type(in.dt), MPI_SUM, c->mpi, &req));

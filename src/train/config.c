@@ -88,6 +88,10 @@ static const ConfigKey top_keys[] = {
      .doc = "`auto`: the GPU when there is one"},
     {.name = "compute_dtype", .kind = K_CHOICE, .off = OFF(compute_dtype), .choices = dtype_names,
      .doc = "GPU compute dtype (the CPU computes in fp32)"},
+    {.name = "gradient_dtype", .kind = K_CHOICE, .off = OFF(gradient_dtype), .choices = state_dtype_names,
+     .doc = "the expert gradient accumulators stored in `bf16`: each weight gradient's sum in fp32, added to the "
+            "stored value in fp32 and rounded once to nearest even; 2 bytes per expert parameter of this rank less "
+            "(the dense group stays fp32; adamw)"},
     {.name = "fp8", .kind = K_BOOL, .off = OFF(fp8),
      .doc = "FP8 training (PithTrain's key): the expert GEMMs and the projections (attention, MLA, DeltaNet in/out, "
             "shared experts, dense MLPs) multiply operands rounded through E4M3 with block scales (1×128 activations "
@@ -531,12 +535,12 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
     if (c->optimizer.type == OPTIMIZER_ADAMW && set_apart(sec[1], c, "momentum", optimizer_keys, LEN(optimizer_keys)))
         jdie(origin_of(sec[1], &org, "momentum"), "momentum",
              "has no effect with optimizer.type \"adamw\" (it is Muon's; AdamW's are betas)");
-    if (c->optimizer.type == OPTIMIZER_MUON && c->optimizer.offload)
-        jdie(origin_of(sec[1], &org, "offload"), "offload",
-             "is AdamW's (Muon orthogonalises whole matrices of its momentum, which stays on the device)");
-    if (c->optimizer.type == OPTIMIZER_MUON && c->optimizer.state_dtype != STATE_FP32)
-        jdie(origin_of(sec[1], &org, "state_dtype"), "state_dtype",
-             "is AdamW's (Muon's momentum and Newton–Schulz run on fp32 buffers)");
+    const char *adamw_only[] = {"offload", "state_dtype", "gradient_dtype"}; // Muon refuses them
+    bool set[] = {c->optimizer.offload, c->optimizer.state_dtype, c->gradient_dtype};
+    for (int i = 0; i < 3 && c->optimizer.type == OPTIMIZER_MUON; i++)
+        if (set[i])
+            jdie(origin_of(i < 2 ? sec[1] : top, &org, adamw_only[i]), adamw_only[i],
+                 "is AdamW's (Muon orthogonalises whole fp32 matrices of its momentum, on the device)");
     if (c->benchmark && c->moe_router_bias_update_rate > 0)
         jdie(origin_of(top, &org, "moe_router_bias_update_rate"), "moe_router_bias_update_rate",
              "has no effect with benchmark = true (the routing is forced, the bias would select nothing)");

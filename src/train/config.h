@@ -24,7 +24,7 @@ static inline DType compute_dt(Device dev, ComputeDtype c) {
     return dev == DEV_CUDA && c == COMPUTE_BF16 ? DT_BF16 : DT_F32;
 }
 typedef enum { OPTIMIZER_ADAMW, OPTIMIZER_MUON } OptimizerType;
-typedef enum { STATE_FP32, STATE_BF16 } StateDtype; // AdamW's moments in storage
+typedef enum { STATE_FP32, STATE_BF16 } StateDtype; // AdamW's moments, the expert gradients in storage
 typedef enum { SCHED_CONSTANT, SCHED_WSD, SCHED_COSINE } SchedulerType;
 typedef enum { DECAY_COSINE, DECAY_LINEAR } DecayShape;
 typedef enum { SHARD_FSDP, SHARD_HSDP } Sharding;
@@ -78,6 +78,7 @@ typedef struct {
     } checkpoint;
     DeviceChoice device;
     ComputeDtype compute_dtype; // GPU only; the CPU computes in fp32
+    StateDtype gradient_dtype;  // the expert gradient accumulators in fp32 or bf16 (sums in fp32, one rounding)
     bool fp8;                   // the MLP GEMMs on E4M3-rounded operands (docs/architecture.md, "FP8")
     RecomputeMode recompute;    // activation recomputation (docs/architecture.md, "Activation recomputation")
     bool benchmark;             // force-balanced routing

@@ -70,6 +70,7 @@ static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, Mod
     mc->ep_rank = d->ep_g.rank, mc->ep_size = d->ep;
     mc->cp_size = d->cp;
     for (int g = 0; g < NGROUPS; g++) mc->pad[g] = fsdp_shards(d, g);
+    mc->grad_dt[GROUP_EXPERT] = c->gradient_dtype == STATE_BF16 ? DT_BF16 : DT_F32;
     return fam;
 }
 

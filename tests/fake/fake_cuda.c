@@ -258,6 +258,17 @@ static bool overlap(const void *a, size_t na, const void *b, size_t nb) {
     do {                                                                                                               \
         if ((call) != MPI_SUCCESS) fake_fail("MPI call failed: %s", #call);                                            \
     } while (0)
+// NCCL sums bf16 too; MPI has no bf16 type: the fake sums the values in fp32 and rounds the result once (as
+// NCCL's one hop between two ranks does).
+static void bf16_sum(const void *send, void *recv, size_t count, int ranks, ncclComm_t comm) {
+    size_t n = count * ranks; // all-reduce: ranks 1
+    float *w = malloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++) w[i] = bf16_to_f32(((const uint16_t *)send)[i]);
+    if (ranks == 1) MPI_OK(MPI_Allreduce(MPI_IN_PLACE, w, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi));
+    else MPI_OK(MPI_Reduce_scatter_block(MPI_IN_PLACE, w, (int)count, MPI_FLOAT, MPI_SUM, comm->mpi));
+    for (size_t i = 0; i < count; i++) ((uint16_t *)recv)[i] = f32_to_bf16(w[i]);
+    free(w);
+}
 
 static int id_counter;
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
@@ -302,6 +313,7 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
     comm_finish();
     issue(s, "ncclAllReduce");
     nccl_inflight(send, b, recv, b);
+    if (dt == ncclBfloat16 && op == ncclSum) return bf16_sum(send, recv, count, 1, comm), comm_finish(), ncclSuccess;
     MPI_OK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_of(dt),
                          op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
     return comm_finish(), ncclSuccess;
@@ -316,6 +328,8 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, n
     comm_finish();
     issue(s, "ncclReduceScatter");
     nccl_inflight(send, b * comm->size, recv, b);
+    if (dt == ncclBfloat16 && op == ncclSum)
+        return bf16_sum(send, recv, recvcount, comm->size, comm), comm_finish(), ncclSuccess;
     void *tmp = malloc(b * comm->size + 1);
     memcpy(tmp, send, b * comm->size);
     MPI_OK(

@@ -7,6 +7,8 @@
 
 // tests/gpu/test_gpu_model.c
 void model_compare(const char *config, bool is_path, DType cdt, int B, int S, double lb_coef, double init_std);
+void model_compare_grad_bf16(const char *config, bool is_path, DType cdt, int B, int S, double lb_coef,
+                             double init_std);
 
 #define MODES for (int mode_ = 0; mode_ < 2; mode_++)
 #define MODE_DT (mode_ ? DT_BF16 : DT_F32)
@@ -51,6 +53,14 @@ TEST(gpu_model_gpt_oss) {
     gpu_begin();
     model_compare(config_gpt_oss, false, DT_F32, 2, 32, 0.05, 0.2);
     model_compare(config_gpt_oss, false, DT_BF16, 2, 32, 0.05, 0.2);
+    gpu_report();
+}
+
+// bf16 expert gradients with the experts' biases (the grouped bias kernel's bf16 db), fp32 and bf16 compute.
+TEST(gpu_model_gpt_oss_grad_bf16) {
+    gpu_begin();
+    model_compare_grad_bf16(config_gpt_oss, false, DT_F32, 2, 32, 0.05, 0.2);
+    model_compare_grad_bf16(config_gpt_oss, false, DT_BF16, 2, 32, 0.05, 0.2);
     gpu_report();
 }
 

@@ -27,12 +27,16 @@ typedef struct {
     StepSums st;
 } Side;
 
+static bool compare_grad_bf16; // bf16 expert gradients (gradient_dtype) on both sides, two micro-batches
+
 static void side_run(Side *s, const int32_t *tok, const int32_t *lab) {
     chunk_load(&s->e, 0, tok, lab);
     model_zero_grads(&s->m);
     step_sums_begin(&s->st, &s->m);
-    chunk_forward(&s->e, 0, true);
-    chunk_backward(&s->e, 0, false);
+    for (int i = 0; i < (compare_grad_bf16 ? 2 : 1); i++) { // the second adds to the first's gradients
+        chunk_forward(&s->e, 0, true);
+        chunk_backward(&s->e, 0, false);
+    }
 }
 
 // Builds the model from `config` on both devices with equal weights (bf16-rounded when cdt is bf16), in FP8 on both
@@ -44,6 +48,7 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     ModelConfig mc;
     const ModelFamily *fam =
         model_config_load(&mc, is_path ? config : write_text(test_tmpdir(), "config.json", config));
+    if (compare_grad_bf16) mc.grad_dt[GROUP_EXPERT] = DT_BF16;
     Side cpu, gpu;
     model_create(&cpu.m, fam, &mc, DEV_CPU, DT_F32, S);
     model_create(&gpu.m, fam, &mc, DEV_CUDA, cdt, S);
@@ -95,27 +100,34 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     // FP8 (test_gpu_fp8.c, gpu_model_fp8_families): the tensor cores' narrower block sums (1e-3 a product) move some
     // codes of the next quantisation across a rounding boundary (2^-4 each); the H200 gave losses within 2.0e-3,
     // gradients within calc_diff 1.8e-2 (GPT-OSS's sinks) and 31 routing flips of 384 slots (DeepSeek-V2).
-    double loss_tol = cdt == DT_BF16 || compare_fp8 ? 1e-2 : 1e-5, grad_tol = compare_fp8 ? 3e-2 : loss_tol;
+    // bf16 expert gradients in fp32 compute: each side rounds nearly the same fp32 sums (2^-8 relative each), so
+    // |a − b| ≤ 2^-7·|b| and calc_diff ≤ 2^-14 / 2 ≤ 3e-5.
+    bool cd = cdt == DT_BF16 || compare_fp8 || compare_grad_bf16;
+    double loss_tol = cdt == DT_BF16 || compare_fp8 ? 1e-2 : 1e-5, grad_tol = compare_fp8 ? 3e-2
+                                                                              : compare_grad_bf16 && cdt == DT_F32
+                                                                                  ? 3e-5
+                                                                                  : loss_tol;
     record_err(loss_err, "loss");
     double worst = 0, second = 0;
     const char *worst_name = "-", *second_name = "-";
-    float *gg[NGROUPS];
-    for (int g = 0; g < NGROUPS; g++) gg[g] = gpu_down(gpu.m.g[g]);
+    float *gg[NGROUPS], *cg[NGROUPS];
+    for (int g = 0; g < NGROUPS; g++) gg[g] = gpu_down(gpu.m.g[g]), cg[g] = gpu_down(cpu.m.g[g]); // (fp32 copies)
     for (int i = 0; i < cpu.m.params.n; i++) {
         const ParamInfo *p = &cpu.m.params.p[i];
-        const float *a = gg[p->group] + p->off, *b = (const float *)cpu.m.g[p->group].p + p->off;
+        const float *a = gg[p->group] + p->off, *b = cg[p->group] + p->off;
         int64_t n = params_numel(p);
-        double e = cdt == DT_BF16 || compare_fp8 ? calc_diff(a, b, n) : rel_err_f32(a, b, n);
+        double e = cd ? calc_diff(a, b, n) : rel_err_f32(a, b, n);
         if (getenv("PITH_TEST_GRAD_ERRORS")) // every tensor's error, for a diagnosis
             printf("       %-48s %.2e\n", p->name, e);
         if (e >= worst) second = worst, second_name = worst_name, worst = e, worst_name = p->name;
         else if (e >= second) second = e, second_name = p->name;
     }
-    printf(
-        "     %s %s%s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (the CPU reran with the GPU's), "
-        "worst grad %s %.2e (%s), next %.2e (%s)\n",
-        is_path ? config : "inline", dtype_name(cdt), compare_fp8 ? " fp8" : "", lg, lc, loss_err, lb_err, flips, slots,
-        cdt == DT_BF16 || compare_fp8 ? "calc_diff" : "rel err", worst, worst_name, second, second_name);
+    printf("     %s %s%s%s: loss %.9g vs %.9g (rel %.2e), lb rel %.2e, routing flips %d/%d (the CPU reran with the "
+           "GPU's), "
+           "worst grad %s %.2e (%s), next %.2e (%s)\n",
+           is_path ? config : "inline", dtype_name(cdt), compare_fp8 ? " fp8" : "",
+           compare_grad_bf16 ? " bf16 expert gradients" : "", lg, lc, loss_err, lb_err, flips, slots,
+           cd ? "calc_diff" : "rel err", worst, worst_name, second, second_name);
     ASSERT_MSG(flips * (compare_fp8 ? 8 : 20) <= slots, "routing flips %d of %d slots: more than near-ties explain",
                flips, slots);
     for (int l = 0; l < mc.layers; l++) free(given[l]), cpu.m.route_given[l] = NULL;
@@ -123,7 +135,7 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     ASSERT_MSG(loss_err <= loss_tol, "loss: gpu %.9g cpu %.9g (rel %.3g)", lg, lc, loss_err);
     ASSERT_MSG(lb_err <= loss_tol, "lb loss: gpu %.9g cpu %.9g (rel %.3g)", bg, bc, lb_err);
     ASSERT_MSG(worst <= grad_tol, "gradient %s: %.3g > %.3g", worst_name, worst, grad_tol);
-    for (int g = 0; g < NGROUPS; g++) free(gg[g]);
+    for (int g = 0; g < NGROUPS; g++) free(gg[g]), free(cg[g]);
     free(tok), free(lab);
     chunk_free(&cpu.e), chunk_free(&gpu.e), step_sums_free(&cpu.st), step_sums_free(&gpu.st);
     model_free(&cpu.m), model_free(&gpu.m);
@@ -135,6 +147,23 @@ void model_compare_fp8(const char *config, int B, int S, double lb_coef, double 
     compare_fp8 = true;
     model_compare(config, false, DT_F32, B, S, lb_coef, init_std);
     compare_fp8 = false;
+}
+
+// model_compare with bf16 expert gradients (gradient_dtype) on both sides and two micro-batches (the second adds to
+// the first: cuBLAS's bf16 C with beta 1 on the GPU, the CPU's fp32 sum plus the stored value, rounded once).
+void model_compare_grad_bf16(const char *config, bool is_path, DType cdt, int B, int S, double lb_coef,
+                             double init_std) {
+    compare_grad_bf16 = true;
+    model_compare(config, is_path, cdt, B, S, lb_coef, init_std);
+    compare_grad_bf16 = false;
+}
+
+TEST(gpu_model_grad_bf16) {
+    gpu_begin();
+    model_compare_grad_bf16(config_a, false, DT_F32, 2, 32, 0.05, 0.2);
+    model_compare_grad_bf16(config_a, false, DT_BF16, 2, 32, 0.05, 0.2);
+    model_compare_grad_bf16(TINY_MODEL, true, DT_BF16, 2, 64, 0.01, 0.05);
+    gpu_report();
 }
 
 TEST(gpu_model_fp32) {

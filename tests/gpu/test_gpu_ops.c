@@ -415,7 +415,8 @@ TEST(gpu_op_attention_flash) {
 // way). The GPU fuses multiply-adds the CPU rounds apart, so its fp32 moments differ in their last bits; bf16 moments
 // then differ by one bf16 ulp (at most 2^-7 relative) where that crosses a rounding tie, and the next steps' p by at
 // most lr·2^-7·|m̂/√v̂| an element: the bf16 bounds 1e-2 (moments) and 1e-3 (p, ~1 an element).
-static void check_adamw(int64_t n, DType mdt) {
+// gdt: the gradient's dtype (bf16: gradient_dtype's expert gradients), the CPU reading the same bf16 values.
+static void check_adamw(int64_t n, DType mdt, DType gdt) {
     Pair p = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), m = pair_rand(mdt, 0.1f, 1, n, 0, 0, 0),
          v = pair_rand(mdt, 0.1f, 1, n, 0, 0, 0);
     for (int64_t i = 0; i < n; i++) ((float *)v.c.p)[i] = fabsf(((float *)v.c.p)[i]);
@@ -426,10 +427,12 @@ static void check_adamw(int64_t n, DType mdt) {
         vc = tensor_make(xmalloc(n * 2), DT_BF16, DEV_CPU, 1, n, 1, 1, 1), op_copy(vc, v.c);
     }
     for (int t = 1; t <= 3; t++) {
-        Pair gr = pair_rand(DT_F32, 1, 1, n, 0, 0, 0), w = pair_nan(t == 3 ? DT_BF16 : DT_F32, 1, n, 0, 0, 0);
-        Tensor wc = t == 1 ? NONE : w.c, wd = t == 1 ? NONE : w.d;
-        op_adamw(p.c, gr.c, mc, vc, wc, 0.37f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t),
+        Pair gr = pair_rand(gdt, 1, 1, n, 0, 0, 0), w = pair_nan(t == 3 ? DT_BF16 : DT_F32, 1, n, 0, 0, 0);
+        Tensor wc = t == 1 ? NONE : w.c, wd = t == 1 ? NONE : w.d, gc = gr.c;
+        if (gdt == DT_BF16) gc = tensor_make(xmalloc(n * 2), DT_BF16, DEV_CPU, 1, n, 1, 1, 1), op_copy(gc, gr.c);
+        op_adamw(p.c, gc, mc, vc, wc, 0.37f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t),
             op_adamw(p.d, gr.d, m.d, v.d, wd, 0.37f, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t);
+        if (gdt == DT_BF16) free(gc.p);
         if (t > 1) EXPECT_CLOSE(w, t == 3 ? 1e-2 : mdt == DT_F32 ? 1e-5 : 1e-3);
     }
     if (mdt == DT_BF16) op_copy(m.c, mc), op_copy(v.c, vc), free(mc.p), free(vc.p);
@@ -502,8 +505,9 @@ TEST(gpu_op_vector_paths) {
     }
     // AdamW on a multiple of 4 (the float4 path), fp32 and bf16 moments
     gpu_mode(DT_F32);
-    check_adamw(10000, DT_F32);
-    check_adamw(10000, DT_BF16);
+    check_adamw(10000, DT_F32, DT_F32);
+    check_adamw(10000, DT_BF16, DT_F32);
+    check_adamw(10000, DT_F32, DT_BF16);
     // cross-entropy over several slices of a row (float4 path) and the scalar path
     int64_t R = 7, V = 20000;
     int32_t lab[7] = {5, -100, 19999, 8191, 8192, 0, 12345};
@@ -554,6 +558,23 @@ TEST(gpu_op_grouped_linear_many) {
         float *h1 = gpu_down(dw1.d), *h4 = gpu_down(dw4.d);
         ASSERT_MSG(!memcmp(h1, h4, (size_t)E * N * K * sizeof(float)), "weight gradients: 4 streams differ from 1");
         free(h1), free(h4);
+        // bf16 weight gradients (gradient_dtype) on both paths — the default (the wgmma kernels decline them) and the
+        // per-expert loop — written, and added to bf16 values: the CPU's fp32 sums rounded once against cuBLASLt's
+        // bf16 D with beta; the sums' order differs, so a few elements round one bf16 ulp apart (2^-8), far inside
+        // 1e-2, while a dropped or doubled accumulation is off by the whole stored value
+        static const char *const paths[] = {"wgmma", "loop"};
+        for (int i = 0; i < 4; i++) {
+            bool acc = i & 1;
+            Pair g = pair_rand(DT_BF16, 1, 3, E, N, K, 0);
+            Tensor gc = tensor_make(xmalloc(E * N * K * 2), DT_BF16, DEV_CPU, 3, E, N, K, 1);
+            op_copy(gc, g.c);
+            op_grouped_linear_backward_weight(gc, NONE, dy.c, x.c, offs, acc);
+            op_copy(g.c, gc), free(gc.p);
+            setenv("PITH_GROUPED_KERNEL", paths[i / 2], 1);
+            op_grouped_linear_backward_weight(g.d, NONE, dy.d, x.d, offs, acc);
+            unsetenv("PITH_GROUPED_KERNEL");
+            EXPECT_CLOSE(g, 1e-2);
+        }
     }
     gpu_report();
 }
@@ -954,15 +975,19 @@ TEST(gpu_op_elementwise) {
     float *same = gpu_down(b32);
     ASSERT(!memcmp(same, a.c.p, n * sizeof(float)));
     free(back), free(ref), free(same);
-    // AdamW, three steps, fp32 and bf16 moments
+    // AdamW, three steps, fp32 and bf16 moments, fp32 and bf16 gradients
     gpu_mode(DT_F32);
-    check_adamw(n, DT_F32);
-    check_adamw(n, DT_BF16);
-    // Σ x² over more values than one pass of the grid's threads: the loop of four loads a thread, its tail, n % 4
-    Pair big = pair_rand(DT_F32, 1, 1, (3 << 20) + 5, 0, 0, 0);
-    double bc = op_sum_squares(big.c), bg = op_sum_squares(big.d);
-    record_err(fabs(bg - bc) / bc, "sum_squares");
-    ASSERT_MSG(fabs(bg - bc) / bc <= 1e-12, "sum_squares of %d: gpu %.15g cpu %.15g", (3 << 20) + 5, bg, bc);
+    check_adamw(n, DT_F32, DT_F32);
+    check_adamw(n, DT_BF16, DT_F32);
+    check_adamw(n, DT_BF16, DT_BF16);
+    // Σ x² over more values than one pass of the grid's threads: the loop of four loads a thread, its tail, n % 4;
+    // fp32 and bf16 (the CPU's side holds the bf16 values)
+    for (int i = 0; i < 2; i++) {
+        Pair big = pair_rand(i ? DT_BF16 : DT_F32, 1, 1, (3 << 20) + 5, 0, 0, 0);
+        double bc = op_sum_squares(big.c), bg = op_sum_squares(big.d);
+        record_err(fabs(bg - bc) / bc, "sum_squares");
+        ASSERT_MSG(fabs(bg - bc) / bc <= 1e-12, "sum_squares of %d: gpu %.15g cpu %.15g", (3 << 20) + 5, bg, bc);
+    }
     float f = 3.5f;
     Tensor fd = gpu_tensor(DT_F32, 1, 1, 0, 0, 0);
     op_copy(fd, tensor_make(&f, DT_F32, DEV_CPU, 1, 1, 1, 1, 1));

@@ -78,7 +78,7 @@ void cpu_add(Tensor y, Tensor x) {
 void cpu_scale(Tensor x, float s) {
     int64_t n = tensor_numel(x);
 #pragma omp parallel for
-    for (int64_t i = 0; i < n; i++) F(x)[i] *= s;
+    for (int64_t i = 0; i < n; i++) st_fb(x, i, ld_fb(x, i) * s);
 }
 
 // The same dtype, or fp32 ↔ bf16 (rounding to nearest even).
@@ -116,7 +116,7 @@ double cpu_sum_squares(Tensor x) {
     for (int64_t b = 0; b < nb; b++) {
         int64_t end = (b + 1) * SUM_BLOCK < n ? (b + 1) * SUM_BLOCK : n;
         double t = 0;
-        for (int64_t i = b * SUM_BLOCK; i < end; i++) t += (double)F(x)[i] * F(x)[i];
+        for (int64_t i = b * SUM_BLOCK; i < end; i++) t += (double)ld_fb(x, i) * ld_fb(x, i);
         part[b] = t;
     }
     for (int64_t b = 0; b < nb; b++) s += part[b];
@@ -145,7 +145,7 @@ void cpu_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, f
     uint16_t *m16 = m.p, *v16 = v.p;
 #pragma omp parallel for reduction(|| : bad)
     for (int64_t i = 0; i < n; i++) {
-        float gi = gscale * F(g)[i], mi = half ? bf16_to_f32(m16[i]) : F(m)[i],
+        float gi = gscale * ld_fb(g, i), mi = half ? bf16_to_f32(m16[i]) : F(m)[i],
               vi = half ? bf16_to_f32(v16[i]) : F(v)[i];
         F(p)[i] *= decay;
         mi += (1.0f - b1) * (gi - mi);

@@ -90,7 +90,7 @@ void cpu_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool ac
         for (int64_t j = 0; j < N; j++) {
             double s = 0;
             for (int64_t i = offs[e]; i < offs[e + 1]; i++) s += F(dy)[i * N + j];
-            F(db)[e * N + j] = (accumulate ? F(db)[e * N + j] : 0) + (float)s;
+            st_fb(db, e * N + j, (accumulate ? ld_fb(db, e * N + j) : 0) + (float)s);
         }
 }
 
@@ -142,7 +142,16 @@ void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor 
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     CHECK(!db.p || tensor_numel(db) == E * N);
-    if (!accumulate) memset(dw.p, 0, (size_t)E * N * K * sizeof(float)); // written: the sums below start from zero
-    experts_run(2, dw, dy, x, offs, E, N, K);
+    // bf16 dw: the products into an fp32 buffer, then each element old + sum in fp32, rounded once
+    int64_t n = E * N * K;
+    bool half = dw.dt == DT_BF16;
+    Tensor sum = half ? tensor_make(xmalloc(n * sizeof(float) + 1), DT_F32, DEV_CPU, 1, n, 1, 1, 1) : dw;
+    if (!accumulate || half) memset(sum.p, 0, n * sizeof(float)); // written: the sums below start from zero
+    experts_run(2, sum, dy, x, offs, E, N, K);
+    if (half) {
+#pragma omp parallel for
+        for (int64_t i = 0; i < n; i++) st_fb(dw, i, (accumulate ? ld_fb(dw, i) : 0) + F(sum)[i]);
+        free(sum.p);
+    }
     if (db.p) cpu_linear_bias_backward(db, dy, offs, accumulate);
 }

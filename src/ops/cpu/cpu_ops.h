@@ -1,6 +1,7 @@
 // cpu_ops.h — the CPU (fp32, OpenMP + OpenBLAS) implementation of every op in ops.h: the reference backend.
 // Each op of ops_list.h as cpu_<name> (the comments there hold), and the CPU's own helpers.
 #pragma once
+#include "base/half.h"
 #include "ops/ops.h"
 
 #define OP(ret, name, dev, params, args) ret cpu_##name params;
@@ -12,6 +13,12 @@ bool cpu_adamw_nonfinite(void);
 static inline float *F(Tensor t) { return (float *)t.p; }
 static inline int32_t *I32(Tensor t) { return (int32_t *)t.p; }
 #define CPU_F32(t) CHECK((t).dev == DEV_CPU && (t).dt == DT_F32)
+// Element i of an fp32 or bf16 tensor as fp32; stores v into it (bf16: rounded to nearest even).
+static inline float ld_fb(Tensor t, int64_t i) { return t.dt == DT_BF16 ? bf16_to_f32(((uint16_t *)t.p)[i]) : F(t)[i]; }
+static inline void st_fb(Tensor t, int64_t i, float v) {
+    if (t.dt == DT_BF16) ((uint16_t *)t.p)[i] = f32_to_bf16(v);
+    else F(t)[i] = v;
+}
 
 // FP8 E4M3 (cpu_fp8.c, docs/reference.md §20): one value's code and back, the scale of a block with this amax, and
 // quantise / dequantise over blocks; q: x's shape uint8 codes, s: (cpu_fp8_scale_rows(...), column blocks) fp32

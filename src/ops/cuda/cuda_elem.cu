@@ -1,7 +1,7 @@
 // cuda_elem.cu — embedding, cross-entropy, elementwise helpers, copies across devices and dtypes, the
 // squared-norm reduction and AdamW. Math as in ops/cpu/cpu_elem.c (and ops_list.h).
 // Shapes: embedding table (V, H), tokens (T) int32, h (T, H); CE logits (R, V) fp32 in place, labels (R)
-// int32, loss_sum (1) fp64; AdamW p, g flat fp32, m, v flat fp32 or bf16.
+// int32, loss_sum (1) fp64; AdamW p flat fp32, g, m, v flat fp32 or bf16.
 // Cross-entropy splits each row into slices of CE_SLICE logits so that a chunk of a few rows still fills
 // the GPU: pass 1 gives each slice's (max, Σ exp) in one read (online per thread), pass 2 combines a
 // row's slices into its lse and overwrites the slice with the gradient; logits are read twice, written
@@ -228,7 +228,7 @@ __device__ __forceinline__ void st4(bf16 *w, float4 p) {
     __nv_bfloat162 a = __floats2bfloat162_rn(p.x, p.y), b = __floats2bfloat162_rn(p.z, p.w);
     *(uint2 *)w = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
 }
-// Four moments as fp32 (m, v: fp32 or bf16, 16-byte aligned when vec), and the value a moment keeps once stored.
+// Four moments or gradients as fp32 (fp32 or bf16, 16-byte aligned when vec), and the value a moment keeps once stored.
 __device__ __forceinline__ float4 ld4(const float *m) { return *(const float4 *)m; }
 __device__ __forceinline__ float4 ld4(const bf16 *m) {
     uint2 u = *(const uint2 *)m;
@@ -242,17 +242,17 @@ __device__ __forceinline__ float kept(const bf16 *, float x) { return __bfloat16
 __device__ int adamw_bad;
 
 // One pass over the flat buffers: 4 parameters per thread (float4 loads of p, g; 4 moments of m, v) when vec, then
-// the last n % 4 one by one; the gradient is read as gscale·g; m, v (TM: fp32 or bf16) are stored in their dtype;
-// w (NULL: none) gets the new parameters in its dtype.
+// the last n % 4 one by one; the gradient (TG: fp32 or bf16) is read as gscale·g; m, v (TM: fp32 or bf16) are stored
+// in their dtype; w (NULL: none) gets the new parameters in its dtype.
 // Bytes: 16 read and 12 written per parameter with fp32 moments (12 and 8 with bf16), + 2 or 4 for the compute copy
 // (the floor of the step).
-template <typename TM, typename TW>
-__global__ void adamw_kernel(float *p, const float *g, TM *m, TM *v, TW *w, int64_t n, bool vec, float gscale, float b1,
+template <typename TG, typename TM, typename TW>
+__global__ void adamw_kernel(float *p, const TG *g, TM *m, TM *v, TW *w, int64_t n, bool vec, float gscale, float b1,
                              float b2, float eps, float step, float bc2, float decay) {
     int64_t n4 = vec ? n / 4 : 0;
     bool bad = false;
     GRID_STRIDE(i, n4) {
-        float4 P = ((float4 *)p)[i], G = ((const float4 *)g)[i], M = ld4(m + 4 * i), Vv = ld4(v + 4 * i);
+        float4 P = ((float4 *)p)[i], G = ld4(g + 4 * i), M = ld4(m + 4 * i), Vv = ld4(v + 4 * i);
         float *pp = &P.x, *gg = &G.x, *mm = &M.x, *vv = &Vv.x;
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -266,7 +266,7 @@ __global__ void adamw_kernel(float *p, const float *g, TM *m, TM *v, TW *w, int6
     GRID_STRIDE(i, n - n4 * 4) {
         int64_t j = n4 * 4 + i;
         float mj = ld(m, j), vj = ld(v, j);
-        adamw_one(p[j], gscale * g[j], mj, vj, b1, b2, eps, step, bc2, decay);
+        adamw_one(p[j], gscale * ld(g, j), mj, vj, b1, b2, eps, step, bc2, decay);
         st(m, j, mj), st(v, j, vj);
         bad |= !isfinite(p[j]) || !isfinite(kept(v, vj));
         if (w) st(w, j, p[j]);
@@ -275,7 +275,7 @@ __global__ void adamw_kernel(float *p, const float *g, TM *m, TM *v, TW *w, int6
 }
 
 // Σ x² in fp64, one partial per block into out[block] (the host adds them in block order: the same bits in every
-// run); fp32 in float4 loads when vec (16-byte aligned), four
+// run); four values a load when vec (16-byte aligned: float4 of fp32, 8 bytes of bf16), four
 // of them issued before the first is used (64 bytes in flight per thread: one load at a time read the optimizer
 // step's 22 GB of gradients at 3.4 TB/s, short of the copy rate).
 __device__ __forceinline__ double sq4(float4 v) {
@@ -284,17 +284,14 @@ __device__ __forceinline__ double sq4(float4 v) {
 template <typename T> __global__ void sum_squares_kernel(double *out, const T *x, int64_t n, bool vec) {
     __shared__ double sd[32];
     double s = 0;
-    int64_t n4 = 0;
-    if constexpr (sizeof(T) == 4) {
-        n4 = vec ? n / 4 : 0;
-        const float4 *x4 = (const float4 *)x;
-        int64_t stride = (int64_t)gridDim.x * blockDim.x, i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-        for (; i + 3 * stride < n4; i += 4 * stride) {
-            float4 a = x4[i], b = x4[i + stride], c = x4[i + 2 * stride], d = x4[i + 3 * stride];
-            s += sq4(a) + sq4(b) + sq4(c) + sq4(d);
-        }
-        for (; i < n4; i += stride) s += sq4(x4[i]);
+    int64_t n4 = vec ? n / 4 : 0, stride = (int64_t)gridDim.x * blockDim.x,
+            i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n4; i += 4 * stride) {
+        float4 a = ld4(x + 4 * i), b = ld4(x + 4 * (i + stride)), c = ld4(x + 4 * (i + 2 * stride)),
+               d = ld4(x + 4 * (i + 3 * stride));
+        s += sq4(a) + sq4(b) + sq4(c) + sq4(d);
     }
+    for (; i < n4; i += stride) s += sq4(ld4(x + 4 * i));
     GRID_STRIDE(i, n - n4 * 4) {
         double v = ld(x, n4 * 4 + i);
         s += v * v;
@@ -444,17 +441,17 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, 
                 float wd, int t) {
     int64_t n = tensor_numel(p);
     IS_F32(p, "adamw");
-    IS_F32(g, "adamw");
     CHECK(tensor_numel(g) == n && tensor_numel(m) == n && tensor_numel(v) == n);
     if (!n) return;
     float step = (float)(lr / (1.0 - pow(b1, t))), bc2 = (float)sqrt(1.0 - pow(b2, t)), decay = 1.0f - lr * wd;
     bool vec = aligned16(p.p, g.p, m.p, v.p) && aligned16(w.p);
-    DT_SWITCH(m.dt, TM, "adamw",
-              DT_SWITCH(w.p ? w.dt : DT_F32, TW, "adamw", // (no compute copy: w NULL, typed fp32)
-                        adamw_kernel<TM, TW>
-                        <<<grid_for(vec ? n / 4 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
-                            (float *)p.p, (const float *)g.p, (TM *)m.p, (TM *)v.p, (TW *)w.p, n, vec, gscale, b1, b2,
-                            eps, step, bc2, decay)));
+    DT_SWITCH(g.dt, TG, "adamw",
+              DT_SWITCH(m.dt, TM, "adamw",
+                        DT_SWITCH(w.p ? w.dt : DT_F32, TW, "adamw", // (no compute copy: w NULL, typed fp32)
+                                  adamw_kernel<TG, TM, TW>
+                                  <<<grid_for(vec ? n / 4 : n, ELEM_THREADS), ELEM_THREADS, 0, cuda_stream()>>>(
+                                      (float *)p.p, (const TG *)g.p, (TM *)m.p, (TM *)v.p, (TW *)w.p, n, vec, gscale,
+                                      b1, b2, eps, step, bc2, decay))));
     CUDA_LAUNCH_CHECK();
 }
 

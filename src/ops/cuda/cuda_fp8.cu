@@ -515,7 +515,7 @@ extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, const in
 // per token block and column, in the op scratch.
 extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs,
                                                         bool accumulate) {
-    if (dw.nd != 3) return false;
+    if (dw.nd != 3 || dw.dt != DT_F32) return false; // a bf16 gradient (gradient_dtype) runs the rounded operands
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     CHECK(t_cols(dy) == N && t_cols(x) == K && t_rows(dy) == t_rows(x) && t_rows(x) >= offs[E]);
     if ((x.dt != DT_F32 && x.dt != DT_BF16) || dy.dt != x.dt || !aligned16(x.p, dy.p) || E > FP8_MAX_GROUPS ||

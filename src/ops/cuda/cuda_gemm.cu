@@ -9,7 +9,8 @@
 // parity runs match the CPU). A and B must share a dtype: when one operand is fp32 and the other bf16
 // (the fp32 LM-head / router logits gradients against bf16 weights and activations), the fp32 operand is
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
-// tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators).
+// tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators; bf16 expert gradients add
+// their stored value in fp32 through beta = 1 and round once).
 // Grouped (expert) GEMMs: the wgmma kernels (cuda_wgmma.cu) where they fit, else one cuBLASLt product per expert
 // ("Which implementation runs an expert product", below).
 #include "ops/cuda/cuda_common.cuh"
@@ -383,13 +384,14 @@ __global__ void bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int E, int6
     GRID_STRIDE(i, R * N) st(y, i, ld(y, i) + ld(b, (int64_t)group_of(g.o, E, i / N) * N + i % N));
 }
 
-// db[e, j] (+)= Σ_(rows of e) dy[row, j]: a block (colsum_rows) per (column tile, expert), one writer.
-template <typename T>
-__global__ void grouped_bias_backward_kernel(float *db, const T *dy, GroupOffs g, int64_t N, int accumulate) {
+// db[e, j] (+)= Σ_(rows of e) dy[row, j]: a block (colsum_rows) per (column tile, expert), one writer; db fp32 or bf16
+// (the sum in fp32, the stored value added in fp32, one rounding).
+template <typename T, typename TD>
+__global__ void grouped_bias_backward_kernel(TD *db, const T *dy, GroupOffs g, int64_t N, int accumulate) {
     int e = blockIdx.y;
     int64_t j = blockIdx.x * 32 + threadIdx.x;
     float s = colsum_rows<float>(g.o[e], g.o[e + 1], 8, N, [=](int64_t i, int64_t c) { return ld(dy, i * N + c); });
-    if (threadIdx.y == 0 && j < N) db[e * N + j] = (accumulate ? db[e * N + j] : 0.0f) + s;
+    if (threadIdx.y == 0 && j < N) st(db, e * N + j, (accumulate ? ld(db, e * N + j) : 0.0f) + s);
 }
 
 extern "C" {
@@ -422,18 +424,19 @@ void cuda_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
 
 void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate) {
     int64_t M = t_rows(dy), N = t_cols(dy), E = offs ? tensor_numel(db) / N : 1;
-    IS_F32(db, "linear_backward_weight");
     CHECK(tensor_numel(db) == E * N);
     if (offs) { // one writer per (column tile, expert): written or added, empty experts included
         if (E == 0) return;
         GroupOffs g = group_offs(offs, E, "grouped_linear_backward_weight");
         DT_SWITCH(dy.dt, T, "grouped_linear_backward_weight",
-                  grouped_bias_backward_kernel<T>
-                  <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
-                      (float *)db.p, (const T *)dy.p, g, N, accumulate));
+                  DT_SWITCH(db.dt, TD, "grouped_linear_backward_weight",
+                            grouped_bias_backward_kernel<T, TD>
+                            <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
+                                (TD *)db.p, (const T *)dy.p, g, N, accumulate)));
         CUDA_LAUNCH_CHECK();
         return;
     }
+    IS_F32(db, "linear_backward_weight");
     CHECK(accumulate); // dense: row groups' sums, then added to db in order (colsum_finish)
     if (M == 0) return;
     int G = colsum_groups(M, N);
@@ -459,10 +462,20 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
             die("grouped_linear_backward_weight: db must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
         cuda_linear_bias_backward(db, dy, offs, accumulate);
     }
-    IS_F32(dw, "grouped_linear_backward_weight");
     if (dy.dt != x.dt)
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
-    size_t s = dtype_size(x.dt);
+    if (dw.dt != DT_F32 && dw.dt != DT_BF16)
+        die("grouped_linear_backward_weight: dw is %s (fp32 or bf16)", dtype_name(dw.dt));
+    if (dw.dt == DT_BF16 &&
+        x.dt == DT_F32) { // fp32 operands: the fp32 sums in the op scratch, then added (one rounding)
+        Tensor sum = tensor_make(cuda_scratch(E * N * K * sizeof(float)), DT_F32, DEV_CUDA, 3, E, N, K, 1);
+        cuda_grouped_linear_backward_weight(sum, (Tensor){0}, dy, x, offs, false);
+        if (!accumulate) cuda_zero(dw);
+        return cuda_add(dw, sum);
+    }
+    // bf16 dw (gradient_dtype): the wgmma kernels decline it; cuBLASLt sums in fp32 and adds D in fp32 (beta 1), one
+    // rounding
+    size_t s = dtype_size(x.dt), os = dtype_size(dw.dt);
     if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate)) return;
     if (!accumulate) cuda_zero(dw); // the products below add
     int ns = side_fork();           // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing
@@ -470,7 +483,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
         int64_t M = offs[e + 1] - offs[e], st = i++ % ns;
         if (M)
             lt_matmul_on(wgrad_stream[st], wgrad_ws[st], false, true, K, N, M, (const char *)x.p + offs[e] * K * s, K,
-                         (const char *)dy.p + offs[e] * N * s, N, x.dt, 1.0f, (float *)dw.p + e * N * K, K, DT_F32,
+                         (const char *)dy.p + offs[e] * N * s, N, x.dt, 1.0f, (char *)dw.p + e * N * K * os, K, dw.dt,
                          ONE);
     }
     side_join(ns);

@@ -21,8 +21,7 @@ void *cuda_comm_stream(void);    // cudaStream_t
 #include "ops/ops_list.h"
 int64_t cuda_embedding_bad_id(void);
 bool cuda_adamw_nonfinite(void);
-// How often the expert products took a path so far (cuda_gemm.cu): "batched" counts products run as one
-// padded strided batch, "big" experts run as dense products beside a grouped call.
+// How often the expert products took a path so far (cuda_gemm.cu): "wgmma", the products the wgmma kernels ran.
 int64_t cuda_grouped_calls(const char *path);
 // The kernel family the last attention call ran: "cudnn", "flash" (ours, tensor cores) or "generic".
 // AttnArgs.deterministic (config `deterministic`) and PITH_ATTENTION=own (an A/B switch) keep attention on our kernels.
