@@ -30,16 +30,21 @@ void ckpt_unlock(void); // run_free: the locks of this process, if any
 // removals that did not finish; without (pith eval, beside a run that may be saving) it only reads.
 bool ckpt_find_latest(const char *save_location, char *out, size_t cap, bool tidy);
 // Writes the run's checkpoint for its current step; prunes to keep_last when set. It snapshots what this rank
-// writes into host memory first; with checkpoint.async a background thread writes the files and ckpt_wait
-// completes the folder (checksums, run.json, the rename), else ckpt_save does all. It waits for the save before.
+// writes into host memory first; with checkpoint.async into the run's snapshot arena (Run.snapshot), the GPU's copies
+// running beside the next step, and a background thread writes the files; ckpt_wait completes the folder (checksums,
+// run.json, the rename). Else ckpt_save does all. It waits for the save before.
 void ckpt_save(Run *r);
+// Waits until the snapshot of the save in flight is in host memory: whatever writes the masters or moments (the
+// optimizer step) calls it first.
+void ckpt_snapshot_wait(void);
 // Completes the save in progress, if any (collective: every rank calls it at the same point): the next save and
 // the end of the run call it.
 void ckpt_wait(Run *r);
-// checkpoint.async: the host memory of a save's snapshot on this rank (the weights and two moments of the tensors
-// it writes), held while the files are written.
-size_t ckpt_snapshot_bytes(const ParamTable *t, const Dist *d);
-// The loop's time in saves (snapshots, writes, waits) since the last call, in seconds.
+// The host memory of a save's snapshot on this rank: the tensors it writes, the masters in fp32 and both moments in
+// optimizer.state_dtype (checkpoint.async holds it in Run.snapshot, made once).
+size_t ckpt_snapshot_bytes(const Run *r);
+// The loop's time in saves (taking snapshots, waiting for their copies and for writes) since the last call, in
+// seconds.
 double ckpt_loop_seconds(void);
 // Loads weights, optimizer state (when present) and step from a checkpoint folder into a set-up run.
 void ckpt_resume(Run *r, const char *dir);
