@@ -139,10 +139,6 @@ static void verify_folder(const char *dir, int rank, int ranks) {
     json_decref(root);
 }
 
-void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir) {
-    ckpt_load_model_part(t, t, flat, dir);
-}
-
 void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *flat[NGROUPS], const char *dir) {
     if (path_is_dir(dir)) verify_folder(dir, 0, 1);
     ModelTensors mt;
@@ -224,6 +220,7 @@ static void write_index(const Run *r, const char *dir, const char *base, int npa
 typedef struct {
     StWriter w;
     char path[4400];
+    char *own;     // the snapshot's memory when it is not the run's arena (write_file frees it)
     uint64_t hash; // of the file written (0: this rank writes none)
 } SaveFile;
 
@@ -240,17 +237,17 @@ static size_t parts_bytes(const ParamTable *t, const Dist *d, int nparts, const 
     return n;
 }
 
-// Copies the tensors of the parts this rank writes into mem (parts_bytes of them, each part in its own dtype: bf16
-// moments stay bf16, as the file keeps them) and lists them in f, bound for dir/<base>[-<rank+1>-of-<ranks>]
-// .safetensors; returns the bytes used. A group held whole (one shard) is copied by op_copy_async: from the GPU
+// Copies the tensors of the parts this rank writes into mem (parts_bytes of them; NULL: memory of f's own), each part
+// in its own dtype (bf16 moments stay bf16, as the file keeps them), and lists them in f, bound for
+// dir/<base>[-<rank+1>-of-<ranks>].safetensors; returns the bytes used. A group held whole (one shard) is copied by op_copy_async: from the GPU
 // beside the loop's next work, complete at ops_copies_wait. A sharded group is first all-gathered into fp32 host
 // memory (collective over the world, in the loop).
 static size_t snapshot_parts(Run *r, SaveFile *f, char *mem, const char *dir, const char *base, int nparts,
                              const Part *parts, const char *format) {
     const Dist *d = &r->dist;
     const ParamTable *t = &r->model.params;
-    char name[200], file[80], *at = mem;
-    *f = (SaveFile){0};
+    *f = (SaveFile){.own = mem ? NULL : xmalloc(parts_bytes(t, d, nparts, parts) + 1)};
+    char name[200], file[80], *at = mem = mem ? mem : f->own;
     st_writer_init(&f->w);
     if (format) st_writer_meta(&f->w, "format", format);
     for (int k = 0; k < nparts; k++) {
@@ -284,7 +281,7 @@ static void write_file(SaveFile *f) {
     ops_copies_wait();
     if (f->w.n) st_writer_write(&f->w, f->path);
     if (f->w.n && !file_hash64(f->path, &f->hash)) die("%s: cannot read back: %s", f->path, strerror(errno));
-    st_writer_free(&f->w);
+    st_writer_free(&f->w), free(f->own);
 }
 
 // After every rank's write_file: rank 0 writes the index; with sums, rank 0 adds every file's checksum.
@@ -309,10 +306,8 @@ void ckpt_write_grads(Run *r, const char *dir) {
     comm_barrier(&r->dist.world);
     SaveFile f;
     const Part part = {"", r->grad};
-    char *mem = xmalloc(parts_bytes(&r->model.params, &r->dist, 1, &part) + 1);
-    snapshot_parts(r, &f, mem, dir, "model", 1, &part, "pith-gradient");
+    snapshot_parts(r, &f, NULL, dir, "model", 1, &part, "pith-gradient");
     write_file(&f);
-    free(mem);
     finish_parts(r, &f, dir, "model", 1, &part, NULL);
 }
 
@@ -442,13 +437,12 @@ static void save_failed(void) { remove_tree(saving); }
 // The save in progress: its snapshot, taken by ckpt_save; its files, written inline or (checkpoint.async) by a
 // background thread; the folder, completed by ckpt_wait.
 typedef struct {
-    bool active, threaded;
-    bool copying; // its snapshot's copies may still run (ckpt_snapshot_wait)
+    bool active, threaded, copying; // copying: its snapshot's copies may still run (ckpt_snapshot_wait)
     pthread_t thread;
     int step;
     char tmp[4200], final[4200];
-    SaveFile file[2];               // model, optimizer
-    float *router_bias;             // (layers·E) copy, or NULL
+    SaveFile file[2];           // model, optimizer
+    float *router_bias;         // (layers·E) copy, or NULL
     double t0, issue_s, copy_s; // when the save began; the loop's time taking the snapshot, waiting for its copies
 } Save;
 static Save save;
@@ -469,13 +463,8 @@ static int save_parts(const Run *r, int i, Part p[2]) {
 }
 
 size_t ckpt_snapshot_bytes(const Run *r) {
-    size_t n = 0;
-    for (int i = 0; i < 2; i++) {
-        Part parts[2];
-        int k = save_parts(r, i, parts);
-        n += parts_bytes(&r->model.params, &r->dist, k, parts);
-    }
-    return n;
+    const Part parts[3] = {{"", r->master}, {"", r->adam_m}, {"", r->adam_v}}; // save_parts' three
+    return parts_bytes(&r->model.params, &r->dist, 3, parts);
 }
 
 void ckpt_snapshot_wait(void) {
@@ -501,17 +490,15 @@ void ckpt_save(Run *r) {
         snprintf(saving, sizeof saving, "%s", save.tmp), die_cleanup = save_failed;
     }
     comm_barrier(&r->dist.world);
-    // checkpoint.async: both files' snapshots in the run's arena, made once at setup; else one file's at a time
-    char *at = r->snapshot.base;
+    size_t used = 0; // checkpoint.async: both files' snapshots in the run's arena, made once; else one file's at a time
     for (int i = 0; i < 2; i++) {
         Part parts[2];
         int n = save_parts(r, i, parts);
-        char *mem = async ? at : xmalloc(parts_bytes(&r->model.params, &r->dist, n, parts) + 1);
-        size_t used = snapshot_parts(r, &save.file[i], mem, save.tmp, save_base[i], n, parts, i ? NULL : "pith");
-        if (async) at += used;
-        else write_file(&save.file[i]), free(mem);
+        used += snapshot_parts(r, &save.file[i], async ? r->snapshot.base + used : NULL, save.tmp, save_base[i], n,
+                               parts, i ? NULL : "pith");
+        if (!async) write_file(&save.file[i]);
     }
-    CHECK(!async || at == r->snapshot.base + r->snapshot.cap); // the plan's bytes exactly
+    CHECK(!async || used == r->snapshot.cap); // the plan's bytes exactly
     size_t nbias = (size_t)r->model.cfg.layers * r->model.cfg.experts * sizeof(float);
     if (r->router_bias) save.router_bias = memcpy(xmalloc(nbias), r->router_bias, nbias);
     if (async) {

@@ -14,11 +14,9 @@
 #include "train/trainer.h"
 
 // Reads model weights from a pith checkpoint folder or an HF folder (model.safetensors, or shards with
-// model.safetensors.index.json) into host fp32 buffers laid out by t. Every parameter must be present
-// with its shape; a tensor the model does not have is an error.
-void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir);
-// The same for a part t of the whole model's table `all` (a pipeline rank's tensors): the folder's
-// tensors are checked against all, those of t are read.
+// model.safetensors.index.json) into host fp32 buffers laid out by t, a part of the whole model's table `all` (a
+// pipeline rank's tensors, or all itself): the folder's tensors are checked against all (a tensor the model does not
+// have is an error), every one of t must be present with its shape.
 void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *flat[NGROUPS], const char *dir);
 // Takes the lock of a folder a run writes, `what` being "save_location" or "run_dir" (an flock on <dir>/.lock,
 // released when the process ends) or dies naming the holder; creates the folder and so finds an unwritable one
