@@ -176,8 +176,8 @@ TEST(ckpt_async_resume_equals_sync) {
         ASSERT(run_cmd(out, sizeof out, "grep -c '\"ckpt_s\": ' %s/async%d/metrics.jsonl", d, bf16) == 0 &&
                atoi(out) == 2);
         ASSERT(run_cmd(out, sizeof out,
-                       "%s train %s/train.json %s --set save_location=%s/async%d --set checkpoint.async=true",
-                       PITH_BIN, d, dt, d, bf16) == 0);
+                       "%s train %s/train.json %s --set save_location=%s/async%d --set checkpoint.async=true", PITH_BIN,
+                       d, dt, d, bf16) == 0);
         ASSERT_MSG(strstr(out, "resume: step 5 from") && strstr(out, "done: 8 of 8 steps"), "%s", out);
         snprintf(p, sizeof p, "%s/sync%d", d, bf16), metrics_of(a, sizeof a, p);
         snprintf(p, sizeof p, "%s/async%d", d, bf16), metrics_of(b, sizeof b, p);

@@ -239,9 +239,9 @@ static size_t parts_bytes(const ParamTable *t, const Dist *d, int nparts, const 
 
 // Copies the tensors of the parts this rank writes into mem (parts_bytes of them; NULL: memory of f's own), each part
 // in its own dtype (bf16 moments stay bf16, as the file keeps them), and lists them in f, bound for
-// dir/<base>[-<rank+1>-of-<ranks>].safetensors; returns the bytes used. A group held whole (one shard) is copied by op_copy_async: from the GPU
-// beside the loop's next work, complete at ops_copies_wait. A sharded group is first all-gathered into fp32 host
-// memory (collective over the world, in the loop).
+// dir/<base>[-<rank+1>-of-<ranks>].safetensors; returns the bytes used. A group held whole (one shard) is copied by
+// op_copy_async (from the GPU beside the loop's next work, complete at ops_copies_wait); a sharded group is first
+// all-gathered into fp32 host memory (collective over the world, in the loop).
 static size_t snapshot_parts(Run *r, SaveFile *f, char *mem, const char *dir, const char *base, int nparts,
                              const Part *parts, const char *format) {
     const Dist *d = &r->dist;
