@@ -582,8 +582,7 @@ void ckpt_wait(Run *r) {
 
 double ckpt_loop_seconds(void) {
     double s = loop_unreported;
-    loop_unreported = 0;
-    return s;
+    return loop_unreported = 0, s;
 }
 
 // Weights from a checkpoint or HF folder into this rank's master shards and the compute copies.
@@ -611,11 +610,9 @@ bool ckpt_load_router_bias(const char *dir, float *bias, int L, int E) {
     json_t *root = json_load_or_die(path), *rb = json_object_get(root, "router_bias");
     JObj o = jobj_root(root, path);
     if (!rb) return json_decref(root), false;
-    if (!json_is_array(rb) || (int)json_array_size(rb) != L)
-        jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l < L; l++) { // (json_array_size: 0 for what is not an array)
         json_t *row = json_array_get(rb, l);
-        if (!json_is_array(row) || (int)json_array_size(row) != E)
+        if (json_array_size(rb) != (size_t)L || json_array_size(row) != (size_t)E)
             jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
         for (int e = 0; e < E; e++) {
             json_t *v = json_array_get(row, e);
