@@ -2,7 +2,9 @@
 // resume after kill -9, the recipe a checkpoint records, bad lists) and asynchronous checkpoints (resume
 // against synchronous saving, kill -9 while the background thread writes).
 #include "base/npy.h"
+#include "base/safetensors.h"
 #include "test.h"
+#include "train/ckpt.h"
 #include "train/data.h"
 
 // A token file of n uint32 tokens 20·k + (i mod 20): every sample tells its source k by its first token.
@@ -143,43 +145,98 @@ TEST(data_mixture_kill_9_resume_bit_exact) { kill_and_resume(mix_run(""), "", 8)
 
 TEST(ckpt_async_kill_9_leaves_no_partial_step) { kill_and_resume(mix_run(""), "--set checkpoint.async=true", 8); }
 
-// Asynchronous saves resume bit for bit like synchronous ones, and write the same tensor files.
+// Asynchronous saves resume bit for bit like synchronous ones and write the same tensor files, with fp32 and with bf16
+// moments; the snapshot's host memory is what the files hold: fp32 weights, moments in their own dtype.
 TEST(ckpt_async_resume_equals_sync) {
     const char *d = mix_run(", \"save_interval\": 2");
     char out[1 << 16], a[8192], b[8192], p[300];
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/sync", PITH_BIN, d, d) == 0);
-    ASSERT(run_cmd(out, sizeof out,
-                   "%s train %s/train.json --set save_location=%s/async --set checkpoint.async=true "
-                   "--steps 5",
-                   PITH_BIN, d, d) == 0);
-    ASSERT_MSG(strstr(out, "checkpoint: step 4: snapshot in") && strstr(out, "writing in the background") &&
-                   strstr(out, "checkpoint: step 5 saved to") && strstr(out, "stopped: 5 of 8 steps"),
-               "%s", out);
-    // The plan's snapshot: the weights and both moments of every tensor (one rank writes them all).
-    const char *plan = strstr(out, "MB of checkpoint snapshot (checkpoint.async; ");
-    ASSERT_MSG(plan, "%s", out);
-    snprintf(p, sizeof p, "%s/async/step-00000004/model.safetensors", d);
-    size_t n;
-    char *st = file_read_all(p, &n);
-    uint64_t header;
-    ASSERT(st && n > 8);
-    memcpy(&header, st, 8), free(st);
-    ASSERT_MSG(strtoull(plan + strlen("MB of checkpoint snapshot (checkpoint.async; "), NULL, 10) ==
-                   3 * (n - 8 - header),
-               "%s vs 3 × %zu bytes of weights", plan, (size_t)(n - 8 - header));
-    ASSERT(run_cmd(out, sizeof out, "grep -c '\"ckpt_s\": ' %s/async/metrics.jsonl", d) == 0 && atoi(out) == 2);
-    ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json --set save_location=%s/async --set checkpoint.async=true",
-                   PITH_BIN, d, d) == 0);
-    ASSERT_MSG(strstr(out, "resume: step 5 from") && strstr(out, "done: 8 of 8 steps"), "%s", out);
-    snprintf(p, sizeof p, "%s/sync", d), metrics_of(a, sizeof a, p);
-    snprintf(p, sizeof p, "%s/async", d), metrics_of(b, sizeof b, p);
-    ASSERT_MSG(!strcmp(a, b), "synchronous:\n%s\nasynchronous, resumed:\n%s", a, b);
-    for (int s = 2; s <= 8; s += 2)
-        ASSERT_MSG(run_cmd(out, sizeof out,
-                           "cd %s && cmp sync/step-%08d/model.safetensors async/step-%08d/model.safetensors && cmp "
-                           "sync/step-%08d/optimizer.safetensors async/step-%08d/optimizer.safetensors",
-                           d, s, s, s, s) == 0,
-                   "step %d: %s", s, out);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        const char *dt = bf16 ? "--set optimizer.state_dtype=bf16" : "";
+        ASSERT(run_cmd(out, sizeof out, "%s train %s/train.json %s --set save_location=%s/sync%d", PITH_BIN, d, dt, d,
+                       bf16) == 0);
+        ASSERT(run_cmd(out, sizeof out,
+                       "%s train %s/train.json %s --set save_location=%s/async%d --set checkpoint.async=true --steps 5",
+                       PITH_BIN, d, dt, d, bf16) == 0);
+        ASSERT_MSG(strstr(out, "checkpoint: step 4: snapshot in") && strstr(out, "writing in the background") &&
+                       strstr(out, "waiting for its copies") && strstr(out, "checkpoint: step 5 saved to") &&
+                       strstr(out, "stopped: 5 of 8 steps"),
+                   "%s", out);
+        // The plan's snapshot: the weights and both moments of every tensor (one rank writes them all).
+        const char *plan = strstr(out, "MB of checkpoint snapshot (checkpoint.async; ");
+        ASSERT_MSG(plan, "%s", out);
+        snprintf(p, sizeof p, "%s/async%d/step-00000004/model.safetensors", d, bf16);
+        size_t n;
+        char *st = file_read_all(p, &n);
+        uint64_t header;
+        ASSERT(st && n > 8);
+        memcpy(&header, st, 8), free(st);
+        ASSERT_MSG(strtoull(plan + strlen("MB of checkpoint snapshot (checkpoint.async; "), NULL, 10) ==
+                       (3 - bf16) * (n - 8 - header),
+                   "%s vs %d × %zu bytes of weights", plan, 3 - bf16, (size_t)(n - 8 - header));
+        ASSERT(run_cmd(out, sizeof out, "grep -c '\"ckpt_s\": ' %s/async%d/metrics.jsonl", d, bf16) == 0 &&
+               atoi(out) == 2);
+        ASSERT(run_cmd(out, sizeof out,
+                       "%s train %s/train.json %s --set save_location=%s/async%d --set checkpoint.async=true", PITH_BIN,
+                       d, dt, d, bf16) == 0);
+        ASSERT_MSG(strstr(out, "resume: step 5 from") && strstr(out, "done: 8 of 8 steps"), "%s", out);
+        snprintf(p, sizeof p, "%s/sync%d", d, bf16), metrics_of(a, sizeof a, p);
+        snprintf(p, sizeof p, "%s/async%d", d, bf16), metrics_of(b, sizeof b, p);
+        ASSERT_MSG(!strcmp(a, b), "synchronous:\n%s\nasynchronous, resumed:\n%s", a, b);
+        for (int s = 2; s <= 8; s += 2)
+            ASSERT_MSG(run_cmd(out, sizeof out,
+                               "cd %s && cmp sync%d/step-%08d/model.safetensors async%d/step-%08d/model.safetensors && "
+                               "cmp sync%d/step-%08d/optimizer.safetensors async%d/step-%08d/optimizer.safetensors",
+                               d, bf16, s, bf16, s, bf16, s, bf16, s) == 0,
+                       "step %d: %s", s, out);
+    }
+    ASSERT(run_cmd(out, sizeof out, "grep -c BF16 %s/async1/step-00000008/optimizer.safetensors", d) == 0);
+}
+
+// checkpoint.async's snapshot arena is made once, at setup, of the plan's bytes: every save fills it (the masters in
+// fp32, then both moments in bf16, tensor by tensor) and the files are written from it.
+TEST(ckpt_async_snapshot_arena_made_once) {
+    const char *d = mix_run("");
+    char path[512], loc[300];
+    snprintf(path, sizeof path, "%s/train.json", d), snprintf(loc, sizeof loc, "save_location=%s/ck", d);
+    char *sets[] = {loc, "checkpoint.async=true", "optimizer.state_dtype=bf16"};
+    TrainConfig c;
+    config_load(&c, path, sets, 3);
+    static Run r;
+    run_setup(&r, &c, true);
+    const ParamTable *t = &r.model.params;
+    char *base = r.snapshot.base;
+    ASSERT_MSG(r.snapshot.cap == r.plan.snapshot && r.plan.snapshot == ckpt_snapshot_bytes(&r),
+               "arena %zu bytes, plan %zu", r.snapshot.cap, r.plan.snapshot);
+    for (int save = 0; save < 2; save++) {
+        run_step(&r);
+        ckpt_save(&r);
+        ASSERT(r.snapshot.base == base && r.snapshot.cap == r.plan.snapshot);
+        ckpt_snapshot_wait();
+        const char *at = base;
+        for (int k = 0; k < 3; k++) {
+            const Tensor *part = k == 0 ? r.master : k == 1 ? r.adam_m : r.adam_v;
+            for (int i = 0; i < t->n; i++) {
+                const ParamInfo *p = &t->p[i];
+                size_t bytes = params_numel(p) * dtype_size(part[p->group].dt);
+                ASSERT(part[p->group].dt == (k ? DT_BF16 : DT_F32));
+                ASSERT_MSG(!memcmp(at, (const char *)part[p->group].p + p->off * dtype_size(part[p->group].dt), bytes),
+                           "save %d: part %d, %s: the arena does not hold the state", save, k, p->name);
+                at += bytes;
+            }
+        }
+        ASSERT(at == base + r.snapshot.cap);
+        ckpt_wait(&r);
+        snprintf(path, sizeof path, "%s/ck/step-%08d/optimizer.safetensors", d, r.step);
+        StSet s;
+        st_set_open_or_die(&s, path);
+        char name[200];
+        snprintf(name, sizeof name, "exp_avg_sq.%s", t->p[0].name);
+        const StTensor *x = st_set_find(&s, name);
+        ASSERT(x && x->dt == ST_BF16);
+        st_set_close(&s);
+    }
+    run_free(&r);
+    json_decref(c.json);
 }
 
 // A resume with another recipe is refused naming the field (or goes on with --allow-config-change, saying what

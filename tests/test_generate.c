@@ -12,7 +12,7 @@ static void load_fixture(Model *m, const char *dir, int cap) {
     model_create_forward(m, fam, &mc, DEV_CPU, DT_F32, cap);
     float *w[NGROUPS];
     for (int g = 0; g < NGROUPS; g++) w[g] = m->w[g].p;
-    ckpt_load_model(&m->params, w, dir);
+    ckpt_load_model_part(&m->params, &m->params, w, dir);
 }
 
 // The logits of the token after tokens[0..n) by one forward over all n tokens, no cache: (V) into out.

@@ -163,20 +163,24 @@ TEST(dist_sft_eval_per_token) {
     free(one);
 }
 
-// checkpoint.async under two ranks (each writes its part from its own thread; the folder is completed together),
-// on CPU ranks and on fake GPUs (device shards copied to the host snapshot): the bytes of synchronous saving, and a
-// run stopped after async saves resumes to the same losses.
+// checkpoint.async under two ranks (each writes its part from its own thread; the folder is completed together): on
+// CPU ranks (dp 2: every group sharded, all-gathered into the snapshot) and on fake GPUs at ep 2 (the experts held
+// whole, copied from the device by op_copy_async; the rest gathered), with fp32 and bf16 moments: the bytes of
+// synchronous saving, and a run stopped after async saves resumes to the same losses.
 TEST(dist_async_checkpoint_equals_sync) {
     const char *d = make_run_of(TINY_MOE_EP, 8, 4);
     char out[1 << 16], a[8192], b[8192];
-    for (int gpu = 0; gpu < 2; gpu++) {
-        const char *pith = gpu ? "build-fake/pith" : PITH_BIN,
-                   *sets = gpu ? "--set device=cuda --set compute_dtype=fp32" : "";
+    static const char *const sets[] = {
+        "", "--set device=cuda --set compute_dtype=fp32 --set parallel.expert_parallel_size=2",
+        "--set device=cuda --set compute_dtype=fp32 --set parallel.expert_parallel_size=2 "
+        "--set optimizer.state_dtype=bf16"};
+    for (int run = 0; run < 3; run++) {
+        const char *pith = run ? "build-fake/pith" : PITH_BIN;
         for (int async = 0; async < 3; async++) // sync; async stopped at step 3; async resumed
             ASSERT_MSG(run_cmd(out, sizeof out,
                                "PITH=%s scripts/launch.sh -n 2 %s/train.json %s --set save_location=%s/%s%d --set "
                                "save_interval=1 --set checkpoint.async=%s %s",
-                               pith, d, sets, d, async ? "async" : "sync", gpu, async ? "true" : "false",
+                               pith, d, sets[run], d, async ? "async" : "sync", run, async ? "true" : "false",
                                async == 1 ? "--steps 3" : "") == 0 &&
                            (async < 2 || strstr(out, "resume: step 3 from")),
                        "%s", out);
@@ -185,11 +189,11 @@ TEST(dist_async_checkpoint_equals_sync) {
                                "cd %s && for f in model optimizer; do for r in 1 2; do cmp sync%d/step-%08d/$f-0000$r-"
                                "of-00002.safetensors async%d/step-%08d/$f-0000$r-of-00002.safetensors || exit 1; done; "
                                "done",
-                               d, gpu, s, gpu, s) == 0,
-                       "%s step %d: %s", pith, s, out);
-        ASSERT(run_cmd(a, sizeof a, "sed 's/, \"tokens_per_s.*//' %s/sync%d/metrics.jsonl", d, gpu) == 0);
-        ASSERT(run_cmd(b, sizeof b, "sed 's/, \"tokens_per_s.*//' %s/async%d/metrics.jsonl", d, gpu) == 0);
-        ASSERT_MSG(!strcmp(a, b), "%s: sync:\n%s\nasync, resumed:\n%s", pith, a, b);
+                               d, run, s, run, s) == 0,
+                       "%s step %d: %s", sets[run], s, out);
+        ASSERT(run_cmd(a, sizeof a, "sed 's/, \"tokens_per_s.*//' %s/sync%d/metrics.jsonl", d, run) == 0);
+        ASSERT(run_cmd(b, sizeof b, "sed 's/, \"tokens_per_s.*//' %s/async%d/metrics.jsonl", d, run) == 0);
+        ASSERT_MSG(!strcmp(a, b), "%s: sync:\n%s\nasync, resumed:\n%s", sets[run], a, b);
     }
 }
 

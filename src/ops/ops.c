@@ -19,6 +19,7 @@ size_t ops_cuda_peak_bytes(void) { return CUDA_OR(cuda_mem_peak_bytes(), 0); }
 void ops_sync(void) {
     if (ops_cuda_available()) CUDA_OR(cuda_sync(), (void)0);
 }
+void ops_copies_wait(void) { CUDA_OR(cuda_copies_wait(), (void)0); }
 
 // The ops of ops_list.h: each runs cuda_<name> or cpu_<name> by its device expression (OP_RETURN_<ret>: `return`
 // where the op returns a value); the OP_OWN ones are written out below.

@@ -15,7 +15,8 @@ bool ops_cuda_available(void);
 // at every allocation and every call of this function).
 size_t ops_cuda_pool_bytes(void);
 size_t ops_cuda_peak_bytes(void);
-void ops_sync(void); // waits for queued GPU work (for timing); nothing on the CPU
+void ops_sync(void);        // waits for queued GPU work (for timing); nothing on the CPU
+void ops_copies_wait(void); // waits for every op_copy_async issued (from any thread); nothing on the CPU
 
 // ---- normalisation, position embedding ----
 // The RMSNorm's form (op_rmsnorm_*; NULL: plain, u = w): u = 1 + w with one_plus (a zero-centred weight that starts

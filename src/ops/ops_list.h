@@ -153,6 +153,10 @@ OP(void, add, y.dev, (Tensor y, Tensor x), (y, x))  // y += x
 OP(void, scale, x.dev, (Tensor x, float s), (x, s)) // x *= s
 // same shape; converts dtype and crosses devices
 OP(void, copy, dst.dev == DEV_CUDA ? DEV_CUDA : src.dev, (Tensor dst, Tensor src), (dst, src))
+// dst = src (same dtype and size, dst on the host) without holding the host: on the GPU queued on a copy stream behind
+// the compute stream's work so far, so that compute goes on beside it (at the link's speed into pinned dst); dst holds
+// the data after ops_copies_wait, and nothing may write src before that. The CPU copies at once.
+OP(void, copy_async, src.dev, (Tensor dst, Tensor src), (dst, src))
 // Column slice on 2-D views (rows × the rest): dst[:, a:a+n] (+)= src[:, b:b+n], converting dtype (fp32, bf16).
 // Tensors have no strides, so MLA splits and joins heads with it; its transpose is itself with roles swapped.
 OP(void, copy_cols, dst.dev, (Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate),

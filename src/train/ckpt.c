@@ -139,10 +139,6 @@ static void verify_folder(const char *dir, int rank, int ranks) {
     json_decref(root);
 }
 
-void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir) {
-    ckpt_load_model_part(t, t, flat, dir);
-}
-
 void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *flat[NGROUPS], const char *dir) {
     if (path_is_dir(dir)) verify_folder(dir, 0, 1);
     ModelTensors mt;
@@ -151,7 +147,7 @@ void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *fla
 }
 
 // This rank's shards (one per group) of the tensors <prefix><name> of its parameters in s.
-static void load_shards(Run *r, const StSet *s, const char *where, const char *prefix, bool hf, Tensor *shard) {
+static void load_shards(Run *r, const StSet *s, const char *where, const char *prefix, bool hf, const Tensor *shard) {
     float *full[NGROUPS];
     for (int g = 0; g < NGROUPS; g++) full[g] = xcalloc(r->fsdp.numel[g] + 1, sizeof(float));
     read_params(s, where, &r->model.params, prefix, hf, full);
@@ -164,8 +160,8 @@ static void load_shards(Run *r, const StSet *s, const char *where, const char *p
 // ---- writing whole tensors from shards ----
 
 typedef struct {
-    const char *prefix; // "" for weights, "exp_avg." …
-    Tensor *shard;      // (NGROUPS) this rank's shards
+    const char *prefix;  // "" for weights, "exp_avg." …
+    const Tensor *shard; // (NGROUPS) this rank's shards
 } Part;
 
 // The rank writing tensor i of the parameter table of pipeline rank p and ep rank e: round-robin over the
@@ -220,73 +216,72 @@ static void write_index(const Run *r, const char *dir, const char *base, int npa
     free(text), json_decref(root);
 }
 
-// One file of a save on this rank: the tensors it owns, copied out of the run's state (the snapshot), then
-// written and hashed.
+// One file of a save on this rank: the tensors it owns, listed from the save's snapshot, then written and hashed.
 typedef struct {
     StWriter w;
-    float *data;             // the snapshot: the owned tensors one after another, or NULL
-    float *full[4][NGROUPS]; // when this rank writes every tensor: the gathered buffers themselves, no copy
     char path[4400];
+    char *own;     // the snapshot's memory when it is not the run's arena (write_file frees it)
     uint64_t hash; // of the file written (0: this rank writes none)
 } SaveFile;
 
-// The elements of the tensors of t this rank writes.
-static int64_t owned_numel(const ParamTable *t, const Dist *d) {
-    int64_t n = 0;
-    for (int i = 0; i < t->n; i++)
-        if (owner_of(d, t->p[i].group, i, d->pp_g.rank, d->ep_g.rank) == d->world.rank) n += params_numel(&t->p[i]);
+static bool owns(const ParamTable *t, int i, const Dist *d) {
+    return owner_of(d, t->p[i].group, i, d->pp_g.rank, d->ep_g.rank) == d->world.rank;
+}
+
+// The snapshot bytes of a file of these parts on this rank: the tensors it writes, each part in its own dtype.
+static size_t parts_bytes(const ParamTable *t, const Dist *d, int nparts, const Part *parts) {
+    size_t n = 0;
+    for (int k = 0; k < nparts; k++)
+        for (int i = 0; i < t->n; i++)
+            if (owns(t, i, d)) n += params_numel(&t->p[i]) * dtype_size(parts[k].shard[t->p[i].group].dt);
     return n;
 }
 
-size_t ckpt_snapshot_bytes(const ParamTable *t, const Dist *d) { return 3 * owned_numel(t, d) * sizeof(float); }
-
-// Gathers the parts' shards into whole host buffers and copies the tensors this rank owns into f's snapshot,
-// bound for dir/<base>[-<rank+1>-of-<ranks>].safetensors. Collective over the world.
-static void snapshot_parts(Run *r, SaveFile *f, const char *dir, const char *base, int nparts, const Part *parts,
-                           const char *format) {
+// Copies the tensors of the parts this rank writes into mem (parts_bytes of them; NULL: memory of f's own), each part
+// in its own dtype (bf16 moments stay bf16, as the file keeps them), and lists them in f, bound for
+// dir/<base>[-<rank+1>-of-<ranks>].safetensors; returns the bytes used. A group held whole (one shard) is copied by
+// op_copy_async (from the GPU beside the loop's next work, complete at ops_copies_wait); a sharded group is first
+// all-gathered into fp32 host memory (collective over the world, in the loop).
+static size_t snapshot_parts(Run *r, SaveFile *f, char *mem, const char *dir, const char *base, int nparts,
+                             const Part *parts, const char *format) {
     const Dist *d = &r->dist;
     const ParamTable *t = &r->model.params;
-    float *full[4][NGROUPS];
-    CHECK(nparts <= 4);
-    for (int k = 0; k < nparts; k++)
-        for (int g = 0; g < NGROUPS; g++) {
-            full[k][g] = xmalloc(r->fsdp.numel[g] * sizeof(float) + 1);
-            fsdp_gather_host(&r->fsdp, g, full[k][g], parts[k].shard[g]);
-        }
-    int64_t own = owned_numel(t, d), all = 0;
-    for (int i = 0; i < t->n; i++) all += params_numel(&t->p[i]);
-    *f = (SaveFile){.data = own < all ? xmalloc(own * nparts * sizeof(float) + 1) : NULL};
+    *f = (SaveFile){.own = mem ? NULL : xmalloc(parts_bytes(t, d, nparts, parts) + 1)};
+    char name[200], file[80], *at = mem = mem ? mem : f->own;
     st_writer_init(&f->w);
     if (format) st_writer_meta(&f->w, "format", format);
-    char name[200], file[80];
-    float *at = f->data;
-    for (int k = 0; k < nparts; k++)
+    for (int k = 0; k < nparts; k++) {
+        float *full[NGROUPS] = {0};
+        for (int g = 0; g < NGROUPS; g++)
+            if (r->fsdp.shard[g]->size > 1) {
+                full[g] = xmalloc(r->fsdp.numel[g] * sizeof(float) + 1);
+                fsdp_gather_host(&r->fsdp, g, full[g], parts[k].shard[g]);
+            }
         for (int i = 0; i < t->n; i++) {
             const ParamInfo *p = &t->p[i];
-            const float *src = full[k][p->group] + p->off;
-            if (owner_of(d, p->group, i, d->pp_g.rank, d->ep_g.rank) != d->world.rank) continue;
-            if (f->data) src = memcpy(at, src, params_numel(p) * sizeof(float)), at += params_numel(p);
+            if (!owns(t, i, d)) continue;
+            Tensor src = parts[k].shard[p->group], dst = tensor_make(at, src.dt, DEV_CPU, 1, params_numel(p), 1, 1, 1);
+            CHECK(src.dt == DT_F32 || src.dt == DT_BF16);
+            if (full[p->group]) op_copy(dst, tf32_1(full[p->group] + p->off, params_numel(p)));
+            else op_copy_async(dst, tensor_rows(src, p->off, params_numel(p)));
             snprintf(name, sizeof name, "%s%s", parts[k].prefix, p->name);
-            // bf16 moments (optimizer.state_dtype) are stored as bf16: the fp32 gather holds them exactly
-            st_writer_add_f32(&f->w, name, parts[k].shard[p->group].dt == DT_BF16 ? ST_BF16 : ST_F32, p->nd, p->shape,
-                              src);
+            st_writer_add_raw(&f->w, name, src.dt == DT_BF16 ? ST_BF16 : ST_F32, p->nd, p->shape, at);
+            at += tensor_bytes(dst);
         }
-    for (int k = 0; k < nparts; k++)
-        for (int g = 0; g < NGROUPS; g++)
-            if (f->data) free(full[k][g]);
-            else f->full[k][g] = full[k][g];
+        for (int g = 0; g < NGROUPS; g++) free(full[g]);
+    }
     file_of(file, sizeof file, base, d->world.rank, d->world.size);
     snprintf(f->path, sizeof f->path, "%s/%s", dir, file);
+    return (size_t)(at - mem);
 }
 
-// Writes f's file (none when this rank owns no tensor), hashes it (from the page cache) and frees the snapshot.
-// No communication: it may run on a thread of its own.
+// Writes f's file (none when this rank owns no tensor) once the snapshot's copies are done and hashes it (from the
+// page cache). No communication: it may run on a thread of its own.
 static void write_file(SaveFile *f) {
+    ops_copies_wait();
     if (f->w.n) st_writer_write(&f->w, f->path);
     if (f->w.n && !file_hash64(f->path, &f->hash)) die("%s: cannot read back: %s", f->path, strerror(errno));
-    st_writer_free(&f->w), free(f->data);
-    for (int k = 0; k < 4; k++)
-        for (int g = 0; g < NGROUPS; g++) free(f->full[k][g]);
+    st_writer_free(&f->w), free(f->own);
 }
 
 // After every rank's write_file: rank 0 writes the index; with sums, rank 0 adds every file's checksum.
@@ -311,7 +306,7 @@ void ckpt_write_grads(Run *r, const char *dir) {
     comm_barrier(&r->dist.world);
     SaveFile f;
     const Part part = {"", r->grad};
-    snapshot_parts(r, &f, dir, "model", 1, &part, "pith-gradient");
+    snapshot_parts(r, &f, NULL, dir, "model", 1, &part, "pith-gradient");
     write_file(&f);
     finish_parts(r, &f, dir, "model", 1, &part, NULL);
 }
@@ -442,13 +437,13 @@ static void save_failed(void) { remove_tree(saving); }
 // The save in progress: its snapshot, taken by ckpt_save; its files, written inline or (checkpoint.async) by a
 // background thread; the folder, completed by ckpt_wait.
 typedef struct {
-    bool active, threaded;
+    bool active, threaded, copying; // copying: its snapshot's copies may still run (ckpt_snapshot_wait)
     pthread_t thread;
     int step;
     char tmp[4200], final[4200];
-    SaveFile file[2];   // model, optimizer
-    float *router_bias; // (layers·E) copy, or NULL
-    double t0, loop_s;  // when the save began; the loop's time in it
+    SaveFile file[2];           // model, optimizer
+    float *router_bias;         // (layers·E) copy, or NULL
+    double t0, issue_s, copy_s; // when the save began; the loop's time taking the snapshot, waiting for its copies
 } Save;
 static Save save;
 static double loop_unreported; // the loop's time in saves since ckpt_loop_seconds last asked
@@ -461,16 +456,29 @@ static void *write_files(void *arg) {
 
 // The parts of file i of a save: the model (the masters) or the optimizer (both moments). Returns their count.
 static const char *const save_base[2] = {"model", "optimizer"};
-static int save_parts(Run *r, int i, Part p[2]) {
+static int save_parts(const Run *r, int i, Part p[2]) {
     if (i == 0) return p[0] = (Part){"", r->master}, 1;
     p[0] = (Part){"exp_avg.", r->adam_m}, p[1] = (Part){"exp_avg_sq.", r->adam_v};
     return 2;
 }
 
+size_t ckpt_snapshot_bytes(const Run *r) {
+    const Part parts[3] = {{"", r->master}, {"", r->adam_m}, {"", r->adam_v}}; // save_parts' three
+    return parts_bytes(&r->model.params, &r->dist, 3, parts);
+}
+
+void ckpt_snapshot_wait(void) {
+    if (!save.copying) return;
+    double t = now_seconds();
+    ops_copies_wait();
+    save.copying = false, save.copy_s = now_seconds() - t;
+    loop_unreported += save.copy_s;
+}
+
 void ckpt_save(Run *r) {
     const TrainConfig *c = &r->cfg;
     ckpt_wait(r);
-    bool lead = r->dist.world.rank == 0;
+    bool lead = r->dist.world.rank == 0, async = c->checkpoint.async;
     save = (Save){.active = true, .step = r->step, .t0 = now_seconds()};
     snprintf(save.tmp, sizeof save.tmp, "%s/.tmp-step-%08d", c->save_location, r->step);
     snprintf(save.final, sizeof save.final, "%s/step-%08d", c->save_location, r->step);
@@ -482,20 +490,23 @@ void ckpt_save(Run *r) {
         snprintf(saving, sizeof saving, "%s", save.tmp), die_cleanup = save_failed;
     }
     comm_barrier(&r->dist.world);
+    size_t used = 0; // checkpoint.async: both files' snapshots in the run's arena, made once; else one file's at a time
     for (int i = 0; i < 2; i++) {
         Part parts[2];
         int n = save_parts(r, i, parts);
-        snapshot_parts(r, &save.file[i], save.tmp, save_base[i], n, parts, i ? NULL : "pith");
-        if (!c->checkpoint.async) write_file(&save.file[i]); // one snapshot at a time
+        used += snapshot_parts(r, &save.file[i], async ? r->snapshot.base + used : NULL, save.tmp, save_base[i], n,
+                               parts, i ? NULL : "pith");
+        if (!async) write_file(&save.file[i]);
     }
+    CHECK(!async || used == r->snapshot.cap); // the plan's bytes exactly
     size_t nbias = (size_t)r->model.cfg.layers * r->model.cfg.experts * sizeof(float);
     if (r->router_bias) save.router_bias = memcpy(xmalloc(nbias), r->router_bias, nbias);
-    if (c->checkpoint.async) {
+    if (async) {
         int err = pthread_create(&save.thread, NULL, write_files, NULL);
         if (err) die("%s: cannot start the checkpoint writer thread: %s", save.tmp, strerror(err));
-        save.threaded = true, save.loop_s = now_seconds() - save.t0;
-        loop_unreported += save.loop_s;
-        printf("checkpoint: step %d: snapshot in %.3f s, writing in the background\n", r->step, save.loop_s);
+        save.threaded = save.copying = true, save.issue_s = now_seconds() - save.t0;
+        loop_unreported += save.issue_s;
+        printf("checkpoint: step %d: snapshot in %.3f s, writing in the background\n", r->step, save.issue_s);
         return;
     }
     ckpt_wait(r);
@@ -505,6 +516,7 @@ void ckpt_wait(Run *r) {
     if (!save.active) return;
     const TrainConfig *c = &r->cfg;
     bool lead = r->dist.world.rank == 0;
+    ckpt_snapshot_wait();
     double t_wait = now_seconds();
     if (save.threaded) pthread_join(save.thread, NULL);
     json_t *sums = json_object();
@@ -557,8 +569,10 @@ void ckpt_wait(Run *r) {
     double now = now_seconds();
     if (save.threaded) {
         loop_unreported += now - t_wait;
-        printf("checkpoint: step %d saved to %s (%.2f s in the background; the loop spent %.3f s)\n", save.step,
-               save.final, now - save.t0, save.loop_s + now - t_wait);
+        printf("checkpoint: step %d saved to %s (%.2f s in the background; the loop spent %.3f s: %.3f s taking the "
+               "snapshot, %.3f s waiting for its copies, %.3f s for the files)\n",
+               save.step, save.final, now - save.t0, save.issue_s + save.copy_s + now - t_wait, save.issue_s,
+               save.copy_s, now - t_wait);
     } else {
         loop_unreported += now - save.t0;
         printf("checkpoint: step %d saved to %s (%.2f s)\n", save.step, save.final, now - save.t0);
@@ -568,8 +582,7 @@ void ckpt_wait(Run *r) {
 
 double ckpt_loop_seconds(void) {
     double s = loop_unreported;
-    loop_unreported = 0;
-    return s;
+    return loop_unreported = 0, s;
 }
 
 // Weights from a checkpoint or HF folder into this rank's master shards and the compute copies.
@@ -597,11 +610,9 @@ bool ckpt_load_router_bias(const char *dir, float *bias, int L, int E) {
     json_t *root = json_load_or_die(path), *rb = json_object_get(root, "router_bias");
     JObj o = jobj_root(root, path);
     if (!rb) return json_decref(root), false;
-    if (!json_is_array(rb) || (int)json_array_size(rb) != L)
-        jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l < L; l++) { // (json_array_size: 0 for what is not an array)
         json_t *row = json_array_get(rb, l);
-        if (!json_is_array(row) || (int)json_array_size(row) != E)
+        if (json_array_size(rb) != (size_t)L || json_array_size(row) != (size_t)E)
             jdie(o, "router_bias", "expected %d rows of %d numbers", L, E);
         for (int e = 0; e < E; e++) {
             json_t *v = json_array_get(row, e);

@@ -14,11 +14,9 @@
 #include "train/trainer.h"
 
 // Reads model weights from a pith checkpoint folder or an HF folder (model.safetensors, or shards with
-// model.safetensors.index.json) into host fp32 buffers laid out by t. Every parameter must be present
-// with its shape; a tensor the model does not have is an error.
-void ckpt_load_model(const ParamTable *t, float *flat[NGROUPS], const char *dir);
-// The same for a part t of the whole model's table `all` (a pipeline rank's tensors): the folder's
-// tensors are checked against all, those of t are read.
+// model.safetensors.index.json) into host fp32 buffers laid out by t, a part of the whole model's table `all` (a
+// pipeline rank's tensors, or all itself): the folder's tensors are checked against all (a tensor the model does not
+// have is an error), every one of t must be present with its shape.
 void ckpt_load_model_part(const ParamTable *all, const ParamTable *t, float *flat[NGROUPS], const char *dir);
 // Takes the lock of a folder a run writes, `what` being "save_location" or "run_dir" (an flock on <dir>/.lock,
 // released when the process ends) or dies naming the holder; creates the folder and so finds an unwritable one
@@ -30,16 +28,21 @@ void ckpt_unlock(void); // run_free: the locks of this process, if any
 // removals that did not finish; without (pith eval, beside a run that may be saving) it only reads.
 bool ckpt_find_latest(const char *save_location, char *out, size_t cap, bool tidy);
 // Writes the run's checkpoint for its current step; prunes to keep_last when set. It snapshots what this rank
-// writes into host memory first; with checkpoint.async a background thread writes the files and ckpt_wait
-// completes the folder (checksums, run.json, the rename), else ckpt_save does all. It waits for the save before.
+// writes into host memory first; with checkpoint.async into the run's snapshot arena (Run.snapshot), the GPU's copies
+// running beside the next step, and a background thread writes the files; ckpt_wait completes the folder (checksums,
+// run.json, the rename). Else ckpt_save does all. It waits for the save before.
 void ckpt_save(Run *r);
+// Waits until the snapshot of the save in flight is in host memory: whatever writes the masters or moments (the
+// optimizer step) calls it first.
+void ckpt_snapshot_wait(void);
 // Completes the save in progress, if any (collective: every rank calls it at the same point): the next save and
 // the end of the run call it.
 void ckpt_wait(Run *r);
-// checkpoint.async: the host memory of a save's snapshot on this rank (the weights and two moments of the tensors
-// it writes), held while the files are written.
-size_t ckpt_snapshot_bytes(const ParamTable *t, const Dist *d);
-// The loop's time in saves (snapshots, writes, waits) since the last call, in seconds.
+// The host memory of a save's snapshot on this rank: the tensors it writes, the masters in fp32 and both moments in
+// optimizer.state_dtype (checkpoint.async holds it in Run.snapshot, made once).
+size_t ckpt_snapshot_bytes(const Run *r);
+// The loop's time in saves (taking snapshots, waiting for their copies and for writes) since the last call, in
+// seconds.
 double ckpt_loop_seconds(void);
 // Loads weights, optimizer state (when present) and step from a checkpoint folder into a set-up run.
 void ckpt_resume(Run *r, const char *dir);

@@ -111,7 +111,7 @@ static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
     p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
     p.other = tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + 2 * sizeof(double) // and StepSums' two sums
               + ring_plan(m, &r->cfg, &r->dist);
-    p.snapshot = r->cfg.checkpoint.async ? ckpt_snapshot_bytes(&m->params, &r->dist) : 0;
+    p.snapshot = r->cfg.checkpoint.async ? ckpt_snapshot_bytes(r) : 0;
     return p;
 }
 
@@ -186,6 +186,18 @@ static void engine_setup(Run *r, bool plan) {
     r->plan.pipe = count.peak;
 }
 
+// Host memory of a run on dev, page-locked on the GPU so that copies to and from it run at the link's speed.
+static Arena host_arena(const char *name, Device dev, size_t cap) {
+    Arena a = arena_create(name, DEV_CPU, cap);
+    if (dev == DEV_CUDA && host_register && cap) host_register(a.base, cap);
+    return a;
+}
+
+static void host_arena_free(Arena *a, Device dev) {
+    if (dev == DEV_CUDA && host_unregister && a->cap) host_unregister(a->base);
+    arena_destroy(a);
+}
+
 // The sequence the run and its memory plan share, so `pith estimate` cannot drift from `pith train`: the model
 // of this rank's layout, the optimizer state counted and then allocated, the chunks and the pipeline buffers.
 // With plan nothing is allocated (the model is described: shapes only; every arena counts); r->plan is the plan.
@@ -214,13 +226,11 @@ static void setup_rank(Run *r, Device dev, bool plan) {
     if (!plan) { // arenas of the counted sizes; the moments pinned, so the step's copies run at the link's speed
         muon_free(&r->muon);
         r->state = arena_create(count.name, dev, count.peak);
-        if (c->optimizer.offload) {
-            r->offload = arena_create(host.name, DEV_CPU, host.peak);
-            if (dev == DEV_CUDA && host_register) host_register(r->offload.base, r->offload.cap);
-        }
+        if (c->optimizer.offload) r->offload = host_arena(host.name, dev, host.peak);
         state_alloc(r, &r->state, &r->offload);
     }
     r->plan = plan_of(r, count.peak);
+    if (!plan && c->checkpoint.async) r->snapshot = host_arena("checkpoint snapshot", dev, r->plan.snapshot);
     engine_setup(r, plan);
 }
 
@@ -307,10 +317,7 @@ void run_free(Run *r) {
     muon_free(&r->muon);
     if (r->ring.cp) ring_free(&r->ring);
     free(r->router_bias), step_sums_free(&r->sums);
-    if (r->offload.cap) {
-        if (r->state.dev == DEV_CUDA && host_unregister) host_unregister(r->offload.base);
-        arena_destroy(&r->offload);
-    }
+    host_arena_free(&r->offload, r->state.dev), host_arena_free(&r->snapshot, r->state.dev);
     if (r->state.cap) arena_destroy(&r->state);
     model_free(&r->model);
     if (r->data.files) dataset_close(&r->data);
@@ -483,6 +490,7 @@ static bool update(Run *r, double gscale, double lr) {
     const TrainConfig *c = &r->cfg;
     Model *m = &r->model;
     Tensor own[NGROUPS] = {{0}}; // rows of the compute copies AdamW writes in its pass (fsdp_own_rows)
+    ckpt_snapshot_wait();        // a save's copies of the masters and moments may still run (checkpoint.async)
     if (r->muon.on) muon_step(&r->muon, &r->fsdp, m, c, lr, r->step, r->master, r->grad, r->adam_m, r->adam_v);
     else
         for (int g = 0; g < NGROUPS; g++) {

@@ -44,6 +44,7 @@ typedef struct {
     Tensor grad[NGROUPS];   // this rank's shards of the step's gradient (the front of model.g, or all of it)
     Tensor adam_m[NGROUPS], adam_v[NGROUPS]; // AdamW moments; under Muon, adam_m of Muon parameters is the momentum
     Arena offload;                           // optimizer.offload: host memory holding adam_m and adam_v
+    Arena snapshot;           // checkpoint.async: the host memory every save copies its snapshot into (train/ckpt.h)
     Tensor stage[2];          // optimizer.offload: device staging for one chunk of m and v (else zero-size)
     float *router_bias;       // (layers·E) host copy of model.router_bias (aux-loss-free balancing; NULL: off)
     Muon muon;                // optimizer.type "muon": parameter classes, batches, scratch (else muon.on is false)

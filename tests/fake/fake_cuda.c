@@ -21,6 +21,7 @@
 // that long, so tests can see transfers overlap compute. Collectives run at once.
 // A violation prints "fake CUDA: ..." and aborts every rank.
 #include <mpi.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -109,8 +110,27 @@ static void inflight_add(const void *p, size_t n) {
     inflight[ninflight++] = (Inflight){p, n, COMM->seq};
 }
 
-// Compute work touching [p, p + n) must wait for every collective that uses it.
+// op_copy_async's copies not yet waited for. A copy runs at the first ops_copies_wait, from any thread (a GPU runs it
+// at some time before): until then its dst holds 0xff bytes, so a reader that does not wait reads NaNs. Until the
+// issuing thread waits, compute work that touches a copy's source fails (a GPU may still be reading it).
+typedef struct {
+    void *dst;
+    const char *src;
+    size_t n;
+    bool done;
+} FakeCopy;
+static FakeCopy copies[4096];
+static int ncopies;
+static pthread_mutex_t copies_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_t copies_issuer;
+
+// Compute work touching [p, p + n) must wait for every collective and every op_copy_async that uses it.
 static void check_inflight(const void *p, size_t n, const char *what) {
+    for (int i = 0; i < ncopies; i++)
+        if (n && (const char *)p < copies[i].src + copies[i].n && copies[i].src < (const char *)p + n)
+            fake_fail("%s on the compute stream touches the source of an op_copy_async not waited for "
+                      "(ops_copies_wait is missing)",
+                      what);
     for (int i = 0; i < ninflight; i++)
         if (inflight[i].seq > COMPUTE->seen[1] && n && (const char *)p < inflight[i].p + inflight[i].n &&
             inflight[i].p < (const char *)p + n)
@@ -631,6 +651,24 @@ void cuda_scale(Tensor x, float s) {
 void cuda_copy(Tensor dst, Tensor src) {
     OP(copy, &dst, &src);
     cpu_copy(dst, src); // fp32 ↔ bf16 as the CPU converts (the GPU's rounding is the same: nearest even)
+}
+void cuda_copy_async(Tensor dst, Tensor src) {
+    check_side(dst, "copy_async"), check_side(src, "copy_async");
+    if (dst.dev != DEV_CPU || src.dev != DEV_CUDA || dst.dt != src.dt || tensor_numel(dst) != tensor_numel(src))
+        fake_fail("copy_async: not a device tensor into a host tensor of its dtype and size");
+    if (ncopies == 4096) fake_fail("more than 4096 copies not waited for");
+    pthread_mutex_lock(&copies_mu);
+    copies_issuer = pthread_self();
+    copies[ncopies++] = (FakeCopy){dst.p, src.p, tensor_bytes(src), false};
+    memset(dst.p, 0xff, tensor_bytes(dst));
+    pthread_mutex_unlock(&copies_mu);
+}
+void cuda_copies_wait(void) {
+    pthread_mutex_lock(&copies_mu);
+    for (int i = 0; i < ncopies; i++)
+        if (!copies[i].done) memcpy(copies[i].dst, copies[i].src, copies[i].n), copies[i].done = true;
+    if (ncopies && pthread_equal(pthread_self(), copies_issuer)) ncopies = 0;
+    pthread_mutex_unlock(&copies_mu);
 }
 void cuda_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool acc) {
     OP(copy_cols, &dst, &src);

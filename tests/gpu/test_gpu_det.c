@@ -2,7 +2,8 @@
 // the same bits. Each family's small model (bf16, head dims cuDNN would take, enough rows that atomics would collide:
 // a norm's row groups, repeated tokens, a load-balancing loss, two micro-batches per step) trains 4 steps twice; the
 // loss and grad_norm of every metrics.jsonl line and the final checkpoint (weights and AdamW moments) must be equal
-// byte for byte. Qwen3.5 is not here: its delta rule kernels still add with atomics (docs/architecture.md).
+// byte for byte. Qwen3.5 is not here: its delta rule kernels still add with atomics (docs/architecture.md). The same
+// comparison holds asynchronous checkpoints against synchronous ones (gpu_det_async_checkpoint).
 #include "gpu_test.h"
 
 // HF config.json bodies (after the model_type): small, but the shapes of the benchmarks' code paths.
@@ -38,8 +39,9 @@ static void metric_texts(const char *path, char *out, size_t cap) {
     ASSERT_MSG(run_cmd(out, cap, "%s", cmd) == 0, "%s: no loss lines", path);
 }
 
-// Trains `model` (a config.json body) twice with deterministic: true; the metrics and checkpoints must match.
-static void det_twice(const char *name, const char *model) {
+// Trains `model` (a config.json body) twice with deterministic: true and the options `both`, the second run also with
+// `second`; the metrics and checkpoints must match.
+static void det_twice(const char *name, const char *model, const char *both, const char *second) {
     gpu_begin();
     const char *d = test_tmpdir();
     static char out[1 << 16], m[2][1 << 14];
@@ -63,8 +65,8 @@ static void det_twice(const char *name, const char *model) {
                      d, PITH_BIN, d);
     ASSERT_MSG(rc == 0, "synth: %s", out);
     for (int r = 0; r < 2; r++) {
-        rc = run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/run%d --set save_location=%s/ck%d",
-                     PITH_BIN, d, d, r, d, r);
+        rc = run_cmd(out, sizeof out, "%s train %s/train.json --set run_dir=%s/run%d --set save_location=%s/ck%d %s %s",
+                     PITH_BIN, d, d, r, d, r, both, r ? second : "");
         ASSERT_MSG(rc == 0, "%s run %d: %s", name, r, out);
         ASSERT_MSG(strstr(out, "deterministic: attention on pith's own kernels"), "%s: no start-up line: %s", name,
                    out);
@@ -81,6 +83,13 @@ static void det_twice(const char *name, const char *model) {
            (int)strcspn(m[0], "\n"), m[0], (int)strcspn(out, "\n"), out);
 }
 
-TEST(gpu_det_qwen3_moe) { det_twice("qwen3_moe", qwen3_model); }
-TEST(gpu_det_deepseek_v2) { det_twice("deepseek_v2", dsv2_model); }
-TEST(gpu_det_gpt_oss) { det_twice("gpt_oss", gpt_oss_model); }
+TEST(gpu_det_qwen3_moe) { det_twice("qwen3_moe", qwen3_model, "", ""); }
+TEST(gpu_det_deepseek_v2) { det_twice("deepseek_v2", dsv2_model, "", ""); }
+TEST(gpu_det_gpt_oss) { det_twice("gpt_oss", gpt_oss_model, "", ""); }
+// checkpoint.async on the GPU (the pinned snapshot arena, the copy stream beside the next step, the update and the
+// writer thread waiting for it): a save every step, fp32 and bf16 moments, the bytes of synchronous saving.
+TEST(gpu_det_async_checkpoint) {
+    det_twice("qwen3_moe async", qwen3_model, "--set save_interval=1", "--set checkpoint.async=true");
+    det_twice("qwen3_moe async bf16", qwen3_model, "--set save_interval=1 --set optimizer.state_dtype=bf16",
+              "--set checkpoint.async=true");
+}

@@ -93,6 +93,8 @@ void cpu_copy(Tensor dst, Tensor src) {
     else die("copy: %s to %s is not a conversion the CPU makes", dtype_name(src.dt), dtype_name(dst.dt));
 }
 
+void cpu_copy_async(Tensor dst, Tensor src) { cpu_copy(dst, src); }
+
 void cpu_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate) {
     CPU_F32(dst);
     CPU_F32(src);

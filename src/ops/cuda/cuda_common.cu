@@ -154,6 +154,31 @@ __attribute__((constructor)) static void cuda_install_device_memory(void) {
 
 void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
 
+// cuda_copy_async's stream (made at the first copy) and events: the compute stream's point each copy waits for, and
+// the latest copy's end, which a waiter blocks on (not spinning: a writer thread waits beside the loop).
+static cudaStream_t copy_stream;
+static cudaEvent_t copy_after, copy_done;
+static int copy_dev;
+
+void cuda_copy_async(Tensor dst, Tensor src) {
+    CHECK(dst.dev == DEV_CPU && dst.dt == src.dt && tensor_numel(dst) == tensor_numel(src));
+    cudaStream_t compute = cuda_stream();
+    if (!copy_stream) {
+        CUDA_CHECK(cudaGetDevice(&copy_dev));
+        CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&copy_after, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&copy_done, cudaEventDisableTiming | cudaEventBlockingSync));
+    }
+    CUDA_CHECK(cudaEventRecord(copy_after, compute));
+    CUDA_CHECK(cudaStreamWaitEvent(copy_stream, copy_after, 0));
+    CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, tensor_bytes(src), cudaMemcpyDeviceToHost, copy_stream));
+    CUDA_CHECK(cudaEventRecord(copy_done, copy_stream));
+}
+
+void cuda_copies_wait(void) { // (a thread of its own starts on device 0)
+    if (copy_stream) CUDA_CHECK(cudaSetDevice(copy_dev)), CUDA_CHECK(cudaEventSynchronize(copy_done));
+}
+
 size_t cuda_pool_bytes(void) {
     return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES + scratch_bytes + gemm_side_bytes;
 }

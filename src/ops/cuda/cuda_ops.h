@@ -10,6 +10,7 @@ int cuda_device_count(void); // 0 without a driver or a device
 void *cuda_alloc_or_die(size_t bytes, const char *what);
 void cuda_free(void *p);
 void cuda_sync(void);             // waits for the compute stream
+void cuda_copies_wait(void);      // ops_copies_wait (cuda_copy_async's copy stream)
 size_t cuda_pool_bytes(void);     // device memory the backend itself holds (workspace, pools)
 size_t cuda_mem_peak_bytes(void); // the most device memory in use since its CUDA start (sampled at each alloc and call)
 // The streams for overlapping communication with compute (used by the multi-GPU engine).
