@@ -44,10 +44,10 @@ typedef struct {
 } RecomputeRun;
 
 // Two micro-batches forward and backward under `mode`, with load balancing of `form` and a selection bias.
-static void recompute_run(const char *model_json, LbForm form, RecomputeMode mode, RecomputeRun *o) {
+static void recompute_run(const char *model_file, LbForm form, RecomputeMode mode, RecomputeRun *o) {
     enum { B = 2, S = 8, T = B * S };
     ModelConfig mc;
-    const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", model_json));
+    const ModelFamily *fam = model_config_load(&mc, model_file);
     Model m;
     model_create(&m, fam, &mc, DEV_CPU, DT_F32, S);
     m.lb_coef = 0.01, m.recompute = mode;
@@ -83,9 +83,11 @@ static void recompute_run(const char *model_json, LbForm form, RecomputeMode mod
     chunk_free(&e), step_sums_free(&st), model_free(&m), dist_mesh_free(&d);
 }
 
-// selective and full against none: the loss, load-balancing loss, every gradient element and the expert
-// counts bit for bit (Qwen3 with a dense layer and biases; DeepSeek-V2 with MLA and shared experts), under
-// each load-balancing form (global-batch's replay takes this micro-batch's counts back out of its sums).
+// Every recompute set against none: the loss, load-balancing loss, every gradient element and the expert counts bit
+// for bit, under each load-balancing form (global-batch's replay takes this micro-batch's counts back out of its
+// sums), on every family: Qwen3 with a dense layer and biases, DeepSeek-V2 with MLA and shared experts, GPT-OSS
+// (sinks, clamped SwiGLU, biases), Qwen3.5 (DeltaNet, gated attention, a gated shared expert). A part whose
+// recompute went wrong reads what another layer left in the staging or the workspace, so its gradients differ.
 TEST(memory_recompute_bit_identical) {
     static const char *const models[] = {
         TINY_MOE_B, TINY_MOE_EP,
@@ -94,28 +96,39 @@ TEST(memory_recompute_bit_identical) {
         "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 6, "
         "\"vocab_size\": 40, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, "
         "\"moe_intermediate_size\": 6, \"n_shared_experts\": 2, "
-        "\"intermediate_size\": 12, \"first_k_dense_replace\": 1}"};
+        "\"intermediate_size\": 12, \"first_k_dense_replace\": 1}",
+        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+        " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 40, \"num_local_experts\": 4,"
+        " \"num_experts_per_tok\": 2, \"intermediate_size\": 8, \"sliding_window\": 5, \"swiglu_limit\": 2.0}",
+        TINY_QWEN3_5_4};
     static const LbForm forms[] = {LB_MICRO_BATCH, LB_GLOBAL_BATCH, LB_SEQUENCE};
+    // none, selective, each part alone, every part, full
+    static const int modes[] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RC_NORM,     RC_ROPE,       RC_ROUTER,
+                                RC_GATE_UP,     RC_FULL - 1,         RC_GATE_UP | RC_NORM, RECOMPUTE_FULL};
+    enum { N = sizeof modes / sizeof *modes };
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
         for (int f = 0; f < 3; f++) {
-            RecomputeRun r[3];
-            for (int mode = 0; mode < 3; mode++) recompute_run(models[i], forms[f], (RecomputeMode)mode, &r[mode]);
-            for (int mode = 1; mode < 3; mode++) {
-                ASSERT_MSG(r[mode].loss == r[0].loss && r[mode].lb == r[0].lb,
-                           "model %zu, lb form %d, mode %d: loss %.17g lb %.17g vs %.17g %.17g", i, f, mode,
-                           r[mode].loss, r[mode].lb, r[0].loss, r[0].lb);
-                ASSERT_MSG(r[mode].act < r[0].act, "model %zu mode %d: %zu activation bytes vs %zu", i, mode,
-                           r[mode].act, r[0].act);
+            RecomputeRun r[N];
+            char file[512];
+            snprintf(file, sizeof file, "%s", write_text(test_tmpdir(), "config.json", models[i]));
+            for (int k = 0; k < N; k++) recompute_run(file, forms[f], (RecomputeMode)modes[k], &r[k]);
+            for (int k = 1; k < N; k++) {
+                ASSERT_MSG(r[k].loss == r[0].loss && r[k].lb == r[0].lb,
+                           "model %zu, lb form %d, recompute %d: loss %.17g lb %.17g vs %.17g %.17g", i, f, modes[k],
+                           r[k].loss, r[k].lb, r[0].loss, r[0].lb);
+                bool fewer = modes[k] == RECOMPUTE_SELECTIVE || modes[k] == RC_FULL - 1 || modes[k] == RECOMPUTE_FULL;
+                ASSERT_MSG(fewer ? r[k].act < r[0].act : r[k].act <= r[0].act,
+                           "model %zu recompute %d: %zu activation bytes vs %zu", i, modes[k], r[k].act, r[0].act);
                 ModelConfig mc;
-                model_config_load(&mc, write_text(test_tmpdir(), "config.json", models[i]));
-                ASSERT(!memcmp(r[mode].load, r[0].load, (size_t)mc.layers * mc.experts * sizeof(double)));
+                model_config_load(&mc, file);
+                ASSERT(!memcmp(r[k].load, r[0].load, (size_t)mc.layers * mc.experts * sizeof(double)));
                 for (int g = 0; g < NGROUPS; g++)
-                    ASSERT_MSG(!memcmp(r[mode].g[g], r[0].g[g], r[0].gbytes[g]),
-                               "model %zu, lb form %d, mode %d: gradients of group %d differ", i, f, mode, g);
+                    ASSERT_MSG(!memcmp(r[k].g[g], r[0].g[g], r[0].gbytes[g]),
+                               "model %zu, lb form %d, recompute %d: gradients of group %d differ", i, f, modes[k], g);
             }
-            for (int mode = 0; mode < 3; mode++) {
-                for (int g = 0; g < NGROUPS; g++) free(r[mode].g[g]);
-                free(r[mode].load);
+            for (int k = 0; k < N; k++) {
+                for (int g = 0; g < NGROUPS; g++) free(r[k].g[g]);
+                free(r[k].load);
             }
         }
 }
@@ -141,7 +154,7 @@ TEST(memory_recompute_plan_bytes) {
         for (int mode = 0; mode < 3; mode++) {
             Model m;
             model_describe(&m, fam, &mc, DEV_CPU, DT_F32, S);
-            m.recompute = (RecomputeMode)mode;
+            m.recompute = (RecomputeMode[]){RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL}[mode];
             act[n][mode] = chunk_plan(&m, B, S, 0, mc.layers, 1, 0).act_bytes;
             model_free(&m);
         }

@@ -60,7 +60,29 @@ static bool plan_layout(const TrainConfig *c, const ModelConfig *mc, long gpus, 
     return true;
 }
 
-static const char *const recompute_names[] = {"none", "selective", "full"};
+// The recompute sets the sweep and the levers try: none, the prefixes of the parts in RC_* order (bytes saved per
+// FLOP added, the most first: the norms, RoPE, SwiGLU elementwise; the router's and the gate_up GEMMs), full.
+static const int recompute_sets[] = {0, 1, 3, 7, 15, 31, RECOMPUTE_FULL};
+#define NSETS 7
+
+// The GEMM FLOPs a recompute set adds to one micro-batch of T tokens on a rank (balanced routing: T·k rows): the
+// router's (T × H → E) and the gate_up GEMM's (T·k × H → 2I, or T × H → 2I on a dense layer); full reruns the whole
+// forward (counted as the MLP's three GEMMs alone: a lower bound), the elementwise parts add no GEMM.
+static double recompute_gflops(const ModelConfig *mc, int rc, double T) {
+    double f = 0, H = mc->hidden;
+    for (int l = 0; l < mc->layers; l++) {
+        double rows = mc->is_moe[l] ? T * mc->topk : T, I = mc->is_moe[l] ? mc->moe_inter : mc->dense_inter;
+        if (rc & RC_ROUTER && mc->is_moe[l]) f += 2 * T * H * mc->experts;
+        if (rc & (RC_GATE_UP | RC_FULL)) f += 2 * rows * H * 2 * I * (rc & RC_FULL ? 1.5 : 1);
+    }
+    return f / 1e9;
+}
+
+static const char *rc_name(int rc) {
+    static char b[4][64];
+    static int i;
+    return config_recompute_name(rc, b[i = (i + 1) % 4], sizeof b[0]);
+}
 
 // The --set options that give layout c from the config as written.
 static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
@@ -68,7 +90,7 @@ static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
              "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
              "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s",
              c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
-             recompute_names[c->recompute], c->micro_batch_size,
+             rc_name(c->recompute), c->micro_batch_size,
              c->optimizer.offload ? " --set optimizer.offload=true" : "",
              c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "");
 }
@@ -85,10 +107,11 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     snprintf(note, sizeof note, "attention, norms, router%s",
              cfg->recompute == RECOMPUTE_FULL ? " (one layer: full recompute)" : ", every layer");
     row("stage 1 records", e->act_stage1, note);
-    snprintf(note, sizeof note, "expert rows, gate/up%s, outputs (T·k, H), routes; %d MoE layers",
-             cfg->recompute == RECOMPUTE_SELECTIVE ? "" : ", SwiGLU", moe);
+    snprintf(note, sizeof note, "expert rows%s%s, outputs (T·k, H), routes; %d MoE layers",
+             cfg->recompute & (RC_GATE_UP | RC_FULL) ? "" : ", gate/up", cfg->recompute & RC_SWIGLU ? "" : ", SwiGLU",
+             moe);
     row("stage 3 records", e->act_experts, note);
-    row("staging", e->act_staging, "expert outputs before combine (and SwiGLU under selective), one layer");
+    row("staging", e->act_staging, "expert outputs before combine and the recomputed parts, one layer");
     row("spill set", e->act_spill,
         e->act_spill ? "stage 3 of one layer at the worst case ep·T·min(k, E_l)"
                      : "(none: worst-case capacity, dropping, or ep = 1)");
@@ -109,32 +132,33 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     printf("largest term: %s, %.2f GB (%.0f%% of %.2f GB)\n", terms[big].name, terms[big].bytes / 1e9,
            100.0 * terms[big].bytes / total, total / 1e9);
     printf("levers (each alone, from this config):\n");
-    for (int i = 0; i < 14; i++) {
+    for (int i = 0; i < 18; i++) {
         TrainConfig c = *cfg;
         char what[96];
-        if (i >= 12) { // the moments to host memory, or in bf16
+        if (i >= 16) { // the moments to host memory, or in bf16
             if (cfg->optimizer.type != OPTIMIZER_ADAMW ||
-                (i == 12 ? cfg->optimizer.offload : cfg->optimizer.state_dtype))
+                (i == 16 ? cfg->optimizer.offload : cfg->optimizer.state_dtype))
                 continue;
-            if (i == 12) c.optimizer.offload = true;
+            if (i == 16) c.optimizer.offload = true;
             else c.optimizer.state_dtype = STATE_BF16;
-            snprintf(what, sizeof what, i == 12 ? "optimizer.offload=true" : "optimizer.state_dtype=bf16");
+            snprintf(what, sizeof what, i == 16 ? "optimizer.offload=true" : "optimizer.state_dtype=bf16");
         } else if (i < 5) { // capacity factors (with expert parallelism)
             static const double f[] = {0, 2, 1.5, 1.25, 1};
             if (cfg->parallel.ep == 1 || f[i] == cfg->parallel.ep_capacity_factor) continue;
             c.parallel.ep_capacity_factor = f[i];
             snprintf(what, sizeof what, "parallel.ep_capacity_factor=%g%s", f[i], f[i] ? "" : " (worst case)");
-        } else if (i < 8) {
-            if ((int)(i - 5) == (int)cfg->recompute) continue;
-            c.recompute = (RecomputeMode)(i - 5);
-            snprintf(what, sizeof what, "recompute=%s", recompute_names[i - 5]);
-        } else if (i < 10) {
-            c.parallel.ep = i == 8 ? cfg->parallel.ep * 2 : cfg->parallel.ep / 2;
-            if (c.parallel.ep < 1 || (i == 9 && cfg->parallel.ep % 2)) continue;
+        } else if (i < 5 + NSETS) { // the recompute sets, with the GEMM FLOPs each adds
+            if ((c.recompute = recompute_sets[i - 5]) == cfg->recompute) continue;
+            double T = (double)cfg->micro_batch_size * cfg->sequence_length / cfg->parallel.cp;
+            snprintf(what, sizeof what, "recompute=%s (%+.0f GFLOP)", rc_name(c.recompute),
+                     recompute_gflops(mc, c.recompute, T) - recompute_gflops(mc, cfg->recompute, T));
+        } else if (i < 14) {
+            c.parallel.ep = i == 12 ? cfg->parallel.ep * 2 : cfg->parallel.ep / 2;
+            if (c.parallel.ep < 1 || (i == 13 && cfg->parallel.ep % 2)) continue;
             snprintf(what, sizeof what, "parallel.expert_parallel_size=%d", c.parallel.ep);
-        } else if (i < 12) {
-            c.micro_batch_size = i == 10 ? cfg->micro_batch_size * 2 : cfg->micro_batch_size / 2;
-            if (c.micro_batch_size < 1 || (i == 11 && cfg->micro_batch_size % 2)) continue;
+        } else if (i < 16) {
+            c.micro_batch_size = i == 14 ? cfg->micro_batch_size * 2 : cfg->micro_batch_size / 2;
+            if (c.micro_batch_size < 1 || (i == 15 && cfg->micro_batch_size % 2)) continue;
             snprintf(what, sizeof what, "micro_batch_size=%d", c.micro_batch_size);
         }
         MemoryPlan q;
@@ -163,7 +187,7 @@ static int layout_cmp(const void *pa, const void *pb) {
     fa = fa > 0 ? fa : 1e9, fb = fb > 0 ? fb : 1e9;
     if (a->fit != b->fit) return a->fit < b->fit ? -1 : 1;
     if (a->fit == FIT_OOM) return a->total < b->total ? -1 : a->total > b->total; // the nearest to fitting first
-    if (a->c.recompute != b->c.recompute) return a->c.recompute < b->c.recompute ? -1 : 1;
+    if (a->c.recompute != b->c.recompute) return a->c.recompute < b->c.recompute ? -1 : 1; // RC_* bits: by cost
     if (a->c.optimizer.offload != b->c.optimizer.offload) return a->c.optimizer.offload ? 1 : -1;
     if (a->c.micro_batch_size != b->c.micro_batch_size) return a->c.micro_batch_size > b->c.micro_batch_size ? -1 : 1;
     if (a->c.parallel.ep != b->c.parallel.ep) return a->c.parallel.ep < b->c.parallel.ep ? -1 : 1;
@@ -183,11 +207,11 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
     for (int ep = 1; ep <= gpus && ep <= mc->experts; ep++)
         for (int sh = 0; sh < 2; sh++)
             for (int f = 0; f < 5; f++)
-                for (int rc = 0; rc < 3; rc++)
+                for (int rc = 0; rc < NSETS; rc++)
                     for (int mb = 0; mb < 4; mb++) { // mb & 1: micro-batch 1; mb & 2: optimizer.offload
                         TrainConfig c = *cfg;
                         c.parallel.ep = ep, c.parallel.sharding = sh ? SHARD_HSDP : SHARD_FSDP;
-                        c.parallel.ep_capacity_factor = factors[f], c.recompute = (RecomputeMode)rc;
+                        c.parallel.ep_capacity_factor = factors[f], c.recompute = recompute_sets[rc];
                         c.micro_batch_size = mb & 1 ? 1 : cfg->micro_batch_size;
                         c.optimizer.offload = mb & 2 ? true : cfg->optimizer.offload;
                         long dp = gpus / ((long)c.parallel.pp * c.parallel.cp * ep);
@@ -229,7 +253,7 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
         printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s\n        %s\n",
                fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
-               c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, recompute_names[c->recompute],
+               c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, rc_name(c->recompute),
                c->micro_batch_size, c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
                c->optimizer.offload ? ", moments on the host" : "", sets);
     }
@@ -251,7 +275,7 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
     bool piped = d->pp > 1 || c->parallel.pipeline_schedule;
     snprintf(act, sizeof act, "%s, recompute %s",
              piped ? "two chunks: the schedule's micro-batches in flight, deferred sets" : "one micro-batch in flight",
-             recompute_names[c->recompute]);
+             rc_name(c->recompute));
     char whose[64] = "per rank";
     if (d->pp > 1) snprintf(whose, sizeof whose, "per rank (these rows: pipeline rank 0 of %d)", d->pp);
     printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); %s: %d of %d experts, micro-batch %d × "
