@@ -173,6 +173,30 @@ TEST(memory_recompute_plan_bytes) {
                    act[n][0], r);
 }
 
+// Context parallelism (cp 2 and cp 2 × ep 2; Qwen3 and Qwen3.5's hybrid, whose DeltaNet layers read n1 through the
+// contiguous layout): every part remade gives recompute none's step-1 gradient byte for byte in the same layout.
+TEST(memory_recompute_context_parallel) {
+    const char *d = memory_run();
+    char out[1 << 15];
+    write_text(d, "q35.json", TINY_QWEN3_5_4);
+    static const char *const runs[] = {"-n 2 %s/train.json --set parallel.context_parallel_size=2",
+                                       "-n 4 %s/train.json --set parallel.context_parallel_size=2 --set "
+                                       "parallel.expert_parallel_size=2 --set model=%s/q35.json"};
+    for (int i = 0; i < 2; i++)
+        for (int rc = 0; rc < 2; rc++) {
+            char launch[300];
+            snprintf(launch, sizeof launch, runs[i], d, d);
+            ASSERT_MSG(run_cmd(out, sizeof out,
+                               "PITH=%s scripts/launch.sh %s --set max_steps=1 --set recompute=%s --set run_dir=%s/c%d%d "
+                               "--dump-grads %s/c%d%d/g 2>&1",
+                               PITH_BIN, launch, rc ? "norm,rope,swiglu,router,gate_up" : "none", d, i, rc, d, i,
+                               rc) == 0,
+                       "%s", out);
+        }
+    for (int i = 0; i < 2; i++)
+        ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/c%d0/g %s/c%d1/g", d, i, d, i) == 0, "run %d: %s", i, out);
+}
+
 // pith estimate's total equals the plan pith train allocates (its "plan" line), under each mode, on one
 // process and at ep 2 with a spilling capacity.
 TEST(memory_recompute_estimate_equals_plan) {
@@ -301,21 +325,27 @@ TEST(memory_estimate_sweep_layout_trains) {
     }
 }
 
-// Under the pipeline (pp 2 × ep 2 on 4 CPU ranks, DualPipeV with deferred weight gradients): the spill set and
-// both recompute modes give the worst-case plan's step-1 gradient byte for byte (a spilled layer, and every
-// layer under full recompute, computes its weight gradient in backward instead of deferring it).
+// Under the pipeline (pp 2 × ep 2 on 4 CPU ranks, 8 layers: chunks of two, DualPipeV with deferred weight gradients and the overlapped
+// pair): the spill set and the recompute sets give the worst-case plan's step-1 gradient byte for byte (a spilled
+// layer, every layer under full recompute and under swiglu with gate_up, computes its weight gradient in backward
+// instead of deferring it; gate_up alone defers it; stage 1's parts are remade beside the pair's forward).
 TEST(memory_pipeline_spill_and_recompute) {
     const char *d = memory_run();
     char out[1 << 15];
     ASSERT(run_cmd(out, sizeof out,
-                   "sed 's/\"num_hidden_layers\": 3/\"num_hidden_layers\": 4/' %s/model.json > %s/m4.json", d, d) == 0);
+                   "sed 's/\"num_hidden_layers\": 3/\"num_hidden_layers\": 8/' %s/model.json > %s/m8.json", d, d) == 0);
     static const char *const sets[] = {"--set parallel.ep_capacity_factor=0", "--set parallel.ep_capacity_factor=0.5",
                                        "--set parallel.ep_capacity_factor=0.5 --set recompute=selective",
-                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=full"};
-    for (int i = 0; i < 4; i++) {
+                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=full",
+                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=norm,rope,swiglu,router,gate_up",
+                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=gate_up,norm",
+                                       "--set parallel.ep_capacity_factor=0 --set recompute=gate_up,swiglu",
+                                       "--set parallel.ep_capacity_factor=0 --set recompute=gate_up",
+                                       "--set recompute='[\"rope\", \"router\", \"swiglu\"]'"};
+    for (int i = 0; i < 9; i++) {
         ASSERT_MSG(
             run_cmd(out, sizeof out,
-                    "PITH=%s scripts/launch.sh -n 4 %s/train.json --set model=%s/m4.json --set max_steps=2 --set "
+                    "PITH=%s scripts/launch.sh -n 4 %s/train.json --set model=%s/m8.json --set max_steps=2 --set "
                     "parallel.pipeline_parallel_size=2 --set parallel.expert_parallel_size=2 --set "
                     "micro_batch_size=1 %s --set run_dir=%s/p%d --dump-grads %s/p%d/g 2>&1",
                     PITH_BIN, d, d, sets[i], d, i, d, i) == 0,

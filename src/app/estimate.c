@@ -134,7 +134,7 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     printf("levers (each alone, from this config):\n");
     for (int i = 0; i < 18; i++) {
         TrainConfig c = *cfg;
-        char what[96];
+        char what[96], flops[48] = "";
         if (i >= 16) { // the moments to host memory, or in bf16
             if (cfg->optimizer.type != OPTIMIZER_ADAMW ||
                 (i == 16 ? cfg->optimizer.offload : cfg->optimizer.state_dtype))
@@ -150,7 +150,8 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
         } else if (i < 5 + NSETS) { // the recompute sets, with the GEMM FLOPs each adds
             if ((c.recompute = recompute_sets[i - 5]) == cfg->recompute) continue;
             double T = (double)cfg->micro_batch_size * cfg->sequence_length / cfg->parallel.cp;
-            snprintf(what, sizeof what, "recompute=%s (%+.0f GFLOP)", rc_name(c.recompute),
+            snprintf(what, sizeof what, "recompute=%s", rc_name(c.recompute));
+            snprintf(flops, sizeof flops, "  %+.0f GEMM GFLOP a micro-batch",
                      recompute_gflops(mc, c.recompute, T) - recompute_gflops(mc, cfg->recompute, T));
         } else if (i < 14) {
             c.parallel.ep = i == 12 ? cfg->parallel.ep * 2 : cfg->parallel.ep / 2;
@@ -167,8 +168,8 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
             continue;
         }
         size_t t = memory_plan_total(&q);
-        printf("  --set %-42s %8.2f GB (%+.2f GB)  %s\n", what, t / 1e9, ((double)t - (double)total) / 1e9,
-               fit_names[fit_of(t, mem_gb, dev == DEV_CUDA)]);
+        printf("  --set %-42s %8.2f GB (%+.2f GB)  %-5s%s\n", what, t / 1e9, ((double)t - (double)total) / 1e9,
+               fit_names[fit_of(t, mem_gb, dev == DEV_CUDA)], flops);
     }
 }
 

@@ -7,9 +7,9 @@
 // Expert capacity (docs/architecture.md, "Expert capacity"): a MoE layer's own stage-3 buffers hold
 // ep_rows_capacity rows; a layer that receives more on any rank of its ep group runs stage 3 on the chunk's
 // spill set (the worst case of one layer) and recomputes it there when it is needed again. Activation
-// recomputation ("Activation recomputation" there): selective keeps no SwiGLU outputs (stage 3's weight
-// gradient recomputes them), full keeps a layer's input, routing and output and reruns its forward into one
-// region shared by every layer and record.
+// recomputation ("Activation recomputation" there): the parts a config names live in staging shared by the
+// layers and are remade in backward; full keeps a layer's input, routing and output and reruns its forward into
+// one region shared by every layer and record.
 #include "pipe/chunk.h"
 
 static void *rec_of(const Chunk *c, const ChunkRecord *k, int l) { return k->recs + (size_t)l * c->m->fam->rec_size; }
