@@ -174,15 +174,17 @@ TEST(memory_recompute_plan_bytes) {
 }
 
 // Context parallelism (cp 2 and cp 2 × ep 2; Qwen3 and Qwen3.5's hybrid, whose DeltaNet layers read n1 through the
-// contiguous layout): every part remade gives recompute none's step-1 gradient byte for byte in the same layout.
-TEST(memory_recompute_context_parallel) {
+// contiguous layout) and FP8 at ep 2 (the gate_up GEMM remade through the FP8 weight cache): every part remade gives
+// recompute none's step-1 gradient byte for byte in the same layout.
+TEST(memory_recompute_layouts) {
     const char *d = memory_run();
     char out[1 << 15];
     write_text(d, "q35.json", TINY_QWEN3_5_4);
     static const char *const runs[] = {"-n 2 %s/train.json --set parallel.context_parallel_size=2",
                                        "-n 4 %s/train.json --set parallel.context_parallel_size=2 --set "
-                                       "parallel.expert_parallel_size=2 --set model=%s/q35.json"};
-    for (int i = 0; i < 2; i++)
+                                       "parallel.expert_parallel_size=2 --set model=%s/q35.json",
+                                       "-n 2 %s/train.json --set parallel.expert_parallel_size=2 --set fp8=true"};
+    for (int i = 0; i < 3; i++)
         for (int rc = 0; rc < 2; rc++) {
             char launch[300];
             snprintf(launch, sizeof launch, runs[i], d, d);
@@ -193,18 +195,18 @@ TEST(memory_recompute_context_parallel) {
                                rc) == 0,
                        "%s", out);
         }
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 3; i++)
         ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/c%d0/g %s/c%d1/g", d, i, d, i) == 0, "run %d: %s", i, out);
 }
 
 // pith estimate's total equals the plan pith train allocates (its "plan" line), under each mode, on one
-// process and at ep 2 with a spilling capacity.
+// process and at ep 2 with a spilling capacity; an unknown part is an error naming the key.
 TEST(memory_recompute_estimate_equals_plan) {
     const char *d = memory_run();
     char out[1 << 15], est[1 << 15];
-    static const char *const modes[] = {"none", "selective", "full"};
+    static const char *const modes[] = {"none", "selective", "full", "norm,rope,swiglu,router,gate_up"};
     for (int np = 1; np <= 2; np++)
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             char sets[256];
             snprintf(sets, sizeof sets, "--set recompute=%s%s", modes[i],
                      np == 2 ? " --set parallel.expert_parallel_size=2 --set parallel.ep_capacity_factor=0.5" : "");
@@ -217,6 +219,9 @@ TEST(memory_recompute_estimate_equals_plan) {
             long long e = plan_bytes(est, "  total"), t = plan_bytes(out, "plan (");
             ASSERT_MSG(e == t, "%d ranks, %s: estimate %lld vs train %lld", np, modes[i], e, t);
         }
+    ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus 1 --set 'recompute=[\"norm\", \"ropes\"]' 2>&1",
+                   PITH_BIN, d) != 0);
+    ASSERT_MSG(strstr(est, "recompute") && strstr(est, "'norm,ropes' is not supported"), "%s", est);
 }
 
 // The model on 2–4 CPU ranks with routing pushed towards rank 0 (tests/parallel/worker.c, "capacity"):
