@@ -103,8 +103,9 @@ TEST(memory_recompute_bit_identical) {
         TINY_QWEN3_5_4};
     static const LbForm forms[] = {LB_MICRO_BATCH, LB_GLOBAL_BATCH, LB_SEQUENCE};
     // none, selective, each part alone, every part, full
-    static const int modes[] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RC_NORM,     RC_ROPE,       RC_ROUTER,
-                                RC_GATE_UP,     RC_FULL - 1,         RC_GATE_UP | RC_NORM, RECOMPUTE_FULL};
+    static const int modes[] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE,  RC_NORM,     RC_ROPE,
+                                RC_ROUTER,      RC_EXPERT_OUT,        RC_GATE_UP,  RC_EXPERT_OUT | RC_GATE_UP,
+                                RC_FULL - 1,    RC_GATE_UP | RC_NORM, RECOMPUTE_FULL};
     enum { N = sizeof modes / sizeof *modes };
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
         for (int f = 0; f < 3; f++) {
@@ -191,7 +192,7 @@ TEST(memory_recompute_layouts) {
             ASSERT_MSG(run_cmd(out, sizeof out,
                                "PITH=%s scripts/launch.sh %s --set max_steps=1 --set recompute=%s --set run_dir=%s/c%d%d "
                                "--dump-grads %s/c%d%d/g 2>&1",
-                               PITH_BIN, launch, rc ? "norm,rope,swiglu,router,gate_up" : "none", d, i, rc, d, i,
+                               PITH_BIN, launch, rc ? "norm,rope,swiglu,router,expert_out,gate_up" : "none", d, i, rc, d, i,
                                rc) == 0,
                        "%s", out);
         }
@@ -204,7 +205,7 @@ TEST(memory_recompute_layouts) {
 TEST(memory_recompute_estimate_equals_plan) {
     const char *d = memory_run();
     char out[1 << 15], est[1 << 15];
-    static const char *const modes[] = {"none", "selective", "full", "norm,rope,swiglu,router,gate_up"};
+    static const char *const modes[] = {"none", "selective", "full", "norm,rope,swiglu,router,expert_out,gate_up"};
     for (int np = 1; np <= 2; np++)
         for (int i = 0; i < 4; i++) {
             char sets[256];
@@ -342,10 +343,10 @@ TEST(memory_pipeline_spill_and_recompute) {
     static const char *const sets[] = {"--set parallel.ep_capacity_factor=0", "--set parallel.ep_capacity_factor=0.5",
                                        "--set parallel.ep_capacity_factor=0.5 --set recompute=selective",
                                        "--set parallel.ep_capacity_factor=0.5 --set recompute=full",
-                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=norm,rope,swiglu,router,gate_up",
+                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=norm,rope,swiglu,router,expert_out,gate_up",
                                        "--set parallel.ep_capacity_factor=0.5 --set recompute=gate_up,norm",
                                        "--set parallel.ep_capacity_factor=0 --set recompute=gate_up,swiglu",
-                                       "--set parallel.ep_capacity_factor=0 --set recompute=gate_up",
+                                       "--set parallel.ep_capacity_factor=0 --set recompute=gate_up,expert_out",
                                        "--set recompute='[\"rope\", \"router\", \"swiglu\"]'"};
     for (int i = 0; i < 9; i++) {
         ASSERT_MSG(

@@ -61,19 +61,21 @@ static bool plan_layout(const TrainConfig *c, const ModelConfig *mc, long gpus, 
 }
 
 // The recompute sets the sweep and the levers try: none, the prefixes of the parts in RC_* order (bytes saved per
-// FLOP added, the most first: the norms, RoPE, SwiGLU elementwise; the router's and the gate_up GEMMs), full.
-static const int recompute_sets[] = {0, 1, 3, 7, 15, 31, RECOMPUTE_FULL};
-#define NSETS 7
+// FLOP added, the most first: the norms, RoPE, SwiGLU elementwise; the router's, the down and the gate_up GEMMs), full.
+static const int recompute_sets[] = {0, 1, 3, 7, 15, 31, 63, RECOMPUTE_FULL};
+#define NSETS 8
 
 // The GEMM FLOPs a recompute set adds to one micro-batch of T tokens on a rank (balanced routing: T·k rows): the
-// router's (T × H → E) and the gate_up GEMM's (T·k × H → 2I, or T × H → 2I on a dense layer); full reruns the whole
-// forward (counted as the MLP's three GEMMs alone: a lower bound), the elementwise parts add no GEMM.
+// router's (T × H → E), the down GEMM's (T·k × I → H, and the combine again) and the gate_up GEMM's (T·k × H → 2I, or
+// T × H → 2I on a dense layer); full reruns the whole forward (counted as the MLP's three GEMMs alone: a lower
+// bound), the elementwise parts add no GEMM.
 static double recompute_gflops(const ModelConfig *mc, int rc, double T) {
     double f = 0, H = mc->hidden;
     for (int l = 0; l < mc->layers; l++) {
         double rows = mc->is_moe[l] ? T * mc->topk : T, I = mc->is_moe[l] ? mc->moe_inter : mc->dense_inter;
         if (rc & RC_ROUTER && mc->is_moe[l]) f += 2 * T * H * mc->experts;
         if (rc & (RC_GATE_UP | RC_FULL)) f += 2 * rows * H * 2 * I * (rc & RC_FULL ? 1.5 : 1);
+        if (rc & RC_EXPERT_OUT && mc->is_moe[l]) f += 2 * rows * H * I;
     }
     return f / 1e9;
 }
@@ -107,9 +109,9 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     snprintf(note, sizeof note, "attention, norms, router%s",
              cfg->recompute == RECOMPUTE_FULL ? " (one layer: full recompute)" : ", every layer");
     row("stage 1 records", e->act_stage1, note);
-    snprintf(note, sizeof note, "expert rows%s%s, outputs (T·k, H), routes; %d MoE layers",
-             cfg->recompute & (RC_GATE_UP | RC_FULL) ? "" : ", gate/up", cfg->recompute & RC_SWIGLU ? "" : ", SwiGLU",
-             moe);
+    int rc = cfg->recompute;
+    snprintf(note, sizeof note, "expert rows%s%s%s, routes; %d MoE layers", rc & (RC_GATE_UP | RC_FULL) ? "" : ", gate/up",
+             rc & RC_SWIGLU ? "" : ", SwiGLU", rc & (RC_EXPERT_OUT | RC_FULL) ? "" : ", outputs (T·k, H)", moe);
     row("stage 3 records", e->act_experts, note);
     row("staging", e->act_staging, "expert outputs before combine and the recomputed parts, one layer");
     row("spill set", e->act_spill,

@@ -119,9 +119,10 @@ typedef struct {
 typedef struct Model Model;
 
 // Activation recomputation (docs/architecture.md, "Activation recomputation"): the set of parts backward recomputes
-// instead of keeping, in the order of bytes saved per FLOP added (RC_GATE_UP: the gate_up GEMM again), or RC_FULL
-// alone (a layer keeps its input and routing, its forward is rerun in backward). selective = the SwiGLU outputs.
-enum { RC_NORM = 1, RC_ROPE = 2, RC_SWIGLU = 4, RC_ROUTER = 8, RC_GATE_UP = 16, RC_PARTS = 5, RC_FULL = 32 };
+// instead of keeping, in the order of bytes saved per FLOP added (RC_EXPERT_OUT: the down GEMM and the combine again,
+// RC_GATE_UP: the gate_up GEMM), or RC_FULL alone (a layer's forward rerun from its input and routing).
+enum { RC_NORM = 1, RC_ROPE = 2, RC_SWIGLU = 4, RC_ROUTER = 8, RC_EXPERT_OUT = 16, RC_GATE_UP = 32, RC_PARTS = 6 };
+enum { RC_FULL = 64 };
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE = RC_SWIGLU, RECOMPUTE_FULL = RC_FULL } RecomputeMode;
 
 // Load balancing (docs/reference.md §2). "micro-batch": per rank and micro-batch (op_moe_lb_loss). "global-batch":
@@ -365,7 +366,8 @@ void moe_stage3_grad_alloc(Model *m, int l, void *rec, Arena *ws);
 void moe_prolog_forward(Model *m, MicroBatch *mb, Tensor h);
 void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh);
 void moe_stage1_forward(Model *m, int l, void *rec, MicroBatch *mb, Tensor x, StageIO *io);
-void moe_stage3_forward(Model *m, int l, void *rec, StageIO *io);
+// again: in backward, for the expert outputs (RC_EXPERT_OUT): gate/up and SwiGLU only where they are not kept.
+void moe_stage3_forward(Model *m, int l, void *rec, StageIO *io, bool again);
 void moe_stage3_backward_input(Model *m, int l, void *rec, StageIO *io);
 void moe_stage3_backward_weight(Model *m, int l, void *rec, StageIO *io);
 void moe_stage5_forward(Model *m, int l, void *rec, StageIO *io, Tensor out);

@@ -442,15 +442,16 @@ static void mlp_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db
 }
 
 // Stage 3 on its rows (every token of a dense layer, offs NULL; the received rows of a MoE layer).
-void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
+void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io, bool again) {
     const SharedWeights *W = m->sw;
     LayerRec *r = rp;
     const int64_t *offs = io->dense ? NULL : io->offs;
     int64_t R = moe_stage3_rows(m, io); // none when routing skips this rank
     if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
-    mlp_forward(m, l, FP8_GATE_UP, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], offs);
-    act_forward(&m->cfg, act, gu);
+    bool need_act = !again || m->recompute & RC_SWIGLU, need_gu = need_act && (!again || m->recompute & RC_GATE_UP);
+    if (need_gu) mlp_forward(m, l, FP8_GATE_UP, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], offs);
+    if (need_act) act_forward(&m->cfg, act, gu);
     mlp_forward(m, l, FP8_DOWN, tensor_rows(io->ye, 0, R), act, W->down[l], W->down_b[l], offs);
 }
 
@@ -461,7 +462,9 @@ void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
     int64_t R = moe_stage3_rows(m, io);
     if (!R) return;
     Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R), gu = tensor_rows(r->gu, 0, R);
-    if (m->recompute & RC_GATE_UP) // not kept: the gate_up GEMM again
+    // not kept: the gate_up GEMM again, unless the expert outputs' remake made gu (in staging, just before)
+    bool made = !io->dense && m->recompute & RC_EXPERT_OUT && m->recompute & RC_SWIGLU;
+    if (m->recompute & RC_GATE_UP && !made)
         mlp_forward(m, l, FP8_GATE_UP, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], offs);
     mlp_backward_input(m, l, FP8_DOWN, dact, tensor_rows(io->dye, 0, R), W->down[l], offs);
     act_backward(&m->cfg, dgu, dact, gu);

@@ -148,14 +148,16 @@ static void alloc_activations(Chunk *c, Arena *a, ChunkPlan *p) {
         arena_reset(a, top);
     }
     size_t m0 = arena_mark(a);
-    // Expert outputs before combine (ye) are staging: one buffer for every MoE layer, as many rows as stage 3 holds.
-    bool spills = moe >= 0 && ep_spills(m, T);
+    // Expert outputs before combine (ye) are staging: one buffer for every MoE layer, as many rows as stage 3 holds;
+    // so are their combined (T·k, H) when recomputed (RC_EXPERT_OUT).
+    bool spills = moe >= 0 && ep_spills(m, T), y_again = m->recompute & RC_EXPERT_OUT;
     int64_t W = spills ? ep_rows_worst(m, T) : 0;
     if (moe >= 0) {
-        Tensor ye = arena_tensor(a, m->cdt, 2, spills ? W : ep_rows_capacity(m, T), m->cfg.hidden, 0, 0);
+        Tensor ye = arena_tensor(a, m->cdt, 2, spills ? W : ep_rows_capacity(m, T), m->cfg.hidden, 0, 0),
+               y = y_again ? arena_tensor(a, m->cdt, 2, (int64_t)T * m->cfg.topk, m->cfg.hidden, 0, 0) : (Tensor){0};
         for (int i = 0; i < c->nrec; i++)
             for (int l = c->l0; l < c->l1; l++)
-                if (!c->rec[i].io[l].dense) c->rec[i].io[l].ye = ye;
+                if (!c->rec[i].io[l].dense) c->rec[i].io[l].ye = ye, c->rec[i].io[l].y = y_again ? y : c->rec[i].io[l].y;
     }
     size_t m1 = arena_mark(a);
     if (spills) alloc_spill(c, moe, a);
@@ -389,7 +391,7 @@ static void f_dispatch(Cursor *f) {
 }
 static void f_stage3(Cursor *f) {
     ep_finish(f->c->m, cur_io(f));
-    moe_stage3_forward(f->c->m, f->l, cur_rec(f), cur_io(f));
+    moe_stage3_forward(f->c->m, f->l, cur_rec(f), cur_io(f), false);
 }
 static void f_combine(Cursor *f) { ep_issue(f->c->m, cur_io(f), EP_COMBINE); }
 static void f_stage5(Cursor *f) {
@@ -431,7 +433,7 @@ static void layer_restore(Chunk *c, int slot, int l) {
         if (c->region_owner != at) layer_forward(c, slot, l, true);
     } else if (io->route && io->route->spill && c->spill_owner != at) {
         ep_dispatch_forward(m, io);
-        moe_stage3_forward(m, l, rec_of(c, k, l), io);
+        moe_stage3_forward(m, l, rec_of(c, k, l), io, false);
         c->spill_owner = at;
     }
 }
@@ -458,6 +460,10 @@ static void b_stage5(Cursor *b) {
     alloc_layer_grads(c, b->k, b->l, c->ws);
     moe_stage1_recompute(c->m, b->l, cur_rec(b), &b->k->mb, cur_io(b));
     if (!full) layer_restore(c, b->slot, b->l);
+    if (c->m->recompute & RC_EXPERT_OUT && !cur_io(b)->dense) { // a collective: every ep rank at this step
+        moe_stage3_forward(c->m, b->l, cur_rec(b), cur_io(b), true);
+        ep_issue(c->m, cur_io(b), EP_COMBINE), ep_finish(c->m, cur_io(b));
+    }
     moe_stage5_backward(c->m, b->l, cur_rec(b), cur_io(b), b_dy(b));
 }
 static void b_combine(Cursor *b) { ep_issue(b->c->m, cur_io(b), EP_COMBINE_BACKWARD); }

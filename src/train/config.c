@@ -47,7 +47,7 @@ static const char *const state_dtype_names[] = {"fp32", "bf16", NULL}; // StateD
 static const char *const scheduler_names[] = {"constant", "wsd", "cosine", NULL};
 static const char *const decay_names[] = {"cosine", "linear", NULL};
 static const char *const sharding_names[] = {"fsdp", "hsdp", NULL};
-static const char *const recompute_parts[] = {"norm", "rope", "swiglu", "router", "gate_up"}; // RC_* bit order
+static const char *const recompute_parts[] = {"norm", "rope", "swiglu", "router", "expert_out", "gate_up"}; // RC_*
 
 // clang-format off
 static const ConfigKey top_keys[] = {
@@ -109,7 +109,8 @@ static const ConfigKey top_keys[] = {
     {.name = "recompute", .kind = K_PARTS, .off = OFF(recompute), .def_text = "`none`",
      .doc = "activation recomputation: the parts backward recomputes instead of keeping, a list (or names joined "
             "by commas) of `norm` (RMSNorm outputs), `rope` (q, k after their norm and RoPE), `swiglu` (SwiGLU "
-            "outputs), `router` (logits and scores), `gate_up` (stage 3's gate/up products: the gate_up GEMM again); "
+            "outputs), `router` (logits and scores), `expert_out` (the experts' outputs in token order: the down GEMM and "
+            "the combine again), `gate_up` (stage 3's gate/up products: the gate_up GEMM again); "
             "`selective` = `swiglu`; `full` keeps only each layer's input and routing and reruns its forward; the "
             "gradients are the same bit for bit (docs/architecture.md, \"Activation recomputation\")"},
     {.name = "run_dir", .kind = K_PATH, .off = OFF(run_dir), .def_text = "`save_location`, else `runs/<folder>-<name>`",
@@ -420,7 +421,7 @@ static void read_key(TrainConfig *c, JObj sec, bool optional, const Origin *org,
         const char *s = b.p ? b.p : jstr(o, k->name, false, "none");
         if ((*(int *)field = config_recompute_parse(s)) < 0)
             jdie(o, k->name, "'%s' is not supported (none, selective, full, or parts of norm, rope, swiglu, router, "
-                             "gate_up)", s);
+                             "expert_out, gate_up)", s);
         free(b.p);
         break;
     }

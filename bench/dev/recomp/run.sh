@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 pith=${PITH:-build-cand/pith}
 [ -x "$pith" ] || pith=build/pith
 PITH=$pith OUT=$OUT bash bench/run_recompute.sh --steps=6 --no-sweep \
-    --modes="none selective norm,rope,swiglu,router norm,rope,swiglu,router,gate_up"
+    --modes="none selective norm,rope,swiglu,router norm,rope,swiglu,router,expert_out,gate_up"
 for st in fp32 bf16; do
     echo "== pith estimate examples/qwen3-30b-a3b/train.json --gpus 8 --gpu-memory 80 --detail (optimizer.state_dtype=$st)"
     "$pith" estimate examples/qwen3-30b-a3b/train.json --gpus 8 --gpu-memory 80 --detail \
