@@ -67,14 +67,15 @@ static const int recompute_sets[] = {0, 1, 3, 7, 15, 31, 63, RECOMPUTE_FULL};
 
 // The GEMM FLOPs a recompute set adds to one micro-batch of T tokens on a rank (balanced routing: T·k rows): the
 // router's (T × H → E), the down GEMM's (T·k × I → H, and the combine again) and the gate_up GEMM's (T·k × H → 2I, or
-// T × H → 2I on a dense layer); full reruns the whole forward (counted as the MLP's three GEMMs alone: a lower
-// bound), the elementwise parts add no GEMM.
+// T × H → 2I on a dense layer); full reruns the whole forward (counted as all of those: a lower bound), the
+// elementwise parts add no GEMM.
 static double recompute_gflops(const ModelConfig *mc, int rc, double T) {
     double f = 0, H = mc->hidden;
+    rc |= rc & RC_FULL ? RC_FULL - 1 : 0;
     for (int l = 0; l < mc->layers; l++) {
         double rows = mc->is_moe[l] ? T * mc->topk : T, I = mc->is_moe[l] ? mc->moe_inter : mc->dense_inter;
         if (rc & RC_ROUTER && mc->is_moe[l]) f += 2 * T * H * mc->experts;
-        if (rc & (RC_GATE_UP | RC_FULL)) f += 2 * rows * H * 2 * I * (rc & RC_FULL ? 1.5 : 1);
+        if (rc & RC_GATE_UP) f += 2 * rows * H * 2 * I;
         if (rc & RC_EXPERT_OUT && mc->is_moe[l]) f += 2 * rows * H * I;
     }
     return f / 1e9;
