@@ -352,11 +352,10 @@ Tensor model_view_layer(Model *m, Tensor *flat, int l, const char *suffix, int n
 // experts, swiglu_limit > 0: layers.l.mlp.experts.e.{gate_up,down}_proj.{weight,bias}); the final norm and LM head.
 void model_params_build(const ModelFamily *fam, ParamTable *t, const ModelConfig *c);
 void moe_bind(Model *m); // m->sw, m->sg for the parameters above, and the family mixer's views (m->views)
-// Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd.
-void moe_layer_alloc(Model *m, int l, void *rec, Arena *a, int B, int S, StageIO *io);
-// Stage 1's parts that m->recompute names (norms, RoPE'd q/k, router), which moe_layer_alloc leaves out: from a
-// staging arena before each forward, from the workspace for the backward, which moe_stage1_recompute fills again.
-void moe_layer_stage(Model *m, int l, void *rec, Arena *st, int B, int S, StageIO *io);
+// Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd. staged:
+// only the parts m->recompute names (norms, RoPE'd q/k, router), which the record leaves out: from a staging arena
+// before each forward, from the workspace for the backward, which moe_stage1_recompute fills again.
+void moe_layer_alloc(Model *m, int l, void *rec, Arena *a, int B, int S, StageIO *io, bool staged);
 void moe_stage1_recompute(Model *m, int l, void *rec, const MicroBatch *mb, StageIO *io);
 void moe_layer_grad_alloc(Model *m, int l, void *rec, Arena *ws, int B, int S, StageIO *io);
 // gate/up products and SwiGLU outputs of R rows: those kept, or (staged) those m->recompute names.

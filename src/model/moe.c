@@ -73,13 +73,9 @@ static void params_mlp(ParamTable *t, const ModelConfig *c, int l) {
     int e0 = model_expert_first(c), e1 = e0 + model_experts_local(c); // the experts this rank holds
     char n[96];
     if (!c->is_moe[l]) {
-        snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l),
-            params_add(t, n, GROUP_DENSE, INIT_NORMAL, 2, D, H, 0);
-        snprintf(n, sizeof n, "layers.%d.mlp.up_proj.weight", l),
-            params_add(t, n, GROUP_DENSE, INIT_NORMAL, 2, D, H, 0);
-        snprintf(n, sizeof n, "layers.%d.mlp.down_proj.weight", l),
-            params_add(t, n, GROUP_DENSE, INIT_NORMAL_OUT, 2, H, D, 0);
-        return;
+        params_add_layer(t, l, "mlp.gate_proj.weight", INIT_NORMAL, 2, D, H);
+        params_add_layer(t, l, "mlp.up_proj.weight", INIT_NORMAL, 2, D, H);
+        return params_add_layer(t, l, "mlp.down_proj.weight", INIT_NORMAL_OUT, 2, H, D);
     }
     if (c->swiglu_limit > 0) { // GPT-OSS: each expert's gate_up (2I, H) with interleaved rows, and biases
         static const struct {
@@ -201,9 +197,8 @@ static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
             snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.bias", l, e0);
             w->down_b[l] = model_view(m, flat, n, 2, El, H, 0);
         } else {
-            snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l),
-                w->gate_up[l] = model_view(m, flat, n, 2, 2 * D, H, 0);
-            snprintf(n, sizeof n, "layers.%d.mlp.down_proj.weight", l), w->down[l] = model_view(m, flat, n, 2, H, D, 0);
+            w->gate_up[l] = model_view_layer(m, flat, l, "mlp.gate_proj.weight", 2, 2 * D, H);
+            w->down[l] = model_view_layer(m, flat, l, "mlp.down_proj.weight", 2, H, D);
         }
     }
 }
@@ -228,10 +223,10 @@ static bool has_shared(const Model *m, int l) { return m->cfg.is_moe[l] && m->cf
 // Field `f` from arena a when part p (0: none) is recomputed (RC_*) exactly when `staged`, else as it is.
 #define PART(p, f, ...) (f = !(m->recompute & (p)) == !staged ? arena_tensor(a, __VA_ARGS__) : f)
 
-// The record's kept tensors, or (staged) those of the parts m->recompute names. A dense layer's n2 is its stage
-// 3's input (kept).
-static void layer_alloc(Model *m, int l, LayerRec *r, Arena *a, int B, int S, StageIO *io, bool staged) {
+// A dense layer's n2 is its stage 3's input (kept).
+void moe_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io, bool staged) {
     const ModelConfig *c = &m->cfg;
+    LayerRec *r = rp;
     int64_t T = (int64_t)B * S, H = c->hidden, E = c->experts, Is = c->shared_inter;
     DType dt = m->cdt;
     GqaShape g = layer_gqa(m->fam, c, l);
@@ -256,13 +251,6 @@ static void layer_alloc(Model *m, int l, LayerRec *r, Arena *a, int B, int S, St
     if (!m->fam->shared_gate) return;
     r->so = arena_tensor(a, dt, 2, T, H, 0, 0);
     r->sg = arena_tensor(a, dt, 2, T, 1, 0, 0);
-}
-
-void moe_layer_alloc(Model *m, int l, void *rec, Arena *a, int B, int S, StageIO *io) {
-    layer_alloc(m, l, rec, a, B, S, io, false);
-}
-void moe_layer_stage(Model *m, int l, void *rec, Arena *st, int B, int S, StageIO *io) {
-    layer_alloc(m, l, rec, st, B, S, io, true);
 }
 
 void moe_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, StageIO *io) {

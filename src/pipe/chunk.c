@@ -49,7 +49,7 @@ static void alloc_layer(Chunk *c, ChunkRecord *k, int l, Arena *a, ChunkPlan *p)
     int T = c->B * c->S;
     StageIO *io = &k->io[l];
     size_t m0 = arena_mark(a);
-    moe_layer_alloc(m, l, rec_of(c, k, l), a, c->B, c->S, io);
+    moe_layer_alloc(m, l, rec_of(c, k, l), a, c->B, c->S, io, false);
     size_t m1 = arena_mark(a);
     moe_stage3_alloc(m, l, rec_of(c, k, l), a, io->dense ? T : ep_rows_capacity(m, T), false);
     ep_alloc(m, io, a, T);
@@ -112,7 +112,7 @@ static void alloc_staging(Chunk *c, Arena *a, int moe) {
                 ChunkRecord *k = &c->rec[i];
                 st.used = 0, c->stage1.used = 0;
                 moe_stage3_alloc(m, l, rec_of(c, k, l), &st, k->io[l].dense ? T : ep_rows_capacity(m, T), true);
-                moe_layer_stage(m, l, rec_of(c, k, l), &c->stage1, c->B, c->S, &k->io[l]);
+                moe_layer_alloc(m, l, rec_of(c, k, l), &c->stage1, c->B, c->S, &k->io[l], true);
                 k->own[l] = rows_of(c, k, l);
             }
         if (c->spill.xe.n[0]) {
@@ -179,7 +179,7 @@ static void alloc_activations(Chunk *c, Arena *a, ChunkPlan *p) {
 static void alloc_layer_grads(Chunk *c, ChunkRecord *k, int l, Arena *ws) {
     Model *m = c->m;
     StageIO *io = &k->io[l];
-    moe_layer_stage(m, l, rec_of(c, k, l), ws, c->B, c->S, io); // recomputed by b_stage5
+    moe_layer_alloc(m, l, rec_of(c, k, l), ws, c->B, c->S, io, true); // recomputed by b_stage5
     moe_layer_grad_alloc(m, l, rec_of(c, k, l), ws, c->B, c->S, io);
     if (!io->dense) io->dw = arena_tensor(ws, DT_F32, 2, (int64_t)c->B * c->S, m->cfg.topk, 0, 0);
     moe_stage3_grad_alloc(m, l, rec_of(c, k, l), ws);
@@ -373,7 +373,7 @@ static StageIO *cur_io(const Cursor *u) { return &u->k->io[u->l]; }
 static void f_stage1(Cursor *f) {
     Model *m = f->c->m;
     f->k->mb.replay = f->replay;
-    f->c->stage1.used = 0, moe_layer_stage(m, f->l, cur_rec(f), &f->c->stage1, f->c->B, f->c->S, cur_io(f));
+    f->c->stage1.used = 0, moe_layer_alloc(m, f->l, cur_rec(f), &f->c->stage1, f->c->B, f->c->S, cur_io(f), true);
     moe_stage1_forward(m, f->l, cur_rec(f), &f->k->mb, f->k->h[f->l], cur_io(f));
 }
 // The route, the layer's stage-3 rows (its own, or the spill set when the group decided so), the dispatch.
