@@ -8,7 +8,7 @@
 # Qwen3-30B-A3B on 8 × 80 GB and 8 × 141 GB. Logs and the table under $OUT (default /tmp/pith-recompute).
 # Options: --steps=N (default 8); --config=PATH and --device=cpu run the same on another config (a CPU dry run:
 #   bash bench/run_recompute.sh --config=examples/tiny/train.json --device=cpu --steps=4); --modes="none gate_up …"
-#   (recompute values, `offload` as above; the first is the baseline) and --no-sweep.
+#   (recompute values, `offload` as above; the first is the baseline) and --no-sweep; RUN_T: each run's timeout (420 s).
 set -u
 OUT=${OUT:-/tmp/pith-recompute}
 steps=8 config=bench/qwen3_30b_a3b_8l/train.json device=cuda vocab=151936 modes="none selective full offload" sweep=1
@@ -28,7 +28,7 @@ for mode in $modes; do
     rm -rf "$OUT/run-$mode"
     r=$mode x=()
     [ $mode = offload ] && r=none x=(--set optimizer.offload=true)
-    timeout 420 "$pith" train "$config" --set max_steps="$steps" --set recompute=$r --set device=$device \
+    timeout ${RUN_T:-420} "$pith" train "$config" --set max_steps="$steps" --set recompute=$r --set device=$device \
         --set run_dir="$OUT/run-$mode" --set tensorboard=false "${x[@]}" >"$OUT/train-$mode.txt" 2>&1
     echo "rc=$?" >>"$OUT/train-$mode.txt"
     grep -v '^{' "$OUT/train-$mode.txt" | tail -2
