@@ -103,8 +103,8 @@ TEST(memory_recompute_bit_identical) {
         TINY_QWEN3_5_4};
     static const LbForm forms[] = {LB_MICRO_BATCH, LB_GLOBAL_BATCH, LB_SEQUENCE};
     // none, selective, each part alone, every part, full
-    static const int modes[] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE,  RC_NORM,     RC_ROPE,
-                                RC_ROUTER,      RC_EXPERT_OUT,        RC_GATE_UP,  RC_EXPERT_OUT | RC_GATE_UP,
+    static const int modes[] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE,  RC_NORM,       RC_ROPE,
+                                RC_ROUTER,      RC_EXPERT_OUT,        RC_GATE_UP,    RC_EXPERT_OUT | RC_GATE_UP,
                                 RC_FULL - 1,    RC_GATE_UP | RC_NORM, RECOMPUTE_FULL};
     enum { N = sizeof modes / sizeof *modes };
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
@@ -189,12 +189,13 @@ TEST(memory_recompute_layouts) {
         for (int rc = 0; rc < 2; rc++) {
             char launch[300];
             snprintf(launch, sizeof launch, runs[i], d, d);
-            ASSERT_MSG(run_cmd(out, sizeof out,
-                               "PITH=%s scripts/launch.sh %s --set max_steps=1 --set recompute=%s --set run_dir=%s/c%d%d "
-                               "--dump-grads %s/c%d%d/g 2>&1",
-                               PITH_BIN, launch, rc ? "norm,rope,swiglu,router,expert_out,gate_up" : "none", d, i, rc, d, i,
-                               rc) == 0,
-                       "%s", out);
+            ASSERT_MSG(
+                run_cmd(out, sizeof out,
+                        "PITH=%s scripts/launch.sh %s --set max_steps=1 --set recompute=%s --set run_dir=%s/c%d%d "
+                        "--dump-grads %s/c%d%d/g 2>&1",
+                        PITH_BIN, launch, rc ? "norm,rope,swiglu,router,expert_out,gate_up" : "none", d, i, rc, d, i,
+                        rc) == 0,
+                "%s", out);
         }
     for (int i = 0; i < 3; i++)
         ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/c%d0/g %s/c%d1/g", d, i, d, i) == 0, "run %d: %s", i, out);
@@ -297,6 +298,9 @@ TEST(memory_estimate_detail) {
     ASSERT(run_cmd(one, sizeof one, "%s estimate %s --set recompute=full", PITH_BIN, cfg) == 0);
     ASSERT_MSG(fabs(gb_after(out, "--set recompute=full") - gb_after(one, "  total")) < 0.006, "%s\n%s", out, one);
     ASSERT_MSG(strstr(out, "--set parallel.expert_parallel_size=16           (the layout does not divide)"), "%s", out);
+    const char *all = "--set recompute=norm,rope,swiglu,router,expert_out,gate_up";
+    ASSERT(run_cmd(one, sizeof one, "%s estimate %s %s", PITH_BIN, cfg, all) == 0);
+    ASSERT_MSG(fabs(gb_after(out, all) - gb_after(one, "  total")) < 0.006, "%s\n%s", out, one);
 }
 
 // --sweep on the real Qwen3-30B-A3B config finds layouts that fit 8 × 141 GB (H200), best first; the first one
@@ -331,23 +335,26 @@ TEST(memory_estimate_sweep_layout_trains) {
     }
 }
 
-// Under the pipeline (pp 2 × ep 2 on 4 CPU ranks, 8 layers: chunks of two, DualPipeV with deferred weight gradients and the overlapped
-// pair): the spill set and the recompute sets give the worst-case plan's step-1 gradient byte for byte (a spilled
-// layer, every layer under full recompute and under swiglu with gate_up, computes its weight gradient in backward
-// instead of deferring it; gate_up alone defers it; stage 1's parts are remade beside the pair's forward).
+// Under the pipeline (pp 2 × ep 2 on 4 CPU ranks, 8 layers: chunks of two, DualPipeV with deferred weight gradients
+// and the overlapped pair): the spill set and the recompute sets give the worst-case plan's step-1 gradient byte for
+// byte (a spilled layer, every layer under full recompute and under swiglu with gate_up, computes its weight
+// gradient in backward instead of deferring it; gate_up with expert_out defers it; stage 1's parts are remade
+// beside the pair's forward).
 TEST(memory_pipeline_spill_and_recompute) {
     const char *d = memory_run();
     char out[1 << 15];
     ASSERT(run_cmd(out, sizeof out,
                    "sed 's/\"num_hidden_layers\": 3/\"num_hidden_layers\": 8/' %s/model.json > %s/m8.json", d, d) == 0);
-    static const char *const sets[] = {"--set parallel.ep_capacity_factor=0", "--set parallel.ep_capacity_factor=0.5",
-                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=selective",
-                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=full",
-                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=norm,rope,swiglu,router,expert_out,gate_up",
-                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=gate_up,norm",
-                                       "--set parallel.ep_capacity_factor=0 --set recompute=gate_up,swiglu",
-                                       "--set parallel.ep_capacity_factor=0 --set recompute=gate_up,expert_out",
-                                       "--set recompute='[\"rope\", \"router\", \"swiglu\"]'"};
+    static const char *const sets[] = {
+        "--set parallel.ep_capacity_factor=0",
+        "--set parallel.ep_capacity_factor=0.5",
+        "--set parallel.ep_capacity_factor=0.5 --set recompute=selective",
+        "--set parallel.ep_capacity_factor=0.5 --set recompute=full",
+        "--set parallel.ep_capacity_factor=0.5 --set recompute=norm,rope,swiglu,router,expert_out,gate_up",
+        "--set parallel.ep_capacity_factor=0.5 --set recompute=gate_up,norm",
+        "--set parallel.ep_capacity_factor=0 --set recompute=gate_up,swiglu",
+        "--set parallel.ep_capacity_factor=0 --set recompute=gate_up,expert_out",
+        "--set recompute='[\"rope\", \"router\", \"swiglu\"]'"};
     for (int i = 0; i < 9; i++) {
         ASSERT_MSG(
             run_cmd(out, sizeof out,

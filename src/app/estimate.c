@@ -93,8 +93,7 @@ static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
              "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
              "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s",
              c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
-             rc_name(c->recompute), c->micro_batch_size,
-             c->optimizer.offload ? " --set optimizer.offload=true" : "",
+             rc_name(c->recompute), c->micro_batch_size, c->optimizer.offload ? " --set optimizer.offload=true" : "",
              c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "");
 }
 
@@ -111,8 +110,9 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
              cfg->recompute == RECOMPUTE_FULL ? " (one layer: full recompute)" : ", every layer");
     row("stage 1 records", e->act_stage1, note);
     int rc = cfg->recompute;
-    snprintf(note, sizeof note, "expert rows%s%s%s, routes; %d MoE layers", rc & (RC_GATE_UP | RC_FULL) ? "" : ", gate/up",
-             rc & RC_SWIGLU ? "" : ", SwiGLU", rc & (RC_EXPERT_OUT | RC_FULL) ? "" : ", outputs (T·k, H)", moe);
+    snprintf(note, sizeof note, "expert rows%s%s%s, routes; %d MoE layers",
+             rc & (RC_GATE_UP | RC_FULL) ? "" : ", gate/up", rc & RC_SWIGLU ? "" : ", SwiGLU",
+             rc & (RC_EXPERT_OUT | RC_FULL) ? "" : ", outputs (T·k, H)", moe);
     row("stage 3 records", e->act_experts, note);
     row("staging", e->act_staging, "expert outputs before combine and the recomputed parts, one layer");
     row("spill set", e->act_spill,
@@ -135,34 +135,34 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     printf("largest term: %s, %.2f GB (%.0f%% of %.2f GB)\n", terms[big].name, terms[big].bytes / 1e9,
            100.0 * terms[big].bytes / total, total / 1e9);
     printf("levers (each alone, from this config):\n");
-    for (int i = 0; i < 18; i++) {
+    for (int i = 0; i < 11 + NSETS; i++) {
         TrainConfig c = *cfg;
         char what[96], flops[48] = "";
-        if (i >= 16) { // the moments to host memory, or in bf16
-            if (cfg->optimizer.type != OPTIMIZER_ADAMW ||
-                (i == 16 ? cfg->optimizer.offload : cfg->optimizer.state_dtype))
+        int j = i - 5 - NSETS; // after the recompute sets: ep ×2, ÷2, micro-batch ×2, ÷2, the two optimizer levers
+        if (j >= 4) { // the moments to host memory, or in bf16
+            if (cfg->optimizer.type != OPTIMIZER_ADAMW || (j == 4 ? cfg->optimizer.offload : cfg->optimizer.state_dtype))
                 continue;
-            if (i == 16) c.optimizer.offload = true;
+            if (j == 4) c.optimizer.offload = true;
             else c.optimizer.state_dtype = STATE_BF16;
-            snprintf(what, sizeof what, i == 16 ? "optimizer.offload=true" : "optimizer.state_dtype=bf16");
+            snprintf(what, sizeof what, j == 4 ? "optimizer.offload=true" : "optimizer.state_dtype=bf16");
         } else if (i < 5) { // capacity factors (with expert parallelism)
             static const double f[] = {0, 2, 1.5, 1.25, 1};
             if (cfg->parallel.ep == 1 || f[i] == cfg->parallel.ep_capacity_factor) continue;
             c.parallel.ep_capacity_factor = f[i];
             snprintf(what, sizeof what, "parallel.ep_capacity_factor=%g%s", f[i], f[i] ? "" : " (worst case)");
-        } else if (i < 5 + NSETS) { // the recompute sets, with the GEMM FLOPs each adds
+        } else if (j < 0) { // the recompute sets, with the GEMM FLOPs each adds
             if ((c.recompute = recompute_sets[i - 5]) == cfg->recompute) continue;
             double T = (double)cfg->micro_batch_size * cfg->sequence_length / cfg->parallel.cp;
             snprintf(what, sizeof what, "recompute=%s", rc_name(c.recompute));
             snprintf(flops, sizeof flops, "  %+.0f GEMM GFLOP a micro-batch",
                      recompute_gflops(mc, c.recompute, T) - recompute_gflops(mc, cfg->recompute, T));
-        } else if (i < 14) {
-            c.parallel.ep = i == 12 ? cfg->parallel.ep * 2 : cfg->parallel.ep / 2;
-            if (c.parallel.ep < 1 || (i == 13 && cfg->parallel.ep % 2)) continue;
+        } else if (j < 2) {
+            c.parallel.ep = j == 0 ? cfg->parallel.ep * 2 : cfg->parallel.ep / 2;
+            if (c.parallel.ep < 1 || (j == 1 && cfg->parallel.ep % 2)) continue;
             snprintf(what, sizeof what, "parallel.expert_parallel_size=%d", c.parallel.ep);
-        } else if (i < 16) {
-            c.micro_batch_size = i == 14 ? cfg->micro_batch_size * 2 : cfg->micro_batch_size / 2;
-            if (c.micro_batch_size < 1 || (i == 15 && cfg->micro_batch_size % 2)) continue;
+        } else {
+            c.micro_batch_size = j == 2 ? cfg->micro_batch_size * 2 : cfg->micro_batch_size / 2;
+            if (c.micro_batch_size < 1 || (j == 3 && cfg->micro_batch_size % 2)) continue;
             snprintf(what, sizeof what, "micro_batch_size=%d", c.micro_batch_size);
         }
         MemoryPlan q;
@@ -257,8 +257,8 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
         printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s\n        %s\n",
                fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
-               c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, rc_name(c->recompute),
-               c->micro_batch_size, c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
+               c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, rc_name(c->recompute), c->micro_batch_size,
+               c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
                c->optimizer.offload ? ", moments on the host" : "", sets);
     }
     if (!count[FIT_OK] && !count[FIT_TIGHT]) printf("sweep: nothing fits; the smallest plans are above\n");

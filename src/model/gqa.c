@@ -56,7 +56,8 @@ void gqa_alloc(GqaRec *r, const GqaShape *s, Arena *a, DType dt, int B, int S, b
             r->rk = arena_tensor(a, DT_F32, 1, T * nkv, 0, 0, 0);
         }
     }
-    if ((rope && norm) == staged) r->q = arena_tensor(a, dt, 3, T, nh, d, 0), r->k = arena_tensor(a, dt, 3, T, nkv, d, 0);
+    if ((rope && norm) == staged)
+        r->q = arena_tensor(a, dt, 3, T, nh, d, 0), r->k = arena_tensor(a, dt, 3, T, nkv, d, 0);
     if (staged) return;
     r->v = arena_tensor(a, dt, 3, T, nkv, d, 0);
     if (s->sinks) r->sinks = arena_tensor(a, DT_F32, 1, nh, 0, 0, 0);

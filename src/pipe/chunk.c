@@ -157,7 +157,8 @@ static void alloc_activations(Chunk *c, Arena *a, ChunkPlan *p) {
                y = y_again ? arena_tensor(a, m->cdt, 2, (int64_t)T * m->cfg.topk, m->cfg.hidden, 0, 0) : (Tensor){0};
         for (int i = 0; i < c->nrec; i++)
             for (int l = c->l0; l < c->l1; l++)
-                if (!c->rec[i].io[l].dense) c->rec[i].io[l].ye = ye, c->rec[i].io[l].y = y_again ? y : c->rec[i].io[l].y;
+                if (!c->rec[i].io[l].dense)
+                    c->rec[i].io[l].ye = ye, c->rec[i].io[l].y = y_again ? y : c->rec[i].io[l].y;
     }
     size_t m1 = arena_mark(a);
     if (spills) alloc_spill(c, moe, a);

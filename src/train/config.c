@@ -109,8 +109,8 @@ static const ConfigKey top_keys[] = {
     {.name = "recompute", .kind = K_PARTS, .off = OFF(recompute), .def_text = "`none`",
      .doc = "activation recomputation: the parts backward recomputes instead of keeping, a list (or names joined "
             "by commas) of `norm` (RMSNorm outputs), `rope` (q, k after their norm and RoPE), `swiglu` (SwiGLU "
-            "outputs), `router` (logits and scores), `expert_out` (the experts' outputs in token order: the down GEMM and "
-            "the combine again), `gate_up` (stage 3's gate/up products: the gate_up GEMM again); "
+            "outputs), `router` (logits and scores), `expert_out` (the experts' outputs in token order: the down "
+            "GEMM and the combine again), `gate_up` (stage 3's gate/up products: the gate_up GEMM again); "
             "`selective` = `swiglu`; `full` keeps only each layer's input and routing and reruns its forward; the "
             "gradients are the same bit for bit (docs/architecture.md, \"Activation recomputation\")"},
     {.name = "run_dir", .kind = K_PATH, .off = OFF(run_dir), .def_text = "`save_location`, else `runs/<folder>-<name>`",
@@ -420,8 +420,10 @@ static void read_key(TrainConfig *c, JObj sec, bool optional, const Origin *org,
         if (json_is_array(v)) json_array_foreach(v, i, e) str_printf(&b, "%s%s", i ? "," : "", json_string_value(e));
         const char *s = b.p ? b.p : jstr(o, k->name, false, "none");
         if ((*(int *)field = config_recompute_parse(s)) < 0)
-            jdie(o, k->name, "'%s' is not supported (none, selective, full, or parts of norm, rope, swiglu, router, "
-                             "expert_out, gate_up)", s);
+            jdie(o, k->name,
+                 "'%s' is not supported (none, selective, full, or parts of norm, rope, swiglu, router, "
+                 "expert_out, gate_up)",
+                 s);
         free(b.p);
         break;
     }
@@ -756,7 +758,8 @@ const char *config_recompute_name(int mask, char *buf, size_t cap) {
         return mask == RECOMPUTE_NONE ? "none" : mask == RECOMPUTE_FULL ? "full" : "selective";
     buf[0] = 0;
     for (int i = 0; i < RC_PARTS; i++)
-        if (mask & 1 << i) snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", buf[0] ? "," : "", recompute_parts[i]);
+        if (mask & 1 << i)
+            snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", buf[0] ? "," : "", recompute_parts[i]);
     return buf;
 }
 

@@ -168,7 +168,9 @@ TEST(gpu_model_recompute) {
     for (int i = 0; i < 5; i++)
         for (int bf16 = 0; bf16 < 2; bf16++) // Qwen3.5 as test_gpu_qwen3_5.c runs it
             model_compare(configs[i], false, bf16 ? DT_BF16 : DT_F32, 2, i == 2 ? 80 : 32, 0.05,
-                          i != 2 ? 0.2 : bf16 ? 0.05 : 0.1);
+                          i != 2 ? 0.2
+                          : bf16 ? 0.05
+                                 : 0.1);
     compare_recompute = RECOMPUTE_NONE;
     gpu_report();
 }
