@@ -81,11 +81,7 @@ static double recompute_gflops(const ModelConfig *mc, int rc, double T) {
     return f / 1e9;
 }
 
-static const char *rc_name(int rc) {
-    static char b[4][64];
-    static int i;
-    return config_recompute_name(rc, b[i = (i + 1) % 4], sizeof b[0]);
-}
+#define RC_NAME(rc) config_recompute_name(rc, (char[64]){0}, 64) // a name for this statement
 
 // The --set options that give layout c from the config as written.
 static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
@@ -93,7 +89,7 @@ static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
              "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
              "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s",
              c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
-             rc_name(c->recompute), c->micro_batch_size, c->optimizer.offload ? " --set optimizer.offload=true" : "",
+             RC_NAME(c->recompute), c->micro_batch_size, c->optimizer.offload ? " --set optimizer.offload=true" : "",
              c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "");
 }
 
@@ -153,7 +149,7 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
         } else if (j < 0) { // the recompute sets, with the GEMM FLOPs each adds
             if ((c.recompute = recompute_sets[i - 5]) == cfg->recompute) continue;
             double T = (double)cfg->micro_batch_size * cfg->sequence_length / cfg->parallel.cp;
-            snprintf(what, sizeof what, "recompute=%s", rc_name(c.recompute));
+            snprintf(what, sizeof what, "recompute=%s", RC_NAME(c.recompute));
             snprintf(flops, sizeof flops, "  %+.0f GEMM GFLOP a micro-batch",
                      recompute_gflops(mc, c.recompute, T) - recompute_gflops(mc, cfg->recompute, T));
         } else if (j < 2) {
@@ -257,7 +253,7 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
         printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s\n        %s\n",
                fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
-               c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, rc_name(c->recompute), c->micro_batch_size,
+               c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, RC_NAME(c->recompute), c->micro_batch_size,
                c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
                c->optimizer.offload ? ", moments on the host" : "", sets);
     }
@@ -279,7 +275,7 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
     bool piped = d->pp > 1 || c->parallel.pipeline_schedule;
     snprintf(act, sizeof act, "%s, recompute %s",
              piped ? "two chunks: the schedule's micro-batches in flight, deferred sets" : "one micro-batch in flight",
-             rc_name(c->recompute));
+             RC_NAME(c->recompute));
     char whose[64] = "per rank";
     if (d->pp > 1) snprintf(whose, sizeof whose, "per rank (these rows: pipeline rank 0 of %d)", d->pp);
     printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); %s: %d of %d experts, micro-batch %d × "

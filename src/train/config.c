@@ -623,10 +623,7 @@ static json_t *key_value(const TrainConfig *c, const ConfigKey *k) {
     case K_BOOL: return json_boolean(*(const bool *)field);
     case K_CHOICE: return json_string(k->choices[*(const int *)field]);
     case K_PAIR: return json_pack("[f, f]", ((const double *)field)[0], ((const double *)field)[1]);
-    case K_PARTS: {
-        char b[64];
-        return json_string(config_recompute_name(*(const int *)field, b, sizeof b));
-    }
+    case K_PARTS: return json_string(config_recompute_name(*(const int *)field, (char[64]){0}, 64));
     }
     return json_null();
 }
