@@ -44,10 +44,10 @@ typedef struct {
 } RecomputeRun;
 
 // Two micro-batches forward and backward under `mode`, with load balancing of `form` and a selection bias.
-static void recompute_run(const char *model_json, LbForm form, RecomputeMode mode, RecomputeRun *o) {
+static void recompute_run(const char *model_file, LbForm form, RecomputeMode mode, RecomputeRun *o) {
     enum { B = 2, S = 8, T = B * S };
     ModelConfig mc;
-    const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", model_json));
+    const ModelFamily *fam = model_config_load(&mc, model_file);
     Model m;
     model_create(&m, fam, &mc, DEV_CPU, DT_F32, S);
     m.lb_coef = 0.01, m.recompute = mode;
@@ -83,9 +83,11 @@ static void recompute_run(const char *model_json, LbForm form, RecomputeMode mod
     chunk_free(&e), step_sums_free(&st), model_free(&m), dist_mesh_free(&d);
 }
 
-// selective and full against none: the loss, load-balancing loss, every gradient element and the expert
-// counts bit for bit (Qwen3 with a dense layer and biases; DeepSeek-V2 with MLA and shared experts), under
-// each load-balancing form (global-batch's replay takes this micro-batch's counts back out of its sums).
+// Every recompute set against none: the loss, load-balancing loss, every gradient element and the expert counts bit
+// for bit, under each load-balancing form (global-batch's replay takes this micro-batch's counts back out of its
+// sums), on every family: Qwen3 with a dense layer and biases, DeepSeek-V2 with MLA and shared experts, GPT-OSS
+// (sinks, clamped SwiGLU, biases), Qwen3.5 (DeltaNet, gated attention, a gated shared expert). A part whose
+// recompute went wrong reads what another layer left in the staging or the workspace, so its gradients differ.
 TEST(memory_recompute_bit_identical) {
     static const char *const models[] = {
         TINY_MOE_B, TINY_MOE_EP,
@@ -94,28 +96,40 @@ TEST(memory_recompute_bit_identical) {
         "\"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 4, \"v_head_dim\": 6, "
         "\"vocab_size\": 40, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, "
         "\"moe_intermediate_size\": 6, \"n_shared_experts\": 2, "
-        "\"intermediate_size\": 12, \"first_k_dense_replace\": 1}"};
+        "\"intermediate_size\": 12, \"first_k_dense_replace\": 1}",
+        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 16, \"num_hidden_layers\": 3, \"num_attention_heads\": 4,"
+        " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 40, \"num_local_experts\": 4,"
+        " \"num_experts_per_tok\": 2, \"intermediate_size\": 8, \"sliding_window\": 5, \"swiglu_limit\": 2.0}",
+        TINY_QWEN3_5_4};
     static const LbForm forms[] = {LB_MICRO_BATCH, LB_GLOBAL_BATCH, LB_SEQUENCE};
+    // none, selective, each part alone, every part, full
+    static const int modes[] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE,  RC_NORM,       RC_ROPE,
+                                RC_ROUTER,      RC_EXPERT_OUT,        RC_GATE_UP,    RC_EXPERT_OUT | RC_GATE_UP,
+                                RC_FULL - 1,    RC_GATE_UP | RC_NORM, RECOMPUTE_FULL};
+    enum { N = sizeof modes / sizeof *modes };
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
         for (int f = 0; f < 3; f++) {
-            RecomputeRun r[3];
-            for (int mode = 0; mode < 3; mode++) recompute_run(models[i], forms[f], (RecomputeMode)mode, &r[mode]);
-            for (int mode = 1; mode < 3; mode++) {
-                ASSERT_MSG(r[mode].loss == r[0].loss && r[mode].lb == r[0].lb,
-                           "model %zu, lb form %d, mode %d: loss %.17g lb %.17g vs %.17g %.17g", i, f, mode,
-                           r[mode].loss, r[mode].lb, r[0].loss, r[0].lb);
-                ASSERT_MSG(r[mode].act < r[0].act, "model %zu mode %d: %zu activation bytes vs %zu", i, mode,
-                           r[mode].act, r[0].act);
+            RecomputeRun r[N];
+            char file[512];
+            snprintf(file, sizeof file, "%s", write_text(test_tmpdir(), "config.json", models[i]));
+            for (int k = 0; k < N; k++) recompute_run(file, forms[f], (RecomputeMode)modes[k], &r[k]);
+            for (int k = 1; k < N; k++) {
+                ASSERT_MSG(r[k].loss == r[0].loss && r[k].lb == r[0].lb,
+                           "model %zu, lb form %d, recompute %d: loss %.17g lb %.17g vs %.17g %.17g", i, f, modes[k],
+                           r[k].loss, r[k].lb, r[0].loss, r[0].lb);
+                bool fewer = modes[k] == RECOMPUTE_SELECTIVE || modes[k] == RC_FULL - 1 || modes[k] == RECOMPUTE_FULL;
+                ASSERT_MSG(fewer ? r[k].act < r[0].act : r[k].act <= r[0].act,
+                           "model %zu recompute %d: %zu activation bytes vs %zu", i, modes[k], r[k].act, r[0].act);
                 ModelConfig mc;
-                model_config_load(&mc, write_text(test_tmpdir(), "config.json", models[i]));
-                ASSERT(!memcmp(r[mode].load, r[0].load, (size_t)mc.layers * mc.experts * sizeof(double)));
+                model_config_load(&mc, file);
+                ASSERT(!memcmp(r[k].load, r[0].load, (size_t)mc.layers * mc.experts * sizeof(double)));
                 for (int g = 0; g < NGROUPS; g++)
-                    ASSERT_MSG(!memcmp(r[mode].g[g], r[0].g[g], r[0].gbytes[g]),
-                               "model %zu, lb form %d, mode %d: gradients of group %d differ", i, f, mode, g);
+                    ASSERT_MSG(!memcmp(r[k].g[g], r[0].g[g], r[0].gbytes[g]),
+                               "model %zu, lb form %d, recompute %d: gradients of group %d differ", i, f, modes[k], g);
             }
-            for (int mode = 0; mode < 3; mode++) {
-                for (int g = 0; g < NGROUPS; g++) free(r[mode].g[g]);
-                free(r[mode].load);
+            for (int k = 0; k < N; k++) {
+                for (int g = 0; g < NGROUPS; g++) free(r[k].g[g]);
+                free(r[k].load);
             }
         }
 }
@@ -141,7 +155,7 @@ TEST(memory_recompute_plan_bytes) {
         for (int mode = 0; mode < 3; mode++) {
             Model m;
             model_describe(&m, fam, &mc, DEV_CPU, DT_F32, S);
-            m.recompute = (RecomputeMode)mode;
+            m.recompute = (RecomputeMode[]){RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL}[mode];
             act[n][mode] = chunk_plan(&m, B, S, 0, mc.layers, 1, 0).act_bytes;
             model_free(&m);
         }
@@ -160,14 +174,41 @@ TEST(memory_recompute_plan_bytes) {
                    act[n][0], r);
 }
 
+// Context parallelism (cp 2 and cp 2 × ep 2; Qwen3 and Qwen3.5's hybrid, whose DeltaNet layers read n1 through the
+// contiguous layout) and FP8 at ep 2 (the gate_up GEMM remade through the FP8 weight cache): every part remade gives
+// recompute none's step-1 gradient byte for byte in the same layout.
+TEST(memory_recompute_layouts) {
+    const char *d = memory_run();
+    char out[1 << 15];
+    write_text(d, "q35.json", TINY_QWEN3_5_4);
+    static const char *const runs[] = {"-n 2 %s/train.json --set parallel.context_parallel_size=2",
+                                       "-n 4 %s/train.json --set parallel.context_parallel_size=2 --set "
+                                       "parallel.expert_parallel_size=2 --set model=%s/q35.json",
+                                       "-n 2 %s/train.json --set parallel.expert_parallel_size=2 --set fp8=true"};
+    for (int i = 0; i < 3; i++)
+        for (int rc = 0; rc < 2; rc++) {
+            char launch[300];
+            snprintf(launch, sizeof launch, runs[i], d, d);
+            ASSERT_MSG(
+                run_cmd(out, sizeof out,
+                        "PITH=%s scripts/launch.sh %s --set max_steps=1 --set recompute=%s --set run_dir=%s/c%d%d "
+                        "--dump-grads %s/c%d%d/g 2>&1",
+                        PITH_BIN, launch, rc ? "norm,rope,swiglu,router,expert_out,gate_up" : "none", d, i, rc, d, i,
+                        rc) == 0,
+                "%s", out);
+        }
+    for (int i = 0; i < 3; i++)
+        ASSERT_MSG(run_cmd(out, sizeof out, "diff -r %s/c%d0/g %s/c%d1/g", d, i, d, i) == 0, "run %d: %s", i, out);
+}
+
 // pith estimate's total equals the plan pith train allocates (its "plan" line), under each mode, on one
-// process and at ep 2 with a spilling capacity.
+// process and at ep 2 with a spilling capacity; an unknown part is an error naming the key.
 TEST(memory_recompute_estimate_equals_plan) {
     const char *d = memory_run();
     char out[1 << 15], est[1 << 15];
-    static const char *const modes[] = {"none", "selective", "full"};
+    static const char *const modes[] = {"none", "selective", "full", "norm,rope,swiglu,router,expert_out,gate_up"};
     for (int np = 1; np <= 2; np++)
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             char sets[256];
             snprintf(sets, sizeof sets, "--set recompute=%s%s", modes[i],
                      np == 2 ? " --set parallel.expert_parallel_size=2 --set parallel.ep_capacity_factor=0.5" : "");
@@ -180,6 +221,9 @@ TEST(memory_recompute_estimate_equals_plan) {
             long long e = plan_bytes(est, "  total"), t = plan_bytes(out, "plan (");
             ASSERT_MSG(e == t, "%d ranks, %s: estimate %lld vs train %lld", np, modes[i], e, t);
         }
+    ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus 1 --set 'recompute=[\"norm\", \"ropes\"]' 2>&1",
+                   PITH_BIN, d) != 0);
+    ASSERT_MSG(strstr(est, "recompute") && strstr(est, "'norm,ropes' is not supported"), "%s", est);
 }
 
 // The model on 2–4 CPU ranks with routing pushed towards rank 0 (tests/parallel/worker.c, "capacity"):
@@ -254,6 +298,9 @@ TEST(memory_estimate_detail) {
     ASSERT(run_cmd(one, sizeof one, "%s estimate %s --set recompute=full", PITH_BIN, cfg) == 0);
     ASSERT_MSG(fabs(gb_after(out, "--set recompute=full") - gb_after(one, "  total")) < 0.006, "%s\n%s", out, one);
     ASSERT_MSG(strstr(out, "--set parallel.expert_parallel_size=16           (the layout does not divide)"), "%s", out);
+    const char *all = "--set recompute=norm,rope,swiglu,router,expert_out,gate_up";
+    ASSERT(run_cmd(one, sizeof one, "%s estimate %s %s", PITH_BIN, cfg, all) == 0);
+    ASSERT_MSG(fabs(gb_after(out, all) - gb_after(one, "  total")) < 0.006, "%s\n%s", out, one);
 }
 
 // --sweep on the real Qwen3-30B-A3B config finds layouts that fit 8 × 141 GB (H200), best first; the first one
@@ -288,21 +335,30 @@ TEST(memory_estimate_sweep_layout_trains) {
     }
 }
 
-// Under the pipeline (pp 2 × ep 2 on 4 CPU ranks, DualPipeV with deferred weight gradients): the spill set and
-// both recompute modes give the worst-case plan's step-1 gradient byte for byte (a spilled layer, and every
-// layer under full recompute, computes its weight gradient in backward instead of deferring it).
+// Under the pipeline (pp 2 × ep 2 on 4 CPU ranks, 8 layers: chunks of two, DualPipeV with deferred weight gradients
+// and the overlapped pair): the spill set and the recompute sets give the worst-case plan's step-1 gradient byte for
+// byte (a spilled layer, every layer under full recompute and under swiglu with gate_up, computes its weight
+// gradient in backward instead of deferring it; gate_up with expert_out defers it; stage 1's parts are remade
+// beside the pair's forward).
 TEST(memory_pipeline_spill_and_recompute) {
     const char *d = memory_run();
     char out[1 << 15];
     ASSERT(run_cmd(out, sizeof out,
-                   "sed 's/\"num_hidden_layers\": 3/\"num_hidden_layers\": 4/' %s/model.json > %s/m4.json", d, d) == 0);
-    static const char *const sets[] = {"--set parallel.ep_capacity_factor=0", "--set parallel.ep_capacity_factor=0.5",
-                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=selective",
-                                       "--set parallel.ep_capacity_factor=0.5 --set recompute=full"};
-    for (int i = 0; i < 4; i++) {
+                   "sed 's/\"num_hidden_layers\": 3/\"num_hidden_layers\": 8/' %s/model.json > %s/m8.json", d, d) == 0);
+    static const char *const sets[] = {
+        "--set parallel.ep_capacity_factor=0",
+        "--set parallel.ep_capacity_factor=0.5",
+        "--set parallel.ep_capacity_factor=0.5 --set recompute=selective",
+        "--set parallel.ep_capacity_factor=0.5 --set recompute=full",
+        "--set parallel.ep_capacity_factor=0.5 --set recompute=norm,rope,swiglu,router,expert_out,gate_up",
+        "--set parallel.ep_capacity_factor=0.5 --set recompute=gate_up,norm",
+        "--set parallel.ep_capacity_factor=0 --set recompute=gate_up,swiglu",
+        "--set parallel.ep_capacity_factor=0 --set recompute=gate_up,expert_out",
+        "--set recompute='[\"rope\", \"router\", \"swiglu\"]'"};
+    for (int i = 0; i < 9; i++) {
         ASSERT_MSG(
             run_cmd(out, sizeof out,
-                    "PITH=%s scripts/launch.sh -n 4 %s/train.json --set model=%s/m4.json --set max_steps=2 --set "
+                    "PITH=%s scripts/launch.sh -n 4 %s/train.json --set model=%s/m8.json --set max_steps=2 --set "
                     "parallel.pipeline_parallel_size=2 --set parallel.expert_parallel_size=2 --set "
                     "micro_batch_size=1 %s --set run_dir=%s/p%d --dump-grads %s/p%d/g 2>&1",
                     PITH_BIN, d, d, sets[i], d, i, d, i) == 0,

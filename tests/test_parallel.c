@@ -132,7 +132,8 @@ TEST(dist_ring_attention) {
 // order (the overlap as structure; also with every NCCL group lasting 8 ms and every op 0.5 ms, the fake's
 // delays, where times are printed beside it). With an
 // expert capacity that overflows (0.75·T·k): spilling (the backward's re-dispatch, a collective, inside the
-// pair), dropping, and spilling under full recompute equal their serial order, and spilling the worst case.
+// pair), dropping, and spilling under full recompute or every recompute part equal their serial order, and
+// spilling the worst case.
 TEST(dist_pipeline_overlap) {
     char out[8192];
     for (int np = 2; np <= 4; np += 2) {

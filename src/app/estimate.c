@@ -60,7 +60,28 @@ static bool plan_layout(const TrainConfig *c, const ModelConfig *mc, long gpus, 
     return true;
 }
 
-static const char *const recompute_names[] = {"none", "selective", "full"};
+// The recompute sets the sweep and the levers try: none, the prefixes of the parts in RC_* order (bytes saved per
+// FLOP added, the most first: the norms, RoPE, SwiGLU elementwise; the router's, the down and the gate_up GEMMs), full.
+static const int recompute_sets[] = {0, 1, 3, 7, 15, 31, 63, RECOMPUTE_FULL};
+#define NSETS 8
+
+// The GEMM FLOPs a recompute set adds to one micro-batch of T tokens on a rank (balanced routing: T·k rows): the
+// router's (T × H → E), the down GEMM's (T·k × I → H, and the combine again) and the gate_up GEMM's (T·k × H → 2I, or
+// T × H → 2I on a dense layer); full reruns the whole forward (counted as all of those: a lower bound), the
+// elementwise parts add no GEMM.
+static double recompute_gflops(const ModelConfig *mc, int rc, double T) {
+    double f = 0, H = mc->hidden;
+    rc |= rc & RC_FULL ? RC_FULL - 1 : 0;
+    for (int l = 0; l < mc->layers; l++) {
+        double rows = mc->is_moe[l] ? T * mc->topk : T, I = mc->is_moe[l] ? mc->moe_inter : mc->dense_inter;
+        if (rc & RC_ROUTER && mc->is_moe[l]) f += 2 * T * H * mc->experts;
+        if (rc & RC_GATE_UP) f += 2 * rows * H * 2 * I;
+        if (rc & RC_EXPERT_OUT && mc->is_moe[l]) f += 2 * rows * H * I;
+    }
+    return f / 1e9;
+}
+
+#define RC_NAME(rc) config_recompute_name(rc, (char[64]){0}, 64) // a name for this statement
 
 // The --set options that give layout c from the config as written.
 static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
@@ -68,8 +89,7 @@ static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
              "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
              "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s%s",
              c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
-             recompute_names[c->recompute], c->micro_batch_size,
-             c->optimizer.offload ? " --set optimizer.offload=true" : "",
+             RC_NAME(c->recompute), c->micro_batch_size, c->optimizer.offload ? " --set optimizer.offload=true" : "",
              c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "",
              c->gradient_dtype == STATE_BF16 ? " --set gradient_dtype=bf16" : "");
 }
@@ -86,10 +106,12 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     snprintf(note, sizeof note, "attention, norms, router%s",
              cfg->recompute == RECOMPUTE_FULL ? " (one layer: full recompute)" : ", every layer");
     row("stage 1 records", e->act_stage1, note);
-    snprintf(note, sizeof note, "expert rows, gate/up%s, outputs (T·k, H), routes; %d MoE layers",
-             cfg->recompute == RECOMPUTE_SELECTIVE ? "" : ", SwiGLU", moe);
+    int rc = cfg->recompute;
+    snprintf(note, sizeof note, "expert rows%s%s%s, routes; %d MoE layers",
+             rc & (RC_GATE_UP | RC_FULL) ? "" : ", gate/up", rc & RC_SWIGLU ? "" : ", SwiGLU",
+             rc & (RC_EXPERT_OUT | RC_FULL) ? "" : ", outputs (T·k, H)", moe);
     row("stage 3 records", e->act_experts, note);
-    row("staging", e->act_staging, "expert outputs before combine (and SwiGLU under selective), one layer");
+    row("staging", e->act_staging, "expert outputs before combine and the recomputed parts, one layer");
     row("spill set", e->act_spill,
         e->act_spill ? "stage 3 of one layer at the worst case ep·T·min(k, E_l)"
                      : "(none: worst-case capacity, dropping, or ep = 1)");
@@ -110,34 +132,37 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     printf("largest term: %s, %.2f GB (%.0f%% of %.2f GB)\n", terms[big].name, terms[big].bytes / 1e9,
            100.0 * terms[big].bytes / total, total / 1e9);
     printf("levers (each alone, from this config):\n");
-    for (int i = 0; i < 15; i++) {
+    for (int i = 0; i < 12 + NSETS; i++) {
         TrainConfig c = *cfg;
-        char what[96];
-        if (i >= 12) { // the moments to host memory, or in bf16; the expert gradients in bf16
+        char what[96], flops[48] = "";
+        int j = i - 5 - NSETS; // after the recompute sets: ep ×2, ÷2, micro-batch ×2, ÷2, the three memory options
+        if (j >= 4) {          // the moments to host memory, or in bf16; the expert gradients in bf16
             static const char *const set[] = {"optimizer.offload=true", "optimizer.state_dtype=bf16",
                                               "gradient_dtype=bf16"};
             bool on[] = {cfg->optimizer.offload, cfg->optimizer.state_dtype, cfg->gradient_dtype};
-            if (cfg->optimizer.type != OPTIMIZER_ADAMW || on[i - 12]) continue;
-            if (i == 12) c.optimizer.offload = true;
-            else if (i == 13) c.optimizer.state_dtype = STATE_BF16;
+            if (cfg->optimizer.type != OPTIMIZER_ADAMW || on[j - 4]) continue;
+            if (j == 4) c.optimizer.offload = true;
+            else if (j == 5) c.optimizer.state_dtype = STATE_BF16;
             else c.gradient_dtype = STATE_BF16;
-            snprintf(what, sizeof what, "%s", set[i - 12]);
+            snprintf(what, sizeof what, "%s", set[j - 4]);
         } else if (i < 5) { // capacity factors (with expert parallelism)
             static const double f[] = {0, 2, 1.5, 1.25, 1};
             if (cfg->parallel.ep == 1 || f[i] == cfg->parallel.ep_capacity_factor) continue;
             c.parallel.ep_capacity_factor = f[i];
             snprintf(what, sizeof what, "parallel.ep_capacity_factor=%g%s", f[i], f[i] ? "" : " (worst case)");
-        } else if (i < 8) {
-            if ((int)(i - 5) == (int)cfg->recompute) continue;
-            c.recompute = (RecomputeMode)(i - 5);
-            snprintf(what, sizeof what, "recompute=%s", recompute_names[i - 5]);
-        } else if (i < 10) {
-            c.parallel.ep = i == 8 ? cfg->parallel.ep * 2 : cfg->parallel.ep / 2;
-            if (c.parallel.ep < 1 || (i == 9 && cfg->parallel.ep % 2)) continue;
+        } else if (j < 0) { // the recompute sets, with the GEMM FLOPs each adds
+            if ((c.recompute = recompute_sets[i - 5]) == cfg->recompute) continue;
+            double T = (double)cfg->micro_batch_size * cfg->sequence_length / cfg->parallel.cp;
+            snprintf(what, sizeof what, "recompute=%s", RC_NAME(c.recompute));
+            snprintf(flops, sizeof flops, "  %+.0f GEMM GFLOP a micro-batch",
+                     recompute_gflops(mc, c.recompute, T) - recompute_gflops(mc, cfg->recompute, T));
+        } else if (j < 2) {
+            c.parallel.ep = j == 0 ? cfg->parallel.ep * 2 : cfg->parallel.ep / 2;
+            if (c.parallel.ep < 1 || (j == 1 && cfg->parallel.ep % 2)) continue;
             snprintf(what, sizeof what, "parallel.expert_parallel_size=%d", c.parallel.ep);
-        } else if (i < 12) {
-            c.micro_batch_size = i == 10 ? cfg->micro_batch_size * 2 : cfg->micro_batch_size / 2;
-            if (c.micro_batch_size < 1 || (i == 11 && cfg->micro_batch_size % 2)) continue;
+        } else {
+            c.micro_batch_size = j == 2 ? cfg->micro_batch_size * 2 : cfg->micro_batch_size / 2;
+            if (c.micro_batch_size < 1 || (j == 3 && cfg->micro_batch_size % 2)) continue;
             snprintf(what, sizeof what, "micro_batch_size=%d", c.micro_batch_size);
         }
         MemoryPlan q;
@@ -146,8 +171,8 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
             continue;
         }
         size_t t = memory_plan_total(&q);
-        printf("  --set %-42s %8.2f GB (%+.2f GB)  %s\n", what, t / 1e9, ((double)t - (double)total) / 1e9,
-               fit_names[fit_of(t, mem_gb, dev == DEV_CUDA)]);
+        printf("  --set %-42s %8.2f GB (%+.2f GB)  %-5s%s\n", what, t / 1e9, ((double)t - (double)total) / 1e9,
+               fit_names[fit_of(t, mem_gb, dev == DEV_CUDA)], flops);
     }
 }
 
@@ -172,7 +197,7 @@ static int layout_cmp(const void *pa, const void *pb) {
     fa = fa > 0 ? fa : 1e9, fb = fb > 0 ? fb : 1e9;
     if (a->fit != b->fit) return a->fit < b->fit ? -1 : 1;
     if (a->fit == FIT_OOM) return a->total < b->total ? -1 : a->total > b->total; // the nearest to fitting first
-    if (a->c.recompute != b->c.recompute) return a->c.recompute < b->c.recompute ? -1 : 1;
+    if (a->c.recompute != b->c.recompute) return a->c.recompute < b->c.recompute ? -1 : 1; // RC_* bits: by cost
     if (a->c.optimizer.offload != b->c.optimizer.offload) return a->c.optimizer.offload ? 1 : -1;
     if (rounded_state(&a->c) != rounded_state(&b->c)) return rounded_state(&a->c) < rounded_state(&b->c) ? -1 : 1;
     if (a->c.micro_batch_size != b->c.micro_batch_size) return a->c.micro_batch_size > b->c.micro_batch_size ? -1 : 1;
@@ -195,12 +220,12 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
     for (int ep = 1; ep <= gpus && ep <= mc->experts; ep++)
         for (int sh = 0; sh < 2; sh++)
             for (int f = 0; f < 5; f++)
-                for (int rc = 0; rc < 3; rc++)
+                for (int rc = 0; rc < NSETS; rc++)
                     for (int v = 0; v < 16; v++) {      // the state dtypes innermost: a layout's variants in a row
                         int mb = v >> 2 | (v & 3) << 2; // & 1: micro-batch 1; & 2: offload; & 4, & 8: bf16 state
                         TrainConfig c = *cfg;
                         c.parallel.ep = ep, c.parallel.sharding = sh ? SHARD_HSDP : SHARD_FSDP;
-                        c.parallel.ep_capacity_factor = factors[f], c.recompute = (RecomputeMode)rc;
+                        c.parallel.ep_capacity_factor = factors[f], c.recompute = recompute_sets[rc];
                         c.micro_batch_size = mb & 1 ? 1 : cfg->micro_batch_size;
                         c.optimizer.offload = mb & 2 ? true : cfg->optimizer.offload;
                         long dp = gpus / ((long)c.parallel.pp * c.parallel.cp * ep);
@@ -211,7 +236,7 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
                             continue;
                         c.optimizer.state_dtype |= mb & 4 ? STATE_BF16 : 0, c.gradient_dtype |= mb & 8 ? STATE_BF16 : 0;
                         if (nc == cap) all = xrealloc(all, (cap *= 2) * sizeof *all);
-                        all[nc++] = (Layout){.c = c, .layout = ((ep * 2 + sh) * 5 + f) * 12 + rc * 4 + (v >> 2)};
+                        all[nc++] = (Layout){.c = c, .layout = ((ep * 2 + sh) * 5 + f) * NSETS * 4 + rc * 4 + (v >> 2)};
                     }
     bool tty = isatty(2);
     double t0 = now_seconds(), shown_at = t0;
@@ -255,8 +280,8 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
         printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s%s\n        %s\n",
                fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
-               c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, recompute_names[c->recompute],
-               c->micro_batch_size, c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
+               c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, RC_NAME(c->recompute), c->micro_batch_size,
+               c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
                c->gradient_dtype == STATE_BF16 ? ", bf16 expert gradients" : "",
                c->optimizer.offload ? ", moments on the host" : "", sets);
     }
@@ -278,7 +303,7 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
     bool piped = d->pp > 1 || c->parallel.pipeline_schedule;
     snprintf(act, sizeof act, "%s, recompute %s",
              piped ? "two chunks: the schedule's micro-batches in flight, deferred sets" : "one micro-batch in flight",
-             recompute_names[c->recompute]);
+             RC_NAME(c->recompute));
     char whose[64] = "per rank";
     if (d->pp > 1) snprintf(whose, sizeof whose, "per rank (these rows: pipeline rank 0 of %d)", d->pp);
     printf("estimate: %s on %ld %s = pp %d × dp %d × cp %d × ep %d (%s); %s: %d of %d experts, micro-batch %d × "

@@ -91,7 +91,7 @@ void ep_alloc(Model *m, StageIO *io, Arena *a, int64_t T) {
     int64_t R = ep_rows_capacity(m, T);
     io->perm = arena_tensor(a, DT_I32, 1, T * k, 0, 0, 0);
     io->xe = arena_tensor(a, m->cdt, 2, R, H, 0, 0);
-    io->y = arena_tensor(a, m->cdt, 2, T * k, H, 0, 0);
+    if (!(m->recompute & RC_EXPERT_OUT)) io->y = arena_tensor(a, m->cdt, 2, T * k, H, 0, 0); // else staging
     if (io->route) {
         io->route->send_idx = arena_tensor(a, DT_I32, 1, T * min64(k, P), 0, 0, 0);
         io->route->perm_r = arena_tensor(a, DT_I32, 1, R, 0, 0, 0);

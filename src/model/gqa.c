@@ -42,20 +42,23 @@ void gqa_bind(Model *m, Tensor *flat, const GqaShape *s, int l, GqaWeights *w) {
 #undef V
 }
 
-void gqa_alloc(GqaRec *r, const GqaShape *s, Arena *a, DType dt, int B, int S) {
+void gqa_alloc(GqaRec *r, const GqaShape *s, Arena *a, DType dt, int B, int S, bool rope, bool staged) {
     int64_t T = (int64_t)B * S, nh = s->nh, nkv = s->nkv, d = s->d;
     bool norm = s->qk_norm != QK_NORM_NONE;
-    memset(r, 0, sizeof *r);
-    if (s->gated) r->qg = arena_tensor(a, dt, 3, T, nh, 2 * d, 0);
-    if (s->gated || norm) r->qp = arena_tensor(a, dt, 3, T, nh, d, 0);
-    if (s->gated) r->gate = arena_tensor(a, dt, 3, T, nh, d, 0);
-    if (norm) {
-        r->kp = arena_tensor(a, dt, 3, T, nkv, d, 0);
-        r->rq = arena_tensor(a, DT_F32, 1, T * nh, 0, 0, 0);
-        r->rk = arena_tensor(a, DT_F32, 1, T * nkv, 0, 0, 0);
+    if (!staged) {
+        memset(r, 0, sizeof *r);
+        if (s->gated) r->qg = arena_tensor(a, dt, 3, T, nh, 2 * d, 0);
+        if (s->gated || norm) r->qp = arena_tensor(a, dt, 3, T, nh, d, 0);
+        if (s->gated) r->gate = arena_tensor(a, dt, 3, T, nh, d, 0);
+        if (norm) {
+            r->kp = arena_tensor(a, dt, 3, T, nkv, d, 0);
+            r->rq = arena_tensor(a, DT_F32, 1, T * nh, 0, 0, 0);
+            r->rk = arena_tensor(a, DT_F32, 1, T * nkv, 0, 0, 0);
+        }
     }
-    r->q = arena_tensor(a, dt, 3, T, nh, d, 0);
-    r->k = arena_tensor(a, dt, 3, T, nkv, d, 0);
+    if ((rope && norm) == staged)
+        r->q = arena_tensor(a, dt, 3, T, nh, d, 0), r->k = arena_tensor(a, dt, 3, T, nkv, d, 0);
+    if (staged) return;
     r->v = arena_tensor(a, dt, 3, T, nkv, d, 0);
     if (s->sinks) r->sinks = arena_tensor(a, DT_F32, 1, nh, 0, 0, 0);
     r->att = arena_tensor(a, dt, 3, T, nh, d, 0);
@@ -89,11 +92,18 @@ static void qk_norm_backward(const GqaShape *s, Tensor dx, Tensor dw, Tensor dy,
     op_rmsnorm_backward(dx2, dw, dy2, x2, w, rstd, false, &(RmsArgs){.one_plus = s->qk_norm == QK_NORM_1P});
 }
 
+void gqa_qk_rope(Model *m, const GqaShape *s, const GqaWeights *W, GqaRec *r, const MicroBatch *mb) {
+    float eps = (float)m->cfg.eps;
+    if (s->qk_norm != QK_NORM_NONE)
+        qk_norm_forward(s, r->q, r->rq, r->qp, W->qn, eps), qk_norm_forward(s, r->k, r->rk, r->kp, W->kn, eps);
+    op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
+    op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
+}
+
 void gqa_forward(Model *m, int l, const GqaShape *s, const GqaWeights *W, GqaRec *r, const MicroBatch *mb, Tensor n1,
                  Tensor out, AttnArgs aa) {
     int64_t T = mb->T, nh = s->nh, nkv = s->nkv, d = s->d;
     bool norm = s->qk_norm != QK_NORM_NONE;
-    float eps = (float)m->cfg.eps;
     Tensor qp = norm || s->gated ? r->qp : r->q, kp = norm ? r->kp : r->k;
     if (s->gated) { // q_proj gives per head [q | gate]
         Tensor qg2 = tensor_reshape2(r->qg, T * nh, 2 * d);
@@ -103,9 +113,7 @@ void gqa_forward(Model *m, int l, const GqaShape *s, const GqaWeights *W, GqaRec
     } else model_proj_forward(m, l, FP8_Q, tensor_reshape2(qp, T, nh * d), n1, W->wq, W->bq);
     model_proj_forward(m, l, FP8_K, tensor_reshape2(kp, T, nkv * d), n1, W->wk, W->bk);
     model_proj_forward(m, l, FP8_V, tensor_reshape2(r->v, T, nkv * d), n1, W->wv, W->bv);
-    if (norm) qk_norm_forward(s, r->q, r->rq, qp, W->qn, eps), qk_norm_forward(s, r->k, r->rk, kp, W->kn, eps);
-    op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
-    op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
+    gqa_qk_rope(m, s, W, r, mb);
     if (s->sinks) op_copy(r->sinks, W->sinks), aa.sinks = r->sinks;       // the op reads fp32 sinks
     if (mb->docs) aa.docpos = mb->pos;                                    // document masking
     model_attention_forward(m, l, r->att, r->lse, r->q, r->k, r->v, &aa); // the op, a KV cache or the ring

@@ -125,9 +125,12 @@ typedef struct {
 
 typedef struct Model Model;
 
-// Activation recomputation (docs/architecture.md): none; selective (stage 3's SwiGLU outputs are recomputed
-// in backward); full (a layer keeps its input and routing, its forward is rerun in backward).
-typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } RecomputeMode;
+// Activation recomputation (docs/architecture.md, "Activation recomputation"): the set of parts backward recomputes
+// instead of keeping, in the order of bytes saved per FLOP added (RC_EXPERT_OUT: the down GEMM and the combine again,
+// RC_GATE_UP: the gate_up GEMM), or RC_FULL alone (a layer's forward rerun from its input and routing).
+enum { RC_NORM = 1, RC_ROPE = 2, RC_SWIGLU = 4, RC_ROUTER = 8, RC_EXPERT_OUT = 16, RC_GATE_UP = 32, RC_PARTS = 6 };
+enum { RC_FULL = 64 };
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE = RC_SWIGLU, RECOMPUTE_FULL = RC_FULL } RecomputeMode;
 
 // Load balancing (docs/reference.md §2). "micro-batch": per rank and micro-batch (op_moe_lb_loss). "global-batch":
 // f = expert counts of every micro-batch of the step's global batch up to and including this one, in the
@@ -353,15 +356,21 @@ Tensor model_view_layer(Model *m, Tensor *flat, int l, const char *suffix, int n
 // experts, swiglu_limit > 0: layers.l.mlp.experts.e.{gate_up,down}_proj.{weight,bias}); the final norm and LM head.
 void model_params_build(const ModelFamily *fam, ParamTable *t, const ModelConfig *c);
 void moe_bind(Model *m); // m->sw, m->sg for the parameters above, and the family mixer's views (m->views)
-// Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd.
-void moe_layer_alloc(Model *m, int l, void *rec, Arena *a, int B, int S, StageIO *io);
+// Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd. staged:
+// only the parts m->recompute names (norms, RoPE'd q/k, router), which the record leaves out: from a staging arena
+// before each forward, from the workspace for the backward, which moe_stage1_recompute fills again.
+void moe_layer_alloc(Model *m, int l, void *rec, Arena *a, int B, int S, StageIO *io, bool staged);
+void moe_stage1_recompute(Model *m, int l, void *rec, const MicroBatch *mb, StageIO *io);
 void moe_layer_grad_alloc(Model *m, int l, void *rec, Arena *ws, int B, int S, StageIO *io);
-void moe_stage3_alloc(Model *m, int l, void *rec, Arena *a, int64_t R); // R rows stage 3 can receive
+// gate/up products and SwiGLU outputs of R rows: those kept, or (staged) those m->recompute names.
+void moe_stage3_alloc(Model *m, int l, void *rec, Arena *a, int64_t R, bool staged);
+int64_t moe_stage3_rows(const Model *m, const StageIO *io); // the rows holding data: received (MoE), every token
 void moe_stage3_grad_alloc(Model *m, int l, void *rec, Arena *ws);
 void moe_prolog_forward(Model *m, MicroBatch *mb, Tensor h);
 void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh);
 void moe_stage1_forward(Model *m, int l, void *rec, MicroBatch *mb, Tensor x, StageIO *io);
-void moe_stage3_forward(Model *m, int l, void *rec, StageIO *io);
+// again: in backward, for the expert outputs (RC_EXPERT_OUT): gate/up and SwiGLU only where they are not kept.
+void moe_stage3_forward(Model *m, int l, void *rec, StageIO *io, bool again);
 void moe_stage3_backward_input(Model *m, int l, void *rec, StageIO *io);
 void moe_stage3_backward_weight(Model *m, int l, void *rec, const MicroBatch *mb, StageIO *io);
 void moe_stage5_forward(Model *m, int l, void *rec, StageIO *io, Tensor out);
@@ -468,7 +477,10 @@ void model_attention_backward(Model *m, Tensor dq, Tensor dk, Tensor dv, Tensor 
 // self_attn.{q,k}_norm.weight, self_attn.sinks.
 void gqa_params(ParamTable *t, const GqaShape *s, int l, int64_t H); // layer l's, in this order
 void gqa_bind(Model *m, Tensor *flat, const GqaShape *s, int l, GqaWeights *w);
-void gqa_alloc(GqaRec *r, const GqaShape *s, Arena *a, DType dt, int B, int S);
+// The record's kept tensors, or (staged) the RoPE'd q, k when rope (recomputed by gqa_qk_rope: with a q/k norm).
+void gqa_alloc(GqaRec *r, const GqaShape *s, Arena *a, DType dt, int B, int S, bool rope, bool staged);
+// q, k = RoPE(norm(qp, kp)) (after RoPE(q, k) in place without a norm): the forward's, and the recompute's.
+void gqa_qk_rope(Model *m, const GqaShape *s, const GqaWeights *W, GqaRec *r, const MicroBatch *mb);
 void gqa_grad_alloc(GqaRec *r, const GqaShape *s, Arena *ws, DType dt, int B, int S);
 // n1: (T, H) the normed input; out: (T, H) written. FP8 slots FP8_Q, FP8_K, FP8_V, FP8_O of layer l.
 void gqa_forward(Model *m, int l, const GqaShape *s, const GqaWeights *W, GqaRec *r, const MicroBatch *mb, Tensor n1,

@@ -73,13 +73,9 @@ static void params_mlp(ParamTable *t, const ModelConfig *c, int l) {
     int e0 = model_expert_first(c), e1 = e0 + model_experts_local(c); // the experts this rank holds
     char n[96];
     if (!c->is_moe[l]) {
-        snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l),
-            params_add(t, n, GROUP_DENSE, INIT_NORMAL, 2, D, H, 0);
-        snprintf(n, sizeof n, "layers.%d.mlp.up_proj.weight", l),
-            params_add(t, n, GROUP_DENSE, INIT_NORMAL, 2, D, H, 0);
-        snprintf(n, sizeof n, "layers.%d.mlp.down_proj.weight", l),
-            params_add(t, n, GROUP_DENSE, INIT_NORMAL_OUT, 2, H, D, 0);
-        return;
+        params_add_layer(t, l, "mlp.gate_proj.weight", INIT_NORMAL, 2, D, H);
+        params_add_layer(t, l, "mlp.up_proj.weight", INIT_NORMAL, 2, D, H);
+        return params_add_layer(t, l, "mlp.down_proj.weight", INIT_NORMAL_OUT, 2, H, D);
     }
     if (c->swiglu_limit > 0) { // GPT-OSS: each expert's gate_up (2I, H) with interleaved rows, and biases
         static const struct {
@@ -201,9 +197,8 @@ static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
             snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.bias", l, e0);
             w->down_b[l] = model_view(m, flat, n, 2, El, H, 0);
         } else {
-            snprintf(n, sizeof n, "layers.%d.mlp.gate_proj.weight", l),
-                w->gate_up[l] = model_view(m, flat, n, 2, 2 * D, H, 0);
-            snprintf(n, sizeof n, "layers.%d.mlp.down_proj.weight", l), w->down[l] = model_view(m, flat, n, 2, H, D, 0);
+            w->gate_up[l] = model_view_layer(m, flat, l, "mlp.gate_proj.weight", 2, 2 * D, H);
+            w->down[l] = model_view_layer(m, flat, l, "mlp.down_proj.weight", 2, H, D);
         }
     }
 }
@@ -225,27 +220,32 @@ void moe_bind(Model *m) {
 
 static bool has_shared(const Model *m, int l) { return m->cfg.is_moe[l] && m->cfg.shared_inter; }
 
-void moe_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io) {
+// Field `f` from arena a when part p (0: none) is recomputed (RC_*) exactly when `staged`, else as it is.
+#define PART(p, f, ...) (f = !(m->recompute & (p)) == !staged ? arena_tensor(a, __VA_ARGS__) : f)
+
+// A dense layer's n2 is its stage 3's input (kept).
+void moe_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io, bool staged) {
     const ModelConfig *c = &m->cfg;
     LayerRec *r = rp;
     int64_t T = (int64_t)B * S, H = c->hidden, E = c->experts, Is = c->shared_inter;
     DType dt = m->cdt;
     GqaShape g = layer_gqa(m->fam, c, l);
-    memset(r, 0, m->fam->rec_size);
-    r->n1 = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->rstd1 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
-    if (g.nh) gqa_alloc(&r->gqa, &g, a, dt, B, S);
-    else m->fam->mixer_alloc(m, l, rp, a, B, S);
-    r->h1a = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->h1 = has_shared(m, l) ? arena_tensor(a, dt, 2, T, H, 0, 0) : r->h1a;
-    r->n2 = arena_tensor(a, dt, 2, T, H, 0, 0);
-    r->rstd2 = arena_tensor(a, DT_F32, 1, T, 0, 0, 0);
+    if (!staged) memset(r, 0, m->fam->rec_size);
+    PART(RC_NORM, r->n1, dt, 2, T, H, 0, 0);
+    PART(0, r->rstd1, DT_F32, 1, T, 0, 0, 0);
+    if (g.nh) gqa_alloc(&r->gqa, &g, a, dt, B, S, m->recompute & RC_ROPE, staged);
+    else if (!staged) m->fam->mixer_alloc(m, l, r, a, B, S);
+    PART(0, r->h1a, dt, 2, T, H, 0, 0);
+    if (has_shared(m, l)) PART(0, r->h1, dt, 2, T, H, 0, 0);
+    else r->h1 = r->h1a;
+    PART(io->dense ? 0 : RC_NORM, r->n2, dt, 2, T, H, 0, 0);
+    PART(0, r->rstd2, DT_F32, 1, T, 0, 0, 0);
     io->xd = r->n2;
     if (io->dense) return;
-    r->logits = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
-    r->probs = arena_tensor(a, DT_F32, 2, T, E, 0, 0);
-    r->lb_grad = arena_tensor(a, DT_F32, 2, B, E, 0, 0);
-    if (!has_shared(m, l)) return;
+    PART(RC_ROUTER, r->logits, DT_F32, 2, T, E, 0, 0);
+    PART(RC_ROUTER, r->probs, DT_F32, 2, T, E, 0, 0);
+    PART(0, r->lb_grad, DT_F32, 2, B, E, 0, 0);
+    if (!has_shared(m, l) || staged) return;
     r->sgu = arena_tensor(a, dt, 2, T, 2 * Is, 0, 0);
     r->sact = arena_tensor(a, dt, 2, T, Is, 0, 0);
     if (!m->fam->shared_gate) return;
@@ -273,12 +273,15 @@ void moe_layer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S, St
     r->dsg = arena_tensor(ws, dt, 2, T, 1, 0, 0);
 }
 
-void moe_stage3_alloc(Model *m, int l, void *rp, Arena *a, int64_t R) {
+void moe_stage3_alloc(Model *m, int l, void *rp, Arena *a, int64_t R, bool staged) {
     LayerRec *r = rp;
     int64_t I = m->cfg.is_moe[l] ? m->cfg.moe_inter : m->cfg.dense_inter;
-    r->gu = arena_tensor(a, m->cdt, 2, R, 2 * I, 0, 0);
-    // selective recompute: the SwiGLU output is the engine's staging buffer, recomputed for the weight gradient
-    r->act = m->recompute == RECOMPUTE_SELECTIVE ? (Tensor){0} : arena_tensor(a, m->cdt, 2, R, I, 0, 0);
+    PART(RC_GATE_UP, r->gu, m->cdt, 2, R, 2 * I, 0, 0);
+    PART(RC_SWIGLU, r->act, m->cdt, 2, R, I, 0, 0);
+}
+
+int64_t moe_stage3_rows(const Model *m, const StageIO *io) {
+    return io->dense ? io->xe.n[0] : io->offs[model_experts_local(&m->cfg)];
 }
 
 void moe_stage3_grad_alloc(Model *m, int l, void *rp, Arena *ws) {
@@ -330,6 +333,25 @@ void moe_stage1_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor x, Sta
         op_sigmoid_gate_forward(r->h1, r->so, r->sg);
     }
     op_add(r->h1, r->h1a);
+}
+
+// The same ops on the same kept inputs give the forward's bits (the norms rewrite their rstd, the router its routing).
+void moe_stage1_recompute(Model *m, int l, void *rp, const MicroBatch *mb, StageIO *io) {
+    const ModelConfig *c = &m->cfg;
+    const SharedWeights *W = m->sw;
+    LayerRec *r = rp;
+    const RmsArgs na = {.one_plus = c->norm_1p};
+    GqaShape g = layer_gqa(m->fam, c, l);
+    if (m->recompute & RC_NORM) {
+        op_rmsnorm_forward(r->n1, r->rstd1, r->x, W->ln1[l], (float)c->eps, &na);
+        if (!io->dense) op_rmsnorm_forward(r->n2, r->rstd2, r->h1a, W->ln2[l], (float)c->eps, &na);
+    }
+    if (m->recompute & RC_ROPE && g.qk_norm != QK_NORM_NONE) gqa_qk_rope(m, &g, &W->att[l], &r->gqa, mb);
+    if (io->dense || !(m->recompute & RC_ROUTER)) return;
+    MicroBatch again = *mb;
+    again.replay = true; // its expert counts were counted in the forward
+    op_linear_forward(r->logits, r->n2, W->router[l], W->router_b[l]);
+    model_router_forward(m, &again, l, r->probs, io->idx, io->w, r->logits, router_args(m));
 }
 
 void moe_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io, Tensor dout, Tensor dx) {
@@ -407,47 +429,44 @@ static void mlp_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db
     if (db.p) op_linear_bias_backward(db, dy, offs, acc);
 }
 
-void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io) {
+// Stage 3 on its rows (every token of a dense layer, offs NULL; the received rows of a MoE layer).
+void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io, bool again) {
     const SharedWeights *W = m->sw;
     LayerRec *r = rp;
-    if (io->dense) {
-        mlp_forward(m, l, FP8_GATE_UP, r->gu, io->xe, W->gate_up[l], NONE, NULL);
-        act_forward(&m->cfg, r->act, r->gu);
-        mlp_forward(m, l, FP8_DOWN, io->ye, r->act, W->down[l], NONE, NULL);
-        return;
-    }
-    int64_t R = io->offs[model_experts_local(&m->cfg)]; // rows received (none when routing skips this rank)
+    const int64_t *offs = io->dense ? NULL : io->offs;
+    int64_t R = moe_stage3_rows(m, io); // none when routing skips this rank
     if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
-    mlp_forward(m, l, FP8_GATE_UP, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], io->offs);
-    act_forward(&m->cfg, act, gu);
-    mlp_forward(m, l, FP8_DOWN, tensor_rows(io->ye, 0, R), act, W->down[l], W->down_b[l], io->offs);
+    bool need_act = !again || m->recompute & RC_SWIGLU, need_gu = need_act && (!again || m->recompute & RC_GATE_UP);
+    if (need_gu) mlp_forward(m, l, FP8_GATE_UP, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], offs);
+    if (need_act) act_forward(&m->cfg, act, gu);
+    mlp_forward(m, l, FP8_DOWN, tensor_rows(io->ye, 0, R), act, W->down[l], W->down_b[l], offs);
 }
 
 void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *W = m->sw;
     LayerRec *r = rp;
-    if (io->dense) {
-        mlp_backward_input(m, l, FP8_DOWN, r->dact, io->dye, W->down[l], NULL);
-        act_backward(&m->cfg, r->dgu, r->dact, r->gu);
-        mlp_backward_input(m, l, FP8_GATE_UP, io->dxe, r->dgu, W->gate_up[l], NULL);
-        return;
-    }
-    int64_t R = io->offs[model_experts_local(&m->cfg)];
+    const int64_t *offs = io->dense ? NULL : io->offs;
+    int64_t R = moe_stage3_rows(m, io);
     if (!R) return;
-    Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R);
-    mlp_backward_input(m, l, FP8_DOWN, dact, tensor_rows(io->dye, 0, R), W->down[l], io->offs);
-    act_backward(&m->cfg, dgu, dact, tensor_rows(r->gu, 0, R));
-    mlp_backward_input(m, l, FP8_GATE_UP, tensor_rows(io->dxe, 0, R), dgu, W->gate_up[l], io->offs);
+    Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R), gu = tensor_rows(r->gu, 0, R);
+    // not kept: the gate_up GEMM again, unless the expert outputs' remake made gu (in staging, just before)
+    bool made = !io->dense && m->recompute & RC_EXPERT_OUT && m->recompute & RC_SWIGLU;
+    if (m->recompute & RC_GATE_UP && !made)
+        mlp_forward(m, l, FP8_GATE_UP, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], offs);
+    mlp_backward_input(m, l, FP8_DOWN, dact, tensor_rows(io->dye, 0, R), W->down[l], offs);
+    act_backward(&m->cfg, dgu, dact, gu);
+    mlp_backward_input(m, l, FP8_GATE_UP, tensor_rows(io->dxe, 0, R), dgu, W->gate_up[l], offs);
 }
 
 // The expert weight gradients, separable from the input gradients so a pipeline can defer them.
 void moe_stage3_backward_weight(Model *m, int l, void *rp, const MicroBatch *mb, StageIO *io) {
     const SharedWeights *G = m->sg;
     LayerRec *r = rp;
-    bool again = m->recompute == RECOMPUTE_SELECTIVE; // act was not kept: recompute it from gu
+    // act not kept: SwiGLU again on gu (kept, or the gate_up GEMM's again of moe_stage3_backward_input just before)
+    bool again = m->recompute & RC_SWIGLU;
     if (io->dense) {
-        if (again) op_swiglu_forward(r->act, r->gu, 0, 0);
+        if (again) act_forward(&m->cfg, r->act, r->gu);
         mlp_backward_weight(m, l, FP8_DOWN, G->down[l], NONE, io->dye, r->act, NULL, true);
         mlp_backward_weight(m, l, FP8_GATE_UP, G->gate_up[l], NONE, r->dgu, io->xe, NULL, true);
         return;

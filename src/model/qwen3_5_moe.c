@@ -172,7 +172,6 @@ static void q35_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
     r->core = arena_tensor(a, dt, 3, T, q->nv, q->dv, 0);
     r->rg = arena_tensor(a, DT_F32, 1, T * q->nv, 0, 0, 0);
     r->gn = arena_tensor(a, dt, 2, T, vd, 0, 0);
-    r->n1c = r->n1;
     if (c->cp_size > 1) {
         r->n1c = arena_tensor(a, dt, 2, T, H, 0, 0);
         r->halo = arena_tensor(a, dt, 2, (int64_t)B * (q->conv_k - 1), 2 * kd + vd, 0, 0);
@@ -254,6 +253,7 @@ static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBa
     DeltaArgs da = q35_delta_args(m, mb->B);
     da.ws = opws; // planned (the backward workspace's bottom), or none in generation: the op scratch
     da.pos = delta_pos(m, r, mb, true);
+    if (m->cfg.cp_size == 1) r->n1c = r->n1; // n1 moves when recomputed (its staging)
     model_cp_contiguous(m, r->n1c, r->n1, mb->B);
     model_proj_forward(m, l, FP8_QKV, r->qkv, r->n1c, W->wqkv, NONE);
     if (m->kv) r->halo = kv_cache_delta(m->kv, l, r->qkv, q->conv_k, q->nv, q->dk, q->dv, &da);
@@ -285,6 +285,7 @@ static void delta_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G
                            Tensor opws) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv, Rv = T * q->nv;
+    if (m->cfg.cp_size == 1) r->n1c = r->n1;
     model_cp_contiguous(m, r->dh1c, r->dh1, mb->B);
     model_proj_backward_input(m, l, FP8_OUT, r->dgn, r->dh1c, W->wout, false);
     model_proj_backward_weight(m, l, FP8_OUT, G->wout, NONE, r->dh1c, r->gn);

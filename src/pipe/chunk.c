@@ -7,9 +7,9 @@
 // Expert capacity (docs/architecture.md, "Expert capacity"): a MoE layer's own stage-3 buffers hold
 // ep_rows_capacity rows; a layer that receives more on any rank of its ep group runs stage 3 on the chunk's
 // spill set (the worst case of one layer) and recomputes it there when it is needed again. Activation
-// recomputation ("Activation recomputation" there): selective keeps no SwiGLU outputs (stage 3's weight
-// gradient recomputes them), full keeps a layer's input, routing and output and reruns its forward into one
-// region shared by every layer and record.
+// recomputation ("Activation recomputation" there): the parts a config names live in staging shared by the
+// layers and are remade in backward; full keeps a layer's input, routing and output and reruns its forward into
+// one region shared by every layer and record.
 #include "pipe/chunk.h"
 
 static void *rec_of(const Chunk *c, const ChunkRecord *k, int l) { return k->recs + (size_t)l * c->m->fam->rec_size; }
@@ -36,16 +36,11 @@ static void alloc_spill(Chunk *c, int l, Arena *a) {
     ChunkRecord *k = &c->rec[0];
     int64_t W = ep_rows_worst(m, (int64_t)c->B * c->S);
     ExpertRows own = rows_of(c, k, l);
-    moe_stage3_alloc(m, l, rec_of(c, k, l), a, W);
+    moe_stage3_alloc(m, l, rec_of(c, k, l), a, W, false);
     const LayerRec *r = rec_of(c, k, l);
     c->spill = (ExpertRows){arena_tensor(a, m->cdt, 2, W, m->cfg.hidden, 0, 0), r->gu, r->act,
                             arena_tensor(a, DT_I32, 1, W, 0, 0, 0), arena_tensor(a, DT_I32, 1, W, 0, 0, 0)};
     use_rows(c, k, l, &own);
-}
-
-// A (rows, cols) view of the front of a staging buffer.
-static Tensor staging_view(Tensor buf, int64_t rows, int64_t cols) {
-    return tensor_make(buf.p, buf.dt, buf.dev, 2, rows, cols, 1, 1);
 }
 
 // Layer l's record and stage buffers in record k (p: the bytes by part, may be NULL).
@@ -54,9 +49,9 @@ static void alloc_layer(Chunk *c, ChunkRecord *k, int l, Arena *a, ChunkPlan *p)
     int T = c->B * c->S;
     StageIO *io = &k->io[l];
     size_t m0 = arena_mark(a);
-    moe_layer_alloc(m, l, rec_of(c, k, l), a, c->B, c->S, io);
+    moe_layer_alloc(m, l, rec_of(c, k, l), a, c->B, c->S, io, false);
     size_t m1 = arena_mark(a);
-    moe_stage3_alloc(m, l, rec_of(c, k, l), a, io->dense ? T : ep_rows_capacity(m, T));
+    moe_stage3_alloc(m, l, rec_of(c, k, l), a, io->dense ? T : ep_rows_capacity(m, T), false);
     ep_alloc(m, io, a, T);
     k->own[l] = rows_of(c, k, l);
     if (p) p->act_stage1 += m1 - m0, p->act_experts += arena_mark(a) - m1;
@@ -96,6 +91,40 @@ static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a, ChunkPlan *p) {
     p->act_epilog += arena_mark(a) - m2;
 }
 
+// A block of bytes from a as an arena (the staging of the parts recomputed in backward).
+static Arena block(Arena *a, size_t bytes) {
+    Tensor b = bytes ? arena_tensor(a, DT_U8, 1, (int64_t)bytes, 0, 0, 0) : (Tensor){0};
+    return (Arena){b.p, 0, bytes, 0, a->dev, "staging"};
+}
+
+// The parts m->recompute names live in staging shared by every layer and record (moe_layer_alloc and
+// moe_stage3_alloc leave them out): stage 3's (gate/up, SwiGLU) of each layer's own rows and of the spill set (moe's
+// record 0) in one block, viewed by the records' rows; stage 1's in c->stage1, which each forward points its layer
+// at. Sized by a first pass on counting arenas.
+static void alloc_staging(Chunk *c, Arena *a, int moe) {
+    Model *m = c->m;
+    int T = c->B * c->S;
+    Arena st = arena_counting("staging", m->dev);
+    c->stage1 = st;
+    for (int pass = 0; pass < 2 && m->recompute & (RC_FULL - 1); pass++) {
+        for (int i = 0; i < c->nrec; i++)
+            for (int l = c->l0; l < c->l1; l++) {
+                ChunkRecord *k = &c->rec[i];
+                st.used = 0, c->stage1.used = 0;
+                moe_stage3_alloc(m, l, rec_of(c, k, l), &st, k->io[l].dense ? T : ep_rows_capacity(m, T), true);
+                moe_layer_alloc(m, l, rec_of(c, k, l), &c->stage1, c->B, c->S, &k->io[l], true);
+                k->own[l] = rows_of(c, k, l);
+            }
+        if (c->spill.xe.n[0]) {
+            ChunkRecord *k = &c->rec[0];
+            use_rows(c, k, moe, &c->spill), st.used = 0;
+            moe_stage3_alloc(m, moe, rec_of(c, k, moe), &st, c->spill.xe.n[0], true);
+            c->spill = rows_of(c, k, moe), use_rows(c, k, moe, &k->own[moe]);
+        }
+        if (!pass) st = block(a, st.peak), c->stage1 = block(a, c->stage1.peak);
+    }
+}
+
 // Every record; under full recompute one region for every record's layers (the largest layer); the staging
 // shared by the layers, the spill set; then the deferred sets: per layer tensors shaped like stage 3's rows
 // (xe) and gu. p gets the bytes by part, from the arena's marks (padding included: they sum to the total).
@@ -119,31 +148,22 @@ static void alloc_activations(Chunk *c, Arena *a, ChunkPlan *p) {
         arena_reset(a, top);
     }
     size_t m0 = arena_mark(a);
-    // Expert outputs before combine (ye) are staging: one buffer for every MoE layer, as many rows as stage 3 holds.
-    bool spills = moe >= 0 && ep_spills(m, T);
+    // Expert outputs before combine (ye) are staging: one buffer for every MoE layer, as many rows as stage 3 holds;
+    // so are their combined (T·k, H) when recomputed (RC_EXPERT_OUT).
+    bool spills = moe >= 0 && ep_spills(m, T), y_again = m->recompute & RC_EXPERT_OUT;
     int64_t W = spills ? ep_rows_worst(m, T) : 0;
     if (moe >= 0) {
-        Tensor ye = arena_tensor(a, m->cdt, 2, spills ? W : ep_rows_capacity(m, T), m->cfg.hidden, 0, 0);
+        Tensor ye = arena_tensor(a, m->cdt, 2, spills ? W : ep_rows_capacity(m, T), m->cfg.hidden, 0, 0),
+               y = y_again ? arena_tensor(a, m->cdt, 2, (int64_t)T * m->cfg.topk, m->cfg.hidden, 0, 0) : (Tensor){0};
         for (int i = 0; i < c->nrec; i++)
             for (int l = c->l0; l < c->l1; l++)
-                if (!c->rec[i].io[l].dense) c->rec[i].io[l].ye = ye;
+                if (!c->rec[i].io[l].dense)
+                    c->rec[i].io[l].ye = ye, c->rec[i].io[l].y = y_again ? y : c->rec[i].io[l].y;
     }
     size_t m1 = arena_mark(a);
     if (spills) alloc_spill(c, moe, a);
     size_t m2 = arena_mark(a);
-    if (m->recompute == RECOMPUTE_SELECTIVE) { // SwiGLU outputs: staging, recomputed from gu in backward
-        int64_t most = W * m->cfg.moe_inter;
-        for (int l = c->l0; l < c->l1; l++)
-            if (tensor_numel(c->rec[0].own[l].gu) / 2 > most) most = tensor_numel(c->rec[0].own[l].gu) / 2;
-        Tensor act = arena_tensor(a, m->cdt, 1, most, 0, 0, 0);
-        for (int i = 0; i < c->nrec; i++)
-            for (int l = c->l0; l < c->l1; l++) {
-                ExpertRows *o = &c->rec[i].own[l];
-                o->act = staging_view(act, o->gu.n[0], o->gu.n[1] / 2);
-                use_rows(c, &c->rec[i], l, o);
-            }
-        if (spills) c->spill.act = staging_view(act, W, m->cfg.moe_inter);
-    }
+    alloc_staging(c, a, moe);
     p->act_staging += (m1 - m0) + (arena_mark(a) - m2), p->act_spill += m2 - m1;
     size_t m3 = arena_mark(a);
     for (int s = 0; s < c->ndefer; s++)
@@ -160,6 +180,7 @@ static void alloc_activations(Chunk *c, Arena *a, ChunkPlan *p) {
 static void alloc_layer_grads(Chunk *c, ChunkRecord *k, int l, Arena *ws) {
     Model *m = c->m;
     StageIO *io = &k->io[l];
+    moe_layer_alloc(m, l, rec_of(c, k, l), ws, c->B, c->S, io, true); // recomputed by b_stage5
     moe_layer_grad_alloc(m, l, rec_of(c, k, l), ws, c->B, c->S, io);
     if (!io->dense) io->dw = arena_tensor(ws, DT_F32, 2, (int64_t)c->B * c->S, m->cfg.topk, 0, 0);
     moe_stage3_grad_alloc(m, l, rec_of(c, k, l), ws);
@@ -353,6 +374,7 @@ static StageIO *cur_io(const Cursor *u) { return &u->k->io[u->l]; }
 static void f_stage1(Cursor *f) {
     Model *m = f->c->m;
     f->k->mb.replay = f->replay;
+    f->c->stage1.used = 0, moe_layer_alloc(m, f->l, cur_rec(f), &f->c->stage1, f->c->B, f->c->S, cur_io(f), true);
     moe_stage1_forward(m, f->l, cur_rec(f), &f->k->mb, f->k->h[f->l], cur_io(f));
 }
 // The route, the layer's stage-3 rows (its own, or the spill set when the group decided so), the dispatch.
@@ -370,7 +392,7 @@ static void f_dispatch(Cursor *f) {
 }
 static void f_stage3(Cursor *f) {
     ep_finish(f->c->m, cur_io(f));
-    moe_stage3_forward(f->c->m, f->l, cur_rec(f), cur_io(f));
+    moe_stage3_forward(f->c->m, f->l, cur_rec(f), cur_io(f), false);
 }
 static void f_combine(Cursor *f) { ep_issue(f->c->m, cur_io(f), EP_COMBINE); }
 static void f_stage5(Cursor *f) {
@@ -412,20 +434,17 @@ static void layer_restore(Chunk *c, int slot, int l) {
         if (c->region_owner != at) layer_forward(c, slot, l, true);
     } else if (io->route && io->route->spill && c->spill_owner != at) {
         ep_dispatch_forward(m, io);
-        moe_stage3_forward(m, l, rec_of(c, k, l), io);
+        moe_stage3_forward(m, l, rec_of(c, k, l), io, false);
         c->spill_owner = at;
     }
 }
 
-// A layer's weight gradients can wait for chunk_weight only when their inputs stay in its record: not
-// under full recompute (one region) and not when it spilled (one spill set).
+// A layer's weight gradients can wait for chunk_weight only when their inputs stay in its record: not under full
+// recompute (one region), not when it spilled (one spill set), not when the SwiGLU outputs are recomputed from
+// gate/up products that are themselves recomputed (into staging, by its input gradient's step).
 static bool weight_can_wait(const Model *m, const StageIO *io) {
-    return m->recompute != RECOMPUTE_FULL && !(io->route && io->route->spill);
-}
-
-// Rows of stage 3's output gradient that hold data: the received rows (MoE) or every token (dense).
-static int64_t stage3_rows(const Model *m, const StageIO *io) {
-    return io->dense ? io->dye.n[0] : io->offs[model_experts_local(&m->cfg)];
+    return m->recompute != RECOMPUTE_FULL && !(io->route && io->route->spill) &&
+           (~m->recompute & (RC_SWIGLU | RC_GATE_UP));
 }
 
 // Layer l's output gradient and where its input gradient goes: the dh ping-pong, or at the chunk's ends the
@@ -437,8 +456,15 @@ static Tensor b_dx(const Cursor *b) { return b->l == b->c->l0 && b->bot.p ? b->b
 static void b_stage5(Cursor *b) {
     Chunk *c = b->c;
     b->mark = arena_mark(c->ws);
-    layer_restore(c, b->slot, b->l);
+    bool full = c->m->recompute == RECOMPUTE_FULL; // a spill's restore dispatches n2, recomputed first
+    if (full) layer_restore(c, b->slot, b->l);
     alloc_layer_grads(c, b->k, b->l, c->ws);
+    moe_stage1_recompute(c->m, b->l, cur_rec(b), &b->k->mb, cur_io(b));
+    if (!full) layer_restore(c, b->slot, b->l);
+    if (c->m->recompute & RC_EXPERT_OUT && !cur_io(b)->dense) { // a collective: every ep rank at this step
+        moe_stage3_forward(c->m, b->l, cur_rec(b), cur_io(b), true);
+        ep_issue(c->m, cur_io(b), EP_COMBINE), ep_finish(c->m, cur_io(b));
+    }
     moe_stage5_backward(c->m, b->l, cur_rec(b), cur_io(b), b_dy(b));
 }
 static void b_combine(Cursor *b) { ep_issue(b->c->m, cur_io(b), EP_COMBINE_BACKWARD); }
@@ -450,7 +476,7 @@ static void b_dispatch(Cursor *b) { ep_issue(b->c->m, cur_io(b), EP_DISPATCH_BAC
 static void b_weight(Cursor *b) { // now, or the inputs kept in the deferred set (the workspace is reset)
     Model *m = b->c->m;
     StageIO *io = cur_io(b);
-    int64_t R = stage3_rows(m, io), at = (int64_t)b->set * m->cfg.layers + b->l;
+    int64_t R = moe_stage3_rows(m, io), at = (int64_t)b->set * m->cfg.layers + b->l;
     if (b->set < 0 || !weight_can_wait(m, io)) return moe_stage3_backward_weight(m, b->l, cur_rec(b), &b->k->mb, io);
     if (R == 0) return;
     op_copy(tensor_rows(b->c->dye[at], 0, R), tensor_rows(io->dye, 0, R));

@@ -13,7 +13,7 @@ typedef struct {
     size_t comm_bytes; // rows in transit between ranks (expert parallelism), shared by all layers
     // act_bytes by part (they sum to it): layer inputs/outputs, routing and the micro-batch; the families'
     // stage-1 records (attention, norms, router); stage 3 and its ep buffers (expert rows, gate/up, SwiGLU,
-    // outputs, routes); staging shared by the layers (ye, selective's SwiGLU outputs); the spill set; the
+    // outputs, routes); staging shared by the layers (ye, the recomputed parts); the spill set; the
     // epilog; the deferred sets.
     size_t act_hidden, act_stage1, act_experts, act_staging, act_spill, act_epilog, act_defer;
 } ChunkPlan;
@@ -46,6 +46,7 @@ typedef struct {
     Tensor *dye, *dgu; // (ndefer · L)
     int defer_head, defer_tail;
     Arena act, comm;
+    Arena stage1;         // staging of the stage-1 parts a forward recomputes in backward (a block of act)
     Arena own_ws;         // the backward workspace when the chunk owns it (cap 0: it uses the other chunk's)
     Arena *ws;            // the backward workspace: own_ws, or that of the rank's other chunk (chunk_init_rank)
     bool pipe_io;         // records take input and output from the pipeline's buffers (chunk_pipe_*), own no copies

@@ -12,7 +12,8 @@
 #include <stddef.h>
 #include <unistd.h>
 
-typedef enum { K_PATH, K_DATA, K_INT, K_SEED, K_NUM, K_BOOL, K_CHOICE, K_PAIR } KeyKind; // K_DATA: DataSource list
+// K_DATA: DataSource list; K_PARTS: config_recompute_parse's value
+typedef enum { K_PATH, K_DATA, K_INT, K_SEED, K_NUM, K_BOOL, K_CHOICE, K_PAIR, K_PARTS } KeyKind;
 enum { KEY_DATA_ORDER = 1, KEY_SCHEDULE = 2 }; // a change on resume is refused (KEY_SCHEDULE: unless constant)
 
 typedef struct {
@@ -46,7 +47,7 @@ static const char *const state_dtype_names[] = {"fp32", "bf16", NULL}; // StateD
 static const char *const scheduler_names[] = {"constant", "wsd", "cosine", NULL};
 static const char *const decay_names[] = {"cosine", "linear", NULL};
 static const char *const sharding_names[] = {"fsdp", "hsdp", NULL};
-static const char *const recompute_names[] = {"none", "selective", "full", NULL}; // RecomputeMode order
+static const char *const recompute_parts[] = {"norm", "rope", "swiglu", "router", "expert_out", "gate_up"}; // RC_*
 
 // clang-format off
 static const ConfigKey top_keys[] = {
@@ -109,10 +110,13 @@ static const ConfigKey top_keys[] = {
             "(the token files' document ends; a document begun before the sample starts at the sample's first "
             "token), RoPE positions and Qwen3.5's DeltaNet state and conv window restart at each document's first "
             "token; the targets are unchanged (a document's last token predicts the next one's first)"},
-    {.name = "recompute", .kind = K_CHOICE, .off = OFF(recompute), .choices = recompute_names,
-     .doc = "activation recomputation: `selective` keeps no SwiGLU outputs (recomputed from the gate/up products in "
-            "backward); `full` keeps only each layer's input and routing and reruns its forward in backward; the "
-            "gradients are the same bit for bit"},
+    {.name = "recompute", .kind = K_PARTS, .off = OFF(recompute), .def_text = "`none`",
+     .doc = "activation recomputation: the parts backward recomputes instead of keeping, a list (or names joined "
+            "by commas) of `norm` (RMSNorm outputs), `rope` (q, k after their norm and RoPE), `swiglu` (SwiGLU "
+            "outputs), `router` (logits and scores), `expert_out` (the experts' outputs in token order: the down "
+            "GEMM and the combine again), `gate_up` (stage 3's gate/up products: the gate_up GEMM again); "
+            "`selective` = `swiglu`; `full` keeps only each layer's input and routing and reruns its forward; the "
+            "gradients are the same bit for bit (docs/architecture.md, \"Activation recomputation\")"},
     {.name = "run_dir", .kind = K_PATH, .off = OFF(run_dir), .def_text = "`save_location`, else `runs/<folder>-<name>`",
      .doc = "where `metrics.jsonl` goes"},
     {.name = "tensorboard", .kind = K_BOOL, .off = OFF(tensorboard), .def = 1,
@@ -413,6 +417,20 @@ static void read_key(TrainConfig *c, JObj sec, bool optional, const Origin *org,
         *(int *)field = i;
         break;
     }
+    case K_PARTS: { // a list of part names, joined here by commas
+        json_t *v = o.obj ? json_object_get(o.obj, k->name) : NULL, *e;
+        Str b = {0};
+        size_t i;
+        if (json_is_array(v)) json_array_foreach(v, i, e) str_printf(&b, "%s%s", i ? "," : "", json_string_value(e));
+        const char *s = b.p ? b.p : jstr(o, k->name, false, "none");
+        if ((*(int *)field = config_recompute_parse(s)) < 0)
+            jdie(o, k->name,
+                 "'%s' is not supported (none, selective, full, or parts of norm, rope, swiglu, router, "
+                 "expert_out, gate_up)",
+                 s);
+        free(b.p);
+        break;
+    }
     case K_PAIR: {
         double *p = (double *)field;
         p[0] = 0.9, p[1] = 0.999; // torch's AdamW betas, the one pair-valued key
@@ -466,7 +484,7 @@ static bool set_apart(JObj o, const TrainConfig *c, const char *name, const Conf
     CHECK(i < n);
     const char *field = (const char *)c + keys[i].off;
     if (!jhas(o, name)) return false;
-    if (keys[i].kind == K_CHOICE) return *(const int *)field != 0;
+    if (keys[i].kind == K_CHOICE || keys[i].kind == K_PARTS) return *(const int *)field != 0;
     if (keys[i].kind == K_INT) return *(const int *)field != (int)keys[i].def;
     if (keys[i].kind == K_NUM) return *(const double *)field != keys[i].def;
     return true;
@@ -609,6 +627,7 @@ static json_t *key_value(const TrainConfig *c, const ConfigKey *k) {
     case K_BOOL: return json_boolean(*(const bool *)field);
     case K_CHOICE: return json_string(k->choices[*(const int *)field]);
     case K_PAIR: return json_pack("[f, f]", ((const double *)field)[0], ((const double *)field)[1]);
+    case K_PARTS: return json_string(config_recompute_name(*(const int *)field, (char[64]){0}, 64));
     }
     return json_null();
 }
@@ -703,6 +722,7 @@ char *config_markdown(void) {
             else if (k->kind == K_DATA) str_printf(&b, "path, or a list of `{\"path\", \"weight\"}`");
             else if (k->kind == K_BOOL) str_printf(&b, "true, false");
             else if (k->kind == K_SEED) str_printf(&b, "≥ 0");
+            else if (k->kind == K_PARTS) str_printf(&b, "`none`, `selective`, `full`, parts");
             else if (k->kind == K_CHOICE)
                 for (int j = 0; k->choices[j]; j++) str_printf(&b, "%s`%s`", j ? ", " : "", k->choices[j]);
             else range_text(r, sizeof r, k), str_printf(&b, "%s%s", k->kind == K_INT ? "integer " : "", r);
@@ -719,6 +739,30 @@ char *config_markdown(void) {
 }
 
 const char *config_optimizer_name(OptimizerType t) { return optimizer_names[t]; }
+
+int config_recompute_parse(const char *s) {
+    static const char *const preset[] = {"none", "selective", "full"};
+    static const int bits[] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, preset[i])) return bits[i];
+    for (int mask = 0;; s++) {
+        int i = 0, n = (int)strcspn(s, ",");
+        while (i < RC_PARTS && (strncmp(s, recompute_parts[i], n) || recompute_parts[i][n])) i++;
+        if (i == RC_PARTS || mask & 1 << i) return -1;
+        mask |= 1 << i, s += n;
+        if (!*s) return mask;
+    }
+}
+
+const char *config_recompute_name(int mask, char *buf, size_t cap) {
+    if (mask == RECOMPUTE_NONE || mask == RECOMPUTE_SELECTIVE || mask == RECOMPUTE_FULL)
+        return mask == RECOMPUTE_NONE ? "none" : mask == RECOMPUTE_FULL ? "full" : "selective";
+    buf[0] = 0;
+    for (int i = 0; i < RC_PARTS; i++)
+        if (mask & 1 << i)
+            snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", buf[0] ? "," : "", recompute_parts[i]);
+    return buf;
+}
 
 // ---- the learning-rate schedule ----
 

@@ -103,5 +103,9 @@ void config_check_resume(const TrainConfig *c, const json_t *saved, const char *
 // docs/usage.md's tables, generated from the key tables: training keys, then PithTrain's names. Caller frees.
 char *config_markdown(void);
 const char *config_optimizer_name(OptimizerType t); // "adamw", "muon"
+// `recompute`'s value: none, selective, full, or part names joined by commas → RC_* bits (−1: not one); and back
+// (the preset's name where the bits are one, else the parts, in buf).
+int config_recompute_parse(const char *s);
+const char *config_recompute_name(int mask, char *buf, size_t cap);
 // λ(s): the learning-rate multiplier of 0-based step s; lr of that step = optimizer.lr · λ(s).
 double config_lr_factor(const TrainConfig *c, int s);

@@ -43,6 +43,7 @@ static void side_run(Side *s, const int32_t *tok, const int32_t *lab) {
 // when compare_fp8 (model_compare_fp8), runs one micro-batch forward and backward on each, and compares (also used by
 // tests/gpu/test_gpu_gpt_oss.c, test_gpu_qwen3_5.c and test_gpu_fp8.c).
 static bool compare_fp8;
+static RecomputeMode compare_recompute; // on both sides (gpu_model_recompute)
 void model_compare(const char *config, bool is_path, DType cdt, int B, int S, double lb_coef, double init_std) {
     gpu_mode(cdt);
     ModelConfig mc;
@@ -53,6 +54,7 @@ void model_compare(const char *config, bool is_path, DType cdt, int B, int S, do
     model_create(&cpu.m, fam, &mc, DEV_CPU, DT_F32, S);
     model_create(&gpu.m, fam, &mc, DEV_CUDA, cdt, S);
     cpu.m.lb_coef = gpu.m.lb_coef = lb_coef;
+    cpu.m.recompute = gpu.m.recompute = compare_recompute;
     for (int g = 0; g < NGROUPS; g++) {
         int64_t n = cpu.m.params.numel[g];
         float *w = cpu.m.w[g].p;
@@ -179,6 +181,26 @@ TEST(gpu_model_bf16) {
     model_compare(config_a, false, DT_BF16, 2, 32, 0.05, 0.2);
     model_compare(config_b, false, DT_BF16, 2, 32, 0.0, 0.2);
     model_compare(TINY_MODEL, true, DT_BF16, 2, 64, 0.01, 0.05);
+    gpu_report();
+}
+
+// Every recompute part on both sides (the GPU's staging and its remakes in the workspace; the CPU's equal recompute
+// none bit for bit, memory_recompute_bit_identical) on each family, in the bounds above.
+TEST(gpu_model_recompute) {
+    gpu_begin();
+    compare_recompute = (RecomputeMode)(RC_FULL - 1);
+    const char *const configs[] = {
+        TINY_MOE_A, TINY_MOE_B, TINY_Q35_GPU, config_dsv2,
+        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+        " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 8,"
+        " \"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0}"};
+    for (int i = 0; i < 5; i++)
+        for (int bf16 = 0; bf16 < 2; bf16++) // Qwen3.5 as test_gpu_qwen3_5.c runs it
+            model_compare(configs[i], false, bf16 ? DT_BF16 : DT_F32, 2, i == 2 ? 80 : 32, 0.05,
+                          i != 2 ? 0.2
+                          : bf16 ? 0.05
+                                 : 0.1);
+    compare_recompute = RECOMPUTE_NONE;
     gpu_report();
 }
 

@@ -556,7 +556,8 @@ enum { COUNTS_OVERLAP = 0 };
 // Then with an expert capacity below what the routing sends (0.75·T·k rows): spilling (the backward
 // re-dispatches its spilled layer, a collective, inside the pair), dropping, and spilling under full
 // recompute (the backward replays its layers' forwards inside the pair); each equal to its serial order,
-// and spilling equal to the worst case's results bit for bit (ref: the worst case's paired results).
+// and spilling equal to the worst case's results bit for bit (ref: the worst case's paired results); every
+// recompute part too (stage 1's remade in the backward's workspace beside the pair's forward).
 typedef struct {
     const char *name;
     double capacity;
@@ -654,10 +655,11 @@ static void suite_pair(const Dist *d) {
     const PairCase cases[] = {{"worst case", 0, false, RECOMPUTE_NONE},
                               {"spill", 0.75, false, RECOMPUTE_NONE},
                               {"drop", 0.75, true, RECOMPUTE_NONE},
-                              {"spill full-recompute", 0.75, false, RECOMPUTE_FULL}};
+                              {"spill full-recompute", 0.75, false, RECOMPUTE_FULL},
+                              {"spill every part", 0.75, false, (RecomputeMode)(RC_FULL - 1)}};
     const char *e = getenv("PITH_FAKE_NCCL_DELAY_MS");
     Tensor ref[NGROUPS + 3] = {0};
-    for (int i = 0; i < (e && atof(e) > 0 ? 1 : 4); i++) pair_case(d, &m, &cases[i], tok, ref); // delays: timing only
+    for (int i = 0; i < (e && atof(e) > 0 ? 1 : 5); i++) pair_case(d, &m, &cases[i], tok, ref); // delays: timing only
     for (int i = 0; i < NGROUPS + 3; i++) free(ref[i].p);
     model_free(&m);
 }
