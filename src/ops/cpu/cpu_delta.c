@@ -6,11 +6,6 @@
 
 #include "ops/cpu/cpu_ops.h"
 
-static inline double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
-static inline double silu_grad(double z) { // d silu(z)/dz
-    double s = sigm(z);
-    return s * (1 + z * (1 - s));
-}
 static inline double softplus(double x) { return x > 20 ? x : log1p(exp(x)); } // torch's threshold 20
 
 // ---- the output gate ----

@@ -5,12 +5,6 @@
 
 #include "ops/cpu/cpu_ops.h"
 
-static inline double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
-static inline double silu_grad(double z) { // d silu(z)/dz
-    double s = sigm(z);
-    return s * (1 + z * (1 - s));
-}
-
 // u of element e = i·D + j: w[j], or 1 + w[j] (fp32 as the weight is), times silu(z[e]) in fp64.
 static inline double norm_u(Tensor w, const RmsArgs *a, int64_t e, int64_t j) {
     float u = a && a->one_plus ? 1 + F(w)[j] : F(w)[j];
