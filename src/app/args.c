@@ -51,7 +51,7 @@ void arg_load_weights(Model *m, const char *dir) {
     ckpt_load_model_part(&all, &m->params, w, dir);
     free(all.p);
     for (int g = 0; g < NGROUPS; g++) {
-        op_copy(m->w[g], tensor_make(w[g], DT_F32, DEV_CPU, 1, m->params.numel[g], 1, 1, 1));
+        op_copy(m->w[g], tf32_1(w[g], m->params.numel[g]));
         free(w[g]);
     }
 }

@@ -452,7 +452,7 @@ static void run_router_bias_update(Run *r) {
         if (m->cfg.is_moe[l])
             router_bias_update(r->router_bias + (size_t)l * E, r->sums.router_load + (size_t)l * E, E,
                                r->cfg.moe_router_bias_update_rate);
-    op_copy(m->router_bias, tensor_make(r->router_bias, DT_F32, DEV_CPU, 2, L, E, 1, 1));
+    op_copy(m->router_bias, tf32_2(r->router_bias, L, E));
 }
 
 bool run_validation_due(const Run *r) {
