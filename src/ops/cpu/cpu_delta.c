@@ -2,8 +2,6 @@
 // conv1d + SiLU, the DeltaNet gates and the gated delta rule (the recurrence and the chunked WY / UT-transform form),
 // each with its backward. fp32 data; the delta rule runs in fp64 inside.
 // Shapes: R rows, D features, T = B·S tokens, C conv channels of kernel K, nk/nv key/value heads of dk/dv.
-#include <math.h>
-
 #include "ops/cpu/cpu_ops.h"
 
 static inline double softplus(double x) { return x > 20 ? x : log1p(exp(x)); } // torch's threshold 20

@@ -2,8 +2,6 @@
 // (round to nearest even, saturating at ±448, subnormal codes under 2^-6), the power-of-two block scale, and
 // quantise / dequantise / round over the 1 × 128, 128 × 1 and 128 × 128 blocks of a matrix of groups of rows.
 // x: (R, C) fp32 with groups of rows offs[g]..offs[g+1], or (E, N, K): E groups of N rows.
-#include <math.h>
-
 #include "ops/cpu/cpu_ops.h"
 
 uint8_t fp8_e4m3_encode(float v) {

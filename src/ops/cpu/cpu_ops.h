@@ -1,5 +1,5 @@
 // cpu_ops.h — the CPU (fp32, OpenMP + OpenBLAS) implementation of every op in ops.h: the reference backend.
-// Each op of ops_list.h as cpu_<name> (the comments there hold), and the CPU's own helpers.
+// Each op of ops_list.h as cpu_<name> (the comments there hold), and the CPU's own helpers (with <math.h>).
 #pragma once
 #include <math.h>
 
