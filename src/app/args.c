@@ -3,7 +3,6 @@
 #include <getopt.h>
 
 #include "app/app.h"
-#include "ops/ops.h"
 #include "train/ckpt.h"
 
 int64_t arg_int(const char *cmd, const char *opt, const char *val, int64_t lo, int64_t hi) {

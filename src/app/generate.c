@@ -10,7 +10,6 @@
 #include "app/app.h"
 #include "base/bpe.h"
 #include "train/ckpt.h"
-#include "train/config.h"
 
 void gen_init(Generator *g, Model *m, int prompt, int cap) {
     CHECK(prompt >= 1 && prompt <= cap);

@@ -4,9 +4,6 @@
 
 #include <math.h>
 
-#include "parallel/comm.h"
-#include "parallel/ring.h"
-
 static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family, &gpt_oss_family,
                                               &qwen3_5_moe_family};
 

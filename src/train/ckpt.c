@@ -10,8 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/safetensors.h"
-
 // Canonical name of a tensor in a pith or HF file: HF prefixes all but lm_head with "model.".
 static const char *canonical(const char *name) { return strncmp(name, "model.", 6) ? name : name + 6; }
 
