@@ -3,7 +3,6 @@
 #include <getopt.h>
 
 #include "app/app.h"
-#include "ops/ops.h"
 #include "train/ckpt.h"
 
 int64_t arg_int(const char *cmd, const char *opt, const char *val, int64_t lo, int64_t hi) {
@@ -51,7 +50,7 @@ void arg_load_weights(Model *m, const char *dir) {
     ckpt_load_model_part(&all, &m->params, w, dir);
     free(all.p);
     for (int g = 0; g < NGROUPS; g++) {
-        op_copy(m->w[g], tensor_make(w[g], DT_F32, DEV_CPU, 1, m->params.numel[g], 1, 1, 1));
+        op_copy(m->w[g], tf32_1(w[g], m->params.numel[g]));
         free(w[g]);
     }
 }

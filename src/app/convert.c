@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include "app/app.h"
-#include "base/safetensors.h"
 #include "model/model.h"
 
 static void convert_usage(FILE *f) {

@@ -64,6 +64,7 @@ static bool plan_layout(const TrainConfig *c, const ModelConfig *mc, long gpus, 
 // FLOP added, the most first: the norms, RoPE, SwiGLU elementwise; the router's, the down and the gate_up GEMMs), full.
 static const int recompute_sets[] = {0, 1, 3, 7, 15, 31, 63, RECOMPUTE_FULL};
 #define NSETS 8
+static const double capacity_factors[] = {0, 2, 1.5, 1.25, 1}; // the ones the levers and the sweep try (0: worst case)
 
 // The GEMM FLOPs a recompute set adds to one micro-batch of T tokens on a rank (balanced routing: T·k rows): the
 // router's (T × H → E), the down GEMM's (T·k × I → H, and the combine again) and the gate_up GEMM's (T·k × H → 2I, or
@@ -146,10 +147,10 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
             else c.gradient_dtype = STATE_BF16;
             snprintf(what, sizeof what, "%s", set[j - 4]);
         } else if (i < 5) { // capacity factors (with expert parallelism)
-            static const double f[] = {0, 2, 1.5, 1.25, 1};
-            if (cfg->parallel.ep == 1 || f[i] == cfg->parallel.ep_capacity_factor) continue;
-            c.parallel.ep_capacity_factor = f[i];
-            snprintf(what, sizeof what, "parallel.ep_capacity_factor=%g%s", f[i], f[i] ? "" : " (worst case)");
+            double f = capacity_factors[i];
+            if (cfg->parallel.ep == 1 || f == cfg->parallel.ep_capacity_factor) continue;
+            c.parallel.ep_capacity_factor = f;
+            snprintf(what, sizeof what, "parallel.ep_capacity_factor=%g%s", f, f ? "" : " (worst case)");
         } else if (j < 0) { // the recompute sets, with the GEMM FLOPs each adds
             if ((c.recompute = recompute_sets[i - 5]) == cfg->recompute) continue;
             double T = (double)cfg->micro_batch_size * cfg->sequence_length / cfg->parallel.cp;
@@ -216,7 +217,6 @@ static int layout_cmp(const void *pa, const void *pb) {
 static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Device dev, double mem_gb) {
     int n = 0, cap = 64, nc = 0, count[3] = {0};
     Layout *all = xmalloc(cap * sizeof *all);
-    static const double factors[] = {0, 2, 1.5, 1.25, 1};
     for (int ep = 1; ep <= gpus && ep <= mc->experts; ep++)
         for (int sh = 0; sh < 2; sh++)
             for (int f = 0; f < 5; f++)
@@ -225,7 +225,7 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
                         int mb = v >> 2 | (v & 3) << 2; // & 1: micro-batch 1; & 2: offload; & 4, & 8: bf16 state
                         TrainConfig c = *cfg;
                         c.parallel.ep = ep, c.parallel.sharding = sh ? SHARD_HSDP : SHARD_FSDP;
-                        c.parallel.ep_capacity_factor = factors[f], c.recompute = recompute_sets[rc];
+                        c.parallel.ep_capacity_factor = capacity_factors[f], c.recompute = recompute_sets[rc];
                         c.micro_batch_size = mb & 1 ? 1 : cfg->micro_batch_size;
                         c.optimizer.offload = mb & 2 ? true : cfg->optimizer.offload;
                         long dp = gpus / ((long)c.parallel.pp * c.parallel.cp * ep);

@@ -13,8 +13,6 @@
 
 #include "app/app.h"
 #include "base/npy.h"
-#include "parallel/mesh.h"
-#include "parallel/ring.h"
 #include "pipe/chunk.h"
 #include "pipe/dualpipev.h"
 #include "train/data.h"

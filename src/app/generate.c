@@ -10,7 +10,6 @@
 #include "app/app.h"
 #include "base/bpe.h"
 #include "train/ckpt.h"
-#include "train/config.h"
 
 void gen_init(Generator *g, Model *m, int prompt, int cap) {
     CHECK(prompt >= 1 && prompt <= cap);
@@ -42,8 +41,7 @@ void gen_feed(Generator *g, const int32_t *tokens, int n) {
     chunk_forward_layers(e, 0);
     m->kv = NULL;
     g->kv.len += n;
-    moe_logits(m, tensor_make(g->logits, DT_F32, DEV_CPU, 2, 1, m->cfg.vocab, 1, 1),
-               tensor_rows(chunk_output(e, 0), n - 1, 1), &g->ws);
+    moe_logits(m, tf32_2(g->logits, 1, m->cfg.vocab), tensor_rows(chunk_output(e, 0), n - 1, 1), &g->ws);
 }
 
 void gen_free(Generator *g) {
@@ -159,7 +157,7 @@ int cmd_generate(int argc, char **argv) {
     if (ckpt_load_router_bias(model, bias, mc.layers, mc.experts)) {
         bias_mem = arena_create("router bias", dev, sizeof(float) * mc.layers * mc.experts + ARENA_ALIGN);
         m.router_bias = arena_tensor(&bias_mem, DT_F32, 2, mc.layers, mc.experts, 0, 0);
-        op_copy(m.router_bias, tensor_make(bias, DT_F32, DEV_CPU, 2, mc.layers, mc.experts, 1, 1));
+        op_copy(m.router_bias, tf32_2(bias, mc.layers, mc.experts));
     }
     free(bias);
     // Ids the tokenizer cannot decode (a vocabulary padded past the tokenizer's) are never drawn.

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include "app/app.h"
-#include "base/base.h"
 
 static const struct {
     const char *name;

@@ -11,7 +11,6 @@
 #include <jansson.h>
 
 #include "app/app.h"
-#include "base/base.h"
 
 enum { PLOT_W = 1000, PLOT_H = 600, MAX_RUNS = 8 };
 // The plotting area inside the picture (pixels from the left and top edges).

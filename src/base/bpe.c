@@ -12,7 +12,6 @@
 // Shapes: a vocabulary of V ids (≤ 2^32), merges as a hash map (left id, right id) → (rank, merged id).
 #include "base/bpe.h"
 
-#include <jansson.h>
 #include <pthread.h>
 #include <utf8proc.h>
 #define PCRE2_CODE_UNIT_WIDTH 8

@@ -17,8 +17,6 @@
 
 #include <math.h>
 
-#include "parallel/comm.h"
-
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 

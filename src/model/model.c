@@ -4,9 +4,6 @@
 
 #include <math.h>
 
-#include "parallel/comm.h"
-#include "parallel/ring.h"
-
 static const ModelFamily *const families[] = {&qwen3_moe_family, &deepseek_v2_family, &gpt_oss_family,
                                               &qwen3_5_moe_family};
 
@@ -136,15 +133,12 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
         }
     }
     int half = cfg->rope.rd / 2;
-    m->rope_cos = model_tensor(dev, DT_F32, (int64_t)max_seq * half, alloc),
-    m->rope_sin = model_tensor(dev, DT_F32, (int64_t)max_seq * half, alloc);
-    m->rope_cos.nd = m->rope_sin.nd = 2, m->rope_cos.n[0] = m->rope_sin.n[0] = max_seq,
-    m->rope_cos.n[1] = m->rope_sin.n[1] = half;
+    m->rope_cos = tensor_reshape2(model_tensor(dev, DT_F32, (int64_t)max_seq * half, alloc), max_seq, half);
+    m->rope_sin = tensor_reshape2(model_tensor(dev, DT_F32, (int64_t)max_seq * half, alloc), max_seq, half);
     if (alloc) {
         float *c = xmalloc((size_t)max_seq * half * sizeof(float)),
               *s = xmalloc((size_t)max_seq * half * sizeof(float));
-        Tensor hc = tensor_make(c, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1),
-               hs = tensor_make(s, DT_F32, DEV_CPU, 2, max_seq, half, 1, 1);
+        Tensor hc = tf32_2(c, max_seq, half), hs = tf32_2(s, max_seq, half);
         op_rope_tables(hc, hs, &cfg->rope);
         op_copy(m->rope_cos, hc), op_copy(m->rope_sin, hs);
         free(c), free(s);
@@ -242,7 +236,7 @@ static void lb_loss_cp(Model *m, const MicroBatch *mb, Tensor lb_grad, Tensor pr
     const Comm *cp = m->ring->cp;
     int64_t T = probs.n[0], E = probs.n[1], k = idx.n[1], G = b->form == LB_SEQUENCE ? B : 1, S = T / G;
     CHECK(T <= b->T && E == b->E && k == b->k);
-    op_copy(tensor_make(b->probs, DT_F32, DEV_CPU, 2, T, E, 1, 1), probs);
+    op_copy(tf32_2(b->probs, T, E), probs);
     op_copy(tensor_make(b->idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), idx);
     double *sum = b->sums, loss = 0, c = coef / (double)G, Tg = (double)S * cp->size; // Tg: a group's tokens
     memset(sum, 0, (size_t)G * 2 * E * sizeof(double));
@@ -258,7 +252,7 @@ static void lb_loss_cp(Model *m, const MicroBatch *mb, Tensor lb_grad, Tensor pr
             loss += c * E * f * P;
             b->grad[g * E + e] = (float)((double)grad_scale * cp->size * c * E * f / Tg);
         }
-    op_copy(tensor_rows(lb_grad, 0, G), tensor_make(b->grad, DT_F32, DEV_CPU, 2, G, E, 1, 1));
+    op_copy(tensor_rows(lb_grad, 0, G), tf32_2(b->grad, G, E));
     if (mb->replay || cp->rank) return; // a replayed forward (full recompute) was counted the first time
     lb_add(mb, loss);
 }
@@ -288,7 +282,7 @@ void model_lb_loss(Model *m, const MicroBatch *mb, int l, Tensor lb_grad, Tensor
     LoadBalance *b = &m->lb;
     int64_t T = probs.n[0], E = probs.n[1], k = idx.n[1];
     CHECK(T <= b->T && E == b->E && k == b->k && l < b->layers);
-    op_copy(tensor_make(b->probs, DT_F32, DEV_CPU, 2, T, E, 1, 1), probs);
+    op_copy(tf32_2(b->probs, T, E), probs);
     op_copy(tensor_make(b->idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), idx);
     // This micro-batch's counts, then every replica's (this round: blocks acc·D .. acc·D + D − 1).
     // Under context parallelism this micro-batch is cp × T tokens: its counts and probability sums add over the
@@ -329,7 +323,7 @@ void model_lb_loss(Model *m, const MicroBatch *mb, int l, Tensor lb_grad, Tensor
         loss += coef * E * f * (Tm ? pm / Tm : 0);
         b->grad[e] = T ? (float)(grad_scale * coef * E * f / T) : 0; // (grad_scale·cp)/(T·cp)
     }
-    op_copy(lb_grad, tensor_make(b->grad, DT_F32, DEV_CPU, 1, E, 1, 1, 1));
+    op_copy(lb_grad, tf32_1(b->grad, E));
     if (mb->replay) return;
     st->lb_tokens[l] += round;              // the running counts on every cp rank,
     if (!cp || !cp->rank) lb_add(mb, loss); // the loss once per micro-batch

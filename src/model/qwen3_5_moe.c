@@ -180,7 +180,12 @@ static void q35_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
     }
 }
 
-static DeltaArgs q35_delta_args(const Model *m, int B);
+static DeltaArgs q35_delta_args(const Model *m, int B) {
+    return (DeltaArgs){.B = B,
+                       .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->dk)),
+                       .qk_l2norm = true,
+                       .chunk = 64};
+}
 
 // The ops' planned scratch (io->opws): the GPU delta rule's (op_delta_rule_workspace; the backward's holds the
 // forward's) in a linear layer, the attention backward's (op_attention_workspace: cuDNN's D and dQ accumulator;
@@ -225,12 +230,6 @@ static void q35_mixer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, in
 
 // ---- the mixer: Gated DeltaNet (the full-attention layers' is gqa.c's) ----
 
-static DeltaArgs q35_delta_args(const Model *m, int B) {
-    return (DeltaArgs){.B = B,
-                       .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->dk)),
-                       .qk_l2norm = true,
-                       .chunk = 64};
-}
 // The document positions the conv1d and the delta rule take (document masking; p NULL without it): mb->pos, or under
 // context parallelism its contiguous layout in the record, made by the forward (fwd) and read by the backward. The
 // relayout moves the int32 words as fp32 ones: copies and transfers keep their bits.
@@ -247,13 +246,16 @@ static Tensor delta_pos(Model *m, Q35Rec *r, const MicroBatch *mb, bool fwd) {
 
 // Gated DeltaNet: n1 → h1a (without the residual).
 // Generation (m->kv): the cache's halo and state enter, and the call's last conv inputs and final state stay.
-static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBatch *mb, Tensor opws) {
+static void q35_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
+    const Q35Layer *W = model_layer_views(m, l, false);
+    Q35Rec *r = rp;
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     DeltaArgs da = q35_delta_args(m, mb->B);
     da.ws = opws; // planned (the backward workspace's bottom), or none in generation: the op scratch
     da.pos = delta_pos(m, r, mb, true);
     if (m->cfg.cp_size == 1) r->n1c = r->n1; // n1 moves when recomputed (its staging)
+    r->h1c = m->cfg.cp_size > 1 ? r->h1 : r->h1a;
     model_cp_contiguous(m, r->n1c, r->n1, mb->B);
     model_proj_forward(m, l, FP8_QKV, r->qkv, r->n1c, W->wqkv, NONE);
     if (m->kv) r->halo = kv_cache_delta(m->kv, l, r->qkv, q->conv_k, q->nv, q->dk, q->dv, &da);
@@ -274,16 +276,11 @@ static void delta_forward(Model *m, int l, const Q35Layer *W, Q35Rec *r, MicroBa
     model_cp_zigzag(m, r->h1a, r->h1c, mb->B);
 }
 
-static void q35_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
-    Q35Rec *r = rp;
-    r->h1c = m->cfg.cp_size > 1 ? r->h1 : r->h1a;
-    delta_forward(m, l, model_layer_views(m, l, false), r, mb, opws);
-}
-
 // dh1 (∂/∂h1a) → dn1.
-static void delta_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G, Q35Rec *r, MicroBatch *mb,
-                           Tensor opws) {
+static void q35_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
+    const Q35Layer *W = model_layer_views(m, l, false), *G = model_layer_views(m, l, true);
+    Q35Rec *r = rp;
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv, Rv = T * q->nv;
     if (m->cfg.cp_size == 1) r->n1c = r->n1;
     model_cp_contiguous(m, r->dh1c, r->dh1, mb->B);
@@ -311,10 +308,6 @@ static void delta_backward(Model *m, int l, const Q35Layer *W, const Q35Layer *G
     op_linear_backward_weight(G->wb, NONE, r->dpb, r->n1c);
     op_linear_backward_weight(G->wa, NONE, r->dpa, r->n1c);
     model_cp_zigzag(m, r->dn1, r->dn1c, mb->B);
-}
-
-static void q35_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor opws) {
-    delta_backward(m, l, model_layer_views(m, l, false), model_layer_views(m, l, true), rp, mb, opws);
 }
 
 const ModelFamily qwen3_5_moe_family = {

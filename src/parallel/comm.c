@@ -101,8 +101,7 @@ static void local_copy(Tensor out, Tensor in) {
 // MPI has no bf16 sum: a bf16 host reduction runs on an fp32 copy of in (each value exact), MPI sums the fp32 values,
 // and this rank's part of the sum is rounded once to nearest even into out.
 static void bf16_reduce(const Comm *c, Tensor out, Tensor in, bool scatter) {
-    Tensor w =
-        tensor_make(xmalloc(tensor_numel(in) * sizeof(float) + 1), DT_F32, DEV_CPU, 1, tensor_numel(in), 1, 1, 1);
+    Tensor w = tf32_1(xmalloc(tensor_numel(in) * sizeof(float) + 1), tensor_numel(in));
     op_copy(w, in);
     if (scatter) comm_reduce_scatter(c, tensor_rows(w, 0, tensor_numel(out)), w);
     else comm_allreduce(c, w, COMM_SUM);

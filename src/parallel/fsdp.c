@@ -73,15 +73,15 @@ void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {
 }
 
 void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full) {
-    op_copy(shard, tensor_make((void *)(full + f->off[g]), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1));
+    op_copy(shard, tf32_1((void *)(full + f->off[g]), f->len[g]));
 }
 
 void fsdp_gather_host(const Fsdp *f, int g, float *full, Tensor shard) {
-    Tensor host = tensor_make(full, DT_F32, DEV_CPU, 1, f->numel[g], 1, 1, 1);
+    Tensor host = tf32_1(full, f->numel[g]);
     if (one_shard(f, g)) op_copy(host, shard);
     else if (shard.dev == DEV_CPU && shard.dt == DT_F32) comm_allgather(f->shard[g], host, shard);
     else { // a device or bf16 shard goes through an fp32 host copy
-        Tensor mine = tensor_make(xmalloc(f->len[g] * sizeof(float) + 1), DT_F32, DEV_CPU, 1, f->len[g], 1, 1, 1);
+        Tensor mine = tf32_1(xmalloc(f->len[g] * sizeof(float) + 1), f->len[g]);
         op_copy(mine, shard);
         comm_allgather(f->shard[g], host, mine);
         free(mine.p);

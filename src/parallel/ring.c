@@ -271,57 +271,46 @@ static int backward(Ring *R, Tensor dq, Tensor dout, Tensor o, Tensor lse, const
     return acc;
 }
 
-static RingShape shape_of(Tensor q, Tensor k, Tensor v, const RingLatent *ml, const AttnArgs *a) {
+// The shape, this call's buffers, and q with the first travelling pair: k and v, or the latent (c, and k_pe from its
+// columns of ml->pe).
+static RingShape ring_begin(Ring *R, RingBufs *b, Tensor q, Tensor k, Tensor v, const RingLatent *ml, const AttnArgs *a,
+                            bool grad) {
     RingShape z = {q.dt, a->B, ring_blk(q, a), q.n[1], 0, q.n[2], 0, 0, 0};
     if (ml) z.nkv = ml->nh, z.dv = ml->dv, z.dc = ml->c.n[1], z.dn = ml->dn;
     else z.nkv = k.n[1], z.dv = v.n[2];
+    arena_reset(&R->mem, 0);
+    ring_alloc(b, &R->mem, &z, grad);
+    reorder_rows(q, b->q, z.B, z.blk, false);
+    reorder_rows(ml ? ml->c : k, b->a[0], z.B, z.blk, false);
+    if (ml) reorder(ml->pe, ml->pe_col, ml->dr, b->b[0], z.B, z.blk, false);
+    else reorder_rows(v, b->b[0], z.B, z.blk, false);
     return z;
 }
 
 void ring_attention_forward(Ring *R, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {
-    RingShape z = shape_of(q, k, v, NULL, a);
     RingBufs b;
-    arena_reset(&R->mem, 0);
-    ring_alloc(&b, &R->mem, &z, false);
-    reorder_rows(q, b.q, z.B, z.blk, false), reorder_rows(k, b.a[0], z.B, z.blk, false);
-    reorder_rows(v, b.b[0], z.B, z.blk, false);
+    RingShape z = ring_begin(R, &b, q, k, v, NULL, a, false);
     forward(R, o, lse, q, &z, NULL, a, &b);
 }
 
 void ring_attention_backward(Ring *R, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v,
                              Tensor o, Tensor lse, const AttnArgs *a) {
-    RingShape z = shape_of(q, k, v, NULL, a);
     RingBufs b;
-    arena_reset(&R->mem, 0);
-    ring_alloc(&b, &R->mem, &z, true);
-    reorder_rows(q, b.q, z.B, z.blk, false), reorder_rows(k, b.a[0], z.B, z.blk, false);
-    reorder_rows(v, b.b[0], z.B, z.blk, false);
+    RingShape z = ring_begin(R, &b, q, k, v, NULL, a, true);
     int h = backward(R, dq, dout, o, lse, &z, NULL, a, &b);
     reorder_rows(dk, b.home[h][0], z.B, z.blk, true), reorder_rows(dv, b.home[h][1], z.B, z.blk, true);
 }
 
-// The latent into the first travelling pair: c, and k_pe from its columns of ml->pe.
-static void latent_in(RingBufs *b, const RingLatent *ml, const RingShape *z) {
-    reorder_rows(ml->c, b->a[0], z->B, z->blk, false);
-    reorder(ml->pe, ml->pe_col, ml->dr, b->b[0], z->B, z->blk, false);
-}
-
 void ring_mla_forward(Ring *R, Tensor o, Tensor lse, Tensor q, const RingLatent *ml, const AttnArgs *a) {
-    RingShape z = shape_of(q, (Tensor){0}, (Tensor){0}, ml, a);
     RingBufs b;
-    arena_reset(&R->mem, 0);
-    ring_alloc(&b, &R->mem, &z, false);
-    reorder_rows(q, b.q, z.B, z.blk, false), latent_in(&b, ml, &z);
+    RingShape z = ring_begin(R, &b, q, (Tensor){0}, (Tensor){0}, ml, a, false);
     forward(R, o, lse, q, &z, ml, a, &b);
 }
 
 void ring_mla_backward(Ring *R, Tensor dq, Tensor dc, Tensor dpe, Tensor dout, Tensor q, Tensor o, Tensor lse,
                        const RingLatent *ml, const AttnArgs *a) {
-    RingShape z = shape_of(q, (Tensor){0}, (Tensor){0}, ml, a);
     RingBufs b;
-    arena_reset(&R->mem, 0);
-    ring_alloc(&b, &R->mem, &z, true);
-    reorder_rows(q, b.q, z.B, z.blk, false), latent_in(&b, ml, &z);
+    RingShape z = ring_begin(R, &b, q, (Tensor){0}, (Tensor){0}, ml, a, true);
     int h = backward(R, dq, dout, o, lse, &z, ml, a, &b);
     reorder_rows(dc, b.home[h][0], z.B, z.blk, true);
     reorder(dpe, ml->pe_col, ml->dr, b.home[h][1], z.B, z.blk, true);

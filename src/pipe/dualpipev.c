@@ -5,7 +5,6 @@
 // numbered by per-phase counters, so the k-th receive of a phase is the input of its k-th forward.
 #include "pipe/dualpipev.h"
 
-#include "base/base.h"
 #include "ops/ops.h"
 
 #include <time.h>

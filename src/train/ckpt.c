@@ -10,8 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/safetensors.h"
-
 // Canonical name of a tensor in a pith or HF file: HF prefixes all but lm_head with "model.".
 static const char *canonical(const char *name) { return strncmp(name, "model.", 6) ? name : name + 6; }
 
@@ -663,8 +661,7 @@ void ckpt_resume(Run *r, const char *dir) {
     r->step = (int)step;
     // absent: a run that starts balancing here starts from zero
     if (r->router_bias && ckpt_load_router_bias(dir, r->router_bias, r->model.cfg.layers, r->model.cfg.experts))
-        op_copy(r->model.router_bias,
-                tensor_make(r->router_bias, DT_F32, DEV_CPU, 2, r->model.cfg.layers, r->model.cfg.experts, 1, 1));
+        op_copy(r->model.router_bias, tf32_2(r->router_bias, r->model.cfg.layers, r->model.cfg.experts));
     // The optimizer state means what its optimizer made it mean (Muon keeps its momentum in exp_avg).
     json_t *ot = json_object_get(json_object_get(json_object_get(root, "train_config"), "optimizer"), "type");
     const char *was = json_is_string(ot) ? json_string_value(ot) : "adamw",

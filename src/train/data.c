@@ -73,31 +73,18 @@ static uint64_t token_at_raw(const TokenFile *f, int64_t i) {
 static uint64_t token_max_scan(const TokenFile *f) {
     uint64_t m = 0;
     int64_t n = f->ntok;
+#define MAX_OF(type)                                                                                                   \
+    do {                                                                                                               \
+        const type *t = f->tokens;                                                                                     \
+        _Pragma("omp parallel for reduction(max : m)") for (int64_t i = 0; i < n; i++) m = t[i] > m ? t[i] : m;        \
+    } while (0)
     switch (f->dt) {
-    case DT_U8: {
-        const uint8_t *t = f->tokens;
-#pragma omp parallel for reduction(max : m)
-        for (int64_t i = 0; i < n; i++) m = t[i] > m ? t[i] : m;
-        break;
+    case DT_U8: MAX_OF(uint8_t); break;
+    case DT_U16: MAX_OF(uint16_t); break;
+    case DT_U32: MAX_OF(uint32_t); break;
+    default: MAX_OF(uint64_t);
     }
-    case DT_U16: {
-        const uint16_t *t = f->tokens;
-#pragma omp parallel for reduction(max : m)
-        for (int64_t i = 0; i < n; i++) m = t[i] > m ? t[i] : m;
-        break;
-    }
-    case DT_U32: {
-        const uint32_t *t = f->tokens;
-#pragma omp parallel for reduction(max : m)
-        for (int64_t i = 0; i < n; i++) m = t[i] > m ? t[i] : m;
-        break;
-    }
-    default: {
-        const uint64_t *t = f->tokens;
-#pragma omp parallel for reduction(max : m)
-        for (int64_t i = 0; i < n; i++) m = t[i] > m ? t[i] : m;
-    }
-    }
+#undef MAX_OF
     return m;
 }
 

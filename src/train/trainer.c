@@ -326,13 +326,6 @@ void run_free(Run *r) {
     dist_mesh_free(&r->dist);
 }
 
-// Forward and backward of one micro-batch already loaded into r->chunk[0] (pp = 1), leaving ∂(Σ CE + T·Σ lb)/∂θ in the
-// gradient buffers (accumulated) and the sums in r->sums (StepSums).
-static void run_microbatch(Run *r) {
-    chunk_forward(&r->chunk[0], 0, true);
-    chunk_backward(&r->chunk[0], 0, false);
-}
-
 // Loads micro-batch `acc` of this rank for global batch `batch` of ds into record slot `slot` of chunk c;
 // returns its target count. Data replicas are the (dp, ep) pairs (docs/reference.md §18): replica q reads
 // rows batch·GBS + q·mbs + acc·mbs·D + off of the global batch, D = dp·ep replicas, acc < GBS/(mbs·D).
@@ -398,8 +391,8 @@ static int64_t run_microbatches(Run *r, Dataset *ds, int64_t batch, bool grad) {
     if (!piped(&r->cfg, &r->dist)) {
         for (int acc = 0; acc < microbatches(&r->cfg, &r->dist); acc++) {
             targets += load_microbatch(r, ds, batch, acc, &r->chunk[0], 0);
-            if (grad) run_microbatch(r);
-            else chunk_forward(&r->chunk[0], 0, false);
+            chunk_forward(&r->chunk[0], 0, grad);
+            if (grad) chunk_backward(&r->chunk[0], 0, false); // ∂(Σ CE + T·Σ lb)/∂θ added to the gradient buffers
         }
         return targets;
     }
@@ -452,7 +445,7 @@ static void run_router_bias_update(Run *r) {
         if (m->cfg.is_moe[l])
             router_bias_update(r->router_bias + (size_t)l * E, r->sums.router_load + (size_t)l * E, E,
                                r->cfg.moe_router_bias_update_rate);
-    op_copy(m->router_bias, tensor_make(r->router_bias, DT_F32, DEV_CPU, 2, L, E, 1, 1));
+    op_copy(m->router_bias, tf32_2(r->router_bias, L, E));
 }
 
 bool run_validation_due(const Run *r) {

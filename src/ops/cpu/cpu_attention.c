@@ -5,8 +5,6 @@
 // Forward: s_ij = scale·q_i·k_j, lse_i = log(exp(sink) + Σ_j exp(s_ij)), o_i = Σ_j exp(s_ij − lse_i)·v_j.
 // Backward: p = exp(s − lse), D_i = do_i·o_i, ds = p·(do_i·v_j − D_i); dq = scale·ds·k, dk = scale·dsᵀ·q,
 // dv = pᵀ·do; the sink's probability exp(sink − lse_i) has no value, so ∂sink = −Σ_i exp(sink − lse_i)·D_i.
-#include <math.h>
-
 #include "ops/cpu/cpu_ops.h"
 
 static inline float dotf(const float *a, const float *b, int64_t n) {

@@ -2,15 +2,8 @@
 // conv1d + SiLU, the DeltaNet gates and the gated delta rule (the recurrence and the chunked WY / UT-transform form),
 // each with its backward. fp32 data; the delta rule runs in fp64 inside.
 // Shapes: R rows, D features, T = B·S tokens, C conv channels of kernel K, nk/nv key/value heads of dk/dv.
-#include <math.h>
-
 #include "ops/cpu/cpu_ops.h"
 
-static inline double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
-static inline double silu_grad(double z) { // d silu(z)/dz
-    double s = sigm(z);
-    return s * (1 + z * (1 - s));
-}
 static inline double softplus(double x) { return x > 20 ? x : log1p(exp(x)); } // torch's threshold 20
 
 // ---- the output gate ----

@@ -1,7 +1,4 @@
 // cpu_elem.c — embedding, cross-entropy, elementwise helpers and AdamW on the CPU.
-#include <math.h>
-
-#include "base/half.h"
 #include "ops/cpu/cpu_ops.h"
 
 // Dies naming the first token id of tokens outside [0, V): the data checks ids when a file is opened; this is

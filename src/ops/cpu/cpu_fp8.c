@@ -2,8 +2,6 @@
 // (round to nearest even, saturating at ±448, subnormal codes under 2^-6), the power-of-two block scale, and
 // quantise / dequantise / round over the 1 × 128, 128 × 1 and 128 × 128 blocks of a matrix of groups of rows.
 // x: (R, C) fp32 with groups of rows offs[g]..offs[g+1], or (E, N, K): E groups of N rows.
-#include <math.h>
-
 #include "ops/cpu/cpu_ops.h"
 
 uint8_t fp8_e4m3_encode(float v) {
@@ -130,7 +128,7 @@ void cpu_fp8_weight(Fp8Weight fw, Tensor w) {
             KB = (K + 127) / 128, KB4 = fw.s.n[1], NB4 = fw.st.n[1];
     CHECK(fw.q.n[fw.q.nd - 2] == N && fw.q.n[fw.q.nd - 1] == K && fw.s.n[0] == E * NB && fw.st.n[0] == E * KB);
     float *s = xmalloc(sizeof(float) * E * NB * KB);
-    cpu_fp8_quantize(fw.q, tensor_make(s, DT_F32, DEV_CPU, 2, E * NB, KB, 1, 1), w, FP8_TILES, NULL, 0);
+    cpu_fp8_quantize(fw.q, tf32_2(s, E * NB, KB), w, FP8_TILES, NULL, 0);
     const uint8_t *q = fw.q.p;
     uint8_t *qt = fw.qt.p;
     for (int64_t e = 0; e < E; e++)

@@ -145,7 +145,7 @@ void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor 
     // bf16 dw: the products into an fp32 buffer, then each element old + sum in fp32, rounded once
     int64_t n = E * N * K;
     bool half = dw.dt == DT_BF16;
-    Tensor sum = half ? tensor_make(xmalloc(n * sizeof(float) + 1), DT_F32, DEV_CPU, 1, n, 1, 1, 1) : dw;
+    Tensor sum = half ? tf32_1(xmalloc(n * sizeof(float) + 1), n) : dw;
     if (!accumulate || half) memset(sum.p, 0, n * sizeof(float)); // written: the sums below start from zero
     experts_run(2, sum, dy, x, offs, E, N, K);
     if (half) {

@@ -5,8 +5,6 @@
 // Backward through w_j = c·p_j/Σp: ∂p_j = (c·∂w_j − Σ_l ∂w_l·w_l) / Σp (without renorm: c·∂w_j); then through the
 // softmax: ∂logit_e = p_e·(∂p_e − Σ_f p_f·∂p_f) (sigmoid: p_e·(1 − p_e)·∂p_e), ∂p_e also carrying lb_grad[e]. softmax_topk: w_j = c·u_j,
 // u = softmax(logits[idx]), so ∂logit_{idx_j} = w_j·(∂w_j − Σ_l w_l·∂w_l / c), added to the lb path's softmax term.
-#include <math.h>
-
 #include "ops/cpu/cpu_ops.h"
 
 // The top-k experts of one token by score (best first, ties → lower index); with groups, only experts of the

@@ -1,15 +1,7 @@
 // cpu_norm.c — RMSNorm (plain, 1 + w, gated), RoPE (rotate-half and pair layouts, partial) and SwiGLU (plain and
 // clamped) on the CPU (fp32 data, fp64 row sums).
 // RMSNorm: y = x·r·u with r = (mean(x²) + eps)^(-1/2) and u = w, 1 + w, or either times silu(z) (ops_list.h).
-#include <math.h>
-
 #include "ops/cpu/cpu_ops.h"
-
-static inline double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
-static inline double silu_grad(double z) { // d silu(z)/dz
-    double s = sigm(z);
-    return s * (1 + z * (1 - s));
-}
 
 // u of element e = i·D + j: w[j], or 1 + w[j] (fp32 as the weight is), times silu(z[e]) in fp64.
 static inline double norm_u(Tensor w, const RmsArgs *a, int64_t e, int64_t j) {

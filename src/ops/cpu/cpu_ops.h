@@ -1,6 +1,8 @@
 // cpu_ops.h — the CPU (fp32, OpenMP + OpenBLAS) implementation of every op in ops.h: the reference backend.
-// Each op of ops_list.h as cpu_<name> (the comments there hold), and the CPU's own helpers.
+// Each op of ops_list.h as cpu_<name> (the comments there hold), and the CPU's own helpers (with <math.h>).
 #pragma once
+#include <math.h>
+
 #include "base/half.h"
 #include "ops/ops.h"
 
@@ -13,6 +15,12 @@ bool cpu_adamw_nonfinite(void);
 static inline float *F(Tensor t) { return (float *)t.p; }
 static inline int32_t *I32(Tensor t) { return (int32_t *)t.p; }
 #define CPU_F32(t) CHECK((t).dev == DEV_CPU && (t).dt == DT_F32)
+// σ(x) and d silu(z)/dz in fp64.
+static inline double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
+static inline double silu_grad(double z) {
+    double s = sigm(z);
+    return s * (1 + z * (1 - s));
+}
 // Element i of an fp32 or bf16 tensor as fp32; stores v into it (bf16: rounded to nearest even).
 static inline float ld_fb(Tensor t, int64_t i) { return t.dt == DT_BF16 ? bf16_to_f32(((uint16_t *)t.p)[i]) : F(t)[i]; }
 static inline void st_fb(Tensor t, int64_t i, float v) {
