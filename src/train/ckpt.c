@@ -235,6 +235,12 @@ static size_t parts_bytes(const ParamTable *t, const Dist *d, int nparts, const 
     return n;
 }
 
+// The pending device rows run into the snapshot bytes that end at end.
+static void copy_run(Tensor *run, char *end) {
+    op_copy_async(tensor_make(end - tensor_bytes(*run), run->dt, DEV_CPU, 1, tensor_numel(*run), 1, 1, 1), *run);
+    *run = (Tensor){0};
+}
+
 // Copies the tensors of the parts this rank writes into mem (parts_bytes of them; NULL: memory of f's own), each part
 // in its own dtype (bf16 moments stay bf16, as the file keeps them), and lists them in f, bound for
 // dir/<base>[-<rank+1>-of-<ranks>].safetensors; returns the bytes used. A group held whole (one shard) is copied by
@@ -255,17 +261,25 @@ static size_t snapshot_parts(Run *r, SaveFile *f, char *mem, const char *dir, co
                 full[g] = xmalloc(r->fsdp.numel[g] * sizeof(float) + 1);
                 fsdp_gather_host(&r->fsdp, g, full[g], parts[k].shard[g]);
             }
+        // Tensors adjacent in the shard are one copy (run: the pending one, ending at `at`): a save issues a few
+        // large device-to-host copies, not one per tensor (a queue of thousands blocks the loop until it drains).
+        Tensor run = {0};
         for (int i = 0; i < t->n; i++) {
             const ParamInfo *p = &t->p[i];
             if (!owns(t, i, d)) continue;
             Tensor src = parts[k].shard[p->group], dst = tensor_make(at, src.dt, DEV_CPU, 1, params_numel(p), 1, 1, 1);
+            Tensor rows = full[p->group] ? (Tensor){0} : tensor_rows(src, p->off, params_numel(p)); // (a shard's rows)
             CHECK(src.dt == DT_F32 || src.dt == DT_BF16);
+            if (run.p && (full[p->group] || rows.p != (char *)run.p + tensor_bytes(run) || rows.dt != run.dt))
+                copy_run(&run, at);
             if (full[p->group]) op_copy(dst, tf32_1(full[p->group] + p->off, params_numel(p)));
-            else op_copy_async(dst, tensor_rows(src, p->off, params_numel(p)));
+            else if (run.p) run.n[0] += rows.n[0];
+            else run = rows;
             snprintf(name, sizeof name, "%s%s", parts[k].prefix, p->name);
             st_writer_add_raw(&f->w, name, src.dt == DT_BF16 ? ST_BF16 : ST_F32, p->nd, p->shape, at);
             at += tensor_bytes(dst);
         }
+        if (run.p) copy_run(&run, at);
         for (int g = 0; g < NGROUPS; g++) free(full[g]);
     }
     file_of(file, sizeof file, base, d->world.rank, d->world.size);
