@@ -337,14 +337,17 @@ static void bench_docs(void) {
     unsetenv("PITH_ATTENTION");
     printf("packed / unpacked attention fwd+bwd: %.2fx the default path's, %.2fx pith's kernels' (issue 38: <= 1)\n",
            total[2] / total[0], total[2] / total[1]);
-    // the other families' forms, no documents (default path) and the same documents (pith's generic kernels): MLA
-    // 192/128 with 16 heads (DeepSeek-V2-Lite), GPT-OSS's sliding layers (64/8 heads of 64, window 128, sinks)
+    // the other families' forms, no documents (default path) and the same documents (pith's kernels): MLA 192/128
+    // with 16 heads (DeepSeek-V2-Lite), GPT-OSS's sliding layers (64/8 heads of 64, window 128, sinks), Qwen3.5's full
+    // attention (16/2 heads of 256)
     struct {
         int nh, nkv, dqk, dv, window;
         bool sinks;
         const char *what;
-    } f[2] = {{16, 16, 192, 128, 0, false, "MLA 192/128"}, {64, 8, 64, 64, 128, true, "GPT-OSS window 128 + sinks"}};
-    for (int c = 0; c < 2; c++) {
+    } f[3] = {{16, 16, 192, 128, 0, false, "MLA 192/128"},
+              {64, 8, 64, 64, 128, true, "GPT-OSS window 128 + sinks"},
+              {16, 2, 256, 256, 0, false, "Qwen3.5 256"}};
+    for (int c = 0; c < 3; c++) {
         Arena save = A;
         Tensor qf = dev(bf, 3, T, f[c].nh, f[c].dqk), kf = dev(bf, 3, T, f[c].nkv, f[c].dqk),
                vf = dev(bf, 3, T, f[c].nkv, f[c].dv), of = dev(bf, 3, T, f[c].nh, f[c].dv);

@@ -1,4 +1,4 @@
-// cuda_flash.cu — flash attention on the tensor cores: bf16, head dim 64 or 128, causal grouped-query
+// cuda_flash.cu — flash attention on the tensor cores: bf16, head dim 64, 128 or 256, causal grouped-query
 // self-attention with an LSE output, documents (AttnArgs.docpos), a sliding window and sinks (Dao,
 // "FlashAttention-2", 2023: Algorithm 1 forward, Algorithm 2 backward
 // with a D_i pre-pass). Shapes as in cuda_attention.cu: q, o, dq, dout (B·S, nh, D); k, v, dk, dv
@@ -10,7 +10,9 @@
 //            over the key tiles P = exp(S·scale − lse), dP = dO·Vᵀ, dS = P∘(dP − D), dQ += dS·K;
 //            dq = scale·dQ. kernel 2, per 64 keys of one kv head: over every query tile at or after
 //            them and every query head of the group, Pᵀ and dPᵀ = V·dOᵀ with keys as rows, dV += Pᵀ·dO,
-//            dK += dSᵀ·Q; dk = scale·dK. Each output has one writer: no atomics, deterministic.
+//            dK += dSᵀ·Q; dk = scale·dK (at head dim 256 in two launches, one for dv and one for dk, and the Q and dO
+//            fragments read from shared memory at each use: the registers hold one D-wide accumulator, not two).
+//            Each output has one writer: no atomics, deterministic.
 //   (The two kernels are deterministic and were faster than a fused backward with dq atomics on the H200:
 //   bench/cuda_ops.md, round 2.)
 // A lower bound per row (LO): documents (AttnArgs.docpos, each query's position in its document) and a sliding
@@ -131,6 +133,29 @@ __device__ __forceinline__ void fa_mask(float (&s)[8][4], float masked, bool edg
         }
 }
 
+// A warp's 16 rows of a shared-memory tile (Q, dO) as A fragments, one per 16 columns: kept in registers at head dims
+// up to 128; at 256 they would not fit beside the accumulators, so each use reads them from shared memory.
+template <int D> struct RowFrags {
+    static constexpr int LD = D + 8, KD = D / 16, KEEP = D <= 128;
+    uint32_t f[KEEP ? KD : 1][4];
+    const bf16 *tile;
+    int row, lane;
+    __device__ __forceinline__ RowFrags(const bf16 *t, int r, int ln) : tile(t), row(r), lane(ln) {
+        if constexpr (KEEP)
+#pragma unroll
+            for (int kk = 0; kk < KD; kk++) ldsm_x4(f[kk], frag_a_mk<LD>(tile, row, kk * 16, lane));
+    }
+    // c += these rows' columns kk·16 .. kk·16 + 15 · tileᵀ's (mma_x64)
+    __device__ __forceinline__ void mma(float (&c)[8][4], const bf16 *t, int kk) const {
+        if constexpr (KEEP) mma_x64<LD>(c, f[kk], t, kk * 16, lane);
+        else {
+            uint32_t a[4];
+            ldsm_x4(a, frag_a_mk<LD>(tile, row, kk * 16, lane));
+            mma_x64<LD>(c, a, t, kk * 16, lane);
+        }
+    }
+};
+
 // ---- forward ----
 template <int D, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
@@ -155,9 +180,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    uint32_t qf[KD][4];
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) ldsm_x4(qf[kk], frag_a_mk<LD>(qs, warp * 16, kk * 16, lane));
+    const RowFrags<D> qf(qs, warp * 16, lane);
     const float sl2 = scale * FA_LOG2E;
     float acc[ND][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     if (sinks) { // a key of logit sinks[h] (sinks[h]/scale in the units of m) and no value; l is the quad's sum
@@ -173,7 +196,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
         float s[8][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++) mma_x64<LD>(s, qf[kk], kt, kk * 16, lane);
+        for (int kk = 0; kk < KD; kk++) qf.mma(s, kt, kk);
         fa_mask(s, -INFINITY, j == nkt - 1, LO && j0 < lmax, j0, q0 + warp * 16 + gq, S, tq, lo);
 #pragma unroll
         for (int r = 0; r < 2; r++) { // online softmax of rows gq (r = 0) and gq + 8 (r = 1)
@@ -258,12 +281,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     }
     cp_async_wait<1>();
     __syncthreads();
-    uint32_t qf[KD][4], df[KD][4];
-#pragma unroll
-    for (int kk = 0; kk < KD; kk++) {
-        ldsm_x4(qf[kk], frag_a_mk<LD>(qs, warp * 16, kk * 16, lane));
-        ldsm_x4(df[kk], frag_a_mk<LD>(dos, warp * 16, kk * 16, lane));
-    }
+    const RowFrags<D> qf(qs, warp * 16, lane), df(dos, warp * 16, lane);
     const float sl2 = scale * FA_LOG2E;
     float L2[2], Dr[2];
 #pragma unroll
@@ -282,14 +300,14 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
         float s[8][4] = {}, dp[8][4] = {};
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++) mma_x64<LD>(s, qf[kk], kt, kk * 16, lane);
+        for (int kk = 0; kk < KD; kk++) qf.mma(s, kt, kk);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[nt][e] = exp2f(s[nt][e] * sl2 - L2[e >> 1]); // P
         fa_mask(s, 0.0f, j == nkt - 1, LO && j0 < lmax, j0, q0 + warp * 16 + gq, S, tq, lo);
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++) mma_x64<LD>(dp, df[kk], vt, kk * 16, lane); // dP = dO·Vᵀ
+        for (int kk = 0; kk < KD; kk++) df.mma(dp, vt, kk); // dP = dO·Vᵀ
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -323,7 +341,9 @@ dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, float *ds, int32_t *ps, const bf16
     if ((LO & 1) && threadIdx.x < 64) cp_async4(smem_addr(ps + t), docpos + (int64_t)b * S + qb + (ok ? t : 0), ok);
 }
 
-template <int D, int LO>
+// P: the outputs it makes (1 dv, 2 dk, 3 both). At head dim 256 both accumulators would not fit in registers beside
+// Sᵀ and dPᵀ, so two launches make one each (the dk pass recomputes Sᵀ: 5 tile products a step instead of 4).
+template <int D, int LO, int P>
 __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_backward_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                const float *lse, const float *Dg, int S, int nh, int nkv, float scale,
@@ -356,7 +376,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     dkdv_prefetch<D, LO>(qs, dos, ls, ds, ps, q, dout, lse, Dg, docpos, 0, nq, qt0, b, g, grp, S, nh);
     cp_async_commit();
     const float sl2 = scale * FA_LOG2E;
-    float dka[ND][4] = {}, dva[ND][4] = {};
+    float dka[P & 2 ? ND : 1][4] = {}, dva[P & 1 ? ND : 1][4] = {};
     for (int it = 0; it < total; it++) {
         int st = it & 1;
         if (it + 1 < total)
@@ -400,18 +420,20 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
                         if (key + 8 < bound) s[nt][2 + c] = 0.0f;
                     }
         }
-        mma_acc_rows_tile<ND, LD>(dva, s, dot, lane); // dV += Pᵀ·dO, 16 queries at a time
+        if constexpr (P & 1) mma_acc_rows_tile<ND, LD>(dva, s, dot, lane); // dV += Pᵀ·dO, 16 queries at a time
+        if constexpr (P & 2) {
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++) { // dPᵀ = V·dOᵀ
-            uint32_t va[4];
-            ldsm_x4(va, frag_a_mk<LD>(vs, warp * 16, kk * 16, lane));
-            mma_x64<LD>(dp, va, dot, kk * 16, lane);
+            for (int kk = 0; kk < KD; kk++) { // dPᵀ = V·dOᵀ
+                uint32_t va[4];
+                ldsm_x4(va, frag_a_mk<LD>(vs, warp * 16, kk * 16, lane));
+                mma_x64<LD>(dp, va, dot, kk * 16, lane);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - dt[nt * 8 + 2 * tq + (e & 1)]); // dSᵀ
+            mma_acc_rows_tile<ND, LD>(dka, dp, qt, lane); // dK += dSᵀ·Q
         }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - dt[nt * 8 + 2 * tq + (e & 1)]); // dSᵀ
-        mma_acc_rows_tile<ND, LD>(dka, dp, qt, lane); // dK += dSᵀ·Q
         __syncthreads();
     }
 #pragma unroll
@@ -419,7 +441,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         int key = k0 + warp * 16 + gq + r * 8;
         if (key >= S) continue;
         int64_t off = ((int64_t)b * S + key) * kld + g * D + 2 * tq;
-        store_row<ND>(dk + off, dka, r, scale), store_row<ND>(dv + off, dva, r, 1.0f);
+        if constexpr (P & 2) store_row<ND>(dk + off, dka, r, scale);
+        if constexpr (P & 1) store_row<ND>(dv + off, dva, r, 1.0f);
     }
 }
 
@@ -446,23 +469,28 @@ static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, 
     launch(flash_backward_dq_kernel<D, LO>, dim3((unsigned)(B * nh), tiles), FA_THREADS, smem1, (bf16 *)dq.p, Dg,
            (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, (const bf16 *)o.p,
            (const float *)lse.p, S, nh, nkv, scale, docpos, window);
-    launch(flash_backward_dkdv_kernel<D, LO>, dim3((unsigned)(B * nkv), tiles), FA_THREADS, smem2, (bf16 *)dk.p,
-           (bf16 *)dv.p, (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
-           (const float *)lse.p, Dg, S, nh, nkv, scale, docpos, window);
+    auto dkdv = [&](auto kernel) {
+        launch(kernel, dim3((unsigned)(B * nkv), tiles), FA_THREADS, smem2, (bf16 *)dk.p, (bf16 *)dv.p,
+               (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, (const float *)lse.p, Dg,
+               S, nh, nkv, scale, docpos, window);
+    };
+    if constexpr (D == 256) dkdv(flash_backward_dkdv_kernel<D, LO, 1>), dkdv(flash_backward_dkdv_kernel<D, LO, 2>);
+    else dkdv(flash_backward_dkdv_kernel<D, LO, 3>);
 }
 
-// The tensor-core path takes bf16, head dim 64 or 128 and 16-byte aligned tensors; anything else goes
-// to the generic kernels of cuda_attention.cu. Each (head dim, LO) pair has its kernels; LO (the per-row lower bound):
-// bit 0 documents, bit 1 a window.
+// The tensor-core path takes bf16, head dim 64 or 128 (with or without a window) or 256 (without: Qwen3.5's full
+// attention) and 16-byte aligned tensors; anything else goes to the generic kernels of cuda_attention.cu. Each
+// (head dim, LO) pair has its kernels; LO (the per-row lower bound): bit 0 documents, bit 1 a window.
 // (clang-format does not settle on one layout for this list.)
 // clang-format off
-#define FA_FORMS(X) X(64, 0) X(64, 1) X(64, 2) X(64, 3) X(128, 0) X(128, 1) X(128, 2) X(128, 3)
+#define FA_FORMS(X) X(64, 0) X(64, 1) X(64, 2) X(64, 3) X(128, 0) X(128, 1) X(128, 2) X(128, 3) X(256, 0) X(256, 1)
 // clang-format on
+static bool flash_form(int D, int window) { return D == 64 || D == 128 || (D == 256 && !window); }
 
 bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window,
                              const float *sinks, const int32_t *docpos) {
     int D = (int)q.n[2], lo = (docpos ? 1 : 0) | (window ? 2 : 0);
-    if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0) || window < 0) return false;
+    if (q.dt != DT_BF16 || !flash_form(D, window) || !(scale > 0) || window < 0) return false;
     if (!aligned16(o.p, q.p, k.p, v.p)) return false;
 #define FWD(d, l)                                                                                                      \
     if (D == d && lo == l) flash_forward_launch<d, l>(o, lse, q, k, v, B, S, scale, docpos, window, sinks);
@@ -474,7 +502,7 @@ bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v,
 bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
                               Tensor lse, int B, int S, float scale, int window, const int32_t *docpos) {
     int D = (int)q.n[2], lo = (docpos ? 1 : 0) | (window ? 2 : 0);
-    if (q.dt != DT_BF16 || (D != 64 && D != 128) || !(scale > 0) || window < 0) return false;
+    if (q.dt != DT_BF16 || !flash_form(D, window) || !(scale > 0) || window < 0) return false;
     if (!aligned16(dq.p, dk.p, dv.p, dout.p) || !aligned16(q.p, k.p, v.p, o.p)) return false;
 #define BWD(d, l)                                                                                                      \
     if (D == d && lo == l) flash_backward_launch<d, l>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale, docpos, window);
