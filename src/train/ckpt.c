@@ -244,7 +244,8 @@ static void copy_run(Tensor *run, char *end) {
 // Copies the tensors of the parts this rank writes into mem (parts_bytes of them; NULL: memory of f's own), each part
 // in its own dtype (bf16 moments stay bf16, as the file keeps them), and lists them in f, bound for
 // dir/<base>[-<rank+1>-of-<ranks>].safetensors; returns the bytes used. A group held whole (one shard) is copied by
-// op_copy_async (from the GPU beside the loop's next work, complete at ops_copies_wait); a sharded group is first
+// op_copy_async (on the copy stream after the compute stream's work so far, complete at ops_copies_wait); a sharded
+// group is first
 // all-gathered into fp32 host memory (collective over the world, in the loop).
 static size_t snapshot_parts(Run *r, SaveFile *f, char *mem, const char *dir, const char *base, int nparts,
                              const Part *parts, const char *format) {
@@ -449,13 +450,13 @@ static void save_failed(void) { remove_tree(saving); }
 // The save in progress: its snapshot, taken by ckpt_save; its files, written inline or (checkpoint.async) by a
 // background thread; the folder, completed by ckpt_wait.
 typedef struct {
-    bool active, threaded, copying; // copying: its snapshot's copies may still run (ckpt_snapshot_wait)
+    bool active, threaded;
     pthread_t thread;
     int step;
     char tmp[4200], final[4200];
     SaveFile file[2];           // model, optimizer
     float *router_bias;         // (layers·E) copy, or NULL
-    double t0, issue_s, copy_s; // when the save began; the loop's time taking the snapshot, waiting for its copies
+    double t0, issue_s; // when the save began; the loop's time taking the snapshot (its copies included)
 } Save;
 static Save save;
 static double loop_unreported; // the loop's time in saves since ckpt_loop_seconds last asked
@@ -477,14 +478,6 @@ static int save_parts(const Run *r, int i, Part p[2]) {
 size_t ckpt_snapshot_bytes(const Run *r) {
     const Part parts[3] = {{"", r->master}, {"", r->adam_m}, {"", r->adam_v}}; // save_parts' three
     return parts_bytes(&r->model.params, &r->dist, 3, parts);
-}
-
-void ckpt_snapshot_wait(void) {
-    if (!save.copying) return;
-    double t = now_seconds();
-    ops_copies_wait();
-    save.copying = false, save.copy_s = now_seconds() - t;
-    loop_unreported += save.copy_s;
 }
 
 void ckpt_save(Run *r) {
@@ -513,12 +506,14 @@ void ckpt_save(Run *r) {
     CHECK(!async || used == r->snapshot.cap); // the plan's bytes exactly
     size_t nbias = (size_t)r->model.cfg.layers * r->model.cfg.experts * sizeof(float);
     if (r->router_bias) save.router_bias = memcpy(xmalloc(nbias), r->router_bias, nbias);
-    if (async) {
+    if (async) { // the copies are waited for here: the next step's own device-to-host reads would queue behind them
+        ops_copies_wait();
         int err = pthread_create(&save.thread, NULL, write_files, NULL);
         if (err) die("%s: cannot start the checkpoint writer thread: %s", save.tmp, strerror(err));
-        save.threaded = save.copying = true, save.issue_s = now_seconds() - save.t0;
+        save.threaded = true, save.issue_s = now_seconds() - save.t0;
         loop_unreported += save.issue_s;
-        printf("checkpoint: step %d: snapshot in %.3f s, writing in the background\n", r->step, save.issue_s);
+        printf("checkpoint: step %d: snapshot of %.2f GB in %.3f s (%.1f GB/s), writing in the background\n", r->step,
+               used / 1e9, save.issue_s, used / 1e9 / save.issue_s);
         return;
     }
     ckpt_wait(r);
@@ -528,7 +523,6 @@ void ckpt_wait(Run *r) {
     if (!save.active) return;
     const TrainConfig *c = &r->cfg;
     bool lead = r->dist.world.rank == 0;
-    ckpt_snapshot_wait();
     double t_wait = now_seconds();
     if (save.threaded) pthread_join(save.thread, NULL);
     json_t *sums = json_object();
@@ -582,9 +576,8 @@ void ckpt_wait(Run *r) {
     if (save.threaded) {
         loop_unreported += now - t_wait;
         printf("checkpoint: step %d saved to %s (%.2f s in the background; the loop spent %.3f s: %.3f s taking the "
-               "snapshot, %.3f s waiting for its copies, %.3f s for the files)\n",
-               save.step, save.final, now - save.t0, save.issue_s + save.copy_s + now - t_wait, save.issue_s,
-               save.copy_s, now - t_wait);
+               "snapshot, %.3f s waiting for the files)\n",
+               save.step, save.final, now - save.t0, save.issue_s + now - t_wait, save.issue_s, now - t_wait);
     } else {
         loop_unreported += now - save.t0;
         printf("checkpoint: step %d saved to %s (%.2f s)\n", save.step, save.final, now - save.t0);

@@ -28,13 +28,10 @@ void ckpt_unlock(void); // run_free: the locks of this process, if any
 // removals that did not finish; without (pith eval, beside a run that may be saving) it only reads.
 bool ckpt_find_latest(const char *save_location, char *out, size_t cap, bool tidy);
 // Writes the run's checkpoint for its current step; prunes to keep_last when set. It snapshots what this rank
-// writes into host memory first; with checkpoint.async into the run's snapshot arena (Run.snapshot), the GPU's copies
-// running beside the next step, and a background thread writes the files; ckpt_wait completes the folder (checksums,
-// run.json, the rename). Else ckpt_save does all. It waits for the save before.
+// writes into host memory first; with checkpoint.async into the run's snapshot arena (Run.snapshot), and a background
+// thread writes the files; ckpt_wait completes the folder (checksums, run.json, the rename). Else ckpt_save does all.
+// It waits for the save before.
 void ckpt_save(Run *r);
-// Waits until the snapshot of the save in flight is in host memory: whatever writes the masters or moments (the
-// optimizer step) calls it first.
-void ckpt_snapshot_wait(void);
 // Completes the save in progress, if any (collective: every rank calls it at the same point): the next save and
 // the end of the run call it.
 void ckpt_wait(Run *r);

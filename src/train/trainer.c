@@ -483,7 +483,6 @@ static bool update(Run *r, double gscale, double lr) {
     const TrainConfig *c = &r->cfg;
     Model *m = &r->model;
     Tensor own[NGROUPS] = {{0}}; // rows of the compute copies AdamW writes in its pass (fsdp_own_rows)
-    ckpt_snapshot_wait();        // a save's copies of the masters and moments may still run (checkpoint.async)
     if (r->muon.on) muon_step(&r->muon, &r->fsdp, m, c, lr, r->step, r->master, r->grad, r->adam_m, r->adam_v);
     else
         for (int g = 0; g < NGROUPS; g++) {
