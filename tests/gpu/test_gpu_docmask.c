@@ -1,8 +1,8 @@
 // test_gpu_docmask.c — document masking (AttnArgs.docpos) on the GPU's attention kernels against the CPU reference
 // (src/ops/cpu/cpu_attention.c): forward o and lse, backward dq, dk, dv (and dsinks), in fp32 (tolerance 1e-5) and
 // bf16 (1e-2; the CPU runs on the same bf16-rounded inputs), for every form pith's kernels take: the tensor-core
-// kernels (bf16 causal self-attention, head dim 128, 64 and Qwen3.5's 256, GPT-OSS's window and sinks: path "flash"),
-// and the generic kernels (fp32; MLA's 192/128, blocks at offsets: path "generic"). cuDNN never runs with
+// kernels (bf16 causal self-attention, head dim 128, 64, Qwen3.5's 256 and MLA's 192/128, GPT-OSS's window and sinks:
+// path "flash"), and the generic kernels (fp32, blocks at offsets: path "generic"). cuDNN never runs with
 // documents. The tensor-core kernels' window and sinks without documents are here too (PITH_ATTENTION=own). The
 // documents have several lengths: 1-token documents, documents that cross a 64-row tile edge, a sequence whose first
 // document began before it (docpos[0] > 0), query blocks whose documents start after every key of the block
@@ -88,7 +88,7 @@ static void check_self_docs(DType dt, double tol, int S, int nh, int nkv, int dq
 // 1-token document at a tile edge (position 64).
 static const Starts docs300[2] = {{9, {0, 1, 2, 3, 60, 130, 131, 200, 299}}, {5, {-37, 63, 64, 65, 191}}};
 
-// The tensor-core kernels (bf16 causal self-attention, head dims 128, 64 and 256) with documents.
+// The tensor-core kernels (bf16 causal self-attention, head dims 128, 64, 256 and MLA's 192/128) with documents.
 TEST(gpu_op_attention_docs_flash) {
     gpu_begin();
     MODES {
@@ -100,6 +100,9 @@ TEST(gpu_op_attention_docs_flash) {
                         docs300, want, "d 64");
         check_self_docs(MODE_DT, TOL, 300, 8, 2, 256, 256, (AttnArgs){.B = 2, .scale = 0.0625f, .causal = true}, false,
                         docs300, want, "d 256 (Qwen3.5)");
+        check_self_docs(MODE_DT, TOL, 300, 4, 4, 192, 128,
+                        (AttnArgs){.B = 2, .scale = 1.0f / sqrtf(192.0f), .causal = true}, false, docs300, want,
+                        "MLA 192/128");
         // GPT-OSS's forms: head dim 64, 8 query heads per kv head, sinks, its sliding layers' window 128 (more than a
         // tile) and a window of 37 (less than one), its full layers causal; a window at head dim 128
         float s64 = 0.125f;
@@ -134,7 +137,7 @@ TEST(gpu_op_attention_docs_flash) {
 
 // The tensor-core kernels' window and sinks without documents (PITH_ATTENTION=own: cuDNN takes these forms by
 // default), bf16: GPT-OSS's shapes (window 128 over 300 and 129 tokens, causal with sinks), a window of 37 and one of
-// 100 at head dim 128; plain causal at head dim 256 (its dk and dv from two launches).
+// 100 at head dim 128; plain causal at head dims 256 and MLA's 192/128 (dk and dv from two launches).
 TEST(gpu_op_attention_flash_window) {
     gpu_begin();
     gpu_mode(DT_BF16);
@@ -154,11 +157,13 @@ TEST(gpu_op_attention_flash_window) {
                "d 128 window 100 + sinks");
     check_docs(DT_BF16, tol, 300, 300, 8, 2, 256, 256, (AttnArgs){.B = 2, .scale = 0.0625f, .causal = true}, false,
                NULL, "flash", "d 256 causal");
+    check_docs(DT_BF16, tol, 300, 300, 4, 4, 192, 128,
+               (AttnArgs){.B = 2, .scale = 1.0f / sqrtf(192.0f), .causal = true}, false, NULL, "flash", "MLA causal");
     unsetenv("PITH_ATTENTION");
     gpu_report();
 }
 
-// The generic kernels' forms with documents: MLA 192/128 (DeepSeek-V2), the tiny models'
+// The generic kernels' forms with documents: the tiny models'
 // 32/16, a block of queries against a block of keys at offsets (ring attention's hops: queries whose document starts
 // after every key see nothing).
 TEST(gpu_op_attention_docs_forms) {
@@ -166,8 +171,6 @@ TEST(gpu_op_attention_docs_forms) {
     MODES {
         gpu_mode(MODE_DT);
         float s192 = 1.0f / sqrtf(192.0f), s64 = 0.125f;
-        check_self_docs(MODE_DT, TOL, 300, 4, 4, 192, 128, (AttnArgs){.B = 2, .scale = s192, .causal = true}, false,
-                        docs300, "generic", "MLA 192/128");
         check_self_docs(MODE_DT, TOL, 300, 4, 2, 32, 16, (AttnArgs){.B = 2, .scale = 0.2f, .causal = true}, false,
                         docs300, "generic", "32/16");
         // 48 queries at 96..143 against 96 keys at 0..95 (no causal mask: a ring hop's earlier block); documents

@@ -412,8 +412,8 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
         }
     }
     if (attention_self(q, k, a)) {
-        last_path = "flash"; // our tensor-core kernel (bf16, d 64/128/256)
-        if (DQK == DV && flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale, p.window, p.sinks, p.docpos))
+        last_path = "flash"; // our tensor-core kernel (bf16, d 64/128/256, 192/128)
+        if (flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale, p.window, p.sinks, p.docpos))
             return;
     }
     last_path = "generic";
@@ -455,9 +455,7 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
     }
     if (attention_self(q, k, a)) {
         last_path = "flash";
-        if (DQK == DV &&
-            flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window, p.docpos))
-            return;
+        if (flash_attention_backward(dq, dk, dv, dout, q, k, v, o, lse, B, p.Sq, p.scale, p.window, p.docpos)) return;
     }
     last_path = "generic";
 #define BWD(dqk, dv_, tpr)                                                                                             \

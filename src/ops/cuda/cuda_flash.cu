@@ -1,8 +1,8 @@
-// cuda_flash.cu — flash attention on the tensor cores: bf16, head dim 64, 128 or 256, causal grouped-query
-// self-attention with an LSE output, documents (AttnArgs.docpos), a sliding window and sinks (Dao,
+// cuda_flash.cu — flash attention on the tensor cores: bf16, head dims 64, 128, 256 or MLA's 192/128, causal
+// grouped-query self-attention with an LSE output, documents (AttnArgs.docpos), a sliding window and sinks (Dao,
 // "FlashAttention-2", 2023: Algorithm 1 forward, Algorithm 2 backward
-// with a D_i pre-pass). Shapes as in cuda_attention.cu: q, o, dq, dout (B·S, nh, D); k, v, dk, dv
-// (B·S, nkv, D); lse (B, nh, S) fp32; query head h reads kv head h / (nh/nkv).
+// with a D_i pre-pass). Shapes as in cuda_attention.cu: q, dq (B·S, nh, DK); k, dk (B·S, nkv, DK); v, dv (B·S, nkv,
+// DV); o, dout (B·S, nh, DV); lse (B, nh, S) fp32; query head h reads kv head h / (nh/nkv).
 //   forward  per block 64 query rows (4 warps × 16 rows), key tiles of 64 in shared memory:
 //            S = Q·Kᵀ, online softmax in registers (base 2: exp2(s·scale·log2e − m)), O += P·V;
 //            o = O/l, lse = m·scale + ln l.
@@ -10,8 +10,8 @@
 //            over the key tiles P = exp(S·scale − lse), dP = dO·Vᵀ, dS = P∘(dP − D), dQ += dS·K;
 //            dq = scale·dQ. kernel 2, per 64 keys of one kv head: over every query tile at or after
 //            them and every query head of the group, Pᵀ and dPᵀ = V·dOᵀ with keys as rows, dV += Pᵀ·dO,
-//            dK += dSᵀ·Q; dk = scale·dK (at head dim 256 in two launches, one for dv and one for dk, and the Q and dO
-//            fragments read from shared memory at each use: the registers hold one D-wide accumulator, not two).
+//            dK += dSᵀ·Q; dk = scale·dK (when DK + DV > 256 in two launches, one for dv and one for dk, and Q and dO
+//            fragments wider than 128 read from shared memory at each use: the registers hold one accumulator, not two).
 //            Each output has one writer: no atomics, deterministic.
 //   (The two kernels are deterministic and were faster than a fused backward with dq atomics on the H200:
 //   bench/cuda_ops.md, round 2.)
@@ -28,7 +28,8 @@
 // tile (K for Q·Kᵀ) feeds B directly, and a [k][n] tile (V for P·V) feeds B through ldmatrix .trans. An S
 // accumulator (C layout) re-packed to bf16 pairs is the A fragment of the next product (P·V, dS·K), so P
 // and dS never touch shared memory.
-// Shared memory tiles are 64 rows × D bf16 with rows padded to D + 8 elements (16 bytes). Tiles arrive by
+// Shared memory tiles are 64 rows × D bf16 (D = DK for Q and K, DV for V and dO) with rows padded to D + 8 elements
+// (16 bytes). Tiles arrive by
 // cp.async (16-byte, zero-filled past the sequence end), double-buffered against the tensor-core work.
 #include "ops/cuda/cuda_mma.cuh"
 
@@ -87,11 +88,12 @@ template <int D> __device__ __forceinline__ void tile_load(bf16 *tile, const bf1
     }
 }
 
-// Starts the copy of key tile j of K and V (kg, vg: row 0 of the sequence's kv head) into ks and vs.
-template <int D>
-__device__ __forceinline__ void kv_load(bf16 *ks, bf16 *vs, const bf16 *kg, const bf16 *vg, int64_t kld, int S, int j) {
-    tile_load<D>(ks, kg + (int64_t)j * FA_TILE * kld, kld, S - j * FA_TILE);
-    tile_load<D>(vs, vg + (int64_t)j * FA_TILE * kld, kld, S - j * FA_TILE);
+// Starts the copy of key tile j of K and V (kg, vg: row 0 of the sequence's kv head; rows kld, vld apart) into ks, vs.
+template <int DK, int DV>
+__device__ __forceinline__ void kv_load(bf16 *ks, bf16 *vs, const bf16 *kg, const bf16 *vg, int64_t kld, int64_t vld,
+                                        int S, int j) {
+    tile_load<DK>(ks, kg + (int64_t)j * FA_TILE * kld, kld, S - j * FA_TILE);
+    tile_load<DV>(vs, vg + (int64_t)j * FA_TILE * vld, vld, S - j * FA_TILE);
 }
 
 // LO: the first key query `row` sees, given its docpos value dpos (doc: documents on) and the window (0: none).
@@ -157,30 +159,30 @@ template <int D> struct RowFrags {
 };
 
 // ---- forward ----
-template <int D, int LO>
+template <int DK, int DV, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_forward_kernel(bf16 *o, float *lse, const bf16 *q, const bf16 *k, const bf16 *v, int S, int nh, int nkv,
                          float scale, const int32_t *docpos_, int window_, const float *sinks) {
-    constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    constexpr int LV = DV + 8, KD = DK / 16, ND = DV / 8, TK = FA_ROWS * (DK + 8), TV = FA_ROWS * LV;
     const int32_t *docpos = LO & 1 ? docpos_ : NULL; // what LO leaves out folds away
     const int window = LO & 2 ? window_ : 0;
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    bf16 *qs = (bf16 *)fa_smem, *ks = qs + TS, *vs = ks + 2 * TS; // Q; K and V in two stages each
+    bf16 *qs = (bf16 *)fa_smem, *ks = qs + TK, *vs = ks + 2 * TK; // Q; K and V in two stages each
     int b = blockIdx.x / nh, h = blockIdx.x % nh, grp = h / (nh / nkv);
     int nqt = (S + FA_ROWS - 1) / FA_ROWS, q0 = (nqt - 1 - (int)blockIdx.y) * FA_ROWS; // the longest rows first
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    int64_t qld = (int64_t)nh * D, kld = (int64_t)nkv * D;
-    const bf16 *kg = k + (int64_t)b * S * kld + grp * D, *vg = v + (int64_t)b * S * kld + grp * D;
+    int64_t qld = (int64_t)nh * DK, kld = (int64_t)nkv * DK, old = (int64_t)nh * DV, vld = (int64_t)nkv * DV;
+    const bf16 *kg = k + (int64_t)b * S * kld + grp * DK, *vg = v + (int64_t)b * S * vld + grp * DV;
     int nkt = (min(S, q0 + FA_ROWS) + FA_TILE - 1) / FA_TILE; // key tiles that any row of the block sees
     int kt0 = 0, lmax = 0, lo[2] = {0, 0}; // LO: the first key tile, the last row's bound, this thread's rows'
     if (LO) lo_rows(docpos ? docpos + (int64_t)b * S : NULL, window, S, q0, warp * 16 + gq, &kt0, &lmax, lo);
-    tile_load<D>(qs, q + ((int64_t)b * S + q0) * qld + h * D, qld, S - q0);
+    tile_load<DK>(qs, q + ((int64_t)b * S + q0) * qld + h * DK, qld, S - q0);
     cp_async_commit();
-    kv_load<D>(ks, vs, kg, vg, kld, S, kt0);
+    kv_load<DK, DV>(ks, vs, kg, vg, kld, vld, S, kt0);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const RowFrags<D> qf(qs, warp * 16, lane);
+    const RowFrags<DK> qf(qs, warp * 16, lane);
     const float sl2 = scale * FA_LOG2E;
     float acc[ND][4] = {}, m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     if (sinks) { // a key of logit sinks[h] (sinks[h]/scale in the units of m) and no value; l is the quad's sum
@@ -189,11 +191,11 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     }
     for (int j = kt0; j < nkt; j++) {
         int st = (j - kt0) & 1, j0 = j * FA_TILE;
-        if (j + 1 < nkt) kv_load<D>(ks + (st ^ 1) * TS, vs + (st ^ 1) * TS, kg, vg, kld, S, j + 1);
+        if (j + 1 < nkt) kv_load<DK, DV>(ks + (st ^ 1) * TK, vs + (st ^ 1) * TV, kg, vg, kld, vld, S, j + 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
+        const bf16 *kt = ks + st * TK, *vt = vs + st * TV;
         float s[8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) qf.mma(s, kt, kk);
@@ -217,7 +219,7 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
 #pragma unroll
             for (int i = 0; i < ND; i++) acc[i][2 * r] *= corr, acc[i][2 * r + 1] *= corr;
         }
-        mma_acc_rows_tile<ND, LD>(acc, s, vt, lane); // O += P·V, 16 keys at a time
+        mma_acc_rows_tile<ND, LV>(acc, s, vt, lane); // O += P·V, 16 keys at a time
         __syncthreads(); // stage st is read by all warps before the next iteration refills it
     }
 #pragma unroll
@@ -226,44 +228,45 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
         int row = q0 + warp * 16 + gq + r * 8;
         if (row >= S) continue;
-        store_row<ND>(o + ((int64_t)b * S + row) * qld + h * D + 2 * tq, acc, r, 1.0f / l[r]);
+        store_row<ND>(o + ((int64_t)b * S + row) * old + h * DV + 2 * tq, acc, r, 1.0f / l[r]);
         if (tq == 0) lse[((int64_t)b * nh + h) * S + row] = m[r] * scale + logf(l[r]);
     }
 }
 
 // ---- backward, kernel 1: D_i and dq ----
-template <int D, int LO>
+template <int DK, int DV, int LO>
 __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_backward_dq_kernel(bf16 *dq, float *Dg, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                              const bf16 *o, const float *lse, int S, int nh, int nkv, float scale,
                              const int32_t *docpos_, int window_) {
-    constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    constexpr int LK = DK + 8, KD = DK / 16, KV = DV / 16, ND = DK / 8, TK = FA_ROWS * LK, TV = FA_ROWS * (DV + 8);
     const int32_t *docpos = LO & 1 ? docpos_ : NULL;
     const int window = LO & 2 ? window_ : 0;
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    bf16 *qs = (bf16 *)fa_smem, *dos = qs + TS, *ks = dos + TS, *vs = ks + 2 * TS;
-    float *Ds = (float *)(vs + 2 * TS);
+    bf16 *qs = (bf16 *)fa_smem, *dos = qs + TK, *ks = dos + TV, *vs = ks + 2 * TK;
+    float *Ds = (float *)(vs + 2 * TV);
     int b = blockIdx.x / nh, h = blockIdx.x % nh, grp = h / (nh / nkv);
     int nqt = (S + FA_ROWS - 1) / FA_ROWS, q0 = (nqt - 1 - (int)blockIdx.y) * FA_ROWS;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    int64_t qld = (int64_t)nh * D, kld = (int64_t)nkv * D, qoff = ((int64_t)b * S + q0) * qld + h * D;
-    const bf16 *kg = k + (int64_t)b * S * kld + grp * D, *vg = v + (int64_t)b * S * kld + grp * D;
+    int64_t qld = (int64_t)nh * DK, kld = (int64_t)nkv * DK, old = (int64_t)nh * DV, vld = (int64_t)nkv * DV;
+    int64_t qoff = ((int64_t)b * S + q0) * qld + h * DK, ooff = ((int64_t)b * S + q0) * old + h * DV;
+    const bf16 *kg = k + (int64_t)b * S * kld + grp * DK, *vg = v + (int64_t)b * S * vld + grp * DV;
     int nkt = (min(S, q0 + FA_ROWS) + FA_TILE - 1) / FA_TILE;
     int kt0 = 0, lmax = 0, lo[2] = {0, 0}; // LO: as in the forward
     if (LO) lo_rows(docpos ? docpos + (int64_t)b * S : NULL, window, S, q0, warp * 16 + gq, &kt0, &lmax, lo);
-    tile_load<D>(qs, q + qoff, qld, S - q0);
-    tile_load<D>(dos, dout + qoff, qld, S - q0);
+    tile_load<DK>(qs, q + qoff, qld, S - q0);
+    tile_load<DV>(dos, dout + ooff, old, S - q0);
     cp_async_commit();
-    kv_load<D>(ks, vs, kg, vg, kld, S, kt0);
+    kv_load<DK, DV>(ks, vs, kg, vg, kld, vld, S, kt0);
     cp_async_commit();
-    { // D_i = dout_i·o_i: two threads per row, D/2 elements each, read straight from global memory
+    { // D_i = dout_i·o_i: two threads per row, DV/2 elements each, read straight from global memory
         int r = threadIdx.x >> 1, half = threadIdx.x & 1;
         float part = 0.0f;
         if (q0 + r < S) {
-            const uint4 *dp = (const uint4 *)(dout + qoff + r * qld + half * (D / 2)),
-                        *op = (const uint4 *)(o + qoff + r * qld + half * (D / 2));
+            const uint4 *dp = (const uint4 *)(dout + ooff + r * old + half * (DV / 2)),
+                        *op = (const uint4 *)(o + ooff + r * old + half * (DV / 2));
 #pragma unroll
-            for (int c = 0; c < D / 16; c++) {
+            for (int c = 0; c < DV / 16; c++) {
                 uint4 a = dp[c], bo = op[c];
                 const __nv_bfloat162 *a2 = (const __nv_bfloat162 *)&a, *b2 = (const __nv_bfloat162 *)&bo;
 #pragma unroll
@@ -281,7 +284,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     }
     cp_async_wait<1>();
     __syncthreads();
-    const RowFrags<D> qf(qs, warp * 16, lane), df(dos, warp * 16, lane);
+    const RowFrags<DK> qf(qs, warp * 16, lane);
+    const RowFrags<DV> df(dos, warp * 16, lane);
     const float sl2 = scale * FA_LOG2E;
     float L2[2], Dr[2];
 #pragma unroll
@@ -293,11 +297,11 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     float acc[ND][4] = {};
     for (int j = kt0; j < nkt; j++) {
         int st = (j - kt0) & 1, j0 = j * FA_TILE;
-        if (j + 1 < nkt) kv_load<D>(ks + (st ^ 1) * TS, vs + (st ^ 1) * TS, kg, vg, kld, S, j + 1);
+        if (j + 1 < nkt) kv_load<DK, DV>(ks + (st ^ 1) * TK, vs + (st ^ 1) * TV, kg, vg, kld, vld, S, j + 1);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const bf16 *kt = ks + st * TS, *vt = vs + st * TS;
+        const bf16 *kt = ks + st * TK, *vt = vs + st * TV;
         float s[8][4] = {}, dp[8][4] = {};
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) qf.mma(s, kt, kk);
@@ -307,33 +311,33 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
             for (int e = 0; e < 4; e++) s[nt][e] = exp2f(s[nt][e] * sl2 - L2[e >> 1]); // P
         fa_mask(s, 0.0f, j == nkt - 1, LO && j0 < lmax, j0, q0 + warp * 16 + gq, S, tq, lo);
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++) df.mma(dp, vt, kk); // dP = dO·Vᵀ
+        for (int kk = 0; kk < KV; kk++) df.mma(dp, vt, kk); // dP = dO·Vᵀ
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - Dr[e >> 1]); // dS
-        mma_acc_rows_tile<ND, LD>(acc, dp, kt, lane);                                    // dQ += dS·K
+        mma_acc_rows_tile<ND, LK>(acc, dp, kt, lane);                                    // dQ += dS·K
         __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int row = q0 + warp * 16 + gq + r * 8;
         if (row >= S) continue;
-        store_row<ND>(dq + ((int64_t)b * S + row) * qld + h * D + 2 * tq, acc, r, scale);
+        store_row<ND>(dq + ((int64_t)b * S + row) * qld + h * DK + 2 * tq, acc, r, scale);
     }
 }
 
 // ---- backward, kernel 2: dk, dv ----
 // Starts the loads of iteration it (query head and query tile) into stage st: Q, dO, lse and D rows (and docpos
 // rows into ps when there are documents).
-template <int D, int LO>
+template <int DK, int DV, int LO>
 __device__ __forceinline__ void
 dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, float *ds, int32_t *ps, const bf16 *q, const bf16 *dout, const float *lse,
               const float *Dg, const int32_t *docpos, int it, int nq, int qt0, int b, int g, int grp, int S, int nh) {
     int h = g * grp + it / nq, qb = (qt0 + it % nq) * FA_TILE;
-    int64_t qld = (int64_t)nh * D, off = ((int64_t)b * S + qb) * qld + h * D, roff = ((int64_t)b * nh + h) * S + qb;
-    tile_load<D>(qs, q + off, qld, S - qb);
-    tile_load<D>(dos, dout + off, qld, S - qb);
+    int64_t qld = (int64_t)nh * DK, old = (int64_t)nh * DV, roff = ((int64_t)b * nh + h) * S + qb;
+    tile_load<DK>(qs, q + ((int64_t)b * S + qb) * qld + h * DK, qld, S - qb);
+    tile_load<DV>(dos, dout + ((int64_t)b * S + qb) * old + h * DV, old, S - qb);
     int t = threadIdx.x & 63;
     bool ok = qb + t < S;
     if (threadIdx.x < 64) cp_async4(smem_addr(ls + t), lse + roff + (ok ? t : 0), ok);
@@ -341,24 +345,26 @@ dkdv_prefetch(bf16 *qs, bf16 *dos, float *ls, float *ds, int32_t *ps, const bf16
     if ((LO & 1) && threadIdx.x < 64) cp_async4(smem_addr(ps + t), docpos + (int64_t)b * S + qb + (ok ? t : 0), ok);
 }
 
-// P: the outputs it makes (1 dv, 2 dk, 3 both). At head dim 256 both accumulators would not fit in registers beside
-// Sᵀ and dPᵀ, so two launches make one each (the dk pass recomputes Sᵀ: 5 tile products a step instead of 4).
-template <int D, int LO, int P>
+// P: the outputs it makes (1 dv, 2 dk, 3 both). When DK + DV > 256 (Qwen3.5's 256, MLA's 192/128) both accumulators
+// would not fit in registers beside Sᵀ and dPᵀ, so two launches make one each (the dk pass recomputes Sᵀ: 5 tile
+// products a step instead of 4).
+template <int DK, int DV, int LO, int P>
 __global__ void __launch_bounds__(FA_THREADS, 2)
     flash_backward_dkdv_kernel(bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q, const bf16 *k, const bf16 *v,
                                const float *lse, const float *Dg, int S, int nh, int nkv, float scale,
                                const int32_t *docpos_, int window_) {
-    constexpr int LD = D + 8, KD = D / 16, ND = D / 8, TS = FA_ROWS * LD;
+    constexpr int LK = DK + 8, LV = DV + 8, KD = DK / 16, KV = DV / 16, TK = FA_ROWS * LK, TV = FA_ROWS * LV;
     const int32_t *docpos = LO & 1 ? docpos_ : NULL;
     const int window = LO & 2 ? window_ : 0;
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    bf16 *ks = (bf16 *)fa_smem, *vs = ks + TS, *qs = vs + TS, *dos = qs + 2 * TS; // K, V; Q and dO in two stages
-    float *ls = (float *)(dos + 2 * TS), *ds = ls + 2 * FA_TILE;                  // lse and D rows, two stages
+    bf16 *ks = (bf16 *)fa_smem, *vs = ks + TK, *qs = vs + TV, *dos = qs + 2 * TK; // K, V; Q and dO in two stages
+    float *ls = (float *)(dos + 2 * TV), *ds = ls + 2 * FA_TILE;                  // lse and D rows, two stages
     int32_t *ps = (int32_t *)(ds + 2 * FA_TILE);                                  // docpos rows, two stages
     int b = blockIdx.x / nkv, g = blockIdx.x % nkv, grp = nh / nkv;
     int k0 = blockIdx.y * FA_ROWS; // key tile 0 (the most query tiles) first
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    int64_t kld = (int64_t)nkv * D, koff = ((int64_t)b * S + k0) * kld + g * D;
+    int64_t kld = (int64_t)nkv * DK, vld = (int64_t)nkv * DV;
+    int64_t koff = ((int64_t)b * S + k0) * kld + g * DK, voff = ((int64_t)b * S + k0) * vld + g * DV;
     int nqt = (S + FA_TILE - 1) / FA_TILE, qt0 = k0 / FA_TILE, nq = nqt - qt0;
     if (LO) { // the query tiles whose first row's bound is at or before the tile's last key: a prefix
         const int32_t *dp = docpos ? docpos + (int64_t)b * S : NULL;
@@ -371,30 +377,30 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         }
     }
     int total = grp * nq;
-    tile_load<D>(ks, k + koff, kld, S - k0);
-    tile_load<D>(vs, v + koff, kld, S - k0);
-    dkdv_prefetch<D, LO>(qs, dos, ls, ds, ps, q, dout, lse, Dg, docpos, 0, nq, qt0, b, g, grp, S, nh);
+    tile_load<DK>(ks, k + koff, kld, S - k0);
+    tile_load<DV>(vs, v + voff, vld, S - k0);
+    dkdv_prefetch<DK, DV, LO>(qs, dos, ls, ds, ps, q, dout, lse, Dg, docpos, 0, nq, qt0, b, g, grp, S, nh);
     cp_async_commit();
     const float sl2 = scale * FA_LOG2E;
-    float dka[P & 2 ? ND : 1][4] = {}, dva[P & 1 ? ND : 1][4] = {};
+    float dka[P & 2 ? DK / 8 : 1][4] = {}, dva[P & 1 ? DV / 8 : 1][4] = {};
     for (int it = 0; it < total; it++) {
         int st = it & 1;
         if (it + 1 < total)
-            dkdv_prefetch<D, LO>(qs + (st ^ 1) * TS, dos + (st ^ 1) * TS, ls + (st ^ 1) * FA_TILE,
+            dkdv_prefetch<DK, DV, LO>(qs + (st ^ 1) * TK, dos + (st ^ 1) * TV, ls + (st ^ 1) * FA_TILE,
                                  ds + (st ^ 1) * FA_TILE, ps + (st ^ 1) * FA_TILE, q, dout, lse, Dg, docpos, it + 1, nq,
                                  qt0, b, g, grp, S, nh);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const bf16 *qt = qs + st * TS, *dot = dos + st * TS;
+        const bf16 *qt = qs + st * TK, *dot = dos + st * TV;
         const float *lt = ls + st * FA_TILE, *dt = ds + st * FA_TILE;
         int qb = (qt0 + it % nq) * FA_TILE;
         float s[8][4] = {}, dp[8][4] = {}; // Sᵀ and dPᵀ: rows = this warp's 16 keys, columns = the tile's 64 queries
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) { // Sᵀ = K·Qᵀ
             uint32_t ka[4];
-            ldsm_x4(ka, frag_a_mk<LD>(ks, warp * 16, kk * 16, lane));
-            mma_x64<LD>(s, ka, qt, kk * 16, lane);
+            ldsm_x4(ka, frag_a_mk<LK>(ks, warp * 16, kk * 16, lane));
+            mma_x64<LK>(s, ka, qt, kk * 16, lane);
         }
         bool edge = qb == k0 || qb + FA_TILE > S; // the diagonal tile, or the one with the sequence end
 #pragma unroll
@@ -420,19 +426,19 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
                         if (key + 8 < bound) s[nt][2 + c] = 0.0f;
                     }
         }
-        if constexpr (P & 1) mma_acc_rows_tile<ND, LD>(dva, s, dot, lane); // dV += Pᵀ·dO, 16 queries at a time
+        if constexpr (P & 1) mma_acc_rows_tile<DV / 8, LV>(dva, s, dot, lane); // dV += Pᵀ·dO, 16 queries at a time
         if constexpr (P & 2) {
 #pragma unroll
-            for (int kk = 0; kk < KD; kk++) { // dPᵀ = V·dOᵀ
+            for (int kk = 0; kk < KV; kk++) { // dPᵀ = V·dOᵀ
                 uint32_t va[4];
-                ldsm_x4(va, frag_a_mk<LD>(vs, warp * 16, kk * 16, lane));
-                mma_x64<LD>(dp, va, dot, kk * 16, lane);
+                ldsm_x4(va, frag_a_mk<LV>(vs, warp * 16, kk * 16, lane));
+                mma_x64<LV>(dp, va, dot, kk * 16, lane);
             }
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - dt[nt * 8 + 2 * tq + (e & 1)]); // dSᵀ
-            mma_acc_rows_tile<ND, LD>(dka, dp, qt, lane); // dK += dSᵀ·Q
+            mma_acc_rows_tile<DK / 8, LK>(dka, dp, qt, lane); // dK += dSᵀ·Q
         }
         __syncthreads();
     }
@@ -440,33 +446,32 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
     for (int r = 0; r < 2; r++) {
         int key = k0 + warp * 16 + gq + r * 8;
         if (key >= S) continue;
-        int64_t off = ((int64_t)b * S + key) * kld + g * D + 2 * tq;
-        if constexpr (P & 2) store_row<ND>(dk + off, dka, r, scale);
-        if constexpr (P & 1) store_row<ND>(dv + off, dva, r, 1.0f);
+        if constexpr (P & 2) store_row<DK / 8>(dk + ((int64_t)b * S + key) * kld + g * DK + 2 * tq, dka, r, scale);
+        if constexpr (P & 1) store_row<DV / 8>(dv + ((int64_t)b * S + key) * vld + g * DV + 2 * tq, dva, r, 1.0f);
     }
 }
 
 // ---- launchers ----
 static size_t fa_tile_bytes(int D) { return (size_t)FA_ROWS * (D + 8) * sizeof(bf16); }
 
-template <int D, int LO>
+template <int DK, int DV, int LO>
 static void flash_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale,
                                  const int32_t *docpos, int window, const float *sinks) {
     int nh = (int)q.n[1], nkv = (int)k.n[1];
-    launch(flash_forward_kernel<D, LO>, dim3((unsigned)(B * nh), (unsigned)((S + FA_ROWS - 1) / FA_ROWS)), FA_THREADS,
-           5 * fa_tile_bytes(D), (bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
+    launch(flash_forward_kernel<DK, DV, LO>, dim3((unsigned)(B * nh), (unsigned)((S + FA_ROWS - 1) / FA_ROWS)),
+           FA_THREADS, 3 * fa_tile_bytes(DK) + 2 * fa_tile_bytes(DV), (bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
            S, nh, nkv, scale, docpos, window, sinks);
 }
 
-template <int D, int LO>
+template <int DK, int DV, int LO>
 static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
                                   Tensor lse, int B, int S, float scale, const int32_t *docpos, int window) {
     int nh = (int)q.n[1], nkv = (int)k.n[1];
     float *Dg = (float *)cuda_scratch((size_t)B * nh * S * sizeof(float)); // D_i, from kernel 1 to kernel 2
-    size_t smem1 = 6 * fa_tile_bytes(D) + FA_ROWS * sizeof(float),
-           smem2 = 6 * fa_tile_bytes(D) + 4 * FA_TILE * sizeof(float) + (LO & 1 ? 2 * FA_TILE * sizeof(int32_t) : 0);
+    size_t tiles6 = 3 * fa_tile_bytes(DK) + 3 * fa_tile_bytes(DV), smem1 = tiles6 + FA_ROWS * sizeof(float),
+           smem2 = tiles6 + 4 * FA_TILE * sizeof(float) + (LO & 1 ? 2 * FA_TILE * sizeof(int32_t) : 0);
     unsigned tiles = (unsigned)((S + FA_ROWS - 1) / FA_ROWS);
-    launch(flash_backward_dq_kernel<D, LO>, dim3((unsigned)(B * nh), tiles), FA_THREADS, smem1, (bf16 *)dq.p, Dg,
+    launch(flash_backward_dq_kernel<DK, DV, LO>, dim3((unsigned)(B * nh), tiles), FA_THREADS, smem1, (bf16 *)dq.p, Dg,
            (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, (const bf16 *)o.p,
            (const float *)lse.p, S, nh, nkv, scale, docpos, window);
     auto dkdv = [&](auto kernel) {
@@ -474,26 +479,32 @@ static void flash_backward_launch(Tensor dq, Tensor dk, Tensor dv, Tensor dout, 
                (const bf16 *)dout.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p, (const float *)lse.p, Dg,
                S, nh, nkv, scale, docpos, window);
     };
-    if constexpr (D == 256) dkdv(flash_backward_dkdv_kernel<D, LO, 1>), dkdv(flash_backward_dkdv_kernel<D, LO, 2>);
-    else dkdv(flash_backward_dkdv_kernel<D, LO, 3>);
+    if constexpr (DK + DV > 256)
+        dkdv(flash_backward_dkdv_kernel<DK, DV, LO, 1>), dkdv(flash_backward_dkdv_kernel<DK, DV, LO, 2>);
+    else dkdv(flash_backward_dkdv_kernel<DK, DV, LO, 3>);
 }
 
-// The tensor-core path takes bf16, head dim 64 or 128 (with or without a window) or 256 (without: Qwen3.5's full
-// attention) and 16-byte aligned tensors; anything else goes to the generic kernels of cuda_attention.cu. Each
-// (head dim, LO) pair has its kernels; LO (the per-row lower bound): bit 0 documents, bit 1 a window.
+// The tensor-core path takes bf16, head dims (q·k, v) 64 or 128 (with or without a window), 256 (Qwen3.5's full
+// attention) or 192/128 (MLA; both without a window) and 16-byte aligned tensors; anything else goes to the generic
+// kernels of cuda_attention.cu. Each (head dims, LO) has its kernels; LO (the per-row lower bound): bit 0 documents,
+// bit 1 a window.
 // (clang-format does not settle on one layout for this list.)
 // clang-format off
-#define FA_FORMS(X) X(64, 0) X(64, 1) X(64, 2) X(64, 3) X(128, 0) X(128, 1) X(128, 2) X(128, 3) X(256, 0) X(256, 1)
+#define FA_FORMS(X) X(64, 64, 0) X(64, 64, 1) X(64, 64, 2) X(64, 64, 3) X(128, 128, 0) X(128, 128, 1) X(128, 128, 2) \
+    X(128, 128, 3) X(256, 256, 0) X(256, 256, 1) X(192, 128, 0) X(192, 128, 1)
 // clang-format on
-static bool flash_form(int D, int window) { return D == 64 || D == 128 || (D == 256 && !window); }
+static bool flash_form(int DK, int DV, int window) {
+    return (DK == DV && (DK == 64 || DK == 128)) || (!window && ((DK == 256 && DV == 256) || (DK == 192 && DV == 128)));
+}
 
 bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, int B, int S, float scale, int window,
                              const float *sinks, const int32_t *docpos) {
-    int D = (int)q.n[2], lo = (docpos ? 1 : 0) | (window ? 2 : 0);
-    if (q.dt != DT_BF16 || !flash_form(D, window) || !(scale > 0) || window < 0) return false;
+    int DK = (int)q.n[2], DV = (int)v.n[2], lo = (docpos ? 1 : 0) | (window ? 2 : 0);
+    if (q.dt != DT_BF16 || !flash_form(DK, DV, window) || !(scale > 0) || window < 0) return false;
     if (!aligned16(o.p, q.p, k.p, v.p)) return false;
-#define FWD(d, l)                                                                                                      \
-    if (D == d && lo == l) flash_forward_launch<d, l>(o, lse, q, k, v, B, S, scale, docpos, window, sinks);
+#define FWD(dk, dv, l)                                                                                                 \
+    if (DK == dk && DV == dv && lo == l)                                                                               \
+        flash_forward_launch<dk, dv, l>(o, lse, q, k, v, B, S, scale, docpos, window, sinks);
     FA_FORMS(FWD)
 #undef FWD
     return true;
@@ -501,11 +512,12 @@ bool flash_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v,
 
 bool flash_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k, Tensor v, Tensor o,
                               Tensor lse, int B, int S, float scale, int window, const int32_t *docpos) {
-    int D = (int)q.n[2], lo = (docpos ? 1 : 0) | (window ? 2 : 0);
-    if (q.dt != DT_BF16 || !flash_form(D, window) || !(scale > 0) || window < 0) return false;
+    int DK = (int)q.n[2], DV = (int)v.n[2], lo = (docpos ? 1 : 0) | (window ? 2 : 0);
+    if (q.dt != DT_BF16 || !flash_form(DK, DV, window) || !(scale > 0) || window < 0) return false;
     if (!aligned16(dq.p, dk.p, dv.p, dout.p) || !aligned16(q.p, k.p, v.p, o.p)) return false;
-#define BWD(d, l)                                                                                                      \
-    if (D == d && lo == l) flash_backward_launch<d, l>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale, docpos, window);
+#define BWD(dk_, dv_, l)                                                                                               \
+    if (DK == dk_ && DV == dv_ && lo == l)                                                                             \
+        flash_backward_launch<dk_, dv_, l>(dq, dk, dv, dout, q, k, v, o, lse, B, S, scale, docpos, window);
     FA_FORMS(BWD)
 #undef BWD
     return true;
