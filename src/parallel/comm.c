@@ -119,6 +119,16 @@ void comm_allreduce(const Comm *c, Tensor x, CommOp op) {
     mpi_wait(c, 1, &req, "all-reduce");
 }
 
+void comm_reduce(const Comm *c, Tensor x, int root) {
+    CHECK(root >= 0 && root < c->size && (x.dt == DT_F32 || x.dt == DT_F64));
+    if (c->size == 1) return;
+    if (on_device(c, "reduce", x, (Tensor){0})) DEVICE_CALL(nccl_reduce(c, x, root));
+    MPI_Request req;
+    MPI_CHECK(MPI_Ireduce(c->rank == root ? MPI_IN_PLACE : x.p, x.p, (int)tensor_numel(x), mpi_type(x.dt), MPI_SUM,
+                          root, c->mpi, &req));
+    mpi_wait(c, 1, &req, "reduce");
+}
+
 void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
     CHECK(tensor_numel(in) == c->size * tensor_numel(out) && in.dt == out.dt);
     if (c->size == 1) return local_copy(out, in);

@@ -30,6 +30,8 @@ Comm comm_self(const char *name);
 // Host tensors go over MPI, device tensors over NCCL (both buffers of a call on the same side).
 // x (in place): element-wise reduction over the group. F32, F64, I32, I64 (and BF16 on the GPU).
 void comm_allreduce(const Comm *c, Tensor x, CommOp op);
+// x (in place) on rank root ← Σ over the group of x (the other ranks' x is left as it was). F32, F64.
+void comm_reduce(const Comm *c, Tensor x, int root);
 // out: (n) = Σ over ranks of block `rank` of in: (size·n). In place when out.p == in.p: the sum then
 // lands in the first n elements of in.
 void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in);

@@ -16,8 +16,9 @@ int fsdp_shards(const Dist *d, int g) {
     return d->hsdp ? d->cp * d->ep : d->dp * d->cp * d->ep;
 }
 
-void fsdp_setup(Fsdp *f, const Dist *d, const Tensor w[NGROUPS]) {
+void fsdp_setup(Fsdp *f, const Dist *d, const Tensor w[NGROUPS], bool units) {
     memset(f, 0, sizeof *f);
+    f->units = units;
     for (int g = 0; g < NGROUPS; g++) {
         f->shard[g] = g == GROUP_EXPERT ? (d->hsdp ? &d->cp_g : &d->dp_cp) : (d->hsdp ? &d->cp_ep : &d->dp_cp_ep);
         f->replica[g] = d->hsdp ? &d->dp_g : NULL;
@@ -41,7 +42,9 @@ void fsdp_alloc_state(const Fsdp *f, const Tensor w[NGROUPS], const Tensor gr[NG
         bool whole = one_shard(f, g);
         master[g] =
             whole && w[g].dev == DEV_CPU && w[g].dt == DT_F32 ? w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
-        grad[g] = whole ? gr[g] : tensor_rows(gr[g], 0, f->len[g]); // reduce-scatter in place: the sum lands in front
+        grad[g] = g == GROUP_DENSE && f->units ? arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0)
+                  : whole                      ? gr[g]
+                                               : tensor_rows(gr[g], 0, f->len[g]); // in place: the sum lands in front
         mom1[g] = arena_tensor(moments, mdt, 1, f->len[g], 0, 0, 0);
         mom2[g] = arena_tensor(moments, mdt, 1, f->len[g], 0, 0, 0);
     }
@@ -67,9 +70,19 @@ void fsdp_gather_rest(const Fsdp *f, int g, Tensor full, Tensor own) {
 }
 
 void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {
-    CHECK(shard.p == full.p); // in place (fsdp_alloc_state): no separate buffer for the reduced shard
-    comm_reduce_scatter(f->shard[g], shard, full);
+    CHECK(shard.p == full.p || !full.p); // in place (fsdp_alloc_state): no separate buffer for the reduced shard
+    if (full.p) comm_reduce_scatter(f->shard[g], shard, full);
     if (f->replica[g]) comm_allreduce(f->replica[g], shard, COMM_SUM);
+}
+
+void fsdp_reduce_unit(const Fsdp *f, int g, Tensor shard, Tensor win, int64_t off) {
+    int64_t len = f->len[g], end = off + tensor_numel(win);
+    for (int q = (int)(off / len); q < f->shard[g]->size && q * len < end; q++) {
+        int64_t a = off > q * len ? off : q * len, b = end < (q + 1) * len ? end : (q + 1) * len;
+        Tensor part = tensor_rows(win, a - off, b - a);
+        comm_reduce(f->shard[g], part, q);
+        if (q == f->shard[g]->rank) op_add(tensor_rows(shard, a - q * len, b - a), part);
+    }
 }
 
 void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full) {

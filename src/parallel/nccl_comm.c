@@ -309,6 +309,14 @@ void nccl_allreduce(const Comm *c, Tensor x, CommOp op) {
     call_end(c, "all-reduce", s);
 }
 
+void nccl_reduce(const Comm *c, Tensor x, int root) {
+    size_t n = (size_t)tensor_numel(x);
+    if (!n) return;
+    cudaStream_t s = call_begin(c, "reduce");
+    NCCL_CHECK(c, ncclReduce(x.p, x.p, n, nccl_dtype(x.dt), ncclSum, root, nc_of(c), s));
+    call_end(c, "reduce", s);
+}
+
 // NCCL's in-place reduce-scatter leaves the sum at block `rank` of the input; comm.h promises it at the
 // front (MPI_IN_PLACE's place), so one copy of the shard moves it there.
 void nccl_reduce_scatter(const Comm *c, Tensor out, Tensor in) {

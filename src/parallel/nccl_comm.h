@@ -22,6 +22,7 @@ void nccl_shutdown(void);
 
 // Same contracts as the comm_* functions of comm.h; c->size > 1 and c->nccl set, tensors on the device.
 void nccl_allreduce(const Comm *c, Tensor x, CommOp op);
+void nccl_reduce(const Comm *c, Tensor x, int root);
 void nccl_reduce_scatter(const Comm *c, Tensor out, Tensor in);
 void nccl_allgather(const Comm *c, Tensor out, Tensor in);
 void nccl_alltoall(const Comm *c, Tensor out, Tensor in);

@@ -415,10 +415,16 @@ void chunk_forward_layers(Chunk *c, int slot) {
     for (int l = c->l0; l < c->l1; l++) layer_forward(c, slot, l, false);
 }
 
+static void unit_begin(Chunk *c, int u);
+
 void chunk_forward(Chunk *c, int slot, bool grad) {
+    Model *m = c->m;
     chunk_forward_layers(c, slot);
     ChunkRecord *k = &c->rec[slot];
-    if (c->l1 == c->m->cfg.layers) moe_epilog_forward(c->m, &k->epilog, &k->mb, k->h[c->m->cfg.layers], grad);
+    if (c->l1 < m->cfg.layers) return;
+    if (grad && m->cfg.tie_embed) unit_begin(c, MODEL_UNIT_PROLOG(m)); // the LM head's gradient is the embedding's
+    if (grad) unit_begin(c, MODEL_UNIT_EPILOG(m)); // the LM head's gradient comes with the loss
+    moe_epilog_forward(m, &k->epilog, &k->mb, k->h[m->cfg.layers], grad);
 }
 
 // Makes record slot's layer l whole again where others have used the shared buffers since its forward: under
@@ -504,10 +510,56 @@ static Cursor backward_begin(Chunk *c, int slot, bool defer, Tensor dy, Tensor d
     return b;
 }
 
+// ---- gradient units (GradUnits) ----
+static Tensor unit_window(const Chunk *c, int u) {
+    Model *m = c->m;
+    bool ends = u == MODEL_UNIT_PROLOG(m) || (u == MODEL_UNIT_EPILOG(m) && !m->cfg.tie_embed);
+    return tensor_rows(ends ? c->units->ends : c->units->layer, 0, c->units->unit[u].n);
+}
+
+void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Tensor shard, Arena *a) {
+    int64_t ends = 0, layer = 0, at = 0;
+    for (int i = 0; i <= MODEL_UNIT_PROLOG(m); i++) { // in params order: the prolog, the layers, the epilog
+        int k = i == 0 ? MODEL_UNIT_PROLOG(m) : i - 1;
+        ModelUnit r = u->unit[k] = model_grad_unit(m, k);
+        CHECK(r.off == at); // the units tile the group
+        at += r.n;
+        bool big = k == MODEL_UNIT_PROLOG(m) || (k == MODEL_UNIT_EPILOG(m) && !m->cfg.tie_embed);
+        int64_t *most = big ? &ends : &layer;
+        *most = r.n > *most ? r.n : *most;
+    }
+    CHECK(at == tensor_numel(m->g[GROUP_DENSE]));
+    u->f = f, u->shard = shard;
+    u->ends = arena_tensor(a, DT_F32, 1, ends, 0, 0, 0), u->layer = arena_tensor(a, DT_F32, 1, layer, 0, 0, 0);
+}
+
+// Unit u's gradient views on its window, zeroed (the epilog's and, tied, the prolog's before the epilog's forward).
+static void unit_begin(Chunk *c, int u) {
+    if (!c->units) return;
+    Tensor w = unit_window(c, u);
+    op_zero(w);
+    model_bind_grad_unit(c->m, u, w, c->units->unit[u].off);
+}
+
+// Unit u's backward has ended: its window to the owners' shards.
+static void unit_end(Chunk *c, int u) {
+    if (c->units)
+        fsdp_reduce_unit(c->units->f, GROUP_DENSE, c->units->shard, unit_window(c, u), c->units->unit[u].off);
+}
+
 static void backward(Chunk *c, int slot, bool defer, Tensor dy, Tensor dx) {
+    Model *m = c->m;
+    CHECK(!c->units || (c->l0 == 0 && c->l1 == m->cfg.layers && !defer)); // the whole model, weights now
     Cursor b = backward_begin(c, slot, defer, dy, dx);
-    for (; b.l >= c->l0; b.l--) b_stage5(&b), b_combine(&b), b_stage3(&b), b_dispatch(&b), b_weight(&b), b_stage1(&b);
-    if (c->l0 == 0) moe_prolog_backward(c->m, &b.k->mb, c->dh[b.cur]);
+    unit_end(c, MODEL_UNIT_EPILOG(m));
+    for (; b.l >= c->l0; b.l--) {
+        unit_begin(c, b.l);
+        b_stage5(&b), b_combine(&b), b_stage3(&b), b_dispatch(&b), b_weight(&b), b_stage1(&b);
+        unit_end(c, b.l);
+    }
+    if (!m->cfg.tie_embed) unit_begin(c, MODEL_UNIT_PROLOG(m));
+    if (c->l0 == 0) moe_prolog_backward(m, &b.k->mb, c->dh[b.cur]);
+    unit_end(c, MODEL_UNIT_PROLOG(m));
 }
 
 void chunk_backward(Chunk *c, int slot, bool defer) { backward(c, slot, defer, (Tensor){0}, (Tensor){0}); }

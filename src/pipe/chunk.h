@@ -35,8 +35,23 @@ typedef struct {
     ExpertRows *own;  // L: each layer's own stage-3 rows (under full recompute, in the shared region)
 } ChunkRecord;
 
+// parallel.gradient_reduce "layer" (docs/architecture.md, "Gradient reduction per layer"): the dense group's gradient
+// without a whole buffer. Each unit (model_grad_unit) is backpropagated into a zeroed window; when its backward ends,
+// its sum over the shard group goes into the owners' shards (fsdp_reduce_unit). The reduce is ordered on the compute
+// stream, so one window of each size serves every unit in turn.
+typedef struct {
+    const Fsdp *f;
+    Tensor shard; // (len) fp32: this rank's dense gradient shard, summed over the step's micro-batches in their order
+    Tensor ends;  // window of the embedding's unit and, untied, of the final norm's and LM head's
+    Tensor layer; // window of every layer's unit (and, tied, of the final norm's)
+    ModelUnit unit[MAX_LAYERS + 2]; // model_grad_unit of each
+} GradUnits;
+// The windows from a (counting) arena: each the size of the largest unit it serves.
+void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Tensor shard, Arena *a);
+
 typedef struct {
     Model *m;
+    GradUnits *units; // parallel.gradient_reduce "layer" (NULL: the whole gradient buffer m->g)
     int B, S;
     int l0, l1; // the layers this chunk runs: the prolog when l0 = 0, the epilog when l1 = layers
     int nrec, ndefer;
@@ -95,7 +110,7 @@ void chunk_forward(Chunk *c, int slot, bool grad);
 // The forward without the epilog: the prolog (when l0 = 0) and the layers, leaving the output in h[l1]
 // (generation).
 void chunk_forward_layers(Chunk *c, int slot);
-// Accumulates ∂(Σ CE + T·Σ lb)/∂θ into m->g; with defer, all but stage 3's weight gradients, whose inputs
+// Accumulates ∂(Σ CE + T·Σ lb)/∂θ into m->g (with units: the dense part into the shard); with defer, all but stage 3's weight gradients, whose inputs
 // go to the next deferred set until chunk_weight(c, slot).
 void chunk_backward(Chunk *c, int slot, bool defer);
 // The deferred stage-3 weight gradients of slot's backward (the oldest deferred set: FIFO).
