@@ -547,3 +547,89 @@ TEST(dist_docmask_fake_gpu) {
     snprintf(path, sizeof path, "%s/val.bin", d), token_file_short_documents(path, 2000, 64);
     check_layouts(d, docs, 2, "--set document_masking=true", 6, true, 1);
 }
+
+// parallel.gradient_reduce "layer" (docs/architecture.md, "Gradient reduction per layer") under dp2 (2 micro-batches
+// a rank), ep2, ep2 × dp2, hsdp (ep2 × dp2: shards over ep, the replicas' sum after), cp2 and on fake GPUs (NCCL's
+// reduce) against one process with the step path. The option changes only the order in which each dense gradient
+// element's terms are added: one process sums its M micro-batches; a layout of n ranks sums the n ranks' terms of
+// each micro-batch, then the micro-batches (the step path: each rank's micro-batches, then the ranks). Two orders of a
+// sum of K = n·M ≤ 4 fp32 terms are each within (K − 1)·2^-24·Σ|terms| of the exact sum, so they differ by at most
+// 6·2^-24 ≈ 3.6e-7 of Σ|terms| an element: check_layouts' 1e-5 (relative to the gradient's norm) and its loss
+// tolerances, which already hold the step path's reordering, hold this one too.
+TEST(dist_gradient_reduce_layer_layouts) {
+    static const Layout layer[] = {
+        {"dp2", 2, "--set parallel.gradient_reduce=layer", false},
+        {"ep2", 2, "--set parallel.gradient_reduce=layer --set parallel.expert_parallel_size=2", false},
+        {"ep2-dp2", 4, "--set parallel.gradient_reduce=layer --set parallel.expert_parallel_size=2", false},
+        {"hsdp-ep2-dp2", 4,
+         "--set parallel.gradient_reduce=layer --set parallel.expert_parallel_size=2 --set "
+         "parallel.sharding_strategy=hsdp",
+         false},
+        {"cp2", 2, "--set parallel.gradient_reduce=layer --set parallel.context_parallel_size=2", false},
+        {"gpu-ep2-dp2", 4,
+         "--set parallel.gradient_reduce=layer --set parallel.expert_parallel_size=2 --set device=cuda --set "
+         "compute_dtype=fp32",
+         true},
+    };
+    check_layouts(make_layout_run(), layer, sizeof layer / sizeof *layer, "", 6, true, 1);
+}
+
+// With one micro-batch a rank on 2 ranks the two paths add the same two terms (a + b = b + a in fp32), so "layer"
+// is the step path bit for bit: losses, gradient norms, the gradients of step 1, and the checkpoint's tensor files
+// (run.json differs only by the option); a "layer" run's checkpoint resumes with the uninterrupted run's bits, and
+// under the step path too. The refused combinations are one-line config errors.
+TEST(dist_gradient_reduce_layer_exact_resume_errors) {
+    const char *d = make_run_of(TINY_MOE_EP, 4, 4);
+    char out[1 << 16], a[300], b[300];
+    static const char *const mode[] = {"step", "layer", "layer", "step"}; // the last two resume the second's step 2
+    for (int i = 0; i < 4; i++) {
+        if (i >= 2)
+            ASSERT(run_cmd(out, sizeof out, "rm -rf %s/r%d && mkdir -p %s/r%d && cp -r %s/r1/step-00000002 %s/r%d/",
+                           d, i, d, i, d, d, i) == 0);
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "PITH=%s scripts/launch.sh -n 2 %s/train.json --set parallel.gradient_reduce=%s "
+                           "--set save_location=%s/r%d --set save_interval=2 --dump-grads %s/r%d/g",
+                           PITH_BIN, d, mode[i], d, i, d, i) == 0,
+                   "%s: %s", mode[i], out);
+        ASSERT_MSG(i < 2 || strstr(out, "resume: step 2"), "%s", out);
+    }
+    snprintf(a, sizeof a, "%s/r0", d);
+    for (int i = 1; i < 4; i++) {
+        snprintf(b, sizeof b, "%s/r%d", d, i);
+        for (int s = i < 2 ? 1 : 3; s <= 4; s++)
+            ASSERT_MSG(metric_of(a, s, "loss") == metric_of(b, s, "loss") &&
+                           metric_of(a, s, "grad_norm") == metric_of(b, s, "grad_norm"),
+                       "run %d (%s): step %d differs from the step path", i, mode[i], s);
+    }
+    const char *wn;
+    char g0[340], g1[340];
+    snprintf(g0, sizeof g0, "%s/r0/g", d), snprintf(g1, sizeof g1, "%s/r1/g", d);
+    double gd = grad_diff(g1, g0, &wn);
+    ASSERT_MSG(gd == 0, "the gradient of %s differs from the step path's by %.3g", wn, gd);
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "cd %s && for f in $(ls r0/step-00000002 | grep -v run.json); do cmp r0/step-00000002/$f "
+                       "r1/step-00000002/$f || exit 3; done && diff r0/step-00000002/run.json r1/step-00000002/run.json "
+                       "| grep '^[<>]' | grep -v 'run_dir\\|save_location\\|gradient_reduce'",
+                       d) == 1,
+               "the checkpoints differ: %s", out);
+    static const struct {
+        int np;
+        const char *sets, *needle;
+    } bad[] = {
+        {2, "--set parallel.pipeline_parallel_size=2",
+         "parallel.gradient_reduce: \"layer\" needs pipeline_parallel_size 1"},
+        {1, "--set parallel.pipeline_schedule=true",
+         "parallel.gradient_reduce: \"layer\" needs pipeline_schedule false"},
+        {2, "--set optimizer.type=muon", "parallel.gradient_reduce: \"layer\" needs optimizer.type"},
+        {1, "", "parallel.gradient_reduce: \"layer\" needs the dense parameters sharded over more than one"},
+        {2, "--set parallel.sharding_strategy=hsdp",
+         "parallel.gradient_reduce: \"layer\" needs the dense parameters sharded over more than one"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = run_cmd(out, sizeof out,
+                         "PITH=%s scripts/launch.sh -n %d %s/train.json --set parallel.gradient_reduce=layer %s "
+                         "--set run_dir=%s/bad",
+                         PITH_BIN, bad[i].np, d, bad[i].sets, d);
+        ASSERT_MSG(rc != 0 && strstr(out, bad[i].needle), "expected '%s' in: %s", bad[i].needle, out);
+    }
+}

@@ -517,7 +517,7 @@ static Tensor unit_window(const Chunk *c, int u) {
     return tensor_rows(ends ? c->units->ends : c->units->layer, 0, c->units->unit[u].n);
 }
 
-void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Tensor shard, Arena *a) {
+void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Arena *a) {
     int64_t ends = 0, layer = 0, at = 0;
     for (int i = 0; i <= MODEL_UNIT_PROLOG(m); i++) { // in params order: the prolog, the layers, the epilog
         int k = i == 0 ? MODEL_UNIT_PROLOG(m) : i - 1;
@@ -529,7 +529,7 @@ void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Tensor shard, Arena
         *most = r.n > *most ? r.n : *most;
     }
     CHECK(at == tensor_numel(m->g[GROUP_DENSE]));
-    u->f = f, u->shard = shard;
+    u->f = f;
     u->ends = arena_tensor(a, DT_F32, 1, ends, 0, 0, 0), u->layer = arena_tensor(a, DT_F32, 1, layer, 0, 0, 0);
 }
 

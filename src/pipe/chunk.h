@@ -46,8 +46,8 @@ typedef struct {
     Tensor layer; // window of every layer's unit (and, tied, of the final norm's)
     ModelUnit unit[MAX_LAYERS + 2]; // model_grad_unit of each
 } GradUnits;
-// The windows from a (counting) arena: each the size of the largest unit it serves.
-void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Tensor shard, Arena *a);
+// The windows from a (counting) arena: each the size of the largest unit it serves (the caller sets the shard).
+void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Arena *a);
 
 typedef struct {
     Model *m;

@@ -140,15 +140,16 @@ static void offload_stage_alloc(const TrainConfig *c, const Fsdp *f, Arena *a, T
     for (int i = 0; i < 2; i++) stage[i] = arena_tensor(a, moment_dtype(c), 1, chunk, 0, 0, 0);
 }
 
-// The optimizer state, in one order from `state` (the moments from `host` under optimizer.offload): master and
-// gradient shards, moments, parallel.gradient_reduce "layer"'s windows, offload's staging, Muon's scratch (its momentum lives in adam_m) and aux-loss-free
+// The optimizer state, in one order from `state` (the moments from `host` under optimizer.offload):
+// parallel.gradient_reduce "layer"'s windows, master and gradient shards, moments, offload's staging, Muon's scratch (its momentum lives in adam_m) and aux-loss-free
 // balancing's selection bias, (layers, E) fp32 (none when its rate is 0).
 static void state_alloc(Run *r, Arena *state, Arena *host) {
     const TrainConfig *c = &r->cfg;
     Model *m = &r->model;
+    if (r->fsdp.units) grad_units_alloc(&r->units, m, &r->fsdp, state);
     fsdp_alloc_state(&r->fsdp, m->w, m->g, state, c->optimizer.offload ? host : state, moment_dtype(c), r->master,
                      r->grad, r->adam_m, r->adam_v);
-    if (r->fsdp.units) grad_units_alloc(&r->units, m, &r->fsdp, r->grad[GROUP_DENSE], state);
+    r->units.shard = r->grad[GROUP_DENSE];
     offload_stage_alloc(c, &r->fsdp, state, r->stage);
     if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&r->muon, &m->params, state);
     m->router_bias = c->moe_router_bias_update_rate > 0
