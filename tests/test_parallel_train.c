@@ -237,30 +237,31 @@ TEST(dist_pipeline_muon_and_balancing) {
 // SwiGLU experts with biases) and Qwen3.5-MoE (Gated DeltaNet and gated full-attention layers, a gated shared
 // expert) at pp2 (N = 8 > 2P) and pp2 × ep2 (N = 2P = 4): 6 steps of loss and validation and the first step's
 // gradient of every tensor equal one process's.
+static const struct {
+    const char *name, *model, *sets;
+} fams[] = { // the families besides Qwen3, with a setting each exercises
+    {"deepseek_v2",
+     "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+     " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8,"
+     " \"v_head_dim\": 6, \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3,"
+     " \"moe_intermediate_size\": 16, \"n_shared_experts\": 1, \"intermediate_size\": 24,"
+     " \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\", \"n_group\": 4, \"topk_group\": 2,"
+     " \"routed_scaling_factor\": 2.0, \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\":"
+     " \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0, \"original_max_position_embeddings\": 8,"
+     " \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}",
+     "--set moe_load_balance_type=sequence"},
+    {"gpt_oss",
+     "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+     " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 8,"
+     " \"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0,"
+     " \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"],"
+     " \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 150000.0,"
+     " \"factor\": 4.0, \"truncate\": false, \"original_max_position_embeddings\": 8}}",
+     ""},
+    {"qwen3_5_moe", TINY_QWEN3_5_4, ""},
+};
+
 TEST(dist_pipeline_families) {
-    static const struct {
-        const char *name, *model, *sets;
-    } fams[] = {
-        {"deepseek_v2",
-         "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
-         " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8,"
-         " \"v_head_dim\": 6, \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3,"
-         " \"moe_intermediate_size\": 16, \"n_shared_experts\": 1, \"intermediate_size\": 24,"
-         " \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\", \"n_group\": 4, \"topk_group\": 2,"
-         " \"routed_scaling_factor\": 2.0, \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\":"
-         " \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0, \"original_max_position_embeddings\": 8,"
-         " \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}",
-         "--set moe_load_balance_type=sequence"},
-        {"gpt_oss",
-         "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
-         " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 8,"
-         " \"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0,"
-         " \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"],"
-         " \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 150000.0,"
-         " \"factor\": 4.0, \"truncate\": false, \"original_max_position_embeddings\": 8}}",
-         ""},
-        {"qwen3_5_moe", TINY_QWEN3_5_4, ""},
-    };
     static const Layout pp[] = {
         {"pp2", 2, "--set parallel.pipeline_parallel_size=2", false},
         {"pp2-ep2", 4, "--set parallel.pipeline_parallel_size=2 --set parallel.expert_parallel_size=2", false},
@@ -631,5 +632,37 @@ TEST(dist_gradient_reduce_layer_exact_resume_errors) {
                          "--set run_dir=%s/bad",
                          PITH_BIN, bad[i].np, d, bad[i].sets, d);
         ASSERT_MSG(rc != 0 && strstr(out, bad[i].needle), "expected '%s' in: %s", bad[i].needle, out);
+    }
+}
+
+// Every family's gradient views bound per unit (their mixers' own views: MLA, DeltaNet, sinks, shared experts, expert
+// biases) and tied embeddings (the LM head's gradient kept in the embedding's window from the epilog's forward to the
+// prolog's backward): with one micro-batch a rank on dp2, "layer" gives the step path's losses and step-1 gradients
+// bit for bit (dist_gradient_reduce_layer_exact_resume_errors says why). A view left on another unit's window, or a
+// unit's gradient reduced before all of it is written, changes them.
+TEST(dist_gradient_reduce_layer_families) {
+    char tied[1024];
+    snprintf(tied, sizeof tied, "%.*s, \"tie_word_embeddings\": true}", (int)strlen(TINY_MOE_EP) - 1, TINY_MOE_EP);
+    const char *models[][2] = {{fams[0].name, fams[0].model},
+                               {fams[1].name, fams[1].model},
+                               {fams[2].name, fams[2].model},
+                               {"qwen3 tied", tied}};
+    char out[1 << 16], a[340], b[340];
+    for (int i = 0; i < 4; i++) {
+        const char *d = make_run_of(models[i][1], 4, 2);
+        for (int k = 0; k < 2; k++)
+            ASSERT_MSG(run_cmd(out, sizeof out,
+                               "PITH=%s scripts/launch.sh -n 2 %s/train.json --set parallel.gradient_reduce=%s "
+                               "--set run_dir=%s/%d --dump-grads %s/%d/g",
+                               PITH_BIN, d, k ? "layer" : "step", d, k, d, k) == 0,
+                       "%s: %s", models[i][0], out);
+        snprintf(a, sizeof a, "%s/0", d), snprintf(b, sizeof b, "%s/1", d);
+        for (int s = 1; s <= 2; s++)
+            ASSERT_MSG(metric_of(a, s, "loss") == metric_of(b, s, "loss"), "%s: step %d loss differs", models[i][0], s);
+        snprintf(a, sizeof a, "%s/0/g", d), snprintf(b, sizeof b, "%s/1/g", d);
+        const char *wn;
+        double gd = grad_diff(b, a, &wn);
+        ASSERT_MSG(gd == 0, "%s: the gradient of %s differs from the step path's by %.3g", models[i][0], wn, gd);
+        printf("     %-12s \"layer\" = \"step\" bit for bit\n", models[i][0]);
     }
 }
