@@ -572,8 +572,9 @@ TEST(memory_gradient_reduce_layer) {
 #define R(elems) (((size_t)(elems) * 4 + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
     size_t expect = p[0].grads - (size_t)n * 4 + R(n / 2) + R(ends) + R(layer);
 #undef R
-    ASSERT_MSG(p[1].grads == expect, "gradients %zu with \"layer\", %zu expected (step: %zu; dense %lld, windows %lld, %lld)",
-               p[1].grads, expect, p[0].grads, (long long)n, (long long)ends, (long long)layer);
+    ASSERT_MSG(p[1].grads == expect,
+               "gradients %zu with \"layer\", %zu expected (step: %zu; dense %lld, windows %lld, %lld)", p[1].grads,
+               expect, p[0].grads, (long long)n, (long long)ends, (long long)layer);
     ASSERT_MSG(p[1].weights == p[0].weights && p[1].shards == p[0].shards && p[1].optim == p[0].optim &&
                    p[1].chunks.act_bytes == p[0].chunks.act_bytes && p[1].chunks.ws_bytes == p[0].chunks.ws_bytes,
                "weights %zu %zu, shards %zu %zu, optimizer %zu %zu, activations %zu %zu, workspace %zu %zu",

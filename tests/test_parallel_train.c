@@ -609,7 +609,8 @@ TEST(dist_gradient_reduce_layer_exact_resume_errors) {
     ASSERT_MSG(gd == 0, "the gradient of %s differs from the step path's by %.3g", wn, gd);
     ASSERT_MSG(run_cmd(out, sizeof out,
                        "cd %s && for f in $(ls r0/step-00000002 | grep -v run.json); do cmp r0/step-00000002/$f "
-                       "r1/step-00000002/$f || exit 3; done && diff r0/step-00000002/run.json r1/step-00000002/run.json "
+                       "r1/step-00000002/$f || exit 3; done && "
+                       "diff r0/step-00000002/run.json r1/step-00000002/run.json "
                        "| grep '^[<>]' | grep -v 'run_dir\\|save_location\\|gradient_reduce'",
                        d) == 1,
                "the checkpoints differ: %s", out);

@@ -200,11 +200,14 @@ static int rounded_state(const TrainConfig *c) {
 
 // A layout's memory variant (the sweep plans a layout's variants together): its rounded state, and the dense
 // gradient reduced per layer (4).
-static int variant(const TrainConfig *c) { return rounded_state(c) + 4 * (c->parallel.gradient_reduce == GRAD_REDUCE_LAYER); }
+static int variant(const TrainConfig *c) {
+    return rounded_state(c) + 4 * (c->parallel.gradient_reduce == GRAD_REDUCE_LAYER);
+}
 
 // Best first: fits before tight before out of memory (those by size); then the cheaper step: less
 // recomputation, moments on the device, the dense gradient reduced once per step (parallel.gradient_reduce "layer"
-// does not overlap its reduces with the backward yet); then fp32 storage before bf16 (rounded_state); then a larger micro-batch,
+// does not overlap its reduces with the backward yet); then fp32 storage before bf16 (rounded_state); then a larger
+// micro-batch,
 // fewer ep ranks, a capacity that spills less (0 = the worst case: never); then less memory.
 static int layout_cmp(const void *pa, const void *pb) {
     const Layout *a = pa, *b = pb;

@@ -110,8 +110,8 @@ void chunk_forward(Chunk *c, int slot, bool grad);
 // The forward without the epilog: the prolog (when l0 = 0) and the layers, leaving the output in h[l1]
 // (generation).
 void chunk_forward_layers(Chunk *c, int slot);
-// Accumulates ∂(Σ CE + T·Σ lb)/∂θ into m->g (with units: the dense part into the shard); with defer, all but stage 3's weight gradients, whose inputs
-// go to the next deferred set until chunk_weight(c, slot).
+// Accumulates ∂(Σ CE + T·Σ lb)/∂θ into m->g (with units: the dense part into the shard); with defer, all but
+// stage 3's weight gradients, whose inputs go to the next deferred set until chunk_weight(c, slot).
 void chunk_backward(Chunk *c, int slot, bool defer);
 // The deferred stage-3 weight gradients of slot's backward (the oldest deferred set: FIFO).
 void chunk_weight(Chunk *c, int slot);

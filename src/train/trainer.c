@@ -110,7 +110,8 @@ static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
     size_t units = r->fsdp.units ? ROUNDED(r->grad[GROUP_DENSE]) + ROUNDED(r->units.ends) + ROUNDED(r->units.layer) : 0;
     p.grads = units;
     for (int g = 0; g < NGROUPS; g++) {
-        p.weights += tensor_bytes(m->w[g]), p.grads += m->cfg.grad_units && g == GROUP_DENSE ? 0 : tensor_bytes(m->g[g]);
+        p.weights += tensor_bytes(m->w[g]);
+        p.grads += m->cfg.grad_units && g == GROUP_DENSE ? 0 : tensor_bytes(m->g[g]);
         *(offload ? &p.host : &p.optim) += ROUNDED(r->adam_m[g]) + ROUNDED(r->adam_v[g]);
     }
     if (m->fp8.on) p.weights += tensor_bytes(m->fp8.w); // the FP8 weight cache beside the compute copy
@@ -141,8 +142,9 @@ static void offload_stage_alloc(const TrainConfig *c, const Fsdp *f, Arena *a, T
 }
 
 // The optimizer state, in one order from `state` (the moments from `host` under optimizer.offload):
-// parallel.gradient_reduce "layer"'s windows, master and gradient shards, moments, offload's staging, Muon's scratch (its momentum lives in adam_m) and aux-loss-free
-// balancing's selection bias, (layers, E) fp32 (none when its rate is 0).
+// parallel.gradient_reduce "layer"'s windows, master and gradient shards, moments, offload's staging, Muon's scratch
+// (its momentum lives in adam_m) and aux-loss-free balancing's selection bias, (layers, E) fp32 (none when its rate
+// is 0).
 static void state_alloc(Run *r, Arena *state, Arena *host) {
     const TrainConfig *c = &r->cfg;
     Model *m = &r->model;
@@ -170,7 +172,8 @@ static void engine_setup(Run *r, bool plan) {
     PipeSchedule *s = r->sched;
     int B = c->micro_batch_size, S = c->sequence_length / d->cp, L = m->cfg.layers;
     if (!piped(c, d)) {
-        if (!plan) chunk_init_model(&r->chunk[0], m, &r->sums, B, S), r->chunk[0].units = m->cfg.grad_units ? &r->units : NULL;
+        if (!plan) chunk_init_model(&r->chunk[0], m, &r->sums, B, S);
+        r->chunk[0].units = m->cfg.grad_units ? &r->units : NULL;
         r->plan.chunks = chunk_plan(m, B, S, 0, L, 1, 0);
         return;
     }
