@@ -415,7 +415,42 @@ void chunk_forward_layers(Chunk *c, int slot) {
     for (int l = c->l0; l < c->l1; l++) layer_forward(c, slot, l, false);
 }
 
-static void unit_begin(Chunk *c, int u);
+// ---- gradient units (GradUnits) ----
+static Tensor unit_window(const Chunk *c, int u) {
+    Model *m = c->m;
+    bool ends = u == MODEL_UNIT_PROLOG(m) || (u == MODEL_UNIT_EPILOG(m) && !m->cfg.tie_embed);
+    return tensor_rows(ends ? c->units->ends : c->units->layer, 0, c->units->unit[u].n);
+}
+
+void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Arena *a) {
+    int64_t ends = 0, layer = 0, at = 0;
+    for (int i = 0; i <= MODEL_UNIT_PROLOG(m); i++) { // in params order: the prolog, the layers, the epilog
+        int k = i == 0 ? MODEL_UNIT_PROLOG(m) : i - 1;
+        ModelUnit r = u->unit[k] = model_grad_unit(m, k);
+        CHECK(r.off == at); // the units tile the group
+        at += r.n;
+        bool big = k == MODEL_UNIT_PROLOG(m) || (k == MODEL_UNIT_EPILOG(m) && !m->cfg.tie_embed);
+        int64_t *most = big ? &ends : &layer;
+        *most = r.n > *most ? r.n : *most;
+    }
+    CHECK(at == tensor_numel(m->g[GROUP_DENSE]));
+    u->f = f;
+    u->ends = arena_tensor(a, DT_F32, 1, ends, 0, 0, 0), u->layer = arena_tensor(a, DT_F32, 1, layer, 0, 0, 0);
+}
+
+// Unit u's gradient views on its window, zeroed (the epilog's and, tied, the prolog's before the epilog's forward).
+static void unit_begin(Chunk *c, int u) {
+    if (!c->units) return;
+    Tensor w = unit_window(c, u);
+    op_zero(w);
+    model_bind_grad_unit(c->m, u, w, c->units->unit[u].off);
+}
+
+// Unit u's backward has ended: its window to the owners' shards.
+static void unit_end(Chunk *c, int u) {
+    if (c->units)
+        fsdp_reduce_unit(c->units->f, GROUP_DENSE, c->units->shard, unit_window(c, u), c->units->unit[u].off);
+}
 
 void chunk_forward(Chunk *c, int slot, bool grad) {
     Model *m = c->m;
@@ -508,43 +543,6 @@ static Cursor backward_begin(Chunk *c, int slot, bool defer, Tensor dy, Tensor d
     }
     if (c->l1 == c->m->cfg.layers) moe_epilog_backward(c->m, &b.k->epilog, c->dh[0]);
     return b;
-}
-
-// ---- gradient units (GradUnits) ----
-static Tensor unit_window(const Chunk *c, int u) {
-    Model *m = c->m;
-    bool ends = u == MODEL_UNIT_PROLOG(m) || (u == MODEL_UNIT_EPILOG(m) && !m->cfg.tie_embed);
-    return tensor_rows(ends ? c->units->ends : c->units->layer, 0, c->units->unit[u].n);
-}
-
-void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Arena *a) {
-    int64_t ends = 0, layer = 0, at = 0;
-    for (int i = 0; i <= MODEL_UNIT_PROLOG(m); i++) { // in params order: the prolog, the layers, the epilog
-        int k = i == 0 ? MODEL_UNIT_PROLOG(m) : i - 1;
-        ModelUnit r = u->unit[k] = model_grad_unit(m, k);
-        CHECK(r.off == at); // the units tile the group
-        at += r.n;
-        bool big = k == MODEL_UNIT_PROLOG(m) || (k == MODEL_UNIT_EPILOG(m) && !m->cfg.tie_embed);
-        int64_t *most = big ? &ends : &layer;
-        *most = r.n > *most ? r.n : *most;
-    }
-    CHECK(at == tensor_numel(m->g[GROUP_DENSE]));
-    u->f = f;
-    u->ends = arena_tensor(a, DT_F32, 1, ends, 0, 0, 0), u->layer = arena_tensor(a, DT_F32, 1, layer, 0, 0, 0);
-}
-
-// Unit u's gradient views on its window, zeroed (the epilog's and, tied, the prolog's before the epilog's forward).
-static void unit_begin(Chunk *c, int u) {
-    if (!c->units) return;
-    Tensor w = unit_window(c, u);
-    op_zero(w);
-    model_bind_grad_unit(c->m, u, w, c->units->unit[u].off);
-}
-
-// Unit u's backward has ended: its window to the owners' shards.
-static void unit_end(Chunk *c, int u) {
-    if (c->units)
-        fsdp_reduce_unit(c->units->f, GROUP_DENSE, c->units->shard, unit_window(c, u), c->units->unit[u].off);
 }
 
 static void backward(Chunk *c, int slot, bool defer, Tensor dy, Tensor dx) {
