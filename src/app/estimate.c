@@ -206,8 +206,8 @@ static int variant(const TrainConfig *c) {
 
 // Best first: fits before tight before out of memory (those by size); then the cheaper step: less
 // recomputation, moments on the device, the dense gradient reduced once per step (parallel.gradient_reduce "layer"
-// does not overlap its reduces with the backward yet); then fp32 storage before bf16 (rounded_state); then a larger
-// micro-batch,
+// adds a reduce a layer, which waits behind or delays the ep all-to-alls); then fp32 storage before bf16
+// (rounded_state); then a larger micro-batch,
 // fewer ep ranks, a capacity that spills less (0 = the worst case: never); then less memory.
 static int layout_cmp(const void *pa, const void *pb) {
     const Layout *a = pa, *b = pb;
@@ -340,7 +340,7 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
     snprintf(grads, sizeof grads, "%s%s",
              c->gradient_dtype == STATE_BF16 ? "dense fp32, experts bf16 (gradient_dtype)" : "fp32",
              c->parallel.gradient_reduce == GRAD_REDUCE_LAYER
-                 ? "; dense: its shard and two windows (embedding or LM head, a layer), reduced per layer"
+                 ? "; dense: its shard and 3 windows (embedding or LM head, 2 layers'), reduced per layer"
                  : ", reduce-scattered in place once per step");
     row("gradient accumulators", p->grads, grads);
     row("master weight shards", p->shards, p->shards ? "fp32" : "(the compute copy itself: one shard, fp32)");

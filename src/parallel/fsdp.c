@@ -75,14 +75,29 @@ void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {
     if (f->replica[g]) comm_allreduce(f->replica[g], shard, COMM_SUM);
 }
 
-void fsdp_reduce_unit(const Fsdp *f, int g, Tensor shard, Tensor win, int64_t off) {
+// The part of win (its range from off) in rank q's shard, or an empty tensor.
+static Tensor owned_part(const Fsdp *f, int g, Tensor win, int64_t off, int q, int64_t *at) {
     int64_t len = f->len[g], end = off + tensor_numel(win);
-    for (int q = (int)(off / len); q < f->shard[g]->size && q * len < end; q++) {
-        int64_t a = off > q * len ? off : q * len, b = end < (q + 1) * len ? end : (q + 1) * len;
-        Tensor part = tensor_rows(win, a - off, b - a);
-        comm_reduce(f->shard[g], part, q);
-        if (q == f->shard[g]->rank) op_add(tensor_rows(shard, a - q * len, b - a), part);
+    int64_t a = off > q * len ? off : q * len, b = end < (q + 1) * len ? end : (q + 1) * len;
+    *at = a - q * len;
+    return a < b ? tensor_rows(win, a - off, b - a) : (Tensor){0};
+}
+
+int fsdp_reduce_unit_start(const Fsdp *f, int g, Tensor win, int64_t off, CommReq *req) {
+    int n = 0;
+    int64_t at;
+    for (int q = 0; q < f->shard[g]->size; q++) {
+        Tensor part = owned_part(f, g, win, off, q, &at);
+        if (part.p) req[n++] = comm_reduce_start(f->shard[g], part, q);
     }
+    return n;
+}
+
+void fsdp_reduce_unit_finish(const Fsdp *f, int g, Tensor shard, Tensor win, int64_t off, CommReq *req, int n) {
+    for (int i = 0; i < n; i++) comm_wait(&req[i]);
+    int64_t at;
+    Tensor mine = owned_part(f, g, win, off, f->shard[g]->rank, &at);
+    if (mine.p) op_add(tensor_rows(shard, at, tensor_numel(mine)), mine);
 }
 
 void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full) {

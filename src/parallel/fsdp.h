@@ -44,9 +44,11 @@ void fsdp_gather_rest(const Fsdp *f, int g, Tensor full, Tensor own);
 // (the group reduced per unit, fsdp_reduce_unit): only hsdp's sum over the replicas.
 void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full);
 // A unit's gradient win: elements [off, off + n) of group g's flat buffer. Its sum over the shard group goes to each
-// rank whose shard meets the range (a reduce of that sub-range to it), which adds it into shard: (len) fp32.
-// win's contents are spent.
-void fsdp_reduce_unit(const Fsdp *f, int g, Tensor shard, Tensor win, int64_t off);
+// rank whose shard meets the range (a reduce of that sub-range to it, issued now: one request per such rank in req,
+// which holds the shard group's size; returns their count); fsdp_reduce_unit_finish waits for them and adds this
+// rank's part into shard: (len) fp32. win's contents are spent; nothing may touch it in between.
+int fsdp_reduce_unit_start(const Fsdp *f, int g, Tensor win, int64_t off, CommReq *req);
+void fsdp_reduce_unit_finish(const Fsdp *f, int g, Tensor shard, Tensor win, int64_t off, CommReq *req, int n);
 // shard ← this rank's range of a whole host fp32 buffer (numel) (initial values, checkpoints).
 void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full);
 // full: host fp32 (numel) ← every shard of the group (checkpoints).

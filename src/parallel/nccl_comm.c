@@ -309,14 +309,6 @@ void nccl_allreduce(const Comm *c, Tensor x, CommOp op) {
     call_end(c, "all-reduce", s);
 }
 
-void nccl_reduce(const Comm *c, Tensor x, int root) {
-    size_t n = (size_t)tensor_numel(x);
-    if (!n) return;
-    cudaStream_t s = call_begin(c, "reduce");
-    NCCL_CHECK(c, ncclReduce(x.p, x.p, n, nccl_dtype(x.dt), ncclSum, root, nc_of(c), s));
-    call_end(c, "reduce", s);
-}
-
 // NCCL's in-place reduce-scatter leaves the sum at block `rank` of the input; comm.h promises it at the
 // front (MPI_IN_PLACE's place), so one copy of the shard moves it there.
 void nccl_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
@@ -373,6 +365,12 @@ void nccl_alltoall(const Comm *c, Tensor out, Tensor in) {
     for (int p = 0; p < c->size; p++) rows[p] = 1;
     nccl_wait(exchange(c, "all-to-all", out, rows, in, rows, n));
     free(rows);
+}
+
+void *nccl_reduce_start(const Comm *c, Tensor x, int root) {
+    cudaStream_t s = call_begin(c, "reduce");
+    NCCL_CHECK(c, ncclReduce(x.p, x.p, (size_t)tensor_numel(x), nccl_dtype(x.dt), ncclSum, root, nc_of(c), s));
+    return call_end_async(c, "reduce", s);
 }
 
 void *nccl_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {

@@ -22,7 +22,6 @@ void nccl_shutdown(void);
 
 // Same contracts as the comm_* functions of comm.h; c->size > 1 and c->nccl set, tensors on the device.
 void nccl_allreduce(const Comm *c, Tensor x, CommOp op);
-void nccl_reduce(const Comm *c, Tensor x, int root);
 void nccl_reduce_scatter(const Comm *c, Tensor out, Tensor in);
 void nccl_allgather(const Comm *c, Tensor out, Tensor in);
 void nccl_alltoall(const Comm *c, Tensor out, Tensor in);
@@ -31,5 +30,6 @@ void nccl_broadcast(const Comm *c, Tensor x, int root);
 // event (from a pool) that nccl_wait makes the compute stream wait for and then takes back. The watchdog
 // follows the call from its issue.
 void *nccl_p2p_start(const Comm *c, const CommP2p *ops, int n, const char *what);
+void *nccl_reduce_start(const Comm *c, Tensor x, int root);
 void *nccl_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows);
 void nccl_wait(void *event);

@@ -416,40 +416,57 @@ void chunk_forward_layers(Chunk *c, int slot) {
 }
 
 // ---- gradient units (GradUnits) ----
-static Tensor unit_window(const Chunk *c, int u) {
-    Model *m = c->m;
-    bool ends = u == MODEL_UNIT_PROLOG(m) || (u == MODEL_UNIT_EPILOG(m) && !m->cfg.tie_embed);
-    return tensor_rows(ends ? c->units->ends : c->units->layer, 0, c->units->unit[u].n);
+static int unit_slot(const Model *m, int u) {
+    return u == MODEL_UNIT_PROLOG(m) || (u == MODEL_UNIT_EPILOG(m) && !m->cfg.tie_embed) ? 0 : 1 + u % 2;
 }
 
 void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Arena *a) {
-    int64_t ends = 0, layer = 0, at = 0;
+    int64_t most[2] = {0}, at = 0;
     for (int i = 0; i <= MODEL_UNIT_PROLOG(m); i++) { // in params order: the prolog, the layers, the epilog
-        int k = i == 0 ? MODEL_UNIT_PROLOG(m) : i - 1;
+        int k = i == 0 ? MODEL_UNIT_PROLOG(m) : i - 1, big = unit_slot(m, k) == 0;
         ModelUnit r = u->unit[k] = model_grad_unit(m, k);
         CHECK(r.off == at); // the units tile the group
-        at += r.n;
-        bool big = k == MODEL_UNIT_PROLOG(m) || (k == MODEL_UNIT_EPILOG(m) && !m->cfg.tie_embed);
-        int64_t *most = big ? &ends : &layer;
-        *most = r.n > *most ? r.n : *most;
+        at += r.n, most[!big] = r.n > most[!big] ? r.n : most[!big];
     }
     CHECK(at == tensor_numel(m->g[GROUP_DENSE]));
     u->f = f;
-    u->ends = arena_tensor(a, DT_F32, 1, ends, 0, 0, 0), u->layer = arena_tensor(a, DT_F32, 1, layer, 0, 0, 0);
+    for (int i = 0; i < 3; i++) u->win[i] = arena_tensor(a, DT_F32, 1, most[i > 0], 0, 0, 0), u->busy[i] = -1;
+}
+
+void grad_units_free(GradUnits *u) {
+    for (int i = 0; i < 3; i++) free(u->req[i]), u->req[i] = NULL;
+}
+
+static Tensor unit_window(const Chunk *c, int u) {
+    return tensor_rows(c->units->win[unit_slot(c->m, u)], 0, c->units->unit[u].n);
+}
+
+// The reduce in flight from window i waited for and added into the shard.
+static void unit_finish(Chunk *c, int i) {
+    GradUnits *g = c->units;
+    int u = g->busy[i];
+    if (u < 0) return;
+    fsdp_reduce_unit_finish(g->f, GROUP_DENSE, g->shard, unit_window(c, u), g->unit[u].off, g->req[i], g->nreq[i]);
+    g->busy[i] = -1;
 }
 
 // Unit u's gradient views on its window, zeroed (the epilog's and, tied, the prolog's before the epilog's forward).
 static void unit_begin(Chunk *c, int u) {
     if (!c->units) return;
+    unit_finish(c, unit_slot(c->m, u));
     Tensor w = unit_window(c, u);
     op_zero(w);
     model_bind_grad_unit(c->m, u, w, c->units->unit[u].off);
 }
 
-// Unit u's backward has ended: its window to the owners' shards.
+// Unit u's backward has ended: its reduce to the owners, issued.
 static void unit_end(Chunk *c, int u) {
-    if (c->units)
-        fsdp_reduce_unit(c->units->f, GROUP_DENSE, c->units->shard, unit_window(c, u), c->units->unit[u].off);
+    GradUnits *g = c->units;
+    if (!g) return;
+    int i = unit_slot(c->m, u);
+    if (!g->req[i]) g->req[i] = xcalloc(g->f->shard[GROUP_DENSE]->size, sizeof(CommReq));
+    g->nreq[i] = fsdp_reduce_unit_start(g->f, GROUP_DENSE, unit_window(c, u), g->unit[u].off, g->req[i]);
+    g->busy[i] = u;
 }
 
 void chunk_forward(Chunk *c, int slot, bool grad) {
@@ -558,6 +575,7 @@ static void backward(Chunk *c, int slot, bool defer, Tensor dy, Tensor dx) {
     if (!m->cfg.tie_embed) unit_begin(c, MODEL_UNIT_PROLOG(m));
     if (c->l0 == 0) moe_prolog_backward(m, &b.k->mb, c->dh[b.cur]);
     unit_end(c, MODEL_UNIT_PROLOG(m));
+    for (int i = 0; c->units && i < 3; i++) unit_finish(c, i); // the shard whole for this micro-batch
 }
 
 void chunk_backward(Chunk *c, int slot, bool defer) { backward(c, slot, defer, (Tensor){0}, (Tensor){0}); }

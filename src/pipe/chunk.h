@@ -37,17 +37,22 @@ typedef struct {
 
 // parallel.gradient_reduce "layer" (docs/architecture.md, "Gradient reduction per layer"): the dense group's gradient
 // without a whole buffer. Each unit (model_grad_unit) is backpropagated into a zeroed window; when its backward ends,
-// its sum over the shard group goes into the owners' shards (fsdp_reduce_unit). The reduce is ordered on the compute
-// stream, so one window of each size serves every unit in turn.
+// its sum over the shard group is issued to the owners (fsdp_reduce_unit_start) and runs beside the next units'
+// backward; before its window is zeroed again, and at the backward's end, it is waited for and added into the shard.
+// Windows: win[0] the ends' units, win[1] and win[2] the layers' in turn (layer l: 1 + l % 2; a tied epilog, the final
+// norm alone, counts as layer `layers`).
 typedef struct {
     const Fsdp *f;
-    Tensor shard; // (len) fp32: this rank's dense gradient shard, summed over the step's micro-batches in their order
-    Tensor ends;  // window of the embedding's unit and, untied, of the final norm's and LM head's
-    Tensor layer; // window of every layer's unit (and, tied, of the final norm's)
+    Tensor shard;  // (len) fp32: this rank's dense gradient shard, summed over the step's micro-batches in their order
+    Tensor win[3]; // the embedding's and, untied, the final norm's and LM head's; two of the largest layer's
+    int busy[3];   // the unit whose reduce is in flight from win[i] (−1: none)
+    int nreq[3];
+    CommReq *req[3];                // its requests (the shard group's size each; allocated at first use)
     ModelUnit unit[MAX_LAYERS + 2]; // model_grad_unit of each
 } GradUnits;
 // The windows from a (counting) arena: each the size of the largest unit it serves (the caller sets the shard).
 void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Arena *a);
+void grad_units_free(GradUnits *u);
 
 typedef struct {
     Model *m;

@@ -107,7 +107,9 @@ static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
 #define ROUNDED(t) ((tensor_bytes(t) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
     if (r->muon.on) p.optim += ROUNDED(r->muon.ws);
     // parallel.gradient_reduce "layer": no whole dense gradient; its shard and windows, from the state arena
-    size_t units = r->fsdp.units ? ROUNDED(r->grad[GROUP_DENSE]) + ROUNDED(r->units.ends) + ROUNDED(r->units.layer) : 0;
+    size_t units = r->fsdp.units ? ROUNDED(r->grad[GROUP_DENSE]) + ROUNDED(r->units.win[0]) +
+                                       ROUNDED(r->units.win[1]) + ROUNDED(r->units.win[2])
+                                 : 0;
     p.grads = units;
     for (int g = 0; g < NGROUPS; g++) {
         p.weights += tensor_bytes(m->w[g]);
@@ -327,7 +329,7 @@ void run_free(Run *r) {
         for (int i = 0; i < 2; i++) dualpipev_run_free(&r->pipe[i]), dualpipev_free(&r->sched[i]);
         arena_destroy(&r->pipe_mem);
     }
-    muon_free(&r->muon);
+    muon_free(&r->muon), grad_units_free(&r->units);
     if (r->ring.cp) ring_free(&r->ring);
     free(r->router_bias), step_sums_free(&r->sums);
     host_arena_free(&r->offload, r->state.dev), host_arena_free(&r->snapshot, r->state.dev);
