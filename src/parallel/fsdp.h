@@ -3,7 +3,8 @@
 // dp and sharded over the rest (cp, cp×ep). A group's flat buffer of n elements (padded to a multiple of
 // the shard count: ModelConfig.pad) is cut into equal contiguous shards; shard i belongs to the rank of
 // index i in the shard group. fp32 masters, AdamW moments and reduced gradients exist only as shards;
-// the compute copy (model.w) and the fp32 gradient accumulators (model.g) are whole, for one step.
+// the compute copy (model.w) and the fp32 gradient accumulators (model.g) are whole, for one step (but the dense
+// group's under parallel.gradient_reduce "layer": reduced per unit into its shard, fsdp_reduce_unit_start).
 #pragma once
 #include "parallel/mesh.h"
 
