@@ -119,11 +119,6 @@ void comm_allreduce(const Comm *c, Tensor x, CommOp op) {
     mpi_wait(c, 1, &req, "all-reduce");
 }
 
-void comm_reduce(const Comm *c, Tensor x, int root) {
-    CommReq r = comm_reduce_start(c, x, root);
-    comm_wait(&r);
-}
-
 void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in) {
     CHECK(tensor_numel(in) == c->size * tensor_numel(out) && in.dt == out.dt);
     if (c->size == 1) return local_copy(out, in);

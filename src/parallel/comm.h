@@ -30,8 +30,6 @@ Comm comm_self(const char *name);
 // Host tensors go over MPI, device tensors over NCCL (both buffers of a call on the same side).
 // x (in place): element-wise reduction over the group. F32, F64, I32, I64 (and BF16 on the GPU).
 void comm_allreduce(const Comm *c, Tensor x, CommOp op);
-// x (in place) on rank root ← Σ over the group of x (the other ranks' x is left as it was). F32, F64.
-void comm_reduce(const Comm *c, Tensor x, int root);
 // out: (n) = Σ over ranks of block `rank` of in: (size·n). In place when out.p == in.p: the sum then
 // lands in the first n elements of in.
 void comm_reduce_scatter(const Comm *c, Tensor out, Tensor in);
@@ -69,7 +67,8 @@ typedef struct {
 // waited for — so an exchange in both directions, or around a ring, cannot deadlock. n ≤ COMM_MAX_P2P;
 // empty tensors are skipped (their partner's are empty too).
 CommReq comm_p2p_start(const Comm *c, const CommP2p *ops, int n);
-// comm_reduce, issued now (the root's x holds the sum after comm_wait; no rank touches x before it).
+// x (in place) on rank root ← Σ over the group of x, issued now: after comm_wait the root's x holds the sum, the
+// other ranks' x is as it was; no rank touches x before. F32, F64.
 CommReq comm_reduce_start(const Comm *c, Tensor x, int root);
 // comm_alltoallv, issued now.
 CommReq comm_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows);

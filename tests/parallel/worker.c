@@ -118,7 +118,8 @@ static void suite_comm(const Dist *d) {
     // reduce to each root in turn (the dense gradient units' path): the root holds the sum, the others keep theirs
     for (int root = 0; root < P; root++) {
         for (int i = 0; i < n; i++) F(out)[i] = (float)(me + 10 * i);
-        comm_reduce(w, outd = up(out), root);
+        CommReq r = comm_reduce_start(w, outd = up(out), root);
+        comm_wait(&r);
         down(out, outd);
         for (int i = 0; i < n; i++)
             EXPECT(F(out)[i] == (me == root ? (float)(P * (P - 1) / 2 + P * 10 * i) : (float)(me + 10 * i)),
