@@ -7,6 +7,7 @@
 
 #include "parallel/mesh.h"
 #include "pipe/chunk.h"
+#include "train/trainer.h"
 #include "test.h"
 
 // A run folder: TINY_MOE_EP (3 layers, the middle one dense, 8 experts top-3), 20000 tokens, 6 steps of
@@ -319,6 +320,14 @@ TEST(memory_estimate_sweep_layout_trains) {
         char layout[512];
         snprintf(layout, sizeof layout, "%.*s", (int)strcspn(sets, "\n"), sets);
         ASSERT_MSG(strstr(layout, "expert_parallel_size=8"), "%s", layout);
+        // 8 × 80 GB: an OK layout without offload or full recompute (examples/qwen3-30b-a3b/train-80gb.json)
+        const char *fits = strstr(out, "recompute=norm,rope,swiglu,router,expert_out,gate_up --set micro_batch_size=1 "
+                                       "--set optimizer.state_dtype=bf16 --set gradient_dtype=bf16 --set "
+                                       "parallel.gradient_reduce=layer\n");
+        ASSERT_MSG(i == 0 || (fits && strstr(out, "  OK       72.12 GB  ep 8 dp 1 fsdp, capacity 1, recompute "
+                                                  "norm,rope,swiglu,router,expert_out,gate_up, micro-batch 1, bf16 "
+                                                  "moments, bf16 expert gradients, dense gradient reduced per layer")),
+                   "%s", out);
         printf("     8 × %d GB: first OK layout %.*s\n", gb[i], (int)strcspn(ok + 3, "\n"), ok + 3);
         const char *d = memory_run();
         ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus 8 --device cpu %s", PITH_BIN, d, layout) ==
@@ -527,4 +536,60 @@ TEST(memory_gradient_dtype_bf16) {
                total[1], out);
     ASSERT(run_cmd(out, sizeof out, "%s estimate %s/train.json --gpus 1 --device cpu --detail", PITH_BIN, d) == 0);
     ASSERT_MSG(strstr(out, "gradient_dtype=bf16"), "%s", out);
+}
+
+// ---- parallel.gradient_reduce "layer": no whole dense gradient ----
+
+// On 2 ranks (dp2) the plan's gradient row is the step path's less the whole dense gradient (n fp32 elements) plus
+// what "layer" allocates instead: this rank's shard (n/2) and three windows, one of the largest of the ends' units
+// (embedding; final norm and LM head) and two of the largest layer's, each rounded to the arena's alignment; every
+// other row is the same; and 2 CPU ranks of `pith train` allocate the plan `pith estimate` gives.
+TEST(memory_gradient_reduce_layer) {
+    const char *d = memory_run();
+    char path[300], model[300], out[1 << 15], est[1 << 15];
+    snprintf(path, sizeof path, "%s/train.json", d), snprintf(model, sizeof model, "%s/model.json", d);
+    MemoryPlan p[2];
+    for (int i = 0; i < 2; i++) {
+        char *sets[] = {i ? "parallel.gradient_reduce=layer" : "parallel.gradient_reduce=step"};
+        TrainConfig c;
+        config_load(&c, path, sets, 1);
+        Dist dd;
+        dist_mesh_describe(&dd, 2, 0, 1, 1, 1, false, path);
+        p[i] = run_memory_plan(&c, &dd, DEV_CPU);
+        json_decref(c.json);
+    }
+    ModelConfig mc;
+    const ModelFamily *fam = model_config_load(&mc, model);
+    mc.pad[GROUP_DENSE] = mc.pad[GROUP_EXPERT] = 2;
+    Model m;
+    model_describe(&m, fam, &mc, DEV_CPU, DT_F32, 16);
+    int64_t n = tensor_numel(m.g[GROUP_DENSE]), ends = 0, layer = 0;
+    for (int u = 0; u <= MODEL_UNIT_PROLOG(&m); u++) {
+        int64_t k = model_grad_unit(&m, u).n, *most = u < MODEL_UNIT_EPILOG(&m) ? &layer : &ends;
+        *most = k > *most ? k : *most;
+    }
+    model_free(&m);
+#define R(elems) (((size_t)(elems) * 4 + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
+    size_t expect = p[0].grads - (size_t)n * 4 + R(n / 2) + R(ends) + 2 * R(layer);
+#undef R
+    ASSERT_MSG(p[1].grads == expect,
+               "gradients %zu with \"layer\", %zu expected (step: %zu; dense %lld, windows %lld, %lld)", p[1].grads,
+               expect, p[0].grads, (long long)n, (long long)ends, (long long)layer);
+    ASSERT_MSG(p[1].weights == p[0].weights && p[1].shards == p[0].shards && p[1].optim == p[0].optim &&
+                   p[1].chunks.act_bytes == p[0].chunks.act_bytes && p[1].chunks.ws_bytes == p[0].chunks.ws_bytes,
+               "weights %zu %zu, shards %zu %zu, optimizer %zu %zu, activations %zu %zu, workspace %zu %zu",
+               p[0].weights, p[1].weights, p[0].shards, p[1].shards, p[0].optim, p[1].optim, p[0].chunks.act_bytes,
+               p[1].chunks.act_bytes, p[0].chunks.ws_bytes, p[1].chunks.ws_bytes);
+    printf("     dp2: gradients %zu bytes with \"layer\", %zu with \"step\" (dense group %lld elements)\n", p[1].grads,
+           p[0].grads, (long long)n);
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "PITH=%s scripts/launch.sh -n 2 %s --set parallel.gradient_reduce=layer --set run_dir=%s/l "
+                       "--steps 1 2>&1",
+                       PITH_BIN, path, d) == 0,
+               "%s", out);
+    ASSERT(run_cmd(est, sizeof est, "%s estimate %s --gpus 2 --device cpu --set parallel.gradient_reduce=layer",
+                   PITH_BIN, path) == 0);
+    long long e = plan_bytes(est, "  total"), t = plan_bytes(out, "plan (");
+    ASSERT_MSG(e == t && e == (long long)memory_plan_total(&p[1]), "estimate %lld, train %lld, plan %zu", e, t,
+               memory_plan_total(&p[1]));
 }

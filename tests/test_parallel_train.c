@@ -237,30 +237,31 @@ TEST(dist_pipeline_muon_and_balancing) {
 // SwiGLU experts with biases) and Qwen3.5-MoE (Gated DeltaNet and gated full-attention layers, a gated shared
 // expert) at pp2 (N = 8 > 2P) and pp2 × ep2 (N = 2P = 4): 6 steps of loss and validation and the first step's
 // gradient of every tensor equal one process's.
+static const struct {
+    const char *name, *model, *sets;
+} fams[] = { // the families besides Qwen3, with a setting each exercises
+    {"deepseek_v2",
+     "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+     " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8,"
+     " \"v_head_dim\": 6, \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3,"
+     " \"moe_intermediate_size\": 16, \"n_shared_experts\": 1, \"intermediate_size\": 24,"
+     " \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\", \"n_group\": 4, \"topk_group\": 2,"
+     " \"routed_scaling_factor\": 2.0, \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\":"
+     " \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0, \"original_max_position_embeddings\": 8,"
+     " \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}",
+     "--set moe_load_balance_type=sequence"},
+    {"gpt_oss",
+     "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+     " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 8,"
+     " \"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0,"
+     " \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"],"
+     " \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 150000.0,"
+     " \"factor\": 4.0, \"truncate\": false, \"original_max_position_embeddings\": 8}}",
+     ""},
+    {"qwen3_5_moe", TINY_QWEN3_5_4, ""},
+};
+
 TEST(dist_pipeline_families) {
-    static const struct {
-        const char *name, *model, *sets;
-    } fams[] = {
-        {"deepseek_v2",
-         "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
-         " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8,"
-         " \"v_head_dim\": 6, \"vocab_size\": 64, \"n_routed_experts\": 8, \"num_experts_per_tok\": 3,"
-         " \"moe_intermediate_size\": 16, \"n_shared_experts\": 1, \"intermediate_size\": 24,"
-         " \"first_k_dense_replace\": 1, \"topk_method\": \"group_limited_greedy\", \"n_group\": 4, \"topk_group\": 2,"
-         " \"routed_scaling_factor\": 2.0, \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\":"
-         " \"yarn\", \"rope_theta\": 10000.0, \"factor\": 4.0, \"original_max_position_embeddings\": 8,"
-         " \"mscale\": 0.707, \"mscale_all_dim\": 0.707}}",
-         "--set moe_load_balance_type=sequence"},
-        {"gpt_oss",
-         "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
-         " \"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_local_experts\": 8,"
-         " \"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0,"
-         " \"layer_types\": [\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"full_attention\"],"
-         " \"max_position_embeddings\": 64, \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 150000.0,"
-         " \"factor\": 4.0, \"truncate\": false, \"original_max_position_embeddings\": 8}}",
-         ""},
-        {"qwen3_5_moe", TINY_QWEN3_5_4, ""},
-    };
     static const Layout pp[] = {
         {"pp2", 2, "--set parallel.pipeline_parallel_size=2", false},
         {"pp2-ep2", 4, "--set parallel.pipeline_parallel_size=2 --set parallel.expert_parallel_size=2", false},
@@ -546,4 +547,123 @@ TEST(dist_docmask_fake_gpu) {
     snprintf(path, sizeof path, "%s/data.bin", d), token_file_short_documents(path, 20000, 64);
     snprintf(path, sizeof path, "%s/val.bin", d), token_file_short_documents(path, 2000, 64);
     check_layouts(d, docs, 2, "--set document_masking=true", 6, true, 1);
+}
+
+// parallel.gradient_reduce "layer" (docs/architecture.md, "Gradient reduction per layer") under dp2 (2 micro-batches
+// a rank), ep2, ep2 × dp2, hsdp (ep2 × dp2: shards over ep, the replicas' sum after), cp2 and on fake GPUs (NCCL's
+// reduce) against one process with the step path. The option changes only the order in which each dense gradient
+// element's terms are added: one process sums its M micro-batches; a layout of n ranks sums the n ranks' terms of
+// each micro-batch, then the micro-batches (the step path: each rank's micro-batches, then the ranks). Two orders of a
+// sum of K = n·M ≤ 4 fp32 terms are each within (K − 1)·2^-24·Σ|terms| of the exact sum, so they differ by at most
+// 6·2^-24 ≈ 3.6e-7 of Σ|terms| an element: check_layouts' 1e-5 (relative to the gradient's norm) and its loss
+// tolerances, which already hold the step path's reordering, hold this one too.
+TEST(dist_gradient_reduce_layer_layouts) {
+    static const Layout layer[] = {
+        {"dp2", 2, "--set parallel.gradient_reduce=layer", false},
+        {"ep2", 2, "--set parallel.gradient_reduce=layer --set parallel.expert_parallel_size=2", false},
+        {"ep2-dp2", 4, "--set parallel.gradient_reduce=layer --set parallel.expert_parallel_size=2", false},
+        {"hsdp-ep2-dp2", 4,
+         "--set parallel.gradient_reduce=layer --set parallel.expert_parallel_size=2 --set "
+         "parallel.sharding_strategy=hsdp",
+         false},
+        {"cp2", 2, "--set parallel.gradient_reduce=layer --set parallel.context_parallel_size=2", false},
+        {"gpu-ep2-dp2", 4,
+         "--set parallel.gradient_reduce=layer --set parallel.expert_parallel_size=2 --set device=cuda --set "
+         "compute_dtype=fp32",
+         true},
+    };
+    check_layouts(make_layout_run(), layer, sizeof layer / sizeof *layer, "", 6, true, 1);
+}
+
+// With one micro-batch a rank on 2 ranks the two paths add the same two terms (a + b = b + a in fp32), so "layer"
+// is the step path bit for bit: losses, gradient norms, the gradients of step 1, and the checkpoint's tensor files
+// (run.json differs only by the option); a "layer" run's checkpoint resumes with the uninterrupted run's bits, and
+// under the step path too. The refused combinations are one-line config errors.
+TEST(dist_gradient_reduce_layer_exact_resume_errors) {
+    const char *d = make_run_of(TINY_MOE_EP, 4, 4);
+    char out[1 << 16], a[300], b[300];
+    static const char *const mode[] = {"step", "layer", "layer", "step"}; // the last two resume the second's step 2
+    for (int i = 0; i < 4; i++) {
+        if (i >= 2)
+            ASSERT(run_cmd(out, sizeof out, "rm -rf %s/r%d && mkdir -p %s/r%d && cp -r %s/r1/step-00000002 %s/r%d/",
+                           d, i, d, i, d, d, i) == 0);
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "PITH=%s scripts/launch.sh -n 2 %s/train.json --set parallel.gradient_reduce=%s "
+                           "--set save_location=%s/r%d --set save_interval=2 --dump-grads %s/r%d/g",
+                           PITH_BIN, d, mode[i], d, i, d, i) == 0,
+                   "%s: %s", mode[i], out);
+        ASSERT_MSG(i < 2 || strstr(out, "resume: step 2"), "%s", out);
+    }
+    snprintf(a, sizeof a, "%s/r0", d);
+    for (int i = 1; i < 4; i++) {
+        snprintf(b, sizeof b, "%s/r%d", d, i);
+        for (int s = i < 2 ? 1 : 3; s <= 4; s++)
+            ASSERT_MSG(metric_of(a, s, "loss") == metric_of(b, s, "loss") &&
+                           metric_of(a, s, "grad_norm") == metric_of(b, s, "grad_norm"),
+                       "run %d (%s): step %d differs from the step path", i, mode[i], s);
+    }
+    const char *wn;
+    char g0[340], g1[340];
+    snprintf(g0, sizeof g0, "%s/r0/g", d), snprintf(g1, sizeof g1, "%s/r1/g", d);
+    double gd = grad_diff(g1, g0, &wn);
+    ASSERT_MSG(gd == 0, "the gradient of %s differs from the step path's by %.3g", wn, gd);
+    ASSERT_MSG(run_cmd(out, sizeof out,
+                       "cd %s && for f in $(ls r0/step-00000002 | grep -v run.json); do cmp r0/step-00000002/$f "
+                       "r1/step-00000002/$f || exit 3; done && "
+                       "diff r0/step-00000002/run.json r1/step-00000002/run.json "
+                       "| grep '^[<>]' | grep -v 'run_dir\\|save_location\\|gradient_reduce'",
+                       d) == 1,
+               "the checkpoints differ: %s", out);
+    static const struct {
+        int np;
+        const char *sets, *needle;
+    } bad[] = {
+        {2, "--set parallel.pipeline_parallel_size=2",
+         "parallel.gradient_reduce: \"layer\" needs pipeline_parallel_size 1"},
+        {1, "--set parallel.pipeline_schedule=true",
+         "parallel.gradient_reduce: \"layer\" needs pipeline_schedule false"},
+        {2, "--set optimizer.type=muon", "parallel.gradient_reduce: \"layer\" needs optimizer.type"},
+        {1, "", "parallel.gradient_reduce: \"layer\" needs the dense parameters sharded over more than one"},
+        {2, "--set parallel.sharding_strategy=hsdp",
+         "parallel.gradient_reduce: \"layer\" needs the dense parameters sharded over more than one"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = run_cmd(out, sizeof out,
+                         "PITH=%s scripts/launch.sh -n %d %s/train.json --set parallel.gradient_reduce=layer %s "
+                         "--set run_dir=%s/bad",
+                         PITH_BIN, bad[i].np, d, bad[i].sets, d);
+        ASSERT_MSG(rc != 0 && strstr(out, bad[i].needle), "expected '%s' in: %s", bad[i].needle, out);
+    }
+}
+
+// Every family's gradient views bound per unit (their mixers' own views: MLA, DeltaNet, sinks, shared experts, expert
+// biases) and tied embeddings (the LM head's gradient kept in the embedding's window from the epilog's forward to the
+// prolog's backward): with one micro-batch a rank on dp2, "layer" gives the step path's losses and step-1 gradients
+// bit for bit (dist_gradient_reduce_layer_exact_resume_errors says why). A view left on another unit's window, or a
+// unit's gradient reduced before all of it is written, changes them.
+TEST(dist_gradient_reduce_layer_families) {
+    char tied[1024];
+    snprintf(tied, sizeof tied, "%.*s, \"tie_word_embeddings\": true}", (int)strlen(TINY_MOE_EP) - 1, TINY_MOE_EP);
+    const char *models[][2] = {{fams[0].name, fams[0].model},
+                               {fams[1].name, fams[1].model},
+                               {fams[2].name, fams[2].model},
+                               {"qwen3 tied", tied}};
+    char out[1 << 16], a[340], b[340];
+    for (int i = 0; i < 4; i++) {
+        const char *d = make_run_of(models[i][1], 4, 2);
+        for (int k = 0; k < 2; k++)
+            ASSERT_MSG(run_cmd(out, sizeof out,
+                               "PITH=%s scripts/launch.sh -n 2 %s/train.json --set parallel.gradient_reduce=%s "
+                               "--set run_dir=%s/%d --dump-grads %s/%d/g",
+                               PITH_BIN, d, k ? "layer" : "step", d, k, d, k) == 0,
+                       "%s: %s", models[i][0], out);
+        snprintf(a, sizeof a, "%s/0", d), snprintf(b, sizeof b, "%s/1", d);
+        for (int s = 1; s <= 2; s++)
+            ASSERT_MSG(metric_of(a, s, "loss") == metric_of(b, s, "loss"), "%s: step %d loss differs", models[i][0], s);
+        snprintf(a, sizeof a, "%s/0/g", d), snprintf(b, sizeof b, "%s/1/g", d);
+        const char *wn;
+        double gd = grad_diff(b, a, &wn);
+        ASSERT_MSG(gd == 0, "%s: the gradient of %s differs from the step path's by %.3g", models[i][0], wn, gd);
+        printf("     %-12s \"layer\" = \"step\" bit for bit\n", models[i][0]);
+    }
 }

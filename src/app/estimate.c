@@ -88,11 +88,18 @@ static double recompute_gflops(const ModelConfig *mc, int rc, double T) {
 static void layout_sets(char *buf, size_t cap, const TrainConfig *c) {
     snprintf(buf, cap,
              "--set parallel.expert_parallel_size=%d --set parallel.sharding_strategy=%s --set "
-             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s%s",
+             "parallel.ep_capacity_factor=%g --set recompute=%s --set micro_batch_size=%d%s%s%s%s",
              c->parallel.ep, c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", c->parallel.ep_capacity_factor,
              RC_NAME(c->recompute), c->micro_batch_size, c->optimizer.offload ? " --set optimizer.offload=true" : "",
              c->optimizer.state_dtype == STATE_BF16 ? " --set optimizer.state_dtype=bf16" : "",
-             c->gradient_dtype == STATE_BF16 ? " --set gradient_dtype=bf16" : "");
+             c->gradient_dtype == STATE_BF16 ? " --set gradient_dtype=bf16" : "",
+             c->parallel.gradient_reduce == GRAD_REDUCE_LAYER ? " --set parallel.gradient_reduce=layer" : "");
+}
+
+// parallel.gradient_reduce "layer" applies: pp = 1 without the engine, AdamW, the dense group in more than one shard.
+static bool layer_reduce_fits(const TrainConfig *c, long gpus) {
+    long shards = c->parallel.sharding == SHARD_HSDP ? (long)c->parallel.cp * c->parallel.ep : gpus / c->parallel.pp;
+    return c->parallel.pp == 1 && !c->parallel.pipeline_schedule && c->optimizer.type == OPTIMIZER_ADAMW && shards > 1;
 }
 
 // --detail: the activation records by part, the largest term of the plan, and each lever's plan.
@@ -133,18 +140,20 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
     printf("largest term: %s, %.2f GB (%.0f%% of %.2f GB)\n", terms[big].name, terms[big].bytes / 1e9,
            100.0 * terms[big].bytes / total, total / 1e9);
     printf("levers (each alone, from this config):\n");
-    for (int i = 0; i < 12 + NSETS; i++) {
+    for (int i = 0; i < 13 + NSETS; i++) {
         TrainConfig c = *cfg;
         char what[96], flops[48] = "";
-        int j = i - 5 - NSETS; // after the recompute sets: ep ×2, ÷2, micro-batch ×2, ÷2, the three memory options
-        if (j >= 4) {          // the moments to host memory, or in bf16; the expert gradients in bf16
+        int j = i - 5 - NSETS; // after the recompute sets: ep ×2, ÷2, micro-batch ×2, ÷2, the four memory options
+        if (j >= 4) { // the moments to host memory, or in bf16; the expert gradients in bf16; the dense ones per layer
             static const char *const set[] = {"optimizer.offload=true", "optimizer.state_dtype=bf16",
-                                              "gradient_dtype=bf16"};
-            bool on[] = {cfg->optimizer.offload, cfg->optimizer.state_dtype, cfg->gradient_dtype};
+                                              "gradient_dtype=bf16", "parallel.gradient_reduce=layer"};
+            bool on[] = {cfg->optimizer.offload, cfg->optimizer.state_dtype, cfg->gradient_dtype,
+                         cfg->parallel.gradient_reduce || !layer_reduce_fits(cfg, gpus)};
             if (cfg->optimizer.type != OPTIMIZER_ADAMW || on[j - 4]) continue;
             if (j == 4) c.optimizer.offload = true;
             else if (j == 5) c.optimizer.state_dtype = STATE_BF16;
-            else c.gradient_dtype = STATE_BF16;
+            else if (j == 6) c.gradient_dtype = STATE_BF16;
+            else c.parallel.gradient_reduce = GRAD_REDUCE_LAYER;
             snprintf(what, sizeof what, "%s", set[j - 4]);
         } else if (i < 5) { // capacity factors (with expert parallelism)
             double f = capacity_factors[i];
@@ -189,8 +198,16 @@ static int rounded_state(const TrainConfig *c) {
     return (c->optimizer.state_dtype == STATE_BF16) + 2 * (c->gradient_dtype == STATE_BF16);
 }
 
+// A layout's memory variant (the sweep plans a layout's variants together): its rounded state, and the dense
+// gradient reduced per layer (4).
+static int variant(const TrainConfig *c) {
+    return rounded_state(c) + 4 * (c->parallel.gradient_reduce == GRAD_REDUCE_LAYER);
+}
+
 // Best first: fits before tight before out of memory (those by size); then the cheaper step: less
-// recomputation, moments on the device; then fp32 storage before bf16 (rounded_state); then a larger micro-batch,
+// recomputation, moments on the device, the dense gradient reduced once per step (parallel.gradient_reduce "layer"
+// adds a reduce a layer, which waits behind or delays the ep all-to-alls); then fp32 storage before bf16
+// (rounded_state); then a larger micro-batch,
 // fewer ep ranks, a capacity that spills less (0 = the worst case: never); then less memory.
 static int layout_cmp(const void *pa, const void *pb) {
     const Layout *a = pa, *b = pb;
@@ -200,7 +217,7 @@ static int layout_cmp(const void *pa, const void *pb) {
     if (a->fit == FIT_OOM) return a->total < b->total ? -1 : a->total > b->total; // the nearest to fitting first
     if (a->c.recompute != b->c.recompute) return a->c.recompute < b->c.recompute ? -1 : 1; // RC_* bits: by cost
     if (a->c.optimizer.offload != b->c.optimizer.offload) return a->c.optimizer.offload ? 1 : -1;
-    if (rounded_state(&a->c) != rounded_state(&b->c)) return rounded_state(&a->c) < rounded_state(&b->c) ? -1 : 1;
+    if (variant(&a->c) != variant(&b->c)) return variant(&a->c) < variant(&b->c) ? -1 : 1;
     if (a->c.micro_batch_size != b->c.micro_batch_size) return a->c.micro_batch_size > b->c.micro_batch_size ? -1 : 1;
     if (a->c.parallel.ep != b->c.parallel.ep) return a->c.parallel.ep < b->c.parallel.ep ? -1 : 1;
     if (fa != fb) return fa > fb ? -1 : 1;
@@ -209,8 +226,9 @@ static int layout_cmp(const void *pa, const void *pb) {
 
 // --sweep: ep over the divisors of the ranks that divide the experts, fsdp or hsdp (with dp > 1), capacity
 // factors (with ep > 1), the recompute modes, the config's micro-batch and 1, AdamW's moments on the device or
-// offloaded to the host, AdamW's moments and the expert gradients in bf16; pp and cp as configured. A layout's state
-// dtypes are planned smallest first (both bf16): when that is out of memory, so are the others, and they are left out;
+// offloaded to the host, AdamW's moments and the expert gradients in bf16, the dense gradient reduced per step or per
+// layer; pp and cp as configured. A layout's variants (state dtypes, gradient reduction: `variant`) are planned
+// smallest first (all of them on): when that is out of memory, so are the others, and they are left out;
 // else in the order from fp32 up to the first that fits OK (the rest would come after it).
 // The candidates are listed first, then planned one by one with progress on stderr (a sweep of a large model takes a
 // minute).
@@ -221,8 +239,9 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         for (int sh = 0; sh < 2; sh++)
             for (int f = 0; f < 5; f++)
                 for (int rc = 0; rc < NSETS; rc++)
-                    for (int v = 0; v < 16; v++) {      // the state dtypes innermost: a layout's variants in a row
-                        int mb = v >> 2 | (v & 3) << 2; // & 1: micro-batch 1; & 2: offload; & 4, & 8: bf16 state
+                    for (int v = 0; v < 32; v++) { // the variants innermost: a layout's in a row, in variant() order
+                        int mb = v >> 3 | (v & 7) << 2; // & 1: micro-batch 1; & 2: offload; & 4, & 8: bf16 state;
+                                                        // & 16: the dense gradient reduced per layer
                         TrainConfig c = *cfg;
                         c.parallel.ep = ep, c.parallel.sharding = sh ? SHARD_HSDP : SHARD_FSDP;
                         c.parallel.ep_capacity_factor = capacity_factors[f], c.recompute = recompute_sets[rc];
@@ -234,14 +253,16 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
                         if ((mb & 2 && cfg->optimizer.offload) || (mb & 4 && cfg->optimizer.state_dtype) ||
                             (mb & 8 && cfg->gradient_dtype))
                             continue;
+                        if (mb & 16 && (cfg->parallel.gradient_reduce || !layer_reduce_fits(&c, gpus))) continue;
                         c.optimizer.state_dtype |= mb & 4 ? STATE_BF16 : 0, c.gradient_dtype |= mb & 8 ? STATE_BF16 : 0;
+                        c.parallel.gradient_reduce |= mb & 16 ? GRAD_REDUCE_LAYER : 0;
                         if (nc == cap) all = xrealloc(all, (cap *= 2) * sizeof *all);
-                        all[nc++] = (Layout){.c = c, .layout = ((ep * 2 + sh) * 5 + f) * NSETS * 4 + rc * 4 + (v >> 2)};
+                        all[nc++] = (Layout){.c = c, .layout = ((ep * 2 + sh) * 5 + f) * NSETS * 4 + rc * 4 + (v >> 3)};
                     }
     bool tty = isatty(2);
     double t0 = now_seconds(), shown_at = t0;
     for (int i = 0, j; i < nc; i = j) {
-        Layout g[4]; // the layout's state dtypes, the most rounded last
+        Layout g[8]; // the layout's variants, the smallest last
         for (j = i + 1; j < nc && all[j].layout == all[i].layout; j++) {}
         memcpy(g, all + i, (j - i) * sizeof *g);
         if (now_seconds() - shown_at > (tty ? 0.2 : 10) || i == 0) { // on a terminal in place, else every 10 s
@@ -267,8 +288,9 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
            dev == DEV_CUDA ? "GPUs" : "CPU ranks", mem_gb, count[FIT_OK], count[FIT_TIGHT], count[FIT_OOM]);
     if (dev == DEV_CUDA) printf(" (with %g GB of runtime outside the plan)", RUNTIME_GB);
     printf(
-        "\nbest first: OK, TIGHT, then OOM; within each, the faster step (less recomputation, moments on the device), "
-        "fp32 state before bf16, the larger micro-batch, fewer ep ranks, more capacity, then less memory\n");
+        "\nbest first: OK, TIGHT, then OOM; within each, the faster step (less recomputation, moments on the device, "
+        "the dense gradient reduced per step), fp32 state before bf16, the larger micro-batch, fewer ep ranks, more "
+        "capacity, then less memory\n");
     int shown = 0;
     int show = count[FIT_OK] + count[FIT_TIGHT] ? 12 : 3;
     for (int i = 0; i < n && shown < show && (all[i].fit != FIT_OOM || !(count[FIT_OK] + count[FIT_TIGHT]));
@@ -278,12 +300,13 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         char sets[400], fac[32];
         layout_sets(sets, sizeof sets, c);
         snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
-        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s%s\n        %s\n",
+        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s%s%s\n        %s\n",
                fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
                c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, RC_NAME(c->recompute), c->micro_batch_size,
                c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
                c->gradient_dtype == STATE_BF16 ? ", bf16 expert gradients" : "",
-               c->optimizer.offload ? ", moments on the host" : "", sets);
+               c->optimizer.offload ? ", moments on the host" : "",
+               c->parallel.gradient_reduce == GRAD_REDUCE_LAYER ? ", dense gradient reduced per layer" : "", sets);
     }
     if (!count[FIT_OK] && !count[FIT_TIGHT]) printf("sweep: nothing fits; the smallest plans are above\n");
     else if (shown < count[FIT_OK] + count[FIT_TIGHT])
@@ -313,9 +336,13 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
            c->sequence_length / d->cp, bf16 ? "bf16 compute" : "fp32 compute");
     row("weights (compute copy)", p->weights,
         bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
-    row("gradient accumulators", p->grads,
-        c->gradient_dtype == STATE_BF16 ? "dense fp32, experts bf16 (gradient_dtype), reduce-scattered once per step"
-                                        : "fp32, reduce-scattered in place once per step");
+    char grads[160];
+    snprintf(grads, sizeof grads, "%s%s",
+             c->gradient_dtype == STATE_BF16 ? "dense fp32, experts bf16 (gradient_dtype)" : "fp32",
+             c->parallel.gradient_reduce == GRAD_REDUCE_LAYER
+                 ? "; dense: its shard and 3 windows (embedding or LM head, 2 layers'), reduced per layer"
+                 : ", reduce-scattered in place once per step");
+    row("gradient accumulators", p->grads, grads);
     row("master weight shards", p->shards, p->shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
     row("optimizer state", p->optim,
         c->optimizer.offload                     ? "staging: one chunk of m and v (the moments are on the host)"

@@ -126,10 +126,11 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
     for (int g = 0; g < NGROUPS; g++) {
         int64_t pad = cfg->pad[g] > 1 ? cfg->pad[g] : 1, n = (m->params.numel[g] + pad - 1) / pad * pad;
         m->w[g] = model_tensor(dev, cdt, n, alloc);
-        m->g[g] = model_tensor(dev, cfg->grad_dt[g], n, alloc && grads);
+        bool whole = grads && !(g == GROUP_DENSE && cfg->grad_units); // else per unit, in windows the trainer holds
+        m->g[g] = model_tensor(dev, cfg->grad_dt[g], n, alloc && whole);
         if (alloc && n > m->params.numel[g]) { // the padding stays zero
             op_zero(m->w[g]);
-            if (grads) op_zero(m->g[g]);
+            if (whole) op_zero(m->g[g]);
         }
     }
     int half = cfg->rope.rd / 2;
@@ -369,7 +370,7 @@ void step_sums_free(StepSums *s) {
 }
 
 void model_zero_grads(Model *m) {
-    op_zero(m->g[GROUP_DENSE]);
+    if (m->g[GROUP_DENSE].p) op_zero(m->g[GROUP_DENSE]);
     if (!m->expert_grads_zeroed) op_zero(m->g[GROUP_EXPERT]), m->expert_grads_zeroed = true;
 }
 

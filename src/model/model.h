@@ -39,6 +39,7 @@ typedef struct {
     int pp_rank, pp_size;
     int pad[NGROUPS];
     DType grad_dt[NGROUPS]; // group g's gradient accumulators: fp32, or bf16 for the experts (gradient_dtype)
+    bool grad_units; // parallel.gradient_reduce "layer": no whole dense gradient; its views bound per unit (below)
     // The family's own fields (Qwen3Config, Dsv2Config): a struct of at most this size that only the family
     // file reads (through model_family_config). Inline, so a ModelConfig copies by value.
     _Alignas(8) unsigned char family[256];
@@ -312,6 +313,7 @@ struct Model {
     bool ep_drop;            // parallel.ep_drop_tokens: rows above the capacity are dropped (else they spill)
     RecomputeMode recompute; // what backward recomputes instead of keeping
     SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
+    int64_t view_from;       // model_view's dense flat buffer begins at this element of the group (a unit's window)
     void *views;             // the family mixer's views: (2, MAX_LAYERS) of fam->layer_views bytes (model_layer_views)
     struct KvCache *kv;      // generation: attention and DeltaNet read and extend it (NULL: training, evaluation)
     struct Ring *ring;       // context parallelism (parallel/ring.h): attention is zigzag ring attention (NULL: cp 1)
@@ -356,6 +358,18 @@ Tensor model_view_layer(Model *m, Tensor *flat, int l, const char *suffix, int n
 // experts, swiglu_limit > 0: layers.l.mlp.experts.e.{gate_up,down}_proj.{weight,bias}); the final norm and LM head.
 void model_params_build(const ModelFamily *fam, ParamTable *t, const ModelConfig *c);
 void moe_bind(Model *m); // m->sw, m->sg for the parameters above, and the family mixer's views (m->views)
+// The dense group's gradient units under parallel.gradient_reduce "layer" (docs/architecture.md, "Gradient reduction
+// per layer"): contiguous ranges of its flat buffer in params order. Unit l < layers: layer l's dense parameters;
+// MODEL_UNIT_EPILOG (= layers): the final norm and, untied, the LM head, to the group's end (its padding included);
+// MODEL_UNIT_PROLOG (= layers + 1): the embedding (with tied embeddings also the LM head's gradient).
+#define MODEL_UNIT_EPILOG(m) ((m)->cfg.layers)
+#define MODEL_UNIT_PROLOG(m) ((m)->cfg.layers + 1)
+typedef struct {
+    int64_t off, n; // elements [off, off + n) of the dense group
+} ModelUnit;
+ModelUnit model_grad_unit(const Model *m, int u);
+// Points unit u's gradient views (m->sg, the family mixer's) at win: (n) fp32, its range [off, off + n) of the group.
+void model_bind_grad_unit(Model *m, int u, Tensor win, int64_t off);
 // Stage 1's record (io->dense and, for MoE layers, io->idx and io->w are set by the engine); sets io->xd. staged:
 // only the parts m->recompute names (norms, RoPE'd q/k, router), which the record leaves out: from a staging arena
 // before each forward, from the workspace for the backward, which moe_stage1_recompute fills again.

@@ -145,9 +145,10 @@ Tensor model_view(Model *m, Tensor *flat, const char *name, int nd, int64_t n0, 
     const ParamInfo *p = params_find(&m->params, name);
     if (!p) return NONE;
     Tensor f = flat[p->group];
-    Tensor t = tensor_make(f.p ? (char *)f.p + p->off * dtype_size(f.dt) : NULL, f.dt, f.dev, nd, n0, n1, n2,
-                           1); // NULL: a plan
-    CHECK(p->off + tensor_numel(t) <= tensor_numel(f));
+    int64_t at = p->off - (p->group == GROUP_DENSE ? m->view_from : 0);
+    Tensor t = tensor_make(f.p ? (char *)f.p + at * dtype_size(f.dt) : NULL, f.dt, f.dev, nd, n0, n1, n2,
+                           1); // NULL: a plan, or a dense gradient bound per unit
+    CHECK(at >= 0 && at + tensor_numel(t) <= tensor_numel(f));
     return t;
 }
 
@@ -163,57 +164,87 @@ void params_add_layer(ParamTable *t, int l, const char *suffix, int init, int nd
     params_add(t, n, GROUP_DENSE, init, nd, n0, n1, 0);
 }
 
-static void bind_shared(Model *m, Tensor *flat, SharedWeights *w) {
+// Layer l's views of the shared parts in flat.
+static void bind_layer(Model *m, Tensor *flat, SharedWeights *w, int l) {
     const ModelConfig *c = &m->cfg;
-    int64_t H = c->hidden, I = c->moe_inter, D = c->dense_inter, El = model_experts_local(c);
-    char n[96];
-    w->embed = model_view(m, flat, "embed_tokens.weight", 2, c->vocab, H, 0);
-    w->norm = model_view(m, flat, "norm.weight", 1, H, 0, 0);
-    w->lm_head = c->tie_embed ? w->embed : model_view(m, flat, "lm_head.weight", 2, c->vocab, H, 0);
     const ModelFamily *fam = m->fam;
-    int64_t Is = c->shared_inter;
-    char nm[48];
-    for (int l = 0; l < c->layers; l++) {
-        GqaShape g = layer_gqa(fam, c, l);
-        w->ln1[l] = model_view_layer(m, flat, l, "input_layernorm.weight", 1, H, 0);
-        w->ln2[l] = model_view_layer(m, flat, l, "post_attention_layernorm.weight", 1, H, 0);
-        if (g.nh) gqa_bind(m, flat, &g, l, &w->att[l]);
-        w->router[l] = model_view_layer(m, flat, l, NAME(fam->router, ".weight"), 2, c->experts, H);
-        w->router_b[l] = model_view_layer(m, flat, l, NAME(fam->router, ".bias"), 1, c->experts, 0);
-        if (fam->shared) {
-            w->shared_gu[l] = model_view_layer(m, flat, l, NAME(fam->shared, ".gate_proj.weight"), 2, 2 * Is, H);
-            w->shared_down[l] = model_view_layer(m, flat, l, NAME(fam->shared, ".down_proj.weight"), 2, H, Is);
-            w->shared_gate[l] = model_view_layer(m, flat, l, NAME(fam->shared, "_gate.weight"), 2, 1, H);
-        }
-        if (c->is_moe[l]) {
-            bool oss = c->swiglu_limit > 0;
-            int e0 = model_expert_first(c);
-            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.%s.weight", l, e0, oss ? "gate_up_proj" : "gate_proj");
-            w->gate_up[l] = model_view(m, flat, n, 3, El, 2 * I, H);
-            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.weight", l, e0);
-            w->down[l] = model_view(m, flat, n, 3, El, H, I);
-            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.gate_up_proj.bias", l, e0);
-            w->gate_up_b[l] = model_view(m, flat, n, 2, El, 2 * I, 0); // absent ({0}) but for GPT-OSS
-            snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.bias", l, e0);
-            w->down_b[l] = model_view(m, flat, n, 2, El, H, 0);
-        } else {
-            w->gate_up[l] = model_view_layer(m, flat, l, "mlp.gate_proj.weight", 2, 2 * D, H);
-            w->down[l] = model_view_layer(m, flat, l, "mlp.down_proj.weight", 2, H, D);
-        }
+    int64_t H = c->hidden, I = c->moe_inter, D = c->dense_inter, El = model_experts_local(c), Is = c->shared_inter;
+    char n[96], nm[48];
+    GqaShape g = layer_gqa(fam, c, l);
+    w->ln1[l] = model_view_layer(m, flat, l, "input_layernorm.weight", 1, H, 0);
+    w->ln2[l] = model_view_layer(m, flat, l, "post_attention_layernorm.weight", 1, H, 0);
+    if (g.nh) gqa_bind(m, flat, &g, l, &w->att[l]);
+    w->router[l] = model_view_layer(m, flat, l, NAME(fam->router, ".weight"), 2, c->experts, H);
+    w->router_b[l] = model_view_layer(m, flat, l, NAME(fam->router, ".bias"), 1, c->experts, 0);
+    if (fam->shared) {
+        w->shared_gu[l] = model_view_layer(m, flat, l, NAME(fam->shared, ".gate_proj.weight"), 2, 2 * Is, H);
+        w->shared_down[l] = model_view_layer(m, flat, l, NAME(fam->shared, ".down_proj.weight"), 2, H, Is);
+        w->shared_gate[l] = model_view_layer(m, flat, l, NAME(fam->shared, "_gate.weight"), 2, 1, H);
     }
+    if (c->is_moe[l]) {
+        bool oss = c->swiglu_limit > 0;
+        int e0 = model_expert_first(c);
+        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.%s.weight", l, e0, oss ? "gate_up_proj" : "gate_proj");
+        w->gate_up[l] = model_view(m, flat, n, 3, El, 2 * I, H);
+        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.weight", l, e0);
+        w->down[l] = model_view(m, flat, n, 3, El, H, I);
+        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.gate_up_proj.bias", l, e0);
+        w->gate_up_b[l] = model_view(m, flat, n, 2, El, 2 * I, 0); // absent ({0}) but for GPT-OSS
+        snprintf(n, sizeof n, "layers.%d.mlp.experts.%d.down_proj.bias", l, e0);
+        w->down_b[l] = model_view(m, flat, n, 2, El, H, 0);
+    } else {
+        w->gate_up[l] = model_view_layer(m, flat, l, "mlp.gate_proj.weight", 2, 2 * D, H);
+        w->down[l] = model_view_layer(m, flat, l, "mlp.down_proj.weight", 2, H, D);
+    }
+    if (fam->bind_layer) fam->bind_layer(m, flat, l, model_layer_views(m, l, w == m->sg));
+}
+
+// The embedding's (prolog) or the final norm's and LM head's (epilog) views in flat.
+static void bind_ends(Model *m, Tensor *flat, SharedWeights *w, bool prolog, bool epilog) {
+    const ModelConfig *c = &m->cfg;
+    if (prolog) w->embed = model_view(m, flat, "embed_tokens.weight", 2, c->vocab, c->hidden, 0);
+    if (epilog) w->norm = model_view(m, flat, "norm.weight", 1, c->hidden, 0, 0);
+    if (c->tie_embed) w->lm_head = w->embed;
+    else if (epilog) w->lm_head = model_view(m, flat, "lm_head.weight", 2, c->vocab, c->hidden, 0);
 }
 
 void moe_bind(Model *m) {
-    const ModelFamily *fam = m->fam;
     m->sw = xcalloc(1, sizeof *m->sw), m->sg = xcalloc(1, sizeof *m->sg);
-    bind_shared(m, m->w, m->sw);
-    bind_shared(m, m->g, m->sg);
-    if (!fam->bind_layer) return;
-    m->views = xcalloc(2 * MAX_LAYERS, fam->layer_views);
-    for (int l = 0; l < m->cfg.layers; l++) {
-        fam->bind_layer(m, m->w, l, model_layer_views(m, l, false));
-        fam->bind_layer(m, m->g, l, model_layer_views(m, l, true));
+    if (m->fam->bind_layer) m->views = xcalloc(2 * MAX_LAYERS, m->fam->layer_views);
+    for (int grad = 0; grad < 2; grad++) {
+        Tensor *flat = grad ? m->g : m->w;
+        SharedWeights *w = grad ? m->sg : m->sw;
+        bind_ends(m, flat, w, true, true);
+        for (int l = 0; l < m->cfg.layers; l++) bind_layer(m, flat, w, l);
     }
+}
+
+ModelUnit model_grad_unit(const Model *m, int u) {
+    const ParamTable *t = &m->params;
+    ModelUnit r = {-1, 0};
+    for (int i = 0; i < t->n; i++) {
+        const ParamInfo *p = &t->p[i];
+        int l = -1;
+        if (p->group != GROUP_DENSE) continue;
+        bool in = u == MODEL_UNIT_PROLOG(m) ? !strcmp(p->name, "embed_tokens.weight")
+                  : u == MODEL_UNIT_EPILOG(m)
+                      ? !strcmp(p->name, "norm.weight") || !strcmp(p->name, "lm_head.weight")
+                      : sscanf(p->name, "layers.%d.", &l) == 1 && l == u;
+        if (!in) continue;
+        if (r.off < 0) r.off = p->off;
+        r.n = p->off + params_numel(p) - r.off;
+    }
+    CHECK(r.off >= 0);
+    if (u == MODEL_UNIT_EPILOG(m)) r.n = tensor_numel(m->g[GROUP_DENSE]) - r.off; // the padding
+    return r;
+}
+
+void model_bind_grad_unit(Model *m, int u, Tensor win, int64_t off) {
+    Tensor flat[NGROUPS] = {win, m->g[GROUP_EXPERT]};
+    m->view_from = off;
+    if (u < m->cfg.layers) bind_layer(m, flat, m->sg, u);
+    else bind_ends(m, flat, m->sg, u == MODEL_UNIT_PROLOG(m), u == MODEL_UNIT_EPILOG(m));
+    m->view_from = 0;
 }
 
 // ---- records ----

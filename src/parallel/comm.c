@@ -204,6 +204,20 @@ void comm_exchange(const Comm *c, const CommP2p *ops, int n) {
     comm_wait(&r);
 }
 
+CommReq comm_reduce_start(const Comm *c, Tensor x, int root) {
+    CommReq r = {.c = c, .what = "reduce", .row = MPI_DATATYPE_NULL};
+    CHECK(root >= 0 && root < c->size && (x.dt == DT_F32 || x.dt == DT_F64));
+    if (c->size == 1) return r;
+#ifdef PITH_NCCL
+    if (on_device(c, r.what, x, (Tensor){0})) return r.event = nccl_reduce_start(c, x, root), r;
+#else
+    on_device(c, r.what, x, (Tensor){0});
+#endif
+    MPI_CHECK(MPI_Ireduce(c->rank == root ? MPI_IN_PLACE : x.p, x.p, (int)tensor_numel(x), mpi_type(x.dt), MPI_SUM,
+                          root, c->mpi, &r.mpi[r.n++]));
+    return r;
+}
+
 CommReq comm_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {
     CommReq r = {.c = c, .what = "all-to-all", .row = MPI_DATATYPE_NULL};
     CHECK(in.dt == out.dt);

@@ -67,6 +67,9 @@ typedef struct {
 // waited for — so an exchange in both directions, or around a ring, cannot deadlock. n ≤ COMM_MAX_P2P;
 // empty tensors are skipped (their partner's are empty too).
 CommReq comm_p2p_start(const Comm *c, const CommP2p *ops, int n);
+// x (in place) on rank root ← Σ over the group of x, issued now: after comm_wait the root's x holds the sum, the
+// other ranks' x is as it was; no rank touches x before. F32, F64.
+CommReq comm_reduce_start(const Comm *c, Tensor x, int root);
 // comm_alltoallv, issued now.
 CommReq comm_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows);
 // Finishes r. Host requests are polled against the group's deadline, counted from the start of the wait;

@@ -16,8 +16,9 @@ int fsdp_shards(const Dist *d, int g) {
     return d->hsdp ? d->cp * d->ep : d->dp * d->cp * d->ep;
 }
 
-void fsdp_setup(Fsdp *f, const Dist *d, const Tensor w[NGROUPS]) {
+void fsdp_setup(Fsdp *f, const Dist *d, const Tensor w[NGROUPS], bool units) {
     memset(f, 0, sizeof *f);
+    f->units = units;
     for (int g = 0; g < NGROUPS; g++) {
         f->shard[g] = g == GROUP_EXPERT ? (d->hsdp ? &d->cp_g : &d->dp_cp) : (d->hsdp ? &d->cp_ep : &d->dp_cp_ep);
         f->replica[g] = d->hsdp ? &d->dp_g : NULL;
@@ -41,7 +42,9 @@ void fsdp_alloc_state(const Fsdp *f, const Tensor w[NGROUPS], const Tensor gr[NG
         bool whole = one_shard(f, g);
         master[g] =
             whole && w[g].dev == DEV_CPU && w[g].dt == DT_F32 ? w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
-        grad[g] = whole ? gr[g] : tensor_rows(gr[g], 0, f->len[g]); // reduce-scatter in place: the sum lands in front
+        grad[g] = g == GROUP_DENSE && f->units ? arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0)
+                  : whole                      ? gr[g]
+                                               : tensor_rows(gr[g], 0, f->len[g]); // in place: the sum lands in front
         mom1[g] = arena_tensor(moments, mdt, 1, f->len[g], 0, 0, 0);
         mom2[g] = arena_tensor(moments, mdt, 1, f->len[g], 0, 0, 0);
     }
@@ -67,9 +70,34 @@ void fsdp_gather_rest(const Fsdp *f, int g, Tensor full, Tensor own) {
 }
 
 void fsdp_reduce_scatter(const Fsdp *f, int g, Tensor shard, Tensor full) {
-    CHECK(shard.p == full.p); // in place (fsdp_alloc_state): no separate buffer for the reduced shard
-    comm_reduce_scatter(f->shard[g], shard, full);
+    CHECK(shard.p == full.p || !full.p); // in place (fsdp_alloc_state): no separate buffer for the reduced shard
+    if (full.p) comm_reduce_scatter(f->shard[g], shard, full);
     if (f->replica[g]) comm_allreduce(f->replica[g], shard, COMM_SUM);
+}
+
+// The part of win (its range from off) in rank q's shard, or an empty tensor.
+static Tensor owned_part(const Fsdp *f, int g, Tensor win, int64_t off, int q, int64_t *at) {
+    int64_t len = f->len[g], end = off + tensor_numel(win);
+    int64_t a = off > q * len ? off : q * len, b = end < (q + 1) * len ? end : (q + 1) * len;
+    *at = a - q * len;
+    return a < b ? tensor_rows(win, a - off, b - a) : (Tensor){0};
+}
+
+int fsdp_reduce_unit_start(const Fsdp *f, int g, Tensor win, int64_t off, CommReq *req) {
+    int n = 0;
+    int64_t at;
+    for (int q = 0; q < f->shard[g]->size; q++) {
+        Tensor part = owned_part(f, g, win, off, q, &at);
+        if (part.p) req[n++] = comm_reduce_start(f->shard[g], part, q);
+    }
+    return n;
+}
+
+void fsdp_reduce_unit_finish(const Fsdp *f, int g, Tensor shard, Tensor win, int64_t off, CommReq *req, int n) {
+    for (int i = 0; i < n; i++) comm_wait(&req[i]);
+    int64_t at;
+    Tensor mine = owned_part(f, g, win, off, f->shard[g]->rank, &at);
+    if (mine.p) op_add(tensor_rows(shard, at, tensor_numel(mine)), mine);
 }
 
 void fsdp_take_shard(const Fsdp *f, int g, Tensor shard, const float *full) {

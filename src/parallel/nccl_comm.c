@@ -367,6 +367,12 @@ void nccl_alltoall(const Comm *c, Tensor out, Tensor in) {
     free(rows);
 }
 
+void *nccl_reduce_start(const Comm *c, Tensor x, int root) {
+    cudaStream_t s = call_begin(c, "reduce");
+    NCCL_CHECK(c, ncclReduce(x.p, x.p, (size_t)tensor_numel(x), nccl_dtype(x.dt), ncclSum, root, nc_of(c), s));
+    return call_end_async(c, "reduce", s);
+}
+
 void *nccl_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows) {
     int64_t row = 1;
     for (int d = 1; d < in.nd; d++) row *= in.n[d];

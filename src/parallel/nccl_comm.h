@@ -30,5 +30,6 @@ void nccl_broadcast(const Comm *c, Tensor x, int root);
 // event (from a pool) that nccl_wait makes the compute stream wait for and then takes back. The watchdog
 // follows the call from its issue.
 void *nccl_p2p_start(const Comm *c, const CommP2p *ops, int n, const char *what);
+void *nccl_reduce_start(const Comm *c, Tensor x, int root);
 void *nccl_alltoallv_start(const Comm *c, Tensor out, const int64_t *out_rows, Tensor in, const int64_t *in_rows);
 void nccl_wait(void *event);

@@ -415,10 +415,68 @@ void chunk_forward_layers(Chunk *c, int slot) {
     for (int l = c->l0; l < c->l1; l++) layer_forward(c, slot, l, false);
 }
 
+// ---- gradient units (GradUnits) ----
+static int unit_slot(const Model *m, int u) {
+    return u == MODEL_UNIT_PROLOG(m) || (u == MODEL_UNIT_EPILOG(m) && !m->cfg.tie_embed) ? 0 : 1 + u % 2;
+}
+
+void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Arena *a) {
+    int64_t most[2] = {0}, at = 0;
+    for (int i = 0; i <= MODEL_UNIT_PROLOG(m); i++) { // in params order: the prolog, the layers, the epilog
+        int k = i == 0 ? MODEL_UNIT_PROLOG(m) : i - 1, big = unit_slot(m, k) == 0;
+        ModelUnit r = u->unit[k] = model_grad_unit(m, k);
+        CHECK(r.off == at); // the units tile the group
+        at += r.n, most[!big] = r.n > most[!big] ? r.n : most[!big];
+    }
+    CHECK(at == tensor_numel(m->g[GROUP_DENSE]));
+    u->f = f;
+    for (int i = 0; i < 3; i++) u->win[i] = arena_tensor(a, DT_F32, 1, most[i > 0], 0, 0, 0), u->busy[i] = -1;
+}
+
+void grad_units_free(GradUnits *u) {
+    for (int i = 0; i < 3; i++) free(u->req[i]), u->req[i] = NULL;
+}
+
+static Tensor unit_window(const Chunk *c, int u) {
+    return tensor_rows(c->units->win[unit_slot(c->m, u)], 0, c->units->unit[u].n);
+}
+
+// The reduce in flight from window i waited for and added into the shard.
+static void unit_finish(Chunk *c, int i) {
+    GradUnits *g = c->units;
+    int u = g->busy[i];
+    if (u < 0) return;
+    fsdp_reduce_unit_finish(g->f, GROUP_DENSE, g->shard, unit_window(c, u), g->unit[u].off, g->req[i], g->nreq[i]);
+    g->busy[i] = -1;
+}
+
+// Unit u's gradient views on its window, zeroed (the epilog's and, tied, the prolog's before the epilog's forward).
+static void unit_begin(Chunk *c, int u) {
+    if (!c->units) return;
+    unit_finish(c, unit_slot(c->m, u));
+    Tensor w = unit_window(c, u);
+    op_zero(w);
+    model_bind_grad_unit(c->m, u, w, c->units->unit[u].off);
+}
+
+// Unit u's backward has ended: its reduce to the owners, issued.
+static void unit_end(Chunk *c, int u) {
+    GradUnits *g = c->units;
+    if (!g) return;
+    int i = unit_slot(c->m, u);
+    if (!g->req[i]) g->req[i] = xcalloc(g->f->shard[GROUP_DENSE]->size, sizeof(CommReq));
+    g->nreq[i] = fsdp_reduce_unit_start(g->f, GROUP_DENSE, unit_window(c, u), g->unit[u].off, g->req[i]);
+    g->busy[i] = u;
+}
+
 void chunk_forward(Chunk *c, int slot, bool grad) {
+    Model *m = c->m;
     chunk_forward_layers(c, slot);
     ChunkRecord *k = &c->rec[slot];
-    if (c->l1 == c->m->cfg.layers) moe_epilog_forward(c->m, &k->epilog, &k->mb, k->h[c->m->cfg.layers], grad);
+    if (c->l1 < m->cfg.layers) return;
+    if (grad && m->cfg.tie_embed) unit_begin(c, MODEL_UNIT_PROLOG(m)); // the LM head's gradient is the embedding's
+    if (grad) unit_begin(c, MODEL_UNIT_EPILOG(m)); // the LM head's gradient comes with the loss
+    moe_epilog_forward(m, &k->epilog, &k->mb, k->h[m->cfg.layers], grad);
 }
 
 // Makes record slot's layer l whole again where others have used the shared buffers since its forward: under
@@ -505,9 +563,19 @@ static Cursor backward_begin(Chunk *c, int slot, bool defer, Tensor dy, Tensor d
 }
 
 static void backward(Chunk *c, int slot, bool defer, Tensor dy, Tensor dx) {
+    Model *m = c->m;
+    CHECK(!c->units || (c->l0 == 0 && c->l1 == m->cfg.layers && !defer)); // the whole model, weights now
     Cursor b = backward_begin(c, slot, defer, dy, dx);
-    for (; b.l >= c->l0; b.l--) b_stage5(&b), b_combine(&b), b_stage3(&b), b_dispatch(&b), b_weight(&b), b_stage1(&b);
-    if (c->l0 == 0) moe_prolog_backward(c->m, &b.k->mb, c->dh[b.cur]);
+    unit_end(c, MODEL_UNIT_EPILOG(m));
+    for (; b.l >= c->l0; b.l--) {
+        unit_begin(c, b.l);
+        b_stage5(&b), b_combine(&b), b_stage3(&b), b_dispatch(&b), b_weight(&b), b_stage1(&b);
+        unit_end(c, b.l);
+    }
+    if (!m->cfg.tie_embed) unit_begin(c, MODEL_UNIT_PROLOG(m));
+    if (c->l0 == 0) moe_prolog_backward(m, &b.k->mb, c->dh[b.cur]);
+    unit_end(c, MODEL_UNIT_PROLOG(m));
+    for (int i = 0; c->units && i < 3; i++) unit_finish(c, i); // the shard whole for this micro-batch
 }
 
 void chunk_backward(Chunk *c, int slot, bool defer) { backward(c, slot, defer, (Tensor){0}, (Tensor){0}); }

@@ -35,8 +35,28 @@ typedef struct {
     ExpertRows *own;  // L: each layer's own stage-3 rows (under full recompute, in the shared region)
 } ChunkRecord;
 
+// parallel.gradient_reduce "layer" (docs/architecture.md, "Gradient reduction per layer"): the dense group's gradient
+// without a whole buffer. Each unit (model_grad_unit) is backpropagated into a zeroed window; when its backward ends,
+// its sum over the shard group is issued to the owners (fsdp_reduce_unit_start) and runs beside the next units'
+// backward; before its window is zeroed again, and at the backward's end, it is waited for and added into the shard.
+// Windows: win[0] the ends' units, win[1] and win[2] the layers' in turn (layer l: 1 + l % 2; a tied epilog, the final
+// norm alone, counts as layer `layers`).
+typedef struct {
+    const Fsdp *f;
+    Tensor shard;  // (len) fp32: this rank's dense gradient shard, summed over the step's micro-batches in their order
+    Tensor win[3]; // the embedding's and, untied, the final norm's and LM head's; two of the largest layer's
+    int busy[3];   // the unit whose reduce is in flight from win[i] (−1: none)
+    int nreq[3];
+    CommReq *req[3];                // its requests (the shard group's size each; allocated at first use)
+    ModelUnit unit[MAX_LAYERS + 2]; // model_grad_unit of each
+} GradUnits;
+// The windows from a (counting) arena: each the size of the largest unit it serves (the caller sets the shard).
+void grad_units_alloc(GradUnits *u, Model *m, const Fsdp *f, Arena *a);
+void grad_units_free(GradUnits *u);
+
 typedef struct {
     Model *m;
+    GradUnits *units; // parallel.gradient_reduce "layer" (NULL: the whole gradient buffer m->g)
     int B, S;
     int l0, l1; // the layers this chunk runs: the prolog when l0 = 0, the epilog when l1 = layers
     int nrec, ndefer;
@@ -95,8 +115,8 @@ void chunk_forward(Chunk *c, int slot, bool grad);
 // The forward without the epilog: the prolog (when l0 = 0) and the layers, leaving the output in h[l1]
 // (generation).
 void chunk_forward_layers(Chunk *c, int slot);
-// Accumulates ∂(Σ CE + T·Σ lb)/∂θ into m->g; with defer, all but stage 3's weight gradients, whose inputs
-// go to the next deferred set until chunk_weight(c, slot).
+// Accumulates ∂(Σ CE + T·Σ lb)/∂θ into m->g (with units: the dense part into the shard); with defer, all but
+// stage 3's weight gradients, whose inputs go to the next deferred set until chunk_weight(c, slot).
 void chunk_backward(Chunk *c, int slot, bool defer);
 // The deferred stage-3 weight gradients of slot's backward (the oldest deferred set: FIFO).
 void chunk_weight(Chunk *c, int slot);

@@ -47,6 +47,7 @@ static const char *const state_dtype_names[] = {"fp32", "bf16", NULL}; // StateD
 static const char *const scheduler_names[] = {"constant", "wsd", "cosine", NULL};
 static const char *const decay_names[] = {"cosine", "linear", NULL};
 static const char *const sharding_names[] = {"fsdp", "hsdp", NULL};
+static const char *const grad_reduce_names[] = {"step", "layer", NULL}; // GradReduce order
 static const char *const recompute_parts[] = {"norm", "rope", "swiglu", "router", "expert_out", "gate_up"}; // RC_*
 
 // clang-format off
@@ -193,6 +194,12 @@ static const ConfigKey parallel_keys[] = {
     {.name = "sharding_strategy", .kind = K_CHOICE, .off = OFF(parallel.sharding), .choices = sharding_names,
      .doc = "`fsdp`: experts sharded over dp×cp, the rest over dp×cp×ep; `hsdp`: replicated over dp, sharded over cp "
             "(experts) and cp×ep (the rest)"},
+    {.name = "gradient_reduce", .kind = K_CHOICE, .off = OFF(parallel.gradient_reduce), .choices = grad_reduce_names,
+     .doc = "`step`: the dense parameters' fp32 gradient is one whole buffer, reduce-scattered once per step; "
+            "`layer`: no whole buffer: the embedding's, each layer's and the final norm and LM head's gradients go to "
+            "a window and, as that part's backward ends (every micro-batch), are reduced to the ranks whose shards "
+            "hold them (docs/architecture.md, \"Gradient reduction per layer\"); needs sharding over more than one "
+            "rank, pp = 1 without `pipeline_schedule`, adamw"},
     {.name = "ep_capacity_factor", .kind = K_NUM, .off = OFF(parallel.ep_capacity_factor), .def = 1.5, .lo = 0,
      .hi = 1e6,
      .doc = "rows a layer's stage-3 buffers hold on an ep rank = factor·T·k (T tokens of a micro-batch); 0 = the "
@@ -559,6 +566,13 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
         if (set[i])
             jdie(origin_of(i < 2 ? sec[1] : top, &org, adamw_only[i]), adamw_only[i],
                  "is AdamW's (Muon orthogonalises whole fp32 matrices of its momentum, on the device)");
+    if (c->parallel.gradient_reduce == GRAD_REDUCE_LAYER) { // DualPipeV defers weight gradients; Muon needs matrices
+        const char *why = c->parallel.pp > 1              ? "pipeline_parallel_size 1 (DualPipeV defers weights)"
+                          : c->parallel.pipeline_schedule   ? "pipeline_schedule false (DualPipeV defers weights)"
+                          : c->optimizer.type == OPTIMIZER_MUON ? "optimizer.type \"adamw\" (Muon needs whole matrices)"
+                                                                : NULL;
+        if (why) jdie(origin_of(sec[3], &org, "gradient_reduce"), "gradient_reduce", "\"layer\" needs %s", why);
+    }
     if (c->benchmark && c->moe_router_bias_update_rate > 0)
         jdie(origin_of(top, &org, "moe_router_bias_update_rate"), "moe_router_bias_update_rate",
              "has no effect with benchmark = true (the routing is forced, the bias would select nothing)");

@@ -28,6 +28,7 @@ typedef enum { STATE_FP32, STATE_BF16 } StateDtype; // AdamW's moments, the expe
 typedef enum { SCHED_CONSTANT, SCHED_WSD, SCHED_COSINE } SchedulerType;
 typedef enum { DECAY_COSINE, DECAY_LINEAR } DecayShape;
 typedef enum { SHARD_FSDP, SHARD_HSDP } Sharding;
+typedef enum { GRAD_REDUCE_STEP, GRAD_REDUCE_LAYER } GradReduce;
 typedef enum { NONFINITE_FAIL, NONFINITE_SKIP } NonfinitePolicy;
 
 typedef struct {
@@ -64,6 +65,7 @@ typedef struct {
     struct {
         int pp, cp, ep; // pipeline, context, expert parallel sizes; dp = ranks / (pp·cp·ep)
         Sharding sharding;
+        GradReduce gradient_reduce; // the dense gradient reduced once per step, or per layer as its backward ends
         double timeout_s;          // a collective not complete after this long ends the job (default 900)
         double ep_capacity_factor; // a layer's own stage-3 rows = factor·T·k (0: the worst case); more spill
         bool ep_drop_tokens;       // rows above the capacity are dropped instead of spilled

@@ -71,6 +71,11 @@ static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, Mod
     mc->cp_size = d->cp;
     for (int g = 0; g < NGROUPS; g++) mc->pad[g] = fsdp_shards(d, g);
     mc->grad_dt[GROUP_EXPERT] = c->gradient_dtype == STATE_BF16 ? DT_BF16 : DT_F32;
+    mc->grad_units = c->parallel.gradient_reduce == GRAD_REDUCE_LAYER;
+    if (mc->grad_units && mc->pad[GROUP_DENSE] == 1)
+        die("%s: parallel.gradient_reduce: \"layer\" needs the dense parameters sharded over more than one rank (dp × "
+            "cp × ep, or cp × ep under hsdp, is 1 here)",
+            c->file);
     return fam;
 }
 
@@ -101,14 +106,20 @@ static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
     bool offload = r->stage[0].nd > 0;
 #define ROUNDED(t) ((tensor_bytes(t) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
     if (r->muon.on) p.optim += ROUNDED(r->muon.ws);
+    // parallel.gradient_reduce "layer": no whole dense gradient; its shard and windows, from the state arena
+    size_t units = r->fsdp.units ? ROUNDED(r->grad[GROUP_DENSE]) + ROUNDED(r->units.win[0]) +
+                                       ROUNDED(r->units.win[1]) + ROUNDED(r->units.win[2])
+                                 : 0;
+    p.grads = units;
     for (int g = 0; g < NGROUPS; g++) {
-        p.weights += tensor_bytes(m->w[g]), p.grads += tensor_bytes(m->g[g]);
+        p.weights += tensor_bytes(m->w[g]);
+        p.grads += m->cfg.grad_units && g == GROUP_DENSE ? 0 : tensor_bytes(m->g[g]);
         *(offload ? &p.host : &p.optim) += ROUNDED(r->adam_m[g]) + ROUNDED(r->adam_v[g]);
     }
     if (m->fp8.on) p.weights += tensor_bytes(m->fp8.w); // the FP8 weight cache beside the compute copy
     if (offload) p.optim += ROUNDED(r->stage[0]) + ROUNDED(r->stage[1]);
 #undef ROUNDED
-    p.shards = state_bytes > p.optim ? state_bytes - p.optim : 0;
+    p.shards = state_bytes > p.optim + units ? state_bytes - p.optim - units : 0;
     p.other = tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + 2 * sizeof(double) // and StepSums' two sums
               + ring_plan(m, &r->cfg, &r->dist);
     p.snapshot = r->cfg.checkpoint.async ? ckpt_snapshot_bytes(r) : 0;
@@ -132,14 +143,17 @@ static void offload_stage_alloc(const TrainConfig *c, const Fsdp *f, Arena *a, T
     for (int i = 0; i < 2; i++) stage[i] = arena_tensor(a, moment_dtype(c), 1, chunk, 0, 0, 0);
 }
 
-// The optimizer state, in one order from `state` (the moments from `host` under optimizer.offload): master and
-// gradient shards, moments, offload's staging, Muon's scratch (its momentum lives in adam_m) and aux-loss-free
-// balancing's selection bias, (layers, E) fp32 (none when its rate is 0).
+// The optimizer state, in one order from `state` (the moments from `host` under optimizer.offload):
+// parallel.gradient_reduce "layer"'s windows, master and gradient shards, moments, offload's staging, Muon's scratch
+// (its momentum lives in adam_m) and aux-loss-free balancing's selection bias, (layers, E) fp32 (none when its rate
+// is 0).
 static void state_alloc(Run *r, Arena *state, Arena *host) {
     const TrainConfig *c = &r->cfg;
     Model *m = &r->model;
+    if (r->fsdp.units) grad_units_alloc(&r->units, m, &r->fsdp, state);
     fsdp_alloc_state(&r->fsdp, m->w, m->g, state, c->optimizer.offload ? host : state, moment_dtype(c), r->master,
                      r->grad, r->adam_m, r->adam_v);
+    r->units.shard = r->grad[GROUP_DENSE];
     offload_stage_alloc(c, &r->fsdp, state, r->stage);
     if (c->optimizer.type == OPTIMIZER_MUON) muon_setup(&r->muon, &m->params, state);
     m->router_bias = c->moe_router_bias_update_rate > 0
@@ -161,6 +175,7 @@ static void engine_setup(Run *r, bool plan) {
     int B = c->micro_batch_size, S = c->sequence_length / d->cp, L = m->cfg.layers;
     if (!piped(c, d)) {
         if (!plan) chunk_init_model(&r->chunk[0], m, &r->sums, B, S);
+        r->chunk[0].units = m->cfg.grad_units ? &r->units : NULL;
         r->plan.chunks = chunk_plan(m, B, S, 0, L, 1, 0);
         return;
     }
@@ -219,7 +234,7 @@ static void setup_rank(Run *r, Device dev, bool plan) {
         model_lb_setup(m, c->moe_load_balance_type, &d->dp_ep, c->micro_batch_size * c->sequence_length / d->cp);
     }
     for (int l = 0; l < mc.layers; l++) r->moe_layers += mc.is_moe[l];
-    fsdp_setup(&r->fsdp, d, m->w);
+    fsdp_setup(&r->fsdp, d, m->w, mc.grad_units);
     Arena count = arena_counting("parameter shards and optimizer state", dev),
           host = arena_counting("offloaded optimizer state", DEV_CPU);
     state_alloc(r, &count, &host);
@@ -314,7 +329,7 @@ void run_free(Run *r) {
         for (int i = 0; i < 2; i++) dualpipev_run_free(&r->pipe[i]), dualpipev_free(&r->sched[i]);
         arena_destroy(&r->pipe_mem);
     }
-    muon_free(&r->muon);
+    muon_free(&r->muon), grad_units_free(&r->units);
     if (r->ring.cp) ring_free(&r->ring);
     free(r->router_bias), step_sums_free(&r->sums);
     host_arena_free(&r->offload, r->state.dev), host_arena_free(&r->snapshot, r->state.dev);
@@ -514,6 +529,7 @@ StepStats run_step(Run *r) {
     snprintf(die_context, sizeof die_context, "step %d", r->step + 1);
     int nmb = microbatches(c, d), S = c->sequence_length, D = d->dp * d->ep;
     model_zero_grads(m);
+    if (r->fsdp.units) op_zero(r->grad[GROUP_DENSE]); // the per-unit sums add into it
     step_sums_begin(&r->sums, m);
     for (int p = 0; p < 2; p++) r->chunk[p].ep_over = 0, r->chunk[p].ep_rows_peak = 0;
     Sums sums = {.targets = (double)run_microbatches(r, &r->data, r->step, true)};

@@ -42,6 +42,7 @@ typedef struct {
     Arena state;            // the shards below (counted first: MemoryPlan.shards + optim)
     Tensor master[NGROUPS]; // this rank's fp32 master shards (model.w itself with one shard on the CPU)
     Tensor grad[NGROUPS];   // this rank's shards of the step's gradient (the front of model.g, or all of it)
+    GradUnits units;        // parallel.gradient_reduce "layer": the dense shard (grad[GROUP_DENSE]) and windows
     Tensor adam_m[NGROUPS], adam_v[NGROUPS]; // AdamW moments; under Muon, adam_m of Muon parameters is the momentum
     Arena offload;                           // optimizer.offload: host memory holding adam_m and adam_v
     Arena snapshot;           // checkpoint.async: the host memory every save copies its snapshot into (train/ckpt.h)

@@ -338,6 +338,19 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
                          op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
     return comm_finish(), ncclSuccess;
 }
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t dt, ncclRedOp_t op, int root,
+                        ncclComm_t comm, cudaStream_t s) {
+    size_t b = count * nccl_size(dt);
+    nccl_buf(send, b, "ncclReduce", s), nccl_buf(recv, b, "ncclReduce", s);
+    if (send != recv && overlap(send, b, recv, b)) fake_fail("ncclReduce: overlapping buffers");
+    comm_finish();
+    issue(s, "ncclReduce");
+    nccl_inflight(send, b, recv, b);
+    bool in_place = comm->rank == root && send == recv;
+    MPI_OK(MPI_Reduce(in_place ? MPI_IN_PLACE : send, recv, (int)count, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX,
+                      root, comm->mpi));
+    return comm_finish(), ncclSuccess;
+}
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t dt, ncclRedOp_t op,
                                ncclComm_t comm, cudaStream_t s) {
     size_t b = recvcount * nccl_size(dt);

@@ -115,6 +115,16 @@ static void suite_comm(const Dist *d) {
     down(in, ind);
     for (int i = 0; i < n; i++)
         EXPECT(F(in)[i] == (float)(P * (P - 1) / 2 + P * (10 * me + i)), "in-place reduce-scatter %d\n", i);
+    // reduce to each root in turn (the dense gradient units' path): the root holds the sum, the others keep theirs
+    for (int root = 0; root < P; root++) {
+        for (int i = 0; i < n; i++) F(out)[i] = (float)(me + 10 * i);
+        CommReq r = comm_reduce_start(w, outd = up(out), root);
+        comm_wait(&r);
+        down(out, outd);
+        for (int i = 0; i < n; i++)
+            EXPECT(F(out)[i] == (me == root ? (float)(P * (P - 1) / 2 + P * 10 * i) : (float)(me + 10 * i)),
+                   "reduce to %d: %d\n", root, i);
+    }
     // all-gather: block b = rank b's values
     for (int i = 0; i < n; i++) F(out)[i] = (float)(100 * me + i);
     comm_allgather(w, ind = up(in), up(out));
