@@ -569,7 +569,7 @@ TEST(memory_gradient_reduce_layer) {
         *most = k > *most ? k : *most;
     }
     model_free(&m);
-#define R(elems) (((size_t)(elems) * 4 + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
+#define R(elems) (((size_t)(elems)*4 + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
     size_t expect = p[0].grads - (size_t)n * 4 + R(n / 2) + R(ends) + 2 * R(layer);
 #undef R
     ASSERT_MSG(p[1].grads == expect,

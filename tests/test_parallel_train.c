@@ -239,7 +239,8 @@ TEST(dist_pipeline_muon_and_balancing) {
 // gradient of every tensor equal one process's.
 static const struct {
     const char *name, *model, *sets;
-} fams[] = { // the families besides Qwen3, with a setting each exercises
+} fams[] = {
+    // the families besides Qwen3, with a setting each exercises
     {"deepseek_v2",
      "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 32, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
      " \"q_lora_rank\": 16, \"kv_lora_rank\": 16, \"qk_nope_head_dim\": 8, \"qk_rope_head_dim\": 8,"
@@ -585,8 +586,8 @@ TEST(dist_gradient_reduce_layer_exact_resume_errors) {
     static const char *const mode[] = {"step", "layer", "layer", "step"}; // the last two resume the second's step 2
     for (int i = 0; i < 4; i++) {
         if (i >= 2)
-            ASSERT(run_cmd(out, sizeof out, "rm -rf %s/r%d && mkdir -p %s/r%d && cp -r %s/r1/step-00000002 %s/r%d/",
-                           d, i, d, i, d, d, i) == 0);
+            ASSERT(run_cmd(out, sizeof out, "rm -rf %s/r%d && mkdir -p %s/r%d && cp -r %s/r1/step-00000002 %s/r%d/", d,
+                           i, d, i, d, d, i) == 0);
         ASSERT_MSG(run_cmd(out, sizeof out,
                            "PITH=%s scripts/launch.sh -n 2 %s/train.json --set parallel.gradient_reduce=%s "
                            "--set save_location=%s/r%d --set save_interval=2 --dump-grads %s/r%d/g",

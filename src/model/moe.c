@@ -226,10 +226,9 @@ ModelUnit model_grad_unit(const Model *m, int u) {
         const ParamInfo *p = &t->p[i];
         int l = -1;
         if (p->group != GROUP_DENSE) continue;
-        bool in = u == MODEL_UNIT_PROLOG(m) ? !strcmp(p->name, "embed_tokens.weight")
-                  : u == MODEL_UNIT_EPILOG(m)
-                      ? !strcmp(p->name, "norm.weight") || !strcmp(p->name, "lm_head.weight")
-                      : sscanf(p->name, "layers.%d.", &l) == 1 && l == u;
+        bool in = u == MODEL_UNIT_PROLOG(m)   ? !strcmp(p->name, "embed_tokens.weight")
+                  : u == MODEL_UNIT_EPILOG(m) ? !strcmp(p->name, "norm.weight") || !strcmp(p->name, "lm_head.weight")
+                                              : sscanf(p->name, "layers.%d.", &l) == 1 && l == u;
         if (!in) continue;
         if (r.off < 0) r.off = p->off;
         r.n = p->off + params_numel(p) - r.off;

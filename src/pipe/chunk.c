@@ -475,7 +475,7 @@ void chunk_forward(Chunk *c, int slot, bool grad) {
     ChunkRecord *k = &c->rec[slot];
     if (c->l1 < m->cfg.layers) return;
     if (grad && m->cfg.tie_embed) unit_begin(c, MODEL_UNIT_PROLOG(m)); // the LM head's gradient is the embedding's
-    if (grad) unit_begin(c, MODEL_UNIT_EPILOG(m)); // the LM head's gradient comes with the loss
+    if (grad) unit_begin(c, MODEL_UNIT_EPILOG(m));                     // the LM head's gradient comes with the loss
     moe_epilog_forward(m, &k->epilog, &k->mb, k->h[m->cfg.layers], grad);
 }
 

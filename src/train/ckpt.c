@@ -454,8 +454,8 @@ typedef struct {
     pthread_t thread;
     int step;
     char tmp[4200], final[4200];
-    SaveFile file[2];           // model, optimizer
-    float *router_bias;         // (layers·E) copy, or NULL
+    SaveFile file[2];   // model, optimizer
+    float *router_bias; // (layers·E) copy, or NULL
     double t0, issue_s; // when the save began; the loop's time taking the snapshot (its copies included)
 } Save;
 static Save save;

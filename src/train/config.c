@@ -567,8 +567,8 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
             jdie(origin_of(i < 2 ? sec[1] : top, &org, adamw_only[i]), adamw_only[i],
                  "is AdamW's (Muon orthogonalises whole fp32 matrices of its momentum, on the device)");
     if (c->parallel.gradient_reduce == GRAD_REDUCE_LAYER) { // DualPipeV defers weight gradients; Muon needs matrices
-        const char *why = c->parallel.pp > 1              ? "pipeline_parallel_size 1 (DualPipeV defers weights)"
-                          : c->parallel.pipeline_schedule   ? "pipeline_schedule false (DualPipeV defers weights)"
+        const char *why = c->parallel.pp > 1                    ? "pipeline_parallel_size 1 (DualPipeV defers weights)"
+                          : c->parallel.pipeline_schedule       ? "pipeline_schedule false (DualPipeV defers weights)"
                           : c->optimizer.type == OPTIMIZER_MUON ? "optimizer.type \"adamw\" (Muon needs whole matrices)"
                                                                 : NULL;
         if (why) jdie(origin_of(sec[3], &org, "gradient_reduce"), "gradient_reduce", "\"layer\" needs %s", why);

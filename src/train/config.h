@@ -66,10 +66,10 @@ typedef struct {
         int pp, cp, ep; // pipeline, context, expert parallel sizes; dp = ranks / (pp·cp·ep)
         Sharding sharding;
         GradReduce gradient_reduce; // the dense gradient reduced once per step, or per layer as its backward ends
-        double timeout_s;          // a collective not complete after this long ends the job (default 900)
-        double ep_capacity_factor; // a layer's own stage-3 rows = factor·T·k (0: the worst case); more spill
-        bool ep_drop_tokens;       // rows above the capacity are dropped instead of spilled
-        bool pipeline_schedule;    // pp = 1 runs through the DualPipeV engine too (two chunks on one rank)
+        double timeout_s;           // a collective not complete after this long ends the job (default 900)
+        double ep_capacity_factor;  // a layer's own stage-3 rows = factor·T·k (0: the worst case); more spill
+        bool ep_drop_tokens;        // rows above the capacity are dropped instead of spilled
+        bool pipeline_schedule;     // pp = 1 runs through the DualPipeV engine too (two chunks on one rank)
     } parallel;
     struct {
         char dataset[PATH_MAX_LEN]; // token files of the validation data

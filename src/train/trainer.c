@@ -107,8 +107,8 @@ static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
 #define ROUNDED(t) ((tensor_bytes(t) + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN)
     if (r->muon.on) p.optim += ROUNDED(r->muon.ws);
     // parallel.gradient_reduce "layer": no whole dense gradient; its shard and windows, from the state arena
-    size_t units = r->fsdp.units ? ROUNDED(r->grad[GROUP_DENSE]) + ROUNDED(r->units.win[0]) +
-                                       ROUNDED(r->units.win[1]) + ROUNDED(r->units.win[2])
+    size_t units = r->fsdp.units ? ROUNDED(r->grad[GROUP_DENSE]) + ROUNDED(r->units.win[0]) + ROUNDED(r->units.win[1]) +
+                                       ROUNDED(r->units.win[2])
                                  : 0;
     p.grads = units;
     for (int g = 0; g < NGROUPS; g++) {

@@ -413,8 +413,7 @@ void cuda_attention_forward(Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, 
     }
     if (attention_self(q, k, a)) {
         last_path = "flash"; // our tensor-core kernel (bf16, d 64/128/256, 192/128)
-        if (flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale, p.window, p.sinks, p.docpos))
-            return;
+        if (flash_attention_forward(o, lse, q, k, v, B, p.Sq, p.scale, p.window, p.sinks, p.docpos)) return;
     }
     last_path = "generic";
 #define FWD(dqk, dv, tpr)                                                                                              \

@@ -387,8 +387,8 @@ __global__ void __launch_bounds__(FA_THREADS, 2)
         int st = it & 1;
         if (it + 1 < total)
             dkdv_prefetch<DK, DV, LO>(qs + (st ^ 1) * TK, dos + (st ^ 1) * TV, ls + (st ^ 1) * FA_TILE,
-                                 ds + (st ^ 1) * FA_TILE, ps + (st ^ 1) * FA_TILE, q, dout, lse, Dg, docpos, it + 1, nq,
-                                 qt0, b, g, grp, S, nh);
+                                      ds + (st ^ 1) * FA_TILE, ps + (st ^ 1) * FA_TILE, q, dout, lse, Dg, docpos,
+                                      it + 1, nq, qt0, b, g, grp, S, nh);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -459,8 +459,8 @@ static void flash_forward_launch(Tensor o, Tensor lse, Tensor q, Tensor k, Tenso
                                  const int32_t *docpos, int window, const float *sinks) {
     int nh = (int)q.n[1], nkv = (int)k.n[1];
     launch(flash_forward_kernel<DK, DV, LO>, dim3((unsigned)(B * nh), (unsigned)((S + FA_ROWS - 1) / FA_ROWS)),
-           FA_THREADS, 3 * fa_tile_bytes(DK) + 2 * fa_tile_bytes(DV), (bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p, (const bf16 *)k.p, (const bf16 *)v.p,
-           S, nh, nkv, scale, docpos, window, sinks);
+           FA_THREADS, 3 * fa_tile_bytes(DK) + 2 * fa_tile_bytes(DV), (bf16 *)o.p, (float *)lse.p, (const bf16 *)q.p,
+           (const bf16 *)k.p, (const bf16 *)v.p, S, nh, nkv, scale, docpos, window, sinks);
 }
 
 template <int DK, int DV, int LO>
