@@ -274,6 +274,17 @@ static void nccl_inflight(const void *a, size_t na, const void *b, size_t nb) {
 static bool overlap(const void *a, size_t na, const void *b, size_t nb) {
     return na && nb && (const char *)a < (const char *)b + nb && (const char *)b < (const char *)a + na;
 }
+// A collective's start: its buffers checked (device memory, the comm stream, apart unless in NCCL's in-place form),
+// earlier calls finished, then issued on s with its buffers in flight.
+static void nccl_begin(const char *what, const void *send, size_t ns, const void *recv, size_t nr, bool in_place,
+                       cudaStream_t s) {
+    nccl_buf(send, ns, what, s), nccl_buf(recv, nr, what, s);
+    if (!in_place && overlap(send, ns, recv, nr))
+        fake_fail("%s: overlapping buffers that are not NCCL's in-place form", what);
+    comm_finish();
+    issue(s, what);
+    nccl_inflight(send, ns, recv, nr);
+}
 #define MPI_OK(call)                                                                                                   \
     do {                                                                                                               \
         if ((call) != MPI_SUCCESS) fake_fail("MPI call failed: %s", #call);                                            \
@@ -328,11 +339,7 @@ const char *ncclGetLastError(ncclComm_t comm) { return ""; }
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t dt, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t s) {
     size_t b = count * nccl_size(dt);
-    nccl_buf(send, b, "ncclAllReduce", s), nccl_buf(recv, b, "ncclAllReduce", s);
-    if (send != recv && overlap(send, b, recv, b)) fake_fail("ncclAllReduce: overlapping buffers");
-    comm_finish();
-    issue(s, "ncclAllReduce");
-    nccl_inflight(send, b, recv, b);
+    nccl_begin("ncclAllReduce", send, b, recv, b, send == recv, s);
     if (dt == ncclBfloat16 && op == ncclSum) return bf16_sum(send, recv, count, 1, comm), comm_finish(), ncclSuccess;
     MPI_OK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, (int)count, mpi_of(dt),
                          op == ncclSum ? MPI_SUM : MPI_MAX, comm->mpi));
@@ -341,11 +348,7 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
 ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t dt, ncclRedOp_t op, int root,
                         ncclComm_t comm, cudaStream_t s) {
     size_t b = count * nccl_size(dt);
-    nccl_buf(send, b, "ncclReduce", s), nccl_buf(recv, b, "ncclReduce", s);
-    if (send != recv && overlap(send, b, recv, b)) fake_fail("ncclReduce: overlapping buffers");
-    comm_finish();
-    issue(s, "ncclReduce");
-    nccl_inflight(send, b, recv, b);
+    nccl_begin("ncclReduce", send, b, recv, b, send == recv, s);
     bool in_place = comm->rank == root && send == recv;
     MPI_OK(MPI_Reduce(in_place ? MPI_IN_PLACE : send, recv, (int)count, mpi_of(dt), op == ncclSum ? MPI_SUM : MPI_MAX,
                       root, comm->mpi));
@@ -354,13 +357,8 @@ ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType
 ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t dt, ncclRedOp_t op,
                                ncclComm_t comm, cudaStream_t s) {
     size_t b = recvcount * nccl_size(dt);
-    nccl_buf(send, b * comm->size, "ncclReduceScatter", s), nccl_buf(recv, b, "ncclReduceScatter", s);
-    bool in_place = (const char *)recv == (const char *)send + comm->rank * b;
-    if (!in_place && overlap(send, b * comm->size, recv, b))
-        fake_fail("ncclReduceScatter: overlapping buffers that are not NCCL's in-place form");
-    comm_finish();
-    issue(s, "ncclReduceScatter");
-    nccl_inflight(send, b * comm->size, recv, b);
+    nccl_begin("ncclReduceScatter", send, b * comm->size, recv, b,
+               (const char *)recv == (const char *)send + comm->rank * b, s);
     if (dt == ncclBfloat16 && op == ncclSum)
         return bf16_sum(send, recv, recvcount, comm->size, comm), comm_finish(), ncclSuccess;
     void *tmp = malloc(b * comm->size + 1);
@@ -373,23 +371,15 @@ ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, n
 ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t dt, ncclComm_t comm,
                            cudaStream_t s) {
     size_t b = sendcount * nccl_size(dt);
-    nccl_buf(send, b, "ncclAllGather", s), nccl_buf(recv, b * comm->size, "ncclAllGather", s);
     bool in_place = (const char *)send == (const char *)recv + comm->rank * b;
-    if (!in_place && overlap(send, b, recv, b * comm->size))
-        fake_fail("ncclAllGather: overlapping buffers that are not NCCL's in-place form");
-    comm_finish();
-    issue(s, "ncclAllGather");
-    nccl_inflight(send, b, recv, b * comm->size);
+    nccl_begin("ncclAllGather", send, b, recv, b * comm->size, in_place, s);
     MPI_OK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)b, MPI_BYTE, recv, (int)b, MPI_BYTE, comm->mpi));
     return comm_finish(), ncclSuccess;
 }
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt, int root, ncclComm_t comm,
                            cudaStream_t s) {
     size_t b = count * nccl_size(dt);
-    nccl_buf(send, b, "ncclBroadcast", s), nccl_buf(recv, b, "ncclBroadcast", s);
-    comm_finish();
-    issue(s, "ncclBroadcast");
-    nccl_inflight(send, b, recv, b);
+    nccl_begin("ncclBroadcast", send, b, recv, b, true, s); // (the root's copy is a memmove)
     if (comm->rank == root && send != recv) memmove(recv, send, b);
     MPI_OK(MPI_Bcast(recv, (int)b, MPI_BYTE, root, comm->mpi));
     return comm_finish(), ncclSuccess;
