@@ -61,9 +61,12 @@ int64_t params_numel(const ParamInfo *p) {
     return n;
 }
 
+// Lookups mostly come in table order (binding a layer's views, once at setup and, under parallel.gradient_reduce
+// "layer", per unit every micro-batch): the scan starts after the last hit and wraps around.
 const ParamInfo *params_find(const ParamTable *t, const char *name) {
-    for (int i = 0; i < t->n; i++)
-        if (!strcmp(t->p[i].name, name)) return &t->p[i];
+    static _Thread_local int last;
+    for (int k = 0, i = last < t->n ? last : 0; k < t->n; k++, i = i + 1 < t->n ? i + 1 : 0)
+        if (!strcmp(t->p[i].name, name)) return last = i, &t->p[i];
     return NULL;
 }
 
