@@ -182,8 +182,10 @@ clean:
 	rm -rf $(BUILD) build-asan build-fake build-cuda
 
 # The folders a failed test kept (the runner names them) and Open MPI session folders the suite made.
+# The folders of test processes that have ended (pith-test-PID-*, pith-ompi-PID), not those of a suite still running.
 clean-tests:
-	rm -rf $${TMPDIR:-/tmp}/pith-test-* $${TMPDIR:-/tmp}/pith-ompi-*
+	@for d in /tmp/pith-test-* /tmp/pith-ompi-*; do \
+	    p=$${d#/tmp/pith-*-}; p=$${p%%-*}; [ -e "$$d" ] && ! kill -0 "$$p" 2>/dev/null && rm -rf "$$d"; done; true
 
 # The C and CUDA sources under .clang-format: `make format` rewrites them, `make format-check` lists the files
 # it would change and fails when there are any.

@@ -181,12 +181,12 @@ float *npy_read_f32_2d(const char *path, int64_t rows, int64_t cols) {
 const char *test_tmpdir(void) {
     CHECK(ntmpdirs < 64);
     char *d = tmpdirs[ntmpdirs++];
-    snprintf(d, sizeof tmpdirs[0], "/tmp/pith-test-XXXXXX");
+    snprintf(d, sizeof tmpdirs[0], "/tmp/pith-test-%d-XXXXXX", (int)getpid()); // the pid: make clean-tests
     CHECK(mkdtemp(d));
     return d;
 }
 
-// A failed test's folders stay for a look; `make clean-tests` removes every pith-test-* folder.
+// A failed test's folders stay for a look; `make clean-tests` removes those of test processes that have ended.
 const char *tiny_run(const char *extra) {
     static char d[256];
     snprintf(d, sizeof d, "%s", test_tmpdir());
