@@ -415,6 +415,27 @@ int main(int argc, char **argv) {
     TIME("gemm q_proj fwd 4096x2048->4096", 20, f, "TFLOP/s", op_linear_forward(q2, x, wq, (Tensor){0}));
     TIME("gemm q_proj bwd input", 20, f, "TFLOP/s", op_linear_backward_input(x, q2, wq, false));
     TIME("gemm q_proj bwd weight (fp32 acc)", 20, f, "TFLOP/s", op_linear_backward_weight(dw, (Tensor){0}, q2, x));
+    { // the router (E logits: few output tiles over a long reduction) and RMSNorm's backward, hidden and per head
+        Arena save = A;
+        Tensor wr = dev(bf, 2, E, H, 0), lg = dev(DT_F32, 2, T, E, 0), dwr = dev(DT_F32, 2, E, H, 0);
+        fill(wr, 0.02f, 9), fill(lg, 1, 10), op_zero(dwr);
+        double fr = 2.0 * T * E * H;
+        TIME("gemm router fwd 4096x2048->128 (fp32 logits)", 20, fr, "TFLOP/s",
+             op_linear_forward(lg, x, wr, (Tensor){0}));
+        TIME("gemm router bwd weight (fp32 dy, fp32 acc)", 20, fr, "TFLOP/s",
+             op_linear_backward_weight(dwr, (Tensor){0}, lg, x));
+        for (int hd = 0; hd < 2; hd++) { // (T, H), then q's (T·heads, d)
+            int64_t r = hd ? T * nh : T, c = hd ? d : H;
+            Tensor xn = tensor_reshape2(q2, r, c), y = dev(bf, 2, r, c, 0), dy = dev(bf, 2, r, c, 0),
+                   wn = dev(bf, 1, c, 0, 0), rs = dev(DT_F32, 1, r, 0, 0), dwn = dev(DT_F32, 1, c, 0, 0);
+            fill(wn, 1, 11), fill(dy, 1, 12), op_zero(dwn);
+            op_rmsnorm_forward(y, rs, xn, wn, 1e-6f, NULL);
+            char nm[96];
+            snprintf(nm, sizeof nm, "rmsnorm bwd %lldx%lld (dx, dw; dy, x read)", (long long)r, (long long)c);
+            TIME(nm, 20, 3.0 * r * c * 2, "GB/s", op_rmsnorm_backward(y, dwn, dy, xn, wn, rs, false, NULL));
+        }
+        A.used = save.used;
+    }
     // LM head and loss on a chunk of Cr rows: logits fp32, CE in place, dx and dW (fp32 accumulate)
     {
         Arena save = A;
