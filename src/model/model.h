@@ -116,7 +116,8 @@ typedef struct {
     Tensor idx, w;         // (T, k) experts (int32) and routing weights (fp32) of each token
     Tensor dw;             // (T, k) gradient of the routing weights
     Tensor perm;           // (T·k) int32 slot ids t·k + j in expert order
-    int64_t *offs;         // (E_local + 1) host: rows offs[e]..offs[e+1] of xe belong to local expert e
+    Tensor offs;           // (E_local + 1) int64 on the device: rows offs[e]..offs[e+1] of xe belong to local expert e
+    int64_t rows;          // offs[E_local], known on the host: the rows stage 3 holds (T·k on one ep rank)
     struct EpRoute *route; // expert parallelism: where this layer's rows went (model/ep.h); NULL on one rank
     Tensor xe, dxe;        // (R, H) expert-ordered rows (dense: = xd)
     Tensor ye, dye;        // (R, H) expert outputs in the same order

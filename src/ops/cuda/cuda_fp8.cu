@@ -198,11 +198,14 @@ static const Fp8Groups *fp8_groups(const int64_t *offs, int n, int64_t N, int bh
     return &gr;
 }
 
-extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
+// Grouped offsets come to the host first (a wait: the rounded-operand path of the FP8 expert GEMMs only).
+extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, Tensor offs_t) {
     ON_GPU(x, "fp8_round");
     ON_GPU(y, "fp8_round");
     same_dt(x, y, "fp8_round");
     CHECK(tensor_numel(x) == tensor_numel(y));
+    int groups = offs_t.p ? (int)tensor_numel(offs_t) - 1 : 0;
+    const int64_t *offs = offs_t.p && x.nd != 3 ? cuda_offsets_host(offs_t, groups) : NULL;
     int64_t R = t_rows(x), C = t_cols(x), N = 0;
     if (x.nd == 3) R = x.n[0] * x.n[1], C = x.n[2], N = x.n[1], groups = (int)x.n[0], offs = NULL;
     else if (!offs) groups = 1, N = R;
@@ -469,15 +472,18 @@ extern "C" bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) 
 // wgmma E4M3 kernel: x quantised 1 × 128 along its rows (codes and VEC128 scales in the op scratch), then one
 // grouped product. y (R, C); x (R, Kx), Kx the reduction.
 bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K);
+// offs: the experts' offsets on the device (the tile list is built there); tb0: the weight gradient's token blocks
+// (cuda_wgmma_fp8.cu's W8Blocks), from offsets on the host.
 bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, int64_t R, const void *wq,
                        const float *ws, int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs);
 bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
-                             int64_t E, int64_t N, int64_t K, const int64_t *offs, bool accumulate);
+                             int64_t E, int64_t N, int64_t K, const int64_t *offs, const int *tb0, bool accumulate);
 
-extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs, bool input_grad) {
+extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, Tensor offs_t, bool input_grad) {
     if (w8.q.nd != 3) return false;
     int64_t E = w8.q.n[0], C = w8.q.n[input_grad ? 2 : 1], Kx = w8.q.n[input_grad ? 1 : 2], R = t_rows(x);
-    CHECK(t_cols(x) == Kx && t_cols(y) == C && t_rows(y) >= offs[E]);
+    CHECK(t_cols(x) == Kx && t_cols(y) == C && t_rows(y) >= R);
+    const int64_t *offs = offsets_device(offs_t, E, "fp8_grouped_linear");
     if ((x.dt != DT_F32 && x.dt != DT_BF16) || !wgmma_fp8_takes(y, R, E, C, Kx)) return false;
     if (R == 0) return true;
     uint8_t *q;
@@ -512,25 +518,29 @@ extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, const in
 // The experts' weight gradient dw (E, N, K) fp32 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false: written,
 // an empty expert's zeroed): dy and x quantised 128 × 1 along each expert's tokens, their codes transposed while
 // quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole 128-token blocks, Tp their sum) with a scale
-// per token block and column, in the op scratch.
-extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs,
+// per token block and column, in the op scratch. The padded layout's sizes follow the offsets: they are read back to
+// the host first (a wait, the FP8 path's one per weight gradient).
+extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor offs_t,
                                                         bool accumulate) {
     if (dw.nd != 3 || dw.dt != DT_F32) return false; // a bf16 gradient (gradient_dtype) runs the rounded operands
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
-    CHECK(t_cols(dy) == N && t_cols(x) == K && t_rows(dy) == t_rows(x) && t_rows(x) >= offs[E]);
+    CHECK(t_cols(dy) == N && t_cols(x) == K && t_rows(dy) == t_rows(x));
     if ((x.dt != DT_F32 && x.dt != DT_BF16) || dy.dt != x.dt || !aligned16(x.p, dy.p) || E > FP8_MAX_GROUPS ||
-        offs[0] != 0 || !wgmma_fp8_takes(dw, t_rows(x), E, N, K))
+        !wgmma_fp8_takes(dw, t_rows(x), E, N, K))
         return false;
+    const int64_t *offs = cuda_offsets_host(offs_t, E), *d_offs = (const int64_t *)offs_t.p;
+    CHECK(offs[E] <= t_rows(x));
+    if (offs[0] != 0) return false;
     for (int64_t e = 0; e < E; e++)
         if (offs[e + 1] < offs[e]) return false;
     const Fp8Groups *gr = fp8_groups(offs, (int)E, 0, 128);
     int64_t TB = gr->rb0[E], Tp = TB * 128;
-    if (!accumulate) zero_empty_experts((float *)dw.p, offs, E, N * K); // they have no tiles
-    if (TB == 0) return true;                                           // no rows: nothing (more) to write
+    if (!accumulate) zero_empty_experts((float *)dw.p, d_offs, E, N * K); // they have no tiles
+    if (TB == 0) return true;                                             // no rows: nothing (more) to write
     size_t bd = a256(N * Tp), bx = a256(K * Tp), bsd = a256(sizeof(float) * TB * N);
     char *p = (char *)cuda_scratch(bd + bx + bsd + a256(sizeof(float) * TB * K));
     uint8_t *dq = (uint8_t *)p, *xq = (uint8_t *)(p + bd);
     float *ds = (float *)(p + bd + bx), *xs = (float *)(p + bd + bx + bsd);
     quant_t_groups(dq, ds, dy, gr), quant_t_groups(xq, xs, x, gr);
-    return counted(wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, accumulate));
+    return counted(wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, d_offs, gr->rb0, accumulate));
 }
