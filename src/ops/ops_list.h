@@ -184,7 +184,8 @@ OP(void, muon_apply, p.dev, (Tensor p, Tensor o, float lr, float wd, float scale
 // offs[g+1] of x, offs (groups + 1) int64 on x's device (p NULL: one group of all rows). A 3-D x: (E, N, K) is E groups
 // of N rows. q·s holds at most 4 significant bits and a power-of-two scale, so it is exact in bf16 and fp32.
 // A non-finite x is refused: the CPU stops naming the element; the GPU writes NaN over its block, which the step's
-// non-finite check then reports. The GPU reads grouped offs back to the host (a sync: the FP8 fallback path only).
+// non-finite check then reports. The GPU reads offs back to the host for column and tile blocks (a wait: the FP8
+// experts' rounded-operand weight gradient only).
 OP(void, fp8_round, x.dev, (Tensor y, Tensor x, Fp8Blocks b, Tensor offs), (y, x, b, offs))
 
 #undef OP

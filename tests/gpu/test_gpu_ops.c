@@ -610,8 +610,8 @@ static double block_err(const float *g, const float *ref, int64_t mats, int64_t 
 // accumulating (1e-5). PITH_GROUPED_KERNEL=wgmma and the call counter make sure these kernels ran; a second
 // weight gradient must match the first bit for bit.
 static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *counts, int64_t N, int64_t K) {
-    int64_t offs[65];
-    CHECK(E <= 64);
+    int64_t offs[257];
+    CHECK(E <= 256);
     offs[0] = 0;
     for (int64_t e = 0; e < E; e++) offs[e + 1] = offs[e] + counts[e];
     int64_t R = offs[E];
@@ -687,6 +687,10 @@ TEST(gpu_op_grouped_wgmma) {
     const int64_t qwen[6] = {0, 37, 300, 129, 1, 64};
     ok &= check_grouped_wgmma("Qwen3 gate_up", 6, qwen, 1536, 2048);
     ok &= check_grouped_wgmma("Qwen3 down", 6, qwen, 2048, 768);
+    // the most experts a tile list holds (WG_MAX_E): 256, rows 0..5 each (every sixth empty), built on the device
+    int64_t many[256];
+    for (int i = 0; i < 256; i++) many[i] = (i * 7) % 6;
+    ok &= check_grouped_wgmma("256 experts", 256, many, 128, 128);
     // widths that are multiples of 64, not of 128: a 64-wide last column tile (and weight-gradient row tile)
     ok &= check_grouped_wgmma("ragged, 64-multiples", 11, small, 192, 320);
     // gpt-oss-20b's expert shapes (few experts: the weights and three fp32 gradients fit the test arena)

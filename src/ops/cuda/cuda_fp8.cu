@@ -198,14 +198,16 @@ static const Fp8Groups *fp8_groups(const int64_t *offs, int n, int64_t N, int bh
     return &gr;
 }
 
-// Grouped offsets come to the host first (a wait: the rounded-operand path of the FP8 expert GEMMs only).
+// Grouped offsets of column or tile blocks come to the host first (a wait: the rounded-operand path of the FP8 expert
+// weight gradient only).
 extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, Tensor offs_t) {
     ON_GPU(x, "fp8_round");
     ON_GPU(y, "fp8_round");
     same_dt(x, y, "fp8_round");
     CHECK(tensor_numel(x) == tensor_numel(y));
     int groups = offs_t.p ? (int)tensor_numel(offs_t) - 1 : 0;
-    const int64_t *offs = offs_t.p && x.nd != 3 ? cuda_offsets_host(offs_t, groups) : NULL;
+    bool grouped = offs_t.p && x.nd != 3 && b != FP8_ROWS; // (rows do not depend on the groups)
+    const int64_t *offs = grouped ? cuda_offsets_host(offs_t, groups) : NULL;
     int64_t R = t_rows(x), C = t_cols(x), N = 0;
     if (x.nd == 3) R = x.n[0] * x.n[1], C = x.n[2], N = x.n[1], groups = (int)x.n[0], offs = NULL;
     else if (!offs) groups = 1, N = R;

@@ -210,7 +210,7 @@ bool wgmma_available(void) {
 __global__ void wg_list_kernel(WgList *l, const int64_t *offs, int E, int wgrad, int ntm_w, int ntn) {
     __shared__ int m_s[WG_MAX_E], cnt_s[WG_MAX_E], warp_s[WG_MAX_E / 32];
     int e = threadIdx.x, lane = e % 32, warp = e / 32;
-    if (e <= E) l->offs[e] = (int)offs[e];
+    for (int i = e; i <= E; i += WG_MAX_E) l->offs[i] = (int)offs[i]; // (E + 1 of them)
     int m = e < E ? (int)(offs[e + 1] - offs[e]) : 0;
     m_s[e] = m, cnt_s[e] = 0;
     __syncthreads();
