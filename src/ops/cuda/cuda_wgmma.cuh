@@ -107,14 +107,19 @@ typedef struct {
     int row, col;      // the tile's first output row (in y/dx: absolute; in dw_e: of N) and column
 } Tile;
 
-// Tile t of the list (read from device memory: a few cached loads per tile, outside the reduction loop); BK: the
-// reduction block (64 bf16 or 128 E4M3 values: 128 bytes either way).
+// Tile t of the list (read from device memory through the read-only cache: a few loads per tile, outside the
+// reduction loop); BK: the reduction block (64 bf16 or 128 E4M3 values: 128 bytes either way).
 template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile tile_of(const WgTable &gt, int t) {
     const WgList *l = gt.list;
-    int lo = group_of(l->tiles, gt.E, t); // the slot s with tiles[s] <= t < tiles[s + 1]
+    int lo = 0, hi = gt.E - 1; // the slot s with tiles[s] <= t < tiles[s + 1] (group_of's search)
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (__ldg(&l->tiles[mid]) <= t) lo = mid;
+        else hi = mid - 1;
+    }
     Tile ti;
-    int local = t - l->tiles[lo];
-    ti.e = l->ord[lo], ti.r0 = l->offs[ti.e], ti.m = l->offs[ti.e + 1] - ti.r0;
+    int local = t - __ldg(&l->tiles[lo]);
+    ti.e = __ldg(&l->ord[lo]), ti.r0 = __ldg(&l->offs[ti.e]), ti.m = __ldg(&l->offs[ti.e + 1]) - ti.r0;
     ti.col = local % gt.ntn * BN;
     if (KIND == WG_WEIGHT_GRAD) ti.row = local / gt.ntn * WG_BM, ti.nkb = (ti.m + BK - 1) / BK;
     else ti.row = ti.r0 + local / gt.ntn * WG_BM, ti.nkb = (KIND == WG_FORWARD ? gt.K : gt.N) / BK;
