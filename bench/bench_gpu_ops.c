@@ -197,8 +197,7 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     // each GEMM's operand quantisers alone (the rows above include them; a row less its quantisers is its kernel):
     // 1 × 128 rows (forward, input gradient) and 128 × 1 transposed per expert, each expert padded to whole 128-row
     // blocks (weight gradient), at the operands' three widths (xe and dy of down: H; dgu: 2I; act: I)
-    int64_t TB = 0, Cm = H > 2 * I ? H : 2 * I;
-    for (int64_t e = 0; e < E; e++) TB += (offs[e + 1] - offs[e] + 127) / 128;
+    int64_t TB = cuda_fp8_cols_t_blocks(R, E), Cm = H > 2 * I ? H : 2 * I;
     int64_t Rm = R > TB * 128 ? R : TB * 128;
     Tensor codes = dev(DT_U8, 2, Rm, Cm, 0), scales = dev(DT_F32, 2, (Cm + 127) / 128, Rm, 0);
     const Tensor opnd[3] = {xe, gu, act};
@@ -212,7 +211,7 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
         sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, TB, C, 1, 1);
         snprintf(nm, sizeof nm, "%s fp8 quantize 128x1 codes transposed (%lld x %lld bf16)", model, (long long)R,
                  (long long)C);
-        TIME(nm, 10, (double)R * C * 3, "GB/s", cuda_fp8_quantize_cols_t(qx, sx, opnd[i], offs, (int)E));
+        TIME(nm, 10, (double)R * C * 3, "GB/s", cuda_fp8_quantize_cols_t(qx, sx, opnd[i], doffs));
     }
     snprintf(nm, sizeof nm, "%s fp8_round 1x128 (%lld x %lld bf16)", model, (long long)R, (long long)H);
     TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_ROWS, (Tensor){0}));

@@ -23,7 +23,8 @@ OP(void, linear_bias_backward, dy.dev, (Tensor db, Tensor dy, Tensor offs, bool 
 
 // ---- grouped GEMMs (experts): rows offs[e]..offs[e+1] of x belong to expert e ----
 // offs: (E+1) int64 on the ops' device (op_moe_sort writes it there): the GPU kernels read it where it is, so no op
-// here waits for the device (the cuBLASLt per-expert fallback and the FP8 weight gradient read it back: cuda_gemm.cu).
+// here waits for the device (but cuBLASLt's per-expert products, for shapes the wgmma kernels do not take, which read
+// it back: cuda_gemm.cu).
 // y: (R, N) = x_e: (R_e, K) · w_e: (N, K)ᵀ [+ b_e], w: (E, N, K), b: (E, N) or p == NULL; empty experts are allowed.
 OP(void, grouped_linear_forward, x.dev, (Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs), (y, x, w, b, offs))
 // dx = dy·w_e
@@ -184,8 +185,7 @@ OP(void, muon_apply, p.dev, (Tensor p, Tensor o, float lr, float wd, float scale
 // offs[g+1] of x, offs (groups + 1) int64 on x's device (p NULL: one group of all rows). A 3-D x: (E, N, K) is E groups
 // of N rows. q·s holds at most 4 significant bits and a power-of-two scale, so it is exact in bf16 and fp32.
 // A non-finite x is refused: the CPU stops naming the element; the GPU writes NaN over its block, which the step's
-// non-finite check then reports. The GPU reads offs back to the host for column and tile blocks (a wait: the FP8
-// experts' rounded-operand weight gradient only).
+// non-finite check then reports.
 OP(void, fp8_round, x.dev, (Tensor y, Tensor x, Fp8Blocks b, Tensor offs), (y, x, b, offs))
 
 #undef OP

@@ -554,7 +554,6 @@ void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float
     cpu_swiglu_backward(dgu, dact, gu, alpha, limit);
 }
 void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, Tensor offs) {
-    host_syncs += offs.p && x.nd != 3 && b != FP8_ROWS; // the GPU reads grouped offsets back
     OP(fp8_round, &y, &x, &offs);
     cpu_fp8_round(y, x, b, offs);
 }

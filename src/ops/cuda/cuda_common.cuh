@@ -113,8 +113,8 @@ __device__ __forceinline__ int group_of(const int *o, int n, int64_t i) {
 // goes through here and is counted (cuda_host_syncs).
 void cuda_host_wait(cudaStream_t s);
 // The E + 1 int64 row offsets of a grouped op (ops_list.h; offs on the GPU) read back to the host — a wait, for the
-// paths that need host values: cuBLASLt's per-expert products and the FP8 paths of cuda_fp8.cu. The array lives in the
-// pinned read-back buffer until the next read-back.
+// one path that needs host values: cuBLASLt's per-expert products (cuda_gemm.cu). The array lives in the pinned
+// read-back buffer until the next read-back.
 const int64_t *cuda_offsets_host(Tensor offs, int64_t E);
 // The device pointer of a grouped op's offsets, checked: (E + 1) int64 on the GPU.
 static inline const int64_t *offsets_device(Tensor offs, int64_t E, const char *what) {

@@ -42,10 +42,12 @@ bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, Tensor offs, bool
 // x (R, C) into E4M3 codes q (R, C) and 1 × 128 scales s (⌈C/128⌉, R) (the tensor-core GEMMs' first step; the bench
 // times it alone).
 void cuda_fp8_quantize_rows(Tensor q, Tensor s, Tensor x);
-// x (R, C), C a multiple of 128, in 128 × 1 blocks within each group's rows offs[g]..offs[g+1] into transposed codes
-// qt (C, Tp), each group padded to whole 128-row blocks with zero codes (Tp = 128 · their count TB), and scales s
-// (TB, C) (the grouped weight gradient's first step).
-void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, const int64_t *offs, int groups);
+// x (R, C), C a multiple of 128, in 128 × 1 blocks within each group's rows offs[g]..offs[g+1] (offs: groups + 1 int64
+// on the GPU) into transposed codes qt (C, Tp), each group padded to whole 128-row blocks with zero codes, and scales s
+// (TB, C) (the grouped weight gradient's first step): TB = cuda_fp8_cols_t_blocks(R, groups), a bound on the blocks
+// from the sizes (Tp = 128 · TB; the columns past the groups' blocks are not written).
+int64_t cuda_fp8_cols_t_blocks(int64_t R, int64_t groups);
+void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, Tensor offs);
 bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor offs, bool accumulate);
 int64_t cuda_fp8_tensor_core_gemms(void);
 bool cuda_fp8_dense_fit(int64_t N, int64_t K); // the shapes the tensor-core paths take (no GPU needed)
