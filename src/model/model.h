@@ -88,6 +88,7 @@ void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, dou
 // pointer to it to the stages.
 typedef struct {
     Tensor loss_sum, lb_sum; // (1) fp64 on the model's device: Σ CE and Σ load-balancing loss
+    Tensor lb_replay;        // (1) fp64 there: where a replayed forward's load-balancing loss goes (never read)
     double *router_load;     // (layers·E) host: the experts chosen (model_router_forward); NULL: not counted
     int32_t *router_idx;     // host staging of a GPU routing for the count (grown to router_idx_cap entries)
     int64_t router_idx_cap;

@@ -282,7 +282,7 @@ static void track_cpu(const char *config, int vocab, int threads) {
 }
 
 // One GPU's step waits for nothing inside the layers (issue 37): through Qwen3-MoE (a dense layer; full recompute: the
-// backward reruns each forward, its sort included) and GPT-OSS (per-expert biases), bf16 and FP8 (Qwen3's experts on
+// backward reruns each forward, its sort and load-balancing loss included) and GPT-OSS (per-expert biases), bf16 and FP8 (Qwen3's experts on
 // the E4M3 kernel; GPT-OSS's down projection, K = 64, on the rounded operands: fp8_round by experts), with expert
 // widths the wgmma kernels take, the second micro-batch's forward and backward (the first grows the op scratch and
 // builds the attention plans) counts no host wait (ops_host_syncs: every cudaStreamSynchronize and read-back of the
@@ -311,7 +311,8 @@ TEST(gpu_step_no_host_sync) {
         const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", configs[c]));
         Model m;
         model_create(&m, fam, &mc, DEV_CUDA, DT_BF16, S);
-        m.recompute = cases[i].full ? RECOMPUTE_FULL : RECOMPUTE_NONE;
+        m.recompute = cases[i].full ? RECOMPUTE_FULL : RECOMPUTE_NONE,
+        m.lb_coef = 0.01; // (load balancing on the device)
         for (int g = 0; g < NGROUPS; g++) {
             float *w = xmalloc((m.params.numel[g] + 1) * sizeof(float));
             params_init(&m.params, g, w, 7, 0.2, mc.layers);

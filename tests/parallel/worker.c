@@ -946,7 +946,7 @@ static void suite_capacity(const Dist *d) {
 
 // ---- nosync: a step's layers wait for nothing on one GPU ----
 // One micro-batch's forward and backward through a tiny model on one GPU — Qwen3-MoE with a dense layer under each
-// recompute mode, and GPT-OSS (per-expert biases): the host waits for the device (ops_host_syncs, which the fake GPUs
+// recompute mode, and GPT-OSS (per-expert biases), load balancing on: the host waits for the device (ops_host_syncs, which the fake GPUs
 // count as the CUDA backend does: a stream synchronisation, a read-back, a copy to or from host memory) nowhere from
 // the first layer's forward to the last layer's backward; the loss's read-back after them is the first wait.
 static void suite_nosync(void) {
@@ -974,7 +974,7 @@ static void suite_nosync(void) {
             remove(path);
             Model m;
             model_create(&m, fam, &mc, dev, DT_F32, MB_S);
-            m.recompute = modes[r];
+            m.recompute = modes[r], m.lb_coef = 0.01; // (the micro-batch form of load balancing, on the device)
             for (int g = 0; g < NGROUPS; g++) {
                 Tensor h = host_like(m.w[g]);
                 params_init(&m.params, g, h.p, 7, 0.2, mc.layers);
