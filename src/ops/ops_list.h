@@ -16,8 +16,8 @@ OP(void, linear_backward_input, dy.dev, (Tensor dx, Tensor dy, Tensor w, bool ac
 // dw: (N, K) += dy: (M, N)ᵀ · x: (M, K); db: (N) += Σ_rows dy (db.p == NULL: no bias)
 OP(void, linear_backward_weight, dy.dev, (Tensor dw, Tensor db, Tensor dy, Tensor x), (dw, db, dy, x))
 // The bias of an FP8 product, outside it (PithTrain adds it in the compute dtype): y: (M, N) += b: (N) per row, or with
-// offs (the experts' row offsets, as the grouped GEMMs'; p == NULL: dense) b: (E, N), expert e's on its rows; db: (N) or
-// (E, N) fp32 (+)= Σ_rows dy of the unrounded dy likewise (accumulate false: written; dense: always added).
+// offs (the experts' row offsets, as the grouped GEMMs'; p == NULL: dense) b: (E, N), expert e's on its rows; db: (N)
+// or (E, N) fp32 (+)= Σ_rows dy of the unrounded dy likewise (accumulate false: written; dense: always added).
 OP(void, linear_bias_forward, y.dev, (Tensor y, Tensor b, Tensor offs), (y, b, offs))
 OP(void, linear_bias_backward, dy.dev, (Tensor db, Tensor dy, Tensor offs, bool accumulate), (db, dy, offs, accumulate))
 

@@ -282,11 +282,12 @@ static void track_cpu(const char *config, int vocab, int threads) {
 }
 
 // One GPU's step waits for nothing inside the layers (issue 37): through Qwen3-MoE (a dense layer; full recompute: the
-// backward reruns each forward, its sort and load-balancing loss included) and GPT-OSS (per-expert biases), bf16 and FP8 (Qwen3's experts on
-// the E4M3 kernel; GPT-OSS's down projection, K = 64, on the rounded operands: fp8_round by experts), with expert
-// widths the wgmma kernels take, the second micro-batch's forward and backward (the first grows the op scratch and
-// builds the attention plans) counts no host wait (ops_host_syncs: every cudaStreamSynchronize and read-back of the
-// CUDA backend) from the first layer's forward to the last layer's backward, and the expert products ran on wgmma.
+// backward reruns each forward, its sort and load-balancing loss included) and GPT-OSS (per-expert biases), bf16 and
+// FP8 (Qwen3's experts on the E4M3 kernel; GPT-OSS's down projection, K = 64, on the rounded operands: fp8_round by
+// experts), with expert widths the wgmma kernels take, the second micro-batch's forward and backward (the first grows
+// the op scratch and builds the attention plans) counts no host wait (ops_host_syncs: every cudaStreamSynchronize and
+// read-back of the CUDA backend) from the first layer's forward to the last layer's backward, and the expert products
+// ran on wgmma.
 TEST(gpu_step_no_host_sync) {
     gpu_begin();
     static const char *const configs[2] = {

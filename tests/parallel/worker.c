@@ -946,9 +946,10 @@ static void suite_capacity(const Dist *d) {
 
 // ---- nosync: a step's layers wait for nothing on one GPU ----
 // One micro-batch's forward and backward through a tiny model on one GPU — Qwen3-MoE with a dense layer under each
-// recompute mode, and GPT-OSS (per-expert biases), load balancing on: the host waits for the device (ops_host_syncs, which the fake GPUs
-// count as the CUDA backend does: a stream synchronisation, a read-back, a copy to or from host memory) nowhere from
-// the first layer's forward to the last layer's backward; the loss's read-back after them is the first wait.
+// recompute mode, and GPT-OSS (per-expert biases), load balancing on: the host waits for the device (ops_host_syncs,
+// which the fake GPUs count as the CUDA backend does: a stream synchronisation, a read-back, a copy to or from host
+// memory) nowhere from the first layer's forward to the last layer's backward; the loss's read-back after them is the
+// first wait.
 static void suite_nosync(void) {
     static const char *const configs[2] = {
         "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "

@@ -75,8 +75,8 @@ static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const C
     }
 }
 
-// grid: min(wg_table_build's bound, SMs) CTAs of 384 threads; WG_SMEM + 1 KB bytes of dynamic shared memory. ma, mb: the operands'
-// maps (64 × 64 bf16 boxes); mo: the output's (bf16 64 × 64, or fp32 32 × 64 boxes).
+// grid: min(wg_table_build's bound, SMs) CTAs of 384 threads; WG_SMEM + 1 KB bytes of dynamic shared memory.
+// ma, mb: the operands' maps (64 × 64 bf16 boxes); mo: the output's (bf16 64 × 64, or fp32 32 × 64 boxes).
 template <int KIND, int BN>
 __global__ void __launch_bounds__(384, 1)
     wgmma_grouped_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,

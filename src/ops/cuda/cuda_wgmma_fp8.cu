@@ -44,14 +44,15 @@ static __device__ __forceinline__ void wgmma_e4m3_128(float *d, uint64_t da, uin
                  : "l"(da), "l"(db), "r"(acc));
 }
 
-// grid: min(wg_table_build's bound, SMs) CTAs of 384 threads; WG_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes; mo the
-// output's map (cuda_wgmma.cuh's epilogue). The producer copies each block's scales into its stage beside the boxes.
+// grid: min(wg_table_build's bound, SMs) CTAs of 384 threads; WG_SMEM + 1 KB of dynamic shared memory; 64-row ×
+// 128-code boxes; mo the output's map (cuda_wgmma.cuh's epilogue). The producer copies each block's scales into its
+// stage beside the boxes.
 // KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); msa x's scales (KB, R) in boxes of 132 from the tile's first
 // row rounded down to 4 (zeros past R), msb w's (E·NB, ldws) in boxes of 4 (a block's with its neighbours: 16 bytes); out y (R, N).
 // KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens (expert e's from block tb0[e], in
-// device memory: each expert's rows in whole blocks of 128); sa dyᵀ's scales (TB, N), sb
-// xᵀ's (TB, K), one per token block and column (a scale per output row and per output column of the tile: 2 × 512
-// bytes a stage); out dw (E, N, K) fp32, added to when accumulate, else written.
+// device memory: each expert's rows in whole blocks of 128); sa dyᵀ's scales (TB, N), sb xᵀ's (TB, K), one per token
+// block and column (a scale per output row and per output column of the tile: 2 × 512 bytes a stage); out dw (E, N, K)
+// fp32, added to when accumulate, else written.
 template <int KIND, typename TO>
 __global__ void __launch_bounds__(384, 1)
     wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
