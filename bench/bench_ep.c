@@ -43,18 +43,19 @@ static void bench_one(const Dist *d, int64_t T, int iters, bool balanced, DType 
     m.cdt = dt, m.dev = DEV_CUDA, m.ep = &d->ep_g, m.ep_capacity = 0;
     EpBuffers b;
     StageIO io = {0};
-    io.offs = xcalloc(E + 1, sizeof(int64_t));
     io.route = ep_route_create(&m, &b);
     Arena cc = arena_counting("communication", DEV_CUDA), ca = arena_counting("activations", DEV_CUDA);
     ep_buffers_alloc(&m, &b, &cc, T);
     ep_buffers_free(&b);
-    arena_tensor(&ca, dt, 2, T, H, 0, 0), arena_tensor(&ca, DT_I32, 2, T, k, 0, 0);
+    arena_tensor(&ca, dt, 2, T, H, 0, 0), arena_tensor(&ca, DT_I32, 2, T, k, 0, 0),
+        arena_tensor(&ca, DT_I64, 1, E / P + 1, 0, 0, 0);
     ep_alloc(&m, &io, &ca, T);
     arena_tensor(&ca, dt, 2, io.xe.n[0], H, 0, 0);
     Arena comm = arena_create("communication", DEV_CUDA, cc.peak), act = arena_create("activations", DEV_CUDA, ca.peak);
     ep_buffers_alloc(&m, &b, &comm, T);
     io.xd = arena_tensor(&act, dt, 2, T, H, 0, 0);
     io.idx = arena_tensor(&act, DT_I32, 2, T, k, 0, 0);
+    io.offs = arena_tensor(&act, DT_I64, 1, E / P + 1, 0, 0, 0);
     ep_alloc(&m, &io, &act, T);
     io.ye = arena_tensor(&act, dt, 2, io.xe.n[0], H, 0, 0); // (the chunk's shared staging buffer)
     // Routing: k distinct experts per token, uniform (random) or the force-balanced formula.
@@ -117,7 +118,7 @@ static void bench_one(const Dist *d, int64_t T, int iters, bool balanced, DType 
                P, (long long)T, dtype_name(dt), balanced ? "balanced" : "random", mbd / 1e6, mbc / 1e6, full_d * 1e3,
                full_c * 1e3, (mbd + mbc) / (full_d + full_c) / 1e9, pay_d * 1e3, pay_c * 1e3,
                (mbd + mbc) / (pay_d + pay_c) / 1e9);
-    ep_route_free(io.route), ep_buffers_free(&b), free(io.offs);
+    ep_route_free(io.route), ep_buffers_free(&b);
     arena_destroy(&comm), arena_destroy(&act);
 }
 

@@ -63,7 +63,9 @@ static void routing_offs(int64_t *offs, int64_t T, int64_t H, int64_t E, int k, 
     fill(x, 1, 90), fill(wr, 0.02f, 91);
     op_linear_forward(lg, x, wr, (Tensor){0});
     op_router_forward(pr, idx, w, lg, &(RouterArgs){.k = k, .renorm = true, .scale = 1});
-    op_moe_sort(perm, offs, idx, (int)E);
+    Tensor d = dev(DT_I64, 1, E + 1, 0, 0);
+    op_moe_sort(perm, d, idx, (int)E);
+    op_copy(ti64_1(offs, E + 1), d);
     A.used = save.used; // the routing buffers are scratch
     int64_t mx = 0, mn = T * k;
     for (int64_t e = 0; e < E; e++)
@@ -95,7 +97,7 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
     int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
     DType bf = DT_BF16;
     Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0),
-           act = dev(bf, 2, R, I, 0);
+           act = dev(bf, 2, R, I, 0), doffs = dev(DT_I64, 1, E + 1, 0, 0);
     Tensor wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0), dwgu = dev(DT_F32, 3, E, 2 * I, H),
            dwd = dev(DT_F32, 3, E, H, I);
     fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), fill(ye, 1, 59),
@@ -105,8 +107,9 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
     for (int bal = 1; bal >= 0; bal--) {
         if (bal) routing_offs(offs, T, H, E, k, true);
         else skewed_offs(offs, R, E);
+        op_copy(doffs, ti64_1(offs, E + 1));
         const char *rt = bal ? "balanced" : "skewed";
-        for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, offs); // clocks up
+        for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, doffs); // clocks up
         cuda_sync();
         for (int v = 0; v < nimpl; v++) {
             setenv("PITH_GROUPED_KERNEL", impl[v], 1);
@@ -114,18 +117,19 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
 #define GROUPED_ROW(what, work, call)                                                                                  \
     snprintf(nm, sizeof nm, "%s %s (T=%lld, %s, %s)", model, what, (long long)T, rt, impl[v]);                         \
     TIME(nm, 10, work, "TFLOP/s", call)
-            GROUPED_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, wgu, NONE, offs));
-            GROUPED_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, offs));
+            GROUPED_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, wgu, NONE, doffs));
+            GROUPED_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, doffs));
             GROUPED_ROW("gate_up bwd weight fp32", fg,
-                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true));
-            GROUPED_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, offs));
-            GROUPED_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, offs));
-            GROUPED_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true));
+                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, true));
+            GROUPED_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, doffs));
+            GROUPED_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, doffs));
+            GROUPED_ROW("down bwd weight fp32", fdn,
+                        op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, true));
             // a step's first micro-batch writes dw instead of adding (what the 8-layer benchmark runs)
             GROUPED_ROW("gate_up bwd weight fp32 store", fg,
-                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, false));
+                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, false));
             GROUPED_ROW("down bwd weight fp32 store", fdn,
-                        op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, false));
+                        op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, false));
 #undef GROUPED_ROW
         }
     }
@@ -146,7 +150,8 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     DType bf = DT_BF16;
     Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0),
            act = dev(bf, 2, R, I, 0), wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0),
-           dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I), xq = dev(bf, 2, R, H, 0);
+           dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I), xq = dev(bf, 2, R, H, 0),
+           doffs = dev(DT_I64, 1, E + 1, 0, 0);
     Tensor bgu = dev(DT_U8, 1, (int64_t)op_fp8_experts_bytes(E, 2 * I, H), 0, 0),
            bd = dev(DT_U8, 1, (int64_t)op_fp8_experts_bytes(E, H, I), 0, 0);
     Fp8Weight qgu = op_fp8_experts_view(bgu.p, DEV_CUDA, E, 2 * I, H),
@@ -155,9 +160,10 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
         op_zero(dwgu), op_zero(dwd), op_fp8_weight_make(qgu, wgu), op_fp8_weight_make(qd, wd);
     int64_t tc0 = cuda_fp8_tensor_core_gemms();
     routing_offs(offs, T, H, E, k, true);
+    op_copy(doffs, ti64_1(offs, E + 1));
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H, by = (double)R * H * 4;
     char nm[112];
-    for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, offs); // clocks up
+    for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, doffs); // clocks up
 #define FP8_ROW(what, work, bf16_call, fp8_call)                                                                       \
     snprintf(nm, sizeof nm, "%s %s (T=%lld, balanced, bf16)", model, what, (long long)T);                              \
     TIME(nm, 10, work, "TFLOP/s", bf16_call);                                                                          \
@@ -166,23 +172,23 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     TIME(nm, 10, work, "TFLOP/s", fp8_call);                                                                           \
     printf("%s %s: FP8/bf16 speed %.2fx\n", model, what, ms16 / last_ms)
     double ms16;
-    FP8_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, wgu, NONE, offs),
-            op_fp8_grouped_linear_forward(gu, xe, qgu, offs));
-    FP8_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, offs),
-            op_fp8_grouped_linear_backward_input(xe, gu, qgu, offs));
-    FP8_ROW("gate_up bwd weight fp32", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true),
-            op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, offs, true));
-    FP8_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, offs),
-            op_fp8_grouped_linear_forward(ye, act, qd, offs));
-    FP8_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, offs),
-            op_fp8_grouped_linear_backward_input(act, ye, qd, offs));
-    FP8_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true),
-            op_fp8_grouped_linear_backward_weight(dwd, ye, act, offs, true));
+    FP8_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, wgu, NONE, doffs),
+            op_fp8_grouped_linear_forward(gu, xe, qgu, doffs));
+    FP8_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, doffs),
+            op_fp8_grouped_linear_backward_input(xe, gu, qgu, doffs));
+    FP8_ROW("gate_up bwd weight fp32", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, true),
+            op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, doffs, true));
+    FP8_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, doffs),
+            op_fp8_grouped_linear_forward(ye, act, qd, doffs));
+    FP8_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, doffs),
+            op_fp8_grouped_linear_backward_input(act, ye, qd, doffs));
+    FP8_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, true),
+            op_fp8_grouped_linear_backward_weight(dwd, ye, act, doffs, true));
     // a step's first micro-batch writes dw instead of adding (what the 8-layer benchmark runs)
-    FP8_ROW("gate_up bwd weight fp32 store", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, false),
-            op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, offs, false));
-    FP8_ROW("down bwd weight fp32 store", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, false),
-            op_fp8_grouped_linear_backward_weight(dwd, ye, act, offs, false));
+    FP8_ROW("gate_up bwd weight fp32 store", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, false),
+            op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, doffs, false));
+    FP8_ROW("down bwd weight fp32 store", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, false),
+            op_fp8_grouped_linear_backward_weight(dwd, ye, act, doffs, false));
 #undef FP8_ROW
     printf("(%lld of the FP8 GEMMs above ran on the tensor cores)\n", (long long)(cuda_fp8_tensor_core_gemms() - tc0));
     snprintf(nm, sizeof nm, "%s fp8 expert weight codes+scales (%lld x %lld x %lld bf16)", model, (long long)E,
@@ -191,8 +197,7 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     // each GEMM's operand quantisers alone (the rows above include them; a row less its quantisers is its kernel):
     // 1 × 128 rows (forward, input gradient) and 128 × 1 transposed per expert, each expert padded to whole 128-row
     // blocks (weight gradient), at the operands' three widths (xe and dy of down: H; dgu: 2I; act: I)
-    int64_t TB = 0, Cm = H > 2 * I ? H : 2 * I;
-    for (int64_t e = 0; e < E; e++) TB += (offs[e + 1] - offs[e] + 127) / 128;
+    int64_t TB = cuda_fp8_cols_t_blocks(R, E), Cm = H > 2 * I ? H : 2 * I;
     int64_t Rm = R > TB * 128 ? R : TB * 128;
     Tensor codes = dev(DT_U8, 2, Rm, Cm, 0), scales = dev(DT_F32, 2, (Cm + 127) / 128, Rm, 0);
     const Tensor opnd[3] = {xe, gu, act};
@@ -206,15 +211,15 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
         sx = tensor_make(scales.p, DT_F32, DEV_CUDA, 2, TB, C, 1, 1);
         snprintf(nm, sizeof nm, "%s fp8 quantize 128x1 codes transposed (%lld x %lld bf16)", model, (long long)R,
                  (long long)C);
-        TIME(nm, 10, (double)R * C * 3, "GB/s", cuda_fp8_quantize_cols_t(qx, sx, opnd[i], offs, (int)E));
+        TIME(nm, 10, (double)R * C * 3, "GB/s", cuda_fp8_quantize_cols_t(qx, sx, opnd[i], doffs));
     }
     snprintf(nm, sizeof nm, "%s fp8_round 1x128 (%lld x %lld bf16)", model, (long long)R, (long long)H);
-    TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_ROWS, NULL, 0));
+    TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_ROWS, (Tensor){0}));
     snprintf(nm, sizeof nm, "%s fp8_round 128x1 per expert (%lld x %lld bf16)", model, (long long)R, (long long)H);
-    TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_COLS, offs, (int)E));
+    TIME(nm, 10, by, "GB/s", op_fp8_round(xq, xe, FP8_COLS, doffs));
     snprintf(nm, sizeof nm, "%s fp8_round 128x128 weights (%lld x %lld x %lld bf16)", model, (long long)E,
              (long long)(2 * I), (long long)H);
-    TIME(nm, 10, (double)E * 2 * I * H * 4, "GB/s", op_fp8_round(wgu, wgu, FP8_TILES, NULL, 0));
+    TIME(nm, 10, (double)E * 2 * I * H * 4, "GB/s", op_fp8_round(wgu, wgu, FP8_TILES, (Tensor){0}));
     free(offs);
     A.used = save.used;
 }
@@ -474,7 +479,7 @@ int main(int argc, char **argv) {
     // grouped experts: balanced, then natural routing; one grouped call, then the per-expert loop
     int64_t *offs = xmalloc((E + 1) * sizeof(int64_t));
     Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0),
-           act = dev(bf, 2, R, I, 0);
+           act = dev(bf, 2, R, I, 0), doffs = dev(DT_I64, 1, E + 1, 0, 0);
     Tensor wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0);
     Tensor dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I);
     fill(xe, 1, 4), fill(wgu, 0.02f, 5), fill(gu, 1, 6), fill(act, 1, 7), fill(wd, 0.02f, 8), op_zero(dwgu),
@@ -483,28 +488,29 @@ int main(int argc, char **argv) {
     for (int pass = 0; pass < (quick ? 2 : 3); pass++) {
         bool bal = pass == 0, loop = pass == 2;
         routing_offs(offs, T, H, E, (int)k, bal);
+        op_copy(doffs, ti64_1(offs, E + 1));
         if (loop) setenv("PITH_GROUPED_KERNEL", "loop", 1);
         const char *tag = bal ? "balanced" : loop ? "natural, loop" : "natural";
         char nm[96];
         snprintf(nm, sizeof nm, "grouped gate_up fwd (%s)", tag);
-        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, NONE, offs));
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, NONE, doffs));
         snprintf(nm, sizeof nm, "grouped gate_up bwd input (%s)", tag);
-        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_input(xe, gu, wgu, offs));
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_input(xe, gu, wgu, doffs));
         snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (%s)", tag);
-        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true));
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, true));
         snprintf(nm, sizeof nm, "grouped down fwd (%s)", tag);
-        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, NONE, offs));
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, NONE, doffs));
         snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (%s)", tag);
-        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true));
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, true));
         if (pass == 1) { // cuBLASLt's per-expert weight gradients on 1, 2 and 8 streams (its default is 4)
             setenv("PITH_GROUPED_KERNEL", "loop", 1);
             const char *ns[3] = {"1", "2", "8"};
             for (int i = 0; i < 3; i++) {
                 setenv("PITH_WGRAD_STREAMS", ns[i], 1);
                 snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (natural, %s streams)", ns[i]);
-                TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, offs, true));
+                TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, true));
                 snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (natural, %s streams)", ns[i]);
-                TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, offs, true));
+                TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, true));
             }
             unsetenv("PITH_WGRAD_STREAMS");
             unsetenv("PITH_GROUPED_KERNEL");
@@ -600,7 +606,7 @@ int main(int argc, char **argv) {
     int32_t *hi = xmalloc(R * sizeof(int32_t));
     for (int64_t i = 0; i < R; i++) hi[i] = (int32_t)(rng_u64(1, 2, i) % E);
     op_copy(idx, tensor_make(hi, DT_I32, DEV_CPU, 2, T, k, 1, 1));
-    TIME("moe_sort (32768 slots, host sync)", 20, (double)R * 8, "GB/s", op_moe_sort(perm, offs, idx, (int)E));
+    TIME("moe_sort (32768 slots)", 20, (double)R * 8, "GB/s", op_moe_sort(perm, doffs, idx, (int)E));
     TIME("gather_rows dispatch (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_gather_rows(xe, x, perm, (int)k));
     TIME("scatter_rows combine (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_scatter_rows(ye, xe, perm));
     TIME("scatter_add_rows (inverse map)", 20, (double)(R + 2 * T) * H * 2, "GB/s",

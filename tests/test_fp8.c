@@ -72,9 +72,10 @@ static void check_round_trip(int64_t R, int64_t C, Fp8Blocks b, const int64_t *o
     Tensor tq = tensor_make(q, DT_U8, DEV_CPU, 2, R, C, 1, 1), ts = tf32_2(s, sr, sc);
     cpu_fp8_quantize(tq, ts, tx, b, offs, groups);
     cpu_fp8_dequantize(tf32_2(y, R, C), tq, ts, b, offs, groups);
-    op_fp8_round(tf32_2(z, R, C), tx, b, offs, groups);
+    Tensor to = offs ? ti64_1(offs, groups + 1) : (Tensor){0};
+    op_fp8_round(tf32_2(z, R, C), tx, b, to);
     ASSERT(!memcmp(y, z, R * C * 4));
-    op_fp8_round(tf32_2(w, R, C), tf32_2(z, R, C), b, offs, groups);
+    op_fp8_round(tf32_2(w, R, C), tf32_2(z, R, C), b, to);
     ASSERT(!memcmp(w, z, R * C * 4));
     int subnormal = 0;
     for (int64_t i = 0; i < R * C; i++) {
@@ -102,7 +103,7 @@ TEST(fp8_round_block_edges) {
     for (int c = 128; c < C; c++) x[c] = (c % 3 - 1) * 448.0f; // row 0: a zero block, then a block of ±448 and 0
     x[C + 5] = 449, x[C + 6] = -0x1p-130f;                     // row 1: 449 → scale 2; an fp32 subnormal
     x[2 * C + 7] = 1e-30f;                                     // row 2: amax below 1e-4 → scale 2^-22
-    op_fp8_round(tf32_2(y, R, C), tf32_2(x, R, C), FP8_ROWS, NULL, 0);
+    op_fp8_round(tf32_2(y, R, C), tf32_2(x, R, C), FP8_ROWS, (Tensor){0});
     for (int c = 0; c < 128; c++) ASSERT(y[c] == 0 && !signbit(y[c]));
     for (int c = 128; c < C; c++) ASSERT(y[c] == x[c]); // ±448 exact (codes 0x7e, 0xfe)
     ASSERT(y[C + 5] == 448 && y[C + 6] == 0 && y[2 * C + 7] == 0);
@@ -111,8 +112,8 @@ TEST(fp8_round_block_edges) {
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 200; c++) p[r * 384 + c] = x[r * 200 + c] = (float)(r + 1) * (c % 17 - 8) * 0.37f;
     for (int b = FP8_ROWS; b <= FP8_TILES; b++) {
-        op_fp8_round(tf32_2(y, R, 200), tf32_2(x, R, 200), (Fp8Blocks)b, NULL, 0);
-        op_fp8_round(tf32_2(py, R, 384), tf32_2(p, R, 384), (Fp8Blocks)b, NULL, 0);
+        op_fp8_round(tf32_2(y, R, 200), tf32_2(x, R, 200), (Fp8Blocks)b, (Tensor){0});
+        op_fp8_round(tf32_2(py, R, 384), tf32_2(p, R, 384), (Fp8Blocks)b, (Tensor){0});
         for (int r = 0; r < R; r++) ASSERT(!memcmp(y + r * 200, py + r * 384, 200 * 4));
     }
 }
@@ -122,7 +123,7 @@ static void round_bad(void) {
     float x[300];
     fill_normal(x, 300, 1);
     x[133] = bad_value;
-    op_fp8_round(tf32_2(x, 3, 100), tf32_2(x, 3, 100), FP8_TILES, NULL, 0);
+    op_fp8_round(tf32_2(x, 3, 100), tf32_2(x, 3, 100), FP8_TILES, (Tensor){0});
 }
 
 // Runs round_bad in a child with stderr captured; it must stop with a message containing want.
@@ -165,7 +166,7 @@ static void gemm64(double *out, const float *a, const float *b, int64_t M, int64
 
 static float *rounded_copy(const float *x, int64_t R, int64_t C, Fp8Blocks b, const int64_t *offs, int groups) {
     float *y = xmalloc(R * C * 4);
-    op_fp8_round(tf32_2(y, R, C), tf32_2((float *)x, R, C), b, offs, groups);
+    op_fp8_round(tf32_2(y, R, C), tf32_2((float *)x, R, C), b, offs ? ti64_1(offs, groups + 1) : (Tensor){0});
     return y;
 }
 
@@ -195,7 +196,7 @@ static void check_fp8_linear(int64_t M, int64_t N, int64_t K, const int64_t *off
     float *wq = xmalloc(En * N * K * 4);
     Tensor twq = tw;
     twq.p = wq;
-    op_fp8_round(twq, tw, FP8_TILES, NULL, 0);
+    op_fp8_round(twq, tw, FP8_TILES, (Tensor){0});
     void *w8b = xmalloc(offs ? op_fp8_experts_bytes(E, N, K) : op_fp8_weight_bytes(N, K));
     Fp8Weight w8 = offs ? op_fp8_experts_view(w8b, DEV_CPU, E, N, K) : op_fp8_weight_view(w8b, DEV_CPU, N, K);
     op_fp8_weight_make(w8, tw);
@@ -211,10 +212,10 @@ static void check_fp8_linear(int64_t M, int64_t N, int64_t K, const int64_t *off
             }
     float *y = xmalloc(M * N * 4), *dx = xmalloc(M * K * 4), *dw = xcalloc(En * N * K, 4);
     if (offs) {
-        op_fp8_grouped_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), w8, offs);
-        op_fp8_grouped_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), w8, offs);
+        op_fp8_grouped_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), w8, ti64_1(offs, E + 1));
+        op_fp8_grouped_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), w8, ti64_1(offs, E + 1));
         op_fp8_grouped_linear_backward_weight(tensor_make(dw, DT_F32, DEV_CPU, 3, E, N, K, 1), tf32_2(dy, M, N),
-                                              tf32_2(x, M, K), offs, true);
+                                              tf32_2(x, M, K), ti64_1(offs, E + 1), true);
     } else {
         op_fp8_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), w8);
         op_fp8_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), w8, false);
@@ -276,7 +277,7 @@ TEST(fp8_weight_codes_transpose_and_scale_layouts) {
     for (int64_t kb = 0; kb < KB; kb++)
         for (int64_t nb = 0; nb < 4; nb++) ASSERT(F(fw.st)[kb * 4 + nb] == (nb < NB ? s[nb * KB + kb] : 0));
     cpu_fp8_weight_values(tf32_2(y, N, K), fw);
-    op_fp8_round(tf32_2(r, N, K), tf32_2(w, N, K), FP8_TILES, NULL, 0);
+    op_fp8_round(tf32_2(r, N, K), tf32_2(w, N, K), FP8_TILES, (Tensor){0});
     ASSERT(!memcmp(y, r, N * K * 4));
     free(w), free(s), free(y), free(r), free(q), free(b);
 }

@@ -139,8 +139,8 @@ static size_t aligned(size_t n) { return (n + ARENA_ALIGN - 1) / ARENA_ALIGN * A
 
 // The plan under each mode, on a model of L identical MoE layers (TINY_MOE_A: T = 16 tokens, k = 2, I = 8,
 // H = 16, fp32): selective keeps L − 1 fewer (T·k, I) SwiGLU outputs (one staging buffer stays); full keeps
-// per layer exactly its routing (T, k) int32 + fp32 and its output (T, H), and one layer's record r — r is
-// what a layer adds under none beyond those.
+// per layer exactly its routing (T, k) int32 + fp32 and expert offsets (E + 1) int64, and its output (T, H), and one
+// layer's record r — r is what a layer adds under none beyond those.
 TEST(memory_recompute_plan_bytes) {
     enum { B = 2, S = 8, T = B * S };
     size_t act[2][3]; // [L = 2, 3][mode]
@@ -161,7 +161,8 @@ TEST(memory_recompute_plan_bytes) {
             model_free(&m);
         }
     }
-    size_t swiglu = aligned((size_t)T * 2 * 8 * 4), kept = 2 * aligned((size_t)T * 2 * 4) + aligned((size_t)T * 16 * 4);
+    size_t swiglu = aligned((size_t)T * 2 * 8 * 4),
+           kept = 2 * aligned((size_t)T * 2 * 4) + aligned(5 * 8) + aligned((size_t)T * 16 * 4);
     for (int n = 0; n < 2; n++) {
         int L = 2 + n;
         ASSERT_MSG(act[n][1] == act[n][0] - (L - 1) * swiglu, "L=%d: selective %zu bytes, none %zu", L, act[n][1],

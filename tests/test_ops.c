@@ -105,19 +105,19 @@ static void check_grouped(bool bias) {
     double *gx = xmalloc(nx * 8), *gw = xmalloc(nw * 8), *gb = xmalloc(nb * 8);
     Tensor W = tensor_make(w, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1), Bt = bias ? tf32_2(b, 4, c.N) : (Tensor){0};
     ref_grouped(in, yr, &c);
-    op_grouped_linear_forward(tf32_2(y, c.M, c.N), tf32_2(x, c.M, c.K), W, Bt, goffs);
+    op_grouped_linear_forward(tf32_2(y, c.M, c.N), tf32_2(x, c.M, c.K), W, Bt, ti64_1(goffs, 5));
     ASSERT(rel_err_mixed(y, yr, ny) < 1e-6);
     fd_grad(ref_grouped, in, 0, nx, Gd, ny, gx, &c);
     fd_grad(ref_grouped, in, 1, nw, Gd, ny, gw, &c);
     if (bias) fd_grad(ref_grouped, in, 2, nb, Gd, ny, gb, &c);
     // the weight gradient written (accumulate false) over poison, then added to (accumulate true): g, then 2g
     float *dx = poisoned(nx), *dw = poisoned(nw), *db = poisoned(nb);
-    op_grouped_linear_backward_input(tf32_2(dx, c.M, c.K), tf32_2(G, c.M, c.N), W, goffs);
+    op_grouped_linear_backward_input(tf32_2(dx, c.M, c.K), tf32_2(G, c.M, c.N), W, ti64_1(goffs, 5));
     ASSERT(rel_err_mixed(dx, gx, nx) < 1e-6);
     for (int pass = 0; pass < 2; pass++) {
         op_grouped_linear_backward_weight(tensor_make(dw, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1),
                                           bias ? tf32_2(db, 4, c.N) : (Tensor){0}, tf32_2(G, c.M, c.N),
-                                          tf32_2(x, c.M, c.K), goffs, pass == 1);
+                                          tf32_2(x, c.M, c.K), ti64_1(goffs, 5), pass == 1);
         for (int64_t i = 0; i < nw; i++) gw[i] *= pass + 1; // 1g, then 2g
         for (int64_t j = 0; bias && j < nb; j++) gb[j] *= pass + 1;
         ASSERT(rel_err_mixed(dw, gw, nw) < 1e-6);
@@ -537,7 +537,7 @@ TEST(op_moe_sort_gather_scatter) {
     int64_t T = 5, k = 2, E = 4, H = 3;
     int32_t idx[10] = {3, 1, 1, 0, 3, 2, 1, 3, 0, 1}, perm[10];
     int64_t offs[5];
-    op_moe_sort(tensor_make(perm, DT_I32, DEV_CPU, 1, T * k, 1, 1, 1), offs,
+    op_moe_sort(tensor_make(perm, DT_I32, DEV_CPU, 1, T * k, 1, 1, 1), ti64_1(offs, 5),
                 tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), (int)E);
     int64_t want_offs[5] = {0, 2, 6, 7, 10};
     int32_t want_perm[10] = {3, 8, 1, 2, 6, 9, 5, 0, 4, 7}; // stable: slots in increasing order within an expert

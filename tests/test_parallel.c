@@ -692,6 +692,18 @@ TEST(dist_nccl_transport_fake) {
                "%s", out);
 }
 
+// One GPU's step without host waits inside the layers (issue 37): a micro-batch's forward and backward on a fake GPU,
+// which counts every stream synchronisation and read-back as the CUDA backend does (ops_host_syncs), waits for
+// nothing from the first layer's forward to the last layer's backward (tests/parallel/worker.c, suite_nosync; the
+// GPU suite's gpu_step_no_host_sync asserts the same on a GPU).
+TEST(dist_no_host_sync_fake) {
+    char out[1 << 16];
+    ASSERT_MSG(run_cmd(out, sizeof out, "test -x build-fake/test_parallel") == 0,
+               "build-fake/ is missing: make fake-build");
+    int rc = run_cmd(out, sizeof out, MPIRUN " 1 build-fake/test_parallel nosync-gpu");
+    ASSERT_MSG(rc == 0 && strstr(out, "ok nosync-gpu"), "%s", out);
+}
+
 TEST(dist_nccl_equivalence_fake) {
     const char *d = make_run();
     char out[1 << 16], ref[300], dir[300];

@@ -397,7 +397,7 @@ static void quantise_nan(void) {
     x[7] = NAN;
     snprintf(die_context, sizeof die_context, "step 7");
     Tensor t = tensor_make(x, DT_F32, DEV_CPU, 2, 1, 128, 1, 1);
-    op_fp8_round(t, t, FP8_ROWS, NULL, 0);
+    op_fp8_round(t, t, FP8_ROWS, (Tensor){0});
 }
 
 TEST(fp8_nonfinite_names_the_step) {

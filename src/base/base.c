@@ -171,6 +171,7 @@ Tensor tensor_make(void *p, DType dt, Device dev, int nd, int64_t n0, int64_t n1
 
 Tensor tf32_1(float *p, int64_t n0) { return tensor_make(p, DT_F32, DEV_CPU, 1, n0, 1, 1, 1); }
 Tensor tf32_2(float *p, int64_t n0, int64_t n1) { return tensor_make(p, DT_F32, DEV_CPU, 2, n0, n1, 1, 1); }
+Tensor ti64_1(const int64_t *p, int64_t n0) { return tensor_make((void *)p, DT_I64, DEV_CPU, 1, n0, 1, 1, 1); }
 
 Tensor tensor_rows(Tensor t, int64_t r0, int64_t nr) {
     CHECK(r0 >= 0 && r0 + nr <= t.n[0]);

@@ -82,6 +82,7 @@ Tensor tensor_make(void *p, DType dt, Device dev, int nd, int64_t n0, int64_t n1
 // Shorthands for CPU fp32 views, the common case in the reference backend and in tests.
 Tensor tf32_1(float *p, int64_t n0);
 Tensor tf32_2(float *p, int64_t n0, int64_t n1);
+Tensor ti64_1(const int64_t *p, int64_t n0); // int64 (row offsets of the grouped ops on the CPU)
 // A tensor as a matrix: rows = its first dimension, columns = everything after it.
 static inline int64_t t_rows(Tensor t) { return t.n[0]; }
 static inline int64_t t_cols(Tensor t) { return t.n[0] ? tensor_numel(t) / t.n[0] : 0; }

@@ -94,7 +94,7 @@ void model_proj_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w
     if (!fp8_proj(m, l, s)) return op_linear_forward(y, x, w, b);
     CHECK(fp8_source(m, l, s).p == w.p);
     op_fp8_linear_forward(y, x, model_fp8_weight(m, l, s));
-    if (b.p) op_linear_bias_forward(y, b, NULL);
+    if (b.p) op_linear_bias_forward(y, b, (Tensor){0});
 }
 
 void model_proj_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, bool accumulate) {
@@ -107,7 +107,7 @@ void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db
     if (!fp8_proj(m, l, s)) return op_linear_backward_weight(dw, db, dy, x);
     CHECK(tensor_numel(fp8_source(m, l, s)) == tensor_numel(dw));
     op_fp8_linear_backward_weight(dw, dy, x);
-    if (db.p) op_linear_bias_backward(db, dy, NULL, true);
+    if (db.p) op_linear_bias_backward(db, dy, (Tensor){0}, true);
 }
 
 // ---- generation's KV cache ----

@@ -69,12 +69,13 @@ void ep_buffers_alloc(Model *m, EpBuffers *b, Arena *comm, int64_t T) {
     b->xrow = xmalloc(worst * sizeof(int32_t) + 1);
     b->goffs = xmalloc((E + 1) * sizeof(int64_t)), b->cur = xmalloc((E + P + 1) * sizeof(int64_t));
     b->meta_s = xmalloc(P * (El + 1) * sizeof(int64_t)), b->meta_r = xmalloc(P * (El + 1) * sizeof(int64_t));
+    b->loffs = xmalloc((El + 1) * sizeof(int64_t));
 }
 
 void ep_buffers_free(EpBuffers *b) {
     free(b->idx), free(b->perm), free(b->expand), free(b->dpos), free(b->send_idx), free(b->expand_r), free(b->perm_r),
         free(b->xrow);
-    free(b->goffs), free(b->cur), free(b->meta_s), free(b->meta_r);
+    free(b->goffs), free(b->cur), free(b->meta_s), free(b->meta_r), free(b->loffs);
     memset(b, 0, sizeof *b);
 }
 
@@ -158,7 +159,8 @@ static void drop_rows(EpBuffers *b, int64_t *offs, int64_t El, int64_t cap) {
 
 // Builds the route from idx on the host (the one host sync of the layer): the slot sort, deduplication,
 // the counts all-to-all and the expert order; and, with a capacity below the worst case, whether any rank
-// of the group received more rows than it (r->spill, one small all-reduce) or which rows to drop.
+// of the group received more rows than it (r->spill, one small all-reduce) or which rows to drop. The local
+// experts' offsets go to the device (io->offs), their last to io->rows.
 static void route_ranks(Model *m, StageIO *io) {
     EpRoute *r = io->route;
     EpBuffers *b = r->buf;
@@ -207,8 +209,8 @@ static void route_ranks(Model *m, StageIO *io) {
     int64_t *qcur = b->cur, *tbase = b->cur + P; // per source: next received-slot position; first token row
     for (int s = 0, q = 0, t0 = 0; s < P; q += (int)r->recv_slot[s], t0 += (int)r->recv_tok[s], s++)
         qcur[s] = q, tbase[s] = t0;
-    int64_t i = 0;
-    io->offs[0] = 0;
+    int64_t i = 0, *offs = b->loffs;
+    offs[0] = 0;
     for (int64_t e = 0; e < El; e++) {
         for (int s = 0; s < P; s++)
             for (int64_t cnt = b->meta_r[s * (El + 1) + e]; cnt > 0; cnt--, i++) {
@@ -216,13 +218,15 @@ static void route_ranks(Model *m, StageIO *io) {
                 b->perm_r[i] = (int32_t)q;
                 b->xrow[i] = (int32_t)(tbase[s] + b->expand_r[q]);
             }
-        io->offs[e + 1] = i;
+        offs[e + 1] = i;
     }
     CHECK(i == R);
     // Rows above the capacity: dropped here (parallel.ep_drop_tokens), or the whole group runs this layer's
     // stage 3 on the spill set when any rank has them (the spill is recomputed in backward, which is collective).
     r->rows = R, r->over = R > b->cap ? R - b->cap : 0, r->spill = false;
-    if (b->drop && r->over) drop_rows(b, io->offs, El, b->cap);
+    if (b->drop && r->over) drop_rows(b, offs, El, b->cap);
+    io->rows = offs[El];
+    op_copy(io->offs, host_i64(offs, El + 1));
     if (!b->drop && b->cap < ep_rows_worst(m, T)) {
         double over = (double)r->over;
         comm_allreduce(c, tensor_make(&over, DT_F64, DEV_CPU, 1, 1, 1, 1, 1), COMM_SUM);
@@ -234,6 +238,7 @@ void ep_dispatch_route(Model *m, StageIO *io) {
     if (io->dense) return;
     if (io->route) return route_ranks(m, io);
     op_moe_sort(io->perm, io->offs, io->idx, m->cfg.experts);
+    io->rows = tensor_numel(io->idx);
 }
 
 static void local_move(Model *m, StageIO *io, EpMove mv) {
@@ -247,7 +252,7 @@ static void local_move(Model *m, StageIO *io, EpMove mv) {
 
 // Each move packs the send buffer and posts its all-to-all (issue), then waits and unpacks (finish); with
 // one ep rank issue is the whole local move. Row counts per peer: the route's; stage 3 holds the kept rows
-// (offs[E_l]: all R received unless some were dropped, whose outputs return as zeros).
+// (io->rows: all R received unless some were dropped, whose outputs return as zeros).
 void ep_issue(Model *m, StageIO *io, EpMove mv) {
     if (io->dense) return;
     EpRoute *r = io->route;
@@ -256,7 +261,7 @@ void ep_issue(Model *m, StageIO *io, EpMove mv) {
     EpBuffers *b = r->buf;
     int P = m->ep->size;
     int64_t R = sum(r->recv_slot, P), ntok = sum(r->recv_tok, P), nsend = sum(r->send_tok, P), n = io->perm.n[0],
-            kept = io->offs[model_experts_local(&m->cfg)];
+            kept = io->rows;
     CHECK(!r->pending && kept <= io->xe.n[0]);
     const int64_t *out_rows = r->recv_tok, *in_rows = r->send_tok;
     switch (mv) {
@@ -294,7 +299,7 @@ void ep_finish(Model *m, StageIO *io) {
     CHECK(r->pending);
     EpMove mv = r->pending - 1;
     EpBuffers *b = r->buf;
-    int64_t nsend = sum(r->send_tok, m->ep->size), n = io->perm.n[0], kept = io->offs[model_experts_local(&m->cfg)];
+    int64_t nsend = sum(r->send_tok, m->ep->size), n = io->perm.n[0], kept = io->rows;
     comm_wait(&r->req);
     r->pending = 0;
     switch (mv) {

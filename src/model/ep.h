@@ -14,6 +14,7 @@ typedef struct EpBuffers {
     Tensor sbuf, rbuf;
     int32_t *idx, *perm, *dpos, *expand, *expand_r, *perm_r, *xrow, *send_idx; // host scratch
     int64_t *goffs, *meta_s, *meta_r, *cur;
+    int64_t *loffs; // (E_l + 1) the local experts' row offsets, built here and uploaded to the layer's offs
 } EpBuffers;
 
 // One layer's route, kept from dispatch to the backward of dispatch. P = ep ranks, E_l = E/P.
@@ -52,8 +53,10 @@ void ep_grad_alloc(Model *m, StageIO *io, Arena *ws, int64_t T);
 // drop) → issue (pack the rows, post the all-to-all) → finish (wait, unpack), so compute of another
 // micro-batch can run between issue and finish (docs/architecture.md, "The overlapped pair"). Between route
 // and the dispatch's issue the chunk chooses the layer's stage-3 buffers (its own or the spill set); between
-// issue and finish the move's buffers are the transfer's. Row counts: the kept rows, io->offs[E_l].
-void ep_dispatch_route(Model *m, StageIO *io);    // idx → perm, offs (and the route across ranks)
+// issue and finish the move's buffers are the transfer's. Row counts: the kept rows, io->rows (= io->offs[E_l]).
+// One rank: op_moe_sort writes perm and offs on the device and io->rows is T·k (every slot is a row), so the route
+// reads nothing back. Several: the route is built on the host (it needs the counts), offs uploaded from it.
+void ep_dispatch_route(Model *m, StageIO *io);    // idx → perm, offs, rows (and the route across ranks)
 void ep_issue(Model *m, StageIO *io, EpMove mv);  // one rank: the whole move
 void ep_finish(Model *m, StageIO *io);            // the move issued last on io
 void ep_dispatch_forward(Model *m, StageIO *io);  // route, issue and finish: xd, idx → perm, offs, xe

@@ -270,8 +270,9 @@ void model_lb_loss(Model *m, const MicroBatch *mb, int l, Tensor lb_grad, Tensor
         return;
     }
     if (m->lb.form != LB_GLOBAL_BATCH) {
-        // A replayed forward (full recompute) needs the gradient again, not the loss: the sum is put back.
-        double keep = mb->replay ? op_read_scalar(lb_sum) : 0;
+        // A replayed forward (full recompute) needs the gradient again, not the loss: its loss goes where nothing
+        // reads it (on the device, so the replay waits for nothing).
+        if (mb->replay) lb_sum = mb->sums->lb_replay;
         if (m->lb.form == LB_MICRO_BATCH) op_moe_lb_loss(lb_sum, lb_row(lb_grad, 0), probs, idx, coef, grad_scale);
         else { // sequence: the mean over the sequences of each one's micro-batch form
             int64_t S = probs.n[0] / B;
@@ -279,7 +280,6 @@ void model_lb_loss(Model *m, const MicroBatch *mb, int l, Tensor lb_grad, Tensor
                 op_moe_lb_loss(lb_sum, lb_row(lb_grad, b), tensor_rows(probs, b * S, S), tensor_rows(idx, b * S, S),
                                coef / B, grad_scale);
         }
-        if (mb->replay) op_copy(lb_sum, tensor_make(&keep, DT_F64, DEV_CPU, 1, 1, 1, 1, 1));
         return;
     }
     lb_grad = lb_row(lb_grad, 0);
@@ -345,6 +345,7 @@ void model_free(Model *m) {
 void step_sums_create(StepSums *s, const Model *m, bool alloc) {
     memset(s, 0, sizeof *s);
     s->loss_sum = model_tensor(m->dev, DT_F64, 1, alloc), s->lb_sum = model_tensor(m->dev, DT_F64, 1, alloc);
+    s->lb_replay = model_tensor(m->dev, DT_F64, 1, alloc);
     s->router_load = m->router_bias.p && alloc ? xcalloc((size_t)m->cfg.layers * m->cfg.experts, sizeof(double)) : NULL;
     const LoadBalance *b = &m->lb;
     if (b->global && alloc) { // lb_cnt: per layer, so a replayed forward (full recompute) finds its round
@@ -356,7 +357,7 @@ void step_sums_create(StepSums *s, const Model *m, bool alloc) {
 }
 
 void step_sums_begin(StepSums *s, const Model *m) {
-    op_zero(s->loss_sum), op_zero(s->lb_sum);
+    op_zero(s->loss_sum), op_zero(s->lb_sum), op_zero(s->lb_replay);
     if (s->router_load) memset(s->router_load, 0, (size_t)m->cfg.layers * m->cfg.experts * sizeof(double));
     step_sums_lb_begin(s, m);
     memset(s->experts_written, 0, sizeof s->experts_written);
@@ -367,8 +368,8 @@ void step_sums_lb_begin(StepSums *s, const Model *m) {
 }
 
 void step_sums_free(StepSums *s) {
-    model_tensor_free(s->loss_sum), model_tensor_free(s->lb_sum), model_tensor_free(s->row_loss), free(s->router_load),
-        free(s->router_idx), free(s->lb_counts);
+    model_tensor_free(s->loss_sum), model_tensor_free(s->lb_sum), model_tensor_free(s->lb_replay);
+    model_tensor_free(s->row_loss), free(s->router_load), free(s->router_idx), free(s->lb_counts);
     memset(s, 0, sizeof *s);
 }
 

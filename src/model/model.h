@@ -88,6 +88,7 @@ void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, dou
 // pointer to it to the stages.
 typedef struct {
     Tensor loss_sum, lb_sum; // (1) fp64 on the model's device: Σ CE and Σ load-balancing loss
+    Tensor lb_replay;        // (1) fp64 there: where a replayed forward's load-balancing loss goes (never read)
     double *router_load;     // (layers·E) host: the experts chosen (model_router_forward); NULL: not counted
     int32_t *router_idx;     // host staging of a GPU routing for the count (grown to router_idx_cap entries)
     int64_t router_idx_cap;
@@ -116,7 +117,8 @@ typedef struct {
     Tensor idx, w;         // (T, k) experts (int32) and routing weights (fp32) of each token
     Tensor dw;             // (T, k) gradient of the routing weights
     Tensor perm;           // (T·k) int32 slot ids t·k + j in expert order
-    int64_t *offs;         // (E_local + 1) host: rows offs[e]..offs[e+1] of xe belong to local expert e
+    Tensor offs;           // (E_local + 1) int64 on the device: rows offs[e]..offs[e+1] of xe belong to local expert e
+    int64_t rows;          // offs[E_local], known on the host: the rows stage 3 holds (T·k on one ep rank)
     struct EpRoute *route; // expert parallelism: where this layer's rows went (model/ep.h); NULL on one rank
     Tensor xe, dxe;        // (R, H) expert-ordered rows (dense: = xd)
     Tensor ye, dye;        // (R, H) expert outputs in the same order

@@ -311,7 +311,8 @@ void moe_stage3_alloc(Model *m, int l, void *rp, Arena *a, int64_t R, bool stage
 }
 
 int64_t moe_stage3_rows(const Model *m, const StageIO *io) {
-    return io->dense ? io->xe.n[0] : io->offs[model_experts_local(&m->cfg)];
+    (void)m;
+    return io->dense ? io->xe.n[0] : io->rows;
 }
 
 void moe_stage3_grad_alloc(Model *m, int l, void *rp, Arena *ws) {
@@ -435,35 +436,35 @@ static void act_backward(const ModelConfig *c, Tensor dgu, Tensor dact, Tensor g
     op_swiglu_backward(dgu, dact, gu, c->swiglu_alpha, c->swiglu_limit);
 }
 
-// Stage 3's GEMMs (offs NULL: the dense MLP, a projection of slot s): the experts' through FP8 on the layer's cached
+// Stage 3's GEMMs (offs.p NULL: the dense MLP, a projection of slot s): the experts' through FP8 on the layer's cached
 // quantised weights when m->fp8.on (the weight-gradient ones round their own operands; GPT-OSS's biases added after the
 // product, their gradients from the unrounded dy), else in the compute dtype.
-static void mlp_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
-    if (!offs) return model_proj_forward(m, l, s, y, x, w, b);
+static void mlp_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs) {
+    if (!offs.p) return model_proj_forward(m, l, s, y, x, w, b);
     if (!m->fp8.on) return op_grouped_linear_forward(y, x, w, b, offs);
     m->fp8.gemms[s]++, op_fp8_grouped_linear_forward(y, x, model_fp8_weight(m, l, s), offs);
     if (b.p) op_linear_bias_forward(y, b, offs);
 }
-static void mlp_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
-    if (!offs) model_proj_backward_input(m, l, s, dx, dy, w, false);
+static void mlp_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, Tensor offs) {
+    if (!offs.p) model_proj_backward_input(m, l, s, dx, dy, w, false);
     else if (m->fp8.on)
         m->fp8.gemms[s]++, op_fp8_grouped_linear_backward_input(dx, dy, model_fp8_weight(m, l, s), offs);
     else op_grouped_linear_backward_input(dx, dy, w, offs);
 }
 // acc false (grouped): dw and db are written, not added to (the dense path always adds).
-static void mlp_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x,
-                                const int64_t *offs, bool acc) {
-    if (!offs) return model_proj_backward_weight(m, l, s, dw, db, dy, x);
+static void mlp_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor offs,
+                                bool acc) {
+    if (!offs.p) return model_proj_backward_weight(m, l, s, dw, db, dy, x);
     if (!m->fp8.on) return op_grouped_linear_backward_weight(dw, db, dy, x, offs, acc);
     m->fp8.gemms[s]++, op_fp8_grouped_linear_backward_weight(dw, dy, x, offs, acc);
     if (db.p) op_linear_bias_backward(db, dy, offs, acc);
 }
 
-// Stage 3 on its rows (every token of a dense layer, offs NULL; the received rows of a MoE layer).
+// Stage 3 on its rows (every token of a dense layer, no offs; the received rows of a MoE layer).
 void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io, bool again) {
     const SharedWeights *W = m->sw;
     LayerRec *r = rp;
-    const int64_t *offs = io->dense ? NULL : io->offs;
+    Tensor offs = io->dense ? NONE : io->offs;
     int64_t R = moe_stage3_rows(m, io); // none when routing skips this rank
     if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
@@ -476,7 +477,7 @@ void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io, bool again) {
 void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
     const SharedWeights *W = m->sw;
     LayerRec *r = rp;
-    const int64_t *offs = io->dense ? NULL : io->offs;
+    Tensor offs = io->dense ? NONE : io->offs;
     int64_t R = moe_stage3_rows(m, io);
     if (!R) return;
     Tensor dact = tensor_rows(r->dact, 0, R), dgu = tensor_rows(r->dgu, 0, R), gu = tensor_rows(r->gu, 0, R);
@@ -497,13 +498,13 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, const MicroBatch *mb,
     bool again = m->recompute & RC_SWIGLU;
     if (io->dense) {
         if (again) act_forward(&m->cfg, r->act, r->gu);
-        mlp_backward_weight(m, l, FP8_DOWN, G->down[l], NONE, io->dye, r->act, NULL, true);
-        mlp_backward_weight(m, l, FP8_GATE_UP, G->gate_up[l], NONE, r->dgu, io->xe, NULL, true);
+        mlp_backward_weight(m, l, FP8_DOWN, G->down[l], NONE, io->dye, r->act, NONE, true);
+        mlp_backward_weight(m, l, FP8_GATE_UP, G->gate_up[l], NONE, r->dgu, io->xe, NONE, true);
         return;
     }
     // The step's first weight gradient writes the layer's expert gradients (they hold the last step's:
     // StepSums.experts_written); with no rows they are zeroed.
-    int64_t R = io->offs[model_experts_local(&m->cfg)];
+    int64_t R = io->rows;
     bool acc = mb->sums->experts_written[l];
     mb->sums->experts_written[l] = true;
     if (!acc && !R) {

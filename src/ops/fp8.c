@@ -42,9 +42,9 @@ static Tensor scratch_like(int slot, Tensor x) {
     return y;
 }
 
-static Tensor rounded(int slot, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
+static Tensor rounded(int slot, Tensor x, Fp8Blocks b, Tensor offs) {
     Tensor y = scratch_like(slot, x);
-    op_fp8_round(y, x, b, offs, groups);
+    op_fp8_round(y, x, b, offs);
     return y;
 }
 
@@ -109,32 +109,31 @@ bool op_fp8_tensor_cores(Device dev, int64_t E, int64_t N, int64_t K) {
 
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) {
     if (RAN_ON_CUDA(x.dev, cuda_fp8_linear_forward(y, x, w8))) return;
-    op_linear_forward(y, rounded(0, x, FP8_ROWS, NULL, 0), weight_values(w8, x.dt), NONE);
+    op_linear_forward(y, rounded(0, x, FP8_ROWS, NONE), weight_values(w8, x.dt), NONE);
 }
 
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) {
     if (RAN_ON_CUDA(dy.dev, cuda_fp8_linear_backward_input(dx, dy, w8, accumulate))) return;
-    op_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NULL, 0), weight_values(w8, dy.dt), accumulate);
+    op_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NONE), weight_values(w8, dy.dt), accumulate);
 }
 
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
     if (RAN_ON_CUDA(x.dev, cuda_fp8_linear_backward_weight(dw, dy, x))) return;
-    op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NULL, 0), rounded(1, x, FP8_TILES, NULL, 0));
+    op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NONE), rounded(1, x, FP8_TILES, NONE));
 }
 
-void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs) {
+void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, Tensor offs) {
     if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear(y, x, w8, offs, false))) return;
-    op_grouped_linear_forward(y, rounded(0, x, FP8_ROWS, NULL, 0), weight_values(w8, x.dt), NONE, offs);
+    op_grouped_linear_forward(y, rounded(0, x, FP8_ROWS, NONE), weight_values(w8, x.dt), NONE, offs);
 }
 
-void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, const int64_t *offs) {
+void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, Tensor offs) {
     if (RAN_ON_CUDA(dy.dev, cuda_fp8_grouped_linear(dx, dy, w8, offs, true))) return;
-    op_grouped_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NULL, 0), weight_values(w8, dy.dt), offs);
+    op_grouped_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NONE), weight_values(w8, dy.dt), offs);
 }
 
-void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
+void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor offs, bool accumulate) {
     if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear_backward_weight(dw, dy, x, offs, accumulate))) return;
-    int E = (int)dw.n[0];
-    op_grouped_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, offs, E), rounded(1, x, FP8_COLS, offs, E),
-                                      offs, accumulate);
+    op_grouped_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, offs), rounded(1, x, FP8_COLS, offs), offs,
+                                      accumulate);
 }

@@ -20,6 +20,7 @@ void ops_sync(void) {
     if (ops_cuda_available()) CUDA_OR(cuda_sync(), (void)0);
 }
 void ops_copies_wait(void) { CUDA_OR(cuda_copies_wait(), (void)0); }
+int64_t ops_host_syncs(void) { return CUDA_OR(cuda_host_syncs(), 0); }
 
 // The ops of ops_list.h: each runs cuda_<name> or cpu_<name> by its device expression (OP_RETURN_<ret>: `return`
 // where the op returns a value); the OP_OWN ones are written out below.
@@ -32,6 +33,7 @@ void ops_copies_wait(void) { CUDA_OR(cuda_copies_wait(), (void)0); }
 
 int64_t op_embedding_bad_id(Device dev) { return DISPATCH_CALL(dev, embedding_bad_id, ()); }
 bool op_adamw_nonfinite(Device dev) { return DISPATCH_CALL(dev, adamw_nonfinite, ()); }
+int64_t op_moe_sort_bad_expert(Device dev) { return DISPATCH_CALL(dev, moe_sort_bad_expert, ()); }
 void op_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, float lr, float b1, float b2, float eps,
               float wd, int t) {
     if (w.p && (w.dev != p.dev || tensor_numel(w) != tensor_numel(p)))

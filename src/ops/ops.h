@@ -17,6 +17,9 @@ size_t ops_cuda_pool_bytes(void);
 size_t ops_cuda_peak_bytes(void);
 void ops_sync(void);        // waits for queued GPU work (for timing); nothing on the CPU
 void ops_copies_wait(void); // waits for every op_copy_async issued (from any thread); nothing on the CPU
+// How often the host has waited for the GPU so far (a stream synchronisation: every read-back of a value ends in one);
+// 0 on the CPU. A step's layers wait for nothing on one GPU: tests count these around them.
+int64_t ops_host_syncs(void);
 
 // ---- normalisation, position embedding ----
 // The RMSNorm's form (op_rmsnorm_*; NULL: plain, u = w): u = 1 + w with one_plus (a zero-centred weight that starts
@@ -97,6 +100,10 @@ typedef struct {
     bool sigmoid;         // scores = sigmoid(logits) instead of the softmax
     const int32_t *given; // (T·k) host or NULL: the experts to take
 } RouterArgs;
+
+// An expert index outside [0, E) that an op_moe_sort on dev met since the last call (-1: none), read back and cleared
+// (the step reads it at its end, where it waits anyway); the CPU op dies at once.
+int64_t op_moe_sort_bad_expert(Device dev);
 
 // ---- embedding and optimizer ----
 // A token id outside the table that an embedding on dev met since the last call (-1: none). On the GPU the forward
@@ -193,9 +200,9 @@ bool op_fp8_tensor_cores(Device dev, int64_t E, int64_t N, int64_t K);
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
-void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs);
-void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, const int64_t *offs);
-void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);
+void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, Tensor offs);
+void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, Tensor offs);
+void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor offs, bool accumulate);
 
 // ---- the ops of ops_list.h ----
 #define OP(ret, name, dev, params, args) ret op_##name params;

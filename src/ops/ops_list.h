@@ -16,25 +16,25 @@ OP(void, linear_backward_input, dy.dev, (Tensor dx, Tensor dy, Tensor w, bool ac
 // dw: (N, K) += dy: (M, N)ᵀ · x: (M, K); db: (N) += Σ_rows dy (db.p == NULL: no bias)
 OP(void, linear_backward_weight, dy.dev, (Tensor dw, Tensor db, Tensor dy, Tensor x), (dw, db, dy, x))
 // The bias of an FP8 product, outside it (PithTrain adds it in the compute dtype): y: (M, N) += b: (N) per row, or with
-// offs (the experts) b: (E, N), expert e's on its rows; db: (N) or (E, N) fp32 (+)= Σ_rows dy of the unrounded dy
-// likewise (accumulate false: written; dense: always added).
-OP(void, linear_bias_forward, y.dev, (Tensor y, Tensor b, const int64_t *offs), (y, b, offs))
-OP(void, linear_bias_backward, dy.dev, (Tensor db, Tensor dy, const int64_t *offs, bool accumulate),
-   (db, dy, offs, accumulate))
+// offs (the experts' row offsets, as the grouped GEMMs'; p == NULL: dense) b: (E, N), expert e's on its rows; db: (N)
+// or (E, N) fp32 (+)= Σ_rows dy of the unrounded dy likewise (accumulate false: written; dense: always added).
+OP(void, linear_bias_forward, y.dev, (Tensor y, Tensor b, Tensor offs), (y, b, offs))
+OP(void, linear_bias_backward, dy.dev, (Tensor db, Tensor dy, Tensor offs, bool accumulate), (db, dy, offs, accumulate))
 
-// ---- grouped GEMMs (experts): rows offs[e]..offs[e+1] of x belong to expert e; offs on the host ----
+// ---- grouped GEMMs (experts): rows offs[e]..offs[e+1] of x belong to expert e ----
+// offs: (E+1) int64 on the ops' device (op_moe_sort writes it there): the GPU kernels read it where it is, so no op
+// here waits for the device (but cuBLASLt's per-expert products, for shapes the wgmma kernels do not take, which read
+// it back: cuda_gemm.cu).
 // y: (R, N) = x_e: (R_e, K) · w_e: (N, K)ᵀ [+ b_e], w: (E, N, K), b: (E, N) or p == NULL; empty experts are allowed.
-OP(void, grouped_linear_forward, x.dev, (Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs),
-   (y, x, w, b, offs))
+OP(void, grouped_linear_forward, x.dev, (Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs), (y, x, w, b, offs))
 // dx = dy·w_e
-OP(void, grouped_linear_backward_input, dy.dev, (Tensor dx, Tensor dy, Tensor w, const int64_t *offs),
-   (dx, dy, w, offs))
+OP(void, grouped_linear_backward_input, dy.dev, (Tensor dx, Tensor dy, Tensor w, Tensor offs), (dx, dy, w, offs))
 // dw_e (+)= dy_eᵀ·x_e; db: (E, N) (+)= Σ_rows of e dy (db.p == NULL: no bias). accumulate false: dw and db
 // are written, not added to (empty experts' become 0): the first micro-batch into a zeroed gradient, where writing
 // equals adding and saves reading dw. dw, db fp32, or bf16 (gradient_dtype): each element's sum in fp32, the stored
 // value added in fp32, rounded once to nearest even.
 OP(void, grouped_linear_backward_weight, dy.dev,
-   (Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs, bool accumulate), (dw, db, dy, x, offs, accumulate))
+   (Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor offs, bool accumulate), (dw, db, dy, x, offs, accumulate))
 
 // ---- normalisation, position embedding, activation ----
 // RMSNorm over the last dim D of x: (R, D) (per-head norms reshape the heads into rows): y = x · rstd · u,
@@ -122,8 +122,10 @@ OP(void, moe_lb_loss, probs.dev,
    (Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale),
    (loss_sum, lb_grad, probs, idx, coef, grad_scale))
 // Stable sort of the T·k (token, slot) pairs by expert: perm: (T·k) int32 lists slot ids t·k+j in expert
-// order; offs: (E+1) host array of group boundaries. Reads idx to the host on the GPU (the one sync).
-OP(void, moe_sort, idx.dev, (Tensor perm, int64_t *offs, Tensor idx, int E), (perm, offs, idx, E))
+// order; offs: (E+1) int64 on idx's device, the group boundaries (offs[E] = T·k). Nothing comes to the host: an expert
+// index outside [0, E) stops the CPU at once, and on the GPU sorts as the nearest valid one and is kept for
+// op_moe_sort_bad_expert (ops.h), which the step reads at its end.
+OP(void, moe_sort, idx.dev, (Tensor perm, Tensor offs, Tensor idx, int E), (perm, offs, idx, E))
 // y[i] = x[rows[i] / div] (gather, y: (R, H)).
 OP(void, gather_rows, x.dev, (Tensor y, Tensor x, Tensor rows, int div), (y, x, rows, div))
 // dx[rows[i] / div] += dy[i] (scatter-add by index, dy: (R, H)): the backward of op_gather_rows.
@@ -180,11 +182,11 @@ OP(void, muon_apply, p.dev, (Tensor p, Tensor o, float lr, float wd, float scale
 
 // ---- FP8 (Fp8Blocks: ops.h) ----
 // y = q·s (dequantised quantised x) in y's dtype, x, y: (R, C) fp32 or bf16 (y may be x); groups: rows offs[g] ..
-// offs[g+1] of x for g < groups (offs on the host; NULL: one group of all rows). A 3-D x: (E, N, K) is E groups of
-// N rows. q·s holds at most 4 significant bits and a power-of-two scale, so it is exact in bf16 and fp32.
+// offs[g+1] of x, offs (groups + 1) int64 on x's device (p NULL: one group of all rows). A 3-D x: (E, N, K) is E groups
+// of N rows. q·s holds at most 4 significant bits and a power-of-two scale, so it is exact in bf16 and fp32.
 // A non-finite x is refused: the CPU stops naming the element; the GPU writes NaN over its block, which the step's
 // non-finite check then reports.
-OP(void, fp8_round, x.dev, (Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups), (y, x, b, offs, groups))
+OP(void, fp8_round, x.dev, (Tensor y, Tensor x, Fp8Blocks b, Tensor offs), (y, x, b, offs))
 
 #undef OP
 #undef OP_OWN

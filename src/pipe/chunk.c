@@ -73,9 +73,10 @@ static void alloc_record(Chunk *c, ChunkRecord *k, Arena *a, ChunkPlan *p) {
     for (int l = c->l0; l < c->l1; l++) {
         StageIO *io = &k->io[l];
         io->dense = !m->cfg.is_moe[l];
-        if (!io->dense) { // the routing stage 1 writes
+        if (!io->dense) { // the routing stage 1 writes, and the expert offsets the dispatch derives from it
             io->idx = arena_tensor(a, DT_I32, 2, T, m->cfg.topk, 0, 0);
             io->w = arena_tensor(a, DT_F32, 2, T, m->cfg.topk, 0, 0);
+            io->offs = arena_tensor(a, DT_I64, 1, model_experts_local(&m->cfg) + 1, 0, 0, 0);
         }
         if (full) k->h[l + 1] = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);
     }
@@ -222,10 +223,7 @@ static void chunk_structs(Chunk *c, Model *m, int B, int S, ChunkShape sh, bool 
         k->h = xcalloc(L + 1, sizeof(Tensor));
         k->own = xcalloc(L, sizeof(ExpertRows));
         k->defer_set = -1;
-        for (int l = 0; l < L; l++) {
-            k->io[l].offs = xcalloc(m->cfg.experts + 1, sizeof(int64_t));
-            k->io[l].route = ep_route_create(m, &c->epb);
-        }
+        for (int l = 0; l < L; l++) k->io[l].route = ep_route_create(m, &c->epb);
     }
     c->dye = xcalloc((size_t)ndefer * L + 1, sizeof(Tensor)), c->dgu = xcalloc((size_t)ndefer * L + 1, sizeof(Tensor));
 }
@@ -320,7 +318,7 @@ void chunk_init_model(Chunk *c, Model *m, StepSums *sums, int B, int S) {
 void chunk_free(Chunk *c) {
     for (int i = 0; i < c->nrec && c->rec; i++) {
         ChunkRecord *k = &c->rec[i];
-        for (int l = 0; k->io && l < c->m->cfg.layers; l++) free(k->io[l].offs), ep_route_free(k->io[l].route);
+        for (int l = 0; k->io && l < c->m->cfg.layers; l++) ep_route_free(k->io[l].route);
         free(k->recs), free(k->io), free(k->h), free(k->own);
     }
     ep_buffers_free(&c->epb);

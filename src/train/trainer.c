@@ -576,7 +576,10 @@ StepStats run_step(Run *r) {
     // A non-finite loss or norm (the same on every rank: both are global sums) never reaches the weights:
     // the update is left out, the caller stops (on_nonfinite = fail) or goes on (skip).
     st.nonfinite = !isfinite(st.loss) || !isfinite(st.grad_norm);
-    int64_t bad = st.nonfinite ? op_embedding_bad_id(m->dev) : -1; // read only when the loss already says so
+    int64_t bad = op_moe_sort_bad_expert(m->dev); // a word read back here, where the step has waited anyway
+    if (bad >= 0)
+        die("moe_sort: expert index %lld out of range [0, %d) (a router bug)", (long long)bad, m->cfg.experts);
+    bad = st.nonfinite ? op_embedding_bad_id(m->dev) : -1; // read only when the loss already says so
     if (bad >= 0) die("embedding: token id %lld is outside the vocabulary of %d", (long long)bad, m->cfg.vocab);
     if (!st.nonfinite) st.update_nonfinite = !update(r, gscale, st.lr);
     st.seconds = now_seconds() - t0, die_context[0] = 0;

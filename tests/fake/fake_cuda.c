@@ -64,6 +64,10 @@ static void check_side(Tensor t, const char *what) {
     if (t.dev == DEV_CPU && dev) fake_fail("%s: a DEV_CPU tensor points into device memory", what);
 }
 
+// The host's waits for the device, as the CUDA backend counts them (ops_host_syncs): a stream synchronisation, and
+// every op that reads a value back or copies to or from host memory.
+static int64_t host_syncs;
+
 // ---- streams and events ----
 struct fake_stream {
     const char *name;
@@ -212,6 +216,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t ev, unsigned flags) 
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    host_syncs++;
     if (s == COMM) comm_finish();
     return cudaSuccess;
 }
@@ -461,7 +466,8 @@ __attribute__((constructor)) static void fake_install_device_memory(void) {
     device_alloc = cuda_alloc_or_die;
     device_free = cuda_free;
 }
-void cuda_sync(void) {}
+void cuda_sync(void) { host_syncs++; }
+int64_t cuda_host_syncs(void) { return host_syncs; }
 size_t cuda_pool_bytes(void) { return 0; }
 size_t cuda_mem_peak_bytes(void) { return 0; }
 void *cuda_compute_stream(void) { return COMPUTE; }
@@ -503,25 +509,24 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     OP(linear_backward_weight, &dw, &db, &dy, &x);
     cpu_linear_backward_weight(dw, db, dy, x);
 }
-void cuda_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
-    OP(linear_bias_forward, &y, &b);
+void cuda_linear_bias_forward(Tensor y, Tensor b, Tensor offs) {
+    OP(linear_bias_forward, &y, &b, &offs);
     cpu_linear_bias_forward(y, b, offs);
 }
-void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate) {
-    OP(linear_bias_backward, &db, &dy);
+void cuda_linear_bias_backward(Tensor db, Tensor dy, Tensor offs, bool accumulate) {
+    OP(linear_bias_backward, &db, &dy, &offs);
     cpu_linear_bias_backward(db, dy, offs, accumulate);
 }
-void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
-    OP(grouped_linear_forward, &y, &x, &w, &b);
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs) {
+    OP(grouped_linear_forward, &y, &x, &w, &b, &offs);
     cpu_grouped_linear_forward(y, x, w, b, offs);
 }
-void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
-    OP(grouped_linear_backward_input, &dx, &dy, &w);
+void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, Tensor offs) {
+    OP(grouped_linear_backward_input, &dx, &dy, &w, &offs);
     cpu_grouped_linear_backward_input(dx, dy, w, offs);
 }
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
-                                         bool accumulate) {
-    OP(grouped_linear_backward_weight, &dw, &db, &dy, &x);
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor offs, bool accumulate) {
+    OP(grouped_linear_backward_weight, &dw, &db, &dy, &x, &offs);
     cpu_grouped_linear_backward_weight(dw, db, dy, x, offs, accumulate);
 }
 // RmsArgs carries z and dz, which the CPU op reads as host memory too.
@@ -548,9 +553,9 @@ void cuda_swiglu_backward(Tensor dgu, Tensor dact, Tensor gu, float alpha, float
     OP(swiglu_backward, &dgu, &dact, &gu);
     cpu_swiglu_backward(dgu, dact, gu, alpha, limit);
 }
-void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
-    OP(fp8_round, &y, &x);
-    cpu_fp8_round(y, x, b, offs, groups);
+void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, Tensor offs) {
+    OP(fp8_round, &y, &x, &offs);
+    cpu_fp8_round(y, x, b, offs);
 }
 void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
     OP(fp8_weight, &fw.q, &fw.qt, &fw.s, &fw.st, &w);
@@ -564,8 +569,8 @@ void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
 bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) { return false; }
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) { return false; }
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) { return false; }
-bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs, bool input_grad) { return false; }
-bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate) {
+bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, Tensor offs, bool input_grad) { return false; }
+bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor offs, bool accumulate) {
     return false;
 }
 int64_t cuda_fp8_tensor_core_gemms(void) { return 0; }
@@ -602,8 +607,8 @@ void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx,
     OP(moe_lb_loss, &loss_sum, &lb_grad, &probs, &idx);
     cpu_moe_lb_loss(loss_sum, lb_grad, probs, idx, coef, gs);
 }
-void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) {
-    OP(moe_sort, &perm, &idx);
+void cuda_moe_sort(Tensor perm, Tensor offs, Tensor idx, int E) {
+    OP(moe_sort, &perm, &offs, &idx);
     cpu_moe_sort(perm, offs, idx, E);
 }
 void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
@@ -634,7 +639,8 @@ void cuda_embedding_backward(Tensor dtable, Tensor dh, Tensor tokens) {
     OP(embedding_backward, &dtable, &dh, &tokens);
     cpu_embedding_backward(dtable, dh, tokens);
 }
-int64_t cuda_embedding_bad_id(void) { return -1; } // the CPU op it runs dies at a bad id
+int64_t cuda_embedding_bad_id(void) { return host_syncs++, -1; }    // (the CPU op it runs dies at a bad id)
+int64_t cuda_moe_sort_bad_expert(void) { return host_syncs++, -1; } // (likewise at a bad expert index)
 void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, Tensor row_loss, float gs) {
     OP(cross_entropy, &logits, &labels, &loss_sum);
     cpu_cross_entropy(logits, labels, loss_sum, row_loss, gs);
@@ -652,6 +658,7 @@ void cuda_scale(Tensor x, float s) {
     cpu_scale(x, s);
 }
 void cuda_copy(Tensor dst, Tensor src) {
+    host_syncs += dst.dev != DEV_CUDA || src.dev != DEV_CUDA; // a copy that touches host memory waits
     OP(copy, &dst, &src);
     cpu_copy(dst, src); // fp32 ↔ bf16 as the CPU converts (the GPU's rounding is the same: nearest even)
 }
@@ -718,6 +725,7 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
     cpu_delta_rule_backward(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, &h);
 }
 double cuda_sum_squares(Tensor x) {
+    host_syncs++;
     OP(sum_squares, &x);
     return cpu_sum_squares(x);
 }
@@ -727,7 +735,7 @@ void cuda_adamw(Tensor p, Tensor g, Tensor m, Tensor v, Tensor w, float gscale, 
     if (w.p) OP(adamw, &w);
     cpu_adamw(p, g, m, v, w, gscale, lr, b1, b2, eps, wd, t);
 }
-bool cuda_adamw_nonfinite(void) { return cpu_adamw_nonfinite(); }
+bool cuda_adamw_nonfinite(void) { return host_syncs++, cpu_adamw_nonfinite(); }
 void cuda_muon_momentum(Tensor buf, Tensor g, float beta) {
     OP(muon_momentum, &buf, &g);
     cpu_muon_momentum(buf, g, beta);
@@ -737,6 +745,7 @@ void cuda_muon_apply(Tensor p, Tensor o, float lr, float wd, float scale) {
     cpu_muon_apply(p, o, lr, wd, scale);
 }
 double cuda_read_scalar(Tensor x) {
+    host_syncs++;
     OP(read_scalar, &x);
     return cpu_read_scalar(x);
 }

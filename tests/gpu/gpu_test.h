@@ -24,7 +24,8 @@ Pair pair_rand(DType dt, float scale, int nd, int64_t n0, int64_t n1, int64_t n2
 Pair pair_nan(DType dt, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3); // outputs: NaN on both sides
 Pair pair_from(DType dt, const float *h, int nd, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
 Pair pair_i32(const int32_t *h, int64_t n);
-float *gpu_down(Tensor d); // host fp32 copy of a device fp32/bf16 tensor (xmalloc'd)
+Pair pair_offs(const int64_t *h, int64_t n); // a grouped op's n row offsets on each side (h NULL: none, p NULL)
+float *gpu_down(Tensor d);                   // host fp32 copy of a device fp32/bf16 tensor (xmalloc'd)
 int32_t *gpu_down_i32(Tensor d);
 double pair_err(Pair p);                                     // ‖gpu − cpu‖/‖cpu‖ (NaN → inf)
 double calc_diff(const float *a, const float *b, int64_t n); // 1 − 2Σab/Σ(a² + b²) (NaN → inf)

@@ -85,6 +85,13 @@ Pair pair_i32(const int32_t *h, int64_t n) {
     return p;
 }
 
+Pair pair_offs(const int64_t *h, int64_t n) {
+    if (!h) return NOPAIR;
+    Pair p = {ti64_1(h, n), gpu_tensor(DT_I64, 1, n, 0, 0, 0)};
+    op_copy(p.d, p.c);
+    return p;
+}
+
 float *gpu_down(Tensor d) {
     Tensor h = tensor_make(NULL, DT_F32, DEV_CPU, d.nd, d.n[0], d.n[1], d.n[2], d.n[3]);
     h.p = xmalloc((tensor_numel(h) ? tensor_numel(h) : 1) * sizeof(float));

@@ -6,13 +6,14 @@
 
 // Bit-equal rounding of x: (R, C) (or (E, N, K) when E > 0) for each block kind, fp32 and bf16 storage.
 static void check_round(int64_t E, int64_t R, int64_t C, const int64_t *offs, int groups) {
+    Pair po = pair_offs(offs, groups + 1);
     for (int m = 0; m < 2; m++) {
         DType dt = m ? DT_BF16 : DT_F32;
         gpu_mode(dt);
         for (int b = FP8_ROWS; b <= FP8_TILES; b++) {
             Pair x = E ? pair_rand(dt, 3, 3, E, R, C, 0) : pair_rand(dt, 3, 2, R, C, 0, 0);
             Pair y = E ? pair_nan(dt, 3, E, R, C, 0) : pair_nan(dt, 2, R, C, 0, 0);
-            op_fp8_round(y.c, x.c, (Fp8Blocks)b, offs, groups), op_fp8_round(y.d, x.d, (Fp8Blocks)b, offs, groups);
+            op_fp8_round(y.c, x.c, (Fp8Blocks)b, po.c), op_fp8_round(y.d, x.d, (Fp8Blocks)b, po.d);
             EXPECT_CLOSE(y, 0);
         }
     }
@@ -29,7 +30,7 @@ TEST(gpu_op_fp8_round) {
     for (int i = 0; i < 512; i++) h[i] = (float)(i % 13) - 6;
     h[300] = INFINITY;
     Pair x = pair_from(DT_F32, h, 2, 2, 256, 0, 0), y = pair_nan(DT_F32, 2, 2, 256, 0, 0);
-    op_fp8_round(y.d, x.d, FP8_ROWS, NULL, 0);
+    op_fp8_round(y.d, x.d, FP8_ROWS, (Tensor){0});
     float *g = gpu_down(y.d);
     for (int i = 0; i < 512; i++) ASSERT_MSG((i >= 256 && i < 384) == (bool)isnan(g[i]), "element %d", i);
     free(g);
@@ -44,7 +45,7 @@ TEST(gpu_op_fp8_round) {
 // acc false: the grouped weight gradient is written, not added to.
 static void check_fp8_gemms(DType dt, double tol, int64_t M, int64_t N, int64_t K, const int64_t *offs, int E, int tc,
                             bool acc) {
-    Pair x = pair_rand(dt, 1, 2, M, K, 0, 0), dy = pair_rand(dt, 1, 2, M, N, 0, 0);
+    Pair x = pair_rand(dt, 1, 2, M, K, 0, 0), dy = pair_rand(dt, 1, 2, M, N, 0, 0), po = pair_offs(offs, E + 1);
     Pair w = offs ? pair_rand(dt, 0.5f, 3, E, N, K, 0) : pair_rand(dt, 0.5f, 2, N, K, 0, 0);
     Pair y = pair_nan(dt, 2, M, N, 0, 0), dx = pair_nan(dt, 2, M, K, 0, 0);
     Pair dw = offs ? pair_rand(DT_F32, 1, 3, E, N, K, 0) : pair_rand(DT_F32, 1, 2, N, K, 0, 0);
@@ -64,11 +65,11 @@ static void check_fp8_gemms(DType dt, double tol, int64_t M, int64_t N, int64_t 
     }
     int64_t tc0 = cuda_fp8_tensor_core_gemms();
     if (offs) {
-        op_fp8_grouped_linear_forward(y.c, x.c, w8c, offs), op_fp8_grouped_linear_forward(y.d, x.d, w8d, offs);
-        op_fp8_grouped_linear_backward_input(dx.c, dy.c, w8c, offs);
-        op_fp8_grouped_linear_backward_input(dx.d, dy.d, w8d, offs);
-        op_fp8_grouped_linear_backward_weight(dw.c, dy.c, x.c, offs, acc);
-        op_fp8_grouped_linear_backward_weight(dw.d, dy.d, x.d, offs, acc);
+        op_fp8_grouped_linear_forward(y.c, x.c, w8c, po.c), op_fp8_grouped_linear_forward(y.d, x.d, w8d, po.d);
+        op_fp8_grouped_linear_backward_input(dx.c, dy.c, w8c, po.c);
+        op_fp8_grouped_linear_backward_input(dx.d, dy.d, w8d, po.d);
+        op_fp8_grouped_linear_backward_weight(dw.c, dy.c, x.c, po.c, acc);
+        op_fp8_grouped_linear_backward_weight(dw.d, dy.d, x.d, po.d, acc);
     } else {
         op_fp8_linear_forward(y.c, x.c, w8c), op_fp8_linear_forward(y.d, x.d, w8d);
         op_fp8_linear_backward_input(dx.c, dy.c, w8c, false), op_fp8_linear_backward_input(dx.d, dy.d, w8d, false);

@@ -4,6 +4,7 @@
 // tensor; bf16: loss ≤ 1e-2 relative, gradients calc_diff ≤ 1e-2 per tensor), and `pith train` on the
 // GPU tracking the CPU loss curve within 2% at every 20th step (fp32 and bf16 compute).
 #include "gpu_test.h"
+#include "ops/cuda/cuda_ops.h"
 #include "pipe/chunk.h"
 
 static const char *config_a = TINY_MOE_A;
@@ -278,6 +279,80 @@ static void track_cpu(const char *config, int vocab, int threads) {
     gpu_report();
     ASSERT_MSG(worst32 <= 0.02, "fp32 GPU loss curve off the CPU's by %.3g", worst32);
     ASSERT_MSG(worst16 <= 0.02, "bf16 GPU loss curve off the CPU's by %.3g", worst16);
+}
+
+// One GPU's step waits for nothing inside the layers (issue 37): through Qwen3-MoE (a dense layer; full recompute: the
+// backward reruns each forward, its sort and load-balancing loss included) and GPT-OSS (per-expert biases), bf16 and
+// FP8 (Qwen3's experts on the E4M3 kernel; GPT-OSS's down projection, K = 64, on the rounded operands: fp8_round by
+// experts), with expert widths the wgmma kernels take, the second micro-batch's forward and backward (the first grows
+// the op scratch and builds the attention plans) counts no host wait (ops_host_syncs: every cudaStreamSynchronize and
+// read-back of the CUDA backend) from the first layer's forward to the last layer's backward, and the expert products
+// ran on wgmma.
+TEST(gpu_step_no_host_sync) {
+    gpu_begin();
+    static const char *const configs[2] = {
+        "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 128, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 64, \"vocab_size\": 64, \"num_experts\": 8, "
+        "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 128, \"intermediate_size\": 128, "
+        "\"mlp_only_layers\": [1], \"norm_topk_prob\": true}",
+        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 64, \"vocab_size\": 64, \"num_local_experts\": 8, "
+        "\"num_experts_per_tok\": 2, \"intermediate_size\": 64, \"sliding_window\": 16, \"swiglu_limit\": 7.0, "
+        "\"layer_types\": [\"sliding_attention\", \"full_attention\"], \"max_position_embeddings\": 128}"};
+    int B = 2, S = 64, T = B * S;
+    int32_t *tok = xmalloc(T * sizeof(int32_t)), *lab = xmalloc(T * sizeof(int32_t));
+    for (int t = 0; t < T; t++) tok[t] = (int32_t)(rng_u64(5, 1, t) % 64), lab[t] = (int32_t)(rng_u64(5, 2, t) % 64);
+    static const struct {
+        int config;
+        bool full, fp8;
+    } cases[5] = {{0, false, false}, {0, true, false}, {1, false, false}, {0, false, true}, {1, false, true}};
+    for (int i = 0; i < 5; i++) {
+        int c = cases[i].config;
+        ModelConfig mc;
+        const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", configs[c]));
+        Model m;
+        model_create(&m, fam, &mc, DEV_CUDA, DT_BF16, S);
+        m.recompute = cases[i].full ? RECOMPUTE_FULL : RECOMPUTE_NONE,
+        m.lb_coef = 0.01; // (load balancing on the device)
+        for (int g = 0; g < NGROUPS; g++) {
+            float *w = xmalloc((m.params.numel[g] + 1) * sizeof(float));
+            params_init(&m.params, g, w, 7, 0.2, mc.layers);
+            op_copy(m.w[g], tf32_1(w, m.params.numel[g])), free(w);
+        }
+        if (cases[i].fp8) model_fp8_setup(&m);
+        StepSums st;
+        Chunk e;
+        step_sums_create(&st, &m, true);
+        chunk_init_model(&e, &m, &st, B, S);
+        chunk_load(&e, 0, tok, lab);
+        int64_t waits = 0, products = 0, fp8 = 0;
+        double loss = 0;
+        for (int mb = 0; mb < 2; mb++) {
+            model_zero_grads(&m), step_sums_begin(&st, &m);
+            ops_sync();
+            int64_t s0 = ops_host_syncs(), p0 = cuda_grouped_calls("wgmma"), f0 = cuda_fp8_tensor_core_gemms();
+            chunk_forward(&e, 0, true), chunk_backward(&e, 0, false);
+            waits = ops_host_syncs() - s0, products = cuda_grouped_calls("wgmma") - p0;
+            fp8 = cuda_fp8_tensor_core_gemms() - f0;
+            loss = op_read_scalar(st.loss_sum);
+        }
+        int moe = 0;
+        for (int l = 0; l < mc.layers; l++) moe += mc.is_moe[l];
+        printf("     %s%s%s: %lld host waits in the layers, %lld expert products on bf16 wgmma, %lld FP8 tensor-core "
+               "GEMMs, loss %.6g\n",
+               mc.model_type, cases[i].full ? " (full recompute)" : "", cases[i].fp8 ? " fp8" : "", (long long)waits,
+               (long long)products, (long long)fp8, loss);
+        ASSERT_MSG(waits == 0, "%s: %lld host waits between the first layer's forward and the last's backward",
+                   mc.model_type, (long long)waits);
+        // bf16: the six expert products of each MoE layer; FP8: Qwen3's on the E4M3 kernel (and the dense
+        // projections on cuBLASLt's), GPT-OSS's down weight gradient on bf16 wgmma after fp8_round
+        bool ran = !cases[i].fp8 ? products >= 6 * moe : c == 0 ? fp8 >= 6 * moe : fp8 > 0 && products >= moe;
+        ASSERT_MSG(ran && isfinite(loss), "%s: %lld expert products on bf16 wgmma, %lld FP8 GEMMs", mc.model_type,
+                   (long long)products, (long long)fp8);
+        chunk_free(&e), step_sums_free(&st), model_free(&m);
+    }
+    free(tok), free(lab);
+    gpu_report();
 }
 
 TEST(gpu_train_tracks_cpu) { track_cpu("examples/tiny/train.json", 256, 2); }

@@ -60,17 +60,18 @@ TEST(gpu_op_linear) {
 // ran, db_e += Σ_rows dy (fp32).
 static void check_grouped(DType dt, double tol, int64_t R, bool bias) {
     const int64_t offs[6] = {0, 7, 7, 20, 21, R};
+    Pair po = pair_offs(offs, 6);
     int64_t K = 24, N = 36;
     Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, 5, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
     Pair b = bias ? pair_rand(dt, 1, 2, 5, N, 0, 0) : NOPAIR, db = bias ? pair_rand(DT_F32, 1, 2, 5, N, 0, 0) : NOPAIR;
-    op_grouped_linear_forward(y.c, x.c, w.c, b.c, offs), op_grouped_linear_forward(y.d, x.d, w.d, b.d, offs);
+    op_grouped_linear_forward(y.c, x.c, w.c, b.c, po.c), op_grouped_linear_forward(y.d, x.d, w.d, b.d, po.d);
     EXPECT_CLOSE(y, tol);
     Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0),
          dw = pair_rand(DT_F32, 1, 3, 5, N, K, 0);
-    op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
+    op_grouped_linear_backward_input(dx.c, dy.c, w.c, po.c), op_grouped_linear_backward_input(dx.d, dy.d, w.d, po.d);
     EXPECT_CLOSE(dx, tol);
-    op_grouped_linear_backward_weight(dw.c, db.c, dy.c, x.c, offs, true),
-        op_grouped_linear_backward_weight(dw.d, db.d, dy.d, x.d, offs, true);
+    op_grouped_linear_backward_weight(dw.c, db.c, dy.c, x.c, po.c, true),
+        op_grouped_linear_backward_weight(dw.d, db.d, dy.d, x.d, po.d, true);
     EXPECT_CLOSE(dw, tol);
     if (bias) EXPECT_CLOSE(db, tol);
 }
@@ -471,8 +472,9 @@ TEST(gpu_op_vector_paths) {
         Pair ix = pair_i32(idx, T * k);
         ix.c = tensor_reshape2(ix.c, T, k), ix.d = tensor_reshape2(ix.d, T, k);
         Pair perm = pair_i32(idx, T * k);
-        int64_t oc[17], og[17];
-        op_moe_sort(perm.c, oc, ix.c, (int)E), op_moe_sort(perm.d, og, ix.d, (int)E);
+        int64_t oc[17] = {0};
+        Pair po = pair_offs(oc, 17);
+        op_moe_sort(perm.c, po.c, ix.c, (int)E), op_moe_sort(perm.d, po.d, ix.d, (int)E);
         Pair xt = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), xe = pair_nan(MODE_DT, 2, T * k, H, 0, 0),
              ys = pair_nan(MODE_DT, 2, T * k, H, 0, 0);
         op_gather_rows(xe.c, xt.c, perm.c, (int)k), op_gather_rows(xe.d, xt.d, perm.d, (int)k);
@@ -533,28 +535,29 @@ TEST(gpu_op_grouped_linear_many) {
     for (int64_t e = 0; e < E; e++)
         offs[e + 1] = offs[e] + (e == 3 || e == 9 ? 0 : 1 + (int64_t)(rng_u64(4, 4, e) % 90));
     int64_t R = offs[E];
+    Pair po = pair_offs(offs, E + 1);
     MODES {
         gpu_mode(MODE_DT);
         DType dt = MODE_DT;
         Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0),
              y = pair_nan(dt, 2, R, N, 0, 0);
-        op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs), op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
+        op_grouped_linear_forward(y.c, x.c, w.c, NONE, po.c), op_grouped_linear_forward(y.d, x.d, w.d, NONE, po.d);
         EXPECT_CLOSE(y, GEMM_TOL);
         Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0),
              dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
-        op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs),
-            op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
+        op_grouped_linear_backward_input(dx.c, dy.c, w.c, po.c),
+            op_grouped_linear_backward_input(dx.d, dy.d, w.d, po.d);
         EXPECT_CLOSE(dx, GEMM_TOL);
-        op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs, true),
-            op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs, true);
+        op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, po.c, true),
+            op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, po.d, true);
         EXPECT_CLOSE(dw, GEMM_TOL);
         // the per-expert cuBLASLt weight gradients on side streams (default 4) equal the serial loop bit for bit
         Pair dw1 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0), dw4 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0);
         setenv("PITH_GROUPED_KERNEL", "loop", 1); // (bf16 here would otherwise take the wgmma kernels)
         setenv("PITH_WGRAD_STREAMS", "1", 1);
-        op_grouped_linear_backward_weight(dw1.d, NONE, dy.d, x.d, offs, true);
+        op_grouped_linear_backward_weight(dw1.d, NONE, dy.d, x.d, po.d, true);
         setenv("PITH_WGRAD_STREAMS", "4", 1);
-        op_grouped_linear_backward_weight(dw4.d, NONE, dy.d, x.d, offs, true);
+        op_grouped_linear_backward_weight(dw4.d, NONE, dy.d, x.d, po.d, true);
         unsetenv("PITH_WGRAD_STREAMS");
         unsetenv("PITH_GROUPED_KERNEL");
         float *h1 = gpu_down(dw1.d), *h4 = gpu_down(dw4.d);
@@ -570,10 +573,10 @@ TEST(gpu_op_grouped_linear_many) {
             Pair g = pair_rand(DT_BF16, 1, 3, E, N, K, 0);
             Tensor gc = tensor_make(xmalloc(E * N * K * 2), DT_BF16, DEV_CPU, 3, E, N, K, 1);
             op_copy(gc, g.c);
-            op_grouped_linear_backward_weight(gc, NONE, dy.c, x.c, offs, acc);
+            op_grouped_linear_backward_weight(gc, NONE, dy.c, x.c, po.c, acc);
             op_copy(g.c, gc), free(gc.p);
             setenv("PITH_GROUPED_KERNEL", paths[i / 2], 1);
-            op_grouped_linear_backward_weight(g.d, NONE, dy.d, x.d, offs, acc);
+            op_grouped_linear_backward_weight(g.d, NONE, dy.d, x.d, po.d, acc);
             unsetenv("PITH_GROUPED_KERNEL");
             EXPECT_CLOSE(g, 1e-2);
         }
@@ -609,11 +612,12 @@ static double block_err(const float *g, const float *ref, int64_t mats, int64_t 
 // accumulating (1e-5). PITH_GROUPED_KERNEL=wgmma and the call counter make sure these kernels ran; a second
 // weight gradient must match the first bit for bit.
 static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *counts, int64_t N, int64_t K) {
-    int64_t offs[65];
-    CHECK(E <= 64);
+    int64_t offs[257];
+    CHECK(E <= 256);
     offs[0] = 0;
     for (int64_t e = 0; e < E; e++) offs[e + 1] = offs[e] + counts[e];
     int64_t R = offs[E];
+    Pair po = pair_offs(offs, E + 1);
     printf("     %s: E=%lld N=%lld K=%lld rows=%lld\n", tag, (long long)E, (long long)N, (long long)K, (long long)R);
     size_t mark = gpu_mark(); // (each case's device tensors go at its end)
     DType dt = DT_BF16;
@@ -622,14 +626,14 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     Pair y = pair_nan(dt, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
     Tensor dw2 = gpu_tensor(DT_F32, 3, E, N, K, 0); // the start, for a second run
     op_copy(dw2, dw.d);
-    op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs);
-    op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs);
-    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs, true);
+    op_grouped_linear_forward(y.c, x.c, w.c, NONE, po.c);
+    op_grouped_linear_backward_input(dx.c, dy.c, w.c, po.c);
+    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, po.c, true);
     setenv("PITH_GROUPED_KERNEL", "wgmma", 1);
     int64_t calls0 = cuda_grouped_calls("wgmma");
-    op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
-    op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
-    op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs, true);
+    op_grouped_linear_forward(y.d, x.d, w.d, NONE, po.d);
+    op_grouped_linear_backward_input(dx.d, dy.d, w.d, po.d);
+    op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, po.d, true);
     bool ran = cuda_grouped_calls("wgmma") == calls0 + 3;
     Pair ys[3] = {y, dx, dw};
     const char *what[3] = {"y (forward)", "dx (input gradient)", "dw (fp32 accumulate)"};
@@ -646,7 +650,7 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
         free(g);
     }
     // the weight gradient again from the same start: bit for bit (one writer per output)
-    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, offs, true);
+    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, po.d, true);
     int64_t n = E * N * K;
     float *h1 = gpu_down(dw2), *h2 = gpu_down(dw.d);
     bool same = !memcmp(h1, h2, (size_t)n * sizeof(float));
@@ -657,8 +661,8 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     Tensor hc = tensor_make(h1, DT_F32, DEV_CPU, 3, E, N, K, 1);
     op_copy(dw2, hc);
     int64_t calls1 = cuda_grouped_calls("wgmma");
-    op_grouped_linear_backward_weight(hc, NONE, dy.c, x.c, offs, false);
-    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, offs, false);
+    op_grouped_linear_backward_weight(hc, NONE, dy.c, x.c, po.c, false);
+    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, po.d, false);
     unsetenv("PITH_GROUPED_KERNEL");
     float *go = gpu_down(dw2);
     double erro = block_err(go, h1, E, N, K);
@@ -685,6 +689,10 @@ TEST(gpu_op_grouped_wgmma) {
     const int64_t qwen[6] = {0, 37, 300, 129, 1, 64};
     ok &= check_grouped_wgmma("Qwen3 gate_up", 6, qwen, 1536, 2048);
     ok &= check_grouped_wgmma("Qwen3 down", 6, qwen, 2048, 768);
+    // the most experts a tile list holds (WG_MAX_E): 256, rows 0..5 each (every sixth empty), built on the device
+    int64_t many[256];
+    for (int i = 0; i < 256; i++) many[i] = (i * 7) % 6;
+    ok &= check_grouped_wgmma("256 experts", 256, many, 128, 128);
     // widths that are multiples of 64, not of 128: a 64-wide last column tile (and weight-gradient row tile)
     ok &= check_grouped_wgmma("ragged, 64-multiples", 11, small, 192, 320);
     // gpt-oss-20b's expert shapes (few experts: the weights and three fp32 gradients fit the test arena)
@@ -793,8 +801,10 @@ TEST(gpu_op_moe_sort_gather_scatter) {
         int32_t junk[74];
         for (int i = 0; i < 74; i++) junk[i] = -1;
         Pair perm = pair_i32(junk, T * k);
-        int64_t oc[7], og[7];
-        op_moe_sort(perm.c, oc, ix.c, (int)E), op_moe_sort(perm.d, og, ix.d, (int)E);
+        int64_t oc[7] = {-1, -1, -1, -1, -1, -1, -1}, og[7];
+        Pair po = pair_offs(oc, 7); // written by the sorts
+        op_moe_sort(perm.c, po.c, ix.c, (int)E), op_moe_sort(perm.d, po.d, ix.d, (int)E);
+        op_copy(ti64_1(og, 7), po.d);
         for (int e = 0; e <= E; e++)
             ASSERT_MSG(oc[e] == og[e], "offs[%d]: gpu %lld cpu %lld", e, (long long)og[e], (long long)oc[e]);
         int32_t *gp = gpu_down_i32(perm.d);
@@ -814,6 +824,25 @@ TEST(gpu_op_moe_sort_gather_scatter) {
         op_scatter_add_rows(dx.c, dxe.c, perm.c, (int)k), op_scatter_add_rows(dx.d, dxe.d, perm.d, (int)k);
         EXPECT_CLOSE(dx, TOL);
     }
+    // an expert index out of range: kept for op_moe_sort_bad_expert (read once, then cleared), sorted as the nearest
+    // valid expert so that perm stays a permutation and the offsets end at T·k
+    ASSERT(op_moe_sort_bad_expert(DEV_CUDA) == -1);
+    idx[5] = (int32_t)E + 3, idx[9] = -2;
+    Pair ix = pair_i32(idx, T * k), perm = pair_i32(idx, T * k), po = pair_offs((int64_t[7]){0}, 7);
+    op_moe_sort(perm.d, po.d, ix.d, (int)E);
+    int64_t bad = op_moe_sort_bad_expert(DEV_CUDA);
+    ASSERT_MSG(bad == E + 3 || bad == -2, "bad expert %lld", (long long)bad);
+    ASSERT(op_moe_sort_bad_expert(DEV_CUDA) == -1);
+    int64_t og[7];
+    op_copy(ti64_1(og, 7), po.d);
+    int32_t *gp = gpu_down_i32(perm.d);
+    bool seen[74] = {0};
+    for (int64_t i = 0; i < T * k; i++) {
+        ASSERT(gp[i] >= 0 && gp[i] < T * k && !seen[gp[i]]);
+        seen[gp[i]] = true;
+    }
+    ASSERT(og[0] == 0 && og[E] == T * k);
+    free(gp);
     gpu_report();
 }
 
@@ -1006,27 +1035,30 @@ TEST(gpu_op_grouped_paths) {
     setenv("PITH_GROUPED_KERNEL", "loop", 1);
     int64_t calls0 = cuda_grouped_calls("wgmma");
     const int64_t offs[7] = {0, 37, 37, 100, 101, 180, 250};
+    Pair po = pair_offs(offs, 7);
     int64_t E = 6, R = 250, K = 64, N = 96;
     DType dt = DT_BF16;
     Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
-    op_grouped_linear_forward(y.c, x.c, w.c, NONE, offs), op_grouped_linear_forward(y.d, x.d, w.d, NONE, offs);
+    op_grouped_linear_forward(y.c, x.c, w.c, NONE, po.c), op_grouped_linear_forward(y.d, x.d, w.d, NONE, po.d);
     EXPECT_CLOSE(y, 1e-2);
     Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0),
          dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
-    op_grouped_linear_backward_input(dx.c, dy.c, w.c, offs), op_grouped_linear_backward_input(dx.d, dy.d, w.d, offs);
+    op_grouped_linear_backward_input(dx.c, dy.c, w.c, po.c), op_grouped_linear_backward_input(dx.d, dy.d, w.d, po.d);
     EXPECT_CLOSE(dx, 1e-2);
-    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, offs, true),
-        op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, offs, true);
+    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, po.c, true),
+        op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, po.d, true);
     EXPECT_CLOSE(dw, 1e-4);
     // skewed routing: two experts of over a thousand rows beside small ones
     const int64_t so[6] = {0, 1100, 1130, 1130, 2400, 2410};
+    Pair pso = pair_offs(so, 6);
     int64_t E2 = 5, R2 = 2410;
     Pair x2 = pair_rand(dt, 1, 2, R2, K, 0, 0), w2 = pair_rand(dt, 0.5f, 3, E2, N, K, 0),
          y2 = pair_nan(dt, 2, R2, N, 0, 0);
-    op_grouped_linear_forward(y2.c, x2.c, w2.c, NONE, so), op_grouped_linear_forward(y2.d, x2.d, w2.d, NONE, so);
+    op_grouped_linear_forward(y2.c, x2.c, w2.c, NONE, pso.c), op_grouped_linear_forward(y2.d, x2.d, w2.d, NONE, pso.d);
     EXPECT_CLOSE(y2, 1e-2);
     Pair dy2 = pair_rand(dt, 1, 2, R2, N, 0, 0), dx2 = pair_nan(dt, 2, R2, K, 0, 0);
-    op_grouped_linear_backward_input(dx2.c, dy2.c, w2.c, so), op_grouped_linear_backward_input(dx2.d, dy2.d, w2.d, so);
+    op_grouped_linear_backward_input(dx2.c, dy2.c, w2.c, pso.c),
+        op_grouped_linear_backward_input(dx2.d, dy2.d, w2.d, pso.d);
     EXPECT_CLOSE(dx2, 1e-2);
     unsetenv("PITH_GROUPED_KERNEL");
     ASSERT_MSG(cuda_grouped_calls("wgmma") == calls0,

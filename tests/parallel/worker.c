@@ -688,10 +688,10 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
           ws = arena_create("ws", dev, 1 << 24);
     ep_buffers_alloc(&m, &b, &comm, T);
     StageIO io = {0};
-    io.offs = xcalloc(E + 1, sizeof(int64_t));
     io.route = ep_route_create(&m, &b);
     io.xd = arena_tensor(&act, DT_F32, 2, T, H, 0, 0);
     io.idx = arena_tensor(&act, DT_I32, 2, T, k, 0, 0);
+    io.offs = arena_tensor(&act, DT_I64, 1, El + 1, 0, 0, 0);
     ep_alloc(&m, &io, &act, T);
     io.ye = arena_tensor(&act, DT_F32, 2, io.xe.n[0], H, 0, 0); // (the chunk's shared staging buffer)
     ep_grad_alloc(&m, &io, &ws, T);
@@ -707,6 +707,8 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
     op_copy(io.xd, xd), op_copy(io.idx, idx);
     ep_dispatch_forward(&m, &io);
     Tensor xe = pull(io.xe), send_idx = io.route ? pull(io.route->send_idx) : (Tensor){0};
+    int64_t *offs = xmalloc((El + 1) * sizeof(int64_t));
+    op_copy(ti64_1(offs, El + 1), io.offs);
     // counts: deduplicated tokens to each rank, slots to each rank
     EpRoute *r = io.route;
     int64_t sent = 0;
@@ -733,8 +735,7 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
     // expert order: local expert, then source rank, then the source's token order
     int64_t i = 0;
     for (int e = 0; e < El; e++) {
-        EXPECT(io.offs[e] == i, "%s: offs[%d] = %lld, expected %lld\n", c->name, e, (long long)io.offs[e],
-               (long long)i);
+        EXPECT(offs[e] == i, "%s: offs[%d] = %lld, expected %lld\n", c->name, e, (long long)offs[e], (long long)i);
         for (int s = 0; s < P; s++)
             for (int t = 0; t < T; t++)
                 for (int j = 0; j < k; j++)
@@ -744,12 +745,12 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
                         i++;
                     }
     }
-    EXPECT(io.offs[El] == i, "%s: rows received\n", c->name);
+    EXPECT(offs[El] == i && io.rows == i, "%s: rows received\n", c->name);
     // combine: expert e's output is x·(e+1) + e, so slot (t, j) must come back as x_t·(idx+1) + idx
     Tensor ye = host_like(io.ye);
     for (int64_t q = 0; q < i; q++) {
         int e = 0;
-        while (io.offs[e + 1] <= q) e++;
+        while (offs[e + 1] <= q) e++;
         int ge = me * El + e;
         for (int col = 0; col < H; col++) F(ye)[q * H + col] = F(xe)[q * H + col] * (float)(ge + 1) + (float)ge;
     }
@@ -772,7 +773,7 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
     Tensor dye = pull(io.dye);
     for (int64_t q = 0; q < i; q++) {
         int e = 0;
-        while (io.offs[e + 1] <= q) e++;
+        while (offs[e + 1] <= q) e++;
         int s = (int)F(xe)[q * H], t = (int)F(xe)[q * H + 1], j = 0;
         while (ids[((size_t)s * T + t) * k + j] != me * El + e) j++;
         for (int col = 0; col < H; col++)
@@ -783,7 +784,7 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
     Tensor dxe = host_like(io.dxe);
     for (int64_t q = 0; q < i; q++) {
         int e = 0;
-        while (io.offs[e + 1] <= q) e++;
+        while (offs[e + 1] <= q) e++;
         int s = (int)F(xe)[q * H], t = (int)F(xe)[q * H + 1];
         for (int col = 0; col < H; col++) F(dxe)[q * H + col] = dxeval(s, t, me * El + e, col);
     }
@@ -799,7 +800,7 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
         }
     Tensor hs[] = {xd, idx, xe, send_idx, ye, y, dy, dye, dxe, dxd};
     for (size_t h = 0; h < sizeof hs / sizeof *hs; h++) free(hs[h].p);
-    ep_route_free(io.route), ep_buffers_free(&b), free(io.offs), free(ids);
+    ep_route_free(io.route), ep_buffers_free(&b), free(offs), free(ids);
     arena_destroy(&comm), arena_destroy(&act), arena_destroy(&ws);
 }
 
@@ -943,6 +944,60 @@ static void suite_capacity(const Dist *d) {
     model_free(&m);
 }
 
+// ---- nosync: a step's layers wait for nothing on one GPU ----
+// One micro-batch's forward and backward through a tiny model on one GPU — Qwen3-MoE with a dense layer under each
+// recompute mode, and GPT-OSS (per-expert biases), load balancing on: the host waits for the device (ops_host_syncs,
+// which the fake GPUs count as the CUDA backend does: a stream synchronisation, a read-back, a copy to or from host
+// memory) nowhere from the first layer's forward to the last layer's backward; the loss's read-back after them is the
+// first wait.
+static void suite_nosync(void) {
+    static const char *const configs[2] = {
+        "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 8, \"vocab_size\": 64, \"num_experts\": 8, "
+        "\"num_experts_per_tok\": 3, \"moe_intermediate_size\": 16, \"intermediate_size\": 24, "
+        "\"mlp_only_layers\": [1], \"norm_topk_prob\": true}",
+        "{\"model_type\": \"gpt_oss\", \"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+        "\"num_key_value_heads\": 2, \"head_dim\": 16, \"vocab_size\": 64, \"num_local_experts\": 8, "
+        "\"num_experts_per_tok\": 2, \"intermediate_size\": 16, \"sliding_window\": 5, \"swiglu_limit\": 2.0, "
+        "\"layer_types\": [\"sliding_attention\", \"full_attention\"], \"max_position_embeddings\": 64}"};
+    static const RecomputeMode modes[3] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL};
+    int T = MB_B * MB_S;
+    int32_t tok[MB_B * MB_S], lab[MB_B * MB_S];
+    for (int t = 0; t < T; t++) tok[t] = (int32_t)(rng_u64(5, 1, t) % 64), lab[t] = (int32_t)(rng_u64(5, 2, t) % 64);
+    for (int c = 0; c < 2; c++)
+        for (int r = 0; r < (c ? 1 : 3); r++) {
+            char path[256];
+            snprintf(path, sizeof path, "/tmp/pith-nosync-%d.json", (int)getpid());
+            FILE *f = fopen(path, "w");
+            CHECK(f && fputs(configs[c], f) >= 0 && fclose(f) == 0);
+            ModelConfig mc;
+            const ModelFamily *fam = model_config_load(&mc, path);
+            remove(path);
+            Model m;
+            model_create(&m, fam, &mc, dev, DT_F32, MB_S);
+            m.recompute = modes[r], m.lb_coef = 0.01; // (the micro-batch form of load balancing, on the device)
+            for (int g = 0; g < NGROUPS; g++) {
+                Tensor h = host_like(m.w[g]);
+                params_init(&m.params, g, h.p, 7, 0.2, mc.layers);
+                op_copy(m.w[g], h), free(h.p);
+            }
+            StepSums st;
+            Chunk e;
+            step_sums_create(&st, &m, true);
+            chunk_init_model(&e, &m, &st, MB_B, MB_S);
+            chunk_load(&e, 0, tok, lab);
+            model_zero_grads(&m), step_sums_begin(&st, &m);
+            int64_t s0 = ops_host_syncs();
+            chunk_forward(&e, 0, true), chunk_backward(&e, 0, false);
+            int64_t waits = ops_host_syncs() - s0;
+            double loss = op_read_scalar(st.loss_sum);
+            EXPECT(waits == 0 && ops_host_syncs() - s0 == 1 && isfinite(loss) && loss > 0,
+                   "%s, recompute %d: %lld host waits in the layers' forward and backward (loss %g)\n", mc.model_type,
+                   (int)modes[r], (long long)waits, loss);
+            chunk_free(&e), step_sums_free(&st), model_free(&m);
+        }
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) die("usage: test_parallel comm|ep|capacity|hang|p2p|hang-p2p|pipe[-gpu] | hazard-gpu");
@@ -979,6 +1034,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(suite, "pipe-model") && !gpu)
         for (int k = 0; k < 2; k++) suite_pipe_model(&d, (int[]){2 * P, 2 * P + 3}[k]);
     else if (!strcmp(suite, "pair")) suite_pair(&d);
+    else if (!strcmp(suite, "nosync") && gpu && P == 1) suite_nosync();
     else if (!strcmp(suite, "hang-p2p")) { // rank 1 never posts its sends
         Tensor x = host(DT_F32, 4, 1), xd = up(x);
         if (d.world.rank == 1) sleep(30);

@@ -112,11 +112,13 @@ void cpu_fp8_dequantize(Tensor y, Tensor q, Tensor s, Fp8Blocks b, const int64_t
     }
 }
 
-void cpu_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
+void cpu_fp8_round(Tensor y, Tensor x, Fp8Blocks b, Tensor offs) {
     CPU_F32(x);
     CPU_F32(y);
     CHECK(tensor_numel(y) == tensor_numel(x));
-    blocks_run(x, b, offs, groups, NULL, NULL, y.p); // an element is read before it is written: y may be x
+    int groups = offs.p ? (int)tensor_numel(offs) - 1 : 0;
+    blocks_run(x, b, cpu_offs(offs, groups), groups, NULL, NULL,
+               y.p); // an element is read before it is written: y may be x
 }
 
 // fw from w, a dense (N, K) weight or the experts' (E, N, K): the codes and natural scales (E·NB, KB) of each

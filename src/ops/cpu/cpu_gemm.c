@@ -68,23 +68,23 @@ void cpu_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
     int64_t M = t_rows(x), K = t_cols(x), N = t_rows(w);
     CHECK(t_cols(w) == K && t_rows(y) == M && t_cols(y) == N);
     gemm_run((Gemm[]){dense(false, true, M, N, K, 1, F(x), F(w), 0, F(y))}, 1);
-    if (b.p) cpu_linear_bias_forward(y, b, NULL);
+    if (b.p) cpu_linear_bias_forward(y, b, (Tensor){0});
 }
 
-void cpu_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
-    int64_t N = t_cols(y), E = offs ? tensor_numel(b) / N : 1, all[2] = {0, t_rows(y)}; // dense: one group
+void cpu_linear_bias_forward(Tensor y, Tensor b, Tensor offs_t) {
+    int64_t N = t_cols(y), E = offs_t.p ? tensor_numel(b) / N : 1, all[2] = {0, t_rows(y)}; // dense: one group
     CHECK(tensor_numel(b) == E * N);
-    if (!offs) offs = all;
+    const int64_t *offs = offs_t.p ? cpu_offs(offs_t, E) : all;
     for (int64_t e = 0; e < E; e++)
 #pragma omp parallel for
         for (int64_t i = offs[e]; i < offs[e + 1]; i++)
             for (int64_t j = 0; j < N; j++) F(y)[i * N + j] += F(b)[e * N + j];
 }
 
-void cpu_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate) {
-    int64_t N = t_cols(dy), E = offs ? tensor_numel(db) / N : 1, all[2] = {0, t_rows(dy)};
+void cpu_linear_bias_backward(Tensor db, Tensor dy, Tensor offs_t, bool accumulate) {
+    int64_t N = t_cols(dy), E = offs_t.p ? tensor_numel(db) / N : 1, all[2] = {0, t_rows(dy)};
     CHECK(tensor_numel(db) == E * N);
-    if (!offs) offs = all;
+    const int64_t *offs = offs_t.p ? cpu_offs(offs_t, E) : all;
     for (int64_t e = 0; e < E; e++)
 #pragma omp parallel for
         for (int64_t j = 0; j < N; j++) {
@@ -104,13 +104,14 @@ void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(x);
     CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K);
     gemm_run((Gemm[]){dense(true, false, N, K, M, 1, F(dy), F(x), 1, F(dw))}, 1);
-    if (db.p) cpu_linear_bias_backward(db, dy, NULL, true);
+    if (db.p) cpu_linear_bias_backward(db, dy, (Tensor){0}, true);
 }
 
 // One product per expert e (its rows offs[e]..offs[e+1] of the activations), run together: kind 0 the forward
 // out y_e = a x_e · b w_eᵀ, 1 the input gradient dx_e = dy_e · w_e, 2 the weight gradient dw_e += dy_eᵀ · x_e (b x).
-static void experts_run(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, int64_t E, int64_t N,
-                        int64_t K) {
+static void experts_run(int kind, Tensor out, Tensor a, Tensor b, Tensor offs_t, int64_t E, int64_t N, int64_t K) {
+    const int64_t *offs = cpu_offs(offs_t, E);
+    CHECK(offs);
     Gemm *g = xmalloc(E * sizeof(Gemm));
     for (int64_t e = 0; e < E; e++) {
         int64_t M = offs[e + 1] - offs[e];
@@ -123,22 +124,21 @@ static void experts_run(int kind, Tensor out, Tensor a, Tensor b, const int64_t 
     free(g);
 }
 
-void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
+void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
-    CHECK(t_cols(x) == K && t_cols(y) == N && offs[E] <= t_rows(x));
+    CHECK(t_cols(x) == K && t_cols(y) == N && cpu_offs(offs, E)[E] <= t_rows(x));
     CHECK(!b.p || tensor_numel(b) == E * N);
     experts_run(0, y, x, w, offs, E, N, K);
     if (b.p) cpu_linear_bias_forward(y, b, offs);
 }
 
-void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
+void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, Tensor offs) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     CHECK(t_cols(dx) == K && t_cols(dy) == N);
     experts_run(1, dx, dy, w, offs, E, N, K);
 }
 
-void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
-                                        bool accumulate) {
+void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor offs, bool accumulate) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     CHECK(!db.p || tensor_numel(db) == E * N);

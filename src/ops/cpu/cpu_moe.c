@@ -136,11 +136,12 @@ void cpu_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, 
     free(cnt), free(pm);
 }
 
-void cpu_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) {
-    int64_t n = tensor_numel(idx);
+void cpu_moe_sort(Tensor perm, Tensor offs_t, Tensor idx, int E) {
+    int64_t n = tensor_numel(idx), *offs = (int64_t *)cpu_offs(offs_t, E);
     for (int e = 0; e <= E; e++) offs[e] = 0;
     for (int64_t i = 0; i < n; i++) {
-        CHECK(I32(idx)[i] >= 0 && I32(idx)[i] < E);
+        if (I32(idx)[i] < 0 || I32(idx)[i] >= E)
+            die("moe_sort: expert index %d out of range [0, %d) (a router bug)", I32(idx)[i], E);
         offs[I32(idx)[i] + 1]++;
     }
     for (int e = 0; e < E; e++) offs[e + 1] += offs[e];

@@ -8,13 +8,19 @@
 
 #define OP(ret, name, dev, params, args) ret cpu_##name params;
 #include "ops/ops_list.h"
-static inline int64_t cpu_embedding_bad_id(void) { return -1; } // the CPU ops die at a bad id
+static inline int64_t cpu_embedding_bad_id(void) { return -1; }    // the CPU ops die at a bad id
+static inline int64_t cpu_moe_sort_bad_expert(void) { return -1; } // and at a bad expert index
 bool cpu_adamw_nonfinite(void);
 
 // Raw pointers of CPU tensors (t_rows/t_cols: base.h).
 static inline float *F(Tensor t) { return (float *)t.p; }
 static inline int32_t *I32(Tensor t) { return (int32_t *)t.p; }
 #define CPU_F32(t) CHECK((t).dev == DEV_CPU && (t).dt == DT_F32)
+// The n + 1 int64 row offsets of a grouped op (ops_list.h) as a host array; NULL when offs.p is.
+static inline const int64_t *cpu_offs(Tensor offs, int64_t n) {
+    CHECK(!offs.p || (offs.dev == DEV_CPU && offs.dt == DT_I64 && tensor_numel(offs) == n + 1));
+    return (const int64_t *)offs.p;
+}
 // σ(x) and d silu(z)/dz in fp64.
 static inline double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
 static inline double silu_grad(double z) {

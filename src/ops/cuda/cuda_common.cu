@@ -9,6 +9,7 @@ static bool ctx_ready;
 static size_t mem_base, mem_peak; // device memory in use before pith's first allocation; largest seen since
 static void *scratch;
 static size_t scratch_bytes;
+static int64_t host_syncs; // cuda_host_wait's calls
 
 static size_t mem_in_use(void) {
     size_t free_b = 0, total_b = 0;
@@ -44,8 +45,8 @@ CudaCtx *cuda_ctx(void) {
 void *cuda_scratch(size_t bytes) {
     if (bytes <= scratch_bytes) return scratch;
     CudaCtx *c = cuda_ctx();
-    CUDA_CHECK(cudaStreamSynchronize(c->compute)); // the old buffer may still be in use
-    CUDA_CHECK(cudaStreamSynchronize(c->comm));
+    cuda_host_wait(c->compute); // the old buffer may still be in use
+    cuda_host_wait(c->comm);
     if (scratch) CUDA_CHECK(cudaFree(scratch));
     bytes = (bytes + (1 << 20) - 1) & ~(size_t)((1 << 20) - 1); // whole MiB
     cudaError_t err = cudaMalloc(&scratch, bytes);
@@ -53,6 +54,36 @@ void *cuda_scratch(size_t bytes) {
     scratch_bytes = bytes;
     mem_sample();
     return scratch;
+}
+
+void cuda_host_wait(cudaStream_t s) {
+    host_syncs++;
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+const int64_t *cuda_offsets_host(Tensor offs, int64_t E) {
+    CudaCtx *c = cuda_ctx();
+    const int64_t *d = offsets_device(offs, E, "offsets read-back");
+    CHECK((size_t)(E + 1) * sizeof(int64_t) <= CUDA_SMALL_BYTES);
+    CUDA_CHECK(cudaMemcpyAsync(c->host_small, d, (E + 1) * sizeof(int64_t), cudaMemcpyDeviceToHost, c->compute));
+    cuda_host_wait(c->compute);
+    return (const int64_t *)c->host_small;
+}
+
+// Grid (chunks, E): the blocks of expert e zero dw_e (nk a multiple of 4) when e has no rows, else return at once.
+__global__ void zero_empty_experts_kernel(float *dw, const int64_t *offs, int64_t nk) {
+    int64_t e = blockIdx.y;
+    if (offs[e + 1] != offs[e]) return;
+    float4 *p = (float4 *)(dw + e * nk), z = make_float4(0, 0, 0, 0);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nk / 4; i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = z;
+}
+
+void zero_empty_experts(float *dw, const int64_t *offs, int64_t E, int64_t nk) {
+    if (E == 0 || nk == 0) return;
+    CHECK(E <= 65535 && aligned16(dw) && nk % 4 == 0);
+    zero_empty_experts_kernel<<<dim3(32, (unsigned)E), 256, 0, cuda_stream()>>>(dw, offs, nk);
+    CUDA_LAUNCH_CHECK();
 }
 
 int colsum_groups(int64_t R, int64_t N) {
@@ -152,7 +183,8 @@ __attribute__((constructor)) static void cuda_install_device_memory(void) {
     host_register = cuda_host_register, host_unregister = cuda_host_unregister;
 }
 
-void cuda_sync(void) { CUDA_CHECK(cudaStreamSynchronize(cuda_stream())); }
+void cuda_sync(void) { cuda_host_wait(cuda_stream()); }
+int64_t cuda_host_syncs(void) { return host_syncs; }
 
 // cuda_copy_async's stream (made at the first copy) and events: the compute stream's point each copy waits for, and
 // the latest copy's end, which a waiter blocks on (not spinning: a writer thread waits beside the loop).

@@ -109,11 +109,22 @@ __device__ __forceinline__ int group_of(const int *o, int n, int64_t i) {
 }
 
 // ---- functions shared between the .cu files ----
-// A weight gradient written, not added to (dw (E, N, K) fp32, nk = N·K): the experts without rows get zeros.
-static inline void zero_empty_experts(float *dw, const int64_t *offs, int64_t E, int64_t nk) {
-    for (int64_t e = 0; e < E; e++)
-        if (offs[e + 1] == offs[e]) CUDA_CHECK(cudaMemsetAsync(dw + e * nk, 0, nk * sizeof(float), cuda_stream()));
+// Waits on the host until stream s has done its work: every host wait of this backend (a read-back's end among them)
+// goes through here and is counted (cuda_host_syncs).
+void cuda_host_wait(cudaStream_t s);
+// The E + 1 int64 row offsets of a grouped op (ops_list.h; offs on the GPU) read back to the host — a wait, for the
+// one path that needs host values: cuBLASLt's per-expert products (cuda_gemm.cu). The array lives in the pinned
+// read-back buffer until the next read-back.
+const int64_t *cuda_offsets_host(Tensor offs, int64_t E);
+// The device pointer of a grouped op's offsets, checked: (E + 1) int64 on the GPU.
+static inline const int64_t *offsets_device(Tensor offs, int64_t E, const char *what) {
+    if (offs.dev != DEV_CUDA || offs.dt != DT_I64 || tensor_numel(offs) != E + 1)
+        die("%s: the expert offsets must be (%lld) int64 on the GPU", what, (long long)(E + 1));
+    return (const int64_t *)offs.p;
 }
+// A weight gradient written, not added to (dw (E, N, K) fp32, nk = N·K): the experts without rows (offs: E + 1 on the
+// device) get zeros.
+void zero_empty_experts(float *dw, const int64_t *offs, int64_t E, int64_t nk);
 // The expert products (kinds): forward y = x_e·w_eᵀ, input gradient dx = dy_e·w_e, weight gradient dw_e (+)= dy_eᵀ·x_e.
 enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
 // One on the wgmma kernels (cuda_wgmma.cu): out y or dx (R, ·), a x or dy (R, ·), b w (E, N, K); or for the weight

@@ -305,7 +305,7 @@ template <typename T> static T take_flag(T &flag) {
     T v = 0, zero = 0;
     CUDA_CHECK(cudaMemcpyFromSymbolAsync(&v, flag, sizeof v, 0, cudaMemcpyDeviceToHost, cuda_stream()));
     CUDA_CHECK(cudaMemcpyToSymbolAsync(flag, &zero, sizeof zero, 0, cudaMemcpyHostToDevice, cuda_stream()));
-    CUDA_CHECK(cudaStreamSynchronize(cuda_stream()));
+    cuda_host_wait(cuda_stream());
     return v;
 }
 
@@ -405,7 +405,7 @@ void cuda_copy(Tensor dst, Tensor src) {
                               : dst.dev == DEV_CUDA ? cudaMemcpyHostToDevice
                                                     : cudaMemcpyDeviceToHost;
         CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, tensor_bytes(src), kind, s));
-        if (!dd) CUDA_CHECK(cudaStreamSynchronize(s));
+        if (!dd) cuda_host_wait(s);
         return;
     }
     if (dd) return elementwise<EL_COPY>(dst, src, 0.0f, "copy");
@@ -414,7 +414,7 @@ void cuda_copy(Tensor dst, Tensor src) {
     if (dst.dev == DEV_CUDA) cpu_copy(h, src);
     CUDA_CHECK(dst.dev == DEV_CUDA ? cudaMemcpyAsync(dst.p, h.p, tensor_bytes(h), cudaMemcpyHostToDevice, s)
                                    : cudaMemcpyAsync(h.p, src.p, tensor_bytes(h), cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    cuda_host_wait(s);
     if (src.dev == DEV_CUDA) cpu_copy(dst, h);
     free(h.p);
 }
@@ -431,7 +431,7 @@ double cuda_sum_squares(Tensor x) {
               <<<grid, ELEM_THREADS, 0, c->compute>>>((double *)c->small, (const T *)x.p, n, aligned16(x.p)));
     CUDA_LAUNCH_CHECK();
     CUDA_CHECK(cudaMemcpyAsync(c->host_small, c->small, grid * sizeof(double), cudaMemcpyDeviceToHost, c->compute));
-    CUDA_CHECK(cudaStreamSynchronize(c->compute));
+    cuda_host_wait(c->compute);
     double s = 0;
     for (unsigned b = 0; b < grid; b++) s += ((const double *)c->host_small)[b];
     return s;
@@ -461,7 +461,7 @@ double cuda_read_scalar(Tensor x) {
     CudaCtx *c = cuda_ctx();
     CHECK(x.dt == DT_F64 || x.dt == DT_F32);
     CUDA_CHECK(cudaMemcpyAsync(c->host_small, x.p, dtype_size(x.dt), cudaMemcpyDeviceToHost, c->compute));
-    CUDA_CHECK(cudaStreamSynchronize(c->compute));
+    cuda_host_wait(c->compute);
     return x.dt == DT_F64 ? *(double *)c->host_small : *(float *)c->host_small;
 }
 

@@ -15,7 +15,9 @@
 
 #define FP8_MAX_GROUPS 1024
 
-// The row blocks of x: group g's rows offs[g]..offs[g+1] are row blocks rb0[g]..rb0[g+1] of height bh.
+// The row blocks of x: group g's rows offs[g]..offs[g+1] are row blocks rb0[g]..rb0[g+1] of height bh. In device
+// memory (fp8_groups builds it there from the offsets on the device), so the host never reads the offsets: the kernels
+// over row blocks launch a bound of them and the blocks past rb0[n] return.
 struct Fp8Groups {
     int n, bh;
     int offs[FP8_MAX_GROUPS + 1], rb0[FP8_MAX_GROUPS + 1];
@@ -125,17 +127,19 @@ __device__ __forceinline__ float bits_scale(unsigned b) {
     return b >= 0x7f800000u ? NAN : fp8_scale(__uint_as_float(b));
 }
 
-// The rows r0..r1 of row block rb (of all groups' blocks, in order).
-__device__ __forceinline__ void group_rows(const Fp8Groups &gr, int64_t rb, int64_t *r0, int64_t *r1) {
-    int lo = group_of(gr.rb0, gr.n, rb); // the group holding row block rb
-    *r0 = gr.offs[lo] + (rb - gr.rb0[lo]) * gr.bh, *r1 = min((int64_t)gr.offs[lo + 1], *r0 + gr.bh);
+// The rows r0..r1 of row block rb (of all groups' blocks, in order); false past the last block.
+__device__ __forceinline__ bool group_rows(const Fp8Groups *gr, int64_t rb, int64_t *r0, int64_t *r1) {
+    if (rb >= gr->rb0[gr->n]) return false;
+    int lo = group_of(gr->rb0, gr->n, rb); // the group holding row block rb
+    *r0 = gr->offs[lo] + (rb - gr->rb0[lo]) * gr->bh, *r1 = min((int64_t)gr->offs[lo + 1], *r0 + gr->bh);
+    return true;
 }
 
 // grid: (row blocks × column chunks of 128); blockDim 128. whole: one scale per CTA (tiles), else per column (cols).
 template <typename T>
-__global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, Fp8Groups gr, bool whole) {
+__global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, const Fp8Groups *gr, bool whole) {
     int64_t rb = blockIdx.x / nchunks, c = (blockIdx.x % nchunks) * 128 + threadIdx.x, r0, r1;
-    group_rows(gr, rb, &r0, &r1);
+    if (!group_rows(gr, rb, &r0, &r1)) return;
     bool in = c < C;
     float s = column_block_scale(x, C, c, in, r0, r1, whole), inv = 1.0f / s;
     for (int64_t r = r0; in && r < r1; r++) st(y, r * C + c, fp8_value(ld(x, r * C + c), s, inv));
@@ -187,41 +191,68 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, T *y, const T *x, in
         }
 }
 
-// The row blocks of bh rows in each of n groups of rows offs[g]..offs[g+1] (offs NULL: N rows each), rb0[n] in all, in
-// one static table (8 KB of launch parameters).
-static const Fp8Groups *fp8_groups(const int64_t *offs, int n, int64_t N, int bh) {
-    static Fp8Groups gr;
-    CHECK(n <= FP8_MAX_GROUPS);
-    gr.n = n, gr.bh = bh, gr.rb0[0] = 0;
-    for (int g = 0; g <= n; g++) gr.offs[g] = (int)(offs ? offs[g] : g * N);
-    for (int g = 0; g < n; g++) gr.rb0[g + 1] = gr.rb0[g] + (gr.offs[g + 1] - gr.offs[g] + bh - 1) / bh;
-    return &gr;
+// One block of FP8_MAX_GROUPS threads: gr for n groups of rows offs[g]..offs[g+1] (offs NULL: N rows each) in blocks
+// of bh rows; thread g takes group g, the row-block prefix a block-wide scan.
+__global__ void fp8_groups_kernel(Fp8Groups *gr, const int64_t *offs, int n, int64_t N, int bh) {
+    __shared__ int warp_s[FP8_MAX_GROUPS / 32];
+    int g = threadIdx.x, lane = g % 32, warp = g / 32;
+    for (int i = g; i <= n; i += blockDim.x) gr->offs[i] = (int)(offs ? offs[i] : i * N);
+    int v = g < n ? (int)(((offs ? offs[g + 1] - offs[g] : N) + bh - 1) / bh) : 0;
+    for (int o = 1; o < 32; o <<= 1) {
+        int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    if (lane == 31) warp_s[warp] = v;
+    __syncthreads();
+    for (int w = 0; w < warp; w++) v += warp_s[w];
+    if (g == 0) gr->n = n, gr->bh = bh, gr->rb0[0] = 0;
+    if (g < n) gr->rb0[g + 1] = v;
 }
 
-extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, const int64_t *offs, int groups) {
+// A bound on the 128-row blocks of R rows in `groups` groups from the sizes alone: an empty group has none, the others
+// at most one part-filled.
+extern "C" int64_t cuda_fp8_cols_t_blocks(int64_t R, int64_t groups) {
+    return (R + 127) / 128 + (groups < R ? groups : R);
+}
+
+// The row blocks of 128 rows in each of n groups of R rows in all, rows offs[g]..offs[g+1] (offs on the device; NULL:
+// N rows each), built on the device in the small pool (after the wgmma tile list, which a product reads beside it);
+// *tb: their count without offs, else a bound on it (cuda_fp8_cols_t_blocks).
+#define FP8_GROUPS_AT ((size_t)64 << 10)
+static const Fp8Groups *fp8_groups(const int64_t *offs, int n, int64_t N, int64_t R, int64_t *tb) {
+    CHECK(n <= FP8_MAX_GROUPS && FP8_GROUPS_AT + sizeof(Fp8Groups) <= CUDA_SMALL_BYTES);
+    Fp8Groups *gr = (Fp8Groups *)((char *)cuda_ctx()->small + FP8_GROUPS_AT);
+    fp8_groups_kernel<<<1, FP8_MAX_GROUPS, 0, cuda_stream()>>>(gr, offs, n, N, 128);
+    CUDA_LAUNCH_CHECK();
+    *tb = offs ? cuda_fp8_cols_t_blocks(R, n) : n * ((N + 127) / 128);
+    return gr;
+}
+
+extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, Tensor offs_t) {
     ON_GPU(x, "fp8_round");
     ON_GPU(y, "fp8_round");
     same_dt(x, y, "fp8_round");
     CHECK(tensor_numel(x) == tensor_numel(y));
-    int64_t R = t_rows(x), C = t_cols(x), N = 0;
-    if (x.nd == 3) R = x.n[0] * x.n[1], C = x.n[2], N = x.n[1], groups = (int)x.n[0], offs = NULL;
-    else if (!offs) groups = 1, N = R;
+    int64_t R = t_rows(x), C = t_cols(x), N = R;
+    int groups = 1;
+    const int64_t *offs = NULL;
+    if (x.nd == 3) R = x.n[0] * x.n[1], C = x.n[2], N = x.n[1], groups = (int)x.n[0];
+    else if (offs_t.p) groups = (int)tensor_numel(offs_t) - 1, offs = offsets_device(offs_t, groups, "fp8_round");
     if (groups > FP8_MAX_GROUPS) die("fp8_round: at most %d groups (got %d)", FP8_MAX_GROUPS, groups);
     if (R > 0x7fffffff) die("fp8_round: at most 2^31 rows (got %lld)", (long long)R);
-    const Fp8Groups *gr = fp8_groups(offs, groups, N, b == FP8_ROWS ? 1 : 128);
-    CHECK(gr->offs[0] == 0 && gr->offs[groups] == R);
-    int64_t nchunks = (C + 127) / 128, blocks = gr->rb0[groups] * nchunks;
-    if (blocks == 0) return;
+    int64_t nchunks = (C + 127) / 128, tb;
+    if (R * nchunks == 0) return;
     if (b == FP8_ROWS) { // rows do not depend on the groups
         DT_SWITCH(x.dt, T, "fp8_round",
-                  fp8_quant_rows_kernel<T, false><<<(blocks + 7) / 8, 256, 0, cuda_stream()>>>(
+                  fp8_quant_rows_kernel<T, false><<<(R * nchunks + 7) / 8, 256, 0, cuda_stream()>>>(
                       NULL, NULL, (T *)y.p, (const T *)x.p, R, C, nchunks, 0));
         CUDA_LAUNCH_CHECK();
         return;
     }
+    const Fp8Groups *gr = fp8_groups(offs, groups, N, R, &tb);
     DT_SWITCH(x.dt, T, "fp8_round",
               fp8_round_kernel<T>
-              <<<blocks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, *gr, b == FP8_TILES));
+              <<<tb * nchunks, 128, 0, cuda_stream()>>>((T *)y.p, (const T *)x.p, C, nchunks, gr, b == FP8_TILES));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -336,9 +367,9 @@ __global__ void __launch_bounds__(256, 3)
 // rb·128 .. (each group padded to whole blocks with zero codes), scales s[rb·C + c].
 template <typename T>
 __global__ void __launch_bounds__(256, 4)
-    fp8_quant_t_groups_kernel(uint8_t *qt, float *s, const T *x, int64_t C, int64_t ldq, Fp8Groups gr) {
+    fp8_quant_t_groups_kernel(uint8_t *qt, float *s, const T *x, int64_t C, int64_t ldq, const Fp8Groups *gr) {
     int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks, r0, r1;
-    group_rows(gr, rb, &r0, &r1);
+    if (!group_rows(gr, rb, &r0, &r1)) return;
     quant_t_block(qt, s, (uint8_t *)NULL, (float *)NULL, x, C, ldq, false, 0, 0, rb, cb, r0, r1, rb * 128);
 }
 
@@ -469,15 +500,18 @@ extern "C" bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) 
 // wgmma E4M3 kernel: x quantised 1 × 128 along its rows (codes and VEC128 scales in the op scratch), then one
 // grouped product. y (R, C); x (R, Kx), Kx the reduction.
 bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K);
+// offs: the experts' offsets on the device (the tile list is built there); tb0: the weight gradient's first token
+// block of each expert, on the device (Fp8Groups.rb0).
 bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, int64_t R, const void *wq,
                        const float *ws, int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs);
 bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
-                             int64_t E, int64_t N, int64_t K, const int64_t *offs, bool accumulate);
+                             int64_t E, int64_t N, int64_t K, const int64_t *offs, const int *tb0, bool accumulate);
 
-extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs, bool input_grad) {
+extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, Tensor offs_t, bool input_grad) {
     if (w8.q.nd != 3) return false;
     int64_t E = w8.q.n[0], C = w8.q.n[input_grad ? 2 : 1], Kx = w8.q.n[input_grad ? 1 : 2], R = t_rows(x);
-    CHECK(t_cols(x) == Kx && t_cols(y) == C && t_rows(y) >= offs[E]);
+    CHECK(t_cols(x) == Kx && t_cols(y) == C && t_rows(y) >= R);
+    const int64_t *offs = offsets_device(offs_t, E, "fp8_grouped_linear");
     if ((x.dt != DT_F32 && x.dt != DT_BF16) || !wgmma_fp8_takes(y, R, E, C, Kx)) return false;
     if (R == 0) return true;
     uint8_t *q;
@@ -488,49 +522,51 @@ extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const 
     return counted(wgmma_fp8_grouped(y, q, s, lds, R, wq.p, (const float *)ws.p, ws.n[1], E, C, Kx, offs));
 }
 
-// x (R, C) (C a multiple of 128) in 128 × 1 blocks within each group of rows of gr (fp8_groups with bh 128) → codes
-// qt (C, Tp), each group's rows padded to whole 128-row blocks (Tp = 128 · their count TB), and scales s (TB, C).
-static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const Fp8Groups *gr) {
-    CHECK(t_cols(x) % 128 == 0 && gr->bh == 128);
-    int64_t C = t_cols(x), TB = gr->rb0[gr->n];
-    if (TB == 0) return;
+// x (R, C) (C a multiple of 128) in 128 × 1 blocks within each group of rows of gr (fp8_groups with bh 128, tb row
+// blocks at most) → codes qt (C, Tp), each group's rows padded to whole 128-row blocks (Tp = 128·tb: the blocks past
+// the groups' are not written), and scales s (tb, C).
+static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const Fp8Groups *gr, int64_t tb) {
+    CHECK(t_cols(x) % 128 == 0);
+    int64_t C = t_cols(x);
+    if (tb == 0) return;
     DT_SWITCH(x.dt, T, "fp8_quant_t_groups",
               fp8_quant_t_groups_kernel<T>
-              <<<TB *(C / 128), 256, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, TB * 128, *gr));
+              <<<tb *(C / 128), 256, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, tb * 128, gr));
     CUDA_LAUNCH_CHECK();
 }
 
-extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, const int64_t *offs, int groups) {
+extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, Tensor offs) {
     ON_GPU(x, "fp8_quantize_cols_t");
-    const Fp8Groups *gr = fp8_groups(offs, groups, 0, 128);
-    int64_t TB = gr->rb0[groups];
-    CHECK(qt.dt == DT_U8 && tensor_numel(qt) == t_cols(x) * TB * 128 && s.dt == DT_F32 &&
-          tensor_numel(s) == TB * t_cols(x));
-    quant_t_groups((uint8_t *)qt.p, (float *)s.p, x, gr);
+    int groups = (int)tensor_numel(offs) - 1;
+    int64_t tb;
+    const Fp8Groups *gr = fp8_groups(offsets_device(offs, groups, "fp8_quantize_cols_t"), groups, 0, t_rows(x), &tb);
+    CHECK(qt.dt == DT_U8 && tensor_numel(qt) == t_cols(x) * tb * 128 && s.dt == DT_F32 &&
+          tensor_numel(s) == tb * t_cols(x));
+    quant_t_groups((uint8_t *)qt.p, (float *)s.p, x, gr, tb);
 }
 
 // The experts' weight gradient dw (E, N, K) fp32 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false: written,
 // an empty expert's zeroed): dy and x quantised 128 × 1 along each expert's tokens, their codes transposed while
-// quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole 128-token blocks, Tp their sum) with a scale
-// per token block and column, in the op scratch.
-extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs,
+// quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole 128-token blocks from block rb0[e] of the
+// device Fp8Groups, Tp = 128 × a bound on their count from the sizes) with a scale per token block and column, in the
+// op scratch. The offsets stay on the device.
+extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor offs_t,
                                                         bool accumulate) {
     if (dw.nd != 3 || dw.dt != DT_F32) return false; // a bf16 gradient (gradient_dtype) runs the rounded operands
-    int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
-    CHECK(t_cols(dy) == N && t_cols(x) == K && t_rows(dy) == t_rows(x) && t_rows(x) >= offs[E]);
+    int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2], R = t_rows(x), TB;
+    CHECK(t_cols(dy) == N && t_cols(x) == K && t_rows(dy) == R);
     if ((x.dt != DT_F32 && x.dt != DT_BF16) || dy.dt != x.dt || !aligned16(x.p, dy.p) || E > FP8_MAX_GROUPS ||
-        offs[0] != 0 || !wgmma_fp8_takes(dw, t_rows(x), E, N, K))
+        !wgmma_fp8_takes(dw, R, E, N, K))
         return false;
-    for (int64_t e = 0; e < E; e++)
-        if (offs[e + 1] < offs[e]) return false;
-    const Fp8Groups *gr = fp8_groups(offs, (int)E, 0, 128);
-    int64_t TB = gr->rb0[E], Tp = TB * 128;
+    const int64_t *offs = offsets_device(offs_t, E, "fp8_grouped_linear_backward_weight");
     if (!accumulate) zero_empty_experts((float *)dw.p, offs, E, N * K); // they have no tiles
-    if (TB == 0) return true;                                           // no rows: nothing (more) to write
+    if (R == 0) return true;                                            // no rows: nothing (more) to write
+    const Fp8Groups *gr = fp8_groups(offs, (int)E, 0, R, &TB);
+    int64_t Tp = TB * 128;
     size_t bd = a256(N * Tp), bx = a256(K * Tp), bsd = a256(sizeof(float) * TB * N);
     char *p = (char *)cuda_scratch(bd + bx + bsd + a256(sizeof(float) * TB * K));
     uint8_t *dq = (uint8_t *)p, *xq = (uint8_t *)(p + bd);
     float *ds = (float *)(p + bd + bx), *xs = (float *)(p + bd + bx + bsd);
-    quant_t_groups(dq, ds, dy, gr), quant_t_groups(xq, xs, x, gr);
-    return counted(wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, accumulate));
+    quant_t_groups(dq, ds, dy, gr, TB), quant_t_groups(xq, xs, x, gr, TB);
+    return counted(wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, gr->rb0, accumulate));
 }

@@ -11,8 +11,9 @@
 // rounded to bf16 (autocast semantics) in row chunks through the fixed conversion pool. D is the output
 // tensor's dtype (bf16, or fp32 for logits and the fp32 weight-gradient accumulators; bf16 expert gradients add
 // their stored value in fp32 through beta = 1 and round once).
-// Grouped (expert) GEMMs: the wgmma kernels (cuda_wgmma.cu) where they fit, else one cuBLASLt product per expert
-// ("Which implementation runs an expert product", below).
+// Grouped (expert) GEMMs: the wgmma kernels (cuda_wgmma.cu) where they fit, reading the experts' offsets on the device,
+// else one cuBLASLt product per expert on offsets read back to the host ("Which implementation runs an expert
+// product", below).
 #include "ops/cuda/cuda_common.cuh"
 
 static cudaDataType_t lt_type(DType dt) {
@@ -325,7 +326,7 @@ extern "C" {
 
 void cuda_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b) {
     rows_product(false, y, x, w, 0.0f, "linear_forward");
-    if (b.p) cuda_linear_bias_forward(y, b, NULL);
+    if (b.p) cuda_linear_bias_forward(y, b, (Tensor){0});
 }
 
 void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) {
@@ -350,31 +351,21 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
                                       : 0) *
                       2);
     }
-    if (db.p) cuda_linear_bias_backward(db, dy, NULL, true);
+    if (db.p) cuda_linear_bias_backward(db, dy, (Tensor){0}, true);
 }
 
 } // extern "C"
 
 // ---- grouped products ----
-// The experts' row offsets by value in a kernel's parameters (the per-expert biases).
-#define GB_MAX_E 512
-typedef struct {
-    int32_t o[GB_MAX_E + 1];
-} GroupOffs;
-static GroupOffs group_offs(const int64_t *offs, int64_t E, const char *what) {
-    if (E > GB_MAX_E || offs[E] > INT32_MAX)
-        die("%s: a bias over %lld experts (at most %d) or %lld rows", what, (long long)E, GB_MAX_E, (long long)offs[E]);
-    GroupOffs g;
-    for (int64_t e = 0; e <= E; e++) g.o[e] = (int32_t)offs[e];
-    return g;
-}
-
 // Which implementation runs an expert product: the wgmma kernels (cuda_wgmma.cu: bf16, N and K multiples of 64, one
-// persistent launch for any routing), else (fp32, other sizes, PITH_GROUPED_KERNEL=loop) one cuBLASLt product per
-// expert, dealt to the side streams in turn. Read on every call, so a test or benchmark can switch it in-process.
-static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate) {
+// persistent launch for any routing, the offsets read on the device), else (fp32, other sizes,
+// PITH_GROUPED_KERNEL=loop) one cuBLASLt product per expert, dealt to the side streams in turn, whose shapes need the
+// offsets on the host: read back (cuda_offsets_host, a wait). Read on every call, so a test or benchmark can switch
+// it in-process.
+static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, Tensor offs, bool accumulate, const char *what) {
+    const int64_t *o = offsets_device(offs, (kind == WG_WEIGHT_GRAD ? out : b).n[0], what);
     const char *e = getenv("PITH_GROUPED_KERNEL");
-    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, offs, accumulate);
+    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate);
 }
 
 // The forward and the input gradient are one product with different operand roles (w: (E, N, K)):
@@ -382,14 +373,15 @@ static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, const int64_
 //   input gradient  out dx (R, K) = in dy (R, N) · w_e   col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
 // So with C = out's columns and D = in's columns, out_e (C×M_e) = op(w_e) (lda K) · in_e (D×M_e), op = T for
 // the forward.
-static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, const int64_t *offs,
-                                 const char *what) {
+static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, Tensor offs_t, const char *what) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2], C = input_grad ? K : N, D = input_grad ? N : K;
-    CHECK(t_cols(in) == D && t_cols(out) == C && offs[E] <= t_rows(in));
+    CHECK(t_cols(in) == D && t_cols(out) == C);
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
-    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs, false)) return;
+    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, what)) return;
+    const int64_t *offs = cuda_offsets_host(offs_t, E);
+    CHECK(offs[E] <= t_rows(in));
     size_t is = dtype_size(in.dt), os = dtype_size(out.dt);
     int ns = side_fork();
     for (int64_t e = 0, i = 0; e < E; e++) { // (D = 0: a product of depth 0 writes zeros)
@@ -403,19 +395,25 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
 }
 
 // ---- per-expert biases (GPT-OSS) ----
-// y[i, j] += b[e, j] for the expert e whose rows hold i (the last e with o[e] ≤ i: empty experts skip); dense: E 1.
+// y[i, j] += b[e, j] for the expert e whose rows hold i (the last e with offs[e] ≤ i: empty experts skip; rows from
+// offs[E] on are no expert's), the offsets read into shared memory first (E + 1 ≤ BIAS_MAX_E + 1); dense (offs
+// NULL): E 1.
+#define BIAS_MAX_E 1024
 template <typename TY, typename TB>
-__global__ void bias_forward_kernel(TY *y, const TB *b, GroupOffs g, int E, int64_t R, int64_t N) {
-    GRID_STRIDE(i, R * N) st(y, i, ld(y, i) + ld(b, (int64_t)group_of(g.o, E, i / N) * N + i % N));
+__global__ void bias_forward_kernel(TY *y, const TB *b, const int64_t *offs, int E, int64_t R, int64_t N) {
+    __shared__ int o[BIAS_MAX_E + 1];
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) o[e] = offs ? (int)offs[e] : e == 0 ? 0 : (int)R;
+    __syncthreads();
+    GRID_STRIDE(i, R * N) if (i / N < o[E]) st(y, i, ld(y, i) + ld(b, (int64_t)group_of(o, E, i / N) * N + i % N));
 }
 
 // db[e, j] (+)= Σ_(rows of e) dy[row, j]: a block (colsum_rows) per (column tile, expert), one writer; db fp32 or bf16
 // (the sum in fp32, the stored value added in fp32, one rounding).
 template <typename T, typename TD>
-__global__ void grouped_bias_backward_kernel(TD *db, const T *dy, GroupOffs g, int64_t N, int accumulate) {
+__global__ void grouped_bias_backward_kernel(TD *db, const T *dy, const int64_t *offs, int64_t N, int accumulate) {
     int e = blockIdx.y;
     int64_t j = blockIdx.x * 32 + threadIdx.x;
-    float s = colsum_rows<float>(g.o[e], g.o[e + 1], 8, N, [=](int64_t i, int64_t c) { return ld(dy, i * N + c); });
+    float s = colsum_rows<float>(offs[e], offs[e + 1], 8, N, [=](int64_t i, int64_t c) { return ld(dy, i * N + c); });
     if (threadIdx.y == 0 && j < N) st(db, e * N + j, (accumulate ? ld(db, e * N + j) : 0.0f) + s);
 }
 
@@ -424,40 +422,42 @@ extern "C" {
 int64_t cuda_grouped_calls(const char *path) { return !strcmp(path, "wgmma") ? wgmma_grouped_calls() : 0; }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
-void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, const int64_t *offs) {
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs) {
     grouped_rows_product(false, y, x, w, offs, "grouped_linear_forward");
     int64_t E = w.n[0], N = w.n[1];
     if (!b.p) return;
     if (tensor_numel(b) != E * N)
         die("grouped_linear_forward: bias must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
-    cuda_linear_bias_forward(tensor_rows(y, 0, offs[E]), b, offs);
+    cuda_linear_bias_forward(y, b, offs);
 }
 
-// The bias kernels: dense (offs NULL) or per expert.
-void cuda_linear_bias_forward(Tensor y, Tensor b, const int64_t *offs) {
-    int64_t R = t_rows(y), N = t_cols(y), E = offs ? tensor_numel(b) / N : 1;
+// The bias kernels: dense (offs.p NULL) or per expert.
+void cuda_linear_bias_forward(Tensor y, Tensor b, Tensor offs) {
+    int64_t R = t_rows(y), N = t_cols(y), E = offs.p ? tensor_numel(b) / N : 1;
     CHECK(tensor_numel(b) == E * N);
     if (R == 0) return;
-    int64_t rows[2] = {0, R}; // dense: one group of every row
-    GroupOffs g = group_offs(offs ? offs : rows, E, "linear_bias_forward");
+    if (E > BIAS_MAX_E || R > INT32_MAX)
+        die("linear_bias_forward: a bias over %lld experts (at most %d) or %lld rows", (long long)E, BIAS_MAX_E,
+            (long long)R);
+    const int64_t *o = offs.p ? offsets_device(offs, E, "linear_bias_forward") : NULL;
     DT_SWITCH(y.dt, TY, "linear_bias_forward",
               DT_SWITCH(b.dt, TB, "linear_bias_forward",
                         bias_forward_kernel<TY, TB><<<grid_for(R * N, 256), 256, 0, cuda_stream()>>>(
-                            (TY *)y.p, (const TB *)b.p, g, (int)E, R, N)));
+                            (TY *)y.p, (const TB *)b.p, o, (int)E, R, N)));
     CUDA_LAUNCH_CHECK();
 }
 
-void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool accumulate) {
-    int64_t M = t_rows(dy), N = t_cols(dy), E = offs ? tensor_numel(db) / N : 1;
+void cuda_linear_bias_backward(Tensor db, Tensor dy, Tensor offs, bool accumulate) {
+    int64_t M = t_rows(dy), N = t_cols(dy), E = offs.p ? tensor_numel(db) / N : 1;
     CHECK(tensor_numel(db) == E * N);
-    if (offs) { // one writer per (column tile, expert): written or added, empty experts included
+    if (offs.p) { // one writer per (column tile, expert): written or added, empty experts included
         if (E == 0) return;
-        GroupOffs g = group_offs(offs, E, "grouped_linear_backward_weight");
+        const int64_t *o = offsets_device(offs, E, "grouped_linear_backward_weight");
         DT_SWITCH(dy.dt, T, "grouped_linear_backward_weight",
                   DT_SWITCH(db.dt, TD, "grouped_linear_backward_weight",
                             grouped_bias_backward_kernel<T, TD>
                             <<<dim3((unsigned)((N + 31) / 32), (unsigned)E), dim3(32, 8), 0, cuda_stream()>>>(
-                                (TD *)db.p, (const T *)dy.p, g, N, accumulate)));
+                                (TD *)db.p, (const T *)dy.p, o, N, accumulate)));
         CUDA_LAUNCH_CHECK();
         return;
     }
@@ -474,12 +474,11 @@ void cuda_linear_bias_backward(Tensor db, Tensor dy, const int64_t *offs, bool a
     colsum_finish((float *)db.p, part, G, N);
 }
 
-void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, const int64_t *offs) {
+void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, Tensor offs) {
     grouped_rows_product(true, dx, dy, w, offs, "grouped_linear_backward_input");
 }
 
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, const int64_t *offs,
-                                         bool accumulate) {
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor offs, bool accumulate) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     if (db.p && E > 0) { // first: the weight paths below return early
@@ -501,14 +500,15 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     // bf16 dw (gradient_dtype): the wgmma kernels decline it; cuBLASLt sums in fp32 and adds D in fp32 (beta 1), one
     // rounding
     size_t s = dtype_size(x.dt), os = dtype_size(dw.dt);
-    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate)) return;
+    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, "grouped_linear_backward_weight")) return;
     if (!accumulate) cuda_zero(dw); // the products below add
-    int ns = side_fork();           // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing
+    const int64_t *o = cuda_offsets_host(offs, E);
+    int ns = side_fork(); // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing
     for (int64_t e = 0, i = 0; e < E; e++) {
-        int64_t M = offs[e + 1] - offs[e], st = i++ % ns;
+        int64_t M = o[e + 1] - o[e], st = i++ % ns;
         if (M)
-            lt_matmul_on(wgrad_stream[st], wgrad_ws[st], false, true, K, N, M, (const char *)x.p + offs[e] * K * s, K,
-                         (const char *)dy.p + offs[e] * N * s, N, x.dt, 1.0f, (char *)dw.p + e * N * K * os, K, dw.dt,
+            lt_matmul_on(wgrad_stream[st], wgrad_ws[st], false, true, K, N, M, (const char *)x.p + o[e] * K * s, K,
+                         (const char *)dy.p + o[e] * N * s, N, x.dt, 1.0f, (char *)dw.p + e * N * K * os, K, dw.dt,
                          ONE);
     }
     side_join(ns);

@@ -159,9 +159,12 @@ __global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const dou
 
 // Stable counting sort of the n (token, slot) entries by expert, one block per expert e: pass 1 counts
 // the entries below e (its offset), pass 2 writes e's slot ids in slot order (a block-wide prefix of
-// "is e" per chunk of MOE_SORT_THREADS entries). Block e writes offs[e] (block E-1 also offs[E]); an
-// index outside [0, E) sets bad = index + 1.
+// "is e" per chunk of MOE_SORT_THREADS entries). Block e writes offs[e] (block E-1 also offs[E]). An index
+// outside [0, E) sorts as the nearest valid one (so that perm stays a permutation and every later op stays in
+// bounds) and sets moe_sort_bad = 1 << 32 | index (the first one), which cuda_moe_sort_bad_expert reads.
 #define MOE_SORT_THREADS 512
+__device__ unsigned long long moe_sort_bad;
+__device__ __forceinline__ int32_t sort_key(int32_t v, int E) { return v < 0 ? 0 : v >= E ? E - 1 : v; }
 __global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx, int64_t n, int E) {
     __shared__ int warp_n[MOE_SORT_THREADS / 32];
     __shared__ int64_t base_s;
@@ -169,9 +172,8 @@ __global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx
     int64_t below = 0;
     for (int64_t i = threadIdx.x; i < n; i += MOE_SORT_THREADS) {
         int32_t v = idx[i];
-        below += v < e;
-        if (e == 0 && (v < 0 || v >= E))
-            atomicCAS((unsigned long long *)(offs + E + 1), 0ull, (unsigned long long)(v + 1));
+        below += sort_key(v, E) < e;
+        if (e == 0 && (v < 0 || v >= E)) atomicCAS(&moe_sort_bad, 0ull, 1ull << 32 | (uint32_t)v);
     }
     below = warp_sum(below);
     __shared__ int64_t part[MOE_SORT_THREADS / 32];
@@ -187,7 +189,7 @@ __global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx
     int64_t pos = base_s;
     for (int64_t i0 = 0; i0 < n; i0 += MOE_SORT_THREADS) {
         int64_t i = i0 + threadIdx.x;
-        bool hit = i < n && idx[i] == e;
+        bool hit = i < n && sort_key(idx[i], E) == e;
         int total, at = block_rank<MOE_SORT_THREADS>(hit, warp_n, &total);
         if (hit) perm[pos + at] = (int32_t)i;
         pos += total;
@@ -356,27 +358,27 @@ void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx,
     CUDA_LAUNCH_CHECK();
 }
 
-// The one host sync of the step: the stable counting sort runs on the device (moe_sort_kernel) and only
-// the E+1 offsets come to the host, which needs them for the grouped GEMM shapes.
-void cuda_moe_sort(Tensor perm, int64_t *offs, Tensor idx, int E) {
+// The stable counting sort on the device (moe_sort_kernel), offs written where the grouped GEMMs read them: nothing
+// comes back to the host.
+void cuda_moe_sort(Tensor perm, Tensor offs, Tensor idx, int E) {
     int64_t n = tensor_numel(idx);
-    CHECK(idx.dt == DT_I32 && perm.dt == DT_I32 && tensor_numel(perm) >= n && n < 0x7fffffff);
-    CudaCtx *c = cuda_ctx();
-    if ((size_t)(E + 2) * sizeof(int64_t) > CUDA_SMALL_BYTES) die("moe_sort: %d experts exceed the small pool", E);
-    int64_t *d_offs = (int64_t *)c->small; // [0, E]: offsets; [E + 1]: the first bad expert index + 1, or 0
-    CUDA_CHECK(cudaMemsetAsync(d_offs + E + 1, 0, sizeof(int64_t), c->compute));
+    CHECK(idx.dt == DT_I32 && perm.dt == DT_I32 && tensor_numel(perm) >= n && n < 0x7fffffff && E >= 1);
+    int64_t *d_offs = (int64_t *)offsets_device(offs, E, "moe_sort");
     if (n) {
-        moe_sort_kernel<<<(unsigned)E, MOE_SORT_THREADS, 0, c->compute>>>((int32_t *)perm.p, d_offs,
-                                                                          (const int32_t *)idx.p, n, E);
+        moe_sort_kernel<<<(unsigned)E, MOE_SORT_THREADS, 0, cuda_stream()>>>((int32_t *)perm.p, d_offs,
+                                                                             (const int32_t *)idx.p, n, E);
         CUDA_LAUNCH_CHECK();
     } else {
-        CUDA_CHECK(cudaMemsetAsync(d_offs, 0, (E + 1) * sizeof(int64_t), c->compute));
+        CUDA_CHECK(cudaMemsetAsync(d_offs, 0, (E + 1) * sizeof(int64_t), cuda_stream()));
     }
-    CUDA_CHECK(cudaMemcpyAsync(c->host_small, d_offs, (E + 2) * sizeof(int64_t), cudaMemcpyDeviceToHost, c->compute));
-    CUDA_CHECK(cudaStreamSynchronize(c->compute));
-    const int64_t *h = (const int64_t *)c->host_small;
-    if (h[E + 1]) die("moe_sort: expert index %lld out of range [0, %d) (a router bug)", (long long)(h[E + 1] - 1), E);
-    memcpy(offs, h, (E + 1) * sizeof(int64_t));
+}
+
+int64_t cuda_moe_sort_bad_expert(void) {
+    unsigned long long bad = 0, zero = 0;
+    CUDA_CHECK(cudaMemcpyFromSymbolAsync(&bad, moe_sort_bad, sizeof bad, 0, cudaMemcpyDeviceToHost, cuda_stream()));
+    CUDA_CHECK(cudaMemcpyToSymbolAsync(moe_sort_bad, &zero, sizeof zero, 0, cudaMemcpyHostToDevice, cuda_stream()));
+    cuda_host_wait(cuda_stream());
+    return bad ? (int64_t)(int32_t)(uint32_t)bad : -1;
 }
 
 // Rows of a multiple of 8 aligned values take V = 8; V = 1 serves other widths (the row ops accept any H, as the CPU

@@ -11,6 +11,7 @@ void *cuda_alloc_or_die(size_t bytes, const char *what);
 void cuda_free(void *p);
 void cuda_sync(void);             // waits for the compute stream
 void cuda_copies_wait(void);      // ops_copies_wait (cuda_copy_async's copy stream)
+int64_t cuda_host_syncs(void);    // ops_host_syncs
 size_t cuda_pool_bytes(void);     // device memory the backend itself holds (workspace, pools)
 size_t cuda_mem_peak_bytes(void); // the most device memory in use since its CUDA start (sampled at each alloc and call)
 // The streams for overlapping communication with compute (used by the multi-GPU engine).
@@ -22,6 +23,7 @@ void *cuda_comm_stream(void);    // cudaStream_t
 #include "ops/ops_list.h"
 int64_t cuda_embedding_bad_id(void);
 bool cuda_adamw_nonfinite(void);
+int64_t cuda_moe_sort_bad_expert(void);
 // How often the expert products took a path so far (cuda_gemm.cu): "wgmma", the products the wgmma kernels ran.
 int64_t cuda_grouped_calls(const char *path);
 // The kernel family the last attention call ran: "cudnn", "flash" (ours, tensor cores) or "generic".
@@ -36,15 +38,17 @@ void cuda_fp8_weight_values(Tensor y, Fp8Weight fw);
 bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
-bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, const int64_t *offs, bool input_grad);
+bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Fp8Weight w8, Tensor offs, bool input_grad);
 // x (R, C) into E4M3 codes q (R, C) and 1 × 128 scales s (⌈C/128⌉, R) (the tensor-core GEMMs' first step; the bench
 // times it alone).
 void cuda_fp8_quantize_rows(Tensor q, Tensor s, Tensor x);
-// x (R, C), C a multiple of 128, in 128 × 1 blocks within each group's rows offs[g]..offs[g+1] into transposed codes
-// qt (C, Tp), each group padded to whole 128-row blocks with zero codes (Tp = 128 · their count TB), and scales s
-// (TB, C) (the grouped weight gradient's first step).
-void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, const int64_t *offs, int groups);
-bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, const int64_t *offs, bool accumulate);
+// x (R, C), C a multiple of 128, in 128 × 1 blocks within each group's rows offs[g]..offs[g+1] (offs: groups + 1 int64
+// on the GPU) into transposed codes qt (C, Tp), each group padded to whole 128-row blocks with zero codes, and scales s
+// (TB, C) (the grouped weight gradient's first step): TB = cuda_fp8_cols_t_blocks(R, groups), a bound on the blocks
+// from the sizes (Tp = 128 · TB; the columns past the groups' blocks are not written).
+int64_t cuda_fp8_cols_t_blocks(int64_t R, int64_t groups);
+void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, Tensor offs);
+bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor offs, bool accumulate);
 int64_t cuda_fp8_tensor_core_gemms(void);
 bool cuda_fp8_dense_fit(int64_t N, int64_t K); // the shapes the tensor-core paths take (no GPU needed)
 bool cuda_fp8_experts_fit(int64_t E, int64_t N, int64_t K);

@@ -17,9 +17,10 @@
 // The weight gradient's output is large against its products (a tile of dw_e reduces over one expert's rows only);
 // stores straight from registers were no faster than this path through shared memory and the copy engine
 // (bench/cuda_ops.md, round 6, has the figures).
-// Persistent scheduling: min(tiles, SMs) CTAs; CTA b runs tiles b, b + grid, b + 2·grid, … of one list that holds
-// every expert's tiles, the experts ordered by rows, most first, so skewed routing needs no side streams and an
-// empty expert costs nothing.
+// Persistent scheduling: CTA b runs tiles b, b + grid, b + 2·grid, … of one list that holds every expert's tiles, the
+// experts ordered by rows, most first, so skewed routing needs no side streams and an empty expert costs nothing. The
+// list is built on the device from the device offsets (wg_list_kernel) just before the product, so the host never
+// waits for the routing: the grid is a bound from the sizes (at most the SMs) and a CTA stops at the list's count.
 // Operand layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Shared Memory Layout"): wgmma computes
 // D (64 × n) += A (64 × 16) · B (16 × n). An operand is "K-major" when its reduction index runs along the
 // 128-byte smem rows, "MN-major" (the instruction's transpose bit) when its output index does:
@@ -74,20 +75,20 @@ static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const C
     }
 }
 
-// grid: min(tiles, SMs) CTAs of 384 threads; WG_SMEM + 1 KB bytes of dynamic shared memory. ma, mb: the operands'
-// maps (64 × 64 bf16 boxes); mo: the output's (bf16 64 × 64, or fp32 32 × 64 boxes).
+// grid: min(wg_table_build's bound, SMs) CTAs of 384 threads; WG_SMEM + 1 KB bytes of dynamic shared memory.
+// ma, mb: the operands' maps (64 × 64 bf16 boxes); mo: the output's (bf16 64 × 64, or fp32 32 × 64 boxes).
 template <int KIND, int BN>
 __global__ void __launch_bounds__(384, 1)
     wgmma_grouped_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                          const __grid_constant__ CUtensorMap mo, void *out, const __grid_constant__ WgTable gt,
-                         int ntiles, int accumulate) {
+                         int accumulate) {
     typedef WgShape<KIND, BN> S;
     constexpr int SA = S::SA, SB = S::SB, STAGES = S::STAGES;
     constexpr int TA = KIND == WG_WEIGHT_GRAD, TB = KIND != WG_FORWARD; // MN-major operands
     extern __shared__ unsigned char wg_shared[];
     uint32_t base = (sh_addr(wg_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
     uint32_t epi0 = base + STAGES * (SA + SB), full = epi0 + 2 * S::EPI, empty = full + 8 * STAGES;
-    int wg = threadIdx.x / 128;
+    int wg = threadIdx.x / 128, ntiles = gt.list->ntiles;
     ring_init(full, empty, STAGES);
     if (wg == 0) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -204,6 +205,48 @@ bool wgmma_available(void) {
     return state == 1;
 }
 
+// One block of WG_MAX_E threads: the tile list l of one product (wg_table_build) from offs (E + 1 int64); thread e
+// takes expert e, then slot e of the order.
+__global__ void wg_list_kernel(WgList *l, const int64_t *offs, int E, int wgrad, int ntm_w, int ntn) {
+    __shared__ int m_s[WG_MAX_E], cnt_s[WG_MAX_E], warp_s[WG_MAX_E / 32];
+    int e = threadIdx.x, lane = e % 32, warp = e / 32;
+    for (int i = e; i <= E; i += WG_MAX_E) l->offs[i] = (int)offs[i]; // (E + 1 of them)
+    int m = e < E ? (int)(offs[e + 1] - offs[e]) : 0;
+    m_s[e] = m, cnt_s[e] = 0;
+    __syncthreads();
+    if (e < E) { // its slot: the experts with more rows, and those before it with as many (a stable order)
+        int s = 0;
+        for (int j = 0; j < E; j++) s += m_s[j] > m || (m_s[j] == m && j < e);
+        l->ord[s] = e;
+        cnt_s[s] = (wgrad ? (m > 0 ? ntm_w : 0) : (m + WG_BM - 1) / WG_BM) * ntn;
+    }
+    __syncthreads();
+    int v = cnt_s[e]; // the prefix over the slots: within the warp, then the warps before
+    for (int o = 1; o < 32; o <<= 1) {
+        int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    if (lane == 31) warp_s[warp] = v;
+    __syncthreads();
+    for (int w = 0; w < warp; w++) v += warp_s[w];
+    if (e == 0) l->tiles[0] = 0;
+    if (e < E) l->tiles[e + 1] = v;
+    if (e == WG_MAX_E - 1) l->ntiles = v;
+}
+
+int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, int bn, const int64_t *offs, int64_t R) {
+    int64_t C = kind == WG_FORWARD ? N : K, ntn = (C + bn - 1) / bn, ntm_w = (N + WG_BM - 1) / WG_BM;
+    int64_t busy = E < R ? E : R; // experts that can have rows
+    int64_t bound = (kind == WG_WEIGHT_GRAD ? busy * ntm_w : (R + WG_BM - 1) / WG_BM + busy) * ntn;
+    if (bound > 0x7fffffff || E > WG_MAX_E) return -1;
+    CHECK(sizeof(WgList) <= CUDA_SMALL_BYTES);
+    WgList *l = (WgList *)cuda_ctx()->small;
+    *gt = (WgTable){l, (int)E, (int)N, (int)K, (int)ntn};
+    wg_list_kernel<<<1, WG_MAX_E, 0, cuda_stream()>>>(l, offs, (int)E, kind == WG_WEIGHT_GRAD, (int)ntm_w, (int)ntn);
+    CUDA_LAUNCH_CHECK();
+    return bound;
+}
+
 static int64_t wgmma_calls; // products run here (cuda_grouped_calls("wgmma"))
 
 // One expert product (cuda_common.cuh). Not fitting: not a Hopper GPU, dtypes, N or K not multiples of 64, more than
@@ -214,24 +257,24 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     if (a.dt != DT_BF16 || b.dt != DT_BF16 || out.dt != (wgrad ? DT_F32 : DT_BF16)) return false;
     if (E < 1 || E > WG_MAX_E || N % WG_BK || K % WG_BK || E * N > 0x7fffffff || K > 0x7fffffff) return false;
-    if (!aligned16(out.p, a.p, b.p) || offs[0] < 0 || offs[E] > 0x7fffffff - 256) return false;
+    if (!aligned16(out.p, a.p, b.p)) return false;
     if (t_rows(a) + 256 > 0x7fffffff || (wgrad && t_rows(b) + 256 > 0x7fffffff)) return false;
     if (!wgmma_available()) return false;
     int64_t C = kind == WG_FORWARD ? N : K;      // the output's columns
     int bn = !wgrad && C % 256 == 0 ? 256 : 128; // (the fp32 epilogue tiles of 256 would not fit)
     WgTable gt;
-    int64_t ntiles = wg_table_build(&gt, kind, E, N, K, bn, offs);
-    if (ntiles < 0) return false;
+    int64_t bound = wg_table_build(&gt, kind, E, N, K, bn, offs, t_rows(a));
+    if (bound < 0) return false;
     wgmma_calls++;
     if (wgrad && !accumulate) zero_empty_experts((float *)out.p, offs, E, N * K); // (no tiles)
-    if (ntiles == 0) return true; // no rows: nothing (more) to write or add
-    CUtensorMap ma, mb, mo;       // a's (x or dy), b's (w, or x for the weight gradient), out's
+    if (bound == 0) return true; // no rows: nothing (more) to write or add
+    CUtensorMap ma, mb, mo;      // a's (x or dy), b's (w, or x for the weight gradient), out's
     wgmma_tensor_map(&ma, a.p, DT_BF16, t_rows(a), kind == WG_FORWARD ? K : N);
     wgmma_tensor_map(&mb, b.p, DT_BF16, wgrad ? t_rows(b) : E * N, K);
     wgmma_tensor_map(&mo, out.p, out.dt, wgrad ? E * N : t_rows(out), C);
     static bool attr[3][2]; // wg_launch's flag per kernel
     auto run = [&](auto kernel) {
-        wg_launch(kernel, &attr[kind][bn == 256], (int)ntiles, ma, mb, mo, out.p, gt, (int)ntiles, (int)accumulate);
+        wg_launch(kernel, &attr[kind][bn == 256], bound, ma, mb, mo, out.p, gt, (int)accumulate);
     };
     if (wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128>);
     else if (kind == WG_FORWARD && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256>);

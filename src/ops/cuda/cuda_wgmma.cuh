@@ -87,11 +87,17 @@ template <int N> static __device__ __forceinline__ void fence_regs(float *d) {
 #define WG_MAX_E 256
 #define WG_BM 128
 
-// The tile list, by value in the parameters: slot s (expert ord[s]) owns tiles tiles[s]..tiles[s+1]-1.
+// The tile list of one product, in device memory: wg_table_build's kernel writes it from the experts' offsets on the
+// device, so the host never reads them. Slot s (expert ord[s]) owns tiles tiles[s]..tiles[s+1]-1, ntiles in all.
 typedef struct {
-    int offs[WG_MAX_E + 1];
+    int ntiles;
+    int offs[WG_MAX_E + 1]; // the experts' row offsets
     int tiles[WG_MAX_E + 1];
-    int ord[WG_MAX_E];
+    int ord[WG_MAX_E]; // the experts by rows, most first (stable)
+} WgList;
+// What a kernel gets by value: the list's address and the product's sizes.
+typedef struct {
+    const WgList *list;
     int E, N, K, ntn; // ntn: tiles along the output's columns
 } WgTable;
 
@@ -101,12 +107,19 @@ typedef struct {
     int row, col;      // the tile's first output row (in y/dx: absolute; in dw_e: of N) and column
 } Tile;
 
-// Tile t of the list; BK: the reduction block (64 bf16 or 128 E4M3 values: 128 bytes either way).
+// Tile t of the list (read from device memory through the read-only cache: a few loads per tile, outside the
+// reduction loop); BK: the reduction block (64 bf16 or 128 E4M3 values: 128 bytes either way).
 template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile tile_of(const WgTable &gt, int t) {
-    int lo = group_of(gt.tiles, gt.E, t); // the slot s with tiles[s] <= t < tiles[s + 1]
+    const WgList *l = gt.list;
+    int lo = 0, hi = gt.E - 1; // the slot s with tiles[s] <= t < tiles[s + 1] (group_of's search)
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (__ldg(&l->tiles[mid]) <= t) lo = mid;
+        else hi = mid - 1;
+    }
     Tile ti;
-    int local = t - gt.tiles[lo];
-    ti.e = gt.ord[lo], ti.r0 = gt.offs[ti.e], ti.m = gt.offs[ti.e + 1] - ti.r0;
+    int local = t - __ldg(&l->tiles[lo]);
+    ti.e = __ldg(&l->ord[lo]), ti.r0 = __ldg(&l->offs[ti.e]), ti.m = __ldg(&l->offs[ti.e + 1]) - ti.r0;
     ti.col = local % gt.ntn * BN;
     if (KIND == WG_WEIGHT_GRAD) ti.row = local / gt.ntn * WG_BM, ti.nkb = (ti.m + BK - 1) / BK;
     else ti.row = ti.r0 + local / gt.ntn * WG_BM, ti.nkb = (KIND == WG_FORWARD ? gt.K : gt.N) / BK;
@@ -114,34 +127,12 @@ template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile 
 }
 
 // The tile list of one product (kind WG_*; bn: the tile's output columns; C: the output's columns, N in the forward,
-// K otherwise): the experts ordered by rows, most first, and each one's tiles — forward and input gradient ⌈rows/128⌉
-// row tiles of its rows, weight gradient ⌈N/128⌉ row tiles of dw_e when it has rows — times ⌈C/bn⌉ column tiles.
-// The tile count, or −1 when offs decrease or the count passes int.
-static inline int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, int bn,
-                                     const int64_t *offs) {
-    int64_t C = kind == WG_FORWARD ? N : K;
-    gt->E = (int)E, gt->N = (int)N, gt->K = (int)K, gt->ntn = (int)((C + bn - 1) / bn);
-    for (int64_t e = 0; e <= E; e++) {
-        if (e > 0 && offs[e] < offs[e - 1]) return -1;
-        gt->offs[e] = (int)offs[e];
-    }
-    // slots: experts by rows, most first (insertion sort of at most 256, stable)
-    for (int e = 0; e < E; e++) {
-        int m = gt->offs[e + 1] - gt->offs[e], s = e;
-        while (s > 0 && gt->offs[gt->ord[s - 1] + 1] - gt->offs[gt->ord[s - 1]] < m) gt->ord[s] = gt->ord[s - 1], s--;
-        gt->ord[s] = e;
-    }
-    int64_t ntiles = 0;
-    gt->tiles[0] = 0;
-    for (int s = 0; s < E; s++) {
-        int64_t m = gt->offs[gt->ord[s] + 1] - gt->offs[gt->ord[s]];
-        ntiles += kind == WG_WEIGHT_GRAD ? (m > 0 ? (N + WG_BM - 1) / WG_BM * gt->ntn : 0)
-                                         : (m + WG_BM - 1) / WG_BM * gt->ntn;
-        if (ntiles > 0x7fffffff) return -1;
-        gt->tiles[s + 1] = (int)ntiles;
-    }
-    return ntiles;
-}
+// K otherwise) from offs (E + 1 int64 on the device), built on the device into the small pool (cuda_wgmma.cu): the
+// experts ordered by rows, most first, and each one's tiles — forward and input gradient ⌈rows/128⌉ row tiles of its
+// rows, weight gradient ⌈N/128⌉ row tiles of dw_e when it has rows — times ⌈C/bn⌉ column tiles. R: the rows of the
+// activations (offs[E] ≤ R). Returns a bound on the tile count from the sizes alone (the grid of the persistent
+// kernels: their CTAs stop at the list's count), or −1 when that bound passes int.
+int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, int bn, const int64_t *offs, int64_t R);
 
 // The stage ring of a producer/consumer CTA: stage s's "full" barrier at full + 8·s (the producer's one arrival and
 // its TMA bytes) and "empty" barrier at empty + 8·s (one arrival per consumer warp: 8); the whole CTA waits until
@@ -237,13 +228,14 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
 
 // ---- host side (cuda_wgmma.cu) ----
 #define WG_SMEM 231168 // dynamic shared memory asked for: the 227 KB a block may have, less 1 KB of alignment slack
-// Launches a persistent wgmma kernel: min(tiles, SMs) CTAs of 384 threads with WG_SMEM + 1 KB of dynamic shared
-// memory (the 1 KB: alignment slack), allowed once per kernel (attr: the caller's flag for it).
-template <typename... P, typename... A> static void wg_launch(void (*kernel)(P...), bool *attr, int ntiles, A... args) {
+// Launches a persistent wgmma kernel: min(bound, SMs) CTAs of 384 threads (bound: wg_table_build's) with WG_SMEM + 1 KB
+// of dynamic shared memory (the 1 KB: alignment slack), allowed once per kernel (attr: the caller's flag for it).
+template <typename... P, typename... A>
+static void wg_launch(void (*kernel)(P...), bool *attr, int64_t bound, A... args) {
     size_t smem = WG_SMEM + 1024;
     if (!*attr) CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     *attr = true;
-    int grid = ntiles < cuda_ctx()->sm_count ? ntiles : cuda_ctx()->sm_count;
+    int grid = bound < cuda_ctx()->sm_count ? (int)bound : cuda_ctx()->sm_count;
     kernel<<<grid, 384, smem, cuda_stream()>>>(args...);
     CUDA_LAUNCH_CHECK();
 }

@@ -44,26 +44,21 @@ static __device__ __forceinline__ void wgmma_e4m3_128(float *d, uint64_t da, uin
                  : "l"(da), "l"(db), "r"(acc));
 }
 
-// The weight gradient's token blocks: expert e's transposed codes begin at padded block tb0[e] (each expert's rows
-// in whole blocks of 128).
-typedef struct {
-    int tb0[WG_MAX_E];
-} W8Blocks;
-
-// grid: min(tiles, SMs) CTAs of 384 threads; WG_SMEM + 1 KB of dynamic shared memory; 64-row × 128-code boxes; mo the
-// output's map (cuda_wgmma.cuh's epilogue). The producer copies each block's scales into its stage beside the boxes.
+// grid: min(wg_table_build's bound, SMs) CTAs of 384 threads; WG_SMEM + 1 KB of dynamic shared memory; 64-row ×
+// 128-code boxes; mo the output's map (cuda_wgmma.cuh's epilogue). The producer copies each block's scales into its
+// stage beside the boxes.
 // KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); msa x's scales (KB, R) in boxes of 132 from the tile's first
 // row rounded down to 4 (zeros past R), msb w's (E·NB, ldws) in boxes of 4 (a block's with its neighbours: 16 bytes); out y (R, N).
-// KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens; sa dyᵀ's scales (TB, N), sb
-// xᵀ's (TB, K), one per token block and column (a scale per output row and per output column of the tile: 2 × 512
-// bytes a stage); out dw (E, N, K) fp32, added to when accumulate, else written.
+// KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens (expert e's from block tb0[e], in
+// device memory: each expert's rows in whole blocks of 128); sa dyᵀ's scales (TB, N), sb xᵀ's (TB, K), one per token
+// block and column (a scale per output row and per output column of the tile: 2 × 512 bytes a stage); out dw (E, N, K)
+// fp32, added to when accumulate, else written.
 template <int KIND, typename TO>
 __global__ void __launch_bounds__(384, 1)
     wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                      const __grid_constant__ CUtensorMap mo, const __grid_constant__ CUtensorMap msa,
                      const __grid_constant__ CUtensorMap msb, TO *out, const float *sa_, const float *sb_,
-                     int accumulate, const __grid_constant__ WgTable gt, const __grid_constant__ W8Blocks blocks,
-                     int ntiles) {
+                     int accumulate, const __grid_constant__ WgTable gt, const int *tb0) {
     typedef W8Shape<TO> S;
     constexpr bool WGRAD = KIND == WG_WEIGHT_GRAD;
     constexpr int SA = S::SA, SB = S::SB, SC = 1024, ST = SA + SB + SC; // SC: the stage's scales
@@ -71,7 +66,7 @@ __global__ void __launch_bounds__(384, 1)
     extern __shared__ unsigned char w8_shared[];
     uint32_t base = (sh_addr(w8_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
     uint32_t epi0 = base + STAGES * ST, full = epi0 + 2 * S::EPI, empty = full + 8 * STAGES;
-    int wg = threadIdx.x / 128;
+    int wg = threadIdx.x / 128, ntiles = gt.list->ntiles;
     ring_init(full, empty, STAGES);
     if (wg == 0) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -79,7 +74,7 @@ __global__ void __launch_bounds__(384, 1)
         int it = 0;
         for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
             Tile ti = tile_of<KIND, W8_BN, W8_BK>(gt, t);
-            int tb = WGRAD ? blocks.tb0[ti.e] : 0;
+            int tb = WGRAD ? __ldg(tb0 + ti.e) : 0;
             for (int kb = 0; kb < ti.nkb; kb++, it++) {
                 int s = it % STAGES;
                 mbar_wait(empty + 8 * s, (it / STAGES & 1) ^ 1);
@@ -190,48 +185,45 @@ bool wgmma_fp8_takes(Tensor y, int64_t R, int64_t E, int64_t N, int64_t K) {
 
 // y (R, N) = x_e · w_eᵀ per expert on the E4M3 tensor cores (the layouts at the top): xq (R, K) codes and xs (KB, lds)
 // scales of x (lds ≥ R a multiple of 4: xs[kb·lds + r]), wq (E·N, K) codes and ws (E·N/128, ldws) scales of w (ldws a
-// multiple of 4), offs (E + 1) on the host with offs[E] ≤ R. The caller checked wgmma_fp8_takes; false when offs
-// decrease or a pointer is not 16-byte aligned.
+// multiple of 4), offs (E + 1) on the device with offs[E] ≤ R. The caller checked wgmma_fp8_takes; false when a
+// pointer is not 16-byte aligned.
 bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, int64_t R, const void *wq,
                        const float *ws, int64_t ldws, int64_t E, int64_t N, int64_t K, const int64_t *offs) {
-    if (offs[0] < 0 || offs[E] > R || !aligned16(xq, wq, xs, ws) || lds % 4 || ldws % 4 || lds < R) return false;
+    if (!aligned16(xq, wq, xs, ws) || lds % 4 || ldws % 4 || lds < R) return false;
     WgTable gt;
-    int64_t ntiles = wg_table_build(&gt, WG_FORWARD, E, N, K, W8_BN, offs);
-    if (ntiles < 0) return false;
-    if (ntiles == 0) return true;
+    int64_t bound = wg_table_build(&gt, WG_FORWARD, E, N, K, W8_BN, offs, R);
+    if (bound < 0) return false;
+    if (bound == 0) return true;
     CUtensorMap ma, mb, mo, msa, msb;
     wgmma_tensor_map(&ma, xq, DT_U8, R, K);
     wgmma_tensor_map(&mb, wq, DT_U8, E * N, K);
     wgmma_tensor_map(&mo, y.p, y.dt, t_rows(y), N);
     wgmma_scale_map(&msa, xs, K / W8_BK, R, lds, 132); // 128 rows from a 16-byte boundary: 132
     wgmma_scale_map(&msb, ws, E * N / W8_BN, ldws, ldws, 4);
-    static W8Blocks none; // (the forward reads no token blocks)
-    static bool attr[2];  // wg_launch's flag per kernel
+    static bool attr[2]; // wg_launch's flag per kernel
     DT_SWITCH(y.dt, TO, "fp8_grouped_linear",
-              wg_launch(wgmma_fp8_kernel<WG_FORWARD, TO>, &attr[y.dt == DT_F32], (int)ntiles, ma, mb, mo, msa, msb,
-                        (TO *)y.p, (const float *)NULL, (const float *)NULL, 0, gt, none, (int)ntiles));
+              wg_launch(wgmma_fp8_kernel<WG_FORWARD, TO>, &attr[y.dt == DT_F32], bound, ma, mb, mo, msa, msb, (TO *)y.p,
+                        (const float *)NULL, (const float *)NULL, 0, gt, (const int *)NULL));
     return true;
 }
 
 // dw (E, N, K) fp32 (+)= dy_eᵀ · x_e per expert (accumulate false: written; the caller zeroes empty experts) on the E4M3 tensor cores: dq (N, Tp) and xq (K, Tp) the transposed
 // codes of dy and x, each expert's rows padded to whole 128-token blocks (expert e's from block Σ_{j<e} ⌈m_j/128⌉,
-// zero codes in the padding), ds (TB, N) and xs (TB, K) their 128 × 1 scales per token block. The caller checked
-// wgmma_fp8_takes (on dw, with N and K); false when offs decrease.
+// zero codes in the padding: expert e's from block tb0[e], on the device), ds (TB, N) and xs (TB, K) their 128 × 1
+// scales per token block; offs (E + 1) on the device. The caller checked wgmma_fp8_takes (on dw, with N and K).
 bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
-                             int64_t E, int64_t N, int64_t K, const int64_t *offs, bool accumulate) {
-    if (dw.dt != DT_F32 || offs[0] != 0 || !aligned16(dq, xq, ds, xs)) return false;
+                             int64_t E, int64_t N, int64_t K, const int64_t *offs, const int *tb0, bool accumulate) {
+    if (dw.dt != DT_F32 || !aligned16(dq, xq, ds, xs)) return false;
     WgTable gt;
-    int64_t ntiles = wg_table_build(&gt, WG_WEIGHT_GRAD, E, N, K, W8_BN, offs);
-    if (ntiles < 0) return false;
-    if (ntiles == 0) return true;
+    int64_t bound = wg_table_build(&gt, WG_WEIGHT_GRAD, E, N, K, W8_BN, offs, Tp);
+    if (bound < 0) return false;
+    if (bound == 0) return true;
     CUtensorMap ma, mb, mo;
     wgmma_tensor_map(&ma, dq, DT_U8, N, Tp);
     wgmma_tensor_map(&mb, xq, DT_U8, K, Tp);
     wgmma_tensor_map(&mo, dw.p, DT_F32, E * N, K);
-    W8Blocks blocks;
-    for (int64_t e = 0, tb = 0; e < E; e++) blocks.tb0[e] = (int)tb, tb += (offs[e + 1] - offs[e] + W8_BK - 1) / W8_BK;
     static bool attr; // (msa, msb: not read)
-    wg_launch(wgmma_fp8_kernel<WG_WEIGHT_GRAD, float>, &attr, (int)ntiles, ma, mb, mo, mo, mo, (float *)dw.p, ds, xs,
-              (int)accumulate, gt, blocks, (int)ntiles);
+    wg_launch(wgmma_fp8_kernel<WG_WEIGHT_GRAD, float>, &attr, bound, ma, mb, mo, mo, mo, (float *)dw.p, ds, xs,
+              (int)accumulate, gt, tb0);
     return true;
 }
