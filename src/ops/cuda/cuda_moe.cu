@@ -22,15 +22,17 @@ typedef struct {
 #define ROUTER_KMAX 32
 
 // The best untaken entry of v[0..n) (−∞ marks taken or excluded ones), ties → lower index, in every lane.
+// An index below n even when no value is above −∞ or some are NaN (a diverged router), so a caller never indexes past
+// its row; on finite values the first of the largest.
 __device__ __forceinline__ int warp_argmax(const float *v, int n, int lane) {
     float bv = -INFINITY;
-    int best = n;
+    int best = INT_MAX; // none seen
     for (int e = lane; e < n; e += 32)
-        if (v[e] > bv) bv = v[e], best = e;
+        if (best == INT_MAX || v[e] > bv) bv = v[e], best = e;
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, bv, o);
         int oe = __shfl_xor_sync(0xffffffffu, best, o);
-        if (ov > bv || (ov == bv && oe < best)) bv = ov, best = oe;
+        if (oe != INT_MAX && (best == INT_MAX || ov > bv || (ov == bv && oe < best))) bv = ov, best = oe;
     }
     return best;
 }
