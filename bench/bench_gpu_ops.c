@@ -431,7 +431,7 @@ int main(int argc, char **argv) {
              op_linear_backward_weight(dwr, (Tensor){0}, lg, x));
         for (int hd = 0; hd < 2; hd++) { // (T, H), then q's (T·heads, d)
             int64_t r = hd ? T * nh : T, c = hd ? d : H;
-            Tensor xn = tensor_reshape2(q2, r, c), y = dev(bf, 2, r, c, 0), dy = dev(bf, 2, r, c, 0),
+            Tensor xn = hd ? tensor_reshape2(q2, r, c) : x, y = dev(bf, 2, r, c, 0), dy = dev(bf, 2, r, c, 0),
                    wn = dev(bf, 1, c, 0, 0), rs = dev(DT_F32, 1, r, 0, 0), dwn = dev(DT_F32, 1, c, 0, 0);
             fill(wn, 1, 11), fill(dy, 1, 12), op_zero(dwn);
             op_rmsnorm_forward(y, rs, xn, wn, 1e-6f, NULL);
