@@ -490,12 +490,23 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     if (dw.dt != DT_F32 && dw.dt != DT_BF16)
         die("grouped_linear_backward_weight: dw is %s (fp32 or bf16)", dtype_name(dw.dt));
-    if (dw.dt == DT_BF16 &&
-        x.dt == DT_F32) { // fp32 operands: the fp32 sums in the op scratch, then added (one rounding)
-        Tensor sum = tensor_make(cuda_scratch(E * N * K * sizeof(float)), DT_F32, DEV_CUDA, 3, E, N, K, 1);
-        cuda_grouped_linear_backward_weight(sum, (Tensor){0}, dy, x, offs, false);
+    if (dw.dt == DT_BF16 && x.dt == DT_F32) { // fp32 operands: each expert's fp32 sums, as many rows of dw_e at a time
+        // as the conversion pool holds, then added to dw_e (one rounding)
         if (!accumulate) cuda_zero(dw);
-        return cuda_add(dw, sum);
+        const int64_t *o = cuda_offsets_host(offs, E);
+        int64_t rows = (int64_t)(CUDA_CONVERT_BYTES / sizeof(float)) / (K ? K : 1), n;
+        if (rows < 1)
+            die("grouped_linear_backward_weight: a row of %lld fp32 values passes the conversion pool", (long long)K);
+        float *sum = (float *)cuda_ctx()->convert;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t n0 = 0; o[e + 1] > o[e] && n0 < N; n0 += n) {
+                n = N - n0 < rows ? N - n0 : rows;
+                lt_matmul(false, true, K, n, o[e + 1] - o[e], (const float *)x.p + o[e] * K, K,
+                          (const float *)dy.p + o[e] * N + n0, N, DT_F32, 0.0f, sum, K, DT_F32, n * K * sizeof(float));
+                cuda_add(tensor_make((bf16 *)dw.p + (e * N + n0) * K, DT_BF16, DEV_CUDA, 1, n * K, 1, 1, 1),
+                         tensor_make(sum, DT_F32, DEV_CUDA, 1, n * K, 1, 1, 1));
+            }
+        return;
     }
     // bf16 dw (gradient_dtype): the wgmma kernels decline it; cuBLASLt sums in fp32 and adds D in fp32 (beta 1), one
     // rounding
