@@ -195,30 +195,10 @@ bool lt_matmul_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *
     return ok;
 }
 
-// A product on the compute stream; `used`: the conversion pool's bytes that hold its operands. An fp32 D of few
-// output tiles over a long reduction (the router's logits and weight gradient, the k/v projections' weight gradient)
-// would run on a fraction of the SMs: its reduction is cut into s parts of q (s from the shape alone: about 128 tiles
-// at once), run as one strided batch into fp32 partials in the pool's free part, and the partials added to D in order
-// (colsum_finish: the same bits in every run); the reduction's last k − s·q then add to D.
 static void lt_matmul(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
-                      int64_t ldb, DType abt, float beta, void *D, int64_t ldd, DType dt, size_t used) {
+                      int64_t ldb, DType abt, float beta, void *D, int64_t ldd, DType dt) {
     CudaCtx *c = cuda_ctx();
-    int64_t tiles = (m + 127) / 128 * ((n + 127) / 128), s = 1;
-    size_t part = (size_t)m * n * sizeof(float);
-    used = (used + 255) / 256 * 256;
-    while (dt == DT_F32 && ldd == m && s < 16 && tiles * s * 2 <= 128 && k / (s * 2) >= 512 &&
-           used + part * s * 2 <= CUDA_CONVERT_BYTES)
-        s *= 2;
-    if (s == 1) return lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, k, A, lda, B, ldb, abt, beta, D, ldd, dt, ONE);
-    int64_t q = k / s / 8 * 8, sa = ta ? q : q * lda, sb = tb ? q * ldb : q, es = dtype_size(abt);
-    float *p = (float *)((char *)c->convert + used);
-    lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, q, A, lda, B, ldb, abt, 0.0f, p, m, DT_F32,
-                 (Batch){s, sa, sb, m * n});
-    if (beta == 0) CUDA_CHECK(cudaMemsetAsync(D, 0, part, c->compute));
-    colsum_finish((float *)D, p, (int)s, m * n);
-    if (k > s * q)
-        lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, k - s * q, (const char *)A + s * sa * es, lda,
-                     (const char *)B + s * sb * es, ldb, abt, 1.0f, D, ldd, dt, ONE);
+    lt_matmul_on(c->compute, c->lt_ws, ta, tb, m, n, k, A, lda, B, ldb, abt, beta, D, ldd, dt, ONE);
 }
 
 // ---- side streams for the per-expert products ----
@@ -318,7 +298,7 @@ static void rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, float
     for (int64_t r0 = 0, n; r0 < M; r0 += n) {
         n = M - r0 < rows ? M - r0 : rows;
         lt_matmul(!input_grad, false, C, n, D, w.p, K, operand_rows(in, r0, n, w.dt), D, w.dt, beta,
-                  (char *)out.p + r0 * C * dtype_size(out.dt), C, out.dt, in.dt != w.dt ? n * D * 2 : 0);
+                  (char *)out.p + r0 * C * dtype_size(out.dt), C, out.dt);
     }
 }
 
@@ -344,12 +324,7 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
     for (int64_t r0 = 0, n; r0 < M; r0 += n) {
         n = M - r0 < C ? M - r0 : C;
         lt_matmul(false, true, K, N, n, operand_rows(x, r0, n, abt), K, operand_rows(dy, r0, n, abt), N, abt, 1.0f,
-                  dw.p, K, DT_F32,
-                  (size_t)n *
-                      (x.dt != abt    ? K
-                       : dy.dt != abt ? N
-                                      : 0) *
-                      2);
+                  dw.p, K, DT_F32);
     }
     if (db.p) cuda_linear_bias_backward(db, dy, (Tensor){0}, true);
 }
@@ -502,7 +477,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
             for (int64_t n0 = 0; o[e + 1] > o[e] && n0 < N; n0 += n) {
                 n = N - n0 < rows ? N - n0 : rows;
                 lt_matmul(false, true, K, n, o[e + 1] - o[e], (const float *)x.p + o[e] * K, K,
-                          (const float *)dy.p + o[e] * N + n0, N, DT_F32, 0.0f, sum, K, DT_F32, n * K * sizeof(float));
+                          (const float *)dy.p + o[e] * N + n0, N, DT_F32, 0.0f, sum, K, DT_F32);
                 cuda_add(tensor_make((bf16 *)dw.p + (e * N + n0) * K, DT_BF16, DEV_CUDA, 1, n * K, 1, 1, 1),
                          tensor_make(sum, DT_F32, DEV_CUDA, 1, n * K, 1, 1, 1));
             }
