@@ -300,6 +300,20 @@ template <typename V> __device__ V block_sum(V v, V *shared32) {
     return warp_sum(s);
 }
 
+// The inclusive prefix sum of v over a block's threads in thread order (blockDim.x a multiple of 32, ≤ 1024; every
+// thread calls it): within each warp by shuffles, then the warps before through shared32.
+static __device__ __forceinline__ int block_prefix_sum(int v, int *shared32) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        int u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    if (lane == 31) shared32[warp] = v;
+    __syncthreads();
+    for (int w = 0; w < warp; w++) v += shared32[w];
+    return v;
+}
+
 // Launches kernel on the op stream with smem bytes of dynamic shared memory (the opt-in above the 48 KB default set
 // first, per call: it costs nothing next to a launch).
 template <typename K, typename... A> static void launch(K kernel, dim3 grid, dim3 block, size_t smem, A... args) {

@@ -195,16 +195,9 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, T *y, const T *x, in
 // of bh rows; thread g takes group g, the row-block prefix a block-wide scan.
 __global__ void fp8_groups_kernel(Fp8Groups *gr, const int64_t *offs, int n, int64_t N, int bh) {
     __shared__ int warp_s[FP8_MAX_GROUPS / 32];
-    int g = threadIdx.x, lane = g % 32, warp = g / 32;
+    int g = threadIdx.x;
     for (int i = g; i <= n; i += blockDim.x) gr->offs[i] = (int)(offs ? offs[i] : i * N);
-    int v = g < n ? (int)(((offs ? offs[g + 1] - offs[g] : N) + bh - 1) / bh) : 0;
-    for (int o = 1; o < 32; o <<= 1) {
-        int u = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += u;
-    }
-    if (lane == 31) warp_s[warp] = v;
-    __syncthreads();
-    for (int w = 0; w < warp; w++) v += warp_s[w];
+    int v = block_prefix_sum(g < n ? (int)(((offs ? offs[g + 1] - offs[g] : N) + bh - 1) / bh) : 0, warp_s);
     if (g == 0) gr->n = n, gr->bh = bh, gr->rb0[0] = 0;
     if (g < n) gr->rb0[g + 1] = v;
 }

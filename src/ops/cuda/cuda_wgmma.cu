@@ -209,7 +209,7 @@ bool wgmma_available(void) {
 // takes expert e, then slot e of the order.
 __global__ void wg_list_kernel(WgList *l, const int64_t *offs, int E, int wgrad, int ntm_w, int ntn) {
     __shared__ int m_s[WG_MAX_E], cnt_s[WG_MAX_E], warp_s[WG_MAX_E / 32];
-    int e = threadIdx.x, lane = e % 32, warp = e / 32;
+    int e = threadIdx.x;
     for (int i = e; i <= E; i += WG_MAX_E) l->offs[i] = (int)offs[i]; // (E + 1 of them)
     int m = e < E ? (int)(offs[e + 1] - offs[e]) : 0;
     m_s[e] = m, cnt_s[e] = 0;
@@ -221,14 +221,7 @@ __global__ void wg_list_kernel(WgList *l, const int64_t *offs, int E, int wgrad,
         cnt_s[s] = (wgrad ? (m > 0 ? ntm_w : 0) : (m + WG_BM - 1) / WG_BM) * ntn;
     }
     __syncthreads();
-    int v = cnt_s[e]; // the prefix over the slots: within the warp, then the warps before
-    for (int o = 1; o < 32; o <<= 1) {
-        int u = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += u;
-    }
-    if (lane == 31) warp_s[warp] = v;
-    __syncthreads();
-    for (int w = 0; w < warp; w++) v += warp_s[w];
+    int v = block_prefix_sum(cnt_s[e], warp_s); // the tiles of slots 0..e
     if (e == 0) l->tiles[0] = 0;
     if (e < E) l->tiles[e + 1] = v;
     if (e == WG_MAX_E - 1) l->ntiles = v;
