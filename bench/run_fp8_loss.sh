@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# run_fp8_loss.sh TOKENS OUT [STEPS] — issue 22's loss comparison: the demo's Qwen3-MoE scaled up (hidden 512, 4
-# layers, 16 experts top-2 of width 256, layer 0 a dense MLP of 1024; every projection and the experts in FP8 on the
-# tensor cores: cuBLASLt's block-scaled GEMMs and our wgmma E4M3 kernel) trained STEPS steps (default 300) of 4 × 512
+# run_fp8_loss.sh TOKENS OUT [STEPS] — issue 22's loss comparison: the demo's Qwen3-MoE scaled up (qwen3_moe_101m/:
+# hidden 512, 4 layers, 16 experts top-2 of width 256, layer 0 a dense MLP of 1024; every projection and the experts
+# in FP8 on the tensor cores: cuBLASLt's block-scaled GEMMs and our wgmma E4M3 kernel) trained STEPS steps (default 300) of 4 × 512
 # tokens from the same initialisation and data order in bf16 and in FP8 on TOKENS (a `pith tokenize` output folder of
 # real text, e.g. the King James Bible as scripts/demo.sh builds it), for each seed in SEEDS (default 1234):
 # OUT/{bf16,fp8}-SEED/, and a second bf16 run of the first seed (OUT/bf16-SEED-again: how far two runs of one
@@ -30,14 +30,7 @@ c.pop("run_dir", None)
 json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
 else
-    cat >"$out/model.json" <<'JSON'
-{"model_type": "qwen3_moe", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
- "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-6,
- "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "vocab_size": 151936,
- "num_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "intermediate_size": 1024,
- "norm_topk_prob": true, "attention_bias": false, "tie_word_embeddings": true, "decoder_sparse_step": 1,
- "mlp_only_layers": [0]}
-JSON
+    cp "$(dirname "$0")/qwen3_moe_101m/model.json" "$out/model.json"
     cat >"$out/train.json" <<JSON
 {"model": "model.json", "dataset": "$tokens", "sequence_length": 512, "micro_batch_size": 4,
  "global_batch_size": 4, "max_steps": $steps, "seed": 1234, "init_std": 0.02,

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # bench/dev/dgrad/run.sh — `parallel.gradient_reduce: layer` against `step` on real NCCL with two ranks sharing one
 # H200. PARTS (default "exact loss mem") picks the parts below; one layer run of part 2 takes ≈ 140 s over sockets,
-# so a 600 s call holds part 1 and one seed, or two seeds. Each rank is its own NCCL "host" (NCCL_HOSTID), so NCCL accepts two ranks on one GPU and joins them
-# by its network transport over the loopback interface; CUDA_VISIBLE_DEVICES=0 lets pith put both on GPU 0. Staged
-# for bench/session.sh's helper mode: copy this folder to .dev-dgrad, `bash bench/session.sh h:dgrad:560`. Writes to
-# $OUT (summary.txt, the logs, each run's metrics.jsonl):
-# 1. exact: bench/run_fp8_loss.sh's 101 M Qwen3-MoE on .gpu/kjv/tokens, dp 2, one micro-batch of 1 × 512 a rank,
-#    300 steps, deterministic, force-balanced: step against layer — every step's loss and the validation loss equal.
+# so a 600 s call holds part 1 and one seed, or two seeds. Each rank is its own NCCL "host" (NCCL_HOSTID), so NCCL
+# accepts two ranks on one GPU and joins them by its network transport over the loopback interface;
+# CUDA_VISIBLE_DEVICES=0 lets pith put both on GPU 0. Staged for bench/session.sh's helper mode: copy this folder to
+# .dev-dgrad, `bash bench/session.sh h:dgrad:560`. Writes to $OUT (summary.txt, the logs, each run's metrics.jsonl):
+# 1. exact: bench/qwen3_moe_101m's Qwen3-MoE (bench/run_fp8_loss.sh's) on .gpu/kjv/tokens, dp 2, one micro-batch of
+#    1 × 512 a rank, 300 steps, deterministic, force-balanced: step against layer — every step's loss and the
+#    validation loss equal.
 # 2. loss: the same with four micro-batches a rank (global batch 8), seeds SEEDS (default 1 2 3): the final losses'
 #    relative gaps (layer − step), their mean and standard error.
-# 3. memory: bench/qwen3_30b_a3b_8l at ep 2 (64 experts a rank, 1 × 4096 tokens a rank, balanced), 8 steps, step
+# 3. mem: bench/qwen3_30b_a3b_8l at ep 2 (64 experts a rank, 1 × 4096 tokens a rank, balanced), 8 steps, step
 #    against layer: rank 0's plan and GPU peak, the step times (two processes share the GPU's SMs and talk over
 #    sockets: the times are the pair's, not one GPU's).
 set -u
@@ -26,14 +27,7 @@ two() { # two NAME SECONDS ARGS...: `pith train ARGS` on two ranks sharing GPU 0
 }
 m=$out/m101
 mkdir -p "$m"
-cat >"$m/model.json" <<'JSON'
-{"model_type": "qwen3_moe", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
- "num_key_value_heads": 4, "head_dim": 64, "rms_norm_eps": 1e-6,
- "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}, "vocab_size": 151936,
- "num_experts": 16, "num_experts_per_tok": 2, "moe_intermediate_size": 256, "intermediate_size": 1024,
- "norm_topk_prob": true, "attention_bias": false, "tie_word_embeddings": true, "decoder_sparse_step": 1,
- "mlp_only_layers": [0]}
-JSON
+cp bench/qwen3_moe_101m/model.json "$m/model.json"
 tok=$(realpath .gpu/kjv/tokens)
 cat >"$m/train.json" <<JSON
 {"model": "model.json", "dataset": "$tok", "sequence_length": 512, "micro_batch_size": 1,
