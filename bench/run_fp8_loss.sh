@@ -3,8 +3,8 @@
 # hidden 512, 4 layers, 16 experts top-2 of width 256, layer 0 a dense MLP of 1024; every projection and the experts
 # in FP8 on the tensor cores: cuBLASLt's block-scaled GEMMs and our wgmma E4M3 kernel) trained STEPS steps (default
 # 300) of 4 × 512 tokens from the same initialisation and data order in bf16 and in FP8 on TOKENS (a `pith tokenize`
-# output folder of real text, e.g. the King James Bible as scripts/demo.sh builds it), for each seed in SEEDS (default 1234):
-# OUT/{bf16,fp8}-SEED/, and a second bf16 run of the first seed (OUT/bf16-SEED-again: how far two runs of one
+# output folder of real text, e.g. the King James Bible as scripts/demo.sh builds it), for each seed in SEEDS (default
+# 1234): OUT/{bf16,fp8}-SEED/, and a second bf16 run of the first seed (OUT/bf16-SEED-again: how far two runs of one
 # configuration part on the GPU, where cuDNN's attention backward adds with atomics in no fixed order). Writes
 # OUT/loss.png (pith plot of the first seed's pair) and prints, per seed, the final losses (the mean of the last 20
 # steps' training loss, and the validation loss after the last step on the first 16 batches of TOKENS) and their
