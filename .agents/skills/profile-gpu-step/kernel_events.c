@@ -3,6 +3,10 @@
 // each cuBLAS grouped GEMM and each cuDNN graph execution is bracketed by two events recorded on its stream.
 // Finished pairs are read back as later calls arrive (cudaEventQuery, no sync on the way) and summed per name; at
 // exit the table (name, calls, total ms) goes to $PITH_KERNEL_EVENTS (a file), "calls<TAB>ms<TAB>name" lines.
+// Two more lines: "#gpu-busy" (pairs, ms) is the union of every pair's interval on any stream — the time some
+// timed call was in progress — and "#host-waits" (calls, ms of host time) counts cudaStreamSynchronize,
+// cudaEventSynchronize and cudaDeviceSynchronize. cudaMemcpyAsync, cudaMemsetAsync and cudaMemset2DAsync are timed
+// calls too, so a copy is busy time, not idle.
 // An event pair measures from the moment its stream reaches the call to the moment the call's work is done, so
 // calls on concurrent streams overlap in the sums. .agents/skills/validate-performance/pack.sh builds it:
 //   gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o kernel_events.so kernel_events.c -ldl
@@ -17,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_NAMES 4096
 #define MAX_PENDING 16384
@@ -40,6 +45,11 @@ static cudaEvent_t spare[2 * MAX_PENDING];
 static int nspare;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int registered;
+static cudaEvent_t ref; // recorded before the first timed call: each pair's interval is measured from it
+static float (*spans)[2];
+static long nspans, capspans;
+static long host_waits;
+static double host_wait_ms;
 
 static __thread int depth; // > 0 inside a library call we time: its own launches are not counted again
 
@@ -69,14 +79,38 @@ static int entry_of(const void *key, const char *name) {
 static void harvest(int wait) {
     while (count) {
         Pending *p = &ring[head];
-        if (wait) RT(cudaEventSynchronize)(p->b);
+        if (wait) REAL(cudaEventSynchronize)(p->b);
         else if (RT(cudaEventQuery)(p->b) != cudaSuccess) return;
-        float ms = 0;
+        float ms = 0, t0 = 0, t1 = 0;
         if (RT(cudaEventElapsedTime)(&ms, p->a, p->b) == cudaSuccess)
             entries[p->entry].ms += ms, entries[p->entry].calls++;
+        if (RT(cudaEventElapsedTime)(&t0, ref, p->a) == cudaSuccess &&
+            RT(cudaEventElapsedTime)(&t1, ref, p->b) == cudaSuccess) {
+            if (nspans == capspans) {
+                capspans = capspans ? 2 * capspans : 65536;
+                spans = realloc(spans, capspans * sizeof *spans);
+            }
+            spans[nspans][0] = t0, spans[nspans][1] = t1, nspans++;
+        }
         spare[nspare++] = p->a, spare[nspare++] = p->b;
         head = (head + 1) % MAX_PENDING, count--;
     }
+}
+
+static int by_start(const void *a, const void *b) {
+    float x = ((const float *)a)[0], y = ((const float *)b)[0];
+    return (x > y) - (x < y);
+}
+
+// The length of the union of the intervals in spans.
+static double busy_ms(void) {
+    qsort(spans, nspans, sizeof *spans, by_start);
+    double busy = 0, a = 0, b = -1;
+    for (long i = 0; i < nspans; i++) {
+        if (spans[i][0] > b) busy += b > a ? b - a : 0, a = spans[i][0], b = spans[i][1];
+        else if (spans[i][1] > b) b = spans[i][1];
+    }
+    return busy + (b > a ? b - a : 0);
 }
 
 static void write_table(void) {
@@ -87,6 +121,7 @@ static void write_table(void) {
     if (f) {
         for (int i = 0; i < nentries; i++)
             fprintf(f, "%ld\t%.6f\t%s\n", entries[i].calls, entries[i].ms, entries[i].name);
+        fprintf(f, "%ld\t%.6f\t#gpu-busy\n%ld\t%.6f\t#host-waits\n", nspans, busy_ms(), host_waits, host_wait_ms);
         if (f != stderr) fclose(f);
     }
     pthread_mutex_unlock(&mu);
@@ -102,7 +137,11 @@ static cudaEvent_t event(void) {
 // Records the first event of a call on stream s; returns its ring slot (or -1).
 static int begin(cudaStream_t s, int entry) {
     pthread_mutex_lock(&mu);
-    if (!registered) registered = 1, atexit(write_table); // registered after the CUDA runtime's: runs before it
+    if (!registered) { // atexit after the CUDA runtime's: runs before it
+        registered = 1, atexit(write_table);
+        RT(cudaEventCreateWithFlags)(&ref, cudaEventDefault);
+        RT(cudaEventRecord)(ref, s);
+    }
     harvest(0);
     if (count == MAX_PENDING) harvest(1);
     int slot = (head + count) % MAX_PENDING;
@@ -225,3 +264,47 @@ cudnnStatus_t cudnnBackendExecute(cudnnHandle_t h, cudnnBackendDescriptor_t plan
     end(slot, s);
     return r;
 }
+
+// Copies and fills: timed like kernels.
+#define TIMED(name, s, call)                                                                                           \
+    do {                                                                                                               \
+        if (depth) return call;                                                                                        \
+        pthread_mutex_lock(&mu);                                                                                       \
+        int e_ = entry_of(NULL, name);                                                                                 \
+        pthread_mutex_unlock(&mu);                                                                                     \
+        int slot_ = begin(s, e_);                                                                                      \
+        cudaError_t r_ = call;                                                                                         \
+        end(slot_, s);                                                                                                 \
+        return r_;                                                                                                     \
+    } while (0)
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s) {
+    if (kind != cudaMemcpyDeviceToDevice) return REAL(cudaMemcpyAsync)(dst, src, n, kind, s);
+    TIMED("cudaMemcpyAsync", s, REAL(cudaMemcpyAsync)(dst, src, n, kind, s));
+}
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+    TIMED("cudaMemsetAsync", s, REAL(cudaMemsetAsync)(p, v, n, s));
+}
+cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, cudaStream_t s) {
+    TIMED("cudaMemset2DAsync", s, REAL(cudaMemset2DAsync)(p, pitch, v, w, h, s));
+}
+
+// Host waits: counted, with the host time they take.
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+#define WAIT(call)                                                                                                     \
+    do {                                                                                                               \
+        double t_ = now_ms();                                                                                          \
+        cudaError_t r_ = call;                                                                                         \
+        pthread_mutex_lock(&mu);                                                                                       \
+        host_waits++, host_wait_ms += now_ms() - t_;                                                                   \
+        pthread_mutex_unlock(&mu);                                                                                     \
+        return r_;                                                                                                     \
+    } while (0)
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { WAIT(REAL(cudaStreamSynchronize)(s)); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { WAIT(REAL(cudaEventSynchronize)(e)); }
+cudaError_t cudaDeviceSynchronize(void) { WAIT(REAL(cudaDeviceSynchronize)()); }

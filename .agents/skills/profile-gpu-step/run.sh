@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run.sh — on the GPU machine, from the repository root, .dev-agents/ carried (validate-performance/pack.sh): where
 # the time of one training step goes, for the feature build.
-#   1. build/bench_gpu_ops: every op alone at the Qwen3-30B-A3B layer sizes (host time over back-to-back calls,
-#      the table bench/cuda_ops.md keeps) — $OUT/bench_ops.txt;
+#   1. build/bench_gpu_ops (when packed): every op alone at the Qwen3-30B-A3B layer sizes (host time over
+#      back-to-back calls, the table bench/cuda_ops.md keeps) — $OUT/bench_ops.txt;
 #   2. per call of a real step, from CUDA events (kernel_events.so preloaded): `pith train` on BENCH (default
 #      bench/qwen3_30b_a3b_8l; natural routing, BALANCED=1 for benchmark=true) for 2 and for 6 steps; the
 #      difference of the two tables / 4 is the mean of steps 3–6 per kernel, cuBLASLt shape, grouped GEMM and
@@ -19,10 +19,12 @@ mkdir -p "$OUT"
 bench=${BENCH:-bench/qwen3_30b_a3b_8l} t0=$(date +%s)
 extra=()
 [ "${BALANCED:-0}" = 1 ] && extra=(--set benchmark=true)
-echo "== bench_gpu_ops"
-timeout 90 "$BIN/feature/bench_gpu_ops" >"$OUT/bench_ops.txt" 2>&1
-echo "rc=$?" >>"$OUT/bench_ops.txt"
-grep -v "^BENCH|" "$OUT/bench_ops.txt"
+if [ -x "$BIN/feature/bench_gpu_ops" ]; then
+    echo "== bench_gpu_ops"
+    timeout 90 "$BIN/feature/bench_gpu_ops" >"$OUT/bench_ops.txt" 2>&1
+    echo "rc=$?" >>"$OUT/bench_ops.txt"
+    grep -v "^BENCH|" "$OUT/bench_ops.txt"
+fi
 mkdir -p /tmp/pith-bench-data
 "$BIN/feature/pith" synth --output /tmp/pith-bench-data/tokens.bin --vocab "${VOCAB:-151936}" --tokens 200000 --seed 1 >/dev/null
 for n in 2 6; do
@@ -58,10 +60,11 @@ def table(n):
     return t
 a, b = table(2), table(6)
 ok = bool(a) and bool(b) and os.path.exists(f"{out}/metrics-6.jsonl")
-rows = []
+rows, per = [], {}
 for name, (calls, ms) in b.items():
     c0, m0 = a.get(name, (0, 0.0))
-    rows.append(((ms - m0) / 4, (calls - c0) / 4, name))
+    if name.startswith("#"): per[name] = ((calls - c0) / 4, (ms - m0) / 4)
+    else: rows.append(((ms - m0) / 4, (calls - c0) / 4, name))
 rows.sort(reverse=True)
 total = sum(r[0] for r in rows)
 lines = ["| call | ms/step | calls/step | share |", "|---|---:|---:|---:|"]
@@ -74,6 +77,10 @@ if ok:
     fb = statistics.median(r["fwdbwd_s"] for r in R) * 1e3
     lines.append(f"\nsum of timed calls {total:.1f} ms per step; the step (steps 3-6, events on) {step:.1f} ms, "
                  f"fwd+bwd {fb:.1f} ms; {len(rows)} distinct calls")
+    if "#gpu-busy" in per and "#host-waits" in per:
+        busy, (waits, wait_ms) = per["#gpu-busy"][1], per["#host-waits"]
+        lines.append(f"GPU idle {step - busy:.2f} ms per step ({(step - busy) / step:.2%} of the step): some timed "
+                     f"call was in progress for {busy:.2f} ms of it; host waits {waits:g} per step ({wait_ms:.2f} ms)")
     ok = 0.5 * step <= total <= 1.5 * step
 text = "\n".join(lines)
 open(f"{out}/step_kernels.md", "w").write(text + "\n")

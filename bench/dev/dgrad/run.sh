@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # bench/dev/dgrad/run.sh — `parallel.gradient_reduce: layer` against `step` on real NCCL with two ranks sharing one
-# H200. PARTS (default "exact loss mem") picks the parts below; one layer run of part 2 takes ≈ 140 s over sockets,
+# H200. PARTS (default "sanity exact loss mem") picks the parts; one layer run of part 2 takes ≈ 140 s over sockets,
 # so a 600 s call holds part 1 and one seed, or two seeds. Each rank is its own NCCL "host" (NCCL_HOSTID), so NCCL
 # accepts two ranks on one GPU and joins them by its network transport over the loopback interface;
-# CUDA_VISIBLE_DEVICES=0 lets pith put both on GPU 0. Staged for bench/session.sh's helper mode: copy this folder to
-# .dev-dgrad, `bash bench/session.sh h:dgrad:560`. Writes to $OUT (summary.txt, the logs, each run's metrics.jsonl):
+# CUDA_VISIBLE_DEVICES=0 lets pith put both on GPU 0. NCCL_SOCKET_NTHREADS × NCCL_NSOCKS_PERTHREAD sockets (default
+# 4 × 4) carry each transfer; with two ranks every reduced element is one addition, so the numbers do not depend on
+# them. Runs go one at a time: four pairs sharing the GPU by time slices took 6 s a step instead of 0.47 (NCCL's
+# kernels spin on the GPU while they wait for the sockets). Staged for bench/session.sh's helper mode: copy this
+# folder to .dev-dgrad, `bash bench/session.sh h:dgrad:560`. Writes to $OUT (summary.txt, logs, metrics.jsonl):
 # 1. exact: bench/qwen3_moe_101m's Qwen3-MoE (bench/run_fp8_loss.sh's) on .gpu/kjv/tokens, dp 2, one micro-batch of
 #    1 × 512 a rank, 300 steps, deterministic, force-balanced: step against layer — every step's loss and the
 #    validation loss equal.
@@ -22,6 +25,7 @@ two() { # two NAME SECONDS ARGS...: `pith train ARGS` on two ranks sharing GPU 0
     shift 2
     timeout "$t" mpirun -np 2 --bind-to none -x OMP_NUM_THREADS=4 -x LD_LIBRARY_PATH -x PATH -x CUDA_VISIBLE_DEVICES=0 \
         -x NCCL_SOCKET_IFNAME=lo -x NCCL_IB_DISABLE=1 -x NCCL_NVLS_ENABLE=0 \
+        -x NCCL_SOCKET_NTHREADS=${NCCL_SOCKET_NTHREADS:-4} -x NCCL_NSOCKS_PERTHREAD=${NCCL_NSOCKS_PERTHREAD:-4} \
         bash -c 'NCCL_HOSTID=pith-rank-$OMPI_COMM_WORLD_RANK exec "$0" train "$@"' "$pith" "$@" >"$out/$n.txt" 2>&1
     echo "$n: rc=$? $(grep '^step ' "$out/$n.txt" | tail -1 | cut -c1-200)" | tee -a "$out/summary.txt"
 }
@@ -37,13 +41,14 @@ cat >"$m/train.json" <<JSON
  "clip_grad_norm": 1.0, "moe_load_balance_coef": 0.001, "device": "cuda", "compute_dtype": "bf16",
  "benchmark": true, "deterministic": true, "validation": {"dataset": "$tok", "batches": 16}}
 JSON
-parts=" ${PARTS:-exact loss mem} "
-two sanity 60 "$m/train.json" --set max_steps=3 --set parallel.gradient_reduce=layer --set run_dir=$out/r-sanity
+parts=" ${PARTS:-sanity exact loss mem} "
+[[ $parts = *" sanity "* ]] && two sanity 60 "$m/train.json" --set max_steps=3 --set parallel.gradient_reduce=layer \
+    --set run_dir=$out/r-sanity
 [[ $parts = *" exact "* ]] && for gr in step layer; do two exact-$gr 75 "$m/train.json" --set parallel.gradient_reduce=$gr --set run_dir=$out/r-exact-$gr; done
 [[ $parts = *" loss "* ]] && for s in ${SEEDS:-1 2 3}; do
     for gr in step layer; do
-        two loss-$gr-$s 170 "$m/train.json" --set global_batch_size=8 --set seed=$s --set parallel.gradient_reduce=$gr \
-            --set run_dir=$out/r-loss-$gr-$s
+        two loss-$gr-$s "${LOSS_T:-170}" "$m/train.json" --set global_batch_size=8 --set seed=$s \
+            --set parallel.gradient_reduce=$gr --set run_dir=$out/r-loss-$gr-$s
     done
 done
 mkdir -p /tmp/pith-bench-data
