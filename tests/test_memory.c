@@ -78,7 +78,7 @@ static void recompute_run(const char *model_file, LbForm form, RecomputeMode mod
         o->gbytes[g] = tensor_bytes(m.g[g]), o->g[g] = xmalloc(o->gbytes[g] + 1),
         memcpy(o->g[g], m.g[g].p, o->gbytes[g]);
     o->load = xmalloc((size_t)L * E * sizeof(double) + 1),
-    memcpy(o->load, st.router_load, (size_t)L * E * sizeof(double));
+    memcpy(o->load, st.router_load.p, (size_t)L * E * sizeof(double));
     free(m.router_bias.p);
     m.router_bias = (Tensor){0};
     chunk_free(&e), step_sums_free(&st), model_free(&m), dist_mesh_free(&d);
@@ -305,11 +305,48 @@ TEST(memory_estimate_detail) {
     ASSERT_MSG(fabs(gb_after(out, all) - gb_after(one, "  total")) < 0.006, "%s\n%s", out, one);
 }
 
+// A sweep's listing prices each layout's memory trades ("trades ≈ S s a step"): the listed layouts of a verdict come
+// in order of it, and a layout with fp32 moments on the host and no recomputed GEMM costs their round trip over the
+// host link, 2 × moments / 53 GB/s (estimate.c's TRADE_HOST_BYTES).
+static void check_trades(const char *out, double moments) {
+    double last = -1;
+    int host = 0;
+    for (const char *p = strstr(out, "\n  OK "); p; p = strstr(p + 1, "\n  OK ")) {
+        const char *end = strchr(p + 1, '\n'), *t = strstr(p, "; trades ≈ ");
+        ASSERT_MSG(t && t < end, "%.*s", (int)(end - p), p);
+        double s = strtod(t + strlen("; trades ≈ "), NULL);
+        ASSERT_MSG(s >= last, "trades %.3f s after %.3f s:\n%s", s, last, out);
+        last = s;
+        char line[512];
+        snprintf(line, sizeof line, "%.*s", (int)(end - p), p);
+        if (strstr(line, "moments on the host") && !strstr(line, "bf16 moments") &&
+            (strstr(line, "recompute none, ") || strstr(line, "recompute norm, ") ||
+             strstr(line, "recompute norm,rope, ") || strstr(line, "recompute norm,rope,swiglu, "))) {
+            ASSERT_MSG(fabs(s - 2 * moments / 53e9) < 0.002, "%s: want %.3f s", line, 2 * moments / 53e9);
+            host++;
+        }
+    }
+    ASSERT_MSG(host > 0, "no OK layout with fp32 moments on the host listed:\n%s", out);
+}
+
 // --sweep on the real Qwen3-30B-A3B config finds layouts that fit 8 × 141 GB (H200), best first; the first one
-// trains a step on 8 CPU ranks at a scaled-down size (TINY_MOE_EP) with the plan `pith estimate` gives it.
+// trains a step on 8 CPU ranks at a scaled-down size (TINY_MOE_EP) with the plan `pith estimate` gives it. On
+// 8 × 80 GB with a global batch of 8 (one micro-batch a rank) recomputing every part on the device costs less than the
+// moments' round trip to the host, so an on-device layout comes first; at 256 (32 micro-batches a rank) the
+// recomputation costs 32 times as much and the host moments come first.
 TEST(memory_estimate_sweep_layout_trains) {
     char out[1 << 16], est[1 << 15];
     static const int gb[] = {141, 80}; // 8 × 80 GB needs full recompute and bf16 moments (or moments on the host)
+    ASSERT(run_cmd(out, sizeof out,
+                   "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8 --gpu-memory 80 --sweep --set "
+                   "global_batch_size=8 2>/dev/null",
+                   PITH_BIN) == 0);
+    const char *ok1 = strstr(out, "\n  OK ");
+    ASSERT_MSG(ok1, "%s", out);
+    char first[512];
+    snprintf(first, sizeof first, "%.*s", (int)strcspn(ok1 + 1, "\n"), ok1 + 1);
+    ASSERT_MSG(strstr(first, "recompute norm,rope,swiglu,router,expert_out,gate_up") && !strstr(first, "host"), "%s",
+               out);
     for (int i = 0; i < 2; i++) {
         ASSERT(run_cmd(out, sizeof out,
                        "%s estimate examples/qwen3-30b-a3b/train.json --gpus 8 --gpu-memory %d --sweep", PITH_BIN,
@@ -330,6 +367,7 @@ TEST(memory_estimate_sweep_layout_trains) {
                                                   "moments, bf16 expert gradients, dense gradient reduced per layer")),
                    "%s", out);
         printf("     8 × %d GB: first OK layout %.*s\n", gb[i], (int)strcspn(ok + 3, "\n"), ok + 3);
+        if (i == 1) check_trades(out, 30.53e9);
         const char *d = memory_run();
         ASSERT(run_cmd(est, sizeof est, "%s estimate %s/train.json --gpus 8 --device cpu %s", PITH_BIN, d, layout) ==
                0);

@@ -531,6 +531,9 @@ TEST(op_moe_lb_loss) {
         ASSERT_NEAR(lbg[e], 3.0 * 0.5 * E * cnt[e] / (T * k) / T, 1e-6);
     }
     ASSERT_NEAR(loss, want, 1e-7);
+    double got[4] = {10, 20, 30, 40}; // op_moe_count adds the same counts to what it holds
+    op_moe_count(tensor_make(got, DT_F64, DEV_CPU, 1, E, 1, 1, 1), tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1));
+    for (int e = 0; e < E; e++) ASSERT(got[e] == 10 * (e + 1) + cnt[e]);
 }
 
 TEST(op_moe_sort_gather_scatter) {

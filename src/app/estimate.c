@@ -189,9 +189,28 @@ static void detail(const TrainConfig *cfg, const ModelConfig *mc, const MemoryPl
 typedef struct {
     TrainConfig c;
     size_t total;
+    double trade_s; // trade_seconds
     Fit fit;
     int layout; // the candidates of one layout in other state dtypes share it
 } Layout;
+
+// The rates that price the sweep's memory trades, measured on one H200: the recompute parts' GEMMs added 12.3 ms for
+// 4.98 TFLOP to the 8-layer Qwen3 step (≈ 400 TFLOP/s; bench/results/2026-12-02-s21), the moments on the host
+// crossed the link at ≈ 53 GB/s each way, one after the other (bench/results/2026-12-01-h200-lead).
+#define TRADE_FLOPS 400e12
+#define TRADE_HOST_BYTES 53e9
+
+// Seconds a step of layout c (plan p) spends on its memory trades, over the same layout without them: the recompute
+// set's GEMMs for each of a rank's micro-batches (recompute_gflops: for full recompute a lower bound, attention is
+// not counted) and, with the moments on the host, their trip to the device and back in the optimizer's pass. The
+// per-layer reduce and bf16 state are not priced: layout_cmp orders them after.
+static double trade_seconds(const TrainConfig *c, const ModelConfig *mc, long gpus, const MemoryPlan *p) {
+    long data = gpus / ((long)c->parallel.pp * c->parallel.cp); // ranks with sequences of their own (dp × ep)
+    double micro = (double)c->global_batch_size / ((double)c->micro_batch_size * data); // a rank's, a step
+    double T = (double)c->micro_batch_size * c->sequence_length / c->parallel.cp;
+    double s = recompute_gflops(mc, c->recompute, T) * 1e9 / c->parallel.pp * micro / TRADE_FLOPS;
+    return s + (c->optimizer.offload ? 2.0 * (double)p->host / TRADE_HOST_BYTES : 0);
+}
 
 // The storage precision a layout gives up: 0 none, 1 bf16 moments, 2 bf16 expert gradients, 3 both.
 static int rounded_state(const TrainConfig *c) {
@@ -204,17 +223,19 @@ static int variant(const TrainConfig *c) {
     return rounded_state(c) + 4 * (c->parallel.gradient_reduce == GRAD_REDUCE_LAYER);
 }
 
-// Best first: fits before tight before out of memory (those by size); then the cheaper step: less
-// recomputation, moments on the device, the dense gradient reduced once per step (parallel.gradient_reduce "layer"
-// adds a reduce a layer, which waits behind or delays the ep all-to-alls); then fp32 storage before bf16
-// (rounded_state); then a larger micro-batch,
-// fewer ep ranks, a capacity that spills less (0 = the worst case: never); then less memory.
+// Best first: fits before tight before out of memory (those by size); then the cheaper step: less time on memory
+// trades (trade_seconds, to the millisecond), less recomputation, moments on the device, the dense gradient reduced
+// once per step (parallel.gradient_reduce "layer" adds a reduce a layer, which waits behind or delays the ep
+// all-to-alls); then fp32 storage before bf16 (rounded_state); then a larger micro-batch, fewer ep ranks, a capacity
+// that spills less (0 = the worst case: never); then less memory.
 static int layout_cmp(const void *pa, const void *pb) {
     const Layout *a = pa, *b = pb;
     double fa = a->c.parallel.ep_capacity_factor, fb = b->c.parallel.ep_capacity_factor;
     fa = fa > 0 ? fa : 1e9, fb = fb > 0 ? fb : 1e9;
+    long ta = lround(a->trade_s * 1e3), tb = lround(b->trade_s * 1e3);
     if (a->fit != b->fit) return a->fit < b->fit ? -1 : 1;
     if (a->fit == FIT_OOM) return a->total < b->total ? -1 : a->total > b->total; // the nearest to fitting first
+    if (ta != tb) return ta < tb ? -1 : 1;
     if (a->c.recompute != b->c.recompute) return a->c.recompute < b->c.recompute ? -1 : 1; // RC_* bits: by cost
     if (a->c.optimizer.offload != b->c.optimizer.offload) return a->c.optimizer.offload ? 1 : -1;
     if (variant(&a->c) != variant(&b->c)) return variant(&a->c) < variant(&b->c) ? -1 : 1;
@@ -274,9 +295,11 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         MemoryPlan p;
         if (!plan_layout(&g[last].c, mc, gpus, dev, &p)) continue;
         g[last].total = memory_plan_total(&p), g[last].fit = fit_of(g[last].total, mem_gb, dev == DEV_CUDA);
+        g[last].trade_s = trade_seconds(&g[last].c, mc, gpus, &p);
         bool alone = last == 0 || g[last].fit == FIT_OOM, ok = false; // the only one, or the others are larger
         for (int k = 0; k < last && !alone && !ok && plan_layout(&g[k].c, mc, gpus, dev, &p); k++) {
             g[k].total = memory_plan_total(&p), g[k].fit = fit_of(g[k].total, mem_gb, dev == DEV_CUDA);
+            g[k].trade_s = trade_seconds(&g[k].c, mc, gpus, &p);
             all[n++] = g[k], ok = g[k].fit == FIT_OK;
         }
         if (!ok) all[n++] = g[last];
@@ -288,9 +311,11 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
            dev == DEV_CUDA ? "GPUs" : "CPU ranks", mem_gb, count[FIT_OK], count[FIT_TIGHT], count[FIT_OOM]);
     if (dev == DEV_CUDA) printf(" (with %g GB of runtime outside the plan)", RUNTIME_GB);
     printf(
-        "\nbest first: OK, TIGHT, then OOM; within each, the faster step (less recomputation, moments on the device, "
-        "the dense gradient reduced per step), fp32 state before bf16, the larger micro-batch, fewer ep ranks, more "
-        "capacity, then less memory\n");
+        "\nbest first: OK, TIGHT, then OOM; within each, the faster step (the least time a step spends on trades — the "
+        "recompute set's GEMMs at %.0f TFLOP/s, the host moments' round trip at %.0f GB/s —, then less recomputation, "
+        "moments on the device, the dense gradient reduced per step), fp32 state before bf16, the larger micro-batch, "
+        "fewer ep ranks, more capacity, then less memory\n",
+        TRADE_FLOPS / 1e12, TRADE_HOST_BYTES / 1e9);
     int shown = 0;
     int show = count[FIT_OK] + count[FIT_TIGHT] ? 12 : 3;
     for (int i = 0; i < n && shown < show && (all[i].fit != FIT_OOM || !(count[FIT_OK] + count[FIT_TIGHT]));
@@ -300,13 +325,15 @@ static void sweep(const TrainConfig *cfg, const ModelConfig *mc, long gpus, Devi
         char sets[400], fac[32];
         layout_sets(sets, sizeof sets, c);
         snprintf(fac, sizeof fac, c->parallel.ep_capacity_factor > 0 ? "%g" : "worst", c->parallel.ep_capacity_factor);
-        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s%s%s\n        %s\n",
+        printf("  %-5s %8.2f GB  ep %d dp %ld %s, capacity %s, recompute %s, micro-batch %d%s%s%s%s; trades ≈ %.3f s "
+               "a step\n        %s\n",
                fit_names[all[i].fit], all[i].total / 1e9, c->parallel.ep, dp,
                c->parallel.sharding == SHARD_HSDP ? "hsdp" : "fsdp", fac, RC_NAME(c->recompute), c->micro_batch_size,
                c->optimizer.state_dtype == STATE_BF16 ? ", bf16 moments" : "",
                c->gradient_dtype == STATE_BF16 ? ", bf16 expert gradients" : "",
                c->optimizer.offload ? ", moments on the host" : "",
-               c->parallel.gradient_reduce == GRAD_REDUCE_LAYER ? ", dense gradient reduced per layer" : "", sets);
+               c->parallel.gradient_reduce == GRAD_REDUCE_LAYER ? ", dense gradient reduced per layer" : "",
+               all[i].trade_s, sets);
     }
     if (!count[FIT_OK] && !count[FIT_TIGHT]) printf("sweep: nothing fits; the smallest plans are above\n");
     else if (shown < count[FIT_OK] + count[FIT_TIGHT])

@@ -202,17 +202,8 @@ void model_router_forward(Model *m, const MicroBatch *mb, int l, Tensor probs, T
     ra.sigmoid = m->cfg.router_sigmoid;
     ra.given = m->route_given[l];
     op_router_forward(probs, idx, w, logits, &ra);
-    double *load = mb->sums ? mb->sums->router_load : NULL;
-    if (!load || mb->replay) return; // a replayed forward was counted the first time
-    int64_t n = tensor_numel(idx);
-    const int32_t *h = idx.p;
-    if (idx.dev != DEV_CPU) { // the routing on the host, in the step's staging buffer
-        StepSums *s = mb->sums;
-        if (n > s->router_idx_cap)
-            free(s->router_idx), s->router_idx = xmalloc(n * sizeof(int32_t)), s->router_idx_cap = n;
-        op_copy(tensor_make(s->router_idx, DT_I32, DEV_CPU, 1, n, 1, 1, 1), idx), h = s->router_idx;
-    }
-    for (int64_t i = 0; i < n; i++) load[(size_t)l * E + h[i]] += 1;
+    if (!mb->sums || !mb->sums->router_load.p || mb->replay) return; // a replayed forward was counted the first time
+    op_moe_count(tensor_rows(mb->sums->router_load, l, 1), idx);
 }
 
 void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
@@ -346,7 +337,9 @@ void step_sums_create(StepSums *s, const Model *m, bool alloc) {
     memset(s, 0, sizeof *s);
     s->loss_sum = model_tensor(m->dev, DT_F64, 1, alloc), s->lb_sum = model_tensor(m->dev, DT_F64, 1, alloc);
     s->lb_replay = model_tensor(m->dev, DT_F64, 1, alloc);
-    s->router_load = m->router_bias.p && alloc ? xcalloc((size_t)m->cfg.layers * m->cfg.experts, sizeof(double)) : NULL;
+    if (m->router_bias.p && alloc)
+        s->router_load = tensor_reshape2(model_tensor(m->dev, DT_F64, (int64_t)m->cfg.layers * m->cfg.experts, true),
+                                         m->cfg.layers, m->cfg.experts);
     const LoadBalance *b = &m->lb;
     if (b->global && alloc) { // lb_cnt: per layer, so a replayed forward (full recompute) finds its round
         s->lb_counts =
@@ -358,7 +351,7 @@ void step_sums_create(StepSums *s, const Model *m, bool alloc) {
 
 void step_sums_begin(StepSums *s, const Model *m) {
     op_zero(s->loss_sum), op_zero(s->lb_sum), op_zero(s->lb_replay);
-    if (s->router_load) memset(s->router_load, 0, (size_t)m->cfg.layers * m->cfg.experts * sizeof(double));
+    if (s->router_load.p) op_zero(s->router_load);
     step_sums_lb_begin(s, m);
     memset(s->experts_written, 0, sizeof s->experts_written);
 }
@@ -369,7 +362,7 @@ void step_sums_lb_begin(StepSums *s, const Model *m) {
 
 void step_sums_free(StepSums *s) {
     model_tensor_free(s->loss_sum), model_tensor_free(s->lb_sum), model_tensor_free(s->lb_replay);
-    model_tensor_free(s->row_loss), free(s->router_load), free(s->router_idx), free(s->lb_counts);
+    model_tensor_free(s->row_loss), model_tensor_free(s->router_load), free(s->lb_counts);
     memset(s, 0, sizeof *s);
 }
 

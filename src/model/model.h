@@ -89,10 +89,8 @@ void params_init(const ParamTable *t, int group, float *flat, uint64_t seed, dou
 typedef struct {
     Tensor loss_sum, lb_sum; // (1) fp64 on the model's device: Σ CE and Σ load-balancing loss
     Tensor lb_replay;        // (1) fp64 there: where a replayed forward's load-balancing loss goes (never read)
-    double *router_load;     // (layers·E) host: the experts chosen (model_router_forward); NULL: not counted
-    int32_t *router_idx;     // host staging of a GPU routing for the count (grown to router_idx_cap entries)
-    int64_t router_idx_cap;
-    Tensor row_loss; // (T) fp64 on the model's device: the last micro-batch's CE per row (p NULL: not kept)
+    Tensor router_load;      // (layers, E) fp64 there: the experts chosen (model_router_forward); p NULL: not counted
+    Tensor row_loss;         // (T) fp64 on the model's device: the last micro-batch's CE per row (p NULL: not kept)
     // Global-batch load balancing (NULL in the other forms): the step's earlier rounds' expert counts (layers, E) and
     // tokens (layers), and this round's counts of every replica (layers, D, E).
     double *lb_counts, *lb_tokens, *lb_cnt;
@@ -448,7 +446,7 @@ void model_router_forward(Model *m, const MicroBatch *mb, int l, Tensor probs, T
 void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
                            const RouterArgs *ra, int B);
 void model_zero_grads(Model *m);
-// A step's sums on m's device (alloc false: shapes only, for plans); router_load (host) when m->router_bias is set.
+// A step's sums on m's device (alloc false: shapes only, for plans); router_load when m->router_bias is set.
 void step_sums_create(StepSums *s, const Model *m, bool alloc);
 void step_sums_begin(StepSums *s, const Model *m);    // a new step: zeroes the sums and counts, experts_written
 void step_sums_lb_begin(StepSums *s, const Model *m); // a new global batch: the load-balancing counts from zero

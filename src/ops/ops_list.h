@@ -121,6 +121,9 @@ OP(void, router_backward, probs.dev,
 OP(void, moe_lb_loss, probs.dev,
    (Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale),
    (loss_sum, lb_grad, probs, idx, coef, grad_scale))
+// Expert counts: cnt: (E) fp64 += for each e, the number of idx's entries equal to e (whole numbers: exact in any
+// order). An index outside [0, E) stops the CPU; on the GPU it counts as the nearest valid one (op_moe_sort flags it).
+OP(void, moe_count, idx.dev, (Tensor cnt, Tensor idx), (cnt, idx))
 // Stable sort of the T·k (token, slot) pairs by expert: perm: (T·k) int32 lists slot ids t·k+j in expert
 // order; offs: (E+1) int64 on idx's device, the group boundaries (offs[E] = T·k). Nothing comes to the host: an expert
 // index outside [0, E) stops the CPU at once, and on the GPU sorts as the nearest valid one and is kept for

@@ -120,8 +120,9 @@ static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
     if (offload) p.optim += ROUNDED(r->stage[0]) + ROUNDED(r->stage[1]);
 #undef ROUNDED
     p.shards = state_bytes > p.optim + units ? state_bytes - p.optim - units : 0;
-    p.other = tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + 2 * sizeof(double) // and StepSums' two sums
-              + ring_plan(m, &r->cfg, &r->dist);
+    p.other = tensor_bytes(m->rope_cos) + tensor_bytes(m->rope_sin) + 3 * sizeof(double) // and StepSums' three sums
+              + (r->cfg.moe_router_bias_update_rate > 0 ? (size_t)m->cfg.layers * m->cfg.experts * sizeof(double) : 0) +
+              ring_plan(m, &r->cfg, &r->dist);
     p.snapshot = r->cfg.checkpoint.async ? ckpt_snapshot_bytes(r) : 0;
     return p;
 }
@@ -276,6 +277,7 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     if (m->router_bias.p) {
         op_zero(m->router_bias);
         r->router_bias = xcalloc((size_t)mc->layers * mc->experts, sizeof(float));
+        r->router_load = xcalloc((size_t)mc->layers * mc->experts, sizeof(double));
     }
     step_sums_create(&r->sums, m, true);
     for (int g = 0; g < NGROUPS; g++) {
@@ -331,7 +333,7 @@ void run_free(Run *r) {
     }
     muon_free(&r->muon), grad_units_free(&r->units);
     if (r->ring.cp) ring_free(&r->ring);
-    free(r->router_bias), step_sums_free(&r->sums);
+    free(r->router_bias), free(r->router_load), step_sums_free(&r->sums);
     host_arena_free(&r->offload, r->state.dev), host_arena_free(&r->snapshot, r->state.dev);
     if (r->state.cap) arena_destroy(&r->state);
     model_free(&r->model);
@@ -447,18 +449,20 @@ double run_validate(Run *r) {
     return s.loss / sums_targets(&s);
 }
 
-// Aux-loss-free balancing, once per step: the global batch's expert counts (model.router_load summed over the
-// stage) move each MoE layer's bias by rate · sign(mean − load_e) (train/router_bias.h).
+// Aux-loss-free balancing, once per step: the global batch's expert counts (StepSums.router_load, counted on the
+// model's device and read here once, summed over the stage) move each MoE layer's bias by rate · sign(mean − load_e)
+// (train/router_bias.h).
 static void run_router_bias_update(Run *r) {
     Model *m = &r->model;
     int L = m->cfg.layers, E = m->cfg.experts;
+    Tensor load = tensor_make(r->router_load, DT_F64, DEV_CPU, 2, L, E, 1, 1);
+    op_copy(load, r->sums.router_load);
     // Every rank of the stage routed different tokens of the global batch, every pipeline rank its own
     // layers (the others' counts are zero there): the sum over the world is the global count of each layer.
-    comm_allreduce(&r->dist.world, tensor_make(r->sums.router_load, DT_F64, DEV_CPU, 1, (int64_t)L * E, 1, 1, 1),
-                   COMM_SUM);
+    comm_allreduce(&r->dist.world, load, COMM_SUM);
     for (int l = 0; l < L; l++)
         if (m->cfg.is_moe[l])
-            router_bias_update(r->router_bias + (size_t)l * E, r->sums.router_load + (size_t)l * E, E,
+            router_bias_update(r->router_bias + (size_t)l * E, r->router_load + (size_t)l * E, E,
                                r->cfg.moe_router_bias_update_rate);
     op_copy(m->router_bias, tf32_2(r->router_bias, L, E));
 }

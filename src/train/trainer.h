@@ -48,6 +48,7 @@ typedef struct {
     Arena snapshot;           // checkpoint.async: the host memory every save copies its snapshot into (train/ckpt.h)
     Tensor stage[2];          // optimizer.offload: device staging for one chunk of m and v (else zero-size)
     float *router_bias;       // (layers·E) host copy of model.router_bias (aux-loss-free balancing; NULL: off)
+    double *router_load;      // (layers·E) host: the step's expert counts (sums.router_load), read once at its end
     Muon muon;                // optimizer.type "muon": parameter classes, batches, scratch (else muon.on is false)
     int step;                 // optimizer steps taken
     int32_t *tokens, *labels; // host staging for one micro-batch

@@ -607,6 +607,10 @@ void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx,
     OP(moe_lb_loss, &loss_sum, &lb_grad, &probs, &idx);
     cpu_moe_lb_loss(loss_sum, lb_grad, probs, idx, coef, gs);
 }
+void cuda_moe_count(Tensor cnt, Tensor idx) {
+    OP(moe_count, &cnt, &idx);
+    cpu_moe_count(cnt, idx);
+}
 void cuda_moe_sort(Tensor perm, Tensor offs, Tensor idx, int E) {
     OP(moe_sort, &perm, &offs, &idx);
     cpu_moe_sort(perm, offs, idx, E);

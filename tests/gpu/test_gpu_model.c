@@ -281,7 +281,8 @@ static void track_cpu(const char *config, int vocab, int threads) {
     ASSERT_MSG(worst16 <= 0.02, "bf16 GPU loss curve off the CPU's by %.3g", worst16);
 }
 
-// One GPU's step waits for nothing inside the layers (issue 37): through Qwen3-MoE (a dense layer; full recompute: the
+// One GPU's step waits for nothing inside the layers (issue 37), aux-loss-free balancing's expert counts included
+// (each MoE layer's come to T·k): through Qwen3-MoE (a dense layer; full recompute: the
 // backward reruns each forward, its sort and load-balancing loss included) and GPT-OSS (per-expert biases), bf16 and
 // FP8 (Qwen3's experts on the E4M3 kernel; GPT-OSS's down projection, K = 64, on the rounded operands: fp8_round by
 // experts), with expert widths the wgmma kernels take, the second micro-batch's forward and backward (the first grows
@@ -320,6 +321,9 @@ TEST(gpu_step_no_host_sync) {
             op_copy(m.w[g], tf32_1(w, m.params.numel[g])), free(w);
         }
         if (cases[i].fp8) model_fp8_setup(&m);
+        int L = mc.layers, E = mc.experts;
+        m.router_bias = model_tensor(DEV_CUDA, DT_F32, (int64_t)L * E, true); // aux-loss-free balancing's counts on
+        op_zero(m.router_bias);
         StepSums st;
         Chunk e;
         step_sums_create(&st, &m, true);
@@ -349,6 +353,15 @@ TEST(gpu_step_no_host_sync) {
         bool ran = !cases[i].fp8 ? products >= 6 * moe : c == 0 ? fp8 >= 6 * moe : fp8 > 0 && products >= moe;
         ASSERT_MSG(ran && isfinite(loss), "%s: %lld expert products on bf16 wgmma, %lld FP8 GEMMs", mc.model_type,
                    (long long)products, (long long)fp8);
+        double *load = xmalloc((size_t)L * E * sizeof(double));
+        op_copy(tensor_make(load, DT_F64, DEV_CPU, 2, L, E, 1, 1), st.router_load);
+        for (int l = 0; l < L; l++) {
+            double n = 0;
+            for (int x = 0; x < E; x++) n += load[l * E + x];
+            ASSERT_MSG(n == (mc.is_moe[l] ? (double)T * mc.topk : 0), "%s: layer %d counted %g experts", mc.model_type,
+                       l, n);
+        }
+        free(load), model_tensor_free(m.router_bias), m.router_bias = (Tensor){0};
         chunk_free(&e), step_sums_free(&st), model_free(&m);
     }
     free(tok), free(lab);

@@ -784,6 +784,20 @@ TEST(gpu_op_moe_lb_loss) {
     double lg = op_read_scalar(ld), err = fabs(lg - l0) / fabs(l0);
     record_err(err, "loss_sum");
     ASSERT_MSG(err <= 1e-9, "loss_sum: gpu %.12g cpu %.12g", lg, l0);
+    // op_moe_count (aux-loss-free balancing's counts): the GPU's routing counted on both, added to what cnt holds
+    int32_t hi[128];
+    double cc[8], cg[8];
+    op_copy(tensor_make(hi, DT_I32, DEV_CPU, 2, T, k, 1, 1), idx.d);
+    for (int e = 0; e < E; e++) cc[e] = e;
+    Tensor cd = gpu_tensor(DT_F64, 1, E, 0, 0, 0);
+    op_copy(cd, tensor_make(cc, DT_F64, DEV_CPU, 1, E, 1, 1, 1));
+    op_moe_count(tensor_make(cc, DT_F64, DEV_CPU, 1, E, 1, 1, 1), tensor_make(hi, DT_I32, DEV_CPU, 2, T, k, 1, 1));
+    op_moe_count(cd, idx.d);
+    op_copy(tensor_make(cg, DT_F64, DEV_CPU, 1, E, 1, 1, 1), cd);
+    double n = 0;
+    for (int e = 0; e < E; e++) n += cc[e] - e;
+    ASSERT_MSG(n == T * k, "moe_count: the CPU counted %g of %lld slots", n, (long long)(T * k));
+    for (int e = 0; e < E; e++) ASSERT_MSG(cg[e] == cc[e], "moe_count: expert %d gpu %g cpu %g", e, cg[e], cc[e]);
     gpu_report();
 }
 

@@ -946,10 +946,10 @@ static void suite_capacity(const Dist *d) {
 
 // ---- nosync: a step's layers wait for nothing on one GPU ----
 // One micro-batch's forward and backward through a tiny model on one GPU — Qwen3-MoE with a dense layer under each
-// recompute mode, and GPT-OSS (per-expert biases), load balancing on: the host waits for the device (ops_host_syncs,
-// which the fake GPUs count as the CUDA backend does: a stream synchronisation, a read-back, a copy to or from host
-// memory) nowhere from the first layer's forward to the last layer's backward; the loss's read-back after them is the
-// first wait.
+// recompute mode, and GPT-OSS (per-expert biases), load balancing and aux-loss-free balancing's counts on: the host
+// waits for the device (ops_host_syncs, which the fake GPUs count as the CUDA backend does: a stream synchronisation,
+// a read-back, a copy to or from host memory) nowhere from the first layer's forward to the last layer's backward;
+// the loss's read-back after them is the first wait. The counts: T·k a MoE layer, once under full recompute too.
 static void suite_nosync(void) {
     static const char *const configs[2] = {
         "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 32, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
@@ -981,6 +981,9 @@ static void suite_nosync(void) {
                 params_init(&m.params, g, h.p, 7, 0.2, mc.layers);
                 op_copy(m.w[g], h), free(h.p);
             }
+            int L = mc.layers, E = mc.experts;
+            m.router_bias = model_tensor(dev, DT_F32, (int64_t)L * E, true); // aux-loss-free balancing: zero biases
+            op_zero(m.router_bias);
             StepSums st;
             Chunk e;
             step_sums_create(&st, &m, true);
@@ -994,6 +997,15 @@ static void suite_nosync(void) {
             EXPECT(waits == 0 && ops_host_syncs() - s0 == 1 && isfinite(loss) && loss > 0,
                    "%s, recompute %d: %lld host waits in the layers' forward and backward (loss %g)\n", mc.model_type,
                    (int)modes[r], (long long)waits, loss);
+            double *load = xmalloc((size_t)L * E * sizeof(double));
+            op_copy(tensor_make(load, DT_F64, DEV_CPU, 2, L, E, 1, 1), st.router_load);
+            for (int l = 0; l < L; l++) {
+                double n = 0;
+                for (int x = 0; x < E; x++) n += load[l * E + x];
+                EXPECT(n == (mc.is_moe[l] ? (double)T * mc.topk : 0), "%s, recompute %d: layer %d counted %g experts\n",
+                       mc.model_type, (int)modes[r], l, n);
+            }
+            free(load), model_tensor_free(m.router_bias), m.router_bias = (Tensor){0};
             chunk_free(&e), step_sums_free(&st), model_free(&m);
         }
 }

@@ -120,10 +120,19 @@ void cpu_router_backward(Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs
     }
 }
 
+void cpu_moe_count(Tensor cnt, Tensor idx) {
+    int64_t n = tensor_numel(idx), E = tensor_numel(cnt);
+    for (int64_t i = 0; i < n; i++) {
+        int32_t e = I32(idx)[i];
+        if (e < 0 || e >= E) die("moe_count: expert index %d out of range [0, %lld) (a router bug)", e, (long long)E);
+        ((double *)cnt.p)[e] += 1;
+    }
+}
+
 void cpu_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, float coef, float grad_scale) {
     int64_t T = t_rows(probs), E = t_cols(probs), k = t_cols(idx);
     double *cnt = xcalloc(E, sizeof(double)), *pm = xcalloc(E, sizeof(double));
-    for (int64_t i = 0; i < T * k; i++) cnt[I32(idx)[i]] += 1;
+    cpu_moe_count(tensor_make(cnt, DT_F64, DEV_CPU, 1, E, 1, 1, 1), idx);
     for (int64_t t = 0; t < T; t++)
         for (int64_t e = 0; e < E; e++) pm[e] += F(probs)[t * E + e];
     double loss = 0;

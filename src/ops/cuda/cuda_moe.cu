@@ -136,11 +136,14 @@ __global__ void router_backward_kernel(float *dlogits, const float *dw, const fl
         for (int j = 0; j < k; j++) dl[ix[j]] += (float)(wt[j] * (g[j] - gw / c));
 }
 
-// Load balancing: cnt[e] = #slots routed to e (fp64 atomic adds of 1: whole numbers, exact in any order);
-// pm: (G, E), row g = Σ over token group g of probs[t, e] (one writer each; the finish adds the G rows in order).
-// Both in the small pool.
-__global__ void moe_lb_count_kernel(double *cnt, const int32_t *idx, int64_t n) {
-    GRID_STRIDE(i, n) atomicAdd(cnt + idx[i], 1.0);
+// An expert index outside [0, E) counts and sorts as the nearest valid one (op_moe_sort flags it).
+__device__ __forceinline__ int32_t sort_key(int32_t v, int E) { return v < 0 ? 0 : v >= E ? E - 1 : v; }
+
+// Expert counts: cnt[e] += #slots routed to e (fp64 atomic adds of 1: whole numbers, exact in any order).
+// Load balancing: the same into the small pool, and pm: (G, E) there, row g = Σ over token group g of probs[t, e] (one
+// writer each; the finish adds the G rows in order).
+__global__ void moe_count_kernel(double *cnt, const int32_t *idx, int64_t n, int E) {
+    GRID_STRIDE(i, n) atomicAdd(cnt + sort_key(idx[i], E), 1.0);
 }
 __global__ void moe_lb_colsum_kernel(double *pm, const float *probs, int64_t T_, int64_t E) {
     colsum_block(pm, T_, E, [=](int64_t t, int64_t e) { return probs[t * E + e]; });
@@ -166,7 +169,6 @@ __global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const dou
 // bounds) and sets moe_sort_bad = 1 << 32 | index (the first one), which cuda_moe_sort_bad_expert reads.
 #define MOE_SORT_THREADS 512
 __device__ unsigned long long moe_sort_bad;
-__device__ __forceinline__ int32_t sort_key(int32_t v, int E) { return v < 0 ? 0 : v >= E ? E - 1 : v; }
 __global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx, int64_t n, int E) {
     __shared__ int warp_n[MOE_SORT_THREADS / 32];
     __shared__ int64_t base_s;
@@ -349,7 +351,7 @@ void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx,
     double *cnt = (double *)c->small, *pm = cnt + E;
     CUDA_CHECK(cudaMemsetAsync(cnt, 0, E * sizeof(double), c->compute));
     if (T_ > 0) {
-        moe_lb_count_kernel<<<grid_for(T_ * k, 256), 256, 0, c->compute>>>(cnt, (const int32_t *)idx.p, T_ * k);
+        moe_count_kernel<<<grid_for(T_ * k, 256), 256, 0, c->compute>>>(cnt, (const int32_t *)idx.p, T_ * k, (int)E);
         CUDA_LAUNCH_CHECK();
         moe_lb_colsum_kernel<<<dim3((unsigned)((E + 31) / 32), (unsigned)G), dim3(32, 8), 0, c->compute>>>(
             pm, (const float *)probs.p, T_, E);
@@ -357,6 +359,15 @@ void cuda_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx,
     }
     moe_lb_finish_kernel<<<1, 256, 0, c->compute>>>((double *)loss_sum.p, (float *)lb_grad.p, cnt, pm, (int)G, T_,
                                                     (int)E, (int)k, coef, grad_scale);
+    CUDA_LAUNCH_CHECK();
+}
+
+void cuda_moe_count(Tensor cnt, Tensor idx) {
+    CHECK(cnt.dt == DT_F64 && idx.dt == DT_I32);
+    int64_t n = tensor_numel(idx);
+    if (n == 0) return;
+    moe_count_kernel<<<grid_for(n, 256), 256, 0, cuda_ctx()->compute>>>((double *)cnt.p, (const int32_t *)idx.p, n,
+                                                                        (int)tensor_numel(cnt));
     CUDA_LAUNCH_CHECK();
 }
 
