@@ -6,7 +6,9 @@
 // Two more lines: "#gpu-busy" (pairs, ms) is the union of every pair's interval on any stream — the time some
 // timed call was in progress — and "#host-waits" (calls, ms of host time) counts cudaStreamSynchronize,
 // cudaEventSynchronize and cudaDeviceSynchronize. cudaMemcpyAsync, cudaMemsetAsync and cudaMemset2DAsync are timed
-// calls too, so a copy is busy time, not idle.
+// calls too, so a copy is busy time, not idle. With $PITH_KERNEL_EVENTS_STEP (a kernel's name, the first of each
+// step: embedding_forward_kernel) each launch of it starts a window, and $PITH_KERNEL_EVENTS.windows gets one line
+// per complete window, "index<TAB>length ms<TAB>busy ms": the GPU's idle time in each step of one run.
 // An event pair measures from the moment its stream reaches the call to the moment the call's work is done, so
 // calls on concurrent streams overlap in the sums. .agents/skills/validate-performance/pack.sh builds it:
 //   gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o kernel_events.so kernel_events.c -ldl
@@ -17,6 +19,7 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +53,9 @@ static float (*spans)[2];
 static long nspans, capspans;
 static long host_waits;
 static double host_wait_ms;
+static int marker = -1; // the entry of $PITH_KERNEL_EVENTS_STEP's kernel, once launched
+static float *marks;    // its launches' start times (ms after ref)
+static long nmarks, capmarks;
 
 static __thread int depth; // > 0 inside a library call we time: its own launches are not counted again
 
@@ -91,6 +97,10 @@ static void harvest(int wait) {
                 spans = realloc(spans, capspans * sizeof *spans);
             }
             spans[nspans][0] = t0, spans[nspans][1] = t1, nspans++;
+            if (p->entry == marker) {
+                if (nmarks == capmarks) capmarks = capmarks ? 2 * capmarks : 1024, marks = realloc(marks, capmarks * 4);
+                marks[nmarks++] = t0;
+            }
         }
         spare[nspare++] = p->a, spare[nspare++] = p->b;
         head = (head + 1) % MAX_PENDING, count--;
@@ -102,15 +112,33 @@ static int by_start(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// The length of the union of the intervals in spans.
-static double busy_ms(void) {
+// spans merged into their union: disjoint intervals in order, nspans of them; returns the union's length.
+static double merge_spans(void) {
     qsort(spans, nspans, sizeof *spans, by_start);
-    double busy = 0, a = 0, b = -1;
-    for (long i = 0; i < nspans; i++) {
-        if (spans[i][0] > b) busy += b > a ? b - a : 0, a = spans[i][0], b = spans[i][1];
-        else if (spans[i][1] > b) b = spans[i][1];
+    long n = 0;
+    for (long i = 0; i < nspans; i++)
+        if (n && spans[i][0] <= spans[n - 1][1]) spans[n - 1][1] = fmaxf(spans[n - 1][1], spans[i][1]);
+        else spans[n][0] = spans[i][0], spans[n][1] = spans[i][1], n++;
+    nspans = n;
+    double busy = 0;
+    for (long i = 0; i < n; i++) busy += spans[i][1] - spans[i][0];
+    return busy;
+}
+
+// After merge_spans: each window between consecutive marks, its length and the busy time inside it.
+static void write_windows(const char *path) {
+    char name[512];
+    snprintf(name, sizeof name, "%s.windows", path);
+    FILE *f = fopen(name, "w");
+    if (!f) return;
+    qsort(marks, nmarks, sizeof *marks, by_start); // (a float's first member is itself)
+    for (long w = 0, j = 0; w + 1 < nmarks; w++) {
+        double a = marks[w], b = marks[w + 1], busy = 0;
+        while (j < nspans && spans[j][1] <= a) j++;
+        for (long i = j; i < nspans && spans[i][0] < b; i++) busy += fmin(b, spans[i][1]) - fmax(a, spans[i][0]);
+        fprintf(f, "%ld\t%.6f\t%.6f\n", w + 1, b - a, busy);
     }
-    return busy + (b > a ? b - a : 0);
+    fclose(f);
 }
 
 static void write_table(void) {
@@ -121,8 +149,10 @@ static void write_table(void) {
     if (f) {
         for (int i = 0; i < nentries; i++)
             fprintf(f, "%ld\t%.6f\t%s\n", entries[i].calls, entries[i].ms, entries[i].name);
-        fprintf(f, "%ld\t%.6f\t#gpu-busy\n%ld\t%.6f\t#host-waits\n", nspans, busy_ms(), host_waits, host_wait_ms);
+        long pairs = nspans;
+        fprintf(f, "%ld\t%.6f\t#gpu-busy\n%ld\t%.6f\t#host-waits\n", pairs, merge_spans(), host_waits, host_wait_ms);
         if (f != stderr) fclose(f);
+        if (path && marker >= 0) write_windows(path);
     }
     pthread_mutex_unlock(&mu);
 }
@@ -187,6 +217,8 @@ static int kernel_entry(const void *k) {
         }
     }
     int i = entry_of(k, name);
+    const char *step = getenv("PITH_KERNEL_EVENTS_STEP");
+    if (step && !strcmp(entries[i].name, step)) marker = i;
     pthread_mutex_unlock(&mu);
     return i;
 }

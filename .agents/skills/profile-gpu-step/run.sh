@@ -6,7 +6,8 @@
 #   2. per call of a real step, from CUDA events (kernel_events.so preloaded): `pith train` on BENCH (default
 #      bench/qwen3_30b_a3b_8l; natural routing, BALANCED=1 for benchmark=true) for 2 and for 6 steps; the
 #      difference of the two tables / 4 is the mean of steps 3–6 per kernel, cuBLASLt shape, grouped GEMM and
-#      cuDNN graph: ms per step, calls per step, share of the sum — $OUT/step_kernels.md;
+#      cuDNN graph: ms per step, calls per step, share of the sum — $OUT/step_kernels.md; under it the GPU's
+#      idle time in each of steps 3–5 of the 6-step run and the host waits a step;
 #   3. nsys (when the machine has it and under 150 s have passed): the same 6-step run under `nsys profile` and
 #      `nsys stats` of the kernels (cuda_gpu_kern_sum) — $OUT/nsys_kern_sum.txt.
 # The last line is "profile-gpu-step: PASS" when the runs finished and the per-step sum of the timed calls lies
@@ -30,7 +31,7 @@ mkdir -p /tmp/pith-bench-data
 for n in 2 6; do
     echo "== pith train, $n steps, CUDA events ($(($(date +%s) - t0)) s)"
     rm -rf /tmp/pith-bench-run
-    PITH_KERNEL_EVENTS=$OUT/events-$n.tsv LD_PRELOAD=$BIN/feature/kernel_events.so timeout 110 "$BIN/feature/pith" train \
+    PITH_KERNEL_EVENTS=$OUT/events-$n.tsv PITH_KERNEL_EVENTS_STEP=embedding_forward_kernel LD_PRELOAD=$BIN/feature/kernel_events.so timeout 110 "$BIN/feature/pith" train \
         "$bench/train.json" --set max_steps=$n --set tensorboard=false ${extra[@]+"${extra[@]}"} >"$OUT/train-$n.txt" 2>&1
     echo "rc=$?" >>"$OUT/train-$n.txt"
     cp /tmp/pith-bench-run/metrics.jsonl "$OUT/metrics-$n.jsonl" 2>/dev/null
@@ -77,10 +78,21 @@ if ok:
     fb = statistics.median(r["fwdbwd_s"] for r in R) * 1e3
     lines.append(f"\nsum of timed calls {total:.1f} ms per step; the step (steps 3-6, events on) {step:.1f} ms, "
                  f"fwd+bwd {fb:.1f} ms; {len(rows)} distinct calls")
-    if "#gpu-busy" in per and "#host-waits" in per:
-        busy, (waits, wait_ms) = per["#gpu-busy"][1], per["#host-waits"]
-        lines.append(f"GPU idle {step - busy:.2f} ms per step ({(step - busy) / step:.2%} of the step): some timed "
-                     f"call was in progress for {busy:.2f} ms of it; host waits {waits:g} per step ({wait_ms:.2f} ms)")
+    win = f"{out}/events-6.tsv.windows"
+    W = [[float(x) for x in l.split()] for l in open(win)] if os.path.exists(win) else []
+    W = [w for w in W if 3 <= w[0] <= 5]  # steps 3-5: from one step's embedding to the next's
+    if W:
+        idle = [w[1] - w[2] for w in W]
+        lines.append(f"GPU idle per step (steps 3-5 of one run, from each step's first kernel to the next's): "
+                     + ", ".join(f"{i:.2f} ms ({i / w[1]:.2%})" for i, w in zip(idle, W)) +
+                     f"; median {statistics.median(idle):.2f} ms of {statistics.median(w[1] for w in W):.1f}")
+    elif "#gpu-busy" in per:
+        busy = per["#gpu-busy"][1]
+        lines.append(f"GPU idle {step - busy:.2f} ms per step ({(step - busy) / step:.2%} of the step; the difference "
+                     f"of two runs: ±5 ms): some timed call was in progress for {busy:.2f} ms of it")
+    if "#host-waits" in per:
+        waits, wait_ms = per["#host-waits"]
+        lines.append(f"host waits {waits:g} per step ({wait_ms:.2f} ms of host time)")
     ok = 0.5 * step <= total <= 1.5 * step
 text = "\n".join(lines)
 open(f"{out}/step_kernels.md", "w").write(text + "\n")
