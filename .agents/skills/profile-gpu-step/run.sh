@@ -31,7 +31,8 @@ mkdir -p /tmp/pith-bench-data
 for n in 2 6; do
     echo "== pith train, $n steps, CUDA events ($(($(date +%s) - t0)) s)"
     rm -rf /tmp/pith-bench-run
-    PITH_KERNEL_EVENTS=$OUT/events-$n.tsv PITH_KERNEL_EVENTS_STEP=embedding_forward_kernel LD_PRELOAD=$BIN/feature/kernel_events.so timeout 110 "$BIN/feature/pith" train \
+    PITH_KERNEL_EVENTS=$OUT/events-$n.tsv PITH_KERNEL_EVENTS_STEP=embedding_forward_kernel \
+        LD_PRELOAD=$BIN/feature/kernel_events.so timeout 110 "$BIN/feature/pith" train \
         "$bench/train.json" --set max_steps=$n --set tensorboard=false ${extra[@]+"${extra[@]}"} >"$OUT/train-$n.txt" 2>&1
     echo "rc=$?" >>"$OUT/train-$n.txt"
     cp /tmp/pith-bench-run/metrics.jsonl "$OUT/metrics-$n.jsonl" 2>/dev/null
