@@ -98,7 +98,8 @@ static void harvest(int wait) {
             }
             spans[nspans][0] = t0, spans[nspans][1] = t1, nspans++;
             if (p->entry == marker) {
-                if (nmarks == capmarks) capmarks = capmarks ? 2 * capmarks : 1024, marks = realloc(marks, capmarks * 4);
+                if (nmarks == capmarks)
+                    capmarks = capmarks ? 2 * capmarks : 1024, marks = realloc(marks, capmarks * sizeof *marks);
                 marks[nmarks++] = t0;
             }
         }
