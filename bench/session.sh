@@ -73,7 +73,7 @@ helper() { # helper NAME SECONDS: .dev-NAME/run.sh under a time limit, its $OUT 
 for mode in "$@"; do case $mode in
 test)
     # straight into the returned folder as well, so a call cut short still brings back the tests that ran
-    timeout ${TEST_T:-300} build/test_gpu ${FILTER:-} 2>&1 | tee $RET/test_gpu.txt >$OUT/test_gpu.txt
+    timeout ${TEST_T:-540} build/test_gpu ${FILTER:-} 2>&1 | tee $RET/test_gpu.txt >$OUT/test_gpu.txt
     echo "rc=${PIPESTATUS[0]}" | tee -a $RET/test_gpu.txt >>$OUT/test_gpu.txt
     grep -E "^FAIL|^SKIP|passed|rc=" $OUT/test_gpu.txt | tee -a $OUT/summary.txt ;;
 ctest)
