@@ -12,6 +12,9 @@ typedef struct {
     int targets;
 } Fixture;
 
+// With gradcheck_logits_rows, the epilog's logits hold that many rows (the LM head in several chunks).
+static int gradcheck_logits_rows;
+
 static void fixture_make(Fixture *fx, const char *model_json, double lb_coef, LbForm form, int B, int S) {
     ModelConfig mc;
     const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", model_json));
@@ -27,8 +30,10 @@ static void fixture_make(Fixture *fx, const char *model_json, double lb_coef, Lb
                 ((float *)fx->m.w[p->group].p)[p->off + j] +=
                     (float)(0.3 * rng_normal(99, rng_hash_str(p->name), (uint64_t)j));
     }
+    if (gradcheck_logits_rows) fx->m.logits_bytes = gradcheck_logits_rows * mc.vocab * (int64_t)sizeof(float);
     step_sums_create(&fx->st, &fx->m, true);
     chunk_init_model(&fx->e, &fx->m, &fx->st, B, S);
+    ASSERT(fx->e.rec[0].epilog.logits.n[0] == (gradcheck_logits_rows ? gradcheck_logits_rows : B * S));
     fx->targets = 0;
     for (int t = 0; t < B * S; t++) {
         fx->tok[t] = (int32_t)(rng_u64(5, 1, t) % mc.vocab);
@@ -75,7 +80,6 @@ static double fd_along(Fixture *fx, float *w, const float *v, int64_t n, uint64_
     test_fail(__FILE__, __LINE__, "routing flips under every finite-difference step, or the differences never settle");
 }
 
-// S: tokens per sequence of the 2 sequences (also used by tests/test_gpt_oss.c) (more when the routing needs more tokens to reach every expert).
 // S: tokens per sequence of the 2 sequences (more when the routing needs more tokens to reach every expert).
 void gradcheck_seq(const char *model_json, double lb_coef, LbForm form, int S) {
     Fixture fx;
@@ -133,6 +137,12 @@ TEST(model_gradcheck_qwen3_moe_load_balance) { gradcheck(config_a, 0.05, LB_MICR
 // The sequence form: each of the micro-batch's 2 sequences balanced on its own (DeepSeek-V2).
 TEST(model_gradcheck_qwen3_moe_load_balance_sequence) { gradcheck(config_a, 0.05, LB_SEQUENCE); }
 TEST(model_gradcheck_qwen3_moe_bias_dense_tied) { gradcheck(config_b, 0.0, LB_MICRO_BATCH); }
+// The epilog over 4 row chunks (5, 5, 5, 1 of the 16 tokens), the LM head's gradient added chunk by chunk.
+TEST(model_gradcheck_qwen3_moe_logits_chunks) {
+    gradcheck_logits_rows = 5;
+    gradcheck(config_a, 0.0, LB_MICRO_BATCH);
+    gradcheck_logits_rows = 0;
+}
 
 // model_zero_grads zeroes the expert group only once: each later step's first weight gradient writes every
 // expert's gradient, an expert no row reached included. A backward over poisoned (NaN) expert gradients must give

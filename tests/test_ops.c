@@ -766,6 +766,23 @@ TEST(op_copy_cols) {
     // a 3-D view is rows × the rest: (R, 1, Cd) behaves as (R, Cd)
     op_copy_cols(tensor_make(dst, DT_F32, DEV_CPU, 3, R, 1, Cd, 1), 0, tf32_2(src, R, Cs), 0, Cs, false);
     for (int64_t r = 0; r < R; r++) ASSERT(dst[r * Cd + 4] == src[r * Cs + 4] && dst[r * Cd + 6] == d0[r * Cd + 6]);
+    // blocks: src[:, 1:3] into dst[:, 1 + 3h : +2] for h < 2 (a broadcast), then those blocks summed in order into
+    // src[:, 3:5] (accumulating: ((src + block 0) + block 1))
+    memcpy(d0, dst, R * Cd * 4);
+    op_copy_col_blocks(tf32_2(dst, R, Cd), 1, 3, tf32_2(src, R, Cs), 1, 0, 2, 2, false);
+    float *s0 = xmalloc(R * Cs * 4);
+    memcpy(s0, src, R * Cs * 4);
+    op_copy_col_blocks(tf32_2(src, R, Cs), 3, 0, tf32_2(dst, R, Cd), 1, 3, 2, 2, true);
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t c = 0; c < Cd; c++) {
+            int64_t h = (c - 1) / 3, j = (c - 1) % 3;
+            ASSERT(dst[r * Cd + c] == (c >= 1 && h < 2 && j < 2 ? s0[r * Cs + 1 + j] : d0[r * Cd + c]));
+        }
+        for (int64_t c = 0; c < Cs; c++)
+            ASSERT(src[r * Cs + c] ==
+                   (c >= 3 ? s0[r * Cs + c] + s0[r * Cs + c - 2] + s0[r * Cs + c - 2] : s0[r * Cs + c]));
+    }
+    free(src), free(dst), free(d0), free(s0);
 }
 
 TEST(op_sum_squares_scale_add) {

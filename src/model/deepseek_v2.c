@@ -395,7 +395,7 @@ void model_mla_decompress(const MlaLatent *ml, Tensor c, Tensor pe, int pe_col, 
            k2 = tensor_reshape2(k, R, nh * dq), pe2 = tensor_reshape2(pe, R, t_cols(pe));
     if (dn) op_copy_cols(kh, 0, kvh, 0, dn, false);
     op_copy_cols(tensor_reshape2(v, R * nh, dv), 0, kvh, dn, dv, false);
-    for (int64_t h = 0; h < nh; h++) op_copy_cols(k2, h * dq + dn, pe2, pe_col, ml->r.dr, false);
+    op_copy_col_blocks(k2, dn, dq, pe2, pe_col, 0, ml->r.dr, nh, false); // the shared k_pe into every head
 }
 
 void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Tensor dpe, int dpe_col, Tensor dkv,
@@ -405,7 +405,7 @@ void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Ten
            dk2 = tensor_reshape2(dk, R, nh * dq), dpe2 = tensor_reshape2(dpe, R, t_cols(dpe));
     if (dn) op_copy_cols(dkvh, 0, dkh, 0, dn, false);
     op_copy_cols(dkvh, dn, tensor_reshape2(dv, R * nh, dvd), 0, dvd, false);
-    for (int64_t h = 0; h < nh; h++) op_copy_cols(dpe2, dpe_col, dk2, h * dq + dn, ml->r.dr, h > 0);
+    op_copy_col_blocks(dpe2, dpe_col, 0, dk2, dn, dq, ml->r.dr, nh, false); // summed over the heads, in order
     Tensor dkv2 = tensor_reshape2(dkv, R, nh * (dn + dvd));
     if (!ml->m) {
         op_linear_backward_input(dc, dkv2, ml->wkvb, false);

@@ -312,6 +312,7 @@ struct Model {
     double ep_capacity;      // parallel.ep_capacity_factor: a layer's own stage-3 rows = factor·T·k (0: worst case)
     bool ep_drop;            // parallel.ep_drop_tokens: rows above the capacity are dropped (else they spill)
     RecomputeMode recompute; // what backward recomputes instead of keeping
+    int64_t logits_bytes;    // the epilog's logits chunk budget (0: the device's default, moe_epilog_alloc)
     SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
     int64_t view_from;       // model_view's dense flat buffer begins at this element of the group (a unit's window)
     void *views;             // the family mixer's views: (2, MAX_LAYERS) of fam->layer_views bytes (model_layer_views)

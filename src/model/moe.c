@@ -539,9 +539,12 @@ void moe_stage5_backward(Model *m, int l, void *rp, StageIO *io, Tensor dout) {
 // ---- epilog: final norm → LM head → cross-entropy, in row chunks so (T, V) logits never exist ----
 
 void moe_epilog_alloc(Model *m, EpilogRec *r, Arena *a, int T) {
-    // Logits in the compute dtype (bf16 on the GPU, like HF's LM head), C rows at a time: ≤ 64 MB on the
-    // CPU (cache-friendly), ≤ 512 MB on the GPU (large enough that the LM-head GEMMs run at full rate).
-    int64_t budget = m->dev == DEV_CUDA ? 512 << 20 : 64 << 20,
+    // Logits in the compute dtype (bf16 on the GPU, like HF's LM head), C rows at a time: by default ≤ 64 MB on
+    // the CPU (cache-friendly), ≤ 512 MB on the GPU (large enough that the LM-head GEMMs run at full rate; the
+    // logits_chunk_mb key sets it).
+    int64_t budget = m->logits_bytes      ? m->logits_bytes
+                     : m->dev == DEV_CUDA ? 512 << 20
+                                          : 64 << 20,
             C = budget / ((int64_t)m->cfg.vocab * dtype_size(m->cdt));
     C = C < 1 ? 1 : C > T ? T : C;
     r->hn = arena_tensor(a, m->cdt, 2, T, m->cfg.hidden, 0, 0);

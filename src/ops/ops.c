@@ -31,6 +31,18 @@ int64_t ops_host_syncs(void) { return CUDA_OR(cuda_host_syncs(), 0); }
 #define OP_RETURN_double return
 #include "ops/ops_list.h"
 
+void op_copy_col_blocks(Tensor dst, int64_t a, int64_t da, Tensor src, int64_t b, int64_t db, int64_t n, int64_t reps,
+                        bool accumulate) {
+    int64_t R = t_rows(dst), Cd = t_cols(dst), Cs = t_cols(src);
+    if (t_rows(src) != R || n < 0 || reps < 1 || a < 0 || b < 0 || da < 0 || db < 0 || (da && da < n) ||
+        a + (reps - 1) * da + n > Cd || b + (reps - 1) * db + n > Cs)
+        die("copy_col_blocks: %lld blocks of %lld columns, dst (%lld, %lld) from %lld by %lld, src (%lld, %lld) from "
+            "%lld by %lld: they do not fit",
+            (long long)reps, (long long)n, (long long)R, (long long)Cd, (long long)a, (long long)da,
+            (long long)t_rows(src), (long long)Cs, (long long)b, (long long)db);
+    if (R * n == 0) return;
+    DISPATCH_CALL(dst.dev, copy_col_blocks, (dst, a, da, src, b, db, n, reps, accumulate));
+}
 int64_t op_embedding_bad_id(Device dev) { return DISPATCH_CALL(dev, embedding_bad_id, ()); }
 bool op_adamw_nonfinite(Device dev) { return DISPATCH_CALL(dev, adamw_nonfinite, ()); }
 int64_t op_moe_sort_bad_expert(Device dev) { return DISPATCH_CALL(dev, moe_sort_bad_expert, ()); }

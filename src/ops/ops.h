@@ -207,3 +207,8 @@ void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tenso
 // ---- the ops of ops_list.h ----
 #define OP(ret, name, dev, params, args) ret op_##name params;
 #include "ops/ops_list.h"
+
+// dst[:, a:a+n] (+)= src[:, b:b+n]: op_copy_col_blocks of one block.
+static inline void op_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate) {
+    op_copy_col_blocks(dst, a, 0, src, b, 0, n, 1, accumulate);
+}

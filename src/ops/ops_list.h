@@ -162,10 +162,13 @@ OP(void, copy, dst.dev == DEV_CUDA ? DEV_CUDA : src.dev, (Tensor dst, Tensor src
 // the compute stream's work so far, so that compute goes on beside it (at the link's speed into pinned dst); dst holds
 // the data after ops_copies_wait, and nothing may write src before that. The CPU copies at once.
 OP(void, copy_async, src.dev, (Tensor dst, Tensor src), (dst, src))
-// Column slice on 2-D views (rows × the rest): dst[:, a:a+n] (+)= src[:, b:b+n], converting dtype (fp32, bf16).
-// Tensors have no strides, so MLA splits and joins heads with it; its transpose is itself with roles swapped.
-OP(void, copy_cols, dst.dev, (Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate),
-   (dst, a, src, b, n, accumulate))
+// Column blocks on 2-D views (rows × the rest): dst[:, a + h·da : +n] (+)= src[:, b + h·db : +n] for h < reps,
+// converting dtype (fp32, bf16); da = 0 sums the reps source blocks into one, in order of h (the first written
+// unless accumulate); otherwise da ≥ n. Tensors have no strides, so the models split and join heads with it (its
+// transpose is itself with roles swapped, and a broadcast's is its sum); op_copy_cols is its one-block form.
+OP_OWN(void, copy_col_blocks, dst.dev,
+       (Tensor dst, int64_t a, int64_t da, Tensor src, int64_t b, int64_t db, int64_t n, int64_t reps, bool accumulate),
+       (dst, a, da, src, b, db, n, reps, accumulate))
 OP(double, sum_squares, x.dev, (Tensor x), (x)) // Σ x² (fp32 or bf16 tensor) in fp64, returned on the host
 OP(double, read_scalar, x.dev, (Tensor x), (x)) // x: (1) fp32 or fp64, to the host
 // torch.optim.AdamW on flat tensors (p fp32, g fp32 or bf16), the gradient read as gscale·g (the 1/tokens mean and the clip factor

@@ -118,6 +118,12 @@ static const ConfigKey top_keys[] = {
             "GEMM and the combine again), `gate_up` (stage 3's gate/up products: the gate_up GEMM again); "
             "`selective` = `swiglu`; `full` keeps only each layer's input and routing and reruns its forward; the "
             "gradients are the same bit for bit (docs/architecture.md, \"Activation recomputation\")"},
+    {.name = "logits_chunk_mb", .kind = K_INT, .off = OFF(logits_chunk_mb), .lo = 0, .hi = 1 << 20,
+     .def_text = "512 on the GPU, 64 on the CPU",
+     .doc = "the LM head and cross-entropy run over row chunks whose logits (compute dtype) take at most this many "
+            "MB; every chunk reads and writes the LM head's fp32 gradient once (8·vocab·hidden bytes), so fewer, "
+            "larger chunks are faster and hold more memory (`pith estimate`: the epilog); 2048 on one H200 makes "
+            "gpt-oss-20b and Qwen3.5 5–8% faster (bench/results/2026-12-03-s25)"},
     {.name = "run_dir", .kind = K_PATH, .off = OFF(run_dir), .def_text = "`save_location`, else `runs/<folder>-<name>`",
      .doc = "where `metrics.jsonl` goes"},
     {.name = "tensorboard", .kind = K_BOOL, .off = OFF(tensorboard), .def = 1,

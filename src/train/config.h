@@ -85,6 +85,7 @@ typedef struct {
     RecomputeMode recompute;    // activation recomputation (docs/architecture.md, "Activation recomputation")
     bool benchmark;             // force-balanced routing
     bool deterministic;         // GPU: pith's own attention kernels (bit-reproducible runs)
+    int logits_chunk_mb;        // the epilog's logits chunk budget (0: the device's default, moe_epilog_alloc)
     bool document_masking;      // attention and positions bounded by the token files' document ends
     bool tensorboard;           // rank 0 writes TensorBoard event files into run_dir (default true)
     json_t *json;               // the config as read (after overrides)

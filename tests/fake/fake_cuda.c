@@ -684,10 +684,11 @@ void cuda_copies_wait(void) {
     if (ncopies && pthread_equal(pthread_self(), copies_issuer)) ncopies = 0;
     pthread_mutex_unlock(&copies_mu);
 }
-void cuda_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool acc) {
-    OP(copy_cols, &dst, &src);
-    if (dst.dt != src.dt) fake_fail("copy_cols: dtype conversion is not faked (fp32 compute only)");
-    cpu_copy_cols(dst, a, src, b, n, acc);
+void cuda_copy_col_blocks(Tensor dst, int64_t a, int64_t da, Tensor src, int64_t b, int64_t db, int64_t n, int64_t reps,
+                          bool acc) {
+    OP(copy_col_blocks, &dst, &src);
+    if (dst.dt != src.dt) fake_fail("copy_col_blocks: dtype conversion is not faked (fp32 compute only)");
+    cpu_copy_col_blocks(dst, a, da, src, b, db, n, reps, acc);
 }
 // Qwen3.5's ops (cpu_delta.c)
 void cuda_sigmoid_gate_forward(Tensor y, Tensor x, Tensor gate) {

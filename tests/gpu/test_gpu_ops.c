@@ -1087,6 +1087,21 @@ static void check_copy_cols(DType dd, DType sd, bool acc) {
     EXPECT_CLOSE(dst, dd == DT_BF16 ? 1e-2 : 0); // into fp32 the copy (and sum) is exact
 }
 
+// Column blocks as MLA uses them: a shared block of n columns into each of 16 heads of 128 + n, and the heads' blocks
+// summed back in order (fp32 on the GPU, rounded once: into fp32 it is the CPU's sum bit for bit). n = 64 takes the
+// 16-byte path, n = 5 the scalar one.
+static void check_col_blocks(DType dd, DType sd, bool acc, int64_t n) {
+    int64_t R = 37, nh = 16, dq = 128 + n, Cp = 512 + n;
+    Pair pe = pair_rand(sd, 1, 2, R, Cp, 0, 0), k = pair_rand(dd, 1, 2, R, nh * dq, 0, 0);
+    op_copy_col_blocks(k.c, 128, dq, pe.c, 512, 0, n, nh, acc),
+        op_copy_col_blocks(k.d, 128, dq, pe.d, 512, 0, n, nh, acc);
+    EXPECT_CLOSE(k, dd == DT_BF16 ? 1e-2 : 0);
+    Pair dpe = pair_rand(sd, 1, 2, R, Cp, 0, 0);
+    op_copy_col_blocks(dpe.c, 512, 0, k.c, 128, dq, n, nh, acc),
+        op_copy_col_blocks(dpe.d, 512, 0, k.d, 128, dq, n, nh, acc);
+    EXPECT_CLOSE(dpe, sd == DT_BF16 || dd == DT_BF16 ? 1e-2 : 0); // k.d holds the broadcast rounded to dd
+}
+
 TEST(gpu_op_copy_cols) {
     gpu_begin();
     MODES {
@@ -1095,6 +1110,11 @@ TEST(gpu_op_copy_cols) {
             check_copy_cols(MODE_DT, MODE_DT, acc);
             check_copy_cols(DT_F32, MODE_DT, acc);
             check_copy_cols(MODE_DT, DT_F32, acc);
+            for (int64_t n = 5; n <= 64; n += 59) {
+                check_col_blocks(MODE_DT, MODE_DT, acc, n);
+                check_col_blocks(DT_F32, MODE_DT, acc, n);
+                check_col_blocks(MODE_DT, DT_F32, acc, n);
+            }
         }
     }
     gpu_report();

@@ -123,6 +123,7 @@ TEST(gpu_op_qwen3_5_elementwise) {
         check_conv(MODE_DT, TOL, 2, 100, 40, 4, true); // the halo of context parallelism
         check_conv(MODE_DT, TOL, 3, 2, 40, 4, true);   // sequences shorter than the halo
         check_conv(MODE_DT, TOL, 3, 37, 300, 3, true); // kernel 3, channels past a block of 128
+        check_conv(MODE_DT, TOL, 2, 70, 40, 6, true);  // kernel 6: the kernels of 8 taps
         check_conv(MODE_DT, TOL, 1, 20, 16, 8, false); // the widest kernel
         check_gates(MODE_DT, TOL, 300, 6);
     }

@@ -8,7 +8,8 @@
 // cudaEventSynchronize and cudaDeviceSynchronize. cudaMemcpyAsync, cudaMemsetAsync and cudaMemset2DAsync are timed
 // calls too, so a copy is busy time, not idle. With $PITH_KERNEL_EVENTS_STEP (a kernel's name, the first of each
 // step: embedding_forward_kernel) each launch of it starts a window, and $PITH_KERNEL_EVENTS.windows gets one line
-// per complete window, "index<TAB>length ms<TAB>busy ms": the GPU's idle time in each step of one run.
+// per complete window, "index<TAB>length ms<TAB>busy ms": the GPU's idle time in each step of one run; and
+// $PITH_KERNEL_EVENTS.gaps where that idle time sits: the gaps of windows 3–5 by the calls before and after them.
 // An event pair measures from the moment its stream reaches the call to the moment the call's work is done, so
 // calls on concurrent streams overlap in the sums. .agents/skills/validate-performance/pack.sh builds it:
 //   gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o kernel_events.so kernel_events.c -ldl
@@ -49,7 +50,11 @@ static int nspare;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int registered;
 static cudaEvent_t ref; // recorded before the first timed call: each pair's interval is measured from it
-static float (*spans)[2];
+typedef struct {
+    float t[2]; // start, end (ms after ref); first, so that by_start sorts these and marks alike
+    int entry;
+} Span;
+static Span *spans;
 static long nspans, capspans;
 static long host_waits;
 static double host_wait_ms;
@@ -96,7 +101,7 @@ static void harvest(int wait) {
                 capspans = capspans ? 2 * capspans : 65536;
                 spans = realloc(spans, capspans * sizeof *spans);
             }
-            spans[nspans][0] = t0, spans[nspans][1] = t1, nspans++;
+            spans[nspans] = (Span){{t0, t1}, p->entry}, nspans++;
             if (p->entry == marker) {
                 if (nmarks == capmarks)
                     capmarks = capmarks ? 2 * capmarks : 1024, marks = realloc(marks, capmarks * sizeof *marks);
@@ -113,17 +118,57 @@ static int by_start(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// spans merged into their union: disjoint intervals in order, nspans of them; returns the union's length.
+// spans (sorted by start) merged into their union: disjoint intervals in order, nspans of them; returns the union's
+// length.
 static double merge_spans(void) {
-    qsort(spans, nspans, sizeof *spans, by_start);
     long n = 0;
     for (long i = 0; i < nspans; i++)
-        if (n && spans[i][0] <= spans[n - 1][1]) spans[n - 1][1] = fmaxf(spans[n - 1][1], spans[i][1]);
-        else spans[n][0] = spans[i][0], spans[n][1] = spans[i][1], n++;
+        if (n && spans[i].t[0] <= spans[n - 1].t[1]) spans[n - 1].t[1] = fmaxf(spans[n - 1].t[1], spans[i].t[1]);
+        else spans[n] = spans[i], n++;
     nspans = n;
     double busy = 0;
-    for (long i = 0; i < n; i++) busy += spans[i][1] - spans[i][0];
+    for (long i = 0; i < n; i++) busy += spans[i].t[1] - spans[i].t[0];
     return busy;
+}
+
+// Before merge_spans (spans and marks sorted): the idle gaps of windows 3–5 (marks[2] .. marks[5]) by the pair of
+// calls around each — the call whose end the gap follows and the call that ends it — per step, largest first, into
+// path.gaps as "ms per step<TAB>gaps per step<TAB>before -> after" (the first 25 pairs).
+static void write_gaps(const char *path) {
+    enum { MAXP = 4096 };
+    static struct {
+        int a, b;
+        double ms;
+        long n;
+    } pair[MAXP];
+    int np = 0;
+    if (nmarks < 6 || !nspans) return;
+    double lo = marks[2], hi = marks[5];
+    float end = spans[0].t[1];
+    int last = spans[0].entry;
+    for (long i = 1; i < nspans; i++) {
+        if (spans[i].t[0] > end && end >= lo && spans[i].t[0] <= hi) {
+            int k = 0;
+            while (k < np && !(pair[k].a == last && pair[k].b == spans[i].entry)) k++;
+            if (k == np && np < MAXP) pair[np].a = last, pair[np].b = spans[i].entry, pair[np].ms = 0, pair[np++].n = 0;
+            if (k < np) pair[k].ms += spans[i].t[0] - end, pair[k].n++;
+        }
+        if (spans[i].t[1] > end) end = spans[i].t[1], last = spans[i].entry;
+    }
+    char name[512];
+    snprintf(name, sizeof name, "%s.gaps", path);
+    FILE *f = fopen(name, "w");
+    if (!f) return;
+    for (int r = 0; r < 25 && r < np; r++) {
+        int best = r;
+        for (int k = r + 1; k < np; k++)
+            if (pair[k].ms > pair[best].ms) best = k;
+        __typeof__(pair[0]) t = pair[r];
+        pair[r] = pair[best], pair[best] = t;
+        fprintf(f, "%.6f\t%.2f\t%s -> %s\n", pair[r].ms / 3, pair[r].n / 3.0, entries[pair[r].a].name,
+                entries[pair[r].b].name);
+    }
+    fclose(f);
 }
 
 // After merge_spans: each window between consecutive marks, its length and the busy time inside it.
@@ -132,11 +177,11 @@ static void write_windows(const char *path) {
     snprintf(name, sizeof name, "%s.windows", path);
     FILE *f = fopen(name, "w");
     if (!f) return;
-    qsort(marks, nmarks, sizeof *marks, by_start); // (a float's first member is itself)
     for (long w = 0, j = 0; w + 1 < nmarks; w++) {
         double a = marks[w], b = marks[w + 1], busy = 0;
-        while (j < nspans && spans[j][1] <= a) j++;
-        for (long i = j; i < nspans && spans[i][0] < b; i++) busy += fmin(b, spans[i][1]) - fmax(a, spans[i][0]);
+        while (j < nspans && spans[j].t[1] <= a) j++;
+        for (long i = j; i < nspans && spans[i].t[0] < b; i++)
+            busy += fmin(b, spans[i].t[1]) - fmax(a, spans[i].t[0]);
         fprintf(f, "%ld\t%.6f\t%.6f\n", w + 1, b - a, busy);
     }
     fclose(f);
@@ -151,6 +196,9 @@ static void write_table(void) {
         for (int i = 0; i < nentries; i++)
             fprintf(f, "%ld\t%.6f\t%s\n", entries[i].calls, entries[i].ms, entries[i].name);
         long pairs = nspans;
+        qsort(spans, nspans, sizeof *spans, by_start);
+        qsort(marks, nmarks, sizeof *marks, by_start); // (a float's first member is itself)
+        if (path && marker >= 0) write_gaps(path);
         fprintf(f, "%ld\t%.6f\t#gpu-busy\n%ld\t%.6f\t#host-waits\n", pairs, merge_spans(), host_waits, host_wait_ms);
         if (f != stderr) fclose(f);
         if (path && marker >= 0) write_windows(path);

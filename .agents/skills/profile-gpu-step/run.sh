@@ -7,7 +7,8 @@
 #      bench/qwen3_30b_a3b_8l; natural routing, BALANCED=1 for benchmark=true) for 2 and for 6 steps; the
 #      difference of the two tables / 4 is the mean of steps 3–6 per kernel, cuBLASLt shape, grouped GEMM and
 #      cuDNN graph: ms per step, calls per step, share of the sum — $OUT/step_kernels.md; under it the GPU's
-#      idle time in each of steps 3–5 of the 6-step run and the host waits a step;
+#      idle time in each of steps 3–5 of the 6-step run, its largest gaps by the calls around them, and the host
+#      waits a step;
 #   3. nsys (when the machine has it and under 150 s have passed): the same 6-step run under `nsys profile` and
 #      `nsys stats` of the kernels (cuda_gpu_kern_sum) — $OUT/nsys_kern_sum.txt.
 # The last line is "profile-gpu-step: PASS" when the runs finished and the per-step sum of the timed calls lies
@@ -87,6 +88,11 @@ if ok:
         lines.append(f"GPU idle per step (steps 3-5 of one run, from each step's first kernel to the next's): "
                      + ", ".join(f"{i:.2f} ms ({i / w[1]:.2%})" for i, w in zip(idle, W)) +
                      f"; median {statistics.median(idle):.2f} ms of {statistics.median(w[1] for w in W):.1f}")
+        gaps = f"{out}/events-6.tsv.gaps"
+        G = [l.rstrip("\n").split("\t") for l in open(gaps)] if os.path.exists(gaps) else []
+        if G:
+            lines.append("largest idle gaps per step (the call before -> the call after: ms, gaps):")
+            lines += [f"  {g[2]}: {float(g[0]):.3f} ms, {g[1]}" for g in G[:8]]
     elif "#gpu-busy" in per:
         busy = per["#gpu-busy"][1]
         lines.append(f"GPU idle {step - busy:.2f} ms per step ({(step - busy) / step:.2%} of the step; the difference "

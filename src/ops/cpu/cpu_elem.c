@@ -92,17 +92,20 @@ void cpu_copy(Tensor dst, Tensor src) {
 
 void cpu_copy_async(Tensor dst, Tensor src) { cpu_copy(dst, src); }
 
-void cpu_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate) {
+// Shapes checked by op_copy_col_blocks; da = 0: block h > 0 adds into what the blocks before it left.
+void cpu_copy_col_blocks(Tensor dst, int64_t a, int64_t da, Tensor src, int64_t b, int64_t db, int64_t n, int64_t reps,
+                         bool accumulate) {
     CPU_F32(dst);
     CPU_F32(src);
     int64_t R = t_rows(dst), Cd = t_cols(dst), Cs = t_cols(src);
-    CHECK(t_rows(src) == R && n >= 0 && a >= 0 && b >= 0 && a + n <= Cd && b + n <= Cs);
 #pragma omp parallel for
-    for (int64_t r = 0; r < R; r++) {
-        float *d = F(dst) + r * Cd + a;
-        const float *s = F(src) + r * Cs + b;
-        for (int64_t c = 0; c < n; c++) d[c] = accumulate ? d[c] + s[c] : s[c];
-    }
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t h = 0; h < reps; h++) {
+            float *d = F(dst) + r * Cd + a + h * da;
+            const float *s = F(src) + r * Cs + b + h * db;
+            bool add = accumulate || (da == 0 && h > 0);
+            for (int64_t c = 0; c < n; c++) d[c] = add ? d[c] + s[c] : s[c];
+        }
 }
 
 // Σ x² over blocks of SUM_BLOCK elements, the blocks' sums added in block order: the same bits whatever the

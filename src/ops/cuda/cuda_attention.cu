@@ -259,25 +259,36 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
     for (int c = 0; c < VPT; c++) st(dv, krow * DV + c * TPR + sub, dva[c]);
 }
 
-// dsinks[h] += −Σ_(b, i) e^(sinks_h − lse_i)·(dout_i·o_i): one block of 256 threads per head, a warp per row.
+// dsinks[h] += −Σ_(b, i) e^(sinks_h − lse_i)·(dout_i·o_i): one block of SINK_WARPS warps per head, each warp taking
+// SINK_ROWS rows at a time (their loads in flight together: a head's rows are DV·nh apart), the warps' sums added
+// in order, so the result does not depend on timing.
+#define SINK_WARPS 32
+#define SINK_ROWS 8
 template <typename T>
 __global__ void attention_backward_sinks_kernel(float *dsinks, const T *dout, const T *o, const float *lse, int B,
                                                 int Sq, int nh, int DV, const float *sinks) {
-    __shared__ float part[8];
+    __shared__ float part[SINK_WARPS];
     int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t R = (int64_t)B * Sq;
     float acc = 0.0f;
-    for (int64_t row = warp; row < (int64_t)B * Sq; row += 8) {
-        int64_t b = row / Sq, i = row % Sq, off = ((b * Sq + i) * nh + h) * DV;
-        float L = lse[(b * nh + h) * Sq + i], d = 0.0f;
-        for (int c = lane; c < DV; c += 32) d += ld(dout, off + c) * ld(o, off + c);
-        d = warp_sum(d);
-        if (L != -INFINITY) acc -= expf(sinks[h] - L) * d;
+    for (int64_t r0 = (int64_t)warp * SINK_ROWS; r0 < R; r0 += SINK_WARPS * SINK_ROWS) {
+        float d[SINK_ROWS] = {0};
+        for (int c = lane; c < DV; c += 32)
+#pragma unroll
+            for (int k = 0; k < SINK_ROWS; k++)
+                if (r0 + k < R) d[k] += ld(dout, ((r0 + k) * nh + h) * DV + c) * ld(o, ((r0 + k) * nh + h) * DV + c);
+#pragma unroll
+        for (int k = 0; k < SINK_ROWS; k++) {
+            int64_t row = r0 + k, b = row / Sq, i = row % Sq;
+            float dk = warp_sum(d[k]), L = row < R ? lse[(b * nh + h) * Sq + i] : -INFINITY;
+            if (L != -INFINITY) acc -= expf(sinks[h] - L) * dk;
+        }
     }
     if (lane == 0) part[warp] = acc;
     __syncthreads();
     if (threadIdx.x == 0) {
         float s = 0.0f;
-        for (int w = 0; w < 8; w++) s += part[w];
+        for (int w = 0; w < SINK_WARPS; w++) s += part[w];
         dsinks[h] += s;
     }
 }
@@ -444,8 +455,8 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
     if (dsinks.p) {
         DT_SWITCH(q.dt, T, "attention_backward",
                   (attention_backward_sinks_kernel<T>
-                   <<<p.nh, 256, 0, cuda_stream()>>>((float *)dsinks.p, (const T *)dout.p, (const T *)o.p,
-                                                     (const float *)lse.p, B, p.Sq, p.nh, DV, p.sinks)));
+                   <<<p.nh, SINK_WARPS * 32, 0, cuda_stream()>>>((float *)dsinks.p, (const T *)dout.p, (const T *)o.p,
+                                                                 (const float *)lse.p, B, p.Sq, p.nh, DV, p.sinks)));
         CUDA_LAUNCH_CHECK();
     }
     if (attention_cudnn_form(q, k, a)) {

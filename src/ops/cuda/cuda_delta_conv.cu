@@ -59,18 +59,30 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 
 // ---- causal depthwise conv1d + SiLU ----
 // A thread takes one channel c over runs of CONV_RUN positions of one sequence, the inputs it slides over in
-// registers: each x and dy is read once per run (plus a halo of CONV_MAX_K − 1), where the per-element kernels read
-// each K to K² times. The K taps sit right-aligned in CONV_MAX_K (zeros before them), so every register index is a
-// constant: u[p] = Σ_j w'[j]·x[p − CONV_MAX_K + 1 + j], the zero taps adding exact zeros in the CPU's order. Runs
-// are grid-strided (grid.y), so that a thread's weight-gradient sums span several runs before one atomic add per tap.
+// registers: each x and dy is read once per run (plus a halo of KT − 1), where the per-element kernels read each K to
+// K² times. The K taps sit right-aligned in KT (4 or CONV_MAX_K, the smallest that holds K; zeros before them), so
+// every register index is a constant: u[p] = Σ_j w'[j]·x[p − KT + 1 + j], the zero taps adding exact zeros in the
+// CPU's order. Runs are grid-strided (grid.y), so that a thread's weight-gradient sums span several runs before one
+// atomic add per tap.
 // The halo (context parallelism: the K − 1 rows before each sequence, (B·(K−1), C); NULL: zeros) stands in for the
 // positions −(K − 1) .. −1; its gradient is the first run's dx formula at those positions.
-// Document masking (pos, NULL: none): tap j (CONV_MAX_K − 1 − j rows back) of output p counts while its distance is at
+// Document masking (pos, NULL: none): tap j (KT − 1 − j rows back) of output p counts while its distance is at
 // most pos[p]; each output's limit sits in a register beside its dpre, and every sum term tests it. The kernels take
 // DOCS as a template flag, so without masking the limits are constants and the tests fold away.
 #define CONV_RUN 32
 #define CONV_MAX_K 8
 #define CONV_THREADS 128
+// Runs BODY with KT the taps the kernels hold for a kernel of K (Qwen3.5's 4 in 4: half the registers and products).
+#define KT_SWITCH(K, ...)                                                                                              \
+    do {                                                                                                               \
+        if ((K) <= 4) {                                                                                                \
+            constexpr int KT = 4;                                                                                      \
+            __VA_ARGS__;                                                                                               \
+        } else {                                                                                                       \
+            constexpr int KT = CONV_MAX_K;                                                                             \
+            __VA_ARGS__;                                                                                               \
+        }                                                                                                              \
+    } while (0)
 
 // A call's shape: C channels, sequences of S, kernel K; runs = B·⌈S / CONV_RUN⌉.
 typedef struct {
@@ -81,10 +93,10 @@ typedef struct {
 static dim3 conv_grid(int64_t C, int64_t runs) {
     return dim3((unsigned)((C + CONV_THREADS - 1) / CONV_THREADS), (unsigned)(runs < 64 ? runs : 64));
 }
-template <typename TW>
-__device__ __forceinline__ void conv_taps(float (&wk)[CONV_MAX_K], const TW *w, int64_t c, int K) {
+template <int KT, typename TW>
+__device__ __forceinline__ void conv_taps(float (&wk)[KT], const TW *w, int64_t c, int K) {
 #pragma unroll
-    for (int j = 0; j < CONV_MAX_K; j++) wk[j] = j >= CONV_MAX_K - K ? ld(w, c * K + j - (CONV_MAX_K - K)) : 0.0f;
+    for (int j = 0; j < KT; j++) wk[j] = j >= KT - K ? ld(w, c * K + j - (KT - K)) : 0.0f;
 }
 
 // xw[i] = x[q0 + i] of one channel (xs: its column in the sequence; hs: its column in the sequence's K − 1 halo
@@ -99,12 +111,12 @@ __device__ __forceinline__ void conv_window(float (&xw)[N], const T *xs, const T
     }
 }
 // The pre-activation at window offset i: Σ_j w'[j]·xw[i + j] over the taps within lim rows back.
-template <int N>
-__device__ __forceinline__ float conv_u(const float (&wk)[CONV_MAX_K], const float (&xw)[N], int i, int lim) {
+template <int KT, int N>
+__device__ __forceinline__ float conv_u(const float (&wk)[KT], const float (&xw)[N], int i, int lim) {
     float u = 0;
 #pragma unroll
-    for (int j = 0; j < CONV_MAX_K; j++)
-        if (CONV_MAX_K - 1 - j <= lim) u += wk[j] * xw[i + j];
+    for (int j = 0; j < KT; j++)
+        if (KT - 1 - j <= lim) u += wk[j] * xw[i + j];
     return u;
 }
 #define CONV_ALL (1 << 30) // the limit without document masking
@@ -116,18 +128,18 @@ __device__ __forceinline__ void conv_limits(int (&lp)[N], const int *ps, int64_t
 }
 
 // y[p] = silu(u[p]) for the run's positions p0 .. p0 + CONV_RUN − 1 (x before the sequence: 0).
-template <typename T, typename TW, bool DOCS>
+template <int KT, typename T, typename TW, bool DOCS>
 __global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, const int *pos, ConvShape sh) {
     int64_t C = sh.C, S = sh.S, runs = sh.runs;
     int K = sh.K;
-    const int NX = CONV_RUN + CONV_MAX_K - 1; // x[p0 − CONV_MAX_K + 1 .. p0 + CONV_RUN − 1]
+    const int NX = CONV_RUN + KT - 1; // x[p0 − KT + 1 .. p0 + CONV_RUN − 1]
     int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
     if (c >= C) return;
-    float wk[CONV_MAX_K], xw[NX];
+    float wk[KT], xw[NX];
     int lp[CONV_RUN];
     conv_taps(wk, w, c, K);
     for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
-        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
+        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - KT + 1;
         conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
         conv_limits<DOCS>(lp, pos + b * S, p0, S);
 #pragma unroll
@@ -138,22 +150,22 @@ __global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo
     }
 }
 
-// dpre[p] = dy[p]·silu'(u[p]) over p0 .. p0 + CONV_RUN + CONV_MAX_K − 2 (past the sequence: 0);
-// dx[p] = Σ_j w'[j]·dpre[p + CONV_MAX_K − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p;
+// dpre[p] = dy[p]·silu'(u[p]) over p0 .. p0 + CONV_RUN + KT − 2 (past the sequence: 0);
+// dx[p] = Σ_j w'[j]·dpre[p + KT − 1 − j]; dw[c, j] += Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p;
 // each term only where tap j counts for its output (lp).
-template <typename T, typename TW, bool DOCS>
+template <int KT, typename T, typename TW, bool DOCS>
 __global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, const T *x, const TW *w, const T *halo,
                                      const int *pos, ConvShape sh) {
     int64_t C = sh.C, S = sh.S, runs = sh.runs;
     int K = sh.K;
-    const int ND = CONV_RUN + CONV_MAX_K - 1, NX = ND + CONV_MAX_K - 1; // x from p0 − CONV_MAX_K + 1
+    const int ND = CONV_RUN + KT - 1, NX = ND + KT - 1; // x from p0 − KT + 1
     int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, per_seq = (S + CONV_RUN - 1) / CONV_RUN;
     if (c >= C) return;
-    float wk[CONV_MAX_K], dwk[CONV_MAX_K] = {0}, xw[NX], dp[ND];
+    float wk[KT], dwk[KT] = {0}, xw[NX], dp[ND];
     int lp[ND];
     conv_taps(wk, w, c, K);
     for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
-        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - CONV_MAX_K + 1;
+        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, q0 = p0 - KT + 1;
         const T *dys = dy + b * S * C + c;
         conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
         conv_limits<DOCS>(lp, pos + b * S, p0, S);
@@ -165,28 +177,27 @@ __global__ void conv_backward_kernel(T *dx, T *dhalo, float *dw, const T *dy, co
             if (p0 + i >= S) break;
             float s = 0;
 #pragma unroll
-            for (int j = 0; j < CONV_MAX_K; j++)
-                if (CONV_MAX_K - 1 - j <= lp[i + CONV_MAX_K - 1 - j]) s += wk[j] * dp[i + CONV_MAX_K - 1 - j];
+            for (int j = 0; j < KT; j++)
+                if (KT - 1 - j <= lp[i + KT - 1 - j]) s += wk[j] * dp[i + KT - 1 - j];
             st(dx + b * S * C + c, (p0 + i) * C, s);
 #pragma unroll
-            for (int j = 0; j < CONV_MAX_K; j++)
-                if (CONV_MAX_K - 1 - j <= lp[i]) dwk[j] += dp[i] * xw[i + j];
+            for (int j = 0; j < KT; j++)
+                if (KT - 1 - j <= lp[i]) dwk[j] += dp[i] * xw[i + j];
         }
-        if (dhalo && p0 == 0) { // halo row K − 1 − h is position −h: Σ_j w'[j]·dpre[CONV_MAX_K − 1 − h − j]
+        if (dhalo && p0 == 0) { // halo row K − 1 − h is position −h: Σ_j w'[j]·dpre[KT − 1 − h − j]
 #pragma unroll
-            for (int h = 1; h < CONV_MAX_K; h++) {
+            for (int h = 1; h < KT; h++) {
                 float s = 0;
 #pragma unroll
-                for (int j = 0; j < CONV_MAX_K; j++)
-                    if (CONV_MAX_K - 1 - h - j >= 0 && CONV_MAX_K - 1 - j <= lp[CONV_MAX_K - 1 - h - j])
-                        s += wk[j] * dp[CONV_MAX_K - 1 - h - j];
+                for (int j = 0; j < KT; j++)
+                    if (KT - 1 - h - j >= 0 && KT - 1 - j <= lp[KT - 1 - h - j]) s += wk[j] * dp[KT - 1 - h - j];
                 if (h <= K - 1) st(dhalo + b * (K - 1) * C + c, (K - 1 - h) * C, s);
             }
         }
     }
 #pragma unroll
-    for (int j = 0; j < CONV_MAX_K; j++)
-        if (j >= CONV_MAX_K - K) atomicAdd(dw + c * K + j - (CONV_MAX_K - K), dwk[j]);
+    for (int j = 0; j < KT; j++)
+        if (j >= KT - K) atomicAdd(dw + c * K + j - (KT - K), dwk[j]);
 }
 
 // The shape of x: (B·S, C) with w: (C, K), checked with the halo's and pos's.
@@ -209,13 +220,13 @@ void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor 
     CHECK(tensor_numel(y) == tensor_numel(x));
     same_dt(y, x, "conv1d_silu_forward");
     if (t_rows(x) == 0) return;
-    DT_SWITCH(
-        x.dt, T, "conv1d_silu_forward",
-        DT_SWITCH(
-            w.dt, TW, "conv1d_silu_forward",
-            BOOL_SWITCH(pos.p, DOCS,
-                        conv_forward_kernel<T, TW, DOCS><<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
-                            (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p, (const int *)pos.p, s))));
+    DT_SWITCH(x.dt, T, "conv1d_silu_forward",
+              DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
+                        BOOL_SWITCH(pos.p, DOCS,
+                                    KT_SWITCH(s.K, conv_forward_kernel<KT, T, TW, DOCS>
+                                              <<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
+                                                  (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p,
+                                                  (const int *)pos.p, s)))));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -228,13 +239,14 @@ void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Te
     IS_F32(dw, "conv1d_silu_backward");
     if (dhalo.p) same_dt(dhalo, x, "conv1d_silu_backward");
     if (t_rows(x) == 0) return;
-    DT_SWITCH(x.dt, T, "conv1d_silu_backward",
-              DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
-                        BOOL_SWITCH(pos.p, DOCS,
-                                    conv_backward_kernel<T, TW, DOCS>
-                                    <<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
-                                        (T *)dx.p, (T *)dhalo.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p,
-                                        (const TW *)w.p, (const T *)halo.p, (const int *)pos.p, s))));
+    DT_SWITCH(
+        x.dt, T, "conv1d_silu_backward",
+        DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
+                  BOOL_SWITCH(pos.p, DOCS,
+                              KT_SWITCH(s.K, conv_backward_kernel<KT, T, TW, DOCS>
+                                        <<<conv_grid(s.C, s.runs), CONV_THREADS, 0, cuda_stream()>>>(
+                                            (T *)dx.p, (T *)dhalo.p, (float *)dw.p, (const T *)dy.p, (const T *)x.p,
+                                            (const TW *)w.p, (const T *)halo.p, (const int *)pos.p, s)))));
     CUDA_LAUNCH_CHECK();
 }
 

@@ -206,13 +206,32 @@ __global__ void elementwise_kernel(TD *dst, const TS *src, float s, int64_t n, b
         st(dst, j, el_op<OP>(OP == EL_COPY ? 0.0f : ld(dst, j), OP == EL_SCALE ? 0.0f : ld(src, j), s));
     }
 }
-// dst[r·Cd + c] (+)= src[r·Cs + c] for c < n (pointers already at the slices' first columns).
-template <typename TD, typename TS>
-__global__ void copy_cols_kernel(TD *dst, int64_t Cd, const TS *src, int64_t Cs, int64_t R, int64_t n, bool acc) {
-    GRID_STRIDE(i, R * n) {
-        int64_t r = i / n, c = i % n;
-        float v = ld(src, r * Cs + c);
-        st(dst, r * Cd + c, acc ? ld(dst, r * Cd + c) + v : v);
+// The column blocks of op_copy_col_blocks (pointers at the first blocks' first columns): a thread takes V columns of
+// one row and one destination block (units: rows × destination blocks × n / V), and for da = 0 sums the reps source
+// blocks in order in fp32, rounding once. I: the index type, 32-bit where the units fit.
+typedef struct {
+    int64_t Cd, da, Cs, db, R, n, reps;
+} ColBlocks;
+template <typename TD, typename TS, int V, typename I>
+__global__ void copy_col_blocks_kernel(TD *dst, const TS *src, ColBlocks s, bool acc) {
+    I nv = (I)(s.n / V), blocks = s.da ? (I)s.reps : 1, units = (I)s.R * blocks * nv;
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < units; i += (I)gridDim.x * blockDim.x) {
+        I r = i / (blocks * nv), h = i / nv % blocks, c = i % nv * V;
+        TD *d = dst + r * s.Cd + h * s.da + c;
+        const TS *x = src + r * s.Cs + h * s.db + c;
+        float v[V], t[V];
+        ldv<V>(x, v);
+        if (acc) {
+            ldv<V>((const TD *)d, t);
+#pragma unroll
+            for (int q = 0; q < V; q++) v[q] = t[q] + v[q];
+        }
+        for (int64_t k = 1; !s.da && k < s.reps; k++) {
+            ldv<V>(x + k * s.db, t);
+#pragma unroll
+            for (int q = 0; q < V; q++) v[q] += t[q];
+        }
+        stv<V>(d, v);
     }
 }
 // AdamW of one parameter (the update of ops/cpu/cpu_elem.c).
@@ -465,16 +484,20 @@ double cuda_read_scalar(Tensor x) {
     return x.dt == DT_F64 ? *(double *)c->host_small : *(float *)c->host_small;
 }
 
-void cuda_copy_cols(Tensor dst, int64_t a, Tensor src, int64_t b, int64_t n, bool accumulate) {
-    int64_t R = t_rows(dst), Cd = t_cols(dst), Cs = t_cols(src);
-    if (t_rows(src) != R || n < 0 || a < 0 || b < 0 || a + n > Cd || b + n > Cs)
-        die("copy_cols: dst (%lld, %lld)[:, %lld:+%lld] and src (%lld, %lld)[:, %lld:] do not fit", (long long)R,
-            (long long)Cd, (long long)a, (long long)n, (long long)t_rows(src), (long long)Cs, (long long)b);
-    if (R * n == 0) return;
-    DT_SWITCH(dst.dt, TD, "copy_cols",
-              DT_SWITCH(src.dt, TS, "copy_cols",
-                        copy_cols_kernel<TD, TS><<<grid_for(R * n, 256), 256, 0, cuda_stream()>>>(
-                            (TD *)dst.p + a, Cd, (const TS *)src.p + b, Cs, R, n, accumulate)));
+// Shapes checked by op_copy_col_blocks.
+void cuda_copy_col_blocks(Tensor dst, int64_t a, int64_t da, Tensor src, int64_t b, int64_t db, int64_t n, int64_t reps,
+                          bool accumulate) {
+    ColBlocks s = {t_cols(dst), da, t_cols(src), db, t_rows(dst), n, reps};
+    bool vec = n % 8 == 0 && (a | da | s.Cd | b | db | s.Cs) % 8 == 0 && aligned16(dst.p, src.p);
+    int64_t units = s.R * (da ? reps : 1) * (vec ? n / 8 : n);
+    DT_SWITCH(dst.dt, TD, "copy_col_blocks",
+              DT_SWITCH(src.dt, TS, "copy_col_blocks",
+                        V_SWITCH(vec, BOOL_SWITCH(units < INT32_MAX, NARROW, {
+                                     typedef typename std::conditional<NARROW, uint32_t, int64_t>::type I;
+                                     copy_col_blocks_kernel<TD, TS, V, I>
+                                         <<<grid_for(units, 256), 256, 0, cuda_stream()>>>(
+                                             (TD *)dst.p + a, (const TS *)src.p + b, s, accumulate);
+                                 }))));
     CUDA_LAUNCH_CHECK();
 }
 
