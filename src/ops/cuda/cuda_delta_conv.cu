@@ -74,15 +74,10 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 #define CONV_THREADS 128
 // Runs BODY with KT the taps the kernels hold for a kernel of K (Qwen3.5's 4 in 4: half the registers and products).
 #define KT_SWITCH(K, ...)                                                                                              \
-    do {                                                                                                               \
-        if ((K) <= 4) {                                                                                                \
-            constexpr int KT = 4;                                                                                      \
-            __VA_ARGS__;                                                                                               \
-        } else {                                                                                                       \
-            constexpr int KT = CONV_MAX_K;                                                                             \
-            __VA_ARGS__;                                                                                               \
-        }                                                                                                              \
-    } while (0)
+    BOOL_SWITCH((K) <= 4, KT_IS_4, {                                                                                   \
+        constexpr int KT = KT_IS_4 ? 4 : CONV_MAX_K;                                                                   \
+        __VA_ARGS__;                                                                                                   \
+    })
 
 // A call's shape: C channels, sequences of S, kernel K; runs = B·⌈S / CONV_RUN⌉.
 typedef struct {
