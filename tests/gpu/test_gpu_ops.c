@@ -95,6 +95,7 @@ TEST(gpu_op_grouped_linear_bias) {
 
 // ---- norm, RoPE, SwiGLU ----
 static void check_rmsnorm(DType dt, double tol, int64_t R, int64_t D) {
+    size_t mark = gpu_mark(); // (the case's device tensors go at its end)
     Pair x = pair_rand(dt, 1.5f, 2, R, D, 0, 0), w = pair_rand(dt, 1, 1, D, 0, 0, 0), y = pair_nan(dt, 2, R, D, 0, 0);
     Pair rstd = pair_nan(DT_F32, 1, R, 0, 0, 0);
     op_rmsnorm_forward(y.c, rstd.c, x.c, w.c, 1e-6f, NULL), op_rmsnorm_forward(y.d, rstd.d, x.d, w.d, 1e-6f, NULL);
@@ -110,6 +111,7 @@ static void check_rmsnorm(DType dt, double tol, int64_t R, int64_t D) {
         op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, true, NULL);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
+    gpu_release(mark);
 }
 
 TEST(gpu_op_rmsnorm) {
@@ -119,6 +121,20 @@ TEST(gpu_op_rmsnorm) {
         check_rmsnorm(MODE_DT, TOL, 37, 64);
         check_rmsnorm(MODE_DT, TOL, 600, 16); // the per-head q/k norm shape
         check_rmsnorm(MODE_DT, TOL, 5, 3000); // a wide hidden
+        // the backward with ∂w fused over its 128 row groups: one vector a lane (groups of 257 rows, the last of
+        // 206); 2 vectors a lane (groups of 40 rows, the last of 3, two empty); single columns, 1 and 8 a lane; a
+        // vector past D (D = 24: lanes of 16 columns)
+        check_rmsnorm(MODE_DT, TOL, 32845, 128);
+        check_rmsnorm(MODE_DT, TOL, 5003, 512);
+        check_rmsnorm(MODE_DT, TOL, 33001, 3);
+        check_rmsnorm(MODE_DT, TOL, 3001, 250);
+        check_rmsnorm(MODE_DT, TOL, 700, 24);
+        // the two-kernel path over several groups: more than 16 columns a lane (6, 8 and 12 vectors), more than 8
+        // single columns a lane
+        check_rmsnorm(MODE_DT, TOL, 2000, 1536);
+        check_rmsnorm(MODE_DT, TOL, 5003, 2048);
+        check_rmsnorm(MODE_DT, TOL, 1030, 2880);
+        check_rmsnorm(MODE_DT, TOL, 700, 300);
     }
     gpu_report();
 }
@@ -202,6 +218,7 @@ static const char *attention_fwd_path = "none"; // the path check_attention_args
 // Every AttnArgs form: q (B·Sq, nh, dqk), k (B·Sk, nkv, dqk), v (B·Sk, nkv, dv); sinks random when asked.
 static void check_attention_args(DType dt, double tol, int Sq, int Sk, int nh, int nkv, int dqk, int dv, AttnArgs a,
                                  bool sinks) {
+    size_t mark = gpu_mark(); // (the case's device tensors go at its end)
     int B = a.B;
     int64_t Tq = (int64_t)B * Sq, Tk = (int64_t)B * Sk;
     Pair q = pair_rand(dt, 1, 3, Tq, nh, dqk, 0), k = pair_rand(dt, 1, 3, Tk, nkv, dqk, 0),
@@ -225,6 +242,7 @@ static void check_attention_args(DType dt, double tol, int Sq, int Sk, int nh, i
     EXPECT_CLOSE(dk, tol);
     EXPECT_CLOSE(dvv, tol);
     if (sinks) EXPECT_CLOSE(ds, tol);
+    gpu_release(mark);
 }
 
 static void check_attention(DType dt, double tol, int B, int S, int nh, int nkv, int d) {
@@ -289,6 +307,10 @@ TEST(gpu_op_attention_forms) {
         check_attention_args(MODE_DT, TOL, 129, 129, 16, 2, 64, 64,
                              (AttnArgs){.B = 1, .scale = s64, .causal = true, .window = 128}, true);
         expect_attention_paths(mode_, true, "window 128 + sinks, 129 tokens");
+        // the sinks' gradient over 64 × 131 rows, more than its first pass has blocks: several rows a block, and a
+        // last block that ends within a warp's step
+        check_attention_args(MODE_DT, TOL, 131, 131, 32, 4, 64, 64,
+                             (AttnArgs){.B = 64, .scale = s64, .causal = true, .window = 8}, true);
         check_attention_args(MODE_DT, TOL, 64, 64, 4, 2, 64, 64,
                              (AttnArgs){.B = 2, .scale = s64, .causal = true, .q_off = 64, .k_off = 100}, false);
         check_attention_args(MODE_DT, TOL, 48, 96, 4, 2, 64, 64, (AttnArgs){.B = 2, .scale = s64, .q_off = 96}, false);

@@ -14,6 +14,7 @@
 void model_compare(const char *config, bool is_path, DType cdt, int B, int S, double lb_coef, double init_std);
 
 static void check_norms(DType dt, double tol, int64_t R, int64_t D) {
+    size_t mark = gpu_mark(); // (the case's device tensors go at its end)
     Pair x = pair_rand(dt, 1.5f, 2, R, D, 0, 0), z = pair_rand(dt, 1.5f, 2, R, D, 0, 0),
          w = pair_rand(dt, 0.5f, 1, D, 0, 0, 0), y = pair_nan(dt, 2, R, D, 0, 0),
          rstd = pair_nan(DT_F32, 1, R, 0, 0, 0);
@@ -34,6 +35,7 @@ static void check_norms(DType dt, double tol, int64_t R, int64_t D) {
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dz, tol);
     EXPECT_CLOSE(dw, tol);
+    gpu_release(mark);
 }
 
 static void check_gate(DType dt, double tol, int64_t R, int64_t D, int64_t G) {
@@ -74,6 +76,7 @@ static Pair pos_pair(int B, int64_t S, bool docs) {
 // halo: the K − 1 rows before each sequence (context parallelism) and their gradient, else zeros. docs: document
 // masking with doc_positions.
 static void check_conv_docs(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo, bool docs) {
+    size_t mark = gpu_mark(); // (the case's device tensors go at its end)
     Pair x = pair_rand(dt, 1, 2, B * S, C, 0, 0), w = pair_rand(dt, 0.5f, 2, C, K, 0, 0),
          y = pair_nan(dt, 2, B * S, C, 0, 0), dy = pair_rand(dt, 1, 2, B * S, C, 0, 0),
          dx = pair_nan(dt, 2, B * S, C, 0, 0), dw = pair_rand(DT_F32, 1, 2, C, K, 0, 0), h = NOPAIR, dh = NOPAIR;
@@ -86,6 +89,7 @@ static void check_conv_docs(DType dt, double tol, int B, int64_t S, int64_t C, i
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
     if (halo) EXPECT_CLOSE(dh, tol);
+    gpu_release(mark);
 }
 static void check_conv(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo) {
     check_conv_docs(dt, tol, B, S, C, K, halo, false);
@@ -117,14 +121,23 @@ TEST(gpu_op_qwen3_5_elementwise) {
         check_norms(MODE_DT, TOL, 300, 128); // per-head gated norm and q/k norm shapes
         check_norms(MODE_DT, TOL, 16, 2048); // the block norms' rows (8-column vectors, 8 per lane)
         check_norms(MODE_DT, TOL, 9, 36);    // rows that split into no 8-column vectors: one column per lane
+        // the backward's ∂w over 128 row groups (the last shorter or empty) and both of its paths: fused (one and 2
+        // vectors a lane, 8 single columns a lane), two kernels (8 and 12 vectors a lane)
+        check_norms(MODE_DT, TOL, 32845, 128);
+        check_norms(MODE_DT, TOL, 5003, 512);
+        check_norms(MODE_DT, TOL, 5003, 2048);
+        check_norms(MODE_DT, TOL, 3001, 250);
+        check_norms(MODE_DT, TOL, 1030, 2880);
         check_gate(MODE_DT, TOL, 50, 256, 256);
         check_gate(MODE_DT, TOL, 70, 96, 1); // the shared expert's per-token gate
         check_conv(MODE_DT, TOL, 2, 100, 40, 4, false);
-        check_conv(MODE_DT, TOL, 2, 100, 40, 4, true); // the halo of context parallelism
-        check_conv(MODE_DT, TOL, 3, 2, 40, 4, true);   // sequences shorter than the halo
-        check_conv(MODE_DT, TOL, 3, 37, 300, 3, true); // kernel 3, channels past a block of 128
-        check_conv(MODE_DT, TOL, 2, 70, 40, 6, true);  // kernel 6: the kernels of 8 taps
-        check_conv(MODE_DT, TOL, 1, 20, 16, 8, false); // the widest kernel
+        check_conv(MODE_DT, TOL, 2, 100, 40, 4, true);  // the halo of context parallelism
+        check_conv(MODE_DT, TOL, 3, 2, 40, 4, true);    // sequences shorter than the halo
+        check_conv(MODE_DT, TOL, 3, 37, 300, 3, true);  // kernel 3, channels past a block of 128
+        check_conv(MODE_DT, TOL, 2, 70, 40, 6, true);   // kernel 6: the kernels of 8 taps
+        check_conv(MODE_DT, TOL, 1, 20, 16, 8, false);  // the widest kernel
+        check_conv(MODE_DT, TOL, 2, 100, 37, 4, true);  // an odd channel count: one channel a thread
+        check_conv(MODE_DT, TOL, 2, 1000, 64, 4, true); // more runs than the backward's run lanes: several a thread
         check_gates(MODE_DT, TOL, 300, 6);
     }
     gpu_report();
@@ -287,6 +300,8 @@ TEST(gpu_op_delta_rule_docs) {
         check_conv_docs(MODE_DT, TOL, 2, 100, 40, 4, true, true); // the halo counts only for sequence 1
         check_conv_docs(MODE_DT, TOL, 3, 37, 300, 3, true, true);
         check_conv_docs(MODE_DT, TOL, 1, 20, 16, 8, false, true);
+        check_conv_docs(MODE_DT, TOL, 2, 100, 37, 4, true, true);
+        check_conv_docs(MODE_DT, TOL, 2, 1000, 64, 4, true, true);
     }
     gpu_report();
 }

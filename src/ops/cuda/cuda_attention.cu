@@ -12,7 +12,7 @@
 //             dq_i = scale·Σ_j ds_ij·k_j  (kernel 1: one block per query tile)
 //             dk_j = scale·Σ_i ds_ij·q_i, dv_j = Σ_i p_ij·dout_i, summed over the query heads of the group
 //             (kernel 2: one block per key tile and kv head: no atomics, deterministic);
-//             dsinks_h += −Σ_i e^(sinks_h − lse_i)·D_i (kernel 3: one block per head).
+//             dsinks_h += −Σ_i e^(sinks_h − lse_i)·D_i (kernel 3: blocks of rows, partial sums added in order).
 // Layout of the work: a block holds ATT_ROWS rows (queries, or keys in the dk/dv kernel); each row is
 // owned by TPR consecutive threads, thread `sub` holding elements c·TPR + sub (c < D/TPR) in registers,
 // so a dot product is a register loop plus a log2(TPR)-step shuffle. The other side (keys, or queries)
@@ -259,38 +259,74 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
     for (int c = 0; c < VPT; c++) st(dv, krow * DV + c * TPR + sub, dva[c]);
 }
 
-// dsinks[h] += −Σ_(b, i) e^(sinks_h − lse_i)·(dout_i·o_i): one block of SINK_WARPS warps per head, each warp taking
-// SINK_ROWS rows at a time (their loads in flight together: a head's rows are DV·nh apart), the warps' sums added
-// in order, so the result does not depend on timing.
-#define SINK_WARPS 32
-#define SINK_ROWS 8
-template <typename T>
-__global__ void attention_backward_sinks_kernel(float *dsinks, const T *dout, const T *o, const float *lse, int B,
-                                                int Sq, int nh, int DV, const float *sinks) {
-    __shared__ float part[SINK_WARPS];
-    int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t R = (int64_t)B * Sq;
-    float acc = 0.0f;
-    for (int64_t r0 = (int64_t)warp * SINK_ROWS; r0 < R; r0 += SINK_WARPS * SINK_ROWS) {
-        float d[SINK_ROWS] = {0};
-        for (int c = lane; c < DV; c += 32)
+// dsinks[h] += −Σ_(b, i) e^(sinks_h − lse_i)·(dout_i·o_i) in two passes, deterministic. Pass 1: G blocks (G from the
+// row count alone, sinks_blocks), block g taking the rows g·rpb .. (g + 1)·rpb − 1; its SINK_WARPS warps take
+// SINK_RB consecutive rows at a time (their loads in flight together) and read them whole, V elements a lane (16-byte
+// loads with V = 8). A head's DV/V vectors belong to an aligned group of L lanes (L a power of two ≤ 32, so a group's
+// sum is a log2(L)-step shuffle; 32/L heads a pass over the row); the group's first lane adds e^(sinks_h − lse)·dot
+// to its warp's sum for head h in shared memory, in row order. The warps' sums are added in warp order into
+// part[g·nh + h]. Pass 2 (colsum_finish) adds Σ_g part[g·nh + h], g = 0, 1, … in order, to dsinks[h].
+#define SINK_BLOCKS 256 // pass-1 blocks at most
+#define SINK_WARPS 8
+#define SINK_RB 4 // rows a warp takes at a time
+template <typename T, int V>
+__global__ void __launch_bounds__(SINK_WARPS * 32)
+    attention_backward_sinks_kernel(float *part, const T *dout, const T *o, const float *lse, int64_t R, int64_t rpb,
+                                    int Sq, int nh, int DV, const float *sinks) {
+    extern __shared__ float wsum[];                                     // (SINK_WARPS, nh): each warp's sums
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, vph = DV / V; // vectors a head
+    int L = vph >= 32 ? 32 : 1 << (31 - __clz(vph)), sub = lane & (L - 1), hp = 32 / L;
+    float *ws = wsum + warp * nh;
+    for (int h = lane; h < nh; h += 32) ws[h] = 0.0f;
+    __syncwarp();
+    int64_t lo = blockIdx.x * rpb, hi = min(R, lo + rpb);
+    for (int64_t r0 = lo + warp * SINK_RB; r0 < hi; r0 += SINK_WARPS * SINK_RB) {
+        for (int hb = 0; hb < nh; hb += hp) {
+            int h = hb + lane / L; // h ≥ nh: the lane loads nothing but joins the shuffles
+            bool on = h < nh;
+            float d[SINK_RB], Ls[SINK_RB];
 #pragma unroll
-            for (int k = 0; k < SINK_ROWS; k++)
-                if (r0 + k < R) d[k] += ld(dout, ((r0 + k) * nh + h) * DV + c) * ld(o, ((r0 + k) * nh + h) * DV + c);
+            for (int k = 0; k < SINK_RB; k++) {
+                int64_t row = r0 + k, b = row / Sq, i = row % Sq;
+                d[k] = 0.0f;
+                Ls[k] = on && row < hi ? lse[(b * nh + h) * Sq + i] : -INFINITY;
+            }
+            for (int c = sub; on && c < vph; c += L)
 #pragma unroll
-        for (int k = 0; k < SINK_ROWS; k++) {
-            int64_t row = r0 + k, b = row / Sq, i = row % Sq;
-            float dk = warp_sum(d[k]), L = row < R ? lse[(b * nh + h) * Sq + i] : -INFINITY;
-            if (L != -INFINITY) acc -= expf(sinks[h] - L) * dk;
+                for (int k = 0; k < SINK_RB; k++)
+                    if (r0 + k < hi) {
+                        int64_t off = ((r0 + k) * nh + h) * DV + c * V;
+                        float a[V], e[V];
+                        ldv<V>(dout + off, a), ldv<V>(o + off, e);
+#pragma unroll
+                        for (int j = 0; j < V; j++) d[k] += a[j] * e[j];
+                    }
+#pragma unroll
+            for (int k = 0; k < SINK_RB; k++)
+                for (int s = L / 2; s > 0; s >>= 1) d[k] += __shfl_xor_sync(0xffffffffu, d[k], s);
+            if (on && sub == 0) {
+                float acc = ws[h], sh = sinks[h];
+#pragma unroll
+                for (int k = 0; k < SINK_RB; k++)
+                    if (Ls[k] != -INFINITY) acc -= expf(sh - Ls[k]) * d[k];
+                ws[h] = acc;
+            }
         }
     }
-    if (lane == 0) part[warp] = acc;
     __syncthreads();
-    if (threadIdx.x == 0) {
+    for (int h = threadIdx.x; h < nh; h += blockDim.x) {
         float s = 0.0f;
-        for (int w = 0; w < SINK_WARPS; w++) s += part[w];
-        dsinks[h] += s;
+        for (int w = 0; w < SINK_WARPS; w++) s += wsum[w * nh + h];
+        part[blockIdx.x * (int64_t)nh + h] = s;
     }
+}
+// The pass-1 blocks for R rows of nh heads: up to SINK_BLOCKS, no more than give each warp a step of SINK_RB rows, as
+// many as the small pool holds partials of.
+static int sinks_blocks(int64_t R, int nh) {
+    int64_t g = (R + SINK_WARPS * SINK_RB - 1) / (SINK_WARPS * SINK_RB), fit = (int64_t)(CUDA_SMALL_BYTES / 4) / nh;
+    g = g > SINK_BLOCKS ? SINK_BLOCKS : g;
+    g = g > fit ? fit : g;
+    return g < 1 ? 1 : (int)g;
 }
 
 // The sinks after a forward that had none (cuDNN's): with L0 = lse_i of the visible keys alone, the sink adds
@@ -452,12 +488,17 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
         if (p.Sk) cuda_zero(dk), cuda_zero(dv);
         return;
     }
-    if (dsinks.p) {
-        DT_SWITCH(q.dt, T, "attention_backward",
-                  (attention_backward_sinks_kernel<T>
-                   <<<p.nh, SINK_WARPS * 32, 0, cuda_stream()>>>((float *)dsinks.p, (const T *)dout.p, (const T *)o.p,
-                                                                 (const float *)lse.p, B, p.Sq, p.nh, DV, p.sinks)));
-        CUDA_LAUNCH_CHECK();
+    if (dsinks.p && DV > 0) { // pass 1's partials in the small pool, read by pass 2 at once
+        int64_t R = (int64_t)B * p.Sq, g = sinks_blocks(R, p.nh), rpb = (R + g - 1) / g;
+        int G = (int)((R + rpb - 1) / rpb);
+        float *part = colsum_part(p.nh, G, "attention_backward (sinks)");
+        size_t smem = (size_t)SINK_WARPS * p.nh * sizeof(float);
+        DT_SWITCH(
+            q.dt, T, "attention_backward",
+            V_SWITCH(vec8_fits(DV, dout.p, o.p),
+                     launch(attention_backward_sinks_kernel<T, V>, dim3(G), dim3(SINK_WARPS * 32), smem, part,
+                            (const T *)dout.p, (const T *)o.p, (const float *)lse.p, R, rpb, p.Sq, p.nh, DV, p.sinks)));
+        colsum_finish((float *)dsinks.p, part, G, p.nh);
     }
     if (attention_cudnn_form(q, k, a)) {
         last_path = "cudnn";

@@ -499,15 +499,24 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
     tc_copy<TC_D, LDD>(Qs, f.qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
     tc_copy<TC_D, LDD>(Vs, v + (tok0 * nv + h) * TC_D, (int64_t)nv * TC_D, TC_L, Le);
     cp_async_commit();
-    if (threadIdx.x == 0) {
-        double s = 0;
-        for (int i = 0; i < TC_L; i++) {
-            if (i < Le) s += io.g[(tok0 + i) * nv + h];
-            cc[i] = s, bb[i] = i < Le ? io.beta[(tok0 + i) * nv + h] : 0.0f,
-            sg[i] = i < Le ? seg_start<DOCS>(io.pos, tok0, i) : -1;
-            be[i] = bb[i] * enter_decay<DOCS>(cc, sg, i);
+    // c, β and the document starts, a position a thread: c is an fp64 inclusive scan, each warp's 32 positions by
+    // shuffles, then warp 1 adds warp 0's total (the loads of one chunk in flight at once, not one after another).
+    static_assert(TC_L == 64, "the scan of c is two warps");
+    if (threadIdx.x < TC_L) {
+        int i = threadIdx.x, lane = i & 31;
+        double s = i < Le ? (double)io.g[(tok0 + i) * nv + h] : 0.0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            double t = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += t;
         }
+        cc[i] = s, bb[i] = i < Le ? io.beta[(tok0 + i) * nv + h] : 0.0f;
+        sg[i] = i < Le ? seg_start<DOCS>(io.pos, tok0, i) : -1;
     }
+    __syncthreads();
+    if (threadIdx.x >= 32 && threadIdx.x < TC_L) cc[threadIdx.x] += cc[31];
+    __syncthreads();
+    if (threadIdx.x < TC_L) be[threadIdx.x] = bb[threadIdx.x] * enter_decay<DOCS>(cc, sg, threadIdx.x);
     cp_async_wait<0>();
     __syncthreads();
     {
@@ -805,28 +814,40 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_grad_kerne
 #define TC_GRAD_SMEM ((8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + 8 * TC_L * 4)
 
 // One warp per (token, key head): sums the value heads' gradients w.r.t. the normalised vector and applies the
-// normalisation's backward: ∂x = c·(r·γ − x·r³·(x·γ)) (c·γ without l2).
+// normalisation's backward: ∂x = c·(r·γ − x·r³·(x·γ)) (c·γ without l2). The first 32·FINISH_REGS elements of a
+// row stay in registers between the dot product and the store (a head of up to 256 is read once); the rest, if any,
+// are read again.
+#define FINISH_REGS 8
 template <typename T>
 __global__ void delta_finish_kernel(T *dx, const float *gx, const T *x, const float *rx, float c, bool l2,
                                     ChunkDims d) {
     int64_t rows = d.B * d.S * d.nk;
-    int nk = d.nk, G = d.nv / d.nk, dk = d.dk;
+    int G = d.nv / d.nk, dk = d.dk;
     int64_t row = blockIdx.x * (int64_t)ROWS_PER_BLOCK + threadIdx.y; // t·nk + hk
     if (row >= rows) return;
-    int64_t t = row / nk;
-    int hk = (int)(row % nk);
-    float dot = 0, r = rx[row];
-    for (int i = threadIdx.x; i < dk; i += 32) {
+    const float *g0 = gx + row * G * dk; // value heads hk·G .. hk·G + G − 1 of token t: rows t·nv + hk·G + u
+    auto gsum = [&](int i) {
         float s = 0;
-        for (int u = 0; u < G; u++) s += gx[(t * nk * G + hk * G + u) * dk + i];
-        dot += s * ld(x, row * dk + i);
+        for (int u = 0; u < G; u++) s += g0[u * dk + i];
+        return s;
+    };
+    float dot = 0, r = rx[row], gs[FINISH_REGS], xs[FINISH_REGS];
+#pragma unroll
+    for (int j = 0; j < FINISH_REGS; j++) {
+        int i = threadIdx.x + 32 * j;
+        gs[j] = i < dk ? gsum(i) : 0.0f, xs[j] = i < dk ? ld(x, row * dk + i) : 0.0f;
+        dot += gs[j] * xs[j];
     }
+    for (int i = threadIdx.x + 32 * FINISH_REGS; i < dk; i += 32) dot += gsum(i) * ld(x, row * dk + i);
     dot = warp_sum(dot);
-    for (int i = threadIdx.x; i < dk; i += 32) {
-        float s = 0;
-        for (int u = 0; u < G; u++) s += gx[(t * nk * G + hk * G + u) * dk + i];
-        st(dx, row * dk + i, l2 ? c * (r * s - ld(x, row * dk + i) * r * r * r * dot) : c * s);
+    float r3 = r * r * r * dot;
+#pragma unroll
+    for (int j = 0; j < FINISH_REGS; j++) {
+        int i = threadIdx.x + 32 * j;
+        if (i < dk) st(dx, row * dk + i, l2 ? c * (r * gs[j] - xs[j] * r3) : c * gs[j]);
     }
+    for (int i = threadIdx.x + 32 * FINISH_REGS; i < dk; i += 32)
+        st(dx, row * dk + i, l2 ? c * (r * gsum(i) - ld(x, row * dk + i) * r3) : c * gsum(i));
 }
 
 // The call's dims, checked with the states'.

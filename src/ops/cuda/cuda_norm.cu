@@ -4,7 +4,9 @@
 // Shapes: x, y, dy, dx, z, dz: (R, D); w: (D); rstd: (R) fp32; RoPE x: (T, heads, d), cos/sin (P, d/2) fp32,
 // pos (T) int32; SwiGLU gu: (M, 2I) = [gate | up] (interleaved [g_0, u_0, …] when clamped), act: (M, I).
 // Each kernel moves V values at a time (cuda_common.cuh): RMSNorm gives a row lpr lanes of one warp (32, or with
-// V = 8 the largest power of two ≤ min(32, D/8)), RoPE and SwiGLU one thread per V pairs or outputs.
+// V = 8 the largest power of two ≤ min(32, D/8)), RoPE and SwiGLU one thread per V pairs or outputs. RMSNorm's
+// backward sums ∂w's row groups in the same pass as dx where a lane has few columns (rows up to 512 wide:
+// rmsnorm_backward_fused_kernel), else in a second kernel (rmsnorm_dw_kernel); colsum_finish then adds the groups.
 #include "ops/cuda/cuda_common.cuh"
 
 // Lanes per row: 32, or for 8-wide vectors the largest power of two ≤ min(32, D/8).
@@ -60,37 +62,57 @@ __global__ void rmsnorm_forward_kernel(T *y, float *rstd, const T *x, const T *z
     }
 }
 
+// The row's dot Σ dy·u·x over V columns (pointers at the columns), added to dot.
+template <int V, bool ONE_P, bool GATED, typename T, typename TW>
+__device__ __forceinline__ void norm_dot(float &dot, const T *dy, const T *x, const T *z, const TW *w) {
+    float g[V], xv[V], u[V], zz[V];
+    ldv<V>(dy, g), ldv<V>(x, xv);
+    norm_u<V, ONE_P, GATED>(u, zz, w, z);
+#pragma unroll
+    for (int k = 0; k < V; k++) dot += g[k] * u[k] * xv[k];
+}
+
+// V columns of the backward (pointers at the columns): dx (+)= r·u·dy − x·c, dz = dy·x·r·(w or 1 + w)·silu'(z) when
+// gated; wv gets the columns' ∂w terms dy·x·r (·silu(z) when gated).
+template <int V, bool ONE_P, bool GATED, typename T, typename TW>
+__device__ __forceinline__ void norm_dx(T *dx, T *dz, const T *dy, const T *x, const T *z, const TW *w, float r,
+                                        float c, bool acc, float (&wv)[V]) {
+    float g[V], xv[V], u[V], zz[V], a[V];
+    ldv<V>(dy, g), ldv<V>(x, xv);
+    norm_u<V, ONE_P, GATED>(u, zz, w, z);
+    if (acc) ldv<V>(dx, a);
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        a[k] = (acc ? a[k] : 0.0f) + r * u[k] * g[k] - xv[k] * c;
+        wv[k] = g[k] * xv[k] * r;
+        if (GATED) wv[k] *= zz[k] * sigmoid_f(zz[k]);
+    }
+    stv<V>(dx, a);
+    if (GATED) {
+        norm_u<V, ONE_P, false>(u, zz, w, z);
+#pragma unroll
+        for (int k = 0; k < V; k++) a[k] = g[k] * xv[k] * r * u[k] * silu_grad_f(zz[k]);
+        stv<V>(dz, a);
+    }
+}
+
+// dx and dz alone, 256 threads a block, lpr lanes a row; ∂w then comes from rmsnorm_dw_kernel. The path of the
+// widths rmsnorm_backward_fused_kernel does not take.
 template <typename T, typename TW, bool ONE_P, bool GATED, int V>
 __global__ void rmsnorm_backward_kernel(T *dx, T *dz, const T *dy, const T *x, const T *z, const TW *w,
                                         const float *rstd, int64_t R, int64_t D, int lpr, bool acc) {
     int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / lpr, o = row * D;
     int sub = threadIdx.x % lpr;
     bool ok = row < R;
-    float dot = 0, g[V], xv[V], u[V], zz[V], a[V];
+    float dot = 0, wv[V];
     if (ok)
-        for (int64_t j = sub * V; j < D; j += lpr * V) {
-            ldv<V>(dy + o + j, g), ldv<V>(x + o + j, xv);
-            norm_u<V, ONE_P, GATED>(u, zz, w + j, z + o + j);
-#pragma unroll
-            for (int k = 0; k < V; k++) dot += g[k] * u[k] * xv[k];
-        }
+        for (int64_t j = sub * V; j < D; j += lpr * V)
+            norm_dot<V, ONE_P, GATED>(dot, dy + o + j, x + o + j, z + o + j, w + j);
     dot = group_sum(dot, lpr);
     if (!ok) return;
     float r = rstd[row], c = dot * r * r * r / (float)D;
-    for (int64_t j = sub * V; j < D; j += lpr * V) {
-        ldv<V>(dy + o + j, g), ldv<V>(x + o + j, xv);
-        norm_u<V, ONE_P, GATED>(u, zz, w + j, z + o + j);
-        if (acc) ldv<V>(dx + o + j, a);
-#pragma unroll
-        for (int k = 0; k < V; k++) a[k] = (acc ? a[k] : 0.0f) + r * u[k] * g[k] - xv[k] * c;
-        stv<V>(dx + o + j, a);
-        if (GATED) {
-            norm_u<V, ONE_P, false>(u, zz, w + j, z);
-#pragma unroll
-            for (int k = 0; k < V; k++) a[k] = g[k] * xv[k] * r * u[k] * silu_grad_f(zz[k]);
-            stv<V>(dz + o + j, a);
-        }
-    }
+    for (int64_t j = sub * V; j < D; j += lpr * V)
+        norm_dx<V, ONE_P, GATED>(dx + o + j, dz + o + j, dy + o + j, x + o + j, z + o + j, w + j, r, c, acc, wv);
 }
 
 // part: (G, D) fp32, row g = Σ over row group g of dy·x·r (·silu(z) when gated); colsum_finish adds the groups
@@ -103,6 +125,110 @@ __global__ void rmsnorm_dw_kernel(float *part, const T *dy, const T *x, const T 
         if (GATED) v *= ld(z, i * D + j) * sigmoid_f(ld(z, i * D + j));
         return v;
     });
+}
+
+// The backward with ∂w fused, so that dy, x and z are read once: a lane owns NV vectors of V columns (NV = 1 or 2
+// with 8-wide vectors: up to 512 columns; 1, 2, 4 or 8 single columns: up to 256) and holds their ∂w sums in
+// registers. Each
+// block is one row group, of at least NORM_DW_GROUP_ROWS rows (colsum_groups), so up to 128 blocks share all but the
+// shortest inputs, and the loads in flight come from within a block: norm_dw_threads(V, NV) threads (more where a lane
+// holds fewer sums) and norm_dw_rows rows a slot at a time where the registers allow.
+// A lane sums at most NORM_DW_COLS columns (so 8-wide vectors take rows up to 512 here): at wider rows the G blocks
+// of one group each hold too few loads in flight, and the two kernels are faster (bench/results/2026-12-04-s27).
+#define NORM_DW_VECS 8
+#define NORM_DW_COLS 16
+#define NORM_DW_GROUP_ROWS 32
+static constexpr int norm_dw_threads(int v, int nv) { return v * nv <= 8 ? 1024 : 512; }
+static constexpr int norm_dw_rows(int v, int nv, bool gated) { return gated ? 1 : 2; }
+// Runs BODY with NV the smallest of 1, 2, 4 and 8 (NORM_DW_VECS) that is at least nv, and at most NORM_DW_COLS / V
+// (the caller's nv is within both: the larger values are no instances of their own).
+#define NV_CAP(n) ((n) < NORM_DW_COLS / V ? (n) : NORM_DW_COLS / V)
+#define NV_SWITCH(nv, ...)                                                                                             \
+    do {                                                                                                               \
+        if ((nv) <= 1) {                                                                                               \
+            constexpr int NV = 1;                                                                                      \
+            __VA_ARGS__;                                                                                               \
+        } else if ((nv) <= 2) {                                                                                        \
+            constexpr int NV = NV_CAP(2);                                                                              \
+            __VA_ARGS__;                                                                                               \
+        } else if ((nv) <= 4) {                                                                                        \
+            constexpr int NV = NV_CAP(4);                                                                              \
+            __VA_ARGS__;                                                                                               \
+        } else {                                                                                                       \
+            constexpr int NV = NV_CAP(NORM_DW_VECS);                                                                   \
+            __VA_ARGS__;                                                                                               \
+        }                                                                                                              \
+    } while (0)
+
+// Grid (G): block g takes rows [g·RG, min(R, (g + 1)·RG)) (none in a trailing group past R: its sums are 0) and has
+// S = threads / lpr row slots of lpr lanes; slot s takes the rows s, s + S, … (RU at a time: the loads of all RU rows
+// go out before their shuffles), and lane sub of a slot owns the vectors at columns (c·lpr + sub)·V, c < NV, summing
+// their ∂w terms over the slot's rows. The slots' sums then add in shared memory in a fixed tree (slot s += slot
+// s + h, h = S/2, …, 1) into part[g·D + j], and colsum_finish adds the groups to dw in order. No atomics, and the order
+// follows the shape and the vector width only (G from colsum_groups, S and the columns' owners from D and V), so every
+// run and every GPU gives the same bits.
+template <typename T, typename TW, bool ONE_P, bool GATED, int V, int NV>
+__global__ void __launch_bounds__(norm_dw_threads(V, NV))
+    rmsnorm_backward_fused_kernel(float *part, T *dx, T *dz, const T *dy, const T *x, const T *z, const TW *w,
+                                  const float *rstd, int64_t R, int64_t D, int64_t RG, int lpr, bool acc) {
+    constexpr int NT = norm_dw_threads(V, NV), RU = norm_dw_rows(V, NV, GATED);
+    __shared__ float red[V * NT]; // red[k·NT + t]: element k of thread t's vector
+    int sub = threadIdx.x % lpr, slot = threadIdx.x / lpr, S = NT / lpr;
+    int64_t r0 = blockIdx.x * RG, r1 = r0 + RG < R ? r0 + RG : R;
+    float sum[NV][V], wv[V];
+#pragma unroll
+    for (int c = 0; c < NV; c++)
+#pragma unroll
+        for (int k = 0; k < V; k++) sum[c][k] = 0;
+    for (int64_t b = r0; b < r1; b += RU * S) { // the same trip count in every slot: all lanes reach the shuffles
+        float dot[RU];
+#pragma unroll
+        for (int q = 0; q < RU; q++) {
+            int64_t i = b + q * S + slot, o = i * D;
+            dot[q] = 0;
+            if (i < r1)
+#pragma unroll
+                for (int c = 0; c < NV; c++) {
+                    int64_t j = (int64_t)(c * lpr + sub) * V;
+                    if (j < D) norm_dot<V, ONE_P, GATED>(dot[q], dy + o + j, x + o + j, z + o + j, w + j);
+                }
+        }
+#pragma unroll
+        for (int q = 0; q < RU; q++) dot[q] = group_sum(dot[q], lpr);
+#pragma unroll
+        for (int q = 0; q < RU; q++) {
+            int64_t i = b + q * S + slot, o = i * D;
+            if (i >= r1) continue;
+            float r = rstd[i], cr = dot[q] * r * r * r / (float)D;
+#pragma unroll
+            for (int c = 0; c < NV; c++) {
+                int64_t j = (int64_t)(c * lpr + sub) * V;
+                if (j >= D) continue;
+                norm_dx<V, ONE_P, GATED>(dx + o + j, dz + o + j, dy + o + j, x + o + j, z + o + j, w + j, r, cr, acc,
+                                         wv);
+#pragma unroll
+                for (int k = 0; k < V; k++) sum[c][k] += wv[k];
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < NV; c++) {
+        __syncthreads(); // the previous vector's tree has read red
+#pragma unroll
+        for (int k = 0; k < V; k++) red[k * NT + threadIdx.x] = sum[c][k];
+        for (int h = S / 2; h > 0; h >>= 1) {
+            __syncthreads();
+            if (slot < h)
+#pragma unroll
+                for (int k = 0; k < V; k++) red[k * NT + threadIdx.x] += red[k * NT + threadIdx.x + h * lpr];
+        }
+        int64_t j = (int64_t)(c * lpr + sub) * V;
+        if (slot == 0 && j < D) {
+#pragma unroll
+            for (int k = 0; k < V; k++) wv[k] = red[k * NT + threadIdx.x];
+            stv<V>(part + blockIdx.x * D + j, wv);
+        }
+    }
 }
 
 // RoPE on dims [off, off + 2·half) of each (token, head) row of d elements (ops_list.h): one thread per V pairs
@@ -235,10 +361,29 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     IS_F32(dw, "rmsnorm_backward");
     if (z.p) same_dt(z, x, "rmsnorm_backward"), same_dt(dz, x, "rmsnorm_backward");
     if (R == 0) return;
-    int G = colsum_groups(R, D);
-    float *part = colsum_part(D, G, "rmsnorm_backward");
     bool v8 = vec8_fits(D, dx.p, dy.p, x.p, w.p) && aligned16(z.p, dz.p);
-    int lpr = norm_lanes(D, v8 ? 8 : 1);
+    int width = v8 ? 8 : 1, lpr = norm_lanes(D, width);
+    int64_t nv = (D + (int64_t)lpr * width - 1) / ((int64_t)lpr * width); // the vectors of a lane
+    bool fused = nv <= NORM_DW_VECS && width * nv <= NORM_DW_COLS;
+    int G = colsum_groups(R, D, fused ? NORM_DW_GROUP_ROWS : 256);
+    float *part = colsum_part(D, G, "rmsnorm_backward");
+    if (fused) { // one kernel (dx, dz, ∂w's group sums), then the groups added in order
+        int64_t RG = (R + G - 1) / G;
+        V_SWITCH(v8, BOOL_SWITCH(
+                         a && a->one_plus, ONE_P,
+                         BOOL_SWITCH(
+                             z.p, GATED,
+                             DT_SWITCH(x.dt, T, "rmsnorm_backward",
+                                       DT_SWITCH(w.dt, TW, "rmsnorm_backward",
+                                                 NV_SWITCH(nv, rmsnorm_backward_fused_kernel<T, TW, ONE_P, GATED, V, NV>
+                                                           <<<(unsigned)G, norm_dw_threads(V, NV), 0, cuda_stream()>>>(
+                                                               part, (T *)dx.p, (T *)dz.p, (const T *)dy.p,
+                                                               (const T *)x.p, (const T *)z.p, (const TW *)w.p,
+                                                               (const float *)rstd.p, R, D, RG, lpr, accumulate)))))));
+        CUDA_LAUNCH_CHECK();
+        colsum_finish((float *)dw.p, part, G, D);
+        return;
+    }
     V_SWITCH(v8,
              BOOL_SWITCH(a && a->one_plus, ONE_P,
                          BOOL_SWITCH(z.p, GATED,
