@@ -206,13 +206,13 @@ static void log_step(TrainLog *lg, const Run *r, const StepStats *st, bool val, 
     fmt_thousands(tps, sizeof tps, st->tokens / st->seconds);
     double el = now_seconds() - lg->t_loop, eta_s = el / (r->step - lg->first_step) * (cfg->max_steps - r->step);
     fmt_duration(elapsed, sizeof elapsed, el), fmt_duration(eta, sizeof eta, eta_s);
-    double peak = peak_rss_bytes() / 1e9;
+    double peak = peak_rss_bytes() / 1e9, gpu_peak = gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0; // (one device query)
     printf("step %08d/%08d | loss %.4f", r->step, cfg->max_steps, st->loss);
     if (val) printf(" | val-loss %.4f", val_loss);
     if (cfg->moe_load_balance_coef > 0) printf(" | lb %.6f", st->lb);
     printf(" | lr %.6e | grad-norm %.4f | tokens/s %s | step-time %.3f s | elapsed %s | eta %s | peak-mem %.2f GB",
            st->lr, st->grad_norm, tps, st->seconds, elapsed, eta, peak);
-    if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", ops_cuda_peak_bytes() / 1e9, lg->plan_total / 1e9);
+    if (gpu) printf(" | gpu-peak-mem %.3f GB (plan %.3f GB)", gpu_peak, lg->plan_total / 1e9);
     if (ep)
         printf(" | ep-load %.3f | %s %.0f rows", st->ep_load, cfg->parallel.ep_drop_tokens ? "ep-dropped" : "ep-over",
                st->ep_over);
@@ -226,11 +226,9 @@ static void log_step(TrainLog *lg, const Run *r, const StepStats *st, bool val, 
     if (val) keys[n] = "val_loss", vals[n++] = val_loss;
     const char *rest[] = {"lb_loss",   "lr",    "grad_norm", "tokens_per_s", "step_time_s",
                           "elapsed_s", "eta_s", "fwdbwd_s",  "peak_mem_gb",  "gpu_peak_gb"};
-    double restv[] = {st->lb,        st->lr,
-                      st->grad_norm, st->tokens / st->seconds,
-                      st->seconds,   el,
-                      eta_s,         st->fwdbwd_seconds,
-                      peak,          gpu ? ops_cuda_peak_bytes() / 1e9 : 0.0};
+    double restv[] = {st->lb,      st->lr,  st->grad_norm, st->tokens / st->seconds,
+                      st->seconds, el,      eta_s,         st->fwdbwd_seconds,
+                      peak,        gpu_peak};
     for (int k = 0; k < 10; k++) keys[n] = rest[k], vals[n++] = restv[k];
     if (ep) { // expert capacity (docs/architecture.md, "Expert capacity")
         keys[n] = "ep_load", vals[n++] = st->ep_load;

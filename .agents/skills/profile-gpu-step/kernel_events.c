@@ -1,7 +1,7 @@
 // kernel_events.c — an LD_PRELOAD library that times every GPU call of a process with CUDA events: each kernel
 // launch (pith's own kernels: __cudaLaunchKernel, and cudaLaunchKernel of older toolkits), each cuBLASLt matmul,
 // each cuBLAS grouped GEMM and each cuDNN graph execution is bracketed by two events recorded on its stream.
-// Finished pairs are read back as later calls arrive (cudaEventQuery, no sync on the way) and summed per name; at
+// Finished pairs are read back by a thread of its own (cudaEventQuery, no sync on the way) and summed per name; at
 // exit the table (name, calls, total ms) goes to $PITH_KERNEL_EVENTS (a file), "calls<TAB>ms<TAB>name" lines.
 // Two more lines: "#gpu-busy" (pairs, ms) is the union of every pair's interval on any stream — the time some
 // timed call was in progress — and "#host-waits" (calls, ms of host time) counts cudaStreamSynchronize,
@@ -38,7 +38,7 @@ typedef struct {
 } Entry;
 typedef struct {
     cudaEvent_t a, b;
-    int entry;
+    int entry, ended; // ended: b is recorded (until then b may still hold a recycled event's earlier time)
 } Pending;
 
 static Entry entries[MAX_NAMES];
@@ -62,6 +62,7 @@ static int marker = -1; // the entry of $PITH_KERNEL_EVENTS_STEP's kernel, once 
 static float *marks;    // its launches' start times (ms after ref)
 static long nmarks, capmarks;
 
+static int device, done; // the launching thread's device; done: the table is written (the reader stops)
 static __thread int depth; // > 0 inside a library call we time: its own launches are not counted again
 
 // The next definition of a function we wrap (REAL), or the process's definition of one we call (RT), looked up once.
@@ -86,30 +87,41 @@ static int entry_of(const void *key, const char *name) {
     return nentries++;
 }
 
-// Reads back finished pairs (all of them when wait).
-static void harvest(int wait) {
-    while (count) {
-        Pending *p = &ring[head];
-        if (wait) REAL(cudaEventSynchronize)(p->b);
-        else if (RT(cudaEventQuery)(p->b) != cudaSuccess) return;
-        float ms = 0, t0 = 0, t1 = 0;
-        if (RT(cudaEventElapsedTime)(&ms, p->a, p->b) == cudaSuccess)
-            entries[p->entry].ms += ms, entries[p->entry].calls++;
-        if (RT(cudaEventElapsedTime)(&t0, ref, p->a) == cudaSuccess &&
-            RT(cudaEventElapsedTime)(&t1, ref, p->b) == cudaSuccess) {
-            if (nspans == capspans) {
-                capspans = capspans ? 2 * capspans : 65536;
-                spans = realloc(spans, capspans * sizeof *spans);
-            }
-            spans[nspans] = (Span){{t0, t1}, p->entry}, nspans++;
-            if (p->entry == marker) {
-                if (nmarks == capmarks)
-                    capmarks = capmarks ? 2 * capmarks : 1024, marks = realloc(marks, capmarks * sizeof *marks);
-                marks[nmarks++] = t0;
-            }
+// A finished pair's times (ms: its length; t: start and end after ref); false where the events give none.
+static int pair_times(const Pending *p, float *ms, float t[2]) {
+    *ms = -1;
+    if (RT(cudaEventElapsedTime)(ms, p->a, p->b) != cudaSuccess) *ms = -1;
+    return RT(cudaEventElapsedTime)(&t[0], ref, p->a) == cudaSuccess &&
+           RT(cudaEventElapsedTime)(&t[1], ref, p->b) == cudaSuccess;
+}
+
+// The head pair, finished, into the sums, spans and marks (under mu); its events go back to the spares.
+static void pair_record(float ms, const float t[2], int has_t) {
+    Pending *p = &ring[head];
+    if (ms >= 0) entries[p->entry].ms += ms, entries[p->entry].calls++;
+    if (has_t) {
+        if (nspans == capspans) {
+            capspans = capspans ? 2 * capspans : 65536;
+            spans = realloc(spans, capspans * sizeof *spans);
         }
-        spare[nspare++] = p->a, spare[nspare++] = p->b;
-        head = (head + 1) % MAX_PENDING, count--;
+        spans[nspans] = (Span){{t[0], t[1]}, p->entry}, nspans++;
+        if (p->entry == marker) {
+            if (nmarks == capmarks)
+                capmarks = capmarks ? 2 * capmarks : 1024, marks = realloc(marks, capmarks * sizeof *marks);
+            marks[nmarks++] = t[0];
+        }
+    }
+    spare[nspare++] = p->a, spare[nspare++] = p->b;
+    head = (head + 1) % MAX_PENDING, count--;
+}
+
+// Reads back every pair, waiting for each (under mu: at exit, and when the ring is full).
+static void harvest_all(void) {
+    while (count && ring[head].ended) {
+        float ms, t[2];
+        REAL(cudaEventSynchronize)(ring[head].b);
+        int has_t = pair_times(&ring[head], &ms, t);
+        pair_record(ms, t, has_t);
     }
 }
 
@@ -189,7 +201,7 @@ static void write_windows(const char *path) {
 
 static void write_table(void) {
     pthread_mutex_lock(&mu);
-    harvest(1);
+    harvest_all(), done = 1;
     const char *path = getenv("PITH_KERNEL_EVENTS");
     FILE *f = path ? fopen(path, "w") : stderr;
     if (f) {
@@ -213,6 +225,32 @@ static cudaEvent_t event(void) {
     return e;
 }
 
+// The reader thread: finished pairs are read back off the launching thread, and the lock is held only to look at
+// the ring and to record a pair, not across the CUDA calls that read its times; so neither a launch nor the first
+// call after a host wait pays for the pairs that finished meanwhile (read back on the launching thread, a step's
+// backlog showed as an idle gap after each sync). harvest_all may take the head meanwhile: a pair is recorded once.
+static void *reader(void *arg) {
+    (void)arg;
+    RT(cudaSetDevice)(device);
+    for (;;) {
+        pthread_mutex_lock(&mu);
+        if (done) break;
+        Pending p = count && ring[head].ended ? ring[head] : (Pending){0};
+        pthread_mutex_unlock(&mu);
+        float ms, t[2];
+        if (!p.ended || RT(cudaEventQuery)(p.b) != cudaSuccess) {
+            nanosleep(&(struct timespec){0, 50000}, NULL);
+            continue;
+        }
+        int has_t = pair_times(&p, &ms, t);
+        pthread_mutex_lock(&mu);
+        if (!done && count && ring[head].a == p.a && ring[head].b == p.b) pair_record(ms, t, has_t); // (else taken)
+        pthread_mutex_unlock(&mu);
+    }
+    pthread_mutex_unlock(&mu);
+    return NULL;
+}
+
 // Records the first event of a call on stream s; returns its ring slot (or -1).
 static int begin(cudaStream_t s, int entry) {
     pthread_mutex_lock(&mu);
@@ -220,11 +258,13 @@ static int begin(cudaStream_t s, int entry) {
         registered = 1, atexit(write_table);
         RT(cudaEventCreateWithFlags)(&ref, cudaEventDefault);
         RT(cudaEventRecord)(ref, s);
+        pthread_t t;
+        RT(cudaGetDevice)(&device);
+        if (!pthread_create(&t, NULL, reader, NULL)) pthread_detach(t);
     }
-    harvest(0);
-    if (count == MAX_PENDING) harvest(1);
+    if (count == MAX_PENDING) harvest_all();
     int slot = (head + count) % MAX_PENDING;
-    ring[slot] = (Pending){event(), event(), entry};
+    ring[slot] = (Pending){event(), event(), entry, 0};
     RT(cudaEventRecord)(ring[slot].a, s);
     count++;
     pthread_mutex_unlock(&mu);
@@ -233,6 +273,7 @@ static int begin(cudaStream_t s, int entry) {
 static void end(int slot, cudaStream_t s) {
     pthread_mutex_lock(&mu);
     RT(cudaEventRecord)(ring[slot].b, s);
+    ring[slot].ended = 1;
     pthread_mutex_unlock(&mu);
 }
 
@@ -246,8 +287,8 @@ static int kernel_entry(const void *k) {
     const char *name = NULL;
     char buf[160];
     if (RT(cudaFuncGetName)(&name, k) != cudaSuccess || !name) name = "(unnamed kernel)";
-    // _Z<len><identifier>...: the identifier and its integer template arguments (I Li3E Li128E … E, shown as
-    // <3,128,…>: the instances of one template apart), parameter types dropped
+    // _Z<len><identifier>...: the identifier and its integer and bool template arguments (I Li3E Lb1E … E, shown as
+    // <3,1,…>: the instances of one template apart), parameter types dropped
     if (name[0] == '_' && name[1] == 'Z') {
         char *e, *q;
         long n = strtol(name + 2, &e, 10);
@@ -256,7 +297,7 @@ static int kernel_entry(const void *k) {
             const char *t = e + n;
             int k = 0;
             if (*t == 'I')
-                for (t++; t[0] == 'L' && t[1] == 'i' && len < 140; t = q + 1, k++) {
+                for (t++; t[0] == 'L' && (t[1] == 'i' || t[1] == 'b') && len < 140; t = q + 1, k++) {
                     long v = strtol(t + 2, &q, 10);
                     if (*q != 'E') break;
                     len += snprintf(buf + len, sizeof buf - len, "%c%ld", k ? ',' : '<', v);
