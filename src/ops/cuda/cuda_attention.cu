@@ -260,12 +260,13 @@ __global__ void __launch_bounds__(ATT_ROWS *TPR)
 }
 
 // dsinks[h] += −Σ_(b, i) e^(sinks_h − lse_i)·(dout_i·o_i) in two passes, deterministic. Pass 1: G blocks (G from the
-// row count alone, sinks_blocks), block g taking the rows g·rpb .. (g + 1)·rpb − 1; its SINK_WARPS warps take
-// SINK_RB consecutive rows at a time (their loads in flight together) and read them whole, V elements a lane (16-byte
-// loads with V = 8). A head's DV/V vectors belong to an aligned group of L lanes (L a power of two ≤ 32, so a group's
-// sum is a log2(L)-step shuffle; 32/L heads a pass over the row); the group's first lane adds e^(sinks_h − lse)·dot
-// to its warp's sum for head h in shared memory, in row order. The warps' sums are added in warp order into
-// part[g·nh + h]. Pass 2 (colsum_finish) adds Σ_g part[g·nh + h], g = 0, 1, … in order, to dsinks[h].
+// row count alone: colsum_groups, up to SINK_BLOCKS, each warp a step of SINK_RB rows at least), block g taking the
+// rows g·rpb .. (g + 1)·rpb − 1; its SINK_WARPS warps take SINK_RB consecutive rows at a time (their loads in flight
+// together) and read them whole, V elements a lane (16-byte loads with V = 8). A head's DV/V vectors belong to an
+// aligned group of L lanes (L a power of two ≤ 32, so a group's sum is a log2(L)-step shuffle; 32/L heads a pass over
+// the row); the group's first lane adds e^(sinks_h − lse)·dot to its warp's sum for head h in shared memory, in row
+// order. The warps' sums are added in warp order into part[g·nh + h]. Pass 2 (colsum_finish) adds
+// Σ_g part[g·nh + h], g = 0, 1, … in order, to dsinks[h].
 #define SINK_BLOCKS 256 // pass-1 blocks at most
 #define SINK_WARPS 8
 #define SINK_RB 4 // rows a warp takes at a time
@@ -319,14 +320,6 @@ __global__ void __launch_bounds__(SINK_WARPS * 32)
         for (int w = 0; w < SINK_WARPS; w++) s += wsum[w * nh + h];
         part[blockIdx.x * (int64_t)nh + h] = s;
     }
-}
-// The pass-1 blocks for R rows of nh heads: up to SINK_BLOCKS, no more than give each warp a step of SINK_RB rows, as
-// many as the small pool holds partials of.
-static int sinks_blocks(int64_t R, int nh) {
-    int64_t g = (R + SINK_WARPS * SINK_RB - 1) / (SINK_WARPS * SINK_RB), fit = (int64_t)(CUDA_SMALL_BYTES / 4) / nh;
-    g = g > SINK_BLOCKS ? SINK_BLOCKS : g;
-    g = g > fit ? fit : g;
-    return g < 1 ? 1 : (int)g;
 }
 
 // The sinks after a forward that had none (cuDNN's): with L0 = lse_i of the visible keys alone, the sink adds
@@ -489,7 +482,8 @@ void cuda_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dsinks, Ten
         return;
     }
     if (dsinks.p && DV > 0) { // pass 1's partials in the small pool, read by pass 2 at once
-        int64_t R = (int64_t)B * p.Sq, g = sinks_blocks(R, p.nh), rpb = (R + g - 1) / g;
+        int64_t R = (int64_t)B * p.Sq, g = colsum_groups(R, p.nh, SINK_WARPS * SINK_RB, SINK_BLOCKS),
+                rpb = (R + g - 1) / g;
         int G = (int)((R + rpb - 1) / rpb);
         float *part = colsum_part(p.nh, G, "attention_backward (sinks)");
         size_t smem = (size_t)SINK_WARPS * p.nh * sizeof(float);

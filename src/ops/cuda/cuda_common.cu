@@ -86,9 +86,9 @@ void zero_empty_experts(float *dw, const int64_t *offs, int64_t E, int64_t nk) {
     CUDA_LAUNCH_CHECK();
 }
 
-int colsum_groups(int64_t R, int64_t N, int64_t min_rows) {
+int colsum_groups(int64_t R, int64_t N, int64_t min_rows, int64_t max_groups) {
     int64_t g = (R + min_rows - 1) / min_rows, fit = (int64_t)(CUDA_SMALL_BYTES / sizeof(float)) / (N > 0 ? N : 1);
-    g = g > 128 ? 128 : g;
+    g = g > max_groups ? max_groups : g;
     g = g > fit ? fit : g;
     return g < 1 ? 1 : (int)g;
 }

@@ -69,10 +69,10 @@ extern size_t gemm_side_bytes; // cuBLASLt workspaces of the expert weight-gradi
 // ---- column sums in a fixed order: no float atomics, the same bits in every run ----
 // A column-sum kernel (a norm's weight gradient, a bias gradient) splits the R rows into G groups (grid.y) and
 // writes group g's sums of columns j to part[g·N + j]; colsum_finish then adds Σ_g part[g·N + j], g = 0, 1, … in
-// order, to out[j]. G (colsum_groups) follows the shape only — up to 128 groups of at least min_rows rows (256; a
-// kernel whose blocks are its groups asks for fewer, to have more blocks), as many as fit the small pool — and part is
-// the small pool (colsum_part), so nothing is allocated.
-int colsum_groups(int64_t R, int64_t N, int64_t min_rows = 256);
+// order, to out[j]. G (colsum_groups) follows the shape only — up to max_groups (128) groups of at least min_rows
+// rows (256; a kernel whose blocks are its groups asks for fewer, to have more blocks), as many as fit the small
+// pool — and part is the small pool (colsum_part), so nothing is allocated.
+int colsum_groups(int64_t R, int64_t N, int64_t min_rows = 256, int64_t max_groups = 128);
 float *colsum_part(int64_t N, int G, const char *what);
 void colsum_finish(float *out, const float *part, int G, int64_t N);
 // The body of a column-sum kernel: a block of 32 columns × 8 row lanes, column j = blockIdx.x·32 + threadIdx.x summing

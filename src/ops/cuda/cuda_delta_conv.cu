@@ -65,7 +65,7 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 // right-aligned in KT (4 or CONV_MAX_K, the smallest that holds K; zeros before them), so every register index is a
 // constant: u[p] = Σ_j w'[j]·x[p − KT + 1 + j], the zero taps adding exact zeros in the CPU's order.
 // The backward's weight gradient, in a fixed order: a block is CONV_TY run lanes (threadIdx.y) × 32 threads of
-// channels and grid.y holds G run groups (conv_groups, from the shape alone); the runs are dealt to the G·CONV_TY
+// channels and grid.y holds G run groups (colsum_groups, from the shape alone); the runs are dealt to the G·CONV_TY
 // lanes in turn, each thread summing its own in order; a block adds its lanes' sums in lane order into
 // part[g·C·K + c·K + j] (the small pool), and colsum_finish adds Σ_g part[g·C·K + ·], g = 0, 1, … in order, to dw.
 // The halo (context parallelism: the K − 1 rows before each sequence, (B·(K−1), C); NULL: zeros) stands in for the
@@ -286,15 +286,8 @@ static bool conv_pairs(ConvShape s, DType dt, const void *a, const void *b, cons
     uintptr_t m = 2 * dtype_size(dt) - 1;
     return s.C % 2 == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & m);
 }
-// The run groups of the backward (grid.y): up to CONV_GROUPS, no more than the runs fill, as many as the small pool
-// holds partials of.
-static int conv_groups(ConvShape s, int V) {
-    int64_t runs = s.B * ((s.S + CONV_RUN / V - 1) / (CONV_RUN / V)), g = (runs + CONV_TY - 1) / CONV_TY,
-            fit = (int64_t)(CUDA_SMALL_BYTES / sizeof(float)) / (s.C * s.K > 0 ? s.C * s.K : 1);
-    g = g > CONV_GROUPS ? CONV_GROUPS : g;
-    g = g > fit ? fit : g;
-    return g < 1 ? 1 : (int)g;
-}
+// The runs of V channels a thread: B·⌈S / (CONV_RUN / V)⌉.
+static int64_t conv_runs(ConvShape s, int V) { return s.B * ((s.S + CONV_RUN / V - 1) / (CONV_RUN / V)); }
 
 void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
     ConvShape s = conv_shape(x, w, halo, pos, B, "conv1d_silu_forward");
@@ -302,7 +295,7 @@ void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor 
     same_dt(y, x, "conv1d_silu_forward");
     if (t_rows(x) == 0) return;
     PAIR_SWITCH(conv_pairs(s, x.dt, y.p, x.p, halo.p, NULL, NULL), {
-        int64_t threads = (s.C + V - 1) / V, runs = s.B * ((s.S + CONV_RUN / V - 1) / (CONV_RUN / V));
+        int64_t threads = (s.C + V - 1) / V, runs = conv_runs(s, V);
         dim3 grid((unsigned)((threads + CONV_THREADS - 1) / CONV_THREADS), (unsigned)(runs < 64 ? runs : 64));
         DT_SWITCH(x.dt, T, "conv1d_silu_forward",
                   DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
@@ -325,7 +318,7 @@ void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Te
     if (dhalo.p) same_dt(dhalo, x, "conv1d_silu_backward");
     if (t_rows(x) == 0) return;
     PAIR_SWITCH(conv_pairs(s, x.dt, dx.p, dhalo.p, dy.p, x.p, halo.p), {
-        int G = conv_groups(s, V);
+        int G = colsum_groups(conv_runs(s, V), s.C * s.K, CONV_TY, CONV_GROUPS); // run groups: grid.y
         float *part = colsum_part(s.C * s.K, G, "conv1d_silu_backward");
         dim3 grid((unsigned)(((s.C + V - 1) / V + 31) / 32), (unsigned)G), block(32, CONV_TY);
         DT_SWITCH(x.dt, T, "conv1d_silu_backward",

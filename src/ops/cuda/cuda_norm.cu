@@ -129,17 +129,15 @@ __global__ void rmsnorm_dw_kernel(float *part, const T *dy, const T *x, const T 
 
 // The backward with ∂w fused, so that dy, x and z are read once: a lane owns NV vectors of V columns (NV = 1 or 2
 // with 8-wide vectors: up to 512 columns; 1, 2, 4 or 8 single columns: up to 256) and holds their ∂w sums in
-// registers. Each
-// block is one row group, of at least NORM_DW_GROUP_ROWS rows (colsum_groups), so up to 128 blocks share all but the
-// shortest inputs, and the loads in flight come from within a block: norm_dw_threads(V, NV) threads (more where a lane
-// holds fewer sums) and norm_dw_rows rows a slot at a time where the registers allow.
+// registers. Each block is one row group, of at least NORM_DW_GROUP_ROWS rows (colsum_groups), so up to 128 blocks
+// share all but the shortest inputs, and the loads in flight come from within a block: norm_dw_threads(V, NV) threads
+// (more where a lane holds fewer sums) and, ungated (fewer registers), 2 rows a slot at a time.
 // A lane sums at most NORM_DW_COLS columns (so 8-wide vectors take rows up to 512 here): at wider rows the G blocks
 // of one group each hold too few loads in flight, and the two kernels are faster (bench/results/2026-12-04-s27).
 #define NORM_DW_VECS 8
 #define NORM_DW_COLS 16
 #define NORM_DW_GROUP_ROWS 32
 static constexpr int norm_dw_threads(int v, int nv) { return v * nv <= 8 ? 1024 : 512; }
-static constexpr int norm_dw_rows(int v, int nv, bool gated) { return gated ? 1 : 2; }
 // Runs BODY with NV the smallest of 1, 2, 4 and 8 (NORM_DW_VECS) that is at least nv, and at most NORM_DW_COLS / V
 // (the caller's nv is within both: the larger values are no instances of their own).
 #define NV_CAP(n) ((n) < NORM_DW_COLS / V ? (n) : NORM_DW_COLS / V)
@@ -171,8 +169,8 @@ template <typename T, typename TW, bool ONE_P, bool GATED, int V, int NV>
 __global__ void __launch_bounds__(norm_dw_threads(V, NV))
     rmsnorm_backward_fused_kernel(float *part, T *dx, T *dz, const T *dy, const T *x, const T *z, const TW *w,
                                   const float *rstd, int64_t R, int64_t D, int64_t RG, int lpr, bool acc) {
-    constexpr int NT = norm_dw_threads(V, NV), RU = norm_dw_rows(V, NV, GATED);
-    __shared__ float red[V * NT]; // red[k·NT + t]: element k of thread t's vector
+    constexpr int NT = norm_dw_threads(V, NV), RU = GATED ? 1 : 2; // rows a slot at a time
+    __shared__ float red[V * NT];                                  // red[k·NT + t]: element k of thread t's vector
     int sub = threadIdx.x % lpr, slot = threadIdx.x / lpr, S = NT / lpr;
     int64_t r0 = blockIdx.x * RG, r1 = r0 + RG < R ? r0 + RG : R;
     float sum[NV][V], wv[V];
