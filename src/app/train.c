@@ -274,10 +274,11 @@ static void check_nonfinite(TrainLog *lg, const Run *r, const StepStats *st) {
 // returns true when the run stops here.
 static bool save_or_stop(TrainLog *lg, Run *r) {
     const TrainConfig *cfg = &r->cfg;
-    const char *name = got_signal == SIGINT ? "SIGINT" : got_signal == SIGUSR1 ? "SIGUSR1" : "SIGTERM";
     double sig[2] = {got_signal == SIGTERM || got_signal == SIGINT, got_signal == SIGUSR1};
     if (got_signal != SIGINT) got_signal = 0; // (an interrupt stays seen: a second one stops at once)
     comm_allreduce(&r->dist.world, tensor_make(sig, DT_F64, DEV_CPU, 1, 2, 1, 1, 1), COMM_SUM);
+    // Named by the summed flags: a signal seen on another rank only is the one this rank reports too.
+    const char *name = sig[0] > 0 ? (got_signal == SIGINT ? "SIGINT" : "SIGTERM") : "SIGUSR1";
     bool signalled = sig[0] > 0 || sig[1] > 0, save_now = signalled && cfg->save_location[0];
     if (signalled)
         printf("signal: %s after step %d%s\n", name, r->step,
