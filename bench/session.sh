@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # session.sh MODE... — a device call made of modes, from the repository root with .gpu carried: main's stripped binaries
-# (.gpu/bin/*.gz), a candidate tree's (.gpu/cand/*.gz: a candidate branch, named in .gpu/BUILT) and the
+# (.gpu/bin/*.gz or *.xz), a candidate tree's (.gpu/cand/: a candidate branch, named in .gpu/BUILT) and the
 # libraries the device lacks (.gpu/lib, scripts/pack_libs.sh). Logs go to /tmp/logs; $OUT/summary.txt and
 # $OUT/logs.tgz are rewritten after every mode, so a call cut short still returns what it finished.
 # MODEs, in the order given:
@@ -26,9 +26,20 @@ RET=${OUT:-/tmp/out}; OUT=/tmp/logs; D=.gpu; mkdir -p "$RET" "$OUT" build build-
 cat $D/BUILT 2>/dev/null | tee $OUT/summary.txt
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader | tee -a $OUT/summary.txt
 date -u | tee -a $OUT/summary.txt
-for f in $D/bin/*.gz; do b=build/$(basename "$f" .gz); gunzip -c "$f" >"$b"; chmod +x "$b"; done
-[ -d $D/cand ] && for f in $D/cand/*.gz; do b=build-cand/$(basename "$f" .gz); gunzip -c "$f" >"$b"; chmod +x "$b"; done
-for f in $D/lib/*.gz; do gunzip -c "$f" >/tmp/pithlib-$(basename "$f" .gz); done
+unpack() { # unpack DIR PREFIX: each DIR/NAME.gz or NAME.xz (xz: a third smaller) into PREFIXNAME
+    for f in $1/*.gz $1/*.xz; do
+        [ -e "$f" ] || continue
+        n=${f##*/}; n=$2${n%.*}
+        case $f in
+        *.xz) xz -dc "$f" >"$n" 2>/dev/null ||
+            python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' "$f" >"$n" ;;
+        *) gunzip -c "$f" >"$n" ;;
+        esac
+    done
+}
+unpack $D/bin build/; [ -d $D/cand ] && unpack $D/cand build-cand/
+chmod +x build/* build-cand/* 2>/dev/null
+unpack $D/lib /tmp/pithlib-
 export LD_LIBRARY_PATH=/tmp/pl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for i in 1 2 3 4 5; do # only the libraries the device lacks
     for m in $(ldd build/test_gpu | awk '/not found/ {print $1}' | sort -u); do

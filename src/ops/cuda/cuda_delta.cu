@@ -243,19 +243,26 @@ template <typename T, bool BWD> __global__ void delta_chunk_state_kernel(DeltaBu
             out[((int64_t)bh * dk + e / VT) * dv + y0 + e % VT] = St[e];
 }
 
-// One thread's end of a chunk's backward: S₁'s decay e^{c_L} (sd = ⟨S₀, dS₁⟩, and the kg terms z) into the last dc,
-// then dg (row stride ds) = the reverse cumulative sum of dc over the chunk's Le positions, restarted at each
-// document start (sg_i = i; its own dg is 0).
+// A chunk's end of the backward, called by the whole block: S₁'s decay e^{c_L} (sd = ⟨S₀, dS₁⟩, and the kg terms z)
+// into the last dc (thread 0), then dg (row stride ds) = the reverse cumulative sum of dc over the chunk's Le
+// positions, restarted at each document start (sg_i = i; its own dg is 0): thread i sums dc from its document's last
+// row down to i, the order of one thread walking the chunk backwards, so the bits do not depend on the block.
 template <bool DOCS = true, typename Z>
 __device__ void delta_dg(float *dg, int ds, double *dc, const double *cc, const int *sg, const Z *z, double sd,
                          int Le) {
-    double s = enter_decay<DOCS>(cc, sg, Le - 1) * sd;
-    for (int j = 0; j < Le; j++) s += z[j];
-    dc[Le - 1] += s, s = 0;
-    for (int i = Le - 1; i >= 0; i--) {
-        s += dc[i];
-        if (DOCS && sg[i] == i) s = 0;
-        dg[(int64_t)i * ds] = (float)s;
+    if (threadIdx.x == 0) {
+        double s = enter_decay<DOCS>(cc, sg, Le - 1) * sd;
+        for (int j = 0; j < Le; j++) s += z[j];
+        dc[Le - 1] += s;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < Le; i += blockDim.x) {
+        int e = i + 1; // one past the last row of i's document in the chunk
+        while (DOCS && e < Le && sg[e] != e) e++;
+        if (!DOCS) e = Le;
+        double s = 0;
+        for (int m = e - 1; m >= i; m--) s += dc[m];
+        dg[(int64_t)i * ds] = DOCS && sg[i] == i ? 0.0f : (float)s;
     }
 }
 
@@ -354,7 +361,7 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
         z[i] = kg;
     }
     __syncthreads();
-    if (threadIdx.x == 0) delta_dg(io.dg + tok0 * nv + h, nv, dc, cc, sg, z, sd, Le);
+    delta_dg(io.dg + tok0 * nv + h, nv, dc, cc, sg, z, sd, Le);
     for (int e = threadIdx.x; e < Le * dv; e += blockDim.x) {
         int i = e / dv, y = e % dv;
         st(dv_, ((tok0 + i) * nv + h) * dv + y, bb[i] * f.dBv[(row0 + i) * dv + y]);
@@ -387,6 +394,7 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
 #define TC_VT 64 // state columns per state-pass block
 #define LDD 136  // row stride (elements) of a 128-wide bf16 tile: 16 bytes of padding (cuda_mma.cuh)
 #define LDL 72   // of a 64-wide one
+#define LDP 68   // of tc_prep's fp32 A (64 wide): rows 16-byte aligned for its forward substitution's loads
 #define TC_THREADS 256
 
 // The scratch as the tensor-core kernels see it: bf16 data in the fp32 pieces' places (S₀ in bf16 in the second half
@@ -453,10 +461,26 @@ template <int M, int N, class F> __device__ __forceinline__ void tc_each(float (
         for (int q = 0; q < 4; q++) f(m0 + (q >> 1) * 8, n0 + 8 * j + (q & 1), acc[j][q]);
 }
 
-// dst[row] (shared) += Σ over the row of f(row, column, value): lane sums, then the 4 lanes of a row, then one
-// shared atomic per warp and row.
+// f(row, column, v0, v1) for each pair of this warp's accumulator elements at (row, column) and (row, column + 1),
+// column even: one 4- or 8-byte access where tc_each's would be two.
+template <int M, int N, class F> __device__ __forceinline__ void tc_pairs(float (&acc)[TcTile<M, N>::NT][4], F f) {
+    typedef TcTile<M, N> Tl;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int m0 = (warp % Tl::WM) * 16 + (lane >> 2), n0 = (warp / Tl::WM) * (N / Tl::WN) + 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < Tl::NT; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) f(m0 + 8 * h, n0 + 8 * j, acc[j][2 * h], acc[j][2 * h + 1]);
+}
+__device__ __forceinline__ void st2(bf16 *p, float a, float b) { *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b); }
+__device__ __forceinline__ void st2(float *p, float a, float b) { *(float2 *)p = make_float2(a, b); }
+
+// dst[row] (shared, zeroed) += Σ over the row of f(row, column, value): lane sums, then the 4 lanes of a row, then
+// one shared atomic per warp and row — at most two warps a row, and two adds onto zero give the same bits in either
+// order, so the sum does not depend on the schedule.
 template <int M, int N, class F>
 __device__ __forceinline__ void tc_rowsum(float *dst, float (&acc)[TcTile<M, N>::NT][4], F f) {
+    static_assert(TcTile<M, N>::WN <= 2, "a row's sum takes at most two atomic adds");
     int lane = threadIdx.x & 31, r0 = (threadIdx.x >> 5) % TcTile<M, N>::WM * 16 + (lane >> 2);
     float p[2] = {0.0f, 0.0f};
     tc_each<M, N>(acc, [&](int r, int c, float &x) { p[(r - r0) >> 3] += f(r, c, x); });
@@ -466,6 +490,42 @@ __device__ __forceinline__ void tc_rowsum(float *dst, float (&acc)[TcTile<M, N>:
         p[i] += __shfl_xor_sync(0xffffffffu, p[i], 2);
     }
     if ((lane & 3) == 0) atomicAdd(dst + r0, p[0]), atomicAdd(dst + r0 + 8, p[1]);
+}
+
+// Fixed-order fp64 sums over the accumulator tile, no atomics: rows[w·M + r] = Σ of fr(r, c, x) over warp column w's
+// part of row r (WN slots a row), cols[w·N + c] = Σ of fc(r, c, x) over warp row w's part of column c (WM slots a
+// column). Each slot has one writer, and its terms are added in one order: the caller adds the slots in order.
+template <int M, int N, class FR, class FC>
+__device__ __forceinline__ void tc_sums(double *rows, double *cols, float (&acc)[TcTile<M, N>::NT][4], FR fr, FC fc) {
+    typedef TcTile<M, N> Tl;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = warp % Tl::WM, wn = warp / Tl::WM;
+    int r0 = wm * 16 + (lane >> 2), c0 = wn * (N / Tl::WN) + 2 * (lane & 3);
+    double p[2] = {0.0, 0.0}, q[Tl::NT][2];
+#pragma unroll
+    for (int j = 0; j < Tl::NT; j++)
+#pragma unroll
+        for (int b = 0; b < 2; b++) {
+            int c = c0 + 8 * j + b;
+            p[0] += fr(r0, c, acc[j][b]), p[1] += fr(r0 + 8, c, acc[j][2 + b]);
+            q[j][b] = fc(r0, c, acc[j][b]) + fc(r0 + 8, c, acc[j][2 + b]);
+        }
+#pragma unroll
+    for (int h = 0; h < 2; h++) { // the 4 lanes of a row
+        p[h] += __shfl_xor_sync(0xffffffffu, p[h], 1);
+        p[h] += __shfl_xor_sync(0xffffffffu, p[h], 2);
+    }
+#pragma unroll
+    for (int j = 0; j < Tl::NT; j++) // the 8 lanes of a column
+#pragma unroll
+        for (int b = 0; b < 2; b++)
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) q[j][b] += __shfl_xor_sync(0xffffffffu, q[j][b], o);
+    if ((lane & 3) == 0) rows[wn * M + r0] = p[0], rows[wn * M + r0 + 8] = p[1];
+    if (lane < 4)
+#pragma unroll
+        for (int j = 0; j < Tl::NT; j++)
+#pragma unroll
+            for (int b = 0; b < 2; b++) cols[wm * N + c0 + 8 * j + b] = q[j][b];
 }
 
 // Starts the copy (cp.async, 16 bytes a piece) of a rows × W bf16 tile (row stride LD) from global rows r at
@@ -491,7 +551,7 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
     int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
     bf16 *Ks = (bf16 *)smb, *Qs = Ks + TC_L * LDD, *Vs = Qs + TC_L * LDD, *Tv = Vs + TC_L * LDD, *Tk = Tv + TC_L * LDL;
-    float *Am = (float *)(Tk + TC_L * LDL), *Ti = Am + TC_L * (TC_L + 1), *bb = Ti + TC_L * (TC_L + 1), *be = bb + TC_L;
+    float *Am = (float *)(Tk + TC_L * LDL), *Ti = Am + TC_L * LDP, *bb = Ti + TC_L * (TC_L + 1), *be = bb + TC_L;
     double *cc = (double *)(be + TC_L);
     int *sg = (int *)(cc + TC_L);
     int64_t ks = (int64_t)d.nk * TC_D;
@@ -523,7 +583,7 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
         float acc[TcTile<64, 64>::NT][4];
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Ks, Ks);
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
-            Am[r * (TC_L + 1) + c] = c < r && r < Le ? bb[r] * x * pair_decay<DOCS>(cc, sg, r, c) : 0.0f;
+            Am[r * LDP + c] = c < r && r < Le ? bb[r] * x * pair_decay<DOCS>(cc, sg, r, c) : 0.0f;
         });
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
         bf16 *Mb = f.M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
@@ -533,15 +593,23 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
     }
     __syncthreads();
     // Forward substitution by columns: column m of Tm solves its own triangular system, Ti_im = δ_im −
-    // Σ_{j<i} A_ij Ti_jm (Ti_jm = 0 for j < m), so thread m takes it alone, the column in registers.
+    // Σ_{j<i} A_ij Ti_jm (Ti_jm = 0 for j < m), so thread m takes it alone, the column in registers; each sum in
+    // four chains (j mod 4) over 16-byte rows of A, a quarter of one chain's latency.
     if (threadIdx.x < TC_L) {
         int m = threadIdx.x;
         float t[TC_L];
 #pragma unroll
         for (int i = 0; i < TC_L; i++) {
-            float s = i == m ? 1.0f : 0.0f;
+            const float *a = Am + i * LDP;
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int j = 0; j < i; j++) s -= Am[i * (TC_L + 1) + j] * t[j];
+            for (int j = 0; j < i / 4 * 4; j += 4) {
+                float4 v = *(const float4 *)(a + j);
+                p[0] += v.x * t[j], p[1] += v.y * t[j + 1], p[2] += v.z * t[j + 2], p[3] += v.w * t[j + 3];
+            }
+#pragma unroll
+            for (int j = i / 4 * 4; j < i; j++) p[j % 4] += a[j] * t[j];
+            float s = (i == m ? 1.0f : 0.0f) - ((p[0] + p[1]) + (p[2] + p[3]));
             t[i] = i >= m && i < Le ? s : 0.0f;
             Ti[i * (TC_L + 1) + m] = t[i];
         }
@@ -566,7 +634,7 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) f.cs[row0 + i] = cc[i];
 }
 #define TC_PREP_SMEM                                                                                                   \
-    ((3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (2 * TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 + TC_L * 4)
+    ((3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (TC_L * LDP + TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 + TC_L * 4)
 
 // One chunk's tiles of the state passes (one of two stages): W, q, k (64 × 128), M (64 × 64), and X: the chunk's dO
 // columns y0.. (64 × 64; the backward's).
@@ -623,15 +691,23 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
         TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
         chunk_decays<DOCS>(ec, eL, f.cs + row0, Le, TC_L, io.pos, tok0);
         float part = 0, u[TcTile<64, TC_VT>::NT][4]; // u: U in the accumulator's layout
-        tc_each<128, TC_VT>(S, [&](int x, int y, float &s) {
-            Sb[x * LDL + y] = __float2bfloat16(s);
-            if (BWD) f.dS1[sc + x * TC_D + y] = __float2bfloat16(s), part += s * f.S0f[sc + x * TC_D + y];
-            else if (f.S0) f.S0[sc + x * TC_D + y] = __float2bfloat16(s), f.S0f[sc + x * TC_D + y] = s;
+        tc_pairs<128, TC_VT>(S, [&](int x, int y, float &s0, float &s1) {
+            int64_t e = sc + x * TC_D + y;
+            st2(Sb + x * LDL + y, s0, s1);
+            if (BWD) {
+                float2 a = *(const float2 *)(f.S0f + e);
+                st2(f.dS1 + e, s0, s1), part += s0 * a.x, part += s1 * a.y;
+            } else if (f.S0) st2(f.S0 + e, s0, s1), st2(f.S0f + e, s0, s1);
         });
         if (BWD) {
             part = block_sum(part, red);
+            static_assert(TC_D / TC_VT <= 2, "sd: two column blocks add onto zero, one sum in either order");
             if (threadIdx.x == 0) atomicAdd(f.sd + cb, part);
-        } else tc_each<64, TC_VT>(u, [&](int i, int y, float &x) { x = f.U[(row0 + i) * TC_D + y0 + y]; });
+        } else
+            tc_pairs<64, TC_VT>(u, [&](int i, int y, float &x0, float &x1) {
+                float2 a = *(const float2 *)(f.U + (row0 + i) * TC_D + y0 + y);
+                x0 = a.x, x1 = a.y;
+            });
         if (m + 1 < d.NC) { // the last chunk's reads of that stage ended at the previous iteration's barrier
             load(BWD ? n - 1 : n + 1);
             cp_async_wait<1>();
@@ -646,10 +722,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
             tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.K, Sb);
             tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= eL[i]; });
             tc_mma<64, TC_VT, TC_L, true, true, LDL, LDL>(acc, c.M, c.X);
-            tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-                float v = i < Le ? x : 0.0f;
-                f.dVp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(v);
-                X2[i * LDL + y] = __float2bfloat16(-v);
+            tc_pairs<64, TC_VT>(acc, [&](int i, int y, float &x0, float &x1) {
+                float v0 = i < Le ? x0 : 0.0f, v1 = i < Le ? x1 : 0.0f;
+                st2(f.dVp + (row0 + i) * TC_D + y0 + y, v0, v1), st2(X2 + i * LDL + y, -v0, -v1);
             });
             __syncthreads();
             float eCL = ec[Le - 1];
@@ -659,18 +734,18 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
         } else {
             tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.W, Sb);
             tc_zip<64, TC_VT>(acc, u, [](float x, float y) { return y - x; });
-            tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-                float vp = i < Le ? x : 0.0f;
-                X1[i * LDL + y] = __float2bfloat16(vp), X2[i * LDL + y] = __float2bfloat16(eL[i] * vp);
-                if (f.Vp) f.Vp[(row0 + i) * TC_D + y0 + y] = __float2bfloat16(vp);
+            tc_pairs<64, TC_VT>(acc, [&](int i, int y, float &x0, float &x1) {
+                float v0 = i < Le ? x0 : 0.0f, v1 = i < Le ? x1 : 0.0f;
+                st2(X1 + i * LDL + y, v0, v1), st2(X2 + i * LDL + y, eL[i] * v0, eL[i] * v1);
+                if (f.Vp) st2(f.Vp + (row0 + i) * TC_D + y0 + y, v0, v1);
             });
             __syncthreads();
             if (io.o) {
                 tc_mm<64, TC_VT, TC_D, false, true, LDD, LDL>(acc, c.Q, Sb);
                 tc_each<64, TC_VT>(acc, [&](int i, int, float &x) { x *= ec[i]; });
                 tc_mma<64, TC_VT, TC_L, false, true, LDL, LDL>(acc, c.M, X1);
-                tc_each<64, TC_VT>(acc, [&](int i, int y, float &x) {
-                    if (i < Le) st((bf16 *)io.o, ((tok0 + i) * nv + h) * TC_D + y0 + y, x);
+                tc_pairs<64, TC_VT>(acc, [&](int i, int y, float &x0, float &x1) {
+                    if (i < Le) st2((bf16 *)io.o + ((tok0 + i) * nv + h) * TC_D + y0 + y, x0, x1);
                 });
             }
             float eCL = ec[Le - 1];
@@ -680,7 +755,9 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
         __syncthreads(); // every read of this chunk's tiles, Sb, X1, X2, ec and eL is done
     }
     if (out)
-        tc_each<128, TC_VT>(S, [&](int x, int y, float &s) { out[(int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y] = s; });
+        tc_pairs<128, TC_VT>(S, [&](int x, int y, float &s0, float &s1) {
+            st2(out + (int64_t)bh * TC_D * TC_D + x * TC_D + y0 + y, s0, s1);
+        });
 }
 #define TC_STATE_SMEM ((2 * TC_STAGE + TC_D * LDL + 2 * TC_L * LDL) * 2 + (2 * TC_L + 32) * 4)
 
@@ -702,9 +779,9 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_grad_kerne
          *dWs = dVs + TC_L * LDD, *dBvs = dWs + TC_L * LDD, *dBks = dBvs + TC_L * LDD;
     bf16 *Big = dBks + TC_L * LDD, *Tms = Big + TC_D * LDD, *Ds = Tms + TC_L * LDL, *ES = Ds + TC_L * LDL;
     float *Em = (float *)Big; // (64, 65) fp32 over Big once S₀ and dS₁ are done
-    double *cc = (double *)(ES + TC_L * LDL), *dc = cc + TC_L;
-    float *bb = (float *)(dc + TC_L), *r_pr = bb + TC_L, *r_pc = r_pr + TC_L, *r_bv = r_pc + TC_L, *r_bk = r_bv + TC_L,
-          *r_qg = r_bk + TC_L, *r_kg = r_qg + TC_L;
+    double *cc = (double *)(ES + TC_L * LDL), *dc = cc + TC_L, *part = dc + TC_L; // part: tc_sums' 2 + 4 slots
+    float *bb = (float *)(part + 6 * TC_L), *r_bv = bb + TC_L, *r_bk = r_bv + TC_L, *r_qg = r_bk + TC_L,
+          *r_kg = r_qg + TC_L;
     int *sg = (int *)(r_kg + TC_L);
     tc_copy<TC_D, LDD>(Qs, f.qh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
     tc_copy<TC_D, LDD>(Ks, f.kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
@@ -715,9 +792,9 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_grad_kerne
     tc_copy<TC_L, LDL>(Tms, f.Tm + cb * TC_L * TC_L, TC_L, TC_L, TC_L);
     cp_async_commit();
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) {
-        cc[i] = i < Le ? f.cs[row0 + i] : 0.0, dc[i] = 0, bb[i] = i < Le ? io.beta[(tok0 + i) * nv + h] : 0.0f;
+        cc[i] = i < Le ? f.cs[row0 + i] : 0.0, bb[i] = i < Le ? io.beta[(tok0 + i) * nv + h] : 0.0f;
         sg[i] = i < Le ? seg_start<DOCS>(io.pos, tok0, i) : -1;
-        r_pr[i] = r_pc[i] = r_bv[i] = r_bk[i] = r_qg[i] = r_kg[i] = 0.0f;
+        r_bv[i] = r_bk[i] = r_qg[i] = r_kg[i] = 0.0f;
     }
     cp_async_wait<0>();
     __syncthreads();
@@ -727,22 +804,26 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_grad_kerne
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(dm, X2, X3);
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(qk, Qs, Ks);
         tc_zip<64, 64>(qk, dm, [](float x, float y) { return x * y; }); // the layouts agree: dM_ij (q_i·k_j)
-        tc_each<64, 64>(qk, [&](int i, int j, float &x) {
-            if (j <= i && i < Le && (!DOCS || j >= sg[i])) {
-                double c = (double)x * expf((float)(cc[i] - cc[j]));
-                atomicAdd(dc + i, c), atomicAdd(dc + j, -c);
-            }
-        });
-        tc_each<64, 64>(dm, [&](int i, int j, float &x) {
-            Ds[i * LDL + j] = __float2bfloat16(i < Le ? x * pair_decay<DOCS>(cc, sg, i, j) : 0.0f);
+        auto term = [&](int i, int j, float x) {                        // to dc_i, and with a minus to dc_j
+            return j <= i && i < Le && (!DOCS || j >= sg[i]) ? (double)x * expf((float)(cc[i] - cc[j])) : 0.0;
+        };
+        tc_sums<64, 64>(part, part + 2 * TC_L, qk, term, term);
+        tc_pairs<64, 64>(dm, [&](int i, int j, float &x0, float &x1) {
+            st2(Ds + i * LDL + j, i < Le ? x0 * pair_decay<DOCS>(cc, sg, i, j) : 0.0f,
+                i < Le ? x1 * pair_decay<DOCS>(cc, sg, i, j + 1) : 0.0f);
         });
         tc_mm<64, 128, TC_D, false, false, LDD, LDD>(aq, X2, Big);
         tc_each<64, 128>(aq, [&](int i, int, float &x) { x *= i < Le ? enter_decay<DOCS>(cc, sg, i) : 0.0f; });
         tc_rowsum<64, 128>(r_qg, aq, [&](int i, int x, float g) { return g * bf(Qs, i * LDD + x); });
         tc_mm<64, 128, TC_D, false, false, LDD, LDD>(t, dVs, Big);
-        tc_each<64, 128>(t, [&](int i, int x, float &y) { dWs[i * LDD + x] = __float2bfloat16(-y); });
+        tc_pairs<64, 128>(t, [&](int i, int x, float &y0, float &y1) { st2(dWs + i * LDD + x, -y0, -y1); });
     }
     __syncthreads();
+    auto rsum = [&](int i) { return part[i] + part[TC_L + i]; }; // tc_sums' slots in order
+    auto csum = [&](int i) {
+        return ((part[2 * TC_L + i] + part[3 * TC_L + i]) + part[4 * TC_L + i]) + part[5 * TC_L + i];
+    };
+    for (int i = threadIdx.x; i < TC_L; i += blockDim.x) dc[i] = rsum(i) - csum(i);
     tc_copy<TC_D, LDD>(Big, f.dS1 + cb * TC_D * TC_D, TC_D, TC_D, TC_D);
     tc_copy<TC_D, LDD>(X2, f.Ub + row0 * TC_D, TC_D, TC_L, Le); // dO is done: U comes in for (3)
     cp_async_commit();
@@ -753,17 +834,18 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_grad_kerne
         tc_each<64, 128>(ak, [&](int i, int, float &x) { x *= i < Le ? pair_decay<DOCS>(cc, sg, Le - 1, i) : 0.0f; });
         tc_rowsum<64, 128>(r_kg, ak, [&](int i, int x, float g) { return g * bf(Ks, i * LDD + x); });
         tc_mm<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dVs);
-        tc_each<64, 128>(t, [&](int i, int y, float &x) {
-            if (i < Le) st(dv_, ((tok0 + i) * nv + h) * TC_D + y, bb[i] * x);
-            dBvs[i * LDD + y] = __float2bfloat16(x);
+        tc_pairs<64, 128>(t, [&](int i, int y, float &x0, float &x1) {
+            if (i < Le) st2(dv_ + ((tok0 + i) * nv + h) * TC_D + y, bb[i] * x0, bb[i] * x1);
+            st2(dBvs + i * LDD + y, x0, x1);
         });
         tc_rowsum<64, 128>(
             r_bv, t, [&](int i, int y, float x) { return i < Le ? x * ld(v, (tok0 + i) * vs + h * TC_D + y) : 0.0f; });
         tc_mm<64, 128, TC_L, true, true, LDL, LDD>(t, Tms, dWs);
         tc_rowsum<64, 128>(r_bk, t, [&](int i, int x, float y) { return y * bf(Ks, i * LDD + x); });
-        tc_each<64, 128>(t, [&](int i, int x, float &y) {
-            dBks[i * LDD + x] = __float2bfloat16(y);
-            y *= i < Le ? bb[i] * enter_decay<DOCS>(cc, sg, i) : 0.0f; // gk += β e^c dBk (t and ak share one layout)
+        tc_pairs<64, 128>(t, [&](int i, int x, float &y0, float &y1) {
+            st2(dBks + i * LDD + x, y0, y1);
+            float e = i < Le ? bb[i] * enter_decay<DOCS>(cc, sg, i) : 0.0f; // gk += β e^c dBk (t, ak: one layout)
+            y0 *= e, y1 *= e;
         });
         tc_zip<64, 128>(ak, t, [](float x, float y) { return x + y; });
     }
@@ -783,8 +865,9 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_grad_kerne
             x = -x * dec;
         });
         tc_zip<64, 64>(kk, da, [](float x, float y) { return x * y; });
-        tc_rowsum<64, 64>(r_pr, kk, [&](int, int, float p) { return p; });
-        tc_each<64, 64>(kk, [&](int i, int j, float &p) { atomicAdd(r_pc + j, bb[i] * p); });
+        tc_sums<64, 64>(
+            part, part + 2 * TC_L, kk, [](int, int, float p) { return (double)p; },
+            [&](int i, int, float p) { return (double)bb[i] * p; }); // Σ_j P_ij, Σ_i β_i P_ij
     }
     __syncthreads();
     for (int e = threadIdx.x; e < TC_L * TC_L; e += blockDim.x) {
@@ -796,22 +879,23 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_grad_kerne
     tc_mma<64, 128, TC_L, false, true, LDL, LDD>(aq, Ds, Ks);
     tc_mma<64, 128, TC_L, true, true, LDL, LDD>(ak, Ds, Qs);
     tc_mma<64, 128, TC_L, false, true, LDL, LDD>(ak, ES, Ks);
-    tc_each<64, 128>(aq, [&](int i, int x, float &y) {
-        if (i < Le) f.gq[((tok0 + i) * nv + h) * TC_D + x] = y;
+    tc_pairs<64, 128>(aq, [&](int i, int x, float &y0, float &y1) {
+        if (i < Le) st2(f.gq + ((tok0 + i) * nv + h) * TC_D + x, y0, y1);
     });
-    tc_each<64, 128>(ak, [&](int i, int x, float &y) {
-        if (i < Le) f.gk[((tok0 + i) * nv + h) * TC_D + x] = y;
+    tc_pairs<64, 128>(ak, [&](int i, int x, float &y0, float &y1) {
+        if (i < Le) st2(f.gk + ((tok0 + i) * nv + h) * TC_D + x, y0, y1);
     });
     __syncthreads();
     for (int i = threadIdx.x; i < Le; i += blockDim.x) {
         double eb = enter_decay<DOCS>(cc, sg, i) * (double)r_bk[i];
-        io.dbeta[(tok0 + i) * nv + h] = (float)(r_pr[i] + r_bv[i] + eb);
-        dc[i] += bb[i] * (double)r_pr[i] - r_pc[i] + bb[i] * eb + r_qg[i] - r_kg[i];
+        double pr = rsum(i);
+        io.dbeta[(tok0 + i) * nv + h] = (float)(pr + r_bv[i] + eb);
+        dc[i] += bb[i] * pr - csum(i) + bb[i] * eb + r_qg[i] - r_kg[i];
     }
     __syncthreads();
-    if (threadIdx.x == 0) delta_dg<DOCS>(io.dg + tok0 * nv + h, nv, dc, cc, sg, r_kg, (double)f.sd[cb], Le);
+    delta_dg<DOCS>(io.dg + tok0 * nv + h, nv, dc, cc, sg, r_kg, (double)f.sd[cb], Le);
 }
-#define TC_GRAD_SMEM ((8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 2 * TC_L * 8 + 8 * TC_L * 4)
+#define TC_GRAD_SMEM ((8 * TC_L * LDD + TC_D * LDD + 3 * TC_L * LDL) * 2 + 8 * TC_L * 8 + 6 * TC_L * 4)
 
 // One warp per (token, key head): sums the value heads' gradients w.r.t. the normalised vector and applies the
 // normalisation's backward: ∂x = c·(r·γ − x·r³·(x·γ)) (c·γ without l2). The first 32·FINISH_REGS elements of a
