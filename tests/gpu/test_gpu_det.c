@@ -2,8 +2,7 @@
 // the same bits. Each family's small model (bf16, head dims cuDNN would take, enough rows that atomics would collide:
 // a norm's row groups, repeated tokens, a load-balancing loss, two micro-batches per step) trains 4 steps twice; the
 // loss and grad_norm of every metrics.jsonl line and the final checkpoint (weights and AdamW moments) must be equal
-// byte for byte. Qwen3.5 is not here: its delta rule kernels still add with atomics (docs/architecture.md). The same
-// comparison holds asynchronous checkpoints against synchronous ones (gpu_det_async_checkpoint).
+// byte for byte. The same comparison holds asynchronous checkpoints against synchronous ones (gpu_det_async_checkpoint).
 #include "gpu_test.h"
 
 // HF config.json bodies (after the model_type): small, but the shapes of the benchmarks' code paths.
@@ -31,6 +30,15 @@ static const char *const gpt_oss_model =
     " \"rms_norm_eps\": 1e-5, \"rope_theta\": 150000, \"rope_scaling\": {\"beta_fast\": 32.0, \"beta_slow\": 1.0,"
     " \"factor\": 32.0, \"original_max_position_embeddings\": 4096, \"rope_type\": \"yarn\", \"truncate\": false},"
     " \"max_position_embeddings\": 131072, \"router_aux_loss_coef\": 0.9, \"tie_word_embeddings\": false";
+// Qwen3.5: DeltaNet heads of 128 (the tensor-core delta rule), a full-attention layer, a shared expert.
+static const char *const qwen3_5_model =
+    "\"qwen3_5_moe_text\", \"hidden_size\": 256, \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+    " \"num_key_value_heads\": 2, \"head_dim\": 64, \"vocab_size\": 512, \"num_experts\": 8,"
+    " \"num_experts_per_tok\": 2, \"moe_intermediate_size\": 128, \"shared_expert_intermediate_size\": 128,"
+    " \"linear_num_key_heads\": 2, \"linear_num_value_heads\": 4, \"linear_key_head_dim\": 128,"
+    " \"linear_value_head_dim\": 128, \"linear_conv_kernel_dim\": 4, \"rms_norm_eps\": 1e-6,"
+    " \"layer_types\": [\"linear_attention\", \"full_attention\"], \"tie_word_embeddings\": false,"
+    " \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.25}";
 
 // The "loss" and "grad_norm" values of every line of a metrics.jsonl, as written (the text is the bits).
 static void metric_texts(const char *path, char *out, size_t cap) {
@@ -86,6 +94,7 @@ static void det_twice(const char *name, const char *model, const char *both, con
 TEST(gpu_det_qwen3_moe) { det_twice("qwen3_moe", qwen3_model, "", ""); }
 TEST(gpu_det_deepseek_v2) { det_twice("deepseek_v2", dsv2_model, "", ""); }
 TEST(gpu_det_gpt_oss) { det_twice("gpt_oss", gpt_oss_model, "", ""); }
+TEST(gpu_det_qwen3_5_moe) { det_twice("qwen3_5_moe", qwen3_5_model, "", ""); }
 // checkpoint.async on the GPU (the pinned snapshot arena, the copy stream beside the next step, the update and the
 // writer thread waiting for it): a save every step, fp32 and bf16 moments, the bytes of synchronous saving.
 TEST(gpu_det_async_checkpoint) {

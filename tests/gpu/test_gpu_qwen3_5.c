@@ -337,6 +337,43 @@ TEST(gpu_op_delta_rule_128) {
     gpu_report();
 }
 
+// The tensor-core delta rule twice on the same inputs gives the same bits (docs/architecture.md, "Determinism": its
+// sums run in a fixed order), at a size where many blocks run at once: 2 × 1024 tokens, 16 value heads of 128 over 4
+// key heads, states in and out, document masks.
+TEST(gpu_op_delta_rule_repeat) {
+    gpu_begin();
+    int B = 2;
+    int64_t S = 1024, T = B * S, nk = 4, nv = 16, D = 128;
+    float *gh = xmalloc(T * nv * 4), *bh = xmalloc(T * nv * 4);
+    fill_normal(gh, T * nv, 1), fill_normal(bh, T * nv, 1);
+    for (int64_t i = 0; i < T * nv; i++) gh[i] = -log1pf(expf(2 * gh[i] - 1)), bh[i] = 1 / (1 + expf(-2 * bh[i]));
+    Pair q = pair_rand(DT_BF16, 1, 3, T, nk, D, 0), k = pair_rand(DT_BF16, 1, 3, T, nk, D, 0),
+         v = pair_rand(DT_BF16, 1, 3, T, nv, D, 0), dout = pair_rand(DT_BF16, 1, 3, T, nv, D, 0),
+         g = pair_from(DT_F32, gh, 2, T, nv, 0, 0), be = pair_from(DT_F32, bh, 2, T, nv, 0, 0),
+         s0 = pair_rand(DT_F32, 0.5f, 4, B, nv, D, D), dsT = pair_rand(DT_F32, 1, 4, B, nv, D, D),
+         pos = pos_pair(B, S, true);
+    free(gh), free(bh);
+    Tensor out[2][D_N];
+    for (int r = 0; r < 2; r++) {
+        Tensor *o = out[r];
+        o[D_O] = gpu_tensor(DT_BF16, 3, T, nv, D, 0), o[D_DQ] = gpu_tensor(DT_BF16, 3, T, nk, D, 0);
+        o[D_DK] = gpu_tensor(DT_BF16, 3, T, nk, D, 0), o[D_DV] = gpu_tensor(DT_BF16, 3, T, nv, D, 0);
+        o[D_DG] = gpu_tensor(DT_F32, 2, T, nv, 0, 0), o[D_DB] = gpu_tensor(DT_F32, 2, T, nv, 0, 0);
+        o[D_ST] = gpu_tensor(DT_F32, 4, B, nv, D, D), o[D_DS0] = gpu_tensor(DT_F32, 4, B, nv, D, D);
+        DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)D)), .qk_l2norm = true, .chunk = 64};
+        a.s0 = s0.d, a.sT = o[D_ST], a.dsT = dsT.d, a.ds0 = o[D_DS0], a.pos = pos.d;
+        op_delta_rule_forward(o[D_O], q.d, k.d, v.d, g.d, be.d, &a);
+        op_delta_rule_backward(o[D_DQ], o[D_DK], o[D_DV], o[D_DG], o[D_DB], dout.d, q.d, k.d, v.d, g.d, be.d, &a);
+    }
+    for (int i = 0; i < D_N; i++) {
+        int64_t n = tensor_numel(out[0][i]);
+        float *x = gpu_down(out[0][i]), *y = gpu_down(out[1][i]);
+        ASSERT_MSG(!memcmp(x, y, n * sizeof(float)), "delta rule %s: two runs differ", delta_names[i]);
+        free(x), free(y);
+    }
+    gpu_report();
+}
+
 // fp32 at init std 0.1: at 0.2 this model's gradients are ill-conditioned for an fp32 comparison (on the CPU, a
 // 1e-7 relative change of the delta rule's output moves layer 0's gradients by up to 1e-4: many outputs sit near
 // zero where the gated norm's ε dominates; the GPU landed at 1.9e-5 on conv1d.weight); at 0.1 the same change moves

@@ -587,8 +587,9 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
         });
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
         bf16 *Mb = f.M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
-        tc_each<64, 64>(acc, [&](int r, int c, float &x) {
-            Mb[r * TC_L + c] = __float2bfloat16(r < Le ? x * pair_decay<DOCS>(cc, sg, r, c) : 0.0f);
+        tc_pairs<64, 64>(acc, [&](int r, int c, float &x0, float &x1) {
+            st2(Mb + r * TC_L + c, r < Le ? x0 * pair_decay<DOCS>(cc, sg, r, c) : 0.0f,
+                r < Le ? x1 * pair_decay<DOCS>(cc, sg, r, c + 1) : 0.0f);
         });
     }
     __syncthreads();
@@ -625,27 +626,29 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
     __syncthreads();
     float acc[TcTile<64, 128>::NT][4];
     tc_mm<64, 128, TC_L, false, true, LDL, LDD>(acc, Tv, Vs);
-    tc_each<64, 128>(acc, [&](int r, int c, float &x) {
-        f.U[(row0 + r) * TC_D + c] = x;
-        if (f.Ub) f.Ub[(row0 + r) * TC_D + c] = __float2bfloat16(x);
+    tc_pairs<64, 128>(acc, [&](int r, int c, float &x0, float &x1) {
+        st2(f.U + (row0 + r) * TC_D + c, x0, x1);
+        if (f.Ub) st2(f.Ub + (row0 + r) * TC_D + c, x0, x1);
     });
     tc_mm<64, 128, TC_L, false, true, LDL, LDD>(acc, Tk, Ks);
-    tc_each<64, 128>(acc, [&](int r, int c, float &x) { f.W[(row0 + r) * TC_D + c] = __float2bfloat16(x); });
+    tc_pairs<64, 128>(acc, [&](int r, int c, float &x0, float &x1) { st2(f.W + (row0 + r) * TC_D + c, x0, x1); });
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) f.cs[row0 + i] = cc[i];
 }
 #define TC_PREP_SMEM                                                                                                   \
     ((3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (TC_L * LDP + TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 + TC_L * 4)
 
-// One chunk's tiles of the state passes (one of two stages): W, q, k (64 × 128), M (64 × 64), and X: the chunk's dO
-// columns y0.. (64 × 64; the backward's).
+// One chunk's tiles of the state passes (one of two stages): W, q, k (64 × 128), M (64 × 64), X: the chunk's dO
+// columns y0.. (64 × 64; the backward's), and C: its cumulative decays c (64 fp64).
 typedef struct {
     bf16 *W, *Q, *K, *M, *X;
+    double *C;
 } TcStage;
 __device__ __forceinline__ TcStage tc_stage(bf16 *p) {
-    TcStage s = {p, p + TC_L * LDD, p + 2 * TC_L * LDD, p + 3 * TC_L * LDD, p + 3 * TC_L * LDD + TC_L * LDL};
+    bf16 *m = p + 3 * TC_L * LDD;
+    TcStage s = {p, p + TC_L * LDD, p + 2 * TC_L * LDD, m, m + TC_L * LDL, (double *)(m + 2 * TC_L * LDL)};
     return s;
 }
-#define TC_STAGE (3 * TC_L * LDD + 2 * TC_L * LDL) // elements
+#define TC_STAGE (3 * TC_L * LDD + 2 * TC_L * LDL + 4 * TC_L) // elements (C: 4 bf16 a value)
 
 // Starts chunk n's copies into stage s; X from x (rows xs apart, columns y0..) when x is not NULL.
 __device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int hk, const TcBufs &f, const bf16 *x,
@@ -657,6 +660,8 @@ __device__ __forceinline__ void tc_stage_load(TcStage s, int64_t n, int bh, int 
     tc_copy<TC_D, LDD>(s.K, f.kh + tok0 * ks + hk * TC_D, ks, TC_L, Le);
     tc_copy<TC_L, LDL>(s.M, f.M + ((int64_t)bh * d.NC + n) * TC_L * TC_L, TC_L, TC_L, TC_L);
     if (x) tc_copy<TC_VT, LDL>(s.X, x, xs, TC_L, Le);
+    for (int e = threadIdx.x; e < TC_L / 2; e += blockDim.x)
+        cp_async16(smem_addr(s.C + 2 * e), f.cs + row0 + 2 * e, true);
     cp_async_commit();
 }
 
@@ -683,19 +688,35 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
     auto load = [&](int64_t n) { // chunk n's tiles into its stage
         tc_stage_load(tc_stage((bf16 *)smb + (n & 1) * TC_STAGE), n, bh, hk, f, BWD ? o0 + n * TC_L * os : NULL, os, d);
     };
+    // Loaded a chunk ahead into registers, in tc_pairs' order: the backward's fp32 S₀ (for sd), the forward's U.
+    float2 pre[BWD ? TcTile<128, TC_VT>::NT * 2 : TcTile<64, TC_VT>::NT * 2];
+    auto prefetch = [&](int64_t n) {
+        int k = 0;
+        if (BWD) {
+            const float *s0f = f.S0f + ((int64_t)bh * d.NC + n) * TC_D * TC_D + y0;
+            tc_pairs<128, TC_VT>(
+                S, [&](int x, int y, float &, float &) { pre[k++] = *(const float2 *)(s0f + x * TC_D + y); });
+        } else {
+            const float *u = f.U + ((int64_t)bh * d.NL + n * TC_L) * TC_D + y0;
+            float z[TcTile<64, TC_VT>::NT][4];
+            tc_pairs<64, TC_VT>(
+                z, [&](int i, int y, float &, float &) { pre[k++] = *(const float2 *)(u + i * TC_D + y); });
+        }
+    };
     load(BWD ? d.NC - 1 : 0);
+    prefetch(BWD ? d.NC - 1 : 0);
     for (int64_t m = 0; m < d.NC; m++) {
         int64_t n = BWD ? d.NC - 1 - m : m, p0 = n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
         int64_t cb = (int64_t)bh * d.NC + n, sc = cb * TC_D * TC_D + y0;
         int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
         TcStage c = tc_stage((bf16 *)smb + (n & 1) * TC_STAGE);
-        chunk_decays<DOCS>(ec, eL, f.cs + row0, Le, TC_L, io.pos, tok0);
         float part = 0, u[TcTile<64, TC_VT>::NT][4]; // u: U in the accumulator's layout
+        int k = 0;
         tc_pairs<128, TC_VT>(S, [&](int x, int y, float &s0, float &s1) {
             int64_t e = sc + x * TC_D + y;
             st2(Sb + x * LDL + y, s0, s1);
             if (BWD) {
-                float2 a = *(const float2 *)(f.S0f + e);
+                float2 a = pre[k++];
                 st2(f.dS1 + e, s0, s1), part += s0 * a.x, part += s1 * a.y;
             } else if (f.S0) st2(f.S0 + e, s0, s1), st2(f.S0f + e, s0, s1);
         });
@@ -703,15 +724,14 @@ __global__ void __launch_bounds__(TC_THREADS) tc_state_kernel(TcBufs f, DeltaIO 
             part = block_sum(part, red);
             static_assert(TC_D / TC_VT <= 2, "sd: two column blocks add onto zero, one sum in either order");
             if (threadIdx.x == 0) atomicAdd(f.sd + cb, part);
-        } else
-            tc_pairs<64, TC_VT>(u, [&](int i, int y, float &x0, float &x1) {
-                float2 a = *(const float2 *)(f.U + (row0 + i) * TC_D + y0 + y);
-                x0 = a.x, x1 = a.y;
-            });
+        } else tc_pairs<64, TC_VT>(u, [&](int, int, float &x0, float &x1) { x0 = pre[k].x, x1 = pre[k].y, k++; });
         if (m + 1 < d.NC) { // the last chunk's reads of that stage ended at the previous iteration's barrier
             load(BWD ? n - 1 : n + 1);
+            prefetch(BWD ? n - 1 : n + 1);
             cp_async_wait<1>();
         } else cp_async_wait<0>();
+        __syncthreads();
+        chunk_decays<DOCS>(ec, eL, c.C, Le, TC_L, io.pos, tok0);
         __syncthreads();
         float acc[TcTile<64, TC_VT>::NT][4];
         if (BWD) {

@@ -355,9 +355,11 @@ template <typename T, typename TW> __global__ void gates_forward_kernel(float *g
     }
 }
 
-// da, db per element; dA_log[h] += Σ_t dg·g, ddt_bias[h] += Σ_t da (thread per head, grid.y splits the rows).
+// da, db per element; dA_log[h] += Σ_t dg·g, ddt_bias[h] += Σ_t da in a fixed order: a thread per head, grid.y = G
+// row groups (colsum_groups) taking rows t ≡ g (mod G) in order; group g's sums go to part[g·nv + h] and
+// part[(G + g)·nv + h], which colsum_finish adds in group order.
 template <typename T, typename TW>
-__global__ void gates_backward_kernel(T *da, T *db, float *dA_log, float *ddt_bias, const float *dg, const float *dbeta,
+__global__ void gates_backward_kernel(T *da, T *db, float *part, const float *dg, const float *dbeta,
                                       GateIn<T, TW> in) {
     int64_t h = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (h >= in.nv) return;
@@ -370,8 +372,7 @@ __global__ void gates_backward_kernel(T *da, T *db, float *dA_log, float *ddt_bi
         st(da, i, ga);
         st(db, i, dbeta[i] * s * (1.0f - s));
     }
-    atomicAdd(dA_log + h, sA);
-    atomicAdd(ddt_bias + h, sdt);
+    part[blockIdx.y * in.nv + h] = sA, part[(gridDim.y + blockIdx.y) * in.nv + h] = sdt;
 }
 
 void cuda_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
@@ -396,12 +397,15 @@ void cuda_delta_gates_backward(Tensor da, Tensor db, Tensor dA_log, Tensor ddt_b
     same_dt(da, a, "delta_gates_backward");
     same_dt(db, a, "delta_gates_backward");
     if (Tn == 0) return;
-    int64_t gy = Tn / 32;
-    dim3 grid((unsigned)((nv + 31) / 32), (unsigned)(gy > 512 ? 512 : gy < 1 ? 1 : gy));
+    int G = colsum_groups(Tn, 2 * nv, 32);
+    float *part = colsum_part(2 * nv, G, "delta_gates_backward");
+    dim3 grid((unsigned)((nv + 31) / 32), (unsigned)G);
     DT_SWITCH(a.dt, T, "delta_gates_backward",
               DT_SWITCH(A_log.dt, TW, "delta_gates_backward",
                         gates_backward_kernel<T, TW><<<grid, 32, 0, cuda_stream()>>>(
-                            (T *)da.p, (T *)db.p, (float *)dA_log.p, (float *)ddt_bias.p, (const float *)dg.p,
-                            (const float *)dbeta.p, gate_in<T, TW>(a, b, A_log, dt_bias))));
+                            (T *)da.p, (T *)db.p, part, (const float *)dg.p, (const float *)dbeta.p,
+                            gate_in<T, TW>(a, b, A_log, dt_bias))));
     CUDA_LAUNCH_CHECK();
+    colsum_finish((float *)dA_log.p, part, G, nv);
+    colsum_finish((float *)ddt_bias.p, part + (int64_t)G * nv, G, nv);
 }
