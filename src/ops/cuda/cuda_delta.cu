@@ -394,7 +394,6 @@ template <typename T> __global__ void delta_chunk_grad_kernel(DeltaBufs f, Delta
 #define TC_VT 64 // state columns per state-pass block
 #define LDD 136  // row stride (elements) of a 128-wide bf16 tile: 16 bytes of padding (cuda_mma.cuh)
 #define LDL 72   // of a 64-wide one
-#define LDP 68   // of tc_prep's fp32 A (64 wide): rows 16-byte aligned for its forward substitution's loads
 #define TC_THREADS 256
 
 // The scratch as the tensor-core kernels see it: bf16 data in the fp32 pieces' places (S₀ in bf16 in the second half
@@ -551,7 +550,7 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
     int64_t b = bh / nv, p0 = (int64_t)n * TC_L, tok0 = b * d.S + p0, row0 = (int64_t)bh * d.NL + p0;
     int Le = (int)(d.S - p0 < TC_L ? d.S - p0 : TC_L);
     bf16 *Ks = (bf16 *)smb, *Qs = Ks + TC_L * LDD, *Vs = Qs + TC_L * LDD, *Tv = Vs + TC_L * LDD, *Tk = Tv + TC_L * LDL;
-    float *Am = (float *)(Tk + TC_L * LDL), *Ti = Am + TC_L * LDP, *bb = Ti + TC_L * (TC_L + 1), *be = bb + TC_L;
+    float *Am = (float *)(Tk + TC_L * LDL), *Ti = Am + TC_L * (TC_L + 1), *bb = Ti + TC_L * (TC_L + 1), *be = bb + TC_L;
     double *cc = (double *)(be + TC_L);
     int *sg = (int *)(cc + TC_L);
     int64_t ks = (int64_t)d.nk * TC_D;
@@ -583,7 +582,7 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
         float acc[TcTile<64, 64>::NT][4];
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Ks, Ks);
         tc_each<64, 64>(acc, [&](int r, int c, float &x) {
-            Am[r * LDP + c] = c < r && r < Le ? bb[r] * x * pair_decay<DOCS>(cc, sg, r, c) : 0.0f;
+            Am[r * (TC_L + 1) + c] = c < r && r < Le ? bb[r] * x * pair_decay<DOCS>(cc, sg, r, c) : 0.0f;
         });
         tc_mm<64, 64, TC_D, false, false, LDD, LDD>(acc, Qs, Ks);
         bf16 *Mb = f.M + ((int64_t)bh * d.NC + n) * TC_L * TC_L;
@@ -593,33 +592,53 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
         });
     }
     __syncthreads();
-    // Forward substitution by columns: column m of Tm solves its own triangular system, Ti_im = δ_im −
-    // Σ_{j<i} A_ij Ti_jm (Ti_jm = 0 for j < m), so thread m takes it alone, the column in registers; each sum in
-    // four chains (j mod 4) over 16-byte rows of A, a quarter of one chain's latency.
+    // T = (I + A)⁻¹ (lower, unit diagonal) in blocks of 16, every thread busy after the first step: the diagonal
+    // blocks T_II = (I + A_II)⁻¹ by forward substitution, a column a thread (T_im = δ_im − Σ_{j<i} A_ij T_jm); then
+    // B_IK = T_II A_IK for every K < I at once; then the block rows in order, T_IJ = −Σ_{K=J}^{I−1} B_IK T_KJ (from
+    // (I + A) T = I). The upper blocks are never written, and they and the rows from Le on are dropped where T is used.
+    static_assert(TC_L == 64 && TC_THREADS == 256, "T in 4 × 4 blocks of 16, a block's elements a thread each");
+    float *Bk = (float *)Tv; // B_IK (16 × 16) at I(I − 1)/2 + K: Tv is free until T is done
     if (threadIdx.x < TC_L) {
-        int m = threadIdx.x;
-        float t[TC_L];
+        int o = threadIdx.x / 16 * 16, m = threadIdx.x % 16;
+        float t[16];
 #pragma unroll
-        for (int i = 0; i < TC_L; i++) {
-            const float *a = Am + i * LDP;
-            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int i = 0; i < 16; i++) {
+            const float *a = Am + (o + i) * (TC_L + 1) + o;
+            float s = i == m ? 1.0f : 0.0f;
 #pragma unroll
-            for (int j = 0; j < i / 4 * 4; j += 4) {
-                float4 v = *(const float4 *)(a + j);
-                p[0] += v.x * t[j], p[1] += v.y * t[j + 1], p[2] += v.z * t[j + 2], p[3] += v.w * t[j + 3];
-            }
-#pragma unroll
-            for (int j = i / 4 * 4; j < i; j++) p[j % 4] += a[j] * t[j];
-            float s = (i == m ? 1.0f : 0.0f) - ((p[0] + p[1]) + (p[2] + p[3]));
-            t[i] = i >= m && i < Le ? s : 0.0f;
-            Ti[i * (TC_L + 1) + m] = t[i];
+            for (int j = 0; j < i; j++) s -= a[j] * t[j];
+            t[i] = i >= m ? s : 0.0f;
+            Ti[(o + i) * (TC_L + 1) + o + m] = t[i];
         }
     }
     __syncthreads();
+    int br = threadIdx.x / 16, bc = threadIdx.x % 16; // this thread's element of a 16 × 16 block
+    for (int p = 0; p < 6; p++) {
+        int I = p < 1 ? 1 : p < 3 ? 2 : 3, K = p - I * (I - 1) / 2;
+        const float *t = Ti + (16 * I + br) * (TC_L + 1) + 16 * I, *a = Am + 16 * I * (TC_L + 1) + 16 * K + bc;
+        float s = 0;
+#pragma unroll
+        for (int x = 0; x < 16; x++) s += t[x] * a[x * (TC_L + 1)];
+        Bk[p * 256 + threadIdx.x] = s;
+    }
+    __syncthreads();
+    for (int I = 1; I < 4; I++) {
+        for (int J = 0; J < I; J++) {
+            float s = 0;
+            for (int K = J; K < I; K++) {
+                const float *b = Bk + (I * (I - 1) / 2 + K) * 256 + br * 16,
+                            *t = Ti + 16 * K * (TC_L + 1) + 16 * J + bc;
+#pragma unroll
+                for (int x = 0; x < 16; x++) s += b[x] * t[x * (TC_L + 1)];
+            }
+            Ti[(16 * I + br) * (TC_L + 1) + 16 * J + bc] = -s;
+        }
+        __syncthreads();
+    }
     bf16 *Tb = f.Tm ? f.Tm + ((int64_t)bh * d.NC + n) * TC_L * TC_L : NULL;
     for (int e = threadIdx.x; e < TC_L * TC_L; e += blockDim.x) {
         int i = e / TC_L, m = e % TC_L;
-        float t = Ti[i * (TC_L + 1) + m];
+        float t = m <= i && i < Le ? Ti[i * (TC_L + 1) + m] : 0.0f;
         Tv[i * LDL + m] = __float2bfloat16(t * bb[m]), Tk[i * LDL + m] = __float2bfloat16(t * be[m]);
         if (Tb) Tb[e] = __float2bfloat16(t);
     }
@@ -635,7 +654,8 @@ template <bool DOCS> __global__ void __launch_bounds__(TC_THREADS) tc_prep_kerne
     for (int i = threadIdx.x; i < TC_L; i += blockDim.x) f.cs[row0 + i] = cc[i];
 }
 #define TC_PREP_SMEM                                                                                                   \
-    ((3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (TC_L * LDP + TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 + TC_L * 4)
+    ((3 * TC_L * LDD + 2 * TC_L * LDL) * 2 + (TC_L * (TC_L + 1) + TC_L * (TC_L + 1) + 2 * TC_L) * 4 + TC_L * 8 +       \
+     TC_L * 4)
 
 // One chunk's tiles of the state passes (one of two stages): W, q, k (64 × 128), M (64 × 64), X: the chunk's dO
 // columns y0.. (64 × 64; the backward's), and C: its cumulative decays c (64 fp64).
