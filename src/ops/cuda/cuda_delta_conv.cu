@@ -321,6 +321,7 @@ __global__ void __launch_bounds__(32 * CONV_TY, V > CONV_V ? 2 : 4)
     conv_backward_kernel(T *dx, T *dhalo, float *part, const T *dy, const T *x, const TW *w, const T *halo,
                          const int *pos, ConvShape sh, int64_t L) {
     constexpr int U = CONV_CHUNK(KT, V, T) / (PF ? 2 : 1);
+    static_assert(8 % U == 0, "a run (conv_run_length) is a whole number of chunks");
     __shared__ float red[CONV_TY][32]; // the lanes' sums of one tap
     int64_t C = sh.C, S = sh.S, per_seq = (S + L - 1) / L, runs = sh.B * per_seq;
     int K = sh.K;
@@ -406,10 +407,11 @@ static int conv_width(ConvShape s, DType dt, const void *a, const void *b, const
     bool fits = s.C % v == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & m);
     return fits && s.K <= 4 ? v : 1;
 }
-// The backward's run length for its lanes: a sequence split over about lanes / B of them, a multiple of U.
-static int64_t conv_run_length(ConvShape s, int64_t lanes, int U) {
+// The backward's run length for its lanes: a sequence split over about lanes / B of them, a multiple of 8 (of every
+// chunk, so the runs, and with them the weight gradient's order, follow the shape alone, not the variant or width).
+static int64_t conv_run_length(ConvShape s, int64_t lanes) {
     int64_t per = (lanes + s.B - 1) / s.B, L = (s.S + per - 1) / per;
-    return (L + U - 1) / U * U;
+    return (L + 7) / 8 * 8;
 }
 // Runs BODY with KT and VK (V, or 1 past 4 taps: conv_width's), and PF (off only under the A/B knob's variant 1).
 #define CONV_KERNEL_SWITCH(K, ...)                                                                                     \
@@ -450,18 +452,17 @@ void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Te
     if (t_rows(x) == 0) return;
     int G = colsum_groups(s.B * s.S, s.C * s.K, CONV_TY * CONV_RUN, CONV_GROUPS); // run groups: grid.y
     float *part = colsum_part(s.C * s.K, G, "conv1d_silu_backward");
+    int64_t L = conv_run_length(s, (int64_t)G * CONV_TY);
     CONV_V_SWITCH(conv_width(s, x.dt, dx.p, dhalo.p, dy.p, x.p, halo.p), {
         dim3 grid((unsigned)(((s.C + V - 1) / V + 31) / 32), (unsigned)G), block(32, CONV_TY);
         DT_SWITCH(x.dt, T, "conv1d_silu_backward",
-                  DT_SWITCH(w.dt, TW, "conv1d_silu_backward", BOOL_SWITCH(pos.p, DOCS, {
-                                CONV_KERNEL_SWITCH(s.K, {
-                                    int64_t L =
-                                        conv_run_length(s, (int64_t)G * CONV_TY, CONV_CHUNK(KT, VK, T) / (PF ? 2 : 1));
-                                    conv_backward_kernel<KT, VK, T, TW, DOCS, PF><<<grid, block, 0, cuda_stream()>>>(
-                                        (T *)dx.p, (T *)dhalo.p, part, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
-                                        (const T *)halo.p, (const int *)pos.p, s, L);
-                                });
-                            })));
+                  DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
+                            BOOL_SWITCH(pos.p, DOCS,
+                                        CONV_KERNEL_SWITCH(s.K, conv_backward_kernel<KT, VK, T, TW, DOCS, PF>
+                                                           <<<grid, block, 0, cuda_stream()>>>(
+                                                               (T *)dx.p, (T *)dhalo.p, part, (const T *)dy.p,
+                                                               (const T *)x.p, (const TW *)w.p, (const T *)halo.p,
+                                                               (const int *)pos.p, s, L)))));
     });
     CUDA_LAUNCH_CHECK();
     colsum_finish((float *)dw.p, part, G, s.C * s.K);
