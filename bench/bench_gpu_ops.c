@@ -293,6 +293,44 @@ static void bench_delta(void) {
            lim_ms, fwd_ms + last_ms, (fwd_ms + last_ms) / lim_ms);
 }
 
+// Qwen3.5's causal depthwise conv1d + SiLU at the training call: B = 2 sequences of S = 4096, C = 8192 channels (q, k
+// of 16 heads and v of 32 heads of 128), kernel 4, bf16 data, fp32 w, without and with document masking (documents of
+// about 1,000 tokens). Rates count the bytes each direction must move: forward x in, y out; backward x, dy in, dx out
+// (dw's C·K aside). Each variant of the A/B knob PITH_CONV_VARIANT (cuda_delta_conv.cu; A/B knob: remove after
+// measurement). `bench_gpu_ops --conv`.
+static void bench_conv(void) {
+    const int64_t B = 2, S = 4096, T = B * S, C = 8192, K = 4;
+    DType bf = DT_BF16;
+    Tensor x = dev(bf, 2, T, C, 0), y = dev(bf, 2, T, C, 0), dy = dev(bf, 2, T, C, 0), dx = dev(bf, 2, T, C, 0);
+    Tensor w = dev(DT_F32, 2, C, K, 0), dw = dev(DT_F32, 2, C, K, 0), dp = dev(DT_I32, 1, T, 0, 0);
+    fill(x, 1, 80), fill(dy, 1, 81), fill(w, 0.5f, 82), fill(dw, 0, 83);
+    const int len[6] = {1000, 937, 1063, 1000, 1011, 989};
+    int32_t *hp = xmalloc(T * sizeof(int32_t));
+    for (int64_t b = 0, di = 0; b < B; b++)
+        for (int64_t i = 0; i < S;) {
+            int64_t n = len[di++ % 6];
+            if (n > S - i) n = S - i;
+            for (int64_t j = 0; j < n; j++) hp[b * S + i + j] = (int32_t)j;
+            i += n;
+        }
+    op_copy(dp, tensor_make(hp, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
+    free(hp);
+    double bytes = (double)T * C * 2; // one (T, C) bf16 tensor
+    const char *variant[3] = {"0", "1", "2"};
+    for (int v = 0; v < 3; v++) {
+        setenv("PITH_CONV_VARIANT", variant[v], 1);
+        for (int docs = 0; docs < 2; docs++) {
+            Tensor pos = docs ? dp : NONE;
+            char nm[128];
+            snprintf(nm, sizeof nm, "conv1d+silu fwd 2x4096x8192 K4 (variant %s%s)", variant[v], docs ? ", docs" : "");
+            TIME(nm, 20, 2 * bytes, "GB/s", op_conv1d_silu_forward(y, x, w, NONE, pos, (int)B));
+            snprintf(nm, sizeof nm, "conv1d+silu bwd 2x4096x8192 K4 (variant %s%s)", variant[v], docs ? ", docs" : "");
+            TIME(nm, 20, 3 * bytes, "GB/s", op_conv1d_silu_backward(dx, NONE, dw, dy, x, w, NONE, pos, (int)B));
+        }
+    }
+    unsetenv("PITH_CONV_VARIANT");
+}
+
 // Document masking (AttnArgs.docpos) at the training call: attention fwd+bwd, B = 2 sequences of S = 4096 tokens,
 // Qwen3's 32 query / 4 kv heads of 128, bf16: no documents on the default path (cuDNN where built with it) and on
 // pith's kernels (PITH_ATTENTION=own), then documents of about 1,000 tokens (positions restart at each sequence
@@ -394,6 +432,11 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && !strcmp(argv[1], "--docs")) { // attention with and without document masking
         bench_docs();
+        arena_destroy(&A);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--conv")) { // Qwen3.5's conv1d + SiLU alone
+        bench_conv();
         arena_destroy(&A);
         return 0;
     }

@@ -58,38 +58,55 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 }
 
 // ---- causal depthwise conv1d + SiLU ----
-// A thread takes V adjacent channels (2 where C and the pointers allow one 4- or 8-byte access a row, else 1) over
-// runs of CONV_RUN / V positions of one sequence (shorter for pairs: two channels' windows share the registers), the
-// inputs it slides over in registers: each x and dy is read once per run (plus a halo of KT − 1), where the
-// per-element kernels read each K to K² times; a warp's accesses to a row cover 32·V adjacent channels. The K taps sit
-// right-aligned in KT (4 or CONV_MAX_K, the smallest that holds K; zeros before them), so every register index is a
-// constant: u[p] = Σ_j w'[j]·x[p − KT + 1 + j], the zero taps adding exact zeros in the CPU's order.
-// The backward's weight gradient, in a fixed order: a block is CONV_TY run lanes (threadIdx.y) × 32 threads of
-// channels and grid.y holds G run groups (colsum_groups, from the shape alone); the runs are dealt to the G·CONV_TY
-// lanes in turn, each thread summing its own in order; a block adds its lanes' sums in lane order into
-// part[g·C·K + c·K + j] (the small pool), and colsum_finish adds Σ_g part[g·C·K + ·], g = 0, 1, … in order, to dw.
+// A thread takes V adjacent channels (CONV_V where C and the pointers allow one access of V elements a row and K ≤ 4,
+// else 1) and slides down runs of one sequence: the last KT rows of x (backward: also of dpre and pos) sit in
+// registers, the rows come in chunks of U whose loads are issued before the chunk ahead of them is computed (so a
+// thread always has a chunk in flight), and each x and dy is read once per run plus a halo of KT − 1 rows. A warp's
+// access to a row covers 32·V adjacent channels (CONV_V: 256 bytes of bf16).
+// The K taps sit right-aligned in KT (4 or CONV_MAX_K, the smallest that holds K; zeros before them), so every
+// register index is a constant: u[q] = Σ_j w'[j]·x[q − KT + 1 + j], the zero taps adding exact zeros.
+// Backward: dpre[q] = dy[q]·silu'(u[q]), and dx[q − KT + 1] = Σ_j w'[j]·dpre[q − j] is complete once dpre[q] is, so a
+// run of outputs p0 .. p0 + L − 1 slides on to p0 + L + KT − 2 (reading x and dy KT − 1 rows past it); dw[c, j] gets
+// Σ dpre[q]·x[q − KT + 1 + j] over the run's own q.
+// The weight gradient, in a fixed order: a block is 32 threads of channels × TY run lanes (threadIdx.y) and grid.y
+// holds G run groups (colsum_groups, from the shape alone); the runs (their length from the shape: about one a lane)
+// are dealt to the G·TY lanes in turn, each thread summing its own in order; a block adds its lanes' sums in lane order
+// into part[g·C·K + c·K + j] (the small pool), and colsum_finish adds Σ_g part[g·C·K + ·], g = 0, 1, … in order, to dw.
 // The halo (context parallelism: the K − 1 rows before each sequence, (B·(K−1), C); NULL: zeros) stands in for the
-// positions −(K − 1) .. −1; its gradient is the first run's dx formula at those positions.
-// Document masking (pos, NULL: none): tap j (KT − 1 − j rows back) of output p counts while its distance is at
-// most pos[p]; each output's limit sits in a register beside its dpre, and every sum term tests it. The kernels take
-// DOCS as a template flag, so without masking the limits are constants and the tests fold away.
-#define CONV_RUN 24
+// positions −(K − 1) .. −1; its gradient is the dx formula at those positions, which a sequence's first run reaches in
+// its first KT − 1 steps (dpre before the sequence: 0).
+// Document masking (pos, NULL: none): tap j (KT − 1 − j rows back) of output q counts while its distance is at most
+// pos[q]; the backward keeps the window's limits, 4 bits a row, beside dpre for dx's terms. The kernels take DOCS as a
+// template flag, so without masking the tests fold away.
 #define CONV_MAX_K 8
-#define CONV_THREADS 128 // the forward's block
-#define CONV_TY 8        // the backward's block: CONV_TY run lanes × 32 threads, two blocks an SM (≤ 128 registers)
-#define CONV_GROUPS 8    // the backward's run groups (grid.y) at most
-// Runs BODY with V the channels a thread takes (pairs: 2, else 1).
-#define PAIR_SWITCH(pairs, ...)                                                                                        \
-    BOOL_SWITCH(pairs, PAIRS, {                                                                                        \
-        constexpr int V = PAIRS ? 2 : 1;                                                                               \
-        __VA_ARGS__;                                                                                                   \
-    })
+#define CONV_V 4      // channels a thread on the vector path
+#define CONV_TY 4     // run lanes a block (threadIdx.y)
+#define CONV_GROUPS 8 // the backward's run groups (grid.y) at most
+#define CONV_RUN 64   // the forward's run, and the fewest rows a backward lane takes
+// The rows a thread has in flight: one chunk of U = CONV_CHUNK, or under PF two of CONV_CHUNK / 2; 8 for Qwen3.5's 4
+// taps of 4 bf16 channels, fewer where the window or the rows' bytes take more registers.
+#define CONV_CHUNK(KT, V, T) (32 / (KT) < 64 / ((V) * (int)sizeof(T)) ? 32 / (KT) : 64 / ((V) * (int)sizeof(T)))
+#define CONV_ALL (1 << 30) // the limit without document masking
 // Runs BODY with KT the taps the kernels hold for a kernel of K (Qwen3.5's 4 in 4: half the registers and products).
 #define KT_SWITCH(K, ...)                                                                                              \
     BOOL_SWITCH((K) <= 4, KT_IS_4, {                                                                                   \
         constexpr int KT = KT_IS_4 ? 4 : CONV_MAX_K;                                                                   \
         __VA_ARGS__;                                                                                                   \
     })
+// Runs BODY with V the channels a thread takes (width: 8, 4 or 1).
+#define CONV_V_SWITCH(width, ...)                                                                                      \
+    do {                                                                                                               \
+        if ((width) == 8) {                                                                                            \
+            constexpr int V = 8;                                                                                       \
+            __VA_ARGS__;                                                                                               \
+        } else if ((width) == 4) {                                                                                     \
+            constexpr int V = 4;                                                                                       \
+            __VA_ARGS__;                                                                                               \
+        } else {                                                                                                       \
+            constexpr int V = 1;                                                                                       \
+            __VA_ARGS__;                                                                                               \
+        }                                                                                                              \
+    } while (0)
 
 // A call's shape: B sequences of S, C channels, kernel K.
 typedef struct {
@@ -97,23 +114,58 @@ typedef struct {
     int K;
 } ConvShape;
 
-// V adjacent values as fp32, and back (V = 2: one bf16x2 or float2 access, p aligned to it).
-template <int V, typename T> __device__ __forceinline__ void conv_ld(const T *p, float (&v)[V]) {
-    if constexpr (V == 2 && sizeof(T) == 2) {
-        float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)p);
-        v[0] = f.x, v[1] = f.y;
-    } else if constexpr (V == 2) {
-        float2 f = *(const float2 *)p;
-        v[0] = f.x, v[1] = f.y;
+// V adjacent values of T as stored, in 32-bit words (a lone bf16 in the low half): one access of V·sizeof(T) bytes.
+template <int V, typename T> struct ConvRaw { uint32_t w[(V * sizeof(T) + 3) / 4]; };
+template <int V, typename T> __device__ __forceinline__ ConvRaw<V, T> conv_load(const T *p) {
+    constexpr int NB = V * (int)sizeof(T);
+    ConvRaw<V, T> r;
+    if constexpr (NB == 2) r.w[0] = *(const unsigned short *)p;
+    else if constexpr (NB == 4) r.w[0] = *(const uint32_t *)p;
+    else if constexpr (NB == 8) {
+        uint2 t = *(const uint2 *)p;
+        r.w[0] = t.x, r.w[1] = t.y;
     } else {
-        v[0] = ld(p, 0);
+#pragma unroll
+        for (int i = 0; i < NB / 16; i++) {
+            uint4 t = ((const uint4 *)p)[i];
+            r.w[4 * i] = t.x, r.w[4 * i + 1] = t.y, r.w[4 * i + 2] = t.z, r.w[4 * i + 3] = t.w;
+        }
     }
+    return r;
 }
-template <int V, typename T> __device__ __forceinline__ void conv_st(T *p, const float (&v)[V]) {
-    if constexpr (V == 2 && sizeof(T) == 2) *(__nv_bfloat162 *)p = __floats2bfloat162_rn(v[0], v[1]);
-    else if constexpr (V == 2) *(float2 *)p = make_float2(v[0], v[1]);
-    else st(p, 0, v[0]);
+// Value v of r as fp32.
+template <int V, typename T> __device__ __forceinline__ float conv_val(const ConvRaw<V, T> &r, int v) {
+    if constexpr (sizeof(T) == 2) return __uint_as_float(v % 2 ? r.w[v / 2] & 0xffff0000u : r.w[v / 2] << 16);
+    else return __uint_as_float(r.w[v]);
 }
+// f stored at p as T (bf16: rounded to nearest even), one access.
+template <int V, typename T> __device__ __forceinline__ void conv_store(T *p, const float (&f)[V]) {
+    constexpr int NB = V * (int)sizeof(T);
+    ConvRaw<V, T> r;
+    if constexpr (sizeof(T) == 2 && V == 1) {
+        st(p, 0, f[0]);
+        return;
+    } else if constexpr (sizeof(T) == 2) {
+#pragma unroll
+        for (int i = 0; i < V / 2; i++) {
+            __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+            r.w[i] = __bfloat16_as_ushort(h.x) | (uint32_t)__bfloat16_as_ushort(h.y) << 16;
+        }
+    } else {
+#pragma unroll
+        for (int v = 0; v < V; v++) r.w[v] = __float_as_uint(f[v]);
+    }
+    if constexpr (NB == 4) *(uint32_t *)p = r.w[0];
+    else if constexpr (NB == 8) *(uint2 *)p = make_uint2(r.w[0], r.w[1]);
+    else
+#pragma unroll
+        for (int i = 0; i < NB / 16; i++)
+            ((uint4 *)p)[i] = make_uint4(r.w[4 * i], r.w[4 * i + 1], r.w[4 * i + 2], r.w[4 * i + 3]);
+}
+
+// σ(u) through the fast exponential and division: their few-ulp error sits far below the tests' bounds, and the
+// backward's arithmetic is close to its memory time.
+__device__ __forceinline__ float conv_sigmoid(float u) { return __fdividef(1.0f, 1.0f + __expf(-u)); }
 
 // wk[v][·]: channel c + v's taps, right-aligned.
 template <int KT, int V, typename TW>
@@ -123,147 +175,206 @@ __device__ __forceinline__ void conv_taps(float (&wk)[V][KT], const TW *w, int64
 #pragma unroll
         for (int j = 0; j < KT; j++) wk[v][j] = j >= KT - K ? ld(w, (c + v) * K + j - (KT - K)) : 0.0f;
 }
-
-// xw[i] = x[q0 + i] of V adjacent channels (xs: their columns in the sequence; hs: their columns in the sequence's
-// K − 1 halo rows, or NULL; elsewhere 0).
-template <int N, int V, typename T>
-__device__ __forceinline__ void conv_window(float (&xw)[N][V], const T *xs, const T *hs, int K, int64_t q0, int64_t S,
-                                            int64_t C) {
+// xw[1 .. KT − 1] = x[p0 − KT + 1 .. p0 − 1] of V adjacent channels (xs: their columns in the sequence; hs: their
+// columns in the sequence's K − 1 halo rows, or NULL; elsewhere 0); xw[0] = 0 (the first step shifts it out).
+template <int KT, int V, typename T>
+__device__ __forceinline__ void conv_history(float (&xw)[KT][V], const T *xs, const T *hs, int K, int64_t p0,
+                                             int64_t C) {
 #pragma unroll
-    for (int i = 0; i < N; i++) {
-        int64_t q = q0 + i;
-        const T *src = q >= 0 ? (q < S ? xs + q * C : NULL) : hs && q >= 1 - K ? hs + (K - 1 + q) * C : NULL;
-        if (src) conv_ld<V>(src, xw[i]);
-        else
+    for (int i = 0; i < KT; i++) {
+        int64_t q = p0 - KT + i;
+        ConvRaw<V, T> r = {};
+        if (i > 0 && q >= 0) r = conv_load<V>(xs + q * C);
+        else if (i > 0 && hs && q >= 1 - K) r = conv_load<V>(hs + (K - 1 + q) * C);
 #pragma unroll
-            for (int v = 0; v < V; v++) xw[i][v] = 0.0f;
+        for (int v = 0; v < V; v++) xw[i][v] = conv_val(r, v);
     }
 }
-// The pre-activation of channel v at window offset i: Σ_j w'[j]·xw[i + j] over the taps within lim rows back.
-template <int KT, int N, int V>
-__device__ __forceinline__ float conv_u(const float (&wk)[V][KT], const float (&xw)[N][V], int v, int i, int lim) {
+// Slides a window of KT rows one row on: a[KT − 1] the newest.
+template <int KT, int V> __device__ __forceinline__ void conv_shift(float (&a)[KT][V]) {
+#pragma unroll
+    for (int i = 0; i + 1 < KT; i++)
+#pragma unroll
+        for (int v = 0; v < V; v++) a[i][v] = a[i + 1][v];
+}
+// The pre-activation of channel v at the window's newest row: Σ_j w'[j]·xw[j] over the taps within lim rows back.
+template <int KT, int V>
+__device__ __forceinline__ float conv_u(const float (&wk)[V][KT], const float (&xw)[KT][V], int v, int lim) {
     float u = 0;
 #pragma unroll
     for (int j = 0; j < KT; j++)
-        if (KT - 1 - j <= lim) u += wk[v][j] * xw[i + j][v];
+        if (KT - 1 - j <= lim) u += wk[v][j] * xw[j][v];
     return u;
 }
-#define CONV_ALL (1 << 30) // the limit without document masking
-// lp[i] = pos[q0 + i] of one sequence (ps), or CONV_ALL without masking or past the sequence.
-template <bool DOCS, int N>
-__device__ __forceinline__ void conv_limits(int (&lp)[N], const int *ps, int64_t q0, int64_t S) {
+
+// N rows of V channels from q0 on (rows at lim or past it: 0): x, and with DY dy; pos with DOCS (else CONV_ALL).
+template <int N, int V, typename T> struct ConvRows {
+    ConvRaw<V, T> x[N], d[N];
+    int l[N];
+};
+template <int N, int V, bool DY, bool DOCS, typename T>
+__device__ __forceinline__ ConvRows<N, V, T> conv_rows(const T *xs, const T *ds, const int *ps, int64_t q0, int64_t lim,
+                                                       int64_t C) {
+    ConvRows<N, V, T> r;
 #pragma unroll
-    for (int i = 0; i < N; i++) lp[i] = DOCS && q0 + i < S ? ps[q0 + i] : CONV_ALL;
+    for (int i = 0; i < N; i++) {
+        r.x[i] = {}, r.d[i] = {}, r.l[i] = CONV_ALL;
+        if (q0 + i < lim) {
+            r.x[i] = conv_load<V>(xs + (q0 + i) * C);
+            if (DY) r.d[i] = conv_load<V>(ds + (q0 + i) * C);
+            if (DOCS) r.l[i] = ps[q0 + i];
+        }
+    }
+    return r;
 }
 
-// y[p] = silu(u[p]) for the run's positions p0 .. p0 + CONV_RUN/V − 1 (x before the sequence: 0).
-template <int KT, int V, typename T, typename TW, bool DOCS>
-__global__ void conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, const int *pos, ConvShape sh) {
-    constexpr int RUN = CONV_RUN / V, NX = RUN + KT - 1; // x[p0 − KT + 1 .. p0 + RUN − 1]
-    int64_t C = sh.C, S = sh.S, per_seq = (S + RUN - 1) / RUN, runs = sh.B * per_seq;
+// y[q] = silu(u[q]) over runs of CONV_RUN positions (x before the sequence: the halo or 0). PF: a chunk's rows are
+// loaded while the one before it is computed (U halved, the same registers).
+template <int KT, int V, typename T, typename TW, bool DOCS, bool PF>
+__global__ void __launch_bounds__(32 * CONV_TY)
+    conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, const int *pos, ConvShape sh) {
+    constexpr int U = CONV_CHUNK(KT, V, T) / (PF ? 2 : 1);
+    int64_t C = sh.C, S = sh.S, per_seq = (S + CONV_RUN - 1) / CONV_RUN, runs = sh.B * per_seq;
     int K = sh.K;
-    int64_t c = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V;
+    int64_t c = (blockIdx.x * (int64_t)32 + threadIdx.x) * V;
     if (c >= C) return;
-    float wk[V][KT], xw[NX][V];
-    int lp[RUN];
+    float wk[V][KT], xw[KT][V];
     conv_taps(wk, w, c, K);
-    for (int64_t r = blockIdx.y; r < runs; r += gridDim.y) {
-        int64_t b = r / per_seq, p0 = r % per_seq * RUN, q0 = p0 - KT + 1;
-        conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
-        conv_limits<DOCS>(lp, pos + b * S, p0, S);
+    for (int64_t r = blockIdx.y * (int64_t)blockDim.y + threadIdx.y; r < runs; r += (int64_t)gridDim.y * blockDim.y) {
+        int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, end = p0 + CONV_RUN < S ? p0 + CONV_RUN : S;
+        const T *xs = x + b * S * C + c;
+        const int *ps = pos + b * S;
+        T *ys = y + b * S * C + c;
+        conv_history(xw, xs, halo ? halo + b * (K - 1) * C + c : NULL, K, p0, C);
+        ConvRows<U, V, T> a;
+        if (PF) a = conv_rows<U, V, false, DOCS>(xs, xs, ps, p0, end, C);
+#pragma unroll 1
+        for (int64_t q0 = p0; q0 < end; q0 += U) {
+            ConvRows<U, V, T> next;
+            if (PF) next = conv_rows<U, V, false, DOCS>(xs, xs, ps, q0 + U, end, C);
+            else a = conv_rows<U, V, false, DOCS>(xs, xs, ps, q0, end, C);
 #pragma unroll
-        for (int i = 0; i < RUN; i++) {
+            for (int i = 0; i < U; i++) {
+                conv_shift(xw);
+#pragma unroll
+                for (int v = 0; v < V; v++) xw[KT - 1][v] = conv_val(a.x[i], v);
+                float o[V];
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    float u = conv_u(wk, xw, v, a.l[i]);
+                    o[v] = u * conv_sigmoid(u);
+                }
+                if (q0 + i < end) conv_store<V>(ys + (q0 + i) * C, o);
+            }
+            if (PF) a = next;
+        }
+    }
+}
+
+// The backward's slide over one run: the window of x, dpre and pos at q − KT + 1 .. q, the taps and the thread's
+// weight-gradient sums, and the run's columns.
+template <int KT, int V, typename T, bool DOCS> struct ConvSlide {
+    float wk[V][KT], dwk[V][KT], xw[KT][V], dp[KT][V];
+    uint32_t lw; // pos at the window's row k as min(pos + 1, 15) in bits 4k .. 4k + 3 (15: every tap; one register)
+    const T *xs, *ds; // x and dy: the sequence's columns
+    T *dxs, *dhs;     // dx: the sequence's columns; dhalo: the halo's, where this run starts the sequence, else NULL
+    int64_t C, S, p0;
+    int K;
+
+    // Steps q0 .. q0 + N − 1 over their rows a; OWN: the run's own positions, whose dpre·x go into dwk.
+    template <int N, bool OWN> __device__ __forceinline__ void steps(int64_t q0, const ConvRows<N, V, T> &a) {
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            conv_shift(xw), conv_shift(dp);
+            if (DOCS) lw = lw >> 4 | (uint32_t)(a.l[i] < 0 ? 0 : a.l[i] < 14 ? a.l[i] + 1 : 15) << 4 * (KT - 1);
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                xw[KT - 1][v] = conv_val(a.x[i], v);
+                float u = conv_u(wk, xw, v, a.l[i]), s = conv_sigmoid(u);
+                dp[KT - 1][v] = conv_val(a.d[i], v) * (s * (1.0f + u * (1.0f - s)));
+            }
+            if (OWN)
+#pragma unroll
+                for (int v = 0; v < V; v++)
+#pragma unroll
+                    for (int j = 0; j < KT; j++)
+                        if (KT - 1 - j <= a.l[i]) dwk[v][j] += dp[KT - 1][v] * xw[j][v];
+            // dx at qo = q − KT + 1: tap j of output q − j, where that output's limit lets it reach qo
             float o[V];
 #pragma unroll
             for (int v = 0; v < V; v++) {
-                float u = conv_u(wk, xw, v, i, lp[i]);
-                o[v] = u * sigmoid_f(u);
+                o[v] = 0;
+#pragma unroll
+                for (int j = 0; j < KT; j++)
+                    if (!DOCS || KT - 1 - j < (int)(lw >> 4 * (KT - 1 - j) & 15)) o[v] += wk[v][j] * dp[KT - 1 - j][v];
             }
-            if (p0 + i < S) conv_st<V>(y + b * S * C + c + (p0 + i) * C, o);
+            int64_t qo = q0 + i - (KT - 1);
+            if (qo >= p0 && qo < S) conv_store<V>(dxs + qo * C, o);
+            else if (dhs && qo < 0 && qo >= 1 - K) conv_store<V>(dhs + (K - 1 + qo) * C, o);
         }
     }
-}
+};
 
-// dpre[p] = dy[p]·silu'(u[p]) over p0 .. p0 + RUN + KT − 2 (past the sequence: 0);
-// dx[p] = Σ_j w'[j]·dpre[p + KT − 1 − j]; dw[c, j] gets Σ_p dpre[p]·x[p − K + 1 + j] over the run's own p (through
-// part, above); each term only where tap j counts for its output (lp).
-template <int KT, int V, typename T, typename TW, bool DOCS>
-__global__ void __launch_bounds__(32 * CONV_TY, 2)
+// dpre, dx (and dhalo) and this block's part of dw over runs of L positions (above); PF as in the forward.
+template <int KT, int V, typename T, typename TW, bool DOCS, bool PF>
+__global__ void __launch_bounds__(32 * CONV_TY, V > CONV_V ? 2 : 4)
     conv_backward_kernel(T *dx, T *dhalo, float *part, const T *dy, const T *x, const TW *w, const T *halo,
-                         const int *pos, ConvShape sh) {
-    constexpr int RUN = CONV_RUN / V, ND = RUN + KT - 1, NX = ND + KT - 1; // x from p0 − KT + 1
-    __shared__ float lanes[CONV_TY][32][V * KT];                           // each run lane's weight-gradient sums
-    int64_t C = sh.C, S = sh.S, per_seq = (S + RUN - 1) / RUN, runs = sh.B * per_seq;
+                         const int *pos, ConvShape sh, int64_t L) {
+    constexpr int U = CONV_CHUNK(KT, V, T) / (PF ? 2 : 1);
+    static_assert(8 % U == 0, "a run (conv_run_length) is a whole number of chunks");
+    __shared__ float red[CONV_TY][32]; // the lanes' sums of one tap
+    int64_t C = sh.C, S = sh.S, per_seq = (S + L - 1) / L, runs = sh.B * per_seq;
     int K = sh.K;
     int64_t c = (blockIdx.x * (int64_t)32 + threadIdx.x) * V;
     bool on = c < C; // threads past C join the block's sum but take no runs
-    float wk[V][KT], dwk[V][KT], xw[NX][V], dp[ND][V];
-    int lp[ND];
+    ConvSlide<KT, V, T, DOCS> sl;
+    sl.C = C, sl.S = S, sl.K = K;
 #pragma unroll
     for (int v = 0; v < V; v++)
 #pragma unroll
-        for (int j = 0; j < KT; j++) wk[v][j] = dwk[v][j] = 0.0f;
-    if (on) conv_taps(wk, w, c, K);
-    int64_t lane = blockIdx.y * CONV_TY + threadIdx.y, nlanes = (int64_t)gridDim.y * CONV_TY;
+        for (int j = 0; j < KT; j++) sl.wk[v][j] = sl.dwk[v][j] = 0.0f;
+    if (on) conv_taps(sl.wk, w, c, K);
+    int64_t lane = blockIdx.y * (int64_t)blockDim.y + threadIdx.y, nlanes = (int64_t)gridDim.y * blockDim.y;
     for (int64_t r = on ? lane : runs; r < runs; r += nlanes) {
-        int64_t b = r / per_seq, p0 = r % per_seq * RUN, q0 = p0 - KT + 1;
-        const T *dys = dy + b * S * C + c;
-        conv_window(xw, x + b * S * C + c, halo ? halo + b * (K - 1) * C + c : NULL, K, q0, S, C);
-        conv_limits<DOCS>(lp, pos + b * S, p0, S);
+        int64_t b = r / per_seq, p0 = r % per_seq * L, end = p0 + L < S ? p0 + L : S;
+        const int *ps = pos + b * S;
+        sl.p0 = p0;
+        sl.xs = x + b * S * C + c, sl.ds = dy + b * S * C + c, sl.dxs = dx + b * S * C + c;
+        sl.dhs = dhalo && p0 == 0 ? dhalo + b * (K - 1) * C + c : NULL;
+        conv_history(sl.xw, sl.xs, halo ? halo + b * (K - 1) * C + c : NULL, K, p0, C);
+        sl.lw = ~0u >> (32 - 4 * KT);
 #pragma unroll
-        for (int i = 0; i < ND; i++) {
-            float d[V] = {};
-            if (p0 + i < S) conv_ld<V>(dys + (p0 + i) * C, d);
+        for (int i = 0; i < KT; i++)
 #pragma unroll
-            for (int v = 0; v < V; v++) dp[i][v] = p0 + i < S ? d[v] * silu_grad_f(conv_u(wk, xw, v, i, lp[i])) : 0.0f;
+            for (int v = 0; v < V; v++) sl.dp[i][v] = 0.0f;
+        ConvRows<U, V, T> a;
+        if (PF) a = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, p0, end, C);
+        int64_t q0 = p0;
+#pragma unroll 1
+        for (; q0 < end; q0 += U) {
+            ConvRows<U, V, T> next;
+            if (PF) next = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, q0 + U, end, C);
+            else a = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, q0, end, C);
+            sl.template steps<U, true>(q0, a);
+            if (PF) a = next;
         }
-#pragma unroll
-        for (int i = 0; i < RUN; i++) {
-            if (p0 + i >= S) break;
-            float s[V];
-#pragma unroll
-            for (int v = 0; v < V; v++) {
-                s[v] = 0;
-#pragma unroll
-                for (int j = 0; j < KT; j++)
-                    if (KT - 1 - j <= lp[i + KT - 1 - j]) s[v] += wk[v][j] * dp[i + KT - 1 - j][v];
-#pragma unroll
-                for (int j = 0; j < KT; j++)
-                    if (KT - 1 - j <= lp[i]) dwk[v][j] += dp[i][v] * xw[i + j][v];
-            }
-            conv_st<V>(dx + b * S * C + c + (p0 + i) * C, s);
-        }
-        if (dhalo && p0 == 0) { // halo row K − 1 − h is position −h: Σ_j w'[j]·dpre[KT − 1 − h − j]
-#pragma unroll
-            for (int h = 1; h < KT; h++) {
-                float s[V];
-#pragma unroll
-                for (int v = 0; v < V; v++) {
-                    s[v] = 0;
-#pragma unroll
-                    for (int j = 0; j < KT; j++)
-                        if (KT - 1 - h - j >= 0 && KT - 1 - j <= lp[KT - 1 - h - j])
-                            s[v] += wk[v][j] * dp[KT - 1 - h - j][v];
-                }
-                if (h <= K - 1) conv_st<V>(dhalo + b * (K - 1) * C + c + (K - 1 - h) * C, s);
-            }
-        }
+        // the outputs' last KT − 1 rows of dpre (past the sequence: 0)
+        sl.template steps<KT - 1, false>(q0, conv_rows<KT - 1, V, true, DOCS>(sl.xs, sl.ds, ps, q0, S, C));
     }
 #pragma unroll
     for (int v = 0; v < V; v++)
 #pragma unroll
-        for (int j = 0; j < KT; j++) lanes[threadIdx.y][threadIdx.x][v * KT + j] = dwk[v][j];
-    __syncthreads();
-    if (threadIdx.y == 0 && on)
-#pragma unroll
-        for (int v = 0; v < V; v++)
-#pragma unroll
-            for (int j = 0; j < KT; j++)
-                if (j >= KT - K) {
+        for (int j = 0; j < KT; j++)
+            if (j >= KT - K) { // (K: the same in the whole block)
+                red[threadIdx.y][threadIdx.x] = sl.dwk[v][j];
+                __syncthreads();
+                if (threadIdx.y == 0 && on) {
                     float s = 0;
-                    for (int l = 0; l < CONV_TY; l++) s += lanes[l][threadIdx.x][v * KT + j];
+                    for (int l = 0; l < CONV_TY; l++) s += red[l][threadIdx.x];
                     part[blockIdx.y * C * K + (c + v) * K + j - (KT - K)] = s;
                 }
+                __syncthreads();
+            }
 }
 
 // The shape of x: (B·S, C) with w: (C, K), checked with the halo's and pos's.
@@ -280,30 +391,52 @@ static ConvShape conv_shape(Tensor x, Tensor w, Tensor halo, Tensor pos, int64_t
     if (pos.p) CHECK(pos.dev == DEV_CUDA && pos.dt == DT_I32 && tensor_numel(pos) == T_);
     return s;
 }
-// Two channels a thread: C even and every pointer aligned to two elements of dtype dt.
-static bool conv_pairs(ConvShape s, DType dt, const void *a, const void *b, const void *c, const void *d,
-                       const void *e) {
-    uintptr_t m = 2 * dtype_size(dt) - 1;
-    return s.C % 2 == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & m);
+// A/B knob: remove after measurement. PITH_CONV_VARIANT (read on every call, so a benchmark switches it in-process):
+// 0 or unset: CONV_V channels a thread, rows loaded a chunk ahead (PF); 1: CONV_V channels, each chunk loaded then
+// computed (twice the rows at once); 2: 8 channels (16-byte bf16 rows), PF.
+static int conv_variant(void) {
+    const char *e = getenv("PITH_CONV_VARIANT");
+    return e ? atoi(e) : 0;
 }
-// The runs of V channels a thread: B·⌈S / (CONV_RUN / V)⌉.
-static int64_t conv_runs(ConvShape s, int V) { return s.B * ((s.S + CONV_RUN / V - 1) / (CONV_RUN / V)); }
+// The channels a thread takes: the variant's width where C and every pointer allow one access of that many elements
+// of dtype dt and the kernel has at most 4 taps (8 taps' windows of several channels spill), else 1.
+static int conv_width(ConvShape s, DType dt, const void *a, const void *b, const void *c, const void *d,
+                      const void *e) {
+    int v = conv_variant() == 2 ? 8 : CONV_V;
+    uintptr_t m = (uintptr_t)v * dtype_size(dt) - 1;
+    bool fits = s.C % v == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & m);
+    return fits && s.K <= 4 ? v : 1;
+}
+// The backward's run length for its lanes: a sequence split over about lanes / B of them, a multiple of 8 (of every
+// chunk, so the runs, and with them the weight gradient's order, follow the shape alone, not the variant or width).
+static int64_t conv_run_length(ConvShape s, int64_t lanes) {
+    int64_t per = (lanes + s.B - 1) / s.B, L = (s.S + per - 1) / per;
+    return (L + 7) / 8 * 8;
+}
+// Runs BODY with KT and VK (V, or 1 past 4 taps: conv_width's), and PF (off only under the A/B knob's variant 1).
+#define CONV_KERNEL_SWITCH(K, ...)                                                                                     \
+    KT_SWITCH(K, BOOL_SWITCH(conv_variant() != 1, PF_ON, {                                                             \
+                  constexpr int VK = KT == 4 ? V : 1;                                                                  \
+                  constexpr bool PF = VK == CONV_V ? PF_ON : true;                                                     \
+                  __VA_ARGS__;                                                                                         \
+              }))
 
 void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
     ConvShape s = conv_shape(x, w, halo, pos, B, "conv1d_silu_forward");
     CHECK(tensor_numel(y) == tensor_numel(x));
     same_dt(y, x, "conv1d_silu_forward");
     if (t_rows(x) == 0) return;
-    PAIR_SWITCH(conv_pairs(s, x.dt, y.p, x.p, halo.p, NULL, NULL), {
-        int64_t threads = (s.C + V - 1) / V, runs = conv_runs(s, V);
-        dim3 grid((unsigned)((threads + CONV_THREADS - 1) / CONV_THREADS), (unsigned)(runs < 64 ? runs : 64));
+    CONV_V_SWITCH(conv_width(s, x.dt, y.p, x.p, halo.p, NULL, NULL), {
+        int64_t threads = (s.C + V - 1) / V, runs = s.B * ((s.S + CONV_RUN - 1) / CONV_RUN),
+                gy = (runs + CONV_TY - 1) / CONV_TY;
+        dim3 grid((unsigned)((threads + 31) / 32), (unsigned)(gy < 65535 ? gy : 65535)), block(32, CONV_TY);
         DT_SWITCH(x.dt, T, "conv1d_silu_forward",
                   DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
                             BOOL_SWITCH(pos.p, DOCS,
-                                        KT_SWITCH(s.K, conv_forward_kernel<KT, V, T, TW, DOCS>
-                                                  <<<grid, CONV_THREADS, 0, cuda_stream()>>>(
-                                                      (T *)y.p, (const T *)x.p, (const TW *)w.p, (const T *)halo.p,
-                                                      (const int *)pos.p, s)))));
+                                        CONV_KERNEL_SWITCH(s.K, conv_forward_kernel<KT, VK, T, TW, DOCS, PF>
+                                                           <<<grid, block, 0, cuda_stream()>>>(
+                                                               (T *)y.p, (const T *)x.p, (const TW *)w.p,
+                                                               (const T *)halo.p, (const int *)pos.p, s)))));
     });
     CUDA_LAUNCH_CHECK();
 }
@@ -317,20 +450,22 @@ void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Te
     IS_F32(dw, "conv1d_silu_backward");
     if (dhalo.p) same_dt(dhalo, x, "conv1d_silu_backward");
     if (t_rows(x) == 0) return;
-    PAIR_SWITCH(conv_pairs(s, x.dt, dx.p, dhalo.p, dy.p, x.p, halo.p), {
-        int G = colsum_groups(conv_runs(s, V), s.C * s.K, CONV_TY, CONV_GROUPS); // run groups: grid.y
-        float *part = colsum_part(s.C * s.K, G, "conv1d_silu_backward");
+    int G = colsum_groups(s.B * s.S, s.C * s.K, CONV_TY * CONV_RUN, CONV_GROUPS); // run groups: grid.y
+    float *part = colsum_part(s.C * s.K, G, "conv1d_silu_backward");
+    int64_t L = conv_run_length(s, (int64_t)G * CONV_TY);
+    CONV_V_SWITCH(conv_width(s, x.dt, dx.p, dhalo.p, dy.p, x.p, halo.p), {
         dim3 grid((unsigned)(((s.C + V - 1) / V + 31) / 32), (unsigned)G), block(32, CONV_TY);
         DT_SWITCH(x.dt, T, "conv1d_silu_backward",
                   DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
                             BOOL_SWITCH(pos.p, DOCS,
-                                        KT_SWITCH(s.K, conv_backward_kernel<KT, V, T, TW, DOCS>
-                                                  <<<grid, block, 0, cuda_stream()>>>(
-                                                      (T *)dx.p, (T *)dhalo.p, part, (const T *)dy.p, (const T *)x.p,
-                                                      (const TW *)w.p, (const T *)halo.p, (const int *)pos.p, s)))));
-        CUDA_LAUNCH_CHECK();
-        colsum_finish((float *)dw.p, part, G, s.C * s.K);
+                                        CONV_KERNEL_SWITCH(s.K, conv_backward_kernel<KT, VK, T, TW, DOCS, PF>
+                                                           <<<grid, block, 0, cuda_stream()>>>(
+                                                               (T *)dx.p, (T *)dhalo.p, part, (const T *)dy.p,
+                                                               (const T *)x.p, (const TW *)w.p, (const T *)halo.p,
+                                                               (const int *)pos.p, s, L)))));
     });
+    CUDA_LAUNCH_CHECK();
+    colsum_finish((float *)dw.p, part, G, s.C * s.K);
 }
 // ---- the DeltaNet gates ----
 
