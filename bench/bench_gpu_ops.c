@@ -296,8 +296,7 @@ static void bench_delta(void) {
 // Qwen3.5's causal depthwise conv1d + SiLU at the training call: B = 2 sequences of S = 4096, C = 8192 channels (q, k
 // of 16 heads and v of 32 heads of 128), kernel 4, bf16 data, fp32 w, without and with document masking (documents of
 // about 1,000 tokens). Rates count the bytes each direction must move: forward x in, y out; backward x, dy in, dx out
-// (dw's C·K aside). Each variant of the A/B knob PITH_CONV_VARIANT (cuda_delta_conv.cu; A/B knob: remove after
-// measurement). `bench_gpu_ops --conv`.
+// (dw's C·K aside). `bench_gpu_ops --conv`.
 static void bench_conv(void) {
     const int64_t B = 2, S = 4096, T = B * S, C = 8192, K = 4;
     DType bf = DT_BF16;
@@ -316,19 +315,13 @@ static void bench_conv(void) {
     op_copy(dp, tensor_make(hp, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
     free(hp);
     double bytes = (double)T * C * 2; // one (T, C) bf16 tensor
-    const char *variant[3] = {"0", "1", "2"};
-    for (int v = 0; v < 3; v++) {
-        setenv("PITH_CONV_VARIANT", variant[v], 1);
-        for (int docs = 0; docs < 2; docs++) {
-            Tensor pos = docs ? dp : NONE;
-            char nm[128];
-            snprintf(nm, sizeof nm, "conv1d+silu fwd 2x4096x8192 K4 (variant %s%s)", variant[v], docs ? ", docs" : "");
-            TIME(nm, 20, 2 * bytes, "GB/s", op_conv1d_silu_forward(y, x, w, NONE, pos, (int)B));
-            snprintf(nm, sizeof nm, "conv1d+silu bwd 2x4096x8192 K4 (variant %s%s)", variant[v], docs ? ", docs" : "");
-            TIME(nm, 20, 3 * bytes, "GB/s", op_conv1d_silu_backward(dx, NONE, dw, dy, x, w, NONE, pos, (int)B));
-        }
+    for (int docs = 0; docs < 2; docs++) {
+        Tensor pos = docs ? dp : NONE;
+        TIME(docs ? "conv1d+silu fwd 2x4096x8192 K4 (docs)" : "conv1d+silu fwd 2x4096x8192 K4", 20, 2 * bytes, "GB/s",
+             op_conv1d_silu_forward(y, x, w, NONE, pos, (int)B));
+        TIME(docs ? "conv1d+silu bwd 2x4096x8192 K4 (docs)" : "conv1d+silu bwd 2x4096x8192 K4", 20, 3 * bytes, "GB/s",
+             op_conv1d_silu_backward(dx, NONE, dw, dy, x, w, NONE, pos, (int)B));
     }
-    unsetenv("PITH_CONV_VARIANT");
 }
 
 // Document masking (AttnArgs.docpos) at the training call: attention fwd+bwd, B = 2 sequences of S = 4096 tokens,

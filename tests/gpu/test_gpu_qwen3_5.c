@@ -139,13 +139,6 @@ TEST(gpu_op_qwen3_5_elementwise) {
         check_conv(MODE_DT, TOL, 2, 100, 37, 4, true);  // an odd channel count: one channel a thread
         check_conv(MODE_DT, TOL, 2, 1000, 64, 4, true); // runs over every run group, the last of a sequence shorter
         check_conv(MODE_DT, TOL, 40, 5, 64, 4, true);   // more sequences than run lanes: several runs a thread
-        for (int v = 1; v <= 2; v++) {                  // A/B knob: remove after measurement (PITH_CONV_VARIANT)
-            setenv("PITH_CONV_VARIANT", v == 1 ? "1" : "2", 1);
-            check_conv(MODE_DT, TOL, 2, 1000, 64, 4, true);
-            check_conv(MODE_DT, TOL, 40, 5, 64, 4, true);
-            check_conv_docs(MODE_DT, TOL, 2, 1000, 64, 4, true, true);
-            unsetenv("PITH_CONV_VARIANT");
-        }
         check_gates(MODE_DT, TOL, 300, 6);
     }
     gpu_report();

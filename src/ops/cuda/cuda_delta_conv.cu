@@ -83,7 +83,7 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
 #define CONV_TY 4     // run lanes a block (threadIdx.y)
 #define CONV_GROUPS 8 // the backward's run groups (grid.y) at most
 #define CONV_RUN 64   // the forward's run, and the fewest rows a backward lane takes
-// The rows a thread has in flight: one chunk of U = CONV_CHUNK, or under PF two of CONV_CHUNK / 2; 8 for Qwen3.5's 4
+// The rows a thread has in flight: two chunks of U = CONV_CHUNK / 2 (one computed, the next loading); 8 for Qwen3.5's 4
 // taps of 4 bf16 channels, fewer where the window or the rows' bytes take more registers.
 #define CONV_CHUNK(KT, V, T) (32 / (KT) < 64 / ((V) * (int)sizeof(T)) ? 32 / (KT) : 64 / ((V) * (int)sizeof(T)))
 #define CONV_ALL (1 << 30) // the limit without document masking
@@ -93,20 +93,12 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
         constexpr int KT = KT_IS_4 ? 4 : CONV_MAX_K;                                                                   \
         __VA_ARGS__;                                                                                                   \
     })
-// Runs BODY with V the channels a thread takes (width: 8, 4 or 1).
+// Runs BODY with V the channels a thread takes (width: CONV_V or 1).
 #define CONV_V_SWITCH(width, ...)                                                                                      \
-    do {                                                                                                               \
-        if ((width) == 8) {                                                                                            \
-            constexpr int V = 8;                                                                                       \
-            __VA_ARGS__;                                                                                               \
-        } else if ((width) == 4) {                                                                                     \
-            constexpr int V = 4;                                                                                       \
-            __VA_ARGS__;                                                                                               \
-        } else {                                                                                                       \
-            constexpr int V = 1;                                                                                       \
-            __VA_ARGS__;                                                                                               \
-        }                                                                                                              \
-    } while (0)
+    BOOL_SWITCH((width) == CONV_V, WIDE, {                                                                             \
+        constexpr int V = WIDE ? CONV_V : 1;                                                                           \
+        __VA_ARGS__;                                                                                                   \
+    })
 
 // A call's shape: B sequences of S, C channels, kernel K.
 typedef struct {
@@ -228,12 +220,12 @@ __device__ __forceinline__ ConvRows<N, V, T> conv_rows(const T *xs, const T *ds,
     return r;
 }
 
-// y[q] = silu(u[q]) over runs of CONV_RUN positions (x before the sequence: the halo or 0). PF: a chunk's rows are
-// loaded while the one before it is computed (U halved, the same registers).
-template <int KT, int V, typename T, typename TW, bool DOCS, bool PF>
+// y[q] = silu(u[q]) over runs of CONV_RUN positions (x before the sequence: the halo or 0); a chunk's rows are
+// loaded while the one before it is computed.
+template <int KT, int V, typename T, typename TW, bool DOCS>
 __global__ void __launch_bounds__(32 * CONV_TY)
     conv_forward_kernel(T *y, const T *x, const TW *w, const T *halo, const int *pos, ConvShape sh) {
-    constexpr int U = CONV_CHUNK(KT, V, T) / (PF ? 2 : 1);
+    constexpr int U = CONV_CHUNK(KT, V, T) / 2;
     int64_t C = sh.C, S = sh.S, per_seq = (S + CONV_RUN - 1) / CONV_RUN, runs = sh.B * per_seq;
     int K = sh.K;
     int64_t c = (blockIdx.x * (int64_t)32 + threadIdx.x) * V;
@@ -246,13 +238,10 @@ __global__ void __launch_bounds__(32 * CONV_TY)
         const int *ps = pos + b * S;
         T *ys = y + b * S * C + c;
         conv_history(xw, xs, halo ? halo + b * (K - 1) * C + c : NULL, K, p0, C);
-        ConvRows<U, V, T> a;
-        if (PF) a = conv_rows<U, V, false, DOCS>(xs, xs, ps, p0, end, C);
+        ConvRows<U, V, T> a = conv_rows<U, V, false, DOCS>(xs, xs, ps, p0, end, C);
 #pragma unroll 1
         for (int64_t q0 = p0; q0 < end; q0 += U) {
-            ConvRows<U, V, T> next;
-            if (PF) next = conv_rows<U, V, false, DOCS>(xs, xs, ps, q0 + U, end, C);
-            else a = conv_rows<U, V, false, DOCS>(xs, xs, ps, q0, end, C);
+            ConvRows<U, V, T> next = conv_rows<U, V, false, DOCS>(xs, xs, ps, q0 + U, end, C);
 #pragma unroll
             for (int i = 0; i < U; i++) {
                 conv_shift(xw);
@@ -266,7 +255,7 @@ __global__ void __launch_bounds__(32 * CONV_TY)
                 }
                 if (q0 + i < end) conv_store<V>(ys + (q0 + i) * C, o);
             }
-            if (PF) a = next;
+            a = next;
         }
     }
 }
@@ -315,12 +304,12 @@ template <int KT, int V, typename T, bool DOCS> struct ConvSlide {
     }
 };
 
-// dpre, dx (and dhalo) and this block's part of dw over runs of L positions (above); PF as in the forward.
-template <int KT, int V, typename T, typename TW, bool DOCS, bool PF>
+// dpre, dx (and dhalo) and this block's part of dw over runs of L positions (above), loading as the forward does.
+template <int KT, int V, typename T, typename TW, bool DOCS>
 __global__ void __launch_bounds__(32 * CONV_TY, V > CONV_V ? 2 : 4)
     conv_backward_kernel(T *dx, T *dhalo, float *part, const T *dy, const T *x, const TW *w, const T *halo,
                          const int *pos, ConvShape sh, int64_t L) {
-    constexpr int U = CONV_CHUNK(KT, V, T) / (PF ? 2 : 1);
+    constexpr int U = CONV_CHUNK(KT, V, T) / 2;
     static_assert(8 % U == 0, "a run (conv_run_length) is a whole number of chunks");
     __shared__ float red[CONV_TY][32]; // the lanes' sums of one tap
     int64_t C = sh.C, S = sh.S, per_seq = (S + L - 1) / L, runs = sh.B * per_seq;
@@ -347,16 +336,13 @@ __global__ void __launch_bounds__(32 * CONV_TY, V > CONV_V ? 2 : 4)
         for (int i = 0; i < KT; i++)
 #pragma unroll
             for (int v = 0; v < V; v++) sl.dp[i][v] = 0.0f;
-        ConvRows<U, V, T> a;
-        if (PF) a = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, p0, end, C);
+        ConvRows<U, V, T> a = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, p0, end, C);
         int64_t q0 = p0;
 #pragma unroll 1
         for (; q0 < end; q0 += U) {
-            ConvRows<U, V, T> next;
-            if (PF) next = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, q0 + U, end, C);
-            else a = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, q0, end, C);
+            ConvRows<U, V, T> next = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, q0 + U, end, C);
             sl.template steps<U, true>(q0, a);
-            if (PF) a = next;
+            a = next;
         }
         // the outputs' last KT − 1 rows of dpre (past the sequence: 0)
         sl.template steps<KT - 1, false>(q0, conv_rows<KT - 1, V, true, DOCS>(sl.xs, sl.ds, ps, q0, S, C));
@@ -391,35 +377,26 @@ static ConvShape conv_shape(Tensor x, Tensor w, Tensor halo, Tensor pos, int64_t
     if (pos.p) CHECK(pos.dev == DEV_CUDA && pos.dt == DT_I32 && tensor_numel(pos) == T_);
     return s;
 }
-// A/B knob: remove after measurement. PITH_CONV_VARIANT (read on every call, so a benchmark switches it in-process):
-// 0 or unset: CONV_V channels a thread, rows loaded a chunk ahead (PF); 1: CONV_V channels, each chunk loaded then
-// computed (twice the rows at once); 2: 8 channels (16-byte bf16 rows), PF.
-static int conv_variant(void) {
-    const char *e = getenv("PITH_CONV_VARIANT");
-    return e ? atoi(e) : 0;
-}
-// The channels a thread takes: the variant's width where C and every pointer allow one access of that many elements
+// The channels a thread takes: CONV_V where C and every pointer allow one access of that many elements
 // of dtype dt and the kernel has at most 4 taps (8 taps' windows of several channels spill), else 1.
 static int conv_width(ConvShape s, DType dt, const void *a, const void *b, const void *c, const void *d,
                       const void *e) {
-    int v = conv_variant() == 2 ? 8 : CONV_V;
-    uintptr_t m = (uintptr_t)v * dtype_size(dt) - 1;
-    bool fits = s.C % v == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & m);
-    return fits && s.K <= 4 ? v : 1;
+    uintptr_t m = (uintptr_t)CONV_V * dtype_size(dt) - 1;
+    bool fits = s.C % CONV_V == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & m);
+    return fits && s.K <= 4 ? CONV_V : 1;
 }
 // The backward's run length for its lanes: a sequence split over about lanes / B of them, a multiple of 8 (of every
-// chunk, so the runs, and with them the weight gradient's order, follow the shape alone, not the variant or width).
+// chunk, so the runs, and with them the weight gradient's order, follow the shape alone, not the channel width).
 static int64_t conv_run_length(ConvShape s, int64_t lanes) {
     int64_t per = (lanes + s.B - 1) / s.B, L = (s.S + per - 1) / per;
     return (L + 7) / 8 * 8;
 }
-// Runs BODY with KT and VK (V, or 1 past 4 taps: conv_width's), and PF (off only under the A/B knob's variant 1).
+// Runs BODY with KT and VK (V, or 1 past 4 taps: conv_width's).
 #define CONV_KERNEL_SWITCH(K, ...)                                                                                     \
-    KT_SWITCH(K, BOOL_SWITCH(conv_variant() != 1, PF_ON, {                                                             \
-                  constexpr int VK = KT == 4 ? V : 1;                                                                  \
-                  constexpr bool PF = VK == CONV_V ? PF_ON : true;                                                     \
-                  __VA_ARGS__;                                                                                         \
-              }))
+    KT_SWITCH(K, {                                                                                                     \
+        constexpr int VK = KT == 4 ? V : 1;                                                                            \
+        __VA_ARGS__;                                                                                                   \
+    })
 
 void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
     ConvShape s = conv_shape(x, w, halo, pos, B, "conv1d_silu_forward");
@@ -433,7 +410,7 @@ void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor 
         DT_SWITCH(x.dt, T, "conv1d_silu_forward",
                   DT_SWITCH(w.dt, TW, "conv1d_silu_forward",
                             BOOL_SWITCH(pos.p, DOCS,
-                                        CONV_KERNEL_SWITCH(s.K, conv_forward_kernel<KT, VK, T, TW, DOCS, PF>
+                                        CONV_KERNEL_SWITCH(s.K, conv_forward_kernel<KT, VK, T, TW, DOCS>
                                                            <<<grid, block, 0, cuda_stream()>>>(
                                                                (T *)y.p, (const T *)x.p, (const TW *)w.p,
                                                                (const T *)halo.p, (const int *)pos.p, s)))));
@@ -455,14 +432,14 @@ void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Te
     int64_t L = conv_run_length(s, (int64_t)G * CONV_TY);
     CONV_V_SWITCH(conv_width(s, x.dt, dx.p, dhalo.p, dy.p, x.p, halo.p), {
         dim3 grid((unsigned)(((s.C + V - 1) / V + 31) / 32), (unsigned)G), block(32, CONV_TY);
-        DT_SWITCH(x.dt, T, "conv1d_silu_backward",
-                  DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
-                            BOOL_SWITCH(pos.p, DOCS,
-                                        CONV_KERNEL_SWITCH(s.K, conv_backward_kernel<KT, VK, T, TW, DOCS, PF>
-                                                           <<<grid, block, 0, cuda_stream()>>>(
-                                                               (T *)dx.p, (T *)dhalo.p, part, (const T *)dy.p,
-                                                               (const T *)x.p, (const TW *)w.p, (const T *)halo.p,
-                                                               (const int *)pos.p, s, L)))));
+        DT_SWITCH(
+            x.dt, T, "conv1d_silu_backward",
+            DT_SWITCH(w.dt, TW, "conv1d_silu_backward",
+                      BOOL_SWITCH(pos.p, DOCS,
+                                  CONV_KERNEL_SWITCH(
+                                      s.K, conv_backward_kernel<KT, VK, T, TW, DOCS><<<grid, block, 0, cuda_stream()>>>(
+                                               (T *)dx.p, (T *)dhalo.p, part, (const T *)dy.p, (const T *)x.p,
+                                               (const TW *)w.p, (const T *)halo.p, (const int *)pos.p, s, L)))));
     });
     CUDA_LAUNCH_CHECK();
     colsum_finish((float *)dw.p, part, G, s.C * s.K);
