@@ -449,19 +449,8 @@ __device__ __forceinline__ void tc_zip(float (&a)[TcTile<M, N>::NT][4], const fl
         for (int q = 0; q < 4; q++) a[j][q] = f(a[j][q], b[j][q]);
 }
 
-// f(row, column, value) for each accumulator element of this warp (value by reference: f may rewrite it).
-template <int M, int N, class F> __device__ __forceinline__ void tc_each(float (&acc)[TcTile<M, N>::NT][4], F f) {
-    typedef TcTile<M, N> Tl;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int m0 = (warp % Tl::WM) * 16 + (lane >> 2), n0 = (warp / Tl::WM) * (N / Tl::WN) + 2 * (lane & 3);
-#pragma unroll
-    for (int j = 0; j < Tl::NT; j++)
-#pragma unroll
-        for (int q = 0; q < 4; q++) f(m0 + (q >> 1) * 8, n0 + 8 * j + (q & 1), acc[j][q]);
-}
-
 // f(row, column, v0, v1) for each pair of this warp's accumulator elements at (row, column) and (row, column + 1),
-// column even: one 4- or 8-byte access where tc_each's would be two.
+// column even (v0, v1 by reference: f may rewrite them): one 4- or 8-byte access where single elements take two.
 template <int M, int N, class F> __device__ __forceinline__ void tc_pairs(float (&acc)[TcTile<M, N>::NT][4], F f) {
     typedef TcTile<M, N> Tl;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -470,6 +459,10 @@ template <int M, int N, class F> __device__ __forceinline__ void tc_pairs(float 
     for (int j = 0; j < Tl::NT; j++)
 #pragma unroll
         for (int h = 0; h < 2; h++) f(m0 + 8 * h, n0 + 8 * j, acc[j][2 * h], acc[j][2 * h + 1]);
+}
+// f(row, column, value) for each accumulator element of this warp, in tc_pairs' order.
+template <int M, int N, class F> __device__ __forceinline__ void tc_each(float (&acc)[TcTile<M, N>::NT][4], F f) {
+    tc_pairs<M, N>(acc, [&](int r, int c, float &x0, float &x1) { f(r, c, x0), f(r, c + 1, x1); });
 }
 __device__ __forceinline__ void st2(bf16 *p, float a, float b) { *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b); }
 __device__ __forceinline__ void st2(float *p, float a, float b) { *(float2 *)p = make_float2(a, b); }
