@@ -7,7 +7,7 @@
 #   test        main's whole GPU suite (build/test_gpu), also written as it runs to $OUT/test_gpu.txt
 #   ctest       the candidate's GPU tests of what its diffs change (CFILTERS: test-name substrings)
 #   csan        compute-sanitizer memcheck + racecheck on the candidate's changed kernels
-#   ops         bench_gpu_ops --delta and --grouped, main and candidate, + bench/peer_grouped.py
+#   ops         bench_gpu_ops --delta, --conv and --grouped, main and candidate, + bench/peer_grouped.py
 #   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
 #   bench       pith train, 8 steps, on each NAME:ROUTING:BIN[:fp8|:KEY=VALUE] in RUNS (BIN main|cand; 2 × 4096 tokens)
 #   peer35      HF transformers on bench/qwen3_5_8l's shapes, balanced: PEER35_MODES (default eager; also compile,
@@ -98,7 +98,7 @@ csan)
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=" $OUT/${tool}_$t.txt | sed "s/^/cand $tool $t: /" | tee -a $OUT/summary.txt
     done; done ;;
 ops)
-    for b in build build-cand; do for w in --delta --grouped; do
+    for b in build build-cand; do for w in --delta --conv --grouped; do
         timeout 60 $b/bench_gpu_ops $w >$OUT/ops_${b}$w.txt 2>&1; echo "rc=$?" >>$OUT/ops_${b}$w.txt
         grep -v BENCH $OUT/ops_${b}$w.txt | sed "s|^|$b $w: |" | tee -a $OUT/summary.txt
     done; done
