@@ -249,12 +249,12 @@ static void bench_dense_fp8(int64_t T, int64_t H, int64_t I) {
     FP8_ROW("gate_up fwd", fg, op_linear_forward(gu, x, wgu, NONE), op_fp8_linear_forward(gu, x, qgu));
     FP8_ROW("gate_up bwd input", fg, op_linear_backward_input(x, gu, wgu, false),
             op_fp8_linear_backward_input(x, gu, qgu, false));
-    FP8_ROW("gate_up bwd weight fp32", fg, op_linear_backward_weight(dwgu, NONE, gu, x),
+    FP8_ROW("gate_up bwd weight fp32", fg, op_linear_backward_weight(dwgu, NONE, gu, x, true),
             op_fp8_linear_backward_weight(dwgu, gu, x));
     FP8_ROW("down fwd", fdn, op_linear_forward(y, act, wd, NONE), op_fp8_linear_forward(y, act, qd));
     FP8_ROW("down bwd input", fdn, op_linear_backward_input(act, y, wd, false),
             op_fp8_linear_backward_input(act, y, qd, false));
-    FP8_ROW("down bwd weight fp32", fdn, op_linear_backward_weight(dwd, NONE, y, act),
+    FP8_ROW("down bwd weight fp32", fdn, op_linear_backward_weight(dwd, NONE, y, act, true),
             op_fp8_linear_backward_weight(dwd, y, act));
 #undef FP8_ROW
     printf("(%lld of the FP8 GEMMs above ran on the tensor cores)\n", (long long)(cuda_fp8_tensor_core_gemms() - tc0));
@@ -455,7 +455,8 @@ int main(int argc, char **argv) {
     double f = 2.0 * T * nh * d * H;
     TIME("gemm q_proj fwd 4096x2048->4096", 20, f, "TFLOP/s", op_linear_forward(q2, x, wq, (Tensor){0}));
     TIME("gemm q_proj bwd input", 20, f, "TFLOP/s", op_linear_backward_input(x, q2, wq, false));
-    TIME("gemm q_proj bwd weight (fp32 acc)", 20, f, "TFLOP/s", op_linear_backward_weight(dw, (Tensor){0}, q2, x));
+    TIME("gemm q_proj bwd weight (fp32 acc)", 20, f, "TFLOP/s",
+         op_linear_backward_weight(dw, (Tensor){0}, q2, x, true));
     { // the router (E logits: few output tiles over a long reduction) and RMSNorm's backward, hidden and per head
         Arena save = A;
         Tensor wr = dev(bf, 2, E, H, 0), lg = dev(DT_F32, 2, T, E, 0), dwr = dev(DT_F32, 2, E, H, 0);
@@ -464,7 +465,7 @@ int main(int argc, char **argv) {
         TIME("gemm router fwd 4096x2048->128 (fp32 logits)", 20, fr, "TFLOP/s",
              op_linear_forward(lg, x, wr, (Tensor){0}));
         TIME("gemm router bwd weight (fp32 dy, fp32 acc)", 20, fr, "TFLOP/s",
-             op_linear_backward_weight(dwr, (Tensor){0}, lg, x));
+             op_linear_backward_weight(dwr, (Tensor){0}, lg, x, true));
         for (int hd = 0; hd < 2; hd++) { // (T, H), then q's (T·heads, d)
             int64_t r = hd ? T * nh : T, c = hd ? d : H;
             Tensor xn = hd ? tensor_reshape2(q2, r, c) : x, y = dev(bf, 2, r, c, 0), dy = dev(bf, 2, r, c, 0),
@@ -505,7 +506,7 @@ int main(int argc, char **argv) {
             TIME(nm, 10, fl, "TFLOP/s", op_linear_backward_input(dhc, l, wl, false));
             tot += last_ms;
             snprintf(nm, sizeof nm, "lm_head bwd weight chunk %lld (fp32 dW)", (long long)n);
-            TIME(nm, 5, fl, "TFLOP/s", op_linear_backward_weight(dwl, (Tensor){0}, l, h));
+            TIME(nm, 5, fl, "TFLOP/s", op_linear_backward_weight(dwl, (Tensor){0}, l, h, true));
             tot += last_ms;
             snprintf(nm, sizeof nm, "lm_head+CE per 8192 tokens, chunk %lld", (long long)n);
             report(nm, tot * 8192.0 / n, 3.0 * 2 * 8192 * V * H, "TFLOP/s");

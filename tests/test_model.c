@@ -137,32 +137,38 @@ TEST(model_gradcheck_qwen3_moe_load_balance) { gradcheck(config_a, 0.05, LB_MICR
 // The sequence form: each of the micro-batch's 2 sequences balanced on its own (DeepSeek-V2).
 TEST(model_gradcheck_qwen3_moe_load_balance_sequence) { gradcheck(config_a, 0.05, LB_SEQUENCE); }
 TEST(model_gradcheck_qwen3_moe_bias_dense_tied) { gradcheck(config_b, 0.0, LB_MICRO_BATCH); }
-// The epilog over 4 row chunks (5, 5, 5, 1 of the 16 tokens), the LM head's gradient added chunk by chunk.
+// The epilog over 3 row chunks (6, 6, 4 of the 16 tokens: rows for 6 at a time), the LM head's gradient written by the
+// first and added by the others.
 TEST(model_gradcheck_qwen3_moe_logits_chunks) {
-    gradcheck_logits_rows = 5;
+    gradcheck_logits_rows = 6;
     gradcheck(config_a, 0.0, LB_MICRO_BATCH);
     gradcheck_logits_rows = 0;
 }
 
 // model_zero_grads zeroes the expert group only once: each later step's first weight gradient writes every
-// expert's gradient, an expert no row reached included. A backward over poisoned (NaN) expert gradients must give
-// the bits of one over zeros; one token top-2 of 4 leaves experts empty in each layer.
-TEST(model_expert_grads_written_over_stale) {
+// expert's gradient, an expert no row reached included; and it leaves the LM head's gradient to the epilog's first
+// product. A backward over poisoned (NaN) gradients must give the bits of one over zeros; one token top-2 of 4 leaves
+// experts empty in each layer.
+TEST(model_grads_written_over_stale) {
     Fixture fx;
     fixture_make(&fx, config_a, 0.0, LB_MICRO_BATCH, 1, 1);
     Model *m = &fx.m;
-    int64_t n = tensor_numel(m->g[GROUP_EXPERT]);
+    ASSERT(!m->cfg.tie_embed);
+    int64_t n = tensor_numel(m->g[GROUP_EXPERT]), nd = tensor_numel(m->g[GROUP_DENSE]);
     float *g = m->g[GROUP_EXPERT].p, *ref = xmalloc(n * sizeof(float));
+    float *gd = m->g[GROUP_DENSE].p, *refd = xmalloc(nd * sizeof(float));
     for (int pass = 0; pass < 2; pass++) {
         if (pass)
-            for (int64_t j = 0; j < n; j++) g[j] = NAN; // the last step's gradients, poisoned
+            for (int64_t j = 0; j < n + nd; j++) (j < n ? g : gd)[j < n ? j : j - n] = NAN; // last step's, poisoned
         model_zero_grads(m);
+        ASSERT(m->head_unwritten == (pass > 0)); // the first call zeroes everything
         step_sums_begin(&fx.st, m);
         chunk_forward(&fx.e, 0, true);
         chunk_backward(&fx.e, 0, false);
-        if (!pass) memcpy(ref, g, n * sizeof(float));
+        if (!pass) memcpy(ref, g, n * sizeof(float)), memcpy(refd, gd, nd * sizeof(float));
     }
-    ASSERT(memcmp(ref, g, n * sizeof(float)) == 0);
+    ASSERT(memcmp(ref, g, n * sizeof(float)) == 0 && memcmp(refd, gd, nd * sizeof(float)) == 0);
+    free(refd);
     int empty = 0;
     for (int i = 0; i < m->params.n; i++) {
         const ParamInfo *p = &m->params.p[i];

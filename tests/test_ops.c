@@ -73,7 +73,7 @@ TEST(op_linear) {
     fd_grad(ref_linear, in, 2, c.N, Gd, c.M * c.N, gb, &c);
     float *dx = poisoned(c.M * c.K), *dw = xcalloc(c.N * c.K, 4), *db = xcalloc(c.N, 4);
     op_linear_backward_input(tf32_2(dx, c.M, c.K), tf32_2(G, c.M, c.N), tf32_2(w, c.N, c.K), false);
-    op_linear_backward_weight(tf32_2(dw, c.N, c.K), tf32_1(db, c.N), tf32_2(G, c.M, c.N), tf32_2(x, c.M, c.K));
+    op_linear_backward_weight(tf32_2(dw, c.N, c.K), tf32_1(db, c.N), tf32_2(G, c.M, c.N), tf32_2(x, c.M, c.K), true);
     ASSERT(rel_err_mixed(dx, gx, c.M * c.K) < 1e-6);
     ASSERT(rel_err_mixed(dw, gw, c.N * c.K) < 1e-6);
     ASSERT(rel_err_mixed(db, gb, c.N) < 1e-6);
@@ -81,6 +81,11 @@ TEST(op_linear) {
     op_linear_backward_input(tf32_2(dx, c.M, c.K), tf32_2(G, c.M, c.N), tf32_2(w, c.N, c.K), true);
     for (int64_t i = 0; i < c.M * c.K; i++) gx[i] *= 2;
     ASSERT(rel_err_mixed(dx, gx, c.M * c.K) < 1e-6);
+    // the weight gradient written, not added, over poison
+    float *dw2 = poisoned(c.N * c.K);
+    op_linear_backward_weight(tf32_2(dw2, c.N, c.K), (Tensor){0}, tf32_2(G, c.M, c.N), tf32_2(x, c.M, c.K), false);
+    ASSERT(rel_err_mixed(dw2, gw, c.N * c.K) < 1e-6);
+    free(dw2);
 }
 
 // ---- grouped linear: 4 experts, one of them empty, with and without a per-expert bias ----

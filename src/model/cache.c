@@ -104,7 +104,7 @@ void model_proj_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy,
 }
 
 void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x) {
-    if (!fp8_proj(m, l, s)) return op_linear_backward_weight(dw, db, dy, x);
+    if (!fp8_proj(m, l, s)) return op_linear_backward_weight(dw, db, dy, x, true);
     CHECK(tensor_numel(fp8_source(m, l, s)) == tensor_numel(dw));
     op_fp8_linear_backward_weight(dw, dy, x);
     if (db.p) op_linear_bias_backward(db, dy, (Tensor){0}, true);

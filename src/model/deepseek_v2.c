@@ -409,7 +409,7 @@ void model_mla_decompress_backward(const MlaLatent *ml, Tensor c, Tensor dc, Ten
     Tensor dkv2 = tensor_reshape2(dkv, R, nh * (dn + dvd));
     if (!ml->m) {
         op_linear_backward_input(dc, dkv2, ml->wkvb, false);
-        op_linear_backward_weight(ml->dwkvb, (Tensor){0}, dkv2, c);
+        op_linear_backward_weight(ml->dwkvb, (Tensor){0}, dkv2, c, true);
         return;
     }
     model_proj_backward_input(ml->m, ml->layer, FP8_KV_B, dc, dkv2, ml->wkvb, false);

@@ -366,9 +366,24 @@ void step_sums_free(StepSums *s) {
     memset(s, 0, sizeof *s);
 }
 
+void model_zero_dense(Model *m, Tensor g) {
+    Tensor h = m->sg ? m->sg->lm_head : (Tensor){0};
+    uintptr_t p = (uintptr_t)g.p, hp = (uintptr_t)h.p;
+    int64_t n = tensor_numel(g), off = (int64_t)(hp - p) / (int64_t)sizeof(float), hn = tensor_numel(h);
+    if (m->cfg.tie_embed || !hp || hp < p || off + hn > n || g.dt != DT_F32) {
+        op_zero(g);
+        return;
+    }
+    op_zero(tensor_rows(g, 0, off)), op_zero(tensor_rows(g, off + hn, n - off - hn));
+    m->head_unwritten = true;
+}
+
 void model_zero_grads(Model *m) {
-    if (m->g[GROUP_DENSE].p) op_zero(m->g[GROUP_DENSE]);
-    if (!m->expert_grads_zeroed) op_zero(m->g[GROUP_EXPERT]), m->expert_grads_zeroed = true;
+    if (!m->grads_zeroed) { // once whole: what no op of this rank writes (padding, views of other stages) stays zero
+        for (int g = 0; g < NGROUPS; g++)
+            if (m->g[g].p) op_zero(m->g[g]);
+        m->grads_zeroed = true;
+    } else if (m->g[GROUP_DENSE].p) model_zero_dense(m, m->g[GROUP_DENSE]);
 }
 
 void model_attention_forward(Model *m, int l, Tensor o, Tensor lse, Tensor q, Tensor k, Tensor v, const AttnArgs *a) {

@@ -318,9 +318,11 @@ struct Model {
     void *views;             // the family mixer's views: (2, MAX_LAYERS) of fam->layer_views bytes (model_layer_views)
     struct KvCache *kv;      // generation: attention and DeltaNet read and extend it (NULL: training, evaluation)
     struct Ring *ring;       // context parallelism (parallel/ring.h): attention is zigzag ring attention (NULL: cp 1)
-    // model_zero_grads zeroes the expert group only the first time, so its padding is zero and each step saves a
-    // pass over the largest gradient buffer (the step's first weight gradient writes: StepSums.experts_written).
-    bool expert_grads_zeroed;
+    // model_zero_grads zeroes both groups only the first time, so their padding is zero; later it zeroes the dense
+    // group but the untied LM head's gradient (model_zero_dense), and the expert group not at all. The step's first
+    // weight gradient writes those instead of adding (StepSums.experts_written, head_unwritten): each step saves a
+    // pass over the largest gradient buffer and one over V·H fp32 values with the first LM-head chunk's read of zeros.
+    bool grads_zeroed, head_unwritten;
     Fp8Cache fp8; // FP8 (cache.c): the layers' quantised projection weights
     // Tests (CPU only, one micro-batch): layer l's router takes route_given[l] (T·k) instead of its own top-k
     // (RouterArgs.given); NULL: its own.
@@ -447,6 +449,9 @@ void model_router_forward(Model *m, const MicroBatch *mb, int l, Tensor probs, T
 void model_router_backward(Model *m, Tensor dlogits, Tensor dw, Tensor lb_grad, Tensor probs, Tensor idx, Tensor w,
                            const RouterArgs *ra, int B);
 void model_zero_grads(Model *m);
+// Zeroes the dense gradient buffer g (the group, or a gradient unit's window) but the LM head's gradient where it lies
+// in g untied: that is written by the epilog's next product (Model.head_unwritten).
+void model_zero_dense(Model *m, Tensor g);
 // A step's sums on m's device (alloc false: shapes only, for plans); router_load when m->router_bias is set.
 void step_sums_create(StepSums *s, const Model *m, bool alloc);
 void step_sums_begin(StepSums *s, const Model *m);    // a new step: zeroes the sums and counts, experts_written

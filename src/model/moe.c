@@ -397,14 +397,14 @@ void moe_stage1_backward(Model *m, int l, void *rp, MicroBatch *mb, StageIO *io,
         model_router_backward(m, r->dlogits, io->dw, m->lb_coef > 0 ? r->lb_grad : NONE, r->probs, io->idx, io->w, &ra,
                               mb->B);
         op_linear_backward_input(dn2, r->dlogits, W->router[l], true);
-        op_linear_backward_weight(G->router[l], G->router_b[l], r->dlogits, r->n2);
+        op_linear_backward_weight(G->router[l], G->router_b[l], r->dlogits, r->n2, true);
     }
     if (has_shared(m, l)) {
         bool gated = m->fam->shared_gate;
         if (gated) {
             op_sigmoid_gate_backward(r->dso, r->dsg, dout, r->so, r->sg, false);
             op_linear_backward_input(dn2, r->dsg, W->shared_gate[l], true);
-            op_linear_backward_weight(G->shared_gate[l], NONE, r->dsg, r->n2);
+            op_linear_backward_weight(G->shared_gate[l], NONE, r->dsg, r->n2, true);
         }
         Tensor dso = gated ? r->dso : dout;
         model_proj_backward_input(m, l, FP8_SHARED_DOWN, r->dsact, dso, W->shared_down[l], false);
@@ -557,7 +557,10 @@ void moe_epilog_forward(Model *m, EpilogRec *r, MicroBatch *mb, Tensor h, bool g
     const SharedWeights *W = m->sw, *G = m->sg;
     r->h = h;
     op_rmsnorm_forward(r->hn, r->rstd, h, W->norm, (float)m->cfg.eps, &(RmsArgs){.one_plus = m->cfg.norm_1p});
-    int64_t C = r->logits.n[0];
+    // Chunks of equal size (a multiple of 64 rows where that fits), not C rows and a remainder: the input gradient's
+    // product (C × H outputs over a reduction of V) fills the GPU's waves only with enough rows.
+    int64_t C = r->logits.n[0], k = (mb->T + C - 1) / C, even = k ? (mb->T + k - 1) / k : 0;
+    C = (even + 63) / 64 * 64 <= C ? (even + 63) / 64 * 64 : even;
     for (int64_t r0 = 0; r0 < mb->T; r0 += C) {
         int64_t n = mb->T - r0 < C ? mb->T - r0 : C;
         Tensor lg = tensor_rows(r->logits, 0, n), hn = tensor_rows(r->hn, r0, n);
@@ -566,7 +569,8 @@ void moe_epilog_forward(Model *m, EpilogRec *r, MicroBatch *mb, Tensor h, bool g
         op_cross_entropy(lg, tensor_rows(mb->labels, r0, n), mb->sums->loss_sum, rows, 1.0f); // lg ← ∂(Σ CE)/∂logits
         if (!grad) continue;
         op_linear_backward_input(tensor_rows(r->dhn, r0, n), lg, W->lm_head, false);
-        op_linear_backward_weight(G->lm_head, NONE, lg, hn);
+        op_linear_backward_weight(G->lm_head, NONE, lg, hn, !m->head_unwritten);
+        m->head_unwritten = false;
     }
 }
 

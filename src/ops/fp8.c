@@ -119,7 +119,7 @@ void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accum
 
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
     if (RAN_ON_CUDA(x.dev, cuda_fp8_linear_backward_weight(dw, dy, x))) return;
-    op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NONE), rounded(1, x, FP8_TILES, NONE));
+    op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NONE), rounded(1, x, FP8_TILES, NONE), true);
 }
 
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, Tensor offs) {

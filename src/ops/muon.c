@@ -20,12 +20,12 @@ static void newton_schulz_one(Tensor G, Tensor A, Tensor AA, Tensor Y, int steps
     Tensor none = {0};
     none.dev = G.dev;
     for (int s = 0; s < steps; s++) {
-        if (tall) op_zero(A), op_linear_backward_weight(A, none, G, G); // A = GᵀG: (m, m)
-        else op_linear_forward(A, G, G, none);                          // A = G Gᵀ: (n, n)
-        op_linear_forward(AA, A, A, none);                              // A·Aᵀ = A² (A is symmetric)
-        op_scale(A, b), op_scale(AA, c), op_add(A, AA);                 // B = b·A + c·A²
-        if (tall) op_linear_forward(Y, G, A, none);                     // G·Bᵀ = G·B: (n, m)
-        else op_linear_backward_input(Y, A, G, false);                  // B·G: (n, m)
+        if (tall) op_linear_backward_weight(A, none, G, G, false); // A = GᵀG: (m, m)
+        else op_linear_forward(A, G, G, none);                     // A = G Gᵀ: (n, n)
+        op_linear_forward(AA, A, A, none);                         // A·Aᵀ = A² (A is symmetric)
+        op_scale(A, b), op_scale(AA, c), op_add(A, AA);            // B = b·A + c·A²
+        if (tall) op_linear_forward(Y, G, A, none);                // G·Bᵀ = G·B: (n, m)
+        else op_linear_backward_input(Y, A, G, false);             // B·G: (n, m)
         op_scale(G, a), op_add(G, Y);
     }
 }

@@ -13,8 +13,9 @@
 OP(void, linear_forward, x.dev, (Tensor y, Tensor x, Tensor w, Tensor b), (y, x, w, b))
 // dx: (M, K) (+)= dy: (M, N) · w: (N, K)
 OP(void, linear_backward_input, dy.dev, (Tensor dx, Tensor dy, Tensor w, bool accumulate), (dx, dy, w, accumulate))
-// dw: (N, K) += dy: (M, N)ᵀ · x: (M, K); db: (N) += Σ_rows dy (db.p == NULL: no bias)
-OP(void, linear_backward_weight, dy.dev, (Tensor dw, Tensor db, Tensor dy, Tensor x), (dw, db, dy, x))
+// dw: (N, K) (+)= dy: (M, N)ᵀ · x: (M, K); db: (N) += Σ_rows dy (db.p == NULL: no bias; a bias only accumulating)
+OP(void, linear_backward_weight, dy.dev, (Tensor dw, Tensor db, Tensor dy, Tensor x, bool accumulate),
+   (dw, db, dy, x, accumulate))
 // The bias of an FP8 product, outside it (PithTrain adds it in the compute dtype): y: (M, N) += b: (N) per row, or with
 // offs (the experts' row offsets, as the grouped GEMMs'; p == NULL: dense) b: (E, N), expert e's on its rows; db: (N)
 // or (E, N) fp32 (+)= Σ_rows dy of the unrounded dy likewise (accumulate false: written; dense: always added).

@@ -453,8 +453,8 @@ static void unit_begin(Chunk *c, int u) {
     if (!c->units) return;
     unit_finish(c, unit_slot(c->m, u));
     Tensor w = unit_window(c, u);
-    op_zero(w);
     model_bind_grad_unit(c->m, u, w, c->units->unit[u].off);
+    model_zero_dense(c->m, w);
 }
 
 // Unit u's backward has ended: its reduce to the owners, issued.

@@ -24,14 +24,17 @@ static void check_linear(DType dt, double tol, int64_t M, int64_t K, int64_t N) 
     op_linear_backward_input(dx.c, dy.c, w.c, true), op_linear_backward_input(dx.d, dy.d, w.d, true);
     EXPECT_CLOSE(dx, tol);
     Pair dw = pair_rand(DT_F32, 1, 2, N, K, 0, 0), db = pair_rand(DT_F32, 1, 1, N, 0, 0, 0);
-    op_linear_backward_weight(dw.c, db.c, dy.c, x.c), op_linear_backward_weight(dw.d, db.d, dy.d, x.d);
+    op_linear_backward_weight(dw.c, db.c, dy.c, x.c, true), op_linear_backward_weight(dw.d, db.d, dy.d, x.d, true);
     EXPECT_CLOSE(dw, tol);
     EXPECT_CLOSE(db, tol);
     // no bias: y = x·wᵀ, dw accumulates again
     op_linear_forward(y.c, x.c, w.c, NONE), op_linear_forward(y.d, x.d, w.d, NONE);
     EXPECT_CLOSE(y, tol);
-    op_linear_backward_weight(dw.c, NONE, dy.c, x.c), op_linear_backward_weight(dw.d, NONE, dy.d, x.d);
+    op_linear_backward_weight(dw.c, NONE, dy.c, x.c, true), op_linear_backward_weight(dw.d, NONE, dy.d, x.d, true);
     EXPECT_CLOSE(dw, tol);
+    Pair dws = pair_nan(DT_F32, 2, N, K, 0, 0); // written, not added: over NaN
+    op_linear_backward_weight(dws.c, NONE, dy.c, x.c, false), op_linear_backward_weight(dws.d, NONE, dy.d, x.d, false);
+    EXPECT_CLOSE(dws, tol);
     if (dt != DT_BF16) return;
     // mixed: fp32 logits from bf16 operands; fp32 logits gradients against bf16 weights and activations
     Pair y32 = pair_nan(DT_F32, 2, M, N, 0, 0), dy32 = pair_rand(DT_F32, 1, 2, M, N, 0, 0);
@@ -39,7 +42,7 @@ static void check_linear(DType dt, double tol, int64_t M, int64_t K, int64_t N) 
     EXPECT_CLOSE(y32, tol);
     op_linear_backward_input(dx.c, dy32.c, w.c, true), op_linear_backward_input(dx.d, dy32.d, w.d, true);
     EXPECT_CLOSE(dx, tol);
-    op_linear_backward_weight(dw.c, NONE, dy32.c, x.c), op_linear_backward_weight(dw.d, NONE, dy32.d, x.d);
+    op_linear_backward_weight(dw.c, NONE, dy32.c, x.c, true), op_linear_backward_weight(dw.d, NONE, dy32.d, x.d, true);
     EXPECT_CLOSE(dw, tol);
 }
 

@@ -308,12 +308,12 @@ static void toy_backward(void *ctx, int p, int mb, int slot, Tensor dy, Tensor d
     if (!dy.p) dy = t->y[slot]; // ∂(½‖y‖²)/∂y
     if (dx.p) op_linear_backward_input(dx, dy, t->w[p], false);
     if (defer) op_copy(t->dy[p][slot], dy);
-    else op_linear_backward_weight(t->dw[p], (Tensor){0}, dy, toy_x(t, p, mb, slot));
+    else op_linear_backward_weight(t->dw[p], (Tensor){0}, dy, toy_x(t, p, mb, slot), true);
 }
 
 static void toy_weight(void *ctx, int p, int mb, int slot) {
     Toy *t = ctx;
-    op_linear_backward_weight(t->dw[p], (Tensor){0}, t->dy[p][slot], toy_x(t, p, mb, slot));
+    op_linear_backward_weight(t->dw[p], (Tensor){0}, t->dy[p][slot], toy_x(t, p, mb, slot), true);
 }
 
 // The whole chain on one rank in fp64: the summed loss and the weight gradient of chunk c.

@@ -100,10 +100,10 @@ void cpu_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate) 
     gemm_run((Gemm[]){dense(false, false, M, K, N, 1, F(dy), F(w), accumulate ? 1 : 0, F(dx))}, 1);
 }
 
-void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
+void cpu_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, bool accumulate) {
     int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(x);
-    CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K);
-    gemm_run((Gemm[]){dense(true, false, N, K, M, 1, F(dy), F(x), 1, F(dw))}, 1);
+    CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K && (accumulate || !db.p));
+    gemm_run((Gemm[]){dense(true, false, N, K, M, 1, F(dy), F(x), accumulate ? 1 : 0, F(dw))}, 1);
     if (db.p) cpu_linear_bias_backward(db, dy, (Tensor){0}, true);
 }
 

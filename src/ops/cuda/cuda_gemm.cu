@@ -314,17 +314,18 @@ void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool accumulate)
 }
 
 // Mixed dtypes: the fp32 one of dy, x is rounded to bf16, a chunk of rows (the reduction dim) at a time.
-void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
+void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, bool accumulate) {
     int64_t M = t_rows(dy), N = t_cols(dy), K = t_cols(x);
-    CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K);
+    CHECK(t_rows(x) == M && t_rows(dw) == N && t_cols(dw) == K && (accumulate || !db.p));
     IS_F32(dw, "linear_backward_weight");
     DType abt = dy.dt == x.dt ? x.dt : DT_BF16;
     int64_t C = dy.dt == abt ? chunk_rows(x, abt, "linear_backward_weight", "x", "dy")
                              : chunk_rows(dy, abt, "linear_backward_weight", "dy", "x");
+    if (M == 0 && !accumulate) cuda_zero(dw);
     for (int64_t r0 = 0, n; r0 < M; r0 += n) {
         n = M - r0 < C ? M - r0 : C;
-        lt_matmul(false, true, K, N, n, operand_rows(x, r0, n, abt), K, operand_rows(dy, r0, n, abt), N, abt, 1.0f,
-                  dw.p, K, DT_F32);
+        lt_matmul(false, true, K, N, n, operand_rows(x, r0, n, abt), K, operand_rows(dy, r0, n, abt), N, abt,
+                  accumulate || r0 ? 1.0f : 0.0f, dw.p, K, DT_F32);
     }
     if (db.p) cuda_linear_bias_backward(db, dy, (Tensor){0}, true);
 }
