@@ -91,7 +91,8 @@ static void skewed_offs(int64_t *offs, int64_t R, int64_t E) {
 // (cuda_wgmma.cu, the default) and "loop" (one cuBLASLt product per expert on the side streams, cuda_gemm.cu).
 // Row names match bench/peer_grouped.py's. Weight-gradient rows count the fp32 accumulation into dw (the
 // peer writes a bf16 dw); their floor is E·N·K·8 bytes read and written once at the copy rate. The "store" rows
-// write the fp32 dw instead (a step's first micro-batch): E·N·K·4 bytes. nimpl: the first 1 (wgmma) or both.
+// write the fp32 dw instead (a step's first micro-batch): E·N·K·4 bytes; "bf16 store" a bf16 dw (gradient_dtype bf16),
+// half that. nimpl: the first 1 (wgmma) or both.
 static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, int k, int64_t I, int nimpl) {
     Arena save = A;
     int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
@@ -99,7 +100,8 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
     Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0),
            act = dev(bf, 2, R, I, 0), doffs = dev(DT_I64, 1, E + 1, 0, 0);
     Tensor wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0), dwgu = dev(DT_F32, 3, E, 2 * I, H),
-           dwd = dev(DT_F32, 3, E, H, I);
+           dwd = dev(DT_F32, 3, E, H, I), hgu = tensor_make(dwgu.p, bf, DEV_CUDA, 3, E, 2 * I, H, 1),
+           hd = tensor_make(dwd.p, bf, DEV_CUDA, 3, E, H, I, 1); // bf16 views of the fp32 buffers' first halves
     fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), fill(ye, 1, 59),
         op_zero(dwgu), op_zero(dwd);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
@@ -130,6 +132,10 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
                         op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, false));
             GROUPED_ROW("down bwd weight fp32 store", fdn,
                         op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, false));
+            GROUPED_ROW("gate_up bwd weight bf16 store", fg,
+                        op_grouped_linear_backward_weight(hgu, NONE, gu, xe, doffs, false));
+            GROUPED_ROW("down bwd weight bf16 store", fdn,
+                        op_grouped_linear_backward_weight(hd, NONE, ye, act, doffs, false));
 #undef GROUPED_ROW
         }
     }

@@ -288,7 +288,7 @@ static void track_cpu(const char *config, int vocab, int threads) {
 // experts), with expert widths the wgmma kernels take, the second micro-batch's forward and backward (the first grows
 // the op scratch and builds the attention plans) counts no host wait (ops_host_syncs: every cudaStreamSynchronize and
 // read-back of the CUDA backend) from the first layer's forward to the last layer's backward, and the expert products
-// ran on wgmma.
+// ran on wgmma; with bf16 expert gradients (gradient_dtype bf16) the second micro-batch adds to the first's.
 TEST(gpu_step_no_host_sync) {
     gpu_begin();
     static const char *const configs[2] = {
@@ -305,12 +305,14 @@ TEST(gpu_step_no_host_sync) {
     for (int t = 0; t < T; t++) tok[t] = (int32_t)(rng_u64(5, 1, t) % 64), lab[t] = (int32_t)(rng_u64(5, 2, t) % 64);
     static const struct {
         int config;
-        bool full, fp8;
-    } cases[5] = {{0, false, false}, {0, true, false}, {1, false, false}, {0, false, true}, {1, false, true}};
-    for (int i = 0; i < 5; i++) {
+        bool full, fp8, g16;
+    } cases[6] = {{0, false, false, false}, {0, true, false, false}, {1, false, false, false},
+                  {0, false, true, false},  {1, false, true, false}, {0, false, false, true}};
+    for (int i = 0; i < 6; i++) {
         int c = cases[i].config;
         ModelConfig mc;
         const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", configs[c]));
+        if (cases[i].g16) mc.grad_dt[GROUP_EXPERT] = DT_BF16;
         Model m;
         model_create(&m, fam, &mc, DEV_CUDA, DT_BF16, S);
         m.recompute = cases[i].full ? RECOMPUTE_FULL : RECOMPUTE_NONE,
@@ -332,7 +334,7 @@ TEST(gpu_step_no_host_sync) {
         int64_t waits = 0, products = 0, fp8 = 0;
         double loss = 0;
         for (int mb = 0; mb < 2; mb++) {
-            model_zero_grads(&m), step_sums_begin(&st, &m);
+            if (!mb || !cases[i].g16) model_zero_grads(&m), step_sums_begin(&st, &m);
             ops_sync();
             int64_t s0 = ops_host_syncs(), p0 = cuda_grouped_calls("wgmma"), f0 = cuda_fp8_tensor_core_gemms();
             chunk_forward(&e, 0, true), chunk_backward(&e, 0, false);
@@ -342,10 +344,11 @@ TEST(gpu_step_no_host_sync) {
         }
         int moe = 0;
         for (int l = 0; l < mc.layers; l++) moe += mc.is_moe[l];
-        printf("     %s%s%s: %lld host waits in the layers, %lld expert products on bf16 wgmma, %lld FP8 tensor-core "
+        printf("     %s%s%s%s: %lld host waits in the layers, %lld expert products on bf16 wgmma, %lld FP8 tensor-core "
                "GEMMs, loss %.6g\n",
-               mc.model_type, cases[i].full ? " (full recompute)" : "", cases[i].fp8 ? " fp8" : "", (long long)waits,
-               (long long)products, (long long)fp8, loss);
+               mc.model_type, cases[i].full ? " (full recompute)" : "", cases[i].fp8 ? " fp8" : "",
+               cases[i].g16 ? " bf16 gradients, added" : "", (long long)waits, (long long)products, (long long)fp8,
+               loss);
         ASSERT_MSG(waits == 0, "%s: %lld host waits between the first layer's forward and the last's backward",
                    mc.model_type, (long long)waits);
         // bf16: the six expert products of each MoE layer; FP8: Qwen3's on the E4M3 kernel (and the dense
@@ -358,7 +361,8 @@ TEST(gpu_step_no_host_sync) {
         for (int l = 0; l < L; l++) {
             double n = 0;
             for (int x = 0; x < E; x++) n += load[l * E + x];
-            ASSERT_MSG(n == (mc.is_moe[l] ? (double)T * mc.topk : 0), "%s: layer %d counted %g experts", mc.model_type,
+            double passes = cases[i].g16 ? 2 : 1; // (the added micro-batch counts on)
+            ASSERT_MSG(n == (mc.is_moe[l] ? passes * T * mc.topk : 0), "%s: layer %d counted %g experts", mc.model_type,
                        l, n);
         }
         free(load), model_tensor_free(m.router_bias), m.router_bias = (Tensor){0};

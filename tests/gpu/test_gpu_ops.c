@@ -2,6 +2,7 @@
 // fp32 mode (tolerance 1e-5; 1e-4 for GEMMs, whose summation order differs) and bf16 mode (1e-2; the CPU
 // reference runs on the same bf16-rounded inputs). Outputs are NaN before the op on both sides;
 // accumulating outputs start from equal random values; NaN never passes.
+#include "base/half.h"
 #include "gpu_test.h"
 #include "ops/cuda/cuda_ops.h"
 
@@ -686,13 +687,30 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     int64_t calls1 = cuda_grouped_calls("wgmma");
     op_grouped_linear_backward_weight(hc, NONE, dy.c, x.c, po.c, false);
     op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, po.d, false);
+    // and in bf16 (gradient_dtype bf16), over NaN: the fp32 store's sums rounded once, bit for bit
+    uint16_t *nan16 = xmalloc((size_t)n * 2);
+    memset(nan16, 0xff, (size_t)n * 2);
+    Tensor d16 = gpu_tensor(DT_BF16, 3, E, N, K, 0);
+    op_copy(d16, tensor_make(nan16, DT_BF16, DEV_CPU, 3, E, N, K, 1));
+    op_grouped_linear_backward_weight(d16, NONE, dy.d, x.d, po.d, false);
+    float *g16 = gpu_down(d16);
+    // then added to (a later micro-batch): each stored value joins the fp32 sum, one rounding
+    op_grouped_linear_backward_weight(d16, NONE, dy.d, x.d, po.d, true);
     unsetenv("PITH_GROUPED_KERNEL");
-    float *go = gpu_down(dw2);
+    float *go = gpu_down(dw2), *a16 = gpu_down(d16);
     double erro = block_err(go, h1, E, N, K);
     printf("       %-28s vs cpu %.2e\n", "dw (fp32 store)", erro);
     record_err(erro, "dw (fp32 store)");
-    ok &= erro <= 1e-5 && cuda_grouped_calls("wgmma") == calls1 + 1;
-    free(go), free(h1), free(h2);
+    int64_t off16 = 0, offa = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float r = bf16_to_f32(f32_to_bf16(go[i]));
+        off16 += f32_bits(g16[i]) != f32_bits(r);
+        offa += f32_bits(a16[i]) != f32_bits(bf16_to_f32(f32_to_bf16(go[i] + r)));
+    }
+    if (off16) printf("       dw (bf16 store): %lld elements are not the fp32 store's rounded\n", (long long)off16);
+    if (offa) printf("       dw (bf16 add): %lld elements are not the fp32 sum's rounded\n", (long long)offa);
+    ok &= erro <= 1e-5 && !off16 && !offa && cuda_grouped_calls("wgmma") == calls1 + 3;
+    free(go), free(g16), free(a16), free(h1), free(h2), free(nan16);
     gpu_release(mark);
     return ok && same;
 }
@@ -826,17 +844,18 @@ TEST(gpu_op_moe_lb_loss) {
     gpu_report();
 }
 
+// T·k = 2674 entries: three of the sort's tiles of 1024 (the last one partial).
 TEST(gpu_op_moe_sort_gather_scatter) {
     gpu_begin();
-    int64_t T = 37, E = 6, k = 2, H = 24;
-    int32_t idx[74];
+    int64_t T = 1337, E = 6, k = 2, H = 24;
+    int32_t idx[2674];
     for (int64_t i = 0; i < T * k; i++) idx[i] = (int32_t)(rng_u64(11, 3, i) % (E - 1)); // expert E-1 stays empty
     MODES {
         gpu_mode(MODE_DT);
         Pair ix = pair_i32(idx, T * k);
         ix.c = tensor_reshape2(ix.c, T, k), ix.d = tensor_reshape2(ix.d, T, k);
-        int32_t junk[74];
-        for (int i = 0; i < 74; i++) junk[i] = -1;
+        int32_t junk[2674];
+        for (int i = 0; i < 2674; i++) junk[i] = -1;
         Pair perm = pair_i32(junk, T * k);
         int64_t oc[7] = {-1, -1, -1, -1, -1, -1, -1}, og[7];
         Pair po = pair_offs(oc, 7); // written by the sorts
@@ -873,7 +892,7 @@ TEST(gpu_op_moe_sort_gather_scatter) {
     int64_t og[7];
     op_copy(ti64_1(og, 7), po.d);
     int32_t *gp = gpu_down_i32(perm.d);
-    bool seen[74] = {0};
+    bool seen[2674] = {0};
     for (int64_t i = 0; i < T * k; i++) {
         ASSERT(gp[i] >= 0 && gp[i] < T * k && !seen[gp[i]]);
         seen[gp[i]] = true;

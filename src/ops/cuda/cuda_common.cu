@@ -71,18 +71,18 @@ const int64_t *cuda_offsets_host(Tensor offs, int64_t E) {
 }
 
 // Grid (chunks, E): the blocks of expert e zero dw_e (nk a multiple of 4) when e has no rows, else return at once.
-__global__ void zero_empty_experts_kernel(float *dw, const int64_t *offs, int64_t nk) {
+__global__ void zero_empty_experts_kernel(float4 *dw, const int64_t *offs, int64_t n16) {
     int64_t e = blockIdx.y;
     if (offs[e + 1] != offs[e]) return;
-    float4 *p = (float4 *)(dw + e * nk), z = make_float4(0, 0, 0, 0);
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nk / 4; i += (int64_t)gridDim.x * blockDim.x)
+    float4 *p = dw + e * n16, z = make_float4(0, 0, 0, 0);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n16; i += (int64_t)gridDim.x * blockDim.x)
         p[i] = z;
 }
 
-void zero_empty_experts(float *dw, const int64_t *offs, int64_t E, int64_t nk) {
-    if (E == 0 || nk == 0) return;
-    CHECK(E <= 65535 && aligned16(dw) && nk % 4 == 0);
-    zero_empty_experts_kernel<<<dim3(32, (unsigned)E), 256, 0, cuda_stream()>>>(dw, offs, nk);
+void zero_empty_experts(void *dw, const int64_t *offs, int64_t E, int64_t bytes) {
+    if (E == 0 || bytes == 0) return;
+    CHECK(E <= 65535 && aligned16(dw) && bytes % 16 == 0);
+    zero_empty_experts_kernel<<<dim3(32, (unsigned)E), 256, 0, cuda_stream()>>>((float4 *)dw, offs, bytes / 16);
     CUDA_LAUNCH_CHECK();
 }
 

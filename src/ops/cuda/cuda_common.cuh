@@ -123,9 +123,9 @@ static inline const int64_t *offsets_device(Tensor offs, int64_t E, const char *
         die("%s: the expert offsets must be (%lld) int64 on the GPU", what, (long long)(E + 1));
     return (const int64_t *)offs.p;
 }
-// A weight gradient written, not added to (dw (E, N, K) fp32, nk = N·K): the experts without rows (offs: E + 1 on the
-// device) get zeros.
-void zero_empty_experts(float *dw, const int64_t *offs, int64_t E, int64_t nk);
+// A weight gradient written, not added to (dw (E, N, K), bytes = N·K·its element size): the experts without rows
+// (offs: E + 1 on the device) get zeros.
+void zero_empty_experts(void *dw, const int64_t *offs, int64_t E, int64_t bytes);
 // The expert products (kinds): forward y = x_e·w_eᵀ, input gradient dx = dy_e·w_e, weight gradient dw_e (+)= dy_eᵀ·x_e.
 enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
 // One on the wgmma kernels (cuda_wgmma.cu): out y or dx (R, ·), a x or dy (R, ·), b w (E, N, K); or for the weight

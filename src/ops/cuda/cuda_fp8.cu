@@ -552,8 +552,8 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
         !wgmma_fp8_takes(dw, R, E, N, K))
         return false;
     const int64_t *offs = offsets_device(offs_t, E, "fp8_grouped_linear_backward_weight");
-    if (!accumulate) zero_empty_experts((float *)dw.p, offs, E, N * K); // they have no tiles
-    if (R == 0) return true;                                            // no rows: nothing (more) to write
+    if (!accumulate) zero_empty_experts(dw.p, offs, E, N * K * 4); // they have no tiles
+    if (R == 0) return true;                                       // no rows: nothing (more) to write
     const Fp8Groups *gr = fp8_groups(offs, (int)E, 0, R, &TB);
     int64_t Tp = TB * 128;
     size_t bd = a256(N * Tp), bx = a256(K * Tp), bsd = a256(sizeof(float) * TB * N);

@@ -484,8 +484,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
             }
         return;
     }
-    // bf16 dw (gradient_dtype): the wgmma kernels decline it; cuBLASLt sums in fp32 and adds D in fp32 (beta 1), one
-    // rounding
+    // bf16 dw (gradient_dtype): the wgmma kernel and cuBLASLt sum in fp32 and add D in fp32, one rounding
     size_t s = dtype_size(x.dt), os = dtype_size(dw.dt);
     if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, "grouped_linear_backward_weight")) return;
     if (!accumulate) cuda_zero(dw); // the products below add

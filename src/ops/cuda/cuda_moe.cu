@@ -162,44 +162,64 @@ __global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const dou
     if (threadIdx.x == 0) *loss_sum += loss;
 }
 
-// Stable counting sort of the n (token, slot) entries by expert, one block per expert e: pass 1 counts
-// the entries below e (its offset), pass 2 writes e's slot ids in slot order (a block-wide prefix of
-// "is e" per chunk of MOE_SORT_THREADS entries). Block e writes offs[e] (block E-1 also offs[E]). An index
-// outside [0, E) sorts as the nearest valid one (so that perm stays a permutation and every later op stays in
-// bounds) and sets moe_sort_bad = 1 << 32 | index (the first one), which cuda_moe_sort_bad_expert reads.
-#define MOE_SORT_THREADS 512
+// Stable counting sort of the n (token, slot) entries by expert, over tiles of MOE_SORT_TILE entries in three
+// launches: each tile's count of every expert (shared integer atomics: exact in any order); one block's offsets, offs[e]
+// = the entries of the experts before e, and each (tile, expert)'s first place, base[t·E + e] = offs[e] + expert e's
+// entries in the tiles before t; then one warp a tile walks its entries in order and puts each at its expert's next
+// place (a warp's equal experts ranked by lane, __match_any_sync). An index outside [0, E) sorts as the nearest valid
+// one (so that perm stays a permutation and every later op stays in bounds) and sets moe_sort_bad = 1 << 32 | index
+// (one of them), which cuda_moe_sort_bad_expert reads.
+#define MOE_SORT_TILE 1024
 __device__ unsigned long long moe_sort_bad;
-__global__ void moe_sort_kernel(int32_t *perm, int64_t *offs, const int32_t *idx, int64_t n, int E) {
-    __shared__ int warp_n[MOE_SORT_THREADS / 32];
-    __shared__ int64_t base_s;
-    int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t below = 0;
-    for (int64_t i = threadIdx.x; i < n; i += MOE_SORT_THREADS) {
+__global__ void moe_sort_count_kernel(int *cnt, const int32_t *idx, int64_t n, int E) {
+    extern __shared__ int sc[]; // E
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sc[e] = 0;
+    __syncthreads();
+    int64_t t0 = (int64_t)blockIdx.x * MOE_SORT_TILE, t1 = t0 + MOE_SORT_TILE < n ? t0 + MOE_SORT_TILE : n;
+    for (int64_t i = t0 + threadIdx.x; i < t1; i += blockDim.x) {
         int32_t v = idx[i];
-        below += sort_key(v, E) < e;
-        if (e == 0 && (v < 0 || v >= E)) atomicCAS(&moe_sort_bad, 0ull, 1ull << 32 | (uint32_t)v);
-    }
-    below = warp_sum(below);
-    __shared__ int64_t part[MOE_SORT_THREADS / 32];
-    if (lane == 0) part[warp] = below;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int64_t b = 0;
-        for (int w = 0; w < MOE_SORT_THREADS / 32; w++) b += part[w];
-        base_s = b;
-        offs[e] = b;
+        if (v < 0 || v >= E) atomicCAS(&moe_sort_bad, 0ull, 1ull << 32 | (uint32_t)v);
+        atomicAdd(sc + sort_key(v, E), 1);
     }
     __syncthreads();
-    int64_t pos = base_s;
-    for (int64_t i0 = 0; i0 < n; i0 += MOE_SORT_THREADS) {
-        int64_t i = i0 + threadIdx.x;
-        bool hit = i < n && sort_key(idx[i], E) == e;
-        int total, at = block_rank<MOE_SORT_THREADS>(hit, warp_n, &total);
-        if (hit) perm[pos + at] = (int32_t)i;
-        pos += total;
-        __syncthreads(); // warp_n is rewritten by the next chunk
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[(int64_t)blockIdx.x * E + e] = sc[e];
+}
+__global__ void moe_sort_scan_kernel(int *base, int64_t *offs, const int *cnt, int nt, int E) {
+    extern __shared__ int64_t at[]; // E + 1: each expert's entries, then its offset
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int64_t s = 0;
+        for (int t = 0; t < nt; t++) s += cnt[(int64_t)t * E + e];
+        at[e] = s;
     }
-    if (e == E - 1 && threadIdx.x == 0) offs[E] = pos;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int e = 0, s = 0; e <= E; e++) {
+            int c = e < E ? (int)at[e] : 0;
+            at[e] = s, s += c;
+        }
+    __syncthreads();
+    for (int e = threadIdx.x; e <= E; e += blockDim.x) offs[e] = at[e];
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int t = 0, r = (int)at[e]; t < nt; t++) base[(int64_t)t * E + e] = r, r += cnt[(int64_t)t * E + e];
+}
+__global__ void moe_sort_place_kernel(int32_t *perm, const int *base, const int32_t *idx, int64_t n, int E) {
+    extern __shared__ int next[]; // E: this tile's next place of each expert
+    for (int e = threadIdx.x; e < E; e += 32) next[e] = base[(int64_t)blockIdx.x * E + e];
+    __syncwarp();
+    int lane = threadIdx.x;
+    int64_t t0 = (int64_t)blockIdx.x * MOE_SORT_TILE, t1 = t0 + MOE_SORT_TILE < n ? t0 + MOE_SORT_TILE : n;
+    for (int64_t i0 = t0; i0 < t1; i0 += 32) {
+        int64_t i = i0 + lane;
+        int key = i < t1 ? sort_key(idx[i], E) : -1 - lane; // lanes past the tile: keys of their own
+        unsigned peers = __match_any_sync(0xffffffffu, key);
+        int rank = __popc(peers & ((1u << lane) - 1)), at = i < t1 ? next[key] + rank : 0;
+        __syncwarp(); // every lane has read next before the groups' last lanes move it on
+        if (i < t1) {
+            perm[at] = (int32_t)i;
+            if (rank == __popc(peers) - 1) next[key] = at + 1;
+        }
+        __syncwarp();
+    }
 }
 
 __device__ __forceinline__ void atomic_add(float *p, float v) { atomicAdd(p, v); }
@@ -371,15 +391,23 @@ void cuda_moe_count(Tensor cnt, Tensor idx) {
     CUDA_LAUNCH_CHECK();
 }
 
-// The stable counting sort on the device (moe_sort_kernel), offs written where the grouped GEMMs read them: nothing
+// The stable counting sort on the device (the moe_sort_* kernels), offs written where the grouped GEMMs read them: nothing
 // comes back to the host.
 void cuda_moe_sort(Tensor perm, Tensor offs, Tensor idx, int E) {
     int64_t n = tensor_numel(idx);
     CHECK(idx.dt == DT_I32 && perm.dt == DT_I32 && tensor_numel(perm) >= n && n < 0x7fffffff && E >= 1);
     int64_t *d_offs = (int64_t *)offsets_device(offs, E, "moe_sort");
     if (n) {
-        moe_sort_kernel<<<(unsigned)E, MOE_SORT_THREADS, 0, cuda_stream()>>>((int32_t *)perm.p, d_offs,
-                                                                             (const int32_t *)idx.p, n, E);
+        int64_t nt = (n + MOE_SORT_TILE - 1) / MOE_SORT_TILE;
+        CHECK(nt < 0x7fffffff && (size_t)(E + 1) * 8 <= 48 << 10); // (the scan's shared memory)
+        int *cnt = (int *)cuda_scratch(2 * (size_t)nt * E * sizeof(int)), *base = cnt + nt * E;
+        cudaStream_t st = cuda_stream();
+        moe_sort_count_kernel<<<(unsigned)nt, 256, E * sizeof(int), st>>>(cnt, (const int32_t *)idx.p, n, E);
+        CUDA_LAUNCH_CHECK();
+        moe_sort_scan_kernel<<<1, 256, (E + 1) * sizeof(int64_t), st>>>(base, d_offs, cnt, (int)nt, E);
+        CUDA_LAUNCH_CHECK();
+        moe_sort_place_kernel<<<(unsigned)nt, 32, E * sizeof(int), st>>>((int32_t *)perm.p, base,
+                                                                         (const int32_t *)idx.p, n, E);
         CUDA_LAUNCH_CHECK();
     } else {
         CUDA_CHECK(cudaMemsetAsync(d_offs, 0, (E + 1) * sizeof(int64_t), cuda_stream()));

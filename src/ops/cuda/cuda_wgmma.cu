@@ -3,7 +3,7 @@
 // Rows offs[e]..offs[e+1] of the activations belong to expert e; w: (E, N, K) bf16.
 //   forward         y (R, N)  = x_e (R_e, K) · w_eᵀ          kind WG_FORWARD
 //   input gradient  dx (R, K) = dy_e (R_e, N) · w_e          kind WG_INPUT_GRAD
-//   weight gradient dw_e (N, K) fp32 (+)= dy_eᵀ · x_e         kind WG_WEIGHT_GRAD
+//   weight gradient dw_e (N, K) fp32 or bf16 (+)= dy_eᵀ · x_e  kind WG_WEIGHT_GRAD
 // Letters: R rows of the activations, E experts, N = w's rows, K = w's columns, both multiples of 64; a tile is
 // BM = 128 output rows by BN (128 or 256) output columns; the reduction runs in blocks of BK = 64.
 //
@@ -41,10 +41,10 @@
 #define WG_BK 64
 
 // Shared memory of one configuration: STAGES pipeline stages (A: 2 boxes, B: BN/64 boxes) and, per consumer
-// warpgroup, an epilogue tile of 64 rows × BN outputs (bf16, or fp32 for the weight gradient).
-template <int KIND, int BN> struct WgShape {
+// warpgroup, an epilogue tile of 64 rows × BN outputs of type TO (bf16; fp32 or bf16 for the weight gradient).
+template <int KIND, int BN, typename TO> struct WgShape {
     static constexpr int SA = 2 * WG_BOX, SB = BN / 64 * WG_BOX;
-    static constexpr int EPI = 64 * BN * (KIND == WG_WEIGHT_GRAD ? 4 : 2);
+    static constexpr int EPI = 64 * BN * (int)sizeof(TO);
     static constexpr int STAGES = (WG_SMEM - 256 - 2 * EPI) / (SA + SB);
 };
 
@@ -77,12 +77,12 @@ static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const C
 
 // grid: min(wg_table_build's bound, SMs) CTAs of 384 threads; WG_SMEM + 1 KB bytes of dynamic shared memory.
 // ma, mb: the operands' maps (64 × 64 bf16 boxes); mo: the output's (bf16 64 × 64, or fp32 32 × 64 boxes).
-template <int KIND, int BN>
+template <int KIND, int BN, typename TO>
 __global__ void __launch_bounds__(384, 1)
     wgmma_grouped_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                          const __grid_constant__ CUtensorMap mo, void *out, const __grid_constant__ WgTable gt,
                          int accumulate) {
-    typedef WgShape<KIND, BN> S;
+    typedef WgShape<KIND, BN, TO> S;
     constexpr int SA = S::SA, SB = S::SB, STAGES = S::STAGES;
     constexpr int TA = KIND == WG_WEIGHT_GRAD, TB = KIND != WG_FORWARD; // MN-major operands
     extern __shared__ unsigned char wg_shared[];
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(384, 1)
     int g = wg - 1, tid = threadIdx.x - 128 * wg, lane = threadIdx.x % 32; // consumer g owns rows 64g..64g+63
     uint32_t epi = epi0 + g * S::EPI;
     float d[BN / 2]; // BN/128 blocks of 64: the m64n128 accumulators
-    int it = 0;
+    int it = 0, eph = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
         Tile ti = tile_of<KIND, BN>(gt, t);
         for (int kb = 0; kb < ti.nkb; kb++, it++) {
@@ -154,8 +154,7 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
         fence_regs<BN / 2>(d);
         if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
-        if (KIND == WG_WEIGHT_GRAD) epilogue<KIND, BN, float>(d, &mo, (float *)out, gt, ti, g, tid, epi, accumulate);
-        else epilogue<KIND, BN, bf16>(d, &mo, (bf16 *)out, gt, ti, g, tid, epi, accumulate);
+        epilogue<KIND, BN, TO>(d, &mo, (TO *)out, gt, ti, g, tid, epi, accumulate, empty + 8 * (STAGES + g), &eph);
     }
     if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
@@ -248,32 +247,35 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     bool wgrad = kind == WG_WEIGHT_GRAD;
     Tensor w = wgrad ? out : b; // (E, N, K)
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
-    if (a.dt != DT_BF16 || b.dt != DT_BF16 || out.dt != (wgrad ? DT_F32 : DT_BF16)) return false;
+    bool w16 = wgrad && out.dt == DT_BF16; // (added in the epilogue: the stored value into the fp32 sum, one rounding)
+    if (a.dt != DT_BF16 || b.dt != DT_BF16 || (out.dt != (wgrad ? DT_F32 : DT_BF16) && !w16)) return false;
     if (E < 1 || E > WG_MAX_E || N % WG_BK || K % WG_BK || E * N > 0x7fffffff || K > 0x7fffffff) return false;
     if (!aligned16(out.p, a.p, b.p)) return false;
     if (t_rows(a) + 256 > 0x7fffffff || (wgrad && t_rows(b) + 256 > 0x7fffffff)) return false;
     if (!wgmma_available()) return false;
-    int64_t C = kind == WG_FORWARD ? N : K;      // the output's columns
-    int bn = !wgrad && C % 256 == 0 ? 256 : 128; // (the fp32 epilogue tiles of 256 would not fit)
+    int64_t C = kind == WG_FORWARD ? N : K;               // the output's columns
+    int bn = (!wgrad || w16) && C % 256 == 0 ? 256 : 128; // (the fp32 epilogue tiles of 256 would not fit)
     WgTable gt;
     int64_t bound = wg_table_build(&gt, kind, E, N, K, bn, offs, t_rows(a));
     if (bound < 0) return false;
     wgmma_calls++;
-    if (wgrad && !accumulate) zero_empty_experts((float *)out.p, offs, E, N * K); // (no tiles)
+    if (wgrad && !accumulate) zero_empty_experts(out.p, offs, E, N * K * dtype_size(out.dt)); // (no tiles)
     if (bound == 0) return true; // no rows: nothing (more) to write or add
     CUtensorMap ma, mb, mo;      // a's (x or dy), b's (w, or x for the weight gradient), out's
     wgmma_tensor_map(&ma, a.p, DT_BF16, t_rows(a), kind == WG_FORWARD ? K : N);
     wgmma_tensor_map(&mb, b.p, DT_BF16, wgrad ? t_rows(b) : E * N, K);
     wgmma_tensor_map(&mo, out.p, out.dt, wgrad ? E * N : t_rows(out), C);
-    static bool attr[3][2]; // wg_launch's flag per kernel
+    static bool attr[4][2]; // wg_launch's flag per kernel (kind, or 3: the bf16 weight gradient)
     auto run = [&](auto kernel) {
-        wg_launch(kernel, &attr[kind][bn == 256], bound, ma, mb, mo, out.p, gt, (int)accumulate);
+        wg_launch(kernel, &attr[w16 ? 3 : kind][bn == 256], bound, ma, mb, mo, out.p, gt, (int)accumulate);
     };
-    if (wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128>);
-    else if (kind == WG_FORWARD && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256>);
-    else if (kind == WG_FORWARD) run(wgmma_grouped_kernel<WG_FORWARD, 128>);
-    else if (bn == 256) run(wgmma_grouped_kernel<WG_INPUT_GRAD, 256>);
-    else run(wgmma_grouped_kernel<WG_INPUT_GRAD, 128>);
+    if (w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16>);
+    else if (w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16>);
+    else if (wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float>);
+    else if (kind == WG_FORWARD && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16>);
+    else if (kind == WG_FORWARD) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16>);
+    else if (bn == 256) run(wgmma_grouped_kernel<WG_INPUT_GRAD, 256, bf16>);
+    else run(wgmma_grouped_kernel<WG_INPUT_GRAD, 128, bf16>);
     return true;
 }
 

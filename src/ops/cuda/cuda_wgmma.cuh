@@ -135,11 +135,13 @@ template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile 
 int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, int bn, const int64_t *offs, int64_t R);
 
 // The stage ring of a producer/consumer CTA: stage s's "full" barrier at full + 8·s (the producer's one arrival and
-// its TMA bytes) and "empty" barrier at empty + 8·s (one arrival per consumer warp: 8); the whole CTA waits until
-// they are initialised.
+// its TMA bytes) and "empty" barrier at empty + 8·s (one arrival per consumer warp: 8), then consumer warpgroup g's
+// epilogue barrier at empty + 8·(stages + g) (its loads of a tile's output: epilogue); the whole CTA waits until they
+// are initialised.
 static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, int stages) {
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8);
+        for (int g = 0; g < 2; g++) mbar_init(empty + 8 * (stages + g), 1); // the consumers' epilogue loads
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -168,15 +170,26 @@ static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, 
 // The consumer warpgroup g's epilogue of tile ti, BN outputs of type TO (bf16 or fp32) a row: its 64 rows of
 // accumulators d into its shared tile epi (BN·sizeof(TO)/128 swizzled boxes of 64 rows × 128 bytes), then out by the
 // copy engine through the output's map mo — an fp32 add onto dw_e (weight gradient with accumulate), else a store —
-// while the warpgroup goes on to its next tile. A forward or input-gradient tile whose rows pass the expert's end is
-// written by the warpgroup itself into out, those rows left out (they belong to the next expert). tid: the thread's
-// index in the warpgroup. The kernel ends with bulk_wait<false>() in each warpgroup's thread 0.
+// while the warpgroup goes on to its next tile. A bf16 weight gradient with accumulate first loads its tile of dw_e
+// into epi (the warpgroup's barrier ebar, phase *eph) and adds each stored value to the fp32 sum before its one
+// rounding. A forward or input-gradient tile whose rows pass the expert's end is written by the warpgroup itself into
+// out, those rows left out (they belong to the next expert). tid: the thread's index in the warpgroup. The kernel ends
+// with bulk_wait<false>() in each warpgroup's thread 0.
 template <int KIND, int BN, typename TO>
 static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMap *mo, TO *out, const WgTable &gt,
-                                                const Tile &ti, int g, int tid, uint32_t epi, bool accumulate) {
-    constexpr int ES = (int)sizeof(TO), COLS = 128 / ES; // outputs per box row
-    int warp = tid / 32, lane = tid % 32;
+                                                const Tile &ti, int g, int tid, uint32_t epi, bool accumulate,
+                                                uint32_t ebar, int *eph) {
+    constexpr int ES = (int)sizeof(TO), COLS = 128 / ES;                              // outputs per box row
+    int warp = tid / 32, lane = tid % 32, row0 = ti.row + 64 * g, end = ti.r0 + ti.m; // first row; the expert's end
+    if (KIND == WG_WEIGHT_GRAD && row0 >= gt.N) return; // the rows past dw_e's last (N a multiple of 64, not 128)
+    bool add16 = KIND == WG_WEIGHT_GRAD && ES == 2 && accumulate;
     if (tid == 0) bulk_wait<true>(); // the previous tile's stores have read epi
+    if (add16 && tid == 0) {
+        mbar_expect(ebar, BN / COLS * WG_BOX);
+#pragma unroll
+        for (int b = 0; b < BN / COLS; b++) tma_box(epi + b * WG_BOX, mo, ebar, ti.col + b * COLS, ti.e * gt.N + row0);
+    }
+    if (add16) mbar_wait(ebar, *eph), *eph ^= 1;
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
     // thread (warp w, lane l) holds rows r, r + 8 (r = 16w + l/4) at columns 8q + 2(l%4), +1 of each 128
 #pragma unroll
@@ -188,6 +201,12 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
                 int r = 16 * warp + lane / 4 + 8 * h, c = j * 128 + q * 8 + 2 * (lane % 4);
                 float v0 = d[64 * j + 4 * q + 2 * h], v1 = d[64 * j + 4 * q + 2 * h + 1];
                 uint32_t a = swz(epi + c / COLS * WG_BOX, r, c % COLS * ES);
+                if (add16) { // the stored pair, read into fp32
+                    uint32_t o;
+                    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(o) : "r"(a) : "memory");
+                    float2 f = __bfloat1622float2(*(__nv_bfloat162 *)&o);
+                    v0 += f.x, v1 += f.y;
+                }
                 if (ES == 4) asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a), "f"(v0), "f"(v1) : "memory");
                 else {
                     __nv_bfloat162 p = __floats2bfloat162_rn(v0, v1);
@@ -196,14 +215,12 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
             }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copy engine reads what st.shared wrote
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
-    int row0 = ti.row + 64 * g, end = ti.r0 + ti.m;     // the warpgroup's first output row; the expert's end
-    if (KIND == WG_WEIGHT_GRAD && row0 >= gt.N) return; // the rows past dw_e's last (N a multiple of 64, not 128)
     if (KIND == WG_WEIGHT_GRAD || row0 + 64 <= end) {
         if (tid == 0) {
             int orow = KIND == WG_WEIGHT_GRAD ? ti.e * gt.N + row0 : row0; // dw's rows: expert e's from e·N
 #pragma unroll
             for (int b = 0; b < BN / COLS; b++) {
-                if (KIND == WG_WEIGHT_GRAD && accumulate)
+                if (KIND == WG_WEIGHT_GRAD && accumulate && ES == 4)
                     tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, orow);
                 else tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, orow);
             }

@@ -164,7 +164,8 @@ __global__ void __launch_bounds__(384, 1)
                 for (int i = 0; i < 64; i++) d[i] += b[i] * (i & 2 ? s1 : s0); // elements 2, 3 of each 4: row r + 8
             }
         }
-        epilogue<KIND, W8_BN, TO>(d, &mo, out, gt, ti, g, tid, epi, WGRAD && accumulate);
+        epilogue<KIND, W8_BN, TO>(d, &mo, out, gt, ti, g, tid, epi, WGRAD && accumulate, empty + 8 * (STAGES + g),
+                                  NULL);
     }
     if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
