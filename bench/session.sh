@@ -9,7 +9,8 @@
 #   csan        compute-sanitizer memcheck + racecheck on the candidate's changed kernels
 #   ops         bench_gpu_ops --delta, --conv and --grouped, main and candidate, + bench/peer_grouped.py
 #   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
-#   bench       pith train, 8 steps, on each NAME:ROUTING:BIN[:fp8|:KEY=VALUE] in RUNS (BIN main|cand; 2 × 4096 tokens)
+#   bench       pith train, 8 steps, on each NAME:ROUTING:BIN[:fp8|:KEY=VALUE[,KEY=VALUE…]] in RUNS (BIN main|cand;
+#               2 × 4096 tokens)
 #   peer35      HF transformers on bench/qwen3_5_8l's shapes, balanced: PEER35_MODES (default eager; also compile,
 #               compile-layers), each under timeout PEER35_T
 #   peerbg      starts the peer PEERBG (a bench/peer_*.py with its arguments; default the Qwen3.5 one, per-layer
@@ -114,7 +115,7 @@ bench)
     for nrb in ${RUNS:-qwen3:balanced:main qwen3:natural:main}; do
         IFS=: read n r b x <<<"$nrb"; a=(); [ $r = balanced ] && a=(--set benchmark=true)
         [ "$x" = fp8 ] && a+=(--set fp8=true)
-        [[ "$x" == *=* ]] && a+=(--set "$x") # NAME:ROUTING:BIN:KEY=VALUE sets one config key
+        [[ "$x" == *=* ]] && for kv in ${x//,/ }; do a+=(--set "$kv"); done # NAME:ROUTING:BIN:KEY=VALUE[,KEY=VALUE]
         bin=build; [ $b = cand ] && bin=build-cand
         train ${n}_${r}_$b${x:+_$x} $bin ${dir[$n]} ${vocab[$n]} "${a[@]}"
         ret

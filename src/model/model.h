@@ -313,6 +313,7 @@ struct Model {
     bool ep_drop;            // parallel.ep_drop_tokens: rows above the capacity are dropped (else they spill)
     RecomputeMode recompute; // what backward recomputes instead of keeping
     int64_t logits_bytes;    // the epilog's logits chunk budget (0: the device's default, moe_epilog_alloc)
+    bool delta_keep;         // Qwen3.5: each linear layer's record keeps the GPU delta rule's state (DeltaArgs.keep)
     SharedWeights *sw, *sg;  // views of the shared parts: compute weights and fp32 gradients
     int64_t view_from;       // model_view's dense flat buffer begins at this element of the group (a unit's window)
     void *views;             // the family mixer's views: (2, MAX_LAYERS) of fam->layer_views bytes (model_layer_views)

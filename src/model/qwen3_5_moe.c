@@ -41,6 +41,7 @@ typedef struct {
     // (n1 and h1a themselves at cp 1; h1c borrows h1, written later), the conv halo and the entering state
     Tensor n1c, h1c, halo, s0; // (T, H), (T, H), (B·(K−1), Cc), (B, nv, dk, dv) fp32
     Tensor posc;               // (T) int32: MicroBatch.pos on the contiguous layout (document masking)
+    Tensor dws;                // the delta rule's scratch kept from forward to backward (Model.delta_keep), or none
     // backward workspace
     Tensor dqkv, dcv, dlq, dlk, dlv, dz, dpa, dpb, dg, dbeta, dcore, dgn, dh1c, dn1c;
 } Q35Rec;
@@ -151,6 +152,32 @@ static Tensor q35_fp8_weight(const Model *m, int l, Fp8Slot s) {
     return w[s];
 }
 
+static DeltaArgs q35_delta_args(const Model *m, int B) {
+    return (DeltaArgs){.B = B,
+                       .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->dk)),
+                       .qk_l2norm = true,
+                       .chunk = 64};
+}
+
+// The ops' planned scratch (io->opws): the GPU delta rule's (op_delta_rule_workspace; the backward's holds the
+// forward's) in a linear layer, the attention backward's (op_attention_workspace: cuDNN's D and dQ accumulator;
+// the ring attention of context parallelism has its own) in a full-attention layer. None on the CPU.
+static size_t q35_op_ws(const Model *m, int l, int B, int S) {
+    const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
+    int64_t T = (int64_t)B * S;
+    if (is_linear(&m->cfg, l)) {
+        DeltaArgs da = q35_delta_args(m, B);
+        return op_delta_rule_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, q->nk, q->dk, 0),
+                                       tensor_make(NULL, m->cdt, m->dev, 3, T, q->nv, q->dv, 0), &da, true);
+    }
+    GqaShape g = q35_gqa(&m->cfg, l);
+    AttnArgs aa = gqa_attn_args(m, &g, B);
+    return m->cfg.cp_size > 1
+               ? 0
+               : op_attention_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, m->cfg.heads, q->head_dim, 0),
+                                        tensor_make(NULL, m->cdt, m->dev, 3, T, q->kv_heads, q->head_dim, 0), &aa);
+}
+
 // ---- records ----
 
 static void q35_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
@@ -178,32 +205,8 @@ static void q35_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
         r->s0 = arena_tensor(a, DT_F32, 4, B, q->nv, q->dk, q->dv);
         r->posc = arena_tensor(a, DT_I32, 1, T, 0, 0, 0);
     }
-}
-
-static DeltaArgs q35_delta_args(const Model *m, int B) {
-    return (DeltaArgs){.B = B,
-                       .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->dk)),
-                       .qk_l2norm = true,
-                       .chunk = 64};
-}
-
-// The ops' planned scratch (io->opws): the GPU delta rule's (op_delta_rule_workspace; the backward's holds the
-// forward's) in a linear layer, the attention backward's (op_attention_workspace: cuDNN's D and dQ accumulator;
-// the ring attention of context parallelism has its own) in a full-attention layer. None on the CPU.
-static size_t q35_op_ws(const Model *m, int l, int B, int S) {
-    const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
-    int64_t T = (int64_t)B * S;
-    if (is_linear(&m->cfg, l)) {
-        DeltaArgs da = q35_delta_args(m, B);
-        return op_delta_rule_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, q->nk, q->dk, 0),
-                                       tensor_make(NULL, m->cdt, m->dev, 3, T, q->nv, q->dv, 0), &da, true);
-    }
-    GqaShape g = q35_gqa(&m->cfg, l);
-    AttnArgs aa = gqa_attn_args(m, &g, B);
-    return m->cfg.cp_size > 1
-               ? 0
-               : op_attention_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, m->cfg.heads, q->head_dim, 0),
-                                        tensor_make(NULL, m->cdt, m->dev, 3, T, q->kv_heads, q->head_dim, 0), &aa);
+    size_t keep = m->delta_keep && !m->kv && is_linear(c, l) ? q35_op_ws(m, l, B, S) : 0;
+    r->dws = keep ? arena_tensor(a, DT_F32, 1, (int64_t)keep, 0, 0, 0) : (Tensor){0};
 }
 
 static void q35_mixer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S) {
@@ -252,7 +255,8 @@ static void q35_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor 
     Q35Rec *r = rp;
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     DeltaArgs da = q35_delta_args(m, mb->B);
-    da.ws = opws; // planned (the backward workspace's bottom), or none in generation: the op scratch
+    da.ws = r->dws.p ? r->dws : opws; // the record's, or planned (the backward workspace's bottom), or none in
+    da.keep = r->dws.p != NULL;       // generation (the op scratch)
     da.pos = delta_pos(m, r, mb, true);
     if (m->cfg.cp_size == 1) r->n1c = r->n1; // n1 moves when recomputed (its staging)
     r->h1c = m->cfg.cp_size > 1 ? r->h1 : r->h1a;
@@ -290,7 +294,7 @@ static void q35_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
                         tensor_reshape2(r->core, Rv, q->dv), W->gnorm, r->rg, false,
                         &(RmsArgs){.z = tensor_reshape2(r->z, Rv, q->dv), .dz = tensor_reshape2(r->dz, Rv, q->dv)});
     DeltaArgs da = q35_delta_args(m, mb->B);
-    da.ws = opws;
+    da.ws = r->dws.p ? r->dws : opws, da.keep = r->dws.p != NULL;
     da.pos = delta_pos(m, r, mb, false);
     model_delta_rule_backward(m, r->dlq, r->dlk, r->dlv, r->dg, r->dbeta, r->dcore, r->lq, r->lk, r->lv, r->g, r->beta,
                               da, r->s0);

@@ -146,6 +146,10 @@ typedef struct {
     Tensor s0, sT;   // (B, nv, dk, dv) fp32 on q's device: the state entering / leaving each sequence (p NULL: none)
     Tensor dsT, ds0; // the backward's: ∂/∂sT in (p NULL: zero), ∂/∂s0 out (p NULL: not wanted)
     Tensor pos;      // (B·S) int32 on q's device: each token's position inside its document (p NULL: no masking)
+    // ws carries the chunk preparation and per-chunk states from the forward to the backward (ws planned with the
+    // backward's size and kept in between): the forward writes them beside o, the backward reads them instead of
+    // computing them again. The CPU has no such state (the flag changes nothing there).
+    bool keep;
 } DeltaArgs;
 // The GPU's scratch (fp32; the tensor-core kernels keep bf16 data in those places), carved from an arena (a counting
 // one plans it); the backward's pieces (Tm on) only for the backward. Rows bh = b·nv + h and positions p < NL = NC·L,

@@ -87,9 +87,10 @@ typedef struct {
     bool deterministic;         // GPU: pith's own attention kernels (bit-reproducible runs)
     int logits_chunk_mb;        // the epilog's logits chunk budget (0: the device's default, moe_epilog_alloc)
     bool document_masking;      // attention and positions bounded by the token files' document ends
-    bool tensorboard;           // rank 0 writes TensorBoard event files into run_dir (default true)
-    json_t *json;               // the config as read (after overrides)
-    bool allow_config_change;   // pith train --allow-config-change: resume even when data-order keys changed
+    bool delta_rule_keep;     // Qwen3.5: the delta rule's chunk state kept from forward to backward (Model.delta_keep)
+    bool tensorboard;         // rank 0 writes TensorBoard event files into run_dir (default true)
+    json_t *json;             // the config as read (after overrides)
+    bool allow_config_change; // pith train --allow-config-change: resume even when data-order keys changed
 } TrainConfig;
 
 // Loads `file`, applies the `--set key=value` overrides (sets[0..nsets)), validates and fills c.

@@ -88,6 +88,7 @@ static void model_layout(Model *m, const TrainConfig *c, const Dist *d) {
     m->ep_drop = c->parallel.ep_drop_tokens;
     m->recompute = c->recompute;
     m->logits_bytes = (int64_t)c->logits_chunk_mb << 20;
+    m->delta_keep = c->delta_rule_keep;
 }
 
 // cp > 1: the scratch of one ring attention call (the zigzag halves of a micro-batch's sequences), or of a Gated

@@ -95,6 +95,10 @@ TEST(gpu_det_qwen3_moe) { det_twice("qwen3_moe", qwen3_model, "", ""); }
 TEST(gpu_det_deepseek_v2) { det_twice("deepseek_v2", dsv2_model, "", ""); }
 TEST(gpu_det_gpt_oss) { det_twice("gpt_oss", gpt_oss_model, "", ""); }
 TEST(gpu_det_qwen3_5_moe) { det_twice("qwen3_5_moe", qwen3_5_model, "", ""); }
+// The delta rule's chunk state kept from forward to backward (delta_rule_keep) changes no bit.
+TEST(gpu_det_qwen3_5_moe_keep) {
+    det_twice("qwen3_5_moe delta_rule_keep", qwen3_5_model, "", "--set delta_rule_keep=true");
+}
 // checkpoint.async on the GPU (the pinned snapshot arena, the copy stream beside the next step, the update and the
 // writer thread waiting for it): a save every step, fp32 and bf16 moments, the bytes of synchronous saving.
 TEST(gpu_det_async_checkpoint) {

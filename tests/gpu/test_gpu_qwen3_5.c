@@ -339,40 +339,56 @@ TEST(gpu_op_delta_rule_128) {
     gpu_report();
 }
 
-// The tensor-core delta rule twice on the same inputs gives the same bits (docs/architecture.md, "Determinism": its
-// sums run in a fixed order), at a size where many blocks run at once: 2 × 1024 tokens, 16 value heads of 128 over 4
-// key heads, states in and out, document masks.
-TEST(gpu_op_delta_rule_repeat) {
-    gpu_begin();
+// The delta rule twice on the same inputs gives the same bits (docs/architecture.md, "Determinism": its sums run in a
+// fixed order), and so does a third run that keeps the forward's chunk state in its scratch for the backward
+// (DeltaArgs.keep, the scratch poisoned before): the tensor cores at a size where many blocks run at once, 2 × 1024
+// tokens, 16 value heads of 128 over 4 key heads; fp32 (the SIMT kernels) at 2 × 200 tokens, 4 heads of 32 over 2.
+// States in and out, document masks.
+static void delta_repeat(DType dt, int64_t S, int64_t nk, int64_t nv, int64_t D) {
     int B = 2;
-    int64_t S = 1024, T = B * S, nk = 4, nv = 16, D = 128;
+    int64_t T = B * S;
     float *gh = xmalloc(T * nv * 4), *bh = xmalloc(T * nv * 4);
     fill_normal(gh, T * nv, 1), fill_normal(bh, T * nv, 1);
     for (int64_t i = 0; i < T * nv; i++) gh[i] = -log1pf(expf(2 * gh[i] - 1)), bh[i] = 1 / (1 + expf(-2 * bh[i]));
-    Pair q = pair_rand(DT_BF16, 1, 3, T, nk, D, 0), k = pair_rand(DT_BF16, 1, 3, T, nk, D, 0),
-         v = pair_rand(DT_BF16, 1, 3, T, nv, D, 0), dout = pair_rand(DT_BF16, 1, 3, T, nv, D, 0),
+    Pair q = pair_rand(dt, 1, 3, T, nk, D, 0), k = pair_rand(dt, 1, 3, T, nk, D, 0),
+         v = pair_rand(dt, 1, 3, T, nv, D, 0), dout = pair_rand(dt, 1, 3, T, nv, D, 0),
          g = pair_from(DT_F32, gh, 2, T, nv, 0, 0), be = pair_from(DT_F32, bh, 2, T, nv, 0, 0),
          s0 = pair_rand(DT_F32, 0.5f, 4, B, nv, D, D), dsT = pair_rand(DT_F32, 1, 4, B, nv, D, D),
          pos = pos_pair(B, S, true);
     free(gh), free(bh);
-    Tensor out[2][D_N];
-    for (int r = 0; r < 2; r++) {
+    Tensor out[3][D_N];
+    for (int r = 0; r < 3; r++) {
         Tensor *o = out[r];
-        o[D_O] = gpu_tensor(DT_BF16, 3, T, nv, D, 0), o[D_DQ] = gpu_tensor(DT_BF16, 3, T, nk, D, 0);
-        o[D_DK] = gpu_tensor(DT_BF16, 3, T, nk, D, 0), o[D_DV] = gpu_tensor(DT_BF16, 3, T, nv, D, 0);
+        o[D_O] = gpu_tensor(dt, 3, T, nv, D, 0), o[D_DQ] = gpu_tensor(dt, 3, T, nk, D, 0);
+        o[D_DK] = gpu_tensor(dt, 3, T, nk, D, 0), o[D_DV] = gpu_tensor(dt, 3, T, nv, D, 0);
         o[D_DG] = gpu_tensor(DT_F32, 2, T, nv, 0, 0), o[D_DB] = gpu_tensor(DT_F32, 2, T, nv, 0, 0);
         o[D_ST] = gpu_tensor(DT_F32, 4, B, nv, D, D), o[D_DS0] = gpu_tensor(DT_F32, 4, B, nv, D, D);
         DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)D)), .qk_l2norm = true, .chunk = 64};
         a.s0 = s0.d, a.sT = o[D_ST], a.dsT = dsT.d, a.ds0 = o[D_DS0], a.pos = pos.d;
+        if (r == 2) { // the kept state in a scratch of the backward's size, NaN before the forward
+            int64_t n = (int64_t)op_delta_rule_workspace(q.d, v.d, &a, true);
+            float *nan = xmalloc(n * sizeof(float));
+            for (int64_t i = 0; i < n; i++) nan[i] = NAN;
+            a.ws = gpu_tensor(DT_F32, 1, n, 0, 0, 0), a.keep = true;
+            op_copy(a.ws, tf32_1(nan, n)), free(nan);
+        }
         op_delta_rule_forward(o[D_O], q.d, k.d, v.d, g.d, be.d, &a);
         op_delta_rule_backward(o[D_DQ], o[D_DK], o[D_DV], o[D_DG], o[D_DB], dout.d, q.d, k.d, v.d, g.d, be.d, &a);
     }
-    for (int i = 0; i < D_N; i++) {
-        int64_t n = tensor_numel(out[0][i]);
-        float *x = gpu_down(out[0][i]), *y = gpu_down(out[1][i]);
-        ASSERT_MSG(!memcmp(x, y, n * sizeof(float)), "delta rule %s: two runs differ", delta_names[i]);
-        free(x), free(y);
-    }
+    for (int r = 1; r < 3; r++)
+        for (int i = 0; i < D_N; i++) {
+            int64_t n = tensor_numel(out[0][i]);
+            float *x = gpu_down(out[0][i]), *y = gpu_down(out[r][i]);
+            ASSERT_MSG(!memcmp(x, y, n * sizeof(float)), "delta rule %s %s: %s", dtype_name(dt), delta_names[i],
+                       r == 1 ? "two runs differ" : "the run keeping its state differs");
+            free(x), free(y);
+        }
+}
+
+TEST(gpu_op_delta_rule_repeat) {
+    gpu_begin();
+    delta_repeat(DT_BF16, 1024, 4, 16, 128);
+    delta_repeat(DT_F32, 200, 2, 4, 32);
     gpu_report();
 }
 

@@ -165,7 +165,8 @@ __device__ __forceinline__ void chunk_decays(float *ec, float *eL, const double 
 
 // The state pass (BWD false) from s0 (zeros when NULL) to sT (when not NULL), both (B·nv, dk, dv), or its backward
 // (BWD true), the chunks in reverse, from dsT to ds0. Grid (B·nv, ⌈dv / DELTA_VT⌉). The forward writes o (when o is
-// not NULL), or S₀ of every chunk and V'; the backward dS₁ of every chunk and dV'. Shared: St (dk, VT) the state's (its
+// not NULL) and S₀ of every chunk and V' (when the backward's scratch is there); the backward dS₁ of every chunk and
+// dV'. Shared: St (dk, VT) the state's (its
 // gradient's) columns, Vt (L, VT) V' (dV'), Ot (L, VT) dO, the chunk's decays e^c and e^{c_L − c} (L each).
 template <typename T, bool BWD> __global__ void delta_chunk_state_kernel(DeltaBufs f, DeltaIO io, ChunkDims d) {
     extern __shared__ float sm[];
@@ -225,7 +226,7 @@ template <typename T, bool BWD> __global__ void delta_chunk_state_kernel(DeltaBu
                     for (int j = 0; j <= i; j++) u += Mb[i * L + j] * Vt[j * VT + y];
                     st((T *)io.o, ((tok0 + i) * nv + h) * dv + y0 + y, ec[i] * s + u);
                 }
-            else
+            if (f.Vp)
                 for (int e = threadIdx.x; e < Le * VT; e += blockDim.x)
                     f.Vp[(row0 + e / VT) * dv + y0 + e % VT] = Vt[e];
             __syncthreads();
@@ -1028,7 +1029,8 @@ static bool delta_tc(DType dt, const ChunkDims *d) {
 }
 
 // Normalised q and k, then c, U, W, M (and Tm and, on the tensor cores, U's bf16 copy for the backward) of every
-// chunk; then the state pass, which writes o and sT (forward), or S₀ and V' of every chunk (backward).
+// chunk; then the state pass, which writes o and sT (forward) and S₀ and V' of every chunk (the backward's scratch:
+// the backward, or a forward that keeps them for it, DeltaArgs.keep).
 template <typename T>
 static void delta_front(const DeltaBufs &f, const DeltaIO &io, Tensor q, Tensor k, const ChunkDims &d,
                         const DeltaArgs *a) {
@@ -1057,7 +1059,7 @@ void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, T
     if (q.n[0] == 0) return;
     DeltaIO io = delta_io(v, g, beta, a);
     io.o = o.p, io.sT = (float *)a->sT.p;
-    DT_SWITCH(q.dt, T, "delta_rule_forward", delta_front<T>(delta_bufs(q, v, a, false), io, q, k, d, a));
+    DT_SWITCH(q.dt, T, "delta_rule_forward", delta_front<T>(delta_bufs(q, v, a, a->keep), io, q, k, d, a));
 }
 
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
@@ -1077,7 +1079,7 @@ void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor
     bool tc = delta_tc(q.dt, &d);
     if (tc) CUDA_CHECK(cudaMemsetAsync(tc_bufs(f, d).sd, 0, (size_t)BH * d.NC * sizeof(float), cuda_stream()));
     DT_SWITCH(q.dt, T, "delta_rule_backward", {
-        delta_front<T>(f, io, q, k, d, a);
+        if (!a->keep) delta_front<T>(f, io, q, k, d, a);
         if (tc) {
             BOOL_SWITCH(io.pos, DOCS, {
                 launch(tc_state_kernel<true, DOCS>, dim3(BH, TC_D / TC_VT), TC_THREADS, TC_STATE_SMEM, tc_bufs(f, d),
