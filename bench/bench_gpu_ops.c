@@ -12,7 +12,6 @@
 #include "ops/ops.h"
 
 static Arena A;
-static const Tensor NONE = {0};
 static Tensor dev(DType dt, int nd, int64_t n0, int64_t n1, int64_t n2) {
     return arena_tensor(&A, dt, nd, n0, n1, n2, 0);
 }

@@ -41,7 +41,6 @@ static void check_grad(RefFn f, double **in, int j, int64_t n, const double *G, 
 }
 static Tensor t3(float *p, int64_t a, int64_t b, int64_t c) { return tensor_make(p, DT_F32, DEV_CPU, 3, a, b, c, 1); }
 static double sigm(double x) { return 1 / (1 + exp(-x)); }
-static const Tensor NONE = {0};
 static Tensor ti32(int32_t *p, int64_t n) { return p ? tensor_make(p, DT_I32, DEV_CPU, 1, n, 0, 0, 0) : NONE; }
 
 // Document positions of one sequence of S tokens (document masking): its first document continues one that started

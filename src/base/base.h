@@ -72,6 +72,7 @@ typedef struct {
     int nd;
     int64_t n[4];
 } Tensor;
+#define NONE ((Tensor){0}) // no tensor (p NULL): an optional argument left out
 
 size_t dtype_size(DType dt);
 const char *dtype_name(DType dt);

@@ -44,8 +44,6 @@ typedef struct {
     Tensor dqa, dqan, dq, dk, dv, datt, dkv, dckvn, dckv, dkva;
 } Dsv2Rec;
 
-static const Tensor NONE = {0};
-
 // ---- config and parameters ----
 
 static void dsv2_config_parse(ModelConfig *c, JObj o) {

@@ -6,8 +6,6 @@
 
 #include "model/model.h"
 
-static const Tensor NONE = {0};
-
 void gqa_params(ParamTable *t, const GqaShape *s, int l, int64_t H) {
     int64_t nq = s->nh * s->d * (s->gated ? 2 : 1), nk = s->nkv * s->d;
 #define P(suffix, init, nd, a, b) params_add_layer(t, l, "self_attn." suffix, init, nd, a, b)

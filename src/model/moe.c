@@ -7,8 +7,6 @@
 // experts (E_l on this rank), k per token, I expert (or dense MLP) width, R rows stage 3 can receive.
 #include "model/model.h"
 
-static const Tensor NONE = {0};
-
 // ---- config and parameters ----
 
 void moe_config_check(const ModelConfig *c, JObj o, const char *experts_key) {

@@ -46,8 +46,6 @@ typedef struct {
     Tensor dqkv, dcv, dlq, dlk, dlv, dz, dpa, dpb, dg, dbeta, dcore, dgn, dh1c, dn1c;
 } Q35Rec;
 
-static const Tensor NONE = {0};
-
 static bool is_linear(const ModelConfig *c, int l) {
     return model_family_config(const Qwen35Config, c)->linear[l / 64] >> (l % 64) & 1;
 }

@@ -10,8 +10,6 @@
 #include "ops/cuda/cuda_ops.h"
 #endif
 
-static const Tensor NONE = {0};
-
 // Whether call (a cuda_* op that returns whether it ran) ran: only for tensors on the GPU of a CUDA build.
 #ifdef PITH_CUDA
 #define RAN_ON_CUDA(dev, call) ((dev) == DEV_CUDA && (call))

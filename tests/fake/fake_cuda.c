@@ -505,9 +505,9 @@ void cuda_linear_backward_input(Tensor dx, Tensor dy, Tensor w, bool acc) {
     OP(linear_backward_input, &dx, &dy, &w);
     cpu_linear_backward_input(dx, dy, w, acc);
 }
-void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x) {
+void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, bool acc) {
     OP(linear_backward_weight, &dw, &db, &dy, &x);
-    cpu_linear_backward_weight(dw, db, dy, x);
+    cpu_linear_backward_weight(dw, db, dy, x, acc);
 }
 void cuda_linear_bias_forward(Tensor y, Tensor b, Tensor offs) {
     OP(linear_bias_forward, &y, &b, &offs);

@@ -6,7 +6,6 @@
 #include "gpu_test.h"
 #include "ops/cuda/cuda_ops.h"
 
-static const Tensor NONE = {0};
 #define MODES for (int mode_ = 0; mode_ < 2; mode_++)
 #define MODE_DT (mode_ ? DT_BF16 : DT_F32)
 #define TOL (mode_ ? 1e-2 : 1e-5)
