@@ -57,6 +57,31 @@ TEST(gpu_op_linear) {
     gpu_report();
 }
 
+// cuBLASLt's algorithm for a product is asked for once and cached (cuda_gemm.cu): 48 products of distinct shapes
+// (more than a step of a model runs; in one slot per hash, 48 keys collide with probability 0.99), then again — the
+// second round asks the heuristic nothing.
+TEST(gpu_op_linear_algo_cache) {
+    gpu_begin();
+    gpu_mode(DT_BF16);
+    size_t mark = gpu_mark();
+    Tensor x = gpu_tensor(DT_BF16, 2, 64, 64, 0, 0), w = gpu_tensor(DT_BF16, 2, 48 * 8, 64, 0, 0),
+           y = gpu_tensor(DT_BF16, 2, 64, 48 * 8, 0, 0);
+    op_zero(x), op_zero(w);
+    int64_t asked[2];
+    for (int round = 0; round < 2; round++) {
+        int64_t q0 = cuda_grouped_calls("heuristic");
+        for (int i = 1; i <= 48; i++) // y (64, 8i) = x · w[:8i]ᵀ: the product's m is 8i
+            op_linear_forward(tensor_make(y.p, DT_BF16, DEV_CUDA, 2, 64, 8 * i, 1, 1), x,
+                              tensor_make(w.p, DT_BF16, DEV_CUDA, 2, 8 * i, 64, 1, 1), NONE);
+        asked[round] = cuda_grouped_calls("heuristic") - q0;
+    }
+    printf("     48 products: the heuristic asked %lld times, then %lld\n", (long long)asked[0], (long long)asked[1]);
+    ASSERT_MSG(asked[0] > 0 && asked[1] == 0, "the algorithm cache: %lld, then %lld queries", (long long)asked[0],
+               (long long)asked[1]);
+    gpu_release(mark);
+    gpu_report();
+}
+
 // 5 experts, one empty, one with a single row; with bias (GPT-OSS): y_e += b_e after whichever product path
 // ran, db_e += Σ_rows dy (fp32).
 static void check_grouped(DType dt, double tol, int64_t R, bool bias) {

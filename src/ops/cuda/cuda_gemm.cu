@@ -49,7 +49,10 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;
     bool used;
 } GemmCacheEntry;
-static GemmCacheEntry gemm_cache[256];
+#define GEMM_CACHE 256
+#define GEMM_PROBES 16
+static GemmCacheEntry gemm_cache[GEMM_CACHE];
+static int64_t gemm_queries; // the heuristic's answers asked for so far (cuda_grouped_calls("heuristic"))
 
 // Token counts change from call to call (the experts' rows), so the heuristic is asked once per bucket of
 // n and k — the next 2^j or 1.5·2^j at or above them — and its algorithm serves every size in the bucket
@@ -101,6 +104,7 @@ static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataTy
         CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, align[i], &key->al[i < 3 ? i : 2], sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
+    gemm_queries++;
     cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(c->lt, op, lay[0], lay[1], lay[2], lay[2], pref, 1, &res, &found);
     CUDA_CHECK(cublasLtMatmulPreferenceDestroy(pref));
@@ -110,6 +114,22 @@ static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataTy
         die("gemm: cuBLASLt has no algorithm for m=%lld n=%lld k=%lld (%s operands, %s output)", (long long)key->m,
             (long long)key->n, (long long)key->k, dtype_name((DType)key->adt), dtype_name((DType)key->ddt));
     return false;
+}
+
+// The cache entry of key: its own among GEMM_PROBES slots from its hash, else the first free one there, else the hash's
+// slot (replaced). FNV-1a over the key's bytes, then a 64-bit finalizer (MurmurHash3's fmix64): FNV's low bits alone
+// depend only on the bytes' low bits, and a step's keys (sizes that are multiples of 8) fell into a few slots — 48
+// linear shapes into 8 of 256, one holding 32 — so most products asked the heuristic (tens of microseconds of host
+// time or more) at every call (gpu_op_linear_algo_cache, gpu_step_no_host_sync).
+static GemmCacheEntry *gemm_slot(const GemmKey *key) {
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < sizeof *key; i++) h = (h ^ ((const unsigned char *)key)[i]) * 0x100000001b3ULL;
+    h ^= h >> 33, h *= 0xff51afd7ed558ccdULL, h ^= h >> 33;
+    for (int i = 0; i < GEMM_PROBES; i++) {
+        GemmCacheEntry *s = &gemm_cache[(h + i) % GEMM_CACHE];
+        if (!s->used || !memcmp(&s->key, key, sizeof *key)) return s;
+    }
+    return &gemm_cache[h % GEMM_CACHE];
 }
 
 // The operation of a product: op(A) = Aᵀ when ta, op(B) = Bᵀ when tb, fp32 accumulation.
@@ -148,9 +168,7 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
         if (!(tb && nb > ldb)) key.n = nb;
         if (!(ta && kb > lda) && !(!tb && kb > ldb)) key.k = kb;
     }
-    uint64_t h = 0;
-    for (size_t i = 0; i < sizeof key; i++) h = (h ^ ((const unsigned char *)&key)[i]) * 0x100000001b3ULL;
-    GemmCacheEntry *ce = &gemm_cache[h % 256];
+    GemmCacheEntry *ce = gemm_slot(&key);
     if (!ce->used || memcmp(&ce->key, &key, sizeof key)) {
         GemmKey exact = key;
         exact.n = n, exact.k = k;
@@ -160,12 +178,13 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
     float alpha = 1.0f;
     cublasStatus_t st = cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ce->algo, ws_mem,
                                        CUDA_LT_WS_BYTES, stream);
-    if (st != CUBLAS_STATUS_SUCCESS) { // the bucket's algorithm does not take this size: ask for this exact one
+    if (st != CUBLAS_STATUS_SUCCESS) { // the bucket's algorithm does not take this size: this exact one's (cached too)
         key.n = n, key.k = k;
-        cublasLtMatmulAlgo_t algo;
-        lt_heuristic(op, &key, at, dtt, &algo, true);
-        CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &algo, ws_mem, CUDA_LT_WS_BYTES,
-                                  stream));
+        GemmCacheEntry *ex = gemm_slot(&key);
+        if (!ex->used || memcmp(&ex->key, &key, sizeof key))
+            lt_heuristic(op, &key, at, dtt, &ex->algo, true), ex->key = key, ex->used = true;
+        CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ex->algo, ws_mem,
+                                  CUDA_LT_WS_BYTES, stream));
     }
     lt_layouts_destroy(lay);
     CUDA_CHECK(cublasLtMatmulDescDestroy(op));
@@ -395,7 +414,9 @@ __global__ void grouped_bias_backward_kernel(TD *db, const T *dy, const int64_t 
 
 extern "C" {
 
-int64_t cuda_grouped_calls(const char *path) { return !strcmp(path, "wgmma") ? wgmma_grouped_calls() : 0; }
+int64_t cuda_grouped_calls(const char *path) {
+    return !strcmp(path, "wgmma") ? wgmma_grouped_calls() : !strcmp(path, "heuristic") ? gemm_queries : 0;
+}
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs) {

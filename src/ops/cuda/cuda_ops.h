@@ -24,7 +24,8 @@ void *cuda_comm_stream(void);    // cudaStream_t
 int64_t cuda_embedding_bad_id(void);
 bool cuda_adamw_nonfinite(void);
 int64_t cuda_moe_sort_bad_expert(void);
-// How often the expert products took a path so far (cuda_gemm.cu): "wgmma", the products the wgmma kernels ran.
+// How often the expert products took a path so far (cuda_gemm.cu): "wgmma", the products the wgmma kernels ran;
+// "heuristic": the cuBLASLt heuristic's answers asked for (a product whose algorithm is not cached yet).
 int64_t cuda_grouped_calls(const char *path);
 // The kernel family the last attention call ran: "cudnn", "flash" (ours, tensor cores) or "generic".
 // AttnArgs.deterministic (config `deterministic`) and PITH_ATTENTION=own (an A/B switch) keep attention on our kernels.
