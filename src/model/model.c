@@ -367,7 +367,7 @@ void step_sums_free(StepSums *s) {
 }
 
 void model_zero_dense(Model *m, Tensor g) {
-    Tensor h = m->sg ? m->sg->lm_head : (Tensor){0};
+    Tensor h = m->sg ? m->sg->lm_head : NONE;
     uintptr_t p = (uintptr_t)g.p, hp = (uintptr_t)h.p;
     int64_t n = tensor_numel(g), off = (int64_t)(hp - p) / (int64_t)sizeof(float), hn = tensor_numel(h);
     if (m->cfg.tie_embed || !hp || hp < p || off + hn > n || g.dt != DT_F32) {
