@@ -207,6 +207,12 @@ static void q35_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
     r->dws = keep ? arena_tensor(a, DT_F32, 1, (int64_t)keep, 0, 0, 0) : (Tensor){0};
 }
 
+// The delta rule's scratch: the record's, kept from forward to backward (delta_rule_keep), else the planned workspace
+// (io->opws; none in generation: the op scratch).
+static void q35_delta_ws(DeltaArgs *da, const Q35Rec *r, Tensor opws) {
+    da->ws = r->dws.p ? r->dws : opws, da->keep = r->dws.p != NULL;
+}
+
 static void q35_mixer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
@@ -253,8 +259,7 @@ static void q35_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor 
     Q35Rec *r = rp;
     int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
     DeltaArgs da = q35_delta_args(m, mb->B);
-    da.ws = r->dws.p ? r->dws : opws; // the record's, or planned (the backward workspace's bottom), or none in
-    da.keep = r->dws.p != NULL;       // generation (the op scratch)
+    q35_delta_ws(&da, r, opws);
     da.pos = delta_pos(m, r, mb, true);
     if (m->cfg.cp_size == 1) r->n1c = r->n1; // n1 moves when recomputed (its staging)
     r->h1c = m->cfg.cp_size > 1 ? r->h1 : r->h1a;
@@ -292,7 +297,7 @@ static void q35_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
                         tensor_reshape2(r->core, Rv, q->dv), W->gnorm, r->rg, false,
                         &(RmsArgs){.z = tensor_reshape2(r->z, Rv, q->dv), .dz = tensor_reshape2(r->dz, Rv, q->dv)});
     DeltaArgs da = q35_delta_args(m, mb->B);
-    da.ws = r->dws.p ? r->dws : opws, da.keep = r->dws.p != NULL;
+    q35_delta_ws(&da, r, opws);
     da.pos = delta_pos(m, r, mb, false);
     model_delta_rule_backward(m, r->dlq, r->dlk, r->dlv, r->dg, r->dbeta, r->dcore, r->lq, r->lk, r->lv, r->g, r->beta,
                               da, r->s0);

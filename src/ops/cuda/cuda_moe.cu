@@ -391,8 +391,8 @@ void cuda_moe_count(Tensor cnt, Tensor idx) {
     CUDA_LAUNCH_CHECK();
 }
 
-// The stable counting sort on the device (the moe_sort_* kernels), offs written where the grouped GEMMs read them: nothing
-// comes back to the host.
+// The stable counting sort on the device (the moe_sort_* kernels), offs written where the grouped GEMMs read them:
+// nothing comes back to the host.
 void cuda_moe_sort(Tensor perm, Tensor offs, Tensor idx, int E) {
     int64_t n = tensor_numel(idx);
     CHECK(idx.dt == DT_I32 && perm.dt == DT_I32 && tensor_numel(perm) >= n && n < 0x7fffffff && E >= 1);
