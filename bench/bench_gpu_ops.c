@@ -323,10 +323,31 @@ static void bench_conv(void) {
     for (int docs = 0; docs < 2; docs++) {
         Tensor pos = docs ? dp : NONE;
         TIME(docs ? "conv1d+silu fwd 2x4096x8192 K4 (docs)" : "conv1d+silu fwd 2x4096x8192 K4", 20, 2 * bytes, "GB/s",
-             op_conv1d_silu_forward(y, x, w, NONE, pos, (int)B));
+             op_conv1d_silu_forward(y, x, w, NONE, pos, (int)B, 0));
         TIME(docs ? "conv1d+silu bwd 2x4096x8192 K4 (docs)" : "conv1d+silu bwd 2x4096x8192 K4", 20, 3 * bytes, "GB/s",
-             op_conv1d_silu_backward(dx, NONE, dw, dy, x, w, NONE, pos, (int)B));
+             op_conv1d_silu_backward(dx, NONE, dw, dy, x, w, NONE, pos, (int)B, 0));
     }
+}
+
+// The cross-entropy of the LM-head epilog alone: a chunk of 4096 rows of bf16 logits (the bench configs' chunk) for
+// Qwen3's, GPT-OSS's and Qwen3.5's vocabularies, in place. The rate counts one read and one write of the logits, the
+// least the op can move. `bench_gpu_ops --ce`.
+static void bench_ce(void) {
+    const int64_t R = 4096, vocab[3] = {151936, 201088, 248320};
+    int32_t *hl = xmalloc(R * sizeof(int32_t));
+    for (int v = 0; v < 3; v++) {
+        Arena save = A;
+        int64_t V = vocab[v];
+        Tensor lg = dev(DT_BF16, 2, R, V, 0), lab = dev(DT_I32, 1, R, 0, 0), ls = dev(DT_F64, 1, 1, 0, 0);
+        fill(lg, 1, 90 + v), op_zero(ls);
+        for (int64_t i = 0; i < R; i++) hl[i] = (int32_t)(i * 7919 % V);
+        op_copy(lab, tensor_make(hl, DT_I32, DEV_CPU, 1, R, 1, 1, 1));
+        char nm[96];
+        snprintf(nm, sizeof nm, "cross-entropy %lld x %lld bf16 (in place)", (long long)R, (long long)V);
+        TIME(nm, 10, 2.0 * R * V * 2, "GB/s", op_cross_entropy(lg, lab, ls, NONE, 1.0f));
+        A.used = save.used;
+    }
+    free(hl);
 }
 
 // Document masking (AttnArgs.docpos) at the training call: attention fwd+bwd, B = 2 sequences of S = 4096 tokens,
@@ -430,6 +451,11 @@ int main(int argc, char **argv) {
     }
     if (argc > 1 && !strcmp(argv[1], "--docs")) { // attention with and without document masking
         bench_docs();
+        arena_destroy(&A);
+        return 0;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--ce")) { // the LM head's cross-entropy alone
+        bench_ce();
         arena_destroy(&A);
         return 0;
     }

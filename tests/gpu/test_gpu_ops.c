@@ -1037,8 +1037,11 @@ TEST(gpu_op_cross_entropy) {
     gpu_begin();
     gpu_mode(DT_F32);
     check_cross_entropy(DT_F32, 3001, 1e-5, 1e-6);
-    gpu_mode(DT_BF16); // a vector-width vocabulary (V % 8 == 0) and a ragged one
+    check_cross_entropy(DT_F32, 131072, 1e-5, 1e-6); // the one-pass kernel's largest fp32 row
+    gpu_mode(DT_BF16); // vector-width vocabularies (V % 8 == 0): one pass (up to 262,144), two passes beyond; ragged
     check_cross_entropy(DT_BF16, 4096, 1e-2, 1e-5);
+    check_cross_entropy(DT_BF16, 248320, 1e-2, 1e-5);
+    check_cross_entropy(DT_BF16, 262152, 1e-2, 1e-5);
     check_cross_entropy(DT_BF16, 3001, 1e-2, 1e-5);
     gpu_report();
 }

@@ -2,11 +2,13 @@
 // squared-norm reduction and AdamW. Math as in ops/cpu/cpu_elem.c (and ops_list.h).
 // Shapes: embedding table (V, H), tokens (T) int32, h (T, H); CE logits (R, V) fp32 in place, labels (R)
 // int32, loss_sum (1) fp64; AdamW p flat fp32, g, m, v flat fp32 or bf16.
-// Cross-entropy splits each row into slices of CE_SLICE logits so that a chunk of a few rows still fills
-// the GPU: pass 1 gives each slice's (max, Σ exp) in one read (online per thread), pass 2 combines a
-// row's slices into its lse and overwrites the slice with the gradient; logits are read twice, written
-// once; pass 3 adds the rows' losses to loss_sum in a fixed order. Elementwise kernels move 16-byte vectors where sizes and alignment allow.
-#include "ops/cuda/cuda_common.cuh"
+// Cross-entropy takes a row with a cluster of blocks that hold its logits in registers between the statistics and
+// the gradient (each logit read once, written once); rows too long for that, or not in 8-logit vectors, split into
+// slices of CE_SLICE logits: pass 1 gives each slice's (max, Σ exp) in one read (online per thread), pass 2
+// combines a row's slices into its lse and overwrites the slice with the gradient (logits read twice). A last pass
+// adds the rows' losses to loss_sum in a fixed order. Elementwise kernels move 16-byte vectors where sizes and alignment allow.
+#include "ops/cuda/cuda_wgmma.cuh" // mbarriers, for the cross-entropy's bulk copy
+#include <cooperative_groups.h>
 
 extern "C" {
 #include "ops/cpu/cpu_ops.h" // cpu_copy: the host side of a copy that crosses devices and dtypes
@@ -172,6 +174,116 @@ __global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const i
             st(l, c, c == y ? p - grad_scale : p);
         }
     }
+}
+
+// One pass over a row (the common case): a cluster of CE_CLUSTER blocks takes row r, each block a slice of
+// `slice` logits (a multiple of 8) that one bulk copy brings into its shared memory; the blocks trade their
+// (max, Σ exp) through distributed shared memory, so each logit is read from memory once and written once. Every
+// block adds the cluster's partials in rank order (fp64): all hold the same lse, whatever the launch.
+#define CE_CLUSTER 8
+#define CE_FUSED_THREADS 512
+#define CE_FUSED_BYTES (64 << 10) // a slice's shared memory: rows up to 262,144 bf16 or 131,072 fp32 logits
+// The largest of 8 consecutive logits (16-byte aligned): on bf16 pairs for bf16.
+__device__ __forceinline__ float max8(const bf16 *p) {
+    uint4 u = *(const uint4 *)p;
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+    __nv_bfloat162 a = __hmax2(__hmax2(h[0], h[1]), __hmax2(h[2], h[3]));
+    return fmaxf(__low2float(a), __high2float(a));
+}
+__device__ __forceinline__ float max8(const float *p) {
+    float v[8];
+    ld8(p, v);
+    return fmaxf(fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3])), fmaxf(fmaxf(v[4], v[5]), fmaxf(v[6], v[7])));
+}
+static inline int64_t ce_fused_slice(int64_t V) { return ((V + CE_CLUSTER - 1) / CE_CLUSTER + 7) / 8 * 8; }
+
+template <typename T>
+__global__ void __cluster_dims__(CE_CLUSTER, 1, 1) __launch_bounds__(CE_FUSED_THREADS)
+    cross_entropy_fused_kernel(T *logits, const int32_t *labels, double *row_loss, int64_t V, int64_t slice,
+                               float grad_scale) {
+    extern __shared__ __align__(128) unsigned char ce_smem[]; // this block's slice, as loaded
+    __shared__ __align__(8) uint64_t full;                    // completes when the slice has landed
+    __shared__ float2 part; // this block's (max, Σ exp(l − max)): the cluster reads it
+    __shared__ float sm[CE_FUSED_THREADS / 32], ss[CE_FUSED_THREADS / 32], y_logit;
+    __shared__ double lse_s;
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    int64_t r = blockIdx.y, c0 = (int64_t)cluster.block_rank() * slice;
+    T *l = logits + r * V + c0; // this block's n logits
+    const T *x = (const T *)ce_smem;
+    int n = (int)max(min(c0 + slice, V) - c0, (int64_t)0), y = labels[r];
+    if (y == -100) { // the whole cluster sees the same label: no cluster barrier to keep
+        if (c0 == 0 && threadIdx.x == 0) row_loss[r] = 0;
+        float z[8] = {};
+        for (int c = threadIdx.x * 8; c < n; c += CE_FUSED_THREADS * 8) st8(l + c, z);
+        return;
+    }
+    y -= (int)c0; // the label's offset in this slice (outside [0, n): another block's)
+    uint32_t bar = sh_addr(&full);
+    if (threadIdx.x == 0) {
+        mbar_init(bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        mbar_expect(bar, n * (int)sizeof(T));
+        if (n)
+            asm volatile(
+                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                    sh_addr(ce_smem)),
+                "l"(l), "r"(n * (int)sizeof(T)), "r"(bar)
+                : "memory");
+    }
+    __syncthreads(); // the barrier is initialised
+    mbar_wait(bar, 0);
+    // exp(l − m) as 2^(l·log2 e − m·log2 e): one fused multiply-add and the hardware's 2^x a logit. This thread's
+    // max first (on bf16 pairs where the logits are bf16), so the sum needs no rescaling.
+    const float L2E = 1.4426950408889634f;
+    float m = -INFINITY, sum = 0.0f;
+    for (int c = threadIdx.x * 8; c < n; c += CE_FUSED_THREADS * 8) m = fmaxf(m, max8(x + c));
+    float ml = m * L2E;
+    for (int c = threadIdx.x * 8; c < n; c += CE_FUSED_THREADS * 8) {
+        float v[8];
+        ld8(x + c, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) sum += exp2f(fmaf(v[j], L2E, -ml));
+        if ((unsigned)(y - c) < 8u) y_logit = ld(x, y);
+    }
+    float bm = warp_max(m); // combine the warp, then the block, as the two-pass kernel does
+    sum = warp_sum(m == -INFINITY ? 0.0f : sum * expf(m - bm));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sm[warp] = bm, ss[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float M = -INFINITY, S = 0.0f;
+        for (int w = 0; w < CE_FUSED_THREADS / 32; w++) M = fmaxf(M, sm[w]);
+        for (int w = 0; w < CE_FUSED_THREADS / 32; w++)
+            if (sm[w] != -INFINITY) S += ss[w] * expf(sm[w] - M);
+        part = make_float2(M, S);
+    }
+    cluster.sync(); // every block's part is written
+    if (threadIdx.x == 0) {
+        float M = -INFINITY;
+        for (int b = 0; b < CE_CLUSTER; b++) M = fmaxf(M, cluster.map_shared_rank(&part, b)->x);
+        double s = 0;
+        for (int b = 0; b < CE_CLUSTER; b++) {
+            float2 p = *cluster.map_shared_rank(&part, b);
+            if (p.x != -INFINITY) s += (double)p.y * exp((double)p.x - M);
+        }
+        lse_s = M + log(s);
+        if (y >= 0 && y < n) row_loss[r] = lse_s - y_logit;
+    }
+    // No block leaves while another may still read its part: arrive now, wait before the end.
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    __syncthreads();
+    float lse2 = (float)(lse_s * 1.4426950408889634);
+    for (int c = threadIdx.x * 8; c < n; c += CE_FUSED_THREADS * 8) {
+        float v[8];
+        ld8(x + c, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = grad_scale * exp2f(fmaf(v[j], L2E, -lse2));
+        if ((unsigned)(y - c) < 8u) // the label's vector
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] -= c + j == y ? grad_scale : 0.0f;
+        st8(l + c, v);
+    }
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 // Pass 3: loss_sum += Σ_r row_loss[r] in one block's fixed order (no atomics: the same bits in every run).
@@ -390,13 +502,17 @@ void cuda_cross_entropy(Tensor logits, Tensor labels, Tensor loss_sum, Tensor ro
     const int32_t *lab = (const int32_t *)labels.p;
     DT_SWITCH(logits.dt, T, "cross_entropy", {
         T *l = (T *)logits.p;
-        // one kernel source; the scalar instance serves ragged vocabularies (50257, 3001)
-        BOOL_SWITCH(vec8_fits(V, l), VEC, {
-            cross_entropy_partial_kernel<T, VEC><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
-            CUDA_LAUNCH_CHECK();
-            cross_entropy_grad_kernel<T, VEC>
-                <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, rows, V, ns, grad_scale);
-        });
+        if (vec8_fits(V, l) && ce_fused_slice(V) * (int64_t)sizeof(T) <= CE_FUSED_BYTES) { // one read, one write
+            launch(cross_entropy_fused_kernel<T>, dim3(CE_CLUSTER, (unsigned)R), dim3(CE_FUSED_THREADS),
+                   (size_t)(ce_fused_slice(V) * sizeof(T)), l, lab, rows, V, ce_fused_slice(V), grad_scale);
+        } else { // two passes; the scalar instance serves ragged vocabularies (50257, 3001)
+            BOOL_SWITCH(vec8_fits(V, l), VEC, {
+                cross_entropy_partial_kernel<T, VEC><<<grid, CE_THREADS, 0, cuda_stream()>>>(part, l, lab, V, ns);
+                CUDA_LAUNCH_CHECK();
+                cross_entropy_grad_kernel<T, VEC>
+                    <<<grid, CE_THREADS, 0, cuda_stream()>>>(l, part, lab, rows, V, ns, grad_scale);
+            });
+        }
     });
     CUDA_LAUNCH_CHECK();
     cross_entropy_sum_kernel<<<1, 1024, 0, cuda_stream()>>>((double *)loss_sum.p, rows, R);
