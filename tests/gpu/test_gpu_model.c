@@ -288,8 +288,8 @@ static void track_cpu(const char *config, int vocab, int threads) {
 // experts), with expert widths the wgmma kernels take, the third micro-batch's forward and backward (the first grows
 // the op scratch and builds the attention plans; the second is the first to write the LM head's gradient, a product
 // of its own) counts no host wait (ops_host_syncs: every cudaStreamSynchronize and read-back of the CUDA backend) from
-// the first layer's forward to the last layer's backward, the expert products ran on wgmma, and no bf16 product asked
-// cuBLASLt's heuristic again; with bf16 expert gradients (gradient_dtype bf16) the later micro-batches add to the
+// the first layer's forward to the last layer's backward, the expert products ran on wgmma, and no product (bf16 or
+// FP8) asked cuBLASLt's heuristic again; with bf16 expert gradients (gradient_dtype bf16) the later micro-batches add to the
 // first's.
 TEST(gpu_step_no_host_sync) {
     gpu_begin();
@@ -355,7 +355,7 @@ TEST(gpu_step_no_host_sync) {
                loss);
         ASSERT_MSG(waits == 0, "%s: %lld host waits between the first layer's forward and the last's backward",
                    mc.model_type, (long long)waits);
-        ASSERT_MSG(queries == 0 || cases[i].fp8, // (lt_matmul_fp8 asks for each product: not cached yet)
+        ASSERT_MSG(queries == 0, // FP8's products included (lt_matmul_fp8)
                    "%s: the third micro-batch asked cuBLASLt's heuristic %lld times (cached: none)", mc.model_type,
                    (long long)queries);
         // bf16: the six expert products of each MoE layer; FP8: Qwen3's on the E4M3 kernel (and the dense

@@ -47,7 +47,7 @@ static_assert(sizeof(GemmKey) == 10 * 8 + 8 * 4, "GemmKey is hashed and compared
 typedef struct {
     GemmKey key;
     cublasLtMatmulAlgo_t algo;
-    bool used;
+    bool used, none; // none: the heuristic had no algorithm (FP8 products only; the caller falls back)
 } GemmCacheEntry;
 #define GEMM_CACHE 256
 #define GEMM_PROBES 16
@@ -189,7 +189,8 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
     lt_layouts_destroy(lay);
     CUDA_CHECK(cublasLtMatmulDescDestroy(op));
 }
-// The FP8 product (cuda_common.cuh): the heuristic asked with its default alignments (256 bytes), not cached.
+// The FP8 product (cuda_common.cuh): the heuristic asked once per problem with its default alignments (256 bytes),
+// its answer — an algorithm or none — cached under the operands' dtype DT_U8, apart from every bf16 product's.
 bool lt_matmul_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *sa, const void *B, const float *sb,
                    void *D, DType ddt, float beta) {
     CudaCtx *c = cuda_ctx();
@@ -200,14 +201,18 @@ bool lt_matmul_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *
     CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
     CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
     GemmKey key = {m, n, k, k, k, m, ONE, true, false, DT_U8, ddt, beta == 0, {256, 256, 256}};
-    cublasLtMatmulAlgo_t algo;
-    bool ok = lt_heuristic(op, &key, CUDA_R_8F_E4M3, lt_type(ddt), &algo, false);
+    GemmCacheEntry *ce = gemm_slot(&key);
+    if (!ce->used || memcmp(&ce->key, &key, sizeof key)) {
+        ce->none = !lt_heuristic(op, &key, CUDA_R_8F_E4M3, lt_type(ddt), &ce->algo, false);
+        ce->key = key, ce->used = true;
+    }
+    bool ok = !ce->none;
     if (ok) {
         cublasLtMatrixLayout_t lay[3];
         lt_layouts(CUDA_R_8F_E4M3, lt_type(ddt), true, false, m, n, k, k, k, m, ONE, lay);
         float alpha = 1.0f;
-        CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, lay[0], B, lay[1], &beta, D, lay[2], D, lay[2], &algo, c->lt_ws,
-                                  CUDA_LT_WS_BYTES, c->compute));
+        CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, lay[0], B, lay[1], &beta, D, lay[2], D, lay[2], &ce->algo,
+                                  c->lt_ws, CUDA_LT_WS_BYTES, c->compute));
         lt_layouts_destroy(lay);
     }
     CUDA_CHECK(cublasLtMatmulDescDestroy(op));
