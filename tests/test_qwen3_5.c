@@ -119,6 +119,7 @@ typedef struct {
     int64_t B, S, C, K;
     bool halo;          // in[2]: (B·(K−1), C) the rows before each sequence (else zeros)
     const int32_t *pos; // (B·S) document positions: a tap i rows back counts while i ≤ pos (NULL: always)
+    int64_t split;      // y's (and dy's) column blocks [0, split), [split, 2·split), [2·split, C) one after another
 } ConvCtx;
 static void ref_conv(double **in, double *out, const void *c) { // in: x (B·S, C), w (C, K) [, halo]
     const ConvCtx *p = c;
@@ -132,7 +133,11 @@ static void ref_conv(double **in, double *out, const void *c) { // in: x (B·S, 
                     if (src >= 0) u += in[1][ch * p->K + j] * in[0][(b * p->S + src) * p->C + ch];
                     else if (p->halo) u += in[1][ch * p->K + j] * in[2][(b * (p->K - 1) + p->K - 1 + src) * p->C + ch];
                 }
-                out[(b * p->S + s) * p->C + ch] = u * sigm(u);
+                int64_t t = b * p->S + s, c0 = !p->split || ch < p->split ? 0
+                                               : ch < 2 * p->split        ? p->split
+                                                                          : 2 * p->split;
+                int64_t wd = !p->split ? p->C : c0 < 2 * p->split ? p->split : p->C - 2 * p->split;
+                out[p->B * p->S * c0 + t * wd + ch - c0] = u * sigm(u);
             }
 }
 // Without a halo and with one (context parallelism: the previous rank's last K − 1 rows), S < K − 1 too (a halo
@@ -144,19 +149,21 @@ static void check_conv(ConvCtx c) {
     ref_conv(in, yr, &c);
     Tensor X = tf32_2(x, c.B * c.S, c.C), W = tf32_2(w, c.C, c.K), Hl = c.halo ? tf32_2(h, nh / c.C, c.C) : NONE;
     Tensor P = ti32((int32_t *)c.pos, c.B * c.S);
-    op_conv1d_silu_forward(tf32_2(y, c.B * c.S, c.C), X, W, Hl, P, (int)c.B);
+    op_conv1d_silu_forward(tf32_2(y, c.B * c.S, c.C), X, W, Hl, P, (int)c.B, c.split);
     ASSERT(err(y, yr, n) < 1e-6);
     float *dx = nans(n), *dw = xcalloc(c.C * c.K, 4), *dh = nans(nh);
     op_conv1d_silu_backward(tf32_2(dx, c.B * c.S, c.C), c.halo ? tf32_2(dh, nh / c.C, c.C) : NONE, tf32_2(dw, c.C, c.K),
-                            tf32_2(G, c.B * c.S, c.C), X, W, Hl, P, (int)c.B);
+                            tf32_2(G, c.B * c.S, c.C), X, W, Hl, P, (int)c.B, c.split);
     check_grad(ref_conv, in, 0, n, Gd, n, dx, &c, 1e-5, "dx");
     check_grad(ref_conv, in, 1, c.C * c.K, Gd, n, dw, &c, 1e-5, "dw");
     if (c.halo) check_grad(ref_conv, in, 2, nh, Gd, n, dh, &c, 1e-5, "dhalo");
 }
 TEST(op_conv1d_silu) {
-    check_conv((ConvCtx){2, 7, 5, 4, false, NULL});
-    check_conv((ConvCtx){2, 7, 5, 4, true, NULL});
-    check_conv((ConvCtx){3, 2, 3, 4, true, NULL});
+    check_conv((ConvCtx){2, 7, 5, 4, false, NULL, 0});
+    check_conv((ConvCtx){2, 7, 5, 4, true, NULL, 0});
+    check_conv((ConvCtx){3, 2, 3, 4, true, NULL, 0});
+    check_conv((ConvCtx){2, 7, 24, 4, true, NULL, 8});  // y in three column blocks (Qwen3.5's q, k, v), equal
+    check_conv((ConvCtx){2, 5, 40, 4, false, NULL, 8}); // and a wider third
 }
 
 // Document masking: documents of 1 and 2 rows, one that crosses the window, and a first document that continues
@@ -166,23 +173,23 @@ TEST(op_conv1d_silu_docs) {
     int32_t pos[18];
     doc_pos(pos, 9, 1, (const int[]){1, 2, 4, 8}, 4);
     doc_pos(pos + 9, 9, 5, (const int[]){3}, 1);
-    check_conv((ConvCtx){2, 9, 5, 4, false, pos});
-    check_conv((ConvCtx){2, 9, 5, 4, true, pos});
+    check_conv((ConvCtx){2, 9, 5, 4, false, pos, 0});
+    check_conv((ConvCtx){2, 9, 5, 4, true, pos, 0});
     doc_pos(pos, 9, 0, (const int[]){0, 1, 2, 3, 4, 5, 6, 7, 8}, 9); // every row its own document
     doc_pos(pos + 9, 9, 0, (const int[]){0, 5}, 2);
-    check_conv((ConvCtx){2, 9, 3, 4, true, pos});
+    check_conv((ConvCtx){2, 9, 3, 4, true, pos, 0});
     int64_t n = 2 * 9 * 5, nh = 2 * 3 * 5;
     float *x = rnd(n, 1), *w = rnd(5 * 4, 0.7f), *h = rnd(nh, 1), *y0 = nans(n), *y1 = nans(n), *dy = rnd(n, 1);
     float *dx0 = nans(n), *dx1 = nans(n), *dh0 = nans(nh), *dh1 = nans(nh), *dw0 = xcalloc(20, 4),
           *dw1 = xcalloc(20, 4);
     for (int i = 0; i < 18; i++) pos[i] = 3 + i % 9;
     Tensor X = tf32_2(x, 18, 5), W = tf32_2(w, 5, 4), Hl = tf32_2(h, 6, 5), P = ti32(pos, 18);
-    op_conv1d_silu_forward(tf32_2(y0, 18, 5), X, W, Hl, NONE, 2);
-    op_conv1d_silu_forward(tf32_2(y1, 18, 5), X, W, Hl, P, 2);
+    op_conv1d_silu_forward(tf32_2(y0, 18, 5), X, W, Hl, NONE, 2, 0);
+    op_conv1d_silu_forward(tf32_2(y1, 18, 5), X, W, Hl, P, 2, 0);
     op_conv1d_silu_backward(tf32_2(dx0, 18, 5), tf32_2(dh0, 6, 5), tf32_2(dw0, 5, 4), tf32_2(dy, 18, 5), X, W, Hl, NONE,
-                            2);
-    op_conv1d_silu_backward(tf32_2(dx1, 18, 5), tf32_2(dh1, 6, 5), tf32_2(dw1, 5, 4), tf32_2(dy, 18, 5), X, W, Hl, P,
-                            2);
+                            2, 0);
+    op_conv1d_silu_backward(tf32_2(dx1, 18, 5), tf32_2(dh1, 6, 5), tf32_2(dw1, 5, 4), tf32_2(dy, 18, 5), X, W, Hl, P, 2,
+                            0);
     ASSERT(!memcmp(y0, y1, n * 4) && !memcmp(dx0, dx1, n * 4) && !memcmp(dh0, dh1, nh * 4) && !memcmp(dw0, dw1, 80));
 }
 

@@ -463,20 +463,20 @@ void model_cp_zigzag(Model *m, Tensor dst, Tensor src, int B) {
     else CHECK(dst.p == src.p);
 }
 
-void model_conv1d_silu_forward(Model *m, Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
+void model_conv1d_silu_forward(Model *m, Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B, int64_t split) {
     if (m->ring) ring_halo_forward(m->ring, halo, x, B);
-    op_conv1d_silu_forward(y, x, w, halo, pos, B);
+    op_conv1d_silu_forward(y, x, w, halo, pos, B, split);
 }
 
 void model_conv1d_silu_backward(Model *m, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, Tensor pos,
-                                int B) {
+                                int B, int64_t split) {
     if (!m->ring) {
-        op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, halo, pos, B);
+        op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, halo, pos, B, split);
         return;
     }
     Tensor buf[2]; // this rank's ∂/∂halo, for rank r − 1, and rank r + 1's, in the ring's scratch
     ring_pair(&m->ring->mem, halo, buf);
-    op_conv1d_silu_backward(dx, buf[0], dw, dy, x, w, halo, pos, B);
+    op_conv1d_silu_backward(dx, buf[0], dw, dy, x, w, halo, pos, B, split);
     ring_halo_backward(m->ring, dx, buf[0], buf[1], B);
 }
 

@@ -552,10 +552,10 @@ void model_cp_zigzag(Model *m, Tensor dst, Tensor src, int B);
 // op_conv1d_silu_* whose halo (B·(K−1), C), kept in the record, holds the previous rank's last K − 1 rows of x
 // (m->ring; rank 0: zeros; without m->ring halo.p is NULL); the backward sends the halo's gradient back to that rank
 // and adds the next rank's to dx's last K − 1 rows of each sequence. pos: the op's document positions (p NULL: none),
-// in the contiguous layout.
-void model_conv1d_silu_forward(Model *m, Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B);
+// in the contiguous layout. split: y's column blocks (op_conv1d_silu_forward).
+void model_conv1d_silu_forward(Model *m, Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B, int64_t split);
 void model_conv1d_silu_backward(Model *m, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, Tensor pos,
-                                int B);
+                                int B, int64_t split);
 // op_delta_rule_* with the state passed along the cp ranks (m->ring): the forward receives the previous rank's final
 // state into s0: (B, nv, dk, dv) fp32 (kept in the record; rank 0 starts from zeros) and sends its own on; the
 // backward receives the next rank's ∂/∂s0 as its dsT and sends its ∂/∂s0 back. Sequential: rank r waits for r − 1

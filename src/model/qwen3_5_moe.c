@@ -33,7 +33,7 @@ typedef struct {
     LAYER_FIELDS; // h1: after the token mixer and the shared expert; gqa: full attention
     // Gated DeltaNet
     Tensor qkv, cv;      // (T, Cc) projection and conv1d_silu of it
-    Tensor lq, lk, lv;   // (T, nk, dk), (T, nk, dk), (T, nv, dv) split of cv
+    Tensor lq, lk, lv;   // (T, nk, dk), (T, nk, dk), (T, nv, dv): cv's column blocks, where the conv writes them
     Tensor z, pa, pb;    // (T, nv·dv), (T, nv), (T, nv) projections
     Tensor g, beta;      // (T, nv) fp32
     Tensor core, rg, gn; // (T, nv, dv) delta rule output, (T·nv) rstd, gated norm output
@@ -178,6 +178,16 @@ static size_t q35_op_ws(const Model *m, int l, int B, int S) {
 
 // ---- records ----
 
+// q, k, v of T tokens as the column blocks of cv (T·(2·nk·dk + nv·dv) elements; op_conv1d_silu_forward's split nk·dk).
+static void q35_blocks(Tensor cv, const Qwen35Config *q, int64_t T, Tensor *lq, Tensor *lk, Tensor *lv) {
+    int64_t kn = T * q->nk * q->dk;
+    char *p = cv.p; // NULL in a plan
+    size_t e = dtype_size(cv.dt);
+    *lq = tensor_make(p, cv.dt, cv.dev, 3, T, q->nk, q->dk, 1);
+    *lk = tensor_make(p ? p + kn * e : NULL, cv.dt, cv.dev, 3, T, q->nk, q->dk, 1);
+    *lv = tensor_make(p ? p + 2 * kn * e : NULL, cv.dt, cv.dev, 3, T, q->nv, q->dv, 1);
+}
+
 static void q35_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
     const ModelConfig *c = &m->cfg;
     const Qwen35Config *q = model_family_config(const Qwen35Config, c);
@@ -186,9 +196,7 @@ static void q35_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
     DType dt = m->cdt;
     r->qkv = arena_tensor(a, dt, 2, T, 2 * kd + vd, 0, 0);
     r->cv = arena_tensor(a, dt, 2, T, 2 * kd + vd, 0, 0);
-    r->lq = arena_tensor(a, dt, 3, T, q->nk, q->dk, 0);
-    r->lk = arena_tensor(a, dt, 3, T, q->nk, q->dk, 0);
-    r->lv = arena_tensor(a, dt, 3, T, q->nv, q->dv, 0);
+    q35_blocks(r->cv, q, T, &r->lq, &r->lk, &r->lv);
     r->z = arena_tensor(a, dt, 2, T, vd, 0, 0);
     r->pa = arena_tensor(a, dt, 2, T, q->nv, 0, 0);
     r->pb = arena_tensor(a, dt, 2, T, q->nv, 0, 0);
@@ -221,9 +229,7 @@ static void q35_mixer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, in
     DType dt = m->cdt;
     r->dqkv = arena_tensor(ws, dt, 2, T, 2 * kd + vd, 0, 0);
     r->dcv = arena_tensor(ws, dt, 2, T, 2 * kd + vd, 0, 0);
-    r->dlq = arena_tensor(ws, dt, 3, T, q->nk, q->dk, 0);
-    r->dlk = arena_tensor(ws, dt, 3, T, q->nk, q->dk, 0);
-    r->dlv = arena_tensor(ws, dt, 3, T, q->nv, q->dv, 0);
+    q35_blocks(r->dcv, q, T, &r->dlq, &r->dlk, &r->dlv);
     r->dz = arena_tensor(ws, dt, 2, T, vd, 0, 0);
     r->dpa = arena_tensor(ws, dt, 2, T, q->nv, 0, 0);
     r->dpb = arena_tensor(ws, dt, 2, T, q->nv, 0, 0);
@@ -257,7 +263,7 @@ static void q35_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor 
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     const Q35Layer *W = model_layer_views(m, l, false);
     Q35Rec *r = rp;
-    int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv;
+    int64_t T = mb->T, kd = (int64_t)q->nk * q->dk;
     DeltaArgs da = q35_delta_args(m, mb->B);
     q35_delta_ws(&da, r, opws);
     da.pos = delta_pos(m, r, mb, true);
@@ -269,10 +275,7 @@ static void q35_mixer_forward(Model *m, int l, void *rp, MicroBatch *mb, Tensor 
     model_proj_forward(m, l, FP8_Z, r->z, r->n1c, W->wz, NONE);
     op_linear_forward(r->pb, r->n1c, W->wb, NONE);
     op_linear_forward(r->pa, r->n1c, W->wa, NONE);
-    model_conv1d_silu_forward(m, r->cv, r->qkv, W->conv, r->halo, da.pos, mb->B);
-    op_copy_cols(tensor_reshape2(r->lq, T, kd), 0, r->cv, 0, kd, false);
-    op_copy_cols(tensor_reshape2(r->lk, T, kd), 0, r->cv, kd, kd, false);
-    op_copy_cols(tensor_reshape2(r->lv, T, vd), 0, r->cv, 2 * kd, vd, false);
+    model_conv1d_silu_forward(m, r->cv, r->qkv, W->conv, r->halo, da.pos, mb->B, kd); // into lq, lk, lv
     op_delta_gates_forward(r->g, r->beta, r->pa, r->pb, W->A_log, W->dt_bias);
     if (m->kv) op_delta_rule_forward(r->core, r->lq, r->lk, r->lv, r->g, r->beta, &da);
     else model_delta_rule_forward(m, r->core, r->lq, r->lk, r->lv, r->g, r->beta, da, r->s0);
@@ -288,7 +291,7 @@ static void q35_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     const Q35Layer *W = model_layer_views(m, l, false), *G = model_layer_views(m, l, true);
     Q35Rec *r = rp;
-    int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, vd = (int64_t)q->nv * q->dv, Rv = T * q->nv;
+    int64_t T = mb->T, kd = (int64_t)q->nk * q->dk, Rv = T * q->nv;
     if (m->cfg.cp_size == 1) r->n1c = r->n1;
     model_cp_contiguous(m, r->dh1c, r->dh1, mb->B);
     model_proj_backward_input(m, l, FP8_OUT, r->dgn, r->dh1c, W->wout, false);
@@ -302,10 +305,7 @@ static void q35_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
     model_delta_rule_backward(m, r->dlq, r->dlk, r->dlv, r->dg, r->dbeta, r->dcore, r->lq, r->lk, r->lv, r->g, r->beta,
                               da, r->s0);
     op_delta_gates_backward(r->dpa, r->dpb, G->A_log, G->dt_bias, r->dg, r->dbeta, r->pa, r->pb, W->A_log, W->dt_bias);
-    op_copy_cols(r->dcv, 0, tensor_reshape2(r->dlq, T, kd), 0, kd, false);
-    op_copy_cols(r->dcv, kd, tensor_reshape2(r->dlk, T, kd), 0, kd, false);
-    op_copy_cols(r->dcv, 2 * kd, tensor_reshape2(r->dlv, T, vd), 0, vd, false);
-    model_conv1d_silu_backward(m, r->dqkv, G->conv, r->dcv, r->qkv, W->conv, r->halo, da.pos, mb->B);
+    model_conv1d_silu_backward(m, r->dqkv, G->conv, r->dcv, r->qkv, W->conv, r->halo, da.pos, mb->B, kd);
     model_proj_backward_input(m, l, FP8_QKV, r->dn1c, r->dqkv, W->wqkv, false);
     model_proj_backward_input(m, l, FP8_Z, r->dn1c, r->dz, W->wz, true);
     op_linear_backward_input(r->dn1c, r->dpb, W->wb, true);

@@ -87,12 +87,14 @@ OP(void, attention_merge, o.dev, (Tensor o, Tensor lse, Tensor o_p, Tensor lse_p
 // rank's last rows) — or 0 without one (p NULL). Document masking: pos (B·S) int32, each token's position inside its
 // document (p NULL: none); the tap reading K − 1 − j rows back is 0 where K − 1 − j > pos[t] (a window never reaches
 // before its document's first token; a halo row counts only for the tokens whose pos reaches it). Backward: dx
-// written, dhalo (when given) written with ∂/∂halo, dw: (C, K) fp32 +=.
-OP(void, conv1d_silu_forward, x.dev, (Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B),
-   (y, x, w, halo, pos, B))
+// written, dhalo (when given) written with ∂/∂halo, dw: (C, K) fp32 +=. split > 0: y (and dy) hold their columns as
+// three blocks stored whole one after another — [0, split), [split, 2·split), [2·split, C), each (B·S, width) — the
+// q, k and v the delta rule takes, written where it reads them; 0: y is (B·S, C).
+OP(void, conv1d_silu_forward, x.dev, (Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B, int64_t split),
+   (y, x, w, halo, pos, B, split))
 OP(void, conv1d_silu_backward, x.dev,
-   (Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, Tensor pos, int B),
-   (dx, dhalo, dw, dy, x, w, halo, pos, B))
+   (Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo, Tensor pos, int B, int64_t split),
+   (dx, dhalo, dw, dy, x, w, halo, pos, B, split))
 // DeltaNet gates from the projections a, b: (T, nv): g = −exp(A_log) · softplus(a + dt_bias) (the log decay) and
 // beta = σ(b), both (T, nv) fp32; A_log, dt_bias: (nv). Backward: da, db written; dA_log, ddt_bias fp32 +=.
 OP(void, delta_gates_forward, a.dev, (Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias),

@@ -699,14 +699,14 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
     OP(sigmoid_gate_backward, &dx, &dgate, &dy, &x, &gate);
     cpu_sigmoid_gate_backward(dx, dgate, dy, x, gate, acc);
 }
-void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
+void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B, int64_t split) {
     OP(conv1d_silu_forward, &y, &x, &w, &halo, &pos);
-    cpu_conv1d_silu_forward(y, x, w, halo, pos, B);
+    cpu_conv1d_silu_forward(y, x, w, halo, pos, B, split);
 }
 void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo,
-                               Tensor pos, int B) {
+                               Tensor pos, int B, int64_t split) {
     OP(conv1d_silu_backward, &dx, &dhalo, &dw, &dy, &x, &w, &halo, &pos);
-    cpu_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, pos, B);
+    cpu_conv1d_silu_backward(dx, dhalo, dw, dy, x, w, halo, pos, B, split);
 }
 void cuda_delta_gates_forward(Tensor g, Tensor beta, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias) {
     OP(delta_gates_forward, &g, &beta, &a, &b, &A_log, &dt_bias);

@@ -74,25 +74,27 @@ static Pair pos_pair(int B, int64_t S, bool docs) {
 }
 
 // halo: the K − 1 rows before each sequence (context parallelism) and their gradient, else zeros. docs: document
-// masking with doc_positions.
-static void check_conv_docs(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo, bool docs) {
+// masking with doc_positions. split: y and dy in three column blocks (op_conv1d_silu_forward; the CPU the same).
+static void check_conv_docs(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo, bool docs,
+                            int64_t split) {
     size_t mark = gpu_mark(); // (the case's device tensors go at its end)
     Pair x = pair_rand(dt, 1, 2, B * S, C, 0, 0), w = pair_rand(dt, 0.5f, 2, C, K, 0, 0),
          y = pair_nan(dt, 2, B * S, C, 0, 0), dy = pair_rand(dt, 1, 2, B * S, C, 0, 0),
          dx = pair_nan(dt, 2, B * S, C, 0, 0), dw = pair_rand(DT_F32, 1, 2, C, K, 0, 0), h = NOPAIR, dh = NOPAIR;
     if (halo) h = pair_rand(dt, 1, 2, B * (K - 1), C, 0, 0), dh = pair_nan(dt, 2, B * (K - 1), C, 0, 0);
     Pair pos = pos_pair(B, S, docs);
-    op_conv1d_silu_forward(y.c, x.c, w.c, h.c, pos.c, B), op_conv1d_silu_forward(y.d, x.d, w.d, h.d, pos.d, B);
+    op_conv1d_silu_forward(y.c, x.c, w.c, h.c, pos.c, B, split);
+    op_conv1d_silu_forward(y.d, x.d, w.d, h.d, pos.d, B, split);
     EXPECT_CLOSE(y, tol);
-    op_conv1d_silu_backward(dx.c, dh.c, dw.c, dy.c, x.c, w.c, h.c, pos.c, B);
-    op_conv1d_silu_backward(dx.d, dh.d, dw.d, dy.d, x.d, w.d, h.d, pos.d, B);
+    op_conv1d_silu_backward(dx.c, dh.c, dw.c, dy.c, x.c, w.c, h.c, pos.c, B, split);
+    op_conv1d_silu_backward(dx.d, dh.d, dw.d, dy.d, x.d, w.d, h.d, pos.d, B, split);
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
     if (halo) EXPECT_CLOSE(dh, tol);
     gpu_release(mark);
 }
 static void check_conv(DType dt, double tol, int B, int64_t S, int64_t C, int64_t K, bool halo) {
-    check_conv_docs(dt, tol, B, S, C, K, halo, false);
+    check_conv_docs(dt, tol, B, S, C, K, halo, false, 0);
 }
 
 static void check_gates(DType dt, double tol, int64_t T, int64_t nv) {
@@ -139,6 +141,9 @@ TEST(gpu_op_qwen3_5_elementwise) {
         check_conv(MODE_DT, TOL, 2, 100, 37, 4, true);  // an odd channel count: one channel a thread
         check_conv(MODE_DT, TOL, 2, 1000, 64, 4, true); // runs over every run group, the last of a sequence shorter
         check_conv(MODE_DT, TOL, 40, 5, 64, 4, true);   // more sequences than run lanes: several runs a thread
+        check_conv_docs(MODE_DT, TOL, 2, 100, 48, 4, true, false, 16);  // y, dy in three column blocks (q, k, v)
+        check_conv_docs(MODE_DT, TOL, 2, 1000, 64, 4, true, false, 16); // a wider third block
+        check_conv_docs(MODE_DT, TOL, 2, 100, 37, 4, true, false, 8);   // one channel a thread
         check_gates(MODE_DT, TOL, 300, 6);
     }
     gpu_report();
@@ -297,13 +302,13 @@ TEST(gpu_op_delta_rule_docs) {
         check_delta_docs(MODE_DT, 2, 90, 1, 2, 8, 6, 16, 1, true, true);     // chunk 16
         check_delta_docs(MODE_DT, 2, 150, 1, 3, 16, 8, 64, 20, false, true); // strong decays
         check_delta_docs(MODE_DT, 2, 90, 1, 1, 4, 4, 0, 1, true, true);      // chunk 0 (the recurrence on the CPU)
-        check_conv_docs(MODE_DT, TOL, 2, 100, 40, 4, false, true);
-        check_conv_docs(MODE_DT, TOL, 2, 100, 40, 4, true, true); // the halo counts only for sequence 1
-        check_conv_docs(MODE_DT, TOL, 3, 37, 300, 3, true, true);
-        check_conv_docs(MODE_DT, TOL, 1, 20, 16, 8, false, true);
-        check_conv_docs(MODE_DT, TOL, 2, 100, 37, 4, true, true);
-        check_conv_docs(MODE_DT, TOL, 2, 1000, 64, 4, true, true);
-        check_conv_docs(MODE_DT, TOL, 40, 5, 64, 4, true, true);
+        check_conv_docs(MODE_DT, TOL, 2, 100, 40, 4, false, true, 0);
+        check_conv_docs(MODE_DT, TOL, 2, 100, 40, 4, true, true, 0); // the halo counts only for sequence 1
+        check_conv_docs(MODE_DT, TOL, 3, 37, 300, 3, true, true, 0);
+        check_conv_docs(MODE_DT, TOL, 1, 20, 16, 8, false, true, 0);
+        check_conv_docs(MODE_DT, TOL, 2, 100, 37, 4, true, true, 0);
+        check_conv_docs(MODE_DT, TOL, 2, 1000, 64, 4, true, true, 0);
+        check_conv_docs(MODE_DT, TOL, 40, 5, 64, 4, true, true, 0);
     }
     gpu_report();
 }

@@ -284,8 +284,8 @@ static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, bo
             }
     }
     DeltaArgs da = {.B = B, .scale = 0.5f, .qk_l2norm = true, .chunk = 4, .pos = pos};
-    op_conv1d_silu_forward(y, x, w, (Tensor){0}, pos, B);
-    op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, (Tensor){0}, pos, B);
+    op_conv1d_silu_forward(y, x, w, (Tensor){0}, pos, B, 0);
+    op_conv1d_silu_backward(dx, (Tensor){0}, dw, dy, x, w, (Tensor){0}, pos, B, 0);
     op_delta_rule_forward(o, q, k, v, g, be, &da);
     op_delta_rule_backward(dq, dkk, dvv, dg, dbe, dout, q, k, v, g, be, &da);
     // this rank: the zigzag rows of x to the contiguous layout, the rest of the inputs there already
@@ -322,10 +322,10 @@ static void linear_case(const Comm *c, Device dev, int B, int blk, int plant, bo
            gdw = on(dev, zw, &mem);
     take_contiguous(ldy, dy, B, cp, blk, r);
     Tensor gdy = on(dev, ldy, &mem);
-    if (plant == 1) op_conv1d_silu_forward(gy, gxc, gw, (Tensor){0}, lpos, B);
-    else model_conv1d_silu_forward(&m, gy, gxc, gw, halo, lpos, B);
-    if (plant == 1) op_conv1d_silu_backward(gdx, (Tensor){0}, gdw, gdy, gxc, gw, (Tensor){0}, lpos, B);
-    else model_conv1d_silu_backward(&m, gdx, gdw, gdy, gxc, gw, halo, lpos, B);
+    if (plant == 1) op_conv1d_silu_forward(gy, gxc, gw, (Tensor){0}, lpos, B, 0);
+    else model_conv1d_silu_forward(&m, gy, gxc, gw, halo, lpos, B, 0);
+    if (plant == 1) op_conv1d_silu_backward(gdx, (Tensor){0}, gdw, gdy, gxc, gw, (Tensor){0}, lpos, B, 0);
+    else model_conv1d_silu_backward(&m, gdx, gdw, gdy, gxc, gw, halo, lpos, B, 0);
     Tensor ry = host2(Tl, C), rdx = host2(Tl, C);
     take_contiguous(ry, y, B, cp, blk, r), take_contiguous(rdx, dx, B, cp, blk, r);
     Tensor hy = back(gy, ry), hdx = back(gdx, rdx), hdw = back(gdw, dw);

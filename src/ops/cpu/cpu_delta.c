@@ -57,26 +57,33 @@ static double conv_pre(Tensor x, Tensor w, Tensor halo, Tensor pos, int64_t t, i
     return s;
 }
 
-static void conv_check(Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
+static void conv_check(Tensor x, Tensor w, Tensor halo, Tensor pos, int B, int64_t split) {
     CPU_F32(x);
     CPU_F32(w);
-    CHECK(t_rows(x) % B == 0 && t_rows(w) == t_cols(x));
+    CHECK(t_rows(x) % B == 0 && t_rows(w) == t_cols(x) && split >= 0 && 2 * split <= t_cols(x));
     if (pos.p) CHECK(pos.dev == DEV_CPU && pos.dt == DT_I32 && tensor_numel(pos) == t_rows(x));
     if (!halo.p) return;
     CPU_F32(halo);
     CHECK(t_rows(halo) == B * (t_cols(w) - 1) && t_cols(halo) == t_cols(x));
 }
 
-void cpu_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
+// Where element (t, c) of the conv's y (or dy) of T × C lies: row-major, or in split's three column blocks (ops_list.h).
+static int64_t conv_y_at(int64_t T, int64_t C, int64_t split, int64_t t, int64_t c) {
+    if (!split) return t * C + c;
+    int64_t c0 = c < split ? 0 : c < 2 * split ? split : 2 * split, w = c0 < 2 * split ? split : C - 2 * split;
+    return T * c0 + t * w + (c - c0);
+}
+
+void cpu_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B, int64_t split) {
     CPU_F32(y);
-    conv_check(x, w, halo, pos, B);
+    conv_check(x, w, halo, pos, B, split);
     int64_t T = t_rows(x), C = t_cols(x), S = T / B;
     CHECK(tensor_numel(y) == T * C);
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++)
         for (int64_t c = 0; c < C; c++) {
             double u = conv_pre(x, w, halo, pos, t, c, S);
-            F(y)[t * C + c] = (float)(u * sigm(u));
+            F(y)[conv_y_at(T, C, split, t, c)] = (float)(u * sigm(u));
         }
 }
 
@@ -84,14 +91,15 @@ void cpu_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor p
 // (the halo's rows where t − K + 1 + j falls before the sequence); dhalo the same sum as dx for the halo's rows. Each
 // term only where its tap counts for the output row (tap_on).
 void cpu_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo,
-                              Tensor pos, int B) {
-    conv_check(x, w, halo, pos, B);
+                              Tensor pos, int B, int64_t split) {
+    conv_check(x, w, halo, pos, B, split);
     int64_t T = t_rows(x), C = t_cols(x), S = T / B, K = t_cols(w);
     float *dpre = xmalloc(T * C * sizeof(float));
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++)
         for (int64_t c = 0; c < C; c++)
-            dpre[t * C + c] = (float)(F(dy)[t * C + c] * silu_grad(conv_pre(x, w, halo, pos, t, c, S)));
+            dpre[t * C + c] =
+                (float)(F(dy)[conv_y_at(T, C, split, t, c)] * silu_grad(conv_pre(x, w, halo, pos, t, c, S)));
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++) {
         int64_t p = t % S;

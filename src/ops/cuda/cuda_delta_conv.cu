@@ -100,11 +100,20 @@ void cuda_sigmoid_gate_backward(Tensor dx, Tensor dgate, Tensor dy, Tensor x, Te
         __VA_ARGS__;                                                                                                   \
     })
 
-// A call's shape: B sequences of S, C channels, kernel K.
+// A call's shape: B sequences of S, C channels, kernel K; y's (and dy's) column blocks (split, ops_list.h; 0: none).
 typedef struct {
-    int64_t C, S, B;
+    int64_t C, S, B, split;
     int K;
 } ConvShape;
+// Where channel c of y (or dy) lies: its column block's start (y + conv_y_base) and row stride (conv_y_stride); rows
+// of C without a split. A thread's V channels never straddle two blocks (conv_width: split % V == 0).
+__host__ __device__ __forceinline__ int64_t conv_y_stride(const ConvShape &s, int64_t c) {
+    return !s.split ? s.C : c < 2 * s.split ? s.split : s.C - 2 * s.split;
+}
+__host__ __device__ __forceinline__ int64_t conv_y_base(const ConvShape &s, int64_t c) {
+    int64_t c0 = !s.split || c < s.split ? 0 : c < 2 * s.split ? s.split : 2 * s.split;
+    return s.B * s.S * c0 + (c - c0);
+}
 
 // V adjacent values of T as stored, in 32-bit words (a lone bf16 in the low half): one access of V·sizeof(T) bytes.
 template <int V, typename T> struct ConvRaw { uint32_t w[(V * sizeof(T) + 3) / 4]; };
@@ -206,14 +215,14 @@ template <int N, int V, typename T> struct ConvRows {
 };
 template <int N, int V, bool DY, bool DOCS, typename T>
 __device__ __forceinline__ ConvRows<N, V, T> conv_rows(const T *xs, const T *ds, const int *ps, int64_t q0, int64_t lim,
-                                                       int64_t C) {
+                                                       int64_t C, int64_t Cd = 0) {
     ConvRows<N, V, T> r;
 #pragma unroll
     for (int i = 0; i < N; i++) {
         r.x[i] = {}, r.d[i] = {}, r.l[i] = CONV_ALL;
         if (q0 + i < lim) {
             r.x[i] = conv_load<V>(xs + (q0 + i) * C);
-            if (DY) r.d[i] = conv_load<V>(ds + (q0 + i) * C);
+            if (DY) r.d[i] = conv_load<V>(ds + (q0 + i) * Cd); // (dy's row stride)
             if (DOCS) r.l[i] = ps[q0 + i];
         }
     }
@@ -236,7 +245,8 @@ __global__ void __launch_bounds__(32 * CONV_TY)
         int64_t b = r / per_seq, p0 = r % per_seq * CONV_RUN, end = p0 + CONV_RUN < S ? p0 + CONV_RUN : S;
         const T *xs = x + b * S * C + c;
         const int *ps = pos + b * S;
-        T *ys = y + b * S * C + c;
+        int64_t yC = conv_y_stride(sh, c);
+        T *ys = y + conv_y_base(sh, c) + b * S * yC;
         conv_history(xw, xs, halo ? halo + b * (K - 1) * C + c : NULL, K, p0, C);
         ConvRows<U, V, T> a = conv_rows<U, V, false, DOCS>(xs, xs, ps, p0, end, C);
 #pragma unroll 1
@@ -253,7 +263,7 @@ __global__ void __launch_bounds__(32 * CONV_TY)
                     float u = conv_u(wk, xw, v, a.l[i]);
                     o[v] = u * conv_sigmoid(u);
                 }
-                if (q0 + i < end) conv_store<V>(ys + (q0 + i) * C, o);
+                if (q0 + i < end) conv_store<V>(ys + (q0 + i) * yC, o);
             }
             a = next;
         }
@@ -267,7 +277,7 @@ template <int KT, int V, typename T, bool DOCS> struct ConvSlide {
     uint32_t lw; // pos at the window's row k as min(pos + 1, 15) in bits 4k .. 4k + 3 (15: every tap; one register)
     const T *xs, *ds; // x and dy: the sequence's columns
     T *dxs, *dhs;     // dx: the sequence's columns; dhalo: the halo's, where this run starts the sequence, else NULL
-    int64_t C, S, p0;
+    int64_t C, Cd, S, p0; // Cd: dy's row stride
     int K;
 
     // Steps q0 .. q0 + N − 1 over their rows a; OWN: the run's own positions, whose dpre·x go into dwk.
@@ -317,7 +327,7 @@ __global__ void __launch_bounds__(32 * CONV_TY, V > CONV_V ? 2 : 4)
     int64_t c = (blockIdx.x * (int64_t)32 + threadIdx.x) * V;
     bool on = c < C; // threads past C join the block's sum but take no runs
     ConvSlide<KT, V, T, DOCS> sl;
-    sl.C = C, sl.S = S, sl.K = K;
+    sl.C = C, sl.Cd = conv_y_stride(sh, c), sl.S = S, sl.K = K;
 #pragma unroll
     for (int v = 0; v < V; v++)
 #pragma unroll
@@ -328,7 +338,7 @@ __global__ void __launch_bounds__(32 * CONV_TY, V > CONV_V ? 2 : 4)
         int64_t b = r / per_seq, p0 = r % per_seq * L, end = p0 + L < S ? p0 + L : S;
         const int *ps = pos + b * S;
         sl.p0 = p0;
-        sl.xs = x + b * S * C + c, sl.ds = dy + b * S * C + c, sl.dxs = dx + b * S * C + c;
+        sl.xs = x + b * S * C + c, sl.ds = dy + conv_y_base(sh, c) + b * S * sl.Cd, sl.dxs = dx + b * S * C + c;
         sl.dhs = dhalo && p0 == 0 ? dhalo + b * (K - 1) * C + c : NULL;
         conv_history(sl.xw, sl.xs, halo ? halo + b * (K - 1) * C + c : NULL, K, p0, C);
         sl.lw = ~0u >> (32 - 4 * KT);
@@ -336,16 +346,16 @@ __global__ void __launch_bounds__(32 * CONV_TY, V > CONV_V ? 2 : 4)
         for (int i = 0; i < KT; i++)
 #pragma unroll
             for (int v = 0; v < V; v++) sl.dp[i][v] = 0.0f;
-        ConvRows<U, V, T> a = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, p0, end, C);
+        ConvRows<U, V, T> a = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, p0, end, C, sl.Cd);
         int64_t q0 = p0;
 #pragma unroll 1
         for (; q0 < end; q0 += U) {
-            ConvRows<U, V, T> next = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, q0 + U, end, C);
+            ConvRows<U, V, T> next = conv_rows<U, V, true, DOCS>(sl.xs, sl.ds, ps, q0 + U, end, C, sl.Cd);
             sl.template steps<U, true>(q0, a);
             a = next;
         }
         // the outputs' last KT − 1 rows of dpre (past the sequence: 0)
-        sl.template steps<KT - 1, false>(q0, conv_rows<KT - 1, V, true, DOCS>(sl.xs, sl.ds, ps, q0, S, C));
+        sl.template steps<KT - 1, false>(q0, conv_rows<KT - 1, V, true, DOCS>(sl.xs, sl.ds, ps, q0, S, C, sl.Cd));
     }
 #pragma unroll
     for (int v = 0; v < V; v++)
@@ -364,11 +374,11 @@ __global__ void __launch_bounds__(32 * CONV_TY, V > CONV_V ? 2 : 4)
 }
 
 // The shape of x: (B·S, C) with w: (C, K), checked with the halo's and pos's.
-static ConvShape conv_shape(Tensor x, Tensor w, Tensor halo, Tensor pos, int64_t B, const char *what) {
+static ConvShape conv_shape(Tensor x, Tensor w, Tensor halo, Tensor pos, int64_t B, int64_t split, const char *what) {
     ConvShape s;
     int64_t T_ = t_rows(x);
-    s.C = t_cols(x), s.S = T_ / B, s.B = B, s.K = (int)t_cols(w);
-    CHECK(T_ % B == 0 && t_rows(w) == s.C);
+    s.C = t_cols(x), s.S = T_ / B, s.B = B, s.K = (int)t_cols(w), s.split = split;
+    CHECK(T_ % B == 0 && t_rows(w) == s.C && split >= 0 && 2 * split <= s.C);
     if (s.K > CONV_MAX_K) die("%s: kernel %d is past the GPU kernels' %d", what, s.K, CONV_MAX_K);
     if (halo.p) {
         CHECK(t_rows(halo) == B * (s.K - 1) && t_cols(halo) == s.C);
@@ -377,12 +387,13 @@ static ConvShape conv_shape(Tensor x, Tensor w, Tensor halo, Tensor pos, int64_t
     if (pos.p) CHECK(pos.dev == DEV_CUDA && pos.dt == DT_I32 && tensor_numel(pos) == T_);
     return s;
 }
-// The channels a thread takes: CONV_V where C and every pointer allow one access of that many elements
+// The channels a thread takes: CONV_V where C, split and every pointer allow one access of that many elements
 // of dtype dt and the kernel has at most 4 taps (8 taps' windows of several channels spill), else 1.
 static int conv_width(ConvShape s, DType dt, const void *a, const void *b, const void *c, const void *d,
                       const void *e) {
     uintptr_t m = (uintptr_t)CONV_V * dtype_size(dt) - 1;
-    bool fits = s.C % CONV_V == 0 && !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & m);
+    bool fits = s.C % CONV_V == 0 && s.split % CONV_V == 0 &&
+                !(((uintptr_t)a | (uintptr_t)b | (uintptr_t)c | (uintptr_t)d | (uintptr_t)e) & m);
     return fits && s.K <= 4 ? CONV_V : 1;
 }
 // The backward's run length for its lanes: a sequence split over about lanes / B of them, a multiple of 8 (of every
@@ -398,8 +409,8 @@ static int64_t conv_run_length(ConvShape s, int64_t lanes) {
         __VA_ARGS__;                                                                                                   \
     })
 
-void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B) {
-    ConvShape s = conv_shape(x, w, halo, pos, B, "conv1d_silu_forward");
+void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor pos, int B, int64_t split) {
+    ConvShape s = conv_shape(x, w, halo, pos, B, split, "conv1d_silu_forward");
     CHECK(tensor_numel(y) == tensor_numel(x));
     same_dt(y, x, "conv1d_silu_forward");
     if (t_rows(x) == 0) return;
@@ -419,8 +430,8 @@ void cuda_conv1d_silu_forward(Tensor y, Tensor x, Tensor w, Tensor halo, Tensor 
 }
 
 void cuda_conv1d_silu_backward(Tensor dx, Tensor dhalo, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor halo,
-                               Tensor pos, int B) {
-    ConvShape s = conv_shape(x, w, halo, pos, B, "conv1d_silu_backward");
+                               Tensor pos, int B, int64_t split) {
+    ConvShape s = conv_shape(x, w, halo, pos, B, split, "conv1d_silu_backward");
     CHECK(!dhalo.p || (halo.p && tensor_numel(dhalo) == tensor_numel(halo)));
     same_dt(dx, x, "conv1d_silu_backward");
     same_dt(dy, x, "conv1d_silu_backward");
