@@ -9,8 +9,8 @@
 #   csan        compute-sanitizer memcheck + racecheck on the candidate's changed kernels
 #   ops         bench_gpu_ops --delta, --conv and --grouped, main and candidate, + bench/peer_grouped.py
 #   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
-#   bench       pith train, 8 steps, on each NAME:ROUTING:BIN[:fp8|:KEY=VALUE[,KEY=VALUE…]] in RUNS (BIN main|cand;
-#               2 × 4096 tokens)
+#   bench       pith train, 8 steps, on each NAME:ROUTING:BIN[:fp8|:KEY=VALUE[,KEY=VALUE…]] in RUNS (BIN main, cand
+#               or another NAME staged as .gpu/NAME/; 2 × 4096 tokens)
 #   peer35      HF transformers on bench/qwen3_5_8l's shapes, balanced: PEER35_MODES (default eager; also compile,
 #               compile-layers), each under timeout PEER35_T
 #   peerbg      starts the peer PEERBG (a bench/peer_*.py with its arguments; default the Qwen3.5 one, per-layer
@@ -39,21 +39,25 @@ unpack() { # unpack DIR PREFIX: each DIR/NAME.gz or NAME.xz (xz: a third smaller
     done
 }
 unpack $D/bin build/; [ -d $D/cand ] && unpack $D/cand build-cand/
-chmod +x build/* build-cand/* 2>/dev/null
+for x in $D/*/; do # any other build, .gpu/NAME/ → build-NAME/ (bench's BIN NAME)
+    x=$(basename $x); case $x in bin | cand | lib | kjv) ;; *) mkdir -p build-$x && unpack $D/$x build-$x/ ;; esac
+done
+chmod +x build/* build-*/* 2>/dev/null
 unpack $D/lib /tmp/pithlib-
 export LD_LIBRARY_PATH=/tmp/pl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+BINS=$(ls build/test_gpu build/pith build-cand/test_gpu build-cand/pith 2>/dev/null)
 for i in 1 2 3 4 5; do # only the libraries the device lacks
-    for m in $(ldd build/test_gpu | awk '/not found/ {print $1}' | sort -u); do
+    for m in $(for b in $BINS; do ldd $b; done | awk '/not found/ {print $1}' | sort -u); do
         [ -e /tmp/pithlib-$m ] && cp /tmp/pithlib-$m /tmp/pl/$m
     done
 done
-if ldd build/test_gpu | grep -q "libmpi.so.40 => not found"; then
+if ldd $BINS | grep -q "libmpi.so.40 => not found"; then
     export LD_LIBRARY_PATH=$(dirname "$(readlink -f "$(command -v mpirun)")")/../lib:$LD_LIBRARY_PATH
 fi
 if [ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]; then
     for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib; do export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d; done
 fi
-ldd build/test_gpu | grep "not found"
+ldd $BINS | grep "not found"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0 PITH_TEST_GPU=1 PYTHONUNBUFFERED=1
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 ret() { cp $OUT/summary.txt $RET/; tar czf $RET/logs.tgz -C /tmp logs; }
@@ -69,7 +73,8 @@ import json, statistics, sys
 R = [json.loads(l) for l in open('/tmp/pith-bench-run/metrics.jsonl')]
 S = R[2:]; fb = statistics.median(r['fwdbwd_s'] for r in S); st = statistics.median(r['step_time_s'] for r in S)
 peak = max((r.get('gpu_peak_gb') or 0) for r in R)
-print(f"{sys.argv[1]}: fwd+bwd {fb*1e3:.1f} ms = {8192/fb:,.0f} tokens/s; optimizer {(st-fb)*1e3:.1f} ms; "
+host = f" (issued in {statistics.median(r['fwdbwd_host_s'] for r in S)*1e3:.1f})" if 'fwdbwd_host_s' in S[0] else ""
+print(f"{sys.argv[1]}: fwd+bwd {fb*1e3:.1f} ms{host} = {8192/fb:,.0f} tokens/s; optimizer {(st-fb)*1e3:.1f} ms; "
       f"GPU peak {peak:.1f} GB; loss {R[0]['loss']:.3f} -> {R[-1]['loss']:.3f}")
 PY
 }
@@ -116,7 +121,7 @@ bench)
         IFS=: read n r b x <<<"$nrb"; a=(); [ $r = balanced ] && a=(--set benchmark=true)
         [ "$x" = fp8 ] && a+=(--set fp8=true)
         [[ "$x" == *=* ]] && for kv in ${x//,/ }; do a+=(--set "$kv"); done # NAME:ROUTING:BIN:KEY=VALUE[,KEY=VALUE]
-        bin=build; [ $b = cand ] && bin=build-cand
+        bin=build; [ $b != main ] && bin=build-$b
         train ${n}_${r}_$b${x:+_$x} $bin ${dir[$n]} ${vocab[$n]} "${a[@]}"
         ret
     done ;;

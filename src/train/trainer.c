@@ -539,8 +539,9 @@ StepStats run_step(Run *r) {
     step_sums_begin(&r->sums, m);
     for (int p = 0; p < 2; p++) r->chunk[p].ep_over = 0, r->chunk[p].ep_rows_peak = 0;
     Sums sums = {.targets = (double)run_microbatches(r, &r->data, r->step, true)};
+    double issued = now_seconds() - t0;
     ops_sync();
-    StepStats st = {.fwdbwd_seconds = now_seconds() - t0};
+    StepStats st = {.fwdbwd_seconds = now_seconds() - t0, .fwdbwd_host = issued};
     bool pipe = piped(c, d);
     sums.loss = op_read_scalar(r->sums.loss_sum), sums.lb = op_read_scalar(r->sums.lb_sum);
     sums.ep_over = (double)(r->chunk[0].ep_over + r->chunk[1].ep_over);

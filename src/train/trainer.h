@@ -65,6 +65,7 @@ typedef struct {
     double grad_norm; // global norm of the gradient before clipping
     double tokens, seconds;
     double fwdbwd_seconds; // forward + backward of all micro-batches (the rest is the optimizer step)
+    double fwdbwd_host;    // of it, the host's time to issue them (the rest: waiting for the GPU); equal: host-bound
     bool nonfinite;        // loss or grad_norm is NaN/Inf: the update was not applied
     bool update_nonfinite; // the update left a weight or a second moment NaN/Inf (the run must stop)
     double ep_over;        // expert parallelism: (token, expert) rows received above the capacity, all ranks
