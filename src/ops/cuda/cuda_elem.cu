@@ -245,29 +245,26 @@ __global__ void __cluster_dims__(CE_CLUSTER, 1, 1) __launch_bounds__(CE_FUSED_TH
         for (int j = 0; j < 8; j++) sum += exp2f(fmaf(v[j], L2E, -ml));
         if ((unsigned)(y - c) < 8u) y_logit = ld(x, y);
     }
-    float bm = warp_max(m); // combine the warp, then the block, as the two-pass kernel does
+    float bm = warp_max(m); // combine the warp, then the block's warps and the cluster's blocks on one warp each
     sum = warp_sum(m == -INFINITY ? 0.0f : sum * expf(m - bm));
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) sm[warp] = bm, ss[warp] = sum;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        float M = -INFINITY, S = 0.0f;
-        for (int w = 0; w < CE_FUSED_THREADS / 32; w++) M = fmaxf(M, sm[w]);
-        for (int w = 0; w < CE_FUSED_THREADS / 32; w++)
-            if (sm[w] != -INFINITY) S += ss[w] * expf(sm[w] - M);
-        part = make_float2(M, S);
+    if (warp == 0) {
+        bool w = lane < CE_FUSED_THREADS / 32;
+        float wm = w ? sm[lane] : -INFINITY, wsum = w ? ss[lane] : 0.0f, M = warp_max(wm);
+        float S = warp_sum(wm == -INFINITY ? 0.0f : wsum * expf(wm - M));
+        if (lane == 0) part = make_float2(M, S);
     }
-    cluster.sync(); // every block's part is written
-    if (threadIdx.x == 0) {
-        float M = -INFINITY;
-        for (int b = 0; b < CE_CLUSTER; b++) M = fmaxf(M, cluster.map_shared_rank(&part, b)->x);
-        double s = 0;
-        for (int b = 0; b < CE_CLUSTER; b++) {
-            float2 p = *cluster.map_shared_rank(&part, b);
-            if (p.x != -INFINITY) s += (double)p.y * exp((double)p.x - M);
+    cluster.sync();  // every block's part is written
+    if (warp == 0) { // lane b reads block b's part; the sums' fixed order gives every block the same lse
+        float2 p = lane < CE_CLUSTER ? *cluster.map_shared_rank(&part, lane) : make_float2(-INFINITY, 0.0f);
+        float M = warp_max(p.x);
+        double s = warp_sum(p.x == -INFINITY ? 0.0 : (double)p.y * exp((double)p.x - M));
+        if (lane == 0) {
+            lse_s = M + log(s);
+            if (y >= 0 && y < n) row_loss[r] = lse_s - y_logit;
         }
-        lse_s = M + log(s);
-        if (y >= 0 && y < n) row_loss[r] = lse_s - y_logit;
     }
     // No block leaves while another may still read its part: arrive now, wait before the end.
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
