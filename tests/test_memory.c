@@ -510,6 +510,15 @@ TEST(memory_plan_qwen3_5_gpu_scratch) {
            fwd / 1e9, bwd / 1e9, att / 1e9, (p[0][1].ws_bytes - p[0][0].ws_bytes) / 1e9,
            (p[1][1].ws_bytes - p[1][0].ws_bytes) / 1e9);
     ASSERT_MSG(fwd > 0.4e9 && bwd > fwd && bwd > att, "%zu %zu %zu", fwd, bwd, att);
+    // delta_rule_keep: the kept state and the backward's own pieces split the backward's scratch (one allocation
+    // boundary apart at most a piece); the forward then needs nothing of its own
+    DeltaArgs dk = da;
+    dk.keep = true;
+    size_t kept = op_delta_rule_kept(q, v, &dk) * 4, own = op_delta_rule_workspace(q, v, &dk, true) * 4;
+    printf("     delta_rule_keep: %.3f GB kept a layer, %.3f GB the backward's own\n", kept / 1e9, own / 1e9);
+    ASSERT_MSG(kept > fwd && own > 0 && kept + own >= bwd && kept + own <= bwd + 18 * ARENA_ALIGN &&
+                   op_delta_rule_workspace(q, v, &dk, false) == 0,
+               "kept %zu + own %zu against %zu", kept, own, bwd);
     for (int full = 0; full < 2; full++)
         ASSERT_MSG(p[full][1].ws_bytes == p[full][0].ws_bytes + aligned(full ? att : bwd),
                    "%s: workspace %zu on the GPU, %zu on the CPU", full ? "full attention" : "as it is",

@@ -41,7 +41,7 @@ typedef struct {
     // (n1 and h1a themselves at cp 1; h1c borrows h1, written later), the conv halo and the entering state
     Tensor n1c, h1c, halo, s0; // (T, H), (T, H), (B·(K−1), Cc), (B, nv, dk, dv) fp32
     Tensor posc;               // (T) int32: MicroBatch.pos on the contiguous layout (document masking)
-    Tensor dws;                // the delta rule's scratch kept from forward to backward (Model.delta_keep), or none
+    Tensor dws;                // the delta rule's state kept from forward to backward (DeltaArgs.kept), or none
     // backward workspace
     Tensor dqkv, dcv, dlq, dlk, dlv, dz, dpa, dpb, dg, dbeta, dcore, dgn, dh1c, dn1c;
 } Q35Rec;
@@ -150,23 +150,32 @@ static Tensor q35_fp8_weight(const Model *m, int l, Fp8Slot s) {
     return w[s];
 }
 
+// keep: the training step's linear layers hold the delta rule's state from forward to backward (delta_rule_keep).
 static DeltaArgs q35_delta_args(const Model *m, int B) {
     return (DeltaArgs){.B = B,
                        .scale = (float)(1.0 / sqrt((double)model_family_config(const Qwen35Config, &m->cfg)->dk)),
                        .qk_l2norm = true,
-                       .chunk = 64};
+                       .chunk = 64,
+                       .keep = m->delta_keep && !m->kv};
+}
+// The delta rule's q and v of B·S tokens as a plan sees them (shapes and dtype, no data).
+static void q35_delta_plan(const Model *m, int64_t T, Tensor *qt, Tensor *vt) {
+    const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
+    *qt = tensor_make(NULL, m->cdt, m->dev, 3, T, q->nk, q->dk, 0);
+    *vt = tensor_make(NULL, m->cdt, m->dev, 3, T, q->nv, q->dv, 0);
 }
 
 // The ops' planned scratch (io->opws): the GPU delta rule's (op_delta_rule_workspace; the backward's holds the
-// forward's) in a linear layer, the attention backward's (op_attention_workspace: cuDNN's D and dQ accumulator;
+// forward's, or with delta_rule_keep only the backward's own) in a linear layer, the attention backward's (op_attention_workspace: cuDNN's D and dQ accumulator;
 // the ring attention of context parallelism has its own) in a full-attention layer. None on the CPU.
 static size_t q35_op_ws(const Model *m, int l, int B, int S) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     int64_t T = (int64_t)B * S;
     if (is_linear(&m->cfg, l)) {
         DeltaArgs da = q35_delta_args(m, B);
-        return op_delta_rule_workspace(tensor_make(NULL, m->cdt, m->dev, 3, T, q->nk, q->dk, 0),
-                                       tensor_make(NULL, m->cdt, m->dev, 3, T, q->nv, q->dv, 0), &da, true);
+        Tensor qt, vt;
+        q35_delta_plan(m, T, &qt, &vt);
+        return op_delta_rule_workspace(qt, vt, &da, true);
     }
     GqaShape g = q35_gqa(&m->cfg, l);
     AttnArgs aa = gqa_attn_args(m, &g, B);
@@ -211,14 +220,17 @@ static void q35_mixer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S) {
         r->s0 = arena_tensor(a, DT_F32, 4, B, q->nv, q->dk, q->dv);
         r->posc = arena_tensor(a, DT_I32, 1, T, 0, 0, 0);
     }
-    size_t keep = m->delta_keep && !m->kv && is_linear(c, l) ? q35_op_ws(m, l, B, S) : 0;
+    DeltaArgs da = q35_delta_args(m, B);
+    Tensor qt, vt;
+    q35_delta_plan(m, T, &qt, &vt);
+    size_t keep = da.keep && is_linear(c, l) ? op_delta_rule_kept(qt, vt, &da) : 0;
     r->dws = keep ? arena_tensor(a, DT_F32, 1, (int64_t)keep, 0, 0, 0) : (Tensor){0};
 }
 
-// The delta rule's scratch: the record's, kept from forward to backward (delta_rule_keep), else the planned workspace
-// (io->opws; none in generation: the op scratch).
+// The delta rule's scratch: the planned workspace (io->opws; none in generation: the op scratch), and the record's
+// state kept from forward to backward (delta_rule_keep), or none.
 static void q35_delta_ws(DeltaArgs *da, const Q35Rec *r, Tensor opws) {
-    da->ws = r->dws.p ? r->dws : opws, da->keep = r->dws.p != NULL;
+    da->ws = opws, da->kept = r->dws, da->keep = r->dws.p != NULL;
 }
 
 static void q35_mixer_grad_alloc(Model *m, int l, void *rp, Arena *ws, int B, int S) {

@@ -75,27 +75,38 @@ size_t op_attention_workspace(Tensor q, Tensor k, const AttnArgs *a) {
 #endif
 }
 
-DeltaScratch op_delta_rule_scratch(Arena *a, Tensor q, Tensor v, const DeltaArgs *da, bool backward) {
+DeltaScratch op_delta_rule_scratch(Arena *a, Arena *kept, Tensor q, Tensor v, const DeltaArgs *da, bool backward) {
     int64_t T = q.n[0], nk = q.n[1], dk = q.n[2], nv = v.n[1], dv = v.n[2], BH = da->B * nv;
     int64_t L = da->chunk ? da->chunk : DELTA_MAX_CHUNK, NC = (T / da->B + L - 1) / L, NL = NC * L;
+    Arena *k = da->keep ? kept : a; // the pieces the forward leaves for the backward
     DeltaScratch s = {0};
-    s.qh = arena_tensor(a, DT_F32, 3, T, nk, dk, 0), s.kh = arena_tensor(a, DT_F32, 3, T, nk, dk, 0);
-    s.rq = arena_tensor(a, DT_F32, 2, T, nk, 0, 0), s.rk = arena_tensor(a, DT_F32, 2, T, nk, 0, 0);
-    s.cs = arena_tensor(a, DT_F64, 2, BH, NL, 0, 0);
-    s.U = arena_tensor(a, DT_F32, 3, BH, NL, dv, 0), s.W = arena_tensor(a, DT_F32, 3, BH, NL, dk, 0);
-    s.M = arena_tensor(a, DT_F32, 4, BH, NC, L, L);
+    s.qh = arena_tensor(k, DT_F32, 3, T, nk, dk, 0), s.kh = arena_tensor(k, DT_F32, 3, T, nk, dk, 0);
+    s.rq = arena_tensor(k, DT_F32, 2, T, nk, 0, 0), s.rk = arena_tensor(k, DT_F32, 2, T, nk, 0, 0);
+    s.cs = arena_tensor(k, DT_F64, 2, BH, NL, 0, 0);
+    s.U = arena_tensor(k, DT_F32, 3, BH, NL, dv, 0), s.W = arena_tensor(k, DT_F32, 3, BH, NL, dk, 0);
+    s.M = arena_tensor(k, DT_F32, 4, BH, NC, L, L);
+    if (!backward && !da->keep) return s;
+    s.Tm = arena_tensor(k, DT_F32, 4, BH, NC, L, L);
+    s.S0 = arena_tensor(k, DT_F32, 4, BH, NC, dk, dv), s.dS1 = arena_tensor(k, DT_F32, 4, BH, NC, dk, dv);
+    s.Vp = arena_tensor(k, DT_F32, 3, BH, NL, dv, 0), s.dW = arena_tensor(k, DT_F32, 3, BH, NL, dk, 0);
     if (!backward) return s;
-    s.Tm = arena_tensor(a, DT_F32, 4, BH, NC, L, L);
-    s.S0 = arena_tensor(a, DT_F32, 4, BH, NC, dk, dv), s.dS1 = arena_tensor(a, DT_F32, 4, BH, NC, dk, dv);
-    s.Vp = arena_tensor(a, DT_F32, 3, BH, NL, dv, 0), s.dVp = arena_tensor(a, DT_F32, 3, BH, NL, dv, 0);
-    s.dBv = arena_tensor(a, DT_F32, 3, BH, NL, dv, 0);
-    s.dW = arena_tensor(a, DT_F32, 3, BH, NL, dk, 0), s.dBk = arena_tensor(a, DT_F32, 3, BH, NL, dk, 0);
+    s.dVp = arena_tensor(a, DT_F32, 3, BH, NL, dv, 0), s.dBv = arena_tensor(a, DT_F32, 3, BH, NL, dv, 0);
+    s.dBk = arena_tensor(a, DT_F32, 3, BH, NL, dk, 0);
     s.gq = arena_tensor(a, DT_F32, 3, T, nv, dk, 0), s.gk = arena_tensor(a, DT_F32, 3, T, nv, dk, 0);
     return s;
 }
-size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool backward) {
+// The elements a call carves from ws and from kept (op_delta_rule_scratch's two arenas, counted).
+static size_t delta_count(Tensor q, Tensor v, const DeltaArgs *a, bool backward, bool of_kept) {
     if (q.dev != DEV_CUDA) return 0;
-    Arena c = arena_counting("delta_rule scratch", q.dev);
-    op_delta_rule_scratch(&c, q, v, a, backward);
-    return c.used / sizeof(float);
+    Arena c = arena_counting("delta_rule scratch", q.dev), k = arena_counting("delta_rule kept state", q.dev);
+    op_delta_rule_scratch(&c, &k, q, v, a, backward);
+    return (of_kept ? k.used : c.used) / sizeof(float);
+}
+size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool backward) {
+    return delta_count(q, v, a, backward, false);
+}
+size_t op_delta_rule_kept(Tensor q, Tensor v, const DeltaArgs *a) {
+    DeltaArgs k = *a;
+    k.keep = true;
+    return delta_count(q, v, &k, true, true);
 }

@@ -146,14 +146,17 @@ typedef struct {
     Tensor s0, sT;   // (B, nv, dk, dv) fp32 on q's device: the state entering / leaving each sequence (p NULL: none)
     Tensor dsT, ds0; // the backward's: ∂/∂sT in (p NULL: zero), ∂/∂s0 out (p NULL: not wanted)
     Tensor pos;      // (B·S) int32 on q's device: each token's position inside its document (p NULL: no masking)
-    // ws carries the chunk preparation and per-chunk states from the forward to the backward (ws planned with the
-    // backward's size and kept in between): the forward writes them beside o, the backward reads them instead of
-    // computing them again. The CPU has no such state (the flag changes nothing there).
+    // keep: the forward leaves the chunk preparation and per-chunk states in `kept` (op_delta_rule_kept elements, fp32,
+    // held by the caller from the forward to the backward) beside o, and the backward reads them instead of computing
+    // them again; ws then holds only the backward's own pieces. The CPU has no such state (nothing changes there).
     bool keep;
+    Tensor kept;
 } DeltaArgs;
-// The GPU's scratch (fp32; the tensor-core kernels keep bf16 data in those places), carved from an arena (a counting
-// one plans it); the backward's pieces (Tm on) only for the backward. Rows bh = b·nv + h and positions p < NL = NC·L,
-// the sequence padded to NC whole chunks of L (chunk, or DELTA_MAX_CHUNK). The CPU needs none.
+// The GPU's scratch (fp32; the tensor-core kernels keep bf16 data in those places), carved from arenas (counting ones
+// plan them): the pieces a forward leaves for its backward (qh … Tm, S0, dS1, Vp, dW; the tensor cores keep S₀ in bf16
+// in dS1's second half and U's bf16 copy in dW) from `kept` when da->keep, else from a; the backward's own (dVp on) from
+// a; Tm on only for the backward or a forward that keeps them. Rows bh = b·nv + h and positions p < NL = NC·L, the
+// sequence padded to NC whole chunks of L (chunk, or DELTA_MAX_CHUNK). The CPU needs none.
 typedef struct {
     Tensor qh, kh;       // (T, nk, dk): q, k normalised (q scaled)
     Tensor rq, rk;       // (T, nk): their norms' reciprocals
@@ -165,8 +168,10 @@ typedef struct {
     Tensor dW, dBk;      // (B·nv, NL, dk): ∂W, ∂(β e^c k)
     Tensor gq, gk;       // (T, nv, dk): ∂ of the normalised q, k per value head
 } DeltaScratch;
-DeltaScratch op_delta_rule_scratch(Arena *a, Tensor q, Tensor v, const DeltaArgs *da, bool backward);
+DeltaScratch op_delta_rule_scratch(Arena *a, Arena *kept, Tensor q, Tensor v, const DeltaArgs *da, bool backward);
+// Elements of ws (without the kept pieces when a->keep), and of kept (for a->keep; 0 on the CPU).
 size_t op_delta_rule_workspace(Tensor q, Tensor v, const DeltaArgs *a, bool backward);
+size_t op_delta_rule_kept(Tensor q, Tensor v, const DeltaArgs *a);
 
 // ---- FP8: E4M3 with block scales (docs/architecture.md, "FP8"; docs/reference.md §20) ----
 // Each block of x gets the scale s = 2^⌈log2(max(amax, 1e-4) / 448)⌉ (fp32, a power of two) and each element the

@@ -121,8 +121,8 @@ static const ConfigKey top_keys[] = {
             "gradients are the same bit for bit (docs/architecture.md, \"Activation recomputation\")"},
     {.name = "delta_rule_keep", .kind = K_BOOL, .off = OFF(delta_rule_keep),
      .doc = "Qwen3.5 on the GPU: each Gated DeltaNet layer keeps its delta rule's chunk preparation and per-chunk "
-            "states from the forward for the backward instead of computing them again (the backward's scratch, "
-            "≈ 1.9 GB a layer at 2 × 4096 tokens of Qwen3.5-35B-A3B's shapes, `pith estimate`); the same bits"},
+            "states from the forward for the backward instead of computing them again (≈ 1.35 GB a layer at "
+            "2 × 4096 tokens of Qwen3.5-35B-A3B's shapes, `pith estimate`); the same bits"},
     {.name = "logits_chunk_mb", .kind = K_INT, .off = OFF(logits_chunk_mb), .lo = 0, .hi = 1 << 20,
      .def_text = "512 on the GPU, 64 on the CPU",
      .doc = "the LM head and cross-entropy run over row chunks whose logits (compute dtype) take at most this many "

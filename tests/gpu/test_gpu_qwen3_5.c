@@ -346,7 +346,7 @@ TEST(gpu_op_delta_rule_128) {
 
 // The delta rule twice on the same inputs gives the same bits (docs/architecture.md, "Determinism": its sums run in a
 // fixed order), and so does a third run that keeps the forward's chunk state in its scratch for the backward
-// (DeltaArgs.keep, the scratch poisoned before): the tensor cores at a size where many blocks run at once, 2 × 1024
+// (DeltaArgs.keep: the kept state and the backward's scratch in buffers of their own, poisoned before): the tensor cores at a size where many blocks run at once, 2 × 1024
 // tokens, 16 value heads of 128 over 4 key heads; fp32 (the SIMT kernels) at 2 × 200 tokens, 4 heads of 32 over 2.
 // States in and out, document masks.
 static void delta_repeat(DType dt, int64_t S, int64_t nk, int64_t nv, int64_t D) {
@@ -370,12 +370,17 @@ static void delta_repeat(DType dt, int64_t S, int64_t nk, int64_t nv, int64_t D)
         o[D_ST] = gpu_tensor(DT_F32, 4, B, nv, D, D), o[D_DS0] = gpu_tensor(DT_F32, 4, B, nv, D, D);
         DeltaArgs a = {.B = B, .scale = (float)(1 / sqrt((double)D)), .qk_l2norm = true, .chunk = 64};
         a.s0 = s0.d, a.sT = o[D_ST], a.dsT = dsT.d, a.ds0 = o[D_DS0], a.pos = pos.d;
-        if (r == 2) { // the kept state in a scratch of the backward's size, NaN before the forward
-            int64_t n = (int64_t)op_delta_rule_workspace(q.d, v.d, &a, true);
-            float *nan = xmalloc(n * sizeof(float));
-            for (int64_t i = 0; i < n; i++) nan[i] = NAN;
-            a.ws = gpu_tensor(DT_F32, 1, n, 0, 0, 0), a.keep = true;
-            op_copy(a.ws, tf32_1(nan, n)), free(nan);
+        if (r == 2) { // the kept state and the backward's own scratch, each its own buffer, NaN before the forward
+            a.keep = true;
+            for (int w = 0; w < 2; w++) {
+                int64_t n =
+                    (int64_t)(w ? op_delta_rule_kept(q.d, v.d, &a) : op_delta_rule_workspace(q.d, v.d, &a, true));
+                float *nan = xmalloc(n * sizeof(float));
+                for (int64_t i = 0; i < n; i++) nan[i] = NAN;
+                Tensor t = gpu_tensor(DT_F32, 1, n, 0, 0, 0);
+                op_copy(t, tf32_1(nan, n)), free(nan);
+                *(w ? &a.kept : &a.ws) = t;
+            }
         }
         op_delta_rule_forward(o[D_O], q.d, k.d, v.d, g.d, be.d, &a);
         op_delta_rule_backward(o[D_DQ], o[D_DK], o[D_DV], o[D_DG], o[D_DB], dout.d, q.d, k.d, v.d, g.d, be.d, &a);

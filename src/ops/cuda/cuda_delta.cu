@@ -986,11 +986,16 @@ static ChunkDims delta_dims(Tensor q, Tensor v, const DeltaArgs *a) {
     return d;
 }
 
-// The call's scratch (op_delta_rule_scratch): carved from a->ws when the caller planned it, else from the op scratch.
+// The call's scratch (op_delta_rule_scratch): carved from a->ws when the caller planned it, else from the op scratch;
+// the kept state from a->kept (DeltaArgs.keep).
 static DeltaBufs delta_bufs(Tensor q, Tensor v, const DeltaArgs *a, bool backward) {
     size_t need = op_delta_rule_workspace(q, v, a, backward) * sizeof(float);
-    Arena arena = scratch_arena(a->ws, a->ws.p ? NULL : cuda_scratch(need), need, "delta_rule scratch");
-    DeltaScratch c = op_delta_rule_scratch(&arena, q, v, a, backward);
+    Arena arena = scratch_arena(a->ws, a->ws.p ? NULL : cuda_scratch(need), need, "delta_rule scratch"), kept = arena;
+    if (a->keep) {
+        if (!a->kept.p) die("delta_rule: keep without a kept state (DeltaArgs.kept)");
+        kept = scratch_arena(a->kept, NULL, 0, "delta_rule kept state");
+    }
+    DeltaScratch c = op_delta_rule_scratch(&arena, &kept, q, v, a, backward);
     DeltaBufs f = {(float *)c.qh.p, (float *)c.kh.p,  (float *)c.rq.p,  (float *)c.rk.p, (float *)c.U.p,
                    (float *)c.W.p,  (float *)c.M.p,   (float *)c.Tm.p,  (float *)c.S0.p, (float *)c.dS1.p,
                    (float *)c.Vp.p, (float *)c.dVp.p, (float *)c.dBv.p, (float *)c.dW.p, (float *)c.dBk.p,
@@ -1059,7 +1064,7 @@ void cuda_delta_rule_forward(Tensor o, Tensor q, Tensor k, Tensor v, Tensor g, T
     if (q.n[0] == 0) return;
     DeltaIO io = delta_io(v, g, beta, a);
     io.o = o.p, io.sT = (float *)a->sT.p;
-    DT_SWITCH(q.dt, T, "delta_rule_forward", delta_front<T>(delta_bufs(q, v, a, a->keep), io, q, k, d, a));
+    DT_SWITCH(q.dt, T, "delta_rule_forward", delta_front<T>(delta_bufs(q, v, a, false), io, q, k, d, a));
 }
 
 void cuda_delta_rule_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dout, Tensor q, Tensor k,
