@@ -312,6 +312,7 @@ TEST(gpu_step_no_host_sync) {
                   {0, false, true, false},  {1, false, true, false}, {0, false, false, true}};
     for (int i = 0; i < 6; i++) {
         int c = cases[i].config;
+        cuda_gemm_cache_clear(); // the case's own shapes (gpu_op_linear_algo_cache)
         ModelConfig mc;
         const ModelFamily *fam = model_config_load(&mc, write_text(test_tmpdir(), "config.json", configs[c]));
         if (cases[i].g16) mc.grad_dt[GROUP_EXPERT] = DT_BF16;

@@ -59,10 +59,12 @@ TEST(gpu_op_linear) {
 
 // cuBLASLt's algorithm for a product is asked for once and cached (cuda_gemm.cu): 48 products of distinct shapes
 // (more than a step of a model runs; in one slot per hash, 48 keys collide with probability 0.99), then again — the
-// second round asks the heuristic nothing.
+// second round asks the heuristic nothing. The cache starts empty: the suite's earlier tests have filled slots with
+// their own shapes (the whole suite in one process evicted 4 of the 48 in a table of 256 slots).
 TEST(gpu_op_linear_algo_cache) {
     gpu_begin();
     gpu_mode(DT_BF16);
+    cuda_gemm_cache_clear();
     size_t mark = gpu_mark();
     Tensor x = gpu_tensor(DT_BF16, 2, 64, 64, 0, 0), w = gpu_tensor(DT_BF16, 2, 48 * 8, 64, 0, 0),
            y = gpu_tensor(DT_BF16, 2, 64, 48 * 8, 0, 0);

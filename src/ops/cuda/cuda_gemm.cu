@@ -49,7 +49,7 @@ typedef struct {
     cublasLtMatmulAlgo_t algo;
     bool used, none; // none: the heuristic had no algorithm (FP8 products only; the caller falls back)
 } GemmCacheEntry;
-#define GEMM_CACHE 256
+#define GEMM_CACHE 2048 // slots: a model's step asks for tens of shapes; a process (the GPU suite) for many more
 #define GEMM_PROBES 16
 static GemmCacheEntry gemm_cache[GEMM_CACHE];
 static int64_t gemm_queries; // the heuristic's answers asked for so far (cuda_grouped_calls("heuristic"))
@@ -422,6 +422,8 @@ extern "C" {
 int64_t cuda_grouped_calls(const char *path) {
     return !strcmp(path, "wgmma") ? wgmma_grouped_calls() : !strcmp(path, "heuristic") ? gemm_queries : 0;
 }
+
+void cuda_gemm_cache_clear(void) { memset(gemm_cache, 0, sizeof gemm_cache); }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs) {
