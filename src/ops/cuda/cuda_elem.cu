@@ -2,7 +2,7 @@
 // squared-norm reduction and AdamW. Math as in ops/cpu/cpu_elem.c (and ops_list.h).
 // Shapes: embedding table (V, H), tokens (T) int32, h (T, H); CE logits (R, V) fp32 in place, labels (R)
 // int32, loss_sum (1) fp64; AdamW p flat fp32, g, m, v flat fp32 or bf16.
-// Cross-entropy takes a row with a cluster of blocks that hold its logits in registers between the statistics and
+// Cross-entropy takes a row with a cluster of blocks that hold its logits in shared memory between the statistics and
 // the gradient (each logit read once, written once); rows too long for that, or not in 8-logit vectors, split into
 // slices of CE_SLICE logits: pass 1 gives each slice's (max, Σ exp) in one read (online per thread), pass 2
 // combines a row's slices into its lse and overwrites the slice with the gradient (logits read twice). A last pass
@@ -179,7 +179,7 @@ __global__ void cross_entropy_grad_kernel(T *logits, const float2 *part, const i
 // One pass over a row (the common case): a cluster of CE_CLUSTER blocks takes row r, each block a slice of
 // `slice` logits (a multiple of 8) that one bulk copy brings into its shared memory; the blocks trade their
 // (max, Σ exp) through distributed shared memory, so each logit is read from memory once and written once. Every
-// block adds the cluster's partials in rank order (fp64): all hold the same lse, whatever the launch.
+// block adds the cluster's partials in one fixed order (fp64): all hold the same lse, whatever the launch.
 #define CE_CLUSTER 8
 #define CE_FUSED_THREADS 512
 #define CE_FUSED_BYTES (64 << 10) // a slice's shared memory: rows up to 262,144 bf16 or 131,072 fp32 logits
@@ -269,7 +269,7 @@ __global__ void __cluster_dims__(CE_CLUSTER, 1, 1) __launch_bounds__(CE_FUSED_TH
     // No block leaves while another may still read its part: arrive now, wait before the end.
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
     __syncthreads();
-    float lse2 = (float)(lse_s * 1.4426950408889634);
+    float lse2 = (float)(lse_s * (double)L2E);
     for (int c = threadIdx.x * 8; c < n; c += CE_FUSED_THREADS * 8) {
         float v[8];
         ld8(x + c, v);
