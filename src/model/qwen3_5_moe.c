@@ -166,8 +166,9 @@ static void q35_delta_plan(const Model *m, int64_t T, Tensor *qt, Tensor *vt) {
 }
 
 // The ops' planned scratch (io->opws): the GPU delta rule's (op_delta_rule_workspace; the backward's holds the
-// forward's, or with delta_rule_keep only the backward's own) in a linear layer, the attention backward's (op_attention_workspace: cuDNN's D and dQ accumulator;
-// the ring attention of context parallelism has its own) in a full-attention layer. None on the CPU.
+// forward's, or with delta_rule_keep only the backward's own) in a linear layer, the attention backward's
+// (op_attention_workspace: cuDNN's D and dQ accumulator; the ring attention of context parallelism has its own) in a
+// full-attention layer. None on the CPU.
 static size_t q35_op_ws(const Model *m, int l, int B, int S) {
     const Qwen35Config *q = model_family_config(const Qwen35Config, &m->cfg);
     int64_t T = (int64_t)B * S;
