@@ -6,9 +6,9 @@
 #   2. per call of a real step, from CUDA events (kernel_events.so preloaded): `pith train` on BENCH (default
 #      bench/qwen3_30b_a3b_8l; natural routing, BALANCED=1 for benchmark=true) for 2 and for 6 steps; the
 #      difference of the two tables / 4 is the mean of steps 3–6 per kernel, cuBLASLt shape, grouped GEMM and
-#      cuDNN graph: ms per step, calls per step, share of the sum — $OUT/step_kernels.md; under it the GPU's
-#      idle time in each of steps 3–5 of the 6-step run, its largest gaps by the calls around them, and the host
-#      waits a step;
+#      cuDNN graph: ms per step, calls per step, share of the sum, a cuBLASLt product's TFLOP/s —
+#      $OUT/step_kernels.md; under it the GPU's idle time in each of steps 3–5 of the 6-step run, its largest gaps by
+#      the calls around them, and the host waits a step;
 #   3. nsys (when the machine has it and under 150 s have passed): the same 6-step run under `nsys profile` and
 #      `nsys stats` of the kernels (cuda_gpu_kern_sum) — $OUT/nsys_kern_sum.txt.
 # The last line is "profile-gpu-step: PASS" when the runs finished and the per-step sum of the timed calls lies
@@ -51,7 +51,7 @@ else
     echo "== nsys: not on this machine (or no time left); the CUDA-event table stands alone"
 fi
 python3 - "$OUT" <<'PY'
-import json, os, statistics, sys
+import json, os, re, statistics, sys
 out = sys.argv[1]
 def table(n):
     t = {}
@@ -70,9 +70,15 @@ for name, (calls, ms) in b.items():
     else: rows.append(((ms - m0) / 4, (calls - c0) / 4, name))
 rows.sort(reverse=True)
 total = sum(r[0] for r in rows)
-lines = ["| call | ms/step | calls/step | share |", "|---|---:|---:|---:|"]
+def rate(name, calls, ms):  # a cuBLASLt product's TFLOP/s: D m x n; A m x k or (transposed) k x m
+    g = re.match(r"cublasLtMatmul D (\d+)x(\d+), A (\d+)x(\d+)$", name)
+    if not g or ms <= 0: return ""
+    m, n, ar, ac = map(int, g.groups())
+    return f"{2 * m * n * (ac if ar == m else ar) * calls / (ms * 1e-3) / 1e12:.0f} TFLOP/s"
+lines = ["| call | ms/step | calls/step | share | rate |", "|---|---:|---:|---:|---:|"]
 for ms, calls, name in rows[:40]:
-    lines.append(f"| {name} | {ms:.3f} | {calls:g} | {ms / total:.1%} |" if total > 0 else f"| {name} | {ms:.3f} | {calls:g} | |")
+    share = f"{ms / total:.1%}" if total > 0 else ""
+    lines.append(f"| {name} | {ms:.3f} | {calls:g} | {share} | {rate(name, calls, ms)} |")
 step = None
 if ok:
     R = [json.loads(l) for l in open(f"{out}/metrics-6.jsonl") if l.strip()][2:]
