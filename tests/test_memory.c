@@ -305,6 +305,24 @@ TEST(memory_estimate_detail) {
     ASSERT_MSG(fabs(gb_after(out, all) - gb_after(one, "  total")) < 0.006, "%s\n%s", out, one);
 }
 
+// With fp8, the estimate names the FP8 weight cache inside the weights' row (codes, transposed codes and scales of every
+// FP8 slot, made from the compute copy and held beside it), and the whole plan grows by exactly that.
+TEST(memory_estimate_fp8_cache) {
+    char bf[1 << 14], f8[1 << 14];
+    const char *cfg = "bench/qwen3_30b_a3b_8l/train.json --gpus 1";
+    ASSERT(run_cmd(bf, sizeof bf, "%s estimate %s", PITH_BIN, cfg) == 0);
+    ASSERT(run_cmd(f8, sizeof f8, "%s estimate %s --set fp8=true", PITH_BIN, cfg) == 0);
+    const char *at = strstr(f8, "GB of it the FP8 weight cache");
+    ASSERT_MSG(at && !strstr(bf, "FP8 weight cache"), "%s\n%s", bf, f8);
+    while (at > f8 && at[-1] != ';') at--;
+    double cache = strtod(at + 1, NULL), grow = gb_after(f8, "  total") - gb_after(bf, "  total");
+    printf("     qwen3_30b_a3b_8l: the FP8 weight cache %.2f GB, the plan %.2f GB larger\n", cache, grow);
+    ASSERT_MSG(cache > 5 && fabs(grow - cache) < 0.015 &&
+                   fabs(gb_after(f8, "weights (compute copy)") - gb_after(bf, "weights (compute copy)") - cache) <
+                       0.015,
+               "cache %.3f GB, plan +%.3f GB:\n%s\n%s", cache, grow, bf, f8);
+}
+
 // A sweep's listing prices each layout's memory trades ("trades ≈ S s a step"): the listed layouts of a verdict come
 // in order of it, and a layout with fp32 moments on the host and no recomputed GEMM costs their round trip over the
 // host link, 2 × moments / 53 GB/s (estimate.c's TRADE_HOST_BYTES).

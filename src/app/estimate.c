@@ -361,8 +361,13 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
            mc->model_type, gpus, dev == DEV_CUDA ? "GPUs" : "CPU ranks", d->pp, d->dp, d->cp, d->ep,
            d->hsdp ? "hsdp" : "fsdp", whose, mc->experts / d->ep, mc->experts, c->micro_batch_size,
            c->sequence_length / d->cp, bf16 ? "bf16 compute" : "fp32 compute");
-    row("weights (compute copy)", p->weights,
-        bf16 ? "bf16, this rank's experts, whole for the step" : "fp32, this rank's experts");
+    char wnote[160];
+    snprintf(wnote, sizeof wnote, "%s, this rank's experts%s", bf16 ? "bf16" : "fp32",
+             bf16 ? ", whole for the step" : "");
+    if (p->fp8) // the cache is made from the compute copy and held beside it
+        snprintf(wnote + strlen(wnote), sizeof wnote - strlen(wnote), "; %.2f GB of it the FP8 weight cache",
+                 p->fp8 / 1e9);
+    row("weights (compute copy)", p->weights, wnote);
     char grads[160];
     snprintf(grads, sizeof grads, "%s%s",
              c->gradient_dtype == STATE_BF16 ? "dense fp32, experts bf16 (gradient_dtype)" : "fp32",

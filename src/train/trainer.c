@@ -118,7 +118,8 @@ static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
         p.grads += m->cfg.grad_units && g == GROUP_DENSE ? 0 : tensor_bytes(m->g[g]);
         *(offload ? &p.host : &p.optim) += ROUNDED(r->adam_m[g]) + ROUNDED(r->adam_v[g]);
     }
-    if (m->fp8.on) p.weights += tensor_bytes(m->fp8.w); // the FP8 weight cache beside the compute copy
+    p.fp8 = m->fp8.on ? tensor_bytes(m->fp8.w) : 0; // the FP8 weight cache beside the compute copy
+    p.weights += p.fp8;
     if (offload) p.optim += ROUNDED(r->stage[0]) + ROUNDED(r->stage[1]);
 #undef ROUNDED
     p.shards = state_bytes > p.optim + units ? state_bytes - p.optim - units : 0;

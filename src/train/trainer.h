@@ -12,6 +12,7 @@
 // What one rank allocates, in bytes: the same allocation sequence gives `pith estimate` and the run.
 typedef struct {
     size_t weights;   // compute copy of this rank's parameter groups (model.w), padded to the shard count, + FP8 cache
+    size_t fp8;       // of weights, the FP8 weight cache (model.fp8.w: codes and scales; 0 without fp8)
     size_t grads;     // fp32 gradient accumulators (model.g)
     size_t shards;    // fp32 master shards (when not model.w itself; gradients are reduced in place in model.g)
     size_t optim;     // AdamW moments (shards), or their staging under optimizer.offload
