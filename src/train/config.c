@@ -101,7 +101,8 @@ static const ConfigKey top_keys[] = {
             "and gradients, 128×128 weights, DeepSeek-V3's recipe) and accumulate in fp32; the attention core, "
             "norms, router, embedding and LM head stay in the compute dtype, masters, gradients and moments fp32; on "
             "the GPU a weight the FP8 tensor cores do not take (experts not whole 128-blocks, dense not multiples of "
-            "16) gets a warning at the start (docs/architecture.md, \"FP8\")"},
+            "16) gets a warning at the start; the FP8 weight cache (the codes and their transposes, 2 bytes a "
+            "weight) is held beside the compute copy: `pith estimate` names it (docs/architecture.md, \"FP8\")"},
     {.name = "deterministic", .kind = K_BOOL, .off = OFF(deterministic),
      .doc = "bit-reproducible GPU training run to run: attention on pith's own kernels instead of cuDNN's (whose "
             "backward adds into dQ with atomics; the cost is in bench/results/2026-12-02-det); the other GPU "
