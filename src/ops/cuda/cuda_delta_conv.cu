@@ -208,21 +208,22 @@ __device__ __forceinline__ float conv_u(const float (&wk)[V][KT], const float (&
     return u;
 }
 
-// N rows of V channels from q0 on (rows at lim or past it: 0): x, and with DY dy; pos with DOCS (else CONV_ALL).
+// N rows of V channels from q0 on (rows at lim or past it: 0): x (row stride C), and with DY dy (row stride Cd: its
+// column block's, conv_y_stride); pos with DOCS (else CONV_ALL).
 template <int N, int V, typename T> struct ConvRows {
     ConvRaw<V, T> x[N], d[N];
     int l[N];
 };
 template <int N, int V, bool DY, bool DOCS, typename T>
 __device__ __forceinline__ ConvRows<N, V, T> conv_rows(const T *xs, const T *ds, const int *ps, int64_t q0, int64_t lim,
-                                                       int64_t C, int64_t Cd = 0) {
+                                                       int64_t C, int64_t Cd) {
     ConvRows<N, V, T> r;
 #pragma unroll
     for (int i = 0; i < N; i++) {
         r.x[i] = {}, r.d[i] = {}, r.l[i] = CONV_ALL;
         if (q0 + i < lim) {
             r.x[i] = conv_load<V>(xs + (q0 + i) * C);
-            if (DY) r.d[i] = conv_load<V>(ds + (q0 + i) * Cd); // (dy's row stride)
+            if (DY) r.d[i] = conv_load<V>(ds + (q0 + i) * Cd);
             if (DOCS) r.l[i] = ps[q0 + i];
         }
     }
@@ -248,10 +249,10 @@ __global__ void __launch_bounds__(32 * CONV_TY)
         int64_t yC = conv_y_stride(sh, c);
         T *ys = y + conv_y_base(sh, c) + b * S * yC;
         conv_history(xw, xs, halo ? halo + b * (K - 1) * C + c : NULL, K, p0, C);
-        ConvRows<U, V, T> a = conv_rows<U, V, false, DOCS>(xs, xs, ps, p0, end, C);
+        ConvRows<U, V, T> a = conv_rows<U, V, false, DOCS>(xs, xs, ps, p0, end, C, C);
 #pragma unroll 1
         for (int64_t q0 = p0; q0 < end; q0 += U) {
-            ConvRows<U, V, T> next = conv_rows<U, V, false, DOCS>(xs, xs, ps, q0 + U, end, C);
+            ConvRows<U, V, T> next = conv_rows<U, V, false, DOCS>(xs, xs, ps, q0 + U, end, C, C);
 #pragma unroll
             for (int i = 0; i < U; i++) {
                 conv_shift(xw);
