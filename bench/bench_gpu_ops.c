@@ -63,7 +63,7 @@ static void routing_offs(int64_t *offs, int64_t T, int64_t H, int64_t E, int k, 
     op_linear_forward(lg, x, wr, (Tensor){0});
     op_router_forward(pr, idx, w, lg, &(RouterArgs){.k = k, .renorm = true, .scale = 1});
     Tensor d = dev(DT_I64, 1, E + 1, 0, 0);
-    op_moe_sort(perm, d, idx, (int)E);
+    op_moe_sort(perm, NONE, d, idx, (int)E);
     op_copy(ti64_1(offs, E + 1), d);
     A.used = save.used; // the routing buffers are scratch
     int64_t mx = 0, mn = T * k;
@@ -674,15 +674,22 @@ int main(int argc, char **argv) {
     int32_t *hi = xmalloc(R * sizeof(int32_t));
     for (int64_t i = 0; i < R; i++) hi[i] = (int32_t)(rng_u64(1, 2, i) % E);
     op_copy(idx, tensor_make(hi, DT_I32, DEV_CPU, 2, T, k, 1, 1));
-    TIME("moe_sort (32768 slots)", 20, (double)R * 8, "GB/s", op_moe_sort(perm, doffs, idx, (int)E));
+    TIME("moe_sort (32768 slots)", 20, (double)R * 8, "GB/s", op_moe_sort(perm, NONE, doffs, idx, (int)E));
     TIME("gather_rows dispatch (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_gather_rows(xe, x, perm, (int)k));
     TIME("scatter_rows combine (32768, 2048)", 20, 2.0 * R * H * 2, "GB/s", op_scatter_rows(ye, xe, perm));
     TIME("scatter_add_rows (inverse map)", 20, (double)(R + 2 * T) * H * 2, "GB/s",
          op_scatter_add_rows(x, xe, perm, (int)k));
     Tensor wts = dev(DT_F32, 2, T, k, 0);
     fill(wts, 0.1f, 14);
-    TIME("moe_combine fwd", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_moe_combine_forward(y, x, ye, wts));
-    TIME("moe_combine bwd", 20, (double)(2 * R + T) * H * 2, "GB/s", op_moe_combine_backward(xe, wts, y, ye, wts));
+    TIME("moe_combine fwd", 20, (double)(R + 2 * T) * H * 2, "GB/s", op_moe_combine_forward(y, x, ye, wts, NONE));
+    TIME("moe_combine bwd", 20, (double)(2 * R + T) * H * 2, "GB/s",
+         op_moe_combine_backward(xe, wts, y, ye, wts, NONE));
+    Tensor at = dev(DT_I32, 1, R, 0, 0); // the rows read where the experts wrote them (one ep rank)
+    op_moe_sort(perm, at, doffs, idx, (int)E);
+    TIME("moe_combine fwd, expert order", 20, (double)(R + 2 * T) * H * 2, "GB/s",
+         op_moe_combine_forward(y, x, ye, wts, at));
+    TIME("moe_combine bwd, expert order", 20, (double)(2 * R + T) * H * 2, "GB/s",
+         op_moe_combine_backward(xe, wts, y, ye, wts, at));
     int64_t np = 30000000;
     Tensor p = dev(DT_F32, 1, np, 0, 0), g = dev(DT_F32, 1, np, 0, 0), m = dev(DT_F32, 1, np, 0, 0),
            vv = dev(DT_F32, 1, np, 0, 0);

@@ -543,14 +543,15 @@ TEST(op_moe_lb_loss) {
 
 TEST(op_moe_sort_gather_scatter) {
     int64_t T = 5, k = 2, E = 4, H = 3;
-    int32_t idx[10] = {3, 1, 1, 0, 3, 2, 1, 3, 0, 1}, perm[10];
+    int32_t idx[10] = {3, 1, 1, 0, 3, 2, 1, 3, 0, 1}, perm[10], at[10];
     int64_t offs[5];
-    op_moe_sort(tensor_make(perm, DT_I32, DEV_CPU, 1, T * k, 1, 1, 1), ti64_1(offs, 5),
+    op_moe_sort(tensor_make(perm, DT_I32, DEV_CPU, 1, T * k, 1, 1, 1),
+                tensor_make(at, DT_I32, DEV_CPU, 1, T * k, 1, 1, 1), ti64_1(offs, 5),
                 tensor_make(idx, DT_I32, DEV_CPU, 2, T, k, 1, 1), (int)E);
     int64_t want_offs[5] = {0, 2, 6, 7, 10};
     int32_t want_perm[10] = {3, 8, 1, 2, 6, 9, 5, 0, 4, 7}; // stable: slots in increasing order within an expert
     for (int i = 0; i < 5; i++) ASSERT(offs[i] == want_offs[i]);
-    for (int i = 0; i < 10; i++) ASSERT(perm[i] == want_perm[i]);
+    for (int i = 0; i < 10; i++) ASSERT(perm[i] == want_perm[i] && at[want_perm[i]] == i);
     float *x = rnd(T * H, 1), xe[30], y[30], back[30], dx[15] = {0};
     Tensor P = tensor_make(perm, DT_I32, DEV_CPU, 1, T * k, 1, 1, 1);
     op_gather_rows(tf32_2(xe, T * k, H), tf32_2(x, T, H), P, (int)k);
@@ -585,15 +586,30 @@ TEST(op_moe_combine) {
     double *in[3] = {to_f64(r, nr), to_f64(y, ny), to_f64(w, nw)}, *yr = xmalloc(nr * 8), *Gd = to_f64(G, nr),
            *gy = xmalloc(ny * 8), *gw = xmalloc(nw * 8);
     ref_combine(in, yr, &c);
-    op_moe_combine_forward(tf32_2(out, c.T, c.H), tf32_2(r, c.T, c.H), tf32_2(y, c.T * c.k, c.H), tf32_2(w, c.T, c.k));
+    op_moe_combine_forward(tf32_2(out, c.T, c.H), tf32_2(r, c.T, c.H), tf32_2(y, c.T * c.k, c.H), tf32_2(w, c.T, c.k),
+                           NONE);
     ASSERT(rel_err_mixed(out, yr, nr) < 1e-6);
     fd_grad(ref_combine, in, 1, ny, Gd, nr, gy, &c);
     fd_grad(ref_combine, in, 2, nw, Gd, nr, gw, &c);
     float *dy = poisoned(ny), *dw = poisoned(nw);
     op_moe_combine_backward(tf32_2(dy, c.T * c.k, c.H), tf32_2(dw, c.T, c.k), tf32_2(G, c.T, c.H),
-                            tf32_2(y, c.T * c.k, c.H), tf32_2(w, c.T, c.k));
+                            tf32_2(y, c.T * c.k, c.H), tf32_2(w, c.T, c.k), NONE);
     ASSERT(rel_err_mixed(dy, gy, ny) < 1e-6);
     ASSERT(rel_err_mixed(dw, gw, nw) < 1e-6);
+    // y's rows in another order, slot s at row at[s] (a reversal with a swap): the same values, bit for bit (the
+    // same products and sums in the same order), and dy in y's order
+    int32_t at[12];
+    for (int s = 0; s < nw; s++) at[s] = (int32_t)(nw - 1 - s);
+    at[0] = 5, at[6] = 11;
+    float *ya = xmalloc(ny * 4), *outa = poisoned(nr), *dya = poisoned(ny), *dwa = poisoned(nw);
+    for (int s = 0; s < nw; s++) memcpy(ya + at[s] * c.H, y + s * c.H, c.H * 4);
+    Tensor A = tensor_make(at, DT_I32, DEV_CPU, 1, nw, 1, 1, 1);
+    op_moe_combine_forward(tf32_2(outa, c.T, c.H), tf32_2(r, c.T, c.H), tf32_2(ya, c.T * c.k, c.H), tf32_2(w, c.T, c.k),
+                           A);
+    op_moe_combine_backward(tf32_2(dya, c.T * c.k, c.H), tf32_2(dwa, c.T, c.k), tf32_2(G, c.T, c.H),
+                            tf32_2(ya, c.T * c.k, c.H), tf32_2(w, c.T, c.k), A);
+    ASSERT(memcmp(outa, out, nr * 4) == 0 && memcmp(dwa, dw, nw * 4) == 0);
+    for (int s = 0; s < nw; s++) ASSERT(memcmp(dya + at[s] * c.H, dy + s * c.H, c.H * 4) == 0);
 }
 
 typedef struct {

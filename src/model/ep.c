@@ -89,6 +89,7 @@ void ep_alloc(Model *m, StageIO *io, Arena *a, int64_t T) {
     }
     int64_t R = ep_rows_capacity(m, T);
     io->perm = arena_tensor(a, DT_I32, 1, T * k, 0, 0, 0);
+    if (!io->route) io->at = arena_tensor(a, DT_I32, 1, T * k, 0, 0, 0);
     io->xe = arena_tensor(a, m->cdt, 2, R, H, 0, 0);
     if (!(m->recompute & RC_EXPERT_OUT)) io->y = arena_tensor(a, m->cdt, 2, T * k, H, 0, 0); // else staging
     if (io->route) {
@@ -108,8 +109,8 @@ void ep_grad_alloc(Model *m, StageIO *io, Arena *ws, int64_t T) {
         return;
     }
     int64_t R = io->xe.n[0]; // the rows stage 3 holds: the layer's own, or the spill set's
-    io->dy = arena_tensor(ws, m->cdt, 2, T * k, H, 0, 0);
     io->dye = arena_tensor(ws, m->cdt, 2, R, H, 0, 0);
+    io->dy = io->route ? arena_tensor(ws, m->cdt, 2, T * k, H, 0, 0) : io->dye; // one rank: written in expert order
     io->dxe = arena_tensor(ws, m->cdt, 2, R, H, 0, 0);
     io->dxd = arena_tensor(ws, m->cdt, 2, T, H, 0, 0);
 }
@@ -237,15 +238,16 @@ static void route_ranks(Model *m, StageIO *io) {
 void ep_dispatch_route(Model *m, StageIO *io) {
     if (io->dense) return;
     if (io->route) return route_ranks(m, io);
-    op_moe_sort(io->perm, io->offs, io->idx, m->cfg.experts);
+    op_moe_sort(io->perm, io->at, io->offs, io->idx, m->cfg.experts);
     io->rows = tensor_numel(io->idx);
 }
 
+// One rank: the combine and its backward read and write the expert-ordered rows through io->at, so they move nothing.
 static void local_move(Model *m, StageIO *io, EpMove mv) {
     switch (mv) {
     case EP_DISPATCH: return op_gather_rows(io->xe, io->xd, io->perm, m->cfg.topk);
-    case EP_COMBINE: return op_scatter_rows(io->y, io->ye, io->perm);
-    case EP_COMBINE_BACKWARD: return op_gather_rows(io->dye, io->dy, io->perm, 1);
+    case EP_COMBINE:
+    case EP_COMBINE_BACKWARD: return;
     case EP_DISPATCH_BACKWARD: return op_scatter_add_rows(io->dxd, io->dxe, io->perm, m->cfg.topk);
     }
 }

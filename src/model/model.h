@@ -110,17 +110,18 @@ typedef struct {
 
 // What the engine moves between stages 1 → 2 → 3 → 4 → 5 of one layer (forward and backward).
 typedef struct {
-    bool dense;            // a dense-MLP layer: stages 2 and 4 pass (T, H) through
-    Tensor xd, dxd;        // (T, H) tokens to dispatch, and their gradient
-    Tensor idx, w;         // (T, k) experts (int32) and routing weights (fp32) of each token
-    Tensor dw;             // (T, k) gradient of the routing weights
-    Tensor perm;           // (T·k) int32 slot ids t·k + j in expert order
-    Tensor offs;           // (E_local + 1) int64 on the device: rows offs[e]..offs[e+1] of xe belong to local expert e
-    int64_t rows;          // offs[E_local], known on the host: the rows stage 3 holds (T·k on one ep rank)
+    bool dense;     // a dense-MLP layer: stages 2 and 4 pass (T, H) through
+    Tensor xd, dxd; // (T, H) tokens to dispatch, and their gradient
+    Tensor idx, w;  // (T, k) experts (int32) and routing weights (fp32) of each token
+    Tensor dw;      // (T, k) gradient of the routing weights
+    Tensor perm;    // (T·k) int32 slot ids t·k + j in expert order
+    Tensor at;      // one ep rank: (T·k) int32, perm's inverse (stage 5 reads ye where stage 3 wrote it); else p NULL
+    Tensor offs;    // (E_local + 1) int64 on the device: rows offs[e]..offs[e+1] of xe belong to local expert e
+    int64_t rows;   // offs[E_local], known on the host: the rows stage 3 holds (T·k on one ep rank)
     struct EpRoute *route; // expert parallelism: where this layer's rows went (model/ep.h); NULL on one rank
     Tensor xe, dxe;        // (R, H) expert-ordered rows (dense: = xd)
     Tensor ye, dye;        // (R, H) expert outputs in the same order
-    Tensor y, dy;          // (T·k, H) expert outputs back in slot order (dense: (T, H))
+    Tensor y, dy;          // (T·k, H) expert outputs back in slot order (dense: (T, H); one ep rank: = ye, dye)
     Tensor opws;           // fp32 scratch of the layer's ops (ModelFamily.op_ws; one for every layer), or p NULL
 } StageIO;
 

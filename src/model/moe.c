@@ -525,13 +525,13 @@ void moe_stage5_forward(Model *m, int l, void *rp, StageIO *io, Tensor out) {
         op_copy(out, r->h1);
         op_add(out, io->y);
     } else {
-        op_moe_combine_forward(out, r->h1, io->y, io->w);
+        op_moe_combine_forward(out, r->h1, io->y, io->w, io->at);
     }
 }
 
 void moe_stage5_backward(Model *m, int l, void *rp, StageIO *io, Tensor dout) {
     if (io->dense) op_copy(io->dy, dout);
-    else op_moe_combine_backward(io->dy, io->dw, dout, io->y, io->w);
+    else op_moe_combine_backward(io->dy, io->dw, dout, io->y, io->w, io->at);
 }
 
 // ---- epilog: final norm → LM head → cross-entropy, in row chunks so (T, V) logits never exist ----

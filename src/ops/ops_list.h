@@ -130,18 +130,22 @@ OP(void, moe_count, idx.dev, (Tensor cnt, Tensor idx), (cnt, idx))
 // Stable sort of the T·k (token, slot) pairs by expert: perm: (T·k) int32 lists slot ids t·k+j in expert
 // order; offs: (E+1) int64 on idx's device, the group boundaries (offs[E] = T·k). Nothing comes to the host: an expert
 // index outside [0, E) stops the CPU at once, and on the GPU sorts as the nearest valid one and is kept for
-// op_moe_sort_bad_expert (ops.h), which the step reads at its end.
-OP(void, moe_sort, idx.dev, (Tensor perm, Tensor offs, Tensor idx, int E), (perm, offs, idx, E))
+// op_moe_sort_bad_expert (ops.h), which the step reads at its end. at (p NULL: not wanted): (T·k) int32, the inverse,
+// at[perm[i]] = i: where each slot's row lies in expert order.
+OP(void, moe_sort, idx.dev, (Tensor perm, Tensor at, Tensor offs, Tensor idx, int E), (perm, at, offs, idx, E))
 // y[i] = x[rows[i] / div] (gather, y: (R, H)).
 OP(void, gather_rows, x.dev, (Tensor y, Tensor x, Tensor rows, int div), (y, x, rows, div))
 // dx[rows[i] / div] += dy[i] (scatter-add by index, dy: (R, H)): the backward of op_gather_rows.
 OP(void, scatter_add_rows, dy.dev, (Tensor dx, Tensor dy, Tensor rows, int div), (dx, dy, rows, div))
 // y[rows[i]] = x[i] (a permutation scatter); its backward is op_gather_rows(dx, dy, rows, 1).
 OP(void, scatter_rows, x.dev, (Tensor y, Tensor x, Tensor rows), (y, x, rows))
-// out: (T, H) = resid + Σ_j w[t, j] · y[t·k + j]   (y: (T·k, H) in slot order)
-OP(void, moe_combine_forward, y.dev, (Tensor out, Tensor resid, Tensor y, Tensor w), (out, resid, y, w))
-// dy[t·k+j] = w[t,j]·dout[t]; dw[t,j] = ⟨dout[t], y[t·k+j]⟩
-OP(void, moe_combine_backward, y.dev, (Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w), (dy, dw, dout, y, w))
+// The combine reads slot s = t·k + j's expert output from row r(s) of y: r(s) = at[s] (at: (T·k) int32, op_moe_sort's
+// inverse, y in expert order as the experts wrote it) or r(s) = s (at.p NULL, y in slot order).
+// out: (T, H) = resid + Σ_j w[t, j] · y[r(t·k + j)]
+OP(void, moe_combine_forward, y.dev, (Tensor out, Tensor resid, Tensor y, Tensor w, Tensor at), (out, resid, y, w, at))
+// dy[r(s)] = w[s]·dout[t]; dw[s] = ⟨dout[t], y[r(s)]⟩ for s = t·k + j (dy in y's order)
+OP(void, moe_combine_backward, y.dev, (Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w, Tensor at),
+   (dy, dw, dout, y, w, at))
 
 // ---- embedding and loss ----
 // h: (T, H) = table: (V, H)[tokens: (T) int32]

@@ -150,16 +150,22 @@ static void alloc_activations(Chunk *c, Arena *a, ChunkPlan *p) {
     }
     size_t m0 = arena_mark(a);
     // Expert outputs before combine (ye) are staging: one buffer for every MoE layer, as many rows as stage 3 holds;
-    // so are their combined (T·k, H) when recomputed (RC_EXPERT_OUT).
+    // so are their combined (T·k, H) when recomputed (RC_EXPERT_OUT). On one ep rank the combine reads ye where the
+    // experts wrote it: ye is the record's y (or the recomputed one's staging).
     bool spills = moe >= 0 && ep_spills(m, T), y_again = m->recompute & RC_EXPERT_OUT;
     int64_t W = spills ? ep_rows_worst(m, T) : 0;
     if (moe >= 0) {
-        Tensor ye = arena_tensor(a, m->cdt, 2, spills ? W : ep_rows_capacity(m, T), m->cfg.hidden, 0, 0),
+        bool one = !c->rec[0].io[moe].route; // (a plan's counting arena gives tensors no address: ask the route)
+        Tensor ye = one ? (Tensor){0}
+                        : arena_tensor(a, m->cdt, 2, spills ? W : ep_rows_capacity(m, T), m->cfg.hidden, 0, 0),
                y = y_again ? arena_tensor(a, m->cdt, 2, (int64_t)T * m->cfg.topk, m->cfg.hidden, 0, 0) : (Tensor){0};
         for (int i = 0; i < c->nrec; i++)
-            for (int l = c->l0; l < c->l1; l++)
-                if (!c->rec[i].io[l].dense)
-                    c->rec[i].io[l].ye = ye, c->rec[i].io[l].y = y_again ? y : c->rec[i].io[l].y;
+            for (int l = c->l0; l < c->l1; l++) {
+                StageIO *io = &c->rec[i].io[l];
+                if (io->dense) continue;
+                if (y_again) io->y = y;
+                io->ye = one ? io->y : ye;
+            }
     }
     size_t m1 = arena_mark(a);
     if (spills) alloc_spill(c, moe, a);
@@ -588,7 +594,7 @@ void chunk_weight(Chunk *c, int slot) {
         StageIO *io = &k->io[l];
         if (!weight_can_wait(m, io)) continue; // done in the backward
         io->dye = c->dye[set * L + l], r->dgu = c->dgu[set * L + l];
-        if (io->dense) io->dy = io->dye;
+        if (!io->route) io->dy = io->dye; // (dense, or one ep rank)
         moe_stage3_backward_weight(m, l, r, &k->mb, io);
     }
     k->defer_set = -1, c->defer_head++;

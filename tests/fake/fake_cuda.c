@@ -611,9 +611,9 @@ void cuda_moe_count(Tensor cnt, Tensor idx) {
     OP(moe_count, &cnt, &idx);
     cpu_moe_count(cnt, idx);
 }
-void cuda_moe_sort(Tensor perm, Tensor offs, Tensor idx, int E) {
-    OP(moe_sort, &perm, &offs, &idx);
-    cpu_moe_sort(perm, offs, idx, E);
+void cuda_moe_sort(Tensor perm, Tensor at, Tensor offs, Tensor idx, int E) {
+    OP(moe_sort, &perm, &at, &offs, &idx);
+    cpu_moe_sort(perm, at, offs, idx, E);
 }
 void cuda_gather_rows(Tensor y, Tensor x, Tensor rows, int div) {
     OP(gather_rows, &y, &x, &rows);
@@ -627,13 +627,13 @@ void cuda_scatter_rows(Tensor y, Tensor x, Tensor rows) {
     OP(scatter_rows, &y, &x, &rows);
     cpu_scatter_rows(y, x, rows);
 }
-void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
-    OP(moe_combine_forward, &out, &resid, &y, &w);
-    cpu_moe_combine_forward(out, resid, y, w);
+void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w, Tensor at) {
+    OP(moe_combine_forward, &out, &resid, &y, &w, &at);
+    cpu_moe_combine_forward(out, resid, y, w, at);
 }
-void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w) {
-    OP(moe_combine_backward, &dy, &dw, &dout, &y, &w);
-    cpu_moe_combine_backward(dy, dw, dout, y, w);
+void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w, Tensor at) {
+    OP(moe_combine_backward, &dy, &dw, &dout, &y, &w, &at);
+    cpu_moe_combine_backward(dy, dw, dout, y, w, at);
 }
 void cuda_embedding_forward(Tensor h, Tensor table, Tensor tokens) {
     OP(embedding_forward, &h, &table, &tokens);

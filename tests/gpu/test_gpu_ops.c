@@ -521,10 +521,10 @@ TEST(gpu_op_vector_paths) {
         for (int64_t i = 0; i < T * k; i++) idx[i] = (int32_t)(rng_u64(21, 5, i) % E);
         Pair ix = pair_i32(idx, T * k);
         ix.c = tensor_reshape2(ix.c, T, k), ix.d = tensor_reshape2(ix.d, T, k);
-        Pair perm = pair_i32(idx, T * k);
+        Pair perm = pair_i32(idx, T * k), at = pair_i32(idx, T * k);
         int64_t oc[17] = {0};
         Pair po = pair_offs(oc, 17);
-        op_moe_sort(perm.c, po.c, ix.c, (int)E), op_moe_sort(perm.d, po.d, ix.d, (int)E);
+        op_moe_sort(perm.c, at.c, po.c, ix.c, (int)E), op_moe_sort(perm.d, at.d, po.d, ix.d, (int)E);
         Pair xt = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), xe = pair_nan(MODE_DT, 2, T * k, H, 0, 0),
              ys = pair_nan(MODE_DT, 2, T * k, H, 0, 0);
         op_gather_rows(xe.c, xt.c, perm.c, (int)k), op_gather_rows(xe.d, xt.d, perm.d, (int)k);
@@ -542,13 +542,29 @@ TEST(gpu_op_vector_paths) {
         EXPECT_CLOSE(dx8, TOL);
         Pair r = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), w = pair_rand(DT_F32, 1, 2, T, k, 0, 0),
              out = pair_nan(MODE_DT, 2, T, H, 0, 0);
-        op_moe_combine_forward(out.c, r.c, ys.c, w.c), op_moe_combine_forward(out.d, r.d, ys.d, w.d);
+        op_moe_combine_forward(out.c, r.c, ys.c, w.c, NONE), op_moe_combine_forward(out.d, r.d, ys.d, w.d, NONE);
         EXPECT_CLOSE(out, TOL);
         Pair dout = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dy = pair_nan(MODE_DT, 2, T * k, H, 0, 0),
              dw = pair_nan(DT_F32, 2, T, k, 0, 0);
-        op_moe_combine_backward(dy.c, dw.c, dout.c, ys.c, w.c), op_moe_combine_backward(dy.d, dw.d, dout.d, ys.d, w.d);
+        op_moe_combine_backward(dy.c, dw.c, dout.c, ys.c, w.c, NONE);
+        op_moe_combine_backward(dy.d, dw.d, dout.d, ys.d, w.d, NONE);
         EXPECT_CLOSE(dy, TOL);
         EXPECT_CLOSE(dw, TOL);
+        // the same combine reading the expert-ordered rows through the sort's inverse: the same values bit for bit
+        // (the same sums in the same order), dy written in expert order
+        Pair outa = pair_nan(MODE_DT, 2, T, H, 0, 0), dya = pair_nan(MODE_DT, 2, T * k, H, 0, 0),
+             dwa = pair_nan(DT_F32, 2, T, k, 0, 0), dyb = pair_nan(MODE_DT, 2, T * k, H, 0, 0);
+        op_moe_combine_forward(outa.c, r.c, xe.c, w.c, at.c), op_moe_combine_forward(outa.d, r.d, xe.d, w.d, at.d);
+        EXPECT_CLOSE(outa, TOL);
+        op_moe_combine_backward(dya.c, dwa.c, dout.c, xe.c, w.c, at.c);
+        op_moe_combine_backward(dya.d, dwa.d, dout.d, xe.d, w.d, at.d);
+        EXPECT_CLOSE(dya, TOL);
+        op_gather_rows(dyb.d, dy.d, perm.d, 1);
+        float *h[6] = {gpu_down(out.d), gpu_down(outa.d), gpu_down(dw.d),
+                       gpu_down(dwa.d), gpu_down(dyb.d),  gpu_down(dya.d)};
+        ASSERT(memcmp(h[0], h[1], T * H * 4) == 0 && memcmp(h[2], h[3], T * k * 4) == 0 &&
+               memcmp(h[4], h[5], T * k * H * 4) == 0);
+        for (int i = 0; i < 6; i++) free(h[i]);
         Pair gu = pair_rand(MODE_DT, 2, 2, 50, 2 * 768, 0, 0), act = pair_nan(MODE_DT, 2, 50, 768, 0, 0);
         op_swiglu_forward(act.c, gu.c, 0, 0), op_swiglu_forward(act.d, gu.d, 0, 0);
         EXPECT_CLOSE(act, TOL);
@@ -882,17 +898,17 @@ TEST(gpu_op_moe_sort_gather_scatter) {
         ix.c = tensor_reshape2(ix.c, T, k), ix.d = tensor_reshape2(ix.d, T, k);
         int32_t junk[2674];
         for (int i = 0; i < 2674; i++) junk[i] = -1;
-        Pair perm = pair_i32(junk, T * k);
+        Pair perm = pair_i32(junk, T * k), at = pair_i32(junk, T * k);
         int64_t oc[7] = {-1, -1, -1, -1, -1, -1, -1}, og[7];
         Pair po = pair_offs(oc, 7); // written by the sorts
-        op_moe_sort(perm.c, po.c, ix.c, (int)E), op_moe_sort(perm.d, po.d, ix.d, (int)E);
+        op_moe_sort(perm.c, at.c, po.c, ix.c, (int)E), op_moe_sort(perm.d, at.d, po.d, ix.d, (int)E);
         op_copy(ti64_1(og, 7), po.d);
         for (int e = 0; e <= E; e++)
             ASSERT_MSG(oc[e] == og[e], "offs[%d]: gpu %lld cpu %lld", e, (long long)og[e], (long long)oc[e]);
-        int32_t *gp = gpu_down_i32(perm.d);
+        int32_t *gp = gpu_down_i32(perm.d), *ga = gpu_down_i32(at.d);
         for (int64_t i = 0; i < T * k; i++)
-            ASSERT_MSG(gp[i] == ((int32_t *)perm.c.p)[i], "perm[%lld] differs", (long long)i);
-        free(gp);
+            ASSERT_MSG(gp[i] == ((int32_t *)perm.c.p)[i] && ga[gp[i]] == i, "perm[%lld] or at differs", (long long)i);
+        free(gp), free(ga);
         Pair x = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), xe = pair_nan(MODE_DT, 2, T * k, H, 0, 0),
              y = pair_nan(MODE_DT, 2, T * k, H, 0, 0);
         op_gather_rows(xe.c, x.c, perm.c, (int)k), op_gather_rows(xe.d, x.d, perm.d, (int)k);
@@ -911,7 +927,7 @@ TEST(gpu_op_moe_sort_gather_scatter) {
     ASSERT(op_moe_sort_bad_expert(DEV_CUDA) == -1);
     idx[5] = (int32_t)E + 3, idx[9] = -2;
     Pair ix = pair_i32(idx, T * k), perm = pair_i32(idx, T * k), po = pair_offs((int64_t[7]){0}, 7);
-    op_moe_sort(perm.d, po.d, ix.d, (int)E);
+    op_moe_sort(perm.d, NONE, po.d, ix.d, (int)E);
     int64_t bad = op_moe_sort_bad_expert(DEV_CUDA);
     ASSERT_MSG(bad == E + 3 || bad == -2, "bad expert %lld", (long long)bad);
     ASSERT(op_moe_sort_bad_expert(DEV_CUDA) == -1);
@@ -936,11 +952,12 @@ TEST(gpu_op_moe_combine) {
         Pair r = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), y = pair_rand(MODE_DT, 1, 2, T * k, H, 0, 0),
              w = pair_rand(DT_F32, 1, 2, T, k, 0, 0);
         Pair out = pair_nan(MODE_DT, 2, T, H, 0, 0);
-        op_moe_combine_forward(out.c, r.c, y.c, w.c), op_moe_combine_forward(out.d, r.d, y.d, w.d);
+        op_moe_combine_forward(out.c, r.c, y.c, w.c, NONE), op_moe_combine_forward(out.d, r.d, y.d, w.d, NONE);
         EXPECT_CLOSE(out, TOL);
         Pair dout = pair_rand(MODE_DT, 1, 2, T, H, 0, 0), dy = pair_nan(MODE_DT, 2, T * k, H, 0, 0),
              dw = pair_nan(DT_F32, 2, T, k, 0, 0);
-        op_moe_combine_backward(dy.c, dw.c, dout.c, y.c, w.c), op_moe_combine_backward(dy.d, dw.d, dout.d, y.d, w.d);
+        op_moe_combine_backward(dy.c, dw.c, dout.c, y.c, w.c, NONE);
+        op_moe_combine_backward(dy.d, dw.d, dout.d, y.d, w.d, NONE);
         EXPECT_CLOSE(dy, TOL);
         EXPECT_CLOSE(dw, TOL);
     }

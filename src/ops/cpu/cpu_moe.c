@@ -145,7 +145,7 @@ void cpu_moe_lb_loss(Tensor loss_sum, Tensor lb_grad, Tensor probs, Tensor idx, 
     free(cnt), free(pm);
 }
 
-void cpu_moe_sort(Tensor perm, Tensor offs_t, Tensor idx, int E) {
+void cpu_moe_sort(Tensor perm, Tensor at, Tensor offs_t, Tensor idx, int E) {
     int64_t n = tensor_numel(idx), *offs = (int64_t *)cpu_offs(offs_t, E);
     for (int e = 0; e <= E; e++) offs[e] = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -156,7 +156,11 @@ void cpu_moe_sort(Tensor perm, Tensor offs_t, Tensor idx, int E) {
     for (int e = 0; e < E; e++) offs[e + 1] += offs[e];
     int64_t *fill = xmalloc((E + 1) * sizeof(int64_t));
     memcpy(fill, offs, (E + 1) * sizeof(int64_t));
-    for (int64_t i = 0; i < n; i++) I32(perm)[fill[I32(idx)[i]]++] = (int32_t)i;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t p = fill[I32(idx)[i]]++;
+        I32(perm)[p] = (int32_t)i;
+        if (at.p) I32(at)[i] = (int32_t)p;
+    }
     free(fill);
 }
 
@@ -181,25 +185,30 @@ void cpu_scatter_rows(Tensor y, Tensor x, Tensor rows) {
     for (int64_t i = 0; i < R; i++) memcpy(F(y) + (int64_t)I32(rows)[i] * H, F(x) + i * H, H * sizeof(float));
 }
 
-void cpu_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
+// Row of y holding slot s (ops_list.h, moe_combine_*).
+static int64_t slot_row(Tensor at, int64_t s) { return at.p ? I32(at)[s] : s; }
+
+void cpu_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w, Tensor at) {
     int64_t T = t_rows(out), H = t_cols(out), k = t_cols(w);
-    CHECK(t_rows(y) == T * k);
+    CHECK(t_rows(y) == T * k && (!at.p || tensor_numel(at) == T * k));
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++)
         for (int64_t c = 0; c < H; c++) {
             float s = F(resid)[t * H + c];
-            for (int64_t j = 0; j < k; j++) s += F(w)[t * k + j] * F(y)[(t * k + j) * H + c];
+            for (int64_t j = 0; j < k; j++) s += F(w)[t * k + j] * F(y)[slot_row(at, t * k + j) * H + c];
             F(out)[t * H + c] = s;
         }
 }
 
-void cpu_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w) {
+void cpu_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w, Tensor at) {
     int64_t T = t_rows(dout), H = t_cols(dout), k = t_cols(w);
+    CHECK(!at.p || tensor_numel(at) == T * k);
 #pragma omp parallel for
     for (int64_t t = 0; t < T; t++)
         for (int64_t j = 0; j < k; j++) {
-            const float *g = F(dout) + t * H, *yj = F(y) + (t * k + j) * H;
-            float *dyj = F(dy) + (t * k + j) * H, wj = F(w)[t * k + j];
+            int64_t r = slot_row(at, t * k + j);
+            const float *g = F(dout) + t * H, *yj = F(y) + r * H;
+            float *dyj = F(dy) + r * H, wj = F(w)[t * k + j];
             double s = 0;
             for (int64_t c = 0; c < H; c++) dyj[c] = wj * g[c], s += (double)g[c] * yj[c];
             F(dw)[t * k + j] = (float)s;

@@ -202,7 +202,8 @@ __global__ void moe_sort_scan_kernel(int *base, int64_t *offs, const int *cnt, i
     for (int e = threadIdx.x; e < E; e += blockDim.x)
         for (int t = 0, r = (int)at[e]; t < nt; t++) base[(int64_t)t * E + e] = r, r += cnt[(int64_t)t * E + e];
 }
-__global__ void moe_sort_place_kernel(int32_t *perm, const int *base, const int32_t *idx, int64_t n, int E) {
+__global__ void moe_sort_place_kernel(int32_t *perm, int32_t *inv, const int *base, const int32_t *idx, int64_t n,
+                                      int E) {
     extern __shared__ int next[]; // E: this tile's next place of each expert
     for (int e = threadIdx.x; e < E; e += 32) next[e] = base[(int64_t)blockIdx.x * E + e];
     __syncwarp();
@@ -216,6 +217,7 @@ __global__ void moe_sort_place_kernel(int32_t *perm, const int *base, const int3
         __syncwarp(); // every lane has read next before the groups' last lanes move it on
         if (i < t1) {
             perm[at] = (int32_t)i;
+            if (inv) inv[i] = at;
             if (rank == __popc(peers) - 1) next[key] = at + 1;
         }
         __syncwarp();
@@ -273,16 +275,18 @@ __global__ void scatter_add_rows_sum_kernel(TX *dx, const TY *dy, const int32_t 
         stv<V>(dx + e * V, a);
     }
 }
+// The row of y holding slot s: at[s], or s when y is in slot order (ops_list.h).
+__device__ __forceinline__ int64_t slot_row(const int32_t *at, int64_t s) { return at ? at[s] : s; }
 template <typename T, int V>
-__global__ void moe_combine_forward_kernel(T *out, const T *resid, const T *y, const float *w, int64_t T_, int64_t H,
-                                           int k) {
+__global__ void moe_combine_forward_kernel(T *out, const T *resid, const T *y, const float *w, const int32_t *at,
+                                           int64_t T_, int64_t H, int k) {
     GRID_STRIDE(e, T_ * H / V) {
         int64_t t = e * V / H, c = e * V % H;
         float s[V], v[V];
         ldv<V>(resid + e * V, s);
         for (int j = 0; j < k; j++) {
             float wj = w[t * k + j];
-            ldv<V>(y + (t * k + j) * H + c, v);
+            ldv<V>(y + slot_row(at, t * k + j) * H + c, v);
 #pragma unroll
             for (int q = 0; q < V; q++) s[q] += wj * v[q];
         }
@@ -291,20 +295,20 @@ __global__ void moe_combine_forward_kernel(T *out, const T *resid, const T *y, c
 }
 // One warp per slot (t, j): dy row = w·dout[t], dw = ⟨dout[t], y row⟩.
 template <typename T, int V>
-__global__ void moe_combine_backward_kernel(T *dy, float *dw, const T *dout, const T *y, const float *w, int64_t T_,
-                                            int64_t H, int k) {
+__global__ void moe_combine_backward_kernel(T *dy, float *dw, const T *dout, const T *y, const float *w,
+                                            const int32_t *at, int64_t T_, int64_t H, int k) {
     int64_t slot = blockIdx.x * (int64_t)MOE_WARPS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (slot >= T_ * k) return;
-    int64_t t = slot / k;
+    int64_t t = slot / k, r = slot_row(at, slot);
     float wj = w[slot], s = 0;
     for (int64_t c = lane * V; c < H; c += 32 * V) {
         float g[V], v[V], d[V];
         ldv<V>(dout + t * H + c, g);
-        ldv<V>(y + slot * H + c, v);
+        ldv<V>(y + r * H + c, v);
 #pragma unroll
         for (int q = 0; q < V; q++) d[q] = wj * g[q], s += g[q] * v[q];
-        stv<V>(dy + slot * H + c, d);
+        stv<V>(dy + r * H + c, d);
     }
     s = warp_sum(s);
     if (lane == 0) dw[slot] = s;
@@ -393,9 +397,10 @@ void cuda_moe_count(Tensor cnt, Tensor idx) {
 
 // The stable counting sort on the device (the moe_sort_* kernels), offs written where the grouped GEMMs read them:
 // nothing comes back to the host.
-void cuda_moe_sort(Tensor perm, Tensor offs, Tensor idx, int E) {
+void cuda_moe_sort(Tensor perm, Tensor at, Tensor offs, Tensor idx, int E) {
     int64_t n = tensor_numel(idx);
     CHECK(idx.dt == DT_I32 && perm.dt == DT_I32 && tensor_numel(perm) >= n && n < 0x7fffffff && E >= 1);
+    CHECK(!at.p || (at.dt == DT_I32 && tensor_numel(at) >= n));
     int64_t *d_offs = (int64_t *)offsets_device(offs, E, "moe_sort");
     if (n) {
         int64_t nt = (n + MOE_SORT_TILE - 1) / MOE_SORT_TILE;
@@ -406,7 +411,7 @@ void cuda_moe_sort(Tensor perm, Tensor offs, Tensor idx, int E) {
         CUDA_LAUNCH_CHECK();
         moe_sort_scan_kernel<<<1, 256, (E + 1) * sizeof(int64_t), st>>>(base, d_offs, cnt, (int)nt, E);
         CUDA_LAUNCH_CHECK();
-        moe_sort_place_kernel<<<(unsigned)nt, 32, E * sizeof(int), st>>>((int32_t *)perm.p, base,
+        moe_sort_place_kernel<<<(unsigned)nt, 32, E * sizeof(int), st>>>((int32_t *)perm.p, (int32_t *)at.p, base,
                                                                          (const int32_t *)idx.p, n, E);
         CUDA_LAUNCH_CHECK();
     } else {
@@ -472,9 +477,9 @@ void cuda_scatter_add_rows(Tensor dx, Tensor dy, Tensor rows, int div) {
     CUDA_LAUNCH_CHECK();
 }
 
-void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
+void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w, Tensor at) {
     int64_t T_ = t_rows(out), H = t_cols(out), k = t_cols(w);
-    CHECK(t_rows(y) == T_ * k);
+    CHECK(t_rows(y) == T_ * k && (!at.p || (at.dt == DT_I32 && tensor_numel(at) == T_ * k)));
     same_dt(out, y, "moe_combine_forward"), same_dt(resid, y, "moe_combine_forward");
     IS_F32(w, "moe_combine_forward");
     if (T_ * H == 0) return;
@@ -482,22 +487,24 @@ void cuda_moe_combine_forward(Tensor out, Tensor resid, Tensor y, Tensor w) {
     V_SWITCH(vec8_fits(H, out.p, resid.p, y.p),
              DT_SWITCH(y.dt, T, "moe_combine_forward",
                        moe_combine_forward_kernel<T, V><<<grid_for(T_ * H / V, 256), 256, 0, cuda_stream()>>>(
-                           (T *)out.p, (const T *)resid.p, (const T *)y.p, (const float *)w.p, T_, H, (int)k)));
+                           (T *)out.p, (const T *)resid.p, (const T *)y.p, (const float *)w.p, (const int32_t *)at.p,
+                           T_, H, (int)k)));
     CUDA_LAUNCH_CHECK();
 }
 
-void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w) {
+void cuda_moe_combine_backward(Tensor dy, Tensor dw, Tensor dout, Tensor y, Tensor w, Tensor at) {
     int64_t T_ = t_rows(dout), H = t_cols(dout), k = t_cols(w);
+    CHECK(!at.p || (at.dt == DT_I32 && tensor_numel(at) == T_ * k));
     same_dt(dy, y, "moe_combine_backward"), same_dt(dout, y, "moe_combine_backward");
     IS_F32(dw, "moe_combine_backward");
     if (T_ * k == 0) return;
     // (V as in move_rows)
-    V_SWITCH(
-        vec8_fits(H, dy.p, dout.p, y.p),
-        DT_SWITCH(y.dt, T, "moe_combine_backward",
-                  moe_combine_backward_kernel<T, V>
-                  <<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
-                      (T *)dy.p, (float *)dw.p, (const T *)dout.p, (const T *)y.p, (const float *)w.p, T_, H, (int)k)));
+    V_SWITCH(vec8_fits(H, dy.p, dout.p, y.p),
+             DT_SWITCH(y.dt, T, "moe_combine_backward",
+                       moe_combine_backward_kernel<T, V>
+                       <<<(unsigned)((T_ * k + MOE_WARPS - 1) / MOE_WARPS), 32 * MOE_WARPS, 0, cuda_stream()>>>(
+                           (T *)dy.p, (float *)dw.p, (const T *)dout.p, (const T *)y.p, (const float *)w.p,
+                           (const int32_t *)at.p, T_, H, (int)k)));
     CUDA_LAUNCH_CHECK();
 }
 
