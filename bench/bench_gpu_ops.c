@@ -469,10 +469,11 @@ int main(int argc, char **argv) {
         arena_destroy(&A);
         return 0;
     }
-    if (argc > 1 && !strcmp(argv[1], "--grouped")) {             // the expert GEMMs alone, at the training micro-batch
-        bool wgmma_only = argc > 2 && !strcmp(argv[2], "wgmma"); // (--grouped wgmma: Qwen3's wgmma rows only)
-        bench_grouped("qwen3", 8192, 2048, 128, 8, 768, wgmma_only ? 1 : 2);
-        if (!wgmma_only) bench_grouped("dsv2", 8192, 2048, 64, 6, 1408, 2);
+    if (argc > 1 && !strcmp(argv[1], "--grouped")) {           // the expert GEMMs alone, at the training micro-batch
+        int n = argc > 2 && !strcmp(argv[2], "wgmma") ? 1 : 2; // (--grouped wgmma: the wgmma rows only)
+        bench_grouped("qwen3", 8192, 2048, 128, 8, 768, n);
+        bench_grouped("dsv2", 8192, 2048, 64, 6, 1408, n);
+        bench_grouped("gpt_oss", 8192, 2880, 32, 4, 2880, n);
         arena_destroy(&A);
         return 0;
     }

@@ -11,7 +11,8 @@
 // and issues, per reduction block, TMA copies of 64 × 64 bf16 boxes (8 KB, rows of 128 bytes in the 128-byte
 // swizzle that wgmma reads) into a ring of WG_STAGES shared-memory stages, each completing on that stage's "full"
 // mbarrier. Warpgroups 1 and 2 are the consumers: each owns 64 of the tile's 128 rows, waits for a stage, issues
-// wgmma m64n128k16 (bf16 in, fp32 accumulators in registers) over it and, once the tensor cores are done with
+// one wgmma m64n256k16 per 16 of the reduction (m64n128k16 on 128-wide tiles; bf16 in, fp32 accumulators in
+// registers; two m64n128 halves were 5–9% slower, bench/cuda_ops.md round 13) and, once the tensor cores are done with
 // it, arrives on the stage's "empty" mbarrier so the producer refills it. After the last block the consumers
 // write the tile from registers while the producer already loads the next tile's blocks.
 // The weight gradient's output is large against its products (a tile of dw_e reduces over one expert's rows only);
@@ -29,11 +30,11 @@
 //   weight grad:    A = dy_eᵀ (MN-major),    B = x_e (MN-major); the reduction runs over the expert's rows
 // Ragged experts: forward and input-gradient tiles start at the expert's first row and may read rows of the next
 // expert (or zeros past R: the TMA fills out-of-range boxes with zeros); their outputs are simply not stored.
-// Widths that are multiples of 64 but not of the tile (GPT-OSS's 2880 = 22.5 · 128): the last column tile and, in
-// the weight gradient, the last row tile of an expert are half outside the output. Their outer 64 columns read
-// zeros (past the tensor) or the next expert's weight rows, and are not stored: the TMA clips stores past the last
-// column, and a weight-gradient warpgroup whose 64 rows start at N (they would be the next expert's) stores
-// nothing. The cost is the products of those halves: 1/45 of the tiles at 2880.
+// Widths that are multiples of 64 but not of the tile (GPT-OSS's 2880 = 11.25 · 256): the last column tile and, in
+// the weight gradient, the last row tile of an expert reach past the output. Their outer columns read zeros (past the
+// tensor) or the next expert's weight rows, and are not stored: the TMA clips stores past the last column, and a
+// weight-gradient warpgroup whose 64 rows start at N (they would be the next expert's) stores nothing. The cost is
+// those products: 1/15 of them at 2880 on 256-wide tiles, which still beat 128-wide ones (wgmma_grouped's choice).
 // The weight gradient sums over rows, so in an expert's last partial block the consumers zero the rows past the
 // expert in shared memory before the products read them.
 #include "ops/cuda/cuda_wgmma.cuh"
@@ -47,6 +48,17 @@ template <int KIND, int BN, typename TO> struct WgShape {
     static constexpr int EPI = 64 * BN * (int)sizeof(TO);
     static constexpr int STAGES = (WG_SMEM - 256 - 2 * EPI) / (SA + SB);
 };
+
+// d (64 × 256 fp32, this thread's 128) = A·B + (acc ? d : 0); TA, TB: the operands are MN-major.
+template <int TA, int TB>
+static __device__ __forceinline__ void wgmma_256(float *d, uint64_t da, uint64_t db, int acc) {
+    float *e = d + 64;
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_D128
+                 ", %128, %129, p, 1, 1, %131, %132;\n}\n"
+                 : WG_D64_OUT(d), WG_D64_OUT(e)
+                 : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
+}
 
 // d (64 × 128 fp32, this thread's 64) = A·B + (acc ? d : 0); TA, TB: the operands are MN-major.
 template <int TA, int TB>
@@ -136,12 +148,9 @@ __global__ void __launch_bounds__(384, 1)
             for (int k16 = 0; k16 < WG_BK / 16; k16++) {
                 uint64_t da = TA ? smem_desc(sa + g * WG_BOX + k16 * 2048, 8192, 1024)
                                  : smem_desc(sa + g * WG_BOX + k16 * 32, 16, 1024);
-#pragma unroll
-                for (int j = 0; j < BN / 128; j++) {
-                    uint64_t db = TB ? smem_desc(sb + j * 2 * WG_BOX + k16 * 2048, 8192, 1024)
-                                     : smem_desc(sb + j * 2 * WG_BOX + k16 * 32, 16, 1024);
-                    wgmma_128<TA, TB>(d + 64 * j, da, db, kb > 0 || k16 > 0);
-                }
+                uint64_t db = TB ? smem_desc(sb + k16 * 2048, 8192, 1024) : smem_desc(sb + k16 * 32, 16, 1024);
+                if (BN == 256) wgmma_256<TA, TB>(d, da, db, kb > 0 || k16 > 0); // the 4 B boxes' rows (or columns)
+                else wgmma_128<TA, TB>(d, da, db, kb > 0 || k16 > 0);           // follow on in one descriptor
             }
             wgmma_commit();
             fence_regs<BN / 2>(d);
@@ -253,8 +262,10 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     if (!aligned16(out.p, a.p, b.p)) return false;
     if (t_rows(a) + 256 > 0x7fffffff || (wgrad && t_rows(b) + 256 > 0x7fffffff)) return false;
     if (!wgmma_available()) return false;
-    int64_t C = kind == WG_FORWARD ? N : K;               // the output's columns
-    int bn = (!wgrad || w16) && C % 256 == 0 ? 256 : 128; // (the fp32 epilogue tiles of 256 would not fit)
+    int64_t C = kind == WG_FORWARD ? N : K; // the output's columns
+    // 256-wide tiles where they waste at most 1/12 of the products on columns past C (GPT-OSS's 2880: 1/15); the fp32
+    // epilogue tiles of 256 would not fit
+    int bn = (!wgrad || w16) && (C + 255) / 256 * 256 - C <= C / 12 ? 256 : 128;
     WgTable gt;
     int64_t bound = wg_table_build(&gt, kind, E, N, K, bn, offs, t_rows(a));
     if (bound < 0) return false;
