@@ -693,7 +693,8 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
     io.idx = arena_tensor(&act, DT_I32, 2, T, k, 0, 0);
     io.offs = arena_tensor(&act, DT_I64, 1, El + 1, 0, 0, 0);
     ep_alloc(&m, &io, &act, T);
-    io.ye = arena_tensor(&act, DT_F32, 2, io.xe.n[0], H, 0, 0); // (the chunk's shared staging buffer)
+    // (the chunk's shared staging buffer; one rank: the record's y, which the combine reads where the experts wrote it)
+    io.ye = io.route ? arena_tensor(&act, DT_F32, 2, io.xe.n[0], H, 0, 0) : io.y;
     ep_grad_alloc(&m, &io, &ws, T);
     int32_t *ids = xmalloc((size_t)P * T * k * sizeof(int32_t)); // every rank's routing
     for (int s = 0; s < P; s++)
@@ -756,18 +757,22 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
     }
     op_copy(io.ye, ye);
     ep_combine_forward(&m, &io);
-    Tensor y = pull(io.y);
+    // slot s's row of y: s (ep: slot order), or at[s] (one rank: the rows stay in expert order, and stage 5's combine
+    // reads them through the sort's inverse)
+    Tensor y = pull(io.y), at = r ? (Tensor){0} : pull(io.at);
+#define SLOT_ROW(s) (at.p ? (int64_t)I32(at)[s] : (int64_t)(s))
     for (int t = 0; t < T; t++)
         for (int j = 0; j < k; j++) {
             int ge = I32(idx)[t * k + j];
             for (int col = 0; col < H; col++)
-                EXPECT(F(y)[(t * k + j) * H + col] == xval(me, t, col) * (float)(ge + 1) + (float)ge,
+                EXPECT(F(y)[SLOT_ROW(t * k + j) * H + col] == xval(me, t, col) * (float)(ge + 1) + (float)ge,
                        "%s: combine slot %d.%d\n", c->name, t, j);
         }
-    // combine backward: the gradient of slot (s, t, j) arrives at its expert row
+    // combine backward: the gradient of slot (s, t, j), written in y's order, arrives at its expert row
     Tensor dy = host_like(io.dy);
     for (int sl = 0; sl < T * k; sl++)
-        for (int col = 0; col < H; col++) F(dy)[sl * H + col] = dyval(me, sl, col);
+        for (int col = 0; col < H; col++) F(dy)[SLOT_ROW(sl) * H + col] = dyval(me, sl, col);
+#undef SLOT_ROW
     op_copy(io.dy, dy);
     ep_combine_backward(&m, &io);
     Tensor dye = pull(io.dye);
@@ -798,7 +803,7 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
             EXPECT(fabs(F(dxd)[t * H + col] - want) <= 1e-5 * (1 + fabs(want)),
                    "%s: dispatch backward token %d: %g vs %g\n", c->name, t, F(dxd)[t * H + col], want);
         }
-    Tensor hs[] = {xd, idx, xe, send_idx, ye, y, dy, dye, dxe, dxd};
+    Tensor hs[] = {xd, idx, xe, send_idx, ye, y, at, dy, dye, dxe, dxd};
     for (size_t h = 0; h < sizeof hs / sizeof *hs; h++) free(hs[h].p);
     ep_route_free(io.route), ep_buffers_free(&b), free(offs), free(ids);
     arena_destroy(&comm), arena_destroy(&act), arena_destroy(&ws);

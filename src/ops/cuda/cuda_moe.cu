@@ -2,7 +2,7 @@
 // and the weighted combine. Math as in ops/cpu/cpu_moe.c, in the same order of operations (the softmax's
 // exponentials and sums in fp64, as the CPU's, so both pick the same experts).
 // Shapes: logits, probs, dlogits (T, E) fp32; idx (T, k) int32; w, dw (T, k) fp32; lb_grad (E) fp32;
-// rows/perm int32; x, y (R, H) activations; combine y (T·k, H) in slot order.
+// rows/perm/at int32; x, y (R, H) activations; combine y (T·k, H) in slot order, or in expert order read through at.
 // The row movers (gather, scatter, combine) move 16-byte vectors (8 values) per thread when rows allow
 // it. scatter_add_rows inverts the row map once (a scratch of T·div int32) and sums each token's rows
 // in fp32 in one pass, in slot order — no atomics, one rounding, the same bits in every run; a map that is not
@@ -166,9 +166,9 @@ __global__ void moe_lb_finish_kernel(double *loss_sum, float *lb_grad, const dou
 // launches: each tile's count of every expert (shared integer atomics: exact in any order); one block's offsets, offs[e]
 // = the entries of the experts before e, and each (tile, expert)'s first place, base[t·E + e] = offs[e] + expert e's
 // entries in the tiles before t; then one warp a tile walks its entries in order and puts each at its expert's next
-// place (a warp's equal experts ranked by lane, __match_any_sync). An index outside [0, E) sorts as the nearest valid
-// one (so that perm stays a permutation and every later op stays in bounds) and sets moe_sort_bad = 1 << 32 | index
-// (one of them), which cuda_moe_sort_bad_expert reads.
+// place (a warp's equal experts ranked by lane, __match_any_sync), and that place into the inverse when asked. An
+// index outside [0, E) sorts as the nearest valid one (so that perm stays a permutation and every later op stays in
+// bounds) and sets moe_sort_bad = 1 << 32 | index (one of them), which cuda_moe_sort_bad_expert reads.
 #define MOE_SORT_TILE 1024
 __device__ unsigned long long moe_sort_bad;
 __global__ void moe_sort_count_kernel(int *cnt, const int32_t *idx, int64_t n, int E) {
