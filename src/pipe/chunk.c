@@ -305,6 +305,11 @@ static void chunk_build(Chunk *c, Model *m, StepSums *sums, int B, int S, ChunkS
     ep_buffers_alloc(m, &c->epb, &c->comm, (int64_t)B * S);
     ChunkPlan parts = {0};
     alloc_activations(c, &c->act, &parts);
+    // The plan is exact: the real allocation takes the counting one's path and uses every planned byte (a choice made
+    // on a tensor's address, which a counting arena leaves NULL, would plan buffers the run never takes)
+    if (c->act.peak != p.act_bytes || c->comm.peak != p.comm_bytes)
+        die("chunk: activations %zu and communication %zu bytes allocated, %zu and %zu planned (a plan bug)",
+            c->act.peak, c->comm.peak, p.act_bytes, p.comm_bytes);
     for (int i = 0; i < sh.nrec; i++) set_positions(c, i, NULL), c->rec[i].mb.sums = sums;
 }
 
