@@ -117,19 +117,26 @@ static bool lt_heuristic(cublasLtMatmulDesc_t op, const GemmKey *key, cudaDataTy
 }
 
 // The cache entry of key: its own among GEMM_PROBES slots from its hash, else the first free one there, else the hash's
-// slot (replaced). FNV-1a over the key's bytes, then a 64-bit finalizer (MurmurHash3's fmix64): FNV's low bits alone
-// depend only on the bytes' low bits, and a step's keys (sizes that are multiples of 8) fell into a few slots — 48
-// linear shapes into 8 of 256, one holding 32 — so most products asked the heuristic (tens of microseconds of host
-// time or more) at every call (gpu_op_linear_algo_cache, gpu_step_no_host_sync).
-static GemmCacheEntry *gemm_slot(const GemmKey *key) {
+// slot (replaced). *miss: it did not hold key's answer; it now carries key and the caller fills in the answer.
+// FNV-1a over the key's bytes, then a 64-bit finalizer (MurmurHash3's fmix64): FNV's low bits alone depend only on
+// the bytes' low bits, and a step's keys (sizes that are multiples of 8) fell into a few slots — 48 linear shapes into
+// 8 of 256, one holding 32 — so most products asked the heuristic (tens of microseconds of host time or more) at every
+// call (gpu_op_linear_algo_cache, gpu_step_no_host_sync).
+static GemmCacheEntry *gemm_slot(const GemmKey *key, bool *miss) {
     uint64_t h = 0xcbf29ce484222325ULL;
     for (size_t i = 0; i < sizeof *key; i++) h = (h ^ ((const unsigned char *)key)[i]) * 0x100000001b3ULL;
     h ^= h >> 33, h *= 0xff51afd7ed558ccdULL, h ^= h >> 33;
+    GemmCacheEntry *s = &gemm_cache[h % GEMM_CACHE];
     for (int i = 0; i < GEMM_PROBES; i++) {
-        GemmCacheEntry *s = &gemm_cache[(h + i) % GEMM_CACHE];
-        if (!s->used || !memcmp(&s->key, key, sizeof *key)) return s;
+        GemmCacheEntry *p = &gemm_cache[(h + i) % GEMM_CACHE];
+        if (!p->used || !memcmp(&p->key, key, sizeof *key)) {
+            s = p;
+            break;
+        }
     }
-    return &gemm_cache[h % GEMM_CACHE];
+    *miss = !s->used || memcmp(&s->key, key, sizeof *key);
+    if (*miss) s->key = *key, s->used = true;
+    return s;
 }
 
 // The operation of a product: op(A) = Aᵀ when ta, op(B) = Bᵀ when tb, fp32 accumulation.
@@ -168,21 +175,20 @@ static void lt_matmul_on(cudaStream_t stream, void *ws_mem, bool ta, bool tb, in
         if (!(tb && nb > ldb)) key.n = nb;
         if (!(ta && kb > lda) && !(!tb && kb > ldb)) key.k = kb;
     }
-    GemmCacheEntry *ce = gemm_slot(&key);
-    if (!ce->used || memcmp(&ce->key, &key, sizeof key)) {
+    bool miss;
+    GemmCacheEntry *ce = gemm_slot(&key, &miss);
+    if (miss) {
         GemmKey exact = key;
         exact.n = n, exact.k = k;
         if (!lt_heuristic(op, &key, at, dtt, &ce->algo, false)) lt_heuristic(op, &exact, at, dtt, &ce->algo, true);
-        ce->key = key, ce->used = true;
     }
     float alpha = 1.0f;
     cublasStatus_t st = cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ce->algo, ws_mem,
                                        CUDA_LT_WS_BYTES, stream);
     if (st != CUBLAS_STATUS_SUCCESS) { // the bucket's algorithm does not take this size: this exact one's (cached too)
         key.n = n, key.k = k;
-        GemmCacheEntry *ex = gemm_slot(&key);
-        if (!ex->used || memcmp(&ex->key, &key, sizeof key))
-            lt_heuristic(op, &key, at, dtt, &ex->algo, true), ex->key = key, ex->used = true;
+        GemmCacheEntry *ex = gemm_slot(&key, &miss);
+        if (miss) lt_heuristic(op, &key, at, dtt, &ex->algo, true);
         CUDA_CHECK(cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &ex->algo, ws_mem,
                                   CUDA_LT_WS_BYTES, stream));
     }
@@ -201,11 +207,9 @@ bool lt_matmul_fp8(int64_t m, int64_t n, int64_t k, const void *A, const float *
     CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
     CUDA_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
     GemmKey key = {m, n, k, k, k, m, ONE, true, false, DT_U8, ddt, beta == 0, {256, 256, 256}};
-    GemmCacheEntry *ce = gemm_slot(&key);
-    if (!ce->used || memcmp(&ce->key, &key, sizeof key)) {
-        ce->none = !lt_heuristic(op, &key, CUDA_R_8F_E4M3, lt_type(ddt), &ce->algo, false);
-        ce->key = key, ce->used = true;
-    }
+    bool miss;
+    GemmCacheEntry *ce = gemm_slot(&key, &miss);
+    if (miss) ce->none = !lt_heuristic(op, &key, CUDA_R_8F_E4M3, lt_type(ddt), &ce->algo, false);
     bool ok = !ce->none;
     if (ok) {
         cublasLtMatrixLayout_t lay[3];
