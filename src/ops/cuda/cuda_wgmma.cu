@@ -17,7 +17,7 @@
 // write the tile from registers while the producer already loads the next tile's blocks.
 // The weight gradient's output is large against its products (a tile of dw_e reduces over one expert's rows only);
 // stores straight from registers were no faster than this path through shared memory and the copy engine
-// (bench/cuda_ops.md, round 6, has the figures).
+// (bench/cuda_ops.md, round 6, has the figures), and a bf16 tile goes into shared memory by stmatrix (round 14).
 // Persistent scheduling: CTA b runs tiles b, b + grid, b + 2·grid, … of one list that holds every expert's tiles, the
 // experts ordered by rows, most first, so skewed routing needs no side streams and an empty expert costs nothing. The
 // list is built on the device from the device offsets (wg_list_kernel) just before the product, so the host never
@@ -263,9 +263,10 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     if (t_rows(a) + 256 > 0x7fffffff || (wgrad && t_rows(b) + 256 > 0x7fffffff)) return false;
     if (!wgmma_available()) return false;
     int64_t C = kind == WG_FORWARD ? N : K; // the output's columns
-    // 256-wide tiles where they waste at most 1/12 of the products on columns past C (GPT-OSS's 2880: 1/15); the fp32
-    // epilogue tiles of 256 would not fit
-    int bn = (!wgrad || w16) && (C + 255) / 256 * 256 - C <= C / 12 ? 256 : 128;
+    // 256-wide tiles where they waste at most 1/12 of the products on columns past C (GPT-OSS's 2880: 1/15), 1/10 in
+    // the weight gradient, whose short reduction makes a tile's fixed costs weigh more (DeepSeek's 1408: 1/11); the
+    // fp32 epilogue tiles of 256 would not fit
+    int bn = (!wgrad || w16) && (C + 255) / 256 * 256 - C <= C / (wgrad ? 10 : 12) ? 256 : 128;
     WgTable gt;
     int64_t bound = wg_table_build(&gt, kind, E, N, K, bn, offs, t_rows(a));
     if (bound < 0) return false;
