@@ -470,10 +470,12 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc > 1 && !strcmp(argv[1], "--grouped")) {           // the expert GEMMs alone, at the training micro-batch
-        int n = argc > 2 && !strcmp(argv[2], "wgmma") ? 1 : 2; // (--grouped wgmma: the wgmma rows only)
-        bench_grouped("qwen3", 8192, 2048, 128, 8, 768, n);
-        bench_grouped("dsv2", 8192, 2048, 64, 6, 1408, n);
-        bench_grouped("gpt_oss", 8192, 2880, 32, 4, 2880, n);
+        // --grouped wgmma: the wgmma rows only; a further argument names the one model to run
+        int n = argc > 2 && !strcmp(argv[2], "wgmma") ? 1 : 2;
+        const char *only = argc > 3 ? argv[3] : NULL;
+        if (!only || !strcmp(only, "qwen3")) bench_grouped("qwen3", 8192, 2048, 128, 8, 768, n);
+        if (!only || !strcmp(only, "dsv2")) bench_grouped("dsv2", 8192, 2048, 64, 6, 1408, n);
+        if (!only || !strcmp(only, "gpt_oss")) bench_grouped("gpt_oss", 8192, 2880, 32, 4, 2880, n);
         arena_destroy(&A);
         return 0;
     }
