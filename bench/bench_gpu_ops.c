@@ -469,7 +469,7 @@ int main(int argc, char **argv) {
         arena_destroy(&A);
         return 0;
     }
-    if (argc > 1 && !strcmp(argv[1], "--grouped")) {           // the expert GEMMs alone, at the training micro-batch
+    if (argc > 1 && !strcmp(argv[1], "--grouped")) { // the expert GEMMs alone, at the training micro-batch
         // --grouped wgmma: the wgmma rows only; a further argument names the one model to run
         int n = argc > 2 && !strcmp(argv[2], "wgmma") ? 1 : 2;
         const char *only = argc > 3 ? argv[3] : NULL;
