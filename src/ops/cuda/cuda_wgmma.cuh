@@ -244,7 +244,7 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
                         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(a), "r"(*(uint32_t *)&p) : "memory");
                     }
                 }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copy engine reads what st.shared wrote
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copy engine reads what the threads wrote
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
     if (KIND == WG_WEIGHT_GRAD || row0 + 64 <= end) {
         if (tid == 0) {
