@@ -10,7 +10,11 @@
 #   ops         bench_gpu_ops --delta, --conv and --grouped, main and candidate, + bench/peer_grouped.py
 #   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
 #   bench       pith train, 8 steps, on each NAME:ROUTING:BIN[:fp8|:KEY=VALUE[,KEY=VALUE…]] in RUNS (BIN main, cand
-#               or another NAME staged as .gpu/NAME/; 2 × 4096 tokens)
+#               or another NAME staged as .gpu/NAME/; 2 × 4096 tokens); a KEY env.VAR sets the environment variable VAR
+#               for that run alone (an experiment variable of a candidate), any other KEY the config key
+#   peers       the issue's peers one after another, each under timeout PEER_T (default 300 s): PEERS, a list of
+#               bench/peer_*.py invocations separated by ';' (default: HF transformers + torch.compile, balanced, for
+#               the four bench models); their JSON lines go to the summary
 #   peer35      HF transformers on bench/qwen3_5_8l's shapes, balanced: PEER35_MODES (default eager; also compile,
 #               compile-layers), each under timeout PEER35_T
 #   peerbg      starts the peer PEERBG (a bench/peer_*.py with its arguments; default the Qwen3.5 one, per-layer
@@ -118,11 +122,13 @@ bench)
         [dsv2]=bench/deepseek_v2_lite_8l)
     declare -A vocab=([qwen3]=151936 [gpt_oss]=201088 [qwen3_5]=248320 [dsv2]=102400)
     for nrb in ${RUNS:-qwen3:balanced:main qwen3:natural:main}; do
-        IFS=: read n r b x <<<"$nrb"; a=(); [ $r = balanced ] && a=(--set benchmark=true)
+        IFS=: read n r b x <<<"$nrb"; a=(); e=(); [ $r = balanced ] && a=(--set benchmark=true)
         [ "$x" = fp8 ] && a+=(--set fp8=true)
-        [[ "$x" == *=* ]] && for kv in ${x//,/ }; do a+=(--set "$kv"); done # NAME:ROUTING:BIN:KEY=VALUE[,KEY=VALUE]
+        [[ "$x" == *=* ]] && for kv in ${x//,/ }; do # NAME:ROUTING:BIN:KEY=VALUE[,KEY=VALUE], env.VAR=VALUE
+            case $kv in env.*) e+=("${kv#env.}") ;; *) a+=(--set "$kv") ;; esac
+        done
         bin=build; [ $b != main ] && bin=build-$b
-        train ${n}_${r}_$b${x:+_$x} $bin ${dir[$n]} ${vocab[$n]} "${a[@]}"
+        (for v in "${e[@]}"; do export "$v"; done; train ${n}_${r}_$b${x:+_$x} $bin ${dir[$n]} ${vocab[$n]} "${a[@]}")
         ret
     done ;;
 peer35)
@@ -132,6 +138,14 @@ peer35)
         echo "rc=$? ($c --balanced)" >>$OUT/peer35.txt
     done
     grep -E '^\{|rc=' $OUT/peer35.txt | tee -a $OUT/summary.txt ;;
+peers)
+    IFS=';' read -ra P <<<"${PEERS:-peer_hf_qwen3_moe.py --compile --balanced;peer_hf_deepseek_v2.py --compile --balanced;peer_hf_gpt_oss.py --compile --balanced;peer_hf_qwen3_5.py --compile-layers --balanced}"
+    for p in "${P[@]}"; do
+        echo "== $p" >>$OUT/peers.txt; t0=$(date +%s)
+        (cd bench && timeout ${PEER_T:-300} python3 $p) >>$OUT/peers.txt 2>&1
+        echo "peer $p: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a $OUT/summary.txt
+        grep -E '^\{' $OUT/peers.txt | tail -1 | tee -a $OUT/summary.txt; ret
+    done ;;
 peerbg)
     rm -f /tmp/quiet; t0=$(date +%s); echo "peerbg: ${PEERBG:=bench/peer_hf_qwen3_5.py --compile-layers --balanced}" >$OUT/peerbg.txt
     (cd bench && PEER_WAIT_FILE=/tmp/quiet exec timeout 900 python3 ${PEERBG#bench/}) >>$OUT/peerbg.txt 2>&1 &
