@@ -11,7 +11,8 @@
 #   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
 #   bench       pith train, 8 steps, on each NAME:ROUTING:BIN[:fp8|:KEY=VALUE[,KEY=VALUE…]] in RUNS (BIN main, cand
 #               or another NAME staged as .gpu/NAME/; 2 × 4096 tokens); a KEY env.VAR sets the environment variable VAR
-#               for that run alone (an experiment variable of a candidate), any other KEY the config key
+#               for that run alone (an experiment variable of a candidate), any other KEY the config key; each
+#               run under timeout TRAIN_T (default 150 s)
 #   peers       the issue's peers one after another, each under timeout PEER_T (default 300 s): PEERS, a list of
 #               bench/peer_*.py invocations separated by ';' (default: HF transformers + torch.compile, balanced, for
 #               the four bench models); their JSON lines go to the summary
@@ -70,7 +71,7 @@ train() { # train NAME BIN DIR VOCAB EXTRA...: 8 steps; fwd+bwd and optimizer me
     [ -e $dir/train.json ] || { echo "$n: no $dir" | tee -a $OUT/summary.txt; return; }
     rm -rf /tmp/pith-bench-run /tmp/pith-bench-data; mkdir -p /tmp/pith-bench-data
     $bin/pith synth --output /tmp/pith-bench-data/tokens.bin --vocab $vocab --tokens 200000 --seed 1 >/dev/null
-    timeout 150 $bin/pith train $dir/train.json --set max_steps=8 "$@" >$OUT/train_$n.txt 2>&1
+    timeout ${TRAIN_T:-150} $bin/pith train $dir/train.json --set max_steps=8 "$@" >$OUT/train_$n.txt 2>&1
     echo "rc=$?" >>$OUT/train_$n.txt; cat /tmp/pith-bench-run/metrics.jsonl >>$OUT/train_$n.txt 2>/dev/null
     python3 - "$n" <<'PY' 2>&1 | tail -1 | tee -a $OUT/summary.txt
 import json, statistics, sys

@@ -772,6 +772,9 @@ TEST(gpu_op_grouped_wgmma) {
     const int64_t qwen[6] = {0, 37, 300, 129, 1, 64};
     ok &= check_grouped_wgmma("Qwen3 gate_up", 6, qwen, 1536, 2048);
     ok &= check_grouped_wgmma("Qwen3 down", 6, qwen, 2048, 768);
+    // several tiles for every CTA of the persistent grid in all three products (skewed, one expert empty)
+    const int64_t busy[8] = {700, 0, 1290, 513, 64, 1, 900, 320};
+    ok &= check_grouped_wgmma("several tiles a CTA", 8, busy, 768, 1024);
     // the most experts a tile list holds (WG_MAX_E): 256, rows 0..5 each (every sixth empty), built on the device
     int64_t many[256];
     for (int i = 0; i < 256; i++) many[i] = (i * 7) % 6;
