@@ -491,15 +491,24 @@ int main(int argc, char **argv) {
     TIME("gemm q_proj bwd input", 20, f, "TFLOP/s", op_linear_backward_input(x, q2, wq, false));
     TIME("gemm q_proj bwd weight (fp32 acc)", 20, f, "TFLOP/s",
          op_linear_backward_weight(dw, (Tensor){0}, q2, x, true));
-    { // the router (E logits: few output tiles over a long reduction) and RMSNorm's backward, hidden and per head
+    { // the router (E logits: few output tiles over a long reduction) at T and at the bench step's 2T, for 128 and 64
+      // experts (Qwen3's, DeepSeek's), and RMSNorm's backward, hidden and per head
         Arena save = A;
-        Tensor wr = dev(bf, 2, E, H, 0), lg = dev(DT_F32, 2, T, E, 0), dwr = dev(DT_F32, 2, E, H, 0);
-        fill(wr, 0.02f, 9), fill(lg, 1, 10), op_zero(dwr);
-        double fr = 2.0 * T * E * H;
-        TIME("gemm router fwd 4096x2048->128 (fp32 logits)", 20, fr, "TFLOP/s",
-             op_linear_forward(lg, x, wr, (Tensor){0}));
-        TIME("gemm router bwd weight (fp32 dy, fp32 acc)", 20, fr, "TFLOP/s",
-             op_linear_backward_weight(dwr, (Tensor){0}, lg, x, true));
+        for (int64_t t = T; t <= 2 * T; t += T)
+            for (int64_t e = E; e >= E / 2; e /= 2) {
+                Tensor xr = dev(bf, 2, t, H, 0), dxr = dev(bf, 2, t, H, 0), wr = dev(bf, 2, e, H, 0),
+                       lg = dev(DT_F32, 2, t, e, 0), dwr = dev(DT_F32, 2, e, H, 0);
+                fill(xr, 1, 8), fill(wr, 0.02f, 9), fill(lg, 1, 10), fill(dxr, 1, 13), op_zero(dwr);
+                double fr = 2.0 * t * e * H;
+                char nm[96];
+                snprintf(nm, sizeof nm, "gemm router fwd %lldx%lld->%lld (fp32 logits)", (long long)t, (long long)H,
+                         (long long)e);
+                TIME(nm, 20, fr, "TFLOP/s", op_linear_forward(lg, xr, wr, (Tensor){0}));
+                snprintf(nm, sizeof nm, "gemm router %lld bwd input (fp32 dy, dx added)", (long long)e);
+                TIME(nm, 20, fr, "TFLOP/s", op_linear_backward_input(dxr, lg, wr, true));
+                snprintf(nm, sizeof nm, "gemm router %lld bwd weight (fp32 dy, fp32 acc)", (long long)e);
+                TIME(nm, 20, fr, "TFLOP/s", op_linear_backward_weight(dwr, (Tensor){0}, lg, xr, true));
+            }
         for (int hd = 0; hd < 2; hd++) { // (T, H), then q's (T·heads, d)
             int64_t r = hd ? T * nh : T, c = hd ? d : H;
             Tensor xn = hd ? tensor_reshape2(q2, r, c) : x, y = dev(bf, 2, r, c, 0), dy = dev(bf, 2, r, c, 0),
