@@ -491,8 +491,9 @@ int main(int argc, char **argv) {
     TIME("gemm q_proj bwd input", 20, f, "TFLOP/s", op_linear_backward_input(x, q2, wq, false));
     TIME("gemm q_proj bwd weight (fp32 acc)", 20, f, "TFLOP/s",
          op_linear_backward_weight(dw, (Tensor){0}, q2, x, true));
-    { // the router (E logits: few output tiles over a long reduction) at T and at the bench step's 2T, for 128 and 64
-      // experts (Qwen3's, DeepSeek's), and RMSNorm's backward, hidden and per head
+    // the router (E logits: few output tiles over a long reduction) at T and at the bench step's 2T, for 128 and 64
+    // experts (Qwen3's, DeepSeek's), and RMSNorm's backward, hidden and per head
+    {
         Arena save = A;
         for (int64_t t = T; t <= 2 * T; t += T)
             for (int64_t e = E; e >= E / 2; e /= 2) {
