@@ -25,6 +25,11 @@
 #   fp8loss     bench/run_fp8_loss.sh on .gpu/kjv/tokens (the King James Bible, Qwen3 tokens) with force-balanced
 #               routing (EXTRA="--set benchmark=true $FP8LOSS_EXTRA"), 300 steps bf16 and FP8 for each of SEEDS
 #               (FP8LOSS_BIN=build-cand: the candidate's pith)
+#   prof        profile-gpu-step (.agents/skills/profile-gpu-step) on main's build, force-balanced, for each model
+#               in PROF (default qwen3; qwen3, dsv2, gpt_oss, qwen3_5): main's pith and kernel_events.so (staged in
+#               .gpu/bin beside the others: gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o kernel_events.so
+#               .agents/skills/profile-gpu-step/kernel_events.c -ldl) as the skill's feature build; each model's
+#               table and files under $OUT/prof_NAME, returned as $RET/prof.tgz
 #   helpers     each helper's staged script, HELPERS="NAME:SECONDS …": OUT=/tmp/h/NAME timeout SECONDS bash
 #               .dev-NAME/run.sh, returned as $OUT/NAME.tgz (with the environment set here); h:NAME:SECONDS one
 set -u
@@ -92,6 +97,9 @@ helper() { # helper NAME SECONDS: .dev-NAME/run.sh under a time limit, its $OUT 
     tail -25 /tmp/h/$n/stdout.txt | sed "s/^/  $n| /" >>$OUT/summary.txt
     tar czf $RET/$n.tgz -C /tmp/h $n; ret
 }
+declare -A dir=([qwen3]=bench/qwen3_30b_a3b_8l [gpt_oss]=bench/gpt_oss_20b_4l [qwen3_5]=bench/qwen3_5_8l
+    [dsv2]=bench/deepseek_v2_lite_8l)
+declare -A vocab=([qwen3]=151936 [gpt_oss]=201088 [qwen3_5]=248320 [dsv2]=102400)
 for mode in "$@"; do case $mode in
 test)
     # straight into the returned folder as well, so a call cut short still brings back the tests that ran
@@ -119,9 +127,6 @@ docs)
     timeout ${DOCS_T:-180} build-cand/bench_gpu_ops --docs >$OUT/docs.txt 2>&1; echo "rc=$?" >>$OUT/docs.txt
     grep -v BENCH $OUT/docs.txt | sed 's/^/docs: /' | tee -a $OUT/summary.txt ;;
 bench)
-    declare -A dir=([qwen3]=bench/qwen3_30b_a3b_8l [gpt_oss]=bench/gpt_oss_20b_4l [qwen3_5]=bench/qwen3_5_8l
-        [dsv2]=bench/deepseek_v2_lite_8l)
-    declare -A vocab=([qwen3]=151936 [gpt_oss]=201088 [qwen3_5]=248320 [dsv2]=102400)
     for nrb in ${RUNS:-qwen3:balanced:main qwen3:natural:main}; do
         IFS=: read n r b x <<<"$nrb"; a=(); e=(); [ $r = balanced ] && a=(--set benchmark=true)
         [ "$x" = fp8 ] && a+=(--set fp8=true)
@@ -165,6 +170,17 @@ fp8loss)
     PITH=${FP8LOSS_BIN:-build}/pith EXTRA="--set benchmark=true ${FP8LOSS_EXTRA:-}" timeout ${FP8LOSS_T:-150} \
         bash bench/run_fp8_loss.sh .gpu/kjv/tokens $OUT/fp8loss >$OUT/fp8loss.txt 2>&1; echo "rc=$?" >>$OUT/fp8loss.txt
     tail -3 $OUT/fp8loss.txt | tee -a $OUT/summary.txt ;;
+prof)
+    rm -rf .dev-agents && mkdir -p .dev-agents/feature && echo "feature: main's build (session.sh prof)" >.dev-agents/BUILT
+    for b in pith kernel_events.so; do gzip -1c build/$b >.dev-agents/feature/$b.gz; done
+    for n in ${PROF:-qwen3}; do
+        mkdir -p $OUT/prof_$n
+        BENCH=${dir[$n]} VOCAB=${vocab[$n]} BALANCED=1 OUT=$OUT/prof_$n timeout ${PROF_T:-200} \
+            bash .agents/skills/profile-gpu-step/run.sh >$OUT/prof_$n/stdout.txt 2>&1
+        echo "prof $n: rc=$?" | tee -a $OUT/summary.txt
+        grep -E "^sum of timed|^GPU idle|profile-gpu-step:" $OUT/prof_$n/stdout.txt | sed "s/^/  prof $n| /" >>$OUT/summary.txt
+        tar czf $RET/prof.tgz -C $OUT $(cd $OUT && ls -d prof_*); ret
+    done ;;
 helpers) for nt in ${HELPERS:-}; do helper ${nt%%:*} ${nt#*:}; done ;;
 h:*) nt=${mode#h:}; helper ${nt%%:*} ${nt#*:} ;;
 esac; ret; done
