@@ -5,7 +5,8 @@
 # $OUT/logs.tgz are rewritten after every mode, so a call cut short still returns what it finished.
 # MODEs, in the order given:
 #   test        main's whole GPU suite (build/test_gpu), also written as it runs to $OUT/test_gpu.txt
-#   ctest       the candidate's GPU tests of what its diffs change (CFILTERS: test-name substrings)
+#   ctest       the candidate's GPU tests of what its diffs change (CFILTERS: test-name substrings — each runs every
+#               test whose name holds it, e.g. gpu_train_tracks_cpu also the _demo one — under timeout CTEST_T, 120 s)
 #   csan        compute-sanitizer memcheck + racecheck on the candidate's changed kernels
 #   ops         bench_gpu_ops --delta, --conv and --grouped, main and candidate, + bench/peer_grouped.py
 #   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
@@ -108,7 +109,7 @@ test)
     grep -E "^FAIL|^SKIP|passed|rc=" $OUT/test_gpu.txt | tee -a $OUT/summary.txt ;;
 ctest)
     for f in ${CFILTERS:-gpu_op_delta_rule gpu_op_qwen3_5 gpu_model_qwen3_5 gpu_op_grouped_wgmma gpu_op_elementwise gpu_model_bf16 gpu_train_tracks_cpu}; do
-        timeout 120 build-cand/test_gpu $f >$OUT/ctest_$f.txt 2>&1; echo "rc=$?" >>$OUT/ctest_$f.txt
+        timeout ${CTEST_T:-120} build-cand/test_gpu $f >$OUT/ctest_$f.txt 2>&1; echo "rc=$?" >>$OUT/ctest_$f.txt
         grep -E "^FAIL|^SKIP|passed|rc=" $OUT/ctest_$f.txt | sed "s/^/cand $f: /" | tee -a $OUT/summary.txt
     done ;;
 csan)
