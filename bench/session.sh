@@ -8,7 +8,8 @@
 #   ctest       the candidate's GPU tests of what its diffs change (CFILTERS: test-name substrings — each runs every
 #               test whose name holds it, e.g. gpu_train_tracks_cpu also the _demo one — under timeout CTEST_T, 120 s)
 #   csan        compute-sanitizer memcheck + racecheck on the candidate's changed kernels
-#   ops         bench_gpu_ops --delta, --conv and --grouped, main and candidate, + bench/peer_grouped.py
+#   ops         bench_gpu_ops --delta, --conv and --grouped, main and candidate, + bench/peer_grouped.py (OPS: other
+#               bench_gpu_ops modes instead, e.g. OPS=--fp8, without the peer)
 #   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
 #   bench       pith train, 8 steps, on each NAME:ROUTING:BIN[:fp8|:KEY=VALUE[,KEY=VALUE…]] in RUNS (BIN main, cand
 #               or another NAME staged as .gpu/NAME/; 2 × 4096 tokens); a KEY env.VAR sets the environment variable VAR
@@ -31,6 +32,10 @@
 #               .gpu/bin beside the others: gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o kernel_events.so
 #               .agents/skills/profile-gpu-step/kernel_events.c -ldl) as the skill's feature build; each model's
 #               table and files under $OUT/prof_NAME, returned as $RET/prof.tgz
+#   ncu         Nsight Compute (--set full, clocks left alone) on one launch of kernel NCU_K (a name regex, default
+#               wgmma_fp8_kernel) after NCU_SKIP (3) launches of it, in bench_gpu_ops NCU_ARGS (--fp8) of each build in
+#               NCU_BUILDS (build build-cand: any build-NAME staged): the details page and the per-instruction source
+#               page (SASS, stall samples) per build, the reports returned as $RET/ncu.tgz
 #   helpers     each helper's staged script, HELPERS="NAME:SECONDS …": OUT=/tmp/h/NAME timeout SECONDS bash
 #               .dev-NAME/run.sh, returned as $OUT/NAME.tgz (with the environment set here); h:NAME:SECONDS one
 set -u
@@ -73,7 +78,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABL
 CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 ret() { cp $OUT/summary.txt $RET/; tar czf $RET/logs.tgz -C /tmp logs; }
 train() { # train NAME BIN DIR VOCAB EXTRA...: 8 steps; fwd+bwd and optimizer medians over steps >= 3, the GPU peak
-    local n=$1 bin=$2 dir=$3 vocab=$4; shift 4
+    local n=$1 bin=$2 dir=$3 vocab=$4 k=2; shift 4
+    while [ -e $OUT/train_$n.txt ]; do n=${n%_run*}_run$k; k=$((k + 1)); done # a repeated run keeps its own log
     [ -e $dir/train.json ] || { echo "$n: no $dir" | tee -a $OUT/summary.txt; return; }
     rm -rf /tmp/pith-bench-run /tmp/pith-bench-data; mkdir -p /tmp/pith-bench-data
     $bin/pith synth --output /tmp/pith-bench-data/tokens.bin --vocab $vocab --tokens 200000 --seed 1 >/dev/null
@@ -118,10 +124,11 @@ csan)
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=" $OUT/${tool}_$t.txt | sed "s/^/cand $tool $t: /" | tee -a $OUT/summary.txt
     done; done ;;
 ops)
-    for b in build build-cand; do for w in --delta --conv --grouped; do
+    for b in build build-cand; do for w in ${OPS:---delta --conv --grouped}; do
         timeout 60 $b/bench_gpu_ops $w >$OUT/ops_${b}$w.txt 2>&1; echo "rc=$?" >>$OUT/ops_${b}$w.txt
         grep -v BENCH $OUT/ops_${b}$w.txt | sed "s|^|$b $w: |" | tee -a $OUT/summary.txt
     done; done
+    [ -n "${OPS:-}" ] && continue # the grouped peer with the default set only
     (cd bench && timeout 90 python3 peer_grouped.py >$OUT/peer_grouped.txt 2>&1; echo "rc=$?" >>$OUT/peer_grouped.txt)
     tail -12 $OUT/peer_grouped.txt | sed 's/^/peer_grouped: /' | tee -a $OUT/summary.txt ;;
 docs)
@@ -183,6 +190,19 @@ prof)
         tar czf $RET/prof.tgz -C $OUT $(cd $OUT && ls -d prof_*); ret
     done ;;
 helpers) for nt in ${HELPERS:-}; do helper ${nt%%:*} ${nt#*:}; done ;;
+ncu)
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); mkdir -p $OUT/ncu
+    for b in ${NCU_BUILDS:-build build-cand}; do
+        r=$OUT/ncu/${b}_${NCU_K:-wgmma_fp8_kernel}
+        timeout ${NCU_T:-120} $NCU --clock-control none -k regex:${NCU_K:-wgmma_fp8_kernel} --launch-skip ${NCU_SKIP:-3} \
+            --launch-count 1 --set full --import-source yes -o $r -f $b/bench_gpu_ops ${NCU_ARGS:---fp8} >$r.log 2>&1
+        echo "ncu $b: rc=$?" | tee -a $OUT/summary.txt
+        $NCU --import $r.ncu-rep --page details >$r.txt 2>&1
+        $NCU --import $r.ncu-rep --page source --csv --print-source sass >$r.sass.csv 2>&1
+        grep -E "SM Frequency|Duration|highest-utilized|Issue Slots Busy|No Eligible" $r.txt | sed "s|^|ncu $b:|" |
+            cut -c1-160 | tee -a $OUT/summary.txt
+    done
+    tar czf $RET/ncu.tgz -C $OUT ncu ;;
 h:*) nt=${mode#h:}; helper ${nt%%:*} ${nt#*:} ;;
 esac; ret; done
 echo "== summary"; cat $OUT/summary.txt
