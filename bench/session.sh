@@ -32,10 +32,11 @@
 #               .gpu/bin beside the others: gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o kernel_events.so
 #               .agents/skills/profile-gpu-step/kernel_events.c -ldl) as the skill's feature build; each model's
 #               table and files under $OUT/prof_NAME, returned as $RET/prof.tgz
-#   ncu         Nsight Compute (--set full, clocks left alone) on one launch of kernel NCU_K (a name regex, default
-#               wgmma_fp8_kernel) after NCU_SKIP (3) launches of it, in bench_gpu_ops NCU_ARGS (--fp8) of each build in
-#               NCU_BUILDS (build build-cand: any build-NAME staged): the details page and the per-instruction source
-#               page (SASS, stall samples) per build, the reports returned as $RET/ncu.tgz
+#   ncu         Nsight Compute (NCU_SECT, default --set full; clocks left alone) on NCU_COUNT (1) launches of kernels
+#               matching NCU_K (a name regex, default wgmma_fp8_kernel) after NCU_SKIP (3) of them, in bench_gpu_ops
+#               NCU_ARGS (--fp8) of each build in NCU_BUILDS (build build-cand: any build-NAME staged): the details
+#               page per build and, for one launch, the per-instruction source page (SASS, stall samples); the
+#               reports returned as $RET/ncu.tgz
 #   helpers     each helper's staged script, HELPERS="NAME:SECONDS …": OUT=/tmp/h/NAME timeout SECONDS bash
 #               .dev-NAME/run.sh, returned as $OUT/NAME.tgz (with the environment set here); h:NAME:SECONDS one
 set -u
@@ -193,12 +194,13 @@ helpers) for nt in ${HELPERS:-}; do helper ${nt%%:*} ${nt#*:}; done ;;
 ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); mkdir -p $OUT/ncu
     for b in ${NCU_BUILDS:-build build-cand}; do
-        r=$OUT/ncu/${b}_${NCU_K:-wgmma_fp8_kernel}
-        timeout ${NCU_T:-120} $NCU --clock-control none -k regex:${NCU_K:-wgmma_fp8_kernel} --launch-skip ${NCU_SKIP:-3} \
-            --launch-count 1 --set full --import-source yes -o $r -f $b/bench_gpu_ops ${NCU_ARGS:---fp8} >$r.log 2>&1
+        r=$OUT/ncu/${b}_$(echo "${NCU_K:-wgmma_fp8_kernel}${NCU_ARGS:-}" | tr -c 'A-Za-z0-9_\n' _)
+        timeout ${NCU_T:-120} $NCU --clock-control none -k "regex:${NCU_K:-wgmma_fp8_kernel}" \
+            --launch-skip ${NCU_SKIP:-3} --launch-count ${NCU_COUNT:-1} ${NCU_SECT:---set full} --import-source yes \
+            -o $r -f $b/bench_gpu_ops ${NCU_ARGS:---fp8} >$r.log 2>&1
         echo "ncu $b: rc=$?" | tee -a $OUT/summary.txt
         $NCU --import $r.ncu-rep --page details >$r.txt 2>&1
-        $NCU --import $r.ncu-rep --page source --csv --print-source sass >$r.sass.csv 2>&1
+        [ ${NCU_COUNT:-1} = 1 ] && $NCU --import $r.ncu-rep --page source --csv --print-source sass >$r.sass.csv 2>&1
         grep -E "SM Frequency|Duration|highest-utilized|Issue Slots Busy|No Eligible" $r.txt | sed "s|^|ncu $b:|" |
             cut -c1-160 | tee -a $OUT/summary.txt
     done
