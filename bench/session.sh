@@ -35,8 +35,8 @@
 #   ncu         Nsight Compute (NCU_SECT, default --set full; clocks left alone) on NCU_COUNT (1) launches of kernels
 #               matching NCU_K (a name regex, default wgmma_fp8_kernel) after NCU_SKIP (3) of them, in bench_gpu_ops
 #               NCU_ARGS (--fp8) of each build in NCU_BUILDS (build build-cand: any build-NAME staged): the details
-#               page per build and, for one launch, the per-instruction source page (SASS, stall samples); the
-#               reports returned as $RET/ncu.tgz
+#               page per build and, for one launch, the per-instruction source page (SASS, stall samples), their
+#               tables (bench/ncu_table.py) in the summary; the reports returned as $RET/ncu.tgz
 #   helpers     each helper's staged script, HELPERS="NAME:SECONDS …": OUT=/tmp/h/NAME timeout SECONDS bash
 #               .dev-NAME/run.sh, returned as $OUT/NAME.tgz (with the environment set here); h:NAME:SECONDS one
 set -u
@@ -201,8 +201,8 @@ ncu)
         echo "ncu $b: rc=$?" | tee -a $OUT/summary.txt
         $NCU --import $r.ncu-rep --page details >$r.txt 2>&1
         [ ${NCU_COUNT:-1} = 1 ] && $NCU --import $r.ncu-rep --page source --csv --print-source sass >$r.sass.csv 2>&1
-        grep -E "SM Frequency|Duration|highest-utilized|Issue Slots Busy|No Eligible" $r.txt | sed "s|^|ncu $b:|" |
-            cut -c1-160 | tee -a $OUT/summary.txt
+        python3 bench/ncu_table.py $r.txt $([ -e $r.sass.csv ] && echo $r.sass.csv) 2>&1 | sed "s|^|ncu $b: |" |
+            tee -a $OUT/summary.txt
     done
     tar czf $RET/ncu.tgz -C $OUT ncu ;;
 h:*) nt=${mode#h:}; helper ${nt%%:*} ${nt#*:} ;;
