@@ -1,6 +1,6 @@
 # ncu_table.py — the tables of bench/session.sh's ncu mode, from Nsight Compute's text pages: per kernel (name and
-# launch shape) the launches, median duration, the busiest pipe as ncu names it and the SM clock it read, from the
-# details page; and, given the source page (--page source --csv --print-source sass), the warp-stall samples by
+# launch shape) the launches, median duration, the busiest pipe as ncu names it, DRAM and memory throughput (% of
+# peak: the busiest memory unit) and the SM clock it read, from the details page; and, given the source page (--page source --csv --print-source sass), the warp-stall samples by
 # reason and the instructions that hold the most. Usage: python3 ncu_table.py DETAILS.txt [SOURCE.csv]
 import csv, re, statistics, sys
 
@@ -18,13 +18,16 @@ def details(path):
         us = float(dur.group(2).replace(",", "")) * {"ns": 1e-3, "us": 1, "ms": 1e3}.get(dur.group(1), 1) if dur else 0
         pipe = re.search(r"(\w+) is the highest-utilized pipeline \(([\d.]+)%\)", b)
         ghz = re.search(r"SM Frequency\s+\S+\s+([\d.]+)", b)
-        rows.setdefault((name[:90], shape), []).append(
-            (us, f"{pipe.group(1)} {pipe.group(2)}%" if pipe else "-", ghz.group(1) if ghz else "-"))
-    print("| kernel | launch | n | median µs | busiest pipe | SM GHz |\n|---|---|---:|---:|---|---:|")
+        pct = lambda what: (m.group(1) + "%") if (m := re.search(what + r"\s+%\s+([\d.]+)", b)) else "-"
+        rows.setdefault((name[:90], shape), []).append((us, f"{pipe.group(1)} {pipe.group(2)}%" if pipe else "-",
+                                                        pct("DRAM Throughput"), pct("Memory Throughput"),
+                                                        ghz.group(1) if ghz else "-"))
+    print("| kernel | launch | n | median µs | busiest pipe | DRAM | memory | SM GHz |")
+    print("|---|---|---:|---:|---|---:|---:|---:|")
     for (name, shape), v in rows.items():
         med = statistics.median(x[0] for x in v)
         mid = min(v, key=lambda x: abs(x[0] - med))
-        print(f"| {name} | {shape} | {len(v)} | {med:,.1f} | {mid[1]} | {mid[2]} |")
+        print(f"| {name} | {shape} | {len(v)} | {med:,.1f} | {' | '.join(mid[1:])} |")
 
 
 def source(path):
