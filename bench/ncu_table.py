@@ -13,7 +13,14 @@ def details(path):
     for b in blocks:
         head = b.split("\n")[0]
         shape = re.search(r"\(\d+, \d+, \d+\)x\(\d+, \d+, \d+\)", head).group(0)
-        name = re.sub(r"\(CUtensorMap.*|\(const .*|\(__nv.*|\(float.*|\(int.*", "", head.split(shape)[0]).strip()
+        name = head.split(shape)[0].strip()
+        if name.endswith(")"): # the parameter list goes: its "(" is where the parentheses balance
+            depth = 0
+            for i in range(len(name) - 1, -1, -1):
+                depth += {")": 1, "(": -1}.get(name[i], 0)
+                if depth == 0:
+                    name = name[:i].strip()
+                    break
         dur = re.search(r"Duration\s+(\S+)\s+([\d.,]+)", b)
         us = float(dur.group(2).replace(",", "")) * {"ns": 1e-3, "us": 1, "ms": 1e3}.get(dur.group(1), 1) if dur else 0
         pipe = re.search(r"(\w+) is the highest-utilized pipeline \(([\d.]+)%\)", b)
