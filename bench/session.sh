@@ -33,7 +33,8 @@
 #               .agents/skills/profile-gpu-step/kernel_events.c -ldl) as the skill's feature build; each model's
 #               table and files under $OUT/prof_NAME, returned as $RET/prof.tgz
 #   ncu         Nsight Compute (NCU_SECT, default --set full; clocks left alone) on NCU_COUNT (1) launches of kernels
-#               matching NCU_K (a name regex, default wgmma_fp8_kernel) after NCU_SKIP (3) of them, in bench_gpu_ops
+#               matching NCU_K (a regex on demangled names: wgmma_grouped_kernel<2 picks a template kind; default
+#               wgmma_fp8_kernel) after NCU_SKIP (3) of them, in bench_gpu_ops
 #               NCU_ARGS (--fp8) of each build in NCU_BUILDS (build build-cand: any build-NAME staged): the details
 #               page per build and, for one launch, the per-instruction source page (SASS, stall samples), their
 #               tables (bench/ncu_table.py) in the summary; the reports returned as $RET/ncu.tgz
@@ -195,8 +196,8 @@ ncu)
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); mkdir -p $OUT/ncu
     for b in ${NCU_BUILDS:-build build-cand}; do
         r=$OUT/ncu/${b}_$(echo "${NCU_K:-wgmma_fp8_kernel}${NCU_ARGS:-}" | tr -c 'A-Za-z0-9_\n' _)
-        timeout ${NCU_T:-120} $NCU --clock-control none -k "regex:${NCU_K:-wgmma_fp8_kernel}" \
-            --launch-skip ${NCU_SKIP:-3} --launch-count ${NCU_COUNT:-1} ${NCU_SECT:---set full} --import-source yes \
+        timeout ${NCU_T:-120} $NCU --clock-control none --kernel-name-base demangled \
+            -k "regex:${NCU_K:-wgmma_fp8_kernel}" --launch-skip ${NCU_SKIP:-3} --launch-count ${NCU_COUNT:-1} ${NCU_SECT:---set full} --import-source yes \
             -o $r -f $b/bench_gpu_ops ${NCU_ARGS:---fp8} >$r.log 2>&1
         echo "ncu $b: rc=$?" | tee -a $OUT/summary.txt
         $NCU --import $r.ncu-rep --page details >$r.txt 2>&1
