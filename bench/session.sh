@@ -197,8 +197,8 @@ ncu)
     for b in ${NCU_BUILDS:-build build-cand}; do
         r=$OUT/ncu/${b}_$(echo "${NCU_K:-wgmma_fp8_kernel}${NCU_ARGS:-}" | tr -c 'A-Za-z0-9_\n' _)
         timeout ${NCU_T:-120} $NCU --clock-control none --kernel-name-base demangled \
-            -k "regex:${NCU_K:-wgmma_fp8_kernel}" --launch-skip ${NCU_SKIP:-3} --launch-count ${NCU_COUNT:-1} ${NCU_SECT:---set full} --import-source yes \
-            -o $r -f $b/bench_gpu_ops ${NCU_ARGS:---fp8} >$r.log 2>&1
+            -k "regex:${NCU_K:-wgmma_fp8_kernel}" --launch-skip ${NCU_SKIP:-3} --launch-count ${NCU_COUNT:-1} \
+            ${NCU_SECT:---set full} --import-source yes -o $r -f $b/bench_gpu_ops ${NCU_ARGS:---fp8} >$r.log 2>&1
         echo "ncu $b: rc=$?" | tee -a $OUT/summary.txt
         $NCU --import $r.ncu-rep --page details >$r.txt 2>&1
         [ ${NCU_COUNT:-1} = 1 ] && $NCU --import $r.ncu-rep --page source --csv --print-source sass >$r.sass.csv 2>&1
