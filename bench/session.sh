@@ -34,10 +34,10 @@
 #               table and files under $OUT/prof_NAME, returned as $RET/prof.tgz
 #   ncu         Nsight Compute (NCU_SECT, default --set full; clocks left alone) on NCU_COUNT (1) launches of kernels
 #               matching NCU_K (a regex on demangled names: wgmma_grouped_kernel<2 picks a template kind; default
-#               wgmma_fp8_kernel) after NCU_SKIP (3) of them, in bench_gpu_ops
-#               NCU_ARGS (--fp8) of each build in NCU_BUILDS (build build-cand: any build-NAME staged): the details
-#               page per build and, for one launch, the per-instruction source page (SASS, stall samples), their
-#               tables (bench/ncu_table.py) in the summary; the reports returned as $RET/ncu.tgz
+#               wgmma_fp8_kernel) after NCU_SKIP (3) of them, in bench_gpu_ops NCU_ARGS (--fp8) of each build in
+#               NCU_BUILDS (build build-cand: any build-NAME staged): the details page per build and, for one launch,
+#               the per-instruction source page (SASS, stall samples), their tables (bench/ncu_table.py) in the
+#               summary; the reports returned as $RET/ncu.tgz
 #   helpers     each helper's staged script, HELPERS="NAME:SECONDS …": OUT=/tmp/h/NAME timeout SECONDS bash
 #               .dev-NAME/run.sh, returned as $OUT/NAME.tgz (with the environment set here); h:NAME:SECONDS one
 set -u
@@ -130,9 +130,10 @@ ops)
         timeout 60 $b/bench_gpu_ops $w >$OUT/ops_${b}$w.txt 2>&1; echo "rc=$?" >>$OUT/ops_${b}$w.txt
         grep -v BENCH $OUT/ops_${b}$w.txt | sed "s|^|$b $w: |" | tee -a $OUT/summary.txt
     done; done
-    [ -n "${OPS:-}" ] && continue # the grouped peer with the default set only
-    (cd bench && timeout 90 python3 peer_grouped.py >$OUT/peer_grouped.txt 2>&1; echo "rc=$?" >>$OUT/peer_grouped.txt)
-    tail -12 $OUT/peer_grouped.txt | sed 's/^/peer_grouped: /' | tee -a $OUT/summary.txt ;;
+    if [ -z "${OPS:-}" ]; then # the grouped peer with the default set only
+        (cd bench && timeout 90 python3 peer_grouped.py >$OUT/peer_grouped.txt 2>&1; echo "rc=$?" >>$OUT/peer_grouped.txt)
+        tail -12 $OUT/peer_grouped.txt | sed 's/^/peer_grouped: /' | tee -a $OUT/summary.txt
+    fi ;;
 docs)
     timeout ${DOCS_T:-180} build-cand/bench_gpu_ops --docs >$OUT/docs.txt 2>&1; echo "rc=$?" >>$OUT/docs.txt
     grep -v BENCH $OUT/docs.txt | sed 's/^/docs: /' | tee -a $OUT/summary.txt ;;
