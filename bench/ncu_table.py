@@ -1,8 +1,11 @@
 # ncu_table.py — the tables of bench/session.sh's ncu mode, from Nsight Compute's text pages: per kernel (name and
 # launch shape) the launches, median duration, the busiest pipe as ncu names it, DRAM and memory throughput (% of
-# peak: the busiest memory unit) and the SM clock it read, from the details page; and, given the source page (--page source --csv --print-source sass), the warp-stall samples by
-# reason and the instructions that hold the most. Usage: python3 ncu_table.py DETAILS.txt [SOURCE.csv]
+# peak: the busiest memory unit) and the SM clock it read, from the details page; and, given the source page
+# (--page source --csv --print-source sass), the warp-stall samples by reason and the instructions that hold the most.
+# Usage: python3 ncu_table.py DETAILS.txt [SOURCE.csv]
 import csv, re, statistics, sys
+
+ALL = "Warp Stall Sampling (All Samples)"  # the source page's column of every sample an instruction holds
 
 
 def details(path):
@@ -44,15 +47,15 @@ def source(path):
     col = {n: i for i, n in enumerate(h)}
     reasons = [n for n in h if n.startswith("stall_") and "(Not" not in n]
     num = lambda r, n: int(r[col[n]] or 0) if r[col[n]].isdigit() else 0
-    total = sum(num(r, "Warp Stall Sampling (All Samples)") for r in data) or 1
+    total = sum(num(r, ALL) for r in data) or 1
     by = {n: sum(num(r, n) for r in data) for n in reasons}
     print(f"\nwarp-stall samples: {total}")
     for n, v in sorted(by.items(), key=lambda x: -x[1])[:8]:
         print(f"  {n[6:]:18s} {100 * v / total:5.1f}%")
     print("instructions holding the most samples (samples, executions, main reason, SASS):")
-    for r in sorted(data, key=lambda r: -num(r, "Warp Stall Sampling (All Samples)"))[:12]:
+    for r in sorted(data, key=lambda r: -num(r, ALL))[:12]:
         main = max(reasons, key=lambda n: num(r, n))
-        print(f"  {num(r, 'Warp Stall Sampling (All Samples)'):6d} {r[col['Instructions Executed']]:>9s} "
+        print(f"  {num(r, ALL):6d} {r[col['Instructions Executed']]:>9s} "
               f"{main[6:]:14s} {r[col['Source']].strip()[:80]}")
 
 
