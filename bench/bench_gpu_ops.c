@@ -103,6 +103,17 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
            hd = tensor_make(dwd.p, bf, DEV_CUDA, 3, E, H, I, 1); // bf16 views of the fp32 buffers' first halves
     fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), fill(ye, 1, 59),
         op_zero(dwgu), op_zero(dwd);
+    // the one-rank dispatch's rows: xe = xt[perm[i] / k], perm a shuffle of the T·k slots (the "gathered" rows read xt
+    // through perm inside the product; "gather_rows" is the copy they save)
+    Tensor xt = dev(bf, 2, T, H, 0), perm = dev(DT_I32, 1, R, 0, 0);
+    int32_t *hp = xmalloc(R * sizeof(int32_t));
+    for (int64_t i = 0; i < R; i++) hp[i] = (int32_t)i;
+    for (int64_t i = R - 1; i > 0; i--) {
+        int64_t j = (int64_t)(rng_u64(60, 0, (uint64_t)i) % (uint64_t)(i + 1));
+        int32_t t = hp[i];
+        hp[i] = hp[j], hp[j] = t;
+    }
+    fill(xt, 1, 61), op_copy(perm, tensor_make(hp, DT_I32, DEV_CPU, 1, R, 1, 1, 1)), free(hp);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
     const char *impl[2] = {"wgmma", "loop"};
     for (int bal = 1; bal >= 0; bal--) {
@@ -110,7 +121,7 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
         else skewed_offs(offs, R, E);
         op_copy(doffs, ti64_1(offs, E + 1));
         const char *rt = bal ? "balanced" : "skewed";
-        for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, doffs); // clocks up
+        for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, NONE, 0, wgu, NONE, doffs); // clocks up
         cuda_sync();
         for (int v = 0; v < nimpl; v++) {
             setenv("PITH_GROUPED_KERNEL", impl[v], 1);
@@ -118,23 +129,30 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
 #define GROUPED_ROW(what, work, call)                                                                                  \
     snprintf(nm, sizeof nm, "%s %s (T=%lld, %s, %s)", model, what, (long long)T, rt, impl[v]);                         \
     TIME(nm, 10, work, "TFLOP/s", call)
-            GROUPED_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, wgu, NONE, doffs));
+            GROUPED_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, NONE, 0, wgu, NONE, doffs));
             GROUPED_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, doffs));
             GROUPED_ROW("gate_up bwd weight fp32", fg,
-                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, true));
-            GROUPED_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, doffs));
+                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, NONE, 0, doffs, true));
+            GROUPED_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, NONE, 0, wd, NONE, doffs));
             GROUPED_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, doffs));
             GROUPED_ROW("down bwd weight fp32", fdn,
-                        op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, true));
+                        op_grouped_linear_backward_weight(dwd, NONE, ye, act, NONE, 0, doffs, true));
             // a step's first micro-batch writes dw instead of adding (what the 8-layer benchmark runs)
             GROUPED_ROW("gate_up bwd weight fp32 store", fg,
-                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, false));
+                        op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, NONE, 0, doffs, false));
             GROUPED_ROW("down bwd weight fp32 store", fdn,
-                        op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, false));
+                        op_grouped_linear_backward_weight(dwd, NONE, ye, act, NONE, 0, doffs, false));
             GROUPED_ROW("gate_up bwd weight bf16 store", fg,
-                        op_grouped_linear_backward_weight(hgu, NONE, gu, xe, doffs, false));
+                        op_grouped_linear_backward_weight(hgu, NONE, gu, xe, NONE, 0, doffs, false));
             GROUPED_ROW("down bwd weight bf16 store", fdn,
-                        op_grouped_linear_backward_weight(hd, NONE, ye, act, doffs, false));
+                        op_grouped_linear_backward_weight(hd, NONE, ye, act, NONE, 0, doffs, false));
+            if (v == 0) {
+                GROUPED_ROW("gate_up fwd gathered", fg, op_grouped_linear_forward(gu, xt, perm, k, wgu, NONE, doffs));
+                GROUPED_ROW("gate_up bwd weight bf16 store gathered", fg,
+                            op_grouped_linear_backward_weight(hgu, NONE, gu, xt, perm, k, doffs, false));
+                snprintf(nm, sizeof nm, "%s gather_rows (T=%lld, %s)", model, (long long)T, rt);
+                TIME(nm, 10, 2.0 * R * H * 2, "GB/s", op_gather_rows(xe, xt, perm, k));
+            }
 #undef GROUPED_ROW
         }
     }
@@ -168,7 +186,7 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     op_copy(doffs, ti64_1(offs, E + 1));
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H, by = (double)R * H * 4;
     char nm[112];
-    for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, wgu, NONE, doffs); // clocks up
+    for (int i = 0; i < 50; i++) op_grouped_linear_forward(gu, xe, NONE, 0, wgu, NONE, doffs); // clocks up
 #define FP8_ROW(what, work, bf16_call, fp8_call)                                                                       \
     snprintf(nm, sizeof nm, "%s %s (T=%lld, balanced, bf16)", model, what, (long long)T);                              \
     TIME(nm, 10, work, "TFLOP/s", bf16_call);                                                                          \
@@ -177,22 +195,24 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     TIME(nm, 10, work, "TFLOP/s", fp8_call);                                                                           \
     printf("%s %s: FP8/bf16 speed %.2fx\n", model, what, ms16 / last_ms)
     double ms16;
-    FP8_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, wgu, NONE, doffs),
+    FP8_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, NONE, 0, wgu, NONE, doffs),
             op_fp8_grouped_linear_forward(gu, xe, qgu, doffs));
     FP8_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, doffs),
             op_fp8_grouped_linear_backward_input(xe, gu, qgu, doffs));
-    FP8_ROW("gate_up bwd weight fp32", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, true),
+    FP8_ROW("gate_up bwd weight fp32", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, NONE, 0, doffs, true),
             op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, doffs, true));
-    FP8_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, wd, NONE, doffs),
+    FP8_ROW("down fwd", fdn, op_grouped_linear_forward(ye, act, NONE, 0, wd, NONE, doffs),
             op_fp8_grouped_linear_forward(ye, act, qd, doffs));
     FP8_ROW("down bwd input", fdn, op_grouped_linear_backward_input(act, ye, wd, doffs),
             op_fp8_grouped_linear_backward_input(act, ye, qd, doffs));
-    FP8_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, true),
+    FP8_ROW("down bwd weight fp32", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, NONE, 0, doffs, true),
             op_fp8_grouped_linear_backward_weight(dwd, ye, act, doffs, true));
     // a step's first micro-batch writes dw instead of adding (what the 8-layer benchmark runs)
-    FP8_ROW("gate_up bwd weight fp32 store", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, false),
+    FP8_ROW("gate_up bwd weight fp32 store", fg,
+            op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, NONE, 0, doffs, false),
             op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, doffs, false));
-    FP8_ROW("down bwd weight fp32 store", fdn, op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, false),
+    FP8_ROW("down bwd weight fp32 store", fdn,
+            op_grouped_linear_backward_weight(dwd, NONE, ye, act, NONE, 0, doffs, false),
             op_fp8_grouped_linear_backward_weight(dwd, ye, act, doffs, false));
 #undef FP8_ROW
     printf("(%lld of the FP8 GEMMs above ran on the tensor cores)\n", (long long)(cuda_fp8_tensor_core_gemms() - tc0));
@@ -574,24 +594,26 @@ int main(int argc, char **argv) {
         const char *tag = bal ? "balanced" : loop ? "natural, loop" : "natural";
         char nm[96];
         snprintf(nm, sizeof nm, "grouped gate_up fwd (%s)", tag);
-        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, wgu, NONE, doffs));
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_forward(gu, xe, NONE, 0, wgu, NONE, doffs));
         snprintf(nm, sizeof nm, "grouped gate_up bwd input (%s)", tag);
         TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_input(xe, gu, wgu, doffs));
         snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (%s)", tag);
-        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, true));
+        TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, NONE, 0, doffs, true));
         snprintf(nm, sizeof nm, "grouped down fwd (%s)", tag);
-        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, wd, NONE, doffs));
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_forward(ye, act, NONE, 0, wd, NONE, doffs));
         snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (%s)", tag);
-        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, true));
+        TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, NONE, 0, doffs, true));
         if (pass == 1) { // cuBLASLt's per-expert weight gradients on 1, 2 and 8 streams (its default is 4)
             setenv("PITH_GROUPED_KERNEL", "loop", 1);
             const char *ns[3] = {"1", "2", "8"};
             for (int i = 0; i < 3; i++) {
                 setenv("PITH_WGRAD_STREAMS", ns[i], 1);
                 snprintf(nm, sizeof nm, "grouped gate_up bwd weight fp32 (natural, %s streams)", ns[i]);
-                TIME(nm, 10, fg, "TFLOP/s", op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, doffs, true));
+                TIME(nm, 10, fg, "TFLOP/s",
+                     op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, NONE, 0, doffs, true));
                 snprintf(nm, sizeof nm, "grouped down bwd weight fp32 (natural, %s streams)", ns[i]);
-                TIME(nm, 10, fdn, "TFLOP/s", op_grouped_linear_backward_weight(dwd, NONE, ye, act, doffs, true));
+                TIME(nm, 10, fdn, "TFLOP/s",
+                     op_grouped_linear_backward_weight(dwd, NONE, ye, act, NONE, 0, doffs, true));
             }
             unsetenv("PITH_WGRAD_STREAMS");
             unsetenv("PITH_GROUPED_KERNEL");

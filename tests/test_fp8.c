@@ -466,10 +466,12 @@ TEST(fp8_model_step_against_fp32_and_ep2) {
     double plan32 = train_one(d, "f32", one, ""), plan8 = train_one(d, "fp8", one, "--set fp8=true");
     // the plan counts the weight cache: the codes and scales of the experts', 2 MoE layers of 8 (gate_up 256 × 256,
     // down 256 × 128), of the dense layer's (512 × 256, 256 × 256) and of each layer's q, k, v (128 × 256, 64 × 256
-    // twice) and o (256 × 128)
+    // twice) and o (256 × 128); and the expert inputs xe FP8 makes (fp32 without it gathers them in its grouped
+    // GEMMs, moe_stage3_gathers): 2 MoE layers of T·k = 64 · 3 rows of 256
     double attn = op_fp8_weight_bytes(128, 256) + 2.0 * op_fp8_weight_bytes(64, 256) + op_fp8_weight_bytes(256, 128);
     ASSERT_MSG(plan8 - plan32 == 2.0 * (op_fp8_experts_bytes(8, 256, 256) + op_fp8_experts_bytes(8, 256, 128)) +
-                                     op_fp8_weight_bytes(512, 256) + op_fp8_weight_bytes(256, 256) + 3 * attn,
+                                     op_fp8_weight_bytes(512, 256) + op_fp8_weight_bytes(256, 256) + 3 * attn +
+                                     2.0 * 64 * 3 * 256 * 4,
                "%.0f vs %.0f", plan8, plan32);
     train_one(d, "f32-bal", one, "--set benchmark=true");
     train_one(d, "fp8-bal", one, "--set benchmark=true --set fp8=true");

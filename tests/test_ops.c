@@ -110,7 +110,7 @@ static void check_grouped(bool bias) {
     double *gx = xmalloc(nx * 8), *gw = xmalloc(nw * 8), *gb = xmalloc(nb * 8);
     Tensor W = tensor_make(w, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1), Bt = bias ? tf32_2(b, 4, c.N) : (Tensor){0};
     ref_grouped(in, yr, &c);
-    op_grouped_linear_forward(tf32_2(y, c.M, c.N), tf32_2(x, c.M, c.K), W, Bt, ti64_1(goffs, 5));
+    op_grouped_linear_forward(tf32_2(y, c.M, c.N), tf32_2(x, c.M, c.K), NONE, 0, W, Bt, ti64_1(goffs, 5));
     ASSERT(rel_err_mixed(y, yr, ny) < 1e-6);
     fd_grad(ref_grouped, in, 0, nx, Gd, ny, gx, &c);
     fd_grad(ref_grouped, in, 1, nw, Gd, ny, gw, &c);
@@ -122,7 +122,7 @@ static void check_grouped(bool bias) {
     for (int pass = 0; pass < 2; pass++) {
         op_grouped_linear_backward_weight(tensor_make(dw, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1),
                                           bias ? tf32_2(db, 4, c.N) : (Tensor){0}, tf32_2(G, c.M, c.N),
-                                          tf32_2(x, c.M, c.K), ti64_1(goffs, 5), pass == 1);
+                                          tf32_2(x, c.M, c.K), NONE, 0, ti64_1(goffs, 5), pass == 1);
         for (int64_t i = 0; i < nw; i++) gw[i] *= pass + 1; // 1g, then 2g
         for (int64_t j = 0; bias && j < nb; j++) gb[j] *= pass + 1;
         ASSERT(rel_err_mixed(dw, gw, nw) < 1e-6);
@@ -134,6 +134,30 @@ static void check_grouped(bool bias) {
 }
 TEST(op_grouped_linear) { check_grouped(false); }
 TEST(op_grouped_linear_bias) { check_grouped(true); }
+
+// The gathered x (rows: 9 of 5 tokens' 10 slots, div 2): the forward against the fp64 product on the gathered rows, and
+// both products bit for bit those on a gathered copy (the same sums on the same values).
+TEST(op_grouped_linear_gathered) {
+    LinCtx c = {9, 5, 3};
+    int32_t rows[9] = {7, 0, 9, 3, 2, 8, 1, 4, 6};
+    int64_t T = 5, nx = T * c.K, ng = c.M * c.K, nw = 4 * c.N * c.K, ny = c.M * c.N;
+    float *x = rnd(nx, 1), *w = rnd(nw, 1), *G = rnd(ny, 1), *xg = xmalloc(ng * 4), *y = poisoned(ny);
+    float *y1 = poisoned(ny), *dw = poisoned(nw), *dw1 = poisoned(nw);
+    for (int64_t i = 0; i < c.M; i++) memcpy(xg + i * c.K, x + rows[i] / 2 * c.K, c.K * 4);
+    double *in[3] = {to_f64(xg, ng), to_f64(w, nw), NULL}, *yr = xmalloc(ny * 8);
+    ref_grouped(in, yr, &c);
+    Tensor W = tensor_make(w, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1),
+           R = tensor_make(rows, DT_I32, DEV_CPU, 1, 9, 1, 1, 1), O = ti64_1(goffs, 5);
+    op_grouped_linear_forward(tf32_2(y, c.M, c.N), tf32_2(x, T, c.K), R, 2, W, NONE, O);
+    op_grouped_linear_forward(tf32_2(y1, c.M, c.N), tf32_2(xg, c.M, c.K), NONE, 0, W, NONE, O);
+    ASSERT(rel_err_mixed(y, yr, ny) < 1e-6 && !memcmp(y, y1, ny * 4));
+    Tensor DW = tensor_make(dw, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1),
+           DW1 = tensor_make(dw1, DT_F32, DEV_CPU, 3, 4, c.N, c.K, 1);
+    op_grouped_linear_backward_weight(DW, NONE, tf32_2(G, c.M, c.N), tf32_2(x, T, c.K), R, 2, O, false);
+    op_grouped_linear_backward_weight(DW1, NONE, tf32_2(G, c.M, c.N), tf32_2(xg, c.M, c.K), NONE, 0, O, false);
+    ASSERT(!memcmp(dw, dw1, nw * 4));
+    free(x), free(w), free(G), free(xg), free(y), free(y1), free(dw), free(dw1), free(in[0]), free(in[1]), free(yr);
+}
 
 // ---- rmsnorm ----
 typedef struct {

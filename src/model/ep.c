@@ -90,7 +90,7 @@ void ep_alloc(Model *m, StageIO *io, Arena *a, int64_t T) {
     int64_t R = ep_rows_capacity(m, T);
     io->perm = arena_tensor(a, DT_I32, 1, T * k, 0, 0, 0);
     if (!io->route) io->at = arena_tensor(a, DT_I32, 1, T * k, 0, 0, 0);
-    io->xe = arena_tensor(a, m->cdt, 2, R, H, 0, 0);
+    if (!moe_stage3_gathers(m, io)) io->xe = arena_tensor(a, m->cdt, 2, R, H, 0, 0);         // else the GEMMs read xd
     if (!(m->recompute & RC_EXPERT_OUT)) io->y = arena_tensor(a, m->cdt, 2, T * k, H, 0, 0); // else staging
     if (io->route) {
         io->route->send_idx = arena_tensor(a, DT_I32, 1, T * min64(k, P), 0, 0, 0);
@@ -108,7 +108,8 @@ void ep_grad_alloc(Model *m, StageIO *io, Arena *ws, int64_t T) {
         io->dxd = io->dxe;
         return;
     }
-    int64_t R = io->xe.n[0]; // the rows stage 3 holds: the layer's own, or the spill set's
+    // the rows stage 3 holds: the layer's own, or the spill set's
+    int64_t R = moe_stage3_gathers(m, io) ? T * k : io->xe.n[0];
     io->dye = arena_tensor(ws, m->cdt, 2, R, H, 0, 0);
     io->dy = io->route ? arena_tensor(ws, m->cdt, 2, T * k, H, 0, 0) : io->dye; // one rank: written in expert order
     io->dxe = arena_tensor(ws, m->cdt, 2, R, H, 0, 0);
@@ -245,7 +246,9 @@ void ep_dispatch_route(Model *m, StageIO *io) {
 // One rank: the combine and its backward read and write the expert-ordered rows through io->at, so they move nothing.
 static void local_move(Model *m, StageIO *io, EpMove mv) {
     switch (mv) {
-    case EP_DISPATCH: return op_gather_rows(io->xe, io->xd, io->perm, m->cfg.topk);
+    case EP_DISPATCH:
+        if (!moe_stage3_gathers(m, io)) op_gather_rows(io->xe, io->xd, io->perm, m->cfg.topk); // else in stage 3
+        return;
     case EP_COMBINE:
     case EP_COMBINE_BACKWARD: return;
     case EP_DISPATCH_BACKWARD: return op_scatter_add_rows(io->dxd, io->dxe, io->perm, m->cfg.topk);

@@ -119,7 +119,7 @@ typedef struct {
     Tensor offs;    // (E_local + 1) int64 on the device: rows offs[e]..offs[e+1] of xe belong to local expert e
     int64_t rows;   // offs[E_local], known on the host: the rows stage 3 holds (T·k on one ep rank)
     struct EpRoute *route; // expert parallelism: where this layer's rows went (model/ep.h); NULL on one rank
-    Tensor xe, dxe;        // (R, H) expert-ordered rows (dense: = xd)
+    Tensor xe, dxe;        // (R, H) expert-ordered rows (dense: = xd; xe not made where moe_stage3_gathers)
     Tensor ye, dye;        // (R, H) expert outputs in the same order
     Tensor y, dy;          // (T·k, H) expert outputs back in slot order (dense: (T, H); one ep rank: = ye, dye)
     Tensor opws;           // fp32 scratch of the layer's ops (ModelFamily.op_ws; one for every layer), or p NULL
@@ -384,6 +384,11 @@ void moe_layer_grad_alloc(Model *m, int l, void *rec, Arena *ws, int B, int S, S
 // gate/up products and SwiGLU outputs of R rows: those kept, or (staged) those m->recompute names.
 void moe_stage3_alloc(Model *m, int l, void *rec, Arena *a, int64_t R, bool staged);
 int64_t moe_stage3_rows(const Model *m, const StageIO *io); // the rows holding data: received (MoE), every token
+// A MoE layer on one ep rank without FP8: stage 3's grouped GEMMs read their rows xd[perm[i] / k] in place (the
+// dispatch's gather made part of the product), so xe is never made and xd (n2) is kept for the weight gradient. On
+// the CPU for now: the GPU's gathering kernels (cuda_wgmma.cu, G) are checked by the GPU suite before training takes
+// them.
+bool moe_stage3_gathers(const Model *m, const StageIO *io);
 void moe_stage3_grad_alloc(Model *m, int l, void *rec, Arena *ws);
 void moe_prolog_forward(Model *m, MicroBatch *mb, Tensor h);
 void moe_prolog_backward(Model *m, MicroBatch *mb, Tensor dh);

@@ -251,7 +251,11 @@ static bool has_shared(const Model *m, int l) { return m->cfg.is_moe[l] && m->cf
 // Field `f` from arena a when part p (0: none) is recomputed (RC_*) exactly when `staged`, else as it is.
 #define PART(p, f, ...) (f = !(m->recompute & (p)) == !staged ? arena_tensor(a, __VA_ARGS__) : f)
 
-// A dense layer's n2 is its stage 3's input (kept).
+bool moe_stage3_gathers(const Model *m, const StageIO *io) {
+    return !io->dense && !io->route && !m->fp8.on && m->dev == DEV_CPU;
+}
+
+// A dense layer's n2 is its stage 3's input (kept), and so is a layer's that gathers it (moe_stage3_gathers).
 void moe_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io, bool staged) {
     const ModelConfig *c = &m->cfg;
     LayerRec *r = rp;
@@ -266,7 +270,7 @@ void moe_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO 
     PART(0, r->h1a, dt, 2, T, H, 0, 0);
     if (has_shared(m, l)) PART(0, r->h1, dt, 2, T, H, 0, 0);
     else r->h1 = r->h1a;
-    PART(io->dense ? 0 : RC_NORM, r->n2, dt, 2, T, H, 0, 0);
+    PART(io->dense || moe_stage3_gathers(m, io) ? 0 : RC_NORM, r->n2, dt, 2, T, H, 0, 0);
     PART(0, r->rstd2, DT_F32, 1, T, 0, 0, 0);
     io->xd = r->n2;
     if (io->dense) return;
@@ -437,9 +441,11 @@ static void act_backward(const ModelConfig *c, Tensor dgu, Tensor dact, Tensor g
 // Stage 3's GEMMs (offs.p NULL: the dense MLP, a projection of slot s): the experts' through FP8 on the layer's cached
 // quantised weights when m->fp8.on (the weight-gradient ones round their own operands; GPT-OSS's biases added after the
 // product, their gradients from the unrounded dy), else in the compute dtype.
-static void mlp_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs) {
+// rows.p: x is gathered, row i of the product x[rows[i] / k] (moe_stage3_gathers).
+static void mlp_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor rows, Tensor w, Tensor b, Tensor offs) {
+    CHECK(!rows.p || (offs.p && !m->fp8.on));
     if (!offs.p) return model_proj_forward(m, l, s, y, x, w, b);
-    if (!m->fp8.on) return op_grouped_linear_forward(y, x, w, b, offs);
+    if (!m->fp8.on) return op_grouped_linear_forward(y, x, rows, m->cfg.topk, w, b, offs);
     m->fp8.gemms[s]++, op_fp8_grouped_linear_forward(y, x, model_fp8_weight(m, l, s), offs);
     if (b.p) op_linear_bias_forward(y, b, offs);
 }
@@ -450,13 +456,20 @@ static void mlp_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy,
     else op_grouped_linear_backward_input(dx, dy, w, offs);
 }
 // acc false (grouped): dw and db are written, not added to (the dense path always adds).
-static void mlp_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor offs,
-                                bool acc) {
+static void mlp_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor rows,
+                                Tensor offs, bool acc) {
+    CHECK(!rows.p || (offs.p && !m->fp8.on));
     if (!offs.p) return model_proj_backward_weight(m, l, s, dw, db, dy, x);
-    if (!m->fp8.on) return op_grouped_linear_backward_weight(dw, db, dy, x, offs, acc);
+    if (!m->fp8.on) return op_grouped_linear_backward_weight(dw, db, dy, x, rows, m->cfg.topk, offs, acc);
     m->fp8.gemms[s]++, op_fp8_grouped_linear_backward_weight(dw, dy, x, offs, acc);
     if (db.p) op_linear_bias_backward(db, dy, offs, acc);
 }
+
+// Stage 3's input: its R rows of xe, or (moe_stage3_gathers) the tokens xd, which the grouped GEMMs read through perm.
+static Tensor stage3_x(const Model *m, StageIO *io, int64_t R) {
+    return moe_stage3_gathers(m, io) ? io->xd : tensor_rows(io->xe, 0, R);
+}
+static Tensor stage3_rows(const Model *m, StageIO *io) { return moe_stage3_gathers(m, io) ? io->perm : NONE; }
 
 // Stage 3 on its rows (every token of a dense layer, no offs; the received rows of a MoE layer).
 void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io, bool again) {
@@ -467,9 +480,11 @@ void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io, bool again) {
     if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
     bool need_act = !again || m->recompute & RC_SWIGLU, need_gu = need_act && (!again || m->recompute & RC_GATE_UP);
-    if (need_gu) mlp_forward(m, l, FP8_GATE_UP, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], offs);
+    if (need_gu)
+        mlp_forward(m, l, FP8_GATE_UP, gu, stage3_x(m, io, R), stage3_rows(m, io), W->gate_up[l], W->gate_up_b[l],
+                    offs);
     if (need_act) act_forward(&m->cfg, act, gu);
-    mlp_forward(m, l, FP8_DOWN, tensor_rows(io->ye, 0, R), act, W->down[l], W->down_b[l], offs);
+    mlp_forward(m, l, FP8_DOWN, tensor_rows(io->ye, 0, R), act, NONE, W->down[l], W->down_b[l], offs);
 }
 
 void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
@@ -482,7 +497,8 @@ void moe_stage3_backward_input(Model *m, int l, void *rp, StageIO *io) {
     // not kept: the gate_up GEMM again, unless the expert outputs' remake made gu (in staging, just before)
     bool made = !io->dense && m->recompute & RC_EXPERT_OUT && m->recompute & RC_SWIGLU;
     if (m->recompute & RC_GATE_UP && !made)
-        mlp_forward(m, l, FP8_GATE_UP, gu, tensor_rows(io->xe, 0, R), W->gate_up[l], W->gate_up_b[l], offs);
+        mlp_forward(m, l, FP8_GATE_UP, gu, stage3_x(m, io, R), stage3_rows(m, io), W->gate_up[l], W->gate_up_b[l],
+                    offs);
     mlp_backward_input(m, l, FP8_DOWN, dact, tensor_rows(io->dye, 0, R), W->down[l], offs);
     act_backward(&m->cfg, dgu, dact, gu);
     mlp_backward_input(m, l, FP8_GATE_UP, tensor_rows(io->dxe, 0, R), dgu, W->gate_up[l], offs);
@@ -496,8 +512,8 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, const MicroBatch *mb,
     bool again = m->recompute & RC_SWIGLU;
     if (io->dense) {
         if (again) act_forward(&m->cfg, r->act, r->gu);
-        mlp_backward_weight(m, l, FP8_DOWN, G->down[l], NONE, io->dye, r->act, NONE, true);
-        mlp_backward_weight(m, l, FP8_GATE_UP, G->gate_up[l], NONE, r->dgu, io->xe, NONE, true);
+        mlp_backward_weight(m, l, FP8_DOWN, G->down[l], NONE, io->dye, r->act, NONE, NONE, true);
+        mlp_backward_weight(m, l, FP8_GATE_UP, G->gate_up[l], NONE, r->dgu, io->xe, NONE, NONE, true);
         return;
     }
     // The step's first weight gradient writes the layer's expert gradients (they hold the last step's:
@@ -512,9 +528,9 @@ void moe_stage3_backward_weight(Model *m, int l, void *rp, const MicroBatch *mb,
     if (!R) return;
     if (again) act_forward(&m->cfg, tensor_rows(r->act, 0, R), tensor_rows(r->gu, 0, R));
     mlp_backward_weight(m, l, FP8_DOWN, G->down[l], G->down_b[l], tensor_rows(io->dye, 0, R), tensor_rows(r->act, 0, R),
-                        io->offs, acc);
+                        NONE, io->offs, acc);
     mlp_backward_weight(m, l, FP8_GATE_UP, G->gate_up[l], G->gate_up_b[l], tensor_rows(r->dgu, 0, R),
-                        tensor_rows(io->xe, 0, R), io->offs, acc);
+                        stage3_x(m, io, R), stage3_rows(m, io), io->offs, acc);
 }
 
 // ---- stage 5: weighted sum of the expert outputs + residual ----

@@ -122,7 +122,7 @@ void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
 
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Fp8Weight w8, Tensor offs) {
     if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear(y, x, w8, offs, false))) return;
-    op_grouped_linear_forward(y, rounded(0, x, FP8_ROWS, NONE), weight_values(w8, x.dt), NONE, offs);
+    op_grouped_linear_forward(y, rounded(0, x, FP8_ROWS, NONE), NONE, 0, weight_values(w8, x.dt), NONE, offs);
 }
 
 void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, Tensor offs) {
@@ -132,6 +132,6 @@ void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, Te
 
 void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor offs, bool accumulate) {
     if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear_backward_weight(dw, dy, x, offs, accumulate))) return;
-    op_grouped_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, offs), rounded(1, x, FP8_COLS, offs), offs,
-                                      accumulate);
+    op_grouped_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, offs), rounded(1, x, FP8_COLS, offs), NONE, 0,
+                                      offs, accumulate);
 }

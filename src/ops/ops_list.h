@@ -26,8 +26,11 @@ OP(void, linear_bias_backward, dy.dev, (Tensor db, Tensor dy, Tensor offs, bool 
 // offs: (E+1) int64 on the ops' device (op_moe_sort writes it there): the GPU kernels read it where it is, so no op
 // here waits for the device (but cuBLASLt's per-expert products, for shapes the wgmma kernels do not take, which read
 // it back: cuda_gemm.cu).
+// x gathered (forward and weight gradient; rows.p NULL: not): row i of x_e is x[rows[i] / div], rows (≥ R) int32 on
+// the ops' device — the experts' input read in place (the one-rank dispatch's op_gather_rows made part of the product).
 // y: (R, N) = x_e: (R_e, K) · w_e: (N, K)ᵀ [+ b_e], w: (E, N, K), b: (E, N) or p == NULL; empty experts are allowed.
-OP(void, grouped_linear_forward, x.dev, (Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs), (y, x, w, b, offs))
+OP(void, grouped_linear_forward, x.dev, (Tensor y, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs),
+   (y, x, rows, div, w, b, offs))
 // dx = dy·w_e
 OP(void, grouped_linear_backward_input, dy.dev, (Tensor dx, Tensor dy, Tensor w, Tensor offs), (dx, dy, w, offs))
 // dw_e (+)= dy_eᵀ·x_e; db: (E, N) (+)= Σ_rows of e dy (db.p == NULL: no bias). accumulate false: dw and db
@@ -35,7 +38,8 @@ OP(void, grouped_linear_backward_input, dy.dev, (Tensor dx, Tensor dy, Tensor w,
 // equals adding and saves reading dw. dw, db fp32, or bf16 (gradient_dtype): each element's sum in fp32, the stored
 // value added in fp32, rounded once to nearest even.
 OP(void, grouped_linear_backward_weight, dy.dev,
-   (Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor offs, bool accumulate), (dw, db, dy, x, offs, accumulate))
+   (Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs, bool accumulate),
+   (dw, db, dy, x, rows, div, offs, accumulate))
 
 // ---- normalisation, position embedding, activation ----
 // RMSNorm over the last dim D of x: (R, D) (per-head norms reshape the heads into rows): y = x · rstd · u,

@@ -175,9 +175,8 @@ static void alloc_activations(Chunk *c, Arena *a, ChunkPlan *p) {
     size_t m3 = arena_mark(a);
     for (int s = 0; s < c->ndefer; s++)
         for (int l = c->l0; l < c->l1; l++) {
-            const StageIO *io = &c->rec[0].io[l];
             const LayerRec *r = rec_of(c, &c->rec[0], l);
-            c->dye[s * L + l] = arena_tensor(a, c->m->cdt, 2, io->xe.n[0], io->xe.n[1], 0, 0);
+            c->dye[s * L + l] = arena_tensor(a, c->m->cdt, 2, r->gu.n[0], m->cfg.hidden, 0, 0);
             c->dgu[s * L + l] = arena_tensor(a, c->m->cdt, 2, r->gu.n[0], r->gu.n[1], 0, 0);
         }
     p->act_defer += arena_mark(a) - m3;

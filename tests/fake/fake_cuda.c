@@ -517,17 +517,18 @@ void cuda_linear_bias_backward(Tensor db, Tensor dy, Tensor offs, bool accumulat
     OP(linear_bias_backward, &db, &dy, &offs);
     cpu_linear_bias_backward(db, dy, offs, accumulate);
 }
-void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs) {
-    OP(grouped_linear_forward, &y, &x, &w, &b, &offs);
-    cpu_grouped_linear_forward(y, x, w, b, offs);
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs) {
+    OP(grouped_linear_forward, &y, &x, &rows, &w, &b, &offs);
+    cpu_grouped_linear_forward(y, x, rows, div, w, b, offs);
 }
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, Tensor offs) {
     OP(grouped_linear_backward_input, &dx, &dy, &w, &offs);
     cpu_grouped_linear_backward_input(dx, dy, w, offs);
 }
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor offs, bool accumulate) {
-    OP(grouped_linear_backward_weight, &dw, &db, &dy, &x, &offs);
-    cpu_grouped_linear_backward_weight(dw, db, dy, x, offs, accumulate);
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs,
+                                         bool accumulate) {
+    OP(grouped_linear_backward_weight, &dw, &db, &dy, &x, &rows, &offs);
+    cpu_grouped_linear_backward_weight(dw, db, dy, x, rows, div, offs, accumulate);
 }
 // RmsArgs carries z and dz, which the CPU op reads as host memory too.
 void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, const RmsArgs *a) {

@@ -92,14 +92,15 @@ static void check_grouped(DType dt, double tol, int64_t R, bool bias) {
     int64_t K = 24, N = 36;
     Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, 5, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
     Pair b = bias ? pair_rand(dt, 1, 2, 5, N, 0, 0) : NOPAIR, db = bias ? pair_rand(DT_F32, 1, 2, 5, N, 0, 0) : NOPAIR;
-    op_grouped_linear_forward(y.c, x.c, w.c, b.c, po.c), op_grouped_linear_forward(y.d, x.d, w.d, b.d, po.d);
+    op_grouped_linear_forward(y.c, x.c, NONE, 0, w.c, b.c, po.c),
+        op_grouped_linear_forward(y.d, x.d, NONE, 0, w.d, b.d, po.d);
     EXPECT_CLOSE(y, tol);
     Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0),
          dw = pair_rand(DT_F32, 1, 3, 5, N, K, 0);
     op_grouped_linear_backward_input(dx.c, dy.c, w.c, po.c), op_grouped_linear_backward_input(dx.d, dy.d, w.d, po.d);
     EXPECT_CLOSE(dx, tol);
-    op_grouped_linear_backward_weight(dw.c, db.c, dy.c, x.c, po.c, true),
-        op_grouped_linear_backward_weight(dw.d, db.d, dy.d, x.d, po.d, true);
+    op_grouped_linear_backward_weight(dw.c, db.c, dy.c, x.c, NONE, 0, po.c, true),
+        op_grouped_linear_backward_weight(dw.d, db.d, dy.d, x.d, NONE, 0, po.d, true);
     EXPECT_CLOSE(dw, tol);
     if (bias) EXPECT_CLOSE(db, tol);
 }
@@ -607,23 +608,24 @@ TEST(gpu_op_grouped_linear_many) {
         DType dt = MODE_DT;
         Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0),
              y = pair_nan(dt, 2, R, N, 0, 0);
-        op_grouped_linear_forward(y.c, x.c, w.c, NONE, po.c), op_grouped_linear_forward(y.d, x.d, w.d, NONE, po.d);
+        op_grouped_linear_forward(y.c, x.c, NONE, 0, w.c, NONE, po.c),
+            op_grouped_linear_forward(y.d, x.d, NONE, 0, w.d, NONE, po.d);
         EXPECT_CLOSE(y, GEMM_TOL);
         Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0),
              dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
         op_grouped_linear_backward_input(dx.c, dy.c, w.c, po.c),
             op_grouped_linear_backward_input(dx.d, dy.d, w.d, po.d);
         EXPECT_CLOSE(dx, GEMM_TOL);
-        op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, po.c, true),
-            op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, po.d, true);
+        op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, NONE, 0, po.c, true),
+            op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, NONE, 0, po.d, true);
         EXPECT_CLOSE(dw, GEMM_TOL);
         // the per-expert cuBLASLt weight gradients on side streams (default 4) equal the serial loop bit for bit
         Pair dw1 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0), dw4 = pair_from(DT_F32, dw.c.p, 3, E, N, K, 0);
         setenv("PITH_GROUPED_KERNEL", "loop", 1); // (bf16 here would otherwise take the wgmma kernels)
         setenv("PITH_WGRAD_STREAMS", "1", 1);
-        op_grouped_linear_backward_weight(dw1.d, NONE, dy.d, x.d, po.d, true);
+        op_grouped_linear_backward_weight(dw1.d, NONE, dy.d, x.d, NONE, 0, po.d, true);
         setenv("PITH_WGRAD_STREAMS", "4", 1);
-        op_grouped_linear_backward_weight(dw4.d, NONE, dy.d, x.d, po.d, true);
+        op_grouped_linear_backward_weight(dw4.d, NONE, dy.d, x.d, NONE, 0, po.d, true);
         unsetenv("PITH_WGRAD_STREAMS");
         unsetenv("PITH_GROUPED_KERNEL");
         float *h1 = gpu_down(dw1.d), *h4 = gpu_down(dw4.d);
@@ -639,10 +641,10 @@ TEST(gpu_op_grouped_linear_many) {
             Pair g = pair_rand(DT_BF16, 1, 3, E, N, K, 0);
             Tensor gc = tensor_make(xmalloc(E * N * K * 2), DT_BF16, DEV_CPU, 3, E, N, K, 1);
             op_copy(gc, g.c);
-            op_grouped_linear_backward_weight(gc, NONE, dy.c, x.c, po.c, acc);
+            op_grouped_linear_backward_weight(gc, NONE, dy.c, x.c, NONE, 0, po.c, acc);
             op_copy(g.c, gc), free(gc.p);
             setenv("PITH_GROUPED_KERNEL", paths[i / 2], 1);
-            op_grouped_linear_backward_weight(g.d, NONE, dy.d, x.d, po.d, acc);
+            op_grouped_linear_backward_weight(g.d, NONE, dy.d, x.d, NONE, 0, po.d, acc);
             unsetenv("PITH_GROUPED_KERNEL");
             EXPECT_CLOSE(g, 1e-2);
         }
@@ -676,7 +678,8 @@ static double block_err(const float *g, const float *ref, int64_t mats, int64_t 
 // Qwen3 expert shapes. The error is the worst 128 × 128 block's (block_err); forward and input gradient round
 // to bf16 (1e-2), the weight gradient accumulates onto random fp32 values (1e-5), and is stored over NaN when not
 // accumulating (1e-5). PITH_GROUPED_KERNEL=wgmma and the call counter make sure these kernels ran; a second
-// weight gradient must match the first bit for bit.
+// weight gradient must match the first bit for bit. x is gathered from token rows (the one-rank dispatch's, 4 slots a
+// token, shuffled), and the forward and weight gradients that gather it in the kernel give the bits of those on x.
 static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *counts, int64_t N, int64_t K) {
     int64_t offs[257];
     CHECK(E <= 256);
@@ -687,19 +690,29 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     printf("     %s: E=%lld N=%lld K=%lld rows=%lld\n", tag, (long long)E, (long long)N, (long long)K, (long long)R);
     size_t mark = gpu_mark(); // (each case's device tensors go at its end)
     DType dt = DT_BF16;
-    Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0),
-         dy = pair_rand(dt, 1, 2, R, N, 0, 0);
+    int64_t k = 4, T = (R + k - 1) / k + 1;
+    int32_t *slot = xmalloc((size_t)T * k * sizeof(int32_t));
+    for (int64_t i = 0; i < T * k; i++) slot[i] = (int32_t)i;
+    for (int64_t i = T * k - 1; i > 0; i--) { // a shuffle of the slots; the first R are the rows
+        int64_t j = (int64_t)(rng_u64(5, (uint64_t)R, (uint64_t)i) % (uint64_t)(i + 1));
+        int32_t t = slot[i];
+        slot[i] = slot[j], slot[j] = t;
+    }
+    Pair xt = pair_rand(dt, 1, 2, T, K, 0, 0), rs = pair_i32(slot, R), x = pair_nan(dt, 2, R, K, 0, 0),
+         w = pair_rand(dt, 0.5f, 3, E, N, K, 0), dy = pair_rand(dt, 1, 2, R, N, 0, 0);
+    free(slot);
+    op_gather_rows(x.c, xt.c, rs.c, (int)k), op_gather_rows(x.d, xt.d, rs.d, (int)k);
     Pair y = pair_nan(dt, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0), dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
     Tensor dw2 = gpu_tensor(DT_F32, 3, E, N, K, 0); // the start, for a second run
     op_copy(dw2, dw.d);
-    op_grouped_linear_forward(y.c, x.c, w.c, NONE, po.c);
+    op_grouped_linear_forward(y.c, x.c, NONE, 0, w.c, NONE, po.c);
     op_grouped_linear_backward_input(dx.c, dy.c, w.c, po.c);
-    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, po.c, true);
+    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, NONE, 0, po.c, true);
     setenv("PITH_GROUPED_KERNEL", "wgmma", 1);
     int64_t calls0 = cuda_grouped_calls("wgmma");
-    op_grouped_linear_forward(y.d, x.d, w.d, NONE, po.d);
+    op_grouped_linear_forward(y.d, x.d, NONE, 0, w.d, NONE, po.d);
     op_grouped_linear_backward_input(dx.d, dy.d, w.d, po.d);
-    op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, po.d, true);
+    op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, NONE, 0, po.d, true);
     bool ran = cuda_grouped_calls("wgmma") == calls0 + 3;
     Pair ys[3] = {y, dx, dw};
     const char *what[3] = {"y (forward)", "dx (input gradient)", "dw (fp32 accumulate)"};
@@ -716,28 +729,47 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
         free(g);
     }
     // the weight gradient again from the same start: bit for bit (one writer per output)
-    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, po.d, true);
+    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, NONE, 0, po.d, true);
     int64_t n = E * N * K;
     float *h1 = gpu_down(dw2), *h2 = gpu_down(dw.d);
     bool same = !memcmp(h1, h2, (size_t)n * sizeof(float));
     if (!same) printf("       dw: two runs differ\n");
+    // x gathered in the kernels: the forward, and the weight gradient added once more onto both equal sums
+    int64_t g0 = cuda_grouped_calls("gather");
+    Tensor yg = gpu_tensor(dt, 2, R, N, 0, 0);
+    op_grouped_linear_forward(yg, xt.d, rs.d, (int)k, w.d, NONE, po.d);
+    op_grouped_linear_backward_weight(dw.d, NONE, dy.d, xt.d, rs.d, (int)k, po.d, true);
+    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, NONE, 0, po.d, true);
+    float *fy = gpu_down(y.d), *fyg = gpu_down(yg), *fa = gpu_down(dw2), *fb = gpu_down(dw.d);
+    bool gsame = !memcmp(fy, fyg, (size_t)R * N * sizeof(float)), wsame = !memcmp(fa, fb, (size_t)n * sizeof(float));
+    if (!gsame) printf("       y: gathered in the kernel differs from the product on x\n");
+    if (!wsame) printf("       dw (fp32 accumulate): gathered in the kernel differs from the product on x\n");
+    same &= gsame && wsame;
+    free(fy), free(fyg), free(fa), free(fb);
     // written, not added (the first micro-batch): over NaN (dw2 again on the GPU), every expert's dw_e is stored,
     // the empty ones zeroed
     for (int64_t i = 0; i < n; i++) h1[i] = NAN;
     Tensor hc = tensor_make(h1, DT_F32, DEV_CPU, 3, E, N, K, 1);
     op_copy(dw2, hc);
     int64_t calls1 = cuda_grouped_calls("wgmma");
-    op_grouped_linear_backward_weight(hc, NONE, dy.c, x.c, po.c, false);
-    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, po.d, false);
+    op_grouped_linear_backward_weight(hc, NONE, dy.c, x.c, NONE, 0, po.c, false);
+    op_grouped_linear_backward_weight(dw2, NONE, dy.d, x.d, NONE, 0, po.d, false);
     // and in bf16 (gradient_dtype bf16), over NaN: the fp32 store's sums rounded once, bit for bit
     uint16_t *nan16 = xmalloc((size_t)n * 2);
     memset(nan16, 0xff, (size_t)n * 2);
     Tensor d16 = gpu_tensor(DT_BF16, 3, E, N, K, 0);
     op_copy(d16, tensor_make(nan16, DT_BF16, DEV_CPU, 3, E, N, K, 1));
-    op_grouped_linear_backward_weight(d16, NONE, dy.d, x.d, po.d, false);
+    op_grouped_linear_backward_weight(d16, NONE, dy.d, xt.d, rs.d, (int)k, po.d, false); // (gathered: as on x below)
+    float *g16g = gpu_down(d16);
+    op_copy(d16, tensor_make(nan16, DT_BF16, DEV_CPU, 3, E, N, K, 1));
+    op_grouped_linear_backward_weight(d16, NONE, dy.d, x.d, NONE, 0, po.d, false);
     float *g16 = gpu_down(d16);
+    if (memcmp(g16, g16g, (size_t)n * sizeof(float)))
+        printf("       dw (bf16 store): gathered in the kernel differs from the product on x\n"), same = false;
+    if (cuda_grouped_calls("gather") != g0 + 3) printf("       the gathering kernels did not run\n"), same = false;
+    free(g16g);
     // then added to (a later micro-batch): each stored value joins the fp32 sum, one rounding
-    op_grouped_linear_backward_weight(d16, NONE, dy.d, x.d, po.d, true);
+    op_grouped_linear_backward_weight(d16, NONE, dy.d, x.d, NONE, 0, po.d, true);
     unsetenv("PITH_GROUPED_KERNEL");
     float *go = gpu_down(dw2), *a16 = gpu_down(d16);
     double erro = block_err(go, h1, E, N, K);
@@ -1144,14 +1176,15 @@ TEST(gpu_op_grouped_paths) {
     int64_t E = 6, R = 250, K = 64, N = 96;
     DType dt = DT_BF16;
     Pair x = pair_rand(dt, 1, 2, R, K, 0, 0), w = pair_rand(dt, 0.5f, 3, E, N, K, 0), y = pair_nan(dt, 2, R, N, 0, 0);
-    op_grouped_linear_forward(y.c, x.c, w.c, NONE, po.c), op_grouped_linear_forward(y.d, x.d, w.d, NONE, po.d);
+    op_grouped_linear_forward(y.c, x.c, NONE, 0, w.c, NONE, po.c),
+        op_grouped_linear_forward(y.d, x.d, NONE, 0, w.d, NONE, po.d);
     EXPECT_CLOSE(y, 1e-2);
     Pair dy = pair_rand(dt, 1, 2, R, N, 0, 0), dx = pair_nan(dt, 2, R, K, 0, 0),
          dw = pair_rand(DT_F32, 1, 3, E, N, K, 0);
     op_grouped_linear_backward_input(dx.c, dy.c, w.c, po.c), op_grouped_linear_backward_input(dx.d, dy.d, w.d, po.d);
     EXPECT_CLOSE(dx, 1e-2);
-    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, po.c, true),
-        op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, po.d, true);
+    op_grouped_linear_backward_weight(dw.c, NONE, dy.c, x.c, NONE, 0, po.c, true),
+        op_grouped_linear_backward_weight(dw.d, NONE, dy.d, x.d, NONE, 0, po.d, true);
     EXPECT_CLOSE(dw, 1e-4);
     // skewed routing: two experts of over a thousand rows beside small ones
     const int64_t so[6] = {0, 1100, 1130, 1130, 2400, 2410};
@@ -1159,7 +1192,8 @@ TEST(gpu_op_grouped_paths) {
     int64_t E2 = 5, R2 = 2410;
     Pair x2 = pair_rand(dt, 1, 2, R2, K, 0, 0), w2 = pair_rand(dt, 0.5f, 3, E2, N, K, 0),
          y2 = pair_nan(dt, 2, R2, N, 0, 0);
-    op_grouped_linear_forward(y2.c, x2.c, w2.c, NONE, pso.c), op_grouped_linear_forward(y2.d, x2.d, w2.d, NONE, pso.d);
+    op_grouped_linear_forward(y2.c, x2.c, NONE, 0, w2.c, NONE, pso.c),
+        op_grouped_linear_forward(y2.d, x2.d, NONE, 0, w2.d, NONE, pso.d);
     EXPECT_CLOSE(y2, 1e-2);
     Pair dy2 = pair_rand(dt, 1, 2, R2, N, 0, 0), dx2 = pair_nan(dt, 2, R2, K, 0, 0);
     op_grouped_linear_backward_input(dx2.c, dy2.c, w2.c, pso.c),

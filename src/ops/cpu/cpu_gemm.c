@@ -124,12 +124,23 @@ static void experts_run(int kind, Tensor out, Tensor a, Tensor b, Tensor offs_t,
     free(g);
 }
 
-void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs) {
+// x's R rows gathered into a copy (rows.p; free it), or x.
+static Tensor gathered(Tensor x, Tensor rows, int div, int64_t R) {
+    if (!rows.p) return x;
+    CHECK(tensor_numel(rows) >= R && div >= 1);
+    Tensor g = tensor_make(xmalloc(R * t_cols(x) * sizeof(float) + 1), DT_F32, DEV_CPU, 2, R, t_cols(x), 1, 1);
+    cpu_gather_rows(g, x, tensor_rows(rows, 0, R), div);
+    return g;
+}
+
+void cpu_grouped_linear_forward(Tensor y, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
-    CHECK(t_cols(x) == K && t_cols(y) == N && cpu_offs(offs, E)[E] <= t_rows(x));
+    Tensor xg = gathered(x, rows, div, t_rows(y));
+    CHECK(t_cols(x) == K && t_cols(y) == N && cpu_offs(offs, E)[E] <= t_rows(xg));
     CHECK(!b.p || tensor_numel(b) == E * N);
-    experts_run(0, y, x, w, offs, E, N, K);
+    experts_run(0, y, xg, w, offs, E, N, K);
     if (b.p) cpu_linear_bias_forward(y, b, offs);
+    if (rows.p) free(xg.p);
 }
 
 void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, Tensor offs) {
@@ -138,8 +149,10 @@ void cpu_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, Tensor of
     experts_run(1, dx, dy, w, offs, E, N, K);
 }
 
-void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor offs, bool accumulate) {
+void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor xs, Tensor rows, int div, Tensor offs,
+                                        bool accumulate) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
+    Tensor x = gathered(xs, rows, div, t_rows(dy));
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     CHECK(!db.p || tensor_numel(db) == E * N);
     // bf16 dw: the products into an fp32 buffer, then each element old + sum in fp32, rounded once
@@ -154,4 +167,5 @@ void cpu_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor 
         free(sum.p);
     }
     if (db.p) cpu_linear_bias_backward(db, dy, offs, accumulate);
+    if (rows.p) free(x.p);
 }

@@ -129,10 +129,13 @@ void zero_empty_experts(void *dw, const int64_t *offs, int64_t E, int64_t bytes)
 // The expert products (kinds): forward y = x_e·w_eᵀ, input gradient dx = dy_e·w_e, weight gradient dw_e (+)= dy_eᵀ·x_e.
 enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
 // One on the wgmma kernels (cuda_wgmma.cu): out y or dx (R, ·), a x or dy (R, ·), b w (E, N, K); or for the weight
-// gradient out dw (E, N, K) fp32, a dy, b x (accumulate false: written, the empty experts' zeroed). False when they do
-// not fit, and the caller runs another path; wgmma_grouped_calls counts those that ran.
-bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate);
-int64_t wgmma_grouped_calls(void);
+// gradient out dw (E, N, K) fp32, a dy, b x (accumulate false: written, the empty experts' zeroed). rows.p (forward
+// and weight gradient): x is gathered, row i of the product's being x[rows[i] / div] (rows int32 on the GPU). False
+// when they do not fit, and the caller runs another path; wgmma_grouped_calls counts those that ran (gathered: those
+// that gathered x).
+bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows,
+                   int div);
+int64_t wgmma_grouped_calls(bool gathered);
 // cuBLASLt's block-scaled E4M3 product (cuda_gemm.cu), column-major D (m × n, ldd m) = op_T(A)·op_N(B) + beta·D: A codes
 // (k × m, lda k) with BLK128x128 scales sa, B codes (k × n, ldb k) with VEC128 scales sb (cuda_fp8.cu has the layouts),
 // D of dtype ddt (fp32 or bf16). False when cuBLASLt has no algorithm.

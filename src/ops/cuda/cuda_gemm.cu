@@ -366,10 +366,22 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, bool
 // PITH_GROUPED_KERNEL=loop) one cuBLASLt product per expert, dealt to the side streams in turn, whose shapes need the
 // offsets on the host: read back (cuda_offsets_host, a wait). Read on every call, so a test or benchmark can switch
 // it in-process.
-static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, Tensor offs, bool accumulate, const char *what) {
+static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, Tensor offs, bool accumulate, Tensor rows, int div,
+                          const char *what) {
     const int64_t *o = offsets_device(offs, (kind == WG_WEIGHT_GRAD ? out : b).n[0], what);
     const char *e = getenv("PITH_GROUPED_KERNEL");
-    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate);
+    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate, rows, div);
+}
+
+// x's R rows gathered (rows.p) into the op scratch for the paths that do not gather themselves, or x.
+static Tensor gathered(Tensor x, Tensor rows, int div, int64_t R, const char *what) {
+    if (!rows.p) return x;
+    if (rows.dev != DEV_CUDA || rows.dt != DT_I32 || tensor_numel(rows) < R || div < 1)
+        die("%s: the gathered rows must be (>= %lld) int32 on the GPU, div >= 1", what, (long long)R);
+    Tensor g =
+        tensor_make(cuda_scratch((size_t)R * t_cols(x) * dtype_size(x.dt) + 1), x.dt, DEV_CUDA, 2, R, t_cols(x), 1, 1);
+    if (R) cuda_gather_rows(g, x, tensor_rows(rows, 0, R), div);
+    return g;
 }
 
 // The forward and the input gradient are one product with different operand roles (w: (E, N, K)):
@@ -377,13 +389,16 @@ static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, Tensor offs,
 //   input gradient  out dx (R, K) = in dy (R, N) · w_e   col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
 // So with C = out's columns and D = in's columns, out_e (C×M_e) = op(w_e) (lda K) · in_e (D×M_e), op = T for
 // the forward.
-static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, Tensor offs_t, const char *what) {
+// rows.p (the forward): in is gathered (ops_list.h).
+static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor rows, int div, Tensor w, Tensor offs_t,
+                                 const char *what) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2], C = input_grad ? K : N, D = input_grad ? N : K;
     CHECK(t_cols(in) == D && t_cols(out) == C);
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
-    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, what)) return;
+    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, rows, div, what)) return;
+    in = gathered(in, rows, div, t_rows(out), what);
     const int64_t *offs = cuda_offsets_host(offs_t, E);
     CHECK(offs[E] <= t_rows(in));
     size_t is = dtype_size(in.dt), os = dtype_size(out.dt);
@@ -424,14 +439,17 @@ __global__ void grouped_bias_backward_kernel(TD *db, const T *dy, const int64_t 
 extern "C" {
 
 int64_t cuda_grouped_calls(const char *path) {
-    return !strcmp(path, "wgmma") ? wgmma_grouped_calls() : !strcmp(path, "heuristic") ? gemm_queries : 0;
+    return !strcmp(path, "wgmma")       ? wgmma_grouped_calls(false)
+           : !strcmp(path, "gather")    ? wgmma_grouped_calls(true)
+           : !strcmp(path, "heuristic") ? gemm_queries
+                                        : 0;
 }
 
 void cuda_gemm_cache_clear(void) { memset(gemm_cache, 0, sizeof gemm_cache); }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
-void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor w, Tensor b, Tensor offs) {
-    grouped_rows_product(false, y, x, w, offs, "grouped_linear_forward");
+void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs) {
+    grouped_rows_product(false, y, x, rows, div, w, offs, "grouped_linear_forward");
     int64_t E = w.n[0], N = w.n[1];
     if (!b.p) return;
     if (tensor_numel(b) != E * N)
@@ -483,10 +501,11 @@ void cuda_linear_bias_backward(Tensor db, Tensor dy, Tensor offs, bool accumulat
 }
 
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, Tensor offs) {
-    grouped_rows_product(true, dx, dy, w, offs, "grouped_linear_backward_input");
+    grouped_rows_product(true, dx, dy, Tensor{}, 0, w, offs, "grouped_linear_backward_input");
 }
 
-void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor offs, bool accumulate) {
+void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs,
+                                         bool accumulate) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     CHECK(t_cols(x) == K && t_cols(dy) == N);
     if (db.p && E > 0) { // first: the weight paths below return early
@@ -498,6 +517,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     if (dw.dt != DT_F32 && dw.dt != DT_BF16)
         die("grouped_linear_backward_weight: dw is %s (fp32 or bf16)", dtype_name(dw.dt));
+    if (x.dt != DT_BF16) x = gathered(x, rows, div, t_rows(dy), "grouped_linear_backward_weight"), rows = Tensor{};
     if (dw.dt == DT_BF16 && x.dt == DT_F32) { // fp32 operands: each expert's fp32 sums, as many rows of dw_e at a time
         // as the conversion pool holds, then added to dw_e (one rounding)
         if (!accumulate) cuda_zero(dw);
@@ -518,7 +538,8 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     }
     // bf16 dw (gradient_dtype): the wgmma kernel and cuBLASLt sum in fp32 and add D in fp32, one rounding
     size_t s = dtype_size(x.dt), os = dtype_size(dw.dt);
-    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, "grouped_linear_backward_weight")) return;
+    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, rows, div, "grouped_linear_backward_weight")) return;
+    x = gathered(x, rows, div, t_rows(dy), "grouped_linear_backward_weight");
     if (!accumulate) cuda_zero(dw); // the products below add
     const int64_t *o = cuda_offsets_host(offs, E);
     int ns = side_fork(); // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing

@@ -95,10 +95,14 @@ typedef struct {
     int tiles[WG_MAX_E + 1];
     int ord[WG_MAX_E]; // the experts by rows, most first (stable)
 } WgList;
-// What a kernel gets by value: the list's address and the product's sizes.
+// What a kernel gets by value: the list's address, the product's sizes and, where the kernel gathers its x operand
+// (cuda_wgmma.cu), the rows it reads: row i of x_e is gx[grows[min(i, gR − 1)] / gdiv] (gx NULL: no gather).
 typedef struct {
     const WgList *list;
     int E, N, K, ntn; // ntn: tiles along the output's columns
+    const void *gx;
+    const int32_t *grows;
+    int gdiv, gR;
 } WgTable;
 
 // One tile of the list.
@@ -134,13 +138,13 @@ template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile 
 // kernels: their CTAs stop at the list's count), or −1 when that bound passes int.
 int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, int bn, const int64_t *offs, int64_t R);
 
-// The stage ring of a producer/consumer CTA: stage s's "full" barrier at full + 8·s (the producer's one arrival and
-// its TMA bytes) and "empty" barrier at empty + 8·s (one arrival per consumer warp: 8), then consumer warpgroup g's
-// epilogue barrier at empty + 8·(stages + g) (its loads of a tile's output: epilogue); the whole CTA waits until they
-// are initialised.
-static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, int stages) {
+// The stage ring of a producer/consumer CTA: stage s's "full" barrier at full + 8·s (the producer's `producers`
+// arrivals and its TMA bytes) and "empty" barrier at empty + 8·s (one arrival per consumer warp: 8), then consumer
+// warpgroup g's epilogue barrier at empty + 8·(stages + g) (its loads of a tile's output: epilogue); the whole CTA
+// waits until they are initialised.
+static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, int stages, int producers = 1) {
     if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8);
+        for (int s = 0; s < stages; s++) mbar_init(full + 8 * s, producers), mbar_init(empty + 8 * s, 8);
         for (int g = 0; g < 2; g++) mbar_init(empty + 8 * (stages + g), 1); // the consumers' epilogue loads
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
