@@ -49,7 +49,9 @@ typedef struct {
 
 #define CUDA_LT_WS_BYTES ((size_t)32 << 20)
 #define CUDA_CONVERT_BYTES ((size_t)32 << 20)
-#define CUDA_SMALL_BYTES ((size_t)1 << 20)
+// The small pool holds colsum_part's 128 row groups of up to 4096 columns (RMSNorm's one-pass backward at hidden
+// widths, cuda_norm.cu).
+#define CUDA_SMALL_BYTES ((size_t)2 << 20)
 
 CudaCtx *cuda_ctx(void); // creates everything on first use
 static inline cudaStream_t cuda_stream(void) { return cuda_ctx()->compute; }

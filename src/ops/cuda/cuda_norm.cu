@@ -4,10 +4,13 @@
 // Shapes: x, y, dy, dx, z, dz: (R, D); w: (D); rstd: (R) fp32; RoPE x: (T, heads, d), cos/sin (P, d/2) fp32,
 // pos (T) int32; SwiGLU gu: (M, 2I) = [gate | up] (interleaved [g_0, u_0, …] when clamped), act: (M, I).
 // Each kernel moves V values at a time (cuda_common.cuh): RMSNorm gives a row lpr lanes of one warp (32, or with
-// V = 8 the largest power of two ≤ min(32, D/8)), RoPE and SwiGLU one thread per V pairs or outputs. RMSNorm's
-// backward sums ∂w's row groups in the same pass as dx where a lane has few columns (rows up to 512 wide:
-// rmsnorm_backward_fused_kernel), else in a second kernel (rmsnorm_dw_kernel); colsum_finish then adds the groups.
-#include "ops/cuda/cuda_common.cuh"
+// V = 8 the largest power of two ≤ min(32, D/8); rmsnorm_backward_rows_kernel one or two whole warps), RoPE and
+// SwiGLU one thread per V pairs or outputs. RMSNorm's backward sums ∂w's row groups in the same pass as dx where a
+// lane has few columns (rows up to 512 wide: rmsnorm_backward_fused_kernel), else in a second kernel
+// (rmsnorm_dw_kernel); colsum_finish then adds the groups. At hidden widths with bf16 storage, ungated, the one-pass
+// rmsnorm_backward_rows_kernel (rows up to 4096 wide, their loads pipelined through shared memory) runs where
+// PITH_NORM_KERNEL=rows: it awaits its GPU tests and timing against the two kernels before it becomes the path.
+#include "ops/cuda/cuda_mma.cuh"
 
 // Lanes per row: 32, or for 8-wide vectors the largest power of two ≤ min(32, D/8).
 static int norm_lanes(int64_t D, int width) {
@@ -62,14 +65,33 @@ __global__ void rmsnorm_forward_kernel(T *y, float *rstd, const T *x, const T *z
     }
 }
 
+// The backward's arithmetic on V columns' fp32 values g = dy, xv = x, u (norm_u) and zz = z (gated): the row's dot
+// Σ dy·u·x added to dot; dx (+)= r·u·dy − x·c into a (holding dx's old values when acc), and the columns' ∂w terms
+// dy·x·r (·silu(z) when gated) into wv. Every backward kernel computes through these two.
+template <int V>
+__device__ __forceinline__ void norm_dot_vals(float &dot, const float (&g)[V], const float (&xv)[V],
+                                              const float (&u)[V]) {
+#pragma unroll
+    for (int k = 0; k < V; k++) dot += g[k] * u[k] * xv[k];
+}
+template <int V, bool GATED>
+__device__ __forceinline__ void norm_dx_vals(float (&a)[V], float (&wv)[V], const float (&g)[V], const float (&xv)[V],
+                                             const float (&u)[V], const float (&zz)[V], float r, float c, bool acc) {
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+        a[k] = (acc ? a[k] : 0.0f) + r * u[k] * g[k] - xv[k] * c;
+        wv[k] = g[k] * xv[k] * r;
+        if (GATED) wv[k] *= zz[k] * sigmoid_f(zz[k]);
+    }
+}
+
 // The row's dot Σ dy·u·x over V columns (pointers at the columns), added to dot.
 template <int V, bool ONE_P, bool GATED, typename T, typename TW>
 __device__ __forceinline__ void norm_dot(float &dot, const T *dy, const T *x, const T *z, const TW *w) {
     float g[V], xv[V], u[V], zz[V];
     ldv<V>(dy, g), ldv<V>(x, xv);
     norm_u<V, ONE_P, GATED>(u, zz, w, z);
-#pragma unroll
-    for (int k = 0; k < V; k++) dot += g[k] * u[k] * xv[k];
+    norm_dot_vals<V>(dot, g, xv, u);
 }
 
 // V columns of the backward (pointers at the columns): dx (+)= r·u·dy − x·c, dz = dy·x·r·(w or 1 + w)·silu'(z) when
@@ -81,12 +103,7 @@ __device__ __forceinline__ void norm_dx(T *dx, T *dz, const T *dy, const T *x, c
     ldv<V>(dy, g), ldv<V>(x, xv);
     norm_u<V, ONE_P, GATED>(u, zz, w, z);
     if (acc) ldv<V>(dx, a);
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-        a[k] = (acc ? a[k] : 0.0f) + r * u[k] * g[k] - xv[k] * c;
-        wv[k] = g[k] * xv[k] * r;
-        if (GATED) wv[k] *= zz[k] * sigmoid_f(zz[k]);
-    }
+    norm_dx_vals<V, GATED>(a, wv, g, xv, u, zz, r, c, acc);
     stv<V>(dx, a);
     if (GATED) {
         norm_u<V, ONE_P, false>(u, zz, w, z);
@@ -96,8 +113,8 @@ __device__ __forceinline__ void norm_dx(T *dx, T *dz, const T *dy, const T *x, c
     }
 }
 
-// dx and dz alone, 256 threads a block, lpr lanes a row; ∂w then comes from rmsnorm_dw_kernel. The path of the
-// widths rmsnorm_backward_fused_kernel does not take.
+// dx and dz alone, 256 threads a block, lpr lanes a row; ∂w then comes from rmsnorm_dw_kernel. The path of the rows
+// neither one-pass kernel takes: wider than 512 columns and fp32, gated, unaligned or wider than NORM_ROW_MAX_COLS.
 template <typename T, typename TW, bool ONE_P, bool GATED, int V>
 __global__ void rmsnorm_backward_kernel(T *dx, T *dz, const T *dy, const T *x, const T *z, const TW *w,
                                         const float *rstd, int64_t R, int64_t D, int lpr, bool acc) {
@@ -133,7 +150,8 @@ __global__ void rmsnorm_dw_kernel(float *part, const T *dy, const T *x, const T 
 // share all but the shortest inputs, and the loads in flight come from within a block: norm_dw_threads(V, NV) threads
 // (more where a lane holds fewer sums) and, ungated (fewer registers), 2 rows a slot at a time.
 // A lane sums at most NORM_DW_COLS columns (so 8-wide vectors take rows up to 512 here): at wider rows the G blocks
-// of one group each hold too few loads in flight, and the two kernels are faster (bench/results/2026-12-04-s27).
+// of one group each hold too few loads in flight (bench/results/2026-12-04-s27), and rmsnorm_backward_rows_kernel or
+// the two kernels take them.
 #define NORM_DW_VECS 8
 #define NORM_DW_COLS 16
 #define NORM_DW_GROUP_ROWS 32
@@ -226,6 +244,155 @@ __global__ void __launch_bounds__(norm_dw_threads(V, NV))
             for (int k = 0; k < V; k++) wv[k] = red[k * NT + threadIdx.x];
             stv<V>(part + blockIdx.x * D + j, wv);
         }
+    }
+}
+
+// The backward of bf16 rows of 513 to NORM_ROW_MAX_COLS columns, ungated, with 8-wide vectors, in one pass. A block
+// of NORM_ROW_THREADS threads is one row group: G = colsum_groups(R, D, NORM_ROW_MIN_ROWS, NORM_ROW_GROUPS) groups, so
+// the G·D fp32 partials fit the small pool. A row belongs to W warps (lpr = 32·W lanes: W = 1 up to 2048 columns,
+// else 2) and lane l of a row owns the vectors at columns c·CW + 8l, c < NV (CW = 8·lpr, NV·CW ≥ D), holding their ∂w
+// sums in registers. Each lane copies its vectors of a row's dy and x (and dx when accumulating) by cp.async into its
+// own entries of a NORM_ROW_STAGES-deep ring in shared memory and reads back only those, so the next row's loads are
+// in flight while the lane works on this one, with no barrier between warps; u (w or 1 + w, fp32) is made once a
+// block, in shared memory.
+#define NORM_ROW_THREADS 256
+#define NORM_ROW_GROUPS 128
+#define NORM_ROW_MIN_ROWS 32
+#define NORM_ROW_STAGES 2
+#define NORM_ROW_MAX_COLS 4096
+
+// Eight bf16 (16 bytes) as fp32.
+__device__ __forceinline__ void bf16x8_f32(uint4 q, float (&v)[8]) {
+    const uint32_t h[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        v[2 * i] = __uint_as_float(h[i] << 16), v[2 * i + 1] = __uint_as_float(h[i] & 0xffff0000u);
+}
+
+// Named barrier id (1 … 15; 0 is __syncthreads') over the n threads (a multiple of 32) that call it.
+__device__ __forceinline__ void bar_named(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// Dynamic shared memory of rmsnorm_backward_rows_kernel: u as float4 u4[(c·2 + h)·lpr + l] (columns c·CW + 8l + 4h
+// … + 3), then each warp's ring, uint4 [stage][buffer: dy, x, dx when acc][c][lane].
+static size_t norm_rows_smem(int W, int NV, bool acc) {
+    return (size_t)NV * 2 * 32 * W * 16 + (size_t)(NORM_ROW_THREADS / 32) * NORM_ROW_STAGES * (acc ? 3 : 2) * NV * 512;
+}
+
+// Grid (G): block g takes rows [g·RG, min(R, (g + 1)·RG)) (none in a trailing group past R: its sums are 0) in
+// S = threads / lpr row slots; slot s takes the rows s, s + S, … in order (n-th: stage n % NORM_ROW_STAGES of its
+// warps' rings). A row's dot adds over its lanes by shuffles, then (W = 2) over its warps through wdot in warp order.
+// After the rows the slots' ∂w sums go to shared memory (red[s][j], over the rings) and thread t adds column
+// j = t, t + threads, … over the slots in order into part[g·D + j]; colsum_finish adds the groups to dw in order. No
+// atomics, and the order follows the shape only (G from colsum_groups, W and the columns' owners from D), so every run
+// and every GPU gives the same bits.
+template <typename TW, bool ONE_P, int W, int NV>
+__global__ void __launch_bounds__(NORM_ROW_THREADS, 1)
+    rmsnorm_backward_rows_kernel(float *part, bf16 *dx, const bf16 *dy, const bf16 *x, const TW *w, const float *rstd,
+                                 int64_t R, int64_t D, int64_t RG, bool acc) {
+    constexpr int LPR = 32 * W, S = NORM_ROW_THREADS / LPR, CW = 8 * LPR, NS = NORM_ROW_STAGES;
+    extern __shared__ uint4 smem[];
+    __shared__ float wdot[2][S][W]; // (W = 2) the warps' dots of a slot's row, by the row's parity
+    float4 *u4 = (float4 *)smem;
+    int nb = acc ? 3 : 2, l = threadIdx.x % LPR, slot = threadIdx.x / LPR;
+    uint4 *ring = smem + NV * 2 * LPR + (threadIdx.x / 32) * NS * nb * NV * 32 + threadIdx.x % 32; // this lane's
+    int64_t r0 = blockIdx.x * RG, r1 = r0 + RG < R ? r0 + RG : R, i0 = r0 + slot;
+    int64_t cnt = r1 > i0 ? (r1 - i0 + S - 1) / S : 0; // the slot's rows: i0 + n·S, n < cnt
+    // Row n of the slot into stage n % NS (none past the slot's rows), committed as one group either way.
+    auto issue = [&](int64_t n) {
+        if (n < cnt) {
+            int64_t o = (i0 + n * S) * D;
+            uint4 *st = ring + (n % NS) * nb * NV * 32;
+#pragma unroll
+            for (int c = 0; c < NV; c++) {
+                int64_t j = (int64_t)c * CW + 8 * l;
+                if (j >= D) continue;
+                cp_async16(smem_addr(st + c * 32), dy + o + j, true);
+                cp_async16(smem_addr(st + (NV + c) * 32), x + o + j, true);
+                if (acc) cp_async16(smem_addr(st + (2 * NV + c) * 32), dx + o + j, true);
+            }
+        }
+        cp_async_commit();
+    };
+    auto ld_u = [&](int c, float(&u)[8]) {
+        float4 a = u4[c * 2 * LPR + l], b = u4[(c * 2 + 1) * LPR + l];
+        u[0] = a.x, u[1] = a.y, u[2] = a.z, u[3] = a.w, u[4] = b.x, u[5] = b.y, u[6] = b.z, u[7] = b.w;
+    };
+    float sum[NV][8];
+#pragma unroll
+    for (int c = 0; c < NV; c++)
+#pragma unroll
+        for (int k = 0; k < 8; k++) sum[c][k] = 0;
+    issue(0);                             // (its loads in flight while u is made)
+    float rn = cnt > 0 ? rstd[i0] : 0.0f; // the next row's rstd, loaded a row ahead
+    for (int e = threadIdx.x; e < NV * 2 * LPR; e += NORM_ROW_THREADS) {
+        int64_t j = (int64_t)(e / (2 * LPR)) * CW + 8 * (e % LPR) + 4 * (e / LPR % 2);
+        float v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float t = j < D ? ld(w, j + k) : 0.0f;
+            v[k] = ONE_P ? 1.0f + t : t;
+        }
+        u4[e] = make_float4(v[0], v[1], v[2], v[3]);
+    }
+    __syncthreads(); // u4 written
+    for (int64_t n = 0; n < cnt; n++) {
+        int64_t o = (i0 + n * S) * D;
+        float r = rn;
+        issue(n + 1);
+        if (n + 1 < cnt) rn = rstd[i0 + (n + 1) * S];
+        cp_async_wait<NS - 1>();       // row n's group has landed
+        asm volatile("" ::: "memory"); // and the reads below stay after the wait
+        const uint4 *st = ring + (n % NS) * nb * NV * 32;
+        uint4 gq[NV], xq[NV];
+        float dot = 0;
+#pragma unroll
+        for (int c = 0; c < NV; c++) {
+            if ((int64_t)c * CW + 8 * l >= D) continue;
+            float g[8], xv[8], u[8];
+            gq[c] = st[c * 32], xq[c] = st[(NV + c) * 32];
+            bf16x8_f32(gq[c], g), bf16x8_f32(xq[c], xv), ld_u(c, u);
+            norm_dot_vals<8>(dot, g, xv, u);
+        }
+        dot = group_sum(dot, 32);
+        if (W > 1) {
+            int p = (int)(n & 1); // wdot[p] is free: every warp of the slot read it before the previous barrier
+            if (threadIdx.x % 32 == 0) wdot[p][slot][l / 32] = dot;
+            bar_named(1 + slot, LPR);
+            dot = 0;
+#pragma unroll
+            for (int q = 0; q < W; q++) dot += wdot[p][slot][q];
+        }
+        float cr = dot * r * r * r / (float)D;
+#pragma unroll
+        for (int c = 0; c < NV; c++) {
+            int64_t j = (int64_t)c * CW + 8 * l;
+            if (j >= D) continue;
+            float g[8], xv[8], u[8], zz[8], a[8], wv[8];
+            bf16x8_f32(gq[c], g), bf16x8_f32(xq[c], xv), ld_u(c, u);
+            if (acc) bf16x8_f32(st[(2 * NV + c) * 32], a);
+            norm_dx_vals<8, false>(a, wv, g, xv, u, zz, r, cr, acc);
+            st8(dx + o + j, a);
+#pragma unroll
+            for (int k = 0; k < 8; k++) sum[c][k] += wv[k];
+        }
+        asm volatile("" ::: "memory"); // this row's reads stay before the next copies into the ring
+    }
+    cp_async_wait<0>();
+    __syncthreads(); // the rings are free: red[s·NV·CW + j] over them
+    float *red = (float *)(smem + NV * 2 * LPR);
+#pragma unroll
+    for (int c = 0; c < NV; c++) {
+        float *p = red + (slot * NV + c) * CW + 8 * l;
+        *(float4 *)p = make_float4(sum[c][0], sum[c][1], sum[c][2], sum[c][3]);
+        *(float4 *)(p + 4) = make_float4(sum[c][4], sum[c][5], sum[c][6], sum[c][7]);
+    }
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < D; j += NORM_ROW_THREADS) {
+        float s = 0;
+        for (int t = 0; t < S; t++) s += red[t * NV * CW + j];
+        part[blockIdx.x * D + j] = s;
     }
 }
 
@@ -323,7 +490,27 @@ __global__ void swiglu_backward_kernel(T *dgu, const T *dact, const T *gu, int64
     }
 }
 
+// Launches rmsnorm_backward_rows_kernel on G blocks with W and NV from D (a multiple of 8, 513 … NORM_ROW_MAX_COLS):
+// W = 1 with NV = 4 (up to 1024 columns) or 8, else W = 2 with NV = 8.
+template <typename TW, bool ONE_P>
+static void norm_rows_launch(float *part, int G, bf16 *dx, const bf16 *dy, const bf16 *x, const TW *w,
+                             const float *rstd, int64_t R, int64_t D, int64_t RG, bool acc) {
+    if (D <= 1024)
+        launch(rmsnorm_backward_rows_kernel<TW, ONE_P, 1, 4>, dim3((unsigned)G), dim3(NORM_ROW_THREADS),
+               norm_rows_smem(1, 4, acc), part, dx, dy, x, w, rstd, R, D, RG, acc);
+    else if (D <= 2048)
+        launch(rmsnorm_backward_rows_kernel<TW, ONE_P, 1, 8>, dim3((unsigned)G), dim3(NORM_ROW_THREADS),
+               norm_rows_smem(1, 8, acc), part, dx, dy, x, w, rstd, R, D, RG, acc);
+    else
+        launch(rmsnorm_backward_rows_kernel<TW, ONE_P, 2, 8>, dim3((unsigned)G), dim3(NORM_ROW_THREADS),
+               norm_rows_smem(2, 8, acc), part, dx, dy, x, w, rstd, R, D, RG, acc);
+}
+
+static int64_t norm_rows_calls; // backward calls on rmsnorm_backward_rows_kernel (cuda_norm_rows_calls)
+
 extern "C" {
+
+int64_t cuda_norm_rows_calls(void) { return norm_rows_calls; }
 
 void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, const RmsArgs *a) {
     int64_t R = t_rows(x), D = t_cols(x);
@@ -363,6 +550,21 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     int width = v8 ? 8 : 1, lpr = norm_lanes(D, width);
     int64_t nv = (D + (int64_t)lpr * width - 1) / ((int64_t)lpr * width); // the vectors of a lane
     bool fused = nv <= NORM_DW_VECS && width * nv <= NORM_DW_COLS;
+    const char *e = getenv("PITH_NORM_KERNEL");
+    bool rows = e && !strcmp(e, "rows"); // (the one-pass kernel on trial: the comment at the top)
+    if (rows && !fused && v8 && !z.p && x.dt == DT_BF16 && D <= NORM_ROW_MAX_COLS) { // one pass at hidden widths
+        norm_rows_calls++;
+        int G = colsum_groups(R, D, NORM_ROW_MIN_ROWS, NORM_ROW_GROUPS);
+        float *part = colsum_part(D, G, "rmsnorm_backward");
+        int64_t RG = (R + G - 1) / G;
+        BOOL_SWITCH(
+            a && a->one_plus, ONE_P,
+            DT_SWITCH(w.dt, TW, "rmsnorm_backward",
+                      norm_rows_launch<TW, ONE_P>(part, G, (bf16 *)dx.p, (const bf16 *)dy.p, (const bf16 *)x.p,
+                                                  (const TW *)w.p, (const float *)rstd.p, R, D, RG, accumulate)));
+        colsum_finish((float *)dw.p, part, G, D);
+        return;
+    }
     int G = colsum_groups(R, D, fused ? NORM_DW_GROUP_ROWS : 256);
     float *part = colsum_part(D, G, "rmsnorm_backward");
     if (fused) { // one kernel (dx, dz, ∂w's group sums), then the groups added in order

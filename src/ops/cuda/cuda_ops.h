@@ -27,6 +27,8 @@ int64_t cuda_moe_sort_bad_expert(void);
 // How often the expert products took a path so far (cuda_gemm.cu): "wgmma", the products the wgmma kernels ran;
 // "heuristic": the cuBLASLt heuristic's answers asked for (a product whose algorithm is not cached yet).
 int64_t cuda_grouped_calls(const char *path);
+// RMSNorm backward calls that ran the one-pass kernel at hidden widths (PITH_NORM_KERNEL=rows, cuda_norm.cu).
+int64_t cuda_norm_rows_calls(void);
 // Forgets every cached cuBLASLt algorithm (the next product of each shape asks the heuristic again): a test that
 // counts the queries of its own shapes starts from an empty cache, whatever ran before it in the process.
 void cuda_gemm_cache_clear(void);
