@@ -166,6 +166,7 @@ __global__ void __launch_bounds__(384, 1)
                 }
             }
         }
+        if (G) asm volatile("cp.async.wait_all;\n" ::: "memory"); // no copy outlives its thread
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
