@@ -707,7 +707,11 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
     }
     op_copy(io.xd, xd), op_copy(io.idx, idx);
     ep_dispatch_forward(&m, &io);
-    Tensor xe = pull(io.xe), send_idx = io.route ? pull(io.route->send_idx) : (Tensor){0};
+    // xe: the dispatched rows, or where stage 3 gathers them (moe_stage3_gathers) the rows it reads, xd[perm[i] / k]
+    bool gathers = moe_stage3_gathers(&m, &io);
+    Tensor xe = gathers ? host_like(tensor_make(NULL, DT_F32, dev, 2, (int64_t)T * k, H, 1, 1)) : pull(io.xe),
+           send_idx = io.route ? pull(io.route->send_idx) : (Tensor){0}, perm = gathers ? pull(io.perm) : (Tensor){0};
+    if (gathers) op_gather_rows(xe, xd, perm, k);
     int64_t *offs = xmalloc((El + 1) * sizeof(int64_t));
     op_copy(ti64_1(offs, El + 1), io.offs);
     // counts: deduplicated tokens to each rank, slots to each rank
@@ -803,7 +807,7 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
             EXPECT(fabs(F(dxd)[t * H + col] - want) <= 1e-5 * (1 + fabs(want)),
                    "%s: dispatch backward token %d: %g vs %g\n", c->name, t, F(dxd)[t * H + col], want);
         }
-    Tensor hs[] = {xd, idx, xe, send_idx, ye, y, at, dy, dye, dxe, dxd};
+    Tensor hs[] = {xd, idx, xe, send_idx, perm, ye, y, at, dy, dye, dxe, dxd};
     for (size_t h = 0; h < sizeof hs / sizeof *hs; h++) free(hs[h].p);
     ep_route_free(io.route), ep_buffers_free(&b), free(offs), free(ids);
     arena_destroy(&comm), arena_destroy(&act), arena_destroy(&ws);
