@@ -50,14 +50,14 @@ static void bench_one(const Dist *d, int64_t T, int iters, bool balanced, DType 
     arena_tensor(&ca, dt, 2, T, H, 0, 0), arena_tensor(&ca, DT_I32, 2, T, k, 0, 0),
         arena_tensor(&ca, DT_I64, 1, E / P + 1, 0, 0, 0);
     ep_alloc(&m, &io, &ca, T);
-    arena_tensor(&ca, dt, 2, io.xe.n[0], H, 0, 0);
+    arena_tensor(&ca, dt, 2, ep_rows_capacity(&m, T), H, 0, 0);
     Arena comm = arena_create("communication", DEV_CUDA, cc.peak), act = arena_create("activations", DEV_CUDA, ca.peak);
     ep_buffers_alloc(&m, &b, &comm, T);
     io.xd = arena_tensor(&act, dt, 2, T, H, 0, 0);
     io.idx = arena_tensor(&act, DT_I32, 2, T, k, 0, 0);
     io.offs = arena_tensor(&act, DT_I64, 1, E / P + 1, 0, 0, 0);
     ep_alloc(&m, &io, &act, T);
-    io.ye = arena_tensor(&act, dt, 2, io.xe.n[0], H, 0, 0); // (the chunk's shared staging buffer)
+    io.ye = arena_tensor(&act, dt, 2, ep_rows_capacity(&m, T), H, 0, 0); // (the chunk's shared staging buffer)
     // Routing: k distinct experts per token, uniform (random) or the force-balanced formula.
     int32_t *idx = xmalloc(T * k * sizeof(int32_t));
     int perm[128];

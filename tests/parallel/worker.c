@@ -694,7 +694,7 @@ static void run_ep_case(const Dist *d, const EpCase *c) {
     io.offs = arena_tensor(&act, DT_I64, 1, El + 1, 0, 0, 0);
     ep_alloc(&m, &io, &act, T);
     // (the chunk's shared staging buffer; one rank: the record's y, which the combine reads where the experts wrote it)
-    io.ye = io.route ? arena_tensor(&act, DT_F32, 2, io.xe.n[0], H, 0, 0) : io.y;
+    io.ye = io.route ? arena_tensor(&act, DT_F32, 2, ep_rows_capacity(&m, T), H, 0, 0) : io.y;
     ep_grad_alloc(&m, &io, &ws, T);
     int32_t *ids = xmalloc((size_t)P * T * k * sizeof(int32_t)); // every rank's routing
     for (int s = 0; s < P; s++)
