@@ -495,15 +495,13 @@ __global__ void swiglu_backward_kernel(T *dgu, const T *dact, const T *gu, int64
 template <typename TW, bool ONE_P>
 static void norm_rows_launch(float *part, int G, bf16 *dx, const bf16 *dy, const bf16 *x, const TW *w,
                              const float *rstd, int64_t R, int64_t D, int64_t RG, bool acc) {
-    if (D <= 1024)
-        launch(rmsnorm_backward_rows_kernel<TW, ONE_P, 1, 4>, dim3((unsigned)G), dim3(NORM_ROW_THREADS),
-               norm_rows_smem(1, 4, acc), part, dx, dy, x, w, rstd, R, D, RG, acc);
-    else if (D <= 2048)
-        launch(rmsnorm_backward_rows_kernel<TW, ONE_P, 1, 8>, dim3((unsigned)G), dim3(NORM_ROW_THREADS),
-               norm_rows_smem(1, 8, acc), part, dx, dy, x, w, rstd, R, D, RG, acc);
-    else
-        launch(rmsnorm_backward_rows_kernel<TW, ONE_P, 2, 8>, dim3((unsigned)G), dim3(NORM_ROW_THREADS),
-               norm_rows_smem(2, 8, acc), part, dx, dy, x, w, rstd, R, D, RG, acc);
+    auto run = [&](auto kernel, int W, int NV) {
+        launch(kernel, dim3((unsigned)G), dim3(NORM_ROW_THREADS), norm_rows_smem(W, NV, acc), part, dx, dy, x, w, rstd,
+               R, D, RG, acc);
+    };
+    if (D <= 1024) run(rmsnorm_backward_rows_kernel<TW, ONE_P, 1, 4>, 1, 4);
+    else if (D <= 2048) run(rmsnorm_backward_rows_kernel<TW, ONE_P, 1, 8>, 1, 8);
+    else run(rmsnorm_backward_rows_kernel<TW, ONE_P, 2, 8>, 2, 8);
 }
 
 static int64_t norm_rows_calls; // backward calls on rmsnorm_backward_rows_kernel (cuda_norm_rows_calls)
@@ -550,9 +548,12 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     int width = v8 ? 8 : 1, lpr = norm_lanes(D, width);
     int64_t nv = (D + (int64_t)lpr * width - 1) / ((int64_t)lpr * width); // the vectors of a lane
     bool fused = nv <= NORM_DW_VECS && width * nv <= NORM_DW_COLS;
-    const char *e = getenv("PITH_NORM_KERNEL");
-    bool rows = e && !strcmp(e, "rows"); // (the one-pass kernel on trial: the comment at the top)
-    if (rows && !fused && v8 && !z.p && x.dt == DT_BF16 && D <= NORM_ROW_MAX_COLS) { // one pass at hidden widths
+    bool wide = !fused && v8 && !z.p && x.dt == DT_BF16 && D <= NORM_ROW_MAX_COLS, rows = false;
+    if (wide) { // the one-pass kernel on trial (the comment at the top)
+        const char *e = getenv("PITH_NORM_KERNEL");
+        rows = e && !strcmp(e, "rows");
+    }
+    if (rows) { // one pass at hidden widths
         norm_rows_calls++;
         int G = colsum_groups(R, D, NORM_ROW_MIN_ROWS, NORM_ROW_GROUPS);
         float *part = colsum_part(D, G, "rmsnorm_backward");
