@@ -68,6 +68,17 @@ void fill_normal(float *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = scale * (float)rng_normal(20261129, s, (uint64_t)i);
 }
 
+int32_t *shuffled_slots(int64_t n, uint64_t seed) {
+    int32_t *slot = xmalloc((size_t)n * sizeof(int32_t) + 1);
+    for (int64_t i = 0; i < n; i++) slot[i] = (int32_t)i;
+    for (int64_t i = n - 1; i > 0; i--) { // Fisher–Yates
+        int64_t j = (int64_t)(rng_u64(seed, (uint64_t)n, (uint64_t)i) % (uint64_t)(i + 1));
+        int32_t t = slot[i];
+        slot[i] = slot[j], slot[j] = t;
+    }
+    return slot;
+}
+
 int run_cmd(char *out, size_t cap, const char *fmt, ...) {
     char body[8192], cmd[8300];
     va_list ap;

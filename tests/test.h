@@ -38,6 +38,9 @@ double rel_err_f32(const float *a, const float *b, int64_t n);
 double rel_err_f64(const double *a, const double *b, int64_t n);
 // Fills x with N(0, scale²) values from a fresh stream (tests use a new stream per call).
 void fill_normal(float *x, int64_t n, float scale);
+// 0..n−1 shuffled by stream `seed` (free it): the slots of a one-rank dispatch, whose first rows gather tokens
+// slot / k.
+int32_t *shuffled_slots(int64_t n, uint64_t seed);
 // Runs a shell command, captures stdout+stderr into out (NUL-terminated), returns its exit status.
 int run_cmd(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 // A number from an HF fixture's expected.json (tests/hf/<family>/): key at the top level (step < 0) or

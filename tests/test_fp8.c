@@ -187,11 +187,15 @@ static double calc_diff(const float *a, const double *b, int64_t n) {
 
 // The FP8 layers equal the recipe computed here in fp64 on rounded operands (≤ 1e-6: fp32 sums), and their outputs
 // and gradients are the exact layer's (fp64 on the unrounded operands) within the FP8 error.
-// offs NULL: the dense layer; else E experts (the weight (E, N, K)).
+// offs NULL: the dense layer; else E experts (the weight (E, N, K)), x gathered from token rows (3 slots a token,
+// shuffled), and the forward and weight gradient that gather it in the op give the bits of those on x.
 static void check_fp8_linear(int64_t M, int64_t N, int64_t K, const int64_t *offs, int E) {
-    int64_t En = offs ? E : 1;
-    float *x = xmalloc(M * K * 4), *w = xmalloc(En * N * K * 4), *dy = xmalloc(M * N * 4);
-    fill_normal(x, M * K, 1), fill_normal(w, En * N * K, 0.5f), fill_normal(dy, M * N, 1);
+    int64_t En = offs ? E : 1, k = 3, T = M / k + 1;
+    float *x = xmalloc(M * K * 4), *w = xmalloc(En * N * K * 4), *dy = xmalloc(M * N * 4), *xt = xmalloc(T * K * 4);
+    int32_t *slot = shuffled_slots(T * k, 7); // the first M are x's rows
+    fill_normal(x, M * K, 1), fill_normal(w, En * N * K, 0.5f), fill_normal(dy, M * N, 1), fill_normal(xt, T * K, 1);
+    if (offs)
+        for (int64_t i = 0; i < M; i++) memcpy(x + i * K, xt + slot[i] / k * K, K * 4);
     Tensor tw = offs ? tensor_make(w, DT_F32, DEV_CPU, 3, E, N, K, 1) : tf32_2(w, N, K);
     float *wq = xmalloc(En * N * K * 4);
     Tensor twq = tw;
@@ -212,10 +216,18 @@ static void check_fp8_linear(int64_t M, int64_t N, int64_t K, const int64_t *off
             }
     float *y = xmalloc(M * N * 4), *dx = xmalloc(M * K * 4), *dw = xcalloc(En * N * K, 4);
     if (offs) {
-        op_fp8_grouped_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), w8, ti64_1(offs, E + 1));
-        op_fp8_grouped_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), w8, ti64_1(offs, E + 1));
+        Tensor to = ti64_1(offs, E + 1), rows = tensor_make(slot, DT_I32, DEV_CPU, 1, M, 1, 1, 1);
+        op_fp8_grouped_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), NONE, 0, w8, to);
+        op_fp8_grouped_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), w8, to);
         op_fp8_grouped_linear_backward_weight(tensor_make(dw, DT_F32, DEV_CPU, 3, E, N, K, 1), tf32_2(dy, M, N),
-                                              tf32_2(x, M, K), ti64_1(offs, E + 1), true);
+                                              tf32_2(x, M, K), NONE, 0, to, true);
+        float *yg = xmalloc(M * N * 4), *dwg = xcalloc(En * N * K, 4);
+        op_fp8_grouped_linear_forward(tf32_2(yg, M, N), tf32_2(xt, T, K), rows, (int)k, w8, to);
+        op_fp8_grouped_linear_backward_weight(tensor_make(dwg, DT_F32, DEV_CPU, 3, E, N, K, 1), tf32_2(dy, M, N),
+                                              tf32_2(xt, T, K), rows, (int)k, to, true);
+        ASSERT_MSG(!memcmp(y, yg, M * N * 4), "the forward gathering x differs from the forward on x");
+        ASSERT_MSG(!memcmp(dw, dwg, En * N * K * 4), "the weight gradient gathering x differs from the one on x");
+        free(yg), free(dwg);
     } else {
         op_fp8_linear_forward(tf32_2(y, M, N), tf32_2(x, M, K), w8);
         op_fp8_linear_backward_input(tf32_2(dx, M, K), tf32_2(dy, M, N), w8, false);
@@ -249,7 +261,7 @@ static void check_fp8_linear(int64_t M, int64_t N, int64_t K, const int64_t *off
            offs ? "grouped" : "dense", (long long)M, (long long)N, (long long)K, cy, cx, cw);
     ASSERT(cy < 2e-3 && cx < 2e-3 && cw < 2e-3); // E4M3: ≤ 2^-4 relative per operand
     free(x), free(w), free(dy), free(wq), free(w8b), free(y), free(dx), free(dw), free(xr), free(dyr), free(dyc);
-    free(xw);
+    free(xw), free(xt), free(slot);
     free(ry), free(rdx), free(rdw), free(ty), free(tdx), free(tdw);
 }
 
@@ -466,12 +478,11 @@ TEST(fp8_model_step_against_fp32_and_ep2) {
     double plan32 = train_one(d, "f32", one, ""), plan8 = train_one(d, "fp8", one, "--set fp8=true");
     // the plan counts the weight cache: the codes and scales of the experts', 2 MoE layers of 8 (gate_up 256 × 256,
     // down 256 × 128), of the dense layer's (512 × 256, 256 × 256) and of each layer's q, k, v (128 × 256, 64 × 256
-    // twice) and o (256 × 128); and the expert inputs xe FP8 makes (fp32 without it gathers them in its grouped
-    // GEMMs, moe_stage3_gathers): 2 MoE layers of T·k = 64 · 3 rows of 256
+    // twice) and o (256 × 128), and nothing else: FP8's experts gather their input like fp32's (moe_stage3_gathers),
+    // so neither makes xe
     double attn = op_fp8_weight_bytes(128, 256) + 2.0 * op_fp8_weight_bytes(64, 256) + op_fp8_weight_bytes(256, 128);
     ASSERT_MSG(plan8 - plan32 == 2.0 * (op_fp8_experts_bytes(8, 256, 256) + op_fp8_experts_bytes(8, 256, 128)) +
-                                     op_fp8_weight_bytes(512, 256) + op_fp8_weight_bytes(256, 256) + 3 * attn +
-                                     2.0 * 64 * 3 * 256 * 4,
+                                     op_fp8_weight_bytes(512, 256) + op_fp8_weight_bytes(256, 256) + 3 * attn,
                "%.0f vs %.0f", plan8, plan32);
     train_one(d, "f32-bal", one, "--set benchmark=true");
     train_one(d, "fp8-bal", one, "--set benchmark=true --set fp8=true");

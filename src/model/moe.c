@@ -251,9 +251,7 @@ static bool has_shared(const Model *m, int l) { return m->cfg.is_moe[l] && m->cf
 // Field `f` from arena a when part p (0: none) is recomputed (RC_*) exactly when `staged`, else as it is.
 #define PART(p, f, ...) (f = !(m->recompute & (p)) == !staged ? arena_tensor(a, __VA_ARGS__) : f)
 
-bool moe_stage3_gathers(const Model *m, const StageIO *io) {
-    return !io->dense && !io->route && !m->fp8.on && m->dev == DEV_CPU;
-}
+bool moe_stage3_gathers(const Model *m, const StageIO *io) { return !io->dense && !io->route && m->dev == DEV_CPU; }
 
 // A dense layer's n2 is its stage 3's input (kept), and so is a layer's that gathers it (moe_stage3_gathers).
 void moe_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io, bool staged) {
@@ -443,10 +441,10 @@ static void act_backward(const ModelConfig *c, Tensor dgu, Tensor dact, Tensor g
 // product, their gradients from the unrounded dy), else in the compute dtype.
 // rows.p: x is gathered, row i of the product x[rows[i] / k] (moe_stage3_gathers).
 static void mlp_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor rows, Tensor w, Tensor b, Tensor offs) {
-    CHECK(!rows.p || (offs.p && !m->fp8.on));
+    CHECK(!rows.p || offs.p);
     if (!offs.p) return model_proj_forward(m, l, s, y, x, w, b);
     if (!m->fp8.on) return op_grouped_linear_forward(y, x, rows, m->cfg.topk, w, b, offs);
-    m->fp8.gemms[s]++, op_fp8_grouped_linear_forward(y, x, model_fp8_weight(m, l, s), offs);
+    m->fp8.gemms[s]++, op_fp8_grouped_linear_forward(y, x, rows, m->cfg.topk, model_fp8_weight(m, l, s), offs);
     if (b.p) op_linear_bias_forward(y, b, offs);
 }
 static void mlp_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, Tensor offs) {
@@ -458,10 +456,10 @@ static void mlp_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy,
 // acc false (grouped): dw and db are written, not added to (the dense path always adds).
 static void mlp_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor rows,
                                 Tensor offs, bool acc) {
-    CHECK(!rows.p || (offs.p && !m->fp8.on));
+    CHECK(!rows.p || offs.p);
     if (!offs.p) return model_proj_backward_weight(m, l, s, dw, db, dy, x);
     if (!m->fp8.on) return op_grouped_linear_backward_weight(dw, db, dy, x, rows, m->cfg.topk, offs, acc);
-    m->fp8.gemms[s]++, op_fp8_grouped_linear_backward_weight(dw, dy, x, offs, acc);
+    m->fp8.gemms[s]++, op_fp8_grouped_linear_backward_weight(dw, dy, x, rows, m->cfg.topk, offs, acc);
     if (db.p) op_linear_bias_backward(db, dy, offs, acc);
 }
 

@@ -703,13 +703,7 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     size_t mark = gpu_mark(); // (each case's device tensors go at its end)
     DType dt = DT_BF16;
     int64_t k = 4, T = (R + k - 1) / k + 1;
-    int32_t *slot = xmalloc((size_t)T * k * sizeof(int32_t));
-    for (int64_t i = 0; i < T * k; i++) slot[i] = (int32_t)i;
-    for (int64_t i = T * k - 1; i > 0; i--) { // a shuffle of the slots; the first R are the rows
-        int64_t j = (int64_t)(rng_u64(5, (uint64_t)R, (uint64_t)i) % (uint64_t)(i + 1));
-        int32_t t = slot[i];
-        slot[i] = slot[j], slot[j] = t;
-    }
+    int32_t *slot = shuffled_slots(T * k, 5); // the first R are the rows
     Pair xt = pair_rand(dt, 1, 2, T, K, 0, 0), rs = pair_i32(slot, R), x = pair_nan(dt, 2, R, K, 0, 0),
          w = pair_rand(dt, 0.5f, 3, E, N, K, 0), dy = pair_rand(dt, 1, 2, R, N, 0, 0);
     free(slot);

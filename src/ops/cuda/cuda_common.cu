@@ -70,6 +70,11 @@ const int64_t *cuda_offsets_host(Tensor offs, int64_t E) {
     return (const int64_t *)c->host_small;
 }
 
+void cuda_check_rows(Tensor rows, int div, int64_t R, const char *what) {
+    if (rows.dev != DEV_CUDA || rows.dt != DT_I32 || tensor_numel(rows) < R || div < 1)
+        die("%s: the gathered rows must be (>= %lld) int32 on the GPU, div >= 1", what, (long long)R);
+}
+
 // Grid (chunks, E): the blocks of expert e zero dw_e (nk a multiple of 4) when e has no rows, else return at once.
 __global__ void zero_empty_experts_kernel(float4 *dw, const int64_t *offs, int64_t n16) {
     int64_t e = blockIdx.y;

@@ -119,6 +119,8 @@ void cuda_host_wait(cudaStream_t s);
 // one path that needs host values: cuBLASLt's per-expert products (cuda_gemm.cu). The array lives in the pinned
 // read-back buffer until the next read-back.
 const int64_t *cuda_offsets_host(Tensor offs, int64_t E);
+// Dies unless rows (a gathering op's, R rows read through x[rows[i] / div]) is at least R int32 on the GPU, div ≥ 1.
+void cuda_check_rows(Tensor rows, int div, int64_t R, const char *what);
 // The device pointer of a grouped op's offsets, checked: (E + 1) int64 on the GPU.
 static inline const int64_t *offsets_device(Tensor offs, int64_t E, const char *what) {
     if (offs.dev != DEV_CUDA || offs.dt != DT_I64 || tensor_numel(offs) != E + 1)

@@ -376,8 +376,7 @@ static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, Tensor offs,
 // x's R rows gathered (rows.p) into the op scratch for the paths that do not gather themselves, or x.
 static Tensor gathered(Tensor x, Tensor rows, int div, int64_t R, const char *what) {
     if (!rows.p) return x;
-    if (rows.dev != DEV_CUDA || rows.dt != DT_I32 || tensor_numel(rows) < R || div < 1)
-        die("%s: the gathered rows must be (>= %lld) int32 on the GPU, div >= 1", what, (long long)R);
+    cuda_check_rows(rows, div, R, what);
     Tensor g =
         tensor_make(cuda_scratch((size_t)R * t_cols(x) * dtype_size(x.dt) + 1), x.dt, DEV_CUDA, 2, R, t_cols(x), 1, 1);
     if (R) cuda_gather_rows(g, x, tensor_rows(rows, 0, R), div);
