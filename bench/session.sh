@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # session.sh MODE... — a device call made of modes, from the repository root with .gpu carried: main's stripped binaries
 # (.gpu/bin/*.gz or *.xz), a candidate tree's (.gpu/cand/: a candidate branch, named in .gpu/BUILT) and the
-# libraries the device lacks (.gpu/lib, scripts/pack_libs.sh). Logs go to /tmp/logs; $OUT/summary.txt and
+# libraries the device lacks (.gpu/lib, scripts/pack_libs.sh): bench/stage.sh packs each. Logs go to /tmp/logs; $OUT/summary.txt and
 # $OUT/logs.tgz are rewritten after every mode, so a call cut short still returns what it finished.
 # MODEs, in the order given:
 #   test        main's whole GPU suite (build/test_gpu), also written as it runs to $OUT/test_gpu.txt

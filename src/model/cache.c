@@ -110,6 +110,16 @@ void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db
     if (db.p) op_linear_bias_backward(db, dy, (Tensor){0}, true);
 }
 
+void model_proj_backward_weights(Model *m, int l, int n, const Fp8Slot *s, const Tensor *dw, const Tensor *db,
+                                 const Tensor *dy, Tensor x) {
+    bool fp8 = false;
+    for (int i = 0; i < n; i++) fp8 |= m->fp8.on && s[i] != FP8_NONE && m->fp8.off[s[i]][l] >= 0;
+    if (!fp8) return op_linear_backward_weights(n, dw, db, dy, x);
+    for (int i = 0; i < n; i++)
+        if (s[i] == FP8_NONE) op_linear_backward_weight(dw[i], db[i], dy[i], x, true);
+        else model_proj_backward_weight(m, l, s[i], dw[i], db[i], dy[i], x);
+}
+
 // ---- generation's KV cache ----
 
 void kv_cache_free(KvCache *kv) {

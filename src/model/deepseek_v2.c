@@ -287,19 +287,20 @@ static void dsv2_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tenso
     op_rmsnorm_backward(r->dckv, G->kvan, r->dckvn, r->ckv, W->kvan, r->rkv, false, NULL);
     op_copy_cols(r->dkva, 0, r->dckv, 0, ckv, false);
     model_proj_backward_input(m, l, FP8_KV_A, r->dn1, r->dkva, W->wkva, false);
-    model_proj_backward_weight(m, l, FP8_KV_A, G->wkva, G->bkva, r->dkva, r->n1);
-    // the query projection(s)
+    // the query projection(s), then the weight gradients of those of n1 (q or q_a, and kv_a) side by side
     Tensor dq2 = tensor_reshape2(r->dq, T, nh * dq);
     if (!d->q_lora) {
         model_proj_backward_input(m, l, FP8_Q, r->dn1, dq2, W->wq, true);
-        model_proj_backward_weight(m, l, FP8_Q, G->wq, NONE, dq2, r->n1);
-    } else {
-        model_proj_backward_input(m, l, FP8_Q_B, r->dqan, dq2, W->wqb, false);
-        model_proj_backward_weight(m, l, FP8_Q_B, G->wqb, NONE, dq2, r->qan);
-        op_rmsnorm_backward(r->dqa, G->qan, r->dqan, r->qa, W->qan, r->rqa, false, NULL);
-        model_proj_backward_input(m, l, FP8_Q_A, r->dn1, r->dqa, W->wqa, true);
-        model_proj_backward_weight(m, l, FP8_Q_A, G->wqa, G->bqa, r->dqa, r->n1);
+        model_proj_backward_weights(m, l, 2, (Fp8Slot[]){FP8_Q, FP8_KV_A}, (Tensor[]){G->wq, G->wkva},
+                                    (Tensor[]){NONE, G->bkva}, (Tensor[]){dq2, r->dkva}, r->n1);
+        return;
     }
+    model_proj_backward_input(m, l, FP8_Q_B, r->dqan, dq2, W->wqb, false);
+    model_proj_backward_weight(m, l, FP8_Q_B, G->wqb, NONE, dq2, r->qan);
+    op_rmsnorm_backward(r->dqa, G->qan, r->dqan, r->qa, W->qan, r->rqa, false, NULL);
+    model_proj_backward_input(m, l, FP8_Q_A, r->dn1, r->dqa, W->wqa, true);
+    model_proj_backward_weights(m, l, 2, (Fp8Slot[]){FP8_Q_A, FP8_KV_A}, (Tensor[]){G->wqa, G->wkva},
+                                (Tensor[]){G->bqa, G->bkva}, (Tensor[]){r->dqa, r->dkva}, r->n1);
 }
 
 // ---- HF import: per-expert keys (what transformers 5.17 writes) or each layer's experts grouped ----

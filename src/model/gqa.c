@@ -156,9 +156,8 @@ void gqa_backward(Model *m, int l, const GqaShape *s, const GqaWeights *W, const
     model_proj_backward_input(m, l, FP8_Q, dn1, dq, W->wq, false);
     model_proj_backward_input(m, l, FP8_K, dn1, dk, W->wk, true);
     model_proj_backward_input(m, l, FP8_V, dn1, dv, W->wv, true);
-    model_proj_backward_weight(m, l, FP8_Q, G->wq, G->bq, dq, n1);
-    model_proj_backward_weight(m, l, FP8_K, G->wk, G->bk, dk, n1);
-    model_proj_backward_weight(m, l, FP8_V, G->wv, G->bv, dv, n1);
+    model_proj_backward_weights(m, l, 3, (Fp8Slot[]){FP8_Q, FP8_K, FP8_V}, (Tensor[]){G->wq, G->wk, G->wv},
+                                (Tensor[]){G->bq, G->bk, G->bv}, (Tensor[]){dq, dk, dv}, n1);
 }
 
 AttnArgs gqa_attn_args(const Model *m, const GqaShape *s, int B) {

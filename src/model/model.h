@@ -219,6 +219,7 @@ const StTensor *hf_find(const StSet *hf, const char *name); // HF tensor "model.
 // A layer's weights on the FP8 path (docs/architecture.md, "FP8"): the projections PithTrain runs as FP8Linear (spec
 // §3.5). Never the router, the LM head, the embedding, DeltaNet's in_proj_a/b or the shared expert's gate.
 typedef enum {
+    FP8_NONE = -1, // a projection that never runs in FP8 (model_proj_backward_weights)
     FP8_GATE_UP,
     FP8_DOWN, // stage 3: the experts' or the dense MLP's (SharedWeights)
     FP8_Q,
@@ -440,6 +441,10 @@ int model_fp8_warn_rounded(const Model *m, const char *file);
 void model_proj_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w, Tensor b);
 void model_proj_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, bool accumulate);
 void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x);
+// The weight gradients of n projections of one input x (slots s[i], FP8_NONE: never FP8): side by side
+// (op_linear_backward_weights) when none of them runs in FP8, else one by one as above.
+void model_proj_backward_weights(Model *m, int l, int n, const Fp8Slot *s, const Tensor *dw, const Tensor *db,
+                                 const Tensor *dy, Tensor x);
 // Chooses the form; global-batch (micro-batches of at most T tokens) all-gathers counts over `replicas`.
 void model_lb_setup(Model *m, LbForm form, const struct Comm *replicas, int T);
 // Stage 1's load-balancing term of layer l for micro-batch mb of B sequences: adds coef·E·Σ f_e·P_e into

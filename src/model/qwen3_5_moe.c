@@ -323,10 +323,9 @@ static void q35_mixer_backward(Model *m, int l, void *rp, MicroBatch *mb, Tensor
     model_proj_backward_input(m, l, FP8_Z, r->dn1c, r->dz, W->wz, true);
     op_linear_backward_input(r->dn1c, r->dpb, W->wb, true);
     op_linear_backward_input(r->dn1c, r->dpa, W->wa, true);
-    model_proj_backward_weight(m, l, FP8_QKV, G->wqkv, NONE, r->dqkv, r->n1c);
-    model_proj_backward_weight(m, l, FP8_Z, G->wz, NONE, r->dz, r->n1c);
-    op_linear_backward_weight(G->wb, NONE, r->dpb, r->n1c, true);
-    op_linear_backward_weight(G->wa, NONE, r->dpa, r->n1c, true);
+    model_proj_backward_weights(m, l, 4, (Fp8Slot[]){FP8_QKV, FP8_Z, FP8_NONE, FP8_NONE},
+                                (Tensor[]){G->wqkv, G->wz, G->wb, G->wa}, (Tensor[]){NONE, NONE, NONE, NONE},
+                                (Tensor[]){r->dqkv, r->dz, r->dpb, r->dpa}, r->n1c);
     model_cp_zigzag(m, r->dn1, r->dn1c, mb->B);
 }
 

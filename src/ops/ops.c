@@ -22,6 +22,11 @@ void ops_sync(void) {
 void ops_copies_wait(void) { CUDA_OR(cuda_copies_wait(), (void)0); }
 int64_t ops_host_syncs(void) { return CUDA_OR(cuda_host_syncs(), 0); }
 
+void op_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x) {
+    if (x.dev == DEV_CUDA && CUDA_OR(cuda_linear_backward_weights(n, dw, db, dy, x), false)) return;
+    for (int i = 0; i < n; i++) op_linear_backward_weight(dw[i], db[i], dy[i], x, true);
+}
+
 // The ops of ops_list.h: each runs cuda_<name> or cpu_<name> by its device expression (OP_RETURN_<ret>: `return`
 // where the op returns a value); the OP_OWN ones are written out below.
 #define OP(ret, name, dev, params, args)                                                                               \

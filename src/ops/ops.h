@@ -208,6 +208,10 @@ void op_fp8_weight_make(Fp8Weight fw, Tensor w);
 // kernel; E = 0: a dense (N, K) on cuBLASLt (its tokens a multiple of 16) — by shape alone, so a machine without a GPU
 // can ask; false on the CPU.
 bool op_fp8_tensor_cores(Device dev, int64_t E, int64_t N, int64_t K);
+// The weight gradients of n projections of one input x (attention's q, k and v of n1): op_linear_backward_weight(dw[i],
+// db[i], dy[i], x, true) for each i, the same bits. On the GPU with PITH_PROJ_WGRAD=side the products run side by side
+// on the side streams (cuda_gemm.cu), so that the narrow ones (k, v) fill the SMs the wide one leaves idle.
+void op_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x);
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
