@@ -160,6 +160,14 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
                             op_grouped_linear_backward_weight(hgu, NONE, gu, xt, perm, k, doffs, false));
                 snprintf(nm, sizeof nm, "%s gather_rows (T=%lld, %s)", model, (long long)T, rt);
                 TIME(nm, 10, 2.0 * R * H * 2, "GB/s", op_gather_rows(xe, xt, perm, k));
+                // SwiGLU fused into the gate_up forward (PITH_GLU=fused) against the product and the op after it
+                snprintf(nm, sizeof nm, "%s swiglu (T=%lld, %s)", model, (long long)T, rt);
+                TIME(nm, 10, 3.0 * R * I * 2, "GB/s", op_swiglu_forward(act, gu, 0, 0));
+                setenv("PITH_GLU", "fused", 1);
+                GROUPED_ROW("gate_up fwd + swiglu fused", fg, op_grouped_glu_forward(gu, act, xe, NONE, 0, wgu, doffs));
+                GROUPED_ROW("gate_up fwd + swiglu fused, gathered", fg,
+                            op_grouped_glu_forward(gu, act, xt, perm, k, wgu, doffs));
+                unsetenv("PITH_GLU");
             }
 #undef GROUPED_ROW
         }

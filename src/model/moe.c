@@ -478,10 +478,13 @@ void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io, bool again) {
     if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
     bool need_act = !again || m->recompute & RC_SWIGLU, need_gu = need_act && (!again || m->recompute & RC_GATE_UP);
-    if (need_gu)
+    // the experts' plain SwiGLU in one op with their product (on the GPU one kernel: op_grouped_glu_forward)
+    bool glu = need_gu && offs.p && !m->fp8.on && !W->gate_up_b[l].p && m->cfg.swiglu_limit <= 0;
+    if (glu) op_grouped_glu_forward(gu, act, stage3_x(m, io, R), stage3_rows(m, io), m->cfg.topk, W->gate_up[l], offs);
+    else if (need_gu)
         mlp_forward(m, l, FP8_GATE_UP, gu, stage3_x(m, io, R), stage3_rows(m, io), W->gate_up[l], W->gate_up_b[l],
                     offs);
-    if (need_act) act_forward(&m->cfg, act, gu);
+    if (need_act && !glu) act_forward(&m->cfg, act, gu);
     mlp_forward(m, l, FP8_DOWN, tensor_rows(io->ye, 0, R), act, NONE, W->down[l], W->down_b[l], offs);
 }
 

@@ -134,12 +134,13 @@ void zero_empty_experts(void *dw, const int64_t *offs, int64_t E, int64_t bytes)
 enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
 // One on the wgmma kernels (cuda_wgmma.cu): out y or dx (R, ·), a x or dy (R, ·), b w (E, N, K); or for the weight
 // gradient out dw (E, N, K) fp32, a dy, b x (accumulate false: written, the empty experts' zeroed). rows.p (forward
-// and weight gradient): x is gathered, row i of the product's being x[rows[i] / div] (rows int32 on the GPU). False
-// when they do not fit, and the caller runs another path; wgmma_grouped_calls counts those that ran (gathered: those
-// that gathered x).
-bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows,
-                   int div);
-int64_t wgmma_grouped_calls(bool gathered);
+// and weight gradient): x is gathered, row i of the product's being x[rows[i] / div] (rows int32 on the GPU). act.p
+// (the forward, N a multiple of 256): SwiGLU fused, act (R, N/2) bf16 = silu(gate)·up of y = [gate | up] as
+// op_swiglu_forward makes it. False when they do not fit, and the caller runs another path; wgmma_grouped_calls counts
+// those that ran (what 0), those that gathered x (1) and those with SwiGLU (2).
+bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows, int div,
+                   Tensor act);
+int64_t wgmma_grouped_calls(int what);
 // cuBLASLt's block-scaled E4M3 product (cuda_gemm.cu), column-major D (m × n, ldd m) = op_T(A)·op_N(B) + beta·D: A codes
 // (k × m, lda k) with BLK128x128 scales sa, B codes (k × n, ldb k) with VEC128 scales sb (cuda_fp8.cu has the layouts),
 // D of dtype ddt (fp32 or bf16). False when cuBLASLt has no algorithm.
@@ -233,6 +234,28 @@ __device__ __forceinline__ float silu_grad_f(float z) { // d/dz of z·σ(z)
     float s = sigmoid_f(z);
     return s * (1.0f + z * (1.0f - s));
 }
+// SwiGLU's arithmetic per output (cuda_norm.cu's kernels, cuda_wgmma.cu's fused epilogue): plain, or with CLAMP
+// GPT-OSS's clamped form.
+template <bool CLAMP> struct Swiglu {
+    float alpha, limit;
+    __device__ __forceinline__ float forward(float g, float u) const {
+        if (!CLAMP) return g * sigmoid_f(g) * u;
+        float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
+        return (uc + 1.0f) * gc / (1.0f + __expf(-alpha * gc));
+    }
+    __device__ __forceinline__ void backward(float g, float u, float da, float *dg, float *du) const {
+        if (!CLAMP) {
+            float sg = sigmoid_f(g);
+            *dg = da * u * sg * (1.0f + g * (1.0f - sg));
+            *du = da * g * sg;
+            return;
+        }
+        float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit), s = 1.0f / (1.0f + __expf(-alpha * gc));
+        *dg = g <= limit ? da * (uc + 1.0f) * s * (1.0f + alpha * gc * (1.0f - s)) : 0.0f;
+        *du = u >= -limit && u <= limit ? da * gc * s : 0.0f;
+    }
+};
+
 // for (i …) over 0..n − 1, a grid-stride loop.
 #define GRID_STRIDE(i, n)                                                                                              \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)

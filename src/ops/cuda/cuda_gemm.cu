@@ -389,10 +389,10 @@ bool cuda_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, con
 // offsets on the host: read back (cuda_offsets_host, a wait). Read on every call, so a test or benchmark can switch
 // it in-process.
 static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, Tensor offs, bool accumulate, Tensor rows, int div,
-                          const char *what) {
+                          Tensor act, const char *what) {
     const int64_t *o = offsets_device(offs, (kind == WG_WEIGHT_GRAD ? out : b).n[0], what);
     const char *e = getenv("PITH_GROUPED_KERNEL");
-    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate, rows, div);
+    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate, rows, div, act);
 }
 
 // x's R rows gathered (rows.p) into the op scratch for the paths that do not gather themselves, or x.
@@ -418,7 +418,8 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
-    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, rows, div, what)) return;
+    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, rows, div, Tensor{}, what))
+        return;
     in = gathered(in, rows, div, t_rows(out), what);
     const int64_t *offs = cuda_offsets_host(offs_t, E);
     CHECK(offs[E] <= t_rows(in));
@@ -460,13 +461,22 @@ __global__ void grouped_bias_backward_kernel(TD *db, const T *dy, const int64_t 
 extern "C" {
 
 int64_t cuda_grouped_calls(const char *path) {
-    return !strcmp(path, "wgmma")       ? wgmma_grouped_calls(false)
-           : !strcmp(path, "gather")    ? wgmma_grouped_calls(true)
+    return !strcmp(path, "wgmma")       ? wgmma_grouped_calls(0)
+           : !strcmp(path, "gather")    ? wgmma_grouped_calls(1)
+           : !strcmp(path, "glu")       ? wgmma_grouped_calls(2)
            : !strcmp(path, "heuristic") ? gemm_queries
                                         : 0;
 }
 
 void cuda_gemm_cache_clear(void) { memset(gemm_cache, 0, sizeof gemm_cache); }
+
+// The experts' gate_up product with SwiGLU fused (ops.h): the wgmma kernels' GLU epilogue, with PITH_GLU=fused.
+bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor offs) {
+    const char *e = getenv("PITH_GLU");
+    if (!e || strcmp(e, "fused") || x.dt != DT_BF16 || w.dt != DT_BF16) return false;
+    if (rows.p) cuda_check_rows(rows, div, t_rows(gu), "grouped_glu_forward");
+    return grouped_wgmma(WG_FORWARD, gu, x, w, offs, false, rows, div, act, "grouped_glu_forward");
+}
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs) {
@@ -559,7 +569,9 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     }
     // bf16 dw (gradient_dtype): the wgmma kernel and cuBLASLt sum in fp32 and add D in fp32, one rounding
     size_t s = dtype_size(x.dt), os = dtype_size(dw.dt);
-    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, rows, div, "grouped_linear_backward_weight")) return;
+    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, rows, div, Tensor{},
+                      "grouped_linear_backward_weight"))
+        return;
     x = gathered(x, rows, div, t_rows(dy), "grouped_linear_backward_weight");
     if (!accumulate) cuda_zero(dw); // the products below add
     const int64_t *o = cuda_offsets_host(offs, E);

@@ -71,8 +71,8 @@ static __device__ __forceinline__ void wgmma_128(float *d, uint64_t da, uint64_t
 }
 
 // The producer's TMA loads of reduction block kb of tile ti into stage (sa: 2 A boxes, sb: BN/64 B boxes); G: the x
-// operand is gathered (gather_block), not loaded here.
-template <int KIND, int BN, bool G>
+// operand is gathered (gather_block), not loaded here; GLU: the B rows are the tile's gate and up rows (tile_col).
+template <int KIND, int BN, bool G, bool GLU>
 static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const CUtensorMap *mb, const WgTable &gt,
                                                   const Tile &ti, int kb, uint32_t sa, uint32_t sb, uint32_t bar) {
     int k = kb * WG_BK;
@@ -83,7 +83,7 @@ static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const C
     }
 #pragma unroll
     for (int c = 0; c < BN / 64; c++) {
-        if (KIND == WG_FORWARD) tma_box(sb + c * WG_BOX, mb, bar, k, ti.e * gt.N + ti.col + 64 * c); // w_e rows n
+        if (KIND == WG_FORWARD) tma_box(sb + c * WG_BOX, mb, bar, k, ti.e * gt.N + tile_col<GLU>(gt, ti.col, c));
         else if (KIND == WG_INPUT_GRAD) tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.e * gt.N + k);
         else if (!G) tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.r0 + k); // x rows of the expert
     }
@@ -128,12 +128,14 @@ static __device__ __forceinline__ void gather_block(const WgTable &gt, const Til
 // operand (forward A, weight-gradient B) is gathered by row index (gt.gx, gather_block): the whole producer warpgroup
 // copies it, each thread's copies arriving on the stage's full barrier as they land (cp.async.mbarrier.arrive.noinc:
 // 128 arrivals besides thread 0's for the TMA bytes), and the consumers fence the generic proxy's writes from the
-// async proxy's (wgmma's) reads after their wait.
-template <int KIND, int BN, typename TO, bool G>
+// async proxy's (wgmma's) reads after their wait. GLU: the forward with SwiGLU fused (tile_col; the epilogue writes
+// act through mact as well as gu through mo).
+template <int KIND, int BN, typename TO, bool G, bool GLU>
 __global__ void __launch_bounds__(384, 1)
     wgmma_grouped_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                          const __grid_constant__ CUtensorMap mo, void *out, const __grid_constant__ WgTable gt,
-                         int accumulate) {
+                         int accumulate, const __grid_constant__ CUtensorMap mact, void *act) {
+    constexpr int TN = GLU ? 128 : BN; // the step between a row's tiles along the output (the gate columns)
     typedef WgShape<KIND, BN, TO> S;
     constexpr int SA = S::SA, SB = S::SB, STAGES = S::STAGES;
     constexpr int TA = KIND == WG_WEIGHT_GRAD, TB = KIND != WG_FORWARD; // MN-major operands
@@ -147,7 +149,7 @@ __global__ void __launch_bounds__(384, 1)
         if (!G && threadIdx.x != 0) return;
         int it = 0, tok = 0;
         for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
-            Tile ti = tile_of<KIND, BN>(gt, t);
+            Tile ti = tile_of<KIND, TN>(gt, t);
             if (G && KIND == WG_FORWARD) tok = gather_token(gt, ti.row + threadIdx.x);
             for (int kb = 0; kb < ti.nkb; kb++, it++) {
                 int s = it % STAGES;
@@ -157,7 +159,7 @@ __global__ void __launch_bounds__(384, 1)
                 uint32_t sa = base + s * (SA + SB);
                 if (threadIdx.x == 0) {
                     mbar_expect(full + 8 * s, G ? (KIND == WG_FORWARD ? SB : SA) : SA + SB);
-                    load_block<KIND, BN, G>(&ma, &mb, gt, ti, kb, sa, sa + SA, full + 8 * s);
+                    load_block<KIND, BN, G, GLU>(&ma, &mb, gt, ti, kb, sa, sa + SA, full + 8 * s);
                 }
                 if (G) {
                     gather_block<KIND, BN>(gt, ti, kb, tok, KIND == WG_FORWARD ? sa : sa + SA);
@@ -175,7 +177,7 @@ __global__ void __launch_bounds__(384, 1)
     float d[BN / 2]; // BN/128 blocks of 64: the m64n128 accumulators
     int it = 0, eph = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
-        Tile ti = tile_of<KIND, BN>(gt, t);
+        Tile ti = tile_of<KIND, TN>(gt, t);
         for (int kb = 0; kb < ti.nkb; kb++, it++) {
             int s = it % STAGES;
             uint32_t sa = base + s * (SA + SB), sb = sa + SA;
@@ -215,7 +217,8 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
         fence_regs<BN / 2>(d);
         if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
-        epilogue<KIND, BN, TO>(d, &mo, (TO *)out, gt, ti, g, tid, epi, accumulate, empty + 8 * (STAGES + g), &eph);
+        epilogue<KIND, BN, TO, GLU>(d, &mo, (TO *)out, gt, ti, g, tid, epi, accumulate, empty + 8 * (STAGES + g), &eph,
+                                    &mact, (bf16 *)act);
     }
     if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
@@ -300,13 +303,13 @@ int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, i
     return bound;
 }
 
-static int64_t wgmma_calls, wgmma_gathers; // products run here, and those gathering x (cuda_grouped_calls)
+static int64_t wgmma_calls, wgmma_gathers, wgmma_glus; // products run here, those gathering x, those with SwiGLU
 
 // One expert product (cuda_common.cuh). Not fitting: not a Hopper GPU, dtypes, N or K not multiples of 64, more than
 // 256 experts, unaligned pointers, sizes past int.
-bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows,
-                   int div) {
-    bool wgrad = kind == WG_WEIGHT_GRAD, g = rows.p != NULL;
+bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows, int div,
+                   Tensor act) {
+    bool wgrad = kind == WG_WEIGHT_GRAD, g = rows.p != NULL, glu = act.p != NULL;
     Tensor w = wgrad ? out : b, x = wgrad ? b : a; // w (E, N, K); x: the activations' operand (gathered when g)
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     bool w16 = wgrad && out.dt == DT_BF16; // (added in the epilogue: the stored value into the fp32 sum, one rounding)
@@ -318,17 +321,20 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     if (g &&
         (kind == WG_INPUT_GRAD || rows.dt != DT_I32 || tensor_numel(rows) < R || div < 1 || t_rows(x) > 0x7fffffff))
         return false;
+    if (glu && (kind != WG_FORWARD || N % 256 || act.dt != DT_BF16 || t_cols(act) != N / 2 ||
+                t_rows(act) != t_rows(out) || !aligned16(act.p)))
+        return false;
     if (!wgmma_available()) return false;
     int64_t C = kind == WG_FORWARD ? N : K; // the output's columns
     // 256-wide tiles where they waste at most 1/12 of the products on columns past C (GPT-OSS's 2880: 1/15), 1/10 in
     // the weight gradient, whose short reduction makes a tile's fixed costs weigh more (DeepSeek's 1408: 1/11); the
     // fp32 epilogue tiles of 256 would not fit
-    int bn = (!wgrad || w16) && (C + 255) / 256 * 256 - C <= C / (wgrad ? 10 : 12) ? 256 : 128;
+    int bn = glu || ((!wgrad || w16) && (C + 255) / 256 * 256 - C <= C / (wgrad ? 10 : 12)) ? 256 : 128;
     WgTable gt;
     int64_t bound = wg_table_build(&gt, kind, E, N, K, bn, offs, R);
     if (bound < 0) return false;
     if (g) gt.gx = x.p, gt.grows = (const int32_t *)rows.p, gt.gdiv = div, gt.gR = (int)R;
-    wgmma_calls++, wgmma_gathers += g;
+    wgmma_calls++, wgmma_gathers += g, wgmma_glus += glu;
     if (wgrad && !accumulate) zero_empty_experts(out.p, offs, E, N * K * dtype_size(out.dt)); // (no tiles)
     if (bound == 0) return true; // no rows: nothing (more) to write or add
     CUtensorMap ma, mb, mo;      // a's (x or dy), b's (w, or x for the weight gradient), out's; a gathered x has none
@@ -337,23 +343,32 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     if (g && wgrad) mb = ma; // (a valid map in the gathered operand's place: the kernel never reads it)
     else if (g) ma = mb;
     wgmma_tensor_map(&mo, out.p, out.dt, wgrad ? E * N : t_rows(out), C);
-    static bool attr[2][4][2]; // wg_launch's flag per kernel (gathered; kind, or 3: the bf16 weight gradient; bn)
+    CUtensorMap mact = mo; // (a valid map where no act is written)
+    if (glu) wgmma_tensor_map(&mact, act.p, DT_BF16, t_rows(act), N / 2);
+    // wg_launch's flag per kernel (gathered; kind, 3: the bf16 weight gradient, 4: the forward with SwiGLU; bn)
+    static bool attr[2][5][2];
     auto run = [&](auto kernel) {
-        wg_launch(kernel, &attr[g][w16 ? 3 : kind][bn == 256], bound, ma, mb, mo, out.p, gt, (int)accumulate);
+        wg_launch(kernel,
+                  &attr[g][glu   ? 4
+                           : w16 ? 3
+                                 : kind][bn == 256],
+                  bound, ma, mb, mo, out.p, gt, (int)accumulate, mact, act.p);
     };
-    if (g && w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16, true>);
-    else if (g && w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16, true>);
-    else if (g && wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float, true>);
-    else if (g && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true>);
-    else if (g) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16, true>);
-    else if (w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16, false>);
-    else if (w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16, false>);
-    else if (wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float, false>);
-    else if (kind == WG_FORWARD && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false>);
-    else if (kind == WG_FORWARD) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16, false>);
-    else if (bn == 256) run(wgmma_grouped_kernel<WG_INPUT_GRAD, 256, bf16, false>);
-    else run(wgmma_grouped_kernel<WG_INPUT_GRAD, 128, bf16, false>);
+    if (glu && g) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true, true>);
+    else if (glu) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false, true>);
+    else if (g && w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16, true, false>);
+    else if (g && w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16, true, false>);
+    else if (g && wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float, true, false>);
+    else if (g && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true, false>);
+    else if (g) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16, true, false>);
+    else if (w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16, false, false>);
+    else if (w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16, false, false>);
+    else if (wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float, false, false>);
+    else if (kind == WG_FORWARD && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false, false>);
+    else if (kind == WG_FORWARD) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16, false, false>);
+    else if (bn == 256) run(wgmma_grouped_kernel<WG_INPUT_GRAD, 256, bf16, false, false>);
+    else run(wgmma_grouped_kernel<WG_INPUT_GRAD, 128, bf16, false, false>);
     return true;
 }
 
-int64_t wgmma_grouped_calls(bool gathered) { return gathered ? wgmma_gathers : wgmma_calls; }
+int64_t wgmma_grouped_calls(int what) { return what == 2 ? wgmma_glus : what ? wgmma_gathers : wgmma_calls; }

@@ -130,6 +130,13 @@ template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile 
     return ti;
 }
 
+// Output column 64·b of a tile whose first is col0 (b: its b-th 64 columns): with GLU (the forward with SwiGLU fused,
+// cuda_wgmma.cu: a 256-wide tile is 128 gate columns from col0 and the 128 up columns N/2 later, col0 stepping by
+// 128 over the gate half) the second half is the up columns.
+template <bool GLU> static __device__ __forceinline__ int tile_col(const WgTable &gt, int col0, int b) {
+    return col0 + 64 * b + (GLU && b >= 2 ? gt.N / 2 - 128 : 0);
+}
+
 // The tile list of one product (kind WG_*; bn: the tile's output columns; C: the output's columns, N in the forward,
 // K otherwise) from offs (E + 1 int64 on the device), built on the device into the small pool (cuda_wgmma.cu): the
 // experts ordered by rows, most first, and each one's tiles — forward and input gradient ⌈rows/128⌉ row tiles of its
@@ -181,6 +188,44 @@ static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, 
 
 #define WG_BOX 8192 // bytes of one TMA box: 64 rows of 128 bytes (64 bf16, 32 fp32 or 128 E4M3 values)
 
+// The warpgroup's finished epi tile (NB boxes of 64 rows × 128 bytes, ES-byte outputs) out, at output columns
+// tile_col<GLU>(b) of its rows from row0: by the copy engine through the output's map mo (an fp32 add onto dw_e for
+// the weight gradient with accumulate, else a store) when every row is the tile's, else — a forward or input-gradient
+// tile whose rows pass the expert's end (they belong to the next expert) — by the threads into out (C columns), the
+// expert's rows only, 16 bytes a thread at a time.
+template <int KIND, int NB, int ES, bool GLU>
+static __device__ __forceinline__ void epi_out(const CUtensorMap *mo, void *out, int C, const WgTable &gt,
+                                               const Tile &ti, int row0, int end, int tid, uint32_t epi,
+                                               bool accumulate) {
+    constexpr int COLS = 128 / ES; // outputs per box row
+    if (KIND == WG_WEIGHT_GRAD || row0 + 64 <= end) {
+        if (tid == 0) {
+            int orow = KIND == WG_WEIGHT_GRAD ? ti.e * gt.N + row0 : row0; // dw's rows: expert e's from e·N
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                int col = GLU ? tile_col<true>(gt, ti.col, b) : ti.col + b * COLS;
+                if (KIND == WG_WEIGHT_GRAD && accumulate && ES == 4)
+                    tma_store_box<true>(mo, epi + b * WG_BOX, col, orow);
+                else tma_store_box<false>(mo, epi + b * WG_BOX, col, orow);
+            }
+            bulk_commit();
+        }
+        return;
+    }
+    constexpr int CH = NB * 8; // 16-byte chunks of a row
+    for (int c = tid; c < 64 * CH; c += 128) {
+        int r = c / CH, cc = c % CH;
+        int col = (GLU ? tile_col<true>(gt, ti.col, cc / 8) : ti.col + cc / 8 * COLS) + cc % 8 * (16 / ES);
+        if (row0 + r >= end) break; // (rows are in order: every later chunk of this thread is past the end too)
+        if (col >= C) continue;
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(swz(epi + cc / 8 * WG_BOX, r, cc % 8 * 16)));
+        *(uint4 *)((char *)out + ((int64_t)(row0 + r) * C + col) * ES) = v;
+    }
+}
+
 // The consumer warpgroup g's epilogue of tile ti, BN outputs of type TO (bf16 or fp32) a row: its 64 rows of
 // accumulators d into its shared tile epi (BN·sizeof(TO)/128 swizzled boxes of 64 rows × 128 bytes), then out by the
 // copy engine through the output's map mo — an fp32 add onto dw_e (weight gradient with accumulate), else a store —
@@ -189,10 +234,14 @@ static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, 
 // rounding. A forward or input-gradient tile whose rows pass the expert's end is written by the warpgroup itself into
 // out, those rows left out (they belong to the next expert). tid: the thread's index in the warpgroup. The kernel ends
 // with bulk_wait<false>() in each warpgroup's thread 0.
-template <int KIND, int BN, typename TO>
-static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMap *mo, TO *out, const WgTable &gt,
-                                                const Tile &ti, int g, int tid, uint32_t epi, bool accumulate,
-                                                uint32_t ebar, int *eph) {
+// GLU (the forward with SwiGLU fused; BN 256, bf16): d holds 128 gate columns then their 128 up columns (tile_col);
+// after the gate and up tile has gone out as above, act (R, N/2) = silu(g)·u from the bf16-rounded g and u — the
+// arithmetic of the SwiGLU op on the stored gu, so the same bits — goes out the same way through epi (mact, act).
+template <int KIND, int BN, typename TO, bool GLU = false>
+static __device__ __forceinline__ void
+epilogue(const float *d, const CUtensorMap *mo, TO *out, const WgTable &gt, const Tile &ti, int g, int tid,
+         uint32_t epi, bool accumulate, uint32_t ebar, int *eph, const CUtensorMap *mact = NULL, bf16 *act = NULL) {
+    static_assert(!GLU || (KIND == WG_FORWARD && BN == 256 && sizeof(TO) == 2), "GLU: the bf16 forward, 256 wide");
     constexpr int ES = (int)sizeof(TO), COLS = 128 / ES;                              // outputs per box row
     int warp = tid / 32, lane = tid % 32, row0 = ti.row + 64 * g, end = ti.r0 + ti.m; // first row; the expert's end
     if (KIND == WG_WEIGHT_GRAD && row0 >= gt.N) return; // the rows past dw_e's last (N a multiple of 64, not 128)
@@ -250,32 +299,32 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
                 }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copy engine reads what the threads wrote
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
-    if (KIND == WG_WEIGHT_GRAD || row0 + 64 <= end) {
-        if (tid == 0) {
-            int orow = KIND == WG_WEIGHT_GRAD ? ti.e * gt.N + row0 : row0; // dw's rows: expert e's from e·N
-#pragma unroll
-            for (int b = 0; b < BN / COLS; b++) {
-                if (KIND == WG_WEIGHT_GRAD && accumulate && ES == 4)
-                    tma_store_box<true>(mo, epi + b * WG_BOX, ti.col + b * COLS, orow);
-                else tma_store_box<false>(mo, epi + b * WG_BOX, ti.col + b * COLS, orow);
-            }
-            bulk_commit();
-        }
-        return;
-    }
-    // the rows of this expert only, the columns before C, 16 bytes a thread at a time
-    constexpr int CH = BN * ES / 16; // 16-byte chunks of a row
     int C = KIND == WG_FORWARD ? gt.N : gt.K;
-    for (int c = tid; c < 64 * CH; c += 128) {
-        int r = c / CH, cc = c % CH, col = ti.col + cc * (16 / ES);
-        if (row0 + r >= end) break; // (rows are in order: every later chunk of this thread is past the end too)
-        if (col >= C) continue;
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(swz(epi + cc / 8 * WG_BOX, r, cc % 8 * 16)));
-        *(uint4 *)(out + (int64_t)(row0 + r) * C + col) = v;
+    epi_out<KIND, BN / COLS, ES, GLU>(mo, out, C, gt, ti, row0, end, tid, epi, accumulate);
+    if (!GLU) return;
+    // act: the warpgroup's 64 rows × 128 columns into epi's first two boxes once the copy engine has read them
+    if (tid == 0) bulk_wait<true>();
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
+    Swiglu<false> f = {0, 0};
+    int b = lane / 8, r = 16 * warp + 8 * (b & 1) + lane % 8;
+#pragma unroll
+    for (int q = 0; q < 16; q += 2) {
+        int c = (q + b / 2) * 8;
+        uint32_t a = swz(epi + c / 64 * WG_BOX, r, c % 64 * 2), p[4];
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            float2 gg = __bfloat1622float2(__floats2bfloat162_rn(d[4 * q + 2 * m], d[4 * q + 2 * m + 1])),
+                   uu = __bfloat1622float2(__floats2bfloat162_rn(d[64 + 4 * q + 2 * m], d[64 + 4 * q + 2 * m + 1]));
+            __nv_bfloat162 v = __floats2bfloat162_rn(f.forward(gg.x, uu.x), f.forward(gg.y, uu.y));
+            p[m] = *(uint32_t *)&v;
+        }
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(p[0]),
+                     "r"(p[1]), "r"(p[2]), "r"(p[3])
+                     : "memory");
     }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
+    epi_out<KIND, 2, 2, false>(mact, act, gt.N / 2, gt, ti, row0, end, tid, epi, false);
 }
 
 // ---- host side (cuda_wgmma.cu) ----
