@@ -799,7 +799,8 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
             op_grouped_glu_forward(gu2.d, act2.d, gth ? xt.d : x.d, gth ? rs.d : NONE, gth ? (int)k : 0, w.d, po.d);
             float *g2 = gpu_down(gu2.d), *a2 = gpu_down(act2.d);
             if (memcmp(g2, fgu, (size_t)R * N * sizeof(float)))
-                printf("       gu (SwiGLU fused%s) differs from the product's\n", gth ? ", gathered" : ""), same = false;
+                printf("       gu (SwiGLU fused%s) differs from the product's\n", gth ? ", gathered" : ""),
+                    same = false;
             if (memcmp(a2, fact, (size_t)R * (N / 2) * sizeof(float)))
                 printf("       act (SwiGLU fused%s) differs from the op's\n", gth ? ", gathered" : ""), same = false;
             free(g2), free(a2);
