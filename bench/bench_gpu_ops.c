@@ -120,8 +120,8 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
         op_zero(dwgu), op_zero(dwd);
     // the one-rank dispatch's rows: xe = xt[perm[i] / k], perm a shuffle of the T·k slots (the "gathered" rows read xt
     // through perm inside the product; "gather_rows" is the copy they save)
-    Tensor xt = dev(bf, 2, T, H, 0), perm = dev_perm(R, 60);
-    fill(xt, 1, 61);
+    Tensor xt = dev(bf, 2, T, H, 0), perm = dev_perm(R, 60), bgu = dev(bf, 2, E, 2 * I, 0);
+    fill(xt, 1, 61), fill(bgu, 1, 62);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
     const char *impl[2] = {"wgmma", "loop"};
     for (int bal = 1; bal >= 0; bal--) {
@@ -168,6 +168,12 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
                 GROUPED_ROW("gate_up fwd + swiglu fused, gathered", fg,
                             op_grouped_glu_forward(gu, act, xt, perm, k, wgu, doffs));
                 unsetenv("PITH_GLU");
+                // a per-expert bias (GPT-OSS's) by its own kernel after the product, and in the product's epilogue
+                GROUPED_ROW("gate_up fwd + bias", fg, op_grouped_linear_forward(gu, xe, NONE, 0, wgu, bgu, doffs));
+                setenv("PITH_GROUPED_BIAS", "fused", 1);
+                GROUPED_ROW("gate_up fwd + bias fused", fg,
+                            op_grouped_linear_forward(gu, xe, NONE, 0, wgu, bgu, doffs));
+                unsetenv("PITH_GROUPED_BIAS");
             }
 #undef GROUPED_ROW
         }

@@ -809,6 +809,21 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
         if (cuda_grouped_calls("glu") != q0 + 2) printf("       the SwiGLU kernels did not run\n"), same = false;
         free(fgu), free(fact);
     }
+    // a per-expert bias (GPT-OSS's) added in the forward's epilogue (PITH_GROUPED_BIAS=fused): the bits of the product,
+    // then the bias op
+    {
+        Pair bias = pair_rand(dt, 1, 2, E, N, 0, 0), yb = pair_nan(dt, 2, R, N, 0, 0), yf = pair_nan(dt, 2, R, N, 0, 0);
+        op_grouped_linear_forward(yb.d, x.d, NONE, 0, w.d, bias.d, po.d);
+        setenv("PITH_GROUPED_BIAS", "fused", 1);
+        int64_t b0 = cuda_grouped_calls("bias");
+        op_grouped_linear_forward(yf.d, x.d, NONE, 0, w.d, bias.d, po.d);
+        unsetenv("PITH_GROUPED_BIAS");
+        float *fb = gpu_down(yb.d), *ff = gpu_down(yf.d);
+        if (memcmp(fb, ff, (size_t)R * N * sizeof(float)))
+            printf("       y + b: the bias in the epilogue differs from the bias op's\n"), same = false;
+        if (cuda_grouped_calls("bias") != b0 + 1) printf("       the bias epilogue did not run\n"), same = false;
+        free(fb), free(ff);
+    }
     // written, not added (the first micro-batch): over NaN (dw2 again on the GPU), every expert's dw_e is stored,
     // the empty ones zeroed
     for (int64_t i = 0; i < n; i++) h1[i] = NAN;

@@ -136,10 +136,11 @@ enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
 // gradient out dw (E, N, K) fp32, a dy, b x (accumulate false: written, the empty experts' zeroed). rows.p (forward
 // and weight gradient): x is gathered, row i of the product's being x[rows[i] / div] (rows int32 on the GPU). act.p
 // (the forward, N a multiple of 256): SwiGLU fused, act (R, N/2) bf16 = silu(gate)·up of y = [gate | up] as
-// op_swiglu_forward makes it. False when they do not fit, and the caller runs another path; wgmma_grouped_calls counts
-// those that ran (what 0), those that gathered x (1) and those with SwiGLU (2).
+// op_swiglu_forward makes it. bias.p (the forward): y_e += b_e (E, N) bf16 in the epilogue, as the product then
+// op_linear_bias_forward store it. False when they do not fit, and the caller runs another path; wgmma_grouped_calls counts
+// those that ran (what 0), those that gathered x (1), those with SwiGLU (2) and those adding a bias (3).
 bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows, int div,
-                   Tensor act);
+                   Tensor act, Tensor bias);
 int64_t wgmma_grouped_calls(int what);
 // cuBLASLt's block-scaled E4M3 product (cuda_gemm.cu), column-major D (m × n, ldd m) = op_T(A)·op_N(B) + beta·D: A codes
 // (k × m, lda k) with BLK128x128 scales sa, B codes (k × n, ldb k) with VEC128 scales sb (cuda_fp8.cu has the layouts),

@@ -389,10 +389,10 @@ bool cuda_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, con
 // offsets on the host: read back (cuda_offsets_host, a wait). Read on every call, so a test or benchmark can switch
 // it in-process.
 static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, Tensor offs, bool accumulate, Tensor rows, int div,
-                          Tensor act, const char *what) {
+                          Tensor act, Tensor bias, const char *what) {
     const int64_t *o = offsets_device(offs, (kind == WG_WEIGHT_GRAD ? out : b).n[0], what);
     const char *e = getenv("PITH_GROUPED_KERNEL");
-    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate, rows, div, act);
+    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate, rows, div, act, bias);
 }
 
 // x's R rows gathered (rows.p) into the op scratch for the paths that do not gather themselves, or x.
@@ -410,16 +410,18 @@ static Tensor gathered(Tensor x, Tensor rows, int div, int64_t R, const char *wh
 //   input gradient  out dx (R, K) = in dy (R, N) · w_e   col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
 // So with C = out's columns and D = in's columns, out_e (C×M_e) = op(w_e) (lda K) · in_e (D×M_e), op = T for
 // the forward.
-// rows.p (the forward): in is gathered (ops_list.h).
-static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor rows, int div, Tensor w, Tensor offs_t,
-                                 const char *what) {
+// rows.p (the forward): in is gathered (ops_list.h). bias.p (the forward): the wgmma kernels may add it in their
+// epilogue; true when they did (else the caller adds it).
+static bool grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor rows, int div, Tensor w, Tensor bias,
+                                 Tensor offs_t, const char *what) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2], C = input_grad ? K : N, D = input_grad ? N : K;
     CHECK(t_cols(in) == D && t_cols(out) == C);
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
-    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, rows, div, Tensor{}, what))
-        return;
+    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, rows, div, Tensor{}, bias,
+                      what))
+        return bias.p != NULL;
     in = gathered(in, rows, div, t_rows(out), what);
     const int64_t *offs = cuda_offsets_host(offs_t, E);
     CHECK(offs[E] <= t_rows(in));
@@ -433,6 +435,7 @@ static void grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
                          out.dt, ONE);
     }
     side_join(ns);
+    return false;
 }
 
 // ---- per-expert biases (GPT-OSS) ----
@@ -464,6 +467,7 @@ int64_t cuda_grouped_calls(const char *path) {
     return !strcmp(path, "wgmma")       ? wgmma_grouped_calls(0)
            : !strcmp(path, "gather")    ? wgmma_grouped_calls(1)
            : !strcmp(path, "glu")       ? wgmma_grouped_calls(2)
+           : !strcmp(path, "bias")      ? wgmma_grouped_calls(3)
            : !strcmp(path, "heuristic") ? gemm_queries
                                         : 0;
 }
@@ -475,17 +479,19 @@ bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int 
     const char *e = getenv("PITH_GLU");
     if (!e || strcmp(e, "fused") || x.dt != DT_BF16 || w.dt != DT_BF16) return false;
     if (rows.p) cuda_check_rows(rows, div, t_rows(gu), "grouped_glu_forward");
-    return grouped_wgmma(WG_FORWARD, gu, x, w, offs, false, rows, div, act, "grouped_glu_forward");
+    return grouped_wgmma(WG_FORWARD, gu, x, w, offs, false, rows, div, act, Tensor{}, "grouped_glu_forward");
 }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
+// The bias goes into the wgmma kernels' epilogue with PITH_GROUPED_BIAS=fused (the same bits), else its own kernel.
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs) {
-    grouped_rows_product(false, y, x, rows, div, w, offs, "grouped_linear_forward");
     int64_t E = w.n[0], N = w.n[1];
-    if (!b.p) return;
-    if (tensor_numel(b) != E * N)
+    if (b.p && tensor_numel(b) != E * N)
         die("grouped_linear_forward: bias must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
-    cuda_linear_bias_forward(y, b, offs);
+    const char *e = getenv("PITH_GROUPED_BIAS");
+    Tensor fb = e && !strcmp(e, "fused") ? b : Tensor{};
+    if (!grouped_rows_product(false, y, x, rows, div, w, fb, offs, "grouped_linear_forward") && b.p)
+        cuda_linear_bias_forward(y, b, offs);
 }
 
 // The bias kernels: dense (offs.p NULL) or per expert.
@@ -532,7 +538,7 @@ void cuda_linear_bias_backward(Tensor db, Tensor dy, Tensor offs, bool accumulat
 }
 
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, Tensor offs) {
-    grouped_rows_product(true, dx, dy, Tensor{}, 0, w, offs, "grouped_linear_backward_input");
+    grouped_rows_product(true, dx, dy, Tensor{}, 0, w, Tensor{}, offs, "grouped_linear_backward_input");
 }
 
 void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs,
@@ -569,7 +575,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     }
     // bf16 dw (gradient_dtype): the wgmma kernel and cuBLASLt sum in fp32 and add D in fp32, one rounding
     size_t s = dtype_size(x.dt), os = dtype_size(dw.dt);
-    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, rows, div, Tensor{},
+    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, rows, div, Tensor{}, Tensor{},
                       "grouped_linear_backward_weight"))
         return;
     x = gathered(x, rows, div, t_rows(dy), "grouped_linear_backward_weight");

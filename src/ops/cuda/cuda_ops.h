@@ -24,7 +24,8 @@ void *cuda_comm_stream(void);    // cudaStream_t
 int64_t cuda_embedding_bad_id(void);
 bool cuda_adamw_nonfinite(void);
 int64_t cuda_moe_sort_bad_expert(void);
-// How often the expert products took a path so far (cuda_gemm.cu): "wgmma", the products the wgmma kernels ran;
+// How often the expert products took a path so far (cuda_gemm.cu): "wgmma", the products the wgmma kernels ran, of
+// them "gather" those gathering x, "glu" those with SwiGLU fused, "bias" those adding the bias in their epilogue;
 // "heuristic": the cuBLASLt heuristic's answers asked for (a product whose algorithm is not cached yet).
 int64_t cuda_grouped_calls(const char *path);
 // RMSNorm backward calls that ran the one-pass kernel at hidden widths (PITH_NORM_KERNEL=rows, cuda_norm.cu).

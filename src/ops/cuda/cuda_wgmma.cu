@@ -174,10 +174,13 @@ __global__ void __launch_bounds__(384, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     int g = wg - 1, tid = threadIdx.x - 128 * wg, lane = threadIdx.x % 32; // consumer g owns rows 64g..64g+63
     uint32_t epi = epi0 + g * S::EPI;
-    float d[BN / 2]; // BN/128 blocks of 64: the m64n128 accumulators
+    float d[BN / 2];                              // BN/128 blocks of 64: the m64n128 accumulators
+    uint32_t bb[KIND == WG_FORWARD ? BN / 8 : 1]; // the forward's bias pairs (bias_pairs)
+    bool bias = KIND == WG_FORWARD && gt.bias;
     int it = 0, eph = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
         Tile ti = tile_of<KIND, TN>(gt, t);
+        if (bias) bias_pairs<BN, GLU>(bb, gt, ti, lane);
         for (int kb = 0; kb < ti.nkb; kb++, it++) {
             int s = it % STAGES;
             uint32_t sa = base + s * (SA + SB), sb = sa + SA;
@@ -218,7 +221,7 @@ __global__ void __launch_bounds__(384, 1)
         fence_regs<BN / 2>(d);
         if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
         epilogue<KIND, BN, TO, GLU>(d, &mo, (TO *)out, gt, ti, g, tid, epi, accumulate, empty + 8 * (STAGES + g), &eph,
-                                    &mact, (bf16 *)act);
+                                    &mact, (bf16 *)act, bias, bb);
     }
     if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
@@ -303,12 +306,12 @@ int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, i
     return bound;
 }
 
-static int64_t wgmma_calls, wgmma_gathers, wgmma_glus; // products run here, those gathering x, those with SwiGLU
+static int64_t wgmma_calls, wgmma_gathers, wgmma_glus, wgmma_biases; // run here; gathering x; with SwiGLU; bias
 
 // One expert product (cuda_common.cuh). Not fitting: not a Hopper GPU, dtypes, N or K not multiples of 64, more than
 // 256 experts, unaligned pointers, sizes past int.
 bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows, int div,
-                   Tensor act) {
+                   Tensor act, Tensor bias) {
     bool wgrad = kind == WG_WEIGHT_GRAD, g = rows.p != NULL, glu = act.p != NULL;
     Tensor w = wgrad ? out : b, x = wgrad ? b : a; // w (E, N, K); x: the activations' operand (gathered when g)
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
@@ -324,6 +327,8 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     if (glu && (kind != WG_FORWARD || N % 256 || act.dt != DT_BF16 || t_cols(act) != N / 2 ||
                 t_rows(act) != t_rows(out) || !aligned16(act.p)))
         return false;
+    if (bias.p && (kind != WG_FORWARD || bias.dt != DT_BF16 || tensor_numel(bias) != E * N || (uintptr_t)bias.p % 4))
+        return false;
     if (!wgmma_available()) return false;
     int64_t C = kind == WG_FORWARD ? N : K; // the output's columns
     // 256-wide tiles where they waste at most 1/12 of the products on columns past C (GPT-OSS's 2880: 1/15), 1/10 in
@@ -334,7 +339,8 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     int64_t bound = wg_table_build(&gt, kind, E, N, K, bn, offs, R);
     if (bound < 0) return false;
     if (g) gt.gx = x.p, gt.grows = (const int32_t *)rows.p, gt.gdiv = div, gt.gR = (int)R;
-    wgmma_calls++, wgmma_gathers += g, wgmma_glus += glu;
+    gt.bias = (const bf16 *)bias.p;
+    wgmma_calls++, wgmma_gathers += g, wgmma_glus += glu, wgmma_biases += bias.p != NULL;
     if (wgrad && !accumulate) zero_empty_experts(out.p, offs, E, N * K * dtype_size(out.dt)); // (no tiles)
     if (bound == 0) return true; // no rows: nothing (more) to write or add
     CUtensorMap ma, mb, mo;      // a's (x or dy), b's (w, or x for the weight gradient), out's; a gathered x has none
@@ -371,4 +377,6 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     return true;
 }
 
-int64_t wgmma_grouped_calls(int what) { return what == 2 ? wgmma_glus : what ? wgmma_gathers : wgmma_calls; }
+int64_t wgmma_grouped_calls(int what) {
+    return what == 3 ? wgmma_biases : what == 2 ? wgmma_glus : what ? wgmma_gathers : wgmma_calls;
+}

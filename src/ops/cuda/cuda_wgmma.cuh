@@ -96,13 +96,15 @@ typedef struct {
     int ord[WG_MAX_E]; // the experts by rows, most first (stable)
 } WgList;
 // What a kernel gets by value: the list's address, the product's sizes and, where the kernel gathers its x operand
-// (cuda_wgmma.cu), the rows it reads: row i of x_e is gx[grows[min(i, gR − 1)] / gdiv] (gx NULL: no gather).
+// (cuda_wgmma.cu), the rows it reads: row i of x_e is gx[grows[min(i, gR − 1)] / gdiv] (gx NULL: no gather), and
+// the forward's per-expert bias (E, N) bf16 that its epilogue adds (NULL: none).
 typedef struct {
     const WgList *list;
     int E, N, K, ntn; // ntn: tiles along the output's columns
     const void *gx;
     const int32_t *grows;
     int gdiv, gR;
+    const bf16 *bias;
 } WgTable;
 
 // One tile of the list.
@@ -188,6 +190,26 @@ static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, 
 
 #define WG_BOX 8192 // bytes of one TMA box: 64 rows of 128 bytes (64 bf16, 32 fp32 or 128 E4M3 values)
 
+// The bias pairs of a forward tile's columns (gt.bias), this thread's: bb[j·16 + q] the two of columns
+// j·128 + 8q + 2(lane % 4) and + 1 of the tile (tile_col), 0 past N; read at the tile's start, under its products.
+template <int BN, bool GLU>
+static __device__ __forceinline__ void bias_pairs(uint32_t *bb, const WgTable &gt, const Tile &ti, int lane) {
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) {
+        int c = i * 8 + 2 * (lane % 4), col = tile_col<GLU>(gt, ti.col, c / 64) + c % 64;
+        bb[i] = col < gt.N ? __ldg((const unsigned *)(gt.bias + (int64_t)ti.e * gt.N + col)) : 0u;
+    }
+}
+
+// The stored values of an output pair (a, b) as floats: rounded to bf16, and with add the bias pair bp added and
+// rounded again — what the product followed by the bias op (cuda_gemm.cu, bias_forward_kernel) stores.
+static __device__ __forceinline__ float2 stored_pair(float a, float b, bool add, uint32_t bp) {
+    float2 v = __bfloat1622float2(__floats2bfloat162_rn(a, b));
+    if (!add) return v;
+    float2 c = __bfloat1622float2(*(const __nv_bfloat162 *)&bp);
+    return __bfloat1622float2(__floats2bfloat162_rn(v.x + c.x, v.y + c.y));
+}
+
 // The warpgroup's finished epi tile (NB boxes of 64 rows × 128 bytes, ES-byte outputs) out, at output columns
 // tile_col<GLU>(b) of its rows from row0: by the copy engine through the output's map mo (an fp32 add onto dw_e for
 // the weight gradient with accumulate, else a store) when every row is the tile's, else — a forward or input-gradient
@@ -237,10 +259,13 @@ static __device__ __forceinline__ void epi_out(const CUtensorMap *mo, void *out,
 // GLU (the forward with SwiGLU fused; BN 256, bf16): d holds 128 gate columns then their 128 up columns (tile_col);
 // after the gate and up tile has gone out as above, act (R, N/2) = silu(g)·u from the bf16-rounded g and u — the
 // arithmetic of the SwiGLU op on the stored gu, so the same bits — goes out the same way through epi (mact, act).
+// With bias, bb holds the tile's bias pairs (bias_pairs), added to the forward's outputs as stored_pair does (indexed
+// by constants only, so that they stay in registers).
 template <int KIND, int BN, typename TO, bool GLU = false>
-static __device__ __forceinline__ void
-epilogue(const float *d, const CUtensorMap *mo, TO *out, const WgTable &gt, const Tile &ti, int g, int tid,
-         uint32_t epi, bool accumulate, uint32_t ebar, int *eph, const CUtensorMap *mact = NULL, bf16 *act = NULL) {
+static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMap *mo, TO *out, const WgTable &gt,
+                                                const Tile &ti, int g, int tid, uint32_t epi, bool accumulate,
+                                                uint32_t ebar, int *eph, const CUtensorMap *mact = NULL,
+                                                bf16 *act = NULL, bool bias = false, const uint32_t *bb = NULL) {
     static_assert(!GLU || (KIND == WG_FORWARD && BN == 256 && sizeof(TO) == 2), "GLU: the bf16 forward, 256 wide");
     constexpr int ES = (int)sizeof(TO), COLS = 128 / ES;                              // outputs per box row
     int warp = tid / 32, lane = tid % 32, row0 = ti.row + 64 * g, end = ti.r0 + ti.m; // first row; the expert's end
@@ -266,8 +291,10 @@ epilogue(const float *d, const CUtensorMap *mo, TO *out, const WgTable &gt, cons
                 int c = j * 128 + (q + b / 2) * 8;
                 uint32_t a = swz(epi + c / COLS * WG_BOX, r, c % COLS * ES), p[4];
 #pragma unroll
-                for (int m = 0; m < 4; m++) {
-                    __nv_bfloat162 v = __floats2bfloat162_rn(d[64 * j + 4 * q + 2 * m], d[64 * j + 4 * q + 2 * m + 1]);
+                for (int m = 0; m < 4; m++) { // block m's columns are those of bias pair j·16 + q + m/2
+                    float2 f = stored_pair(d[64 * j + 4 * q + 2 * m], d[64 * j + 4 * q + 2 * m + 1], bias,
+                                           bias ? bb[16 * j + q + m / 2] : 0u);
+                    __nv_bfloat162 v = __floats2bfloat162_rn(f.x, f.y);
                     p[m] = *(uint32_t *)&v;
                 }
                 asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(p[0]),
@@ -313,8 +340,9 @@ epilogue(const float *d, const CUtensorMap *mo, TO *out, const WgTable &gt, cons
         uint32_t a = swz(epi + c / 64 * WG_BOX, r, c % 64 * 2), p[4];
 #pragma unroll
         for (int m = 0; m < 4; m++) {
-            float2 gg = __bfloat1622float2(__floats2bfloat162_rn(d[4 * q + 2 * m], d[4 * q + 2 * m + 1])),
-                   uu = __bfloat1622float2(__floats2bfloat162_rn(d[64 + 4 * q + 2 * m], d[64 + 4 * q + 2 * m + 1]));
+            float2 gg = stored_pair(d[4 * q + 2 * m], d[4 * q + 2 * m + 1], bias, bias ? bb[q + m / 2] : 0u),
+                   uu = stored_pair(d[64 + 4 * q + 2 * m], d[64 + 4 * q + 2 * m + 1], bias,
+                                    bias ? bb[16 + q + m / 2] : 0u);
             __nv_bfloat162 v = __floats2bfloat162_rn(f.forward(gg.x, uu.x), f.forward(gg.y, uu.y));
             p[m] = *(uint32_t *)&v;
         }
