@@ -160,13 +160,18 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
                             op_grouped_linear_backward_weight(hgu, NONE, gu, xt, perm, k, doffs, false));
                 snprintf(nm, sizeof nm, "%s gather_rows (T=%lld, %s)", model, (long long)T, rt);
                 TIME(nm, 10, 2.0 * R * H * 2, "GB/s", op_gather_rows(xe, xt, perm, k));
-                // SwiGLU fused into the gate_up forward (PITH_GLU=fused) against the product and the op after it
+                // SwiGLU fused into the gate_up forward (PITH_GLU=fused) against the product and the op after it; at
+                // GPT-OSS's widths its form: interleaved, clamped, after the bias
+                bool oss = 2 * I % 256 != 0;
+                float al = oss ? 1.702f : 0, lim = oss ? 7.0f : 0;
+                Tensor gb = oss ? bgu : NONE;
                 snprintf(nm, sizeof nm, "%s swiglu (T=%lld, %s)", model, (long long)T, rt);
-                TIME(nm, 10, 3.0 * R * I * 2, "GB/s", op_swiglu_forward(act, gu, 0, 0));
+                TIME(nm, 10, 3.0 * R * I * 2, "GB/s", op_swiglu_forward(act, gu, al, lim));
                 setenv("PITH_GLU", "fused", 1);
-                GROUPED_ROW("gate_up fwd + swiglu fused", fg, op_grouped_glu_forward(gu, act, xe, NONE, 0, wgu, doffs));
+                GROUPED_ROW("gate_up fwd + swiglu fused", fg,
+                            op_grouped_glu_forward(gu, act, xe, NONE, 0, wgu, gb, doffs, al, lim));
                 GROUPED_ROW("gate_up fwd + swiglu fused, gathered", fg,
-                            op_grouped_glu_forward(gu, act, xt, perm, k, wgu, doffs));
+                            op_grouped_glu_forward(gu, act, xt, perm, k, wgu, gb, doffs, al, lim));
                 unsetenv("PITH_GLU");
                 // a per-expert bias (GPT-OSS's) by its own kernel after the product, and in the product's epilogue
                 GROUPED_ROW("gate_up fwd + bias", fg, op_grouped_linear_forward(gu, xe, NONE, 0, wgu, bgu, doffs));

@@ -478,9 +478,11 @@ void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io, bool again) {
     if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
     bool need_act = !again || m->recompute & RC_SWIGLU, need_gu = need_act && (!again || m->recompute & RC_GATE_UP);
-    // the experts' plain SwiGLU in one op with their product (on the GPU one kernel: op_grouped_glu_forward)
-    bool glu = need_gu && offs.p && !m->fp8.on && !W->gate_up_b[l].p && m->cfg.swiglu_limit <= 0;
-    if (glu) op_grouped_glu_forward(gu, act, stage3_x(m, io, R), stage3_rows(m, io), m->cfg.topk, W->gate_up[l], offs);
+    // the experts' SwiGLU in one op with their product (on the GPU one kernel: op_grouped_glu_forward)
+    bool glu = need_gu && offs.p && !m->fp8.on;
+    if (glu)
+        op_grouped_glu_forward(gu, act, stage3_x(m, io, R), stage3_rows(m, io), m->cfg.topk, W->gate_up[l],
+                               W->gate_up_b[l], offs, m->cfg.swiglu_alpha, m->cfg.swiglu_limit);
     else if (need_gu)
         mlp_forward(m, l, FP8_GATE_UP, gu, stage3_x(m, io, R), stage3_rows(m, io), W->gate_up[l], W->gate_up_b[l],
                     offs);

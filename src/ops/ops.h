@@ -212,10 +212,12 @@ bool op_fp8_tensor_cores(Device dev, int64_t E, int64_t N, int64_t K);
 // db[i], dy[i], x, true) for each i, the same bits. On the GPU with PITH_PROJ_WGRAD=side the products run side by side
 // on the side streams (cuda_gemm.cu), so that the narrow ones (k, v) fill the SMs the wide one leaves idle.
 void op_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x);
-// The experts' gate_up product and its SwiGLU: op_grouped_linear_forward(gu, x, rows, div, w, no bias, offs), then
-// op_swiglu_forward(act, gu, 0, 0) (gu = [gate | up]), the same bits. On the GPU with PITH_GLU=fused one wgmma kernel
-// does both where it fits (bf16, N a multiple of 256: its epilogue writes act beside gu; cuda_wgmma.cu).
-void op_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor offs);
+// The experts' gate_up product and its SwiGLU: op_grouped_linear_forward(gu, x, rows, div, w, b, offs), then
+// op_swiglu_forward(act, gu, alpha, limit), the same bits. On the GPU with PITH_GLU=fused one wgmma kernel does both
+// where it fits (bf16; [gate | up] with N a multiple of 256, or GPT-OSS's interleaved clamped form: its epilogue
+// writes act beside gu; cuda_wgmma.cu).
+void op_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs,
+                            float alpha, float limit);
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);

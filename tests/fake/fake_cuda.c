@@ -571,7 +571,8 @@ bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) { return false; }
 bool cuda_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x) {
     return false; // one by one, through cuda_linear_backward_weight
 }
-bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor offs) {
+bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs,
+                              float alpha, float limit) {
     return false; // the product, then the SwiGLU op
 }
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) { return false; }

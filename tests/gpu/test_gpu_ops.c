@@ -788,27 +788,35 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     if (!wsame) printf("       dw (fp32 accumulate): gathered in the kernel differs from the product on x\n");
     same &= gsame && wsame;
     free(fy), free(fyg), free(fa), free(fb);
-    if (N % 256 == 0) { // SwiGLU fused into the forward (PITH_GLU=fused), on x and gathered: gu and act bit for bit
-        Tensor act = gpu_tensor(dt, 2, R, N / 2, 0, 0);
-        op_swiglu_forward(act, y.d, 0, 0); // the product's y, then the op
-        float *fgu = gpu_down(y.d), *fact = gpu_down(act);
+    // SwiGLU fused into the forward (PITH_GLU=fused), on x and gathered, over NaN: gu and act bit for bit those of the
+    // product (with its bias) and then the SwiGLU op — [gate | up] without a bias where N is a multiple of 256, and
+    // GPT-OSS's interleaved clamped form with a bias; where the forward takes 256-wide tiles (the SwiGLU epilogues')
+    int64_t nglu = 0, q0 = cuda_grouped_calls("glu"), gx0 = cuda_grouped_calls("gather");
+    bool wide = (N + 255) / 256 * 256 - N <= N / 12;
+    for (int form = N % 256 == 0 ? 0 : 1; wide && form < 2; form++) {
+        float alpha = form ? 1.702f : 0, limit = form ? 7.0f : 0;
+        Pair bias = form ? pair_rand(dt, 1, 2, E, N, 0, 0) : NOPAIR;
+        Tensor gu = gpu_tensor(dt, 2, R, N, 0, 0), act = gpu_tensor(dt, 2, R, N / 2, 0, 0);
+        op_grouped_linear_forward(gu, x.d, NONE, 0, w.d, bias.d, po.d), op_swiglu_forward(act, gu, alpha, limit);
+        float *fgu = gpu_down(gu), *fact = gpu_down(act);
         setenv("PITH_GLU", "fused", 1);
-        int64_t q0 = cuda_grouped_calls("glu");
-        for (int gth = 0; gth < 2; gth++) {
-            Pair gu2 = pair_nan(dt, 2, R, N, 0, 0), act2 = pair_nan(dt, 2, R, N / 2, 0, 0); // written over NaN
-            op_grouped_glu_forward(gu2.d, act2.d, gth ? xt.d : x.d, gth ? rs.d : NONE, gth ? (int)k : 0, w.d, po.d);
+        for (int gth = 0; gth < 2; gth++, nglu++) {
+            Pair gu2 = pair_nan(dt, 2, R, N, 0, 0), act2 = pair_nan(dt, 2, R, N / 2, 0, 0);
+            op_grouped_glu_forward(gu2.d, act2.d, gth ? xt.d : x.d, gth ? rs.d : NONE, gth ? (int)k : 0, w.d, bias.d,
+                                   po.d, alpha, limit);
             float *g2 = gpu_down(gu2.d), *a2 = gpu_down(act2.d);
+            const char *what = form ? "interleaved, clamped, biased" : "[gate | up]";
             if (memcmp(g2, fgu, (size_t)R * N * sizeof(float)))
-                printf("       gu (SwiGLU fused%s) differs from the product's\n", gth ? ", gathered" : ""),
-                    same = false;
+                printf("       gu (SwiGLU fused, %s%s) differs\n", what, gth ? ", gathered" : ""), same = false;
             if (memcmp(a2, fact, (size_t)R * (N / 2) * sizeof(float)))
-                printf("       act (SwiGLU fused%s) differs from the op's\n", gth ? ", gathered" : ""), same = false;
+                printf("       act (SwiGLU fused, %s%s) differs\n", what, gth ? ", gathered" : ""), same = false;
             free(g2), free(a2);
         }
         unsetenv("PITH_GLU");
-        if (cuda_grouped_calls("glu") != q0 + 2) printf("       the SwiGLU kernels did not run\n"), same = false;
         free(fgu), free(fact);
     }
+    if (cuda_grouped_calls("glu") != q0 + nglu) printf("       the SwiGLU kernels did not run\n"), same = false;
+    int64_t gx_glu = cuda_grouped_calls("gather") - gx0; // (their gathered forwards, beside the count below)
     // a per-expert bias (GPT-OSS's) added in the forward's epilogue (PITH_GROUPED_BIAS=fused): the bits of the product,
     // then the bias op
     {
@@ -844,7 +852,7 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     float *g16 = gpu_down(d16);
     if (memcmp(g16, g16g, (size_t)n * sizeof(float)))
         printf("       dw (bf16 store): gathered in the kernel differs from the product on x\n"), same = false;
-    if (cuda_grouped_calls("gather") != g0 + 3 + (N % 256 == 0)) // (+ the fused SwiGLU's gathered forward)
+    if (cuda_grouped_calls("gather") != g0 + 3 + gx_glu)
         printf("       the gathering kernels did not run\n"), same = false;
     free(g16g);
     // then added to (a later micro-batch): each stored value joins the fp32 sum, one rounding

@@ -132,15 +132,22 @@ static inline const int64_t *offsets_device(Tensor offs, int64_t E, const char *
 void zero_empty_experts(void *dw, const int64_t *offs, int64_t E, int64_t bytes);
 // The expert products (kinds): forward y = x_e·w_eᵀ, input gradient dx = dy_e·w_e, weight gradient dw_e (+)= dy_eᵀ·x_e.
 enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
+// What a forward's epilogue adds to its product (wgmma_grouped): a per-expert bias (bias.p: (E, N) bf16, y_e += b_e
+// as the product then op_linear_bias_forward store it), and SwiGLU (act.p: (R, N/2) bf16 = op_swiglu_forward(act, y,
+// alpha, limit) of the stored y: limit > 0 GPT-OSS's interleaved clamped form, else [gate | up] with N a multiple of
+// 256).
+typedef struct {
+    Tensor bias, act;
+    float alpha, limit;
+} WgEpi;
 // One on the wgmma kernels (cuda_wgmma.cu): out y or dx (R, ·), a x or dy (R, ·), b w (E, N, K); or for the weight
 // gradient out dw (E, N, K) fp32, a dy, b x (accumulate false: written, the empty experts' zeroed). rows.p (forward
-// and weight gradient): x is gathered, row i of the product's being x[rows[i] / div] (rows int32 on the GPU). act.p
-// (the forward, N a multiple of 256): SwiGLU fused, act (R, N/2) bf16 = silu(gate)·up of y = [gate | up] as
-// op_swiglu_forward makes it. bias.p (the forward): y_e += b_e (E, N) bf16 in the epilogue, as the product then
-// op_linear_bias_forward store it. False when they do not fit, and the caller runs another path; wgmma_grouped_calls counts
-// those that ran (what 0), those that gathered x (1), those with SwiGLU (2) and those adding a bias (3).
+// and weight gradient): x is gathered, row i of the product's being x[rows[i] / div] (rows int32 on the GPU). ep (the
+// forward; NULL: none): its epilogue's extras. False when they do not fit, and the caller runs another path;
+// wgmma_grouped_calls counts those that ran (what 0), those that gathered x (1), those with SwiGLU (2) and those adding
+// a bias (3).
 bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows, int div,
-                   Tensor act, Tensor bias);
+                   const WgEpi *ep);
 int64_t wgmma_grouped_calls(int what);
 // cuBLASLt's block-scaled E4M3 product (cuda_gemm.cu), column-major D (m × n, ldd m) = op_T(A)·op_N(B) + beta·D: A codes
 // (k × m, lda k) with BLK128x128 scales sa, B codes (k × n, ldb k) with VEC128 scales sb (cuda_fp8.cu has the layouts),

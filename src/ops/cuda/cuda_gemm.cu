@@ -389,10 +389,10 @@ bool cuda_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, con
 // offsets on the host: read back (cuda_offsets_host, a wait). Read on every call, so a test or benchmark can switch
 // it in-process.
 static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, Tensor offs, bool accumulate, Tensor rows, int div,
-                          Tensor act, Tensor bias, const char *what) {
+                          const WgEpi *ep, const char *what) {
     const int64_t *o = offsets_device(offs, (kind == WG_WEIGHT_GRAD ? out : b).n[0], what);
     const char *e = getenv("PITH_GROUPED_KERNEL");
-    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate, rows, div, act, bias);
+    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate, rows, div, ep);
 }
 
 // x's R rows gathered (rows.p) into the op scratch for the paths that do not gather themselves, or x.
@@ -419,8 +419,9 @@ static bool grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor 
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
-    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, rows, div, Tensor{}, bias,
-                      what))
+    WgEpi ep = {bias};
+    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, rows, div,
+                      bias.p ? &ep : NULL, what))
         return bias.p != NULL;
     in = gathered(in, rows, div, t_rows(out), what);
     const int64_t *offs = cuda_offsets_host(offs_t, E);
@@ -474,12 +475,15 @@ int64_t cuda_grouped_calls(const char *path) {
 
 void cuda_gemm_cache_clear(void) { memset(gemm_cache, 0, sizeof gemm_cache); }
 
-// The experts' gate_up product with SwiGLU fused (ops.h): the wgmma kernels' GLU epilogue, with PITH_GLU=fused.
-bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor offs) {
+// The experts' gate_up product with SwiGLU fused (ops.h): the wgmma kernels' GLU epilogue (the bias in it too), with
+// PITH_GLU=fused.
+bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs,
+                              float alpha, float limit) {
     const char *e = getenv("PITH_GLU");
     if (!e || strcmp(e, "fused") || x.dt != DT_BF16 || w.dt != DT_BF16) return false;
     if (rows.p) cuda_check_rows(rows, div, t_rows(gu), "grouped_glu_forward");
-    return grouped_wgmma(WG_FORWARD, gu, x, w, offs, false, rows, div, act, Tensor{}, "grouped_glu_forward");
+    WgEpi ep = {b, act, alpha, limit};
+    return grouped_wgmma(WG_FORWARD, gu, x, w, offs, false, rows, div, &ep, "grouped_glu_forward");
 }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
@@ -575,8 +579,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     }
     // bf16 dw (gradient_dtype): the wgmma kernel and cuBLASLt sum in fp32 and add D in fp32, one rounding
     size_t s = dtype_size(x.dt), os = dtype_size(dw.dt);
-    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, rows, div, Tensor{}, Tensor{},
-                      "grouped_linear_backward_weight"))
+    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, rows, div, NULL, "grouped_linear_backward_weight"))
         return;
     x = gathered(x, rows, div, t_rows(dy), "grouped_linear_backward_weight");
     if (!accumulate) cuda_zero(dw); // the products below add

@@ -48,7 +48,8 @@ bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 // op_linear_backward_weights side by side (cuda_gemm.cu); false: not taken (the op runs them one by one).
 bool cuda_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x);
 // op_grouped_glu_forward in one kernel (cuda_gemm.cu); false: not taken (the op runs its two ops).
-bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor offs);
+bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs,
+                              float alpha, float limit);
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
 bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, int div, Fp8Weight w8, Tensor offs, bool input_grad);

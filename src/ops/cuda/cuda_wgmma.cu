@@ -71,8 +71,8 @@ static __device__ __forceinline__ void wgmma_128(float *d, uint64_t da, uint64_t
 }
 
 // The producer's TMA loads of reduction block kb of tile ti into stage (sa: 2 A boxes, sb: BN/64 B boxes); G: the x
-// operand is gathered (gather_block), not loaded here; GLU: the B rows are the tile's gate and up rows (tile_col).
-template <int KIND, int BN, bool G, bool GLU>
+// operand is gathered (gather_block), not loaded here; HALVES: the B rows are the tile's gate and up rows (tile_col).
+template <int KIND, int BN, bool G, bool HALVES>
 static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const CUtensorMap *mb, const WgTable &gt,
                                                   const Tile &ti, int kb, uint32_t sa, uint32_t sb, uint32_t bar) {
     int k = kb * WG_BK;
@@ -83,7 +83,7 @@ static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const C
     }
 #pragma unroll
     for (int c = 0; c < BN / 64; c++) {
-        if (KIND == WG_FORWARD) tma_box(sb + c * WG_BOX, mb, bar, k, ti.e * gt.N + tile_col<GLU>(gt, ti.col, c));
+        if (KIND == WG_FORWARD) tma_box(sb + c * WG_BOX, mb, bar, k, ti.e * gt.N + tile_col<HALVES>(gt, ti.col, c));
         else if (KIND == WG_INPUT_GRAD) tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.e * gt.N + k);
         else if (!G) tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.r0 + k); // x rows of the expert
     }
@@ -128,14 +128,15 @@ static __device__ __forceinline__ void gather_block(const WgTable &gt, const Til
 // operand (forward A, weight-gradient B) is gathered by row index (gt.gx, gather_block): the whole producer warpgroup
 // copies it, each thread's copies arriving on the stage's full barrier as they land (cp.async.mbarrier.arrive.noinc:
 // 128 arrivals besides thread 0's for the TMA bytes), and the consumers fence the generic proxy's writes from the
-// async proxy's (wgmma's) reads after their wait. GLU: the forward with SwiGLU fused (tile_col; the epilogue writes
-// act through mact as well as gu through mo).
-template <int KIND, int BN, typename TO, bool G, bool GLU>
+// async proxy's (wgmma's) reads after their wait. GLU: the forward with SwiGLU fused, 1 on [gate | up] (tile_col), 2
+// on GPT-OSS's interleaved pairs, clamped (gt.alpha, gt.limit); the epilogue writes act through mact as well as gu
+// through mo.
+template <int KIND, int BN, typename TO, bool G, int GLU>
 __global__ void __launch_bounds__(384, 1)
     wgmma_grouped_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                          const __grid_constant__ CUtensorMap mo, void *out, const __grid_constant__ WgTable gt,
                          int accumulate, const __grid_constant__ CUtensorMap mact, void *act) {
-    constexpr int TN = GLU ? 128 : BN; // the step between a row's tiles along the output (the gate columns)
+    constexpr int TN = GLU == 1 ? 128 : BN; // the step between a row's tiles along the output (the gate columns)
     typedef WgShape<KIND, BN, TO> S;
     constexpr int SA = S::SA, SB = S::SB, STAGES = S::STAGES;
     constexpr int TA = KIND == WG_WEIGHT_GRAD, TB = KIND != WG_FORWARD; // MN-major operands
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(384, 1)
                 uint32_t sa = base + s * (SA + SB);
                 if (threadIdx.x == 0) {
                     mbar_expect(full + 8 * s, G ? (KIND == WG_FORWARD ? SB : SA) : SA + SB);
-                    load_block<KIND, BN, G, GLU>(&ma, &mb, gt, ti, kb, sa, sa + SA, full + 8 * s);
+                    load_block<KIND, BN, G, GLU == 1>(&ma, &mb, gt, ti, kb, sa, sa + SA, full + 8 * s);
                 }
                 if (G) {
                     gather_block<KIND, BN>(gt, ti, kb, tok, KIND == WG_FORWARD ? sa : sa + SA);
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(384, 1)
     int it = 0, eph = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
         Tile ti = tile_of<KIND, TN>(gt, t);
-        if (bias) bias_pairs<BN, GLU>(bb, gt, ti, lane);
+        if (bias) bias_pairs<BN, GLU == 1>(bb, gt, ti, lane);
         for (int kb = 0; kb < ti.nkb; kb++, it++) {
             int s = it % STAGES;
             uint32_t sa = base + s * (SA + SB), sb = sa + SA;
@@ -309,10 +310,10 @@ int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, i
 static int64_t wgmma_calls, wgmma_gathers, wgmma_glus, wgmma_biases; // run here; gathering x; with SwiGLU; bias
 
 // One expert product (cuda_common.cuh). Not fitting: not a Hopper GPU, dtypes, N or K not multiples of 64, more than
-// 256 experts, unaligned pointers, sizes past int.
+// 256 experts, unaligned pointers, sizes past int; an epilogue's extras (ep) where they do not fit the product.
 bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows, int div,
-                   Tensor act, Tensor bias) {
-    bool wgrad = kind == WG_WEIGHT_GRAD, g = rows.p != NULL, glu = act.p != NULL;
+                   const WgEpi *ep) {
+    bool wgrad = kind == WG_WEIGHT_GRAD, g = rows.p != NULL;
     Tensor w = wgrad ? out : b, x = wgrad ? b : a; // w (E, N, K); x: the activations' operand (gathered when g)
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     bool w16 = wgrad && out.dt == DT_BF16; // (added in the epilogue: the stored value into the fp32 sum, one rounding)
@@ -324,7 +325,9 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     if (g &&
         (kind == WG_INPUT_GRAD || rows.dt != DT_I32 || tensor_numel(rows) < R || div < 1 || t_rows(x) > 0x7fffffff))
         return false;
-    if (glu && (kind != WG_FORWARD || N % 256 || act.dt != DT_BF16 || t_cols(act) != N / 2 ||
+    Tensor act = ep ? ep->act : Tensor{}, bias = ep ? ep->bias : Tensor{};
+    int glu = !act.p ? 0 : ep->limit > 0 ? 2 : 1; // the SwiGLU's layout: 1 [gate | up], 2 interleaved and clamped
+    if (glu && (kind != WG_FORWARD || (glu == 1 && N % 256) || N % 2 || act.dt != DT_BF16 || t_cols(act) != N / 2 ||
                 t_rows(act) != t_rows(out) || !aligned16(act.p)))
         return false;
     if (bias.p && (kind != WG_FORWARD || bias.dt != DT_BF16 || tensor_numel(bias) != E * N || (uintptr_t)bias.p % 4))
@@ -333,14 +336,16 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     int64_t C = kind == WG_FORWARD ? N : K; // the output's columns
     // 256-wide tiles where they waste at most 1/12 of the products on columns past C (GPT-OSS's 2880: 1/15), 1/10 in
     // the weight gradient, whose short reduction makes a tile's fixed costs weigh more (DeepSeek's 1408: 1/11); the
-    // fp32 epilogue tiles of 256 would not fit
-    int bn = glu || ((!wgrad || w16) && (C + 255) / 256 * 256 - C <= C / (wgrad ? 10 : 12)) ? 256 : 128;
+    // fp32 epilogue tiles of 256 would not fit. The SwiGLU epilogues take 256.
+    int bn = (!wgrad || w16) && (C + 255) / 256 * 256 - C <= C / (wgrad ? 10 : 12) ? 256 : 128;
+    if (glu && bn != 256) return false;
     WgTable gt;
     int64_t bound = wg_table_build(&gt, kind, E, N, K, bn, offs, R);
     if (bound < 0) return false;
     if (g) gt.gx = x.p, gt.grows = (const int32_t *)rows.p, gt.gdiv = div, gt.gR = (int)R;
     gt.bias = (const bf16 *)bias.p;
-    wgmma_calls++, wgmma_gathers += g, wgmma_glus += glu, wgmma_biases += bias.p != NULL;
+    if (glu) gt.alpha = ep->alpha, gt.limit = ep->limit;
+    wgmma_calls++, wgmma_gathers += g, wgmma_glus += glu != 0, wgmma_biases += bias.p != NULL;
     if (wgrad && !accumulate) zero_empty_experts(out.p, offs, E, N * K * dtype_size(out.dt)); // (no tiles)
     if (bound == 0) return true; // no rows: nothing (more) to write or add
     CUtensorMap ma, mb, mo;      // a's (x or dy), b's (w, or x for the weight gradient), out's; a gathered x has none
@@ -351,29 +356,28 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
     wgmma_tensor_map(&mo, out.p, out.dt, wgrad ? E * N : t_rows(out), C);
     CUtensorMap mact = mo; // (a valid map where no act is written)
     if (glu) wgmma_tensor_map(&mact, act.p, DT_BF16, t_rows(act), N / 2);
-    // wg_launch's flag per kernel (gathered; kind, 3: the bf16 weight gradient, 4: the forward with SwiGLU; bn)
-    static bool attr[2][5][2];
+    // wg_launch's flag per kernel (gathered; kind, 3: the bf16 weight gradient, 4 and 5: the forward with SwiGLU; bn)
+    static bool attr[2][6][2];
     auto run = [&](auto kernel) {
-        wg_launch(kernel,
-                  &attr[g][glu   ? 4
-                           : w16 ? 3
-                                 : kind][bn == 256],
-                  bound, ma, mb, mo, out.p, gt, (int)accumulate, mact, act.p);
+        int k = glu ? 3 + glu : w16 ? 3 : kind;
+        wg_launch(kernel, &attr[g][k][bn == 256], bound, ma, mb, mo, out.p, gt, (int)accumulate, mact, act.p);
     };
-    if (glu && g) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true, true>);
-    else if (glu) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false, true>);
-    else if (g && w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16, true, false>);
-    else if (g && w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16, true, false>);
-    else if (g && wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float, true, false>);
-    else if (g && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true, false>);
-    else if (g) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16, true, false>);
-    else if (w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16, false, false>);
-    else if (w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16, false, false>);
-    else if (wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float, false, false>);
-    else if (kind == WG_FORWARD && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false, false>);
-    else if (kind == WG_FORWARD) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16, false, false>);
-    else if (bn == 256) run(wgmma_grouped_kernel<WG_INPUT_GRAD, 256, bf16, false, false>);
-    else run(wgmma_grouped_kernel<WG_INPUT_GRAD, 128, bf16, false, false>);
+    if (glu == 1 && g) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true, 1>);
+    else if (glu == 1) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false, 1>);
+    else if (glu == 2 && g) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true, 2>);
+    else if (glu == 2) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false, 2>);
+    else if (g && w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16, true, 0>);
+    else if (g && w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16, true, 0>);
+    else if (g && wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float, true, 0>);
+    else if (g && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true, 0>);
+    else if (g) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16, true, 0>);
+    else if (w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16, false, 0>);
+    else if (w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16, false, 0>);
+    else if (wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float, false, 0>);
+    else if (kind == WG_FORWARD && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false, 0>);
+    else if (kind == WG_FORWARD) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16, false, 0>);
+    else if (bn == 256) run(wgmma_grouped_kernel<WG_INPUT_GRAD, 256, bf16, false, 0>);
+    else run(wgmma_grouped_kernel<WG_INPUT_GRAD, 128, bf16, false, 0>);
     return true;
 }
 

@@ -105,6 +105,7 @@ typedef struct {
     const int32_t *grows;
     int gdiv, gR;
     const bf16 *bias;
+    float alpha, limit; // the clamped SwiGLU's (GLU 2)
 } WgTable;
 
 // One tile of the list.
@@ -132,11 +133,11 @@ template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile 
     return ti;
 }
 
-// Output column 64·b of a tile whose first is col0 (b: its b-th 64 columns): with GLU (the forward with SwiGLU fused,
+// Output column 64·b of a tile whose first is col0 (b: its b-th 64 columns): with HALVES (the forward with SwiGLU fused,
 // cuda_wgmma.cu: a 256-wide tile is 128 gate columns from col0 and the 128 up columns N/2 later, col0 stepping by
 // 128 over the gate half) the second half is the up columns.
-template <bool GLU> static __device__ __forceinline__ int tile_col(const WgTable &gt, int col0, int b) {
-    return col0 + 64 * b + (GLU && b >= 2 ? gt.N / 2 - 128 : 0);
+template <bool HALVES> static __device__ __forceinline__ int tile_col(const WgTable &gt, int col0, int b) {
+    return col0 + 64 * b + (HALVES && b >= 2 ? gt.N / 2 - 128 : 0);
 }
 
 // The tile list of one product (kind WG_*; bn: the tile's output columns; C: the output's columns, N in the forward,
@@ -192,11 +193,11 @@ static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, 
 
 // The bias pairs of a forward tile's columns (gt.bias), this thread's: bb[j·16 + q] the two of columns
 // j·128 + 8q + 2(lane % 4) and + 1 of the tile (tile_col), 0 past N; read at the tile's start, under its products.
-template <int BN, bool GLU>
+template <int BN, bool HALVES>
 static __device__ __forceinline__ void bias_pairs(uint32_t *bb, const WgTable &gt, const Tile &ti, int lane) {
 #pragma unroll
     for (int i = 0; i < BN / 8; i++) {
-        int c = i * 8 + 2 * (lane % 4), col = tile_col<GLU>(gt, ti.col, c / 64) + c % 64;
+        int c = i * 8 + 2 * (lane % 4), col = tile_col<HALVES>(gt, ti.col, c / 64) + c % 64;
         bb[i] = col < gt.N ? __ldg((const unsigned *)(gt.bias + (int64_t)ti.e * gt.N + col)) : 0u;
     }
 }
@@ -211,11 +212,11 @@ static __device__ __forceinline__ float2 stored_pair(float a, float b, bool add,
 }
 
 // The warpgroup's finished epi tile (NB boxes of 64 rows × 128 bytes, ES-byte outputs) out, at output columns
-// tile_col<GLU>(b) of its rows from row0: by the copy engine through the output's map mo (an fp32 add onto dw_e for
+// tile_col<HALVES>(b) of its rows from row0: by the copy engine through the output's map mo (an fp32 add onto dw_e for
 // the weight gradient with accumulate, else a store) when every row is the tile's, else — a forward or input-gradient
 // tile whose rows pass the expert's end (they belong to the next expert) — by the threads into out (C columns), the
 // expert's rows only, 16 bytes a thread at a time.
-template <int KIND, int NB, int ES, bool GLU>
+template <int KIND, int NB, int ES, bool HALVES>
 static __device__ __forceinline__ void epi_out(const CUtensorMap *mo, void *out, int C, const WgTable &gt,
                                                const Tile &ti, int row0, int end, int tid, uint32_t epi,
                                                bool accumulate) {
@@ -225,7 +226,7 @@ static __device__ __forceinline__ void epi_out(const CUtensorMap *mo, void *out,
             int orow = KIND == WG_WEIGHT_GRAD ? ti.e * gt.N + row0 : row0; // dw's rows: expert e's from e·N
 #pragma unroll
             for (int b = 0; b < NB; b++) {
-                int col = GLU ? tile_col<true>(gt, ti.col, b) : ti.col + b * COLS;
+                int col = HALVES ? tile_col<true>(gt, ti.col, b) : ti.col + b * COLS;
                 if (KIND == WG_WEIGHT_GRAD && accumulate && ES == 4)
                     tma_store_box<true>(mo, epi + b * WG_BOX, col, orow);
                 else tma_store_box<false>(mo, epi + b * WG_BOX, col, orow);
@@ -237,7 +238,7 @@ static __device__ __forceinline__ void epi_out(const CUtensorMap *mo, void *out,
     constexpr int CH = NB * 8; // 16-byte chunks of a row
     for (int c = tid; c < 64 * CH; c += 128) {
         int r = c / CH, cc = c % CH;
-        int col = (GLU ? tile_col<true>(gt, ti.col, cc / 8) : ti.col + cc / 8 * COLS) + cc % 8 * (16 / ES);
+        int col = (HALVES ? tile_col<true>(gt, ti.col, cc / 8) : ti.col + cc / 8 * COLS) + cc % 8 * (16 / ES);
         if (row0 + r >= end) break; // (rows are in order: every later chunk of this thread is past the end too)
         if (col >= C) continue;
         uint4 v;
@@ -256,12 +257,13 @@ static __device__ __forceinline__ void epi_out(const CUtensorMap *mo, void *out,
 // rounding. A forward or input-gradient tile whose rows pass the expert's end is written by the warpgroup itself into
 // out, those rows left out (they belong to the next expert). tid: the thread's index in the warpgroup. The kernel ends
 // with bulk_wait<false>() in each warpgroup's thread 0.
-// GLU (the forward with SwiGLU fused; BN 256, bf16): d holds 128 gate columns then their 128 up columns (tile_col);
-// after the gate and up tile has gone out as above, act (R, N/2) = silu(g)·u from the bf16-rounded g and u — the
-// arithmetic of the SwiGLU op on the stored gu, so the same bits — goes out the same way through epi (mact, act).
+// GLU (the forward with SwiGLU fused; BN 256, bf16): after the gu tile has gone out as above, act (R, N/2) from its
+// stored values — the arithmetic of the SwiGLU op on the stored gu, so the same bits — goes out the same way through
+// epi (mact, act). GLU 1: d holds 128 gate columns then their 128 up columns (tile_col), act = silu(g)·u at the gate
+// columns; GLU 2 (GPT-OSS): each thread's column pairs (2c, 2c + 1) are (g, u), act column c = the clamped form.
 // With bias, bb holds the tile's bias pairs (bias_pairs), added to the forward's outputs as stored_pair does (indexed
 // by constants only, so that they stay in registers).
-template <int KIND, int BN, typename TO, bool GLU = false>
+template <int KIND, int BN, typename TO, int GLU = 0>
 static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMap *mo, TO *out, const WgTable &gt,
                                                 const Tile &ti, int g, int tid, uint32_t epi, bool accumulate,
                                                 uint32_t ebar, int *eph, const CUtensorMap *mact = NULL,
@@ -327,15 +329,32 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copy engine reads what the threads wrote
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
     int C = KIND == WG_FORWARD ? gt.N : gt.K;
-    epi_out<KIND, BN / COLS, ES, GLU>(mo, out, C, gt, ti, row0, end, tid, epi, accumulate);
+    epi_out<KIND, BN / COLS, ES, GLU == 1>(mo, out, C, gt, ti, row0, end, tid, epi, accumulate);
     if (!GLU) return;
     // act: the warpgroup's 64 rows × 128 columns into epi's first two boxes once the copy engine has read them
     if (tid == 0) bulk_wait<true>();
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
+    if (GLU == 2) {
+        Swiglu<true> f = {gt.alpha, gt.limit};
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int q = 0; q < 16; q++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) { // the pair at row r, tile columns j·128 + 8q + 2(lane % 4) and + 1
+                    float2 v = stored_pair(d[64 * j + 4 * q + 2 * h], d[64 * j + 4 * q + 2 * h + 1], bias,
+                                           bias ? bb[16 * j + q] : 0u);
+                    int r = 16 * warp + lane / 4 + 8 * h, c = 64 * j + 4 * q + lane % 4;
+                    __nv_bfloat16 a = __float2bfloat16_rn(f.forward(v.x, v.y));
+                    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(swz(epi + c / 64 * WG_BOX, r, c % 64 * 2)),
+                                 "h"(__bfloat16_as_ushort(a))
+                                 : "memory");
+                }
+    }
     Swiglu<false> f = {0, 0};
     int b = lane / 8, r = 16 * warp + 8 * (b & 1) + lane % 8;
 #pragma unroll
-    for (int q = 0; q < 16; q += 2) {
+    for (int q = 0; GLU == 1 && q < 16; q += 2) {
         int c = (q + b / 2) * 8;
         uint32_t a = swz(epi + c / 64 * WG_BOX, r, c % 64 * 2), p[4];
 #pragma unroll
@@ -352,7 +371,9 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
-    epi_out<KIND, 2, 2, false>(mact, act, gt.N / 2, gt, ti, row0, end, tid, epi, false);
+    Tile ta = ti; // act's columns: the gate columns' (GLU 1), half the pairs' (GLU 2)
+    if (GLU == 2) ta.col = ti.col / 2;
+    epi_out<KIND, 2, 2, false>(mact, act, gt.N / 2, gt, ta, row0, end, tid, epi, false);
 }
 
 // ---- host side (cuda_wgmma.cu) ----
