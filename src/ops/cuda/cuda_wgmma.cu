@@ -327,7 +327,7 @@ bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs
         return false;
     Tensor act = ep ? ep->act : Tensor{}, bias = ep ? ep->bias : Tensor{};
     int glu = !act.p ? 0 : ep->limit > 0 ? 2 : 1; // the SwiGLU's layout: 1 [gate | up], 2 interleaved and clamped
-    if (glu && (kind != WG_FORWARD || (glu == 1 && N % 256) || N % 2 || act.dt != DT_BF16 || t_cols(act) != N / 2 ||
+    if (glu && (kind != WG_FORWARD || (glu == 1 && N % 256) || N % 16 || act.dt != DT_BF16 || t_cols(act) != N / 2 ||
                 t_rows(act) != t_rows(out) || !aligned16(act.p)))
         return false;
     if (bias.p && (kind != WG_FORWARD || bias.dt != DT_BF16 || tensor_numel(bias) != E * N || (uintptr_t)bias.p % 4))
