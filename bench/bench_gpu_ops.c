@@ -746,6 +746,14 @@ int main(int argc, char **argv) {
         op_copy(pos, tensor_make(hp, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
         free(hp);
         TIME("rope q (4096, 32, 128)", 50, 2.0 * T * nh * d * 2, "GB/s", op_rope(q, 0, cs, sn, pos, ROPE_HALF, false));
+        // the q norm with its RoPE: the two kernels, and one (PITH_NORM_ROPE=fused)
+        RmsArgs nr = {.cos = cs, .sin = sn, .pos = pos, .heads = (int)nh};
+        TIME("q-norm + rope (131072, 128), two kernels", 50, 2.0 * T * nh * d * 2, "GB/s",
+             op_rmsnorm_forward(qo, rq, qn, wn, 1e-6f, &nr));
+        setenv("PITH_NORM_ROPE", "fused", 1);
+        TIME("q-norm + rope (131072, 128), fused", 50, 2.0 * T * nh * d * 2, "GB/s",
+             op_rmsnorm_forward(qo, rq, qn, wn, 1e-6f, &nr));
+        unsetenv("PITH_NORM_ROPE");
     }
     Tensor idx = dev(DT_I32, 2, T, k, 0), perm = dev(DT_I32, 1, R, 0, 0);
     int32_t *hi = xmalloc(R * sizeof(int32_t));

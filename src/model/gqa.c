@@ -78,11 +78,17 @@ void gqa_grad_alloc(GqaRec *r, const GqaShape *s, Arena *ws, DType dt, int B, in
     if (s->gated) r->dgated = arena_tensor(ws, dt, 3, T, nh, d, 0);
 }
 
-// The per-head q/k norm (rows of d) of the shape's kind, forward and backward.
-static void qk_norm_forward(const GqaShape *s, Tensor y, Tensor rstd, Tensor x, Tensor w, float eps) {
+// The per-head q/k norm (rows of d) of the shape's kind, forward (with the RoPE after it: one op) and backward.
+static void qk_norm_rope(const Model *m, const GqaShape *s, const MicroBatch *mb, Tensor y, Tensor rstd, Tensor x,
+                         Tensor w) {
     int64_t R = tensor_numel(x) / s->d;
     Tensor y2 = tensor_reshape2(y, R, s->d), x2 = tensor_reshape2(x, R, s->d);
-    op_rmsnorm_forward(y2, rstd, x2, w, eps, &(RmsArgs){.one_plus = s->qk_norm == QK_NORM_1P});
+    RmsArgs a = {.one_plus = s->qk_norm == QK_NORM_1P,
+                 .cos = m->rope_cos,
+                 .sin = m->rope_sin,
+                 .pos = mb->pos,
+                 .heads = (int)(R / mb->T)};
+    op_rmsnorm_forward(y2, rstd, x2, w, (float)m->cfg.eps, &a);
 }
 static void qk_norm_backward(const GqaShape *s, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd) {
     int64_t R = tensor_numel(x) / s->d;
@@ -91,9 +97,10 @@ static void qk_norm_backward(const GqaShape *s, Tensor dx, Tensor dw, Tensor dy,
 }
 
 void gqa_qk_rope(Model *m, const GqaShape *s, const GqaWeights *W, GqaRec *r, const MicroBatch *mb) {
-    float eps = (float)m->cfg.eps;
-    if (s->qk_norm != QK_NORM_NONE)
-        qk_norm_forward(s, r->q, r->rq, r->qp, W->qn, eps), qk_norm_forward(s, r->k, r->rk, r->kp, W->kn, eps);
+    if (s->qk_norm != QK_NORM_NONE) {
+        qk_norm_rope(m, s, mb, r->q, r->rq, r->qp, W->qn), qk_norm_rope(m, s, mb, r->k, r->rk, r->kp, W->kn);
+        return;
+    }
     op_rope(r->q, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
     op_rope(r->k, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, false);
 }

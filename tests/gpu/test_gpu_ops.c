@@ -243,6 +243,57 @@ TEST(gpu_op_rope) {
     gpu_report();
 }
 
+// The per-head q/k norm with the RoPE after it in one op (RmsArgs.cos): Qwen3's 128-wide heads (32 a token, all
+// rotated), Qwen3.5's 256-wide (the first 64 rotated), 1 + w, 3 heads a token, 31 tokens (a block's rows cut short).
+// On both devices against the CPU; on the GPU the fused kernel (PITH_NORM_ROPE=fused) bit for bit against the norm
+// and then op_rope, and it must have run for every case of both modes.
+static void check_norm_rope(DType dt, double tol, int64_t heads, int64_t d, int rd, bool one_p) {
+    size_t mark = gpu_mark();
+    int64_t T = 31, P = 40, R = T * heads;
+    float *cs = xmalloc(P * rd / 2 * sizeof(float)), *sn = xmalloc(P * rd / 2 * sizeof(float));
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t i = 0; i < rd / 2; i++) {
+            float a = (float)p * powf(1e6f, -(float)(2 * i) / (float)rd);
+            cs[p * rd / 2 + i] = cosf(a), sn[p * rd / 2 + i] = sinf(a);
+        }
+    int32_t pos[31];
+    for (int t = 0; t < T; t++) pos[t] = (int32_t)((t * 11 + 5) % P);
+    Pair c = pair_from(DT_F32, cs, 2, P, rd / 2, 0, 0), s = pair_from(DT_F32, sn, 2, P, rd / 2, 0, 0),
+         ps = pair_i32(pos, T), x = pair_rand(dt, 1, 2, R, d, 0, 0), w = pair_rand(dt, 0.5f, 1, d, 0, 0, 0);
+    Pair y = pair_nan(dt, 2, R, d, 0, 0), rstd = pair_nan(DT_F32, 1, R, 0, 0, 0);
+    RmsArgs ac = {.one_plus = one_p, .cos = c.c, .sin = s.c, .pos = ps.c, .heads = (int)heads}, ad = ac;
+    ad.cos = c.d, ad.sin = s.d, ad.pos = ps.d;
+    op_rmsnorm_forward(y.c, rstd.c, x.c, w.c, 1e-6f, &ac);
+    setenv("PITH_NORM_ROPE", "fused", 1);
+    op_rmsnorm_forward(y.d, rstd.d, x.d, w.d, 1e-6f, &ad);
+    unsetenv("PITH_NORM_ROPE");
+    EXPECT_CLOSE(y, tol);
+    EXPECT_CLOSE(rstd, tol);
+    Tensor y2 = gpu_tensor(dt, 2, R, d, 0, 0), r2 = gpu_tensor(DT_F32, 1, R, 0, 0, 0);
+    op_rmsnorm_forward(y2, r2, x.d, w.d, 1e-6f, &(RmsArgs){.one_plus = one_p});
+    op_rope(tensor_make(y2.p, dt, DEV_CUDA, 3, T, heads, d, 1), 0, c.d, s.d, ps.d, ROPE_HALF, false);
+    float *a = gpu_down(y.d), *b = gpu_down(y2);
+    ASSERT_MSG(!memcmp(a, b, (size_t)R * d * sizeof(float)),
+               "heads of %lld: the fused norm and RoPE differ from the two "
+               "ops",
+               (long long)d);
+    free(a), free(b), free(cs), free(sn);
+    gpu_release(mark);
+}
+
+TEST(gpu_op_rmsnorm_rope) {
+    gpu_begin();
+    int64_t n0 = cuda_norm_rope_calls();
+    MODES {
+        gpu_mode(MODE_DT);
+        check_norm_rope(MODE_DT, TOL, 32, 128, 128, false);
+        check_norm_rope(MODE_DT, TOL, 3, 256, 64, true);
+    }
+    ASSERT_MSG(cuda_norm_rope_calls() == n0 + 4, "the fused kernel ran %lld of 4 times",
+               (long long)(cuda_norm_rope_calls() - n0));
+    gpu_report();
+}
+
 // Both layouts on part of each head: Qwen3.5 (half, the first 64 of 256), MLA (pairs, the last 64 of 192), a
 // whole pair-layout head; YaRN tables (an attention factor folded in: backward is the transpose).
 static void check_rope(DType dt, double tol, RopeLayout layout, int64_t d, int off, int rd) {

@@ -27,6 +27,11 @@ void cpu_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, c
         F(rstd)[i] = r;
         for (int64_t j = 0; j < D; j++) F(y)[i * D + j] = (float)(xi[j] * r * norm_u(w, a, i * D + j, j));
     }
+    if (a && a->cos.p) {
+        CHECK(!a->z.p && a->heads > 0 && R % a->heads == 0);
+        cpu_rope(tensor_make(y.p, y.dt, y.dev, 3, R / a->heads, a->heads, D, 1), 0, a->cos, a->sin, a->pos, ROPE_HALF,
+                 false);
+    }
 }
 
 // With s = silu(z) (1 without z) and u = w·s (or (1 + w)·s): ∂x = r·u·dy − x·r³/D·Σ(dy·u·x), ∂w = Σ_rows dy·x·r·s,

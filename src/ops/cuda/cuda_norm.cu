@@ -396,6 +396,13 @@ __global__ void __launch_bounds__(NORM_ROW_THREADS, 1)
     }
 }
 
+// One pair's turn (sgn −1: the backward's): each product rounded on its own (no fused multiply-add), so that every
+// kernel turning pairs gives the same bits.
+__device__ __forceinline__ void rope_turn(float a, float b, float c, float s, float sgn, float &oa, float &ob) {
+    oa = __fsub_rn(__fmul_rn(a, c), __fmul_rn(__fmul_rn(sgn, b), s));
+    ob = __fadd_rn(__fmul_rn(b, c), __fmul_rn(__fmul_rn(sgn, a), s));
+}
+
 // RoPE on dims [off, off + 2·half) of each (token, head) row of d elements (ops_list.h): one thread per V pairs
 // (V = 8 only for the rotate-half layout), a at v[ia], b at v[ib], v = the row + off.
 template <typename T, int V>
@@ -409,9 +416,53 @@ __global__ void rope_kernel(T *x, const float *cos_t, const float *sin_t, const 
         float a[V], b[V], c[V], s[V], oa[V], ob[V];
         ldv<V>(v + ia, a), ldv<V>(v + ib, b), ldv<V>(cos_t + p, c), ldv<V>(sin_t + p, s);
 #pragma unroll
-        for (int q = 0; q < V; q++) oa[q] = a[q] * c[q] - sgn * b[q] * s[q], ob[q] = b[q] * c[q] + sgn * a[q] * s[q];
+        for (int q = 0; q < V; q++) rope_turn(a[q], b[q], c[q], s[q], sgn, oa[q], ob[q]);
         stv<V>(v + ia, oa), stv<V>(v + ib, ob);
     }
+}
+
+// The per-head q/k norm with RoPE after it (RmsArgs.cos; PITH_NORM_ROPE=fused): x (R, D), a row a head of token
+// row / heads, D = 8·lpr (lane sub holds columns 8·sub … + 7, one vector), ungated. The normed values, rounded to T as
+// the norm stores them, turn in pairs (i, i + half) for i < half as rope_kernel turns them (rotate-half, off 0): lane
+// sub's partner is lane sub ^ (half / 8), half a multiple of 8 with half / 8 a power of two.
+template <typename T, typename TW, bool ONE_P>
+__global__ void rmsnorm_rope_forward_kernel(T *y, float *rstd, const T *x, const TW *w, int64_t R, int64_t D, int lpr,
+                                            float eps, const float *cos_t, const float *sin_t, const int32_t *pos,
+                                            int64_t heads, int half) {
+    int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / lpr, o = row * D;
+    int sub = threadIdx.x % lpr, j0 = 8 * sub;
+    bool ok = row < R;
+    float v[8], pv[8], u[8], zz[8], ss = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = 0;
+    if (ok) ldv<8>(x + o + j0, v);
+#pragma unroll
+    for (int k = 0; k < 8; k++) ss += v[k] * v[k];
+    ss = group_sum(ss, lpr);
+    float r = rsqrtf(ss / (float)D + eps);
+    norm_u<8, ONE_P, false>(u, zz, w + j0, (const T *)NULL);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        T q = (T)(v[k] * r * u[k]); // the value the norm stores
+        v[k] = (float)q;
+    }
+#pragma unroll
+    for (int k = 0; k < 8; k++) pv[k] = __shfl_xor_sync(0xffffffffu, v[k], half / 8); // (every lane takes part)
+    if (!ok) return;
+    if (sub == 0) rstd[row] = r;
+    if (j0 < 2 * half) {
+        bool first = j0 < half;
+        int64_t p = (int64_t)pos[row / heads] * half + (first ? j0 : j0 - half);
+        float c[8], s[8];
+        ldv<8>(cos_t + p, c), ldv<8>(sin_t + p, s);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float oa, ob;
+            rope_turn(first ? v[k] : pv[k], first ? pv[k] : v[k], c[k], s[k], 1.0f, oa, ob);
+            v[k] = first ? oa : ob;
+        }
+    }
+    stv<8>(y + o + j0, v);
 }
 
 // Gate and up of V consecutive outputs from output o (row r, column i): [gate | up] halves, or interleaved pairs.
@@ -484,10 +535,33 @@ static void norm_rows_launch(float *part, int G, bf16 *dx, const bf16 *dy, const
 }
 
 static int64_t norm_rows_calls; // backward calls on rmsnorm_backward_rows_kernel (cuda_norm_rows_calls)
+static int64_t norm_rope_calls; // forward calls on rmsnorm_rope_forward_kernel (cuda_norm_rope_calls)
+
+// The norm and the RoPE after it (RmsArgs.cos) in one kernel where it fits and PITH_NORM_ROPE=fused; false otherwise.
+static bool norm_rope_fused(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, const RmsArgs *a) {
+    const char *e = getenv("PITH_NORM_ROPE");
+    int64_t R = t_rows(x), D = t_cols(x), half = a->cos.n[1];
+    int lpr = norm_lanes(D, 8);
+    if (!e || strcmp(e, "fused") || a->z.p || D != 8 * lpr || !vec8_fits(D, y.p, x.p, w.p) || half % 8 ||
+        (half / 8 & (half / 8 - 1)) || 2 * half > D || !aligned16(a->cos.p, a->sin.p))
+        return false;
+    BOOL_SWITCH(a->one_plus, ONE_P,
+                DT_SWITCH(x.dt, T, "rmsnorm_forward",
+                          DT_SWITCH(w.dt, TW, "rmsnorm_forward",
+                                    rmsnorm_rope_forward_kernel<T, TW, ONE_P>
+                                    <<<(unsigned)((R * lpr + 255) / 256), 256, 0, cuda_stream()>>>(
+                                        (T *)y.p, (float *)rstd.p, (const T *)x.p, (const TW *)w.p, R, D, lpr, eps,
+                                        (const float *)a->cos.p, (const float *)a->sin.p, (const int32_t *)a->pos.p,
+                                        (int64_t)a->heads, (int)half))));
+    CUDA_LAUNCH_CHECK();
+    norm_rope_calls++;
+    return true;
+}
 
 extern "C" {
 
 int64_t cuda_norm_rows_calls(void) { return norm_rows_calls; }
+int64_t cuda_norm_rope_calls(void) { return norm_rope_calls; }
 
 void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, const RmsArgs *a) {
     int64_t R = t_rows(x), D = t_cols(x);
@@ -498,6 +572,9 @@ void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, 
     IS_F32(rstd, "rmsnorm_forward");
     if (z.p) same_dt(z, x, "rmsnorm_forward");
     if (R == 0) return;
+    bool rope = a && a->cos.p;
+    if (rope) CHECK(!z.p && a->heads > 0 && R % a->heads == 0);
+    if (rope && norm_rope_fused(y, rstd, x, w, eps, a)) return;
     // 8-wide vectors need D % 8 == 0 and aligned rows; V = 1 serves the rest, which real models reach: w is a view
     // at an unpadded offset of the flat parameter buffer, so it can be unaligned.
     bool v8 = vec8_fits(D, y.p, x.p, z.p, w.p);
@@ -512,6 +589,9 @@ void cuda_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, 
                                                              (T *)y.p, (float *)rstd.p, (const T *)x.p, (const T *)z.p,
                                                              (const TW *)w.p, R, D, lpr, eps))))));
     CUDA_LAUNCH_CHECK();
+    if (rope)
+        cuda_rope(tensor_make(y.p, y.dt, DEV_CUDA, 3, R / a->heads, a->heads, D, 1), 0, a->cos, a->sin, a->pos,
+                  ROPE_HALF, false);
 }
 
 void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate,
