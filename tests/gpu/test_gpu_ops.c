@@ -218,28 +218,33 @@ TEST(gpu_op_rmsnorm) {
     gpu_report();
 }
 
+// Plain RoPE tables (P, rd/2) of theta on both devices.
+static void rope_tables(int64_t P, int64_t rd, float theta, Pair *c, Pair *s) {
+    float *cs = xmalloc(P * rd / 2 * sizeof(float)), *sn = xmalloc(P * rd / 2 * sizeof(float));
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t i = 0; i < rd / 2; i++) {
+            float a = (float)p * powf(theta, -(float)(2 * i) / (float)rd);
+            cs[p * rd / 2 + i] = cosf(a), sn[p * rd / 2 + i] = sinf(a);
+        }
+    *c = pair_from(DT_F32, cs, 2, P, rd / 2, 0, 0), *s = pair_from(DT_F32, sn, 2, P, rd / 2, 0, 0);
+    free(cs), free(sn);
+}
+
 TEST(gpu_op_rope) {
     gpu_begin();
     int64_t T = 20, nh = 3, d = 16, P = 32;
-    float *cs = xmalloc(P * d / 2 * sizeof(float)), *sn = xmalloc(P * d / 2 * sizeof(float));
-    for (int64_t p = 0; p < P; p++)
-        for (int64_t i = 0; i < d / 2; i++) {
-            float a = (float)p * powf(10000.0f, -(float)(2 * i) / (float)d);
-            cs[p * d / 2 + i] = cosf(a), sn[p * d / 2 + i] = sinf(a);
-        }
     int32_t pos[20];
     for (int t = 0; t < T; t++) pos[t] = (int32_t)((t * 7 + 3) % P);
     MODES {
         gpu_mode(MODE_DT);
-        Pair c = pair_from(DT_F32, cs, 2, P, d / 2, 0, 0), s = pair_from(DT_F32, sn, 2, P, d / 2, 0, 0),
-             ps = pair_i32(pos, T);
+        Pair c, s, ps = pair_i32(pos, T);
+        rope_tables(P, d, 10000.0f, &c, &s);
         Pair x = pair_rand(MODE_DT, 1, 3, T, nh, d, 0);
         op_rope(x.c, 0, c.c, s.c, ps.c, ROPE_HALF, false), op_rope(x.d, 0, c.d, s.d, ps.d, ROPE_HALF, false);
         EXPECT_CLOSE(x, TOL);
         op_rope(x.c, 0, c.c, s.c, ps.c, ROPE_HALF, true), op_rope(x.d, 0, c.d, s.d, ps.d, ROPE_HALF, true);
         EXPECT_CLOSE(x, TOL);
     }
-    free(cs), free(sn);
     gpu_report();
 }
 
@@ -250,16 +255,11 @@ TEST(gpu_op_rope) {
 static void check_norm_rope(DType dt, double tol, int64_t heads, int64_t d, int rd, bool one_p) {
     size_t mark = gpu_mark();
     int64_t T = 31, P = 40, R = T * heads;
-    float *cs = xmalloc(P * rd / 2 * sizeof(float)), *sn = xmalloc(P * rd / 2 * sizeof(float));
-    for (int64_t p = 0; p < P; p++)
-        for (int64_t i = 0; i < rd / 2; i++) {
-            float a = (float)p * powf(1e6f, -(float)(2 * i) / (float)rd);
-            cs[p * rd / 2 + i] = cosf(a), sn[p * rd / 2 + i] = sinf(a);
-        }
     int32_t pos[31];
     for (int t = 0; t < T; t++) pos[t] = (int32_t)((t * 11 + 5) % P);
-    Pair c = pair_from(DT_F32, cs, 2, P, rd / 2, 0, 0), s = pair_from(DT_F32, sn, 2, P, rd / 2, 0, 0),
-         ps = pair_i32(pos, T), x = pair_rand(dt, 1, 2, R, d, 0, 0), w = pair_rand(dt, 0.5f, 1, d, 0, 0, 0);
+    Pair c, s;
+    rope_tables(P, rd, 1e6f, &c, &s);
+    Pair ps = pair_i32(pos, T), x = pair_rand(dt, 1, 2, R, d, 0, 0), w = pair_rand(dt, 0.5f, 1, d, 0, 0, 0);
     Pair y = pair_nan(dt, 2, R, d, 0, 0), rstd = pair_nan(DT_F32, 1, R, 0, 0, 0);
     RmsArgs ac = {.one_plus = one_p, .cos = c.c, .sin = s.c, .pos = ps.c, .heads = (int)heads}, ad = ac;
     ad.cos = c.d, ad.sin = s.d, ad.pos = ps.d;
@@ -277,7 +277,7 @@ static void check_norm_rope(DType dt, double tol, int64_t heads, int64_t d, int 
                "heads of %lld: the fused norm and RoPE differ from the two "
                "ops",
                (long long)d);
-    free(a), free(b), free(cs), free(sn);
+    free(a), free(b);
     gpu_release(mark);
 }
 
