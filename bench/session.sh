@@ -5,9 +5,10 @@
 # $OUT/logs.tgz are rewritten after every mode, so a call cut short still returns what it finished.
 # MODEs, in the order given:
 #   test        main's whole GPU suite (build/test_gpu), also written as it runs to $OUT/test_gpu.txt
-#   ctest       the candidate's GPU tests of what its diffs change (CFILTERS: test-name substrings — each runs every
-#               test whose name holds it, e.g. gpu_train_tracks_cpu also the _demo one — under timeout CTEST_T, 120 s)
-#   csan        compute-sanitizer memcheck + racecheck on the candidate's changed kernels
+#   ctest       the candidate's GPU tests (main's when no candidate is staged) of what its diffs change (CFILTERS:
+#               test-name substrings — each runs every test whose name holds it, e.g. gpu_train_tracks_cpu also the
+#               _demo one — under timeout CTEST_T, 120 s)
+#   csan        compute-sanitizer memcheck + racecheck on the candidate's (or main's) changed kernels (CSAN: tests)
 #   ops         bench_gpu_ops --delta, --conv and --grouped, main and candidate, + bench/peer_grouped.py (OPS: other
 #               bench_gpu_ops modes instead, e.g. OPS=--fp8, without the peer)
 #   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
@@ -109,6 +110,7 @@ helper() { # helper NAME SECONDS: .dev-NAME/run.sh under a time limit, its $OUT 
 declare -A dir=([qwen3]=bench/qwen3_30b_a3b_8l [gpt_oss]=bench/gpt_oss_20b_4l [qwen3_5]=bench/qwen3_5_8l
     [dsv2]=bench/deepseek_v2_lite_8l)
 declare -A vocab=([qwen3]=151936 [gpt_oss]=201088 [qwen3_5]=248320 [dsv2]=102400)
+CB=build-cand; [ -x build-cand/test_gpu ] || CB=build # ctest, csan: main's own when no candidate is staged
 for mode in "$@"; do case $mode in
 test)
     # straight into the returned folder as well, so a call cut short still brings back the tests that ran
@@ -117,16 +119,16 @@ test)
     grep -E "^FAIL|^SKIP|passed|rc=" $OUT/test_gpu.txt | tee -a $OUT/summary.txt ;;
 ctest)
     for f in ${CFILTERS:-gpu_op_delta_rule gpu_op_qwen3_5 gpu_model_qwen3_5 gpu_op_grouped_wgmma gpu_op_elementwise gpu_model_bf16 gpu_train_tracks_cpu}; do
-        timeout ${CTEST_T:-120} build-cand/test_gpu $f >$OUT/ctest_$f.txt 2>&1; echo "rc=$?" >>$OUT/ctest_$f.txt
+                timeout ${CTEST_T:-120} $CB/test_gpu $f >$OUT/ctest_$f.txt 2>&1; echo "rc=$?" >>$OUT/ctest_$f.txt
         grep -E "^FAIL|^SKIP|passed|rc=" $OUT/ctest_$f.txt | sed "s/^/cand $f: /" | tee -a $OUT/summary.txt
     done ;;
 csan)
     for t in ${CSAN:-gpu_op_delta_rule gpu_op_grouped_wgmma}; do for tool in memcheck racecheck; do
-        timeout 90 $CS --tool $tool build-cand/test_gpu $t >$OUT/${tool}_$t.txt 2>&1; echo "rc=$?" >>$OUT/${tool}_$t.txt
+                timeout 90 $CS --tool $tool $CB/test_gpu $t >$OUT/${tool}_$t.txt 2>&1; echo "rc=$?" >>$OUT/${tool}_$t.txt
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=" $OUT/${tool}_$t.txt | sed "s/^/cand $tool $t: /" | tee -a $OUT/summary.txt
     done; done ;;
 ops)
-    for b in build build-cand; do for w in ${OPS:---delta --conv --grouped}; do
+        for b in build $([ $CB = build-cand ] && echo build-cand); do for w in ${OPS:---delta --conv --grouped}; do
         timeout 60 $b/bench_gpu_ops $w >$OUT/ops_${b}$w.txt 2>&1; echo "rc=$?" >>$OUT/ops_${b}$w.txt
         grep -v BENCH $OUT/ops_${b}$w.txt | sed "s|^|$b $w: |" | tee -a $OUT/summary.txt
     done; done
