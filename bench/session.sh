@@ -41,6 +41,8 @@
 #               summary; the reports returned as $RET/ncu.tgz
 #   helpers     each helper's staged script, HELPERS="NAME:SECONDS …": OUT=/tmp/h/NAME timeout SECONDS bash
 #               .dev-NAME/run.sh, returned as $OUT/NAME.tgz (with the environment set here); h:NAME:SECONDS one
+#   env:V=X,…   exports V=X … for the modes after it, until the next env: (env: alone: back to none) — e.g. the
+#               candidates' switches for ctest, then env: before bench, whose RUNS set them run by run
 set -u
 RET=${OUT:-/tmp/out}; OUT=/tmp/logs; D=.gpu; mkdir -p "$RET" "$OUT" build build-cand /tmp/pl
 cat $D/BUILT 2>/dev/null | tee $OUT/summary.txt
@@ -111,6 +113,7 @@ declare -A dir=([qwen3]=bench/qwen3_30b_a3b_8l [gpt_oss]=bench/gpt_oss_20b_4l [q
     [dsv2]=bench/deepseek_v2_lite_8l)
 declare -A vocab=([qwen3]=151936 [gpt_oss]=201088 [qwen3_5]=248320 [dsv2]=102400)
 CB=build-cand; [ -x build-cand/test_gpu ] || CB=build # ctest, csan: main's own when no candidate is staged
+ENVSET=""                                             # the variables an env: mode set
 for mode in "$@"; do case $mode in
 test)
     # straight into the returned folder as well, so a call cut short still brings back the tests that ran
@@ -210,5 +213,10 @@ ncu)
     done
     tar czf $RET/ncu.tgz -C $OUT ncu ;;
 h:*) nt=${mode#h:}; helper ${nt%%:*} ${nt#*:} ;;
+env:*) # the variables for the modes after it (env: alone: none of them again)
+    for v in $ENVSET; do unset ${v%%=*}; done
+    ENVSET=$(echo ${mode#env:} | tr , ' ')
+    for v in $ENVSET; do export "$v"; done
+    echo "environment for the next modes: ${ENVSET:-(none)}" | tee -a $OUT/summary.txt ;;
 esac; ret; done
 echo "== summary"; cat $OUT/summary.txt
