@@ -753,6 +753,14 @@ int main(int argc, char **argv) {
         setenv("PITH_NORM_ROPE", "fused", 1);
         TIME("q-norm + rope (131072, 128), fused", 50, 2.0 * T * nh * d * 2, "GB/s",
              op_rmsnorm_forward(qo, rq, qn, wn, 1e-6f, &nr));
+        // and the backward: RoPE's (in place on dy) then the norm's, and one kernel
+        Tensor qdx = dev(bf, 2, T * nh, d, 0), dwq = dev(DT_F32, 1, d, 0, 0);
+        unsetenv("PITH_NORM_ROPE");
+        TIME("q-norm bwd + rope (131072, 128), two kernels", 50, 3.0 * T * nh * d * 2, "GB/s",
+             op_rmsnorm_backward(qdx, dwq, qo, qn, wn, rq, false, &nr));
+        setenv("PITH_NORM_ROPE", "fused", 1);
+        TIME("q-norm bwd + rope (131072, 128), fused", 50, 3.0 * T * nh * d * 2, "GB/s",
+             op_rmsnorm_backward(qdx, dwq, qo, qn, wn, rq, false, &nr));
         unsetenv("PITH_NORM_ROPE");
     }
     Tensor idx = dev(DT_I32, 2, T, k, 0), perm = dev(DT_I32, 1, R, 0, 0);

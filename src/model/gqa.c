@@ -78,22 +78,27 @@ void gqa_grad_alloc(GqaRec *r, const GqaShape *s, Arena *ws, DType dt, int B, in
     if (s->gated) r->dgated = arena_tensor(ws, dt, 3, T, nh, d, 0);
 }
 
-// The per-head q/k norm (rows of d) of the shape's kind, forward (with the RoPE after it: one op) and backward.
+// The per-head q/k norm (rows of d) of the shape's kind with the RoPE after it, one op each way (RmsArgs.cos): the
+// forward turns y; the backward takes dy of the turned output (and may turn it back in place: the caller's scratch).
+static RmsArgs qk_norm_args(const Model *m, const GqaShape *s, const MicroBatch *mb, int64_t R) {
+    return (RmsArgs){.one_plus = s->qk_norm == QK_NORM_1P,
+                     .cos = m->rope_cos,
+                     .sin = m->rope_sin,
+                     .pos = mb->pos,
+                     .heads = (int)(R / mb->T)};
+}
 static void qk_norm_rope(const Model *m, const GqaShape *s, const MicroBatch *mb, Tensor y, Tensor rstd, Tensor x,
                          Tensor w) {
     int64_t R = tensor_numel(x) / s->d;
-    Tensor y2 = tensor_reshape2(y, R, s->d), x2 = tensor_reshape2(x, R, s->d);
-    RmsArgs a = {.one_plus = s->qk_norm == QK_NORM_1P,
-                 .cos = m->rope_cos,
-                 .sin = m->rope_sin,
-                 .pos = mb->pos,
-                 .heads = (int)(R / mb->T)};
-    op_rmsnorm_forward(y2, rstd, x2, w, (float)m->cfg.eps, &a);
+    RmsArgs a = qk_norm_args(m, s, mb, R);
+    op_rmsnorm_forward(tensor_reshape2(y, R, s->d), rstd, tensor_reshape2(x, R, s->d), w, (float)m->cfg.eps, &a);
 }
-static void qk_norm_backward(const GqaShape *s, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd) {
+static void qk_norm_rope_backward(const Model *m, const GqaShape *s, const MicroBatch *mb, Tensor dx, Tensor dw,
+                                  Tensor dy, Tensor x, Tensor w, Tensor rstd) {
     int64_t R = tensor_numel(x) / s->d;
-    Tensor dx2 = tensor_reshape2(dx, R, s->d), dy2 = tensor_reshape2(dy, R, s->d), x2 = tensor_reshape2(x, R, s->d);
-    op_rmsnorm_backward(dx2, dw, dy2, x2, w, rstd, false, &(RmsArgs){.one_plus = s->qk_norm == QK_NORM_1P});
+    RmsArgs a = qk_norm_args(m, s, mb, R);
+    op_rmsnorm_backward(tensor_reshape2(dx, R, s->d), dw, tensor_reshape2(dy, R, s->d), tensor_reshape2(x, R, s->d), w,
+                        rstd, false, &a);
 }
 
 void gqa_qk_rope(Model *m, const GqaShape *s, const GqaWeights *W, GqaRec *r, const MicroBatch *mb) {
@@ -145,12 +150,13 @@ void gqa_backward(Model *m, int l, const GqaShape *s, const GqaWeights *W, const
     if (mb->docs) aa.docpos = mb->pos;
     model_attention_backward(m, r->dq, r->dk, r->dv, s->sinks ? G->sinks : NONE, r->datt, r->q, r->k, r->v, r->att,
                              r->lse, &aa);
-    op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
-    op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     Tensor dqp = r->dq, dkp = r->dk;
-    if (norm) {
-        qk_norm_backward(s, r->dqp, G->qn, r->dq, r->qp, W->qn, r->rq), dqp = r->dqp;
-        qk_norm_backward(s, r->dkp, G->kn, r->dk, r->kp, W->kn, r->rk), dkp = r->dkp;
+    if (norm) { // RoPE's backward inside the norms' (dq, dk their scratch)
+        qk_norm_rope_backward(m, s, mb, r->dqp, G->qn, r->dq, r->qp, W->qn, r->rq), dqp = r->dqp;
+        qk_norm_rope_backward(m, s, mb, r->dkp, G->kn, r->dk, r->kp, W->kn, r->rk), dkp = r->dkp;
+    } else {
+        op_rope(r->dq, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
+        op_rope(r->dk, 0, m->rope_cos, m->rope_sin, mb->pos, ROPE_HALF, true);
     }
     Tensor dq = tensor_reshape2(dqp, T, nh * d);
     if (s->gated) { // back into q_proj's per-head [q | gate] layout

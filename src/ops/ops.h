@@ -23,14 +23,15 @@ int64_t ops_host_syncs(void);
 
 // ---- normalisation, position embedding ----
 // The RMSNorm's form (op_rmsnorm_*; NULL: plain, u = w): u = 1 + w with one_plus (a zero-centred weight that starts
-// at 0, Qwen3.5), times silu(z) when z is given (Qwen3.5's gated norm of the DeltaNet output). The forward of a
-// per-head q/k norm may turn its output by RoPE too (cos.p): y's rows are `heads` heads a token, turned as
-// op_rope(y, 0, cos, sin, pos, ROPE_HALF, false) would (on the GPU in the norm's kernel with PITH_NORM_ROPE=fused).
+// at 0, Qwen3.5), times silu(z) when z is given (Qwen3.5's gated norm of the DeltaNet output). A per-head q/k norm may
+// carry the RoPE after it (cos.p): the rows are `heads` heads a token; the forward turns y as op_rope(y, 0, cos, sin,
+// pos, ROPE_HALF, false) would, the backward takes dy of the turned output and turns it back first — in the norm's
+// kernel on the GPU with PITH_NORM_ROPE=fused, else in place, so dy is the caller's scratch then.
 typedef struct {
     bool one_plus;
     Tensor z;             // (R, D) like x; p == NULL: not gated
     Tensor dz;            // the backward's ∂/∂z (written) when z is given
-    Tensor cos, sin, pos; // the forward's RoPE (cos.p NULL: none; ungated)
+    Tensor cos, sin, pos; // the RoPE (cos.p NULL: none; ungated)
     int heads;
 } RmsArgs;
 // RoPE's pairs (op_rope): ROPE_HALF pairs dims (i, i + rd/2) (rotate_half), ROPE_PAIRS pairs (2i, 2i + 1)

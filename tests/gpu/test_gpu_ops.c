@@ -248,10 +248,11 @@ TEST(gpu_op_rope) {
     gpu_report();
 }
 
-// The per-head q/k norm with the RoPE after it in one op (RmsArgs.cos): Qwen3's 128-wide heads (32 a token, all
-// rotated), Qwen3.5's 256-wide (the first 64 rotated), 1 + w, 3 heads a token, 31 tokens (a block's rows cut short).
-// On both devices against the CPU; on the GPU the fused kernel (PITH_NORM_ROPE=fused) bit for bit against the norm
-// and then op_rope, and it must have run for every case of both modes.
+// The per-head q/k norm with the RoPE after it in one op each way (RmsArgs.cos): Qwen3's 128-wide heads (32 a token,
+// all rotated), Qwen3.5's 256-wide (the first 64 rotated), 1 + w, 3 heads a token, 31 tokens (a block's rows cut
+// short). On both devices against the CPU; on the GPU the fused kernels (PITH_NORM_ROPE=fused) bit for bit against
+// the norm and then op_rope (the backward: op_rope's backward, then the norm's), and they must have run for every case
+// of both modes.
 static void check_norm_rope(DType dt, double tol, int64_t heads, int64_t d, int rd, bool one_p) {
     size_t mark = gpu_mark();
     int64_t T = 31, P = 40, R = T * heads;
@@ -273,11 +274,26 @@ static void check_norm_rope(DType dt, double tol, int64_t heads, int64_t d, int 
     op_rmsnorm_forward(y2, r2, x.d, w.d, 1e-6f, &(RmsArgs){.one_plus = one_p});
     op_rope(tensor_make(y2.p, dt, DEV_CUDA, 3, T, heads, d, 1), 0, c.d, s.d, ps.d, ROPE_HALF, false);
     float *a = gpu_down(y.d), *b = gpu_down(y2);
-    ASSERT_MSG(!memcmp(a, b, (size_t)R * d * sizeof(float)),
-               "heads of %lld: the fused norm and RoPE differ from the two "
-               "ops",
-               (long long)d);
+    ASSERT_MSG(!memcmp(a, b, (size_t)R * d * sizeof(float)), "heads of %lld: the fused forward differs", (long long)d);
     free(a), free(b);
+    // the backward (dy.c is the CPU op's scratch: turned back in place)
+    Pair dy = pair_rand(dt, 1, 2, R, d, 0, 0), dx = pair_nan(dt, 2, R, d, 0, 0),
+         dw = pair_rand(DT_F32, 1, 1, d, 0, 0, 0);
+    Tensor dw2 = gpu_tensor(DT_F32, 1, d, 0, 0, 0), dx2 = gpu_tensor(dt, 2, R, d, 0, 0),
+           dyu = gpu_tensor(dt, 2, R, d, 0, 0);
+    op_copy(dw2, dw.d), op_copy(dyu, dy.d);
+    op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, false, &ac);
+    setenv("PITH_NORM_ROPE", "fused", 1);
+    op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, false, &ad);
+    unsetenv("PITH_NORM_ROPE");
+    EXPECT_CLOSE(dx, tol);
+    EXPECT_CLOSE(dw, tol);
+    op_rope(tensor_make(dyu.p, dt, DEV_CUDA, 3, T, heads, d, 1), 0, c.d, s.d, ps.d, ROPE_HALF, true);
+    op_rmsnorm_backward(dx2, dw2, dyu, x.d, w.d, rstd.d, false, &(RmsArgs){.one_plus = one_p});
+    float *e = gpu_down(dx.d), *f = gpu_down(dx2), *g = gpu_down(dw.d), *h = gpu_down(dw2);
+    ASSERT_MSG(!memcmp(e, f, (size_t)R * d * sizeof(float)) && !memcmp(g, h, (size_t)d * sizeof(float)),
+               "heads of %lld: the fused backward differs", (long long)d);
+    free(e), free(f), free(g), free(h);
     gpu_release(mark);
 }
 
@@ -289,7 +305,7 @@ TEST(gpu_op_rmsnorm_rope) {
         check_norm_rope(MODE_DT, TOL, 32, 128, 128, false);
         check_norm_rope(MODE_DT, TOL, 3, 256, 64, true);
     }
-    ASSERT_MSG(cuda_norm_rope_calls() == n0 + 4, "the fused kernel ran %lld of 4 times",
+    ASSERT_MSG(cuda_norm_rope_calls() == n0 + 8, "the fused kernels ran %lld of 8 times",
                (long long)(cuda_norm_rope_calls() - n0));
     gpu_report();
 }

@@ -39,6 +39,11 @@ void cpu_rmsnorm_forward(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, c
 void cpu_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool accumulate,
                           const RmsArgs *a) {
     int64_t R = t_rows(x), D = t_cols(x);
+    if (a && a->cos.p) { // dy of the turned output: turned back in place first (ops.h)
+        CHECK(!a->z.p && a->heads > 0 && R % a->heads == 0);
+        cpu_rope(tensor_make(dy.p, dy.dt, dy.dev, 3, R / a->heads, a->heads, D, 1), 0, a->cos, a->sin, a->pos,
+                 ROPE_HALF, true);
+    }
     const float *z = a && a->z.p ? F(a->z) : NULL;
 #pragma omp parallel for
     for (int64_t i = 0; i < R; i++) {

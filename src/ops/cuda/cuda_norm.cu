@@ -176,6 +176,32 @@ static constexpr int norm_dw_threads(int v, int nv) { return v * nv <= 8 ? 1024 
         }                                                                                                              \
     } while (0)
 
+// The end of the fused backward kernels: the S slots' ∂w sums (sum[c]: the vector at columns (c·lpr + sub)·V) added
+// in shared memory in a fixed tree (slot s += slot s + h, h = S/2, …, 1) into part[blockIdx.x·D + j].
+template <int V, int NV, int NT>
+__device__ __forceinline__ void slot_sums_out(float *part, const float (&sum)[NV][V], float *red, int lpr, int64_t D) {
+    int sub = threadIdx.x % lpr, slot = threadIdx.x / lpr, S = NT / lpr;
+    float wv[V];
+#pragma unroll
+    for (int c = 0; c < NV; c++) {
+        __syncthreads(); // the previous vector's tree has read red
+#pragma unroll
+        for (int k = 0; k < V; k++) red[k * NT + threadIdx.x] = sum[c][k];
+        for (int h = S / 2; h > 0; h >>= 1) {
+            __syncthreads();
+            if (slot < h)
+#pragma unroll
+                for (int k = 0; k < V; k++) red[k * NT + threadIdx.x] += red[k * NT + threadIdx.x + h * lpr];
+        }
+        int64_t j = (int64_t)(c * lpr + sub) * V;
+        if (slot == 0 && j < D) {
+#pragma unroll
+            for (int k = 0; k < V; k++) wv[k] = red[k * NT + threadIdx.x];
+            stv<V>(part + blockIdx.x * D + j, wv);
+        }
+    }
+}
+
 // Grid (G): block g takes rows [g·RG, min(R, (g + 1)·RG)) (none in a trailing group past R: its sums are 0) and has
 // S = threads / lpr row slots of lpr lanes; slot s takes the rows s, s + S, … (RU at a time: the loads of all RU rows
 // go out before their shuffles), and lane sub of a slot owns the vectors at columns (c·lpr + sub)·V, c < NV, summing
@@ -227,24 +253,7 @@ __global__ void __launch_bounds__(norm_dw_threads(V, NV))
             }
         }
     }
-#pragma unroll
-    for (int c = 0; c < NV; c++) {
-        __syncthreads(); // the previous vector's tree has read red
-#pragma unroll
-        for (int k = 0; k < V; k++) red[k * NT + threadIdx.x] = sum[c][k];
-        for (int h = S / 2; h > 0; h >>= 1) {
-            __syncthreads();
-            if (slot < h)
-#pragma unroll
-                for (int k = 0; k < V; k++) red[k * NT + threadIdx.x] += red[k * NT + threadIdx.x + h * lpr];
-        }
-        int64_t j = (int64_t)(c * lpr + sub) * V;
-        if (slot == 0 && j < D) {
-#pragma unroll
-            for (int k = 0; k < V; k++) wv[k] = red[k * NT + threadIdx.x];
-            stv<V>(part + blockIdx.x * D + j, wv);
-        }
-    }
+    slot_sums_out<V, NV, NT>(part, sum, red, lpr, D);
 }
 
 // The backward of bf16 rows of 513 to NORM_ROW_MAX_COLS columns, ungated, with 8-wide vectors, in one pass. A block
@@ -421,6 +430,28 @@ __global__ void rope_kernel(T *x, const float *cos_t, const float *sin_t, const 
     }
 }
 
+// The vector of a head row (columns j0 … + 7 of row `row`) turned by RoPE (rope_turn: sgn 1, or −1 the backward's)
+// and rounded to T as op_rope stores it, with the partner lane's (lane ^ half/8; every lane of the warp takes part:
+// valid false for a row past the last, whose vector is left as it is). Columns past 2·half do not turn.
+template <typename T>
+__device__ __forceinline__ void rope_vec(float (&v)[8], bool valid, int64_t row, int j0, const float *cos_t,
+                                         const float *sin_t, const int32_t *pos, int64_t heads, int half, float sgn) {
+    float pv[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) pv[k] = __shfl_xor_sync(0xffffffffu, v[k], half / 8);
+    if (!valid || j0 >= 2 * half) return;
+    bool first = j0 < half;
+    int64_t p = (int64_t)pos[row / heads] * half + (first ? j0 : j0 - half);
+    float c[8], s[8];
+    ldv<8>(cos_t + p, c), ldv<8>(sin_t + p, s);
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        float oa, ob;
+        rope_turn(first ? v[k] : pv[k], first ? pv[k] : v[k], c[k], s[k], sgn, oa, ob);
+        v[k] = (float)(T)(first ? oa : ob);
+    }
+}
+
 // The per-head q/k norm with RoPE after it (RmsArgs.cos; PITH_NORM_ROPE=fused): x (R, D), a row a head of token
 // row / heads, D = 8·lpr (lane sub holds columns 8·sub … + 7, one vector), ungated. The normed values, rounded to T as
 // the norm stores them, turn in pairs (i, i + half) for i < half as rope_kernel turns them (rotate-half, off 0): lane
@@ -432,7 +463,7 @@ __global__ void rmsnorm_rope_forward_kernel(T *y, float *rstd, const T *x, const
     int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / lpr, o = row * D;
     int sub = threadIdx.x % lpr, j0 = 8 * sub;
     bool ok = row < R;
-    float v[8], pv[8], u[8], zz[8], ss = 0;
+    float v[8], u[8], zz[8], ss = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] = 0;
     if (ok) ldv<8>(x + o + j0, v);
@@ -446,23 +477,55 @@ __global__ void rmsnorm_rope_forward_kernel(T *y, float *rstd, const T *x, const
         T q = (T)(v[k] * r * u[k]); // the value the norm stores
         v[k] = (float)q;
     }
-#pragma unroll
-    for (int k = 0; k < 8; k++) pv[k] = __shfl_xor_sync(0xffffffffu, v[k], half / 8); // (every lane takes part)
+    rope_vec<T>(v, ok, row, j0, cos_t, sin_t, pos, heads, half, 1.0f);
     if (!ok) return;
     if (sub == 0) rstd[row] = r;
-    if (j0 < 2 * half) {
-        bool first = j0 < half;
-        int64_t p = (int64_t)pos[row / heads] * half + (first ? j0 : j0 - half);
-        float c[8], s[8];
-        ldv<8>(cos_t + p, c), ldv<8>(sin_t + p, s);
+    stv<8>(y + o + j0, v);
+}
+
+// The per-head q/k norm's backward with RoPE's before it (RmsArgs.cos; PITH_NORM_ROPE=fused): dy is the gradient of
+// the turned output, turned back here (rope_vec), then rmsnorm_backward_fused_kernel's arithmetic and order for
+// one vector a lane (D = 8·lpr, ungated), so the bits of op_rope's backward and then that kernel.
+template <typename T, typename TW, bool ONE_P>
+__global__ void __launch_bounds__(norm_dw_threads(8, 1))
+    rmsnorm_rope_backward_kernel(float *part, T *dx, const T *dy, const T *x, const TW *w, const float *rstd, int64_t R,
+                                 int64_t D, int64_t RG, int lpr, bool acc, const float *cos_t, const float *sin_t,
+                                 const int32_t *pos, int64_t heads, int half) {
+    constexpr int NT = norm_dw_threads(8, 1), RU = 1; // a row a slot at a time (the slot's rows in the same order)
+    __shared__ float red[8 * NT];
+    int sub = threadIdx.x % lpr, slot = threadIdx.x / lpr, S = NT / lpr, j0 = 8 * sub;
+    int64_t r0 = blockIdx.x * RG, r1 = r0 + RG < R ? r0 + RG : R;
+    float sum[1][8], wv[8], u[8], zz[8], g[RU][8], xv[RU][8];
+    norm_u<8, ONE_P, false>(u, zz, w + j0, (const T *)NULL);
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float oa, ob;
-            rope_turn(first ? v[k] : pv[k], first ? pv[k] : v[k], c[k], s[k], 1.0f, oa, ob);
-            v[k] = first ? oa : ob;
+    for (int k = 0; k < 8; k++) sum[0][k] = 0;
+    for (int64_t b = r0; b < r1; b += RU * S) { // the same trip count in every slot: all lanes reach the shuffles
+        float dot[RU];
+#pragma unroll
+        for (int q = 0; q < RU; q++) {
+            int64_t i = b + q * S + slot;
+#pragma unroll
+            for (int k = 0; k < 8; k++) g[q][k] = 0, xv[q][k] = 0;
+            if (i < r1) ldv<8>(dy + i * D + j0, g[q]), ldv<8>(x + i * D + j0, xv[q]);
+            rope_vec<T>(g[q], i < r1, i, j0, cos_t, sin_t, pos, heads, half, -1.0f);
+            dot[q] = 0;
+            if (i < r1) norm_dot_vals<8>(dot[q], g[q], xv[q], u);
+        }
+#pragma unroll
+        for (int q = 0; q < RU; q++) dot[q] = group_sum(dot[q], lpr);
+#pragma unroll
+        for (int q = 0; q < RU; q++) {
+            int64_t i = b + q * S + slot;
+            if (i >= r1) continue;
+            float r = rstd[i], cr = dot[q] * r * r * r / (float)D, a[8];
+            if (acc) ldv<8>(dx + i * D + j0, a);
+            norm_dx_vals<8, false>(a, wv, g[q], xv[q], u, zz, r, cr, acc);
+            stv<8>(dx + i * D + j0, a);
+#pragma unroll
+            for (int k = 0; k < 8; k++) sum[0][k] += wv[k];
         }
     }
-    stv<8>(y + o + j0, v);
+    slot_sums_out<8, 1, NT>(part, sum, red, lpr, D);
 }
 
 // Gate and up of V consecutive outputs from output o (row r, column i): [gate | up] halves, or interleaved pairs.
@@ -535,7 +598,7 @@ static void norm_rows_launch(float *part, int G, bf16 *dx, const bf16 *dy, const
 }
 
 static int64_t norm_rows_calls; // backward calls on rmsnorm_backward_rows_kernel (cuda_norm_rows_calls)
-static int64_t norm_rope_calls; // forward calls on rmsnorm_rope_forward_kernel (cuda_norm_rope_calls)
+static int64_t norm_rope_calls; // calls on the norm-and-RoPE kernels, forward and backward (cuda_norm_rope_calls)
 
 // The norm and the RoPE after it (RmsArgs.cos) in one kernel where it fits and PITH_NORM_ROPE=fused; false otherwise.
 static bool norm_rope_fused(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, const RmsArgs *a) {
@@ -554,6 +617,34 @@ static bool norm_rope_fused(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps
                                         (const float *)a->cos.p, (const float *)a->sin.p, (const int32_t *)a->pos.p,
                                         (int64_t)a->heads, (int)half))));
     CUDA_LAUNCH_CHECK();
+    norm_rope_calls++;
+    return true;
+}
+
+// The backward with RoPE's before it (RmsArgs.cos) in one kernel where it fits and PITH_NORM_ROPE=fused; false
+// otherwise.
+static bool norm_rope_backward_fused(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc,
+                                     const RmsArgs *a) {
+    const char *e = getenv("PITH_NORM_ROPE");
+    int64_t R = t_rows(x), D = t_cols(x), half = a->cos.n[1];
+    int lpr = norm_lanes(D, 8);
+    if (!e || strcmp(e, "fused") || a->z.p || D != 8 * lpr || !vec8_fits(D, dx.p, dy.p, x.p, w.p) || half % 8 ||
+        (half / 8 & (half / 8 - 1)) || 2 * half > D || !aligned16(a->cos.p, a->sin.p))
+        return false;
+    int G = colsum_groups(R, D, NORM_DW_GROUP_ROWS); // the groups of the fused kernel's path: the same sums
+    float *part = colsum_part(D, G, "rmsnorm_backward");
+    int64_t RG = (R + G - 1) / G;
+    BOOL_SWITCH(
+        a->one_plus, ONE_P,
+        DT_SWITCH(x.dt, T, "rmsnorm_backward",
+                  DT_SWITCH(w.dt, TW, "rmsnorm_backward",
+                            rmsnorm_rope_backward_kernel<T, TW, ONE_P>
+                            <<<(unsigned)G, norm_dw_threads(8, 1), 0, cuda_stream()>>>(
+                                part, (T *)dx.p, (const T *)dy.p, (const T *)x.p, (const TW *)w.p,
+                                (const float *)rstd.p, R, D, RG, lpr, acc, (const float *)a->cos.p,
+                                (const float *)a->sin.p, (const int32_t *)a->pos.p, (int64_t)a->heads, (int)half))));
+    CUDA_LAUNCH_CHECK();
+    colsum_finish((float *)dw.p, part, G, D);
     norm_rope_calls++;
     return true;
 }
@@ -603,6 +694,12 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     IS_F32(dw, "rmsnorm_backward");
     if (z.p) same_dt(z, x, "rmsnorm_backward"), same_dt(dz, x, "rmsnorm_backward");
     if (R == 0) return;
+    if (a && a->cos.p) { // dy is turned back first: in the kernel, else in place (ops.h)
+        CHECK(!z.p && a->heads > 0 && R % a->heads == 0);
+        if (norm_rope_backward_fused(dx, dw, dy, x, w, rstd, accumulate, a)) return;
+        cuda_rope(tensor_make(dy.p, dy.dt, DEV_CUDA, 3, R / a->heads, a->heads, D, 1), 0, a->cos, a->sin, a->pos,
+                  ROPE_HALF, true);
+    }
     bool v8 = vec8_fits(D, dx.p, dy.p, x.p, w.p) && aligned16(z.p, dz.p);
     int width = v8 ? 8 : 1, lpr = norm_lanes(D, width);
     int64_t nv = (D + (int64_t)lpr * width - 1) / ((int64_t)lpr * width); // the vectors of a lane
