@@ -82,9 +82,10 @@ int model_fp8_warn_rounded(const Model *m, const char *file) {
     return slots;
 }
 
-// Slot s of layer l runs in FP8: the cache holds it (counted in fp8_gemms).
+// Slot s of layer l runs in FP8: the cache holds it (FP8_NONE never); fp8_proj also counts the GEMM in fp8_gemms.
+static bool fp8_held(const Model *m, int l, Fp8Slot s) { return m->fp8.on && s != FP8_NONE && m->fp8.off[s][l] >= 0; }
 static bool fp8_proj(Model *m, int l, Fp8Slot s) {
-    if (!m->fp8.on || m->fp8.off[s][l] < 0) return false;
+    if (!fp8_held(m, l, s)) return false;
     m->fp8.gemms[s]++;
     return true;
 }
@@ -113,7 +114,7 @@ void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db
 void model_proj_backward_weights(Model *m, int l, int n, const Fp8Slot *s, const Tensor *dw, const Tensor *db,
                                  const Tensor *dy, Tensor x) {
     bool fp8 = false;
-    for (int i = 0; i < n; i++) fp8 |= m->fp8.on && s[i] != FP8_NONE && m->fp8.off[s[i]][l] >= 0;
+    for (int i = 0; i < n; i++) fp8 |= fp8_held(m, l, s[i]);
     if (!fp8) return op_linear_backward_weights(n, dw, db, dy, x);
     for (int i = 0; i < n; i++)
         if (s[i] == FP8_NONE) op_linear_backward_weight(dw[i], db[i], dy[i], x, true);
