@@ -8,7 +8,8 @@
 #   ctest       the candidate's GPU tests (main's when no candidate is staged) of what its diffs change (CFILTERS:
 #               test-name substrings — each runs every test whose name holds it, e.g. gpu_train_tracks_cpu also the
 #               _demo one — under timeout CTEST_T, 120 s)
-#   csan        compute-sanitizer memcheck + racecheck on the candidate's (or main's) changed kernels (CSAN: tests)
+#   csan        compute-sanitizer memcheck + racecheck on the candidate's (or main's) changed kernels (CSAN: tests; with
+#               PITH_TEST_SANITIZE=1, the tests' smaller shapes; each under timeout CSAN_T, 120 s)
 #   ops         bench_gpu_ops --delta, --conv and --grouped, main and candidate, + bench/peer_grouped.py (OPS: other
 #               bench_gpu_ops modes instead, e.g. OPS=--fp8, without the peer)
 #   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
@@ -127,7 +128,8 @@ ctest)
     done ;;
 csan)
     for t in ${CSAN:-gpu_op_delta_rule gpu_op_grouped_wgmma}; do for tool in memcheck racecheck; do
-                timeout 90 $CS --tool $tool $CB/test_gpu $t >$OUT/${tool}_$t.txt 2>&1; echo "rc=$?" >>$OUT/${tool}_$t.txt
+                PITH_TEST_SANITIZE=1 timeout ${CSAN_T:-120} $CS --tool $tool $CB/test_gpu $t >$OUT/${tool}_$t.txt 2>&1
+        echo "rc=$?" >>$OUT/${tool}_$t.txt
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=" $OUT/${tool}_$t.txt | sed "s/^/cand $tool $t: /" | tee -a $OUT/summary.txt
     done; done ;;
 ops)
