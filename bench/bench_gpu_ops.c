@@ -573,12 +573,6 @@ int main(int argc, char **argv) {
             snprintf(nm, sizeof nm, "rmsnorm bwd %lldx%lld (dx, dw; dy, x read)", (long long)r, (long long)c);
             TIME(nm, 20, 3.0 * r * c * 2, "GB/s", op_rmsnorm_backward(y, dwn, dy, xn, wn, rs, false, NULL));
             if (hd) continue;
-            setenv("PITH_NORM_KERNEL", "rows", 1); // the one-pass kernel on trial (cuda_norm.cu)
-            snprintf(nm, sizeof nm, "rmsnorm bwd %lldx%lld one pass", (long long)r, (long long)c);
-            TIME(nm, 20, 3.0 * r * c * 2, "GB/s", op_rmsnorm_backward(y, dwn, dy, xn, wn, rs, false, NULL));
-            snprintf(nm, sizeof nm, "rmsnorm bwd %lldx%lld one pass, dx added", (long long)r, (long long)c);
-            TIME(nm, 20, 4.0 * r * c * 2, "GB/s", op_rmsnorm_backward(y, dwn, dy, xn, wn, rs, true, NULL));
-            unsetenv("PITH_NORM_KERNEL");
             snprintf(nm, sizeof nm, "rmsnorm bwd %lldx%lld, dx added", (long long)r, (long long)c);
             TIME(nm, 20, 4.0 * r * c * 2, "GB/s", op_rmsnorm_backward(y, dwn, dy, xn, wn, rs, true, NULL));
         }

@@ -196,23 +196,21 @@ TEST(gpu_op_rmsnorm) {
         check_rmsnorm(MODE_DT, TOL, 33001, 3);
         check_rmsnorm(MODE_DT, TOL, 3001, 250);
         check_rmsnorm(MODE_DT, TOL, 700, 24);
-        // the two-kernel path over several groups: more than 16 columns a lane (6, 8 and 12 vectors), more than 8
-        // single columns a lane
+        // the two-kernel path over several groups (bf16 ungated: the one-pass kernel, below): more than 16 columns
+        // a lane (6, 8 and 12 vectors), more than 8 single columns a lane
         check_rmsnorm(MODE_DT, TOL, 2000, 1536);
         check_rmsnorm(MODE_DT, TOL, 5003, 2048);
         check_rmsnorm(MODE_DT, TOL, 1030, 2880);
         check_rmsnorm(MODE_DT, TOL, 700, 300);
     }
-    // the one-pass kernel at hidden widths on trial (PITH_NORM_KERNEL=rows, bf16): one warp a row (1536, 2048), two
-    // (2880, 3000: one group); it must have run for each of the four shapes' two backwards
-    setenv("PITH_NORM_KERNEL", "rows", 1);
+    // the one-pass kernel at hidden widths (bf16): one warp a row (1536, 2048), two (2880, 3000: one group); it must
+    // have run for each of the four shapes' two backwards
     int64_t n0 = cuda_norm_rows_calls();
     gpu_mode(DT_BF16);
     check_rmsnorm(DT_BF16, 1e-2, 2000, 1536);
     check_rmsnorm(DT_BF16, 1e-2, 5003, 2048);
     check_rmsnorm(DT_BF16, 1e-2, 1030, 2880);
     check_rmsnorm(DT_BF16, 1e-2, 5, 3000);
-    unsetenv("PITH_NORM_KERNEL");
     ASSERT_MSG(cuda_norm_rows_calls() == n0 + 8, "the one-pass kernel ran %lld of 8 times",
                (long long)(cuda_norm_rows_calls() - n0));
     gpu_report();

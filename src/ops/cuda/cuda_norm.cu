@@ -8,8 +8,7 @@
 // SwiGLU one thread per V pairs or outputs. RMSNorm's backward sums ∂w's row groups in the same pass as dx where a
 // lane has few columns (rows up to 512 wide: rmsnorm_backward_fused_kernel), else in a second kernel
 // (rmsnorm_dw_kernel); colsum_finish then adds the groups. At hidden widths with bf16 storage, ungated, the one-pass
-// rmsnorm_backward_rows_kernel (rows up to 4096 wide, their loads pipelined through shared memory) runs where
-// PITH_NORM_KERNEL=rows: it awaits its GPU tests and timing against the two kernels before it becomes the path.
+// rmsnorm_backward_rows_kernel (rows up to 4096 wide, their loads pipelined through shared memory) runs instead.
 #include "ops/cuda/cuda_mma.cuh"
 
 // Lanes per row: 32, or for 8-wide vectors the largest power of two ≤ min(32, D/8).
@@ -704,12 +703,7 @@ void cuda_rmsnorm_backward(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, 
     int width = v8 ? 8 : 1, lpr = norm_lanes(D, width);
     int64_t nv = (D + (int64_t)lpr * width - 1) / ((int64_t)lpr * width); // the vectors of a lane
     bool fused = nv <= NORM_DW_VECS && width * nv <= NORM_DW_COLS;
-    bool wide = !fused && v8 && !z.p && x.dt == DT_BF16 && D <= NORM_ROW_MAX_COLS, rows = false;
-    if (wide) { // the one-pass kernel on trial (the comment at the top)
-        const char *e = getenv("PITH_NORM_KERNEL");
-        rows = e && !strcmp(e, "rows");
-    }
-    if (rows) { // one pass at hidden widths
+    if (!fused && v8 && !z.p && x.dt == DT_BF16 && D <= NORM_ROW_MAX_COLS) { // one pass at hidden widths
         norm_rows_calls++;
         int G = colsum_groups(R, D, NORM_ROW_MIN_ROWS, NORM_ROW_GROUPS);
         float *part = colsum_part(D, G, "rmsnorm_backward");

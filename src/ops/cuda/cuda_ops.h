@@ -28,7 +28,7 @@ int64_t cuda_moe_sort_bad_expert(void);
 // them "gather" those gathering x, "glu" those with SwiGLU fused, "bias" those adding the bias in their epilogue;
 // "heuristic": the cuBLASLt heuristic's answers asked for (a product whose algorithm is not cached yet).
 int64_t cuda_grouped_calls(const char *path);
-// RMSNorm backward calls that ran the one-pass kernel at hidden widths (PITH_NORM_KERNEL=rows, cuda_norm.cu).
+// RMSNorm backward calls that ran the one-pass kernel at hidden widths (cuda_norm.cu).
 int64_t cuda_norm_rows_calls(void);
 // RMSNorm calls that ran the norm with its RoPE in one kernel, forward or backward (PITH_NORM_ROPE=fused, cuda_norm.cu).
 int64_t cuda_norm_rope_calls(void);
