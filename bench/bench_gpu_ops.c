@@ -740,22 +740,13 @@ int main(int argc, char **argv) {
         op_copy(pos, tensor_make(hp, DT_I32, DEV_CPU, 1, T, 1, 1, 1));
         free(hp);
         TIME("rope q (4096, 32, 128)", 50, 2.0 * T * nh * d * 2, "GB/s", op_rope(q, 0, cs, sn, pos, ROPE_HALF, false));
-        // the q norm with its RoPE: the two kernels, and one (PITH_NORM_ROPE=fused)
+        // the q norm with its RoPE in one kernel each way (against the rows of the norm and of RoPE alone)
         RmsArgs nr = {.cos = cs, .sin = sn, .pos = pos, .heads = (int)nh};
-        TIME("q-norm + rope (131072, 128), two kernels", 50, 2.0 * T * nh * d * 2, "GB/s",
+        TIME("q-norm + rope (131072, 128), one kernel", 50, 2.0 * T * nh * d * 2, "GB/s",
              op_rmsnorm_forward(qo, rq, qn, wn, 1e-6f, &nr));
-        setenv("PITH_NORM_ROPE", "fused", 1);
-        TIME("q-norm + rope (131072, 128), fused", 50, 2.0 * T * nh * d * 2, "GB/s",
-             op_rmsnorm_forward(qo, rq, qn, wn, 1e-6f, &nr));
-        // and the backward: RoPE's (in place on dy) then the norm's, and one kernel
         Tensor qdx = dev(bf, 2, T * nh, d, 0), dwq = dev(DT_F32, 1, d, 0, 0);
-        unsetenv("PITH_NORM_ROPE");
-        TIME("q-norm bwd + rope (131072, 128), two kernels", 50, 3.0 * T * nh * d * 2, "GB/s",
+        TIME("q-norm bwd + rope (131072, 128), one kernel", 50, 3.0 * T * nh * d * 2, "GB/s",
              op_rmsnorm_backward(qdx, dwq, qo, qn, wn, rq, false, &nr));
-        setenv("PITH_NORM_ROPE", "fused", 1);
-        TIME("q-norm bwd + rope (131072, 128), fused", 50, 3.0 * T * nh * d * 2, "GB/s",
-             op_rmsnorm_backward(qdx, dwq, qo, qn, wn, rq, false, &nr));
-        unsetenv("PITH_NORM_ROPE");
     }
     Tensor idx = dev(DT_I32, 2, T, k, 0), perm = dev(DT_I32, 1, R, 0, 0);
     int32_t *hi = xmalloc(R * sizeof(int32_t));

@@ -26,7 +26,7 @@ int64_t ops_host_syncs(void);
 // at 0, Qwen3.5), times silu(z) when z is given (Qwen3.5's gated norm of the DeltaNet output). A per-head q/k norm may
 // carry the RoPE after it (cos.p): the rows are `heads` heads a token; the forward turns y as op_rope(y, 0, cos, sin,
 // pos, ROPE_HALF, false) would, the backward takes dy of the turned output and turns it back first — in the norm's
-// kernel on the GPU with PITH_NORM_ROPE=fused, else in place, so dy is the caller's scratch then.
+// kernel on the GPU where it fits, else in place, so dy is the caller's scratch.
 typedef struct {
     bool one_plus;
     Tensor z;             // (R, D) like x; p == NULL: not gated

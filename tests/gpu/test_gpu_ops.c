@@ -248,7 +248,7 @@ TEST(gpu_op_rope) {
 
 // The per-head q/k norm with the RoPE after it in one op each way (RmsArgs.cos): Qwen3's 128-wide heads (32 a token,
 // all rotated), Qwen3.5's 256-wide (the first 64 rotated), 1 + w, 3 heads a token, 31 tokens (a block's rows cut
-// short). On both devices against the CPU; on the GPU the fused kernels (PITH_NORM_ROPE=fused) bit for bit against
+// short). On both devices against the CPU; on the GPU the fused kernels bit for bit against
 // the norm and then op_rope (the backward: op_rope's backward, then the norm's), and they must have run for every case
 // of both modes.
 static void check_norm_rope(DType dt, double tol, int64_t heads, int64_t d, int rd, bool one_p) {
@@ -263,9 +263,7 @@ static void check_norm_rope(DType dt, double tol, int64_t heads, int64_t d, int 
     RmsArgs ac = {.one_plus = one_p, .cos = c.c, .sin = s.c, .pos = ps.c, .heads = (int)heads}, ad = ac;
     ad.cos = c.d, ad.sin = s.d, ad.pos = ps.d;
     op_rmsnorm_forward(y.c, rstd.c, x.c, w.c, 1e-6f, &ac);
-    setenv("PITH_NORM_ROPE", "fused", 1);
     op_rmsnorm_forward(y.d, rstd.d, x.d, w.d, 1e-6f, &ad);
-    unsetenv("PITH_NORM_ROPE");
     EXPECT_CLOSE(y, tol);
     EXPECT_CLOSE(rstd, tol);
     Tensor y2 = gpu_tensor(dt, 2, R, d, 0, 0), r2 = gpu_tensor(DT_F32, 1, R, 0, 0, 0);
@@ -281,9 +279,7 @@ static void check_norm_rope(DType dt, double tol, int64_t heads, int64_t d, int 
            dyu = gpu_tensor(dt, 2, R, d, 0, 0);
     op_copy(dw2, dw.d), op_copy(dyu, dy.d);
     op_rmsnorm_backward(dx.c, dw.c, dy.c, x.c, w.c, rstd.c, false, &ac);
-    setenv("PITH_NORM_ROPE", "fused", 1);
     op_rmsnorm_backward(dx.d, dw.d, dy.d, x.d, w.d, rstd.d, false, &ad);
-    unsetenv("PITH_NORM_ROPE");
     EXPECT_CLOSE(dx, tol);
     EXPECT_CLOSE(dw, tol);
     op_rope(tensor_make(dyu.p, dt, DEV_CUDA, 3, T, heads, d, 1), 0, c.d, s.d, ps.d, ROPE_HALF, true);

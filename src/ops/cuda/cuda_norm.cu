@@ -451,7 +451,7 @@ __device__ __forceinline__ void rope_vec(float (&v)[8], bool valid, int64_t row,
     }
 }
 
-// The per-head q/k norm with RoPE after it (RmsArgs.cos; PITH_NORM_ROPE=fused): x (R, D), a row a head of token
+// The per-head q/k norm with RoPE after it (RmsArgs.cos): x (R, D), a row a head of token
 // row / heads, D = 8·lpr (lane sub holds columns 8·sub … + 7, one vector), ungated. The normed values, rounded to T as
 // the norm stores them, turn in pairs (i, i + half) for i < half as rope_kernel turns them (rotate-half, off 0): lane
 // sub's partner is lane sub ^ (half / 8), half a multiple of 8 with half / 8 a power of two.
@@ -482,7 +482,7 @@ __global__ void rmsnorm_rope_forward_kernel(T *y, float *rstd, const T *x, const
     stv<8>(y + o + j0, v);
 }
 
-// The per-head q/k norm's backward with RoPE's before it (RmsArgs.cos; PITH_NORM_ROPE=fused): dy is the gradient of
+// The per-head q/k norm's backward with RoPE's before it (RmsArgs.cos): dy is the gradient of
 // the turned output, turned back here (rope_vec), then rmsnorm_backward_fused_kernel's arithmetic and order for
 // one vector a lane (D = 8·lpr, ungated), so the bits of op_rope's backward and then that kernel.
 template <typename T, typename TW, bool ONE_P>
@@ -599,14 +599,18 @@ static void norm_rows_launch(float *part, int G, bf16 *dx, const bf16 *dy, const
 static int64_t norm_rows_calls; // backward calls on rmsnorm_backward_rows_kernel (cuda_norm_rows_calls)
 static int64_t norm_rope_calls; // calls on the norm-and-RoPE kernels, forward and backward (cuda_norm_rope_calls)
 
-// The norm and the RoPE after it (RmsArgs.cos) in one kernel where it fits and PITH_NORM_ROPE=fused; false otherwise.
+// Whether the norm-and-RoPE kernels take heads of D (lpr lanes of 8 each) whose first 2·half values turn: a head a
+// lane group, the turned pairs half/8 lanes apart.
+static bool norm_rope_fits(int64_t D, int lpr, int64_t half, const RmsArgs *a) {
+    return !a->z.p && D == 8 * lpr && half % 8 == 0 && !(half / 8 & (half / 8 - 1)) && 2 * half <= D &&
+           aligned16(a->cos.p, a->sin.p);
+}
+
+// The norm and the RoPE after it (RmsArgs.cos) in one kernel where it fits; false otherwise.
 static bool norm_rope_fused(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps, const RmsArgs *a) {
-    const char *e = getenv("PITH_NORM_ROPE");
     int64_t R = t_rows(x), D = t_cols(x), half = a->cos.n[1];
     int lpr = norm_lanes(D, 8);
-    if (!e || strcmp(e, "fused") || a->z.p || D != 8 * lpr || !vec8_fits(D, y.p, x.p, w.p) || half % 8 ||
-        (half / 8 & (half / 8 - 1)) || 2 * half > D || !aligned16(a->cos.p, a->sin.p))
-        return false;
+    if (!norm_rope_fits(D, lpr, half, a) || !vec8_fits(D, y.p, x.p, w.p)) return false;
     BOOL_SWITCH(a->one_plus, ONE_P,
                 DT_SWITCH(x.dt, T, "rmsnorm_forward",
                           DT_SWITCH(w.dt, TW, "rmsnorm_forward",
@@ -620,16 +624,12 @@ static bool norm_rope_fused(Tensor y, Tensor rstd, Tensor x, Tensor w, float eps
     return true;
 }
 
-// The backward with RoPE's before it (RmsArgs.cos) in one kernel where it fits and PITH_NORM_ROPE=fused; false
-// otherwise.
+// The backward with RoPE's before it (RmsArgs.cos) in one kernel where it fits; false otherwise.
 static bool norm_rope_backward_fused(Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, Tensor rstd, bool acc,
                                      const RmsArgs *a) {
-    const char *e = getenv("PITH_NORM_ROPE");
     int64_t R = t_rows(x), D = t_cols(x), half = a->cos.n[1];
     int lpr = norm_lanes(D, 8);
-    if (!e || strcmp(e, "fused") || a->z.p || D != 8 * lpr || !vec8_fits(D, dx.p, dy.p, x.p, w.p) || half % 8 ||
-        (half / 8 & (half / 8 - 1)) || 2 * half > D || !aligned16(a->cos.p, a->sin.p))
-        return false;
+    if (!norm_rope_fits(D, lpr, half, a) || !vec8_fits(D, dx.p, dy.p, x.p, w.p)) return false;
     int G = colsum_groups(R, D, NORM_DW_GROUP_ROWS); // the groups of the fused kernel's path: the same sums
     float *part = colsum_part(D, G, "rmsnorm_backward");
     int64_t RG = (R + G - 1) / G;

@@ -30,7 +30,7 @@ int64_t cuda_moe_sort_bad_expert(void);
 int64_t cuda_grouped_calls(const char *path);
 // RMSNorm backward calls that ran the one-pass kernel at hidden widths (cuda_norm.cu).
 int64_t cuda_norm_rows_calls(void);
-// RMSNorm calls that ran the norm with its RoPE in one kernel, forward or backward (PITH_NORM_ROPE=fused, cuda_norm.cu).
+// RMSNorm calls that ran the norm with its RoPE in one kernel, forward or backward (cuda_norm.cu).
 int64_t cuda_norm_rope_calls(void);
 // Forgets every cached cuBLASLt algorithm (the next product of each shape asks the heuristic again): a test that
 // counts the queries of its own shapes starts from an empty cache, whatever ran before it in the process.
