@@ -878,16 +878,14 @@ static bool check_grouped_wgmma(const char *tag, int64_t E, const int64_t *count
     }
     if (cuda_grouped_calls("glu") != q0 + nglu) printf("       the SwiGLU kernels did not run\n"), same = false;
     int64_t gx_glu = cuda_grouped_calls("gather") - gx0; // (their gathered forwards, beside the count below)
-    // a per-expert bias (GPT-OSS's) added in the forward's epilogue (PITH_GROUPED_BIAS=fused): the bits of the product,
-    // then the bias op
+    // a per-expert bias (GPT-OSS's) added in the forward's epilogue: the bits of the product (y), then the bias op
     {
-        Pair bias = pair_rand(dt, 1, 2, E, N, 0, 0), yb = pair_nan(dt, 2, R, N, 0, 0), yf = pair_nan(dt, 2, R, N, 0, 0);
-        op_grouped_linear_forward(yb.d, x.d, NONE, 0, w.d, bias.d, po.d);
-        setenv("PITH_GROUPED_BIAS", "fused", 1);
+        Pair bias = pair_rand(dt, 1, 2, E, N, 0, 0), yf = pair_nan(dt, 2, R, N, 0, 0);
+        Tensor yb = gpu_tensor(dt, 2, R, N, 0, 0);
+        op_copy(yb, y.d), op_linear_bias_forward(yb, bias.d, po.d);
         int64_t b0 = cuda_grouped_calls("bias");
         op_grouped_linear_forward(yf.d, x.d, NONE, 0, w.d, bias.d, po.d);
-        unsetenv("PITH_GROUPED_BIAS");
-        float *fb = gpu_down(yb.d), *ff = gpu_down(yf.d);
+        float *fb = gpu_down(yb), *ff = gpu_down(yf.d);
         if (memcmp(fb, ff, (size_t)R * N * sizeof(float)))
             printf("       y + b: the bias in the epilogue differs from the bias op's\n"), same = false;
         if (cuda_grouped_calls("bias") != b0 + 1) printf("       the bias epilogue did not run\n"), same = false;

@@ -487,14 +487,12 @@ bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int 
 }
 
 // Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
-// The bias goes into the wgmma kernels' epilogue with PITH_GROUPED_BIAS=fused (the same bits), else its own kernel.
+// The bias goes into the wgmma kernels' epilogue (the same bits), else its own kernel.
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs) {
     int64_t E = w.n[0], N = w.n[1];
     if (b.p && tensor_numel(b) != E * N)
         die("grouped_linear_forward: bias must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
-    const char *e = getenv("PITH_GROUPED_BIAS");
-    Tensor fb = e && !strcmp(e, "fused") ? b : Tensor{};
-    if (!grouped_rows_product(false, y, x, rows, div, w, fb, offs, "grouped_linear_forward") && b.p)
+    if (!grouped_rows_product(false, y, x, rows, div, w, b, offs, "grouped_linear_forward") && b.p)
         cuda_linear_bias_forward(y, b, offs);
 }
 
