@@ -387,8 +387,8 @@ void moe_stage3_alloc(Model *m, int l, void *rec, Arena *a, int64_t R, bool stag
 int64_t moe_stage3_rows(const Model *m, const StageIO *io); // the rows holding data: received (MoE), every token
 // A MoE layer on one ep rank: stage 3's grouped GEMMs (bf16 or FP8) read their rows xd[perm[i] / k] in place (the
 // dispatch's gather made part of the product), so xe is never made and xd (n2) is kept for the weight gradient. On
-// the CPU for now, and on the GPU with PITH_STAGE3_GATHER=1: the GPU's gathering kernels (cuda_wgmma.cu's G,
-// cuda_fp8.cu's quantisers) are checked by the GPU suite and timed before training takes them.
+// the CPU, and on the GPU with PITH_STAGE3_GATHER=1 only: the gathering producer of cuda_wgmma.cu's G kernels feeds
+// the tensor cores slower than the TMA, so the GPU gathers xe first (bench/results/2026-12-05-s38).
 bool moe_stage3_gathers(const Model *m, const StageIO *io);
 void moe_stage3_grad_alloc(Model *m, int l, void *rec, Arena *ws);
 void moe_prolog_forward(Model *m, MicroBatch *mb, Tensor h);

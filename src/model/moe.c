@@ -252,7 +252,7 @@ static bool has_shared(const Model *m, int l) { return m->cfg.is_moe[l] && m->cf
 #define PART(p, f, ...) (f = !(m->recompute & (p)) == !staged ? arena_tensor(a, __VA_ARGS__) : f)
 
 bool moe_stage3_gathers(const Model *m, const StageIO *io) {
-    static int gpu = -1; // PITH_STAGE3_GATHER=1: on the GPU too, until its suite and timing have passed the kernels
+    static int gpu = -1; // PITH_STAGE3_GATHER=1: on the GPU too (slower there: bench/results/2026-12-05-s38)
     if (gpu < 0) gpu = getenv("PITH_STAGE3_GATHER") != NULL;
     return !io->dense && !io->route && (m->dev == DEV_CPU || gpu);
 }
