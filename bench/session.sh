@@ -28,8 +28,9 @@
 #               /tmp/quiet before its timed steps (PEER_WAIT_FILE)
 #   peerwait    waits up to PEERWAIT_T s for that peer's warm-up, then lets it time its steps alone (or stops it)
 #   fp8loss     bench/run_fp8_loss.sh on .gpu/kjv/tokens (the King James Bible, Qwen3 tokens) with force-balanced
-#               routing (EXTRA="--set benchmark=true $FP8LOSS_EXTRA"), 300 steps bf16 and FP8 for each of SEEDS
-#               (FP8LOSS_BIN=build-cand: the candidate's pith)
+#               routing (EXTRA="--set benchmark=true $FP8LOSS_EXTRA"), 300 steps bf16 and FP8 for each of SEEDS,
+#               JOBS runs at once (FP8LOSS_BIN=build-cand: the candidate's pith), under timeout FP8LOSS_T (150 s);
+#               issue 36's study: SEEDS="$(seq 1 16)" JOBS=6 FP8LOSS_EXTRA="--set deterministic=true" FP8LOSS_T=540
 #   prof        profile-gpu-step (.agents/skills/profile-gpu-step) on main's build, force-balanced, for each model
 #               in PROF (default qwen3; qwen3, dsv2, gpt_oss, qwen3_5): main's pith and kernel_events.so (staged in
 #               .gpu/bin beside the others: gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o kernel_events.so
