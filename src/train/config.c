@@ -597,8 +597,7 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
                           : c->parallel.pipeline_schedule ? "pipeline_schedule"
                           : c->moe_load_balance_coef > 0 && c->moe_load_balance_type == LB_GLOBAL_BATCH
                               ? "moe_load_balance_type \"global-batch\" (its counts go through the host)"
-                          : c->device == DEVICE_CPU ? "device \"cpu\""
-                                                    : NULL;
+                              : NULL; // the CPU (device "cpu", or "auto" without a GPU): run_setup says so
         if (why) jdie(origin_of(top, &org, "cuda_graph"), "cuda_graph", "cannot be used with %s", why);
     }
     if (c->benchmark && c->moe_router_bias_update_rate > 0)
