@@ -22,14 +22,6 @@ void ops_sync(void) {
 void ops_copies_wait(void) { CUDA_OR(cuda_copies_wait(), (void)0); }
 int64_t ops_host_syncs(void) { return CUDA_OR(cuda_host_syncs(), 0); }
 
-void op_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs,
-                            float alpha, float limit) {
-    if (x.dev == DEV_CUDA && CUDA_OR(cuda_grouped_glu_forward(gu, act, x, rows, div, w, b, offs, alpha, limit), false))
-        return;
-    op_grouped_linear_forward(gu, x, rows, div, w, b, offs);
-    op_swiglu_forward(act, gu, alpha, limit);
-}
-
 void op_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x) {
     if (x.dev == DEV_CUDA && CUDA_OR(cuda_linear_backward_weights(n, dw, db, dy, x), false)) return;
     for (int i = 0; i < n; i++) op_linear_backward_weight(dw[i], db[i], dy[i], x, true);
