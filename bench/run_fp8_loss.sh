@@ -13,8 +13,10 @@
 # STEPS and the validation set in place of its data and length. VARIANT, VNAME: the setting compared with bf16 and its
 # name (default "fp8=true", fp8; e.g. "optimizer.state_dtype=bf16", bf16m). EXTRA: more --set arguments for every
 # run ("--set benchmark=true": force-balanced routing, which keeps the two
-# runs' routing histories together). PITH: the binary (default build/pith). Needs a GPU (DEVICE=cpu runs it on the
-# CPU, to check the script).
+# runs' routing histories together; "--set deterministic=true": runs that repeat bit for bit, so a gap is the
+# variant's alone). JOBS: trainings run at once (default 1; the 101 M model leaves most of an H200 idle, and under
+# deterministic the bits do not depend on what runs beside). PITH: the binary (default build/pith). Needs a GPU
+# (DEVICE=cpu runs it on the CPU, to check the script).
 set -euo pipefail
 tokens=$(realpath "$1") out=$2 steps=${3:-300} device=${DEVICE:-cuda} pith=${PITH:-build/pith}
 variant=${VARIANT:-fp8=true} vname=${VNAME:-fp8}
@@ -44,11 +46,22 @@ seeds=(${SEEDS:-1234})
 runs=()
 for seed in "${seeds[@]}"; do runs+=(bf16-$seed $vname-$seed); done
 runs+=(bf16-${seeds[0]}-again)
-for run in "${runs[@]}"; do
+for run in "${runs[@]}"; do # JOBS at a time, each leaving its exit status in OUT/rc_RUN
     set="--set seed=$(echo $run | cut -d- -f2)"
     [[ $run = $vname-* ]] && set="$set --set $variant"
-    rm -rf "$out/$run"
-    $pith train "$out/train.json" --set run_dir="$out/$run" $set ${EXTRA:-} >"$out/train_$run.txt" 2>&1
+    rm -rf "$out/$run" "$out/rc_$run"
+    (
+        rc=0
+        $pith train "$out/train.json" --set run_dir="$out/$run" $set ${EXTRA:-} >"$out/train_$run.txt" 2>&1 || rc=$?
+        echo $rc >"$out/rc_$run"
+    ) &
+    while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-1}" ]; do wait -n || true; done
+done
+wait
+for run in "${runs[@]}"; do
+    [ "$(cat "$out/rc_$run" 2>/dev/null)" = 0 ] ||
+        { echo "run_fp8_loss.sh: $run failed (exit $(cat "$out/rc_$run" 2>/dev/null || echo none)):" >&2
+          tail -3 "$out/train_$run.txt" >&2; exit 1; }
 done
 $pith plot "$out/bf16-${seeds[0]}" "$out/$vname-${seeds[0]}" --output "$out/loss.png"
 python3 - "$out" "$vname" "${seeds[@]}" <<'PY'
@@ -58,7 +71,7 @@ def rows(r): return [json.loads(l) for l in open(f'{out}/{r}/metrics.jsonl')]
 def gap(a, b): return (a - b) / b * 100
 def final(r): # the mean of the last 20 steps' training loss, the validation loss after the last step
     R = rows(r)
-    return sum(x['loss'] for x in R[-20:]) / 20, R[-1]['val_loss'], len(R)
+    return sum(x['loss'] for x in R[-20:]) / len(R[-20:]), R[-1]['val_loss'], len(R)
 pairs = [(f'{vname}-{s}', f'bf16-{s}') for s in seeds] + [(f'bf16-{seeds[0]}-again', f'bf16-{seeds[0]}')]
 G = []
 for a, b in pairs:

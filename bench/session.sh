@@ -14,9 +14,10 @@
 #               bench_gpu_ops modes instead, e.g. OPS=--fp8, without the peer)
 #   docs        the candidate's bench_gpu_ops --docs: attention fwd+bwd at 2 × 4096 with and without document masking
 #   bench       pith train, 8 steps, on each NAME:ROUTING:BIN[:fp8|:KEY=VALUE[,KEY=VALUE…]] in RUNS (BIN main, cand
-#               or another NAME staged as .gpu/NAME/; 2 × 4096 tokens); a KEY env.VAR sets the environment variable VAR
-#               for that run alone (an experiment variable of a candidate), any other KEY the config key; each
-#               run under timeout TRAIN_T (default 150 s)
+#               or another NAME staged as .gpu/NAME/; 2 × 4096 tokens); NAME qwen3, dsv2, gpt_oss, qwen3_5 or small
+#               (bench/qwen3_moe_101m: 4 layers of width 512, two micro-batches of 4 × 1024, a step the host's launches
+#               can bound); a KEY env.VAR sets the environment variable VAR for that run alone (an experiment
+#               variable of a candidate), any other KEY the config key; each run under timeout TRAIN_T (default 150 s)
 #   peers       the issue's peers one after another, each under timeout PEER_T (default 300 s): PEERS, a list of
 #               bench/peer_*.py invocations separated by ';' (default: HF transformers + torch.compile, balanced, for
 #               the four bench models); their JSON lines go to the summary
@@ -27,8 +28,9 @@
 #               /tmp/quiet before its timed steps (PEER_WAIT_FILE)
 #   peerwait    waits up to PEERWAIT_T s for that peer's warm-up, then lets it time its steps alone (or stops it)
 #   fp8loss     bench/run_fp8_loss.sh on .gpu/kjv/tokens (the King James Bible, Qwen3 tokens) with force-balanced
-#               routing (EXTRA="--set benchmark=true $FP8LOSS_EXTRA"), 300 steps bf16 and FP8 for each of SEEDS
-#               (FP8LOSS_BIN=build-cand: the candidate's pith)
+#               routing (EXTRA="--set benchmark=true $FP8LOSS_EXTRA"), 300 steps bf16 and FP8 for each of SEEDS,
+#               JOBS runs at once (FP8LOSS_BIN=build-cand: the candidate's pith), under timeout FP8LOSS_T (150 s);
+#               issue 36's study: SEEDS="$(seq 1 16)" JOBS=6 FP8LOSS_EXTRA="--set deterministic=true" FP8LOSS_T=540
 #   prof        profile-gpu-step (.agents/skills/profile-gpu-step) on main's build, force-balanced, for each model
 #               in PROF (default qwen3; qwen3, dsv2, gpt_oss, qwen3_5): main's pith and kernel_events.so (staged in
 #               .gpu/bin beside the others: gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o kernel_events.so
@@ -111,8 +113,8 @@ helper() { # helper NAME SECONDS: .dev-NAME/run.sh under a time limit, its $OUT 
     tar czf $RET/$n.tgz -C /tmp/h $n; ret
 }
 declare -A dir=([qwen3]=bench/qwen3_30b_a3b_8l [gpt_oss]=bench/gpt_oss_20b_4l [qwen3_5]=bench/qwen3_5_8l
-    [dsv2]=bench/deepseek_v2_lite_8l)
-declare -A vocab=([qwen3]=151936 [gpt_oss]=201088 [qwen3_5]=248320 [dsv2]=102400)
+    [dsv2]=bench/deepseek_v2_lite_8l [small]=bench/qwen3_moe_101m)
+declare -A vocab=([qwen3]=151936 [gpt_oss]=201088 [qwen3_5]=248320 [dsv2]=102400 [small]=151936)
 CB=build-cand; [ -x build-cand/test_gpu ] || CB=build # ctest, csan: main's own when no candidate is staged
 ENVSET=""                                             # the variables an env: mode set
 for mode in "$@"; do case $mode in
@@ -123,12 +125,12 @@ test)
     grep -E "^FAIL|^SKIP|passed|rc=" $OUT/test_gpu.txt | tee -a $OUT/summary.txt ;;
 ctest)
     for f in ${CFILTERS:-gpu_op_delta_rule gpu_op_qwen3_5 gpu_model_qwen3_5 gpu_op_grouped_wgmma gpu_op_elementwise gpu_model_bf16 gpu_train_tracks_cpu}; do
-                timeout ${CTEST_T:-120} $CB/test_gpu $f >$OUT/ctest_$f.txt 2>&1; echo "rc=$?" >>$OUT/ctest_$f.txt
+                PITH_BIN=$CB/pith timeout ${CTEST_T:-120} $CB/test_gpu $f >$OUT/ctest_$f.txt 2>&1; echo "rc=$?" >>$OUT/ctest_$f.txt
         grep -E "^FAIL|^SKIP|passed|rc=" $OUT/ctest_$f.txt | sed "s/^/cand $f: /" | tee -a $OUT/summary.txt
     done ;;
 csan)
     for t in ${CSAN:-gpu_op_delta_rule gpu_op_grouped_wgmma}; do for tool in memcheck racecheck; do
-                PITH_TEST_SANITIZE=1 timeout ${CSAN_T:-120} $CS --tool $tool $CB/test_gpu $t >$OUT/${tool}_$t.txt 2>&1
+                PITH_BIN=$CB/pith PITH_TEST_SANITIZE=1 timeout ${CSAN_T:-120} $CS --tool $tool $CB/test_gpu $t >$OUT/${tool}_$t.txt 2>&1
         echo "rc=$?" >>$OUT/${tool}_$t.txt
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|rc=" $OUT/${tool}_$t.txt | sed "s/^/cand $tool $t: /" | tee -a $OUT/summary.txt
     done; done ;;

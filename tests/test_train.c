@@ -242,6 +242,15 @@ TEST(errors_config_values) {
     expect_error(d, "--set optimizer.momentum=0.5", "--set: optimizer.momentum: has no effect with optimizer.type");
     expect_error(d, "--set benchmark=true --set moe_router_bias_update_rate=0.01",
                  "--set: moe_router_bias_update_rate: has no effect with benchmark = true");
+    // cuda_graph records one GPU's layers: not what waits for the host or other ranks there, not on the CPU
+    expect_error(d, "--set cuda_graph=true --set parallel.pipeline_schedule=true",
+                 "--set: cuda_graph: cannot be used with pipeline_schedule");
+    expect_error(d, "--set cuda_graph=true --set moe_load_balance_coef=0.01 --set moe_load_balance_type=global-batch",
+                 "cuda_graph: cannot be used with moe_load_balance_type \"global-batch\"");
+    expect_error(d, "--set cuda_graph=true --set device=cpu", "cuda_graph: cannot be used with device \"cpu\"");
+    if (!ops_cuda_available())
+        expect_error(d, "--set cuda_graph=true --set device=auto",
+                     "cuda_graph: records one GPU's forward and backward; this run has no GPU");
     expect_error(d, "--set moe_load_balance_coef=0 --set moe_load_balance_type=sequence",
                  "--set: moe_load_balance_type: has no effect with moe_load_balance_coef 0");
     expect_error(d, "--set on_nonfinite=skip --set nonfinite_skip_limit=0",

@@ -218,6 +218,9 @@ static void log_step(TrainLog *lg, const Run *r, const StepStats *st, bool val, 
                st->ep_over);
     if (st->pipe_busy_s > 0) printf(" | bubble %.3f (busy %.3f s)", st->bubble, st->pipe_busy_s);
     printf("%s\n", st->nonfinite ? " | not finite: no update" : "");
+    if (st->graphs_recorded) // (step-time includes the recording; the next steps launch it)
+        printf("cuda_graph: step %d recorded its micro-batches' forward and backward as %d CUDA graph%s\n", r->step,
+               st->graphs_recorded, st->graphs_recorded > 1 ? "s" : "");
     // One list of scalars feeds metrics.jsonl and the TensorBoard file; val_loss (on validation steps)
     // comes right after loss, before the timings.
     const char *keys[20] = {"loss"};

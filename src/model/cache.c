@@ -113,12 +113,7 @@ void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db
 
 void model_proj_backward_weights(Model *m, int l, int n, const Fp8Slot *s, const Tensor *dw, const Tensor *db,
                                  const Tensor *dy, Tensor x) {
-    bool fp8 = false;
-    for (int i = 0; i < n; i++) fp8 |= fp8_held(m, l, s[i]);
-    if (!fp8) return op_linear_backward_weights(n, dw, db, dy, x);
-    for (int i = 0; i < n; i++)
-        if (s[i] == FP8_NONE) op_linear_backward_weight(dw[i], db[i], dy[i], x, true);
-        else model_proj_backward_weight(m, l, s[i], dw[i], db[i], dy[i], x);
+    for (int i = 0; i < n; i++) model_proj_backward_weight(m, l, s[i], dw[i], db[i], dy[i], x);
 }
 
 // ---- generation's KV cache ----

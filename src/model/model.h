@@ -440,8 +440,7 @@ int model_fp8_warn_rounded(const Model *m, const char *file);
 void model_proj_forward(Model *m, int l, Fp8Slot s, Tensor y, Tensor x, Tensor w, Tensor b);
 void model_proj_backward_input(Model *m, int l, Fp8Slot s, Tensor dx, Tensor dy, Tensor w, bool accumulate);
 void model_proj_backward_weight(Model *m, int l, Fp8Slot s, Tensor dw, Tensor db, Tensor dy, Tensor x);
-// The weight gradients of n projections of one input x (slots s[i], FP8_NONE: never FP8): side by side
-// (op_linear_backward_weights) when none of them runs in FP8, else one by one as above.
+// The weight gradients of n projections of one input x (slots s[i], FP8_NONE: never FP8), one by one as above.
 void model_proj_backward_weights(Model *m, int l, int n, const Fp8Slot *s, const Tensor *dw, const Tensor *db,
                                  const Tensor *dy, Tensor x);
 // Chooses the form; global-batch (micro-batches of at most T tokens) all-gathers counts over `replicas`.

@@ -12,6 +12,7 @@
 #define DISPATCH_CALL(dev, name, args) ((dev) == DEV_CUDA ? no_cuda() : (void)0, cpu_##name args)
 #define CUDA_OR(cuda, none) (none)
 static void no_cuda(void) { die("a GPU tensor reached the op layer, but this build has no CUDA backend"); }
+static void no_graph(void) { die("cuda_graph: this build has no CUDA backend"); }
 #endif
 bool ops_cuda_available(void) { return CUDA_OR(cuda_device_count() > 0, false); }
 size_t ops_cuda_pool_bytes(void) { return CUDA_OR(cuda_pool_bytes(), 0); }
@@ -21,11 +22,10 @@ void ops_sync(void) {
 }
 void ops_copies_wait(void) { CUDA_OR(cuda_copies_wait(), (void)0); }
 int64_t ops_host_syncs(void) { return CUDA_OR(cuda_host_syncs(), 0); }
-
-void op_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x) {
-    if (x.dev == DEV_CUDA && CUDA_OR(cuda_linear_backward_weights(n, dw, db, dy, x), false)) return;
-    for (int i = 0; i < n; i++) op_linear_backward_weight(dw[i], db[i], dy[i], x, true);
-}
+void ops_graph_begin(void) { CUDA_OR(cuda_graph_begin(), no_graph()); }
+OpsGraph *ops_graph_end(void) { return CUDA_OR((OpsGraph *)cuda_graph_end(), (no_graph(), NULL)); }
+bool ops_graph_run(OpsGraph *g) { return CUDA_OR(cuda_graph_run(g), ((void)g, no_graph(), false)); }
+void ops_graph_free(OpsGraph *g) { CUDA_OR(cuda_graph_free(g), (void)g); }
 
 // The ops of ops_list.h: each runs cuda_<name> or cpu_<name> by its device expression (OP_RETURN_<ret>: `return`
 // where the op returns a value); the OP_OWN ones are written out below.

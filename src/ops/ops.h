@@ -20,6 +20,17 @@ void ops_copies_wait(void); // waits for every op_copy_async issued (from any th
 // How often the host has waited for the GPU so far (a stream synchronisation: every read-back of a value ends in one);
 // 0 on the CPU. A step's layers wait for nothing on one GPU: tests count these around them.
 int64_t ops_host_syncs(void);
+// A CUDA graph: the GPU work of a sequence of ops, recorded once and run again as one launch (config cuda_graph;
+// docs/architecture.md, "CUDA graphs"). ops_graph_begin starts recording on the compute stream: the ops issued until
+// ops_graph_end are recorded, not run, and none may wait for the GPU or allocate. ops_graph_run queues the recording
+// in stream order like the ops themselves, with the pointers and arguments they had when recorded, and returns false
+// (queueing nothing) when it is stale: the op scratch or the cuDNN plans it uses were replaced since; the caller
+// records again. GPU builds only.
+typedef struct OpsGraph OpsGraph;
+void ops_graph_begin(void);
+OpsGraph *ops_graph_end(void);
+bool ops_graph_run(OpsGraph *g);
+void ops_graph_free(OpsGraph *g); // NULL: nothing
 
 // ---- normalisation, position embedding ----
 // The RMSNorm's form (op_rmsnorm_*; NULL: plain, u = w): u = 1 + w with one_plus (a zero-centred weight that starts
@@ -213,10 +224,6 @@ void op_fp8_weight_make(Fp8Weight fw, Tensor w);
 // kernel; E = 0: a dense (N, K) on cuBLASLt (its tokens a multiple of 16) — by shape alone, so a machine without a GPU
 // can ask; false on the CPU.
 bool op_fp8_tensor_cores(Device dev, int64_t E, int64_t N, int64_t K);
-// The weight gradients of n projections of one input x (attention's q, k and v of n1): op_linear_backward_weight(dw[i],
-// db[i], dy[i], x, true) for each i, the same bits. On the GPU with PITH_PROJ_WGRAD=side the products run side by side
-// on the side streams (cuda_gemm.cu), so that the narrow ones (k, v) fill the SMs the wide one leaves idle.
-void op_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x);
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);

@@ -108,6 +108,11 @@ static const ConfigKey top_keys[] = {
             "backward adds into dQ with atomics; the cost is in bench/results/2026-12-02-det); the other GPU "
             "reductions run in a fixed order always, except Qwen3.5's delta rule and expert parallelism's per-rank "
             "sums; the CPU is deterministic already (docs/architecture.md, \"Determinism\")"},
+    {.name = "cuda_graph", .kind = K_BOOL, .off = OFF(cuda_graph),
+     .doc = "one GPU: from the third step on, each micro-batch's forward and backward is one launch of a CUDA graph "
+            "recorded once (two: a step's first micro-batch and the others), not thousands of kernel launches; the "
+            "same bits as without; not with pipeline, expert or context parallelism, more than one rank, "
+            "`pipeline_schedule` or `global-batch` load balancing (docs/architecture.md, \"CUDA graphs\")"},
     {.name = "document_masking", .kind = K_BOOL, .off = OFF(document_masking),
      .doc = "packed samples keep their documents apart: a token attends only to earlier tokens of its own document "
             "(the token files' document ends; a document begun before the sample starts at the sample's first "
@@ -584,6 +589,17 @@ void config_load(TrainConfig *c, const char *file, char **sets, int nsets) {
                           : c->optimizer.type == OPTIMIZER_MUON ? "optimizer.type \"adamw\" (Muon needs whole matrices)"
                                                                 : NULL;
         if (why) jdie(origin_of(sec[3], &org, "gradient_reduce"), "gradient_reduce", "\"layer\" needs %s", why);
+    }
+    if (c->cuda_graph) { // what waits for the host, or for other ranks, inside the layers cannot be recorded
+        const char *why = c->parallel.pp > 1              ? "pipeline_parallel_size > 1"
+                          : c->parallel.ep > 1            ? "expert_parallel_size > 1"
+                          : c->parallel.cp > 1            ? "context_parallel_size > 1"
+                          : c->parallel.pipeline_schedule ? "pipeline_schedule"
+                          : c->moe_load_balance_coef > 0 && c->moe_load_balance_type == LB_GLOBAL_BATCH
+                              ? "moe_load_balance_type \"global-batch\" (its counts go through the host)"
+                          : c->device == DEVICE_CPU ? "device \"cpu\""
+                                                    : NULL;
+        if (why) jdie(origin_of(top, &org, "cuda_graph"), "cuda_graph", "cannot be used with %s", why);
     }
     if (c->benchmark && c->moe_router_bias_update_rate > 0)
         jdie(origin_of(top, &org, "moe_router_bias_update_rate"), "moe_router_bias_update_rate",

@@ -85,6 +85,7 @@ typedef struct {
     RecomputeMode recompute;    // activation recomputation (docs/architecture.md, "Activation recomputation")
     bool benchmark;             // force-balanced routing
     bool deterministic;         // GPU: pith's own attention kernels (bit-reproducible runs)
+    bool cuda_graph;            // GPU: each micro-batch's forward and backward as one CUDA graph launch
     int logits_chunk_mb;        // the epilog's logits chunk budget (0: the device's default, moe_epilog_alloc)
     bool document_masking;      // attention and positions bounded by the token files' document ends
     bool delta_rule_keep;     // Qwen3.5: the delta rule's chunk state kept from forward to backward (Model.delta_keep)

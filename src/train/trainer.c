@@ -273,6 +273,9 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
     dist_mesh_init(d, c->parallel.pp, c->parallel.cp, c->parallel.ep, c->parallel.sharding == SHARD_HSDP,
                    c->parallel.timeout_s, c->file);
     Device dev = pick_device(c);
+    if (c->cuda_graph && (dev != DEV_CUDA || d->world.size > 1))
+        die("%s: cuda_graph: records one GPU's forward and backward; this run has %s", c->file,
+            dev != DEV_CUDA ? "no GPU (device: the CPU)" : "more than one rank");
     if (dev == DEV_CUDA) dist_mesh_gpu(d); // one GPU per rank and NCCL communicators, before anything touches the GPU
     setup_rank(r, dev, false);
     Model *m = &r->model;
@@ -328,6 +331,7 @@ bool run_save_due(const Run *r) {
 
 void run_free(Run *r) {
     ckpt_unlock();
+    ops_graph_free(r->graph[0]), ops_graph_free(r->graph[1]);
     for (int p = 0; p < 2; p++)
         if (r->chunk[p].m) chunk_free(&r->chunk[p]);
     if (piped(&r->cfg, &r->dist)) {
@@ -403,17 +407,43 @@ static void pipe_pair(void *ctx, int fp, int fmb, int fslot, Tensor x, Tensor y,
 
 static void pipe_weight(void *ctx, int p, int mb, int slot) { chunk_weight(&((PipePass *)ctx)->r->chunk[p], slot); }
 
+// cuda_graph (docs/architecture.md, "CUDA graphs"): micro-batch acc's forward and backward as one launch of a recording
+// of them. A step's first micro-batch writes the expert and LM-head gradients and the others add to them, so they are
+// two recordings, [1] made in the same step as [0] (the host's flags of what is written are right only there; both go
+// stale at once). They are made once GRAPH_EAGER_STEPS steps have sized every buffer the backend grows on first use,
+// and again when the backend replaced memory they point into. Recording [0] marks the FP8 weight cache stale first, so
+// that every launch of it remakes the cache from the step's weights.
+#define GRAPH_EAGER_STEPS 2
+static void microbatch_graph(Run *r, int acc, bool *recorded) {
+    OpsGraph **g = &r->graph[acc > 0];
+    if (*g && ops_graph_run(*g)) return;
+    CHECK(acc == 0 || *recorded);
+    ops_graph_free(*g);
+    if (acc == 0) r->model.fp8.version++, *recorded = true;
+    r->recorded++;
+    ops_graph_begin();
+    chunk_forward(&r->chunk[0], 0, true), chunk_backward(&r->chunk[0], 0, false);
+    *g = ops_graph_end();
+    CHECK(ops_graph_run(*g));
+}
+
 // Every micro-batch of this rank for global batch `batch` of ds: forward (and with grad, backward) one
 // after another at pp = 1, through the DualPipeV schedule (a step's, or forward-only) at pp > 1. Returns
 // the target tokens this rank's loss covers (none on pipeline ranks other than 0).
 static int64_t run_microbatches(Run *r, Dataset *ds, int64_t batch, bool grad) {
     int64_t targets = 0;
     if (!piped(&r->cfg, &r->dist)) {
+        bool graph = grad && r->cfg.cuda_graph && r->eager_steps >= GRAPH_EAGER_STEPS, recorded = false;
         for (int acc = 0; acc < microbatches(&r->cfg, &r->dist); acc++) {
             targets += load_microbatch(r, ds, batch, acc, &r->chunk[0], 0);
+            if (graph) {
+                microbatch_graph(r, acc, &recorded);
+                continue;
+            }
             chunk_forward(&r->chunk[0], 0, grad);
             if (grad) chunk_backward(&r->chunk[0], 0, false); // ∂(Σ CE + T·Σ lb)/∂θ added to the gradient buffers
         }
+        r->eager_steps += grad && !graph;
         return targets;
     }
     PipePass pass = {r, ds, batch, 0, grad};
@@ -539,10 +569,12 @@ StepStats run_step(Run *r) {
     if (r->fsdp.units) op_zero(r->grad[GROUP_DENSE]); // the per-unit sums add into it
     step_sums_begin(&r->sums, m);
     for (int p = 0; p < 2; p++) r->chunk[p].ep_over = 0, r->chunk[p].ep_rows_peak = 0;
+    int recorded = r->recorded;
     Sums sums = {.targets = (double)run_microbatches(r, &r->data, r->step, true)};
     double issued = now_seconds() - t0;
     ops_sync();
-    StepStats st = {.fwdbwd_seconds = now_seconds() - t0, .fwdbwd_host = issued};
+    StepStats st = {
+        .fwdbwd_seconds = now_seconds() - t0, .fwdbwd_host = issued, .graphs_recorded = r->recorded - recorded};
     bool pipe = piped(c, d);
     sums.loss = op_read_scalar(r->sums.loss_sum), sums.lb = op_read_scalar(r->sums.lb_sum);
     sums.ep_over = (double)(r->chunk[0].ep_over + r->chunk[1].ep_over);

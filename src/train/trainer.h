@@ -46,14 +46,18 @@ typedef struct {
     GradUnits units;        // parallel.gradient_reduce "layer": the dense shard (grad[GROUP_DENSE]) and windows
     Tensor adam_m[NGROUPS], adam_v[NGROUPS]; // AdamW moments; under Muon, adam_m of Muon parameters is the momentum
     Arena offload;                           // optimizer.offload: host memory holding adam_m and adam_v
-    Arena snapshot;           // checkpoint.async: the host memory every save copies its snapshot into (train/ckpt.h)
-    Tensor stage[2];          // optimizer.offload: device staging for one chunk of m and v (else zero-size)
-    float *router_bias;       // (layers·E) host copy of model.router_bias (aux-loss-free balancing; NULL: off)
-    double *router_load;      // (layers·E) host: the step's expert counts (sums.router_load), read once at its end
-    Muon muon;                // optimizer.type "muon": parameter classes, batches, scratch (else muon.on is false)
-    int step;                 // optimizer steps taken
-    int32_t *tokens, *labels; // host staging for one micro-batch
-    int32_t *docpos;          // its document positions (document_masking; else NULL)
+    Arena snapshot;      // checkpoint.async: the host memory every save copies its snapshot into (train/ckpt.h)
+    Tensor stage[2];     // optimizer.offload: device staging for one chunk of m and v (else zero-size)
+    float *router_bias;  // (layers·E) host copy of model.router_bias (aux-loss-free balancing; NULL: off)
+    double *router_load; // (layers·E) host: the step's expert counts (sums.router_load), read once at its end
+    Muon muon;           // optimizer.type "muon": parameter classes, batches, scratch (else muon.on is false)
+    int step;            // optimizer steps taken
+    // cuda_graph: the recordings of a micro-batch's forward and backward, [0] the step's first and [1] the others
+    // (run_microbatches), made after eager_steps reach GRAPH_EAGER_STEPS.
+    OpsGraph *graph[2];
+    int eager_steps, recorded; // steps run without graphs; recordings made so far
+    int32_t *tokens, *labels;  // host staging for one micro-batch
+    int32_t *docpos;           // its document positions (document_masking; else NULL)
     MemoryPlan plan;
     int moe_layers;
     char dump_grads[PATH_MAX_LEN]; // when set, the next step writes its gradient there (pith train --dump-grads)
@@ -74,6 +78,7 @@ typedef struct {
     // Through the DualPipeV engine: the mean over ranks of the seconds in chunk computes, and the bubble,
     // 1 − Σ busy / Σ pipeline time (PipeRun.busy_s, pipe_s); both 0 without the engine.
     double pipe_busy_s, bubble;
+    int graphs_recorded; // cuda_graph: the micro-batch recordings this step made (0: it launched those it had)
 } StepStats;
 
 // Builds everything from the config: mesh (the launched world), model (random init from the seed), plan,

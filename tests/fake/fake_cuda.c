@@ -468,6 +468,11 @@ __attribute__((constructor)) static void fake_install_device_memory(void) {
 }
 void cuda_sync(void) { host_syncs++; }
 int64_t cuda_host_syncs(void) { return host_syncs; }
+// Its streams run each op at once: nothing can be recorded for later (cuda_graph runs on a real GPU only).
+void cuda_graph_begin(void) { die("cuda_graph: the fake GPU backend runs every op at once and records nothing"); }
+void *cuda_graph_end(void) { return NULL; }
+bool cuda_graph_run(void *g) { return false; }
+void cuda_graph_free(void *g) {}
 size_t cuda_pool_bytes(void) { return 0; }
 size_t cuda_mem_peak_bytes(void) { return 0; }
 void *cuda_compute_stream(void) { return COMPUTE; }
@@ -568,9 +573,6 @@ void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
 }
 // No FP8 tensor cores here: the dense and expert FP8 GEMMs take the rounded-operand path.
 bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) { return false; }
-bool cuda_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x) {
-    return false; // one by one, through cuda_linear_backward_weight
-}
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) { return false; }
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) { return false; }
 bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, Fp8Weight w8, Tensor offs, bool input_grad) {

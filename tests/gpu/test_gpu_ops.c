@@ -57,42 +57,6 @@ TEST(gpu_op_linear) {
     gpu_report();
 }
 
-// The weight gradients of three projections of one x (q, k and v of n1: one wide, two narrow, biases on two) side by
-// side on the side streams (PITH_PROJ_WGRAD=side): against the CPU's, and bit for bit against the same products one
-// by one on the GPU (each sum is one product either way, from the same start).
-TEST(gpu_op_linear_backward_weights) {
-    gpu_begin();
-    MODES {
-        DType dt = MODE_DT;
-        gpu_mode(dt);
-        size_t mark = gpu_mark();
-        int64_t M = 300, K = 128, N[3] = {256, 64, 48};
-        Pair x = pair_rand(dt, 1, 2, M, K, 0, 0), dy[3], dw[3], db[3];
-        Tensor dwc[3], dwd[3], dbc[3], dbd[3], dyc[3], dyd[3], start[3];
-        for (int i = 0; i < 3; i++) {
-            dy[i] = pair_rand(dt, 1, 2, M, N[i], 0, 0), dw[i] = pair_rand(DT_F32, 1, 2, N[i], K, 0, 0);
-            db[i] = i == 2 ? NOPAIR : pair_rand(DT_F32, 1, 1, N[i], 0, 0, 0);
-            dwc[i] = dw[i].c, dwd[i] = dw[i].d, dbc[i] = db[i].c, dbd[i] = db[i].d, dyc[i] = dy[i].c, dyd[i] = dy[i].d;
-            start[i] = gpu_tensor(DT_F32, 2, N[i], K, 0, 0);
-            op_copy(start[i], dw[i].d);
-        }
-        op_linear_backward_weights(3, dwc, dbc, dyc, x.c);
-        setenv("PITH_PROJ_WGRAD", "side", 1);
-        op_linear_backward_weights(3, dwd, dbd, dyd, x.d);
-        unsetenv("PITH_PROJ_WGRAD");
-        for (int i = 0; i < 3; i++) {
-            EXPECT_CLOSE(dw[i], GEMM_TOL);
-            if (i < 2) EXPECT_CLOSE(db[i], GEMM_TOL);
-            op_linear_backward_weight(start[i], NONE, dy[i].d, x.d, true); // one by one, from the same start
-            float *a = gpu_down(start[i]), *b = gpu_down(dw[i].d);
-            ASSERT_MSG(!memcmp(a, b, (size_t)N[i] * K * sizeof(float)), "dw %d: side by side differs from alone", i);
-            free(a), free(b);
-        }
-        gpu_release(mark);
-    }
-    gpu_report();
-}
-
 // cuBLASLt's algorithm for a product is asked for once and cached (cuda_gemm.cu): 48 products of distinct shapes
 // (more than a step of a model runs; in one slot per hash, 48 keys collide with probability 0.99), then again — the
 // second round asks the heuristic nothing. The cache starts empty: the suite's earlier tests have filled slots with

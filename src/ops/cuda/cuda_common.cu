@@ -7,6 +7,9 @@
 static CudaCtx ctx;
 static bool ctx_ready;
 static size_t mem_base, mem_peak; // device memory in use before pith's first allocation; largest seen since
+static bool capturing;            // between cuda_graph_begin and cuda_graph_end
+static int64_t graph_epoch;       // how often memory that recorded graphs point into was replaced
+#define GRAPH_HINT " (a path that cannot be recorded: set cuda_graph false)"
 static void *scratch;
 static size_t scratch_bytes;
 static int64_t host_syncs; // cuda_host_wait's calls
@@ -45,6 +48,7 @@ CudaCtx *cuda_ctx(void) {
 void *cuda_scratch(size_t bytes) {
     if (bytes <= scratch_bytes) return scratch;
     CudaCtx *c = cuda_ctx();
+    cuda_graph_stale("the op scratch grew");
     cuda_host_wait(c->compute); // the old buffer may still be in use
     cuda_host_wait(c->comm);
     if (scratch) CUDA_CHECK(cudaFree(scratch));
@@ -57,8 +61,16 @@ void *cuda_scratch(size_t bytes) {
 }
 
 void cuda_host_wait(cudaStream_t s) {
+    if (capturing) die("cuda_graph: an op waits for the GPU inside the recorded forward and backward%s", GRAPH_HINT);
     host_syncs++;
     CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+bool cuda_capturing(void) { return capturing; }
+
+void cuda_graph_stale(const char *what) {
+    if (capturing) die("cuda_graph: %s while the forward and backward were being recorded%s", what, GRAPH_HINT);
+    graph_epoch++;
 }
 
 const int64_t *cuda_offsets_host(Tensor offs, int64_t E) {
@@ -185,6 +197,47 @@ __attribute__((constructor)) static void cuda_install_device_memory(void) {
     device_alloc = cuda_alloc_or_die;
     device_free = cuda_free;
     host_register = cuda_host_register, host_unregister = cuda_host_unregister;
+}
+
+// ---- CUDA graphs (ops.h, ops_graph_*) ----
+// A recording holds the addresses its kernels were given. Of the memory they point into, only the backend's own can
+// move after a recording: the op scratch (grown) and the cuDNN plans (evicted from their cache). Each such replacement
+// counts one epoch, and a graph recorded in an earlier one is stale: ops_graph_run refuses it, and the caller records
+// again. Inside a recording they cannot happen at all (its ops would point at freed memory).
+typedef struct {
+    cudaGraphExec_t exec;
+    int64_t epoch;
+} CudaGraph;
+
+void cuda_graph_begin(void) {
+    CHECK(!capturing);
+    CUDA_CHECK(cudaStreamBeginCapture(cuda_stream(), cudaStreamCaptureModeThreadLocal));
+    capturing = true;
+}
+
+void *cuda_graph_end(void) {
+    cudaGraph_t g;
+    CUDA_CHECK(cudaStreamEndCapture(cuda_stream(), &g));
+    capturing = false;
+    CudaGraph *cg = (CudaGraph *)xmalloc(sizeof *cg);
+    cg->epoch = graph_epoch;
+    CUDA_CHECK(cudaGraphInstantiate(&cg->exec, g, 0));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    return cg;
+}
+
+bool cuda_graph_run(void *g) {
+    CudaGraph *cg = (CudaGraph *)g;
+    if (cg->epoch != graph_epoch) return false;
+    CUDA_CHECK(cudaGraphLaunch(cg->exec, cuda_stream()));
+    return true;
+}
+
+void cuda_graph_free(void *g) {
+    if (!g) return;
+    cuda_host_wait(cuda_stream()); // a launch of it may still be queued
+    CUDA_CHECK(cudaGraphExecDestroy(((CudaGraph *)g)->exec));
+    free(g);
 }
 
 void cuda_sync(void) { cuda_host_wait(cuda_stream()); }

@@ -24,8 +24,11 @@ extern "C" {
 
 // CUDA_CHECK(call): a failed CUDA runtime or cuBLAS(Lt) call ends the run through die(), naming file:line
 // (and, with several ranks, the rank: die() then ends every rank).
+bool cuda_capturing(void); // inside a CUDA graph's recording (cuda_graph_begin … cuda_graph_end)
 static inline void cuda_check(cudaError_t e, const char *call, const char *file, int line) {
-    if (e != cudaSuccess) die("CUDA error at %s:%d: %s (%s)", file, line, cudaGetErrorString(e), call);
+    if (e != cudaSuccess)
+        die("CUDA error at %s:%d: %s (%s)%s", file, line, cudaGetErrorString(e), call,
+            cuda_capturing() ? " while the forward and backward were being recorded as a CUDA graph (cuda_graph)" : "");
 }
 static inline void cuda_check(cublasStatus_t st, const char *call, const char *file, int line) {
     if (st != CUBLAS_STATUS_SUCCESS)
@@ -59,6 +62,9 @@ static inline cudaStream_t cuda_stream(void) { return cuda_ctx()->compute; }
 // permutation of scatter_add_rows): one buffer, grown (after a device sync) when a call needs more
 // than any call before, so it settles at the first training step. Contents do not survive the next op.
 void *cuda_scratch(size_t bytes);
+// Makes every CUDA graph recorded so far stale (what: the memory it points into that was replaced); inside a
+// recording it ends the run.
+void cuda_graph_stale(const char *what);
 // The arena an op carves its scratch from (ops.h: op_attention_scratch, op_delta_rule_scratch), as a counting arena
 // planned it: over ws, the caller's planned fp32 scratch, when it gives one, else over the bytes at p.
 static inline Arena scratch_arena(Tensor ws, void *p, size_t bytes, const char *name) {

@@ -347,6 +347,7 @@ static Plan *plan_slot(void) {
     if (n_plans < PLANS_MAX) return &plans[n_plans++];
     Plan *p = &plans[next_victim];
     next_victim = (next_victim + 1) % PLANS_MAX;
+    cuda_graph_stale("a cuDNN attention plan was evicted");
     cuda_host_wait(cuda_stream());
     if (p->g) graph_free(p->g);
     return p;

@@ -358,28 +358,6 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, bool
     if (db.p) cuda_linear_bias_backward(db, dy, (Tensor){0}, true);
 }
 
-// Product i on stream i % ns of side_fork's (the compute stream first, where the caller puts the widest), each with
-// its stream's cuBLASLt workspace; the bias sums after the join, on the compute stream (they share the small pool).
-// Taken with PITH_PROJ_WGRAD=side for operands that need no conversion (dy[i] of x's dtype, dw[i] fp32).
-bool cuda_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x) {
-    const char *e = getenv("PITH_PROJ_WGRAD");
-    if (!e || strcmp(e, "side") || n < 2 || (x.dt != DT_BF16 && x.dt != DT_F32)) return false;
-    int64_t M = t_rows(x), K = t_cols(x);
-    for (int i = 0; i < n; i++) {
-        CHECK(t_rows(dy[i]) == M && t_rows(dw[i]) == t_cols(dy[i]) && t_cols(dw[i]) == K);
-        if (dy[i].dt != x.dt || dw[i].dt != DT_F32) return false;
-    }
-    if (M == 0) return true; // every sum adds nothing
-    int ns = side_fork();
-    for (int i = 0; i < n; i++) // col-major dw_i (K×N) += op_N(x: K×M) · op_T(dy_i: N×M)
-        lt_matmul_on(wgrad_stream[i % ns], wgrad_ws[i % ns], false, true, K, t_cols(dy[i]), M, x.p, K, dy[i].p,
-                     t_cols(dy[i]), x.dt, 1.0f, dw[i].p, K, DT_F32, ONE);
-    side_join(ns);
-    for (int i = 0; i < n; i++)
-        if (db[i].p) cuda_linear_bias_backward(db[i], dy[i], (Tensor){0}, true);
-    return true;
-}
-
 } // extern "C"
 
 // ---- grouped products ----

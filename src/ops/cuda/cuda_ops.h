@@ -9,9 +9,13 @@
 int cuda_device_count(void); // 0 without a driver or a device
 void *cuda_alloc_or_die(size_t bytes, const char *what);
 void cuda_free(void *p);
-void cuda_sync(void);             // waits for the compute stream
-void cuda_copies_wait(void);      // ops_copies_wait (cuda_copy_async's copy stream)
-int64_t cuda_host_syncs(void);    // ops_host_syncs
+void cuda_sync(void);          // waits for the compute stream
+void cuda_copies_wait(void);   // ops_copies_wait (cuda_copy_async's copy stream)
+int64_t cuda_host_syncs(void); // ops_host_syncs
+void cuda_graph_begin(void);   // ops_graph_begin … ops_graph_free (an OpsGraph is a cuda_graph_end result)
+void *cuda_graph_end(void);
+bool cuda_graph_run(void *g);
+void cuda_graph_free(void *g);
 size_t cuda_pool_bytes(void);     // device memory the backend itself holds (workspace, pools)
 size_t cuda_mem_peak_bytes(void); // the most device memory in use since its CUDA start (sampled at each alloc and call)
 // The streams for overlapping communication with compute (used by the multi-GPU engine).
@@ -46,8 +50,6 @@ const char *cuda_attention_last_path(void);
 void cuda_fp8_weight(Fp8Weight fw, Tensor w);
 void cuda_fp8_weight_values(Tensor y, Fp8Weight fw);
 bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
-// op_linear_backward_weights side by side (cuda_gemm.cu); false: not taken (the op runs them one by one).
-bool cuda_linear_backward_weights(int n, const Tensor *dw, const Tensor *db, const Tensor *dy, Tensor x);
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
 bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, Fp8Weight w8, Tensor offs, bool input_grad);
