@@ -16,21 +16,6 @@ static Tensor dev(DType dt, int nd, int64_t n0, int64_t n1, int64_t n2) {
     return arena_tensor(&A, dt, nd, n0, n1, n2, 0);
 }
 
-// The one-rank dispatch's rows: R = T·k slots shuffled (int32 on the device); row i of the experts' input is token
-// perm[i] / k.
-static Tensor dev_perm(int64_t R, uint64_t seed) {
-    Tensor perm = dev(DT_I32, 1, R, 0, 0);
-    int32_t *hp = xmalloc(R * sizeof(int32_t));
-    for (int64_t i = 0; i < R; i++) hp[i] = (int32_t)i;
-    for (int64_t i = R - 1; i > 0; i--) {
-        int64_t j = (int64_t)(rng_u64(seed, 0, (uint64_t)i) % (uint64_t)(i + 1));
-        int32_t t = hp[i];
-        hp[i] = hp[j], hp[j] = t;
-    }
-    op_copy(perm, tensor_make(hp, DT_I32, DEV_CPU, 1, R, 1, 1, 1)), free(hp);
-    return perm;
-}
-
 // Fills a device tensor (fp32/bf16) with N(0, scale²) through a host fp32 buffer.
 static void fill(Tensor t, float scale, uint64_t stream) {
     int64_t n = tensor_numel(t);
@@ -118,10 +103,17 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
            hd = tensor_make(dwd.p, bf, DEV_CUDA, 3, E, H, I, 1); // bf16 views of the fp32 buffers' first halves
     fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), fill(ye, 1, 59),
         op_zero(dwgu), op_zero(dwd);
-    // the one-rank dispatch's rows: xe = xt[perm[i] / k], perm a shuffle of the T·k slots (the "gathered" rows read xt
-    // through perm inside the product; "gather_rows" is the copy they save)
-    Tensor xt = dev(bf, 2, T, H, 0), perm = dev_perm(R, 60), bgu = dev(bf, 2, E, 2 * I, 0);
-    fill(xt, 1, 61), fill(bgu, 1, 62);
+    // the one-rank dispatch's rows: xe = xt[perm[i] / k], perm a shuffle of the T·k slots ("gather_rows": the copy that
+    // makes xe before the products)
+    Tensor xt = dev(bf, 2, T, H, 0), perm = dev(DT_I32, 1, R, 0, 0), bgu = dev(bf, 2, E, 2 * I, 0);
+    int32_t *hp = xmalloc(R * sizeof(int32_t));
+    for (int64_t i = 0; i < R; i++) hp[i] = (int32_t)i;
+    for (int64_t i = R - 1; i > 0; i--) {
+        int64_t j = (int64_t)(rng_u64(60, 0, (uint64_t)i) % (uint64_t)(i + 1));
+        int32_t t = hp[i];
+        hp[i] = hp[j], hp[j] = t;
+    }
+    fill(xt, 1, 61), fill(bgu, 1, 62), op_copy(perm, tensor_make(hp, DT_I32, DEV_CPU, 1, R, 1, 1, 1)), free(hp);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
     const char *impl[2] = {"wgmma", "loop"};
     for (int bal = 1; bal >= 0; bal--) {
@@ -155,24 +147,13 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
             GROUPED_ROW("down bwd weight bf16 store", fdn,
                         op_grouped_linear_backward_weight(hd, NONE, ye, act, NONE, 0, doffs, false));
             if (v == 0) {
-                GROUPED_ROW("gate_up fwd gathered", fg, op_grouped_linear_forward(gu, xt, perm, k, wgu, NONE, doffs));
-                GROUPED_ROW("gate_up bwd weight bf16 store gathered", fg,
-                            op_grouped_linear_backward_weight(hgu, NONE, gu, xt, perm, k, doffs, false));
                 snprintf(nm, sizeof nm, "%s gather_rows (T=%lld, %s)", model, (long long)T, rt);
                 TIME(nm, 10, 2.0 * R * H * 2, "GB/s", op_gather_rows(xe, xt, perm, k));
-                // SwiGLU fused into the gate_up forward (PITH_GLU=fused) against the product and the op after it; at
-                // GPT-OSS's widths its form: interleaved, clamped, after the bias
+                // the SwiGLU after gate_up; at GPT-OSS's widths its form: interleaved, clamped
                 bool oss = 2 * I % 256 != 0;
                 float al = oss ? 1.702f : 0, lim = oss ? 7.0f : 0;
-                Tensor gb = oss ? bgu : NONE;
                 snprintf(nm, sizeof nm, "%s swiglu (T=%lld, %s)", model, (long long)T, rt);
                 TIME(nm, 10, 3.0 * R * I * 2, "GB/s", op_swiglu_forward(act, gu, al, lim));
-                setenv("PITH_GLU", "fused", 1);
-                GROUPED_ROW("gate_up fwd + swiglu fused", fg,
-                            op_grouped_glu_forward(gu, act, xe, NONE, 0, wgu, gb, doffs, al, lim));
-                GROUPED_ROW("gate_up fwd + swiglu fused, gathered", fg,
-                            op_grouped_glu_forward(gu, act, xt, perm, k, wgu, gb, doffs, al, lim));
-                unsetenv("PITH_GLU");
                 // a per-expert bias (GPT-OSS's), added in the product's epilogue (against "gate_up fwd")
                 GROUPED_ROW("gate_up fwd + bias", fg, op_grouped_linear_forward(gu, xe, NONE, 0, wgu, bgu, doffs));
             }
@@ -189,8 +170,7 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
 // FP8 (docs/architecture.md, "FP8") beside bf16 at the same expert shapes, balanced routing: the FP8 GEMMs as they run
 // now (forward and input gradient on the wgmma E4M3 kernel, activation quantisation included; the weight gradient
 // on operands rounded through E4M3 by op_fp8_round, then the bf16 kernels), each row's FP8/bf16 speed ratio, and the
-// rounding and weight quantisation alone. The "gathered" rows read the token rows xt through perm in their quantisers
-// (the one-rank dispatch's, moe_stage3_gathers), beside the bf16 kernels gathering in their producers.
+// rounding and weight quantisation alone.
 static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E, int k, int64_t I) {
     Arena save = A;
     int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
@@ -198,13 +178,13 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0),
            act = dev(bf, 2, R, I, 0), wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0),
            dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I), xq = dev(bf, 2, R, H, 0),
-           doffs = dev(DT_I64, 1, E + 1, 0, 0), xt = dev(bf, 2, T, H, 0), perm = dev_perm(R, 60);
+           doffs = dev(DT_I64, 1, E + 1, 0, 0);
     Tensor bgu = dev(DT_U8, 1, (int64_t)op_fp8_experts_bytes(E, 2 * I, H), 0, 0),
            bd = dev(DT_U8, 1, (int64_t)op_fp8_experts_bytes(E, H, I), 0, 0);
     Fp8Weight qgu = op_fp8_experts_view(bgu.p, DEV_CUDA, E, 2 * I, H),
               qd = op_fp8_experts_view(bd.p, DEV_CUDA, E, H, I);
     fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), fill(ye, 1, 59),
-        fill(xt, 1, 61), op_zero(dwgu), op_zero(dwd), op_fp8_weight_make(qgu, wgu), op_fp8_weight_make(qd, wd);
+        op_zero(dwgu), op_zero(dwd), op_fp8_weight_make(qgu, wgu), op_fp8_weight_make(qd, wd);
     int64_t tc0 = cuda_fp8_tensor_core_gemms();
     routing_offs(offs, T, H, E, k, true);
     op_copy(doffs, ti64_1(offs, E + 1));
@@ -221,8 +201,6 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     double ms16;
     FP8_ROW("gate_up fwd", fg, op_grouped_linear_forward(gu, xe, NONE, 0, wgu, NONE, doffs),
             op_fp8_grouped_linear_forward(gu, xe, NONE, 0, qgu, doffs));
-    FP8_ROW("gate_up fwd gathered", fg, op_grouped_linear_forward(gu, xt, perm, k, wgu, NONE, doffs),
-            op_fp8_grouped_linear_forward(gu, xt, perm, k, qgu, doffs));
     FP8_ROW("gate_up bwd input", fg, op_grouped_linear_backward_input(xe, gu, wgu, doffs),
             op_fp8_grouped_linear_backward_input(xe, gu, qgu, doffs));
     FP8_ROW("gate_up bwd weight fp32", fg, op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, NONE, 0, doffs, true),
@@ -237,9 +215,6 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     FP8_ROW("gate_up bwd weight fp32 store", fg,
             op_grouped_linear_backward_weight(dwgu, NONE, gu, xe, NONE, 0, doffs, false),
             op_fp8_grouped_linear_backward_weight(dwgu, gu, xe, NONE, 0, doffs, false));
-    FP8_ROW("gate_up bwd weight fp32 store gathered", fg,
-            op_grouped_linear_backward_weight(dwgu, NONE, gu, xt, perm, k, doffs, false),
-            op_fp8_grouped_linear_backward_weight(dwgu, gu, xt, perm, k, doffs, false));
     FP8_ROW("down bwd weight fp32 store", fdn,
             op_grouped_linear_backward_weight(dwd, NONE, ye, act, NONE, 0, doffs, false),
             op_fp8_grouped_linear_backward_weight(dwd, ye, act, NONE, 0, doffs, false));

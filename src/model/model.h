@@ -385,10 +385,9 @@ void moe_layer_grad_alloc(Model *m, int l, void *rec, Arena *ws, int B, int S, S
 // gate/up products and SwiGLU outputs of R rows: those kept, or (staged) those m->recompute names.
 void moe_stage3_alloc(Model *m, int l, void *rec, Arena *a, int64_t R, bool staged);
 int64_t moe_stage3_rows(const Model *m, const StageIO *io); // the rows holding data: received (MoE), every token
-// A MoE layer on one ep rank: stage 3's grouped GEMMs (bf16 or FP8) read their rows xd[perm[i] / k] in place (the
-// dispatch's gather made part of the product), so xe is never made and xd (n2) is kept for the weight gradient. On
-// the CPU, and on the GPU with PITH_STAGE3_GATHER=1 only: the gathering producer of cuda_wgmma.cu's G kernels feeds
-// the tensor cores slower than the TMA, so the GPU gathers xe first (bench/results/2026-12-05-s38).
+// A MoE layer on one ep rank on the CPU: stage 3's grouped GEMMs (bf16 or FP8) read their rows xd[perm[i] / k] in
+// place (the dispatch's gather made part of the product), so xe is never made and xd (n2) is kept for the weight
+// gradient. The GPU gathers xe first (op_gather_rows): its GEMMs take their rows gathered.
 bool moe_stage3_gathers(const Model *m, const StageIO *io);
 void moe_stage3_grad_alloc(Model *m, int l, void *rec, Arena *ws);
 void moe_prolog_forward(Model *m, MicroBatch *mb, Tensor h);

@@ -251,11 +251,7 @@ static bool has_shared(const Model *m, int l) { return m->cfg.is_moe[l] && m->cf
 // Field `f` from arena a when part p (0: none) is recomputed (RC_*) exactly when `staged`, else as it is.
 #define PART(p, f, ...) (f = !(m->recompute & (p)) == !staged ? arena_tensor(a, __VA_ARGS__) : f)
 
-bool moe_stage3_gathers(const Model *m, const StageIO *io) {
-    static int gpu = -1; // PITH_STAGE3_GATHER=1: on the GPU too (slower there: bench/results/2026-12-05-s38)
-    if (gpu < 0) gpu = getenv("PITH_STAGE3_GATHER") != NULL;
-    return !io->dense && !io->route && (m->dev == DEV_CPU || gpu);
-}
+bool moe_stage3_gathers(const Model *m, const StageIO *io) { return !io->dense && !io->route && m->dev == DEV_CPU; }
 
 // A dense layer's n2 is its stage 3's input (kept), and so is a layer's that gathers it (moe_stage3_gathers).
 void moe_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io, bool staged) {
@@ -482,15 +478,10 @@ void moe_stage3_forward(Model *m, int l, void *rp, StageIO *io, bool again) {
     if (!R) return;
     Tensor gu = tensor_rows(r->gu, 0, R), act = tensor_rows(r->act, 0, R);
     bool need_act = !again || m->recompute & RC_SWIGLU, need_gu = need_act && (!again || m->recompute & RC_GATE_UP);
-    // the experts' SwiGLU in one op with their product (on the GPU one kernel: op_grouped_glu_forward)
-    bool glu = need_gu && offs.p && !m->fp8.on;
-    if (glu)
-        op_grouped_glu_forward(gu, act, stage3_x(m, io, R), stage3_rows(m, io), m->cfg.topk, W->gate_up[l],
-                               W->gate_up_b[l], offs, m->cfg.swiglu_alpha, m->cfg.swiglu_limit);
-    else if (need_gu)
+    if (need_gu)
         mlp_forward(m, l, FP8_GATE_UP, gu, stage3_x(m, io, R), stage3_rows(m, io), W->gate_up[l], W->gate_up_b[l],
                     offs);
-    if (need_act && !glu) act_forward(&m->cfg, act, gu);
+    if (need_act) act_forward(&m->cfg, act, gu);
     mlp_forward(m, l, FP8_DOWN, tensor_rows(io->ye, 0, R), act, NONE, W->down[l], W->down_b[l], offs);
 }
 

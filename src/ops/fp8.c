@@ -120,22 +120,23 @@ void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
     op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NONE), rounded(1, x, FP8_TILES, NONE), true);
 }
 
-// rows.p: x's rows are rounded as they lie and gathered by the GEMM (a 1 × 128 block is one row's, so the bits are the
-// rounding of the gathered rows).
+// rows.p (the CPU's; the GPU takes x gathered): x's rows are rounded as they lie and gathered by the GEMM (a 1 × 128
+// block is one row's, so the bits are the rounding of the gathered rows).
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Tensor rows, int div, Fp8Weight w8, Tensor offs) {
-    if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear(y, x, rows, div, w8, offs, false))) return;
+    if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear(y, x, rows, w8, offs, false))) return;
     op_grouped_linear_forward(y, rounded(0, x, FP8_ROWS, NONE), rows, div, weight_values(w8, x.dt), NONE, offs);
 }
 
 void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, Tensor offs) {
-    if (RAN_ON_CUDA(dy.dev, cuda_fp8_grouped_linear(dx, dy, NONE, 0, w8, offs, true))) return;
+    if (RAN_ON_CUDA(dy.dev, cuda_fp8_grouped_linear(dx, dy, NONE, w8, offs, true))) return;
     op_grouped_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NONE), weight_values(w8, dy.dt), offs);
 }
 
-// rows.p: the rows are gathered into scratch slot 1 and rounded there (the 128 × 1 blocks run along the gathered rows).
+// rows.p (the CPU's; the GPU takes x gathered): the rows are gathered into scratch slot 1 and rounded there (the
+// 128 × 1 blocks run along the gathered rows).
 void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs,
                                            bool accumulate) {
-    if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear_backward_weight(dw, dy, x, rows, div, offs, accumulate))) return;
+    if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear_backward_weight(dw, dy, x, rows, offs, accumulate))) return;
     if (rows.p) {
         Tensor xg = scratch_like(1, tensor_make(NULL, x.dt, x.dev, 2, t_rows(dy), t_cols(x), 1, 1));
         op_gather_rows(xg, x, tensor_rows(rows, 0, t_rows(dy)), div);

@@ -27,14 +27,6 @@ OpsGraph *ops_graph_end(void) { return CUDA_OR((OpsGraph *)cuda_graph_end(), (no
 bool ops_graph_run(OpsGraph *g) { return CUDA_OR(cuda_graph_run(g), ((void)g, no_graph(), false)); }
 void ops_graph_free(OpsGraph *g) { CUDA_OR(cuda_graph_free(g), (void)g); }
 
-void op_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs,
-                            float alpha, float limit) {
-    if (x.dev == DEV_CUDA && CUDA_OR(cuda_grouped_glu_forward(gu, act, x, rows, div, w, b, offs, alpha, limit), false))
-        return;
-    op_grouped_linear_forward(gu, x, rows, div, w, b, offs);
-    op_swiglu_forward(act, gu, alpha, limit);
-}
-
 // The ops of ops_list.h: each runs cuda_<name> or cpu_<name> by its device expression (OP_RETURN_<ret>: `return`
 // where the op returns a value); the OP_OWN ones are written out below.
 #define OP(ret, name, dev, params, args)                                                                               \

@@ -215,21 +215,15 @@ void op_fp8_weight_make(Fp8Weight fw, Tensor w);
 // it per step as an Fp8Weight); x and dy are quantised here. Forward: x 1 × 128. Input gradient: dy 1 × 128 against
 // the weight. Weight gradient (dw fp32 +=; grouped with accumulate false: written, an empty expert's zeroed): dense dy
 // 128 × 1 and x 128 × 128; grouped dy and x 128 × 1 within each expert. Shapes and offs as op_linear_* and
-// op_grouped_linear_* (no biases); rows.p (the grouped forward and weight gradient) gathers x as they do, row i of the
-// product x[rows[i] / div] — the forward quantises x's rows as they lie (a 1 × 128 block is one row's, whoever reads
-// it), the weight gradient the gathered rows. On the GPU the dense GEMMs run on the FP8 tensor cores (cuBLASLt) where T, N and K
+// op_grouped_linear_* (no biases); rows.p (the grouped forward and weight gradient, on the CPU) gathers x as they do,
+// row i of the product x[rows[i] / div] — the forward quantises x's rows as they lie (a 1 × 128 block is one row's,
+// whoever reads it), the weight gradient the gathered rows. On the GPU the dense GEMMs run on the FP8 tensor cores (cuBLASLt) where T, N and K
 // are multiples of 16, the experts' three (our wgmma E4M3 kernel) where N and K are multiples of 128; the others are
 // the compute dtype's GEMMs on the rounded values.
 // Whether a cached weight of these dims takes the FP8 tensor cores on dev — E ≥ 1: the experts' (E, N, K) on our wgmma
 // kernel; E = 0: a dense (N, K) on cuBLASLt (its tokens a multiple of 16) — by shape alone, so a machine without a GPU
 // can ask; false on the CPU.
 bool op_fp8_tensor_cores(Device dev, int64_t E, int64_t N, int64_t K);
-// The experts' gate_up product and its SwiGLU: op_grouped_linear_forward(gu, x, rows, div, w, b, offs), then
-// op_swiglu_forward(act, gu, alpha, limit), the same bits. On the GPU with PITH_GLU=fused one wgmma kernel does both
-// where it fits (bf16; [gate | up] with N a multiple of 256, or GPT-OSS's interleaved clamped form: its epilogue
-// writes act beside gu; cuda_wgmma.cu).
-void op_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs,
-                            float alpha, float limit);
 void op_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 void op_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);

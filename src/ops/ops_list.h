@@ -28,6 +28,7 @@ OP(void, linear_bias_backward, dy.dev, (Tensor db, Tensor dy, Tensor offs, bool 
 // it back: cuda_gemm.cu).
 // x gathered (forward and weight gradient; rows.p NULL: not): row i of x_e is x[rows[i] / div], rows (≥ R) int32 on
 // the ops' device — the experts' input read in place (the one-rank dispatch's op_gather_rows made part of the product).
+// The CPU's only: the GPU takes x's rows already gathered, and rows.p there ends the run.
 // y: (R, N) = x_e: (R_e, K) · w_e: (N, K)ᵀ [+ b_e], w: (E, N, K), b: (E, N) or p == NULL; empty experts are allowed.
 OP(void, grouped_linear_forward, x.dev, (Tensor y, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs),
    (y, x, rows, div, w, b, offs))

@@ -522,7 +522,12 @@ void cuda_linear_bias_backward(Tensor db, Tensor dy, Tensor offs, bool accumulat
     OP(linear_bias_backward, &db, &dy, &offs);
     cpu_linear_bias_backward(db, dy, offs, accumulate);
 }
+// The GPU's grouped products take x's rows already gathered (cuda_check_no_rows); so do these.
+static void no_rows(Tensor rows, const char *what) {
+    if (rows.p) die("%s: the GPU takes x's rows already gathered (op_gather_rows first), not rows to gather", what);
+}
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs) {
+    no_rows(rows, "grouped_linear_forward");
     OP(grouped_linear_forward, &y, &x, &rows, &w, &b, &offs);
     cpu_grouped_linear_forward(y, x, rows, div, w, b, offs);
 }
@@ -532,6 +537,7 @@ void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, Tensor o
 }
 void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs,
                                          bool accumulate) {
+    no_rows(rows, "grouped_linear_backward_weight");
     OP(grouped_linear_backward_weight, &dw, &db, &dy, &x, &rows, &offs);
     cpu_grouped_linear_backward_weight(dw, db, dy, x, rows, div, offs, accumulate);
 }
@@ -573,18 +579,14 @@ void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
 }
 // No FP8 tensor cores here: the dense and expert FP8 GEMMs take the rounded-operand path.
 bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) { return false; }
-bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs,
-                              float alpha, float limit) {
-    return false; // the product, then the SwiGLU op
-}
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) { return false; }
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) { return false; }
-bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, int div, Fp8Weight w8, Tensor offs, bool input_grad) {
-    return false;
+bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, Fp8Weight w8, Tensor offs, bool input_grad) {
+    return no_rows(rows, "fp8_grouped_linear"), false;
 }
-bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs,
+bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, Tensor offs,
                                              bool accumulate) {
-    return false;
+    return no_rows(rows, "fp8_grouped_linear_backward_weight"), false;
 }
 int64_t cuda_fp8_tensor_core_gemms(void) { return 0; }
 bool cuda_fp8_dense_fit(int64_t N, int64_t K) { return false; }

@@ -82,9 +82,8 @@ const int64_t *cuda_offsets_host(Tensor offs, int64_t E) {
     return (const int64_t *)c->host_small;
 }
 
-void cuda_check_rows(Tensor rows, int div, int64_t R, const char *what) {
-    if (rows.dev != DEV_CUDA || rows.dt != DT_I32 || tensor_numel(rows) < R || div < 1)
-        die("%s: the gathered rows must be (>= %lld) int32 on the GPU, div >= 1", what, (long long)R);
+void cuda_check_no_rows(Tensor rows, const char *what) {
+    if (rows.p) die("%s: the GPU takes x's rows already gathered (op_gather_rows first), not rows to gather", what);
 }
 
 // Grid (chunks, E): the blocks of expert e zero dw_e (nk a multiple of 4) when e has no rows, else return at once.

@@ -125,8 +125,9 @@ void cuda_host_wait(cudaStream_t s);
 // one path that needs host values: cuBLASLt's per-expert products (cuda_gemm.cu). The array lives in the pinned
 // read-back buffer until the next read-back.
 const int64_t *cuda_offsets_host(Tensor offs, int64_t E);
-// Dies unless rows (a gathering op's, R rows read through x[rows[i] / div]) is at least R int32 on the GPU, div ≥ 1.
-void cuda_check_rows(Tensor rows, int div, int64_t R, const char *what);
+// Dies when rows.p: the expert GEMMs on the GPU take x's rows already gathered (op_gather_rows), where the CPU's take
+// the rows to gather (ops_list.h).
+void cuda_check_no_rows(Tensor rows, const char *what);
 // The device pointer of a grouped op's offsets, checked: (E + 1) int64 on the GPU.
 static inline const int64_t *offsets_device(Tensor offs, int64_t E, const char *what) {
     if (offs.dev != DEV_CUDA || offs.dt != DT_I64 || tensor_numel(offs) != E + 1)
@@ -138,23 +139,13 @@ static inline const int64_t *offsets_device(Tensor offs, int64_t E, const char *
 void zero_empty_experts(void *dw, const int64_t *offs, int64_t E, int64_t bytes);
 // The expert products (kinds): forward y = x_e·w_eᵀ, input gradient dx = dy_e·w_e, weight gradient dw_e (+)= dy_eᵀ·x_e.
 enum { WG_FORWARD, WG_INPUT_GRAD, WG_WEIGHT_GRAD };
-// What a forward's epilogue adds to its product (wgmma_grouped): a per-expert bias (bias.p: (E, N) bf16, y_e += b_e
-// as the product then op_linear_bias_forward store it), and SwiGLU (act.p: (R, N/2) bf16 = op_swiglu_forward(act, y,
-// alpha, limit) of the stored y: limit > 0 GPT-OSS's interleaved clamped form, else [gate | up] with N a multiple of
-// 256).
-typedef struct {
-    Tensor bias, act;
-    float alpha, limit;
-} WgEpi;
 // One on the wgmma kernels (cuda_wgmma.cu): out y or dx (R, ·), a x or dy (R, ·), b w (E, N, K); or for the weight
-// gradient out dw (E, N, K) fp32, a dy, b x (accumulate false: written, the empty experts' zeroed). rows.p (forward
-// and weight gradient): x is gathered, row i of the product's being x[rows[i] / div] (rows int32 on the GPU). ep (the
-// forward; NULL: none): its epilogue's extras. False when they do not fit, and the caller runs another path;
-// wgmma_grouped_calls counts those that ran (what 0), those that gathered x (1), those with SwiGLU (2) and those adding
-// a bias (3).
-bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows, int div,
-                   const WgEpi *ep);
-int64_t wgmma_grouped_calls(int what);
+// gradient out dw (E, N, K) fp32, a dy, b x (accumulate false: written, the empty experts' zeroed). bias.p (the
+// forward; NULL: none): a per-expert bias (E, N) bf16 its epilogue adds, y_e += b_e as the product then
+// op_linear_bias_forward store it. False when they do not fit, and the caller runs another path; wgmma_grouped_calls
+// counts those that ran (bias false) or those that added a bias (true).
+bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor bias);
+int64_t wgmma_grouped_calls(bool bias);
 // cuBLASLt's block-scaled E4M3 product (cuda_gemm.cu), column-major D (m × n, ldd m) = op_T(A)·op_N(B) + beta·D: A codes
 // (k × m, lda k) with BLK128x128 scales sa, B codes (k × n, ldb k) with VEC128 scales sb (cuda_fp8.cu has the layouts),
 // D of dtype ddt (fp32 or bf16). False when cuBLASLt has no algorithm.
@@ -248,28 +239,6 @@ __device__ __forceinline__ float silu_grad_f(float z) { // d/dz of z·σ(z)
     float s = sigmoid_f(z);
     return s * (1.0f + z * (1.0f - s));
 }
-// SwiGLU's arithmetic per output (cuda_norm.cu's kernels, cuda_wgmma.cu's fused epilogue): plain, or with CLAMP
-// GPT-OSS's clamped form.
-template <bool CLAMP> struct Swiglu {
-    float alpha, limit;
-    __device__ __forceinline__ float forward(float g, float u) const {
-        if (!CLAMP) return g * sigmoid_f(g) * u;
-        float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
-        return (uc + 1.0f) * gc / (1.0f + __expf(-alpha * gc));
-    }
-    __device__ __forceinline__ void backward(float g, float u, float da, float *dg, float *du) const {
-        if (!CLAMP) {
-            float sg = sigmoid_f(g);
-            *dg = da * u * sg * (1.0f + g * (1.0f - sg));
-            *du = da * g * sg;
-            return;
-        }
-        float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit), s = 1.0f / (1.0f + __expf(-alpha * gc));
-        *dg = g <= limit ? da * (uc + 1.0f) * s * (1.0f + alpha * gc * (1.0f - s)) : 0.0f;
-        *du = u >= -limit && u <= limit ? da * gc * s : 0.0f;
-    }
-};
-
 // for (i …) over 0..n − 1, a grid-stride loop.
 #define GRID_STRIDE(i, n)                                                                                              \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)

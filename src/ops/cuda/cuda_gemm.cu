@@ -366,21 +366,11 @@ void cuda_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, bool
 // PITH_GROUPED_KERNEL=loop) one cuBLASLt product per expert, dealt to the side streams in turn, whose shapes need the
 // offsets on the host: read back (cuda_offsets_host, a wait). Read on every call, so a test or benchmark can switch
 // it in-process.
-static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, Tensor offs, bool accumulate, Tensor rows, int div,
-                          const WgEpi *ep, const char *what) {
+static bool grouped_wgmma(int kind, Tensor out, Tensor a, Tensor b, Tensor offs, bool accumulate, Tensor bias,
+                          const char *what) {
     const int64_t *o = offsets_device(offs, (kind == WG_WEIGHT_GRAD ? out : b).n[0], what);
     const char *e = getenv("PITH_GROUPED_KERNEL");
-    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate, rows, div, ep);
-}
-
-// x's R rows gathered (rows.p) into the op scratch for the paths that do not gather themselves, or x.
-static Tensor gathered(Tensor x, Tensor rows, int div, int64_t R, const char *what) {
-    if (!rows.p) return x;
-    cuda_check_rows(rows, div, R, what);
-    Tensor g =
-        tensor_make(cuda_scratch((size_t)R * t_cols(x) * dtype_size(x.dt) + 1), x.dt, DEV_CUDA, 2, R, t_cols(x), 1, 1);
-    if (R) cuda_gather_rows(g, x, tensor_rows(rows, 0, R), div);
-    return g;
+    return !(e && !strcmp(e, "loop")) && wgmma_grouped(kind, out, a, b, o, accumulate, bias);
 }
 
 // The forward and the input gradient are one product with different operand roles (w: (E, N, K)):
@@ -388,20 +378,16 @@ static Tensor gathered(Tensor x, Tensor rows, int div, int64_t R, const char *wh
 //   input gradient  out dx (R, K) = in dy (R, N) · w_e   col-major dx_e (K×M_e) = op_N(w_e: K×N) · op_N(dy_e: N×M_e)
 // So with C = out's columns and D = in's columns, out_e (C×M_e) = op(w_e) (lda K) · in_e (D×M_e), op = T for
 // the forward.
-// rows.p (the forward): in is gathered (ops_list.h). bias.p (the forward): the wgmma kernels may add it in their
-// epilogue; true when they did (else the caller adds it).
-static bool grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor rows, int div, Tensor w, Tensor bias,
-                                 Tensor offs_t, const char *what) {
+// bias.p (the forward): the wgmma kernels may add it in their epilogue; true when they did (else the caller adds it).
+static bool grouped_rows_product(bool input_grad, Tensor out, Tensor in, Tensor w, Tensor bias, Tensor offs_t,
+                                 const char *what) {
     int64_t E = w.n[0], N = w.n[1], K = w.n[2], C = input_grad ? K : N, D = input_grad ? N : K;
     CHECK(t_cols(in) == D && t_cols(out) == C);
     if (in.dt != w.dt)
         die("%s: %s %s and w %s must share a dtype", what, input_grad ? "dy" : "x", dtype_name(in.dt),
             dtype_name(w.dt));
-    WgEpi ep = {bias};
-    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, rows, div,
-                      bias.p ? &ep : NULL, what))
+    if (grouped_wgmma(input_grad ? WG_INPUT_GRAD : WG_FORWARD, out, in, w, offs_t, false, bias, what))
         return bias.p != NULL;
-    in = gathered(in, rows, div, t_rows(out), what);
     const int64_t *offs = cuda_offsets_host(offs_t, E);
     CHECK(offs[E] <= t_rows(in));
     size_t is = dtype_size(in.dt), os = dtype_size(out.dt);
@@ -443,34 +429,22 @@ __global__ void grouped_bias_backward_kernel(TD *db, const T *dy, const int64_t 
 extern "C" {
 
 int64_t cuda_grouped_calls(const char *path) {
-    return !strcmp(path, "wgmma")       ? wgmma_grouped_calls(0)
-           : !strcmp(path, "gather")    ? wgmma_grouped_calls(1)
-           : !strcmp(path, "glu")       ? wgmma_grouped_calls(2)
-           : !strcmp(path, "bias")      ? wgmma_grouped_calls(3)
+    return !strcmp(path, "wgmma")       ? wgmma_grouped_calls(false)
+           : !strcmp(path, "bias")      ? wgmma_grouped_calls(true)
            : !strcmp(path, "heuristic") ? gemm_queries
                                         : 0;
 }
 
 void cuda_gemm_cache_clear(void) { memset(gemm_cache, 0, sizeof gemm_cache); }
 
-// The experts' gate_up product with SwiGLU fused (ops.h): the wgmma kernels' GLU epilogue (the bias in it too), with
-// PITH_GLU=fused.
-bool cuda_grouped_glu_forward(Tensor gu, Tensor act, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs,
-                              float alpha, float limit) {
-    const char *e = getenv("PITH_GLU");
-    if (!e || strcmp(e, "fused") || x.dt != DT_BF16 || w.dt != DT_BF16) return false;
-    if (rows.p) cuda_check_rows(rows, div, t_rows(gu), "grouped_glu_forward");
-    WgEpi ep = {b, act, alpha, limit};
-    return grouped_wgmma(WG_FORWARD, gu, x, w, offs, false, rows, div, &ep, "grouped_glu_forward");
-}
-
-// Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)).
+// Grouped: rows offs[e]..offs[e+1] of x/y belong to expert e (w: (E, N, K)); x's rows come gathered (rows.p NULL).
 // The bias goes into the wgmma kernels' epilogue (the same bits), else its own kernel.
 void cuda_grouped_linear_forward(Tensor y, Tensor x, Tensor rows, int div, Tensor w, Tensor b, Tensor offs) {
     int64_t E = w.n[0], N = w.n[1];
+    cuda_check_no_rows(rows, "grouped_linear_forward");
     if (b.p && tensor_numel(b) != E * N)
         die("grouped_linear_forward: bias must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
-    if (!grouped_rows_product(false, y, x, rows, div, w, b, offs, "grouped_linear_forward") && b.p)
+    if (!grouped_rows_product(false, y, x, w, b, offs, "grouped_linear_forward") && b.p)
         cuda_linear_bias_forward(y, b, offs);
 }
 
@@ -518,13 +492,14 @@ void cuda_linear_bias_backward(Tensor db, Tensor dy, Tensor offs, bool accumulat
 }
 
 void cuda_grouped_linear_backward_input(Tensor dx, Tensor dy, Tensor w, Tensor offs) {
-    grouped_rows_product(true, dx, dy, Tensor{}, 0, w, Tensor{}, offs, "grouped_linear_backward_input");
+    grouped_rows_product(true, dx, dy, w, Tensor{}, offs, "grouped_linear_backward_input");
 }
 
 void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs,
                                          bool accumulate) {
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2];
     CHECK(t_cols(x) == K && t_cols(dy) == N);
+    cuda_check_no_rows(rows, "grouped_linear_backward_weight");
     if (db.p && E > 0) { // first: the weight paths below return early
         if (tensor_numel(db) != E * N)
             die("grouped_linear_backward_weight: db must be (E, N) = (%lld, %lld)", (long long)E, (long long)N);
@@ -534,7 +509,6 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
         die("grouped_linear_backward_weight: dy %s and x %s must share a dtype", dtype_name(dy.dt), dtype_name(x.dt));
     if (dw.dt != DT_F32 && dw.dt != DT_BF16)
         die("grouped_linear_backward_weight: dw is %s (fp32 or bf16)", dtype_name(dw.dt));
-    if (x.dt != DT_BF16) x = gathered(x, rows, div, t_rows(dy), "grouped_linear_backward_weight"), rows = Tensor{};
     if (dw.dt == DT_BF16 && x.dt == DT_F32) { // fp32 operands: each expert's fp32 sums, as many rows of dw_e at a time
         // as the conversion pool holds, then added to dw_e (one rounding)
         if (!accumulate) cuda_zero(dw);
@@ -555,9 +529,7 @@ void cuda_grouped_linear_backward_weight(Tensor dw, Tensor db, Tensor dy, Tensor
     }
     // bf16 dw (gradient_dtype): the wgmma kernel and cuBLASLt sum in fp32 and add D in fp32, one rounding
     size_t s = dtype_size(x.dt), os = dtype_size(dw.dt);
-    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, rows, div, NULL, "grouped_linear_backward_weight"))
-        return;
-    x = gathered(x, rows, div, t_rows(dy), "grouped_linear_backward_weight");
+    if (grouped_wgmma(WG_WEIGHT_GRAD, dw, dy, x, offs, accumulate, Tensor{}, "grouped_linear_backward_weight")) return;
     if (!accumulate) cuda_zero(dw); // the products below add
     const int64_t *o = cuda_offsets_host(offs, E);
     int ns = side_fork(); // col-major dw_e (K×N) += op_N(x_e: K×M_e) · op_T(dy_e: N×M_e); empty: nothing

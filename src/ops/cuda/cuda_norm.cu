@@ -527,6 +527,27 @@ __global__ void __launch_bounds__(norm_dw_threads(8, 1))
     slot_sums_out<8, 1, NT>(part, sum, red, lpr, D);
 }
 
+// SwiGLU's arithmetic per output: plain, or with CLAMP GPT-OSS's clamped form.
+template <bool CLAMP> struct Swiglu {
+    float alpha, limit;
+    __device__ __forceinline__ float forward(float g, float u) const {
+        if (!CLAMP) return g * sigmoid_f(g) * u;
+        float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit);
+        return (uc + 1.0f) * gc / (1.0f + __expf(-alpha * gc));
+    }
+    __device__ __forceinline__ void backward(float g, float u, float da, float *dg, float *du) const {
+        if (!CLAMP) {
+            float sg = sigmoid_f(g);
+            *dg = da * u * sg * (1.0f + g * (1.0f - sg));
+            *du = da * g * sg;
+            return;
+        }
+        float gc = fminf(g, limit), uc = fminf(fmaxf(u, -limit), limit), s = 1.0f / (1.0f + __expf(-alpha * gc));
+        *dg = g <= limit ? da * (uc + 1.0f) * s * (1.0f + alpha * gc * (1.0f - s)) : 0.0f;
+        *du = u >= -limit && u <= limit ? da * gc * s : 0.0f;
+    }
+};
+
 // Gate and up of V consecutive outputs from output o (row r, column i): [gate | up] halves, or interleaved pairs.
 template <int V, bool CLAMP, typename T>
 __device__ __forceinline__ void swiglu_ld(const T *gu, int64_t o, int64_t r, int64_t i, int64_t I, float (&g)[V],

@@ -37,7 +37,6 @@
 // those products: 1/15 of them at 2880 on 256-wide tiles, which still beat 128-wide ones (wgmma_grouped's choice).
 // The weight gradient sums over rows, so in an expert's last partial block the consumers zero the rows past the
 // expert in shared memory before the products read them.
-#include "ops/cuda/cuda_mma.cuh"
 #include "ops/cuda/cuda_wgmma.cuh"
 
 #define WG_BK 64
@@ -70,73 +69,31 @@ static __device__ __forceinline__ void wgmma_128(float *d, uint64_t da, uint64_t
                  : "l"(da), "l"(db), "r"(acc), "n"(TA), "n"(TB));
 }
 
-// The producer's TMA loads of reduction block kb of tile ti into stage (sa: 2 A boxes, sb: BN/64 B boxes); G: the x
-// operand is gathered (gather_block), not loaded here; HALVES: the B rows are the tile's gate and up rows (tile_col).
-template <int KIND, int BN, bool G, bool HALVES>
+// The producer's TMA loads of reduction block kb of tile ti into stage (sa: 2 A boxes, sb: BN/64 B boxes).
+template <int KIND, int BN>
 static __device__ __forceinline__ void load_block(const CUtensorMap *ma, const CUtensorMap *mb, const WgTable &gt,
                                                   const Tile &ti, int kb, uint32_t sa, uint32_t sb, uint32_t bar) {
     int k = kb * WG_BK;
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         if (KIND == WG_WEIGHT_GRAD) tma_box(sa + i * WG_BOX, ma, bar, ti.row + 64 * i, ti.r0 + k); // dy cols, rows
-        else if (!G) tma_box(sa + i * WG_BOX, ma, bar, k, ti.row + 64 * i);                        // x or dy rows
+        else tma_box(sa + i * WG_BOX, ma, bar, k, ti.row + 64 * i);                                // x or dy rows
     }
 #pragma unroll
     for (int c = 0; c < BN / 64; c++) {
-        if (KIND == WG_FORWARD) tma_box(sb + c * WG_BOX, mb, bar, k, ti.e * gt.N + tile_col<HALVES>(gt, ti.col, c));
+        if (KIND == WG_FORWARD) tma_box(sb + c * WG_BOX, mb, bar, k, ti.e * gt.N + ti.col + 64 * c); // w_e rows n
         else if (KIND == WG_INPUT_GRAD) tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.e * gt.N + k);
-        else if (!G) tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.r0 + k); // x rows of the expert
-    }
-}
-
-// The token of gathered row i (clamped to the last: rows past it are never stored, or are zeroed, like the TMA's).
-static __device__ __forceinline__ int gather_token(const WgTable &gt, int i) {
-    return __ldg(&gt.grows[i < gt.gR ? i : gt.gR - 1]) / gt.gdiv;
-}
-
-// The gathered x operand of reduction block kb by the producer warpgroup's 128 threads, 16-byte cp.async copies into
-// the 128-byte swizzle the TMA would write (swz), eight lanes a 128-byte row so that each row is read whole. Forward:
-// A's 128 rows × 64 columns at kb·64, warp w the rows 32w..32w+31, lane l holding row 32w + l's token (tok, read once
-// a tile); weight gradient: B's 64 rows (block kb of the expert's) × BN columns at ti.col, warp w the rows
-// 16w..16w+15, lane l holding row 16w + l % 16's token; columns past K read zeros.
-template <int KIND, int BN>
-static __device__ __forceinline__ void gather_block(const WgTable &gt, const Tile &ti, int kb, int tok, uint32_t dst) {
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % 8;
-    const bf16 *x = (const bf16 *)gt.gx;
-    if (KIND == WG_FORWARD) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int rr = 4 * j + lane / 8, row = 32 * warp + rr, t = __shfl_sync(0xffffffffu, tok, rr);
-            cp_async16(swz(dst + row / 64 * WG_BOX, row % 64, 16 * c), x + (int64_t)t * gt.K + kb * WG_BK + 8 * c,
-                       true);
-        }
-    } else {
-#pragma unroll
-        for (int b = 0; b < BN / 64; b++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int rr = 4 * j + lane / 8, row = 16 * warp + rr, t = __shfl_sync(0xffffffffu, tok, rr);
-                int col = ti.col + 64 * b + 8 * c;
-                cp_async16(swz(dst + b * WG_BOX, row, 16 * c), col < gt.K ? x + (int64_t)t * gt.K + col : x,
-                           col < gt.K);
-            }
+        else tma_box(sb + c * WG_BOX, mb, bar, ti.col + 64 * c, ti.r0 + k); // x rows of the expert
     }
 }
 
 // grid: min(wg_table_build's bound, SMs) CTAs of 384 threads; WG_SMEM + 1 KB bytes of dynamic shared memory.
-// ma, mb: the operands' maps (64 × 64 bf16 boxes); mo: the output's (bf16 64 × 64, or fp32 32 × 64 boxes). G: the x
-// operand (forward A, weight-gradient B) is gathered by row index (gt.gx, gather_block): the whole producer warpgroup
-// copies it, each thread's copies arriving on the stage's full barrier as they land (cp.async.mbarrier.arrive.noinc:
-// 128 arrivals besides thread 0's for the TMA bytes), and the consumers fence the generic proxy's writes from the
-// async proxy's (wgmma's) reads after their wait. GLU: the forward with SwiGLU fused, 1 on [gate | up] (tile_col), 2
-// on GPT-OSS's interleaved pairs, clamped (gt.alpha, gt.limit); the epilogue writes act through mact as well as gu
-// through mo.
-template <int KIND, int BN, typename TO, bool G, int GLU>
+// ma, mb: the operands' maps (64 × 64 bf16 boxes); mo: the output's (bf16 64 × 64, or fp32 32 × 64 boxes).
+template <int KIND, int BN, typename TO>
 __global__ void __launch_bounds__(384, 1)
     wgmma_grouped_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                          const __grid_constant__ CUtensorMap mo, void *out, const __grid_constant__ WgTable gt,
-                         int accumulate, const __grid_constant__ CUtensorMap mact, void *act) {
-    constexpr int TN = GLU == 1 ? 128 : BN; // the step between a row's tiles along the output (the gate columns)
+                         int accumulate) {
     typedef WgShape<KIND, BN, TO> S;
     constexpr int SA = S::SA, SB = S::SB, STAGES = S::STAGES;
     constexpr int TA = KIND == WG_WEIGHT_GRAD, TB = KIND != WG_FORWARD; // MN-major operands
@@ -144,32 +101,21 @@ __global__ void __launch_bounds__(384, 1)
     uint32_t base = (sh_addr(wg_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
     uint32_t epi0 = base + STAGES * (SA + SB), full = epi0 + 2 * S::EPI, empty = full + 8 * STAGES;
     int wg = threadIdx.x / 128, ntiles = gt.list->ntiles;
-    ring_init(full, empty, STAGES, G ? 129 : 1);
+    ring_init(full, empty, STAGES);
     if (wg == 0) { // producer
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (!G && threadIdx.x != 0) return;
-        int it = 0, tok = 0;
+        if (threadIdx.x != 0) return;
+        int it = 0;
         for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
-            Tile ti = tile_of<KIND, TN>(gt, t);
-            if (G && KIND == WG_FORWARD) tok = gather_token(gt, ti.row + threadIdx.x);
+            Tile ti = tile_of<KIND, BN>(gt, t);
             for (int kb = 0; kb < ti.nkb; kb++, it++) {
                 int s = it % STAGES;
-                if (G && KIND == WG_WEIGHT_GRAD)
-                    tok = gather_token(gt, ti.r0 + kb * WG_BK + threadIdx.x / 32 * 16 + threadIdx.x % 16);
                 mbar_wait(empty + 8 * s, (it / STAGES & 1) ^ 1);
+                mbar_expect(full + 8 * s, SA + SB);
                 uint32_t sa = base + s * (SA + SB);
-                if (threadIdx.x == 0) {
-                    mbar_expect(full + 8 * s, G ? (KIND == WG_FORWARD ? SB : SA) : SA + SB);
-                    load_block<KIND, BN, G, GLU == 1>(&ma, &mb, gt, ti, kb, sa, sa + SA, full + 8 * s);
-                }
-                if (G) {
-                    gather_block<KIND, BN>(gt, ti, kb, tok, KIND == WG_FORWARD ? sa : sa + SA);
-                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full + 8 * s)
-                                 : "memory");
-                }
+                load_block<KIND, BN>(&ma, &mb, gt, ti, kb, sa, sa + SA, full + 8 * s);
             }
         }
-        if (G) asm volatile("cp.async.wait_all;\n" ::: "memory"); // no copy outlives its thread
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -180,13 +126,12 @@ __global__ void __launch_bounds__(384, 1)
     bool bias = KIND == WG_FORWARD && gt.bias;
     int it = 0, eph = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
-        Tile ti = tile_of<KIND, TN>(gt, t);
-        if (bias) bias_pairs<BN, GLU == 1>(bb, gt, ti, lane);
+        Tile ti = tile_of<KIND, BN>(gt, t);
+        if (bias) bias_pairs<BN>(bb, gt, ti, lane);
         for (int kb = 0; kb < ti.nkb; kb++, it++) {
             int s = it % STAGES;
             uint32_t sa = base + s * (SA + SB), sb = sa + SA;
             mbar_wait(full + 8 * s, it / STAGES & 1);
-            if (G) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the gathered rows, for wgmma
             int valid = ti.m - kb * WG_BK; // weight gradient: rows of the expert in this block
             if (KIND == WG_WEIGHT_GRAD && valid < WG_BK) {
                 // zero rows valid..63 of A box g and of B boxes g, g + 2, …; then make the writes visible to
@@ -221,8 +166,8 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
         fence_regs<BN / 2>(d);
         if (lane == 0) mbar_arrive(empty + 8 * ((it - 1) % STAGES));
-        epilogue<KIND, BN, TO, GLU>(d, &mo, (TO *)out, gt, ti, g, tid, epi, accumulate, empty + 8 * (STAGES + g), &eph,
-                                    &mact, (bf16 *)act, bias, bb);
+        epilogue<KIND, BN, TO>(d, &mo, (TO *)out, gt, ti, g, tid, epi, accumulate, empty + 8 * (STAGES + g), &eph, bias,
+                               bb);
     }
     if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
@@ -307,80 +252,50 @@ int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, i
     return bound;
 }
 
-static int64_t wgmma_calls, wgmma_gathers, wgmma_glus, wgmma_biases; // run here; gathering x; with SwiGLU; bias
+static int64_t wgmma_calls, wgmma_biases; // products run here, and those adding a bias in their epilogue
 
 // One expert product (cuda_common.cuh). Not fitting: not a Hopper GPU, dtypes, N or K not multiples of 64, more than
-// 256 experts, unaligned pointers, sizes past int; an epilogue's extras (ep) where they do not fit the product.
-bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor rows, int div,
-                   const WgEpi *ep) {
-    bool wgrad = kind == WG_WEIGHT_GRAD, g = rows.p != NULL;
-    Tensor w = wgrad ? out : b, x = wgrad ? b : a; // w (E, N, K); x: the activations' operand (gathered when g)
+// 256 experts, unaligned pointers, sizes past int; a bias where it does not fit the product.
+bool wgmma_grouped(int kind, Tensor out, Tensor a, Tensor b, const int64_t *offs, bool accumulate, Tensor bias) {
+    bool wgrad = kind == WG_WEIGHT_GRAD;
+    Tensor w = wgrad ? out : b; // (E, N, K)
     int64_t E = w.n[0], N = w.n[1], K = w.n[2];
     bool w16 = wgrad && out.dt == DT_BF16; // (added in the epilogue: the stored value into the fp32 sum, one rounding)
     if (a.dt != DT_BF16 || b.dt != DT_BF16 || (out.dt != (wgrad ? DT_F32 : DT_BF16) && !w16)) return false;
     if (E < 1 || E > WG_MAX_E || N % WG_BK || K % WG_BK || E * N > 0x7fffffff || K > 0x7fffffff) return false;
     if (!aligned16(out.p, a.p, b.p)) return false;
-    int64_t R = g && !wgrad ? t_rows(out) : t_rows(a); // the product's rows (x's when it is not gathered)
-    if (R + 256 > 0x7fffffff || (wgrad && !g && t_rows(b) + 256 > 0x7fffffff)) return false;
-    if (g &&
-        (kind == WG_INPUT_GRAD || rows.dt != DT_I32 || tensor_numel(rows) < R || div < 1 || t_rows(x) > 0x7fffffff))
-        return false;
-    Tensor act = ep ? ep->act : Tensor{}, bias = ep ? ep->bias : Tensor{};
-    int glu = !act.p ? 0 : ep->limit > 0 ? 2 : 1; // the SwiGLU's layout: 1 [gate | up], 2 interleaved and clamped
-    if (glu && (kind != WG_FORWARD || (glu == 1 && N % 256) || N % 16 || act.dt != DT_BF16 || t_cols(act) != N / 2 ||
-                t_rows(act) != t_rows(out) || !aligned16(act.p)))
-        return false;
+    if (t_rows(a) + 256 > 0x7fffffff || (wgrad && t_rows(b) + 256 > 0x7fffffff)) return false;
     if (bias.p && (kind != WG_FORWARD || bias.dt != DT_BF16 || tensor_numel(bias) != E * N || (uintptr_t)bias.p % 4))
         return false;
     if (!wgmma_available()) return false;
     int64_t C = kind == WG_FORWARD ? N : K; // the output's columns
     // 256-wide tiles where they waste at most 1/12 of the products on columns past C (GPT-OSS's 2880: 1/15), 1/10 in
     // the weight gradient, whose short reduction makes a tile's fixed costs weigh more (DeepSeek's 1408: 1/11); the
-    // fp32 epilogue tiles of 256 would not fit. The SwiGLU epilogues take 256.
+    // fp32 epilogue tiles of 256 would not fit.
     int bn = (!wgrad || w16) && (C + 255) / 256 * 256 - C <= C / (wgrad ? 10 : 12) ? 256 : 128;
-    if (glu && bn != 256) return false;
     WgTable gt;
-    int64_t bound = wg_table_build(&gt, kind, E, N, K, bn, offs, R);
+    int64_t bound = wg_table_build(&gt, kind, E, N, K, bn, offs, t_rows(a));
     if (bound < 0) return false;
-    if (g) gt.gx = x.p, gt.grows = (const int32_t *)rows.p, gt.gdiv = div, gt.gR = (int)R;
     gt.bias = (const bf16 *)bias.p;
-    if (glu) gt.alpha = ep->alpha, gt.limit = ep->limit;
-    wgmma_calls++, wgmma_gathers += g, wgmma_glus += glu != 0, wgmma_biases += bias.p != NULL;
+    wgmma_calls++, wgmma_biases += bias.p != NULL;
     if (wgrad && !accumulate) zero_empty_experts(out.p, offs, E, N * K * dtype_size(out.dt)); // (no tiles)
     if (bound == 0) return true; // no rows: nothing (more) to write or add
-    CUtensorMap ma, mb, mo;      // a's (x or dy), b's (w, or x for the weight gradient), out's; a gathered x has none
-    if (!g || wgrad) wgmma_tensor_map(&ma, a.p, DT_BF16, t_rows(a), kind == WG_FORWARD ? K : N);
-    if (!g || !wgrad) wgmma_tensor_map(&mb, b.p, DT_BF16, wgrad ? t_rows(b) : E * N, K);
-    if (g && wgrad) mb = ma; // (a valid map in the gathered operand's place: the kernel never reads it)
-    else if (g) ma = mb;
+    CUtensorMap ma, mb, mo;      // a's (x or dy), b's (w, or x for the weight gradient), out's
+    wgmma_tensor_map(&ma, a.p, DT_BF16, t_rows(a), kind == WG_FORWARD ? K : N);
+    wgmma_tensor_map(&mb, b.p, DT_BF16, wgrad ? t_rows(b) : E * N, K);
     wgmma_tensor_map(&mo, out.p, out.dt, wgrad ? E * N : t_rows(out), C);
-    CUtensorMap mact = mo; // (a valid map where no act is written)
-    if (glu) wgmma_tensor_map(&mact, act.p, DT_BF16, t_rows(act), N / 2);
-    // wg_launch's flag per kernel (gathered; kind, 3: the bf16 weight gradient, 4 and 5: the forward with SwiGLU; bn)
-    static bool attr[2][6][2];
+    static bool attr[4][2]; // wg_launch's flag per kernel (kind, or 3: the bf16 weight gradient; bn)
     auto run = [&](auto kernel) {
-        int k = glu ? 3 + glu : w16 ? 3 : kind;
-        wg_launch(kernel, &attr[g][k][bn == 256], bound, ma, mb, mo, out.p, gt, (int)accumulate, mact, act.p);
+        wg_launch(kernel, &attr[w16 ? 3 : kind][bn == 256], bound, ma, mb, mo, out.p, gt, (int)accumulate);
     };
-    if (glu == 1 && g) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true, 1>);
-    else if (glu == 1) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false, 1>);
-    else if (glu == 2 && g) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true, 2>);
-    else if (glu == 2) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false, 2>);
-    else if (g && w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16, true, 0>);
-    else if (g && w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16, true, 0>);
-    else if (g && wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float, true, 0>);
-    else if (g && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, true, 0>);
-    else if (g) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16, true, 0>);
-    else if (w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16, false, 0>);
-    else if (w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16, false, 0>);
-    else if (wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float, false, 0>);
-    else if (kind == WG_FORWARD && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16, false, 0>);
-    else if (kind == WG_FORWARD) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16, false, 0>);
-    else if (bn == 256) run(wgmma_grouped_kernel<WG_INPUT_GRAD, 256, bf16, false, 0>);
-    else run(wgmma_grouped_kernel<WG_INPUT_GRAD, 128, bf16, false, 0>);
+    if (w16 && bn == 256) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 256, bf16>);
+    else if (w16) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, bf16>);
+    else if (wgrad) run(wgmma_grouped_kernel<WG_WEIGHT_GRAD, 128, float>);
+    else if (kind == WG_FORWARD && bn == 256) run(wgmma_grouped_kernel<WG_FORWARD, 256, bf16>);
+    else if (kind == WG_FORWARD) run(wgmma_grouped_kernel<WG_FORWARD, 128, bf16>);
+    else if (bn == 256) run(wgmma_grouped_kernel<WG_INPUT_GRAD, 256, bf16>);
+    else run(wgmma_grouped_kernel<WG_INPUT_GRAD, 128, bf16>);
     return true;
 }
 
-int64_t wgmma_grouped_calls(int what) {
-    return what == 3 ? wgmma_biases : what == 2 ? wgmma_glus : what ? wgmma_gathers : wgmma_calls;
-}
+int64_t wgmma_grouped_calls(bool bias) { return bias ? wgmma_biases : wgmma_calls; }

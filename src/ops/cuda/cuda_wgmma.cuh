@@ -95,17 +95,12 @@ typedef struct {
     int tiles[WG_MAX_E + 1];
     int ord[WG_MAX_E]; // the experts by rows, most first (stable)
 } WgList;
-// What a kernel gets by value: the list's address, the product's sizes and, where the kernel gathers its x operand
-// (cuda_wgmma.cu), the rows it reads: row i of x_e is gx[grows[min(i, gR − 1)] / gdiv] (gx NULL: no gather), and
-// the forward's per-expert bias (E, N) bf16 that its epilogue adds (NULL: none).
+// What a kernel gets by value: the list's address, the product's sizes and the forward's per-expert bias (E, N) bf16
+// that its epilogue adds (NULL: none).
 typedef struct {
     const WgList *list;
     int E, N, K, ntn; // ntn: tiles along the output's columns
-    const void *gx;
-    const int32_t *grows;
-    int gdiv, gR;
     const bf16 *bias;
-    float alpha, limit; // the clamped SwiGLU's (GLU 2)
 } WgTable;
 
 // One tile of the list.
@@ -133,13 +128,6 @@ template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile 
     return ti;
 }
 
-// Output column 64·b of a tile whose first is col0 (b: its b-th 64 columns): with HALVES (the forward with SwiGLU fused,
-// cuda_wgmma.cu: a 256-wide tile is 128 gate columns from col0 and the 128 up columns N/2 later, col0 stepping by
-// 128 over the gate half) the second half is the up columns.
-template <bool HALVES> static __device__ __forceinline__ int tile_col(const WgTable &gt, int col0, int b) {
-    return col0 + 64 * b + (HALVES && b >= 2 ? gt.N / 2 - 128 : 0);
-}
-
 // The tile list of one product (kind WG_*; bn: the tile's output columns; C: the output's columns, N in the forward,
 // K otherwise) from offs (E + 1 int64 on the device), built on the device into the small pool (cuda_wgmma.cu): the
 // experts ordered by rows, most first, and each one's tiles — forward and input gradient ⌈rows/128⌉ row tiles of its
@@ -148,13 +136,13 @@ template <bool HALVES> static __device__ __forceinline__ int tile_col(const WgTa
 // kernels: their CTAs stop at the list's count), or −1 when that bound passes int.
 int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, int bn, const int64_t *offs, int64_t R);
 
-// The stage ring of a producer/consumer CTA: stage s's "full" barrier at full + 8·s (the producer's `producers`
-// arrivals and its TMA bytes) and "empty" barrier at empty + 8·s (one arrival per consumer warp: 8), then consumer
-// warpgroup g's epilogue barrier at empty + 8·(stages + g) (its loads of a tile's output: epilogue); the whole CTA
-// waits until they are initialised.
-static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, int stages, int producers = 1) {
+// The stage ring of a producer/consumer CTA: stage s's "full" barrier at full + 8·s (the producer's one arrival and
+// its TMA bytes) and "empty" barrier at empty + 8·s (one arrival per consumer warp: 8), then consumer warpgroup g's
+// epilogue barrier at empty + 8·(stages + g) (its loads of a tile's output: epilogue); the whole CTA waits until they
+// are initialised.
+static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, int stages) {
     if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; s++) mbar_init(full + 8 * s, producers), mbar_init(empty + 8 * s, 8);
+        for (int s = 0; s < stages; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8);
         for (int g = 0; g < 2; g++) mbar_init(empty + 8 * (stages + g), 1); // the consumers' epilogue loads
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -192,12 +180,12 @@ static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, 
 #define WG_BOX 8192 // bytes of one TMA box: 64 rows of 128 bytes (64 bf16, 32 fp32 or 128 E4M3 values)
 
 // The bias pairs of a forward tile's columns (gt.bias), this thread's: bb[j·16 + q] the two of columns
-// j·128 + 8q + 2(lane % 4) and + 1 of the tile (tile_col), 0 past N; read at the tile's start, under its products.
-template <int BN, bool HALVES>
+// j·128 + 8q + 2(lane % 4) and + 1 of the tile, 0 past N; read at the tile's start, under its products.
+template <int BN>
 static __device__ __forceinline__ void bias_pairs(uint32_t *bb, const WgTable &gt, const Tile &ti, int lane) {
 #pragma unroll
     for (int i = 0; i < BN / 8; i++) {
-        int c = i * 8 + 2 * (lane % 4), col = tile_col<HALVES>(gt, ti.col, c / 64) + c % 64;
+        int c = i * 8 + 2 * (lane % 4), col = ti.col + c;
         bb[i] = col < gt.N ? __ldg((const unsigned *)(gt.bias + (int64_t)ti.e * gt.N + col)) : 0u;
     }
 }
@@ -211,12 +199,12 @@ static __device__ __forceinline__ float2 stored_pair(float a, float b, bool add,
     return __bfloat1622float2(__floats2bfloat162_rn(v.x + c.x, v.y + c.y));
 }
 
-// The warpgroup's finished epi tile (NB boxes of 64 rows × 128 bytes, ES-byte outputs) out, at output columns
-// tile_col<HALVES>(b) of its rows from row0: by the copy engine through the output's map mo (an fp32 add onto dw_e for
-// the weight gradient with accumulate, else a store) when every row is the tile's, else — a forward or input-gradient
-// tile whose rows pass the expert's end (they belong to the next expert) — by the threads into out (C columns), the
-// expert's rows only, 16 bytes a thread at a time.
-template <int KIND, int NB, int ES, bool HALVES>
+// The warpgroup's finished epi tile (NB boxes of 64 rows × 128 bytes, ES-byte outputs) out, at the tile's columns of
+// its rows from row0: by the copy engine through the output's map mo (an fp32 add onto dw_e for the weight gradient
+// with accumulate, else a store) when every row is the tile's, else — a forward or input-gradient tile whose rows pass
+// the expert's end (they belong to the next expert) — by the threads into out (C columns), the expert's rows only, 16
+// bytes a thread at a time.
+template <int KIND, int NB, int ES>
 static __device__ __forceinline__ void epi_out(const CUtensorMap *mo, void *out, int C, const WgTable &gt,
                                                const Tile &ti, int row0, int end, int tid, uint32_t epi,
                                                bool accumulate) {
@@ -226,7 +214,7 @@ static __device__ __forceinline__ void epi_out(const CUtensorMap *mo, void *out,
             int orow = KIND == WG_WEIGHT_GRAD ? ti.e * gt.N + row0 : row0; // dw's rows: expert e's from e·N
 #pragma unroll
             for (int b = 0; b < NB; b++) {
-                int col = HALVES ? tile_col<true>(gt, ti.col, b) : ti.col + b * COLS;
+                int col = ti.col + b * COLS;
                 if (KIND == WG_WEIGHT_GRAD && accumulate && ES == 4)
                     tma_store_box<true>(mo, epi + b * WG_BOX, col, orow);
                 else tma_store_box<false>(mo, epi + b * WG_BOX, col, orow);
@@ -238,7 +226,7 @@ static __device__ __forceinline__ void epi_out(const CUtensorMap *mo, void *out,
     constexpr int CH = NB * 8; // 16-byte chunks of a row
     for (int c = tid; c < 64 * CH; c += 128) {
         int r = c / CH, cc = c % CH;
-        int col = (HALVES ? tile_col<true>(gt, ti.col, cc / 8) : ti.col + cc / 8 * COLS) + cc % 8 * (16 / ES);
+        int col = ti.col + cc / 8 * COLS + cc % 8 * (16 / ES);
         if (row0 + r >= end) break; // (rows are in order: every later chunk of this thread is past the end too)
         if (col >= C) continue;
         uint4 v;
@@ -257,18 +245,12 @@ static __device__ __forceinline__ void epi_out(const CUtensorMap *mo, void *out,
 // rounding. A forward or input-gradient tile whose rows pass the expert's end is written by the warpgroup itself into
 // out, those rows left out (they belong to the next expert). tid: the thread's index in the warpgroup. The kernel ends
 // with bulk_wait<false>() in each warpgroup's thread 0.
-// GLU (the forward with SwiGLU fused; BN 256, bf16): after the gu tile has gone out as above, act (R, N/2) from its
-// stored values — the arithmetic of the SwiGLU op on the stored gu, so the same bits — goes out the same way through
-// epi (mact, act). GLU 1: d holds 128 gate columns then their 128 up columns (tile_col), act = silu(g)·u at the gate
-// columns; GLU 2 (GPT-OSS): each thread's column pairs (2c, 2c + 1) are (g, u), act column c = the clamped form.
 // With bias, bb holds the tile's bias pairs (bias_pairs), added to the forward's outputs as stored_pair does (indexed
 // by constants only, so that they stay in registers).
-template <int KIND, int BN, typename TO, int GLU = 0>
+template <int KIND, int BN, typename TO>
 static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMap *mo, TO *out, const WgTable &gt,
                                                 const Tile &ti, int g, int tid, uint32_t epi, bool accumulate,
-                                                uint32_t ebar, int *eph, const CUtensorMap *mact = NULL,
-                                                bf16 *act = NULL, bool bias = false, const uint32_t *bb = NULL) {
-    static_assert(!GLU || (KIND == WG_FORWARD && BN == 256 && sizeof(TO) == 2), "GLU: the bf16 forward, 256 wide");
+                                                uint32_t ebar, int *eph, bool bias = false, const uint32_t *bb = NULL) {
     constexpr int ES = (int)sizeof(TO), COLS = 128 / ES;                              // outputs per box row
     int warp = tid / 32, lane = tid % 32, row0 = ti.row + 64 * g, end = ti.r0 + ti.m; // first row; the expert's end
     if (KIND == WG_WEIGHT_GRAD && row0 >= gt.N) return; // the rows past dw_e's last (N a multiple of 64, not 128)
@@ -329,51 +311,7 @@ static __device__ __forceinline__ void epilogue(const float *d, const CUtensorMa
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copy engine reads what the threads wrote
     asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
     int C = KIND == WG_FORWARD ? gt.N : gt.K;
-    epi_out<KIND, BN / COLS, ES, GLU == 1>(mo, out, C, gt, ti, row0, end, tid, epi, accumulate);
-    if (!GLU) return;
-    // act: the warpgroup's 64 rows × 128 columns into epi's first two boxes once the copy engine has read them
-    if (tid == 0) bulk_wait<true>();
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
-    if (GLU == 2) {
-        Swiglu<true> f = {gt.alpha, gt.limit};
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int q = 0; q < 16; q++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) { // the pair at row r, tile columns j·128 + 8q + 2(lane % 4) and + 1
-                    float2 v = stored_pair(d[64 * j + 4 * q + 2 * h], d[64 * j + 4 * q + 2 * h + 1], bias,
-                                           bias ? bb[16 * j + q] : 0u);
-                    int r = 16 * warp + lane / 4 + 8 * h, c = 64 * j + 4 * q + lane % 4;
-                    __nv_bfloat16 a = __float2bfloat16_rn(f.forward(v.x, v.y));
-                    asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(swz(epi + c / 64 * WG_BOX, r, c % 64 * 2)),
-                                 "h"(__bfloat16_as_ushort(a))
-                                 : "memory");
-                }
-    }
-    Swiglu<false> f = {0, 0};
-    int b = lane / 8, r = 16 * warp + 8 * (b & 1) + lane % 8;
-#pragma unroll
-    for (int q = 0; GLU == 1 && q < 16; q += 2) {
-        int c = (q + b / 2) * 8;
-        uint32_t a = swz(epi + c / 64 * WG_BOX, r, c % 64 * 2), p[4];
-#pragma unroll
-        for (int m = 0; m < 4; m++) {
-            float2 gg = stored_pair(d[4 * q + 2 * m], d[4 * q + 2 * m + 1], bias, bias ? bb[q + m / 2] : 0u),
-                   uu = stored_pair(d[64 + 4 * q + 2 * m], d[64 + 4 * q + 2 * m + 1], bias,
-                                    bias ? bb[16 + q + m / 2] : 0u);
-            __nv_bfloat162 v = __floats2bfloat162_rn(f.forward(gg.x, uu.x), f.forward(gg.y, uu.y));
-            p[m] = *(uint32_t *)&v;
-        }
-        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(p[0]),
-                     "r"(p[1]), "r"(p[2]), "r"(p[3])
-                     : "memory");
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + g) : "memory");
-    Tile ta = ti; // act's columns: the gate columns' (GLU 1), half the pairs' (GLU 2)
-    if (GLU == 2) ta.col = ti.col / 2;
-    epi_out<KIND, 2, 2, false>(mact, act, gt.N / 2, gt, ta, row0, end, tid, epi, false);
+    epi_out<KIND, BN / COLS, ES>(mo, out, C, gt, ti, row0, end, tid, epi, accumulate);
 }
 
 // ---- host side (cuda_wgmma.cu) ----
