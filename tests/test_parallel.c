@@ -704,6 +704,43 @@ TEST(dist_no_host_sync_fake) {
     ASSERT_MSG(rc == 0 && strstr(out, "ok nosync-gpu"), "%s", out);
 }
 
+// A micro-batch's tokens, labels and document positions go to the device in stream order without the host waiting
+// (op_upload from pinned staging; the host waits only before it rewrites the staging, ops_uploads_wait). On a fake GPU,
+// which fails when an upload's source changes before that wait and counts a copy from host memory as a host wait,
+// one process with 4 micro-batches a step waits for nothing in its forwards and backwards (metrics fwdbwd_host_waits)
+// with masking off and on, and, with pp2's chunks reloading positions, gives one process's losses (1e-5: the fake's
+// ops add in the CPU's order, the pipeline's loss sum in another).
+TEST(dist_step_uploads_fake) {
+    const char *d = make_run_of(TINY_MOE_EP_OF(4));
+    char out[1 << 14], path[300];
+    snprintf(path, sizeof path, "%s/data.bin", d), token_file_short_documents(path, 20000, 64);
+    const struct {
+        const char *name, *run, *sets;
+    } runs[] = {{"cpu", PITH_BIN, ""},
+                {"gpu", "build-fake/pith", "--set device=cuda"},
+                {"cpu-docs", PITH_BIN, "--set document_masking=true"},
+                {"gpu-docs", "build-fake/pith", "--set device=cuda --set document_masking=true"},
+                {"gpu-docs-pp2", MPIRUN " 2 build-fake/pith",
+                 "--set device=cuda --set document_masking=true --set parallel.pipeline_parallel_size=2"}};
+    for (int i = 0; i < 5; i++) {
+        int rc = run_cmd(out, sizeof out,
+                         "%s train %s/train.json --set compute_dtype=fp32 --set max_steps=3 %s --set run_dir=%s/%s",
+                         runs[i].run, d, runs[i].sets, d, runs[i].name);
+        ASSERT_MSG(rc == 0, "%s: %s", runs[i].name, out);
+    }
+    for (int s = 1; s <= 3; s++)
+        for (int i = 1; i < 5; i++) {
+            char dir[300], ref[300];
+            snprintf(dir, sizeof dir, "%s/%s", d, runs[i].name),
+                snprintf(ref, sizeof ref, "%s/%s", d, runs[i < 2 ? 0 : 2].name);
+            double l = metric(dir, s, "loss"), r = metric(ref, s, "loss");
+            ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs one CPU process %.9g", runs[i].name, s, l, r);
+            if (i == 1 || i == 3) // (pp2 waits for its pipeline peers)
+                ASSERT_MSG(metric(dir, s, "fwdbwd_host_waits") == 0, "%s: step %d: the host waited %g times",
+                           runs[i].name, s, metric(dir, s, "fwdbwd_host_waits"));
+        }
+}
+
 TEST(dist_nccl_equivalence_fake) {
     const char *d = make_run();
     char out[1 << 16], ref[300], dir[300];

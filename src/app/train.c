@@ -233,7 +233,10 @@ static void log_step(TrainLog *lg, const Run *r, const StepStats *st, bool val, 
                       st->seconds, el,      eta_s,         st->fwdbwd_seconds,
                       peak,        gpu_peak};
     for (int k = 0; k < 10; k++) keys[n] = rest[k], vals[n++] = restv[k];
-    if (gpu) keys[n] = "fwdbwd_host_s", vals[n++] = st->fwdbwd_host; // host-bound where it comes to fwdbwd_s
+    if (gpu) { // host-bound where fwdbwd_host_s comes to fwdbwd_s; each host wait leaves the GPU without queued work
+        keys[n] = "fwdbwd_host_s", vals[n++] = st->fwdbwd_host;
+        keys[n] = "fwdbwd_host_waits", vals[n++] = (double)st->fwdbwd_waits;
+    }
     if (ep) { // expert capacity (docs/architecture.md, "Expert capacity")
         keys[n] = "ep_load", vals[n++] = st->ep_load;
         keys[n] = cfg->parallel.ep_drop_tokens ? "ep_dropped_rows" : "ep_over_rows", vals[n++] = st->ep_over;

@@ -21,6 +21,7 @@ void ops_sync(void) {
     if (ops_cuda_available()) CUDA_OR(cuda_sync(), (void)0);
 }
 void ops_copies_wait(void) { CUDA_OR(cuda_copies_wait(), (void)0); }
+void ops_uploads_wait(void) { CUDA_OR(cuda_uploads_wait(), (void)0); }
 int64_t ops_host_syncs(void) { return CUDA_OR(cuda_host_syncs(), 0); }
 void ops_graph_begin(void) { CUDA_OR(cuda_graph_begin(), no_graph()); }
 OpsGraph *ops_graph_end(void) { return CUDA_OR((OpsGraph *)cuda_graph_end(), (no_graph(), NULL)); }

@@ -17,6 +17,9 @@ size_t ops_cuda_pool_bytes(void);
 size_t ops_cuda_peak_bytes(void);
 void ops_sync(void);        // waits for queued GPU work (for timing); nothing on the CPU
 void ops_copies_wait(void); // waits for every op_copy_async issued (from any thread); nothing on the CPU
+// Waits until the GPU has made every op_upload issued so far (not the work queued after them), so their sources may
+// be written again; nothing on the CPU. Not a host sync of ops_host_syncs: the stream is not drained.
+void ops_uploads_wait(void);
 // How often the host has waited for the GPU so far (a stream synchronisation: every read-back of a value ends in one);
 // 0 on the CPU. A step's layers wait for nothing on one GPU: tests count these around them.
 int64_t ops_host_syncs(void);

@@ -174,6 +174,11 @@ OP(void, copy, dst.dev == DEV_CUDA ? DEV_CUDA : src.dev, (Tensor dst, Tensor src
 // the compute stream's work so far, so that compute goes on beside it (at the link's speed into pinned dst); dst holds
 // the data after ops_copies_wait, and nothing may write src before that. The CPU copies at once.
 OP(void, copy_async, src.dev, (Tensor dst, Tensor src), (dst, src))
+// dst = src (same dtype and size, dst on the device, src on the host) queued in stream order without waiting for it:
+// the copy runs when the GPU reaches it, so the host can queue the work that reads dst while earlier work still runs
+// (the trainer loads a micro-batch while the previous one computes). src must not change until ops_uploads_wait
+// (at the link's speed from pinned src). The CPU copies at once.
+OP(void, upload, dst.dev, (Tensor dst, Tensor src), (dst, src))
 // Column blocks on 2-D views (rows × the rest): dst[:, a + h·da : +n] (+)= src[:, b + h·db : +n] for h < reps,
 // converting dtype (fp32, bf16); da = 0 sums the reps source blocks into one, in order of h (the first written
 // unless accumulate); otherwise da ≥ n. Tensors have no strides, so the models split and join heads with it (its

@@ -280,7 +280,9 @@ static void set_positions(Chunk *c, int slot, const int32_t *docpos) {
     MicroBatch *mb = &c->rec[slot].mb;
     int32_t *pos = docpos ? NULL : xmalloc(mb->T * sizeof(int32_t));
     for (int t = 0; !docpos && t < mb->T; t++) pos[t] = model_position(c->m, c->S, t);
-    op_copy(mb->pos, tensor_make(docpos ? (void *)docpos : pos, DT_I32, DEV_CPU, 1, mb->T, 1, 1, 1));
+    Tensor h = tensor_make(docpos ? (void *)docpos : pos, DT_I32, DEV_CPU, 1, mb->T, 1, 1, 1);
+    if (docpos) op_upload(mb->pos, h); // (the caller's, chunk_upload)
+    else op_copy(mb->pos, h);
     mb->docs = docpos != NULL;
     free(pos);
 }
@@ -343,11 +345,16 @@ void chunk_load(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels
     chunk_load_docs(c, slot, tokens, labels, NULL);
 }
 
-void chunk_load_docs(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels, const int32_t *docpos) {
+void chunk_upload(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels, const int32_t *docpos) {
     MicroBatch *mb = &c->rec[slot].mb;
-    op_copy(mb->tokens, tensor_make((void *)tokens, DT_I32, DEV_CPU, 1, mb->T, 1, 1, 1));
-    op_copy(mb->labels, tensor_make((void *)labels, DT_I32, DEV_CPU, 1, mb->T, 1, 1, 1));
+    op_upload(mb->tokens, tensor_make((void *)tokens, DT_I32, DEV_CPU, 1, mb->T, 1, 1, 1));
+    op_upload(mb->labels, tensor_make((void *)labels, DT_I32, DEV_CPU, 1, mb->T, 1, 1, 1));
     if (docpos || mb->docs) set_positions(c, slot, docpos); // off after on: chunk_init's positions back
+}
+
+void chunk_load_docs(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels, const int32_t *docpos) {
+    chunk_upload(c, slot, tokens, labels, docpos);
+    ops_uploads_wait();
 }
 
 Tensor chunk_input(const Chunk *c, int slot) { return c->rec[slot].h[c->l0]; }

@@ -107,6 +107,9 @@ void chunk_load(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels
 // chunk_load with document masking: docpos (B·S) host int32, each token's position inside its document (the
 // micro-batch's positions, MicroBatch.docs on); NULL: off, the positions of chunk_init (model_position).
 void chunk_load_docs(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels, const int32_t *docpos);
+// chunk_load_docs without waiting for the copies (op_upload): the host arrays must stay unchanged until
+// ops_uploads_wait, and the host can queue the micro-batch's work while the GPU still runs earlier work.
+void chunk_upload(Chunk *c, int slot, const int32_t *tokens, const int32_t *labels, const int32_t *docpos);
 Tensor chunk_input(const Chunk *c, int slot);  // (T, H) h[l0]
 Tensor chunk_output(const Chunk *c, int slot); // (T, H) h[l1]
 Tensor chunk_input_grad(const Chunk *c);       // (T, H) after chunk_backward

@@ -297,8 +297,10 @@ void run_setup(Run *r, const TrainConfig *cfg, bool open_data) {
         fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
     }
     int T = c->micro_batch_size * c->sequence_length;
-    r->tokens = xmalloc(T * sizeof(int32_t)), r->labels = xmalloc(T * sizeof(int32_t));
-    r->docpos = c->document_masking ? xmalloc(T * sizeof(int32_t)) : NULL;
+    r->staging = host_arena("micro-batch staging", m->dev, 3 * (T * sizeof(int32_t) + ARENA_ALIGN));
+    r->tokens = arena_tensor(&r->staging, DT_I32, 1, T, 0, 0, 0).p,
+    r->labels = arena_tensor(&r->staging, DT_I32, 1, T, 0, 0, 0).p;
+    r->docpos = c->document_masking ? arena_tensor(&r->staging, DT_I32, 1, T, 0, 0, 0).p : NULL;
     if (open_data) dataset_open_config(&r->data, c, mc->vocab);
     if (open_data && c->validation.batches) {
         // Validation reads the first `batches` global batches of its data in file order, the same every time.
@@ -342,11 +344,11 @@ void run_free(Run *r) {
     if (r->ring.cp) ring_free(&r->ring);
     free(r->router_bias), free(r->router_load), step_sums_free(&r->sums);
     host_arena_free(&r->offload, r->state.dev), host_arena_free(&r->snapshot, r->state.dev);
+    host_arena_free(&r->staging, r->model.dev);
     if (r->state.cap) arena_destroy(&r->state);
     model_free(&r->model);
     if (r->data.files) dataset_close(&r->data);
     if (r->val.files) dataset_close(&r->val);
-    free(r->tokens), free(r->labels), free(r->docpos);
     dist_mesh_free(&r->dist);
 }
 
@@ -359,6 +361,7 @@ static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc, Chun
     const Dist *d = &r->dist;
     int mbs = cf->micro_batch_size, S = cf->sequence_length, D = d->dp * d->ep, q = d->dp_g.rank * d->ep + d->ep_g.rank;
     int64_t targets = 0;
+    ops_uploads_wait(); // the previous micro-batch's copies made: its host arrays are free
     for (int b = 0; b < mbs; b++) {
         int64_t index = batch * cf->global_batch_size + (int64_t)q * mbs + (int64_t)acc * mbs * D + b;
         dataset_sample_docs(ds, index, r->tokens + b * S, r->labels + b * S, r->docpos ? r->docpos + b * S : NULL);
@@ -366,7 +369,7 @@ static int64_t load_microbatch(Run *r, Dataset *ds, int64_t batch, int acc, Chun
     dataset_zigzag(r->tokens, mbs, S, d->cp, d->cp_g.rank), dataset_zigzag(r->labels, mbs, S, d->cp, d->cp_g.rank);
     if (r->docpos) dataset_zigzag(r->docpos, mbs, S, d->cp, d->cp_g.rank);
     for (int t = 0; t < mbs * (S / d->cp); t++) targets += r->labels[t] != -100;
-    chunk_load_docs(c, slot, r->tokens, r->labels, r->docpos);
+    chunk_upload(c, slot, r->tokens, r->labels, r->docpos);
     return targets;
 }
 
@@ -570,11 +573,15 @@ StepStats run_step(Run *r) {
     step_sums_begin(&r->sums, m);
     for (int p = 0; p < 2; p++) r->chunk[p].ep_over = 0, r->chunk[p].ep_rows_peak = 0;
     int recorded = r->recorded;
+    int64_t waits = ops_host_syncs();
     Sums sums = {.targets = (double)run_microbatches(r, &r->data, r->step, true)};
     double issued = now_seconds() - t0;
+    waits = ops_host_syncs() - waits;
     ops_sync();
-    StepStats st = {
-        .fwdbwd_seconds = now_seconds() - t0, .fwdbwd_host = issued, .graphs_recorded = r->recorded - recorded};
+    StepStats st = {.fwdbwd_seconds = now_seconds() - t0,
+                    .fwdbwd_host = issued,
+                    .fwdbwd_waits = waits,
+                    .graphs_recorded = r->recorded - recorded};
     bool pipe = piped(c, d);
     sums.loss = op_read_scalar(r->sums.loss_sum), sums.lb = op_read_scalar(r->sums.lb_sum);
     sums.ep_over = (double)(r->chunk[0].ep_over + r->chunk[1].ep_over);

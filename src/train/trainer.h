@@ -56,7 +56,8 @@ typedef struct {
     // (run_microbatches), made after eager_steps reach GRAPH_EAGER_STEPS.
     OpsGraph *graph[2];
     int eager_steps, recorded; // steps run without graphs; recordings made so far
-    int32_t *tokens, *labels;  // host staging for one micro-batch
+    Arena staging;             // host memory (pinned on the GPU) of the three below
+    int32_t *tokens, *labels;  // one micro-batch, uploaded without a wait (chunk_upload)
     int32_t *docpos;           // its document positions (document_masking; else NULL)
     MemoryPlan plan;
     int moe_layers;
@@ -71,6 +72,7 @@ typedef struct {
     double tokens, seconds;
     double fwdbwd_seconds; // forward + backward of all micro-batches (the rest is the optimizer step)
     double fwdbwd_host;    // of it, the host's time to issue them (the rest: waiting for the GPU); equal: host-bound
+    int64_t fwdbwd_waits;  // the host's waits for the GPU while it issued them (ops_host_syncs; 0 on the CPU)
     bool nonfinite;        // loss or grad_norm is NaN/Inf: the update was not applied
     bool update_nonfinite; // the update left a weight or a second moment NaN/Inf (the run must stop)
     double ep_over;        // expert parallelism: (token, expert) rows received above the capacity, all ranks

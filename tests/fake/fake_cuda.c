@@ -466,7 +466,9 @@ __attribute__((constructor)) static void fake_install_device_memory(void) {
     device_alloc = cuda_alloc_or_die;
     device_free = cuda_free;
 }
-void cuda_sync(void) { host_syncs++; }
+static void uploads_check(const char *where);
+static void uploads_done(void);
+void cuda_sync(void) { host_syncs++, uploads_check("ops_sync"), uploads_done(); }
 int64_t cuda_host_syncs(void) { return host_syncs; }
 // Its streams run each op at once: nothing can be recorded for later (cuda_graph runs on a real GPU only).
 void cuda_graph_begin(void) { die("cuda_graph: the fake GPU backend runs every op at once and records nothing"); }
@@ -698,6 +700,42 @@ void cuda_copies_wait(void) {
         if (!copies[i].done) memcpy(copies[i].dst, copies[i].src, copies[i].n), copies[i].done = true;
     if (ncopies && pthread_equal(pthread_self(), copies_issuer)) ncopies = 0;
     pthread_mutex_unlock(&copies_mu);
+}
+// op_upload's copies not yet waited for, each with its source's bytes when issued. The copy is made at once (the
+// compute stream's order, since compute runs at once here); a source written before ops_uploads_wait or ops_sync
+// fails at the next upload or wait (a GPU may not have read it yet). A wait with no compute queued after the latest
+// upload counts as a host wait: the stream drains to it, and the GPU idles until the host queues more.
+typedef struct {
+    const void *src;
+    void *was;
+    size_t n;
+} FakeUpload;
+static FakeUpload uploads[64];
+static int nuploads;
+static int64_t upload_seq; // the compute stream's seq at the latest upload
+static void uploads_check(const char *where) {
+    for (int i = 0; i < nuploads; i++)
+        if (memcmp(uploads[i].src, uploads[i].was, uploads[i].n))
+            fake_fail("%s: the host wrote an op_upload's source before ops_uploads_wait", where);
+}
+static void uploads_done(void) {
+    for (int i = 0; i < nuploads; i++) free(uploads[i].was);
+    nuploads = 0;
+}
+void cuda_upload(Tensor dst, Tensor src) {
+    check_side(dst, "upload"), check_side(src, "upload");
+    if (dst.dev != DEV_CUDA || src.dev != DEV_CPU || dst.dt != src.dt || tensor_numel(dst) != tensor_numel(src))
+        fake_fail("upload: not a host tensor into a device tensor of its dtype and size");
+    uploads_check("upload");
+    if (nuploads == 64) fake_fail("more than 64 uploads not waited for");
+    size_t n = tensor_bytes(src);
+    uploads[nuploads++] = (FakeUpload){src.p, memcpy(xmalloc(n + 1), src.p, n), n};
+    OP(upload, &dst, &src);
+    cpu_copy(dst, src), upload_seq = COMPUTE->seq;
+}
+void cuda_uploads_wait(void) {
+    host_syncs += nuploads > 0 && COMPUTE->seq == upload_seq;
+    uploads_check("ops_uploads_wait"), uploads_done();
 }
 void cuda_copy_col_blocks(Tensor dst, int64_t a, int64_t da, Tensor src, int64_t b, int64_t db, int64_t n, int64_t reps,
                           bool acc) {

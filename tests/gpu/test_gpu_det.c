@@ -87,6 +87,13 @@ static void train_twice(const char *name, const char *model, const char *both, c
                        "%s: not recorded once at step 3: %s", name, out);
         snprintf(path, sizeof path, "%s/run%d/metrics.jsonl", d, r);
         metric_texts(path, m[r], sizeof m[r]);
+        // after the first step (which grows the backend's buffers) one GPU's forwards and backwards wait for nothing,
+        // the micro-batches' uploads included (docs/architecture.md, "A step without host waits")
+        rc = run_cmd(out, sizeof out,
+                     "n=$(tail -n +2 %s | grep -c '\"fwdbwd_host_waits\": 0[,}]') && [ $n -eq 3 ] || cat %s", path,
+                     path);
+        ASSERT_MSG(rc == 0 && !out[0], "%s run %d: the host waited for the GPU in a step's forwards and backwards:\n%s",
+                   name, r, out);
     }
     if (rtol > 0) {
         const char *p[2] = {m[0], m[1]};

@@ -91,6 +91,7 @@ void cpu_copy(Tensor dst, Tensor src) {
 }
 
 void cpu_copy_async(Tensor dst, Tensor src) { cpu_copy(dst, src); }
+void cpu_upload(Tensor dst, Tensor src) { cpu_copy(dst, src); }
 
 // Shapes checked by op_copy_col_blocks; da = 0: block h > 0 adds into what the blocks before it left.
 void cpu_copy_col_blocks(Tensor dst, int64_t a, int64_t da, Tensor src, int64_t b, int64_t db, int64_t n, int64_t reps,

@@ -268,6 +268,22 @@ void cuda_copies_wait(void) { // (a thread of its own starts on device 0)
     if (copy_stream) CUDA_CHECK(cudaSetDevice(copy_dev)), CUDA_CHECK(cudaEventSynchronize(copy_done));
 }
 
+// cuda_upload's event: after the latest upload on the compute stream (made at the first).
+static cudaEvent_t upload_done;
+
+void cuda_upload(Tensor dst, Tensor src) {
+    CHECK(dst.dev == DEV_CUDA && src.dev == DEV_CPU && dst.dt == src.dt && tensor_numel(dst) == tensor_numel(src));
+    if (capturing) die("cuda_graph: an upload from host memory inside the recorded forward and backward%s", GRAPH_HINT);
+    if (!upload_done) CUDA_CHECK(cudaEventCreateWithFlags(&upload_done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaMemcpyAsync(dst.p, src.p, tensor_bytes(src), cudaMemcpyHostToDevice, cuda_stream()));
+    CUDA_CHECK(cudaEventRecord(upload_done, cuda_stream()));
+}
+
+void cuda_uploads_wait(void) {
+    if (capturing) die("cuda_graph: an op waits for the GPU inside the recorded forward and backward%s", GRAPH_HINT);
+    if (upload_done) CUDA_CHECK(cudaEventSynchronize(upload_done));
+}
+
 size_t cuda_pool_bytes(void) {
     return CUDA_LT_WS_BYTES + CUDA_CONVERT_BYTES + CUDA_SMALL_BYTES + scratch_bytes + gemm_side_bytes;
 }

@@ -11,6 +11,7 @@ void *cuda_alloc_or_die(size_t bytes, const char *what);
 void cuda_free(void *p);
 void cuda_sync(void);          // waits for the compute stream
 void cuda_copies_wait(void);   // ops_copies_wait (cuda_copy_async's copy stream)
+void cuda_uploads_wait(void);  // ops_uploads_wait (cuda_upload's event)
 int64_t cuda_host_syncs(void); // ops_host_syncs
 void cuda_graph_begin(void);   // ops_graph_begin … ops_graph_free (an OpsGraph is a cuda_graph_end result)
 void *cuda_graph_end(void);
