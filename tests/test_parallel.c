@@ -741,6 +741,31 @@ TEST(dist_step_uploads_fake) {
         }
 }
 
+// FP8's weight cache made ahead after each update (model_fp8_ahead: a side stream on the GPU, a layer's first use
+// joining it). The fake GPU fails compute that touches the cache before the join; one process and pp2 train 3 steps
+// with fp8 on it and give the CPU's FP8 losses (1e-5: the pipeline's loss sum adds in another order).
+TEST(dist_fp8_ahead_fake) {
+    const char *d = make_run_of(TINY_MOE_EP_OF(4));
+    char out[1 << 14], dir[300], ref[300];
+    const char *runs[3][3] = {
+        {"cpu", PITH_BIN, ""},
+        {"gpu", "build-fake/pith", "--set device=cuda"},
+        {"gpu-pp2", MPIRUN " 2 build-fake/pith", "--set device=cuda --set parallel.pipeline_parallel_size=2"}};
+    for (int i = 0; i < 3; i++)
+        ASSERT_MSG(run_cmd(out, sizeof out,
+                           "%s train %s/train.json --set compute_dtype=fp32 --set fp8=true --set max_steps=3 %s "
+                           "--set run_dir=%s/%s",
+                           runs[i][1], d, runs[i][2], d, runs[i][0]) == 0,
+                   "%s: %s", runs[i][0], out);
+    snprintf(ref, sizeof ref, "%s/cpu", d);
+    for (int i = 1; i < 3; i++)
+        for (int s = 1; s <= 3; s++) {
+            snprintf(dir, sizeof dir, "%s/%s", d, runs[i][0]);
+            double l = metric(dir, s, "loss"), r = metric(ref, s, "loss");
+            ASSERT_MSG(fabs(l - r) <= 1e-5 * r, "%s: step %d loss %.9g vs the CPU's %.9g", runs[i][0], s, l, r);
+        }
+}
+
 TEST(dist_nccl_equivalence_fake) {
     const char *d = make_run();
     char out[1 << 16], ref[300], dir[300];

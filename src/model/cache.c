@@ -36,15 +36,36 @@ void model_fp8_setup(Model *m) {
     m->fp8.w = model_tensor(m->dev, DT_U8, n ? (int64_t)n : 1, m->w[0].p != NULL);
 }
 
+static Fp8Weight fp8_view(const Model *m, int l, Fp8Slot s, Tensor w) {
+    char *p = (char *)m->fp8.w.p + m->fp8.off[s][l];
+    return w.nd == 3 ? op_fp8_experts_view(p, w.dev, w.n[0], w.n[1], w.n[2])
+                     : op_fp8_weight_view(p, w.dev, w.n[0], w.n[1]);
+}
+
 Fp8Weight model_fp8_weight(Model *m, int l, Fp8Slot s) {
     Tensor w = fp8_source(m, l, s);
     CHECK(m->fp8.on && m->fp8.off[s][l] >= 0);
-    char *p = (char *)m->fp8.w.p + m->fp8.off[s][l];
-    Fp8Weight fw = w.nd == 3 ? op_fp8_experts_view(p, w.dev, w.n[0], w.n[1], w.n[2])
-                             : op_fp8_weight_view(p, w.dev, w.n[0], w.n[1]);
+    Fp8Weight fw = fp8_view(m, l, s, w);
+    if (m->fp8.ahead[l]) m->fp8.ahead[l] = false, op_fp8_weights_join(w.dev, l); // (before anything writes them again)
     if (m->fp8.made[s][l] != m->fp8.version) // stale: the first use after the optimizer's update bumped the version
         m->fp8.made[s][l] = m->fp8.version, op_fp8_weight_make(fw, w);
     return fw;
+}
+
+_Static_assert(MAX_LAYERS <= FP8_AHEAD_IDS, "a ticket of op_fp8_weights_ahead per layer");
+void model_fp8_ahead(Model *m) {
+    m->fp8.version++;
+    for (int l = 0; m->fp8.on && l < m->cfg.layers; l++) {
+        Fp8Weight fw[FP8_SLOTS];
+        Tensor w[FP8_SLOTS];
+        int n = 0;
+        for (int s = 0; s < FP8_SLOTS; s++)
+            if (m->fp8.off[s][l] >= 0) {
+                w[n] = fp8_source(m, l, (Fp8Slot)s), fw[n] = fp8_view(m, l, (Fp8Slot)s, w[n]), n++;
+                m->fp8.made[s][l] = m->fp8.version;
+            }
+        if (n) op_fp8_weights_ahead(fw, w, n, l), m->fp8.ahead[l] = true; // (after any earlier one of l, in order)
+    }
 }
 
 int model_fp8_warn_rounded(const Model *m, const char *file) {

@@ -241,11 +241,13 @@ typedef enum {
 // The FP8 weight cache (cache.c; docs/architecture.md, "FP8"; model_fp8_setup): the layers' FP8 weights (Fp8Slot)
 // run through op_fp8_*; quantised through E4M3 they are cached in the bytes of w (slot s of layer l from byte
 // off[s][l], −1: the layer has no such weight here; a dense weight's or the experts' codes and scales), each remade at
-// its first use after the optimizer's update bumps version. gemms counts the FP8 GEMMs run per slot (tests).
+// its first use after the optimizer's update bumps version, or ahead of it (model_fp8_ahead: ahead[l], layer l's are
+// being made beside other work, until its first use joins them). gemms counts the FP8 GEMMs run per slot (tests).
 typedef struct {
     bool on;
     Tensor w;
     int64_t version, made[FP8_SLOTS][MAX_LAYERS], off[FP8_SLOTS][MAX_LAYERS], gemms[FP8_SLOTS];
+    bool ahead[MAX_LAYERS];
 } Fp8Cache;
 
 // The per-family function table. Every family's layer is one skeleton (moe.c): x → RMSNorm = n1 → mixer → + x = h1a
@@ -430,6 +432,10 @@ void model_fp8_setup(Model *m);
 // Layer l's weight of slot s quantised with FP8_TILES, from the cache (remade when stale): the codes and scales of a
 // dense weight (N, K) or of the experts' (E, N, K).
 Fp8Weight model_fp8_weight(Model *m, int l, Fp8Slot s);
+// The optimizer updated the weights: the cache is stale, and every layer's is remade now, beside the work issued next
+// (op_fp8_weights_ahead, ticket l for layer l), its first use waiting for it. Not while a CUDA graph that remakes the
+// cache is in use (the trainer bumps fp8.version instead).
+void model_fp8_ahead(Model *m);
 // One warning (naming `file`'s fp8 key) for each slot whose cached weights the FP8 tensor cores do not take on m's GPU
 // (op_fp8_tensor_cores): their GEMMs multiply operands rounded through E4M3 in the compute dtype, FP8's numbers at
 // below bf16's speed. Returns how many slots (0 on the CPU, which emulates every one).

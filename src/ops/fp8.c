@@ -85,6 +85,23 @@ void op_fp8_weight_make(Fp8Weight fw, Tensor w) {
     cpu_fp8_weight(fw, w);
 }
 
+void op_fp8_weights_ahead(const Fp8Weight *fw, const Tensor *w, int n, int id) {
+    CHECK(n > 0 && id >= 0 && id < FP8_AHEAD_IDS);
+    for (int i = 0; i < n; i++)
+        CHECK(w[i].dev == w[0].dev && w[i].dev == fw[i].q.dev && tensor_numel(w[i]) == tensor_numel(fw[i].q));
+#ifdef PITH_CUDA
+    if (w[0].dev == DEV_CUDA) return cuda_fp8_weights_ahead(fw, w, n, id);
+#endif
+    for (int i = 0; i < n; i++) cpu_fp8_weight(fw[i], w[i]);
+}
+
+void op_fp8_weights_join(Device dev, int id) {
+#ifdef PITH_CUDA
+    if (dev == DEV_CUDA) return cuda_fp8_weights_join(id);
+#endif
+    (void)dev, (void)id;
+}
+
 // The weight's values q·s ((N, K) or (E, N, K)) in dtype dt, in scratch slot 1: the operand of the GEMMs off the
 // tensor cores.
 static Tensor weight_values(Fp8Weight fw, DType dt) {

@@ -213,6 +213,13 @@ size_t op_fp8_experts_bytes(int64_t E, int64_t N, int64_t K);
 Fp8Weight op_fp8_weight_view(void *p, Device dev, int64_t N, int64_t K);
 Fp8Weight op_fp8_experts_view(void *p, Device dev, int64_t E, int64_t N, int64_t K);
 void op_fp8_weight_make(Fp8Weight fw, Tensor w);
+// op_fp8_weight_make of n weights ahead of their use: on the GPU issued on a side stream that starts after the work
+// issued so far, so that it runs beside the work issued next; ticket id (< FP8_AHEAD_IDS) is theirs, and
+// op_fp8_weights_join(id) makes the work issued after it wait for them (once for each ahead call). fw must not be read
+// or written before the join. The CPU makes them at once.
+#define FP8_AHEAD_IDS 256
+void op_fp8_weights_ahead(const Fp8Weight *fw, const Tensor *w, int n, int id);
+void op_fp8_weights_join(Device dev, int id);
 // The FP8 linear layers (DeepSeek-V3's recipe): every GEMM multiplies operands quantised through E4M3, each with the
 // blocks of its own contraction, and accumulates in fp32. The weight comes quantised with FP8_TILES (the model caches
 // it per step as an Fp8Weight); x and dy are quantised here. Forward: x 1 × 128. Input gradient: dy 1 × 128 against

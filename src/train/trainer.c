@@ -556,7 +556,8 @@ static bool update(Run *r, double gscale, double lr) {
     for (int g = 0; g < NGROUPS; g++)
         if (own[g].p) fsdp_gather_rest(&r->fsdp, g, m->w[g], own[g]);
         else fsdp_gather(&r->fsdp, g, m->w[g], r->master[g]);
-    m->fp8.version++; // the FP8 weight cache is stale: each layer's is remade at its next use
+    if (c->cuda_graph) m->fp8.version++; // the FP8 weight cache is stale: each layer's is remade at its next use
+    else model_fp8_ahead(m);             // … or now, on a side stream beside the next step's first layers
     ops_sync();
     return true;
 }

@@ -128,8 +128,23 @@ static int ncopies;
 static pthread_mutex_t copies_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_t copies_issuer;
 
-// Compute work touching [p, p + n) must wait for every collective and every op_copy_async that uses it.
+// The FP8 weights of op_fp8_weights_ahead not joined yet: [p, p + n) of ticket id (the side stream may still write it).
+typedef struct {
+    const char *p;
+    size_t n;
+    int id;
+} FakeAhead;
+static FakeAhead ahead[4096];
+static int nahead;
+
+// Compute work touching [p, p + n) must wait for every collective and every op_copy_async that uses it, and for the
+// FP8 weights made ahead in it.
 static void check_inflight(const void *p, size_t n, const char *what) {
+    for (int i = 0; i < nahead; i++)
+        if (n && (const char *)p < ahead[i].p + ahead[i].n && ahead[i].p < (const char *)p + n)
+            fake_fail("%s on the compute stream touches FP8 weights made ahead (ticket %d) before "
+                      "op_fp8_weights_join",
+                      what, ahead[i].id);
     for (int i = 0; i < ncopies; i++)
         if (n && (const char *)p < copies[i].src + copies[i].n && copies[i].src < (const char *)p + n)
             fake_fail("%s on the compute stream touches the source of an op_copy_async not waited for "
@@ -574,6 +589,30 @@ void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, Tensor offs) {
 void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
     OP(fp8_weight, &fw.q, &fw.qt, &fw.s, &fw.st, &w);
     cpu_fp8_weight(fw, w);
+}
+// Made at once; until the ticket's join, compute work that touches the codes or scales fails (check_inflight). A
+// ticket made again before its join drops the first (the side stream runs both in order).
+static void ahead_drop(int id) {
+    int k = 0;
+    for (int i = 0; i < nahead; i++)
+        if (ahead[i].id != id) ahead[k++] = ahead[i];
+    nahead = k;
+}
+void cuda_fp8_weights_ahead(const Fp8Weight *fw, const Tensor *w, int n, int id) {
+    if (id < 0 || id >= FP8_AHEAD_IDS) fake_fail("fp8_weights_ahead: ticket %d", id);
+    ahead_drop(id);
+    for (int i = 0; i < n; i++) {
+        cuda_fp8_weight(fw[i], w[i]);
+        const Tensor parts[4] = {fw[i].q, fw[i].qt, fw[i].s, fw[i].st};
+        for (int j = 0; j < 4; j++) {
+            if (nahead == 4096) fake_fail("more than 4096 FP8 weight parts made ahead");
+            ahead[nahead++] = (FakeAhead){parts[j].p, tensor_bytes(parts[j]), id};
+        }
+    }
+}
+void cuda_fp8_weights_join(int id) {
+    if (id < 0 || id >= FP8_AHEAD_IDS) fake_fail("fp8_weights_join: ticket %d", id);
+    ahead_drop(id);
 }
 void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
     OP(fp8_weight_values, &y, &fw.q, &fw.s);

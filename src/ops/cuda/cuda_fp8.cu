@@ -376,14 +376,13 @@ __global__ void fp8_weight_values_kernel(T *y, const uint8_t *q, const float *s,
 
 static int64_t up4(int64_t n) { return (n + 3) / 4 * 4; }
 
-extern "C" void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
+static void fp8_weight_on(cudaStream_t st0, Fp8Weight fw, Tensor w) {
     ON_GPU(w, "fp8_weight");
     int64_t E = w.nd == 3 ? w.n[0] : 1, N = w.nd == 3 ? w.n[1] : t_rows(w), K = w.nd == 3 ? w.n[2] : t_cols(w);
     int64_t NB = (N + 127) / 128, KB = (K + 127) / 128;
     CHECK(tensor_numel(fw.q) == E * N * K && fw.q.n[fw.q.nd - 1] == K && fw.s.n[0] == E * NB && fw.s.n[1] == up4(KB) &&
           fw.st.n[1] == up4(NB));
     if (E == 0 || N == 0 || K == 0) return;
-    cudaStream_t st0 = cuda_stream();
     CUDA_CHECK(cudaMemsetAsync(fw.s.p, 0, tensor_bytes(fw.s), st0));
     CUDA_CHECK(cudaMemsetAsync(fw.st.p, 0, tensor_bytes(fw.st), st0));
     // the CTA of block (nb, kb) of expert e writes its codes into q and qt and its scale into s and st
@@ -392,6 +391,32 @@ extern "C" void cuda_fp8_weight(Fp8Weight fw, Tensor w) {
                   (uint8_t *)fw.qt.p, (float *)fw.st.p, (uint8_t *)fw.q.p, (float *)fw.s.p, (const T *)w.p, N, K, N,
                   true, up4(NB), up4(KB)));
     CUDA_LAUNCH_CHECK();
+}
+
+extern "C" void cuda_fp8_weight(Fp8Weight fw, Tensor w) { fp8_weight_on(cuda_stream(), fw, w); }
+
+// op_fp8_weights_ahead's side stream (made at the first call, on the device of that call) and events: `issued` on the
+// compute stream where the side stream starts, ready[id] after ticket id's weights.
+static cudaStream_t side;
+static cudaEvent_t issued, ready[FP8_AHEAD_IDS];
+
+extern "C" void cuda_fp8_weights_ahead(const Fp8Weight *fw, const Tensor *w, int n, int id) {
+    CHECK(id >= 0 && id < FP8_AHEAD_IDS);
+    if (cuda_capturing()) die("cuda_graph: FP8 weights made ahead on a side stream inside the recording");
+    if (!side) {
+        CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
+    }
+    if (!ready[id]) CUDA_CHECK(cudaEventCreateWithFlags(&ready[id], cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(issued, cuda_stream())); // after the work that wrote w and last read fw
+    CUDA_CHECK(cudaStreamWaitEvent(side, issued, 0));
+    for (int i = 0; i < n; i++) fp8_weight_on(side, fw[i], w[i]);
+    CUDA_CHECK(cudaEventRecord(ready[id], side));
+}
+
+extern "C" void cuda_fp8_weights_join(int id) {
+    CHECK(id >= 0 && id < FP8_AHEAD_IDS && ready[id]);
+    CUDA_CHECK(cudaStreamWaitEvent(cuda_stream(), ready[id], 0));
 }
 
 extern "C" void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {

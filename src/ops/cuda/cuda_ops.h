@@ -49,6 +49,8 @@ const char *cuda_attention_last_path(void);
 // (nothing done) where the shapes or alignment do not fit them, and the count of those that ran. rows.p (the experts'
 // forward and weight gradient): the run dies, as op_grouped_linear_* do on the GPU (x comes gathered).
 void cuda_fp8_weight(Fp8Weight fw, Tensor w);
+void cuda_fp8_weights_ahead(const Fp8Weight *fw, const Tensor *w, int n, int id); // op_fp8_weights_ahead
+void cuda_fp8_weights_join(int id);
 void cuda_fp8_weight_values(Tensor y, Fp8Weight fw);
 bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
