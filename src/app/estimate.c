@@ -361,9 +361,10 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
            mc->model_type, gpus, dev == DEV_CUDA ? "GPUs" : "CPU ranks", d->pp, d->dp, d->cp, d->ep,
            d->hsdp ? "hsdp" : "fsdp", whose, mc->experts / d->ep, mc->experts, c->micro_batch_size,
            c->sequence_length / d->cp, bf16 ? "bf16 compute" : "fp32 compute");
-    char wnote[160];
-    snprintf(wnote, sizeof wnote, "%s, this rank's experts%s", bf16 ? "bf16" : "fp32",
-             bf16 ? ", whole for the step" : "");
+    char wnote[200];
+    bool master_experts = bf16 && p->master_experts; // FP8: the experts' compute copy is their fp32 master
+    snprintf(wnote, sizeof wnote, "%s%s, this rank's experts%s", bf16 ? "bf16" : "fp32",
+             master_experts ? " (the experts fp32: their master)" : "", bf16 ? ", whole for the step" : "");
     if (p->fp8) // the cache is made from the compute copy and held beside it
         snprintf(wnote + strlen(wnote), sizeof wnote - strlen(wnote), "; %.2f GB of it the FP8 weight cache",
                  p->fp8 / 1e9);
@@ -375,7 +376,10 @@ static void print_plan(const TrainConfig *c, const ModelConfig *mc, const Dist *
                  ? "; dense: its shard and 3 windows (embedding or LM head, 2 layers'), reduced per layer"
                  : ", reduce-scattered in place once per step");
     row("gradient accumulators", p->grads, grads);
-    row("master weight shards", p->shards, p->shards ? "fp32" : "(the compute copy itself: one shard, fp32)");
+    row("master weight shards", p->shards,
+        !p->shards       ? "(the compute copy itself: one shard, fp32)"
+        : master_experts ? "fp32, the dense parameters' (the experts' is their compute copy)"
+                         : "fp32");
     row("optimizer state", p->optim,
         c->optimizer.offload                     ? "staging: one chunk of m and v (the moments are on the host)"
         : c->optimizer.type == OPTIMIZER_MUON    ? "Muon momentum and AdamW moments, fp32 shards"

@@ -128,7 +128,7 @@ static void model_build(Model *m, const ModelFamily *fam, const ModelConfig *cfg
     if (cfg->pp_size > 1) params_keep_pipeline_rank(&m->params, cfg);
     for (int g = 0; g < NGROUPS; g++) {
         int64_t pad = cfg->pad[g] > 1 ? cfg->pad[g] : 1, n = (m->params.numel[g] + pad - 1) / pad * pad;
-        m->w[g] = model_tensor(dev, cdt, n, alloc);
+        m->w[g] = model_tensor(dev, cfg->w_f32[g] ? DT_F32 : cdt, n, alloc);
         bool whole = grads && !(g == GROUP_DENSE && cfg->grad_units); // else per unit, in windows the trainer holds
         m->g[g] = model_tensor(dev, cfg->grad_dt[g], n, alloc && whole);
         if (alloc && n > m->params.numel[g]) { // the padding stays zero

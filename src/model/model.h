@@ -39,6 +39,7 @@ typedef struct {
     int pp_rank, pp_size;
     int pad[NGROUPS];
     DType grad_dt[NGROUPS]; // group g's gradient accumulators: fp32, or bf16 for the experts (gradient_dtype)
+    bool w_f32[NGROUPS];    // group g's compute copy in fp32 whatever the compute dtype (then the optimizer's master)
     bool grad_units; // parallel.gradient_reduce "layer": no whole dense gradient; its views bound per unit (below)
     // The family's own fields (Qwen3Config, Dsv2Config): a struct of at most this size that only the family
     // file reads (through model_family_config). Inline, so a ModelConfig copies by value.

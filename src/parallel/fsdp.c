@@ -41,7 +41,7 @@ void fsdp_alloc_state(const Fsdp *f, const Tensor w[NGROUPS], const Tensor gr[NG
     for (int g = 0; g < NGROUPS; g++) {
         bool whole = one_shard(f, g);
         master[g] =
-            whole && w[g].dev == DEV_CPU && w[g].dt == DT_F32 ? w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
+            whole && w[g].dev == a->dev && w[g].dt == DT_F32 ? w[g] : arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0);
         grad[g] = g == GROUP_DENSE && f->units ? arena_tensor(a, DT_F32, 1, f->len[g], 0, 0, 0)
                   : whole                      ? gr[g]
                                                : tensor_rows(gr[g], 0, f->len[g]); // in place: the sum lands in front

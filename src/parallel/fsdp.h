@@ -27,7 +27,7 @@ void fsdp_setup(Fsdp *f, const Dist *d, const Tensor w[NGROUPS], bool units);
 // Allocates this rank's fp32 masters and AdamW moments from a (counting) arena and points the reduced
 // gradient shard at the front of the whole fp32 gradient g (the reduce-scatter runs in place); with f->units the
 // dense gradient shard is its own allocation from `a` (there is no whole dense g). With one shard the
-// master is the compute copy w itself where that is fp32 on the CPU.
+// master is the compute copy w itself where that is fp32 on a's device.
 // The moments, in dtype mdt (fp32 or bf16), come from `moments` (the state arena, or a host arena when
 // optimizer.offload holds them off the GPU).
 void fsdp_alloc_state(const Fsdp *f, const Tensor w[NGROUPS], const Tensor g[NGROUPS], Arena *a, Arena *moments,

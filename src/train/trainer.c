@@ -71,6 +71,9 @@ static const ModelFamily *layout_config(const TrainConfig *c, const Dist *d, Mod
     mc->cp_size = d->cp;
     for (int g = 0; g < NGROUPS; g++) mc->pad[g] = fsdp_shards(d, g);
     mc->grad_dt[GROUP_EXPERT] = c->gradient_dtype == STATE_BF16 ? DT_BF16 : DT_F32;
+    // FP8 reads the experts' weights only through the weight cache, so unsharded they need no compute copy of their
+    // own: the cache is made from the fp32 master, which the copy becomes (fsdp_alloc_state).
+    mc->w_f32[GROUP_EXPERT] = c->fp8 && mc->pad[GROUP_EXPERT] == 1;
     mc->grad_units = c->parallel.gradient_reduce == GRAD_REDUCE_LAYER;
     if (mc->grad_units && mc->pad[GROUP_DENSE] == 1)
         die("%s: parallel.gradient_reduce: \"layer\" needs the dense parameters sharded over more than one rank (dp × "
@@ -119,6 +122,7 @@ static MemoryPlan plan_of(const Run *r, size_t state_bytes) {
         *(offload ? &p.host : &p.optim) += ROUNDED(r->adam_m[g]) + ROUNDED(r->adam_v[g]);
     }
     p.fp8 = m->fp8.on ? tensor_bytes(m->fp8.w) : 0; // the FP8 weight cache beside the compute copy
+    p.master_experts = m->cfg.w_f32[GROUP_EXPERT];  // (unsharded: fsdp_alloc_state makes the master that copy)
     p.weights += p.fp8;
     if (offload) p.optim += ROUNDED(r->stage[0]) + ROUNDED(r->stage[1]);
 #undef ROUNDED

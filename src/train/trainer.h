@@ -11,16 +11,17 @@
 
 // What one rank allocates, in bytes: the same allocation sequence gives `pith estimate` and the run.
 typedef struct {
-    size_t weights;   // compute copy of this rank's parameter groups (model.w), padded to the shard count, + FP8 cache
-    size_t fp8;       // of weights, the FP8 weight cache (model.fp8.w: codes and scales; 0 without fp8)
-    size_t grads;     // fp32 gradient accumulators (model.g)
-    size_t shards;    // fp32 master shards (when not model.w itself; gradients are reduced in place in model.g)
-    size_t optim;     // AdamW moments (shards), or their staging under optimizer.offload
-    size_t host;      // optimizer.offload: the moments, in host memory (not in the total)
-    size_t snapshot;  // checkpoint.async: a save's host copy of what this rank writes (not in the total)
-    size_t other;     // rope tables, loss accumulators, ring attention's scratch (cp > 1)
-    ChunkPlan chunks; // this rank's chunks: activation records, backward workspaces, communication buffers
-    size_t pipe;      // pp > 1: the pipeline's activation and gradient buffers between ranks
+    size_t weights; // compute copy of this rank's parameter groups (model.w), padded to the shard count, + FP8 cache
+    size_t fp8;     // of weights, the FP8 weight cache (model.fp8.w: codes and scales; 0 without fp8)
+    bool master_experts; // the experts' compute copy is their fp32 master (ModelConfig.w_f32; in weights, not shards)
+    size_t grads;        // fp32 gradient accumulators (model.g)
+    size_t shards;       // fp32 master shards (when not model.w itself; gradients are reduced in place in model.g)
+    size_t optim;        // AdamW moments (shards), or their staging under optimizer.offload
+    size_t host;         // optimizer.offload: the moments, in host memory (not in the total)
+    size_t snapshot;     // checkpoint.async: a save's host copy of what this rank writes (not in the total)
+    size_t other;        // rope tables, loss accumulators, ring attention's scratch (cp > 1)
+    ChunkPlan chunks;    // this rank's chunks: activation records, backward workspaces, communication buffers
+    size_t pipe;         // pp > 1: the pipeline's activation and gradient buffers between ranks
 } MemoryPlan;
 size_t memory_plan_total(const MemoryPlan *p);
 
