@@ -15,6 +15,9 @@ case $name in main) dir=$to/bin ;; cand) dir=$to/cand ;; bin | lib | kjv) echo "
 [ -x /usr/local/cuda/bin/nvcc ] || { echo "stage.sh: no nvcc here: the device runs what is built here" >&2; exit 1; }
 bins=(pith test_gpu bench_gpu_ops)
 echo "stage.sh: building ${bins[*]} in $top/$build" >&2
+# A build folder copied from another (cp -a build-cuda build-cand, to skip a full rebuild) keeps dependency files
+# naming the other folder's objects, so a changed header would rebuild nothing: name this folder's instead.
+[ -d "$top/$build" ] && find "$top/$build" -name '*.d' -exec sed -i "s#\\(^\\| \\)build[-a-z0-9]*/#\\1$build/#g" {} +
 nice make -C "$top" GPU=1 BUILD="$build" -j2 "${bins[@]/#/$build/}" >/tmp/stage-$name.log 2>&1 ||
     { tail -20 /tmp/stage-$name.log >&2; exit 1; }
 mkdir -p "$dir" "$to/lib"
