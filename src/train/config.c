@@ -102,7 +102,9 @@ static const ConfigKey top_keys[] = {
             "norms, router, embedding and LM head stay in the compute dtype, masters, gradients and moments fp32; on "
             "the GPU a weight the FP8 tensor cores do not take (experts not whole 128-blocks, dense not multiples of "
             "16) gets a warning at the start; the FP8 weight cache (the codes and their transposes, 2 bytes a "
-            "weight) is held beside the compute copy: `pith estimate` names it (docs/architecture.md, \"FP8\")"},
+            "weight) is held beside the compute copy, remade after each update on a side stream beside the next step's "
+            "first layers; unsharded, the experts' compute copy is their fp32 master (no bf16 copy of them): `pith "
+            "estimate` names both (docs/architecture.md, \"FP8\")"},
     {.name = "deterministic", .kind = K_BOOL, .off = OFF(deterministic),
      .doc = "bit-reproducible GPU training run to run: attention on pith's own kernels instead of cuDNN's (whose "
             "backward adds into dQ with atomics; the cost is in bench/results/2026-12-02-det); the other GPU "
