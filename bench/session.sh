@@ -32,9 +32,10 @@
 #               JOBS runs at once (FP8LOSS_BIN=build-cand: the candidate's pith), under timeout FP8LOSS_T (150 s);
 #               issue 36's study: SEEDS="$(seq 1 16)" JOBS=6 FP8LOSS_EXTRA="--set deterministic=true" FP8LOSS_T=540
 #   prof        profile-gpu-step (.agents/skills/profile-gpu-step) on main's build, force-balanced, for each model
-#               in PROF (default qwen3; qwen3, dsv2, gpt_oss, qwen3_5): main's pith and kernel_events.so (staged in
-#               .gpu/bin beside the others: gcc -O2 -shared -fPIC -I/usr/local/cuda/include -o kernel_events.so
-#               .agents/skills/profile-gpu-step/kernel_events.c -ldl) as the skill's feature build; each model's
+#               in PROF (default qwen3; qwen3, dsv2, gpt_oss, qwen3_5; NAME:fp8 with fp8 on): main's pith and
+#               kernel_events.so (staged in .gpu/bin beside the others: gcc -O2 -shared -fPIC
+#               -I/usr/local/cuda/include -o kernel_events.so .agents/skills/profile-gpu-step/kernel_events.c -ldl,
+#               then xz) as the skill's feature build; each model's
 #               table and files under $OUT/prof_NAME, returned as $RET/prof.tgz
 #   ncu         Nsight Compute (NCU_SECT, default --set full; clocks left alone) on NCU_COUNT (1) launches of kernels
 #               matching NCU_K (a regex on demangled names: wgmma_grouped_kernel<2 picks a template kind; default
@@ -193,9 +194,10 @@ fp8loss)
 prof)
     rm -rf .dev-agents && mkdir -p .dev-agents/feature && echo "feature: main's build (session.sh prof)" >.dev-agents/BUILT
     for b in pith kernel_events.so; do gzip -1c build/$b >.dev-agents/feature/$b.gz; done
-    for n in ${PROF:-qwen3}; do
+    for nf in ${PROF:-qwen3}; do # NAME or NAME:fp8
+        n=${nf%:fp8} x=; [ "$nf" != "$n" ] && x="--set fp8=true" n=${n}_fp8
         mkdir -p $OUT/prof_$n
-        BENCH=${dir[$n]} VOCAB=${vocab[$n]} BALANCED=1 OUT=$OUT/prof_$n timeout ${PROF_T:-200} \
+        BENCH=${dir[${nf%:fp8}]} VOCAB=${vocab[${nf%:fp8}]} BALANCED=1 EXTRA="$x" OUT=$OUT/prof_$n timeout ${PROF_T:-200} \
             bash .agents/skills/profile-gpu-step/run.sh >$OUT/prof_$n/stdout.txt 2>&1
         echo "prof $n: rc=$?" | tee -a $OUT/summary.txt
         grep -E "^sum of timed|^GPU idle|profile-gpu-step:" $OUT/prof_$n/stdout.txt | sed "s/^/  prof $n| /" >>$OUT/summary.txt

@@ -4,9 +4,9 @@
 #   1. build/bench_gpu_ops (when packed): every op alone at the Qwen3-30B-A3B layer sizes (host time over
 #      back-to-back calls, the table bench/cuda_ops.md keeps) — $OUT/bench_ops.txt;
 #   2. per call of a real step, from CUDA events (kernel_events.so preloaded): `pith train` on BENCH (default
-#      bench/qwen3_30b_a3b_8l; natural routing, BALANCED=1 for benchmark=true) for 2 and for 6 steps; the
-#      difference of the two tables / 4 is the mean of steps 3–6 per kernel, cuBLASLt shape, grouped GEMM and
-#      cuDNN graph: ms per step, calls per step, share of the sum, a cuBLASLt product's TFLOP/s —
+#      bench/qwen3_30b_a3b_8l; natural routing, BALANCED=1 for benchmark=true; EXTRA more --set arguments) for 2 and
+#      for 6 steps; the difference of the two tables / 4 is the mean of steps 3–6 per kernel, cuBLASLt shape, grouped
+#      GEMM and cuDNN graph: ms per step, calls per step, share of the sum, a cuBLASLt product's TFLOP/s —
 #      $OUT/step_kernels.md; under it the GPU's idle time in each of steps 3–5 of the 6-step run, its largest gaps by
 #      the calls around them, and the host waits a step;
 #   3. nsys (when the machine has it and under 150 s have passed): the same 6-step run under `nsys profile` and
@@ -21,6 +21,7 @@ mkdir -p "$OUT"
 bench=${BENCH:-bench/qwen3_30b_a3b_8l} t0=$(date +%s)
 extra=()
 [ "${BALANCED:-0}" = 1 ] && extra=(--set benchmark=true)
+[ -n "${EXTRA:-}" ] && extra+=($EXTRA) # more --set KEY=VALUE arguments for every run (e.g. "--set fp8=true")
 if [ -x "$BIN/feature/bench_gpu_ops" ]; then
     echo "== bench_gpu_ops"
     timeout 90 "$BIN/feature/bench_gpu_ops" >"$OUT/bench_ops.txt" 2>&1

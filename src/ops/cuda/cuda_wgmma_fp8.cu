@@ -21,7 +21,7 @@
 // by its own blocks' scales. The wait for the block's products before that add is what the second consumer
 // warpgroup's products overlap. The block's scales arrive in its stage with its boxes (TMA copies of the tile's 128
 // row scales, from the row below it on a 16-byte boundary where a TMA box must start, and the weight block's; for the
-// weight gradient bulk copies of 2 × 128), so no consumer waits on a global load.
+// weight gradient two boxes of 128), so no consumer waits on a global load.
 // Epilogue: cuda_wgmma.cuh's, as the bf16 kernels': d into swizzled shared boxes, then out by the copy engine (a TMA
 // store, or for the weight gradient an fp32 reduction onto dw_e) while the warpgroup starts its next tile; rows past
 // the tile's expert (they belong to the next expert) are left out by 16-byte stores of the warpgroup's own.
@@ -50,15 +50,14 @@ static __device__ __forceinline__ void wgmma_e4m3_128(float *d, uint64_t da, uin
 // KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); msa x's scales (KB, R) in boxes of 132 from the tile's first
 // row rounded down to 4 (zeros past R), msb w's (E·NB, ldws) in boxes of 4 (a block's with its neighbours: 16 bytes); out y (R, N).
 // KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens (expert e's from block tb0[e], in
-// device memory: each expert's rows in whole blocks of 128); sa dyᵀ's scales (TB, N), sb xᵀ's (TB, K), one per token
-// block and column (a scale per output row and per output column of the tile: 2 × 512 bytes a stage); out dw (E, N, K)
+// device memory: each expert's rows in whole blocks of 128); msa dyᵀ's scales (TB, N), msb xᵀ's (TB, K), one per token
+// block and column, in boxes of 128 (a scale per output row and per output column of the tile: 2 × 512 bytes a stage); out dw (E, N, K)
 // fp32, added to when accumulate, else written.
 template <int KIND, typename TO>
 __global__ void __launch_bounds__(384, 1)
     wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                      const __grid_constant__ CUtensorMap mo, const __grid_constant__ CUtensorMap msa,
-                     const __grid_constant__ CUtensorMap msb, TO *out, const float *sa_, const float *sb_,
-                     int accumulate, const __grid_constant__ WgTable gt, const int *tb0) {
+                     const __grid_constant__ CUtensorMap msb, TO *out, int accumulate, const __grid_constant__ WgTable gt, const int *tb0) {
     typedef W8Shape<TO> S;
     constexpr bool WGRAD = KIND == WG_WEIGHT_GRAD;
     constexpr int SA = S::SA, SB = S::SB, SC = 1024, ST = SA + SB + SC; // SC: the stage's scales
@@ -95,16 +94,8 @@ __global__ void __launch_bounds__(384, 1)
                     tma_box(sb + SB + 640, &msb, bar, kb & ~3, ti.e * (gt.N / W8_BN) + ti.col / W8_BN);
                 }
                 if (WGRAD) { // the block's scales of the tile's 128 rows and 128 columns
-                    const float *pa = sa_ + (int64_t)(tb + kb) * gt.N + ti.row,
-                                *pb = sb_ + (int64_t)(tb + kb) * gt.K + ti.col;
-                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 512, "
-                                 "[%2];\n" ::"r"(sb + SB),
-                                 "l"(pa), "r"(bar)
-                                 : "memory");
-                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 512, "
-                                 "[%2];\n" ::"r"(sb + SB + 512),
-                                 "l"(pb), "r"(bar)
-                                 : "memory");
+                    tma_box(sb + SB, &msa, bar, ti.row, tb + kb);
+                    tma_box(sb + SB + 512, &msb, bar, ti.col, tb + kb);
                 }
             }
         }
@@ -203,8 +194,8 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
     wgmma_scale_map(&msb, ws, E * N / W8_BN, ldws, ldws, 4);
     static bool attr[2]; // wg_launch's flag per kernel
     DT_SWITCH(y.dt, TO, "fp8_grouped_linear",
-              wg_launch(wgmma_fp8_kernel<WG_FORWARD, TO>, &attr[y.dt == DT_F32], bound, ma, mb, mo, msa, msb, (TO *)y.p,
-                        (const float *)NULL, (const float *)NULL, 0, gt, (const int *)NULL));
+              wg_launch(wgmma_fp8_kernel<WG_FORWARD, TO>, &attr[y.dt == DT_F32], bound, ma, mb, mo, msa, msb, (TO *)y.p, 0,
+                        gt, (const int *)NULL));
     return true;
 }
 
@@ -219,12 +210,14 @@ bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const v
     int64_t bound = wg_table_build(&gt, WG_WEIGHT_GRAD, E, N, K, W8_BN, offs, Tp);
     if (bound < 0) return false;
     if (bound == 0) return true;
-    CUtensorMap ma, mb, mo;
+    CUtensorMap ma, mb, mo, msa, msb;
     wgmma_tensor_map(&ma, dq, DT_U8, N, Tp);
     wgmma_tensor_map(&mb, xq, DT_U8, K, Tp);
     wgmma_tensor_map(&mo, dw.p, DT_F32, E * N, K);
-    static bool attr; // (msa, msb: not read)
-    wg_launch(wgmma_fp8_kernel<WG_WEIGHT_GRAD, float>, &attr, bound, ma, mb, mo, mo, mo, (float *)dw.p, ds, xs,
+    wgmma_scale_map(&msa, ds, Tp / W8_BK, N, N, 128);
+    wgmma_scale_map(&msb, xs, Tp / W8_BK, K, K, 128);
+    static bool attr;
+    wg_launch(wgmma_fp8_kernel<WG_WEIGHT_GRAD, float>, &attr, bound, ma, mb, mo, msa, msb, (float *)dw.p,
               (int)accumulate, gt, tb0);
     return true;
 }
