@@ -9,8 +9,8 @@
 #      GEMM and cuDNN graph: ms per step, calls per step, share of the sum, a cuBLASLt product's TFLOP/s —
 #      $OUT/step_kernels.md; under it the GPU's idle time in each of steps 3–5 of the 6-step run, its largest gaps by
 #      the calls around them, and the host waits a step;
-#   3. nsys (when the machine has it and under 150 s have passed): the same 6-step run under `nsys profile` and
-#      `nsys stats` of the kernels (cuda_gpu_kern_sum) — $OUT/nsys_kern_sum.txt.
+#   3. nsys (when the machine has it, under 150 s have passed and WITH_NSYS is not 0): the same 6-step run under
+#      `nsys profile` and `nsys stats` of the kernels (cuda_gpu_kern_sum) — $OUT/nsys_kern_sum.txt.
 # The last line is "profile-gpu-step: PASS" when the runs finished and the per-step sum of the timed calls lies
 # between 50% and 150% of the step's median fwdbwd_s + optimizer time (a table that misses most of the step, or
 # counts it twice, fails), else "profile-gpu-step: FAIL".
@@ -41,7 +41,7 @@ for n in 2 6; do
     grep -E "^step|error|rc=" "$OUT/train-$n.txt" | tail -2 | cut -c1-160
 done
 NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-if [ -n "$NSYS" ] && [ $(($(date +%s) - t0)) -lt 150 ]; then
+if [ "${WITH_NSYS:-1}" = 1 ] && [ -n "$NSYS" ] && [ $(($(date +%s) - t0)) -lt 150 ]; then
     echo "== nsys ($NSYS)"
     rm -rf /tmp/pith-bench-run
     timeout 120 "$NSYS" profile -o "$OUT/step" --force-overwrite true --trace cuda "$BIN/feature/pith" train \
