@@ -8,7 +8,8 @@
 # configuration part on the GPU, where cuDNN's attention backward adds with atomics in no fixed order). Writes
 # OUT/loss.png (pith plot of the first seed's pair) and prints, per seed, the final losses (the mean of the last 20
 # steps' training loss, and the validation loss after the last step on the first 16 batches of TOKENS) and their
-# relative gaps, then each gap's mean over the seeds with its standard error, and the bf16 rerun's gaps.
+# relative gaps, then each gap's mean over the seeds with its standard error, and the bf16 rerun's gaps
+# (bench/pool_gaps.py pools the outputs of several calls with disjoint SEEDS).
 # MODEL: a benchmark's folder (e.g. bench/qwen3_30b_a3b_8l) whose model and recipe to train instead, with TOKENS,
 # STEPS and the validation set in place of its data and length. VARIANT, VNAME: the setting compared with bf16 and its
 # name (default "fp8=true", fp8; e.g. "optimizer.state_dtype=bf16", bf16m). EXTRA: more --set arguments for every
