@@ -57,7 +57,8 @@ template <int KIND, typename TO>
 __global__ void __launch_bounds__(384, 1)
     wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
                      const __grid_constant__ CUtensorMap mo, const __grid_constant__ CUtensorMap msa,
-                     const __grid_constant__ CUtensorMap msb, TO *out, int accumulate, const __grid_constant__ WgTable gt, const int *tb0) {
+                     const __grid_constant__ CUtensorMap msb, TO *out, int accumulate,
+                     const __grid_constant__ WgTable gt, const int *tb0) {
     typedef W8Shape<TO> S;
     constexpr bool WGRAD = KIND == WG_WEIGHT_GRAD;
     constexpr int SA = S::SA, SB = S::SB, SC = 1024, ST = SA + SB + SC; // SC: the stage's scales
@@ -194,8 +195,8 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
     wgmma_scale_map(&msb, ws, E * N / W8_BN, ldws, ldws, 4);
     static bool attr[2]; // wg_launch's flag per kernel
     DT_SWITCH(y.dt, TO, "fp8_grouped_linear",
-              wg_launch(wgmma_fp8_kernel<WG_FORWARD, TO>, &attr[y.dt == DT_F32], bound, ma, mb, mo, msa, msb, (TO *)y.p, 0,
-                        gt, (const int *)NULL));
+              wg_launch(wgmma_fp8_kernel<WG_FORWARD, TO>, &attr[y.dt == DT_F32], bound, ma, mb, mo, msa, msb, (TO *)y.p,
+                        0, gt, (const int *)NULL));
     return true;
 }
 
