@@ -42,13 +42,14 @@ TEST(gpu_op_fp8_round) {
 // experts' where N and K are multiples of 128 (tc: how many of the three do in bf16,
 // asserted from the count of tensor-core GEMMs); the weight's codes, transposed codes and scales are the CPU's bit for
 // bit.
-// acc false: the grouped weight gradient is written, not added to.
+// acc false: the grouped weight gradient is written, not added to; gdt: its dtype (fp32, or bf16 as gradient_dtype
+// keeps the experts').
 static void check_fp8_gemms(DType dt, double tol, int64_t M, int64_t N, int64_t K, const int64_t *offs, int E, int tc,
-                            bool acc) {
+                            bool acc, DType gdt) {
     Pair x = pair_rand(dt, 1, 2, M, K, 0, 0), dy = pair_rand(dt, 1, 2, M, N, 0, 0), po = pair_offs(offs, E + 1);
     Pair w = offs ? pair_rand(dt, 0.5f, 3, E, N, K, 0) : pair_rand(dt, 0.5f, 2, N, K, 0, 0);
     Pair y = pair_nan(dt, 2, M, N, 0, 0), dx = pair_nan(dt, 2, M, K, 0, 0);
-    Pair dw = offs ? pair_rand(DT_F32, 1, 3, E, N, K, 0) : pair_rand(DT_F32, 1, 2, N, K, 0, 0);
+    Pair dw = offs ? pair_rand(gdt, 1, 3, E, N, K, 0) : pair_rand(gdt, 1, 2, N, K, 0, 0);
     size_t bytes = offs ? op_fp8_experts_bytes(E, N, K) : op_fp8_weight_bytes(N, K);
     void *hb = xmalloc(bytes);
     Tensor db = gpu_tensor(DT_U8, 1, (int64_t)bytes, 0, 0, 0);
@@ -99,12 +100,16 @@ TEST(gpu_op_fp8_linear) {
         DType dt = m ? DT_BF16 : DT_F32;
         double tol = m ? 1e-2 : 1e-5, tol_tc = m ? 1e-2 : 1e-3;
         gpu_mode(dt);
-        check_fp8_gemms(dt, tol, 150, 136, 200, NULL, 0, 0, true); // off the tensor cores: 150, 200 not multiples of 16
-        check_fp8_gemms(dt, tol, 150, 136, 202, NULL, 0, 0, true); // K = 202: the weight's codes without vector loads
-        check_fp8_gemms(dt, tol_tc, 1024, 768, 512, NULL, 0, 3, true);
-        check_fp8_gemms(dt, tol_tc, 208, 400, 336, NULL, 0, 3, true); // ragged 128-blocks in every dimension
-        check_fp8_gemms(dt, tol_tc, 200, 400, 336, NULL, 0, 1, true); // T = 200: the weight gradient alone (Tp = 208)
-        check_fp8_gemms(dt, tol, 200, 72, 136, ragged, 4, 0, true);   // off the tensor cores: N, K not multiples of 128
+        check_fp8_gemms(dt, tol, 150, 136, 200, NULL, 0, 0, true,
+                        DT_F32); // off the tensor cores: 150, 200 not multiples of 16
+        check_fp8_gemms(dt, tol, 150, 136, 202, NULL, 0, 0, true,
+                        DT_F32); // K = 202: the weight's codes without vector loads
+        check_fp8_gemms(dt, tol_tc, 1024, 768, 512, NULL, 0, 3, true, DT_F32);
+        check_fp8_gemms(dt, tol_tc, 208, 400, 336, NULL, 0, 3, true, DT_F32); // ragged 128-blocks in every dimension
+        check_fp8_gemms(dt, tol_tc, 200, 400, 336, NULL, 0, 1, true,
+                        DT_F32); // T = 200: the weight gradient alone (Tp = 208)
+        check_fp8_gemms(dt, tol, 200, 72, 136, ragged, 4, 0, true,
+                        DT_F32); // off the tensor cores: N, K not multiples of 128
     }
     gpu_report();
 }
@@ -112,7 +117,7 @@ TEST(gpu_op_fp8_linear) {
 // The experts' forward, input and weight gradient on the wgmma E4M3 kernel against the CPU's rounded-operand GEMMs
 // for balanced, skewed, empty and ragged experts: rows not multiples of 128 (the weight gradient's padded token
 // blocks), experts with 0 rows, one expert with nearly all rows, K of one and of many 128-blocks. Bounds as
-// gpu_op_fp8_linear's tensor-core cases: 1e-3 in fp32 outputs (the weight gradient's always), 1e-2 in bf16.
+// gpu_op_fp8_linear's tensor-core cases: 1e-3 in fp32 outputs (the weight gradient's but for its bf16 cases), 1e-2 in bf16.
 TEST(gpu_op_fp8_grouped) {
     gpu_begin();
     int64_t wide[5] = {0, 700, 1100, 1100, 1536}, bal[9] = {0, 128, 256, 384, 512, 640, 768, 896, 1024};
@@ -121,11 +126,14 @@ TEST(gpu_op_fp8_grouped) {
         DType dt = m ? DT_BF16 : DT_F32;
         double tol = m ? 1e-2 : 1e-3;
         gpu_mode(dt);
-        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 3, true);  // an empty expert, ragged row tiles
-        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 3, false); // dw written: the empty expert's zeroed
-        check_fp8_gemms(dt, tol, 1024, 384, 256, bal, 8, 3, true);   // balanced, 128 rows each
-        check_fp8_gemms(dt, tol, 1000, 128, 1024, skew, 4, 3, true); // one row, 900 rows, none, 99
-        check_fp8_gemms(dt, tol, 300, 256, 128, tail, 3, 3, true);   // the rows all in the last expert
+        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 3, true, DT_F32);  // an empty expert, ragged row tiles
+        check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 3, false, DT_F32); // dw written: the empty expert's zeroed
+        check_fp8_gemms(dt, tol, 1024, 384, 256, bal, 8, 3, true, DT_F32);   // balanced, 128 rows each
+        check_fp8_gemms(dt, tol, 1000, 128, 1024, skew, 4, 3, true, DT_F32); // one row, 900 rows, none, 99
+        check_fp8_gemms(dt, tol, 300, 256, 128, tail, 3, 3, true, DT_F32);   // the rows all in the last expert
+        if (m) // a bf16 weight gradient, added to (its tile loaded, one rounding) and written
+            check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 3, true, DT_BF16),
+                check_fp8_gemms(dt, tol, 1536, 256, 384, wide, 4, 3, false, DT_BF16);
     }
     gpu_report();
 }

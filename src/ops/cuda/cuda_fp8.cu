@@ -564,7 +564,7 @@ extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, Tensor o
     quant_t_groups((uint8_t *)qt.p, (float *)s.p, x, gr, tb);
 }
 
-// The experts' weight gradient dw (E, N, K) fp32 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false: written,
+// The experts' weight gradient dw (E, N, K) fp32 or bf16 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false: written,
 // an empty expert's zeroed): dy and x quantised 128 × 1 along each expert's tokens, their codes transposed while
 // quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole 128-token blocks from block rb0[e] of the
 // device Fp8Groups, Tp = 128 × a bound on their count from the sizes) with a scale per token block and column, in the
@@ -572,15 +572,15 @@ extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, Tensor o
 extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, Tensor offs_t,
                                                         bool accumulate) {
     cuda_check_no_rows(rows, "fp8_grouped_linear_backward_weight");
-    if (dw.nd != 3 || dw.dt != DT_F32) return false; // a bf16 gradient (gradient_dtype) runs the rounded operands
+    if (dw.nd != 3 || (dw.dt != DT_F32 && dw.dt != DT_BF16)) return false;
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2], R = t_rows(dy), TB;
     CHECK(t_cols(dy) == N && t_cols(x) == K && t_rows(x) == R);
     if ((x.dt != DT_F32 && x.dt != DT_BF16) || dy.dt != x.dt || !aligned16(x.p, dy.p) || E > FP8_MAX_GROUPS ||
         !wgmma_fp8_takes(dw, R, E, N, K))
         return false;
     const int64_t *offs = offsets_device(offs_t, E, "fp8_grouped_linear_backward_weight");
-    if (!accumulate) zero_empty_experts(dw.p, offs, E, N * K * 4); // they have no tiles
-    if (R == 0) return true;                                       // no rows: nothing (more) to write
+    if (!accumulate) zero_empty_experts(dw.p, offs, E, N * K * dtype_size(dw.dt)); // they have no tiles
+    if (R == 0) return true;                                                       // no rows: nothing (more) to write
     const Fp8Groups *gr = fp8_groups(offs, (int)E, 0, R, &TB);
     int64_t Tp = TB * 128;
     size_t bd = a256(N * Tp), bx = a256(K * Tp), bsd = a256(sizeof(float) * TB * N);

@@ -23,7 +23,8 @@
 // row scales, from the row below it on a 16-byte boundary where a TMA box must start, and the weight block's; for the
 // weight gradient two boxes of 128), so no consumer waits on a global load.
 // Epilogue: cuda_wgmma.cuh's, as the bf16 kernels': d into swizzled shared boxes, then out by the copy engine (a TMA
-// store, or for the weight gradient an fp32 reduction onto dw_e) while the warpgroup starts its next tile; rows past
+// store, or for the weight gradient an fp32 reduction onto dw_e, or a bf16 dw_e's tile loaded, added to in fp32 and
+// stored with one rounding) while the warpgroup starts its next tile; rows past
 // the tile's expert (they belong to the next expert) are left out by 16-byte stores of the warpgroup's own.
 #include "ops/cuda/cuda_wgmma.cuh"
 
@@ -52,7 +53,7 @@ static __device__ __forceinline__ void wgmma_e4m3_128(float *d, uint64_t da, uin
 // KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens (expert e's from block tb0[e], in
 // device memory: each expert's rows in whole blocks of 128); msa dyᵀ's scales (TB, N), msb xᵀ's (TB, K), one per token
 // block and column, in boxes of 128 (a scale per output row and per output column of the tile: 2 × 512 bytes a stage); out dw (E, N, K)
-// fp32, added to when accumulate, else written.
+// fp32 or bf16, added to when accumulate, else written.
 template <int KIND, typename TO>
 __global__ void __launch_bounds__(384, 1)
     wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(384, 1)
     int rl = 64 * g + 16 * (tid / 32) + lane / 4;                          // this thread's rows rl, rl + 8 of the tile
     uint32_t epi = epi0 + g * S::EPI;
     float d[64], b[64]; // the tile's accumulators and one block's
-    int it = 0;
+    int it = 0, eph = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
         Tile ti = tile_of<KIND, W8_BN, W8_BK>(gt, t);
 #pragma unroll
@@ -157,7 +158,7 @@ __global__ void __launch_bounds__(384, 1)
             }
         }
         epilogue<KIND, W8_BN, TO>(d, &mo, out, gt, ti, g, tid, epi, WGRAD && accumulate, empty + 8 * (STAGES + g),
-                                  NULL);
+                                  &eph);
     }
     if (tid == 0) bulk_wait<false>(); // the last stores are done before the CTA's shared memory goes away
 }
@@ -200,13 +201,13 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
     return true;
 }
 
-// dw (E, N, K) fp32 (+)= dy_eᵀ · x_e per expert (accumulate false: written; the caller zeroes empty experts) on the E4M3 tensor cores: dq (N, Tp) and xq (K, Tp) the transposed
+// dw (E, N, K) fp32 or bf16 (+)= dy_eᵀ · x_e per expert (accumulate false: written; the caller zeroes empty experts) on the E4M3 tensor cores: dq (N, Tp) and xq (K, Tp) the transposed
 // codes of dy and x, each expert's rows padded to whole 128-token blocks (expert e's from block Σ_{j<e} ⌈m_j/128⌉,
 // zero codes in the padding: expert e's from block tb0[e], on the device), ds (TB, N) and xs (TB, K) their 128 × 1
 // scales per token block; offs (E + 1) on the device. The caller checked wgmma_fp8_takes (on dw, with N and K).
 bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
                              int64_t E, int64_t N, int64_t K, const int64_t *offs, const int *tb0, bool accumulate) {
-    if (dw.dt != DT_F32 || !aligned16(dq, xq, ds, xs)) return false;
+    if ((dw.dt != DT_F32 && dw.dt != DT_BF16) || !aligned16(dq, xq, ds, xs)) return false;
     WgTable gt;
     int64_t bound = wg_table_build(&gt, WG_WEIGHT_GRAD, E, N, K, W8_BN, offs, Tp);
     if (bound < 0) return false;
@@ -214,11 +215,12 @@ bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const v
     CUtensorMap ma, mb, mo, msa, msb;
     wgmma_tensor_map(&ma, dq, DT_U8, N, Tp);
     wgmma_tensor_map(&mb, xq, DT_U8, K, Tp);
-    wgmma_tensor_map(&mo, dw.p, DT_F32, E * N, K);
+    wgmma_tensor_map(&mo, dw.p, dw.dt, E * N, K);
     wgmma_scale_map(&msa, ds, Tp / W8_BK, N, N, 128);
     wgmma_scale_map(&msb, xs, Tp / W8_BK, K, K, 128);
-    static bool attr;
-    wg_launch(wgmma_fp8_kernel<WG_WEIGHT_GRAD, float>, &attr, bound, ma, mb, mo, msa, msb, (float *)dw.p,
-              (int)accumulate, gt, tb0);
+    static bool attr[2]; // wg_launch's flag per kernel
+    DT_SWITCH(dw.dt, TO, "fp8_grouped_linear_backward_weight",
+              wg_launch(wgmma_fp8_kernel<WG_WEIGHT_GRAD, TO>, &attr[dw.dt == DT_F32], bound, ma, mb, mo, msa, msb,
+                        (TO *)dw.p, (int)accumulate, gt, tb0));
     return true;
 }
