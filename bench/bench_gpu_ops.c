@@ -85,6 +85,20 @@ static void skewed_offs(int64_t *offs, int64_t R, int64_t E) {
     for (int64_t e = 0; e < E; e++) offs[e + 1] = offs[e] + R * (1000000 / (e + 8)) / Q + (e == 0 ? R - used : 0);
 }
 
+// A shuffle of the R = T·k slots on the device: the one-rank dispatch's permutation, row i of the expert-ordered rows
+// being token row perm[i] / k.
+static Tensor shuffled_slots(int64_t R) {
+    Tensor perm = dev(DT_I32, 1, R, 0, 0);
+    int32_t *hp = xmalloc(R * sizeof(int32_t));
+    for (int64_t i = 0; i < R; i++) hp[i] = (int32_t)i;
+    for (int64_t i = R - 1; i > 0; i--) {
+        int64_t j = (int64_t)(rng_u64(60, 0, (uint64_t)i) % (uint64_t)(i + 1));
+        int32_t t = hp[i];
+        hp[i] = hp[j], hp[j] = t;
+    }
+    op_copy(perm, tensor_make(hp, DT_I32, DEV_CPU, 1, R, 1, 1, 1)), free(hp);
+    return perm;
+}
 // The expert GEMMs of one MoE layer at T tokens, top-k of E experts of width I, both projections: gate_up
 // (E, 2I, H) and down (E, H, I), under balanced and skewed routing, for each implementation: the wgmma kernels
 // (cuda_wgmma.cu, the default) and "loop" (one cuBLASLt product per expert on the side streams, cuda_gemm.cu).
@@ -105,15 +119,8 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
         op_zero(dwgu), op_zero(dwd);
     // the one-rank dispatch's rows: xe = xt[perm[i] / k], perm a shuffle of the T·k slots ("gather_rows": the copy that
     // makes xe before the products)
-    Tensor xt = dev(bf, 2, T, H, 0), perm = dev(DT_I32, 1, R, 0, 0), bgu = dev(bf, 2, E, 2 * I, 0);
-    int32_t *hp = xmalloc(R * sizeof(int32_t));
-    for (int64_t i = 0; i < R; i++) hp[i] = (int32_t)i;
-    for (int64_t i = R - 1; i > 0; i--) {
-        int64_t j = (int64_t)(rng_u64(60, 0, (uint64_t)i) % (uint64_t)(i + 1));
-        int32_t t = hp[i];
-        hp[i] = hp[j], hp[j] = t;
-    }
-    fill(xt, 1, 61), fill(bgu, 1, 62), op_copy(perm, tensor_make(hp, DT_I32, DEV_CPU, 1, R, 1, 1, 1)), free(hp);
+    Tensor xt = dev(bf, 2, T, H, 0), perm = shuffled_slots(R), bgu = dev(bf, 2, E, 2 * I, 0);
+    fill(xt, 1, 61), fill(bgu, 1, 62);
     double fg = 2.0 * R * 2 * I * H, fdn = 2.0 * R * I * H;
     const char *impl[2] = {"wgmma", "loop"};
     for (int bal = 1; bal >= 0; bal--) {
@@ -167,10 +174,11 @@ static void bench_grouped(const char *model, int64_t T, int64_t H, int64_t E, in
     A.used = save.used;
 }
 
-// FP8 (docs/architecture.md, "FP8") beside bf16 at the same expert shapes, balanced routing: the FP8 GEMMs as they run
-// now (forward and input gradient on the wgmma E4M3 kernel, activation quantisation included; the weight gradient
-// on operands rounded through E4M3 by op_fp8_round, then the bf16 kernels), each row's FP8/bf16 speed ratio, and the
-// rounding and weight quantisation alone.
+// FP8 (docs/architecture.md, "FP8") beside bf16 at the same expert shapes, balanced routing: the FP8 GEMMs on the
+// wgmma E4M3 kernel, activation quantisation included, each row's FP8/bf16 speed ratio; the gate_up forward and weight
+// gradient as one GPU trains them (the bf16 ones on xe gathered by gather_rows, the FP8 ones gathering the token rows
+// as they quantise; bf16 expert gradients, the bench configs' gradient_dtype); and the quantisers, rounding and weight
+// quantisation alone.
 static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E, int k, int64_t I) {
     Arena save = A;
     int64_t R = T * k, *offs = xmalloc((E + 1) * sizeof(int64_t));
@@ -178,13 +186,14 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     Tensor xe = dev(bf, 2, R, H, 0), wgu = dev(bf, 3, E, 2 * I, H), gu = dev(bf, 2, R, 2 * I, 0),
            act = dev(bf, 2, R, I, 0), wd = dev(bf, 3, E, H, I), ye = dev(bf, 2, R, H, 0),
            dwgu = dev(DT_F32, 3, E, 2 * I, H), dwd = dev(DT_F32, 3, E, H, I), xq = dev(bf, 2, R, H, 0),
-           doffs = dev(DT_I64, 1, E + 1, 0, 0);
+           doffs = dev(DT_I64, 1, E + 1, 0, 0), xt = dev(bf, 2, T, H, 0), perm = shuffled_slots(R),
+           hgu = tensor_make(dwgu.p, bf, DEV_CUDA, 3, E, 2 * I, H, 1); // a bf16 view of the fp32 buffer's first half
     Tensor bgu = dev(DT_U8, 1, (int64_t)op_fp8_experts_bytes(E, 2 * I, H), 0, 0),
            bd = dev(DT_U8, 1, (int64_t)op_fp8_experts_bytes(E, H, I), 0, 0);
     Fp8Weight qgu = op_fp8_experts_view(bgu.p, DEV_CUDA, E, 2 * I, H),
               qd = op_fp8_experts_view(bd.p, DEV_CUDA, E, H, I);
     fill(xe, 1, 54), fill(wgu, 0.02f, 55), fill(gu, 1, 56), fill(act, 1, 57), fill(wd, 0.02f, 58), fill(ye, 1, 59),
-        op_zero(dwgu), op_zero(dwd), op_fp8_weight_make(qgu, wgu), op_fp8_weight_make(qd, wd);
+        fill(xt, 1, 61), op_zero(dwgu), op_zero(dwd), op_fp8_weight_make(qgu, wgu), op_fp8_weight_make(qd, wd);
     int64_t tc0 = cuda_fp8_tensor_core_gemms();
     routing_offs(offs, T, H, E, k, true);
     op_copy(doffs, ti64_1(offs, E + 1));
@@ -218,6 +227,15 @@ static void bench_grouped_fp8(const char *model, int64_t T, int64_t H, int64_t E
     FP8_ROW("down bwd weight fp32 store", fdn,
             op_grouped_linear_backward_weight(dwd, NONE, ye, act, NONE, 0, doffs, false),
             op_fp8_grouped_linear_backward_weight(dwd, ye, act, NONE, 0, doffs, false));
+    FP8_ROW("gate_up fwd gathered", fg,
+            (op_gather_rows(xe, xt, perm, k), op_grouped_linear_forward(gu, xe, NONE, 0, wgu, NONE, doffs)),
+            op_fp8_grouped_linear_forward(gu, xt, perm, k, qgu, doffs));
+    FP8_ROW("gate_up bwd weight gathered bf16 store", fg,
+            op_grouped_linear_backward_weight(hgu, NONE, gu, xe, NONE, 0, doffs, false),
+            op_fp8_grouped_linear_backward_weight(hgu, gu, xt, perm, k, doffs, false));
+    FP8_ROW("gate_up bwd weight gathered bf16 add", fg,
+            op_grouped_linear_backward_weight(hgu, NONE, gu, xe, NONE, 0, doffs, true),
+            op_fp8_grouped_linear_backward_weight(hgu, gu, xt, perm, k, doffs, true));
 #undef FP8_ROW
     printf("(%lld of the FP8 GEMMs above ran on the tensor cores)\n", (long long)(cuda_fp8_tensor_core_gemms() - tc0));
     snprintf(nm, sizeof nm, "%s fp8 expert weight codes+scales (%lld x %lld x %lld bf16)", model, (long long)E,

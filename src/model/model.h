@@ -388,9 +388,10 @@ void moe_layer_grad_alloc(Model *m, int l, void *rec, Arena *ws, int B, int S, S
 // gate/up products and SwiGLU outputs of R rows: those kept, or (staged) those m->recompute names.
 void moe_stage3_alloc(Model *m, int l, void *rec, Arena *a, int64_t R, bool staged);
 int64_t moe_stage3_rows(const Model *m, const StageIO *io); // the rows holding data: received (MoE), every token
-// A MoE layer on one ep rank on the CPU: stage 3's grouped GEMMs (bf16 or FP8) read their rows xd[perm[i] / k] in
-// place (the dispatch's gather made part of the product), so xe is never made and xd (n2) is kept for the weight
-// gradient. The GPU gathers xe first (op_gather_rows): its GEMMs take their rows gathered.
+// A MoE layer on one ep rank on the CPU, or in FP8 on the GPU: stage 3's grouped GEMMs read their rows xd[perm[i] / k]
+// in place (the dispatch's gather made part of the product; the GPU's FP8 quantisers gather as they read), so xe is
+// never made and xd (n2) is kept for the weight gradient. The GPU's bf16 GEMMs take their rows gathered: it gathers
+// xe first (op_gather_rows).
 bool moe_stage3_gathers(const Model *m, const StageIO *io);
 void moe_stage3_grad_alloc(Model *m, int l, void *rec, Arena *ws);
 void moe_prolog_forward(Model *m, MicroBatch *mb, Tensor h);

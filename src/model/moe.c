@@ -251,7 +251,9 @@ static bool has_shared(const Model *m, int l) { return m->cfg.is_moe[l] && m->cf
 // Field `f` from arena a when part p (0: none) is recomputed (RC_*) exactly when `staged`, else as it is.
 #define PART(p, f, ...) (f = !(m->recompute & (p)) == !staged ? arena_tensor(a, __VA_ARGS__) : f)
 
-bool moe_stage3_gathers(const Model *m, const StageIO *io) { return !io->dense && !io->route && m->dev == DEV_CPU; }
+bool moe_stage3_gathers(const Model *m, const StageIO *io) {
+    return !io->dense && !io->route && (m->dev == DEV_CPU || m->fp8.on);
+}
 
 // A dense layer's n2 is its stage 3's input (kept), and so is a layer's that gathers it (moe_stage3_gathers).
 void moe_layer_alloc(Model *m, int l, void *rp, Arena *a, int B, int S, StageIO *io, bool staged) {

@@ -137,28 +137,34 @@ void op_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) {
     op_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, NONE), rounded(1, x, FP8_TILES, NONE), true);
 }
 
-// rows.p (the CPU's; the GPU takes x gathered): x's rows are rounded as they lie and gathered by the GEMM (a 1 × 128
-// block is one row's, so the bits are the rounding of the gathered rows).
+// x's rows gathered (row i of n is x's row rows[i] / div) into scratch slot 1: the GPU's GEMMs off the tensor cores
+// take their rows gathered.
+static Tensor gathered(Tensor x, Tensor rows, int div, int64_t n) {
+    Tensor xg = scratch_like(1, tensor_make(NULL, x.dt, x.dev, 2, n, t_cols(x), 1, 1));
+    op_gather_rows(xg, x, tensor_rows(rows, 0, n), div);
+    return xg;
+}
+
+// rows.p: x's rows are rounded as they lie and gathered by the GEMM (a 1 × 128 block is one row's, so the bits are the
+// rounding of the gathered rows); the GPU's FP8 kernel gathers them as its quantiser reads x.
 void op_fp8_grouped_linear_forward(Tensor y, Tensor x, Tensor rows, int div, Fp8Weight w8, Tensor offs) {
-    if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear(y, x, rows, w8, offs, false))) return;
-    op_grouped_linear_forward(y, rounded(0, x, FP8_ROWS, NONE), rows, div, weight_values(w8, x.dt), NONE, offs);
+    if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear(y, x, rows, div, w8, offs, false))) return;
+    if (rows.p && x.dev == DEV_CUDA) x = gathered(x, rows, div, tensor_numel(rows)), rows = NONE;
+    Tensor xr = rounded(0, x, FP8_ROWS, NONE); // before weight_values takes slot 1
+    op_grouped_linear_forward(y, xr, rows, div, weight_values(w8, x.dt), NONE, offs);
 }
 
 void op_fp8_grouped_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, Tensor offs) {
-    if (RAN_ON_CUDA(dy.dev, cuda_fp8_grouped_linear(dx, dy, NONE, w8, offs, true))) return;
+    if (RAN_ON_CUDA(dy.dev, cuda_fp8_grouped_linear(dx, dy, NONE, 0, w8, offs, true))) return;
     op_grouped_linear_backward_input(dx, rounded(0, dy, FP8_ROWS, NONE), weight_values(w8, dy.dt), offs);
 }
 
-// rows.p (the CPU's; the GPU takes x gathered): the rows are gathered into scratch slot 1 and rounded there (the
-// 128 × 1 blocks run along the gathered rows).
+// rows.p: the rows are gathered into scratch slot 1 and rounded there (the 128 × 1 blocks run along the gathered
+// rows); the GPU's FP8 kernel gathers them as its quantiser reads x.
 void op_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs,
                                            bool accumulate) {
-    if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear_backward_weight(dw, dy, x, rows, offs, accumulate))) return;
-    if (rows.p) {
-        Tensor xg = scratch_like(1, tensor_make(NULL, x.dt, x.dev, 2, t_rows(dy), t_cols(x), 1, 1));
-        op_gather_rows(xg, x, tensor_rows(rows, 0, t_rows(dy)), div);
-        x = xg;
-    }
+    if (RAN_ON_CUDA(x.dev, cuda_fp8_grouped_linear_backward_weight(dw, dy, x, rows, div, offs, accumulate))) return;
+    if (rows.p) x = gathered(x, rows, div, t_rows(dy));
     op_grouped_linear_backward_weight(dw, NONE, rounded(0, dy, FP8_COLS, offs), rounded(1, x, FP8_COLS, offs), NONE, 0,
                                       offs, accumulate);
 }

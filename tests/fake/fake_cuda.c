@@ -622,12 +622,12 @@ void cuda_fp8_weight_values(Tensor y, Fp8Weight fw) {
 bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8) { return false; }
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate) { return false; }
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x) { return false; }
-bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, Fp8Weight w8, Tensor offs, bool input_grad) {
-    return no_rows(rows, "fp8_grouped_linear"), false;
+bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, int div, Fp8Weight w8, Tensor offs, bool input_grad) {
+    return false;
 }
-bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, Tensor offs,
+bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs,
                                              bool accumulate) {
-    return no_rows(rows, "fp8_grouped_linear_backward_weight"), false;
+    return false;
 }
 int64_t cuda_fp8_tensor_core_gemms(void) { return 0; }
 bool cuda_fp8_dense_fit(int64_t N, int64_t K) { return false; }

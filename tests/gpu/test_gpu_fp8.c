@@ -138,6 +138,52 @@ TEST(gpu_op_fp8_grouped) {
     gpu_report();
 }
 
+// The experts' input gathered by the quantisers (moe_stage3_gathers: row i of the product is token row perm[i] / k):
+// the gate_up forward and its weight gradient (bf16, added to and written) bit for bit the products of the rows
+// gathered first (a 1 × 128 block is one row's, and the 128 × 1 blocks run along the gathered rows either way), and
+// within the tensor-core bounds of the CPU's; T = 200 token rows, k = 4, three experts, one empty.
+TEST(gpu_op_fp8_grouped_gathered) {
+    gpu_begin();
+    gpu_mode(DT_BF16);
+    const int64_t T = 200, k = 4, R = T * k, N = 256, K = 384, offs[4] = {0, 300, 300, 800};
+    int32_t perm[800];
+    for (int64_t i = 0; i < R; i++) perm[i] = (int32_t)((i * 337 + 11) % R); // 337 prime to 800: a permutation
+    Pair xt = pair_rand(DT_BF16, 1, 2, T, K, 0, 0), dy = pair_rand(DT_BF16, 1, 2, R, N, 0, 0);
+    Pair w = pair_rand(DT_BF16, 0.5f, 3, 3, N, K, 0), po = pair_offs(offs, 4), rows = pair_i32(perm, R);
+    Tensor xe = gpu_tensor(DT_BF16, 2, R, K, 0, 0);
+    op_gather_rows(xe, xt.d, rows.d, (int)k);
+    void *hb = xmalloc(op_fp8_experts_bytes(3, N, K));
+    Tensor db = gpu_tensor(DT_U8, 1, (int64_t)op_fp8_experts_bytes(3, N, K), 0, 0, 0);
+    Fp8Weight w8c = op_fp8_experts_view(hb, DEV_CPU, 3, N, K), w8d = op_fp8_experts_view(db.p, DEV_CUDA, 3, N, K);
+    op_fp8_weight_make(w8c, w.c), op_fp8_weight_make(w8d, w.d);
+    Pair y = pair_nan(DT_BF16, 2, R, N, 0, 0);
+    Tensor y2 = gpu_tensor(DT_BF16, 2, R, N, 0, 0);
+    int64_t tc0 = cuda_fp8_tensor_core_gemms();
+    op_fp8_grouped_linear_forward(y.c, xt.c, rows.c, (int)k, w8c, po.c);
+    op_fp8_grouped_linear_forward(y.d, xt.d, rows.d, (int)k, w8d, po.d);
+    op_fp8_grouped_linear_forward(y2, xe, NONE, 0, w8d, po.d);
+    EXPECT_CLOSE(y, 1e-2);
+    float *a = gpu_down(y.d), *b = gpu_down(y2);
+    ASSERT_MSG(!memcmp(a, b, sizeof(float) * R * N), "the gathered forward differs from the forward on gathered rows");
+    free(a), free(b);
+    for (int acc = 1; acc >= 0; acc--) {
+        Pair dw = pair_rand(DT_BF16, 1, 3, 3, N, K, 0);
+        Tensor dw2 = gpu_tensor(DT_BF16, 3, 3, N, K, 0);
+        op_copy(dw2, dw.d);
+        op_fp8_grouped_linear_backward_weight(dw.c, dy.c, xt.c, rows.c, (int)k, po.c, acc);
+        op_fp8_grouped_linear_backward_weight(dw.d, dy.d, xt.d, rows.d, (int)k, po.d, acc);
+        op_fp8_grouped_linear_backward_weight(dw2, dy.d, xe, NONE, 0, po.d, acc);
+        EXPECT_CLOSE(dw, 1e-2);
+        a = gpu_down(dw.d), b = gpu_down(dw2);
+        ASSERT_MSG(!memcmp(a, b, sizeof(float) * 3 * N * K), "the gathered weight gradient differs (acc %d)", acc);
+        free(a), free(b);
+    }
+    int64_t ran = cuda_fp8_tensor_core_gemms() - tc0;
+    ASSERT_MSG(ran == 6, "%lld of 6 products on the FP8 tensor cores", (long long)ran);
+    free(hb);
+    gpu_report();
+}
+
 // One step of FP8_TEST_MODEL on the GPU in FP8 and in bf16 (learned and force-balanced routing, and with attention
 // biases, force-balanced): the loss within 1%, the gradient within calc_diff 5e-2 (every tensor's with balanced
 // routing, the whole with learned routing). FP8 covers the experts, the dense MLP and attention's q/k/v/o (the biases

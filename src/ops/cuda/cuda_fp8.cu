@@ -145,14 +145,16 @@ __global__ void fp8_round_kernel(T *y, const T *x, int64_t C, int64_t nchunks, c
     for (int64_t r = r0; in && r < r1; r++) st(y, r * C + c, fp8_value(ld(x, r * C + c), s, inv));
 }
 
-// Rows: x (R, C) in 1 × 128 blocks → codes q (R, C) and VEC128 scales s[cb·R + r]. VEC (C a multiple of 128, x
+// Rows: x (R, C) in 1 × 128 blocks → codes q (R, C) and VEC128 scales s[cb·R + r]; with rows, row r of the output is
+// x's row rows[r] / div (the experts' input gathered as it is quantised: x's rows are read once from memory, again
+// from L2, and only the codes are written per expert row). VEC (C a multiple of 128, x
 // 16-byte and q 8-byte aligned): a half-warp per block, lane i holding columns 8i .. 8i + 7 (one 16-byte load of
 // bf16, one 8-byte store of codes), a warp taking 4 blocks two at a time (the second pair's loads in flight with the
 // first's); else a warp per block, lane i holding columns i, i + 32, i + 64, i + 96 (coalesced). With y (q and s
 // NULL, not VEC: FP8_ROWS rounding) the values q·s into y instead.
 template <typename T, bool VEC>
 __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, T *y, const T *x, int64_t R, int64_t C, int64_t nchunks,
-                                      int64_t ld) {
+                                      int64_t ld, const int *rows, int div) {
     int64_t warp = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nb = R * nchunks;
     if (VEC) {
         int half = (threadIdx.x >> 4) & 1, hl = threadIdx.x & 15;
@@ -160,6 +162,7 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, T *y, const T *x, in
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             int64_t b = 4 * warp + 2 * j + half, xr = b < nb ? b / nchunks : 0;
+            if (rows) xr = __ldg(rows + xr) / div;
             ld8(x + xr * C + b % nchunks * 128 + 8 * hl, b < nb ? 8 : 0, true, v[j]);
         }
 #pragma unroll
@@ -180,7 +183,7 @@ __global__ void fp8_quant_rows_kernel(uint8_t *q, float *s, T *y, const T *x, in
     }
     if (warp >= nb) return;
     int64_t r = warp / nchunks, cb = warp % nchunks, c0 = cb * 128 + (threadIdx.x & 31);
-    float v[4], sc = row_block_scale(x, C, r, c0, v), inv = 1.0f / sc;
+    float v[4], sc = row_block_scale(x, C, rows ? __ldg(rows + r) / div : r, c0, v), inv = 1.0f / sc;
     if (s && (threadIdx.x & 31) == 0) s[cb * ld + r] = sc;
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -238,7 +241,7 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, Tensor offs_t) {
     if (b == FP8_ROWS) { // rows do not depend on the groups
         DT_SWITCH(x.dt, T, "fp8_round",
                   fp8_quant_rows_kernel<T, false><<<(R * nchunks + 7) / 8, 256, 0, cuda_stream()>>>(
-                      NULL, NULL, (T *)y.p, (const T *)x.p, R, C, nchunks, 0));
+                      NULL, NULL, (T *)y.p, (const T *)x.p, R, C, nchunks, 0, NULL, 0));
         CUDA_LAUNCH_CHECK();
         return;
     }
@@ -255,14 +258,14 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, Tensor offs_t) {
 // 128 × 1 blocks (whole false: a scale per column, VEC128 s[rb·C + c]) or one 128 × 128 block (whole: BLK128x128
 // s[cb·RB4 + rb]) → qt (C, ldq): qt[c·ldq + p0 + r − r0]; qt's columns p0 + r1 − r0 .. min(p0 + 128, ldq) are written 0
 // (the padding of the contraction). For a weight also its codes q (R, C) and the scales of q's layout s2[rb·CB4 + cb]
-// (q, s2 NULL: not written). x is read once: 256 threads, each holding two pieces of 4 rows × 8 columns (a row's 8
+// (q, s2 NULL: not written). rows: x's row r is rows[r] / div (the experts' input gathered as it is quantised). x is read once: 256 threads, each holding two pieces of 4 rows × 8 columns (a row's 8
 // columns one vector load); a warp's pieces are 4 column groups × 8 row groups, so that its 4-byte stores of 4 rows'
 // codes of a column into the transposed tile (33 words a row) fall in 32 different banks; the tile then leaves row by
 // row, a warp storing one qt row's 128 bytes.
 template <typename T>
 __device__ void quant_t_block(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t C, int64_t ldq,
                               bool whole, int64_t RB4, int64_t CB4, int64_t rb, int64_t cb, int64_t r0, int64_t r1,
-                              int64_t p0) {
+                              int64_t p0, const int *rows = NULL, int div = 1) {
     __shared__ uint32_t tile[128][33]; // tile[c][w]: the codes of rows 4w .. 4w + 3 of the chunk's column c
     __shared__ unsigned cmax[128];     // per column (whole: cmax[0] for the block) the amax bits
     int tid = threadIdx.x, lane = tid & 31;
@@ -277,7 +280,8 @@ __device__ void quant_t_block(uint8_t *qt, float *s, uint8_t *q, float *s2, cons
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int64_t r = r0 + 4 * (rg0 + 16 * j) + i;
-            ld8(x + (r < r1 ? r : 0) * C + c, r < r1 ? nc : 0, vec, v[j][i]);
+            int64_t xr = r < r1 ? (rows ? __ldg(rows + r) / div : r) : 0;
+            ld8(x + xr * C + c, r < r1 ? nc : 0, vec, v[j][i]);
 #pragma unroll
             for (int k = 0; k < 8; k++) m[k] = max(m[k], amax_bits(v[j][i][k]));
         }
@@ -360,10 +364,11 @@ __global__ void __launch_bounds__(256, 3)
 // rb·128 .. (each group padded to whole blocks with zero codes), scales s[rb·C + c].
 template <typename T>
 __global__ void __launch_bounds__(256, 4)
-    fp8_quant_t_groups_kernel(uint8_t *qt, float *s, const T *x, int64_t C, int64_t ldq, const Fp8Groups *gr) {
+    fp8_quant_t_groups_kernel(uint8_t *qt, float *s, const T *x, int64_t C, int64_t ldq, const Fp8Groups *gr,
+                              const int *rows, int div) {
     int64_t nchunks = (C + 127) / 128, rb = blockIdx.x / nchunks, cb = blockIdx.x % nchunks, r0, r1;
     if (!group_rows(gr, rb, &r0, &r1)) return;
-    quant_t_block(qt, s, (uint8_t *)NULL, (float *)NULL, x, C, ldq, false, 0, 0, rb, cb, r0, r1, rb * 128);
+    quant_t_block(qt, s, (uint8_t *)NULL, (float *)NULL, x, C, ldq, false, 0, 0, rb, cb, r0, r1, rb * 128, rows, div);
 }
 
 // y (E, N, K) = q·s from a weight's codes and BLK scales (the GEMMs off the tensor cores); E = 1: a dense weight.
@@ -448,9 +453,11 @@ static size_t a256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 // x (R, C) quantised in 1 × 128 blocks: codes q (R, C) and scales s[cb·ld + r] (ld = R: cuBLASLt's VEC128 layout;
 // the grouped kernel takes ld a multiple of 4, so that each block's row of scales starts 16-byte aligned for its TMA
-// copies); q, s NULL: into the op scratch, where *qp and *sp then point.
-static void quant_rows(Tensor x, uint8_t *q, float *s, int64_t ld, uint8_t **qp, float **sp) {
-    int64_t R = t_rows(x), C = t_cols(x), nchunks = (C + 127) / 128;
+// copies); q, s NULL: into the op scratch, where *qp and *sp then point. rows (R int32 on the device; NULL: x's own):
+// row r is x's row rows[r] / div, x then (R / div, C) or more rows.
+static void quant_rows(Tensor x, uint8_t *q, float *s, int64_t ld, uint8_t **qp, float **sp, Tensor rows = Tensor(),
+                       int div = 1) {
+    int64_t R = rows.p ? tensor_numel(rows) : t_rows(x), C = t_cols(x), nchunks = (C + 127) / 128;
     if (!q) {
         char *p = (char *)cuda_scratch(a256(R * C) + a256(sizeof(float) * ld * nchunks));
         q = (uint8_t *)p, s = (float *)(p + a256(R * C));
@@ -462,7 +469,7 @@ static void quant_rows(Tensor x, uint8_t *q, float *s, int64_t ld, uint8_t **qp,
                 DT_SWITCH(x.dt, T, "fp8_quant_rows",
                           fp8_quant_rows_kernel<T, VEC>
                           <<<(unsigned)((R * nchunks + (VEC ? 31 : 7)) / (VEC ? 32 : 8)), 256, 0, cuda_stream()>>>(
-                              q, s, (T *)NULL, (const T *)x.p, R, C, nchunks, ld)));
+                              q, s, (T *)NULL, (const T *)x.p, R, C, nchunks, ld, (const int *)rows.p, div)));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -525,32 +532,34 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
 bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
                              int64_t E, int64_t N, int64_t K, const int64_t *offs, const int *tb0, bool accumulate);
 
-extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, Fp8Weight w8, Tensor offs_t, bool input_grad) {
-    cuda_check_no_rows(rows, "fp8_grouped_linear");
+extern "C" bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, int div, Fp8Weight w8, Tensor offs_t,
+                                        bool input_grad) {
     if (w8.q.nd != 3) return false;
-    int64_t E = w8.q.n[0], C = w8.q.n[input_grad ? 2 : 1], Kx = w8.q.n[input_grad ? 1 : 2], R = t_rows(x);
-    CHECK(t_cols(x) == Kx && t_cols(y) == C && t_rows(y) >= R);
+    int64_t E = w8.q.n[0], C = w8.q.n[input_grad ? 2 : 1], Kx = w8.q.n[input_grad ? 1 : 2];
+    int64_t R = rows.p ? tensor_numel(rows) : t_rows(x);
+    CHECK(t_cols(x) == Kx && t_cols(y) == C && t_rows(y) >= R && (!rows.p || (rows.dt == DT_I32 && !input_grad)));
     const int64_t *offs = offsets_device(offs_t, E, "fp8_grouped_linear");
     if ((x.dt != DT_F32 && x.dt != DT_BF16) || !wgmma_fp8_takes(y, R, E, C, Kx)) return false;
     if (R == 0) return true;
     uint8_t *q;
     float *s;
     int64_t lds = up4(R);
-    quant_rows(x, NULL, NULL, lds, &q, &s);
+    quant_rows(x, NULL, NULL, lds, &q, &s, rows, div);
     Tensor wq = input_grad ? w8.qt : w8.q, ws = input_grad ? w8.st : w8.s;
     return counted(wgmma_fp8_grouped(y, q, s, lds, R, wq.p, (const float *)ws.p, ws.n[1], E, C, Kx, offs));
 }
 
 // x (R, C) (C a multiple of 128) in 128 × 1 blocks within each group of rows of gr (fp8_groups with bh 128, tb row
 // blocks at most) → codes qt (C, Tp), each group's rows padded to whole 128-row blocks (Tp = 128·tb: the blocks past
-// the groups' are not written), and scales s (tb, C).
-static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const Fp8Groups *gr, int64_t tb) {
+// the groups' are not written), and scales s (tb, C). rows (NULL: x's own): row r is x's row rows[r] / div.
+static void quant_t_groups(uint8_t *qt, float *s, Tensor x, const Fp8Groups *gr, int64_t tb, Tensor rows = Tensor(),
+                           int div = 1) {
     CHECK(t_cols(x) % 128 == 0);
     int64_t C = t_cols(x);
     if (tb == 0) return;
     DT_SWITCH(x.dt, T, "fp8_quant_t_groups",
-              fp8_quant_t_groups_kernel<T>
-              <<<tb *(C / 128), 256, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, tb * 128, gr));
+              fp8_quant_t_groups_kernel<T><<<tb *(C / 128), 256, 0, cuda_stream()>>>(qt, s, (const T *)x.p, C, tb * 128,
+                                                                                     gr, (const int *)rows.p, div));
     CUDA_LAUNCH_CHECK();
 }
 
@@ -569,12 +578,12 @@ extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, Tensor o
 // quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole 128-token blocks from block rb0[e] of the
 // device Fp8Groups, Tp = 128 × a bound on their count from the sizes) with a scale per token block and column, in the
 // op scratch. The offsets stay on the device.
-extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, Tensor offs_t,
-                                                        bool accumulate) {
-    cuda_check_no_rows(rows, "fp8_grouped_linear_backward_weight");
+extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, int div,
+                                                        Tensor offs_t, bool accumulate) {
     if (dw.nd != 3 || (dw.dt != DT_F32 && dw.dt != DT_BF16)) return false;
     int64_t E = dw.n[0], N = dw.n[1], K = dw.n[2], R = t_rows(dy), TB;
-    CHECK(t_cols(dy) == N && t_cols(x) == K && t_rows(x) == R);
+    CHECK(t_cols(dy) == N && t_cols(x) == K &&
+          (rows.p ? rows.dt == DT_I32 && tensor_numel(rows) >= R : t_rows(x) == R));
     if ((x.dt != DT_F32 && x.dt != DT_BF16) || dy.dt != x.dt || !aligned16(x.p, dy.p) || E > FP8_MAX_GROUPS ||
         !wgmma_fp8_takes(dw, R, E, N, K))
         return false;
@@ -587,6 +596,6 @@ extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Te
     char *p = (char *)cuda_scratch(bd + bx + bsd + a256(sizeof(float) * TB * K));
     uint8_t *dq = (uint8_t *)p, *xq = (uint8_t *)(p + bd);
     float *ds = (float *)(p + bd + bx), *xs = (float *)(p + bd + bx + bsd);
-    quant_t_groups(dq, ds, dy, gr, TB), quant_t_groups(xq, xs, x, gr, TB);
+    quant_t_groups(dq, ds, dy, gr, TB), quant_t_groups(xq, xs, x, gr, TB, rows, div);
     return counted(wgmma_fp8_grouped_wgrad(dw, dq, ds, xq, xs, Tp, E, N, K, offs, gr->rb0, accumulate));
 }

@@ -47,7 +47,8 @@ const char *cuda_attention_last_path(void);
 // the GEMMs the tensor cores do not take); the dense FP8 GEMMs on the tensor cores (cuBLASLt block-scaled E4M3) and the experts' forward (input_grad false: y = x_e·w_eᵀ), input
 // gradient (dx = dy_e·w_e) and weight gradient (dw_e += dy_eᵀ·x_e) on the wgmma E4M3 kernel (cuda_wgmma_fp8.cu), false
 // (nothing done) where the shapes or alignment do not fit them, and the count of those that ran. rows.p (the experts'
-// forward and weight gradient): the run dies, as op_grouped_linear_* do on the GPU (x comes gathered).
+// forward and weight gradient; int32 on the device): x's row rows[i] / div is row i of the product, gathered by the
+// quantiser as it reads x (moe_stage3_gathers), so only the codes are made per expert row.
 void cuda_fp8_weight(Fp8Weight fw, Tensor w);
 void cuda_fp8_weights_ahead(const Fp8Weight *fw, const Tensor *w, int n, int id); // op_fp8_weights_ahead
 void cuda_fp8_weights_join(int id);
@@ -55,7 +56,7 @@ void cuda_fp8_weight_values(Tensor y, Fp8Weight fw);
 bool cuda_fp8_linear_forward(Tensor y, Tensor x, Fp8Weight w8);
 bool cuda_fp8_linear_backward_input(Tensor dx, Tensor dy, Fp8Weight w8, bool accumulate);
 bool cuda_fp8_linear_backward_weight(Tensor dw, Tensor dy, Tensor x);
-bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, Fp8Weight w8, Tensor offs, bool input_grad);
+bool cuda_fp8_grouped_linear(Tensor y, Tensor x, Tensor rows, int div, Fp8Weight w8, Tensor offs, bool input_grad);
 // x (R, C) into E4M3 codes q (R, C) and 1 × 128 scales s (⌈C/128⌉, R) (the tensor-core GEMMs' first step; the bench
 // times it alone).
 void cuda_fp8_quantize_rows(Tensor q, Tensor s, Tensor x);
@@ -65,7 +66,8 @@ void cuda_fp8_quantize_rows(Tensor q, Tensor s, Tensor x);
 // from the sizes (Tp = 128 · TB; the columns past the groups' blocks are not written).
 int64_t cuda_fp8_cols_t_blocks(int64_t R, int64_t groups);
 void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, Tensor offs);
-bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, Tensor offs, bool accumulate);
+bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, int div, Tensor offs,
+                                             bool accumulate);
 int64_t cuda_fp8_tensor_core_gemms(void);
 bool cuda_fp8_dense_fit(int64_t N, int64_t K); // the shapes the tensor-core paths take (no GPU needed)
 bool cuda_fp8_experts_fit(int64_t E, int64_t N, int64_t K);
