@@ -128,6 +128,28 @@ template <int KIND, int BN, int BK = 64> static __device__ __forceinline__ Tile 
     return ti;
 }
 
+// A tile handed from the producer to the consumers through shared memory, so that only the producer searches the list
+// (tile_of's dependent loads, at every tile's start on the consumers' path otherwise): the producer writes the tile
+// into the record of the stage that holds the tile's first block before it arrives on that stage's full barrier
+// (release), and a consumer reads it after its wait there (acquire), before the stage goes back. 32 bytes a stage.
+// The FP8 kernel's; the bf16 kernel's consumers still search (its form of the record, which gave a stage back a block
+// later, drew racecheck reports the FP8 form does not, and no step time: bench/results/2026-12-05-s43).
+#define WG_TILE_REC 32
+static __device__ __forceinline__ void tile_put(uint32_t rec, const Tile &ti) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(rec), "r"(ti.e), "r"(ti.r0), "r"(ti.m), "r"(ti.nkb)
+                 : "memory");
+    asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(rec + 16), "r"(ti.row), "r"(ti.col) : "memory");
+}
+static __device__ __forceinline__ Tile tile_get(uint32_t rec) {
+    Tile ti;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(ti.e), "=r"(ti.r0), "=r"(ti.m), "=r"(ti.nkb)
+                 : "r"(rec)
+                 : "memory");
+    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(ti.row), "=r"(ti.col) : "r"(rec + 16) : "memory");
+    return ti;
+}
+
 // The tile list of one product (kind WG_*; bn: the tile's output columns; C: the output's columns, N in the forward,
 // K otherwise) from offs (E + 1 int64 on the device), built on the device into the small pool (cuda_wgmma.cu): the
 // experts ordered by rows, most first, and each one's tiles — forward and input gradient ⌈rows/128⌉ row tiles of its
@@ -138,8 +160,10 @@ int64_t wg_table_build(WgTable *gt, int kind, int64_t E, int64_t N, int64_t K, i
 
 // The stage ring of a producer/consumer CTA: stage s's "full" barrier at full + 8·s (the producer's one arrival and
 // its TMA bytes) and "empty" barrier at empty + 8·s (one arrival per consumer warp: 8), then consumer warpgroup g's
-// epilogue barrier at empty + 8·(stages + g) (its loads of a tile's output: epilogue); the whole CTA waits until they
-// are initialised.
+// epilogue barrier at empty + 8·(stages + g) (its loads of a tile's output: epilogue), then the stages' tile records
+// (ring_recs); the whole CTA waits until they are initialised. The barriers and records take at most WG_RING_BYTES.
+#define WG_RING_BYTES 512
+static __device__ __forceinline__ uint32_t ring_recs(uint32_t empty, int stages) { return empty + 8 * (stages + 2); }
 static __device__ __forceinline__ void ring_init(uint32_t full, uint32_t empty, int stages) {
     if (threadIdx.x == 0) {
         for (int s = 0; s < stages; s++) mbar_init(full + 8 * s, 1), mbar_init(empty + 8 * s, 8);

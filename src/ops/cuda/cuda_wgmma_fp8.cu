@@ -63,10 +63,12 @@ __global__ void __launch_bounds__(384, 1)
     typedef W8Shape<TO> S;
     constexpr bool WGRAD = KIND == WG_WEIGHT_GRAD;
     constexpr int SA = S::SA, SB = S::SB, SC = 1024, ST = SA + SB + SC; // SC: the stage's scales
-    constexpr int STAGES = (WG_SMEM - 256 - 2 * S::EPI) / ST;
+    constexpr int STAGES = (WG_SMEM - WG_RING_BYTES - 2 * S::EPI) / ST;
+    static_assert(16 * STAGES + 16 + WG_TILE_REC * STAGES <= WG_RING_BYTES, "the ring's barriers and records");
     extern __shared__ unsigned char w8_shared[];
     uint32_t base = (sh_addr(w8_shared) + 1023) & ~1023u; // the 128-byte swizzle repeats every 1024 bytes
     uint32_t epi0 = base + STAGES * ST, full = epi0 + 2 * S::EPI, empty = full + 8 * STAGES;
+    uint32_t recs = ring_recs(empty, STAGES);
     int wg = threadIdx.x / 128, ntiles = gt.list->ntiles;
     ring_init(full, empty, STAGES);
     if (wg == 0) { // producer
@@ -79,6 +81,7 @@ __global__ void __launch_bounds__(384, 1)
             for (int kb = 0; kb < ti.nkb; kb++, it++) {
                 int s = it % STAGES;
                 mbar_wait(empty + 8 * s, (it / STAGES & 1) ^ 1);
+                if (kb == 0) tile_put(recs + WG_TILE_REC * s, ti);
                 mbar_expect(full + 8 * s, WGRAD ? ST : SA + SB + 544);
                 uint32_t sa = base + s * ST, sb = sa + SA, bar = full + 8 * s;
                 for (int i = 0; i < 2; i++) {
@@ -110,7 +113,8 @@ __global__ void __launch_bounds__(384, 1)
     float d[64], b[64]; // the tile's accumulators and one block's
     int it = 0, eph = 0;
     for (int t = blockIdx.x; t < ntiles; t += gridDim.x) {
-        Tile ti = tile_of<KIND, W8_BN, W8_BK>(gt, t);
+        mbar_wait(full + 8 * (it % STAGES), it / STAGES & 1); // the tile's first block (and its record)
+        Tile ti = tile_get(recs + WG_TILE_REC * (it % STAGES));
 #pragma unroll
         for (int i = 0; i < 64; i++) d[i] = 0;
         for (int kb = 0; kb < ti.nkb; kb++, it++) {
