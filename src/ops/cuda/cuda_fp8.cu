@@ -258,10 +258,11 @@ extern "C" void cuda_fp8_round(Tensor y, Tensor x, Fp8Blocks b, Tensor offs_t) {
 // 128 × 1 blocks (whole false: a scale per column, VEC128 s[rb·C + c]) or one 128 × 128 block (whole: BLK128x128
 // s[cb·RB4 + rb]) → qt (C, ldq): qt[c·ldq + p0 + r − r0]; qt's columns p0 + r1 − r0 .. min(p0 + 128, ldq) are written 0
 // (the padding of the contraction). For a weight also its codes q (R, C) and the scales of q's layout s2[rb·CB4 + cb]
-// (q, s2 NULL: not written). rows: x's row r is rows[r] / div (the experts' input gathered as it is quantised). x is read once: 256 threads, each holding two pieces of 4 rows × 8 columns (a row's 8
-// columns one vector load); a warp's pieces are 4 column groups × 8 row groups, so that its 4-byte stores of 4 rows'
-// codes of a column into the transposed tile (33 words a row) fall in 32 different banks; the tile then leaves row by
-// row, a warp storing one qt row's 128 bytes.
+// (q, s2 NULL: not written). rows: x's row r is rows[r] / div (the experts' input gathered as it is quantised).
+// x is read once: 256 threads, each holding two pieces of 4 rows × 8 columns (a row's 8 columns one vector load); a
+// warp's pieces are 4 column groups × 8 row groups, so that its 4-byte stores of 4 rows' codes of a column into the
+// transposed tile (33 words a row) fall in 32 different banks; the tile then leaves row by row, a warp storing one qt
+// row's 128 bytes.
 template <typename T>
 __device__ void quant_t_block(uint8_t *qt, float *s, uint8_t *q, float *s2, const T *x, int64_t C, int64_t ldq,
                               bool whole, int64_t RB4, int64_t CB4, int64_t rb, int64_t cb, int64_t r0, int64_t r1,
@@ -573,8 +574,8 @@ extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, Tensor o
     quant_t_groups((uint8_t *)qt.p, (float *)s.p, x, gr, tb);
 }
 
-// The experts' weight gradient dw (E, N, K) fp32 or bf16 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false: written,
-// an empty expert's zeroed): dy and x quantised 128 × 1 along each expert's tokens, their codes transposed while
+// The experts' weight gradient dw (E, N, K) fp32 or bf16 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false:
+// written, an empty expert's zeroed): dy and x (rows: gathered, row r x's rows[r] / div) quantised 128 × 1 along each expert's tokens, their codes transposed while
 // quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole 128-token blocks from block rb0[e] of the
 // device Fp8Groups, Tp = 128 × a bound on their count from the sizes) with a scale per token block and column, in the
 // op scratch. The offsets stay on the device.
