@@ -31,8 +31,9 @@
 #               routing (EXTRA="--set benchmark=true $FP8LOSS_EXTRA"), 300 steps bf16 and FP8 for each of SEEDS,
 #               JOBS runs at once (FP8LOSS_BIN=build-cand: the candidate's pith), under timeout FP8LOSS_T (150 s);
 #               issue 36's study: SEEDS="$(seq 1 16)" JOBS=6 FP8LOSS_EXTRA="--set deterministic=true" FP8LOSS_T=540
-#   prof        profile-gpu-step (.agents/skills/profile-gpu-step) on main's build, force-balanced, for each model
-#               in PROF (default qwen3; qwen3, dsv2, gpt_oss, qwen3_5; NAME:fp8 with fp8 on): main's pith and
+#   prof        profile-gpu-step (.agents/skills/profile-gpu-step) on main's build (PROF_BIN: another, e.g. build-cand),
+#               force-balanced, for each model in PROF (default qwen3; qwen3, dsv2, gpt_oss, qwen3_5; NAME:fp8 with fp8
+#               on): that pith and
 #               kernel_events.so (staged in .gpu/bin beside the others: gcc -O2 -shared -fPIC
 #               -I/usr/local/cuda/include -o kernel_events.so .agents/skills/profile-gpu-step/kernel_events.c -ldl,
 #               then xz) as the skill's feature build; each model's
@@ -192,10 +193,12 @@ fp8loss)
         bash bench/run_fp8_loss.sh .gpu/kjv/tokens $OUT/fp8loss >$OUT/fp8loss.txt 2>&1; echo "rc=$?" >>$OUT/fp8loss.txt
     tail -3 $OUT/fp8loss.txt | tee -a $OUT/summary.txt ;;
 prof)
-    rm -rf .dev-agents && mkdir -p .dev-agents/feature && echo "feature: main's build (session.sh prof)" >.dev-agents/BUILT
-    for b in pith kernel_events.so; do gzip -1c build/$b >.dev-agents/feature/$b.gz; done
+    rm -rf .dev-agents && mkdir -p .dev-agents/feature && echo "feature: ${PROF_BIN:-build}'s pith (session.sh prof)" >.dev-agents/BUILT
+    gzip -1c ${PROF_BIN:-build}/pith >.dev-agents/feature/pith.gz
+    gzip -1c build/kernel_events.so >.dev-agents/feature/kernel_events.so.gz
     for nf in ${PROF:-qwen3}; do # NAME or NAME:fp8
         n=${nf%:fp8} x=; [ "$nf" != "$n" ] && x="--set fp8=true" n=${n}_fp8
+        b=${PROF_BIN:-build}; n=$n${b#build}
         mkdir -p $OUT/prof_$n
         BENCH=${dir[${nf%:fp8}]} VOCAB=${vocab[${nf%:fp8}]} BALANCED=1 EXTRA="$x" OUT=$OUT/prof_$n timeout ${PROF_T:-200} \
             bash .agents/skills/profile-gpu-step/run.sh >$OUT/prof_$n/stdout.txt 2>&1

@@ -539,7 +539,8 @@ void cuda_linear_bias_backward(Tensor db, Tensor dy, Tensor offs, bool accumulat
     OP(linear_bias_backward, &db, &dy, &offs);
     cpu_linear_bias_backward(db, dy, offs, accumulate);
 }
-// The GPU's grouped products take x's rows already gathered (cuda_check_no_rows); so do these.
+// The GPU's bf16 grouped products take x's rows already gathered (cuda_check_no_rows; the FP8 ones gather in their
+// quantisers); so do these.
 static void no_rows(Tensor rows, const char *what) {
     if (rows.p) die("%s: the GPU takes x's rows already gathered (op_gather_rows first), not rows to gather", what);
 }
