@@ -575,10 +575,10 @@ extern "C" void cuda_fp8_quantize_cols_t(Tensor qt, Tensor s, Tensor x, Tensor o
 }
 
 // The experts' weight gradient dw (E, N, K) fp32 or bf16 (+)= dy_eᵀ·x_e on the wgmma E4M3 kernel (accumulate false:
-// written, an empty expert's zeroed): dy and x (rows: gathered, row r x's rows[r] / div) quantised 128 × 1 along each expert's tokens, their codes transposed while
-// quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole 128-token blocks from block rb0[e] of the
-// device Fp8Groups, Tp = 128 × a bound on their count from the sizes) with a scale per token block and column, in the
-// op scratch. The offsets stay on the device.
+// written, an empty expert's zeroed): dy and x (rows: gathered, row r x's rows[r] / div) quantised 128 × 1 along each
+// expert's tokens, their codes transposed while quantising (dyᵀ (N, Tp), xᵀ (K, Tp), each expert's rows padded to whole
+// 128-token blocks from block rb0[e] of the device Fp8Groups, Tp = 128 × a bound on their count from the sizes) with a
+// scale per token block and column, in the op scratch. The offsets stay on the device.
 extern "C" bool cuda_fp8_grouped_linear_backward_weight(Tensor dw, Tensor dy, Tensor x, Tensor rows, int div,
                                                         Tensor offs_t, bool accumulate) {
     if (dw.nd != 3 || (dw.dt != DT_F32 && dw.dt != DT_BF16)) return false;

@@ -49,11 +49,12 @@ static __device__ __forceinline__ void wgmma_e4m3_128(float *d, uint64_t da, uin
 // 128-code boxes; mo the output's map (cuda_wgmma.cuh's epilogue). The producer copies each block's scales into its
 // stage beside the boxes.
 // KIND WG_FORWARD: ma x's codes (R, K), mb w's (E·N, K); msa x's scales (KB, R) in boxes of 132 from the tile's first
-// row rounded down to 4 (zeros past R), msb w's (E·NB, ldws) in boxes of 4 (a block's with its neighbours: 16 bytes); out y (R, N).
+// row rounded down to 4 (zeros past R), msb w's (E·NB, ldws) in boxes of 4 (a block's with its neighbours: 16 bytes);
+// out y (R, N).
 // KIND WG_WEIGHT_GRAD: ma dyᵀ's codes (N, Tp), mb xᵀ's (K, Tp), Tp the padded tokens (expert e's from block tb0[e], in
 // device memory: each expert's rows in whole blocks of 128); msa dyᵀ's scales (TB, N), msb xᵀ's (TB, K), one per token
-// block and column, in boxes of 128 (a scale per output row and per output column of the tile: 2 × 512 bytes a stage); out dw (E, N, K)
-// fp32 or bf16, added to when accumulate, else written.
+// block and column, in boxes of 128 (a scale per output row and per output column of the tile: 2 × 512 bytes a
+// stage); out dw (E, N, K) fp32 or bf16, added to when accumulate, else written.
 template <int KIND, typename TO>
 __global__ void __launch_bounds__(384, 1)
     wgmma_fp8_kernel(const __grid_constant__ CUtensorMap ma, const __grid_constant__ CUtensorMap mb,
@@ -205,10 +206,11 @@ bool wgmma_fp8_grouped(Tensor y, const void *xq, const float *xs, int64_t lds, i
     return true;
 }
 
-// dw (E, N, K) fp32 or bf16 (+)= dy_eᵀ · x_e per expert (accumulate false: written; the caller zeroes empty experts) on the E4M3 tensor cores: dq (N, Tp) and xq (K, Tp) the transposed
-// codes of dy and x, each expert's rows padded to whole 128-token blocks (expert e's from block Σ_{j<e} ⌈m_j/128⌉,
-// zero codes in the padding: expert e's from block tb0[e], on the device), ds (TB, N) and xs (TB, K) their 128 × 1
-// scales per token block; offs (E + 1) on the device. The caller checked wgmma_fp8_takes (on dw, with N and K).
+// dw (E, N, K) fp32 or bf16 (+)= dy_eᵀ · x_e per expert (accumulate false: written; the caller zeroes empty experts) on
+// the E4M3 tensor cores: dq (N, Tp) and xq (K, Tp) the transposed codes of dy and x, each expert's rows padded to whole
+// 128-token blocks (expert e's from block Σ_{j<e} ⌈m_j/128⌉, zero codes in the padding: expert e's from block tb0[e],
+// on the device), ds (TB, N) and xs (TB, K) their 128 × 1 scales per token block; offs (E + 1) on the device. The
+// caller checked wgmma_fp8_takes (on dw, with N and K).
 bool wgmma_fp8_grouped_wgrad(Tensor dw, const void *dq, const float *ds, const void *xq, const float *xs, int64_t Tp,
                              int64_t E, int64_t N, int64_t K, const int64_t *offs, const int *tb0, bool accumulate) {
     if ((dw.dt != DT_F32 && dw.dt != DT_BF16) || !aligned16(dq, xq, ds, xs)) return false;
